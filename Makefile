@@ -1,0 +1,147 @@
+# zrun build. `make` builds ./zrun; `make test`, `make run`, `make bench` build then run.
+# `make deps` installs missing Debian packages. CUDA=0 disables the CUDA backend; DEPS_PREFIX=dir
+# takes headers/static libraries from an unpacked prefix (tools/deps-prefix.sh) instead of /usr.
+
+CC       ?= gcc
+NVCC     ?= nvcc
+DEPS_PREFIX ?=
+MULTIARCH := x86_64-linux-gnu
+PREFIX_INC := $(if $(DEPS_PREFIX),-I$(DEPS_PREFIX)/usr/include -I$(DEPS_PREFIX)/usr/include/luajit-2.1 -I$(DEPS_PREFIX)/usr/include/$(MULTIARCH),)
+LIBDIRS  := $(if $(DEPS_PREFIX),$(DEPS_PREFIX)/usr/lib/$(MULTIARCH) ,)/usr/lib/$(MULTIARCH) /usr/lib /usr/local/lib
+findlib   = $(firstword $(wildcard $(addsuffix /$(1),$(LIBDIRS))))
+
+VERSION  := 0.1.0
+GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+CFLAGS   ?= -O3 -march=x86-64-v3 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -pthread -Iruntime -Ikernels -Ilua \
+            -I/usr/include/luajit-2.1 $(PREFIX_INC) -DZR_VERSION=\"$(VERSION)\" -DZR_GIT_REV=\"$(GIT_REV)\"
+LDLIBS   := -lm -ldl -lpthread
+
+# --- feature detection (one line per feature) ---
+LUAJIT_A := $(call findlib,libluajit-5.1.a)
+CJSON_A  := $(call findlib,liblua5.1-cjson.a)
+BLAS_A   := $(call findlib,libopenblas.a)
+PCRE2_A  := $(call findlib,libpcre2-8.a)
+READLINE_A := $(call findlib,libreadline.a)
+NCURSES_A  := $(firstword $(call findlib,libtinfo.a) $(call findlib,libncurses.a))
+HAVE_NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v $(NVCC) 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
+HAVE_MPI  := $(shell command -v mpicc 2>/dev/null)
+CUDA_HOME ?= $(if $(HAVE_NVCC),$(patsubst %/bin/nvcc,%,$(firstword $(HAVE_NVCC))),)
+HAVE_NCCL := $(if $(HAVE_NVCC),$(firstword $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h $(DEPS_PREFIX)/usr/include/nccl.h)),)
+
+LDLIBS := $(LUAJIT_A) $(CJSON_A) $(LDLIBS)
+ifneq ($(BLAS_A),)
+  CFLAGS += -DZR_HAVE_OPENBLAS
+  LDLIBS += $(BLAS_A)
+endif
+ifneq ($(PCRE2_A),)
+  CFLAGS += -DZR_HAVE_PCRE2
+  LDLIBS += $(PCRE2_A)
+endif
+ifneq ($(READLINE_A),)
+  CFLAGS += -DZR_HAVE_READLINE
+  LDLIBS += $(READLINE_A) $(NCURSES_A)
+endif
+ifneq ($(HAVE_MPI),)
+  MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+  MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+  CFLAGS += -DZR_HAVE_MPI $(MPI_CFLAGS)
+  LDLIBS += $(MPI_LIBS)
+endif
+
+RUNTIME_SRC := $(wildcard runtime/*.c)
+KCPU_SRC    := $(wildcard kernels/cpu/*.c)
+LUA_SRC     := $(filter-out lua/main.c,$(wildcard lua/*.c))
+CUDA_SRC    := $(wildcard kernels/cuda/*.cu runtime/*.cu)
+
+OBJ := $(RUNTIME_SRC:%.c=build/%.o) $(KCPU_SRC:%.c=build/%_f32.o) $(KCPU_SRC:%.c=build/%_f64.o)
+
+ifneq ($(HAVE_NVCC),)
+  CFLAGS += -DZR_HAVE_CUDA -I$(CUDA_HOME)/include
+  NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+             -Iruntime -Ikernels -DZR_HAVE_CUDA --expt-relaxed-constexpr -Xcompiler -fPIC,-Wall
+  OBJ += $(CUDA_SRC:%.cu=build/%.cu.o)
+  LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
+  ifneq ($(HAVE_NCCL),)
+    CFLAGS += -DZR_HAVE_NCCL
+    LDLIBS += -lnccl
+  endif
+endif
+
+.PHONY: all deps test run bench clean features check-luajit
+check-luajit:
+	@test -n "$(LUAJIT_A)" || { echo "LuaJIT static library (libluajit-5.1.a) not found: run 'make deps' or pass DEPS_PREFIX=dir"; exit 1; }
+
+all: features zrun
+
+features:
+	@echo "zrun $(VERSION): features"
+	@echo "  luajit    $(LUAJIT_A)"
+	@echo "  cjson     $(or $(CJSON_A),MISSING (lua-cjson-dev))"
+	@echo "  openblas  $(or $(BLAS_A),missing: matmul uses the built-in kernel (libopenblas-dev))"
+	@echo "  pcre2     $(or $(PCRE2_A),missing: tokenizers unavailable (libpcre2-dev))"
+	@echo "  readline  $(or $(READLINE_A),missing: plain REPL (libreadline-dev))"
+	@echo "  mpi       $(or $(HAVE_MPI),missing: single process only (libopenmpi-dev))"
+	@echo "  cuda      $(or $(HAVE_NVCC),off)"
+	@echo "  nccl      $(or $(HAVE_NCCL),off)"
+
+build/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -c $< -o $@
+build/kernels/cpu/%_f32.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -c $< -o $@
+build/kernels/cpu/%_f64.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -c $< -o $@
+build/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@
+
+build/libzrun.a: $(OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+LUAOBJ := $(LUA_SRC:%.c=build/%.o) build/lua/main.o
+zrun: check-luajit build/libzrun.a $(LUAOBJ)
+	$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) build/libzrun.a $(LDLIBS)
+
+# C unit tests: one binary per tests/c/test_*.c, linked against the runtime.
+TEST_SRC := $(wildcard tests/c/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/c/%.c=build/tests/%)
+build/tests/%: tests/c/%.c build/libzrun.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< build/libzrun.a $(LDLIBS)
+
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=build/bench/%)
+build/bench/%: tests/bench/%.c build/libzrun.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< build/libzrun.a $(LDLIBS)
+
+DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null \
+	    || { echo "make deps: apt-get install$$missing failed"; exit 1; }; \
+	else echo "make deps: all Debian packages present"; fi
+
+test: deps
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@sh tests/run.sh
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	./zrun recipes/train_mlp.lua
+
+bench: deps
+	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@sh tests/bench/run.sh
+
+clean:
+	rm -rf build zrun
+
+-include $(shell find build -name '*.d' 2>/dev/null)

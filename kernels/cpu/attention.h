@@ -1,0 +1,1 @@
+/* attention kernels: declarations over real/K(), see kernels.h. */

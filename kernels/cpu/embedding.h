@@ -1,0 +1,1 @@
+/* embedding kernels: declarations over real/K(), see kernels.h. */

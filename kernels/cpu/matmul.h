@@ -1,0 +1,1 @@
+/* matmul kernels: declarations over real/K(), see kernels.h. */

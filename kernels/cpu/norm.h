@@ -1,0 +1,1 @@
+/* norm kernels: declarations over real/K(), see kernels.h. */

@@ -1,0 +1,1 @@
+/* optim kernels: declarations over real/K(), see kernels.h. */

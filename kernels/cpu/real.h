@@ -1,0 +1,39 @@
+/* CPU reference kernels are written once over `real` and compiled twice by the Makefile:
+ * with -DZR_REAL_F64 (real = double, names end in _f64; used by the float64 finite-difference
+ * gradient checks) and without (real = float, names end in _f32). bf16/f16 tensors are widened
+ * to f32 by the ops layer before they reach a CPU kernel. K(name) gives the suffixed name. */
+#ifndef ZR_REAL_H
+#define ZR_REAL_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef ZR_REAL_F64
+typedef double real;
+#define K(name) name##_f64
+#define R_EXP exp
+#define R_LOG log
+#define R_SQRT sqrt
+#define R_TANH tanh
+#define R_ERF erf
+#define R_POW pow
+#define R_FABS fabs
+#define R_COS cos
+#define R_SIN sin
+#define REAL_MAX 1.7976931348623157e308
+#else
+typedef float real;
+#define K(name) name##_f32
+#define R_EXP expf
+#define R_LOG logf
+#define R_SQRT sqrtf
+#define R_TANH tanhf
+#define R_ERF erff
+#define R_POW powf
+#define R_FABS fabsf
+#define R_COS cosf
+#define R_SIN sinf
+#define REAL_MAX 3.402823466e38f
+#endif
+
+#endif

@@ -1,0 +1,1 @@
+/* rope kernels: declarations over real/K(), see kernels.h. */

@@ -1,0 +1,1 @@
+/* softmax kernels: declarations over real/K(), see kernels.h. */

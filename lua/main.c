@@ -1,0 +1,174 @@
+/* The zrun program: embeds LuaJIT, finds its Lua library next to the executable, and runs a
+ * script, a -e chunk, a subcommand (report, check, estimate, plan, zero-to-fp32) or the REPL.
+ * Scripts run under lua_pcall with a traceback; an error prints it and exits 1. */
+#include <lauxlib.h>
+#include <libgen.h>
+#include <limits.h>
+#include <lua.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bind.h"
+
+int luaopen_cjson(lua_State *L);
+
+static int traceback(lua_State *L) {
+    const char *msg = lua_tostring(L, 1);
+    if (!msg) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/* Runs the function on top of the stack with nargs arguments below it; reports errors. */
+static int docall(lua_State *L, int nargs) {
+    int base = lua_gettop(L) - nargs;
+    lua_pushcfunction(L, traceback);
+    lua_insert(L, base);
+    int st = lua_pcall(L, nargs, 0, base);
+    lua_remove(L, base);
+    if (st) {
+        const char *m = lua_tostring(L, -1);
+        fprintf(stderr, "zrun: %s\n", m ? m : "(error without message)");
+        fflush(stderr);
+        lua_pop(L, 1);
+    }
+    return st;
+}
+
+/* Directory holding lua/zrun: next to the executable, or $ZRUN_HOME. */
+static void find_home(char *out, size_t len, const char *argv0) {
+    const char *env = getenv("ZRUN_HOME");
+    if (env && *env) {
+        snprintf(out, len, "%s", env);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        if (!realpath(argv0, exe)) snprintf(exe, sizeof exe, "%s", argv0);
+    } else
+        exe[n] = 0;
+    snprintf(out, len, "%s", dirname(exe));
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/lua/zrun/init.lua", out);
+    if (access(probe, R_OK) != 0) { /* installed layout: bin/zrun + share/zrun/lua */
+        char alt[PATH_MAX];
+        snprintf(alt, sizeof alt, "%s/../share/zrun", out);
+        snprintf(out, len, "%s", alt);
+    }
+}
+
+static void setup(lua_State *L, const char *home, int argc, char **argv, int script_idx) {
+    luaL_openlibs(L);
+    lua_getglobal(L, "package");
+    lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;./?.lua", home, home);
+    lua_setfield(L, -2, "path");
+    lua_pushstring(L, "");
+    lua_setfield(L, -2, "cpath"); /* zrun is self-contained: no C modules from the system */
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, luaopen_cjson);
+    lua_setfield(L, -2, "cjson");
+    lua_pushcfunction(L, luaopen_zrun_C);
+    lua_setfield(L, -2, "zrun._C");
+    lua_pop(L, 2);
+    lua_pushstring(L, home);
+    lua_setglobal(L, "ZRUN_HOME");
+    /* arg table as luajit builds it: arg[0] = script, arg[1..] = its arguments */
+    lua_createtable(L, argc, 2);
+    for (int i = 0; i < argc; i++) {
+        lua_pushstring(L, argv[i]);
+        lua_rawseti(L, -2, i - script_idx);
+    }
+    lua_setglobal(L, "arg");
+}
+
+static void usage(void) {
+    printf("usage: zrun [script.lua [args...]]     run a recipe or script\n"
+           "       zrun                            interactive REPL (zrun modules preloaded as zr)\n"
+           "       zrun -e 'code'                  run a chunk of Lua\n"
+           "       zrun report                     versions, build flags, backends, devices\n"
+           "       zrun check CONFIG.json          validate a DeepSpeed-style config\n"
+           "       zrun --version | --help\n");
+}
+
+int main(int argc, char **argv) {
+    char home[PATH_MAX];
+    find_home(home, sizeof home, argv[0]);
+    lua_State *L = luaL_newstate();
+    if (!L) {
+        fprintf(stderr, "zrun: cannot create Lua state (out of memory)\n");
+        return 1;
+    }
+    int status = 0;
+    const char *a1 = argc > 1 ? argv[1] : NULL;
+    if (a1 && (!strcmp(a1, "--version") || !strcmp(a1, "-v"))) {
+        printf("zrun %s (%s)\n", ZR_VERSION, ZR_GIT_REV);
+        return 0;
+    }
+    if (a1 && (!strcmp(a1, "--help") || !strcmp(a1, "-h"))) {
+        usage();
+        return 0;
+    }
+    static const char *subcommands[] = {"report", "check", "estimate", "plan", "zero-to-fp32", NULL};
+    int sub = 0;
+    for (int i = 0; a1 && subcommands[i]; i++)
+        if (!strcmp(a1, subcommands[i])) sub = 1;
+    if (a1 && !strcmp(a1, "-e")) {
+        if (argc < 3) {
+            fprintf(stderr, "zrun: -e needs a chunk of Lua\n");
+            return 1;
+        }
+        setup(L, home, argc, argv, 2);
+        if (luaL_loadbuffer(L, argv[2], strlen(argv[2]), "=(command line)")) {
+            fprintf(stderr, "zrun: %s\n", lua_tostring(L, -1));
+            status = 1;
+        } else
+            status = docall(L, 0);
+    } else if (sub) { /* require("zrun.cli").main(cmd, args...) */
+        setup(L, home, argc, argv, 1);
+        lua_getglobal(L, "require");
+        lua_pushstring(L, "zrun.cli");
+        if (lua_pcall(L, 1, 1, 0)) {
+            fprintf(stderr, "zrun: %s\n", lua_tostring(L, -1));
+            status = 1;
+        } else {
+            lua_getfield(L, -1, "main");
+            lua_remove(L, -2);
+            for (int i = 1; i < argc; i++) lua_pushstring(L, argv[i]);
+            status = docall(L, argc - 1);
+        }
+    } else if (a1 && a1[0] != '-') {
+        setup(L, home, argc, argv, 1);
+        if (luaL_loadfile(L, a1)) {
+            fprintf(stderr, "zrun: %s\n", lua_tostring(L, -1));
+            status = 1;
+        } else {
+            for (int i = 2; i < argc; i++) lua_pushstring(L, argv[i]);
+            status = docall(L, argc - 2);
+        }
+    } else if (!a1) {
+        setup(L, home, argc, argv, 0);
+        lua_getglobal(L, "require");
+        lua_pushstring(L, "zrun.repl");
+        if (lua_pcall(L, 1, 1, 0)) {
+            fprintf(stderr, "zrun: %s\n", lua_tostring(L, -1));
+            status = 1;
+        } else {
+            lua_getfield(L, -1, "run");
+            lua_remove(L, -2);
+            status = docall(L, 0);
+        }
+    } else {
+        fprintf(stderr, "zrun: unknown option '%s'\n", a1);
+        usage();
+        status = 1;
+    }
+    lua_close(L);
+    return status ? 1 : 0;
+}

@@ -1,0 +1,46 @@
+-- zrun: `local zr = require "zrun"`. Tensors and ops come from the C core (zrun._C); this file
+-- adds the Lua-side pieces (operators, printing, no_grad, memory) and loads the submodules lazily.
+local C = require "zrun._C"
+local zr = {}
+
+for k, v in pairs(C) do zr[k] = v end
+zr._C = C
+zr.version = "0.1.0"
+
+require("zrun.tensor").install(zr)
+
+-- Runs fn with autograd recording off; returns fn's results.
+function zr.no_grad(fn, ...)
+  local prev = C.set_grad_enabled(false)
+  local res = { pcall(fn, ...) }
+  C.set_grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2)
+end
+zr.enable_grad = function(fn, ...)
+  local prev = C.set_grad_enabled(true)
+  local res = { pcall(fn, ...) }
+  C.set_grad_enabled(prev)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2)
+end
+
+-- Submodules load on first use: zr.nn, zr.optim, zr.data, zr.memory, ...
+local lazy = {
+  nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",
+  testing = "zrun.testing", models = "zrun.models", config = "zrun.config", dist = "zrun.dist",
+  tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero",
+  schedulers = "zrun.schedulers", utils = "zrun.utils",
+}
+setmetatable(zr, {
+  __index = function(t, k)
+    local mod = lazy[k]
+    if mod then
+      local m = require(mod)
+      rawset(t, k, m)
+      return m
+    end
+  end,
+})
+
+return zr

@@ -1,0 +1,117 @@
+-- Test helpers for tests/lua: named tests that print PASS/FAIL lines (counted by tests/run.sh),
+-- closeness checks, and float64 central-difference gradient checks.
+local C = require "zrun._C"
+local M = {}
+local n_fail = 0
+
+-- Runs fn as a test; an error inside fails it with the message.
+function M.test(name, fn)
+  local ok, err = xpcall(fn, debug.traceback)
+  if ok then print("PASS " .. name)
+  else
+    n_fail = n_fail + 1
+    print("FAIL " .. name .. ": " .. tostring(err):gsub("\n", "\n    "))
+  end
+  io.stdout:flush()
+end
+
+function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
+
+-- Exits non-zero when any test failed (call at the end of a test file).
+function M.done() if n_fail > 0 then os.exit(1) end end
+
+local function flat(x)
+  if C.is_tensor(x) then return x:flat_table() end
+  if type(x) == "number" then return { x } end
+  local out = {}
+  local function rec(t) for _, v in ipairs(t) do if type(v) == "table" then rec(v) else out[#out + 1] = v end end end
+  rec(x)
+  return out
+end
+M.flat = flat
+
+-- Max abs and relative difference between two tensors/tables/numbers.
+function M.diff(a, b)
+  local fa, fb = flat(a), flat(b)
+  assert(#fa == #fb, ("size mismatch: %d vs %d elements"):format(#fa, #fb))
+  local maxabs, maxrel = 0, 0
+  for i = 1, #fa do
+    local d = math.abs(fa[i] - fb[i])
+    if d ~= d then d = math.huge end
+    if d > maxabs then maxabs = d end
+    local r = d / math.max(math.abs(fb[i]), 1e-12)
+    if r > maxrel then maxrel = r end
+  end
+  return maxabs, maxrel
+end
+
+-- Asserts |a - b| <= atol + rtol * |b| elementwise.
+function M.near(a, b, atol, rtol, what)
+  atol, rtol = atol or 1e-6, rtol or 0
+  local fa, fb = flat(a), flat(b)
+  if #fa ~= #fb then error(("%s: %d elements vs %d"):format(what or "near", #fa, #fb), 2) end
+  for i = 1, #fa do
+    local d = math.abs(fa[i] - fb[i])
+    if not (d <= atol + rtol * math.abs(fb[i])) then
+      error(("%s: element %d: %.10g vs %.10g (diff %.3g, atol %g, rtol %g)"):format(
+        what or "near", i, fa[i], fb[i], d, atol, rtol), 2)
+    end
+  end
+end
+
+function M.eq(a, b, what)
+  if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
+end
+
+-- Expects fn to raise an error whose message contains `pattern` (plain text).
+function M.raises(fn, pattern)
+  local ok, err = pcall(fn)
+  if ok then error("expected an error" .. (pattern and (" containing '" .. pattern .. "'") or ""), 2) end
+  if pattern and not tostring(err):find(pattern, 1, true) then
+    error(("error '%s' does not contain '%s'"):format(tostring(err), pattern), 2)
+  end
+  return err
+end
+
+-- Float64 central-difference check of fn's gradients with respect to every input that
+-- requires grad. inputs: f64 tensors. fn(inputs...) returns a tensor; the scalar checked is
+-- sum(out * w) with fixed random weights w, so every output element matters.
+function M.gradcheck(fn, inputs, opts)
+  opts = opts or {}
+  local eps, atol, rtol = opts.eps or 1e-6, opts.atol or 1e-7, opts.rtol or 1e-5
+  local out = fn(unpack(inputs))
+  local w = C.randn(out:shape(), { dtype = "f64" })
+  local function loss()
+    local o = C.set_grad_enabled(false)
+    local ok, v = pcall(function() return (fn(unpack(inputs)) * w):sum():item() end)
+    C.set_grad_enabled(o)
+    if not ok then error(v, 0) end
+    return v
+  end
+  for _, x in ipairs(inputs) do if C.is_tensor(x) then x.grad = nil end end
+  local l = (out * w):sum()
+  l:backward()
+  for k, x in ipairs(inputs) do
+    if C.is_tensor(x) and x.requires_grad and x.is_leaf then
+      assert(x:dtype() == "f64", "gradcheck inputs must be f64")
+      local g = x.grad
+      if not g then error(("input %d: no gradient was computed"):format(k), 2) end
+      local n = x:numel()
+      for i = 1, n do
+        local v = x:get_flat(i)
+        x:set_flat(i, v + eps)
+        local lp = loss()
+        x:set_flat(i, v - eps)
+        local lm = loss()
+        x:set_flat(i, v)
+        local num, ana = (lp - lm) / (2 * eps), g:get_flat(i)
+        if math.abs(num - ana) > atol + rtol * math.abs(num) then
+          error(("input %d element %d: analytic %.10g vs numeric %.10g"):format(k, i, ana, num), 2)
+        end
+      end
+    end
+  end
+  return true
+end
+
+return M

@@ -1,0 +1,279 @@
+/* The backward engine (see autograd.h). */
+#include "autograd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_elementwise.h"
+#include "ops_reduce.h"
+
+static _Thread_local int grad_on = 1;
+static uint64_t next_seq = 1, next_visit = 1;
+
+int zr_grad_enabled(void) { return grad_on; }
+int zr_set_grad_enabled(int on) {
+    int old = grad_on;
+    grad_on = on;
+    return old;
+}
+
+void zr_node_retain(zr_node *n) {
+    if (n) n->refcount++;
+}
+
+static void node_clear(zr_node *n) {
+    for (int i = 0; i < n->n_saved; i++) zr_tensor_release(n->saved[i]);
+    n->n_saved = 0;
+    for (int i = 0; i < n->n_inputs; i++) {
+        zr_node_release(n->edges[i].fn);
+        zr_tensor_release(n->edges[i].leaf);
+        n->edges[i].fn = NULL;
+        n->edges[i].leaf = NULL;
+    }
+    if (n->ctx_free) n->ctx_free(n->ctx);
+    n->ctx = NULL;
+    n->ctx_free = NULL;
+    zr_tensor_release(n->grad_accum);
+    n->grad_accum = NULL;
+}
+
+void zr_node_release(zr_node *n) {
+    if (!n || --n->refcount > 0) return;
+    node_clear(n);
+    free(n->edges);
+    free(n);
+}
+
+zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
+                             zr_tensor *const *inputs, zr_node **node) {
+    *node = NULL;
+    if (!grad_on) return ZR_OK;
+    int any = 0;
+    for (int i = 0; i < n_inputs; i++)
+        if (inputs[i] && zr_tensor_needs_grad(inputs[i])) any = 1;
+    if (!any) return ZR_OK;
+    zr_node *n = calloc(1, sizeof *n);
+    zr_edge *e = calloc((size_t)(n_inputs ? n_inputs : 1), sizeof *e);
+    if (!n || !e) {
+        free(n);
+        free(e);
+        return zr_error("out of host memory recording %s for autograd", name);
+    }
+    n->refcount = 1;
+    n->seq = __atomic_fetch_add(&next_seq, 1, __ATOMIC_RELAXED);
+    n->name = name;
+    n->backward = fn;
+    n->n_inputs = n_inputs;
+    n->edges = e;
+    for (int i = 0; i < n_inputs; i++) {
+        zr_tensor *t = inputs[i];
+        if (!t) continue;
+        e[i].dtype = t->dtype;
+        e[i].ndim = t->ndim;
+        memcpy(e[i].shape, t->shape, sizeof e[i].shape);
+        if (t->grad_fn) {
+            e[i].fn = t->grad_fn;
+            zr_node_retain(t->grad_fn);
+        } else if (t->requires_grad) e[i].leaf = zr_tensor_retain(t);
+    }
+    n->out_dtype = out->dtype;
+    n->out_ndim = out->ndim;
+    memcpy(n->out_shape, out->shape, sizeof n->out_shape);
+    n->out_device = out->storage->device;
+    zr_node_release(out->grad_fn);
+    out->grad_fn = n;
+    out->requires_grad = 1;
+    *node = n;
+    return ZR_OK;
+}
+
+zr_status zr_node_save(zr_node *n, zr_tensor *t) {
+    if (n->n_saved >= ZR_NODE_MAX_SAVED)
+        return zr_error("%s: more than %d saved tensors", n->name, ZR_NODE_MAX_SAVED);
+    zr_tensor *d = t ? zr_tensor_detach(t) : NULL;
+    if (t && !d) return ZR_ERR;
+    n->saved[n->n_saved++] = d;
+    return ZR_OK;
+}
+
+void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*ctx_free)(void *)) {
+    if (t->hook_ctx_free) t->hook_ctx_free(t->hook_ctx);
+    t->hook = hook;
+    t->hook_ctx = ctx;
+    t->hook_ctx_free = ctx_free;
+}
+
+zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g) {
+    if (!leaf->grad) {
+        zr_tensor *c = zr_tensor_new_cat(leaf->dtype, leaf->storage->device, leaf->ndim, leaf->shape,
+                                         ZR_MEM_GRADS, 0);
+        if (!c) return ZR_ERR;
+        if (zr_tensor_copy_(c, g)) {
+            zr_tensor_release(c);
+            return ZR_ERR;
+        }
+        leaf->grad = c;
+        return ZR_OK;
+    }
+    return zr_add_(leaf->grad, g, 1.0);
+}
+
+/* Adds g into *slot (a node's pending output gradient). Takes ownership of g. */
+static zr_status accumulate_node(zr_tensor **slot, zr_tensor *g) {
+    if (!*slot) {
+        *slot = g;
+        return ZR_OK;
+    }
+    zr_tensor *s = zr_add(*slot, g);
+    zr_tensor_release(g);
+    if (!s) return ZR_ERR;
+    zr_tensor_release(*slot);
+    *slot = s;
+    return ZR_OK;
+}
+
+static int cmp_seq_desc(const void *a, const void *b) {
+    uint64_t x = (*(zr_node *const *)a)->seq, y = (*(zr_node *const *)b)->seq;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+typedef struct {
+    void **p;
+    size_t n, cap;
+} vec;
+static int vec_push(vec *v, void *x) {
+    if (v->n == v->cap) {
+        size_t c = v->cap ? v->cap * 2 : 64;
+        void **p = realloc(v->p, c * sizeof *p);
+        if (!p) return zr_error("out of host memory in backward");
+        v->p = p;
+        v->cap = c;
+    }
+    v->p[v->n++] = x;
+    return ZR_OK;
+}
+
+zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
+    char b1[128], b2[128];
+    if (!zr_tensor_needs_grad(root))
+        return zr_error("backward: the tensor does not require grad and has no grad_fn (was it "
+                        "computed under no_grad, or from tensors without requires_grad?)");
+    if (!grad && zr_tensor_numel(root) != 1)
+        return zr_error("backward: grad can be implicit only for a tensor of one element, got "
+                        "shape %s; pass a gradient", zr_tensor_shape_str(root, b1));
+    if (grad && !zr_tensor_same_shape(grad, root))
+        return zr_error("backward: gradient shape %s does not match tensor shape %s",
+                        zr_tensor_shape_str(grad, b1), zr_tensor_shape_str(root, b2));
+    zr_tensor *g0 = grad ? zr_tensor_retain(grad)
+                         : zr_tensor_full(root->dtype, root->storage->device, root->ndim, root->shape, 1.0);
+    if (!g0) return ZR_ERR;
+    if (!root->grad_fn) { /* a leaf */
+        zr_status st = zr_accumulate_leaf_grad(root, g0);
+        zr_tensor_release(g0);
+        if (!st && root->hook) root->hook(root, root->hook_ctx);
+        return st;
+    }
+    int old_mode = zr_set_grad_enabled(0);
+    zr_status st = ZR_OK;
+    vec nodes = {0}, stack = {0}, leaves = {0};
+    uint64_t stamp = __atomic_fetch_add(&next_visit, 1, __ATOMIC_RELAXED);
+    zr_node *top = root->grad_fn;
+    top->visit = stamp;
+    if ((st = vec_push(&stack, top))) goto done;
+    while (stack.n) {
+        zr_node *n = stack.p[--stack.n];
+        if ((st = vec_push(&nodes, n))) goto done;
+        for (int i = 0; i < n->n_inputs; i++) {
+            zr_edge *e = &n->edges[i];
+            if (e->leaf && (st = vec_push(&leaves, e->leaf))) goto done;
+            if (e->fn && e->fn->visit != stamp) {
+                e->fn->visit = stamp;
+                if ((st = vec_push(&stack, e->fn))) goto done;
+            }
+        }
+    }
+    for (size_t i = 0; i < leaves.n; i++) ((zr_tensor *)leaves.p[i])->hook_pending = 0;
+    for (size_t i = 0; i < leaves.n; i++) ((zr_tensor *)leaves.p[i])->hook_pending++;
+    qsort(nodes.p, nodes.n, sizeof *nodes.p, cmp_seq_desc);
+    for (size_t k = 0; k < nodes.n; k++) zr_node_retain(nodes.p[k]); /* survive edge clearing */
+    top->grad_accum = g0;
+    g0 = NULL;
+    for (size_t k = 0; k < nodes.n && !st; k++) {
+        zr_node *n = nodes.p[k];
+        if (!n->backward) {
+            st = zr_error("backward: the graph was already freed by an earlier backward (node %s); "
+                          "pass retain_graph=true to backward twice", n->name);
+            break;
+        }
+        zr_tensor *g = n->grad_accum;
+        n->grad_accum = NULL;
+        zr_tensor *gin_local[8];
+        zr_tensor **gin = n->n_inputs <= 8 ? gin_local : calloc((size_t)n->n_inputs, sizeof *gin);
+        if (!gin) {
+            zr_tensor_release(g);
+            st = zr_error("out of host memory in backward");
+            break;
+        }
+        memset(gin, 0, (size_t)n->n_inputs * sizeof *gin);
+        if (g) {
+            st = n->backward(n, g, gin);
+            if (st) zr_error_prefix("backward of %s: ", n->name);
+        }
+        for (int i = 0; i < n->n_inputs; i++) {
+            zr_edge *e = &n->edges[i];
+            zr_tensor *gi = gin[i];
+            gin[i] = NULL;
+            if (!st && gi && (gi->ndim != e->ndim || memcmp(gi->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim))) {
+                st = zr_error("internal: backward of %s gave a gradient of shape %s for input %d of "
+                              "shape %s", n->name, zr_tensor_shape_str(gi, b1), i + 1,
+                              zr_shape_str(e->ndim, e->shape, b2));
+            }
+            if (!st && gi && e->fn) {
+                st = accumulate_node(&e->fn->grad_accum, gi);
+                gi = NULL;
+            } else if (!st && e->leaf) {
+                if (gi) st = zr_accumulate_leaf_grad(e->leaf, gi);
+                if (!st && --e->leaf->hook_pending == 0 && e->leaf->hook)
+                    e->leaf->hook(e->leaf, e->leaf->hook_ctx);
+            }
+            zr_tensor_release(gi);
+        }
+        if (gin != gin_local) free(gin);
+        zr_tensor_release(g);
+        if (!retain_graph) {
+            node_clear(n);
+            n->backward = NULL;
+        }
+    }
+    for (size_t k = 0; k < nodes.n; k++) {
+        zr_node *n = nodes.p[k];
+        zr_tensor_release(n->grad_accum);
+        n->grad_accum = NULL;
+        zr_node_release(n);
+    }
+done:
+    zr_tensor_release(g0);
+    free(nodes.p);
+    free(stack.p);
+    free(leaves.p);
+    zr_set_grad_enabled(old_mode);
+    return st;
+}
+
+zr_tensor *zr_sum_to_shape(zr_tensor *g, int ndim, const int64_t *shape) {
+    if (g->ndim == ndim && memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim) == 0)
+        return zr_tensor_retain(g);
+    int lead = g->ndim - ndim;
+    int dims[ZR_MAX_DIMS], nd = 0;
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+    zr_tensor *s = nd ? zr_sum(g, nd, dims, 1) : zr_tensor_retain(g);
+    if (!s) return NULL;
+    zr_tensor *r = zr_tensor_view_raw(s, ndim, shape);
+    if (!r) { /* sum output is contiguous, so view cannot fail; keep the check anyway */
+        zr_tensor_release(s);
+        return NULL;
+    }
+    zr_tensor_release(s);
+    return r;
+}

@@ -1,0 +1,84 @@
+/* Reverse-mode autograd. Ops that see an input requiring grad (and grad mode on) record a node on
+ * their output; the node keeps edges to its inputs' nodes (or to leaf tensors), the tensors its
+ * backward needs (detached), and small attributes. zr_backward walks the reachable nodes in
+ * reverse creation order (the tape order), so a module's span of nodes is contiguous in seq.
+ *
+ * Writing an op (see ops_elementwise.c for the pattern):
+ *   zr_tensor *out = ...compute...;
+ *   zr_node *n;
+ *   if (zr_autograd_record(out, "mul", mul_backward, 2, (zr_tensor *[]){a, b}, &n)) goto fail;
+ *   if (n) { zr_node_save(n, a); zr_node_save(n, b); }
+ * and a backward that writes new references to grad_in[i] for each input with
+ * zr_node_needs_grad(n, i) (leaving the others NULL). */
+#ifndef ZR_AUTOGRAD_H
+#define ZR_AUTOGRAD_H
+
+#include "tensor.h"
+
+#define ZR_NODE_MAX_SAVED 8
+
+typedef zr_status (*zr_backward_fn)(zr_node *n, zr_tensor *grad_out, zr_tensor **grad_in);
+
+typedef struct {
+    zr_node *fn;      /* producer of the input (retained), or NULL */
+    zr_tensor *leaf;  /* the input itself when it is a leaf that requires grad (retained) */
+    zr_dtype dtype;   /* input metadata, so backward need not keep the input alive */
+    int ndim;
+    int64_t shape[ZR_MAX_DIMS];
+} zr_edge;
+
+struct zr_node {
+    int refcount;
+    uint64_t seq; /* creation order; backward runs in decreasing seq */
+    const char *name;
+    zr_backward_fn backward;
+    int n_inputs;
+    zr_edge *edges;
+    int n_saved;
+    zr_tensor *saved[ZR_NODE_MAX_SAVED];
+    double f[4];     /* op attributes (scalars) */
+    int64_t i[8];    /* op attributes (dims, flags) */
+    void *ctx;       /* op-specific state, freed with ctx_free */
+    void (*ctx_free)(void *ctx);
+    zr_dtype out_dtype;
+    int out_ndim;
+    int64_t out_shape[ZR_MAX_DIMS];
+    zr_device out_device;
+    /* engine bookkeeping */
+    zr_tensor *grad_accum;
+    uint64_t visit;
+};
+
+/* Grad mode (per thread). zr_set_grad_enabled returns the previous value. */
+int zr_grad_enabled(void);
+int zr_set_grad_enabled(int on);
+/* True if t carries history or is a leaf with requires_grad. */
+static inline int zr_tensor_needs_grad(const zr_tensor *t) { return t->requires_grad || t->grad_fn; }
+
+/* Records a node for out when grad mode is on and any input needs grad; *node is set to it (owned
+ * by out) or to NULL when nothing is recorded. Inputs may contain NULL (absent optional input). */
+zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
+                             zr_tensor *const *inputs, zr_node **node);
+/* Keeps a detached reference to t for backward. */
+zr_status zr_node_save(zr_node *n, zr_tensor *t);
+static inline int zr_node_needs_grad(const zr_node *n, int i) {
+    return n->edges[i].fn || n->edges[i].leaf;
+}
+void zr_node_retain(zr_node *n);
+void zr_node_release(zr_node *n);
+
+/* Backpropagates from root. grad may be NULL when root has one element (then 1 is used).
+ * Leaves accumulate into ->grad and fire their hook once their gradient is complete.
+ * The graph's saved tensors are freed afterwards unless retain_graph. */
+zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph);
+
+/* Leaf gradient hook (ZeRO engine); ctx is freed with ctx_free when replaced or the leaf dies. */
+void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*ctx_free)(void *));
+
+/* Adds g into the leaf's gradient (allocating it, category grads, dtype of the leaf). */
+zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g);
+
+/* Reduces a broadcast gradient back to the input's shape by summing the expanded dims. */
+zr_tensor *zr_sum_to_shape(zr_tensor *g, int ndim, const int64_t *shape);
+
+#endif

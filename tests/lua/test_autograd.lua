@@ -1,0 +1,134 @@
+-- Core autograd and elementwise/reduction/view ops: float64 finite-difference checks at awkward
+-- sizes, broadcasting, leaf hooks and error messages.
+local zr = require "zrun"
+local T = zr.testing
+zr.manual_seed(1)
+
+local function r(...) return zr.randn({ ... }, { dtype = "f64", requires_grad = true }) end
+local function pos(...) return (zr.rand({ ... }, { dtype = "f64" }) + 0.5):detach():requires_grad_() end
+
+local unary = { "neg", "exp", "sqrt", "rsqrt", "relu", "silu", "sigmoid", "tanh", "square", "abs" }
+for _, name in ipairs(unary) do
+  T.test("gradcheck " .. name, function()
+    local x = (name == "sqrt" or name == "rsqrt") and pos(7, 3) or r(7, 3)
+    T.gradcheck(function(a) return a[name](a) end, { x })
+  end)
+end
+T.test("gradcheck log", function() T.gradcheck(function(a) return a:log() end, { pos(5) }) end)
+T.test("gradcheck gelu erf", function() T.gradcheck(function(a) return a:gelu() end, { r(13) }) end)
+T.test("gradcheck gelu tanh", function() T.gradcheck(function(a) return a:gelu("tanh") end, { r(13) }) end)
+T.test("gradcheck pow", function() T.gradcheck(function(a) return a:pow(3) end, { pos(3, 5) }) end)
+T.test("gradcheck reciprocal", function() T.gradcheck(function(a) return a:reciprocal() end, { pos(1, 7) }) end)
+
+for _, op in ipairs { "add", "sub", "mul", "div" } do
+  T.test("gradcheck broadcast " .. op, function()
+    local a, b = r(3, 1, 5), (op == "div") and pos(4, 1) or r(4, 1)
+    T.gradcheck(function(x, y) return x[op](x, y) end, { a, b })
+  end)
+end
+T.test("scalar operators", function()
+  local x = r(2, 3)
+  T.gradcheck(function(a) return (2 - a) * 3 / 4 + 1 end, { x })
+  T.gradcheck(function(a) return 1 / (a * a + 1) end, { x })
+end)
+
+T.test("gradcheck sum/mean/max", function()
+  local x = r(3, 5, 2)
+  T.gradcheck(function(a) return a:sum() end, { x })
+  T.gradcheck(function(a) return a:sum(2) end, { x })
+  T.gradcheck(function(a) return a:mean({ 1, 3 }, true) end, { x })
+  T.gradcheck(function(a) return a:max(-1) end, { x })
+  T.gradcheck(function(a) return a:max() end, { x })
+end)
+
+T.test("sum values", function()
+  local x = zr.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+  T.near(x:sum(), 21)
+  T.near(x:sum(1), { 5, 7, 9 })
+  T.near(x:sum(2), { 6, 15 })
+  T.near(x:mean(-1), { 2, 5 })
+  local v, i = x:max(2)
+  T.near(v, { 3, 6 }); T.near(i, { 3, 3 })
+  T.eq(#x:sum(2, true):shape(), 2)
+end)
+
+T.test("gradcheck views", function()
+  local x = r(2, 3, 5)
+  T.gradcheck(function(a) return a:view(6, 5) end, { x })
+  T.gradcheck(function(a) return a:transpose(1, 3) * 1 end, { x })
+  T.gradcheck(function(a) return a:permute(3, 1, 2):reshape(-1) end, { x })
+  T.gradcheck(function(a) return a:narrow(3, 2, 3) end, { x })
+  T.gradcheck(function(a) return a:select(2, 3) end, { x })
+  T.gradcheck(function(a) return a[2] end, { x })
+  T.gradcheck(function(a) return a:unsqueeze(2):expand(2, 4, 3, 5) end, { x })
+  T.gradcheck(function(a) return a:transpose(1, 2):contiguous():view(3, 10) end, { x })
+end)
+
+T.test("view errors and reshape", function()
+  local x = zr.randn(4, 6)
+  T.raises(function() x:transpose(1, 2):view(24) end, "reshape")
+  T.eq(x:transpose(1, 2):reshape(24):numel(), 24)
+  T.raises(function() x:view(5, 5) end, "invalid for input of size 24")
+  T.raises(function() x:sum(3) end, "out of range")
+  T.raises(function() x:add(zr.randn(5)) end, "cannot be broadcast")
+end)
+
+T.test("grad accumulates and hook order", function()
+  local w = r(3)
+  local y = (w * w):sum() + (w * 2):sum()
+  y:backward()
+  local expect = {}
+  for i = 1, 3 do expect[i] = 2 * w:get_flat(i) + 2 end
+  T.near(w.grad, expect, 1e-12)
+  local y2 = w:sum()
+  y2:backward()
+  for i = 1, 3 do expect[i] = expect[i] + 1 end
+  T.near(w.grad, expect, 1e-12)
+end)
+
+T.test("no_grad and graph freed", function()
+  local x = r(3)
+  local y = zr.no_grad(function() return x * 2 end)
+  T.eq(y.requires_grad, false)
+  local z = (x * x):sum()
+  z:backward()
+  T.raises(function() z:backward() end, "already freed")
+end)
+
+T.test("dtypes and casts", function()
+  local x = zr.tensor({ 1.5, -2.25, 3 })
+  T.near(x:to("bf16"):to("f32"), { 1.5, -2.25, 3 })
+  T.near(x:to("f16"), { 1.5, -2.25, 3 })
+  T.near(x:to("i64"), { 1, -2, 3 })
+  T.eq(x:bfloat16():dtype(), "bf16")
+  local b = zr.randn(4, 5, { dtype = "bf16" })
+  local s = (b * b):sum()
+  T.eq(s:dtype(), "bf16")
+  T.near(s:item(), (b:float() * b:float()):sum():item(), 0.1, 0.02)
+end)
+
+T.test("random is seeded and well distributed", function()
+  zr.manual_seed(42)
+  local a = zr.randn(10000)
+  zr.manual_seed(42)
+  local b = zr.randn(10000)
+  T.near(a, b, 0)
+  local m = a:mean():item()
+  local v = (a * a):mean():item() - m * m
+  assert(math.abs(m) < 0.05 and math.abs(v - 1) < 0.05, ("mean %g var %g"):format(m, v))
+  local u = zr.rand(10000)
+  assert(u:max():item() < 1 and (u * -1):max():item() <= 0)
+  T.near(u:mean(), 0.5, 0.02)
+end)
+
+T.test("indexing and tables", function()
+  local x = zr.tensor({ { 1, 2 }, { 3, 4 } })
+  T.eq(x[2][1], 3)
+  x[1] = 7
+  T.near(x, { 7, 7, 3, 4 })
+  T.eq(#x:tolist(), 2)
+  T.raises(function() return x[3] end, "out of range")
+  T.raises(function() return x:sum(0) end, "1-based")
+end)
+
+T.done()

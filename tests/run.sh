@@ -1,0 +1,25 @@
+#!/bin/sh
+# Runs every C unit test (build/tests/test_*) and Lua test (tests/lua/test_*.lua) from the repo
+# root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test program
+# that exits non-zero without reporting a failure counts as one failure.
+cd "$(dirname "$0")/.." || exit 1
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+pass=0; fail=0; skip=0
+run_one() { # name, command...
+  name=$1; shift
+  "$@" >"$out" 2>&1; rc=$?
+  cat "$out"
+  p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out"); s=$(grep -c '^SKIP ' "$out")
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name: exited with status $rc"; f=1; fi
+  if [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ]; then echo "FAIL $name: reported no test"; f=1; fi
+  pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+}
+data=${ZRUN_TEST_DATA:-../shared/data}
+if [ -d "$data" ]; then echo "test data: $data"; else echo "test data: not found at $data (tests that need it are skipped; set ZRUN_TEST_DATA)"; fi
+for t in build/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
+for t in tests/lua/test_*.lua; do [ -f "$t" ] && run_one "$t" ./zrun "$t"; done
+if [ -n "$ZRUN_MPI_TESTS" ] || command -v mpirun >/dev/null 2>&1; then
+  for t in tests/mpi/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
+fi
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
