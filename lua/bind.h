@@ -37,6 +37,7 @@ void zr_l_register_methods(lua_State *L, const luaL_Reg *fns);
 /* Family registration entry points (weak: a family that is not linked in is skipped). */
 void zr_bind_ops(lua_State *L);
 void zr_bind_nn_ops(lua_State *L);
+void zr_bind_layer_ops(lua_State *L);
 void zr_bind_tokenizer(lua_State *L);
 void zr_bind_io(lua_State *L);
 void zr_bind_dist(lua_State *L);

@@ -689,6 +689,7 @@ static const luaL_Reg methods[] = {
     if (f) f(L)
 extern void zr_bind_ops(lua_State *L) __attribute__((weak));
 extern void zr_bind_nn_ops(lua_State *L) __attribute__((weak));
+extern void zr_bind_layer_ops(lua_State *L) __attribute__((weak));
 extern void zr_bind_tokenizer(lua_State *L) __attribute__((weak));
 extern void zr_bind_io(lua_State *L) __attribute__((weak));
 extern void zr_bind_dist(lua_State *L) __attribute__((weak));
@@ -718,6 +719,7 @@ int luaopen_zrun_C(lua_State *L) {
     zr_l_register_methods(L, methods);
     CALL_FAMILY(zr_bind_ops);
     CALL_FAMILY(zr_bind_nn_ops);
+    CALL_FAMILY(zr_bind_layer_ops);
     CALL_FAMILY(zr_bind_tokenizer);
     CALL_FAMILY(zr_bind_io);
     CALL_FAMILY(zr_bind_dist);
