@@ -94,6 +94,8 @@ build/kernels/cpu/%_f32.o: kernels/cpu/%.c
 build/kernels/cpu/%_f64.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -c $< -o $@
+# The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
+build/kernels/cpu/optim_f32.o build/kernels/cpu/optim_f64.o: CFLAGS += -fno-math-errno
 build/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@

@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
         usage();
         return 0;
     }
-    static const char *subcommands[] = {"report", "check", "estimate", "plan", "zero-to-fp32", NULL};
+    static const char *subcommands[] = {"report", "check", NULL};
     int sub = 0;
     for (int i = 0; a1 && subcommands[i]; i++)
         if (!strcmp(a1, subcommands[i])) sub = 1;

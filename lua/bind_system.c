@@ -1,0 +1,101 @@
+/* Build and system facts for `zrun report`: compiled-in features, library versions, threads. */
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bind.h"
+
+#ifdef ZR_HAVE_OPENBLAS
+char *openblas_get_config(void);
+int openblas_get_num_threads(void);
+#endif
+#ifdef ZR_HAVE_MPI
+#include <mpi.h>
+#endif
+#ifdef ZR_HAVE_PCRE2
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#endif
+
+static void setbool(lua_State *L, const char *k, int v) {
+    lua_pushboolean(L, v);
+    lua_setfield(L, -2, k);
+}
+static void setstr(lua_State *L, const char *k, const char *v) {
+    lua_pushstring(L, v);
+    lua_setfield(L, -2, k);
+}
+
+static int l_build_info(lua_State *L) {
+    lua_newtable(L);
+    setstr(L, "version", ZR_VERSION);
+    setstr(L, "git_rev", ZR_GIT_REV);
+    setstr(L, "compiler", __VERSION__);
+    setstr(L, "built", __DATE__ " " __TIME__);
+#ifdef ZR_HAVE_OPENBLAS
+    setbool(L, "openblas", 1);
+    setstr(L, "openblas_config", openblas_get_config());
+    lua_pushinteger(L, openblas_get_num_threads());
+    lua_setfield(L, -2, "openblas_threads");
+#else
+    setbool(L, "openblas", 0);
+#endif
+#ifdef ZR_HAVE_MPI
+    setbool(L, "mpi", 1);
+    {
+        char v[MPI_MAX_LIBRARY_VERSION_STRING];
+        int n = 0;
+        MPI_Get_library_version(v, &n);
+        char *nl = strchr(v, '\n');
+        if (nl) *nl = 0;
+        char *comma = strchr(v, ',');
+        if (comma) *comma = 0;
+        setstr(L, "mpi_version", v);
+    }
+#else
+    setbool(L, "mpi", 0);
+#endif
+#ifdef ZR_HAVE_CUDA
+    setbool(L, "cuda", 1);
+#else
+    setbool(L, "cuda", 0);
+#endif
+#ifdef ZR_HAVE_NCCL
+    setbool(L, "nccl", 1);
+#else
+    setbool(L, "nccl", 0);
+#endif
+#ifdef ZR_HAVE_PCRE2
+    setbool(L, "pcre2", 1);
+    {
+        char v[64] = "";
+        pcre2_config(PCRE2_CONFIG_VERSION, v);
+        setstr(L, "pcre2_version", v);
+    }
+#else
+    setbool(L, "pcre2", 0);
+#endif
+#ifdef ZR_HAVE_READLINE
+    setbool(L, "readline", 1);
+#else
+    setbool(L, "readline", 0);
+#endif
+    lua_pushinteger(L, omp_get_max_threads());
+    lua_setfield(L, -2, "omp_threads");
+    lua_pushinteger(L, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    lua_setfield(L, -2, "cpus");
+    return 1;
+}
+
+/* Monotonic wall clock in seconds (for timing in recipes and benchmarks). */
+static int l_now(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
+static const luaL_Reg fns[] = {{"build_info", l_build_info}, {"now", l_now}, {NULL, NULL}};
+void zr_bind_system(lua_State *L) { zr_l_register_functions(L, fns); }

@@ -1,0 +1,54 @@
+-- Subcommands of the zrun program: `zrun report` (the ds_report analogue) and `zrun check`.
+local M = {}
+
+local function report()
+  local zr = require "zrun"
+  local b = zr._C.build_info()
+  local function yn(v) return v and "yes" or "no" end
+  local rows = {
+    { "zrun", ("%s (git %s)"):format(b.version, b.git_rev) },
+    { "home", ZRUN_HOME },
+    { "compiler", b.compiler .. ", built " .. b.built },
+    { "LuaJIT", jit and jit.version or "?" },
+    { "OpenMP threads", ("%d (of %d CPUs; set OMP_NUM_THREADS to change)"):format(b.omp_threads, b.cpus) },
+    { "BLAS", b.openblas and ((b.openblas_config or "") .. ", " .. b.openblas_threads .. " threads") or "none (built-in matmul kernel)" },
+    { "MPI", b.mpi and b.mpi_version or "no (single process only)" },
+    { "PCRE2 (tokenizers)", b.pcre2 and b.pcre2_version or "no" },
+    { "readline (REPL)", yn(b.readline) },
+    { "CUDA backend", b.cuda and "compiled in" or "not compiled in (rebuild where nvcc is available)" },
+    { "NCCL", b.nccl and "compiled in" or "no" },
+  }
+  if b.cuda and zr._C.cuda_info then
+    local ok, info = pcall(zr._C.cuda_info)
+    if ok and info then
+      rows[#rows + 1] = { "CUDA runtime / driver", ("%s / %s"):format(info.runtime_version or "?", info.driver_version or "?") }
+      if info.nccl_version then rows[#rows + 1] = { "NCCL version", info.nccl_version } end
+      if (info.device_count or 0) == 0 then
+        rows[#rows + 1] = { "GPUs", "none visible" .. (info.error and (" (" .. info.error .. ")") or "") .. ": zrun runs on the CPU" }
+      else
+        for i, d in ipairs(info.devices or {}) do
+          rows[#rows + 1] = { ("GPU cuda:%d"):format(i - 1), ("%s, %.1f GiB, sm_%s, %d SMs"):format(d.name, d.memory / 2 ^ 30, d.capability, d.sms) }
+        end
+      end
+    else
+      rows[#rows + 1] = { "GPUs", "none visible: zrun runs on the CPU" }
+    end
+  end
+  local w = 0
+  for _, r in ipairs(rows) do if #r[1] > w then w = #r[1] end end
+  print("zrun report")
+  print(string.rep("-", 60))
+  for _, r in ipairs(rows) do print(("%-" .. w .. "s  %s"):format(r[1], r[2])) end
+end
+
+function M.main(cmd, ...)
+  if cmd == "report" then return report() end
+  if cmd == "check" then
+    local ok, config = pcall(require, "zrun.config")
+    if not ok then error("zrun check: the config module is not available: " .. tostring(config), 0) end
+    return config.check_main({ ... })
+  end
+  error("unknown subcommand '" .. tostring(cmd) .. "'", 0)
+end
+
+return M

@@ -1,0 +1,59 @@
+-- zr.memory: live memory by category and device, from the allocator's accounting.
+--   zr.memory.stats("cpu")   -> { params = {current=, peak=}, grads = ..., total_current=, total_peak= }
+--   zr.memory.summary()      -> printable table of every device in use
+local C = require "zrun._C"
+local M = {}
+
+M.categories = { "params", "grads", "optimizer", "activations", "comm", "workspace", "other" }
+
+function M.human(b)
+  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local i = 1
+  while math.abs(b) >= 1024 and i < #units do b = b / 1024; i = i + 1 end
+  return i == 1 and ("%d B"):format(b) or ("%.2f %s"):format(b, units[i])
+end
+
+function M.stats(device) return C.memory_stats(device or "cpu") end
+function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end
+
+-- Devices with any allocation so far.
+local function devices()
+  local out = { "cpu" }
+  local ok, n = pcall(function() return C.cuda_device_count and C.cuda_device_count() or 0 end)
+  for i = 0, (ok and n or 0) - 1 do out[#out + 1] = "cuda:" .. i end
+  return out
+end
+
+-- A table like torch.cuda.memory_summary: current and peak bytes per category per device.
+function M.summary(device)
+  local lines = {}
+  local list = device and { device } or devices()
+  for _, dev in ipairs(list) do
+    local s = C.memory_stats(dev)
+    if dev == "cpu" or s.n_allocs > 0 then
+      lines[#lines + 1] = ("%-14s %14s %14s"):format(dev, "current", "peak")
+      for _, c in ipairs(M.categories) do
+        lines[#lines + 1] = ("  %-12s %14s %14s"):format(c, M.human(s[c].current), M.human(s[c].peak))
+      end
+      lines[#lines + 1] = ("  %-12s %14s %14s"):format("total", M.human(s.total_current), M.human(s.total_peak))
+      if C.cuda_memory_info and dev ~= "cpu" then
+        local ok, info = pcall(C.cuda_memory_info, dev)
+        if ok and info then
+          lines[#lines + 1] = ("  %-12s %14s"):format("reserved", M.human(info.reserved or 0))
+        end
+      end
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
+-- Runs fn with newly created tensors tagged as `category`.
+function M.with_category(category, fn, ...)
+  local prev = C.set_default_category(category)
+  local res = { pcall(fn, ...) }
+  C.set_default_category(prev)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2)
+end
+
+return M
