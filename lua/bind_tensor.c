@@ -653,6 +653,20 @@ static int l_random_state(lua_State *L) {
     lua_pushnumber(L, (lua_Number)o);
     return 2;
 }
+/* randperm(n [, seed]) -> i64 tensor of 1..n in random order (1-based for Lua). */
+static int l_randperm(lua_State *L) {
+    int64_t n = (int64_t)luaL_checknumber(L, 1);
+    if (n < 0) luaL_error(L, "randperm: n must be >= 0");
+    uint64_t seed;
+    if (lua_isnoneornil(L, 2)) seed = zr_random_reserve(1) * 0x9E3779B97F4A7C15ull + 1;
+    else seed = (uint64_t)luaL_checknumber(L, 2);
+    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
+    if (!t) return zr_l_error(L);
+    int64_t *p = zr_tensor_data(t);
+    zr_randperm(n, seed, p);
+    for (int64_t i = 0; i < n; i++) p[i] += 1;
+    return zr_l_pushtensor(L, t);
+}
 static int l_is_tensor(lua_State *L) {
     lua_pushboolean(L, zr_l_totensor(L, 1) != NULL);
     return 1;
@@ -671,7 +685,7 @@ static const luaL_Reg functions[] = {
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
     {"is_grad_enabled", l_is_grad_enabled}, {"memory_stats", l_memory_stats},
     {"memory_reset_peak", l_memory_reset_peak}, {"set_default_category", l_set_default_category},
-    {"manual_seed", l_manual_seed}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
+    {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
     {"tensor_metatable", l_metatable}, {"tensor_methods", l_methods}, {NULL, NULL}};
 
 static const luaL_Reg methods[] = {

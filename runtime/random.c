@@ -64,3 +64,15 @@ static zr_status fill(zr_tensor *t, int kind, double a, double b) {
 zr_status zr_tensor_uniform_(zr_tensor *t, double lo, double hi) { return fill(t, 0, lo, hi); }
 zr_status zr_tensor_normal_(zr_tensor *t, double mean, double std) { return fill(t, 1, mean, std); }
 zr_status zr_tensor_bernoulli_(zr_tensor *t, double keep) { return fill(t, 2, keep, 0); }
+
+void zr_randperm(int64_t n, uint64_t seed, int64_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        zr_philox4 r = zr_philox(seed, (uint64_t)i);
+        uint64_t bits = ((uint64_t)r.x[0] << 32) | r.x[1];
+        int64_t j = (int64_t)(bits % (uint64_t)(i + 1));
+        int64_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}

@@ -16,6 +16,10 @@ zr_status zr_tensor_normal_(zr_tensor *t, double mean, double std);
 /* Fills u8 t with 1 with probability keep (dropout masks). */
 zr_status zr_tensor_bernoulli_(zr_tensor *t, double keep);
 
+/* Fisher-Yates permutation of 0..n-1 into out, from a Philox stream keyed by seed alone
+ * (independent of the global generator), so every rank computes the same order. */
+void zr_randperm(int64_t n, uint64_t seed, int64_t *out);
+
 /* Installed by the CUDA backend: fill a contiguous device tensor (kind 0 uniform, 1 normal,
  * 2 bernoulli) from (seed, offset). */
 typedef zr_status (*zr_device_random_fn)(zr_tensor *t, int kind, double a, double b, uint64_t seed,

@@ -1,0 +1,260 @@
+-- Text datasets with Hugging Face `datasets` row semantics: one row per line (empty rows kept),
+-- split slicing ("train[:2000]", "train[10%:20%]"), map/filter/select, group_texts, a causal-LM
+-- collator and a rank-sharded sampler. Rows are Lua tables ({text = ...}, {input_ids = {...}}).
+local C = require "zrun._C"
+local M = {}
+
+local Dataset = {}
+Dataset.__index = Dataset
+M.Dataset = Dataset
+
+function Dataset.from_rows(rows) return setmetatable({ rows = rows }, Dataset) end
+function Dataset:__len() return #self.rows end
+function Dataset:len() return #self.rows end
+function Dataset:get(i) return self.rows[i] end
+Dataset.__call = Dataset.get
+
+-- Applies fn(row, index) -> new row (or a table of columns added to the row when keep=true).
+-- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
+-- any length (so it can split or join rows, like group_texts).
+function Dataset:map(fn, opts)
+  opts = opts or {}
+  local out = {}
+  if opts.batched then
+    local bs = opts.batch_size or 1000
+    for s = 1, #self.rows, bs do
+      local batch = {}
+      for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
+      for _, r in ipairs(fn(batch, s)) do out[#out + 1] = r end
+    end
+  else
+    for i, r in ipairs(self.rows) do
+      local nr = fn(r, i)
+      if opts.remove_columns == false or opts.keep then
+        local merged = {}
+        for k, v in pairs(r) do merged[k] = v end
+        for k, v in pairs(nr) do merged[k] = v end
+        nr = merged
+      end
+      out[i] = nr
+    end
+  end
+  return Dataset.from_rows(out)
+end
+
+function Dataset:filter(fn)
+  local out = {}
+  for i, r in ipairs(self.rows) do if fn(r, i) then out[#out + 1] = r end end
+  return Dataset.from_rows(out)
+end
+
+-- Rows first..last (1-based, inclusive).
+function Dataset:select(first, last)
+  local out = {}
+  for i = first, math.min(last, #self.rows) do out[#out + 1] = self.rows[i] end
+  return Dataset.from_rows(out)
+end
+
+-- Concatenates the token lists of all rows and cuts them into blocks of block_size; the tail
+-- shorter than a block is dropped (as the Hugging Face run_clm example does). labels = input_ids.
+function Dataset:group_texts(block_size, column)
+  column = column or "input_ids"
+  local out, buf, n = {}, {}, 0
+  for _, r in ipairs(self.rows) do
+    for _, id in ipairs(r[column]) do
+      n = n + 1
+      buf[n] = id
+      if n == block_size then
+        local labels = {}
+        for i = 1, n do labels[i] = buf[i] end
+        out[#out + 1] = { input_ids = buf, labels = labels }
+        buf, n = {}, 0
+      end
+    end
+  end
+  return Dataset.from_rows(out)
+end
+
+-- "train[:2000]" -> "train", first, last over n rows (HF semantics: python-style half-open
+-- ranges, negatives from the end, percentages rounded to the closest row).
+function M.parse_split(spec, n)
+  local name, range = spec:match("^([%w_%-]+)%[(.*)%]$")
+  if not name then return spec, 1, n end
+  local a, b = range:match("^%s*([^:]*)%s*:%s*([^:]*)%s*$")
+  if not a then error(("split '%s': expected name[start:end], e.g. train[:2000] or train[10%%:20%%]"):format(spec), 0) end
+  local function bound(s, default)
+    if s == "" then return default end
+    local pct = s:match("^(%-?[%d%.]+)%%$")
+    local v
+    if pct then
+      v = tonumber(pct) * n / 100
+      v = v >= 0 and math.floor(v + 0.5) or -math.floor(-v + 0.5)
+    else
+      v = tonumber(s)
+      if not v or v ~= math.floor(v) then error(("split '%s': '%s' is not an integer or a percentage"):format(spec, s), 0) end
+    end
+    if v < 0 then v = n + v end
+    return math.max(0, math.min(n, v))
+  end
+  local s, e = bound(a, 0), bound(b, n)
+  return name, s + 1, e
+end
+
+local split_files = {
+  train = { "wiki.train.raw", "train.txt", "train.jsonl" },
+  validation = { "wiki.valid.raw", "valid.txt", "validation.txt", "validation.jsonl", "valid.jsonl" },
+  test = { "wiki.test.raw", "test.txt", "test.jsonl" },
+}
+
+local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
+local function is_dir(p) return exists(p .. "/.") end
+
+-- Reads lines like HF's text/wikitext builders: each line keeps its "\n"; blank lines become "".
+local function read_lines(path, blank_as_empty)
+  local f, err = io.open(path, "rb")
+  if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
+  local data = f:read("*a")
+  f:close()
+  local rows, pos = {}, 1
+  while pos <= #data do
+    local nl = data:find("\n", pos, true)
+    local line = nl and data:sub(pos, nl) or data:sub(pos)
+    pos = (nl or #data) + 1
+    if blank_as_empty and not line:find("%S") then line = "" end
+    rows[#rows + 1] = { text = line }
+  end
+  return rows
+end
+
+local function read_jsonl(path, field)
+  local cjson = require "cjson"
+  local rows, ln = {}, 0
+  for line in io.lines(path) do
+    ln = ln + 1
+    if line:find("%S") then
+      local ok, obj = pcall(cjson.decode, line)
+      if not ok then error(("%s:%d: invalid JSON: %s"):format(path, ln, obj), 0) end
+      if field and obj[field] == nil then error(("%s:%d: no field '%s' in this row"):format(path, ln, field), 0) end
+      rows[#rows + 1] = obj
+    end
+  end
+  return rows
+end
+
+-- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl", text_field = "text"})
+-- path: a file, or a folder holding wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
+function M.load_dataset(path, opts)
+  opts = opts or {}
+  local split = opts.split or "train"
+  local base = split:match("^([%w_%-]+)") or split
+  local file = path
+  if is_dir(path) then
+    local tried = {}
+    file = nil
+    for _, cand in ipairs(split_files[base] or { base }) do
+      tried[#tried + 1] = path .. "/" .. cand
+      if exists(path .. "/" .. cand) then file = path .. "/" .. cand; break end
+    end
+    if not file then
+      error(("no '%s' split in %s: looked for %s"):format(base, path, table.concat(tried, ", ")), 0)
+    end
+  elseif not exists(path) then
+    error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(path), 0)
+  end
+  local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.raw$") and "wikitext") or "text"
+  local rows
+  if format == "jsonl" then rows = read_jsonl(file, opts.text_field or "text")
+  elseif format == "wikitext" then rows = read_lines(file, true)
+  elseif format == "text" then rows = read_lines(file, false)
+    for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
+  else error(("unknown dataset format '%s' (wikitext, text or jsonl)"):format(format), 0) end
+  local _, first, last = M.parse_split(split, #rows)
+  local ds = Dataset.from_rows(rows)
+  if first ~= 1 or last ~= #rows then ds = ds:select(first, last) end
+  ds.source = file
+  return ds
+end
+
+-- Causal-LM collator: pads input_ids to the longest row in the batch (right padding), builds
+-- attention_mask and labels (= input_ids, pads set to -100). Returns i64 tensors (B, T).
+function M.causal_lm_collator(opts)
+  opts = opts or {}
+  local pad = opts.pad_token_id or 0
+  local multiple = opts.pad_to_multiple_of
+  return function(rows)
+    local B, T = #rows, 0
+    for _, r in ipairs(rows) do if #r.input_ids > T then T = #r.input_ids end end
+    if multiple and T % multiple ~= 0 then T = T + multiple - T % multiple end
+    if T == 0 then error("collator: every row in the batch is empty; filter empty rows first", 0) end
+    local ids, mask, labels = {}, {}, {}
+    for b, r in ipairs(rows) do
+      local ri, rm, rl = {}, {}, {}
+      local src_labels = r.labels
+      for t = 1, T do
+        local v = r.input_ids[t]
+        if v then
+          ri[t], rm[t] = v, 1
+          rl[t] = src_labels and src_labels[t] or v
+        else
+          ri[t], rm[t], rl[t] = pad, 0, -100
+        end
+      end
+      ids[b], mask[b], labels[b] = ri, rm, rl
+    end
+    return {
+      input_ids = C.tensor(ids, { dtype = "i64" }),
+      attention_mask = C.tensor(mask, { dtype = "i64" }),
+      labels = C.tensor(labels, { dtype = "i64" }),
+    }
+  end
+end
+
+-- Distributed sampler (torch semantics): shuffles 1..n with seed + epoch, pads by wrapping so
+-- every rank gets the same count (or drops the tail with drop_last), rank r takes r, r+W, ...
+local Sampler = {}
+Sampler.__index = Sampler
+M.DistributedSampler = Sampler
+
+function Sampler.new(n, opts)
+  opts = opts or {}
+  local self = setmetatable({ n = n, rank = opts.rank or 0, world_size = opts.world_size or 1,
+    shuffle = opts.shuffle ~= false, seed = opts.seed or 0, drop_last = opts.drop_last or false, epoch = 0 }, Sampler)
+  if self.rank < 0 or self.rank >= self.world_size then
+    error(("sampler: rank %d is outside world size %d"):format(self.rank, self.world_size), 0)
+  end
+  if self.drop_last then self.num_samples = math.floor(n / self.world_size)
+  else self.num_samples = math.ceil(n / self.world_size) end
+  return self
+end
+function Sampler:set_epoch(e) self.epoch = e end
+function Sampler:__len() return self.num_samples end
+function Sampler:indices()
+  local order
+  if self.shuffle then order = C.randperm(self.n, self.seed * 1000003 + self.epoch):flat_table()
+  else order = {}; for i = 1, self.n do order[i] = i end end
+  local total = self.num_samples * self.world_size
+  if not self.drop_last then
+    local i = 1
+    while #order < total do order[#order + 1] = order[i]; i = i + 1 end
+  end
+  local out = {}
+  for i = self.rank + 1, total, self.world_size do out[#out + 1] = order[i] end
+  return out
+end
+
+-- Iterates batches of collated rows: for batch in M.batches(ds, sampler, batch_size, collate)
+function M.batches(ds, sampler, batch_size, collate, drop_last)
+  local idx = sampler:indices()
+  local i = 1
+  return function()
+    if i > #idx then return nil end
+    local last = math.min(i + batch_size - 1, #idx)
+    if drop_last and last - i + 1 < batch_size then return nil end
+    local rows = {}
+    for k = i, last do rows[#rows + 1] = ds.rows[idx[k]] end
+    i = last + 1
+    return collate(rows)
+  end
+end
+
+return M
