@@ -46,6 +46,9 @@ void zr_bind_engine(lua_State *L);
 void zr_bind_optim(lua_State *L);
 void zr_bind_repl(lua_State *L);
 void zr_bind_system(lua_State *L);
+void zr_bind_checkpoint(lua_State *L);
+void zr_bind_zero(lua_State *L);
+void zr_bind_comm(lua_State *L);
 
 int luaopen_zrun_C(lua_State *L);
 

@@ -712,6 +712,9 @@ extern void zr_bind_engine(lua_State *L) __attribute__((weak));
 extern void zr_bind_optim(lua_State *L) __attribute__((weak));
 extern void zr_bind_repl(lua_State *L) __attribute__((weak));
 extern void zr_bind_system(lua_State *L) __attribute__((weak));
+extern void zr_bind_checkpoint(lua_State *L) __attribute__((weak));
+extern void zr_bind_zero(lua_State *L) __attribute__((weak));
+extern void zr_bind_comm(lua_State *L) __attribute__((weak));
 
 int luaopen_zrun_C(lua_State *L) {
     lua_newtable(L); /* _C */
@@ -742,5 +745,8 @@ int luaopen_zrun_C(lua_State *L) {
     CALL_FAMILY(zr_bind_optim);
     CALL_FAMILY(zr_bind_repl);
     CALL_FAMILY(zr_bind_system);
+    CALL_FAMILY(zr_bind_checkpoint);
+    CALL_FAMILY(zr_bind_zero);
+    CALL_FAMILY(zr_bind_comm);
     return 1;
 }

@@ -44,11 +44,11 @@ void zr_node_release(zr_node *n) {
     free(n);
 }
 
-zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
-                             zr_tensor *const *inputs, zr_node **node) {
+static zr_status record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
+                        zr_tensor *const *inputs, zr_node **node, int force) {
     *node = NULL;
     if (!grad_on) return ZR_OK;
-    int any = 0;
+    int any = force;
     for (int i = 0; i < n_inputs; i++)
         if (inputs[i] && zr_tensor_needs_grad(inputs[i])) any = 1;
     if (!any) return ZR_OK;
@@ -85,6 +85,15 @@ zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn
     out->requires_grad = 1;
     *node = n;
     return ZR_OK;
+}
+
+zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
+                             zr_tensor *const *inputs, zr_node **node) {
+    return record(out, name, fn, n_inputs, inputs, node, 0);
+}
+zr_status zr_autograd_record_always(zr_tensor *out, const char *name, zr_backward_fn fn,
+                                    int n_inputs, zr_tensor *const *inputs, zr_node **node) {
+    return record(out, name, fn, n_inputs, inputs, node, 1);
 }
 
 zr_status zr_node_save(zr_node *n, zr_tensor *t) {

@@ -59,6 +59,10 @@ static inline int zr_tensor_needs_grad(const zr_tensor *t) { return t->requires_
  * by out) or to NULL when nothing is recorded. Inputs may contain NULL (absent optional input). */
 zr_status zr_autograd_record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
                              zr_tensor *const *inputs, zr_node **node);
+/* Same, but records even when no input needs grad (grad mode still must be on): for nodes whose
+ * backward reaches parameters the inputs do not show, like zr.checkpoint. */
+zr_status zr_autograd_record_always(zr_tensor *out, const char *name, zr_backward_fn fn,
+                                    int n_inputs, zr_tensor *const *inputs, zr_node **node);
 /* Keeps a detached reference to t for backward. */
 zr_status zr_node_save(zr_node *n, zr_tensor *t);
 static inline int zr_node_needs_grad(const zr_node *n, int i) {
