@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bind.h"
+#include "comm.h"
 
 int luaopen_cjson(lua_State *L);
 
@@ -34,6 +35,9 @@ static int docall(lua_State *L, int nargs) {
     lua_remove(L, base);
     if (st) {
         const char *m = lua_tostring(L, -1);
+        /* Under a launcher, one rank's error must stop every rank rather than leave them hanging
+         * in a collective. */
+        if (zr_comm_get()->world_size > 1) zr_comm_abort(m ? m : "(error without message)", 1);
         fprintf(stderr, "zrun: %s\n", m ? m : "(error without message)");
         fflush(stderr);
         lua_pop(L, 1);
@@ -170,5 +174,6 @@ int main(int argc, char **argv) {
         status = 1;
     }
     lua_close(L);
+    zr_comm_finalize();
     return status ? 1 : 0;
 }

@@ -1,0 +1,71 @@
+/* Lua bindings for collectives (runtime/comm.h): zr.dist.* wraps these. */
+#include <string.h>
+
+#include "bind.h"
+#include "comm.h"
+
+static zr_reduce_op check_op(lua_State *L, int idx) {
+    const char *s = luaL_optstring(L, idx, "sum");
+    if (!strcmp(s, "sum")) return ZR_RED_SUM;
+    if (!strcmp(s, "avg") || !strcmp(s, "mean")) return ZR_RED_AVG;
+    if (!strcmp(s, "max")) return ZR_RED_MAX;
+    if (!strcmp(s, "min")) return ZR_RED_MIN;
+    luaL_error(L, "unknown reduce op '%s' (sum, avg, max, min)", s);
+    return ZR_RED_SUM;
+}
+
+static int l_init(lua_State *L) {
+    if (zr_comm_init()) return zr_l_error(L);
+    const zr_comm_info *i = zr_comm_get();
+    lua_newtable(L);
+    lua_pushinteger(L, i->rank);
+    lua_setfield(L, -2, "rank");
+    lua_pushinteger(L, i->world_size);
+    lua_setfield(L, -2, "world_size");
+    lua_pushinteger(L, i->local_rank);
+    lua_setfield(L, -2, "local_rank");
+    lua_pushinteger(L, i->local_size);
+    lua_setfield(L, -2, "local_size");
+    lua_pushstring(L, i->launcher);
+    lua_setfield(L, -2, "launcher");
+    return 1;
+}
+static int l_all_reduce(lua_State *L) {
+    if (zr_all_reduce(zr_l_checktensor(L, 1), check_op(L, 2))) return zr_l_error(L);
+    lua_settop(L, 1);
+    return 1;
+}
+static int l_reduce_scatter(lua_State *L) {
+    if (zr_reduce_scatter(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), check_op(L, 3))) return zr_l_error(L);
+    lua_settop(L, 1);
+    return 1;
+}
+static int l_all_gather(lua_State *L) {
+    if (zr_all_gather(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2))) return zr_l_error(L);
+    lua_settop(L, 1);
+    return 1;
+}
+static int l_broadcast(lua_State *L) {
+    if (zr_broadcast(zr_l_checktensor(L, 1), (int)luaL_optinteger(L, 2, 0))) return zr_l_error(L);
+    lua_settop(L, 1);
+    return 1;
+}
+static int l_barrier(lua_State *L) {
+    if (zr_barrier()) return zr_l_error(L);
+    return 0;
+}
+static int l_abort(lua_State *L) {
+    zr_comm_abort(luaL_checkstring(L, 1), (int)luaL_optinteger(L, 2, 1));
+    return 0;
+}
+static int l_finalize(lua_State *L) {
+    (void)L;
+    zr_comm_finalize();
+    return 0;
+}
+
+static const luaL_Reg fns[] = {{"comm_init", l_init}, {"all_reduce", l_all_reduce},
+                               {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
+                               {"broadcast", l_broadcast}, {"barrier", l_barrier},
+                               {"comm_abort", l_abort}, {"comm_finalize", l_finalize}, {NULL, NULL}};
+void zr_bind_comm(lua_State *L) { zr_l_register_functions(L, fns); }
