@@ -1,0 +1,44 @@
+-- Built-in model configurations (Hugging Face config.json fields), so models can be built and
+-- planned with no files present. Values from the published configs of each model.
+local llama3_rope = { rope_type = "llama3", factor = 32.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+  original_max_position_embeddings = 8192 }
+local llama31_rope = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+  original_max_position_embeddings = 8192 }
+
+local C = {}
+C["meta-llama/Llama-3.2-1B"] = { model_type = "llama", hidden_size = 2048, intermediate_size = 8192,
+  num_hidden_layers = 16, num_attention_heads = 32, num_key_value_heads = 8, head_dim = 64,
+  vocab_size = 128256, rms_norm_eps = 1e-5, rope_theta = 500000.0, rope_scaling = llama3_rope,
+  tie_word_embeddings = true, max_position_embeddings = 131072, bos_token_id = 128000, eos_token_id = 128001 }
+C["meta-llama/Llama-3.2-3B"] = { model_type = "llama", hidden_size = 3072, intermediate_size = 8192,
+  num_hidden_layers = 28, num_attention_heads = 24, num_key_value_heads = 8, head_dim = 128,
+  vocab_size = 128256, rms_norm_eps = 1e-5, rope_theta = 500000.0, rope_scaling = llama3_rope,
+  tie_word_embeddings = true, max_position_embeddings = 131072 }
+C["meta-llama/Meta-Llama-3-8B"] = { model_type = "llama", hidden_size = 4096, intermediate_size = 14336,
+  num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 128256,
+  rms_norm_eps = 1e-5, rope_theta = 500000.0, tie_word_embeddings = false, max_position_embeddings = 8192 }
+C["meta-llama/Llama-3.1-8B"] = { model_type = "llama", hidden_size = 4096, intermediate_size = 14336,
+  num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 128256,
+  rms_norm_eps = 1e-5, rope_theta = 500000.0, rope_scaling = llama31_rope, tie_word_embeddings = false,
+  max_position_embeddings = 131072 }
+C["meta-llama/Meta-Llama-3-70B"] = { model_type = "llama", hidden_size = 8192, intermediate_size = 28672,
+  num_hidden_layers = 80, num_attention_heads = 64, num_key_value_heads = 8, vocab_size = 128256,
+  rms_norm_eps = 1e-5, rope_theta = 500000.0, tie_word_embeddings = false, max_position_embeddings = 8192 }
+C["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] = { model_type = "llama", hidden_size = 2048, intermediate_size = 5632,
+  num_hidden_layers = 22, num_attention_heads = 32, num_key_value_heads = 4, vocab_size = 32000,
+  rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = false, max_position_embeddings = 2048 }
+-- A tiny Llama for CPU runs and tests: GQA, llama3 rope scaling, untied embeddings.
+C["zrun/tiny-llama"] = { model_type = "llama", hidden_size = 64, intermediate_size = 176,
+  num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16,
+  vocab_size = 259, rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = false,
+  rope_scaling = { rope_type = "llama3", factor = 4.0, low_freq_factor = 1.0, high_freq_factor = 4.0,
+    original_max_position_embeddings = 32 }, max_position_embeddings = 512 }
+for _, n in ipairs { "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl" } do
+  local dims = { gpt2 = { 768, 12, 12 }, ["gpt2-medium"] = { 1024, 24, 16 }, ["gpt2-large"] = { 1280, 36, 20 },
+    ["gpt2-xl"] = { 1600, 48, 25 } }
+  local d = dims[n]
+  C[n] = { model_type = "gpt2", n_embd = d[1], n_layer = d[2], n_head = d[3], vocab_size = 50257,
+    n_positions = 1024, layer_norm_epsilon = 1e-5, tie_word_embeddings = true }
+  C["openai-community/" .. n] = C[n]
+end
+return C

@@ -1,0 +1,105 @@
+-- GPT-2 (GPT2LMHeadModel) with Hugging Face semantics and names: learned positions, pre-LayerNorm
+-- blocks, GELU (tanh approximation), Conv1D projections (weights stored (in, out)), tied head.
+local zr = require "zrun"
+local nn = require "zrun.nn"
+local Module = require "zrun.nn.module"
+
+local M = {}
+
+-- HF's Conv1D: y = x W + b with W (in, out).
+local Conv1D = Module:extend("Conv1D")
+function Conv1D:__init(nx, nf, cfg)
+  local td = { dtype = cfg.dtype, device = cfg.device }
+  self.weight = nn.Parameter(zr.empty({ nx, nf }, td):normal_(0, cfg.initializer_range or 0.02))
+  self.bias = nn.Parameter(zr.zeros({ nf }, td))
+end
+function Conv1D:forward(x) return zr.linear(x, self.weight:transpose(1, 2), self.bias) end
+
+local Attention = Module:extend("GPT2Attention")
+function Attention:__init(cfg)
+  self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+  self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd, cfg)
+  self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
+end
+function Attention:forward(x)
+  local B, T, C = x:size(1), x:size(2), self.n_embd
+  local H = self.n_head
+  local qkv = self.c_attn(x)
+  local function heads(i) return qkv:narrow(3, i * C + 1, C):view(B, T, H, C / H):transpose(2, 3) end
+  local o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
+  return self.c_proj(o:transpose(2, 3):reshape(B, T, C))
+end
+
+local MLP = Module:extend("GPT2MLP")
+function MLP:__init(cfg)
+  local inner = cfg.n_inner or 4 * cfg.n_embd
+  self.c_fc = Conv1D(cfg.n_embd, inner, cfg)
+  self.c_proj = Conv1D(inner, cfg.n_embd, cfg)
+end
+function MLP:forward(x) return self.c_proj(self.c_fc(x):gelu("tanh")) end
+
+local Block = Module:extend("GPT2Block")
+function Block:__init(cfg)
+  local o = { eps = cfg.layer_norm_epsilon or 1e-5, dtype = cfg.dtype, device = cfg.device }
+  self.ln_1 = nn.LayerNorm(cfg.n_embd, o)
+  self.attn = Attention(cfg)
+  self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
+  self.mlp = MLP(cfg)
+end
+function Block:forward(x)
+  local h = x + self.attn(self.ln_1(x))
+  return h + self.mlp(self.ln_2(h))
+end
+
+local Transformer = Module:extend("GPT2Model")
+function Transformer:__init(cfg)
+  local td = { dtype = cfg.dtype, device = cfg.device }
+  self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd, td)
+  self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd, td)
+  self.h = nn.ModuleList()
+  for _ = 1, cfg.n_layer do self.h:append(Block(cfg)) end
+  self.ln_f = nn.LayerNorm(cfg.n_embd, { eps = cfg.layer_norm_epsilon or 1e-5, dtype = cfg.dtype, device = cfg.device })
+  rawset(self, "cfg", cfg)
+end
+function Transformer:forward(ids)
+  local T = ids:size(2)
+  if T > self.cfg.n_positions then
+    error(("gpt2: sequence length %d exceeds n_positions %d"):format(T, self.cfg.n_positions), 0)
+  end
+  local pos = rawget(self, "pos_" .. T)
+  if not pos then pos = zr.arange(T, { device = self.cfg.device }); rawset(self, "pos_" .. T, pos) end
+  local x = self.wte(ids) + self.wpe(pos)
+  local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  for _, block in ipairs(self.h) do
+    if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
+  end
+  return self.ln_f(x)
+end
+
+local LM = Module:extend("GPT2LMHeadModel")
+M.GPT2LMHeadModel = LM
+function LM:__init(cfg)
+  if type(cfg) == "string" then cfg = require("zrun.models.llama").config(cfg) end
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  c.dtype, c.device = c.dtype or "f32", c.device or "cpu"
+  rawset(self, "config", c)
+  self.transformer = Transformer(c)
+  zr.no_grad(function()
+    for name, p in self:named_parameters() do
+      if name:match("ln_%w+%.weight$") then p:fill_(1)
+      elseif name:match("ln_%w+%.bias$") then p:zero_()
+      elseif name:match("wte") or name:match("wpe") then p:normal_(0, c.initializer_range or 0.02) end
+    end
+  end)
+end
+function LM:forward(ids, labels)
+  local h = self.transformer(ids)
+  local logits = zr.linear(h, self.transformer.wte.weight)
+  local out = { logits = logits }
+  if labels then out.loss = require("zrun.models.llama").causal_lm_loss(logits, labels) end
+  return out
+end
+function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
+
+return M

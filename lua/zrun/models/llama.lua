@@ -1,0 +1,207 @@
+-- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (incl.
+-- rope_scaling "llama3"), grouped-query attention with explicit head_dim, SwiGLU MLP, tied or
+-- untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
+-- Padding is expected on the right (the collator's layout), where causal attention alone gives
+-- HF's results for every real token.
+local zr = require "zrun"
+local nn = require "zrun.nn"
+local Module = require "zrun.nn.module"
+
+local M = {}
+
+local function head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size / cfg.num_attention_heads) end
+
+local function linear(cfg, i, o, bias)
+  return nn.Linear(i, o, { bias = bias or false, dtype = cfg.dtype, device = cfg.device })
+end
+
+-- Attention ---------------------------------------------------------------------------------
+local Attention = Module:extend("LlamaAttention")
+function Attention:__init(cfg)
+  local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads, head_dim(cfg)
+  if H % KV ~= 0 then
+    error(("llama config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)"):format(H, KV), 0)
+  end
+  self.n_heads, self.n_kv, self.hd = H, KV, D
+  local b = cfg.attention_bias
+  self.q_proj = linear(cfg, cfg.hidden_size, H * D, b)
+  self.k_proj = linear(cfg, cfg.hidden_size, KV * D, b)
+  self.v_proj = linear(cfg, cfg.hidden_size, KV * D, b)
+  self.o_proj = linear(cfg, H * D, cfg.hidden_size, b)
+end
+function Attention:forward(x, cos, sin)
+  local B, T = x:size(1), x:size(2)
+  local H, KV, D = self.n_heads, self.n_kv, self.hd
+  local q = self.q_proj(x):view(B, T, H, D):transpose(2, 3)
+  local k = self.k_proj(x):view(B, T, KV, D):transpose(2, 3)
+  local v = self.v_proj(x):view(B, T, KV, D):transpose(2, 3)
+  q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
+  local o = zr.scaled_dot_product_attention(q, k, v)
+  return self.o_proj(o:transpose(2, 3):reshape(B, T, H * D))
+end
+
+-- MLP ---------------------------------------------------------------------------------------
+local MLP = Module:extend("LlamaMLP")
+function MLP:__init(cfg)
+  local b = cfg.mlp_bias
+  self.gate_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size, b)
+  self.up_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size, b)
+  self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size, b)
+end
+function MLP:forward(x)
+  return self.down_proj(self.gate_proj(x):silu() * self.up_proj(x))
+end
+
+-- Decoder layer -----------------------------------------------------------------------------
+local Layer = Module:extend("LlamaDecoderLayer")
+function Layer:__init(cfg)
+  local eps = cfg.rms_norm_eps or 1e-6
+  self.self_attn = Attention(cfg)
+  self.mlp = MLP(cfg)
+  self.input_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
+  self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
+end
+function Layer:forward(x, cos, sin)
+  local h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+  return h + self.mlp(self.post_attention_layernorm(h))
+end
+
+-- Model -------------------------------------------------------------------------------------
+local Model = Module:extend("LlamaModel")
+function Model:__init(cfg)
+  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device })
+  self.layers = nn.ModuleList()
+  for _ = 1, cfg.num_hidden_layers do self.layers:append(Layer(cfg)) end
+  self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps or 1e-6, dtype = cfg.dtype, device = cfg.device })
+  rawset(self, "cfg", cfg)
+  rawset(self, "rope_cache", {})
+end
+
+-- cos/sin tables for T positions (cached per length, device and dtype).
+function Model:rope(T, dtype, device)
+  local key = T .. dtype .. device
+  local c = self.rope_cache[key]
+  if not c then
+    local cfg = self.cfg
+    local cos, sin = zr.rope_tables(T, head_dim(cfg), {
+      theta = cfg.rope_theta or 10000, rope_scaling = cfg.rope_scaling, dtype = "f32" })
+    if dtype ~= "f32" or device ~= "cpu" then cos, sin = cos:to(device, dtype), sin:to(device, dtype) end
+    c = { cos, sin }
+    self.rope_cache[key] = c
+  end
+  return c[1], c[2]
+end
+
+function Model:forward(input_ids)
+  local T = input_ids:size(2)
+  local h = self.embed_tokens(input_ids)
+  local cos, sin = self:rope(T, h:dtype(), h:device())
+  local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  for _, layer in ipairs(self.layers) do
+    if ckpt then
+      h = zr.checkpoint(function(x) return layer(x, cos, sin) end, h)
+    else
+      h = layer(h, cos, sin)
+    end
+  end
+  return self.norm(h)
+end
+
+-- Causal LM ---------------------------------------------------------------------------------
+local CausalLM = Module:extend("LlamaForCausalLM")
+M.LlamaForCausalLM = CausalLM
+
+-- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters.
+function CausalLM:__init(cfg)
+  cfg = M.normalize_config(cfg)
+  rawset(self, "config", cfg)
+  self.model = Model(cfg)
+  if not cfg.tie_word_embeddings then
+    self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, false)
+  end
+  self:init_weights()
+end
+
+-- Hugging Face's _init_weights: N(0, initializer_range) for Linear and Embedding weights, zero
+-- biases, ones for RMSNorm.
+function CausalLM:init_weights()
+  local std = self.config.initializer_range or 0.02
+  zr.no_grad(function()
+    for name, p in self:named_parameters() do
+      if name:match("norm%.weight$") then p:fill_(1)
+      elseif name:match("%.bias$") then p:zero_()
+      else p:normal_(0, std) end
+    end
+  end)
+end
+
+function CausalLM:output_weight()
+  return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
+end
+
+-- forward(input_ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}. labels are shifted inside
+-- (position t predicts token t+1); -100 is ignored; the loss is the mean over counted tokens.
+function CausalLM:forward(input_ids, labels)
+  local h = self.model(input_ids)
+  local logits = zr.linear(h, self:output_weight())
+  local out = { logits = logits }
+  if labels then out.loss = M.causal_lm_loss(logits, labels) end
+  return out
+end
+
+function M.causal_lm_loss(logits, labels)
+  local B, T, V = logits:size(1), logits:size(2), logits:size(3)
+  if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
+  local lg = logits:narrow(2, 1, T - 1):reshape(B * (T - 1), V)
+  local lb = labels:narrow(2, 2, T - 1):reshape(B * (T - 1))
+  if lg:dtype() ~= "f32" then lg = lg:float() end -- HF upcasts logits for the loss
+  return zr.cross_entropy(lg, lb, { ignore_index = -100 })
+end
+
+function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
+function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_checkpointing", false); return self end
+
+-- Config ------------------------------------------------------------------------------------
+local required = { "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size" }
+function M.normalize_config(cfg)
+  if type(cfg) == "string" then cfg = M.config(cfg) end
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  for _, k in ipairs(required) do
+    if type(c[k]) ~= "number" then
+      error(("llama config: '%s' is missing or not a number"):format(k), 0)
+    end
+  end
+  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
+  if c.tie_word_embeddings == nil then c.tie_word_embeddings = false end
+  c.dtype = c.dtype or "f32"
+  c.device = c.device or "cpu"
+  return c
+end
+
+-- A config by name (built-in table), from a config.json path, or from a HF model directory.
+function M.config(name_or_path)
+  local builtin = require("zrun.models.configs")[name_or_path]
+  if builtin then
+    local c = {}
+    for k, v in pairs(builtin) do c[k] = v end
+    return c
+  end
+  local hf = require "zrun.hf"
+  return hf.load_config(name_or_path)
+end
+
+-- Builds the model and loads Hugging Face weights from a model directory or cached hub id.
+function M.from_pretrained(ref, opts)
+  opts = opts or {}
+  local hf = require "zrun.hf"
+  local cfg = hf.load_config(ref)
+  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
+  local model = CausalLM(cfg)
+  local sd = hf.load_state_dict(ref, { dtype = cfg.dtype, device = cfg.device })
+  if cfg.tie_word_embeddings then sd["lm_head.weight"] = nil end
+  model:load_state_dict(sd, true)
+  return model
+end
+
+return M
