@@ -3,6 +3,8 @@
 # takes headers/static libraries from an unpacked prefix (tools/deps-prefix.sh) instead of /usr.
 
 CC       ?= gcc
+BUILD    ?= build
+BIN      ?= zrun
 NVCC     ?= nvcc
 DEPS_PREFIX ?=
 MULTIARCH := x86_64-linux-gnu
@@ -54,13 +56,13 @@ KCPU_SRC    := $(wildcard kernels/cpu/*.c)
 LUA_SRC     := $(filter-out lua/main.c,$(wildcard lua/*.c))
 CUDA_SRC    := $(wildcard kernels/cuda/*.cu runtime/*.cu)
 
-OBJ := $(RUNTIME_SRC:%.c=build/%.o) $(KCPU_SRC:%.c=build/%_f32.o) $(KCPU_SRC:%.c=build/%_f64.o)
+OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o) $(KCPU_SRC:%.c=$(BUILD)/%_f32.o) $(KCPU_SRC:%.c=$(BUILD)/%_f64.o)
 
 ifneq ($(HAVE_NVCC),)
   CFLAGS += -DZR_HAVE_CUDA -I$(CUDA_HOME)/include
   NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
              -Iruntime -Ikernels -DZR_HAVE_CUDA --expt-relaxed-constexpr -Xcompiler -fPIC,-Wall
-  OBJ += $(CUDA_SRC:%.cu=build/%.cu.o)
+  OBJ += $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
   LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
   ifneq ($(HAVE_NCCL),)
     CFLAGS += -DZR_HAVE_NCCL
@@ -72,7 +74,7 @@ endif
 check-luajit:
 	@test -n "$(LUAJIT_A)" || { echo "LuaJIT static library (libluajit-5.1.a) not found: run 'make deps' or pass DEPS_PREFIX=dir"; exit 1; }
 
-all: features zrun
+all: features $(BIN)
 
 features:
 	@echo "zrun $(VERSION): features"
@@ -85,41 +87,41 @@ features:
 	@echo "  cuda      $(or $(HAVE_NVCC),off)"
 	@echo "  nccl      $(or $(HAVE_NCCL),off)"
 
-build/%.o: %.c
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -c $< -o $@
-build/kernels/cpu/%_f32.o: kernels/cpu/%.c
+$(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -c $< -o $@
-build/kernels/cpu/%_f64.o: kernels/cpu/%.c
+$(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -c $< -o $@
 # The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
-build/kernels/cpu/optim_f32.o build/kernels/cpu/optim_f64.o: CFLAGS += -fno-math-errno
-build/%.cu.o: %.cu
+$(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o: CFLAGS += -fno-math-errno
+$(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@
 
-build/libzrun.a: $(OBJ)
+$(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-LUAOBJ := $(LUA_SRC:%.c=build/%.o) build/lua/main.o
-zrun: check-luajit build/libzrun.a $(LUAOBJ)
-	$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) build/libzrun.a $(LDLIBS)
+LUAOBJ := $(LUA_SRC:%.c=$(BUILD)/%.o) $(BUILD)/lua/main.o
+$(BIN): check-luajit $(BUILD)/libzrun.a $(LUAOBJ)
+	$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) $(BUILD)/libzrun.a $(LDLIBS)
 
 # C unit tests: one binary per tests/c/test_*.c, linked against the runtime.
 TEST_SRC := $(wildcard tests/c/test_*.c)
-TEST_BIN := $(TEST_SRC:tests/c/%.c=build/tests/%)
-build/tests/%: tests/c/%.c build/libzrun.a
+TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/c -o $@ $< build/libzrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
-BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=build/bench/%)
-build/bench/%: tests/bench/%.c build/libzrun.a
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< build/libzrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev
 deps:
@@ -133,11 +135,11 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
-	@sh tests/run.sh
+	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/run.sh
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	./zrun recipes/train_mlp.lua
+	./$(BIN) recipes/train_mlp.lua
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)

@@ -16,8 +16,11 @@ run_one() { # name, command...
 }
 data=${ZRUN_TEST_DATA:-../shared/data}
 if [ -d "$data" ]; then echo "test data: $data"; else echo "test data: not found at $data (tests that need it are skipped; set ZRUN_TEST_DATA)"; fi
-for t in build/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
-for t in tests/lua/test_*.lua; do [ -f "$t" ] && run_one "$t" ./zrun "$t"; done
+BUILD=${BUILD:-build}
+ZRUN_BIN=${ZRUN_BIN:-./zrun}
+export ZRUN_BIN
+for t in "$BUILD"/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
+for t in tests/lua/test_*.lua; do [ -f "$t" ] && run_one "$t" "$ZRUN_BIN" "$t"; done
 if [ -n "$ZRUN_MPI_TESTS" ] || command -v mpirun >/dev/null 2>&1; then
   for t in tests/mpi/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 fi

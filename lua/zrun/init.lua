@@ -25,6 +25,9 @@ zr.enable_grad = function(fn, ...)
   return unpack(res, 2)
 end
 
+-- deepspeed.initialize's analogue: engine, optimizer, dataloader, scheduler.
+function zr.initialize(opts) return require("zrun.engine").initialize(opts) end
+
 -- Submodules load on first use: zr.nn, zr.optim, zr.data, zr.memory, ...
 local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",

@@ -95,7 +95,8 @@ function LM:__init(cfg)
 end
 function LM:forward(ids, labels)
   local h = self.transformer(ids)
-  local logits = zr.linear(h, self.transformer.wte.weight)
+  local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
+  local logits = zr.linear(h, fetch(self.transformer.wte.weight))
   local out = { logits = logits }
   if labels then out.loss = require("zrun.models.llama").causal_lm_loss(logits, labels) end
   return out

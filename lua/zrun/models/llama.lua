@@ -143,7 +143,12 @@ end
 -- (position t predicts token t+1); -100 is ignored; the loss is the mean over counted tokens.
 function CausalLM:forward(input_ids, labels)
   local h = self.model(input_ids)
-  local logits = zr.linear(h, self:output_weight())
+  local logits
+  if self.lm_head then logits = self.lm_head(h)
+  else -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
+    local fetch = Module.fetch or function(p) return p end
+    logits = zr.linear(h, fetch(self.model.embed_tokens.weight))
+  end
   local out = { logits = logits }
   if labels then out.loss = M.causal_lm_loss(logits, labels) end
   return out

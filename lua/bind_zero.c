@@ -1,0 +1,205 @@
+/* Lua bindings for the ZeRO engine (runtime/zero.h) and the stage-3 module-boundary autograd
+ * nodes that gather parameters again before a module's backward and release them after it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "bind.h"
+#include "comm.h"
+#include "zero.h"
+
+#define ZERO_MT "zr.ZeroEngine"
+
+static zr_zero *check_zero(lua_State *L, int idx) {
+    zr_zero **p = luaL_checkudata(L, idx, ZERO_MT);
+    if (!*p) luaL_error(L, "the ZeRO engine was freed");
+    return *p;
+}
+static int ok_or_error(lua_State *L, zr_status st) {
+    if (st) return zr_l_error(L);
+    return 0;
+}
+
+static int read_indices(lua_State *L, int idx, int **out) {
+    luaL_checktype(L, idx, LUA_TTABLE);
+    int n = (int)lua_objlen(L, idx);
+    *out = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, idx, i + 1);
+        (*out)[i] = (int)lua_tointeger(L, -1) - 1;
+        lua_pop(L, 1);
+    }
+    return n;
+}
+
+/* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, offload_optimizer=,
+ *           offload_param=}, {params...}, {weight_decay...}) */
+static int l_new(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    zr_zero_config c = {0};
+    lua_getfield(L, 1, "stage");
+    c.stage = (int)luaL_optinteger(L, -1, 0);
+    lua_getfield(L, 1, "reduce_bucket_size");
+    c.reduce_bucket_size = (int64_t)luaL_optnumber(L, -1, 5e8);
+    lua_getfield(L, 1, "allgather_bucket_size");
+    c.allgather_bucket_size = (int64_t)luaL_optnumber(L, -1, 5e8);
+    lua_getfield(L, 1, "offload_optimizer");
+    c.offload_optimizer = lua_toboolean(L, -1);
+    lua_getfield(L, 1, "offload_param");
+    c.offload_param = lua_toboolean(L, -1);
+    lua_pop(L, 5);
+    if (zr_comm_init()) return zr_l_error(L);
+    c.world_size = zr_comm_get()->world_size;
+    c.rank = zr_comm_get()->rank;
+    int n = (int)lua_objlen(L, 2);
+    zr_tensor **ps = malloc(sizeof *ps * (size_t)(n ? n : 1));
+    double *wd = malloc(sizeof *wd * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        ps[i] = zr_l_checktensor(L, -1);
+        lua_pop(L, 1);
+        wd[i] = 0;
+        if (lua_istable(L, 3)) {
+            lua_rawgeti(L, 3, i + 1);
+            wd[i] = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    zr_zero **box = lua_newuserdata(L, sizeof *box);
+    *box = NULL;
+    luaL_getmetatable(L, ZERO_MT);
+    lua_setmetatable(L, -2);
+    *box = zr_zero_new(&c, n, ps, wd);
+    free(ps);
+    free(wd);
+    if (!*box) return zr_l_error(L);
+    return 1;
+}
+
+static int l_gc(lua_State *L) {
+    zr_zero **p = luaL_checkudata(L, 1, ZERO_MT);
+    zr_zero_free(*p);
+    *p = NULL;
+    return 0;
+}
+static int l_backward_begin(lua_State *L) {
+    return ok_or_error(L, zr_zero_backward_begin(check_zero(L, 1), lua_toboolean(L, 2)));
+}
+static int l_backward_end(lua_State *L) { return ok_or_error(L, zr_zero_backward_end(check_zero(L, 1))); }
+static int l_reduce(lua_State *L) { return ok_or_error(L, zr_zero_reduce(check_zero(L, 1))); }
+static int l_grad_norm(lua_State *L) {
+    double norm;
+    if (zr_zero_grad_norm(check_zero(L, 1), luaL_optnumber(L, 2, 1.0), &norm)) return zr_l_error(L);
+    lua_pushnumber(L, norm);
+    return 1;
+}
+/* step(grad_scale, step, lr, beta1, beta2, eps) */
+static int l_step(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    return ok_or_error(L, zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
+                                       luaL_checknumber(L, 4), luaL_checknumber(L, 5),
+                                       luaL_checknumber(L, 6), luaL_checknumber(L, 7)));
+}
+static int l_zero_grad(lua_State *L) { return ok_or_error(L, zr_zero_zero_grad(check_zero(L, 1))); }
+static int l_refresh(lua_State *L) { return ok_or_error(L, zr_zero_refresh_params(check_zero(L, 1))); }
+static int l_partition_numel(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)zr_zero_partition_numel(check_zero(L, 1)));
+    return 1;
+}
+static int l_layout(lua_State *L) {
+    int64_t off, c;
+    zr_zero_param_layout(check_zero(L, 1), (int)luaL_checkinteger(L, 2) - 1, &off, &c);
+    lua_pushnumber(L, (lua_Number)off);
+    lua_pushnumber(L, (lua_Number)c);
+    return 2;
+}
+static int l_state(lua_State *L) {
+    return zr_l_pushtensor(L, zr_zero_state(check_zero(L, 1), (int)luaL_checkinteger(L, 2)));
+}
+static int l_gather(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    int *idx, n = read_indices(L, 2, &idx);
+    zr_status st = zr_zero_gather(z, n, idx);
+    free(idx);
+    return ok_or_error(L, st);
+}
+static int l_release(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    int *idx, n = read_indices(L, 2, &idx);
+    zr_status st = zr_zero_release(z, n, idx);
+    free(idx);
+    return ok_or_error(L, st);
+}
+static int l_release_all(lua_State *L) { return ok_or_error(L, zr_zero_release_all(check_zero(L, 1))); }
+static int l_is_gathered(lua_State *L) {
+    lua_pushboolean(L, zr_zero_is_gathered(check_zero(L, 1), (int)luaL_checkinteger(L, 2) - 1));
+    return 1;
+}
+
+/* --- stage-3 boundary nodes: identity forward; backward gathers (kind 1) or releases (kind 0)
+ * the listed parameters, so a module's parameters are whole exactly during its backward. --- */
+typedef struct {
+    zr_zero *z;
+    int kind, n;
+    int *idx;
+} boundary_ctx;
+
+static void boundary_free(void *p) {
+    boundary_ctx *b = p;
+    free(b->idx);
+    free(b);
+}
+static zr_status boundary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    boundary_ctx *b = n->ctx;
+    zr_status st = b->kind ? zr_zero_gather(b->z, b->n, b->idx) : zr_zero_release(b->z, b->n, b->idx);
+    if (st) return st;
+    gin[0] = zr_tensor_retain(g);
+    return ZR_OK;
+}
+/* boundary(engine, tensor, kind (0 release / 1 gather), {param indices}) -> identity tensor */
+static int l_boundary(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    zr_tensor *x = zr_l_checktensor(L, 2);
+    int kind = (int)luaL_checkinteger(L, 3);
+    if (!zr_tensor_needs_grad(x) || !zr_grad_enabled()) {
+        lua_pushvalue(L, 2);
+        return 1;
+    }
+    zr_tensor *out = zr_tensor_detach(x);
+    zr_node *node;
+    if (!out || zr_autograd_record(out, kind ? "zero3_gather" : "zero3_release", boundary_backward, 1, &x, &node)) {
+        zr_tensor_release(out);
+        return zr_l_error(L);
+    }
+    boundary_ctx *b = calloc(1, sizeof *b);
+    b->z = z;
+    b->kind = kind;
+    b->n = read_indices(L, 4, &b->idx);
+    node->ctx = b;
+    node->ctx_free = boundary_free;
+    return zr_l_pushtensor(L, out);
+}
+
+static const luaL_Reg methods[] = {
+    {"backward_begin", l_backward_begin}, {"backward_end", l_backward_end}, {"reduce", l_reduce},
+    {"grad_norm", l_grad_norm}, {"step", l_step}, {"zero_grad", l_zero_grad},
+    {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
+    {"state", l_state}, {"gather", l_gather}, {"release", l_release}, {"release_all", l_release_all},
+    {"is_gathered", l_is_gathered}, {"boundary", l_boundary}, {NULL, NULL}};
+
+static const luaL_Reg fns[] = {{"zero_new", l_new}, {NULL, NULL}};
+
+void zr_bind_zero(lua_State *L) {
+    luaL_newmetatable(L, ZERO_MT);
+    lua_pushcfunction(L, l_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_newtable(L);
+    for (const luaL_Reg *r = methods; r->name; r++) {
+        lua_pushcfunction(L, r->func);
+        lua_setfield(L, -2, r->name);
+    }
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    zr_l_register_functions(L, fns);
+}

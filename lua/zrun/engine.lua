@@ -1,0 +1,331 @@
+-- The training engine: zr.initialize{model=, model_parameters=, config=, training_data=} returns
+-- engine, optimizer, dataloader, scheduler, as deepspeed.initialize does. The engine owns the
+-- ZeRO partitioning (runtime/zero.c), mixed precision, gradient accumulation and clipping, the
+-- LR schedule, and checkpoints (zrun.checkpoint).
+local zr = require "zrun"
+local C = zr._C
+local dist = require "zrun.dist"
+local Module = require "zrun.nn.module"
+
+local M = {}
+local Engine = {}
+Engine.__index = Engine
+M.Engine = Engine
+
+local fmt = string.format
+
+-- The optimizer the engine hands back: param_groups with lr (the scheduler writes them), and a
+-- zero_grad that explains why it must not be called by hand.
+local Facade = {}
+Facade.__index = Facade
+function Facade:zero_grad()
+  error("optimizer:zero_grad() must not be called when the engine owns the optimizer: engine:step() " ..
+    "zeroes gradients at the accumulation boundary (calling it mid-accumulation would drop gradients)", 2)
+end
+function Facade:step()
+  error("optimizer:step() must not be called directly: call engine:step() after engine:backward(loss)", 2)
+end
+
+local function timer() return C.now() end
+
+-- Splits model_parameters into {params, weight_decay per param, group index}.
+local function flatten_groups(model, model_parameters, default_wd)
+  local groups = {}
+  if model_parameters == nil then
+    groups[1] = { params = model:parameters() }
+  elseif model_parameters[1] and C.is_tensor(model_parameters[1]) then
+    groups[1] = { params = model_parameters }
+  else
+    groups = model_parameters
+  end
+  local params, wds, gidx, seen = {}, {}, {}, {}
+  for gi, g in ipairs(groups) do
+    for _, p in ipairs(g.params or {}) do
+      if seen[p] then error("a parameter appears in two parameter groups", 0) end
+      seen[p] = true
+      if p.requires_grad then
+        params[#params + 1] = p
+        wds[#wds + 1] = g.weight_decay or default_wd
+        gidx[#gidx + 1] = gi
+      end
+    end
+  end
+  if #params == 0 then error("zr.initialize: no trainable parameters (none requires grad)", 0) end
+  return params, wds, gidx, groups
+end
+
+-- Maps every parameter to its index in the engine and each module to its direct parameters.
+local function index_modules(model, params)
+  local pos = {}
+  for i, p in ipairs(params) do pos[p] = i end
+  local direct = {}
+  for _, m in ipairs(model:modules()) do
+    local l = {}
+    for _, n in ipairs(m._param_order) do
+      local i = pos[m._parameters[n]]
+      if i then l[#l + 1] = i end
+    end
+    direct[m] = l
+  end
+  return pos, direct
+end
+
+function M.initialize(opts)
+  opts = opts or {}
+  local model = opts.model
+  if not (type(model) == "table" and Module.is_module(model)) then
+    error("zr.initialize: `model` must be an nn.Module", 2)
+  end
+  local info = dist.init()
+  local W, rank = info.world_size, info.rank
+  local cfgmod = require "zrun.config"
+  local cfg = cfgmod.load(opts.config or {}, { world_size = W, args = opts.args, overrides = opts.overrides,
+    hidden_size = model.config and model.config.hidden_size })
+  local zc = cfg.zero_optimization or {}
+  local stage = zc.stage or 0
+  local precision = (cfg.bf16 and cfg.bf16.enabled) and "bf16" or ((cfg.fp16 and cfg.fp16.enabled) and "f16" or "f32")
+
+  local self = setmetatable({
+    module = model, config = cfg, world_size = W, global_rank = rank, local_rank = info.local_rank,
+    stage = stage, precision = precision, global_steps = 0, micro_steps = 0, skipped_steps = 0,
+    gas = cfg.gradient_accumulation_steps or 1, micro_batch = cfg.train_micro_batch_size_per_gpu or 1,
+    clip = cfg.gradient_clipping or 0, steps_per_print = cfg.steps_per_print or 10,
+    wall_clock_breakdown = cfg.wall_clock_breakdown, timers = { forward = 0, backward = 0, step = 0 },
+    losses = {},
+  }, Engine)
+
+  -- device and precision of the model's parameters
+  local p0 = model:parameters()[1]
+  self.device = opts.device or (p0 and p0:device()) or "cpu"
+  if precision ~= "f32" and p0 and p0:dtype() ~= precision then model:to(precision) end
+
+  -- optimizer hyperparameters (AdamW / Adam; DeepSpeed's "Adam" with weight decay is AdamW-style)
+  local oc = cfg.optimizer or { type = "AdamW", params = {} }
+  local otype = (oc.type or "AdamW"):lower()
+  if otype ~= "adamw" and otype ~= "adam" then
+    error(fmt("optimizer.type '%s' is not supported by the ZeRO engine (use AdamW or Adam)", oc.type), 0)
+  end
+  local op = oc.params or {}
+  self.hp = { lr = op.lr or 1e-3, betas = op.betas or { 0.9, 0.999 }, eps = op.eps or 1e-8,
+    weight_decay = op.weight_decay or 0.0 }
+
+  local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
+  self.params, self.param_pos = params, nil
+  local off = zc.offload_optimizer and zc.offload_optimizer.device
+  local offp = zc.offload_param and zc.offload_param.device
+  self.offload_optimizer = off == "cpu"
+  self.offload_param = offp == "cpu"
+  self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size or 5e8,
+    allgather_bucket_size = zc.allgather_bucket_size or 5e8, offload_optimizer = self.offload_optimizer,
+    offload_param = self.offload_param }, params, wds)
+  self.param_pos, self.module_params = index_modules(model, params)
+
+  -- optimizer facade with param groups (the scheduler sets group.lr)
+  local fgroups = {}
+  for gi, g in ipairs(groups) do fgroups[gi] = { lr = g.lr or self.hp.lr, weight_decay = g.weight_decay or self.hp.weight_decay } end
+  self.group_of = gidx
+  self.optimizer = setmetatable({ param_groups = fgroups, engine = self }, Facade)
+
+  -- scheduler
+  if cfg.scheduler and cfg.scheduler.type then
+    self.lr_scheduler = require("zrun.schedulers").from_config(cfg.scheduler, self.optimizer)
+  end
+  if opts.lr_scheduler then self.lr_scheduler = opts.lr_scheduler end
+
+  -- fp16 dynamic loss scaling (DeepSpeed's DynamicLossScaler)
+  if precision == "f16" then
+    local f = cfg.fp16
+    local static = f.loss_scale and f.loss_scale > 0
+    self.scaler = { scale = static and f.loss_scale or 2 ^ (f.initial_scale_power or 16), dynamic = not static,
+      window = f.loss_scale_window or 1000, hysteresis = f.hysteresis or 2, cur_hysteresis = f.hysteresis or 2,
+      min_scale = f.min_loss_scale or 1, good = 0 }
+  end
+
+  if stage == 3 then self:install_zero3_hooks() end
+
+  -- data
+  local loader
+  if opts.training_data then
+    loader = M.dataloader(opts.training_data, { batch_size = self.micro_batch, rank = rank, world_size = W,
+      collate_fn = opts.collate_fn, seed = opts.seed or 42, shuffle = opts.shuffle })
+    self.training_dataloader = loader
+  end
+  return self, self.optimizer, loader, self.lr_scheduler
+end
+
+-- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples.
+function M.dataloader(data, o)
+  local D = require "zrun.datasets"
+  local rows = data.rows or data
+  local sampler = D.DistributedSampler.new(#rows, { rank = o.rank, world_size = o.world_size, seed = o.seed,
+    shuffle = o.shuffle, drop_last = true })
+  local collate = o.collate_fn or D.causal_lm_collator()
+  local loader = { sampler = sampler, batch_size = o.batch_size }
+  function loader:set_epoch(e) sampler:set_epoch(e) end
+  function loader:__len() return math.floor(sampler.num_samples / o.batch_size) end
+  function loader:iter() return D.batches({ rows = rows }, sampler, o.batch_size, collate, true) end
+  loader.len = loader.__len
+  return loader
+end
+
+-- ZeRO-3: parameters are whole only while their module runs (forward) and during its backward.
+function Engine:install_zero3_hooks()
+  local z, direct = self.zero, self.module_params
+  local function first_tensor(args)
+    for i = 1, args.n do if C.is_tensor(args[i]) then return i end end
+  end
+  self.hook_handles = {
+    Module.register_module_forward_pre_hook(function(m, ...)
+      local idx = direct[m]
+      if not idx or #idx == 0 then return nil end
+      z:gather(idx)
+      local args = { n = select("#", ...), ... }
+      local k = first_tensor(args)
+      if k then
+        args[k] = z:boundary(args[k], 0, idx) -- backward: release after this module's backward
+        return { unpack(args, 1, args.n) }
+      end
+    end),
+    Module.register_module_forward_hook(function(m, out)
+      local idx = direct[m]
+      if not idx or #idx == 0 then return nil end
+      z:release(idx)
+      if C.is_tensor(out) then return z:boundary(out, 1, idx) end -- backward: gather first
+    end),
+  }
+  -- A model may use a submodule's parameter outside that module's call (a tied LM head): it asks
+  -- Module.fetch(p), which gathers it here; it stays whole until the end of backward.
+  Module.fetch = function(p) return self:fetch(p) end
+end
+
+-- Makes a parameter whole for use outside its module (stage 3); a no-op otherwise.
+function Engine:fetch(p)
+  if self.stage == 3 then
+    local i = self.param_pos[p]
+    if i then self.zero:gather({ i }) end
+  end
+  return p
+end
+
+function Engine:__call(...) return self:forward(...) end
+function Engine:forward(...)
+  local t0 = timer()
+  local out = { self.module(...) }
+  self.timers.forward = self.timers.forward + (timer() - t0)
+  return unpack(out)
+end
+
+function Engine:is_gradient_accumulation_boundary() return (self.micro_steps + 1) % self.gas == 0 end
+
+-- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
+function Engine:backward(loss)
+  local t0 = timer()
+  local scale = 1 / self.gas
+  if self.scaler then scale = scale * self.scaler.scale end
+  self.losses[#self.losses + 1] = loss:item()
+  self.zero:backward_begin(self:is_gradient_accumulation_boundary())
+  local l = scale ~= 1 and loss * scale or loss
+  l:backward()
+  self.zero:backward_end()
+  self.timers.backward = self.timers.backward + (timer() - t0)
+end
+
+function Engine:get_lr()
+  local out = {}
+  for i, g in ipairs(self.optimizer.param_groups) do out[i] = g.lr end
+  return out
+end
+
+-- At the accumulation boundary: reduce, clip, optimizer step on the partition, refresh the
+-- parameters, schedule, zero the gradients.
+function Engine:step()
+  local t0 = timer()
+  local boundary = self:is_gradient_accumulation_boundary()
+  self.micro_steps = self.micro_steps + 1
+  if not boundary then return false end
+  local z = self.zero
+  z:reduce()
+  local inv = 1 / self.world_size
+  if self.scaler then inv = inv / self.scaler.scale end
+  local norm = z:grad_norm(inv)
+  self.last_grad_norm = norm
+  local overflow = norm ~= norm or norm == math.huge
+  if overflow and self.scaler then
+    self:update_scale(true)
+    self.skipped_steps = self.skipped_steps + 1
+    z:zero_grad()
+    self.global_steps = self.global_steps + 1
+    self.timers.step = self.timers.step + (timer() - t0)
+    return true
+  elseif overflow then
+    error(fmt("gradient norm is %s at step %d: the loss diverged (try a lower learning rate or gradient_clipping)",
+      tostring(norm), self.global_steps + 1), 0)
+  end
+  local coef = inv
+  if self.clip and self.clip > 0 then
+    local c = self.clip / (norm + 1e-6)
+    if c < 1 then coef = coef * c end
+  end
+  local lr = self.optimizer.param_groups[1].lr
+  self.opt_steps = (self.opt_steps or 0) + 1
+  z:step(coef, self.opt_steps, lr, self.hp.betas[1], self.hp.betas[2], self.hp.eps)
+  if self.scaler then self:update_scale(false) end
+  if self.lr_scheduler then self.lr_scheduler:step() end
+  z:zero_grad()
+  self.global_steps = self.global_steps + 1
+  self.timers.step = self.timers.step + (timer() - t0)
+  if self.steps_per_print and self.steps_per_print > 0 and self.global_steps % self.steps_per_print == 0 then
+    self:report()
+  end
+  return true
+end
+
+function Engine:update_scale(overflow)
+  local s = self.scaler
+  if not s.dynamic then
+    if overflow then dist.print0(fmt("[zrun] OVERFLOW! Skipping step with static loss scale %g", s.scale)) end
+    return
+  end
+  if overflow then
+    local old = s.scale
+    if s.cur_hysteresis > 1 then s.cur_hysteresis = s.cur_hysteresis - 1
+    else s.scale = math.max(s.scale / 2, s.min_scale) end
+    s.good = 0
+    dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %g, reducing to %g",
+      self.global_rank, old, s.scale))
+  else
+    s.good = s.good + 1
+    if s.good % s.window == 0 then
+      s.scale = s.scale * 2
+      s.cur_hysteresis = s.hysteresis
+    end
+  end
+end
+
+function Engine:report()
+  local lr = self:get_lr()[1]
+  local line = fmt("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, tostring(lr))
+  if self.last_grad_norm then line = line .. fmt(", grad_norm=%.4f", self.last_grad_norm) end
+  if self.scaler then line = line .. fmt(", loss_scale=%g", self.scaler.scale) end
+  dist.print0("[zrun] " .. line)
+  if self.wall_clock_breakdown then
+    local t = self.timers
+    dist.print0(fmt("[zrun] time (ms) | forward: %.2f | backward: %.2f | step: %.2f",
+      t.forward * 1000, t.backward * 1000, t.step * 1000))
+    t.forward, t.backward, t.step = 0, 0, 0
+  end
+end
+
+function Engine:train() self.module:train(); return self end
+function Engine:eval() self.module:eval(); return self end
+function Engine:parameters() return self.params end
+
+-- Checkpoints live in zrun.checkpoint (save/load, resharding, zero-to-fp32).
+function Engine:save_checkpoint(dir, tag, client_state)
+  return require("zrun.checkpoint").save(self, dir, tag, client_state)
+end
+function Engine:load_checkpoint(dir, tag)
+  return require("zrun.checkpoint").load(self, dir, tag)
+end
+
+return M

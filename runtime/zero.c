@@ -1,0 +1,482 @@
+/* ZeRO engine (see zero.h): per-parameter chunk layout, bucketed reduce-scatter / all-reduce of
+ * gradients, partitioned AdamW with fp32 master weights, all-gather of updated parameters, and
+ * stage-3 gather/release of parameters. Device-agnostic: tensors move through the tensor API
+ * and collectives through comm.h (MPI on the CPU, NCCL on GPUs). */
+#include "zero.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "comm.h"
+#include "ops_elementwise.h"
+#include "ops_reduce.h"
+#include "ops_util.h"
+#include "optim.h"
+
+typedef struct {
+    zr_tensor *p;   /* the parameter (retained) */
+    int64_t n, c, off;
+    int ndim;
+    int64_t shape[ZR_MAX_DIMS];
+    double wd;
+    int gathered; /* stage 3 */
+    int packed;   /* gradient already in a bucket this backward */
+} zparam;
+
+typedef struct {
+    zr_zero *z;
+    int i;
+} hook_ctx;
+
+struct zr_zero {
+    zr_zero_config cfg;
+    int W;  /* chunks per parameter: world size, or 1 at stage 0 */
+    int n;
+    zparam *ps;
+    int64_t S, max_c;
+    zr_device dev, opt_dev;
+    zr_dtype pdt;
+    zr_tensor *master, *m, *v, *gpart, *pshard;
+    /* gradient bucket: W segments of cap elements each */
+    int64_t cap, pos;
+    int *bidx;
+    int64_t *bpos;
+    int nb;
+    zr_tensor *send, *compact, *recv;
+    int boundary;
+};
+
+static int64_t valid_len(int64_t n, int64_t c, int r) {
+    int64_t lo = (int64_t)r * c, hi = lo + c < n ? lo + c : n;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* 1-D view of elements [start, start+len) of a contiguous tensor. */
+static zr_tensor *flat_range(zr_tensor *t, int64_t start, int64_t len) {
+    int64_t st = 1;
+    return zr_tensor_as_strided(t, 1, &len, &st, t->offset + start);
+}
+
+static zr_status copy_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+    if (len <= 0) return ZR_OK;
+    zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len);
+    zr_status st = (d && s) ? zr_tensor_copy_(d, s) : ZR_ERR;
+    zr_tensor_release(d);
+    zr_tensor_release(s);
+    return st;
+}
+
+static zr_status fill_range(zr_tensor *t, int64_t off, int64_t len, double v) {
+    if (len <= 0) return ZR_OK;
+    zr_tensor *d = flat_range(t, off, len);
+    zr_status st = d ? zr_tensor_fill_(d, v) : ZR_ERR;
+    zr_tensor_release(d);
+    return st;
+}
+
+/* dst[doff:+len] += src[soff:+len], across devices if needed. */
+static zr_status add_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+    zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len), *h = NULL;
+    zr_status st = ZR_ERR;
+    if (d && s) {
+        if (!zr_device_eq(zr_tensor_device(d), zr_tensor_device(s))) {
+            h = zr_tensor_to_raw(s, d->dtype, zr_tensor_device(d));
+            st = h ? zr_add_(d, h, 1.0) : ZR_ERR;
+        } else
+            st = zr_add_(d, s, 1.0);
+    }
+    zr_tensor_release(d);
+    zr_tensor_release(s);
+    zr_tensor_release(h);
+    return st;
+}
+
+static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category cat) {
+    return zr_tensor_new_cat(dt, dev, 1, &n, cat, 1);
+}
+
+static void hook(zr_tensor *leaf, void *ctx);
+
+zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params, const double *wd) {
+    if (cfg->stage < 0 || cfg->stage > 3)
+        return zr_error_null("zero_optimization.stage must be 0, 1, 2 or 3, got %d", cfg->stage);
+    if (cfg->offload_param && cfg->stage != 3)
+        return zr_error_null("zero_optimization.offload_param needs stage 3 (got stage %d)", cfg->stage);
+    if (n <= 0) return zr_error_null("ZeRO: no parameters to optimize");
+    zr_zero *z = calloc(1, sizeof *z);
+    if (!z) return zr_error_null("out of host memory");
+    z->cfg = *cfg;
+    z->W = cfg->stage == 0 ? 1 : cfg->world_size;
+    z->n = n;
+    z->ps = calloc((size_t)n, sizeof *z->ps);
+    z->bidx = calloc((size_t)n, sizeof *z->bidx);
+    z->bpos = calloc((size_t)n, sizeof *z->bpos);
+    if (!z->ps || !z->bidx || !z->bpos) {
+        zr_zero_free(z);
+        return zr_error_null("out of host memory");
+    }
+    z->dev = zr_tensor_device(params[0]);
+    z->pdt = params[0]->dtype;
+    z->opt_dev = cfg->offload_optimizer ? zr_cpu() : z->dev;
+    for (int i = 0; i < n; i++) {
+        zr_tensor *p = params[i];
+        char b[192];
+        if (!zr_tensor_is_contiguous(p) || p->grad_fn) {
+            zr_zero_free(z);
+            return zr_error_null("ZeRO: parameter %d (%s) must be a contiguous leaf tensor", i + 1, zr_tensor_describe(p, b));
+        }
+        if (!zr_device_eq(zr_tensor_device(p), z->dev) || p->dtype != z->pdt) {
+            char b0[192];
+            zr_zero_free(z);
+            return zr_error_null("ZeRO: all parameters must share one device and dtype: parameter 1 is %s, "
+                                 "parameter %d is %s", zr_tensor_describe(params[0], b0), i + 1, zr_tensor_describe(p, b));
+        }
+        zparam *q = &z->ps[i];
+        q->p = zr_tensor_retain(p);
+        q->n = zr_tensor_numel(p);
+        q->c = (q->n + z->W - 1) / z->W;
+        q->off = z->S;
+        q->ndim = p->ndim;
+        memcpy(q->shape, p->shape, sizeof q->shape);
+        q->wd = wd ? wd[i] : 0;
+        q->gathered = 1;
+        z->S += q->c;
+        if (q->c > z->max_c) z->max_c = q->c;
+    }
+    if (z->W > 1 && z->S < 1) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: nothing to partition");
+    }
+    /* Every rank starts from rank 0's weights, as DeepSpeed broadcasts the module at start. */
+    if (cfg->world_size > 1)
+        for (int i = 0; i < n; i++)
+            if (zr_broadcast(z->ps[i].p, 0)) goto fail;
+    z->master = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
+    z->m = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
+    z->v = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
+    z->gpart = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_GRADS);
+    if (!z->master || !z->m || !z->v || !z->gpart) goto fail;
+    int r = z->W > 1 ? cfg->rank : 0;
+    for (int i = 0; i < n; i++) {
+        zparam *q = &z->ps[i];
+        if (copy_range(z->master, q->off, q->p, (int64_t)r * q->c, valid_len(q->n, q->c, r))) goto fail;
+    }
+    z->cap = cfg->reduce_bucket_size / z->W;
+    if (z->cap < z->max_c) z->cap = z->max_c;
+    if (z->cap > z->S) z->cap = z->S;
+    z->send = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
+    z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
+    z->recv = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM) : NULL;
+    if (!z->send || (z->W > 1 && (!z->compact || !z->recv))) goto fail;
+    for (int i = 0; i < n; i++) {
+        zparam *q = &z->ps[i];
+        hook_ctx *h = malloc(sizeof *h);
+        if (!h) goto fail;
+        h->z = z;
+        h->i = i;
+        zr_tensor_set_grad_hook(q->p, hook, h, free);
+        if (cfg->stage <= 1) { /* gradients accumulate in fp32 in the parameters' .grad */
+            zr_tensor_release(q->p->grad);
+            q->p->grad = zr_tensor_new_cat(ZR_F32, z->dev, q->ndim, q->shape, ZR_MEM_GRADS, 1);
+            if (!q->p->grad) goto fail;
+        }
+    }
+    if (cfg->stage == 3) {
+        zr_device sdev = cfg->offload_param ? zr_cpu() : z->dev;
+        z->pshard = new_buf(z->pdt, sdev, z->S, ZR_MEM_PARAMS);
+        if (!z->pshard) goto fail;
+        for (int i = 0; i < n; i++) {
+            zparam *q = &z->ps[i];
+            if (copy_range(z->pshard, q->off, q->p, (int64_t)r * q->c, valid_len(q->n, q->c, r))) goto fail;
+        }
+        if (zr_zero_release_all(z)) goto fail;
+    }
+    return z;
+fail:
+    zr_error_prefix("ZeRO stage %d setup: ", cfg->stage);
+    zr_zero_free(z);
+    return NULL;
+}
+
+void zr_zero_free(zr_zero *z) {
+    if (!z) return;
+    for (int i = 0; i < z->n; i++) {
+        if (!z->ps[i].p) continue;
+        zr_tensor_set_grad_hook(z->ps[i].p, NULL, NULL, NULL);
+        zr_tensor_release(z->ps[i].p);
+    }
+    zr_tensor_release(z->master);
+    zr_tensor_release(z->m);
+    zr_tensor_release(z->v);
+    zr_tensor_release(z->gpart);
+    zr_tensor_release(z->pshard);
+    zr_tensor_release(z->send);
+    zr_tensor_release(z->compact);
+    zr_tensor_release(z->recv);
+    free(z->ps);
+    free(z->bidx);
+    free(z->bpos);
+    free(z);
+}
+
+int64_t zr_zero_partition_numel(const zr_zero *z) { return z->S; }
+void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk) {
+    *offset = z->ps[i].off;
+    *chunk = z->ps[i].c;
+}
+zr_tensor *zr_zero_state(zr_zero *z, int which) {
+    zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
+    return zr_tensor_retain(t);
+}
+
+/* --- gradient buckets --- */
+
+static zr_status flush(zr_zero *z) {
+    if (z->nb == 0) return ZR_OK;
+    int64_t L = z->pos;
+    zr_tensor *red = z->send; /* where the reduced segment of this rank ends up */
+    if (z->W == 1) {
+        zr_tensor *s = flat_range(z->send, 0, L);
+        zr_status st = s ? (z->cfg.world_size > 1 ? zr_all_reduce(s, ZR_RED_SUM) : ZR_OK) : ZR_ERR;
+        zr_tensor_release(s);
+        ZR_CHECK(st);
+    } else {
+        zr_tensor *src = z->send;
+        if (L < z->cap) { /* gather the W used prefixes into one contiguous buffer */
+            for (int r = 0; r < z->W; r++) ZR_CHECK(copy_range(z->compact, (int64_t)r * L, z->send, (int64_t)r * z->cap, L));
+            src = z->compact;
+        }
+        zr_tensor *in = flat_range(src, 0, L * z->W), *out = flat_range(z->recv, 0, L);
+        zr_status st = (in && out) ? zr_reduce_scatter(out, in, ZR_RED_SUM) : ZR_ERR;
+        zr_tensor_release(in);
+        zr_tensor_release(out);
+        ZR_CHECK(st);
+        red = z->recv;
+    }
+    for (int k = 0; k < z->nb; k++) {
+        zparam *q = &z->ps[z->bidx[k]];
+        ZR_CHECK(add_range(z->gpart, q->off, red, z->bpos[k], q->c));
+    }
+    z->nb = 0;
+    z->pos = 0;
+    return ZR_OK;
+}
+
+/* Copies parameter i's gradient chunks into the bucket (flushing first when full). */
+static zr_status pack(zr_zero *z, int i) {
+    zparam *q = &z->ps[i];
+    zr_tensor *g = q->p->grad;
+    if (!g || q->packed) return ZR_OK;
+    if (z->pos + q->c > z->cap) ZR_CHECK(flush(z));
+    zr_tensor *gc = zr_tensor_contiguous_raw(g);
+    if (!gc) return ZR_ERR;
+    zr_status st = ZR_OK;
+    for (int r = 0; r < z->W && !st; r++) {
+        int64_t v = valid_len(q->n, q->c, r), base = (int64_t)r * z->cap + z->pos;
+        st = copy_range(z->send, base, gc, (int64_t)r * q->c, v);
+        if (!st) st = fill_range(z->send, base + v, q->c - v, 0);
+    }
+    zr_tensor_release(gc);
+    ZR_CHECK(st);
+    z->bidx[z->nb] = i;
+    z->bpos[z->nb++] = z->pos;
+    z->pos += q->c;
+    q->packed = 1;
+    if (z->cfg.stage >= 2) { /* the partition keeps it now */
+        zr_tensor_release(q->p->grad);
+        q->p->grad = NULL;
+    }
+    return ZR_OK;
+}
+
+static zr_status hook_error = ZR_OK;
+static char hook_msg[512];
+
+static void hook(zr_tensor *leaf, void *ctx) {
+    hook_ctx *h = ctx;
+    zr_zero *z = h->z;
+    (void)leaf;
+    if (z->cfg.stage < 2 || hook_error) return;
+    if (pack(z, h->i)) {
+        hook_error = ZR_ERR;
+        snprintf(hook_msg, sizeof hook_msg, "%s", zr_last_error_message());
+    }
+}
+
+zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary) {
+    z->boundary = is_boundary;
+    hook_error = ZR_OK;
+    for (int i = 0; i < z->n; i++) z->ps[i].packed = 0;
+    return ZR_OK;
+}
+
+zr_status zr_zero_backward_end(zr_zero *z) {
+    if (hook_error) {
+        hook_error = ZR_OK;
+        return zr_error("ZeRO gradient reduction during backward failed: %s", hook_msg);
+    }
+    if (z->cfg.stage < 2) return ZR_OK;
+    for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i)); /* grads whose hook did not fire */
+    ZR_CHECK(flush(z));
+    if (z->cfg.stage == 3) ZR_CHECK(zr_zero_release_all(z));
+    return ZR_OK;
+}
+
+zr_status zr_zero_reduce(zr_zero *z) {
+    if (z->cfg.stage >= 2) return ZR_OK;
+    for (int i = 0; i < z->n; i++) z->ps[i].packed = 0;
+    for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i));
+    return flush(z);
+}
+
+zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+    int old = zr_set_grad_enabled(0);
+    zr_tensor *sq = zr_unary(ZR_UN_SQUARE, z->gpart, 0);
+    zr_tensor *s = sq ? zr_sum(sq, 0, NULL, 0) : NULL;
+    zr_set_grad_enabled(old);
+    zr_tensor_release(sq);
+    if (!s) return ZR_ERR;
+    double local;
+    zr_status st = zr_tensor_get(s, 0, &local);
+    zr_tensor_release(s);
+    ZR_CHECK(st);
+    if (z->W > 1) {
+        zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
+        if (!t) return ZR_ERR;
+        st = zr_all_reduce(t, ZR_RED_SUM);
+        if (!st) st = zr_tensor_get(t, 0, &local);
+        zr_tensor_release(t);
+        ZR_CHECK(st);
+    }
+    *norm = sqrt(local) * scale;
+    return ZR_OK;
+}
+
+/* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
+zr_status zr_zero_refresh_params(zr_zero *z) {
+    if (z->cfg.stage == 3) return copy_range(z->pshard, 0, z->master, 0, z->S);
+    if (z->W == 1) {
+        for (int i = 0; i < z->n; i++) {
+            zparam *q = &z->ps[i];
+            ZR_CHECK(copy_range(q->p, 0, z->master, q->off, q->n));
+        }
+        return ZR_OK;
+    }
+    /* bucketed all-gather: send = my chunks (param dtype), recv = W segments */
+    int64_t cap = z->cap;
+    zr_tensor *send = new_buf(z->pdt, z->dev, cap, ZR_MEM_COMM);
+    zr_tensor *recv = send ? new_buf(z->pdt, z->dev, cap * z->W, ZR_MEM_COMM) : NULL;
+    zr_status st = recv ? ZR_OK : ZR_ERR;
+    int first = 0;
+    while (!st && first < z->n) {
+        int last = first;
+        int64_t L = 0;
+        while (last < z->n && L + z->ps[last].c <= cap) L += z->ps[last++].c;
+        st = copy_range(send, 0, z->master, z->ps[first].off, L);
+        zr_tensor *in = st ? NULL : flat_range(send, 0, L), *out = st ? NULL : flat_range(recv, 0, L * z->W);
+        if (!st) st = (in && out) ? zr_all_gather(out, in) : ZR_ERR;
+        zr_tensor_release(in);
+        zr_tensor_release(out);
+        for (int i = first; i < last && !st; i++) {
+            zparam *q = &z->ps[i];
+            for (int r = 0; r < z->W && !st; r++)
+                st = copy_range(q->p, (int64_t)r * q->c, recv, (int64_t)r * L + (q->off - z->ps[first].off),
+                                valid_len(q->n, q->c, r));
+        }
+        first = last;
+    }
+    zr_tensor_release(send);
+    zr_tensor_release(recv);
+    return st;
+}
+
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
+                       double beta2, double eps) {
+    if (grad_scale != 1.0) ZR_CHECK(zr_mul_scalar_(z->gpart, grad_scale));
+    if (!zr_is_cpu(z->master)) return zr_error("ZeRO: the optimizer step on %s needs the CUDA AdamW kernel", "cuda");
+    float *pm = zr_tensor_data(z->master), *pg = zr_tensor_data(z->gpart);
+    float *m = zr_tensor_data(z->m), *v = zr_tensor_data(z->v);
+    for (int i = 0; i < z->n; i++) {
+        zparam *q = &z->ps[i];
+        zr_adamw_config c = {lr, beta1, beta2, eps, q->wd};
+        ZR_CHECK(zr_adamw_step_flat(pm + q->off, pg + q->off, ZR_F32, m + q->off, v + q->off, q->c, step, &c));
+    }
+    return zr_zero_refresh_params(z);
+}
+
+zr_status zr_zero_zero_grad(zr_zero *z) {
+    ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
+    for (int i = 0; i < z->n; i++) {
+        zr_tensor *g = z->ps[i].p->grad;
+        if (g && z->cfg.stage <= 1) ZR_CHECK(zr_tensor_fill_(g, 0));
+        else if (g) {
+            zr_tensor_release(g);
+            z->ps[i].p->grad = NULL;
+        }
+    }
+    return ZR_OK;
+}
+
+/* --- stage 3 --- */
+
+static void set_storage(zr_tensor *p, zr_storage *s, int ndim, const int64_t *shape) {
+    zr_storage_release(p->storage);
+    p->storage = s;
+    p->offset = 0;
+    p->ndim = ndim;
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        p->shape[d] = shape[d];
+        p->stride[d] = st;
+        st *= shape[d];
+    }
+}
+
+int zr_zero_is_gathered(const zr_zero *z, int i) { return z->ps[i].gathered; }
+
+zr_status zr_zero_gather(zr_zero *z, int n, const int *idx) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    for (int k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= z->n) return zr_error("ZeRO gather: parameter index %d out of range", idx[k]);
+        zparam *q = &z->ps[idx[k]];
+        if (q->gathered) continue;
+        zr_tensor *full = zr_tensor_new_cat(z->pdt, z->dev, q->ndim, q->shape, ZR_MEM_PARAMS, 0);
+        zr_tensor *in = full ? new_buf(z->pdt, z->dev, q->c, ZR_MEM_COMM) : NULL;
+        zr_tensor *out = in ? new_buf(z->pdt, z->dev, q->c * z->W, ZR_MEM_COMM) : NULL;
+        zr_status st = out ? copy_range(in, 0, z->pshard, q->off, q->c) : ZR_ERR;
+        if (!st) st = zr_all_gather(out, in);
+        for (int r = 0; r < z->W && !st; r++) st = copy_range(full, (int64_t)r * q->c, out, (int64_t)r * q->c, valid_len(q->n, q->c, r));
+        if (!st) {
+            zr_storage_retain(full->storage);
+            set_storage(q->p, full->storage, q->ndim, q->shape);
+            q->gathered = 1;
+        }
+        zr_tensor_release(full);
+        zr_tensor_release(in);
+        zr_tensor_release(out);
+        ZR_CHECK(st);
+    }
+    return ZR_OK;
+}
+
+zr_status zr_zero_release(zr_zero *z, int n, const int *idx) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    for (int k = 0; k < n; k++) {
+        zparam *q = &z->ps[idx[k]];
+        if (!q->gathered) continue;
+        zr_storage *empty = zr_storage_new(z->dev, 0, ZR_MEM_PARAMS, 0);
+        if (!empty) return ZR_ERR;
+        int64_t zero = 0;
+        set_storage(q->p, empty, 1, &zero);
+        q->gathered = 0;
+    }
+    return ZR_OK;
+}
+
+zr_status zr_zero_release_all(zr_zero *z) {
+    for (int i = 0; i < z->n; i++) ZR_CHECK(zr_zero_release(z, 1, &i));
+    return ZR_OK;
+}

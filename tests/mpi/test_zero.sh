@@ -1,0 +1,16 @@
+#!/bin/sh
+# ZeRO stages 0-3, with and without optimizer offload, on 1, 2 and 4 CPU ranks, against a
+# single-process reference (tests/mpi/zero_check.lua); also accumulation + clipping.
+. "$(dirname "$0")/mpi_env.sh"
+Z=${ZRUN_BIN:-./zrun}
+for np in 1 2 4; do
+  for stage in 0 1 2 3; do
+    for off in 0 1; do
+      [ "$stage" = 0 ] && [ "$off" = 1 ] && continue
+      mpirun $MPI_FLAGS -np $np $Z tests/mpi/zero_check.lua $stage $off 1 0 || echo "FAIL stage $stage offload $off np=$np: mpirun exited $?"
+    done
+  done
+done
+for stage in 1 2 3; do
+  mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua $stage 0 3 0.05 || echo "FAIL stage $stage gas=3 clip: mpirun exited $?"
+done
