@@ -1,0 +1,128 @@
+/* Lua bindings for the tokenizer (runtime/tokenizer.h): a Tokenizer userdata class. Ids are
+ * plain Lua arrays of integers (the datasets layer turns batches into tensors). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bind.h"
+#include "tokenizer.h"
+
+#define TOK_MT "zr.Tokenizer"
+
+static zr_tokenizer *check_tok(lua_State *L, int idx) {
+    zr_tokenizer **p = luaL_checkudata(L, idx, TOK_MT);
+    if (!*p) luaL_error(L, "tokenizer was freed");
+    return *p;
+}
+
+static int l_load(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    zr_tokenizer **box = lua_newuserdata(L, sizeof *box);
+    *box = NULL;
+    luaL_getmetatable(L, TOK_MT);
+    lua_setmetatable(L, -2);
+    *box = zr_tokenizer_load(path);
+    if (!*box) return zr_l_error(L);
+    return 1;
+}
+
+static int l_gc(lua_State *L) {
+    zr_tokenizer **p = luaL_checkudata(L, 1, TOK_MT);
+    zr_tokenizer_free(*p);
+    *p = NULL;
+    return 0;
+}
+
+/* encode(text [, add_special_tokens=true [, max_length]]) -> {ids...} (truncated to max_length) */
+static int l_encode(lua_State *L) {
+    zr_tokenizer *t = check_tok(L, 1);
+    size_t len;
+    const char *s = luaL_checklstring(L, 2, &len);
+    int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
+    int64_t maxlen = (int64_t)luaL_optnumber(L, 4, -1);
+    int32_t *ids;
+    int64_t n;
+    if (zr_tokenizer_encode(t, s, len, add, &ids, &n)) return zr_l_error(L);
+    if (maxlen >= 0 && n > maxlen) n = maxlen;
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushinteger(L, ids[i]);
+        lua_rawseti(L, -2, (int)(i + 1));
+    }
+    free(ids);
+    return 1;
+}
+
+/* decode({ids} or i32/i64 tensor [, skip_special_tokens=false]) -> string */
+static int l_decode(lua_State *L) {
+    zr_tokenizer *t = check_tok(L, 1);
+    int64_t n;
+    int32_t *ids;
+    zr_tensor *tt = zr_l_totensor(L, 2);
+    if (tt) {
+        double *d = zr_tensor_to_doubles(tt);
+        if (!d) return zr_l_error(L);
+        n = zr_tensor_numel(tt);
+        ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)d[i];
+        free(d);
+    } else {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        n = (int64_t)lua_objlen(L, 2);
+        ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+        for (int64_t i = 0; i < n; i++) {
+            lua_rawgeti(L, 2, (int)(i + 1));
+            ids[i] = (int32_t)lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    char *out;
+    int64_t len;
+    int st = zr_tokenizer_decode_len(t, ids, n, lua_toboolean(L, 3), &out, &len);
+    free(ids);
+    if (st) return zr_l_error(L);
+    lua_pushlstring(L, out, (size_t)len);
+    free(out);
+    return 1;
+}
+
+static int l_vocab_size(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)zr_tokenizer_vocab_size(check_tok(L, 1)));
+    return 1;
+}
+static int push_id(lua_State *L, int32_t id) {
+    if (id < 0) lua_pushnil(L);
+    else lua_pushinteger(L, id);
+    return 1;
+}
+static int l_token_to_id(lua_State *L) {
+    return push_id(L, zr_tokenizer_token_to_id(check_tok(L, 1), luaL_checkstring(L, 2)));
+}
+static int l_id_to_token(lua_State *L) {
+    int64_t len;
+    const char *s = zr_tokenizer_id_to_token(check_tok(L, 1), (int32_t)luaL_checkinteger(L, 2), &len);
+    if (!s) lua_pushnil(L);
+    else lua_pushlstring(L, s, (size_t)len);
+    return 1;
+}
+static int l_bos(lua_State *L) { return push_id(L, zr_tokenizer_bos_id(check_tok(L, 1))); }
+static int l_eos(lua_State *L) { return push_id(L, zr_tokenizer_eos_id(check_tok(L, 1))); }
+static int l_pad(lua_State *L) { return push_id(L, zr_tokenizer_pad_id(check_tok(L, 1))); }
+
+static const luaL_Reg methods[] = {{"encode", l_encode}, {"decode", l_decode}, {"vocab_size", l_vocab_size},
+                                   {"token_to_id", l_token_to_id}, {"id_to_token", l_id_to_token},
+                                   {"bos_id", l_bos}, {"eos_id", l_eos}, {"pad_id", l_pad}, {NULL, NULL}};
+static const luaL_Reg fns[] = {{"tokenizer_load", l_load}, {NULL, NULL}};
+
+void zr_bind_tokenizer(lua_State *L) {
+    luaL_newmetatable(L, TOK_MT);
+    lua_pushcfunction(L, l_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_newtable(L);
+    for (const luaL_Reg *r = methods; r->name; r++) {
+        lua_pushcfunction(L, r->func);
+        lua_setfield(L, -2, r->name);
+    }
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    zr_l_register_functions(L, fns);
+}
