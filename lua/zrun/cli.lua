@@ -46,7 +46,7 @@ function M.main(cmd, ...)
   if cmd == "check" then
     local ok, config = pcall(require, "zrun.config")
     if not ok then error("zrun check: the config module is not available: " .. tostring(config), 0) end
-    return config.check_main({ ... })
+    os.exit(config.check_main({ ... }))
   end
   error("unknown subcommand '" .. tostring(cmd) .. "'", 0)
 end

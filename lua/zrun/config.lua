@@ -1,0 +1,1365 @@
+-- DeepSpeed-compatible training configuration: loads a ds_config JSON file (or a Lua table), checks every
+-- key against DeepSpeed's documented schema, fills DeepSpeed's defaults, resolves "auto" from training
+-- arguments as the Hugging Face integration does, applies key=value overrides and remembers where each
+-- value came from. It runs nothing: the engine and the Trainer read the resolved table.
+-- (Past 1,000 lines because about 300 of them are the schema itself: DeepSpeed's keys and defaults.)
+--
+--   local cfg = config.load("configs/zero3.json", { world_size = 4, args = { learning_rate = 2e-5 },
+--                                                  overrides = { "zero_optimization.stage=2" } })
+--   cfg.zero_optimization.stage, cfg:source("zero_optimization.stage")  --> 2, "override"
+local cjson = require "cjson"
+
+local M = {}
+local NULL = cjson.null
+local floor, ceil, abs, huge = math.floor, math.ceil, math.abs, math.huge
+local fmt, concat, sort = string.format, table.concat, table.sort
+local type, pairs, ipairs, tostring, tonumber = type, pairs, ipairs, tostring, tonumber
+
+-- Values ------------------------------------------------------------------------------------------
+
+-- Shortest decimal that reads back as v; integers without a fraction.
+local function fmtnum(v)
+  if v ~= v then return "NaN" end
+  if v == huge then return "Infinity" elseif v == -huge then return "-Infinity" end
+  if floor(v) == v and abs(v) < 2 ^ 53 then return fmt("%d", v) end
+  for p = 1, 17 do
+    local s = fmt("%." .. p .. "g", v)
+    if tonumber(s) == v then return s end
+  end
+  return fmt("%.17g", v)
+end
+
+local function is_array(t)
+  local n = 0
+  for k in pairs(t) do
+    if type(k) ~= "number" then return false end
+    n = n + 1
+  end
+  return n > 0 and n == #t
+end
+
+local function is_object(v) return type(v) == "table" and (next(v) == nil or not is_array(v)) end
+
+-- JSON-like rendering for messages and the describe table.
+local function show(v)
+  if v == nil or v == NULL then return "null" end
+  local t = type(v)
+  if t == "number" then return fmtnum(v) end
+  if t == "string" then return '"' .. v .. '"' end
+  if t == "table" then
+    if is_array(v) then
+      local parts = {}
+      for i, x in ipairs(v) do parts[i] = show(x) end
+      return "[" .. concat(parts, ", ") .. "]"
+    end
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+    sort(keys)
+    local parts = {}
+    for i, k in ipairs(keys) do parts[i] = '"' .. k .. '": ' .. show(v[k]) end
+    return "{" .. concat(parts, ", ") .. "}"
+  end
+  return tostring(v)
+end
+M.show = show
+
+local function deepcopy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = deepcopy(x) end
+  return out
+end
+
+local function join(path, name) return path == "" and name or (path .. "." .. name) end
+
+local function split(path)
+  local parts = {}
+  for p in path:gmatch("[^.]+") do parts[#parts + 1] = p end
+  return parts
+end
+
+-- "Did you mean" -------------------------------------------------------------------------------------
+
+-- Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), case-insensitive.
+local function distance(a, b)
+  a, b = a:lower(), b:lower()
+  local la, lb = #a, #b
+  local d = {}
+  for i = 0, la do d[i] = { [0] = i } end
+  for j = 0, lb do d[0][j] = j end
+  for i = 1, la do
+    for j = 1, lb do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      local v = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then
+        v = math.min(v, d[i - 2][j - 2] + 1)
+      end
+      d[i][j] = v
+    end
+  end
+  return d[la][lb]
+end
+M.distance = distance
+
+-- Whether the letters of a appear in b in order ("warmup_steps" in "warmup_num_steps").
+local function subsequence(a, b)
+  local j = 1
+  for i = 1, #b do
+    if j <= #a and a:byte(j) == b:byte(i) then j = j + 1 end
+  end
+  return j > #a
+end
+
+-- The candidate closest to word, when close enough to be a plausible typo; nil otherwise. A key with
+-- letters left out or added ("warmup_steps", "betas1") prefers the key it shortens or extends.
+function M.suggest(word, candidates)
+  local best, bd, bsub = nil, huge, false
+  local lw = word:lower()
+  for _, c in ipairs(candidates) do
+    local d = distance(word, c)
+    local lc = c:lower()
+    local sub = abs(#lc - #lw) <= 6 and (subsequence(lw, lc) or subsequence(lc, lw)) and #lw >= 3
+    if (sub and not bsub) or (sub == bsub and (d < bd or (d == bd and best and c < best))) then
+      best, bd, bsub = c, d, sub
+    end
+  end
+  if best and (bsub or bd <= math.max(2, floor(#word * 0.4))) then return best end
+  return nil
+end
+
+-- Schema ------------------------------------------------------------------------------------------
+-- Leaves carry a type, DeepSpeed's default, limits, and `auto` when "auto" may stand for a value that
+-- is resolved from the training arguments. Sections are either always present (filled with defaults)
+-- or `optional` (absent stays nil, as DeepSpeed's None). `opaque` sections are accepted for
+-- compatibility and kept as given; zrun does not use them. `variant` sections (optimizer, scheduler)
+-- pick their params schema by `type`.
+
+local function leaf(ty, default, opts)
+  local o = {} -- a fresh node: option tables such as NONNEG are shared between leaves
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.kind, o.type, o.default = "leaf", ty, default
+  return o
+end
+local function int(d, o) return leaf("int", d, o) end
+local function num(d, o) return leaf("number", d, o) end
+local function bool(d, o) return leaf("bool", d, o) end
+local function str(d, o) return leaf("string", d, o) end
+local function enum(values, d, o)
+  local n = leaf("enum", d, o)
+  n.values = values
+  return n
+end
+local function numlist(d, o) return leaf("numlist", d, o) end -- a number, or one per param group
+local function list(d, o) return leaf("list", d, o) end       -- a list of numbers
+local function opaque(o) o = o or {}; o.kind = "opaque"; return o end
+local function section(entries, o)
+  o = o or {}
+  o.kind, o.keys, o.map = "section", {}, {}
+  for _, e in ipairs(entries) do
+    o.keys[#o.keys + 1] = e[1]
+    o.map[e[1]] = e[2]
+  end
+  return o
+end
+local function variant(types, o)
+  o = o or {}
+  o.kind, o.types, o.names = "variant", {}, {}
+  for _, e in ipairs(types) do
+    o.types[e[1]] = e[2]
+    o.names[#o.names + 1] = e[1]
+  end
+  return o
+end
+
+local POS = { min = 1 }
+local NONNEG = { min = 0 }
+
+-- Optimizer params, per type. Defaults are those of DeepSpeed's optimizer constructors (FusedAdam,
+-- FusedLamb, ...), not torch's: e.g. weight_decay 0 and adam_w_mode true for "Adam".
+local function adam_params()
+  return section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
+    { "eps", num(1e-8, { min = 0, auto = true }) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "bias_correction", bool(true) },
+    { "adam_w_mode", bool(true) },
+    { "torch_adam", bool(false) },
+    { "amsgrad", bool(false) },
+  }
+end
+local OPTIMIZER = variant({
+  { "Adam", adam_params() },
+  { "AdamW", adam_params() },
+  { "Lamb", section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
+    { "eps", num(1e-8, { min = 0, auto = true }) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "bias_correction", bool(true) },
+    { "max_grad_norm", num(0.0, NONNEG) },
+    { "max_coeff", num(10.0, NONNEG) },
+    { "min_coeff", num(0.01, NONNEG) },
+    { "amsgrad", bool(false) },
+  } },
+  { "Lion", section {
+    { "lr", num(1e-4, { min = 0, auto = true }) },
+    { "betas", list({ 0.9, 0.99 }, { len = 2, auto = true }) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+  } },
+  { "Adagrad", section {
+    { "lr", num(1e-2, { min = 0, auto = true }) },
+    { "eps", num(1e-10, { min = 0, auto = true }) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "amsgrad", bool(false) },
+  } },
+  { "SGD", section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "momentum", num(0.0, NONNEG) },
+    { "dampening", num(0.0, NONNEG) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "nesterov", bool(false) },
+  } },
+}, { ci = true, extra = section { { "legacy_fusion", bool(false) } } })
+
+-- Scheduler params, per type: the constructor arguments of deepspeed/runtime/lr_schedules.py.
+local WARMUP_TYPE = enum({ "log", "linear" }, "log")
+local LAST = int(-1, { min = -1 })
+local SCHEDULER = variant({
+  { "WarmupLR", section {
+    { "warmup_min_lr", numlist(0.0, { auto = true }) },
+    { "warmup_max_lr", numlist(0.001, { auto = true }) },
+    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
+    { "warmup_type", WARMUP_TYPE },
+    { "last_batch_iteration", LAST },
+  } },
+  { "WarmupDecayLR", section {
+    { "total_num_steps", int(nil, { min = 1, auto = true, required = true }) },
+    { "warmup_min_lr", numlist(0.0, { auto = true }) },
+    { "warmup_max_lr", numlist(0.001, { auto = true }) },
+    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
+    { "warmup_type", WARMUP_TYPE },
+    { "last_batch_iteration", LAST },
+  } },
+  { "WarmupCosineLR", section {
+    { "total_num_steps", int(nil, { min = 1, auto = true, required = true }) },
+    { "warmup_min_ratio", num(0.0, { min = 0, max = 1 }) },
+    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
+    { "cos_min_ratio", num(0.0001, { min = 0, max = 1 }) },
+    { "warmup_type", WARMUP_TYPE },
+    { "last_batch_iteration", LAST },
+  } },
+  { "OneCycle", section {
+    { "cycle_min_lr", num(nil, { min = 0, required = true }) },
+    { "cycle_max_lr", num(nil, { min = 0, required = true }) },
+    { "decay_lr_rate", num(0.0, NONNEG) },
+    { "cycle_first_step_size", int(2000, POS) },
+    { "cycle_second_step_size", int(nil, { min = 1, nullable = true }) },
+    { "cycle_first_stair_count", int(0, NONNEG) },
+    { "cycle_second_stair_count", int(nil, { min = 0, nullable = true }) },
+    { "decay_step_size", int(0, NONNEG) },
+    { "cycle_momentum", bool(true) },
+    { "cycle_min_mom", num(0.8, NONNEG) },
+    { "cycle_max_mom", num(0.9, NONNEG) },
+    { "decay_mom_rate", num(0.0, NONNEG) },
+    { "last_batch_iteration", LAST },
+  } },
+  { "LRRangeTest", section {
+    { "lr_range_test_min_lr", numlist(1e-3) },
+    { "lr_range_test_step_size", int(2000, POS) },
+    { "lr_range_test_step_rate", num(1.0) },
+    { "lr_range_test_staircase", bool(false) },
+    { "last_batch_iteration", LAST },
+  } },
+})
+
+-- Offload devices: "none" is DeepSpeed's default inside a present section.
+local DEVICE = enum({ "none", "cpu", "nvme" }, "none")
+-- pin_memory: DeepSpeed's current documentation gives true (older releases defaulted to false).
+local OFFLOAD_PARAM = section({
+  { "device", DEVICE },
+  { "nvme_path", str(nil, { nullable = true }) },
+  { "pin_memory", bool(true) },
+  { "buffer_count", int(5, NONNEG) },
+  { "buffer_size", int(1e8, NONNEG) },
+  { "max_in_cpu", int(1e9, NONNEG) },
+}, { optional = true })
+local OFFLOAD_OPTIMIZER = section({
+  { "device", DEVICE },
+  { "nvme_path", str(nil, { nullable = true }) },
+  { "pin_memory", bool(true) },
+  { "buffer_count", int(4, NONNEG) },
+  { "pipeline_read", bool(false) },
+  { "pipeline_write", bool(false) },
+  { "fast_init", bool(false) },
+  { "ratio", num(1.0, { min = 0, max = 1 }) },
+}, { optional = true })
+
+local ZERO = section {
+  { "stage", int(0, { values = { 0, 1, 2, 3 } }) },
+  { "allgather_partitions", bool(true) },
+  { "allgather_bucket_size", int(5e8, NONNEG) },
+  -- DeepSpeed's default depends on the stage: on for stage 3, off below.
+  { "overlap_comm", bool(function(v) return v.zero_optimization.stage == 3 end) },
+  { "reduce_scatter", bool(true) },
+  { "reduce_bucket_size", int(5e8, { min = 0, auto = true }) },
+  { "contiguous_gradients", bool(true) },
+  { "use_multi_rank_bucket_allreduce", bool(true) },
+  { "load_from_fp32_weights", bool(true) },
+  { "elastic_checkpoint", bool(false) },
+  { "offload_param", OFFLOAD_PARAM },
+  { "offload_optimizer", OFFLOAD_OPTIMIZER },
+  { "sub_group_size", int(1e9, NONNEG) },
+  -- DeepSpeed's code default (5e7); its documentation table says 5e8.
+  { "stage3_prefetch_bucket_size", int(5e7, { min = 0, auto = true }) },
+  { "stage3_param_persistence_threshold", int(1e5, { min = 0, auto = true }) },
+  { "stage3_model_persistence_threshold", int(2 ^ 63, NONNEG) }, -- sys.maxsize: unlimited
+  { "stage3_max_live_parameters", int(1e9, NONNEG) },
+  { "stage3_max_reuse_distance", int(1e9, NONNEG) },
+  { "stage3_gather_16bit_weights_on_model_save", bool(false) },
+  { "stage3_module_granularity_threshold", int(0, NONNEG) },
+  { "stage3_use_all_reduce_for_fetch_params", bool(false) },
+  { "ignore_unused_parameters", bool(true) },
+  { "legacy_stage1", bool(false) },
+  { "round_robin_gradients", bool(false) },
+  { "zero_hpz_partition_size", int(1, { min = 1, inert = 1 }) },
+  { "zero_quantized_weights", bool(false, { inert = false }) },
+  { "zero_quantized_nontrainable_weights", bool(false, { inert = false }) },
+  { "zero_quantized_gradients", bool(false, { inert = false }) },
+  { "mics_shard_size", int(-1, { min = -1, inert = -1 }) },
+  { "mics_hierarchical_params_gather", bool(false) },
+  { "memory_efficient_linear", bool(true) },
+  { "pipeline_loading_checkpoint", bool(false) },
+  { "override_module_apply", bool(true) },
+  { "log_trace_cache_warnings", bool(false) },
+  { "enable_sanity_checks", bool(false) },
+  { "zeropp_loco_param", opaque() },
+  -- Deprecated spellings, translated after validation (with a warning).
+  { "cpu_offload", bool(nil, { nullable = true, deprecated = "offload_optimizer" }) },
+  { "cpu_offload_param", bool(nil, { nullable = true, deprecated = "offload_param" }) },
+  { "cpu_offload_use_pin_memory", bool(nil, { nullable = true, deprecated = "pin_memory" }) },
+  { "stage3_gather_fp16_weights_on_model_save", bool(nil, { nullable = true,
+    deprecated = "stage3_gather_16bit_weights_on_model_save" }) },
+}
+
+local MONITOR = function(job)
+  return section {
+    { "enabled", bool(false) },
+    { "output_path", str("") },
+    { "job_name", str(job) },
+  }
+end
+
+local SCHEMA = section {
+  { "train_batch_size", int(nil, { min = 1, auto = true, nullable = true }) },
+  { "train_micro_batch_size_per_gpu", int(nil, { min = 1, auto = true, nullable = true }) },
+  { "gradient_accumulation_steps", int(nil, { min = 1, auto = true, nullable = true }) },
+  { "gradient_clipping", num(0.0, { min = 0, auto = true }) }, -- 0: no clipping (DeepSpeed's code default)
+  { "steps_per_print", int(10, POS) },
+  { "wall_clock_breakdown", bool(false) },
+  { "memory_breakdown", bool(false) },
+  { "dump_state", bool(false) },
+  { "prescale_gradients", bool(false) },
+  { "gradient_predivide_factor", num(1.0, { min = 0, open_min = true }) },
+  { "gradient_allreduce_op", enum({ "mean", "sum" }, "mean") },
+  { "sparse_gradients", bool(false) },
+  { "fp32_allreduce", bool(false) },
+  { "communication_data_type", enum({ "fp16", "bf16", "fp32" }, nil, { nullable = true }) },
+  { "seq_parallel_communication_data_type", enum({ "fp16", "bf16", "fp32" }, "fp32") },
+  { "disable_allgather", bool(false) },
+  { "zero_allow_untested_optimizer", bool(false) },
+  { "zero_force_ds_cpu_optimizer", bool(true) },
+  { "dataloader_drop_last", bool(false) },
+  { "fp16", section {
+    { "enabled", bool(false, { auto = true }) },
+    { "auto_cast", bool(false) },
+    { "loss_scale", num(0.0, NONNEG) }, -- 0: dynamic loss scaling
+    { "initial_scale_power", int(16, NONNEG) },
+    { "loss_scale_window", int(1000, POS) },
+    { "hysteresis", int(2, POS) },
+    { "consecutive_hysteresis", bool(false) },
+    { "min_loss_scale", num(1, { min = 0, open_min = true }) },
+    { "fp16_master_weights_and_grads", bool(false) },
+  } },
+  { "bf16", section {
+    { "enabled", bool(false, { auto = true }) },
+    { "immediate_grad_update", bool(false) },
+    { "check_grad_overflow", bool(false) },
+    { "bf16_master_weights_and_grads", bool(false) },
+    { "bf16_optimizer_states", bool(false) },
+  } },
+  { "amp", section({ { "enabled", bool(false) }, { "opt_level", str("O1") } }, { open = true }) },
+  { "torch_autocast", section {
+    { "enabled", bool(false) },
+    { "dtype", enum({ "bfloat16", "float16" }, "bfloat16") },
+    { "lower_precision_safe_modules", opaque() },
+  } },
+  { "optimizer", OPTIMIZER },
+  { "scheduler", SCHEDULER },
+  { "zero_optimization", ZERO },
+  { "activation_checkpointing", section {
+    { "partition_activations", bool(false) },
+    { "cpu_checkpointing", bool(false) },
+    { "contiguous_memory_optimization", bool(false) },
+    { "number_checkpoints", int(nil, { min = 1, nullable = true }) },
+    { "synchronize_checkpoint_boundary", bool(false) },
+    { "profile", bool(false) },
+  } },
+  { "flops_profiler", section {
+    { "enabled", bool(false) },
+    { "recompute_fwd_factor", num(0.0, NONNEG) },
+    { "profile_step", int(1, POS) },
+    { "module_depth", int(-1, { min = -1 }) },
+    { "top_modules", int(1, POS) },
+    { "detailed", bool(true) },
+    { "output_file", str(nil, { nullable = true }) },
+  } },
+  { "tensorboard", MONITOR("DeepSpeedJobName") },
+  { "csv_monitor", MONITOR("DeepSpeedJobName") },
+  { "wandb", section {
+    { "enabled", bool(false) },
+    { "group", str(nil, { nullable = true }) },
+    { "team", str(nil, { nullable = true }) },
+    { "project", str("deepspeed") },
+  } },
+  { "comms_logger", section {
+    { "enabled", bool(false) },
+    { "verbose", bool(false) },
+    { "prof_all", bool(true) },
+    { "debug", bool(false) },
+    { "prof_ops", opaque() },
+  } },
+  { "checkpoint", section {
+    { "tag_validation", enum({ "Ignore", "Warn", "Fail" }, "Warn", { ci = true }) },
+    { "load_universal", bool(false) },
+    { "use_node_local_storage", bool(false) },
+    { "parallel_write", opaque() },
+  } },
+  { "data_types", section { { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) } } },
+  { "aio", section {
+    { "block_size", int(1048576, POS) },
+    { "queue_depth", int(8, POS) },
+    { "thread_count", int(1, POS) },
+    { "single_submit", bool(false) },
+    { "overlap_events", bool(true) },
+  } },
+  -- Accepted so that existing DeepSpeed files load; zrun does not implement these features.
+  { "autotuning", opaque() }, { "elasticity", opaque() }, { "compression_training", opaque() },
+  { "data_efficiency", opaque() }, { "curriculum_learning", opaque() }, { "pipeline", opaque() },
+  { "sparse_attention", opaque() }, { "hybrid_engine", opaque() }, { "tensor_parallel", opaque() },
+  { "expert_parallel", opaque() }, { "nebula", opaque() }, { "compile", opaque() },
+  { "eigenvalue", opaque() }, { "progressive_layer_drop", opaque() }, { "quantize_training", opaque() },
+  { "weight_quantization", opaque() }, { "timers", opaque() },
+}
+M.schema = SCHEMA
+
+-- Every leaf path, for "did you mean" across sections (a top-level "stage" → zero_optimization.stage).
+local ALL_PATHS = {}
+local function collect(node, path)
+  for _, name in ipairs(node.keys) do
+    local child, p = node.map[name], join(path, name)
+    ALL_PATHS[#ALL_PATHS + 1] = p
+    if child.kind == "section" then collect(child, p)
+    elseif child.kind == "variant" then
+      ALL_PATHS[#ALL_PATHS + 1] = p .. ".type"
+      for _, t in ipairs(child.names) do collect(child.types[t], p .. ".params") end
+    end
+  end
+end
+collect(SCHEMA, "")
+
+-- Leaf checks ---------------------------------------------------------------------------------------
+
+local function one_of(values)
+  local parts = {}
+  for i, v in ipairs(values) do parts[i] = show(v) end
+  if #parts == 1 then return parts[1] end
+  return concat(parts, ", ", 1, #parts - 1) .. " or " .. parts[#parts]
+end
+
+local function range_text(node, what)
+  if node.min and node.max then return fmt("%s between %s and %s", what, fmtnum(node.min), fmtnum(node.max)) end
+  if node.min == 1 and what == "an integer" then return "a positive integer" end
+  if node.min == 0 and node.open_min then return what .. " > 0" end
+  if node.min == 0 then return "a non-negative " .. what:gsub("^an? ", "") end
+  if node.min then return fmt("%s >= %s", what, fmtnum(node.min)) end
+  return what
+end
+
+-- Returns the checked (possibly canonicalised) value, or nil and "what is allowed".
+local function check_leaf(node, v)
+  local t = node.type
+  if t == "int" or t == "number" then
+    local what = t == "int" and "an integer" or "a number"
+    if node.values then
+      for _, x in ipairs(node.values) do if x == v then return v end end
+      return nil, one_of(node.values)
+    end
+    if type(v) ~= "number" or v ~= v or (t == "int" and floor(v) ~= v) then return nil, range_text(node, what) end
+    if (node.min and (v < node.min or (node.open_min and v == node.min))) or (node.max and v > node.max) then
+      return nil, range_text(node, what)
+    end
+    return v
+  elseif t == "bool" then
+    if type(v) ~= "boolean" then return nil, "true or false" end
+    return v
+  elseif t == "string" then
+    if type(v) ~= "string" then return nil, "a string" end
+    return v
+  elseif t == "enum" then
+    if type(v) == "string" then
+      for _, x in ipairs(node.values) do
+        if x == v or (node.ci and x:lower() == v:lower()) then return x end
+      end
+      local s = M.suggest(v, node.values)
+      return nil, one_of(node.values), s
+    end
+    return nil, one_of(node.values)
+  elseif t == "list" or t == "numlist" then
+    if t == "numlist" and type(v) == "number" then return v end
+    local what = t == "numlist" and "a number or a list of numbers" or
+      (node.len and fmt("a list of %d numbers", node.len) or "a list of numbers")
+    if type(v) ~= "table" or not is_array(v) then return nil, what end
+    if node.len and #v ~= node.len then return nil, what end
+    for _, x in ipairs(v) do if type(x) ~= "number" then return nil, what end end
+    return deepcopy(v)
+  end
+  return v
+end
+
+-- Walk: raw tree → values tree, with sources ---------------------------------------------------------
+
+local function add_error(ctx, ...) ctx.errors[#ctx.errors + 1] = fmt(...) end
+local function add_warning(ctx, ...) ctx.warnings[#ctx.warnings + 1] = fmt(...) end
+local function set_source(ctx, p, kind, note) ctx.src[p] = { kind = kind, note = note } end
+
+-- "file" unless p (or a section above it) was set on the command line.
+local function given_kind(ctx, p)
+  local q = p
+  while q do
+    if ctx.ov[q] then return "override" end
+    q = q:match("^(.*)%.[^.]+$")
+  end
+  return ctx.origin
+end
+
+local function unknown_key(ctx, candidates, path, key)
+  local full = join(path, tostring(key))
+  local s = M.suggest(tostring(key), candidates)
+  if s then s = join(path, s)
+  else -- the same name elsewhere in the schema: a key placed in the wrong section
+    for _, p in ipairs(ALL_PATHS) do
+      if p:match("[^.]+$") == key then s = p; break end
+    end
+  end
+  add_error(ctx, 'unknown key "%s"%s%s', full, path == "" and " at the top level" or "",
+    s and fmt('; did you mean "%s"?', s) or "")
+end
+
+local take
+
+local function walk(node, raw, path, ctx)
+  local vals = {}
+  if not node.open then
+    for k in pairs(raw) do
+      if type(k) ~= "string" or not node.map[k] then unknown_key(ctx, node.keys, path, k) end
+    end
+  else
+    for k, v in pairs(raw) do if not node.map[k] then vals[k] = deepcopy(v) end end
+  end
+  for _, name in ipairs(node.keys) do
+    vals[name] = take(node.map[name], raw[name], join(path, name), ctx, vals, name)
+  end
+  return vals
+end
+
+local function take_variant(node, v, p, ctx)
+  local kind = given_kind(ctx, p)
+  local extra = node.extra
+  local allowed = { "type", "params" }
+  for _, k in ipairs(extra and extra.keys or {}) do allowed[#allowed + 1] = k end
+  for k in pairs(v) do
+    if k ~= "type" and k ~= "params" and not (extra and extra.map[k]) then unknown_key(ctx, allowed, p, k) end
+  end
+  local ty = v.type
+  if ty == nil or ty == NULL then
+    add_error(ctx, "%s.type is required: one of %s", p, one_of(node.names))
+    return nil
+  end
+  local canonical
+  if type(ty) == "string" then
+    for _, n in ipairs(node.names) do
+      if n == ty or (node.ci and n:lower() == ty:lower()) then canonical = n end
+    end
+  end
+  if not canonical then
+    local s = type(ty) == "string" and M.suggest(ty, node.names)
+    add_error(ctx, "%s.type must be %s, got %s%s", p, one_of(node.names), show(ty),
+      s and fmt('; did you mean "%s"?', s) or "")
+    return nil
+  end
+  set_source(ctx, p .. ".type", given_kind(ctx, p .. ".type"))
+  local params = v.params
+  if params == nil or params == NULL then params = {}
+  elseif not is_object(params) then
+    add_error(ctx, "%s.params must be an object {...}, got %s", p, show(params))
+    params = {}
+  end
+  local out = { type = canonical, params = walk(node.types[canonical], params, p .. ".params", ctx) }
+  if extra then
+    for _, name in ipairs(extra.keys) do out[name] = take(extra.map[name], v[name], join(p, name), ctx, out, name) end
+  end
+  ctx.src[p] = { kind = kind }
+  return out
+end
+
+take = function(node, v, p, ctx, parent, name)
+  if node.kind == "section" then
+    if v == nil or v == NULL then
+      if node.optional then return nil end
+      return walk(node, {}, p, ctx)
+    end
+    if not is_object(v) then
+      add_error(ctx, "%s must be an object {...}, got %s", p, show(v))
+      return node.optional and nil or walk(node, {}, p, ctx)
+    end
+    return walk(node, v, p, ctx)
+  elseif node.kind == "variant" then
+    if v == nil or v == NULL then return nil end
+    if not is_object(v) then
+      add_error(ctx, "%s must be an object {...}, got %s", p, show(v))
+      return nil
+    end
+    return take_variant(node, v, p, ctx)
+  elseif node.kind == "opaque" then
+    if v == nil or v == NULL then return nil end
+    set_source(ctx, p, given_kind(ctx, p))
+    if p:find(".", 1, true) == nil then
+      add_warning(ctx, '"%s" is accepted for compatibility with DeepSpeed, but zrun does not use it', p)
+    end
+    return deepcopy(v)
+  end
+  -- leaf
+  if v == nil then
+    if node.required then
+      add_error(ctx, '%s is required%s', p, node.auto and ' (a value, or "auto")' or "")
+      return nil
+    end
+    set_source(ctx, p, "default")
+    if type(node.default) == "function" then
+      ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
+      return nil
+    end
+    return deepcopy(node.default)
+  end
+  local kind = given_kind(ctx, p)
+  if v == NULL then
+    if node.nullable then set_source(ctx, p, kind, "null"); return nil end
+    local _, what = check_leaf(node, {})
+    add_error(ctx, "%s must be %s, got null", p, what or node.type)
+    return nil
+  end
+  if v == "auto" and node.type ~= "string" and node.type ~= "enum" then
+    if node.auto then
+      set_source(ctx, p, "auto", "unresolved")
+      return "auto"
+    end
+    local _, what = check_leaf(node, {})
+    add_error(ctx, '%s does not accept "auto"; it must be %s', p, what)
+    return nil
+  end
+  local ok, what, sugg = check_leaf(node, v)
+  if ok == nil then
+    add_error(ctx, "%s must be %s, got %s%s", p, what, show(v), sugg and fmt('; did you mean "%s"?', sugg) or "")
+    return nil
+  end
+  if node.inert ~= nil and ok ~= node.inert then
+    add_warning(ctx, "%s = %s is accepted, but zrun does not implement it; it has no effect", p, show(ok))
+  end
+  set_source(ctx, p, kind)
+  return ok
+end
+
+-- Overrides ("key.sub=value") ---------------------------------------------------------------------
+
+-- The schema node at a dotted path; the raw tree tells an optimizer/scheduler its params schema.
+local function lookup(path, raw)
+  local node, r, done = SCHEMA, raw, ""
+  local parts = split(path)
+  local i = 1
+  while i <= #parts do
+    local name = parts[i]
+    if node.kind == "section" then
+      local child = node.map[name]
+      if not child then
+        if node.open then return { kind = "leaf", type = "any" } end
+        local s = M.suggest(name, node.keys)
+        return nil, fmt('unknown key "%s"%s', join(done, name), s and fmt('; did you mean "%s"?', join(done, s)) or "")
+      end
+      node, r = child, type(r) == "table" and r[name] or nil
+    elseif node.kind == "variant" then
+      if name == "type" then return { kind = "leaf", type = "string" } end
+      if name ~= "params" then
+        if node.extra and node.extra.map[name] then
+          node, r = node.extra.map[name], nil
+        else
+          local s = M.suggest(name, { "type", "params" })
+          return nil, fmt('unknown key "%s"%s', join(done, name), s and fmt('; did you mean "%s"?', join(done, s)) or "")
+        end
+      else
+        local ty = type(r) == "table" and r.type
+        local canonical
+        for _, n in ipairs(node.names) do
+          if type(ty) == "string" and (n == ty or (node.ci and n:lower() == ty:lower())) then canonical = n end
+        end
+        if not canonical then
+          return nil, fmt("%s: set %s.type first (one of %s)", path, done, one_of(node.names))
+        end
+        node, r = node.types[canonical], type(r) == "table" and r.params or nil
+      end
+    elseif node.kind == "opaque" then
+      return { kind = "leaf", type = "any" }
+    else
+      return nil, fmt('%s: "%s" is a value, not a section', path, done)
+    end
+    done = join(done, name)
+    i = i + 1
+  end
+  return node
+end
+
+local BOOL_WORDS = { ["true"] = true, yes = true, on = true, ["1"] = true,
+  ["false"] = false, no = false, off = false, ["0"] = false }
+
+-- Turns the text after "=" into a value of the type the schema expects.
+local function coerce(node, s, key)
+  if type(s) ~= "string" then return s end
+  s = s:match("^%s*(.-)%s*$")
+  if s == "null" then return NULL end
+  if s == "auto" then return "auto" end
+  local t = node.kind == "leaf" and node.type or "table"
+  if t == "bool" then
+    local b = BOOL_WORDS[s:lower()]
+    if b == nil then error(fmt("%s=%s: expected true or false", key, s), 0) end
+    return b
+  elseif t == "int" or t == "number" then
+    local n = tonumber(s)
+    if n == nil then error(fmt("%s=%s: expected a number", key, s), 0) end
+    return n
+  elseif t == "string" or t == "enum" then
+    return (s:match('^"(.*)"$') or s)
+  elseif t == "list" or t == "numlist" then
+    local n = tonumber(s)
+    if n and t == "numlist" then return n end
+    local body = s:match("^%[(.*)%]$") or s
+    local out = {}
+    for item in body:gmatch("[^,]+") do
+      local x = tonumber(item)
+      if x == nil then error(fmt("%s=%s: expected a list of numbers like [0.9,0.999]", key, s), 0) end
+      out[#out + 1] = x
+    end
+    return out
+  end
+  local ok, v = pcall(cjson.decode, s)
+  if ok then return v end
+  if t == "table" then error(fmt("%s=%s: expected a JSON object", key, s), 0) end
+  return s
+end
+
+-- Parses overrides ({"a.b=1", ...} or {["a.b"]=1}) into the raw tree; returns the set paths.
+local function apply_overrides(raw, overrides)
+  local set = {}
+  local items = {}
+  for k, v in pairs(overrides or {}) do
+    if type(k) == "number" then
+      local key, val = tostring(v):match("^%s*([^=%s]+)%s*=(.*)$")
+      if not key then error(fmt('override "%s" must look like key.sub=value', tostring(v)), 0) end
+      items[#items + 1] = { k, key, val }
+    else
+      items[#items + 1] = { -1, k, v }
+    end
+  end
+  sort(items, function(a, b) return a[1] < b[1] end)
+  for _, it in ipairs(items) do
+    local key, val = it[2], it[3]
+    local node, err = lookup(key, raw)
+    if not node then error("override " .. err, 0) end
+    local v = coerce(node, val, key)
+    local parts = split(key)
+    local t = raw
+    for i = 1, #parts - 1 do
+      if type(t[parts[i]]) ~= "table" then t[parts[i]] = {} end
+      t = t[parts[i]]
+    end
+    t[parts[#parts]] = v
+    set[key] = true
+  end
+  return set
+end
+
+-- "auto" -----------------------------------------------------------------------------------------
+-- Resolved as transformers' HfTrainerDeepSpeedConfig does (trainer_config_process/_finalize), from a
+-- table shaped like TrainingArguments. Missing arguments take TrainingArguments' defaults.
+
+local ARG_DEFAULTS = {
+  per_device_train_batch_size = 8, gradient_accumulation_steps = 1, learning_rate = 5e-5,
+  adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8, weight_decay = 0.0,
+  warmup_steps = 0, warmup_ratio = 0.0, max_grad_norm = 1.0, bf16 = false, fp16 = false,
+  max_steps = -1, num_train_epochs = 3.0,
+}
+M.ARG_DEFAULTS = ARG_DEFAULTS
+
+local function arg(ctx, name)
+  local v = ctx.args[name]
+  if v ~= nil then return v, "args." .. name, true end
+  return ARG_DEFAULTS[name], fmt("TrainingArguments default %s=%s", name, show(ARG_DEFAULTS[name])), false
+end
+
+local function get(vals, path)
+  local t = vals
+  for _, p in ipairs(split(path)) do
+    if type(t) ~= "table" then return nil end
+    t = t[p]
+  end
+  return t
+end
+
+local function set(vals, path, v)
+  local parts = split(path)
+  local t = vals
+  for i = 1, #parts - 1 do t = t[parts[i]] end
+  t[parts[#parts]] = v
+end
+
+-- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch
+-- (Trainer's arithmetic: per-rank loader length ÷ accumulation, at least 1).
+local function num_training_steps(ctx, vals)
+  if ctx.num_training_steps then return ctx.num_training_steps, "num_training_steps", true end
+  local ms, _, explicit = arg(ctx, "max_steps")
+  if ms and ms > 0 then return ms, "args.max_steps", explicit end
+  local n = ctx.args.train_dataset_size
+  local mb, ga = vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps
+  if n and type(mb) == "number" and type(ga) == "number" then
+    local per_rank = ceil(n / ctx.world_size)
+    local per_epoch = math.max(floor(ceil(per_rank / mb) / ga), 1)
+    local epochs = arg(ctx, "num_train_epochs")
+    return ceil(epochs * per_epoch), fmt("%s epochs × %d updates per epoch", fmtnum(epochs), per_epoch), true
+  end
+  return nil, "needs the number of training steps (args.max_steps, args.train_dataset_size, or config.finalize)"
+end
+
+local function hidden_size(ctx)
+  if ctx.hidden_size then return ctx.hidden_size end
+  return nil, "needs the model's hidden_size (args.hidden_size or config.finalize)"
+end
+
+local function learning_rate(ctx, vals)
+  local v, note, explicit = arg(ctx, "learning_rate")
+  if not explicit then
+    local lr = get(vals, "optimizer.params.lr")
+    if type(lr) == "number" then return lr, "optimizer.params.lr", false end
+  end
+  return v, note, explicit
+end
+
+-- Each returns value, note, explicit (whether it came from an argument the caller gave), or nil and
+-- why it is still pending. The order matters: later ones read earlier results.
+local AUTO = {
+  { "train_micro_batch_size_per_gpu", function(ctx) return arg(ctx, "per_device_train_batch_size") end },
+  { "gradient_accumulation_steps", function(ctx) return arg(ctx, "gradient_accumulation_steps") end },
+  { "train_batch_size", function(ctx, vals)
+    local mb, n1, e1 = vals.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu", true
+    if type(mb) ~= "number" then mb, n1, e1 = arg(ctx, "per_device_train_batch_size") end
+    local ga, n2, e2 = vals.gradient_accumulation_steps, "gradient_accumulation_steps", true
+    if type(ga) ~= "number" then ga, n2, e2 = arg(ctx, "gradient_accumulation_steps") end
+    return mb * ga * ctx.world_size, fmt("%s %d × %s %d × world size %d", n1, mb, n2, ga, ctx.world_size),
+      e1 and e2
+  end },
+  { "gradient_clipping", function(ctx) return arg(ctx, "max_grad_norm") end },
+  { "fp16.enabled", function(ctx) return arg(ctx, "fp16") end },
+  { "bf16.enabled", function(ctx) return arg(ctx, "bf16") end },
+  { "optimizer.params.lr", function(ctx) return arg(ctx, "learning_rate") end },
+  { "optimizer.params.betas", function(ctx)
+    local b1, _, e1 = arg(ctx, "adam_beta1")
+    local b2, _, e2 = arg(ctx, "adam_beta2")
+    return { b1, b2 }, (e1 or e2) and "args.adam_beta1, args.adam_beta2" or "TrainingArguments defaults adam_beta1/2",
+      e1 or e2
+  end },
+  { "optimizer.params.eps", function(ctx) return arg(ctx, "adam_epsilon") end },
+  { "optimizer.params.weight_decay", function(ctx) return arg(ctx, "weight_decay") end },
+  { "scheduler.params.warmup_min_lr", function() return 0, "0, as the Hugging Face integration sets it", false end },
+  { "scheduler.params.warmup_max_lr", learning_rate },
+  { "scheduler.params.total_num_steps", num_training_steps },
+  { "scheduler.params.warmup_num_steps", function(ctx, vals)
+    local ws, note, explicit = arg(ctx, "warmup_steps")
+    if ws > 0 then return ws, note, explicit end
+    local ratio, rnote, rexp = arg(ctx, "warmup_ratio")
+    if ratio == 0 then return 0, "no warmup (args.warmup_steps and warmup_ratio are 0)", explicit or rexp end
+    local total, why, texp = num_training_steps(ctx, vals)
+    if not total then return nil, why end
+    return ceil(total * ratio), fmt("ceil(%s × %s steps)", rnote, fmtnum(total)), rexp and texp
+  end },
+  { "zero_optimization.reduce_bucket_size", function(ctx)
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return h * h, fmt("hidden_size² = %d²", h), false
+  end },
+  { "zero_optimization.stage3_prefetch_bucket_size", function(ctx, vals)
+    if vals.zero_optimization.stage ~= 3 then return 5e7, "stage < 3 (unused): DeepSpeed default", false end
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return floor(0.9 * h * h), fmt("0.9 × hidden_size² (hidden_size %d)", h), false
+  end },
+  { "zero_optimization.stage3_param_persistence_threshold", function(ctx, vals)
+    if vals.zero_optimization.stage ~= 3 then return 1e5, "stage < 3 (unused): DeepSpeed default", false end
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return 10 * h, fmt("10 × hidden_size (%d)", h), false
+  end },
+}
+
+-- Values the Hugging Face integration compares with the arguments when the file gives a number:
+-- a disagreement is an error there, and here. (train_batch_size is left to the batch rule.)
+local MATCHED = {
+  train_micro_batch_size_per_gpu = true, gradient_accumulation_steps = true, gradient_clipping = true, ["fp16.enabled"] = true, ["bf16.enabled"] = true,
+  ["optimizer.params.lr"] = true, ["optimizer.params.betas"] = true, ["optimizer.params.eps"] = true,
+  ["optimizer.params.weight_decay"] = true, ["scheduler.params.warmup_max_lr"] = true,
+  ["scheduler.params.total_num_steps"] = true, ["scheduler.params.warmup_num_steps"] = true,
+}
+
+local function same(a, b)
+  if type(a) == "number" and type(b) == "number" then return abs(a - b) <= 1e-12 * math.max(abs(a), abs(b)) end
+  if type(a) == "table" and type(b) == "table" then
+    if #a ~= #b then return false end
+    for i = 1, #a do if not same(a[i], b[i]) then return false end end
+    return true
+  end
+  return a == b
+end
+
+local function resolve_autos(vals, meta, which)
+  local ctx = meta.ctx
+  local mism = {}
+  for _, e in ipairs(AUTO) do
+    local path, fn = e[1], e[2]
+    if which == nil or which[path] then
+      local cur = get(vals, path)
+      local src = meta.src[path]
+      if cur == "auto" then
+        local v, note, explicit = fn(ctx, vals)
+        if v == nil then
+          meta.src[path] = { kind = "auto", note = "pending: " .. note }
+          meta.pending[path] = note
+        else
+          set(vals, path, v)
+          meta.src[path] = { kind = "auto", note = note }
+          meta.pending[path] = nil
+        end
+      elseif cur ~= nil and MATCHED[path] and src and (src.kind == "file" or src.kind == "override") then
+        local v, note, explicit = fn(ctx, vals)
+        if explicit and v ~= nil and not same(cur, v) then
+          mism[#mism + 1] = fmt("%s = %s (%s) but %s = %s", path, show(cur), src.kind, note, show(v))
+        end
+      end
+    end
+  end
+  return mism
+end
+
+-- Checks across keys ------------------------------------------------------------------------------
+
+local ZERO_TESTED = { Adam = true, AdamW = true, Lamb = true, Lion = true, Adagrad = true }
+
+local function batch_rule(vals, ctx, meta)
+  local tb, mb, ga, ws = vals.train_batch_size, vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps,
+    ctx.world_size
+  for _, v in ipairs { tb, mb, ga } do if v ~= nil and type(v) ~= "number" then return end end
+  local function derive(key, v, note)
+    vals[key] = v
+    meta.src[key] = { kind = "derived", note = note }
+  end
+  local function divides(total, by, what, key)
+    if total % by ~= 0 then
+      add_error(ctx, "train_batch_size %d is not divisible by %s = %d, so %s cannot be derived; " ..
+        "set it explicitly or change train_batch_size", total, what, by, key)
+      return false
+    end
+    return true
+  end
+  if tb and mb and ga then
+    if tb ~= mb * ga * ws then
+      add_error(ctx, "train_batch_size must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × " ..
+        "world size: %d ≠ %d × %d × %d = %d", tb, mb, ga, ws, mb * ga * ws)
+    end
+  elseif tb and mb then
+    if divides(tb, mb * ws, fmt("train_micro_batch_size_per_gpu × world size (%d × %d)", mb, ws), "gradient_accumulation_steps") then
+      derive("gradient_accumulation_steps", tb / (mb * ws), fmt("train_batch_size %d / (micro %d × world %d)", tb, mb, ws))
+    end
+  elseif tb and ga then
+    if divides(tb, ga * ws, fmt("gradient_accumulation_steps × world size (%d × %d)", ga, ws), "train_micro_batch_size_per_gpu") then
+      derive("train_micro_batch_size_per_gpu", tb / (ga * ws), fmt("train_batch_size %d / (accumulation %d × world %d)", tb, ga, ws))
+    end
+  elseif mb and ga then
+    derive("train_batch_size", mb * ga * ws, fmt("micro %d × accumulation %d × world %d", mb, ga, ws))
+  elseif tb then
+    derive("gradient_accumulation_steps", 1, "1: only train_batch_size was given")
+    if divides(tb, ws, fmt("the world size (%d)", ws), "train_micro_batch_size_per_gpu") then
+      derive("train_micro_batch_size_per_gpu", tb / ws, fmt("train_batch_size %d / world %d", tb, ws))
+    end
+  elseif mb then
+    derive("gradient_accumulation_steps", 1, "1: only train_micro_batch_size_per_gpu was given")
+    derive("train_batch_size", mb * ws, fmt("micro %d × world %d", mb, ws))
+  else
+    add_error(ctx, 'set train_batch_size or train_micro_batch_size_per_gpu (a number, or "auto" to take it ' ..
+      "from the training arguments); DeepSpeed derives the rest from train_batch_size = " ..
+      "train_micro_batch_size_per_gpu × gradient_accumulation_steps × world size")
+  end
+end
+
+local function cross_checks(vals, ctx)
+  local zo = vals.zero_optimization
+  local stage = zo.stage
+  -- Deprecated spellings.
+  if zo.cpu_offload ~= nil then
+    add_warning(ctx, "zero_optimization.cpu_offload is deprecated; use zero_optimization.offload_optimizer")
+    if zo.cpu_offload and not zo.offload_optimizer then
+      zo.offload_optimizer = take(OFFLOAD_OPTIMIZER, { device = "cpu" }, "zero_optimization.offload_optimizer", ctx)
+    end
+  end
+  if zo.cpu_offload_param ~= nil then
+    add_warning(ctx, "zero_optimization.cpu_offload_param is deprecated; use zero_optimization.offload_param")
+    if zo.cpu_offload_param and not zo.offload_param then
+      zo.offload_param = take(OFFLOAD_PARAM, { device = "cpu" }, "zero_optimization.offload_param", ctx)
+    end
+  end
+  if zo.cpu_offload_use_pin_memory ~= nil then
+    add_warning(ctx, "zero_optimization.cpu_offload_use_pin_memory is deprecated; use pin_memory in offload_*")
+  end
+  if zo.stage3_gather_fp16_weights_on_model_save ~= nil then
+    add_warning(ctx, "zero_optimization.stage3_gather_fp16_weights_on_model_save is deprecated; use " ..
+      "stage3_gather_16bit_weights_on_model_save")
+    if ctx.src["zero_optimization.stage3_gather_16bit_weights_on_model_save"].kind == "default" then
+      zo.stage3_gather_16bit_weights_on_model_save = zo.stage3_gather_fp16_weights_on_model_save
+    end
+  end
+  if type(stage) ~= "number" then return end
+  local op, oo = zo.offload_param, zo.offload_optimizer
+  if op and op.device ~= "none" then
+    if stage < 3 then
+      add_error(ctx, "zero_optimization.offload_param (device %s) needs zero_optimization.stage 3, got stage %d: " ..
+        "only stage 3 shards parameters; use offload_optimizer, or stage 3", show(op.device), stage)
+    end
+    if op.device == "nvme" and not op.nvme_path then
+      add_error(ctx, 'zero_optimization.offload_param.nvme_path is required when device is "nvme"')
+    end
+  end
+  if oo and oo.device ~= "none" then
+    if stage == 0 then
+      add_error(ctx, "zero_optimization.offload_optimizer (device %s) needs zero_optimization.stage 1, 2 or 3, got 0",
+        show(oo.device))
+    elseif oo.device == "nvme" and stage < 3 then
+      add_error(ctx, 'zero_optimization.offload_optimizer.device "nvme" needs zero_optimization.stage 3, got %d ' ..
+        '(stages 1 and 2 offload to "cpu" only)', stage)
+    end
+    if oo.device == "nvme" and not oo.nvme_path then
+      add_error(ctx, 'zero_optimization.offload_optimizer.nvme_path is required when device is "nvme"')
+    end
+    if oo.ratio ~= 1 and stage ~= 3 then
+      add_error(ctx, "zero_optimization.offload_optimizer.ratio = %s is only valid with stage 3, got stage %d",
+        fmtnum(oo.ratio), stage)
+    end
+  end
+  if vals.fp16.enabled == true and vals.bf16.enabled == true then
+    add_error(ctx, "fp16.enabled and bf16.enabled are both true; enable one of them (bf16 needs no loss scaling)")
+  end
+  if vals.amp.enabled then
+    add_error(ctx, "amp.enabled: NVIDIA Apex AMP is not available in zrun; use bf16.enabled or fp16.enabled")
+  end
+  if vals.torch_autocast.enabled then
+    add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
+  end
+  local opt = vals.optimizer
+  if opt and stage > 0 and not ZERO_TESTED[opt.type] and not vals.zero_allow_untested_optimizer then
+    add_error(ctx, 'optimizer.type "%s" is not tested with ZeRO (stage %d); set "zero_allow_untested_optimizer": ' ..
+      "true to use it anyway", opt.type, stage)
+  end
+  local sch = vals.scheduler
+  if sch then
+    local p = sch.params
+    if type(p.warmup_num_steps) == "number" and type(p.total_num_steps) == "number" and
+      p.total_num_steps < p.warmup_num_steps then
+      add_warning(ctx, "scheduler.params.total_num_steps %d is less than warmup_num_steps %d",
+        p.total_num_steps, p.warmup_num_steps)
+    end
+    if sch.type == "OneCycle" and type(p.cycle_min_lr) == "number" and type(p.cycle_max_lr) == "number" and
+      p.cycle_max_lr < p.cycle_min_lr then
+      add_warning(ctx, "scheduler.params.cycle_max_lr %s is below cycle_min_lr %s",
+        fmtnum(p.cycle_max_lr), fmtnum(p.cycle_min_lr))
+    end
+  end
+end
+
+-- Loading -----------------------------------------------------------------------------------------
+
+local function read_json(path)
+  local f, err = io.open(path, "rb")
+  if not f then error(fmt("config: cannot open %s", err), 0) end
+  local text = f:read("*a")
+  f:close()
+  local ok, v = pcall(cjson.decode, text)
+  if not ok then
+    local at = tonumber(tostring(v):match("at character (%d+)"))
+    local where = ""
+    if at then
+      local line, col = 1, at
+      for nl in text:sub(1, at - 1):gmatch("()\n") do line, col = line + 1, at - nl end
+      where = fmt(" (line %d, column %d)", line, col)
+    end
+    error(fmt("%s: not valid JSON%s: %s", path, where, tostring(v)), 0)
+  end
+  if not is_object(v) then error(fmt("%s: the top level must be a JSON object {...}", path), 0) end
+  return v
+end
+
+local Config = {}
+Config.__index = Config
+local META = setmetatable({}, { __mode = "k" })
+
+local function raise(name, errors)
+  if #errors == 1 then error(name .. ": " .. errors[1], 0) end
+  error(fmt("%s: %d problems:\n  - %s", name, #errors, concat(errors, "\n  - ")), 0)
+end
+
+-- Loads and resolves a DeepSpeed config. source: a path to a JSON file or a Lua table.
+-- opts: world_size (default: launcher environment, else 1), args (TrainingArguments-like table:
+-- per_device_train_batch_size, gradient_accumulation_steps, learning_rate, adam_beta1/2, adam_epsilon,
+-- weight_decay, warmup_steps, warmup_ratio, max_steps, num_train_epochs, train_dataset_size, bf16,
+-- fp16, max_grad_norm, hidden_size), overrides ({"a.b=v", ...} or {["a.b"]=v}), num_training_steps,
+-- hidden_size. Raises one error naming every problem.
+function M.load(source, opts)
+  opts = opts or {}
+  local raw, name, origin
+  if type(source) == "string" then
+    raw, name, origin = read_json(source), source, "file"
+  elseif type(source) == "table" then
+    if getmetatable(source) == Config then source = source:to_table() end
+    if not is_object(source) then error("config: a config table must have string keys", 0) end
+    raw, name, origin = deepcopy(source), "config", "file"
+  else
+    error("config.load: expected a JSON file path or a table, got " .. type(source), 0)
+  end
+  if raw.bfloat16 ~= nil and raw.bf16 == nil then raw.bf16, raw.bfloat16 = raw.bfloat16, nil end -- old name
+  local world = opts.world_size or tonumber(os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("WORLD_SIZE") or "")
+    or 1
+  if type(world) ~= "number" or world < 1 or floor(world) ~= world then
+    error(fmt("%s: world_size must be a positive integer, got %s", name, show(world)), 0)
+  end
+  local args = opts.args or {}
+  local ctx = {
+    errors = {}, warnings = {}, src = {}, deferred = {}, origin = origin, world_size = world, args = args,
+    num_training_steps = opts.num_training_steps or args.num_training_steps,
+    hidden_size = opts.hidden_size or args.hidden_size,
+  }
+  local okov, ov = pcall(apply_overrides, raw, opts.overrides)
+  if not okov then error(name .. ": " .. ov, 0) end
+  ctx.ov = ov
+  local vals = walk(SCHEMA, raw, "", ctx)
+  for _, d in ipairs(ctx.deferred) do d.parent[d.name] = d.fn(vals) end
+  local meta = { src = ctx.src, warnings = ctx.warnings, pending = {}, ctx = ctx, name = name }
+  if #ctx.errors == 0 then
+    -- batch sizes first: the rule needs them, and other "auto" values (steps per epoch) read them
+    local batch = { train_micro_batch_size_per_gpu = true, gradient_accumulation_steps = true, train_batch_size = true }
+    local mism = resolve_autos(vals, meta, batch)
+    batch_rule(vals, ctx, meta)
+    local rest = {}
+    for _, e in ipairs(AUTO) do if not batch[e[1]] then rest[e[1]] = true end end
+    for _, m in ipairs(resolve_autos(vals, meta, rest)) do mism[#mism + 1] = m end
+    if #mism > 0 then
+      add_error(ctx, "the config disagrees with the training arguments (set them equal, or set the " ..
+        'config value to "auto"):\n      %s', concat(mism, "\n      "))
+    end
+    cross_checks(vals, ctx)
+  end
+  if #ctx.errors > 0 then raise(name, ctx.errors) end
+  ctx.errors = nil
+  META[vals] = meta
+  return setmetatable(vals, Config)
+end
+
+-- Resolves "auto" values that were pending: info.num_training_steps, info.hidden_size (or
+-- info.model with model.config.hidden_size). Returns cfg.
+function M.finalize(cfg, info)
+  local meta = META[cfg]
+  assert(meta, "config.finalize: not a loaded config")
+  info = info or {}
+  local ctx = meta.ctx
+  ctx.num_training_steps = info.num_training_steps or ctx.num_training_steps
+  local h = info.hidden_size or (info.model and info.model.config and info.model.config.hidden_size)
+  ctx.hidden_size = h or ctx.hidden_size
+  ctx.errors = {}
+  local mism = resolve_autos(cfg, meta, nil)
+  if #mism > 0 then
+    add_error(ctx, "the config disagrees with the training arguments:\n      %s", concat(mism, "\n      "))
+  end
+  local errs = ctx.errors
+  ctx.errors = nil
+  if #errs > 0 then raise(meta.name, errs) end
+  return cfg
+end
+
+-- Methods on a loaded config ----------------------------------------------------------------------
+
+-- The value at a dotted path ("zero_optimization.offload_optimizer.device"), or default when absent.
+function Config:get(path, default)
+  local v = get(self, path)
+  if v == nil then return default end
+  return v
+end
+
+-- Where a value came from: "default", "file", "auto", "override" or "derived" (batch rule), and a note.
+function Config:source(path)
+  local s = META[self].src[path]
+  if not s then return nil end
+  return s.kind, s.note
+end
+
+function Config:warnings() return META[self].warnings end
+
+-- Dotted paths whose "auto" could not be resolved yet, with what each needs.
+function Config:pending()
+  local out = {}
+  for p, why in pairs(META[self].pending) do out[#out + 1] = p .. ": " .. why end
+  sort(out)
+  return out
+end
+
+-- A plain copy of the resolved values (no metatable), e.g. for checkpoint metadata.
+function Config:to_table()
+  local out = {}
+  for k, v in pairs(self) do out[k] = deepcopy(v) end
+  return out
+end
+
+-- JSON with keys sorted and numbers in their shortest exact form (cjson keeps only 14 digits).
+local function encode(v)
+  local t = type(v)
+  if t == "number" then
+    if v ~= v or v == huge or v == -huge then error("config.to_json: cannot encode " .. tostring(v), 0) end
+    return fmtnum(v)
+  elseif t == "table" then
+    if next(v) == nil then return "{}" end
+    local parts = {}
+    if is_array(v) then
+      for i, x in ipairs(v) do parts[i] = encode(x) end
+      return "[" .. concat(parts, ",") .. "]"
+    end
+    local keys = {}
+    for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+    sort(keys)
+    for i, k in ipairs(keys) do parts[i] = cjson.encode(k) .. ":" .. encode(v[k]) end
+    return "{" .. concat(parts, ",") .. "}"
+  end
+  return cjson.encode(v)
+end
+
+function Config:to_json() return encode(self:to_table()) end
+
+-- Describe ----------------------------------------------------------------------------------------
+
+local function rows_of(node, vals, path, meta, rows)
+  for _, name in ipairs(node.keys) do
+    local child, p = node.map[name], join(path, name)
+    local v = vals and vals[name]
+    if child.kind == "section" then
+      if v ~= nil then rows_of(child, v, p, meta, rows) end
+    elseif child.kind == "variant" then
+      if v ~= nil then
+        local s = meta.src[p .. ".type"] or {}
+        rows[#rows + 1] = { p .. ".type", show(v.type), s.kind or "", s.note }
+        rows_of(child.types[v.type], v.params, p .. ".params", meta, rows)
+        if child.extra then rows_of(child.extra, v, p, meta, rows) end
+      end
+    else
+      local s = meta.src[p]
+      if child.kind == "leaf" and child.deprecated and v == nil then s = nil end
+      if s and not (child.kind == "opaque" and v == nil) then
+        rows[#rows + 1] = { p, show(v), s.kind, s.note }
+      end
+    end
+  end
+end
+
+-- The resolved configuration as text: one row per key, with its value and where it came from.
+function M.format(cfg)
+  local meta = META[cfg]
+  assert(meta, "config.describe: not a loaded config")
+  local rows = {}
+  rows_of(SCHEMA, cfg, "", meta, rows)
+  local w1, w2, w3 = #"key", #"value", #"source"
+  for _, r in ipairs(rows) do
+    w1, w2, w3 = math.max(w1, #r[1]), math.max(w2, #r[2]), math.max(w3, #r[3])
+  end
+  w2 = math.min(w2, 40)
+  local out = { fmt("zrun config: %s (world size %d)", meta.name, meta.ctx.world_size) }
+  local line = "%-" .. w1 .. "s  %-" .. w2 .. "s  %-" .. w3 .. "s  %s"
+  out[#out + 1] = (fmt(line, "key", "value", "source", "note"):gsub("%s+$", ""))
+  out[#out + 1] = string.rep("-", w1 + w2 + w3 + 10)
+  for _, r in ipairs(rows) do
+    out[#out + 1] = (fmt(line, r[1], r[2], r[3], r[4] or ""):gsub("%s+$", ""))
+  end
+  for _, p in ipairs(cfg:pending()) do out[#out + 1] = "pending auto: " .. p end
+  for _, w in ipairs(meta.warnings) do out[#out + 1] = "warning: " .. w end
+  return concat(out, "\n") .. "\n"
+end
+
+-- Prints the resolved configuration table; returns the text.
+function M.describe(cfg)
+  local s = M.format(cfg)
+  io.write(s)
+  return s
+end
+Config.describe = M.describe
+
+-- `zrun check CONFIG [key=value ...] [--world-size N] [args.NAME=VALUE ...]`: prints the resolved
+-- config; on an invalid one prints the message to stderr. Returns the exit status (0 or 1; 2 for
+-- bad usage): the caller does os.exit(config.check_main(argv)).
+function M.check_main(argv)
+  local usage = "usage: zrun check CONFIG.json [key.sub=value ...] [--world-size N] [args.NAME=VALUE ...]\n"
+  local path, overrides, args, world = nil, {}, {}, nil
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    if a == "-h" or a == "--help" then io.write(usage); return 0 end
+    local ws = a:match("^%-%-world[-_]size=(.*)$")
+    if (a == "--world-size" or a == "--world_size") then ws = argv[i + 1]; i = i + 1 end
+    if ws then
+      world = tonumber(ws)
+      if not world then io.stderr:write("zrun check: --world-size needs a number\n", usage); return 2 end
+    elseif a:match("^args%.") then
+      local k, v = a:match("^args%.([%w_]+)=(.*)$")
+      if not k then io.stderr:write("zrun check: expected args.NAME=VALUE, got ", a, "\n"); return 2 end
+      if tonumber(v) then v = tonumber(v) elseif BOOL_WORDS[v:lower()] ~= nil and not v:match("^%d$") then
+        v = BOOL_WORDS[v:lower()]
+      end
+      args[k] = v
+    elseif a:find("=", 1, true) then
+      overrides[#overrides + 1] = a
+    elseif not path then
+      path = a
+    else
+      io.stderr:write("zrun check: unexpected argument ", a, "\n", usage)
+      return 2
+    end
+    i = i + 1
+  end
+  if not path then io.stderr:write(usage); return 2 end
+  local ok, cfg = pcall(M.load, path, { world_size = world, args = args, overrides = overrides })
+  if not ok then
+    io.stderr:write("zrun check: ", tostring(cfg), "\n")
+    return 1
+  end
+  M.describe(cfg)
+  return 0
+end
+
+return M

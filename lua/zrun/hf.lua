@@ -1,0 +1,390 @@
+-- Hugging Face model directories: resolve a model reference (a local directory, a config.json path,
+-- or a hub id found in the local cache -- never the network), read config.json, list and load the
+-- safetensors weights (single file or sharded with an index) and save a state dict + config in the
+-- layout `transformers` loads. Model classes (llama.lua, gpt2.lua) map names; this file does not.
+--
+--   local hf = require "zrun.hf"
+--   local cfg, dir = hf.read_config("meta-llama/Llama-3.2-1B")
+--   local sd = hf.load_state_dict(dir, { dtype = "f32" })         -- name -> tensor
+--   hf.save_pretrained("out/model", sd, cfg, { max_shard_size = "2GB" })
+local C = require "zrun._C"
+local cjson = require "cjson"
+
+local hf = {}
+local fmt, concat, sort, insert = string.format, table.concat, table.sort, table.insert
+local getenv, pairs, ipairs, type, tostring = os.getenv, pairs, ipairs, type, tostring
+local floor, huge = math.floor, math.huge
+
+local DTYPE_BYTES = { f32 = 4, bf16 = 2, f16 = 2, f64 = 8, i32 = 4, i64 = 8, u8 = 1 }
+local INDEX_NAME, SINGLE_NAME = "model.safetensors.index.json", "model.safetensors"
+
+local function join(a, b)
+  if a:sub(-1) == "/" then return a .. b end
+  return a .. "/" .. b
+end
+local function basename(p) return (p:gsub("/+$", ""):match("[^/]+$")) or p end
+local function dirname(p)
+  local d = p:gsub("/+$", ""):match("^(.*)/[^/]*$")
+  if d == nil then return "." end
+  if d == "" then return "/" end
+  return d
+end
+local function expand(p)
+  if p:sub(1, 2) == "~/" or p == "~" then return (getenv("HOME") or "") .. p:sub(2) end
+  return p
+end
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  return ks
+end
+local function read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- JSON null -> nil, recursively (configs say "rope_scaling": null; a lightuserdata would be truthy).
+local function strip_nulls(v)
+  if type(v) ~= "table" then return v end
+  for k, x in pairs(v) do
+    if x == cjson.null then v[k] = nil else strip_nulls(x) end
+  end
+  return v
+end
+
+local function decode_json_file(path, what)
+  local s, err = read_file(path)
+  if not s then error(fmt("%s: cannot read %s: %s", path, what, tostring(err)), 0) end
+  local ok, v = pcall(cjson.decode, s)
+  if not ok then error(fmt("%s: invalid JSON: %s", path, tostring(v)), 0) end
+  if type(v) ~= "table" then error(fmt("%s: expected a JSON object, got %s", path, type(v)), 0) end
+  return strip_nulls(v)
+end
+
+-- ---------------------------------------------------------------- JSON writing (config, index)
+
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    local e = ({ ['"'] = '\\"', ['\\'] = '\\\\', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t',
+                 ['\b'] = '\\b', ['\f'] = '\\f' })[c]
+    return e or fmt("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function json_number(x)
+  if x ~= x or x == huge or x == -huge then error("encode_json: cannot encode " .. tostring(x), 0) end
+  if x == floor(x) and math.abs(x) < 2 ^ 53 then return fmt("%d", x) end
+  for p = 15, 17 do -- shortest form that reads back exactly
+    local s = fmt("%." .. p .. "g", x)
+    if tonumber(s) == x then return s end
+  end
+end
+
+local function is_array(t)
+  local n = #t
+  if n == 0 then return false end
+  local count = 0
+  for _ in pairs(t) do count = count + 1 end
+  return count == n
+end
+
+-- Pretty JSON with sorted keys and two-space indent, like transformers' to_json_string. Empty
+-- tables encode as {}.
+local function encode(v, ind)
+  local tv = type(v)
+  if v == nil or v == cjson.null then return "null" end
+  if tv == "boolean" then return tostring(v) end
+  if tv == "number" then return json_number(v) end
+  if tv == "string" then return json_string(v) end
+  if tv ~= "table" then error("encode_json: cannot encode a " .. tv, 0) end
+  local inner = ind .. "  "
+  local parts = {}
+  if is_array(v) then
+    for i = 1, #v do parts[i] = inner .. encode(v[i], inner) end
+    return "[\n" .. concat(parts, ",\n") .. "\n" .. ind .. "]"
+  end
+  for _, k in ipairs(sorted_keys(v)) do
+    parts[#parts + 1] = inner .. json_string(tostring(k)) .. ": " .. encode(v[k], inner)
+  end
+  if #parts == 0 then return "{}" end
+  return "{\n" .. concat(parts, ",\n") .. "\n" .. ind .. "}"
+end
+function hf.encode_json(v) return encode(v, "") .. "\n" end
+
+-- ---------------------------------------------------------------- resolving a model reference
+
+-- The hub cache directory, as huggingface_hub computes it (no network involved).
+function hf.cache_dir()
+  local v = getenv("HF_HUB_CACHE")
+  if v and v ~= "" then return expand(v) end
+  v = getenv("HUGGINGFACE_HUB_CACHE") -- older name
+  if v and v ~= "" then return expand(v) end
+  v = getenv("HF_HOME")
+  if v and v ~= "" then return join(expand(v), "hub") end
+  v = getenv("XDG_CACHE_HOME")
+  if v and v ~= "" then return join(join(expand(v), "huggingface"), "hub") end
+  return join(getenv("HOME") or "", ".cache/huggingface/hub")
+end
+
+local function looks_like_path(ref)
+  return ref:find("^[/.~]") or ref:find("/$") or ref:find("%.json$") or ref:find("%.safetensors$")
+    or select(2, ref:gsub("/", "")) > 1
+end
+
+-- Resolves ref to a model directory. ref: a directory, a file inside one (config.json,
+-- model.safetensors, ...), or a hub id "org/name" looked up in the local cache
+-- (models--org--name/refs/<revision> -> snapshots/<hash>). opts: revision (default "main";
+-- a 40-hex commit hash is used directly), cache_dir (default hf.cache_dir()).
+function hf.resolve(ref, opts)
+  opts = opts or {}
+  if type(ref) ~= "string" or ref == "" then
+    error(fmt("hf: expected a model directory, a config.json path or a hub id like 'org/name', got %s",
+      type(ref) == "string" and "an empty string" or type(ref)), 0)
+  end
+  local path = expand(ref)
+  local kind = C.path_type(path)
+  if kind == "dir" then return (path:gsub("(.)/+$", "%1")) end
+  if kind == "file" then return dirname(path) end
+  if looks_like_path(ref) then
+    error(fmt("no model found at '%s': no such file or directory", ref), 0)
+  end
+  if not ref:find("^[%w][%w%-%._]*/?[%w%-%._]*$") then
+    error(fmt("'%s' is neither a local path nor a hub id like 'org/name'", ref), 0)
+  end
+  local cache = opts.cache_dir or hf.cache_dir()
+  local repo = join(cache, "models--" .. ref:gsub("/", "--"))
+  if C.path_type(repo) ~= "dir" then
+    error(fmt("no model found for '%s': looked in %s (missing); pass a local directory", ref, repo), 0)
+  end
+  local rev, snap = opts.revision or "main", nil
+  if #rev == 40 and rev:find("^%x+$") then snap = rev
+  else
+    local s = read_file(join(repo, "refs/" .. rev))
+    if s then snap = s:match("^%s*(%x+)%s*$") end
+    if not snap then
+      local snaps = C.listdir(join(repo, "snapshots")) or {}
+      if #snaps == 1 and not s then snap = snaps[1]
+      else
+        error(fmt("no model found for '%s': %s has %s and %s; pass a local directory or revision=<commit hash>",
+          ref, repo, s and ("a malformed refs/" .. rev) or ("no refs/" .. rev),
+          #snaps == 0 and "no snapshot" or ("snapshots " .. concat(snaps, ", "))), 0)
+      end
+    end
+  end
+  local dir = join(join(repo, "snapshots"), snap)
+  if C.path_type(dir) ~= "dir" then
+    error(fmt("no model found for '%s': revision %s points at snapshot %s, but %s is missing "
+      .. "(incomplete download?); pass a local directory", ref, rev, snap, dir), 0)
+  end
+  return dir
+end
+
+-- Path of `name` inside the model directory, or nil when the file is not there.
+function hf.file(dir, name)
+  local p = join(dir, name)
+  if C.path_type(p) == "file" then return p end
+  return nil
+end
+
+-- config.json as a Lua table (JSON nulls dropped), and the resolved directory.
+function hf.read_config(ref, opts)
+  local dir = hf.resolve(ref, opts)
+  local p = join(dir, "config.json")
+  if C.path_type(p) ~= "file" then
+    error(fmt("%s: missing; a Hugging Face model directory needs a config.json", p), 0)
+  end
+  return decode_json_file(p, "the model config"), dir
+end
+
+-- ---------------------------------------------------------------- weights
+
+-- The weight files of a model directory (full paths, in shard order) and, when sharded, the
+-- index's weight_map (tensor name -> full path).
+function hf.weight_files(dir)
+  local idx = join(dir, INDEX_NAME)
+  if C.path_type(idx) == "file" then
+    local index = decode_json_file(idx, "the weight index")
+    local wm = index.weight_map
+    if type(wm) ~= "table" then error(fmt("%s: has no \"weight_map\" object", idx), 0) end
+    local map, counts, files = {}, {}, {}
+    for name, file in pairs(wm) do
+      if type(file) ~= "string" then
+        error(fmt("%s: weight_map entry '%s' must be a file name, got %s", idx, tostring(name), type(file)), 0)
+      end
+      local p = join(dir, file)
+      if not counts[p] then counts[p] = 0; files[#files + 1] = p end
+      counts[p] = counts[p] + 1
+      map[name] = p
+    end
+    sort(files)
+    for _, p in ipairs(files) do
+      if C.path_type(p) ~= "file" then
+        error(fmt("%s: lists %s for %d tensors, but that file is missing (incomplete download?)",
+          idx, basename(p), counts[p]), 0)
+      end
+    end
+    return files, map
+  end
+  local single = join(dir, SINGLE_NAME)
+  if C.path_type(single) == "file" then return { single }, nil end
+  local found = {}
+  for _, n in ipairs(C.listdir(dir) or {}) do
+    if n:find("%.safetensors$") or n:find("%.bin$") or n:find("%.pth?$") or n:find("%.gguf$")
+      or n:find("%.index%.json$") then
+      found[#found + 1] = n
+    end
+  end
+  error(fmt("no weights in %s: looked for %s and %s%s", dir, SINGLE_NAME, INDEX_NAME,
+    #found > 0 and (" (found " .. concat(found, ", ") .. "; zrun reads model.safetensors or a sharded index only)")
+    or ""), 0)
+end
+
+-- Loads the model's weights as name -> tensor. ref: anything hf.resolve accepts. opts: dtype
+-- (default: as stored), device (default "cpu"), names (a list: load only these), revision,
+-- cache_dir. Returns the state dict and the directory.
+function hf.load_state_dict(ref, opts)
+  opts = opts or {}
+  local dir = hf.resolve(ref, opts)
+  local files, map = hf.weight_files(dir)
+  local lopt = { dtype = opts.dtype, device = opts.device }
+  local want
+  if opts.names then
+    want = {}
+    for _, n in ipairs(opts.names) do want[n] = true end
+  end
+  local sd = {}
+  local by_file = {}
+  if map then
+    for name, p in pairs(map) do
+      if not want or want[name] then
+        by_file[p] = by_file[p] or {}
+        insert(by_file[p], name)
+      end
+    end
+  end
+  for _, p in ipairs(files) do
+    local f = C.safetensors_open(p)
+    local names = map and (by_file[p] or {}) or f:keys()
+    sort(names)
+    for _, name in ipairs(names) do
+      if not want or want[name] then
+        if map and not f:info(name) then
+          f:close()
+          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", join(dir, INDEX_NAME),
+            name, basename(p)), 0)
+        end
+        sd[name] = f:get(name, lopt)
+      end
+    end
+    f:close()
+  end
+  if want then
+    for _, n in ipairs(opts.names) do
+      if not sd[n] then error(fmt("%s: no tensor named '%s' in the model's weights", dir, n), 0) end
+    end
+  end
+  return sd, dir
+end
+
+-- Model directory in one call: config, state dict, directory.
+function hf.load_pretrained(ref, opts)
+  local cfg, dir = hf.read_config(ref, opts)
+  local sd = hf.load_state_dict(dir, opts)
+  return cfg, sd, dir
+end
+
+-- "5GB" -> 5e9, "2GiB" -> 2^31, "500MB", "10KB", "123" or a number -> bytes (huggingface_hub's rule).
+function hf.parse_size(s)
+  if type(s) == "number" then return s end
+  local num, unit = tostring(s):upper():match("^%s*([%d%.]+)%s*(%a*)%s*$")
+  local mult = ({ [""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12,
+                  KIB = 2 ^ 10, MIB = 2 ^ 20, GIB = 2 ^ 30, TIB = 2 ^ 40 })[unit or "?"]
+  if not num or not tonumber(num) or not mult then
+    error(fmt("max_shard_size: cannot read '%s' (use bytes or a size like \"5GB\", \"500MB\", \"2GiB\")", tostring(s)), 0)
+  end
+  return floor(tonumber(num) * mult)
+end
+
+local function tensor_bytes(t) return t:numel() * (DTYPE_BYTES[t:dtype()] or 4) end
+
+-- Removes earlier weight files that the new save does not overwrite, so a stale index or shard
+-- can never shadow the new weights (transformers prefers model.safetensors when both exist).
+local function remove_stale(dir, keep)
+  for _, n in ipairs(C.listdir(dir) or {}) do
+    if (n == SINGLE_NAME or n == INDEX_NAME or n:find("^model%-%d+%-of%-%d+%.safetensors$")) and not keep[n] then
+      os.remove(join(dir, n))
+    end
+  end
+end
+
+-- Saves name -> tensor into dir as model.safetensors, or as model-0000k-of-0000n.safetensors plus
+-- model.safetensors.index.json when the tensors add up to more than max_shard_size (default
+-- "5GB"). Tensors are assigned to shards greedily in name order; one bigger than the limit gets a
+-- shard of its own. opts.metadata defaults to {format="pt"}, which transformers requires.
+-- Returns the list of files written (names relative to dir).
+function hf.save_state_dict(dir, sd, opts)
+  opts = opts or {}
+  local max = hf.parse_size(opts.max_shard_size or "5GB")
+  local meta = opts.metadata or { format = "pt" }
+  C.makedirs(dir)
+  local names = sorted_keys(sd)
+  local shards, cur, cur_size, total = {}, {}, 0, 0
+  for _, name in ipairs(names) do
+    local t = sd[name]
+    if not C.is_tensor(t) then
+      error(fmt("save_state_dict: '%s' is a %s, expected a tensor", tostring(name), type(t)), 0)
+    end
+    local b = tensor_bytes(t)
+    if next(cur) and cur_size + b > max then
+      shards[#shards + 1] = cur
+      cur, cur_size = {}, 0
+    end
+    cur[name] = t
+    cur_size = cur_size + b
+    total = total + b
+  end
+  if next(cur) or #shards == 0 then shards[#shards + 1] = cur end
+  local written = {}
+  if #shards == 1 then
+    C.save_safetensors(join(dir, SINGLE_NAME), shards[1], meta)
+    written[1] = SINGLE_NAME
+  else
+    local wm = {}
+    for k, shard in ipairs(shards) do
+      local fname = fmt("model-%05d-of-%05d.safetensors", k, #shards)
+      C.save_safetensors(join(dir, fname), shard, meta)
+      for name in pairs(shard) do wm[name] = fname end
+      written[#written + 1] = fname
+    end
+    -- the index last: a crash mid-save leaves no index pointing at missing shards
+    C.write_file_atomic(join(dir, INDEX_NAME),
+      hf.encode_json({ metadata = { total_size = total }, weight_map = wm }))
+    written[#written + 1] = INDEX_NAME
+  end
+  local keep = {}
+  for _, n in ipairs(written) do keep[n] = true end
+  remove_stale(dir, keep)
+  return written
+end
+
+-- Writes config.json (sorted keys, two-space indent) atomically.
+function hf.save_config(dir, config)
+  C.makedirs(dir)
+  C.write_file_atomic(join(dir, "config.json"), hf.encode_json(config))
+end
+
+-- A directory transformers' from_pretrained loads: weights plus config.json.
+function hf.save_pretrained(dir, sd, config, opts)
+  local files = hf.save_state_dict(dir, sd, opts)
+  if config then
+    hf.save_config(dir, config)
+    files[#files + 1] = "config.json"
+  end
+  return files
+end
+
+return hf

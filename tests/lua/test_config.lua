@@ -1,0 +1,299 @@
+-- DeepSpeed config: defaults, every kind of error message, "auto" from training arguments, the batch
+-- rule, overrides with type coercion, source tracking, `zrun check`, and the shipped configs/*.json.
+local zr = require "zrun"
+local T = zr.testing
+local config = require "zrun.config"
+local cjson = require "cjson"
+
+-- world size 1 unless a test says otherwise (load() would read a launcher's environment)
+local function load(t, opts)
+  opts = opts or {}
+  if opts.world_size == nil then opts.world_size = 1 end
+  return config.load(t, opts)
+end
+
+T.test("defaults filled (DeepSpeed's values)", function()
+  local c = load({ train_batch_size = 8 })
+  T.eq(c.train_micro_batch_size_per_gpu, 8, "micro derived")
+  T.eq(c.gradient_accumulation_steps, 1, "accumulation derived")
+  T.eq(c.steps_per_print, 10); T.eq(c.wall_clock_breakdown, false); T.eq(c.gradient_clipping, 0)
+  T.eq(c.prescale_gradients, false); T.eq(c.gradient_predivide_factor, 1)
+  T.eq(c.fp16.enabled, false); T.eq(c.fp16.loss_scale, 0); T.eq(c.fp16.initial_scale_power, 16)
+  T.eq(c.fp16.loss_scale_window, 1000); T.eq(c.fp16.hysteresis, 2); T.eq(c.fp16.min_loss_scale, 1)
+  T.eq(c.fp16.consecutive_hysteresis, false); T.eq(c.bf16.enabled, false)
+  local z = c.zero_optimization
+  T.eq(z.stage, 0); T.eq(z.allgather_partitions, true); T.eq(z.allgather_bucket_size, 5e8)
+  T.eq(z.reduce_scatter, true); T.eq(z.reduce_bucket_size, 5e8); T.eq(z.contiguous_gradients, true)
+  T.eq(z.overlap_comm, false, "overlap_comm off below stage 3"); T.eq(z.sub_group_size, 1e9)
+  T.eq(z.stage3_max_live_parameters, 1e9); T.eq(z.stage3_max_reuse_distance, 1e9)
+  T.eq(z.stage3_prefetch_bucket_size, 5e7); T.eq(z.stage3_param_persistence_threshold, 1e5)
+  T.eq(z.stage3_gather_16bit_weights_on_model_save, false); T.eq(z.round_robin_gradients, false)
+  T.eq(z.zero_hpz_partition_size, 1)
+  T.eq(z.offload_optimizer, nil, "no offload section unless given"); T.eq(z.offload_param, nil)
+  local ac = c.activation_checkpointing
+  T.eq(ac.partition_activations, false); T.eq(ac.cpu_checkpointing, false)
+  T.eq(ac.contiguous_memory_optimization, false); T.eq(ac.number_checkpoints, nil)
+  T.eq(ac.synchronize_checkpoint_boundary, false); T.eq(ac.profile, false)
+  T.eq(c.zero_allow_untested_optimizer, false); T.eq(c.communication_data_type, nil)
+  T.eq(c.optimizer, nil); T.eq(c.scheduler, nil)
+  T.eq(c:source("steps_per_print"), "default"); T.eq(c:source("train_batch_size"), "file")
+  T.eq(c:source("gradient_accumulation_steps"), "derived")
+  -- stage-dependent default, offload section defaults, optimizer/scheduler defaults
+  local c3 = load({ train_batch_size = 8, zero_optimization = { stage = 3, offload_optimizer = { device = "cpu" } },
+    optimizer = { type = "adamw" }, scheduler = { type = "WarmupLR" } })
+  T.eq(c3.zero_optimization.overlap_comm, true, "overlap_comm on at stage 3")
+  local oo = c3.zero_optimization.offload_optimizer
+  T.eq(oo.device, "cpu"); T.eq(oo.buffer_count, 4); T.eq(oo.ratio, 1); T.eq(oo.fast_init, false)
+  T.eq(c3.optimizer.type, "AdamW", "type is case-insensitive, stored canonical")
+  T.eq(c3.optimizer.params.lr, 1e-3); T.eq(c3.optimizer.params.eps, 1e-8); T.eq(c3.optimizer.params.weight_decay, 0)
+  T.near(c3.optimizer.params.betas, { 0.9, 0.999 })
+  local sp = c3.scheduler.params
+  T.eq(sp.warmup_min_lr, 0); T.eq(sp.warmup_max_lr, 0.001); T.eq(sp.warmup_num_steps, 1000); T.eq(sp.warmup_type, "log")
+end)
+
+T.test("unknown keys name a suggestion", function()
+  T.raises(function() load({ train_batch_size = 8, zero_optimisation = { stage = 1 } }) end,
+    'unknown key "zero_optimisation" at the top level; did you mean "zero_optimization"?')
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stgae = 1 } }) end,
+    'unknown key "zero_optimization.stgae"; did you mean "zero_optimization.stage"?')
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage3_max_live_params = 1 } }) end,
+    'did you mean "zero_optimization.stage3_max_live_parameters"?')
+  -- a key in the wrong section
+  T.raises(function() load({ train_batch_size = 8, stage = 2 }) end,
+    'unknown key "stage" at the top level; did you mean "zero_optimization.stage"?')
+  T.raises(function() load({ train_batch_size = 8, optimizer = { type = "AdamW", params = { betas1 = 0.9 } } }) end,
+    'unknown key "optimizer.params.betas1"; did you mean "optimizer.params.betas"?')
+  T.raises(function() load({ train_batch_size = 8, optimizer = { type = "AdamWW" } }) end,
+    'did you mean "AdamW"?')
+  local e = T.raises(function() load({ train_batch_size = 8, qqqqqqqqqq = 1 }) end, 'unknown key "qqqqqqqqqq"')
+  assert(not e:find("did you mean"), "no suggestion for a far-off key: " .. e)
+  T.eq(config.distance("stage", "stgae"), 1, "transposition counts once")
+  T.eq(config.distance("kitten", "sitting"), 3)
+end)
+
+T.test("wrong types and values name the key, the value and what is allowed", function()
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 4 } }) end,
+    "zero_optimization.stage must be 0, 1, 2 or 3, got 4")
+  T.raises(function() load({ train_batch_size = 8, fp16 = { enabled = "yes" } }) end,
+    'fp16.enabled must be true or false, got "yes"')
+  T.raises(function() load({ train_micro_batch_size_per_gpu = 2.5 }) end,
+    "train_micro_batch_size_per_gpu must be a positive integer, got 2.5")
+  T.raises(function() load({ train_batch_size = 8, gradient_clipping = -1 }) end,
+    "gradient_clipping must be a non-negative number, got -1")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { offload_optimizer = { device = "gpu" } } }) end,
+    'zero_optimization.offload_optimizer.device must be "none", "cpu" or "nvme", got "gpu"; did you mean "cpu"?')
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 2, offload_optimizer = { ratio = 2 } } }) end,
+    "zero_optimization.offload_optimizer.ratio must be a number between 0 and 1, got 2")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = 3 }) end,
+    "zero_optimization must be an object {...}, got 3")
+  T.raises(function() load({ train_batch_size = 8, optimizer = { type = "Adam", params = { betas = { 0.9 } } } }) end,
+    "optimizer.params.betas must be a list of 2 numbers, got [0.9]")
+  T.raises(function() load({ train_batch_size = 8, steps_per_print = "auto" }) end,
+    'steps_per_print does not accept "auto"; it must be a positive integer')
+  T.raises(function() load({ train_batch_size = 8, scheduler = { type = "WarmupDecayLR" } }) end,
+    'scheduler.params.total_num_steps is required (a value, or "auto")')
+  local e = T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 9 }, fp16 = { hysteresis = 0 } }) end,
+    "2 problems")
+  assert(e:find("zero_optimization.stage must be", 1, true) and e:find("fp16.hysteresis must be a positive integer, got 0", 1, true), e)
+end)
+
+T.test("batch rule: any two give the third, mismatch shows the numbers", function()
+  local function b(t, ws)
+    local c = load(t, { world_size = ws })
+    return c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
+  end
+  local tb, mb, ga = b({ train_micro_batch_size_per_gpu = 3, gradient_accumulation_steps = 5 }, 7)
+  T.eq(tb, 105); T.eq(mb, 3); T.eq(ga, 5)
+  tb, mb, ga = b({ train_batch_size = 105, train_micro_batch_size_per_gpu = 3 }, 7)
+  T.eq(ga, 5)
+  tb, mb, ga = b({ train_batch_size = 105, gradient_accumulation_steps = 5 }, 7)
+  T.eq(mb, 3)
+  tb, mb, ga = b({ train_batch_size = 14 }, 7)
+  T.eq(mb, 2); T.eq(ga, 1)
+  tb, mb, ga = b({ train_micro_batch_size_per_gpu = 1 }, 1)
+  T.eq(tb, 1); T.eq(ga, 1)
+  T.raises(function() load({ train_batch_size = 32, train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 4 },
+    { world_size = 1 }) end, "32 ≠ 4 × 4 × 1 = 16")
+  T.raises(function() load({ train_batch_size = 30, train_micro_batch_size_per_gpu = 4 }, { world_size = 2 }) end,
+    "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu × world size (4 × 2) = 8")
+  T.raises(function() load({ gradient_accumulation_steps = 4 }) end, "set train_batch_size or train_micro_batch_size_per_gpu")
+end)
+
+T.test("impossible requests name the key", function()
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 2, offload_param = { device = "cpu" } } }) end,
+    "zero_optimization.offload_param (device \"cpu\") needs zero_optimization.stage 3, got stage 2")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 0, offload_optimizer = { device = "cpu" } } }) end,
+    "zero_optimization.offload_optimizer (device \"cpu\") needs zero_optimization.stage 1, 2 or 3, got 0")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 3, offload_param = { device = "nvme" } } }) end,
+    "zero_optimization.offload_param.nvme_path is required")
+  T.raises(function() load({ train_batch_size = 8, bf16 = { enabled = true }, fp16 = { enabled = true } }) end,
+    "fp16.enabled and bf16.enabled are both true")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 1 }, optimizer = { type = "SGD" } }) end,
+    "zero_allow_untested_optimizer")
+  load({ train_batch_size = 8, zero_optimization = { stage = 1 }, optimizer = { type = "SGD" }, zero_allow_untested_optimizer = true })
+  -- offload_param with device "none" below stage 3 is harmless, as in DeepSpeed
+  load({ train_batch_size = 8, zero_optimization = { stage = 2, offload_param = { device = "none" } } })
+end)
+
+T.test("auto resolved from training arguments", function()
+  local args = { per_device_train_batch_size = 4, gradient_accumulation_steps = 2, learning_rate = 3e-4,
+    adam_beta1 = 0.8, weight_decay = 0.1, warmup_ratio = 0.1, max_steps = 50, bf16 = true, max_grad_norm = 0.5,
+    hidden_size = 64 }
+  local c = load("configs/zero3.json", { world_size = 3, args = args })
+  T.eq(c.train_micro_batch_size_per_gpu, 4); T.eq(c.gradient_accumulation_steps, 2)
+  T.eq(c.train_batch_size, 24, "3 × 4 × 2")
+  T.eq(c.gradient_clipping, 0.5); T.eq(c.bf16.enabled, true); T.eq(c.fp16.enabled, false)
+  local p = c.optimizer.params
+  T.eq(p.lr, 3e-4); T.near(p.betas, { 0.8, 0.999 }); T.eq(p.eps, 1e-8); T.eq(p.weight_decay, 0.1)
+  local s = c.scheduler.params
+  T.eq(s.warmup_min_lr, 0); T.eq(s.warmup_max_lr, 3e-4); T.eq(s.warmup_num_steps, 5, "ceil(50 × 0.1)")
+  local z = c.zero_optimization
+  T.eq(z.reduce_bucket_size, 64 * 64); T.eq(z.stage3_prefetch_bucket_size, 3686, "floor(0.9 × 4096)")
+  T.eq(z.stage3_param_persistence_threshold, 640)
+  for _, k in ipairs { "train_batch_size", "optimizer.params.lr", "scheduler.params.warmup_num_steps",
+    "zero_optimization.reduce_bucket_size", "bf16.enabled" } do
+    T.eq(c:source(k), "auto", k)
+  end
+  local _, note = c:source("optimizer.params.lr")
+  T.eq(note, "args.learning_rate")
+  T.eq(#c:pending(), 0)
+  -- missing arguments take TrainingArguments' defaults
+  local d = load("configs/zero2.json")
+  T.eq(d.train_micro_batch_size_per_gpu, 8); T.eq(d.optimizer.params.lr, 5e-5); T.eq(d.gradient_clipping, 1)
+  T.eq(d.scheduler.params.warmup_num_steps, 0)
+end)
+
+T.test("auto: steps from epochs and dataset size, pending, finalize", function()
+  -- 2000 rows on 2 ranks: 1000 per rank, 250 micro-batches of 4, 31 updates of 8, × 3 epochs
+  local c = load("configs/ds_config.json", { world_size = 2, args = { train_dataset_size = 2000, warmup_steps = 7 } })
+  T.eq(c.train_batch_size, 64)
+  T.eq(c.scheduler.params.total_num_steps, 93)
+  T.eq(c.scheduler.params.warmup_num_steps, 7)
+  T.eq(c.scheduler.params.warmup_max_lr, 2e-5, "follows the optimizer lr when args has none")
+  local p = load("configs/ds_config.json", { args = { warmup_ratio = 0.25 } })
+  T.eq(p.scheduler.params.total_num_steps, "auto")
+  T.eq(#p:pending(), 2)
+  T.eq(p:source("scheduler.params.total_num_steps"), "auto")
+  config.finalize(p, { num_training_steps = 41 })
+  T.eq(p.scheduler.params.total_num_steps, 41); T.eq(p.scheduler.params.warmup_num_steps, 11, "ceil(41 × 0.25)")
+  T.eq(#p:pending(), 0)
+  local z = load("configs/zero3_offload.json")
+  T.eq(z.zero_optimization.reduce_bucket_size, "auto")
+  config.finalize(z, { model = { config = { hidden_size = 10 } } })
+  T.eq(z.zero_optimization.reduce_bucket_size, 100); T.eq(z.zero_optimization.stage3_prefetch_bucket_size, 90)
+  T.eq(z.zero_optimization.stage3_param_persistence_threshold, 100)
+end)
+
+T.test("file values that disagree with explicit arguments are errors", function()
+  T.raises(function() load("configs/ds_config.json", { args = { learning_rate = 1e-4, max_steps = 10 } }) end,
+    "optimizer.params.lr = 2e-05 (file) but args.learning_rate = 0.0001")
+  T.raises(function() load("configs/ds_config.json", { args = { per_device_train_batch_size = 2, max_steps = 10 } }) end,
+    "train_micro_batch_size_per_gpu = 4 (file) but args.per_device_train_batch_size = 2")
+  -- equal values are fine
+  load("configs/ds_config.json", { args = { learning_rate = 2e-5, per_device_train_batch_size = 4, bf16 = true } })
+end)
+
+T.test("overrides with type coercion and sources", function()
+  local c = load("configs/ds_config.json", { args = { max_steps = 20 }, overrides = {
+    "zero_optimization.stage=3", "bf16.enabled=false", "optimizer.params.betas=[0.9,0.95]",
+    "zero_optimization.offload_optimizer.device=cpu", "steps_per_print=5", "gradient_clipping=0.25",
+    "zero_optimization.reduce_bucket_size=5e7", "communication_data_type=fp32" } })
+  T.eq(c.zero_optimization.stage, 3); T.eq(type(c.zero_optimization.stage), "number")
+  T.eq(c.bf16.enabled, false); T.near(c.optimizer.params.betas, { 0.9, 0.95 })
+  T.eq(c.zero_optimization.offload_optimizer.device, "cpu"); T.eq(c.zero_optimization.offload_optimizer.buffer_count, 4)
+  T.eq(c.steps_per_print, 5); T.eq(c.gradient_clipping, 0.25); T.eq(c.zero_optimization.reduce_bucket_size, 5e7)
+  T.eq(c.communication_data_type, "fp32")
+  T.eq(c.zero_optimization.overlap_comm, true)
+  for _, k in ipairs { "zero_optimization.stage", "bf16.enabled", "optimizer.params.betas", "steps_per_print",
+    "zero_optimization.offload_optimizer.device" } do
+    T.eq(c:source(k), "override", k)
+  end
+  T.eq(c:source("zero_optimization.offload_optimizer.pin_memory"), "default")
+  T.eq(c:source("train_micro_batch_size_per_gpu"), "file")
+  -- map form with Lua values
+  local m = load({ train_batch_size = 8 }, { overrides = { ["zero_optimization.stage"] = 2 } })
+  T.eq(m.zero_optimization.stage, 2)
+  T.raises(function() load({ train_batch_size = 8 }, { overrides = { "zero_optimization.stag=2" } }) end,
+    'override unknown key "zero_optimization.stag"; did you mean "zero_optimization.stage"?')
+  T.raises(function() load({ train_batch_size = 8 }, { overrides = { "fp16.enabled=maybe" } }) end,
+    "fp16.enabled=maybe: expected true or false")
+  T.raises(function() load({ train_batch_size = 8 }, { overrides = { "zero_optimization.stage=5" } }) end,
+    "zero_optimization.stage must be 0, 1, 2 or 3, got 5")
+  T.raises(function() load({ train_batch_size = 8 }, { overrides = { "stage" } }) end, "must look like key.sub=value")
+  T.raises(function() load({ train_batch_size = 8 }, { overrides = { "optimizer.params.lr=1" } }) end,
+    "set optimizer.type first")
+end)
+
+T.test("describe shows every value with its source", function()
+  local c = load("configs/ds_config.json", { args = { max_steps = 12 }, overrides = { "zero_optimization.stage=1" } })
+  local s = config.format(c)
+  local function row(key, value, src)
+    local pat = "\n" .. key:gsub("%.", "%%.") .. "%s+" .. value:gsub("[%.%[%]%-]", "%%%0") .. "%s+" .. src
+    assert(s:find(pat), ("no row %s %s %s in:\n%s"):format(key, value, src, s))
+  end
+  row("train_micro_batch_size_per_gpu", "4", "file")
+  row("train_batch_size", "32", "auto")
+  row("zero_optimization.stage", "1", "override")
+  row("steps_per_print", "10", "file")
+  row("fp16.initial_scale_power", "16", "default")
+  row("scheduler.params.total_num_steps", "12", "auto")
+  row("optimizer.params.betas", "[0.9, 0.999]", "file")
+  row("zero_optimization.allgather_bucket_size", "500000000", "default")
+  local d = load({ train_micro_batch_size_per_gpu = 2, gradient_accumulation_steps = 3 }, { world_size = 5 })
+  assert(config.format(d):find("\ntrain_batch_size%s+30%s+derived%s+micro 2 × accumulation 3 × world 5"), config.format(d))
+end)
+
+T.test("JSON files: syntax errors with line numbers, round trip", function()
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write('{\n  "train_batch_size": 8,\n  "fp16": { "enabled": true, }\n}\n')
+  f:close()
+  T.raises(function() load(path) end, "not valid JSON (line 3")
+  os.remove(path)
+  T.raises(function() load("/nonexistent/ds.json") end, "cannot open /nonexistent/ds.json")
+  local c = load("configs/ds_config.json", { args = { max_steps = 9 } })
+  local again = load(cjson.decode(c:to_json()))
+  T.eq(again.scheduler.params.total_num_steps, 9); T.eq(again.train_batch_size, 32)
+  T.eq(again.zero_optimization.overlap_comm, true)
+end)
+
+T.test("configs/*.json load and validate", function()
+  local want = { zero0 = 0, zero1 = 1, zero2 = 2, zero3 = 3, zero2_offload = 2, zero3_offload = 3, ds_config = 2 }
+  local n = 0
+  for name, stage in pairs(want) do
+    local c = load("configs/" .. name .. ".json", { world_size = 2, args = { max_steps = 10, hidden_size = 32 } })
+    T.eq(c.zero_optimization.stage, stage, name)
+    T.eq(#c:pending(), 0, name .. " pending")
+    T.eq(c.train_batch_size, c.train_micro_batch_size_per_gpu * c.gradient_accumulation_steps * 2, name)
+    local off = name:find("offload") ~= nil
+    T.eq(c:get("zero_optimization.offload_optimizer.device", "none") == "cpu", off, name .. " offload_optimizer")
+    T.eq(c:get("zero_optimization.offload_param.device", "none") == "cpu", name == "zero3_offload", name .. " offload_param")
+    n = n + 1
+  end
+  local ds = load("configs/ds_config.json", { args = { max_steps = 10 } })
+  T.eq(ds.train_micro_batch_size_per_gpu, 4); T.eq(ds.gradient_accumulation_steps, 8); T.eq(ds.bf16.enabled, true)
+  T.eq(ds.optimizer.type, "AdamW"); T.eq(ds.scheduler.type, "WarmupDecayLR")
+  T.eq(n, 7)
+end)
+
+T.test("zrun check: exit status and output", function()
+  local function run(...)
+    local cmd = (os.getenv("ZRUN_BIN") or "./zrun") .. " -e 'os.exit(require(\"zrun.config\").check_main(arg))' " .. table.concat({ ... }, " ")
+    local p = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
+    local out = p:read("*a")
+    p:close()
+    return tonumber(out:match("rc=(%d+)%s*$")), out
+  end
+  local rc, out = run("configs/zero3.json", "zero_optimization.stage=2", "--world-size", "2",
+    "args.per_device_train_batch_size=3")
+  T.eq(rc, 0, out)
+  assert(out:find("\nzero_optimization.stage%s+2%s+override"), out)
+  assert(out:find("\ntrain_batch_size%s+6%s+auto"), out)
+  rc, out = run("configs/zero3.json", "zero_optimization.stage=4")
+  T.eq(rc, 1, out)
+  assert(out:find("zero_optimization.stage must be 0, 1, 2 or 3, got 4", 1, true), out)
+  rc, out = run()
+  T.eq(rc, 2, out)
+end)
+
+T.done()
