@@ -139,7 +139,7 @@ test: deps
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	./$(BIN) recipes/train_mlp.lua
+	./$(BIN) recipes/finetune_llama.lua
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)

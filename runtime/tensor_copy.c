@@ -264,7 +264,7 @@ double *zr_tensor_to_doubles(const zr_tensor *t) {
     if (!h) return NULL;
     int64_t n = zr_tensor_numel(h);
     double *out = malloc((size_t)(n ? n : 1) * sizeof(double));
-    if (out) memcpy(out, h->storage->data, (size_t)n * sizeof(double));
+    if (out) memcpy(out, zr_tensor_data(h), (size_t)n * sizeof(double));
     else zr_error("out of host memory");
     zr_tensor_release(h);
     return out;

@@ -16,6 +16,7 @@
 #include "embedding.h"
 #include "rope.h"
 #include "attention.h"
+#include "misc.h"
 #include "optim.h"
 #undef real
 #undef K
@@ -29,6 +30,7 @@
 #include "embedding.h"
 #include "rope.h"
 #include "attention.h"
+#include "misc.h"
 #include "optim.h"
 #undef real
 #undef K

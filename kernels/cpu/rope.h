@@ -1,1 +1,18 @@
-/* rope kernels: declarations over real/K(), see kernels.h. */
+/* rope kernels: declarations over real/K(), see kernels.h. Hugging Face rotate_half layout: the
+ * rotation pairs are (i, i + Dh/2) within each head vector. */
+
+/* y = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[h:], x[:h]), h = Dh/2.
+ * x, y: (BH, T, Dh) contiguous; cos, sin: (T, Dh). */
+void K(rope_forward_cpu)(real *y, const real *x, const real *cos, const real *sin, int64_t BH,
+                         int64_t T, int64_t Dh);
+/* The transpose of the forward map (the inverse rotation when cos/sin come from rope_tables):
+ * dx = dy * cos + rotate_half^T(dy * sin), rotate_half^T(u) = (u[h:], -u[:h]). */
+void K(rope_backward_cpu)(real *dx, const real *dy, const real *cos, const real *sin, int64_t BH,
+                          int64_t T, int64_t Dh);
+/* inv_freq (Dh/2) as Hugging Face computes it: 1 / theta^(2i/Dh); with llama3 != 0 the
+ * rope_scaling "llama3" rule (_compute_llama3_parameters) is applied on top. */
+void K(rope_inv_freq_cpu)(real *inv_freq, int64_t Dh, double theta, int llama3, double factor,
+                          double low_freq_factor, double high_freq_factor, double original_max_pos);
+/* cos/sin (T, Dh): angle[t, i] = (offset + t) * inv_freq[i mod Dh/2], times attention_scale. */
+void K(rope_tables_cpu)(real *cos_t, real *sin_t, const real *inv_freq, int64_t T, int64_t Dh,
+                        int64_t offset, double attention_scale);

@@ -33,7 +33,7 @@ local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",
   testing = "zrun.testing", models = "zrun.models", config = "zrun.config", dist = "zrun.dist",
   tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero",
-  schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine",
+  schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine", Trainer = "zrun.trainer", checkpoint_module = "zrun.checkpoint",
 }
 setmetatable(zr, {
   __index = function(t, k)

@@ -1,0 +1,224 @@
+/* Lua bindings for the transformer layer ops: norms, RoPE, causal attention, dropout, cat/split,
+ * where/masked_fill and comparisons (runtime/ops_norm.h, ops_rope.h, ops_attention.h, ops_misc.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bind.h"
+#include "ops_attention.h"
+#include "ops_misc.h"
+#include "ops_norm.h"
+#include "ops_rope.h"
+
+/* rms_norm(x [, weight [, eps=1e-6]]) */
+static int l_rms_norm(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1), *w = lua_isnoneornil(L, 2) ? NULL : zr_l_checktensor(L, 2);
+    return zr_l_pushtensor(L, zr_rmsnorm(x, w, luaL_optnumber(L, 3, 1e-6)));
+}
+/* layer_norm(x [, weight [, bias [, eps=1e-5]]]) */
+static int l_layer_norm(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1);
+    zr_tensor *w = lua_isnoneornil(L, 2) ? NULL : zr_l_checktensor(L, 2);
+    zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    return zr_l_pushtensor(L, zr_layernorm(x, w, b, luaL_optnumber(L, 4, 1e-5)));
+}
+/* rope(x, cos, sin) */
+static int l_rope(lua_State *L) {
+    return zr_l_pushtensor(L, zr_rope(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_checktensor(L, 3)));
+}
+
+static double field_number(lua_State *L, int idx, const char *key, const char *alt, double def, int required) {
+    lua_getfield(L, idx, key);
+    if (lua_isnil(L, -1) && alt) {
+        lua_pop(L, 1);
+        lua_getfield(L, idx, alt);
+    }
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        if (required) luaL_error(L, "rope_tables: rope_scaling.%s is required for rope_type 'llama3'", key);
+        return def;
+    }
+    if (!lua_isnumber(L, -1)) luaL_error(L, "rope_tables: %s must be a number", key);
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* rope_tables(T, head_dim [, {theta=, rope_scaling={rope_type="llama3", factor=, low_freq_factor=,
+ * high_freq_factor=, original_max_position_embeddings=}, offset=, dtype=, device=}]) -> cos, sin */
+static int l_rope_tables(lua_State *L) {
+    int64_t T = (int64_t)luaL_checknumber(L, 1), hd = (int64_t)luaL_checknumber(L, 2);
+    zr_rope_config c = zr_rope_config_default();
+    zr_dtype dt = ZR_F32;
+    zr_device dev = zr_cpu();
+    if (lua_istable(L, 3)) {
+        c.theta = field_number(L, 3, "theta", "rope_theta", c.theta, 0);
+        c.offset = (int64_t)field_number(L, 3, "offset", NULL, 0, 0);
+        zr_l_opt_dtype_device(L, 3, &dt, &dev);
+        lua_getfield(L, 3, "rope_scaling");
+        if (lua_istable(L, -1)) {
+            int s = lua_gettop(L);
+            lua_getfield(L, s, "rope_type");
+            if (lua_isnil(L, -1)) {
+                lua_pop(L, 1);
+                lua_getfield(L, s, "type"); /* older transformers configs */
+            }
+            const char *type = lua_isnil(L, -1) ? "default" : luaL_checkstring(L, -1);
+            if (strcmp(type, "llama3") == 0) {
+                c.llama3 = 1;
+                c.factor = field_number(L, s, "factor", NULL, 0, 1);
+                c.low_freq_factor = field_number(L, s, "low_freq_factor", NULL, 0, 1);
+                c.high_freq_factor = field_number(L, s, "high_freq_factor", NULL, 0, 1);
+                c.original_max_position_embeddings =
+                    field_number(L, s, "original_max_position_embeddings", NULL, 0, 1);
+            } else if (strcmp(type, "default") != 0)
+                luaL_error(L, "rope_tables: rope_scaling type '%s' is not supported (expected 'default' or 'llama3')", type);
+            lua_pop(L, 1);
+        } else if (!lua_isnil(L, -1))
+            luaL_error(L, "rope_tables: rope_scaling must be a table");
+        lua_pop(L, 1);
+    } else if (!lua_isnoneornil(L, 3))
+        luaL_error(L, "rope_tables: argument 3 must be an options table");
+    zr_tensor *cs, *sn;
+    if (zr_rope_tables(T, hd, &c, dt, &cs, &sn)) return zr_l_error(L);
+    if (dev.type != ZR_CPU) {
+        zr_tensor *c2 = zr_tensor_to_raw(cs, dt, dev), *s2 = c2 ? zr_tensor_to_raw(sn, dt, dev) : NULL;
+        zr_tensor_release(cs);
+        zr_tensor_release(sn);
+        if (!s2) {
+            zr_tensor_release(c2);
+            return zr_l_error(L);
+        }
+        cs = c2;
+        sn = s2;
+    }
+    zr_l_pushtensor(L, cs);
+    zr_l_pushtensor(L, sn);
+    return 2;
+}
+
+/* scaled_dot_product_attention(q, k, v [, scale | {scale=, is_causal=true}]); causal only. */
+static int l_sdpa(lua_State *L) {
+    zr_tensor *q = zr_l_checktensor(L, 1), *k = zr_l_checktensor(L, 2), *v = zr_l_checktensor(L, 3);
+    double scale = 0;
+    if (lua_type(L, 4) == LUA_TNUMBER) scale = lua_tonumber(L, 4);
+    else if (lua_istable(L, 4)) {
+        lua_getfield(L, 4, "is_causal");
+        if (!lua_isnil(L, -1) && !lua_toboolean(L, -1))
+            luaL_error(L, "scaled_dot_product_attention: only causal attention is implemented (is_causal=false given)");
+        lua_pop(L, 1);
+        lua_getfield(L, 4, "scale");
+        if (!lua_isnil(L, -1)) scale = luaL_checknumber(L, -1);
+        lua_pop(L, 1);
+    }
+    return zr_l_pushtensor(L, zr_sdpa_causal(q, k, v, scale));
+}
+
+/* dropout(x [, p=0.5 [, training=true]]) */
+static int l_dropout(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1);
+    int training = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
+    return zr_l_pushtensor(L, zr_dropout(x, luaL_optnumber(L, 2, 0.5), training));
+}
+
+/* cat({t1, t2, ...} [, dim=1]) */
+static int l_cat(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 1), d = zr_l_optdim(L, 2, 0);
+    if (n < 1) luaL_error(L, "cat: expected a non-empty array of tensors");
+    zr_tensor **ts = lua_newuserdata(L, (size_t)n * sizeof *ts); /* freed by the GC */
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        ts[i] = zr_l_totensor(L, -1);
+        if (!ts[i]) luaL_error(L, "cat: element %d of the array is not a tensor", i + 1);
+        lua_pop(L, 1); /* the array keeps it alive */
+    }
+    return zr_l_pushtensor(L, zr_cat(ts, n, d));
+}
+
+/* split(x, size | {sizes...} [, dim=1]) -> array of tensors (views of x) */
+static int l_split(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1);
+    int d = zr_l_optdim(L, 3, 0), n = 0;
+    zr_tensor **out;
+    if (lua_istable(L, 2)) {
+        n = (int)lua_objlen(L, 2);
+        if (n < 1) luaL_error(L, "split: sizes must be a non-empty array");
+        int64_t *sizes = lua_newuserdata(L, (size_t)n * sizeof *sizes);
+        out = lua_newuserdata(L, (size_t)n * sizeof *out);
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, 2, i + 1);
+            sizes[i] = (int64_t)luaL_checknumber(L, -1);
+            lua_pop(L, 1);
+        }
+        if (zr_split_sizes(x, n, sizes, d, out)) return zr_l_error(L);
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            zr_l_pushtensor(L, out[i]);
+            lua_rawseti(L, -2, i + 1);
+        }
+        return 1;
+    }
+    out = zr_split(x, (int64_t)luaL_checknumber(L, 2), d, &n);
+    if (!out) return zr_l_error(L);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        zr_l_pushtensor(L, out[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    free(out);
+    return 1;
+}
+
+/* The tensor at idx, or a new 0-dim tensor of `like`'s dtype/device holding the number there. */
+static zr_tensor *tensor_or_scalar(lua_State *L, int idx, zr_tensor *like, int *owned) {
+    zr_tensor *t = zr_l_totensor(L, idx);
+    *owned = 0;
+    if (t) return t;
+    double v = luaL_checknumber(L, idx);
+    *owned = 1;
+    return zr_tensor_scalar(v, like->dtype, like->storage->device);
+}
+
+/* where(cond, a, b): a or b may be a number */
+static int l_where(lua_State *L) {
+    zr_tensor *cond = zr_l_checktensor(L, 1), *a = zr_l_totensor(L, 2), *b = zr_l_totensor(L, 3);
+    if (!a && !b) luaL_error(L, "where: a or b must be a tensor");
+    int oa, ob;
+    zr_tensor *ta = tensor_or_scalar(L, 2, b ? b : a, &oa);
+    zr_tensor *tb = ta ? tensor_or_scalar(L, 3, a ? a : b, &ob) : NULL;
+    zr_tensor *r = ta && tb ? zr_where(cond, ta, tb) : NULL;
+    if (oa) zr_tensor_release(ta);
+    if (tb && ob) zr_tensor_release(tb);
+    return zr_l_pushtensor(L, r);
+}
+
+/* masked_fill(x, mask, value) */
+static int l_masked_fill(lua_State *L) {
+    return zr_l_pushtensor(L, zr_masked_fill(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), luaL_checknumber(L, 3)));
+}
+
+static int compare(lua_State *L, int op) {
+    zr_tensor *a = zr_l_checktensor(L, 1), *b = zr_l_totensor(L, 2);
+    if (b) return zr_l_pushtensor(L, zr_compare(op, a, b));
+    return zr_l_pushtensor(L, zr_compare_scalar(op, a, luaL_checknumber(L, 2)));
+}
+static int l_eq(lua_State *L) { return compare(L, ZR_CMP_EQ); }
+static int l_ne(lua_State *L) { return compare(L, ZR_CMP_NE); }
+static int l_lt(lua_State *L) { return compare(L, ZR_CMP_LT); }
+static int l_le(lua_State *L) { return compare(L, ZR_CMP_LE); }
+static int l_gt(lua_State *L) { return compare(L, ZR_CMP_GT); }
+static int l_ge(lua_State *L) { return compare(L, ZR_CMP_GE); }
+static int l_logical_not(lua_State *L) { return zr_l_pushtensor(L, zr_logical_not(zr_l_checktensor(L, 1))); }
+
+static const luaL_Reg methods[] = {
+    {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope},
+    {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
+    {"masked_fill", l_masked_fill}, {"eq", l_eq}, {"ne", l_ne}, {"lt", l_lt}, {"le", l_le},
+    {"gt", l_gt}, {"ge", l_ge}, {"logical_not", l_logical_not}, {NULL, NULL}};
+static const luaL_Reg functions[] = {
+    {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"where", l_where}, {NULL, NULL}};
+
+void zr_bind_layer_ops(lua_State *L) {
+    zr_l_register_methods(L, methods);
+    zr_l_register_functions(L, functions);
+}

@@ -1,0 +1,75 @@
+/* Lua bindings for matmul, linear, softmax, cross-entropy and embedding (runtime/ops_matmul.h,
+ * ops_softmax.h, ops_loss.h, ops_embedding.h). Each is both zr.name(...) and a tensor method.
+ * Dims are 1-based here; class targets and embedding ids are 0-based data (like token ids). */
+#include <string.h>
+
+#include "bind.h"
+#include "ops_embedding.h"
+#include "ops_loss.h"
+#include "ops_matmul.h"
+#include "ops_softmax.h"
+
+static int l_matmul(lua_State *L) {
+    return zr_l_pushtensor(L, zr_matmul(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
+}
+static int l_bmm(lua_State *L) {
+    return zr_l_pushtensor(L, zr_bmm(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
+}
+/* linear(x, w [, b]) */
+static int l_linear(lua_State *L) {
+    zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    return zr_l_pushtensor(L, zr_linear(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
+}
+/* softmax(x [, dim = -1]) */
+static int l_softmax(lua_State *L) {
+    return zr_l_pushtensor(L, zr_softmax(zr_l_checktensor(L, 1), zr_l_optdim(L, 2, -1)));
+}
+static int l_log_softmax(lua_State *L) {
+    return zr_l_pushtensor(L, zr_log_softmax(zr_l_checktensor(L, 1), zr_l_optdim(L, 2, -1)));
+}
+
+static int parse_reduction(lua_State *L, const char *s) {
+    int r = zr_loss_reduction_parse(s);
+    if (r < 0) luaL_error(L, "cross_entropy: reduction must be 'mean', 'sum' or 'none', got '%s'", s);
+    return r;
+}
+
+/* cross_entropy(logits, targets [, {ignore_index = -100, reduction = "mean", label_smoothing = 0}])
+ * or cross_entropy(logits, targets [, ignore_index [, reduction [, label_smoothing]]]) */
+static int l_cross_entropy(lua_State *L) {
+    zr_tensor *logits = zr_l_checktensor(L, 1), *targets = zr_l_checktensor(L, 2);
+    double ignore = -100, eps = 0;
+    int red = ZR_LOSS_MEAN;
+    if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "ignore_index");
+        ignore = luaL_optnumber(L, -1, -100);
+        lua_getfield(L, 3, "reduction");
+        if (!lua_isnil(L, -1)) red = parse_reduction(L, luaL_checkstring(L, -1));
+        lua_getfield(L, 3, "label_smoothing");
+        eps = luaL_optnumber(L, -1, 0);
+        lua_pop(L, 3);
+    } else {
+        ignore = luaL_optnumber(L, 3, -100);
+        if (!lua_isnoneornil(L, 4)) red = parse_reduction(L, luaL_checkstring(L, 4));
+        eps = luaL_optnumber(L, 5, 0);
+    }
+    return zr_l_pushtensor(L, zr_cross_entropy(logits, targets, (int64_t)ignore, (zr_loss_reduction)red, eps));
+}
+
+/* embedding(weight, ids); also accepts (ids, weight) in torch's F.embedding order. */
+static int l_embedding(lua_State *L) {
+    zr_tensor *w = zr_l_checktensor(L, 1), *ids = zr_l_checktensor(L, 2);
+    if (!zr_dtype_is_float(w->dtype) && zr_dtype_is_float(ids->dtype)) {
+        zr_tensor *t = w;
+        w = ids;
+        ids = t;
+    }
+    return zr_l_pushtensor(L, zr_embedding(w, ids));
+}
+
+static const luaL_Reg methods[] = {
+    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"softmax", l_softmax},
+    {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
+    {NULL, NULL}};
+
+void zr_bind_nn_ops(lua_State *L) { zr_l_register_methods(L, methods); }

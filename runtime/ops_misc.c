@@ -1,0 +1,388 @@
+/* Dropout, cat/split, where/masked_fill and comparisons: forward and backward side by side (see
+ * ops_misc.h). CPU only for now. */
+#include "ops_misc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_util.h"
+#include "ops_view.h"
+#include "random.h"
+
+/* Casts r to dt, consuming r. */
+static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
+    if (!r || r->dtype == dt) return r;
+    zr_tensor *c = zr_tensor_to_raw(r, dt, zr_tensor_device(r));
+    zr_tensor_release(r);
+    return c;
+}
+
+/* Kernel dtype for a result of dtype dt: f32/f64 for floats, f64 (exact) for integers. */
+static zr_dtype kernel_dtype(zr_dtype dt) {
+    return zr_dtype_is_float(dt) ? zr_cpu_compute_dtype(dt) : ZR_F64;
+}
+
+/* --- dropout --- */
+
+/* saved: mask (u8); f[0] = scale */
+static zr_status dropout_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *mask = n->saved[0];
+    zr_dtype ct = zr_cpu_compute_dtype(g->dtype);
+    zr_tensor *gi = zr_cpu_in(g, ct);
+    zr_tensor *gx = gi ? zr_tensor_new_cat(ct, zr_tensor_device(g), g->ndim, g->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    if (!gx) {
+        zr_tensor_release(gi);
+        return ZR_ERR;
+    }
+    ZR_CPU_CALL(ct, dropout_apply_cpu, zr_tensor_data(gx), zr_tensor_data(gi), zr_tensor_data(mask),
+                zr_tensor_numel(gx), n->f[0]);
+    zr_tensor_release(gi);
+    gin[0] = cast_to(gx, n->edges[0].dtype);
+    return gin[0] ? ZR_OK : ZR_ERR;
+}
+
+zr_tensor *zr_dropout(zr_tensor *x, double p, int training) {
+    if (zr_check_float("dropout", x)) return NULL;
+    if (!(p >= 0 && p <= 1)) return zr_error_null("dropout: p must be in [0, 1], got %g", p);
+    if (!training || p == 0) return zr_tensor_retain(x);
+    if (!zr_is_cpu(x)) return zr_no_cuda("dropout"), NULL;
+    zr_device dev = zr_tensor_device(x);
+    double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
+    zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
+    zr_tensor *mask = zr_tensor_new_cat(ZR_U8, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *out = mask ? zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = NULL, *o = NULL;
+    if (!out || zr_tensor_bernoulli_(mask, 1.0 - p)) goto fail;
+    if (!(xi = zr_cpu_in(x, ct)) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
+    ZR_CPU_CALL(ct, dropout_apply_cpu, zr_tensor_data(o), zr_tensor_data(xi), zr_tensor_data(mask),
+                zr_tensor_numel(x), scale);
+    zr_status st = zr_cpu_out_end(out, o);
+    o = NULL;
+    if (st) goto fail;
+    zr_node *n;
+    if (zr_autograd_record(out, "dropout", dropout_backward, 1, &x, &n)) goto fail;
+    if (n) {
+        n->f[0] = scale;
+        if (zr_node_save(n, mask)) goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(mask);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(mask);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- cat / split --- */
+
+/* i[0] = dim; each input's size along dim is in its edge's shape. */
+static zr_status cat_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    int d = (int)n->i[0];
+    int64_t off = 0;
+    for (int i = 0; i < n->n_inputs; i++) {
+        zr_edge *e = &n->edges[i];
+        int64_t sz = e->shape[d];
+        if (zr_node_needs_grad(n, i)) {
+            zr_tensor *v = zr_tensor_narrow_raw(g, d, off, sz);
+            gin[i] = v ? zr_tensor_to_raw(v, e->dtype, zr_tensor_device(g)) : NULL;
+            zr_tensor_release(v);
+            if (!gin[i]) return ZR_ERR;
+        }
+        off += sz;
+    }
+    return ZR_OK;
+}
+
+zr_tensor *zr_cat(zr_tensor *const *ts, int n, int dim) {
+    char b1[128], b2[128];
+    if (n < 1) return zr_error_null("cat: expected at least one tensor");
+    zr_tensor *t0 = ts[0];
+    if (t0->ndim == 0) return zr_error_null("cat: tensor 1 is a scalar (0-dim); scalars cannot be concatenated");
+    int d = zr_dim_norm(dim, t0->ndim, "cat");
+    if (d < 0) return NULL;
+    if (zr_check_same_device("cat", n, ts)) return NULL;
+    int64_t shape[ZR_MAX_DIMS];
+    memcpy(shape, t0->shape, sizeof shape);
+    shape[d] = 0;
+    zr_dtype dt = t0->dtype;
+    for (int i = 0; i < n; i++) {
+        zr_tensor *t = ts[i];
+        int ok = t->ndim == t0->ndim;
+        for (int k = 0; ok && k < t0->ndim; k++) ok = k == d || t->shape[k] == t0->shape[k];
+        if (!ok)
+            return zr_error_null("cat: tensor %d has shape %s but tensor 1 has shape %s; they must "
+                                 "match in every dim except dim %d", i + 1, zr_tensor_shape_str(t, b1),
+                                 zr_tensor_shape_str(t0, b2), d + 1);
+        shape[d] += t->shape[d];
+        dt = zr_promote(dt, t->dtype);
+    }
+    zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(t0), t0->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t sz = ts[i]->shape[d];
+        if (sz && zr_tensor_numel(ts[i])) {
+            zr_tensor *slot = zr_tensor_narrow_raw(out, d, off, sz);
+            zr_status st = slot ? zr_tensor_copy_(slot, ts[i]) : ZR_ERR;
+            zr_tensor_release(slot);
+            if (st) goto fail;
+        }
+        off += sz;
+    }
+    zr_node *nd;
+    if (zr_autograd_record(out, "cat", cat_backward, n, ts, &nd)) goto fail;
+    if (nd) nd->i[0] = d;
+    return out;
+fail:
+    zr_tensor_release(out);
+    return NULL;
+}
+
+zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_tensor **out) {
+    char b1[128];
+    int d = zr_dim_norm(dim, x->ndim, "split");
+    if (d < 0) return ZR_ERR;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] < 0) return zr_error("split: size %d is negative (%lld)", i + 1, (long long)sizes[i]);
+        total += sizes[i];
+    }
+    if (total != x->shape[d])
+        return zr_error("split: sizes sum to %lld but dim %d of x %s has size %lld", (long long)total,
+                        d + 1, zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = zr_narrow(x, d, off, sizes[i]);
+        if (!out[i]) {
+            for (int k = 0; k < i; k++) {
+                zr_tensor_release(out[k]);
+                out[k] = NULL;
+            }
+            return ZR_ERR;
+        }
+        off += sizes[i];
+    }
+    return ZR_OK;
+}
+
+zr_tensor **zr_split(zr_tensor *x, int64_t chunk, int dim, int *n) {
+    *n = 0;
+    int d = zr_dim_norm(dim, x->ndim, "split");
+    if (d < 0) return NULL;
+    if (chunk <= 0) return zr_error_null("split: chunk size must be > 0, got %lld", (long long)chunk);
+    int64_t S = x->shape[d], cnt = S == 0 ? 1 : (S + chunk - 1) / chunk;
+    if (cnt > (1 << 24)) return zr_error_null("split: %lld pieces is too many", (long long)cnt);
+    int64_t *sizes = malloc((size_t)cnt * sizeof *sizes);
+    zr_tensor **out = calloc((size_t)cnt, sizeof *out);
+    if (!sizes || !out) {
+        free(sizes);
+        free(out);
+        return zr_error_null("split: out of host memory");
+    }
+    for (int64_t i = 0; i < cnt; i++) sizes[i] = S - i * chunk < chunk ? S - i * chunk : chunk;
+    zr_status st = zr_split_sizes(x, (int)cnt, sizes, d, out);
+    free(sizes);
+    if (st) {
+        free(out);
+        return NULL;
+    }
+    *n = (int)cnt;
+    return out;
+}
+
+/* --- where / masked_fill --- */
+
+/* Broadcast shape of up to three tensors (NULL entries skipped); the error names all of them. */
+static zr_status broadcast3(const char *op, zr_tensor *const *ts, const char *const *names, int *ndim,
+                            int64_t *shape) {
+    int nd = 0;
+    for (int i = 0; i < 3; i++)
+        if (ts[i] && ts[i]->ndim > nd) nd = ts[i]->ndim;
+    for (int k = 0; k < nd; k++) {
+        int64_t s = 1;
+        for (int i = 0; i < 3; i++) {
+            if (!ts[i]) continue;
+            int it = k - (nd - ts[i]->ndim);
+            int64_t si = it >= 0 ? ts[i]->shape[it] : 1;
+            if (si == 1) continue;
+            if (s != 1 && s != si) {
+                char b[3][128];
+                for (int j = 0; j < 3; j++) b[j][0] = 0;
+                for (int j = 0; j < 3; j++)
+                    if (ts[j]) zr_tensor_shape_str(ts[j], b[j]);
+                return zr_error("%s: shapes cannot be broadcast together: %s %s, %s %s, %s %s (dim %d)",
+                                op, names[0], b[0], names[1], b[1], names[2], ts[2] ? b[2] : "-", k + 1);
+            }
+            s = si;
+        }
+        shape[k] = s;
+    }
+    *ndim = nd;
+    return ZR_OK;
+}
+
+/* cond ? a : b without autograd, result dtype dt. */
+static zr_tensor *where_compute(const char *op, zr_tensor *cond, zr_tensor *a, zr_tensor *b, zr_dtype dt) {
+    int ndim = 0;
+    int64_t shape[ZR_MAX_DIMS];
+    if (zr_check_same_device(op, 3, (zr_tensor *[]){cond, a, b})) return NULL;
+    if (broadcast3(op, (zr_tensor *[]){cond, a, b}, (const char *[]){"cond", "a", "b"}, &ndim, shape)) return NULL;
+    zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(a), ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    if (!zr_is_cpu(a)) {
+        zr_no_cuda(op);
+        zr_tensor_release(out);
+        return NULL;
+    }
+    if (zr_tensor_numel(out) == 0) return out;
+    zr_dtype ct = kernel_dtype(dt);
+    zr_tensor *ci = zr_cpu_in(cond, ZR_U8), *ai = zr_cpu_in(a, ct), *bi = zr_cpu_in(b, ct);
+    zr_tensor *o = zr_cpu_out_begin(out, ct);
+    zr_status st = ZR_ERR;
+    if (ci && ai && bi && o) {
+        int64_t cs[ZR_MAX_DIMS], as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], one = 1;
+        int nd = ndim ? ndim : 1;
+        const int64_t *sh = ndim ? shape : &one;
+        if (ndim) {
+            zr_broadcast_strides(ci, ndim, shape, cs);
+            zr_broadcast_strides(ai, ndim, shape, as);
+            zr_broadcast_strides(bi, ndim, shape, bs);
+        } else
+            cs[0] = as[0] = bs[0] = 1;
+        ZR_CPU_CALL(ct, where_forward_cpu, zr_tensor_data(o), zr_tensor_data(ci), cs, zr_tensor_data(ai), as,
+                    zr_tensor_data(bi), bs, nd, sh);
+        st = zr_cpu_out_end(out, o);
+        o = NULL;
+    }
+    zr_tensor_release(o);
+    zr_tensor_release(ci);
+    zr_tensor_release(ai);
+    zr_tensor_release(bi);
+    if (st) {
+        zr_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Gradient of input i of a where-like node: g where cond selects that input (sel = 1 for the
+ * "true" side), 0 elsewhere, summed to the input's shape and cast to its dtype. */
+static zr_status where_grad(zr_node *n, int i, zr_tensor *cond, zr_tensor *g, int sel, zr_tensor **gin) {
+    zr_tensor *z = zr_tensor_scalar(0, g->dtype, zr_tensor_device(g));
+    zr_tensor *w = z ? where_compute("where", cond, sel ? g : z, sel ? z : g, g->dtype) : NULL;
+    zr_tensor_release(z);
+    if (!w) return ZR_ERR;
+    zr_edge *e = &n->edges[i];
+    zr_tensor *r = zr_sum_to_shape(w, e->ndim, e->shape);
+    zr_tensor_release(w);
+    if (!(r = cast_to(r, e->dtype))) return ZR_ERR;
+    gin[i] = r;
+    return ZR_OK;
+}
+
+/* saved: cond */
+static zr_status where_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    if (zr_node_needs_grad(n, 0) && where_grad(n, 0, n->saved[0], g, 1, gin)) return ZR_ERR;
+    if (zr_node_needs_grad(n, 1) && where_grad(n, 1, n->saved[0], g, 0, gin)) return ZR_ERR;
+    return ZR_OK;
+}
+
+static zr_status check_mask(const char *op, const char *what, zr_tensor *m) {
+    if (m->dtype == ZR_U8) return ZR_OK;
+    return zr_error("%s: %s must be a u8 mask (from eq/ne/lt/le/gt/ge), got %s", op, what,
+                    zr_dtype_name(m->dtype));
+}
+
+zr_tensor *zr_where(zr_tensor *cond, zr_tensor *a, zr_tensor *b) {
+    if (check_mask("where", "cond", cond)) return NULL;
+    zr_dtype dt = zr_promote(a->dtype, b->dtype);
+    zr_tensor *out = where_compute("where", cond, a, b, dt);
+    if (!out) return NULL;
+    zr_node *n;
+    if (zr_autograd_record(out, "where", where_backward, 2, (zr_tensor *[]){a, b}, &n) ||
+        (n && zr_node_save(n, cond))) {
+        zr_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* saved: mask; input 0 is x, which takes the "false" side. */
+static zr_status masked_fill_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    return where_grad(n, 0, n->saved[0], g, 0, gin);
+}
+
+zr_tensor *zr_masked_fill(zr_tensor *x, zr_tensor *mask, double value) {
+    char b1[128], b2[128];
+    if (check_mask("masked_fill", "mask", mask)) return NULL;
+    int ok = mask->ndim <= x->ndim;
+    for (int k = 0; ok && k < mask->ndim; k++) {
+        int64_t s = mask->shape[mask->ndim - 1 - k];
+        ok = s == 1 || s == x->shape[x->ndim - 1 - k];
+    }
+    if (!ok)
+        return zr_error_null("masked_fill: mask %s does not broadcast to x's shape %s",
+                             zr_tensor_shape_str(mask, b1), zr_tensor_shape_str(x, b2));
+    zr_tensor *v = zr_tensor_scalar(value, x->dtype, zr_tensor_device(x));
+    zr_tensor *out = v ? where_compute("masked_fill", mask, v, x, x->dtype) : NULL;
+    zr_tensor_release(v);
+    if (!out) return NULL;
+    zr_node *n;
+    if (zr_autograd_record(out, "masked_fill", masked_fill_backward, 1, &x, &n) ||
+        (n && zr_node_save(n, mask))) {
+        zr_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* --- comparisons (no autograd) --- */
+
+static const char *cmp_names[ZR_CMP_COUNT] = {"eq", "ne", "lt", "le", "gt", "ge"};
+
+zr_tensor *zr_compare(int op, zr_tensor *a, zr_tensor *b) {
+    if ((unsigned)op >= ZR_CMP_COUNT) return zr_error_null("unknown comparison op %d", op);
+    const char *name = cmp_names[op];
+    int ndim;
+    int64_t shape[ZR_MAX_DIMS];
+    if (zr_check_same_device(name, 2, (zr_tensor *[]){a, b})) return NULL;
+    if (zr_broadcast_shape(name, a, b, &ndim, shape)) return NULL;
+    zr_tensor *out = zr_tensor_new_cat(ZR_U8, zr_tensor_device(a), ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    if (!zr_is_cpu(a)) {
+        zr_no_cuda(name);
+        zr_tensor_release(out);
+        return NULL;
+    }
+    if (zr_tensor_numel(out) == 0) return out;
+    zr_tensor *ai = zr_cpu_in(a, ZR_F64), *bi = zr_cpu_in(b, ZR_F64);
+    if (!ai || !bi) {
+        zr_tensor_release(ai);
+        zr_tensor_release(bi);
+        zr_tensor_release(out);
+        return NULL;
+    }
+    int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], one = 1;
+    if (ndim) {
+        zr_broadcast_strides(ai, ndim, shape, as);
+        zr_broadcast_strides(bi, ndim, shape, bs);
+    } else
+        as[0] = bs[0] = 1;
+    compare_cpu_f64(zr_tensor_data(out), zr_tensor_data(ai), as, zr_tensor_data(bi), bs, ndim ? ndim : 1,
+                    ndim ? shape : &one, op);
+    zr_tensor_release(ai);
+    zr_tensor_release(bi);
+    return out;
+}
+
+zr_tensor *zr_compare_scalar(int op, zr_tensor *a, double s) {
+    zr_tensor *st = zr_tensor_scalar(s, ZR_F64, zr_tensor_device(a));
+    zr_tensor *r = st ? zr_compare(op, a, st) : NULL;
+    zr_tensor_release(st);
+    return r;
+}
+
+zr_tensor *zr_logical_not(zr_tensor *m) { return zr_compare_scalar(ZR_CMP_EQ, m, 0); }

@@ -1,0 +1,216 @@
+/* RMSNorm and LayerNorm: forward and backward side by side (see ops_norm.h). The kernels work on
+ * (N, D) rows in f32/f64; bf16/f16 are widened to f32 and narrowed back. */
+#include "ops_norm.h"
+
+#include "ops_util.h"
+
+/* Casts a compute-dtype result to dt, consuming r. */
+static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
+    if (!r || r->dtype == dt) return r;
+    zr_tensor *c = zr_tensor_to_raw(r, dt, zr_tensor_device(r));
+    zr_tensor_release(r);
+    return c;
+}
+
+static int is_low(zr_dtype t) { return t == ZR_BF16 || t == ZR_F16; }
+
+/* Checks x (..., D) and an optional (D) parameter; sets *D and *N. */
+static zr_status check_args(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t *D,
+                            int64_t *N) {
+    char b1[128], b2[128];
+    if (zr_check_float(op, x)) return ZR_ERR;
+    if (x->ndim < 1) return zr_error("%s: x must have at least one dim (the normalised one), got a scalar", op);
+    if (zr_check_same_device(op, 3, (zr_tensor *[]){x, w, b})) return ZR_ERR;
+    *D = x->shape[x->ndim - 1];
+    if (*D == 0) return zr_error("%s: cannot normalise over a last dim of size 0 (x is %s)", op, zr_tensor_shape_str(x, b1));
+    *N = zr_tensor_numel(x) / *D;
+    zr_tensor *ps[2] = {w, b};
+    const char *names[2] = {"weight", "bias"};
+    for (int i = 0; i < 2; i++) {
+        if (!ps[i]) continue;
+        if (zr_check_float(op, ps[i])) return ZR_ERR;
+        if (ps[i]->ndim != 1 || ps[i]->shape[0] != *D)
+            return zr_error("%s: %s has shape %s but x is %s; expected (%lld)", op, names[i],
+                            zr_tensor_shape_str(ps[i], b1), zr_tensor_shape_str(x, b2), (long long)*D);
+    }
+    if (!zr_is_cpu(x)) return zr_no_cuda(op);
+    return ZR_OK;
+}
+
+static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
+    int f64 = x->dtype == ZR_F64 || (w && w->dtype == ZR_F64) || (b && b->dtype == ZR_F64);
+    return f64 ? ZR_F64 : ZR_F32;
+}
+
+/* --- RMSNorm --- */
+
+/* saved: x, weight (or NULL), rstd (N, compute dtype) */
+static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *w = n->saved[1], *rstd = n->saved[2];
+    zr_dtype ct = rstd->dtype;
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
+    zr_tensor *dx = NULL, *dw = NULL;
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    if (zr_node_needs_grad(n, 0) &&
+        !(dx = zr_tensor_new_cat(ct, zr_tensor_device(x), x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    if (w && zr_node_needs_grad(n, 1) &&
+        !(dw = zr_tensor_new_cat(ct, zr_tensor_device(x), 1, &D, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    ZR_CPU_CALL(ct, rmsnorm_backward_cpu, dx ? zr_tensor_data(dx) : NULL, dw ? zr_tensor_data(dw) : NULL,
+                zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                zr_tensor_data(rstd), N, D);
+    if (dx && !(gin[0] = cast_to(dx, n->edges[0].dtype))) {
+        dx = NULL;
+        goto done;
+    }
+    dx = NULL;
+    if (dw && !(gin[1] = cast_to(dw, n->edges[1].dtype))) {
+        dw = NULL;
+        goto done;
+    }
+    dw = NULL;
+    st = ZR_OK;
+done:
+    zr_tensor_release(dx);
+    zr_tensor_release(dw);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+}
+
+zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) {
+    int64_t D, N;
+    if (check_args("rms_norm", x, weight, NULL, &D, &N)) return NULL;
+    zr_dtype ct = compute_dtype(x, weight, NULL);
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *rstd = out ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd ? zr_cpu_in(x, ct) : NULL;
+    zr_tensor *wi = xi && weight ? zr_cpu_in(weight, ct) : NULL;
+    zr_tensor *o = NULL;
+    if (!xi || (weight && !wi)) goto fail;
+    if (is_low(x->dtype) && weight) {
+        /* LlamaRMSNorm: weight * (x * rstd).to(input_dtype): round, then scale, then round. */
+        zr_tensor *h = zr_tensor_new_cat(ZR_F32, dev, x->ndim, x->shape, ZR_MEM_WORKSPACE, 0);
+        if (!h) goto fail;
+        rmsnorm_forward_cpu_f32(zr_tensor_data(h), zr_tensor_data(rstd), zr_tensor_data(xi), NULL, N, D, eps);
+        zr_tensor *hr = zr_tensor_to_raw(h, x->dtype, dev);
+        zr_tensor_release(h);
+        zr_tensor *hw = hr ? zr_tensor_to_raw(hr, ZR_F32, dev) : NULL;
+        zr_tensor_release(hr);
+        if (!hw) goto fail;
+        scale_cols_cpu_f32(zr_tensor_data(hw), zr_tensor_data(wi), N, D);
+        zr_status st = zr_tensor_copy_(out, hw);
+        zr_tensor_release(hw);
+        if (st) goto fail;
+    } else {
+        if (!(o = zr_cpu_out_begin(out, ct))) goto fail;
+        ZR_CPU_CALL(ct, rmsnorm_forward_cpu, zr_tensor_data(o), zr_tensor_data(rstd), zr_tensor_data(xi),
+                    wi ? zr_tensor_data(wi) : NULL, N, D, eps);
+        zr_status st = zr_cpu_out_end(out, o);
+        o = NULL;
+        if (st) goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, weight}, &n)) goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, weight) || zr_node_save(n, rstd)) goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- LayerNorm --- */
+
+/* saved: x, weight (or NULL), mean (N), rstd (N) */
+static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *w = n->saved[1], *mean = n->saved[2], *rstd = n->saved[3];
+    zr_dtype ct = rstd->dtype;
+    zr_device dev = zr_tensor_device(x);
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
+    zr_tensor *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    for (int i = 0; i < 3; i++) {
+        if (!zr_node_needs_grad(n, i)) continue;
+        d[i] = i == 0 ? zr_tensor_new_cat(ct, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0)
+                      : zr_tensor_new_cat(ct, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0);
+        if (!d[i]) goto done;
+    }
+    ZR_CPU_CALL(ct, layernorm_backward_cpu, d[0] ? zr_tensor_data(d[0]) : NULL,
+                d[1] ? zr_tensor_data(d[1]) : NULL, d[2] ? zr_tensor_data(d[2]) : NULL,
+                zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                zr_tensor_data(mean), zr_tensor_data(rstd), N, D);
+    for (int i = 0; i < 3; i++) {
+        if (!d[i]) continue;
+        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        d[i] = NULL;
+        if (!c) goto done;
+        gin[i] = c;
+    }
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+}
+
+zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps) {
+    int64_t D, N;
+    if (check_args("layer_norm", x, weight, bias, &D, &N)) return NULL;
+    zr_dtype ct = compute_dtype(x, weight, bias);
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *mean = out ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *rstd = mean ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd ? zr_cpu_in(x, ct) : NULL;
+    zr_tensor *wi = xi && weight ? zr_cpu_in(weight, ct) : NULL;
+    zr_tensor *bi = xi && bias ? zr_cpu_in(bias, ct) : NULL;
+    zr_tensor *o = NULL;
+    if (!xi || (weight && !wi) || (bias && !bi) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
+    ZR_CPU_CALL(ct, layernorm_forward_cpu, zr_tensor_data(o), zr_tensor_data(mean), zr_tensor_data(rstd),
+                zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL, bi ? zr_tensor_data(bi) : NULL, N, D, eps);
+    zr_status st = zr_cpu_out_end(out, o);
+    o = NULL;
+    if (st) goto fail;
+    zr_node *n;
+    if (zr_autograd_record(out, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){x, weight, bias}, &n))
+        goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, weight) || zr_node_save(n, mean) || zr_node_save(n, rstd))
+            goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}
