@@ -1,0 +1,105 @@
+/* Lua bindings for the optimizer steps (runtime/optim.h): zr._C.adamw_step and zr._C.sgd_step,
+ * used by the Lua optimizers in lua/zrun/optim/. Hyperparameters come in an options table. */
+
+#include "bind.h"
+#include "optim.h"
+
+/* Number field k of the table at idx, or def when absent; def < -1e300 means required. */
+static double num_field(lua_State *L, int idx, const char *k, double def) {
+    lua_getfield(L, idx, k);
+    double v = def;
+    if (lua_isnil(L, -1)) {
+        if (def < -1e300) luaL_error(L, "optimizer step: option '%s' is required", k);
+    } else if (lua_type(L, -1) == LUA_TNUMBER)
+        v = lua_tonumber(L, -1);
+    else
+        luaL_error(L, "optimizer step: option '%s' must be a number, got %s", k, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Tensors at idx: one tensor, or an array of n tensors (n = -1: any length). Returns the count;
+ * the array is allocated in a userdata left on the stack (freed by the GC). */
+static int tensor_list(lua_State *L, int idx, int n, zr_tensor ***out) {
+    zr_tensor *t = zr_l_totensor(L, idx);
+    if (t) {
+        if (n > 1) luaL_error(L, "adamw_step: argument #%d is one tensor, expected a list of %d", idx, n);
+        zr_tensor **a = lua_newuserdata(L, sizeof *a);
+        a[0] = t;
+        *out = a;
+        return 1;
+    }
+    luaL_checktype(L, idx, LUA_TTABLE);
+    int len = (int)lua_objlen(L, idx);
+    if (n >= 0 && len != n)
+        luaL_error(L, "adamw_step: argument #%d has %d tensors, expected %d", idx, len, n);
+    zr_tensor **a = lua_newuserdata(L, sizeof *a * (size_t)(len ? len : 1));
+    for (int i = 0; i < len; i++) {
+        lua_rawgeti(L, idx, i + 1);
+        a[i] = zr_l_totensor(L, -1);
+        if (!a[i]) luaL_error(L, "adamw_step: argument #%d entry %d is not a tensor", idx, i + 1);
+        lua_pop(L, 1);
+    }
+    *out = a;
+    return len;
+}
+
+/* adamw_step(params, grads, exp_avgs, exp_avg_sqs, {lr=, beta1=, beta2=, eps=, weight_decay=,
+ * step=}); the first four are tensors or equally long lists of tensors. grads = nil uses each
+ * parameter's own .grad, so Lua never holds (and delays freeing) the gradient tensors. */
+static int l_adamw_step(lua_State *L) {
+    luaL_checktype(L, 5, LUA_TTABLE);
+    zr_adamw_config c = {
+        .lr = num_field(L, 5, "lr", -1e308),
+        .beta1 = num_field(L, 5, "beta1", 0.9),
+        .beta2 = num_field(L, 5, "beta2", 0.999),
+        .eps = num_field(L, 5, "eps", 1e-8),
+        .weight_decay = num_field(L, 5, "weight_decay", 1e-2),
+    };
+    double step = num_field(L, 5, "step", -1e308);
+    zr_tensor **p, **g, **m, **v;
+    int n = tensor_list(L, 1, -1, &p);
+    if (lua_isnil(L, 2)) {
+        g = lua_newuserdata(L, sizeof *g * (size_t)(n ? n : 1));
+        for (int i = 0; i < n; i++) g[i] = p[i]->grad;
+    } else
+        tensor_list(L, 2, n, &g);
+    tensor_list(L, 3, n, &m);
+    tensor_list(L, 4, n, &v);
+    if (zr_adamw_step_multi(n, p, g, m, v, (int64_t)step, &c)) return zr_l_error(L);
+    return 0;
+}
+
+/* sgd_step(param, grad_or_nil, momentum_buf_or_nil, {lr=, momentum=, dampening=, weight_decay=,
+ * nesterov=, first=}) */
+static int l_sgd_step(lua_State *L) {
+    zr_tensor *p = zr_l_checktensor(L, 1);
+    zr_tensor *g = lua_isnil(L, 2) ? p->grad : zr_l_checktensor(L, 2); /* nil: p's own .grad */
+    zr_tensor *buf = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    zr_sgd_config c = {
+        .lr = num_field(L, 4, "lr", -1e308),
+        .momentum = num_field(L, 4, "momentum", 0),
+        .dampening = num_field(L, 4, "dampening", 0),
+        .weight_decay = num_field(L, 4, "weight_decay", 0),
+    };
+    lua_getfield(L, 4, "nesterov");
+    c.nesterov = lua_toboolean(L, -1);
+    lua_getfield(L, 4, "first");
+    int first = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    if (zr_sgd_step(p, g, buf, first, &c)) return zr_l_error(L);
+    return 0;
+}
+
+/* has_grad(t): whether t.grad is set, without creating a Lua reference to the gradient (which
+ * would keep its memory alive until the next garbage collection). */
+static int l_has_grad(lua_State *L) {
+    lua_pushboolean(L, zr_l_checktensor(L, 1)->grad != NULL);
+    return 1;
+}
+
+static const luaL_Reg functions[] = {
+    {"adamw_step", l_adamw_step}, {"sgd_step", l_sgd_step}, {"has_grad", l_has_grad}, {NULL, NULL}};
+
+void zr_bind_optim(lua_State *L) { zr_l_register_functions(L, functions); }

@@ -1,0 +1,28 @@
+-- nn.LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias, weight ones and
+-- bias zeros. eps defaults to 1e-5 as in torch.
+local zr = require "zrun"
+local Module = require "zrun.nn.module"
+
+local LayerNorm = Module:extend("LayerNorm")
+
+-- LayerNorm(dim [, eps=1e-5 [, {elementwise_affine=true, bias=true, dtype=, device=}]])
+function LayerNorm:__init(dim, eps, opts)
+  if type(eps) == "table" then opts, eps = eps, nil end
+  opts = opts or {}
+  assert(type(dim) == "number", "LayerNorm(dim [, eps]): dim must be a number (the last dim's size)")
+  self.dim, self.eps = dim, eps or opts.eps or 1e-5
+  self.elementwise_affine = opts.elementwise_affine ~= false
+  local td = { dtype = opts.dtype or "f32", device = opts.device or "cpu" }
+  if self.elementwise_affine then
+    self.weight = Module.Parameter(zr.ones({ dim }, td))
+    if opts.bias ~= false then self.bias = Module.Parameter(zr.zeros({ dim }, td)) end
+  end
+end
+
+function LayerNorm:forward(x) return zr.layer_norm(x, self.weight, self.bias, self.eps) end
+
+function LayerNorm:extra_repr()
+  return ("(%d,), eps=%g, elementwise_affine=%s"):format(self.dim, self.eps, tostring(self.elementwise_affine))
+end
+
+return LayerNorm

@@ -1,0 +1,26 @@
+-- nn.RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * weight, weight initialised to
+-- ones. eps defaults to 1e-6 (the Hugging Face Llama value).
+local zr = require "zrun"
+local Module = require "zrun.nn.module"
+
+local RMSNorm = Module:extend("RMSNorm")
+
+-- RMSNorm(dim [, eps=1e-6 [, {elementwise_affine=true, dtype=, device=}]])
+function RMSNorm:__init(dim, eps, opts)
+  if type(eps) == "table" then opts, eps = eps, nil end
+  opts = opts or {}
+  assert(type(dim) == "number", "RMSNorm(dim [, eps]): dim must be a number")
+  self.dim, self.eps = dim, eps or opts.eps or 1e-6
+  self.elementwise_affine = opts.elementwise_affine ~= false
+  if self.elementwise_affine then
+    self.weight = Module.Parameter(zr.ones({ dim }, { dtype = opts.dtype or "f32", device = opts.device or "cpu" }))
+  end
+end
+
+function RMSNorm:forward(x) return zr.rms_norm(x, self.weight, self.eps) end
+
+function RMSNorm:extra_repr()
+  return ("(%d,), eps=%g, elementwise_affine=%s"):format(self.dim, self.eps, tostring(self.elementwise_affine))
+end
+
+return RMSNorm

@@ -1,0 +1,67 @@
+-- zr.optim.AdamW with torch.optim.AdamW semantics: decoupled weight decay (p *= 1 - lr*wd),
+-- bias-corrected moments, eps added outside the square root. The update runs in one fused C
+-- kernel per parameter (runtime/optim.c); state: step, exp_avg, exp_avg_sq (tagged "optimizer").
+local C = require "zrun._C"
+local Optimizer = require "zrun.optim.optimizer"
+
+local fmt = string.format
+local adamw_step, has_grad = C.adamw_step, C.has_grad
+
+local AdamW = Optimizer:extend("AdamW", {
+  lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, amsgrad = false, maximize = false,
+})
+
+function AdamW:check_group(g)
+  if type(g.lr) ~= "number" or g.lr < 0 then error(fmt("AdamW: lr must be a number >= 0, got %s", tostring(g.lr)), 0) end
+  if type(g.eps) ~= "number" or g.eps < 0 then error(fmt("AdamW: eps must be >= 0, got %s", tostring(g.eps)), 0) end
+  if type(g.betas) ~= "table" or #g.betas ~= 2 then error("AdamW: betas must be a pair {beta1, beta2}", 0) end
+  for i = 1, 2 do
+    local b = g.betas[i]
+    if type(b) ~= "number" or b < 0 or b >= 1 then error(fmt("AdamW: betas[%d] must be in [0, 1), got %s", i, tostring(b)), 0) end
+  end
+  if type(g.weight_decay) ~= "number" or g.weight_decay < 0 then
+    error(fmt("AdamW: weight_decay must be >= 0, got %s", tostring(g.weight_decay)), 0)
+  end
+  if g.amsgrad then error("AdamW: amsgrad is not supported", 0) end
+  if g.maximize then error("AdamW: maximize is not supported", 0) end
+end
+
+-- One step for every parameter that has a gradient. closure (optional) re-evaluates the loss
+-- with autograd on and its result is returned.
+function AdamW:step(closure)
+  local loss
+  if closure then loss = closure() end
+  local zeros_like = Optimizer.zeros_like
+  for _, g in ipairs(self.param_groups) do
+    -- parameters are stepped in batches that share a step count (usually the whole group)
+    local batches, order = {}, {}
+    for _, p in ipairs(g.params) do
+      if has_grad(p) then
+        local s = self.state[p]
+        if not s then
+          s = { step = 0, exp_avg = zeros_like(p), exp_avg_sq = zeros_like(p) }
+          self.state[p] = s
+        end
+        s.step = s.step + 1
+        local b = batches[s.step]
+        if not b then
+          b = { {}, {}, {} }
+          batches[s.step] = b
+          order[#order + 1] = s.step
+        end
+        local n = #b[1] + 1
+        b[1][n], b[2][n], b[3][n] = p, s.exp_avg, s.exp_avg_sq
+      end
+    end
+    for _, step in ipairs(order) do
+      local b = batches[step]
+      -- grads nil: the kernel reads each p.grad in C (a Lua reference would delay its freeing)
+      adamw_step(b[1], nil, b[2], b[3], {
+        lr = g.lr, beta1 = g.betas[1], beta2 = g.betas[2], eps = g.eps, weight_decay = g.weight_decay, step = step,
+      })
+    end
+  end
+  return loss
+end
+
+return AdamW

@@ -1,0 +1,6 @@
+-- zr.optim: optimizers with torch.optim semantics (AdamW, SGD) and their base class.
+return {
+  Optimizer = require "zrun.optim.optimizer",
+  AdamW = require "zrun.optim.adamw",
+  SGD = require "zrun.optim.sgd",
+}
