@@ -134,6 +134,35 @@ static int f_get(lua_State *L) {
     opt_load(L, 3, &dt, &dev);
     return zr_l_pushtensor(L, zr_safetensors_get(f, name, dt, dev));
 }
+/* f:get_slice(name, start, count [, {dtype=, device=}]) -> 1-D tensor of elements start ..
+ * start+count-1 (1-based) of tensor `name` taken flat; reads only those bytes of the mapping
+ * (checkpoint resharding reads one parameter chunk at a time). */
+static int f_get_slice(lua_State *L) {
+    zr_safetensors *f = *check_file(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    int64_t start = (int64_t)luaL_checknumber(L, 3), count = (int64_t)luaL_checknumber(L, 4);
+    int dt;
+    zr_device dev;
+    opt_load(L, 5, &dt, &dev);
+    const zr_safetensors_entry *e = zr_safetensors_find(f, name);
+    if (!e) return zr_l_pushtensor(L, zr_safetensors_get(f, name, dt, dev)); /* raises "no tensor named" */
+    if (start < 1 || count < 0 || start - 1 + count > e->numel) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s: get_slice('%s', %lld, %lld) is out of range: the tensor has %lld elements",
+                 zr_safetensors_path(f), name, (long long)start, (long long)count, (long long)e->numel);
+        lua_pushstring(L, msg);
+        return lua_error(L);
+    }
+    zr_safetensors_entry s = *e;
+    int64_t es = (int64_t)zr_st_dtype_size(e->st_dtype);
+    s.begin = e->begin + (start - 1) * es;
+    s.end = s.begin + count * es;
+    s.ndim = 1;
+    s.shape[0] = count;
+    s.numel = count;
+    return zr_l_pushtensor(L, zr_safetensors_get_entry(f, &s, dt, dev));
+}
+
 static int f_metadata(lua_State *L) {
     push_metadata(L, *check_file(L, 1));
     return 1;
@@ -319,6 +348,85 @@ static int l_makedirs(lua_State *L) {
     return 0;
 }
 
+/* zr.save_safetensors_stream(path, {{name=, dtype=, shape={...}}, ...}, get [, metadata]):
+ * writes atomically with bounded memory: get(i) is called once per spec (1-based index, in the
+ * file's data order) and returns that tensor, which may be freed right after. */
+typedef struct {
+    lua_State *L;
+    int fn;     /* stack index of get */
+    int failed; /* get raised a Lua error: its message is at the top of the stack */
+} stream_ctx;
+
+static zr_tensor *stream_get(void *vctx, int64_t i) {
+    stream_ctx *c = vctx;
+    lua_State *L = c->L;
+    lua_pushvalue(L, c->fn);
+    lua_pushnumber(L, (lua_Number)(i + 1));
+    if (lua_pcall(L, 1, 1, 0)) {
+        c->failed = 1; /* keep the message on the stack for after the writer has cleaned up */
+        return zr_error_null("the get function raised an error");
+    }
+    zr_tensor *t = zr_l_totensor(L, -1);
+    if (!t) {
+        zr_error("get(%lld) returned a %s, expected a tensor", (long long)i + 1, luaL_typename(L, -1));
+        lua_pop(L, 1);
+        return NULL;
+    }
+    zr_tensor_retain(t);
+    lua_pop(L, 1);
+    return t;
+}
+
+static int l_save_safetensors_stream(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    luaL_checktype(L, 3, LUA_TFUNCTION);
+    if (!lua_isnoneornil(L, 4)) luaL_checktype(L, 4, LUA_TTABLE);
+    lua_settop(L, 4);
+    int n = (int)lua_objlen(L, 2), nm = 0;
+    zr_safetensors_spec *specs = lua_newuserdata(L, ((size_t)n + 1) * sizeof *specs);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        if (!lua_istable(L, -1)) luaL_error(L, "save_safetensors_stream: specs[%d] is not a table", i + 1);
+        int top = lua_gettop(L);
+        lua_getfield(L, top, "name");
+        specs[i].name = lua_tostring(L, -1); /* the string stays alive in the specs table */
+        if (!specs[i].name) luaL_error(L, "save_safetensors_stream: specs[%d].name is not a string", i + 1);
+        lua_getfield(L, top, "dtype");
+        specs[i].dtype = zr_l_checkdtype(L, lua_gettop(L));
+        lua_getfield(L, top, "shape");
+        if (!lua_istable(L, -1)) luaL_error(L, "save_safetensors_stream: specs[%d].shape is not a table", i + 1);
+        zr_l_checkshape(L, lua_gettop(L), &specs[i].ndim, specs[i].shape);
+        lua_settop(L, top - 1);
+    }
+    if (lua_istable(L, 4)) {
+        lua_pushnil(L);
+        while (lua_next(L, 4)) {
+            if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+                luaL_error(L, "save_safetensors_stream: metadata must map strings to strings");
+            nm++;
+            lua_pop(L, 1);
+        }
+    }
+    zr_safetensors_kv *kv = lua_newuserdata(L, ((size_t)nm + 1) * sizeof *kv);
+    int i = 0;
+    if (nm) {
+        lua_pushnil(L);
+        while (lua_next(L, 4)) {
+            kv[i].key = lua_tostring(L, -2);
+            kv[i].value = lua_tostring(L, -1);
+            i++;
+            lua_pop(L, 1);
+        }
+    }
+    stream_ctx c = {L, 3, 0};
+    if (zr_safetensors_write_stream(path, specs, n, stream_get, &c, kv, nm)) {
+        if (c.failed) return lua_error(L); /* the get function's own message */
+        return zr_l_error(L);
+    }
+    return 0;
+}
+
 /* zr.write_file_atomic(path, string) */
 static int l_write_file_atomic(lua_State *L) {
     size_t len;
@@ -339,7 +447,7 @@ static int l_setenv(lua_State *L) {
 void zr_bind_io(lua_State *L) {
     static const luaL_Reg file_methods[] = {
         {"keys", f_keys}, {"info", f_info}, {"get", f_get}, {"metadata", f_metadata},
-        {"path", f_path}, {"close", f_gc},  {NULL, NULL}};
+        {"path", f_path}, {"close", f_gc},  {"get_slice", f_get_slice}, {NULL, NULL}};
     if (luaL_newmetatable(L, ST_FILE_MT)) {
         lua_newtable(L);
         for (const luaL_Reg *r = file_methods; r->name; r++) {
@@ -363,6 +471,7 @@ void zr_bind_io(lua_State *L) {
         {"makedirs", l_makedirs},
         {"write_file_atomic", l_write_file_atomic},
         {"setenv", l_setenv},
+        {"save_safetensors_stream", l_save_safetensors_stream},
         {NULL, NULL},
     };
     zr_l_register_functions(L, fns);

@@ -98,6 +98,9 @@ static void usage(void) {
            "       zrun -e 'code'                  run a chunk of Lua\n"
            "       zrun report                     versions, build flags, backends, devices\n"
            "       zrun check CONFIG.json          validate a DeepSpeed-style config\n"
+           "       zrun zero-to-fp32 DIR [--tag T] OUT.safetensors   consolidate a ZeRO checkpoint\n"
+           "       zrun estimate MODEL --gpus-per-node N --nodes M   DeepSpeed's model-state estimates\n"
+           "       zrun plan MODEL [--config ds.json] [--fit]        full per-rank memory plan\n"
            "       zrun --version | --help\n");
 }
 
@@ -119,7 +122,7 @@ int main(int argc, char **argv) {
         usage();
         return 0;
     }
-    static const char *subcommands[] = {"report", "check", NULL};
+    static const char *subcommands[] = {"report", "check", "zero-to-fp32", "estimate", "plan", NULL};
     int sub = 0;
     for (int i = 0; a1 && subcommands[i]; i++)
         if (!strcmp(a1, subcommands[i])) sub = 1;

@@ -48,6 +48,12 @@ function M.main(cmd, ...)
     if not ok then error("zrun check: the config module is not available: " .. tostring(config), 0) end
     os.exit(config.check_main({ ... }))
   end
+  if cmd == "zero-to-fp32" then os.exit(require("zrun.zero_to_fp32").main({ ... })) end
+  if cmd == "estimate" or cmd == "plan" then
+    local ok, est = pcall(require, cmd == "estimate" and "zrun.memory_estimate" or "zrun.memory_plan")
+    if not ok then error("zrun " .. cmd .. ": not available in this build: " .. tostring(est), 0) end
+    return os.exit(est["main_" .. cmd]({ ... }) or 0)
+  end
   error("unknown subcommand '" .. tostring(cmd) .. "'", 0)
 end
 

@@ -80,7 +80,7 @@ function M.initialize(opts)
   local W, rank = info.world_size, info.rank
   local cfgmod = require "zrun.config"
   local cfg = cfgmod.load(opts.config or {}, { world_size = W, args = opts.args, overrides = opts.overrides,
-    hidden_size = model.config and model.config.hidden_size })
+    hidden_size = model.config and model.config.hidden_size, num_training_steps = opts.num_training_steps })
   local zc = cfg.zero_optimization or {}
   local stage = zc.stage or 0
   local precision = (cfg.bf16 and cfg.bf16.enabled) and "bf16" or ((cfg.fp16 and cfg.fp16.enabled) and "f16" or "f32")
@@ -326,6 +326,9 @@ function Engine:save_checkpoint(dir, tag, client_state)
 end
 function Engine:load_checkpoint(dir, tag)
   return require("zrun.checkpoint").load(self, dir, tag)
+end
+function Engine:save_16bit_model(dir, opts)
+  return require("zrun.checkpoint").save_16bit_model(self, dir, opts)
 end
 
 return M

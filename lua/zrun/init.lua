@@ -32,7 +32,7 @@ function zr.initialize(opts) return require("zrun.engine").initialize(opts) end
 local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",
   testing = "zrun.testing", models = "zrun.models", config = "zrun.config", dist = "zrun.dist",
-  tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero",
+  tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero_to_fp32",
   schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine", Trainer = "zrun.trainer", checkpoint_module = "zrun.checkpoint",
 }
 setmetatable(zr, {

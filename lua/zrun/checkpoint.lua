@@ -1,0 +1,528 @@
+-- Sharded ZeRO checkpoints in DeepSpeed's layout: engine:save_checkpoint(dir, tag, client_state)
+-- and engine:load_checkpoint(dir, tag) (both on every rank), resharding when the world size or the
+-- stage changed, and engine:save_16bit_model(dir). Consolidation to one fp32 file: zero_to_fp32.lua.
+--
+--   dir/latest                                           the newest complete tag (written last)
+--   dir/<tag>/mp_rank_00_model_states.safetensors        rank 0: weights, HF names, training dtype
+--   dir/<tag>/mp_rank_00_model_states.json               rank 0: engine metadata (JSON sidecar)
+--   dir/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.safetensors
+--       rank r: tensors master, exp_avg, exp_avg_sq (f32, the rank's partition of S elements) and
+--       __metadata__ {format, zrun_state = JSON}: counters, scheduler, loss scaler, client_state,
+--       config, world size, stage, RNG, and per parameter {name, shape, numel, offset, chunk}.
+--
+-- Partition layout (runtime/zero.h): parameter i of n elements is cut into K chunks of c elements
+-- (K = world size, or 1 at stage 0, recorded as num_chunks); element e lives in chunk floor(e/c),
+-- at position offset + e mod c of that rank's partition. Every file is written atomically (temp
+-- file, fsync, rename) and `latest` only after every rank finished, so a crash mid-save leaves
+-- the previous checkpoint the one that loads.
+local zr = require "zrun"
+local C = zr._C
+local dist = require "zrun.dist"
+local hf = require "zrun.hf"
+local cjson = require "cjson"
+
+local M = {}
+local fmt, concat, floor, min = string.format, table.concat, math.floor, math.min
+local pairs, ipairs, type, tostring, pcall = pairs, ipairs, type, tostring, pcall
+
+M.FORMAT = "zrun-zero-checkpoint/1"
+M.MODEL_FILE = "mp_rank_00_model_states.safetensors"
+M.MODEL_JSON = "mp_rank_00_model_states.json"
+M.STATES = { "master", "exp_avg", "exp_avg_sq" } -- engine.zero:state(0), (1), (2)
+function M.optim_file(r) return fmt("zero_pp_rank_%d_mp_rank_00_optim_states.safetensors", r) end
+
+local function join(a, b)
+  if a:sub(-1) == "/" then return a .. b end
+  return a .. "/" .. b
+end
+M.join = join
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function shape_str(s) return "(" .. concat(s, ",") .. ")" end
+
+-- A JSON-safe deep copy: drops functions, userdata and cycles; cjson.null becomes nil.
+local function plain(v, seen)
+  local tv = type(v)
+  if tv == "number" or tv == "string" or tv == "boolean" then return v end
+  if tv ~= "table" then return nil end
+  seen = seen or {}
+  if seen[v] then return nil end
+  seen[v] = true
+  local out = {}
+  for k, x in pairs(v) do
+    if type(k) == "string" or type(k) == "number" then out[k] = plain(x, seen) end
+  end
+  seen[v] = nil
+  return out
+end
+
+local function encode(v) return hf.encode_json(plain(v) or {}) end
+
+local function decode(s, path)
+  local ok, v = pcall(cjson.decode, s)
+  if not ok or type(v) ~= "table" then
+    error(fmt("%s: the checkpoint metadata is not valid JSON (%s)", path, tostring(ok and type(v) or v)), 0)
+  end
+  local function strip(t)
+    for k, x in pairs(t) do
+      if x == cjson.null then t[k] = nil elseif type(x) == "table" then strip(x) end
+    end
+    return t
+  end
+  return strip(v)
+end
+
+-- Runs a local step everywhere and makes every rank fail when one did, so no rank is left
+-- waiting in a collective; the others' messages name the first failing rank and its message.
+-- Also a barrier.
+local MSG = 400
+local function agree(ok, err, what)
+  if dist.world_size() == 1 then
+    if not ok then error(err, 0) end
+    return
+  end
+  local W, r = dist.world_size(), dist.rank()
+  local t = zr.tensor({ ok and 0 or (W - r) }, { dtype = "f64" })
+  dist.all_reduce(t, "max")
+  local bad = t:item()
+  if bad == 0 then return end
+  local first = W - bad
+  -- share the first failing rank's message (as character codes)
+  local codes = {}
+  local s = (r == first) and tostring(err):sub(1, MSG) or ""
+  for i = 1, MSG do codes[i] = s:byte(i) or 0 end
+  local all = zr.zeros({ W * MSG })
+  dist.all_gather(all, zr.tensor(codes))
+  local chars = all:narrow(1, first * MSG + 1, MSG):flat_table()
+  local out = {}
+  for i = 1, MSG do
+    if chars[i] == 0 then break end
+    out[i] = string.char(chars[i])
+  end
+  if not ok then error(err, 0) end
+  error(fmt("%s failed on rank %d: %s", what, first, concat(out)), 0)
+end
+
+-- ---------------------------------------------------------------- what the engine holds
+
+-- Engine parameter names (HF names from the module, matched by tensor identity).
+local function param_names(engine)
+  local by_tensor = {}
+  for name, p in engine.module:named_parameters() do by_tensor[p] = by_tensor[p] or name end
+  local names, used = {}, {}
+  for i, p in ipairs(engine.params) do
+    local n = by_tensor[p] or fmt("param_%d", i)
+    if used[n] then n = fmt("%s#%d", n, i) end
+    used[n] = true
+    names[i] = n
+  end
+  return names
+end
+M.param_names = param_names
+
+-- Full shapes of the parameters (a released stage-3 parameter has shape (0), so each is gathered
+-- once, one at a time, and the shapes are remembered on the engine).
+local function full_shapes(engine)
+  if rawget(engine, "_ckpt_shapes") then return engine._ckpt_shapes end
+  local z, shapes = engine.zero, {}
+  for i, p in ipairs(engine.params) do
+    if engine.stage == 3 and not z:is_gathered(i) then
+      z:gather({ i })
+      shapes[i] = p:shape()
+      z:release({ i })
+    else
+      shapes[i] = p:shape()
+    end
+  end
+  rawset(engine, "_ckpt_shapes", shapes)
+  return shapes
+end
+
+local function numel_of(shape)
+  local n = 1
+  for _, d in ipairs(shape) do n = n * d end
+  return n
+end
+
+-- Everything a rank's optimizer file needs besides the tensors.
+local function engine_state(engine, names, client_state)
+  local z = engine.zero
+  local shapes = full_shapes(engine)
+  local params = {}
+  for i = 1, #engine.params do
+    local off, chunk = z:layout(i)
+    params[i] = { name = names[i], shape = shapes[i], numel = numel_of(shapes[i]), offset = off, chunk = chunk }
+  end
+  local groups = {}
+  for gi, g in ipairs(engine.optimizer.param_groups) do groups[gi] = { lr = g.lr, weight_decay = g.weight_decay } end
+  local seed, offset = C.random_state()
+  local mcfg = engine.module.config and plain(engine.module.config) or nil
+  return {
+    format = M.FORMAT, world_size = engine.world_size, rank = engine.global_rank, stage = engine.stage,
+    num_chunks = engine.stage == 0 and 1 or engine.world_size, precision = engine.precision,
+    partition_numel = z:partition_numel(),
+    global_steps = engine.global_steps, micro_steps = engine.micro_steps, skipped_steps = engine.skipped_steps,
+    opt_steps = engine.opt_steps or 0, param_groups = groups,
+    lr_scheduler = engine.lr_scheduler and engine.lr_scheduler:state_dict() or nil,
+    loss_scaler = engine.scaler and plain(engine.scaler) or nil,
+    client_state = client_state, config = engine.config, model_config = mcfg,
+    model_class = engine.module.__name, rng = { seed = seed, offset = offset }, params = params,
+  }
+end
+M.engine_state = engine_state
+
+-- ---------------------------------------------------------------- save
+
+local function check_tag(tag)
+  tag = tostring(tag)
+  if tag == "" or tag:find("/", 1, true) or tag == "." or tag == ".." or tag == "latest" then
+    error(fmt("save_checkpoint: tag '%s' cannot name a directory inside the checkpoint directory "
+      .. "(no '/', not empty, not 'latest')", tag), 0)
+  end
+  return tag
+end
+
+-- name -> tensor of every model parameter (frozen ones too), for the model-states file.
+local function model_tensors(engine)
+  local sd = {}
+  for name, p in engine.module:named_parameters() do sd[name] = p:detach() end
+  return sd
+end
+
+-- Stage 3: makes every parameter whole; returns the list to release afterwards (collective).
+local function gather_all(engine)
+  if engine.stage ~= 3 then return nil end
+  local z, was, all = engine.zero, {}, {}
+  for i = 1, #engine.params do
+    if not z:is_gathered(i) then was[#was + 1] = i end
+    all[i] = i
+  end
+  z:gather(all)
+  return was
+end
+local function release(engine, list)
+  if list and #list > 0 then engine.zero:release(list) end
+end
+
+function M.save(engine, dir, tag, client_state)
+  if type(dir) ~= "string" or dir == "" then error("save_checkpoint: expected a directory path", 2) end
+  tag = check_tag(tag or ("global_step" .. engine.global_steps))
+  local r = engine.global_rank
+  local tdir = join(dir, tag)
+  local names = param_names(engine)
+  local state = engine_state(engine, names, client_state)
+  local ok, err = pcall(C.makedirs, tdir)
+  agree(ok, err, "save_checkpoint")
+
+  -- model states (rank 0), parameters gathered at stage 3
+  local was = gather_all(engine)
+  ok, err = true, nil
+  if r == 0 then
+    ok, err = pcall(function()
+      local sidecar = {}
+      for k, v in pairs(state) do sidecar[k] = v end
+      sidecar.rank, sidecar.rng = nil, nil
+      C.save_safetensors(join(tdir, M.MODEL_FILE), model_tensors(engine), { format = "pt", zrun = M.FORMAT })
+      C.write_file_atomic(join(tdir, M.MODEL_JSON), encode(sidecar))
+    end)
+  end
+  release(engine, was)
+  agree(ok, err, "save_checkpoint (model states)")
+
+  -- optimizer states (every rank)
+  ok, err = pcall(function()
+    local z, t = engine.zero, {}
+    for k, n in ipairs(M.STATES) do t[n] = z:state(k - 1) end
+    C.save_safetensors(join(tdir, M.optim_file(r)), t, { format = M.FORMAT, zrun_state = encode(state) })
+  end)
+  agree(ok, err, "save_checkpoint (optimizer states)")
+
+  -- `latest` last, once every rank's files are durable
+  ok, err = true, nil
+  if r == 0 then ok, err = pcall(C.write_file_atomic, join(dir, "latest"), tag) end
+  agree(ok, err, "save_checkpoint (latest)")
+  return true
+end
+
+-- ---------------------------------------------------------------- reading a checkpoint
+
+local function list_tags(dir)
+  local out = {}
+  for _, n in ipairs(C.listdir(dir) or {}) do
+    if C.path_type(join(dir, n)) == "dir" then out[#out + 1] = n end
+  end
+  return #out > 0 and concat(out, ", ") or "none"
+end
+
+-- Resolves (dir, tag or nil) to the tag directory, with errors that say what is missing.
+function M.resolve(dir, tag, who)
+  who = who or "load_checkpoint"
+  if type(dir) ~= "string" or dir == "" then error(who .. ": expected a checkpoint directory path", 0) end
+  if C.path_type(dir) ~= "dir" then error(fmt("%s: checkpoint directory %s does not exist", who, dir), 0) end
+  if tag == nil then
+    local p = join(dir, "latest")
+    local s = read_file(p)
+    if not s then
+      error(fmt("%s: %s is missing, so there is no tag to load; pass a tag explicitly (tags in %s: %s)",
+        who, p, dir, list_tags(dir)), 0)
+    end
+    tag = s:match("^%s*(.-)%s*$")
+    if tag == "" then error(fmt("%s: %s is empty; pass a tag explicitly (tags in %s: %s)", who, p, dir, list_tags(dir)), 0) end
+  end
+  tag = tostring(tag)
+  local tdir = join(dir, tag)
+  if C.path_type(tdir) ~= "dir" then
+    error(fmt("%s: no checkpoint '%s' in %s (%s does not exist; tags there: %s)", who, tag, dir, tdir, list_tags(dir)), 0)
+  end
+  return tdir, tag
+end
+
+-- Opens rank k's optimizer file: handle and decoded state, with errors naming the file.
+function M.open_optim(tdir, k, expect_w)
+  local p = join(tdir, M.optim_file(k))
+  if C.path_type(p) ~= "file" then
+    error(fmt("%s: missing%s (an incomplete or corrupted checkpoint)", p,
+      expect_w and fmt("; the checkpoint was saved by %d ranks and needs all %d optimizer-state files", expect_w, expect_w) or ""), 0)
+  end
+  local ok, f = pcall(C.safetensors_open, p)
+  if not ok then error(fmt("cannot read checkpoint file %s: %s", p, tostring(f)), 0) end
+  local md = f:metadata()
+  if md.format ~= M.FORMAT or not md.zrun_state then
+    f:close()
+    error(fmt("%s: not a zrun ZeRO optimizer-state file (metadata format '%s', expected '%s')", p,
+      tostring(md.format), M.FORMAT), 0)
+  end
+  local st = decode(md.zrun_state, p)
+  local S = st.partition_numel
+  for _, n in ipairs(M.STATES) do
+    local info = f:info(n)
+    if not info then f:close(); error(fmt("%s: has no tensor '%s'", p, n), 0) end
+    if info.numel ~= S then
+      f:close()
+      error(fmt("%s: tensor '%s' has %d elements, the metadata says the partition has %d", p, n, info.numel, S), 0)
+    end
+  end
+  if expect_w and st.world_size ~= expect_w then
+    f:close()
+    error(fmt("%s: saved by a world of %d ranks, but rank 0's file says %d (files from different saves mixed?)",
+      p, st.world_size, expect_w), 0)
+  end
+  return f, st, p
+end
+
+-- A lazy set of the optimizer files of one checkpoint: rank 0's state, then others on demand.
+local Files = {}
+Files.__index = Files
+local function index_params(st)
+  local m = {}
+  for _, e in ipairs(st.params or {}) do m[e.name] = e end
+  return m
+end
+function M.files(tdir)
+  local f0, st0, p0 = M.open_optim(tdir, 0)
+  local self = setmetatable({ tdir = tdir, f = { [0] = f0 }, st = { [0] = st0 }, idx = { [0] = index_params(st0) },
+    path0 = p0, W = st0.world_size }, Files)
+  self.by_name = self.idx[0]
+  return self
+end
+function Files:get(k)
+  if not self.f[k] then
+    self.f[k], self.st[k] = M.open_optim(self.tdir, k, self.W)
+    self.idx[k] = index_params(self.st[k])
+  end
+  return self.f[k], self.st[k]
+end
+function Files:close()
+  for _, f in pairs(self.f) do f:close() end
+  self.f = {}
+end
+-- Copies elements [lo, hi) (0-based, of the flattened parameter) of saved parameter `name`'s
+-- state `which` into the views dst_fn(at, len) returns, chunk by chunk, so memory is one slice
+-- at a time.
+function Files:read_range(name, which, lo, hi, dst_fn)
+  local c = self.by_name[name].chunk
+  local pos = lo
+  while pos < hi do
+    local k = floor(pos / c)
+    local stop = min(hi, (k + 1) * c)
+    local f = self:get(k)
+    local e = self.idx[k][name]
+    if not e or e.chunk ~= c then
+      error(fmt("%s: parameter '%s' is laid out differently than in rank 0's file (files from different saves mixed?)",
+        join(self.tdir, M.optim_file(k)), name), 0)
+    end
+    dst_fn(pos - lo, stop - pos):copy_(f:get_slice(which, e.offset + (pos - k * c) + 1, stop - pos))
+    pos = stop
+  end
+end
+
+-- Checks the checkpoint's parameters against the engine's (names, shapes); errors list the
+-- differences and name the file.
+local function check_compat(files, names, shapes)
+  local missing, unexpected, shape, seen = {}, {}, {}, {}
+  for i, n in ipairs(names) do
+    local e = files.by_name[n]
+    seen[n] = true
+    if not e then missing[#missing + 1] = fmt("'%s' %s", n, shape_str(shapes[i]))
+    elseif shape_str(e.shape) ~= shape_str(shapes[i]) then
+      shape[#shape + 1] = fmt("'%s' has shape %s in the checkpoint but %s in the model", n, shape_str(e.shape),
+        shape_str(shapes[i]))
+    end
+  end
+  local saved = files.st[0].params
+  for _, e in ipairs(saved) do
+    if not seen[e.name] then unexpected[#unexpected + 1] = fmt("'%s' %s", e.name, shape_str(e.shape)) end
+  end
+  if #missing + #unexpected + #shape == 0 then return end
+  local parts = {}
+  local function add(label, list)
+    if #list == 0 then return end
+    local more = #list > 4 and fmt(" (and %d more)", #list - 4) or ""
+    parts[#parts + 1] = label .. concat(list, ", ", 1, min(4, #list)) .. more
+  end
+  add("not in the checkpoint: ", missing)
+  add("in the checkpoint but not in the model: ", unexpected)
+  add("", shape)
+  error(fmt("%s: checkpoint of a different model (the checkpoint has %d parameters, the model %d): %s",
+    files.path0, #saved, #names, concat(parts, "; ")), 0)
+end
+
+-- ---------------------------------------------------------------- load
+
+-- Opens (and so validates) every saved file this rank will read, before anything is overwritten:
+-- a damaged or missing file leaves the engine as it was.
+local function open_needed(engine, files, names)
+  local z = engine.zero
+  local jr = engine.stage == 0 and 0 or engine.global_rank
+  for i, name in ipairs(names) do
+    local e = files.by_name[name]
+    local _, c = z:layout(i)
+    local lo, hi = jr * c, min(jr * c + c, e.numel)
+    if hi > lo then
+      for k = floor(lo / e.chunk), floor((hi - 1) / e.chunk) do files:get(k) end
+    end
+  end
+end
+
+local function restore_partitions(engine, files, names)
+  local z, r = engine.zero, engine.global_rank
+  local jr = engine.stage == 0 and 0 or r -- which chunk of each parameter this rank holds
+  local states = {}
+  for k, n in ipairs(M.STATES) do
+    states[n] = z:state(k - 1)
+    states[n]:zero_() -- chunk padding stays zero
+  end
+  for i, name in ipairs(names) do
+    local e = files.by_name[name]
+    local off, c = z:layout(i)
+    local lo = jr * c
+    local hi = min(lo + c, e.numel)
+    if hi > lo then
+      for _, which in ipairs(M.STATES) do
+        local dst = states[which]
+        files:read_range(name, which, lo, hi, function(at, len) return dst:narrow(1, off + at + 1, len) end)
+      end
+    end
+  end
+end
+
+local function restore_engine(engine, st)
+  engine.global_steps = st.global_steps or 0
+  engine.micro_steps = st.micro_steps or 0
+  engine.skipped_steps = st.skipped_steps or 0
+  engine.opt_steps = st.opt_steps or 0
+  if st.param_groups then
+    for gi, g in ipairs(engine.optimizer.param_groups) do
+      local sg = st.param_groups[gi]
+      if sg then g.lr, g.weight_decay = sg.lr or g.lr, sg.weight_decay or g.weight_decay end
+    end
+  end
+  if engine.lr_scheduler and st.lr_scheduler then engine.lr_scheduler:load_state_dict(st.lr_scheduler)
+  elseif st.lr_scheduler and not engine.lr_scheduler then
+    dist.print0("[zrun] load_checkpoint: the checkpoint has LR scheduler state but the engine has no scheduler; ignored")
+  end
+  if engine.scaler and st.loss_scaler then
+    for k, v in pairs(st.loss_scaler) do engine.scaler[k] = v end
+  end
+  if st.rng and st.rng.seed then C.random_state(st.rng.seed, st.rng.offset or 0) end
+end
+
+-- Returns client_state and the tag directory loaded from.
+function M.load(engine, dir, tag)
+  local tdir
+  local files, names
+  local ok, err = pcall(function()
+    tdir = M.resolve(dir, tag)
+    files = M.files(tdir)
+  end)
+  agree(ok, err, "load_checkpoint")
+  names = param_names(engine)
+  local shapes = full_shapes(engine)
+  ok, err = pcall(check_compat, files, names, shapes)
+  if not ok then files:close() end
+  agree(ok, err, "load_checkpoint")
+
+  local r = engine.global_rank
+  local own
+  ok, err = pcall(function()
+    open_needed(engine, files, names)
+    if r < files.W then
+      local _, st = files:get(r)
+      own = st
+    else own = files.st[0] end
+  end)
+  if not ok then files:close() end
+  agree(ok, err, "load_checkpoint")
+  ok, err = pcall(restore_partitions, engine, files, names)
+  files:close()
+  agree(ok, err, "load_checkpoint")
+  collectgarbage()
+  restore_engine(engine, own)
+  engine.zero:zero_grad()
+  engine.zero:refresh_params()
+  if files.W ~= engine.world_size or (files.st[0].stage or 0) ~= engine.stage then
+    dist.print0(fmt("[zrun] load_checkpoint: resharded %s from %d ranks (stage %d) to %d ranks (stage %d)",
+      tdir, files.W, files.st[0].stage or 0, engine.world_size, engine.stage))
+  end
+  return own.client_state, tdir
+end
+
+-- ---------------------------------------------------------------- 16-bit model
+
+local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
+
+-- Writes a Hugging Face model directory (config.json + model.safetensors) from rank 0 with the
+-- weights in the training dtype. At stage 3 it needs stage3_gather_16bit_weights_on_model_save,
+-- as DeepSpeed does; returns false (with a message) when that is off.
+function M.save_16bit_model(engine, dir, opts)
+  if type(dir) ~= "string" or dir == "" then error("save_16bit_model: expected a directory path", 2) end
+  local zc = engine.config and engine.config.zero_optimization or {}
+  if engine.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save then
+    dist.print0("[zrun] save_16bit_model: did not save the model because "
+      .. "zero_optimization.stage3_gather_16bit_weights_on_model_save is false at stage 3; set it to true")
+    return false
+  end
+  local was = gather_all(engine)
+  local ok, err = true, nil
+  if engine.global_rank == 0 then
+    ok, err = pcall(function()
+      local cfg = plain(engine.module.config or {})
+      cfg.dtype, cfg.device = nil, nil
+      cfg.torch_dtype = HF_DTYPE[engine.precision] or cfg.torch_dtype
+      if cfg.architectures == nil and engine.module.__name then cfg.architectures = { engine.module.__name } end
+      hf.save_pretrained(dir, model_tensors(engine), cfg, opts)
+    end)
+  end
+  release(engine, was)
+  agree(ok, err, "save_16bit_model")
+  return true
+end
+
+return M

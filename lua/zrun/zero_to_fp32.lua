@@ -1,0 +1,156 @@
+-- Consolidates a ZeRO checkpoint (zrun.checkpoint's layout) into full fp32 weights with Hugging
+-- Face names, as DeepSpeed's zero_to_fp32.py does: `zrun zero-to-fp32 DIR [--tag T] OUT`, and
+-- zr.zero.load_state_dict_from_zero_checkpoint(model, dir [, tag]). Each parameter is reassembled
+-- from the chunks in every rank's optimizer-state file, one at a time, so memory is bounded by the
+-- largest tensor; frozen parameters (not in the optimizer) come from the model-states file.
+local zr = require "zrun"
+local C = zr._C
+local ckpt = require "zrun.checkpoint"
+
+local M = {}
+local fmt, ipairs, type = string.format, ipairs, type
+
+-- Reader over one checkpoint: the parameter list and full fp32 tensors on request.
+local Reader = {}
+Reader.__index = Reader
+
+function M.open(dir, tag)
+  local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
+  local files = ckpt.files(tdir)
+  local self = setmetatable({ tdir = tdir, files = files, entries = {}, frozen = {} }, Reader)
+  for _, e in ipairs(files.st[0].params) do self.entries[#self.entries + 1] = e end
+  -- parameters without optimizer state (frozen): from the model-states file when present
+  local mp = ckpt.join(tdir, ckpt.MODEL_FILE)
+  if C.path_type(mp) == "file" then
+    local ok, mf = pcall(C.safetensors_open, mp)
+    if not ok then files:close(); error(fmt("cannot read checkpoint file %s: %s", mp, tostring(mf)), 0) end
+    self.model_file = mf
+    for _, name in ipairs(mf:keys()) do
+      if not files.by_name[name] then
+        local info = mf:info(name)
+        self.frozen[name] = true
+        self.entries[#self.entries + 1] = { name = name, shape = info.shape, numel = info.numel, frozen = true }
+      end
+    end
+  end
+  return self
+end
+
+-- The parameters in checkpoint order: {name=, shape=, numel=, frozen=}.
+function Reader:params() return self.entries end
+
+-- Full fp32 tensor of parameter `name` (its saved shape).
+function Reader:get(name)
+  if self.frozen[name] then return self.model_file:get(name, { dtype = "f32" }) end
+  local e = self.files.by_name[name]
+  if not e then error(fmt("%s: no parameter named '%s' in the checkpoint", self.tdir, name), 0) end
+  local flat = zr.zeros({ e.numel })
+  if e.numel > 0 then
+    self.files:read_range(name, "master", 0, e.numel, function(at, len) return flat:narrow(1, at + 1, len) end)
+  end
+  if #e.shape == 0 then return flat:reshape({}) end
+  return flat:view(e.shape)
+end
+
+function Reader:close()
+  self.files:close()
+  if self.model_file then self.model_file:close(); self.model_file = nil end
+end
+
+-- All fp32 weights at once (name -> tensor); memory is the whole model.
+function M.get_fp32_state_dict_from_zero_checkpoint(dir, tag)
+  local r = M.open(dir, tag)
+  local sd = {}
+  local ok, err = pcall(function() for _, e in ipairs(r:params()) do sd[e.name] = r:get(e.name) end end)
+  r:close()
+  if not ok then error(err, 0) end
+  return sd
+end
+
+-- Writes the consolidated fp32 weights to out (one safetensors file), streaming parameter by
+-- parameter. Returns the number of tensors and of elements written.
+function M.convert(dir, tag, out)
+  local r = M.open(dir, tag)
+  local specs, total = {}, 0
+  for i, e in ipairs(r:params()) do
+    specs[i] = { name = e.name, dtype = "f32", shape = e.shape }
+    total = total + e.numel
+  end
+  local ok, err = pcall(C.save_safetensors_stream, out, specs, function(i)
+    collectgarbage() -- the previous tensor is no longer referenced: free it before building the next
+    return r:get(specs[i].name)
+  end, { format = "pt" })
+  r:close()
+  collectgarbage()
+  if not ok then error(err, 0) end
+  return #specs, total
+end
+
+-- Loads the checkpoint's fp32 weights into model (cast to the model's dtype), one parameter at a
+-- time; every model parameter must be in the checkpoint with the same shape. Returns model.
+function M.load_state_dict_from_zero_checkpoint(model, dir, tag)
+  if type(model) ~= "table" or not model.named_parameters then
+    error("load_state_dict_from_zero_checkpoint: expected an nn.Module as the first argument", 2)
+  end
+  local r = M.open(dir, tag)
+  local have = {}
+  for _, e in ipairs(r:params()) do have[e.name] = e end
+  local probs, used = {}, {}
+  local todo = {}
+  for name, p in model:named_parameters() do
+    local e = have[name]
+    used[name] = true
+    local shape = table.concat(p:shape(), ",")
+    if not e then probs[#probs + 1] = fmt("'%s' (%s) is not in the checkpoint", name, shape)
+    elseif table.concat(e.shape, ",") ~= shape then
+      probs[#probs + 1] = fmt("'%s' has shape (%s) in the checkpoint but (%s) in the model", name,
+        table.concat(e.shape, ","), shape)
+    else todo[#todo + 1] = { name, p } end
+  end
+  for _, e in ipairs(r:params()) do
+    if not used[e.name] then probs[#probs + 1] = fmt("the checkpoint's '%s' is not in the model", e.name) end
+  end
+  if #probs > 0 then
+    r:close()
+    error(fmt("load_state_dict_from_zero_checkpoint: %s does not match the model: %s", r.tdir,
+      table.concat(probs, "; ")), 2)
+  end
+  local ok, err = pcall(zr.no_grad, function()
+    for _, t in ipairs(todo) do
+      t[2]:copy_(r:get(t[1]))
+      collectgarbage("step")
+    end
+  end)
+  r:close()
+  if not ok then error(err, 0) end
+  return model
+end
+
+local USAGE = "usage: zrun zero-to-fp32 CHECKPOINT_DIR [--tag TAG] OUTPUT.safetensors"
+
+-- zrun zero-to-fp32 DIR [--tag T] OUT (args: a list of strings, or the strings themselves).
+function M.main(args, ...)
+  if type(args) ~= "table" then args = { args, ... } end
+  local pos, tag = {}, nil
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "-h" or a == "--help" then print(USAGE); return 0
+    elseif a == "--tag" or a == "-t" then
+      tag = args[i + 1]
+      if not tag then error("zero-to-fp32: --tag needs a value\n" .. USAGE, 0) end
+      i = i + 1
+    elseif a:sub(1, 6) == "--tag=" then tag = a:sub(7)
+    elseif a:sub(1, 1) == "-" and a ~= "-" then error(fmt("zero-to-fp32: unknown option '%s'\n%s", a, USAGE), 0)
+    else pos[#pos + 1] = a end
+    i = i + 1
+  end
+  if #pos ~= 2 then error("zero-to-fp32: expected a checkpoint directory and an output file\n" .. USAGE, 0) end
+  local dir, out = pos[1], pos[2]
+  if C.path_type(out) == "dir" then out = ckpt.join(out, "model.safetensors") end
+  local n, total = M.convert(dir, tag, out)
+  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values) to %s", n, total, out))
+  return 0
+end
+
+return M
