@@ -1,0 +1,62 @@
+-- Training throughput of a Llama-shaped model through zr.initialize (the full zrun path:
+-- autograd, ZeRO engine, AdamW), random weights and random token ids.
+--   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
+--        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0]
+-- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
+local zr = require "zrun"
+local C = zr._C
+local opt = { model = "meta-llama/Llama-3.2-1B", batch = 4, seq = 512, stage = 0, steps = 10, dtype = "bf16",
+  device = "cuda", ckpt = 0, offload = 0, warmup = 3 }
+for _, a in ipairs(arg) do
+  local k, v = a:match("^([%w_]+)=(.*)$")
+  if not k then error("arguments are key=value, got " .. a, 0) end
+  opt[k] = tonumber(v) or v
+end
+if opt.device ~= "cpu" and not (C.cuda_device_count and C.cuda_device_count() > 0) then
+  print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
+  return
+end
+local cfg = zr.models.llama.config(opt.model)
+cfg.dtype, cfg.device = opt.dtype, opt.device
+zr.manual_seed(0)
+local model = zr.models.llama.LlamaForCausalLM(cfg)
+if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
+local engine = zr.initialize({ model = model, config = {
+  train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = 1, gradient_clipping = 1.0,
+  steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
+  optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
+  zero_optimization = { stage = opt.stage, offload_optimizer = opt.offload == 1 and { device = "cpu" } or nil },
+} })
+local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
+local times = {}
+local sync = (C.cuda_synchronize and function() C.cuda_synchronize() end) or function() end
+for i = 1, opt.warmup + opt.steps do
+  sync()
+  local t0 = C.now()
+  local out = engine(ids, ids)
+  engine:backward(out.loss)
+  engine:step()
+  local l = out.loss:item() -- waits for the GPU
+  sync()
+  local dt = C.now() - t0
+  if i > opt.warmup then times[#times + 1] = dt end
+  if i == 1 or i == opt.warmup + opt.steps then io.write(("step %d loss %.4f (%.1f ms)\n"):format(i, l, dt * 1e3)) end
+  out = nil
+  collectgarbage("step", 100)
+end
+table.sort(times)
+local med = times[math.ceil(#times / 2)]
+local toks = opt.batch * opt.seq / med
+local n = model:num_parameters()
+print(("%-40s %s"):format("model", opt.model))
+print(("%-40s %.3f B"):format("parameters", n / 1e9))
+print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
+  opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and " +offload" or ""))
+print(("%-40s %.1f ms"):format("step time (median)", med * 1e3))
+print(("%-40s %.0f"):format("tokens/s", toks))
+print(("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", 6 * n * toks / 1e12))
+local s = zr.memory.stats(opt.device == "cpu" and "cpu" or "cuda:0")
+for _, c in ipairs(zr.memory.categories) do
+  print(("peak %-35s %s"):format(c, zr.memory.human(s[c].peak)))
+end
+print(("peak %-35s %s"):format("total", zr.memory.human(s.total_peak)))
