@@ -63,6 +63,7 @@ static zr_status ckpt_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     }
     free(xs);
     lua_settop(L, top);
+    lua_gc(L, LUA_GCCOLLECT, 0); /* the recomputed segment is garbage once its backward ran */
     return ZR_OK;
 fail:
     for (int i = 0; i < c->n; i++) zr_tensor_release(xs[i]);
@@ -89,6 +90,7 @@ static int l_checkpoint(lua_State *L) {
         free(ins);
         return lua_error(L);
     }
+    lua_gc(L, LUA_GCCOLLECT, 0); /* the segment's temporaries are garbage now: free them */
     zr_tensor *out = zr_l_totensor(L, -1);
     if (!out) {
         free(ins);

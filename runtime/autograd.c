@@ -99,7 +99,10 @@ zr_status zr_autograd_record_always(zr_tensor *out, const char *name, zr_backwar
 zr_status zr_node_save(zr_node *n, zr_tensor *t) {
     if (n->n_saved >= ZR_NODE_MAX_SAVED)
         return zr_error("%s: more than %d saved tensors", n->name, ZR_NODE_MAX_SAVED);
-    zr_tensor *d = t ? zr_tensor_detach(t) : NULL;
+    /* A leaf parameter is kept itself, not a detached alias of its storage: ZeRO-3 swaps a
+     * parameter's storage when it releases and re-gathers it, and backward must see the
+     * re-gathered data (an alias would pin the released copy until backward). */
+    zr_tensor *d = !t ? NULL : (t->requires_grad && !t->grad_fn) ? zr_tensor_retain(t) : zr_tensor_detach(t);
     if (t && !d) return ZR_ERR;
     n->saved[n->n_saved++] = d;
     return ZR_OK;

@@ -224,6 +224,9 @@ function Engine:backward(loss)
   if self.scaler then scale = scale * self.scaler.scale end
   self.losses[#self.losses + 1] = loss:item()
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
+  -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
+  -- (only autograd's saved tensors stay), so they do not add to backward's peak.
+  collectgarbage("collect")
   local l = scale ~= 1 and loss * scale or loss
   l:backward()
   self.zero:backward_end()

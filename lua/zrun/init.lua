@@ -35,6 +35,13 @@ local lazy = {
   tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero_to_fp32",
   schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine", Trainer = "zrun.trainer", checkpoint_module = "zrun.checkpoint",
 }
+-- Names of the lazily loaded submodules (the REPL completes them before they are loaded).
+function zr.__lazy_names()
+  local out = {}
+  for k in pairs(lazy) do out[#out + 1] = k end
+  return out
+end
+
 setmetatable(zr, {
   __index = function(t, k)
     local mod = lazy[k]

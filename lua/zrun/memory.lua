@@ -56,4 +56,11 @@ function M.with_category(category, fn, ...)
   return unpack(res, 2)
 end
 
+-- Estimators, plans and model descriptions (memory_estimate.lua, memory_plan.lua, memory_describe.lua).
+function M.estimate_zero2(...) return require("zrun.memory_estimate").estimate_zero2(...) end
+function M.estimate_zero3(...) return require("zrun.memory_estimate").estimate_zero3(...) end
+function M.plan(...) return require("zrun.memory_plan").plan(...) end
+function M.fit(...) return require("zrun.memory_plan").fit(...) end
+function M.describe(...) return require("zrun.memory_describe").describe(...) end
+
 return M

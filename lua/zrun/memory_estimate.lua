@@ -1,0 +1,320 @@
+-- DeepSpeed-compatible model-state memory estimators: zr.memory.estimate_zero2 / estimate_zero3
+-- give the numbers and the table of DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_live
+-- for a model, a config.json, a cached hub id or a built-in config, without allocating anything.
+-- Parameter counting from a config (llama family, gpt2) lives here too; plans are memory_plan.lua.
+local M = {}
+
+local floor, max, fmt = math.floor, math.max, string.format
+
+-- ---------- parameter lists from configs ----------
+
+local function head_dim(c) return c.head_dim or floor(c.hidden_size / c.num_attention_heads) end
+
+-- Ordered list of {name=, numel=, module=, shape=} in the order model:parameters() gives them.
+local function llama_params(c)
+  local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+  local Hq, KV = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+  local D = head_dim(c)
+  -- qwen2 has biases on q, k, v (not o) without saying so in its config
+  local qkv_bias = c.attention_bias or c.model_type == "qwen2"
+  local o_bias, mlp_bias = c.attention_bias and c.model_type ~= "qwen2", c.mlp_bias
+  local out = {}
+  local function add(mod, pname, shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    out[#out + 1] = { name = mod .. "." .. pname, module = mod, numel = n, shape = shape }
+  end
+  local function linear(mod, i, o, bias)
+    add(mod, "weight", { o, i })
+    if bias then add(mod, "bias", { o }) end
+  end
+  add("model.embed_tokens", "weight", { V, H })
+  for l = 0, L - 1 do
+    local p = "model.layers." .. l
+    linear(p .. ".self_attn.q_proj", H, Hq * D, qkv_bias)
+    linear(p .. ".self_attn.k_proj", H, KV * D, qkv_bias)
+    linear(p .. ".self_attn.v_proj", H, KV * D, qkv_bias)
+    linear(p .. ".self_attn.o_proj", Hq * D, H, o_bias)
+    linear(p .. ".mlp.gate_proj", H, I, mlp_bias)
+    linear(p .. ".mlp.up_proj", H, I, mlp_bias)
+    linear(p .. ".mlp.down_proj", I, H, mlp_bias)
+    add(p .. ".input_layernorm", "weight", { H })
+    add(p .. ".post_attention_layernorm", "weight", { H })
+  end
+  add("model.norm", "weight", { H })
+  if not c.tie_word_embeddings then linear("lm_head", H, V, false) end
+  return out
+end
+
+local function gpt2_params(c)
+  local E, L, V, P = c.n_embd, c.n_layer, c.vocab_size, c.n_positions or 1024
+  local inner = c.n_inner or 4 * E
+  local out = {}
+  local function add(mod, pname, shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    out[#out + 1] = { name = mod .. "." .. pname, module = mod, numel = n, shape = shape }
+  end
+  local function wb(mod, wshape, bn)
+    add(mod, "weight", wshape)
+    add(mod, "bias", { bn })
+  end
+  add("transformer.wte", "weight", { V, E })
+  add("transformer.wpe", "weight", { P, E })
+  for l = 0, L - 1 do
+    local p = "transformer.h." .. l
+    wb(p .. ".ln_1", { E }, E)
+    wb(p .. ".attn.c_attn", { E, 3 * E }, 3 * E)
+    wb(p .. ".attn.c_proj", { E, E }, E)
+    wb(p .. ".ln_2", { E }, E)
+    wb(p .. ".mlp.c_fc", { E, inner }, inner)
+    wb(p .. ".mlp.c_proj", { inner, E }, E)
+  end
+  wb("transformer.ln_f", { E }, E)
+  return out
+end
+
+local families = {
+  llama = llama_params, mistral = llama_params, qwen2 = llama_params, gpt2 = gpt2_params,
+}
+
+-- Which family a config belongs to (llama when the fields say so and model_type is absent).
+function M.family(c)
+  local t = c.model_type
+  if t == nil then
+    if c.n_embd then t = "gpt2" elseif c.hidden_size and c.num_hidden_layers then t = "llama" end
+  end
+  if not families[t] then
+    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, gpt2)", tostring(t)), 0)
+  end
+  return t
+end
+
+-- Resolves a model, a config table, or a name/path (built-in config, HF model dir, config.json,
+-- cached hub id) to {config=, module=, name=}. Nothing is allocated.
+function M.resolve(x)
+  local Module = require "zrun.nn.module"
+  if type(x) == "table" and Module.is_module(x) then
+    return { module = x, config = rawget(x, "config"), name = x.__name }
+  end
+  if type(x) == "string" then
+    local cfg = require("zrun.models.llama").config(x)
+    return { config = cfg, name = x }
+  end
+  if type(x) == "table" then return { config = x, name = x._name_or_path or x.model_type or "config" } end
+  error("memory: expected a model, a config table or a model name/path, got " .. type(x), 0)
+end
+
+-- List of parameters {name, numel, module, shape} from a config, or from a live module.
+function M.param_list(x)
+  local r = type(x) == "table" and x.config and (x.module or x.name) and x or M.resolve(x)
+  if r.module then
+    local out = {}
+    for name, p in r.module:named_parameters() do
+      local mod = name:match("^(.*)%.[^.]+$") or ""
+      out[#out + 1] = { name = name, module = mod, numel = p:numel(), shape = p:shape(), tensor = p }
+    end
+    return out
+  end
+  return families[M.family(r.config)](r.config)
+end
+
+-- total parameters (shared ones once) and the largest module's direct parameters, as
+-- DeepSpeed's model_to_params counts them. A tied head is a module of its own in HF
+-- (lm_head holds the embedding matrix), which can only matter when it is the largest.
+function M.count(x)
+  local r = M.resolve(x)
+  local list = M.param_list(r)
+  local total, per_mod = 0, {}
+  for _, p in ipairs(list) do
+    total = total + p.numel
+    per_mod[p.module] = (per_mod[p.module] or 0) + p.numel
+  end
+  local largest = 0
+  for _, n in pairs(per_mod) do if n > largest then largest = n end end
+  return total, largest, list, r
+end
+
+-- ---------- DeepSpeed's formulas ----------
+
+-- estimate_zero2_model_states_mem_needs: returns cpu_mem, gpu_mem (bytes, truncated as int()).
+function M.zero2_needs(total_params, gpus_per_node, num_nodes, cpu_offload, buffer_factor)
+  gpus_per_node, num_nodes, buffer_factor = gpus_per_node or 1, num_nodes or 1, buffer_factor or 1.5
+  local total_gpus = num_nodes * gpus_per_node
+  local cpu_mem, gpu_mem
+  if cpu_offload then
+    gpu_mem = 2 * total_params
+    cpu_mem = total_params * max(4 * total_gpus, 16) * buffer_factor
+  else
+    -- 2 bytes of 16-bit params, plus 18 bytes sharded: 16-bit and fp32 grads, fp32 master, Adam m and v
+    gpu_mem = 2 * total_params + floor(18 * total_params / total_gpus)
+    cpu_mem = total_params * 4 * gpus_per_node * buffer_factor
+  end
+  return floor(cpu_mem), floor(gpu_mem)
+end
+
+-- estimate_zero3_model_states_mem_needs: returns cpu_mem, gpu_mem, largest_layer_memory.
+function M.zero3_needs(total_params, largest_layer_params, gpus_per_node, num_nodes, cpu_offload,
+                       cpu_offload_params, zero_init, buffer_factor)
+  gpus_per_node, num_nodes, buffer_factor = gpus_per_node or 1, num_nodes or 1, buffer_factor or 1.5
+  local total_gpus = num_nodes * gpus_per_node
+  local gpus_factor = 1 / num_nodes
+  local largest_layer_memory = 4 * largest_layer_params
+  local cpu_mem, gpu_mem
+  if cpu_offload then
+    if cpu_offload_params then
+      gpu_mem = largest_layer_memory
+      if zero_init then cpu_mem = total_params * 18 * gpus_factor * buffer_factor
+      else cpu_mem = total_params * max(4 * gpus_per_node, 18 * gpus_factor) * buffer_factor end
+    else
+      gpu_mem = largest_layer_memory + floor(2 * total_params / total_gpus)
+      if zero_init then cpu_mem = total_params * 16 * gpus_factor * buffer_factor
+      else cpu_mem = total_params * max(4 * gpus_per_node, 16 * gpus_factor) * buffer_factor end
+    end
+  else
+    gpu_mem = largest_layer_memory + floor(18 * total_params / total_gpus)
+    if zero_init then cpu_mem = largest_layer_params * 4 * gpus_per_node * buffer_factor
+    else cpu_mem = total_params * 4 * gpus_per_node * buffer_factor end
+  end
+  return floor(cpu_mem), floor(gpu_mem), largest_layer_memory
+end
+
+local function header(total, largest, gpn, nodes)
+  local s = fmt("Estimated memory needed for params, optim states and gradients for a:\n" ..
+    "HW: Setup with %d %s, %d %s per node.\nSW: Model with %dM total params", nodes,
+    nodes > 1 and "nodes" or "node", gpn, gpn > 1 and "GPUs" or "GPU", floor(total / 1e6))
+  if largest then s = s .. fmt(", %dM largest layer params", floor(largest / 1e6)) end
+  return s .. ".\n  per CPU  |  per GPU |   Options"
+end
+
+local function row(cpu, gpu, opts) return fmt(" %7.2fGB | %6.2fGB | %s", cpu / 2 ^ 30, gpu / 2 ^ 30, opts) end
+
+local function options(o)
+  local gpn = o.gpus_per_node or o.num_gpus_per_node or 1
+  local nodes = o.num_nodes or o.nodes or 1
+  if gpn < 1 or nodes < 1 or gpn ~= floor(gpn) or nodes ~= floor(nodes) then
+    error(fmt("memory estimate: gpus_per_node and num_nodes must be positive integers, got %s and %s",
+      tostring(gpn), tostring(nodes)), 0)
+  end
+  return gpn, nodes, o.additional_buffer_factor or 1.5
+end
+
+-- zr.memory.estimate_zero2(model_or_config, {gpus_per_node=, num_nodes=, additional_buffer_factor=,
+-- quiet=}) prints DeepSpeed's ZeRO-2 table and returns {total_params=, rows={{cpu=, gpu=,
+-- offload_optimizer=}}, text=}.
+function M.estimate_zero2(x, o)
+  o = o or {}
+  local gpn, nodes, abf = options(o)
+  local total = o.total_params or (M.count(x))
+  local res = { total_params = total, gpus_per_node = gpn, num_nodes = nodes, rows = {} }
+  local lines = { header(total, nil, gpn, nodes) }
+  for _, off in ipairs { true, false } do
+    local cpu, gpu = M.zero2_needs(total, gpn, nodes, off, abf)
+    local opt = "offload_optimizer=" .. (off and "cpu " or "none")
+    res.rows[#res.rows + 1] = { cpu = cpu, gpu = gpu, offload_optimizer = off, options = opt }
+    lines[#lines + 1] = row(cpu, gpu, opt)
+  end
+  res.text = table.concat(lines, "\n")
+  if not o.quiet then print(res.text) end
+  return res
+end
+
+-- zr.memory.estimate_zero3(...): the same for ZeRO-3, rows for every offload and zero_init
+-- combination, in DeepSpeed's order.
+function M.estimate_zero3(x, o)
+  o = o or {}
+  local gpn, nodes, abf = options(o)
+  local total, largest = o.total_params, o.largest_layer_params
+  if not total or not largest then
+    local t, l = M.count(x)
+    total, largest = total or t, largest or l
+  end
+  local res = { total_params = total, largest_layer_params = largest, gpus_per_node = gpn, num_nodes = nodes, rows = {} }
+  local lines = { header(total, largest, gpn, nodes) }
+  for _, off in ipairs { true, false } do
+    for _, offp in ipairs { true, false } do
+      if off or not offp then
+        for _, zi in ipairs { true, false } do
+          local cpu, gpu = M.zero3_needs(total, largest, gpn, nodes, off, offp, zi, abf)
+          local opt = fmt("offload_param=%s, offload_optimizer=%s, zero_init=%d", offp and "cpu " or "none",
+            off and "cpu " or "none", zi and 1 or 0)
+          res.rows[#res.rows + 1] = { cpu = cpu, gpu = gpu, offload_optimizer = off, offload_param = offp,
+            zero_init = zi, options = opt }
+          lines[#lines + 1] = row(cpu, gpu, opt)
+        end
+      end
+    end
+  end
+  res.text = table.concat(lines, "\n")
+  if not o.quiet then print(res.text) end
+  return res
+end
+
+-- ---------- CLI: zrun estimate MODEL [--gpus-per-node N] [--nodes M] [--stage 2|3] ----------
+
+local USAGE = "usage: zrun estimate MODEL [--gpus-per-node N] [--nodes M] [--stage 2|3] [--buffer-factor F]\n" ..
+  "  MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name\n" ..
+  "         (" .. "meta-llama/Llama-3.2-1B, meta-llama/Meta-Llama-3-8B, gpt2, zrun/tiny-llama, ...)"
+
+-- Parses --key value / --key=value / --flag; positional arguments in order.
+function M.parse_args(args, flags)
+  local o, pos, i = {}, {}, 1
+  while i <= #args do
+    local a = args[i]
+    local k, v = a:match("^%-%-([%w%-]+)=(.*)$")
+    if not k then k = a:match("^%-%-([%w%-]+)$") end
+    if k then
+      if flags and flags[k] then o[k] = true
+      else
+        if v == nil then
+          i = i + 1
+          v = args[i]
+          if v == nil then error(fmt("--%s needs a value", k), 0) end
+        end
+        o[k] = v
+      end
+    else
+      pos[#pos + 1] = a
+    end
+    i = i + 1
+  end
+  return o, pos
+end
+
+local function posint(s, what)
+  local n = tonumber(s)
+  if not n or n < 1 or n ~= floor(n) then error(fmt("%s must be a positive integer, got '%s'", what, tostring(s)), 0) end
+  return n
+end
+
+function M.main_estimate(args)
+  local o, pos = M.parse_args(args or {}, { help = true })
+  if o.help or #pos ~= 1 then
+    print(USAGE)
+    return o.help and 0 or 1
+  end
+  local known = { ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1, ["buffer-factor"] = 1, help = 1 }
+  for k in pairs(o) do
+    if not known[k] then error(fmt("zrun estimate: unknown option --%s\n%s", k, USAGE), 0) end
+  end
+  local opts = { gpus_per_node = posint(o["gpus-per-node"] or o.gpus or 1, "--gpus-per-node"),
+    num_nodes = posint(o.nodes or 1, "--nodes"), additional_buffer_factor = tonumber(o["buffer-factor"] or 1.5) }
+  local stage = o.stage and tonumber(o.stage)
+  if o.stage and stage ~= 2 and stage ~= 3 then error("zrun estimate: --stage must be 2 or 3, got " .. o.stage, 0) end
+  local total, largest = M.count(pos[1])
+  opts.total_params, opts.largest_layer_params = total, largest
+  if stage ~= 3 then
+    print("ZeRO-2 (DeepSpeed's estimate_zero2_model_states_mem_needs_all_live):")
+    M.estimate_zero2(pos[1], opts)
+  end
+  if not stage then print("") end
+  if stage ~= 2 then
+    print("ZeRO-3 (DeepSpeed's estimate_zero3_model_states_mem_needs_all_live):")
+    M.estimate_zero3(pos[1], opts)
+  end
+  print("\nModel states only (DeepSpeed's estimator). Activations, buffers and zrun's exact layout:\n" ..
+    "  zrun plan " .. pos[1] .. " --micro-batch B --seq-len T --gpus-per-node N --nodes M")
+  return 0
+end
+
+return M

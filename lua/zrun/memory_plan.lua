@@ -1,0 +1,744 @@
+-- zr.memory.plan{...}: the per-rank peak of every memory category (params, grads, optimizer,
+-- activations, comm, workspace) on the training device and in host memory, predicted from the
+-- model config and the DeepSpeed config before anything is allocated, following what zrun's
+-- engine (runtime/zero.c, lua/zrun/engine.lua) and ops actually allocate — not DeepSpeed's
+-- rules of thumb. Activations come from replaying the Llama forward and backward on a model of
+-- the autograd tape (which op allocates what, what each node saves, when backward frees it).
+-- Also `fit` advice (which settings fit a GPU) and the `zrun plan` command.
+local E = require "zrun.memory_estimate"
+
+local M = {}
+local fmt, floor, ceil, max, min, concat = string.format, math.floor, math.ceil, math.max, math.min, table.concat
+
+-- When Lua collects the tensors a step leaves behind. LuaJIT's collector does not see tensor
+-- memory, so an op's output lives until a collection, not until its last use:
+--   "none"     nothing collects during a step (zrun today): every forward output lives until the
+--              step ends, and with checkpointing the recomputed ones too;
+--   "backward" a full collection right before backward: only what autograd saved survives;
+--   "ideal"    tensors die with their last Lua reference (as with refcounting).
+-- The plan assumes the previous step's garbage was collected (zr.Trainer collects each step).
+M.DEFAULT_GC = "none"
+
+local DTYPE_BYTES = { f32 = 4, float32 = 4, bf16 = 2, bfloat16 = 2, f16 = 2, fp16 = 2, float16 = 2 }
+local function canon_dtype(d)
+  if d == "float32" then return "f32" end
+  if d == "bfloat16" then return "bf16" end
+  if d == "fp16" or d == "float16" then return "f16" end
+  return d
+end
+
+local function human(b) return require("zrun.memory").human(b) end
+
+-- ---------------------------------------------------------------------------------------------
+-- A model of the autograd tape. Storages carry bytes and a reference count; values are views of
+-- storages with a contiguity flag; nodes keep their inputs' producers and saved storages.
+-- ---------------------------------------------------------------------------------------------
+local Sim = {}
+Sim.__index = Sim
+
+local function new_sim(o)
+  return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0 }, peak = { act = 0, grads = 0, ws = 0 },
+    frame = {}, held = {}, kept = {} }, Sim)
+end
+
+function Sim:count(cat, b)
+  local c = self.cur[cat] + b
+  self.cur[cat] = c
+  if c > self.peak[cat] then self.peak[cat] = c end
+end
+function Sim:alloc(bytes, cat)
+  local s = { bytes = bytes, refs = 1, cat = cat or "act" }
+  self:count(s.cat, bytes)
+  return s
+end
+function Sim:retain(s) s.refs = s.refs + 1 end
+function Sim:release(s)
+  s.refs = s.refs - 1
+  if s.refs == 0 then self:count(s.cat, -s.bytes) end
+end
+
+-- a new contiguous value (owning one reference)
+function Sim:new(bytes, cat) return { s = self:alloc(bytes, cat), n = bytes, c = true } end
+function Sim:share(v, contig)
+  self:retain(v.s)
+  return { s = v.s, n = v.n, c = contig == nil and v.c or contig }
+end
+function Sim:drop(v) if v then self:release(v.s) end end
+-- zr_tensor_to_raw / zr_cpu_in: the same storage when contiguous, else a contiguous copy
+function Sim:raw(v)
+  if v.c then return self:share(v, true) end
+  return self:new(v.n, v.s.cat)
+end
+
+-- An op output held by Lua (the userdata keeps it alive until the collector runs).
+function Sim:lua(v)
+  self.frame[#self.frame + 1] = v
+  return v
+end
+-- End of a Lua function's frame: its locals become garbage.
+function Sim:end_frame(recompute)
+  local mode = self.o.gc
+  for _, v in ipairs(self.frame) do
+    if mode == "ideal" then self:drop(v)
+    elseif recompute then self.kept[#self.kept + 1] = v -- no collection inside backward
+    else self.held[#self.held + 1] = v end
+  end
+  self.frame = {}
+end
+-- The collection before backward (gc == "backward"): everything but what `keep` holds.
+function Sim:collect(keep)
+  for _, v in ipairs(self.held) do if not keep[v] then self:drop(v) end end
+  self.held = {}
+  for v in pairs(keep) do self.held[#self.held + 1] = v end
+end
+
+-- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil.
+function Sim:record(out, inputs, saved, bwd)
+  if self.grad_on == false then return out end -- under no_grad nothing is recorded or saved
+  local n = { inputs = inputs, saved = {}, bwd = bwd }
+  for _, v in ipairs(saved or {}) do
+    self:retain(v.s)
+    n.saved[#n.saved + 1] = v.s
+  end
+  self.tape[#self.tape + 1] = n
+  out.node = n
+  return out
+end
+
+-- Adds g into a pending gradient slot (autograd's accumulate_node: a new sum, then both freed).
+function Sim:accumulate(node, g)
+  if not node.slot then node.slot = g; return end
+  local s = self:new(g.n)
+  self:drop(node.slot)
+  self:drop(g)
+  node.slot = s
+end
+
+-- A parameter's gradient arriving (zr_accumulate_leaf_grad, then the ZeRO hook).
+function Sim:leaf_grad(leaf, g)
+  if g then
+    if leaf.static then -- stages 0-1: fp32 .grad preallocated, added into in place
+    elseif not leaf.grad then leaf.grad = self:alloc(leaf.bytes, "grads") end
+    self:drop(g)
+  end
+  leaf.pending = leaf.pending - 1
+  if leaf.pending == 0 and leaf.param and leaf.grad then -- hook: packed into the bucket, freed
+    self:release(leaf.grad)
+    leaf.grad = nil
+  end
+end
+
+-- Runs backward over `tape` from root node with gradient g (zr_backward).
+function Sim:backward(tape, root, g)
+  for _, n in ipairs(tape) do
+    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = 0 end end
+  end
+  for _, n in ipairs(tape) do
+    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = v.leaf.pending + 1 end end
+  end
+  root.slot = g
+  for k = #tape, 1, -1 do
+    local n = tape[k]
+    local gk = n.slot
+    n.slot = nil
+    if gk then
+      local gins = n.bwd(self, n, gk) or {}
+      for i, v in ipairs(n.inputs) do
+        local gi = gins[i]
+        if v and v.node then
+          if gi then self:accumulate(v.node, gi) end
+        elseif v and v.leaf then self:leaf_grad(v.leaf, gi)
+        elseif gi then self:drop(gi) end
+      end
+      self:drop(gk)
+    else
+      for _, v in ipairs(n.inputs) do if v and v.leaf then self:leaf_grad(v.leaf, nil) end end
+    end
+    for _, s in ipairs(n.saved) do self:release(s) end
+    n.saved = {}
+  end
+end
+
+-- ---------- ops, as runtime/ops_*.c allocate them on the CPU path ----------
+
+-- linear: out (rows, o); saves x (and the weight, a parameter); backward dx, dW.
+function Sim:linear(x, W, o_bytes)
+  local out = self:lua(self:new(o_bytes))
+  return self:record(out, { x, W }, { x }, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    local dw = S:new(W.leaf.bytes)
+    S:drop(gi)
+    return { dx, dw }
+  end)
+end
+
+function Sim:rms_norm(x, w, rows)
+  local out = self:lua(self:new(x.n))
+  local rstd = self:new(rows * 4)
+  self:record(out, { x, w }, { x, rstd }, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    local dw = S:new(w.leaf.numel * 4)
+    S:drop(gi)
+    return { dx, dw }
+  end)
+  self:drop(rstd)
+  return out
+end
+
+function Sim:view(x) -- zr view/reshape of a contiguous tensor: no copy; backward to_input
+  local out = self:lua({ s = x.s, n = x.n, c = x.c })
+  self:retain(x.s)
+  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
+end
+function Sim:reshape(x)
+  if x.c then return self:view(x) end
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
+end
+function Sim:transpose(x)
+  self:retain(x.s)
+  local out = self:lua({ s = x.s, n = x.n, c = not x.c })
+  return self:record(out, { x }, nil, function(S, _, g) return { S:share(g, not g.c) } end)
+end
+function Sim:narrow(x, bytes, contig)
+  self:retain(x.s)
+  local out = self:lua({ s = x.s, n = bytes, c = contig })
+  return self:record(out, { x }, nil, function(S, _, g)
+    local z = S:new(x.n)
+    local gc = S:raw(g)
+    S:drop(gc)
+    return { z }
+  end)
+end
+function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient back
+  local out = self:lua(self:new(bytes))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
+end
+
+function Sim:rope(x)
+  local xi = self:raw(x) -- the kernel reads a contiguous input
+  local out = self:lua(self:new(x.n))
+  self:drop(xi)
+  return self:record(out, { x }, nil, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    S:drop(gi)
+    return { dx }
+  end)
+end
+
+function Sim:sdpa(q, k, v, lse_bytes, gqa)
+  local ins = { self:raw(q), self:raw(k), self:raw(v) }
+  local out = self:lua(self:new(q.n))
+  local lse = self:new(lse_bytes)
+  for _, t in ipairs(ins) do self:drop(t) end
+  self:record(out, { q, k, v }, { q, k, v, out, lse }, function(S, _, g)
+    local tmp = { S:raw(q), S:raw(k), S:raw(v), S:raw(out), S:raw(g) }
+    local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
+    local wk, wv
+    if gqa then wk, wv = S:new(q.n, "ws"), S:new(q.n, "ws") end
+    S:drop(wk); S:drop(wv)
+    for _, t in ipairs(tmp) do S:drop(t) end
+    return { dq, dk, dv }
+  end)
+  self:drop(lse)
+  return out
+end
+
+function Sim:add(a, b)
+  local out = self:lua(self:new(a.n))
+  return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
+end
+function Sim:mul(a, b)
+  local out = self:lua(self:new(a.n))
+  return self:record(out, { a, b }, { a, b }, function(S, _, g)
+    local gi = S:raw(g)
+    local da, db = S:new(a.n), S:new(b.n)
+    S:drop(gi)
+    return { da, db }
+  end)
+end
+function Sim:silu(x)
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, { x }, function(S, _, g)
+    local gx = S:new(x.n)
+    local gi = S:raw(g)
+    S:drop(gi)
+    return { gx }
+  end)
+end
+function Sim:embedding(ids, W, out_bytes, dt)
+  local out = self:lua(self:new(out_bytes))
+  return self:record(out, { false, W }, { ids }, function(S, _, g)
+    local gw = S:new(W.leaf.numel * 4)
+    local gi = S:raw(g)
+    local c
+    if dt ~= 4 then c = S:new(W.leaf.bytes) end
+    S:drop(gi)
+    if c then S:drop(gw); return { nil, c } end
+    return { nil, gw }
+  end)
+end
+
+-- zr.checkpoint(fn, x): fn runs without recording; backward reruns it with grad on, backward
+-- through the recomputed graph, and hands x's gradient (a leaf gradient, category grads) back.
+function Sim:checkpoint(x, fn)
+  local saved_tape, saved_grad = self.tape, self.grad_on
+  self.tape, self.grad_on = {}, false
+  local out = fn(x)
+  self.tape, self.grad_on = saved_tape, saved_grad
+  local res = self:lua({ s = out.s, n = out.n, c = out.c })
+  self:retain(out.s)
+  return self:record(res, { x }, { x }, function(S, _, g)
+    local outer = S.tape
+    S.tape = {}
+    local leaf = { bytes = x.n, pending = 0 }
+    local xs = { s = x.s, n = x.n, c = x.c, leaf = leaf }
+    local y = fn(xs, true)
+    local inner = S.tape
+    S.tape = outer
+    S:retain(g.s)
+    S:backward(inner, y.node, { s = g.s, n = g.n, c = g.c })
+    local gx = leaf.grad and { s = leaf.grad, n = x.n, c = true }
+    -- the detached input was handed to Lua, and its .grad lives as long as that userdata
+    if gx and S.o.gc ~= "ideal" then S.kept[#S.kept + 1] = S:share(gx) end
+    return { gx }
+  end)
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
+-- ---------------------------------------------------------------------------------------------
+local function llama_activations(cfg, o)
+  local B, T = o.micro_batch, o.seq_len
+  local b = o.dtype_bytes
+  local H, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+  local Hq, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+  local D = cfg.head_dim or floor(H / Hq)
+  local N = B * T
+  local S = new_sim(o)
+  S.tape = {}
+
+  -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
+  local static = o.stage <= 1
+  local function P(numel) return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0 } } end
+  local embedW = P(V * H)
+  local layers = {}
+  for l = 1, L do
+    layers[l] = { q = P(Hq * D * H), k = P(KV * D * H), v = P(KV * D * H), o = P(H * Hq * D), g = P(I * H),
+      u = P(I * H), d = P(H * I), n1 = P(H), n2 = P(H) }
+  end
+  local normW = P(H)
+  local headW = cfg.tie_word_embeddings and embedW or P(V * H)
+
+  local ids = S:lua(S:new(N * 8)) -- input ids (the labels are the same tensor in a causal LM batch)
+
+  local function layer(p, x, recompute)
+    local a1 = S:rms_norm(x, p.n1, N)
+    local q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
+    local k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
+    local v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+    q, k = S:rope(q), S:rope(k)
+    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV)
+    local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
+    local h = S:add(x, ao)
+    local a2 = S:rms_norm(h, p.n2, N)
+    local gt = S:silu(S:linear(a2, p.g, N * I * b))
+    local up = S:linear(a2, p.u, N * I * b)
+    local out = S:add(h, S:linear(S:mul(gt, up), p.d, N * H * b))
+    S:end_frame(recompute)
+    return out
+  end
+
+  local h = S:embedding(ids, embedW, N * H * b, b)
+  for l = 1, L do
+    if o.gradient_checkpointing then
+      local p = layers[l]
+      h = S:checkpoint(h, function(x, recompute) return layer(p, x, recompute) end)
+    else
+      h = layer(layers[l], h)
+    end
+  end
+  S:end_frame()
+  -- head and loss (LlamaForCausalLM.forward, causal_lm_loss)
+  local hn = S:rms_norm(h, normW, N)
+  local logits = S:linear(hn, headW, N * V * b)
+  local rows = B * (T - 1)
+  local lg = S:reshape(S:narrow(logits, rows * V * b, B == 1))
+  if b ~= 4 then lg = S:cast(lg, rows * V * 4) end
+  if B > 1 then S:lua(S:new(rows * 8)) end -- labels narrowed and reshaped (a copy)
+  local lse = S:new(rows * 4)
+  local loss = S:lua(S:new(4))
+  local lws = S:new(rows * 4, "ws")
+  S:drop(lws)
+  S:record(loss, { lg }, { lg, lse }, function(S2, _, g)
+    local gi = S2:raw(g)
+    local gx = S2:new(lg.n)
+    S2:drop(gi)
+    return { gx }
+  end)
+  S:drop(lse)
+  S:end_frame()
+  local fwd_act = S.cur.act
+  if o.gc == "backward" then S:collect({ [logits] = true, [loss] = true }) end
+  local g0 = S:new(4)
+  S:backward(S.tape, loss.node, g0)
+  return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
+    workspace = S.peak.ws }
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- The plan
+-- ---------------------------------------------------------------------------------------------
+
+local function parse_bytes(s)
+  if type(s) == "number" then return s end
+  local n, u = tostring(s):match("^%s*([%d%.]+)%s*(%a*)%s*$")
+  n = tonumber(n)
+  if not n then error(fmt("cannot read '%s' as a memory size (e.g. 80GB, 24GiB, 512MB)", tostring(s)), 0) end
+  u = u:lower()
+  local mult = ({ [""] = 1, b = 1, k = 2 ^ 10, kb = 2 ^ 10, kib = 2 ^ 10, m = 2 ^ 20, mb = 2 ^ 20, mib = 2 ^ 20,
+    g = 2 ^ 30, gb = 2 ^ 30, gib = 2 ^ 30, t = 2 ^ 40, tb = 2 ^ 40, tib = 2 ^ 40 })[u]
+  if not mult then error(fmt("unknown memory unit '%s' in '%s' (use GB, GiB, MB, ...)", u, s), 0) end
+  return floor(n * mult)
+end
+M.parse_bytes = parse_bytes
+
+-- Settings from the arguments and the DeepSpeed config (arguments win).
+local function settings(o, cfg_model)
+  local W = o.world_size or ((o.gpus_per_node or 1) * (o.nodes or o.num_nodes or 1))
+  local ds = {}
+  if o.config then
+    ds = require("zrun.config").load(o.config, { world_size = W, hidden_size = cfg_model.hidden_size or cfg_model.n_embd })
+  end
+  local zc = ds.zero_optimization or {}
+  local s = { world_size = W, gpus_per_node = o.gpus_per_node or W, nodes = o.nodes or o.num_nodes or 1 }
+  s.stage = o.stage or zc.stage or 0
+  s.offload_optimizer = o.offload_optimizer
+  if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
+  s.offload_param = o.offload_param
+  if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
+  local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
+  s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
+  local dt = o.dtype
+  if not dt then
+    if ds.bf16 and ds.bf16.enabled == true then dt = "bf16"
+    elseif ds.fp16 and ds.fp16.enabled == true then dt = "f16"
+    else dt = "f32" end
+  end
+  s.dtype = canon_dtype(dt)
+  s.dtype_bytes = DTYPE_BYTES[s.dtype]
+  if not s.dtype_bytes then error(fmt("memory plan: dtype must be f32, bf16 or f16, got '%s'", tostring(dt)), 0) end
+  local mb = o.micro_batch or ds.train_micro_batch_size_per_gpu
+  s.micro_batch = type(mb) == "number" and mb or 1
+  s.seq_len = o.seq_len or 1024
+  s.gradient_checkpointing = o.gradient_checkpointing and true or false
+  s.gc = o.gc or M.DEFAULT_GC
+  s.device = o.device or "cuda"
+  s.gas = type(ds.gradient_accumulation_steps) == "number" and ds.gradient_accumulation_steps or 1
+  if s.stage < 0 or s.stage > 3 or s.stage ~= floor(s.stage) then
+    error("memory plan: zero_optimization.stage must be 0, 1, 2 or 3, got " .. tostring(s.stage), 0)
+  end
+  if s.offload_param and s.stage ~= 3 then
+    error("memory plan: zero_optimization.offload_param needs stage 3 (got stage " .. s.stage .. ")", 0)
+  end
+  if s.offload_optimizer and s.stage == 0 then
+    error("memory plan: zero_optimization.offload_optimizer needs stage 1, 2 or 3", 0)
+  end
+  if s.seq_len < 2 then error("memory plan: seq_len must be at least 2 (the causal LM loss shifts by one)", 0) end
+  return s
+end
+
+local CATS = { "params", "grads", "optimizer", "activations", "comm", "workspace" }
+M.categories = CATS
+
+-- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
+-- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, gc=, device=}
+-- Returns {device = {<category> = peak bytes, total=}, host = {...}, settings=, notes=, ...};
+-- tostring(plan) is the printed table.
+function M.plan(o)
+  o = o or {}
+  if o.model == nil then error("zr.memory.plan: `model` (a model, a config or a model name) is required", 2) end
+  local total, largest, list, r = E.count(o.model)
+  local cfg = r.config or {}
+  local s = settings(o, cfg)
+  local W, b = s.world_size, s.dtype_bytes
+  local Wc = s.stage == 0 and 1 or W -- chunks per parameter (zero.c: stage 0 keeps W = 1)
+  local S, max_c, maxn = 0, 0, 0
+  for _, p in ipairs(list) do
+    local c = ceil(p.numel / Wc)
+    S = S + c
+    if c > max_c then max_c = c end
+    if p.numel > maxn then maxn = p.numel end
+  end
+  local dev = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
+  local host = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
+  local notes = {}
+  local opt = s.offload_optimizer and host or dev
+
+  -- model states (zero.c: zr_zero_new)
+  opt.optimizer = 3 * S * 4 -- fp32 master, exp_avg, exp_avg_sq partitions
+  opt.grads = S * 4         -- reduced fp32 gradient partition
+  if s.stage <= 1 then dev.grads = dev.grads + total * 4 end -- full fp32 .grad per parameter
+  local init_params
+  if s.stage <= 2 then
+    dev.params = total * b
+    init_params = total * b
+  else
+    local shard = s.offload_param and host or dev
+    shard.params = S * b
+    -- The model is built whole before partitioning, and every weight a linear or norm saves for
+    -- backward stays alive through that saved reference after the engine releases it, so the
+    -- forward ends up holding all weights again (gathered ones are freed as backward clears them).
+    local ret = total
+    if s.gradient_checkpointing then
+      local per_layer = (total - (cfg.tie_word_embeddings and 1 or 2) * (cfg.vocab_size or 0) * (cfg.hidden_size or 0))
+        / (cfg.num_hidden_layers or 1)
+      ret = (cfg.vocab_size or 0) * (cfg.hidden_size or 0) + 2 * per_layer
+    end
+    dev.params = dev.params + ret * b
+    init_params = total * b
+    notes[#notes + 1] = "stage 3: the whole model is built before it is partitioned, and weights saved by autograd " ..
+      "stay alive after release until their backward runs, so the 16-bit weights peak near their full size"
+  end
+  -- comm buckets (zero.c): send W*cap fp32, plus compaction copy and receive buffer when W > 1
+  local cap = floor(s.reduce_bucket_size / Wc)
+  if cap < max_c then cap = max_c end
+  if cap > S then cap = S end
+  dev.comm = cap * Wc * 4 + (Wc > 1 and (cap * Wc * 4 + cap * 4) or 0)
+  local comm_tr = 0
+  if Wc > 1 and s.stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
+  if s.stage == 3 then comm_tr = max(comm_tr, ceil(maxn / Wc) * (Wc + 1) * b) end -- per-parameter gather
+  dev.comm = dev.comm + comm_tr
+  if s.offload_optimizer then host.comm = max_c * 4 end -- a bucket segment copied to the host
+
+  -- activations
+  local fam = E.family(cfg)
+  local act
+  if fam ~= "gpt2" then
+    act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
+      stage = s.stage, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc })
+    dev.activations = act.activations
+    dev.grads = dev.grads + act.leaf_grads
+    dev.workspace = act.workspace
+  else
+    notes[#notes + 1] = "activations are modelled for the Llama family only; gpt2 shows model states"
+  end
+  -- engine:step: the global gradient norm squares the fp32 gradient partition (a temporary of S
+  -- elements where the partition lives), while the step's uncollected activations still exist
+  local left = act and act.after_backward or 0
+  if s.offload_optimizer then host.activations = S * 4
+  else dev.activations = max(dev.activations, left + S * 4) end
+  if s.device == "cpu" and b ~= 4 then
+    notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
+  end
+  if s.gradient_checkpointing and s.gc == "none" then
+    notes[#notes + 1] = "checkpointing frees nothing while Lua does not collect during the step: the " ..
+      "recomputed and the discarded activations stay until a collection (gc = \"none\")"
+  end
+
+  local function sum(t)
+    local n = 0
+    for _, c in ipairs(CATS) do n = n + t[c] end
+    return n
+  end
+  dev.total = sum(dev)
+  host.total = sum(host)
+  -- the peak before training starts (stage 3 builds the model whole): without activations
+  local init_total = init_params + (dev.grads - (act and act.leaf_grads or 0)) +
+    (s.offload_optimizer and 0 or opt.optimizer) + (s.stage == 3 and not s.offload_param and S * b or 0)
+  if init_total > dev.total then dev.total = init_total end
+  if s.stage == 3 and init_params + (s.offload_param and 0 or S * b) > dev.params then
+    dev.params = init_params + (s.offload_param and 0 or S * b)
+  end
+
+  local plan = { device = dev, host = host, settings = s, notes = notes, total_params = total,
+    largest_layer_params = largest, partition_numel = S, name = r.name,
+    activations_forward = act and act.forward, host_per_node = host.total * s.gpus_per_node }
+  return setmetatable(plan, { __tostring = M.format })
+end
+
+function M.format(p)
+  local s = p.settings
+  local lines = {}
+  lines[1] = fmt("memory plan for %s (%s parameters), per rank", p.name or "model", require("zrun.memory_describe").commas(p.total_params))
+  lines[2] = fmt("  ZeRO stage %d, %d rank%s (%d per node x %d node%s), %s, micro-batch %d x %d tokens%s%s%s",
+    s.stage, s.world_size, s.world_size > 1 and "s" or "", s.gpus_per_node, s.nodes, s.nodes > 1 and "s" or "",
+    s.dtype, s.micro_batch, s.seq_len, s.gradient_checkpointing and ", activation checkpointing" or "",
+    s.offload_optimizer and ", optimizer offloaded" or "", s.offload_param and ", params offloaded" or "")
+  lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
+  for _, c in ipairs(CATS) do
+    lines[#lines + 1] = fmt("  %-12s %14s %14s", c, human(p.device[c]), human(p.host[c]))
+  end
+  lines[#lines + 1] = fmt("  %-12s %14s %14s", "peak total", human(p.device.total), human(p.host.total))
+  if s.gpus_per_node > 1 and p.host.total > 0 then
+    lines[#lines + 1] = fmt("  host memory per node (%d ranks): %s", s.gpus_per_node, human(p.host_per_node))
+  end
+  for _, n in ipairs(p.notes) do lines[#lines + 1] = "  note: " .. n end
+  return concat(lines, "\n")
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Fit: the cheapest settings that fit, in DeepSpeed's usual order.
+-- ---------------------------------------------------------------------------------------------
+
+local function biggest(p)
+  local best, bv = nil, -1
+  for _, c in ipairs(CATS) do if p.device[c] > bv then best, bv = c, p.device[c] end end
+  return best, bv
+end
+
+-- zr.memory.fit{model=, config=, micro_batch=, seq_len=, gpu_memory=, host_memory=, gpus_per_node=,
+-- nodes=, headroom=} -> {fits=, plan=, settings=, steps = {{change=, reason=, plan=, fits=}}, text=}
+function M.fit(o)
+  local gpu = parse_bytes(o.gpu_memory or error("zr.memory.fit: gpu_memory is required (e.g. \"80GB\")", 2))
+  local hostmem = o.host_memory and parse_bytes(o.host_memory)
+  -- CUDA context, allocator rounding and fragmentation: keep 5% and 1 GiB free
+  local usable = floor(gpu * (1 - (o.headroom or 0.05))) - (o.reserve or 2 ^ 30)
+  local cur = {}
+  for k, v in pairs(o) do cur[k] = v end
+  local base = M.plan(cur)
+  for k, v in pairs(base.settings) do if cur[k] == nil then cur[k] = v end end
+  cur.stage, cur.micro_batch = base.settings.stage, base.settings.micro_batch
+  local steps = {}
+  local function fits(p)
+    if p.device.total > usable then return false end
+    if hostmem and p.host_per_node > hostmem then return false end
+    return true
+  end
+  local function try(change, mutate, why)
+    local nxt = {}
+    for k, v in pairs(cur) do nxt[k] = v end
+    mutate(nxt)
+    local p = M.plan(nxt)
+    steps[#steps + 1] = { change = change, reason = why, plan = p, fits = fits(p) }
+    cur = nxt
+    return p
+  end
+  local p = base
+  steps[1] = { change = "as configured", reason = "", plan = p, fits = fits(p) }
+  local accepted = p
+  local function why_not(pl)
+    local c, v = biggest(pl)
+    local hostmsg = ""
+    if hostmem and pl.host_per_node > hostmem then
+      hostmsg = fmt("; host memory per node %s > %s", human(pl.host_per_node), human(hostmem))
+    end
+    return fmt("needs %s per GPU > %s usable (largest: %s %s)%s", human(pl.device.total), human(usable), c, human(v), hostmsg)
+  end
+  local order = {
+    { "stage 2", function(t) return t.stage < 2 end, function(t) t.stage = 2 end,
+      "shards gradients and optimizer states over the ranks (ZeRO-2)" },
+    { "stage 3", function(t) return t.stage < 3 end, function(t) t.stage = 3 end,
+      "shards the 16-bit parameters too (ZeRO-3)" },
+    { "offload_optimizer: cpu", function(t) return not t.offload_optimizer end, function(t) t.offload_optimizer = true end,
+      "moves fp32 master weights, Adam states and reduced gradients to pinned host memory" },
+    { "offload_param: cpu", function(t) return t.stage == 3 and not t.offload_param end, function(t) t.offload_param = true end,
+      "keeps parameter shards in host memory" },
+    { "activation checkpointing", function(t) return not t.gradient_checkpointing end,
+      function(t) t.gradient_checkpointing = true end, "keeps only each layer's input and recomputes the rest in backward" },
+  }
+  local i = 1
+  while not steps[#steps].fits do
+    local st = order[i]
+    if st then
+      i = i + 1
+      if st[2](cur) then
+        local before = accepted
+        local reason = why_not(before)
+        local prev = cur
+        local np = try(st[1], st[3], st[4])
+        local saved = before.device.total - np.device.total
+        local last = steps[#steps]
+        if saved <= 0 and not last.fits then -- no gain with zrun's allocation pattern: not kept
+          cur, last.skipped = prev, true
+          last.reason = fmt("%s: %s; saves nothing here (zrun today), so it is not kept", reason, st[4])
+        else
+          accepted = np
+          last.reason = fmt("%s: %s; saves %s per GPU", reason, st[4], human(saved))
+        end
+      end
+    elseif cur.micro_batch > 1 then
+      local before = accepted
+      local reason = why_not(before)
+      local mb = floor(cur.micro_batch / 2)
+      accepted = try(fmt("micro-batch %d (gradient accumulation x2 keeps the global batch)", mb),
+        function(t) t.micro_batch = mb end, "")
+      steps[#steps].reason = reason .. ": activations scale with the micro-batch"
+    else
+      break
+    end
+  end
+  local last = steps[#steps]
+  if last.skipped then for k = #steps, 1, -1 do if not steps[k].skipped then last = steps[k]; break end end end
+  local lines = { fmt("fit on %s GPUs (%s usable after 5%% and 1 GiB headroom)%s:", human(gpu), human(usable),
+    hostmem and (", " .. human(hostmem) .. " host memory per node") or "") }
+  for k, st in ipairs(steps) do
+    lines[#lines + 1] = fmt("  %d. %-40s GPU %12s  host/node %12s  %s", k, st.change, human(st.plan.device.total),
+      human(st.plan.host_per_node), st.fits and "fits" or (st.skipped and "skipped" or "does not fit"))
+    if st.reason ~= "" then lines[#lines + 1] = "       why: " .. st.reason end
+  end
+  if last.fits then
+    local ss = last.plan.settings
+    lines[#lines + 1] = fmt("proposal: zero_optimization.stage %d%s%s, micro-batch %d%s", ss.stage,
+      ss.offload_optimizer and ", offload_optimizer cpu" or "", ss.offload_param and ", offload_param cpu" or "",
+      ss.micro_batch, ss.gradient_checkpointing and ", activation checkpointing on" or "")
+  else
+    lines[#lines + 1] = "nothing fits: use more GPUs (stage 3 divides the states by the number of ranks), " ..
+      "a shorter sequence length, or GPUs with more memory"
+  end
+  local res = { fits = last.fits, plan = last.plan, settings = last.plan.settings, steps = steps, usable = usable }
+  res.text = concat(lines, "\n")
+  return setmetatable(res, { __tostring = function(t) return t.text end })
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T] [--gpus-per-node N --nodes M]
+--                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
+--                 [--offload-param] [--gc none|backward|ideal] [--fit --gpu-memory 80GB [--host-memory 512GB]]
+-- ---------------------------------------------------------------------------------------------
+local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
+                 [--gpus-per-node N] [--nodes M] [--stage 0-3] [--dtype f32|bf16|f16]
+                 [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
+                 [--device cuda|cpu] [--gc none|backward|ideal]
+                 [--fit --gpu-memory 80GB [--host-memory 512GB]]
+  MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name]==]
+
+function M.main_plan(args)
+  local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
+    ["offload-param"] = true }
+  local o, pos = E.parse_args(args or {}, flags)
+  if o.help or #pos ~= 1 then
+    print(USAGE)
+    return o.help and 0 or 1
+  end
+  local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
+    dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
+    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1 }
+  for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
+  local function int(k)
+    if o[k] == nil then return nil end
+    local n = tonumber(o[k])
+    if not n or n < 0 or n ~= floor(n) then error(fmt("zrun plan: --%s must be an integer, got '%s'", k, o[k]), 0) end
+    return n
+  end
+  local gc = o.gc
+  if gc and gc ~= "none" and gc ~= "backward" and gc ~= "ideal" then error("zrun plan: --gc must be none, backward or ideal", 0) end
+  local opts = { model = pos[1], config = o.config, micro_batch = int("micro-batch"), seq_len = int("seq-len"),
+    gpus_per_node = int("gpus-per-node") or int("gpus") or 1, nodes = int("nodes") or 1, stage = int("stage"),
+    dtype = o.dtype, gradient_checkpointing = o["gradient-checkpointing"] or nil,
+    offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
+    device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"] }
+  if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
+  print(tostring(M.plan(opts)))
+  if o.fit then
+    if not o["gpu-memory"] then error("zrun plan --fit needs --gpu-memory (e.g. --gpu-memory 80GB)", 0) end
+    print("")
+    print(tostring(M.fit(opts)))
+  end
+  return 0
+end
+
+return M
