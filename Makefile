@@ -13,6 +13,7 @@ LIBDIRS  := $(if $(DEPS_PREFIX),$(DEPS_PREFIX)/usr/lib/$(MULTIARCH) ,)/usr/lib/$
 findlib   = $(firstword $(wildcard $(addsuffix /$(1),$(LIBDIRS))))
 
 VERSION  := 0.1.0
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
 GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CFLAGS   ?= -O3 -march=x86-64-v3 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -pthread -Iruntime -Ikernels -Ilua \
@@ -70,7 +71,7 @@ ifneq ($(HAVE_NVCC),)
   endif
 endif
 
-.PHONY: all deps test run bench clean features check-luajit
+.PHONY: all deps test run bench clean features check-luajit test-cuda
 check-luajit:
 	@test -n "$(LUAJIT_A)" || { echo "LuaJIT static library (libluajit-5.1.a) not found: run 'make deps' or pass DEPS_PREFIX=dir"; exit 1; }
 
@@ -134,16 +135,25 @@ deps:
 	else echo "make deps: all Debian packages present"; fi
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(TEST_BIN)
 	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/run.sh
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(NPROC) all
 	./$(BIN) recipes/finetune_llama.lua
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN)
 	@sh tests/bench/run.sh
+
+# CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host
+# references; both print "N passed, N failed".
+FUSED_TEST := $(BUILD)/tests/test_fused_kernels
+$(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+test-cuda: all $(FUSED_TEST)
+	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 
 clean:
 	rm -rf build zrun

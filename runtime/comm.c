@@ -15,7 +15,12 @@
 #endif
 
 static zr_comm_info info = {0, 0, 1, 0, 1, 0, "none"};
+#if defined(ZR_HAVE_CUDA) && defined(ZR_HAVE_NCCL)
+extern const zr_comm_device_backend zr_nccl_backend;
+static const zr_comm_device_backend *device_backend = &zr_nccl_backend;
+#else
 static const zr_comm_device_backend *device_backend;
+#endif
 
 void zr_comm_set_device_backend(const zr_comm_device_backend *b) { device_backend = b; }
 const zr_comm_info *zr_comm_get(void) { return &info; }

@@ -18,6 +18,118 @@ static int unary_uses_y(int op) {
            op == ZR_UN_TANH || op == ZR_UN_RECIPROCAL;
 }
 
+/* --- CUDA path: same math through kernels/cuda/elementwise.h on the device's compute stream.
+ * Operands keep their dtype (bf16/f16 compute in f32 inside the kernels); strided inputs are read
+ * in place where the kernel takes strides. Each helper is zr_no_cuda in a CPU-only build. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/elementwise.h"
+
+static zr_status dev_status(int rc, const char *op, zr_device dev) {
+    if (!rc) return ZR_OK;
+    char d[16];
+    zr_error_prefix("%s on %s: ", op, zr_device_name(dev, d));
+    return ZR_ERR;
+}
+#endif
+
+static zr_status unary_forward_dev(zr_tensor *out, zr_tensor *x, int op, double p) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *xi = zr_tensor_contiguous_raw(x);
+    if (!xi) return ZR_ERR;
+    int rc = unary_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_numel(x), op, p,
+                                x->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(xi);
+    return dev_status(rc, unary_names[op], dev);
+#else
+    return zr_no_cuda(unary_names[op]);
+#endif
+}
+
+static zr_status unary_backward_dev(zr_tensor *gx, zr_tensor *g, zr_tensor *xy, int op, double p) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(gx);
+    zr_tensor *gi = zr_tensor_to_raw(g, gx->dtype, dev), *vi = zr_tensor_to_raw(xy, gx->dtype, dev);
+    int rc = -1;
+    if (gi && vi) {
+        void *v = zr_tensor_data(vi);
+        rc = unary_backward_cuda(zr_tensor_data(gx), zr_tensor_data(gi), unary_uses_y(op) ? NULL : v,
+                                 unary_uses_y(op) ? v : NULL, zr_tensor_numel(gx), op, p, gx->dtype,
+                                 zr_cuda_stream(dev));
+    }
+    zr_tensor_release(gi);
+    zr_tensor_release(vi);
+    if (!gi || !vi) return ZR_ERR;
+    return dev_status(rc, unary_names[op], dev);
+#else
+    return zr_no_cuda(unary_names[op]);
+#endif
+}
+
+/* out (dtype dt, broadcast shape) = a op b. Integer results compute in f32, like the CPU. */
+static zr_status binary_forward_dev(zr_tensor *out, int op, zr_tensor *a, zr_tensor *b, int ndim,
+                                    const int64_t *shape) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(out);
+    zr_dtype ct = zr_dtype_is_float(out->dtype) ? out->dtype : ZR_F32;
+    zr_tensor *ai = a->dtype == ct ? zr_tensor_retain(a) : zr_tensor_to_raw(a, ct, dev);
+    zr_tensor *bi = b->dtype == ct ? zr_tensor_retain(b) : zr_tensor_to_raw(b, ct, dev);
+    zr_tensor *o = out->dtype == ct ? zr_tensor_retain(out)
+                                    : zr_tensor_new_cat(ct, dev, out->ndim, out->shape, ZR_MEM_WORKSPACE, 0);
+    zr_status st = ZR_ERR;
+    if (ai && bi && o) {
+        int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], one = 1;
+        int nd = ndim ? ndim : 1;
+        const int64_t *sh = ndim ? shape : &one;
+        if (ndim) {
+            zr_broadcast_strides(ai, ndim, shape, as);
+            zr_broadcast_strides(bi, ndim, shape, bs);
+        } else
+            as[0] = bs[0] = 1;
+        int rc = binary_forward_cuda(zr_tensor_data(o), zr_tensor_data(ai), as, zr_tensor_data(bi), bs, nd,
+                                     sh, op, ct, zr_cuda_stream(dev));
+        st = dev_status(rc, binary_names[op], dev);
+        if (!st && o != out) st = zr_tensor_copy_(out, o);
+    }
+    zr_tensor_release(ai);
+    zr_tensor_release(bi);
+    zr_tensor_release(o);
+    return st;
+#else
+    return zr_no_cuda(binary_names[op]);
+#endif
+}
+
+static zr_status affine_forward_dev(zr_tensor *out, zr_tensor *x, double alpha, double beta) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *xi = zr_tensor_contiguous_raw(x);
+    if (!xi) return ZR_ERR;
+    int rc = affine_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_numel(x), alpha, beta,
+                                 x->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(xi);
+    return dev_status(rc, "affine", dev);
+#else
+    return zr_no_cuda("affine");
+#endif
+}
+
+/* dst += alpha * src for contiguous float dst of src's shape. */
+static zr_status axpy_dev(zr_tensor *dst, zr_tensor *src, double alpha) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(dst);
+    zr_tensor *s = zr_tensor_to_raw(src, dst->dtype, dev);
+    if (!s) return ZR_ERR;
+    int rc = axpy_cuda(zr_tensor_data(dst), zr_tensor_data(s), zr_tensor_numel(dst), alpha, dst->dtype,
+                       zr_cuda_stream(dev));
+    zr_tensor_release(s);
+    return dev_status(rc, "add_", dev);
+#else
+    return zr_no_cuda("add_");
+#endif
+}
+
 /* --- unary --- */
 
 static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
@@ -27,8 +139,12 @@ static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                                       ZR_MEM_ACTIVATIONS, 0);
     if (!gx) return ZR_ERR;
     if (!zr_is_cpu(xy)) {
-        zr_tensor_release(gx);
-        return zr_no_cuda(unary_names[op]);
+        if (unary_backward_dev(gx, g, xy, op, n->f[0])) {
+            zr_tensor_release(gx);
+            return ZR_ERR;
+        }
+        gin[0] = gx;
+        return ZR_OK;
     }
     zr_dtype ct = zr_cpu_compute_dtype(gx->dtype);
     zr_tensor *gi = zr_cpu_in(g, ct), *vi = zr_cpu_in(xy, ct), *o = zr_cpu_out_begin(gx, ct);
@@ -60,8 +176,8 @@ zr_tensor *zr_unary(int op, zr_tensor *x, double p) {
                                        ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
     if (!zr_is_cpu(x)) {
-        zr_no_cuda(name);
-        goto fail;
+        if (unary_forward_dev(out, x, op, p)) goto fail;
+        goto record;
     }
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *xi = zr_cpu_in(x, ct), *o = xi ? zr_cpu_out_begin(out, ct) : NULL;
@@ -72,6 +188,7 @@ zr_tensor *zr_unary(int op, zr_tensor *x, double p) {
     ZR_CPU_CALL(ct, unary_forward_cpu, zr_tensor_data(o), zr_tensor_data(xi), zr_tensor_numel(x), op, p);
     zr_tensor_release(xi);
     if (zr_cpu_out_end(out, o)) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, name, unary_backward, 1, &x, &n)) goto fail;
     if (n) {
@@ -154,12 +271,14 @@ static zr_tensor *binary_compute(int op, zr_tensor *a, zr_tensor *b, zr_dtype dt
     if (zr_broadcast_shape(name, a, b, &ndim, shape)) return NULL;
     zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(a), ndim, shape, ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
-    if (!zr_is_cpu(a)) {
-        zr_no_cuda(name);
-        zr_tensor_release(out);
-        return NULL;
-    }
     if (zr_tensor_numel(out) == 0) return out;
+    if (!zr_is_cpu(a)) {
+        if (binary_forward_dev(out, op, a, b, ndim, shape)) {
+            zr_tensor_release(out);
+            return NULL;
+        }
+        return out;
+    }
     zr_dtype ct = zr_cpu_compute_dtype(dt);
     zr_tensor *ai = zr_cpu_in(a, ct), *bi = zr_cpu_in(b, ct), *o = zr_cpu_out_begin(out, ct);
     zr_status st = ZR_ERR;
@@ -227,8 +346,8 @@ zr_tensor *zr_affine(zr_tensor *x, double alpha, double beta) {
                                        ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
     if (!zr_is_cpu(x)) {
-        zr_no_cuda("affine");
-        goto fail;
+        if (affine_forward_dev(out, x, alpha, beta)) goto fail;
+        goto record;
     }
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *xi = zr_cpu_in(x, ct), *o = xi ? zr_cpu_out_begin(out, ct) : NULL;
@@ -240,6 +359,7 @@ zr_tensor *zr_affine(zr_tensor *x, double alpha, double beta) {
                 alpha, beta);
     zr_tensor_release(xi);
     if (zr_cpu_out_end(out, o)) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, "affine", affine_backward, 1, &x, &n)) goto fail;
     if (n) n->f[0] = alpha;
@@ -253,8 +373,11 @@ fail:
 
 zr_status zr_add_(zr_tensor *dst, zr_tensor *src, double alpha) {
     if (zr_check_same_device("add_", 2, (zr_tensor *[]){dst, src})) return ZR_ERR;
-    if (!zr_is_cpu(dst)) return zr_no_cuda("add_");
-    if ((dst->dtype == ZR_F32 || dst->dtype == ZR_F64) && zr_tensor_is_contiguous(dst) &&
+    if (!zr_is_cpu(dst)) {
+        if (zr_dtype_is_float(dst->dtype) && zr_tensor_is_contiguous(dst) && zr_tensor_same_shape(dst, src))
+            return axpy_dev(dst, src, alpha);
+        /* otherwise the generic path below runs on the device */
+    } else if ((dst->dtype == ZR_F32 || dst->dtype == ZR_F64) && zr_tensor_is_contiguous(dst) &&
         zr_tensor_same_shape(dst, src)) {
         zr_tensor *s = zr_cpu_in(src, dst->dtype);
         if (!s) return ZR_ERR;
@@ -280,8 +403,10 @@ zr_status zr_add_(zr_tensor *dst, zr_tensor *src, double alpha) {
 }
 
 zr_status zr_mul_scalar_(zr_tensor *dst, double s) {
-    if (!zr_is_cpu(dst)) return zr_no_cuda("mul_");
-    if ((dst->dtype == ZR_F32 || dst->dtype == ZR_F64) && zr_tensor_is_contiguous(dst)) {
+    if (!zr_is_cpu(dst)) {
+        if (zr_dtype_is_float(dst->dtype) && zr_tensor_is_contiguous(dst))
+            return affine_forward_dev(dst, dst, s, 0);
+    } else if ((dst->dtype == ZR_F32 || dst->dtype == ZR_F64) && zr_tensor_is_contiguous(dst)) {
         void *p = zr_tensor_data(dst);
         ZR_CPU_CALL(dst->dtype, affine_forward_cpu, p, p, zr_tensor_numel(dst), s, 0);
         return ZR_OK;

@@ -55,6 +55,99 @@ static zr_tensor *rows_of(zr_tensor *x, const plan_t *p, zr_dtype ct) {
     return c;
 }
 
+/* --- CUDA path: kernels/cuda/reduce.h over the same (outer, r) rows, in the tensor's own dtype
+ * (sums accumulate in f64 inside the kernel). zr_no_cuda in a CPU-only build. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/reduce.h"
+
+static zr_status dev_status(int rc, const char *op, zr_device dev) {
+    if (!rc) return ZR_OK;
+    char d[16];
+    zr_error_prefix("%s on %s: ", op, zr_device_name(dev, d));
+    return ZR_ERR;
+}
+
+/* Contiguous (outer, r) rows of x in its own dtype, reduced dims last. */
+static zr_tensor *dev_rows(zr_tensor *x, const plan_t *p) {
+    zr_tensor *xp = zr_tensor_permute_raw(x, p->perm);
+    if (!xp) return NULL;
+    zr_tensor *c = zr_tensor_contiguous_raw(xp);
+    zr_tensor_release(xp);
+    return c;
+}
+#endif
+
+static zr_status sum_rows_dev(zr_tensor *out, zr_tensor *x, const plan_t *p, int mean, const char *op) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(x);
+    if (p->outer == 0) return ZR_OK;
+    if (p->r == 0) return zr_tensor_fill_(out, 0);
+    zr_tensor *rows = dev_rows(x, p), *ws = NULL;
+    if (!rows) return ZR_ERR;
+    int64_t wsz = (int64_t)reduce_sum_rows_cuda_workspace(p->outer, p->r);
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, &wsz, ZR_MEM_WORKSPACE, 0))) {
+        zr_tensor_release(rows);
+        return ZR_ERR;
+    }
+    int rc = reduce_sum_rows_cuda(zr_tensor_data(out), zr_tensor_data(rows), p->outer, p->r,
+                                  mean ? 1.0 / (double)p->r : 1.0, ws ? zr_tensor_data(ws) : NULL, x->dtype,
+                                  zr_cuda_stream(dev));
+    zr_tensor_release(rows);
+    zr_tensor_release(ws);
+    return dev_status(rc, op, dev);
+#else
+    return zr_no_cuda(op);
+#endif
+}
+
+static zr_status max_rows_dev(zr_tensor *out, zr_tensor *idx, zr_tensor *x, const plan_t *p) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(x);
+    if (p->outer == 0) return ZR_OK;
+    zr_tensor *rows = dev_rows(x, p);
+    if (!rows) return ZR_ERR;
+    int rc = reduce_max_rows_cuda(zr_tensor_data(out), zr_tensor_data(idx), zr_tensor_data(rows), p->outer, p->r,
+                                  x->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(rows);
+    return dev_status(rc, "max", dev);
+#else
+    return zr_no_cuda("max");
+#endif
+}
+
+static zr_status max_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    plan_t *p = n->ctx;
+    zr_edge *e = &n->edges[0];
+    zr_device dev = zr_tensor_device(g);
+    int64_t pshape[ZR_MAX_DIMS];
+    for (int i = 0; i < e->ndim; i++) pshape[i] = e->shape[p->perm[i]];
+    zr_tensor *gi = zr_tensor_to_raw(g, e->dtype, dev);
+    zr_tensor *gp = gi ? zr_tensor_new_cat(e->dtype, dev, e->ndim, pshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    if (!gp) {
+        zr_tensor_release(gi);
+        return ZR_ERR;
+    }
+    int rc = reduce_max_rows_backward_cuda(zr_tensor_data(gp), zr_tensor_data(gi),
+                                           (const int64_t *)zr_tensor_data(n->saved[0]), p->outer, p->r,
+                                           e->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(gi);
+    if (dev_status(rc, "max backward", dev)) {
+        zr_tensor_release(gp);
+        return ZR_ERR;
+    }
+    zr_tensor *back = zr_tensor_permute_raw(gp, p->inv);
+    zr_tensor_release(gp);
+    if (!back) return ZR_ERR;
+    gin[0] = zr_tensor_contiguous_raw(back);
+    zr_tensor_release(back);
+    return gin[0] ? ZR_OK : ZR_ERR;
+#else
+    return zr_no_cuda("max");
+#endif
+}
+
 /* Broadcast g (reduced shape) back to x's shape, times scale, in dtype dt. */
 static zr_tensor *expand_back(zr_tensor *g, int ndim, const int64_t *keep, const int64_t *shape,
                               double scale, zr_dtype dt) {
@@ -91,8 +184,8 @@ static zr_tensor *reduce_sum(const char *op, zr_tensor *x, int ndims, const int 
                                        ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
     if (!zr_is_cpu(x)) {
-        zr_no_cuda(op);
-        goto fail;
+        if (sum_rows_dev(out, x, &p, mean, op)) goto fail;
+        goto record;
     }
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *rows = rows_of(x, &p, ct), *o = rows ? zr_cpu_out_begin(out, ct) : NULL;
@@ -104,6 +197,7 @@ static zr_tensor *reduce_sum(const char *op, zr_tensor *x, int ndims, const int 
     if (mean) ZR_CPU_CALL(ct, affine_forward_cpu, zr_tensor_data(o), zr_tensor_data(o), p.outer, 1.0 / (double)p.r, 0);
     zr_tensor_release(rows);
     if (zr_cpu_out_end(out, o)) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, op, sum_backward, 1, &x, &n)) goto fail;
     if (n) {
@@ -131,6 +225,7 @@ zr_tensor *zr_mean(zr_tensor *x, int ndims, const int *dims, int keepdim) {
 
 /* saved[0]: argmax (outer) i64; ctx: plan. */
 static zr_status max_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    if (!zr_is_cpu(g)) return max_backward_dev(n, g, gin);
     plan_t *p = n->ctx;
     zr_edge *e = &n->edges[0];
     zr_dtype ct = zr_cpu_compute_dtype(e->dtype);
@@ -164,8 +259,8 @@ zr_tensor *zr_max(zr_tensor *x, int ndims, const int *dims, int keepdim, zr_tens
                                              ZR_MEM_ACTIVATIONS, 0) : NULL;
     if (!idx) goto fail;
     if (!zr_is_cpu(x)) {
-        zr_no_cuda("max");
-        goto fail;
+        if (max_rows_dev(out, idx, x, &p)) goto fail;
+        goto record;
     }
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *rows = rows_of(x, &p, ct), *o = rows ? zr_cpu_out_begin(out, ct) : NULL;
@@ -176,6 +271,7 @@ zr_tensor *zr_max(zr_tensor *x, int ndims, const int *dims, int keepdim, zr_tens
     ZR_CPU_CALL(ct, reduce_max_rows_cpu, zr_tensor_data(o), zr_tensor_data(idx), zr_tensor_data(rows), p.outer, p.r);
     zr_tensor_release(rows);
     if (zr_cpu_out_end(out, o)) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, "max", max_backward, 1, &x, &n)) goto fail;
     if (n) {

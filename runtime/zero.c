@@ -15,6 +15,10 @@
 #include "ops_reduce.h"
 #include "ops_util.h"
 #include "optim.h"
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "cuda/adamw.h"
+#endif
 
 typedef struct {
     zr_tensor *p;   /* the parameter (retained) */
@@ -396,7 +400,21 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
                        double beta2, double eps) {
     if (grad_scale != 1.0) ZR_CHECK(zr_mul_scalar_(z->gpart, grad_scale));
-    if (!zr_is_cpu(z->master)) return zr_error("ZeRO: the optimizer step on %s needs the CUDA AdamW kernel", "cuda");
+    if (!zr_is_cpu(z->master)) {
+#ifdef ZR_HAVE_CUDA
+        zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->n);
+        if (!segs) return zr_error("out of host memory");
+        for (int i = 0; i < z->n; i++) segs[i] = (zr_adamw_segment){z->ps[i].off, z->ps[i].c, (float)(z->ps[i].wd)};
+        int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v), NULL, ZR_F32,
+                                 zr_tensor_data(z->gpart), ZR_F32, segs, z->n, (float)lr, (float)beta1,
+                                 (float)beta2, (float)eps, step, NULL, zr_cuda_stream(zr_tensor_device(z->master)));
+        free(segs);
+        if (rc) return ZR_ERR;
+        return zr_zero_refresh_params(z);
+#else
+        return zr_no_cuda("ZeRO optimizer step");
+#endif
+    }
     float *pm = zr_tensor_data(z->master), *pg = zr_tensor_data(z->gpart);
     float *m = zr_tensor_data(z->m), *v = zr_tensor_data(z->v);
     for (int i = 0; i < z->n; i++) {

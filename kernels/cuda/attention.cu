@@ -1,0 +1,638 @@
+/* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
+ * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
+ * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. Not here: wgmma/TMA,
+ * dropout, non-causal masks, Dh other than 64/128. See attention.h for the contract. */
+#include "attention.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "error.h"
+}
+
+#define ATT_BLK 64 /* queries and keys per tile */
+#define ATT_THREADS 128
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
+
+/* ---- PTX helpers ---------------------------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* Per element type: packing two floats into an A fragment register and the mma itself. */
+template <typename T> struct mma_t;
+template <> struct mma_t<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float to_f(uint16_t h) {
+        return __uint_as_float((uint32_t)h << 16);
+    }
+    static __device__ __forceinline__ uint16_t from_f(float f) {
+        __nv_bfloat16 v = __float2bfloat16_rn(f);
+        return *reinterpret_cast<uint16_t *>(&v);
+    }
+};
+template <> struct mma_t<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ float to_f(uint16_t h) {
+        return __half2float(*reinterpret_cast<__half *>(&h));
+    }
+    static __device__ __forceinline__ uint16_t from_f(float f) {
+        __half v = __float2half_rn(f);
+        return *reinterpret_cast<uint16_t *>(&v);
+    }
+};
+
+/* Swizzled index of (row, col) in a tile with D columns: the 16-byte chunk index is XORed with
+ * row % 8 so that ldmatrix's 8 row addresses fall in 8 different bank groups. */
+template <int D> static __device__ __forceinline__ int swz(int row, int col) {
+    return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+/* cp.async a 64×D tile starting at row0 of a (T, D) matrix; rows >= T are zero-filled. */
+template <int D>
+static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int row0, int T,
+                                          int tid) {
+#pragma unroll
+    for (int c = tid; c < ATT_BLK * D / 8; c += ATT_THREADS) {
+        int row = c / (D / 8), ch = c % (D / 8);
+        int gr = row0 + row;
+        const uint16_t *src = g + (size_t)(gr < T ? gr : 0) * D + ch * 8;
+        cp_async16(s + row * D + ((ch ^ (row & 7)) << 3), src, gr < T ? 16 : 0);
+    }
+}
+
+/* A fragment (16×16) at (r0, c0) of a swizzled row-major tile. */
+template <int D>
+static __device__ __forceinline__ void lds_a(uint32_t a[4], const uint16_t *s, int r0, int c0, int lane) {
+    ldsm_x4(a, s + swz<D>(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, c0 + (lane >> 4) * 8));
+}
+/* B fragments of two n-tiles (n0, n0+8) × k16 at k0 from a tile stored [n][k]. */
+template <int D>
+static __device__ __forceinline__ void lds_b_nk(uint32_t b[4], const uint16_t *s, int n0, int k0,
+                                         int lane) {
+    ldsm_x4(b, s + swz<D>(n0 + (lane & 7) + (lane >> 4) * 8, k0 + ((lane >> 3) & 1) * 8));
+}
+/* B fragments of two n-tiles (n0, n0+8) × k16 at k0 from a tile stored [k][n] (transposed). */
+template <int D>
+static __device__ __forceinline__ void lds_b_kn(uint32_t b[4], const uint16_t *s, int k0, int n0,
+                                         int lane) {
+    ldsm_x4_t(b, s + swz<D>(k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n0 + (lane >> 4) * 8));
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). */
+template <typename T, int D>
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_fwd_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
+                    const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
+                    const uint16_t *__restrict__ v, int T_, int Hq, int G, float scale_log2) {
+    typedef mma_t<T> M;
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *sQ = smem, *sK = sQ + ATT_BLK * D, *sV = sK + 2 * ATT_BLK * D;
+    const int nT = (T_ + ATT_BLK - 1) / ATT_BLK;
+    const int qt = nT - 1 - blockIdx.y;
+    const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, Hkv = Hq / G;
+    const size_t kvoff = (size_t)(b * Hkv + h / G) * T_ * D;
+    const uint16_t *qb = q + (size_t)bh * T_ * D, *kb = k + kvoff, *vb = v + kvoff;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    load_tile<D>(sQ, qb, qt * ATT_BLK, T_, tid);
+    load_tile<D>(sK, kb, 0, T_, tid);
+    load_tile<D>(sV, vb, 0, T_, tid);
+    cp_async_commit();
+
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    uint32_t qf[D / 16][4];
+    const int qrow = qt * ATT_BLK + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+
+    for (int j = 0; j <= qt; ++j) {
+        if (j < qt) {
+            const int nb = (j + 1) & 1;
+            load_tile<D>(sK + nb * ATT_BLK * D, kb, (j + 1) * ATT_BLK, T_, tid);
+            load_tile<D>(sV + nb * ATT_BLK * D, vb, (j + 1) * ATT_BLK, T_, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) lds_a<D>(qf[kk], sQ, warp * 16, kk * 16, lane);
+        }
+        const uint16_t *cK = sK + (j & 1) * ATT_BLK * D, *cV = sV + (j & 1) * ATT_BLK * D;
+
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                uint32_t bf[4];
+                lds_b_nk<D>(bf, cK, np * 16, kk * 16, lane);
+                M::mma(s[2 * np], qf[kk], bf[0], bf[1]);
+                M::mma(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+        const bool diag = (j == qt);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[nt][e] * scale_log2;
+                if (diag) {
+                    int key = j * ATT_BLK + nt * 8 + t4 * 2 + (e & 1);
+                    if (key > qrow + (e >> 1) * 8) x = -INFINITY;
+                }
+                s[nt][e] = x;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            s[nt][0] = exp2f(s[nt][0] - mn0);
+            s[nt][1] = exp2f(s[nt][1] - mn0);
+            s[nt][2] = exp2f(s[nt][2] - mn1);
+            s[nt][3] = exp2f(s[nt][3] - mn1);
+            rs0 += s[nt][0] + s[nt][1];
+            rs1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            acc[i][0] *= al0;
+            acc[i][1] *= al0;
+            acc[i][2] *= al1;
+            acc[i][3] *= al1;
+        }
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+            uint32_t pf[4];
+            pf[0] = M::pack(s[2 * kc][0], s[2 * kc][1]);
+            pf[1] = M::pack(s[2 * kc][2], s[2 * kc][3]);
+            pf[2] = M::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            pf[3] = M::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t bf[4];
+                lds_b_kn<D>(bf, cV, kc * 16, dp * 16, lane);
+                M::mma(acc[2 * dp], pf, bf[0], bf[1]);
+                M::mma(acc[2 * dp + 1], pf, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    /* Stage the warp's 16 output rows in sQ (free now), then store 16-byte chunks. */
+    const int r0 = warp * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+        const int c = nt * 8 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(sQ + swz<D>(r0, c)) =
+            M::pack(acc[nt][0] * i0, acc[nt][1] * i0);
+        *reinterpret_cast<uint32_t *>(sQ + swz<D>(r0 + 8, c)) =
+            M::pack(acc[nt][2] * i1, acc[nt][3] * i1);
+    }
+    if (t4 == 0) {
+        if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 + log2f(l0)) * ATT_LN2;
+        if (qrow + 8 < T_) lse[(size_t)bh * T_ + qrow + 8] = (m1 + log2f(l1)) * ATT_LN2;
+    }
+    __syncwarp();
+    uint16_t *ob = o + (size_t)bh * T_ * D;
+#pragma unroll
+    for (int c = lane; c < 16 * D / 8; c += 32) {
+        const int row = warp * 16 + c / (D / 8), ch = c % (D / 8);
+        const int gr = qt * ATT_BLK + row;
+        if (gr < T_)
+            *reinterpret_cast<uint4 *>(ob + (size_t)gr * D + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sQ + row * D + ((ch ^ (row & 7)) << 3));
+    }
+}
+
+/* ---- backward ------------------------------------------------------------------------------- */
+
+/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row; D/8 threads per row. */
+template <typename T, int D>
+__global__ void attn_bwd_dot_kernel(float *__restrict__ Dd, const uint16_t *__restrict__ dout,
+                                    const uint16_t *__restrict__ o, int64_t rows) {
+    typedef mma_t<T> M;
+    const int per = D / 8;
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
+    const int ch = threadIdx.x % per;
+    float s = 0.f;
+    if (row < rows) {
+        uint4 a = *reinterpret_cast<const uint4 *>(dout + row * D + ch * 8);
+        uint4 c = *reinterpret_cast<const uint4 *>(o + row * D + ch * 8);
+        const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
+        const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += M::to_f(pa[e]) * M::to_f(pc[e]);
+    }
+#pragma unroll
+    for (int off = per / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (row < rows && ch == 0) Dd[row] = s;
+}
+
+/* dst[i] = T(sum_s src[s][i] * scale) for n elements; nsplit partial buffers spaced by n. */
+template <typename T>
+__global__ void attn_sum_convert_kernel(uint16_t *__restrict__ dst, const float *__restrict__ src,
+                                        int64_t n, int nsplit, float scale) {
+    typedef mma_t<T> M;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float4 a = reinterpret_cast<const float4 *>(src)[i];
+        for (int s = 1; s < nsplit; ++s) {
+            float4 c = reinterpret_cast<const float4 *>(src + (size_t)s * n)[i];
+            a.x += c.x;
+            a.y += c.y;
+            a.z += c.z;
+            a.w += c.w;
+        }
+        uint2 r;
+        r.x = (uint32_t)M::from_f(a.x * scale) | ((uint32_t)M::from_f(a.y * scale) << 16);
+        r.y = (uint32_t)M::from_f(a.z * scale) | ((uint32_t)M::from_f(a.w * scale) << 16);
+        reinterpret_cast<uint2 *>(dst)[i] = r;
+    }
+}
+
+/* grid: x = (b*Hkv + hk)*nsplit + split, y = kv tile j. Each block owns 64 keys of one kv head
+ * and loops over its share of the query group's heads and over query tiles i >= j; warp w owns
+ * keys w*16..w*16+15 and accumulates their dK, dV in registers. dQ goes out through f32 atomics.
+ * With nsplit > 1, dk/dv partials (f32, unscaled) go to ws_dkv for attn_sum_convert_kernel. */
+template <typename T, int D>
+__global__ void __launch_bounds__(ATT_THREADS)
+    attn_bwd_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
+                    float *__restrict__ ws_dkv, float *__restrict__ dqacc,
+                    const uint16_t *__restrict__ dout, const uint16_t *__restrict__ q,
+                    const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
+                    const float *__restrict__ lse, const float *__restrict__ Dd, int T_, int Hq,
+                    int G, int nsplit, int64_t kv_elems, float scale, float scale_log2) {
+    typedef mma_t<T> M;
+    extern __shared__ __align__(128) uint16_t smem[];
+    uint16_t *sK = smem, *sV = sK + ATT_BLK * D, *sQ = sV + ATT_BLK * D;
+    uint16_t *sdO = sQ + 2 * ATT_BLK * D, *sdS = sdO + 2 * ATT_BLK * D;
+    float *sL = reinterpret_cast<float *>(sdS + ATT_BLK * ATT_BLK), *sDd = sL + 2 * ATT_BLK;
+
+    const int nT = (T_ + ATT_BLK - 1) / ATT_BLK;
+    const int j = blockIdx.y;
+    const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
+    const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
+    const int Gs = G / nsplit, h0 = hk * G + split * Gs;
+    const int nq = nT - j, niter = Gs * nq;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    const size_t kvoff = (size_t)bhk * T_ * D;
+    load_tile<D>(sK, k + kvoff, j * ATT_BLK, T_, tid);
+    load_tile<D>(sV, v + kvoff, j * ATT_BLK, T_, tid);
+
+    /* Issues the loads of iteration it into buffer it & 1. */
+    auto prefetch = [&](int it) {
+        const int h = h0 + it / nq, i = j + it % nq, buf = it & 1;
+        const size_t qoff = ((size_t)b * Hq + h) * T_ * D;
+        load_tile<D>(sQ + buf * ATT_BLK * D, q + qoff, i * ATT_BLK, T_, tid);
+        load_tile<D>(sdO + buf * ATT_BLK * D, dout + qoff, i * ATT_BLK, T_, tid);
+        const size_t roff = ((size_t)b * Hq + h) * T_;
+        const int r = i * ATT_BLK + (tid & 63);
+        if (tid < 64)
+            sL[buf * ATT_BLK + tid] = r < T_ ? lse[roff + r] * ATT_LOG2E : INFINITY;
+        else
+            sDd[buf * ATT_BLK + (tid & 63)] = r < T_ ? Dd[roff + r] : 0.f;
+    };
+    prefetch(0);
+    cp_async_commit();
+
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.f;
+    const int key0 = j * ATT_BLK + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+
+    for (int it = 0; it < niter; ++it) {
+        if (it + 1 < niter) prefetch(it + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const int buf = it & 1, h = h0 + it / nq, i = j + it % nq;
+        const uint16_t *cQ = sQ + buf * ATT_BLK * D, *cdO = sdO + buf * ATT_BLK * D;
+        const float *cL = sL + buf * ATT_BLK, *cD = sDd + buf * ATT_BLK;
+
+        /* S^T = K_w Q^T and dP^T = V_w dO^T, 16 keys × 64 queries each. */
+        float st[8][4], dpt[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t kf[4], vf[4];
+            lds_a<D>(kf, sK, warp * 16, kk * 16, lane);
+            lds_a<D>(vf, sV, warp * 16, kk * 16, lane);
+#pragma unroll
+            for (int qp = 0; qp < 4; ++qp) {
+                uint32_t bq[4], bo[4];
+                lds_b_nk<D>(bq, cQ, qp * 16, kk * 16, lane);
+                lds_b_nk<D>(bo, cdO, qp * 16, kk * 16, lane);
+                M::mma(st[2 * qp], kf, bq[0], bq[1]);
+                M::mma(st[2 * qp + 1], kf, bq[2], bq[3]);
+                M::mma(dpt[2 * qp], vf, bo[0], bo[1]);
+                M::mma(dpt[2 * qp + 1], vf, bo[2], bo[3]);
+            }
+        }
+        /* P^T and dS^T = P^T ∘ (dP^T − D). */
+        const bool diag = (i == j);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int ql = n * 8 + t4 * 2 + (e & 1);
+                float p = exp2f(st[n][e] * scale_log2 - cL[ql]);
+                if (diag && key0 + (e >> 1) * 8 > i * ATT_BLK + ql) p = 0.f;
+                st[n][e] = p;
+                dpt[n][e] = p * (dpt[n][e] - cD[ql]);
+            }
+        }
+        /* dV += P^T dO and dK += dS^T Q, over 4 chunks of 16 queries. */
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+            uint32_t pf[4], sf[4];
+            pf[0] = M::pack(st[2 * kc][0], st[2 * kc][1]);
+            pf[1] = M::pack(st[2 * kc][2], st[2 * kc][3]);
+            pf[2] = M::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+            pf[3] = M::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+            sf[0] = M::pack(dpt[2 * kc][0], dpt[2 * kc][1]);
+            sf[1] = M::pack(dpt[2 * kc][2], dpt[2 * kc][3]);
+            sf[2] = M::pack(dpt[2 * kc + 1][0], dpt[2 * kc + 1][1]);
+            sf[3] = M::pack(dpt[2 * kc + 1][2], dpt[2 * kc + 1][3]);
+            /* dS^T to shared memory, [key][query], for the dQ product below. */
+            const int r = warp * 16 + g, c0 = kc * 16 + t4 * 2;
+            *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r, c0)) = sf[0];
+            *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r + 8, c0)) = sf[1];
+            *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r, c0 + 8)) = sf[2];
+            *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r + 8, c0 + 8)) = sf[3];
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t bo[4], bq[4];
+                lds_b_kn<D>(bo, cdO, kc * 16, dp * 16, lane);
+                lds_b_kn<D>(bq, cQ, kc * 16, dp * 16, lane);
+                M::mma(dva[2 * dp], pf, bo[0], bo[1]);
+                M::mma(dva[2 * dp + 1], pf, bo[2], bo[3]);
+                M::mma(dka[2 * dp], sf, bq[0], bq[1]);
+                M::mma(dka[2 * dp + 1], sf, bq[2], bq[3]);
+            }
+        }
+        __syncthreads();
+        /* dQ rows warp*16.. of this query tile = dS (16 × 64 keys) K (64 × D). */
+        float dq[D / 8][4];
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+            uint32_t af[4];
+            const int mi = lane >> 3;
+            ldsm_x4_t(af, sdS + swz<ATT_BLK>(kc * 16 + (lane & 7) + (mi >> 1) * 8,
+                                             warp * 16 + (mi & 1) * 8));
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t bk[4];
+                lds_b_kn<D>(bk, sK, kc * 16, dp * 16, lane);
+                M::mma(dq[2 * dp], af, bk[0], bk[1]);
+                M::mma(dq[2 * dp + 1], af, bk[2], bk[3]);
+            }
+        }
+        const int qr = i * ATT_BLK + warp * 16 + g;
+        float *dqb = dqacc + ((size_t)b * Hq + h) * T_ * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            const int c = n * 8 + t4 * 2;
+            if (qr < T_)
+                atomicAdd(reinterpret_cast<float2 *>(dqb + (size_t)qr * D + c),
+                          make_float2(dq[n][0], dq[n][1]));
+            if (qr + 8 < T_)
+                atomicAdd(reinterpret_cast<float2 *>(dqb + (size_t)(qr + 8) * D + c),
+                          make_float2(dq[n][2], dq[n][3]));
+        }
+        __syncthreads();
+    }
+
+    /* Epilogue: rows key0, key0 + 8 of this kv head. */
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+        const int c = n * 8 + t4 * 2;
+#pragma unroll
+        for (int hlf = 0; hlf < 2; ++hlf) {
+            const int key = key0 + hlf * 8;
+            if (key >= T_) continue;
+            const size_t off = kvoff + (size_t)key * D + c;
+            if (nsplit == 1) {
+                *reinterpret_cast<uint32_t *>(dk + off) =
+                    M::pack(dka[n][2 * hlf] * scale, dka[n][2 * hlf + 1] * scale);
+                *reinterpret_cast<uint32_t *>(dv + off) =
+                    M::pack(dva[n][2 * hlf], dva[n][2 * hlf + 1]);
+            } else {
+                float *wk = ws_dkv + (size_t)split * kv_elems, *wv = wk + (size_t)nsplit * kv_elems;
+                *reinterpret_cast<float2 *>(wk + off) =
+                    make_float2(dka[n][2 * hlf], dka[n][2 * hlf + 1]);
+                *reinterpret_cast<float2 *>(wv + off) =
+                    make_float2(dva[n][2 * hlf], dva[n][2 * hlf + 1]);
+            }
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+/* Splits of the query group per kv head in backward: more blocks when B*Hkv*tiles is small. */
+static int bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
+    const int64_t blocks = B * Hkv * ((T + ATT_BLK - 1) / ATT_BLK);
+    int ns = 1;
+    while (G % (ns * 2) == 0 && blocks * ns < 512) ns *= 2;
+    return ns;
+}
+
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                                                    int64_t Dh) {
+    if (B <= 0 || Hq <= 0 || Hkv <= 0 || T <= 0 || Dh <= 0 || Hq % Hkv) return 0;
+    const int ns = bwd_nsplit(B, Hkv, Hq / Hkv, T);
+    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + align16((size_t)(B * Hq * T) * 4);
+    if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dh * 4;
+    return n;
+}
+
+static int check_args(const char *fn, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh,
+                      zr_dtype dt) {
+    if (dt != ZR_BF16 && dt != ZR_F16)
+        return zr_error("%s: dtype %s not supported (bf16 or f16 expected)", fn,
+                        zr_dtype_name(dt));
+    if (Dh != 64 && Dh != 128)
+        return zr_error("%s: head_dim %lld not supported (64 or 128 expected)", fn, (long long)Dh);
+    if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv)
+        return zr_error("%s: bad shape B=%lld Hq=%lld Hkv=%lld T=%lld (Hq must be a multiple of "
+                        "Hkv)",
+                        fn, (long long)B, (long long)Hq, (long long)Hkv, (long long)T);
+    if (T > (int64_t)1 << 30 || B * Hq > (int64_t)1 << 30)
+        return zr_error("%s: shape too large B=%lld Hq=%lld T=%lld", fn, (long long)B,
+                        (long long)Hq, (long long)T);
+    return 0;
+}
+
+[[maybe_unused]] static int launch_check(const char *fn) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return zr_error("%s: CUDA launch failed: %s", fn, cudaGetErrorString(e));
+    return 0;
+}
+
+template <typename T, int D>
+static void fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
+    const int smem = 5 * ATT_BLK * D * 2;
+    cudaFuncSetAttribute(attn_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
+    attn_fwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
+        (uint16_t *)o, lse, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (int)T_,
+        (int)Hq, (int)(Hq / Hkv), scale * ATT_LOG2E);
+}
+
+extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const void *k,
+                                      const void *v, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                                      int64_t Dh, float scale, zr_dtype dtype,
+                                      cudaStream_t stream) {
+    const char *fn = "attention_forward_cuda";
+    if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
+    if (B == 0 || T == 0) return 0;
+    if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
+    if (dtype == ZR_BF16) {
+        if (Dh == 64) fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+        else fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+    } else {
+        if (Dh == 64) fwd_launch<__half, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+        else fwd_launch<__half, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+    }
+    return launch_check(fn);
+}
+
+template <typename T, int D>
+static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                      const void *v, const void *o, const float *lse, void *ws, int64_t B,
+                      int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
+    const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
+    float *dqacc = (float *)ws;
+    float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
+    float *wkv = (float *)((char *)Dd + align16((size_t)rows * 4));
+    const int G = (int)(Hq / Hkv), ns = bwd_nsplit(B, Hkv, G, T_);
+    if (cudaMemsetAsync(dqacc, 0, (size_t)nq * 4, st) != cudaSuccess) return -1;
+    const int per = D / 8, rpb = 256 / per;
+    attn_bwd_dot_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
+        Dd, (const uint16_t *)dout, (const uint16_t *)o, rows);
+    const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
+    cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
+    attn_bwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
+        (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout, (const uint16_t *)q,
+        (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
+        scale * ATT_LOG2E);
+    const unsigned cb = 132 * 8;
+    attn_sum_convert_kernel<T><<<cb, 256, 0, st>>>((uint16_t *)dq, dqacc, nq, 1, scale);
+    if (ns > 1) {
+        attn_sum_convert_kernel<T><<<cb, 256, 0, st>>>((uint16_t *)dk, wkv, nkv, ns, scale);
+        attn_sum_convert_kernel<T>
+            <<<cb, 256, 0, st>>>((uint16_t *)dv, wkv + (size_t)ns * nkv, nkv, ns, 1.f);
+    }
+    return 0;
+}
+
+extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
+                                       const void *q, const void *k, const void *v, const void *o,
+                                       const float *lse, void *workspace, int64_t B, int64_t Hq,
+                                       int64_t Hkv, int64_t T, int64_t Dh, float scale,
+                                       zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "attention_backward_cuda";
+    if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
+    if (B == 0 || T == 0) return 0;
+    if (!workspace) return zr_error("%s: workspace is NULL", fn);
+    if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
+    int rc;
+    if (dtype == ZR_BF16) {
+        if (Dh == 64)
+            rc = bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
+                                               Hq, Hkv, T, scale, stream);
+        else
+            rc = bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
+                                                Hq, Hkv, T, scale, stream);
+    } else {
+        if (Dh == 64)
+            rc = bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+                                        T, scale, stream);
+        else
+            rc = bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+                                         T, scale, stream);
+    }
+    if (rc) return zr_error("%s: cudaMemsetAsync of the dq accumulator failed", fn);
+    return launch_check(fn);
+}

@@ -1,0 +1,233 @@
+/* Fused cross-entropy (see cross_entropy.h): one block per row, 16-byte loads, a per-thread
+ * online (max, sum of exp) over chunks of V elements, then a block reduction of the pairs. */
+#include "cross_entropy.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "error.h"
+}
+
+/* ---- element access (kept local to this file; every fused .cu carries its own copy) -------- */
+template <typename T> static __device__ __forceinline__ float tof(T v);
+template <> __device__ __forceinline__ float tof<float>(float v) { return v; }
+template <> __device__ __forceinline__ float tof<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float tof<__half>(__half v) { return __half2float(v); }
+template <typename T> static __device__ __forceinline__ T fromf(float v);
+template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half fromf<__half>(float v) { return __float2half_rn(v); }
+
+/* V consecutive elements at p (16-byte aligned when V*sizeof(T) == 16) to/from floats. */
+template <typename T, int V> static __device__ __forceinline__ void ldv(float *f, const T *p) {
+    if (V * sizeof(T) == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(p[i]);
+    }
+}
+template <typename T, int V> static __device__ __forceinline__ void stv(T *p, const float *f) {
+    if (V * sizeof(T) == 16) {
+        uint4 r;
+        T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) e[i] = fromf<T>(f[i]);
+        *reinterpret_cast<uint4 *>(p) = r;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = fromf<T>(f[i]);
+    }
+}
+[[maybe_unused]] static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Sum (or max) over the block; every thread gets the result. red: >= 32 floats of shared memory. */
+[[maybe_unused]] static __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Runs BODY with T bound to the element type of dt; other dtypes return an error from fn. */
+#define ZR_FUSED_DISPATCH(fn, dt, ...)                                                             \
+    switch (dt) {                                                                                  \
+    case ZR_F32: { typedef float T; __VA_ARGS__; } break;                                          \
+    case ZR_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                                 \
+    case ZR_F16: { typedef __half T; __VA_ARGS__; } break;                                         \
+    default:                                                                                       \
+        return zr_error("%s: dtype %s not supported (f32, bf16 or f16 expected)", fn,              \
+                        zr_dtype_name(dt));                                                        \
+    }
+
+[[maybe_unused]] static int launch_check(const char *fn) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return zr_error("%s: CUDA launch failed: %s", fn, cudaGetErrorString(e));
+    return 0;
+}
+
+#define CE_THREADS 512
+
+/* Merges (m, s) pairs: s is a sum of exp(x - m). */
+static __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) return;
+    s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+    m = mn;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_fwd_kernel(float *__restrict__ loss, float *__restrict__ lse, const T *__restrict__ logits,
+                  const int64_t *__restrict__ targets, int64_t Vn, int64_t ignore) {
+    __shared__ float rm[32], rs[32];
+    const int64_t row = blockIdx.x;
+    const int64_t tgt = targets[row];
+    if (tgt == ignore) {
+        if (threadIdx.x == 0) loss[row] = 0.f, lse[row] = 0.f;
+        return;
+    }
+    const T *x = logits + row * Vn;
+    float m = -INFINITY, s = 0.f;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+        float f[V];
+        ldv<T, V>(f, x + i);
+        float cm = f[0];
+#pragma unroll
+        for (int k = 1; k < V; ++k) cm = fmaxf(cm, f[k]);
+        const float mn = fmaxf(m, cm);
+        float cs = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) cs += __expf(f[k] - mn);
+        s = s * __expf(m - mn) + cs; /* m = -inf on the first chunk: exp(-inf) = 0 */
+        m = mn;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        ms_merge(m, s, m2, s2);
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) rm[w] = m, rs[w] = s;
+    __syncthreads();
+    if (w == 0) {
+        m = l < CE_THREADS / 32 ? rm[l] : -INFINITY;
+        s = l < CE_THREADS / 32 ? rs[l] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
+                        s2 = __shfl_xor_sync(0xffffffffu, s, o);
+            ms_merge(m, s, m2, s2);
+        }
+        if (l == 0) {
+            const float z = m + logf(s);
+            lse[row] = z;
+            loss[row] = (tgt >= 0 && tgt < Vn) ? z - tof<T>(x[tgt]) : NAN;
+        }
+    }
+}
+
+/* One block: mean of loss over rows whose target != ignore, in a fixed order. */
+__global__ void ce_mean_kernel(float *__restrict__ mean, float *__restrict__ n_valid,
+                               const float *__restrict__ loss, const int64_t *__restrict__ targets,
+                               int64_t N, int64_t ignore) {
+    __shared__ float red[32];
+    float s = 0.f, c = 0.f;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x)
+        if (targets[i] != ignore) s += loss[i], c += 1.f;
+    s = block_sum(s, red);
+    c = block_sum(c, red);
+    if (threadIdx.x == 0) {
+        *mean = s / c; /* 0/0 = NaN when every row is ignored */
+        if (n_valid) *n_valid = c;
+    }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_bwd_kernel(T *dl, const T *x, const int64_t *__restrict__ targets,
+                  const float *__restrict__ lse, const float *__restrict__ dloss,
+                  int64_t dstride, int64_t Vn, int64_t ignore) {
+    const int64_t row = blockIdx.x;
+    const int64_t tgt = targets[row];
+    const bool ign = tgt == ignore;
+    const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
+    x += row * Vn;
+    dl += row * Vn;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+        float f[V];
+        if (!ign) ldv<T, V>(f, x + i);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
+        stv<T, V>(dl + i, f);
+    }
+}
+
+static int check_nv(const char *fn, int64_t N, int64_t V) {
+    if (N < 0 || V <= 0 || N > 0x7fffffffLL)
+        return zr_error("%s: bad shape N=%lld V=%lld", fn, (long long)N, (long long)V);
+    return 0;
+}
+
+extern "C" int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_mean,
+                                          float *n_valid, const void *logits,
+                                          const int64_t *targets, int64_t N, int64_t V,
+                                          int64_t ignore_index, zr_dtype dtype,
+                                          cudaStream_t stream) {
+    const char *fn = "cross_entropy_forward_cuda";
+    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (N > 0) {
+        ZR_FUSED_DISPATCH(fn, dtype, {
+            const int VW = 16 / sizeof(T);
+            if (V % VW == 0 && al16(logits))
+                ce_fwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                    loss, lse, (const T *)logits, targets, V, ignore_index);
+            else
+                ce_fwd_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                    loss, lse, (const T *)logits, targets, V, ignore_index);
+        });
+    }
+    if (loss_mean)
+        ce_mean_kernel<<<1, 1024, 0, stream>>>(loss_mean, n_valid, loss, targets, N, ignore_index);
+    return launch_check(fn);
+}
+
+extern "C" int cross_entropy_backward_cuda(void *dlogits, const void *logits,
+                                           const int64_t *targets, const float *lse,
+                                           const float *dloss, int64_t dloss_stride, int64_t N,
+                                           int64_t V, int64_t ignore_index, zr_dtype dtype,
+                                           cudaStream_t stream) {
+    const char *fn = "cross_entropy_backward_cuda";
+    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        const int VW = 16 / sizeof(T);
+        if (V % VW == 0 && al16(logits) && al16(dlogits))
+            ce_bwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                (T *)dlogits, (const T *)logits, targets, lse, dloss, dloss_stride, V,
+                ignore_index);
+        else
+            ce_bwd_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                (T *)dlogits, (const T *)logits, targets, lse, dloss, dloss_stride, V,
+                ignore_index);
+    });
+    return launch_check(fn);
+}

@@ -1,0 +1,38 @@
+/* Cross-entropy over a large vocabulary on CUDA, fused: forward reads each row of logits once
+ * (online max/sum) and writes only per-row f32 loss and logsumexp; backward writes the gradient
+ * softmax(x) - onehot(target), times the incoming gradient, straight into dlogits, which may be
+ * the logits buffer itself. No second (N, V) tensor is ever allocated.
+ * logits (N, V) in ZR_F32, ZR_BF16 or ZR_F16; targets (N) int64; rows whose target equals
+ * ignore_index (Hugging Face uses -100) get loss 0 and a zero gradient row. A target outside
+ * [0, V) that is not ignore_index gives a NaN loss for that row. */
+#ifndef ZR_CUDA_CROSS_ENTROPY_H
+#define ZR_CUDA_CROSS_ENTROPY_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "dtype.h" /* C header: inside the extern "C" block */
+
+/* loss (N) and lse (N) f32 per row. When loss_mean is non-NULL it receives the mean loss over
+ * non-ignored rows (NaN when there are none, like PyTorch), and n_valid (nullable) their count,
+ * both f32 scalars on the device, summed in a fixed order. */
+int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_mean, float *n_valid,
+                               const void *logits, const int64_t *targets, int64_t N, int64_t V,
+                               int64_t ignore_index, zr_dtype dtype, cudaStream_t stream);
+/* dlogits[r, j] = (exp(logits[r, j] - lse[r]) - (j == target[r])) * dloss[r * dloss_stride].
+ * dloss_stride 0 broadcasts one device scalar (for the mean: 1/n_valid times the upstream
+ * gradient). dlogits may equal logits (in place). */
+int cross_entropy_backward_cuda(void *dlogits, const void *logits, const int64_t *targets,
+                                const float *lse, const float *dloss, int64_t dloss_stride,
+                                int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
+                                cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,50 @@
+/* Row normalisations on CUDA: RMSNorm (plain and fused with the residual add) and LayerNorm,
+ * forward and backward, over rows of D contiguous elements (N rows). Statistics are computed in
+ * f32; x, y, w, b, dx, dw, db share one dtype (ZR_F32, ZR_BF16 or ZR_F16); rstd/mean are f32 (N).
+ * Weight gradients are reduced deterministically (per-block partials in a workspace, then a fixed
+ * order sum). Every call returns 0 or sets zr_error naming the kernel. */
+#ifndef ZR_CUDA_NORM_H
+#define ZR_CUDA_NORM_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "dtype.h" /* C header: inside the extern "C" block */
+
+/* y = x * rsqrt(mean(x^2) + eps) * w. rstd (N) may be NULL (inference). */
+int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const void *w, int64_t N, int64_t D,
+                         float eps, zr_dtype dtype, cudaStream_t stream);
+/* h = x + res (written, rounded to dtype), y = rmsnorm(h) * w: the pre-norm residual stream in
+ * one pass. h may alias x or res. */
+int rmsnorm_residual_forward_cuda(void *y, void *h, float *rstd, const void *x, const void *res,
+                                  const void *w, int64_t N, int64_t D, float eps, zr_dtype dtype,
+                                  cudaStream_t stream);
+/* Bytes of workspace rmsnorm_backward_cuda and layernorm_backward_cuda need. */
+size_t rmsnorm_backward_workspace_size(int64_t N, int64_t D);
+size_t layernorm_backward_workspace_size(int64_t N, int64_t D);
+/* dx = d rmsnorm / dx · dy (+ dres when non-NULL: the residual stream's gradient, which makes dx
+ * the gradient of both x and res of the fused forward). dw (D) is overwritten; NULL skips it.
+ * x is the normalised input (h for the fused forward); rstd from the forward. */
+int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x, const void *w,
+                          const float *rstd, const void *dres, void *workspace, int64_t N,
+                          int64_t D, zr_dtype dtype, cudaStream_t stream);
+
+/* y = (x - mean) * rstd * w + b; w and b may be NULL (1 and 0); mean, rstd (N) may be NULL. */
+int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x, const void *w,
+                           const void *b, int64_t N, int64_t D, float eps, zr_dtype dtype,
+                           cudaStream_t stream);
+/* dx from dy; dw, db (D) overwritten, either may be NULL. w may be NULL (1). */
+int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy, const void *x,
+                            const void *w, const float *mean, const float *rstd, void *workspace,
+                            int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

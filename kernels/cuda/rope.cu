@@ -1,0 +1,202 @@
+/* Rotary embedding for q and k in one launch (see rope.h). One thread rotates V pairs of one
+ * (b, h, t) row; reads and writes go through (b, h, t) strides so the same kernel does the
+ * in-place BHTD case and the fused BTHD -> BHTD transpose, and backward with sin negated. */
+#include "rope.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+extern "C" {
+#include "error.h"
+}
+
+/* ---- element access (kept local to this file; every fused .cu carries its own copy) -------- */
+template <typename T> static __device__ __forceinline__ float tof(T v);
+template <> __device__ __forceinline__ float tof<float>(float v) { return v; }
+template <> __device__ __forceinline__ float tof<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float tof<__half>(__half v) { return __half2float(v); }
+template <typename T> static __device__ __forceinline__ T fromf(float v);
+template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half fromf<__half>(float v) { return __float2half_rn(v); }
+
+/* V consecutive elements at p (16-byte aligned when V*sizeof(T) == 16) to/from floats. */
+template <typename T, int V> static __device__ __forceinline__ void ldv(float *f, const T *p) {
+    if (V * sizeof(T) == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(p[i]);
+    }
+}
+template <typename T, int V> static __device__ __forceinline__ void stv(T *p, const float *f) {
+    if (V * sizeof(T) == 16) {
+        uint4 r;
+        T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) e[i] = fromf<T>(f[i]);
+        *reinterpret_cast<uint4 *>(p) = r;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = fromf<T>(f[i]);
+    }
+}
+[[maybe_unused]] static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Sum (or max) over the block; every thread gets the result. red: >= 32 floats of shared memory. */
+[[maybe_unused]] static __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Runs BODY with T bound to the element type of dt; other dtypes return an error from fn. */
+#define ZR_FUSED_DISPATCH(fn, dt, ...)                                                             \
+    switch (dt) {                                                                                  \
+    case ZR_F32: { typedef float T; __VA_ARGS__; } break;                                          \
+    case ZR_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                                 \
+    case ZR_F16: { typedef __half T; __VA_ARGS__; } break;                                         \
+    default:                                                                                       \
+        return zr_error("%s: dtype %s not supported (f32, bf16 or f16 expected)", fn,              \
+                        zr_dtype_name(dt));                                                        \
+    }
+
+[[maybe_unused]] static int launch_check(const char *fn) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return zr_error("%s: CUDA launch failed: %s", fn, cudaGetErrorString(e));
+    return 0;
+}
+
+/* Strides in elements of one tensor side: x[b, h, t, :] = base + b*sb + h*sh + t*st. */
+struct rope_side {
+    const void *in;
+    void *out;
+    int64_t H, in_sb, in_sh, in_st, out_sb, out_sh, out_st;
+};
+
+/* One thread per V pairs: grid over B*(Hq+Hkv)*T rows × nch = Dh/2/V chunks; rows
+ * [0, B*Hq*T) are q's, the rest k's. 32-bit index math (the host checks the sizes fit). */
+template <typename T, int V>
+__global__ void rope_kernel(rope_side qs, rope_side ks, const float *__restrict__ cosb,
+                            const float *__restrict__ sinb, uint32_t rows_q, uint32_t rows,
+                            uint32_t T_, uint32_t nch, int64_t Dh, float sign) {
+    const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+    const uint32_t ra = idx / nch;
+    if (ra >= rows) return;
+    const int64_t half = Dh / 2, c = (int64_t)(idx - ra * nch) * V;
+    const bool isq = ra < rows_q;
+    const uint32_t r = isq ? ra : ra - rows_q, H = isq ? (uint32_t)qs.H : (uint32_t)ks.H;
+    const uint32_t t = r % T_, bh = r / T_, h = bh % H, b = bh / H;
+    const T *in;
+    T *out;
+    if (isq) {
+        in = (const T *)qs.in + b * qs.in_sb + h * qs.in_sh + t * qs.in_st;
+        out = (T *)qs.out + b * qs.out_sb + h * qs.out_sh + t * qs.out_st;
+    } else {
+        in = (const T *)ks.in + b * ks.in_sb + h * ks.in_sh + t * ks.in_st;
+        out = (T *)ks.out + b * ks.out_sb + h * ks.out_sh + t * ks.out_st;
+    }
+    float x1[V], x2[V], cs[V], sn[V];
+    ldv<T, V>(x1, in + c);
+    ldv<T, V>(x2, in + half + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        cs[k] = cosb[t * half + c + k];
+        sn[k] = sign * sinb[t * half + c + k];
+    }
+    float o1[V], o2[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        o1[k] = x1[k] * cs[k] - x2[k] * sn[k];
+        o2[k] = x2[k] * cs[k] + x1[k] * sn[k];
+    }
+    stv<T, V>(out + c, o1);
+    stv<T, V>(out + half + c, o2);
+}
+
+static rope_side make_side(const void *x, void *bhtd, int64_t H, int64_t T, int64_t Dh, int layout,
+                           bool fwd) {
+    /* x side strides by layout; the other side is always (B, H, T, Dh). */
+    int64_t xb = H * T * Dh, xh = layout == ZR_ROPE_BTHD ? Dh : T * Dh,
+            xt = layout == ZR_ROPE_BTHD ? H * Dh : Dh;
+    int64_t yb = H * T * Dh, yh = T * Dh, yt = Dh;
+    rope_side s;
+    s.H = H;
+    if (fwd) {
+        s.in = x;
+        s.out = bhtd;
+        s.in_sb = xb, s.in_sh = xh, s.in_st = xt, s.out_sb = yb, s.out_sh = yh, s.out_st = yt;
+    } else {
+        s.in = bhtd;
+        s.out = (void *)x;
+        s.in_sb = yb, s.in_sh = yh, s.in_st = yt, s.out_sb = xb, s.out_sh = xh, s.out_st = xt;
+    }
+    return s;
+}
+
+static int rope_run(const char *fn, const void *xq, void *yq, const void *xk, void *yk,
+                    const float *cosb, const float *sinb, int64_t B, int64_t Hq, int64_t Hkv,
+                    int64_t Tn, int64_t Dh, int layout, zr_dtype dtype, cudaStream_t st, bool fwd) {
+    if (B < 0 || Hq < 0 || Hkv < 0 || Tn < 0 || Dh <= 0 || Dh % 2)
+        return zr_error("%s: bad shape B=%lld Hq=%lld Hkv=%lld T=%lld Dh=%lld (Dh must be even)",
+                        fn, (long long)B, (long long)Hq, (long long)Hkv, (long long)Tn,
+                        (long long)Dh);
+    if (layout != ZR_ROPE_BHTD && layout != ZR_ROPE_BTHD)
+        return zr_error("%s: layout %d unknown (ZR_ROPE_BHTD or ZR_ROPE_BTHD)", fn, layout);
+    if (layout == ZR_ROPE_BTHD && (xq == yq || xk == yk) && B * Tn > 1 && (Hq > 1 || Hkv > 1))
+        return zr_error("%s: the BTHD layout cannot run in place", fn);
+    if (B * Tn * (Hq + Hkv) == 0) return 0;
+    rope_side qs = make_side(xq, yq, Hq, Tn, Dh, layout, fwd);
+    rope_side ks = make_side(xk, yk, Hkv, Tn, Dh, layout, fwd);
+    const float sign = fwd ? 1.f : -1.f;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        const int V = 16 / sizeof(T);
+        const bool vec = (Dh / 2) % V == 0 && al16(xq) && al16(yq) && al16(xk) && al16(yk);
+        const int64_t rows = B * (Hq + Hkv) * Tn, nch = vec ? Dh / 2 / V : Dh / 2;
+        const int64_t n = rows * nch;
+        if (n >= ((int64_t)1 << 31))
+            return zr_error("%s: %lld rows x %lld pairs too large for one launch", fn,
+                            (long long)rows, (long long)(Dh / 2));
+        const unsigned grid = (unsigned)((n + 255) / 256);
+        if (vec)
+            rope_kernel<T, 16 / sizeof(T)><<<grid, 256, 0, st>>>(
+                qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn), (uint32_t)rows, (uint32_t)Tn,
+                (uint32_t)nch, Dh, sign);
+        else
+            rope_kernel<T, 1><<<grid, 256, 0, st>>>(qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn),
+                                                    (uint32_t)rows, (uint32_t)Tn, (uint32_t)nch,
+                                                    Dh, sign);
+    });
+    return launch_check(fn);
+}
+
+extern "C" int rope_forward_cuda(void *q_out, void *k_out, const void *q, const void *k,
+                                 const float *cos, const float *sin, int64_t B, int64_t Hq,
+                                 int64_t Hkv, int64_t T, int64_t Dh, int layout, zr_dtype dtype,
+                                 cudaStream_t stream) {
+    return rope_run("rope_forward_cuda", q, q_out, k, k_out, cos, sin, B, Hq, Hkv, T, Dh, layout,
+                    dtype, stream, true);
+}
+
+extern "C" int rope_backward_cuda(void *dq, void *dk, const void *dq_out, const void *dk_out,
+                                  const float *cos, const float *sin, int64_t B, int64_t Hq,
+                                  int64_t Hkv, int64_t T, int64_t Dh, int layout, zr_dtype dtype,
+                                  cudaStream_t stream) {
+    /* The x side is dq/dk (written), the BHTD side dq_out/dk_out (read). */
+    return rope_run("rope_backward_cuda", dq, (void *)dq_out, dk, (void *)dk_out, cos, sin, B, Hq,
+                    Hkv, T, Dh, layout, dtype, stream, false);
+}

@@ -1,0 +1,204 @@
+/* Row softmax forward/backward (see softmax.h): one block per row, up to 1024 threads, 16-byte
+ * accesses when D and the pointers allow. */
+#include "softmax.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "error.h"
+}
+
+/* ---- element access (kept local to this file; every fused .cu carries its own copy) -------- */
+template <typename T> static __device__ __forceinline__ float tof(T v);
+template <> __device__ __forceinline__ float tof<float>(float v) { return v; }
+template <> __device__ __forceinline__ float tof<__nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float tof<__half>(__half v) { return __half2float(v); }
+template <typename T> static __device__ __forceinline__ T fromf(float v);
+template <> __device__ __forceinline__ float fromf<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half fromf<__half>(float v) { return __float2half_rn(v); }
+
+/* V consecutive elements at p (16-byte aligned when V*sizeof(T) == 16) to/from floats. */
+template <typename T, int V> static __device__ __forceinline__ void ldv(float *f, const T *p) {
+    if (V * sizeof(T) == 16) {
+        uint4 r = *reinterpret_cast<const uint4 *>(p);
+        const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = tof<T>(p[i]);
+    }
+}
+template <typename T, int V> static __device__ __forceinline__ void stv(T *p, const float *f) {
+    if (V * sizeof(T) == 16) {
+        uint4 r;
+        T *e = reinterpret_cast<T *>(&r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) e[i] = fromf<T>(f[i]);
+        *reinterpret_cast<uint4 *>(p) = r;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = fromf<T>(f[i]);
+    }
+}
+[[maybe_unused]] static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Sum (or max) over the block; every thread gets the result. red: >= 32 floats of shared memory. */
+[[maybe_unused]] static __device__ __forceinline__ float block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Runs BODY with T bound to the element type of dt; other dtypes return an error from fn. */
+#define ZR_FUSED_DISPATCH(fn, dt, ...)                                                             \
+    switch (dt) {                                                                                  \
+    case ZR_F32: { typedef float T; __VA_ARGS__; } break;                                          \
+    case ZR_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break;                                 \
+    case ZR_F16: { typedef __half T; __VA_ARGS__; } break;                                         \
+    default:                                                                                       \
+        return zr_error("%s: dtype %s not supported (f32, bf16 or f16 expected)", fn,              \
+                        zr_dtype_name(dt));                                                        \
+    }
+
+[[maybe_unused]] static int launch_check(const char *fn) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return zr_error("%s: CUDA launch failed: %s", fn, cudaGetErrorString(e));
+    return 0;
+}
+
+static __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2) {
+    const float mn = fmaxf(m, m2);
+    if (mn == -INFINITY) return;
+    s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
+    m = mn;
+}
+
+template <typename T, int V>
+__global__ void softmax_fwd_kernel(T *y, const T *__restrict__ x, int64_t D) {
+    __shared__ float rm[32], rs[32];
+    const int64_t row = blockIdx.x;
+    x += row * D;
+    y += row * D;
+    const int64_t step = (int64_t)blockDim.x * V;
+    float m = -INFINITY, s = 0.f;
+    for (int64_t i = threadIdx.x * V; i < D; i += step) {
+        float f[V];
+        ldv<T, V>(f, x + i);
+        float cm = f[0];
+#pragma unroll
+        for (int k = 1; k < V; ++k) cm = fmaxf(cm, f[k]);
+        const float mn = fmaxf(m, cm);
+        if (mn == -INFINITY) continue;
+        float cs = 0.f;
+#pragma unroll
+        for (int k = 0; k < V; ++k) cs += __expf(f[k] - mn);
+        s = s * __expf(m - mn) + cs;
+        m = mn;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    if (l == 0) rm[w] = m, rs[w] = s;
+    __syncthreads();
+    m = l < nw ? rm[l] : -INFINITY;
+    s = l < nw ? rs[l] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        ms_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    const float inv = 1.f / s;
+    for (int64_t i = threadIdx.x * V; i < D; i += step) {
+        float f[V];
+        ldv<T, V>(f, x + i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = __expf(f[k] - m) * inv;
+        stv<T, V>(y + i, f);
+    }
+}
+
+template <typename T, int V>
+__global__ void softmax_bwd_kernel(T *dx, const T *dy, const T *__restrict__ y, int64_t D) {
+    __shared__ float red[32];
+    const int64_t row = blockIdx.x;
+    dx += row * D;
+    dy += row * D;
+    y += row * D;
+    const int64_t step = (int64_t)blockDim.x * V;
+    float s = 0.f;
+    for (int64_t i = threadIdx.x * V; i < D; i += step) {
+        float a[V], b[V];
+        ldv<T, V>(a, dy + i);
+        ldv<T, V>(b, y + i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) s += a[k] * b[k];
+    }
+    s = block_sum(s, red);
+    for (int64_t i = threadIdx.x * V; i < D; i += step) {
+        float a[V], b[V];
+        ldv<T, V>(a, dy + i);
+        ldv<T, V>(b, y + i);
+#pragma unroll
+        for (int k = 0; k < V; ++k) a[k] = b[k] * (a[k] - s);
+        stv<T, V>(dx + i, a);
+    }
+}
+
+static int sm_threads(int64_t D, int V) {
+    int64_t n = (D / V + 31) / 32 * 32;
+    return n < 32 ? 32 : n > 1024 ? 1024 : (int)n;
+}
+
+static int check_nd(const char *fn, int64_t N, int64_t D) {
+    if (N < 0 || D <= 0 || N > 0x7fffffffLL)
+        return zr_error("%s: bad shape N=%lld D=%lld", fn, (long long)N, (long long)D);
+    return 0;
+}
+
+extern "C" int softmax_forward_cuda(void *y, const void *x, int64_t N, int64_t D, zr_dtype dtype,
+                                    cudaStream_t stream) {
+    const char *fn = "softmax_forward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        const int VW = 16 / sizeof(T);
+        if (D % VW == 0 && al16(x) && al16(y))
+            softmax_fwd_kernel<T, 16 / sizeof(T)>
+                <<<(unsigned)N, sm_threads(D, VW), 0, stream>>>((T *)y, (const T *)x, D);
+        else
+            softmax_fwd_kernel<T, 1>
+                <<<(unsigned)N, sm_threads(D, 1), 0, stream>>>((T *)y, (const T *)x, D);
+    });
+    return launch_check(fn);
+}
+
+extern "C" int softmax_backward_cuda(void *dx, const void *dy, const void *y, int64_t N,
+                                     int64_t D, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "softmax_backward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        const int VW = 16 / sizeof(T);
+        if (D % VW == 0 && al16(dx) && al16(dy) && al16(y))
+            softmax_bwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, sm_threads(D, VW), 0, stream>>>(
+                (T *)dx, (const T *)dy, (const T *)y, D);
+        else
+            softmax_bwd_kernel<T, 1><<<(unsigned)N, sm_threads(D, 1), 0, stream>>>(
+                (T *)dx, (const T *)dy, (const T *)y, D);
+    });
+    return launch_check(fn);
+}

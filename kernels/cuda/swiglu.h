@@ -1,0 +1,28 @@
+/* SwiGLU on CUDA, fused: h = silu(gate) * up forward, and both input gradients in one pass
+ * backward. gate and up are (M, F) with row stride ld (ld = F for two separate tensors, ld = 2F
+ * for a fused gate_up projection where up = gate + F); h and dh are (M, F) contiguous.
+ * dtype: ZR_F32, ZR_BF16 or ZR_F16; math in f32. */
+#ifndef ZR_CUDA_SWIGLU_H
+#define ZR_CUDA_SWIGLU_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "dtype.h" /* C header: inside the extern "C" block */
+
+int swiglu_forward_cuda(void *h, const void *gate, const void *up, int64_t M, int64_t F,
+                        int64_t ld, zr_dtype dtype, cudaStream_t stream);
+/* dgate = dh * up * silu'(gate), dup = dh * silu(gate), written with row stride ld (may alias
+ * gate and up: each element is read before it is written). */
+int swiglu_backward_cuda(void *dgate, void *dup, const void *dh, const void *gate, const void *up,
+                         int64_t M, int64_t F, int64_t ld, zr_dtype dtype, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

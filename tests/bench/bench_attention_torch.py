@@ -1,0 +1,70 @@
+"""PyTorch reference timing for tests/bench/bench_fused.cu's attention rows: causal GQA
+scaled_dot_product_attention (bf16, 32 query / 8 kv heads, head_dim 64, B=4, T=512 and 2048)
+forward, backward and forward+backward, with CUDA events, median of 20 after 3 warm-ups.
+FLOPs as in bench_fused.cu: forward 4*B*Hq*T^2*Dh/2, backward 2.5x forward.
+Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py"""
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def med_ms(fn, warm=3, reps=20):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def run(T, backend):
+    B, Hq, Hkv, Dh = 4, 32, 8, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, Hq, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k = torch.randn(B, Hkv, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    v = torch.randn(B, Hkv, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    do = torch.randn(B, Hq, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g)
+    ctx = sdpa_kernel([backend]) if backend is not None else torch.autocast("cuda", enabled=False)
+    with ctx:
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        o = fwd()
+
+        def bwd():
+            torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+        def fb():
+            out = fwd()
+            torch.autograd.grad(out, (q, k, v), do)
+        tf, tb, tfb = med_ms(fwd), med_ms(bwd), med_ms(fb)
+    ff = 4.0 * B * Hq * T * T * Dh / 2
+    fbw = 2.5 * ff
+    return tf, tb, tfb, ff / tf / 1e9, fbw / tb / 1e9, (ff + fbw) / tfb / 1e9
+
+
+def main():
+    print("torch", torch.__version__, torch.cuda.get_device_name())
+    print(f"{'torch SDPA (causal, gqa, bf16)':34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
+          f"{'fwd TF/s':>8s} {'bwd TF/s':>8s} {'f+b TF/s':>8s}")
+    for T in (512, 2048):
+        for name, be in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
+                         ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                         ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+            try:
+                r = run(T, be)
+            except Exception as e:  # a backend may not take GQA or these shapes
+                print(f"B4 T{T} {name:10s}: unavailable ({str(e).splitlines()[0][:80]})")
+                continue
+            print(f"{'B4 T%d H32/8 Dh64 ' % T + name:34s} {r[0]:10.3f} {r[1]:10.3f} {r[2]:10.3f} "
+                  f"{r[3]:8.1f} {r[4]:8.1f} {r[5]:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+/* Benchmark of the fused CUDA kernels on one GPU: achieved GB/s of each memory-bound kernel
+ * (bytes = each input read once + each output written once) against the measured device-to-device
+ * copy rate, and causal GQA flash attention forward/backward TFLOP/s (FLOPs: forward 4·B·Hq·T²·Dh/2,
+ * backward 2.5× forward, the FlashAttention convention; compare bench_attention_torch.py).
+ * Times are medians of 20 event-timed runs after 3 warm-ups, on random (not zero) data.
+ * Build: nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Iruntime -Ikernels \
+ *   tests/bench/bench_fused.cu kernels/cuda/{attention,norm,rope,swiglu,cross_entropy,softmax,\
+ *   embedding,adamw}.cu runtime/error.c runtime/dtype.c -o bench_fused */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "cuda/adamw.h"
+#include "cuda/attention.h"
+#include "cuda/cross_entropy.h"
+#include "cuda/embedding.h"
+#include "cuda/norm.h"
+#include "cuda/rope.h"
+#include "cuda/softmax.h"
+#include "cuda/swiglu.h"
+extern "C" {
+#include "error.h"
+}
+
+#define CU(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define OK(x)                                                                                      \
+    do {                                                                                           \
+        if ((x) != 0) {                                                                            \
+            printf("FAILED %s: %s\n", #x, zr_last_error());                                        \
+            exit(2);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+__global__ void fill_kernel(uint16_t *p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        float f = ((h & 0xffffff) / 16777216.f * 2.f - 1.f) * scale;
+        __nv_bfloat16 b = __float2bfloat16_rn(f);
+        p[i] = *reinterpret_cast<uint16_t *>(&b);
+    }
+}
+__global__ void fillf_kernel(float *p, size_t n, uint32_t seed, float scale, float off) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = ((h & 0xffffff) / 16777216.f * 2.f - 1.f) * scale + off;
+    }
+}
+static void *bf(size_t n, float scale = 1.f) { /* random bf16 buffer */
+    void *p;
+    CU(cudaMalloc(&p, n * 2));
+    fill_kernel<<<4096, 256>>>((uint16_t *)p, n, (uint32_t)n * 7919u + 17u, scale);
+    return p;
+}
+static float *f32(size_t n, float scale = 1.f, float off = 0.f) {
+    float *p;
+    CU(cudaMalloc(&p, n * 4));
+    fillf_kernel<<<4096, 256>>>(p, n, (uint32_t)n * 104729u + 3u, scale, off);
+    return p;
+}
+
+static float time_ms(const std::function<void()> &f, int warm = 3, int reps = 20) {
+    cudaEvent_t a, b;
+    CU(cudaEventCreate(&a));
+    CU(cudaEventCreate(&b));
+    for (int i = 0; i < warm; ++i) f();
+    CU(cudaDeviceSynchronize());
+    std::vector<float> t;
+    for (int i = 0; i < reps; ++i) {
+        CU(cudaEventRecord(a));
+        f();
+        CU(cudaEventRecord(b));
+        CU(cudaEventSynchronize(b));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms);
+    }
+    CU(cudaGetLastError());
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+static double copy_gbs;
+static void row(const char *name, const char *shape, double bytes, float ms) {
+    double gbs = bytes / (ms * 1e-3) / 1e9;
+    printf("%-28s %-34s %9.3f ms %8.0f GB/s %5.0f%% of copy\n", name, shape, ms, gbs,
+           100 * gbs / copy_gbs);
+}
+
+int main() {
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20);
+
+    { /* copy ceiling: 4 GiB device-to-device, bytes read + written */
+        size_t n = (size_t)4 << 30;
+        void *a, *b;
+        CU(cudaMalloc(&a, n));
+        CU(cudaMalloc(&b, n));
+        CU(cudaMemset(a, 1, n));
+        float ms = time_ms([&] { CU(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
+        copy_gbs = 2.0 * n / (ms * 1e-3) / 1e9;
+        printf("%-28s %-34s %9.3f ms %8.0f GB/s\n", "copy (D2D)", "4 GiB", ms, copy_gbs);
+        CU(cudaFree(a));
+        CU(cudaFree(b));
+    }
+    const zr_dtype BF = ZR_BF16;
+    { /* norms: N=16384 tokens (B=8, T=2048), D=2048 */
+        const int64_t N = 16384, D = 2048;
+        void *x = bf(N * D), *r = bf(N * D), *w = bf(D), *y = bf(N * D), *h = bf(N * D),
+             *dy = bf(N * D), *dx = bf(N * D), *dw = bf(D), *b = bf(D);
+        float *rstd = f32(N), *mean = f32(N);
+        void *ws;
+        CU(cudaMalloc(&ws, rmsnorm_backward_workspace_size(N, D)));
+        const double e = 2.0 * N * D;
+        row("rmsnorm fwd", "bf16 N=16384 D=2048",
+            2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
+        row("rmsnorm+residual fwd", "bf16 N=16384 D=2048", 4 * e, time_ms([&] {
+                OK(rmsnorm_residual_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
+            }));
+        row("rmsnorm bwd (+dres, dw)", "bf16 N=16384 D=2048", 4 * e, time_ms([&] {
+                OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
+            }));
+        row("layernorm fwd", "bf16 N=16384 D=2048", 2 * e, time_ms([&] {
+                OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
+            }));
+        row("layernorm bwd (dw, db)", "bf16 N=16384 D=2048", 3 * e, time_ms([&] {
+                OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, ws, N, D, BF, 0));
+            }));
+        row("softmax fwd", "bf16 N=16384 D=2048", 2 * e,
+            time_ms([&] { OK(softmax_forward_cuda(y, x, N, D, BF, 0)); }));
+        row("softmax bwd", "bf16 N=16384 D=2048", 3 * e,
+            time_ms([&] { OK(softmax_backward_cuda(dx, dy, y, N, D, BF, 0)); }));
+        for (void *p : {x, r, w, y, h, dy, dx, dw, b, ws}) cudaFree(p);
+        cudaFree(rstd), cudaFree(mean);
+    }
+    { /* rope: B=4, T=2048, 32/8 heads, Dh=64 */
+        const int64_t B = 4, T = 2048, Hq = 32, Hkv = 8, Dh = 64;
+        const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+        void *q = bf(nq), *k = bf(nk), *qo = bf(nq), *ko = bf(nk);
+        float *cs = f32(T * Dh / 2), *sn = f32(T * Dh / 2);
+        const double bytes = 2.0 * 2 * (nq + nk) + 2.0 * T * Dh / 2 * 4;
+        row("rope fwd q+k (BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
+                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF,
+                                     0));
+            }));
+        row("rope fwd q+k (BTHD->BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
+                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BTHD, BF,
+                                     0));
+            }));
+        row("rope bwd q+k (BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
+                OK(rope_backward_cuda(q, k, qo, ko, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF,
+                                      0));
+            }));
+        for (void *p : {q, k, qo, ko}) cudaFree(p);
+        cudaFree(cs), cudaFree(sn);
+    }
+    { /* swiglu: M=16384 tokens, F=8192 */
+        const int64_t M = 16384, F = 8192;
+        void *g = bf(M * F, 3), *u = bf(M * F), *hh = bf(M * F), *dh = bf(M * F),
+             *dg = bf(M * F), *du = bf(M * F);
+        const double e = 2.0 * M * F;
+        row("swiglu fwd", "bf16 M=16384 F=8192", 3 * e,
+            time_ms([&] { OK(swiglu_forward_cuda(hh, g, u, M, F, F, BF, 0)); }));
+        row("swiglu bwd", "bf16 M=16384 F=8192", 5 * e,
+            time_ms([&] { OK(swiglu_backward_cuda(dg, du, dh, g, u, M, F, F, BF, 0)); }));
+        for (void *p : {g, u, hh, dh, dg, du}) cudaFree(p);
+    }
+    { /* cross entropy: N=8192 tokens, V=128256 (Llama 3) */
+        const int64_t N = 8192, V = 128256;
+        void *x = bf(N * V, 8), *dl = bf(N * V);
+        float *loss = f32(N), *lse = f32(N), *mean = f32(1), *nv = f32(1), *g = f32(1, 0, 1e-4f);
+        std::vector<int64_t> tg(N);
+        for (int64_t i = 0; i < N; ++i) tg[i] = (i * 7919) % V;
+        int64_t *tg_;
+        CU(cudaMalloc(&tg_, N * 8));
+        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
+        const double e = 2.0 * N * V;
+        row("cross_entropy fwd", "bf16 N=8192 V=128256", e, time_ms([&] {
+                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, BF, 0));
+            }));
+        row("cross_entropy bwd", "bf16 N=8192 V=128256 (to buffer)", 2 * e, time_ms([&] {
+                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, BF, 0));
+            }));
+        cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);
+        cudaFree(g), cudaFree(tg_);
+    }
+    { /* embedding: N=16384 ids into V=128256 × D=2048 */
+        const int64_t N = 16384, V = 128256, D = 2048;
+        void *w = bf(V * D), *out = bf(N * D), *dW = bf(V * D);
+        std::vector<int64_t> ids(N);
+        for (int64_t i = 0; i < N; ++i) ids[i] = (i * 104729 + 7) % V;
+        int64_t *ids_;
+        CU(cudaMalloc(&ids_, N * 8));
+        CU(cudaMemcpy(ids_, ids.data(), N * 8, cudaMemcpyHostToDevice));
+        void *ws;
+        CU(cudaMalloc(&ws, embedding_backward_workspace_size(N, V)));
+        row("embedding fwd", "bf16 N=16384 V=128256 D=2048", 2.0 * 2 * N * D,
+            time_ms([&] { OK(embedding_forward_cuda(out, w, ids_, N, V, D, BF, 0)); }));
+        row("embedding bwd (accumulate)", "bf16 N=16384 V=128256 D=2048", 3.0 * 2 * N * D,
+            time_ms([&] {
+                OK(embedding_backward_cuda(dW, out, ids_, ws, N, V, D, 1, BF, 0));
+            }));
+        cudaFree(w), cudaFree(out), cudaFree(dW), cudaFree(ids_), cudaFree(ws);
+    }
+    { /* adamw: 256M params, bf16 grads, bf16 param copy; 3 segments */
+        const int64_t n = (int64_t)256 << 20;
+        float *p = f32(n), *m = f32(n, 0.01f), *v = f32(n, 0.001f, 0.002f);
+        void *g = bf(n), *lp = bf(n);
+        zr_adamw_segment segs[3] = {{0, n / 2, 0.1f}, {n / 2, 1000, 0.f}, {n / 2 + 1000, n / 2 - 1000, 0.1f}};
+        int step = 1;
+        row("adamw (f32 p,m,v; bf16 g, copy)", "256M params", 28.0 * n, time_ms([&] {
+                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                                   step++, NULL, 0));
+            }));
+        cudaFree(p), cudaFree(m), cudaFree(v), cudaFree(g), cudaFree(lp);
+    }
+    /* attention */
+    printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", "attention (causal, bf16)", "fwd ms", "bwd ms",
+           "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
+    for (int64_t T : {512, 2048}) {
+        const int64_t B = 4, Hq = 32, Hkv = 8, Dh = 64;
+        const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+        void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
+             *dk = bf(nk), *dv = bf(nk);
+        float *lse = f32(B * Hq * T);
+        void *ws;
+        CU(cudaMalloc(&ws, attention_backward_workspace_size(B, Hq, Hkv, T, Dh)));
+        float f = time_ms([&] {
+            OK(attention_forward_cuda(o, lse, q, k, v, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+        });
+        float bw = time_ms([&] {
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, B, Hq, Hkv, T, Dh,
+                                       0.f, BF, 0));
+        });
+        float fb = time_ms([&] {
+            OK(attention_forward_cuda(o, lse, q, k, v, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, B, Hq, Hkv, T, Dh,
+                                       0.f, BF, 0));
+        });
+        const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;
+        char shape[64];
+        snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld", (long long)B, (long long)T,
+                 (long long)Hq, (long long)Hkv, (long long)Dh);
+        printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
+               ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
+               (ff + fbw) / (fb * 1e-3) / 1e12);
+        for (void *p : {q, k, v, o, dO, dq, dk, dv, ws}) cudaFree(p);
+        cudaFree(lse);
+    }
+    return 0;
+}

@@ -1,0 +1,15 @@
+#!/bin/sh
+# GPU test suite (run on a machine with an NVIDIA GPU): the fused-kernel tests and every zrun op
+# on CUDA against its CPU twin. Ends with "N passed, N failed".
+fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+pass=0; fail=0
+for cmd in "$fused" "$zrun tests/cuda/test_cuda.lua"; do
+  $cmd >"$out" 2>&1; rc=$?
+  cat "$out"
+  p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out")
+  [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL $cmd: exited with status $rc"; f=1; }
+  pass=$((pass + p)); fail=$((fail + f))
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
