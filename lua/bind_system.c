@@ -14,6 +14,10 @@ int openblas_get_num_threads(void);
 #ifdef ZR_HAVE_MPI
 #include <mpi.h>
 #endif
+#ifdef ZR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+const char *zr_nccl_version(char *buf);
+#endif
 #ifdef ZR_HAVE_PCRE2
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -59,6 +63,23 @@ static int l_build_info(lua_State *L) {
 #endif
 #ifdef ZR_HAVE_CUDA
     setbool(L, "cuda", 1);
+    {
+        int rv = 0, dv = 0;
+        char v[32];
+        cudaRuntimeGetVersion(&rv);
+        cudaDriverGetVersion(&dv);
+        snprintf(v, sizeof v, "%d.%d", rv / 1000, (rv % 1000) / 10);
+        setstr(L, "cuda_runtime", v);
+        if (dv) snprintf(v, sizeof v, "%d.%d", dv / 1000, (dv % 1000) / 10);
+        else snprintf(v, sizeof v, "none");
+        setstr(L, "cuda_driver", v);
+    }
+#ifdef ZR_HAVE_NCCL
+    {
+        char v[32];
+        setstr(L, "nccl_version", zr_nccl_version(v));
+    }
+#endif
 #else
     setbool(L, "cuda", 0);
 #endif

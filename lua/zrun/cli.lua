@@ -18,20 +18,15 @@ local function report()
     { "CUDA backend", b.cuda and "compiled in" or "not compiled in (rebuild where nvcc is available)" },
     { "NCCL", b.nccl and "compiled in" or "no" },
   }
-  if b.cuda and zr._C.cuda_info then
-    local ok, info = pcall(zr._C.cuda_info)
-    if ok and info then
-      rows[#rows + 1] = { "CUDA runtime / driver", ("%s / %s"):format(info.runtime_version or "?", info.driver_version or "?") }
-      if info.nccl_version then rows[#rows + 1] = { "NCCL version", info.nccl_version } end
-      if (info.device_count or 0) == 0 then
-        rows[#rows + 1] = { "GPUs", "none visible" .. (info.error and (" (" .. info.error .. ")") or "") .. ": zrun runs on the CPU" }
-      else
-        for i, d in ipairs(info.devices or {}) do
-          rows[#rows + 1] = { ("GPU cuda:%d"):format(i - 1), ("%s, %.1f GiB, sm_%s, %d SMs"):format(d.name, d.memory / 2 ^ 30, d.capability, d.sms) }
-        end
-      end
+  if b.cuda then
+    rows[#rows + 1] = { "CUDA runtime / driver", ("%s / %s"):format(b.cuda_runtime or "?", b.cuda_driver or "?") }
+    if b.nccl_version then rows[#rows + 1] = { "NCCL version", b.nccl_version } end
+    local cu = zr._C.cuda
+    local n = cu and cu.device_count() or 0
+    if n == 0 then
+      rows[#rows + 1] = { "GPUs", "none visible (" .. (cu and cu.unavailable_reason() or "?") .. "): zrun runs on the CPU" }
     else
-      rows[#rows + 1] = { "GPUs", "none visible: zrun runs on the CPU" }
+      for i = 0, n - 1 do rows[#rows + 1] = { ("GPU cuda:%d"):format(i), cu.device_name(i) } end
     end
   end
   local w = 0

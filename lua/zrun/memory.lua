@@ -19,7 +19,7 @@ function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end
 -- Devices with any allocation so far.
 local function devices()
   local out = { "cpu" }
-  local ok, n = pcall(function() return C.cuda_device_count and C.cuda_device_count() or 0 end)
+  local ok, n = pcall(function() return C.cuda and C.cuda.device_count() or 0 end)
   for i = 0, (ok and n or 0) - 1 do out[#out + 1] = "cuda:" .. i end
   return out
 end

@@ -12,7 +12,7 @@ for _, a in ipairs(arg) do
   if not k then error("arguments are key=value, got " .. a, 0) end
   opt[k] = tonumber(v) or v
 end
-if opt.device ~= "cpu" and not (C.cuda_device_count and C.cuda_device_count() > 0) then
+if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return
 end
@@ -29,7 +29,7 @@ local engine = zr.initialize({ model = model, config = {
 } })
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local times = {}
-local sync = (C.cuda_synchronize and function() C.cuda_synchronize() end) or function() end
+local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
 for i = 1, opt.warmup + opt.steps do
   sync()
   local t0 = C.now()
