@@ -24,7 +24,7 @@ local opt = {
 local i = 1
 while i <= #arg do
   local a = arg[i]
-  if a == "--config" or a == "--deepspeed" then opt.config = arg[i + 1]; i = i + 1
+  if a == "--config" or a == "--deepspeed" then opt.config, opt.config_given = arg[i + 1], true; i = i + 1
   elseif a:match("^[%w_]+=") then
     local k, v = a:match("^([%w_]+)=(.*)$")
     opt[k] = tonumber(v) or v
@@ -85,12 +85,12 @@ local args = {
 if fallback then
   args.gradient_accumulation_steps = 1
   args.max_steps = opt.max_steps > 0 and opt.max_steps or 60
-  args.deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
+  if not opt.config_given then args.deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
     gradient_clipping = 1.0, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
     scheduler = { type = "WarmupDecayLR", params = { warmup_min_lr = 0, warmup_max_lr = "auto",
       warmup_num_steps = "auto", total_num_steps = "auto" } },
-    zero_optimization = { stage = 2 } }
+    zero_optimization = { stage = 2 } } end
 end
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = tokenized,
   data_collator = zr.datasets.causal_lm_collator({ pad_token_id = tok:pad_id() or 0 }) })
