@@ -294,7 +294,7 @@ function Engine:update_scale(overflow)
     if s.cur_hysteresis > 1 then s.cur_hysteresis = s.cur_hysteresis - 1
     else s.scale = math.max(s.scale / 2, s.min_scale) end
     s.good = 0
-    dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %g, reducing to %g",
+    dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, reducing to %.0f",
       self.global_rank, old, s.scale))
   else
     s.good = s.good + 1

@@ -1,0 +1,51 @@
+-- Mixed precision in the engine: bf16 weights with fp32 master/optimizer state, and fp16 with
+-- DeepSpeed's dynamic loss scaler (overflow skips the step and halves the scale after the
+-- hysteresis runs out; a window of good steps doubles it).
+local zr = require "zrun"
+local T = zr.testing
+
+local function run(cfg_extra, steps)
+  zr.manual_seed(11)
+  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local cfg = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000, gradient_clipping = 1.0,
+    optimizer = { type = "AdamW", params = { lr = 3e-3, weight_decay = 0.0 } }, zero_optimization = { stage = 2 } }
+  for k, v in pairs(cfg_extra) do cfg[k] = v end
+  local engine = zr.initialize({ model = model, config = cfg })
+  zr.manual_seed(5)
+  local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
+  local losses = {}
+  for i = 1, steps do
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    engine:step()
+    losses[i] = out.loss:item()
+  end
+  return engine, model, losses
+end
+
+T.test("bf16: 16-bit weights, fp32 master and moments, loss falls", function()
+  local engine, model, losses = run({ bf16 = { enabled = true } }, 12)
+  for _, p in ipairs(model:parameters()) do T.eq(p:dtype(), "bf16") end
+  T.eq(engine.zero:state(0):dtype(), "f32")
+  for i = 1, #losses do assert(losses[i] == losses[i], "loss is nan at step " .. i) end
+  assert(losses[#losses] < losses[1] - 0.5, ("loss did not fall: %g -> %g"):format(losses[1], losses[#losses]))
+end)
+
+T.test("fp16: dynamic loss scale skips overflowing steps and recovers", function()
+  local engine, model, losses = run({ fp16 = { enabled = true, initial_scale_power = 40, hysteresis = 1,
+    loss_scale_window = 3, min_loss_scale = 1 } }, 30)
+  for _, p in ipairs(model:parameters()) do T.eq(p:dtype(), "f16") end
+  assert(engine.skipped_steps >= 1, "an initial scale of 2^40 must overflow fp16 gradients")
+  local s = engine.scaler.scale
+  assert(s < 2 ^ 40 and s >= 1, "scale was reduced: " .. s)
+  assert(losses[#losses] < losses[1] - 0.3, ("loss did not fall: %g -> %g"):format(losses[1], losses[#losses]))
+end)
+
+T.test("fp16 hysteresis delays the first reduction", function()
+  local engine = run({ fp16 = { enabled = true, initial_scale_power = 40, hysteresis = 2, loss_scale_window = 1000 } }, 1)
+  T.eq(engine.skipped_steps, 1)
+  T.eq(engine.scaler.scale, 2 ^ 40, "first overflow only spends hysteresis")
+  T.eq(engine.scaler.cur_hysteresis, 1)
+end)
+
+T.done()
