@@ -103,8 +103,12 @@ function Trainer:train()
     for batch in loader:iter() do
       local ids = batch.input_ids
       if e.device ~= "cpu" then ids, batch.labels = ids:to(e.device), batch.labels:to(e.device) end
-      local out = e(ids, batch.labels)
-      e:backward(out.loss)
+      local okstep, out = pcall(function()
+        local o = e(ids, batch.labels)
+        e:backward(o.loss)
+        return o
+      end)
+      if not okstep then error(self:explain_oom(out, ids), 0) end
       local l = out.loss:item()
       loss_sum, loss_n = loss_sum + l, loss_n + 1
       tokens = tokens + ids:numel() * W
@@ -138,6 +142,27 @@ function Trainer:train()
     train_loss = last_loss }
   self:log({ event = "train_end", global_step = res.global_step, train_runtime = res.train_runtime })
   return res
+end
+
+-- An out-of-memory error gets the predicted plan and the cheapest settings that fit beside the
+-- allocator's per-category breakdown (which the error already carries).
+function Trainer:explain_oom(err, ids)
+  err = tostring(err)
+  if not err:find("out of memory", 1, true) then return err end
+  local e = self.engine
+  local ok, res = pcall(function()
+    local gpu
+    if e.device ~= "cpu" and zr._C.cuda then
+      local sm = zr._C.cuda.memory_summary(0)
+      gpu = sm and sm.device_total
+    end
+    local plan = require "zrun.memory_plan"
+    local cfg = self.model.config
+    return plan.fit({ model = cfg, config = e.config, micro_batch = ids:size(1), seq_len = ids:size(2),
+      world_size = e.world_size, gpu_memory = gpu or 0, gradient_checkpointing = self.args.gradient_checkpointing })
+  end)
+  if ok and res and res.text then return err .. "\n\nzrun plan for this run, and settings that fit:\n" .. res.text end
+  return err .. "\n\n(run `zrun plan MODEL --fit --gpu-memory SIZE` for settings that fit: " .. tostring(res) .. ")"
 end
 
 -- Mean loss over the evaluation set (all ranks) and its perplexity.
