@@ -101,6 +101,7 @@ function LM:forward(ids, labels)
   if labels then out.loss = require("zrun.models.llama").causal_lm_loss(logits, labels) end
   return out
 end
+function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end
 function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
 
 return M

@@ -166,6 +166,20 @@ end
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
 function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_checkpointing", false); return self end
 
+-- Writes a Hugging Face model directory (config.json + model.safetensors) that transformers'
+-- from_pretrained loads. Works for any zrun causal LM with HF parameter names.
+function M.save_pretrained(model, dir, opts)
+  local cfg = {}
+  for k, v in pairs(model.config) do if k ~= "dtype" and k ~= "device" then cfg[k] = v end end
+  cfg.architectures = cfg.architectures or { model.__name }
+  local sd = {}
+  for name, p in model:named_parameters() do sd[name] = p end
+  local p0 = model:parameters()[1]
+  cfg.torch_dtype = ({ f32 = "float32", bf16 = "bfloat16", f16 = "float16" })[p0:dtype()]
+  return require("zrun.hf").save_pretrained(dir, sd, cfg, opts)
+end
+function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir, opts) end
+
 -- Config ------------------------------------------------------------------------------------
 local required = { "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size" }
 function M.normalize_config(cfg)
