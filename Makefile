@@ -23,7 +23,8 @@ LDLIBS   := -lm -ldl -lpthread
 # --- feature detection (one line per feature) ---
 LUAJIT_A := $(call findlib,libluajit-5.1.a)
 CJSON_A  := $(call findlib,liblua5.1-cjson.a)
-BLAS_A   := $(call findlib,libopenblas.a)
+# The OpenMP build of OpenBLAS shares zrun's OpenMP thread pool (the pthreads build competes with it).
+BLAS_A   := $(firstword $(call findlib,openblas-openmp/libopenblas.a) $(call findlib,libopenblas.a))
 PCRE2_A  := $(call findlib,libpcre2-8.a)
 READLINE_A := $(call findlib,libreadline.a)
 NCURSES_A  := $(firstword $(call findlib,libtinfo.a) $(call findlib,libncurses.a))
@@ -124,7 +125,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
-DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev
+DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
