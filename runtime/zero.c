@@ -51,6 +51,11 @@ struct zr_zero {
     int nb;
     zr_tensor *send, *compact, *recv;
     int boundary;
+    /* One chunk per parameter (stage 0, or world size 1) with the partition on the parameters'
+     * device: gradients are views into gpart (fp32) and parameters views into one flat buffer, so
+     * no bucket copies are needed and the CUDA AdamW writes the 16-bit weights directly. */
+    int direct;
+    zr_tensor *pflat;
 };
 
 static int64_t valid_len(int64_t n, int64_t c, int r) {
@@ -103,6 +108,40 @@ static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category
 }
 
 static void hook(zr_tensor *leaf, void *ctx);
+
+/* Direct mode: parameter i's .grad is gpart[off : off+n] viewed with its shape. */
+static zr_status attach_grad(zr_zero *z, int i) {
+    zparam *q = &z->ps[i];
+    zr_tensor *g = q->p->grad;
+    if (g && g->storage == z->gpart->storage) return ZR_OK;
+    int64_t st[ZR_MAX_DIMS], s = 1;
+    for (int d = q->ndim - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= q->shape[d];
+    }
+    zr_tensor *v = zr_tensor_as_strided(z->gpart, q->ndim, q->shape, st, z->gpart->offset + q->off);
+    if (!v) return ZR_ERR;
+    zr_tensor_release(q->p->grad);
+    q->p->grad = v;
+    return ZR_OK;
+}
+
+/* Direct mode set-up: one flat buffer holds every parameter (each a view at its offset) and
+ * gradients are views into the fp32 partition. */
+static zr_status attach_direct(zr_zero *z) {
+    z->pflat = new_buf(z->pdt, z->dev, z->S, ZR_MEM_PARAMS);
+    if (!z->pflat) return ZR_ERR;
+    for (int i = 0; i < z->n; i++) {
+        zparam *q = &z->ps[i];
+        ZR_CHECK(copy_range(z->pflat, q->off, q->p, 0, q->n));
+        zr_storage_retain(z->pflat->storage);
+        zr_storage_release(q->p->storage);
+        q->p->storage = z->pflat->storage;
+        q->p->offset = q->off;
+        ZR_CHECK(attach_grad(z, i));
+    }
+    return ZR_OK;
+}
 
 zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params, const double *wd) {
     if (cfg->stage < 0 || cfg->stage > 3)
@@ -168,6 +207,8 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         zparam *q = &z->ps[i];
         if (copy_range(z->master, q->off, q->p, (int64_t)r * q->c, valid_len(q->n, q->c, r))) goto fail;
     }
+    z->direct = z->W == 1 && cfg->stage <= 2 && zr_device_eq(z->opt_dev, z->dev);
+    if (z->direct && attach_direct(z)) goto fail;
     z->cap = cfg->reduce_bucket_size / z->W;
     if (z->cap < z->max_c) z->cap = z->max_c;
     if (z->cap > z->S) z->cap = z->S;
@@ -182,7 +223,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         h->z = z;
         h->i = i;
         zr_tensor_set_grad_hook(q->p, hook, h, free);
-        if (cfg->stage <= 1) { /* gradients accumulate in fp32 in the parameters' .grad */
+        if (cfg->stage <= 1 && !z->direct) { /* gradients accumulate in fp32 in the parameters' .grad */
             zr_tensor_release(q->p->grad);
             q->p->grad = zr_tensor_new_cat(ZR_F32, z->dev, q->ndim, q->shape, ZR_MEM_GRADS, 1);
             if (!q->p->grad) goto fail;
@@ -217,6 +258,7 @@ void zr_zero_free(zr_zero *z) {
     zr_tensor_release(z->v);
     zr_tensor_release(z->gpart);
     zr_tensor_release(z->pshard);
+    zr_tensor_release(z->pflat);
     zr_tensor_release(z->send);
     zr_tensor_release(z->compact);
     zr_tensor_release(z->recv);
@@ -303,7 +345,7 @@ static void hook(zr_tensor *leaf, void *ctx) {
     hook_ctx *h = ctx;
     zr_zero *z = h->z;
     (void)leaf;
-    if (z->cfg.stage < 2 || hook_error) return;
+    if (z->cfg.stage < 2 || z->direct || hook_error) return;
     if (pack(z, h->i)) {
         hook_error = ZR_ERR;
         snprintf(hook_msg, sizeof hook_msg, "%s", zr_last_error_message());
@@ -313,7 +355,10 @@ static void hook(zr_tensor *leaf, void *ctx) {
 zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary) {
     z->boundary = is_boundary;
     hook_error = ZR_OK;
-    for (int i = 0; i < z->n; i++) z->ps[i].packed = 0;
+    for (int i = 0; i < z->n; i++) {
+        z->ps[i].packed = 0;
+        if (z->direct) ZR_CHECK(attach_grad(z, i)); /* someone may have set .grad to nil */
+    }
     return ZR_OK;
 }
 
@@ -322,7 +367,7 @@ zr_status zr_zero_backward_end(zr_zero *z) {
         hook_error = ZR_OK;
         return zr_error("ZeRO gradient reduction during backward failed: %s", hook_msg);
     }
-    if (z->cfg.stage < 2) return ZR_OK;
+    if (z->cfg.stage < 2 || z->direct) return ZR_OK;
     for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i)); /* grads whose hook did not fire */
     ZR_CHECK(flush(z));
     if (z->cfg.stage == 3) ZR_CHECK(zr_zero_release_all(z));
@@ -330,6 +375,17 @@ zr_status zr_zero_backward_end(zr_zero *z) {
 }
 
 zr_status zr_zero_reduce(zr_zero *z) {
+    if (z->direct) { /* gradients already sit in gpart: sum them over ranks in place (stage 0) */
+        if (z->cfg.world_size == 1) return ZR_OK;
+        int64_t cap = z->cfg.reduce_bucket_size > 0 ? z->cfg.reduce_bucket_size : z->S;
+        for (int64_t a = 0; a < z->S; a += cap) {
+            zr_tensor *b = flat_range(z->gpart, a, a + cap < z->S ? cap : z->S - a);
+            zr_status st = b ? zr_all_reduce(b, ZR_RED_SUM) : ZR_ERR;
+            zr_tensor_release(b);
+            ZR_CHECK(st);
+        }
+        return ZR_OK;
+    }
     if (z->cfg.stage >= 2) return ZR_OK;
     for (int i = 0; i < z->n; i++) z->ps[i].packed = 0;
     for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i));
@@ -405,12 +461,15 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
         zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->n);
         if (!segs) return zr_error("out of host memory");
         for (int i = 0; i < z->n; i++) segs[i] = (zr_adamw_segment){z->ps[i].off, z->ps[i].c, (float)(z->ps[i].wd)};
-        int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v), NULL, ZR_F32,
+        /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
+        int lp = z->direct && (z->pdt == ZR_BF16 || z->pdt == ZR_F16);
+        int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                                 lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->pdt : ZR_F32,
                                  zr_tensor_data(z->gpart), ZR_F32, segs, z->n, (float)lr, (float)beta1,
                                  (float)beta2, (float)eps, step, NULL, zr_cuda_stream(zr_tensor_device(z->master)));
         free(segs);
         if (rc) return ZR_ERR;
-        return zr_zero_refresh_params(z);
+        return lp ? ZR_OK : zr_zero_refresh_params(z);
 #else
         return zr_no_cuda("ZeRO optimizer step");
 #endif
@@ -429,6 +488,7 @@ zr_status zr_zero_zero_grad(zr_zero *z) {
     ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
     for (int i = 0; i < z->n; i++) {
         zr_tensor *g = z->ps[i].p->grad;
+        if (z->direct) continue; /* views into gpart, zeroed above */
         if (g && z->cfg.stage <= 1) ZR_CHECK(zr_tensor_fill_(g, 0));
         else if (g) {
             zr_tensor_release(g);
