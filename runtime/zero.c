@@ -212,10 +212,12 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->cap = cfg->reduce_bucket_size / z->W;
     if (z->cap < z->max_c) z->cap = z->max_c;
     if (z->cap > z->S) z->cap = z->S;
-    z->send = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
-    z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
-    z->recv = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM) : NULL;
-    if (!z->send || (z->W > 1 && (!z->compact || !z->recv))) goto fail;
+    if (!z->direct) { /* direct mode reduces gpart in place: no buckets */
+        z->send = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
+        z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
+        z->recv = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM) : NULL;
+        if (!z->send || (z->W > 1 && (!z->compact || !z->recv))) goto fail;
+    }
     for (int i = 0; i < n; i++) {
         zparam *q = &z->ps[i];
         hook_ctx *h = malloc(sizeof *h);

@@ -12,12 +12,16 @@ local fmt, floor, ceil, max, min, concat = string.format, math.floor, math.ceil,
 
 -- When Lua collects the tensors a step leaves behind. LuaJIT's collector does not see tensor
 -- memory, so an op's output lives until a collection, not until its last use:
---   "none"     nothing collects during a step (zrun today): every forward output lives until the
---              step ends, and with checkpointing the recomputed ones too;
---   "backward" a full collection right before backward: only what autograd saved survives;
---   "ideal"    tensors die with their last Lua reference (as with refcounting).
--- The plan assumes the previous step's garbage was collected (zr.Trainer collects each step).
-M.DEFAULT_GC = "none"
+--   "backward" what zrun does: engine:backward collects right before loss:backward(), so only
+--              what autograd saved survives into backward; zr.checkpoint collects right after a
+--              segment's no-grad forward and after each segment's recomputation + backward, so
+--              a checkpointed model holds the segment inputs plus one segment's activations;
+--   "none"     a what-if with no collection during a step (zrun before those collections);
+--   "ideal"    a what-if where tensors die with their last Lua reference (as with refcounting).
+-- The step modelled is a plain loop (out = engine(ids, ids); engine:backward(out.loss);
+-- engine:step()), so the previous step's batch, logits and loss are garbage until the first
+-- collection of the next step.
+M.DEFAULT_GC = "backward"
 
 local DTYPE_BYTES = { f32 = 4, float32 = 4, bf16 = 2, bfloat16 = 2, f16 = 2, fp16 = 2, float16 = 2 }
 local function canon_dtype(d)
@@ -32,13 +36,15 @@ local function human(b) return require("zrun.memory").human(b) end
 -- ---------------------------------------------------------------------------------------------
 -- A model of the autograd tape. Storages carry bytes and a reference count; values are views of
 -- storages with a contiguity flag; nodes keep their inputs' producers and saved storages.
+-- Lua's side is a stack of frames (the locals of the running Lua functions) and a list of
+-- garbage (userdata nothing references, alive until the collector runs).
 -- ---------------------------------------------------------------------------------------------
 local Sim = {}
 Sim.__index = Sim
 
 local function new_sim(o)
-  return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0 }, peak = { act = 0, grads = 0, ws = 0 },
-    frame = {}, held = {}, kept = {} }, Sim)
+  return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
+    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {} }, Sim)
 end
 
 function Sim:count(cat, b)
@@ -70,26 +76,59 @@ function Sim:raw(v)
   return self:new(v.n, v.s.cat)
 end
 
--- An op output held by Lua (the userdata keeps it alive until the collector runs).
+-- An op output handed to Lua: a local of the running function (its userdata keeps it alive).
 function Sim:lua(v)
-  self.frame[#self.frame + 1] = v
+  local f = self.frames[#self.frames]
+  f[#f + 1] = v
   return v
 end
--- End of a Lua function's frame: its locals become garbage.
-function Sim:end_frame(recompute)
-  local mode = self.o.gc
-  for _, v in ipairs(self.frame) do
-    if mode == "ideal" then self:drop(v)
-    elseif recompute then self.kept[#self.kept + 1] = v -- no collection inside backward
-    else self.held[#self.held + 1] = v end
-  end
-  self.frame = {}
+-- A value nothing in Lua references any more: freed now ("ideal") or at the next collection.
+function Sim:unref(v)
+  if self.o.gc == "ideal" then self:drop(v) else self.garbage[#self.garbage + 1] = v end
 end
--- The collection before backward (gc == "backward"): everything but what `keep` holds.
-function Sim:collect(keep)
-  for _, v in ipairs(self.held) do if not keep[v] then self:drop(v) end end
-  self.held = {}
-  for v in pairs(keep) do self.held[#self.held + 1] = v end
+-- `local x = ...; x = other`: the old value leaves the running function's frame.
+function Sim:forget(v)
+  local f = self.frames[#self.frames]
+  for i = #f, 1, -1 do
+    if f[i] == v then
+      table.remove(f, i)
+      self:unref(v)
+      return
+    end
+  end
+end
+-- A Lua function starts / returns `ret` (which moves to the caller's frame); its locals die.
+function Sim:push() self.frames[#self.frames + 1] = {} end
+function Sim:pop(ret, ret2)
+  local f = table.remove(self.frames)
+  for _, v in ipairs(f) do if v ~= ret and v ~= ret2 then self:unref(v) end end
+  if ret then self:lua(ret) end
+  if ret2 then self:lua(ret2) end
+  return ret
+end
+-- A full collection (collectgarbage("collect") / lua_gc(LUA_GCCOLLECT)): all garbage is freed.
+function Sim:collect()
+  for _, v in ipairs(self.garbage) do self:drop(v) end
+  self.garbage = {}
+end
+-- The places where zrun collects (engine:backward; zr.checkpoint after a segment's forward and
+-- after its backward); with gc = "none" nothing collects during a step.
+function Sim:gc_point()
+  if self.o.gc == "backward" then self:collect() end
+end
+
+-- ZeRO-3: a module's parameters are gathered (16-bit, full size) while it runs and during its
+-- backward; `keep` (the embedding, whose input needs no gradient, and a tied LM head fetched
+-- outside its module) stays gathered until backward ends.
+function Sim:gather(W)
+  if not self.o.stage3 or W.leaf.gathered then return end
+  W.leaf.gathered = true
+  self:count("params", W.leaf.bytes)
+end
+function Sim:release_param(W)
+  if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep then return end
+  W.leaf.gathered = false
+  self:count("params", -W.leaf.bytes)
 end
 
 -- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil.
@@ -162,25 +201,34 @@ end
 -- ---------- ops, as runtime/ops_*.c allocate them on the CPU path ----------
 
 -- linear: out (rows, o); saves x (and the weight, a parameter); backward dx, dW.
+-- At stage 3 its module gathers W around the forward and around the backward.
 function Sim:linear(x, W, o_bytes)
+  self:gather(W)
   local out = self:lua(self:new(o_bytes))
+  self:release_param(W)
   return self:record(out, { x, W }, { x }, function(S, _, g)
+    S:gather(W)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     local dw = S:new(W.leaf.bytes)
     S:drop(gi)
+    S:release_param(W)
     return { dx, dw }
   end)
 end
 
 function Sim:rms_norm(x, w, rows)
+  self:gather(w)
   local out = self:lua(self:new(x.n))
   local rstd = self:new(rows * 4)
+  self:release_param(w)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
+    S:gather(w)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     local dw = S:new(w.leaf.numel * 4)
     S:drop(gi)
+    S:release_param(w)
     return { dx, dw }
   end)
   self:drop(rstd)
@@ -269,9 +317,14 @@ function Sim:silu(x)
     return { gx }
   end)
 end
+-- At stage 3 the embedding's input (token ids) needs no gradient, so no node releases its
+-- weight after its backward: it stays gathered until backward ends.
 function Sim:embedding(ids, W, out_bytes, dt)
+  self:gather(W)
   local out = self:lua(self:new(out_bytes))
+  self:release_param(W)
   return self:record(out, { false, W }, { ids }, function(S, _, g)
+    S:gather(W) -- no release: see above
     local gw = S:new(W.leaf.numel * 4)
     local gi = S:raw(g)
     local c
@@ -284,26 +337,34 @@ end
 
 -- zr.checkpoint(fn, x): fn runs without recording; backward reruns it with grad on, backward
 -- through the recomputed graph, and hands x's gradient (a leaf gradient, category grads) back.
+-- lua/bind_checkpoint.c collects fully right after the no-grad forward (only the segment's
+-- inputs and output survive) and right after each segment's recomputation + backward.
 function Sim:checkpoint(x, fn)
   local saved_tape, saved_grad = self.tape, self.grad_on
   self.tape, self.grad_on = {}, false
   local out = fn(x)
   self.tape, self.grad_on = saved_tape, saved_grad
-  local res = self:lua({ s = out.s, n = out.n, c = out.c })
+  self:gc_point()
+  local res = self:lua({ s = out.s, n = out.n, c = out.c }) -- a fresh header over out's storage
   self:retain(out.s)
+  self:forget(out)
   return self:record(res, { x }, { x }, function(S, _, g)
     local outer = S.tape
     S.tape = {}
+    S:push() -- the arguments and result of the Lua call made from C
     local leaf = { bytes = x.n, pending = 0 }
-    local xs = { s = x.s, n = x.n, c = x.c, leaf = leaf }
+    local xs = S:lua({ s = x.s, n = x.n, c = x.c, leaf = leaf }) -- detached input, handed to Lua
+    S:retain(x.s)
     local y = fn(xs, true)
     local inner = S.tape
     S.tape = outer
     S:retain(g.s)
     S:backward(inner, y.node, { s = g.s, n = g.n, c = g.c })
     local gx = leaf.grad and { s = leaf.grad, n = x.n, c = true }
-    -- the detached input was handed to Lua, and its .grad lives as long as that userdata
-    if gx and S.o.gc ~= "ideal" then S.kept[#S.kept + 1] = S:share(gx) end
+    -- the input's userdata holds its .grad until collected; the node hands on its own reference
+    if gx then S:lua(S:share(gx)) end
+    S:pop()
+    S:gc_point()
     return { gx }
   end)
 end
@@ -322,7 +383,7 @@ local function llama_activations(cfg, o)
   S.tape = {}
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
-  local static = o.stage <= 1
+  local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
   local function P(numel) return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0 } } end
   local embedW = P(V * H)
   local layers = {}
@@ -333,9 +394,18 @@ local function llama_activations(cfg, o)
   local normW = P(H)
   local headW = cfg.tie_word_embeddings and embedW or P(V * H)
 
-  local ids = S:lua(S:new(N * 8)) -- input ids (the labels are the same tensor in a causal LM batch)
+  -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):
+  -- the previous step's batch, logits and loss are garbage until the next collection.
+  if o.gc ~= "ideal" then
+    S.garbage[#S.garbage + 1] = S:new(N * 8, "other")
+    for _, bytes in ipairs { N * V * b, 4 } do S.garbage[#S.garbage + 1] = S:new(bytes) end
+  end
+  -- input ids (the labels are the same tensor in a causal LM batch): the collator's tensors are
+  -- created outside any op, in category "other"
+  local ids = S:lua(S:new(N * 8, "other"))
 
-  local function layer(p, x, recompute)
+  local function layer(p, x)
+    S:push()
     local a1 = S:rms_norm(x, p.n1, N)
     local q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
     local k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
@@ -348,23 +418,27 @@ local function llama_activations(cfg, o)
     local gt = S:silu(S:linear(a2, p.g, N * I * b))
     local up = S:linear(a2, p.u, N * I * b)
     local out = S:add(h, S:linear(S:mul(gt, up), p.d, N * H * b))
-    S:end_frame(recompute)
-    return out
+    return S:pop(out)
   end
 
+  S:push() -- LlamaForCausalLM.forward
+  S:push() -- LlamaModel.forward
   local h = S:embedding(ids, embedW, N * H * b, b)
   for l = 1, L do
+    local x, p = h, layers[l]
     if o.gradient_checkpointing then
-      local p = layers[l]
-      h = S:checkpoint(h, function(x, recompute) return layer(p, x, recompute) end)
+      h = S:checkpoint(x, function(xx) return layer(p, xx) end)
     else
-      h = layer(layers[l], h)
+      h = layer(p, x)
     end
+    S:forget(x)
   end
-  S:end_frame()
-  -- head and loss (LlamaForCausalLM.forward, causal_lm_loss)
-  local hn = S:rms_norm(h, normW, N)
+  local hn = S:pop(S:rms_norm(h, normW, N))
+  -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
+  -- and stays gathered until backward ends
+  if cfg.tie_word_embeddings then S:gather(headW); headW.leaf.keep = true end
   local logits = S:linear(hn, headW, N * V * b)
+  S:push()
   local rows = B * (T - 1)
   local lg = S:reshape(S:narrow(logits, rows * V * b, B == 1))
   if b ~= 4 then lg = S:cast(lg, rows * V * 4) end
@@ -380,13 +454,14 @@ local function llama_activations(cfg, o)
     return { gx }
   end)
   S:drop(lse)
-  S:end_frame()
+  S:pop(loss)
+  S:pop(logits, loss) -- {logits=, loss=} is held by the caller through backward
   local fwd_act = S.cur.act
-  if o.gc == "backward" then S:collect({ [logits] = true, [loss] = true }) end
+  S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)
   S:backward(S.tape, loss.node, g0)
   return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
-    workspace = S.peak.ws }
+    workspace = S.peak.ws, gathered = S.peak.params }
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -466,12 +541,13 @@ function M.plan(o)
   local s = settings(o, cfg)
   local W, b = s.world_size, s.dtype_bytes
   local Wc = s.stage == 0 and 1 or W -- chunks per parameter (zero.c: stage 0 keeps W = 1)
-  local S, max_c, maxn = 0, 0, 0
+  local S, max_c, maxn, maxn2 = 0, 0, 0, 0
   for _, p in ipairs(list) do
     local c = ceil(p.numel / Wc)
     S = S + c
     if c > max_c then max_c = c end
-    if p.numel > maxn then maxn = p.numel end
+    if p.numel > maxn then maxn, maxn2 = p.numel, maxn
+    elseif p.numel > maxn2 then maxn2 = p.numel end
   end
   local dev = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local host = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
@@ -481,33 +557,21 @@ function M.plan(o)
   -- model states (zero.c: zr_zero_new)
   opt.optimizer = 3 * S * 4 -- fp32 master, exp_avg, exp_avg_sq partitions
   opt.grads = S * 4         -- reduced fp32 gradient partition
-  if s.stage <= 1 then dev.grads = dev.grads + total * 4 end -- full fp32 .grad per parameter
-  local init_params
+  -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
+  -- into the partition, weights views into one flat buffer, no reduce buckets
+  local direct = Wc == 1 and s.stage <= 2 and not s.offload_optimizer
+  if s.stage <= 1 and not direct then dev.grads = dev.grads + total * 4 end -- full fp32 .grad per parameter
   if s.stage <= 2 then
     dev.params = total * b
-    init_params = total * b
-  else
+  else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
     shard.params = S * b
-    -- The model is built whole before partitioning, and every weight a linear or norm saves for
-    -- backward stays alive through that saved reference after the engine releases it, so the
-    -- forward ends up holding all weights again (gathered ones are freed as backward clears them).
-    local ret = total
-    if s.gradient_checkpointing then
-      local per_layer = (total - (cfg.tie_word_embeddings and 1 or 2) * (cfg.vocab_size or 0) * (cfg.hidden_size or 0))
-        / (cfg.num_hidden_layers or 1)
-      ret = (cfg.vocab_size or 0) * (cfg.hidden_size or 0) + 2 * per_layer
-    end
-    dev.params = dev.params + ret * b
-    init_params = total * b
-    notes[#notes + 1] = "stage 3: the whole model is built before it is partitioned, and weights saved by autograd " ..
-      "stay alive after release until their backward runs, so the 16-bit weights peak near their full size"
   end
   -- comm buckets (zero.c): send W*cap fp32, plus compaction copy and receive buffer when W > 1
   local cap = floor(s.reduce_bucket_size / Wc)
   if cap < max_c then cap = max_c end
   if cap > S then cap = S end
-  dev.comm = cap * Wc * 4 + (Wc > 1 and (cap * Wc * 4 + cap * 4) or 0)
+  dev.comm = direct and 0 or (cap * Wc * 4 + (Wc > 1 and (cap * Wc * 4 + cap * 4) or 0))
   local comm_tr = 0
   if Wc > 1 and s.stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
   if s.stage == 3 then comm_tr = max(comm_tr, ceil(maxn / Wc) * (Wc + 1) * b) end -- per-parameter gather
@@ -519,12 +583,21 @@ function M.plan(o)
   local act
   if fam ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
-      stage = s.stage, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc })
+      stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
+      direct = direct })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads
     dev.workspace = act.workspace
   else
     notes[#notes + 1] = "activations are modelled for the Llama family only; gpt2 shows model states"
+  end
+  if s.stage == 3 then
+    -- ZeRO-3 gathers a module's parameters (full size, 16-bit, on the device) for its forward and
+    -- again for its backward, and releases them after; saved weights are the parameters
+    -- themselves, so nothing pins a released copy. The embedding (its input needs no gradient)
+    -- and a tied LM head (fetched outside its module) stay gathered until backward ends.
+    local gathered = act and act.gathered or (maxn + (cfg.tie_word_embeddings and maxn2 or 0)) * b
+    dev.params = dev.params + gathered
   end
   -- engine:step: the global gradient norm squares the fp32 gradient partition (a temporary of S
   -- elements where the partition lives), while the step's uncollected activations still exist
@@ -538,6 +611,10 @@ function M.plan(o)
     notes[#notes + 1] = "checkpointing frees nothing while Lua does not collect during the step: the " ..
       "recomputed and the discarded activations stay until a collection (gc = \"none\")"
   end
+  if s.gc ~= M.DEFAULT_GC then
+    notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun collects before backward and around checkpointed " ..
+      "segments (gc = \"backward\")", s.gc)
+  end
 
   local function sum(t)
     local n = 0
@@ -546,15 +623,23 @@ function M.plan(o)
   end
   dev.total = sum(dev)
   host.total = sum(host)
-  -- the peak before training starts (stage 3 builds the model whole): without activations
-  local init_total = init_params + (dev.grads - (act and act.leaf_grads or 0)) +
-    (s.offload_optimizer and 0 or opt.optimizer) + (s.stage == 3 and not s.offload_param and S * b or 0)
-  if init_total > dev.total then dev.total = init_total end
-  if s.stage == 3 and init_params + (s.offload_param and 0 or S * b) > dev.params then
-    dev.params = init_params + (s.offload_param and 0 or S * b)
+  -- Setup (model construction + zr.initialize), before the first step: zrun builds the model
+  -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
+  -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
+  local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
+    grads = (s.stage <= 1 and not direct and total * 4 or 0) + (s.offload_optimizer and 0 or S * 4),
+    optimizer = s.offload_optimizer and 0 or 3 * S * 4, comm = dev.comm - comm_tr }
+  if s.stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
+  setup.total = setup.params + setup.grads + setup.optimizer + setup.comm
+  if s.stage == 3 then
+    notes[#notes + 1] = fmt("stage 3: the model is built whole before zr.initialize partitions it; that setup " ..
+      "peak is %s per rank (the whole model in %s%s, and the states)", human(setup.total), s.dtype,
+      s.offload_param and "" or ", its shard")
   end
+  local training_total = dev.total
+  if setup.total > dev.total then dev.total = setup.total end
 
-  local plan = { device = dev, host = host, settings = s, notes = notes, total_params = total,
+  local plan = { device = dev, host = host, setup = setup, training_total = training_total, settings = s, notes = notes, total_params = total,
     largest_layer_params = largest, partition_numel = S, name = r.name,
     activations_forward = act and act.forward, host_per_node = host.total * s.gpus_per_node }
   return setmetatable(plan, { __tostring = M.format })
@@ -633,7 +718,8 @@ function M.fit(o)
       "shards gradients and optimizer states over the ranks (ZeRO-2)" },
     { "stage 3", function(t) return t.stage < 3 end, function(t) t.stage = 3 end,
       "shards the 16-bit parameters too (ZeRO-3)" },
-    { "offload_optimizer: cpu", function(t) return not t.offload_optimizer end, function(t) t.offload_optimizer = true end,
+    { "offload_optimizer: cpu", function(t) return not t.offload_optimizer end,
+      function(t) t.offload_optimizer = true; if t.stage < 1 then t.stage = 2 end end, -- offload needs stage >= 1
       "moves fp32 master weights, Adam states and reduced gradients to pinned host memory" },
     { "offload_param: cpu", function(t) return t.stage == 3 and not t.offload_param end, function(t) t.offload_param = true end,
       "keeps parameter shards in host memory" },
@@ -654,7 +740,7 @@ function M.fit(o)
         local last = steps[#steps]
         if saved <= 0 and not last.fits then -- no gain with zrun's allocation pattern: not kept
           cur, last.skipped = prev, true
-          last.reason = fmt("%s: %s; saves nothing here (zrun today), so it is not kept", reason, st[4])
+          last.reason = fmt("%s: %s; saves nothing here with zrun's allocations, so it is not kept", reason, st[4])
         else
           accepted = np
           last.reason = fmt("%s: %s; saves %s per GPU", reason, st[4], human(saved))
@@ -704,7 +790,10 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
                  [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
                  [--device cuda|cpu] [--gc none|backward|ideal]
                  [--fit --gpu-memory 80GB [--host-memory 512GB]]
-  MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name]==]
+  MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
+  --gc: when Lua's collector frees forward temporaries; the default, backward, is what zrun
+        does (it collects before backward and around checkpointed segments); none and ideal
+        are what-ifs]==]
 
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,

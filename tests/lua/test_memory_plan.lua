@@ -1,0 +1,202 @@
+-- zr.memory.plan against what the engine really allocates: a tiny Llama trained through
+-- zr.initialize at ZeRO stages 0-3 (one process), each with and without activation
+-- checkpointing, with micro-batches and sequence lengths that make activations dominate. zrun
+-- runs as it is: a plain loop (out = engine(ids, ids); engine:backward(out.loss); engine:step())
+-- with no collectgarbage of ours, so only the engine's and zr.checkpoint's collections free Lua
+-- garbage. The allocator's peak per category must be within 10% of the plan for params, grads,
+-- optimizer and activations; the stage-3 parameter peaks are also checked against hand-computed
+-- sizes. Also the partition arithmetic for several ranks (worked by hand) and the fit advice.
+local zr = require "zrun"
+local T = zr.testing
+local P = require "zrun.memory_plan"
+local Module = require "zrun.nn.module"
+local mem = zr.memory
+
+local CATS = { "params", "grads", "optimizer", "activations" }
+local STEPS = 3 -- steps 2.. see the previous step's batch, logits and loss as uncollected garbage
+
+-- A causal-LM batch as a collator builds it (a tensor made from a Lua table, category "other").
+local function batch(B, Tn, s)
+  local rows = {}
+  for i = 1, B do
+    local r = {}
+    for j = 1, Tn do r[j] = (i * 37 + j * 11 + s * 5) % 251 end
+    rows[i] = r
+  end
+  return zr.tensor(rows, { dtype = "i64" })
+end
+
+-- Builds the model and the engine, then trains STEPS steps. Returns the peak of each category
+-- during setup (construction + zr.initialize) and during training, above the baseline, and the plan.
+local function measure(c)
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.num_hidden_layers = c.layers
+  cfg.tie_word_embeddings = c.tied or false
+  collectgarbage(); collectgarbage() -- the baseline: earlier cases' memory freed (not a measured run)
+  local base = mem.stats()
+  mem.reset_peak()
+  zr.manual_seed(7)
+  local model = zr.models.llama.LlamaForCausalLM(cfg)
+  if c.ckpt then model:gradient_checkpointing_enable() end
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } }, zero_optimization = { stage = c.stage } } })
+  local st = mem.stats()
+  local setup, train = {}, {}
+  for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
+  mem.reset_peak()
+  for s = 1, STEPS do
+    local ids = batch(c.B, c.T, s)
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    engine:step()
+  end
+  st = mem.stats()
+  for _, k in ipairs(CATS) do train[k] = st[k].peak - base[k].current end
+  -- stage 3 installs global module hooks: remove them so later cases run without
+  for _, h in ipairs(engine.hook_handles or {}) do h.remove() end
+  Module.fetch = nil
+  engine, model = nil, nil
+  collectgarbage(); collectgarbage()
+  local plan = P.plan { model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
+    gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32" }
+  return train, setup, plan
+end
+
+local function within(name, measured, planned, report)
+  if measured <= 0 then error(name .. ": nothing measured\n" .. report, 0) end
+  local r = planned / measured
+  if r < 0.9 or r > 1.1 then
+    error(("%s: plan/measured = %.3f (outside 0.9..1.1)\n%s"):format(name, r, report), 0)
+  end
+end
+
+-- tiny-llama, f32, one rank: per layer q, o 4,096; k, v 2,048; gate/up/down 11,264; norms 64
+-- -> 46,208; embed and lm_head 259 x 64 = 16,576 each; final norm 64.
+local function total_params(layers, tied)
+  return layers * 46208 + 16576 * (tied and 1 or 2) + 64
+end
+
+local cases = {
+  { stage = 0, B = 5, T = 67, layers = 2 },
+  { stage = 0, B = 5, T = 67, layers = 2, ckpt = true },
+  { stage = 1, B = 3, T = 89, layers = 3 },
+  { stage = 1, B = 3, T = 89, layers = 3, ckpt = true },
+  { stage = 2, B = 1, T = 301, layers = 2 },                -- B = 1: the loss narrows without a copy
+  { stage = 2, B = 1, T = 301, layers = 2, ckpt = true },
+  { stage = 3, B = 4, T = 97, layers = 3 },
+  { stage = 3, B = 4, T = 97, layers = 3, ckpt = true },
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true },   -- a tied head stays gathered through backward
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true },
+}
+local results = {}
+for i, c in ipairs(cases) do
+  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s"):format(c.stage, c.B, c.T,
+    c.layers, c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "")
+  T.test(name, function()
+    local m, setup, plan = measure(c)
+    results[i] = m
+    local lines = {}
+    for _, k in ipairs(CATS) do
+      lines[#lines + 1] = ("%-12s measured %9d planned %9d"):format(k, m[k], plan.device[k] + plan.host[k])
+    end
+    lines[#lines + 1] = ("%-12s measured %9d planned %9d"):format("setup params", setup.params, plan.setup.params)
+    local report = table.concat(lines, "\n")
+    print(report)
+    for _, k in ipairs(CATS) do within(k, m[k], plan.device[k] + plan.host[k], report) end
+    within("setup params", setup.params, plan.setup.params, report)
+    if c.stage == 3 then
+      -- by hand: the 16-bit shard (the whole model on one rank) plus the largest set gathered at
+      -- once: one module (the 259 x 64 LM head or embedding), or with a tied head the embedding
+      -- (kept until backward ends) plus the largest other module (gate/up/down, 176 x 64)
+      local n = total_params(c.layers, c.tied)
+      local gathered = c.tied and (16576 + 11264) or 16576
+      T.eq(m.params, (n + gathered) * 4, "stage 3 params = shard + gathered")
+      T.eq(plan.device.params, (n + gathered) * 4, "planned stage 3 params")
+      -- setup: the whole model, built before zr.initialize partitions it, plus its shard
+      T.eq(setup.params, 2 * n * 4, "stage 3 setup params = model + shard")
+    else
+      T.eq(m.params, total_params(c.layers, c.tied) * 4, "stages 0-2 keep the whole model")
+    end
+    if not c.ckpt then
+      -- activations dominate these runs, so a plan that ignored them would fail
+      T.eq(m.activations > m.params + m.grads + m.optimizer, true, "activations are significant")
+    else
+      -- the collections in zr.checkpoint make checkpointing pay: compare with the run before
+      local full = results[i - 1]
+      T.eq(full ~= nil and m.activations < 0.8 * full.activations, true, "checkpointing saves activations")
+    end
+  end)
+end
+
+T.test("gc: the default is what zrun does; other modes are what-ifs", function()
+  T.eq(P.DEFAULT_GC, "backward")
+  local o = { model = "zrun/tiny-llama", micro_batch = 3, seq_len = 89, stage = 2, device = "cpu", dtype = "f32",
+    gradient_checkpointing = true }
+  local p = P.plan(o)
+  T.eq(p.settings.gc, "backward")
+  T.eq(tostring(p):find("what-if", 1, true), nil, "no what-if note for zrun's behaviour")
+  o.gc = "none" -- nothing collected: checkpointing keeps every recomputed activation
+  local pn = P.plan(o)
+  T.eq(pn.device.activations > p.device.activations, true)
+  T.eq(tostring(pn):find("what-if", 1, true) ~= nil, true)
+  o.gc = "ideal"
+  T.eq(P.plan(o).device.activations <= p.device.activations, true)
+end)
+
+T.test("partitions over several ranks (hand-computed)", function()
+  -- tiny-llama over 3 ranks, chunk = ceil(n/3): embed and lm_head 16,576 -> 5,526 each;
+  -- per layer q, o 4,096 -> 1,366; k, v 2,048 -> 683; gate/up/down 11,264 -> 3,755; norms 64 -> 22
+  -- layer = 2*1,366 + 2*683 + 3*3,755 + 2*22 = 15,407; x2 = 30,814; + 2*5,526 + 22 -> S = 41,888
+  local p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8, device = "cpu", dtype = "f32" }
+  T.eq(p.partition_numel, 41888)
+  T.eq(p.device.optimizer, 3 * 41888 * 4, "master + exp_avg + exp_avg_sq")
+  -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
+  -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
+  p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    offload_optimizer = true, offload_param = true }
+  T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
+  T.eq(p.device.params, 16576 * 2)
+  -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
+  p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16" }
+  T.eq(p.device.params, (41888 + 16576) * 2)
+  T.eq(p.setup.params, (125632 + 41888) * 2)
+  -- stage 0 keeps whole parameters: S = P = 125,632
+  p = P.plan { model = "zrun/tiny-llama", world_size = 4, stage = 0, micro_batch = 1, seq_len = 8 }
+  T.eq(p.partition_numel, 125632)
+  T.raises(function() P.plan { model = "zrun/tiny-llama", stage = 2, offload_param = true } end, "needs stage 3")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", seq_len = 1 } end, "at least 2")
+end)
+
+T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", function()
+  -- Llama-3.2-1B in bf16 on one 24 GB GPU: stage 0 needs > 30 GiB (fp32 grads + Adam states),
+  -- stage 2 still holds 13.8 GiB of optimizer states; on one rank stage 3 shards nothing (and
+  -- the model is built whole first), so it is skipped and the optimizer goes to the host
+  local f = P.fit { model = "meta-llama/Llama-3.2-1B", micro_batch = 1, seq_len = 1024, dtype = "bf16", gpu_memory = "24GB" }
+  T.eq(f.fits, true)
+  T.eq(f.settings.stage, 2); T.eq(f.settings.offload_optimizer, true); T.eq(f.settings.micro_batch, 1)
+  T.eq(f.steps[2].change, "stage 2")
+  T.eq(f.steps[3].change, "stage 3"); T.eq(f.steps[3].skipped, true)
+  T.eq(f.text:find("why:", 1, true) ~= nil, true)
+  -- Llama-3-8B on 8 x 48 GB: stage 2 keeps the 15 GiB of 16-bit weights on every rank and does
+  -- not fit; stage 3 keeps 1/8 of them plus the largest gathered module (the 128,256 x 4,096
+  -- embedding, 1 GiB) and fits; its setup peak (whole model + shard + states) fits too
+  f = P.fit { model = "meta-llama/Meta-Llama-3-8B", micro_batch = 1, seq_len = 2048, dtype = "bf16",
+    gpus_per_node = 8, gpu_memory = "48GB" }
+  T.eq(f.fits, true); T.eq(f.settings.stage, 3); T.eq(f.settings.offload_optimizer, false)
+  T.eq(#f.steps, 3); T.eq(f.steps[3].change, "stage 3")
+  local s2, s3 = f.steps[2].plan, f.steps[3].plan
+  T.eq(s2.device.params, 8030261248 * 2)
+  T.eq(s3.device.params, math.ceil(8030261248 / 8) * 2 + 128256 * 4096 * 2)
+  T.eq(s3.device.total < s2.device.total, true, "stage 3 saves parameter memory")
+  T.eq(s3.setup.params, 8030261248 * 2 + math.ceil(8030261248 / 8) * 2)
+  -- an H200 fits the 1B model as configured
+  f = P.fit { model = "meta-llama/Llama-3.2-1B", micro_batch = 1, seq_len = 1024, dtype = "bf16", gpu_memory = "141GB" }
+  T.eq(#f.steps, 1); T.eq(f.fits, true)
+  -- nothing fits a 2 GB GPU: it says so
+  f = P.fit { model = "meta-llama/Meta-Llama-3-8B", micro_batch = 2, seq_len = 512, dtype = "bf16", gpu_memory = "2GB" }
+  T.eq(f.fits, false); T.eq(f.text:find("nothing fits", 1, true) ~= nil, true)
+  T.eq(P.parse_bytes("80GB"), 80 * 2 ^ 30); T.eq(P.parse_bytes("512 MiB"), 512 * 2 ^ 20)
+  T.raises(function() P.parse_bytes("lots") end, "memory size")
+end)
+
+T.done()
