@@ -145,7 +145,7 @@ run: deps
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN)
-	@sh tests/bench/run.sh
+	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/bench/run.sh
 
 # CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host
 # references; both print "N passed, N failed".
