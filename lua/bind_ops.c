@@ -128,17 +128,20 @@ static int l_max(lua_State *L) {
     zr_tensor *v = zr_max(t, n, dims, lua_toboolean(L, 3), &idx);
     if (!v) return zr_l_error(L);
     zr_l_pushtensor(L, v);
-    zr_tensor *one = zr_tensor_scalar(1, ZR_I64, zr_cpu());
+    /* Lua sees 1-based positions: idx + 1 on idx's device, through f64 (exact below 2^53) */
+    if (!idx) return 1;
     zr_tensor *idx1 = NULL;
-    if (one && idx) { /* Lua sees 1-based positions */
-        idx1 = zr_tensor_new(ZR_I64, idx->storage->device, idx->ndim, idx->shape);
-        double vv;
-        for (int64_t i = 0; idx1 && i < zr_tensor_numel(idx); i++)
-            if (zr_tensor_get(idx, i, &vv) == ZR_OK) zr_tensor_set(idx1, i, vv + 1);
+    {
+        zr_device dev = idx->storage->device;
+        zr_tensor *f = zr_tensor_to_raw(idx, ZR_F64, dev);
+        zr_tensor *f1 = f ? zr_affine(f, 1, 1) : NULL;
+        idx1 = f1 ? zr_tensor_to_raw(f1, ZR_I64, dev) : NULL;
+        zr_tensor_release(f);
+        zr_tensor_release(f1);
     }
-    zr_tensor_release(one);
     zr_tensor_release(idx);
-    return 1 + (idx1 ? zr_l_pushtensor(L, idx1) : 0);
+    if (!idx1) return zr_l_error(L);
+    return 1 + zr_l_pushtensor(L, idx1);
 }
 
 static const luaL_Reg methods[] = {

@@ -1,10 +1,19 @@
 /* Causal grouped-query attention: forward and backward side by side (see ops_attention.h).
- * CPU only for now; bf16/f16 are widened to f32 and narrowed back. */
+ * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
+ * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
+ * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
+ * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
+ * CUDA is an error. */
 #include "ops_attention.h"
 
 #include <math.h>
 
+#include "ops_elementwise.h"
+#include "ops_matmul.h"
+#include "ops_misc.h"
+#include "ops_softmax.h"
 #include "ops_util.h"
+#include "ops_view.h"
 
 static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
     if (!r || r->dtype == dt) return r;
@@ -71,14 +80,147 @@ static zr_status check_args(zr_tensor *q, zr_tensor *k, zr_tensor *v) {
     if (k->shape[1] == 0 || q->shape[1] % k->shape[1])
         return zr_error("sdpa: q has %lld heads, not a multiple of k's %lld", (long long)q->shape[1],
                         (long long)k->shape[1]);
-    if (!zr_is_cpu(q)) return zr_no_cuda("sdpa");
+    if (!zr_is_cpu(q) && (q->dtype == ZR_F64 || k->dtype == ZR_F64 || v->dtype == ZR_F64))
+        return zr_error("sdpa on cuda: f64 is not supported (use f32, bf16 or f16)");
     return ZR_OK;
+}
+
+/* --- CUDA paths --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/attention.h"
+
+/* saved: q, k, v, out (contiguous, one dtype), lse (B, Hq, T) f32; f[0] = scale */
+static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+    zr_device dev = zr_tensor_device(q);
+    zr_dtype dt = q->dtype;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *ws = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi) goto done;
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    for (int i = 0; i < 3; i++)
+        if (!(d[i] = zr_tensor_new_cat(dt, dev, 4, i ? k->shape : q->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (B * T > 0 &&
+        zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
+                                              zr_tensor_data(gi), zr_tensor_data(q), zr_tensor_data(k),
+                                              zr_tensor_data(v), zr_tensor_data(o), zr_tensor_data(lse),
+                                              ws ? zr_tensor_data(ws) : NULL, B, Hq, Hkv, T, Dh, (float)n->f[0], dt,
+                                              zr_cuda_stream(dev)),
+                      "sdpa backward", dev))
+        goto done;
+    for (int i = 0; i < 3; i++) {
+        if (!zr_node_needs_grad(n, i)) continue;
+        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        d[i] = NULL;
+        if (!c) goto done;
+        gin[i] = c;
+    }
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(ws);
+    return st;
+}
+
+/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. */
+static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    zr_dtype dt = q->dtype;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int64_t lshape[3] = {B, Hq, T};
+    zr_tensor *qi = zr_tensor_contiguous_raw(q), *ki = qi ? zr_tensor_contiguous_raw(k) : NULL;
+    zr_tensor *vi = ki ? zr_tensor_contiguous_raw(v) : NULL;
+    zr_tensor *out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_node *n;
+    if (!lse) goto fail;
+    if (B * T > 0 &&
+        zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
+                                             zr_tensor_data(ki), zr_tensor_data(vi), B, Hq, Hkv, T, Dh, (float)scale,
+                                             dt, zr_cuda_stream(dev)),
+                      "sdpa", dev))
+        goto fail;
+    if (zr_autograd_record(out, "sdpa", sdpa_backward_dev, 3, (zr_tensor *[]){q, k, v}, &n)) goto fail;
+    if (n) {
+        n->f[0] = scale;
+        if (zr_node_save(n, qi) || zr_node_save(n, ki) || zr_node_save(n, vi) || zr_node_save(n, out) ||
+            zr_node_save(n, lse))
+            goto fail;
+    }
+    zr_tensor_release(qi);
+    zr_tensor_release(ki);
+    zr_tensor_release(vi);
+    zr_tensor_release(lse);
+    return out;
+fail:
+    zr_tensor_release(qi);
+    zr_tensor_release(ki);
+    zr_tensor_release(vi);
+    zr_tensor_release(lse);
+    zr_tensor_release(out);
+    return NULL;
+}
+#endif
+
+/* The f32 composition: softmax(mask(q kᵀ · scale)) v with differentiable ops (their backward
+ * gives the gradients), k and v repeated over each query group; the result in q's dtype. */
+static zr_tensor *sdpa_composed(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    enum { QF, KF, VF, KR, VR, KT, S, SS, R, C, M, SM, P, O, NT };
+    zr_tensor *t[NT] = {NULL}, *out = NULL;
+    if (!(t[QF] = zr_to(q, ZR_F32, dev)) || !(t[KF] = zr_to(k, ZR_F32, dev)) || !(t[VF] = zr_to(v, ZR_F32, dev)))
+        goto done;
+    if (Hq != Hkv) { /* (B, Hkv, T, Dh) -> (B, Hkv, g, T, Dh) -> (B, Hq, T, Dh) */
+        int64_t g = Hq / Hkv, s1[5] = {B, Hkv, 1, T, Dh}, s2[5] = {B, Hkv, g, T, Dh}, s3[4] = {B, Hq, T, Dh};
+        for (int i = 0; i < 2; i++) {
+            zr_tensor *a = zr_reshape(i ? t[VF] : t[KF], 5, s1);
+            zr_tensor *e = a ? zr_expand(a, 5, s2) : NULL;
+            t[KR + i] = e ? zr_reshape(e, 4, s3) : NULL;
+            zr_tensor_release(a);
+            zr_tensor_release(e);
+            if (!t[KR + i]) goto done;
+        }
+    } else {
+        t[KR] = zr_tensor_retain(t[KF]);
+        t[VR] = zr_tensor_retain(t[VF]);
+    }
+    if (!(t[KT] = zr_transpose(t[KR], 2, 3)) || !(t[S] = zr_matmul(t[QF], t[KT])) ||
+        !(t[SS] = zr_affine(t[S], scale, 0)))
+        goto done;
+    /* mask[i, j] = j > i (a future position) */
+    int64_t rs[2] = {T, 1}, cs[2] = {1, T};
+    zr_tensor *ar = zr_tensor_arange(0, (double)T, 1, ZR_F32, dev);
+    zr_tensor *rv = ar ? zr_tensor_view_raw(ar, 2, rs) : NULL, *cv = ar ? zr_tensor_view_raw(ar, 2, cs) : NULL;
+    t[M] = rv && cv ? zr_compare(ZR_CMP_GT, cv, rv) : NULL;
+    zr_tensor_release(ar);
+    zr_tensor_release(rv);
+    zr_tensor_release(cv);
+    if (!t[M] || !(t[SM] = zr_masked_fill(t[SS], t[M], -INFINITY)) || !(t[P] = zr_softmax(t[SM], -1)) ||
+        !(t[O] = zr_matmul(t[P], t[VR])))
+        goto done;
+    out = zr_to(t[O], q->dtype, dev);
+done:
+    for (int i = 0; i < NT; i++) zr_tensor_release(t[i]);
+    return out;
 }
 
 zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
     if (check_args(q, k, v)) return NULL;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
     if (scale <= 0) scale = Dh > 0 ? 1.0 / sqrt((double)Dh) : 1.0;
+    if (!zr_is_cpu(q)) {
+#ifdef ZR_HAVE_CUDA
+        zr_dtype dt = q->dtype;
+        if ((dt == ZR_BF16 || dt == ZR_F16) && k->dtype == dt && v->dtype == dt && (Dh == 64 || Dh == 128))
+            return sdpa_flash(q, k, v, scale);
+#endif
+        return sdpa_composed(q, k, v, scale);
+    }
     int f64 = q->dtype == ZR_F64 || k->dtype == ZR_F64 || v->dtype == ZR_F64;
     zr_dtype ct = f64 ? ZR_F64 : ZR_F32;
     zr_device dev = zr_tensor_device(q);

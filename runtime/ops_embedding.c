@@ -6,10 +6,86 @@
 
 #include "ops_util.h"
 
+/* --- CUDA path (kernels/cuda/embedding.h): a gather forward and a deterministic (sorted, no
+ * atomics) scatter backward in the table's dtype. Ids are not range-checked on the host (that
+ * would wait for the GPU): an out-of-range id gives a zero row and no gradient. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/embedding.h"
+#endif
+
+static zr_status embedding_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *ids = n->saved[0];
+    zr_edge *e = &n->edges[0];
+    zr_device dev = zr_tensor_device(g);
+    zr_dtype dt = e->dtype == ZR_F64 ? ZR_F32 : e->dtype;
+    int64_t N = zr_tensor_numel(ids), V = e->shape[0], D = e->shape[1];
+    size_t wsz = embedding_backward_workspace_size(N, V);
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *gw = gi ? zr_tensor_new_cat(dt, dev, 2, e->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *ws = gw && wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
+    zr_status st = ZR_ERR;
+    if (gw && (!wsz || ws)) {
+        if (V * D == 0) st = ZR_OK;
+        else
+            st = zr_dev_status(embedding_backward_cuda(zr_tensor_data(gw), zr_tensor_data(gi), zr_tensor_data(ids),
+                                                       ws ? zr_tensor_data(ws) : NULL, N, V, D, 0, dt,
+                                                       zr_cuda_stream(dev)),
+                               "embedding backward", dev);
+    }
+    zr_tensor_release(gi);
+    zr_tensor_release(ws);
+    if (!st && gw->dtype != e->dtype) {
+        zr_tensor *c = zr_tensor_to_raw(gw, e->dtype, dev);
+        zr_tensor_release(gw);
+        gw = c;
+        if (!gw) st = ZR_ERR;
+    }
+    if (st) {
+        zr_tensor_release(gw);
+        return ZR_ERR;
+    }
+    gin[0] = gw;
+    return ZR_OK;
+#else
+    (void)n, (void)g, (void)gin;
+    return zr_no_cuda("embedding");
+#endif
+}
+
+static zr_status embedding_forward_dev(zr_tensor *out, zr_tensor *weight, zr_tensor *idx) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(weight);
+    int64_t V = weight->shape[0], D = weight->shape[1], N = zr_tensor_numel(idx);
+    if (N * D == 0) return ZR_OK;
+    if (V == 0) return zr_tensor_fill_(out, 0);
+    zr_dtype dt = weight->dtype == ZR_F64 ? ZR_F32 : weight->dtype;
+    zr_tensor *wi = zr_tensor_to_raw(weight, dt, dev);
+    zr_tensor *o = wi ? (dt == out->dtype ? zr_tensor_retain(out)
+                                          : zr_tensor_new_cat(dt, dev, out->ndim, out->shape, ZR_MEM_WORKSPACE, 0))
+                      : NULL;
+    zr_status st = ZR_ERR;
+    if (o) {
+        st = zr_dev_status(embedding_forward_cuda(zr_tensor_data(o), zr_tensor_data(wi), zr_tensor_data(idx), N, V, D,
+                                                  dt, zr_cuda_stream(dev)),
+                           "embedding", dev);
+        if (!st && o != out) st = zr_tensor_copy_(out, o);
+    }
+    zr_tensor_release(wi);
+    zr_tensor_release(o);
+    return st;
+#else
+    (void)out, (void)weight, (void)idx;
+    return zr_no_cuda("embedding");
+#endif
+}
+
 /* saved[0] = ids (i64, contiguous); edge 0 = weight (V, D). */
 static zr_status embedding_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *ids = n->saved[0];
     zr_edge *e = &n->edges[0];
+    if (!zr_is_cpu(g)) return embedding_backward_dev(n, g, gin);
     zr_dtype ct = zr_cpu_compute_dtype(e->dtype);
     zr_tensor *gw = zr_tensor_new_cat(ct, zr_tensor_device(g), 2, e->shape, ZR_MEM_ACTIVATIONS, 1);
     zr_tensor *gi = gw ? zr_cpu_in(g, ct) : NULL;
@@ -42,11 +118,18 @@ zr_tensor *zr_embedding(zr_tensor *weight, zr_tensor *ids) {
         return zr_error_null("embedding: ids have %d dims; at most %d are supported", ids->ndim,
                              ZR_MAX_DIMS - 1);
     if (zr_check_same_device("embedding", 2, (zr_tensor *[]){weight, ids})) return NULL;
-    if (!zr_is_cpu(weight)) return zr_no_cuda("embedding"), NULL;
     int64_t v = weight->shape[0], d = weight->shape[1], nid = zr_tensor_numel(ids);
     zr_device dev = zr_tensor_device(weight);
     zr_tensor *idx = zr_tensor_to_raw(ids, ZR_I64, dev), *wi = NULL, *out = NULL;
     if (!idx) return NULL;
+    if (!zr_is_cpu(weight)) {
+        int64_t shape[ZR_MAX_DIMS];
+        for (int i = 0; i < ids->ndim; i++) shape[i] = ids->shape[i];
+        shape[ids->ndim] = d;
+        out = zr_tensor_new_cat(weight->dtype, dev, ids->ndim + 1, shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!out || embedding_forward_dev(out, weight, idx)) goto fail;
+        goto record;
+    }
     const int64_t *p = zr_tensor_data(idx);
     for (int64_t i = 0; i < nid; i++)
         if (p[i] < 0 || p[i] >= v) {
@@ -70,6 +153,7 @@ zr_tensor *zr_embedding(zr_tensor *weight, zr_tensor *ids) {
         const char *src = zr_tensor_data(wi);
         for (int64_t i = 0; i < nid; i++) memcpy(dst + (size_t)i * row, src + (size_t)p[i] * row, row);
     }
+record:;
     zr_node *n;
     if (zr_autograd_record(out, "embedding", embedding_backward, 1, &weight, &n)) goto fail;
     if (n && zr_node_save(n, idx)) goto fail;

@@ -71,6 +71,93 @@ static void batch_strides(const zr_tensor *t, int bn, const int64_t *bshape, int
     }
 }
 
+/* --- CUDA path: the same operand preparation (transposed views become GEMM flags), then
+ * cuBLASLt through kernels/cuda/matmul.h in the result dtype (bf16/f16 accumulate in f32, f32
+ * stays f32). Batches whose offsets are one stride apart (or broadcast: stride 0) are one
+ * strided-batched call; other batch layouts take one call per matrix. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/matmul.h"
+
+/* True when the batch offsets st (over bshape) are a single stride apart in row-major batch
+ * order (size-1 dims skipped); *stride is that stride (0 for a broadcast operand). */
+static int batch_linear(int bn, const int64_t *bshape, const int64_t *st, int64_t *stride) {
+    int64_t s = -1, expect = 0;
+    for (int i = bn - 1; i >= 0; i--) {
+        if (bshape[i] == 1) continue;
+        if (s < 0) s = st[i];
+        else if (st[i] != expect) return 0;
+        expect = st[i] * bshape[i];
+    }
+    *stride = s < 0 ? 0 : s;
+    return 1;
+}
+#endif
+
+/* out (contiguous, dtype dt; batch shape bshape of bn dims) = a · b on a's GPU. */
+static zr_status mm_dev(zr_tensor *out, zr_tensor *a, zr_tensor *b, int bn, const int64_t *bshape,
+                        int64_t nbatch, int64_t m, int64_t n, int64_t k) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = out->dtype;
+    zr_device dev = zr_tensor_device(out);
+    gemm_operand A = {0}, B = {0};
+    zr_status st = ZR_ERR;
+    if (operand_prepare(a, dt, &A) || operand_prepare(b, dt, &B)) goto done;
+    int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], sa, sb;
+    batch_strides(A.t, bn, bshape, as);
+    batch_strides(B.t, bn, bshape, bs);
+    int fold = !A.trans && nbatch > 1;
+    int64_t expect = m * A.ld;
+    for (int i = bn - 1; i >= 0 && fold; i--) {
+        if (bs[i] != 0) fold = 0;
+        if (bshape[i] == 1) continue;
+        if (as[i] != expect) fold = 0;
+        expect *= bshape[i];
+    }
+    zr_gemm_desc g = {0};
+    g.ta = A.trans, g.tb = B.trans, g.m = m, g.n = n, g.k = k;
+    g.a = zr_tensor_data(A.t), g.lda = A.ld, g.b = zr_tensor_data(B.t), g.ldb = B.ld;
+    g.c = zr_tensor_data(out), g.ldc = n, g.stride_c = m * n, g.batch = 1;
+    g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+    cudaStream_t s = zr_cuda_stream(dev);
+    int rc;
+    if (fold || nbatch == 1) {
+        g.m = m * nbatch;
+        rc = gemm_ex_cuda(&g, s);
+    } else if (batch_linear(bn, bshape, as, &sa) && batch_linear(bn, bshape, bs, &sb)) {
+        g.stride_a = sa, g.stride_b = sb, g.batch = nbatch;
+        rc = gemm_ex_cuda(&g, s);
+    } else {
+        size_t es = zr_dtype_size(dt);
+        int64_t idx[ZR_MAX_DIMS] = {0};
+        rc = 0;
+        for (int64_t q = 0; q < nbatch && !rc; q++) {
+            int64_t ao = 0, bo = 0;
+            for (int i = 0; i < bn; i++) {
+                ao += idx[i] * as[i];
+                bo += idx[i] * bs[i];
+            }
+            g.a = (const char *)zr_tensor_data(A.t) + ao * (int64_t)es;
+            g.b = (const char *)zr_tensor_data(B.t) + bo * (int64_t)es;
+            g.c = (char *)zr_tensor_data(out) + q * m * n * (int64_t)es;
+            rc = gemm_ex_cuda(&g, s);
+            for (int i = bn - 1; i >= 0; i--) {
+                if (++idx[i] < bshape[i]) break;
+                idx[i] = 0;
+            }
+        }
+    }
+    st = zr_dev_status(rc, "matmul", dev);
+done:
+    zr_tensor_release(A.t);
+    zr_tensor_release(B.t);
+    return st;
+#else
+    (void)out, (void)a, (void)b, (void)bn, (void)bshape, (void)nbatch, (void)m, (void)n, (void)k;
+    return zr_no_cuda("matmul");
+#endif
+}
+
 /* The product of a (..., m, k) and b (..., k, n), both >= 2-D with matching k and broadcastable
  * batch dims (checked by the caller), as a new contiguous tensor of dtype dt. No autograd. */
 static zr_tensor *mm_raw(zr_tensor *a, zr_tensor *b, zr_dtype dt) {
@@ -91,6 +178,10 @@ static zr_tensor *mm_raw(zr_tensor *a, zr_tensor *b, zr_dtype dt) {
     if (zr_tensor_numel(out) == 0) return out;
     if (k == 0) {
         if (zr_tensor_fill_(out, 0)) goto fail;
+        return out;
+    }
+    if (!zr_is_cpu(out)) {
+        if (mm_dev(out, a, b, bn, shape, nbatch, m, n, k)) goto fail;
         return out;
     }
     zr_dtype ct = zr_cpu_compute_dtype(dt);
@@ -290,7 +381,6 @@ static zr_tensor *matmul_impl(const char *op, zr_tensor *a, zr_tensor *b) {
     if (a->ndim == 0 || b->ndim == 0)
         return zr_error_null("%s: both operands need at least 1 dim, got %d-dim and %d-dim", op,
                              a->ndim, b->ndim);
-    if (!zr_is_cpu(a)) return zr_no_cuda(op), NULL;
     zr_tensor *a2 = a->ndim == 1 ? insert_unit_dim(a, 0) : zr_tensor_retain(a);
     zr_tensor *b2 = b->ndim == 1 ? insert_unit_dim(b, 1) : zr_tensor_retain(b);
     zr_tensor *out = NULL;
@@ -333,11 +423,80 @@ zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b) {
 
 /* --- linear --- */
 
+/* nn.Linear on a GPU: operands converted to the result dtype dt (contiguous), then one cuBLASLt
+ * call with the bias in its epilogue. */
+static zr_status linear_forward_dev(zr_tensor *out, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t rows,
+                                    int64_t in, int64_t nout) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = out->dtype;
+    zr_device dev = zr_tensor_device(out);
+    zr_tensor *xi = zr_tensor_to_raw(x, dt, dev), *wi = xi ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *bi = wi && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    zr_status st = ZR_ERR;
+    if (wi && (!b || bi))
+        st = zr_dev_status(linear_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_data(wi),
+                                               bi ? zr_tensor_data(bi) : NULL, rows, in, nout, dt,
+                                               zr_cuda_stream(dev)),
+                           "linear", dev);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    return st;
+#else
+    (void)out, (void)x, (void)w, (void)b, (void)rows, (void)in, (void)nout;
+    return zr_no_cuda("linear");
+#endif
+}
+
+/* Linear's backward on a GPU, in the promoted dtype of g, x and w; results cast to each input's
+ * dtype. Only the operands a requested gradient needs are converted. */
+static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, int64_t rows,
+                                     int64_t in, int64_t out, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = zr_promote(g->dtype, zr_promote(x->dtype, w->dtype));
+    zr_device dev = zr_tensor_device(g);
+    int need[3] = {zr_node_needs_grad(n, 0), zr_node_needs_grad(n, 1), zr_node_needs_grad(n, 2)};
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = NULL, *wi = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
+        (need[0] && !(wi = zr_tensor_to_raw(w, dt, dev))))
+        goto done;
+    if (need[0] && !(d[0] = zr_tensor_new_cat(dt, dev, n->edges[0].ndim, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    if (need[1] && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (need[2] && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    int rc = linear_backward_cuda(d[0] ? zr_tensor_data(d[0]) : NULL, d[1] ? zr_tensor_data(d[1]) : NULL,
+                                  d[2] ? zr_tensor_data(d[2]) : NULL, zr_tensor_data(gi),
+                                  xi ? zr_tensor_data(xi) : NULL, wi ? zr_tensor_data(wi) : NULL, rows, in, out,
+                                  0, dt, zr_cuda_stream(dev));
+    if (zr_dev_status(rc, "linear backward", dev)) goto done;
+    for (int i = 0; i < 3; i++) {
+        if (!d[i]) continue;
+        if (!(gin[i] = cast_owned(d[i], n->edges[i].dtype))) {
+            d[i] = NULL;
+            goto done;
+        }
+        d[i] = NULL;
+    }
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+#else
+    (void)n, (void)g, (void)x, (void)w, (void)rows, (void)in, (void)out, (void)gin;
+    return zr_no_cuda("linear");
+#endif
+}
+
 /* saved[0] = x, saved[1] = w; edges x, w, b. */
 static zr_status linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1];
     int64_t in = w->shape[1], out = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 0;
     if (in == 0) rows = zr_tensor_numel(g) / (out ? out : 1);
+    if (!zr_is_cpu(g)) return linear_backward_dev(n, g, x, w, rows, in, out, gin);
     zr_dtype ct = zr_cpu_compute_dtype(zr_promote(g->dtype, zr_promote(x->dtype, w->dtype)));
     zr_device dev = zr_tensor_device(g);
     zr_tensor *gi = zr_cpu_in(g, ct), *xi = NULL, *r = NULL;
@@ -395,7 +554,6 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return zr_error_null("linear: bias must have shape (%lld) to match weight %s, got %s",
                              (long long)w->shape[0], zr_tensor_shape_str(w, b1), zr_tensor_shape_str(b, b2));
-    if (!zr_is_cpu(x)) return zr_no_cuda("linear"), NULL;
     zr_dtype dt = zr_promote(x->dtype, w->dtype);
     if (b) dt = zr_promote(dt, b->dtype);
     zr_dtype ct = zr_cpu_compute_dtype(dt);
@@ -409,6 +567,10 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     zr_tensor *xi = NULL, *bi = NULL, *o = NULL, *wt = NULL;
     gemm_operand W = {0};
     if (!out) return NULL;
+    if (!zr_is_cpu(x)) {
+        if (linear_forward_dev(out, x, w, b, rows, in, nout)) goto fail;
+        goto record;
+    }
     /* GEMM reads wᵀ (in, out) in place: a row-major w becomes a transposition flag. */
     if (!(xi = zr_cpu_in(x, ct)) || !(wt = zr_tensor_transpose_raw(w, 0, 1)) ||
         operand_prepare(wt, ct, &W) || !(o = zr_cpu_out_begin(out, ct)))
@@ -422,6 +584,7 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     zr_status st = zr_cpu_out_end(out, o);
     o = NULL;
     if (st) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, "linear", linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
     if (n && (zr_node_save(n, x) || zr_node_save(n, w))) goto fail;

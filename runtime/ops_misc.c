@@ -1,5 +1,7 @@
 /* Dropout, cat/split, where/masked_fill and comparisons: forward and backward side by side (see
- * ops_misc.h). CPU only for now. */
+ * ops_misc.h). CUDA tensors run the same ops on the device: the dropout mask is a device
+ * Bernoulli fill (the same numbers as the CPU for the same seed), where uses the strided where
+ * kernel, comparisons kernels/cuda/misc.h; cat/split are views and device copies. */
 #include "ops_misc.h"
 
 #include <stdlib.h>
@@ -8,6 +10,28 @@
 #include "ops_util.h"
 #include "ops_view.h"
 #include "random.h"
+
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/elementwise.h"
+#include "../kernels/cuda/misc.h"
+#endif
+
+/* y = mask ? x * scale : 0 on x's GPU (y contiguous, x converted to y's dtype). */
+static zr_status dropout_dev(zr_tensor *y, zr_tensor *x, zr_tensor *mask, double scale) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(y);
+    zr_tensor *xi = zr_tensor_to_raw(x, y->dtype, dev);
+    if (!xi) return ZR_ERR;
+    int rc = dropout_apply_cuda(zr_tensor_data(y), zr_tensor_data(xi), zr_tensor_data(mask), zr_tensor_numel(y),
+                                scale, y->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(xi);
+    return zr_dev_status(rc, "dropout", dev);
+#else
+    (void)y, (void)x, (void)mask, (void)scale;
+    return zr_no_cuda("dropout");
+#endif
+}
 
 /* Casts r to dt, consuming r. */
 static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
@@ -27,6 +51,16 @@ static zr_dtype kernel_dtype(zr_dtype dt) {
 /* saved: mask (u8); f[0] = scale */
 static zr_status dropout_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *mask = n->saved[0];
+    if (!zr_is_cpu(g)) {
+        zr_edge *e = &n->edges[0];
+        zr_tensor *gx = zr_tensor_new_cat(e->dtype, zr_tensor_device(g), g->ndim, g->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!gx || dropout_dev(gx, g, mask, n->f[0])) {
+            zr_tensor_release(gx);
+            return ZR_ERR;
+        }
+        gin[0] = gx;
+        return ZR_OK;
+    }
     zr_dtype ct = zr_cpu_compute_dtype(g->dtype);
     zr_tensor *gi = zr_cpu_in(g, ct);
     zr_tensor *gx = gi ? zr_tensor_new_cat(ct, zr_tensor_device(g), g->ndim, g->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
@@ -45,7 +79,6 @@ zr_tensor *zr_dropout(zr_tensor *x, double p, int training) {
     if (zr_check_float("dropout", x)) return NULL;
     if (!(p >= 0 && p <= 1)) return zr_error_null("dropout: p must be in [0, 1], got %g", p);
     if (!training || p == 0) return zr_tensor_retain(x);
-    if (!zr_is_cpu(x)) return zr_no_cuda("dropout"), NULL;
     zr_device dev = zr_tensor_device(x);
     double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
@@ -53,12 +86,17 @@ zr_tensor *zr_dropout(zr_tensor *x, double p, int training) {
     zr_tensor *out = mask ? zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *xi = NULL, *o = NULL;
     if (!out || zr_tensor_bernoulli_(mask, 1.0 - p)) goto fail;
+    if (!zr_is_cpu(x)) {
+        if (dropout_dev(out, x, mask, scale)) goto fail;
+        goto record;
+    }
     if (!(xi = zr_cpu_in(x, ct)) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
     ZR_CPU_CALL(ct, dropout_apply_cpu, zr_tensor_data(o), zr_tensor_data(xi), zr_tensor_data(mask),
                 zr_tensor_numel(x), scale);
     zr_status st = zr_cpu_out_end(out, o);
     o = NULL;
     if (st) goto fail;
+record:;
     zr_node *n;
     if (zr_autograd_record(out, "dropout", dropout_backward, 1, &x, &n)) goto fail;
     if (n) {
@@ -224,6 +262,45 @@ static zr_status broadcast3(const char *op, zr_tensor *const *ts, const char *co
     return ZR_OK;
 }
 
+/* out (contiguous) = cond ? a : b on the GPU: operands read in place through broadcast strides;
+ * floats in out's dtype, integers through f64 (exact, like the CPU). */
+static zr_status where_dev(const char *op, zr_tensor *out, zr_tensor *cond, zr_tensor *a, zr_tensor *b, int ndim,
+                           const int64_t *shape) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(out);
+    zr_dtype ct = zr_dtype_is_float(out->dtype) ? out->dtype : ZR_F64;
+    zr_tensor *ci = zr_tensor_to_raw(cond, ZR_U8, dev);
+    zr_tensor *ai = a->dtype == ct ? zr_tensor_retain(a) : zr_tensor_to_raw(a, ct, dev);
+    zr_tensor *bi = b->dtype == ct ? zr_tensor_retain(b) : zr_tensor_to_raw(b, ct, dev);
+    zr_tensor *o = out->dtype == ct ? zr_tensor_retain(out)
+                                    : zr_tensor_new_cat(ct, dev, out->ndim, out->shape, ZR_MEM_WORKSPACE, 0);
+    zr_status st = ZR_ERR;
+    if (ci && ai && bi && o) {
+        int64_t cs[ZR_MAX_DIMS], as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], one = 1;
+        int nd = ndim ? ndim : 1;
+        if (ndim) {
+            zr_broadcast_strides(ci, ndim, shape, cs);
+            zr_broadcast_strides(ai, ndim, shape, as);
+            zr_broadcast_strides(bi, ndim, shape, bs);
+        } else
+            cs[0] = as[0] = bs[0] = 1;
+        st = zr_dev_status(where_forward_cuda(zr_tensor_data(o), zr_tensor_data(ci), cs, zr_tensor_data(ai), as,
+                                              zr_tensor_data(bi), bs, nd, ndim ? shape : &one, ct,
+                                              zr_cuda_stream(dev)),
+                           op, dev);
+        if (!st && o != out) st = zr_tensor_copy_(out, o);
+    }
+    zr_tensor_release(ci);
+    zr_tensor_release(ai);
+    zr_tensor_release(bi);
+    zr_tensor_release(o);
+    return st;
+#else
+    (void)out, (void)cond, (void)a, (void)b, (void)ndim, (void)shape;
+    return zr_no_cuda(op);
+#endif
+}
+
 /* cond ? a : b without autograd, result dtype dt. */
 static zr_tensor *where_compute(const char *op, zr_tensor *cond, zr_tensor *a, zr_tensor *b, zr_dtype dt) {
     int ndim = 0;
@@ -232,12 +309,14 @@ static zr_tensor *where_compute(const char *op, zr_tensor *cond, zr_tensor *a, z
     if (broadcast3(op, (zr_tensor *[]){cond, a, b}, (const char *[]){"cond", "a", "b"}, &ndim, shape)) return NULL;
     zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(a), ndim, shape, ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
-    if (!zr_is_cpu(a)) {
-        zr_no_cuda(op);
-        zr_tensor_release(out);
-        return NULL;
-    }
     if (zr_tensor_numel(out) == 0) return out;
+    if (!zr_is_cpu(a)) {
+        if (where_dev(op, out, cond, a, b, ndim, shape)) {
+            zr_tensor_release(out);
+            return NULL;
+        }
+        return out;
+    }
     zr_dtype ct = kernel_dtype(dt);
     zr_tensor *ci = zr_cpu_in(cond, ZR_U8), *ai = zr_cpu_in(a, ct), *bi = zr_cpu_in(b, ct);
     zr_tensor *o = zr_cpu_out_begin(out, ct);
@@ -343,6 +422,36 @@ zr_tensor *zr_masked_fill(zr_tensor *x, zr_tensor *mask, double value) {
 
 static const char *cmp_names[ZR_CMP_COUNT] = {"eq", "ne", "lt", "le", "gt", "ge"};
 
+/* out (u8, contiguous) = a (op) b on the GPU, read in place through broadcast strides; operands
+ * of different dtypes are compared as f64 (exact, like the CPU). */
+static zr_status compare_dev(const char *name, int op, zr_tensor *out, zr_tensor *a, zr_tensor *b, int ndim,
+                             const int64_t *shape) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(out);
+    zr_dtype ct = a->dtype == b->dtype ? a->dtype : ZR_F64;
+    zr_tensor *ai = a->dtype == ct ? zr_tensor_retain(a) : zr_tensor_to_raw(a, ct, dev);
+    zr_tensor *bi = b->dtype == ct ? zr_tensor_retain(b) : zr_tensor_to_raw(b, ct, dev);
+    zr_status st = ZR_ERR;
+    if (ai && bi) {
+        int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], one = 1;
+        if (ndim) {
+            zr_broadcast_strides(ai, ndim, shape, as);
+            zr_broadcast_strides(bi, ndim, shape, bs);
+        } else
+            as[0] = bs[0] = 1;
+        st = zr_dev_status(compare_cuda(zr_tensor_data(out), zr_tensor_data(ai), as, zr_tensor_data(bi), bs,
+                                        ndim ? ndim : 1, ndim ? shape : &one, op, ct, zr_cuda_stream(dev)),
+                           name, dev);
+    }
+    zr_tensor_release(ai);
+    zr_tensor_release(bi);
+    return st;
+#else
+    (void)op, (void)out, (void)a, (void)b, (void)ndim, (void)shape;
+    return zr_no_cuda(name);
+#endif
+}
+
 zr_tensor *zr_compare(int op, zr_tensor *a, zr_tensor *b) {
     if ((unsigned)op >= ZR_CMP_COUNT) return zr_error_null("unknown comparison op %d", op);
     const char *name = cmp_names[op];
@@ -352,12 +461,14 @@ zr_tensor *zr_compare(int op, zr_tensor *a, zr_tensor *b) {
     if (zr_broadcast_shape(name, a, b, &ndim, shape)) return NULL;
     zr_tensor *out = zr_tensor_new_cat(ZR_U8, zr_tensor_device(a), ndim, shape, ZR_MEM_ACTIVATIONS, 0);
     if (!out) return NULL;
-    if (!zr_is_cpu(a)) {
-        zr_no_cuda(name);
-        zr_tensor_release(out);
-        return NULL;
-    }
     if (zr_tensor_numel(out) == 0) return out;
+    if (!zr_is_cpu(a)) {
+        if (compare_dev(name, op, out, a, b, ndim, shape)) {
+            zr_tensor_release(out);
+            return NULL;
+        }
+        return out;
+    }
     zr_tensor *ai = zr_cpu_in(a, ZR_F64), *bi = zr_cpu_in(b, ZR_F64);
     if (!ai || !bi) {
         zr_tensor_release(ai);

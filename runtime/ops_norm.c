@@ -33,7 +33,8 @@ static zr_status check_args(const char *op, zr_tensor *x, zr_tensor *w, zr_tenso
             return zr_error("%s: %s has shape %s but x is %s; expected (%lld)", op, names[i],
                             zr_tensor_shape_str(ps[i], b1), zr_tensor_shape_str(x, b2), (long long)*D);
     }
-    if (!zr_is_cpu(x)) return zr_no_cuda(op);
+    if (!zr_is_cpu(x) && x->dtype == ZR_F64)
+        return zr_error("%s on cuda: f64 is not supported (use f32, bf16 or f16)", op);
     return ZR_OK;
 }
 
@@ -42,11 +43,141 @@ static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     return f64 ? ZR_F64 : ZR_F32;
 }
 
+/* --- CUDA path (kernels/cuda/norm.h): rows of D in x's dtype, statistics in f32 (saved as f32
+ * (N) tensors); a weight of another dtype is converted to x's. Weight gradients are reduced
+ * deterministically by the kernels. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/elementwise.h"
+#include "../kernels/cuda/norm.h"
+#endif
+
+/* ln 0: rms_norm (b, mean unused); 1: layer_norm. out, mean, rstd allocated by the caller. */
+static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_tensor *rstd, zr_tensor *x,
+                                  zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
+#ifdef ZR_HAVE_CUDA
+    const char *op = ln ? "layer_norm" : "rms_norm";
+    zr_device dev = zr_tensor_device(x);
+    zr_dtype dt = x->dtype;
+    cudaStream_t s = zr_cuda_stream(dev);
+    zr_tensor *xi = zr_tensor_contiguous_raw(x), *wi = xi && w ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *bi = xi && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    zr_status st = ZR_ERR;
+    if (xi && (!w || wi) && (!b || bi)) {
+        int rc;
+        if (ln)
+            rc = layernorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(mean), zr_tensor_data(rstd),
+                                        zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                                        bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s);
+        else if (is_low(dt) && wi) {
+            /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype): round, scale, round */
+            int64_t sh[2] = {N, D}, ys[2] = {D, 1}, ws[2] = {0, 1};
+            rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi), NULL, N, D,
+                                      (float)eps, dt, s);
+            if (!rc)
+                rc = binary_forward_cuda(zr_tensor_data(out), zr_tensor_data(out), ys, zr_tensor_data(wi), ws, 2, sh,
+                                         ZR_BIN_MUL, dt, s);
+        } else
+            rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi),
+                                      wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt, s);
+        st = zr_dev_status(rc, op, dev);
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    return st;
+#else
+    (void)out, (void)mean, (void)rstd, (void)x, (void)w, (void)b, (void)N, (void)D, (void)eps;
+    return zr_no_cuda(ln ? "layer_norm" : "rms_norm");
+#endif
+}
+
+/* Backward of either norm on a GPU: gin[0..2] for x, weight, bias (those the node needs). */
+static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, zr_tensor *mean,
+                                   zr_tensor *rstd, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    const char *op = ln ? "layer_norm backward" : "rms_norm backward";
+    zr_device dev = zr_tensor_device(x);
+    zr_dtype dt = x->dtype;
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    int nin = ln ? 3 : 2;
+    int want_w = w && zr_node_needs_grad(n, 1), want_b = ln && n->n_inputs > 2 && zr_node_needs_grad(n, 2);
+    size_t wsz = !(want_w || want_b) ? 0 : ln ? layernorm_backward_workspace_size(N, D)
+                                              : rmsnorm_backward_workspace_size(N, D);
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = zr_tensor_contiguous_raw(x);
+    zr_tensor *wi = w ? zr_tensor_to_raw(w, dt, dev) : NULL, *ws = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    if (!(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (want_w && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    cudaStream_t s = zr_cuda_stream(dev);
+    void *p[3] = {zr_tensor_data(d[0]), d[1] ? zr_tensor_data(d[1]) : NULL, d[2] ? zr_tensor_data(d[2]) : NULL};
+    int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
+                                          wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
+                                          ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
+                : rmsnorm_backward_cuda(p[0], p[1], zr_tensor_data(gi), zr_tensor_data(xi),
+                                        wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), NULL,
+                                        ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
+    if (zr_dev_status(rc, op, dev)) goto done;
+    for (int i = 0; i < nin; i++) {
+        if (!d[i] || !zr_node_needs_grad(n, i)) continue;
+        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        d[i] = NULL;
+        if (!c) goto done;
+        gin[i] = c;
+    }
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(ws);
+    return st;
+#else
+    (void)ln, (void)n, (void)g, (void)x, (void)w, (void)mean, (void)rstd, (void)gin;
+    return zr_no_cuda(ln ? "layer_norm" : "rms_norm");
+#endif
+}
+
+static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
+static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
+
+/* The whole op on a GPU: output, f32 statistics (mean only for layer_norm), the node. */
+static zr_tensor *norm_dev(int ln, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *rstd = out ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *mean = rstd && ln ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_node *n;
+    if (!rstd || (ln && !mean) || norm_forward_dev(ln, out, mean, rstd, x, w, b, N, D, eps)) goto fail;
+    if (ln) {
+        if (zr_autograd_record(out, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
+    } else if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, w}, &n))
+        goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
+            goto fail;
+    }
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}
+
 /* --- RMSNorm --- */
 
 /* saved: x, weight (or NULL), rstd (N, compute dtype) */
 static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1], *rstd = n->saved[2];
+    if (!zr_is_cpu(x)) return norm_backward_dev(0, n, g, x, w, NULL, rstd, gin);
     zr_dtype ct = rstd->dtype;
     int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
     zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
@@ -85,6 +216,7 @@ done:
 zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) {
     int64_t D, N;
     if (check_args("rms_norm", x, weight, NULL, &D, &N)) return NULL;
+    if (!zr_is_cpu(x)) return norm_dev(0, x, weight, NULL, N, D, eps);
     zr_dtype ct = compute_dtype(x, weight, NULL);
     zr_device dev = zr_tensor_device(x);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
@@ -139,6 +271,7 @@ fail:
 /* saved: x, weight (or NULL), mean (N), rstd (N) */
 static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1], *mean = n->saved[2], *rstd = n->saved[3];
+    if (!zr_is_cpu(x)) return norm_backward_dev(1, n, g, x, w, mean, rstd, gin);
     zr_dtype ct = rstd->dtype;
     zr_device dev = zr_tensor_device(x);
     int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
@@ -175,6 +308,7 @@ done:
 zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps) {
     int64_t D, N;
     if (check_args("layer_norm", x, weight, bias, &D, &N)) return NULL;
+    if (!zr_is_cpu(x)) return norm_dev(1, x, weight, bias, N, D, eps);
     zr_dtype ct = compute_dtype(x, weight, bias);
     zr_device dev = zr_tensor_device(x);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);

@@ -27,6 +27,107 @@ static zr_status rope_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     return ZR_OK;
 }
 
+/* --- CUDA path (kernels/cuda/rope.h). The kernel takes (T, Dh/2) f32 tables: the first halves
+ * of cos and sin, narrowed and converted per call (tiny; nothing is cached). That is exact for
+ * tables in the rotate_half layout built by zr.rope_tables (and Hugging Face), whose two halves
+ * are equal; tables whose halves differ are not supported on CUDA. x read as the transpose of a
+ * contiguous (B, T, H, Dh) projection (the attention layout) is used in place (the kernel's BTHD
+ * layout fuses the transpose), and its gradient is returned in that same layout, so the
+ * projection's backward needs no transposing copy either. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/rope.h"
+
+/* Contiguous f32 (T, Dh/2) first half of a (T, Dh) table. */
+static zr_tensor *half_table(zr_tensor *t) {
+    zr_tensor *v = zr_tensor_narrow_raw(t, 1, 0, t->shape[1] / 2);
+    zr_tensor *r = v ? zr_tensor_to_raw(v, ZR_F32, zr_tensor_device(t)) : NULL;
+    zr_tensor_release(v);
+    return r;
+}
+
+/* True when x (B, H, T, Dh) is the (1,2)-transpose of a contiguous (B, T, H, Dh) tensor. */
+static int is_bthd(const zr_tensor *x) {
+    const int64_t *s = x->shape, *st = x->stride;
+    return (st[3] == 1 || s[3] == 1) && (st[1] == s[3] || s[1] == 1) && (st[2] == s[1] * s[3] || s[2] == 1) &&
+           (st[0] == s[2] * s[1] * s[3] || s[0] == 1);
+}
+
+/* saved: cos, sin halves (T, Dh/2) f32; i[0] = layout of the input. The kernel rotates q and k
+ * together; with Hkv = 0 the k side is empty (its pointers repeat q's only to pass the checks). */
+static zr_status rope_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *c = n->saved[0], *sn = n->saved[1];
+    zr_edge *e = &n->edges[0];
+    zr_device dev = zr_tensor_device(g);
+    int layout = (int)n->i[0];
+    int64_t B = e->shape[0], H = e->shape[1], T = e->shape[2], Dh = e->shape[3];
+    int64_t bthd[4] = {B, T, H, Dh};
+    zr_tensor *gi = zr_tensor_to_raw(g, e->dtype, dev);
+    zr_tensor *dx = gi ? zr_tensor_new_cat(e->dtype, dev, 4, layout == ZR_ROPE_BTHD ? bthd : e->shape,
+                                           ZR_MEM_ACTIVATIONS, 0)
+                       : NULL;
+    zr_status st = ZR_ERR;
+    if (dx)
+        st = zr_dev_status(rope_backward_cuda(zr_tensor_data(dx), zr_tensor_data(dx), zr_tensor_data(gi), zr_tensor_data(gi),
+                                              zr_tensor_data(c),
+                                              zr_tensor_data(sn), B, H, 0, T, Dh, layout, e->dtype,
+                                              zr_cuda_stream(dev)),
+                           "rope backward", dev);
+    zr_tensor_release(gi);
+    if (!st && layout == ZR_ROPE_BTHD) {
+        zr_tensor *v = zr_tensor_transpose_raw(dx, 1, 2);
+        zr_tensor_release(dx);
+        if (!(dx = v)) st = ZR_ERR;
+    }
+    if (st) {
+        zr_tensor_release(dx);
+        return ZR_ERR;
+    }
+    gin[0] = dx;
+    return ZR_OK;
+}
+#endif
+
+static zr_tensor *rope_dev(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(x);
+    char dn[16];
+    if (x->dtype == ZR_F64)
+        return zr_error_null("rope on %s: f64 is not supported (use f32, bf16 or f16)", zr_device_name(dev, dn));
+    int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], Dh = x->shape[3];
+    int layout = zr_tensor_is_contiguous(x) ? ZR_ROPE_BHTD : is_bthd(x) ? ZR_ROPE_BTHD : -1;
+    zr_tensor *xi = layout >= 0 ? zr_tensor_retain(x) : zr_tensor_contiguous_raw(x);
+    if (layout < 0) layout = ZR_ROPE_BHTD;
+    zr_tensor *c = xi ? half_table(cos) : NULL, *sn = c ? half_table(sin) : NULL;
+    zr_tensor *out = sn ? zr_tensor_new_cat(x->dtype, dev, 4, x->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_node *n;
+    if (!out) goto fail;
+    if (zr_dev_status(rope_forward_cuda(zr_tensor_data(out), zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_data(xi),
+                                        zr_tensor_data(c),
+                                        zr_tensor_data(sn), B, H, 0, T, Dh, layout, x->dtype, zr_cuda_stream(dev)),
+                      "rope", dev))
+        goto fail;
+    if (zr_autograd_record(out, "rope", rope_backward_dev, 1, &x, &n)) goto fail;
+    if (n) {
+        n->i[0] = layout;
+        if (zr_node_save(n, c) || zr_node_save(n, sn)) goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(c);
+    zr_tensor_release(sn);
+    return out;
+fail:
+    zr_tensor_release(xi);
+    zr_tensor_release(c);
+    zr_tensor_release(sn);
+    zr_tensor_release(out);
+    return NULL;
+#else
+    (void)x, (void)cos, (void)sin;
+    return zr_no_cuda("rope"), NULL;
+#endif
+}
+
 zr_tensor *zr_rope(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
     char b1[128], b2[128], b3[128];
     if (zr_check_float("rope", x) || zr_check_float("rope", cos) || zr_check_float("rope", sin)) return NULL;
@@ -42,7 +143,7 @@ zr_tensor *zr_rope(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
         return zr_error_null("rope: cos %s and sin %s must both be (T, head_dim) = (%lld,%lld) for x %s",
                              zr_tensor_shape_str(cos, b1), zr_tensor_shape_str(sin, b2), (long long)T,
                              (long long)Dh, zr_tensor_shape_str(x, b3));
-    if (!zr_is_cpu(x)) return zr_no_cuda("rope"), NULL;
+    if (!zr_is_cpu(x)) return rope_dev(x, cos, sin);
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, zr_tensor_device(x), 4, x->shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *xi = out ? zr_cpu_in(x, ct) : NULL;

@@ -48,6 +48,15 @@ zr_status zr_broadcast_shape(const char *op, const zr_tensor *a, const zr_tensor
  * or strided — strides are taken from t. */
 void zr_broadcast_strides(const zr_tensor *t, int ndim, const int64_t *shape, int64_t *stride);
 
+/* Turns a CUDA kernel's return code into a status, prefixing the kernel's message with
+ * "<op> on cuda:N: " (CUDA ops files). */
+static inline zr_status zr_dev_status(int rc, const char *op, zr_device dev) {
+    if (!rc) return ZR_OK;
+    char d[16];
+    zr_error_prefix("%s on %s: ", op, zr_device_name(dev, d));
+    return ZR_ERR;
+}
+
 /* Builds the error for a CUDA op reached in a build without CUDA. */
 zr_status zr_no_cuda(const char *op);
 

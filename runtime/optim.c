@@ -1,10 +1,26 @@
 /* Optimizer steps (AdamW, SGD) over parameter tensors and flat buffers: argument checks, the
- * per-step scalars (bias corrections), and dispatch to the fused CPU kernels. */
+ * per-step scalars (bias corrections), and dispatch to the fused CPU kernels, or for parameters
+ * on a GPU to kernels/cuda/adamw.h (one segment per tensor; f32 or bf16/f16 gradients read as
+ * they are) and the SGD kernel of kernels/cuda/misc.h. Nothing waits for the GPU. */
 #include "optim.h"
 
 #include <math.h>
 
 #include "ops_util.h"
+
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#include "../kernels/cuda/adamw.h"
+#include "../kernels/cuda/misc.h"
+#endif
+
+/* Fails for f64 parameters on a GPU (the CUDA kernels update f32 master weights). */
+static zr_status check_dev_param(const char *op, const zr_tensor *p) {
+    char b[192];
+    if (p->dtype == ZR_F64)
+        return zr_error("%s: parameters on CUDA must be f32, got %s", op, zr_tensor_describe(p, b));
+    return ZR_OK;
+}
 
 zr_status zr_adamw_config_check(const zr_adamw_config *c) {
     if (!(c->lr >= 0)) return zr_error("adamw: lr must be >= 0, got %g", c->lr);
@@ -82,7 +98,32 @@ zr_status zr_adamw_step(zr_tensor *param, zr_tensor *grad, zr_tensor *exp_avg,
     if (exp_avg->storage == exp_avg_sq->storage)
         return zr_error("adamw: exp_avg and exp_avg_sq share memory");
     if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
-    if (!zr_is_cpu(param)) return zr_no_cuda("adamw");
+    if (!zr_is_cpu(param)) {
+#ifdef ZR_HAVE_CUDA
+        if (check_dev_param(op, param)) return ZR_ERR;
+        char b1[192], b2[192];
+        zr_device dev = zr_tensor_device(param);
+        if (!grad) return zr_error("adamw: parameter %s has no gradient", zr_tensor_describe(param, b1));
+        if (!zr_tensor_same_shape(grad, param) || !zr_device_eq(zr_tensor_device(grad), dev))
+            return zr_error("adamw: gradient %s does not match parameter %s", zr_tensor_describe(grad, b1),
+                            zr_tensor_describe(param, b2));
+        int low = grad->dtype == ZR_BF16 || grad->dtype == ZR_F16;
+        zr_tensor *gi = zr_tensor_is_contiguous(grad) && (low || grad->dtype == ZR_F32)
+                            ? zr_tensor_retain(grad)
+                            : zr_tensor_to_raw(grad, ZR_F32, dev);
+        if (!gi) return ZR_ERR;
+        zr_adamw_segment seg = {0, zr_tensor_numel(param), (float)c->weight_decay};
+        int rc = seg.n == 0 ? 0
+                            : adamw_step_cuda(zr_tensor_data(param), zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq),
+                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, (float)c->lr,
+                                              (float)c->beta1, (float)c->beta2, (float)c->eps, step, NULL,
+                                              zr_cuda_stream(dev));
+        zr_tensor_release(gi);
+        return zr_dev_status(rc, op, dev);
+#else
+        return zr_no_cuda("adamw");
+#endif
+    }
     int kind;
     zr_tensor *g = grad_in(op, param, grad, 1, &kind);
     if (!g) return ZR_ERR;
@@ -125,10 +166,24 @@ zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf
     const char *op = "sgd";
     if (check_param(op, param) || zr_sgd_config_check(c)) return ZR_ERR;
     if (c->momentum != 0 && check_state(op, "momentum_buffer", param, momentum_buf)) return ZR_ERR;
-    if (!zr_is_cpu(param)) return zr_no_cuda("sgd");
     int kind;
+    if (!zr_is_cpu(param) && check_dev_param(op, param)) return ZR_ERR;
     zr_tensor *g = grad_in(op, param, grad, 0, &kind);
     if (!g) return ZR_ERR;
+    if (!zr_is_cpu(param)) {
+#ifdef ZR_HAVE_CUDA
+        zr_device dev = zr_tensor_device(param);
+        int rc = sgd_step_cuda(zr_tensor_data(param), zr_tensor_data(g),
+                               c->momentum != 0 ? zr_tensor_data(momentum_buf) : NULL, zr_tensor_numel(param), c->lr,
+                               c->momentum, c->dampening, c->weight_decay, c->nesterov, first, param->dtype,
+                               zr_cuda_stream(dev));
+        zr_tensor_release(g);
+        return zr_dev_status(rc, op, dev);
+#else
+        zr_tensor_release(g);
+        return zr_no_cuda("sgd");
+#endif
+    }
     ZR_CPU_CALL(param->dtype, sgd_step_cpu, zr_tensor_data(param), zr_tensor_data(g),
                 c->momentum != 0 ? zr_tensor_data(momentum_buf) : NULL, zr_tensor_numel(param),
                 c->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, first);
