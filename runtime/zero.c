@@ -18,6 +18,7 @@
 #ifdef ZR_HAVE_CUDA
 #include "cuda.h"
 #include "cuda/adamw.h"
+#include "cuda/zero_ops.h"
 #endif
 
 typedef struct {
@@ -395,6 +396,30 @@ zr_status zr_zero_reduce(zr_zero *z) {
 }
 
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(z->gpart)) { /* one read of the partition, no squared temporary */
+        int64_t nw = (int64_t)zero_sumsq_workspace(z->S);
+        zr_tensor *ws = zr_tensor_new_cat(ZR_F64, zr_tensor_device(z->gpart), 1, &nw, ZR_MEM_WORKSPACE, 0);
+        if (!ws) return ZR_ERR;
+        double *w = zr_tensor_data(ws);
+        zr_status st = zero_sumsq_cuda(w + nw - 1, zr_tensor_data(z->gpart), z->S, w,
+                                       zr_cuda_stream(zr_tensor_device(z->gpart)));
+        double local = 0;
+        if (!st) st = zr_tensor_get(ws, nw - 1, &local);
+        zr_tensor_release(ws);
+        ZR_CHECK(st);
+        if (z->W > 1) {
+            zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
+            if (!t) return ZR_ERR;
+            st = zr_all_reduce(t, ZR_RED_SUM);
+            if (!st) st = zr_tensor_get(t, 0, &local);
+            zr_tensor_release(t);
+            ZR_CHECK(st);
+        }
+        *norm = sqrt(local) * scale;
+        return ZR_OK;
+    }
+#endif
     int old = zr_set_grad_enabled(0);
     zr_tensor *sq = zr_unary(ZR_UN_SQUARE, z->gpart, 0);
     zr_tensor *s = sq ? zr_sum(sq, 0, NULL, 0) : NULL;
@@ -457,19 +482,27 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
 
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
                        double beta2, double eps) {
-    if (grad_scale != 1.0) ZR_CHECK(zr_mul_scalar_(z->gpart, grad_scale));
+    if (grad_scale != 1.0 && zr_is_cpu(z->master)) ZR_CHECK(zr_mul_scalar_(z->gpart, grad_scale));
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
+        /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
+        zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(z->master), 0, NULL, grad_scale);
+        if (!gs) return ZR_ERR;
         zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->n);
-        if (!segs) return zr_error("out of host memory");
+        if (!segs) {
+            zr_tensor_release(gs);
+            return zr_error("out of host memory");
+        }
         for (int i = 0; i < z->n; i++) segs[i] = (zr_adamw_segment){z->ps[i].off, z->ps[i].c, (float)(z->ps[i].wd)};
         /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
         int lp = z->direct && (z->pdt == ZR_BF16 || z->pdt == ZR_F16);
         int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
                                  lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->pdt : ZR_F32,
                                  zr_tensor_data(z->gpart), ZR_F32, segs, z->n, (float)lr, (float)beta1,
-                                 (float)beta2, (float)eps, step, NULL, zr_cuda_stream(zr_tensor_device(z->master)));
+                                 (float)beta2, (float)eps, step, zr_tensor_data(gs),
+                                 zr_cuda_stream(zr_tensor_device(z->master)));
         free(segs);
+        zr_tensor_release(gs);
         if (rc) return ZR_ERR;
         return lp ? ZR_OK : zr_zero_refresh_params(z);
 #else

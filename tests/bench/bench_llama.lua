@@ -6,7 +6,7 @@
 local zr = require "zrun"
 local C = zr._C
 local opt = { model = "meta-llama/Llama-3.2-1B", batch = 4, seq = 512, stage = 0, steps = 10, dtype = "bf16",
-  device = "cuda", ckpt = 0, offload = 0, warmup = 3 }
+  device = "cuda", ckpt = 0, offload = 0, warmup = 3, gas = 1, breakdown = 0 }
 for _, a in ipairs(arg) do
   local k, v = a:match("^([%w_]+)=(.*)$")
   if not k then error("arguments are key=value, got " .. a, 0) end
@@ -19,10 +19,12 @@ end
 local cfg = zr.models.llama.config(opt.model)
 cfg.dtype, cfg.device = opt.dtype, opt.device
 zr.manual_seed(0)
-local model = zr.models.llama.LlamaForCausalLM(cfg)
+local model
+if cfg.model_type == "gpt2" then model = zr.models.gpt2.GPT2LMHeadModel(cfg)
+else model = zr.models.llama.LlamaForCausalLM(cfg) end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local engine = zr.initialize({ model = model, config = {
-  train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = 1, gradient_clipping = 1.0,
+  train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = opt.stage, offload_optimizer = opt.offload == 1 and { device = "cpu" } or nil },
@@ -30,13 +32,27 @@ local engine = zr.initialize({ model = model, config = {
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local times = {}
 local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
+local phases = { fwd = {}, bwd = {}, step = {} }
 for i = 1, opt.warmup + opt.steps do
   sync()
   local t0 = C.now()
-  local out = engine(ids, ids)
-  engine:backward(out.loss)
-  engine:step()
-  local l = out.loss:item() -- waits for the GPU
+  local out, l
+  for _ = 1, opt.gas do -- one optimizer step = gas micro-batches
+    local a = C.now()
+    out = engine(ids, ids)
+    if opt.breakdown == 1 then sync() end
+    local b = C.now()
+    engine:backward(out.loss)
+    if opt.breakdown == 1 then sync() end
+    local c = C.now()
+    engine:step()
+    if opt.breakdown == 1 then sync() end
+    if i > opt.warmup then
+      phases.fwd[#phases.fwd + 1], phases.bwd[#phases.bwd + 1] = b - a, c - b
+      phases.step[#phases.step + 1] = C.now() - c
+    end
+  end
+  l = out.loss:item() -- waits for the GPU
   sync()
   local dt = C.now() - t0
   if i > opt.warmup then times[#times + 1] = dt end
@@ -46,13 +62,21 @@ for i = 1, opt.warmup + opt.steps do
 end
 table.sort(times)
 local med = times[math.ceil(#times / 2)]
-local toks = opt.batch * opt.seq / med
+local toks = opt.batch * opt.seq * opt.gas / med
 local n = model:num_parameters()
 print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.3f B"):format("parameters", n / 1e9))
 print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
   opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and " +offload" or ""))
-print(("%-40s %.1f ms"):format("step time (median)", med * 1e3))
+print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
+  opt.gas > 1 and "es" or ""))
+if opt.breakdown == 1 then
+  local function m(t) table.sort(t); return t[math.ceil(#t / 2)] * 1e3 end
+  local st = phases.step
+  table.sort(st)
+  print(("%-40s fwd %.1f | bwd %.1f | engine.step max %.1f ms"):format("phases, synced (median)", m(phases.fwd),
+    m(phases.bwd), st[#st] * 1e3))
+end
 print(("%-40s %.0f"):format("tokens/s", toks))
 print(("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", 6 * n * toks / 1e12))
 local s = zr.memory.stats(opt.device == "cpu" and "cpu" or "cuda:0")

@@ -159,7 +159,9 @@ function M.causal_lm_loss(logits, labels)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
   local lg = logits:narrow(2, 1, T - 1):reshape(B * (T - 1), V)
   local lb = labels:narrow(2, 2, T - 1):reshape(B * (T - 1))
-  if lg:dtype() ~= "f32" then lg = lg:float() end -- HF upcasts logits for the loss
+  -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
+  -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
+  -- full-vocabulary fp32 copy is skipped.
   return zr.cross_entropy(lg, lb, { ignore_index = -100 })
 end
 
