@@ -112,16 +112,16 @@ static MPI_Op mpi_op(zr_reduce_op op) {
 #endif
 
 /* Runs a reduction on an f32 copy when the dtype has no MPI type (bf16/f16). */
-static zr_tensor *staged(zr_tensor *t) {
+__attribute__((unused)) static zr_tensor *staged(zr_tensor *t) {
     if (t->dtype != ZR_BF16 && t->dtype != ZR_F16) return zr_tensor_retain(t);
     return zr_tensor_to_raw(t, ZR_F32, zr_cpu());
 }
-static zr_status unstage(zr_tensor *t, zr_tensor *s) {
+__attribute__((unused)) static zr_status unstage(zr_tensor *t, zr_tensor *s) {
     zr_status st = s != t ? zr_tensor_copy_(t, s) : ZR_OK;
     zr_tensor_release(s);
     return st;
 }
-static zr_status average(zr_tensor *t, zr_reduce_op op) {
+__attribute__((unused)) static zr_status average(zr_tensor *t, zr_reduce_op op) {
     return op == ZR_RED_AVG && info.world_size > 1 ? zr_mul_scalar_(t, 1.0 / info.world_size) : ZR_OK;
 }
 
