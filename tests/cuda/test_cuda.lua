@@ -373,8 +373,9 @@ T.test("softmax and log_softmax over the last and other dims", function()
         local x = randn(sh) * 3
         -- the fused softmax kernel uses the fast __expf: ~4e-5 relative in f32 over 50001 terms
         both(("softmax %s dim %d"):format(table.concat(sh, ","), d), dt, { x }, function(t) return zr.softmax(t, d) end, 5)
+        -- its gradient g - softmax * sum(g) sums 50001 terms in another order: ~5e-5 relative
         both(("log_softmax %s dim %d"):format(table.concat(sh, ","), d), dt, { x },
-          function(t) return zr.log_softmax(t, d) end, 2)
+          function(t) return zr.log_softmax(t, d) end, sh[#sh] > 10000 and 50 or 2)
       end
     end
   end
@@ -426,9 +427,12 @@ T.test("rms_norm and layer_norm, with and without affine parameters", function()
       local what = table.concat(sh, ",")
       both("rms_norm " .. what, dt, { randn(sh), randn({ D }) }, function(x, w) return zr.rms_norm(x, w, 1e-6) end, 2)
       both("rms_norm no weight " .. what, dt, { randn(sh) }, function(x) return zr.rms_norm(x, nil, 1e-5) end, 2)
+      -- D = 1: x - mean is 0 and rstd = 1/sqrt(eps) ~ 316, so the exact zero input gradient comes
+      -- out as rounding noise of size ~316 * 2^-24; compare at that scale
+      local sl = D == 1 and 2000 or 2
       both("layer_norm " .. what, dt, { randn(sh), randn({ D }), randn({ D }) },
-        function(x, w, b) return zr.layer_norm(x, w, b, 1e-5) end, 2)
-      both("layer_norm no affine " .. what, dt, { randn(sh) }, function(x) return zr.layer_norm(x) end, 2)
+        function(x, w, b) return zr.layer_norm(x, w, b, 1e-5) end, sl)
+      both("layer_norm no affine " .. what, dt, { randn(sh) }, function(x) return zr.layer_norm(x) end, sl)
     end
   end
 end)
