@@ -380,6 +380,17 @@ static int l_is_grad_enabled(lua_State *L) {
     lua_pushboolean(L, zr_grad_enabled());
     return 1;
 }
+/* autograd_profile(on): time every backward node by op; autograd_profile_report() -> text */
+static int l_autograd_profile(lua_State *L) {
+    zr_autograd_profile(lua_toboolean(L, 1));
+    return 0;
+}
+static int l_autograd_profile_report(lua_State *L) {
+    char buf[8192];
+    zr_autograd_profile_report(buf, sizeof buf);
+    lua_pushstring(L, buf);
+    return 1;
+}
 static int l_detach(lua_State *L) { return zr_l_pushtensor(L, zr_tensor_detach(zr_l_checktensor(L, 1))); }
 static int l_requires_grad_(lua_State *L) {
     zr_tensor *t = zr_l_checktensor(L, 1);
@@ -683,7 +694,8 @@ static int l_methods(lua_State *L) {
 static const luaL_Reg functions[] = {
     {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones}, {"full", l_full}, {"rand", l_rand},
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
-    {"is_grad_enabled", l_is_grad_enabled}, {"memory_stats", l_memory_stats},
+    {"is_grad_enabled", l_is_grad_enabled},
+    {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report}, {"memory_stats", l_memory_stats},
     {"memory_reset_peak", l_memory_reset_peak}, {"set_default_category", l_set_default_category},
     {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
     {"tensor_metatable", l_metatable}, {"tensor_methods", l_methods}, {NULL, NULL}};

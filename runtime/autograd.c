@@ -6,6 +6,11 @@
 
 #include "ops_elementwise.h"
 #include "ops_reduce.h"
+#ifdef ZR_HAVE_CUDA
+#include "cuda.h"
+#endif
+#include <stdio.h>
+#include <time.h>
 
 static _Thread_local int grad_on = 1;
 static uint64_t next_seq = 1, next_visit = 1;
@@ -144,6 +149,63 @@ static zr_status accumulate_node(zr_tensor **slot, zr_tensor *g) {
     return ZR_OK;
 }
 
+zr_tensor *zr_node_leaf_grad(zr_node *n, int i) {
+    zr_tensor *leaf = n->edges[i].leaf;
+    if (!leaf || !leaf->grad) return NULL;
+    zr_tensor *g = leaf->grad;
+    if (!zr_tensor_is_contiguous(g) || !zr_tensor_same_shape(g, leaf) ||
+        !zr_device_eq(g->storage->device, leaf->storage->device))
+        return NULL;
+    return g;
+}
+
+/* --- backward profiling --- */
+typedef struct {
+    const char *name;
+    int64_t calls;
+    double ms;
+} prof_entry;
+static int prof_on;
+static prof_entry prof[128];
+static int prof_n;
+
+void zr_autograd_profile(int on) { prof_on = on; }
+
+static void prof_add(const char *name, double ms) {
+    int i;
+    for (i = 0; i < prof_n; i++)
+        if (prof[i].name == name || strcmp(prof[i].name, name) == 0) break;
+    if (i == prof_n) {
+        if (prof_n == 128) return;
+        prof[prof_n++] = (prof_entry){name, 0, 0};
+    }
+    prof[i].calls++;
+    prof[i].ms += ms;
+}
+
+static int cmp_prof(const void *a, const void *b) {
+    double x = ((const prof_entry *)a)->ms, y = ((const prof_entry *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+void zr_autograd_profile_report(char *buf, size_t len) {
+    double total = 0;
+    for (int i = 0; i < prof_n; i++) total += prof[i].ms;
+    qsort(prof, (size_t)prof_n, sizeof *prof, cmp_prof);
+    size_t off = (size_t)snprintf(buf, len, "%-24s %8s %12s %7s\n", "backward of", "calls", "total ms", "share");
+    for (int i = 0; i < prof_n && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%-24s %8lld %12.3f %6.1f%%\n", prof[i].name,
+                                (long long)prof[i].calls, prof[i].ms, total > 0 ? 100 * prof[i].ms / total : 0);
+    if (off < len) snprintf(buf + off, len - off, "%-24s %8s %12.3f\n", "total", "", total);
+    prof_n = 0;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 static int cmp_seq_desc(const void *a, const void *b) {
     uint64_t x = (*(zr_node *const *)a)->seq, y = (*(zr_node *const *)b)->seq;
     return x < y ? 1 : x > y ? -1 : 0;
@@ -228,8 +290,30 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
         }
         memset(gin, 0, (size_t)n->n_inputs * sizeof *gin);
         if (g) {
+            double t0 = 0;
+#ifdef ZR_HAVE_CUDA
+            cudaEvent_t e0 = NULL, e1 = NULL;
+            int on_gpu = prof_on && n->out_device.type == ZR_CUDA;
+            if (on_gpu) {
+                e0 = zr_cuda_event_new(1);
+                e1 = zr_cuda_event_new(1);
+                zr_cuda_event_record(e0, zr_cuda_stream(n->out_device));
+            }
+#endif
+            if (prof_on) t0 = now_ms();
             st = n->backward(n, g, gin);
             if (st) zr_error_prefix("backward of %s: ", n->name);
+#ifdef ZR_HAVE_CUDA
+            if (on_gpu) {
+                zr_cuda_event_record(e1, zr_cuda_stream(n->out_device));
+                zr_cuda_event_sync(e1);
+                prof_add(n->name, zr_cuda_event_elapsed_ms(e0, e1));
+                zr_cuda_event_free(e0);
+                zr_cuda_event_free(e1);
+            } else
+#endif
+                if (prof_on)
+                prof_add(n->name, now_ms() - t0);
         }
         for (int i = 0; i < n->n_inputs; i++) {
             zr_edge *e = &n->edges[i];

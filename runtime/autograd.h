@@ -68,6 +68,10 @@ zr_status zr_node_save(zr_node *n, zr_tensor *t);
 static inline int zr_node_needs_grad(const zr_node *n, int i) {
     return n->edges[i].fn || n->edges[i].leaf;
 }
+/* The existing gradient of input i when it is a leaf whose .grad a backward may add into directly
+ * (contiguous, the leaf's shape; any float dtype); NULL otherwise. A backward that adds its result
+ * there leaves grad_in[i] NULL; the leaf still counts as done (its hook fires as usual). */
+zr_tensor *zr_node_leaf_grad(zr_node *n, int i);
 void zr_node_retain(zr_node *n);
 void zr_node_release(zr_node *n);
 
@@ -75,6 +79,12 @@ void zr_node_release(zr_node *n);
  * Leaves accumulate into ->grad and fire their hook once their gradient is complete.
  * The graph's saved tensors are freed afterwards unless retain_graph. */
 zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph);
+
+/* Backward profiling: when on, the time of every node's backward is measured (CUDA events on
+ * GPUs, the wall clock on the CPU) and summed by op name; the report lists them, largest first. */
+void zr_autograd_profile(int on);
+/* Writes "op  calls  total ms  share" lines into buf and resets the counters. */
+void zr_autograd_profile_report(char *buf, size_t len);
 
 /* Leaf gradient hook (ZeRO engine); ctx is freed with ctx_free when replaced or the leaf dies. */
 void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*ctx_free)(void *));

@@ -23,6 +23,7 @@ local model
 if cfg.model_type == "gpt2" then model = zr.models.gpt2.GPT2LMHeadModel(cfg)
 else model = zr.models.llama.LlamaForCausalLM(cfg) end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
+local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the parameters
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
@@ -33,6 +34,7 @@ local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):t
 local times = {}
 local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
 local phases = { fwd = {}, bwd = {}, step = {} }
+if opt.breakdown == 2 then C.autograd_profile(true) end
 for i = 1, opt.warmup + opt.steps do
   sync()
   local t0 = C.now()
@@ -60,12 +62,16 @@ for i = 1, opt.warmup + opt.steps do
   out = nil
   collectgarbage("step", 100)
 end
+if opt.breakdown == 2 then
+  C.autograd_profile(false)
+  print(("backward profile over %d steps (CUDA events per node, synchronised):"):format(opt.warmup + opt.steps))
+  io.write(C.autograd_profile_report())
+end
 table.sort(times)
 local med = times[math.ceil(#times / 2)]
 local toks = opt.batch * opt.seq * opt.gas / med
-local n = model:num_parameters()
 print(("%-40s %s"):format("model", opt.model))
-print(("%-40s %.3f B"):format("parameters", n / 1e9))
+print(("%-40s %.4f B"):format("parameters", n / 1e9))
 print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
   opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and " +offload" or ""))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,

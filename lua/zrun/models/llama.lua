@@ -157,12 +157,15 @@ end
 function M.causal_lm_loss(logits, labels)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
-  local lg = logits:narrow(2, 1, T - 1):reshape(B * (T - 1), V)
-  local lb = labels:narrow(2, 2, T - 1):reshape(B * (T - 1))
+  -- Shift the labels, not the logits (as HF's ForCausalLMLoss does): position t is scored against
+  -- token t+1 and the last position against -100, so the full logits are used as they are, with
+  -- no (B, T-1, V) slice to copy forward and scatter back.
+  local pad = zr.full({ B, 1 }, -100, { dtype = labels:dtype(), device = labels:device() })
+  local shifted = zr.cat({ labels:narrow(2, 2, T - 1), pad }, 2)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
-  return zr.cross_entropy(lg, lb, { ignore_index = -100 })
+  return zr.cross_entropy(logits:view(B * T, V), shifted:view(B * T), { ignore_index = -100 })
 end
 
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
