@@ -236,11 +236,59 @@ template <typename T> __global__ void sum_cols_kernel(T *out, const T *__restric
         out[col] = from_acc<T>((typename acc<T>::type)t);
     }
 }
+/* Long column sums (the bias gradient of a (B*T, out) activation): rows are cut into chunks, one
+ * grid row of blocks per chunk, each writing an f64 partial per column; a second pass adds the
+ * partials in chunk order, so the result stays deterministic while every SM has work. */
+template <typename T>
+__global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, int64_t rows, int64_t cols,
+                                        int64_t rows_per) {
+    __shared__ double sh[8][33];
+    int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < rows ? r0 + rows_per : rows;
+    double s = 0;
+    if (col < cols)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += (double)to_acc(x[r * cols + col]);
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        double t = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+        part[(int64_t)blockIdx.y * cols + col] = t;
+    }
+}
+template <typename T>
+__global__ void sum_cols_final_kernel(T *out, const double *__restrict__ part, int64_t chunks, int64_t cols) {
+    int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    double t = 0;
+    for (int64_t c = 0; c < chunks; c++) t += part[c * cols + col];
+    out[col] = from_acc<T>((typename acc<T>::type)t);
+}
+
 template <typename T> int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, cudaStream_t s) {
     int64_t blocks = (cols + 31) / 32;
     if (blocks > 0x7fffffff) return zr_error("sum_cols (cuda): too many columns");
-    sum_cols_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, (const T *)x, rows, cols);
-    return launch_check("sum_cols (cuda)");
+    const int64_t rows_per = 512;
+    int64_t chunks = (rows + rows_per - 1) / rows_per;
+    if (chunks <= 1 || chunks > 65535) {
+        sum_cols_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, (const T *)x, rows, cols);
+        return launch_check("sum_cols (cuda)");
+    }
+    int dev = 0;
+    cudaGetDevice(&dev);
+    zr_device d = {ZR_CUDA, (int8_t)dev};
+    double *part = (double *)zr_cuda_malloc(d, (size_t)(chunks * cols) * sizeof(double), s);
+    if (!part) return -1;
+    sum_cols_partial_kernel<T><<<dim3((unsigned)blocks, (unsigned)chunks), dim3(32, 8), 0, s>>>(
+        part, (const T *)x, rows, cols, rows_per);
+    int rc = launch_check("sum_cols (cuda)");
+    if (!rc) {
+        sum_cols_final_kernel<T><<<(unsigned)((cols + 255) / 256), 256, 0, s>>>((T *)out, part, chunks, cols);
+        rc = launch_check("sum_cols (cuda)");
+    }
+    zr_cuda_free(d, part);
+    return rc;
 }
 
 }  // namespace
