@@ -34,6 +34,9 @@ zr_device zr_l_checkdevice(lua_State *L, int idx);
 void zr_l_register_functions(lua_State *L, const luaL_Reg *fns);
 void zr_l_register_methods(lua_State *L, const luaL_Reg *fns);
 
+/* Creates the metatable `name` for a userdata class: __gc and an __index table of methods. */
+void zr_l_newclass(lua_State *L, const char *name, lua_CFunction gc, const luaL_Reg *methods);
+
 /* Family registration entry points (weak: a family that is not linked in is skipped). */
 void zr_bind_ops(lua_State *L);
 void zr_bind_nn_ops(lua_State *L);

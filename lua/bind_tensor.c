@@ -113,6 +113,19 @@ static void register_into(lua_State *L, int ref, const luaL_Reg *fns) {
     lua_pop(L, 1);
 }
 void zr_l_register_functions(lua_State *L, const luaL_Reg *fns) { register_into(L, ref_C, fns); }
+
+void zr_l_newclass(lua_State *L, const char *name, lua_CFunction gc, const luaL_Reg *methods) {
+    luaL_newmetatable(L, name);
+    lua_pushcfunction(L, gc);
+    lua_setfield(L, -2, "__gc");
+    lua_newtable(L);
+    for (; methods->name; methods++) {
+        lua_pushcfunction(L, methods->func);
+        lua_setfield(L, -2, methods->name);
+    }
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+}
 void zr_l_register_methods(lua_State *L, const luaL_Reg *fns) {
     register_into(L, ref_methods, fns);
     register_into(L, ref_C, fns);

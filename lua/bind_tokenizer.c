@@ -114,15 +114,6 @@ static const luaL_Reg methods[] = {{"encode", l_encode}, {"decode", l_decode}, {
 static const luaL_Reg fns[] = {{"tokenizer_load", l_load}, {NULL, NULL}};
 
 void zr_bind_tokenizer(lua_State *L) {
-    luaL_newmetatable(L, TOK_MT);
-    lua_pushcfunction(L, l_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_newtable(L);
-    for (const luaL_Reg *r = methods; r->name; r++) {
-        lua_pushcfunction(L, r->func);
-        lua_setfield(L, -2, r->name);
-    }
-    lua_setfield(L, -2, "__index");
-    lua_pop(L, 1);
+    zr_l_newclass(L, TOK_MT, l_gc, methods);
     zr_l_register_functions(L, fns);
 }

@@ -191,15 +191,6 @@ static const luaL_Reg methods[] = {
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {NULL, NULL}};
 
 void zr_bind_zero(lua_State *L) {
-    luaL_newmetatable(L, ZERO_MT);
-    lua_pushcfunction(L, l_gc);
-    lua_setfield(L, -2, "__gc");
-    lua_newtable(L);
-    for (const luaL_Reg *r = methods; r->name; r++) {
-        lua_pushcfunction(L, r->func);
-        lua_setfield(L, -2, r->name);
-    }
-    lua_setfield(L, -2, "__index");
-    lua_pop(L, 1);
+    zr_l_newclass(L, ZERO_MT, l_gc, methods);
     zr_l_register_functions(L, fns);
 }

@@ -395,7 +395,8 @@ zr_status zr_zero_reduce(zr_zero *z) {
     return flush(z);
 }
 
-zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+/* Sum of squares of this rank's reduced gradient partition. */
+static zr_status local_sumsq(zr_zero *z, double *out) {
 #ifdef ZR_HAVE_CUDA
     if (!zr_is_cpu(z->gpart)) { /* one read of the partition, no squared temporary */
         int64_t nw = (int64_t)zero_sumsq_workspace(z->S);
@@ -404,20 +405,9 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
         double *w = zr_tensor_data(ws);
         zr_status st = zero_sumsq_cuda(w + nw - 1, zr_tensor_data(z->gpart), z->S, w,
                                        zr_cuda_stream(zr_tensor_device(z->gpart)));
-        double local = 0;
-        if (!st) st = zr_tensor_get(ws, nw - 1, &local);
+        if (!st) st = zr_tensor_get(ws, nw - 1, out);
         zr_tensor_release(ws);
-        ZR_CHECK(st);
-        if (z->W > 1) {
-            zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
-            if (!t) return ZR_ERR;
-            st = zr_all_reduce(t, ZR_RED_SUM);
-            if (!st) st = zr_tensor_get(t, 0, &local);
-            zr_tensor_release(t);
-            ZR_CHECK(st);
-        }
-        *norm = sqrt(local) * scale;
-        return ZR_OK;
+        return st;
     }
 #endif
     int old = zr_set_grad_enabled(0);
@@ -426,14 +416,18 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
     zr_set_grad_enabled(old);
     zr_tensor_release(sq);
     if (!s) return ZR_ERR;
-    double local;
-    zr_status st = zr_tensor_get(s, 0, &local);
+    zr_status st = zr_tensor_get(s, 0, out);
     zr_tensor_release(s);
-    ZR_CHECK(st);
-    if (z->W > 1) {
+    return st;
+}
+
+zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+    double local;
+    ZR_CHECK(local_sumsq(z, &local));
+    if (z->W > 1) { /* partitions are disjoint: the squares add up over ranks */
         zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
         if (!t) return ZR_ERR;
-        st = zr_all_reduce(t, ZR_RED_SUM);
+        zr_status st = zr_all_reduce(t, ZR_RED_SUM);
         if (!st) st = zr_tensor_get(t, 0, &local);
         zr_tensor_release(t);
         ZR_CHECK(st);
