@@ -115,6 +115,7 @@ function M.initialize(opts)
   local offp = zc.offload_param and zc.offload_param.device
   self.offload_optimizer = off == "cpu"
   self.offload_param = offp == "cpu"
+  if self.offload_optimizer or self.offload_param then M.check_host_memory(params, W, stage, self.offload_param) end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size or 5e8,
     allgather_bucket_size = zc.allgather_bucket_size or 5e8, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param }, params, wds)
@@ -151,6 +152,37 @@ function M.initialize(opts)
     self.training_dataloader = loader
   end
   return self, self.optimizer, loader, self.lr_scheduler
+end
+
+-- Before offloading, checks that this node's free RAM holds what every local rank will put there:
+-- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
+-- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
+function M.check_host_memory(params, W, stage, offload_param)
+  local S, bytes = 0, 0
+  local Wc = stage == 0 and 1 or W
+  for _, p in ipairs(params) do
+    local c = math.ceil(p:numel() / Wc)
+    S = S + c
+    if offload_param then bytes = bytes + c * 2 end
+  end
+  bytes = bytes + 16 * S
+  local local_ranks = dist.local_size()
+  local need = bytes * local_ranks
+  local f = io.open("/proc/meminfo")
+  if not f then return end
+  local avail
+  for line in f:lines() do
+    local v = line:match("^MemAvailable:%s+(%d+) kB")
+    if v then avail = tonumber(v) * 1024 end
+  end
+  f:close()
+  if avail and need > avail * 0.9 then
+    local h = zr.memory.human
+    error(fmt("CPU offload needs %s of host memory on this node (%s per rank x %d ranks: fp32 master weights, " ..
+      "Adam moments and gradients%s) but only %s is available. Use more nodes or GPUs per node (the " ..
+      "partitions shrink with the world size), turn off offload_param, or offload less (stage 2 without offload).",
+      h(need), h(bytes), local_ranks, offload_param and ", 16-bit parameter shards" or "", h(avail)), 0)
+  end
 end
 
 -- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples.

@@ -1,0 +1,43 @@
+-- The engine stops before training, with a message naming the problem, on requests it cannot
+-- honour: offload beyond the host's memory, offload_param below stage 3, a batch rule that does
+-- not add up, an optimizer it does not run, and a hand-called optimizer:zero_grad().
+local zr = require "zrun"
+local T = zr.testing
+local engine_mod = require "zrun.engine"
+
+local function model() zr.manual_seed(1); return zr.models.llama.LlamaForCausalLM("zrun/tiny-llama") end
+local function init(cfg) return zr.initialize({ model = model(), config = cfg }) end
+local base = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000, optimizer = { type = "AdamW", params = { lr = 1e-3 } } }
+local function with(extra)
+  local c = {}
+  for k, v in pairs(base) do c[k] = v end
+  for k, v in pairs(extra) do c[k] = v end
+  return c
+end
+
+T.test("offload larger than host memory stops with the numbers", function()
+  local huge = { numel = function() return 2e12 end }
+  T.raises(function() engine_mod.check_host_memory({ huge }, 1, 2, false) end, "CPU offload needs")
+  T.raises(function() engine_mod.check_host_memory({ huge }, 1, 3, true) end, "16-bit parameter shards")
+end)
+
+T.test("offload_param needs stage 3", function()
+  T.raises(function() init(with({ zero_optimization = { stage = 2, offload_param = { device = "cpu" } } })) end,
+    "offload_param")
+end)
+
+T.test("batch rule mismatch shows the numbers", function()
+  local err = T.raises(function() init(with({ train_batch_size = 7, gradient_accumulation_steps = 2 })) end)
+  assert(tostring(err):find("7", 1, true) and tostring(err):find("2", 1, true), tostring(err))
+end)
+
+T.test("unsupported optimizer is named", function()
+  T.raises(function() init(with({ optimizer = { type = "Lamb", params = { lr = 1e-3 } } })) end, "Lamb")
+end)
+
+T.test("calling optimizer:zero_grad() by hand explains why not", function()
+  local _, opt = init(base)
+  T.raises(function() opt:zero_grad() end, "engine:step() zeroes gradients")
+end)
+
+T.done()
