@@ -48,7 +48,11 @@ static int l_new(lua_State *L) {
     c.offload_optimizer = lua_toboolean(L, -1);
     lua_getfield(L, 1, "offload_param");
     c.offload_param = lua_toboolean(L, -1);
-    lua_pop(L, 5);
+    lua_getfield(L, 1, "persistence_threshold");
+    c.persistence_threshold = (int64_t)luaL_optnumber(L, -1, 0);
+    lua_getfield(L, 1, "pin_memory");
+    c.pin_memory = lua_toboolean(L, -1);
+    lua_pop(L, 7);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;
     c.rank = zr_comm_get()->rank;

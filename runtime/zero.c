@@ -27,7 +27,8 @@ typedef struct {
     int ndim;
     int64_t shape[ZR_MAX_DIMS];
     double wd;
-    int gathered; /* stage 3 */
+    int gathered;   /* stage 3 */
+    int persistent; /* stage 3: below stage3_param_persistence_threshold, never released */
     int packed;   /* gradient already in a bucket this backward */
 } zparam;
 
@@ -57,6 +58,7 @@ struct zr_zero {
      * no bucket copies are needed and the CUDA AdamW writes the 16-bit weights directly. */
     int direct;
     zr_tensor *pflat;
+    int pinned; /* how many host partitions are page-locked */
 };
 
 static int64_t valid_len(int64_t n, int64_t c, int r) {
@@ -109,6 +111,29 @@ static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category
 }
 
 static void hook(zr_tensor *leaf, void *ctx);
+
+/* Page-locks the host partitions so device<->host copies run at full DMA speed. */
+static zr_status pin(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
+    for (int k = 0; k < 4; k++) {
+        cudaError_t e = cudaHostRegister(ts[k]->storage->data, ts[k]->storage->nbytes, cudaHostRegisterDefault);
+        if (e != cudaSuccess)
+            return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
+                            "the locked-memory limit (ulimit -l) or set pin_memory to false",
+                            (double)ts[k]->storage->nbytes / (1 << 30), cudaGetErrorString(e));
+        z->pinned = k + 1;
+    }
+#endif
+    return ZR_OK;
+}
+static void unpin(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
+    for (int k = 0; k < z->pinned; k++) cudaHostUnregister(ts[k]->storage->data);
+#endif
+    z->pinned = 0;
+}
 
 /* Direct mode: parameter i's .grad is gpart[off : off+n] viewed with its shape. */
 static zr_status attach_grad(zr_zero *z, int i) {
@@ -187,6 +212,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         memcpy(q->shape, p->shape, sizeof q->shape);
         q->wd = wd ? wd[i] : 0;
         q->gathered = 1;
+        q->persistent = cfg->stage == 3 && q->n < cfg->persistence_threshold;
         z->S += q->c;
         if (q->c > z->max_c) z->max_c = q->c;
     }
@@ -203,6 +229,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->v = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
     z->gpart = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_GRADS);
     if (!z->master || !z->m || !z->v || !z->gpart) goto fail;
+    if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     int r = z->W > 1 ? cfg->rank : 0;
     for (int i = 0; i < n; i++) {
         zparam *q = &z->ps[i];
@@ -256,6 +283,7 @@ void zr_zero_free(zr_zero *z) {
         zr_tensor_set_grad_hook(z->ps[i].p, NULL, NULL, NULL);
         zr_tensor_release(z->ps[i].p);
     }
+    unpin(z);
     zr_tensor_release(z->master);
     zr_tensor_release(z->m);
     zr_tensor_release(z->v);
@@ -438,7 +466,15 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
 
 /* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
 zr_status zr_zero_refresh_params(zr_zero *z) {
-    if (z->cfg.stage == 3) return copy_range(z->pshard, 0, z->master, 0, z->S);
+    if (z->cfg.stage == 3) {
+        ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->S));
+        for (int i = 0; i < z->n; i++) { /* persistent parameters stay whole: gather them afresh */
+            if (!z->ps[i].persistent) continue;
+            z->ps[i].gathered = 0;
+            ZR_CHECK(zr_zero_gather(z, 1, &i));
+        }
+        return ZR_OK;
+    }
     if (z->W == 1) {
         for (int i = 0; i < z->n; i++) {
             zparam *q = &z->ps[i];
@@ -573,7 +609,7 @@ zr_status zr_zero_release(zr_zero *z, int n, const int *idx) {
     if (z->cfg.stage != 3) return ZR_OK;
     for (int k = 0; k < n; k++) {
         zparam *q = &z->ps[idx[k]];
-        if (!q->gathered) continue;
+        if (!q->gathered || q->persistent) continue;
         zr_storage *empty = zr_storage_new(z->dev, 0, ZR_MEM_PARAMS, 0);
         if (!empty) return ZR_ERR;
         int64_t zero = 0;

@@ -21,6 +21,8 @@ typedef struct {
     int64_t allgather_bucket_size;
     int offload_optimizer; /* master weights, moments and reduced grads on the host */
     int offload_param;     /* stage 3: parameter partitions on the host */
+    int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
+    int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 

@@ -116,9 +116,11 @@ function M.initialize(opts)
   self.offload_optimizer = off == "cpu"
   self.offload_param = offp == "cpu"
   if self.offload_optimizer or self.offload_param then M.check_host_memory(params, W, stage, self.offload_param) end
-  self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size or 5e8,
-    allgather_bucket_size = zc.allgather_bucket_size or 5e8, offload_optimizer = self.offload_optimizer,
-    offload_param = self.offload_param }, params, wds)
+  local function num(v, d) return type(v) == "number" and v or d end -- an unresolved "auto" takes the default
+  self.zero = C.zero_new({ stage = stage, reduce_bucket_size = num(zc.reduce_bucket_size, 5e8),
+    allgather_bucket_size = num(zc.allgather_bucket_size, 5e8), offload_optimizer = self.offload_optimizer,
+    offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
+    pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory }, params, wds)
   self.param_pos, self.module_params = index_modules(model, params)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)

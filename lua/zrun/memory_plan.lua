@@ -121,12 +121,12 @@ end
 -- backward; `keep` (the embedding, whose input needs no gradient, and a tied LM head fetched
 -- outside its module) stays gathered until backward ends.
 function Sim:gather(W)
-  if not self.o.stage3 or W.leaf.gathered then return end
+  if not self.o.stage3 or W.leaf.gathered or W.leaf.persistent then return end
   W.leaf.gathered = true
   self:count("params", W.leaf.bytes)
 end
 function Sim:release_param(W)
-  if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep then return end
+  if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep or W.leaf.persistent then return end
   W.leaf.gathered = false
   self:count("params", -W.leaf.bytes)
 end
@@ -384,7 +384,11 @@ local function llama_activations(cfg, o)
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
-  local function P(numel) return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0 } } end
+  local persist = o.stage3 and (o.persistence_threshold or 0) or 0 -- smaller parameters stay whole
+  local function P(numel)
+    return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0,
+      persistent = numel < persist } }
+  end
   local embedW = P(V * H)
   local layers = {}
   for l = 1, L do
@@ -495,6 +499,8 @@ local function settings(o, cfg_model)
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
+  local pt = o.persistence_threshold or zc.stage3_param_persistence_threshold
+  s.persistence_threshold = type(pt) == "number" and pt or 1e5 -- DeepSpeed's default
   local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
   s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
   local dt = o.dtype
@@ -566,6 +572,10 @@ function M.plan(o)
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
     shard.params = S * b
+    -- parameters below stage3_param_persistence_threshold are never released (zero.c)
+    for _, p in ipairs(list) do
+      if p.numel < s.persistence_threshold then dev.params = dev.params + p.numel * b end
+    end
   end
   -- comm buckets (zero.c): send W*cap fp32, plus compaction copy and receive buffer when W > 1
   local cap = floor(s.reduce_bucket_size / Wc)
@@ -584,7 +594,7 @@ function M.plan(o)
   if fam ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      direct = direct })
+      direct = direct, persistence_threshold = s.persistence_threshold })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads
     dev.workspace = act.workspace

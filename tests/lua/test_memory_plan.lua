@@ -39,7 +39,8 @@ local function measure(c)
   local model = zr.models.llama.LlamaForCausalLM(cfg)
   if c.ckpt then model:gradient_checkpointing_enable() end
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
-    optimizer = { type = "AdamW", params = { lr = 1e-3 } }, zero_optimization = { stage = c.stage } } })
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } },
+    zero_optimization = { stage = c.stage, stage3_param_persistence_threshold = c.persist or 0 } } })
   local st = mem.stats()
   local setup, train = {}, {}
   for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
@@ -58,7 +59,7 @@ local function measure(c)
   engine, model = nil, nil
   collectgarbage(); collectgarbage()
   local plan = P.plan { model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
-    gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32" }
+    gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0 }
   return train, setup, plan
 end
 
@@ -87,6 +88,8 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 3, ckpt = true },
   { stage = 3, B = 2, T = 131, layers = 2, tied = true },   -- a tied head stays gathered through backward
   { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true },
+  -- DeepSpeed's default persistence threshold (1e5): every parameter of the tiny model stays whole
+  { stage = 3, B = 4, T = 97, layers = 3, persist = 1e5 },
 }
 local results = {}
 for i, c in ipairs(cases) do
@@ -104,7 +107,12 @@ for i, c in ipairs(cases) do
     print(report)
     for _, k in ipairs(CATS) do within(k, m[k], plan.device[k] + plan.host[k], report) end
     within("setup params", setup.params, plan.setup.params, report)
-    if c.stage == 3 then
+    if c.stage == 3 and c.persist then
+      -- persistent parameters are never released: the whole model stays beside its shard
+      -- (+ the largest parameter: refreshing a persistent parameter after the step gathers its new
+      -- copy before the old one is freed)
+      T.eq(m.params, (2 * total_params(c.layers, c.tied) + 16576) * 4, "stage 3 persistent params = model + shard")
+    elseif c.stage == 3 then
       -- by hand: the 16-bit shard (the whole model on one rank) plus the largest set gathered at
       -- once: one module (the 259 x 64 LM head or embedding), or with a tied head the embedding
       -- (kept until backward ends) plus the largest other module (gate/up/down, 176 x 64)
@@ -153,11 +161,12 @@ T.test("partitions over several ranks (hand-computed)", function()
   -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
   -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    offload_optimizer = true, offload_param = true }
+    offload_optimizer = true, offload_param = true, persistence_threshold = 0 }
   T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
   T.eq(p.device.params, 16576 * 2)
   -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
-  p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16" }
+  p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    persistence_threshold = 0 }
   T.eq(p.device.params, (41888 + 16576) * 2)
   T.eq(p.setup.params, (125632 + 41888) * 2)
   -- stage 0 keeps whole parameters: S = P = 125,632
@@ -186,7 +195,8 @@ T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", func
   T.eq(#f.steps, 3); T.eq(f.steps[3].change, "stage 3")
   local s2, s3 = f.steps[2].plan, f.steps[3].plan
   T.eq(s2.device.params, 8030261248 * 2)
-  T.eq(s3.device.params, math.ceil(8030261248 / 8) * 2 + 128256 * 4096 * 2)
+  -- + the norm weights (65 of 4,096), below the default persistence threshold 1e5, kept whole
+  T.eq(s3.device.params, math.ceil(8030261248 / 8) * 2 + 128256 * 4096 * 2 + 65 * 4096 * 2)
   T.eq(s3.device.total < s2.device.total, true, "stage 3 saves parameter memory")
   T.eq(s3.setup.params, 8030261248 * 2 + math.ceil(8030261248 / 8) * 2)
   -- an H200 fits the 1B model as configured

@@ -8,6 +8,7 @@ for np in 1 2 4; do
     mpirun $MPI_FLAGS -np $np $Z tests/mpi/memory_check.lua $stage || echo "FAIL memory formula stage $stage np=$np: exit $?"
   done
 done
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/memory_check.lua 3 5000 || echo "FAIL memory formula stage 3 persistence: exit $?"
 for np in 2 4; do
   for c in zero1 zero2 zero3 zero2_offload zero3_offload; do
     out=$(mpirun $MPI_FLAGS -np $np $Z recipes/finetune_llama.lua --config configs/$c.json max_steps=4 output_dir=/tmp/zrun_recipe_$$ 2>&1)

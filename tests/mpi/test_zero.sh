@@ -14,3 +14,5 @@ done
 for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua $stage 0 3 0.05 || echo "FAIL stage $stage gas=3 clip: mpirun exited $?"
 done
+# stage 3 with small parameters kept whole (DeepSpeed's stage3_param_persistence_threshold)
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 5000 || echo "FAIL stage 3 persistence: mpirun exited $?"

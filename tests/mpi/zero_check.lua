@@ -1,15 +1,18 @@
 -- ZeRO equivalence: a tiny Llama trained for a few steps through zr.initialize (any stage,
 -- offload, world size, accumulation, clipping) must match an independent single-process
 -- reference — plain zr.optim.AdamW on the whole global batch with torch-style clipping —
--- computed on every rank. Usage: zrun zero_check.lua STAGE OFFLOAD(0/1) GAS CLIP
+-- computed on every rank. Usage: zrun zero_check.lua STAGE OFFLOAD(0/1) GAS CLIP [PERSIST]
+-- PERSIST: stage3_param_persistence_threshold (default 0: every parameter is partitioned)
 -- Tolerance: fp32 with a different summation order (reduce-scatter vs one sum): losses 2e-5,
 -- weights 2e-5 absolute after 4 steps of lr 1e-3 (one Adam step moves a weight by ~1e-3).
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
 local stage, offload, gas, clip = tonumber(arg[1] or 2), arg[2] == "1", tonumber(arg[3] or 1), tonumber(arg[4] or 0)
+local persist = tonumber(arg[5] or 0)
 local W, r = dist.world_size(), dist.rank()
-local name = ("stage %d%s np=%d gas=%d clip=%g"):format(stage, offload and " offload" or "", W, gas, clip)
+local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " offload" or "", W, gas, clip,
+  persist > 0 and (" persistence<" .. persist) or "")
 local STEPS, MB, TLEN = 4, 2, 12
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
@@ -48,7 +51,7 @@ local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = MB, gradient_accumulation_steps = gas, gradient_clipping = clip,
   steps_per_print = 1000000,
   optimizer = { type = "AdamW", params = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
-  zero_optimization = { stage = stage, reduce_bucket_size = 3000,
+  zero_optimization = { stage = stage, reduce_bucket_size = 3000, stage3_param_persistence_threshold = persist,
     offload_optimizer = offload and { device = "cpu" } or nil },
 } })
 local losses = {}
