@@ -212,14 +212,14 @@ function M.config(name_or_path)
     return c
   end
   local hf = require "zrun.hf"
-  return hf.load_config(name_or_path)
+  return hf.read_config(name_or_path)
 end
 
 -- Builds the model and loads Hugging Face weights from a model directory or cached hub id.
 function M.from_pretrained(ref, opts)
   opts = opts or {}
   local hf = require "zrun.hf"
-  local cfg = hf.load_config(ref)
+  local cfg = hf.read_config(ref)
   cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
   local model = CausalLM(cfg)
   local sd = hf.load_state_dict(ref, { dtype = cfg.dtype, device = cfg.device })
