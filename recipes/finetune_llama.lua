@@ -79,7 +79,7 @@ dist.print0(("[finetune_llama] %d training rows, model %s, %d parameters, device
 local args = {
   output_dir = opt.output_dir, per_device_train_batch_size = 4, gradient_accumulation_steps = 8,
   learning_rate = fallback and 3e-3 or 2e-5, num_train_epochs = opt.epochs, max_steps = opt.max_steps,
-  logging_steps = fallback and 5 or 10, bf16 = not fallback and device ~= "cpu", deepspeed = opt.config,
+  logging_steps = fallback and 5 or 10, deepspeed = opt.config, -- precision comes from the config (bf16)
   warmup_ratio = 0.05, weight_decay = 0.0,
 }
 if fallback then
