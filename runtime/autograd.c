@@ -13,6 +13,7 @@
 #include <time.h>
 
 static _Thread_local int grad_on = 1;
+static int prof_on; /* backward (and forward) profiling, see zr_autograd_profile */
 static uint64_t next_seq = 1, next_visit = 1;
 
 int zr_grad_enabled(void) { return grad_on; }
@@ -49,9 +50,12 @@ void zr_node_release(zr_node *n) {
     free(n);
 }
 
+static void prof_forward(const char *name, zr_device dev);
+
 static zr_status record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
                         zr_tensor *const *inputs, zr_node **node, int force) {
     *node = NULL;
+    if (prof_on && grad_on) prof_forward(name, out->storage->device);
     if (!grad_on) return ZR_OK;
     int any = force;
     for (int i = 0; i < n_inputs; i++)
@@ -165,7 +169,6 @@ typedef struct {
     int64_t calls;
     double ms;
 } prof_entry;
-static int prof_on;
 static prof_entry prof[128];
 static int prof_n;
 
@@ -192,12 +195,51 @@ void zr_autograd_profile_report(char *buf, size_t len) {
     double total = 0;
     for (int i = 0; i < prof_n; i++) total += prof[i].ms;
     qsort(prof, (size_t)prof_n, sizeof *prof, cmp_prof);
-    size_t off = (size_t)snprintf(buf, len, "%-24s %8s %12s %7s\n", "backward of", "calls", "total ms", "share");
+    size_t off = (size_t)snprintf(buf, len, "%-24s %8s %12s %7s\n", "op (fwd: forward)", "calls", "total ms", "share");
     for (int i = 0; i < prof_n && off < len; i++)
         off += (size_t)snprintf(buf + off, len - off, "%-24s %8lld %12.3f %6.1f%%\n", prof[i].name,
                                 (long long)prof[i].calls, prof[i].ms, total > 0 ? 100 * prof[i].ms / total : 0);
     if (off < len) snprintf(buf + off, len - off, "%-24s %8s %12.3f\n", "total", "", total);
     prof_n = 0;
+}
+
+/* Forward: the time from the previous recorded op to this one is charged to this op ("fwd name"):
+ * on a GPU, events on the compute stream with a synchronisation per op (so it includes launch
+ * latency); the first op of a pass is charged from the last backward/report. */
+static double fwd_last_ms;
+#ifdef ZR_HAVE_CUDA
+static cudaEvent_t fwd_last_ev;
+#endif
+static char fwd_names[64][40];
+static int fwd_nnames;
+
+static const char *fwd_label(const char *name) {
+    for (int i = 0; i < fwd_nnames; i++)
+        if (strcmp(fwd_names[i] + 4, name) == 0) return fwd_names[i];
+    if (fwd_nnames == 64) return "fwd other";
+    snprintf(fwd_names[fwd_nnames], sizeof fwd_names[0], "fwd %s", name);
+    return fwd_names[fwd_nnames++];
+}
+
+static double now_ms(void);
+static void prof_forward(const char *name, zr_device dev) {
+#ifdef ZR_HAVE_CUDA
+    if (dev.type == ZR_CUDA) {
+        cudaEvent_t e = zr_cuda_event_new(1);
+        zr_cuda_event_record(e, zr_cuda_stream(dev));
+        zr_cuda_event_sync(e);
+        if (fwd_last_ev) {
+            prof_add(fwd_label(name), zr_cuda_event_elapsed_ms(fwd_last_ev, e));
+            zr_cuda_event_free(fwd_last_ev);
+        }
+        fwd_last_ev = e;
+        return;
+    }
+#endif
+    (void)dev;
+    double t = now_ms();
+    if (fwd_last_ms > 0) prof_add(fwd_label(name), t - fwd_last_ms);
+    fwd_last_ms = t;
 }
 
 static double now_ms(void) {
@@ -250,6 +292,11 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
     int old_mode = zr_set_grad_enabled(0);
     zr_status st = ZR_OK;
     vec nodes = {0}, stack = {0}, leaves = {0};
+    fwd_last_ms = 0; /* the next forward op is not charged with this backward */
+#ifdef ZR_HAVE_CUDA
+    if (fwd_last_ev) zr_cuda_event_free(fwd_last_ev);
+    fwd_last_ev = NULL;
+#endif
     uint64_t stamp = __atomic_fetch_add(&next_visit, 1, __ATOMIC_RELAXED);
     zr_node *top = root->grad_fn;
     top->visit = stamp;

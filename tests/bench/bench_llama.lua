@@ -64,7 +64,7 @@ for i = 1, opt.warmup + opt.steps do
 end
 if opt.breakdown == 2 then
   C.autograd_profile(false)
-  print(("backward profile over %d steps (CUDA events per node, synchronised):"):format(opt.warmup + opt.steps))
+  print(("profile over %d steps (forward ops and backward nodes; CUDA events, synchronised per op):"):format(opt.warmup + opt.steps))
   io.write(C.autograd_profile_report())
 end
 table.sort(times)
