@@ -52,12 +52,99 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
     }
 }
 
+/* The vectorised kernel (every buffer 16-byte aligned): within a segment the elements from the
+ * first multiple of 8 to the last are updated 8 at a time (two float4 per f32 buffer, one 16-byte
+ * access per 16-bit buffer), ADAMW_VEC_ITEMS groups of 8 per thread with all loads issued first;
+ * block 0 of the segment also does the at most 7 + 7 elements before and after that range. */
+#define ADAMW_VEC_ITEMS (ADAMW_PER_THREAD / 8)
+
+template <typename T> static __device__ __forceinline__ void ld8(float *f, const T *p) {
+    if (sizeof(T) == 2) {
+        ldv<T, 8>(f, p);
+    } else {
+        const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    }
+}
+template <typename T> static __device__ __forceinline__ void st8(T *p, const float *f) {
+    if (sizeof(T) == 2) {
+        stv<T, 8>(p, f);
+    } else {
+        reinterpret_cast<float4 *>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}
+
+template <typename G, typename L>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_vec_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
+                     float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
+                     const float *__restrict__ gscale, float lr, float b1, float b2, float eps,
+                     float step_size, float inv_sqrt_bc2) {
+    int s = 0;
+    while (s + 1 < bt.nsegs && (int)blockIdx.x >= bt.block0[s + 1]) ++s;
+    const int64_t base = bt.offset[s], end = base + bt.n[s];
+    int64_t a0 = (base + 7) & ~(int64_t)7, a1 = end & ~(int64_t)7;
+    if (a0 > end) a0 = end;
+    if (a1 < a0) a1 = a0;
+    const int64_t blk = blockIdx.x - bt.block0[s];
+    const float decay = 1.f - lr * bt.wd[s], gs = gscale ? *gscale : 1.f;
+    const int64_t c0 = a0 + blk * ADAMW_CHUNK;
+    float pp[ADAMW_VEC_ITEMS][8], mm[ADAMW_VEC_ITEMS][8], vv[ADAMW_VEC_ITEMS][8],
+        gg[ADAMW_VEC_ITEMS][8];
+#pragma unroll
+    for (int it = 0; it < ADAMW_VEC_ITEMS; ++it) {
+        const int64_t i = c0 + ((int64_t)it * ADAMW_THREADS + threadIdx.x) * 8;
+        if (i < a1) {
+            ld8<G>(gg[it], grad + i);
+            ld8<float>(pp[it], p + i);
+            ld8<float>(mm[it], m + i);
+            ld8<float>(vv[it], v + i);
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < ADAMW_VEC_ITEMS; ++it) {
+        const int64_t i = c0 + ((int64_t)it * ADAMW_THREADS + threadIdx.x) * 8;
+        if (i >= a1) continue;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float g = gg[it][k] * gs;
+            const float mi = b1 * mm[it][k] + (1.f - b1) * g;
+            const float vi = b2 * vv[it][k] + (1.f - b2) * g * g;
+            pp[it][k] = pp[it][k] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+            mm[it][k] = mi;
+            vv[it][k] = vi;
+        }
+        st8<float>(m + i, mm[it]);
+        st8<float>(v + i, vv[it]);
+        st8<float>(p + i, pp[it]);
+        if (plp) st8<L>(plp + i, pp[it]);
+    }
+    if (blk == 0 && threadIdx.x < 16) { /* head [base, a0) and tail [a1, end) */
+        const int64_t i = threadIdx.x < 8 ? base + threadIdx.x : a1 + (threadIdx.x - 8);
+        if (threadIdx.x < 8 ? i < a0 : i < end) {
+            const float g = tof<G>(grad[i]) * gs;
+            const float mi = b1 * m[i] + (1.f - b1) * g;
+            const float vi = b2 * v[i] + (1.f - b2) * g * g;
+            const float pi = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = pi;
+            if (plp) plp[i] = fromf<L>(pi);
+        }
+    }
+}
+
 template <typename G, typename L>
 static void adamw_launch(const adamw_batch &bt, float *p, float *m, float *v, void *plp,
                          const void *grad, const float *gs, float lr, float b1, float b2,
                          float eps, float ss, float ibc2, cudaStream_t st) {
-    adamw_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
-        bt, p, m, v, (L *)plp, (const G *)grad, gs, lr, b1, b2, eps, ss, ibc2);
+    if (al16(p) && al16(m) && al16(v) && al16(grad) && (!plp || al16(plp)))
+        adamw_vec_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, lr, b1, b2, eps, ss, ibc2);
+    else
+        adamw_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, lr, b1, b2, eps, ss, ibc2);
 }
 
 template <typename G>

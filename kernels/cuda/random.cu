@@ -1,6 +1,11 @@
 // Philox fills on CUDA (see random.h). One thread per Philox call: it writes the 4 elements that
-// share the counter, so each normal pair's Box-Muller is done once. The values are computed in
-// double exactly as runtime/random.c does, then rounded to the destination dtype the same way.
+// share the counter, so each normal pair's Box-Muller is done once. f64 (and integer) outputs
+// compute the normals in double exactly as runtime/random.c does. f32, bf16 and f16 outputs use
+// f32 Box-Muller written to keep full f32 accuracy (log1pf of an exact quotient, sincospif of an
+// exact argument: a few ulp of f32 from the double result; f32 also does a + b z in f32);
+// bf16/f16 fall back to the double
+// computation for the rare elements whose rounding to the narrow type that error could change,
+// so those come out as the double path (and the CPU) gives them.
 #include "common.cuh"
 #include "philox.h"
 #include "random.h"
@@ -13,6 +18,23 @@ template <typename D> __device__ __forceinline__ D store_d(double x) { return (D
 template <> __device__ __forceinline__ __nv_bfloat16 store_d<__nv_bfloat16>(double x) { return __float2bfloat16_rn((float)x); }
 template <> __device__ __forceinline__ __half store_d<__half>(double x) { return __float2half_rn((float)x); }
 
+template <typename D> struct fast_normal { enum { ok = 0 }; };
+template <> struct fast_normal<float> { enum { ok = 1 }; };
+template <> struct fast_normal<__nv_bfloat16> { enum { ok = 1 }; };
+template <> struct fast_normal<__half> { enum { ok = 1 }; };
+
+template <typename D> __device__ __forceinline__ unsigned short bits_of(D x) { return 0; }
+template <> __device__ __forceinline__ unsigned short bits_of<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+template <> __device__ __forceinline__ unsigned short bits_of<__half>(__half x) { return __half_as_ushort(x); }
+
+// The pair (lanes base, base+1) of r in double, as zr_philox_normal computes it.
+__device__ __forceinline__ double normal_f64(const zr_philox4 &r, int base, int odd) {
+    double u1 = ((double)(r.x[base] >> 8) + 1.0) / 16777217.0;
+    double u2 = (double)(r.x[base + 1] >> 8) / 16777216.0;
+    double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+    return odd ? rad * sin(th) : rad * cos(th);
+}
+
 template <typename D>
 __global__ void philox_fill_kernel(D *__restrict__ dst, int64_t n, int kind, double a, double b, uint64_t seed,
                                    uint64_t offset) {
@@ -20,26 +42,58 @@ __global__ void philox_fill_kernel(D *__restrict__ dst, int64_t n, int kind, dou
     for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < groups; j += step) {
         zr_philox4 r = zr_philox(seed, offset + (uint64_t)j);
         double v[4];
-        if (kind == 1) {
+        D out[4];
+        if (kind == 1 && fast_normal<D>::ok) {
 #pragma unroll
             for (int base = 0; base < 4; base += 2) {
-                double u1 = ((double)(r.x[base] >> 8) + 1.0) / 16777217.0;
-                double u2 = (double)(r.x[base + 1] >> 8) / 16777216.0;
-                double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
-                v[base] = a + b * (rad * cos(th));
-                v[base + 1] = a + b * (rad * sin(th));
+                const uint32_t k1 = r.x[base] >> 8, k2 = r.x[base + 1] >> 8;
+                // -log(u1) with u1 = (k1 + 1) / (2^24 + 1): log1p of an exact quotient
+                const float t = log1pf((float)(16777216u - k1) / (float)(k1 + 1));
+                const float rad = sqrtf(2.f * t);
+                float sn, cs;
+                sincospif((float)k2 * (1.f / 8388608.f), &sn, &cs); // th = pi * (2 u2), exact
+                if (sizeof(D) == 4) { // f32: a + b z in f32 too (within an ulp or two of the double)
+                    out[base] = store_d<D>(fmaf((float)b, rad * cs, (float)a));
+                    out[base + 1] = store_d<D>(fmaf((float)b, rad * sn, (float)a));
+                } else {
+                    v[base] = a + b * (double)(rad * cs);
+                    v[base + 1] = a + b * (double)(rad * sn);
+                }
             }
-        } else {
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                float u = zr_u01(r.x[k]);
-                v[k] = kind == 0 ? a + (b - a) * (double)u : (double)((double)u < a);
+                if (sizeof(D) == 4) continue;
+                out[k] = store_d<D>(v[k]);
+                if (sizeof(D) == 2) { // narrow type: redo in double where the rounding is in doubt
+                    const double e = fabs(v[k] - a) * 0x1p-18;
+                    if (bits_of<D>(store_d<D>(v[k] - e)) != bits_of<D>(store_d<D>(v[k] + e)))
+                        out[k] = store_d<D>(a + b * normal_f64(r, k & 2, k & 1));
+                }
             }
+        } else {
+            if (kind == 1) {
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[k] = a + b * normal_f64(r, k & 2, k & 1);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float u = zr_u01(r.x[k]);
+                    v[k] = kind == 0 ? a + (b - a) * (double)u : (double)((double)u < a);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) out[k] = store_d<D>(v[k]);
         }
         int64_t i0 = 4 * j;
+        if (sizeof(D) == 4 && i0 + 3 < n && ((uintptr_t)(dst + i0) & 15) == 0) {
+            uint4 w;
+            memcpy(&w, out, 16);
+            *reinterpret_cast<uint4 *>(dst + i0) = w;
+        } else {
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (i0 + k < n) dst[i0 + k] = store_d<D>(v[k]);
+            for (int k = 0; k < 4; k++)
+                if (i0 + k < n) dst[i0 + k] = out[k];
+        }
     }
 }
 

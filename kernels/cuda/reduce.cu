@@ -202,6 +202,56 @@ __global__ void max_block_rows_kernel(T *out, int64_t *idx, const T *__restrict_
     }
 }
 
+// Many long rows (r > 1024) with 16-byte-aligned packs: a warp per row, each lane reading U packs
+// with all loads issued before the compares. A lane visits its elements in increasing index order,
+// so a strict "greater" keeps the earliest index of its maximum; NaNs are only noted, and a row in
+// which any lane saw one is redone with the exact (NaN-first) rule. Lanes then merge with `better`.
+template <typename T, int V, int U>
+__global__ void max_warp_rows_vec_kernel(T *out, int64_t *idx, const T *__restrict__ x, int64_t outer, int64_t r) {
+    typedef typename acc<T>::type A;
+    const int lane = threadIdx.x & 31;
+    const int64_t nv = r / V;
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t o = w; o < outer; o += nw) {
+        const pack<T, V> *rv = reinterpret_cast<const pack<T, V> *>(x + o * r);
+        A m = to_acc(x[o * r + (int64_t)lane * V]); // nv > 32: every lane has pack `lane`
+        int64_t mi = (int64_t)lane * V;
+        bool nan = false;
+        for (int64_t b0 = lane; b0 < nv; b0 += 32 * U) {
+            pack<T, V> p[U];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (b0 + u * 32 < nv) p[u] = rv[b0 + u * 32];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (b0 + u * 32 >= nv) break;
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    A v = to_acc(p[u].v[k]);
+                    nan |= v != v;
+                    if (v > m) m = v, mi = (b0 + u * 32) * V + k;
+                }
+            }
+        }
+        if (__any_sync(0xffffffffu, nan)) { // exact rule: the first NaN wins
+            mi = INT64_MAX;
+            for (int64_t b0 = lane; b0 < nv; b0 += 32) {
+                pack<T, V> p = rv[b0];
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    A v = to_acc(p.v[k]);
+                    if (mi == INT64_MAX || v > m || (v != v && m == m)) m = v, mi = b0 * V + k;
+                }
+            }
+        }
+        warp_max(m, mi);
+        if (lane == 0) {
+            out[o] = from_acc<T>(m);
+            if (idx) idx[o] = mi;
+        }
+    }
+}
+
 template <typename T> int max_rows(void *out, int64_t *idx, const void *x, int64_t outer, int64_t r, cudaStream_t s) {
     T *o = (T *)out;
     const T *xp = (const T *)x;
@@ -209,7 +259,9 @@ template <typename T> int max_rows(void *out, int64_t *idx, const void *x, int64
     else if (r <= 1024) max_warp_rows_kernel<T><<<grid_for(outer * 32, BLOCK), BLOCK, 0, s>>>(o, idx, xp, outer, r);
     else {
         if (outer > 0x7fffffff) return zr_error("max (cuda): too many rows (%lld)", (long long)outer);
-        if (row_vec<T>(x, r) > 1)
+        if (row_vec<T>(x, r) > 1 && outer >= 512)
+            max_warp_rows_vec_kernel<T, vec_of<T>::n, 4><<<grid_for(outer * 32, BLOCK), BLOCK, 0, s>>>(o, idx, xp, outer, r);
+        else if (row_vec<T>(x, r) > 1)
             max_block_rows_kernel<T, vec_of<T>::n><<<(unsigned)outer, BLOCK, 0, s>>>(o, idx, xp, r);
         else
             max_block_rows_kernel<T, 1><<<(unsigned)outer, BLOCK, 0, s>>>(o, idx, xp, r);

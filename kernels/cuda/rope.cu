@@ -12,6 +12,8 @@ extern "C" {
 
 #include "fused_common.cuh"
 
+#define ROPE_ITEMS 2 /* chunks per thread in the vectorised kernel (4 measured 1.5x slower) */
+
 /* Strides in elements of one tensor side: x[b, h, t, :] = base + b*sb + h*sh + t*st. */
 struct rope_side {
     const void *in;
@@ -59,6 +61,60 @@ __global__ void rope_kernel(rope_side qs, rope_side ks, const float *__restrict_
     stv<T, V>(out + half + c, o2);
 }
 
+/* The vectorised path: each thread rotates ITEMS chunks of V pairs (chunk idx, idx + stride, ...)
+ * with all their loads issued before any use; cos/sin are read as float4. V is 8 (16-bit types)
+ * or 4 (f32), so a chunk's table entries are 16-byte aligned when the tables are. */
+template <typename T, int V, int ITEMS>
+__global__ void __launch_bounds__(256)
+    rope_vec_kernel(rope_side qs, rope_side ks, const float *__restrict__ cosb,
+                    const float *__restrict__ sinb, uint32_t rows_q, uint32_t n, uint32_t T_,
+                    uint32_t nch, int64_t Dh, float sign) {
+    const uint32_t stride = gridDim.x * blockDim.x;
+    const uint32_t half = (uint32_t)(Dh / 2);
+    float x1[ITEMS][V], x2[ITEMS][V], cs[ITEMS][V], sn[ITEMS][V];
+    T *outp[ITEMS];
+    bool ok[ITEMS];
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+        const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x + it * stride;
+        ok[it] = idx < n;
+        outp[it] = NULL;
+        if (!ok[it]) continue;
+        const uint32_t ra = idx / nch, c = (idx - ra * nch) * V;
+        const bool isq = ra < rows_q;
+        const uint32_t r = isq ? ra : ra - rows_q, H = isq ? (uint32_t)qs.H : (uint32_t)ks.H;
+        const uint32_t bh = r / T_, t = r - bh * T_, b = bh / H, h = bh - b * H;
+        const rope_side &sd = isq ? qs : ks;
+        const T *in = (const T *)sd.in + b * sd.in_sb + h * sd.in_sh + t * sd.in_st + c;
+        outp[it] = (T *)sd.out + b * sd.out_sb + h * sd.out_sh + t * sd.out_st + c;
+        ldv<T, V>(x1[it], in);
+        ldv<T, V>(x2[it], in + half);
+        const float4 *cp = reinterpret_cast<const float4 *>(cosb + (size_t)t * half + c);
+        const float4 *sp = reinterpret_cast<const float4 *>(sinb + (size_t)t * half + c);
+#pragma unroll
+        for (int q = 0; q < V / 4; ++q) {
+            const float4 a = __ldg(cp + q), bb = __ldg(sp + q);
+            cs[it][4 * q] = a.x, cs[it][4 * q + 1] = a.y, cs[it][4 * q + 2] = a.z,
+                      cs[it][4 * q + 3] = a.w;
+            sn[it][4 * q] = bb.x, sn[it][4 * q + 1] = bb.y, sn[it][4 * q + 2] = bb.z,
+                      sn[it][4 * q + 3] = bb.w;
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < ITEMS; ++it) {
+        if (!ok[it]) continue;
+        float o1[V], o2[V];
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float sv = sign * sn[it][k];
+            o1[k] = x1[it][k] * cs[it][k] - x2[it][k] * sv;
+            o2[k] = x2[it][k] * cs[it][k] + x1[it][k] * sv;
+        }
+        stv<T, V>(outp[it], o1);
+        stv<T, V>(outp[it] + half, o2);
+    }
+}
+
 static rope_side make_side(const void *x, void *bhtd, int64_t H, int64_t T, int64_t Dh, int layout,
                            bool fwd) {
     /* x side strides by layout; the other side is always (B, H, T, Dh). */
@@ -103,7 +159,12 @@ static int rope_run(const char *fn, const void *xq, void *yq, const void *xk, vo
             return zr_error("%s: %lld rows x %lld pairs too large for one launch", fn,
                             (long long)rows, (long long)(Dh / 2));
         const unsigned grid = (unsigned)((n + 255) / 256);
-        if (vec)
+        if (vec && al16(cosb) && al16(sinb)) {
+            const unsigned g2 = (unsigned)((n + 256 * ROPE_ITEMS - 1) / (256 * ROPE_ITEMS));
+            rope_vec_kernel<T, 16 / sizeof(T), ROPE_ITEMS><<<g2, 256, 0, st>>>(
+                qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn), (uint32_t)n, (uint32_t)Tn,
+                (uint32_t)nch, Dh, sign);
+        } else if (vec)
             rope_kernel<T, 16 / sizeof(T)><<<grid, 256, 0, st>>>(
                 qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn), (uint32_t)rows, (uint32_t)Tn,
                 (uint32_t)nch, Dh, sign);

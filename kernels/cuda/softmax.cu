@@ -83,6 +83,101 @@ __global__ void softmax_bwd_kernel(T *dx, const T *dy, const T *__restrict__ y, 
     }
 }
 
+/* ---- register-held rows: a group of WPR warps per row, C chunks of V elements per lane ------ */
+
+static __device__ __forceinline__ void group_bar(int id, int nthreads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+/* Max (MAXR) or sum over the group of WPR warps; red: shared float[2][nwarps], parity slots. */
+template <int WPR, bool MAXR>
+static __device__ __forceinline__ float group_reduce(float a, float *red, int &par) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, a, o);
+        a = MAXR ? fmaxf(a, oa) : a + oa;
+    }
+    if (WPR == 1) return a;
+    const int warp = threadIdx.x >> 5, grp = warp / WPR, nw = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[par * nw + warp] = a;
+    group_bar(1 + grp, WPR * 32);
+    float s = red[par * nw + grp * WPR];
+#pragma unroll
+    for (int k = 1; k < WPR; ++k) {
+        const float t = red[par * nw + grp * WPR + k];
+        s = MAXR ? fmaxf(s, t) : s + t;
+    }
+    par ^= 1;
+    return s;
+}
+
+template <typename T, int V, int C, int WPR>
+__global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
+    softmax_fwd_reg_kernel(T *__restrict__ y, const T *__restrict__ x, int64_t N, int64_t D) {
+    __shared__ float red[2 * 16];
+    const int warp = threadIdx.x >> 5, G = (blockDim.x >> 5) / WPR, grp = warp / WPR;
+    const int tig = threadIdx.x - grp * WPR * 32;
+    const int64_t row = (int64_t)blockIdx.x * G + grp;
+    if (row >= N) return;
+    int par = 0;
+    const int64_t base = row * D;
+    float f[C][V];
+    float m = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+        if (i < D) {
+            ldv<T, V>(f[c], x + base + i);
+#pragma unroll
+            for (int k = 0; k < V; ++k) m = fmaxf(m, f[c][k]);
+        }
+    }
+    m = group_reduce<WPR, true>(m, red, par);
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+        if (i < D)
+#pragma unroll
+            for (int k = 0; k < V; ++k) s += (f[c][k] = __expf(f[c][k] - m));
+    }
+    const float inv = 1.f / group_reduce<WPR, false>(s, red, par);
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+        if (i < D) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) f[c][k] *= inv;
+            stv<T, V>(y + base + i, f[c]);
+        }
+    }
+}
+
+/* Launches the register path for rows of D (V-element chunks, up to 8 per lane, 1-8 warps per
+ * row); false when D is too long for it. */
+template <typename T>
+static bool softmax_fwd_reg(void *y, const void *x, int64_t N, int64_t D, cudaStream_t st) {
+    const int V = 16 / sizeof(T);
+    const int64_t nch = (D + 32 * V - 1) / (32 * V);
+    if (N >= ((int64_t)1 << 31)) return false;
+#define SM_CASE(W_, C_)                                                                            \
+    {                                                                                              \
+        const int NW = W_ < 4 ? 4 : W_, G = NW / W_;                                               \
+        softmax_fwd_reg_kernel<T, 16 / sizeof(T), C_, W_>                                          \
+            <<<(unsigned)((N + G - 1) / G), NW * 32, 0, st>>>((T *)y, (const T *)x, N, D);         \
+        return true;                                                                               \
+    }
+    if (nch <= 1) SM_CASE(1, 1)
+    if (nch <= 2) SM_CASE(1, 2)
+    if (nch <= 4) SM_CASE(1, 4)
+    if (nch <= 8) SM_CASE(1, 8)
+    if (nch <= 16) SM_CASE(2, 8)
+    if (nch <= 32) SM_CASE(4, 8)
+    if (nch <= 64) SM_CASE(8, 8)
+#undef SM_CASE
+    return false;
+}
+
 static int sm_threads(int64_t D, int V) {
     int64_t n = (D / V + 31) / 32 * 32;
     return n < 32 ? 32 : n > 1024 ? 1024 : (int)n;
@@ -101,7 +196,8 @@ extern "C" int softmax_forward_cuda(void *y, const void *x, int64_t N, int64_t D
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype, {
         const int VW = 16 / sizeof(T);
-        if (D % VW == 0 && al16(x) && al16(y))
+        if (D % VW == 0 && al16(x) && al16(y) && softmax_fwd_reg<T>(y, x, N, D, stream)) {
+        } else if (D % VW == 0 && al16(x) && al16(y))
             softmax_fwd_kernel<T, 16 / sizeof(T)>
                 <<<(unsigned)N, sm_threads(D, VW), 0, stream>>>((T *)y, (const T *)x, D);
         else

@@ -1,5 +1,6 @@
 /* CUDA backend benchmark and kernel checks, for the GPU machine:
- *   make build/bench/bench_cuda && build/bench/bench_cuda [--quick]
+ *   make build/bench/bench_cuda && build/bench/bench_cuda [--quick | --check | --bw]
+ *   (--bw: the checks and the memory-bound kernels, no GEMM timing)
  * 1. checks the kernels that Lua cannot reach yet (cuBLASLt GEMM in every transposition, batched,
  *    broadcast, bias epilogue, beta; binary max/min, where, fill_rows, sum_cols) against f64 host
  *    references on random data at awkward shapes, printing PASS/FAIL lines;
@@ -236,6 +237,43 @@ static void checks(void) {
         free(got), free(ref);
         zr_tensor_release(sc);
     }
+    { /* max with argmax, many long rows (the warp-per-row path): ties, -inf rows, NaN */
+        const zr_dtype mdt[] = {ZR_BF16, ZR_F32};
+        for (int d = 0; d < 2; d++) {
+            int64_t mr = 1100, mc = 1032, mn = mr * mc;
+            double *hx;
+            zr_tensor *mx = rand_dev(mdt[d], mn, &hx);
+            for (int64_t i = 0; i < mc; i++) hx[5 * mc + i] = -INFINITY;              /* row 5 */
+            hx[7 * mc + 3] = hx[7 * mc + 900] = 50;                                 /* tie */
+            hx[9 * mc + 1000] = NAN, hx[9 * mc + 1001] = NAN, hx[9 * mc + 2] = 60;  /* NaN wins */
+            zr_tensor *hxt = zr_tensor_new(ZR_F64, zr_cpu(), 1, &mn);
+            DIE_IF(!hxt);
+            memcpy(zr_tensor_data(hxt), hx, (size_t)mn * sizeof(double));
+            zr_tensor_release(mx);
+            mx = zr_tensor_to_raw(hxt, mdt[d], GPU);
+            DIE_IF(!mx);
+            zr_tensor *mo = zr_tensor_new(mdt[d], GPU, 1, &mr), *mi = zr_tensor_new(ZR_I64, GPU, 1, &mr);
+            DIE_IF(reduce_max_rows_cuda(zr_tensor_data(mo), zr_tensor_data(mi), zr_tensor_data(mx), mr, mc, mdt[d], S));
+            double *gv = zr_tensor_to_doubles(mo), *gi = zr_tensor_to_doubles(mi);
+            int bad = 0;
+            for (int64_t r = 0; r < mr && !bad; r++) {
+                int64_t bi = 0;
+                for (int64_t c = 1; c < mc; c++) {
+                    double v = hx[r * mc + c], bv = hx[r * mc + bi];
+                    if ((v != v && bv == bv) || v > bv) bi = c;
+                }
+                double want = hx[r * mc + bi];
+                if (gi[r] != (double)bi || !(gv[r] == want || (gv[r] != gv[r] && want != want))) {
+                    printf("  row %lld: got %g at %g, want %g at %lld\n", (long long)r, gv[r], gi[r], want, (long long)bi);
+                    bad = 1;
+                }
+            }
+            report(d == 0 ? "max rows bf16 with argmax (1100, 1032): ties, -inf, NaN" : "max rows f32 with argmax (1100, 1032)",
+                   bad, 0);
+            free(hx), free(gv), free(gi);
+            zr_tensor_release(mx), zr_tensor_release(hxt), zr_tensor_release(mo), zr_tensor_release(mi);
+        }
+    }
     (void)one;
     free(ha), free(hb);
     zr_tensor_release(a), zr_tensor_release(b), zr_tensor_release(o);
@@ -401,6 +439,7 @@ static void bench_bandwidth(int quick) {
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int only_check = argc > 1 && strcmp(argv[1], "--check") == 0;
+    int bw_only = argc > 1 && strcmp(argv[1], "--bw") == 0;
     zr_cuda_install();
     if (!zr_cuda_is_available()) {
         printf("SKIP bench_cuda: no CUDA device (%s)\n", zr_cuda_unavailable_reason());
@@ -415,7 +454,7 @@ int main(int argc, char **argv) {
     zr_manual_seed(2024);
     checks();
     if (!only_check) {
-        bench_gemm(quick);
+        if (!bw_only) bench_gemm(quick);
         bench_bandwidth(quick);
     }
     DIE_IF(zr_cuda_synchronize(0));

@@ -9,6 +9,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -216,6 +218,25 @@ int main() {
             time_ms([&] {
                 OK(embedding_backward_cuda(dW, out, ids_, ws, N, V, D, 1, BF, 0));
             }));
+        { /* its parts: the 17-bit radix sort of the 32-bit keys alone */
+            uint32_t *k0, *k1;
+            int32_t *v0, *v1;
+            void *tmp;
+            size_t tb = 0;
+            CU(cudaMalloc(&k0, N * 4));
+            CU(cudaMalloc(&k1, N * 4));
+            CU(cudaMalloc(&v0, N * 4));
+            CU(cudaMalloc(&v1, N * 4));
+            CU(cudaMemset(k0, 0, N * 4));
+            CU(cudaMemset(v0, 0, N * 4));
+            cub::DeviceRadixSort::SortPairs(NULL, tb, k0, k1, v0, v1, (int)N, 0, 17);
+            CU(cudaMalloc(&tmp, tb));
+            const float ms = time_ms([&] {
+                CU(cub::DeviceRadixSort::SortPairs(tmp, tb, k0, k1, v0, v1, (int)N, 0, 17));
+            });
+            printf("%-28s %-34s %9.3f ms\n", "  of which: id sort (cub)", "16384 keys, 17 bits", ms);
+            cudaFree(k0), cudaFree(k1), cudaFree(v0), cudaFree(v1), cudaFree(tmp);
+        }
         cudaFree(w), cudaFree(out), cudaFree(dW), cudaFree(ids_), cudaFree(ws);
     }
     { /* adamw: 256M params, bf16 grads, bf16 param copy; 3 segments */
