@@ -28,7 +28,7 @@ local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
-  zero_optimization = { stage = opt.stage, offload_optimizer = opt.offload == 1 and { device = "cpu" } or nil },
+  zero_optimization = { stage = opt.stage, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true } or nil },
 } })
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local times = {}
