@@ -103,7 +103,15 @@ end
 function LM:forward(ids, labels)
   local h = self.transformer(ids)
   local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
-  local logits = zr.linear(h, fetch(self.transformer.wte.weight))
+  local w = fetch(self.transformer.wte.weight)
+  local V, C = w:size(1), w:size(2)
+  -- GPU GEMMs want leading dimensions that are multiples of 8 elements; GPT-2's 50257 is odd, so
+  -- (as llm.c does) the head runs on a zero-padded copy of the matrix and the extra logits are
+  -- cut off again (the padding rows get gradients that are simply dropped by cat's backward)
+  local Vp = w:device() ~= "cpu" and math.ceil(V / 64) * 64 or V
+  if Vp ~= V then w = zr.cat({ w, zr.zeros({ Vp - V, C }, { dtype = w:dtype(), device = w:device() }) }, 1) end
+  local logits = zr.linear(h, w)
+  if Vp ~= V then logits = logits:narrow(3, 1, V) end
   local out = { logits = logits }
   if labels then out.loss = require("zrun.models.llama").causal_lm_loss(logits, labels) end
   return out

@@ -165,7 +165,7 @@ function M.causal_lm_loss(logits, labels)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
-  return zr.cross_entropy(logits:view(B * T, V), shifted:view(B * T), { ignore_index = -100 })
+  return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T), { ignore_index = -100 })
 end
 
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
