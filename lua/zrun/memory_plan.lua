@@ -210,7 +210,9 @@ function Sim:linear(x, W, o_bytes)
     S:gather(W)
     local gi = S:raw(g)
     local dx = S:new(x.n)
-    local dw = S:new(W.leaf.bytes)
+    -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
+    -- accumulated straight into it by the GEMM (ops_matmul.c): no 16-bit temporary
+    local dw = not S.o.dw_in_place and S:new(W.leaf.bytes) or nil
     S:drop(gi)
     S:release_param(W)
     return { dx, dw }
@@ -266,6 +268,10 @@ function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient ba
 end
 
 function Sim:rope(x)
+  if self.o.gpu then -- the CUDA kernel reads the strided (B,H,T,D) view in place, both ways
+    local out = self:lua(self:new(x.n))
+    return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
+  end
   local xi = self:raw(x) -- the kernel reads a contiguous input
   local out = self:lua(self:new(x.n))
   self:drop(xi)
@@ -325,6 +331,12 @@ function Sim:embedding(ids, W, out_bytes, dt)
   self:release_param(W)
   return self:record(out, { false, W }, { ids }, function(S, _, g)
     S:gather(W) -- no release: see above
+    if S.o.gpu then -- the CUDA kernel writes the dense gradient in the weight's dtype directly
+      local gi = S:raw(g)
+      local gw = S:new(W.leaf.bytes)
+      S:drop(gi)
+      return { nil, gw }
+    end
     local gw = S:new(W.leaf.numel * 4)
     local gi = S:raw(g)
     local c
@@ -443,10 +455,12 @@ local function llama_activations(cfg, o)
   if cfg.tie_word_embeddings then S:gather(headW); headW.leaf.keep = true end
   local logits = S:linear(hn, headW, N * V * b)
   S:push()
-  local rows = B * (T - 1)
-  local lg = S:reshape(S:narrow(logits, rows * V * b, B == 1))
-  if b ~= 4 then lg = S:cast(lg, rows * V * 4) end
-  if B > 1 then S:lua(S:new(rows * 8)) end -- labels narrowed and reshaped (a copy)
+  -- causal_lm_loss shifts the labels (a -100 pad column, "other", and the shifted copy) and scores
+  -- the logits as they are: a view, no copy, no fp32 upcast; cross_entropy saves logits + lse
+  local rows = B * T
+  S:lua(S:new(B * 8, "other"))
+  S:lua(S:new(rows * 8))
+  local lg = S:view(logits)
   local lse = S:new(rows * 4)
   local loss = S:lua(S:new(4))
   local lws = S:new(rows * 4, "ws")
@@ -594,7 +608,8 @@ function M.plan(o)
   if fam ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      direct = direct, persistence_threshold = s.persistence_threshold })
+      direct = direct, persistence_threshold = s.persistence_threshold,
+      dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu" })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads
     dev.workspace = act.workspace
