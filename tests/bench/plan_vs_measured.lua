@@ -1,0 +1,46 @@
+-- Memory plan vs measured peaks by category, on this machine's device, for Llama-3.2-1B-shaped
+-- models with a few depths and stages (the check of issue 6 on the GPU).
+--   zrun tests/bench/plan_vs_measured.lua [device=cuda] [dtype=bf16] [batch=4] [seq=512]
+local zr = require "zrun"
+local C = zr._C
+local P = require "zrun.memory_plan"
+local Module = require "zrun.nn.module"
+local opt = { device = "cuda", dtype = "bf16", batch = 4, seq = 512, model = "meta-llama/Llama-3.2-1B" }
+for _, a in ipairs(arg) do local k, v = a:match("^([%w_]+)=(.*)$"); opt[k] = tonumber(v) or v end
+local dev = opt.device == "cpu" and "cpu" or "cuda:0"
+local cats = { "params", "grads", "optimizer", "activations", "comm", "workspace" }
+print(("%-26s %-12s %10s %10s %7s"):format("case", "category", "measured", "planned", "ratio"))
+for _, c in ipairs { { layers = 1, stage = 0 }, { layers = 4, stage = 0 }, { layers = 16, stage = 0 },
+                     { layers = 16, stage = 2 }, { layers = 16, stage = 3 }, { layers = 16, stage = 0, ckpt = true } } do
+  local cfg = zr.models.llama.config(opt.model)
+  cfg.num_hidden_layers, cfg.dtype, cfg.device = c.layers, opt.dtype, opt.device
+  collectgarbage(); collectgarbage()
+  if C.cuda and opt.device ~= "cpu" then C.cuda.synchronize() end
+  local base = zr.memory.stats(dev)
+  zr.manual_seed(0)
+  local model = zr.models.llama.LlamaForCausalLM(cfg)
+  if c.ckpt then model:gradient_checkpointing_enable() end
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = opt.batch,
+    steps_per_print = 1e9, bf16 = { enabled = opt.dtype == "bf16" }, optimizer = { type = "AdamW", params = { lr = 1e-4 } },
+    zero_optimization = { stage = c.stage } } })
+  zr.memory.reset_peak(dev)
+  local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
+  for _ = 1, 2 do
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    engine:step()
+  end
+  local st = zr.memory.stats(dev)
+  local plan = P.plan { model = cfg, micro_batch = opt.batch, seq_len = opt.seq, stage = c.stage, world_size = 1,
+    gradient_checkpointing = c.ckpt, device = opt.device == "cpu" and "cpu" or "cuda", dtype = opt.dtype }
+  local name = ("L=%d stage %d%s"):format(c.layers, c.stage, c.ckpt and " ckpt" or "")
+  for _, k in ipairs(cats) do
+    local m, p = st[k].peak - base[k].current, plan.device[k] + plan.host[k]
+    print(("%-26s %-12s %10.1f %10.1f %7.3f"):format(name, k, m / 2 ^ 20, p / 2 ^ 20, m > 0 and p / m or 0))
+  end
+  for _, h in ipairs(engine.hook_handles or {}) do h.remove() end
+  Module.fetch = nil
+  engine, model, ids = nil, nil, nil
+  collectgarbage(); collectgarbage()
+end
+print("(MiB; ratio = planned / measured)")
