@@ -124,7 +124,10 @@ function M.run()
         C.add_history(buf)
         buf = nil
         if ok then
-          for i = 2, table.maxn(res) do io.write(M.pretty(res[i]), i < table.maxn(res) and "\t" or "\n") end
+          for i = 2, table.maxn(res) do -- a string result prints as text (zr.memory.summary())
+            local v = res[i]
+            io.write(type(v) == "string" and v or M.pretty(v), i < table.maxn(res) and "\t" or "\n")
+          end
         else
           io.write("error: ", tostring(res), "\n")
         end
