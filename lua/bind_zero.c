@@ -52,7 +52,9 @@ static int l_new(lua_State *L) {
     c.persistence_threshold = (int64_t)luaL_optnumber(L, -1, 0);
     lua_getfield(L, 1, "pin_memory");
     c.pin_memory = lua_toboolean(L, -1);
-    lua_pop(L, 7);
+    lua_getfield(L, 1, "overlap_comm");
+    c.overlap_comm = lua_toboolean(L, -1);
+    lua_pop(L, 8);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;
     c.rank = zr_comm_get()->rank;

@@ -59,6 +59,14 @@ struct zr_zero {
     int direct;
     zr_tensor *pflat;
     int pinned; /* how many host partitions are page-locked */
+    /* overlap_comm (W > 1, bucketed modes): a second buffer set, and the bucket whose
+     * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
+    zr_tensor *send2, *compact2, *recv2;
+    int *pidx;
+    int64_t *ppos;
+    int pnb;
+    zr_tensor *pred;
+    zr_comm_handle *ph;
 };
 
 static int64_t valid_len(int64_t n, int64_t c, int r) {
@@ -245,6 +253,14 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
         z->recv = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM) : NULL;
         if (!z->send || (z->W > 1 && (!z->compact || !z->recv))) goto fail;
+        if (cfg->overlap_comm && z->W > 1) {
+            z->send2 = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
+            z->compact2 = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
+            z->recv2 = new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM);
+            z->pidx = calloc((size_t)n, sizeof *z->pidx);
+            z->ppos = calloc((size_t)n, sizeof *z->ppos);
+            if (!z->send2 || !z->compact2 || !z->recv2 || !z->pidx || !z->ppos) goto fail;
+        }
     }
     for (int i = 0; i < n; i++) {
         zparam *q = &z->ps[i];
@@ -290,9 +306,15 @@ void zr_zero_free(zr_zero *z) {
     zr_tensor_release(z->gpart);
     zr_tensor_release(z->pshard);
     zr_tensor_release(z->pflat);
+    if (z->ph) zr_comm_wait(z->ph); /* never free buffers a collective still uses */
     zr_tensor_release(z->send);
     zr_tensor_release(z->compact);
     zr_tensor_release(z->recv);
+    zr_tensor_release(z->send2);
+    zr_tensor_release(z->compact2);
+    zr_tensor_release(z->recv2);
+    free(z->pidx);
+    free(z->ppos);
     free(z->ps);
     free(z->bidx);
     free(z->bpos);
@@ -311,6 +333,26 @@ zr_tensor *zr_zero_state(zr_zero *z, int which) {
 
 /* --- gradient buckets --- */
 
+/* overlap_comm: waits for the bucket in flight and adds its reduced segment into the partition. */
+static zr_status complete_pending(zr_zero *z) {
+    if (!z->ph) return ZR_OK;
+    zr_comm_handle *h = z->ph;
+    z->ph = NULL;
+    ZR_CHECK(zr_comm_wait(h));
+    for (int k = 0; k < z->pnb; k++) {
+        zparam *q = &z->ps[z->pidx[k]];
+        ZR_CHECK(add_range(z->gpart, q->off, z->pred, z->ppos[k], q->c));
+    }
+    z->pnb = 0;
+    return ZR_OK;
+}
+
+static void swap_tensors(zr_tensor **a, zr_tensor **b) {
+    zr_tensor *t = *a;
+    *a = *b;
+    *b = t;
+}
+
 static zr_status flush(zr_zero *z) {
     if (z->nb == 0) return ZR_OK;
     int64_t L = z->pos;
@@ -327,6 +369,24 @@ static zr_status flush(zr_zero *z) {
             src = z->compact;
         }
         zr_tensor *in = flat_range(src, 0, L * z->W), *out = flat_range(z->recv, 0, L);
+        if (z->send2 && in && out) { /* overlap_comm: start it, finish the previous one, go on */
+            zr_status st = complete_pending(z);
+            zr_comm_handle *h = st ? NULL : zr_reduce_scatter_async(out, in, ZR_RED_SUM);
+            zr_tensor_release(in);
+            zr_tensor_release(out);
+            if (!h) return ZR_ERR;
+            z->ph = h;
+            z->pred = z->recv;
+            memcpy(z->pidx, z->bidx, sizeof *z->pidx * (size_t)z->nb);
+            memcpy(z->ppos, z->bpos, sizeof *z->ppos * (size_t)z->nb);
+            z->pnb = z->nb;
+            swap_tensors(&z->send, &z->send2); /* the next bucket fills the other buffers */
+            swap_tensors(&z->compact, &z->compact2);
+            swap_tensors(&z->recv, &z->recv2);
+            z->nb = 0;
+            z->pos = 0;
+            return ZR_OK;
+        }
         zr_status st = (in && out) ? zr_reduce_scatter(out, in, ZR_RED_SUM) : ZR_ERR;
         zr_tensor_release(in);
         zr_tensor_release(out);
@@ -401,6 +461,7 @@ zr_status zr_zero_backward_end(zr_zero *z) {
     if (z->cfg.stage < 2 || z->direct) return ZR_OK;
     for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i)); /* grads whose hook did not fire */
     ZR_CHECK(flush(z));
+    ZR_CHECK(complete_pending(z));
     if (z->cfg.stage == 3) ZR_CHECK(zr_zero_release_all(z));
     return ZR_OK;
 }
@@ -420,7 +481,8 @@ zr_status zr_zero_reduce(zr_zero *z) {
     if (z->cfg.stage >= 2) return ZR_OK;
     for (int i = 0; i < z->n; i++) z->ps[i].packed = 0;
     for (int i = z->n - 1; i >= 0; i--) ZR_CHECK(pack(z, i));
-    return flush(z);
+    ZR_CHECK(flush(z));
+    return complete_pending(z);
 }
 
 /* Sum of squares of this rank's reduced gradient partition. */

@@ -23,6 +23,7 @@ typedef struct {
     int offload_param;     /* stage 3: parameter partitions on the host */
     int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
+    int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 

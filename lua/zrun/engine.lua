@@ -120,7 +120,8 @@ function M.initialize(opts)
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = num(zc.reduce_bucket_size, 5e8),
     allgather_bucket_size = num(zc.allgather_bucket_size, 5e8), offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
-    pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory }, params, wds)
+    pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
+    overlap_comm = zc.overlap_comm == true }, params, wds)
   self.param_pos, self.module_params = index_modules(model, params)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)

@@ -16,3 +16,7 @@ for stage in 1 2 3; do
 done
 # stage 3 with small parameters kept whole (DeepSpeed's stage3_param_persistence_threshold)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 5000 || echo "FAIL stage 3 persistence: mpirun exited $?"
+# overlap_comm: a bucket's reduce-scatter in flight while the next bucket fills (two buffer sets)
+for stage in 1 2 3; do
+  mpirun $MPI_FLAGS -np 4 $Z tests/mpi/zero_check.lua $stage 0 2 0.05 0 1 || echo "FAIL stage $stage overlap_comm: mpirun exited $?"
+done

@@ -10,9 +10,10 @@ local T = zr.testing
 local dist = zr.dist
 local stage, offload, gas, clip = tonumber(arg[1] or 2), arg[2] == "1", tonumber(arg[3] or 1), tonumber(arg[4] or 0)
 local persist = tonumber(arg[5] or 0)
+local overlap = arg[6] == "1" -- zero_optimization.overlap_comm (default off)
 local W, r = dist.world_size(), dist.rank()
 local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " offload" or "", W, gas, clip,
-  persist > 0 and (" persistence<" .. persist) or "")
+  persist > 0 and (" persistence<" .. persist) or "") .. (overlap and " overlap_comm" or "")
 local STEPS, MB, TLEN = 4, 2, 12
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
@@ -52,6 +53,7 @@ local engine = zr.initialize({ model = model, config = {
   steps_per_print = 1000000,
   optimizer = { type = "AdamW", params = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = stage, reduce_bucket_size = 3000, stage3_param_persistence_threshold = persist,
+    overlap_comm = overlap,
     offload_optimizer = offload and { device = "cpu" } or nil },
 } })
 local losses = {}
