@@ -513,6 +513,10 @@ local function settings(o, cfg_model)
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
+  -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
+  if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
+  elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
+  else s.overlap_comm = s.stage == 3 end
   local pt = o.persistence_threshold or zc.stage3_param_persistence_threshold
   s.persistence_threshold = type(pt) == "number" and pt or 1e5 -- DeepSpeed's default
   local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
@@ -596,6 +600,8 @@ function M.plan(o)
   if cap < max_c then cap = max_c end
   if cap > S then cap = S end
   dev.comm = direct and 0 or (cap * Wc * 4 + (Wc > 1 and (cap * Wc * 4 + cap * 4) or 0))
+  -- overlap_comm keeps a second buffer set so a bucket can be reduced while the next one fills
+  if s.overlap_comm and Wc > 1 and not direct then dev.comm = dev.comm * 2 end
   local comm_tr = 0
   if Wc > 1 and s.stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
   if s.stage == 3 then comm_tr = max(comm_tr, ceil(maxn / Wc) * (Wc + 1) * b) end -- per-parameter gather
