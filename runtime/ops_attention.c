@@ -15,13 +15,6 @@
 #include "ops_util.h"
 #include "ops_view.h"
 
-static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
-    if (!r || r->dtype == dt) return r;
-    zr_tensor *c = zr_tensor_to_raw(r, dt, zr_tensor_device(r));
-    zr_tensor_release(r);
-    return c;
-}
-
 /* saved: q, k, v, out (input dtypes), lse (B, Hq, T) in the compute dtype; f[0] = scale */
 static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *lse = n->saved[4];
@@ -50,7 +43,7 @@ static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                 n->f[0]);
     for (int i = 0; i < 3; i++) {
         if (!zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
         d[i] = NULL;
         if (!c) goto done;
         gin[i] = c;
@@ -113,7 +106,7 @@ static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         goto done;
     for (int i = 0; i < 3; i++) {
         if (!zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
         d[i] = NULL;
         if (!c) goto done;
         gin[i] = c;

@@ -212,13 +212,7 @@ static zr_status finish_grad(zr_node *n, int i, zr_tensor *g, zr_tensor **gin) {
     zr_edge *e = &n->edges[i];
     zr_tensor *r = zr_sum_to_shape(g, e->ndim, e->shape);
     zr_tensor_release(g);
-    if (!r) return ZR_ERR;
-    if (r->dtype != e->dtype) {
-        zr_tensor *c = zr_tensor_to_raw(r, e->dtype, zr_tensor_device(r));
-        zr_tensor_release(r);
-        if (!c) return ZR_ERR;
-        r = c;
-    }
+    if (!(r = zr_take_as(r, e->dtype))) return ZR_ERR;
     gin[i] = r;
     return ZR_OK;
 }
@@ -329,15 +323,8 @@ fail:
 /* --- affine --- */
 
 static zr_status affine_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    zr_tensor *r = zr_affine(g, n->f[0], 0);
-    if (!r) return ZR_ERR;
-    if (r->dtype != n->edges[0].dtype) {
-        zr_tensor *c = zr_tensor_to_raw(r, n->edges[0].dtype, zr_tensor_device(r));
-        zr_tensor_release(r);
-        if (!(r = c)) return ZR_ERR;
-    }
-    gin[0] = r;
-    return ZR_OK;
+    gin[0] = zr_take_as(zr_affine(g, n->f[0], 0), n->edges[0].dtype);
+    return gin[0] ? ZR_OK : ZR_ERR;
 }
 
 zr_tensor *zr_affine(zr_tensor *x, double alpha, double beta) {

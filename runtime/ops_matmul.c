@@ -254,18 +254,6 @@ static zr_tensor *insert_unit_dim(zr_tensor *t, int at_end) {
     return zr_tensor_as_strided(t, 2, sh, st, t->offset);
 }
 
-/* Takes ownership of g: returns it (or a cast copy) in dtype dt. */
-static zr_tensor *cast_owned(zr_tensor *g, zr_dtype dt) {
-    if (!g || g->dtype == dt) return g;
-    zr_tensor *c = zr_tensor_new_cat(dt, zr_tensor_device(g), g->ndim, g->shape, ZR_MEM_ACTIVATIONS, 0);
-    if (c && zr_tensor_copy_(c, g)) {
-        zr_tensor_release(c);
-        c = NULL;
-    }
-    zr_tensor_release(g);
-    return c;
-}
-
 /* Reduces a product-shaped gradient g (owned) to edge i's shape (summing broadcast batch dims,
  * dropping the unit dim of a 1-D operand) and dtype, and stores it in gin[i]. */
 static zr_status finish_grad(zr_node *n, int i, zr_tensor *g, int ndim2, const int64_t *shape2,
@@ -283,7 +271,7 @@ static zr_status finish_grad(zr_node *n, int i, zr_tensor *g, int ndim2, const i
         if (!v) return ZR_ERR;
         r = v;
     }
-    gin[i] = cast_owned(r, e->dtype);
+    gin[i] = zr_take_as(r, e->dtype);
     return gin[i] ? ZR_OK : ZR_ERR;
 }
 
@@ -481,7 +469,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     if (zr_dev_status(rc, "linear backward", dev)) goto done;
     for (int i = 0; i < 3; i++) {
         if (!d[i]) continue;
-        if (!(gin[i] = cast_owned(d[i], n->edges[i].dtype))) {
+        if (!(gin[i] = zr_take_as(d[i], n->edges[i].dtype))) {
             d[i] = NULL;
             goto done;
         }
@@ -519,7 +507,7 @@ static zr_status linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         if (!r) goto done;
         ZR_CPU_CALL(ct, gemm_cpu, 0, W.trans, rows, in, out, 1.0, zr_tensor_data(gi), out,
                     zr_tensor_data(W.t), W.ld, 0.0, zr_tensor_data(r), in);
-        if (!(gin[0] = cast_owned(r, e->dtype))) goto done;
+        if (!(gin[0] = zr_take_as(r, e->dtype))) goto done;
         r = NULL;
     }
     if (zr_node_needs_grad(n, 1)) { /* dW (out, in) = gᵀ (out, rows) · x (rows, in) */
@@ -528,14 +516,14 @@ static zr_status linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         if (!r) goto done;
         ZR_CPU_CALL(ct, gemm_cpu, 1, 0, out, in, rows, 1.0, zr_tensor_data(gi), out,
                     zr_tensor_data(xi), in > 1 ? in : 1, 0.0, zr_tensor_data(r), in > 1 ? in : 1);
-        if (!(gin[1] = cast_owned(r, n->edges[1].dtype))) goto done;
+        if (!(gin[1] = zr_take_as(r, n->edges[1].dtype))) goto done;
         r = NULL;
     }
     if (zr_node_needs_grad(n, 2)) { /* db (out) = column sums of g */
         r = zr_tensor_new_cat(ct, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0);
         if (!r) goto done;
         ZR_CPU_CALL(ct, sum_cols_cpu, zr_tensor_data(r), zr_tensor_data(gi), rows, out);
-        if (!(gin[2] = cast_owned(r, n->edges[2].dtype))) goto done;
+        if (!(gin[2] = zr_take_as(r, n->edges[2].dtype))) goto done;
         r = NULL;
     }
     st = ZR_OK;

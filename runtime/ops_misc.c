@@ -34,12 +34,6 @@ static zr_status dropout_dev(zr_tensor *y, zr_tensor *x, zr_tensor *mask, double
 }
 
 /* Casts r to dt, consuming r. */
-static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
-    if (!r || r->dtype == dt) return r;
-    zr_tensor *c = zr_tensor_to_raw(r, dt, zr_tensor_device(r));
-    zr_tensor_release(r);
-    return c;
-}
 
 /* Kernel dtype for a result of dtype dt: f32/f64 for floats, f64 (exact) for integers. */
 static zr_dtype kernel_dtype(zr_dtype dt) {
@@ -71,7 +65,7 @@ static zr_status dropout_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     ZR_CPU_CALL(ct, dropout_apply_cpu, zr_tensor_data(gx), zr_tensor_data(gi), zr_tensor_data(mask),
                 zr_tensor_numel(gx), n->f[0]);
     zr_tensor_release(gi);
-    gin[0] = cast_to(gx, n->edges[0].dtype);
+    gin[0] = zr_take_as(gx, n->edges[0].dtype);
     return gin[0] ? ZR_OK : ZR_ERR;
 }
 
@@ -357,7 +351,7 @@ static zr_status where_grad(zr_node *n, int i, zr_tensor *cond, zr_tensor *g, in
     zr_edge *e = &n->edges[i];
     zr_tensor *r = zr_sum_to_shape(w, e->ndim, e->shape);
     zr_tensor_release(w);
-    if (!(r = cast_to(r, e->dtype))) return ZR_ERR;
+    if (!(r = zr_take_as(r, e->dtype))) return ZR_ERR;
     gin[i] = r;
     return ZR_OK;
 }

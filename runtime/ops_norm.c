@@ -5,12 +5,6 @@
 #include "ops_util.h"
 
 /* Casts a compute-dtype result to dt, consuming r. */
-static zr_tensor *cast_to(zr_tensor *r, zr_dtype dt) {
-    if (!r || r->dtype == dt) return r;
-    zr_tensor *c = zr_tensor_to_raw(r, dt, zr_tensor_device(r));
-    zr_tensor_release(r);
-    return c;
-}
 
 static int is_low(zr_dtype t) { return t == ZR_BF16 || t == ZR_F16; }
 
@@ -123,7 +117,7 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     if (zr_dev_status(rc, op, dev)) goto done;
     for (int i = 0; i < nin; i++) {
         if (!d[i] || !zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
         d[i] = NULL;
         if (!c) goto done;
         gin[i] = c;
@@ -193,12 +187,12 @@ static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     ZR_CPU_CALL(ct, rmsnorm_backward_cpu, dx ? zr_tensor_data(dx) : NULL, dw ? zr_tensor_data(dw) : NULL,
                 zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
                 zr_tensor_data(rstd), N, D);
-    if (dx && !(gin[0] = cast_to(dx, n->edges[0].dtype))) {
+    if (dx && !(gin[0] = zr_take_as(dx, n->edges[0].dtype))) {
         dx = NULL;
         goto done;
     }
     dx = NULL;
-    if (dw && !(gin[1] = cast_to(dw, n->edges[1].dtype))) {
+    if (dw && !(gin[1] = zr_take_as(dw, n->edges[1].dtype))) {
         dw = NULL;
         goto done;
     }
@@ -291,7 +285,7 @@ static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                 zr_tensor_data(mean), zr_tensor_data(rstd), N, D);
     for (int i = 0; i < 3; i++) {
         if (!d[i]) continue;
-        zr_tensor *c = cast_to(d[i], n->edges[i].dtype);
+        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
         d[i] = NULL;
         if (!c) goto done;
         gin[i] = c;

@@ -62,6 +62,13 @@ void zr_broadcast_strides(const zr_tensor *t, int ndim, const int64_t *shape, in
     }
 }
 
+zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt) {
+    if (!t || t->dtype == dt) return t;
+    zr_tensor *c = zr_tensor_to_raw(t, dt, zr_tensor_device(t));
+    zr_tensor_release(t);
+    return c;
+}
+
 zr_status zr_no_cuda(const char *op) {
     return zr_error("%s: CUDA tensors need a zrun built with CUDA (this build has none; see "
                     "`zrun report`)", op);

@@ -35,6 +35,10 @@ static inline zr_status zr_cpu_out_end(zr_tensor *out, zr_tensor *tmp) {
     return st;
 }
 
+/* Takes over t (a new reference, e.g. a gradient) and returns it in dtype dt: t itself when it
+ * already has it, else a converted copy (t is released). NULL-safe; NULL on failure. */
+zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt);
+
 /* Result dtype of a binary op: the wider float type; a float beats an integer type. */
 zr_dtype zr_promote(zr_dtype a, zr_dtype b);
 /* Fails with "op: input 2 is on cuda:0 but input 1 is on cpu" when devices differ. */
