@@ -41,13 +41,7 @@ static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                 zr_tensor_data(in[4]), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
                 zr_tensor_data(in[2]), zr_tensor_data(in[3]), zr_tensor_data(lse), B, Hq, Hkv, T, Dh,
                 n->f[0]);
-    for (int i = 0; i < 3; i++) {
-        if (!zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
-        d[i] = NULL;
-        if (!c) goto done;
-        gin[i] = c;
-    }
+    if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 5; i++) zr_tensor_release(in[i]);
@@ -104,13 +98,7 @@ static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                                               zr_cuda_stream(dev)),
                       "sdpa backward", dev))
         goto done;
-    for (int i = 0; i < 3; i++) {
-        if (!zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
-        d[i] = NULL;
-        if (!c) goto done;
-        gin[i] = c;
-    }
+    if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);

@@ -467,14 +467,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
                                   xi ? zr_tensor_data(xi) : NULL, wi ? zr_tensor_data(wi) : NULL, rows, in, out,
                                   0, dt, zr_cuda_stream(dev));
     if (zr_dev_status(rc, "linear backward", dev)) goto done;
-    for (int i = 0; i < 3; i++) {
-        if (!d[i]) continue;
-        if (!(gin[i] = zr_take_as(d[i], n->edges[i].dtype))) {
-            d[i] = NULL;
-            goto done;
-        }
-        d[i] = NULL;
-    }
+    if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);

@@ -115,13 +115,7 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
                                         wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), NULL,
                                         ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
-    for (int i = 0; i < nin; i++) {
-        if (!d[i] || !zr_node_needs_grad(n, i)) continue;
-        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
-        d[i] = NULL;
-        if (!c) goto done;
-        gin[i] = c;
-    }
+    if (zr_give_grads(n, nin, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
@@ -283,13 +277,7 @@ static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                 d[1] ? zr_tensor_data(d[1]) : NULL, d[2] ? zr_tensor_data(d[2]) : NULL,
                 zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
                 zr_tensor_data(mean), zr_tensor_data(rstd), N, D);
-    for (int i = 0; i < 3; i++) {
-        if (!d[i]) continue;
-        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
-        d[i] = NULL;
-        if (!c) goto done;
-        gin[i] = c;
-    }
+    if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);

@@ -69,6 +69,17 @@ zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt) {
     return c;
 }
 
+zr_status zr_give_grads(zr_node *n, int k, zr_tensor **d, zr_tensor **grad_in) {
+    for (int i = 0; i < k; i++) {
+        if (!d[i] || !zr_node_needs_grad(n, i)) continue;
+        zr_tensor *c = zr_take_as(d[i], n->edges[i].dtype);
+        d[i] = NULL;
+        if (!c) return ZR_ERR;
+        grad_in[i] = c;
+    }
+    return ZR_OK;
+}
+
 zr_status zr_no_cuda(const char *op) {
     return zr_error("%s: CUDA tensors need a zrun built with CUDA (this build has none; see "
                     "`zrun report`)", op);

@@ -39,6 +39,11 @@ static inline zr_status zr_cpu_out_end(zr_tensor *out, zr_tensor *tmp) {
  * already has it, else a converted copy (t is released). NULL-safe; NULL on failure. */
 zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt);
 
+/* Hands the gradients a backward computed over to the engine: for each of the k inputs that
+ * needs one, d[i] (a new reference, may be NULL) moves into grad_in[i] in that input's dtype and
+ * d[i] becomes NULL; d entries not handed over stay for the caller to release. */
+zr_status zr_give_grads(zr_node *n, int k, zr_tensor **d, zr_tensor **grad_in);
+
 /* Result dtype of a binary op: the wider float type; a float beats an integer type. */
 zr_dtype zr_promote(zr_dtype a, zr_dtype b);
 /* Fails with "op: input 2 is on cuda:0 but input 1 is on cpu" when devices differ. */
