@@ -114,7 +114,6 @@ function Trainer:train()
       tokens = tokens + ids:numel() * W
       local stepped = e:step()
       if stepped then
-        collectgarbage("step", 200)
         local s = e.global_steps
         if s % a.logging_steps == 0 or s == self.total_steps then
           local t = zr.tensor({ loss_sum / math.max(loss_n, 1) }, { dtype = "f64" })
