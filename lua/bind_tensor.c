@@ -398,6 +398,10 @@ static int l_autograd_profile(lua_State *L) {
     zr_autograd_profile(lua_toboolean(L, 1));
     return 0;
 }
+static int l_memory_trace(lua_State *L) {
+    zr_autograd_mem_trace(lua_toboolean(L, 1));
+    return 0;
+}
 static int l_autograd_profile_report(lua_State *L) {
     char buf[8192];
     zr_autograd_profile_report(buf, sizeof buf);
@@ -708,7 +712,8 @@ static const luaL_Reg functions[] = {
     {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones}, {"full", l_full}, {"rand", l_rand},
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
     {"is_grad_enabled", l_is_grad_enabled},
-    {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report}, {"memory_stats", l_memory_stats},
+    {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report},
+    {"memory_trace", l_memory_trace}, {"memory_stats", l_memory_stats},
     {"memory_reset_peak", l_memory_reset_peak}, {"set_default_category", l_set_default_category},
     {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
     {"tensor_metatable", l_metatable}, {"tensor_methods", l_methods}, {NULL, NULL}};

@@ -41,6 +41,7 @@ static void account(zr_device dev, zr_mem_category cat, int64_t delta) {
     s->current[cat] += delta;
     s->total_current += delta;
     if (s->current[cat] > s->peak[cat]) s->peak[cat] = s->current[cat];
+    if (s->current[cat] > s->window_peak[cat]) s->window_peak[cat] = s->current[cat];
     if (s->total_current > s->total_peak) s->total_peak = s->total_current;
     if (delta > 0) s->n_allocs++;
     else s->n_frees++;
@@ -152,6 +153,7 @@ void zr_storage_set_category(zr_storage *s, zr_mem_category cat) {
     st->current[s->category] -= (int64_t)s->nbytes;
     st->current[cat] += (int64_t)s->nbytes;
     if (st->current[cat] > st->peak[cat]) st->peak[cat] = st->current[cat];
+    if (st->current[cat] > st->window_peak[cat]) st->window_peak[cat] = st->current[cat];
     pthread_mutex_unlock(&stats_lock);
     s->category = cat;
 }
@@ -167,5 +169,12 @@ void zr_mem_reset_peak(zr_device dev) {
     pthread_mutex_lock(&stats_lock);
     for (int c = 0; c < ZR_MEM_NCATEGORIES; c++) s->peak[c] = s->current[c];
     s->total_peak = s->total_current;
+    pthread_mutex_unlock(&stats_lock);
+}
+
+void zr_mem_window_reset(zr_device dev) {
+    zr_mem_stats *s = &stats[zr_device_slot(dev)];
+    pthread_mutex_lock(&stats_lock);
+    for (int c = 0; c < ZR_MEM_NCATEGORIES; c++) s->window_peak[c] = s->current[c];
     pthread_mutex_unlock(&stats_lock);
 }

@@ -32,6 +32,7 @@ typedef struct {
     int64_t current[ZR_MEM_NCATEGORIES];
     int64_t peak[ZR_MEM_NCATEGORIES];
     int64_t total_current, total_peak; /* peak of the sum, not the sum of peaks */
+    int64_t window_peak[ZR_MEM_NCATEGORIES]; /* peak since zr_mem_window_reset (memory traces) */
     int64_t n_allocs, n_frees;
 } zr_mem_stats;
 
@@ -56,6 +57,8 @@ void zr_storage_set_category(zr_storage *s, zr_mem_category cat);
 
 void zr_mem_get_stats(zr_device dev, zr_mem_stats *out);
 void zr_mem_reset_peak(zr_device dev);
+/* Restarts the window peak (a second peak figure for per-op memory traces). */
+void zr_mem_window_reset(zr_device dev);
 /* Writes a one-line per-category breakdown ("params 1.2 GiB, grads ...") into buf. */
 void zr_mem_describe(zr_device dev, char *buf, size_t len);
 

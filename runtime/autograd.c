@@ -52,10 +52,31 @@ void zr_node_release(zr_node *n) {
 
 static void prof_forward(const char *name, zr_device dev);
 
+/* ZRUN_MEM_TRACE=1: one stderr line per recorded forward op and per backward node with the
+ * device's activations (current after the op, peak inside it) and total, in MiB — the timeline
+ * that zr.memory.plan's simulation is checked against. */
+static int mem_trace = -1;
+void zr_autograd_mem_trace(int on) { mem_trace = on; }
+static void trace_mem(const char *phase, const char *name, zr_device dev) {
+    if (mem_trace < 0) {
+        const char *e = getenv("ZRUN_MEM_TRACE");
+        mem_trace = e && *e && strcmp(e, "0") != 0;
+    }
+    if (!mem_trace) return;
+    zr_mem_stats s;
+    zr_mem_get_stats(dev, &s);
+    const double M = 1024.0 * 1024.0;
+    fprintf(stderr, "[memtrace] %s %-18s act %10.2f peak %10.2f grads %10.2f ws %8.2f total %10.2f MiB\n",
+            phase, name, s.current[ZR_MEM_ACTIVATIONS] / M, s.window_peak[ZR_MEM_ACTIVATIONS] / M,
+            s.current[ZR_MEM_GRADS] / M, s.window_peak[ZR_MEM_WORKSPACE] / M, s.total_current / M);
+    zr_mem_window_reset(dev);
+}
+
 static zr_status record(zr_tensor *out, const char *name, zr_backward_fn fn, int n_inputs,
                         zr_tensor *const *inputs, zr_node **node, int force) {
     *node = NULL;
     if (prof_on && grad_on) prof_forward(name, out->storage->device);
+    if (mem_trace) trace_mem(grad_on ? "fwd" : "nograd", name, out->storage->device);
     if (!grad_on) return ZR_OK;
     int any = force;
     for (int i = 0; i < n_inputs; i++)
@@ -383,10 +404,13 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
         }
         if (gin != gin_local) free(gin);
         zr_tensor_release(g);
+        const char *nname = n->name;
+        zr_device ndev = n->out_device;
         if (!retain_graph) {
             node_clear(n);
             n->backward = NULL;
         }
+        if (mem_trace) trace_mem("bwd", nname, ndev);
     }
     for (size_t k = 0; k < nodes.n; k++) {
         zr_node *n = nodes.p[k];

@@ -83,6 +83,8 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph);
 /* Backward profiling: when on, the time of every node's backward is measured (CUDA events on
  * GPUs, the wall clock on the CPU) and summed by op name; the report lists them, largest first. */
 void zr_autograd_profile(int on);
+/* Memory timeline on stderr: a line per forward op / backward node (also ZRUN_MEM_TRACE=1). */
+void zr_autograd_mem_trace(int on);
 /* Writes "op  calls  total ms  share" lines into buf and resets the counters. */
 void zr_autograd_profile_report(char *buf, size_t len);
 

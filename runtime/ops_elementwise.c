@@ -119,6 +119,12 @@ static zr_status affine_forward_dev(zr_tensor *out, zr_tensor *x, double alpha, 
 static zr_status axpy_dev(zr_tensor *dst, zr_tensor *src, double alpha) {
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(dst);
+    if (dst->dtype == ZR_F32 && (src->dtype == ZR_BF16 || src->dtype == ZR_F16) && zr_tensor_is_contiguous(src)) {
+        /* a 16-bit gradient into an fp32 one (the tied embedding's): no widened copy */
+        int rc = axpy_widen_cuda(zr_tensor_data(dst), zr_tensor_data(src), src->dtype, zr_tensor_numel(dst), alpha,
+                                 zr_cuda_stream(dev));
+        if (rc != -2) return dev_status(rc, "add_", dev);
+    }
     zr_tensor *s = zr_tensor_to_raw(src, dst->dtype, dev);
     if (!s) return ZR_ERR;
     int rc = axpy_cuda(zr_tensor_data(dst), zr_tensor_data(s), zr_tensor_numel(dst), alpha, dst->dtype,

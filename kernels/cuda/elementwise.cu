@@ -341,6 +341,36 @@ extern "C" int affine_forward_cuda(void *y, const void *x, int64_t n, double alp
     ZRK_DISPATCH_FLOAT(dt, "affine (cuda)", affine, y, x, n, alpha, beta, stream)
 }
 
+// y (f32) += alpha * x (16-bit): a 16-bit gradient added into an fp32 one without a widened copy.
+template <typename T>
+__global__ void axpy_widen_kernel(float *__restrict__ y, const T *__restrict__ x, int64_t n, float alpha) {
+    int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = tid; i < n / 8; i += step) {
+        pack<T, 8> a = reinterpret_cast<const pack<T, 8> *>(x)[i];
+        float4 *yp = reinterpret_cast<float4 *>(y) + 2 * i;
+        float4 lo = yp[0], hi = yp[1];
+        lo.x += alpha * to_acc(a.v[0]); lo.y += alpha * to_acc(a.v[1]);
+        lo.z += alpha * to_acc(a.v[2]); lo.w += alpha * to_acc(a.v[3]);
+        hi.x += alpha * to_acc(a.v[4]); hi.y += alpha * to_acc(a.v[5]);
+        hi.z += alpha * to_acc(a.v[6]); hi.w += alpha * to_acc(a.v[7]);
+        yp[0] = lo;
+        yp[1] = hi;
+    }
+    for (int64_t i = n / 8 * 8 + tid; i < n; i += step) y[i] += alpha * to_acc(x[i]);
+}
+template <typename T> int axpy_widen(float *y, const void *x, int64_t n, float alpha, cudaStream_t s) {
+    axpy_widen_kernel<T><<<grid_for(n / 8 + 1, THREADS), THREADS, 0, s>>>(y, (const T *)x, n, alpha);
+    return launch_check("axpy (cuda, widening)");
+}
+
+extern "C" int axpy_widen_cuda(float *y, const void *x, zr_dtype xdt, int64_t n, double alpha, cudaStream_t stream) {
+    if (n <= 0) return 0;
+    if (((uintptr_t)y & 31) || ((uintptr_t)x & 15)) return -2; /* unaligned: the caller widens a copy */
+    if (xdt == ZR_BF16) return axpy_widen<__nv_bfloat16>(y, x, n, (float)alpha, stream);
+    if (xdt == ZR_F16) return axpy_widen<__half>(y, x, n, (float)alpha, stream);
+    return -2;
+}
+
 extern "C" int axpy_cuda(void *y, const void *x, int64_t n, double alpha, zr_dtype dt, cudaStream_t stream) {
     ZRK_DISPATCH_FLOAT(dt, "axpy (cuda)", axpy, y, x, n, alpha, stream)
 }

@@ -31,6 +31,9 @@ int affine_forward_cuda(void *y, const void *x, int64_t n, double alpha, double 
                         cudaStream_t stream);
 /* y += alpha * x, contiguous. */
 int axpy_cuda(void *y, const void *x, int64_t n, double alpha, zr_dtype dt, cudaStream_t stream);
+/* y (f32) += alpha * x (bf16 or f16), contiguous, no widened copy. Returns -2 (nothing done)
+ * for other dtypes or when y is not 32-byte / x not 16-byte aligned. */
+int axpy_widen_cuda(float *y, const void *x, zr_dtype xdt, int64_t n, double alpha, cudaStream_t stream);
 /* out (contiguous, shape) = cond ? a : b; cond is u8; all three read through strides. */
 int where_forward_cuda(void *out, const uint8_t *cond, const int64_t *cstride, const void *a,
                        const int64_t *astride, const void *b, const int64_t *bstride, int ndim,

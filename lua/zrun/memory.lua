@@ -15,6 +15,8 @@ end
 
 function M.stats(device) return C.memory_stats(device or "cpu") end
 function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end
+-- A line on stderr per forward op / backward node: activations now and peak inside the op (MiB).
+function M.trace(on) C.memory_trace(on ~= false) end
 
 -- Devices with any allocation so far.
 local function devices()

@@ -44,13 +44,21 @@ Sim.__index = Sim
 
 local function new_sim(o)
   return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
-    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {} }, Sim)
+    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {} }, Sim)
 end
 
 function Sim:count(cat, b)
   local c = self.cur[cat] + b
   self.cur[cat] = c
   if c > self.peak[cat] then self.peak[cat] = c end
+  if cat == "act" and c > self.wpeak then self.wpeak = c end
+end
+-- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
+function Sim:trace(phase, name)
+  if not self.o.trace then return end
+  io.stderr:write(("[memplan]  %s %-18s act %10.2f peak %10.2f\n"):format(phase, name, self.cur.act / 2 ^ 20,
+    self.wpeak / 2 ^ 20))
+  self.wpeak = self.cur.act
 end
 function Sim:alloc(bytes, cat)
   local s = { bytes = bytes, refs = 1, cat = cat or "act" }
@@ -133,8 +141,10 @@ end
 
 -- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil.
 function Sim:record(out, inputs, saved, bwd)
-  if self.grad_on == false then return out end -- under no_grad nothing is recorded or saved
-  local n = { inputs = inputs, saved = {}, bwd = bwd }
+  local name = self.ops[#self.ops] or "?"
+  if self.grad_on == false then self:trace("nograd", name); return out end -- nothing recorded or saved
+  self:trace("fwd", name)
+  local n = { inputs = inputs, saved = {}, bwd = bwd, name = name }
   for _, v in ipairs(saved or {}) do
     self:retain(v.s)
     n.saved[#n.saved + 1] = v.s
@@ -195,6 +205,7 @@ function Sim:backward(tape, root, g)
     end
     for _, s in ipairs(n.saved) do self:release(s) end
     n.saved = {}
+    self:trace("bwd", n.name)
   end
 end
 
@@ -284,6 +295,20 @@ function Sim:rope(x)
 end
 
 function Sim:sdpa(q, k, v, lse_bytes, gqa)
+  if self.o.gpu then -- the flash kernel (ops_attention.c): contiguous q, k, v are what it saves
+    local ins = { self:raw(q), self:raw(k), self:raw(v) }
+    local out = self:lua(self:new(q.n))
+    local lse = self:new(lse_bytes)
+    self:record(out, { q, k, v }, { ins[1], ins[2], ins[3], out, lse }, function(S, _, g)
+      local gi = S:raw(g)
+      local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
+      S:drop(gi)
+      return { dq, dk, dv }
+    end)
+    for _, t in ipairs(ins) do self:drop(t) end
+    self:drop(lse)
+    return out
+  end
   local ins = { self:raw(q), self:raw(k), self:raw(v) }
   local out = self:lua(self:new(q.n))
   local lse = self:new(lse_bytes)
@@ -379,6 +404,21 @@ function Sim:checkpoint(x, fn)
     S:gc_point()
     return { gx }
   end)
+end
+
+-- Each op's name on a stack while it runs, for the trace lines of the node it records.
+for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
+  "add", "mul", "silu", "embedding", "checkpoint", "cross_entropy" } do
+  local f = Sim[name]
+  if f then
+    Sim[name] = function(self, ...)
+      local ops = self.ops
+      ops[#ops + 1] = name
+      local a, b = f(self, ...)
+      ops[#ops] = nil
+      return a, b
+    end
+  end
 end
 
 -- ---------------------------------------------------------------------------------------------
@@ -615,7 +655,7 @@ function M.plan(o)
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
-      dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu" })
+      dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads
     dev.workspace = act.workspace
@@ -632,9 +672,10 @@ function M.plan(o)
   end
   -- engine:step: the global gradient norm squares the fp32 gradient partition (a temporary of S
   -- elements where the partition lives), while the step's uncollected activations still exist
+  -- (on a GPU a fused kernel reads the partition once: no temporary)
   local left = act and act.after_backward or 0
   if s.offload_optimizer then host.activations = S * 4
-  else dev.activations = max(dev.activations, left + S * 4) end
+  elseif s.device == "cpu" then dev.activations = max(dev.activations, left + S * 4) end
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end

@@ -1,0 +1,41 @@
+-- The memory timeline of one training step, measured and simulated side by side: every forward
+-- op / backward node with activations now and the peak inside it (MiB), first as zrun allocates
+-- (zr.memory.trace, "[memtrace]" lines) then as zr.memory.plan simulates it ("[memplan]" lines).
+-- Used to find where the plan and the device disagree (issue 6).
+--   zrun tests/bench/memtrace_llama.lua [device=cuda] [dtype=bf16] [layers=1] [batch=4] [seq=512]
+--     [stage=0] [ckpt=0] [model=meta-llama/Llama-3.2-1B]
+local zr = require "zrun"
+local C = zr._C
+local P = require "zrun.memory_plan"
+local opt = { device = "cuda", dtype = "bf16", batch = 4, seq = 512, layers = 1, stage = 0, ckpt = 0,
+  model = "meta-llama/Llama-3.2-1B" }
+for _, a in ipairs(arg) do local k, v = a:match("^([%w_]+)=(.*)$"); opt[k] = tonumber(v) or v end
+local dev = opt.device == "cpu" and "cpu" or "cuda:0"
+local cfg = zr.models.llama.config(opt.model)
+cfg.num_hidden_layers, cfg.dtype, cfg.device = opt.layers, opt.dtype, opt.device
+if opt.vocab then cfg.vocab_size = opt.vocab end
+if opt.hidden then cfg.hidden_size, cfg.intermediate_size = opt.hidden, 4 * opt.hidden end
+zr.manual_seed(0)
+local model = zr.models.llama.LlamaForCausalLM(cfg)
+if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
+local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = opt.batch,
+  steps_per_print = 1e9, bf16 = { enabled = opt.dtype == "bf16" }, optimizer = { type = "AdamW", params = { lr = 1e-4 } },
+  zero_optimization = { stage = opt.stage } } })
+local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
+local base = zr.memory.stats(dev).activations.current
+for step = 1, 2 do
+  if step == 2 then
+    io.stderr:write(("[memtrace] step 2 starts, activations %.2f MiB\n"):format(zr.memory.stats(dev).activations.current / 2 ^ 20))
+    zr.memory.reset_peak(dev)
+    zr.memory.trace(true)
+  end
+  local out = engine(ids, ids)
+  engine:backward(out.loss)
+  engine:step()
+end
+zr.memory.trace(false)
+local st = zr.memory.stats(dev)
+io.stderr:write(("[memtrace] measured peak activations %.2f MiB (base %.2f)\n"):format(st.activations.peak / 2 ^ 20, base / 2 ^ 20))
+local plan = P.plan { model = cfg, micro_batch = opt.batch, seq_len = opt.seq, stage = opt.stage, world_size = 1,
+  gradient_checkpointing = opt.ckpt == 1, device = opt.device == "cpu" and "cpu" or "cuda", dtype = opt.dtype, trace = true }
+io.stderr:write(("[memplan]  planned peak activations %.2f MiB\n"):format(plan.device.activations / 2 ^ 20))
