@@ -255,6 +255,20 @@ T.test("mixed dtypes, scalars, strided operands, in-place ops", function()
     t1:transpose(1, 2):mul_(5); t2:transpose(1, 2):mul_(5)
     close(t2:cpu(), t1, dt, "mul_ on a transposed view " .. dt)
   end
+  -- a 16-bit gradient added into an fp32 one (widened in registers; unaligned views take the copy path)
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, n in ipairs { 1, 9, 1000003 } do
+      local acc, x = randn({ n }), randn({ n }):to(dt)
+      local g = acc:cuda()
+      g:add_(x:cuda(), -0.25); acc:add_(x:to("f32"), -0.25)
+      close(g:cpu(), acc, "f32", ("f32 += %s (n=%d)"):format(dt, n))
+    end
+    local acc, x = randn({ 1001 }), randn({ 1002 }):to(dt)
+    local g = acc:cuda()
+    local xs = x:cuda():narrow(1, 2, 1001)
+    g:add_(xs, 2); acc:add_(x:narrow(1, 2, 1001):to("f32"), 2)
+    close(g:cpu(), acc, "f32", "f32 += unaligned " .. dt)
+  end
 end)
 
 T.test("reductions: sum, mean, max (values, indices, backward) over dims", function()
