@@ -50,6 +50,40 @@ static int l_broadcast(lua_State *L) {
     lua_settop(L, 1);
     return 1;
 }
+/* Async: a handle userdata with :wait(); collected unwaited, it is waited for then. */
+#define HANDLE_MT "zrun.comm_handle"
+static int push_handle(lua_State *L, zr_comm_handle *h) {
+    if (!h) return zr_l_error(L);
+    zr_comm_handle **u = lua_newuserdata(L, sizeof *u);
+    *u = h;
+    luaL_getmetatable(L, HANDLE_MT);
+    lua_setmetatable(L, -2);
+    return 1;
+}
+static int l_handle_wait(lua_State *L) {
+    zr_comm_handle **u = luaL_checkudata(L, 1, HANDLE_MT);
+    if (!*u) return 0;
+    zr_comm_handle *h = *u;
+    *u = NULL;
+    if (zr_comm_wait(h)) return zr_l_error(L);
+    return 0;
+}
+static int l_handle_gc(lua_State *L) {
+    zr_comm_handle **u = luaL_checkudata(L, 1, HANDLE_MT);
+    if (*u) zr_comm_wait(*u);
+    *u = NULL;
+    return 0;
+}
+static int l_all_reduce_async(lua_State *L) {
+    return push_handle(L, zr_all_reduce_async(zr_l_checktensor(L, 1), check_op(L, 2)));
+}
+static int l_reduce_scatter_async(lua_State *L) {
+    return push_handle(L, zr_reduce_scatter_async(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), check_op(L, 3)));
+}
+static int l_all_gather_async(lua_State *L) {
+    return push_handle(L, zr_all_gather_async(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
+}
+
 static int l_barrier(lua_State *L) {
     if (zr_barrier()) return zr_l_error(L);
     return 0;
@@ -67,5 +101,18 @@ static int l_finalize(lua_State *L) {
 static const luaL_Reg fns[] = {{"comm_init", l_init}, {"all_reduce", l_all_reduce},
                                {"reduce_scatter", l_reduce_scatter}, {"all_gather", l_all_gather},
                                {"broadcast", l_broadcast}, {"barrier", l_barrier},
-                               {"comm_abort", l_abort}, {"comm_finalize", l_finalize}, {NULL, NULL}};
-void zr_bind_comm(lua_State *L) { zr_l_register_functions(L, fns); }
+                               {"comm_abort", l_abort}, {"comm_finalize", l_finalize},
+                               {"all_reduce_async", l_all_reduce_async},
+                               {"reduce_scatter_async", l_reduce_scatter_async},
+                               {"all_gather_async", l_all_gather_async}, {NULL, NULL}};
+void zr_bind_comm(lua_State *L) {
+    luaL_newmetatable(L, HANDLE_MT);
+    lua_pushcfunction(L, l_handle_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_newtable(L);
+    lua_pushcfunction(L, l_handle_wait);
+    lua_setfield(L, -2, "wait");
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
+    zr_l_register_functions(L, fns);
+}

@@ -240,6 +240,9 @@ struct zr_comm_handle {
     int active;
     zr_tensor *avg_target; /* scaled by 1/world after completion for AVG */
     const char *op;
+    void *dev_event;       /* device backend: the collective's event on the comm stream */
+    zr_device dev;
+    zr_tensor *keep[2];    /* device backend: tensors the comm stream still uses */
 };
 
 static zr_comm_handle *handle_new(const char *op) {
@@ -255,7 +258,31 @@ static zr_comm_handle *sync_fallback(zr_status st, const char *op) {
     return handle_new(op);
 }
 
+/* A device handle: the backend enqueued the collective and gave its event. */
+static zr_comm_handle *device_handle(zr_status st, const char *op, void *ev, zr_tensor *a, zr_tensor *b) {
+    if (st) return NULL;
+    zr_comm_handle *h = handle_new(op);
+    if (!h) {
+        device_backend->wait(zr_tensor_device(a), ev);
+        return NULL;
+    }
+    h->dev_event = ev;
+    h->dev = zr_tensor_device(a);
+    h->keep[0] = zr_tensor_retain(a);
+    h->keep[1] = b ? zr_tensor_retain(b) : NULL;
+    return h;
+}
+static int device_async(const zr_tensor *t) {
+    return !zr_is_cpu(t) && device_backend && device_backend->wait;
+}
+
 zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
+    if (device_async(t)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("all_reduce", t);
+        if (!st) st = device_backend->all_reduce_async(t, op, &ev);
+        return device_handle(st, "all_reduce", ev, t, NULL);
+    }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(t) && mpi_type(t->dtype) != MPI_DATATYPE_NULL && zr_tensor_is_contiguous(t)) {
         zr_comm_handle *h = handle_new("all_reduce");
@@ -274,6 +301,14 @@ zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
 }
 
 zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    if (device_async(in)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("reduce_scatter", out);
+        if (!st) st = check_tensor("reduce_scatter", in);
+        if (!st) st = check_sizes("reduce_scatter", out, in);
+        if (!st) st = device_backend->reduce_scatter_async(out, in, op, &ev);
+        return device_handle(st, "reduce_scatter", ev, out, in);
+    }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(in) && mpi_type(in->dtype) != MPI_DATATYPE_NULL &&
         zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) && !check_sizes("reduce_scatter", out, in)) {
@@ -294,6 +329,14 @@ zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce
 }
 
 zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in) {
+    if (device_async(in)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("all_gather", out);
+        if (!st) st = check_tensor("all_gather", in);
+        if (!st) st = check_sizes("all_gather", in, out);
+        if (!st) st = device_backend->all_gather_async(out, in, &ev);
+        return device_handle(st, "all_gather", ev, out, in);
+    }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(in) && zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) &&
         !check_sizes("all_gather", in, out)) {
@@ -318,6 +361,9 @@ zr_status zr_comm_wait(zr_comm_handle *h) {
 #ifdef ZR_HAVE_MPI
     if (h->active) st = mpi_check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), h->op);
 #endif
+    if (h->dev_event) st = device_backend->wait(h->dev, h->dev_event);
+    zr_tensor_release(h->keep[0]);
+    zr_tensor_release(h->keep[1]);
     if (!st && h->avg_target) st = zr_mul_scalar_(h->avg_target, 1.0 / info.world_size);
     zr_tensor_release(h->avg_target);
     free(h);

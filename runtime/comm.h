@@ -37,6 +37,11 @@ zr_status zr_barrier(void);
  * world_size * n bytes. */
 zr_status zr_all_gather_bytes(void *out, const void *in, size_t n);
 
+/* Async collectives. CPU tensors (MPI): non-blocking MPI calls, waited for on the host. CUDA
+ * tensors (NCCL): enqueued on the comm stream after the compute stream's pending work; the
+ * compute stream is NOT held, so kernels launched before zr_comm_wait overlap the collective;
+ * zr_comm_wait makes the compute stream wait for it (an event, no host synchronisation). The
+ * handle keeps the tensors alive until then. */
 typedef struct zr_comm_handle zr_comm_handle;
 zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op);
 zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce_op op);
@@ -46,12 +51,17 @@ zr_status zr_comm_wait(zr_comm_handle *h); /* frees h */
 /* Stops every rank: prints "[rank r] msg" and aborts the MPI job (exit when single). */
 void zr_comm_abort(const char *msg, int code);
 
-/* Hook for the NCCL backend (installed by the CUDA build). */
+/* Hook for the NCCL backend (installed by the CUDA build). The *_async variants leave the
+ * compute stream free and return an event (through *ev) that `wait` makes it wait on. */
 typedef struct {
     zr_status (*all_reduce)(zr_tensor *t, zr_reduce_op op);
     zr_status (*reduce_scatter)(zr_tensor *out, zr_tensor *in, zr_reduce_op op);
     zr_status (*all_gather)(zr_tensor *out, zr_tensor *in);
     zr_status (*broadcast)(zr_tensor *t, int root);
+    zr_status (*all_reduce_async)(zr_tensor *t, zr_reduce_op op, void **ev);
+    zr_status (*reduce_scatter_async)(zr_tensor *out, zr_tensor *in, zr_reduce_op op, void **ev);
+    zr_status (*all_gather_async)(zr_tensor *out, zr_tensor *in, void **ev);
+    zr_status (*wait)(zr_device dev, void *ev); /* compute stream waits; frees ev */
 } zr_comm_device_backend;
 void zr_comm_set_device_backend(const zr_comm_device_backend *b);
 

@@ -119,8 +119,56 @@ static zr_status nccl_broadcast(zr_tensor *t, int root) {
     return end(d, s);
 }
 
-const zr_comm_device_backend zr_nccl_backend = {nccl_all_reduce, nccl_reduce_scatter, nccl_all_gather,
-                                                nccl_broadcast};
+/* --- async: the collective's own event, which the compute stream waits on in nccl_wait --- */
+
+static zr_status end_async(cudaStream_t ms, void **ev) {
+    cudaEvent_t e = zr_cuda_event_new(0);
+    if (!e) return ZR_ERR;
+    if (zr_cuda_event_record(e, ms)) {
+        zr_cuda_event_free(e);
+        return ZR_ERR;
+    }
+    *ev = e;
+    return ZR_OK;
+}
+
+static zr_status nccl_all_reduce_async(zr_tensor *t, zr_reduce_op op, void **ev) {
+    zr_device d = zr_tensor_device(t);
+    ZR_CHECK(ensure(d));
+    cudaStream_t s = begin(d);
+    void *p = zr_tensor_data(t);
+    ZR_CHECK(nccl_check(ncclAllReduce(p, p, (size_t)zr_tensor_numel(t), nccl_type(t->dtype), nccl_op(op), comm, s),
+                        "all_reduce"));
+    return end_async(s, ev);
+}
+
+static zr_status nccl_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce_op op, void **ev) {
+    zr_device d = zr_tensor_device(in);
+    ZR_CHECK(ensure(d));
+    cudaStream_t s = begin(d);
+    ZR_CHECK(nccl_check(ncclReduceScatter(zr_tensor_data(in), zr_tensor_data(out), (size_t)zr_tensor_numel(out),
+                                          nccl_type(in->dtype), nccl_op(op), comm, s), "reduce_scatter"));
+    return end_async(s, ev);
+}
+
+static zr_status nccl_all_gather_async(zr_tensor *out, zr_tensor *in, void **ev) {
+    zr_device d = zr_tensor_device(in);
+    ZR_CHECK(ensure(d));
+    cudaStream_t s = begin(d);
+    ZR_CHECK(nccl_check(ncclAllGather(zr_tensor_data(in), zr_tensor_data(out), (size_t)zr_tensor_numel(in),
+                                      nccl_type(in->dtype), comm, s), "all_gather"));
+    return end_async(s, ev);
+}
+
+static zr_status nccl_wait(zr_device dev, void *ev) {
+    zr_status st = zr_cuda_stream_wait(zr_cuda_stream(dev), (cudaEvent_t)ev);
+    zr_cuda_event_free((cudaEvent_t)ev);
+    return st;
+}
+
+const zr_comm_device_backend zr_nccl_backend = {nccl_all_reduce,       nccl_reduce_scatter,       nccl_all_gather,
+                                                nccl_broadcast,        nccl_all_reduce_async,     nccl_reduce_scatter_async,
+                                                nccl_all_gather_async, nccl_wait};
 
 /* NCCL version as "2.27.3" (buf >= 32 bytes). */
 const char *zr_nccl_version(char *buf) {

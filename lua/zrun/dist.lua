@@ -17,9 +17,27 @@ function M.local_size() return get().local_size end
 function M.launcher() return get().launcher end
 function M.is_main() return get().rank == 0 end
 
-function M.all_reduce(t, op) get(); return C.all_reduce(t, op) end
-function M.reduce_scatter(out, inp, op) get(); return C.reduce_scatter(out, inp, op) end
-function M.all_gather(out, inp) get(); return C.all_gather(out, inp) end
+-- The collectives work in place on contiguous tensors. With { async_op = true } as the last
+-- argument they return a handle instead; handle:wait() completes it (on a GPU: later kernels
+-- wait for it, the host does not), as torch.distributed's async_op does.
+local function async(o) return type(o) == "table" and o.async_op end
+function M.all_reduce(t, op, o)
+  get()
+  if async(op) then op, o = nil, op end
+  if async(o) then return C.all_reduce_async(t, op) end
+  return C.all_reduce(t, op)
+end
+function M.reduce_scatter(out, inp, op, o)
+  get()
+  if async(op) then op, o = nil, op end
+  if async(o) then return C.reduce_scatter_async(out, inp, op) end
+  return C.reduce_scatter(out, inp, op)
+end
+function M.all_gather(out, inp, o)
+  get()
+  if async(o) then return C.all_gather_async(out, inp) end
+  return C.all_gather(out, inp)
+end
 function M.broadcast(t, root) get(); return C.broadcast(t, root) end
 function M.barrier() get(); return C.barrier() end
 

@@ -595,6 +595,26 @@ T.test("tiny Llama golden file on CUDA: f32 (logits, loss, grads) and bf16 (logi
   end
 end)
 
+T.test("NCCL async collectives (world size 1): the compute stream waits for the result", function()
+  local dist = zr.dist
+  for _, dt in ipairs { "f32", "bf16" } do
+    local src = randn({ 3000017 }):to(dt)
+    local t, out = src:cuda(), zr.zeros({ 3000017 }, { dtype = dt, device = "cuda" })
+    local h1 = dist.all_reduce(t, "avg", { async_op = true })
+    local h2 = dist.all_gather(out, src:cuda() * 2, { async_op = true }) -- its input is only held by the handle
+    collectgarbage(); collectgarbage()
+    local filler = randn({ 4096, 4096 }):cuda()
+    for _ = 1, 3 do filler = filler * 1.0001 end -- compute queued while the collectives run
+    h1:wait(); h2:wait()
+    local y = out * 0.5 -- ordered after the all-gather by the wait
+    close(t:cpu(), src, dt, "async all_reduce avg " .. dt)
+    close(y:cpu(), src, dt, "async all_gather " .. dt)
+    local shard = zr.zeros({ 3000017 }, { dtype = dt, device = "cuda" })
+    dist.reduce_scatter(shard, src:cuda(), "sum", { async_op = true }):wait()
+    close(shard:cpu(), src, dt, "async reduce_scatter " .. dt)
+  end
+end)
+
 -- ZeRO engine on the GPU (world size 1: NCCL for the collectives) vs the same run on the CPU.
 T.test("ZeRO stages 0-3 on CUDA match the CPU run (tiny Llama, 3 steps, clipping)", function()
   local cfg = zr.models.llama.config("zrun/tiny-llama")

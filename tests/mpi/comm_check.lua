@@ -39,5 +39,25 @@ test("broadcast", function()
   dist.broadcast(t, W - 1)
   T.near(t, { (W - 1) * 10, (W - 1) * 10, (W - 1) * 10, (W - 1) * 10 })
 end)
+test("async handles: several collectives in flight, then wait", function()
+  local t = zr.full({ 1001 }, r + 1)
+  local full = zr.arange(0, 5 * W, { dtype = "f32" }) + r
+  local shard, g = zr.zeros(5), zr.zeros(2 * W)
+  local h1 = dist.all_reduce(t, "sum", { async_op = true })
+  local h2 = dist.reduce_scatter(shard, full, { async_op = true }) -- op defaults to sum
+  local h3 = dist.all_gather(g, zr.full({ 2 }, r + 0.5), { async_op = true })
+  h3:wait(); h1:wait(); h2:wait()
+  h1:wait() -- a second wait is a no-op
+  T.near(t:narrow(1, 1001, 1), { W * (W + 1) / 2 })
+  local e = {}
+  for i = 1, 5 do e[i] = W * (r * 5 + i - 1) + W * (W - 1) / 2 end
+  T.near(shard, e)
+  local ge = {}
+  for k = 0, W - 1 do ge[#ge + 1] = k + 0.5; ge[#ge + 1] = k + 0.5 end
+  T.near(g, ge)
+  local a = zr.full({ 3 }, r + 1)
+  dist.all_reduce(a, "avg", { async_op = true }):wait()
+  T.near(a, { (W + 1) / 2, (W + 1) / 2, (W + 1) / 2 }, 1e-6)
+end)
 dist.barrier()
 T.done()
