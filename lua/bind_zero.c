@@ -54,7 +54,9 @@ static int l_new(lua_State *L) {
     c.pin_memory = lua_toboolean(L, -1);
     lua_getfield(L, 1, "overlap_comm");
     c.overlap_comm = lua_toboolean(L, -1);
-    lua_pop(L, 8);
+    lua_getfield(L, 1, "max_live_parameters");
+    c.max_live_parameters = (int64_t)luaL_optnumber(L, -1, 0);
+    lua_pop(L, 9);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;
     c.rank = zr_comm_get()->rank;
@@ -137,6 +139,18 @@ static int l_release(lua_State *L) {
     free(idx);
     return ok_or_error(L, st);
 }
+/* prefetch({param indices}, budget elements): starts their all-gathers (stage 3) */
+static int l_prefetch(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    int *idx, n = read_indices(L, 2, &idx);
+    zr_status st = zr_zero_prefetch(z, n, idx, (int64_t)luaL_checknumber(L, 3));
+    free(idx);
+    return ok_or_error(L, st);
+}
+static int l_live_numel(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)zr_zero_live_numel(check_zero(L, 1)));
+    return 1;
+}
 static int l_release_all(lua_State *L) { return ok_or_error(L, zr_zero_release_all(check_zero(L, 1))); }
 static int l_is_gathered(lua_State *L) {
     lua_pushboolean(L, zr_zero_is_gathered(check_zero(L, 1), (int)luaL_checkinteger(L, 2) - 1));
@@ -147,23 +161,27 @@ static int l_is_gathered(lua_State *L) {
  * the listed parameters, so a module's parameters are whole exactly during its backward. --- */
 typedef struct {
     zr_zero *z;
-    int kind, n;
-    int *idx;
+    int kind, n, npre;
+    int *idx, *pre; /* pre: parameters to prefetch after gathering (the modules whose backward is next) */
+    int64_t budget;
 } boundary_ctx;
 
 static void boundary_free(void *p) {
     boundary_ctx *b = p;
     free(b->idx);
+    free(b->pre);
     free(b);
 }
 static zr_status boundary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     boundary_ctx *b = n->ctx;
     zr_status st = b->kind ? zr_zero_gather(b->z, b->n, b->idx) : zr_zero_release(b->z, b->n, b->idx);
+    if (!st && b->npre) st = zr_zero_prefetch(b->z, b->npre, b->pre, b->budget);
     if (st) return st;
     gin[0] = zr_tensor_retain(g);
     return ZR_OK;
 }
-/* boundary(engine, tensor, kind (0 release / 1 gather), {param indices}) -> identity tensor */
+/* boundary(engine, tensor, kind (0 release / 1 gather), {param indices} [, {prefetch indices},
+ * budget]) -> identity tensor */
 static int l_boundary(lua_State *L) {
     zr_zero *z = check_zero(L, 1);
     zr_tensor *x = zr_l_checktensor(L, 2);
@@ -182,6 +200,10 @@ static int l_boundary(lua_State *L) {
     b->z = z;
     b->kind = kind;
     b->n = read_indices(L, 4, &b->idx);
+    if (lua_istable(L, 5)) {
+        b->npre = read_indices(L, 5, &b->pre);
+        b->budget = (int64_t)luaL_optnumber(L, 6, 0);
+    }
     node->ctx = b;
     node->ctx_free = boundary_free;
     return zr_l_pushtensor(L, out);
@@ -191,7 +213,8 @@ static const luaL_Reg methods[] = {
     {"backward_begin", l_backward_begin}, {"backward_end", l_backward_end}, {"reduce", l_reduce},
     {"grad_norm", l_grad_norm}, {"step", l_step}, {"zero_grad", l_zero_grad},
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
-    {"state", l_state}, {"gather", l_gather}, {"release", l_release}, {"release_all", l_release_all},
+    {"state", l_state}, {"gather", l_gather}, {"release", l_release},
+    {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
     {"is_gathered", l_is_gathered}, {"boundary", l_boundary}, {NULL, NULL}};
 
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {NULL, NULL}};

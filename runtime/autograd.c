@@ -66,9 +66,10 @@ static void trace_mem(const char *phase, const char *name, zr_device dev) {
     zr_mem_stats s;
     zr_mem_get_stats(dev, &s);
     const double M = 1024.0 * 1024.0;
-    fprintf(stderr, "[memtrace] %s %-18s act %10.2f peak %10.2f grads %10.2f ws %8.2f total %10.2f MiB\n",
+    fprintf(stderr, "[memtrace] %s %-18s act %10.2f peak %10.2f params %10.4f grads %10.2f ws %8.2f total %10.2f MiB\n",
             phase, name, s.current[ZR_MEM_ACTIVATIONS] / M, s.window_peak[ZR_MEM_ACTIVATIONS] / M,
-            s.current[ZR_MEM_GRADS] / M, s.window_peak[ZR_MEM_WORKSPACE] / M, s.total_current / M);
+            s.current[ZR_MEM_PARAMS] / M, s.current[ZR_MEM_GRADS] / M, s.window_peak[ZR_MEM_WORKSPACE] / M,
+            s.total_current / M);
     zr_mem_window_reset(dev);
 }
 

@@ -5,6 +5,7 @@
 #include "zero.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "ops_reduce.h"
 #include "ops_util.h"
 #include "optim.h"
+#include "zero_offload.h"
 #ifdef ZR_HAVE_CUDA
 #include "cuda.h"
 #include "cuda/adamw.h"
@@ -29,6 +31,8 @@ typedef struct {
     double wd;
     int gathered;   /* stage 3 */
     int persistent; /* stage 3: below stage3_param_persistence_threshold, never released */
+    zr_tensor *g_out;  /* stage 3: an all-gather in flight (prefetch): its W chunks and handle */
+    zr_comm_handle *g_h;
     int packed;   /* gradient already in a bucket this backward */
 } zparam;
 
@@ -59,6 +63,7 @@ struct zr_zero {
     int direct;
     zr_tensor *pflat;
     int pinned; /* how many host partitions are page-locked */
+    zr_offload *host; /* master on the host: gradient intake, fused CPU passes, weights back */
     /* overlap_comm (W > 1, bucketed modes): a second buffer set, and the bucket whose
      * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
     zr_tensor *send2, *compact2, *recv2;
@@ -67,6 +72,7 @@ struct zr_zero {
     int pnb;
     zr_tensor *pred;
     zr_comm_handle *ph;
+    int64_t live; /* stage 3: elements of non-persistent parameters gathered or in flight */
 };
 
 static int64_t valid_len(int64_t n, int64_t c, int r) {
@@ -97,8 +103,18 @@ static zr_status fill_range(zr_tensor *t, int64_t off, int64_t len, double v) {
     return st;
 }
 
-/* dst[doff:+len] += src[soff:+len], across devices if needed. */
+/* dst[doff:+len] += src[soff:+len], across devices if needed. Into the host gradient partition
+ * (master on the host) through zero_offload.c, found from dst itself so that callers stay as
+ * they are: async from a GPU, and overwriting instead of adding after zero_grad. */
 static zr_status add_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+    zr_offload *o = zr_offload_find(dst);
+    if (o) {
+        if (len <= 0) return ZR_OK;
+        zr_tensor *sv = flat_range(src, soff, len);
+        zr_status st = sv ? zr_offload_grad_add(o, doff, sv, soff) : ZR_ERR;
+        zr_tensor_release(sv);
+        return st;
+    }
     zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len), *h = NULL;
     zr_status st = ZR_ERR;
     if (d && s) {
@@ -221,6 +237,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         q->wd = wd ? wd[i] : 0;
         q->gathered = 1;
         q->persistent = cfg->stage == 3 && q->n < cfg->persistence_threshold;
+        if (!q->persistent) z->live += q->n;
         z->S += q->c;
         if (q->c > z->max_c) z->max_c = q->c;
     }
@@ -248,6 +265,18 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->cap = cfg->reduce_bucket_size / z->W;
     if (z->cap < z->max_c) z->cap = z->max_c;
     if (z->cap > z->S) z->cap = z->S;
+    if (z->opt_dev.type == ZR_CPU) { /* gradients, norm, AdamW and weights back through zero_offload.c */
+        zr_offload_segment *segs = malloc(sizeof *segs * (size_t)n);
+        if (!segs) {
+            zr_error("out of host memory");
+            goto fail;
+        }
+        for (int i = 0; i < n; i++) segs[i] = (zr_offload_segment){z->ps[i].off, z->ps[i].c, z->ps[i].wd};
+        /* direct mode: gpart holds the parameters' .grad views, so it is zeroed for real */
+        z->host = zr_offload_new(z->gpart, z->dev, z->pdt, n, segs, z->cap, z->pinned == 4, !z->direct);
+        free(segs);
+        if (!z->host) goto fail;
+    }
     if (!z->direct) { /* direct mode reduces gpart in place: no buckets */
         z->send = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
         z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
@@ -296,9 +325,12 @@ void zr_zero_free(zr_zero *z) {
     if (!z) return;
     for (int i = 0; i < z->n; i++) {
         if (!z->ps[i].p) continue;
+        if (z->ps[i].g_h) zr_comm_wait(z->ps[i].g_h); /* a prefetch still in flight */
+        zr_tensor_release(z->ps[i].g_out);
         zr_tensor_set_grad_hook(z->ps[i].p, NULL, NULL, NULL);
         zr_tensor_release(z->ps[i].p);
     }
+    zr_offload_free(z->host); /* first: it waits for copies into gpart and its own buffers */
     unpin(z);
     zr_tensor_release(z->master);
     zr_tensor_release(z->m);
@@ -327,6 +359,7 @@ void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chu
     *chunk = z->ps[i].c;
 }
 zr_tensor *zr_zero_state(zr_zero *z, int which) {
+    if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges */
     zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
     return zr_tensor_retain(t);
 }
@@ -500,15 +533,8 @@ static zr_status local_sumsq(zr_zero *z, double *out) {
         return st;
     }
 #endif
-    int old = zr_set_grad_enabled(0);
-    zr_tensor *sq = zr_unary(ZR_UN_SQUARE, z->gpart, 0);
-    zr_tensor *s = sq ? zr_sum(sq, 0, NULL, 0) : NULL;
-    zr_set_grad_enabled(old);
-    zr_tensor_release(sq);
-    if (!s) return ZR_ERR;
-    zr_status st = zr_tensor_get(s, 0, out);
-    zr_tensor_release(s);
-    return st;
+    /* host partition: one parallel read in double (waits for gradient copies still in flight) */
+    return zr_offload_sumsq(z->host, out);
 }
 
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
@@ -526,16 +552,57 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
     return ZR_OK;
 }
 
+static zr_status regather_persistent(zr_zero *z) {
+    for (int i = 0; i < z->n; i++) { /* persistent parameters stay whole: gather them afresh */
+        if (!z->ps[i].persistent) continue;
+        z->ps[i].gathered = 0;
+        ZR_CHECK(zr_zero_gather(z, 1, &i));
+    }
+    return ZR_OK;
+}
+
+/* Master on the host: where the new weights (pdt, S elements in partition layout) are written
+ * by the CPU pass: the parameters' flat buffer (direct mode on the CPU), a host shard (stage 3),
+ * or the pinned host buffer that is then uploaded. NULL when they travel by all-gather instead
+ * (stages 1–2 over several ranks). */
+static zr_status host_weights_out(zr_zero *z, void **out) {
+    *out = NULL;
+    if (z->pdt != ZR_F32 && z->pdt != ZR_BF16 && z->pdt != ZR_F16) return ZR_OK; /* f64: generic copies */
+    if (z->cfg.stage == 3 && zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
+    else if (z->cfg.stage < 3 && z->W > 1) return ZR_OK;
+    else if (z->direct) *out = zr_tensor_data(z->pflat);
+    else if (!(*out = zr_offload_weights16(z->host))) return ZR_ERR;
+    return ZR_OK;
+}
+
+/* After host_weights_out's buffer was written: the device gets it (async H2D that the compute
+ * stream waits for: into the shard at stage 3, into each parameter otherwise). */
+static zr_status host_weights_done(zr_zero *z) {
+    if (z->cfg.stage == 3) {
+        if (!zr_is_cpu(z->pshard)) {
+            ZR_CHECK(zr_offload_upload(z->host, z->pshard, 0, z->S));
+            ZR_CHECK(zr_offload_upload_end(z->host));
+        }
+        return regather_persistent(z);
+    }
+    if (z->direct) return ZR_OK;
+    for (int i = 0; i < z->n; i++) ZR_CHECK(zr_offload_upload(z->host, z->ps[i].p, z->ps[i].off, z->ps[i].n));
+    return zr_offload_upload_end(z->host);
+}
+
 /* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
 zr_status zr_zero_refresh_params(zr_zero *z) {
+    if (z->host && (z->cfg.stage == 3 || z->W == 1)) { /* one parallel cast on the host, then upload */
+        void *out;
+        ZR_CHECK(host_weights_out(z, &out));
+        if (out) {
+            ZR_CHECK(zr_offload_cast(z->host, out, zr_tensor_data(z->master)));
+            return host_weights_done(z);
+        }
+    }
     if (z->cfg.stage == 3) {
         ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->S));
-        for (int i = 0; i < z->n; i++) { /* persistent parameters stay whole: gather them afresh */
-            if (!z->ps[i].persistent) continue;
-            z->ps[i].gathered = 0;
-            ZR_CHECK(zr_zero_gather(z, 1, &i));
-        }
-        return ZR_OK;
+        return regather_persistent(z);
     }
     if (z->W == 1) {
         for (int i = 0; i < z->n; i++) {
@@ -574,7 +641,6 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
 
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
                        double beta2, double eps) {
-    if (grad_scale != 1.0 && zr_is_cpu(z->master)) ZR_CHECK(zr_mul_scalar_(z->gpart, grad_scale));
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
         /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
@@ -601,18 +667,20 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
         return zr_no_cuda("ZeRO optimizer step");
 #endif
     }
-    float *pm = zr_tensor_data(z->master), *pg = zr_tensor_data(z->gpart);
-    float *m = zr_tensor_data(z->m), *v = zr_tensor_data(z->v);
-    for (int i = 0; i < z->n; i++) {
-        zparam *q = &z->ps[i];
-        zr_adamw_config c = {lr, beta1, beta2, eps, q->wd};
-        ZR_CHECK(zr_adamw_step_flat(pm + q->off, pg + q->off, ZR_F32, m + q->off, v + q->off, q->c, step, &c));
-    }
-    return zr_zero_refresh_params(z);
+    /* master on the host: one fused pass scales the gradients, updates master and moments, and
+     * writes the new weights where the parameters read them, or into the buffer to upload */
+    void *out;
+    ZR_CHECK(host_weights_out(z, &out));
+    ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                              grad_scale, step, lr, beta1, beta2, eps, out));
+    zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
+    zr_offload_step_end(z->host);
+    return st;
 }
 
 zr_status zr_zero_zero_grad(zr_zero *z) {
-    ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
+    if (z->host) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill (direct mode) */
+    else ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
     for (int i = 0; i < z->n; i++) {
         zr_tensor *g = z->ps[i].p->grad;
         if (z->direct) continue; /* views into gpart, zeroed above */
@@ -641,28 +709,81 @@ static void set_storage(zr_tensor *p, zr_storage *s, int ndim, const int64_t *sh
 }
 
 int zr_zero_is_gathered(const zr_zero *z, int i) { return z->ps[i].gathered; }
+int64_t zr_zero_live_numel(const zr_zero *z) { return z->live; }
+
+static zr_status check_index(const zr_zero *z, int i) {
+    if (i < 0 || i >= z->n) return zr_error("ZeRO gather: parameter index %d out of range (1..%d)", i + 1, z->n);
+    return ZR_OK;
+}
+
+/* Starts the all-gather of parameter i's chunks straight into its new storage (W chunks of c
+ * elements: the parameter is the first n of them), async: on a GPU on the comm stream, with MPI
+ * as a non-blocking collective. */
+static zr_status start_gather(zr_zero *z, int i) {
+    zparam *q = &z->ps[i];
+    if (q->gathered || q->g_h) return ZR_OK;
+    zr_tensor *out = new_buf(z->pdt, z->dev, q->c * z->W, ZR_MEM_PARAMS), *in = NULL;
+    if (!out) return ZR_ERR;
+    if (zr_device_eq(zr_tensor_device(z->pshard), z->dev)) {
+        in = flat_range(z->pshard, q->off, q->c); /* the shard's slice itself: no copy */
+    } else { /* offload_param: the shard is on the host; stage the slice on the device */
+        in = new_buf(z->pdt, z->dev, q->c, ZR_MEM_COMM);
+        if (in && copy_range(in, 0, z->pshard, q->off, q->c)) {
+            zr_tensor_release(in);
+            in = NULL;
+        }
+    }
+    zr_comm_handle *h = in ? zr_all_gather_async(out, in) : NULL;
+    zr_tensor_release(in);
+    if (!h) {
+        zr_tensor_release(out);
+        return ZR_ERR;
+    }
+    q->g_out = out;
+    q->g_h = h;
+    if (!q->persistent) z->live += q->n;
+    return ZR_OK;
+}
+
+/* Waits for parameter i's all-gather and makes the parameter whole. */
+static zr_status finish_gather(zr_zero *z, int i) {
+    zparam *q = &z->ps[i];
+    zr_comm_handle *h = q->g_h;
+    zr_tensor *out = q->g_out;
+    q->g_h = NULL;
+    q->g_out = NULL;
+    zr_status st = zr_comm_wait(h);
+    if (!st) {
+        zr_storage_retain(out->storage);
+        set_storage(q->p, out->storage, q->ndim, q->shape);
+        q->gathered = 1;
+    } else if (!q->persistent)
+        z->live -= q->n;
+    zr_tensor_release(out);
+    return st;
+}
 
 zr_status zr_zero_gather(zr_zero *z, int n, const int *idx) {
     if (z->cfg.stage != 3) return ZR_OK;
+    for (int k = 0; k < n; k++) { /* all of them in flight at once, then each completed */
+        ZR_CHECK(check_index(z, idx[k]));
+        ZR_CHECK(start_gather(z, idx[k]));
+    }
+    for (int k = 0; k < n; k++)
+        if (z->ps[idx[k]].g_h) ZR_CHECK(finish_gather(z, idx[k]));
+    return ZR_OK;
+}
+
+zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    int64_t max_live = z->cfg.max_live_parameters > 0 ? z->cfg.max_live_parameters : INT64_MAX;
     for (int k = 0; k < n; k++) {
-        if (idx[k] < 0 || idx[k] >= z->n) return zr_error("ZeRO gather: parameter index %d out of range", idx[k]);
+        ZR_CHECK(check_index(z, idx[k]));
         zparam *q = &z->ps[idx[k]];
-        if (q->gathered) continue;
-        zr_tensor *full = zr_tensor_new_cat(z->pdt, z->dev, q->ndim, q->shape, ZR_MEM_PARAMS, 0);
-        zr_tensor *in = full ? new_buf(z->pdt, z->dev, q->c, ZR_MEM_COMM) : NULL;
-        zr_tensor *out = in ? new_buf(z->pdt, z->dev, q->c * z->W, ZR_MEM_COMM) : NULL;
-        zr_status st = out ? copy_range(in, 0, z->pshard, q->off, q->c) : ZR_ERR;
-        if (!st) st = zr_all_gather(out, in);
-        for (int r = 0; r < z->W && !st; r++) st = copy_range(full, (int64_t)r * q->c, out, (int64_t)r * q->c, valid_len(q->n, q->c, r));
-        if (!st) {
-            zr_storage_retain(full->storage);
-            set_storage(q->p, full->storage, q->ndim, q->shape);
-            q->gathered = 1;
-        }
-        zr_tensor_release(full);
-        zr_tensor_release(in);
-        zr_tensor_release(out);
-        ZR_CHECK(st);
+        if (q->gathered || q->g_h) continue;
+        if (q->n > budget || (!q->persistent && z->live + q->n > max_live)) break;
+        budget -= q->n;
+        ZR_CHECK(start_gather(z, idx[k]));
     }
     return ZR_OK;
 }
@@ -670,13 +791,26 @@ zr_status zr_zero_gather(zr_zero *z, int n, const int *idx) {
 zr_status zr_zero_release(zr_zero *z, int n, const int *idx) {
     if (z->cfg.stage != 3) return ZR_OK;
     for (int k = 0; k < n; k++) {
+        ZR_CHECK(check_index(z, idx[k]));
         zparam *q = &z->ps[idx[k]];
-        if (!q->gathered || q->persistent) continue;
+        if (q->persistent) continue;
+        if (q->g_h) { /* prefetched, never used: finish the collective (every rank takes part), drop it */
+            zr_comm_handle *h = q->g_h;
+            q->g_h = NULL;
+            zr_status st = zr_comm_wait(h);
+            zr_tensor_release(q->g_out);
+            q->g_out = NULL;
+            z->live -= q->n;
+            ZR_CHECK(st);
+            continue;
+        }
+        if (!q->gathered) continue;
         zr_storage *empty = zr_storage_new(z->dev, 0, ZR_MEM_PARAMS, 0);
         if (!empty) return ZR_ERR;
         int64_t zero = 0;
         set_storage(q->p, empty, 1, &zero);
         q->gathered = 0;
+        z->live -= q->n;
     }
     return ZR_OK;
 }

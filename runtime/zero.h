@@ -22,6 +22,7 @@ typedef struct {
     int offload_optimizer; /* master weights, moments and reduced grads on the host */
     int offload_param;     /* stage 3: parameter partitions on the host */
     int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
+    int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
@@ -56,6 +57,12 @@ zr_status zr_zero_refresh_params(zr_zero *z);
 
 /* Stage 3: gathers / releases whole parameters (by index). Released parameters have shape (0). */
 zr_status zr_zero_gather(zr_zero *z, int n, const int *idx);
+/* Stage 3: starts the all-gathers of the listed parameters (in order) without waiting, up to
+ * `budget` elements and while the live total stays within max_live_parameters; a later
+ * zr_zero_gather of them completes them. Every rank must prefetch the same list. */
+zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget);
+/* Stage 3: elements of (non-persistent) parameters gathered or being gathered now. */
+int64_t zr_zero_live_numel(const zr_zero *z);
 zr_status zr_zero_release(zr_zero *z, int n, const int *idx);
 zr_status zr_zero_release_all(zr_zero *z);
 int zr_zero_is_gathered(const zr_zero *z, int i);

@@ -111,17 +111,25 @@ function M.initialize(opts)
 
   local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
   self.params, self.param_pos = params, nil
+  self.param_numel = {} -- whole sizes (at stage 3 a released parameter has 0 elements)
+  for i, p in ipairs(params) do self.param_numel[i] = p:numel() end
   local off = zc.offload_optimizer and zc.offload_optimizer.device
   local offp = zc.offload_param and zc.offload_param.device
   self.offload_optimizer = off == "cpu"
   self.offload_param = offp == "cpu"
-  if self.offload_optimizer or self.offload_param then M.check_host_memory(params, W, stage, self.offload_param) end
+  if self.offload_optimizer or self.offload_param then
+    local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
+      params[1] and params[1]:device():match("^cuda")
+    M.check_host_memory(params, W, stage, self.offload_param, pin)
+  end
   local function num(v, d) return type(v) == "number" and v or d end -- an unresolved "auto" takes the default
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = num(zc.reduce_bucket_size, 5e8),
     allgather_bucket_size = num(zc.allgather_bucket_size, 5e8), offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
-    overlap_comm = zc.overlap_comm == true }, params, wds)
+    overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9) },
+    params, wds)
+  self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
   self.param_pos, self.module_params = index_modules(model, params)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)
@@ -160,7 +168,22 @@ end
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there:
 -- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
 -- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
-function M.check_host_memory(params, W, stage, offload_param)
+-- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
+function M.memlock_limit(path)
+  local f = io.open(path or "/proc/self/limits")
+  if not f then return nil end
+  local lim
+  for line in f:lines() do
+    local soft = line:match("^Max locked memory%s+(%S+)")
+    if soft then lim = soft ~= "unlimited" and tonumber(soft) or nil end
+  end
+  f:close()
+  return lim
+end
+
+-- Before anything is allocated: the host memory offload needs against what the node has, and
+-- with pin_memory the page-locked part against the locked-memory limit.
+function M.check_host_memory(params, W, stage, offload_param, pin_memory)
   local S, bytes = 0, 0
   local Wc = stage == 0 and 1 or W
   for _, p in ipairs(params) do
@@ -186,6 +209,14 @@ function M.check_host_memory(params, W, stage, offload_param)
       "partitions shrink with the world size), turn off offload_param, or offload less (stage 2 without offload).",
       h(need), h(bytes), local_ranks, offload_param and ", 16-bit parameter shards" or "", h(avail)), 0)
   end
+  local lim = pin_memory and M.memlock_limit(M.limits_file)
+  if lim and 18 * S > lim then
+    local h = zr.memory.human
+    error(fmt("offload_optimizer.pin_memory page-locks %s per rank (fp32 master weights, Adam moments, " ..
+      "gradients and the 16-bit weights going back) but the locked-memory limit (ulimit -l) is %s. Raise it before starting (`ulimit -l " ..
+      "unlimited`; in Docker `--ulimit memlock=-1`; for a user `memlock` in /etc/security/limits.conf) or set " ..
+      "\"pin_memory\": false (slower host-device copies).", h(18 * S), h(lim)), 0)
+  end
 end
 
 -- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples.
@@ -204,16 +235,47 @@ function M.dataloader(data, o)
 end
 
 -- ZeRO-3: parameters are whole only while their module runs (forward) and during its backward.
+-- Prefetch (stage3_prefetch_bucket_size): the first forward records the order in which modules
+-- run; afterwards each module, once its own parameters are gathered, starts the all-gathers of
+-- the modules that follow it (in forward) or precede it (in backward) up to that many elements,
+-- and within stage3_max_live_parameters, so the next module's parameters arrive while this one
+-- computes. Recomputation inside backward (checkpointing) neither records nor prefetches.
 function Engine:install_zero3_hooks()
   local z, direct = self.zero, self.module_params
+  local budget = self.prefetch_budget
+  local trace = { nxt = {}, prv = {}, fwd = {}, bwd = {} }
+  self.z3trace = trace
   local function first_tensor(args)
     for i = 1, args.n do if C.is_tensor(args[i]) then return i end end
+  end
+  -- the parameters of the modules along a chain (nxt or prv) from m, up to the budget
+  local function chain(m, links, cache)
+    local list = cache[m]
+    if list then return list end
+    list = {}
+    local total, k = 0, links[m]
+    while k and total < budget do
+      for _, i in ipairs(direct[k]) do list[#list + 1] = i; total = total + self.param_numel[i] end
+      k = links[k]
+    end
+    cache[m] = list
+    return list
   end
   self.hook_handles = {
     Module.register_module_forward_pre_hook(function(m, ...)
       local idx = direct[m]
       if not idx or #idx == 0 then return nil end
+      local fresh = not self.in_backward
+      if fresh and trace.recording then -- first-occurrence links of the forward order
+        local last = trace.last
+        if last and last ~= m and not trace.nxt[last] and not trace.prv[m] then trace.nxt[last], trace.prv[m] = m, last end
+        trace.last = m
+      end
       z:gather(idx)
+      if fresh and budget > 0 and not trace.recording then
+        local pre = chain(m, trace.nxt, trace.fwd)
+        if #pre > 0 then z:prefetch(pre, budget) end
+      end
       local args = { n = select("#", ...), ... }
       local k = first_tensor(args)
       if k then
@@ -225,7 +287,10 @@ function Engine:install_zero3_hooks()
       local idx = direct[m]
       if not idx or #idx == 0 then return nil end
       z:release(idx)
-      if C.is_tensor(out) then return z:boundary(out, 1, idx) end -- backward: gather first
+      if C.is_tensor(out) then -- backward: gather first, then prefetch the modules before this one
+        if budget > 0 and not trace.recording then return z:boundary(out, 1, idx, chain(m, trace.prv, trace.bwd), budget) end
+        return z:boundary(out, 1, idx)
+      end
     end),
   }
   -- A model may use a submodule's parameter outside that module's call (a tied LM head): it asks
@@ -245,6 +310,11 @@ end
 function Engine:__call(...) return self:forward(...) end
 function Engine:forward(...)
   local t0 = timer()
+  local tr = self.z3trace
+  if tr then -- stage 3: the first forward records the module order for prefetching
+    tr.recording = self.micro_steps == 0 and self.global_steps == 0
+    tr.last = nil
+  end
   local out = { self.module(...) }
   self.timers.forward = self.timers.forward + (timer() - t0)
   return unpack(out)
@@ -263,7 +333,10 @@ function Engine:backward(loss)
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.
   collectgarbage("collect")
   local l = scale ~= 1 and loss * scale or loss
+  self.in_backward = true
   l:backward()
+  self.in_backward = false
+  if self.z3trace then self.z3trace.recording = false end
   self.zero:backward_end()
   self.timers.backward = self.timers.backward + (timer() - t0)
 end

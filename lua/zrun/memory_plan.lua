@@ -44,7 +44,7 @@ Sim.__index = Sim
 
 local function new_sim(o)
   return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
-    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {} }, Sim)
+    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0 }, Sim)
 end
 
 function Sim:count(cat, b)
@@ -56,8 +56,8 @@ end
 -- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
 function Sim:trace(phase, name)
   if not self.o.trace then return end
-  io.stderr:write(("[memplan]  %s %-18s act %10.2f peak %10.2f\n"):format(phase, name, self.cur.act / 2 ^ 20,
-    self.wpeak / 2 ^ 20))
+  io.stderr:write(("[memplan]  %s %-18s act %10.2f peak %10.2f params %10.4f\n"):format(phase, name,
+    self.cur.act / 2 ^ 20, self.wpeak / 2 ^ 20, self.cur.params / 2 ^ 20))
   self.wpeak = self.cur.act
 end
 function Sim:alloc(bytes, cat)
@@ -128,14 +128,41 @@ end
 -- ZeRO-3: a module's parameters are gathered (16-bit, full size) while it runs and during its
 -- backward; `keep` (the embedding, whose input needs no gradient, and a tied LM head fetched
 -- outside its module) stays gathered until backward ends.
-function Sim:gather(W)
-  if not self.o.stage3 or W.leaf.gathered or W.leaf.persistent then return end
-  W.leaf.gathered = true
-  self:count("params", W.leaf.bytes)
+-- Prefetch (engine.lua, zero.c): once a module's parameters are gathered, the all-gathers of
+-- the modules after it (in forward; before it in backward, from the module boundary nodes) start
+-- straight into their storage, up to stage3_prefetch_bucket_size elements and while the live
+-- elements stay within stage3_max_live_parameters; recomputation inside backward does not.
+function Sim:gather(W, in_backward, no_prefetch)
+  if not self.o.stage3 then return end
+  if not W.leaf.gathered and not W.leaf.persistent then
+    W.leaf.gathered = true
+    self.live = self.live + W.leaf.numel
+    self:count("params", W.leaf.bytes)
+  end
+  local order, budget = self.order, self.o.prefetch or 0
+  if no_prefetch or budget <= 0 or not order or (self.in_bwd and not in_backward) then return end
+  local k, step = order.pos[W.leaf], in_backward and -1 or 1
+  local list, total = {}, 0 -- the modules along the chain, up to the budget (engine.lua's chain)
+  k = k + step
+  while order[k] and total < budget do
+    list[#list + 1] = order[k]
+    total = total + order[k].numel
+    k = k + step
+  end
+  for _, leaf in ipairs(list) do -- zr_zero_prefetch
+    if not leaf.gathered and not leaf.persistent then
+      if leaf.numel > budget or self.live + leaf.numel > (self.o.max_live or 1e18) then break end
+      budget = budget - leaf.numel
+      leaf.gathered = true
+      self.live = self.live + leaf.numel
+      self:count("params", leaf.bytes)
+    end
+  end
 end
 function Sim:release_param(W)
   if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep or W.leaf.persistent then return end
   W.leaf.gathered = false
+  self.live = self.live - W.leaf.numel
   self:count("params", -W.leaf.bytes)
 end
 
@@ -186,6 +213,8 @@ function Sim:backward(tape, root, g)
     for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = v.leaf.pending + 1 end end
   end
   root.slot = g
+  local was = self.in_bwd
+  self.in_bwd = true
   for k = #tape, 1, -1 do
     local n = tape[k]
     local gk = n.slot
@@ -207,6 +236,7 @@ function Sim:backward(tape, root, g)
     n.saved = {}
     self:trace("bwd", n.name)
   end
+  self.in_bwd = was
 end
 
 -- ---------- ops, as runtime/ops_*.c allocate them on the CPU path ----------
@@ -218,7 +248,7 @@ function Sim:linear(x, W, o_bytes)
   local out = self:lua(self:new(o_bytes))
   self:release_param(W)
   return self:record(out, { x, W }, { x }, function(S, _, g)
-    S:gather(W)
+    S:gather(W, true)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
@@ -236,7 +266,7 @@ function Sim:rms_norm(x, w, rows)
   local rstd = self:new(rows * 4)
   self:release_param(w)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
-    S:gather(w)
+    S:gather(w, true)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     local dw = S:new(w.leaf.numel * 4)
@@ -355,7 +385,7 @@ function Sim:embedding(ids, W, out_bytes, dt)
   local out = self:lua(self:new(out_bytes))
   self:release_param(W)
   return self:record(out, { false, W }, { ids }, function(S, _, g)
-    S:gather(W) -- no release: see above
+    S:gather(W, true) -- no release: see above
     if S.o.gpu then -- the CUDA kernel writes the dense gradient in the weight's dtype directly
       local gi = S:raw(g)
       local gw = S:new(W.leaf.bytes)
@@ -449,6 +479,17 @@ local function llama_activations(cfg, o)
   end
   local normW = P(H)
   local headW = cfg.tie_word_embeddings and embedW or P(V * H)
+  -- the modules' parameters in forward order (the prefetch chain)
+  local order = { pos = {} }
+  local function add(v) order[#order + 1] = v.leaf; order.pos[v.leaf] = #order end
+  add(embedW)
+  for l = 1, L do
+    local p = layers[l]
+    for _, v in ipairs { p.n1, p.q, p.k, p.v, p.o, p.n2, p.g, p.u, p.d } do add(v) end
+  end
+  add(normW)
+  if not cfg.tie_word_embeddings then add(headW) end
+  S.order = order
 
   -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):
   -- the previous step's batch, logits and loss are garbage until the next collection.
@@ -492,7 +533,7 @@ local function llama_activations(cfg, o)
   local hn = S:pop(S:rms_norm(h, normW, N))
   -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
   -- and stays gathered until backward ends
-  if cfg.tie_word_embeddings then S:gather(headW); headW.leaf.keep = true end
+  if cfg.tie_word_embeddings then S:gather(headW, false, true); headW.leaf.keep = true end -- Module.fetch
   local logits = S:linear(hn, headW, N * V * b)
   S:push()
   -- causal_lm_loss shifts the labels (a -100 pad column, "other", and the shifted copy) and scores
@@ -559,6 +600,10 @@ local function settings(o, cfg_model)
   else s.overlap_comm = s.stage == 3 end
   local pt = o.persistence_threshold or zc.stage3_param_persistence_threshold
   s.persistence_threshold = type(pt) == "number" and pt or 1e5 -- DeepSpeed's default
+  local pf = o.prefetch_bucket_size or zc.stage3_prefetch_bucket_size
+  s.prefetch_bucket_size = type(pf) == "number" and pf or 5e7 -- DeepSpeed's default
+  local ml = o.max_live_parameters or zc.stage3_max_live_parameters
+  s.max_live_parameters = type(ml) == "number" and ml or 1e9
   local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
   s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
   local dt = o.dtype
@@ -655,6 +700,7 @@ function M.plan(o)
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
+      prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads

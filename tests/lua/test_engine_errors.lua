@@ -21,6 +21,29 @@ T.test("offload larger than host memory stops with the numbers", function()
   T.raises(function() engine_mod.check_host_memory({ huge }, 1, 3, true) end, "16-bit parameter shards")
 end)
 
+T.test("pinned offload above the locked-memory limit stops with the fix", function()
+  local path = os.tmpname()
+  local f = io.open(path, "w")
+  f:write("Limit                     Soft Limit           Hard Limit           Units\n",
+    "Max locked memory         8388608              8388608              bytes\n")
+  f:close()
+  T.eq(engine_mod.memlock_limit(path), 8388608)
+  engine_mod.limits_file = path
+  local p = { numel = function() return 1e6 end } -- 16 MB pinned > 8 MiB
+  local err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true) end, "ulimit -l")
+  T.eq(err:find("8.00 MiB", 1, true) ~= nil, true, err)
+  engine_mod.check_host_memory({ p }, 1, 2, false, false) -- without pin_memory the limit does not apply
+  local small = { numel = function() return 1e5 end }
+  engine_mod.check_host_memory({ small }, 1, 2, false, true) -- 1.6 MB fits
+  f = io.open(path, "w")
+  f:write("Max locked memory         unlimited            unlimited            bytes\n")
+  f:close()
+  T.eq(engine_mod.memlock_limit(path), nil)
+  engine_mod.check_host_memory({ p }, 1, 2, false, true)
+  engine_mod.limits_file = nil
+  os.remove(path)
+end)
+
 T.test("offload_param needs stage 3", function()
   T.raises(function() init(with({ zero_optimization = { stage = 2, offload_param = { device = "cpu" } } })) end,
     "offload_param")

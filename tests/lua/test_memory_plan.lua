@@ -40,7 +40,8 @@ local function measure(c)
   if c.ckpt then model:gradient_checkpointing_enable() end
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
     optimizer = { type = "AdamW", params = { lr = 1e-3 } },
-    zero_optimization = { stage = c.stage, stage3_param_persistence_threshold = c.persist or 0 } } })
+    zero_optimization = { stage = c.stage, stage3_param_persistence_threshold = c.persist or 0,
+      stage3_prefetch_bucket_size = c.prefetch } } })
   local st = mem.stats()
   local setup, train = {}, {}
   for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
@@ -59,7 +60,8 @@ local function measure(c)
   engine, model = nil, nil
   collectgarbage(); collectgarbage()
   local plan = P.plan { model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
-    gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0 }
+    gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
+    prefetch_bucket_size = c.prefetch }
   return train, setup, plan
 end
 
@@ -84,17 +86,25 @@ local cases = {
   { stage = 1, B = 3, T = 89, layers = 3, ckpt = true },
   { stage = 2, B = 1, T = 301, layers = 2 },                -- B = 1: the loss narrows without a copy
   { stage = 2, B = 1, T = 301, layers = 2, ckpt = true },
+  -- stage 3 without prefetch (stage3_prefetch_bucket_size 0): one module gathered at a time
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0 },
+  { stage = 3, B = 4, T = 97, layers = 3, ckpt = true, prefetch = 0 },
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true, prefetch = 0 }, -- a tied head stays gathered through backward
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true, prefetch = 0 },
+  -- with DeepSpeed's default prefetch (5e7 elements, more than this model): from the second step
+  -- the first module's prefetch brings every other module in
   { stage = 3, B = 4, T = 97, layers = 3 },
-  { stage = 3, B = 4, T = 97, layers = 3, ckpt = true },
-  { stage = 3, B = 2, T = 131, layers = 2, tied = true },   -- a tied head stays gathered through backward
   { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true },
+  -- a bucket of 20,000 elements: a few modules ahead
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 20000 },
   -- DeepSpeed's default persistence threshold (1e5): every parameter of the tiny model stays whole
   { stage = 3, B = 4, T = 97, layers = 3, persist = 1e5 },
 }
 local results = {}
 for i, c in ipairs(cases) do
-  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s"):format(c.stage, c.B, c.T,
-    c.layers, c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "")
+  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s"):format(c.stage, c.B, c.T,
+    c.layers, c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "",
+    c.prefetch and (", prefetch " .. c.prefetch) or "")
   T.test(name, function()
     local m, setup, plan = measure(c)
     results[i] = m
@@ -112,6 +122,15 @@ for i, c in ipairs(cases) do
       -- (+ the largest parameter: refreshing a persistent parameter after the step gathers its new
       -- copy before the old one is freed)
       T.eq(m.params, (2 * total_params(c.layers, c.tied) + 16576) * 4, "stage 3 persistent params = model + shard")
+    elseif c.stage == 3 and c.prefetch == nil then
+      -- by hand: the shard plus the whole model (everything prefetched at once)
+      local n = total_params(c.layers, c.tied)
+      T.eq(m.params, 2 * n * 4, "stage 3 params with prefetch = shard + whole model")
+    elseif c.stage == 3 and c.prefetch > 0 then
+      -- more than one module, less than the model: the bucket bounds what is ahead
+      local n = total_params(c.layers, c.tied)
+      T.eq(m.params > (n + 16576) * 4 and m.params < 2 * n * 4, true, "stage 3 params with a small prefetch bucket")
+      T.eq(plan.device.params, m.params, "planned stage 3 params with a small prefetch bucket")
     elseif c.stage == 3 then
       -- by hand: the 16-bit shard (the whole model on one rank) plus the largest set gathered at
       -- once: one module (the 259 x 64 LM head or embedding), or with a tied head the embedding
@@ -161,13 +180,21 @@ T.test("partitions over several ranks (hand-computed)", function()
   -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
   -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    offload_optimizer = true, offload_param = true, persistence_threshold = 0 }
+    offload_optimizer = true, offload_param = true, persistence_threshold = 0, prefetch_bucket_size = 0 }
   T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
   T.eq(p.device.params, 16576 * 2)
   -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    persistence_threshold = 0 }
+    persistence_threshold = 0, prefetch_bucket_size = 0 }
   T.eq(p.device.params, (41888 + 16576) * 2)
+  -- the same with the default prefetch (5e7 > the whole model of 125,632): shard + every module
+  local pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    persistence_threshold = 0 }
+  T.eq(pf.device.params, (41888 + 125632) * 2)
+  -- stage3_max_live_parameters bounds it: prefetching stops before 20,000 live elements
+  pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    persistence_threshold = 0, max_live_parameters = 20000 }
+  T.eq(pf.device.params <= (41888 + 20000) * 2 and pf.device.params > (41888 + 16576) * 2, true, "max_live bound")
   T.eq(p.setup.params, (125632 + 41888) * 2)
   -- stage 0 keeps whole parameters: S = P = 125,632
   p = P.plan { model = "zrun/tiny-llama", world_size = 4, stage = 0, micro_batch = 1, seq_len = 8 }
@@ -195,8 +222,11 @@ T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", func
   T.eq(#f.steps, 3); T.eq(f.steps[3].change, "stage 3")
   local s2, s3 = f.steps[2].plan, f.steps[3].plan
   T.eq(s2.device.params, 8030261248 * 2)
-  -- + the norm weights (65 of 4,096), below the default persistence threshold 1e5, kept whole
-  T.eq(s3.device.params, math.ceil(8030261248 / 8) * 2 + 128256 * 4096 * 2 + 65 * 4096 * 2)
+  -- + the norm weights (65 of 4,096), below the default persistence threshold 1e5, kept whole,
+  -- + what the embedding's prefetch (5e7 elements) starts: q, k, v, o of layer 1 (4,096^2 twice,
+  -- 4,096 x 1,024 twice); the gate projection (58.7 M) would pass the bucket
+  T.eq(s3.device.params, math.ceil(8030261248 / 8) * 2 + 128256 * 4096 * 2 + 65 * 4096 * 2 +
+    (2 * 4096 * 4096 + 2 * 4096 * 1024) * 2)
   T.eq(s3.device.total < s2.device.total, true, "stage 3 saves parameter memory")
   T.eq(s3.setup.params, 8030261248 * 2 + math.ceil(8030261248 / 8) * 2)
   -- an H200 fits the 1B model as configured

@@ -2,7 +2,8 @@
 -- equal the formula for the stage and world size (tiny Llama, fp32 on CPU). With n_i the
 -- parameters' sizes, P = Σ n_i and S = Σ ceil(n_i / W) (W = 1 at stage 0):
 --   params     stages 0-2: 4P (whole model)           stage 3: 4S (this rank's shard only)
---              + 4 n_i for every parameter below stage3_param_persistence_threshold (kept whole);
+--              + 4 W ceil(n_i / W) for every parameter below stage3_param_persistence_threshold (kept
+--              whole, in the storage its W chunks were all-gathered into);
 --              the test runs with threshold 0, and 5000 (the norms and some projections persist)
 --   optimizer  fp32 master + exp_avg + exp_avg_sq:     12S
 --   grads      stages 0-1: 4P (fp32 .grad) + 4S        stages 2-3: 4S (reduced partition only)
@@ -31,7 +32,7 @@ local Wl = stage == 0 and 1 or W
 local S = 0
 for _, n in ipairs(sizes) do S = S + math.ceil(n / Wl) end
 local kept = 0
-for _, n in ipairs(sizes) do if n < persist then kept = kept + n end end
+for _, n in ipairs(sizes) do if n < persist then kept = kept + W * math.ceil(n / W) end end
 local want = {
   params = stage == 3 and (4 * S + 4 * kept) or 4 * P,
   optimizer = 12 * S,

@@ -16,6 +16,10 @@ for stage in 1 2 3; do
 done
 # stage 3 with small parameters kept whole (DeepSpeed's stage3_param_persistence_threshold)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 5000 || echo "FAIL stage 3 persistence: mpirun exited $?"
+# stage 3 prefetch: off, a small bucket, a small stage3_max_live_parameters, on 3 ranks
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 0 || echo "FAIL stage 3 prefetch off: mpirun exited $?"
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 5000 || echo "FAIL stage 3 prefetch 5000: mpirun exited $?"
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 5e7 30000 || echo "FAIL stage 3 max_live: mpirun exited $?"
 # overlap_comm: a bucket's reduce-scatter in flight while the next bucket fills (two buffer sets)
 for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 4 $Z tests/mpi/zero_check.lua $stage 0 2 0.05 0 1 || echo "FAIL stage $stage overlap_comm: mpirun exited $?"

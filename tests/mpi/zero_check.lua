@@ -11,9 +11,12 @@ local dist = zr.dist
 local stage, offload, gas, clip = tonumber(arg[1] or 2), arg[2] == "1", tonumber(arg[3] or 1), tonumber(arg[4] or 0)
 local persist = tonumber(arg[5] or 0)
 local overlap = arg[6] == "1" -- zero_optimization.overlap_comm (default off)
+-- stage 3: stage3_prefetch_bucket_size and stage3_max_live_parameters (defaults 5e7 and 1e9)
+local prefetch, max_live = tonumber(arg[7] or 5e7), tonumber(arg[8] or 1e9)
 local W, r = dist.world_size(), dist.rank()
 local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " offload" or "", W, gas, clip,
-  persist > 0 and (" persistence<" .. persist) or "") .. (overlap and " overlap_comm" or "")
+  persist > 0 and (" persistence<" .. persist) or "") .. (overlap and " overlap_comm" or "") ..
+  (arg[7] and (" prefetch=" .. prefetch) or "") .. (arg[8] and (" max_live=" .. max_live) or "")
 local STEPS, MB, TLEN = 4, 2, 12
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
@@ -53,9 +56,20 @@ local engine = zr.initialize({ model = model, config = {
   steps_per_print = 1000000,
   optimizer = { type = "AdamW", params = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = stage, reduce_bucket_size = 3000, stage3_param_persistence_threshold = persist,
-    overlap_comm = overlap,
+    overlap_comm = overlap, stage3_prefetch_bucket_size = prefetch, stage3_max_live_parameters = max_live,
     offload_optimizer = offload and { device = "cpu" } or nil },
 } })
+-- stage 3: gathered + in-flight elements seen when a module starts (after its own gather and
+-- the prefetch it starts), and the largest module's own parameters
+local Module = require "zrun.nn.module"
+local live_max, own_max = 0, 0
+local probe = stage == 3 and Module.register_module_forward_pre_hook(function(m)
+  local n = 0
+  for _, p in ipairs(m:parameters(false)) do n = n + p:numel() end
+  if n == 0 or engine.global_steps == 0 then return end
+  own_max = math.max(own_max, n)
+  live_max = math.max(live_max, engine.zero:live_numel())
+end)
 local losses = {}
 for s = 1, STEPS do
   local tot = 0
@@ -71,8 +85,22 @@ for s = 1, STEPS do
   losses[s] = t:item()
 end
 
+if probe then probe.remove() end
 local function check()
   T.near(losses, ref_losses, 2e-5, 0, "losses")
+  if stage == 3 and persist == 0 then
+    -- the embedding (16,576) stays gathered through a step: beyond that and the running module,
+    -- live parameters are prefetched ones, which the budget and the live bound limit
+    local extra = live_max - 16576 - own_max
+    if prefetch >= 1e5 and max_live >= 1e9 then
+      assert(extra > 0, ("prefetch: nothing in flight ahead (live max %d, own max %d)"):format(live_max, own_max))
+    end
+    if prefetch == 0 then assert(extra <= 0, ("prefetch off but %d elements ahead"):format(extra)) end
+    if max_live < 1e9 then
+      assert(live_max <= math.max(max_live, own_max + 16576),
+        ("live %d elements, above stage3_max_live_parameters %d"):format(live_max, max_live))
+    end
+  end
   -- stage 3 keeps parameters partitioned: gather them to compare
   local ps = engine:parameters()
   if stage == 3 then

@@ -1,0 +1,196 @@
+/* CPU kernels for ZeRO optimizer offload (see offload.h): sum of squares, fused AdamW with the
+ * gradient scale and a 16-bit weight output, accumulate/overwrite, fill and cast, over one flat
+ * fp32 partition. Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs
+ * a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
+ * picked at load time, and need -fno-math-errno (Makefile) for a vector sqrt. fp32 only: the f64
+ * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. */
+#include "offload.h"
+
+#ifndef ZR_REAL_F64
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#define PAR_N 65536      /* below this, threads cost more than they save */
+#define MAX_THREADS 1024 /* per-thread partial sums live on the stack */
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define CLONES
+#endif
+
+/* This thread's chunk [lo, hi) of [0, n): equal parts, cut at multiples of 16 elements (64 B). */
+static void chunk_of(int64_t n, int64_t *lo, int64_t *hi) {
+    int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t b = ((n + T - 1) / T + 15) & ~(int64_t)15;
+    *lo = t * b < n ? t * b : n;
+    *hi = *lo + b < n ? *lo + b : n;
+}
+
+static inline uint16_t bf16_rne(float f) { /* zr_f32_to_bf16, written as a select */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+/* --- sum of squares --- */
+
+CLONES static double sumsq_chunk(const float *restrict x, int64_t n) {
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+double offload_sumsq_cpu(const float *x, int64_t n) {
+    double part[MAX_THREADS];
+    int T = omp_get_max_threads();
+    if (T > MAX_THREADS) T = MAX_THREADS;
+    if (n <= PAR_N) T = 1;
+    for (int t = 0; t < T; t++) part[t] = 0;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+        int64_t lo, hi;
+        chunk_of(n, &lo, &hi);
+        part[omp_get_thread_num()] = sumsq_chunk(x + lo, hi - lo);
+    }
+    double s = 0;
+    for (int t = 0; t < T; t++) s += part[t]; /* fixed order: same bits for the same thread count */
+    return s;
+}
+
+/* --- AdamW --- */
+
+#define ADAMW_LOOP(STORE)                                                                          \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+        float gi = g[i] * gs;                                                                      \
+        float mi = m[i] + omb1 * (gi - m[i]);                                                      \
+        float vi = b2 * v[i] + omb2 * gi * gi;                                                     \
+        m[i] = mi;                                                                                 \
+        v[i] = vi;                                                                                 \
+        float pi = p[i] * dec - ss * mi / (sqrtf(vi) / bc2 + ep);                                  \
+        p[i] = pi;                                                                                 \
+        STORE;                                                                                     \
+    }
+#define ADAMW_SCALARS                                                                              \
+    const float gs = a->grad_scale, dec = a->decay, omb1 = a->omb1, b2 = a->beta2;                  \
+    const float omb2 = a->omb2, ep = a->eps, ss = a->step_size, bc2 = a->bc2_sqrt
+
+CLONES static void adamw_chunk(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
+                               int64_t n, const offload_adamw_args *a) {
+    ADAMW_SCALARS;
+    ADAMW_LOOP((void)0)
+}
+CLONES static void adamw_chunk_f32(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
+                                   int64_t n, const offload_adamw_args *a, float *restrict o) {
+    ADAMW_SCALARS;
+    ADAMW_LOOP(o[i] = pi)
+}
+CLONES static void adamw_chunk_bf16(float *restrict p, float *restrict m, float *restrict v, const float *restrict g,
+                                    int64_t n, const offload_adamw_args *a, uint16_t *restrict o) {
+    ADAMW_SCALARS;
+    ADAMW_LOOP(o[i] = bf16_rne(pi))
+}
+
+/* f32 -> f16 bit patterns, round to nearest even (F16C when the build has it). */
+static void cast_f16_chunk(uint16_t *restrict o, const float *restrict x, int64_t n) {
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) o[i] = zr_f32_to_f16(x[i]);
+}
+
+static void adamw_chunk_any(float *p, float *m, float *v, const float *g, int64_t n, const offload_adamw_args *a,
+                            void *out, zr_dtype dt) {
+    if (!out) adamw_chunk(p, m, v, g, n, a);
+    else if (dt == ZR_BF16) adamw_chunk_bf16(p, m, v, g, n, a, out);
+    else if (dt == ZR_F32) adamw_chunk_f32(p, m, v, g, n, a, out);
+    else /* f16: update a block, then convert it while it is still in L1 */
+        for (int64_t b = 0; b < n; b += 2048) {
+            int64_t k = n - b < 2048 ? n - b : 2048;
+            adamw_chunk(p + b, m + b, v + b, g + b, k, a);
+            cast_f16_chunk((uint16_t *)out + b, p + b, k);
+        }
+}
+
+void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const offload_adamw_args *a,
+                       void *out, zr_dtype out_dt) {
+    size_t es = out_dt == ZR_F32 ? 4 : 2;
+#pragma omp parallel if (n > PAR_N)
+    {
+        int64_t lo, hi;
+        chunk_of(n, &lo, &hi);
+        if (hi > lo)
+            adamw_chunk_any(p + lo, m + lo, v + lo, g + lo, hi - lo, a, out ? (char *)out + (size_t)lo * es : NULL,
+                            out_dt);
+    }
+}
+
+/* --- accumulate, fill, cast --- */
+
+CLONES static void add_f32(float *restrict d, const float *restrict s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] += s[i];
+}
+CLONES static void add_bf16(float *restrict d, const uint16_t *restrict s, int64_t n, int overwrite) {
+    if (overwrite)
+        for (int64_t i = 0; i < n; i++) d[i] = zr_bf16_to_f32(s[i]);
+    else
+        for (int64_t i = 0; i < n; i++) d[i] += zr_bf16_to_f32(s[i]);
+}
+static void add_f16(float *restrict d, const uint16_t *restrict s, int64_t n, int overwrite) {
+    for (int64_t i = 0; i < n; i++) d[i] = (overwrite ? 0.0f : d[i]) + zr_f16_to_f32(s[i]);
+}
+
+void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite) {
+#pragma omp parallel if (n > PAR_N)
+    {
+        int64_t lo, hi;
+        chunk_of(n, &lo, &hi);
+        if (hi > lo) {
+            if (src_dt == ZR_F32 && overwrite) memcpy(dst + lo, (const float *)src + lo, (size_t)(hi - lo) * 4);
+            else if (src_dt == ZR_F32) add_f32(dst + lo, (const float *)src + lo, hi - lo);
+            else if (src_dt == ZR_BF16) add_bf16(dst + lo, (const uint16_t *)src + lo, hi - lo, overwrite);
+            else add_f16(dst + lo, (const uint16_t *)src + lo, hi - lo, overwrite);
+        }
+    }
+}
+
+void offload_fill_cpu(float *dst, int64_t n, float v) {
+#pragma omp parallel if (n > PAR_N)
+    {
+        int64_t lo, hi;
+        chunk_of(n, &lo, &hi);
+        if (v == 0) memset(dst + lo, 0, (size_t)(hi - lo) * 4);
+        else
+            for (int64_t i = lo; i < hi; i++) dst[i] = v;
+    }
+}
+
+CLONES static void cast_bf16_chunk(uint16_t *restrict o, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = bf16_rne(x[i]);
+}
+
+void offload_cast_cpu(void *dst, zr_dtype dst_dt, const float *src, int64_t n) {
+#pragma omp parallel if (n > PAR_N)
+    {
+        int64_t lo, hi;
+        chunk_of(n, &lo, &hi);
+        if (hi > lo) {
+            if (dst_dt == ZR_F32) memcpy((float *)dst + lo, src + lo, (size_t)(hi - lo) * 4);
+            else if (dst_dt == ZR_BF16) cast_bf16_chunk((uint16_t *)dst + lo, src + lo, hi - lo);
+            else cast_f16_chunk((uint16_t *)dst + lo, src + lo, hi - lo);
+        }
+    }
+}
+
+#else
+typedef int zr_offload_kernels_are_f32_only; /* keeps the f64 translation unit non-empty */
+#endif

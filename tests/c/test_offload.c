@@ -1,0 +1,238 @@
+/* C tests for the ZeRO offload kernels (kernels/cpu/offload.c) and the host bookkeeping of
+ * runtime/zero_offload.c: every kernel against a plain double-precision loop at awkward sizes
+ * (1, 7, 65537, 200003: the last two run on several OpenMP threads), the 16-bit outputs against
+ * dtype.h's scalar conversions (ties, NaN, inf, overflow, subnormals), the gradient scale, and
+ * the lazy zeroing of the gradient partition (overwrite on first add, untouched ranges zeroed). */
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cpu/offload.h"
+#include "dtype.h"
+#include "zero_offload.h"
+
+static const int64_t SIZES[] = {1, 7, 65537, 200003};
+#define NSIZES (int)(sizeof SIZES / sizeof SIZES[0])
+
+/* Deterministic values in [-2, 2]. */
+static double val(int64_t i, int k) { return 2.0 * sin(0.37 * (double)i + 1.3 * k) * cos(0.011 * (double)i * (k + 1)); }
+
+static float *fvec(int64_t n, int k) {
+    float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) x[i] = (float)val(i, k);
+    return x;
+}
+
+TEST(sumsq_matches_double_loop) {
+    int64_t sizes[] = {0, 1, 7, 65537, 200003};
+    for (int s = 0; s < 5; s++) {
+        int64_t n = sizes[s];
+        float *x = fvec(n, 1);
+        double ref = 0;
+        for (int64_t i = 0; i < n; i++) ref += (double)x[i] * (double)x[i];
+        double got = offload_sumsq_cpu(x, n);
+        CHECK_MSG(fabs(got - ref) <= 1e-12 * (ref + 1e-300) || (n == 0 && got == 0), "n=%lld: %.17g vs %.17g",
+                  (long long)n, got, ref);
+        free(x);
+    }
+}
+
+/* Three AdamW steps with a gradient scale, against torch's formula in double. out_dt 0: none. */
+static void adamw_case(int64_t n, zr_dtype out_dt, int with_out) {
+    const double lr = 0.01, b1 = 0.9, b2 = 0.98, eps = 1e-6, wd = 0.1, gs = 0.37;
+    float *p = fvec(n, 0), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4), *g = NULL;
+    double *rp = malloc(8 * (size_t)n), *rm = calloc((size_t)n, 8), *rv = calloc((size_t)n, 8);
+    void *out = with_out ? malloc((size_t)n * 4) : NULL;
+    for (int64_t i = 0; i < n; i++) rp[i] = p[i];
+    for (int step = 1; step <= 3; step++) {
+        free(g);
+        g = fvec(n, step + 3);
+        double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+        offload_adamw_args a = {(float)gs, (float)(1 - lr * wd), (float)(1 - b1), (float)b2, (float)(1 - b2),
+                                (float)eps, (float)(lr / bc1), (float)sqrt(bc2)};
+        offload_adamw_cpu(p, m, v, g, n, &a, out, out_dt);
+        for (int64_t i = 0; i < n; i++) {
+            double gi = (double)g[i] * gs;
+            rp[i] -= lr * wd * rp[i];
+            rm[i] = b1 * rm[i] + (1 - b1) * gi;
+            rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+            rp[i] -= lr * (rm[i] / bc1) / (sqrt(rv[i] / bc2) + eps);
+        }
+    }
+    for (int64_t i = 0; i < n && !test_failed_flag; i++) {
+        CHECK_MSG(fabs(p[i] - rp[i]) <= 2e-5, "n=%lld p[%lld] = %.9g, expected %.9g", (long long)n, (long long)i, p[i], rp[i]);
+        CHECK_MSG(fabs(m[i] - rm[i]) <= 1e-5 * (fabs(rm[i]) + 1e-3), "n=%lld m[%lld]", (long long)n, (long long)i);
+        CHECK_MSG(fabs(v[i] - rv[i]) <= 1e-5 * (fabs(rv[i]) + 1e-6), "n=%lld v[%lld]", (long long)n, (long long)i);
+        if (!out) continue;
+        if (out_dt == ZR_F32) CHECK(((float *)out)[i] == p[i]);
+        uint16_t o = ((uint16_t *)out)[i];
+        if (out_dt == ZR_BF16) {
+            CHECK_MSG(o == zr_f32_to_bf16(p[i]), "bf16 out[%lld] = %04x, expected %04x", (long long)i, o, zr_f32_to_bf16(p[i]));
+            CHECK(fabs(zr_bf16_to_f32(o) - rp[i]) <= fabs(rp[i]) / 256 + 2e-5);
+        }
+        if (out_dt == ZR_F16) {
+            CHECK_MSG(o == zr_f32_to_f16(p[i]), "f16 out[%lld] = %04x, expected %04x", (long long)i, o, zr_f32_to_f16(p[i]));
+            CHECK(fabs(zr_f16_to_f32(o) - rp[i]) <= fabs(rp[i]) / 1024 + 2e-5);
+        }
+    }
+    free(p), free(m), free(v), free(g), free(rp), free(rm), free(rv), free(out);
+}
+
+TEST(adamw_scaled_matches_double_loop) {
+    for (int s = 0; s < NSIZES; s++) adamw_case(SIZES[s], ZR_F32, 0);
+}
+TEST(adamw_writes_f32_bf16_f16_weights) {
+    zr_dtype dts[] = {ZR_F32, ZR_BF16, ZR_F16};
+    for (int s = 0; s < NSIZES; s++)
+        for (int d = 0; d < 3; d++) adamw_case(SIZES[s], dts[d], 1);
+}
+
+/* Float bit patterns the 16-bit roundings must get right, placed among ordinary values. */
+static float special(int k) {
+    const float v[] = {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048,
+                       65504.0f, 65520.0f, 1e-8f, 6e-8f, 3e-5f, INFINITY, -INFINITY, NAN, FLT_MAX, 1e-40f, -2.5e-39f};
+    return v[k % (int)(sizeof v / sizeof v[0])];
+}
+
+TEST(cast_rounds_like_dtype_h) {
+    for (int s = 0; s < NSIZES; s++) {
+        int64_t n = SIZES[s];
+        float *x = fvec(n, 2);
+        for (int64_t i = 0, k = 0; i < n; i += 1 + i / 3, k++) x[i] = special((int)k);
+        uint16_t *o = malloc((size_t)n * 2);
+        float *of = malloc((size_t)n * 4);
+        offload_cast_cpu(o, ZR_BF16, x, n);
+        for (int64_t i = 0; i < n && !test_failed_flag; i++)
+            CHECK_MSG(o[i] == zr_f32_to_bf16(x[i]), "bf16(%g) = %04x, expected %04x", x[i], o[i], zr_f32_to_bf16(x[i]));
+        offload_cast_cpu(o, ZR_F16, x, n);
+        for (int64_t i = 0; i < n && !test_failed_flag; i++) {
+            if (isnan(x[i])) CHECK((o[i] & 0x7c00) == 0x7c00 && (o[i] & 0x3ff));
+            else CHECK_MSG(o[i] == zr_f32_to_f16(x[i]), "f16(%g) = %04x, expected %04x", x[i], o[i], zr_f32_to_f16(x[i]));
+        }
+        offload_cast_cpu(of, ZR_F32, x, n);
+        CHECK(memcmp(of, x, (size_t)n * 4) == 0);
+        free(x), free(o), free(of);
+    }
+}
+
+TEST(accumulate_and_fill_match_double_loop) {
+    zr_dtype dts[] = {ZR_F32, ZR_BF16, ZR_F16};
+    for (int s = 0; s < NSIZES; s++) {
+        int64_t n = SIZES[s];
+        for (int d = 0; d < 3; d++)
+            for (int ow = 0; ow < 2; ow++) {
+                float *dst = fvec(n, 5), *sf = fvec(n, 6);
+                uint16_t *sh = malloc((size_t)n * 2);
+                double *ref = malloc((size_t)n * 8);
+                for (int64_t i = 0; i < n; i++) {
+                    double sv = sf[i];
+                    if (dts[d] == ZR_BF16) sv = zr_bf16_to_f32(sh[i] = zr_f32_to_bf16(sf[i]));
+                    if (dts[d] == ZR_F16) sv = zr_f16_to_f32(sh[i] = zr_f32_to_f16(sf[i]));
+                    ref[i] = (ow ? 0 : (double)dst[i]) + sv;
+                }
+                offload_accumulate_cpu(dst, dts[d] == ZR_F32 ? (const void *)sf : sh, dts[d], n, ow);
+                for (int64_t i = 0; i < n && !test_failed_flag; i++)
+                    CHECK_MSG(fabs(dst[i] - ref[i]) <= 4e-7 * (fabs(ref[i]) + 1), "n=%lld dt %d ow %d: [%lld] %.9g vs %.9g",
+                              (long long)n, d, ow, (long long)i, dst[i], ref[i]);
+                free(dst), free(sf), free(sh), free(ref);
+            }
+        float *x = fvec(n, 7);
+        offload_fill_cpu(x, n, 0);
+        for (int64_t i = 0; i < n; i++) CHECK(x[i] == 0);
+        offload_fill_cpu(x, n, 2.5f);
+        for (int64_t i = 0; i < n; i++) CHECK(x[i] == 2.5f);
+        free(x);
+    }
+}
+
+/* A 1-D f32 (or bf16) CPU tensor holding vals. */
+static zr_tensor *vec(int64_t n, const float *vals, zr_dtype dt) {
+    zr_tensor *t = zr_tensor_new(dt, zr_cpu(), 1, &n);
+    for (int64_t i = 0; i < n; i++) zr_tensor_set(t, i, vals[i]);
+    return t;
+}
+
+/* Lazy zeroing: segments {0,5} {5,0} {5,3} {8,4} of a 12-element partition. */
+TEST(lazy_zero_overwrites_then_adds) {
+    int64_t S = 12;
+    zr_tensor *gp = zr_tensor_new(ZR_F32, zr_cpu(), 1, &S);
+    float *g = zr_tensor_data(gp);
+    zr_offload_segment segs[] = {{0, 5, 0}, {5, 0, 0}, {5, 3, 0}, {8, 4, 0}};
+    zr_offload *o = zr_offload_new(gp, zr_cpu(), ZR_BF16, 4, segs, 16, 0, 1);
+    CHECK(o && zr_offload_find(gp) == o);
+    if (!o) return;
+    double ref[12] = {0};
+    for (int i = 0; i < 12; i++) g[i] = 99; /* stale contents from the last step */
+    CHECK(zr_offload_grad_zero(o) == ZR_OK);
+    float a[5] = {1, 2, 3, 4, 5}, b[3] = {0.5f, -1, 2}, c[3] = {0.25f, 0.25f, -3}, d[2] = {10, 20};
+    zr_tensor *ta = vec(5, a, ZR_F32), *tb = vec(3, b, ZR_F32), *tc = vec(3, c, ZR_BF16), *td = vec(2, d, ZR_F32);
+    CHECK(zr_offload_grad_add(o, 0, ta, 0) == ZR_OK); /* first into segment 0: overwrite */
+    for (int i = 0; i < 5; i++) ref[i] = a[i];
+    CHECK(zr_offload_grad_add(o, 5, tb, 0) == ZR_OK); /* first into segment 2: overwrite */
+    CHECK(zr_offload_grad_add(o, 5, tc, 0) == ZR_OK); /* second (bf16): add */
+    for (int i = 0; i < 3; i++) ref[5 + i] = (double)b[i] + c[i];
+    CHECK(zr_offload_grad_add(o, 2, td, 0) == ZR_OK); /* inside segment 0: add */
+    ref[2] += d[0], ref[3] += d[1];
+    CHECK(zr_offload_grad_sync(o) == ZR_OK); /* segment 3 got nothing: zeros */
+    for (int i = 0; i < 12; i++) CHECK_MSG(g[i] == ref[i], "step 1: g[%d] = %g, expected %g", i, g[i], ref[i]);
+    double ss = 0, got;
+    for (int i = 0; i < 12; i++) ss += ref[i] * ref[i];
+    CHECK(zr_offload_sumsq(o, &got) == ZR_OK && fabs(got - ss) < 1e-9);
+    /* next step: a range across segments 2 and 3 zeroes both first, then adds */
+    for (int i = 0; i < 12; i++) g[i] = 99, ref[i] = 0;
+    CHECK(zr_offload_grad_zero(o) == ZR_OK);
+    CHECK(zr_offload_grad_add(o, 6, ta, 0) == ZR_OK); /* elements 6..10 */
+    zr_tensor *t4 = zr_tensor_narrow_raw(ta, 0, 0, 4);
+    CHECK(zr_offload_grad_add(o, 6, t4, 0) == ZR_OK); /* elements 6..9 */
+    for (int i = 0; i < 5; i++) ref[6 + i] += a[i];
+    for (int i = 0; i < 4; i++) ref[6 + i] += a[i];
+    CHECK(zr_offload_grad_sync(o) == ZR_OK);
+    for (int i = 0; i < 12; i++) CHECK_MSG(g[i] == ref[i], "step 2: g[%d] = %g, expected %g", i, g[i], ref[i]);
+    /* a range outside the partition is refused */
+    CHECK(zr_offload_grad_add(o, 10, ta, 0) == ZR_ERR);
+    zr_tensor_release(t4);
+    zr_tensor_release(ta), zr_tensor_release(tb), zr_tensor_release(tc), zr_tensor_release(td);
+    zr_offload_free(o);
+    CHECK(zr_offload_find(gp) == NULL);
+    zr_tensor_release(gp);
+}
+
+/* zr_offload_adamw: per-segment weight decay and the bf16 weights at each segment's offset. */
+TEST(offload_adamw_segments) {
+    int64_t S = 65537 + 7 + 1;
+    zr_tensor *gp = zr_tensor_new(ZR_F32, zr_cpu(), 1, &S);
+    float *g = zr_tensor_data(gp), *p = fvec(S, 0), *m = calloc((size_t)S, 4), *v = calloc((size_t)S, 4);
+    zr_offload_segment segs[] = {{0, 7, 0.0}, {7, 65537, 0.1}, {65544, 1, 0.5}};
+    zr_offload *o = zr_offload_new(gp, zr_cpu(), ZR_BF16, 3, segs, S, 0, 1);
+    uint16_t *w = o ? zr_offload_weights16(o) : NULL;
+    CHECK(o && w);
+    if (!w) return;
+    for (int64_t i = 0; i < S; i++) g[i] = (float)val(i, 9);
+    double lr = 0.02, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, lr, b1, b2, eps, w) == ZR_OK);
+    int64_t probe[3] = {3, 7 + 40000, 65544};
+    for (int k = 0; k < 3; k++) {
+        int64_t i = probe[k];
+        double p0 = (float)val(i, 0), gi = (double)g[i] * gs, mm = (1 - b1) * gi, vv = (1 - b2) * gi * gi;
+        ref[k] = p0 * (1 - lr * segs[k].wd) - lr * (mm / (1 - b1)) / (sqrt(vv / (1 - b2)) + eps);
+        CHECK_MSG(fabs(p[i] - ref[k]) <= 1e-6, "segment %d: p = %.9g, expected %.9g", k, p[i], ref[k]);
+        CHECK(w[i] == zr_f32_to_bf16(p[i]));
+    }
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, lr, b1, b2, eps, w) == ZR_ERR); /* step counts from 1 */
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, lr, 1.5, b2, eps, w) == ZR_ERR); /* beta1 out of range */
+    zr_offload_free(o);
+    zr_tensor_release(gp);
+    free(p), free(m), free(v);
+}
+
+int main(void) {
+    RUN(sumsq_matches_double_loop);
+    RUN(adamw_scaled_matches_double_loop);
+    RUN(adamw_writes_f32_bf16_f16_weights);
+    RUN(cast_rounds_like_dtype_h);
+    RUN(accumulate_and_fill_match_double_loop);
+    RUN(lazy_zero_overwrites_then_adds);
+    RUN(offload_adamw_segments);
+    return test_summary();
+}
