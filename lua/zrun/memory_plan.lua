@@ -716,12 +716,8 @@ function M.plan(o)
     local gathered = act and act.gathered or (maxn + (cfg.tie_word_embeddings and maxn2 or 0)) * b
     dev.params = dev.params + gathered
   end
-  -- engine:step: the global gradient norm squares the fp32 gradient partition (a temporary of S
-  -- elements where the partition lives), while the step's uncollected activations still exist
-  -- (on a GPU a fused kernel reads the partition once: no temporary)
-  local left = act and act.after_backward or 0
-  if s.offload_optimizer then host.activations = S * 4
-  elseif s.device == "cpu" then dev.activations = max(dev.activations, left + S * 4) end
+  -- engine:step: the global gradient norm reads the fp32 partition once (a fused kernel on the
+  -- GPU, an OpenMP reduction on the host): no temporary
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end
