@@ -18,6 +18,10 @@ extern "C" {
 /* ---- kernels -------------------------------------------------------------------------------- */
 
 #define NORM_BWD_MAX_BLOCKS 512 /* 1024 measured slower on the H200 */
+#ifndef NORM_FWD_WAVES
+#define NORM_FWD_WAVES 0 /* forward register path: grid capped at this many rounds of resident
+                          * blocks (rows stride over it); 0: one row per group (measured best) */
+#endif
 
 
 /* One block per row. LN: y = (x-mean)*rstd*w + b; else y = x*rstd*w. RES: x := x + res first,
@@ -188,9 +192,30 @@ static __device__ __forceinline__ float2 group_reduce(float a, float b, float2 *
     return s;
 }
 
-/* Forward, one row per group: LN: y = (x-mean)*rstd*w + b, else y = x*rstd*w; RES: x := x + res
- * rounded to T and written to hout (which may alias x or res: each element is read before it is
- * written by the same thread). */
+/* 16 raw bytes (V elements) of row `row` at chunk c of this lane, zero when past the row or N. */
+template <typename T, int V, int C, int WPR>
+static __device__ __forceinline__ void ld_row(uint4 *r, const T *p, int64_t row, int64_t N,
+                                              int64_t D, int tig) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+        r[c] = row < N && i < D ? *reinterpret_cast<const uint4 *>(p + row * D + i)
+                                : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+template <typename T, int V>
+static __device__ __forceinline__ void unpack(float *f, const uint4 &r) {
+    const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+    for (int k = 0; k < V; ++k) f[k] = tof<T>(e[k]);
+}
+
+/* Forward: a row per group, its raw 16-byte chunks loaded before any use. With NORM_FWD_WAVES > 0
+ * the grid is capped and groups stride over rows, loading the next row before working on the
+ * current one (measured no faster on the H200 at N=16384, D=2048, so off by default).
+ * LN: y = (x-mean)*rstd*w + b, else y = x*rstd*w; RES: x := x + res rounded to T and written to
+ * hout (which may alias x or res: each element is read before it is written, and the row
+ * prefetched is another row). */
 template <typename T, int V, int C, int WPR, bool LN, bool RES>
 __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
     norm_fwd_reg_kernel(T *__restrict__ y, T *hout, float *__restrict__ mean_out,
@@ -200,81 +225,94 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
     __shared__ float2 red[2 * 16];
     const int warp = threadIdx.x >> 5, G = (blockDim.x >> 5) / WPR, grp = warp / WPR;
     const int tig = threadIdx.x - grp * WPR * 32;
-    const int64_t row = (int64_t)blockIdx.x * G + grp;
-    if (row >= N) return; /* whole groups leave together: their barrier is theirs alone */
+    const int64_t stride = (int64_t)gridDim.x * G;
+    int64_t row = (int64_t)blockIdx.x * G + grp; /* uniform in the group: its barrier is its own */
     int par = 0;
-    float f[C][V];
-    const int64_t base = row * D;
-    float s = 0.f;
+    uint4 cx[C], cr[C];
+    ld_row<T, V, C, WPR>(cx, x, row, N, D, tig);
+    if (RES) ld_row<T, V, C, WPR>(cr, res, row, N, D, tig);
+    for (; row < N; row += stride) {
+        uint4 nx[C], nr[C];
+        ld_row<T, V, C, WPR>(nx, x, row + stride, N, D, tig);
+        if (RES) ld_row<T, V, C, WPR>(nr, res, row + stride, N, D, tig);
+        const int64_t base = row * D;
+        float f[C][V];
+        float s = 0.f;
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-        if (i < D) {
-            ldv<T, V>(f[c], x + base + i);
+        for (int c = 0; c < C; ++c) {
+            unpack<T, V>(f[c], cx[c]);
             if (RES) {
                 float r[V];
-                ldv<T, V>(r, res + base + i);
+                unpack<T, V>(r, cr[c]);
 #pragma unroll
                 for (int k = 0; k < V; ++k) f[c][k] = tof<T>(fromf<T>(f[c][k] + r[k]));
             }
-        } else {
-#pragma unroll
-            for (int k = 0; k < V; ++k) f[c][k] = 0.f;
         }
-    }
-    if (RES) {
+        if (RES) {
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-            if (i < D) stv<T, V>(hout + base + i, f[c]);
-        }
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-        for (int k = 0; k < V; ++k) s += LN ? f[c][k] : f[c][k] * f[c][k];
-    float mu = 0.f, var;
-    if (LN) {
-        mu = group_reduce<WPR, false>(s, 0.f, red, par).x / (float)D;
-        float s2 = 0.f;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-            const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-            if (i < D)
-#pragma unroll
-                for (int k = 0; k < V; ++k) s2 += (f[c][k] - mu) * (f[c][k] - mu);
-        }
-        var = group_reduce<WPR, false>(s2, 0.f, red, par).x / (float)D;
-    } else {
-        var = group_reduce<WPR, false>(s, 0.f, red, par).x / (float)D;
-    }
-    const float r = rsqrtf(var + eps);
-    if (tig == 0) {
-        if (rstd_out) rstd_out[row] = r;
-        if (LN && mean_out) mean_out[row] = mu;
-    }
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-        if (i < D) {
-            float wv[V], bv[V];
-            if (w) ldv<T, V>(wv, w + i);
-            if (LN && b) ldv<T, V>(bv, b + i);
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                float o = (f[c][k] - mu) * r;
-                if (w) o *= wv[k];
-                if (LN && b) o += bv[k];
-                f[c][k] = o;
+            for (int c = 0; c < C; ++c) {
+                const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+                if (i < D) stv<T, V>(hout + base + i, f[c]);
             }
-            stv<T, V>(y + base + i, f[c]);
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int k = 0; k < V; ++k) s += LN ? f[c][k] : f[c][k] * f[c][k];
+        float mu = 0.f, var;
+        if (LN) {
+            mu = group_reduce<WPR, false>(s, 0.f, red, par).x / (float)D;
+            float s2 = 0.f;
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+                if (i < D)
+#pragma unroll
+                    for (int k = 0; k < V; ++k) s2 += (f[c][k] - mu) * (f[c][k] - mu);
+            }
+            var = group_reduce<WPR, false>(s2, 0.f, red, par).x / (float)D;
+        } else {
+            var = group_reduce<WPR, false>(s, 0.f, red, par).x / (float)D;
+        }
+        const float r = rsqrtf(var + eps);
+        if (tig == 0) {
+            if (rstd_out) rstd_out[row] = r;
+            if (LN && mean_out) mean_out[row] = mu;
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+            if (i < D) {
+                float wv[V], bv[V];
+                if (w) ldv<T, V>(wv, w + i);
+                if (LN && b) ldv<T, V>(bv, b + i);
+#pragma unroll
+                for (int k = 0; k < V; ++k) {
+                    float o = (f[c][k] - mu) * r;
+                    if (w) o *= wv[k];
+                    if (LN && b) o += bv[k];
+                    f[c][k] = o;
+                }
+                stv<T, V>(y + base + i, f[c]);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            cx[c] = nx[c];
+            if (RES) cr[c] = nr[c];
         }
     }
 }
 
-/* Backward: a grid of row-striding blocks of 8 warps (8 / WPR groups); each thread keeps the
- * weight-gradient sums of its own columns in registers, the block adds its groups' sums in group
- * order and writes one partial row: part[blockIdx.x] = (sum dy*xhat (D), sum dy (D)). */
+/* Backward: a grid of row-striding blocks of 8 warps (8 / WPR groups). RMSNorm: each group loads
+ * the next row (x, dy, dres, rstd) before working on the current one, and dres with x and dy (not
+ * after the reduction): one memory latency per row and two rows per group in flight (measured
+ * 68% -> 80% of copy); LayerNorm loads only the current row (the prefetch registers cost it
+ * occupancy: 63% -> 61%). Each
+ * thread keeps the weight-gradient sums of its own columns in registers, the block adds its
+ * groups' sums in group order and writes one partial row: part[blockIdx.x] = (sum dy*xhat (D),
+ * sum dy (D)). dx may alias dy or dres (a row is read before it is written; the prefetched row is
+ * another one). */
 template <typename T, int V, int C, int WPR, bool LN>
 __global__ void __launch_bounds__(256)
     norm_bwd_reg_kernel(T *dx, float *__restrict__ part, const T *dy, const T *__restrict__ x,
@@ -293,30 +331,49 @@ __global__ void __launch_bounds__(256)
         for (int k = 0; k < V; ++k) aw[c][k] = ab[c][k] = 0.f, wv[c][k] = 1.f;
         if (w && i < D) ldv<T, V>(wv[c], w + i);
     }
-    for (int64_t row = (int64_t)blockIdx.x * G + grp; row < N; row += (int64_t)gridDim.x * G) {
-        const float r = rstd[row], mu = LN ? mean[row] : 0.f;
+    const int64_t stride = (int64_t)gridDim.x * G;
+    int64_t row = (int64_t)blockIdx.x * G + grp;
+    constexpr bool PF = !LN; /* LayerNorm (C = 2): the prefetch registers cost occupancy (slower) */
+    uint4 cx[C], cd[C], cr[C];
+    float crs = 0.f, cmu = 0.f;
+    if (PF) {
+        ld_row<T, V, C, WPR>(cx, x, row, N, D, tig);
+        ld_row<T, V, C, WPR>(cd, dy, row, N, D, tig);
+        if (dres) ld_row<T, V, C, WPR>(cr, dres, row, N, D, tig);
+        if (row < N) crs = rstd[row], cmu = LN ? mean[row] : 0.f;
+    }
+    for (; row < N; row += stride) {
+        const int64_t nrow = PF ? row + stride : row; /* the row loaded now */
+        uint4 nx[C], nd[C], nr[C];
+        float nrs = 0.f, nmu = 0.f;
+        ld_row<T, V, C, WPR>(PF ? nx : cx, x, nrow, N, D, tig);
+        ld_row<T, V, C, WPR>(PF ? nd : cd, dy, nrow, N, D, tig);
+        if (dres) ld_row<T, V, C, WPR>(PF ? nr : cr, dres, nrow, N, D, tig);
+        if (nrow < N) {
+            float &rs = PF ? nrs : crs, &mu_ = PF ? nmu : cmu;
+            rs = rstd[nrow];
+            mu_ = LN ? mean[nrow] : 0.f;
+        }
+        const float r = crs, mu = cmu;
         const int64_t base = row * D;
         float f[C][V], d[C][V];
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-            if (i < D) {
-                ldv<T, V>(f[c], x + base + i);
-                ldv<T, V>(d[c], dy + base + i);
-            } else {
-#pragma unroll
-                for (int k = 0; k < V; ++k) f[c][k] = mu, d[c][k] = 0.f;
-            }
+            unpack<T, V>(f[c], cx[c]);
+            unpack<T, V>(d[c], cd[c]);
         }
         float sg = 0.f, sgx = 0.f;
 #pragma unroll
-        for (int c = 0; c < C; ++c)
+        for (int c = 0; c < C; ++c) {
+            const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+            if (i < D)
 #pragma unroll
-            for (int k = 0; k < V; ++k) {
-                const float g = d[c][k] * wv[c][k];
-                sg += g;
-                sgx += g * (f[c][k] - mu) * r;
-            }
+                for (int k = 0; k < V; ++k) {
+                    const float g = d[c][k] * wv[c][k];
+                    sg += g;
+                    sgx += g * (f[c][k] - mu) * r;
+                }
+        }
         const float2 t = group_reduce<WPR, false>(sgx, sg, red, par);
         sgx = t.x / (float)D;
         sg = LN ? t.y / (float)D : 0.f;
@@ -325,7 +382,7 @@ __global__ void __launch_bounds__(256)
             const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
             if (i < D) {
                 float o[V];
-                if (dres) ldv<T, V>(o, dres + base + i);
+                if (dres) unpack<T, V>(o, cr[c]);
 #pragma unroll
                 for (int k = 0; k < V; ++k) {
                     const float xh = (f[c][k] - mu) * r, g = d[c][k] * wv[c][k];
@@ -336,6 +393,14 @@ __global__ void __launch_bounds__(256)
                 }
                 stv<T, V>(dx + base + i, o);
             }
+        }
+        if (PF) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                cx[c] = nx[c], cd[c] = nd[c];
+                if (dres) cr[c] = nr[c];
+            }
+            crs = nrs, cmu = nmu;
         }
     }
     if (!part) return;
@@ -427,10 +492,18 @@ static void fwd_reg_launch(void *y, void *h, float *mean, float *rstd, const voi
                            const void *res, const void *w, const void *b, int64_t N, int64_t D,
                            float eps, cudaStream_t st) {
     const int NW = WPR < 4 ? 4 : WPR, G = NW / WPR;
-    norm_fwd_reg_kernel<T, 16 / sizeof(T), C, WPR, LN, RES>
-        <<<(unsigned)((N + G - 1) / G), NW * 32, 0, st>>>((T *)y, (T *)h, mean, rstd,
-                                                          (const T *)x, (const T *)res,
-                                                          (const T *)w, (const T *)b, N, D, eps);
+    auto k = norm_fwd_reg_kernel<T, 16 / sizeof(T), C, WPR, LN, RES>;
+    static int per_sm = -1; /* resident blocks per SM (racy but idempotent); 0: unknown */
+    if (NORM_FWD_WAVES > 0 && per_sm < 0 &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, NW * 32, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        per_sm = 0;
+    }
+    int64_t g = (N + G - 1) / G; /* one row per group, unless more rows than fit at once */
+    const int64_t cap = (int64_t)num_sms() * per_sm * NORM_FWD_WAVES;
+    if (cap > 0 && g > cap) g = cap;
+    k<<<(unsigned)g, NW * 32, 0, st>>>((T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res,
+                                       (const T *)w, (const T *)b, N, D, eps);
 }
 
 /* Launches the register path when it applies; false otherwise. */

@@ -324,14 +324,32 @@ function Sim:rope(x)
   end)
 end
 
-function Sim:sdpa(q, k, v, lse_bytes, gqa)
+-- kernels/cuda/attention.cu: attention_backward_workspace_size (fp32 dq accumulator, the dO.O row
+-- sums, and per-split fp32 dk/dv partials when the query group is split across blocks)
+local function split(blocks, G, limit)
+  local ns = 1
+  while G % (ns * 2) == 0 and blocks * ns < limit do ns = ns * 2 end
+  return ns
+end
+local function attention_workspace(B, Hq, Hkv, T, Dh)
+  local G = Hq / Hkv
+  local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
+  local a16 = function(n) return ceil(n / 16) * 16 end
+  local n = a16(B * Hq * T * Dh * 4) + a16(B * Hq * T * 4)
+  if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dh * 4 end
+  return n
+end
+
+function Sim:sdpa(q, k, v, lse_bytes, gqa, shape)
   if self.o.gpu then -- the flash kernel (ops_attention.c): contiguous q, k, v are what it saves
     local ins = { self:raw(q), self:raw(k), self:raw(v) }
     local out = self:lua(self:new(q.n))
     local lse = self:new(lse_bytes)
     self:record(out, { q, k, v }, { ins[1], ins[2], ins[3], out, lse }, function(S, _, g)
       local gi = S:raw(g)
+      local ws = S:new(attention_workspace(unpack(shape)), "ws")
       local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
+      S:drop(ws)
       S:drop(gi)
       return { dq, dk, dv }
     end)
@@ -508,7 +526,7 @@ local function llama_activations(cfg, o)
     local k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
     local v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
     q, k = S:rope(q), S:rope(k)
-    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV)
+    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D })
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
     local a2 = S:rms_norm(h, p.n2, N)
@@ -689,7 +707,9 @@ function M.plan(o)
   if s.overlap_comm and Wc > 1 and not direct then dev.comm = dev.comm * 2 end
   local comm_tr = 0
   if Wc > 1 and s.stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
-  if s.stage == 3 then comm_tr = max(comm_tr, ceil(maxn / Wc) * (Wc + 1) * b) end -- per-parameter gather
+  -- stage 3 all-gathers straight into the parameters' storage (counted as params); with
+  -- offload_param the host shard's slice is staged on the device first
+  if s.stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
   dev.comm = dev.comm + comm_tr
   if s.offload_optimizer then host.comm = max_c * 4 end -- a bucket segment copied to the host
 
