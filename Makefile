@@ -155,10 +155,14 @@ FUSED_TEST := $(BUILD)/tests/test_fused_kernels
 $(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+# The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
+$(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu $(BUILD)/libzrun.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 test-cuda: all $(FUSED_TEST)
 	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 
 clean:
 	rm -rf build zrun
 
--include $(shell find build -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,8 +1,10 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
- * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. Not here: wgmma/TMA,
- * dropout, non-causal masks, Dh other than 64/128. See attention.h for the contract. */
+ * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
+ * with Dh 64 the wgmma kernels of attention_sm90.cu run instead; these are the fallback. Not
+ * here: dropout, non-causal masks, Dh other than 64/128. See attention.h for the contract. */
 #include "attention.h"
+#include "attention_sm90.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -83,6 +85,11 @@ template <> struct mma_t<__half> {
         return *reinterpret_cast<uint16_t *>(&v);
     }
 };
+
+/* The zr_dtype of an element type. */
+template <typename T> struct mma_dtype;
+template <> struct mma_dtype<__nv_bfloat16> { static constexpr zr_dtype value = ZR_BF16; };
+template <> struct mma_dtype<__half> { static constexpr zr_dtype value = ZR_F16; };
 
 /* Swizzled index of (row, col) in a tile with D columns: the 16-byte chunk index is XORed with
  * row % 8 so that ldmatrix's 8 row addresses fall in 8 different bank groups. */
@@ -519,7 +526,9 @@ static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                                                     int64_t Dh) {
     if (B <= 0 || Hq <= 0 || Hkv <= 0 || T <= 0 || Dh <= 0 || Hq % Hkv) return 0;
-    const int ns = bwd_nsplit(B, Hkv, Hq / Hkv, T);
+    const int ns0 = bwd_nsplit(B, Hkv, Hq / Hkv, T);
+    const int ns1 = attn_sm90_bwd_nsplit(B, Hkv, Hq / Hkv, T);
+    const int ns = ns0 > ns1 ? ns0 : ns1; /* enough for either kernel */
     size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + align16((size_t)(B * Hq * T) * 4);
     if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dh * 4;
     return n;
@@ -567,7 +576,9 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
     if (B == 0 || T == 0) return 0;
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
-    if (dtype == ZR_BF16) {
+    if (attn_sm90_fwd_ok(Dh, dtype)) {
+        attn_sm90_forward(o, lse, q, k, v, B, Hq, Hkv, T, scale, dtype, stream);
+    } else if (dtype == ZR_BF16) {
         if (Dh == 64) fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
         else fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
     } else {
@@ -585,18 +596,26 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
     float *wkv = (float *)((char *)Dd + align16((size_t)rows * 4));
-    const int G = (int)(Hq / Hkv), ns = bwd_nsplit(B, Hkv, G, T_);
+    const int G = (int)(Hq / Hkv);
+    const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value);
+    const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     if (cudaMemsetAsync(dqacc, 0, (size_t)nq * 4, st) != cudaSuccess) return -1;
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_dot_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, (const uint16_t *)dout, (const uint16_t *)o, rows);
-    const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
-    cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
-    attn_bwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
-        (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout, (const uint16_t *)q,
-        (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
-        scale * ATT_LOG2E);
+    if (hopper) {
+        attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, B, Hq, Hkv, T_, ns, nkv,
+                           scale, mma_dtype<T>::value, st);
+    } else {
+        const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
+        cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem);
+        dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
+        attn_bwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
+            (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout,
+            (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_,
+            (int)Hq, G, ns, nkv, scale, scale * ATT_LOG2E);
+    }
     const unsigned cb = 132 * 8;
     attn_sum_convert_kernel<T><<<cb, 256, 0, st>>>((uint16_t *)dq, dqacc, nq, 1, scale);
     if (ns > 1) {

@@ -59,6 +59,22 @@ __global__ void copy_strided_kernel(D *__restrict__ dst, const S *__restrict__ s
     }
 }
 
+// Permuting copies whose innermost dim is contiguous in both (e.g. (B,H,T,D) -> (B,T,H,D)): rows of
+// L packs of V elements, the strided index math once per 16-byte pack instead of per element.
+template <typename D, typename S, int V, typename I>
+__global__ void copy_rows_kernel(D *__restrict__ dst, const S *__restrict__ src, I nrows, I L, strided<I, 2> g) {
+    const I total = nrows * L;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (I)gridDim.x * blockDim.x) {
+        I r = i / L, c = i - r * L, off[2];
+        offsets_of<I, 2>(g, r, off);
+        pack<S, V> sp = *reinterpret_cast<const pack<S, V> *>(src + off[1] + c * V);
+        pack<D, V> dp;
+#pragma unroll
+        for (int k = 0; k < V; k++) dp.v[k] = cvt<D, S>(sp.v[k]);
+        *reinterpret_cast<pack<D, V> *>(dst + off[0] + c * V) = dp;
+    }
+}
+
 // Transpose-like copies: dst (B, R, C) with unit stride along C, src with unit stride along R.
 // A 32x32 tile goes through shared memory so both the reads and the writes are coalesced.
 template <typename D, typename S>
@@ -100,6 +116,18 @@ template <typename W, int V> __global__ void fill_contig_kernel(W *__restrict__ 
 
 const int THREADS = 256;
 
+// Rows of whole 16-byte packs: the innermost dim contiguous in both, its length and every outer
+// stride a multiple of the pack, both pointers aligned to it.
+template <typename D, typename S>
+static bool rows_ok(const void *dst, const void *src, int ndim, const int64_t *shape, int64_t (*st)[ZRK_MAXD]) {
+    const int64_t V = 16 / (sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S));
+    if (st[0][ndim - 1] != 1 || st[1][ndim - 1] != 1 || shape[ndim - 1] % V || shape[ndim - 1] < 2 * V) return false;
+    if ((uintptr_t)dst % (sizeof(D) * V) || (uintptr_t)src % (sizeof(S) * V)) return false;
+    for (int d = 0; d < ndim - 1; d++)
+        if (st[0][d] % V || st[1][d] % V) return false;
+    return true;
+}
+
 template <typename D, typename S>
 int launch_copy(void *dst, const void *src, int ndim, int64_t *shape, int64_t (*st)[ZRK_MAXD], int64_t n,
                 cudaStream_t stream) {
@@ -116,6 +144,15 @@ int launch_copy(void *dst, const void *src, int ndim, int64_t *shape, int64_t (*
         copy_transpose_kernel<D, S><<<grid, dim3(32, 8), 0, stream>>>((D *)dst, (const S *)src, R, C, st[0][ndim - 2],
                                                                        ndim == 3 ? st[0][0] : 0, st[1][ndim - 1],
                                                                        ndim == 3 ? st[1][0] : 0);
+    } else if (ndim >= 2 && rows_ok<D, S>(dst, src, ndim, shape, st)) {
+        enum { V = 16 / (sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S)) };
+        int64_t L = shape[ndim - 1] / V, rows = n / shape[ndim - 1];
+        if (fits_i32(ndim - 1, shape, 2, st) && n / V < INT32_MAX)
+            copy_rows_kernel<D, S, V, int32_t><<<grid_for(n / V, THREADS), THREADS, 0, stream>>>(
+                (D *)dst, (const S *)src, (int32_t)rows, (int32_t)L, make_strided<int32_t, 2>(ndim - 1, shape, st));
+        else
+            copy_rows_kernel<D, S, V, int64_t><<<grid_for(n / V, THREADS), THREADS, 0, stream>>>(
+                (D *)dst, (const S *)src, rows, L, make_strided<int64_t, 2>(ndim - 1, shape, st));
     } else if (fits_i32(ndim, shape, 2, st)) {
         copy_strided_kernel<D, S, int32_t><<<grid_for(n, THREADS), THREADS, 0, stream>>>(
             (D *)dst, (const S *)src, (int32_t)n, make_strided<int32_t, 2>(ndim, shape, st));

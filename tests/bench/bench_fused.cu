@@ -3,9 +3,7 @@
  * copy rate, and causal GQA flash attention forward/backward TFLOP/s (FLOPs: forward 4·B·Hq·T²·Dh/2,
  * backward 2.5× forward, the FlashAttention convention; compare bench_attention_torch.py).
  * Times are medians of 20 event-timed runs after 3 warm-ups, on random (not zero) data.
- * Build: nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Iruntime -Ikernels \
- *   tests/bench/bench_fused.cu kernels/cuda/{attention,norm,rope,swiglu,cross_entropy,softmax,\
- *   embedding,adamw}.cu runtime/error.c runtime/dtype.c -o bench_fused */
+ * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

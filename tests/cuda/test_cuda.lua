@@ -98,6 +98,23 @@ T.test("transposing copies (tiled path), with and without a cast", function()
   end
 end)
 
+T.test("permuting copies with a contiguous last dim (row path), with and without a cast", function()
+  for _, dt in ipairs { "f32", "bf16", "f16", "i64" } do
+    for _, sh in ipairs { { 2, 3, 5, 64 }, { 3, 7, 11, 16 }, { 1, 4, 9, 24 }, { 2, 2, 3, 10 } } do
+      local x = (zr.rand(sh) * 100):to(dt)
+      local g = x:cuda()
+      local what = ("%s %dx%dx%dx%d"):format(dt, sh[1], sh[2], sh[3], sh[4])
+      close(g:transpose(2, 3):contiguous():cpu(), x:transpose(2, 3):contiguous(), "f64", "(B,H,T,D) -> (B,T,H,D) " .. what)
+      close(g:permute(3, 1, 2, 4):contiguous():cpu(), x:permute(3, 1, 2, 4):contiguous(), "f64", "permute 3,1,2,4 " .. what)
+      close(g:transpose(2, 3):to("f32"):cpu(), x:transpose(2, 3):to("f32"), "f64", "permute + cast to f32 " .. what)
+      close(g:narrow(4, 2, sh[4] - 1):contiguous():cpu(), x:narrow(4, 2, sh[4] - 1):contiguous(), "f64", "unaligned rows " .. what)
+      local d = zr.zeros({ sh[1], sh[3], sh[2], sh[4] }, { dtype = dt, device = "cuda" })
+      d:transpose(2, 3):copy_(g) -- strided destination
+      close(d:cpu(), x:transpose(2, 3):contiguous(), "f64", "into a permuted destination " .. what)
+    end
+  end
+end)
+
 T.test("fills: zeros, ones, full, fill_ on strided views", function()
   for _, dt in ipairs { "f32", "bf16", "f16", "f64", "i32", "i64", "u8" } do
     local o = zr.ones({ 1000003 }, { device = "cuda", dtype = dt })
@@ -566,15 +583,18 @@ end)
 
 -- Golden tiny Llama (transformers, f32) on the GPU: f32 to near-fp32 tolerance (every gradient),
 -- and bf16 against the same f32 golden values with a bf16 tolerance.
-T.test("tiny Llama golden file on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
+-- GPT-2 (vocabulary 257) runs its head on a padded, -1e30-biased copy on the GPU.
+T.test("tiny Llama and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
   local cjson = require "cjson"
-  local g, meta = zr.load_safetensors("tests/golden/llama_tiny.safetensors")
+  for _, m in ipairs { { "tests/golden/llama_tiny.safetensors", zr.models.llama.LlamaForCausalLM },
+                       { "tests/golden/gpt2_tiny.safetensors", zr.models.gpt2.GPT2LMHeadModel } } do
+  local g, meta = zr.load_safetensors(m[1])
   local cfg = cjson.decode(meta.config)
   for _, dt in ipairs { "f32", "bf16" } do
     local c = {}
     for k, v in pairs(cfg) do c[k] = v end
     c.dtype, c.device = dt, "cuda"
-    local model = zr.models.llama.LlamaForCausalLM(c)
+    local model = m[2](c)
     local sd = {}
     for n in model:named_parameters() do sd[n] = g[n] end
     model:load_state_dict(sd, true)
@@ -595,6 +615,7 @@ T.test("tiny Llama golden file on CUDA: f32 (logits, loss, grads) and bf16 (logi
       out.loss:backward()
       for n, p in model:named_parameters() do assert(p.grad and p.grad:device() == "cuda:0", "bf16 grad of " .. n) end
     end
+  end
   end
 end)
 

@@ -106,14 +106,27 @@ function LM:forward(ids, labels)
   local w = fetch(self.transformer.wte.weight)
   local V, C = w:size(1), w:size(2)
   -- GPU GEMMs want leading dimensions that are multiples of 8 elements; GPT-2's 50257 is odd, so
-  -- (as llm.c does) the head runs on a zero-padded copy of the matrix and the extra logits are
-  -- cut off again (the padding rows get gradients that are simply dropped by cat's backward)
+  -- (as llm.c does) the head runs on a zero-padded copy of the matrix. The padding logits get a
+  -- bias of -1e30 (the GEMM's bias epilogue, free): the loss is taken over the padded rows as they
+  -- are (no narrowed copy of the logits forward, no scatter back), the padding adds exp(-1e30) = 0
+  -- to every softmax and gets zero gradient; the caller sees the first V logits (a view).
   local Vp = w:device() ~= "cpu" and math.ceil(V / 64) * 64 or V
-  if Vp ~= V then w = zr.cat({ w, zr.zeros({ Vp - V, C }, { dtype = w:dtype(), device = w:device() }) }, 1) end
-  local logits = zr.linear(h, w)
-  if Vp ~= V then logits = logits:narrow(3, 1, V) end
+  local logits, full
+  if Vp ~= V then
+    w = zr.cat({ w, zr.zeros({ Vp - V, C }, { dtype = w:dtype(), device = w:device() }) }, 1)
+    local pb = rawget(self, "_pad_bias")
+    if not pb or pb:dtype() ~= w:dtype() or pb:device() ~= w:device() or pb:numel() ~= Vp then
+      pb = zr.cat({ zr.zeros({ V }), zr.full({ Vp - V }, -1e30) }):to(w:dtype()):to(w:device())
+      rawset(self, "_pad_bias", pb)
+    end
+    full = zr.linear(h, w, pb)
+    logits = full:narrow(3, 1, V)
+  else
+    logits = zr.linear(h, w)
+    full = logits
+  end
   local out = { logits = logits }
-  if labels then out.loss = require("zrun.models.llama").causal_lm_loss(logits, labels) end
+  if labels then out.loss = require("zrun.models.llama").causal_lm_loss(full, labels) end
   return out
 end
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end

@@ -1,0 +1,176 @@
+/* Device helpers for the Hopper attention kernels (attention_sm90.cu): wgmma m64nNk16 with f32
+ * accumulators (A from registers or shared memory, B from shared memory), shared-memory matrix
+ * descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and ldmatrix.
+ * Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
+#ifndef ZR_CUDA_ATTENTION_SM90_CUH
+#define ZR_CUDA_ATTENTION_SM90_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+namespace sm90 {
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(bytes));
+}
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the
+ * async proxy (wgmma operand reads); a barrier must follow before the wgmma. */
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* Tiles are R rows × 64 columns of 16-bit elements (128 bytes a row), 1024-byte aligned, the
+ * 16-byte chunk index of each row XORed with row % 8: the 128-byte swizzle atom of wgmma. */
+static __device__ __forceinline__ int swz(int row, int col) {
+    return row * 64 + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+/* cp.async ROWS×64 tile from rows row0.. of a (T, 64) matrix; rows >= T are zero-filled. */
+template <int ROWS, int NT>
+static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int row0, int T,
+                                                 int tid) {
+#pragma unroll
+    for (int c = tid; c < ROWS * 8; c += NT) {
+        const int row = c >> 3, ch = c & 7, gr = row0 + row;
+        const uint16_t *src = g + (size_t)(gr < T ? gr : 0) * 64 + ch * 8;
+        cp_async16(s + row * 64 + ((ch ^ (row & 7)) << 3), src, gr < T ? 16 : 0);
+    }
+}
+
+/* mma.sync-style A fragment (16×16) at (r0, c0) of a swizzled tile: also the per-warp register
+ * layout of wgmma's A operand (warp w of the warpgroup holds rows 16w..16w+15). */
+static __device__ __forceinline__ void lds_a(uint32_t a[4], const uint16_t *s, int r0, int c0,
+                                             int lane) {
+    ldsm_x4(a, s + swz(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, c0 + (lane >> 4) * 8));
+}
+
+/* Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at byte address a.
+ * Leading and stride byte offsets are both 1024 (8 rows of 128 bytes): the distance between
+ * 8-row groups, which is the one stride these operands use (their swizzled extent is one atom
+ * wide); swizzle mode 1 = 128 bytes. */
+static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+/* 2^x on the special-function unit alone (flushes subnormal results to 0; exp2(-inf) = 0). */
+static __device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving accesses of accumulator registers across wgmma boundaries. */
+template <int N> static __device__ __forceinline__ void reg_fence(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N> static __device__ __forceinline__ void reg_fence(uint32_t (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int N, int M> static __device__ __forceinline__ void reg_fence(uint32_t (&d)[N][M]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        reg_fence(d[i]);
+}
+
+#define ZR_WG_D32                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define ZR_WG_OUT32(d)                                                                             \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* d (64×64 per warpgroup, f32) (+)= A (64×16, registers) · B (16×64 from descriptor b).
+ * TB = 0: B stored [n][k] (K-major); TB = 1: B stored [k][n] (N-major). acc = 0 overwrites d. */
+template <typename T, int TB>
+static __device__ __forceinline__ void wg_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                               int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZR_WG_D32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     : ZR_WG_OUT32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZR_WG_D32
+                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     : ZR_WG_OUT32(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
+    }
+}
+
+/* d (64×64) (+)= A (64×16 from descriptor a) · B (16×64 from descriptor b); TA = 1: A stored
+ * [k][m] (M-major), TB = 1: B stored [k][n] (N-major). */
+template <typename T, int TA, int TB>
+static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZR_WG_D32
+                     ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                     : ZR_WG_OUT32(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZR_WG_D32
+                     ", %32, %33, p, 1, 1, %35, %36;\n}\n"
+                     : ZR_WG_OUT32(d)
+                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
+    }
+}
+
+template <typename T> struct cvt;
+template <> struct cvt<__nv_bfloat16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+template <> struct cvt<__half> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+
+} /* namespace sm90 */
+
+#endif

@@ -1,0 +1,43 @@
+/* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
+ * attention_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0 only. attention.cu keeps the
+ * public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
+#ifndef ZR_CUDA_ATTENTION_SM90_H
+#define ZR_CUDA_ATTENTION_SM90_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "dtype.h"
+
+/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device. */
+int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt);
+int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
+
+/* Test and benchmark knob: -1 automatic (the default), 0 never, 1 whenever supported. */
+void attn_sm90_force(int fwd, int bwd);
+
+/* Forward: o, lse as in attention_forward_cuda (scale already resolved). */
+void attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                       int64_t Hq, int64_t Hkv, int64_t T, float scale, zr_dtype dt,
+                       cudaStream_t st);
+
+/* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
+int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
+
+/* Backward main kernel: dq accumulated (unscaled, f32 atomics) into dqacc, which must be zeroed;
+ * Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk (unscaled) and dv go to wkv
+ * (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written directly. */
+void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
+                        const void *q, const void *k, const void *v, const float *lse,
+                        const float *Dd, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                        int64_t nkv, float scale, zr_dtype dt, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
