@@ -18,7 +18,7 @@
 
 static ncclComm_t comm;
 static int comm_device = -1;
-static cudaEvent_t ev_before, ev_after;
+static cudaEvent_t ev_before;
 
 static zr_status nccl_check(ncclResult_t r, const char *op) {
     if (r == ncclSuccess) return ZR_OK;
@@ -44,7 +44,6 @@ static zr_status ensure(zr_device dev) {
     ZR_CHECK(nccl_check(ncclCommInitRank(&comm, info->world_size, id, info->rank), "ncclCommInitRank"));
     comm_device = dev.index;
     ev_before = zr_cuda_event_new(0);
-    ev_after = zr_cuda_event_new(0);
     return ZR_OK;
 }
 
@@ -75,50 +74,6 @@ static cudaStream_t begin(zr_device dev) {
     zr_cuda_stream_wait(ms, ev_before);
     return ms;
 }
-/* Later compute work waits for the collective. */
-static zr_status end(zr_device dev, cudaStream_t ms) {
-    ZR_CHECK(zr_cuda_event_record(ev_after, ms));
-    return zr_cuda_stream_wait(zr_cuda_stream(dev), ev_after);
-}
-
-static zr_status nccl_all_reduce(zr_tensor *t, zr_reduce_op op) {
-    zr_device d = zr_tensor_device(t);
-    ZR_CHECK(ensure(d));
-    cudaStream_t s = begin(d);
-    void *p = zr_tensor_data(t);
-    ZR_CHECK(nccl_check(ncclAllReduce(p, p, (size_t)zr_tensor_numel(t), nccl_type(t->dtype), nccl_op(op), comm, s),
-                        "all_reduce"));
-    return end(d, s);
-}
-
-static zr_status nccl_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
-    zr_device d = zr_tensor_device(in);
-    ZR_CHECK(ensure(d));
-    cudaStream_t s = begin(d);
-    ZR_CHECK(nccl_check(ncclReduceScatter(zr_tensor_data(in), zr_tensor_data(out), (size_t)zr_tensor_numel(out),
-                                          nccl_type(in->dtype), nccl_op(op), comm, s), "reduce_scatter"));
-    return end(d, s);
-}
-
-static zr_status nccl_all_gather(zr_tensor *out, zr_tensor *in) {
-    zr_device d = zr_tensor_device(in);
-    ZR_CHECK(ensure(d));
-    cudaStream_t s = begin(d);
-    ZR_CHECK(nccl_check(ncclAllGather(zr_tensor_data(in), zr_tensor_data(out), (size_t)zr_tensor_numel(in),
-                                      nccl_type(in->dtype), comm, s), "all_gather"));
-    return end(d, s);
-}
-
-static zr_status nccl_broadcast(zr_tensor *t, int root) {
-    zr_device d = zr_tensor_device(t);
-    ZR_CHECK(ensure(d));
-    cudaStream_t s = begin(d);
-    void *p = zr_tensor_data(t);
-    ZR_CHECK(nccl_check(ncclBroadcast(p, p, (size_t)zr_tensor_numel(t), nccl_type(t->dtype), root, comm, s),
-                        "broadcast"));
-    return end(d, s);
-}
-
 /* --- async: the collective's own event, which the compute stream waits on in nccl_wait --- */
 
 static zr_status end_async(cudaStream_t ms, void **ev) {
@@ -164,6 +119,33 @@ static zr_status nccl_wait(zr_device dev, void *ev) {
     zr_status st = zr_cuda_stream_wait(zr_cuda_stream(dev), (cudaEvent_t)ev);
     zr_cuda_event_free((cudaEvent_t)ev);
     return st;
+}
+
+/* The blocking forms: later compute work waits for the collective (still no host sync). */
+static zr_status nccl_all_reduce(zr_tensor *t, zr_reduce_op op) {
+    void *ev;
+    ZR_CHECK(nccl_all_reduce_async(t, op, &ev));
+    return nccl_wait(zr_tensor_device(t), ev);
+}
+static zr_status nccl_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    void *ev;
+    ZR_CHECK(nccl_reduce_scatter_async(out, in, op, &ev));
+    return nccl_wait(zr_tensor_device(in), ev);
+}
+static zr_status nccl_all_gather(zr_tensor *out, zr_tensor *in) {
+    void *ev;
+    ZR_CHECK(nccl_all_gather_async(out, in, &ev));
+    return nccl_wait(zr_tensor_device(in), ev);
+}
+static zr_status nccl_broadcast(zr_tensor *t, int root) {
+    zr_device d = zr_tensor_device(t);
+    ZR_CHECK(ensure(d));
+    cudaStream_t s = begin(d);
+    void *p = zr_tensor_data(t), *ev;
+    ZR_CHECK(nccl_check(ncclBroadcast(p, p, (size_t)zr_tensor_numel(t), nccl_type(t->dtype), root, comm, s),
+                        "broadcast"));
+    ZR_CHECK(end_async(s, &ev));
+    return nccl_wait(d, ev);
 }
 
 const zr_comm_device_backend zr_nccl_backend = {nccl_all_reduce,       nccl_reduce_scatter,       nccl_all_gather,
