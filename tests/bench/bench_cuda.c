@@ -334,17 +334,24 @@ static void bench_gemm(int quick) {
                               1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16};
         zr_gemm_desc wgrad = {1, 0, N, H, T, zr_tensor_data(y), N, 0, zr_tensor_data(x), H, 0, zr_tensor_data(dw), H, 0,
                               1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16};
+        /* what training runs: dW added into the fp32 gradient partition (beta 1, f32 output) */
+        zr_tensor *dw32 = rand_dev(ZR_F32, N * H, NULL);
+        zr_gemm_desc wgrad32 = wgrad;
+        wgrad32.c = zr_tensor_data(dw32);
+        wgrad32.beta = 1.0;
+        wgrad32.c_dtype = ZR_F32;
         double flops = 2.0 * T * H * N;
-        const char *names[] = {"fwd  Y = X W^T", "fwd  Y = X W^T + b (epilogue)", "dX = dY W", "dW = dY^T X"};
-        zr_gemm_desc *gs[] = {&fwd, &fwdb, &dgrad, &wgrad};
-        for (int j = 0; j < 4; j++) {
+        const char *names[] = {"fwd  Y = X W^T", "fwd  Y = X W^T + b (epilogue)", "dX = dY W", "dW = dY^T X",
+                               "dW += dY^T X (f32 partition)"};
+        zr_gemm_desc *gs[] = {&fwd, &fwdb, &dgrad, &wgrad, &wgrad32};
+        for (int j = 0; j < 5; j++) {
             double ms = time_ms(gemm_fn, gs[j], 3, quick ? 5 : 20);
             char lbl[96];
             snprintf(lbl, sizeof lbl, "N=%-6lld %s", (long long)N, names[j]);
-            printf("%-34s %10.3f %10.1f\n", lbl, ms, flops / (ms * 1e-3) / 1e12);
+            printf("%-40s %10.3f %10.1f\n", lbl, ms, flops / (ms * 1e-3) / 1e12);
         }
         zr_tensor_release(x), zr_tensor_release(w), zr_tensor_release(y), zr_tensor_release(dx);
-        zr_tensor_release(dw), zr_tensor_release(bias);
+        zr_tensor_release(dw), zr_tensor_release(bias), zr_tensor_release(dw32);
     }
 }
 
