@@ -1,5 +1,6 @@
-/* Lua bindings for the transformer layer ops: norms, RoPE, causal attention, dropout, cat/split,
- * where/masked_fill and comparisons (runtime/ops_norm.h, ops_rope.h, ops_attention.h, ops_misc.h). */
+/* Lua bindings for the transformer layer ops: norms, RoPE, SwiGLU, causal attention, dropout,
+ * cat/split, where/masked_fill and comparisons (runtime/ops_norm.h, ops_rope.h, ops_swiglu.h,
+ * ops_attention.h, ops_misc.h). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "ops_misc.h"
 #include "ops_norm.h"
 #include "ops_rope.h"
+#include "ops_swiglu.h"
 
 /* rms_norm(x [, weight [, eps=1e-6]]) */
 static int l_rms_norm(lua_State *L) {
@@ -24,6 +26,10 @@ static int l_layer_norm(lua_State *L) {
 /* rope(x, cos, sin) */
 static int l_rope(lua_State *L) {
     return zr_l_pushtensor(L, zr_rope(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_checktensor(L, 3)));
+}
+/* swiglu(gate, up) = silu(gate) * up, fused */
+static int l_swiglu(lua_State *L) {
+    return zr_l_pushtensor(L, zr_swiglu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
 }
 
 static double field_number(lua_State *L, int idx, const char *key, const char *alt, double def, int required) {
@@ -211,7 +217,7 @@ static int l_ge(lua_State *L) { return compare(L, ZR_CMP_GE); }
 static int l_logical_not(lua_State *L) { return zr_l_pushtensor(L, zr_logical_not(zr_l_checktensor(L, 1))); }
 
 static const luaL_Reg methods[] = {
-    {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope},
+    {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {"masked_fill", l_masked_fill}, {"eq", l_eq}, {"ne", l_ne}, {"lt", l_lt}, {"le", l_le},
     {"gt", l_gt}, {"ge", l_ge}, {"logical_not", l_logical_not}, {NULL, NULL}};

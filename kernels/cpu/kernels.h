@@ -18,6 +18,7 @@
 #include "attention.h"
 #include "misc.h"
 #include "optim.h"
+#include "swiglu.h"
 #undef real
 #undef K
 #define real double
@@ -32,6 +33,7 @@
 #include "attention.h"
 #include "misc.h"
 #include "optim.h"
+#include "swiglu.h"
 #undef real
 #undef K
 #undef ZR_KERNELS_DECLARE

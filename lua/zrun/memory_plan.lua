@@ -387,6 +387,16 @@ function Sim:mul(a, b)
     return { da, db }
   end)
 end
+-- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs
+function Sim:swiglu(a, b)
+  local out = self:lua(self:new(a.n))
+  return self:record(out, { a, b }, { a, b }, function(S, _, g)
+    local gi = S:raw(g)
+    local da, db = S:new(a.n), S:new(b.n)
+    S:drop(gi)
+    return { da, db }
+  end)
+end
 function Sim:silu(x)
   local out = self:lua(self:new(x.n))
   return self:record(out, { x }, { x }, function(S, _, g)
@@ -456,7 +466,7 @@ end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
-  "add", "mul", "silu", "embedding", "checkpoint", "cross_entropy" } do
+  "add", "mul", "silu", "swiglu", "embedding", "checkpoint", "cross_entropy" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -530,9 +540,9 @@ local function llama_activations(cfg, o)
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
     local a2 = S:rms_norm(h, p.n2, N)
-    local gt = S:silu(S:linear(a2, p.g, N * I * b))
+    local gate = S:linear(a2, p.g, N * I * b)
     local up = S:linear(a2, p.u, N * I * b)
-    local out = S:add(h, S:linear(S:mul(gt, up), p.d, N * H * b))
+    local out = S:add(h, S:linear(S:swiglu(gate, up), p.d, N * H * b))
     return S:pop(out)
   end
 

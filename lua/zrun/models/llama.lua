@@ -49,7 +49,7 @@ function MLP:__init(cfg)
   self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size, b)
 end
 function MLP:forward(x)
-  return self.down_proj(self.gate_proj(x):silu() * self.up_proj(x))
+  return self.down_proj(zr.swiglu(self.gate_proj(x), self.up_proj(x))) -- silu(gate) * up, fused
 end
 
 -- Decoder layer -----------------------------------------------------------------------------
