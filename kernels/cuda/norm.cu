@@ -307,14 +307,15 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
 /* Backward: a grid of row-striding blocks of 8 warps (8 / WPR groups). RMSNorm: each group loads
  * the next row (x, dy, dres, rstd) before working on the current one, and dres with x and dy (not
  * after the reduction): one memory latency per row and two rows per group in flight (measured
- * 68% -> 80% of copy); LayerNorm loads only the current row (the prefetch registers cost it
+ * 68% -> 80% of copy); LayerNorm does too with one chunk per lane (PF; its registers capped
+ * for 3 blocks per SM), and loads only the current row with two (the prefetch registers cost
  * occupancy: 63% -> 61%). Each
  * thread keeps the weight-gradient sums of its own columns in registers, the block adds its
  * groups' sums in group order and writes one partial row: part[blockIdx.x] = (sum dy*xhat (D),
  * sum dy (D)). dx may alias dy or dres (a row is read before it is written; the prefetched row is
  * another one). */
-template <typename T, int V, int C, int WPR, bool LN>
-__global__ void __launch_bounds__(256)
+template <typename T, int V, int C, int WPR, bool LN, bool PF = !LN>
+__global__ void __launch_bounds__(256, LN && PF && C == 1 ? 3 : 1)
     norm_bwd_reg_kernel(T *dx, float *__restrict__ part, const T *dy, const T *__restrict__ x,
                         const T *__restrict__ w, const float *__restrict__ mean,
                         const float *__restrict__ rstd, const T *dres, int64_t N, int64_t D) {
@@ -333,7 +334,6 @@ __global__ void __launch_bounds__(256)
     }
     const int64_t stride = (int64_t)gridDim.x * G;
     int64_t row = (int64_t)blockIdx.x * G + grp;
-    constexpr bool PF = !LN; /* LayerNorm (C = 2): the prefetch registers cost occupancy (slower) */
     uint4 cx[C], cd[C], cr[C];
     float crs = 0.f, cmu = 0.f;
     if (PF) {
@@ -524,11 +524,11 @@ static bool fwd_reg(void *y, void *h, float *mean, float *rstd, const void *x, c
     return false;
 }
 
-template <typename T, int C, int WPR, bool LN>
+template <typename T, int C, int WPR, bool LN, bool PF = !LN>
 static int bwd_reg_launch(const char *fn, void *dx, float *part, const void *dy, const void *x,
                           const void *w, const float *mean, const float *rstd, const void *dres,
                           int64_t N, int64_t D, unsigned *grid, cudaStream_t st) {
-    auto k = norm_bwd_reg_kernel<T, 16 / sizeof(T), C, WPR, LN>;
+    auto k = norm_bwd_reg_kernel<T, 16 / sizeof(T), C, WPR, LN, PF>;
     const size_t smem = part ? (size_t)(LN ? 2 : 1) * D * 4 : 0;
     static int per_sm = 0; /* blocks per SM at smem_seen bytes (racy but idempotent) */
     static size_t smem_seen = (size_t)-1;
@@ -554,8 +554,19 @@ static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const 
                    const void *w, const float *mean, const float *rstd, const void *dres,
                    int64_t N, int64_t D, unsigned *grid, cudaStream_t st) {
     int wpr, c;
-    /* chunks per lane: RMSNorm 1 (more warps per row, fewer registers), LayerNorm 2 (its db sums
-     * double the registers; measured 63% / 59% of copy at D=2048 bf16 vs 58% / 54% swapped) */
+    /* chunks per lane: RMSNorm 1 (more warps per row, fewer registers). LayerNorm 1 with the next
+     * row prefetched and registers capped at 80 (3 blocks per SM; measured 60% -> 65% of copy at
+     * D=2048 bf16); rows too long for that take 2 without prefetch (its db sums double the
+     * registers: the prefetch registers would cost occupancy) */
+    if (LN && reg_config(D, 16 / sizeof(T), 1, &wpr, &c)) {
+#define BWDP_CASE(W_, C_)                                                                          \
+    if (wpr == W_ && c == C_)                                                                      \
+        return bwd_reg_launch<T, C_, W_, LN, true>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, \
+                                                   grid, st) ? -1 : 1;
+        BWDP_CASE(1, 1) BWDP_CASE(2, 1) BWDP_CASE(4, 1) BWDP_CASE(8, 1)
+#undef BWDP_CASE
+        return 0;
+    }
     if (!reg_config(D, 16 / sizeof(T), LN ? 2 : 1, &wpr, &c)) return 0;
 #define BWD_CASE(W_, C_)                                                                           \
     if (wpr == W_ && c == C_)                                                                      \

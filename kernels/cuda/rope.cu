@@ -1,6 +1,7 @@
 /* Rotary embedding for q and k in one launch (see rope.h). One thread rotates V pairs of one
- * (b, h, t) row; reads and writes go through (b, h, t) strides so the same kernel does the
- * in-place BHTD case and the fused BTHD -> BHTD transpose, and backward with sin negated. */
+ * (b, t) position for ROPE_HG heads (cos/sin read once), or of one (b, h, t) row when unaligned;
+ * reads and writes go through (b, h, t) strides so the same kernels do the in-place BHTD case and
+ * the fused BTHD -> BHTD transpose, and backward with sin negated. */
 #include "rope.h"
 
 #include <cuda_bf16.h>
@@ -12,7 +13,7 @@ extern "C" {
 
 #include "fused_common.cuh"
 
-#define ROPE_ITEMS 2 /* chunks per thread in the vectorised kernel (4 measured 1.5x slower) */
+#define ROPE_HG 4 /* heads per thread in the heads kernel (8 measured slower: 128 registers) */
 
 /* Strides in elements of one tensor side: x[b, h, t, :] = base + b*sb + h*sh + t*st. */
 struct rope_side {
@@ -61,58 +62,61 @@ __global__ void rope_kernel(rope_side qs, rope_side ks, const float *__restrict_
     stv<T, V>(out + half + c, o2);
 }
 
-/* The vectorised path: each thread rotates ITEMS chunks of V pairs (chunk idx, idx + stride, ...)
- * with all their loads issued before any use; cos/sin are read as float4. V is 8 (16-bit types)
- * or 4 (f32), so a chunk's table entries are 16-byte aligned when the tables are. */
-template <typename T, int V, int ITEMS>
+/* Heads path: one thread per (head group, b, t, chunk of V pairs): cos/sin are read once and used
+ * for the HG heads of its group (q heads in groups of HG, then k heads), whose loads are all issued
+ * before any use. Consecutive threads take consecutive chunks, then consecutive t. */
+template <typename T, int V, int HG>
 __global__ void __launch_bounds__(256)
-    rope_vec_kernel(rope_side qs, rope_side ks, const float *__restrict__ cosb,
-                    const float *__restrict__ sinb, uint32_t rows_q, uint32_t n, uint32_t T_,
-                    uint32_t nch, int64_t Dh, float sign) {
-    const uint32_t stride = gridDim.x * blockDim.x;
-    const uint32_t half = (uint32_t)(Dh / 2);
-    float x1[ITEMS][V], x2[ITEMS][V], cs[ITEMS][V], sn[ITEMS][V];
-    T *outp[ITEMS];
-    bool ok[ITEMS];
+    rope_heads_kernel(rope_side qs, rope_side ks, const float *__restrict__ cosb,
+                      const float *__restrict__ sinb, uint32_t gq, uint32_t n, uint32_t B_,
+                      uint32_t T_, uint32_t nch, uint32_t half, float sign) {
+    const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const uint32_t cidx = idx % nch, r = idx / nch, t = r % T_, r2 = r / T_, b = r2 % B_,
+                   hg = r2 / B_;
+    const bool isq = hg < gq;
+    /* fields picked one by one: a reference to either parameter struct would copy it to the stack */
+    const uint32_t h0 = (isq ? hg : hg - gq) * HG, H = (uint32_t)(isq ? qs.H : ks.H);
+    const int64_t in_sh = isq ? qs.in_sh : ks.in_sh, out_sh = isq ? qs.out_sh : ks.out_sh;
+    const uint32_t c = cidx * V;
+    float cs[V], sn[V];
+    const float4 *cp = reinterpret_cast<const float4 *>(cosb + (size_t)t * half + c);
+    const float4 *sp = reinterpret_cast<const float4 *>(sinb + (size_t)t * half + c);
 #pragma unroll
-    for (int it = 0; it < ITEMS; ++it) {
-        const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x + it * stride;
-        ok[it] = idx < n;
-        outp[it] = NULL;
-        if (!ok[it]) continue;
-        const uint32_t ra = idx / nch, c = (idx - ra * nch) * V;
-        const bool isq = ra < rows_q;
-        const uint32_t r = isq ? ra : ra - rows_q, H = isq ? (uint32_t)qs.H : (uint32_t)ks.H;
-        const uint32_t bh = r / T_, t = r - bh * T_, b = bh / H, h = bh - b * H;
-        const rope_side &sd = isq ? qs : ks;
-        const T *in = (const T *)sd.in + b * sd.in_sb + h * sd.in_sh + t * sd.in_st + c;
-        outp[it] = (T *)sd.out + b * sd.out_sb + h * sd.out_sh + t * sd.out_st + c;
-        ldv<T, V>(x1[it], in);
-        ldv<T, V>(x2[it], in + half);
-        const float4 *cp = reinterpret_cast<const float4 *>(cosb + (size_t)t * half + c);
-        const float4 *sp = reinterpret_cast<const float4 *>(sinb + (size_t)t * half + c);
-#pragma unroll
-        for (int q = 0; q < V / 4; ++q) {
-            const float4 a = __ldg(cp + q), bb = __ldg(sp + q);
-            cs[it][4 * q] = a.x, cs[it][4 * q + 1] = a.y, cs[it][4 * q + 2] = a.z,
-                      cs[it][4 * q + 3] = a.w;
-            sn[it][4 * q] = bb.x, sn[it][4 * q + 1] = bb.y, sn[it][4 * q + 2] = bb.z,
-                      sn[it][4 * q + 3] = bb.w;
-        }
+    for (int q = 0; q < V / 4; ++q) {
+        const float4 a = __ldg(cp + q), bb = __ldg(sp + q);
+        cs[4 * q] = a.x, cs[4 * q + 1] = a.y, cs[4 * q + 2] = a.z, cs[4 * q + 3] = a.w;
+        sn[4 * q] = sign * bb.x, sn[4 * q + 1] = sign * bb.y, sn[4 * q + 2] = sign * bb.z,
+               sn[4 * q + 3] = sign * bb.w;
     }
+    const T *in = (const T *)(isq ? qs.in : ks.in) + b * (isq ? qs.in_sb : ks.in_sb) +
+                  t * (isq ? qs.in_st : ks.in_st) + c;
+    T *out = (T *)(isq ? qs.out : ks.out) + b * (isq ? qs.out_sb : ks.out_sb) +
+             t * (isq ? qs.out_st : ks.out_st) + c;
+    uint4 r1[HG], r2v[HG];
 #pragma unroll
-    for (int it = 0; it < ITEMS; ++it) {
-        if (!ok[it]) continue;
-        float o1[V], o2[V];
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const float sv = sign * sn[it][k];
-            o1[k] = x1[it][k] * cs[it][k] - x2[it][k] * sv;
-            o2[k] = x2[it][k] * cs[it][k] + x1[it][k] * sv;
+    for (int j = 0; j < HG; ++j)
+        if (h0 + j < H) {
+            const T *p = in + (int64_t)(h0 + j) * in_sh;
+            r1[j] = *reinterpret_cast<const uint4 *>(p);
+            r2v[j] = *reinterpret_cast<const uint4 *>(p + half);
         }
-        stv<T, V>(outp[it], o1);
-        stv<T, V>(outp[it] + half, o2);
-    }
+#pragma unroll
+    for (int j = 0; j < HG; ++j)
+        if (h0 + j < H) {
+            const T *e1 = reinterpret_cast<const T *>(&r1[j]);
+            const T *e2 = reinterpret_cast<const T *>(&r2v[j]);
+            float o1[V], o2[V];
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const float x1 = tof<T>(e1[k]), x2 = tof<T>(e2[k]);
+                o1[k] = x1 * cs[k] - x2 * sn[k];
+                o2[k] = x2 * cs[k] + x1 * sn[k];
+            }
+            T *po = out + (int64_t)(h0 + j) * out_sh;
+            stv<T, V>(po, o1);
+            stv<T, V>(po + half, o2);
+        }
 }
 
 static rope_side make_side(const void *x, void *bhtd, int64_t H, int64_t T, int64_t Dh, int layout,
@@ -160,10 +164,12 @@ static int rope_run(const char *fn, const void *xq, void *yq, const void *xk, vo
                             (long long)rows, (long long)(Dh / 2));
         const unsigned grid = (unsigned)((n + 255) / 256);
         if (vec && al16(cosb) && al16(sinb)) {
-            const unsigned g2 = (unsigned)((n + 256 * ROPE_ITEMS - 1) / (256 * ROPE_ITEMS));
-            rope_vec_kernel<T, 16 / sizeof(T), ROPE_ITEMS><<<g2, 256, 0, st>>>(
-                qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn), (uint32_t)n, (uint32_t)Tn,
-                (uint32_t)nch, Dh, sign);
+            const uint32_t gq = (uint32_t)((Hq + ROPE_HG - 1) / ROPE_HG),
+                           gk = (uint32_t)((Hkv + ROPE_HG - 1) / ROPE_HG);
+            const int64_t nh = (int64_t)(gq + gk) * B * Tn * nch;
+            rope_heads_kernel<T, 16 / sizeof(T), ROPE_HG><<<(unsigned)((nh + 255) / 256), 256, 0, st>>>(
+                qs, ks, cosb, sinb, gq, (uint32_t)nh, (uint32_t)B, (uint32_t)Tn, (uint32_t)nch,
+                (uint32_t)(Dh / 2), sign);
         } else if (vec)
             rope_kernel<T, 16 / sizeof(T)><<<grid, 256, 0, st>>>(
                 qs, ks, cosb, sinb, (uint32_t)(B * Hq * Tn), (uint32_t)rows, (uint32_t)Tn,
