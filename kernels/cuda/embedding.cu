@@ -161,6 +161,15 @@ static __device__ __forceinline__ int emb_exscan(int v, int *red, int *total) {
     return before + x - v;
 }
 
+/* 16 ids per lane, strided by the warp (positions base + u*32 + lane below r1; -1 past it). */
+static __device__ __forceinline__ void load_ids16(int64_t *v, const int64_t *ids, int64_t base, int64_t r1, int lane) {
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+        const int64_t i = base + u * 32 + lane;
+        v[u] = i < r1 ? ids[i] : -1;
+    }
+}
+
 /* Block b owns ids [b*W, min(b*W + W, V)). Warp w of the block owns positions [w*L, w*L + L). */
 __global__ void __launch_bounds__(EMB_NW * 32)
     emb_group_kernel(const int64_t *__restrict__ ids, int64_t N, int64_t Vn, int W, emb_ws ws) {
@@ -179,11 +188,7 @@ __global__ void __launch_bounds__(EMB_NW * 32)
     int below = 0;
     for (int64_t base = r0; base < r1; base += 32 * 16) {
         int64_t v[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-            const int64_t i = base + u * 32 + lane;
-            v[u] = i < r1 ? ids[i] : -1;
-        }
+        load_ids16(v, ids, base, r1, lane);
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
             if (v[u] >= lo && v[u] < hi) atomicAdd(&myh[v[u] - lo], 1);
@@ -225,11 +230,7 @@ __global__ void __launch_bounds__(EMB_NW * 32)
      * lane (so each id's positions come out ascending) */
     for (int64_t base = r0; base < r1; base += 32 * 16) {
         int64_t v[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-            const int64_t i = base + u * 32 + lane;
-            v[u] = i < r1 ? ids[i] : -1;
-        }
+        load_ids16(v, ids, base, r1, lane);
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
             const bool in = v[u] >= lo && v[u] < hi;

@@ -91,4 +91,26 @@ template <typename T, int V> static __device__ __forceinline__ void stv(T *p, co
     m = mn;
 }
 
+/* 16 raw bytes (V elements) of row `row` at chunk c of this lane, zero when past the row or N. */
+template <typename T, int V, int C, int WPR>
+[[maybe_unused]] static __device__ __forceinline__ void ld_row(uint4 *r, const T *p, int64_t row, int64_t N,
+                                              int64_t D, int tig) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
+        r[c] = row < N && i < D ? *reinterpret_cast<const uint4 *>(p + row * D + i)
+                                : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+/* Streaming multiprocessors of the current device (132 on an H200 when the query fails). */
+[[maybe_unused]] static int num_sms(void) {
+    static int sms[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+    if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms[dev] = 132;
+    return sms[dev] > 0 ? sms[dev] : 132;
+}
+
 #endif

@@ -111,16 +111,6 @@ static __device__ __forceinline__ float group_reduce(float a, float *red, int &p
     return s;
 }
 
-template <typename T, int V, int C, int WPR>
-static __device__ __forceinline__ void ld_row(uint4 *r, const T *p, int64_t row, int64_t N,
-                                              int64_t D, int tig) {
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-        const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
-        r[c] = row < N && i < D ? *reinterpret_cast<const uint4 *>(p + row * D + i)
-                                : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
 
 /* A row per group, its raw 16-byte chunks loaded before any use (measured 70% -> 76% of copy at
  * N=16384, D=2048 bf16 against the load-and-reduce loop). With SOFTMAX_WAVES > 0 the grid is
@@ -177,14 +167,6 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
     }
 }
 
-static int num_sms(void) {
-    static int sms[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-    if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        sms[dev] = 132;
-    return sms[dev] > 0 ? sms[dev] : 132;
-}
 
 #ifndef SOFTMAX_WAVES
 #define SOFTMAX_WAVES 0 /* grid capped at this many rounds of resident blocks (rows stride over

@@ -378,15 +378,6 @@ function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
 end
-function Sim:mul(a, b)
-  local out = self:lua(self:new(a.n))
-  return self:record(out, { a, b }, { a, b }, function(S, _, g)
-    local gi = S:raw(g)
-    local da, db = S:new(a.n), S:new(b.n)
-    S:drop(gi)
-    return { da, db }
-  end)
-end
 -- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs
 function Sim:swiglu(a, b)
   local out = self:lua(self:new(a.n))
@@ -395,15 +386,6 @@ function Sim:swiglu(a, b)
     local da, db = S:new(a.n), S:new(b.n)
     S:drop(gi)
     return { da, db }
-  end)
-end
-function Sim:silu(x)
-  local out = self:lua(self:new(x.n))
-  return self:record(out, { x }, { x }, function(S, _, g)
-    local gx = S:new(x.n)
-    local gi = S:raw(g)
-    S:drop(gi)
-    return { gx }
   end)
 end
 -- At stage 3 the embedding's input (token ids) needs no gradient, so no node releases its
@@ -466,7 +448,7 @@ end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
-  "add", "mul", "silu", "swiglu", "embedding", "checkpoint", "cross_entropy" } do
+  "add", "swiglu", "embedding", "checkpoint", "cross_entropy" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
