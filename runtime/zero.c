@@ -575,19 +575,34 @@ static zr_status host_weights_out(zr_zero *z, void **out) {
     return ZR_OK;
 }
 
-/* After host_weights_out's buffer was written: the device gets it (async H2D that the compute
- * stream waits for: into the shard at stage 3, into each parameter otherwise). */
-static zr_status host_weights_done(zr_zero *z) {
-    if (z->cfg.stage == 3) {
-        if (!zr_is_cpu(z->pshard)) {
-            ZR_CHECK(zr_offload_upload(z->host, z->pshard, 0, z->S));
-            ZR_CHECK(zr_offload_upload_end(z->host));
-        }
-        return regather_persistent(z);
+/* Whether host_weights_out's buffer has to go to the device (not when the parameters or the
+ * stage-3 shard live on the host and were written in place). */
+static int uploads(const zr_zero *z) {
+    return z->cfg.stage == 3 ? !zr_is_cpu(z->pshard) : !z->direct;
+}
+
+/* Async H2D of parameters k0 .. k1-1 from the weights buffer: into the shard at stage 3, into
+ * each parameter otherwise. */
+static zr_status upload_params(zr_zero *z, int k0, int k1) {
+    if (z->cfg.stage < 3) {
+        for (int i = k0; i < k1; i++) ZR_CHECK(zr_offload_upload(z->host, z->ps[i].p, z->ps[i].off, z->ps[i].n));
+        return ZR_OK;
     }
-    if (z->direct) return ZR_OK;
-    for (int i = 0; i < z->n; i++) ZR_CHECK(zr_offload_upload(z->host, z->ps[i].p, z->ps[i].off, z->ps[i].n));
-    return zr_offload_upload_end(z->host);
+    int64_t a = z->ps[k0].off, b = k1 < z->n ? z->ps[k1].off : z->S;
+    zr_tensor *dst = flat_range(z->pshard, a, b - a);
+    zr_status st = dst ? zr_offload_upload(z->host, dst, a, b - a) : ZR_ERR;
+    zr_tensor_release(dst);
+    return st;
+}
+
+/* After host_weights_out's buffer was written: the device gets it (async H2D that the compute
+ * stream waits for). */
+static zr_status host_weights_done(zr_zero *z) {
+    if (uploads(z)) {
+        ZR_CHECK(upload_params(z, 0, z->n));
+        ZR_CHECK(zr_offload_upload_end(z->host));
+    }
+    return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
 }
 
 /* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
@@ -671,9 +686,27 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
      * writes the new weights where the parameters read them, or into the buffer to upload */
     void *out;
     ZR_CHECK(host_weights_out(z, &out));
-    ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
-                              grad_scale, step, lr, beta1, beta2, eps, out));
-    zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
+    if (!out || !uploads(z)) {
+        ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                                  grad_scale, step, lr, beta1, beta2, eps, out));
+        zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
+        zr_offload_step_end(z->host);
+        return st;
+    }
+    /* the new weights go to the device while AdamW updates the next parameters: groups of about
+     * UPLOAD_GROUP elements, each uploaded (async, copy stream) as soon as it is written */
+    enum { UPLOAD_GROUP = 1 << 24 };
+    for (int k0 = 0; k0 < z->n;) {
+        int k1 = k0;
+        int64_t acc = 0;
+        while (k1 < z->n && (k1 == k0 || acc + z->ps[k1].c <= UPLOAD_GROUP)) acc += z->ps[k1++].c;
+        ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), zr_tensor_data(z->m),
+                                        zr_tensor_data(z->v), grad_scale, step, lr, beta1, beta2, eps, out));
+        ZR_CHECK(upload_params(z, k0, k1));
+        k0 = k1;
+    }
+    ZR_CHECK(zr_offload_upload_end(z->host));
+    zr_status st = z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
     zr_offload_step_end(z->host);
     return st;
 }

@@ -336,8 +336,14 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
 
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
                            double lr, double beta1, double beta2, double eps, void *out) {
+    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, lr, beta1, beta2, eps, out);
+}
+
+zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
+                                 int64_t step, double lr, double beta1, double beta2, double eps, void *out) {
     if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
-    for (int k = 0; k < o->n; k++) {
+    if (k0 < 0 || k1 > o->n || k0 > k1) return zr_error("adamw: segment range %d..%d outside 0..%d", k0, k1, o->n);
+    for (int k = k0; k < k1; k++) {
         zr_adamw_config c = {lr, beta1, beta2, eps, o->segs[k].wd};
         ZR_CHECK(zr_adamw_config_check(&c));
     }
@@ -345,7 +351,7 @@ zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, dou
     double t0 = now_ms();
     double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
     size_t es = zr_dtype_size(o->pdt);
-    for (int k = 0; k < o->n; k++) {
+    for (int k = k0; k < k1; k++) {
         const zr_offload_segment *s = &o->segs[k];
         if (s->n == 0) continue;
         offload_adamw_args a = {(float)grad_scale, (float)(1 - lr * s->wd), (float)(1 - beta1), (float)beta2,

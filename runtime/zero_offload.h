@@ -52,6 +52,10 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out);
  * out is not NULL, the new weights are written there as pdt (S elements, partition layout). */
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
                            double lr, double beta1, double beta2, double eps, void *out);
+/* The same on segments k0 .. k1-1 only (so their new weights can be uploaded while the next
+ * segments are updated). */
+zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
+                                 int64_t step, double lr, double beta1, double beta2, double eps, void *out);
 /* out (pdt, S) = master (f32, S), rounded (after a checkpoint load). */
 zr_status zr_offload_cast(zr_offload *o, void *out, const float *master);
 
