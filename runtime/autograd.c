@@ -158,6 +158,10 @@ zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g) {
         leaf->grad = c;
         return ZR_OK;
     }
+    if (leaf->grad_stale) { /* the engine's zero_grad left it unfilled: overwrite */
+        leaf->grad_stale = 0;
+        return zr_tensor_copy_(leaf->grad, g);
+    }
     return zr_add_(leaf->grad, g, 1.0);
 }
 

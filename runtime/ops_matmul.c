@@ -455,9 +455,11 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
      * beta = 1 and an fp32 output instead of a 16-bit dW plus an accumulation pass */
     zr_tensor *lg = need[1] ? zr_node_leaf_grad(n, 1) : NULL;
     if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32)) {
+        zr_tensor *leaf = n->edges[1].leaf; /* a stale gradient (engine zero_grad) is overwritten: beta 0 */
         zr_gemm_desc gd = {1, 0, out, in, rows, zr_tensor_data(gi), out, 0, zr_tensor_data(xi), in, 0,
-                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, 1.0, dt, lg->dtype};
+                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype};
         if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
+        leaf->grad_stale = 0;
         need[1] = 0;
     }
     if (need[1] && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;

@@ -38,6 +38,9 @@ struct zr_tensor {
     void *hook_ctx;
     void (*hook_ctx_free)(void *ctx);
     int hook_pending; /* uses left in the running backward pass (engine bookkeeping) */
+    /* leaf: .grad holds stale values that count as zero (set by the ZeRO engine's zero_grad
+     * instead of a fill); the next gradient overwrites it instead of adding, and clears this */
+    int grad_stale;
 };
 
 /* --- creation --- */

@@ -130,6 +130,19 @@ static zr_status add_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t
     return st;
 }
 
+/* Direct mode: parameters whose gradient is still stale (none arrived since zero_grad) get
+ * their partition range zeroed before anything reads the partition. */
+static zr_status flush_stale(zr_zero *z) {
+    if (!z->direct) return ZR_OK;
+    for (int i = 0; i < z->n; i++) {
+        zparam *q = &z->ps[i];
+        if (!q->p->grad_stale) continue;
+        ZR_CHECK(fill_range(z->gpart, q->off, q->c, 0));
+        q->p->grad_stale = 0;
+    }
+    return ZR_OK;
+}
+
 static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category cat) {
     return zr_tensor_new_cat(dt, dev, 1, &n, cat, 1);
 }
@@ -359,6 +372,7 @@ void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chu
     *chunk = z->ps[i].c;
 }
 zr_tensor *zr_zero_state(zr_zero *z, int which) {
+    if (which == 3 && flush_stale(z)) return NULL;
     if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges */
     zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
     return zr_tensor_retain(t);
@@ -500,6 +514,7 @@ zr_status zr_zero_backward_end(zr_zero *z) {
 }
 
 zr_status zr_zero_reduce(zr_zero *z) {
+    ZR_CHECK(flush_stale(z));
     if (z->direct) { /* gradients already sit in gpart: sum them over ranks in place (stage 0) */
         if (z->cfg.world_size == 1) return ZR_OK;
         int64_t cap = z->cfg.reduce_bucket_size > 0 ? z->cfg.reduce_bucket_size : z->S;
@@ -538,6 +553,7 @@ static zr_status local_sumsq(zr_zero *z, double *out) {
 }
 
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+    ZR_CHECK(flush_stale(z));
     double local;
     ZR_CHECK(local_sumsq(z, &local));
     if (z->W > 1) { /* partitions are disjoint: the squares add up over ranks */
@@ -656,6 +672,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
 
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
                        double beta2, double eps) {
+    ZR_CHECK(flush_stale(z));
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
         /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
@@ -712,11 +729,14 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
 }
 
 zr_status zr_zero_zero_grad(zr_zero *z) {
-    if (z->host) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill (direct mode) */
+    if (z->direct) { /* gradients are views into gpart: no fill, the next ones overwrite instead */
+        for (int i = 0; i < z->n; i++) z->ps[i].p->grad_stale = 1;
+        return ZR_OK;
+    }
+    if (z->host) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill */
     else ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
     for (int i = 0; i < z->n; i++) {
         zr_tensor *g = z->ps[i].p->grad;
-        if (z->direct) continue; /* views into gpart, zeroed above */
         if (g && z->cfg.stage <= 1) ZR_CHECK(zr_tensor_fill_(g, 0));
         else if (g) {
             zr_tensor_release(g);
