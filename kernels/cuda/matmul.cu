@@ -4,6 +4,7 @@
 // dtypes, flags, pointer alignment) in a small hash table; the bias pointer is set per call.
 #include <cublasLt.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.cuh"
@@ -111,8 +112,72 @@ int layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t co
     return 0;
 }
 
+// Autotuning (on unless ZRUN_GEMM_AUTOTUNE=0): the first time a shape of at least 1 GFLOP is
+// seen, the heuristic's top candidates run on the real operands into a scratch output and the
+// fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
+const int TUNE_ALGOS = 8;
+bool autotune_on() {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("ZRUN_GEMM_AUTOTUNE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
+// Median-free quick timing: one warm-up, then the best of 3 (ms); < 0 when the algorithm fails.
+float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo, const zr_gemm_desc *g, void *cs,
+                cudaStream_t stream) {
+    float af = (float)g->alpha, bf = (float)g->beta, best = -1;
+    cudaEvent_t t0, t1;
+    if (cudaEventCreate(&t0) != cudaSuccess) return -1;
+    if (cudaEventCreate(&t1) != cudaSuccess) {
+        cudaEventDestroy(t0);
+        return -1;
+    }
+    for (int r = 0; r < 4; r++) {
+        cudaEventRecord(t0, stream);
+        cublasStatus_t s = cublasLtMatmul(c->h, e->op, &af, g->b, e->la, g->a, e->lb, &bf, cs, e->lc, cs, e->lc, algo,
+                                          c->ws, WORKSPACE, stream);
+        cudaEventRecord(t1, stream);
+        float ms = -1;
+        if (s != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(t1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, t0, t1) != cudaSuccess) {
+            best = -1;
+            break;
+        }
+        if (r > 0 && (best < 0 || ms < best)) best = ms;
+    }
+    cudaGetLastError(); /* a failed candidate must not leave an error behind */
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return best;
+}
+
+// Picks the fastest of the candidates for e (lock held); keeps e->algo when anything fails.
+void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t *res, int nres, const zr_gemm_desc *g,
+              int dev, cudaStream_t stream) {
+    size_t es = g->c_dtype == ZR_F64 ? 8 : g->c_dtype == ZR_F32 ? 4 : 2;
+    size_t n = g->batch > 1 ? (size_t)(g->stride_c * (g->batch - 1) + g->ldc * g->m) : (size_t)(g->ldc * g->m);
+    void *cs = zr_cuda_malloc(cuda_dev(dev), n * es, stream);
+    if (!cs) {
+        zr_clear_error(); /* no scratch: the heuristic's first choice stays */
+        return;
+    }
+    if (g->bias) cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+    float best = -1;
+    for (int i = 0; i < nres; i++) {
+        float ms = time_algo(c, e, &res[i].algo, g, cs, stream);
+        if (ms >= 0 && (best < 0 || ms < best)) {
+            best = ms;
+            e->algo = res[i].algo;
+        }
+    }
+    zr_cuda_free(cuda_dev(dev), cs);
+}
+
 // Builds descriptors and picks an algorithm for k (lock held). Returns 0 and fills e.
-int build(entry *e, const key &k, const zr_gemm_desc *g, dev_ctx *c, int dev) {
+int build(entry *e, const key &k, const zr_gemm_desc *g, dev_ctx *c, int dev, cudaStream_t stream) {
     memset(e, 0, sizeof *e);
     int f64 = g->ab_dtype == ZR_F64;
     cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
@@ -158,16 +223,19 @@ int build(entry *e, const key &k, const zr_gemm_desc *g, dev_ctx *c, int dev) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[TUNE_ALGOS];
     int nres = 0;
-    s = cublasLtMatmulAlgoGetHeuristic(c->h, e->op, e->la, e->lb, e->lc, e->lc, pref, 1, &res, &nres);
+    double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch;
+    int want = autotune_on() && flops >= 1e9 ? TUNE_ALGOS : 1;
+    s = cublasLtMatmulAlgoGetHeuristic(c->h, e->op, e->la, e->lb, e->lc, e->lc, pref, want, res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {
         destroy_entry(e);
         if (s == CUBLAS_STATUS_SUCCESS) s = CUBLAS_STATUS_NOT_SUPPORTED;
         return lt_fail(s, "algorithm search (no cuBLASLt algorithm for these dtypes/layouts)", g, dev);
     }
-    e->algo = res.algo;
+    e->algo = res[0].algo;
+    if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
     e->k = k;
     return 0;
 #undef TRY
@@ -330,7 +398,7 @@ extern "C" int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
             slot = &cache[h % CACHE]; /* evict the home slot */
             destroy_entry(slot);
         }
-        if (build(slot, k, g, c, dev)) {
+        if (build(slot, k, g, c, dev, stream)) {
             pthread_mutex_unlock(&mtx);
             return -1;
         }
