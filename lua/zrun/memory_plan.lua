@@ -678,7 +678,7 @@ function M.plan(o)
   opt.grads = S * 4         -- reduced fp32 gradient partition
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
-  local direct = Wc == 1 and s.stage <= 2 and not s.offload_optimizer
+  local direct = Wc == 1 and s.stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing
   if s.stage <= 1 and not direct then dev.grads = dev.grads + total * 4 end -- full fp32 .grad per parameter
   if s.stage <= 2 then
     dev.params = total * b
@@ -703,7 +703,14 @@ function M.plan(o)
   -- offload_param the host shard's slice is staged on the device first
   if s.stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
   dev.comm = dev.comm + comm_tr
-  if s.offload_optimizer then host.comm = max_c * 4 end -- a bucket segment copied to the host
+  if s.offload_optimizer and not direct then
+    -- zero_offload.c: a pinned staging bucket for gradients that are added to the partition (all
+    -- but the first of a step after zero_grad; made once, on the first step)
+    host.comm = cap * 4
+    -- the new 16-bit weights are written into a pinned host buffer and uploaded from there (one
+    -- world: into each parameter; stage 3: into the device shard)
+    if (s.stage < 3 and Wc == 1) or (s.stage == 3 and not s.offload_param) then host.params = host.params + S * b end
+  end
 
   -- activations
   local fam = E.family(cfg)

@@ -3,7 +3,7 @@
 -- (zr.memory.trace, "[memtrace]" lines) then as zr.memory.plan simulates it ("[memplan]" lines).
 -- Used to find where the plan and the device disagree (issue 6).
 --   zrun tests/bench/memtrace_llama.lua [device=cuda] [dtype=bf16] [layers=1] [batch=4] [seq=512]
---     [stage=0] [ckpt=0] [prefetch=N] [persist=N] [model=meta-llama/Llama-3.2-1B]
+--     [stage=0] [ckpt=0] [prefetch=N] [persist=N] [offload=0|1] [model=meta-llama/Llama-3.2-1B]
 local zr = require "zrun"
 local C = zr._C
 local P = require "zrun.memory_plan"
@@ -21,7 +21,8 @@ if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = opt.batch,
   steps_per_print = 1e9, bf16 = { enabled = opt.dtype == "bf16" }, optimizer = { type = "AdamW", params = { lr = 1e-4 } },
   zero_optimization = { stage = opt.stage, stage3_prefetch_bucket_size = opt.prefetch,
-    stage3_param_persistence_threshold = opt.persist } } })
+    stage3_param_persistence_threshold = opt.persist,
+    offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true } or nil } } })
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local base = zr.memory.stats(dev).activations.current
 for step = 1, 2 do
@@ -38,6 +39,6 @@ zr.memory.trace(false)
 local st = zr.memory.stats(dev)
 io.stderr:write(("[memtrace] measured peak activations %.2f MiB (base %.2f)\n"):format(st.activations.peak / 2 ^ 20, base / 2 ^ 20))
 local plan = P.plan { model = cfg, micro_batch = opt.batch, seq_len = opt.seq, stage = opt.stage, world_size = 1,
-  prefetch_bucket_size = opt.prefetch, persistence_threshold = opt.persist,
+  prefetch_bucket_size = opt.prefetch, persistence_threshold = opt.persist, offload_optimizer = opt.offload == 1,
   gradient_checkpointing = opt.ckpt == 1, device = opt.device == "cpu" and "cpu" or "cuda", dtype = opt.dtype, trace = true }
 io.stderr:write(("[memplan]  planned peak activations %.2f MiB\n"):format(plan.device.activations / 2 ^ 20))
