@@ -146,7 +146,7 @@ run: deps
 	./$(BIN) recipes/finetune_llama.lua
 
 bench: deps
-	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN)
+	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN) $(if $(HAVE_NVCC),$(BUILD)/bench/bench_fused)
 	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/bench/run.sh
 
 # CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host

@@ -116,6 +116,11 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 }
 
 int main() {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP bench_fused: no CUDA device visible\n");
+        return 0;
+    }
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
