@@ -1,0 +1,549 @@
+-- The memory simulator behind zr.memory.plan: a model of the autograd tape (storages with
+-- reference counts, values as views, nodes with their saved storages, Lua frames and garbage)
+-- and a replay of the Llama forward and backward on it, op by op as runtime/ops_*.c and the
+-- CUDA ops allocate. llama_activations(cfg, o) returns the peaks by category; o.trace prints
+-- the simulated timeline in zr.memory.trace's format (tests/bench/memtrace_llama.lua).
+local M = {}
+local floor, ceil, max = math.floor, math.ceil, math.max
+
+-- ---------------------------------------------------------------------------------------------
+-- A model of the autograd tape. Storages carry bytes and a reference count; values are views of
+-- storages with a contiguity flag; nodes keep their inputs' producers and saved storages.
+-- Lua's side is a stack of frames (the locals of the running Lua functions) and a list of
+-- garbage (userdata nothing references, alive until the collector runs).
+-- ---------------------------------------------------------------------------------------------
+local Sim = {}
+Sim.__index = Sim
+
+local function new_sim(o)
+  return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
+    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0 }, Sim)
+end
+
+function Sim:count(cat, b)
+  local c = self.cur[cat] + b
+  self.cur[cat] = c
+  if c > self.peak[cat] then self.peak[cat] = c end
+  if cat == "act" and c > self.wpeak then self.wpeak = c end
+end
+-- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
+function Sim:trace(phase, name)
+  if not self.o.trace then return end
+  io.stderr:write(("[memplan]  %s %-18s act %10.2f peak %10.2f params %10.4f\n"):format(phase, name,
+    self.cur.act / 2 ^ 20, self.wpeak / 2 ^ 20, self.cur.params / 2 ^ 20))
+  self.wpeak = self.cur.act
+end
+function Sim:alloc(bytes, cat)
+  local s = { bytes = bytes, refs = 1, cat = cat or "act" }
+  self:count(s.cat, bytes)
+  return s
+end
+function Sim:retain(s) s.refs = s.refs + 1 end
+function Sim:release(s)
+  s.refs = s.refs - 1
+  if s.refs == 0 then self:count(s.cat, -s.bytes) end
+end
+
+-- a new contiguous value (owning one reference)
+function Sim:new(bytes, cat) return { s = self:alloc(bytes, cat), n = bytes, c = true } end
+function Sim:share(v, contig)
+  self:retain(v.s)
+  return { s = v.s, n = v.n, c = contig == nil and v.c or contig }
+end
+function Sim:drop(v) if v then self:release(v.s) end end
+-- zr_tensor_to_raw / zr_cpu_in: the same storage when contiguous, else a contiguous copy
+function Sim:raw(v)
+  if v.c then return self:share(v, true) end
+  return self:new(v.n, v.s.cat)
+end
+
+-- An op output handed to Lua: a local of the running function (its userdata keeps it alive).
+function Sim:lua(v)
+  local f = self.frames[#self.frames]
+  f[#f + 1] = v
+  return v
+end
+-- A value nothing in Lua references any more: freed now ("ideal") or at the next collection.
+function Sim:unref(v)
+  if self.o.gc == "ideal" then self:drop(v) else self.garbage[#self.garbage + 1] = v end
+end
+-- `local x = ...; x = other`: the old value leaves the running function's frame.
+function Sim:forget(v)
+  local f = self.frames[#self.frames]
+  for i = #f, 1, -1 do
+    if f[i] == v then
+      table.remove(f, i)
+      self:unref(v)
+      return
+    end
+  end
+end
+-- A Lua function starts / returns `ret` (which moves to the caller's frame); its locals die.
+function Sim:push() self.frames[#self.frames + 1] = {} end
+function Sim:pop(ret, ret2)
+  local f = table.remove(self.frames)
+  for _, v in ipairs(f) do if v ~= ret and v ~= ret2 then self:unref(v) end end
+  if ret then self:lua(ret) end
+  if ret2 then self:lua(ret2) end
+  return ret
+end
+-- A full collection (collectgarbage("collect") / lua_gc(LUA_GCCOLLECT)): all garbage is freed.
+function Sim:collect()
+  for _, v in ipairs(self.garbage) do self:drop(v) end
+  self.garbage = {}
+end
+-- The places where zrun collects (engine:backward; zr.checkpoint after a segment's forward and
+-- after its backward); with gc = "none" nothing collects during a step.
+function Sim:gc_point()
+  if self.o.gc == "backward" then self:collect() end
+end
+
+-- ZeRO-3: a module's parameters are gathered (16-bit, full size) while it runs and during its
+-- backward; `keep` (the embedding, whose input needs no gradient, and a tied LM head fetched
+-- outside its module) stays gathered until backward ends.
+-- Prefetch (engine.lua, zero.c): once a module's parameters are gathered, the all-gathers of
+-- the modules after it (in forward; before it in backward, from the module boundary nodes) start
+-- straight into their storage, up to stage3_prefetch_bucket_size elements and while the live
+-- elements stay within stage3_max_live_parameters; recomputation inside backward does not.
+function Sim:gather(W, in_backward, no_prefetch)
+  if not self.o.stage3 then return end
+  if not W.leaf.gathered and not W.leaf.persistent then
+    W.leaf.gathered = true
+    self.live = self.live + W.leaf.numel
+    self:count("params", W.leaf.bytes)
+  end
+  local order, budget = self.order, self.o.prefetch or 0
+  if no_prefetch or budget <= 0 or not order or (self.in_bwd and not in_backward) then return end
+  local k, step = order.pos[W.leaf], in_backward and -1 or 1
+  local list, total = {}, 0 -- the modules along the chain, up to the budget (engine.lua's chain)
+  k = k + step
+  while order[k] and total < budget do
+    list[#list + 1] = order[k]
+    total = total + order[k].numel
+    k = k + step
+  end
+  for _, leaf in ipairs(list) do -- zr_zero_prefetch
+    if not leaf.gathered and not leaf.persistent then
+      if leaf.numel > budget or self.live + leaf.numel > (self.o.max_live or 1e18) then break end
+      budget = budget - leaf.numel
+      leaf.gathered = true
+      self.live = self.live + leaf.numel
+      self:count("params", leaf.bytes)
+    end
+  end
+end
+function Sim:release_param(W)
+  if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep or W.leaf.persistent then return end
+  W.leaf.gathered = false
+  self.live = self.live - W.leaf.numel
+  self:count("params", -W.leaf.bytes)
+end
+
+-- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil.
+function Sim:record(out, inputs, saved, bwd)
+  local name = self.ops[#self.ops] or "?"
+  if self.grad_on == false then self:trace("nograd", name); return out end -- nothing recorded or saved
+  self:trace("fwd", name)
+  local n = { inputs = inputs, saved = {}, bwd = bwd, name = name }
+  for _, v in ipairs(saved or {}) do
+    self:retain(v.s)
+    n.saved[#n.saved + 1] = v.s
+  end
+  self.tape[#self.tape + 1] = n
+  out.node = n
+  return out
+end
+
+-- Adds g into a pending gradient slot (autograd's accumulate_node: a new sum, then both freed).
+function Sim:accumulate(node, g)
+  if not node.slot then node.slot = g; return end
+  local s = self:new(g.n)
+  self:drop(node.slot)
+  self:drop(g)
+  node.slot = s
+end
+
+-- A parameter's gradient arriving (zr_accumulate_leaf_grad, then the ZeRO hook).
+function Sim:leaf_grad(leaf, g)
+  if g then
+    if leaf.static then -- stages 0-1: fp32 .grad preallocated, added into in place
+    elseif not leaf.grad then leaf.grad = self:alloc(leaf.bytes, "grads") end
+    self:drop(g)
+  end
+  leaf.pending = leaf.pending - 1
+  if leaf.pending == 0 and leaf.param and leaf.grad then -- hook: packed into the bucket, freed
+    self:release(leaf.grad)
+    leaf.grad = nil
+  end
+end
+
+-- Runs backward over `tape` from root node with gradient g (zr_backward).
+function Sim:backward(tape, root, g)
+  for _, n in ipairs(tape) do
+    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = 0 end end
+  end
+  for _, n in ipairs(tape) do
+    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = v.leaf.pending + 1 end end
+  end
+  root.slot = g
+  local was = self.in_bwd
+  self.in_bwd = true
+  for k = #tape, 1, -1 do
+    local n = tape[k]
+    local gk = n.slot
+    n.slot = nil
+    if gk then
+      local gins = n.bwd(self, n, gk) or {}
+      for i, v in ipairs(n.inputs) do
+        local gi = gins[i]
+        if v and v.node then
+          if gi then self:accumulate(v.node, gi) end
+        elseif v and v.leaf then self:leaf_grad(v.leaf, gi)
+        elseif gi then self:drop(gi) end
+      end
+      self:drop(gk)
+    else
+      for _, v in ipairs(n.inputs) do if v and v.leaf then self:leaf_grad(v.leaf, nil) end end
+    end
+    for _, s in ipairs(n.saved) do self:release(s) end
+    n.saved = {}
+    self:trace("bwd", n.name)
+  end
+  self.in_bwd = was
+end
+
+-- ---------- ops, as runtime/ops_*.c allocate them on the CPU path ----------
+
+-- linear: out (rows, o); saves x (and the weight, a parameter); backward dx, dW.
+-- At stage 3 its module gathers W around the forward and around the backward.
+function Sim:linear(x, W, o_bytes)
+  self:gather(W)
+  local out = self:lua(self:new(o_bytes))
+  self:release_param(W)
+  return self:record(out, { x, W }, { x }, function(S, _, g)
+    S:gather(W, true)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
+    -- accumulated straight into it by the GEMM (ops_matmul.c): no 16-bit temporary
+    local dw = not S.o.dw_in_place and S:new(W.leaf.bytes) or nil
+    S:drop(gi)
+    S:release_param(W)
+    return { dx, dw }
+  end)
+end
+
+function Sim:rms_norm(x, w, rows)
+  self:gather(w)
+  local out = self:lua(self:new(x.n))
+  local rstd = self:new(rows * 4)
+  self:release_param(w)
+  self:record(out, { x, w }, { x, rstd }, function(S, _, g)
+    S:gather(w, true)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    local dw = S:new(w.leaf.numel * 4)
+    S:drop(gi)
+    S:release_param(w)
+    return { dx, dw }
+  end)
+  self:drop(rstd)
+  return out
+end
+
+function Sim:view(x) -- zr view/reshape of a contiguous tensor: no copy; backward to_input
+  local out = self:lua({ s = x.s, n = x.n, c = x.c })
+  self:retain(x.s)
+  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
+end
+function Sim:reshape(x)
+  if x.c then return self:view(x) end
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
+end
+function Sim:transpose(x)
+  self:retain(x.s)
+  local out = self:lua({ s = x.s, n = x.n, c = not x.c })
+  return self:record(out, { x }, nil, function(S, _, g) return { S:share(g, not g.c) } end)
+end
+function Sim:narrow(x, bytes, contig)
+  self:retain(x.s)
+  local out = self:lua({ s = x.s, n = bytes, c = contig })
+  return self:record(out, { x }, nil, function(S, _, g)
+    local z = S:new(x.n)
+    local gc = S:raw(g)
+    S:drop(gc)
+    return { z }
+  end)
+end
+function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient back
+  local out = self:lua(self:new(bytes))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
+end
+
+function Sim:rope(x)
+  if self.o.gpu then -- the CUDA kernel reads the strided (B,H,T,D) view in place, both ways
+    local out = self:lua(self:new(x.n))
+    return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
+  end
+  local xi = self:raw(x) -- the kernel reads a contiguous input
+  local out = self:lua(self:new(x.n))
+  self:drop(xi)
+  return self:record(out, { x }, nil, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    S:drop(gi)
+    return { dx }
+  end)
+end
+
+-- kernels/cuda/attention.cu: attention_backward_workspace_size (fp32 dq accumulator, the dO.O row
+-- sums, and per-split fp32 dk/dv partials when the query group is split across blocks)
+local function split(blocks, G, limit)
+  local ns = 1
+  while G % (ns * 2) == 0 and blocks * ns < limit do ns = ns * 2 end
+  return ns
+end
+local function attention_workspace(B, Hq, Hkv, T, Dh)
+  local G = Hq / Hkv
+  local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
+  local a16 = function(n) return ceil(n / 16) * 16 end
+  local n = a16(B * Hq * T * Dh * 4) + a16(B * Hq * T * 4)
+  if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dh * 4 end
+  return n
+end
+
+function Sim:sdpa(q, k, v, lse_bytes, gqa, shape)
+  if self.o.gpu then -- the flash kernel (ops_attention.c): contiguous q, k, v are what it saves
+    local ins = { self:raw(q), self:raw(k), self:raw(v) }
+    local out = self:lua(self:new(q.n))
+    local lse = self:new(lse_bytes)
+    self:record(out, { q, k, v }, { ins[1], ins[2], ins[3], out, lse }, function(S, _, g)
+      local gi = S:raw(g)
+      local ws = S:new(attention_workspace(unpack(shape)), "ws")
+      local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
+      S:drop(ws)
+      S:drop(gi)
+      return { dq, dk, dv }
+    end)
+    for _, t in ipairs(ins) do self:drop(t) end
+    self:drop(lse)
+    return out
+  end
+  local ins = { self:raw(q), self:raw(k), self:raw(v) }
+  local out = self:lua(self:new(q.n))
+  local lse = self:new(lse_bytes)
+  for _, t in ipairs(ins) do self:drop(t) end
+  self:record(out, { q, k, v }, { q, k, v, out, lse }, function(S, _, g)
+    local tmp = { S:raw(q), S:raw(k), S:raw(v), S:raw(out), S:raw(g) }
+    local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
+    local wk, wv
+    if gqa then wk, wv = S:new(q.n, "ws"), S:new(q.n, "ws") end
+    S:drop(wk); S:drop(wv)
+    for _, t in ipairs(tmp) do S:drop(t) end
+    return { dq, dk, dv }
+  end)
+  self:drop(lse)
+  return out
+end
+
+function Sim:add(a, b)
+  local out = self:lua(self:new(a.n))
+  return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
+end
+-- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs
+function Sim:swiglu(a, b)
+  local out = self:lua(self:new(a.n))
+  return self:record(out, { a, b }, { a, b }, function(S, _, g)
+    local gi = S:raw(g)
+    local da, db = S:new(a.n), S:new(b.n)
+    S:drop(gi)
+    return { da, db }
+  end)
+end
+-- At stage 3 the embedding's input (token ids) needs no gradient, so no node releases its
+-- weight after its backward: it stays gathered until backward ends.
+function Sim:embedding(ids, W, out_bytes, dt)
+  self:gather(W)
+  local out = self:lua(self:new(out_bytes))
+  self:release_param(W)
+  return self:record(out, { false, W }, { ids }, function(S, _, g)
+    S:gather(W, true) -- no release: see above
+    if S.o.gpu then -- the CUDA kernel writes the dense gradient in the weight's dtype directly
+      local gi = S:raw(g)
+      local gw = S:new(W.leaf.bytes)
+      S:drop(gi)
+      return { nil, gw }
+    end
+    local gw = S:new(W.leaf.numel * 4)
+    local gi = S:raw(g)
+    local c
+    if dt ~= 4 then c = S:new(W.leaf.bytes) end
+    S:drop(gi)
+    if c then S:drop(gw); return { nil, c } end
+    return { nil, gw }
+  end)
+end
+
+-- zr.checkpoint(fn, x): fn runs without recording; backward reruns it with grad on, backward
+-- through the recomputed graph, and hands x's gradient (a leaf gradient, category grads) back.
+-- lua/bind_checkpoint.c collects fully right after the no-grad forward (only the segment's
+-- inputs and output survive) and right after each segment's recomputation + backward.
+function Sim:checkpoint(x, fn)
+  local saved_tape, saved_grad = self.tape, self.grad_on
+  self.tape, self.grad_on = {}, false
+  local out = fn(x)
+  self.tape, self.grad_on = saved_tape, saved_grad
+  self:gc_point()
+  local res = self:lua({ s = out.s, n = out.n, c = out.c }) -- a fresh header over out's storage
+  self:retain(out.s)
+  self:forget(out)
+  return self:record(res, { x }, { x }, function(S, _, g)
+    local outer = S.tape
+    S.tape = {}
+    S:push() -- the arguments and result of the Lua call made from C
+    local leaf = { bytes = x.n, pending = 0 }
+    local xs = S:lua({ s = x.s, n = x.n, c = x.c, leaf = leaf }) -- detached input, handed to Lua
+    S:retain(x.s)
+    local y = fn(xs, true)
+    local inner = S.tape
+    S.tape = outer
+    S:retain(g.s)
+    S:backward(inner, y.node, { s = g.s, n = g.n, c = g.c })
+    local gx = leaf.grad and { s = leaf.grad, n = x.n, c = true }
+    -- the input's userdata holds its .grad until collected; the node hands on its own reference
+    if gx then S:lua(S:share(gx)) end
+    S:pop()
+    S:gc_point()
+    return { gx }
+  end)
+end
+
+-- Each op's name on a stack while it runs, for the trace lines of the node it records.
+for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
+  "add", "swiglu", "embedding", "checkpoint", "cross_entropy" } do
+  local f = Sim[name]
+  if f then
+    Sim[name] = function(self, ...)
+      local ops = self.ops
+      ops[#ops + 1] = name
+      local a, b = f(self, ...)
+      ops[#ops] = nil
+      return a, b
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
+-- ---------------------------------------------------------------------------------------------
+function M.llama_activations(cfg, o)
+  local B, T = o.micro_batch, o.seq_len
+  local b = o.dtype_bytes
+  local H, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+  local Hq, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
+  local D = cfg.head_dim or floor(H / Hq)
+  local N = B * T
+  local S = new_sim(o)
+  S.tape = {}
+
+  -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
+  local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
+  local persist = o.stage3 and (o.persistence_threshold or 0) or 0 -- smaller parameters stay whole
+  local function P(numel)
+    return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0,
+      persistent = numel < persist } }
+  end
+  local embedW = P(V * H)
+  local layers = {}
+  for l = 1, L do
+    layers[l] = { q = P(Hq * D * H), k = P(KV * D * H), v = P(KV * D * H), o = P(H * Hq * D), g = P(I * H),
+      u = P(I * H), d = P(H * I), n1 = P(H), n2 = P(H) }
+  end
+  local normW = P(H)
+  local headW = cfg.tie_word_embeddings and embedW or P(V * H)
+  -- the modules' parameters in forward order (the prefetch chain)
+  local order = { pos = {} }
+  local function add(v) order[#order + 1] = v.leaf; order.pos[v.leaf] = #order end
+  add(embedW)
+  for l = 1, L do
+    local p = layers[l]
+    for _, v in ipairs { p.n1, p.q, p.k, p.v, p.o, p.n2, p.g, p.u, p.d } do add(v) end
+  end
+  add(normW)
+  if not cfg.tie_word_embeddings then add(headW) end
+  S.order = order
+
+  -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):
+  -- the previous step's batch, logits and loss are garbage until the next collection.
+  if o.gc ~= "ideal" then
+    S.garbage[#S.garbage + 1] = S:new(N * 8, "other")
+    for _, bytes in ipairs { N * V * b, 4 } do S.garbage[#S.garbage + 1] = S:new(bytes) end
+  end
+  -- input ids (the labels are the same tensor in a causal LM batch): the collator's tensors are
+  -- created outside any op, in category "other"
+  local ids = S:lua(S:new(N * 8, "other"))
+
+  local function layer(p, x)
+    S:push()
+    local a1 = S:rms_norm(x, p.n1, N)
+    local q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
+    local k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
+    local v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+    q, k = S:rope(q), S:rope(k)
+    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D })
+    local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
+    local h = S:add(x, ao)
+    local a2 = S:rms_norm(h, p.n2, N)
+    local gate = S:linear(a2, p.g, N * I * b)
+    local up = S:linear(a2, p.u, N * I * b)
+    local out = S:add(h, S:linear(S:swiglu(gate, up), p.d, N * H * b))
+    return S:pop(out)
+  end
+
+  S:push() -- LlamaForCausalLM.forward
+  S:push() -- LlamaModel.forward
+  local h = S:embedding(ids, embedW, N * H * b, b)
+  for l = 1, L do
+    local x, p = h, layers[l]
+    if o.gradient_checkpointing then
+      h = S:checkpoint(x, function(xx) return layer(p, xx) end)
+    else
+      h = layer(p, x)
+    end
+    S:forget(x)
+  end
+  local hn = S:pop(S:rms_norm(h, normW, N))
+  -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
+  -- and stays gathered until backward ends
+  if cfg.tie_word_embeddings then S:gather(headW, false, true); headW.leaf.keep = true end -- Module.fetch
+  local logits = S:linear(hn, headW, N * V * b)
+  S:push()
+  -- causal_lm_loss shifts the labels (a -100 pad column, "other", and the shifted copy) and scores
+  -- the logits as they are: a view, no copy, no fp32 upcast; cross_entropy saves logits + lse
+  local rows = B * T
+  S:lua(S:new(B * 8, "other"))
+  S:lua(S:new(rows * 8))
+  local lg = S:view(logits)
+  local lse = S:new(rows * 4)
+  local loss = S:lua(S:new(4))
+  local lws = S:new(rows * 4, "ws")
+  S:drop(lws)
+  S:record(loss, { lg }, { lg, lse }, function(S2, _, g)
+    local gi = S2:raw(g)
+    local gx = S2:new(lg.n)
+    S2:drop(gi)
+    return { gx }
+  end)
+  S:drop(lse)
+  S:pop(loss)
+  S:pop(logits, loss) -- {logits=, loss=} is held by the caller through backward
+  local fwd_act = S.cur.act
+  S:gc_point() -- engine:backward collects before loss:backward()
+  local g0 = S:new(4)
+  S:backward(S.tape, loss.node, g0)
+  return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
+    workspace = S.peak.ws, gathered = S.peak.params }
+end
+
+return M
