@@ -20,6 +20,9 @@ mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 5000 || echo "FAI
 mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 0 || echo "FAIL stage 3 prefetch off: mpirun exited $?"
 mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 5000 || echo "FAIL stage 3 prefetch 5000: mpirun exited $?"
 mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 5e7 30000 || echo "FAIL stage 3 max_live: mpirun exited $?"
+# gradient checkpointing: recomputation inside backward gathers again (no prefetch there)
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 20000 1e9 1 || echo "FAIL stage 3 checkpointing: mpirun exited $?"
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 2 0 1 0 0 0 5e7 1e9 1 || echo "FAIL stage 2 checkpointing: mpirun exited $?"
 # overlap_comm: a bucket's reduce-scatter in flight while the next bucket fills (two buffer sets)
 for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 4 $Z tests/mpi/zero_check.lua $stage 0 2 0.05 0 1 || echo "FAIL stage $stage overlap_comm: mpirun exited $?"

@@ -13,10 +13,12 @@ local persist = tonumber(arg[5] or 0)
 local overlap = arg[6] == "1" -- zero_optimization.overlap_comm (default off)
 -- stage 3: stage3_prefetch_bucket_size and stage3_max_live_parameters (defaults 5e7 and 1e9)
 local prefetch, max_live = tonumber(arg[7] or 5e7), tonumber(arg[8] or 1e9)
+local ckpt = arg[9] == "1" -- gradient checkpointing in the engine's model (recomputation inside backward)
 local W, r = dist.world_size(), dist.rank()
 local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " offload" or "", W, gas, clip,
   persist > 0 and (" persistence<" .. persist) or "") .. (overlap and " overlap_comm" or "") ..
-  (arg[7] and (" prefetch=" .. prefetch) or "") .. (arg[8] and (" max_live=" .. max_live) or "")
+  (arg[7] and (" prefetch=" .. prefetch) or "") .. (arg[8] and (" max_live=" .. max_live) or "") ..
+  (ckpt and " checkpointing" or "")
 local STEPS, MB, TLEN = 4, 2, 12
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
@@ -51,6 +53,7 @@ end
 
 -- engine run
 local model = make_model()
+if ckpt then model:gradient_checkpointing_enable() end
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = MB, gradient_accumulation_steps = gas, gradient_clipping = clip,
   steps_per_print = 1000000,
