@@ -130,6 +130,8 @@ function M.initialize(opts)
     overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9) },
     params, wds)
   self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
+  self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
+  self.max_live_parameters = num(zc.stage3_max_live_parameters, 1e9)
   self.param_pos, self.module_params = index_modules(model, params)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)
@@ -240,10 +242,13 @@ end
 -- the modules that follow it (in forward) or precede it (in backward) up to that many elements,
 -- and within stage3_max_live_parameters, so the next module's parameters arrive while this one
 -- computes. Recomputation inside backward (checkpointing) neither records nor prefetches.
+-- stage3_max_reuse_distance: after its forward a module keeps its parameters when their next use
+-- (its backward) comes within that many parameters — twice those of the modules after it — and
+-- the live ones stay within stage3_max_live_parameters, as DeepSpeed does.
 function Engine:install_zero3_hooks()
   local z, direct = self.zero, self.module_params
-  local budget = self.prefetch_budget
-  local trace = { nxt = {}, prv = {}, fwd = {}, bwd = {} }
+  local budget, max_reuse, max_live = self.prefetch_budget, self.max_reuse_distance, self.max_live_parameters
+  local trace = { nxt = {}, prv = {}, fwd = {}, bwd = {}, after = {} }
   self.z3trace = trace
   local function first_tensor(args)
     for i = 1, args.n do if C.is_tensor(args[i]) then return i end end
@@ -260,6 +265,19 @@ function Engine:install_zero3_hooks()
     end
     cache[m] = list
     return list
+  end
+  -- parameters of the modules that run after m in forward (the trace's chain), cached
+  local function after(m)
+    local a = trace.after[m]
+    if a then return a end
+    a = 0
+    local k = trace.nxt[m]
+    while k do
+      for _, i in ipairs(direct[k]) do a = a + self.param_numel[i] end
+      k = trace.nxt[k]
+    end
+    trace.after[m] = a
+    return a
   end
   self.hook_handles = {
     Module.register_module_forward_pre_hook(function(m, ...)
@@ -286,7 +304,10 @@ function Engine:install_zero3_hooks()
     Module.register_module_forward_hook(function(m, out)
       local idx = direct[m]
       if not idx or #idx == 0 then return nil end
-      z:release(idx)
+      -- (only when a backward will release them: the output carries a gradient)
+      local keep = not self.in_backward and not trace.recording and C.is_tensor(out) and out.requires_grad and
+        2 * after(m) < max_reuse and z:live_numel() <= max_live
+      if not keep then z:release(idx) end
       if C.is_tensor(out) then -- backward: gather first, then prefetch the modules before this one
         if budget > 0 and not trace.recording then return z:boundary(out, 1, idx, chain(m, trace.prv, trace.bwd), budget) end
         return z:boundary(out, 1, idx)

@@ -75,6 +75,8 @@ local function settings(o, cfg_model)
   s.prefetch_bucket_size = type(pf) == "number" and pf or 5e7 -- DeepSpeed's default
   local ml = o.max_live_parameters or zc.stage3_max_live_parameters
   s.max_live_parameters = type(ml) == "number" and ml or 1e9
+  local mr = o.max_reuse_distance or zc.stage3_max_reuse_distance
+  s.max_reuse_distance = type(mr) == "number" and mr or 1e9
   local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
   s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
   local dt = o.dtype
@@ -180,7 +182,7 @@ function M.plan(o)
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
-      prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters,
+      prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads

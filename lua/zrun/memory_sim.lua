@@ -132,8 +132,16 @@ function Sim:gather(W, in_backward, no_prefetch)
     end
   end
 end
-function Sim:release_param(W)
+-- After a module's forward (engine.lua) its parameters stay when their next use, its backward,
+-- comes within stage3_max_reuse_distance (twice the parameters of the modules after it) and the
+-- live ones are within stage3_max_live_parameters; its backward releases them.
+function Sim:release_param(W, after_forward)
   if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep or W.leaf.persistent then return end
+  local order = self.order
+  if after_forward and order and not self.in_bwd and self.grad_on ~= false and
+    2 * order.after[order.pos[W.leaf]] < (self.o.max_reuse or 0) and self.live <= (self.o.max_live or 1e18) then
+    return
+  end
   W.leaf.gathered = false
   self.live = self.live - W.leaf.numel
   self:count("params", -W.leaf.bytes)
@@ -219,7 +227,7 @@ end
 function Sim:linear(x, W, o_bytes)
   self:gather(W)
   local out = self:lua(self:new(o_bytes))
-  self:release_param(W)
+  self:release_param(W, true)
   return self:record(out, { x, W }, { x }, function(S, _, g)
     S:gather(W, true)
     local gi = S:raw(g)
@@ -237,7 +245,7 @@ function Sim:rms_norm(x, w, rows)
   self:gather(w)
   local out = self:lua(self:new(x.n))
   local rstd = self:new(rows * 4)
-  self:release_param(w)
+  self:release_param(w, true)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
     S:gather(w, true)
     local gi = S:raw(g)
@@ -366,7 +374,7 @@ end
 function Sim:embedding(ids, W, out_bytes, dt)
   self:gather(W)
   local out = self:lua(self:new(out_bytes))
-  self:release_param(W)
+  self:release_param(W, true)
   return self:record(out, { false, W }, { ids }, function(S, _, g)
     S:gather(W, true) -- no release: see above
     if S.o.gpu then -- the CUDA kernel writes the dense gradient in the weight's dtype directly
@@ -472,6 +480,9 @@ function M.llama_activations(cfg, o)
   end
   add(normW)
   if not cfg.tie_word_embeddings then add(headW) end
+  order.after = {} -- parameters of the modules after each one
+  local acc = 0
+  for i = #order, 1, -1 do order.after[i] = acc; acc = acc + order[i].numel end
   S.order = order
 
   -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):

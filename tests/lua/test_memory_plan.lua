@@ -41,7 +41,7 @@ local function measure(c)
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
     optimizer = { type = "AdamW", params = { lr = 1e-3 } },
     zero_optimization = { stage = c.stage, stage3_param_persistence_threshold = c.persist or 0,
-      stage3_prefetch_bucket_size = c.prefetch } } })
+      stage3_prefetch_bucket_size = c.prefetch, stage3_max_reuse_distance = c.reuse } } })
   local st = mem.stats()
   local setup, train = {}, {}
   for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
@@ -61,7 +61,7 @@ local function measure(c)
   collectgarbage(); collectgarbage()
   local plan = P.plan { model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
     gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
-    prefetch_bucket_size = c.prefetch }
+    prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse }
   return train, setup, plan
 end
 
@@ -86,25 +86,28 @@ local cases = {
   { stage = 1, B = 3, T = 89, layers = 3, ckpt = true },
   { stage = 2, B = 1, T = 301, layers = 2 },                -- B = 1: the loss narrows without a copy
   { stage = 2, B = 1, T = 301, layers = 2, ckpt = true },
-  -- stage 3 without prefetch (stage3_prefetch_bucket_size 0): one module gathered at a time
-  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0 },
-  { stage = 3, B = 4, T = 97, layers = 3, ckpt = true, prefetch = 0 },
-  { stage = 3, B = 2, T = 131, layers = 2, tied = true, prefetch = 0 }, -- a tied head stays gathered through backward
-  { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true, prefetch = 0 },
+  -- stage 3 without prefetch and reuse (stage3_prefetch_bucket_size 0, stage3_max_reuse_distance
+  -- 0): one module gathered at a time
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0 },
+  { stage = 3, B = 4, T = 97, layers = 3, ckpt = true, prefetch = 0, reuse = 0 },
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true, prefetch = 0, reuse = 0 }, -- a tied head stays gathered through backward
+  { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true, prefetch = 0, reuse = 0 },
+  -- reuse only: modules whose backward comes within 60,000 parameters keep theirs from forward on
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 60000 },
   -- with DeepSpeed's default prefetch (5e7 elements, more than this model): from the second step
   -- the first module's prefetch brings every other module in
   { stage = 3, B = 4, T = 97, layers = 3 },
   { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true },
   -- a bucket of 20,000 elements: a few modules ahead
-  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 20000 },
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 20000, reuse = 0 },
   -- DeepSpeed's default persistence threshold (1e5): every parameter of the tiny model stays whole
   { stage = 3, B = 4, T = 97, layers = 3, persist = 1e5 },
 }
 local results = {}
 for i, c in ipairs(cases) do
-  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s"):format(c.stage, c.B, c.T,
+  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s%s"):format(c.stage, c.B, c.T,
     c.layers, c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "",
-    c.prefetch and (", prefetch " .. c.prefetch) or "")
+    c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "")
   T.test(name, function()
     local m, setup, plan = measure(c)
     results[i] = m
@@ -126,11 +129,11 @@ for i, c in ipairs(cases) do
       -- by hand: the shard plus the whole model (everything prefetched at once)
       local n = total_params(c.layers, c.tied)
       T.eq(m.params, 2 * n * 4, "stage 3 params with prefetch = shard + whole model")
-    elseif c.stage == 3 and c.prefetch > 0 then
+    elseif c.stage == 3 and (c.prefetch > 0 or c.reuse > 0) then
       -- more than one module, less than the model: the bucket bounds what is ahead
       local n = total_params(c.layers, c.tied)
-      T.eq(m.params > (n + 16576) * 4 and m.params < 2 * n * 4, true, "stage 3 params with a small prefetch bucket")
-      T.eq(plan.device.params, m.params, "planned stage 3 params with a small prefetch bucket")
+      T.eq(m.params > (n + 16576) * 4 and m.params < 2 * n * 4, true, "stage 3 params with a small bucket / reuse")
+      T.eq(plan.device.params, m.params, "planned stage 3 params with a small bucket / reuse")
     elseif c.stage == 3 then
       -- by hand: the 16-bit shard (the whole model on one rank) plus the largest set gathered at
       -- once: one module (the 259 x 64 LM head or embedding), or with a tied head the embedding
@@ -180,12 +183,13 @@ T.test("partitions over several ranks (hand-computed)", function()
   -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
   -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    offload_optimizer = true, offload_param = true, persistence_threshold = 0, prefetch_bucket_size = 0 }
+    offload_optimizer = true, offload_param = true, persistence_threshold = 0, prefetch_bucket_size = 0,
+    max_reuse_distance = 0 }
   T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
   T.eq(p.device.params, 16576 * 2)
   -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    persistence_threshold = 0, prefetch_bucket_size = 0 }
+    persistence_threshold = 0, prefetch_bucket_size = 0, max_reuse_distance = 0 }
   T.eq(p.device.params, (41888 + 16576) * 2)
   -- the same with the default prefetch (5e7 > the whole model of 125,632): shard + every module
   local pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
@@ -193,7 +197,7 @@ T.test("partitions over several ranks (hand-computed)", function()
   T.eq(pf.device.params, (41888 + 125632) * 2)
   -- stage3_max_live_parameters bounds it: prefetching stops before 20,000 live elements
   pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
-    persistence_threshold = 0, max_live_parameters = 20000 }
+    persistence_threshold = 0, max_live_parameters = 20000, max_reuse_distance = 0 }
   T.eq(pf.device.params <= (41888 + 20000) * 2 and pf.device.params > (41888 + 16576) * 2, true, "max_live bound")
   T.eq(p.setup.params, (125632 + 41888) * 2)
   -- stage 0 keeps whole parameters: S = P = 125,632

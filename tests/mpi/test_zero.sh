@@ -17,9 +17,13 @@ done
 # stage 3 with small parameters kept whole (DeepSpeed's stage3_param_persistence_threshold)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 5000 || echo "FAIL stage 3 persistence: mpirun exited $?"
 # stage 3 prefetch: off, a small bucket, a small stage3_max_live_parameters, on 3 ranks
-mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 0 || echo "FAIL stage 3 prefetch off: mpirun exited $?"
-mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 5000 || echo "FAIL stage 3 prefetch 5000: mpirun exited $?"
-mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 5e7 30000 || echo "FAIL stage 3 max_live: mpirun exited $?"
+# (stage3_max_reuse_distance 0 there, so that only prefetching makes parameters live ahead of use)
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 0 1e9 0 0 || echo "FAIL stage 3 prefetch off: mpirun exited $?"
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 5000 1e9 0 0 || echo "FAIL stage 3 prefetch 5000: mpirun exited $?"
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 5e7 30000 0 0 || echo "FAIL stage 3 max_live: mpirun exited $?"
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua 3 0 1 0 0 0 5e7 1e9 0 0 || echo "FAIL stage 3 default prefetch: mpirun exited $?"
+# stage3_max_reuse_distance: modules whose backward comes soon keep their parameters from forward
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 0 1e9 0 60000 || echo "FAIL stage 3 reuse: mpirun exited $?"
 # gradient checkpointing: recomputation inside backward gathers again (no prefetch there)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 20000 1e9 1 || echo "FAIL stage 3 checkpointing: mpirun exited $?"
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 2 0 1 0 0 0 5e7 1e9 1 || echo "FAIL stage 2 checkpointing: mpirun exited $?"

@@ -14,11 +14,12 @@ local overlap = arg[6] == "1" -- zero_optimization.overlap_comm (default off)
 -- stage 3: stage3_prefetch_bucket_size and stage3_max_live_parameters (defaults 5e7 and 1e9)
 local prefetch, max_live = tonumber(arg[7] or 5e7), tonumber(arg[8] or 1e9)
 local ckpt = arg[9] == "1" -- gradient checkpointing in the engine's model (recomputation inside backward)
+local reuse = tonumber(arg[10] or 1e9) -- stage3_max_reuse_distance
 local W, r = dist.world_size(), dist.rank()
 local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " offload" or "", W, gas, clip,
   persist > 0 and (" persistence<" .. persist) or "") .. (overlap and " overlap_comm" or "") ..
   (arg[7] and (" prefetch=" .. prefetch) or "") .. (arg[8] and (" max_live=" .. max_live) or "") ..
-  (ckpt and " checkpointing" or "")
+  (ckpt and " checkpointing" or "") .. (arg[10] and (" max_reuse=" .. reuse) or "")
 local STEPS, MB, TLEN = 4, 2, 12
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
@@ -60,6 +61,7 @@ local engine = zr.initialize({ model = model, config = {
   optimizer = { type = "AdamW", params = { lr = 1e-3, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = stage, reduce_bucket_size = 3000, stage3_param_persistence_threshold = persist,
     overlap_comm = overlap, stage3_prefetch_bucket_size = prefetch, stage3_max_live_parameters = max_live,
+    stage3_max_reuse_distance = reuse,
     offload_optimizer = offload and { device = "cpu" } or nil },
 } })
 -- stage 3: gathered + in-flight elements seen when a module starts (after its own gather and
@@ -91,7 +93,11 @@ end
 if probe then probe.remove() end
 local function check()
   T.near(losses, ref_losses, 2e-5, 0, "losses")
-  if stage == 3 and persist == 0 then
+  if stage == 3 and persist == 0 and prefetch == 0 and reuse > 0 then
+    -- stage3_max_reuse_distance without prefetch: what is live beyond the running module was kept
+    assert(live_max - 16576 - own_max > 0, ("reuse: nothing kept from forward (live max %d)"):format(live_max))
+  end
+  if stage == 3 and persist == 0 and reuse == 0 then -- (kept parameters would count as live too)
     -- the embedding (16,576) stays gathered through a step: beyond that and the running module,
     -- live parameters are prefetched ones, which the budget and the live bound limit
     local extra = live_max - 16576 - own_max
