@@ -554,9 +554,15 @@ static int l_index(lua_State *L) {
     }
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "grad") == 0) {
-        if (!t->grad) lua_pushnil(L);
-        else zr_l_pushtensor(L, zr_tensor_retain(t->grad));
-        return 1;
+        if (!t->grad) {
+            lua_pushnil(L);
+            return 1;
+        }
+        if (t->grad_stale) { /* the engine's zero_grad left stale values: they read as zeros */
+            if (zr_tensor_fill_(t->grad, 0)) return zr_l_error(L);
+            t->grad_stale = 0;
+        }
+        return zr_l_pushtensor(L, zr_tensor_retain(t->grad));
     }
     if (strcmp(k, "requires_grad") == 0) {
         lua_pushboolean(L, zr_tensor_needs_grad(t));

@@ -48,4 +48,32 @@ T.test("fp16 hysteresis delays the first reduction", function()
   T.eq(engine.scaler.cur_hysteresis, 1)
 end)
 
+-- Direct mode (one rank): zero_grad marks the fp32 gradient views stale instead of filling them;
+-- they must still read as zeros, and the next backward must overwrite, not add.
+T.test("gradients after engine:step read as zeros; the next backward overwrites them", function()
+  zr.manual_seed(11)
+  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2,
+    steps_per_print = 1000000, gradient_accumulation_steps = 2,
+    optimizer = { type = "AdamW", params = { lr = 0.0 } }, zero_optimization = { stage = 0 } } })
+  zr.manual_seed(5)
+  local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
+  local p = engine:parameters()[3]
+  local function micro() -- one micro-step on the same batch: the gradient after backward, then step
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    local g = p.grad:clone()
+    engine:step()
+    return g
+  end
+  local g1 = micro()
+  T.eq(g1:abs():sum():item() > 0, true, "a gradient arrived")
+  local g2 = micro() -- the accumulation boundary: the optimizer step, then zero_grad
+  T.near(g2, g1 * 2, 1e-6, 1e-5, "two micro-steps accumulate")
+  local g3 = micro() -- lr 0: the same weights, so the same gradient, overwritten (not added)
+  T.near(g3, g1, 1e-6, 1e-5, "the first gradient after zero_grad overwrites")
+  micro() -- the next boundary
+  T.eq(p.grad:abs():sum():item(), 0, "after the optimizer step the gradient reads as zero")
+end)
+
 T.done()
