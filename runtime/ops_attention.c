@@ -72,6 +72,28 @@ static zr_status check_args(zr_tensor *q, zr_tensor *k, zr_tensor *v) {
     return ZR_OK;
 }
 
+/* Records the sdpa node (saving save[0..2], out and lse; f[0] = scale), then drops the caller's
+ * references to tmp[0..2] and lse. Returns out, or NULL (out released) on failure. */
+static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd, zr_tensor *q, zr_tensor *k,
+                              zr_tensor *v, zr_tensor *const *save, zr_tensor **tmp, double scale) {
+    zr_node *n;
+    zr_status st = zr_autograd_record(out, "sdpa", bwd, 3, (zr_tensor *[]){q, k, v}, &n);
+    if (!st && n) {
+        n->f[0] = scale;
+        st = zr_node_save(n, save[0]) || zr_node_save(n, save[1]) || zr_node_save(n, save[2]) ||
+                     zr_node_save(n, out) || zr_node_save(n, lse)
+                 ? ZR_ERR
+                 : ZR_OK;
+    }
+    for (int i = 0; i < 3; i++) zr_tensor_release(tmp[i]);
+    zr_tensor_release(lse);
+    if (st) {
+        zr_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* --- CUDA paths --- */
 #ifdef ZR_HAVE_CUDA
 #include "cuda.h"
@@ -117,7 +139,6 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
     zr_tensor *vi = ki ? zr_tensor_contiguous_raw(v) : NULL;
     zr_tensor *out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    zr_node *n;
     if (!lse) goto fail;
     if (B * T > 0 &&
         zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
@@ -125,18 +146,8 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
                                              dt, zr_cuda_stream(dev)),
                       "sdpa", dev))
         goto fail;
-    if (zr_autograd_record(out, "sdpa", sdpa_backward_dev, 3, (zr_tensor *[]){q, k, v}, &n)) goto fail;
-    if (n) {
-        n->f[0] = scale;
-        if (zr_node_save(n, qi) || zr_node_save(n, ki) || zr_node_save(n, vi) || zr_node_save(n, out) ||
-            zr_node_save(n, lse))
-            goto fail;
-    }
-    zr_tensor_release(qi);
-    zr_tensor_release(ki);
-    zr_tensor_release(vi);
-    zr_tensor_release(lse);
-    return out;
+    zr_tensor *ins[3] = {qi, ki, vi};
+    return record_sdpa(out, lse, sdpa_backward_dev, q, k, v, ins, ins, scale);
 fail:
     zr_tensor_release(qi);
     zr_tensor_release(ki);
@@ -219,19 +230,8 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale
     zr_tensor_release(work);
     work = NULL;
     if (st) goto fail;
-    zr_node *n;
-    if (zr_autograd_record(out, "sdpa", sdpa_backward, 3, (zr_tensor *[]){q, k, v}, &n)) goto fail;
-    if (n) {
-        n->f[0] = scale;
-        if (zr_node_save(n, q) || zr_node_save(n, k) || zr_node_save(n, v) || zr_node_save(n, out) ||
-            zr_node_save(n, lse))
-            goto fail;
-    }
-    zr_tensor_release(qi);
-    zr_tensor_release(ki);
-    zr_tensor_release(vi);
-    zr_tensor_release(lse);
-    return out;
+    return record_sdpa(out, lse, sdpa_backward, q, k, v, (zr_tensor *[]){q, k, v}, (zr_tensor *[]){qi, ki, vi},
+                       scale);
 fail:
     zr_tensor_release(o);
     zr_tensor_release(work);

@@ -24,13 +24,6 @@ static int unary_uses_y(int op) {
 #ifdef ZR_HAVE_CUDA
 #include "cuda.h"
 #include "../kernels/cuda/elementwise.h"
-
-static zr_status dev_status(int rc, const char *op, zr_device dev) {
-    if (!rc) return ZR_OK;
-    char d[16];
-    zr_error_prefix("%s on %s: ", op, zr_device_name(dev, d));
-    return ZR_ERR;
-}
 #endif
 
 static zr_status unary_forward_dev(zr_tensor *out, zr_tensor *x, int op, double p) {
@@ -41,7 +34,7 @@ static zr_status unary_forward_dev(zr_tensor *out, zr_tensor *x, int op, double 
     int rc = unary_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_numel(x), op, p,
                                 x->dtype, zr_cuda_stream(dev));
     zr_tensor_release(xi);
-    return dev_status(rc, unary_names[op], dev);
+    return zr_dev_status(rc, unary_names[op], dev);
 #else
     return zr_no_cuda(unary_names[op]);
 #endif
@@ -61,7 +54,7 @@ static zr_status unary_backward_dev(zr_tensor *gx, zr_tensor *g, zr_tensor *xy, 
     zr_tensor_release(gi);
     zr_tensor_release(vi);
     if (!gi || !vi) return ZR_ERR;
-    return dev_status(rc, unary_names[op], dev);
+    return zr_dev_status(rc, unary_names[op], dev);
 #else
     return zr_no_cuda(unary_names[op]);
 #endif
@@ -89,7 +82,7 @@ static zr_status binary_forward_dev(zr_tensor *out, int op, zr_tensor *a, zr_ten
             as[0] = bs[0] = 1;
         int rc = binary_forward_cuda(zr_tensor_data(o), zr_tensor_data(ai), as, zr_tensor_data(bi), bs, nd,
                                      sh, op, ct, zr_cuda_stream(dev));
-        st = dev_status(rc, binary_names[op], dev);
+        st = zr_dev_status(rc, binary_names[op], dev);
         if (!st && o != out) st = zr_tensor_copy_(out, o);
     }
     zr_tensor_release(ai);
@@ -109,7 +102,7 @@ static zr_status affine_forward_dev(zr_tensor *out, zr_tensor *x, double alpha, 
     int rc = affine_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_numel(x), alpha, beta,
                                  x->dtype, zr_cuda_stream(dev));
     zr_tensor_release(xi);
-    return dev_status(rc, "affine", dev);
+    return zr_dev_status(rc, "affine", dev);
 #else
     return zr_no_cuda("affine");
 #endif
@@ -123,14 +116,14 @@ static zr_status axpy_dev(zr_tensor *dst, zr_tensor *src, double alpha) {
         /* a 16-bit gradient into an fp32 one (the tied embedding's): no widened copy */
         int rc = axpy_widen_cuda(zr_tensor_data(dst), zr_tensor_data(src), src->dtype, zr_tensor_numel(dst), alpha,
                                  zr_cuda_stream(dev));
-        if (rc != -2) return dev_status(rc, "add_", dev);
+        if (rc != -2) return zr_dev_status(rc, "add_", dev);
     }
     zr_tensor *s = zr_tensor_to_raw(src, dst->dtype, dev);
     if (!s) return ZR_ERR;
     int rc = axpy_cuda(zr_tensor_data(dst), zr_tensor_data(s), zr_tensor_numel(dst), alpha, dst->dtype,
                        zr_cuda_stream(dev));
     zr_tensor_release(s);
-    return dev_status(rc, "add_", dev);
+    return zr_dev_status(rc, "add_", dev);
 #else
     return zr_no_cuda("add_");
 #endif
@@ -166,12 +159,7 @@ static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor_release(o);
     zr_tensor_release(gi);
     zr_tensor_release(vi);
-    if (st) {
-        zr_tensor_release(gx);
-        return ZR_ERR;
-    }
-    gin[0] = gx;
-    return ZR_OK;
+    return zr_give_grad(gin, gx, st);
 }
 
 zr_tensor *zr_unary(int op, zr_tensor *x, double p) {
@@ -212,17 +200,6 @@ fail:
 
 static zr_tensor *binary_compute(int op, zr_tensor *a, zr_tensor *b, zr_dtype dt);
 
-/* Gradient for input i: reduce to its shape and cast to its dtype. Takes ownership of g. */
-static zr_status finish_grad(zr_node *n, int i, zr_tensor *g, zr_tensor **gin) {
-    if (!g) return ZR_ERR;
-    zr_edge *e = &n->edges[i];
-    zr_tensor *r = zr_sum_to_shape(g, e->ndim, e->shape);
-    zr_tensor_release(g);
-    if (!(r = zr_take_as(r, e->dtype))) return ZR_ERR;
-    gin[i] = r;
-    return ZR_OK;
-}
-
 static zr_status binary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     int op = (int)n->i[0];
     zr_tensor *a = n->saved[0], *b = n->saved[1];
@@ -230,15 +207,15 @@ static zr_status binary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     switch (op) {
     case ZR_BIN_ADD:
     case ZR_BIN_SUB:
-        if (zr_node_needs_grad(n, 0) && finish_grad(n, 0, zr_tensor_retain(g), gin)) return ZR_ERR;
+        if (zr_node_needs_grad(n, 0) && zr_grad_to_input(n, 0, zr_tensor_retain(g), gin)) return ZR_ERR;
         if (zr_node_needs_grad(n, 1) &&
-            finish_grad(n, 1, op == ZR_BIN_ADD ? zr_tensor_retain(g) : zr_affine(g, -1, 0), gin))
+            zr_grad_to_input(n, 1, op == ZR_BIN_ADD ? zr_tensor_retain(g) : zr_affine(g, -1, 0), gin))
             return ZR_ERR;
         return ZR_OK;
     case ZR_BIN_MUL:
-        if (zr_node_needs_grad(n, 0) && finish_grad(n, 0, binary_compute(ZR_BIN_MUL, g, b, dt), gin))
+        if (zr_node_needs_grad(n, 0) && zr_grad_to_input(n, 0, binary_compute(ZR_BIN_MUL, g, b, dt), gin))
             return ZR_ERR;
-        if (zr_node_needs_grad(n, 1) && finish_grad(n, 1, binary_compute(ZR_BIN_MUL, g, a, dt), gin))
+        if (zr_node_needs_grad(n, 1) && zr_grad_to_input(n, 1, binary_compute(ZR_BIN_MUL, g, a, dt), gin))
             return ZR_ERR;
         return ZR_OK;
     case ZR_BIN_DIV: {
@@ -250,12 +227,12 @@ static zr_status binary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
             zr_tensor *gb = m ? zr_affine(m, -1, 0) : NULL;
             zr_tensor_release(q);
             zr_tensor_release(m);
-            if (finish_grad(n, 1, gb, gin)) {
+            if (zr_grad_to_input(n, 1, gb, gin)) {
                 zr_tensor_release(ga);
                 return ZR_ERR;
             }
         }
-        if (zr_node_needs_grad(n, 0)) return finish_grad(n, 0, ga, gin);
+        if (zr_node_needs_grad(n, 0)) return zr_grad_to_input(n, 0, ga, gin);
         zr_tensor_release(ga);
         return ZR_OK;
     }

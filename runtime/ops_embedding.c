@@ -42,12 +42,7 @@ static zr_status embedding_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gi
         gw = c;
         if (!gw) st = ZR_ERR;
     }
-    if (st) {
-        zr_tensor_release(gw);
-        return ZR_ERR;
-    }
-    gin[0] = gw;
-    return ZR_OK;
+    return zr_give_grad(gin, gw, st);
 #else
     (void)n, (void)g, (void)gin;
     return zr_no_cuda("embedding");

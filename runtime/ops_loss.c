@@ -42,12 +42,7 @@ static zr_status cross_entropy_backward(zr_node *n, zr_tensor *g, zr_tensor **gi
     }
     zr_tensor_release(xi);
     zr_tensor_release(gi);
-    if (st) {
-        zr_tensor_release(gx);
-        return ZR_ERR;
-    }
-    gin[0] = gx;
-    return ZR_OK;
+    return zr_give_grad(gin, gx, st);
 }
 
 static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, double eps) {

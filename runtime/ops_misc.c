@@ -347,13 +347,7 @@ static zr_status where_grad(zr_node *n, int i, zr_tensor *cond, zr_tensor *g, in
     zr_tensor *z = zr_tensor_scalar(0, g->dtype, zr_tensor_device(g));
     zr_tensor *w = z ? where_compute("where", cond, sel ? g : z, sel ? z : g, g->dtype) : NULL;
     zr_tensor_release(z);
-    if (!w) return ZR_ERR;
-    zr_edge *e = &n->edges[i];
-    zr_tensor *r = zr_sum_to_shape(w, e->ndim, e->shape);
-    zr_tensor_release(w);
-    if (!(r = zr_take_as(r, e->dtype))) return ZR_ERR;
-    gin[i] = r;
-    return ZR_OK;
+    return zr_grad_to_input(n, i, w, gin);
 }
 
 /* saved: cond */

@@ -61,13 +61,6 @@ static zr_tensor *rows_of(zr_tensor *x, const plan_t *p, zr_dtype ct) {
 #include "cuda.h"
 #include "../kernels/cuda/reduce.h"
 
-static zr_status dev_status(int rc, const char *op, zr_device dev) {
-    if (!rc) return ZR_OK;
-    char d[16];
-    zr_error_prefix("%s on %s: ", op, zr_device_name(dev, d));
-    return ZR_ERR;
-}
-
 /* Contiguous (outer, r) rows of x in its own dtype, reduced dims last. */
 static zr_tensor *dev_rows(zr_tensor *x, const plan_t *p) {
     zr_tensor *xp = zr_tensor_permute_raw(x, p->perm);
@@ -95,7 +88,7 @@ static zr_status sum_rows_dev(zr_tensor *out, zr_tensor *x, const plan_t *p, int
                                   zr_cuda_stream(dev));
     zr_tensor_release(rows);
     zr_tensor_release(ws);
-    return dev_status(rc, op, dev);
+    return zr_dev_status(rc, op, dev);
 #else
     return zr_no_cuda(op);
 #endif
@@ -110,7 +103,7 @@ static zr_status max_rows_dev(zr_tensor *out, zr_tensor *idx, zr_tensor *x, cons
     int rc = reduce_max_rows_cuda(zr_tensor_data(out), zr_tensor_data(idx), zr_tensor_data(rows), p->outer, p->r,
                                   x->dtype, zr_cuda_stream(dev));
     zr_tensor_release(rows);
-    return dev_status(rc, "max", dev);
+    return zr_dev_status(rc, "max", dev);
 #else
     return zr_no_cuda("max");
 #endif
@@ -133,7 +126,7 @@ static zr_status max_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                                            (const int64_t *)zr_tensor_data(n->saved[0]), p->outer, p->r,
                                            e->dtype, zr_cuda_stream(dev));
     zr_tensor_release(gi);
-    if (dev_status(rc, "max backward", dev)) {
+    if (zr_dev_status(rc, "max backward", dev)) {
         zr_tensor_release(gp);
         return ZR_ERR;
     }

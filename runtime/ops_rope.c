@@ -79,12 +79,7 @@ static zr_status rope_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         zr_tensor_release(dx);
         if (!(dx = v)) st = ZR_ERR;
     }
-    if (st) {
-        zr_tensor_release(dx);
-        return ZR_ERR;
-    }
-    gin[0] = dx;
-    return ZR_OK;
+    return zr_give_grad(gin, dx, st);
 }
 #endif
 

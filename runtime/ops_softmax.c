@@ -97,12 +97,7 @@ static zr_status softmax_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                          : ZR_ERR;
         if (!st && r != gx) st = zr_tensor_copy_(gx, r);
         zr_tensor_release(r);
-        if (st) {
-            zr_tensor_release(gx);
-            return ZR_ERR;
-        }
-        gin[0] = gx;
-        return ZR_OK;
+        return zr_give_grad(gin, gx, st);
     }
     zr_dtype ct = zr_cpu_compute_dtype(e->dtype);
     zr_tensor *gi = zr_cpu_in(g, ct), *yi = zr_cpu_in(y, ct), *o = zr_cpu_out_begin(gx, ct);
@@ -116,12 +111,7 @@ static zr_status softmax_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor_release(o);
     zr_tensor_release(gi);
     zr_tensor_release(yi);
-    if (st) {
-        zr_tensor_release(gx);
-        return ZR_ERR;
-    }
-    gin[0] = gx;
-    return ZR_OK;
+    return zr_give_grad(gin, gx, st);
 }
 
 static zr_tensor *softmax_impl(const char *op, zr_tensor *x, int dim, int is_log) {

@@ -69,6 +69,16 @@ zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt) {
     return c;
 }
 
+zr_status zr_grad_to_input(zr_node *n, int i, zr_tensor *g, zr_tensor **gin) {
+    if (!g) return ZR_ERR;
+    zr_edge *e = &n->edges[i];
+    zr_tensor *r = zr_sum_to_shape(g, e->ndim, e->shape);
+    zr_tensor_release(g);
+    if (!(r = zr_take_as(r, e->dtype))) return ZR_ERR;
+    gin[i] = r;
+    return ZR_OK;
+}
+
 zr_status zr_give_grads(zr_node *n, int k, zr_tensor **d, zr_tensor **grad_in) {
     for (int i = 0; i < k; i++) {
         if (!d[i] || !zr_node_needs_grad(n, i)) continue;

@@ -43,6 +43,19 @@ zr_tensor *zr_take_as(zr_tensor *t, zr_dtype dt);
  * needs one, d[i] (a new reference, may be NULL) moves into grad_in[i] in that input's dtype and
  * d[i] becomes NULL; d entries not handed over stay for the caller to release. */
 zr_status zr_give_grads(zr_node *n, int k, zr_tensor **d, zr_tensor **grad_in);
+/* Gradient g (owned; NULL counts as a failure) for input i of a broadcasting op: summed to the
+ * input's shape and cast to its dtype, into grad_in[i]. */
+zr_status zr_grad_to_input(zr_node *n, int i, zr_tensor *g, zr_tensor **grad_in);
+/* The end of a one-input backward: on success g (owned) becomes grad_in[0]; on failure it is
+ * released. Returns st. */
+static inline zr_status zr_give_grad(zr_tensor **grad_in, zr_tensor *g, zr_status st) {
+    if (st) {
+        zr_tensor_release(g);
+        return ZR_ERR;
+    }
+    grad_in[0] = g;
+    return ZR_OK;
+}
 
 /* Result dtype of a binary op: the wider float type; a float beats an integer type. */
 zr_dtype zr_promote(zr_dtype a, zr_dtype b);

@@ -157,12 +157,7 @@ static zr_status narrow_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor_release(gv);
     zr_tensor_release(gc);
     zr_tensor_release(s);
-    if (st) {
-        zr_tensor_release(z);
-        return ZR_ERR;
-    }
-    gin[0] = z;
-    return ZR_OK;
+    return zr_give_grad(gin, z, st);
 }
 
 zr_tensor *zr_narrow(zr_tensor *x, int dim, int64_t start, int64_t len) {
