@@ -125,20 +125,16 @@ static int l_layout(lua_State *L) {
 static int l_state(lua_State *L) {
     return zr_l_pushtensor(L, zr_zero_state(check_zero(L, 1), (int)luaL_checkinteger(L, 2)));
 }
-static int l_gather(lua_State *L) {
+/* fn(engine, {param indices}): gather / release */
+static int call_indices(lua_State *L, zr_status (*fn)(zr_zero *, int, const int *)) {
     zr_zero *z = check_zero(L, 1);
     int *idx, n = read_indices(L, 2, &idx);
-    zr_status st = zr_zero_gather(z, n, idx);
+    zr_status st = fn(z, n, idx);
     free(idx);
     return ok_or_error(L, st);
 }
-static int l_release(lua_State *L) {
-    zr_zero *z = check_zero(L, 1);
-    int *idx, n = read_indices(L, 2, &idx);
-    zr_status st = zr_zero_release(z, n, idx);
-    free(idx);
-    return ok_or_error(L, st);
-}
+static int l_gather(lua_State *L) { return call_indices(L, zr_zero_gather); }
+static int l_release(lua_State *L) { return call_indices(L, zr_zero_release); }
 /* prefetch({param indices}, budget elements): starts their all-gathers (stage 3) */
 static int l_prefetch(lua_State *L) {
     zr_zero *z = check_zero(L, 1);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "hash.h"
 
 #define JSON_MAX_DEPTH 512
 #define ARENA_BLOCK (1 << 20)
@@ -78,21 +79,6 @@ static int fail_at(parser *ps, const char *at, const char *what) {
 }
 
 /* ---- helpers --------------------------------------------------------------------------- */
-
-static uint64_t hash_bytes(const char *s, int64_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s + i, (size_t)(n - i));
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    return h ^ (h >> 29);
-}
 
 static void skip_ws(parser *ps) {
     const char *p = ps->p;
@@ -345,7 +331,7 @@ static int close_container(parser *ps, int64_t base, int is_object, zr_json *out
             if (!idx) return zr_error("%s: out of memory", ps->name);
             memset(idx, 0, size * sizeof *idx);
             for (int64_t i = 0; i < n; i++) {
-                uint32_t h = (uint32_t)hash_bytes(m[i].key, m[i].key_len) & (size - 1);
+                uint32_t h = (uint32_t)zr_hash_bytes(m[i].key, m[i].key_len) & (size - 1);
                 while (idx[h]) {
                     const zr_json_member *o = &m[idx[h] - 1];
                     if (o->key_len == m[i].key_len && !memcmp(o->key, m[i].key, (size_t)o->key_len))
@@ -495,7 +481,7 @@ const zr_json *zr_json_getn(const zr_json *obj, const char *key, int64_t key_len
     if (!obj || obj->type != ZR_JSON_OBJECT) return NULL;
     const zr_json_member *m = obj->u.o.members;
     if (obj->u.o.index) {
-        uint32_t mask = obj->u.o.index_mask, h = (uint32_t)hash_bytes(key, key_len) & mask;
+        uint32_t mask = obj->u.o.index_mask, h = (uint32_t)zr_hash_bytes(key, key_len) & mask;
         for (uint32_t e; (e = obj->u.o.index[h]); h = (h + 1) & mask)
             if (m[e - 1].key_len == key_len && !memcmp(m[e - 1].key, key, (size_t)key_len))
                 return &m[e - 1].value;

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "hash.h"
 #include "tokenizer.h"
 
 /* PCRE2 (libpcre2-dev) is a dependency; a build without it gets a tokenizer whose load fails
@@ -36,7 +37,6 @@ typedef struct {
     uint64_t mask;
 } tok_strmap;
 
-uint64_t tok_hash(const char *s, int64_t n);
 /* Inserts or overwrites; returns the entry index or -1 on out of memory. */
 int64_t tok_strmap_put(tok_strmap *m, const char *s, int64_t n, int32_t a, int32_t b);
 /* Entry index or -1. */

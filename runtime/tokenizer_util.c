@@ -7,21 +7,6 @@
 #include "tokenizer_internal.h"
 #ifdef ZR_TOKENIZER_HAVE_PCRE2
 
-uint64_t tok_hash(const char *s, int64_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)n * 0x100000001B3ull);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, s + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s + i, (size_t)(n - i));
-    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-    return h ^ (h >> 29);
-}
-
 static int strmap_grow_slots(tok_strmap *m) {
     uint64_t size = m->slots ? (m->mask + 1) * 2 : 64;
     uint64_t *s = calloc(size, sizeof *s);
@@ -42,7 +27,7 @@ static int strmap_grow_slots(tok_strmap *m) {
 
 int64_t tok_strmap_find(const tok_strmap *m, const char *s, int64_t n) {
     if (!m->slots) return -1;
-    uint32_t h32 = (uint32_t)(tok_hash(s, n) >> 32);
+    uint32_t h32 = (uint32_t)(zr_hash_bytes(s, n) >> 32);
     for (uint64_t h = h32 & m->mask;; h = (h + 1) & m->mask) {
         uint64_t v = m->slots[h];
         if (!v) return -1;
@@ -82,7 +67,7 @@ int64_t tok_strmap_put(tok_strmap *m, const char *s, int64_t n, int32_t a, int32
     m->pool[m->pool_n + n] = 0;
     m->e[m->n] = (tok_entry){(uint32_t)m->pool_n, (uint32_t)n, a, b};
     m->pool_n += n + 1;
-    uint32_t h32 = (uint32_t)(tok_hash(s, n) >> 32);
+    uint32_t h32 = (uint32_t)(zr_hash_bytes(s, n) >> 32);
     uint64_t h = h32 & m->mask;
     while (m->slots[h])
         h = (h + 1) & m->mask;
