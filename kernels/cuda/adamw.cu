@@ -25,14 +25,43 @@ struct adamw_batch {
     int nsegs;
 };
 
+/* The segment block b belongs to (segments are few: a linear scan). */
+static __device__ __forceinline__ int segment_of(const adamw_batch &bt, int b) {
+    int s = 0;
+    while (s + 1 < bt.nsegs && b >= bt.block0[s + 1]) ++s;
+    return s;
+}
+
+/* One element's update (grad g already scaled): moments, then the decoupled-decay step. */
+static __device__ __forceinline__ void adamw_elem(float g, float &p, float &m, float &v, float decay, float b1,
+                                                  float b2, float eps, float step_size, float inv_sqrt_bc2) {
+    const float mi = b1 * m + (1.f - b1) * g;
+    const float vi = b2 * v + (1.f - b2) * g * g;
+    p = p * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    m = mi;
+    v = vi;
+}
+
+/* The scalar form on element i of the global buffers (unaligned segments, vector-kernel edges). */
+template <typename G, typename L>
+static __device__ __forceinline__ void adamw_at(int64_t i, float *p, float *m, float *v, L *plp, const G *grad,
+                                                float gs, float decay, float b1, float b2, float eps,
+                                                float step_size, float inv_sqrt_bc2) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_elem(tof<G>(grad[i]) * gs, pi, mi, vi, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (plp) plp[i] = fromf<L>(pi);
+}
+
 template <typename G, typename L>
 __global__ void __launch_bounds__(ADAMW_THREADS)
     adamw_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
                  float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
                  const float *__restrict__ gscale, float lr, float b1, float b2, float eps,
                  float step_size, float inv_sqrt_bc2) {
-    int s = 0;
-    while (s + 1 < bt.nsegs && (int)blockIdx.x >= bt.block0[s + 1]) ++s;
+    const int s = segment_of(bt, (int)blockIdx.x);
     const int64_t base = bt.offset[s], n = bt.n[s];
     const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
     const float decay = 1.f - lr * bt.wd[s], gs = gscale ? *gscale : 1.f;
@@ -40,15 +69,7 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
     for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
         const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
         if (j >= n) break;
-        const int64_t i = base + j;
-        const float g = tof<G>(grad[i]) * gs;
-        const float mi = b1 * m[i] + (1.f - b1) * g;
-        const float vi = b2 * v[i] + (1.f - b2) * g * g;
-        const float pi = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi;
-        if (plp) plp[i] = fromf<L>(pi);
+        adamw_at<G, L>(base + j, p, m, v, plp, grad, gs, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
     }
 }
 
@@ -81,8 +102,7 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
                      float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
                      const float *__restrict__ gscale, float lr, float b1, float b2, float eps,
                      float step_size, float inv_sqrt_bc2) {
-    int s = 0;
-    while (s + 1 < bt.nsegs && (int)blockIdx.x >= bt.block0[s + 1]) ++s;
+    const int s = segment_of(bt, (int)blockIdx.x);
     const int64_t base = bt.offset[s], end = base + bt.n[s];
     int64_t a0 = (base + 7) & ~(int64_t)7, a1 = end & ~(int64_t)7;
     if (a0 > end) a0 = end;
@@ -107,14 +127,9 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
         const int64_t i = c0 + ((int64_t)it * ADAMW_THREADS + threadIdx.x) * 8;
         if (i >= a1) continue;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float g = gg[it][k] * gs;
-            const float mi = b1 * mm[it][k] + (1.f - b1) * g;
-            const float vi = b2 * vv[it][k] + (1.f - b2) * g * g;
-            pp[it][k] = pp[it][k] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-            mm[it][k] = mi;
-            vv[it][k] = vi;
-        }
+        for (int k = 0; k < 8; ++k)
+            adamw_elem(gg[it][k] * gs, pp[it][k], mm[it][k], vv[it][k], decay, b1, b2, eps, step_size,
+                       inv_sqrt_bc2);
         st8<float>(m + i, mm[it]);
         st8<float>(v + i, vv[it]);
         st8<float>(p + i, pp[it]);
@@ -122,16 +137,8 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
     }
     if (blk == 0 && threadIdx.x < 16) { /* head [base, a0) and tail [a1, end) */
         const int64_t i = threadIdx.x < 8 ? base + threadIdx.x : a1 + (threadIdx.x - 8);
-        if (threadIdx.x < 8 ? i < a0 : i < end) {
-            const float g = tof<G>(grad[i]) * gs;
-            const float mi = b1 * m[i] + (1.f - b1) * g;
-            const float vi = b2 * v[i] + (1.f - b2) * g * g;
-            const float pi = p[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = pi;
-            if (plp) plp[i] = fromf<L>(pi);
-        }
+        if (threadIdx.x < 8 ? i < a0 : i < end)
+            adamw_at<G, L>(i, p, m, v, plp, grad, gs, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
     }
 }
 
