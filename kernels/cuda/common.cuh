@@ -57,6 +57,19 @@ template <typename I, int NT> struct strided {
     I stride[NT][ZRK_MAXD];
 };
 
+// Copies shape and the nt operands' strides into the working arrays collapse_dims edits;
+// returns the number of elements.
+static inline int64_t load_operands(int ndim, const int64_t *shape, int nt, const int64_t *const *strides,
+                                    int64_t *sh, int64_t (*st)[ZRK_MAXD]) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        sh[d] = shape[d];
+        for (int t = 0; t < nt; t++) st[t][d] = strides[t][d];
+        n *= shape[d];
+    }
+    return n;
+}
+
 // Drops size-1 dims and merges neighbours that are contiguous in every operand (in place).
 // Returns the new ndim (0 when every dim has size 1).
 static inline int collapse_dims(int ndim, int64_t *shape, int nt, int64_t (*st)[ZRK_MAXD]) {

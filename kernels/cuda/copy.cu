@@ -215,13 +215,9 @@ int launch_fill(void *dst, int ndim, int64_t *shape, int64_t (*st)[ZRK_MAXD], in
 extern "C" int copy_strided_cuda(void *dst, zr_dtype dt, const int64_t *dstride, const void *src, zr_dtype sdt,
                                  const int64_t *sstride, int ndim, const int64_t *shape, cudaStream_t stream) {
     if (ndim > ZRK_MAXD) return zr_error("copy (cuda): at most %d dims", ZRK_MAXD);
-    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD], n = 1;
-    for (int d = 0; d < ndim; d++) {
-        sh[d] = shape[d];
-        st[0][d] = dstride[d];
-        st[1][d] = sstride[d];
-        n *= shape[d];
-    }
+    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD];
+    const int64_t *ss[2] = {dstride, sstride};
+    int64_t n = load_operands(ndim, shape, 2, ss, sh, st);
     if (n == 0) return 0;
     int nd = collapse_dims(ndim, sh, 2, st);
     if (dt == sdt && (nd == 0 || (nd == 1 && st[0][0] == 1 && st[1][0] == 1))) {
@@ -244,12 +240,9 @@ extern "C" int copy_strided_cuda(void *dst, zr_dtype dt, const int64_t *dstride,
 extern "C" int fill_strided_cuda(void *dst, zr_dtype dt, const int64_t *stride, int ndim, const int64_t *shape,
                                  double v, cudaStream_t stream) {
     if (ndim > ZRK_MAXD) return zr_error("fill (cuda): at most %d dims", ZRK_MAXD);
-    int64_t sh[ZRK_MAXD], st[1][ZRK_MAXD], n = 1;
-    for (int d = 0; d < ndim; d++) {
-        sh[d] = shape[d];
-        st[0][d] = stride[d];
-        n *= shape[d];
-    }
+    int64_t sh[ZRK_MAXD], st[1][ZRK_MAXD];
+    const int64_t *ss[1] = {stride};
+    int64_t n = load_operands(ndim, shape, 1, ss, sh, st);
     if (n == 0) return 0;
     int nd = collapse_dims(ndim, sh, 1, st);
     uint64_t bits = host_pattern(dt, v);

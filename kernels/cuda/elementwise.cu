@@ -324,13 +324,9 @@ extern "C" int binary_forward_cuda(void *out, const void *a, const int64_t *astr
                                    const int64_t *bstride, int ndim, const int64_t *shape, int op, zr_dtype dt,
                                    cudaStream_t stream) {
     if (ndim > ZRK_MAXD) return zr_error("binary (cuda): at most %d dims", ZRK_MAXD);
-    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD], n = 1;
-    for (int d = 0; d < ndim; d++) {
-        sh[d] = shape[d];
-        st[0][d] = astride[d];
-        st[1][d] = bstride[d];
-        n *= shape[d];
-    }
+    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD];
+    const int64_t *ss[2] = {astride, bstride};
+    int64_t n = load_operands(ndim, shape, 2, ss, sh, st);
     if (n == 0) return 0;
     int nd = collapse_dims(ndim, sh, 2, st);
     ZRK_DISPATCH_FLOAT(dt, "binary (cuda)", binary, out, a, b, nd, sh, st, n, op, stream)
@@ -379,14 +375,9 @@ extern "C" int where_forward_cuda(void *out, const uint8_t *cond, const int64_t 
                                   const int64_t *astride, const void *b, const int64_t *bstride, int ndim,
                                   const int64_t *shape, zr_dtype dt, cudaStream_t stream) {
     if (ndim > ZRK_MAXD) return zr_error("where (cuda): at most %d dims", ZRK_MAXD);
-    int64_t sh[ZRK_MAXD], st[3][ZRK_MAXD], n = 1;
-    for (int d = 0; d < ndim; d++) {
-        sh[d] = shape[d];
-        st[0][d] = cstride[d];
-        st[1][d] = astride[d];
-        st[2][d] = bstride[d];
-        n *= shape[d];
-    }
+    int64_t sh[ZRK_MAXD], st[3][ZRK_MAXD];
+    const int64_t *ss[3] = {cstride, astride, bstride};
+    int64_t n = load_operands(ndim, shape, 3, ss, sh, st);
     if (n == 0) return 0;
     int nd = collapse_dims(ndim, sh, 3, st);
     ZRK_DISPATCH_FLOAT(dt, "where (cuda)", where_, out, cond, a, b, nd, sh, st, n, stream)

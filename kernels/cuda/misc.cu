@@ -135,13 +135,9 @@ extern "C" int compare_cuda(uint8_t *out, const void *a, const int64_t *astride,
                             const int64_t *bstride, int ndim, const int64_t *shape, int op, zr_dtype dt,
                             cudaStream_t stream) {
     if (ndim < 1 || ndim > ZRK_MAXD) return zr_error("compare (cuda): %d dims (1..%d supported)", ndim, ZRK_MAXD);
-    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD], n = 1;
-    for (int d = 0; d < ndim; d++) {
-        sh[d] = shape[d];
-        st[0][d] = astride[d];
-        st[1][d] = bstride[d];
-        n *= shape[d];
-    }
+    int64_t sh[ZRK_MAXD], st[2][ZRK_MAXD];
+    const int64_t *ss[2] = {astride, bstride};
+    int64_t n = load_operands(ndim, shape, 2, ss, sh, st);
     if (n == 0) return 0;
     int nd = collapse_dims(ndim, sh, 2, st);
     if (nd == 0) {
