@@ -137,6 +137,7 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets);
     cudaStream_t s = zr_cuda_stream(dev);
     zr_tensor *tgt = NULL, *xi = NULL, *lse = NULL, *loss = NULL, *nv = NULL, *mean = NULL, *out = NULL;
+    zr_tensor *result = NULL;
     if (c == 0) return zr_error_null("cross_entropy: logits have 0 classes");
     if (!(tgt = zr_tensor_to_raw(targets, ZR_I64, dev)) || !(xi = zr_tensor_contiguous_raw(logits))) goto fail;
     lse = zr_tensor_new_cat(ZR_F32, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
@@ -177,13 +178,8 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
         n->i[1] = reduction;
         if (zr_node_save(n, xi) || zr_node_save(n, lse) || zr_node_save(n, tgt) || zr_node_save(n, nv)) goto fail;
     }
-    zr_tensor_release(tgt);
-    zr_tensor_release(xi);
-    zr_tensor_release(lse);
-    zr_tensor_release(loss);
-    zr_tensor_release(nv);
-    zr_tensor_release(mean);
-    return out;
+    result = out;
+    out = NULL;
 fail:
     zr_tensor_release(tgt);
     zr_tensor_release(xi);
@@ -192,7 +188,7 @@ fail:
     zr_tensor_release(nv);
     zr_tensor_release(mean);
     zr_tensor_release(out);
-    return NULL;
+    return result;
 #else
     (void)logits, (void)targets, (void)ignore_index, (void)reduction, (void)label_smoothing;
     return zr_no_cuda("cross_entropy"), NULL;
