@@ -15,6 +15,7 @@ for _, c in ipairs { { layers = 1, stage = 0 }, { layers = 4, stage = 0 }, { lay
                      { layers = 16, stage = 0, ckpt = true }, { layers = 16, stage = 2, offload = true } } do
   local cfg = zr.models.llama.config(opt.model)
   cfg.num_hidden_layers, cfg.dtype, cfg.device = c.layers, opt.dtype, opt.device
+  if jit and jit.flush then jit.flush() end -- compiled traces may still reach the last case's engine
   collectgarbage(); collectgarbage()
   if C.cuda and opt.device ~= "cpu" then C.cuda.synchronize() end
   local base, hbase = zr.memory.stats(dev), zr.memory.stats("cpu")

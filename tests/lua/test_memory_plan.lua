@@ -32,7 +32,17 @@ local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.num_hidden_layers = c.layers
   cfg.tie_word_embeddings = c.tied or false
-  collectgarbage(); collectgarbage() -- the baseline: earlier cases' memory freed (not a measured run)
+  -- the baseline: earlier cases' memory freed (not a measured run). LuaJIT's compiled traces can
+  -- keep an earlier engine reachable (as trace constants) until they are flushed at some later,
+  -- unpredictable moment, and finalizers free tensors that other finalized objects held: flush,
+  -- then collect until nothing more is freed, or a late free during this case would lower its
+  -- measured peaks.
+  if jit and jit.flush then jit.flush() end
+  local last
+  repeat
+    last = mem.stats().total_current
+    collectgarbage()
+  until mem.stats().total_current == last
   local base = mem.stats()
   mem.reset_peak()
   zr.manual_seed(7)
