@@ -45,35 +45,11 @@ static void list_free(strlist *l) {
 
 #define ITEM(l, i) ((l)->buf.v + (l)->off[i])
 
-/* Length of the UTF-8 sequence at p if valid (*valid = 1), else of the maximal invalid prefix
- * that Rust's from_utf8_lossy replaces by one U+FFFD (*valid = 0). */
-static int64_t utf8_step(const unsigned char *p, int64_t n, int *valid) {
-    unsigned c = p[0];
-    int len;
-    unsigned lo = 0x80, hi = 0xBF;
-    *valid = 0;
-    if (c < 0x80) return *valid = 1, 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    else
-        return 1;
-    if (n < 2 || p[1] < lo || p[1] > hi) return 1;
-    int i = 2;
-    while (i < len && i < n && (p[i] & 0xC0) == 0x80)
-        i++;
-    if (i == len) *valid = 1;
-    return i;
-}
-
 static int add_lossy(strlist *l, const char *s, int64_t n) {
     if (list_add(l, "", 0)) return -1;
     for (int64_t i = 0; i < n;) {
         int valid;
-        int64_t k = utf8_step((const unsigned char *)s + i, n - i, &valid);
+        int64_t k = tok_utf8_step((const unsigned char *)s + i, n - i, &valid);
         if (list_extend(l, valid ? s + i : "\xEF\xBF\xBD", valid ? k : 3)) return -1;
         i += k;
     }

@@ -76,6 +76,9 @@ static inline int tok_utf8_len(unsigned char c) {
 }
 uint32_t tok_utf8_decode(const char *s, int *len);
 int tok_utf8_encode(char *out, uint32_t cp);
+/* Length of the UTF-8 sequence at p (n bytes left) if valid (*valid = 1), else of the maximal
+ * invalid prefix that Rust's from_utf8_lossy replaces by one U+FFFD (*valid = 0). */
+int64_t tok_utf8_step(const unsigned char *p, int64_t n, int *valid);
 /* Index of the first byte that is not valid UTF-8, or n. */
 int64_t tok_utf8_check(const char *s, int64_t n);
 int tok_is_whitespace(uint32_t cp); /* Unicode White_Space, as Rust's char::is_whitespace */

@@ -156,6 +156,30 @@ int tok_utf8_encode(char *o, uint32_t c) {
     return 4;
 }
 
+/* Length of the UTF-8 sequence at p if valid (*valid = 1), else of the maximal invalid prefix
+ * that Rust's from_utf8_lossy replaces by one U+FFFD (*valid = 0). */
+int64_t tok_utf8_step(const unsigned char *p, int64_t n, int *valid) {
+    unsigned c = p[0];
+    int len;
+    unsigned lo = 0x80, hi = 0xBF;
+    *valid = 0;
+    if (c < 0x80) return *valid = 1, 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+        len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4)
+        len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else
+        return 1;
+    if (n < 2 || p[1] < lo || p[1] > hi) return 1;
+    int i = 2;
+    while (i < len && i < n && (p[i] & 0xC0) == 0x80)
+        i++;
+    if (i == len) *valid = 1;
+    return i;
+}
+
 int64_t tok_utf8_check(const char *s, int64_t n) {
     const unsigned char *p = (const unsigned char *)s;
     int64_t i = 0;
@@ -174,19 +198,9 @@ int64_t tok_utf8_check(const char *s, int64_t n) {
             i++;
             continue;
         }
-        int len;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF)
-            len = 2;
-        else if (c >= 0xE0 && c <= 0xEF)
-            len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        else if (c >= 0xF0 && c <= 0xF4)
-            len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        else
-            return i;
-        if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
-        for (int k = 2; k < len; k++)
-            if ((p[i + k] & 0xC0) != 0x80) return i;
+        int valid;
+        int64_t len = tok_utf8_step(p + i, n - i, &valid);
+        if (!valid) return i;
         i += len;
     }
     return n;
