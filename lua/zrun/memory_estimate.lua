@@ -10,6 +10,15 @@ local floor, max, fmt = math.floor, math.max, string.format
 
 local function head_dim(c) return c.head_dim or floor(c.hidden_size / c.num_attention_heads) end
 
+-- add(module, param_name, shape): appends one parameter entry to list
+local function adder(list)
+  return function(mod, pname, shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    list[#list + 1] = { name = mod .. "." .. pname, module = mod, numel = n, shape = shape }
+  end
+end
+
 -- Ordered list of {name=, numel=, module=, shape=} in the order model:parameters() gives them.
 local function llama_params(c)
   local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
@@ -19,11 +28,7 @@ local function llama_params(c)
   local qkv_bias = c.attention_bias or c.model_type == "qwen2"
   local o_bias, mlp_bias = c.attention_bias and c.model_type ~= "qwen2", c.mlp_bias
   local out = {}
-  local function add(mod, pname, shape)
-    local n = 1
-    for _, d in ipairs(shape) do n = n * d end
-    out[#out + 1] = { name = mod .. "." .. pname, module = mod, numel = n, shape = shape }
-  end
+  local add = adder(out)
   local function linear(mod, i, o, bias)
     add(mod, "weight", { o, i })
     if bias then add(mod, "bias", { o }) end
@@ -50,11 +55,7 @@ local function gpt2_params(c)
   local E, L, V, P = c.n_embd, c.n_layer, c.vocab_size, c.n_positions or 1024
   local inner = c.n_inner or 4 * E
   local out = {}
-  local function add(mod, pname, shape)
-    local n = 1
-    for _, d in ipairs(shape) do n = n * d end
-    out[#out + 1] = { name = mod .. "." .. pname, module = mod, numel = n, shape = shape }
-  end
+  local add = adder(out)
   local function wb(mod, wshape, bn)
     add(mod, "weight", wshape)
     add(mod, "bias", { bn })
