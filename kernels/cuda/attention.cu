@@ -281,10 +281,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 /* ---- backward ------------------------------------------------------------------------------- */
 
-/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row; D/8 threads per row. */
+/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row); the same
+ * threads zero that row of the dq accumulator (instead of a separate memset pass). */
 template <typename T, int D>
-__global__ void attn_bwd_dot_kernel(float *__restrict__ Dd, const uint16_t *__restrict__ dout,
-                                    const uint16_t *__restrict__ o, int64_t rows) {
+__global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ dqacc,
+                                     const uint16_t *__restrict__ dout,
+                                     const uint16_t *__restrict__ o, int64_t rows) {
     typedef mma_t<T> M;
     const int per = D / 8;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
@@ -297,31 +299,47 @@ __global__ void attn_bwd_dot_kernel(float *__restrict__ Dd, const uint16_t *__re
         const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
 #pragma unroll
         for (int e = 0; e < 8; ++e) s += M::to_f(pa[e]) * M::to_f(pc[e]);
+        float4 *z = reinterpret_cast<float4 *>(dqacc + row * D + ch * 8);
+        z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int off = per / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (row < rows && ch == 0) Dd[row] = s;
 }
 
-/* dst[i] = T(sum_s src[s][i] * scale) for n elements; nsplit partial buffers spaced by n. */
+/* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
+ * (spaced n4 float4s apart) of src[i]); n4 counts float4s, 0 skips the segment. */
+struct cvt_seg {
+    struct {
+        uint16_t *dst;
+        const float *src;
+        int64_t n4;
+        int nsplit;
+        float scale;
+    } s[3];
+};
+
 template <typename T>
-__global__ void attn_sum_convert_kernel(uint16_t *__restrict__ dst, const float *__restrict__ src,
-                                        int64_t n, int nsplit, float scale) {
+__global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n / 4;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float4 a = reinterpret_cast<const float4 *>(src)[i];
-        for (int s = 1; s < nsplit; ++s) {
-            float4 c = reinterpret_cast<const float4 *>(src + (size_t)s * n)[i];
-            a.x += c.x;
-            a.y += c.y;
-            a.z += c.z;
-            a.w += c.w;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+#pragma unroll 1
+    for (int k = 0; k < 3; ++k) {
+        const auto sg = segs.s[k];
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n4; i += stride) {
+            float4 a = reinterpret_cast<const float4 *>(sg.src)[i];
+            for (int p = 1; p < sg.nsplit; ++p) {
+                const float4 c = reinterpret_cast<const float4 *>(sg.src)[i + p * sg.n4];
+                a.x += c.x;
+                a.y += c.y;
+                a.z += c.z;
+                a.w += c.w;
+            }
+            uint2 r;
+            r.x = (uint32_t)M::from_f(a.x * sg.scale) | ((uint32_t)M::from_f(a.y * sg.scale) << 16);
+            r.y = (uint32_t)M::from_f(a.z * sg.scale) | ((uint32_t)M::from_f(a.w * sg.scale) << 16);
+            reinterpret_cast<uint2 *>(sg.dst)[i] = r;
         }
-        uint2 r;
-        r.x = (uint32_t)M::from_f(a.x * scale) | ((uint32_t)M::from_f(a.y * scale) << 16);
-        r.y = (uint32_t)M::from_f(a.z * scale) | ((uint32_t)M::from_f(a.w * scale) << 16);
-        reinterpret_cast<uint2 *>(dst)[i] = r;
     }
 }
 
@@ -589,7 +607,7 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
 }
 
 template <typename T, int D>
-static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                       const void *v, const void *o, const float *lse, void *ws, int64_t B,
                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
@@ -599,10 +617,9 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int G = (int)(Hq / Hkv);
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value);
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
-    if (cudaMemsetAsync(dqacc, 0, (size_t)nq * 4, st) != cudaSuccess) return -1;
     const int per = D / 8, rpb = 256 / per;
-    attn_bwd_dot_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, (const uint16_t *)dout, (const uint16_t *)o, rows);
+    attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
+        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, rows);
     if (hopper) {
         attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, B, Hq, Hkv, T_, ns, nkv,
                            scale, mma_dtype<T>::value, st);
@@ -616,14 +633,11 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
             (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_,
             (int)Hq, G, ns, nkv, scale, scale * ATT_LOG2E);
     }
-    const unsigned cb = 132 * 8;
-    attn_sum_convert_kernel<T><<<cb, 256, 0, st>>>((uint16_t *)dq, dqacc, nq, 1, scale);
-    if (ns > 1) {
-        attn_sum_convert_kernel<T><<<cb, 256, 0, st>>>((uint16_t *)dk, wkv, nkv, ns, scale);
-        attn_sum_convert_kernel<T>
-            <<<cb, 256, 0, st>>>((uint16_t *)dv, wkv + (size_t)ns * nkv, nkv, ns, 1.f);
-    }
-    return 0;
+    /* one launch converts dq, and dk/dv when they were split */
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale},
+                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale},
+                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f}}};
+    attn_sum_convert_kernel<T><<<132 * 8, 256, 0, st>>>(segs);
 }
 
 extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
@@ -636,22 +650,20 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
     if (B == 0 || T == 0) return 0;
     if (!workspace) return zr_error("%s: workspace is NULL", fn);
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
-    int rc;
     if (dtype == ZR_BF16) {
         if (Dh == 64)
-            rc = bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
+            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
                                                Hq, Hkv, T, scale, stream);
         else
-            rc = bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
+            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
                                                 Hq, Hkv, T, scale, stream);
     } else {
         if (Dh == 64)
-            rc = bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
                                         T, scale, stream);
         else
-            rc = bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
                                          T, scale, stream);
     }
-    if (rc) return zr_error("%s: cudaMemsetAsync of the dq accumulator failed", fn);
     return launch_check(fn);
 }
