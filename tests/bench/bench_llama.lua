@@ -16,6 +16,10 @@ if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return
 end
+if opt.device == "cuda" and zr.dist.world_size() > 1 then -- mpirun -np N: one GPU per rank
+  zr.cuda.set_device(zr.dist.local_rank())
+  opt.device = "cuda:" .. zr.dist.local_rank()
+end
 local cfg = zr.models.llama.config(opt.model)
 cfg.dtype, cfg.device = opt.dtype, opt.device
 zr.manual_seed(0)
@@ -85,7 +89,7 @@ if opt.breakdown == 1 then
 end
 print(("%-40s %.0f"):format("tokens/s", toks))
 print(("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", 6 * n * toks / 1e12))
-local s = zr.memory.stats(opt.device == "cpu" and "cpu" or "cuda:0")
+local s = zr.memory.stats(opt.device == "cpu" and "cpu" or opt.device:match("^cuda:%d+$") or "cuda:0")
 for _, c in ipairs(zr.memory.categories) do
   print(("peak %-35s %s"):format(c, zr.memory.human(s[c].peak)))
 end
