@@ -1,10 +1,11 @@
 #!/bin/sh
 # GPU test suite (run on a machine with an NVIDIA GPU): the fused-kernel tests and every zrun op
-# on CUDA against its CPU twin. Ends with "N passed, N failed".
+# on CUDA against its CPU twin, and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence test
+# (it needs a zrun built with MPI). Ends with "N passed, N failed".
 fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0
-for cmd in "$fused" "$zrun tests/cuda/test_cuda.lua"; do
+for cmd in "$fused" "$zrun tests/cuda/test_cuda.lua" "env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh"; do
   $cmd >"$out" 2>&1; rc=$?
   cat "$out"
   p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out")

@@ -4,7 +4,7 @@
 -- computed on every rank. Usage: zrun zero_check.lua STAGE OFFLOAD(0/1) GAS CLIP [PERSIST]
 -- PERSIST: stage3_param_persistence_threshold (default 0: every parameter is partitioned)
 -- ZRUN_CHECK_DEVICE=cuda: rank k trains on cuda:<local rank> (NCCL collectives) and computes the
--- reference there too (tests/mpi/test_zero_gpu.sh, on a machine with one GPU per rank).
+-- reference there too (tests/cuda/test_zero_multi_gpu.sh, on a machine with one GPU per rank).
 -- Tolerance: fp32 with a different summation order (reduce-scatter vs one sum): losses 2e-5,
 -- weights 2e-5 absolute after 4 steps of lr 1e-3 (one Adam step moves a weight by ~1e-3).
 local zr = require "zrun"
