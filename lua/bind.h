@@ -52,6 +52,7 @@ void zr_bind_system(lua_State *L);
 void zr_bind_checkpoint(lua_State *L);
 void zr_bind_zero(lua_State *L);
 void zr_bind_comm(lua_State *L);
+void zr_bind_linear_multi(lua_State *L);
 
 int luaopen_zrun_C(lua_State *L);
 

@@ -27,9 +27,11 @@ static int l_layer_norm(lua_State *L) {
 static int l_rope(lua_State *L) {
     return zr_l_pushtensor(L, zr_rope(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_checktensor(L, 3)));
 }
-/* swiglu(gate, up) = silu(gate) * up, fused */
+/* swiglu(gate, up) = silu(gate) * up, fused; swiglu(gu): gate and up packed in gu's last dim */
 static int l_swiglu(lua_State *L) {
-    return zr_l_pushtensor(L, zr_swiglu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
+    zr_tensor *a = zr_l_checktensor(L, 1);
+    if (lua_isnoneornil(L, 2)) return zr_l_pushtensor(L, zr_swiglu_packed(a));
+    return zr_l_pushtensor(L, zr_swiglu(a, zr_l_checktensor(L, 2)));
 }
 
 static double field_number(lua_State *L, int idx, const char *key, const char *alt, double def, int required) {

@@ -751,6 +751,7 @@ extern void zr_bind_system(lua_State *L) __attribute__((weak));
 extern void zr_bind_checkpoint(lua_State *L) __attribute__((weak));
 extern void zr_bind_zero(lua_State *L) __attribute__((weak));
 extern void zr_bind_comm(lua_State *L) __attribute__((weak));
+extern void zr_bind_linear_multi(lua_State *L) __attribute__((weak));
 
 int luaopen_zrun_C(lua_State *L) {
     lua_newtable(L); /* _C */
@@ -784,5 +785,6 @@ int luaopen_zrun_C(lua_State *L) {
     CALL_FAMILY(zr_bind_checkpoint);
     CALL_FAMILY(zr_bind_zero);
     CALL_FAMILY(zr_bind_comm);
+    CALL_FAMILY(zr_bind_linear_multi);
     return 1;
 }

@@ -189,6 +189,46 @@ zr_tensor *zr_node_leaf_grad(zr_node *n, int i) {
     return g;
 }
 
+zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_tensor **buf, int *state) {
+    zr_edge *e = &n->edges[i];
+    zr_node *p = e->fn;
+    *buf = NULL;
+    *state = ZR_GRADBUF_NEW;
+    if (!p) return ZR_OK;
+    zr_tensor *cur = p->grad_accum;
+    if (!cur) {
+        cur = zr_tensor_new_cat(e->dtype, p->out_device, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!cur) return ZR_ERR;
+        p->grad_accum = cur;
+        p->grad_owner = owner;
+        *buf = cur;
+        return ZR_OK;
+    }
+    if (owner && p->grad_owner == owner) {
+        *buf = cur;
+        *state = ZR_GRADBUF_OWNED;
+        return ZR_OK;
+    }
+    p->grad_owner = NULL;
+    /* Written in place only when nothing else can see it (no other reference, no other view of
+     * its storage) and it has the plain layout; otherwise a private copy replaces it. */
+    if (cur->refcount != 1 || cur->storage->refcount != 1 || !zr_tensor_is_contiguous(cur) ||
+        cur->dtype != e->dtype || cur->ndim != e->ndim ||
+        memcmp(cur->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim) != 0) {
+        zr_tensor *c = zr_tensor_new_cat(e->dtype, p->out_device, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!c) return ZR_ERR;
+        if (zr_tensor_copy_(c, cur)) {
+            zr_tensor_release(c);
+            return ZR_ERR;
+        }
+        zr_tensor_release(cur);
+        p->grad_accum = cur = c;
+    }
+    *buf = cur;
+    *state = ZR_GRADBUF_SHARED;
+    return ZR_OK;
+}
+
 /* --- backward profiling --- */
 typedef struct {
     const char *name;
@@ -344,6 +384,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
     qsort(nodes.p, nodes.n, sizeof *nodes.p, cmp_seq_desc);
     for (size_t k = 0; k < nodes.n; k++) zr_node_retain(nodes.p[k]); /* survive edge clearing */
     top->grad_accum = g0;
+    top->grad_owner = NULL;
     g0 = NULL;
     for (size_t k = 0; k < nodes.n && !st; k++) {
         zr_node *n = nodes.p[k];
@@ -354,6 +395,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
         }
         zr_tensor *g = n->grad_accum;
         n->grad_accum = NULL;
+        n->grad_owner = NULL;
         zr_tensor *gin_local[8];
         zr_tensor **gin = n->n_inputs <= 8 ? gin_local : calloc((size_t)n->n_inputs, sizeof *gin);
         if (!gin) {
@@ -398,6 +440,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
                               zr_shape_str(e->ndim, e->shape, b2));
             }
             if (!st && gi && e->fn) {
+                e->fn->grad_owner = NULL; /* see zr_node_input_grad_buffer */
                 st = accumulate_node(&e->fn->grad_accum, gi);
                 gi = NULL;
             } else if (!st && e->leaf) {
@@ -421,6 +464,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
         zr_node *n = nodes.p[k];
         zr_tensor_release(n->grad_accum);
         n->grad_accum = NULL;
+        n->grad_owner = NULL;
         zr_node_release(n);
     }
 done:

@@ -47,6 +47,7 @@ struct zr_node {
     /* engine bookkeeping */
     zr_tensor *grad_accum;
     uint64_t visit;
+    const void *grad_owner; /* see zr_node_input_grad_buffer; NULL when none */
 };
 
 /* Grad mode (per thread). zr_set_grad_enabled returns the previous value. */
@@ -72,6 +73,20 @@ static inline int zr_node_needs_grad(const zr_node *n, int i) {
  * (contiguous, the leaf's shape; any float dtype); NULL otherwise. A backward that adds its result
  * there leaves grad_in[i] NULL; the leaf still counts as done (its hook fires as usual). */
 zr_tensor *zr_node_leaf_grad(zr_node *n, int i);
+/* For ops whose outputs are disjoint views of one input (zr_split_views): the pending gradient
+ * of input i's producer, to write into in place instead of returning a full-size gradient per
+ * view. Sets *buf (borrowed: the producer's grad_accum, contiguous, input i's shape and dtype)
+ * and *state:
+ *   ZR_GRADBUF_NEW     created now, uninitialized: the caller must write every element;
+ *                      owner is recorded on the producer
+ *   ZR_GRADBUF_OWNED   created earlier for this owner and written by nobody else since
+ *                      (regions owner has not written still hold what owner put there)
+ *   ZR_GRADBUF_SHARED  holds other gradients too: add into it (it was made exclusive first,
+ *                      copied if anything else could see it)
+ * The engine drops the owner mark whenever it adds a gradient there itself. *buf is NULL (state
+ * NEW) when input i has no producer node (a leaf, or no gradient wanted). */
+enum { ZR_GRADBUF_NEW, ZR_GRADBUF_OWNED, ZR_GRADBUF_SHARED };
+zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_tensor **buf, int *state);
 void zr_node_retain(zr_node *n);
 void zr_node_release(zr_node *n);
 

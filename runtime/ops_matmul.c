@@ -32,11 +32,7 @@ static int gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *
 }
 
 /* An operand ready for GEMM: t holds a reference (t itself, or a copy in the compute dtype). */
-typedef struct {
-    zr_tensor *t;
-    int trans;
-    int64_t ld;
-} gemm_operand;
+typedef zr_gemm_operand gemm_operand;
 
 /* Makes t readable by GEMM in dtype ct: a new reference to t when it already is, else a
  * contiguous copy. The matrix is t's last two dims. */
@@ -59,6 +55,10 @@ static zr_status operand_prepare(zr_tensor *t, zr_dtype ct, gemm_operand *op) {
     op->trans = 0;
     op->ld = t->shape[nd - 1] > 1 ? t->shape[nd - 1] : 1;
     return ZR_OK;
+}
+
+zr_status zr_gemm_operand_prepare(zr_tensor *t, zr_dtype ct, zr_gemm_operand *op) {
+    return operand_prepare(t, ct, op);
 }
 
 /* Batch strides of t (matrix in its last two dims) read as out's batch shape (bn dims): 0 where

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops_linear_multi.h"
 #include "ops_util.h"
 #include "ops_view.h"
 #include "random.h"
@@ -185,19 +186,8 @@ zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_
     if (total != x->shape[d])
         return zr_error("split: sizes sum to %lld but dim %d of x %s has size %lld", (long long)total,
                         d + 1, zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        out[i] = zr_narrow(x, d, off, sizes[i]);
-        if (!out[i]) {
-            for (int k = 0; k < i; k++) {
-                zr_tensor_release(out[k]);
-                out[k] = NULL;
-            }
-            return ZR_ERR;
-        }
-        off += sizes[i];
-    }
-    return ZR_OK;
+    /* views whose backward fills one gradient buffer of x (ops_linear_multi.c) */
+    return zr_split_views(x, n, sizes, d, out);
 }
 
 zr_tensor **zr_split(zr_tensor *x, int64_t chunk, int dim, int *n) {

@@ -3,6 +3,8 @@
  * (M, F) rows, F the last dim (1 for a 0-dim tensor), with row stride ld = F. */
 #include "ops_swiglu.h"
 
+#include <string.h>
+
 #include "ops_util.h"
 
 /* Rows and columns of the (M, F) view of t. */
@@ -168,6 +170,95 @@ fail:
     zr_tensor_release(o);
     zr_tensor_release(gi);
     zr_tensor_release(ui);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- packed: gate and up side by side in each row of one (M, 2F) tensor (kernels with row
+ * stride ld = 2F, up = gate + F), one gradient of that shape backward --- */
+
+static void *elem(zr_tensor *t, int64_t i) {
+    return (char *)zr_tensor_data(t) + i * (int64_t)zr_dtype_size(t->dtype);
+}
+
+/* saved: gu (as given) */
+static zr_status swiglu_packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *gu = n->saved[0];
+    zr_device dev = zr_tensor_device(gu);
+    int cpu = zr_is_cpu(gu);
+    zr_dtype ct = cpu ? zr_cpu_compute_dtype(gu->dtype) : gu->dtype;
+    int64_t M, F2;
+    rows_cols(gu, &M, &F2);
+    int64_t F = F2 / 2;
+    zr_tensor *gi = zr_tensor_to_raw(g, ct, dev), *ga = gi ? zr_tensor_to_raw(gu, ct, dev) : NULL;
+    zr_tensor *d = ga ? zr_tensor_new_cat(ct, dev, gu->ndim, gu->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_status st = d ? ZR_OK : ZR_ERR;
+    if (d && M && F) {
+        if (cpu)
+            ZR_CPU_CALL(ct, swiglu_backward_cpu, zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
+                        zr_tensor_data(ga), elem(ga, F), M, F, F2);
+#ifdef ZR_HAVE_CUDA
+        else
+            st = zr_dev_status(swiglu_backward_cuda(zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
+                                                    zr_tensor_data(ga), elem(ga, F), M, F, F2, ct,
+                                                    zr_cuda_stream(dev)),
+                               "swiglu backward", dev);
+#endif
+    }
+    zr_tensor_release(gi);
+    zr_tensor_release(ga);
+    if (!st && !(d = zr_take_as(d, n->edges[0].dtype))) st = ZR_ERR;
+    return zr_give_grad(gin, d, st);
+}
+
+zr_tensor *zr_swiglu_packed(zr_tensor *gu) {
+    char b1[128], d1[16];
+    if (!gu) return zr_error_null("swiglu: missing input");
+    if (zr_check_float("swiglu", gu)) return NULL;
+    if (gu->ndim == 0 || gu->shape[gu->ndim - 1] % 2)
+        return zr_error_null("swiglu: one tensor holds gate and up packed in its last dim, which must be "
+                             "even, got %s; or pass gate and up as two tensors",
+                             zr_tensor_shape_str(gu, b1));
+    zr_device dev = zr_tensor_device(gu);
+    if (!zr_is_cpu(gu) && gu->dtype == ZR_F64)
+        return zr_error_null("swiglu on %s: f64 is not supported (use f32, bf16 or f16)", zr_device_name(dev, d1));
+    int64_t M, F2, shape[ZR_MAX_DIMS];
+    rows_cols(gu, &M, &F2);
+    int64_t F = F2 / 2;
+    memcpy(shape, gu->shape, sizeof shape);
+    shape[gu->ndim - 1] = F;
+    zr_tensor *out = zr_tensor_new_cat(gu->dtype, dev, gu->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *gi = NULL, *o = NULL;
+    zr_node *n;
+    if (!out) return NULL;
+    if (M && F) {
+        if (zr_is_cpu(gu)) {
+            zr_dtype ct = zr_cpu_compute_dtype(gu->dtype);
+            if (!(gi = zr_cpu_in(gu, ct)) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
+            ZR_CPU_CALL(ct, swiglu_forward_cpu, zr_tensor_data(o), zr_tensor_data(gi), elem(gi, F), M, F, F2);
+            zr_status st = zr_cpu_out_end(out, o);
+            o = NULL;
+            if (st) goto fail;
+        } else {
+#ifdef ZR_HAVE_CUDA
+            if (!(gi = zr_tensor_contiguous_raw(gu))) goto fail;
+            if (zr_dev_status(swiglu_forward_cuda(zr_tensor_data(out), zr_tensor_data(gi), elem(gi, F), M, F, F2,
+                                                  gu->dtype, zr_cuda_stream(dev)),
+                              "swiglu", dev))
+                goto fail;
+#else
+            zr_no_cuda("swiglu");
+            goto fail;
+#endif
+        }
+    }
+    if (zr_autograd_record(out, "swiglu", swiglu_packed_backward, 1, &gu, &n)) goto fail;
+    if (n && zr_node_save(n, gu)) goto fail;
+    zr_tensor_release(gi);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(gi);
     zr_tensor_release(out);
     return NULL;
 }

@@ -11,5 +11,9 @@
  * f32 for bf16/f16 and rounded once), in the activations category. Gradients flow to both:
  * dgate = dh * up * silu'(gate), dup = dh * silu(gate). CUDA: f32, bf16 and f16. */
 zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up);
+/* The packed form for a fused gate/up projection (zr_linear_multi): gu (..., 2F) holds gate in
+ * its first F columns and up in its last F; h (..., F). Backward writes ONE gradient of gu's shape
+ * (dgate and dup side by side), so no split is needed. Same dtypes and devices as zr_swiglu. */
+zr_tensor *zr_swiglu_packed(zr_tensor *gu);
 
 #endif

@@ -241,6 +241,39 @@ function Sim:linear(x, W, o_bytes)
   end)
 end
 
+-- zr.linear_multi (ops_linear_multi.c): one output for several weights (their columns side by
+-- side); saves x; backward dx, and dW per weight, except with the gradients as views into the
+-- fp32 partition (ZeRO direct mode, CPU or GPU), where the GEMM writes them in place (one GEMM
+-- over the spanning region). llama.lua does not use it at stage 3.
+function Sim:linear_multi(x, Ws, o_bytes)
+  local out = self:lua(self:new(o_bytes))
+  local inputs = { x }
+  for i, W in ipairs(Ws) do inputs[i + 1] = W end
+  return self:record(out, inputs, { x }, function(S, _, g)
+    local gi = S:raw(g)
+    local gins = { S:new(x.n) }
+    for i, W in ipairs(Ws) do gins[i + 1] = not S.o.direct and S:new(W.leaf.bytes) or nil end
+    S:drop(gi)
+    return gins
+  end)
+end
+
+-- zr.split (ops_linear_multi.c): strided views of x, one node each; the first part whose
+-- gradient arrives creates x's one gradient buffer (the producer's pending gradient) and every
+-- part copies its gradient into its slice there, returning nothing. Returns the parts' array.
+function Sim:split(x, parts)
+  local outs = {}
+  for i, bytes in ipairs(parts) do
+    self:retain(x.s)
+    local out = self:lua({ s = x.s, n = bytes, c = false, strided = true })
+    outs[i] = self:record(out, { x }, nil, function(S, _, g)
+      if not x.node.slot then x.node.slot = S:new(x.n) end
+      return {}
+    end)
+  end
+  return outs
+end
+
 function Sim:rms_norm(x, w, rows)
   self:gather(w)
   local out = self:lua(self:new(x.n))
@@ -260,7 +293,7 @@ function Sim:rms_norm(x, w, rows)
 end
 
 function Sim:view(x) -- zr view/reshape of a contiguous tensor: no copy; backward to_input
-  local out = self:lua({ s = x.s, n = x.n, c = x.c })
+  local out = self:lua({ s = x.s, n = x.n, c = x.c, strided = x.strided })
   self:retain(x.s)
   return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
 end
@@ -269,10 +302,15 @@ function Sim:reshape(x)
   local out = self:lua(self:new(x.n))
   return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
 end
-function Sim:transpose(x)
+function Sim:transpose(x) -- (a strided split part stays non-contiguous)
   self:retain(x.s)
-  local out = self:lua({ s = x.s, n = x.n, c = not x.c })
+  local out = self:lua({ s = x.s, n = x.n, c = not x.c and not x.strided, strided = x.strided })
   return self:record(out, { x }, nil, function(S, _, g) return { S:share(g, not g.c) } end)
+end
+function Sim:contiguous(x) -- a copy when strided; backward to_input
+  if x.c then return x end
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
 end
 function Sim:narrow(x, bytes, contig)
   self:retain(x.s)
@@ -359,8 +397,18 @@ function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
 end
--- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs
+-- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs; with b nil,
+-- the packed form: a holds gate and up side by side, backward one gradient of a's size
 function Sim:swiglu(a, b)
+  if not b then
+    local out = self:lua(self:new(a.n / 2))
+    return self:record(out, { a }, { a }, function(S, _, g)
+      local gi = S:raw(g)
+      local d = S:new(a.n)
+      S:drop(gi)
+      return { d }
+    end)
+  end
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, { a, b }, function(S, _, g)
     local gi = S:raw(g)
@@ -429,7 +477,7 @@ end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
-  "add", "swiglu", "embedding", "checkpoint", "cross_entropy" } do
+  "add", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -495,20 +543,34 @@ function M.llama_activations(cfg, o)
   -- created outside any op, in category "other"
   local ids = S:lua(S:new(N * 8, "other"))
 
+  -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), except at stage 3
+  local fused = not o.stage3
   local function layer(p, x)
     S:push()
     local a1 = S:rms_norm(x, p.n1, N)
-    local q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
-    local k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
-    local v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+    local q, k, v
+    if fused then
+      q, k, v = unpack(S:split(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
+        { N * Hq * D * b, N * KV * D * b, N * KV * D * b }))
+      if o.gpu then q, k = S:contiguous(q), S:contiguous(k) end -- for the CUDA rope's in-place layout
+      q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
+    else
+      q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
+      k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
+      v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+    end
     q, k = S:rope(q), S:rope(k)
     local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D })
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
     local a2 = S:rms_norm(h, p.n2, N)
-    local gate = S:linear(a2, p.g, N * I * b)
-    local up = S:linear(a2, p.u, N * I * b)
-    local out = S:add(h, S:linear(S:swiglu(gate, up), p.d, N * H * b))
+    local act
+    if fused then
+      act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
+    else
+      act = S:swiglu(S:linear(a2, p.g, N * I * b), S:linear(a2, p.u, N * I * b))
+    end
+    local out = S:add(h, S:linear(act, p.d, N * H * b))
     return S:pop(out)
   end
 

@@ -15,6 +15,34 @@ local function linear(cfg, i, o, bias)
   return nn.Linear(i, o, { bias = bias or false, dtype = cfg.dtype, device = cfg.device })
 end
 
+-- Whether projections that read one input can run as ONE product (zr.linear_multi: one GEMM per
+-- direction when their weights sit back to back, as in the ZeRO engine's flat buffer) instead of
+-- one module call each: plain nn.Linear modules without hooks of their own, all with or all
+-- without a bias, and no ZeRO-3 (it gathers each module's parameters around that module's own
+-- call and sets Module.fetch; called one by one they keep that exact behaviour).
+local linear_forward = nn.Linear.forward
+local function fusable(...)
+  if Module.fetch then return false end
+  local first = ...
+  for i = 1, select("#", ...) do
+    local m = select(i, ...)
+    local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
+    if m.forward ~= linear_forward or (pre and #pre > 0) or (post and #post > 0) or
+      (m.bias == nil) ~= (first.bias == nil) then
+      return false
+    end
+  end
+  return true
+end
+local function weights(...)
+  local w, b = {}, {}
+  for i = 1, select("#", ...) do
+    local m = select(i, ...)
+    w[i], b[i] = m.weight, m.bias
+  end
+  return w, #b > 0 and b or nil
+end
+
 -- Attention ---------------------------------------------------------------------------------
 local Attention = Module:extend("LlamaAttention")
 function Attention:__init(cfg)
@@ -32,9 +60,24 @@ end
 function Attention:forward(x, cos, sin)
   local B, T = x:size(1), x:size(2)
   local H, KV, D = self.n_heads, self.n_kv, self.hd
-  local q = self.q_proj(x):view(B, T, H, D):transpose(2, 3)
-  local k = self.k_proj(x):view(B, T, KV, D):transpose(2, 3)
-  local v = self.v_proj(x):view(B, T, KV, D):transpose(2, 3)
+  local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
+  local q, k, v
+  if fusable(qp, kp, vp) then
+    -- q, k, v: views of one (B, T, (H + 2 KV) D) product; backward gathers their gradients in one
+    -- buffer of that shape for the product's one backward GEMM per operand
+    q, k, v = unpack(zr.split(zr.linear_multi(x, weights(qp, kp, vp)), { H * D, KV * D, KV * D }, 3))
+    if x:device() ~= "cpu" then
+      -- the CUDA rope reads a contiguous (B, T, H, D) projection in place (its transpose fused) and
+      -- hands its gradient back in that layout; a strided view would be copied to (B, H, T, D)
+      -- instead and its gradient copied back again. (The CPU rope copies its input either way.)
+      q, k = q:contiguous(), k:contiguous()
+    end
+  else
+    q, k, v = qp(x), kp(x), vp(x)
+  end
+  q = q:view(B, T, H, D):transpose(2, 3)
+  k = k:view(B, T, KV, D):transpose(2, 3)
+  v = v:view(B, T, KV, D):transpose(2, 3)
   q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
   local o = zr.scaled_dot_product_attention(q, k, v)
   return self.o_proj(o:transpose(2, 3):reshape(B, T, H * D))
@@ -49,7 +92,11 @@ function MLP:__init(cfg)
   self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size, b)
 end
 function MLP:forward(x)
-  return self.down_proj(zr.swiglu(self.gate_proj(x), self.up_proj(x))) -- silu(gate) * up, fused
+  local g, u = self.gate_proj, self.up_proj
+  if fusable(g, u) then -- one (.., 2I) product, gate then up, read packed by swiglu (no split)
+    return self.down_proj(zr.swiglu(zr.linear_multi(x, weights(g, u))))
+  end
+  return self.down_proj(zr.swiglu(g(x), u(x))) -- silu(gate) * up, fused
 end
 
 -- Decoder layer -----------------------------------------------------------------------------
