@@ -786,13 +786,13 @@ T.test("caching allocator: steady state needs no cudaMalloc; empty_cache; summar
 end)
 
 -- ---------- fused projections: linear_multi, split into one gradient buffer, packed swiglu ----------
--- (brief H2; the CPU side and the by-hand references are in tests/lua/test_linear_multi.lua)
+-- (the CPU side and the by-hand references are in tests/lua/test_linear_multi.lua)
 
 -- Weights (out_i, in) of dtype dt back to back in one flat buffer on dev (ZeRO direct mode's
 -- layout): leaf views; with grads, their .grad views of one f32 buffer holding g0 (the partition).
 local function lm_adjacent(flat, outs, inn, dev, dt, g0)
   local buf = flat:to(dt):to(dev)
-  local gbuf = g0 and g0:to(dev)
+  local gbuf = g0 and g0:to(dev):clone() -- (on the CPU, to() would hand back g0 itself: dW lands in place)
   local ws, off = {}, 0
   for i, o in ipairs(outs) do
     ws[i] = buf:narrow(1, off + 1, o * inn):view(o, inn):requires_grad_(true)

@@ -24,12 +24,16 @@ end
 function Attention:forward(x)
   local B, T, C = x:size(1), x:size(2), self.n_embd
   local H = self.n_head
-  -- q, k and v: one (B, T, 3C) product (c_attn called as a module, so ZeRO-3 gathers and releases
-  -- it as usual), split into views whose gradients backward gathers in one (B, T, 3C) buffer for
-  -- c_attn's one backward GEMM per operand
-  local qkv = zr.split(self.c_attn(x), { C, C, C }, 3)
-  local function heads(i) return qkv[i]:view(B, T, H, C / H):transpose(2, 3) end
-  local o = zr.scaled_dot_product_attention(heads(1), heads(2), heads(3))
+  -- q, k and v as three products with column slices of c_attn (same FLOPs as one): slicing the
+  -- weight (in, 3C) costs nothing in backward, slicing the (B, T, 3C) activation would scatter
+  -- three zero-padded gradients of its full size back
+  local fetch = Module.fetch or function(p) return p end -- ZeRO-3: c_attn is not called as a module
+  local w, b = fetch(self.c_attn.weight), fetch(self.c_attn.bias)
+  local function heads(i)
+    local y = zr.linear(x, w:narrow(2, i * C + 1, C):transpose(1, 2), b:narrow(1, i * C + 1, C))
+    return y:view(B, T, H, C / H):transpose(2, 3)
+  end
+  local o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
   return self.c_proj(o:transpose(2, 3):reshape(B, T, C))
 end
 
