@@ -8,7 +8,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cstdio>
@@ -139,35 +138,40 @@ int main() {
         CU(cudaFree(b));
     }
     const zr_dtype BF = ZR_BF16;
-    { /* norms: N=16384 tokens (B=8, T=2048), D=2048 */
-        const int64_t N = 16384, D = 2048;
+    /* norms: N=16384 tokens (B=8, T=2048), D=2048; then N=65536, D=4096 (512 MB each way: the
+     * kernels' steady-state rate, where a copy of the same size reaches the 4 GiB rate) */
+    auto norms = [&](int64_t N, int64_t D) {
+        char sh[64];
+        snprintf(sh, sizeof sh, "bf16 N=%lld D=%lld", (long long)N, (long long)D);
         void *x = bf(N * D), *r = bf(N * D), *w = bf(D), *y = bf(N * D), *h = bf(N * D),
              *dy = bf(N * D), *dx = bf(N * D), *dw = bf(D), *b = bf(D);
         float *rstd = f32(N), *mean = f32(N);
         void *ws;
         CU(cudaMalloc(&ws, rmsnorm_backward_workspace_size(N, D)));
         const double e = 2.0 * N * D;
-        row("rmsnorm fwd", "bf16 N=16384 D=2048",
+        row("rmsnorm fwd", sh,
             2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
-        row("rmsnorm+residual fwd", "bf16 N=16384 D=2048", 4 * e, time_ms([&] {
+        row("rmsnorm+residual fwd", sh, 4 * e, time_ms([&] {
                 OK(rmsnorm_residual_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
             }));
-        row("rmsnorm bwd (+dres, dw)", "bf16 N=16384 D=2048", 4 * e, time_ms([&] {
+        row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
                 OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
             }));
-        row("layernorm fwd", "bf16 N=16384 D=2048", 2 * e, time_ms([&] {
+        row("layernorm fwd", sh, 2 * e, time_ms([&] {
                 OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
             }));
-        row("layernorm bwd (dw, db)", "bf16 N=16384 D=2048", 3 * e, time_ms([&] {
+        row("layernorm bwd (dw, db)", sh, 3 * e, time_ms([&] {
                 OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, ws, N, D, BF, 0));
             }));
-        row("softmax fwd", "bf16 N=16384 D=2048", 2 * e,
+        row("softmax fwd", sh, 2 * e,
             time_ms([&] { OK(softmax_forward_cuda(y, x, N, D, BF, 0)); }));
-        row("softmax bwd", "bf16 N=16384 D=2048", 3 * e,
+        row("softmax bwd", sh, 3 * e,
             time_ms([&] { OK(softmax_backward_cuda(dx, dy, y, N, D, BF, 0)); }));
         for (void *p : {x, r, w, y, h, dy, dx, dw, b, ws}) cudaFree(p);
         cudaFree(rstd), cudaFree(mean);
-    }
+    };
+    norms(16384, 2048);
+    norms(65536, 4096);
     { /* rope: B=4, T=2048, 32/8 heads, Dh=64 */
         const int64_t B = 4, T = 2048, Hq = 32, Hkv = 8, Dh = 64;
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
@@ -237,8 +241,11 @@ int main() {
         cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);
         cudaFree(g), cudaFree(tg_);
     }
-    { /* embedding: N=16384 ids into V=128256 × D=2048 */
-        const int64_t N = 16384, V = 128256, D = 2048;
+    /* embedding: N=16384 ids into V=128256 × D=2048, then N=65536 × D=4096 (steady state) */
+    auto embedding = [&](int64_t N, int64_t D) {
+        const int64_t V = 128256;
+        char sh[64];
+        snprintf(sh, sizeof sh, "bf16 N=%lld V=%lld D=%lld", (long long)N, (long long)V, (long long)D);
         void *w = bf(V * D), *out = bf(N * D), *dW = bf(V * D);
         std::vector<int64_t> ids(N);
         for (int64_t i = 0; i < N; ++i) ids[i] = (i * 104729 + 7) % V;
@@ -247,9 +254,9 @@ int main() {
         CU(cudaMemcpy(ids_, ids.data(), N * 8, cudaMemcpyHostToDevice));
         void *ws;
         CU(cudaMalloc(&ws, embedding_backward_workspace_size(N, V)));
-        row("embedding fwd", "bf16 N=16384 V=128256 D=2048", 2.0 * 2 * N * D,
+        row("embedding fwd", sh, 2.0 * 2 * N * D,
             time_ms([&] { OK(embedding_forward_cuda(out, w, ids_, N, V, D, BF, 0)); }));
-        row("embedding bwd (accumulate)", "bf16 N=16384 V=128256 D=2048", 3.0 * 2 * N * D,
+        row("embedding bwd (accumulate)", sh, 3.0 * 2 * N * D,
             time_ms([&] {
                 OK(embedding_backward_cuda(dW, out, ids_, ws, N, V, D, 1, BF, 0));
             }));
@@ -260,33 +267,16 @@ int main() {
             int64_t *sk_;
             CU(cudaMalloc(&sk_, N * 8));
             CU(cudaMemcpy(sk_, sk.data(), N * 8, cudaMemcpyHostToDevice));
-            row("embedding bwd (30% one id)", "bf16 N=16384 V=128256 D=2048", 3.0 * 2 * N * D,
+            row("embedding bwd (30% one id)", sh, 3.0 * 2 * N * D,
                 time_ms([&] {
                     OK(embedding_backward_cuda(dW, out, sk_, ws, N, V, D, 1, BF, 0));
                 }));
             cudaFree(sk_);
         }
-        { /* its parts: the 17-bit radix sort of the 32-bit keys alone */
-            uint32_t *k0, *k1;
-            int32_t *v0, *v1;
-            void *tmp;
-            size_t tb = 0;
-            CU(cudaMalloc(&k0, N * 4));
-            CU(cudaMalloc(&k1, N * 4));
-            CU(cudaMalloc(&v0, N * 4));
-            CU(cudaMalloc(&v1, N * 4));
-            CU(cudaMemset(k0, 0, N * 4));
-            CU(cudaMemset(v0, 0, N * 4));
-            cub::DeviceRadixSort::SortPairs(NULL, tb, k0, k1, v0, v1, (int)N, 0, 17);
-            CU(cudaMalloc(&tmp, tb));
-            const float ms = time_ms([&] {
-                CU(cub::DeviceRadixSort::SortPairs(tmp, tb, k0, k1, v0, v1, (int)N, 0, 17));
-            });
-            printf("%-28s %-34s %9.3f ms\n", "  of which: id sort (cub)", "16384 keys, 17 bits", ms);
-            cudaFree(k0), cudaFree(k1), cudaFree(v0), cudaFree(v1), cudaFree(tmp);
-        }
         cudaFree(w), cudaFree(out), cudaFree(dW), cudaFree(ids_), cudaFree(ws);
-    }
+    };
+    embedding(16384, 2048);
+    embedding(65536, 4096);
     { /* adamw: 256M params, bf16 grads, bf16 param copy; 3 segments */
         const int64_t n = (int64_t)256 << 20;
         float *p = f32(n), *m = f32(n, 0.01f), *v = f32(n, 0.001f, 0.002f);
