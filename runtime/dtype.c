@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cuda.h" /* zr_cuda_current_device */
+
 static const struct {
     const char *name;
     size_t size;
@@ -42,7 +44,7 @@ int zr_device_parse(const char *s, zr_device *out) {
         return 0;
     }
     if (strncmp(s, "cuda", 4) == 0) {
-        int idx = 0;
+        int idx = zr_cuda_current_device(); /* plain "cuda": the current device, as in PyTorch */
         if (s[4] == ':') {
             char *end;
             long v = strtol(s + 5, &end, 10);

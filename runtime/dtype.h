@@ -33,7 +33,7 @@ static inline int zr_device_eq(zr_device a, zr_device b) {
 }
 /* "cpu", "cuda:0"; buf must hold 16 bytes. */
 const char *zr_device_name(zr_device d, char *buf);
-/* Parses "cpu", "cuda", "cuda:N"; returns 0 on success. */
+/* Parses "cpu", "cuda" (the current device: zr_cuda_set_device), "cuda:N"; returns 0 on success. */
 int zr_device_parse(const char *s, zr_device *out);
 
 size_t zr_dtype_size(zr_dtype t);

@@ -7,6 +7,15 @@ for k, v in pairs(C) do zr[k] = v end
 zr._C = C
 zr.version = "0.1.0"
 
+-- Under mpirun (or torchrun, srun) each process takes the GPU of its local rank, so that a plain
+-- "cuda" in a recipe means one GPU per rank (zr.cuda.set_device chooses otherwise).
+do
+  local lr = tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or os.getenv("LOCAL_RANK") or
+    os.getenv("MPI_LOCALRANKID") or os.getenv("SLURM_LOCALID") or "")
+  local n = lr and C.cuda and C.cuda.device_count() or 0
+  if n > 1 then C.cuda.set_device(lr % n) end
+end
+
 require("zrun.tensor").install(zr)
 
 -- Runs fn with autograd recording off; returns fn's results.

@@ -11,7 +11,7 @@ Z=${ZRUN_BIN:-./zrun}
 NP=${1:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 [ "$NP" -ge 2 ] || { echo "SKIP multi-GPU ZeRO equivalence: needs 2 or more GPUs (found $NP)"; exit 0; }
 command -v mpirun >/dev/null || { echo "SKIP multi-GPU ZeRO equivalence: mpirun not found"; exit 0; }
-out=$(mktemp); trap 'rm -f "$out"' EXIT
+out=$(mktemp); trap 'rm -f "$out" "$out.r"' EXIT
 run() { # args for zero_check.lua
   mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/zero_check.lua "$@" >>"$out" 2>&1 ||
     echo "FAIL zero_check.lua $*: mpirun exited $?" >>"$out"
@@ -21,6 +21,17 @@ for stage in 1 2 3; do run $stage 1 1 0; done          # optimizer offload to th
 for stage in 1 2 3; do run $stage 0 3 0.05; done       # accumulation 3 + clipping
 for stage in 1 2 3; do run $stage 0 2 0.05 0 1; done   # overlap_comm
 run 3 0 2 0.05 0 0 5000 1e9 0 0                       # stage 3, small prefetch bucket
+# the main recipe as users run it: a plain "cuda" device, one GPU per rank picked from the local rank
+for c in zero2 zero3; do
+  if mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x NCCL_NVLS_ENABLE $Z recipes/finetune_llama.lua --config configs/$c.json \
+      max_steps=4 output_dir="${TMPDIR:-/tmp}/zrun_multi_gpu_$c" >"$out.r" 2>&1 &&
+    grep -q "device cuda" "$out.r" && grep -q "done: 4 steps" "$out.r"; then
+    echo "PASS recipe with configs/$c.json np=$NP " >>"$out"
+  else
+    echo "FAIL recipe with configs/$c.json np=$NP:" >>"$out"; tail -5 "$out.r" >>"$out"
+  fi
+done
+rm -f "$out.r"
 # a zrun built without MPI would run NP independent world-size-1 checks: count those as failures
 grep '^PASS ' "$out" | grep -v "np=$NP " | sed 's/^PASS /FAIL (world size is not '"$NP"': is zrun built with MPI?) /' >>"$out"
 cat "$out"
