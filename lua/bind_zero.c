@@ -33,7 +33,7 @@ static int read_indices(lua_State *L, int idx, int **out) {
 }
 
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, offload_optimizer=,
- *           offload_param=}, {params...}, {weight_decay...}) */
+ *           offload_param=, ..., comm_dtype= (nil: the parameters')}, {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -56,7 +56,9 @@ static int l_new(lua_State *L) {
     c.overlap_comm = lua_toboolean(L, -1);
     lua_getfield(L, 1, "max_live_parameters");
     c.max_live_parameters = (int64_t)luaL_optnumber(L, -1, 0);
-    lua_pop(L, 9);
+    lua_getfield(L, 1, "comm_dtype");
+    c.comm_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
+    lua_pop(L, 10);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;
     c.rank = zr_comm_get()->rank;

@@ -48,7 +48,7 @@ struct zr_zero {
     zparam *ps;
     int64_t S, max_c;
     zr_device dev, opt_dev;
-    zr_dtype pdt;
+    zr_dtype pdt, cdt; /* parameters; gradient buckets and their reduction */
     zr_tensor *master, *m, *v, *gpart, *pshard;
     /* gradient bucket: W segments of cap elements each */
     int64_t cap, pos;
@@ -226,6 +226,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     }
     z->dev = zr_tensor_device(params[0]);
     z->pdt = params[0]->dtype;
+    z->cdt = cfg->comm_dtype >= 0 ? (zr_dtype)cfg->comm_dtype : z->pdt;
     z->opt_dev = cfg->offload_optimizer ? zr_cpu() : z->dev;
     for (int i = 0; i < n; i++) {
         zr_tensor *p = params[i];
@@ -291,14 +292,14 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         if (!z->host) goto fail;
     }
     if (!z->direct) { /* direct mode reduces gpart in place: no buckets */
-        z->send = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
-        z->compact = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
-        z->recv = z->W > 1 ? new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM) : NULL;
+        z->send = new_buf(z->cdt, z->dev, z->cap * z->W, ZR_MEM_COMM);
+        z->compact = z->W > 1 ? new_buf(z->cdt, z->dev, z->cap * z->W, ZR_MEM_COMM) : NULL;
+        z->recv = z->W > 1 ? new_buf(z->cdt, z->dev, z->cap, ZR_MEM_COMM) : NULL;
         if (!z->send || (z->W > 1 && (!z->compact || !z->recv))) goto fail;
         if (cfg->overlap_comm && z->W > 1) {
-            z->send2 = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
-            z->compact2 = new_buf(ZR_F32, z->dev, z->cap * z->W, ZR_MEM_COMM);
-            z->recv2 = new_buf(ZR_F32, z->dev, z->cap, ZR_MEM_COMM);
+            z->send2 = new_buf(z->cdt, z->dev, z->cap * z->W, ZR_MEM_COMM);
+            z->compact2 = new_buf(z->cdt, z->dev, z->cap * z->W, ZR_MEM_COMM);
+            z->recv2 = new_buf(z->cdt, z->dev, z->cap, ZR_MEM_COMM);
             z->pidx = calloc((size_t)n, sizeof *z->pidx);
             z->ppos = calloc((size_t)n, sizeof *z->ppos);
             if (!z->send2 || !z->compact2 || !z->recv2 || !z->pidx || !z->ppos) goto fail;

@@ -25,6 +25,8 @@ typedef struct {
     int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
+    int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
+                     * parameters' dtype (DeepSpeed's communication_data_type default) */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 

@@ -127,7 +127,8 @@ function M.initialize(opts)
     allgather_bucket_size = num(zc.allgather_bucket_size, 5e8), offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
-    overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9) },
+    overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9),
+    comm_dtype = M.comm_dtype(cfg) },
     params, wds)
   self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
   self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
@@ -171,6 +172,14 @@ end
 -- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
 -- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
 -- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
+-- Gradient buckets and their reduction in DeepSpeed's communication_data_type ("fp16", "bf16",
+-- "fp32"); unset (nil here): the parameters' dtype, as DeepSpeed does (bf16 training reduces bf16).
+local COMM_DTYPES = { fp16 = "f16", bf16 = "bf16", fp32 = "f32" }
+function M.comm_dtype(cfg)
+  local v = cfg.communication_data_type
+  return v ~= nil and COMM_DTYPES[v] or nil
+end
+
 function M.memlock_limit(path)
   local f = io.open(path or "/proc/self/limits")
   if not f then return nil end

@@ -88,6 +88,9 @@ local function settings(o, cfg_model)
   s.dtype = canon_dtype(dt)
   s.dtype_bytes = DTYPE_BYTES[s.dtype]
   if not s.dtype_bytes then error(fmt("memory plan: dtype must be f32, bf16 or f16, got '%s'", tostring(dt)), 0) end
+  -- gradient buckets: communication_data_type, else the parameters' dtype (engine.comm_dtype)
+  local cdt = o.communication_data_type or ds.communication_data_type
+  s.comm_bytes = cdt and DTYPE_BYTES[canon_dtype(({ fp16 = "f16", fp32 = "f32" })[cdt] or cdt)] or s.dtype_bytes
   local mb = o.micro_batch or ds.train_micro_batch_size_per_gpu
   s.micro_batch = type(mb) == "number" and mb or 1
   s.seq_len = o.seq_len or 1024
@@ -153,11 +156,12 @@ function M.plan(o)
       if p.numel < s.persistence_threshold then dev.params = dev.params + p.numel * b end
     end
   end
-  -- comm buckets (zero.c): send W*cap fp32, plus compaction copy and receive buffer when W > 1
-  local cap = floor(s.reduce_bucket_size / Wc)
+  -- comm buckets (zero.c): send W*cap in the comm dtype, plus compaction copy and receive buffer
+  -- when W > 1
+  local cap, cb = floor(s.reduce_bucket_size / Wc), s.comm_bytes
   if cap < max_c then cap = max_c end
   if cap > S then cap = S end
-  dev.comm = direct and 0 or (cap * Wc * 4 + (Wc > 1 and (cap * Wc * 4 + cap * 4) or 0))
+  dev.comm = direct and 0 or (cap * Wc * cb + (Wc > 1 and (cap * Wc * cb + cap * cb) or 0))
   -- overlap_comm keeps a second buffer set so a bucket can be reduced while the next one fills
   if s.overlap_comm and Wc > 1 and not direct then dev.comm = dev.comm * 2 end
   local comm_tr = 0

@@ -21,6 +21,10 @@ for stage in 1 2 3; do run $stage 1 1 0; done          # optimizer offload to th
 for stage in 1 2 3; do run $stage 0 3 0.05; done       # accumulation 3 + clipping
 for stage in 1 2 3; do run $stage 0 2 0.05 0 1; done   # overlap_comm
 run 3 0 2 0.05 0 0 5000 1e9 0 0                       # stage 3, small prefetch bucket
+for stage in 2 3; do                                   # bf16 model: bf16 buckets (default) vs fp32
+  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/comm_dtype_check.lua $stage 1 >>"$out" 2>&1 ||
+    echo "FAIL comm_dtype_check.lua $stage: mpirun exited $?" >>"$out"
+done
 # the main recipe as users run it: a plain "cuda" device, one GPU per rank picked from the local rank
 for c in zero2 zero3; do
   if mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x NCCL_NVLS_ENABLE $Z recipes/finetune_llama.lua --config configs/$c.json \

@@ -31,3 +31,8 @@ mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 2 0 1 0 0 0 5e7 1e9 1 || ech
 for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 4 $Z tests/mpi/zero_check.lua $stage 0 2 0.05 0 1 || echo "FAIL stage $stage overlap_comm: mpirun exited $?"
 done
+# gradient buckets in the communication dtype (bf16 model: bf16 buckets by default, vs fp32)
+for stage in 1 2 3; do
+  mpirun $MPI_FLAGS -np 2 $Z tests/mpi/comm_dtype_check.lua $stage || echo "FAIL comm dtype stage $stage: mpirun exited $?"
+done
+mpirun $MPI_FLAGS -np 3 $Z tests/mpi/comm_dtype_check.lua 2 1 || echo "FAIL comm dtype overlap_comm np=3: mpirun exited $?"
