@@ -226,7 +226,9 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     }
     z->dev = zr_tensor_device(params[0]);
     z->pdt = params[0]->dtype;
-    z->cdt = cfg->comm_dtype >= 0 ? (zr_dtype)cfg->comm_dtype : z->pdt;
+    /* one process communicates nothing: its bucket only stages gradients (fp32, so that offload's
+     * first copy of a step lands straight in the partition) */
+    z->cdt = cfg->world_size <= 1 ? ZR_F32 : cfg->comm_dtype >= 0 ? (zr_dtype)cfg->comm_dtype : z->pdt;
     z->opt_dev = cfg->offload_optimizer ? zr_cpu() : z->dev;
     for (int i = 0; i < n; i++) {
         zr_tensor *p = params[i];

@@ -26,7 +26,8 @@ typedef struct {
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
     int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
-                     * parameters' dtype (DeepSpeed's communication_data_type default) */
+                     * parameters' dtype (DeepSpeed's communication_data_type default); fp32
+                     * buckets in a single process, where nothing is communicated */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 

@@ -88,9 +88,11 @@ local function settings(o, cfg_model)
   s.dtype = canon_dtype(dt)
   s.dtype_bytes = DTYPE_BYTES[s.dtype]
   if not s.dtype_bytes then error(fmt("memory plan: dtype must be f32, bf16 or f16, got '%s'", tostring(dt)), 0) end
-  -- gradient buckets: communication_data_type, else the parameters' dtype (engine.comm_dtype)
+  -- gradient buckets (zero.c): communication_data_type, else the parameters' dtype; fp32 in a
+  -- single process, which communicates nothing
   local cdt = o.communication_data_type or ds.communication_data_type
-  s.comm_bytes = cdt and DTYPE_BYTES[canon_dtype(({ fp16 = "f16", fp32 = "f32" })[cdt] or cdt)] or s.dtype_bytes
+  s.comm_bytes = W == 1 and 4 or cdt and DTYPE_BYTES[canon_dtype(({ fp16 = "f16", fp32 = "f32" })[cdt] or cdt)] or
+    s.dtype_bytes
   local mb = o.micro_batch or ds.train_micro_batch_size_per_gpu
   s.micro_batch = type(mb) == "number" and mb or 1
   s.seq_len = o.seq_len or 1024
