@@ -117,6 +117,9 @@ function M.initialize(opts)
   local offp = zc.offload_param and zc.offload_param.device
   self.offload_optimizer = off == "cpu"
   self.offload_param = offp == "cpu"
+  if W > 1 and params[1] and params[1]:device():match("^cuda") then
+    M.check_gpus_per_node(dist.local_size(), C.cuda.device_count(), params[1]:device())
+  end
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
@@ -172,6 +175,16 @@ end
 -- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
 -- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
 -- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
+-- NCCL needs one GPU per process: more processes on a node than GPUs would share one (NCCL
+-- then fails with a duplicate-GPU error deep inside the first collective).
+function M.check_gpus_per_node(local_ranks, gpus, device)
+  if local_ranks > gpus then
+    error(fmt("ZeRO on %s: %d processes on this node but %d GPU%s: NCCL needs one GPU per process; start at " ..
+      "most %d rank%s per node (mpirun -np %d on one node), or train on the CPU (device \"cpu\", MPI backend)",
+      device, local_ranks, gpus, gpus == 1 and "" or "s", gpus, gpus == 1 and "" or "s", gpus), 0)
+  end
+end
+
 -- Gradient buckets and their reduction in DeepSpeed's communication_data_type ("fp16", "bf16",
 -- "fp32"); unset (nil here): the parameters' dtype, as DeepSpeed does (bf16 training reduces bf16).
 local COMM_DTYPES = { fp16 = "f16", bf16 = "bf16", fp32 = "f32" }

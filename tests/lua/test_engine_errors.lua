@@ -63,4 +63,13 @@ T.test("calling optimizer:zero_grad() by hand explains why not", function()
   T.raises(function() opt:zero_grad() end, "engine:step() zeroes gradients")
 end)
 
+
+T.test("more processes on a node than GPUs stops before NCCL, with the fix", function()
+  local err = T.raises(function() engine_mod.check_gpus_per_node(4, 2, "cuda:0") end, "4 processes on this node but 2 GPUs")
+  assert(err:find("one GPU per process") and err:find("mpirun %-np 2"), err)
+  T.raises(function() engine_mod.check_gpus_per_node(2, 1, "cuda:0") end, "but 1 GPU:")
+  engine_mod.check_gpus_per_node(2, 2, "cuda:1") -- one GPU each: fine
+  engine_mod.check_gpus_per_node(1, 8, "cuda:0")
+end)
+
 T.done()
