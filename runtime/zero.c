@@ -52,8 +52,8 @@ struct zr_zero {
     zr_tensor *master, *m, *v, *gpart, *pshard;
     /* gradient bucket: W segments of cap elements each */
     int64_t cap, pos;
-    int *bidx;
-    int64_t *bpos;
+    int *bidx;            /* the bucket's pieces: parameter, offset in its chunk, length, place */
+    int64_t *boff, *blen, *bpos;
     int nb;
     zr_tensor *send, *compact, *recv;
     int boundary;
@@ -68,7 +68,7 @@ struct zr_zero {
      * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
     zr_tensor *send2, *compact2, *recv2;
     int *pidx;
-    int64_t *ppos;
+    int64_t *poff, *plen, *ppos;
     int pnb;
     zr_tensor *pred;
     zr_comm_handle *ph;
@@ -219,8 +219,10 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->n = n;
     z->ps = calloc((size_t)n, sizeof *z->ps);
     z->bidx = calloc((size_t)n, sizeof *z->bidx);
+    z->boff = calloc((size_t)n, sizeof *z->boff);
+    z->blen = calloc((size_t)n, sizeof *z->blen);
     z->bpos = calloc((size_t)n, sizeof *z->bpos);
-    if (!z->ps || !z->bidx || !z->bpos) {
+    if (!z->ps || !z->bidx || !z->boff || !z->blen || !z->bpos) {
         zr_zero_free(z);
         return zr_error_null("out of host memory");
     }
@@ -303,8 +305,10 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             z->compact2 = new_buf(z->cdt, z->dev, z->cap * z->W, ZR_MEM_COMM);
             z->recv2 = new_buf(z->cdt, z->dev, z->cap, ZR_MEM_COMM);
             z->pidx = calloc((size_t)n, sizeof *z->pidx);
+            z->poff = calloc((size_t)n, sizeof *z->poff);
+            z->plen = calloc((size_t)n, sizeof *z->plen);
             z->ppos = calloc((size_t)n, sizeof *z->ppos);
-            if (!z->send2 || !z->compact2 || !z->recv2 || !z->pidx || !z->ppos) goto fail;
+            if (!z->send2 || !z->compact2 || !z->recv2 || !z->pidx || !z->poff || !z->plen || !z->ppos) goto fail;
         }
     }
     for (int i = 0; i < n; i++) {
@@ -362,9 +366,13 @@ void zr_zero_free(zr_zero *z) {
     zr_tensor_release(z->compact2);
     zr_tensor_release(z->recv2);
     free(z->pidx);
+    free(z->poff);
+    free(z->plen);
     free(z->ppos);
     free(z->ps);
     free(z->bidx);
+    free(z->boff);
+    free(z->blen);
     free(z->bpos);
     free(z);
 }
@@ -389,10 +397,8 @@ static zr_status complete_pending(zr_zero *z) {
     zr_comm_handle *h = z->ph;
     z->ph = NULL;
     ZR_CHECK(zr_comm_wait(h));
-    for (int k = 0; k < z->pnb; k++) {
-        zparam *q = &z->ps[z->pidx[k]];
-        ZR_CHECK(add_range(z->gpart, q->off, z->pred, z->ppos[k], q->c));
-    }
+    for (int k = 0; k < z->pnb; k++)
+        ZR_CHECK(add_range(z->gpart, z->ps[z->pidx[k]].off + z->poff[k], z->pred, z->ppos[k], z->plen[k]));
     z->pnb = 0;
     return ZR_OK;
 }
@@ -428,6 +434,8 @@ static zr_status flush(zr_zero *z) {
             z->ph = h;
             z->pred = z->recv;
             memcpy(z->pidx, z->bidx, sizeof *z->pidx * (size_t)z->nb);
+            memcpy(z->poff, z->boff, sizeof *z->poff * (size_t)z->nb);
+            memcpy(z->plen, z->blen, sizeof *z->plen * (size_t)z->nb);
             memcpy(z->ppos, z->bpos, sizeof *z->ppos * (size_t)z->nb);
             z->pnb = z->nb;
             swap_tensors(&z->send, &z->send2); /* the next bucket fills the other buffers */
@@ -443,34 +451,42 @@ static zr_status flush(zr_zero *z) {
         ZR_CHECK(st);
         red = z->recv;
     }
-    for (int k = 0; k < z->nb; k++) {
-        zparam *q = &z->ps[z->bidx[k]];
-        ZR_CHECK(add_range(z->gpart, q->off, red, z->bpos[k], q->c));
-    }
+    for (int k = 0; k < z->nb; k++)
+        ZR_CHECK(add_range(z->gpart, z->ps[z->bidx[k]].off + z->boff[k], red, z->bpos[k], z->blen[k]));
     z->nb = 0;
     z->pos = 0;
     return ZR_OK;
 }
 
-/* Copies parameter i's gradient chunks into the bucket (flushing first when full). */
+/* Copies parameter i's gradient chunks into the bucket. A chunk that does not fit is split: the
+ * bucket is filled and flushed when full, so every bucket but a backward's last is reduced in
+ * place, without the compaction copy a partly filled one needs. */
 static zr_status pack(zr_zero *z, int i) {
     zparam *q = &z->ps[i];
     zr_tensor *g = q->p->grad;
     if (!g || q->packed) return ZR_OK;
-    if (z->pos + q->c > z->cap) ZR_CHECK(flush(z));
     zr_tensor *gc = zr_tensor_contiguous_raw(g);
     if (!gc) return ZR_ERR;
     zr_status st = ZR_OK;
-    for (int r = 0; r < z->W && !st; r++) {
-        int64_t v = valid_len(q->n, q->c, r), base = (int64_t)r * z->cap + z->pos;
-        st = copy_range(z->send, base, gc, (int64_t)r * q->c, v);
-        if (!st) st = fill_range(z->send, base + v, q->c - v, 0);
+    for (int64_t co = 0; co < q->c && !st;) {
+        int64_t take = q->c - co < z->cap - z->pos ? q->c - co : z->cap - z->pos;
+        for (int r = 0; r < z->W && !st; r++) { /* rank r's piece: its valid part, then zeros */
+            int64_t v = valid_len(q->n, q->c, r) - co, base = (int64_t)r * z->cap + z->pos;
+            v = v < 0 ? 0 : v > take ? take : v;
+            st = copy_range(z->send, base, gc, (int64_t)r * q->c + co, v);
+            if (!st) st = fill_range(z->send, base + v, take - v, 0);
+        }
+        if (st) break;
+        z->bidx[z->nb] = i;
+        z->boff[z->nb] = co;
+        z->blen[z->nb] = take;
+        z->bpos[z->nb++] = z->pos;
+        z->pos += take;
+        co += take;
+        if (z->pos == z->cap) st = flush(z);
     }
     zr_tensor_release(gc);
     ZR_CHECK(st);
-    z->bidx[z->nb] = i;
-    z->bpos[z->nb++] = z->pos;
-    z->pos += q->c;
     q->packed = 1;
     if (z->cfg.stage >= 2) { /* the partition keeps it now */
         zr_tensor_release(q->p->grad);
