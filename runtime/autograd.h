@@ -73,7 +73,7 @@ static inline int zr_node_needs_grad(const zr_node *n, int i) {
  * (contiguous, the leaf's shape; any float dtype); NULL otherwise. A backward that adds its result
  * there leaves grad_in[i] NULL; the leaf still counts as done (its hook fires as usual). */
 zr_tensor *zr_node_leaf_grad(zr_node *n, int i);
-/* For ops whose outputs are disjoint views of one input (zr_split_views): the pending gradient
+/* For ops whose outputs are disjoint views of one input (zr_split_sizes): the pending gradient
  * of input i's producer, to write into in place instead of returning a full-size gradient per
  * view. Sets *buf (borrowed: the producer's grad_accum, contiguous, input i's shape and dtype)
  * and *state:

@@ -1,10 +1,11 @@
 /* Fused projections: several Linear layers that read one input as ONE product (q/k/v, gate/up),
- * and a split into views whose backward gathers every part's gradient into ONE buffer, so
+ * with zr_split_sizes (ops_misc.h: views whose backward gathers every part's gradient into ONE
+ * buffer), so
  *
  *   zr_tensor *w[3] = {wq, wk, wv};
  *   zr_tensor *qkv = zr_linear_multi(x, 3, w, NULL);          // (..., nq + nk + nv)
  *   zr_tensor *p[3];
- *   zr_split_views(qkv, 3, (int64_t[]){nq, nk, nv}, -1, p);  // q, k, v: views of qkv
+ *   zr_split_sizes(qkv, 3, (int64_t[]){nq, nk, nv}, -1, p);  // q, k, v: views of qkv
  *
  * costs one GEMM per direction when the weights sit back to back in memory (ZeRO's flat parameter
  * buffer in direct mode) and no full-size zero-padded gradient per part. */
@@ -32,14 +33,5 @@ zr_tensor *zr_linear_multi(zr_tensor *x, int n, zr_tensor *const *w, zr_tensor *
 /* How many GEMMs zr_linear_multi's forward runs for these weights (runs of adjacent ones): 1 when
  * they sit back to back. For tests and diagnostics. */
 int zr_linear_multi_runs(int n, zr_tensor *const *w);
-
-/* torch.split(x, sizes, dim): n views of x along dim (sizes sum to x's size there); out receives
- * n new references. Backward writes each part's gradient into ONE gradient buffer of x (its
- * producer's pending gradient, zr_node_input_grad_buffer): the first part to arrive creates it,
- * zero-filling the other parts' slices, each part copies its slice in (or adds, when other
- * gradients of x are there too), parts that receive no gradient read as zero; no part returns a
- * full-size gradient. When x is a leaf, a part adds into x's existing gradient in place, or
- * returns a zero-padded one. */
-zr_status zr_split_views(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_tensor **out);
 
 #endif

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops_linear_multi.h"
+#include "ops_elementwise.h"
 #include "ops_util.h"
 #include "ops_view.h"
 #include "random.h"
@@ -174,8 +174,61 @@ fail:
     return NULL;
 }
 
+/* What the parts of one split share: where each part lies along dim. */
+typedef struct {
+    int refcount, n, dim;
+    int64_t *start, *len;
+} split_group;
+
+static void group_release(void *p) {
+    split_group *g = p;
+    if (!g || --g->refcount > 0) return;
+    free(g->start);
+    free(g);
+}
+
+/* i[0] = this part's index in its group (n->ctx). */
+static zr_status split_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    split_group *sg = n->ctx;
+    int k = (int)n->i[0], d = sg->dim;
+    zr_edge *e = &n->edges[0];
+    zr_status st = ZR_ERR;
+    zr_tensor *buf, *s = NULL;
+    int state;
+    if (e->fn) { /* into the producer's one gradient buffer */
+        if (zr_node_input_grad_buffer(n, 0, sg, &buf, &state)) return ZR_ERR;
+        if (state == ZR_GRADBUF_NEW) /* uninitialized: the other parts' slices read as zero */
+            for (int j = 0; j < sg->n; j++) {
+                if (j == k || sg->len[j] == 0) continue;
+                zr_tensor *o = zr_tensor_narrow_raw(buf, d, sg->start[j], sg->len[j]);
+                zr_status s2 = o ? zr_tensor_fill_(o, 0) : ZR_ERR;
+                zr_tensor_release(o);
+                if (s2) return ZR_ERR;
+            }
+        if (!(s = zr_tensor_narrow_raw(buf, d, sg->start[k], sg->len[k]))) return ZR_ERR;
+        st = state == ZR_GRADBUF_SHARED ? zr_add_(s, g, 1.0) : zr_tensor_copy_(s, g);
+        zr_tensor_release(s);
+        return st;
+    }
+    zr_tensor *lg = zr_node_leaf_grad(n, 0);
+    if (lg && !e->leaf->grad_stale) { /* a leaf with a gradient: add into its slice */
+        if (!(s = zr_tensor_narrow_raw(lg, d, sg->start[k], sg->len[k]))) return ZR_ERR;
+        st = zr_add_(s, g, 1.0);
+        zr_tensor_release(s);
+        return st;
+    }
+    /* a leaf without one: a zero-padded gradient, as narrow's backward gives */
+    zr_tensor *z = zr_tensor_new_cat(e->dtype, zr_tensor_device(g), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 1);
+    if (!z) return ZR_ERR;
+    s = zr_tensor_narrow_raw(z, d, sg->start[k], sg->len[k]);
+    st = s ? zr_tensor_copy_(s, g) : ZR_ERR;
+    zr_tensor_release(s);
+    return zr_give_grad(gin, z, st);
+}
+
 zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_tensor **out) {
     char b1[128];
+    if (!x || n < 1) return zr_error("split: expected a tensor and at least one size");
     int d = zr_dim_norm(dim, x->ndim, "split");
     if (d < 0) return ZR_ERR;
     int64_t total = 0;
@@ -184,10 +237,47 @@ zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_
         total += sizes[i];
     }
     if (total != x->shape[d])
-        return zr_error("split: sizes sum to %lld but dim %d of x %s has size %lld", (long long)total,
-                        d + 1, zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
-    /* views whose backward fills one gradient buffer of x (ops_linear_multi.c) */
-    return zr_split_views(x, n, sizes, d, out);
+        return zr_error("split: sizes sum to %lld but dim %d of x %s has size %lld", (long long)total, d + 1,
+                        zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
+    split_group *g = calloc(1, sizeof *g);
+    int64_t *st = calloc((size_t)n * 2, sizeof *st);
+    if (!g || !st) {
+        free(g);
+        free(st);
+        return zr_error("split: out of host memory");
+    }
+    g->refcount = 1; /* this function's, dropped at the end */
+    g->n = n;
+    g->dim = d;
+    g->start = st;
+    g->len = st + n;
+    for (int i = 0; i < n; i++) {
+        g->start[i] = i ? g->start[i - 1] + g->len[i - 1] : 0;
+        g->len[i] = sizes[i];
+    }
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    zr_status rc = ZR_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        out[i] = zr_tensor_narrow_raw(x, d, g->start[i], g->len[i]);
+        zr_node *nd;
+        if (!out[i] || zr_autograd_record(out[i], "split", split_backward, 1, &x, &nd)) {
+            rc = ZR_ERR;
+            break;
+        }
+        if (nd) {
+            nd->i[0] = i;
+            nd->ctx = g;
+            nd->ctx_free = group_release;
+            g->refcount++;
+        }
+    }
+    group_release(g);
+    if (rc)
+        for (int i = 0; i < n; i++) {
+            zr_tensor_release(out[i]);
+            out[i] = NULL;
+        }
+    return rc;
 }
 
 zr_tensor **zr_split(zr_tensor *x, int64_t chunk, int dim, int *n) {
