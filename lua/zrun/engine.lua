@@ -341,6 +341,17 @@ function Engine:install_zero3_hooks()
   Module.fetch = function(p) return self:fetch(p) end
 end
 
+-- Makes every parameter whole (stage 3: to compare or read them all; release_all partitions
+-- them again); a no-op at the other stages. Returns the parameters.
+function Engine:gather_parameters()
+  if self.stage == 3 then
+    local all = {}
+    for i = 1, #self.params do all[i] = i end
+    self.zero:gather(all)
+  end
+  return self.params
+end
+
 -- Makes a parameter whole for use outside its module (stage 3); a no-op otherwise.
 function Engine:fetch(p)
   if self.stage == 3 then

@@ -718,12 +718,7 @@ T.test("ZeRO stages 0-3 on CUDA match the CPU run (tiny Llama, 3 steps, clipping
       engine:backward(loss)
       engine:step()
     end
-    local ps = engine:parameters()
-    if stage == 3 then
-      local all = {}
-      for i = 1, #ps do all[i] = i end
-      engine.zero:gather(all)
-    end
+    local ps = engine:gather_parameters()
     local w = {}
     for i, p in ipairs(ps) do w[i] = p:cpu():clone() end
     return losses, w

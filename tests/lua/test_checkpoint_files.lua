@@ -225,9 +225,7 @@ T.test("save_16bit_model writes a Hugging Face directory that loads back exactly
   train(e4, 1, 1)
   T.eq(e4:save_16bit_model(path("hf_s3")), true, "saved at stage 3")
   local sd = zr.hf.load_state_dict(path("hf_s3"))
-  local all = {}
-  for i = 1, #e4.params do all[i] = i end
-  e4.zero:gather(all)
+  e4:gather_parameters()
   for n, p in m4:named_parameters() do T.near(sd[n], p, 0, 0, n) end
   e4.zero:release_all()
 end)
@@ -236,9 +234,7 @@ T.test("zero-to-fp32 streams consolidated fp32 weights; --tag; usage errors", fu
   local e, m = make(3)
   train(e, 1, 2)
   e:save_checkpoint(path("z"), "first")
-  local all = {}
-  for i = 1, #e.params do all[i] = i end
-  e.zero:gather(all)
+  e:gather_parameters()
   local want = clone_params(m)
   e.zero:release_all()
   train(e, 3, 3)

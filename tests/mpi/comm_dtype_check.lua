@@ -34,12 +34,7 @@ local function run(comm)
     dist.all_reduce(t, "avg")
     losses[s] = t:item()
   end
-  local ps = engine:parameters()
-  if stage == 3 then
-    local all = {}
-    for i = 1, #ps do all[i] = i end
-    engine.zero:gather(all)
-  end
+  local ps = engine:gather_parameters()
   local w = {}
   for i, p in ipairs(ps) do w[i] = p:float():cpu() end
   return losses, w, comm

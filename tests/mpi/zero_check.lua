@@ -115,13 +115,7 @@ local function check()
         ("live %d elements, above stage3_max_live_parameters %d"):format(live_max, max_live))
     end
   end
-  -- stage 3 keeps parameters partitioned: gather them to compare
-  local ps = engine:parameters()
-  if stage == 3 then
-    local all = {}
-    for i = 1, #ps do all[i] = i end
-    engine.zero:gather(all)
-  end
+  local ps = engine:gather_parameters() -- stage 3 keeps them partitioned: whole, to compare
   for i, p in ipairs(ps) do T.near(p, rparams[i], 2e-5, 0, "weights of parameter " .. i) end
 end
 if r == 0 then T.test(name, check) else check() end
