@@ -172,45 +172,31 @@ int main() {
     };
     norms(16384, 2048);
     norms(65536, 4096);
-    { /* rope: B=4, T=2048, 32/8 heads, Dh=64 */
-        const int64_t B = 4, T = 2048, Hq = 32, Hkv = 8, Dh = 64;
+    /* rope: 32/8 heads, Dh=64, B=4 T=2048; then B=16 T=4096 (1.3 GB moved), where launch and
+     * tail costs, which hold a copy of the 84 MB of the first shape to ~73% of the 4 GiB rate, no
+     * longer dominate */
+    auto rope = [&](int64_t B, int64_t T) {
+        const int64_t Hq = 32, Hkv = 8, Dh = 64;
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
         void *q = bf(nq), *k = bf(nk), *qo = bf(nq), *ko = bf(nk);
         float *cs = f32(T * Dh / 2), *sn = f32(T * Dh / 2);
         const double bytes = 2.0 * 2 * (nq + nk) + 2.0 * T * Dh / 2 * 4;
-        row("rope fwd q+k (BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
-                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF,
-                                     0));
+        char sh[64];
+        snprintf(sh, sizeof sh, "bf16 B%lld T%lld H32/8 Dh64", (long long)B, (long long)T);
+        row("rope fwd q+k (BHTD)", sh, bytes, time_ms([&] {
+                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF, 0));
             }));
-        row("rope fwd q+k (BTHD->BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
-                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BTHD, BF,
-                                     0));
+        row("rope fwd q+k (BTHD->BHTD)", sh, bytes, time_ms([&] {
+                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BTHD, BF, 0));
             }));
-        row("rope bwd q+k (BHTD)", "bf16 B4 T2048 H32/8 Dh64", bytes, time_ms([&] {
-                OK(rope_backward_cuda(q, k, qo, ko, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF,
-                                      0));
-            }));
-        for (void *p : {q, k, qo, ko}) cudaFree(p);
-        cudaFree(cs), cudaFree(sn);
-    }
-    { /* rope at a longer shape (B=16, T=4096: 1.3 GB moved), where launch and tail costs, which
-       * hold a copy of the 84 MB above to ~73% of the 4 GiB rate, no longer dominate */
-        const int64_t B = 16, T = 4096, Hq = 32, Hkv = 8, Dh = 64;
-        const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
-        void *q = bf(nq), *k = bf(nk), *qo = bf(nq), *ko = bf(nk);
-        float *cs = f32(T * Dh / 2), *sn = f32(T * Dh / 2);
-        const double bytes = 2.0 * 2 * (nq + nk) + 2.0 * T * Dh / 2 * 4;
-        row("rope fwd q+k (BHTD)", "bf16 B16 T4096 H32/8 Dh64", bytes, time_ms([&] {
-                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF,
-                                     0));
-            }));
-        row("rope fwd q+k (BTHD->BHTD)", "bf16 B16 T4096 H32/8 Dh64", bytes, time_ms([&] {
-                OK(rope_forward_cuda(qo, ko, q, k, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BTHD, BF,
-                                     0));
+        row("rope bwd q+k (BHTD)", sh, bytes, time_ms([&] {
+                OK(rope_backward_cuda(q, k, qo, ko, cs, sn, B, Hq, Hkv, T, Dh, ZR_ROPE_BHTD, BF, 0));
             }));
         for (void *p : {q, k, qo, ko}) cudaFree(p);
         cudaFree(cs), cudaFree(sn);
-    }
+    };
+    rope(4, 2048);
+    rope(16, 4096);
     { /* swiglu: M=16384 tokens, F=8192 */
         const int64_t M = 16384, F = 8192;
         void *g = bf(M * F, 3), *u = bf(M * F), *hh = bf(M * F), *dh = bf(M * F),
