@@ -28,6 +28,10 @@ int zr_l_checkshape(lua_State *L, int idx, int *ndim, int64_t *shape);
 void zr_l_opt_dtype_device(lua_State *L, int idx, zr_dtype *dt, zr_device *dev);
 zr_dtype zr_l_checkdtype(lua_State *L, int idx);
 zr_device zr_l_checkdevice(lua_State *L, int idx);
+/* Options-table fields of the table at idx: a number (def when absent; an error naming op and the
+ * field when it is not a number) and a boolean (Lua truthiness; absent is false). */
+double zr_l_numfield(lua_State *L, int idx, const char *key, double def, const char *op);
+int zr_l_boolfield(lua_State *L, int idx, const char *key);
 
 /* Registers functions into the zrun._C module table and/or the Tensor method table. Called from
  * each family's zr_bind_<family>(L). */

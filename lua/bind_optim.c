@@ -6,15 +6,8 @@
 
 /* Number field k of the table at idx, or def when absent; def < -1e300 means required. */
 static double num_field(lua_State *L, int idx, const char *k, double def) {
-    lua_getfield(L, idx, k);
-    double v = def;
-    if (lua_isnil(L, -1)) {
-        if (def < -1e300) luaL_error(L, "optimizer step: option '%s' is required", k);
-    } else if (lua_type(L, -1) == LUA_TNUMBER)
-        v = lua_tonumber(L, -1);
-    else
-        luaL_error(L, "optimizer step: option '%s' must be a number, got %s", k, luaL_typename(L, -1));
-    lua_pop(L, 1);
+    double v = zr_l_numfield(L, idx, k, def, "optimizer step");
+    if (v < -1e300) luaL_error(L, "optimizer step: option '%s' is required", k);
     return v;
 }
 

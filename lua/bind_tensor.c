@@ -87,6 +87,23 @@ zr_dtype zr_l_checkdtype(lua_State *L, int idx) {
     return (zr_dtype)d;
 }
 
+double zr_l_numfield(lua_State *L, int idx, const char *key, double def, const char *op) {
+    lua_getfield(L, idx, key);
+    double v = def;
+    if (lua_type(L, -1) == LUA_TNUMBER) v = lua_tonumber(L, -1);
+    else if (!lua_isnil(L, -1))
+        luaL_error(L, "%s: option '%s' must be a number, got %s", op, key, luaL_typename(L, -1));
+    lua_pop(L, 1);
+    return v;
+}
+
+int zr_l_boolfield(lua_State *L, int idx, const char *key) {
+    lua_getfield(L, idx, key);
+    int v = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
 zr_device zr_l_checkdevice(lua_State *L, int idx) {
     const char *s = luaL_checkstring(L, idx);
     zr_device d;
