@@ -5,16 +5,12 @@
 # the transformers load check of zrun-saved model directories (when hfcheck/ is present).
 #   sh tests/bench/gpu_session.sh [ZRUN_BINARY] [FUSED_TEST_BINARY] [BENCH_DIR]
 # BENCH_DIR holds bench_fused and bench_cuda (make build/bench/bench_fused build/bench/bench_cuda).
-# With $OUT set (the device tool's output folder) the whole log also goes to $OUT/gpu_session.txt:
+# The whole log also goes to $OUT/gpu_session.txt (the device tool's output folder; else $TMPDIR):
 # only the tail of stdout comes back inline.
-if [ -n "$OUT" ] && [ -z "$ZRUN_GPU_SESSION_LOGGED" ]; then
-  export ZRUN_GPU_SESSION_LOGGED=1
-  sh "$0" "$@" 2>&1 | tee "$OUT/gpu_session.txt"
-  exit 0
-fi
 Z=${1:-./zrun}; F=${2:-build/tests/test_fused_kernels}; BD=${3:-build/bench}
 export ZRUN_HOME=${ZRUN_HOME:-$PWD} NCCL_NVLS_ENABLE=0
 B="$Z tests/bench/bench_llama.lua"
+{
 echo "### report"; $Z report
 echo "### GPU tests"; sh tests/run_cuda.sh "$F" "$Z"
 echo "### fused kernels and attention"; "$BD/bench_fused"
@@ -37,3 +33,4 @@ for c in zero0 zero1 zero2 zero3 zero2_offload zero3_offload; do
   $Z recipes/finetune_llama.lua --config configs/$c.json max_steps=10 output_dir=/tmp/zrun_gpu_recipe 2>&1 | tail -2
 done
 [ -d hfcheck ] && { echo "### transformers loads zrun-saved directories"; python3 tests/golden/check_hf_save.py hfcheck; }
+} 2>&1 | tee "${OUT:-${TMPDIR:-/tmp}}/gpu_session.txt"
