@@ -2,7 +2,8 @@
 -- autograd, ZeRO engine, AdamW), random weights and random token ids.
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [overlap=0]
--- Under mpirun -np N each rank takes one GPU (cuda:<local rank>); overlap=1 sets overlap_comm.
+-- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
+-- overlap_comm.
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -16,10 +17,6 @@ end
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return
-end
-if opt.device == "cuda" and zr.dist.world_size() > 1 then -- mpirun -np N: one GPU per rank
-  zr.cuda.set_device(zr.dist.local_rank())
-  opt.device = "cuda:" .. zr.dist.local_rank()
 end
 local cfg = zr.models.llama.config(opt.model)
 cfg.dtype, cfg.device = opt.dtype, opt.device
@@ -90,7 +87,7 @@ if opt.breakdown == 1 then
 end
 print(("%-40s %.0f"):format("tokens/s", toks))
 print(("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", 6 * n * toks / 1e12))
-local s = zr.memory.stats(opt.device == "cpu" and "cpu" or opt.device:match("^cuda:%d+$") or "cuda:0")
+local s = zr.memory.stats(opt.device)
 for _, c in ipairs(zr.memory.categories) do
   print(("peak %-35s %s"):format(c, zr.memory.human(s[c].peak)))
 end

@@ -9,7 +9,7 @@ local T = zr.testing
 local dist = zr.dist
 local stage, overlap = tonumber(arg[1] or 2), arg[2] == "1"
 local W, r = dist.world_size(), dist.rank()
-local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and ("cuda:" .. dist.local_rank()) or "cpu"
+local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or "cpu"
 local cfg = zr.models.llama.config("zrun/tiny-llama")
 cfg.dtype, cfg.device = "bf16", dev
 

@@ -3,8 +3,8 @@
 -- reference — plain zr.optim.AdamW on the whole global batch with torch-style clipping —
 -- computed on every rank. Usage: zrun zero_check.lua STAGE OFFLOAD(0/1) GAS CLIP [PERSIST]
 -- PERSIST: stage3_param_persistence_threshold (default 0: every parameter is partitioned)
--- ZRUN_CHECK_DEVICE=cuda: rank k trains on cuda:<local rank> (NCCL collectives) and computes the
--- reference there too (tests/cuda/test_zero_multi_gpu.sh, on a machine with one GPU per rank).
+-- ZRUN_CHECK_DEVICE=cuda: each rank trains on its local rank's GPU (zrun picks it under mpirun;
+-- NCCL collectives) and computes the reference there too (tests/cuda/test_zero_multi_gpu.sh).
 -- Tolerance: fp32 with a different summation order (reduce-scatter vs one sum): losses 2e-5,
 -- weights 2e-5 absolute after 4 steps of lr 1e-3 (one Adam step moves a weight by ~1e-3).
 local zr = require "zrun"
@@ -23,8 +23,7 @@ local name = ("stage %d%s np=%d gas=%d clip=%g%s"):format(stage, offload and " o
   (arg[7] and (" prefetch=" .. prefetch) or "") .. (arg[8] and (" max_live=" .. max_live) or "") ..
   (ckpt and " checkpointing" or "") .. (arg[10] and (" max_reuse=" .. reuse) or "")
 local STEPS, MB, TLEN = 4, 2, 12
-local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and ("cuda:" .. dist.local_rank()) or nil
-if dev then zr.cuda.set_device(dist.local_rank()) end
+local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
 cfg.device = dev
