@@ -104,7 +104,7 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
-$(BUILD)/kernels/cuda/attention_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
+$(BUILD)/kernels/cuda/attention_fwd_sm90.cu.o $(BUILD)/kernels/cuda/attention_bwd_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
 $(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@

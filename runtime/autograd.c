@@ -7,7 +7,7 @@
 #include "ops_elementwise.h"
 #include "ops_reduce.h"
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #endif
 #include <stdio.h>
 #include <time.h>

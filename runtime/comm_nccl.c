@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "comm.h"
-#include "cuda.h"
+#include "cuda_device.h"
 #include "ops_util.h"
 
 #ifdef ZR_HAVE_MPI

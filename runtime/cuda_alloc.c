@@ -4,7 +4,7 @@
  * shapes stops calling cudaMalloc/cudaFree after the first step. A block is only reused on the
  * stream it was allocated for, so stream order keeps reuse safe without events. When cudaMalloc
  * fails the device's cache is returned to the driver and the call retried once. */
-#include "cuda.h"
+#include "cuda_device.h"
 
 #ifdef ZR_HAVE_CUDA
 #include <pthread.h>

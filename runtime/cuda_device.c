@@ -1,7 +1,7 @@
 /* CUDA device layer (see cuda.h): lazy runtime init, per-thread current device, per-device compute
  * and comm streams, events and error translation. Without ZR_HAVE_CUDA only the availability
  * stubs are compiled (no GPU, count 0). */
-#include "cuda.h"
+#include "cuda_device.h"
 
 #include <stdio.h>
 #include <string.h>

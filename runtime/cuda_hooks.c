@@ -2,7 +2,7 @@
  * device<->device transfers plus on-device strided copy/cast and fill (tensor.h), and Philox
  * random fills (random.h). Installing touches no CUDA API, so it runs at program start; the
  * runtime itself starts on the first CUDA tensor. */
-#include "cuda.h"
+#include "cuda_device.h"
 
 #ifdef ZR_HAVE_CUDA
 #include <stdio.h>

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cuda.h" /* zr_cuda_current_device */
+#include "cuda_device.h" /* zr_cuda_current_device */
 
 static const struct {
     const char *name;

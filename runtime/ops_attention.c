@@ -96,7 +96,7 @@ static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd
 
 /* --- CUDA paths --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/attention.h"
 
 /* saved: q, k, v, out (contiguous, one dtype), lse (B, Hq, T) f32; f[0] = scale */

@@ -22,7 +22,7 @@ static int unary_uses_y(int op) {
  * Operands keep their dtype (bf16/f16 compute in f32 inside the kernels); strided inputs are read
  * in place where the kernel takes strides. Each helper is zr_no_cuda in a CPU-only build. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/elementwise.h"
 #endif
 

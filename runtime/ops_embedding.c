@@ -10,7 +10,7 @@
  * atomics) scatter backward in the table's dtype. Ids are not range-checked on the host (that
  * would wait for the GPU): an out-of-range id gives a zero row and no gradient. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/embedding.h"
 #endif
 

@@ -12,7 +12,7 @@
 #include "ops_matmul.h"
 #include "ops_util.h"
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/matmul.h"
 #endif
 

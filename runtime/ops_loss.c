@@ -71,7 +71,7 @@ static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, d
  * gives a NaN loss (and a zero-free gradient row) instead of the CPU's error. Label smoothing is
  * not in the kernel: asking for it on CUDA is an error. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/cross_entropy.h"
 #include "../kernels/cuda/elementwise.h"
 #include "../kernels/cuda/reduce.h"

@@ -13,7 +13,7 @@
 #include "random.h"
 
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/elementwise.h"
 #include "../kernels/cuda/misc.h"
 #endif

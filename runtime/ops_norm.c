@@ -41,7 +41,7 @@ static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
  * (N) tensors); a weight of another dtype is converted to x's. Weight gradients are reduced
  * deterministically by the kernels. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/elementwise.h"
 #include "../kernels/cuda/norm.h"
 #endif

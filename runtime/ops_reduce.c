@@ -58,7 +58,7 @@ static zr_tensor *rows_of(zr_tensor *x, const plan_t *p, zr_dtype ct) {
 /* --- CUDA path: kernels/cuda/reduce.h over the same (outer, r) rows, in the tensor's own dtype
  * (sums accumulate in f64 inside the kernel). zr_no_cuda in a CPU-only build. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/reduce.h"
 
 /* Contiguous (outer, r) rows of x in its own dtype, reduced dims last. */

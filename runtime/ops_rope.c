@@ -35,7 +35,7 @@ static zr_status rope_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
  * layout fuses the transpose), and its gradient is returned in that same layout, so the
  * projection's backward needs no transposing copy either. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/rope.h"
 
 /* Contiguous f32 (T, Dh/2) first half of a (T, Dh) table. */

@@ -16,7 +16,7 @@ static void split_dims(const zr_tensor *x, int d, int64_t *outer, int64_t *r, in
  * log_softmax), in the tensor's dtype with f32 math. Another dim is moved last by a transposed
  * copy and moved back afterwards. --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/misc.h"
 #include "../kernels/cuda/softmax.h"
 

@@ -17,7 +17,7 @@ static void rows_cols(const zr_tensor *t, int64_t *M, int64_t *F) {
  * the device's compute stream; strided inputs are copied to contiguous ones first. Empty tensors
  * launch nothing (the kernels reject F = 0). --- */
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/swiglu.h"
 #endif
 

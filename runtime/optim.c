@@ -9,7 +9,7 @@
 #include "ops_util.h"
 
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "../kernels/cuda/adamw.h"
 #include "../kernels/cuda/misc.h"
 #endif

@@ -18,7 +18,7 @@
 #include "optim.h"
 #include "zero_offload.h"
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #include "cuda/adamw.h"
 #include "cuda/zero_ops.h"
 #endif

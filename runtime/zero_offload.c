@@ -14,7 +14,7 @@
 #include "ops_util.h"
 #include "optim.h"
 #ifdef ZR_HAVE_CUDA
-#include "cuda.h"
+#include "cuda_device.h"
 #endif
 
 /* A gradient copy parked in the staging buffer, to be added into gpart[goff : goff+len]. */

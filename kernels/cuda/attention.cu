@@ -28,7 +28,9 @@ static __device__ __forceinline__ void cp_async16(void *dst, const void *src, in
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(bytes));
 }
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
@@ -100,7 +102,7 @@ template <int D> static __device__ __forceinline__ int swz(int row, int col) {
 /* cp.async a 64×D tile starting at row0 of a (T, D) matrix; rows >= T are zero-filled. */
 template <int D>
 static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int row0, int T,
-                                          int tid) {
+                                                 int tid) {
 #pragma unroll
     for (int c = tid; c < ATT_BLK * D / 8; c += ATT_THREADS) {
         int row = c / (D / 8), ch = c % (D / 8);
@@ -112,19 +114,20 @@ static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g,
 
 /* A fragment (16×16) at (r0, c0) of a swizzled row-major tile. */
 template <int D>
-static __device__ __forceinline__ void lds_a(uint32_t a[4], const uint16_t *s, int r0, int c0, int lane) {
+static __device__ __forceinline__ void lds_a(uint32_t a[4], const uint16_t *s, int r0, int c0,
+                                             int lane) {
     ldsm_x4(a, s + swz<D>(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, c0 + (lane >> 4) * 8));
 }
 /* B fragments of two n-tiles (n0, n0+8) × k16 at k0 from a tile stored [n][k]. */
 template <int D>
 static __device__ __forceinline__ void lds_b_nk(uint32_t b[4], const uint16_t *s, int n0, int k0,
-                                         int lane) {
+                                                int lane) {
     ldsm_x4(b, s + swz<D>(n0 + (lane & 7) + (lane >> 4) * 8, k0 + ((lane >> 3) & 1) * 8));
 }
 /* B fragments of two n-tiles (n0, n0+8) × k16 at k0 from a tile stored [k][n] (transposed). */
 template <int D>
 static __device__ __forceinline__ void lds_b_kn(uint32_t b[4], const uint16_t *s, int k0, int n0,
-                                         int lane) {
+                                                int lane) {
     ldsm_x4_t(b, s + swz<D>(k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n0 + (lane >> 4) * 8));
 }
 
@@ -155,7 +158,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     float acc[D / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < D / 8; ++i)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     uint32_t qf[D / 16][4];
     const int qrow = qt * ATT_BLK + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
 
@@ -170,13 +174,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
         __syncthreads();
         if (j == 0) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) lds_a<D>(qf[kk], sQ, warp * 16, kk * 16, lane);
+            for (int kk = 0; kk < D / 16; ++kk)
+                lds_a<D>(qf[kk], sQ, warp * 16, kk * 16, lane);
         }
         const uint16_t *cK = sK + (j & 1) * ATT_BLK * D, *cV = sV + (j & 1) * ATT_BLK * D;
 
         float s[8][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int i = 0; i < 8; ++i)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -298,12 +304,14 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
         const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
         const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) s += M::to_f(pa[e]) * M::to_f(pc[e]);
+        for (int e = 0; e < 8; ++e)
+            s += M::to_f(pa[e]) * M::to_f(pc[e]);
         float4 *z = reinterpret_cast<float4 *>(dqacc + row * D + ch * 8);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int off = per / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    for (int off = per / 2; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
     if (row < rows && ch == 0) Dd[row] = s;
 }
 
@@ -319,8 +327,7 @@ struct cvt_seg {
     } s[3];
 };
 
-template <typename T>
-__global__ void attn_sum_convert_kernel(cvt_seg segs) {
+template <typename T> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
@@ -394,7 +401,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dka[i][e] = dva[i][e] = 0.f;
+        for (int e = 0; e < 4; ++e)
+            dka[i][e] = dva[i][e] = 0.f;
     const int key0 = j * ATT_BLK + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
 
     for (int it = 0; it < niter; ++it) {
@@ -411,7 +419,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+            for (int e = 0; e < 4; ++e)
+                st[n][e] = dpt[n][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             uint32_t kf[4], vf[4];
@@ -474,7 +483,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         /* dQ rows warp*16.. of this query tile = dS (16 × 64 keys) K (64 × D). */
         float dq[D / 8][4];
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+        for (int n = 0; n < D / 8; ++n)
+            dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) {
             uint32_t af[4];
@@ -535,11 +545,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
 static int bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
     const int64_t blocks = B * Hkv * ((T + ATT_BLK - 1) / ATT_BLK);
     int ns = 1;
-    while (G % (ns * 2) == 0 && blocks * ns < 512) ns *= 2;
+    while (G % (ns * 2) == 0 && blocks * ns < 512)
+        ns *= 2;
     return ns;
 }
 
-static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t align16(size_t n) {
+    return (n + 15) & ~(size_t)15;
+}
 
 extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                                                     int64_t Dh) {
@@ -555,8 +568,7 @@ extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64
 static int check_args(const char *fn, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh,
                       zr_dtype dt) {
     if (dt != ZR_BF16 && dt != ZR_F16)
-        return zr_error("%s: dtype %s not supported (bf16 or f16 expected)", fn,
-                        zr_dtype_name(dt));
+        return zr_error("%s: dtype %s not supported (bf16 or f16 expected)", fn, zr_dtype_name(dt));
     if (Dh != 64 && Dh != 128)
         return zr_error("%s: head_dim %lld not supported (64 or 128 expected)", fn, (long long)Dh);
     if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv)
@@ -594,22 +606,27 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
     if (B == 0 || T == 0) return 0;
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
-    if (attn_sm90_fwd_ok(Dh, dtype)) {
-        attn_sm90_forward(o, lse, q, k, v, B, Hq, Hkv, T, scale, dtype, stream);
-    } else if (dtype == ZR_BF16) {
-        if (Dh == 64) fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
-        else fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+    if (attn_sm90_fwd_ok(Dh, dtype) &&
+        attn_sm90_forward(o, lse, q, k, v, B, Hq, Hkv, T, scale, dtype, stream) == 0)
+        return launch_check(fn);
+    if (dtype == ZR_BF16) {
+        if (Dh == 64)
+            fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+        else
+            fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
     } else {
-        if (Dh == 64) fwd_launch<__half, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
-        else fwd_launch<__half, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+        if (Dh == 64)
+            fwd_launch<__half, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+        else
+            fwd_launch<__half, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
     }
     return launch_check(fn);
 }
 
 template <typename T, int D>
 static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                      const void *v, const void *o, const float *lse, void *ws, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
+                       const void *v, const void *o, const float *lse, void *ws, int64_t B,
+                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
@@ -629,9 +646,9 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
                              smem);
         dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
         attn_bwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
-            (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout,
-            (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_,
-            (int)Hq, G, ns, nkv, scale, scale * ATT_LOG2E);
+            (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout, (const uint16_t *)q,
+            (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
+            scale * ATT_LOG2E);
     }
     /* one launch converts dq, and dk/dv when they were split */
     cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale},
@@ -652,18 +669,18 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     if (dtype == ZR_BF16) {
         if (Dh == 64)
-            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
-                                               Hq, Hkv, T, scale, stream);
+            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+                                          T, scale, stream);
         else
-            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B,
-                                                Hq, Hkv, T, scale, stream);
+            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
+                                           T, scale, stream);
     } else {
         if (Dh == 64)
-            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
-                                        T, scale, stream);
+            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv, T,
+                                   scale, stream);
         else
-            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
-                                         T, scale, stream);
+            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv, T,
+                                    scale, stream);
     }
     return launch_check(fn);
 }

@@ -1,6 +1,7 @@
 /* Device helpers for the Hopper attention kernels (attention_sm90.cu): wgmma m64nNk16 with f32
  * accumulators (A from registers or shared memory, B from shared memory), shared-memory matrix
- * descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and ldmatrix.
+ * descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and ldmatrix, mbarriers,
+ * TMA loads and warpgroup register reallocation.
  * Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
@@ -39,6 +40,11 @@ static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
+}
+
+/* The first 1024-byte boundary at or after p (the alignment of 128-byte-swizzled tiles). */
+static __device__ __forceinline__ uint16_t *align1024(uint8_t *p) {
+    return (uint16_t *)(p + ((1024 - (smem_u32(p) & 1023)) & 1023));
 }
 
 /* Tiles are R rows × 64 columns of 16-bit elements (128 bytes a row), 1024-byte aligned, the
@@ -155,6 +161,85 @@ static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint6
                      : ZR_WG_OUT32(d)
                      : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
     }
+}
+
+#define ZR_WG_D64                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "   \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "   \
+    "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define ZR_WG_OUT64(d)                                                                             \
+    ZR_WG_OUT32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),  \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), \
+        "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), \
+        "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), \
+        "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* d (64×128, f32) (+)= A (64×16 from descriptor a, K-major) · B (16×128 from descriptor b,
+ * stored [n][k]). acc = 0 overwrites d. */
+template <typename T>
+static __device__ __forceinline__ void wg_ss128(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ZR_WG_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : ZR_WG_OUT64(d)
+                     : "l"(a), "l"(b), "r"(acc));
+    } else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ZR_WG_D64
+                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                     : ZR_WG_OUT64(d)
+                     : "l"(a), "l"(b), "r"(acc));
+    }
+}
+
+/* Hands registers back (producer warpgroups) or takes them (consumer warpgroups): every warp of
+ * the warpgroup executes it; the kernel's launch count must cover the producers' share. */
+template <int N> static __device__ __forceinline__ void reg_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> static __device__ __forceinline__ void reg_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* mbarriers (shared memory, CTA scope): arrive has release and wait acquire semantics. */
+static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
+                 : "memory");
+}
+/* Makes the initialisations visible to the other threads and to the TMA unit. */
+static __device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+/* Arrives and announces bytes that asynchronous copies will complete on this phase. */
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)),
+                 "r"(bytes)
+                 : "memory");
+}
+/* Waits until the phase of the given parity has completed. */
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* TMA: the box at coordinates (c0, c1, c2) of the tensor map into shared memory at dst, completing
+ * its bytes on mbarrier bar. The map (a __grid_constant__ kernel parameter) fixes the swizzle. */
+static __device__ __forceinline__ void tma_load3(void *dst, const void *map, uint64_t *bar, int c0,
+                                                 int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
 }
 
 template <typename T> struct cvt;

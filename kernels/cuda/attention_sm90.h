@@ -1,6 +1,7 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0 only. attention.cu keeps the
- * public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
+ * attention_fwd_sm90.cu and attention_bwd_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0
+ * only. attention.cu keeps the public contract (attention.h), the argument checks and the mma.sync
+ * fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
 
@@ -20,10 +21,14 @@ int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 /* Test and benchmark knob: -1 automatic (the default), 0 never, 1 whenever supported. */
 void attn_sm90_force(int fwd, int bwd);
 
-/* Forward: o, lse as in attention_forward_cuda (scale already resolved). */
-void attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                       int64_t Hq, int64_t Hkv, int64_t T, float scale, zr_dtype dt,
-                       cudaStream_t st);
+/* 1 when the driver offers the tensor-map encoder the forward's TMA loads need. */
+int attn_sm90_fwd_tma_ready(void);
+
+/* Forward: o, lse as in attention_forward_cuda (scale already resolved). Returns -1 (nothing
+ * launched) when a tensor map cannot be encoded. */
+int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
+                      int64_t Hq, int64_t Hkv, int64_t T, float scale, zr_dtype dt,
+                      cudaStream_t st);
 
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);

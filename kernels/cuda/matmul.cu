@@ -11,7 +11,7 @@
 #include "matmul.h"
 
 extern "C" {
-#include "cuda.h" /* runtime/cuda.h: the caching allocator for the workspace */
+#include "cuda_device.h" /* runtime/cuda_device.h: the caching allocator for the workspace */
 }
 
 using namespace zrk;

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda.h"
+#include "cuda_device.h"
 #include "random.h"
 #include "tensor.h"
 

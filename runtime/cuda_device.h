@@ -11,8 +11,8 @@
  * memory statistics exist in every build (stubs without ZR_HAVE_CUDA); the stream/event API only
  * in CUDA builds. Work for a device goes on its compute stream (non-blocking: it does not wait for
  * the legacy default stream), so device memory is reused in stream order by the allocator. */
-#ifndef ZR_CUDA_H
-#define ZR_CUDA_H
+#ifndef ZR_CUDA_DEVICE_H
+#define ZR_CUDA_DEVICE_H
 
 #include <stdint.h>
 

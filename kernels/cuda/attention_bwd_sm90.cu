@@ -1,8 +1,8 @@
-/* Causal GQA flash attention for Hopper (sm_90a): wgmma m64n64k16 (f32 accumulate) with Q, P,
- * K, V and dS^T as A operands from registers and K, V, Q, dO, dS from 128-byte-swizzled shared
- * memory; cp.async multi-stage loads. head_dim 64, bf16/f16. Forward: 128 queries per block (64
- * per warpgroup), 64-key tiles. Backward: 128 keys per block (64 per warpgroup), 128-query steps
- * over the kv head's query group; dQ through f32 atomics. sm_90a only (see Makefile). */
+/* Causal GQA flash attention backward for Hopper (sm_90a): wgmma m64n64k16 (f32 accumulate) with
+ * Q, P, K, V and dS^T as A operands from registers and K, V, Q, dO, dS from 128-byte-swizzled
+ * shared memory; cp.async double-buffered loads. head_dim 64, bf16/f16. 128 keys per block (64
+ * per warpgroup), 128-query steps over the kv head's query group; dQ through f32 atomics. Also the
+ * host-side checks shared with the forward (attention_fwd_sm90.cu). sm_90a only (see Makefile). */
 #include "attention_sm90.h"
 
 #include <math.h>
@@ -10,212 +10,15 @@
 #include "attention_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "attention_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
+#error "attention_bwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
 #endif
 
 using namespace sm90;
 
-#define F_BM 128 /* forward: queries per block */
-#define F_BN 64  /* forward: keys per tile */
-#define F_ST 4   /* forward: K/V pipeline stages */
 #define B_BN 128 /* backward: keys per block */
 #define B_BM 128 /* backward: queries per step */
 #define NTHR 256 /* two warpgroups */
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
-
-static __device__ __forceinline__ uint16_t *align1024(uint8_t *p) {
-    return (uint16_t *)(p + ((1024 - (smem_u32(p) & 1023)) & 1023));
-}
-
-/* ---- forward -------------------------------------------------------------------------------- */
-
-/* Online-softmax step on a warpgroup's 64×64 tile of raw scores s (accumulator layout: this
- * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
- * raises the running row maxima m0, m1 (raw score units), turns s into P = 2^((s − m)·sl) and
- * returns the factors al that rescale the old O and l, and this tile's partial row sums rs. */
-static __device__ __forceinline__ void softmax_tile(float (&s)[32], float &m0, float &m1,
-                                                    float &al0, float &al1, float &rs0, float &rs1,
-                                                    bool diag, int key0, int qrow, float sl) {
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        if (diag) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    /* finite: the first key of every processed tile is <= each row of the warpgroup */
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    al0 = ex2((m0 - mn0) * sl);
-    al1 = ex2((m1 - mn1) * sl);
-    m0 = mn0;
-    m1 = mn1;
-    const float b0 = mn0 * sl, b1 = mn1 * sl;
-    rs0 = rs1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
-        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
-        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
-        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
-        rs0 += s[4 * nt] + s[4 * nt + 1];
-        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
-    }
-}
-
-/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). Warpgroup w owns
- * query rows 64w..64w+63 of the block's 128. The PV product of key tile j − 1 runs on the tensor
- * cores while tile j's softmax runs (issued right after tile j's QK^T); K/V go through 4 stages,
- * so V of tile j − 1 stays while tile j + 2 loads. */
-template <typename T>
-__global__ void __launch_bounds__(NTHR, 2)
-    attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
-                         const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
-                         const uint16_t *__restrict__ v, int T_, int Hq, int G, float scale_log2) {
-    extern __shared__ uint8_t smem_raw[];
-    uint16_t *sQ = align1024(smem_raw);
-    uint16_t *sK = sQ + F_BM * 64, *sV = sK + F_ST * F_BN * 64;
-    const int nQt = (T_ + F_BM - 1) / F_BM;
-    const int qt = nQt - 1 - (int)blockIdx.y;
-    const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq, Hkv = Hq / G;
-    const size_t kvoff = (size_t)(b * Hkv + h / G) * T_ * 64;
-    const uint16_t *qb = q + (size_t)bh * T_ * 64, *kb = k + kvoff, *vb = v + kvoff;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int q0 = qt * F_BM, wrow0 = q0 + wg * 64, wlast = wrow0 + 63;
-    const int nkv = (min(T_, q0 + F_BM) + F_BN - 1) / F_BN;
-    const int jmax = min(nkv - 1, wlast / F_BN); /* last tile with a key <= this warpgroup's rows */
-
-    load_tile<F_BM, NTHR>(sQ, qb, q0, T_, tid);
-    load_tile<F_BN, NTHR>(sK, kb, 0, T_, tid);
-    load_tile<F_BN, NTHR>(sV, vb, 0, T_, tid);
-    cp_async_commit();
-    if (nkv > 1) {
-        load_tile<F_BN, NTHR>(sK + F_BN * 64, kb, F_BN, T_, tid);
-        load_tile<F_BN, NTHR>(sV + F_BN * 64, vb, F_BN, T_, tid);
-    }
-    cp_async_commit();
-
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    float acc[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-        acc[i] = 0.f;
-    uint32_t qf[4][4], pf[4][4];
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc)
-        pf[kc][0] = pf[kc][1] = pf[kc][2] = pf[kc][3] = 0u;
-    const int qrow = wrow0 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
-
-    for (int j = 0; j < nkv; ++j) {
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads(); /* tile j visible to all; everyone is done with tile j - 2 */
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                lds_a(qf[kk], sQ, wg * 64 + warp * 16, kk * 16, lane);
-        }
-        if (j + 2 < nkv) {
-            const int ns = (j + 2) % F_ST;
-            load_tile<F_BN, NTHR>(sK + ns * F_BN * 64, kb, (j + 2) * F_BN, T_, tid);
-            load_tile<F_BN, NTHR>(sV + ns * F_BN * 64, vb, (j + 2) * F_BN, T_, tid);
-        }
-        cp_async_commit();
-        if (j > jmax) continue;
-        const uint32_t ka = smem_u32(sK + (j % F_ST) * F_BN * 64);
-        /* V of tile j − 1; at j = 0 tile 0's (P is still 0 then, so the product adds nothing). */
-        const uint32_t vp = smem_u32(sV + (j ? (j + F_ST - 1) % F_ST : 0) * F_BN * 64);
-
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-            s[i] = 0.f;
-        reg_fence(s);
-        reg_fence(acc);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg_rs64<T, 0>(s, qf[kk], desc128(ka + kk * 32), 1);
-        wg_commit();
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(vp + kc * 2048), 1);
-        wg_commit();
-        wg_wait<1>(); /* QK^T done; PV may still run */
-        reg_fence(s);
-        float al0, al1, rs0, rs1;
-        softmax_tile(s, m0, m1, al0, al1, rs0, rs1, j * F_BN + F_BN - 1 > wrow0, j * F_BN + t4 * 2,
-                     qrow, scale_log2);
-        wg_wait<0>();
-        reg_fence(acc);
-        reg_fence(pf);
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            acc[4 * i] *= al0;
-            acc[4 * i + 1] *= al0;
-            acc[4 * i + 2] *= al1;
-            acc[4 * i + 3] *= al1;
-        }
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc) {
-            pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
-            pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
-            pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
-            pf[kc][3] = cvt<T>::pack(s[8 * kc + 6], s[8 * kc + 7]);
-        }
-    }
-    { /* PV of the last tile */
-        const uint32_t vl = smem_u32(sV + (jmax % F_ST) * F_BN * 64);
-        reg_fence(acc);
-        wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(vl + kc * 2048), 1);
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(acc);
-    }
-
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
-    const int r0 = wg * 64 + warp * 16 + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int c = nt * 8 + t4 * 2;
-        *reinterpret_cast<uint32_t *>(sQ + swz(r0, c)) =
-            cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
-        *reinterpret_cast<uint32_t *>(sQ + swz(r0 + 8, c)) =
-            cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
-    }
-    if (t4 == 0) {
-        if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 * scale_log2 + log2f(l0)) * LN2;
-        if (qrow + 8 < T_) lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * LN2;
-    }
-    __syncwarp();
-    uint16_t *ob = o + (size_t)bh * T_ * 64;
-#pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {
-        const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7;
-        const int gr = q0 + row;
-        if (gr < T_)
-            *reinterpret_cast<uint4 *>(ob + (size_t)gr * 64 + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
-    }
-}
 
 /* ---- backward ------------------------------------------------------------------------------- */
 
@@ -458,31 +261,10 @@ static int supported(int64_t Dh, zr_dtype dt) {
 }
 
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_fwd != 0 && supported(Dh, dt);
+    return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_fwd_tma_ready();
 }
 extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_bwd != 0 && supported(Dh, dt);
-}
-
-template <typename T>
-static void fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
-    const int smem = (F_BM * 64 + 2 * F_ST * F_BN * 64) * 2 + 1024;
-    cudaFuncSetAttribute(attn_fwd_sm90_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         smem);
-    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + F_BM - 1) / F_BM));
-    attn_fwd_sm90_kernel<T><<<grid, NTHR, smem, st>>>(
-        (uint16_t *)o, lse, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (int)T_,
-        (int)Hq, (int)(Hq / Hkv), scale * LOG2E);
-}
-
-extern "C" void attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
-                                  int64_t B, int64_t Hq, int64_t Hkv, int64_t T, float scale,
-                                  zr_dtype dt, cudaStream_t st) {
-    if (dt == ZR_BF16)
-        fwd_launch<__nv_bfloat16>(o, lse, q, k, v, B, Hq, Hkv, T, scale, st);
-    else
-        fwd_launch<__half>(o, lse, q, k, v, B, Hq, Hkv, T, scale, st);
 }
 
 extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
