@@ -36,8 +36,8 @@ local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):t
 local times = {}
 local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
 local phases = { fwd = {}, bwd = {}, step = {} }
-if opt.breakdown == 2 then C.autograd_profile(true) end
 for i = 1, opt.warmup + opt.steps do
+  if opt.breakdown == 2 and i == opt.warmup + 1 then C.autograd_profile(true) end -- after warm-ups
   sync()
   local t0 = C.now()
   local out, l
@@ -66,7 +66,7 @@ for i = 1, opt.warmup + opt.steps do
 end
 if opt.breakdown == 2 then
   C.autograd_profile(false)
-  print(("profile over %d steps (forward ops and backward nodes; CUDA events, synchronised per op):"):format(opt.warmup + opt.steps))
+  print(("profile over %d steps (forward ops and backward nodes; CUDA events, synchronised per op):"):format(opt.steps))
   io.write(C.autograd_profile_report())
 end
 table.sort(times)

@@ -175,7 +175,9 @@ static void norm_bwd_ref(bool ln, const vec &dy, const vec &x, const vec &w, int
 }
 
 TEST(rmsnorm_forward_backward) {
-    const int64_t shapes[][2] = {{1, 1}, {7, 5}, {3, 2048}, {5, 1000}, {600, 64}};
+    /* D = 3000 and 4096: two 16-byte chunks per lane in the backward's register path */
+    const int64_t shapes[][2] = {{1, 1}, {7, 5}, {3, 2048}, {5, 1000}, {600, 64}, {9, 3000},
+                                 {37, 4096}};
     for (auto &s : shapes)
         for (zr_dtype t : DT) {
             const int64_t N = s[0], D = s[1];
