@@ -259,9 +259,9 @@ __global__ void __launch_bounds__(EMB_NW * 32)
  * Other blocks: warp -> (EMB_E sorted entries, a column chunk of 32*U chunks of VW elements); it
  * sums each short run that starts in its entries (old value first when accumulating, then the rows
  * in position order). */
-template <typename T, int VW, int U, int LU, int MINB>
+template <typename T, typename TW, int VW, int U, int LU, int MINB>
 __global__ void __launch_bounds__(256, MINB)
-    emb_sum_kernel(T *__restrict__ dW, const T *__restrict__ dout, emb_ws ws, int nb, int nlb,
+    emb_sum_kernel(TW *__restrict__ dW, const T *__restrict__ dout, emb_ws ws, int nb, int nlb,
                    int64_t D, int ncc, int accumulate) {
     const int64_t nch = D / VW;
     const int lane = threadIdx.x & 31;
@@ -340,14 +340,14 @@ __global__ void __launch_bounds__(256, MINB)
             __syncthreads();
             if (g == 0 && ch < nch) {
                 float o[VW];
-                if (accumulate) ldv<T, VW>(o, dW + id * D + ch * VW);
+                if (accumulate) ldv<TW, VW>(o, dW + id * D + ch * VW);
                 else
 #pragma unroll
                     for (int k2 = 0; k2 < VW; ++k2) o[k2] = 0.f;
                 for (int gg = 0; gg < 32; ++gg)
 #pragma unroll
                     for (int k2 = 0; k2 < VW; ++k2) o[k2] += part[gg][li * VW + k2];
-                stv<T, VW>(dW + id * D + ch * VW, o);
+                stv<TW, VW>(dW + id * D + ch * VW, o);
             }
         }
         return;
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t ch = c0 + u * 32 + lane;
-            if (accumulate && ch < nch) ldv<T, VW>(acc[u], dW + id * D + ch * VW);
+            if (accumulate && ch < nch) ldv<TW, VW>(acc[u], dW + id * D + ch * VW);
             else
 #pragma unroll
                 for (int k2 = 0; k2 < VW; ++k2) acc[u][k2] = 0.f;
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t ch = c0 + u * 32 + lane;
-            if (ch < nch) stv<T, VW>(dW + id * D + ch * VW, acc[u]);
+            if (ch < nch) stv<TW, VW>(dW + id * D + ch * VW, acc[u]);
         }
     }
 }
@@ -473,9 +473,10 @@ extern "C" size_t embedding_backward_workspace_size(int64_t N, int64_t V) {
     return m > wf ? m : wf;
 }
 
-/* The fast path; false when the shape does not suit it (nothing launched). */
-template <typename T>
-static bool emb_bwd_fast(T *dW, const T *dout, const int64_t *ids, void *workspace, int64_t N,
+/* The fast path; false when the shape does not suit it (nothing launched). dW's type TW is T, or
+ * float for a 16-bit dout added into an fp32 table. */
+template <typename T, typename TW = T>
+static bool emb_bwd_fast(TW *dW, const T *dout, const int64_t *ids, void *workspace, int64_t N,
                          int64_t V, int64_t D, int accumulate, cudaStream_t stream) {
     int W = 0;
     const int nb = emb_slices(N, V, &W);
@@ -504,15 +505,34 @@ static bool emb_bwd_fast(T *dW, const T *dout, const int64_t *ids, void *workspa
          * (measured against 2 and 4 with registers capped for 3 blocks per SM: 95 vs 92 us on
          * distinct ids, 93 vs 118 us with 30% of the ids one token) */
         const int64_t ncc = (D / VW + 32 * 4 - 1) / (32 * 4), warps = nr * ncc;
-        emb_sum_kernel<T, 16 / sizeof(T), 4, 8, 1><<<(unsigned)(sms + (warps + 7) / 8), 256, 0,
+        emb_sum_kernel<T, TW, 16 / sizeof(T), 4, 8, 1><<<(unsigned)(sms + (warps + 7) / 8), 256, 0,
                                                      stream>>>(dW, dout, ws, nb, sms, D, (int)ncc,
                                                                accumulate);
     } else {
         const int64_t ncc = (D + 32 * 2 - 1) / (32 * 2), warps = nr * ncc;
-        emb_sum_kernel<T, 1, 2, 4, 3><<<(unsigned)(sms + (warps + 7) / 8), 256, 0, stream>>>(
+        emb_sum_kernel<T, TW, 1, 2, 4, 3><<<(unsigned)(sms + (warps + 7) / 8), 256, 0, stream>>>(
             dW, dout, ws, nb, sms, D, (int)ncc, accumulate);
     }
     return true;
+}
+
+extern "C" int embedding_backward_add_f32_cuda(float *dW, const void *dout, const int64_t *ids,
+                                               void *workspace, int64_t N, int64_t V, int64_t D,
+                                               zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "embedding_backward_add_f32_cuda";
+    if (N < 0 || V <= 0 || D <= 0 || N > 0x7fffffffLL)
+        return zr_error("%s: bad shape N=%lld V=%lld D=%lld", fn, (long long)N, (long long)V,
+                        (long long)D);
+    if (dtype != ZR_BF16 && dtype != ZR_F16) return -2;
+    if (N == 0) return 0;
+    if (!workspace) return zr_error("%s: workspace is NULL", fn);
+    const bool done =
+        dtype == ZR_BF16
+            ? emb_bwd_fast<__nv_bfloat16, float>(dW, (const __nv_bfloat16 *)dout, ids, workspace,
+                                                 N, V, D, 1, stream)
+            : emb_bwd_fast<__half, float>(dW, (const __half *)dout, ids, workspace, N, V, D, 1,
+                                          stream);
+    return done ? launch_check(fn) : -2;
 }
 
 extern "C" int embedding_forward_cuda(void *out, const void *weight, const int64_t *ids,

@@ -25,6 +25,12 @@ size_t embedding_backward_workspace_size(int64_t N, int64_t V);
 int embedding_backward_cuda(void *dW, const void *dout, const int64_t *ids, void *workspace,
                             int64_t N, int64_t V, int64_t D, int accumulate, zr_dtype dtype,
                             cudaStream_t stream);
+/* dW (V, D) fp32 += the scatter of a 16-bit dout (the same workspace): only the named rows are
+ * touched, each summed in f32 in position order. -2 (nothing launched) when the shape does not
+ * suit the grouping path or dout is not bf16/f16: use embedding_backward_cuda and add. */
+int embedding_backward_add_f32_cuda(float *dW, const void *dout, const int64_t *ids,
+                                    void *workspace, int64_t N, int64_t V, int64_t D,
+                                    zr_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

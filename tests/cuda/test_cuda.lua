@@ -454,6 +454,29 @@ T.test("embedding: gather and deterministic scatter-add (repeated ids)", functio
   end
 end)
 
+T.test("embedding: a 16-bit table's gradient added straight into an fp32 .grad (the engine's)", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, s in ipairs { { 1000, 64, { 4, 127 } }, { 50, 24, { 1000 } }, { 7, 16, { 3, 5 } } } do
+      local V, D = s[1], s[2]
+      local ids = (zr.rand(s[3]) * V):to("i64")
+      local w0, g0 = randn({ V, D }):to(dt), randn({ V, D })
+      local dshape = { unpack(s[3]) }
+      dshape[#dshape + 1] = D
+      local dy = randn(dshape):to(dt)
+      -- reference: an f32 table and f32 dout holding the same values, on the CPU
+      local wr = w0:float():detach():requires_grad_(true)
+      wr.grad = g0:clone()
+      ;(zr.embedding(wr, ids) * dy:float()):sum():backward()
+      local w = w0:cuda():detach():requires_grad_(true)
+      w.grad = g0:cuda()
+      local gbuf = w.grad
+      ;(zr.embedding(w, ids:cuda()):float() * dy:float():cuda()):sum():backward()
+      T.eq(w.grad:dtype(), "f32")
+      T.near(gbuf:cpu(), wr.grad, 1e-5, 1e-5, ("embedding %s V=%d D=%d into the f32 grad in place"):format(dt, V, D))
+    end
+  end
+end)
+
 T.test("rms_norm and layer_norm, with and without affine parameters", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do
     for _, sh in ipairs { { 1, 1 }, { 7, 13 }, { 3, 5, 127 }, { 2, 2048 }, { 4, 4099 } } do
