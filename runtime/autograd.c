@@ -27,6 +27,8 @@ void zr_node_retain(zr_node *n) {
     if (n) n->refcount++;
 }
 
+static zr_status end_owner(zr_node *p);
+
 static void node_clear(zr_node *n) {
     for (int i = 0; i < n->n_saved; i++) zr_tensor_release(n->saved[i]);
     n->n_saved = 0;
@@ -41,6 +43,7 @@ static void node_clear(zr_node *n) {
     n->ctx_free = NULL;
     zr_tensor_release(n->grad_accum);
     n->grad_accum = NULL;
+    (void)end_owner(n); /* no buffer left to complete: only the mark's reference goes */
 }
 
 void zr_node_release(zr_node *n) {
@@ -189,7 +192,19 @@ zr_tensor *zr_node_leaf_grad(zr_node *n, int i) {
     return g;
 }
 
-zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_tensor **buf, int *state) {
+/* Ends p's owner mark on its pending gradient: the owner completes the buffer (when there still
+ * is one) and drops the mark's reference. */
+static zr_status end_owner(zr_node *p) {
+    const void *owner = p->grad_owner;
+    zr_status (*finish)(const void *, zr_tensor *) = p->grad_finish;
+    p->grad_owner = NULL;
+    p->grad_finish = NULL;
+    return owner && finish ? finish(owner, p->grad_accum) : ZR_OK;
+}
+
+zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner,
+                                    zr_status (*finish)(const void *owner, zr_tensor *buf), zr_tensor **buf,
+                                    int *state) {
     zr_edge *e = &n->edges[i];
     zr_node *p = e->fn;
     *buf = NULL;
@@ -201,6 +216,7 @@ zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_ten
         if (!cur) return ZR_ERR;
         p->grad_accum = cur;
         p->grad_owner = owner;
+        p->grad_finish = finish;
         *buf = cur;
         return ZR_OK;
     }
@@ -209,7 +225,7 @@ zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_ten
         *state = ZR_GRADBUF_OWNED;
         return ZR_OK;
     }
-    p->grad_owner = NULL;
+    if (end_owner(p)) return ZR_ERR;
     /* Written in place only when nothing else can see it (no other reference, no other view of
      * its storage) and it has the plain layout; otherwise a private copy replaces it. */
     if (cur->refcount != 1 || cur->storage->refcount != 1 || !zr_tensor_is_contiguous(cur) ||
@@ -385,6 +401,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
     for (size_t k = 0; k < nodes.n; k++) zr_node_retain(nodes.p[k]); /* survive edge clearing */
     top->grad_accum = g0;
     top->grad_owner = NULL;
+    top->grad_finish = NULL;
     g0 = NULL;
     for (size_t k = 0; k < nodes.n && !st; k++) {
         zr_node *n = nodes.p[k];
@@ -393,9 +410,10 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
                           "pass retain_graph=true to backward twice", n->name);
             break;
         }
+        st = end_owner(n); /* an owner's buffer is complete before anything reads it */
+        if (st) break;
         zr_tensor *g = n->grad_accum;
         n->grad_accum = NULL;
-        n->grad_owner = NULL;
         zr_tensor *gin_local[8];
         zr_tensor **gin = n->n_inputs <= 8 ? gin_local : calloc((size_t)n->n_inputs, sizeof *gin);
         if (!gin) {
@@ -440,8 +458,8 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
                               zr_shape_str(e->ndim, e->shape, b2));
             }
             if (!st && gi && e->fn) {
-                e->fn->grad_owner = NULL; /* see zr_node_input_grad_buffer */
-                st = accumulate_node(&e->fn->grad_accum, gi);
+                st = end_owner(e->fn); /* see zr_node_input_grad_buffer */
+                if (!st) st = accumulate_node(&e->fn->grad_accum, gi);
                 gi = NULL;
             } else if (!st && e->leaf) {
                 if (gi) st = zr_accumulate_leaf_grad(e->leaf, gi);
@@ -464,7 +482,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
         zr_node *n = nodes.p[k];
         zr_tensor_release(n->grad_accum);
         n->grad_accum = NULL;
-        n->grad_owner = NULL;
+        (void)end_owner(n);
         zr_node_release(n);
     }
 done:

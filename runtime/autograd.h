@@ -48,6 +48,7 @@ struct zr_node {
     zr_tensor *grad_accum;
     uint64_t visit;
     const void *grad_owner; /* see zr_node_input_grad_buffer; NULL when none */
+    zr_status (*grad_finish)(const void *owner, zr_tensor *buf); /* the owner's, or NULL */
 };
 
 /* Grad mode (per thread). zr_set_grad_enabled returns the previous value. */
@@ -77,16 +78,20 @@ zr_tensor *zr_node_leaf_grad(zr_node *n, int i);
  * of input i's producer, to write into in place instead of returning a full-size gradient per
  * view. Sets *buf (borrowed: the producer's grad_accum, contiguous, input i's shape and dtype)
  * and *state:
- *   ZR_GRADBUF_NEW     created now, uninitialized: the caller must write every element;
+ *   ZR_GRADBUF_NEW     created now, uninitialized: every element must be written, by the
+ *                      caller now or by finish (may be NULL) once the owner's mark ends;
  *                      owner is recorded on the producer
  *   ZR_GRADBUF_OWNED   created earlier for this owner and written by nobody else since
  *                      (regions owner has not written still hold what owner put there)
  *   ZR_GRADBUF_SHARED  holds other gradients too: add into it (it was made exclusive first,
  *                      copied if anything else could see it)
- * The engine drops the owner mark whenever it adds a gradient there itself. *buf is NULL (state
- * NEW) when input i has no producer node (a leaf, or no gradient wanted). */
+ * The engine ends the owner mark by calling finish(owner, buf) whenever it adds a gradient there
+ * itself, another owner asks for the buffer, or the producer's backward is about to read it (buf
+ * NULL when the buffer was dropped unread: only release what the mark holds). *buf is NULL (state NEW) when input i has no producer node (a leaf, or no gradient wanted). */
 enum { ZR_GRADBUF_NEW, ZR_GRADBUF_OWNED, ZR_GRADBUF_SHARED };
-zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner, zr_tensor **buf, int *state);
+zr_status zr_node_input_grad_buffer(zr_node *n, int i, const void *owner,
+                                    zr_status (*finish)(const void *owner, zr_tensor *buf), zr_tensor **buf,
+                                    int *state);
 void zr_node_retain(zr_node *n);
 void zr_node_release(zr_node *n);
 

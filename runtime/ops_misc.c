@@ -178,13 +178,31 @@ fail:
 typedef struct {
     int refcount, n, dim;
     int64_t *start, *len;
+    unsigned char *written; /* per part: wrote into the producer's buffer since the mark began */
 } split_group;
 
 static void group_release(void *p) {
     split_group *g = p;
     if (!g || --g->refcount > 0) return;
     free(g->start);
+    free(g->written);
     free(g);
+}
+
+/* End of the group's mark on the producer's gradient buffer: the slices of parts that wrote
+ * nothing (no gradient reached them) become zeros; then the mark's reference goes. */
+static zr_status split_finish(const void *owner, zr_tensor *buf) {
+    split_group *sg = (split_group *)owner;
+    zr_status st = ZR_OK;
+    for (int j = 0; buf && j < sg->n && !st; j++) {
+        if (sg->written[j] || sg->len[j] == 0) continue;
+        zr_tensor *o = zr_tensor_narrow_raw(buf, sg->dim, sg->start[j], sg->len[j]);
+        st = o ? zr_tensor_fill_(o, 0) : ZR_ERR;
+        zr_tensor_release(o);
+    }
+    memset(sg->written, 0, (size_t)sg->n);
+    group_release(sg);
+    return st;
 }
 
 /* i[0] = this part's index in its group (n->ctx). */
@@ -196,15 +214,12 @@ static zr_status split_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *buf, *s = NULL;
     int state;
     if (e->fn) { /* into the producer's one gradient buffer */
-        if (zr_node_input_grad_buffer(n, 0, sg, &buf, &state)) return ZR_ERR;
-        if (state == ZR_GRADBUF_NEW) /* uninitialized: the other parts' slices read as zero */
-            for (int j = 0; j < sg->n; j++) {
-                if (j == k || sg->len[j] == 0) continue;
-                zr_tensor *o = zr_tensor_narrow_raw(buf, d, sg->start[j], sg->len[j]);
-                zr_status s2 = o ? zr_tensor_fill_(o, 0) : ZR_ERR;
-                zr_tensor_release(o);
-                if (s2) return ZR_ERR;
-            }
+        if (zr_node_input_grad_buffer(n, 0, sg, split_finish, &buf, &state)) return ZR_ERR;
+        if (state == ZR_GRADBUF_NEW) { /* uninitialized: split_finish zeroes what no part wrote */
+            sg->refcount++; /* the owner mark's reference, dropped by split_finish */
+            memset(sg->written, 0, (size_t)sg->n);
+        }
+        if (state != ZR_GRADBUF_SHARED) sg->written[k] = 1;
         if (!(s = zr_tensor_narrow_raw(buf, d, sg->start[k], sg->len[k]))) return ZR_ERR;
         st = state == ZR_GRADBUF_SHARED ? zr_add_(s, g, 1.0) : zr_tensor_copy_(s, g);
         zr_tensor_release(s);
@@ -241,11 +256,14 @@ zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_
                         zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
     split_group *g = calloc(1, sizeof *g);
     int64_t *st = calloc((size_t)n * 2, sizeof *st);
-    if (!g || !st) {
+    unsigned char *wr = calloc((size_t)n, 1);
+    if (!g || !st || !wr) {
         free(g);
         free(st);
+        free(wr);
         return zr_error("split: out of host memory");
     }
+    g->written = wr;
     g->refcount = 1; /* this function's, dropped at the end */
     g->n = n;
     g->dim = d;
