@@ -42,7 +42,6 @@ static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
  * deterministically by the kernels. --- */
 #ifdef ZR_HAVE_CUDA
 #include "cuda_device.h"
-#include "../kernels/cuda/elementwise.h"
 #include "../kernels/cuda/norm.h"
 #endif
 
@@ -63,15 +62,7 @@ static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_te
             rc = layernorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(mean), zr_tensor_data(rstd),
                                         zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
                                         bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s);
-        else if (is_low(dt) && wi) {
-            /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype): round, scale, round */
-            int64_t sh[2] = {N, D}, ys[2] = {D, 1}, ws[2] = {0, 1};
-            rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi), NULL, N, D,
-                                      (float)eps, dt, s);
-            if (!rc)
-                rc = binary_forward_cuda(zr_tensor_data(out), zr_tensor_data(out), ys, zr_tensor_data(wi), ws, 2, sh,
-                                         ZR_BIN_MUL, dt, s);
-        } else
+        else /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype), in one pass */
             rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi),
                                       wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt, s);
         st = zr_dev_status(rc, op, dev);

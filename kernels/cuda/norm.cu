@@ -25,8 +25,10 @@ extern "C" {
 #endif
 
 
-/* One block per row. LN: y = (x-mean)*rstd*w + b; else y = x*rstd*w. RES: x := x + res first,
- * rounded to T and written to hout (hout may alias x or res, so no __restrict__ on those). */
+/* One block per row. LN: y = (x-mean)*rstd*w + b; else y = w * T(x*rstd) (Hugging Face's
+ * LlamaRMSNorm: the normalised row is rounded to the dtype before the weight; one pass). RES:
+ * x := x + res first, rounded to T and written to hout (hout may alias x or res, so no
+ * __restrict__ on those). */
 template <typename T, int V, bool LN, bool RES>
 __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ mean_out,
                                 float *__restrict__ rstd_out, const T *x, const T *res,
@@ -83,6 +85,7 @@ __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ 
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             float o = (f[k] - mu) * r;
+            if (!LN) o = tof<T>(fromf<T>(o)); /* a no-op for f32 */
             if (w) o *= wv[k];
             if (LN && b) o += bv[k];
             f[k] = o;

@@ -16,7 +16,8 @@ extern "C" {
 
 #include "dtype.h" /* C header: inside the extern "C" block */
 
-/* y = x * rsqrt(mean(x^2) + eps) * w. rstd (N) may be NULL (inference). */
+/* y = w * (x * rsqrt(mean(x^2) + eps)), the normalised row rounded to the dtype before the weight
+ * (Hugging Face LlamaRMSNorm). rstd (N) may be NULL (inference). */
 int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const void *w, int64_t N, int64_t D,
                          float eps, zr_dtype dtype, cudaStream_t stream);
 /* h = x + res (written, rounded to dtype), y = rmsnorm(h) * w: the pre-norm residual stream in
