@@ -7,6 +7,7 @@
 #include "ops_attention.h"
 
 #include <math.h>
+#include <stdint.h>
 
 #include "ops_elementwise.h"
 #include "ops_matmul.h"
@@ -99,25 +100,59 @@ static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd
 #include "cuda_device.h"
 #include "../kernels/cuda/attention.h"
 
-/* saved: q, k, v, out (contiguous, one dtype), lse (B, Hq, T) f32; f[0] = scale */
+/* An operand the strided kernels read as it is: last dim contiguous, 16-byte strides and base. */
+static int strided_ok(const zr_tensor *t) {
+    return t->stride[3] == 1 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 &&
+           t->stride[0] >= 0 && t->stride[1] >= 0 && t->stride[2] >= 0 &&
+           ((uintptr_t)zr_tensor_data((zr_tensor *)t) & 15) == 0;
+}
+static zr_attn_strides strides_of(const zr_tensor *t) {
+    return (zr_attn_strides){t->stride[0], t->stride[1], t->stride[2]};
+}
+
+/* Whether a (B, H, T, Dh) operand lies in (B, T, H, Dh) order (a transposed view of a projection). */
+static int is_bthd(const zr_tensor *t) { return t->stride[1] < t->stride[2]; }
+
+/* A new (B, H, T, Dh) tensor: (B, T, H, Dh) memory seen through a transpose when bthd (a gradient
+ * in the layout of its input, so that the input's own transpose and view hand it on without a
+ * copy), else contiguous. */
+static zr_tensor *new_bhtd(int bthd, zr_dtype dt, zr_device dev, const int64_t *shape) {
+    if (bthd) {
+        int64_t bthd[4] = {shape[0], shape[2], shape[1], shape[3]};
+        zr_tensor *base = zr_tensor_new_cat(dt, dev, 4, bthd, ZR_MEM_ACTIVATIONS, 0);
+        zr_tensor *v = base ? zr_tensor_transpose_raw(base, 1, 2) : NULL;
+        zr_tensor_release(base);
+        return v;
+    }
+    return zr_tensor_new_cat(dt, dev, 4, shape, ZR_MEM_ACTIVATIONS, 0);
+}
+
+/* saved: q, k, v, out (one dtype; contiguous, or strided when the strided kernels run), lse
+ * (B, Hq, T) f32; f[0] = scale; i[0] = 1 for the strided kernels, i[1..3]: q, k, v were in
+ * (B, T, H, Dh) order */
 static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int strided = (int)n->i[0];
     size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
-    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *ws = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_tensor *gi = strided && g->dtype == dt && strided_ok(g) ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *ws = NULL, *d[3] = {NULL, NULL, NULL};
     zr_status st = ZR_ERR;
     if (!gi) goto done;
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
-    for (int i = 0; i < 3; i++)
-        if (!(d[i] = zr_tensor_new_cat(dt, dev, 4, i ? k->shape : q->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    for (int i = 0; i < 3; i++) /* each gradient in its input's layout */
+        if (!(d[i] = new_bhtd(strided && n->i[1 + i], dt, dev, i ? k->shape : q->shape)))
+            goto done;
+    zr_attn_layout L = {strides_of(q),  strides_of(k),    strides_of(v),    strides_of(o),
+                        strides_of(gi), strides_of(d[0]), strides_of(d[1]), strides_of(d[2])};
     if (B * T > 0 &&
         zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
                                               zr_tensor_data(gi), zr_tensor_data(q), zr_tensor_data(k),
                                               zr_tensor_data(v), zr_tensor_data(o), zr_tensor_data(lse),
-                                              ws ? zr_tensor_data(ws) : NULL, B, Hq, Hkv, T, Dh, (float)n->f[0], dt,
-                                              zr_cuda_stream(dev)),
+                                              ws ? zr_tensor_data(ws) : NULL, strided ? &L : NULL, B, Hq, Hkv, T,
+                                              Dh, (float)n->f[0], dt, zr_cuda_stream(dev)),
                       "sdpa backward", dev))
         goto done;
     if (zr_give_grads(n, 3, d, gin)) goto done;
@@ -129,26 +164,53 @@ done:
     return st;
 }
 
-/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. */
+/* What backward keeps of a strided input: the view itself, unless it pins a much larger buffer
+ * (a head slice of a fused projection), which a compact copy then replaces. */
+static zr_tensor *keep_for_backward(zr_tensor *t) {
+    size_t bytes = (size_t)zr_tensor_numel(t) * zr_dtype_size(t->dtype);
+    return t->storage->nbytes > 2 * bytes ? zr_tensor_contiguous_raw(t) : zr_tensor_retain(t);
+}
+
+/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
+ * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
+ * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
+ * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. */
 static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
     int64_t lshape[3] = {B, Hq, T};
-    zr_tensor *qi = zr_tensor_contiguous_raw(q), *ki = qi ? zr_tensor_contiguous_raw(k) : NULL;
-    zr_tensor *vi = ki ? zr_tensor_contiguous_raw(v) : NULL;
-    zr_tensor *out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    zr_tensor *lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    int strided = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
+    zr_tensor *qi, *ki = NULL, *vi = NULL, *out = NULL, *lse = NULL, *save[3] = {NULL, NULL, NULL};
+    if (strided) {
+        qi = zr_tensor_retain(q), ki = zr_tensor_retain(k), vi = zr_tensor_retain(v);
+        out = new_bhtd(1, dt, dev, q->shape);
+    } else {
+        qi = zr_tensor_contiguous_raw(q), ki = qi ? zr_tensor_contiguous_raw(k) : NULL;
+        vi = ki ? zr_tensor_contiguous_raw(v) : NULL;
+        out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    }
+    lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     if (!lse) goto fail;
+    zr_attn_layout L = {.q = strides_of(qi), .k = strides_of(ki), .v = strides_of(vi), .o = strides_of(out)};
     if (B * T > 0 &&
         zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
-                                             zr_tensor_data(ki), zr_tensor_data(vi), B, Hq, Hkv, T, Dh, (float)scale,
-                                             dt, zr_cuda_stream(dev)),
+                                             zr_tensor_data(ki), zr_tensor_data(vi), strided ? &L : NULL, B, Hq,
+                                             Hkv, T, Dh, (float)scale, dt, zr_cuda_stream(dev)),
                       "sdpa", dev))
         goto fail;
     zr_tensor *ins[3] = {qi, ki, vi};
-    return record_sdpa(out, lse, sdpa_backward_dev, q, k, v, ins, ins, scale);
+    for (int i = 0; i < 3; i++)
+        if (!(save[i] = strided ? keep_for_backward(ins[i]) : zr_tensor_retain(ins[i]))) goto fail;
+    for (int i = 0; i < 3; i++) zr_tensor_release(ins[i]);
+    out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, scale);
+    if (out && out->grad_fn) {
+        out->grad_fn->i[0] = strided;
+        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = strided && is_bthd(i ? (i == 1 ? k : v) : q);
+    }
+    return out;
 fail:
+    for (int i = 0; i < 3; i++) zr_tensor_release(save[i]);
     zr_tensor_release(qi);
     zr_tensor_release(ki);
     zr_tensor_release(vi);

@@ -292,15 +292,18 @@ __global__ void __launch_bounds__(ATT_THREADS)
 template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ dqacc,
                                      const uint16_t *__restrict__ dout,
-                                     const uint16_t *__restrict__ o, int64_t rows) {
+                                     const uint16_t *__restrict__ o, zr_attn_strides sdo,
+                                     zr_attn_strides so, int Hq, int T_, int64_t rows) {
     typedef mma_t<T> M;
     const int per = D / 8;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
     const int ch = threadIdx.x % per;
     float s = 0.f;
     if (row < rows) {
-        uint4 a = *reinterpret_cast<const uint4 *>(dout + row * D + ch * 8);
-        uint4 c = *reinterpret_cast<const uint4 *>(o + row * D + ch * 8);
+        const int64_t bh = row / T_, t = row % T_, b = bh / Hq, h = bh % Hq;
+        uint4 a = *reinterpret_cast<const uint4 *>(dout + b * sdo.sb + h * sdo.sh + t * sdo.st +
+                                                   ch * 8);
+        uint4 c = *reinterpret_cast<const uint4 *>(o + b * so.sb + h * so.sh + t * so.st + ch * 8);
         const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
         const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
 #pragma unroll
@@ -316,7 +319,8 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
 }
 
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
- * (spaced n4 float4s apart) of src[i]); n4 counts float4s, 0 skips the segment. */
+ * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd;
+ * n4 counts float4s, 0 skips the segment. */
 struct cvt_seg {
     struct {
         uint16_t *dst;
@@ -324,7 +328,10 @@ struct cvt_seg {
         int64_t n4;
         int nsplit;
         float scale;
+        zr_attn_strides sd;
+        int H;
     } s[3];
+    int T, D;
 };
 
 template <typename T> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
@@ -345,7 +352,10 @@ template <typename T> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
             uint2 r;
             r.x = (uint32_t)M::from_f(a.x * sg.scale) | ((uint32_t)M::from_f(a.y * sg.scale) << 16);
             r.y = (uint32_t)M::from_f(a.z * sg.scale) | ((uint32_t)M::from_f(a.w * sg.scale) << 16);
-            reinterpret_cast<uint2 *>(sg.dst)[i] = r;
+            const int64_t e = i * 4, row = e / segs.D, col = e % segs.D;
+            const int64_t bh = row / segs.T, t = row % segs.T, b = bh / sg.H, h = bh % sg.H;
+            *reinterpret_cast<uint2 *>(sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col) =
+                r;
         }
     }
 }
@@ -598,17 +608,47 @@ static void fwd_launch(void *o, float *lse, const void *q, const void *k, const 
         (int)Hq, (int)(Hq / Hkv), scale * ATT_LOG2E);
 }
 
+/* (B, H, T, Dh) contiguous */
+static zr_attn_strides dense(int64_t H, int64_t T, int64_t Dh) {
+    return zr_attn_strides{H * T * Dh, T * Dh, Dh};
+}
+static bool same(const zr_attn_strides &a, const zr_attn_strides &b) {
+    return a.sb == b.sb && a.sh == b.sh && a.st == b.st;
+}
+/* L, or the contiguous layout when NULL; *dense_all tells whether every operand is contiguous. */
+static zr_attn_layout resolve(const zr_attn_layout *L, int64_t Hq, int64_t Hkv, int64_t T,
+                              int64_t Dh, bool *dense_all) {
+    const zr_attn_strides a = dense(Hq, T, Dh), c = dense(Hkv, T, Dh);
+    const zr_attn_layout d = {a, c, c, a, a, a, c, c};
+    if (!L) {
+        *dense_all = true;
+        return d;
+    }
+    *dense_all = same(L->q, a) && same(L->k, c) && same(L->v, c) && same(L->o, a) &&
+                 same(L->dout, a) && same(L->dq, a) && same(L->dk, c) && same(L->dv, c);
+    return *L;
+}
+
+extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
+    return attn_sm90_fwd_ok(Dh, dtype) && attn_sm90_bwd_ok(Dh, dtype);
+}
+
 extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const void *k,
-                                      const void *v, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                                      int64_t Dh, float scale, zr_dtype dtype,
-                                      cudaStream_t stream) {
+                                      const void *v, const zr_attn_layout *L, int64_t B,
+                                      int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, float scale,
+                                      zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "attention_forward_cuda";
     if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
     if (B == 0 || T == 0) return 0;
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
+    bool dense_all;
+    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
     if (attn_sm90_fwd_ok(Dh, dtype) &&
-        attn_sm90_forward(o, lse, q, k, v, B, Hq, Hkv, T, scale, dtype, stream) == 0)
+        attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
         return launch_check(fn);
+    if (!dense_all)
+        return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
+                        fn);
     if (dtype == ZR_BF16) {
         if (Dh == 64)
             fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
@@ -625,8 +665,9 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
 
 template <typename T, int D>
 static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                       const void *v, const void *o, const float *lse, void *ws, int64_t B,
-                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
+                       const void *v, const void *o, const float *lse, void *ws,
+                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                       float scale, cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
@@ -636,10 +677,11 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, rows);
+        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o, (int)Hq, (int)T_,
+        rows);
     if (hopper) {
-        attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, B, Hq, Hkv, T_, ns, nkv,
-                           scale, mma_dtype<T>::value, st);
+        attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_, ns,
+                           nkv, scale, mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
         cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -651,36 +693,44 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
             scale * ATT_LOG2E);
     }
     /* one launch converts dq, and dk/dv when they were split */
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale},
-                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale},
-                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f}}};
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq},
+                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv},
+                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,
+                      (int)Hkv}},
+                    (int)T_,
+                    D};
     attn_sum_convert_kernel<T><<<132 * 8, 256, 0, st>>>(segs);
 }
 
 extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
                                        const void *q, const void *k, const void *v, const void *o,
-                                       const float *lse, void *workspace, int64_t B, int64_t Hq,
-                                       int64_t Hkv, int64_t T, int64_t Dh, float scale,
-                                       zr_dtype dtype, cudaStream_t stream) {
+                                       const float *lse, void *workspace, const zr_attn_layout *L,
+                                       int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh,
+                                       float scale, zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "attention_backward_cuda";
     if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
     if (B == 0 || T == 0) return 0;
     if (!workspace) return zr_error("%s: workspace is NULL", fn);
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
+    bool dense_all;
+    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
+    if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
+        return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
+                        fn);
     if (dtype == ZR_BF16) {
         if (Dh == 64)
-            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
-                                          T, scale, stream);
+            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq,
+                                          Hkv, T, scale, stream);
         else
-            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv,
-                                           T, scale, stream);
+            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq,
+                                           Hkv, T, scale, stream);
     } else {
         if (Dh == 64)
-            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv, T,
+            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq, Hkv, T,
                                    scale, stream);
         else
-            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, B, Hq, Hkv, T,
-                                    scale, stream);
+            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq, Hkv,
+                                    T, scale, stream);
     }
     return launch_check(fn);
 }

@@ -2,8 +2,10 @@
  * grouped-query heads. No T×T tensor ever reaches device memory: scores live in registers, tiles
  * of q/k/v in shared memory, softmax is computed online; backward recomputes P from q, k and lse.
  *
- * Layouts (all contiguous): q, o, dq, do: (B, Hq, T, Dh); k, v, dk, dv: (B, Hkv, T, Dh);
- * lse: (B, Hq, T) f32, natural-log logsumexp of the scaled scores of each query row.
+ * Layouts: q, o, dq, do: (B, Hq, T, Dh); k, v, dk, dv: (B, Hkv, T, Dh), contiguous when the
+ * layout argument is NULL, else strided as it says (the last dim contiguous; e.g. (B, T, H, Dh)
+ * memory seen as (B, H, T, Dh), or heads sliced out of a fused projection);
+ * lse: (B, Hq, T) f32 contiguous, natural-log logsumexp of the scaled scores of each query row.
  * Query head h reads kv head h / (Hq/Hkv). Dh must be 64 or 128; dtype ZR_BF16 or ZR_F16.
  * scale <= 0 means 1/sqrt(Dh). Every call returns 0 or sets zr_error naming the kernel. */
 #ifndef ZR_CUDA_ATTENTION_H
@@ -19,10 +21,24 @@ extern "C" {
 
 #include "dtype.h" /* C header: inside the extern "C" block */
 
-/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. */
+/* Element (b, h, t, d) of an operand at b*sb + h*sh + t*st + d (elements). */
+typedef struct {
+    int64_t sb, sh, st;
+} zr_attn_strides;
+/* Every operand's strides (the forward reads q, k, v, o). */
+typedef struct {
+    zr_attn_strides q, k, v, o, dout, dq, dk, dv;
+} zr_attn_layout;
+
+/* 1 when strided layouts run on the current device for this head_dim/dtype (the Hopper kernels:
+ * Dh 64, bf16/f16, compute capability 9.0); then every stride and base must be a multiple of 16
+ * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
+int attention_strided_ok(int64_t Dh, zr_dtype dtype);
+
+/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. */
 int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, const void *v,
-                           int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, float scale,
-                           zr_dtype dtype, cudaStream_t stream);
+                           const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                           int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);
 
 /* Bytes of device scratch attention_backward_cuda needs (f32 dq accumulator, D = rowsum(dO∘O),
  * and, for small grids, per-split f32 partials of dk/dv). */
@@ -35,8 +51,9 @@ size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int
  * attention_backward_workspace_size(...) bytes, 16-byte aligned. */
 int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *q,
                             const void *k, const void *v, const void *o, const float *lse,
-                            void *workspace, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                            int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);
+                            void *workspace, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                            int64_t Hkv, int64_t T, int64_t Dh, float scale, zr_dtype dtype,
+                            cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -32,9 +32,9 @@ __global__ void __launch_bounds__(NTHR, 1)
                          float *__restrict__ ws_dkv, float *__restrict__ dqacc,
                          const uint16_t *__restrict__ dout, const uint16_t *__restrict__ q,
                          const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                         const float *__restrict__ lse, const float *__restrict__ Dd, int T_,
-                         int Hq, int G, int nsplit, int64_t kv_elems, float scale,
-                         float scale_log2) {
+                         const float *__restrict__ lse, const float *__restrict__ Dd,
+                         zr_attn_layout L, int T_, int Hq, int G, int nsplit, int64_t kv_elems,
+                         float scale, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
     uint16_t *sK = align1024(smem_raw);
     uint16_t *sV = sK + B_BN * 64, *sQ = sV + B_BN * 64;
@@ -44,22 +44,22 @@ __global__ void __launch_bounds__(NTHR, 1)
     const int nT = (T_ + B_BM - 1) / B_BM;
     const int j = blockIdx.y, kv0 = j * B_BN;
     const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
-    const int Hkv = Hq / G, b = bhk / Hkv;
+    const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
     const int Gs = G / nsplit, h0 = (bhk % Hkv) * G + split * Gs;
     const int nq = nT - j, niter = Gs * nq;
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
-    const size_t kvoff = (size_t)bhk * T_ * 64;
-    load_tile<B_BN, NTHR>(sK, k + kvoff, kv0, T_, tid);
-    load_tile<B_BN, NTHR>(sV, v + kvoff, kv0, T_, tid);
+    load_tile<B_BN, NTHR>(sK, k + b * L.k.sb + hk * L.k.sh, L.k.st, kv0, T_, tid);
+    load_tile<B_BN, NTHR>(sV, v + b * L.v.sb + hk * L.v.sh, L.v.st, kv0, T_, tid);
 
     /* Issues the loads of iteration it into buffer it & 1. */
     auto prefetch = [&](int it) {
         const int h = h0 + it / nq, i = j + it % nq, buf = it & 1;
-        const size_t qoff = ((size_t)b * Hq + h) * T_ * 64;
-        load_tile<B_BM, NTHR>(sQ + buf * B_BM * 64, q + qoff, i * B_BM, T_, tid);
-        load_tile<B_BM, NTHR>(sdO + buf * B_BM * 64, dout + qoff, i * B_BM, T_, tid);
+        load_tile<B_BM, NTHR>(sQ + buf * B_BM * 64, q + b * L.q.sb + h * L.q.sh, L.q.st,
+                              i * B_BM, T_, tid);
+        load_tile<B_BM, NTHR>(sdO + buf * B_BM * 64, dout + b * L.dout.sb + h * L.dout.sh,
+                              L.dout.st, i * B_BM, T_, tid);
         const size_t roff = ((size_t)b * Hq + h) * T_;
         const int r = i * B_BM + (tid & 127);
         /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds 0 */
@@ -218,12 +218,13 @@ __global__ void __launch_bounds__(NTHR, 1)
         for (int hlf = 0; hlf < 2; ++hlf) {
             const int key = key0 + hlf * 8;
             if (key >= T_) continue;
-            const size_t off = kvoff + (size_t)key * 64 + c;
+            const size_t off = ((size_t)bhk * T_ + key) * 64 + c; /* contiguous partials */
             const int e = 4 * nt + 2 * hlf;
             if (nsplit == 1) {
-                *reinterpret_cast<uint32_t *>(dk + off) =
+                *reinterpret_cast<uint32_t *>(dk + b * L.dk.sb + hk * L.dk.sh + key * L.dk.st + c) =
                     cvt<T>::pack(dka[e] * scale, dka[e + 1] * scale);
-                *reinterpret_cast<uint32_t *>(dv + off) = cvt<T>::pack(dva[e], dva[e + 1]);
+                *reinterpret_cast<uint32_t *>(dv + b * L.dv.sb + hk * L.dv.sh + key * L.dv.st + c) =
+                    cvt<T>::pack(dva[e], dva[e + 1]);
             } else {
                 float *wk = ws_dkv + (size_t)split * kv_elems, *wv = wk + (size_t)nsplit * kv_elems;
                 *reinterpret_cast<float2 *>(wk + off) = make_float2(dka[e], dka[e + 1]);
@@ -278,26 +279,27 @@ extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T
 template <typename T>
 static void bwd_launch(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
                        const void *q, const void *k, const void *v, const float *lse,
-                       const float *Dd, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_, int ns,
-                       int64_t nkv, float scale, cudaStream_t st) {
+                       const float *Dd, const zr_attn_layout &L, int64_t B, int64_t Hq,
+                       int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale, cudaStream_t st) {
     const int smem = (2 * B_BN * 64 + 4 * B_BM * 64 + 2 * B_BN * 64) * 2 + 4 * B_BM * 4 + 1024;
     auto kern = attn_bwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + B_BN - 1) / B_BN));
     kern<<<grid, NTHR, smem, st>>>((uint16_t *)dk, (uint16_t *)dv, wkv, dqacc,
                                    (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
-                                   (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, (int)(Hq / Hkv),
-                                   ns, nkv, scale, scale * LOG2E);
+                                   (const uint16_t *)v, lse, Dd, L, (int)T_, (int)Hq,
+                                   (int)(Hq / Hkv), ns, nkv, scale, scale * LOG2E);
 }
 
 extern "C" void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
                                    const void *q, const void *k, const void *v, const float *lse,
-                                   const float *Dd, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                                   int ns, int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
+                                   const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                                   int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
+                                   zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd_launch<__nv_bfloat16>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, B, Hq, Hkv, T, ns,
-                                  nkv, scale, st);
+        bwd_launch<__nv_bfloat16>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T,
+                                  ns, nkv, scale, st);
     else
-        bwd_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, B, Hq, Hkv, T, ns, nkv,
+        bwd_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
                            scale, st);
 }

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(W_THR, 1)
     attn_fwd_ws_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                        const __grid_constant__ CUtensorMap tq,
                        const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, int T_, int Hq, int G,
-                       float scale_log2) {
+                       const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int Hq,
+                       int G, float scale_log2) {
     constexpr int BN = W_BN, NT = BN / 8, KC = BN / 16;
     extern __shared__ uint8_t smem_raw[];
     uint16_t *sQ = align1024(smem_raw);
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(W_THR, 1)
 
     const int nQt = (T_ + W_BM - 1) / W_BM;
     const int qt = nQt - 1 - (int)blockIdx.y;
-    const int bh = blockIdx.x, Hkv = Hq / G;
+    const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq;
     const int q0 = qt * W_BM;
     const int nkv = (min(T_, q0 + W_BM) + BN - 1) / BN;
     const int tid = threadIdx.x, wg = tid >> 7;
@@ -104,16 +104,15 @@ __global__ void __launch_bounds__(W_THR, 1)
     if (wg == W_WG) { /* producer warpgroup: one thread issues every copy */
         reg_dealloc<24>();
         if (tid == W_WG * 128) {
-            const int kvh = (bh / Hq) * Hkv + (bh % Hq) / G;
             mbar_expect_tx(barQ, W_BM * 64 * 2);
             for (int w = 0; w < W_WG; ++w)
-                tma_load3(sQ + w * 64 * 64, &tq, barQ, 0, q0 + 64 * w, bh);
+                tma_load4(sQ + w * 64 * 64, &tq, barQ, 0, q0 + 64 * w, h, b);
             for (int j = 0; j < nkv; ++j) {
                 const int s = j % W_ST;
                 if (j >= W_ST) mbar_wait(&empty[s], ((j / W_ST) - 1) & 1);
                 mbar_expect_tx(&full[s], 2 * BN * 64 * 2);
-                tma_load3(sK + s * BN * 64, &tk, &full[s], 0, j * BN, kvh);
-                tma_load3(sV + s * BN * 64, &tv, &full[s], 0, j * BN, kvh);
+                tma_load4(sK + s * BN * 64, &tk, &full[s], 0, j * BN, h / G, b);
+                tma_load4(sV + s * BN * 64, &tv, &full[s], 0, j * BN, h / G, b);
             }
         }
         return;
@@ -216,13 +215,13 @@ __global__ void __launch_bounds__(W_THR, 1)
                 lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * W_LN2;
         }
         __syncwarp();
-        uint16_t *ob = o + (size_t)bh * T_ * 64;
+        uint16_t *ob = o + b * so.sb + h * so.sh;
 #pragma unroll
         for (int c = lane; c < 16 * 8; c += 32) {
             const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7;
             const int gr = q0 + row;
             if (gr < T_)
-                *reinterpret_cast<uint4 *>(ob + (size_t)gr * 64 + ch * 8) =
+                *reinterpret_cast<uint4 *>(ob + gr * so.st + ch * 8) =
                     *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
         }
     }
@@ -255,16 +254,16 @@ extern "C" int attn_sm90_fwd_tma_ready(void) {
     return encode_fn() != NULL;
 }
 
-/* (heads, T, 64) 16-bit tensor, boxes of rows × 64 with the 128-byte swizzle. */
-static int head_map(CUtensorMap *m, const void *base, int64_t heads, int64_t T_, int rows,
-                    zr_dtype dt) {
-    cuuint64_t dims[3] = {64, (cuuint64_t)T_, (cuuint64_t)heads};
-    cuuint64_t strides[2] = {64 * 2, (cuuint64_t)T_ * 64 * 2};
-    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, es[3] = {1, 1, 1};
-    return encode_fn()(m,
-                       dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                       3, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+/* (B, H, T, 64) 16-bit operand with strides sd (elements), boxes of rows × 64 with the 128-byte
+ * swizzle; rows past T read as zeros. */
+static int head_map(CUtensorMap *m, const void *base, const zr_attn_strides &sd, int64_t B,
+                    int64_t H, int64_t T_, int rows, zr_dtype dt) {
+    cuuint64_t dims[4] = {64, (cuuint64_t)T_, (cuuint64_t)H, (cuuint64_t)B};
+    cuuint64_t strides[3] = {(cuuint64_t)sd.st * 2, (cuuint64_t)sd.sh * 2, (cuuint64_t)sd.sb * 2};
+    cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
+    return encode_fn()(m, dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                       4, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
@@ -272,27 +271,27 @@ static int head_map(CUtensorMap *m, const void *base, int64_t heads, int64_t T_,
 }
 
 template <typename T>
-static int ws_launch(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                     int64_t Hq, int64_t Hkv, int64_t T_, float scale, zr_dtype dt,
-                     cudaStream_t st) {
+static int ws_launch(void *o, float *lse, const void *q, const void *k, const void *v,
+                     const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                     float scale, zr_dtype dt, cudaStream_t st) {
     CUtensorMap mq, mk, mv;
-    if (head_map(&mq, q, B * Hq, T_, 64, dt) || head_map(&mk, k, B * Hkv, T_, W_BN, dt) ||
-        head_map(&mv, v, B * Hkv, T_, W_BN, dt))
+    if (head_map(&mq, q, L.q, B, Hq, T_, 64, dt) || head_map(&mk, k, L.k, B, Hkv, T_, W_BN, dt) ||
+        head_map(&mv, v, L.v, B, Hkv, T_, W_BN, dt))
         return -1;
     const int smem = (W_BM * 64 + 2 * W_ST * W_BN * 64) * 2 + 1024 + 8 * (1 + 2 * W_ST);
     auto kern = attn_fwd_ws_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + W_BM - 1) / W_BM));
-    kern<<<grid, W_THR, smem, st>>>((uint16_t *)o, lse, mq, mk, mv, (int)T_, (int)Hq,
+    kern<<<grid, W_THR, smem, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_, (int)Hq,
                                     (int)(Hq / Hkv), scale * W_LOG2E);
     return 0;
 }
 
 extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
-                                 int64_t B, int64_t Hq, int64_t Hkv, int64_t T, float scale,
-                                 zr_dtype dt, cudaStream_t st) {
+                                 const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv,
+                                 int64_t T, float scale, zr_dtype dt, cudaStream_t st) {
     if (!encode_fn()) return -1;
     if (dt == ZR_BF16)
-        return ws_launch<__nv_bfloat16>(o, lse, q, k, v, B, Hq, Hkv, T, scale, dt, st);
-    return ws_launch<__half>(o, lse, q, k, v, B, Hq, Hkv, T, scale, dt, st);
+        return ws_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+    return ws_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
 }

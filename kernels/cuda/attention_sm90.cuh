@@ -53,14 +53,15 @@ static __device__ __forceinline__ int swz(int row, int col) {
     return row * 64 + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-/* cp.async ROWS×64 tile from rows row0.. of a (T, 64) matrix; rows >= T are zero-filled. */
+/* cp.async ROWS×64 tile from rows row0.. of a (T, 64) matrix whose rows lie rs elements apart;
+ * rows >= T are zero-filled. */
 template <int ROWS, int NT>
-static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int row0, int T,
-                                                 int tid) {
+static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int64_t rs,
+                                                 int row0, int T, int tid) {
 #pragma unroll
     for (int c = tid; c < ROWS * 8; c += NT) {
         const int row = c >> 3, ch = c & 7, gr = row0 + row;
-        const uint16_t *src = g + (size_t)(gr < T ? gr : 0) * 64 + ch * 8;
+        const uint16_t *src = g + (gr < T ? gr : 0) * rs + ch * 8;
         cp_async16(s + row * 64 + ((ch ^ (row & 7)) << 3), src, gr < T ? 16 : 0);
     }
 }
@@ -232,13 +233,15 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
                      : "memory");
     } while (!done);
 }
-/* TMA: the box at coordinates (c0, c1, c2) of the tensor map into shared memory at dst, completing
- * its bytes on mbarrier bar. The map (a __grid_constant__ kernel parameter) fixes the swizzle. */
-static __device__ __forceinline__ void tma_load3(void *dst, const void *map, uint64_t *bar, int c0,
-                                                 int c1, int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(smem_u32(dst)),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+/* TMA: the box at coordinates (c0, c1, c2, c3) of the tensor map into shared memory at dst,
+ * completing its bytes on mbarrier bar. The map (a __grid_constant__ kernel parameter) fixes the
+ * swizzle. */
+static __device__ __forceinline__ void tma_load4(void *dst, const void *map, uint64_t *bar, int c0,
+                                                 int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
+                 "r"(c2), "r"(c3)
                  : "memory");
 }
 

@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "attention.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,9 +28,9 @@ int attn_sm90_fwd_tma_ready(void);
 
 /* Forward: o, lse as in attention_forward_cuda (scale already resolved). Returns -1 (nothing
  * launched) when a tensor map cannot be encoded. */
-int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                      int64_t Hq, int64_t Hkv, int64_t T, float scale, zr_dtype dt,
-                      cudaStream_t st);
+int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
+                      const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                      float scale, zr_dtype dt, cudaStream_t st);
 
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
@@ -38,8 +40,9 @@ int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
  * (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written directly. */
 void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
                         const void *q, const void *k, const void *v, const float *lse,
-                        const float *Dd, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
-                        int64_t nkv, float scale, zr_dtype dt, cudaStream_t st);
+                        const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                        int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale, zr_dtype dt,
+                        cudaStream_t st);
 
 #ifdef __cplusplus
 }

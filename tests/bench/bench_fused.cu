@@ -287,15 +287,15 @@ int main() {
         void *ws;
         CU(cudaMalloc(&ws, attention_backward_workspace_size(B, Hq, Hkv, T, Dh)));
         float f = time_ms([&] {
-            OK(attention_forward_cuda(o, lse, q, k, v, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
         });
         float bw = time_ms([&] {
-            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, B, Hq, Hkv, T, Dh,
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
                                        0.f, BF, 0));
         });
         float fb = time_ms([&] {
-            OK(attention_forward_cuda(o, lse, q, k, v, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
-            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, B, Hq, Hkv, T, Dh,
+            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
                                        0.f, BF, 0));
         });
         const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;

@@ -599,14 +599,14 @@ TEST(attention_forward_backward) {
             char what[96];
             snprintf(what, sizeof what, "attention %s B%lld Hq%lld Hkv%lld T%lld Dh%lld", tn(t),
                      (long long)B, (long long)Hq, (long long)Hkv, (long long)T, (long long)Dh);
-            CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, B, Hq, Hkv, T, Dh,
-                                            0.f, t, 0));
+            CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T,
+                                            Dh, 0.f, t, 0));
             CHECK_CLOSE(o_.down(), o, tol_of(t), what);
             CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
             size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
             dbuf ws(wsb / 4 + 4, ZR_F32);
             CHECK_OK(attention_backward_cuda(dq_.p, dk_.p, dv_.p, do_.p, q_.p, k_.p, v_.p, o_.p,
-                                             lse_.f(), ws.p, B, Hq, Hkv, T, Dh, 0.f, t, 0));
+                                             lse_.f(), ws.p, NULL, B, Hq, Hkv, T, Dh, 0.f, t, 0));
             const double bt = t == ZR_BF16 ? 2.5e-2 : 6e-3;
             char w2[128];
             double dvn = 0;
@@ -619,12 +619,64 @@ TEST(attention_forward_backward) {
                    relerr(dv_.down(), dv));
             snprintf(w2, sizeof w2, "%s dv", what);
             CHECK_CLOSE(dv_.down(), dv, bt, w2);
+            if (!attention_strided_ok(Dh, t)) continue;
+            /* Strided: q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (a fused
+             * projection), o, dO, dq, dk, dv in (B, T, H, Dh) memory. */
+            const int64_t Hf = Hq + 2 * Hkv;
+            auto bthd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
+                return ((b * T + i) * H + h) * Dh;
+            };
+            auto bhtd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
+                return ((b * H + h) * T + i) * Dh;
+            };
+            vec f(B * T * Hf * Dh), dob(nq);
+            for (int64_t b = 0; b < B; ++b)
+                for (int64_t i = 0; i < T; ++i)
+                    for (int64_t d = 0; d < Dh; ++d) {
+                        for (int64_t h = 0; h < Hq; ++h) {
+                            f[bthd(b, h, i, Hf) + d] = q[bhtd(b, h, i, Hq) + d];
+                            dob[bthd(b, h, i, Hq) + d] = dO[bhtd(b, h, i, Hq) + d];
+                        }
+                        for (int64_t h = 0; h < Hkv; ++h) {
+                            f[bthd(b, Hq + h, i, Hf) + d] = k[bhtd(b, h, i, Hkv) + d];
+                            f[bthd(b, Hq + Hkv + h, i, Hf) + d] = v[bhtd(b, h, i, Hkv) + d];
+                        }
+                    }
+            auto back = [&](const vec &x, int64_t H) { /* (B, T, H, Dh) -> (B, H, T, Dh) */
+                vec y(x.size());
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t h = 0; h < H; ++h)
+                        for (int64_t i = 0; i < T; ++i)
+                            for (int64_t d = 0; d < Dh; ++d)
+                                y[bhtd(b, h, i, H) + d] = x[bthd(b, h, i, H) + d];
+                return y;
+            };
+            dbuf f_(f.size(), t), o2(nq, t), do2(nq, t), dq2(nq, t), dk2(nk, t), dv2(nk, t),
+                lse2(B * Hq * T, ZR_F32);
+            f_.up(f), do2.up(dob);
+            const zr_attn_strides sf = {T * Hf * Dh, Dh, Hf * Dh}, sq = {T * Hq * Dh, Dh, Hq * Dh},
+                                  sk = {T * Hkv * Dh, Dh, Hkv * Dh};
+            const zr_attn_layout L = {sf, sf, sf, sq, sq, sq, sk, sk};
+            const char *fp = (const char *)f_.p;
+            const void *qp = fp, *kp = fp + Hq * Dh * 2, *vp = fp + (Hq + Hkv) * Dh * 2;
+            CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T, Dh, 0.f,
+                                            t, 0));
+            snprintf(w2, sizeof w2, "%s strided o", what);
+            CHECK_CLOSE(back(o2.down(), Hq), o, tol_of(t), w2);
+            CHECK_CLOSE(lse2.down(), lse, 1e-5, w2);
+            CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, do2.p, qp, kp, vp, o2.p, lse2.f(),
+                                             ws.p, &L, B, Hq, Hkv, T, Dh, 0.f, t, 0));
+            e1 = relerr(back(dq2.down(), Hq), dq, dvn), e2 = relerr(back(dk2.down(), Hkv), dk, dvn);
+            CHECK_MSG(e1 <= bt, "%s strided dq: rel err %.3g > %.3g", what, e1, bt);
+            CHECK_MSG(e2 <= bt, "%s strided dk: rel err %.3g > %.3g", what, e2, bt);
+            snprintf(w2, sizeof w2, "%s strided dv", what);
+            CHECK_CLOSE(back(dv2.down(), Hkv), dv, bt, w2);
         }
     /* argument checks */
-    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, 1, 3, 2, 8, 64, 0.f, ZR_BF16, 0) !=
-          0);
-    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 80, 0.f, ZR_BF16, 0) !=
-          0);
+    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 3, 2, 8, 64, 0.f, ZR_BF16,
+                                 0) != 0);
+    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 80, 0.f, ZR_BF16,
+                                 0) != 0);
     CHECK(strstr(zr_last_error(), "attention_forward_cuda") != NULL);
 }
 
