@@ -306,32 +306,52 @@ template <typename T> __global__ void sum_cols_kernel(T *out, const T *__restric
 }
 /* Long column sums (the bias gradient of a (B*T, out) activation): rows are cut into chunks, one
  * grid row of blocks per chunk, each writing an f64 partial per column; a second pass adds the
- * partials in chunk order, so the result stays deterministic while every SM has work. */
-template <typename T>
+ * partials in chunk order, so the result stays deterministic while every SM has work. Each thread
+ * reads V consecutive columns with one 16-byte load when the rows allow (V = 1 otherwise). */
+template <typename T, int V>
 __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, int64_t rows, int64_t cols,
                                         int64_t rows_per) {
-    __shared__ double sh[8][33];
-    int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
-    int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < rows ? r0 + rows_per : rows;
-    double s = 0;
+    __shared__ double sh[8][32 * V + 1];
+    const int64_t col = ((int64_t)blockIdx.x * 32 + threadIdx.x) * V;
+    const int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < rows ? r0 + rows_per : rows;
+    double s[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) s[k] = 0;
     if (col < cols)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += (double)to_acc(x[r * cols + col]);
-    sh[threadIdx.y][threadIdx.x] = s;
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+            const pack<T, V> p = *reinterpret_cast<const pack<T, V> *>(x + r * cols + col);
+#pragma unroll
+            for (int k = 0; k < V; k++) s[k] += (double)to_acc(p.v[k]);
+        }
+#pragma unroll
+    for (int k = 0; k < V; k++) sh[threadIdx.y][threadIdx.x * V + k] = s[k];
     __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
+    for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * V; c += 256) {
+        const int64_t gc = (int64_t)blockIdx.x * 32 * V + c;
+        if (gc >= cols) continue;
         double t = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
-        part[(int64_t)blockIdx.y * cols + col] = t;
+        for (int k = 0; k < 8; k++) t += sh[k][c];
+        part[(int64_t)blockIdx.y * cols + gc] = t;
     }
 }
+/* Block (32, 8) per 32 columns: row y of threads adds chunks y, y + 8, ... in order, then the
+ * eight sums are added in y order (the same order every run). */
 template <typename T>
 __global__ void sum_cols_final_kernel(T *out, const double *__restrict__ part, int64_t chunks, int64_t cols) {
-    int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= cols) return;
+    __shared__ double sh[8][33];
+    const int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double t = 0;
-    for (int64_t c = 0; c < chunks; c++) t += part[c * cols + col];
-    out[col] = from_acc<T>((typename acc<T>::type)t);
+    if (col < cols)
+        for (int64_t c = threadIdx.y; c < chunks; c += 8) t += part[c * cols + col];
+    sh[threadIdx.y][threadIdx.x] = t;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        double u = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) u += sh[k][threadIdx.x];
+        out[col] = from_acc<T>((typename acc<T>::type)u);
+    }
 }
 
 template <typename T> int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, cudaStream_t s) {
@@ -348,11 +368,16 @@ template <typename T> int sum_cols(void *out, const void *x, int64_t rows, int64
     zr_device d = {ZR_CUDA, (int8_t)dev};
     double *part = (double *)zr_cuda_malloc(d, (size_t)(chunks * cols) * sizeof(double), s);
     if (!part) return -1;
-    sum_cols_partial_kernel<T><<<dim3((unsigned)blocks, (unsigned)chunks), dim3(32, 8), 0, s>>>(
-        part, (const T *)x, rows, cols, rows_per);
+    const int V = vec_of<T>::n;
+    if (cols % V == 0 && aligned16(x))
+        sum_cols_partial_kernel<T, V><<<dim3((unsigned)((cols / V + 31) / 32), (unsigned)chunks), dim3(32, 8), 0, s>>>(
+            part, (const T *)x, rows, cols, rows_per);
+    else
+        sum_cols_partial_kernel<T, 1><<<dim3((unsigned)blocks, (unsigned)chunks), dim3(32, 8), 0, s>>>(
+            part, (const T *)x, rows, cols, rows_per);
     int rc = launch_check("sum_cols (cuda)");
     if (!rc) {
-        sum_cols_final_kernel<T><<<(unsigned)((cols + 255) / 256), 256, 0, s>>>((T *)out, part, chunks, cols);
+        sum_cols_final_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, part, chunks, cols);
         rc = launch_check("sum_cols (cuda)");
     }
     zr_cuda_free(d, part);

@@ -388,7 +388,8 @@ end)
 
 T.test("linear: bias epilogue, no bias, 3-D input, sizes 1 and primes, f32/bf16/f16", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do
-    for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 65 }, { 3, 64, 257 }, { 1543, 37, 70 } } do -- 1543 rows: the chunked bias-gradient sum
+    -- 1543 and 2100 rows: the chunked bias-gradient sum (70 columns one at a time, 264 in 16-byte loads)
+    for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 65 }, { 3, 64, 257 }, { 1543, 37, 70 }, { 2100, 16, 264 } } do
       local rows, inn, out = s[1], s[2], s[3]
       both(("linear %dx%d->%d"):format(rows, inn, out), dt, { randn({ rows, inn }), randn({ out, inn }), randn({ out }) },
         zr.linear, 2)
