@@ -138,6 +138,29 @@ static __device__ __forceinline__ emb_raw<T, VW> ldraw(const T *p) {
     return *reinterpret_cast<const emb_raw<T, VW> *>(p);
 }
 
+/* VW elements of T as loaded (16-byte pieces when VW * sizeof(T) is a multiple of 16: two for
+ * an f32 table's eight), read as floats at use. */
+template <typename T, int VW> struct emb_chunk {
+    static constexpr int NQ = (int)(VW * sizeof(T) / 16);
+    uint4 q[NQ > 0 ? NQ : 1];
+    T e[NQ > 0 ? 1 : VW];
+    __device__ __forceinline__ void load(const T *p) {
+        if constexpr (NQ > 0) {
+#pragma unroll
+            for (int i = 0; i < NQ; ++i)
+                q[i] = reinterpret_cast<const uint4 *>(p)[i];
+        } else {
+#pragma unroll
+            for (int k = 0; k < VW; ++k)
+                e[k] = p[k];
+        }
+    }
+    __device__ __forceinline__ float at(int k) const {
+        if constexpr (NQ > 0) return tof<T>(reinterpret_cast<const T *>(q)[k]);
+        else return tof<T>(e[k]);
+    }
+};
+
 /* Exclusive sum over a block of EMB_NW warps; *total gets the block's sum. red: EMB_NW ints. */
 static __device__ __forceinline__ int emb_exscan(int v, int *red, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -361,29 +384,52 @@ __global__ void __launch_bounds__(256, MINB)
     const uint32_t key = valid ? ws.skeys[idx] : 0u;
     const int pos = valid ? ws.spos[idx] : 0, sl = valid ? ws.segl[idx] : 0;
     unsigned heads = __ballot_sync(0xffffffffu, lane < EMB_E && sl > 0 && sl <= EMB_LONG);
-    while (heads) {
-        const int l = __ffs(heads) - 1;
-        heads &= heads - 1;
-        const int len = __shfl_sync(0xffffffffu, sl, l);
-        const int64_t id = __shfl_sync(0xffffffffu, key, l);
-        int pl = pos, off = l;
-        if (l + len > 32) { /* the run goes past the entries loaded: load its positions */
-            pl = lane < len ? ws.spos[e0 + l + lane] : 0;
-            off = 0;
+    if (!heads) return;
+    /* A run's old dW chunk and first dout row are loaded while the previous run is summed and
+     * stored (runs are distinct ids: no overlap), so two rows per lane are in flight, not one. */
+    struct run_t {
+        int len, pl, off;
+        int64_t id;
+        emb_chunk<TW, VW> old[U];
+        emb_chunk<T, VW> first[U];
+    };
+    auto start = [&](int l, run_t &h) {
+        h.len = __shfl_sync(0xffffffffu, sl, l);
+        h.id = __shfl_sync(0xffffffffu, key, l);
+        h.pl = pos, h.off = l;
+        if (l + h.len > 32) { /* the run goes past the entries loaded: load its positions */
+            h.pl = lane < h.len ? ws.spos[e0 + l + lane] : 0;
+            h.off = 0;
         }
-        float acc[U][VW];
+        const int p0 = __shfl_sync(0xffffffffu, h.pl, h.off);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t ch = c0 + u * 32 + lane;
-            if (accumulate && ch < nch) ldv<TW, VW>(acc[u], dW + id * D + ch * VW);
-            else
-#pragma unroll
-                for (int k2 = 0; k2 < VW; ++k2) acc[u][k2] = 0.f;
+            if (ch < nch) {
+                if (accumulate) h.old[u].load(dW + h.id * D + ch * VW);
+                h.first[u].load(dout + (int64_t)p0 * D + ch * VW);
+            }
         }
-        for (int r = 0; r < len; r += 2) {
-            const int p0 = __shfl_sync(0xffffffffu, pl, off + r);
-            const int p1 = __shfl_sync(0xffffffffu, pl, (off + r + 1) & 31);
-            const bool two = r + 1 < len;
+    };
+    run_t cur, nxt;
+    start(__ffs(heads) - 1, cur);
+    heads &= heads - 1;
+    for (;;) {
+        const bool more = heads != 0;
+        if (more) {
+            start(__ffs(heads) - 1, nxt);
+            heads &= heads - 1;
+        }
+        float acc[U][VW];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int k2 = 0; k2 < VW; ++k2)
+                acc[u][k2] = (accumulate ? cur.old[u].at(k2) : 0.f) + cur.first[u].at(k2);
+        for (int r = 1; r < cur.len; r += 2) {
+            const int p0 = __shfl_sync(0xffffffffu, cur.pl, cur.off + r);
+            const int p1 = __shfl_sync(0xffffffffu, cur.pl, (cur.off + r + 1) & 31);
+            const bool two = r + 1 < cur.len;
             emb_raw<T, VW> t0[U], t1[U];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -408,8 +454,10 @@ __global__ void __launch_bounds__(256, MINB)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t ch = c0 + u * 32 + lane;
-            if (ch < nch) stv<TW, VW>(dW + id * D + ch * VW, acc[u]);
+            if (ch < nch) stv<TW, VW>(dW + cur.id * D + ch * VW, acc[u]);
         }
+        if (!more) break;
+        cur = nxt;
     }
 }
 
