@@ -359,7 +359,30 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   return n
 end
 
-function Sim:sdpa(q, k, v, lse_bytes, gqa, shape)
+function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
+  if self.o.gpu and strided then
+    -- the Hopper kernels (ops_attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
+    -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
+    -- output is (B, T, H, D) memory seen transposed, each gradient in its input's layout, dO read
+    -- in place
+    local function keep(x) if x.s.bytes > 2 * x.n then return self:new(x.n) end return self:share(x) end
+    local saved = { keep(q), keep(k), keep(v) }
+    local out = self:lua({ s = self:alloc(q.n), n = q.n, c = false })
+    local lse = self:new(lse_bytes)
+    local ins = { q, k, v }
+    self:record(out, ins, { saved[1], saved[2], saved[3], out, lse }, function(S, _, g)
+      local gi = S:share(g)
+      local ws = S:new(attention_workspace(unpack(shape)), "ws")
+      local d = {}
+      for i, x in ipairs(ins) do d[i] = { s = S:alloc(x.n), n = x.n, c = x.c } end
+      S:drop(ws)
+      S:drop(gi)
+      return d
+    end)
+    for _, t in ipairs(saved) do self:drop(t) end
+    self:drop(lse)
+    return out
+  end
   if self.o.gpu then -- the flash kernel (ops_attention.c): contiguous q, k, v are what it saves
     local ins = { self:raw(q), self:raw(k), self:raw(v) }
     local out = self:lua(self:new(q.n))
@@ -560,7 +583,7 @@ function M.llama_activations(cfg, o)
       v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
     end
     q, k = S:rope(q), S:rope(k)
-    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D })
+    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, D == 64 and b == 2)
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
     local a2 = S:rms_norm(h, p.n2, N)
