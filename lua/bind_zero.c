@@ -33,7 +33,8 @@ static int read_indices(lua_State *L, int idx, int **out) {
 }
 
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, offload_optimizer=,
- *           offload_param=, ..., comm_dtype= (nil: the parameters')}, {params...}, {weight_decay...}) */
+ *           offload_param=, ..., comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32)},
+ *           {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -50,6 +51,9 @@ static int l_new(lua_State *L) {
     c.max_live_parameters = (int64_t)zr_l_numfield(L, 1, "max_live_parameters", 0, op);
     lua_getfield(L, 1, "comm_dtype");
     c.comm_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "grad_dtype");
+    c.grad_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;

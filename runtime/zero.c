@@ -48,7 +48,7 @@ struct zr_zero {
     zparam *ps;
     int64_t S, max_c;
     zr_device dev, opt_dev;
-    zr_dtype pdt, cdt; /* parameters; gradient buckets and their reduction */
+    zr_dtype pdt, cdt, gdt; /* parameters; gradient buckets and their reduction; gradient partition */
     zr_tensor *master, *m, *v, *gpart, *pshard;
     /* gradient bucket: W segments of cap elements each */
     int64_t cap, pos;
@@ -232,6 +232,20 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
      * first copy of a step lands straight in the partition) */
     z->cdt = cfg->world_size <= 1 ? ZR_F32 : cfg->comm_dtype >= 0 ? (zr_dtype)cfg->comm_dtype : z->pdt;
     z->opt_dev = cfg->offload_optimizer ? zr_cpu() : z->dev;
+    z->gdt = cfg->grad_dtype >= 0 ? (zr_dtype)cfg->grad_dtype : ZR_F32;
+    if (z->gdt != ZR_F32 && (z->gdt != ZR_BF16 && z->gdt != ZR_F16)) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: data_types.grad_accum_dtype must be fp32, bf16 or fp16 (got %s)",
+                             zr_dtype_name(z->gdt));
+    }
+    if (z->gdt != ZR_F32 && z->opt_dev.type != ZR_CUDA) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
+                             "are on the host (%s): remove grad_accum_dtype (fp32 gradients) or keep the "
+                             "optimizer on the GPU",
+                             z->gdt == ZR_BF16 ? "bf16" : "fp16",
+                             cfg->offload_optimizer ? "offload_optimizer" : "a CPU run");
+    }
     for (int i = 0; i < n; i++) {
         zr_tensor *p = params[i];
         char b[192];
@@ -270,7 +284,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->master = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
     z->m = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
     z->v = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_OPTIMIZER);
-    z->gpart = new_buf(ZR_F32, z->opt_dev, z->S, ZR_MEM_GRADS);
+    z->gpart = new_buf(z->gdt, z->opt_dev, z->S, ZR_MEM_GRADS);
     if (!z->master || !z->m || !z->v || !z->gpart) goto fail;
     if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     int r = z->W > 1 ? cfg->rank : 0;
@@ -318,9 +332,10 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         h->z = z;
         h->i = i;
         zr_tensor_set_grad_hook(q->p, hook, h, free);
-        if (cfg->stage <= 1 && !z->direct) { /* gradients accumulate in fp32 in the parameters' .grad */
+        if (cfg->stage <= 1 && !z->direct) { /* gradients accumulate in the parameters' .grad (fp32, or
+                                                * data_types.grad_accum_dtype) */
             zr_tensor_release(q->p->grad);
-            q->p->grad = zr_tensor_new_cat(ZR_F32, z->dev, q->ndim, q->shape, ZR_MEM_GRADS, 1);
+            q->p->grad = zr_tensor_new_cat(z->gdt, z->dev, q->ndim, q->shape, ZR_MEM_GRADS, 1);
             if (!q->p->grad) goto fail;
         }
     }
@@ -560,7 +575,7 @@ static zr_status local_sumsq(zr_zero *z, double *out) {
         zr_tensor *ws = zr_tensor_new_cat(ZR_F64, zr_tensor_device(z->gpart), 1, &nw, ZR_MEM_WORKSPACE, 0);
         if (!ws) return ZR_ERR;
         double *w = zr_tensor_data(ws);
-        zr_status st = zero_sumsq_cuda(w + nw - 1, zr_tensor_data(z->gpart), z->S, w,
+        zr_status st = zero_sumsq_cuda(w + nw - 1, zr_tensor_data(z->gpart), z->gdt, z->S, w,
                                        zr_cuda_stream(zr_tensor_device(z->gpart)));
         if (!st) st = zr_tensor_get(ws, nw - 1, out);
         zr_tensor_release(ws);
@@ -707,7 +722,7 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
         int lp = z->direct && (z->pdt == ZR_BF16 || z->pdt == ZR_F16);
         int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
                                  lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->pdt : ZR_F32,
-                                 zr_tensor_data(z->gpart), ZR_F32, segs, z->n, (float)lr, (float)beta1,
+                                 zr_tensor_data(z->gpart), z->gdt, segs, z->n, (float)lr, (float)beta1,
                                  (float)beta2, (float)eps, step, zr_tensor_data(gs),
                                  zr_cuda_stream(zr_tensor_device(z->master)));
         free(segs);

@@ -28,6 +28,8 @@ typedef struct {
     int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
                      * parameters' dtype (DeepSpeed's communication_data_type default); fp32
                      * buckets in a single process, where nothing is communicated */
+    int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
+                     * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 

@@ -1,9 +1,18 @@
-// CUDA kernels for the ZeRO engine's step: the sum of squares of the fp32 gradient partition for
-// the global gradient norm, read once with 16-byte loads, no temporary the size of the partition.
+// CUDA kernels for the ZeRO engine's step: the sum of squares of the gradient partition (f32, or
+// bf16/f16 with data_types.grad_accum_dtype) for the global gradient norm, read once with 16-byte
+// loads, no temporary the size of the partition.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 extern "C" {
 #include "error.h"
 }
 #include "zero_ops.h"
+
+template <typename T> __device__ __forceinline__ double dbl(T v);
+template <> __device__ __forceinline__ double dbl<float>(float v) { return v; }
+template <> __device__ __forceinline__ double dbl<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ double dbl<__half>(__half v) { return __half2float(v); }
 
 static const int kThreads = 512;
 
@@ -25,16 +34,19 @@ __device__ __forceinline__ double block_sum(double v) {
     return v;
 }
 
-static __global__ void sumsq_partial_kernel(double *partial, const float *x, int64_t n) {
+template <typename T> static __global__ void sumsq_partial_kernel(double *partial, const T *x, int64_t n) {
+    constexpr int V = 16 / sizeof(T);
     double acc = 0;
-    int64_t n4 = n / 4, stride = (int64_t)gridDim.x * blockDim.x;
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
-        float4 v = x4[i];
-        acc += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+    int64_t nv = n / V, stride = (int64_t)gridDim.x * blockDim.x;
+    const uint4 *xv = reinterpret_cast<const uint4 *>(x);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += stride) {
+        const uint4 r = xv[i];
+        const T *e = reinterpret_cast<const T *>(&r);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc += dbl<T>(e[k]) * dbl<T>(e[k]);
     }
-    for (int64_t i = n4 * 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc += (double)x[i] * x[i];
+    for (int64_t i = nv * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        acc += dbl<T>(x[i]) * dbl<T>(x[i]);
     acc = block_sum(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -48,10 +60,14 @@ static __global__ void sumsq_final_kernel(double *out, const double *partial, in
 
 size_t zero_sumsq_workspace(int64_t n) { return (size_t)blocks_for(n) + 1; }
 
-int zero_sumsq_cuda(double *out, const float *x, int64_t n, double *ws, cudaStream_t stream) {
+int zero_sumsq_cuda(double *out, const void *x, zr_dtype dt, int64_t n, double *ws, cudaStream_t stream) {
     int nb = blocks_for(n);
     if (((uintptr_t)x & 15) != 0) return zr_error("zero_sumsq: the gradient buffer is not 16-byte aligned");
-    sumsq_partial_kernel<<<nb, kThreads, 0, stream>>>(ws, x, n);
+    if (dt == ZR_F32) sumsq_partial_kernel<float><<<nb, kThreads, 0, stream>>>(ws, (const float *)x, n);
+    else if (dt == ZR_BF16)
+        sumsq_partial_kernel<__nv_bfloat16><<<nb, kThreads, 0, stream>>>(ws, (const __nv_bfloat16 *)x, n);
+    else if (dt == ZR_F16) sumsq_partial_kernel<__half><<<nb, kThreads, 0, stream>>>(ws, (const __half *)x, n);
+    else return zr_error("zero_sumsq: gradient dtype %s not supported (f32, bf16 or f16)", zr_dtype_name(dt));
     sumsq_final_kernel<<<1, kThreads, 0, stream>>>(out, ws, nb);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return zr_error("zero_sumsq: %s", cudaGetErrorString(e));

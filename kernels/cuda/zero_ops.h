@@ -10,12 +10,14 @@
 extern "C" {
 #endif
 
+#include "dtype.h" /* C header: inside the extern "C" block */
+
 /* Scratch doubles zero_sumsq_cuda needs (one per block, plus the result). */
 size_t zero_sumsq_workspace(int64_t n);
-/* *out (device) = sum of x[i]^2 over n f32 values, accumulated in f64 in a fixed order (two
- * passes: per-block partials, then one block), so repeated runs give the same bits.
- * ws: zero_sumsq_workspace(n) doubles; out may point into it. */
-int zero_sumsq_cuda(double *out, const float *x, int64_t n, double *ws, cudaStream_t stream);
+/* *out (device) = sum of x[i]^2 over n values of dtype dt (f32, bf16 or f16), accumulated in f64
+ * in a fixed order (two passes: per-block partials, then one block), so repeated runs give the
+ * same bits. ws: zero_sumsq_workspace(n) doubles; out may point into it. */
+int zero_sumsq_cuda(double *out, const void *x, zr_dtype dt, int64_t n, double *ws, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

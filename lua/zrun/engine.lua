@@ -131,7 +131,7 @@ function M.initialize(opts)
     offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9),
-    comm_dtype = M.comm_dtype(cfg) },
+    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg) },
     params, wds)
   self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
   self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
@@ -190,6 +190,13 @@ end
 local COMM_DTYPES = { fp16 = "f16", bf16 = "bf16", fp32 = "f32" }
 function M.comm_dtype(cfg)
   local v = cfg.communication_data_type
+  return v ~= nil and COMM_DTYPES[v] or nil
+end
+
+-- DeepSpeed's data_types.grad_accum_dtype: the dtype gradients accumulate (and the optimizer
+-- reads them) in; unset: fp32.
+function M.grad_accum_dtype(cfg)
+  local v = cfg.data_types and cfg.data_types.grad_accum_dtype
   return v ~= nil and COMM_DTYPES[v] or nil
 end
 

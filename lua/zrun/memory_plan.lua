@@ -90,9 +90,14 @@ local function settings(o, cfg_model)
   if not s.dtype_bytes then error(fmt("memory plan: dtype must be f32, bf16 or f16, got '%s'", tostring(dt)), 0) end
   -- gradient buckets (zero.c): communication_data_type, else the parameters' dtype; fp32 in a
   -- single process, which communicates nothing
+  local function ds_bytes(v) -- a DeepSpeed dtype name ("fp16", "bf16", "fp32") or a zrun one
+    return type(v) == "string" and DTYPE_BYTES[canon_dtype(({ fp16 = "f16", fp32 = "f32" })[v] or v)] or nil
+  end
   local cdt = o.communication_data_type or ds.communication_data_type
-  s.comm_bytes = W == 1 and 4 or cdt and DTYPE_BYTES[canon_dtype(({ fp16 = "f16", fp32 = "f32" })[cdt] or cdt)] or
-    s.dtype_bytes
+  s.comm_bytes = W == 1 and 4 or cdt and ds_bytes(cdt) or s.dtype_bytes
+  -- the gradient partition (and stage 0-1's full .grad): data_types.grad_accum_dtype, else fp32
+  local gad = o.grad_accum_dtype or (ds.data_types and ds.data_types.grad_accum_dtype)
+  s.grad_bytes = ds_bytes(gad) or 4
   local mb = o.micro_batch or ds.train_micro_batch_size_per_gpu
   s.micro_batch = type(mb) == "number" and mb or 1
   s.seq_len = o.seq_len or 1024
@@ -143,11 +148,11 @@ function M.plan(o)
 
   -- model states (zero.c: zr_zero_new)
   opt.optimizer = 3 * S * 4 -- fp32 master, exp_avg, exp_avg_sq partitions
-  opt.grads = S * 4         -- reduced fp32 gradient partition
+  opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
   local direct = Wc == 1 and s.stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing
-  if s.stage <= 1 and not direct then dev.grads = dev.grads + total * 4 end -- full fp32 .grad per parameter
+  if s.stage <= 1 and not direct then dev.grads = dev.grads + total * s.grad_bytes end -- full .grad per parameter
   if s.stage <= 2 then
     dev.params = total * b
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
@@ -229,7 +234,7 @@ function M.plan(o)
   -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
   -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
   local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
-    grads = (s.stage <= 1 and not direct and total * 4 or 0) + (s.offload_optimizer and 0 or S * 4),
+    grads = (s.stage <= 1 and not direct and total * s.grad_bytes or 0) + (s.offload_optimizer and 0 or S * s.grad_bytes),
     optimizer = s.offload_optimizer and 0 or 3 * S * 4, comm = dev.comm - comm_tr }
   if s.stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
   setup.total = setup.params + setup.grads + setup.optimizer + setup.comm

@@ -2,13 +2,14 @@
 -- autograd, ZeRO engine, AdamW), random weights and random token ids.
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [overlap=0]
+--        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm.
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
 local opt = { model = "meta-llama/Llama-3.2-1B", batch = 4, seq = 512, stage = 0, steps = 10, dtype = "bf16",
-  device = "cuda", ckpt = 0, offload = 0, overlap = 0, warmup = 3, gas = 1, breakdown = 0 }
+  device = "cuda", ckpt = 0, offload = 0, overlap = 0, warmup = 3, gas = 1, breakdown = 0, grad_accum = "fp32" }
 for _, a in ipairs(arg) do
   local k, v = a:match("^([%w_]+)=(.*)$")
   if not k then error("arguments are key=value, got " .. a, 0) end
@@ -28,6 +29,7 @@ if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the parameters
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
+  data_types = { grad_accum_dtype = opt.grad_accum },
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true } or nil },

@@ -1,6 +1,7 @@
 -- The engine stops before training, with a message naming the problem, on requests it cannot
 -- honour: offload beyond the host's memory, offload_param below stage 3, a batch rule that does
--- not add up, an optimizer it does not run, and a hand-called optimizer:zero_grad().
+-- not add up, 16-bit gradient accumulation with the optimizer on the host, an optimizer it does
+-- not run, and a hand-called optimizer:zero_grad().
 local zr = require "zrun"
 local T = zr.testing
 local engine_mod = require "zrun.engine"
@@ -52,6 +53,13 @@ end)
 T.test("batch rule mismatch shows the numbers", function()
   local err = T.raises(function() init(with({ train_batch_size = 7, gradient_accumulation_steps = 2 })) end)
   assert(tostring(err):find("7", 1, true) and tostring(err):find("2", 1, true), tostring(err))
+end)
+
+T.test("16-bit grad_accum_dtype with the optimizer on the host says why and what to do", function()
+  local err = T.raises(function() init(with({ data_types = { grad_accum_dtype = "bf16" } })) end,
+    "grad_accum_dtype=bf16 needs the optimizer states on a GPU")
+  T.eq(err:find("a CPU run", 1, true) ~= nil, true, err)
+  init(with({ data_types = { grad_accum_dtype = "fp32" } })) -- fp32 is what the host path runs
 end)
 
 T.test("unsupported optimizer is named", function()

@@ -190,6 +190,18 @@ T.test("partitions over several ranks (hand-computed)", function()
   local p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8, device = "cpu", dtype = "f32" }
   T.eq(p.partition_numel, 41888)
   T.eq(p.device.optimizer, 3 * 41888 * 4, "master + exp_avg + exp_avg_sq")
+  -- data_types.grad_accum_dtype bf16 (GPU): the gradient partition in 2 bytes, states unchanged
+  local pg = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
+    device = "cuda", dtype = "bf16", grad_accum_dtype = "bf16" }
+  T.eq(pg.setup.grads, 41888 * 2, "bf16 gradient partition")
+  pg = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
+    device = "cuda", dtype = "bf16", config = { train_micro_batch_size_per_gpu = 1,
+    data_types = { grad_accum_dtype = "bf16" } } }
+  T.eq(pg.setup.grads, 41888 * 2, "from the DeepSpeed config")
+  T.eq(pg.device.optimizer, 3 * 41888 * 4)
+  local pf32 = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
+    device = "cuda", dtype = "bf16" }
+  T.eq(pf32.setup.grads, 41888 * 4, "fp32 by default")
   -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
   -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
