@@ -293,17 +293,20 @@ template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ dqacc,
                                      const uint16_t *__restrict__ dout,
                                      const uint16_t *__restrict__ o, zr_attn_strides sdo,
-                                     zr_attn_strides so, int Hq, int T_, int64_t rows) {
+                                     zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
     typedef mma_t<T> M;
     const int per = D / 8;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
     const int ch = threadIdx.x % per;
     float s = 0.f;
     if (row < rows) {
-        const int64_t bh = row / T_, t = row % T_, b = bh / Hq, h = bh % Hq;
-        uint4 a = *reinterpret_cast<const uint4 *>(dout + b * sdo.sb + h * sdo.sh + t * sdo.st +
-                                                   ch * 8);
-        uint4 c = *reinterpret_cast<const uint4 *>(o + b * so.sb + h * so.sh + t * so.st + ch * 8);
+        int64_t ad = row * D, ao = row * D; /* dense: (B, Hq, T, D) */
+        if (!dense) {
+            const int64_t bh = row / T_, t = row % T_, b = bh / Hq, h = bh % Hq;
+            ad = b * sdo.sb + h * sdo.sh + t * sdo.st, ao = b * so.sb + h * so.sh + t * so.st;
+        }
+        uint4 a = *reinterpret_cast<const uint4 *>(dout + ad + ch * 8);
+        uint4 c = *reinterpret_cast<const uint4 *>(o + ao + ch * 8);
         const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
         const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
 #pragma unroll
@@ -319,8 +322,9 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
 }
 
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
- * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd;
- * n4 counts float4s, 0 skips the segment. */
+ * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
+ * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
+ * (the strided addresses then take 32-bit divisions). */
 struct cvt_seg {
     struct {
         uint16_t *dst;
@@ -329,12 +333,12 @@ struct cvt_seg {
         int nsplit;
         float scale;
         zr_attn_strides sd;
-        int H;
+        int H, dense;
     } s[3];
-    int T, D;
+    int T, rows32;
 };
 
-template <typename T> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
+template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
@@ -352,10 +356,22 @@ template <typename T> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
             uint2 r;
             r.x = (uint32_t)M::from_f(a.x * sg.scale) | ((uint32_t)M::from_f(a.y * sg.scale) << 16);
             r.y = (uint32_t)M::from_f(a.z * sg.scale) | ((uint32_t)M::from_f(a.w * sg.scale) << 16);
-            const int64_t e = i * 4, row = e / segs.D, col = e % segs.D;
-            const int64_t bh = row / segs.T, t = row % segs.T, b = bh / sg.H, h = bh % sg.H;
-            *reinterpret_cast<uint2 *>(sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col) =
-                r;
+            const int64_t e = i * 4;
+            uint16_t *dst = sg.dst + e;
+            if (!sg.dense) {
+                const int64_t row = e / D; /* D a power of two: a shift */
+                const int col = (int)(e % D);
+                int64_t bh, t;
+                if (segs.rows32) {
+                    const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
+                    bh = q, t = r32 - q * (uint32_t)segs.T;
+                } else {
+                    bh = row / segs.T, t = row % segs.T;
+                }
+                const int64_t b = bh / sg.H, h = bh - b * sg.H;
+                dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+            }
+            *reinterpret_cast<uint2 *>(dst) = r;
         }
     }
 }
@@ -677,8 +693,8 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o, (int)Hq, (int)T_,
-        rows);
+        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
+        same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
     if (hopper) {
         attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_, ns,
                            nkv, scale, mma_dtype<T>::value, st);
@@ -693,13 +709,15 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
             scale * ATT_LOG2E);
     }
     /* one launch converts dq, and dk/dv when they were split */
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq},
-                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv},
+    const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
+                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv,
+                      same(L.dk, dkv)},
                      {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,
-                      (int)Hkv}},
+                      (int)Hkv, same(L.dv, dkv)}},
                     (int)T_,
-                    D};
-    attn_sum_convert_kernel<T><<<132 * 8, 256, 0, st>>>(segs);
+                    rows < ((int64_t)1 << 31)};
+    attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);
 }
 
 extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
