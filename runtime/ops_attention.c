@@ -205,8 +205,9 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
     for (int i = 0; i < 3; i++) zr_tensor_release(ins[i]);
     out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, scale);
     if (out && out->grad_fn) {
+        zr_tensor *orig[3] = {q, k, v};
         out->grad_fn->i[0] = strided;
-        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = strided && is_bthd(i ? (i == 1 ? k : v) : q);
+        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = strided && is_bthd(orig[i]);
     }
     return out;
 fail:
