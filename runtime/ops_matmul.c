@@ -449,6 +449,17 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
         (need[0] && !(wi = zr_tensor_to_raw(w, dt, dev))))
         goto done;
+    /* dX straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
+     * consumers' gradients are there already (GPT-2's three c_attn products), no add pass */
+    if (need[0] && n->edges[0].fn && n->edges[0].dtype == dt) {
+        zr_tensor *buf;
+        int state;
+        if (zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state)) goto done;
+        zr_gemm_desc gd = {0, 0, rows, in, out, zr_tensor_data(gi), out, 0, zr_tensor_data(wi), in, 0,
+                           zr_tensor_data(buf), in, 0, 1, NULL, 1.0, state == ZR_GRADBUF_SHARED ? 1.0 : 0.0, dt, dt};
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dX)", dev)) goto done;
+        need[0] = 0;
+    }
     if (need[0] && !(d[0] = zr_tensor_new_cat(dt, dev, n->edges[0].ndim, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)))
         goto done;
     /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM with

@@ -93,17 +93,25 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     zr_tensor *wi = w ? zr_tensor_to_raw(w, dt, dev) : NULL, *ws = NULL, *d[3] = {NULL, NULL, NULL};
     zr_status st = ZR_ERR;
     if (!gi || !xi || (w && !wi)) goto done;
-    if (!(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    /* dx straight into the producer's pending gradient (the residual stream's, typically): the
+     * kernel adds what is there in the same pass (dres aliasing dx) instead of a separate add */
+    zr_tensor *buf = NULL;
+    int state = ZR_GRADBUF_NEW;
+    if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
+        goto done;
+    if (!buf && !(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (want_w && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
     cudaStream_t s = zr_cuda_stream(dev);
-    void *p[3] = {zr_tensor_data(d[0]), d[1] ? zr_tensor_data(d[1]) : NULL, d[2] ? zr_tensor_data(d[2]) : NULL};
+    void *p[3] = {zr_tensor_data(buf ? buf : d[0]), d[1] ? zr_tensor_data(d[1]) : NULL,
+                  d[2] ? zr_tensor_data(d[2]) : NULL};
+    const void *dres = buf && state == ZR_GRADBUF_SHARED ? p[0] : NULL;
     int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
                                           wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
-                                          ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
+                                          dres, ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
                 : rmsnorm_backward_cuda(p[0], p[1], zr_tensor_data(gi), zr_tensor_data(xi),
-                                        wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), NULL,
+                                        wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
                                         ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
     if (zr_give_grads(n, nin, d, gin)) goto done;

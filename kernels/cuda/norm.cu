@@ -743,13 +743,13 @@ extern "C" int layernorm_forward_cuda(void *y, float *mean, float *rstd, const v
 
 extern "C" int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy,
                                        const void *x, const void *w, const float *mean,
-                                       const float *rstd, void *workspace, int64_t N, int64_t D,
-                                       zr_dtype dtype, cudaStream_t stream) {
+                                       const float *rstd, const void *dres, void *workspace,
+                                       int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "layernorm_backward_cuda";
     if (check_nd(fn, N, D)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
-                      if (bwd_launch<T, true>(fn, dx, dw, db, dy, x, w, mean, rstd, NULL,
+                      if (bwd_launch<T, true>(fn, dx, dw, db, dy, x, w, mean, rstd, dres,
                                               workspace, N, D, stream)) return ZR_ERR);
     return launch_check(fn);
 }

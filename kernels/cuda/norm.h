@@ -39,10 +39,12 @@ int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x, con
 int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x, const void *w,
                            const void *b, int64_t N, int64_t D, float eps, zr_dtype dtype,
                            cudaStream_t stream);
-/* dx from dy; dw, db (D) overwritten, either may be NULL. w may be NULL (1). */
+/* dx from dy (+ dres when non-NULL, which dx may alias: a gradient already there is added in the
+ * same pass); dw, db (D) overwritten, either may be NULL. w may be NULL (1). */
 int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy, const void *x,
-                            const void *w, const float *mean, const float *rstd, void *workspace,
-                            int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream);
+                            const void *w, const float *mean, const float *rstd, const void *dres,
+                            void *workspace, int64_t N, int64_t D, zr_dtype dtype,
+                            cudaStream_t stream);
 
 #ifdef __cplusplus
 }

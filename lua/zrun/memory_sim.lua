@@ -171,6 +171,15 @@ function Sim:accumulate(node, g)
   node.slot = s
 end
 
+-- A GPU backward writing its input's gradient into the producer's pending one
+-- (zr_node_input_grad_buffer: created when absent, added into in place when this is its only
+-- reference, else replaced by a private copy first). Returns nothing to accumulate.
+function Sim:grad_into(node, bytes)
+  local s = node.slot
+  if not s then node.slot = self:new(bytes); return end
+  if s.s.refs > 1 then node.slot = self:new(bytes); self:drop(s) end
+end
+
 -- A parameter's gradient arriving (zr_accumulate_leaf_grad, then the ZeRO hook).
 function Sim:leaf_grad(leaf, g)
   if g then
@@ -231,7 +240,9 @@ function Sim:linear(x, W, o_bytes)
   return self:record(out, { x, W }, { x }, function(S, _, g)
     S:gather(W, true)
     local gi = S:raw(g)
-    local dx = S:new(x.n)
+    -- on a GPU dX goes into x's pending gradient (ops_matmul.c: beta 1 when one is there)
+    local dx
+    if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
     -- accumulated straight into it by the GEMM (ops_matmul.c): no 16-bit temporary
     local dw = not S.o.dw_in_place and S:new(W.leaf.bytes) or nil
@@ -282,7 +293,9 @@ function Sim:rms_norm(x, w, rows)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
     S:gather(w, true)
     local gi = S:raw(g)
-    local dx = S:new(x.n)
+    -- on a GPU dx goes into x's pending gradient (ops_norm.c: the kernel adds what is there)
+    local dx
+    if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     local dw = S:new(w.leaf.numel * 4)
     S:drop(gi)
     S:release_param(w)

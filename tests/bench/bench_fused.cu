@@ -161,7 +161,7 @@ int main() {
                 OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
             }));
         row("layernorm bwd (dw, db)", sh, 3 * e, time_ms([&] {
-                OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, ws, N, D, BF, 0));
+                OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, NULL, ws, N, D, BF, 0));
             }));
         row("softmax fwd", sh, 2 * e,
             time_ms([&] { OK(softmax_forward_cuda(y, x, N, D, BF, 0)); }));

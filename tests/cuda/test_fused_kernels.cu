@@ -240,13 +240,23 @@ TEST(layernorm_forward_backward) {
             norm_bwd_ref(true, dy, x, w, N, D, eps, dxr, dwr, dbr);
             dbuf ws(layernorm_backward_workspace_size(N, D) / 4 + 1, ZR_F32);
             CHECK_OK(layernorm_backward_cuda(dx_.p, gw_.p, gb_.p, dy_.p, x_.p, w_.p, mean_.f(),
-                                             rstd_.f(), ws.p, N, D, t, 0));
+                                             rstd_.f(), NULL, ws.p, N, D, t, 0));
             /* D=1: dx is exactly 0 in exact math; compare absolutely there. */
             if (D == 1) {
                 vec g = dx_.down();
                 CHECK_MSG(std::fabs(g[0]) < 1e-3, "%s: dx %g", what, g[0]);
             } else {
                 CHECK_CLOSE(dx_.down(), dxr, tol_of(t) * 2, what);
+                /* a gradient already in dx is added in the same pass (dres aliasing dx) */
+                vec prev = randv(N * D), sum(N * D);
+                dbuf acc_(N * D, t);
+                acc_.up(prev);
+                CHECK_OK(layernorm_backward_cuda(acc_.p, NULL, NULL, dy_.p, x_.p, w_.p, mean_.f(),
+                                                 rstd_.f(), acc_.p, ws.p, N, D, t, 0));
+                for (int64_t i = 0; i < N * D; ++i) sum[i] = dxr[i] + prev[i];
+                char w3[128];
+                snprintf(w3, sizeof w3, "%s dx + dres in place", what);
+                CHECK_CLOSE(acc_.down(), sum, tol_of(t) * 3, w3);
             }
             CHECK_CLOSE(gw_.down(), dwr, tol_of(t) * 2 + 1e-5, what);
             CHECK_CLOSE(gb_.down(), dbr, tol_of(t) + 1e-5, what);
