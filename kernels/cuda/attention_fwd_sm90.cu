@@ -1,8 +1,9 @@
 /* Causal GQA flash attention forward for Hopper (sm_90a), warp-specialised: a producer warpgroup
- * (one thread) loads Q and a 4-stage ring of K/V tiles with TMA (128-byte swizzle, rows past T
- * zero-filled) onto mbarriers; three consumer warpgroups of 64 queries each run wgmma (S = Q·K^T
- * from shared memory, O += P·V with P from registers) and the online softmax, each at its own pace:
- * a stage is refilled once all twelve consumer warps have released it. head_dim 64, bf16/f16. */
+ * (one thread) loads Q and a 4-stage ring of K/V tiles with TMA (4-D maps over any (B, H, T, 64)
+ * strides, 128-byte swizzle, rows past T zero-filled) onto mbarriers; three consumer warpgroups of
+ * 64 queries each run wgmma (S = Q·K^T from shared memory, O += P·V with P from registers) and the
+ * online softmax, each at its own pace: a stage is refilled once all twelve consumer warps have
+ * released it. head_dim 64, bf16/f16. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
