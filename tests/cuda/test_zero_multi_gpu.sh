@@ -25,6 +25,10 @@ for stage in 2 3; do                                   # bf16 model: bf16 bucket
   mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/comm_dtype_check.lua $stage 1 >>"$out" 2>&1 ||
     echo "FAIL comm_dtype_check.lua $stage: mpirun exited $?" >>"$out"
 done
+for stage in 1 2 3; do                                 # data_types.grad_accum_dtype bf16 vs fp32
+  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/grad_accum_check.lua $stage >>"$out" 2>&1 ||
+    echo "FAIL grad_accum_check.lua $stage: mpirun exited $?" >>"$out"
+done
 # the main recipe as users run it: a plain "cuda" device, one GPU per rank picked from the local rank
 for c in zero2 zero3; do
   if mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x NCCL_NVLS_ENABLE $Z recipes/finetune_llama.lua --config configs/$c.json \
