@@ -127,41 +127,31 @@ template <int N, int M> static __device__ __forceinline__ void reg_fence(uint32_
 
 /* d (64×64 per warpgroup, f32) (+)= A (64×16, registers) · B (16×64 from descriptor b).
  * TB = 0: B stored [n][k] (K-major); TB = 1: B stored [k][n] (N-major). acc = 0 overwrites d. */
+#define ZR_WG_RS64(TY)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " ZR_WG_D32             \
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                  \
+                 : ZR_WG_OUT32(d)                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB))
 template <typename T, int TB>
 static __device__ __forceinline__ void wg_rs64(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                                int acc) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZR_WG_D32
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                     : ZR_WG_OUT32(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZR_WG_D32
-                     ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                     : ZR_WG_OUT32(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB));
-    }
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_RS64("bf16");
+    else ZR_WG_RS64("f16");
 }
 
 /* d (64×64) (+)= A (64×16 from descriptor a) · B (16×64 from descriptor b); TA = 1: A stored
  * [k][m] (M-major), TB = 1: B stored [k][n] (N-major). */
+#define ZR_WG_SS64(TY)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " ZR_WG_D32             \
+                 ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                              \
+                 : ZR_WG_OUT32(d)                                                                  \
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB))
 template <typename T, int TA, int TB>
 static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint64_t b, int acc) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ZR_WG_D32
-                     ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-                     : ZR_WG_OUT32(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " ZR_WG_D32
-                     ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-                     : ZR_WG_OUT32(d)
-                     : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
-    }
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_SS64("bf16");
+    else ZR_WG_SS64("f16");
 }
 
 #define ZR_WG_D64                                                                                  \
@@ -178,21 +168,16 @@ static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint6
 
 /* d (64×128, f32) (+)= A (64×16 from descriptor a, K-major) · B (16×128 from descriptor b,
  * stored [n][k]). acc = 0 overwrites d. */
+#define ZR_WG_SS128(TY)                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " ZR_WG_D64            \
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                  \
+                 : ZR_WG_OUT64(d)                                                                  \
+                 : "l"(a), "l"(b), "r"(acc))
 template <typename T>
 static __device__ __forceinline__ void wg_ss128(float (&d)[64], uint64_t a, uint64_t b, int acc) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ZR_WG_D64
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : ZR_WG_OUT64(d)
-                     : "l"(a), "l"(b), "r"(acc));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " ZR_WG_D64
-                     ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                     : ZR_WG_OUT64(d)
-                     : "l"(a), "l"(b), "r"(acc));
-    }
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_SS128("bf16");
+    else ZR_WG_SS128("f16");
 }
 
 /* Hands registers back (producer warpgroups) or takes them (consumer warpgroups): every warp of
