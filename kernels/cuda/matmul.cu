@@ -288,8 +288,11 @@ template <typename T> int fill_rows(void *y, const void *bias, int64_t rows, int
     return launch_check("fill_rows (cuda)");
 }
 
-// Block (32, 8): 32 columns per block, 8 row lanes; f64 partials reduced in shared memory.
-template <typename T> __global__ void sum_cols_kernel(T *out, const T *__restrict__ x, int64_t rows, int64_t cols) {
+// Block (32, 8): 32 columns per block, 8 row lanes; f64 partials reduced in shared memory: row y of
+// threads adds rows y, y + 8, ... in order, then the eight sums in y order (the same bits every
+// run). X is T, or double for the chunked path's partials.
+template <typename T, typename X = T>
+__global__ void sum_cols_kernel(T *out, const X *__restrict__ x, int64_t rows, int64_t cols) {
     __shared__ double part[8][33];
     int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double s = 0;
@@ -335,25 +338,6 @@ __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, i
         part[(int64_t)blockIdx.y * cols + gc] = t;
     }
 }
-/* Block (32, 8) per 32 columns: row y of threads adds chunks y, y + 8, ... in order, then the
- * eight sums are added in y order (the same order every run). */
-template <typename T>
-__global__ void sum_cols_final_kernel(T *out, const double *__restrict__ part, int64_t chunks, int64_t cols) {
-    __shared__ double sh[8][33];
-    const int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
-    double t = 0;
-    if (col < cols)
-        for (int64_t c = threadIdx.y; c < chunks; c += 8) t += part[c * cols + col];
-    sh[threadIdx.y][threadIdx.x] = t;
-    __syncthreads();
-    if (threadIdx.y == 0 && col < cols) {
-        double u = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) u += sh[k][threadIdx.x];
-        out[col] = from_acc<T>((typename acc<T>::type)u);
-    }
-}
-
 template <typename T> int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, cudaStream_t s) {
     int64_t blocks = (cols + 31) / 32;
     if (blocks > 0x7fffffff) return zr_error("sum_cols (cuda): too many columns");
@@ -377,7 +361,7 @@ template <typename T> int sum_cols(void *out, const void *x, int64_t rows, int64
             part, (const T *)x, rows, cols, rows_per);
     int rc = launch_check("sum_cols (cuda)");
     if (!rc) {
-        sum_cols_final_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, part, chunks, cols);
+        sum_cols_kernel<T, double><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, part, chunks, cols);
         rc = launch_check("sum_cols (cuda)");
     }
     zr_cuda_free(d, part);

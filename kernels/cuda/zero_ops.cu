@@ -1,18 +1,10 @@
 // CUDA kernels for the ZeRO engine's step: the sum of squares of the gradient partition (f32, or
 // bf16/f16 with data_types.grad_accum_dtype) for the global gradient norm, read once with 16-byte
 // loads, no temporary the size of the partition.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-extern "C" {
-#include "error.h"
-}
+#include "common.cuh"
 #include "zero_ops.h"
 
-template <typename T> __device__ __forceinline__ double dbl(T v);
-template <> __device__ __forceinline__ double dbl<float>(float v) { return v; }
-template <> __device__ __forceinline__ double dbl<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ double dbl<__half>(__half v) { return __half2float(v); }
+using zrk::to_acc;
 
 static const int kThreads = 512;
 
@@ -43,10 +35,10 @@ template <typename T> static __global__ void sumsq_partial_kernel(double *partia
         const uint4 r = xv[i];
         const T *e = reinterpret_cast<const T *>(&r);
 #pragma unroll
-        for (int k = 0; k < V; ++k) acc += dbl<T>(e[k]) * dbl<T>(e[k]);
+        for (int k = 0; k < V; ++k) acc += (double)to_acc(e[k]) * (double)to_acc(e[k]);
     }
     for (int64_t i = nv * V + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        acc += dbl<T>(x[i]) * dbl<T>(x[i]);
+        acc += (double)to_acc(x[i]) * (double)to_acc(x[i]);
     acc = block_sum(acc);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
