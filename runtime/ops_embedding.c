@@ -23,44 +23,38 @@ static zr_status embedding_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gi
     int64_t N = zr_tensor_numel(ids), V = e->shape[0], D = e->shape[1];
     size_t wsz = embedding_backward_workspace_size(N, V);
     zr_tensor *gi = zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *ws = gi && wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
+    zr_tensor *gw = NULL;
+    zr_status st = ZR_ERR;
+    if (!gi || (wsz && !ws)) goto done;
+    void *wsp = ws ? zr_tensor_data(ws) : NULL;
     /* A 16-bit table whose gradient is a tensor already, fp32 or its own dtype (the ZeRO engine's
      * partition, which for tied weights already holds the head's dW): add the rows the ids name
      * straight into it, instead of a dense (V, D) gradient and a pass over the whole table. */
-    zr_tensor *lg = gi && (dt == ZR_BF16 || dt == ZR_F16) && V * D > 0 ? zr_node_leaf_grad(n, 0) : NULL;
+    zr_tensor *lg = (dt == ZR_BF16 || dt == ZR_F16) && V * D > 0 ? zr_node_leaf_grad(n, 0) : NULL;
     if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt)) {
-        zr_tensor *ws = wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
         zr_tensor *leaf = e->leaf;
-        int rc = wsz && !ws ? -1 : 0;
-        if (!rc && leaf->grad_stale) /* the engine's zero_grad left it unfilled */
-            rc = zr_tensor_fill_(lg, 0) ? -1 : 0;
-        if (!rc && lg->dtype == ZR_F32)
-            rc = embedding_backward_add_f32_cuda(zr_tensor_data(lg), zr_tensor_data(gi), zr_tensor_data(ids),
-                                                 ws ? zr_tensor_data(ws) : NULL, N, V, D, dt, zr_cuda_stream(dev));
-        else if (!rc)
-            rc = embedding_backward_cuda(zr_tensor_data(lg), zr_tensor_data(gi), zr_tensor_data(ids),
-                                         ws ? zr_tensor_data(ws) : NULL, N, V, D, 1, dt, zr_cuda_stream(dev));
-        zr_tensor_release(ws);
-        if (rc != -2) {
-            zr_tensor_release(gi);
-            if (rc) return rc == -1 ? ZR_ERR : zr_dev_status(rc, "embedding backward", dev);
-            leaf->grad_stale = 0;
-            return ZR_OK; /* nothing to hand back: the leaf's gradient holds it */
+        if (leaf->grad_stale && zr_tensor_fill_(lg, 0)) goto done; /* zero_grad left it unfilled */
+        leaf->grad_stale = 0;
+        int rc = lg->dtype == ZR_F32
+                     ? embedding_backward_add_f32_cuda(zr_tensor_data(lg), zr_tensor_data(gi), zr_tensor_data(ids), wsp,
+                                                       N, V, D, dt, zr_cuda_stream(dev))
+                     : embedding_backward_cuda(zr_tensor_data(lg), zr_tensor_data(gi), zr_tensor_data(ids), wsp, N, V,
+                                               D, 1, dt, zr_cuda_stream(dev));
+        if (rc != -2) { /* nothing to hand back: the leaf's gradient holds it */
+            st = zr_dev_status(rc, "embedding backward", dev);
+            goto done;
         }
     }
-    zr_tensor *gw = gi ? zr_tensor_new_cat(dt, dev, 2, e->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    zr_tensor *ws = gw && wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
-    zr_status st = ZR_ERR;
-    if (gw && (!wsz || ws)) {
-        if (V * D == 0) st = ZR_OK;
-        else
-            st = zr_dev_status(embedding_backward_cuda(zr_tensor_data(gw), zr_tensor_data(gi), zr_tensor_data(ids),
-                                                       ws ? zr_tensor_data(ws) : NULL, N, V, D, 0, dt,
-                                                       zr_cuda_stream(dev)),
-                               "embedding backward", dev);
-    }
+    if (!(gw = zr_tensor_new_cat(dt, dev, 2, e->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    st = V * D == 0 ? ZR_OK
+                    : zr_dev_status(embedding_backward_cuda(zr_tensor_data(gw), zr_tensor_data(gi), zr_tensor_data(ids),
+                                                            wsp, N, V, D, 0, dt, zr_cuda_stream(dev)),
+                                    "embedding backward", dev);
+done:
     zr_tensor_release(gi);
     zr_tensor_release(ws);
-    if (!st && gw->dtype != e->dtype) {
+    if (!st && gw && gw->dtype != e->dtype) {
         zr_tensor *c = zr_tensor_to_raw(gw, e->dtype, dev);
         zr_tensor_release(gw);
         gw = c;
