@@ -8,7 +8,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 
-#include "tensor.h"
+#include "core/tensor.h"
 
 #define ZR_TENSOR_MT "zr.Tensor"
 

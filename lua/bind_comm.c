@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "bind.h"
-#include "comm.h"
+#include "zero/comm.h"
 
 static zr_reduce_op check_op(lua_State *L, int idx) {
     const char *s = luaL_optstring(L, idx, "sum");

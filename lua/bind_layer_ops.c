@@ -5,11 +5,11 @@
 #include <string.h>
 
 #include "bind.h"
-#include "ops_attention.h"
-#include "ops_misc.h"
-#include "ops_norm.h"
-#include "ops_rope.h"
-#include "ops_swiglu.h"
+#include "ops/attention.h"
+#include "ops/misc.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
 
 /* rms_norm(x [, weight [, eps=1e-6]]) */
 static int l_rms_norm(lua_State *L) {

@@ -4,10 +4,10 @@
 #include <string.h>
 
 #include "bind.h"
-#include "ops_embedding.h"
-#include "ops_loss.h"
-#include "ops_matmul.h"
-#include "ops_softmax.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/softmax.h"
 
 static int l_matmul(lua_State *L) {
     return zr_l_pushtensor(L, zr_matmul(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));

@@ -2,8 +2,8 @@
 #include <string.h>
 
 #include "bind.h"
-#include "ops_elementwise.h"
-#include "ops_reduce.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
 
 #define UNARY(fname, op)                                                                           \
     static int l_##fname(lua_State *L) {                                                           \

@@ -2,7 +2,7 @@
  * used by the Lua optimizers in lua/zrun/optim/. Hyperparameters come in an options table. */
 
 #include "bind.h"
-#include "optim.h"
+#include "ops/optim.h"
 
 /* Number field k of the table at idx, or def when absent; def < -1e300 means required. */
 static double num_field(lua_State *L, int idx, const char *k, double def) {

@@ -4,10 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd.h"
 #include "bind.h"
-#include "ops_view.h"
-#include "random.h"
+#include "core/autograd.h"
+#include "core/random.h"
+#include "cuda/device.h" /* zr_device_parse */
+#include "ops/view.h"
 
 static int ref_C = LUA_NOREF, ref_methods = LUA_NOREF;
 

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "bind.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define TOK_MT "zr.Tokenizer"
 

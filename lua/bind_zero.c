@@ -3,10 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd.h"
 #include "bind.h"
-#include "comm.h"
-#include "zero.h"
+#include "core/autograd.h"
+#include "zero/comm.h"
+#include "zero/engine.h"
 
 #define ZERO_MT "zr.ZeroEngine"
 

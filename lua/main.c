@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "bind.h"
-#include "comm.h"
+#include "zero/comm.h"
 
 int luaopen_cjson(lua_State *L);
 

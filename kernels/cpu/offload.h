@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "../../runtime/dtype.h"
+#include "../base/dtype.h"
 
 /* Per-step scalars of one AdamW segment (runtime/zero_offload.c computes them):
  *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;

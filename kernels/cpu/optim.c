@@ -4,7 +4,7 @@
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
-#include "../../runtime/dtype.h" /* zr_bf16_to_f32 */
+#include "../base/dtype.h" /* zr_bf16_to_f32 */
 
 #define PAR_N 65536 /* below this, threads cost more than they save */
 

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 typedef struct {
     int64_t offset;     /* first element of this tensor in the flat buffers */

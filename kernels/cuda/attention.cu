@@ -11,7 +11,7 @@
 #include <math.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
 #define ATT_BLK 64 /* queries and keys per tile */

@@ -5,7 +5,7 @@
 #include "elementwise.h"
 
 extern "C" {
-#include "cpu/kernels.h" /* ZR_UN_* and ZR_BIN_* op codes */
+#include "../cpu/kernels.h" /* ZR_UN_* and ZR_BIN_* op codes */
 }
 
 using namespace zrk;

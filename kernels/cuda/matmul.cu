@@ -11,7 +11,7 @@
 #include "matmul.h"
 
 extern "C" {
-#include "cuda_device.h" /* runtime/cuda_device.h: the caching allocator for the workspace */
+#include "../../runtime/cuda/device.h" /* the caching allocator for the workspace (moves to runtime next) */
 }
 
 using namespace zrk;

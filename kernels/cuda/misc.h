@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* out (contiguous u8, shape) = a (op) b, a and b of one dtype dt (any, compared as double) read
  * through strides (0 on broadcast dims). ndim >= 1. */

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* y = w * (x * rsqrt(mean(x^2) + eps)), the normalised row rounded to the dtype before the weight
  * (Hugging Face LlamaRMSNorm). rstd (N) may be NULL (inference). */

@@ -9,7 +9,7 @@
 // rounding to the narrow type that error could change, so those come out as the double path
 // (and the CPU) gives them.
 #include "common.cuh"
-#include "philox.h"
+#include "../base/philox.h"
 #include "random.h"
 
 using namespace zrk;

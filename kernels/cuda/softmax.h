@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 int softmax_forward_cuda(void *y, const void *x, int64_t N, int64_t D, zr_dtype dtype,
                          cudaStream_t stream);

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_device.h"
-#include "random.h"
-#include "tensor.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "cuda/device.h"
 
 #ifndef ZR_HAVE_CUDA
 int main(void) {
@@ -23,12 +23,12 @@ int main(void) {
     return 0;
 }
 #else
-#include "../kernels/cpu/kernels.h" /* op codes */
-#include "../kernels/cuda/copy.h"
-#include "../kernels/cuda/elementwise.h"
-#include "../kernels/cuda/matmul.h"
-#include "../kernels/cuda/random.h"
-#include "../kernels/cuda/reduce.h"
+#include "kernels/cpu/kernels.h" /* op codes */
+#include "kernels/cuda/copy.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/random.h"
+#include "kernels/cuda/reduce.h"
 
 static const zr_device GPU = {ZR_CUDA, 0};
 static int n_fail;

@@ -14,16 +14,16 @@
 #include <functional>
 #include <vector>
 
-#include "cuda/adamw.h"
-#include "cuda/attention.h"
-#include "cuda/cross_entropy.h"
-#include "cuda/embedding.h"
-#include "cuda/norm.h"
-#include "cuda/rope.h"
-#include "cuda/softmax.h"
-#include "cuda/swiglu.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/softmax.h"
+#include "kernels/cuda/swiglu.h"
 extern "C" {
-#include "error.h"
+#include "kernels/base/error.h"
 }
 
 #define CU(x)                                                                                      \

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "cpu/offload.h"
-#include "dtype.h"
-#include "zero_offload.h"
+#include "kernels/base/dtype.h"
+#include "kernels/cpu/offload.h"
+#include "zero/offload.h"
 
 static const int64_t SIZES[] = {1, 7, 65537, 200003};
 #define NSIZES (int)(sizeof SIZES / sizeof SIZES[0])

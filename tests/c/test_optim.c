@@ -4,8 +4,8 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "dtype.h"
-#include "optim.h"
+#include "kernels/base/dtype.h"
+#include "ops/optim.h"
 
 /* Deterministic values in [-2, 2]. */
 static double val(int64_t i, int k) { return 2.0 * sin(0.37 * (double)i + 1.3 * k) * cos(0.011 * (double)i * (k + 1)); }

@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "error.h"
-#include "json.h"
-#include "tokenizer.h"
+#include "io/json.h"
+#include "kernels/base/error.h"
+#include "tokenizer/tokenizer.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
