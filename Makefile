@@ -101,24 +101,24 @@ features:
 
 $(BUILD)/runtime/%.o: runtime/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -MP -c $< -o $@
 $(BUILD)/lua/%.o: lua/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LUA_INC) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) $(LUA_INC) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/base/%.o: kernels/base/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -c $< -o $@
+	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
 # The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
 $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kernels/cpu/offload_f32.o $(BUILD)/kernels/cpu/offload_f64.o: CFLAGS += -fno-math-errno
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
 $(BUILD)/kernels/cuda/attention_fwd_sm90.cu.o $(BUILD)/kernels/cuda/attention_bwd_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 

@@ -9,9 +9,9 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "ops/compare.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
-#include "ops/misc.h"
 #include "ops/softmax.h"
 #include "ops/util.h"
 #include "ops/view.h"

@@ -12,8 +12,8 @@
 #include "ops/matmul.h"
 #include "ops/util.h"
 #ifdef ZR_HAVE_CUDA
+#include "cuda/blas_plan.h"
 #include "cuda/device.h"
-#include "kernels/cuda/matmul.h"
 #endif
 
 /* C (m,n; row stride ldc; dtype cdt) = op(A) · op(B) + beta C (+ bias (n), CUDA only) with A and
@@ -251,7 +251,8 @@ static zr_status linear_multi_backward(zr_node *nd, zr_tensor *g, zr_tensor **gi
         if (!(r = zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0))) goto done;
         if (cpu) ZR_CPU_CALL(ct, sum_cols_cpu, zr_tensor_data(r), zr_tensor_data(gi), rows, N);
 #ifdef ZR_HAVE_CUDA
-        else if (zr_dev_status(sum_cols_cuda(zr_tensor_data(r), zr_tensor_data(gi), rows, N, ct, zr_cuda_stream(dev)),
+        else if (zr_dev_status(linear_bias_grad_cuda(zr_tensor_data(r), zr_tensor_data(gi), rows, N, ct,
+                                                     zr_cuda_stream(dev)),
                                "linear_multi backward (bias)", dev))
             goto done;
 #endif

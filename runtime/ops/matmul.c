@@ -76,8 +76,8 @@ static void batch_strides(const zr_tensor *t, int bn, const int64_t *bshape, int
  * stays f32). Batches whose offsets are one stride apart (or broadcast: stride 0) are one
  * strided-batched call; other batch layouts take one call per matrix. --- */
 #ifdef ZR_HAVE_CUDA
+#include "cuda/blas_plan.h"
 #include "cuda/device.h"
-#include "kernels/cuda/matmul.h"
 
 /* True when the batch offsets st (over bshape) are a single stride apart in row-major batch
  * order (size-1 dims skipped); *stride is that stride (0 for a broadcast operand). */

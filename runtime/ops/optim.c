@@ -1,7 +1,7 @@
 /* Optimizer steps (AdamW, SGD) over parameter tensors and flat buffers: argument checks, the
  * per-step scalars (bias corrections), and dispatch to the fused CPU kernels, or for parameters
- * on a GPU to kernels/cuda/adamw.h (one segment per tensor; f32 or bf16/f16 gradients read as
- * they are) and the SGD kernel of kernels/cuda/misc.h. Nothing waits for the GPU. */
+ * on a GPU to kernels/cuda/optim.h (AdamW: one segment per tensor; f32 or bf16/f16 gradients
+ * read as they are; SGD). Nothing waits for the GPU. */
 #include "ops/optim.h"
 
 #include <math.h>
@@ -10,8 +10,7 @@
 
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
-#include "kernels/cuda/adamw.h"
-#include "kernels/cuda/misc.h"
+#include "kernels/cuda/optim.h"
 #endif
 
 /* Fails for f64 parameters on a GPU (the CUDA kernels update f32 master weights). */

@@ -12,12 +12,11 @@ static void split_dims(const zr_tensor *x, int d, int64_t *outer, int64_t *r, in
     for (int i = d + 1; i < x->ndim; i++) *inner *= x->shape[i];
 }
 
-/* --- CUDA path: rows of the last dim (kernels/cuda/softmax.h for softmax, misc.h for
+/* --- CUDA path: rows of the last dim (kernels/cuda/softmax.h for softmax and
  * log_softmax), in the tensor's dtype with f32 math. Another dim is moved last by a transposed
  * copy and moved back afterwards. --- */
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
-#include "kernels/cuda/misc.h"
 #include "kernels/cuda/softmax.h"
 
 /* Contiguous copy of t with dim d moved last (a new reference to t when d already is last and t

@@ -1,10 +1,12 @@
-/* Shape/movement ops with autograd (see ops_view.h). The raw views are in tensor.c. */
+/* Shape/movement ops with autograd (see view.h): views, copies, cat and split. The raw views are
+ * in core/tensor.c. */
 #include "ops/view.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/autograd.h"
+#include "ops/elementwise.h"
 #include "ops/util.h"
 
 /* Gradient with the input's shape, dtype and device (copying only if needed). */
@@ -223,5 +225,219 @@ zr_tensor *zr_expand(zr_tensor *x, int ndim, const int64_t *shape) {
         zr_tensor_release(out);
         return NULL;
     }
+    return out;
+}
+
+/* --- cat / split (copies, and views whose backward fills one buffer) --- */
+
+/* i[0] = dim; each input's size along dim is in its edge's shape. */
+static zr_status cat_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    int d = (int)n->i[0];
+    int64_t off = 0;
+    for (int i = 0; i < n->n_inputs; i++) {
+        zr_edge *e = &n->edges[i];
+        int64_t sz = e->shape[d];
+        if (zr_node_needs_grad(n, i)) {
+            zr_tensor *v = zr_tensor_narrow_raw(g, d, off, sz);
+            gin[i] = v ? zr_tensor_to_raw(v, e->dtype, zr_tensor_device(g)) : NULL;
+            zr_tensor_release(v);
+            if (!gin[i]) return ZR_ERR;
+        }
+        off += sz;
+    }
+    return ZR_OK;
+}
+
+zr_tensor *zr_cat(zr_tensor *const *ts, int n, int dim) {
+    char b1[128], b2[128];
+    if (n < 1) return zr_error_null("cat: expected at least one tensor");
+    zr_tensor *t0 = ts[0];
+    if (t0->ndim == 0) return zr_error_null("cat: tensor 1 is a scalar (0-dim); scalars cannot be concatenated");
+    int d = zr_dim_norm(dim, t0->ndim, "cat");
+    if (d < 0) return NULL;
+    if (zr_check_same_device("cat", n, ts)) return NULL;
+    int64_t shape[ZR_MAX_DIMS];
+    memcpy(shape, t0->shape, sizeof shape);
+    shape[d] = 0;
+    zr_dtype dt = t0->dtype;
+    for (int i = 0; i < n; i++) {
+        zr_tensor *t = ts[i];
+        int ok = t->ndim == t0->ndim;
+        for (int k = 0; ok && k < t0->ndim; k++) ok = k == d || t->shape[k] == t0->shape[k];
+        if (!ok)
+            return zr_error_null("cat: tensor %d has shape %s but tensor 1 has shape %s; they must "
+                                 "match in every dim except dim %d", i + 1, zr_tensor_shape_str(t, b1),
+                                 zr_tensor_shape_str(t0, b2), d + 1);
+        shape[d] += t->shape[d];
+        dt = zr_promote(dt, t->dtype);
+    }
+    zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(t0), t0->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t sz = ts[i]->shape[d];
+        if (sz && zr_tensor_numel(ts[i])) {
+            zr_tensor *slot = zr_tensor_narrow_raw(out, d, off, sz);
+            zr_status st = slot ? zr_tensor_copy_(slot, ts[i]) : ZR_ERR;
+            zr_tensor_release(slot);
+            if (st) goto fail;
+        }
+        off += sz;
+    }
+    zr_node *nd;
+    if (zr_autograd_record(out, "cat", cat_backward, n, ts, &nd)) goto fail;
+    if (nd) nd->i[0] = d;
+    return out;
+fail:
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* What the parts of one split share: where each part lies along dim. */
+typedef struct {
+    int refcount, n, dim;
+    int64_t *start, *len;
+    unsigned char *written; /* per part: wrote into the producer's buffer since the mark began */
+} split_group;
+
+static void group_release(void *p) {
+    split_group *g = p;
+    if (!g || --g->refcount > 0) return;
+    free(g->start);
+    free(g->written);
+    free(g);
+}
+
+/* End of the group's mark on the producer's gradient buffer: the slices of parts that wrote
+ * nothing (no gradient reached them) become zeros; then the mark's reference goes. */
+static zr_status split_finish(const void *owner, zr_tensor *buf) {
+    split_group *sg = (split_group *)owner;
+    zr_status st = ZR_OK;
+    for (int j = 0; buf && j < sg->n && !st; j++) {
+        if (sg->written[j] || sg->len[j] == 0) continue;
+        zr_tensor *o = zr_tensor_narrow_raw(buf, sg->dim, sg->start[j], sg->len[j]);
+        st = o ? zr_tensor_fill_(o, 0) : ZR_ERR;
+        zr_tensor_release(o);
+    }
+    memset(sg->written, 0, (size_t)sg->n);
+    group_release(sg);
+    return st;
+}
+
+/* i[0] = this part's index in its group (n->ctx). */
+static zr_status split_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    split_group *sg = n->ctx;
+    int k = (int)n->i[0], d = sg->dim;
+    zr_edge *e = &n->edges[0];
+    zr_status st = ZR_ERR;
+    zr_tensor *buf, *s = NULL;
+    int state;
+    if (e->fn) { /* into the producer's one gradient buffer */
+        if (zr_node_input_grad_buffer(n, 0, sg, split_finish, &buf, &state)) return ZR_ERR;
+        if (state == ZR_GRADBUF_NEW) { /* uninitialized: split_finish zeroes what no part wrote */
+            sg->refcount++; /* the owner mark's reference, dropped by split_finish */
+            memset(sg->written, 0, (size_t)sg->n);
+        }
+        if (state != ZR_GRADBUF_SHARED) sg->written[k] = 1;
+        if (!(s = zr_tensor_narrow_raw(buf, d, sg->start[k], sg->len[k]))) return ZR_ERR;
+        st = state == ZR_GRADBUF_SHARED ? zr_add_(s, g, 1.0) : zr_tensor_copy_(s, g);
+        zr_tensor_release(s);
+        return st;
+    }
+    zr_tensor *lg = zr_node_leaf_grad(n, 0);
+    if (lg && !e->leaf->grad_stale) { /* a leaf with a gradient: add into its slice */
+        if (!(s = zr_tensor_narrow_raw(lg, d, sg->start[k], sg->len[k]))) return ZR_ERR;
+        st = zr_add_(s, g, 1.0);
+        zr_tensor_release(s);
+        return st;
+    }
+    /* a leaf without one: a zero-padded gradient, as narrow's backward gives */
+    zr_tensor *z = zr_tensor_new_cat(e->dtype, zr_tensor_device(g), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 1);
+    if (!z) return ZR_ERR;
+    s = zr_tensor_narrow_raw(z, d, sg->start[k], sg->len[k]);
+    st = s ? zr_tensor_copy_(s, g) : ZR_ERR;
+    zr_tensor_release(s);
+    return zr_give_grad(gin, z, st);
+}
+
+zr_status zr_split_sizes(zr_tensor *x, int n, const int64_t *sizes, int dim, zr_tensor **out) {
+    char b1[128];
+    if (!x || n < 1) return zr_error("split: expected a tensor and at least one size");
+    int d = zr_dim_norm(dim, x->ndim, "split");
+    if (d < 0) return ZR_ERR;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (sizes[i] < 0) return zr_error("split: size %d is negative (%lld)", i + 1, (long long)sizes[i]);
+        total += sizes[i];
+    }
+    if (total != x->shape[d])
+        return zr_error("split: sizes sum to %lld but dim %d of x %s has size %lld", (long long)total, d + 1,
+                        zr_tensor_shape_str(x, b1), (long long)x->shape[d]);
+    split_group *g = calloc(1, sizeof *g);
+    int64_t *st = calloc((size_t)n * 2, sizeof *st);
+    unsigned char *wr = calloc((size_t)n, 1);
+    if (!g || !st || !wr) {
+        free(g);
+        free(st);
+        free(wr);
+        return zr_error("split: out of host memory");
+    }
+    g->written = wr;
+    g->refcount = 1; /* this function's, dropped at the end */
+    g->n = n;
+    g->dim = d;
+    g->start = st;
+    g->len = st + n;
+    for (int i = 0; i < n; i++) {
+        g->start[i] = i ? g->start[i - 1] + g->len[i - 1] : 0;
+        g->len[i] = sizes[i];
+    }
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    zr_status rc = ZR_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        out[i] = zr_tensor_narrow_raw(x, d, g->start[i], g->len[i]);
+        zr_node *nd;
+        if (!out[i] || zr_autograd_record(out[i], "split", split_backward, 1, &x, &nd)) {
+            rc = ZR_ERR;
+            break;
+        }
+        if (nd) {
+            nd->i[0] = i;
+            nd->ctx = g;
+            nd->ctx_free = group_release;
+            g->refcount++;
+        }
+    }
+    group_release(g);
+    if (rc)
+        for (int i = 0; i < n; i++) {
+            zr_tensor_release(out[i]);
+            out[i] = NULL;
+        }
+    return rc;
+}
+
+zr_tensor **zr_split(zr_tensor *x, int64_t chunk, int dim, int *n) {
+    *n = 0;
+    int d = zr_dim_norm(dim, x->ndim, "split");
+    if (d < 0) return NULL;
+    if (chunk <= 0) return zr_error_null("split: chunk size must be > 0, got %lld", (long long)chunk);
+    int64_t S = x->shape[d], cnt = S == 0 ? 1 : (S + chunk - 1) / chunk;
+    if (cnt > (1 << 24)) return zr_error_null("split: %lld pieces is too many", (long long)cnt);
+    int64_t *sizes = malloc((size_t)cnt * sizeof *sizes);
+    zr_tensor **out = calloc((size_t)cnt, sizeof *out);
+    if (!sizes || !out) {
+        free(sizes);
+        free(out);
+        return zr_error_null("split: out of host memory");
+    }
+    for (int64_t i = 0; i < cnt; i++) sizes[i] = S - i * chunk < chunk ? S - i * chunk : chunk;
+    zr_status st = zr_split_sizes(x, (int)cnt, sizes, d, out);
+    free(sizes);
+    if (st) {
+        free(out);
+        return NULL;
+    }
+    *n = (int)cnt;
     return out;
 }

@@ -19,7 +19,7 @@
 #include "zero/offload.h"
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
-#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/optim.h"
 #include "kernels/cuda/zero_ops.h"
 #endif
 

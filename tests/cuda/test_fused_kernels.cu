@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "../c/check.h"
-#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/optim.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/softmax.h"
 #include "kernels/cuda/swiglu.h"

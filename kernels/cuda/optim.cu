@@ -1,7 +1,7 @@
-/* Multi-tensor AdamW (see adamw.h): the host packs up to 64 segments and their block ranges into
+/* Multi-tensor AdamW (see optim.h): the host packs up to 64 segments and their block ranges into
  * the kernel's parameters; each block updates 4096 consecutive elements of one segment, each
- * thread 16 of them with coalesced accesses. */
-#include "adamw.h"
+ * thread 16 of them with coalesced accesses. The SGD step is at the end. */
+#include "optim.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,6 +11,7 @@ extern "C" {
 #include "../base/error.h"
 }
 
+#include "common.cuh" /* the SGD step below uses its zrk:: helpers */
 #include "fused_common.cuh"
 
 #define ADAMW_MAX_SEGS 64
@@ -222,3 +223,43 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
     }
     return 0;
 }
+
+/* SGD: a grid-stride kernel in the parameter's precision; inside namespace zrk so that its
+ * helpers are found before fused_common.cuh's. */
+namespace zrk {
+namespace {
+
+template <typename R>
+__global__ void sgd_kernel(R *p, const R *g, R *buf, int64_t n, R lr, R mo, R damp, R wd, int nesterov, int first) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (!buf) {
+            p[i] -= lr * (g[i] + wd * p[i]);
+            continue;
+        }
+        R d = g[i] + wd * p[i];
+        R b = first ? d : mo * buf[i] + damp * d;
+        buf[i] = b;
+        p[i] -= lr * (nesterov ? d + mo * b : b);
+    }
+}
+
+}  // namespace
+
+extern "C" int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                             double dampening, double weight_decay, int nesterov, int first, zr_dtype dt,
+                             cudaStream_t stream) {
+    if (n <= 0) return 0;
+    unsigned grid = grid_for(n, 256);
+    if (dt == ZR_F32)
+        sgd_kernel<float><<<grid, 256, 0, stream>>>((float *)p, (const float *)g, (float *)buf, n, (float)lr,
+                                                    (float)momentum, (float)(1 - dampening), (float)weight_decay,
+                                                    nesterov, first);
+    else if (dt == ZR_F64)
+        sgd_kernel<double><<<grid, 256, 0, stream>>>((double *)p, (const double *)g, (double *)buf, n, lr, momentum,
+                                                     1 - dampening, weight_decay, nesterov, first);
+    else
+        return zr_error("sgd_step_cuda: parameters must be f32 or f64, got %s", zr_dtype_name(dt));
+    return launch_check("sgd_step_cuda");
+}
+
+}  // namespace zrk

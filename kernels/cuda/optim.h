@@ -1,10 +1,11 @@
-/* Fused multi-tensor AdamW on CUDA over flat buffers (llm.c/ZeRO style: every parameter lives at
+/* Optimizer steps on CUDA, the twins of kernels/cpu/optim.h: AdamW and SGD.
+ * Fused multi-tensor AdamW on CUDA over flat buffers (llm.c/ZeRO style: every parameter lives at
  * an offset of one f32 master buffer, with m, v and the gradients at the same offsets of theirs).
  * One launch updates up to 64 segments (tensors) with their own weight decay; more segments take
  * more launches. Semantics are torch.optim.AdamW's: p -= lr*wd*p; m, v moments; bias-corrected
  * step p -= lr * m̂ / (sqrt(v̂) + eps). */
-#ifndef ZR_CUDA_ADAMW_H
-#define ZR_CUDA_ADAMW_H
+#ifndef ZR_CUDA_OPTIM_H
+#define ZR_CUDA_OPTIM_H
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -29,6 +30,11 @@ int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype l
                     const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
                     int nsegs, float lr, float beta1, float beta2, float eps, int64_t step,
                     const float *grad_scale, cudaStream_t stream);
+/* torch.optim.SGD on n contiguous elements of p (f32 or f64), g of p's dtype; buf NULL without
+ * momentum. Same arithmetic as sgd_step_cpu (in the parameter's precision). */
+int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                  double dampening, double weight_decay, int nesterov, int first, zr_dtype dt,
+                  cudaStream_t stream);
 
 #ifdef __cplusplus
 }
