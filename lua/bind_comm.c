@@ -1,4 +1,4 @@
-/* Lua bindings for collectives (runtime/comm.h): zr.dist.* wraps these. */
+/* Lua bindings for collectives (runtime/zero/comm.h): zr.dist.* wraps these. */
 #include <string.h>
 
 #include "bind.h"

@@ -1,4 +1,4 @@
-/* Lua bindings for the fused projections (runtime/ops_linear_multi.h):
+/* Lua bindings for the fused projections (runtime/ops/linear_multi.h):
  *   zr.linear_multi(x, {w1, ..., wn} [, {b1, ..., bn}]) -> y (..., Σ out_i)
  *   zr.linear_multi_runs({w1, ..., wn}) -> GEMMs per direction (1 when the weights are adjacent)
  * (zr.split, whose backward fills one gradient buffer, is bound in bind_layer_ops.c). */

@@ -1,4 +1,4 @@
-/* Lua bindings for the optimizer steps (runtime/optim.h): zr._C.adamw_step and zr._C.sgd_step,
+/* Lua bindings for the optimizer steps (runtime/ops/optim.h): zr._C.adamw_step and zr._C.sgd_step,
  * used by the Lua optimizers in lua/zrun/optim/. Hyperparameters come in an options table. */
 
 #include "bind.h"

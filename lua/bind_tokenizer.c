@@ -1,5 +1,5 @@
-/* Lua bindings for the tokenizer (runtime/tokenizer.h): a Tokenizer userdata class. Ids are
- * plain Lua arrays of integers (the datasets layer turns batches into tensors). */
+/* Lua bindings for the tokenizer (runtime/tokenizer/tokenizer.h): a Tokenizer userdata class.
+ * Ids are plain Lua arrays of integers (the datasets layer turns batches into tensors). */
 #include <stdlib.h>
 #include <string.h>
 

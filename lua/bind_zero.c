@@ -1,4 +1,4 @@
-/* Lua bindings for the ZeRO engine (runtime/zero.h) and the stage-3 module-boundary autograd
+/* Lua bindings for the ZeRO engine (runtime/zero/engine.h) and the stage-3 module-boundary autograd
  * nodes that gather parameters again before a module's backward and release them after it. */
 #include <stdlib.h>
 #include <string.h>

@@ -38,7 +38,7 @@ if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config 
 
 -- model + tokenizer (or the built-in fallback)
 local device = opt.device
-if device == "auto" then device = (zr._C.cuda and zr._C.cuda.device_count() > 0) and "cuda" or "cpu" end
+if device == "auto" then device = zr.cuda.device_count() > 0 and "cuda" or "cpu" end
 local model, tok, fallback
 local ok, err = pcall(function()
   local dir = zr.hf.resolve(opt.model)

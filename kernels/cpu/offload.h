@@ -10,7 +10,7 @@
 
 #include "../base/dtype.h"
 
-/* Per-step scalars of one AdamW segment (runtime/zero_offload.c computes them):
+/* Per-step scalars of one AdamW segment (runtime/zero/offload.c computes them):
  *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
  *   p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)
  * decay = 1 - lr*wd, step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t); omb1 = 1 - b1 and

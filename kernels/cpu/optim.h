@@ -1,6 +1,7 @@
 /* Optimizer kernels: declarations over real/K(), included twice by kernels.h. Each kernel updates
  * n contiguous elements in place; the scalar hyperparameters (bias corrections included) are
- * computed once per step by runtime/optim.c. CUDA twins will take the same arguments + stream. */
+ * computed once per step by runtime/ops/optim.c. CUDA twins (kernels/cuda/optim.h) take the same
+ * arguments + stream. */
 #ifndef ZR_OPTIM_KERNELS_DEFINED
 #define ZR_OPTIM_KERNELS_DEFINED
 /* Dtype of the gradient array: the parameters' own `real`, or bf16 bit patterns (uint16_t). */

@@ -1,7 +1,7 @@
 -- zr.memory.plan{...}: the per-rank peak of every memory category (params, grads, optimizer,
 -- activations, comm, workspace) on the training device and in host memory, predicted from the
 -- model config and the DeepSpeed config before anything is allocated, following what zrun's
--- engine (runtime/zero.c, lua/zrun/engine.lua) and ops actually allocate — not DeepSpeed's
+-- engine (runtime/zero/engine.c, lua/zrun/engine.lua) and ops actually allocate — not DeepSpeed's
 -- rules of thumb. Activations come from replaying the Llama forward and backward on a model of
 -- the autograd tape (which op allocates what, what each node saves, when backward frees it).
 -- Also `fit` advice (which settings fit a GPU) and the `zrun plan` command.
@@ -32,7 +32,7 @@ local function canon_dtype(d)
   return d
 end
 
-local function human(b) return require("zrun.memory").human(b) end
+local human = require("zrun.format").human
 
 -- ---------------------------------------------------------------------------------------------
 -- The plan
@@ -178,7 +178,7 @@ function M.plan(o)
   if s.stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
   dev.comm = dev.comm + comm_tr
   if s.offload_optimizer and not direct then
-    -- zero_offload.c: a pinned staging bucket for gradients that are added to the partition (all
+    -- zero/offload.c: a pinned staging bucket for gradients that are added to the partition (all
     -- but the first of a step after zero_grad; made once, on the first step)
     host.comm = cap * 4
     -- the new 16-bit weights are written into a pinned host buffer and uploaded from there (one

@@ -3,7 +3,7 @@
  * backward needs (detached), and small attributes. zr_backward walks the reachable nodes in
  * reverse creation order (the tape order), so a module's span of nodes is contiguous in seq.
  *
- * Writing an op (see ops_elementwise.c for the pattern):
+ * Writing an op (see ops/elementwise.c for the pattern):
  *   zr_tensor *out = ...compute...;
  *   zr_node *n;
  *   if (zr_autograd_record(out, "mul", mul_backward, 2, (zr_tensor *[]){a, b}, &n)) goto fail;

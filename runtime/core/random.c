@@ -1,4 +1,4 @@
-/* Philox-based random fills (see random.h and kernels/philox.h). */
+/* Philox-based random fills (see random.h and kernels/base/philox.h). */
 #include "core/random.h"
 
 #include "kernels/base/philox.h"

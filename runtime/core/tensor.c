@@ -1,5 +1,5 @@
 /* Tensor headers, creation, refcounting and raw (non-autograd) views. Data movement and casts
- * are in tensor_copy.c; differentiable views in ops_view.c. */
+ * are in tensor_copy.c; differentiable views in ops/view.c. */
 #include "core/tensor.h"
 
 #include <stdio.h>

@@ -7,7 +7,7 @@
  *
  * Functions that return zr_tensor* return a new reference, or NULL with zr_last_error() set.
  * Arguments are borrowed. Raw view functions here do not record autograd; the differentiable
- * versions (zr_view, zr_transpose, ...) live in ops_view.h. Strides and offsets count elements. */
+ * versions (zr_view, zr_transpose, ...) live in ops/view.h. Strides and offsets count elements. */
 #ifndef ZR_TENSOR_H
 #define ZR_TENSOR_H
 

@@ -42,7 +42,7 @@ int zr_device_parse(const char *s, zr_device *out);
  * and cheap (touches no CUDA API); also run automatically at program start in CUDA builds. */
 void zr_cuda_install(void);
 
-/* --- caching allocator (cuda_alloc.c) --- */
+/* --- caching allocator (cuda/caching_alloc.c) --- */
 typedef struct {
     int64_t allocated;      /* bytes in blocks handed out (rounded sizes) */
     int64_t cached;         /* bytes in free blocks kept for reuse */

@@ -1,4 +1,4 @@
-/* Causal grouped-query attention: forward and backward side by side (see ops_attention.h).
+/* Causal grouped-query attention: forward and backward side by side (see ops/attention.h).
  * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
  * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,

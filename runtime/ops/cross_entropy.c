@@ -1,4 +1,4 @@
-/* Cross-entropy: forward and backward side by side (see ops_loss.h). Saved for backward: the
+/* Cross-entropy: forward and backward side by side (see cross_entropy.h). Saved for backward: the
  * logits, the per-row logsumexp (N values, compute dtype) and the targets as i64. */
 #include "ops/cross_entropy.h"
 

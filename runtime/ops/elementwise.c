@@ -1,4 +1,4 @@
-/* Elementwise ops: forward and backward side by side (see ops_elementwise.h). */
+/* Elementwise ops: forward and backward side by side (see ops/elementwise.h). */
 #include "ops/elementwise.h"
 
 #include <string.h>

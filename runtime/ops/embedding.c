@@ -1,5 +1,5 @@
 /* Embedding: forward (row gather) and backward (dense scatter-add) side by side (see
- * ops_embedding.h). Saved for backward: the ids as contiguous i64. */
+ * ops/embedding.h). Saved for backward: the ids as contiguous i64. */
 #include "ops/embedding.h"
 
 #include <string.h>

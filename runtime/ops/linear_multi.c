@@ -1,4 +1,4 @@
-/* linear_multi: forward and backward side by side (see ops_linear_multi.h). The
+/* linear_multi: forward and backward side by side (see ops/linear_multi.h). The
  * GEMMs run through kernels/cpu/matmul.h (f32/f64; bf16/f16 widened to f32) or cuBLASLt
  * (kernels/cuda/matmul.h, in the promoted dtype with f32 accumulation); weights are read in place
  * where their layout allows (zr_gemm_operand_prepare), column blocks of y and gy through their

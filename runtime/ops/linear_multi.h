@@ -1,5 +1,5 @@
 /* Fused projections: several Linear layers that read one input as ONE product (q/k/v, gate/up),
- * with zr_split_sizes (ops_misc.h: views whose backward gathers every part's gradient into ONE
+ * with zr_split_sizes (ops/view.h: views whose backward gathers every part's gradient into ONE
  * buffer), so
  *
  *   zr_tensor *w[3] = {wq, wk, wv};

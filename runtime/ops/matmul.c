@@ -1,4 +1,4 @@
-/* matmul, bmm and linear: forward and backward side by side (see ops_matmul.h). The CPU path
+/* matmul, bmm and linear: forward and backward side by side (see ops/matmul.h). The CPU path
  * hands strided operands straight to GEMM (a transposed view becomes a transposition flag), and
  * folds a batched left operand times a 2-D right operand into one GEMM. */
 #include "ops/matmul.h"

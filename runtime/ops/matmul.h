@@ -20,7 +20,7 @@ zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b);
  * dx = gy · w and dW = gyᵀ · x (summed over all leading dims of x), and a column sum for db. */
 zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b);
 
-/* For other ops files (ops_linear_multi.c): a GEMM operand read in place where its layout allows.
+/* For other ops files (ops/linear_multi.c): a GEMM operand read in place where its layout allows.
  * t holds a reference (t itself, or a contiguous copy in dtype ct); the matrix is t's last two
  * dims, read transposed when trans != 0, with leading dimension ld. Release op->t after use. */
 typedef struct {

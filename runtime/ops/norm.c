@@ -1,10 +1,8 @@
-/* RMSNorm and LayerNorm: forward and backward side by side (see ops_norm.h). The kernels work on
+/* RMSNorm and LayerNorm: forward and backward side by side (see ops/norm.h). The kernels work on
  * (N, D) rows in f32/f64; bf16/f16 are widened to f32 and narrowed back. */
 #include "ops/norm.h"
 
 #include "ops/util.h"
-
-/* Casts a compute-dtype result to dt, consuming r. */
 
 static int is_low(zr_dtype t) { return t == ZR_BF16 || t == ZR_F16; }
 

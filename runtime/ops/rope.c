@@ -1,4 +1,4 @@
-/* RoPE forward/backward and the cos/sin tables (see ops_rope.h). */
+/* RoPE forward/backward and the cos/sin tables (see ops/rope.h). */
 #include "ops/rope.h"
 
 #include "ops/util.h"

@@ -1,4 +1,4 @@
-/* softmax / log_softmax: forward and backward side by side (see ops_softmax.h). Both save only
+/* softmax / log_softmax: forward and backward side by side (see ops/softmax.h). Both save only
  * their output: softmax' = y (g - <g, y>), log_softmax' = g - exp(y) sum(g). */
 #include "ops/softmax.h"
 

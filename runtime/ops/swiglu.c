@@ -1,4 +1,4 @@
-/* Fused SwiGLU forward/backward (see ops_swiglu.h): the CPU path through kernels/cpu/swiglu.c
+/* Fused SwiGLU forward/backward (see ops/swiglu.h): the CPU path through kernels/cpu/swiglu.c
  * (bf16/f16 widened to f32), the CUDA path through kernels/cuda/swiglu.h. Tensors are read as
  * (M, F) rows, F the last dim (1 for a 0-dim tensor), with row stride ld = F. */
 #include "ops/swiglu.h"

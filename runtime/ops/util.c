@@ -1,4 +1,4 @@
-/* Shared argument checks for ops (see ops_util.h). */
+/* Shared argument checks for ops (see ops/util.h). */
 #include "ops/util.h"
 
 #include <string.h>

@@ -1,6 +1,6 @@
 /* The BPE model: one pre-token ("word") -> ids, exactly as Hugging Face's BPE::tokenize (chars
  * to ids with byte fallback and unk fusing, then merges by lowest rank, leftmost first), plus a
- * word cache shared by all threads behind a mutex. Pre-tokenization lives in tokenizer_encode.c. */
+ * word cache shared by all threads behind a mutex. Pre-tokenization lives in encode.c. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,6 @@
 /* Encoding, in Hugging Face's order: split out added tokens found in the raw text, normalize
  * each remaining piece, split out "normalized" added tokens, pre-tokenize (regex splits,
- * ByteLevel, Metaspace), run BPE per word (tokenizer_bpe.c), then the post-processor template.
+ * ByteLevel, Metaspace), run BPE per word (bpe.c), then the post-processor template.
  * Pieces flow depth-first through the pre-tokenizer steps, so no step materialises a list. */
 #include <stdlib.h>
 #include <string.h>

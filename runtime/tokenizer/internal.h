@@ -1,4 +1,4 @@
-/* Private to runtime/tokenizer*.c: the loaded tokenizer's tables and the helpers the loader,
+/* Private to the files of runtime/tokenizer/: the loaded tokenizer's tables and the helpers the loader,
  * encoder and decoder share. Nothing outside the tokenizer includes this. */
 #ifndef ZR_TOKENIZER_INTERNAL_H
 #define ZR_TOKENIZER_INTERNAL_H
@@ -149,7 +149,7 @@ struct zr_tokenizer {
     uint64_t merge_mask;
     int32_t unk_id, byte_ids[256];
     int fuse_unk, byte_fallback, ignore_merges;
-    int split_metaspace; /* words may be cut before each "X▁" boundary (see tokenizer_bpe.c) */
+    int split_metaspace; /* words may be cut before each "X▁" boundary (see bpe.c) */
     char *cont_prefix, *eow_suffix; /* NULL when absent or empty */
     int32_t char_ids[0x800];        /* one-char tokens below U+0800, -1 absent */
     /* word cache: pre-token -> ids[a .. a+b) in cache_ids */
@@ -178,17 +178,17 @@ struct zr_tokenizer {
     int64_t vocab_size;
 };
 
-/* tokenizer_pipeline.c: each appends the steps of one tokenizer.json part (null: none) */
+/* pipeline.c: each appends the steps of one tokenizer.json part (null: none) */
 struct zr_json;
 int tok_load_normalizer(zr_tokenizer *tok, const struct zr_json *o, const char *where);
 int tok_load_pretok(zr_tokenizer *tok, const struct zr_json *o);
 int tok_load_post(zr_tokenizer *tok, const struct zr_json *o);
 int tok_load_decoder(zr_tokenizer *tok, const struct zr_json *o);
-/* tokenizer_encode.c: runs the normalizers over s[0..n), appending to out */
+/* encode.c: runs the normalizers over s[0..n), appending to out */
 int tok_normalize(const zr_tokenizer *tok, const char *s, int64_t n, tok_buf *out);
-/* tokenizer_bpe.c */
+/* bpe.c */
 int tok_bpe_word(const zr_tokenizer *tok, const char *w, int64_t n, tok_ids *out);
-/* tokenizer_util.c: byte <-> char tables of the ByteLevel pre-tokenizer and decoder */
+/* util.c: byte <-> char tables of the ByteLevel pre-tokenizer and decoder */
 extern char tok_byte_char[256][3];
 extern uint8_t tok_byte_char_len[256];
 void tok_bytelevel_init(void);

@@ -1,5 +1,5 @@
 /* Loading the pipeline parts of a tokenizer.json (normalizer, pre_tokenizer, post_processor,
- * decoder) into tokenizer_internal.h's step lists; the model and added tokens are loaded in
+ * decoder) into internal.h's step lists; the model and added tokens are loaded in
  * tokenizer.c. Unsupported types are errors that list what is supported. */
 #define _GNU_SOURCE
 #include <stdlib.h>

@@ -1,6 +1,6 @@
-/* Loading a Hugging Face tokenizer.json into the tables of tokenizer_internal.h, plus the small
+/* Loading a Hugging Face tokenizer.json into the tables of internal.h, plus the small
  * accessors. Every unsupported or malformed part is an error naming the file and the JSON path;
- * encoding is in tokenizer_encode.c, decoding in tokenizer_decode.c. */
+ * encoding is in encode.c, decoding in decode.c. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

@@ -151,9 +151,6 @@ int main() {
         const double e = 2.0 * N * D;
         row("rmsnorm fwd", sh,
             2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
-        row("rmsnorm+residual fwd", sh, 4 * e, time_ms([&] {
-                OK(rmsnorm_residual_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
-            }));
         row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
                 OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
             }));

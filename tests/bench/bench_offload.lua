@@ -1,5 +1,5 @@
--- ZeRO optimizer offload, host side: the per-step pieces of the engine (runtime/zero.c +
--- zero_offload.c) on a flat partition of N parameters held as bf16 CPU tensors, timed one by one.
+-- ZeRO optimizer offload, host side: the per-step pieces of the engine (runtime/zero/engine.c +
+-- zero/offload.c) on a flat partition of N parameters held as bf16 CPU tensors, timed one by one.
 --   zrun tests/bench/bench_offload.lua [N=2e8] [STAGE=2] [STEPS=4]
 -- STAGE 2 on one CPU process is the engine's direct mode (gradients are views into the fp32
 -- partition); STAGE 3 goes through the bucket path the GPU run uses (pack -> flush -> add into

@@ -1,5 +1,5 @@
 /* C tests for the ZeRO offload kernels (kernels/cpu/offload.c) and the host bookkeeping of
- * runtime/zero_offload.c: every kernel against a plain double-precision loop at awkward sizes
+ * runtime/zero/offload.c: every kernel against a plain double-precision loop at awkward sizes
  * (1, 7, 65537, 200003: the last two run on several OpenMP threads), the 16-bit outputs against
  * dtype.h's scalar conversions (ties, NaN, inf, overflow, subnormals), the gradient scale, and
  * the lazy zeroing of the gradient partition (overwrite on first add, untouched ranges zeroed). */

@@ -1,4 +1,4 @@
-/* C tests for runtime/optim.c: the flat AdamW step (the ZeRO engine's entry point) with f32 and
+/* C tests for runtime/ops/optim.c: the flat AdamW step (the ZeRO engine's entry point) with f32 and
  * bf16 gradients against a double-precision loop of torch's AdamW formula, at awkward sizes
  * (1, 7, 100003 — above the OpenMP threshold), and its argument checks. */
 #include <stdlib.h>
