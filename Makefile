@@ -81,8 +81,8 @@ ifneq ($(HAVE_NVCC),)
   endif
 endif
 
-.PHONY: all deps test run bench clean features check-luajit test-cuda
 .DEFAULT_GOAL := all
+.PHONY: all deps test run bench clean features check-luajit test-cuda
 check-luajit:
 	@test -n "$(LUAJIT_A)" || { echo "LuaJIT static library (libluajit-5.1.a) not found: run 'make deps' or pass DEPS_PREFIX=dir"; exit 1; }
 

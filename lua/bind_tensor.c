@@ -427,6 +427,12 @@ static int l_autograd_profile_report(lua_State *L) {
     return 1;
 }
 static int l_detach(lua_State *L) { return zr_l_pushtensor(L, zr_tensor_detach(zr_l_checktensor(L, 1))); }
+/* p:set_data(q): p takes q's data and keeps its identity (torch's p.data = q). Returns p. */
+static int l_set_data(lua_State *L) {
+    if (zr_tensor_set_data(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2))) return zr_l_error(L);
+    lua_settop(L, 1);
+    return 1;
+}
 static int l_requires_grad_(lua_State *L) {
     zr_tensor *t = zr_l_checktensor(L, 1);
     int on = lua_isnoneornil(L, 2) ? 1 : lua_toboolean(L, 2);
@@ -747,7 +753,7 @@ static const luaL_Reg methods[] = {
     {"is_contiguous", l_is_contiguous}, {"dtype", l_dtype}, {"device", l_device},
     {"category", l_category}, {"item", l_item}, {"get_flat", l_get_flat}, {"set_flat", l_set_flat},
     {"flat_table", l_flat_table}, {"backward", l_backward}, {"detach", l_detach},
-    {"requires_grad_", l_requires_grad_}, {"fill_", l_fill_}, {"zero_", l_zero_}, {"copy_", l_copy_},
+    {"set_data", l_set_data}, {"requires_grad_", l_requires_grad_}, {"fill_", l_fill_}, {"zero_", l_zero_}, {"copy_", l_copy_},
     {"uniform_", l_uniform_}, {"normal_", l_normal_}, {"view", l_view}, {"reshape", l_reshape},
     {"expand", l_expand}, {"transpose", l_transpose}, {"permute", l_permute}, {"narrow", l_narrow},
     {"select", l_select}, {"unsqueeze", l_unsqueeze}, {"squeeze", l_squeeze},

@@ -100,12 +100,29 @@ static int l_grad_norm(lua_State *L) {
     lua_pushnumber(L, norm);
     return 1;
 }
-/* step(grad_scale, step, lr, beta1, beta2, eps) */
+/* step(grad_scale, step, lr, beta1, beta2, eps); lr: a number, or a table with one learning rate
+ * per parameter (its group's) */
 static int l_step(lua_State *L) {
     zr_zero *z = check_zero(L, 1);
-    return ok_or_error(L, zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
-                                       luaL_checknumber(L, 4), luaL_checknumber(L, 5),
-                                       luaL_checknumber(L, 6), luaL_checknumber(L, 7)));
+    int n = zr_zero_num_params(z);
+    if (lua_istable(L, 4) && (int)lua_objlen(L, 4) != n)
+        return luaL_error(L, "step: %d learning rates for %d parameters", (int)lua_objlen(L, 4), n);
+    double *lr = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!lr) return luaL_error(L, "step: out of host memory");
+    int table = lua_istable(L, 4);
+    double one = table ? 0 : luaL_checknumber(L, 4);
+    for (int i = 0; i < n; i++) {
+        if (table) {
+            lua_rawgeti(L, 4, i + 1);
+            lr[i] = lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        } else
+            lr[i] = one;
+    }
+    zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), lr,
+                                luaL_checknumber(L, 5), luaL_checknumber(L, 6), luaL_checknumber(L, 7));
+    free(lr);
+    return ok_or_error(L, st);
 }
 static int l_zero_grad(lua_State *L) { return ok_or_error(L, zr_zero_zero_grad(check_zero(L, 1))); }
 static int l_refresh(lua_State *L) { return ok_or_error(L, zr_zero_refresh_params(check_zero(L, 1))); }

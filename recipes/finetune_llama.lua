@@ -92,6 +92,17 @@ if fallback then
       warmup_num_steps = "auto", total_num_steps = "auto" } },
     zero_optimization = { stage = 2 } } end
 end
+-- Trainer arguments given on the command line (learning_rate=, gradient_accumulation_steps=,
+-- logging_steps=, ...) override the ones above; precision=bf16|fp16|fp32 sets args.bf16/fp16
+-- (for configs whose bf16/fp16 "enabled" is "auto").
+local ARG_KEYS = { learning_rate = true, gradient_accumulation_steps = true, per_device_train_batch_size = true,
+  logging_steps = true, weight_decay = true, warmup_ratio = true, seed = true }
+for k, v in pairs(opt) do if ARG_KEYS[k] then args[k] = v end end
+if opt.precision then
+  local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
+  if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
+  args.bf16, args.fp16 = p == "bf16", p == "fp16"
+end
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = tokenized,
   data_collator = zr.datasets.causal_lm_collator({ pad_token_id = tok:pad_id() or 0 }) })
 local res = trainer:train()

@@ -21,7 +21,7 @@ extern "C" {
 
 struct adamw_batch {
     int64_t offset[ADAMW_MAX_SEGS], n[ADAMW_MAX_SEGS];
-    float wd[ADAMW_MAX_SEGS];
+    float wd[ADAMW_MAX_SEGS], lr[ADAMW_MAX_SEGS], ss[ADAMW_MAX_SEGS]; /* ss: lr / (1 - beta1^step) */
     int block0[ADAMW_MAX_SEGS + 1]; /* first block of each segment; block0[nsegs] = grid size */
     int nsegs;
 };
@@ -60,12 +60,11 @@ template <typename G, typename L>
 __global__ void __launch_bounds__(ADAMW_THREADS)
     adamw_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
                  float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
-                 const float *__restrict__ gscale, float lr, float b1, float b2, float eps,
-                 float step_size, float inv_sqrt_bc2) {
+                 const float *__restrict__ gscale, float b1, float b2, float eps, float inv_sqrt_bc2) {
     const int s = segment_of(bt, (int)blockIdx.x);
     const int64_t base = bt.offset[s], n = bt.n[s];
     const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
-    const float decay = 1.f - lr * bt.wd[s], gs = gscale ? *gscale : 1.f;
+    const float decay = 1.f - bt.lr[s] * bt.wd[s], gs = gscale ? *gscale : 1.f, step_size = bt.ss[s];
 #pragma unroll 4
     for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
         const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
@@ -101,15 +100,15 @@ template <typename G, typename L>
 __global__ void __launch_bounds__(ADAMW_THREADS)
     adamw_vec_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
                      float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
-                     const float *__restrict__ gscale, float lr, float b1, float b2, float eps,
-                     float step_size, float inv_sqrt_bc2) {
+                     const float *__restrict__ gscale, float b1, float b2, float eps,
+                     float inv_sqrt_bc2) {
     const int s = segment_of(bt, (int)blockIdx.x);
     const int64_t base = bt.offset[s], end = base + bt.n[s];
     int64_t a0 = (base + 7) & ~(int64_t)7, a1 = end & ~(int64_t)7;
     if (a0 > end) a0 = end;
     if (a1 < a0) a1 = a0;
     const int64_t blk = blockIdx.x - bt.block0[s];
-    const float decay = 1.f - lr * bt.wd[s], gs = gscale ? *gscale : 1.f;
+    const float decay = 1.f - bt.lr[s] * bt.wd[s], gs = gscale ? *gscale : 1.f, step_size = bt.ss[s];
     const int64_t c0 = a0 + blk * ADAMW_CHUNK;
     float pp[ADAMW_VEC_ITEMS][8], mm[ADAMW_VEC_ITEMS][8], vv[ADAMW_VEC_ITEMS][8],
         gg[ADAMW_VEC_ITEMS][8];
@@ -145,26 +144,26 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
 
 template <typename G, typename L>
 static void adamw_launch(const adamw_batch &bt, float *p, float *m, float *v, void *plp,
-                         const void *grad, const float *gs, float lr, float b1, float b2,
-                         float eps, float ss, float ibc2, cudaStream_t st) {
+                         const void *grad, const float *gs, float b1, float b2, float eps,
+                         float ibc2, cudaStream_t st) {
     if (al16(p) && al16(m) && al16(v) && al16(grad) && (!plp || al16(plp)))
         adamw_vec_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
-            bt, p, m, v, (L *)plp, (const G *)grad, gs, lr, b1, b2, eps, ss, ibc2);
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, b1, b2, eps, ibc2);
     else
         adamw_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
-            bt, p, m, v, (L *)plp, (const G *)grad, gs, lr, b1, b2, eps, ss, ibc2);
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, b1, b2, eps, ibc2);
 }
 
 template <typename G>
 static int adamw_launch_g(const adamw_batch &bt, float *p, float *m, float *v, void *plp,
-                          zr_dtype lpt, const void *grad, const float *gs, float lr, float b1,
-                          float b2, float eps, float ss, float ibc2, cudaStream_t st) {
+                          zr_dtype lpt, const void *grad, const float *gs, float b1, float b2,
+                          float eps, float ibc2, cudaStream_t st) {
     if (!plp || lpt == ZR_F32)
-        adamw_launch<G, float>(bt, p, m, v, plp, grad, gs, lr, b1, b2, eps, ss, ibc2, st);
+        adamw_launch<G, float>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
     else if (lpt == ZR_BF16)
-        adamw_launch<G, __nv_bfloat16>(bt, p, m, v, plp, grad, gs, lr, b1, b2, eps, ss, ibc2, st);
+        adamw_launch<G, __nv_bfloat16>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
     else if (lpt == ZR_F16)
-        adamw_launch<G, __half>(bt, p, m, v, plp, grad, gs, lr, b1, b2, eps, ss, ibc2, st);
+        adamw_launch<G, __half>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
     else
         return zr_error("adamw_step_cuda: param copy dtype %s not supported (bf16, f16 or f32)",
                         zr_dtype_name(lpt));
@@ -173,7 +172,7 @@ static int adamw_launch_g(const adamw_batch &bt, float *p, float *m, float *v, v
 
 extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
                                zr_dtype lp_dtype, const void *grad, zr_dtype grad_dtype,
-                               const zr_adamw_segment *segs, int nsegs, float lr, float beta1,
+                               const zr_adamw_segment *segs, int nsegs, float beta1,
                                float beta2, float eps, int64_t step, const float *grad_scale,
                                cudaStream_t stream) {
     const char *fn = "adamw_step_cuda";
@@ -182,7 +181,7 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
         return zr_error("%s: %d segments but no segment array", fn, nsegs);
     const double bc1 = 1.0 - pow((double)beta1, (double)step);
     const double bc2 = 1.0 - pow((double)beta2, (double)step);
-    const float ss = (float)(lr / bc1), ibc2 = (float)(1.0 / sqrt(bc2));
+    const float ibc2 = (float)(1.0 / sqrt(bc2));
     for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
         adamw_batch bt;
         int nb = 0, k = 0;
@@ -197,6 +196,8 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
             bt.offset[k] = segs[s].offset;
             bt.n[k] = segs[s].n;
             bt.wd[k] = segs[s].weight_decay;
+            bt.lr[k] = segs[s].lr;
+            bt.ss[k] = (float)(segs[s].lr / bc1);
             bt.block0[k] = nb;
             nb += (int)blocks;
             ++k;
@@ -206,15 +207,13 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
         if (nb == 0) continue;
         int rc;
         if (grad_dtype == ZR_F32)
-            rc = adamw_launch_g<float>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, lr,
-                                       beta1, beta2, eps, ss, ibc2, stream);
+            rc = adamw_launch_g<float>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, beta1, beta2, eps, ibc2, stream);
         else if (grad_dtype == ZR_BF16)
             rc = adamw_launch_g<__nv_bfloat16>(bt, param, m, v, param_lp, lp_dtype, grad,
-                                               grad_scale, lr, beta1, beta2, eps, ss, ibc2,
+                                               grad_scale, beta1, beta2, eps, ibc2,
                                                stream);
         else if (grad_dtype == ZR_F16)
-            rc = adamw_launch_g<__half>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, lr,
-                                        beta1, beta2, eps, ss, ibc2, stream);
+            rc = adamw_launch_g<__half>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, beta1, beta2, eps, ibc2, stream);
         else
             return zr_error("%s: grad dtype %s not supported (f32, bf16 or f16)", fn,
                             zr_dtype_name(grad_dtype));

@@ -55,9 +55,19 @@ local function flatten_groups(model, model_parameters, default_wd)
 end
 
 -- Maps every parameter to its index in the engine and each module to its direct parameters.
+-- Every tensor in model_parameters must be one of the model's parameters: one that is not (a list
+-- taken from another model, or copies) would be updated while the model never changes.
 local function index_modules(model, params)
+  local owned = {}
+  for _, p in ipairs(model:parameters()) do owned[p] = true end
   local pos = {}
-  for i, p in ipairs(params) do pos[p] = i end
+  for i, p in ipairs(params) do
+    if not owned[p] then
+      error(fmt("zr.initialize: model_parameters entry %d (%s (%s)) is not a parameter of the model: pass " ..
+        "model:parameters() (or groups of them) taken from this model", i, p:dtype(), table.concat(p:shape(), ",")), 0)
+    end
+    pos[p] = i
+  end
   local direct = {}
   for _, m in ipairs(model:modules()) do
     local l = {}
@@ -91,7 +101,6 @@ function M.initialize(opts)
     gas = cfg.gradient_accumulation_steps or 1, micro_batch = cfg.train_micro_batch_size_per_gpu or 1,
     clip = cfg.gradient_clipping or 0, steps_per_print = cfg.steps_per_print or 10,
     wall_clock_breakdown = cfg.wall_clock_breakdown, timers = { forward = 0, backward = 0, step = 0 },
-    losses = {},
   }, Engine)
 
   -- device and precision of the model's parameters
@@ -110,7 +119,8 @@ function M.initialize(opts)
     weight_decay = op.weight_decay or 0.0 }
 
   local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
-  self.params, self.param_pos = params, nil
+  self.params = params
+  self.param_pos, self.module_params = index_modules(model, params)
   self.param_numel = {} -- whole sizes (at stage 3 a released parameter has 0 elements)
   for i, p in ipairs(params) do self.param_numel[i] = p:numel() end
   local off = zc.offload_optimizer and zc.offload_optimizer.device
@@ -136,7 +146,6 @@ function M.initialize(opts)
   self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
   self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
   self.max_live_parameters = num(zc.stage3_max_live_parameters, 1e9)
-  self.param_pos, self.module_params = index_modules(model, params)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)
   local fgroups = {}
@@ -388,7 +397,6 @@ function Engine:backward(loss)
   local t0 = timer()
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
-  self.losses[#self.losses + 1] = loss:item()
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.
@@ -438,9 +446,8 @@ function Engine:step()
     local c = self.clip / (norm + 1e-6)
     if c < 1 then coef = coef * c end
   end
-  local lr = self.optimizer.param_groups[1].lr
   self.opt_steps = (self.opt_steps or 0) + 1
-  z:step(coef, self.opt_steps, lr, self.hp.betas[1], self.hp.betas[2], self.hp.eps)
+  z:step(coef, self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2], self.hp.eps)
   if self.scaler then self:update_scale(false) end
   if self.lr_scheduler then self.lr_scheduler:step() end
   z:zero_grad()
@@ -450,6 +457,21 @@ function Engine:step()
     self:report()
   end
   return true
+end
+
+-- The learning rate of each parameter: its group's, as the scheduler (or the user) left it; a
+-- single number when every group has the same one.
+function Engine:param_lrs()
+  local groups, gidx = self.optimizer.param_groups, self.group_of
+  local lr1, same = groups[1].lr, true
+  for _, g in ipairs(groups) do
+    if type(g.lr) ~= "number" then error(fmt("optimizer param group lr must be a number, got %s", tostring(g.lr)), 0) end
+    same = same and g.lr == lr1
+  end
+  if same then return lr1 end
+  local out = {}
+  for i = 1, #gidx do out[i] = groups[gidx[i]].lr end
+  return out
 end
 
 function Engine:update_scale(overflow)

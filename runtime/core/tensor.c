@@ -176,6 +176,27 @@ zr_tensor *zr_tensor_detach(zr_tensor *t) {
     return zr_tensor_as_strided(t, t->ndim, t->shape, t->stride, t->offset);
 }
 
+zr_status zr_tensor_set_data(zr_tensor *t, zr_tensor *src) {
+    if (t->grad_fn) return zr_error("set_data: the tensor has autograd history (only a leaf can take new data)");
+    if (t == src) return ZR_OK;
+    int same = t->dtype == src->dtype && zr_device_eq(t->storage->device, src->storage->device) &&
+               zr_tensor_same_shape(t, src);
+    zr_storage_retain(src->storage);
+    zr_storage_release(t->storage);
+    t->storage = src->storage;
+    t->dtype = src->dtype;
+    t->ndim = src->ndim;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    memcpy(t->stride, src->stride, sizeof t->stride);
+    t->offset = src->offset;
+    if (!same) {
+        zr_tensor_release(t->grad);
+        t->grad = NULL;
+        t->grad_stale = 0;
+    }
+    return ZR_OK;
+}
+
 /* Resolves one -1 in shape against numel n; writes the result to out. */
 static int infer_shape(int ndim, const int64_t *shape, int64_t n, int64_t *out, const char *op) {
     int neg = -1;

@@ -83,6 +83,10 @@ zr_tensor *zr_tensor_permute_raw(zr_tensor *t, const int *perm);
 zr_tensor *zr_tensor_narrow_raw(zr_tensor *t, int dim, int64_t start, int64_t len);
 zr_tensor *zr_tensor_expand_raw(zr_tensor *t, int ndim, const int64_t *shape);
 zr_tensor *zr_tensor_detach(zr_tensor *t); /* same data, no autograd history */
+/* torch's `param.data = src`: the leaf t takes src's dtype, shape, strides and storage and keeps
+ * its identity (autograd flags, hooks), so every holder of t sees the new data. Its gradient is
+ * dropped when the dtype, device or shape changes. Fails on a tensor with history. */
+zr_status zr_tensor_set_data(zr_tensor *t, zr_tensor *src);
 
 /* --- data movement (tensor_copy.c) --- */
 /* dst and src must have the same numel; shapes may differ only if both are contiguous, or src

@@ -7,6 +7,11 @@
 
 #include "ops/util.h"
 
+/* The loss is f32 for 16-bit logits (f64 for f64): Hugging Face computes cross-entropy on
+ * logits.float(), so a bf16 model still reports (and logs) an unrounded loss. The gradient
+ * returned to the logits is in their own dtype. */
+static zr_dtype loss_dtype(zr_dtype logits) { return logits == ZR_F64 ? ZR_F64 : ZR_F32; }
+
 int zr_loss_reduction_parse(const char *s) {
     if (!s) return -1;
     if (strcmp(s, "none") == 0) return ZR_LOSS_NONE;
@@ -153,10 +158,10 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
                              "cross_entropy", dev))
         goto fail;
     if (reduction == ZR_LOSS_NONE) {
-        out = zr_tensor_new_cat(logits->dtype, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
+        out = zr_tensor_new_cat(ZR_F32, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
         if (!out || zr_tensor_copy_(out, loss)) goto fail;
     } else {
-        out = zr_tensor_new_cat(logits->dtype, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+        out = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
         if (!out) goto fail;
         if (reduction == ZR_LOSS_SUM && rows > 0) { /* f64 accumulation, fixed order */
             size_t wsz = reduce_sum_rows_cuda_workspace(1, rows);
@@ -220,10 +225,11 @@ zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignor
         n_valid++;
     }
 
+    zr_dtype lt = loss_dtype(logits->dtype);
     if (reduction == ZR_LOSS_NONE)
-        out = zr_tensor_new_cat(logits->dtype, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
+        out = zr_tensor_new_cat(lt, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
     else
-        out = zr_tensor_new_cat(logits->dtype, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+        out = zr_tensor_new_cat(lt, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
     lse = zr_tensor_new_cat(ct, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
     if (!out || !lse || !(xi = zr_cpu_in(logits, ct))) goto fail;
     if (reduction == ZR_LOSS_NONE) loss = zr_cpu_out_begin(out, ct);

@@ -111,11 +111,10 @@ zr_status zr_adamw_step(zr_tensor *param, zr_tensor *grad, zr_tensor *exp_avg,
                             ? zr_tensor_retain(grad)
                             : zr_tensor_to_raw(grad, ZR_F32, dev);
         if (!gi) return ZR_ERR;
-        zr_adamw_segment seg = {0, zr_tensor_numel(param), (float)c->weight_decay};
+        zr_adamw_segment seg = {0, zr_tensor_numel(param), (float)c->weight_decay, (float)c->lr};
         int rc = seg.n == 0 ? 0
                             : adamw_step_cuda(zr_tensor_data(param), zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq),
-                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, (float)c->lr,
-                                              (float)c->beta1, (float)c->beta2, (float)c->eps, step, NULL,
+                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, (float)c->beta1, (float)c->beta2, (float)c->eps, step, NULL,
                                               zr_cuda_stream(dev));
         zr_tensor_release(gi);
         return zr_dev_status(rc, op, dev);

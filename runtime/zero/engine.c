@@ -393,6 +393,7 @@ void zr_zero_free(zr_zero *z) {
 }
 
 int64_t zr_zero_partition_numel(const zr_zero *z) { return z->S; }
+int zr_zero_num_params(const zr_zero *z) { return z->n; }
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk) {
     *offset = z->ps[i].off;
     *chunk = z->ps[i].c;
@@ -704,7 +705,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     return st;
 }
 
-zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, double beta1,
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double *lr, double beta1,
                        double beta2, double eps) {
     ZR_CHECK(flush_stale(z));
     if (!zr_is_cpu(z->master)) {
@@ -717,12 +718,13 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, double lr, d
             zr_tensor_release(gs);
             return zr_error("out of host memory");
         }
-        for (int i = 0; i < z->n; i++) segs[i] = (zr_adamw_segment){z->ps[i].off, z->ps[i].c, (float)(z->ps[i].wd)};
+        for (int i = 0; i < z->n; i++)
+            segs[i] = (zr_adamw_segment){z->ps[i].off, z->ps[i].c, (float)z->ps[i].wd, (float)lr[i]};
         /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
         int lp = z->direct && (z->pdt == ZR_BF16 || z->pdt == ZR_F16);
         int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
                                  lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->pdt : ZR_F32,
-                                 zr_tensor_data(z->gpart), z->gdt, segs, z->n, (float)lr, (float)beta1,
+                                 zr_tensor_data(z->gpart), z->gdt, segs, z->n, (float)beta1,
                                  (float)beta2, (float)eps, step, zr_tensor_data(gs),
                                  zr_cuda_stream(zr_tensor_device(z->master)));
         free(segs);

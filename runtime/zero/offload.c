@@ -335,16 +335,16 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
 }
 
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           double lr, double beta1, double beta2, double eps, void *out) {
+                           const double *lr, double beta1, double beta2, double eps, void *out) {
     return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, lr, beta1, beta2, eps, out);
 }
 
 zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, double lr, double beta1, double beta2, double eps, void *out) {
+                                 int64_t step, const double *lr, double beta1, double beta2, double eps, void *out) {
     if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
     if (k0 < 0 || k1 > o->n || k0 > k1) return zr_error("adamw: segment range %d..%d outside 0..%d", k0, k1, o->n);
     for (int k = k0; k < k1; k++) {
-        zr_adamw_config c = {lr, beta1, beta2, eps, o->segs[k].wd};
+        zr_adamw_config c = {lr[k], beta1, beta2, eps, o->segs[k].wd};
         ZR_CHECK(zr_adamw_config_check(&c));
     }
     ZR_CHECK(zr_offload_grad_sync(o));
@@ -354,8 +354,8 @@ zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, f
     for (int k = k0; k < k1; k++) {
         const zr_offload_segment *s = &o->segs[k];
         if (s->n == 0) continue;
-        offload_adamw_args a = {(float)grad_scale, (float)(1 - lr * s->wd), (float)(1 - beta1), (float)beta2,
-                                (float)(1 - beta2), (float)eps, (float)(lr / bc1), (float)sqrt(bc2)};
+        offload_adamw_args a = {(float)grad_scale, (float)(1 - lr[k] * s->wd), (float)(1 - beta1), (float)beta2,
+                                (float)(1 - beta2), (float)eps, (float)(lr[k] / bc1), (float)sqrt(bc2)};
         offload_adamw_cpu(master + s->off, m + s->off, v + s->off, o->g + s->off, s->n, &a,
                           out ? (char *)out + (size_t)s->off * es : NULL, o->pdt);
     }

@@ -264,10 +264,10 @@ int main() {
         const int64_t n = (int64_t)256 << 20;
         float *p = f32(n), *m = f32(n, 0.01f), *v = f32(n, 0.001f, 0.002f);
         void *g = bf(n), *lp = bf(n);
-        zr_adamw_segment segs[3] = {{0, n / 2, 0.1f}, {n / 2, 1000, 0.f}, {n / 2 + 1000, n / 2 - 1000, 0.1f}};
+        zr_adamw_segment segs[3] = {{0, n / 2, 0.1f, 1e-4f}, {n / 2, 1000, 0.f, 1e-4f}, {n / 2 + 1000, n / 2 - 1000, 0.1f, 1e-4f}};
         int step = 1;
         row("adamw (f32 p,m,v; bf16 g, copy)", "256M params", 28.0 * n, time_ms([&] {
-                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, 0.9f, 0.95f, 1e-8f,
                                    step++, NULL, 0));
             }));
         cudaFree(p), cudaFree(m), cudaFree(v), cudaFree(g), cudaFree(lp);

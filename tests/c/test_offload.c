@@ -198,7 +198,8 @@ TEST(lazy_zero_overwrites_then_adds) {
     zr_tensor_release(gp);
 }
 
-/* zr_offload_adamw: per-segment weight decay and the bf16 weights at each segment's offset. */
+/* zr_offload_adamw: per-segment weight decay and learning rate (parameter groups), and the bf16
+ * weights at each segment's offset. */
 TEST(offload_adamw_segments) {
     int64_t S = 65537 + 7 + 1;
     zr_tensor *gp = zr_tensor_new(ZR_F32, zr_cpu(), 1, &S);
@@ -209,13 +210,13 @@ TEST(offload_adamw_segments) {
     CHECK(o && w);
     if (!w) return;
     for (int64_t i = 0; i < S; i++) g[i] = (float)val(i, 9);
-    double lr = 0.02, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
+    double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
     CHECK(zr_offload_adamw(o, p, m, v, gs, 1, lr, b1, b2, eps, w) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
         int64_t i = probe[k];
         double p0 = (float)val(i, 0), gi = (double)g[i] * gs, mm = (1 - b1) * gi, vv = (1 - b2) * gi * gi;
-        ref[k] = p0 * (1 - lr * segs[k].wd) - lr * (mm / (1 - b1)) / (sqrt(vv / (1 - b2)) + eps);
+        ref[k] = p0 * (1 - lr[k] * segs[k].wd) - lr[k] * (mm / (1 - b1)) / (sqrt(vv / (1 - b2)) + eps);
         CHECK_MSG(fabs(p[i] - ref[k]) <= 1e-6, "segment %d: p = %.9g, expected %.9g", k, p[i], ref[k]);
         CHECK(w[i] == zr_f32_to_bf16(p[i]));
     }

@@ -492,11 +492,11 @@ TEST(embedding_forward_backward) {
 /* ---- adamw ----------------------------------------------------------------------------------- */
 
 TEST(adamw_step) {
-    /* three tensors in one flat buffer with a gap, one without decay; 70 segments to force two
-     * launches */
+    /* three tensors in one flat buffer with a gap, one without decay, one with its own learning
+     * rate (a second parameter group); 70 segments to force two launches */
     for (zr_dtype gt : DT) {
-        std::vector<zr_adamw_segment> segs = {{0, 5, 0.1f}, {8, 4099, 0.0f}, {4200, 1, 0.1f}};
-        for (int i = 0; i < 67; ++i) segs.push_back({(int64_t)4201 + i * 3, 2, 0.05f});
+        std::vector<zr_adamw_segment> segs = {{0, 5, 0.1f, 1e-2f}, {8, 4099, 0.0f, 1e-2f}, {4200, 1, 0.1f, 3e-3f}};
+        for (int i = 0; i < 67; ++i) segs.push_back({(int64_t)4201 + i * 3, 2, 0.05f, 1e-2f});
         const int64_t n = 4201 + 67 * 3 + 4;
         vec p = randv(n), m(n, 0), v(n, 0);
         dbuf p_(n, ZR_F32), m_(n, ZR_F32), v_(n, ZR_F32), g_(n, gt), lp_(n, ZR_BF16),
@@ -504,19 +504,19 @@ TEST(adamw_step) {
         p_.up(p), m_.up(m), v_.up(v);
         vec sc(1, 0.5);
         sc_.up(sc);
-        const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8;
-        vec inseg(n, -1);
+        const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
+        vec inseg(n, -1), lrs(n, 0);
         for (auto &s : segs)
-            for (int64_t i = s.offset; i < s.offset + s.n; ++i) inseg[i] = s.weight_decay;
+            for (int64_t i = s.offset; i < s.offset + s.n; ++i) inseg[i] = s.weight_decay, lrs[i] = s.lr;
         for (int step = 1; step <= 3; ++step) {
             vec g = randv(n);
             g_.up(g);
             CHECK_OK(adamw_step_cuda(p_.f(), m_.f(), v_.f(), lp_.p, ZR_BF16, g_.p, gt, segs.data(),
-                                     (int)segs.size(), (float)lr, (float)b1, (float)b2,
+                                     (int)segs.size(), (float)b1, (float)b2,
                                      (float)eps, step, sc_.f(), 0));
             for (int64_t i = 0; i < n; ++i) {
                 if (inseg[i] < 0) continue;
-                double gi = g[i] * 0.5;
+                double gi = g[i] * 0.5, lr = lrs[i];
                 p[i] *= 1 - lr * inseg[i];
                 m[i] = b1 * m[i] + (1 - b1) * gi;
                 v[i] = b2 * v[i] + (1 - b2) * gi * gi;

@@ -415,8 +415,9 @@ end
 -- ---------- dtype / device ----------
 
 -- model:to("bf16"), model:to("cuda:0"), model:to{dtype=, device=}: casts floating parameters and
--- buffers and moves everything. Parameters are replaced by new leaf tensors (gradients dropped),
--- so build optimizers after moving the model, as in torch.
+-- buffers and moves everything, in place as torch does: each parameter keeps its identity and
+-- takes the converted data (p:set_data), so a list taken earlier with model:parameters() (an
+-- optimizer's, the engine's model_parameters) stays valid. Gradients are converted with it.
 function Module:to(...)
   local args = { n = select("#", ...), ... }
   local prev = set_grad_enabled(false)
@@ -426,8 +427,10 @@ function Module:to(...)
         local p = m._parameters[n]
         local q = p:to(unpack(args, 1, args.n))
         if not (q == p) then
-          q = Module.Parameter(q:detach(), p.requires_grad)
-          m._parameters[n] = q
+          local g = p.grad
+          p:set_data(q)
+          p:category("params")
+          if g then p.grad = g:to(unpack(args, 1, args.n)) end
         end
       end
       for _, n in ipairs(m._buffer_order) do
