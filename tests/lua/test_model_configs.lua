@@ -171,6 +171,16 @@ for _, r in ipairs(refused_gpt2) do
   end)
 end
 
+T.test("config.json decoded directly (JSON nulls as cjson.null) reads as transformers reads None", function()
+  local cjson = require "cjson"
+  local g = gpt2.GPT2LMHeadModel(cjson.decode('{"n_embd": 16, "n_layer": 1, "n_head": 2, "vocab_size": 40, '
+    .. '"n_positions": 32, "n_inner": null, "summary_activation": null, "pad_token_id": null}'))
+  T.eq(g.transformer.h[1].mlp.c_fc.weight:size(2), 64, "n_inner null: 4 * n_embd")
+  local l = llama.LlamaForCausalLM(cjson.decode('{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, '
+    .. '"num_attention_heads": 4, "vocab_size": 50, "rope_scaling": null, "num_key_value_heads": null}'))
+  T.eq(l.config.num_key_value_heads, 4)
+end)
+
 T.test("gpt2: embedding and residual dropout act while training, not in eval", function()
   zr.manual_seed(3)
   local m = gpt2.GPT2LMHeadModel(cfg({ resid_pdrop = 0.5, embd_pdrop = 0.5, n_ctx = 32, summary_first_dropout = 0.1 }, gbase))

@@ -9,9 +9,14 @@ local M = {}
 
 local fmt, type, pairs, ipairs, tostring, floor, huge = string.format, type, pairs, ipairs, tostring, math.floor, math.huge
 
+-- A deep copy without JSON nulls (a table decoded with cjson directly holds cjson.null, which
+-- transformers reads as None: the field's default).
+local null = require("cjson").null
 local function copy(t)
   local c = {}
-  for k, v in pairs(t) do c[k] = type(v) == "table" and copy(v) or v end
+  for k, v in pairs(t) do
+    if v ~= null then c[k] = type(v) == "table" and copy(v) or v end
+  end
   return c
 end
 
@@ -247,7 +252,9 @@ function M.llama(cfg)
   end
   local hd = c.head_dim or c.hidden_size / H
   if hd % 2 ~= 0 then fail(F, "head_dim (%d) must be even: rotary embeddings rotate pairs of channels", hd) end
-  if c.max_position_embeddings ~= nil then pos_int(F, "max_position_embeddings", c.max_position_embeddings) end
+  -- no limit on zrun's sequence length; transformers' default 2048 matters as llama3's default
+  -- original_max_position_embeddings
+  c.max_position_embeddings = pos_int(F, "max_position_embeddings", c.max_position_embeddings or 2048)
   c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or 1e-6)
   c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
   for _, k in ipairs { "attention_bias", "mlp_bias", "tie_word_embeddings" } do
@@ -340,7 +347,8 @@ end
 -- The config.json table for a model config: the layout transformers 5.x writes (rope_parameters
 -- with rope_theta inside, "dtype"), plus the keys older readers need and transformers 5 accepts
 -- and resolves to the same values (top-level rope_theta; rope_scaling when the rope is scaled;
--- torch_dtype). zrun-only keys (dtype/device to build in, gelu_approximate) are left out.
+-- torch_dtype; checked with transformers 5.17 by tests/golden/check_hf_save.py). zrun-only keys
+-- (dtype/device to build in, gelu_approximate) are left out.
 function M.to_hf(cfg)
   local c = copy(cfg)
   c.dtype, c.device, c.gelu_approximate = nil, nil, nil -- what zrun builds in, not the file's
@@ -348,8 +356,15 @@ function M.to_hf(cfg)
     c.torch_dtype = HF_DTYPE[c.torch_dtype] or c.torch_dtype
     c.dtype = c.torch_dtype
   end
-  if c.rope_parameters ~= nil or c.rope_theta ~= nil or c.rope_scaling ~= nil then
-    local r = M.rope_parameters(c.model_type or "model", c)
+  if type(c.rope_parameters) == "table" or c.rope_theta ~= nil or type(c.rope_scaling) == "table" then
+    -- the layout only, values as given (checking them is the reader's job): transformers 5's
+    -- precedence, a non-empty rope_scaling first
+    local src = c.rope_scaling
+    if type(src) ~= "table" or next(src) == nil then src = c.rope_parameters end
+    local r = copy(type(src) == "table" and src or {})
+    r.rope_type = r.rope_type or r.type or "default"
+    r.type = nil
+    if r.rope_theta == nil then r.rope_theta = c.rope_theta end
     c.rope_parameters = r
     c.rope_theta = r.rope_theta
     if r.rope_type ~= "default" then

@@ -1,6 +1,7 @@
--- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (incl.
--- rope_scaling "llama3"), grouped-query attention with explicit head_dim, SwiGLU MLP, tied or
--- untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
+-- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (rope_theta,
+-- "llama3" or "linear" scaling; either config.json layout, resolved by zrun.models.hf_config),
+-- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
+-- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
 -- Padding is expected on the right (the collator's layout), where causal attention alone gives
 -- HF's results for every real token.
 local zr = require "zrun"
