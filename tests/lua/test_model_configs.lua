@@ -147,9 +147,6 @@ T.test("llama config: fields with no effect on training pass", function()
 end)
 
 local refused_gpt2 = {
-  { "attention dropout (transformers' default 0.1)", cfg({ attn_pdrop = 0.1 }, gbase),
-    "attn_pdrop is 0.1: dropout on the attention probabilities is not implemented in zrun; train without it by loading with "
-    .. "{ config = { attn_pdrop = 0 } }" },
   { "activation relu", cfg({ activation_function = "relu" }, gbase), 'activation_function is "relu"' },
   { "layer-scaled attention", cfg({ scale_attn_by_inverse_layer_idx = true }, gbase), "scale_attn_by_inverse_layer_idx is true" },
   { "unscaled attention", cfg({ scale_attn_weights = false }, gbase), "scale_attn_weights is false" },
@@ -181,9 +178,25 @@ T.test("config.json decoded directly (JSON nulls as cjson.null) reads as transfo
   T.eq(l.config.num_key_value_heads, 4)
 end)
 
-T.test("gpt2: embedding and residual dropout act while training, not in eval", function()
+T.test("gpt2: eager attention (for attention dropout) is the fused causal attention when p = 0", function()
+  zr.manual_seed(8)
+  local q, k, v = zr.randn(2, 3, 7, 4, { dtype = "f64", requires_grad = true }), zr.randn(2, 3, 7, 4, { dtype = "f64",
+    requires_grad = true }), zr.randn(2, 3, 7, 4, { dtype = "f64", requires_grad = true })
+  local w = zr.randn(2, 3, 7, 4, { dtype = "f64" })
+  local a = gpt2.eager_attention(q, k, v, 0)
+  ;(a * w):sum():backward()
+  local ga = { q.grad:clone(), k.grad:clone(), v.grad:clone() }
+  q.grad, k.grad, v.grad = nil, nil, nil
+  local b = zr.scaled_dot_product_attention(q, k, v)
+  ;(b * w):sum():backward()
+  T.near(a, b, 1e-12, 0, "forward")
+  T.near(ga[1], q.grad, 1e-12, 0, "grad q"); T.near(ga[2], k.grad, 1e-12, 0, "grad k"); T.near(ga[3], v.grad, 1e-12, 0, "grad v")
+end)
+
+T.test("gpt2: embedding, residual and attention dropout act while training, not in eval", function()
   zr.manual_seed(3)
-  local m = gpt2.GPT2LMHeadModel(cfg({ resid_pdrop = 0.5, embd_pdrop = 0.5, n_ctx = 32, summary_first_dropout = 0.1 }, gbase))
+  local m = gpt2.GPT2LMHeadModel(cfg({ resid_pdrop = 0.5, embd_pdrop = 0.5, attn_pdrop = 0.5, n_ctx = 32,
+    summary_first_dropout = 0.1 }, gbase))
   local plain = gpt2.GPT2LMHeadModel(cfg({}, gbase))
   plain:load_state_dict(m:state_dict(), true)
   local ids = (zr.rand({ 2, 9 }) * 39):to("i64")
@@ -193,6 +206,30 @@ T.test("gpt2: embedding and residual dropout act while training, not in eval", f
   m:train()
   local d = (zr.no_grad(function() return m(ids).logits end) - ref):abs():max():item()
   if not (d > 1e-2) then error("training: dropout changed the logits by only " .. d) end
+  -- attention dropout alone changes the training forward too
+  local a = gpt2.GPT2LMHeadModel(cfg({ attn_pdrop = 0.5 }, gbase))
+  a:load_state_dict(m:state_dict(), true)
+  d = (zr.no_grad(function() return a(ids).logits end) - ref):abs():max():item()
+  if not (d > 1e-3) then error("training: attention dropout changed the logits by only " .. d) end
+end)
+
+T.test("gpt2: with dropout, gradient checkpointing replays the same masks (same gradients)", function()
+  local c = cfg({ resid_pdrop = 0.3, embd_pdrop = 0.3, attn_pdrop = 0.3, n_layer = 2 }, gbase)
+  zr.manual_seed(11)
+  local m = gpt2.GPT2LMHeadModel(c)
+  local ids = (zr.rand({ 2, 9 }) * 39):to("i64")
+  local function grads()
+    m:zero_grad()
+    zr.manual_seed(12)
+    m(ids, ids).loss:backward()
+    local g = {}
+    for n, p in m:named_parameters() do g[n] = p.grad:clone() end
+    return g
+  end
+  local plain = grads()
+  m:gradient_checkpointing_enable()
+  local ckpt = grads()
+  for n, g in pairs(plain) do T.near(ckpt[n], g, 1e-6, 1e-5, n) end
 end)
 
 T.test("gpt2: exact gelu for activation_function \"gelu\", tanh form for gelu_new", function()

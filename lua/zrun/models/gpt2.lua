@@ -1,7 +1,7 @@
 -- GPT-2 (GPT2LMHeadModel) with Hugging Face semantics and names: learned positions, pre-LayerNorm
 -- blocks, GELU (tanh approximation, or exact for activation_function "gelu"), Conv1D projections
--- (weights stored (in, out)), tied head, embedding and residual dropout while training. The config
--- is checked by zrun.models.hf_config (attention-probability dropout is refused there).
+-- (weights stored (in, out)), tied head, and transformers' embedding, residual and attention
+-- dropout while training. The config is checked by zrun.models.hf_config.
 local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
@@ -24,12 +24,42 @@ local function dropout(x, p, training)
   return zr.dropout(x, p, true)
 end
 
+-- (T, T) u8 mask of the future (key after query), per length and device (kept: a few lengths).
+local future_masks = {}
+local function future_mask(T, device)
+  local key = T .. device
+  local m = future_masks[key]
+  if not m then
+    local rows = {}
+    for i = 1, T do
+      local r = {}
+      for j = 1, T do r[j] = j > i and 1 or 0 end
+      rows[i] = r
+    end
+    m = zr.tensor(rows):to("u8"):to(device)
+    future_masks[key] = m
+  end
+  return m
+end
+
+-- transformers' eager GPT-2 attention: softmax(q k^T / sqrt(D) over the past) with dropout p on
+-- the probabilities, times v. q, k, v: (B, H, T, D). It materialises the (B, H, T, T)
+-- probabilities, so it runs only while training with attn_pdrop > 0 (the fused kernel has no
+-- dropout); otherwise the fused causal attention computes the same without them.
+function M.eager_attention(q, k, v, p)
+  local T, D = q:size(3), q:size(4)
+  local scores = zr.matmul(q, k:transpose(3, 4)) * (1 / math.sqrt(D))
+  local probs = zr.softmax(scores:masked_fill(future_mask(T, q:device()), -1e30), -1)
+  if p > 0 then probs = zr.dropout(probs, p, true) end
+  return zr.matmul(probs, v)
+end
+
 local Attention = Module:extend("GPT2Attention")
 function Attention:__init(cfg)
   self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
   self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd, cfg)
   self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
-  self.resid_pdrop = cfg.resid_pdrop
+  self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
 function Attention:forward(x)
   local B, T, C = x:size(1), x:size(2), self.n_embd
@@ -43,7 +73,12 @@ function Attention:forward(x)
     local y = zr.linear(x, w:narrow(2, i * C + 1, C):transpose(1, 2), b:narrow(1, i * C + 1, C))
     return y:view(B, T, H, C / H):transpose(2, 3)
   end
-  local o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
+  local o
+  if self.training and self.attn_pdrop > 0 then
+    o = M.eager_attention(heads(0), heads(1), heads(2), self.attn_pdrop)
+  else
+    o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
+  end
   return dropout(self.c_proj(o:transpose(2, 3):reshape(B, T, C)), self.resid_pdrop, self.training)
 end
 

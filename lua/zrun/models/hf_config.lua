@@ -302,14 +302,14 @@ function M.gpt2(cfg)
       show(c.activation_function))
   end
   -- Dropout: zrun's default is none (transformers' GPT2Config defaults to 0.1, and writes the keys
-  -- into every config.json it saves, so a file is read as transformers reads it).
+  -- into every config.json it saves, so a file is read as transformers reads it). attn_pdrop > 0
+  -- runs attention unfused while training, as transformers' eager attention does.
   for _, k in ipairs { "resid_pdrop", "embd_pdrop", "attn_pdrop" } do
     c[k] = c[k] or 0
     if type(c[k]) ~= "number" or not (c[k] >= 0 and c[k] < 1) then
       fail(F, "%s must be a probability in [0, 1), got %s", k, show(c[k]))
     end
   end
-  if c.attn_pdrop ~= 0 then refuse_dropout(F, "attn_pdrop", c.attn_pdrop, "dropout on the attention probabilities") end
   if c.tie_word_embeddings == nil then c.tie_word_embeddings = true end
   bool(F, "tie_word_embeddings", c.tie_word_embeddings)
   if not c.tie_word_embeddings then
