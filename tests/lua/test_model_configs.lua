@@ -168,6 +168,29 @@ for _, r in ipairs(refused_gpt2) do
   end)
 end
 
+-- Published configs (meta-llama/Llama-3.2-1B, transformers 4.45 layout; openai-community/gpt2)
+-- load as they are, resolved as transformers resolves them.
+T.test("published configs load: Llama-3.2-1B (legacy rope keys) and GPT-2 (dropout 0.1, n_ctx, summary_*)", function()
+  local cjson = require "cjson"
+  local l = llama.normalize_config(cjson.decode([[{"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0,
+    "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "use_cache": true, "vocab_size": 128256}]]))
+  T.eq(zr.models.hf_config.show(l.rope_parameters), "{factor=32, high_freq_factor=4, low_freq_factor=1, "
+    .. "original_max_position_embeddings=8192, rope_theta=500000, rope_type=\"llama3\"}")
+  local g = zr.models.hf_config.gpt2(cjson.decode([[{"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12,
+    "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": null, "summary_first_dropout": 0.1,
+    "summary_proj_to_labels": true, "summary_type": "cls_index", "summary_use_proj": true,
+    "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}}, "vocab_size": 50257}]]))
+  T.eq(g.attn_pdrop, 0.1); T.eq(g.gelu_approximate, "tanh")
+end)
+
 T.test("config.json decoded directly (JSON nulls as cjson.null) reads as transformers reads None", function()
   local cjson = require "cjson"
   local g = gpt2.GPT2LMHeadModel(cjson.decode('{"n_embd": 16, "n_layer": 1, "n_head": 2, "vocab_size": 40, '
