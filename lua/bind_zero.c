@@ -119,8 +119,8 @@ static int l_step(lua_State *L) {
         } else
             lr[i] = one;
     }
-    zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), lr,
-                                luaL_checknumber(L, 5), luaL_checknumber(L, 6), luaL_checknumber(L, 7));
+    zr_adamw_config c = {.beta1 = luaL_checknumber(L, 5), .beta2 = luaL_checknumber(L, 6), .eps = luaL_checknumber(L, 7)};
+    zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), &c, lr);
     free(lr);
     return ok_or_error(L, st);
 }

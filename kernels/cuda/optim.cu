@@ -172,10 +172,11 @@ static int adamw_launch_g(const adamw_batch &bt, float *p, float *m, float *v, v
 
 extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
                                zr_dtype lp_dtype, const void *grad, zr_dtype grad_dtype,
-                               const zr_adamw_segment *segs, int nsegs, float beta1,
-                               float beta2, float eps, int64_t step, const float *grad_scale,
+                               const zr_adamw_segment *segs, int nsegs,
+                               const zr_adamw_config *c, int64_t step, const float *grad_scale,
                                cudaStream_t stream) {
     const char *fn = "adamw_step_cuda";
+    const float beta1 = (float)c->beta1, beta2 = (float)c->beta2, eps = (float)c->eps;
     if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
     if (nsegs < 0 || (nsegs > 0 && !segs))
         return zr_error("%s: %d segments but no segment array", fn, nsegs);

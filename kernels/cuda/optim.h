@@ -14,6 +14,7 @@
 extern "C" {
 #endif
 
+#include "../base/adamw.h"
 #include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 typedef struct {
@@ -26,10 +27,11 @@ typedef struct {
 /* param, m, v: f32 flat buffers; grad: flat, grad_dtype ZR_F32, ZR_BF16 or ZR_F16, multiplied by
  * *grad_scale when grad_scale (device f32 scalar, e.g. a clipping factor) is non-NULL.
  * param_lp: NULL, or a flat ZR_BF16/ZR_F16 (lp_dtype) copy of the params written after the
- * update (the compute weights). segs: host array of nsegs segments. step counts from 1. */
+ * update (the compute weights). segs: host array of nsegs segments, each with its own lr and weight
+ * decay; c: the betas and eps (rounded to f32). step counts from 1. */
 int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype lp_dtype,
                     const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
-                    int nsegs, float beta1, float beta2, float eps, int64_t step,
+                    int nsegs, const zr_adamw_config *c, int64_t step,
                     const float *grad_scale, cudaStream_t stream);
 /* torch.optim.SGD on n contiguous elements of p (f32 or f64), g of p's dtype; buf NULL without
  * momentum. Same arithmetic as sgd_step_cpu (in the parameter's precision). */

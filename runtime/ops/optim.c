@@ -114,7 +114,7 @@ zr_status zr_adamw_step(zr_tensor *param, zr_tensor *grad, zr_tensor *exp_avg,
         zr_adamw_segment seg = {0, zr_tensor_numel(param), (float)c->weight_decay, (float)c->lr};
         int rc = seg.n == 0 ? 0
                             : adamw_step_cuda(zr_tensor_data(param), zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq),
-                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, (float)c->beta1, (float)c->beta2, (float)c->eps, step, NULL,
+                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, c, step, NULL,
                                               zr_cuda_stream(dev));
         zr_tensor_release(gi);
         return zr_dev_status(rc, op, dev);
@@ -125,11 +125,8 @@ zr_status zr_adamw_step(zr_tensor *param, zr_tensor *grad, zr_tensor *exp_avg,
     int kind;
     zr_tensor *g = grad_in(op, param, grad, 1, &kind);
     if (!g) return ZR_ERR;
-    double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
-    double decay = 1 - c->lr * c->weight_decay, step_size = c->lr / bc1, bc2_sqrt = sqrt(bc2);
     ZR_CPU_CALL(param->dtype, adamw_step_cpu, zr_tensor_data(param), zr_tensor_data(g), kind,
-                zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq), zr_tensor_numel(param), decay,
-                c->beta1, c->beta2, c->eps, step_size, bc2_sqrt);
+                zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq), zr_tensor_numel(param), c, step);
     zr_tensor_release(g);
     return ZR_OK;
 }
@@ -153,9 +150,7 @@ zr_status zr_adamw_step_flat(float *p, const void *g, zr_dtype grad_dtype, float
         return zr_error("adamw: flat gradients must be f32 or bf16, got %s", zr_dtype_name(grad_dtype));
     if (n == 0) return ZR_OK;
     if (!p || !g || !m || !v) return zr_error("adamw: NULL buffer in a flat step of %lld elements", (long long)n);
-    double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
-    adamw_step_cpu_f32(p, g, grad_dtype == ZR_BF16 ? ZR_OPTIM_GRAD_BF16 : ZR_OPTIM_GRAD_REAL, m, v, n,
-                       1 - c->lr * c->weight_decay, c->beta1, c->beta2, c->eps, c->lr / bc1, sqrt(bc2));
+    adamw_step_cpu_f32(p, g, grad_dtype == ZR_BF16 ? ZR_OPTIM_GRAD_BF16 : ZR_OPTIM_GRAD_REAL, m, v, n, c, step);
     return ZR_OK;
 }
 

@@ -6,10 +6,7 @@
 #define ZR_OPTIM_H
 
 #include "core/tensor.h"
-
-typedef struct {
-    double lr, beta1, beta2, eps, weight_decay;
-} zr_adamw_config;
+#include "kernels/base/adamw.h" /* zr_adamw_config */
 
 typedef struct {
     double lr, momentum, dampening, weight_decay;

@@ -705,8 +705,8 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     return st;
 }
 
-zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double *lr, double beta1,
-                       double beta2, double eps) {
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
+                       const double *lr) {
     ZR_CHECK(flush_stale(z));
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
@@ -724,8 +724,7 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double
         int lp = z->direct && (z->pdt == ZR_BF16 || z->pdt == ZR_F16);
         int rc = adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
                                  lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->pdt : ZR_F32,
-                                 zr_tensor_data(z->gpart), z->gdt, segs, z->n, (float)beta1,
-                                 (float)beta2, (float)eps, step, zr_tensor_data(gs),
+                                 zr_tensor_data(z->gpart), z->gdt, segs, z->n, c, step, zr_tensor_data(gs),
                                  zr_cuda_stream(zr_tensor_device(z->master)));
         free(segs);
         zr_tensor_release(gs);
@@ -741,7 +740,7 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double
     ZR_CHECK(host_weights_out(z, &out));
     if (!out || !uploads(z)) {
         ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
-                                  grad_scale, step, lr, beta1, beta2, eps, out));
+                                  grad_scale, step, c, lr, out));
         zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
         zr_offload_step_end(z->host);
         return st;
@@ -754,7 +753,7 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double
         int64_t acc = 0;
         while (k1 < z->n && (k1 == k0 || acc + z->ps[k1].c <= UPLOAD_GROUP)) acc += z->ps[k1++].c;
         ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), zr_tensor_data(z->m),
-                                        zr_tensor_data(z->v), grad_scale, step, lr, beta1, beta2, eps, out));
+                                        zr_tensor_data(z->v), grad_scale, step, c, lr, out));
         ZR_CHECK(upload_params(z, k0, k1));
         k0 = k1;
     }

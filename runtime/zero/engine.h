@@ -14,6 +14,7 @@
 #define ZR_ZERO_H
 
 #include "core/tensor.h"
+#include "kernels/base/adamw.h" /* zr_adamw_config */
 
 typedef struct {
     int stage;                  /* 0..3 */
@@ -53,10 +54,11 @@ zr_status zr_zero_reduce(zr_zero *z);
 /* Global L2 norm of the averaged gradients over all ranks (inf/nan when they overflowed). */
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm);
 /* AdamW on the partition with grads multiplied by grad_scale (1/world, 1/loss scale, clip),
- * then parameters refreshed (all-gather at stages 1–2). lr: one learning rate per parameter
- * (its group's, as the scheduler left it), zr_zero_num_params values; betas etc. per call. */
-zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const double *lr, double beta1,
-                       double beta2, double eps);
+ * then parameters refreshed (all-gather at stages 1–2). c: the betas and eps; lr: one learning
+ * rate per parameter (its group's, as the scheduler left it), zr_zero_num_params values; each
+ * parameter's weight decay is the one it was added with. */
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
+                       const double *lr);
 int zr_zero_num_params(const zr_zero *z);
 zr_status zr_zero_zero_grad(zr_zero *z);
 /* Writes the partition's master weights back into the parameters (after loading a checkpoint). */

@@ -335,28 +335,33 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
 }
 
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const double *lr, double beta1, double beta2, double eps, void *out) {
-    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, lr, beta1, beta2, eps, out);
+                           const zr_adamw_config *c, const double *lr, void *out) {
+    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, c, lr, out);
+}
+
+/* c with segment k's learning rate and weight decay. */
+static zr_adamw_config segment_config(const zr_offload *o, const zr_adamw_config *c, const double *lr, int k) {
+    zr_adamw_config s = *c;
+    s.lr = lr[k], s.weight_decay = o->segs[k].wd;
+    return s;
 }
 
 zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const double *lr, double beta1, double beta2, double eps, void *out) {
+                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out) {
     if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
     if (k0 < 0 || k1 > o->n || k0 > k1) return zr_error("adamw: segment range %d..%d outside 0..%d", k0, k1, o->n);
     for (int k = k0; k < k1; k++) {
-        zr_adamw_config c = {lr[k], beta1, beta2, eps, o->segs[k].wd};
-        ZR_CHECK(zr_adamw_config_check(&c));
+        zr_adamw_config sc = segment_config(o, c, lr, k);
+        ZR_CHECK(zr_adamw_config_check(&sc));
     }
     ZR_CHECK(zr_offload_grad_sync(o));
     double t0 = now_ms();
-    double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
     size_t es = zr_dtype_size(o->pdt);
     for (int k = k0; k < k1; k++) {
         const zr_offload_segment *s = &o->segs[k];
         if (s->n == 0) continue;
-        offload_adamw_args a = {(float)grad_scale, (float)(1 - lr[k] * s->wd), (float)(1 - beta1), (float)beta2,
-                                (float)(1 - beta2), (float)eps, (float)(lr[k] / bc1), (float)sqrt(bc2)};
-        offload_adamw_cpu(master + s->off, m + s->off, v + s->off, o->g + s->off, s->n, &a,
+        zr_adamw_config sc = segment_config(o, c, lr, k);
+        offload_adamw_cpu(master + s->off, m + s->off, v + s->off, o->g + s->off, s->n, &sc, step, grad_scale,
                           out ? (char *)out + (size_t)s->off * es : NULL, o->pdt);
     }
     o->t_adam += now_ms() - t0;

@@ -16,6 +16,7 @@
 #define ZR_ZERO_OFFLOAD_H
 
 #include "core/tensor.h"
+#include "kernels/base/adamw.h" /* zr_adamw_config */
 
 typedef struct zr_offload zr_offload;
 
@@ -49,14 +50,14 @@ zr_status zr_offload_grad_zero(zr_offload *o);
 zr_status zr_offload_sumsq(zr_offload *o, double *out);
 
 /* AdamW on every segment: master, m, v (f32, S) updated in place from gpart * grad_scale, segment
- * k with learning rate lr[k] (its parameter group's). When out is not NULL, the new weights are
+ * k with learning rate lr[k] (its parameter group's) and its own weight decay; c: the betas, eps. When out is not NULL, the new weights are
  * written there as pdt (S elements, partition layout). */
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const double *lr, double beta1, double beta2, double eps, void *out);
+                           const zr_adamw_config *c, const double *lr, void *out);
 /* The same on segments k0 .. k1-1 only (so their new weights can be uploaded while the next
  * segments are updated). */
 zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const double *lr, double beta1, double beta2, double eps, void *out);
+                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out);
 /* out (pdt, S) = master (f32, S), rounded (after a checkpoint load). */
 zr_status zr_offload_cast(zr_offload *o, void *out, const float *master);
 

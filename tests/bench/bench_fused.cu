@@ -265,10 +265,10 @@ int main() {
         float *p = f32(n), *m = f32(n, 0.01f), *v = f32(n, 0.001f, 0.002f);
         void *g = bf(n), *lp = bf(n);
         zr_adamw_segment segs[3] = {{0, n / 2, 0.1f, 1e-4f}, {n / 2, 1000, 0.f, 1e-4f}, {n / 2 + 1000, n / 2 - 1000, 0.1f, 1e-4f}};
+        const zr_adamw_config adam = {1e-4, 0.9, 0.95, 1e-8, 0.1}; /* lr, wd: per segment */
         int step = 1;
         row("adamw (f32 p,m,v; bf16 g, copy)", "256M params", 28.0 * n, time_ms([&] {
-                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, 0.9f, 0.95f, 1e-8f,
-                                   step++, NULL, 0));
+                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, &adam, step++, NULL, 0));
             }));
         cudaFree(p), cudaFree(m), cudaFree(v), cudaFree(g), cudaFree(lp);
     }

@@ -511,9 +511,9 @@ TEST(adamw_step) {
         for (int step = 1; step <= 3; ++step) {
             vec g = randv(n);
             g_.up(g);
+            const zr_adamw_config cfg = {0, b1, b2, eps, 0}; /* lr, wd: per segment */
             CHECK_OK(adamw_step_cuda(p_.f(), m_.f(), v_.f(), lp_.p, ZR_BF16, g_.p, gt, segs.data(),
-                                     (int)segs.size(), (float)b1, (float)b2,
-                                     (float)eps, step, sc_.f(), 0));
+                                     (int)segs.size(), &cfg, step, sc_.f(), 0));
             for (int64_t i = 0; i < n; ++i) {
                 if (inseg[i] < 0) continue;
                 double gi = g[i] * 0.5, lr = lrs[i];
