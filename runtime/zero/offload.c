@@ -1,4 +1,4 @@
-/* Host side of the ZeRO engine with the master partition on the CPU (see zero_offload.h):
+/* Host side of the ZeRO engine with the master partition on the CPU (see offload.h):
  * gradient intake from device buckets through a copy stream and pinned staging, lazy zeroing of
  * the gradient partition, the fused CPU passes, and the 16-bit weights sent back to the device.
  * The CUDA parts run only for parameters on a GPU; a CPU run uses the same bookkeeping. */
