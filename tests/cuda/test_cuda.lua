@@ -3,13 +3,10 @@
 -- and GPT-2 golden files (f32 and bf16); NCCL collectives; ZeRO stages 0-3 vs the CPU run; errors
 -- for mixed devices and out-of-memory; the caching allocator. Every op against its CPU twin is
 -- tests/ops/test_<op>_cuda.lua. Prints SKIP without a GPU.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../ops/cuda_common.lua")
 if C.skip_without_gpu("cuda") then return end
-
 local abs = math.abs
-local close, randn, both, SIZES = C.close, C.randn, C.both, C.SIZES
+local zr, T, close, randn, both, SIZES = C.zr, C.T, C.close, C.randn, C.both, C.SIZES
 
 T.test("device basics and round trips for every dtype", function()
   for _, dt in ipairs { "f32", "bf16", "f16", "f64", "i32", "i64", "u8" } do

@@ -2,9 +2,11 @@
 -- tolerances per dtype, `close` (CUDA result vs CPU reference), `both` (one function on both
 -- devices, forward and every input gradient), and the skip on machines without a GPU.
 --   local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
+--   if C.skip_without_gpu("norm") then return end
+--   local zr, T, close, both = C.zr, C.T, C.close, C.both
 local zr = require "zrun"
 local T = require "zrun.testing"
-local M = {}
+local M = { zr = zr, T = T }
 
 local abs, max = math.abs, math.max
 local unpack = table.unpack or unpack -- LuaJIT: the global

@@ -1,11 +1,8 @@
 -- scaled_dot_product_attention on CUDA vs the CPU: flash (bf16/f16, Dh 64/128), the f32 path,
 -- GQA.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention") then return end
-
-local randn, both, unpack = C.randn, C.both, C.unpack
+local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 
 T.test("scaled_dot_product_attention: flash (bf16/f16, Dh 64/128) and the f32 path, GQA", function()
   local function sdpa(q, k, v) return zr.scaled_dot_product_attention(q, k, v, { is_causal = true }) end

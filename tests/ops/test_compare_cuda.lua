@@ -1,10 +1,7 @@
 -- where, masked_fill and the comparisons on CUDA vs the CPU (broadcast, scalars, bf16, i64).
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("compare") then return end
-
-local close, randn, both = C.close, C.randn, C.both
+local zr, T, close, randn, both = C.zr, C.T, C.close, C.randn, C.both
 
 T.test("where, masked_fill and comparisons on CUDA vs CPU", function()
   local a0, b0 = randn({ 7, 13 }), randn({ 13 })

@@ -1,11 +1,8 @@
 -- Fused cross_entropy on CUDA vs the CPU: ignore_index, mean/sum/none, a large vocabulary,
 -- bf16 logits.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("cross_entropy") then return end
-
-local randn, both = C.randn, C.both
+local zr, T, randn, both = C.zr, C.T, C.randn, C.both
 
 T.test("cross_entropy (fused): ignore_index, mean/sum/none, large vocab, bf16 logits", function()
   for _, dt in ipairs { "f32", "bf16" } do

@@ -1,10 +1,7 @@
 -- dropout on CUDA vs the CPU: the same seed gives the same mask on both devices.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("dropout") then return end
-
-local close, randn, both = C.close, C.randn, C.both
+local zr, T, close, randn, both = C.zr, C.T, C.close, C.randn, C.both
 
 T.test("dropout: same seed, same mask on both devices", function()
   for _, dt in ipairs { "f32", "bf16" } do

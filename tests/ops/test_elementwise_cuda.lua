@@ -1,12 +1,10 @@
 -- elementwise on CUDA vs the CPU: unary ops forward and backward at sizes 1..1000003 (f32,
 -- bf16, f16), unaligned and strided inputs, binary ops with broadcasting, mixed dtypes, scalars,
 -- in-place ops.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("elementwise") then return end
-
 local abs = math.abs
+local zr, T = C.zr, C.T
 local close, randn, pair, fwd_bwd, both, SIZES = C.close, C.randn, C.pair, C.fwd_bwd, C.both, C.SIZES
 
 -- name, Lua function, input domain ("pos" for ops that need x > 0)

@@ -1,11 +1,8 @@
 -- embedding on CUDA vs the CPU: the gather, the deterministic scatter-add (repeated ids), a
 -- 16-bit table's gradient added straight into an fp32 .grad.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("embedding") then return end
-
-local randn, both, unpack = C.randn, C.both, C.unpack
+local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 
 T.test("embedding: gather and deterministic scatter-add (repeated ids)", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do

@@ -1,12 +1,9 @@
 -- Fused projections on CUDA vs the CPU: linear_multi (adjacent and separate weights, biases,
 -- gradients into leaf .grad), split into one gradient buffer, packed swiglu. (The CPU side and the
 -- by-hand references are test_linear_multi.lua.)
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("linear_multi") then return end
-
-local close, randn, both, unpack = C.close, C.randn, C.both, C.unpack
+local zr, T, close, randn, both, unpack = C.zr, C.T, C.close, C.randn, C.both, C.unpack
 
 -- Weights (out_i, in) of dtype dt back to back in one flat buffer on dev (ZeRO direct mode's
 -- layout): leaf views; with grads, their .grad views of one f32 buffer holding g0 (the partition).

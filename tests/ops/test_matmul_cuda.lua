@@ -1,11 +1,8 @@
 -- matmul, bmm and linear on CUDA vs the CPU: batches, broadcasting, transposed views, 1-D
 -- operands; the bias epilogue, sizes 1 and primes, f32/bf16/f16.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("matmul") then return end
-
-local randn, both = C.randn, C.both
+local zr, T, randn, both = C.zr, C.T, C.randn, C.both
 
 T.test("matmul and bmm: batches, broadcasting, transposed views, 1-D operands", function()
   local cases = {

@@ -1,10 +1,7 @@
 -- rms_norm and layer_norm on CUDA vs the CPU, with and without affine parameters.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("norm") then return end
-
-local randn, both = C.randn, C.both
+local zr, T, randn, both = C.zr, C.T, C.randn, C.both
 
 T.test("rms_norm and layer_norm, with and without affine parameters", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do

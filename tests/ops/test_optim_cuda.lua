@@ -1,10 +1,7 @@
 -- Optimizer steps on CUDA parameters vs the CPU: AdamW (f32/bf16 gradients) and SGD.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("optim") then return end
-
-local close, randn = C.close, C.randn
+local zr, T, close, randn = C.zr, C.T, C.close, C.randn
 
 T.test("optimizers on CUDA parameters: AdamW (f32/bf16 grads) and SGD match the CPU", function()
   for _, gdt in ipairs { "f32", "bf16" } do

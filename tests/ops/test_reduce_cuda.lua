@@ -1,12 +1,9 @@
 -- Reductions on CUDA vs the CPU: sum, mean, max (values, indices with ties and NaN, backward)
 -- over dims.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("reduce") then return end
-
 local abs, max = math.abs, math.max
-local close, randn = C.close, C.randn
+local zr, T, close, randn = C.zr, C.T, C.close, C.randn
 
 T.test("reductions: sum, mean, max (values, indices, backward) over dims", function()
   local cases = {

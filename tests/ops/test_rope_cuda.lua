@@ -1,10 +1,7 @@
 -- rope on CUDA vs the CPU: contiguous and (B,T,H,D)-transposed inputs, T = 1 and primes.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("rope") then return end
-
-local randn, both = C.randn, C.both
+local zr, T, randn, both = C.zr, C.T, C.randn, C.both
 
 T.test("rope: contiguous and (B,T,H,D)-transposed inputs, T=1 and primes", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do

@@ -1,10 +1,7 @@
 -- softmax and log_softmax on CUDA vs the CPU, over the last and other dims.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("softmax") then return end
-
-local close, randn, both = C.close, C.randn, C.both
+local zr, T, close, randn, both = C.zr, C.T, C.close, C.randn, C.both
 
 T.test("softmax and log_softmax over the last and other dims", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do

@@ -1,11 +1,8 @@
 -- The fused swiglu on CUDA vs the CPU op: f32/bf16/f16 forward and backward, Llama-sized rows.
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("swiglu") then return end
-
 local floor, abs, max = math.floor, math.abs, math.max
-local close, randn, both, TOL = C.close, C.randn, C.both, C.TOL
+local zr, T, close, randn, both, TOL = C.zr, C.T, C.close, C.randn, C.both, C.TOL
 
 T.test("swiglu (fused): f32/bf16/f16 forward and backward vs the CPU op; Llama-sized rows", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do

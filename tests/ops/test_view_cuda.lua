@@ -1,10 +1,7 @@
 -- cat and split on CUDA vs the CPU. (split into one gradient buffer: test_linear_multi_cuda.lua.)
-local zr = require "zrun"
-local T = require "zrun.testing"
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("view") then return end
-
-local randn, both = C.randn, C.both
+local zr, T, randn, both = C.zr, C.T, C.randn, C.both
 
 T.test("cat and split on CUDA vs CPU", function()
   both("cat dim 2", "f32", { randn({ 3, 4 }), randn({ 3, 7 }), randn({ 3, 1 }) },
