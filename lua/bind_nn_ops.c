@@ -1,6 +1,7 @@
 /* Lua bindings for matmul/linear, softmax, cross-entropy and embedding, one banner per op family
- * (runtime/ops/matmul.h, softmax.h, cross_entropy.h, embedding.h). Each is both zr.name(...) and a tensor method.
- * Dims are 1-based here; class targets and embedding ids are 0-based data (like token ids). */
+ * (runtime/ops/matmul.h, softmax.h, cross_entropy.h, embedding.h). Each is both zr.name(...) and
+ * a tensor method. Dims are 1-based here; class targets and embedding ids are 0-based data
+ * (like token ids). */
 #include <string.h>
 
 #include "bind.h"
