@@ -214,7 +214,7 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
     k.batch = g->batch;
     if (g->batch > 1) k.sa = g->stride_a, k.sb = g->stride_b, k.sc = g->stride_c;
     pthread_mutex_lock(&mtx);
-    dev_ctx *c;
+    dev_ctx *c = NULL;
     if (get_ctx(dev, stream, &c, g)) {
         pthread_mutex_unlock(&mtx);
         return -1;
