@@ -133,6 +133,14 @@ end
 -- or `optional` (absent stays nil, as DeepSpeed's None). `opaque` sections are accepted for
 -- compatibility and kept as given; zrun does not use them. `variant` sections (optimizer, scheduler)
 -- pick their params schema by `type`.
+--
+-- What DeepSpeed does with keys it does not know depends on how it reads the section: a `strict`
+-- section is a pydantic model (extra="forbid": an unknown key is an error; "auto" is dropped, so the
+-- field takes its default), any other section is read with dict.get (an unknown key is ignored: a
+-- warning here). A leaf's `alias` is the other name pydantic accepts for it (DeepSpeed's field name
+-- where zrun keeps the stage3_ alias). `off` is the value under which a feature zrun does not
+-- implement changes nothing; another value is an `effect` = "warn" (DeepSpeed would train the same)
+-- or "error" (results would differ).
 
 local function leaf(ty, default, opts)
   local o = {} -- a fresh node: option tables such as NONNEG are shared between leaves
@@ -154,13 +162,19 @@ local function list(d, o) return leaf("list", d, o) end       -- a list of numbe
 local function opaque(o) o = o or {}; o.kind = "opaque"; return o end
 local function section(entries, o)
   o = o or {}
-  o.kind, o.keys, o.map = "section", {}, {}
+  o.kind, o.keys, o.map, o.aliases = "section", {}, {}, {}
   for _, e in ipairs(entries) do
-    o.keys[#o.keys + 1] = e[1]
-    o.map[e[1]] = e[2]
+    local name, child = e[1], e[2]
+    o.keys[#o.keys + 1] = name
+    o.map[name] = child
+    if child.alias then o.aliases[child.alias] = name end
+    if o.strict and child.kind == "leaf" then child.drop_auto = true end
   end
   return o
 end
+-- Marks a feature zrun does not implement: `off` is the value that leaves training unchanged.
+local function warn_unless(off, node) node.off, node.effect = off, "warn"; return node end
+local function refuse_unless(off, node) node.off, node.effect = off, "error"; return node end
 local function variant(types, o)
   o = o or {}
   o.kind, o.types, o.names = "variant", {}, {}
@@ -174,53 +188,47 @@ end
 local POS = { min = 1 }
 local NONNEG = { min = 0 }
 
--- Optimizer params, per type. Defaults are those of DeepSpeed's optimizer constructors (FusedAdam,
--- FusedLamb, ...), not torch's: e.g. weight_decay 0 and adam_w_mode true for "Adam".
-local function adam_params()
+-- Optimizer params, per type. Defaults are those of DeepSpeed's optimizer constructors (FusedAdam),
+-- not torch's: weight_decay 0, and "Adam" is AdamW-style (adam_w_mode true). DeepSpeed passes params
+-- to the constructor as keyword arguments, so an unknown one is an error (a TypeError there).
+local function adam_params(adamw)
   return section {
     { "lr", num(1e-3, { min = 0, auto = true }) },
     { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
     { "eps", num(1e-8, { min = 0, auto = true }) },
     { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "bias_correction", bool(true) },
-    { "adam_w_mode", bool(true) },
+    { "bias_correction", refuse_unless(true, bool(true)) },
+    -- "AdamW" is decoupled whatever adam_w_mode says; "Adam" with false is L2-regularised Adam
+    { "adam_w_mode", adamw and bool(true) or refuse_unless(true, bool(true)) },
     { "torch_adam", bool(false) },
-    { "amsgrad", bool(false) },
+    { "amsgrad", refuse_unless(false, bool(false)) },
   }
 end
 local OPTIMIZER = variant({
-  { "Adam", adam_params() },
-  { "AdamW", adam_params() },
-  { "Lamb", section {
-    { "lr", num(1e-3, { min = 0, auto = true }) },
-    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
-    { "eps", num(1e-8, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "bias_correction", bool(true) },
-    { "max_grad_norm", num(0.0, NONNEG) },
-    { "max_coeff", num(10.0, NONNEG) },
-    { "min_coeff", num(0.01, NONNEG) },
-    { "amsgrad", bool(false) },
-  } },
-  { "Lion", section {
-    { "lr", num(1e-4, { min = 0, auto = true }) },
-    { "betas", list({ 0.9, 0.99 }, { len = 2, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-  } },
-  { "Adagrad", section {
-    { "lr", num(1e-2, { min = 0, auto = true }) },
-    { "eps", num(1e-10, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "amsgrad", bool(false) },
-  } },
-  { "SGD", section {
-    { "lr", num(1e-3, { min = 0, auto = true }) },
-    { "momentum", num(0.0, NONNEG) },
-    { "dampening", num(0.0, NONNEG) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "nesterov", bool(false) },
-  } },
+  { "Adam", adam_params(false) },
+  { "AdamW", adam_params(true) },
 }, { ci = true, extra = section { { "legacy_fusion", bool(false) } } })
+
+-- Optimizers DeepSpeed builds (its own, matched case-insensitively, and torch.optim's by exact
+-- name) that zrun's ZeRO engine does not implement: refused by `zrun check` and zr.initialize alike.
+local DS_OPTIMIZERS = { "Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD",
+  "Lion", "Muon" }
+local TORCH_OPTIMIZERS = { "SGD", "Adagrad", "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop",
+  "Rprop", "SparseAdam", "Adafactor" }
+
+-- The canonical name of an optimizer DeepSpeed knows and zrun does not implement, or nil.
+local function unimplemented_optimizer(ty)
+  if type(ty) ~= "string" then return nil end
+  for _, n in ipairs(DS_OPTIMIZERS) do if n:lower() == ty:lower() then return n end end
+  for _, n in ipairs(TORCH_OPTIMIZERS) do if n == ty then return n end end
+  return nil
+end
+
+-- The one message for an optimizer zrun does not implement (zrun check and zr.initialize).
+function M.unimplemented_optimizer_message(ty)
+  return fmt('optimizer.type "%s": zrun\'s ZeRO engine does not implement %s yet; use "AdamW" (or "Adam", which ' ..
+    "DeepSpeed runs as AdamW)", ty, unimplemented_optimizer(ty) or ty)
+end
 
 -- Scheduler params, per type: the constructor arguments of deepspeed/runtime/lr_schedules.py.
 local WARMUP_TYPE = enum({ "log", "linear" }, "log")
@@ -273,9 +281,9 @@ local SCHEDULER = variant({
   } },
 })
 
--- Offload devices: "none" is DeepSpeed's default inside a present section.
+-- Offload devices: "none" is DeepSpeed's default inside a present section. "nvme" is resolved to
+-- "cpu" with a warning (cross_checks): zrun offloads to host memory only.
 local DEVICE = enum({ "none", "cpu", "nvme" }, "none")
--- pin_memory: DeepSpeed's current documentation gives true (older releases defaulted to false).
 local OFFLOAD_PARAM = section({
   { "device", DEVICE },
   { "nvme_path", str(nil, { nullable = true }) },
@@ -283,7 +291,7 @@ local OFFLOAD_PARAM = section({
   { "buffer_count", int(5, NONNEG) },
   { "buffer_size", int(1e8, NONNEG) },
   { "max_in_cpu", int(1e9, NONNEG) },
-}, { optional = true })
+}, { optional = true, strict = true })
 local OFFLOAD_OPTIMIZER = section({
   { "device", DEVICE },
   { "nvme_path", str(nil, { nullable = true }) },
@@ -293,9 +301,28 @@ local OFFLOAD_OPTIMIZER = section({
   { "pipeline_write", bool(false) },
   { "fast_init", bool(false) },
   { "ratio", num(1.0, { min = 0, max = 1 }) },
-}, { optional = true })
+  { "super_offload", bool(false) },
+  { "cpuadam_cores_perc", num(0.8, { min = 0, max = 1 }) },
+}, { optional = true, strict = true })
 
-local ZERO = section {
+-- ZenFlow (zero_optimization.zenflow) updates only the top-k gradient columns between full
+-- updates: the results differ from plain Adam's, so a present section is refused in cross_checks.
+local ZENFLOW = section({
+  { "topk_ratio", num(0.1, { min = 0, max = 1 }) },
+  { "select_strategy", enum({ "auto", "step", "epoch" }, "auto") },
+  { "select_interval", leaf("any", "auto") },
+  { "update_interval", leaf("any", "auto") },
+  { "overlap_step", bool(false) },
+  { "offload", bool(false) },
+  { "auto_ratio", num(0.99, { min = 0, max = 1 }) },
+  { "full_warm_up_rounds", int(0) },
+  { "pt_reserved_cores_perc", num(0.5, { min = 0, max = 1 }) },
+  { "steps_per_epoch", int(nil, { nullable = true }) },
+}, { optional = true, strict = true })
+
+-- DeepSpeed's field names (max_live_parameters, ...) and their stage3_ aliases are both accepted;
+-- the resolved config keeps the stage3_ spelling, which the rest of zrun reads.
+local ZERO = section({
   { "stage", int(0, { values = { 0, 1, 2, 3 } }) },
   { "allgather_partitions", bool(true) },
   { "allgather_bucket_size", int(5e8, NONNEG) },
@@ -309,46 +336,60 @@ local ZERO = section {
   { "elastic_checkpoint", bool(false) },
   { "offload_param", OFFLOAD_PARAM },
   { "offload_optimizer", OFFLOAD_OPTIMIZER },
+  { "zenflow", ZENFLOW },
   { "sub_group_size", int(1e9, NONNEG) },
   -- DeepSpeed's code default (5e7); its documentation table says 5e8.
-  { "stage3_prefetch_bucket_size", int(5e7, { min = 0, auto = true }) },
-  { "stage3_param_persistence_threshold", int(1e5, { min = 0, auto = true }) },
-  { "stage3_model_persistence_threshold", int(2 ^ 63, NONNEG) }, -- sys.maxsize: unlimited
-  { "stage3_max_live_parameters", int(1e9, NONNEG) },
-  { "stage3_max_reuse_distance", int(1e9, NONNEG) },
-  { "stage3_gather_16bit_weights_on_model_save", bool(false) },
-  { "stage3_module_granularity_threshold", int(0, NONNEG) },
-  { "stage3_use_all_reduce_for_fetch_params", bool(false) },
+  { "stage3_prefetch_bucket_size", int(5e7, { min = 0, auto = true, alias = "prefetch_bucket_size" }) },
+  { "stage3_param_persistence_threshold", int(1e5, { min = 0, auto = true, alias = "param_persistence_threshold" }) },
+  { "stage3_model_persistence_threshold", int(2 ^ 63, { min = 0, alias = "model_persistence_threshold" }) }, -- sys.maxsize
+  { "stage3_max_live_parameters", int(1e9, { min = 0, alias = "max_live_parameters" }) },
+  { "stage3_max_reuse_distance", int(1e9, { min = 0, alias = "max_reuse_distance" }) },
+  { "stage3_gather_16bit_weights_on_model_save", bool(false, { alias = "gather_16bit_weights_on_model_save" }) },
+  { "stage3_module_granularity_threshold", int(0, { alias = "module_granularity_threshold" }) },
+  { "stage3_use_all_reduce_for_fetch_params", bool(false, { alias = "use_all_reduce_for_fetch_params" }) },
+  { "stage3_allgather_sequential", bool(false, { alias = "allgather_sequential" }) },
   { "ignore_unused_parameters", bool(true) },
   { "legacy_stage1", bool(false) },
   { "round_robin_gradients", bool(false) },
-  { "zero_hpz_partition_size", int(1, { min = 1, inert = 1 }) },
-  { "zero_quantized_weights", bool(false, { inert = false }) },
-  { "zero_quantized_nontrainable_weights", bool(false, { inert = false }) },
-  { "zero_quantized_gradients", bool(false, { inert = false }) },
-  { "mics_shard_size", int(-1, { min = -1, inert = -1 }) },
+  { "zero_hpz_partition_size", warn_unless(1, int(1, NONNEG)) },
+  { "zero_quantized_weights", refuse_unless(false, bool(false)) },
+  { "zero_quantized_nontrainable_weights", refuse_unless(false, bool(false)) },
+  { "zero_quantized_gradients", refuse_unless(false, bool(false)) },
+  { "mics_shard_size", warn_unless(-1, int(-1, { min = -1 })) },
   { "mics_hierarchical_params_gather", bool(false) },
   { "memory_efficient_linear", bool(true) },
   { "pipeline_loading_checkpoint", bool(false) },
   { "override_module_apply", bool(true) },
   { "log_trace_cache_warnings", bool(false) },
   { "enable_sanity_checks", bool(false) },
+  { "save_muon_momentum_buffer_in_memory", bool(false) },
   { "zeropp_loco_param", opaque() },
+  { "leaf_module", opaque() },
   -- Deprecated spellings, translated after validation (with a warning).
   { "cpu_offload", bool(nil, { nullable = true, deprecated = "offload_optimizer" }) },
   { "cpu_offload_param", bool(nil, { nullable = true, deprecated = "offload_param" }) },
   { "cpu_offload_use_pin_memory", bool(nil, { nullable = true, deprecated = "pin_memory" }) },
   { "stage3_gather_fp16_weights_on_model_save", bool(nil, { nullable = true,
     deprecated = "stage3_gather_16bit_weights_on_model_save" }) },
-}
+}, { strict = true })
 
+-- The monitors (zrun.monitor writes TensorBoard event files and DeepSpeed's CSV files).
 local MONITOR = function(job)
-  return section {
+  return section({
     { "enabled", bool(false) },
     { "output_path", str("") },
     { "job_name", str(job) },
-  }
+  }, { strict = true })
 end
+
+-- A section zrun does not implement changes something when present and not disabled; `active`
+-- says when (default: enabled is not false).
+local function feature(effect, active) return opaque { effect = effect, active = active } end
+local function when_true(key) return function(v) return type(v) == "table" and v[key] == true end end
+
+-- torch_autocast.dtype: DeepSpeed's DtypeEnum spellings.
+local DTYPES = { "torch.bfloat16", "bf16", "bfloat16", "torch.float16", "fp16", "float16", "half",
+  "torch.float32", "fp32", "float32", "float", "torch.int8", "int8" }
 
 local SCHEMA = section {
   { "train_batch_size", int(nil, { min = 1, auto = true, nullable = true }) },
@@ -357,56 +398,64 @@ local SCHEMA = section {
   { "gradient_clipping", num(0.0, { min = 0, auto = true }) }, -- 0: no clipping (DeepSpeed's code default)
   { "steps_per_print", int(10, POS) },
   { "wall_clock_breakdown", bool(false) },
-  { "memory_breakdown", bool(false) },
-  { "dump_state", bool(false) },
-  { "prescale_gradients", bool(false) },
-  { "gradient_predivide_factor", num(1.0, { min = 0, open_min = true }) },
-  { "gradient_allreduce_op", enum({ "mean", "sum" }, "mean") },
-  { "sparse_gradients", bool(false) },
-  { "fp32_allreduce", bool(false) },
+  { "memory_breakdown", warn_unless(false, bool(false)) },
+  { "dump_state", warn_unless(false, bool(false)) },
+  { "prescale_gradients", warn_unless(false, bool(false)) },
+  { "gradient_predivide_factor", warn_unless(1, num(1.0, { min = 0, open_min = true })) },
+  { "gradient_allreduce_op", refuse_unless("mean", enum({ "mean", "sum" }, "mean")) },
+  { "sparse_gradients", warn_unless(false, bool(false)) },
+  { "fp32_allreduce", warn_unless(false, bool(false)) },
   { "communication_data_type", enum({ "fp16", "bf16", "fp32" }, nil, { nullable = true }) },
   { "seq_parallel_communication_data_type", enum({ "fp16", "bf16", "fp32" }, "fp32") },
-  { "disable_allgather", bool(false) },
+  { "disable_allgather", warn_unless(false, bool(false)) },
   { "zero_allow_untested_optimizer", bool(false) },
   { "zero_force_ds_cpu_optimizer", bool(true) },
   { "dataloader_drop_last", bool(false) },
-  { "fp16", section {
+  { "managed_gradient_accumulation", bool(true) },
+  { "graph_harvesting", warn_unless(false, bool(false)) },
+  { "use_data_before_expert_parallelism", bool(false) },
+  { "vocabulary_size", int(nil, { nullable = true }) },
+  { "log_level", leaf("any", nil, { nullable = true }) },
+  { "fp16", section({
     { "enabled", bool(false, { auto = true }) },
-    { "auto_cast", bool(false) },
+    { "auto_cast", warn_unless(false, bool(false)) },
     { "loss_scale", num(0.0, NONNEG) }, -- 0: dynamic loss scaling
     { "initial_scale_power", int(16, NONNEG) },
     { "loss_scale_window", int(1000, POS) },
     { "hysteresis", int(2, POS) },
-    { "consecutive_hysteresis", bool(false) },
+    { "consecutive_hysteresis", refuse_unless(false, bool(false)) },
     { "min_loss_scale", num(1, { min = 0, open_min = true }) },
-    { "fp16_master_weights_and_grads", bool(false) },
-  } },
-  { "bf16", section {
+    { "fp16_master_weights_and_grads", refuse_unless(false, bool(false)) },
+  }, { strict = true }) },
+  { "bf16", section({
     { "enabled", bool(false, { auto = true }) },
     { "immediate_grad_update", bool(false) },
-    { "check_grad_overflow", bool(false) },
-    { "bf16_master_weights_and_grads", bool(false) },
-    { "bf16_optimizer_states", bool(false) },
-  } },
+    -- DeepSpeed skips a step whose gradients overflow; zrun stops with an error instead
+    { "check_grad_overflow", bool(true) },
+    { "bf16_master_weights_and_grads", refuse_unless(false, bool(false)) },
+    { "bf16_optimizer_states", refuse_unless(false, bool(false)) },
+  }, { strict = true }) },
   { "amp", section({ { "enabled", bool(false) }, { "opt_level", str("O1") } }, { open = true }) },
   { "torch_autocast", section {
     { "enabled", bool(false) },
-    { "dtype", enum({ "bfloat16", "float16" }, "bfloat16") },
+    { "dtype", enum(DTYPES, "torch.bfloat16") },
     { "lower_precision_safe_modules", opaque() },
   } },
   { "optimizer", OPTIMIZER },
   { "scheduler", SCHEDULER },
   { "zero_optimization", ZERO },
+  -- DeepSpeed's activation checkpointing applies to models that call deepspeed.checkpointing;
+  -- zrun models use zr.checkpoint, so these only matter when changed (warning).
   { "activation_checkpointing", section {
-    { "partition_activations", bool(false) },
-    { "cpu_checkpointing", bool(false) },
-    { "contiguous_memory_optimization", bool(false) },
-    { "number_checkpoints", int(nil, { min = 1, nullable = true }) },
-    { "synchronize_checkpoint_boundary", bool(false) },
-    { "profile", bool(false) },
+    { "partition_activations", warn_unless(false, bool(false)) },
+    { "cpu_checkpointing", warn_unless(false, bool(false)) },
+    { "contiguous_memory_optimization", warn_unless(false, bool(false)) },
+    { "number_checkpoints", warn_unless(nil, int(nil, { min = 1, nullable = true })) },
+    { "synchronize_checkpoint_boundary", warn_unless(false, bool(false)) },
+    { "profile", warn_unless(false, bool(false)) },
   } },
   { "flops_profiler", section {
-    { "enabled", bool(false) },
+    { "enabled", warn_unless(false, bool(false)) },
     { "recompute_fwd_factor", num(0.0, NONNEG) },
     { "profile_step", int(1, POS) },
     { "module_depth", int(-1, { min = -1 }) },
@@ -416,26 +465,41 @@ local SCHEMA = section {
   } },
   { "tensorboard", MONITOR("DeepSpeedJobName") },
   { "csv_monitor", MONITOR("DeepSpeedJobName") },
-  { "wandb", section {
+  { "wandb", section({
     { "enabled", bool(false) },
     { "group", str(nil, { nullable = true }) },
     { "team", str(nil, { nullable = true }) },
     { "project", str("deepspeed") },
-  } },
-  { "comms_logger", section {
+  }, { strict = true }) },
+  { "comet", section({
     { "enabled", bool(false) },
+    { "samples_log_interval", int(100) },
+    { "project", str(nil, { nullable = true }) },
+    { "workspace", str(nil, { nullable = true }) },
+    { "api_key", str(nil, { nullable = true }) },
+    { "experiment_name", str(nil, { nullable = true }) },
+    { "experiment_key", str(nil, { nullable = true }) },
+    { "online", bool(nil, { nullable = true }) },
+    { "mode", str(nil, { nullable = true }) },
+  }, { strict = true }) },
+  { "comms_logger", section({
+    { "enabled", warn_unless(false, bool(false)) },
     { "verbose", bool(false) },
     { "prof_all", bool(true) },
     { "debug", bool(false) },
     { "prof_ops", opaque() },
-  } },
+  }, { strict = true }) },
   { "checkpoint", section {
     { "tag_validation", enum({ "Ignore", "Warn", "Fail" }, "Warn", { ci = true }) },
-    { "load_universal", bool(false) },
-    { "use_node_local_storage", bool(false) },
+    { "load_universal", warn_unless(false, bool(false)) },
+    { "use_node_local_storage", warn_unless(false, bool(false)) },
     { "parallel_write", opaque() },
   } },
-  { "data_types", section { { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) } } },
+  { "data_types", section {
+    { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
+    { "param_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
+    { "buffer_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
+  } },
   { "aio", section {
     { "block_size", int(1048576, POS) },
     { "queue_depth", int(8, POS) },
@@ -443,13 +507,19 @@ local SCHEMA = section {
     { "single_submit", bool(false) },
     { "overlap_events", bool(true) },
   } },
-  -- Accepted so that existing DeepSpeed files load; zrun does not implement these features.
-  { "autotuning", opaque() }, { "elasticity", opaque() }, { "compression_training", opaque() },
-  { "data_efficiency", opaque() }, { "curriculum_learning", opaque() }, { "pipeline", opaque() },
-  { "sparse_attention", opaque() }, { "hybrid_engine", opaque() }, { "tensor_parallel", opaque() },
-  { "expert_parallel", opaque() }, { "nebula", opaque() }, { "compile", opaque() },
-  { "eigenvalue", opaque() }, { "progressive_layer_drop", opaque() }, { "quantize_training", opaque() },
-  { "weight_quantization", opaque() }, { "timers", opaque() },
+  -- Accepted so that existing DeepSpeed files load; zrun does not implement these features. Present
+  -- and active, one that would change the results is refused, any other warned about.
+  { "autotuning", feature("warn") }, { "elasticity", feature("error") },
+  { "compression_training", feature("error", function() return true end) },
+  { "data_efficiency", feature("error") }, { "curriculum_learning", feature("error") },
+  { "pipeline", feature("warn") }, { "sparse_attention", feature("error", function() return true end) },
+  { "hybrid_engine", feature("warn") },
+  { "tensor_parallel", feature("error", function(v) return type(v) == "table" and (tonumber(v.autotp_size) or 1) > 1 end) },
+  { "expert_parallel", feature("error", when_true("enabled")) }, { "nebula", feature("warn") },
+  { "compile", feature("warn", when_true("deepcompile")) }, { "eigenvalue", feature("warn") },
+  { "progressive_layer_drop", feature("error") },
+  { "quantize_training", feature("error") },
+  { "weight_quantization", feature("error", function() return true end) }, { "timers", opaque() },
 }
 M.schema = SCHEMA
 
@@ -543,26 +613,74 @@ local function given_kind(ctx, p)
   return ctx.origin
 end
 
-local function unknown_key(ctx, candidates, path, key)
+-- The candidate at the smallest edit distance (for "the nearest known key").
+local function nearest(word, candidates)
+  local best, bd = nil, huge
+  for _, c in ipairs(candidates) do
+    local d = distance(word, c)
+    if d < bd or (d == bd and c < best) then best, bd = c, d end
+  end
+  return best
+end
+
+-- An unknown key: an error in a strict section (DeepSpeed's pydantic models forbid extras, and
+-- optimizer/scheduler params are constructor arguments), a warning where DeepSpeed reads the section
+-- with dict.get and ignores what it does not know. `takes`: what the section accepts, for the message.
+local function unknown_key(ctx, candidates, path, key, strict, takes)
   local full = join(path, tostring(key))
   local s = M.suggest(tostring(key), candidates)
   if s then s = join(path, s)
   else -- the same name elsewhere in the schema: a key placed in the wrong section
     for _, p in ipairs(ALL_PATHS) do
-      if p:match("[^.]+$") == key then s = p; break end
+      if p:match("[^.]+$") == key and p ~= full then s = p; break end
     end
   end
-  add_error(ctx, 'unknown key "%s"%s%s', full, path == "" and " at the top level" or "",
-    s and fmt('; did you mean "%s"?', s) or "")
+  local hint = s and fmt('; did you mean "%s"?', s) or ""
+  if takes then hint = hint .. "; " .. takes end
+  if strict then
+    add_error(ctx, 'unknown key "%s"%s%s', full, path == "" and " at the top level" or "", hint)
+    return
+  end
+  ctx.warned = ctx.warned or {}
+  if ctx.warned[full] then return end
+  ctx.warned[full] = true
+  if not s and path == "" then
+    local n = type(key) == "string" and nearest(key, candidates)
+    hint = n and fmt(' (the nearest known key is "%s")', n) or ""
+  end
+  add_warning(ctx, 'unknown key "%s"%s is ignored, as DeepSpeed ignores it%s', full,
+    path == "" and " at the top level" or "", hint)
 end
 
 local take
 
+-- raw with every alias renamed to its canonical key (both given: an error, as one must win).
+local function canonical_keys(node, raw, path, ctx)
+  if next(node.aliases or {}) == nil then return raw end
+  local out = {}
+  for k, v in pairs(raw) do
+    local c = node.aliases[k]
+    if c then
+      if raw[c] ~= nil then
+        add_error(ctx, '%s and %s are the same setting (DeepSpeed\'s name and its alias); give only one', join(path, k),
+          join(path, c))
+      else
+        out[c] = v
+        ctx.alias_of[join(path, c)] = k
+      end
+    elseif out[k] == nil then
+      out[k] = v
+    end
+  end
+  return out
+end
+
 local function walk(node, raw, path, ctx)
   local vals = {}
+  raw = canonical_keys(node, raw, path, ctx)
   if not node.open then
     for k in pairs(raw) do
-      if type(k) ~= "string" or not node.map[k] then unknown_key(ctx, node.keys, path, k) end
+      if type(k) ~= "string" or not node.map[k] then unknown_key(ctx, node.keys, path, k, node.strict) end
     end
   else
     for k, v in pairs(raw) do if not node.map[k] then vals[k] = deepcopy(v) end end
@@ -578,8 +696,8 @@ local function take_variant(node, v, p, ctx)
   local extra = node.extra
   local allowed = { "type", "params" }
   for _, k in ipairs(extra and extra.keys or {}) do allowed[#allowed + 1] = k end
-  for k in pairs(v) do
-    if k ~= "type" and k ~= "params" and not (extra and extra.map[k]) then unknown_key(ctx, allowed, p, k) end
+  for k in pairs(v) do -- DeepSpeed reads type, params (and legacy_fusion) with dict.get
+    if k ~= "type" and k ~= "params" and not (extra and extra.map[k]) then unknown_key(ctx, allowed, p, k, false) end
   end
   local ty = v.type
   if ty == nil or ty == NULL then
@@ -593,6 +711,10 @@ local function take_variant(node, v, p, ctx)
     end
   end
   if not canonical then
+    if node == OPTIMIZER and unimplemented_optimizer(ty) then
+      add_error(ctx, "%s", M.unimplemented_optimizer_message(ty))
+      return nil
+    end
     local s = type(ty) == "string" and M.suggest(ty, node.names)
     add_error(ctx, "%s.type must be %s, got %s%s", p, one_of(node.names), show(ty),
       s and fmt('; did you mean "%s"?', s) or "")
@@ -605,12 +727,32 @@ local function take_variant(node, v, p, ctx)
     add_error(ctx, "%s.params must be an object {...}, got %s", p, show(params))
     params = {}
   end
-  local out = { type = canonical, params = walk(node.types[canonical], params, p .. ".params", ctx) }
+  local schema = node.types[canonical]
+  for k in pairs(params) do -- constructor keyword arguments: an unknown one is a TypeError in DeepSpeed
+    if type(k) ~= "string" or not schema.map[k] then
+      unknown_key(ctx, schema.keys, p .. ".params", k, true, fmt("%s takes %s", canonical, concat(schema.keys, ", ")))
+    end
+  end
+  local known = {}
+  for k, x in pairs(params) do if schema.map[k] then known[k] = x end end
+  local out = { type = canonical, params = walk(schema, known, p .. ".params", ctx) }
   if extra then
     for _, name in ipairs(extra.keys) do out[name] = take(extra.map[name], v[name], join(p, name), ctx, out, name) end
   end
   ctx.src[p] = { kind = kind }
   return out
+end
+
+-- A feature zrun does not implement, set to something other than its `off` value.
+local function unimplemented(ctx, node, p, v)
+  local allowed = node.off == nil and "unset (null)" or show(node.off)
+  if node.effect == "error" then
+    add_error(ctx, "%s = %s: zrun does not implement this and the results would differ from DeepSpeed's; " ..
+      "allowed: %s", p, show(v), allowed)
+  else
+    add_warning(ctx, "%s = %s: zrun does not implement this (DeepSpeed would train the same); it has no " ..
+      "effect here", p, show(v))
+  end
 end
 
 take = function(node, v, p, ctx, parent, name)
@@ -634,12 +776,23 @@ take = function(node, v, p, ctx, parent, name)
   elseif node.kind == "opaque" then
     if v == nil or v == NULL then return nil end
     set_source(ctx, p, given_kind(ctx, p))
-    if p:find(".", 1, true) == nil then
-      add_warning(ctx, '"%s" is accepted for compatibility with DeepSpeed, but zrun does not use it', p)
+    if node.effect then
+      local active
+      if node.active then active = node.active(v) else active = not (type(v) == "table" and v.enabled == false) end
+      if active then
+        if node.effect == "error" then
+          add_error(ctx, '"%s" is set: zrun does not implement it and the results would differ from DeepSpeed\'s; ' ..
+            '%s', p, node.active and "remove the section" or 'remove the section (or set "enabled": false)')
+        else
+          add_warning(ctx, '"%s" is accepted for compatibility with DeepSpeed, but zrun does not implement it ' ..
+            "(DeepSpeed would train the same)", p)
+        end
+      end
     end
     return deepcopy(v)
   end
   -- leaf
+  local alias = ctx.alias_of[p]
   if v == nil then
     if node.required then
       add_error(ctx, '%s is required%s', p, node.auto and ' (a value, or "auto")' or "")
@@ -659,10 +812,18 @@ take = function(node, v, p, ctx, parent, name)
     add_error(ctx, "%s must be %s, got null", p, what or node.type)
     return nil
   end
-  if v == "auto" and node.type ~= "string" and node.type ~= "enum" then
+  if v == "auto" and (node.auto or node.drop_auto or (node.type ~= "string" and node.type ~= "enum")) then
     if node.auto then
       set_source(ctx, p, "auto", "unresolved")
       return "auto"
+    end
+    if node.drop_auto then -- DeepSpeedConfigModel drops "auto" fields: the default applies
+      set_source(ctx, p, "auto", "DeepSpeed's default (DeepSpeed drops \"auto\" here)")
+      if type(node.default) == "function" then
+        ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
+        return nil
+      end
+      return deepcopy(node.default)
     end
     local _, what = check_leaf(node, {})
     add_error(ctx, '%s does not accept "auto"; it must be %s', p, what)
@@ -673,24 +834,27 @@ take = function(node, v, p, ctx, parent, name)
     add_error(ctx, "%s must be %s, got %s%s", p, what, show(v), sugg and fmt('; did you mean "%s"?', sugg) or "")
     return nil
   end
-  if node.inert ~= nil and ok ~= node.inert then
-    add_warning(ctx, "%s = %s is accepted, but zrun does not implement it; it has no effect", p, show(ok))
-  end
-  set_source(ctx, p, kind)
+  if node.effect and ok ~= node.off then unimplemented(ctx, node, p, ok) end
+  set_source(ctx, p, kind, alias and fmt("given as %s", alias) or nil)
   return ok
 end
 
 -- Overrides ("key.sub=value") ---------------------------------------------------------------------
 
 -- The schema node at a dotted path; the raw tree tells an optimizer/scheduler its params schema.
-local function lookup(path, raw)
+local function lookup(path, raw, parts)
   local node, r, done = SCHEMA, raw, ""
-  local parts = split(path)
+  parts = parts or split(path)
   local i = 1
   while i <= #parts do
     local name = parts[i]
     if node.kind == "section" then
       local child = node.map[name]
+      if not child and node.aliases[name] then -- DeepSpeed's other name: set the canonical key
+        parts.alias = name
+        name = node.aliases[name]
+        parts[i], child = name, node.map[name]
+      end
       if not child then
         if node.open then return { kind = "leaf", type = "any" } end
         local s = M.suggest(name, node.keys)
@@ -782,16 +946,18 @@ local function apply_overrides(raw, overrides)
   sort(items, function(a, b) return a[1] < b[1] end)
   for _, it in ipairs(items) do
     local key, val = it[2], it[3]
-    local node, err = lookup(key, raw)
+    local parts = split(key)
+    local node, err = lookup(key, raw, parts)
     if not node then error("override " .. err, 0) end
     local v = coerce(node, val, key)
-    local parts = split(key)
+    key = concat(parts, ".")
     local t = raw
     for i = 1, #parts - 1 do
       if type(t[parts[i]]) ~= "table" then t[parts[i]] = {} end
       t = t[parts[i]]
     end
     t[parts[#parts]] = v
+    if parts.alias then t[parts.alias] = nil end -- the file's spelling of the same setting
     set[key] = true
   end
   return set
@@ -968,7 +1134,6 @@ end
 
 -- Checks across keys ------------------------------------------------------------------------------
 
-local ZERO_TESTED = { Adam = true, AdamW = true, Lamb = true, Lion = true, Adagrad = true }
 
 local function batch_rule(vals, ctx, meta)
   local tb, mb, ga, ws = vals.train_batch_size, vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps,
@@ -988,8 +1153,12 @@ local function batch_rule(vals, ctx, meta)
   end
   if tb and mb and ga then
     if tb ~= mb * ga * ws then
+      -- the usual cause: the file was written for another number of GPUs
+      local n = tb / (mb * ga)
+      local hint = (n >= 1 and n == floor(n)) and fmt("; it holds for a world size of %d (%d processes, or " ..
+        "zrun check --world-size %d)", n, n, n) or ""
       add_error(ctx, "train_batch_size must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × " ..
-        "world size: %d ≠ %d × %d × %d = %d", tb, mb, ga, ws, mb * ga * ws)
+        "world size: %d ≠ %d × %d × %d = %d%s", tb, mb, ga, ws, mb * ga * ws, hint)
     end
   elseif tb and mb then
     if divides(tb, mb * ws, fmt("train_micro_batch_size_per_gpu × world size (%d × %d)", mb, ws), "gradient_accumulation_steps") then
@@ -1044,6 +1213,7 @@ local function cross_checks(vals, ctx)
   end
   if type(stage) ~= "number" then return end
   local op, oo = zo.offload_param, zo.offload_optimizer
+
   if op and op.device ~= "none" then
     if stage < 3 then
       add_error(ctx, "zero_optimization.offload_param (device %s) needs zero_optimization.stage 3, got stage %d: " ..
@@ -1067,6 +1237,16 @@ local function cross_checks(vals, ctx)
     if oo.ratio ~= 1 and stage ~= 3 then
       add_error(ctx, "zero_optimization.offload_optimizer.ratio = %s is only valid with stage 3, got stage %d",
         fmtnum(oo.ratio), stage)
+    elseif oo.ratio ~= 1 then
+      add_warning(ctx, "zero_optimization.offload_optimizer.ratio = %s: zrun does not implement partial offload; " ..
+        "it offloads all optimizer states (DeepSpeed would train the same)", fmtnum(oo.ratio))
+    end
+  end  for _, o in ipairs { { op, "offload_param" }, { oo, "offload_optimizer" } } do
+    if o[1] and o[1].device == "nvme" and o[1].nvme_path then
+      add_warning(ctx, 'zero_optimization.%s.device = "nvme": zrun does not implement NVMe offload; it offloads ' ..
+        'to "cpu" (host memory) instead, which trains the same', o[2])
+      o[1].device = "cpu"
+      ctx.src["zero_optimization." .. o[2] .. ".device"].note = 'nvme: zrun offloads to "cpu"'
     end
   end
   if vals.fp16.enabled == true and vals.bf16.enabled == true then
@@ -1078,10 +1258,15 @@ local function cross_checks(vals, ctx)
   if vals.torch_autocast.enabled then
     add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
   end
-  local opt = vals.optimizer
-  if opt and stage > 0 and not ZERO_TESTED[opt.type] and not vals.zero_allow_untested_optimizer then
-    add_error(ctx, 'optimizer.type "%s" is not tested with ZeRO (stage %d); set "zero_allow_untested_optimizer": ' ..
-      "true to use it anyway", opt.type, stage)
+  if zo.zenflow then
+    add_error(ctx, "zero_optimization.zenflow is set: zrun does not implement ZenFlow's selective updates and the " ..
+      "results would differ from DeepSpeed's; remove the section")
+  end
+  for _, m in ipairs { "wandb", "comet" } do
+    if vals[m].enabled then
+      add_error(ctx, "%s.enabled = true: zrun cannot reach %s (no Python client, no network); use tensorboard or " ..
+        "csv_monitor (zrun writes both), or set %s.enabled to false", m, m, m)
+    end
   end
   local sch = vals.scheduler
   if sch then
@@ -1156,7 +1341,7 @@ function M.load(source, opts)
   end
   local args = opts.args or {}
   local ctx = {
-    errors = {}, warnings = {}, src = {}, deferred = {}, origin = origin, world_size = world, args = args,
+    errors = {}, warnings = {}, src = {}, deferred = {}, alias_of = {}, origin = origin, world_size = world, args = args,
     num_training_steps = opts.num_training_steps or args.num_training_steps,
     hidden_size = opts.hidden_size or args.hidden_size,
   }
@@ -1188,6 +1373,32 @@ end
 
 -- Resolves "auto" values that were pending: info.num_training_steps, info.hidden_size (or
 -- info.model with model.config.hidden_size). Returns cfg.
+-- At engine start: an "auto" still pending in a section DeepSpeed reads with pydantic (the ZeRO
+-- bucket sizes when the model has no hidden_size) takes DeepSpeed's default, as DeepSpeed drops
+-- "auto" there. Other pending values stay (the scheduler's step counts). Returns cfg.
+function M.settle(cfg)
+  local meta = META[cfg]
+  assert(meta, "config.settle: not a loaded config")
+  for path, why in pairs(meta.pending) do
+    local node = lookup(path, cfg)
+    if node and node.drop_auto then
+      local v = node.default
+      if type(v) == "function" then v = v(cfg) end
+      set(cfg, path, v)
+      meta.src[path] = { kind = "auto", note = "DeepSpeed's default (" .. why .. ")" }
+      meta.pending[path] = nil
+    end
+  end
+  return cfg
+end
+
+-- The optimizer DeepSpeed's defaults describe when a config has none: AdamW with FusedAdam's values.
+function M.default_optimizer()
+  local s, params = OPTIMIZER.types.AdamW, {}
+  for _, k in ipairs(s.keys) do params[k] = deepcopy(s.map[k].default) end
+  return { type = "AdamW", params = params }
+end
+
 function M.finalize(cfg, info)
   local meta = META[cfg]
   assert(meta, "config.finalize: not a loaded config")
