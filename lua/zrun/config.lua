@@ -500,6 +500,18 @@ local SCHEMA = section {
     { "param_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
     { "buffer_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
   } },
+  -- DeepSpeed's CompileConfig (pydantic; since DeepCompile it has no "backend" or "disable"): only
+  -- deepcompile changes anything, and not the results.
+  { "compile", section({
+    { "deepcompile", warn_unless(false, bool(false)) },
+    { "free_activation", bool(false) }, { "free_activation_threshold", int(10 * 1024 * 1024) },
+    { "offload_activation", bool(false) }, { "offload_activation_pin_memory", bool(true) },
+    { "offload_opt_states", bool(false) }, { "double_buffer", bool(true) }, { "symmetric_memory", bool(false) },
+    { "debug_log", bool(false) }, { "offload_parameters", bool(false) }, { "sync_before_reduce", bool(false) },
+    { "sync_after_reduce", bool(false) }, { "sync_before_allgather", bool(false) },
+    { "sync_after_allgather", bool(false) }, { "keep_int_input_tensors", bool(true) },
+    { "keep_all_input_tensors", bool(false) }, { "passes", leaf("any", nil, { nullable = true }) },
+  }, { strict = true }) },
   { "aio", section {
     { "block_size", int(1048576, POS) },
     { "queue_depth", int(8, POS) },
@@ -516,7 +528,7 @@ local SCHEMA = section {
   { "hybrid_engine", feature("warn") },
   { "tensor_parallel", feature("error", function(v) return type(v) == "table" and (tonumber(v.autotp_size) or 1) > 1 end) },
   { "expert_parallel", feature("error", when_true("enabled")) }, { "nebula", feature("warn") },
-  { "compile", feature("warn", when_true("deepcompile")) }, { "eigenvalue", feature("warn") },
+  { "eigenvalue", feature("warn") },
   { "progressive_layer_drop", feature("error") },
   { "quantize_training", feature("error") },
   { "weight_quantization", feature("error", function() return true end) }, { "timers", opaque() },
@@ -860,6 +872,7 @@ local function lookup(path, raw, parts)
         local s = M.suggest(name, node.keys)
         return nil, fmt('unknown key "%s"%s', join(done, name), s and fmt('; did you mean "%s"?', join(done, s)) or "")
       end
+      parts.other = child.alias -- a file may spell the same setting by its other name
       node, r = child, type(r) == "table" and r[name] or nil
     elseif node.kind == "variant" then
       if name == "type" then return { kind = "leaf", type = "string" } end
@@ -957,7 +970,9 @@ local function apply_overrides(raw, overrides)
       t = t[parts[i]]
     end
     t[parts[#parts]] = v
-    if parts.alias then t[parts.alias] = nil end -- the file's spelling of the same setting
+    for _, other in ipairs { parts.alias or false, parts.other or false } do -- the file's spelling of it
+      if other then t[other] = nil end
+    end
     set[key] = true
   end
   return set

@@ -62,8 +62,18 @@ T.test("16-bit grad_accum_dtype with the optimizer on the host says why and what
   init(with({ data_types = { grad_accum_dtype = "fp32" } })) -- fp32 is what the host path runs
 end)
 
-T.test("unsupported optimizer is named", function()
-  T.raises(function() init(with({ optimizer = { type = "Lamb", params = { lr = 1e-3 } } })) end, "Lamb")
+T.test("an optimizer zrun does not implement: zr.initialize says what `zrun check` says", function()
+  local msg = require("zrun.config").unimplemented_optimizer_message("Lamb")
+  local e = T.raises(function() init(with({ optimizer = { type = "Lamb", params = { lr = 1e-3 } } })) end, msg)
+  local path = os.tmpname()
+  local f = io.open(path, "w")
+  f:write('{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb", "params": {"lr": 0.001}}}')
+  f:close()
+  local p = io.popen((os.getenv("ZRUN_BIN") or "./zrun") .. " check --world-size 1 " .. path .. " 2>&1")
+  local out = p:read("*a")
+  p:close()
+  os.remove(path)
+  T.eq(out:find(msg, 1, true) ~= nil, true, "zrun check: " .. out .. "\nzr.initialize: " .. e)
 end)
 
 T.test("calling optimizer:zero_grad() by hand explains why not", function()
