@@ -166,6 +166,9 @@ function M.initialize(opts)
 
   if stage == 3 then self:install_zero3_hooks() end
 
+  -- DeepSpeed's monitors (tensorboard, csv_monitor) on rank 0: events at every optimizer step
+  self.monitor = require("zrun.monitor").from_config(cfg, rank)
+
   -- data
   local loader
   if opts.training_data then
@@ -432,6 +435,7 @@ function Engine:step()
     z:zero_grad()
     self.global_steps = self.global_steps + 1
     self.timers.step = self.timers.step + (timer() - t0)
+    if self.monitor then self.monitor:step(self) end
     return true
   elseif overflow then
     error(fmt("gradient norm is %s at step %d: the loss diverged (try a lower learning rate or gradient_clipping)",
@@ -449,6 +453,7 @@ function Engine:step()
   z:zero_grad()
   self.global_steps = self.global_steps + 1
   self.timers.step = self.timers.step + (timer() - t0)
+  if self.monitor then self.monitor:step(self) end
   if self.steps_per_print and self.steps_per_print > 0 and self.global_steps % self.steps_per_print == 0 then
     self:report()
   end
@@ -503,6 +508,7 @@ function Engine:report()
     dist.print0(fmt("[zrun] time (ms) | forward: %.2f | backward: %.2f | step: %.2f",
       t.forward * 1000, t.backward * 1000, t.step * 1000))
     t.forward, t.backward, t.step = 0, 0, 0
+    if self.monitor then self.monitor:timers_reset() end
   end
 end
 
