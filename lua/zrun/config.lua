@@ -1407,6 +1407,17 @@ function M.settle(cfg)
   return cfg
 end
 
+-- DeepSpeed's default for a dotted path ("zero_optimization.stage3_max_live_parameters"), for code
+-- that plans from a partial table (memory_plan); stage-dependent defaults take `vals` (a resolved
+-- config or a table with zero_optimization.stage).
+function M.default(path, vals)
+  local node = lookup(path, vals or {})
+  assert(node and node.kind == "leaf", "config.default: not a setting: " .. path)
+  local d = node.default
+  if type(d) == "function" then d = d(vals) end
+  return deepcopy(d)
+end
+
 -- The optimizer DeepSpeed's defaults describe when a config has none: AdamW with FusedAdam's values.
 function M.default_optimizer()
   local s, params = OPTIMIZER.types.AdamW, {}
