@@ -656,7 +656,9 @@ local function unknown_key(ctx, candidates, path, key, strict, takes)
   ctx.warned = ctx.warned or {}
   if ctx.warned[full] then return end
   ctx.warned[full] = true
-  if not s and path == "" then
+  if type(key) == "string" and key:sub(1, 1) == "_" then
+    hint = "" -- "_comment" and the like: a note in the file, not a misspelt key
+  elseif not s and path == "" then
     local n = type(key) == "string" and nearest(key, candidates)
     hint = n and fmt(' (the nearest known key is "%s")', n) or ""
   end

@@ -93,6 +93,9 @@ function M.initialize(opts)
     hidden_size = model.config and model.config.hidden_size, num_training_steps = opts.num_training_steps })
   -- Every value below is the resolved config's: DeepSpeed's defaults live in config.lua only.
   cfgmod.settle(cfg)
+  if rank == 0 then -- what `zrun check` warns about (keys DeepSpeed ignores, features zrun lacks)
+    for _, w in ipairs(cfg:warnings()) do io.stderr:write("[zrun] warning: config: ", w, "\n") end
+  end
   local zc = cfg.zero_optimization
   local stage = zc.stage
   local precision = (cfg.bf16 and cfg.bf16.enabled) and "bf16" or ((cfg.fp16 and cfg.fp16.enabled) and "f16" or "f32")
