@@ -424,7 +424,7 @@ local SCHEMA = section {
     { "loss_scale_window", int(1000, POS) },
     { "hysteresis", int(2, POS) },
     { "consecutive_hysteresis", refuse_unless(false, bool(false)) },
-    { "min_loss_scale", num(1, { min = 0, open_min = true }) },
+    { "min_loss_scale", int(1, POS) }, -- an int in DeepSpeed (0.5 is refused there too)
     { "fp16_master_weights_and_grads", refuse_unless(false, bool(false)) },
   }, { strict = true }) },
   { "bf16", section({
@@ -1234,9 +1234,11 @@ local function cross_checks(vals, ctx)
   local op, oo = zo.offload_param, zo.offload_optimizer
 
   if op and op.device ~= "none" then
-    if stage < 3 then
-      add_error(ctx, "zero_optimization.offload_param (device %s) needs zero_optimization.stage 3, got stage %d: " ..
-        "only stage 3 shards parameters; use offload_optimizer, or stage 3", show(op.device), stage)
+    if stage < 3 then -- DeepSpeed's stage 1/2 optimizer never reads offload_param
+      add_warning(ctx, "zero_optimization.offload_param (device %s) has no effect at stage %d, as in DeepSpeed: " ..
+        "only stage 3 shards (and offloads) parameters; use stage 3 to offload them", show(op.device), stage)
+      op.device = "none"
+      ctx.src["zero_optimization.offload_param.device"].note = "stage < 3: no parameter offload"
     end
     if op.device == "nvme" and not op.nvme_path then
       add_error(ctx, 'zero_optimization.offload_param.nvme_path is required when device is "nvme"')
