@@ -399,6 +399,7 @@ function Engine:backward(loss)
   local t0 = timer()
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
+  if self.monitor then self.monitor:backward(loss, self.gas) end -- Train/Samples/train_loss
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.

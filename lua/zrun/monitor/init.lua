@@ -53,15 +53,20 @@ end
 local f32 = ffi.new("float[1]")
 local function float32(x) f32[0] = x; return tonumber(f32[0]) end
 
+-- Each micro-batch's loss: DeepSpeed sums loss / gradient_accumulation_steps over the step's
+-- micro-batches, in float32. (Reading the loss back costs a GPU sync per micro-batch, only while a
+-- monitor is on.)
+function Monitor:backward(loss, gas)
+  self.loss_sum = float32((self.loss_sum or 0) + float32(loss:item() / gas))
+end
+
 -- After an optimizer step (engine.global_steps already counts it): the events DeepSpeed writes.
 function Monitor:step(engine)
   local tbs = engine.config.train_batch_size
   local after = engine.global_steps * tbs
   local before = after - tbs
-  -- DeepSpeed sums loss / gradient_accumulation_steps over the micro-batches, in float32
-  local losses, gas, sum = engine.losses, engine.gas, 0
-  for i = math.max(1, #losses - gas + 1), #losses do sum = float32(sum + float32(losses[i] / gas)) end
-  self:write_events { { "Train/Samples/train_loss", sum, before } }
+  self:write_events { { "Train/Samples/train_loss", self.loss_sum or 0, before } }
+  self.loss_sum = nil
   local events = { { "Train/Samples/lr", engine:get_lr()[1], after } }
   local s = engine.scaler
   if s then
