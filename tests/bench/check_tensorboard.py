@@ -3,12 +3,15 @@
 monitor files (run on the GPU machine, where Python and the tensorboard package are available; no
 GPU is needed). Exit status 0 when every check passes.
 
-    python3 tests/bench/check_tensorboard.py            # builds nothing; needs ./zrun
+    python3 tests/bench/check_tensorboard.py            # builds nothing; needs ./zrun (ZRUN_BIN to override)
 """
 import csv, glob, os, struct, subprocess, sys, tempfile
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+except ImportError as e:
+    sys.exit(f"check_tensorboard: needs the tensorboard package (pip install tensorboard): {e}")
 
 TAGS = ["Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/loss_scale",
         "Train/Samples/elapsed_time_ms_forward", "Train/Samples/elapsed_time_ms_backward",
