@@ -202,12 +202,11 @@ function Trainer:train(resume)
   local function checkpoints(s, epoch_end)
     if loss_n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
       or (s == self.total_steps and not epoch_end)) then log_train(s) end
-    if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then
-      self.last_eval = s
-      self:evaluate()
-    end
+    local t0 = C.now()
+    if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
     if (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
       and self.last_save ~= s then self:save_checkpoint() end
+    t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
 
   while e.global_steps < self.total_steps do
@@ -417,6 +416,7 @@ function Trainer:evaluate(ds, prefix)
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f | perplexity %.3f | %d tokens", prefix, e.global_steps, loss,
     rec[prefix .. "_perplexity"], cnt))
   self:log(rec)
+  self.last_eval, self.last_eval_metrics = e.global_steps, rec
   return rec
 end
 
