@@ -37,6 +37,7 @@ while i <= #arg do
   if a == "--config" or a == "--deepspeed" then opt.config, given.config = arg[i + 1], true; i = i + 1
   else
     local k, v = a:match("^([%w_]+)=(.*)$")
+    if k == "deepspeed" then k = "config" end
     if not k then error("unknown argument '" .. a .. "' (use --config FILE or key=value)", 0) end
     v = (v == "true" and true) or (v == "false" and false) or tonumber(v) or v
     if opt[k] ~= nil then opt[k] = v else args[k] = v end -- TrainingArguments keys are checked by the Trainer
@@ -116,10 +117,21 @@ say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d para
   #train_dataset.rows, #eval_dataset.rows, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
   model:num_parameters(), device)
 
-if fallback then -- CPU-sized settings for the tiny model (a command-line value still wins)
+if fallback then -- CPU-sized settings for the tiny model (a command-line value or a --config value still wins)
+  local fixed = {}
+  if given.config then
+    local f = assert(io.open(opt.config, "rb"))
+    local c = require("cjson").decode(f:read("*a"))
+    f:close()
+    local o = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
+    fixed.learning_rate = type(o.lr) == "number"
+    fixed.gradient_accumulation_steps = type(c.gradient_accumulation_steps) == "number"
+  end
   local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
     eval_steps = 20, warmup_ratio = 0.05 }
-  for k, v in pairs(small) do if not given[k] then args[k] = v end end
+  for k, v in pairs(small) do
+    if not given[k] then args[k] = not fixed[k] and v or nil end
+  end
   if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
     gradient_clipping = 1.0, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },

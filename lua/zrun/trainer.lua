@@ -101,20 +101,27 @@ function Trainer:setup()
   if self.engine then return end
   local a = self.args
   local W = dist.world_size()
+  local hf_args = {}
+  for k, v in pairs(self.user_args) do hf_args[k] = v end
+  local ds_cfg = a.deepspeed or default_config()
+  -- The config's micro-batch and accumulation drive the data (a number in the file that the
+  -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
+  local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
+    hidden_size = self.model.config and self.model.config.hidden_size })
+  a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
+  a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
   local n = self.train_dataset and #self.train_dataset.rows or 0
   local batches = floor(floor(n / W) / a.per_device_train_batch_size) -- per rank, per epoch (last dropped)
   local per_epoch = floor(batches / a.gradient_accumulation_steps)
   if self.train_dataset and per_epoch < 1 then
-    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation)",
+    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
       n, a.per_device_train_batch_size, W, a.gradient_accumulation_steps), 0)
   end
   self.steps_per_epoch = math.max(per_epoch, 1)
   self.total_steps = a.max_steps > 0 and a.max_steps or ceil(self.steps_per_epoch * a.num_train_epochs)
-  local hf_args = {}
-  for k, v in pairs(self.user_args) do hf_args[k] = v end
   hf_args.max_steps = self.total_steps
   if a.gradient_checkpointing and self.model.gradient_checkpointing_enable then self.model:gradient_checkpointing_enable() end
-  self.engine = zr.initialize({ model = self.model, config = a.deepspeed or default_config(), args = hf_args,
+  self.engine = zr.initialize({ model = self.model, config = ds_cfg, args = hf_args,
     num_training_steps = self.total_steps, model_parameters = Trainer.param_groups(self.model, nil) })
   local e = self.engine
   if not e.lr_scheduler then -- HF builds its own schedule when the config has none
