@@ -323,34 +323,39 @@ end
 -- Writes a Hugging Face model directory (config.json, model.safetensors in the training dtype,
 -- generation_config.json, the tokenizer's files) to dir (default output_dir); collective. At ZeRO
 -- stage 3 the weights are gathered when stage3_gather_16bit_weights_on_model_save is set;
--- otherwise it writes the engine checkpoint and says how to consolidate it.
+-- otherwise dir gets the sharded engine checkpoint and the other files, and the message says how
+-- to consolidate the weights into dir/model.safetensors.
 function Trainer:save_model(dir, o)
   self:setup()
   o = o or {}
   dir = dir or self.args.output_dir
   local e = self.engine
   local zc = e.config.zero_optimization or {}
-  if e.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save then
-    if not o.in_checkpoint then e:save_checkpoint(dir, "global_step" .. e.global_steps) end
-    dist.print0(fmt("[zrun] save_model: ZeRO stage 3 without zero_optimization.stage3_gather_16bit_weights_on_model_save, " ..
-      "so %s holds the sharded checkpoint, not model weights; consolidate them with `zrun zero-to-fp32 %s %s/model.safetensors` " ..
-      "(or set stage3_gather_16bit_weights_on_model_save: true)", dir, dir, dir))
-    return false
-  end
-  e:save_16bit_model(dir)
+  local gather = e.stage < 3 or zc.stage3_gather_16bit_weights_on_model_save
+  if gather then e:save_16bit_model(dir)
+  elseif not o.in_checkpoint then e:save_checkpoint(dir, "global_step" .. e.global_steps) end
   if self.is_main then
-    local cfg = self.model.config or {}
+    local hf = require "zrun.hf"
+    local cfg = {}
+    for k, v in pairs(self.model.config or {}) do if k ~= "dtype" and k ~= "device" then cfg[k] = v end end
+    cfg.architectures = cfg.architectures or { self.model.__name }
+    cfg.torch_dtype = gather and ({ bf16 = "bfloat16", f16 = "float16" })[e.precision] or "float32"
+    hf.save_config(dir, cfg)
     local gen = { _from_model_config = true, bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
       pad_token_id = cfg.pad_token_id }
-    C.write_file_atomic(tckpt.join(dir, "generation_config.json"), require("zrun.hf").encode_json(gen))
+    C.write_file_atomic(tckpt.join(dir, "generation_config.json"), hf.encode_json(gen))
     local files = self.processing_class and require("zrun.tokenizers").save_pretrained(self.processing_class, dir) or {}
-    if not o.in_checkpoint then
-      print(fmt("[zrun] saved the model to %s (config.json, model.safetensors, generation_config.json%s)", dir,
-        #files > 0 and ", " .. table.concat(files, ", ") or ""))
+    local also = "config.json, generation_config.json" .. (#files > 0 and ", " .. table.concat(files, ", ") or "")
+    if not gather then
+      print(fmt("[zrun] save_model: ZeRO stage 3 without zero_optimization.stage3_gather_16bit_weights_on_model_save: " ..
+        "%s holds the sharded checkpoint and %s, not the weights; consolidate them with `zrun zero-to-fp32 %s " ..
+        "%s/model.safetensors` (or set stage3_gather_16bit_weights_on_model_save: true)", dir, also, dir, dir))
+    elseif not o.in_checkpoint then
+      print(fmt("[zrun] saved the model to %s (model.safetensors, %s)", dir, also))
     end
   end
   dist.barrier()
-  return true
+  return gather and true or false
 end
 
 -- An out-of-memory error gets the predicted plan and the cheapest settings that fit beside the
