@@ -19,6 +19,7 @@ local opt = {
   block_size = 512,
   validation_split_percentage = 5,
   config = "configs/ds_config.json", -- DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)
+  precision = false,                 -- bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose "enabled" is "auto")
   device = "auto",
 }
 -- ... and TrainingArguments. Anything on the command line overrides either.
@@ -139,7 +140,12 @@ if fallback then -- CPU-sized settings for the tiny model (a command-line value 
       warmup_num_steps = "auto", total_num_steps = "auto", warmup_type = "linear" } },
     zero_optimization = { stage = 2 } } end
 end
-args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json)
+args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json) ...
+if opt.precision then       -- ... or from precision= when the config says "auto"
+  local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
+  if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
+  args.bf16, args.fp16 = p == "bf16", p == "fp16"
+end
 
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
   processing_class = tok })

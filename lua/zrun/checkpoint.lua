@@ -118,7 +118,8 @@ local function param_names(engine)
   for name, p in engine.module:named_parameters() do by_tensor[p] = by_tensor[p] or name end
   local names, used = {}, {}
   for i, p in ipairs(engine.params) do
-    local n = by_tensor[p] or fmt("param_%d", i)
+    local n = by_tensor[p]
+    if not n then error(fmt("checkpoint: engine parameter %d is not a parameter of the model", i), 0) end
     if used[n] then n = fmt("%s#%d", n, i) end
     used[n] = true
     names[i] = n

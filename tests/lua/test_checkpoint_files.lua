@@ -230,6 +230,33 @@ T.test("save_16bit_model writes a Hugging Face directory that loads back exactly
   e4.zero:release_all()
 end)
 
+-- The seed's direct API in bf16 (an f32 model, model_parameters taken before the cast): the
+-- consolidated file holds each parameter once, under its Hugging Face name, and its fp32 master
+-- rounds to the bf16 weights the model trains with.
+T.test("zero-to-fp32 after bf16 training with model_parameters: each parameter once, HF names", function()
+  zr.manual_seed(77)
+  local m = zr.models.llama.LlamaForCausalLM(cfg)
+  local e = zr.initialize({ model = m, model_parameters = m:parameters(), config = { train_micro_batch_size_per_gpu = 2,
+    steps_per_print = 1000000, bf16 = { enabled = true }, optimizer = { type = "AdamW", params = { lr = 2e-3 } },
+    zero_optimization = { stage = 2 } } })
+  train(e, 1, 2)
+  e:save_checkpoint(path("zb"))
+  T.eq(z2f.main({ path("zb"), path("zb.safetensors") }), 0, "exit status")
+  local got = zr.load_safetensors(path("zb.safetensors"))
+  local n, want = 0, 0
+  for name, p in m:named_parameters() do
+    want = want + 1
+    assert(got[name], "missing " .. name)
+    T.eq(p:dtype(), "bf16", name)
+    T.near(got[name]:to("bf16"), p, 0, 0, name)
+  end
+  for name in pairs(got) do
+    n = n + 1
+    assert(not name:match("^param_"), "a parameter without its model name: " .. name)
+  end
+  T.eq(n, want, "tensors in the consolidated file")
+end)
+
 T.test("zero-to-fp32 streams consolidated fp32 weights; --tag; usage errors", function()
   local e, m = make(3)
   train(e, 1, 2)

@@ -4,13 +4,24 @@
 local zr = require "zrun"
 local T = zr.testing
 
-local function run(cfg_extra, steps)
+-- params: "list" passes model:parameters() taken before initialize (the f32 objects), "groups"
+-- two HF-style groups; nil lets the engine take them.
+local function run(cfg_extra, steps, params)
   zr.manual_seed(11)
   local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
   local cfg = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000, gradient_clipping = 1.0,
     optimizer = { type = "AdamW", params = { lr = 3e-3, weight_decay = 0.0 } }, zero_optimization = { stage = 2 } }
   for k, v in pairs(cfg_extra) do cfg[k] = v end
-  local engine = zr.initialize({ model = model, config = cfg })
+  local mp
+  if params == "list" then mp = model:parameters()
+  elseif params == "groups" then
+    local a, b = {}, {}
+    for name, p in model:named_parameters() do
+      if name:match("norm") then b[#b + 1] = p else a[#a + 1] = p end
+    end
+    mp = { { params = a, weight_decay = 0.1 }, { params = b, weight_decay = 0.0 } }
+  end
+  local engine = zr.initialize({ model = model, config = cfg, model_parameters = mp })
   zr.manual_seed(5)
   local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
   local losses = {}
@@ -29,6 +40,60 @@ T.test("bf16: 16-bit weights, fp32 master and moments, loss falls", function()
   T.eq(engine.zero:state(0):dtype(), "f32")
   for i = 1, #losses do assert(losses[i] == losses[i], "loss is nan at step " .. i) end
   assert(losses[#losses] < losses[1] - 0.5, ("loss did not fall: %g -> %g"):format(losses[1], losses[#losses]))
+end)
+
+-- The seed's direct-API call: an f32 model, a 16-bit config and model_parameters taken before
+-- initialize (deepspeed.initialize(model=, model_parameters=model.parameters())). The cast keeps
+-- each parameter's identity, so the engine trains the tensors the model uses: the gradient norm is
+-- not zero, the loss falls, and the curve equals the run without model_parameters.
+for _, prec in ipairs { "bf16", "fp16" } do
+  for _, stage in ipairs { 2, 3 } do
+    T.test(("%s stage %d with model_parameters taken before the cast: learns like without"):format(prec, stage), function()
+      local cfg = { zero_optimization = { stage = stage } }
+      cfg[prec] = { enabled = true }
+      local e1, m1, l1 = run(cfg, 8, "list")
+      local _, _, l2 = run(cfg, 8)
+      for _, p in ipairs(m1:parameters()) do T.eq(p:dtype(), prec == "bf16" and "bf16" or "f16") end
+      assert(e1.last_grad_norm > 0, "gradient norm is " .. tostring(e1.last_grad_norm))
+      assert(l1[#l1] < l1[1] - 0.3, ("loss did not fall: %g -> %g"):format(l1[1], l1[#l1]))
+      for i = 1, #l1 do T.near(l1[i], l2[i], 1e-6, 1e-6, "step " .. i) end
+      T.eq(#e1.params, #m1:parameters())
+      for i, p in ipairs(e1.params) do assert(p == m1:parameters()[i], "engine parameter " .. i .. " is not the model's") end
+    end)
+  end
+end
+
+T.test("model_parameters that are not the model's are refused", function()
+  zr.manual_seed(1)
+  local cfgt = zr.models.llama.config("zrun/tiny-llama")
+  local m = zr.models.llama.LlamaForCausalLM(cfgt)
+  local other = zr.models.llama.LlamaForCausalLM(cfgt)
+  T.raises(function() zr.initialize({ model = m, config = { train_micro_batch_size_per_gpu = 1 },
+    model_parameters = other:parameters() }) end,
+    "is not a parameter of the model")
+end)
+
+T.test("per-group learning rates and weight decay reach the optimizer", function()
+  -- group 2 (norm weights) with lr 0: they must not move; group 1 moves
+  zr.manual_seed(11)
+  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local a, b = {}, {}
+  for name, p in model:named_parameters() do
+    if name:match("norm") then b[#b + 1] = p else a[#a + 1] = p end
+  end
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2,
+    optimizer = { type = "AdamW", params = { lr = 3e-3 } }, zero_optimization = { stage = 2 } },
+    model_parameters = { { params = a, weight_decay = 0.1 }, { params = b, lr = 0.0, weight_decay = 0.0 } } })
+  T.eq(engine.optimizer.param_groups[2].lr, 0.0)
+  local b0, a0 = b[1]:clone(), a[1]:clone()
+  local ids = (zr.rand({ 2, 16 }) * 250):to("i64")
+  for _ = 1, 2 do
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    engine:step()
+  end
+  T.near(b[1], b0, 0, 0, "a norm weight in a group with lr 0 moved")
+  assert((a[1] - a0):abs():max():item() > 1e-4, "a weight in the lr 3e-3 group did not move")
 end)
 
 T.test("fp16: dynamic loss scale skips overflowing steps and recovers", function()

@@ -1,0 +1,28 @@
+-- Reads a Trainer's metrics.jsonl (one record per logged step) and says whether the run learned:
+-- every gradient norm finite and above zero, and the last logged loss below the first by at
+-- least MARGIN nats. Prints one PASS/FAIL line named LABEL.
+--   zrun tests/mpi/learn_check.lua output_dir/metrics.jsonl LABEL MARGIN
+local cjson = require "cjson"
+local path, label, margin = arg[1], arg[2] or arg[1], tonumber(arg[3] or "1.0")
+local f = io.open(path or "")
+if not f then print("FAIL " .. label .. ": no metrics file " .. tostring(path)); os.exit(1) end
+local steps = {}
+for line in f:lines() do
+  local ok, r = pcall(cjson.decode, line)
+  if ok and type(r) == "table" and r.step and r.loss then steps[#steps + 1] = r end
+end
+f:close()
+local function fail(msg) print("FAIL " .. label .. ": " .. msg); os.exit(1) end
+if #steps < 2 then fail(#steps .. " logged steps in " .. path .. " (expected logging_steps=1 and several steps)") end
+for _, r in ipairs(steps) do
+  local g = r.grad_norm
+  if type(g) ~= "number" or not (g > 0) or g == math.huge then
+    fail(("grad_norm %s at step %d (the gradients do not reach the optimizer)"):format(tostring(g), r.step))
+  end
+end
+local first, last = steps[1].loss, steps[#steps].loss
+if not (last <= first - margin) then
+  fail(("loss %.4f -> %.4f over %d steps: it must fall by at least %.2f"):format(first, last, steps[#steps].step, margin))
+end
+print(("PASS %s: loss %.4f -> %.4f, grad_norm %.3f -> %.3f"):format(label, first, last, steps[1].grad_norm,
+  steps[#steps].grad_norm))
