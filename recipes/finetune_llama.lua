@@ -50,6 +50,7 @@ end
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
 if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
+if not exists(opt.config) then error("DeepSpeed config " .. opt.config .. " not found (pass --config FILE)", 0) end
 local device = opt.device
 if device == "auto" then device = (zr._C.cuda and zr._C.cuda.device_count() > 0) and "cuda" or "cpu" end
 local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...)) end
