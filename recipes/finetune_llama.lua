@@ -41,11 +41,24 @@ while i <= #arg do
     if k == "deepspeed" then k = "config" end
     if not k then error("unknown argument '" .. a .. "' (use --config FILE or key=value)", 0) end
     v = (v == "true" and true) or (v == "false" and false) or tonumber(v) or v
-    if opt[k] ~= nil then opt[k] = v else args[k] = v end -- TrainingArguments keys are checked by the Trainer
+    local ta = require "zrun.trainer_args"
+    if opt[k] ~= nil then opt[k] = v
+    elseif ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k] then args[k] = v
+    else
+      local names = {}
+      for n in pairs(opt) do names[#names + 1] = n end
+      for n in pairs(ta.DEFAULTS) do names[#names + 1] = n end
+      local s = require("zrun.config").suggest(k, names)
+      error(("unknown option '%s'%s: the recipe takes %s=..., or any TrainingArguments key the Trainer implements")
+        :format(k, s and (" (did you mean '" .. s .. "'?)") or "", "model, tokenizer, data, train_split, block_size, " ..
+        "validation_split_percentage, precision, device"), 0)
+    end
     given[k] = true
   end
   i = i + 1
 end
+
+require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."

@@ -59,8 +59,9 @@ function M.interval(v, total)
 end
 
 -- Returns the arguments with defaults filled, after checking every key and value. `given` keeps
--- only what the caller set (the DeepSpeed config compares those with its own values).
-function M.resolve(user)
+-- only what the caller set (the DeepSpeed config compares those with its own values). quiet: no
+-- warnings (a script checking its arguments early, before the Trainer checks them again).
+function M.resolve(user, quiet)
   user = user or {}
   if type(user) ~= "table" then bad("expected a table of arguments, got %s", type(user)) end
   local a, given = {}, {}
@@ -73,7 +74,7 @@ function M.resolve(user)
       bad("'%s' was renamed '%s' in transformers; use %s = %s", k, M.RENAMED[k], M.RENAMED[k], tostring(v))
     elseif M.NO_EFFECT[k] then
       if k == "save_safetensors" and v == false then bad("save_safetensors = false: zrun writes safetensors only") end
-      require("zrun.dist").print0(fmt("[zrun] Trainer: %s has no effect in zrun (%s)", k, M.NO_EFFECT[k]))
+      if not quiet then require("zrun.dist").print0(fmt("[zrun] Trainer: %s has no effect in zrun (%s)", k, M.NO_EFFECT[k])) end
     elseif M.DEFAULTS[k] == nil then
       local s = config.suggest(k, known)
       bad("'%s' is not supported by zrun's Trainer%s (supported: %s)", k, s and fmt("; did you mean '%s'?", s) or "",
