@@ -86,6 +86,18 @@ T.test("weight decay groups follow HF: no decay for biases and norm layers (by c
     n_norm = n_norm + 1
   end
   T.eq(n_norm, 2 * cfg.num_hidden_layers + 1)
+  -- and the engine applies it so: one AdamW step with weight_decay 10 at lr 1e-3 shrinks a decayed
+  -- weight by 1% but moves a norm weight (1.0) only by Adam's step (about lr)
+  local m = model()
+  local norm_before = m.model.norm.weight:clone()
+  local emb_before = m.model.embed_tokens.weight:clone()
+  zr.Trainer { model = m, train_dataset = train_ds, args = { output_dir = tmp .. "/wd", per_device_train_batch_size = 8,
+    max_steps = 1, learning_rate = 1e-3, weight_decay = 10, save_strategy = "no" } }:train()
+  local dn = (m.model.norm.weight - norm_before):abs():max():item()
+  assert(dn > 0 and dn < 2e-3, "norm weight moved by " .. dn .. " (decayed?)")
+  local ratio = (m.model.embed_tokens.weight:narrow(1, 200, 50):abs():sum():item()) /
+    (emb_before:narrow(1, 200, 50):abs():sum():item()) -- ids 199..248 = bytes 196..245: not in the ASCII text, no gradient, decay only
+  T.near(ratio, 0.99, 1e-4, 0, "embedding rows without gradient shrink by lr x weight_decay")
 end)
 
 T.test("collator = DataCollatorForLanguageModeling(mlm=False): labels are ids, every pad id -100", function()
