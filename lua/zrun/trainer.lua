@@ -409,9 +409,9 @@ function Trainer:evaluate(ds, prefix)
       end
       local batch = self.collator(batch_rows)
       local ids, labels = batch.input_ids, batch.labels
+      local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels)
-      local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item()
       if n > 0 then sum, count = sum + out.loss:item() * n, count + n end
     end
   end)
