@@ -114,7 +114,8 @@ function Trainer:setup()
   local batches = floor(floor(n / W) / a.per_device_train_batch_size) -- per rank, per epoch (last dropped)
   local per_epoch = floor(batches / a.gradient_accumulation_steps)
   if self.train_dataset and per_epoch < 1 then
-    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
+    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): " ..
+      "use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
       n, a.per_device_train_batch_size, W, a.gradient_accumulation_steps), 0)
   end
   self.steps_per_epoch = math.max(per_epoch, 1)
