@@ -1,6 +1,7 @@
 /* The zrun program: embeds LuaJIT, finds its Lua library next to the executable, and runs a
  * script, a -e chunk, a subcommand (report, check, estimate, plan, zero-to-fp32) or the REPL.
- * Scripts run under lua_pcall with a traceback; an error prints it and exits 1. */
+ * Scripts run under lua_pcall; an error prints its message (and with ZRUN_DEBUG=1 the traceback)
+ * and exits 1. */
 #include <lauxlib.h>
 #include <libgen.h>
 #include <limits.h>
@@ -16,13 +17,25 @@
 
 int luaopen_cjson(lua_State *L);
 
+/* The message a failed script prints: one line saying what went wrong (zrun's errors name the
+ * fix); the Lua stack traceback only with ZRUN_DEBUG=1, which an error from inside a file (a
+ * "file.lua:N:" position, likely a bug) points to. */
 static int traceback(lua_State *L) {
     const char *msg = lua_tostring(L, 1);
     if (!msg) {
         if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
         msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
     }
-    luaL_traceback(L, L, msg, 1);
+    const char *dbg = getenv("ZRUN_DEBUG");
+    if (dbg && *dbg && strcmp(dbg, "0") != 0) {
+        luaL_traceback(L, L, msg, 1);
+        return 1;
+    }
+    const char *pos = strstr(msg, ".lua:");
+    if (pos && pos - msg < 200 && !memchr(msg, ' ', (size_t)(pos - msg)))
+        lua_pushfstring(L, "%s\n(ZRUN_DEBUG=1 shows where it came from)", msg);
+    else
+        lua_pushstring(L, msg);
     return 1;
 }
 

@@ -101,7 +101,6 @@ function M.initialize(opts)
     gas = cfg.gradient_accumulation_steps or 1, micro_batch = cfg.train_micro_batch_size_per_gpu or 1,
     clip = cfg.gradient_clipping or 0, steps_per_print = cfg.steps_per_print or 10,
     wall_clock_breakdown = cfg.wall_clock_breakdown, timers = { forward = 0, backward = 0, step = 0 },
-    losses = {},
   }, Engine)
 
   -- device and precision of the model's parameters
@@ -398,7 +397,6 @@ function Engine:backward(loss)
   local t0 = timer()
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
-  self.losses[#self.losses + 1] = loss:item()
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.

@@ -93,27 +93,32 @@ local function is_array(t)
 end
 
 -- Pretty JSON with sorted keys and two-space indent, like transformers' to_json_string. Empty
--- tables encode as {}.
-local function encode(v, ind)
+-- tables encode as {}. floats: key names whose whole-number values are written as floats ("1.0"),
+-- as Python writes a float field (Lua numbers do not say which they are).
+local function encode(v, ind, floats, key)
   local tv = type(v)
   if v == nil or v == cjson.null then return "null" end
   if tv == "boolean" then return tostring(v) end
-  if tv == "number" then return json_number(v) end
+  if tv == "number" then
+    local s = json_number(v)
+    if floats and floats[key] and s:find("^%-?%d+$") then s = s .. ".0" end
+    return s
+  end
   if tv == "string" then return json_string(v) end
   if tv ~= "table" then error("encode_json: cannot encode a " .. tv, 0) end
   local inner = ind .. "  "
   local parts = {}
   if is_array(v) then
-    for i = 1, #v do parts[i] = inner .. encode(v[i], inner) end
+    for i = 1, #v do parts[i] = inner .. encode(v[i], inner, floats, key) end
     return "[\n" .. concat(parts, ",\n") .. "\n" .. ind .. "]"
   end
   for _, k in ipairs(sorted_keys(v)) do
-    parts[#parts + 1] = inner .. json_string(tostring(k)) .. ": " .. encode(v[k], inner)
+    parts[#parts + 1] = inner .. json_string(tostring(k)) .. ": " .. encode(v[k], inner, floats, k)
   end
   if #parts == 0 then return "{}" end
   return "{\n" .. concat(parts, ",\n") .. "\n" .. ind .. "}"
 end
-function hf.encode_json(v) return encode(v, "") .. "\n" end
+function hf.encode_json(v, floats) return encode(v, "", floats) .. "\n" end
 
 -- ---------------------------------------------------------------- resolving a model reference
 
@@ -190,14 +195,19 @@ function hf.file(dir, name)
   return nil
 end
 
--- config.json as a Lua table (JSON nulls dropped), and the resolved directory.
+-- config.json as a Lua table (JSON nulls dropped), and the resolved directory. transformers 5
+-- names the stored precision "dtype" (4.x: "torch_dtype"); in zrun's config tables `dtype` is the
+-- precision to build a model in, so the file's value is returned as torch_dtype (transformers
+-- keeps "dtype" when a file has both): metadata, as when transformers builds a model from a config.
 function hf.read_config(ref, opts)
   local dir = hf.resolve(ref, opts)
   local p = join(dir, "config.json")
   if C.path_type(p) ~= "file" then
     error(fmt("%s: missing; a Hugging Face model directory needs a config.json", p), 0)
   end
-  return decode_json_file(p, "the model config"), dir
+  local cfg = decode_json_file(p, "the model config")
+  if cfg.dtype ~= nil then cfg.torch_dtype, cfg.dtype = cfg.dtype, nil end
+  return cfg, dir
 end
 
 -- ---------------------------------------------------------------- weights
@@ -371,10 +381,13 @@ function hf.save_state_dict(dir, sd, opts)
   return written
 end
 
--- Writes config.json (sorted keys, two-space indent) atomically.
+-- Writes config.json (sorted keys, two-space indent) atomically, in the layout transformers 5
+-- writes (zrun.models.hf_config.to_hf: rope_parameters and "dtype", plus the legacy rope_theta,
+-- rope_scaling and torch_dtype that older readers need; zrun's own dtype/device left out).
 function hf.save_config(dir, config)
   C.makedirs(dir)
-  C.write_file_atomic(join(dir, "config.json"), hf.encode_json(config))
+  local hc = require "zrun.models.hf_config"
+  C.write_file_atomic(join(dir, "config.json"), hf.encode_json(hc.to_hf(config), hc.FLOAT_FIELDS))
 end
 
 -- A directory transformers' from_pretrained loads: weights plus config.json.

@@ -205,7 +205,7 @@ T.test("save_16bit_model writes a Hugging Face directory that loads back exactly
     local c = cjson.decode(read(dir .. "/config.json"))
     T.eq(c.hidden_size, 64, "config.json hidden_size")
     T.eq(c.torch_dtype, prec == "bf16" and "bfloat16" or "float32", "torch_dtype")
-    T.eq(c.dtype, nil, "no internal dtype key")
+    T.eq(c.dtype, c.torch_dtype, "dtype (transformers 5's name for torch_dtype), not zrun's internal one")
     local sd = zr.hf.load_state_dict(dir)
     local fresh = zr.models.llama.LlamaForCausalLM(zr.models.llama.normalize_config(c))
     if prec == "bf16" then fresh:to("bf16") end

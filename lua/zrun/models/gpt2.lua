@@ -1,8 +1,11 @@
 -- GPT-2 (GPT2LMHeadModel) with Hugging Face semantics and names: learned positions, pre-LayerNorm
--- blocks, GELU (tanh approximation), Conv1D projections (weights stored (in, out)), tied head.
+-- blocks, GELU (tanh approximation, or exact for activation_function "gelu"), Conv1D projections
+-- (weights stored (in, out)), tied head, and transformers' embedding, residual and attention
+-- dropout while training. The config is checked by zrun.models.hf_config.
 local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
+local hf_config = require "zrun.models.hf_config"
 
 local M = {}
 
@@ -10,16 +13,53 @@ local M = {}
 local Conv1D = Module:extend("Conv1D")
 function Conv1D:__init(nx, nf, cfg)
   local td = { dtype = cfg.dtype, device = cfg.device }
-  self.weight = nn.Parameter(zr.empty({ nx, nf }, td):normal_(0, cfg.initializer_range or 0.02))
+  self.weight = nn.Parameter(zr.empty({ nx, nf }, td):normal_(0, cfg.initializer_range))
   self.bias = nn.Parameter(zr.zeros({ nf }, td))
 end
 function Conv1D:forward(x) return zr.linear(x, self.weight:transpose(1, 2), self.bias) end
+
+-- transformers' nn.Dropout: active while training, p = 0 costs nothing.
+local function dropout(x, p, training)
+  if p == 0 or not training then return x end
+  return zr.dropout(x, p, true)
+end
+
+-- (T, T) u8 mask of the future (key after query), per length and device (kept: a few lengths).
+local future_masks = {}
+local function future_mask(T, device)
+  local key = T .. device
+  local m = future_masks[key]
+  if not m then
+    local rows = {}
+    for i = 1, T do
+      local r = {}
+      for j = 1, T do r[j] = j > i and 1 or 0 end
+      rows[i] = r
+    end
+    m = zr.tensor(rows):to("u8"):to(device)
+    future_masks[key] = m
+  end
+  return m
+end
+
+-- transformers' eager GPT-2 attention: softmax(q k^T / sqrt(D) over the past) with dropout p on
+-- the probabilities, times v. q, k, v: (B, H, T, D). It materialises the (B, H, T, T)
+-- probabilities, so it runs only while training with attn_pdrop > 0 (the fused kernel has no
+-- dropout); otherwise the fused causal attention computes the same without them.
+function M.eager_attention(q, k, v, p)
+  local T, D = q:size(3), q:size(4)
+  local scores = zr.matmul(q, k:transpose(3, 4)) * (1 / math.sqrt(D))
+  local probs = zr.softmax(scores:masked_fill(future_mask(T, q:device()), -1e30), -1)
+  if p > 0 then probs = zr.dropout(probs, p, true) end
+  return zr.matmul(probs, v)
+end
 
 local Attention = Module:extend("GPT2Attention")
 function Attention:__init(cfg)
   self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
   self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd, cfg)
   self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
+  self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
 function Attention:forward(x)
   local B, T, C = x:size(1), x:size(2), self.n_embd
@@ -33,8 +73,13 @@ function Attention:forward(x)
     local y = zr.linear(x, w:narrow(2, i * C + 1, C):transpose(1, 2), b:narrow(1, i * C + 1, C))
     return y:view(B, T, H, C / H):transpose(2, 3)
   end
-  local o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
-  return self.c_proj(o:transpose(2, 3):reshape(B, T, C))
+  local o
+  if self.training and self.attn_pdrop > 0 then
+    o = M.eager_attention(heads(0), heads(1), heads(2), self.attn_pdrop)
+  else
+    o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
+  end
+  return dropout(self.c_proj(o:transpose(2, 3):reshape(B, T, C)), self.resid_pdrop, self.training)
 end
 
 local MLP = Module:extend("GPT2MLP")
@@ -42,8 +87,11 @@ function MLP:__init(cfg)
   local inner = cfg.n_inner or 4 * cfg.n_embd
   self.c_fc = Conv1D(cfg.n_embd, inner, cfg)
   self.c_proj = Conv1D(inner, cfg.n_embd, cfg)
+  self.approximate, self.resid_pdrop = cfg.gelu_approximate, cfg.resid_pdrop
 end
-function MLP:forward(x) return self.c_proj(self.c_fc(x):gelu("tanh")) end
+function MLP:forward(x)
+  return dropout(self.c_proj(self.c_fc(x):gelu(self.approximate)), self.resid_pdrop, self.training)
+end
 
 local Block = Module:extend("GPT2Block")
 function Block:__init(cfg)
@@ -75,7 +123,7 @@ function Transformer:forward(ids)
   end
   local pos = rawget(self, "pos_" .. T)
   if not pos then pos = zr.arange(T, { device = self.cfg.device }); rawset(self, "pos_" .. T, pos) end
-  local x = self.wte(ids) + self.wpe(pos)
+  local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   for _, block in ipairs(self.h) do
     if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
@@ -85,10 +133,11 @@ end
 
 local LM = Module:extend("GPT2LMHeadModel")
 M.GPT2LMHeadModel = LM
+-- cfg: a Hugging Face config table (config.json fields) or a built-in name, plus optional
+-- dtype/device for the parameters.
 function LM:__init(cfg)
   if type(cfg) == "string" then cfg = require("zrun.models.llama").config(cfg) end
-  local c = {}
-  for k, v in pairs(cfg) do c[k] = v end
+  local c = hf_config.gpt2(cfg)
   c.dtype, c.device = c.dtype or "f32", c.device or "cpu"
   rawset(self, "config", c)
   self.transformer = Transformer(c)
@@ -96,7 +145,7 @@ function LM:__init(cfg)
     for name, p in self:named_parameters() do
       if name:match("ln_%w+%.weight$") then p:fill_(1)
       elseif name:match("ln_%w+%.bias$") then p:zero_()
-      elseif name:match("wte") or name:match("wpe") then p:normal_(0, c.initializer_range or 0.02) end
+      elseif name:match("wte") or name:match("wpe") then p:normal_(0, c.initializer_range) end
     end
   end)
 end
@@ -130,6 +179,27 @@ function LM:forward(ids, labels)
   return out
 end
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end
+
+-- Builds the model from a Hugging Face model directory (or cached hub id) and loads its weights.
+-- Names are taken as transformers saves them ("transformer.h.0...") or as the original OpenAI
+-- checkpoints store them ("h.0...", with the attention-mask buffers "attn.bias"/"attn.masked_bias",
+-- which are not parameters); the tied lm_head.weight is wte. opts as llama.from_pretrained.
+function M.from_pretrained(ref, opts)
+  opts = opts or {}
+  local hf = require "zrun.hf"
+  local cfg, dir = hf.read_config(ref, opts)
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
+  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
+  local model = LM(cfg)
+  local sd = {}
+  for name, t in pairs(hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })) do
+    if not (name == "lm_head.weight" or name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$")) then
+      sd[name:match("^transformer%.") and name or "transformer." .. name] = t
+    end
+  end
+  model:load_state_dict(sd, true)
+  return model
+end
 function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
 
 return M

@@ -1,11 +1,13 @@
--- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (incl.
--- rope_scaling "llama3"), grouped-query attention with explicit head_dim, SwiGLU MLP, tied or
--- untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
+-- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (rope_theta,
+-- "llama3" or "linear" scaling; either config.json layout, resolved by zrun.models.hf_config),
+-- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
+-- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
 -- Padding is expected on the right (the collator's layout), where causal attention alone gives
 -- HF's results for every real token.
 local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
+local hf_config = require "zrun.models.hf_config"
 
 local M = {}
 
@@ -46,10 +48,7 @@ end
 -- Attention ---------------------------------------------------------------------------------
 local Attention = Module:extend("LlamaAttention")
 function Attention:__init(cfg)
-  local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads, head_dim(cfg)
-  if H % KV ~= 0 then
-    error(("llama config: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)"):format(H, KV), 0)
-  end
+  local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
   self.n_heads, self.n_kv, self.hd = H, KV, D
   local b = cfg.attention_bias
   self.q_proj = linear(cfg, cfg.hidden_size, H * D, b)
@@ -102,7 +101,7 @@ end
 -- Decoder layer -----------------------------------------------------------------------------
 local Layer = Module:extend("LlamaDecoderLayer")
 function Layer:__init(cfg)
-  local eps = cfg.rms_norm_eps or 1e-6
+  local eps = cfg.rms_norm_eps
   self.self_attn = Attention(cfg)
   self.mlp = MLP(cfg)
   self.input_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
@@ -119,7 +118,7 @@ function Model:__init(cfg)
   self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device })
   self.layers = nn.ModuleList()
   for _ = 1, cfg.num_hidden_layers do self.layers:append(Layer(cfg)) end
-  self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps or 1e-6, dtype = cfg.dtype, device = cfg.device })
+  self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
   rawset(self, "cfg", cfg)
   rawset(self, "rope_cache", {})
 end
@@ -130,8 +129,9 @@ function Model:rope(T, dtype, device)
   local c = self.rope_cache[key]
   if not c then
     local cfg = self.cfg
-    local cos, sin = zr.rope_tables(T, head_dim(cfg), {
-      theta = cfg.rope_theta or 10000, rope_scaling = cfg.rope_scaling, dtype = "f32" })
+    local o = hf_config.rope_tables_options(cfg.rope_parameters)
+    o.dtype = "f32"
+    local cos, sin = zr.rope_tables(T, head_dim(cfg), o)
     if dtype ~= "f32" or device ~= "cpu" then cos, sin = cos:to(device, dtype), sin:to(device, dtype) end
     c = { cos, sin }
     self.rope_cache[key] = c
@@ -172,7 +172,7 @@ end
 -- Hugging Face's _init_weights: N(0, initializer_range) for Linear and Embedding weights, zero
 -- biases, ones for RMSNorm.
 function CausalLM:init_weights()
-  local std = self.config.initializer_range or 0.02
+  local std = self.config.initializer_range
   zr.no_grad(function()
     for name, p in self:named_parameters() do
       if name:match("norm%.weight$") then p:fill_(1)
@@ -220,31 +220,25 @@ function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_
 
 -- Writes a Hugging Face model directory (config.json + model.safetensors) that transformers'
 -- from_pretrained loads. Works for any zrun causal LM with HF parameter names.
+-- The config is written as transformers 5 writes it (hf.save_config).
 function M.save_pretrained(model, dir, opts)
   local cfg = {}
   for k, v in pairs(model.config) do if k ~= "dtype" and k ~= "device" then cfg[k] = v end end
   cfg.architectures = cfg.architectures or { model.__name }
   local sd = {}
   for name, p in model:named_parameters() do sd[name] = p end
-  local p0 = model:parameters()[1]
-  cfg.torch_dtype = ({ f32 = "float32", bf16 = "bfloat16", f16 = "float16" })[p0:dtype()]
+  cfg.torch_dtype = model:parameters()[1]:dtype()
   return require("zrun.hf").save_pretrained(dir, sd, cfg, opts)
 end
 function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir, opts) end
 
 -- Config ------------------------------------------------------------------------------------
-local required = { "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size" }
+-- A config table (config.json fields, either rope format) checked and normalised by
+-- zrun.models.hf_config; a value zrun does not implement is refused there, naming the field.
+-- dtype/device: what to build the parameters in (default f32 on the CPU).
 function M.normalize_config(cfg)
   if type(cfg) == "string" then cfg = M.config(cfg) end
-  local c = {}
-  for k, v in pairs(cfg) do c[k] = v end
-  for _, k in ipairs(required) do
-    if type(c[k]) ~= "number" then
-      error(("llama config: '%s' is missing or not a number"):format(k), 0)
-    end
-  end
-  c.num_key_value_heads = c.num_key_value_heads or c.num_attention_heads
-  if c.tie_word_embeddings == nil then c.tie_word_embeddings = false end
+  local c = hf_config.llama(cfg)
   c.dtype = c.dtype or "f32"
   c.device = c.device or "cpu"
   return c
@@ -263,14 +257,17 @@ function M.config(name_or_path)
 end
 
 -- Builds the model and loads Hugging Face weights from a model directory or cached hub id.
+-- opts: dtype (default "f32"), device (default "cpu"), config (fields that override config.json's,
+-- as keyword arguments do in transformers' from_pretrained), revision, cache_dir.
 function M.from_pretrained(ref, opts)
   opts = opts or {}
   local hf = require "zrun.hf"
-  local cfg = hf.read_config(ref)
+  local cfg, dir = hf.read_config(ref, opts)
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
   cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
   local model = CausalLM(cfg)
-  local sd = hf.load_state_dict(ref, { dtype = cfg.dtype, device = cfg.device })
-  if cfg.tie_word_embeddings then sd["lm_head.weight"] = nil end
+  local sd = hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })
+  if model.config.tie_word_embeddings then sd["lm_head.weight"] = nil end
   model:load_state_dict(sd, true)
   return model
 end

@@ -1,0 +1,381 @@
+-- Hugging Face config.json fields for zrun's model families (llama, gpt2). Reads a config as
+-- transformers 4 writes it (rope_theta / rope_scaling at the top level) and as transformers 5
+-- writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks every field
+-- that LlamaForCausalLM / GPT2LMHeadModel read, and refuses -- one line naming the field, the value
+-- and what zrun supports -- a value that changes the computation in a way zrun does not implement.
+-- Fields that do not change training (ids, use_cache, architectures, ...) pass untouched.
+-- Also gives the config.json layout to write back. Not here: files (hf.lua), modules (llama.lua).
+local M = {}
+
+local fmt, type, pairs, ipairs, tostring, floor, huge = string.format, type, pairs, ipairs, tostring, math.floor, math.huge
+
+-- A deep copy without JSON nulls (a table decoded with cjson directly holds cjson.null, which
+-- transformers reads as None: the field's default).
+local null = require("cjson").null
+local function copy(t)
+  local c = {}
+  for k, v in pairs(t) do
+    if v ~= null then c[k] = type(v) == "table" and copy(v) or v end
+  end
+  return c
+end
+
+-- A value as it reads in JSON: strings quoted, tables as {k=v, ...} (sorted, one level deep).
+local function show(v)
+  if type(v) == "string" then return '"' .. v .. '"' end
+  if type(v) == "number" then
+    if v == floor(v) and math.abs(v) < 2 ^ 53 then return fmt("%d", v) end
+    for p = 15, 16 do -- the shortest form that reads back exactly
+      local s = fmt("%." .. p .. "g", v)
+      if tonumber(s) == v then return s end
+    end
+    return fmt("%.17g", v)
+  end
+  if type(v) ~= "table" then return tostring(v) end
+  local ks = {}
+  for k in pairs(v) do ks[#ks + 1] = tostring(k) end
+  table.sort(ks)
+  for i, k in ipairs(ks) do
+    local x = v[k] == nil and v[tonumber(k)] or v[k]
+    ks[i] = k .. "=" .. (type(x) == "table" and "{...}" or show(x))
+  end
+  return "{" .. table.concat(ks, ", ") .. "}"
+end
+M.show = show
+
+local function fail(family, msg, ...) error(fmt("%s config: " .. msg, family, ...), 0) end
+
+-- Field checks. `name` is what the message calls the field (e.g. "rope_parameters.factor").
+local function is_int(v) return type(v) == "number" and v == floor(v) and v > -huge and v < huge end
+
+local function pos_int(family, name, v)
+  if not is_int(v) or v <= 0 then fail(family, "%s must be a positive integer, got %s", name, show(v)) end
+  return v
+end
+local function pos_num(family, name, v)
+  if type(v) ~= "number" or not (v > 0) or v == huge then
+    fail(family, "%s must be a positive number, got %s", name, show(v))
+  end
+  return v
+end
+local function nonneg_num(family, name, v)
+  if type(v) ~= "number" or not (v >= 0) or v == huge then
+    fail(family, "%s must be a number >= 0, got %s", name, show(v))
+  end
+  return v
+end
+local function bool(family, name, v)
+  if type(v) ~= "boolean" then fail(family, "%s must be true or false, got %s", name, show(v)) end
+  return v
+end
+local function required_int(family, c, k)
+  if c[k] == nil then fail(family, "'%s' is missing (a positive integer)", k) end
+  return pos_int(family, k, c[k])
+end
+
+-- Fields of neighbouring families that mean the checkpoint expects a computation zrun's classes do
+-- not do; transformers' LlamaForCausalLM / GPT2LMHeadModel would ignore them and silently differ,
+-- so zrun refuses them (unless they hold their neutral value).
+local FOREIGN = {
+  sliding_window = { nil, "sliding-window attention" },
+  use_sliding_window = { false, "sliding-window attention" },
+  attn_logit_softcapping = { nil, "attention logit soft-capping" },
+  final_logit_softcapping = { nil, "final logit soft-capping" },
+  quantization_config = { nil, "quantized weights" },
+  use_qk_norm = { false, "query/key normalisation" },
+  qk_layernorm = { false, "query/key normalisation" },
+  partial_rotary_factor = { 1, "partial rotary embeddings" },
+}
+local function refuse_foreign(family, c, supported)
+  for k, spec in pairs(FOREIGN) do
+    local v = c[k]
+    if v ~= nil and v ~= spec[1] then
+      fail(family, "%s is %s (%s); zrun's %s implements %s", k, show(v), spec[2], family, supported)
+    end
+  end
+  if c.layer_types ~= nil then
+    if type(c.layer_types) ~= "table" then fail(family, "layer_types must be a list, got %s", show(c.layer_types)) end
+    for i, t in ipairs(c.layer_types) do
+      if t ~= "full_attention" then
+        fail(family, "layer_types[%d] is %s; zrun's %s implements full (causal) attention in every layer", i, show(t), family)
+      end
+    end
+  end
+end
+
+local function model_type(family, c)
+  if c.model_type ~= nil and c.model_type ~= family then
+    fail(family, "model_type is %s, not %s; zrun implements the model types llama and gpt2", show(c.model_type), show(family))
+  end
+end
+
+-- Dropout zrun cannot apply: a hint to load without it, as transformers' from_pretrained(..., key=0.0).
+local function refuse_dropout(family, name, v, what)
+  fail(family, "%s is %s: %s is not implemented in zrun; train without it by loading with "
+    .. "{ config = { %s = 0 } } (transformers: from_pretrained(..., %s=0.0))", name, show(v), what, name, name)
+end
+
+-- ---------------------------------------------------------------- rotary embeddings
+
+local ROPE_TYPES = '"default", "linear" and "llama3"'
+
+-- The rope parameters as transformers 5 resolves them (RotaryEmbeddingConfigMixin): a non-empty
+-- rope_scaling wins over rope_parameters, rope_type falls back to the legacy "type" and then
+-- "default", rope_theta to the top-level rope_theta and then 10000, and llama3's
+-- original_max_position_embeddings to max_position_embeddings. Returns the canonical table
+-- { rope_type=, rope_theta=, factor=, ... } (what transformers 5 writes as rope_parameters).
+function M.rope_parameters(family, c)
+  local scaling, params = c.rope_scaling, c.rope_parameters
+  for _, k in ipairs { "rope_scaling", "rope_parameters" } do
+    if c[k] ~= nil and type(c[k]) ~= "table" then fail(family, "%s must be an object, got %s", k, show(c[k])) end
+  end
+  if scaling and next(scaling) == nil then scaling = nil end
+  if params and next(params) == nil then params = nil end
+  local function resolve(src, name)
+    local r = copy(src or {})
+    for k, v in pairs(r) do
+      if type(v) == "table" and k ~= "short_factor" and k ~= "long_factor" then
+        fail(family, "%s.%s is an object: per-layer-type rope parameters are not implemented (zrun's %s uses one "
+          .. "rotary embedding in every layer)", name, tostring(k), family)
+      end
+    end
+    if r.rope_type == nil then r.rope_type = r.type end
+    r.type = nil
+    if r.rope_type == nil then r.rope_type = "default" end
+    if type(r.rope_type) ~= "string" then fail(family, "%s.rope_type must be a string, got %s", name, show(r.rope_type)) end
+    local from = name .. ".rope_theta"
+    if r.rope_theta == nil then r.rope_theta, from = c.rope_theta, "rope_theta" end
+    if r.rope_theta == nil then r.rope_theta = 10000.0 end
+    pos_num(family, from, r.rope_theta)
+    local t = r.rope_type
+    if t == "default" then
+      for _, k in ipairs { "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" } do
+        r[k] = nil -- transformers' default rope reads none of them
+      end
+    elseif t == "linear" then
+      if r.factor == nil then fail(family, "%s.factor is missing (required by rope_type \"linear\")", name) end
+      pos_num(family, name .. ".factor", r.factor)
+    elseif t == "llama3" then
+      for _, k in ipairs { "factor", "low_freq_factor", "high_freq_factor" } do
+        if r[k] == nil then fail(family, "%s.%s is missing (required by rope_type \"llama3\")", name, k) end
+        pos_num(family, name .. "." .. k, r[k])
+      end
+      if c.original_max_position_embeddings ~= nil then -- transformers gives the top-level key priority
+        r.original_max_position_embeddings = c.original_max_position_embeddings
+      elseif r.original_max_position_embeddings == nil then
+        r.original_max_position_embeddings = c.max_position_embeddings
+      end
+      if r.original_max_position_embeddings == nil then
+        fail(family, "%s.original_max_position_embeddings is missing (required by rope_type \"llama3\")", name)
+      end
+      pos_num(family, name .. ".original_max_position_embeddings", r.original_max_position_embeddings)
+      if not (r.high_freq_factor > r.low_freq_factor) then
+        fail(family, "%s.high_freq_factor (%s) must be greater than low_freq_factor (%s)", name,
+          show(r.high_freq_factor), show(r.low_freq_factor))
+      end
+    else
+      fail(family, "%s.rope_type is %s; zrun implements the rope types %s", name, show(t), ROPE_TYPES)
+    end
+    if r.partial_rotary_factor ~= nil and r.partial_rotary_factor ~= 1 then
+      fail(family, "%s.partial_rotary_factor is %s; zrun rotates the whole head (1.0)", name, show(r.partial_rotary_factor))
+    end
+    r.partial_rotary_factor = nil
+    -- keys transformers reads only for other rope types (attention_factor, beta_fast, ...) are
+    -- ignored by it for these three, and so by zrun
+    for _, k in ipairs { "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+      "short_factor", "long_factor" } do
+      r[k] = nil
+    end
+    if t ~= "llama3" then r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings = nil, nil, nil end
+    return r
+  end
+  local r = resolve(scaling or params, scaling and "rope_scaling" or "rope_parameters")
+  if scaling and params then
+    -- transformers 4 reads only rope_scaling, transformers 5 prefers it: two that disagree are a
+    -- hand-edited file whose meaning depends on the reader
+    local other = resolve(params, "rope_parameters")
+    if show(other) ~= show(r) then
+      fail(family, "rope_scaling %s and rope_parameters %s disagree; keep one (transformers 5 writes rope_parameters)",
+        show(r), show(other))
+    end
+  end
+  local inner = (scaling or params or {}).rope_theta
+  if inner ~= nil and c.rope_theta ~= nil and inner ~= c.rope_theta then
+    fail(family, "rope_theta (%s) and %s.rope_theta (%s) disagree; keep one (transformers 5 writes rope_parameters)",
+      show(c.rope_theta), scaling and "rope_scaling" or "rope_parameters", show(inner))
+  end
+  return r
+end
+
+-- Options for zr.rope_tables from canonical rope parameters. "linear" divides every inverse
+-- frequency by factor (transformers: inv_freq /= factor); that is llama3 scaling whose
+-- low-frequency band (wavelengths above original_max / low_freq_factor = 2^-100) holds every
+-- frequency, so the same kernel computes it.
+function M.rope_tables_options(r)
+  local o = { theta = r.rope_theta }
+  if r.rope_type == "llama3" then
+    o.rope_scaling = { rope_type = "llama3", factor = r.factor, low_freq_factor = r.low_freq_factor,
+      high_freq_factor = r.high_freq_factor, original_max_position_embeddings = r.original_max_position_embeddings }
+  elseif r.rope_type == "linear" then
+    o.rope_scaling = { rope_type = "llama3", factor = r.factor, low_freq_factor = 2 ^ 100,
+      high_freq_factor = 2 ^ 101, original_max_position_embeddings = 1 }
+  end
+  return o
+end
+
+-- ---------------------------------------------------------------- llama
+
+local LLAMA_ACTS = { silu = true, swish = true } -- transformers' ACT2FN: "swish" is SiLU
+
+-- A Llama config (a config.json table or zrun's own) checked and normalised: defaults filled as
+-- transformers' LlamaConfig fills them, the rope resolved into rope_parameters (rope_theta and
+-- rope_scaling removed: one source of truth), dtype/device left to the caller.
+function M.llama(cfg)
+  local F = "llama"
+  local c = copy(cfg)
+  model_type(F, c)
+  for _, k in ipairs { "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size" } do
+    required_int(F, c, k)
+  end
+  local H = c.num_attention_heads
+  c.num_key_value_heads = pos_int(F, "num_key_value_heads", c.num_key_value_heads or H)
+  if H % c.num_key_value_heads ~= 0 then
+    fail(F, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", H, c.num_key_value_heads)
+  end
+  if c.head_dim == nil then
+    if c.hidden_size % H ~= 0 then
+      fail(F, "hidden_size (%d) must be a multiple of num_attention_heads (%d), or head_dim must be given",
+        c.hidden_size, H)
+    end
+  else
+    pos_int(F, "head_dim", c.head_dim)
+  end
+  local hd = c.head_dim or c.hidden_size / H
+  if hd % 2 ~= 0 then fail(F, "head_dim (%d) must be even: rotary embeddings rotate pairs of channels", hd) end
+  -- no limit on zrun's sequence length; transformers' default 2048 matters as llama3's default
+  -- original_max_position_embeddings
+  c.max_position_embeddings = pos_int(F, "max_position_embeddings", c.max_position_embeddings or 2048)
+  c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or 1e-6)
+  c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
+  for _, k in ipairs { "attention_bias", "mlp_bias", "tie_word_embeddings" } do
+    if c[k] == nil then c[k] = false end
+    bool(F, k, c[k])
+  end
+  c.model_type = F
+  c.hidden_act = c.hidden_act or "silu"
+  if not LLAMA_ACTS[c.hidden_act] then
+    fail(F, "hidden_act is %s; zrun's Llama MLP implements \"silu\" (SwiGLU)", show(c.hidden_act))
+  end
+  if c.attention_dropout ~= nil then
+    nonneg_num(F, "attention_dropout", c.attention_dropout)
+    if c.attention_dropout ~= 0 then refuse_dropout(F, "attention_dropout", c.attention_dropout, "attention dropout") end
+  end
+  -- pretraining_tp > 1 made transformers split each projection into that many slices and add
+  -- the partial products: the same sum, rounded differently; zrun does one product.
+  if c.pretraining_tp ~= nil then pos_int(F, "pretraining_tp", c.pretraining_tp) end
+  refuse_foreign(F, c, "full causal attention with rotary embeddings")
+  c.rope_parameters = M.rope_parameters(F, c)
+  c.rope_theta, c.rope_scaling = nil, nil
+  return c
+end
+
+-- ---------------------------------------------------------------- gpt2
+
+-- activation_function -> zr gelu approximation. gelu_new, gelu_fast and gelu_pytorch_tanh are the
+-- same tanh formula 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); "gelu" is the exact erf form.
+local GPT2_ACTS = { gelu_new = "tanh", gelu_fast = "tanh", gelu_pytorch_tanh = "tanh", gelu = "none" }
+
+function M.gpt2(cfg)
+  local F = "gpt2"
+  local c = copy(cfg)
+  model_type(F, c)
+  c.model_type = F
+  for _, k in ipairs { "n_embd", "n_layer", "n_head", "vocab_size" } do required_int(F, c, k) end
+  if c.n_embd % c.n_head ~= 0 then fail(F, "n_embd (%d) must be a multiple of n_head (%d)", c.n_embd, c.n_head) end
+  c.n_positions = pos_int(F, "n_positions", c.n_positions or 1024)
+  if c.n_inner ~= nil then pos_int(F, "n_inner", c.n_inner) end
+  c.layer_norm_epsilon = pos_num(F, "layer_norm_epsilon", c.layer_norm_epsilon or 1e-5)
+  c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
+  c.activation_function = c.activation_function or "gelu_new"
+  if not GPT2_ACTS[c.activation_function] then
+    fail(F, "activation_function is %s; zrun's GPT-2 implements \"gelu_new\" (also gelu_fast, gelu_pytorch_tanh) and \"gelu\"",
+      show(c.activation_function))
+  end
+  -- Dropout: zrun's default is none (transformers' GPT2Config defaults to 0.1, and writes the keys
+  -- into every config.json it saves, so a file is read as transformers reads it). attn_pdrop > 0
+  -- runs attention unfused while training, as transformers' eager attention does.
+  for _, k in ipairs { "resid_pdrop", "embd_pdrop", "attn_pdrop" } do
+    c[k] = c[k] or 0
+    if type(c[k]) ~= "number" or not (c[k] >= 0 and c[k] < 1) then
+      fail(F, "%s must be a probability in [0, 1), got %s", k, show(c[k]))
+    end
+  end
+  if c.tie_word_embeddings == nil then c.tie_word_embeddings = true end
+  bool(F, "tie_word_embeddings", c.tie_word_embeddings)
+  if not c.tie_word_embeddings then
+    fail(F, "tie_word_embeddings is false; zrun's GPT-2 implements the tied head (lm_head = wte)")
+  end
+  local neutral = { scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false, add_cross_attention = false }
+  local what = { scale_attn_weights = "unscaled attention scores", scale_attn_by_inverse_layer_idx =
+    "attention scaled by 1/layer", add_cross_attention = "cross-attention layers" }
+  for k, v in pairs(neutral) do
+    if c[k] ~= nil then
+      bool(F, k, c[k])
+      if c[k] ~= v then fail(F, "%s is %s (%s); zrun's GPT-2 implements %s = %s", k, show(c[k]), what[k], k, show(v)) end
+    end
+  end
+  -- reorder_and_upcast_attn only changes the rounding of 16-bit attention scores (transformers
+  -- upcasts them to fp32); zrun's attention accumulates in fp32 already.
+  if c.reorder_and_upcast_attn ~= nil then bool(F, "reorder_and_upcast_attn", c.reorder_and_upcast_attn) end
+  refuse_foreign(F, c, "full causal attention with learned positions")
+  c.gelu_approximate = GPT2_ACTS[c.activation_function]
+  return c
+end
+
+-- ---------------------------------------------------------------- writing
+
+local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16", f64 = "float64" }
+
+-- Fields transformers types as float: written as 1.0, not 1 (its strict config classes check types).
+M.FLOAT_FIELDS = {}
+for _, k in ipairs { "rope_theta", "factor", "low_freq_factor", "high_freq_factor", "rms_norm_eps",
+  "layer_norm_epsilon", "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+  "summary_first_dropout", "attention_factor", "beta_fast", "beta_slow" } do
+  M.FLOAT_FIELDS[k] = true
+end
+
+-- The config.json table for a model config: the layout transformers 5.x writes (rope_parameters
+-- with rope_theta inside, "dtype"), plus the keys older readers need and transformers 5 accepts
+-- and resolves to the same values (top-level rope_theta; rope_scaling when the rope is scaled;
+-- torch_dtype; checked with transformers 5.17 by tests/golden/check_hf_save.py). zrun-only keys
+-- (dtype/device to build in, gelu_approximate) are left out.
+function M.to_hf(cfg)
+  local c = copy(cfg)
+  c.dtype, c.device, c.gelu_approximate = nil, nil, nil -- what zrun builds in, not the file's
+  if c.torch_dtype ~= nil then
+    c.torch_dtype = HF_DTYPE[c.torch_dtype] or c.torch_dtype
+    c.dtype = c.torch_dtype
+  end
+  if type(c.rope_parameters) == "table" or c.rope_theta ~= nil or type(c.rope_scaling) == "table" then
+    -- the layout only, values as given (checking them is the reader's job): transformers 5's
+    -- precedence, a non-empty rope_scaling first
+    local src = c.rope_scaling
+    if type(src) ~= "table" or next(src) == nil then src = c.rope_parameters end
+    local r = copy(type(src) == "table" and src or {})
+    r.rope_type = r.rope_type or r.type or "default"
+    r.type = nil
+    if r.rope_theta == nil then r.rope_theta = c.rope_theta end
+    c.rope_parameters = r
+    c.rope_theta = r.rope_theta
+    if r.rope_type ~= "default" then
+      local s = copy(r)
+      s.rope_theta = nil
+      c.rope_scaling = s
+    else
+      c.rope_scaling = nil
+    end
+  end
+  return c
+end
+
+return M

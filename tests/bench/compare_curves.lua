@@ -1,0 +1,55 @@
+-- Prints zrun's and Hugging Face's loss curves side by side (tests/bench/finetune_vs_hf.sh) and
+-- checks them: per step the losses agree within TOL (relative), the eval perplexity after training
+-- is no worse than HF's, and the recipe's tokens/s is at least 90% of bench_llama.lua's.
+--   zrun tests/bench/compare_curves.lua ZRUN_METRICS_JSONL HF_JSON ZRUN_LOG BENCH_LOG
+-- Why 2%: zrun trains DeepSpeed-style (bf16 weights, fp32 master and AdamW state), the HF Trainer
+-- without DeepSpeed trains with AMP (fp32 weights, bf16 autocast): the same algorithm rounded in
+-- different places, so the curves agree to bf16 noise, not bit for bit.
+local cjson = require "cjson"
+local TOL = 0.02
+local zpath, hpath, zlog, blog = arg[1], arg[2], arg[3], arg[4]
+local z, zev = {}, {}
+for line in io.lines(zpath) do
+  local r = cjson.decode(line)
+  if r.step and r.loss and not r.eval_loss then z[r.step] = r end
+  if r.eval_loss then zev[#zev + 1] = r end
+end
+local h = cjson.decode(io.open(hpath):read("*a"))
+local fmt = string.format
+print(fmt("%5s %10s %10s %8s %10s %10s %11s %11s", "step", "zrun loss", "hf loss", "rel diff", "zrun gnorm", "hf gnorm",
+  "zrun lr", "hf lr"))
+local worst, sum, n = 0, 0, 0
+for _, r in ipairs(h.steps) do
+  local zr_ = z[r.step]
+  if zr_ then
+    local d = math.abs(zr_.loss - r.loss) / math.abs(r.loss)
+    worst, sum, n = math.max(worst, d), sum + d, n + 1
+    print(fmt("%5d %10.4f %10.4f %7.2f%% %10.3f %10.3f %11.3e %11.3e", r.step, zr_.loss, r.loss, 100 * d,
+      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.lr or 0 / 0, r.lr or 0 / 0))
+  end
+end
+local function verdict(ok) return ok and "PASS" or "FAIL" end
+print(fmt("%s loss curves: %d steps compared, worst %.2f%%, mean %.2f%% (tolerance %.0f%% per step)",
+  verdict(n > 0 and worst <= TOL), n, 100 * worst, 100 * sum / math.max(n, 1), 100 * TOL))
+local zb, za = zev[1], zev[#zev]
+if zb and za and zb ~= za then
+  print(fmt("eval perplexity: zrun %.2f -> %.2f, hf %.2f -> %.2f", zb.perplexity or math.exp(zb.eval_loss),
+    za.perplexity or math.exp(za.eval_loss), h.perplexity_before, h.perplexity_after))
+  local zp = za.perplexity or math.exp(za.eval_loss)
+  print(fmt("%s zrun's perplexity after training (%.2f) is no worse than HF's (%.2f) + 1%%", verdict(zp <= h.perplexity_after * 1.01),
+    zp, h.perplexity_after))
+else
+  print("FAIL no eval before and after training in " .. zpath)
+end
+-- tokens/s: the recipe's steady state (median of logged steps after the first 5) vs bench_llama
+local tps = {}
+for s, r in pairs(z) do if s > 5 and r.tokens_per_s then tps[#tps + 1] = r.tokens_per_s end end
+table.sort(tps)
+local rec = tps[math.max(1, math.floor((#tps + 1) / 2))] or 0
+local bench
+for line in io.lines(blog) do
+  local v = line:match("([%d%.]+) tokens/s") or line:match("tok/s[^%d]*([%d%.]+)")
+  if v then bench = tonumber(v) end
+end
+print(fmt("tokens/s: recipe %.0f, bench_llama.lua (same shape) %s, HF Trainer %.0f", rec, tostring(bench), h.tokens_per_s))
+if bench then print(fmt("%s recipe at %.0f%% of bench_llama (>= 90%%)", verdict(rec >= 0.9 * bench), 100 * rec / bench)) end

@@ -1,0 +1,52 @@
+-- Writes model directories with zrun's save_pretrained for tests/golden/check_hf_save.py, which
+-- loads each with transformers and compares its logits with zrun's:
+--   ./zrun tests/golden/save_for_hf_check.lua DIR        (then, where transformers is installed)
+--   python3 tests/golden/check_hf_save.py DIR
+-- DIR/<name>/ holds config.json + model.safetensors; DIR/expected.safetensors holds, per name,
+-- "<name>.input_ids" and zrun's "<name>.logits". The configs cover every rope type and option
+-- zrun implements, so the check proves transformers reads zrun's config.json as zrun does.
+local zr = require "zrun"
+local dir = assert(arg[1], "usage: zrun tests/golden/save_for_hf_check.lua DIR")
+
+local llama = { model_type = "llama", hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2,
+  num_attention_heads = 4, vocab_size = 61, rms_norm_eps = 1e-5, max_position_embeddings = 128 }
+local function with(base, extra)
+  local c = {}
+  for k, v in pairs(base) do c[k] = v end
+  for k, v in pairs(extra) do c[k] = v end
+  return c
+end
+
+local models = {
+  -- Llama 3 style: theta 500000, llama3 scaling, GQA, untied head (legacy keys in the table)
+  llama3 = { zr.models.llama.LlamaForCausalLM, with(llama, { num_key_value_heads = 2, head_dim = 16,
+    rope_theta = 500000.0, rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0,
+      high_freq_factor = 4.0, original_max_position_embeddings = 16 } }) },
+  -- transformers 5 layout in the table: default rope with a non-default theta, tied head
+  llama_default = { zr.models.llama.LlamaForCausalLM, with(llama, { tie_word_embeddings = true,
+    rope_parameters = { rope_type = "default", rope_theta = 250000.0 } }) },
+  llama_linear_bias = { zr.models.llama.LlamaForCausalLM, with(llama, { attention_bias = true, mlp_bias = true,
+    rope_parameters = { rope_type = "linear", factor = 4.0, rope_theta = 10000.0 } }) },
+  gpt2 = { zr.models.gpt2.GPT2LMHeadModel, { model_type = "gpt2", n_embd = 32, n_layer = 2, n_head = 4,
+    vocab_size = 61, n_positions = 64 } },
+  gpt2_exact_gelu = { zr.models.gpt2.GPT2LMHeadModel, { n_embd = 32, n_layer = 2, n_head = 4,
+    vocab_size = 61, n_positions = 64, activation_function = "gelu", n_inner = 48 } },
+}
+
+local expected = {}
+zr.manual_seed(5)
+for name, m in pairs(models) do
+  local model = m[1](m[2])
+  zr.no_grad(function()
+    for n, p in model:named_parameters() do
+      if n:match("%.bias$") then p:normal_(0, 0.05) end -- biases start at zero; make them matter
+    end
+  end)
+  model:eval()
+  model:save_pretrained(dir .. "/" .. name)
+  local ids = (zr.rand({ 2, 40 }) * 60):to("i64")
+  expected[name .. ".input_ids"] = ids
+  expected[name .. ".logits"] = zr.no_grad(function() return model(ids).logits end):contiguous()
+end
+zr.save_safetensors(dir .. "/expected.safetensors", expected)
+print("wrote " .. dir)
