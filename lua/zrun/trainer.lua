@@ -181,8 +181,16 @@ function Trainer:train(resume)
   local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W,
     seed = a.data_seed or a.seed, drop_last = true })
   e:train()
-  local t_start, t_log, tokens, loss_sum, loss_n = C.now(), C.now(), 0, 0, 0
-  local run_sum, run_n, first_loss, last_loss = 0, 0, nil, nil
+  local t_start, t_log, tokens = C.now(), C.now(), 0
+  -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
+  -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
+  local pending, run_sum, run_n, first_loss, last_loss = {}, 0, 0, nil, nil
+  local function drain()
+    local sum = 0
+    for k, l in ipairs(pending) do sum = sum + l:item(); pending[k] = nil end
+    run_sum = run_sum + sum
+    return sum
+  end
   local start_step = e.global_steps
   local epoch = floor(start_step / self.steps_per_epoch)
   local skip = (start_step % self.steps_per_epoch) * gas -- micro-batches of this epoch already trained
@@ -191,7 +199,9 @@ function Trainer:train(resume)
     path and fmt(", resumed from %s at step %d", path, start_step) or ""))
 
   local function log_train(s)
-    local t = zr.tensor({ loss_sum / math.max(loss_n, 1) }, { dtype = "f64" })
+    local n = #pending
+    run_n = run_n + n
+    local t = zr.tensor({ drain() / n }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
     first_loss = first_loss or avg
@@ -205,10 +215,10 @@ function Trainer:train(resume)
     dist.print0(fmt("step %d/%d | loss %.4f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s,
       self.total_steps, avg, e.last_grad_norm or 0 / 0, rec.learning_rate, tps, zr.memory.human(mem.total_current), hms(eta)))
     self:log(rec)
-    t_log, tokens, loss_sum, loss_n = now, 0, 0, 0
+    t_log, tokens = now, 0
   end
   local function checkpoints(s, epoch_end)
-    if loss_n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
+    if #pending > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
       or (s == self.total_steps and not epoch_end)) then log_train(s) end
     local t0 = C.now()
     if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
@@ -232,9 +242,7 @@ function Trainer:train(resume)
         return o
       end)
       if not okstep then error(self:explain_oom(out, ids), 0) end
-      local l = out.loss:item() -- an f32 loss read as a double; sums stay in double
-      loss_sum, loss_n = loss_sum + l, loss_n + 1
-      run_sum, run_n = run_sum + l, run_n + 1
+      pending[#pending + 1] = out.loss:detach()
       tokens = tokens + ids:numel() * W
       if e:step() then
         local s = e.global_steps
@@ -247,6 +255,8 @@ function Trainer:train(resume)
     if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
     epoch = epoch + 1
   end
+  run_n = run_n + #pending
+  drain()
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
