@@ -163,11 +163,12 @@ end
 
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
   processing_class = tok })
-local before = trainer:evaluate()
+-- (resume_from_checkpoint=true or =output_dir/checkpoint-<step> continues a run: no "before" then)
+local before = not args.resume_from_checkpoint and trainer:evaluate() or nil
 local res = trainer:train()
 -- (eval_steps may have just evaluated the final weights)
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
 trainer:save_model()
-say("done: %d steps in %.1f s, loss %.3f -> %.3f, validation perplexity %.2f -> %.2f; model saved to %s",
-  res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0, before.eval_perplexity,
-  after.eval_perplexity, args.output_dir)
+say("done: %d steps in %.1f s, loss %.3f -> %.3f, validation perplexity %s%.2f; model saved to %s",
+  res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0,
+  before and ("%.2f -> "):format(before.eval_perplexity) or "", after.eval_perplexity, args.output_dir)

@@ -150,5 +150,29 @@ T.test("save_total_limit keeps the newest checkpoints (and the best one)", funct
   T.eq(#tckpt.list(out), 1)
 end)
 
+T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkpoint=true to 12", function()
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local function run(out, extra)
+    local p = io.popen(("%s recipes/finetune_llama.lua max_steps=12 logging_steps=1 output_dir=%s %s 2>&1"):format(z, out, extra))
+    local s = p:read("*a")
+    p:close()
+    assert(s:find("done: 12 steps", 1, true), s)
+    local l = {}
+    for step, loss in s:gmatch("\nstep (%d+)/12 | loss ([%d.]+)") do l[tonumber(step)] = loss end
+    return l, s
+  end
+  local straight = run(tmp .. "/recipe_a", "save_strategy=no")
+  local first = run(tmp .. "/recipe_b", "save_steps=4 save_total_limit=2")
+  local kept = {}
+  for _, e in ipairs(tckpt.list(tmp .. "/recipe_b")) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "8,12", "save_total_limit=2")
+  sh(("mkdir -p %s/recipe_c && cp -r %s/recipe_b/checkpoint-8 %s/recipe_c/"):format(tmp, tmp, tmp))
+  local resumed, out = run(tmp .. "/recipe_c", "resume_from_checkpoint=true save_strategy=no")
+  assert(out:find("resumed from " .. tmp .. "/recipe_c/checkpoint-8 at step 8", 1, true), out)
+  assert(not resumed[8] and resumed[9], out)
+  for s = 9, 12 do T.eq(resumed[s], straight[s], "loss (printed) at step " .. s) end
+  T.eq(first[12], straight[12])
+end)
+
 sh("rm -rf '" .. tmp .. "'")
 T.done()
