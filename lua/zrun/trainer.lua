@@ -184,12 +184,12 @@ function Trainer:train(resume)
   local t_start, t_log, tokens = C.now(), C.now(), 0
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
-  local pending, run_sum, run_n, first_loss, last_loss = {}, 0, 0, nil, nil
-  local function drain()
-    local sum = 0
-    for k, l in ipairs(pending) do sum = sum + l:item(); pending[k] = nil end
-    run_sum = run_sum + sum
-    return sum
+  local pending, sum, n, run_sum, run_n, first_loss, last_loss = {}, 0, 0, 0, 0, nil, nil
+  local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
+    for k, l in ipairs(pending) do
+      local v = l:item()
+      sum, n, run_sum, run_n, pending[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil
+    end
   end
   local start_step = e.global_steps
   local epoch = floor(start_step / self.steps_per_epoch)
@@ -199,9 +199,8 @@ function Trainer:train(resume)
     path and fmt(", resumed from %s at step %d", path, start_step) or ""))
 
   local function log_train(s)
-    local n = #pending
-    run_n = run_n + n
-    local t = zr.tensor({ drain() / n }, { dtype = "f64" })
+    drain()
+    local t = zr.tensor({ sum / n }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
     first_loss = first_loss or avg
@@ -215,11 +214,11 @@ function Trainer:train(resume)
     dist.print0(fmt("step %d/%d | loss %.4f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s,
       self.total_steps, avg, e.last_grad_norm or 0 / 0, rec.learning_rate, tps, zr.memory.human(mem.total_current), hms(eta)))
     self:log(rec)
-    t_log, tokens = now, 0
+    t_log, tokens, sum, n = now, 0, 0, 0
   end
   local function checkpoints(s, epoch_end)
-    if #pending > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
-      or (s == self.total_steps and not epoch_end)) then log_train(s) end
+    if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
+      or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no")) then log_train(s) end
     local t0 = C.now()
     if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
     if (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
@@ -243,6 +242,7 @@ function Trainer:train(resume)
       end)
       if not okstep then error(self:explain_oom(out, ids), 0) end
       pending[#pending + 1] = out.loss:detach()
+      if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
       tokens = tokens + ids:numel() * W
       if e:step() then
         local s = e.global_steps
@@ -255,7 +255,6 @@ function Trainer:train(resume)
     if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
     epoch = epoch + 1
   end
-  run_n = run_n + #pending
   drain()
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
