@@ -279,7 +279,8 @@ function Trainer:load_checkpoint(path)
   st.log_history = saved.log_history or {}
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
-  local z, a = saved.zrun or {}, self.args
+  local sc = saved.stateful_callbacks and saved.stateful_callbacks.ZrunTrainer
+  local z, a = sc and sc.args or {}, self.args
   local now = { world_size = dist.world_size(), per_device_train_batch_size = a.per_device_train_batch_size,
     gradient_accumulation_steps = a.gradient_accumulation_steps, data_seed = a.data_seed or a.seed,
     train_rows = #self.train_dataset.rows }
@@ -318,9 +319,10 @@ function Trainer:save_checkpoint()
     for k, v in pairs(st) do out[k] = v end
     out.is_hyper_param_search, out.is_local_process_zero, out.is_world_process_zero = false, true, true
     out.total_flos, out.num_input_tokens_seen = 0, 0
-    out.zrun = { world_size = dist.world_size(), per_device_train_batch_size = a.per_device_train_batch_size,
-      gradient_accumulation_steps = a.gradient_accumulation_steps, data_seed = a.data_seed or a.seed,
-      train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. e.global_steps }
+    -- what the data position after a resume depends on; HF ignores a callback it does not know
+    out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
+      per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
+      data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. e.global_steps } } }
     tckpt.write_state(dir, out)
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
