@@ -1,6 +1,7 @@
 -- Learning-rate schedulers with DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py): WarmupLR,
 -- WarmupDecayLR, WarmupCosineLR, OneCycle and LRRangeTest. Each is stepped once per optimizer step and
 -- writes group.lr into the optimizer's param_groups; without an optimizer it only computes values.
+-- Also the Hugging Face Trainer's own schedules (schedulers.hf: linear, cosine, constant[_with_warmup]).
 --
 --   local sched = schedulers.WarmupDecayLR.new(optimizer, { total_num_steps = 100, warmup_num_steps = 10 })
 --   sched:step(); sched:get_last_lr()   --> { lr of group 1, ... }

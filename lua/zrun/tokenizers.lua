@@ -2,6 +2,7 @@
 -- and a built-in byte-level tokenizer for runs with no tokenizer file.
 --   local tok = zr.tokenizers.load("meta-llama/Llama-3.2-1B")   -- dir, tokenizer.json, or cached hub id
 --   tok:encode("Hello world")  --> { 128000, 9906, 1917 }
+--   zr.tokenizers.save_pretrained(tok, "out/model")             -- the files transformers' AutoTokenizer reads
 local C = require "zrun._C"
 local M = {}
 
