@@ -256,6 +256,7 @@ function Trainer:train(resume)
     epoch = epoch + 1
   end
   drain()
+  if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
@@ -290,6 +291,20 @@ function Trainer:load_checkpoint(path)
         "from an uninterrupted run", k, tostring(z[k]), tostring(v), st.global_step))
     end
   end
+end
+
+-- load_best_model_at_end: the weights of the best checkpoint (the engine's whole state comes back,
+-- then the step counters and trainer state of the finished run are put back, as HF keeps its state).
+function Trainer:load_best()
+  local e, st = self.engine, self.state
+  local best = st.best_model_checkpoint
+  if C.path_type(best) ~= "dir" then
+    error(fmt("load_best_model_at_end: the best checkpoint %s is gone (deleted by hand?)", best), 0)
+  end
+  dist.print0(fmt("[zrun] Loading best model from %s (score: %s).", best, tostring(st.best_metric)))
+  local keep = { e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps }
+  e:load_checkpoint(best)
+  e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps = keep[1], keep[2], keep[3], keep[4]
 end
 
 -- Writes output_dir/checkpoint-<step>: the engine checkpoint, the model (as save_model), then

@@ -15,7 +15,7 @@ M.DEFAULTS = {
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
-  metric_for_best_model = false, greater_is_better = false,
+  metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
   resume_from_checkpoint = false,
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
@@ -108,6 +108,17 @@ function M.resolve(user, quiet)
     bad("num_train_epochs must be a positive number, got %s", tostring(a.num_train_epochs))
   end
   if a.eval_strategy == "steps" and not a.eval_steps then a.eval_steps = a.logging_steps end -- HF's rule
+  if a.load_best_model_at_end then -- HF's checks and its default metric
+    if a.eval_strategy ~= a.save_strategy then
+      bad("load_best_model_at_end needs save_strategy and eval_strategy to match, got %s and %s",
+        config.show(a.save_strategy), config.show(a.eval_strategy))
+    end
+    if a.save_strategy == "steps" and a.eval_steps and a.save_steps % a.eval_steps ~= 0 then
+      bad("load_best_model_at_end needs save_steps to be a multiple of eval_steps, got %s and %s", tostring(a.save_steps),
+        tostring(a.eval_steps))
+    end
+    if not a.metric_for_best_model then a.metric_for_best_model = "loss" end
+  end
   if a.metric_for_best_model then
     local m = a.metric_for_best_model
     if type(m) ~= "string" then bad("metric_for_best_model must be a metric name like \"loss\", got %s", tostring(m)) end

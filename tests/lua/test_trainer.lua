@@ -41,7 +41,8 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { eval_strategy = "epochs" } end, 'eval_strategy must be "no", "steps" or "epoch"')
   T.raises(function() new { learning_rte = 1e-3 } end, "'learning_rte' is not supported by zrun's Trainer; did you mean 'learning_rate'?")
   T.raises(function() new { optim = "adafactor" } end, "'optim' is not supported by zrun's Trainer")
-  T.raises(function() new { load_best_model_at_end = true } end, "'load_best_model_at_end' is not supported")
+  T.raises(function() new { load_best_model_at_end = true } end,
+    'load_best_model_at_end needs save_strategy and eval_strategy to match, got "steps" and "no"')
   T.raises(function() new { evaluation_strategy = "steps" } end, "'evaluation_strategy' was renamed 'eval_strategy'")
   T.raises(function() new { eval_strategy = "steps" } end, 'eval_strategy = "steps" needs an eval_dataset')
   T.raises(function() new { lr_scheduler_type = "cosine_with_restarts" } end, "lr_scheduler_type must be one of constant, constant_with_warmup, cosine, linear")

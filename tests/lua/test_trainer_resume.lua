@@ -127,12 +127,17 @@ T.test("bad resume input: one line naming it, nothing overwritten", function()
   T.eq(#tckpt.list(tmp .. "/other"), 0, "no checkpoint written by the refused run")
 end)
 
-T.test("save_total_limit keeps the newest checkpoints (and the best one)", function()
+T.test("save_total_limit keeps the newest checkpoints and the best one; load_best_model_at_end loads it", function()
   local out = tmp .. "/rot"
-  local t = zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = blocks, eval_dataset = blocks:select(1, 4),
     args = args(out, 0, false, { max_steps = 9, save_steps = 2, save_total_limit = 2, eval_strategy = "steps",
-      eval_steps = 2, metric_for_best_model = "loss" }) }
+      eval_steps = 2, load_best_model_at_end = true }) }
   t:train()
+  -- load_best_model_at_end: the model holds checkpoint-8's weights, not step 9's
+  local best = zr.hf.load_state_dict(out .. "/checkpoint-8")
+  for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
+  T.eq(t.engine.global_steps, 9)
   local kept = {}
   for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
   -- eval loss falls, so the best is the newest evaluated one; the final save (step 9) is kept too
