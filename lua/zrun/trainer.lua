@@ -424,18 +424,15 @@ function Trainer:evaluate(ds, prefix)
   local sum, count = 0, 0
   zr.no_grad(function()
     for b = 1, per_rank, bs do
-      local batch_rows = {}
+      local batch_rows, padding = {}, {}
       for k = b, math.min(b + bs - 1, per_rank) do
         local i = (k - 1) * W + rank + 1
-        if i <= #rows then batch_rows[#batch_rows + 1] = rows[i]
-        else
-          local ignore = {}
-          for j = 1, #rows[1].input_ids do ignore[j] = -100 end
-          batch_rows[#batch_rows + 1] = { input_ids = rows[1].input_ids, labels = ignore }
-        end
+        batch_rows[#batch_rows + 1] = rows[i] or rows[1]
+        if not rows[i] then padding[#padding + 1] = #batch_rows end
       end
       local batch = self.collator(batch_rows)
       local ids, labels = batch.input_ids, batch.labels
+      for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end -- (whatever the collator)
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels)
