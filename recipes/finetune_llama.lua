@@ -21,6 +21,7 @@ local opt = {
   config = "configs/ds_config.json", -- DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)
   precision = false,                 -- bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose "enabled" is "auto")
   device = "auto",
+  dump_blocks = false,               -- FILE.safetensors: the token blocks and the order training reads them
 }
 -- ... and TrainingArguments. Anything on the command line overrides either.
 local args = {
@@ -51,7 +52,7 @@ while i <= #arg do
       local s = require("zrun.config").suggest(k, names)
       error(("unknown option '%s'%s: the recipe takes %s=..., or any TrainingArguments key the Trainer implements")
         :format(k, s and (" (did you mean '" .. s .. "'?)") or "", "model, tokenizer, data, train_split, block_size, " ..
-        "validation_split_percentage, precision, device"), 0)
+        "validation_split_percentage, precision, device, dump_blocks"), 0)
     end
     given[k] = true
   end
@@ -163,6 +164,23 @@ end
 
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
   processing_class = tok })
+if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the same blocks in the same order
+  local function blocks(ds)
+    local t = {}
+    for k, r in ipairs(ds.rows) do t[k] = r.input_ids end
+    return zr.tensor(t, { dtype = "i64" })
+  end
+  local order = trainer:data_order()
+  for k, v in ipairs(order) do order[k] = v - 1 end
+  if dist.rank() == 0 then
+    zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = blocks(train_dataset), eval_input_ids = blocks(eval_dataset),
+      train_order = zr.tensor(order, { dtype = "i64" }) }, { format = "pt", per_device_train_batch_size =
+      tostring(trainer.args.per_device_train_batch_size), gradient_accumulation_steps = tostring(trainer.args.gradient_accumulation_steps),
+      max_steps = tostring(trainer.total_steps) })
+  end
+  say("wrote %s: train_input_ids, eval_input_ids and train_order (0-based rows, micro-batches of %d, %d per step; " ..
+    "rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps)
+end
 -- (resume_from_checkpoint=true or =output_dir/checkpoint-<step> continues a run: no "before" then)
 local before = not args.resume_from_checkpoint and trainer:evaluate() or nil
 local res = trainer:train()

@@ -174,12 +174,10 @@ function Trainer:train(resume)
   self:setup()
   local a, e, st = self.args, self.engine, self.state
   if path then self:load_checkpoint(path) end
-  local W, rank = dist.world_size(), dist.rank()
+  local W = dist.world_size()
   local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
   local micro_per_epoch = self.steps_per_epoch * gas
   local rows = self.train_dataset.rows
-  local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W,
-    seed = a.data_seed or a.seed, drop_last = true })
   e:train()
   local t_start, t_log, tokens = C.now(), C.now(), 0
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
@@ -227,8 +225,7 @@ function Trainer:train(resume)
   end
 
   while e.global_steps < self.total_steps do
-    sampler:set_epoch(epoch)
-    local idx = sampler:indices()
+    local idx = self:epoch_order(epoch)
     for mb = skip, micro_per_epoch - 1 do
       local batch_rows = {}
       for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
@@ -266,6 +263,37 @@ function Trainer:train(resume)
   self:log(metrics)
   return { global_step = e.global_steps, train_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, train_runtime = runtime, metrics = metrics }
+end
+
+-- The training rows this rank reads in an epoch (1-based, in order): the shuffled, rank-sharded
+-- sampler's indices (seed data_seed or seed, plus the epoch), cut to the epoch's full steps.
+function Trainer:epoch_order(epoch)
+  self:setup()
+  local a = self.args
+  local sampler = datasets.DistributedSampler.new(#self.train_dataset.rows, { rank = dist.rank(),
+    world_size = dist.world_size(), seed = a.data_seed or a.seed, drop_last = true })
+  sampler:set_epoch(epoch)
+  local idx, n = sampler:indices(), self.steps_per_epoch * a.gradient_accumulation_steps * a.per_device_train_batch_size
+  for k = #idx, n + 1, -1 do idx[k] = nil end
+  return idx
+end
+
+-- Every training row this rank reads over the whole run, in order (per_device_train_batch_size
+-- rows per micro-batch, gradient_accumulation_steps micro-batches per step): to feed another
+-- trainer the same data in the same order.
+function Trainer:data_order()
+  self:setup()
+  local a, out = self.args, {}
+  local per_step = a.gradient_accumulation_steps * a.per_device_train_batch_size
+  local epoch = 0
+  while #out < self.total_steps * per_step do
+    for _, i in ipairs(self:epoch_order(epoch)) do
+      if #out == self.total_steps * per_step then break end
+      out[#out + 1] = i
+    end
+    epoch = epoch + 1
+  end
+  return out
 end
 
 -- Restores the engine (weights, optimizer, scheduler, RNG) and the trainer state from a

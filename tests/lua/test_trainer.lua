@@ -200,6 +200,25 @@ T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl 
   assert(st.log_history[#st.log_history].eval_loss, "the epoch's evaluation is in the state saved after it")
 end)
 
+T.test("data_order() is the order training reads the rows (accumulation, across epochs)", function()
+  local pos, seen = {}, {}
+  for i, r in ipairs(train_ds.rows) do pos[r] = i end
+  local inner = zr.datasets.causal_lm_collator()
+  local function recording(rows)
+    for _, r in ipairs(rows) do seen[#seen + 1] = pos[r] end
+    return inner(rows)
+  end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, data_collator = recording,
+    args = { output_dir = tmp .. "/order", per_device_train_batch_size = 5, gradient_accumulation_steps = 2,
+      max_steps = 9, save_strategy = "no", data_seed = 4 } }
+  local order = t:data_order()
+  t:train()
+  T.eq(t.steps_per_epoch, 6) -- 64 rows: 12 micro-batches of 5, the last 4 rows dropped
+  T.eq(#order, 90)
+  T.eq(table.concat(seen, ","), table.concat(order, ","))
+  assert(table.concat(order, ",", 1, 30) ~= table.concat(order, ",", 61, 90), "each epoch has its own order")
+end)
+
 T.test("save_model writes a Hugging Face directory that loads back to the same logits", function()
   local out = tmp .. "/hf"
   local m = model()
