@@ -166,7 +166,11 @@ T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkp
     for step, loss in s:gmatch("\nstep (%d+)/12 | loss ([%d.]+)") do l[tonumber(step)] = loss end
     return l, s
   end
-  local straight = run(tmp .. "/recipe_a", "save_strategy=no")
+  local straight = run(tmp .. "/recipe_a", "save_strategy=no dump_blocks=" .. tmp .. "/blocks.safetensors")
+  local f = zr._C.safetensors_open(tmp .. "/blocks.safetensors")
+  T.eq(table.concat(f:get("train_input_ids"):shape(), "x"), "30x64")
+  T.eq(f:get("train_order"):numel(), 12 * 4, "12 steps of one micro-batch of 4")
+  f:close()
   local first = run(tmp .. "/recipe_b", "save_steps=4 save_total_limit=2")
   local kept = {}
   for _, e in ipairs(tckpt.list(tmp .. "/recipe_b")) do kept[#kept + 1] = e.step end
