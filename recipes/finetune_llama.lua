@@ -133,27 +133,27 @@ say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d para
   #train_dataset.rows, #eval_dataset.rows, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
   model:num_parameters(), device)
 
-if fallback then -- CPU-sized settings for the tiny model (a command-line value or a --config value still wins)
-  local fixed = {}
-  if given.config then
-    local f = assert(io.open(opt.config, "rb"))
-    local c = require("cjson").decode(f:read("*a"))
-    f:close()
-    local o = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
-    fixed.learning_rate = type(o.lr) == "number"
-    fixed.gradient_accumulation_steps = type(c.gradient_accumulation_steps) == "number"
-  end
+if fallback then -- CPU-sized settings for the tiny model
   local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
     eval_steps = 20, warmup_ratio = 0.05 }
-  for k, v in pairs(small) do
-    if not given[k] then args[k] = not fixed[k] and v or nil end
-  end
+  for k, v in pairs(small) do if not given[k] then args[k] = v end end
   if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
     gradient_clipping = 1.0, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
     scheduler = { type = "WarmupDecayLR", params = { warmup_min_lr = 0, warmup_max_lr = "auto",
       warmup_num_steps = "auto", total_num_steps = "auto", warmup_type = "linear" } },
     zero_optimization = { stage = 2 } } end
+end
+-- A number the DeepSpeed file fixes itself (not "auto") wins over this script's default for it; a
+-- value given on the command line must agree with the file (the Trainer says so when not).
+if type(opt.config) == "string" then
+  local f = assert(io.open(opt.config, "rb"))
+  local c = require("cjson").decode(f:read("*a"))
+  f:close()
+  local op = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
+  local fixed = { learning_rate = op.lr, weight_decay = op.weight_decay, gradient_accumulation_steps =
+    c.gradient_accumulation_steps, per_device_train_batch_size = c.train_micro_batch_size_per_gpu }
+  for k, v in pairs(fixed) do if type(v) == "number" and not given[k] then args[k] = nil end end
 end
 args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json) ...
 if opt.precision then       -- ... or from precision= when the config says "auto"
