@@ -87,6 +87,17 @@ T.test("weight decay groups follow HF: no decay for biases and norm layers (by c
     n_norm = n_norm + 1
   end
   T.eq(n_norm, 2 * cfg.num_hidden_layers + 1)
+  -- GPT-2: HF's no-decay set is every bias and every LayerNorm weight; embeddings and Conv1D weights decay
+  local g2 = zr.models.gpt2.GPT2LMHeadModel({ vocab_size = 50, n_positions = 16, n_embd = 8, n_layer = 2, n_head = 2 })
+  local gn = {}
+  for n, p in g2:named_parameters() do gn[p] = n end
+  for _, p in ipairs(zr.Trainer.param_groups(g2, 0.1)[2].params) do
+    assert(gn[p]:match("bias$") or gn[p]:match("ln_[12f]%.weight$"), gn[p] .. " is not decayed")
+  end
+  for _, p in ipairs(zr.Trainer.param_groups(g2, 0.1)[1].params) do
+    assert(gn[p]:match("weight$") and not gn[p]:match("ln_"), gn[p] .. " is decayed")
+  end
+  T.eq(#zr.Trainer.param_groups(g2, 0.1)[2].params, 2 * (4 + 4) + 2, "4 Conv1D biases and 2 LayerNorms per block, ln_f")
   -- and the engine applies it so: one AdamW step with weight_decay 10 at lr 1e-3 shrinks a decayed
   -- weight by 1% but moves a norm weight (1.0) only by Adam's step (about lr)
   local m = model()
