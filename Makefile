@@ -16,8 +16,13 @@ VERSION  := 0.1.0
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 CFLAGS   ?= -O3 -march=x86-64-v3 -g
-CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -pthread -Iruntime -Ikernels -Ilua \
-            -I/usr/include/luajit-2.1 $(PREFIX_INC) -DZR_VERSION=\"$(VERSION)\" -DZR_GIT_REV=\"$(GIT_REV)\"
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -fopenmp -pthread \
+            $(PREFIX_INC) -DZR_VERSION=\"$(VERSION)\" -DZR_GIT_REV=\"$(GIT_REV)\"
+# Include paths follow the layers (dependencies point down): kernels/ sees only itself (its
+# includes are relative: "../base/dtype.h"); runtime/ names its rooms ("core/tensor.h") and the
+# kernels from the root ("kernels/cuda/norm.h"); only lua/ sees Lua and itself.
+RUNTIME_INC := -Iruntime -I.
+LUA_INC     := $(RUNTIME_INC) -Ilua -I/usr/include/luajit-2.1
 LDLIBS   := -lm -ldl -lpthread
 
 # --- feature detection (one line per feature) ---
@@ -53,17 +58,21 @@ ifneq ($(HAVE_MPI),)
   LDLIBS += $(MPI_LIBS)
 endif
 
-RUNTIME_SRC := $(wildcard runtime/*.c)
+# Sources: the runtime's rooms, the kernels' base, the CPU kernels (each compiled twice: f32 and
+# f64), the CUDA kernels, the Lua bindings.
+RUNTIME_SRC := $(wildcard runtime/*/*.c)
+KBASE_SRC   := $(wildcard kernels/base/*.c)
 KCPU_SRC    := $(wildcard kernels/cpu/*.c)
 LUA_SRC     := $(filter-out lua/main.c,$(wildcard lua/*.c))
-CUDA_SRC    := $(wildcard kernels/cuda/*.cu runtime/*.cu)
+CUDA_SRC    := $(wildcard kernels/cuda/*.cu)
 
-OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o) $(KCPU_SRC:%.c=$(BUILD)/%_f32.o) $(KCPU_SRC:%.c=$(BUILD)/%_f64.o)
+OBJ := $(RUNTIME_SRC:%.c=$(BUILD)/%.o) $(KBASE_SRC:%.c=$(BUILD)/%.o) \
+       $(KCPU_SRC:%.c=$(BUILD)/%_f32.o) $(KCPU_SRC:%.c=$(BUILD)/%_f64.o)
 
 ifneq ($(HAVE_NVCC),)
   CFLAGS += -DZR_HAVE_CUDA -I$(CUDA_HOME)/include
   NVFLAGS := -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-             -Iruntime -Ikernels -DZR_HAVE_CUDA --expt-relaxed-constexpr -Xcompiler -fPIC,-Wall
+             -DZR_HAVE_CUDA --expt-relaxed-constexpr -Xcompiler -fPIC,-Wall
   OBJ += $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
   LDLIBS += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static -lrt -lstdc++
   ifneq ($(HAVE_NCCL),)
@@ -90,20 +99,26 @@ features:
 	@echo "  cuda      $(or $(HAVE_NVCC),off)"
 	@echo "  nccl      $(or $(HAVE_NCCL),off)"
 
-$(BUILD)/%.o: %.c
+$(BUILD)/runtime/%.o: runtime/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -MP -c $< -o $@
+$(BUILD)/lua/%.o: lua/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUA_INC) -MMD -MP -c $< -o $@
+$(BUILD)/kernels/base/%.o: kernels/base/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -c $< -o $@
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -c $< -o $@
+	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
 # The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
 $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kernels/cpu/offload_f32.o $(BUILD)/kernels/cpu/offload_f64.o: CFLAGS += -fno-math-errno
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
 $(BUILD)/kernels/cuda/attention_fwd_sm90.cu.o $(BUILD)/kernels/cuda/attention_bwd_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
@@ -120,13 +135,13 @@ TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
 deps:
@@ -155,11 +170,11 @@ bench: deps
 FUSED_TEST := $(BUILD)/tests/test_fused_kernels
 $(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+	$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 # The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
 $(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+	$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 test-cuda: all $(FUSED_TEST)
 	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 

@@ -8,7 +8,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 
-#include "tensor.h"
+#include "core/tensor.h"
 
 #define ZR_TENSOR_MT "zr.Tensor"
 
@@ -47,9 +47,7 @@ void zr_bind_nn_ops(lua_State *L);
 void zr_bind_layer_ops(lua_State *L);
 void zr_bind_tokenizer(lua_State *L);
 void zr_bind_io(lua_State *L);
-void zr_bind_dist(lua_State *L);
 void zr_bind_cuda(lua_State *L);
-void zr_bind_engine(lua_State *L);
 void zr_bind_optim(lua_State *L);
 void zr_bind_repl(lua_State *L);
 void zr_bind_system(lua_State *L);

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd.h"
 #include "bind.h"
-#include "random.h"
+#include "core/autograd.h"
+#include "core/random.h"
 
 typedef struct {
     lua_State *L;

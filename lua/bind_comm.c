@@ -1,8 +1,8 @@
-/* Lua bindings for collectives (runtime/comm.h): zr.dist.* wraps these. */
+/* Lua bindings for collectives (runtime/zero/comm.h): zr.dist.* wraps these. */
 #include <string.h>
 
 #include "bind.h"
-#include "comm.h"
+#include "zero/comm.h"
 
 static zr_reduce_op check_op(lua_State *L, int idx) {
     const char *s = luaL_optstring(L, idx, "sum");

@@ -3,7 +3,7 @@
  * memory_summary([n]). Device numbers are CUDA ordinals (0-based, as in "cuda:0"). Present in
  * every build; without CUDA it reports no device. */
 #include "bind.h"
-#include "cuda_device.h"
+#include "cuda/device.h"
 
 static int l_is_available(lua_State *L) {
     lua_pushboolean(L, zr_cuda_is_available());

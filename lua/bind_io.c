@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "bind.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 #define ST_FILE_MT "zr.SafetensorsFile"
 

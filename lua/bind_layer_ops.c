@@ -1,15 +1,17 @@
-/* Lua bindings for the transformer layer ops: norms, RoPE, SwiGLU, causal attention, dropout,
- * cat/split, where/masked_fill and comparisons (runtime/ops_norm.h, ops_rope.h, ops_swiglu.h,
- * ops_attention.h, ops_misc.h). */
+/* Lua bindings for the transformer layer ops, one banner per op family: norm, rope, swiglu,
+ * attention, dropout, and cat/split (runtime/ops/view.h). Comparisons and where are bind_ops.c. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bind.h"
-#include "ops_attention.h"
-#include "ops_misc.h"
-#include "ops_norm.h"
-#include "ops_rope.h"
-#include "ops_swiglu.h"
+#include "ops/attention.h"
+#include "ops/dropout.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+#include "ops/view.h"
+
+/* ===== norm (runtime/ops/norm.h) ===== */
 
 /* rms_norm(x [, weight [, eps=1e-6]]) */
 static int l_rms_norm(lua_State *L) {
@@ -23,15 +25,12 @@ static int l_layer_norm(lua_State *L) {
     zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     return zr_l_pushtensor(L, zr_layernorm(x, w, b, luaL_optnumber(L, 4, 1e-5)));
 }
+
+/* ===== rope (runtime/ops/rope.h) ===== */
+
 /* rope(x, cos, sin) */
 static int l_rope(lua_State *L) {
     return zr_l_pushtensor(L, zr_rope(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_checktensor(L, 3)));
-}
-/* swiglu(gate, up) = silu(gate) * up, fused; swiglu(gu): gate and up packed in gu's last dim */
-static int l_swiglu(lua_State *L) {
-    zr_tensor *a = zr_l_checktensor(L, 1);
-    if (lua_isnoneornil(L, 2)) return zr_l_pushtensor(L, zr_swiglu_packed(a));
-    return zr_l_pushtensor(L, zr_swiglu(a, zr_l_checktensor(L, 2)));
 }
 
 static double field_number(lua_State *L, int idx, const char *key, const char *alt, double def, int required) {
@@ -104,6 +103,17 @@ static int l_rope_tables(lua_State *L) {
     return 2;
 }
 
+/* ===== swiglu (runtime/ops/swiglu.h) ===== */
+
+/* swiglu(gate, up) = silu(gate) * up, fused; swiglu(gu): gate and up packed in gu's last dim */
+static int l_swiglu(lua_State *L) {
+    zr_tensor *a = zr_l_checktensor(L, 1);
+    if (lua_isnoneornil(L, 2)) return zr_l_pushtensor(L, zr_swiglu_packed(a));
+    return zr_l_pushtensor(L, zr_swiglu(a, zr_l_checktensor(L, 2)));
+}
+
+/* ===== attention (runtime/ops/attention.h) ===== */
+
 /* scaled_dot_product_attention(q, k, v [, scale | {scale=, is_causal=true}]); causal only. */
 static int l_sdpa(lua_State *L) {
     zr_tensor *q = zr_l_checktensor(L, 1), *k = zr_l_checktensor(L, 2), *v = zr_l_checktensor(L, 3);
@@ -121,12 +131,16 @@ static int l_sdpa(lua_State *L) {
     return zr_l_pushtensor(L, zr_sdpa_causal(q, k, v, scale));
 }
 
+/* ===== dropout (runtime/ops/dropout.h) ===== */
+
 /* dropout(x [, p=0.5 [, training=true]]) */
 static int l_dropout(lua_State *L) {
     zr_tensor *x = zr_l_checktensor(L, 1);
     int training = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
     return zr_l_pushtensor(L, zr_dropout(x, luaL_optnumber(L, 2, 0.5), training));
 }
+
+/* ===== cat / split (runtime/ops/view.h) ===== */
 
 /* cat({t1, t2, ...} [, dim=1]) */
 static int l_cat(lua_State *L) {
@@ -177,54 +191,13 @@ static int l_split(lua_State *L) {
     return 1;
 }
 
-/* The tensor at idx, or a new 0-dim tensor of `like`'s dtype/device holding the number there. */
-static zr_tensor *tensor_or_scalar(lua_State *L, int idx, zr_tensor *like, int *owned) {
-    zr_tensor *t = zr_l_totensor(L, idx);
-    *owned = 0;
-    if (t) return t;
-    double v = luaL_checknumber(L, idx);
-    *owned = 1;
-    return zr_tensor_scalar(v, like->dtype, like->storage->device);
-}
-
-/* where(cond, a, b): a or b may be a number */
-static int l_where(lua_State *L) {
-    zr_tensor *cond = zr_l_checktensor(L, 1), *a = zr_l_totensor(L, 2), *b = zr_l_totensor(L, 3);
-    if (!a && !b) luaL_error(L, "where: a or b must be a tensor");
-    int oa, ob;
-    zr_tensor *ta = tensor_or_scalar(L, 2, b ? b : a, &oa);
-    zr_tensor *tb = ta ? tensor_or_scalar(L, 3, a ? a : b, &ob) : NULL;
-    zr_tensor *r = ta && tb ? zr_where(cond, ta, tb) : NULL;
-    if (oa) zr_tensor_release(ta);
-    if (tb && ob) zr_tensor_release(tb);
-    return zr_l_pushtensor(L, r);
-}
-
-/* masked_fill(x, mask, value) */
-static int l_masked_fill(lua_State *L) {
-    return zr_l_pushtensor(L, zr_masked_fill(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), luaL_checknumber(L, 3)));
-}
-
-static int compare(lua_State *L, int op) {
-    zr_tensor *a = zr_l_checktensor(L, 1), *b = zr_l_totensor(L, 2);
-    if (b) return zr_l_pushtensor(L, zr_compare(op, a, b));
-    return zr_l_pushtensor(L, zr_compare_scalar(op, a, luaL_checknumber(L, 2)));
-}
-static int l_eq(lua_State *L) { return compare(L, ZR_CMP_EQ); }
-static int l_ne(lua_State *L) { return compare(L, ZR_CMP_NE); }
-static int l_lt(lua_State *L) { return compare(L, ZR_CMP_LT); }
-static int l_le(lua_State *L) { return compare(L, ZR_CMP_LE); }
-static int l_gt(lua_State *L) { return compare(L, ZR_CMP_GT); }
-static int l_ge(lua_State *L) { return compare(L, ZR_CMP_GE); }
-static int l_logical_not(lua_State *L) { return zr_l_pushtensor(L, zr_logical_not(zr_l_checktensor(L, 1))); }
+/* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
     {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
-    {"masked_fill", l_masked_fill}, {"eq", l_eq}, {"ne", l_ne}, {"lt", l_lt}, {"le", l_le},
-    {"gt", l_gt}, {"ge", l_ge}, {"logical_not", l_logical_not}, {NULL, NULL}};
-static const luaL_Reg functions[] = {
-    {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"where", l_where}, {NULL, NULL}};
+    {NULL, NULL}};
+static const luaL_Reg functions[] = {{"rope_tables", l_rope_tables}, {"cat", l_cat}, {NULL, NULL}};
 
 void zr_bind_layer_ops(lua_State *L) {
     zr_l_register_methods(L, methods);

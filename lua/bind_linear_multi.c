@@ -1,9 +1,9 @@
-/* Lua bindings for the fused projections (runtime/ops_linear_multi.h):
+/* Lua bindings for the fused projections (runtime/ops/linear_multi.h):
  *   zr.linear_multi(x, {w1, ..., wn} [, {b1, ..., bn}]) -> y (..., Σ out_i)
  *   zr.linear_multi_runs({w1, ..., wn}) -> GEMMs per direction (1 when the weights are adjacent)
  * (zr.split, whose backward fills one gradient buffer, is bound in bind_layer_ops.c). */
 #include "bind.h"
-#include "ops_linear_multi.h"
+#include "ops/linear_multi.h"
 
 /* The tensors of the array at idx (1 to ZR_LINEAR_MULTI_MAX of them) into ts; returns the count. */
 static int check_array(lua_State *L, int idx, const char *what, zr_tensor **ts) {

@@ -1,13 +1,16 @@
-/* Lua bindings for matmul, linear, softmax, cross-entropy and embedding (runtime/ops_matmul.h,
- * ops_softmax.h, ops_loss.h, ops_embedding.h). Each is both zr.name(...) and a tensor method.
- * Dims are 1-based here; class targets and embedding ids are 0-based data (like token ids). */
+/* Lua bindings for matmul/linear, softmax, cross-entropy and embedding, one banner per op family
+ * (runtime/ops/matmul.h, softmax.h, cross_entropy.h, embedding.h). Each is both zr.name(...) and
+ * a tensor method. Dims are 1-based here; class targets and embedding ids are 0-based data
+ * (like token ids). */
 #include <string.h>
 
 #include "bind.h"
-#include "ops_embedding.h"
-#include "ops_loss.h"
-#include "ops_matmul.h"
-#include "ops_softmax.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/matmul.h"
+#include "ops/softmax.h"
+
+/* ===== matmul: matmul, bmm, linear (runtime/ops/matmul.h) ===== */
 
 static int l_matmul(lua_State *L) {
     return zr_l_pushtensor(L, zr_matmul(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
@@ -20,6 +23,9 @@ static int l_linear(lua_State *L) {
     zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     return zr_l_pushtensor(L, zr_linear(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
 }
+
+/* ===== softmax: softmax, log_softmax (runtime/ops/softmax.h) ===== */
+
 /* softmax(x [, dim = -1]) */
 static int l_softmax(lua_State *L) {
     return zr_l_pushtensor(L, zr_softmax(zr_l_checktensor(L, 1), zr_l_optdim(L, 2, -1)));
@@ -27,6 +33,8 @@ static int l_softmax(lua_State *L) {
 static int l_log_softmax(lua_State *L) {
     return zr_l_pushtensor(L, zr_log_softmax(zr_l_checktensor(L, 1), zr_l_optdim(L, 2, -1)));
 }
+
+/* ===== cross_entropy (runtime/ops/cross_entropy.h) ===== */
 
 static int parse_reduction(lua_State *L, const char *s) {
     int r = zr_loss_reduction_parse(s);
@@ -56,6 +64,8 @@ static int l_cross_entropy(lua_State *L) {
     return zr_l_pushtensor(L, zr_cross_entropy(logits, targets, (int64_t)ignore, (zr_loss_reduction)red, eps));
 }
 
+/* ===== embedding (runtime/ops/embedding.h) ===== */
+
 /* embedding(weight, ids); also accepts (ids, weight) in torch's F.embedding order. */
 static int l_embedding(lua_State *L) {
     zr_tensor *w = zr_l_checktensor(L, 1), *ids = zr_l_checktensor(L, 2);
@@ -66,6 +76,8 @@ static int l_embedding(lua_State *L) {
     }
     return zr_l_pushtensor(L, zr_embedding(w, ids));
 }
+
+/* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
     {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"softmax", l_softmax},

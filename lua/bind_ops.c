@@ -1,9 +1,13 @@
-/* Lua bindings for elementwise ops and reductions (runtime/ops_elementwise.h, ops_reduce.h). */
+/* Lua bindings for elementwise ops, reductions, and comparisons with where/masked_fill, one
+ * banner per op family (runtime/ops/elementwise.h, reduce.h, compare.h). */
 #include <string.h>
 
 #include "bind.h"
-#include "ops_elementwise.h"
-#include "ops_reduce.h"
+#include "ops/compare.h"
+#include "ops/elementwise.h"
+#include "ops/reduce.h"
+
+/* ===== elementwise (runtime/ops/elementwise.h) ===== */
 
 #define UNARY(fname, op)                                                                           \
     static int l_##fname(lua_State *L) {                                                           \
@@ -94,6 +98,8 @@ static int l_mul_(lua_State *L) {
     return 1;
 }
 
+/* ===== reduce (runtime/ops/reduce.h) ===== */
+
 /* Reduction dims: nil (all), a number, or a table of numbers (1-based). */
 static int read_dims(lua_State *L, int idx, int *dims) {
     if (lua_isnoneornil(L, idx)) return 0;
@@ -144,12 +150,62 @@ static int l_max(lua_State *L) {
     return 1 + zr_l_pushtensor(L, idx1);
 }
 
+/* ===== compare: comparisons, where, masked_fill (runtime/ops/compare.h) ===== */
+
+/* The tensor at idx, or a new 0-dim tensor of `like`'s dtype/device holding the number there. */
+static zr_tensor *tensor_or_scalar(lua_State *L, int idx, zr_tensor *like, int *owned) {
+    zr_tensor *t = zr_l_totensor(L, idx);
+    *owned = 0;
+    if (t) return t;
+    double v = luaL_checknumber(L, idx);
+    *owned = 1;
+    return zr_tensor_scalar(v, like->dtype, like->storage->device);
+}
+
+/* where(cond, a, b): a or b may be a number */
+static int l_where(lua_State *L) {
+    zr_tensor *cond = zr_l_checktensor(L, 1), *a = zr_l_totensor(L, 2), *b = zr_l_totensor(L, 3);
+    if (!a && !b) luaL_error(L, "where: a or b must be a tensor");
+    int oa, ob;
+    zr_tensor *ta = tensor_or_scalar(L, 2, b ? b : a, &oa);
+    zr_tensor *tb = ta ? tensor_or_scalar(L, 3, a ? a : b, &ob) : NULL;
+    zr_tensor *r = ta && tb ? zr_where(cond, ta, tb) : NULL;
+    if (oa) zr_tensor_release(ta);
+    if (tb && ob) zr_tensor_release(tb);
+    return zr_l_pushtensor(L, r);
+}
+
+/* masked_fill(x, mask, value) */
+static int l_masked_fill(lua_State *L) {
+    return zr_l_pushtensor(L, zr_masked_fill(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), luaL_checknumber(L, 3)));
+}
+
+static int compare(lua_State *L, int op) {
+    zr_tensor *a = zr_l_checktensor(L, 1), *b = zr_l_totensor(L, 2);
+    if (b) return zr_l_pushtensor(L, zr_compare(op, a, b));
+    return zr_l_pushtensor(L, zr_compare_scalar(op, a, luaL_checknumber(L, 2)));
+}
+static int l_eq(lua_State *L) { return compare(L, ZR_CMP_EQ); }
+static int l_ne(lua_State *L) { return compare(L, ZR_CMP_NE); }
+static int l_lt(lua_State *L) { return compare(L, ZR_CMP_LT); }
+static int l_le(lua_State *L) { return compare(L, ZR_CMP_LE); }
+static int l_gt(lua_State *L) { return compare(L, ZR_CMP_GT); }
+static int l_ge(lua_State *L) { return compare(L, ZR_CMP_GE); }
+static int l_logical_not(lua_State *L) { return zr_l_pushtensor(L, zr_logical_not(zr_l_checktensor(L, 1))); }
+
+/* ===== registration ===== */
+
 static const luaL_Reg methods[] = {
     {"neg", l_neg}, {"exp", l_exp}, {"log", l_log}, {"sqrt", l_sqrt}, {"rsqrt", l_rsqrt},
     {"relu", l_relu}, {"silu", l_silu}, {"sigmoid", l_sigmoid}, {"tanh", l_tanh}, {"abs", l_abs},
     {"square", l_square}, {"reciprocal", l_reciprocal}, {"gelu", l_gelu}, {"pow", l_pow},
     {"add", l_add}, {"sub", l_sub}, {"mul", l_mul}, {"div", l_div}, {"affine", l_affine},
     {"add_", l_add_}, {"mul_", l_mul_}, {"sum", l_sum}, {"mean", l_mean}, {"max", l_max},
-    {NULL, NULL}};
+    {"masked_fill", l_masked_fill}, {"eq", l_eq}, {"ne", l_ne}, {"lt", l_lt}, {"le", l_le},
+    {"gt", l_gt}, {"ge", l_ge}, {"logical_not", l_logical_not}, {NULL, NULL}};
+static const luaL_Reg functions[] = {{"where", l_where}, {NULL, NULL}};
 
-void zr_bind_ops(lua_State *L) { zr_l_register_methods(L, methods); }
+void zr_bind_ops(lua_State *L) {
+    zr_l_register_methods(L, methods);
+    zr_l_register_functions(L, functions);
+}

@@ -1,8 +1,8 @@
-/* Lua bindings for the optimizer steps (runtime/optim.h): zr._C.adamw_step and zr._C.sgd_step,
+/* Lua bindings for the optimizer steps (runtime/ops/optim.h): zr._C.adamw_step and zr._C.sgd_step,
  * used by the Lua optimizers in lua/zrun/optim/. Hyperparameters come in an options table. */
 
 #include "bind.h"
-#include "optim.h"
+#include "ops/optim.h"
 
 /* Number field k of the table at idx, or def when absent; def < -1e300 means required. */
 static double num_field(lua_State *L, int idx, const char *k, double def) {

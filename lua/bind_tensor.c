@@ -4,10 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd.h"
 #include "bind.h"
-#include "ops_view.h"
-#include "random.h"
+#include "core/autograd.h"
+#include "core/random.h"
+#include "cuda/device.h" /* zr_device_parse */
+#include "ops/view.h"
 
 static int ref_C = LUA_NOREF, ref_methods = LUA_NOREF;
 
@@ -765,9 +766,7 @@ extern void zr_bind_nn_ops(lua_State *L) __attribute__((weak));
 extern void zr_bind_layer_ops(lua_State *L) __attribute__((weak));
 extern void zr_bind_tokenizer(lua_State *L) __attribute__((weak));
 extern void zr_bind_io(lua_State *L) __attribute__((weak));
-extern void zr_bind_dist(lua_State *L) __attribute__((weak));
 extern void zr_bind_cuda(lua_State *L) __attribute__((weak));
-extern void zr_bind_engine(lua_State *L) __attribute__((weak));
 extern void zr_bind_optim(lua_State *L) __attribute__((weak));
 extern void zr_bind_repl(lua_State *L) __attribute__((weak));
 extern void zr_bind_system(lua_State *L) __attribute__((weak));
@@ -799,9 +798,7 @@ int luaopen_zrun_C(lua_State *L) {
     CALL_FAMILY(zr_bind_layer_ops);
     CALL_FAMILY(zr_bind_tokenizer);
     CALL_FAMILY(zr_bind_io);
-    CALL_FAMILY(zr_bind_dist);
     CALL_FAMILY(zr_bind_cuda);
-    CALL_FAMILY(zr_bind_engine);
     CALL_FAMILY(zr_bind_optim);
     CALL_FAMILY(zr_bind_repl);
     CALL_FAMILY(zr_bind_system);

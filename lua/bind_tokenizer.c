@@ -1,10 +1,10 @@
-/* Lua bindings for the tokenizer (runtime/tokenizer.h): a Tokenizer userdata class. Ids are
- * plain Lua arrays of integers (the datasets layer turns batches into tensors). */
+/* Lua bindings for the tokenizer (runtime/tokenizer/tokenizer.h): a Tokenizer userdata class.
+ * Ids are plain Lua arrays of integers (the datasets layer turns batches into tensors). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bind.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #define TOK_MT "zr.Tokenizer"
 

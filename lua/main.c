@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "bind.h"
-#include "comm.h"
+#include "zero/comm.h"
 
 int luaopen_cjson(lua_State *L);
 

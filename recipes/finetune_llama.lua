@@ -66,7 +66,7 @@ local home = ZRUN_HOME or "."
 if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
 if not exists(opt.config) then error("DeepSpeed config " .. opt.config .. " not found (pass --config FILE)", 0) end
 local device = opt.device
-if device == "auto" then device = (zr._C.cuda and zr._C.cuda.device_count() > 0) and "cuda" or "cpu" end
+if device == "auto" then device = zr.cuda.device_count() > 0 and "cuda" or "cpu" end
 local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...)) end
 
 -- Model and tokenizer. Only when no model was named and the default is not on disk: the built-in

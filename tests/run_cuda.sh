@@ -1,16 +1,20 @@
 #!/bin/sh
-# GPU test suite (run on a machine with an NVIDIA GPU): the fused-kernel tests and every zrun op
-# on CUDA against its CPU twin, and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence test
-# (it needs a zrun built with MPI). Ends with "N passed, N failed".
+# GPU test suite (run on a machine with an NVIDIA GPU, from the repo root): the fused-kernel
+# tests, every zrun op on CUDA against its CPU twin (tests/ops/test_*_cuda.lua), the backend beyond
+# single ops (tests/cuda/test_cuda.lua), and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence
+# test (it needs a zrun built with MPI). Ends with "N passed, N failed".
 fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0
-for cmd in "$fused" "$zrun tests/cuda/test_cuda.lua" "env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh"; do
-  $cmd >"$out" 2>&1; rc=$?
+run_one() { # command...
+  "$@" >"$out" 2>&1; rc=$?
   cat "$out"
   p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out")
-  [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL $cmd: exited with status $rc"; f=1; }
+  [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { echo "FAIL $*: exited with status $rc"; f=1; }
   pass=$((pass + p)); fail=$((fail + f))
-done
+}
+run_one $fused
+for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
+run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

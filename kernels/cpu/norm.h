@@ -15,5 +15,5 @@ void K(layernorm_forward_cpu)(real *y, real *mean, real *rstd, const real *x, co
 void K(layernorm_backward_cpu)(real *dx, real *dw, real *db, const real *dy, const real *x,
                                const real *w, const real *mean, const real *rstd, int64_t N,
                                int64_t D);
-/* y[r,j] *= w[j] (applies a weight after a separate rounding step, see ops_norm.c). */
+/* y[r,j] *= w[j] (applies a weight after a separate rounding step, see ops/norm.c). */
 void K(scale_cols_cpu)(real *y, const real *w, int64_t N, int64_t D);

@@ -78,6 +78,11 @@ double offload_sumsq_cpu(const float *x, int64_t n) {
         p[i] = pi;                                                                                 \
         STORE;                                                                                     \
     }
+/* The per-step scalars of one call, rounded to f32 from double. */
+typedef struct {
+    float grad_scale, decay, omb1, beta2, omb2, eps, step_size, bc2_sqrt;
+} offload_adamw_args;
+
 #define ADAMW_SCALARS                                                                              \
     const float gs = a->grad_scale, dec = a->decay, omb1 = a->omb1, b2 = a->beta2;                  \
     const float omb2 = a->omb2, ep = a->eps, ss = a->step_size, bc2 = a->bc2_sqrt
@@ -121,8 +126,13 @@ static void adamw_chunk_any(float *p, float *m, float *v, const float *g, int64_
         }
 }
 
-void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const offload_adamw_args *a,
-                       void *out, zr_dtype out_dt) {
+void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const zr_adamw_config *c,
+                       int64_t step, double grad_scale, void *out, zr_dtype out_dt) {
+    double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
+    offload_adamw_args args = {(float)grad_scale, (float)(1 - c->lr * c->weight_decay), (float)(1 - c->beta1),
+                               (float)c->beta2, (float)(1 - c->beta2), (float)c->eps, (float)(c->lr / bc1),
+                               (float)sqrt(bc2)};
+    const offload_adamw_args *a = &args;
     size_t es = out_dt == ZR_F32 ? 4 : 2;
 #pragma omp parallel if (n > PAR_N)
     {

@@ -8,24 +8,19 @@
 
 #include <stdint.h>
 
-#include "../../runtime/dtype.h"
-
-/* Per-step scalars of one AdamW segment (runtime/zero_offload.c computes them):
- *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
- *   p = p * decay - step_size * m / (sqrt(v)/bc2_sqrt + eps)
- * decay = 1 - lr*wd, step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t); omb1 = 1 - b1 and
- * omb2 = 1 - b2 rounded from double, as kernels/cpu/optim.c does. */
-typedef struct {
-    float grad_scale, decay, omb1, beta2, omb2, eps, step_size, bc2_sqrt;
-} offload_adamw_args;
+#include "../base/adamw.h"
+#include "../base/dtype.h"
 
 /* sum of x[i]^2 over n floats, accumulated in double (per thread, then added in thread order). */
 double offload_sumsq_cpu(const float *x, int64_t n);
 
-/* AdamW over n elements: p, m, v, g f32 (n), updated in place (g is only read). When out is not
- * NULL it receives the new weights as out_dt (ZR_F32, ZR_BF16 or ZR_F16; n elements). */
-void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const offload_adamw_args *a,
-                       void *out, zr_dtype out_dt);
+/* AdamW step t (from 1) over n elements: p, m, v, g f32 (n), updated in place (g is only read):
+ *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
+ *   p = p * (1 - lr*wd) - lr / (1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
+ * with the scalars computed in double and rounded to f32 once, as kernels/cpu/optim.c does. When
+ * out is not NULL it receives the new weights as out_dt (ZR_F32, ZR_BF16 or ZR_F16; n elements). */
+void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const zr_adamw_config *c,
+                       int64_t step, double grad_scale, void *out, zr_dtype out_dt);
 
 /* dst (n, f32) += src (n, src_dt: ZR_F32, ZR_BF16 or ZR_F16), or dst = src when overwrite. */
 void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite);

@@ -4,7 +4,7 @@
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
-#include "../../runtime/dtype.h" /* zr_bf16_to_f32 */
+#include "../base/dtype.h" /* zr_bf16_to_f32 */
 
 #define PAR_N 65536 /* below this, threads cost more than they save */
 
@@ -21,10 +21,10 @@
     }
 
 void K(adamw_step_cpu)(real *p, const void *g, int g_kind, real *m, real *v, int64_t n,
-                       double decay, double beta1, double beta2, double eps, double step_size,
-                       double bc2_sqrt) {
-    const real dec = (real)decay, omb1 = (real)(1 - beta1), b2 = (real)beta2, omb2 = (real)(1 - beta2);
-    const real ep = (real)eps, ss = (real)step_size, bc2 = (real)bc2_sqrt;
+                       const zr_adamw_config *c, int64_t step) {
+    const double bc1 = 1 - pow(c->beta1, (double)step), bc2_sqrt = sqrt(1 - pow(c->beta2, (double)step));
+    const real dec = (real)(1 - c->lr * c->weight_decay), omb1 = (real)(1 - c->beta1), b2 = (real)c->beta2;
+    const real omb2 = (real)(1 - c->beta2), ep = (real)c->eps, ss = (real)(c->lr / bc1), bc2 = (real)bc2_sqrt;
     if (g_kind == ZR_OPTIM_GRAD_BF16) {
         const uint16_t *gb = g;
         ADAMW_LOOP((real)zr_bf16_to_f32(gb[i]))

@@ -1,6 +1,5 @@
-/* CPU reference for softmax / log_softmax along any dim, and the fused cross-entropy forward and
- * backward (logsumexp per row; softmax - onehot recomputed in backward). fp32 or fp64 per
- * real.h; OpenMP over rows. */
+/* CPU reference for softmax / log_softmax along any dim (cross-entropy, which fuses its own
+ * logsumexp, is cross_entropy.c). fp32 or fp64 per real.h; OpenMP over rows. */
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
@@ -53,46 +52,5 @@ void K(softmax_backward_cpu)(real *gx, const real *gy, const real *y, int64_t ou
     for (int64_t q = 0; q < rows; q++) {
         int64_t base = (q / inner) * r * inner + q % inner;
         row_backward(gx + base, gy + base, y + base, r, inner, is_log);
-    }
-}
-
-void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const int64_t *tgt,
-                                  int64_t n, int64_t c, int64_t ignore_index, double eps) {
-    real re = (real)eps;
-#pragma omp parallel for schedule(static) if (n * c > 32768)
-    for (int64_t i = 0; i < n; i++) {
-        const real *xi = x + i * c;
-        real mx = -REAL_MAX, sum = 0, tot = 0;
-        for (int64_t j = 0; j < c; j++)
-            if (xi[j] > mx) mx = xi[j];
-        if (mx == -REAL_MAX) mx = 0;
-        for (int64_t j = 0; j < c; j++) sum += R_EXP(xi[j] - mx);
-        real l = mx + R_LOG(sum);
-        lse[i] = l;
-        if (tgt[i] == ignore_index) {
-            loss[i] = 0;
-            continue;
-        }
-        if (re != 0)
-            for (int64_t j = 0; j < c; j++) tot += xi[j];
-        loss[i] = l - ((real)1 - re) * xi[tgt[i]] - re / (real)c * tot;
-    }
-}
-
-void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt,
-                                   const real *g, double scale, int64_t n, int64_t c,
-                                   int64_t ignore_index, double eps) {
-    real off = (real)(eps / (double)c), on = (real)(1 - eps);
-#pragma omp parallel for schedule(static) if (n * c > 32768)
-    for (int64_t i = 0; i < n; i++) {
-        real *gi = gx + i * c;
-        const real *xi = x + i * c;
-        if (tgt[i] == ignore_index) {
-            for (int64_t j = 0; j < c; j++) gi[j] = 0;
-            continue;
-        }
-        real s = (real)scale * (g ? g[i] : (real)1), l = lse[i];
-        for (int64_t j = 0; j < c; j++) gi[j] = s * (R_EXP(xi[j] - l) - off);
-        gi[tgt[i]] -= s * on;
     }
 }

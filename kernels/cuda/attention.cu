@@ -1,8 +1,9 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
- * with Dh 64 the wgmma kernels of attention_sm90.cu run instead; these are the fallback. Not
- * here: dropout, non-causal masks, Dh other than 64/128. See attention.h for the contract. */
+ * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu run instead;
+ * these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128. See
+ * attention.h for the contract. */
 #include "attention.h"
 #include "attention_sm90.h"
 
@@ -11,7 +12,7 @@
 #include <math.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
 #define ATT_BLK 64 /* queries and keys per tile */

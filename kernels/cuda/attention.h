@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* Element (b, h, t, d) of an operand at b*sb + h*sh + t*st + d (elements). */
 typedef struct {

@@ -1,4 +1,4 @@
-/* Device helpers for the Hopper attention kernels (attention_sm90.cu): wgmma m64nNk16 with f32
+/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd}_sm90.cu): wgmma m64nNk16 with f32
  * accumulators (A from registers or shared memory, B from shared memory), shared-memory matrix
  * descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and ldmatrix, mbarriers,
  * TMA loads and warpgroup register reallocation.

@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h"
+#include "../base/dtype.h"
 
 /* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device. */
 int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt);

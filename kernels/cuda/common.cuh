@@ -10,8 +10,8 @@
 #include <stdint.h>
 
 extern "C" {
-#include "dtype.h"
-#include "error.h"
+#include "../base/dtype.h"
+#include "../base/error.h"
 }
 
 namespace zrk {

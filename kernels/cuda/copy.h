@@ -1,5 +1,5 @@
 /* Device-side strided copy with cast between any two dtypes, and fill, for CUDA tensors on one
- * device (cross-device and host transfers are cudaMemcpy in runtime/cuda_hooks.c).
+ * device (cross-device and host transfers are cudaMemcpy in runtime/cuda/hooks.c).
  * Pointers are element 0 of each tensor (offset applied); strides count elements and may be 0
  * (broadcast source). Casts round like the CPU path (tensor_copy.c): through double, then to f32
  * and round-to-nearest-even for bf16/f16; float -> int truncates. Every call returns 0, or -1 with
@@ -10,7 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "../base/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -7,7 +7,7 @@
 #include <math.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
 #include "fused_common.cuh"

@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* loss (N) and lse (N) f32 per row. When loss_mean is non-NULL it receives the mean loss over
  * non-ignored rows (NaN when there are none, like PyTorch), and n_valid (nullable) their count,

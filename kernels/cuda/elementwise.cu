@@ -5,7 +5,7 @@
 #include "elementwise.h"
 
 extern "C" {
-#include "cpu/kernels.h" /* ZR_UN_* and ZR_BIN_* op codes */
+#include "../cpu/kernels.h" /* ZR_UN_* and ZR_BIN_* op codes */
 }
 
 using namespace zrk;
@@ -67,7 +67,7 @@ template <typename A> __device__ __forceinline__ A un_f(int op, A x, A p) {
     }
 }
 
-// v is x, or y = f(x) for the ops that differentiate from the output (see ops_elementwise.c).
+// v is x, or y = f(x) for the ops that differentiate from the output (see ops/elementwise.c).
 template <typename A> __device__ __forceinline__ A un_b(int op, A gy, A v, A p) {
     switch (op) {
     case ZR_UN_NEG: return -gy;

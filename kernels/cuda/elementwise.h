@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "../base/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,7 +16,7 @@
 #include <cuda_fp16.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
 #include "fused_common.cuh"

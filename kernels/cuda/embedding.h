@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* out (N, D) = weight[ids] */
 int embedding_forward_cuda(void *out, const void *weight, const int64_t *ids, int64_t N,

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
 template <typename T> static __device__ __forceinline__ float tof(T v);

@@ -1,29 +1,22 @@
-/* Matrix products on CUDA through cuBLASLt: twins of kernels/cpu/matmul.h (row-major, the same
- * transposition flags and leading dimensions), plus a strided-batched form with a bias epilogue
- * and a separate output dtype. bf16/f16 inputs accumulate in f32, f32 stays exact f32 (no TF32),
- * f64 is f64. The cuBLASLt handle, a 32 MiB workspace (from the caching allocator) and the
- * matmul descriptors with their chosen algorithm are kept per device and per shape, so a repeated
- * shape costs one cache lookup. Calls for one device must come from one stream at a time (the
- * workspace is shared). Every call returns 0, or -1 with zr_error set naming the shapes.
- * The current device must be the one that holds the pointers (zr_cuda_stream(dev) sets it). */
+/* Matrix products on CUDA through cuBLASLt, as kernels: a plan (matmul descriptor, layouts,
+ * algorithm) for one zr_gemm_desc, run with a handle and a workspace the caller owns; the k = 0
+ * product; the bias helpers (fill_rows, sum_cols). Row-major, the transposition flags and leading
+ * dimensions of kernels/cpu/matmul.h. bf16/f16 inputs accumulate in f32, f32 stays exact f32 (no
+ * TF32), f64 is f64. No state here: the handle, the workspace, the plan cache and the autotuning
+ * are runtime/cuda/blas_plan.c, which also has the public gemm_cuda / linear_*_cuda. Every call
+ * returns 0, or -1 with zr_error set naming the shapes. */
 #ifndef ZR_CUDA_MATMUL_H
 #define ZR_CUDA_MATMUL_H
 
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "../base/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* C (m,n) = alpha * op(A) · op(B) + beta * C, all row-major, a/b/c of dtype dt (see gemm_cpu:
- * ta == 0: A is (m,k) with row stride lda; ta != 0: A is (k,m) read transposed; likewise B).
- * beta == 0 overwrites C without reading it. */
-int gemm_cuda(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
-              int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
-              zr_dtype dt, cudaStream_t stream);
 
 /* The general form: `batch` products C_i = alpha op(A_i) op(B_i) + beta C_i (+ bias), with
  * A_i = a + i * stride_a elements (stride 0 broadcasts one matrix to every batch item), etc.
@@ -44,28 +37,36 @@ typedef struct {
     double alpha, beta;
     zr_dtype ab_dtype, c_dtype;
 } zr_gemm_desc;
-int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream);
+
+/* A plan: cuBLASLt's A is our B and its B our A (column-major views of row-major data). */
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo; /* chosen by the caller (heuristic, autotuning) */
+} zr_gemm_plan;
+/* Creates the descriptor (with the bias epilogue when g->bias) and the three layouts for g's
+ * shape, dtypes and flags; algo is left zero. On error nothing is left to destroy. dev only
+ * names the device in messages. */
+int gemm_plan_init_cuda(zr_gemm_plan *p, const zr_gemm_desc *g, int dev);
+void gemm_plan_destroy_cuda(zr_gemm_plan *p);
+/* Runs p for g's pointers (bias pointer set per call) with handle h and workspace ws (ws_bytes,
+ * no more than the plan's algorithm was chosen for). */
+int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *p, const zr_gemm_desc *g, void *ws,
+                       size_t ws_bytes, int dev, cudaStream_t stream);
+/* The k == 0 product: C = beta * C (+ bias), no cuBLASLt. */
+int gemm_k0_cuda(const zr_gemm_desc *g, cudaStream_t stream);
+/* Sets zr_error for a failed cuBLASLt call (status: a cublasStatus_t) naming g's shapes; -1. */
+int gemm_lt_error_cuda(int status, const char *what, const zr_gemm_desc *g, int dev);
 
 /* y (rows, cols) contiguous: every row = bias (cols). */
 int fill_rows_cuda(void *y, const void *bias, int64_t rows, int64_t cols, zr_dtype dt,
                    cudaStream_t stream);
 /* out (cols) = sum over rows of x (rows, cols) contiguous (the bias gradient); f64 accumulation,
- * deterministic. */
-int sum_cols_cuda(void *out, const void *x, int64_t rows, int64_t cols, zr_dtype dt,
+ * deterministic. Many rows take two passes through f64 partials in `workspace`, of
+ * sum_cols_workspace_size(rows, cols) bytes (0: none needed, workspace may be NULL). */
+size_t sum_cols_workspace_size(int64_t rows, int64_t cols);
+int sum_cols_cuda(void *out, const void *x, int64_t rows, int64_t cols, zr_dtype dt, void *workspace,
                   cudaStream_t stream);
-
-/* nn.Linear on contiguous tensors of one dtype: y (rows, out) = x (rows, in) · wᵀ (+ bias (out),
- * through the epilogue: no separate pass). w is (out, in) row-major as stored. */
-int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias, int64_t rows,
-                        int64_t in, int64_t out, zr_dtype dt, cudaStream_t stream);
-/* Its backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
- * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
-int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
-                         int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
-                         cudaStream_t stream);
-
-/* Drops the cached descriptors and workspaces (tests; before cudaDeviceReset). */
-void zr_matmul_cuda_release(void);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
-/* Row normalisations on CUDA: RMSNorm (plain and fused with the residual add) and LayerNorm,
- * forward and backward, over rows of D contiguous elements (N rows). Statistics are computed in
- * f32; x, y, w, b, dx, dw, db share one dtype (ZR_F32, ZR_BF16 or ZR_F16); rstd/mean are f32 (N).
+/* Row normalisations on CUDA: RMSNorm and LayerNorm, forward and backward, over rows of D
+ * contiguous elements (N rows). Statistics are computed in f32; x, y, w, b, dx, dw, db share one
+ * dtype (ZR_F32, ZR_BF16 or ZR_F16); rstd/mean are f32 (N).
  * Weight gradients are reduced deterministically (per-block partials in a workspace, then a fixed
  * order sum). Every call returns 0 or sets zr_error naming the kernel. */
 #ifndef ZR_CUDA_NORM_H
@@ -14,17 +14,12 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* y = w * (x * rsqrt(mean(x^2) + eps)), the normalised row rounded to the dtype before the weight
  * (Hugging Face LlamaRMSNorm). rstd (N) may be NULL (inference). */
 int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const void *w, int64_t N, int64_t D,
                          float eps, zr_dtype dtype, cudaStream_t stream);
-/* h = x + res (written, rounded to dtype), y = rmsnorm(h) * w: the pre-norm residual stream in
- * one pass. h may alias x or res. */
-int rmsnorm_residual_forward_cuda(void *y, void *h, float *rstd, const void *x, const void *res,
-                                  const void *w, int64_t N, int64_t D, float eps, zr_dtype dtype,
-                                  cudaStream_t stream);
 /* Bytes of workspace rmsnorm_backward_cuda and layernorm_backward_cuda need. */
 size_t rmsnorm_backward_workspace_size(int64_t N, int64_t D);
 size_t layernorm_backward_workspace_size(int64_t N, int64_t D);

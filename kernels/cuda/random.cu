@@ -1,6 +1,6 @@
 // Philox fills on CUDA (see random.h). Each Philox call writes the 4 elements that
 // share the counter, so each normal pair's Box-Muller is done once. f64 (and integer) outputs
-// compute the normals in double exactly as runtime/random.c does. f32, bf16 and f16 normals use
+// compute the normals in double exactly as runtime/core/random.c does. f32, bf16, f16 normals use
 // an f32 Box-Muller that keeps full f32 accuracy without IEEE division or library calls (-ln u1
 // from the integer's exponent and CUDA's logf polynomial, sin/cos with the quadrant taken from the
 // integer and CUDA's sincospif polynomials, sqrt by rsqrt and one Newton step: a few ulp of f32
@@ -9,7 +9,7 @@
 // rounding to the narrow type that error could change, so those come out as the double path
 // (and the CPU) gives them.
 #include "common.cuh"
-#include "philox.h"
+#include "../base/philox.h"
 #include "random.h"
 
 using namespace zrk;
@@ -37,7 +37,7 @@ __device__ __forceinline__ double normal_f64(const zr_philox4 &r, int base, int 
     return odd ? rad * sin(th) : rad * cos(th);
 }
 
-// zr_philox (kernels/philox.h) with 32-bit multiplies (__umulhi and the low product): the same
+// zr_philox (kernels/base/philox.h) with 32-bit multiplies (__umulhi and the low product): the same
 // bits, but the compiler left philox.h's 64-bit products and xors in 64-bit arithmetic.
 __device__ __forceinline__ zr_philox4 philox32(uint32_t k0, uint32_t k1, uint64_t counter) {
     uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;

@@ -1,5 +1,5 @@
-/* Philox random fills on CUDA, bit-compatible with the CPU fills in runtime/random.c: element i of
- * a fill at generator offset `offset` uses counter offset + i/4, lane i%4 (kernels/philox.h).
+/* Philox random fills on CUDA, bit-compatible with the CPU fills in runtime/core/random.c: element
+ * i of a fill at generator offset `offset` uses counter offset + i/4, lane i%4 (base/philox.h).
  * kind 0: uniform [a, b); 1: normal(mean a, std b); 2: bernoulli (1 with probability a).
  * dst is contiguous with n elements of dtype dt. Returns 0, or -1 with zr_error set. */
 #ifndef ZR_CUDA_RANDOM_H
@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "dtype.h"
+#include "../base/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* Layout of the projection side (forward input, backward output): */
 enum {

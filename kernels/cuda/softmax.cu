@@ -7,9 +7,10 @@
 #include <math.h>
 
 extern "C" {
-#include "error.h"
+#include "../base/error.h"
 }
 
+#include "common.cuh" /* log_softmax below uses its zrk:: helpers */
 #include "fused_common.cuh"
 
 
@@ -257,3 +258,91 @@ extern "C" int softmax_backward_cuda(void *dx, const void *dy, const void *y, in
     });
     return launch_check(fn);
 }
+
+/* log_softmax: one block per row, f64 rows in f64 (common.cuh's acc<T>); inside namespace zrk so
+ * that its helpers are found before fused_common.cuh's. */
+namespace zrk {
+namespace {
+
+/* Block-wide reduction (sum or max) of a value of type A; every thread gets the result. */
+template <typename A, bool MAX> __device__ A block_reduce(A v, A *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        A u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? (u > v || u != u ? u : v) : v + u;
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    v = l < nw ? red[l] : (MAX ? (A)-INFINITY : (A)0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        A u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? (u > v || u != u ? u : v) : v + u;
+    }
+    return v;
+}
+
+template <typename T> __global__ void log_softmax_fwd_kernel(T *y, const T *x, int64_t D) {
+    typedef typename acc<T>::type A;
+    __shared__ A red[32];
+    const T *xr = x + blockIdx.x * D;
+    T *yr = y + blockIdx.x * D;
+    A m = (A)-INFINITY;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        A v = to_acc<T>(xr[i]);
+        m = (v > m || v != v) ? v : m;
+    }
+    m = block_reduce<A, true>(m, red);
+    A s = 0;
+    if (m != (A)-INFINITY)
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += exp(to_acc<T>(xr[i]) - m);
+    s = block_reduce<A, false>(s, red);
+    const A lse = m == (A)-INFINITY ? m : m + log(s);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) yr[i] = from_acc<T>(to_acc<T>(xr[i]) - lse);
+}
+
+template <typename T> __global__ void log_softmax_bwd_kernel(T *dx, const T *dy, const T *y, int64_t D) {
+    typedef typename acc<T>::type A;
+    __shared__ A red[32];
+    const int64_t o = blockIdx.x * D;
+    A s = 0;
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) s += to_acc<T>(dy[o + i]);
+    s = block_reduce<A, false>(s, red);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        dx[o + i] = from_acc<T>(to_acc<T>(dy[o + i]) - exp(to_acc<T>(y[o + i])) * s);
+}
+
+static unsigned row_threads(int64_t D) {
+    unsigned t = 32;
+    while (t < 1024 && t < D) t <<= 1;
+    return t;
+}
+
+template <typename T> int lsm_fwd(void *y, const void *x, int64_t N, int64_t D, cudaStream_t s) {
+    log_softmax_fwd_kernel<T><<<(unsigned)N, row_threads(D), 0, s>>>((T *)y, (const T *)x, D);
+    return launch_check("log_softmax_forward_cuda");
+}
+template <typename T> int lsm_bwd(void *dx, const void *dy, const void *y, int64_t N, int64_t D, cudaStream_t s) {
+    log_softmax_bwd_kernel<T><<<(unsigned)N, row_threads(D), 0, s>>>((T *)dx, (const T *)dy, (const T *)y, D);
+    return launch_check("log_softmax_backward_cuda");
+}
+
+}  // namespace
+
+extern "C" int log_softmax_forward_cuda(void *y, const void *x, int64_t N, int64_t D, zr_dtype dt,
+                                        cudaStream_t stream) {
+    if (N == 0 || D == 0) return 0;
+    if (N > 0x7fffffffLL) return zr_error("log_softmax_forward_cuda: %lld rows is too many", (long long)N);
+    ZRK_DISPATCH_FLOAT(dt, "log_softmax_forward_cuda", lsm_fwd, y, x, N, D, stream)
+}
+
+extern "C" int log_softmax_backward_cuda(void *dx, const void *dy, const void *y, int64_t N, int64_t D,
+                                         zr_dtype dt, cudaStream_t stream) {
+    if (N == 0 || D == 0) return 0;
+    if (N > 0x7fffffffLL) return zr_error("log_softmax_backward_cuda: %lld rows is too many", (long long)N);
+    ZRK_DISPATCH_FLOAT(dt, "log_softmax_backward_cuda", lsm_bwd, dx, dy, y, N, D, stream)
+}
+
+}  // namespace zrk

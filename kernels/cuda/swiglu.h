@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 int swiglu_forward_cuda(void *h, const void *gate, const void *up, int64_t M, int64_t F,
                         int64_t ld, zr_dtype dtype, cudaStream_t stream);

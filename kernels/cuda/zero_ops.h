@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-#include "dtype.h" /* C header: inside the extern "C" block */
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
 
 /* Scratch doubles zero_sumsq_cuda needs (one per block, plus the result). */
 size_t zero_sumsq_workspace(int64_t n);

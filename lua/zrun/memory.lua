@@ -6,12 +6,7 @@ local M = {}
 
 M.categories = { "params", "grads", "optimizer", "activations", "comm", "workspace", "other" }
 
-function M.human(b)
-  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
-  local i = 1
-  while math.abs(b) >= 1024 and i < #units do b = b / 1024; i = i + 1 end
-  return i == 1 and ("%d B"):format(b) or ("%.2f %s"):format(b, units[i])
-end
+M.human = require("zrun.format").human -- bytes as "1.50 GiB"
 
 function M.stats(device) return C.memory_stats(device or "cpu") end
 function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end

@@ -20,7 +20,7 @@ local function commas(n)
 end
 M.commas = commas
 
-local function gib(b) return require("zrun.memory").human(b) end
+local gib = require("zrun.format").human
 
 -- Returns {rows = {{module=, shape=, params=, count=, total=}}, total=, largest_layer=, tied=, text=}
 -- and prints the table (opts.quiet to not print).

@@ -98,6 +98,16 @@ function M.resolve(x)
   if type(x) == "table" and Module.is_module(x) then
     return { module = x, config = rawget(x, "config"), name = x.__name }
   end
+  if type(x) == "string" and x:match("%.json$") then -- that file, not the config.json of its folder
+    local f = io.open(x, "rb")
+    if f then
+      local text = f:read("*a")
+      f:close()
+      local ok, cfg = pcall(require("cjson").decode, text)
+      if not ok or type(cfg) ~= "table" then error(fmt("memory: %s is not a JSON model config: %s", x, tostring(cfg)), 0) end
+      return { config = cfg, name = x }
+    end
+  end
   if type(x) == "string" then
     local cfg = require("zrun.models.llama").config(x)
     return { config = cfg, name = x }
@@ -188,7 +198,11 @@ local function header(total, largest, gpn, nodes)
   return s .. ".\n  per CPU  |  per GPU |   Options"
 end
 
-local function row(cpu, gpu, opts) return fmt(" %7.2fGB | %6.2fGB | %s", cpu / 2 ^ 30, gpu / 2 ^ 30, opts) end
+-- Python's f"{cpu/2**30:7.2f}GB": rounded as Python rounds (ties to even on the exact value).
+local function row(cpu, gpu, opts)
+  local P = require "zrun.pyformat"
+  return fmt(" %sGB | %sGB | %s", P.fixedw(cpu / 2 ^ 30, 7, 2), P.fixedw(gpu / 2 ^ 30, 6, 2), opts)
+end
 
 local function options(o)
   local gpn = o.gpus_per_node or o.num_gpus_per_node or 1

@@ -1,7 +1,7 @@
 -- zr.memory.plan{...}: the per-rank peak of every memory category (params, grads, optimizer,
 -- activations, comm, workspace) on the training device and in host memory, predicted from the
 -- model config and the DeepSpeed config before anything is allocated, following what zrun's
--- engine (runtime/zero.c, lua/zrun/engine.lua) and ops actually allocate — not DeepSpeed's
+-- engine (runtime/zero/engine.c, lua/zrun/engine.lua) and ops actually allocate — not DeepSpeed's
 -- rules of thumb. Activations come from replaying the Llama forward and backward on a model of
 -- the autograd tape (which op allocates what, what each node saves, when backward frees it).
 -- Also `fit` advice (which settings fit a GPU) and the `zrun plan` command.
@@ -32,7 +32,7 @@ local function canon_dtype(d)
   return d
 end
 
-local function human(b) return require("zrun.memory").human(b) end
+local human = require("zrun.format").human
 
 -- ---------------------------------------------------------------------------------------------
 -- The plan
@@ -69,16 +69,17 @@ local function settings(o, cfg_model)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
   else s.overlap_comm = s.stage == 3 end
-  local pt = o.persistence_threshold or zc.stage3_param_persistence_threshold
-  s.persistence_threshold = type(pt) == "number" and pt or 1e5 -- DeepSpeed's default
-  local pf = o.prefetch_bucket_size or zc.stage3_prefetch_bucket_size
-  s.prefetch_bucket_size = type(pf) == "number" and pf or 5e7 -- DeepSpeed's default
-  local ml = o.max_live_parameters or zc.stage3_max_live_parameters
-  s.max_live_parameters = type(ml) == "number" and ml or 1e9
-  local mr = o.max_reuse_distance or zc.stage3_max_reuse_distance
-  s.max_reuse_distance = type(mr) == "number" and mr or 1e9
-  local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
-  s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
+  -- a value given here or in the config, else DeepSpeed's default (from config.lua, its one home)
+  local function zero(opt, key)
+    local v = o[opt] or zc[key]
+    if type(v) == "number" then return v end
+    return require("zrun.config").default("zero_optimization." .. key)
+  end
+  s.persistence_threshold = zero("persistence_threshold", "stage3_param_persistence_threshold")
+  s.prefetch_bucket_size = zero("prefetch_bucket_size", "stage3_prefetch_bucket_size")
+  s.max_live_parameters = zero("max_live_parameters", "stage3_max_live_parameters")
+  s.max_reuse_distance = zero("max_reuse_distance", "stage3_max_reuse_distance")
+  s.reduce_bucket_size = zero("reduce_bucket_size", "reduce_bucket_size")
   local dt = o.dtype
   if not dt then
     if ds.bf16 and ds.bf16.enabled == true then dt = "bf16"
@@ -178,7 +179,7 @@ function M.plan(o)
   if s.stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
   dev.comm = dev.comm + comm_tr
   if s.offload_optimizer and not direct then
-    -- zero_offload.c: a pinned staging bucket for gradients that are added to the partition (all
+    -- zero/offload.c: a pinned staging bucket for gradients that are added to the partition (all
     -- but the first of a step after zero_grad; made once, on the first step)
     host.comm = cap * 4
     -- the new 16-bit weights are written into a pinned host buffer and uploaded from there (one

@@ -1,6 +1,6 @@
 -- The memory simulator behind zr.memory.plan: a model of the autograd tape (storages with
 -- reference counts, values as views, nodes with their saved storages, Lua frames and garbage)
--- and a replay of the Llama forward and backward on it, op by op as runtime/ops_*.c and the
+-- and a replay of the Llama forward and backward on it, op by op as runtime/ops/*.c and the
 -- CUDA ops allocate. llama_activations(cfg, o) returns the peaks by category; o.trace prints
 -- the simulated timeline in zr.memory.trace's format (tests/bench/memtrace_llama.lua).
 local M = {}
@@ -229,7 +229,7 @@ function Sim:backward(tape, root, g)
   self.in_bwd = was
 end
 
--- ---------- ops, as runtime/ops_*.c allocate them on the CPU path ----------
+-- ---------- ops, as runtime/ops/*.c allocate them on the CPU path ----------
 
 -- linear: out (rows, o); saves x (and the weight, a parameter); backward dx, dW.
 -- At stage 3 its module gathers W around the forward and around the backward.
@@ -240,11 +240,11 @@ function Sim:linear(x, W, o_bytes)
   return self:record(out, { x, W }, { x }, function(S, _, g)
     S:gather(W, true)
     local gi = S:raw(g)
-    -- on a GPU dX goes into x's pending gradient (ops_matmul.c: beta 1 when one is there)
+    -- on a GPU dX goes into x's pending gradient (ops/matmul.c: beta 1 when one is there)
     local dx
     if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
-    -- accumulated straight into it by the GEMM (ops_matmul.c): no 16-bit temporary
+    -- accumulated straight into it by the GEMM (ops/matmul.c): no 16-bit temporary
     local dw = not S.o.dw_in_place and S:new(W.leaf.bytes) or nil
     S:drop(gi)
     S:release_param(W)
@@ -252,7 +252,7 @@ function Sim:linear(x, W, o_bytes)
   end)
 end
 
--- zr.linear_multi (ops_linear_multi.c): one output for several weights (their columns side by
+-- zr.linear_multi (ops/linear_multi.c): one output for several weights (their columns side by
 -- side); saves x; backward dx, and dW per weight, except with the gradients as views into the
 -- fp32 partition (ZeRO direct mode, CPU or GPU), where the GEMM writes them in place (one GEMM
 -- over the spanning region). llama.lua does not use it at stage 3.
@@ -269,7 +269,7 @@ function Sim:linear_multi(x, Ws, o_bytes)
   end)
 end
 
--- zr.split (ops_linear_multi.c): strided views of x, one node each; the first part whose
+-- zr.split (ops/view.c): strided views of x, one node each; the first part whose
 -- gradient arrives creates x's one gradient buffer (the producer's pending gradient) and every
 -- part copies its gradient into its slice there, returning nothing. Returns the parts' array.
 function Sim:split(x, parts)
@@ -293,7 +293,7 @@ function Sim:rms_norm(x, w, rows)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
     S:gather(w, true)
     local gi = S:raw(g)
-    -- on a GPU dx goes into x's pending gradient (ops_norm.c: the kernel adds what is there)
+    -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     local dw = S:new(w.leaf.numel * 4)
@@ -374,7 +374,7 @@ end
 
 function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
   if self.o.gpu and strided then
-    -- the Hopper kernels (ops_attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
+    -- the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
     -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
     -- output is (B, T, H, D) memory seen transposed, each gradient in its input's layout, dO read
     -- in place
@@ -396,7 +396,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
     self:drop(lse)
     return out
   end
-  if self.o.gpu then -- the flash kernel (ops_attention.c): contiguous q, k, v are what it saves
+  if self.o.gpu then -- the flash kernel (ops/attention.c): contiguous q, k, v are what it saves
     local ins = { self:raw(q), self:raw(k), self:raw(v) }
     local out = self:lua(self:new(q.n))
     local lse = self:new(lse_bytes)
@@ -433,7 +433,7 @@ function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
 end
--- zr.swiglu (ops_swiglu.c): silu(gate) * up in one op that saves only its inputs; with b nil,
+-- zr.swiglu (ops/swiglu.c): silu(gate) * up in one op that saves only its inputs; with b nil,
 -- the packed form: a holds gate and up side by side, backward one gradient of a's size
 function Sim:swiglu(a, b)
   if not b then

@@ -14,16 +14,16 @@
 #include <functional>
 #include <vector>
 
-#include "cuda/adamw.h"
-#include "cuda/attention.h"
-#include "cuda/cross_entropy.h"
-#include "cuda/embedding.h"
-#include "cuda/norm.h"
-#include "cuda/rope.h"
-#include "cuda/softmax.h"
-#include "cuda/swiglu.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/optim.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/softmax.h"
+#include "kernels/cuda/swiglu.h"
 extern "C" {
-#include "error.h"
+#include "kernels/base/error.h"
 }
 
 #define CU(x)                                                                                      \
@@ -151,9 +151,6 @@ int main() {
         const double e = 2.0 * N * D;
         row("rmsnorm fwd", sh,
             2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
-        row("rmsnorm+residual fwd", sh, 4 * e, time_ms([&] {
-                OK(rmsnorm_residual_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
-            }));
         row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
                 OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
             }));
@@ -268,10 +265,10 @@ int main() {
         float *p = f32(n), *m = f32(n, 0.01f), *v = f32(n, 0.001f, 0.002f);
         void *g = bf(n), *lp = bf(n);
         zr_adamw_segment segs[3] = {{0, n / 2, 0.1f, 1e-4f}, {n / 2, 1000, 0.f, 1e-4f}, {n / 2 + 1000, n / 2 - 1000, 0.1f, 1e-4f}};
+        const zr_adamw_config adam = {1e-4, 0.9, 0.95, 1e-8, 0.1}; /* lr, wd: per segment */
         int step = 1;
         row("adamw (f32 p,m,v; bf16 g, copy)", "256M params", 28.0 * n, time_ms([&] {
-                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, 0.9f, 0.95f, 1e-8f,
-                                   step++, NULL, 0));
+                OK(adamw_step_cuda(p, m, v, lp, BF, g, BF, segs, 3, &adam, step++, NULL, 0));
             }));
         cudaFree(p), cudaFree(m), cudaFree(v), cudaFree(g), cudaFree(lp);
     }

@@ -12,8 +12,8 @@
 #include <cblas.h>
 #endif
 
-#include "ops_matmul.h"
-#include "tensor.h"
+#include "core/tensor.h"
+#include "ops/matmul.h"
 
 static double now(void) {
     struct timespec ts;

@@ -1,5 +1,5 @@
--- ZeRO optimizer offload, host side: the per-step pieces of the engine (runtime/zero.c +
--- zero_offload.c) on a flat partition of N parameters held as bf16 CPU tensors, timed one by one.
+-- ZeRO optimizer offload, host side: the per-step pieces of the engine (runtime/zero/engine.c +
+-- zero/offload.c) on a flat partition of N parameters held as bf16 CPU tensors, timed one by one.
 --   zrun tests/bench/bench_offload.lua [N=2e8] [STAGE=2] [STEPS=4]
 -- STAGE 2 on one CPU process is the engine's direct mode (gradients are views into the fp32
 -- partition); STAGE 3 goes through the bucket path the GPU run uses (pack -> flush -> add into
@@ -23,7 +23,12 @@ while total < N do add({ H, 4 * H }); add({ H, H }); add({ H }) end
 io.write(("bench_offload: %d parameters in %d tensors (bf16 on the CPU), stage %d\n"):format(total, #params, STAGE))
 
 local t0 = C.now()
-local z = C.zero_new({ stage = STAGE, offload_optimizer = true, pin_memory = true, reduce_bucket_size = 5e8 }, params, wds)
+-- DeepSpeed's defaults, from the one place that holds them
+local zc = require("zrun.config").load({ train_batch_size = 1, zero_optimization = { stage = STAGE } },
+  { world_size = 1 }).zero_optimization
+local z = C.zero_new({ stage = STAGE, offload_optimizer = true, pin_memory = true, reduce_bucket_size = zc.reduce_bucket_size,
+  allgather_bucket_size = zc.allgather_bucket_size, persistence_threshold = zc.stage3_param_persistence_threshold,
+  max_live_parameters = zc.stage3_max_live_parameters }, params, wds)
 local idx = {}
 for i = 1, #params do idx[i] = i end
 io.write(("engine set-up %.0f ms\n"):format((C.now() - t0) * 1e3))

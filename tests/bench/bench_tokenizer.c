@@ -7,8 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "error.h"
-#include "tokenizer.h"
+#include "kernels/base/error.h"
+#include "tokenizer/tokenizer.h"
 
 static double now(void) {
     struct timespec ts;

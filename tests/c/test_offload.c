@@ -1,5 +1,5 @@
 /* C tests for the ZeRO offload kernels (kernels/cpu/offload.c) and the host bookkeeping of
- * runtime/zero_offload.c: every kernel against a plain double-precision loop at awkward sizes
+ * runtime/zero/offload.c: every kernel against a plain double-precision loop at awkward sizes
  * (1, 7, 65537, 200003: the last two run on several OpenMP threads), the 16-bit outputs against
  * dtype.h's scalar conversions (ties, NaN, inf, overflow, subnormals), the gradient scale, and
  * the lazy zeroing of the gradient partition (overwrite on first add, untouched ranges zeroed). */
@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "cpu/offload.h"
-#include "dtype.h"
-#include "zero_offload.h"
+#include "kernels/base/dtype.h"
+#include "kernels/cpu/offload.h"
+#include "zero/offload.h"
 
 static const int64_t SIZES[] = {1, 7, 65537, 200003};
 #define NSIZES (int)(sizeof SIZES / sizeof SIZES[0])
@@ -49,9 +49,8 @@ static void adamw_case(int64_t n, zr_dtype out_dt, int with_out) {
         free(g);
         g = fvec(n, step + 3);
         double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
-        offload_adamw_args a = {(float)gs, (float)(1 - lr * wd), (float)(1 - b1), (float)b2, (float)(1 - b2),
-                                (float)eps, (float)(lr / bc1), (float)sqrt(bc2)};
-        offload_adamw_cpu(p, m, v, g, n, &a, out, out_dt);
+        zr_adamw_config c = {lr, b1, b2, eps, wd};
+        offload_adamw_cpu(p, m, v, g, n, &c, step, gs, out, out_dt);
         for (int64_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
             rp[i] -= lr * wd * rp[i];
@@ -211,7 +210,9 @@ TEST(offload_adamw_segments) {
     if (!w) return;
     for (int64_t i = 0; i < S; i++) g[i] = (float)val(i, 9);
     double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, lr, b1, b2, eps, w) == ZR_OK);
+    zr_adamw_config c = {.beta1 = b1, .beta2 = b2, .eps = eps}, bad = c;
+    bad.beta1 = 1.5;
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, &c, lr, w) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
         int64_t i = probe[k];
@@ -220,8 +221,8 @@ TEST(offload_adamw_segments) {
         CHECK_MSG(fabs(p[i] - ref[k]) <= 1e-6, "segment %d: p = %.9g, expected %.9g", k, p[i], ref[k]);
         CHECK(w[i] == zr_f32_to_bf16(p[i]));
     }
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, lr, b1, b2, eps, w) == ZR_ERR); /* step counts from 1 */
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, lr, 1.5, b2, eps, w) == ZR_ERR); /* beta1 out of range */
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, &c, lr, w) == ZR_ERR);   /* step counts from 1 */
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, &bad, lr, w) == ZR_ERR); /* beta1 out of range */
     zr_offload_free(o);
     zr_tensor_release(gp);
     free(p), free(m), free(v);

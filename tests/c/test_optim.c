@@ -1,11 +1,11 @@
-/* C tests for runtime/optim.c: the flat AdamW step (the ZeRO engine's entry point) with f32 and
+/* C tests for runtime/ops/optim.c: the flat AdamW step (the ZeRO engine's entry point) with f32 and
  * bf16 gradients against a double-precision loop of torch's AdamW formula, at awkward sizes
  * (1, 7, 100003 — above the OpenMP threshold), and its argument checks. */
 #include <stdlib.h>
 
 #include "check.h"
-#include "dtype.h"
-#include "optim.h"
+#include "kernels/base/dtype.h"
+#include "ops/optim.h"
 
 /* Deterministic values in [-2, 2]. */
 static double val(int64_t i, int k) { return 2.0 * sin(0.37 * (double)i + 1.3 * k) * cos(0.011 * (double)i * (k + 1)); }

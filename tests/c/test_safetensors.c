@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 
 static char tmpdir[64];
 

@@ -1,4 +1,4 @@
-/* Tests for runtime/json.c and runtime/tokenizer*.c: JSON good/bad input with error positions,
+/* Tests for runtime/io/json.c and runtime/tokenizer/: JSON good/bad input with error positions,
  * hand-made tiny tokenizers of the GPT-2, Llama-3 and SentencePiece shapes with ids derived by
  * hand, and (when ../shared/data is present) exact equality with Hugging Face reference ids. */
 #define _GNU_SOURCE
@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "error.h"
-#include "json.h"
-#include "tokenizer.h"
+#include "io/json.h"
+#include "kernels/base/error.h"
+#include "tokenizer/tokenizer.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 -- zr.optim.AdamW with torch.optim.AdamW semantics: decoupled weight decay (p *= 1 - lr*wd),
 -- bias-corrected moments, eps added outside the square root. The update runs in one fused C
--- kernel per parameter (runtime/optim.c); state: step, exp_avg, exp_avg_sq (tagged "optimizer").
+-- kernel per parameter (runtime/ops/optim.c);
+-- state: step, exp_avg, exp_avg_sq (tagged "optimizer").
 local C = require "zrun._C"
 local Optimizer = require "zrun.optim.optimizer"
 

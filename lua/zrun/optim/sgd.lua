@@ -1,6 +1,6 @@
 -- zr.optim.SGD with torch.optim.SGD semantics: weight_decay added to the gradient, momentum
 -- buffer initialised to the first gradient (undamped), dampening, nesterov. One C kernel per
--- parameter (runtime/optim.c); state: momentum_buffer (tagged "optimizer") when momentum > 0.
+-- parameter (runtime/ops/optim.c); state: momentum_buffer (tagged "optimizer") when momentum > 0.
 local C = require "zrun._C"
 local Optimizer = require "zrun.optim.optimizer"
 

@@ -1,0 +1,265 @@
+/* Multi-tensor AdamW (see optim.h): the host packs up to 64 segments and their block ranges into
+ * the kernel's parameters; each block updates 4096 consecutive elements of one segment, each
+ * thread 16 of them with coalesced accesses. The SGD step is at the end. */
+#include "optim.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "../base/error.h"
+}
+
+#include "common.cuh" /* the SGD step below uses its zrk:: helpers */
+#include "fused_common.cuh"
+
+#define ADAMW_MAX_SEGS 64
+#define ADAMW_THREADS 256
+#define ADAMW_PER_THREAD 16
+#define ADAMW_CHUNK (ADAMW_THREADS * ADAMW_PER_THREAD)
+
+struct adamw_batch {
+    int64_t offset[ADAMW_MAX_SEGS], n[ADAMW_MAX_SEGS];
+    float wd[ADAMW_MAX_SEGS], lr[ADAMW_MAX_SEGS], ss[ADAMW_MAX_SEGS]; /* ss: lr / (1 - beta1^step) */
+    int block0[ADAMW_MAX_SEGS + 1]; /* first block of each segment; block0[nsegs] = grid size */
+    int nsegs;
+};
+
+/* The segment block b belongs to (segments are few: a linear scan). */
+static __device__ __forceinline__ int segment_of(const adamw_batch &bt, int b) {
+    int s = 0;
+    while (s + 1 < bt.nsegs && b >= bt.block0[s + 1]) ++s;
+    return s;
+}
+
+/* One element's update (grad g already scaled): moments, then the decoupled-decay step. */
+static __device__ __forceinline__ void adamw_elem(float g, float &p, float &m, float &v, float decay, float b1,
+                                                  float b2, float eps, float step_size, float inv_sqrt_bc2) {
+    const float mi = b1 * m + (1.f - b1) * g;
+    const float vi = b2 * v + (1.f - b2) * g * g;
+    p = p * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    m = mi;
+    v = vi;
+}
+
+/* The scalar form on element i of the global buffers (unaligned segments, vector-kernel edges). */
+template <typename G, typename L>
+static __device__ __forceinline__ void adamw_at(int64_t i, float *p, float *m, float *v, L *plp, const G *grad,
+                                                float gs, float decay, float b1, float b2, float eps,
+                                                float step_size, float inv_sqrt_bc2) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_elem(tof<G>(grad[i]) * gs, pi, mi, vi, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (plp) plp[i] = fromf<L>(pi);
+}
+
+template <typename G, typename L>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
+                 float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
+                 const float *__restrict__ gscale, float b1, float b2, float eps, float inv_sqrt_bc2) {
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], n = bt.n[s];
+    const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
+    const float decay = 1.f - bt.lr[s] * bt.wd[s], gs = gscale ? *gscale : 1.f, step_size = bt.ss[s];
+#pragma unroll 4
+    for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
+        const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
+        if (j >= n) break;
+        adamw_at<G, L>(base + j, p, m, v, plp, grad, gs, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
+    }
+}
+
+/* The vectorised kernel (every buffer 16-byte aligned): within a segment the elements from the
+ * first multiple of 8 to the last are updated 8 at a time (two float4 per f32 buffer, one 16-byte
+ * access per 16-bit buffer), ADAMW_VEC_ITEMS groups of 8 per thread with all loads issued first;
+ * block 0 of the segment also does the at most 7 + 7 elements before and after that range. */
+#define ADAMW_VEC_ITEMS (ADAMW_PER_THREAD / 8)
+
+template <typename T> static __device__ __forceinline__ void ld8(float *f, const T *p) {
+    if (sizeof(T) == 2) {
+        ldv<T, 8>(f, p);
+    } else {
+        const float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    }
+}
+template <typename T> static __device__ __forceinline__ void st8(T *p, const float *f) {
+    if (sizeof(T) == 2) {
+        stv<T, 8>(p, f);
+    } else {
+        reinterpret_cast<float4 *>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}
+
+template <typename G, typename L>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_vec_kernel(adamw_batch bt, float *__restrict__ p, float *__restrict__ m,
+                     float *__restrict__ v, L *__restrict__ plp, const G *__restrict__ grad,
+                     const float *__restrict__ gscale, float b1, float b2, float eps,
+                     float inv_sqrt_bc2) {
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], end = base + bt.n[s];
+    int64_t a0 = (base + 7) & ~(int64_t)7, a1 = end & ~(int64_t)7;
+    if (a0 > end) a0 = end;
+    if (a1 < a0) a1 = a0;
+    const int64_t blk = blockIdx.x - bt.block0[s];
+    const float decay = 1.f - bt.lr[s] * bt.wd[s], gs = gscale ? *gscale : 1.f, step_size = bt.ss[s];
+    const int64_t c0 = a0 + blk * ADAMW_CHUNK;
+    float pp[ADAMW_VEC_ITEMS][8], mm[ADAMW_VEC_ITEMS][8], vv[ADAMW_VEC_ITEMS][8],
+        gg[ADAMW_VEC_ITEMS][8];
+#pragma unroll
+    for (int it = 0; it < ADAMW_VEC_ITEMS; ++it) {
+        const int64_t i = c0 + ((int64_t)it * ADAMW_THREADS + threadIdx.x) * 8;
+        if (i < a1) {
+            ld8<G>(gg[it], grad + i);
+            ld8<float>(pp[it], p + i);
+            ld8<float>(mm[it], m + i);
+            ld8<float>(vv[it], v + i);
+        }
+    }
+#pragma unroll
+    for (int it = 0; it < ADAMW_VEC_ITEMS; ++it) {
+        const int64_t i = c0 + ((int64_t)it * ADAMW_THREADS + threadIdx.x) * 8;
+        if (i >= a1) continue;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            adamw_elem(gg[it][k] * gs, pp[it][k], mm[it][k], vv[it][k], decay, b1, b2, eps, step_size,
+                       inv_sqrt_bc2);
+        st8<float>(m + i, mm[it]);
+        st8<float>(v + i, vv[it]);
+        st8<float>(p + i, pp[it]);
+        if (plp) st8<L>(plp + i, pp[it]);
+    }
+    if (blk == 0 && threadIdx.x < 16) { /* head [base, a0) and tail [a1, end) */
+        const int64_t i = threadIdx.x < 8 ? base + threadIdx.x : a1 + (threadIdx.x - 8);
+        if (threadIdx.x < 8 ? i < a0 : i < end)
+            adamw_at<G, L>(i, p, m, v, plp, grad, gs, decay, b1, b2, eps, step_size, inv_sqrt_bc2);
+    }
+}
+
+template <typename G, typename L>
+static void adamw_launch(const adamw_batch &bt, float *p, float *m, float *v, void *plp,
+                         const void *grad, const float *gs, float b1, float b2, float eps,
+                         float ibc2, cudaStream_t st) {
+    if (al16(p) && al16(m) && al16(v) && al16(grad) && (!plp || al16(plp)))
+        adamw_vec_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, b1, b2, eps, ibc2);
+    else
+        adamw_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, st>>>(
+            bt, p, m, v, (L *)plp, (const G *)grad, gs, b1, b2, eps, ibc2);
+}
+
+template <typename G>
+static int adamw_launch_g(const adamw_batch &bt, float *p, float *m, float *v, void *plp,
+                          zr_dtype lpt, const void *grad, const float *gs, float b1, float b2,
+                          float eps, float ibc2, cudaStream_t st) {
+    if (!plp || lpt == ZR_F32)
+        adamw_launch<G, float>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
+    else if (lpt == ZR_BF16)
+        adamw_launch<G, __nv_bfloat16>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
+    else if (lpt == ZR_F16)
+        adamw_launch<G, __half>(bt, p, m, v, plp, grad, gs, b1, b2, eps, ibc2, st);
+    else
+        return zr_error("adamw_step_cuda: param copy dtype %s not supported (bf16, f16 or f32)",
+                        zr_dtype_name(lpt));
+    return 0;
+}
+
+extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
+                               zr_dtype lp_dtype, const void *grad, zr_dtype grad_dtype,
+                               const zr_adamw_segment *segs, int nsegs,
+                               const zr_adamw_config *c, int64_t step, const float *grad_scale,
+                               cudaStream_t stream) {
+    const char *fn = "adamw_step_cuda";
+    const float beta1 = (float)c->beta1, beta2 = (float)c->beta2, eps = (float)c->eps;
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
+    if (nsegs < 0 || (nsegs > 0 && !segs))
+        return zr_error("%s: %d segments but no segment array", fn, nsegs);
+    const double bc1 = 1.0 - pow((double)beta1, (double)step);
+    const double bc2 = 1.0 - pow((double)beta2, (double)step);
+    const float ibc2 = (float)(1.0 / sqrt(bc2));
+    for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
+        adamw_batch bt;
+        int nb = 0, k = 0;
+        for (int s = s0; s < nsegs && s < s0 + ADAMW_MAX_SEGS; ++s) {
+            if (segs[s].n < 0 || segs[s].offset < 0)
+                return zr_error("%s: segment %d has offset %lld, n %lld", fn, s,
+                                (long long)segs[s].offset, (long long)segs[s].n);
+            const int64_t blocks = (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+            if ((int64_t)nb + blocks > 0x7fffffffLL)
+                return zr_error("%s: segment %d too large (%lld elements)", fn, s,
+                                (long long)segs[s].n);
+            bt.offset[k] = segs[s].offset;
+            bt.n[k] = segs[s].n;
+            bt.wd[k] = segs[s].weight_decay;
+            bt.lr[k] = segs[s].lr;
+            bt.ss[k] = (float)(segs[s].lr / bc1);
+            bt.block0[k] = nb;
+            nb += (int)blocks;
+            ++k;
+        }
+        bt.block0[k] = nb;
+        bt.nsegs = k;
+        if (nb == 0) continue;
+        int rc;
+        if (grad_dtype == ZR_F32)
+            rc = adamw_launch_g<float>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, beta1, beta2, eps, ibc2, stream);
+        else if (grad_dtype == ZR_BF16)
+            rc = adamw_launch_g<__nv_bfloat16>(bt, param, m, v, param_lp, lp_dtype, grad,
+                                               grad_scale, beta1, beta2, eps, ibc2,
+                                               stream);
+        else if (grad_dtype == ZR_F16)
+            rc = adamw_launch_g<__half>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, beta1, beta2, eps, ibc2, stream);
+        else
+            return zr_error("%s: grad dtype %s not supported (f32, bf16 or f16)", fn,
+                            zr_dtype_name(grad_dtype));
+        if (rc) return rc;
+        if (launch_check(fn)) return ZR_ERR;
+    }
+    return 0;
+}
+
+/* SGD: a grid-stride kernel in the parameter's precision; inside namespace zrk so that its
+ * helpers are found before fused_common.cuh's. */
+namespace zrk {
+namespace {
+
+template <typename R>
+__global__ void sgd_kernel(R *p, const R *g, R *buf, int64_t n, R lr, R mo, R damp, R wd, int nesterov, int first) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (!buf) {
+            p[i] -= lr * (g[i] + wd * p[i]);
+            continue;
+        }
+        R d = g[i] + wd * p[i];
+        R b = first ? d : mo * buf[i] + damp * d;
+        buf[i] = b;
+        p[i] -= lr * (nesterov ? d + mo * b : b);
+    }
+}
+
+}  // namespace
+
+extern "C" int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                             double dampening, double weight_decay, int nesterov, int first, zr_dtype dt,
+                             cudaStream_t stream) {
+    if (n <= 0) return 0;
+    unsigned grid = grid_for(n, 256);
+    if (dt == ZR_F32)
+        sgd_kernel<float><<<grid, 256, 0, stream>>>((float *)p, (const float *)g, (float *)buf, n, (float)lr,
+                                                    (float)momentum, (float)(1 - dampening), (float)weight_decay,
+                                                    nesterov, first);
+    else if (dt == ZR_F64)
+        sgd_kernel<double><<<grid, 256, 0, stream>>>((double *)p, (const double *)g, (double *)buf, n, lr, momentum,
+                                                     1 - dampening, weight_decay, nesterov, first);
+    else
+        return zr_error("sgd_step_cuda: parameters must be f32 or f64, got %s", zr_dtype_name(dt));
+    return launch_check("sgd_step_cuda");
+}
+
+}  // namespace zrk

@@ -1,0 +1,46 @@
+/* Optimizer steps on CUDA, the twins of kernels/cpu/optim.h: AdamW and SGD.
+ * Fused multi-tensor AdamW on CUDA over flat buffers (llm.c/ZeRO style: every parameter lives at
+ * an offset of one f32 master buffer, with m, v and the gradients at the same offsets of theirs).
+ * One launch updates up to 64 segments (tensors) with their own weight decay and learning rate; more segments take
+ * more launches. Semantics are torch.optim.AdamW's: p -= lr*wd*p; m, v moments; bias-corrected
+ * step p -= lr * m̂ / (sqrt(v̂) + eps). */
+#ifndef ZR_CUDA_OPTIM_H
+#define ZR_CUDA_OPTIM_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../base/adamw.h"
+#include "../base/dtype.h" /* C header: inside the extern "C" block */
+
+typedef struct {
+    int64_t offset;     /* first element of this tensor in the flat buffers */
+    int64_t n;          /* its element count */
+    float weight_decay; /* decoupled decay (0 for norms and biases) */
+    float lr;           /* learning rate of the tensor's parameter group */
+} zr_adamw_segment;
+
+/* param, m, v: f32 flat buffers; grad: flat, grad_dtype ZR_F32, ZR_BF16 or ZR_F16, multiplied by
+ * *grad_scale when grad_scale (device f32 scalar, e.g. a clipping factor) is non-NULL.
+ * param_lp: NULL, or a flat ZR_BF16/ZR_F16 (lp_dtype) copy of the params written after the
+ * update (the compute weights). segs: host array of nsegs segments, each with its own lr and weight
+ * decay; c: the betas and eps (rounded to f32). step counts from 1. */
+int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype lp_dtype,
+                    const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
+                    int nsegs, const zr_adamw_config *c, int64_t step,
+                    const float *grad_scale, cudaStream_t stream);
+/* torch.optim.SGD on n contiguous elements of p (f32 or f64), g of p's dtype; buf NULL without
+ * momentum. Same arithmetic as sgd_step_cpu (in the parameter's precision). */
+int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,
+                  double dampening, double weight_decay, int nesterov, int first, zr_dtype dt,
+                  cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

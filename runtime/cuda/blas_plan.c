@@ -1,0 +1,306 @@
+/* The cuBLASLt state behind gemm_cuda (see blas_plan.h): per device a handle and a workspace, per
+ * (device, shape, dtypes, flags, pointer alignment) a plan in a small hash table, the autotuning
+ * of large shapes; the kernels that build and run a plan are kernels/cuda/matmul.cu. */
+#ifdef ZR_HAVE_CUDA
+#include "cuda/blas_plan.h"
+
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/device.h" /* the caching allocator for the workspace */
+
+#define WORKSPACE ((size_t)32 << 20)
+#define MAX_DEV 16
+#define CACHE 512
+#define PROBE 8
+
+typedef struct {
+    int ready;
+    cublasLtHandle_t h;
+    void *ws;
+} dev_ctx;
+
+typedef struct {
+    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c;
+    int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
+} key;
+
+typedef struct {
+    int used;
+    key k;
+    zr_gemm_plan plan;
+} entry;
+
+static dev_ctx ctxs[MAX_DEV];
+static entry cache[CACHE];
+static pthread_mutex_t mtx = PTHREAD_MUTEX_INITIALIZER;
+
+static zr_device cuda_dev(int i) {
+    zr_device d;
+    d.type = ZR_CUDA;
+    d.index = (int8_t)i;
+    return d;
+}
+
+static int align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 1 && (a % al))
+        al >>= 1;
+    return al;
+}
+
+static uint64_t hash_key(const key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void destroy_entry(entry *e) {
+    if (!e->used) return;
+    gemm_plan_destroy_cuda(&e->plan);
+    e->used = 0;
+}
+
+// Autotuning (on unless ZRUN_GEMM_AUTOTUNE=0): the first time a shape of at least 1 GFLOP is
+// seen, the heuristic's top candidates run on the real operands into a scratch output and the
+// fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
+#define TUNE_ALGOS 8
+static int autotune_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("ZRUN_GEMM_AUTOTUNE");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
+// Median-free quick timing: one warm-up, then the best of 3 (ms); < 0 when the algorithm fails.
+static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
+                       const zr_gemm_desc *g, void *cs, cudaStream_t stream) {
+    float af = (float)g->alpha, bf = (float)g->beta, best = -1;
+    cudaEvent_t t0, t1;
+    if (cudaEventCreate(&t0) != cudaSuccess) return -1;
+    if (cudaEventCreate(&t1) != cudaSuccess) {
+        cudaEventDestroy(t0);
+        return -1;
+    }
+    for (int r = 0; r < 4; r++) {
+        cudaEventRecord(t0, stream);
+        cublasStatus_t s =
+            cublasLtMatmul(c->h, e->plan.op, &af, g->b, e->plan.la, g->a, e->plan.lb, &bf, cs,
+                           e->plan.lc, cs, e->plan.lc, algo, c->ws, WORKSPACE, stream);
+        cudaEventRecord(t1, stream);
+        float ms = -1;
+        if (s != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(t1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, t0, t1) != cudaSuccess) {
+            best = -1;
+            break;
+        }
+        if (r > 0 && (best < 0 || ms < best)) best = ms;
+    }
+    cudaGetLastError(); /* a failed candidate must not leave an error behind */
+    cudaEventDestroy(t0);
+    cudaEventDestroy(t1);
+    return best;
+}
+
+// Picks the fastest of the candidates for e (lock held); keeps e->plan.algo when anything fails.
+static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t *res, int nres,
+                     const zr_gemm_desc *g, int dev, cudaStream_t stream) {
+    size_t es = g->c_dtype == ZR_F64 ? 8 : g->c_dtype == ZR_F32 ? 4 : 2;
+    size_t n = g->batch > 1 ? (size_t)(g->stride_c * (g->batch - 1) + g->ldc * g->m)
+                            : (size_t)(g->ldc * g->m);
+    void *cs = zr_cuda_malloc(cuda_dev(dev), n * es, stream);
+    if (!cs) {
+        zr_clear_error(); /* no scratch: the heuristic's first choice stays */
+        return;
+    }
+    if (g->bias)
+        cublasLtMatmulDescSetAttribute(e->plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                       sizeof g->bias);
+    float best = -1;
+    for (int i = 0; i < nres; i++) {
+        float ms = time_algo(c, e, &res[i].algo, g, cs, stream);
+        if (ms >= 0 && (best < 0 || ms < best)) {
+            best = ms;
+            e->plan.algo = res[i].algo;
+        }
+    }
+    zr_cuda_free(cuda_dev(dev), cs);
+}
+
+// Builds the plan for k and picks its algorithm (lock held). Returns 0 and fills e.
+static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int dev,
+                 cudaStream_t stream) {
+    memset(e, 0, sizeof *e);
+    if (gemm_plan_init_cuda(&e->plan, g, dev)) return -1;
+    cublasStatus_t s;
+    cublasLtMatmulPreference_t pref;
+    if ((s = cublasLtMatmulPreferenceCreate(&pref))) {
+        gemm_plan_destroy_cuda(&e->plan);
+        return gemm_lt_error_cuda(s, "preference", g, dev);
+    }
+    uint64_t wsb = WORKSPACE;
+    uint32_t aa = (uint32_t)k->al_b, ab = (uint32_t)k->al_a, ac = (uint32_t)k->al_c;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                         sizeof wsb);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
+                                         sizeof aa);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
+                                         sizeof ab);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac,
+                                         sizeof ac);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac,
+                                         sizeof ac);
+    cublasLtMatmulHeuristicResult_t res[TUNE_ALGOS];
+    int nres = 0;
+    double flops = 2.0 * (double)g->m * (double)g->n * (double)g->k * (double)g->batch;
+    int want = autotune_on() && flops >= 1e9 ? TUNE_ALGOS : 1;
+    s = cublasLtMatmulAlgoGetHeuristic(c->h, e->plan.op, e->plan.la, e->plan.lb, e->plan.lc,
+                                       e->plan.lc, pref, want, res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {
+        gemm_plan_destroy_cuda(&e->plan);
+        if (s == CUBLAS_STATUS_SUCCESS) s = CUBLAS_STATUS_NOT_SUPPORTED;
+        return gemm_lt_error_cuda(
+            s, "algorithm search (no cuBLASLt algorithm for these dtypes/layouts)", g, dev);
+    }
+    e->plan.algo = res[0].algo;
+    if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
+    e->k = *k;
+    e->used = 1;
+    return 0;
+}
+
+static int get_ctx(int dev, cudaStream_t stream, dev_ctx **out, const zr_gemm_desc *g) {
+    if (dev < 0 || dev >= MAX_DEV) return zr_error("matmul (cuda): bad device %d", dev);
+    dev_ctx *c = &ctxs[dev];
+    if (!c->ready) {
+        cublasStatus_t s = cublasLtCreate(&c->h);
+        if (s != CUBLAS_STATUS_SUCCESS) return gemm_lt_error_cuda(s, "cublasLtCreate", g, dev);
+        c->ws = zr_cuda_malloc(cuda_dev(dev), WORKSPACE, stream);
+        if (!c->ws) {
+            cublasLtDestroy(c->h);
+            zr_error_prefix("matmul (cuda): workspace: ");
+            return -1;
+        }
+        c->ready = 1;
+    }
+    *out = c;
+    return 0;
+}
+
+int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (g->m < 0 || g->n < 0 || g->k < 0 || g->batch < 0)
+        return zr_error("matmul (cuda): negative size m=%lld n=%lld k=%lld", (long long)g->m,
+                        (long long)g->n, (long long)g->k);
+    if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
+    if (g->k == 0) return gemm_k0_cuda(g, stream);
+    if (g->batch > 0x7fffffff)
+        return zr_error("matmul (cuda): batch %lld is too large", (long long)g->batch);
+    key k;
+    memset(&k, 0, sizeof k);
+    k.dev = dev, k.ta = !!g->ta, k.tb = !!g->tb, k.abdt = g->ab_dtype, k.cdt = g->c_dtype,
+    k.has_bias = g->bias != NULL;
+    k.al_a = align_of(g->a), k.al_b = align_of(g->b), k.al_c = align_of(g->c);
+    k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldc = g->ldc;
+    k.batch = g->batch;
+    if (g->batch > 1) k.sa = g->stride_a, k.sb = g->stride_b, k.sc = g->stride_c;
+    pthread_mutex_lock(&mtx);
+    dev_ctx *c = NULL;
+    if (get_ctx(dev, stream, &c, g)) {
+        pthread_mutex_unlock(&mtx);
+        return -1;
+    }
+    uint64_t h = hash_key(&k);
+    entry *e = NULL, *slot = NULL;
+    for (int p = 0; p < PROBE && !e; p++) {
+        entry *x = &cache[(h + p) % CACHE];
+        if (x->used && memcmp(&x->k, &k, sizeof k) == 0)
+            e = x;
+        else if (!x->used && !slot)
+            slot = x;
+    }
+    if (!e) {
+        if (!slot) {
+            slot = &cache[h % CACHE]; /* evict the home slot */
+            destroy_entry(slot);
+        }
+        if (build(slot, &k, g, c, dev, stream)) {
+            pthread_mutex_unlock(&mtx);
+            return -1;
+        }
+        e = slot;
+    }
+    int rc = gemm_plan_run_cuda(c->h, &e->plan, g, c->ws, WORKSPACE, dev, stream);
+    pthread_mutex_unlock(&mtx);
+    return rc;
+}
+
+int gemm_cuda(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
+              int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+              zr_dtype dt, cudaStream_t stream) {
+    zr_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.a = a, g.lda = lda, g.b = b, g.ldb = ldb,
+    g.c = c, g.ldc = ldc;
+    g.batch = 1, g.alpha = alpha, g.beta = beta, g.ab_dtype = dt, g.c_dtype = dt;
+    return gemm_ex_cuda(&g, stream);
+}
+
+int linear_bias_grad_cuda(void *db, const void *g, int64_t rows, int64_t cols, zr_dtype dt,
+                          cudaStream_t stream) {
+    size_t n = sum_cols_workspace_size(rows, cols);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    void *ws = n ? zr_cuda_malloc(cuda_dev(dev), n, stream) : NULL;
+    if (n && !ws) return -1;
+    int rc = sum_cols_cuda(db, g, rows, cols, dt, ws, stream);
+    if (ws) zr_cuda_free(cuda_dev(dev), ws);
+    return rc;
+}
+
+int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias, int64_t rows,
+                        int64_t in, int64_t out, zr_dtype dt, cudaStream_t stream) {
+    zr_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.ta = 0, g.tb = 1, g.m = rows, g.n = out, g.k = in;
+    g.a = x, g.lda = in > 1 ? in : 1, g.b = w, g.ldb = in > 1 ? in : 1, g.c = y,
+    g.ldc = out > 1 ? out : 1;
+    g.batch = 1, g.bias = bias, g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+    return gemm_ex_cuda(&g, stream);
+}
+
+int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
+                         int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
+                         cudaStream_t stream) {
+    int64_t ldi = in > 1 ? in : 1, ldo = out > 1 ? out : 1;
+    if (dx && gemm_cuda(0, 0, rows, in, out, 1.0, g, ldo, w, ldi, 0.0, dx, ldi, dt, stream))
+        return -1;
+    if (dw && gemm_cuda(1, 0, out, in, rows, 1.0, g, ldo, x, ldi, accumulate ? 1.0 : 0.0, dw, ldi,
+                        dt, stream))
+        return -1;
+    if (db && linear_bias_grad_cuda(db, g, rows, out, dt, stream)) return -1;
+    return 0;
+}
+
+void zr_matmul_cuda_release(void) {
+    pthread_mutex_lock(&mtx);
+    for (int i = 0; i < CACHE; i++)
+        destroy_entry(&cache[i]);
+    for (int d = 0; d < MAX_DEV; d++)
+        if (ctxs[d].ready) {
+            cublasLtDestroy(ctxs[d].h);
+            zr_cuda_free(cuda_dev(d), ctxs[d].ws);
+            ctxs[d].ready = 0;
+        }
+    pthread_mutex_unlock(&mtx);
+}
+#endif

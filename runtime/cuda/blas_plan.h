@@ -1,0 +1,39 @@
+/* Matrix products on CUDA tensors' memory: twins of kernels/cpu/matmul.h through cuBLASLt. This
+ * is the state the GEMM kernels (kernels/cuda/matmul.h) do not keep: per device a cuBLASLt handle
+ * and a 32 MiB workspace (from the caching allocator), and per shape a plan with its chosen
+ * algorithm (autotuned for large shapes), so a repeated shape costs one cache lookup. Calls for one
+ * device must come from one stream at a time (the workspace is shared). Every call returns 0, or
+ * -1 with zr_error set naming the shapes. The current device must be the one that holds the
+ * pointers (zr_cuda_stream(dev) sets it). CUDA builds only. */
+#ifndef ZR_CUDA_BLAS_PLAN_H
+#define ZR_CUDA_BLAS_PLAN_H
+
+#include "kernels/cuda/matmul.h"
+
+/* C (m,n) = alpha * op(A) · op(B) + beta * C, all row-major, a/b/c of dtype dt (see gemm_cpu:
+ * ta == 0: A is (m,k) with row stride lda; ta != 0: A is (k,m) read transposed; likewise B).
+ * beta == 0 overwrites C without reading it. */
+int gemm_cuda(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, const void *a,
+              int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc,
+              zr_dtype dt, cudaStream_t stream);
+/* The general form (zr_gemm_desc: batched, bias epilogue, separate output dtype). */
+int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream);
+
+/* nn.Linear on contiguous tensors of one dtype: y (rows, out) = x (rows, in) · wᵀ (+ bias (out),
+ * through the epilogue: no separate pass). w is (out, in) row-major as stored. */
+int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias, int64_t rows,
+                        int64_t in, int64_t out, zr_dtype dt, cudaStream_t stream);
+/* Its backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
+ * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
+int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
+                         int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
+                         cudaStream_t stream);
+/* db (cols) = column sums of g (rows, cols) (sum_cols_cuda with its workspace from the caching
+ * allocator). */
+int linear_bias_grad_cuda(void *db, const void *g, int64_t rows, int64_t cols, zr_dtype dt,
+                          cudaStream_t stream);
+
+/* Drops the cached plans and workspaces (tests; before cudaDeviceReset). */
+void zr_matmul_cuda_release(void);
+
+#endif

@@ -1,0 +1,307 @@
+/* Causal grouped-query attention: forward and backward side by side (see ops/attention.h).
+ * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
+ * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
+ * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
+ * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
+ * CUDA is an error. */
+#include "ops/attention.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#include "ops/compare.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/softmax.h"
+#include "ops/util.h"
+#include "ops/view.h"
+
+/* saved: q, k, v, out (input dtypes), lse (B, Hq, T) in the compute dtype; f[0] = scale */
+static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *lse = n->saved[4];
+    zr_dtype ct = lse->dtype;
+    zr_device dev = zr_tensor_device(lse);
+    const int64_t *qs = n->edges[0].shape, *ks = n->edges[1].shape;
+    int64_t B = qs[0], Hq = qs[1], T = qs[2], Dh = qs[3], Hkv = ks[1];
+    zr_tensor *in[5] = {NULL}, *d[3] = {NULL}, *wk = NULL, *wv = NULL;
+    zr_status st = ZR_ERR;
+    for (int i = 0; i < 4; i++)
+        if (!(in[i] = zr_cpu_in(n->saved[i], ct))) goto done;
+    if (!(in[4] = zr_cpu_in(g, ct))) goto done;
+    d[0] = zr_tensor_new_cat(ct, dev, 4, qs, ZR_MEM_ACTIVATIONS, 0);
+    d[1] = zr_tensor_new_cat(ct, dev, 4, ks, ZR_MEM_ACTIVATIONS, 0);
+    d[2] = zr_tensor_new_cat(ct, dev, 4, ks, ZR_MEM_ACTIVATIONS, 0);
+    if (!d[0] || !d[1] || !d[2]) goto done;
+    if (Hq != Hkv) {
+        wk = zr_tensor_new_cat(ct, dev, 4, qs, ZR_MEM_WORKSPACE, 0);
+        wv = zr_tensor_new_cat(ct, dev, 4, qs, ZR_MEM_WORKSPACE, 0);
+        if (!wk || !wv) goto done;
+    }
+    ZR_CPU_CALL(ct, sdpa_causal_backward_cpu, zr_tensor_data(d[0]), zr_tensor_data(d[1]),
+                zr_tensor_data(d[2]), wk ? zr_tensor_data(wk) : NULL, wv ? zr_tensor_data(wv) : NULL,
+                zr_tensor_data(in[4]), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
+                zr_tensor_data(in[2]), zr_tensor_data(in[3]), zr_tensor_data(lse), B, Hq, Hkv, T, Dh,
+                n->f[0]);
+    if (zr_give_grads(n, 3, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 5; i++) zr_tensor_release(in[i]);
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(wk);
+    zr_tensor_release(wv);
+    return st;
+}
+
+static zr_status check_args(zr_tensor *q, zr_tensor *k, zr_tensor *v) {
+    char b1[128], b2[128], b3[128];
+    if (zr_check_float("sdpa", q) || zr_check_float("sdpa", k) || zr_check_float("sdpa", v)) return ZR_ERR;
+    if (zr_check_same_device("sdpa", 3, (zr_tensor *[]){q, k, v})) return ZR_ERR;
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return zr_error("sdpa: q, k, v must be (B, heads, T, head_dim), got q %s, k %s, v %s",
+                        zr_tensor_shape_str(q, b1), zr_tensor_shape_str(k, b2), zr_tensor_shape_str(v, b3));
+    if (!zr_tensor_same_shape(k, v))
+        return zr_error("sdpa: k %s and v %s must have the same shape", zr_tensor_shape_str(k, b1),
+                        zr_tensor_shape_str(v, b2));
+    if (k->shape[0] != q->shape[0] || k->shape[2] != q->shape[2] || k->shape[3] != q->shape[3])
+        return zr_error("sdpa: q %s and k %s must agree in batch, T and head_dim (dims 1, 3, 4)",
+                        zr_tensor_shape_str(q, b1), zr_tensor_shape_str(k, b2));
+    if (k->shape[1] == 0 || q->shape[1] % k->shape[1])
+        return zr_error("sdpa: q has %lld heads, not a multiple of k's %lld", (long long)q->shape[1],
+                        (long long)k->shape[1]);
+    if (!zr_is_cpu(q) && (q->dtype == ZR_F64 || k->dtype == ZR_F64 || v->dtype == ZR_F64))
+        return zr_error("sdpa on cuda: f64 is not supported (use f32, bf16 or f16)");
+    return ZR_OK;
+}
+
+/* Records the sdpa node (saving save[0..2], out and lse; f[0] = scale), then drops the caller's
+ * references to tmp[0..2] and lse. Returns out, or NULL (out released) on failure. */
+static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd, zr_tensor *q, zr_tensor *k,
+                              zr_tensor *v, zr_tensor *const *save, zr_tensor **tmp, double scale) {
+    zr_node *n;
+    zr_status st = zr_autograd_record(out, "sdpa", bwd, 3, (zr_tensor *[]){q, k, v}, &n);
+    if (!st && n) {
+        n->f[0] = scale;
+        st = zr_node_save(n, save[0]) || zr_node_save(n, save[1]) || zr_node_save(n, save[2]) ||
+                     zr_node_save(n, out) || zr_node_save(n, lse)
+                 ? ZR_ERR
+                 : ZR_OK;
+    }
+    for (int i = 0; i < 3; i++) zr_tensor_release(tmp[i]);
+    zr_tensor_release(lse);
+    if (st) {
+        zr_tensor_release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* --- CUDA paths --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/attention.h"
+
+/* An operand the strided kernels read as it is: last dim contiguous, 16-byte strides and base. */
+static int strided_ok(const zr_tensor *t) {
+    return t->stride[3] == 1 && t->stride[0] % 8 == 0 && t->stride[1] % 8 == 0 && t->stride[2] % 8 == 0 &&
+           t->stride[0] >= 0 && t->stride[1] >= 0 && t->stride[2] >= 0 &&
+           ((uintptr_t)zr_tensor_data((zr_tensor *)t) & 15) == 0;
+}
+static zr_attn_strides strides_of(const zr_tensor *t) {
+    return (zr_attn_strides){t->stride[0], t->stride[1], t->stride[2]};
+}
+
+/* Whether a (B, H, T, Dh) operand lies in (B, T, H, Dh) order (a transposed view of a projection). */
+static int is_bthd(const zr_tensor *t) { return t->stride[1] < t->stride[2]; }
+
+/* A new (B, H, T, Dh) tensor: (B, T, H, Dh) memory seen through a transpose when bthd (a gradient
+ * in the layout of its input, so that the input's own transpose and view hand it on without a
+ * copy), else contiguous. */
+static zr_tensor *new_bhtd(int bthd, zr_dtype dt, zr_device dev, const int64_t *shape) {
+    if (bthd) {
+        int64_t bthd[4] = {shape[0], shape[2], shape[1], shape[3]};
+        zr_tensor *base = zr_tensor_new_cat(dt, dev, 4, bthd, ZR_MEM_ACTIVATIONS, 0);
+        zr_tensor *v = base ? zr_tensor_transpose_raw(base, 1, 2) : NULL;
+        zr_tensor_release(base);
+        return v;
+    }
+    return zr_tensor_new_cat(dt, dev, 4, shape, ZR_MEM_ACTIVATIONS, 0);
+}
+
+/* saved: q, k, v, out (one dtype; contiguous, or strided when the strided kernels run), lse
+ * (B, Hq, T) f32; f[0] = scale; i[0] = 1 for the strided kernels, i[1..3]: q, k, v were in
+ * (B, T, H, Dh) order */
+static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+    zr_device dev = zr_tensor_device(q);
+    zr_dtype dt = q->dtype;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int strided = (int)n->i[0];
+    size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
+    zr_tensor *gi = strided && g->dtype == dt && strided_ok(g) ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *ws = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi) goto done;
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    for (int i = 0; i < 3; i++) /* each gradient in its input's layout */
+        if (!(d[i] = new_bhtd(strided && n->i[1 + i], dt, dev, i ? k->shape : q->shape)))
+            goto done;
+    zr_attn_layout L = {strides_of(q),  strides_of(k),    strides_of(v),    strides_of(o),
+                        strides_of(gi), strides_of(d[0]), strides_of(d[1]), strides_of(d[2])};
+    if (B * T > 0 &&
+        zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
+                                              zr_tensor_data(gi), zr_tensor_data(q), zr_tensor_data(k),
+                                              zr_tensor_data(v), zr_tensor_data(o), zr_tensor_data(lse),
+                                              ws ? zr_tensor_data(ws) : NULL, strided ? &L : NULL, B, Hq, Hkv, T,
+                                              Dh, (float)n->f[0], dt, zr_cuda_stream(dev)),
+                      "sdpa backward", dev))
+        goto done;
+    if (zr_give_grads(n, 3, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(ws);
+    return st;
+}
+
+/* What backward keeps of a strided input: the view itself, unless it pins a much larger buffer
+ * (a head slice of a fused projection), which a compact copy then replaces. */
+static zr_tensor *keep_for_backward(zr_tensor *t) {
+    size_t bytes = (size_t)zr_tensor_numel(t) * zr_dtype_size(t->dtype);
+    return t->storage->nbytes > 2 * bytes ? zr_tensor_contiguous_raw(t) : zr_tensor_retain(t);
+}
+
+/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
+ * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
+ * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
+ * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. */
+static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    zr_dtype dt = q->dtype;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int64_t lshape[3] = {B, Hq, T};
+    int strided = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
+    zr_tensor *qi, *ki = NULL, *vi = NULL, *out = NULL, *lse = NULL, *save[3] = {NULL, NULL, NULL};
+    if (strided) {
+        qi = zr_tensor_retain(q), ki = zr_tensor_retain(k), vi = zr_tensor_retain(v);
+        out = new_bhtd(1, dt, dev, q->shape);
+    } else {
+        qi = zr_tensor_contiguous_raw(q), ki = qi ? zr_tensor_contiguous_raw(k) : NULL;
+        vi = ki ? zr_tensor_contiguous_raw(v) : NULL;
+        out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    }
+    lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    if (!lse) goto fail;
+    zr_attn_layout L = {.q = strides_of(qi), .k = strides_of(ki), .v = strides_of(vi), .o = strides_of(out)};
+    if (B * T > 0 &&
+        zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
+                                             zr_tensor_data(ki), zr_tensor_data(vi), strided ? &L : NULL, B, Hq,
+                                             Hkv, T, Dh, (float)scale, dt, zr_cuda_stream(dev)),
+                      "sdpa", dev))
+        goto fail;
+    zr_tensor *ins[3] = {qi, ki, vi};
+    for (int i = 0; i < 3; i++)
+        if (!(save[i] = strided ? keep_for_backward(ins[i]) : zr_tensor_retain(ins[i]))) goto fail;
+    for (int i = 0; i < 3; i++) zr_tensor_release(ins[i]);
+    out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, scale);
+    if (out && out->grad_fn) {
+        zr_tensor *orig[3] = {q, k, v};
+        out->grad_fn->i[0] = strided;
+        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = strided && is_bthd(orig[i]);
+    }
+    return out;
+fail:
+    for (int i = 0; i < 3; i++) zr_tensor_release(save[i]);
+    zr_tensor_release(qi);
+    zr_tensor_release(ki);
+    zr_tensor_release(vi);
+    zr_tensor_release(lse);
+    zr_tensor_release(out);
+    return NULL;
+}
+#endif
+
+/* The f32 composition: softmax(mask(q kᵀ · scale)) v with differentiable ops (their backward
+ * gives the gradients), k and v repeated over each query group; the result in q's dtype. */
+static zr_tensor *sdpa_composed(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    enum { QF, KF, VF, KR, VR, KT, S, SS, R, C, M, SM, P, O, NT };
+    zr_tensor *t[NT] = {NULL}, *out = NULL;
+    if (!(t[QF] = zr_to(q, ZR_F32, dev)) || !(t[KF] = zr_to(k, ZR_F32, dev)) || !(t[VF] = zr_to(v, ZR_F32, dev)))
+        goto done;
+    if (Hq != Hkv) { /* (B, Hkv, T, Dh) -> (B, Hkv, g, T, Dh) -> (B, Hq, T, Dh) */
+        int64_t g = Hq / Hkv, s1[5] = {B, Hkv, 1, T, Dh}, s2[5] = {B, Hkv, g, T, Dh}, s3[4] = {B, Hq, T, Dh};
+        for (int i = 0; i < 2; i++) {
+            zr_tensor *a = zr_reshape(i ? t[VF] : t[KF], 5, s1);
+            zr_tensor *e = a ? zr_expand(a, 5, s2) : NULL;
+            t[KR + i] = e ? zr_reshape(e, 4, s3) : NULL;
+            zr_tensor_release(a);
+            zr_tensor_release(e);
+            if (!t[KR + i]) goto done;
+        }
+    } else {
+        t[KR] = zr_tensor_retain(t[KF]);
+        t[VR] = zr_tensor_retain(t[VF]);
+    }
+    if (!(t[KT] = zr_transpose(t[KR], 2, 3)) || !(t[S] = zr_matmul(t[QF], t[KT])) ||
+        !(t[SS] = zr_affine(t[S], scale, 0)))
+        goto done;
+    /* mask[i, j] = j > i (a future position) */
+    int64_t rs[2] = {T, 1}, cs[2] = {1, T};
+    zr_tensor *ar = zr_tensor_arange(0, (double)T, 1, ZR_F32, dev);
+    zr_tensor *rv = ar ? zr_tensor_view_raw(ar, 2, rs) : NULL, *cv = ar ? zr_tensor_view_raw(ar, 2, cs) : NULL;
+    t[M] = rv && cv ? zr_compare(ZR_CMP_GT, cv, rv) : NULL;
+    zr_tensor_release(ar);
+    zr_tensor_release(rv);
+    zr_tensor_release(cv);
+    if (!t[M] || !(t[SM] = zr_masked_fill(t[SS], t[M], -INFINITY)) || !(t[P] = zr_softmax(t[SM], -1)) ||
+        !(t[O] = zr_matmul(t[P], t[VR])))
+        goto done;
+    out = zr_to(t[O], q->dtype, dev);
+done:
+    for (int i = 0; i < NT; i++) zr_tensor_release(t[i]);
+    return out;
+}
+
+zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+    if (check_args(q, k, v)) return NULL;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    if (scale <= 0) scale = Dh > 0 ? 1.0 / sqrt((double)Dh) : 1.0;
+    if (!zr_is_cpu(q)) {
+#ifdef ZR_HAVE_CUDA
+        zr_dtype dt = q->dtype;
+        if ((dt == ZR_BF16 || dt == ZR_F16) && k->dtype == dt && v->dtype == dt && (Dh == 64 || Dh == 128))
+            return sdpa_flash(q, k, v, scale);
+#endif
+        return sdpa_composed(q, k, v, scale);
+    }
+    int f64 = q->dtype == ZR_F64 || k->dtype == ZR_F64 || v->dtype == ZR_F64;
+    zr_dtype ct = f64 ? ZR_F64 : ZR_F32;
+    zr_device dev = zr_tensor_device(q);
+    int64_t lshape[3] = {B, Hq, T};
+    zr_tensor *out = zr_tensor_new_cat(q->dtype, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *lse = out ? zr_tensor_new_cat(ct, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *work = lse ? zr_tensor_new_cat(ct, dev, 3, lshape, ZR_MEM_WORKSPACE, 0) : NULL;
+    zr_tensor *qi = work ? zr_cpu_in(q, ct) : NULL, *ki = qi ? zr_cpu_in(k, ct) : NULL;
+    zr_tensor *vi = ki ? zr_cpu_in(v, ct) : NULL, *o = vi ? zr_cpu_out_begin(out, ct) : NULL;
+    if (!o) goto fail;
+    ZR_CPU_CALL(ct, sdpa_causal_forward_cpu, zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(qi),
+                zr_tensor_data(ki), zr_tensor_data(vi), zr_tensor_data(work), B, Hq, Hkv, T, Dh, scale);
+    zr_status st = zr_cpu_out_end(out, o);
+    o = NULL;
+    zr_tensor_release(work);
+    work = NULL;
+    if (st) goto fail;
+    return record_sdpa(out, lse, sdpa_backward, q, k, v, (zr_tensor *[]){q, k, v}, (zr_tensor *[]){qi, ki, vi},
+                       scale);
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(work);
+    zr_tensor_release(qi);
+    zr_tensor_release(ki);
+    zr_tensor_release(vi);
+    zr_tensor_release(lse);
+    zr_tensor_release(out);
+    return NULL;
+}

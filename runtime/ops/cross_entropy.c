@@ -1,0 +1,274 @@
+/* Cross-entropy: forward and backward side by side (see cross_entropy.h). Saved for backward: the
+ * logits, the per-row logsumexp (N values, compute dtype) and the targets as i64. */
+#include "ops/cross_entropy.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "ops/util.h"
+
+/* The loss is f32 for 16-bit logits (f64 for f64): Hugging Face computes cross-entropy on
+ * logits.float(), so a bf16 model still reports (and logs) an unrounded loss. The gradient
+ * returned to the logits is in their own dtype. */
+static zr_dtype loss_dtype(zr_dtype logits) { return logits == ZR_F64 ? ZR_F64 : ZR_F32; }
+
+int zr_loss_reduction_parse(const char *s) {
+    if (!s) return -1;
+    if (strcmp(s, "none") == 0) return ZR_LOSS_NONE;
+    if (strcmp(s, "mean") == 0) return ZR_LOSS_MEAN;
+    if (strcmp(s, "sum") == 0) return ZR_LOSS_SUM;
+    return -1;
+}
+
+/* saved: logits, lse (N) in the compute dtype, targets (N) i64.
+ * i[0] = ignore_index, i[1] = reduction, i[2] = number of non-ignored targets; f[0] = eps. */
+static zr_status cross_entropy_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *lse = n->saved[1], *tgt = n->saved[2];
+    zr_edge *e = &n->edges[0];
+    int64_t c = e->ndim ? e->shape[e->ndim - 1] : 1, rows = zr_tensor_numel(tgt);
+    int red = (int)n->i[1];
+    double scale = 1;
+    zr_dtype ct = lse->dtype;
+    zr_tensor *gi = NULL;
+    if (red == ZR_LOSS_NONE) {
+        if (!(gi = zr_cpu_in(g, ct))) return ZR_ERR;
+    } else {
+        if (zr_tensor_get(g, 0, &scale)) return ZR_ERR;
+        if (red == ZR_LOSS_MEAN) scale /= (double)n->i[2]; /* n_valid == 0: every row is skipped */
+    }
+    zr_tensor *gx = zr_tensor_new_cat(e->dtype, zr_tensor_device(x), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *xi = gx ? zr_cpu_in(x, ct) : NULL, *o = xi ? zr_cpu_out_begin(gx, ct) : NULL;
+    zr_status st = ZR_ERR;
+    if (o) {
+        ZR_CPU_CALL(ct, cross_entropy_backward_cpu, zr_tensor_data(o), zr_tensor_data(xi),
+                    zr_tensor_data(lse), (const int64_t *)zr_tensor_data(tgt),
+                    gi ? zr_tensor_data(gi) : NULL, scale, rows, c, n->i[0], n->f[0]);
+        st = zr_cpu_out_end(gx, o);
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(gi);
+    return zr_give_grad(gin, gx, st);
+}
+
+static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, double eps) {
+    char b1[128], b2[128];
+    if (zr_check_float("cross_entropy", logits)) return ZR_ERR;
+    if (targets->dtype != ZR_I64 && targets->dtype != ZR_I32)
+        return zr_error("cross_entropy: targets must be i64 or i32 class indices, got %s",
+                        zr_dtype_name(targets->dtype));
+    if (zr_check_same_device("cross_entropy", 2, (zr_tensor *[]){(zr_tensor *)logits, (zr_tensor *)targets}))
+        return ZR_ERR;
+    int ok = logits->ndim >= 1 && targets->ndim == logits->ndim - 1;
+    for (int i = 0; ok && i < targets->ndim; i++) ok = targets->shape[i] == logits->shape[i];
+    if (!ok)
+        return zr_error("cross_entropy: logits %s and targets %s do not match: expected logits "
+                        "(N, C) with targets (N), or (..., C) with targets (...)",
+                        zr_tensor_shape_str(logits, b1), zr_tensor_shape_str(targets, b2));
+    if (!(eps >= 0 && eps <= 1))
+        return zr_error("cross_entropy: label_smoothing must be in [0, 1], got %g", eps);
+    return ZR_OK;
+}
+
+/* --- CUDA path (kernels/cuda/cross_entropy.h): fused, no second (N, C) tensor in forward; the
+ * backward writes softmax - onehot straight into the gradient. Logits stay in their dtype (f32,
+ * bf16, f16). Nothing waits for the GPU: the count of non-ignored targets stays on the device
+ * (saved for backward), and targets are not range-checked on the host — an out-of-range target
+ * gives a NaN loss (and a zero-free gradient row) instead of the CPU's error. Label smoothing is
+ * not in the kernel: asking for it on CUDA is an error. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/reduce.h"
+
+/* saved: logits (contiguous), lse (N) f32, targets (N) i64, n_valid (0-dim f32).
+ * i[0] = ignore_index, i[1] = reduction. */
+static zr_status cross_entropy_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *lse = n->saved[1], *tgt = n->saved[2], *nv = n->saved[3];
+    zr_edge *e = &n->edges[0];
+    zr_device dev = zr_tensor_device(x);
+    int64_t c = x->shape[x->ndim - 1], rows = zr_tensor_numel(tgt);
+    int red = (int)n->i[1];
+    cudaStream_t s = zr_cuda_stream(dev);
+    zr_tensor *dl = zr_tensor_to_raw(g, ZR_F32, dev), *q = NULL, *gx = NULL;
+    zr_status st = ZR_ERR;
+    if (!dl) goto done;
+    if (red == ZR_LOSS_MEAN) { /* dloss = g / n_valid, a device scalar */
+        int64_t one = 1;
+        if (!(q = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0))) goto done;
+        if (zr_dev_status(binary_forward_cuda(zr_tensor_data(q), zr_tensor_data(dl), &one, zr_tensor_data(nv), &one,
+                                              1, &one, ZR_BIN_DIV, ZR_F32, s),
+                          "cross_entropy backward", dev))
+            goto done;
+    }
+    gx = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!gx) goto done;
+    if (zr_dev_status(cross_entropy_backward_cuda(zr_tensor_data(gx), zr_tensor_data(x), zr_tensor_data(tgt),
+                                                  zr_tensor_data(lse), zr_tensor_data(q ? q : dl),
+                                                  red == ZR_LOSS_NONE ? 1 : 0, rows, c, n->i[0], x->dtype, s),
+                      "cross_entropy backward", dev))
+        goto done;
+    if (gx->dtype != e->dtype || gx->ndim != e->ndim) {
+        zr_tensor *r = zr_tensor_new_cat(e->dtype, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!r || zr_tensor_copy_(r, gx)) {
+            zr_tensor_release(r);
+            goto done;
+        }
+        zr_tensor_release(gx);
+        gx = r;
+    }
+    gin[0] = gx;
+    gx = NULL;
+    st = ZR_OK;
+done:
+    zr_tensor_release(dl);
+    zr_tensor_release(q);
+    zr_tensor_release(gx);
+    return st;
+}
+#endif
+
+static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
+                                    zr_loss_reduction reduction, double label_smoothing) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(logits);
+    char dn[16];
+    if (label_smoothing != 0)
+        return zr_error_null("cross_entropy on %s: label_smoothing is not supported on CUDA (got %g); "
+                             "use 0, or compute the loss on the CPU", zr_device_name(dev, dn), label_smoothing);
+    if (logits->dtype == ZR_F64)
+        return zr_error_null("cross_entropy on %s: f64 logits are not supported (use f32, bf16 or f16)",
+                             zr_device_name(dev, dn));
+    int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets);
+    cudaStream_t s = zr_cuda_stream(dev);
+    zr_tensor *tgt = NULL, *xi = NULL, *lse = NULL, *loss = NULL, *nv = NULL, *mean = NULL, *out = NULL;
+    zr_tensor *result = NULL;
+    if (c == 0) return zr_error_null("cross_entropy: logits have 0 classes");
+    if (!(tgt = zr_tensor_to_raw(targets, ZR_I64, dev)) || !(xi = zr_tensor_contiguous_raw(logits))) goto fail;
+    lse = zr_tensor_new_cat(ZR_F32, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
+    loss = zr_tensor_new_cat(ZR_F32, dev, 1, &rows, ZR_MEM_WORKSPACE, 0);
+    nv = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+    mean = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0);
+    if (!lse || !loss || !nv || !mean) goto fail;
+    if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
+        if (zr_tensor_fill_(nv, 0) || zr_tensor_fill_(mean, reduction == ZR_LOSS_SUM ? 0.0 : NAN)) goto fail;
+    } else if (zr_dev_status(cross_entropy_forward_cuda(zr_tensor_data(loss), zr_tensor_data(lse),
+                                                        zr_tensor_data(mean), zr_tensor_data(nv), zr_tensor_data(xi),
+                                                        zr_tensor_data(tgt), rows, c, ignore_index, xi->dtype, s),
+                             "cross_entropy", dev))
+        goto fail;
+    if (reduction == ZR_LOSS_NONE) {
+        out = zr_tensor_new_cat(ZR_F32, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!out || zr_tensor_copy_(out, loss)) goto fail;
+    } else {
+        out = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+        if (!out) goto fail;
+        if (reduction == ZR_LOSS_SUM && rows > 0) { /* f64 accumulation, fixed order */
+            size_t wsz = reduce_sum_rows_cuda_workspace(1, rows);
+            zr_tensor *ws = wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0)
+                                : NULL;
+            int rc = (wsz && !ws) ? -1
+                                  : reduce_sum_rows_cuda(zr_tensor_data(mean), zr_tensor_data(loss), 1, rows, 1.0,
+                                                         ws ? zr_tensor_data(ws) : NULL, ZR_F32, s);
+            zr_tensor_release(ws);
+            if (wsz && !ws) goto fail;
+            if (zr_dev_status(rc, "cross_entropy", dev)) goto fail;
+        }
+        if (zr_tensor_copy_(out, mean)) goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(out, "cross_entropy", cross_entropy_backward_dev, 1, &logits, &n)) goto fail;
+    if (n) {
+        n->i[0] = ignore_index;
+        n->i[1] = reduction;
+        if (zr_node_save(n, xi) || zr_node_save(n, lse) || zr_node_save(n, tgt) || zr_node_save(n, nv)) goto fail;
+    }
+    result = out;
+    out = NULL;
+fail:
+    zr_tensor_release(tgt);
+    zr_tensor_release(xi);
+    zr_tensor_release(lse);
+    zr_tensor_release(loss);
+    zr_tensor_release(nv);
+    zr_tensor_release(mean);
+    zr_tensor_release(out);
+    return result;
+#else
+    (void)logits, (void)targets, (void)ignore_index, (void)reduction, (void)label_smoothing;
+    return zr_no_cuda("cross_entropy"), NULL;
+#endif
+}
+
+zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
+                            zr_loss_reduction reduction, double label_smoothing) {
+    if (!logits || !targets) return zr_error_null("cross_entropy: missing logits or targets");
+    if (check_args(logits, targets, label_smoothing)) return NULL;
+    if ((unsigned)reduction > ZR_LOSS_SUM)
+        return zr_error_null("cross_entropy: reduction must be 'mean', 'sum' or 'none'");
+    if (!zr_is_cpu(logits)) return cross_entropy_dev(logits, targets, ignore_index, reduction, label_smoothing);
+    int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets), n_valid = 0;
+    zr_device dev = zr_tensor_device(logits);
+    zr_dtype ct = zr_cpu_compute_dtype(logits->dtype);
+    zr_tensor *tgt = NULL, *xi = NULL, *lse = NULL, *loss = NULL, *out = NULL;
+
+    if (!(tgt = zr_tensor_to_raw(targets, ZR_I64, dev))) goto fail; /* contiguous i64 */
+    const int64_t *t = zr_tensor_data(tgt);
+    for (int64_t i = 0; i < rows; i++) {
+        if (t[i] == ignore_index) continue;
+        if (t[i] < 0 || t[i] >= c) {
+            zr_error("cross_entropy: target %lld (at flat position %lld) is out of range for %lld "
+                     "classes: expected 0..%lld, or ignore_index %lld", (long long)t[i],
+                     (long long)i + 1, (long long)c, (long long)c - 1, (long long)ignore_index);
+            goto fail;
+        }
+        n_valid++;
+    }
+
+    zr_dtype lt = loss_dtype(logits->dtype);
+    if (reduction == ZR_LOSS_NONE)
+        out = zr_tensor_new_cat(lt, dev, targets->ndim, targets->shape, ZR_MEM_ACTIVATIONS, 0);
+    else
+        out = zr_tensor_new_cat(lt, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+    lse = zr_tensor_new_cat(ct, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
+    if (!out || !lse || !(xi = zr_cpu_in(logits, ct))) goto fail;
+    if (reduction == ZR_LOSS_NONE) loss = zr_cpu_out_begin(out, ct);
+    else loss = zr_tensor_new_cat(ct, dev, 1, &rows, ZR_MEM_WORKSPACE, 0);
+    if (!loss) goto fail;
+    ZR_CPU_CALL(ct, cross_entropy_forward_cpu, zr_tensor_data(loss), zr_tensor_data(lse),
+                zr_tensor_data(xi), t, rows, c, ignore_index, label_smoothing);
+    if (reduction == ZR_LOSS_NONE) {
+        zr_status st = zr_cpu_out_end(out, loss);
+        loss = NULL;
+        if (st) goto fail;
+    } else {
+        double s = 0; /* summed in double, in row order: deterministic */
+        if (ct == ZR_F64)
+            for (int64_t i = 0; i < rows; i++) s += ((const double *)zr_tensor_data(loss))[i];
+        else
+            for (int64_t i = 0; i < rows; i++) s += ((const float *)zr_tensor_data(loss))[i];
+        if (reduction == ZR_LOSS_MEAN) s = n_valid ? s / (double)n_valid : NAN; /* torch: 0/0 */
+        if (zr_tensor_set(out, 0, s)) goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(out, "cross_entropy", cross_entropy_backward, 1, &logits, &n)) goto fail;
+    if (n) {
+        n->i[0] = ignore_index;
+        n->i[1] = reduction;
+        n->i[2] = n_valid;
+        n->f[0] = label_smoothing;
+        if (zr_node_save(n, logits) || zr_node_save(n, lse) || zr_node_save(n, tgt)) goto fail;
+    }
+    zr_tensor_release(tgt);
+    zr_tensor_release(xi);
+    zr_tensor_release(lse);
+    zr_tensor_release(loss);
+    return out;
+fail:
+    zr_tensor_release(tgt);
+    zr_tensor_release(xi);
+    zr_tensor_release(lse);
+    zr_tensor_release(loss);
+    zr_tensor_release(out);
+    return NULL;
+}

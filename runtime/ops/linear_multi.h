@@ -1,0 +1,37 @@
+/* Fused projections: several Linear layers that read one input as ONE product (q/k/v, gate/up),
+ * with zr_split_sizes (ops/view.h: views whose backward gathers every part's gradient into ONE
+ * buffer), so
+ *
+ *   zr_tensor *w[3] = {wq, wk, wv};
+ *   zr_tensor *qkv = zr_linear_multi(x, 3, w, NULL);          // (..., nq + nk + nv)
+ *   zr_tensor *p[3];
+ *   zr_split_sizes(qkv, 3, (int64_t[]){nq, nk, nv}, -1, p);  // q, k, v: views of qkv
+ *
+ * costs one GEMM per direction when the weights sit back to back in memory (ZeRO's flat parameter
+ * buffer in direct mode) and no full-size zero-padded gradient per part. */
+#ifndef ZR_OPS_LINEAR_MULTI_H
+#define ZR_OPS_LINEAR_MULTI_H
+
+#include "core/tensor.h"
+
+/* Most weights one zr_linear_multi takes. */
+#define ZR_LINEAR_MULTI_MAX 7
+
+/* y = x · [w1; ...; wn]ᵀ (+ [b1, ..., bn]) for x (..., in), w_i (out_i, in), b NULL or n biases
+ * b_i (out_i); y (..., Σ out_i) in the promoted dtype, columns in weight order.
+ * Forward: one GEMM per run of adjacent weights (same storage and dtype, contiguous, w_{i+1}
+ * starting where w_i ends; a spanning view is used, nothing is copied), so one GEMM when all are
+ * adjacent; otherwise each run's GEMM writes its column block of y in place (no concatenation).
+ * Backward: dx = Σ runs gy[:, run] · W_run (one GEMM when adjacent); dW: when every weight's
+ * existing leaf gradient (zr_node_leaf_grad) is adjacent to the next, of a dtype the GEMM can
+ * write (CPU: the compute dtype f32/f64; CUDA: f32 or the compute dtype) and all share one
+ * grad_stale flag, ONE GEMM writes (stale: beta 0, the flags are cleared) or adds into the
+ * spanning region; otherwise per weight, into its leaf gradient likewise when it has a usable
+ * one, else returned; gradients read column blocks of gy in place. db: one column sum of gy,
+ * sliced per bias. */
+zr_tensor *zr_linear_multi(zr_tensor *x, int n, zr_tensor *const *w, zr_tensor *const *b);
+/* How many GEMMs zr_linear_multi's forward runs for these weights (runs of adjacent ones): 1 when
+ * they sit back to back. For tests and diagnostics. */
+int zr_linear_multi_runs(int n, zr_tensor *const *w);
+
+#endif

@@ -1,0 +1,607 @@
+/* matmul, bmm and linear: forward and backward side by side (see ops/matmul.h). The CPU path
+ * hands strided operands straight to GEMM (a transposed view becomes a transposition flag), and
+ * folds a batched left operand times a 2-D right operand into one GEMM. */
+#include "ops/matmul.h"
+
+#include <string.h>
+
+#include "ops/util.h"
+
+/* How GEMM can read a (rows, cols) matrix with strides (rs, cs) in place: row-major with leading
+ * dim ld (trans 0), or as the transpose of a row-major (cols, rows) matrix (trans 1). Returns 0
+ * when neither works (e.g. both strides > 1, or an expanded dim) and a copy is needed. */
+static int gemm_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *trans, int64_t *ld) {
+    int64_t min_row = cols > 1 ? cols : 1, min_col = rows > 1 ? rows : 1;
+    if (cs == 1 || cols == 1) {
+        int64_t l = rows == 1 ? min_row : rs;
+        if (l >= min_row) {
+            *trans = 0;
+            *ld = l;
+            return 1;
+        }
+    }
+    if (rs == 1 || rows == 1) {
+        int64_t l = cols == 1 ? min_col : cs;
+        if (l >= min_col) {
+            *trans = 1;
+            *ld = l;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An operand ready for GEMM: t holds a reference (t itself, or a copy in the compute dtype). */
+typedef zr_gemm_operand gemm_operand;
+
+/* Makes t readable by GEMM in dtype ct: a new reference to t when it already is, else a
+ * contiguous copy. The matrix is t's last two dims. */
+static zr_status operand_prepare(zr_tensor *t, zr_dtype ct, gemm_operand *op) {
+    int nd = t->ndim;
+    op->t = NULL;
+    if (t->dtype == ct &&
+        gemm_layout(t->shape[nd - 2], t->shape[nd - 1], t->stride[nd - 2], t->stride[nd - 1],
+                    &op->trans, &op->ld)) {
+        op->t = zr_tensor_retain(t);
+        return ZR_OK;
+    }
+    zr_tensor *c = zr_tensor_new_cat(ct, zr_tensor_device(t), nd, t->shape, ZR_MEM_WORKSPACE, 0);
+    if (!c) return ZR_ERR;
+    if (zr_tensor_copy_(c, t)) {
+        zr_tensor_release(c);
+        return ZR_ERR;
+    }
+    op->t = c;
+    op->trans = 0;
+    op->ld = t->shape[nd - 1] > 1 ? t->shape[nd - 1] : 1;
+    return ZR_OK;
+}
+
+zr_status zr_gemm_operand_prepare(zr_tensor *t, zr_dtype ct, zr_gemm_operand *op) {
+    return operand_prepare(t, ct, op);
+}
+
+/* Batch strides of t (matrix in its last two dims) read as out's batch shape (bn dims): 0 where
+ * t broadcasts. */
+static void batch_strides(const zr_tensor *t, int bn, const int64_t *bshape, int64_t *st) {
+    int tb = t->ndim - 2;
+    for (int i = 0; i < bn; i++) {
+        int it = i - (bn - tb);
+        st[i] = (it < 0 || (t->shape[it] == 1 && bshape[i] != 1)) ? 0 : t->stride[it];
+    }
+}
+
+/* --- CUDA path: the same operand preparation (transposed views become GEMM flags), then
+ * cuBLASLt through kernels/cuda/matmul.h in the result dtype (bf16/f16 accumulate in f32, f32
+ * stays f32). Batches whose offsets are one stride apart (or broadcast: stride 0) are one
+ * strided-batched call; other batch layouts take one call per matrix. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda/blas_plan.h"
+#include "cuda/device.h"
+
+/* True when the batch offsets st (over bshape) are a single stride apart in row-major batch
+ * order (size-1 dims skipped); *stride is that stride (0 for a broadcast operand). */
+static int batch_linear(int bn, const int64_t *bshape, const int64_t *st, int64_t *stride) {
+    int64_t s = -1, expect = 0;
+    for (int i = bn - 1; i >= 0; i--) {
+        if (bshape[i] == 1) continue;
+        if (s < 0) s = st[i];
+        else if (st[i] != expect) return 0;
+        expect = st[i] * bshape[i];
+    }
+    *stride = s < 0 ? 0 : s;
+    return 1;
+}
+#endif
+
+/* out (contiguous, dtype dt; batch shape bshape of bn dims) = a · b on a's GPU. */
+static zr_status mm_dev(zr_tensor *out, zr_tensor *a, zr_tensor *b, int bn, const int64_t *bshape,
+                        int64_t nbatch, int64_t m, int64_t n, int64_t k) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = out->dtype;
+    zr_device dev = zr_tensor_device(out);
+    gemm_operand A = {0}, B = {0};
+    zr_status st = ZR_ERR;
+    if (operand_prepare(a, dt, &A) || operand_prepare(b, dt, &B)) goto done;
+    int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS], sa, sb;
+    batch_strides(A.t, bn, bshape, as);
+    batch_strides(B.t, bn, bshape, bs);
+    int fold = !A.trans && nbatch > 1;
+    int64_t expect = m * A.ld;
+    for (int i = bn - 1; i >= 0 && fold; i--) {
+        if (bs[i] != 0) fold = 0;
+        if (bshape[i] == 1) continue;
+        if (as[i] != expect) fold = 0;
+        expect *= bshape[i];
+    }
+    zr_gemm_desc g = {0};
+    g.ta = A.trans, g.tb = B.trans, g.m = m, g.n = n, g.k = k;
+    g.a = zr_tensor_data(A.t), g.lda = A.ld, g.b = zr_tensor_data(B.t), g.ldb = B.ld;
+    g.c = zr_tensor_data(out), g.ldc = n, g.stride_c = m * n, g.batch = 1;
+    g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+    cudaStream_t s = zr_cuda_stream(dev);
+    int rc;
+    if (fold || nbatch == 1) {
+        g.m = m * nbatch;
+        rc = gemm_ex_cuda(&g, s);
+    } else if (batch_linear(bn, bshape, as, &sa) && batch_linear(bn, bshape, bs, &sb)) {
+        g.stride_a = sa, g.stride_b = sb, g.batch = nbatch;
+        rc = gemm_ex_cuda(&g, s);
+    } else {
+        size_t es = zr_dtype_size(dt);
+        int64_t idx[ZR_MAX_DIMS] = {0};
+        rc = 0;
+        for (int64_t q = 0; q < nbatch && !rc; q++) {
+            int64_t ao = 0, bo = 0;
+            for (int i = 0; i < bn; i++) {
+                ao += idx[i] * as[i];
+                bo += idx[i] * bs[i];
+            }
+            g.a = (const char *)zr_tensor_data(A.t) + ao * (int64_t)es;
+            g.b = (const char *)zr_tensor_data(B.t) + bo * (int64_t)es;
+            g.c = (char *)zr_tensor_data(out) + q * m * n * (int64_t)es;
+            rc = gemm_ex_cuda(&g, s);
+            for (int i = bn - 1; i >= 0; i--) {
+                if (++idx[i] < bshape[i]) break;
+                idx[i] = 0;
+            }
+        }
+    }
+    st = zr_dev_status(rc, "matmul", dev);
+done:
+    zr_tensor_release(A.t);
+    zr_tensor_release(B.t);
+    return st;
+#else
+    (void)out, (void)a, (void)b, (void)bn, (void)bshape, (void)nbatch, (void)m, (void)n, (void)k;
+    return zr_no_cuda("matmul");
+#endif
+}
+
+/* The product of a (..., m, k) and b (..., k, n), both >= 2-D with matching k and broadcastable
+ * batch dims (checked by the caller), as a new contiguous tensor of dtype dt. No autograd. */
+static zr_tensor *mm_raw(zr_tensor *a, zr_tensor *b, zr_dtype dt) {
+    int an = a->ndim, bnd = b->ndim;
+    int64_t m = a->shape[an - 2], k = a->shape[an - 1], n = b->shape[bnd - 1];
+    int bn = (an > bnd ? an : bnd) - 2;
+    int64_t shape[ZR_MAX_DIMS], nbatch = 1;
+    for (int i = 0; i < bn; i++) {
+        int ia = i - (bn - (an - 2)), ib = i - (bn - (bnd - 2));
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        shape[i] = sa == 1 ? sb : sa;
+        nbatch *= shape[i];
+    }
+    shape[bn] = m;
+    shape[bn + 1] = n;
+    zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(a), bn + 2, shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    if (zr_tensor_numel(out) == 0) return out;
+    if (k == 0) {
+        if (zr_tensor_fill_(out, 0)) goto fail;
+        return out;
+    }
+    if (!zr_is_cpu(out)) {
+        if (mm_dev(out, a, b, bn, shape, nbatch, m, n, k)) goto fail;
+        return out;
+    }
+    zr_dtype ct = zr_cpu_compute_dtype(dt);
+    gemm_operand A, B;
+    if (operand_prepare(a, ct, &A)) goto fail;
+    if (operand_prepare(b, ct, &B)) {
+        zr_tensor_release(A.t);
+        goto fail;
+    }
+    zr_tensor *o = zr_cpu_out_begin(out, ct);
+    if (!o) {
+        zr_tensor_release(A.t);
+        zr_tensor_release(B.t);
+        goto fail;
+    }
+    size_t es = ct == ZR_F64 ? sizeof(double) : sizeof(float);
+    char *ap = zr_tensor_data(A.t), *bp = zr_tensor_data(B.t), *cp = zr_tensor_data(o);
+    int64_t as[ZR_MAX_DIMS], bs[ZR_MAX_DIMS];
+    batch_strides(A.t, bn, shape, as);
+    batch_strides(B.t, bn, shape, bs);
+    /* Fold (batch..., m) into one row dim when b has no batch of its own and a's rows are evenly
+     * spaced across batches: one large GEMM instead of nbatch small ones. */
+    int fold = !A.trans && nbatch > 1;
+    int64_t expect = m * A.ld;
+    for (int i = bn - 1; i >= 0 && fold; i--) {
+        if (bs[i] != 0) fold = 0;
+        if (shape[i] == 1) continue;
+        if (as[i] != expect) fold = 0;
+        expect *= shape[i];
+    }
+    if (fold || nbatch == 1) {
+        ZR_CPU_CALL(ct, gemm_cpu, A.trans, B.trans, m * nbatch, n, k, 1.0, (void *)ap, A.ld,
+                    (void *)bp, B.ld, 0.0, (void *)cp, n);
+    } else {
+        int64_t idx[ZR_MAX_DIMS] = {0};
+        for (int64_t q = 0; q < nbatch; q++) {
+            int64_t ao = 0, bo = 0;
+            for (int i = 0; i < bn; i++) {
+                ao += idx[i] * as[i];
+                bo += idx[i] * bs[i];
+            }
+            ZR_CPU_CALL(ct, gemm_cpu, A.trans, B.trans, m, n, k, 1.0, (void *)(ap + ao * (int64_t)es),
+                        A.ld, (void *)(bp + bo * (int64_t)es), B.ld, 0.0,
+                        (void *)(cp + q * m * n * (int64_t)es), n);
+            for (int i = bn - 1; i >= 0; i--) { /* next batch index, row-major */
+                if (++idx[i] < shape[i]) break;
+                idx[i] = 0;
+            }
+        }
+    }
+    zr_tensor_release(A.t);
+    zr_tensor_release(B.t);
+    if (zr_cpu_out_end(out, o)) goto fail;
+    return out;
+fail:
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* A raw 2-D view of a 1-D t with a unit dim added in front ((1,k): a row) or at the end ((k,1));
+ * used to treat a 1-D operand as a row or column vector. */
+static zr_tensor *insert_unit_dim(zr_tensor *t, int at_end) {
+    int64_t sh[2], st[2];
+    int64_t s = t->ndim ? t->stride[0] : 1, len = t->ndim ? t->shape[0] : 1;
+    if (at_end) {
+        sh[0] = len, sh[1] = 1, st[0] = s, st[1] = 1;
+    } else {
+        sh[0] = 1, sh[1] = len, st[0] = len * s, st[1] = s;
+    }
+    return zr_tensor_as_strided(t, 2, sh, st, t->offset);
+}
+
+/* Reduces a product-shaped gradient g (owned) to edge i's shape (summing broadcast batch dims,
+ * dropping the unit dim of a 1-D operand) and dtype, and stores it in gin[i]. */
+static zr_status finish_grad(zr_node *n, int i, zr_tensor *g, int ndim2, const int64_t *shape2,
+                             zr_tensor **gin) {
+    if (!g) return ZR_ERR;
+    zr_edge *e = &n->edges[i];
+    zr_tensor *r = zr_sum_to_shape(g, ndim2, shape2);
+    zr_tensor_release(g);
+    if (!r) return ZR_ERR;
+    if (e->ndim != ndim2) {
+        zr_tensor *c = zr_tensor_contiguous_raw(r);
+        zr_tensor *v = c ? zr_tensor_view_raw(c, e->ndim, e->shape) : NULL;
+        zr_tensor_release(c);
+        zr_tensor_release(r);
+        if (!v) return ZR_ERR;
+        r = v;
+    }
+    gin[i] = zr_take_as(r, e->dtype);
+    return gin[i] ? ZR_OK : ZR_ERR;
+}
+
+/* Views of the saved operands and of g with the 1-D operands' unit dims restored. */
+typedef struct {
+    zr_tensor *a, *b, *g;
+} mm_views;
+
+static void mm_views_release(mm_views *v) {
+    zr_tensor_release(v->a);
+    zr_tensor_release(v->b);
+    zr_tensor_release(v->g);
+}
+
+static zr_status matmul_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *a = n->saved[0], *b = n->saved[1];
+    mm_views v = {0};
+    zr_status st = ZR_ERR;
+    v.a = a->ndim == 1 ? insert_unit_dim(a, 0) : zr_tensor_retain(a);
+    v.b = b->ndim == 1 ? insert_unit_dim(b, 1) : zr_tensor_retain(b);
+    if (!v.a || !v.b) goto done;
+    if (a->ndim == 1 || b->ndim == 1) {
+        int an = v.a->ndim, bn = v.b->ndim, nd = an > bn ? an : bn;
+        int64_t sh[ZR_MAX_DIMS];
+        for (int i = 0; i < nd - 2; i++) sh[i] = g->shape[i];
+        sh[nd - 2] = v.a->shape[an - 2];
+        sh[nd - 1] = v.b->shape[bn - 1];
+        zr_tensor *gc = zr_tensor_contiguous_raw(g);
+        v.g = gc ? zr_tensor_view_raw(gc, nd, sh) : NULL;
+        zr_tensor_release(gc);
+    } else
+        v.g = zr_tensor_retain(g);
+    if (!v.g) goto done;
+    if (zr_node_needs_grad(n, 0)) { /* dA = g · Bᵀ */
+        zr_tensor *bt = zr_tensor_transpose_raw(v.b, -1, -2);
+        zr_tensor *ga = bt ? mm_raw(v.g, bt, zr_promote(v.g->dtype, b->dtype)) : NULL;
+        zr_tensor_release(bt);
+        if (finish_grad(n, 0, ga, v.a->ndim, v.a->shape, gin)) goto done;
+    }
+    if (zr_node_needs_grad(n, 1)) { /* dB = Aᵀ · g */
+        zr_dtype dt = zr_promote(v.g->dtype, a->dtype);
+        zr_tensor *gb = NULL;
+        if (v.b->ndim == 2 && v.a->ndim > 2) {
+            /* b was shared by every batch: fold the batch into the rows, one GEMM of
+             * (k, B*m) x (B*m, n) instead of B products summed afterwards. */
+            int64_t ka = v.a->shape[v.a->ndim - 1], nn = v.g->shape[v.g->ndim - 1];
+            zr_tensor *ac = zr_tensor_contiguous_raw(v.a), *gc = zr_tensor_contiguous_raw(v.g);
+            zr_tensor *af = ac ? zr_tensor_view_raw(ac, 2, (int64_t[]){-1, ka}) : NULL;
+            zr_tensor *gf = gc ? zr_tensor_view_raw(gc, 2, (int64_t[]){-1, nn}) : NULL;
+            zr_tensor *at = af ? zr_tensor_transpose_raw(af, 0, 1) : NULL;
+            gb = at && gf ? mm_raw(at, gf, dt) : NULL;
+            zr_tensor_release(ac);
+            zr_tensor_release(gc);
+            zr_tensor_release(af);
+            zr_tensor_release(gf);
+            zr_tensor_release(at);
+        } else {
+            zr_tensor *at = zr_tensor_transpose_raw(v.a, -1, -2);
+            gb = at ? mm_raw(at, v.g, dt) : NULL;
+            zr_tensor_release(at);
+        }
+        if (finish_grad(n, 1, gb, v.b->ndim, v.b->shape, gin)) goto done;
+    }
+    st = ZR_OK;
+done:
+    mm_views_release(&v);
+    return st;
+}
+
+/* Shared checks of matmul-like ops; a2/b2 are the >= 2-D forms of a and b. */
+static zr_status check_operands(const char *op, zr_tensor *a, zr_tensor *b, zr_tensor *a2,
+                                zr_tensor *b2) {
+    char b1[128], b2s[128];
+    int an = a2->ndim, bn = b2->ndim;
+    if (a2->shape[an - 1] != b2->shape[bn - 2])
+        return zr_error("%s: shapes %s and %s do not match: %lld ≠ %lld", op,
+                        zr_tensor_shape_str(a, b1), zr_tensor_shape_str(b, b2s),
+                        (long long)a2->shape[an - 1], (long long)b2->shape[bn - 2]);
+    int nb = (an > bn ? an : bn) - 2;
+    for (int i = 0; i < nb; i++) {
+        int ia = i - (nb - (an - 2)), ib = i - (nb - (bn - 2));
+        int64_t sa = ia >= 0 ? a2->shape[ia] : 1, sb = ib >= 0 ? b2->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1)
+            return zr_error("%s: batch dims of %s and %s cannot be broadcast (%lld vs %lld)", op,
+                            zr_tensor_shape_str(a, b1), zr_tensor_shape_str(b, b2s),
+                            (long long)sa, (long long)sb);
+    }
+    return ZR_OK;
+}
+
+static zr_tensor *matmul_impl(const char *op, zr_tensor *a, zr_tensor *b) {
+    if (!a || !b) return zr_error_null("%s: missing operand", op);
+    if (zr_check_float(op, a) || zr_check_float(op, b)) return NULL;
+    if (zr_check_same_device(op, 2, (zr_tensor *[]){a, b})) return NULL;
+    if (a->ndim == 0 || b->ndim == 0)
+        return zr_error_null("%s: both operands need at least 1 dim, got %d-dim and %d-dim", op,
+                             a->ndim, b->ndim);
+    zr_tensor *a2 = a->ndim == 1 ? insert_unit_dim(a, 0) : zr_tensor_retain(a);
+    zr_tensor *b2 = b->ndim == 1 ? insert_unit_dim(b, 1) : zr_tensor_retain(b);
+    zr_tensor *out = NULL;
+    if (!a2 || !b2 || check_operands(op, a, b, a2, b2)) goto fail;
+    out = mm_raw(a2, b2, zr_promote(a->dtype, b->dtype));
+    if (!out) goto fail;
+    if (a->ndim == 1 || b->ndim == 1) { /* drop the unit dims of 1-D operands */
+        int64_t sh[ZR_MAX_DIMS];
+        int nd = 0;
+        for (int i = 0; i < out->ndim - 2; i++) sh[nd++] = out->shape[i];
+        if (a->ndim != 1) sh[nd++] = out->shape[out->ndim - 2];
+        if (b->ndim != 1) sh[nd++] = out->shape[out->ndim - 1];
+        zr_tensor *v = zr_tensor_view_raw(out, nd, sh);
+        zr_tensor_release(out);
+        if (!(out = v)) goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(out, op, matmul_backward, 2, (zr_tensor *[]){a, b}, &n)) goto fail;
+    if (n && (zr_node_save(n, a) || zr_node_save(n, b))) goto fail;
+    zr_tensor_release(a2);
+    zr_tensor_release(b2);
+    return out;
+fail:
+    zr_tensor_release(a2);
+    zr_tensor_release(b2);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+zr_tensor *zr_matmul(zr_tensor *a, zr_tensor *b) { return matmul_impl("matmul", a, b); }
+
+zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b) {
+    char b1[128], b2[128];
+    if (!a || !b) return zr_error_null("bmm: missing operand");
+    if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0])
+        return zr_error_null("bmm: expected (B,m,k) and (B,k,n) with the same B, got %s and %s",
+                             zr_tensor_shape_str(a, b1), zr_tensor_shape_str(b, b2));
+    return matmul_impl("bmm", a, b);
+}
+
+/* --- linear --- */
+
+/* nn.Linear on a GPU: operands converted to the result dtype dt (contiguous), then one cuBLASLt
+ * call with the bias in its epilogue. */
+static zr_status linear_forward_dev(zr_tensor *out, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t rows,
+                                    int64_t in, int64_t nout) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = out->dtype;
+    zr_device dev = zr_tensor_device(out);
+    zr_tensor *xi = zr_tensor_to_raw(x, dt, dev), *wi = xi ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *bi = wi && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    zr_status st = ZR_ERR;
+    if (wi && (!b || bi))
+        st = zr_dev_status(linear_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_data(wi),
+                                               bi ? zr_tensor_data(bi) : NULL, rows, in, nout, dt,
+                                               zr_cuda_stream(dev)),
+                           "linear", dev);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    return st;
+#else
+    (void)out, (void)x, (void)w, (void)b, (void)rows, (void)in, (void)nout;
+    return zr_no_cuda("linear");
+#endif
+}
+
+/* Linear's backward on a GPU, in the promoted dtype of g, x and w; results cast to each input's
+ * dtype. Only the operands a requested gradient needs are converted. */
+static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, int64_t rows,
+                                     int64_t in, int64_t out, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = zr_promote(g->dtype, zr_promote(x->dtype, w->dtype));
+    zr_device dev = zr_tensor_device(g);
+    int need[3] = {zr_node_needs_grad(n, 0), zr_node_needs_grad(n, 1), zr_node_needs_grad(n, 2)};
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = NULL, *wi = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
+        (need[0] && !(wi = zr_tensor_to_raw(w, dt, dev))))
+        goto done;
+    /* dX straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
+     * consumers' gradients are there already (GPT-2's three c_attn products), no add pass */
+    if (need[0] && n->edges[0].fn && n->edges[0].dtype == dt) {
+        zr_tensor *buf;
+        int state;
+        if (zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state)) goto done;
+        zr_gemm_desc gd = {0, 0, rows, in, out, zr_tensor_data(gi), out, 0, zr_tensor_data(wi), in, 0,
+                           zr_tensor_data(buf), in, 0, 1, NULL, 1.0, state == ZR_GRADBUF_SHARED ? 1.0 : 0.0, dt, dt};
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dX)", dev)) goto done;
+        need[0] = 0;
+    }
+    if (need[0] && !(d[0] = zr_tensor_new_cat(dt, dev, n->edges[0].ndim, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM with
+     * beta = 1 and an fp32 output instead of a 16-bit dW plus an accumulation pass */
+    zr_tensor *lg = need[1] ? zr_node_leaf_grad(n, 1) : NULL;
+    if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32)) {
+        zr_tensor *leaf = n->edges[1].leaf; /* a stale gradient (engine zero_grad) is overwritten: beta 0 */
+        zr_gemm_desc gd = {1, 0, out, in, rows, zr_tensor_data(gi), out, 0, zr_tensor_data(xi), in, 0,
+                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype};
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
+        leaf->grad_stale = 0;
+        need[1] = 0;
+    }
+    if (need[1] && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (need[2] && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    int rc = linear_backward_cuda(d[0] ? zr_tensor_data(d[0]) : NULL, d[1] ? zr_tensor_data(d[1]) : NULL,
+                                  d[2] ? zr_tensor_data(d[2]) : NULL, zr_tensor_data(gi),
+                                  xi ? zr_tensor_data(xi) : NULL, wi ? zr_tensor_data(wi) : NULL, rows, in, out,
+                                  0, dt, zr_cuda_stream(dev));
+    if (zr_dev_status(rc, "linear backward", dev)) goto done;
+    if (zr_give_grads(n, 3, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+#else
+    (void)n, (void)g, (void)x, (void)w, (void)rows, (void)in, (void)out, (void)gin;
+    return zr_no_cuda("linear");
+#endif
+}
+
+/* saved[0] = x, saved[1] = w; edges x, w, b. */
+static zr_status linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *w = n->saved[1];
+    int64_t in = w->shape[1], out = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 0;
+    if (in == 0) rows = zr_tensor_numel(g) / (out ? out : 1);
+    if (!zr_is_cpu(g)) return linear_backward_dev(n, g, x, w, rows, in, out, gin);
+    zr_dtype ct = zr_cpu_compute_dtype(zr_promote(g->dtype, zr_promote(x->dtype, w->dtype)));
+    zr_device dev = zr_tensor_device(g);
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = NULL, *r = NULL;
+    gemm_operand W = {0};
+    zr_status st = ZR_ERR;
+    if (!gi) goto done;
+    if (zr_node_needs_grad(n, 0)) { /* dx (rows, in) = g (rows, out) · w (out, in) */
+        if (operand_prepare(w, ct, &W)) goto done;
+        zr_edge *e = &n->edges[0];
+        r = zr_tensor_new_cat(ct, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!r) goto done;
+        ZR_CPU_CALL(ct, gemm_cpu, 0, W.trans, rows, in, out, 1.0, zr_tensor_data(gi), out,
+                    zr_tensor_data(W.t), W.ld, 0.0, zr_tensor_data(r), in);
+        if (!(gin[0] = zr_take_as(r, e->dtype))) goto done;
+        r = NULL;
+    }
+    if (zr_node_needs_grad(n, 1)) { /* dW (out, in) = gᵀ (out, rows) · x (rows, in) */
+        if (!(xi = zr_cpu_in(x, ct))) goto done;
+        r = zr_tensor_new_cat(ct, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0);
+        if (!r) goto done;
+        ZR_CPU_CALL(ct, gemm_cpu, 1, 0, out, in, rows, 1.0, zr_tensor_data(gi), out,
+                    zr_tensor_data(xi), in > 1 ? in : 1, 0.0, zr_tensor_data(r), in > 1 ? in : 1);
+        if (!(gin[1] = zr_take_as(r, n->edges[1].dtype))) goto done;
+        r = NULL;
+    }
+    if (zr_node_needs_grad(n, 2)) { /* db (out) = column sums of g */
+        r = zr_tensor_new_cat(ct, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0);
+        if (!r) goto done;
+        ZR_CPU_CALL(ct, sum_cols_cpu, zr_tensor_data(r), zr_tensor_data(gi), rows, out);
+        if (!(gin[2] = zr_take_as(r, n->edges[2].dtype))) goto done;
+        r = NULL;
+    }
+    st = ZR_OK;
+done:
+    zr_tensor_release(r);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(W.t);
+    return st;
+}
+
+zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
+    char b1[128], b2[128];
+    if (!x || !w) return zr_error_null("linear: missing input or weight");
+    if (zr_check_float("linear", x) || zr_check_float("linear", w) || (b && zr_check_float("linear", b)))
+        return NULL;
+    if (zr_check_same_device("linear", 3, (zr_tensor *[]){x, w, b})) return NULL;
+    if (w->ndim != 2)
+        return zr_error_null("linear: weight must be 2-D (out_features, in_features), got %s",
+                             zr_tensor_shape_str(w, b1));
+    if (x->ndim == 0 || x->shape[x->ndim - 1] != w->shape[1])
+        return zr_error_null("linear: input %s and weight %s do not match: %lld ≠ %lld",
+                             zr_tensor_shape_str(x, b1), zr_tensor_shape_str(w, b2),
+                             x->ndim ? (long long)x->shape[x->ndim - 1] : 0LL, (long long)w->shape[1]);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return zr_error_null("linear: bias must have shape (%lld) to match weight %s, got %s",
+                             (long long)w->shape[0], zr_tensor_shape_str(w, b1), zr_tensor_shape_str(b, b2));
+    zr_dtype dt = zr_promote(x->dtype, w->dtype);
+    if (b) dt = zr_promote(dt, b->dtype);
+    zr_dtype ct = zr_cpu_compute_dtype(dt);
+    int64_t in = w->shape[1], nout = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 1;
+    int64_t shape[ZR_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = nout;
+    if (in == 0)
+        for (int i = 0; i < x->ndim - 1; i++) rows *= x->shape[i];
+    zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(x), x->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *xi = NULL, *bi = NULL, *o = NULL, *wt = NULL;
+    gemm_operand W = {0};
+    if (!out) return NULL;
+    if (!zr_is_cpu(x)) {
+        if (linear_forward_dev(out, x, w, b, rows, in, nout)) goto fail;
+        goto record;
+    }
+    /* GEMM reads wᵀ (in, out) in place: a row-major w becomes a transposition flag. */
+    if (!(xi = zr_cpu_in(x, ct)) || !(wt = zr_tensor_transpose_raw(w, 0, 1)) ||
+        operand_prepare(wt, ct, &W) || !(o = zr_cpu_out_begin(out, ct)))
+        goto fail;
+    if (b) {
+        if (!(bi = zr_cpu_in(b, ct))) goto fail;
+        ZR_CPU_CALL(ct, fill_rows_cpu, zr_tensor_data(o), zr_tensor_data(bi), rows, nout);
+    }
+    ZR_CPU_CALL(ct, gemm_cpu, 0, W.trans, rows, nout, in, 1.0, zr_tensor_data(xi), in > 1 ? in : 1,
+                zr_tensor_data(W.t), W.ld, b ? 1.0 : 0.0, zr_tensor_data(o), nout);
+    zr_status st = zr_cpu_out_end(out, o);
+    o = NULL;
+    if (st) goto fail;
+record:;
+    zr_node *n;
+    if (zr_autograd_record(out, "linear", linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
+    if (n && (zr_node_save(n, x) || zr_node_save(n, w))) goto fail;
+    zr_tensor_release(xi);
+    zr_tensor_release(bi);
+    zr_tensor_release(wt);
+    zr_tensor_release(W.t);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(bi);
+    zr_tensor_release(wt);
+    zr_tensor_release(W.t);
+    zr_tensor_release(out);
+    return NULL;
+}

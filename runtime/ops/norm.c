@@ -1,0 +1,329 @@
+/* RMSNorm and LayerNorm: forward and backward side by side (see ops/norm.h). The kernels work on
+ * (N, D) rows in f32/f64; bf16/f16 are widened to f32 and narrowed back. */
+#include "ops/norm.h"
+
+#include "ops/util.h"
+
+static int is_low(zr_dtype t) { return t == ZR_BF16 || t == ZR_F16; }
+
+/* Checks x (..., D) and an optional (D) parameter; sets *D and *N. */
+static zr_status check_args(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t *D,
+                            int64_t *N) {
+    char b1[128], b2[128];
+    if (zr_check_float(op, x)) return ZR_ERR;
+    if (x->ndim < 1) return zr_error("%s: x must have at least one dim (the normalised one), got a scalar", op);
+    if (zr_check_same_device(op, 3, (zr_tensor *[]){x, w, b})) return ZR_ERR;
+    *D = x->shape[x->ndim - 1];
+    if (*D == 0) return zr_error("%s: cannot normalise over a last dim of size 0 (x is %s)", op, zr_tensor_shape_str(x, b1));
+    *N = zr_tensor_numel(x) / *D;
+    zr_tensor *ps[2] = {w, b};
+    const char *names[2] = {"weight", "bias"};
+    for (int i = 0; i < 2; i++) {
+        if (!ps[i]) continue;
+        if (zr_check_float(op, ps[i])) return ZR_ERR;
+        if (ps[i]->ndim != 1 || ps[i]->shape[0] != *D)
+            return zr_error("%s: %s has shape %s but x is %s; expected (%lld)", op, names[i],
+                            zr_tensor_shape_str(ps[i], b1), zr_tensor_shape_str(x, b2), (long long)*D);
+    }
+    if (!zr_is_cpu(x) && x->dtype == ZR_F64)
+        return zr_error("%s on cuda: f64 is not supported (use f32, bf16 or f16)", op);
+    return ZR_OK;
+}
+
+static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
+    int f64 = x->dtype == ZR_F64 || (w && w->dtype == ZR_F64) || (b && b->dtype == ZR_F64);
+    return f64 ? ZR_F64 : ZR_F32;
+}
+
+/* --- CUDA path (kernels/cuda/norm.h): rows of D in x's dtype, statistics in f32 (saved as f32
+ * (N) tensors); a weight of another dtype is converted to x's. Weight gradients are reduced
+ * deterministically by the kernels. --- */
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/norm.h"
+#endif
+
+/* ln 0: rms_norm (b, mean unused); 1: layer_norm. out, mean, rstd allocated by the caller. */
+static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_tensor *rstd, zr_tensor *x,
+                                  zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
+#ifdef ZR_HAVE_CUDA
+    const char *op = ln ? "layer_norm" : "rms_norm";
+    zr_device dev = zr_tensor_device(x);
+    zr_dtype dt = x->dtype;
+    cudaStream_t s = zr_cuda_stream(dev);
+    zr_tensor *xi = zr_tensor_contiguous_raw(x), *wi = xi && w ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *bi = xi && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    zr_status st = ZR_ERR;
+    if (xi && (!w || wi) && (!b || bi)) {
+        int rc;
+        if (ln)
+            rc = layernorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(mean), zr_tensor_data(rstd),
+                                        zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                                        bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s);
+        else /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype), in one pass */
+            rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi),
+                                      wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt, s);
+        st = zr_dev_status(rc, op, dev);
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    return st;
+#else
+    (void)out, (void)mean, (void)rstd, (void)x, (void)w, (void)b, (void)N, (void)D, (void)eps;
+    return zr_no_cuda(ln ? "layer_norm" : "rms_norm");
+#endif
+}
+
+/* Backward of either norm on a GPU: gin[0..2] for x, weight, bias (those the node needs). */
+static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, zr_tensor *mean,
+                                   zr_tensor *rstd, zr_tensor **gin) {
+#ifdef ZR_HAVE_CUDA
+    const char *op = ln ? "layer_norm backward" : "rms_norm backward";
+    zr_device dev = zr_tensor_device(x);
+    zr_dtype dt = x->dtype;
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    int nin = ln ? 3 : 2;
+    int want_w = w && zr_node_needs_grad(n, 1), want_b = ln && n->n_inputs > 2 && zr_node_needs_grad(n, 2);
+    size_t wsz = !(want_w || want_b) ? 0 : ln ? layernorm_backward_workspace_size(N, D)
+                                              : rmsnorm_backward_workspace_size(N, D);
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = zr_tensor_contiguous_raw(x);
+    zr_tensor *wi = w ? zr_tensor_to_raw(w, dt, dev) : NULL, *ws = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    /* dx straight into the producer's pending gradient (the residual stream's, typically): the
+     * kernel adds what is there in the same pass (dres aliasing dx) instead of a separate add */
+    zr_tensor *buf = NULL;
+    int state = ZR_GRADBUF_NEW;
+    if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
+        goto done;
+    if (!buf && !(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (want_w && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    cudaStream_t s = zr_cuda_stream(dev);
+    void *p[3] = {zr_tensor_data(buf ? buf : d[0]), d[1] ? zr_tensor_data(d[1]) : NULL,
+                  d[2] ? zr_tensor_data(d[2]) : NULL};
+    const void *dres = buf && state == ZR_GRADBUF_SHARED ? p[0] : NULL;
+    int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
+                                          wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
+                                          dres, ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
+                : rmsnorm_backward_cuda(p[0], p[1], zr_tensor_data(gi), zr_tensor_data(xi),
+                                        wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
+                                        ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
+    if (zr_dev_status(rc, op, dev)) goto done;
+    if (zr_give_grads(n, nin, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(ws);
+    return st;
+#else
+    (void)ln, (void)n, (void)g, (void)x, (void)w, (void)mean, (void)rstd, (void)gin;
+    return zr_no_cuda(ln ? "layer_norm" : "rms_norm");
+#endif
+}
+
+static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
+static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
+
+/* The whole op on a GPU: output, f32 statistics (mean only for layer_norm), the node. */
+static zr_tensor *norm_dev(int ln, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *rstd = out ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *mean = rstd && ln ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_node *n;
+    if (!rstd || (ln && !mean) || norm_forward_dev(ln, out, mean, rstd, x, w, b, N, D, eps)) goto fail;
+    if (ln) {
+        if (zr_autograd_record(out, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
+    } else if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, w}, &n))
+        goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
+            goto fail;
+    }
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- RMSNorm --- */
+
+/* saved: x, weight (or NULL), rstd (N, compute dtype) */
+static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *w = n->saved[1], *rstd = n->saved[2];
+    if (!zr_is_cpu(x)) return norm_backward_dev(0, n, g, x, w, NULL, rstd, gin);
+    zr_dtype ct = rstd->dtype;
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
+    zr_tensor *dx = NULL, *dw = NULL;
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    if (zr_node_needs_grad(n, 0) &&
+        !(dx = zr_tensor_new_cat(ct, zr_tensor_device(x), x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    if (w && zr_node_needs_grad(n, 1) &&
+        !(dw = zr_tensor_new_cat(ct, zr_tensor_device(x), 1, &D, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    ZR_CPU_CALL(ct, rmsnorm_backward_cpu, dx ? zr_tensor_data(dx) : NULL, dw ? zr_tensor_data(dw) : NULL,
+                zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                zr_tensor_data(rstd), N, D);
+    if (dx && !(gin[0] = zr_take_as(dx, n->edges[0].dtype))) {
+        dx = NULL;
+        goto done;
+    }
+    dx = NULL;
+    if (dw && !(gin[1] = zr_take_as(dw, n->edges[1].dtype))) {
+        dw = NULL;
+        goto done;
+    }
+    dw = NULL;
+    st = ZR_OK;
+done:
+    zr_tensor_release(dx);
+    zr_tensor_release(dw);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+}
+
+zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) {
+    int64_t D, N;
+    if (check_args("rms_norm", x, weight, NULL, &D, &N)) return NULL;
+    if (!zr_is_cpu(x)) return norm_dev(0, x, weight, NULL, N, D, eps);
+    zr_dtype ct = compute_dtype(x, weight, NULL);
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *rstd = out ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd ? zr_cpu_in(x, ct) : NULL;
+    zr_tensor *wi = xi && weight ? zr_cpu_in(weight, ct) : NULL;
+    zr_tensor *o = NULL;
+    if (!xi || (weight && !wi)) goto fail;
+    if (is_low(x->dtype) && weight) {
+        /* LlamaRMSNorm: weight * (x * rstd).to(input_dtype): round, then scale, then round. */
+        zr_tensor *h = zr_tensor_new_cat(ZR_F32, dev, x->ndim, x->shape, ZR_MEM_WORKSPACE, 0);
+        if (!h) goto fail;
+        rmsnorm_forward_cpu_f32(zr_tensor_data(h), zr_tensor_data(rstd), zr_tensor_data(xi), NULL, N, D, eps);
+        zr_tensor *hr = zr_tensor_to_raw(h, x->dtype, dev);
+        zr_tensor_release(h);
+        zr_tensor *hw = hr ? zr_tensor_to_raw(hr, ZR_F32, dev) : NULL;
+        zr_tensor_release(hr);
+        if (!hw) goto fail;
+        scale_cols_cpu_f32(zr_tensor_data(hw), zr_tensor_data(wi), N, D);
+        zr_status st = zr_tensor_copy_(out, hw);
+        zr_tensor_release(hw);
+        if (st) goto fail;
+    } else {
+        if (!(o = zr_cpu_out_begin(out, ct))) goto fail;
+        ZR_CPU_CALL(ct, rmsnorm_forward_cpu, zr_tensor_data(o), zr_tensor_data(rstd), zr_tensor_data(xi),
+                    wi ? zr_tensor_data(wi) : NULL, N, D, eps);
+        zr_status st = zr_cpu_out_end(out, o);
+        o = NULL;
+        if (st) goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, weight}, &n)) goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, weight) || zr_node_save(n, rstd)) goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- LayerNorm --- */
+
+/* saved: x, weight (or NULL), mean (N), rstd (N) */
+static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *x = n->saved[0], *w = n->saved[1], *mean = n->saved[2], *rstd = n->saved[3];
+    if (!zr_is_cpu(x)) return norm_backward_dev(1, n, g, x, w, mean, rstd, gin);
+    zr_dtype ct = rstd->dtype;
+    zr_device dev = zr_tensor_device(x);
+    int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
+    zr_tensor *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (!gi || !xi || (w && !wi)) goto done;
+    for (int i = 0; i < 3; i++) {
+        if (!zr_node_needs_grad(n, i)) continue;
+        d[i] = i == 0 ? zr_tensor_new_cat(ct, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0)
+                      : zr_tensor_new_cat(ct, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0);
+        if (!d[i]) goto done;
+    }
+    ZR_CPU_CALL(ct, layernorm_backward_cpu, d[0] ? zr_tensor_data(d[0]) : NULL,
+                d[1] ? zr_tensor_data(d[1]) : NULL, d[2] ? zr_tensor_data(d[2]) : NULL,
+                zr_tensor_data(gi), zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                zr_tensor_data(mean), zr_tensor_data(rstd), N, D);
+    if (zr_give_grads(n, 3, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
+    zr_tensor_release(gi);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    return st;
+}
+
+zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps) {
+    int64_t D, N;
+    if (check_args("layer_norm", x, weight, bias, &D, &N)) return NULL;
+    if (!zr_is_cpu(x)) return norm_dev(1, x, weight, bias, N, D, eps);
+    zr_dtype ct = compute_dtype(x, weight, bias);
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *mean = out ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *rstd = mean ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd ? zr_cpu_in(x, ct) : NULL;
+    zr_tensor *wi = xi && weight ? zr_cpu_in(weight, ct) : NULL;
+    zr_tensor *bi = xi && bias ? zr_cpu_in(bias, ct) : NULL;
+    zr_tensor *o = NULL;
+    if (!xi || (weight && !wi) || (bias && !bi) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
+    ZR_CPU_CALL(ct, layernorm_forward_cpu, zr_tensor_data(o), zr_tensor_data(mean), zr_tensor_data(rstd),
+                zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL, bi ? zr_tensor_data(bi) : NULL, N, D, eps);
+    zr_status st = zr_cpu_out_end(out, o);
+    o = NULL;
+    if (st) goto fail;
+    zr_node *n;
+    if (zr_autograd_record(out, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){x, weight, bias}, &n))
+        goto fail;
+    if (n) {
+        n->f[0] = eps;
+        if (zr_node_save(n, x) || zr_node_save(n, weight) || zr_node_save(n, mean) || zr_node_save(n, rstd))
+            goto fail;
+    }
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    return out;
+fail:
+    zr_tensor_release(o);
+    zr_tensor_release(xi);
+    zr_tensor_release(wi);
+    zr_tensor_release(bi);
+    zr_tensor_release(mean);
+    zr_tensor_release(rstd);
+    zr_tensor_release(out);
+    return NULL;
+}

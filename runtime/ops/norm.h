@@ -1,0 +1,17 @@
+/* Normalisation layers with autograd: RMSNorm (Hugging Face LlamaRMSNorm) and LayerNorm (torch).
+ * Both normalise over the last dim of x (..., D); weight and bias are (D) or NULL. */
+#ifndef ZR_OPS_NORM_H
+#define ZR_OPS_NORM_H
+
+#include "core/tensor.h"
+
+/* y = x / sqrt(mean(x^2, -1) + eps) * weight. Statistics in f32 (f64 for f64 inputs). For bf16/f16
+ * x the normalised value is rounded to x's dtype before the weight is applied, exactly as
+ * LlamaRMSNorm does (`weight * hidden.to(input_dtype)`); the output keeps x's dtype (HF would
+ * promote to the weight's dtype if it were wider). Saves x, weight and rstd (one per row). */
+zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps);
+/* torch.nn.functional.layer_norm over the last dim (biased variance). Saves x, weight and the
+ * per-row mean and rstd. */
+zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps);
+
+#endif

@@ -1,0 +1,185 @@
+/* Optimizer steps (AdamW, SGD) over parameter tensors and flat buffers: argument checks, the
+ * per-step scalars (bias corrections), and dispatch to the fused CPU kernels, or for parameters
+ * on a GPU to kernels/cuda/optim.h (AdamW: one segment per tensor; f32 or bf16/f16 gradients
+ * read as they are; SGD). Nothing waits for the GPU. */
+#include "ops/optim.h"
+
+#include <math.h>
+
+#include "ops/util.h"
+
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/optim.h"
+#endif
+
+/* Fails for f64 parameters on a GPU (the CUDA kernels update f32 master weights). */
+static zr_status check_dev_param(const char *op, const zr_tensor *p) {
+    char b[192];
+    if (p->dtype == ZR_F64)
+        return zr_error("%s: parameters on CUDA must be f32, got %s", op, zr_tensor_describe(p, b));
+    return ZR_OK;
+}
+
+zr_status zr_adamw_config_check(const zr_adamw_config *c) {
+    if (!(c->lr >= 0)) return zr_error("adamw: lr must be >= 0, got %g", c->lr);
+    if (!(c->eps >= 0)) return zr_error("adamw: eps must be >= 0, got %g", c->eps);
+    if (!(c->beta1 >= 0 && c->beta1 < 1))
+        return zr_error("adamw: betas[1] must be in [0, 1), got %g", c->beta1);
+    if (!(c->beta2 >= 0 && c->beta2 < 1))
+        return zr_error("adamw: betas[2] must be in [0, 1), got %g", c->beta2);
+    if (!(c->weight_decay >= 0))
+        return zr_error("adamw: weight_decay must be >= 0, got %g", c->weight_decay);
+    return ZR_OK;
+}
+
+zr_status zr_sgd_config_check(const zr_sgd_config *c) {
+    if (!(c->lr >= 0)) return zr_error("sgd: lr must be >= 0, got %g", c->lr);
+    if (!(c->momentum >= 0)) return zr_error("sgd: momentum must be >= 0, got %g", c->momentum);
+    if (!(c->weight_decay >= 0))
+        return zr_error("sgd: weight_decay must be >= 0, got %g", c->weight_decay);
+    if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+        return zr_error("sgd: nesterov momentum requires momentum > 0 and dampening = 0 "
+                        "(got momentum %g, dampening %g)", c->momentum, c->dampening);
+    return ZR_OK;
+}
+
+/* Checks that state tensor s can be updated alongside param p. */
+static zr_status check_state(const char *op, const char *what, const zr_tensor *p,
+                             const zr_tensor *s) {
+    char b1[192], b2[192];
+    if (!s) return zr_error("%s: %s is missing", op, what);
+    if (s->dtype != p->dtype || !zr_device_eq(zr_tensor_device(s), zr_tensor_device(p)) ||
+        !zr_tensor_same_shape(s, p) || !zr_tensor_is_contiguous(s))
+        return zr_error("%s: %s is %s%s, expected a contiguous tensor like the parameter (%s)", op,
+                        what, zr_tensor_describe(s, b1),
+                        zr_tensor_is_contiguous(s) ? "" : " (not contiguous)",
+                        zr_tensor_describe(p, b2));
+    if (s->storage == p->storage) return zr_error("%s: %s shares memory with the parameter", op, what);
+    return ZR_OK;
+}
+
+static zr_status check_param(const char *op, const zr_tensor *p) {
+    char b[192];
+    if (!p) return zr_error("%s: parameter is NULL", op);
+    if ((p->dtype != ZR_F32 && p->dtype != ZR_F64) || !zr_tensor_is_contiguous(p))
+        return zr_error("%s: parameters must be contiguous f32 (or f64) tensors, got %s%s", op,
+                        zr_tensor_describe(p, b), zr_tensor_is_contiguous(p) ? "" : " (not contiguous)");
+    return ZR_OK;
+}
+
+/* The gradient as the kernel reads it: a new reference to g itself when it is contiguous and of
+ * the parameter's dtype (or bf16 for f32 parameters), else a converted copy. */
+static zr_tensor *grad_in(const char *op, zr_tensor *p, zr_tensor *g, int allow_bf16, int *kind) {
+    char b1[192], b2[192];
+    if (!g) return zr_error_null("%s: parameter %s has no gradient", op, zr_tensor_describe(p, b1));
+    if (!zr_tensor_same_shape(g, p) || !zr_device_eq(zr_tensor_device(g), zr_tensor_device(p)))
+        return zr_error_null("%s: gradient %s does not match parameter %s", op,
+                             zr_tensor_describe(g, b1), zr_tensor_describe(p, b2));
+    if (g->storage == p->storage) return zr_error_null("%s: gradient shares memory with the parameter", op);
+    *kind = ZR_OPTIM_GRAD_REAL;
+    if (zr_tensor_is_contiguous(g)) {
+        if (g->dtype == p->dtype) return zr_tensor_retain(g);
+        if (allow_bf16 && g->dtype == ZR_BF16 && p->dtype == ZR_F32) {
+            *kind = ZR_OPTIM_GRAD_BF16;
+            return zr_tensor_retain(g);
+        }
+    }
+    return zr_tensor_to_raw(g, p->dtype, zr_tensor_device(p));
+}
+
+zr_status zr_adamw_step(zr_tensor *param, zr_tensor *grad, zr_tensor *exp_avg,
+                        zr_tensor *exp_avg_sq, int64_t step, const zr_adamw_config *c) {
+    const char *op = "adamw";
+    if (check_param(op, param) || check_state(op, "exp_avg", param, exp_avg) ||
+        check_state(op, "exp_avg_sq", param, exp_avg_sq) || zr_adamw_config_check(c))
+        return ZR_ERR;
+    if (exp_avg->storage == exp_avg_sq->storage)
+        return zr_error("adamw: exp_avg and exp_avg_sq share memory");
+    if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
+    if (!zr_is_cpu(param)) {
+#ifdef ZR_HAVE_CUDA
+        if (check_dev_param(op, param)) return ZR_ERR;
+        char b1[192], b2[192];
+        zr_device dev = zr_tensor_device(param);
+        if (!grad) return zr_error("adamw: parameter %s has no gradient", zr_tensor_describe(param, b1));
+        if (!zr_tensor_same_shape(grad, param) || !zr_device_eq(zr_tensor_device(grad), dev))
+            return zr_error("adamw: gradient %s does not match parameter %s", zr_tensor_describe(grad, b1),
+                            zr_tensor_describe(param, b2));
+        int low = grad->dtype == ZR_BF16 || grad->dtype == ZR_F16;
+        zr_tensor *gi = zr_tensor_is_contiguous(grad) && (low || grad->dtype == ZR_F32)
+                            ? zr_tensor_retain(grad)
+                            : zr_tensor_to_raw(grad, ZR_F32, dev);
+        if (!gi) return ZR_ERR;
+        zr_adamw_segment seg = {0, zr_tensor_numel(param), (float)c->weight_decay, (float)c->lr};
+        int rc = seg.n == 0 ? 0
+                            : adamw_step_cuda(zr_tensor_data(param), zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq),
+                                              NULL, ZR_F32, zr_tensor_data(gi), gi->dtype, &seg, 1, c, step, NULL,
+                                              zr_cuda_stream(dev));
+        zr_tensor_release(gi);
+        return zr_dev_status(rc, op, dev);
+#else
+        return zr_no_cuda("adamw");
+#endif
+    }
+    int kind;
+    zr_tensor *g = grad_in(op, param, grad, 1, &kind);
+    if (!g) return ZR_ERR;
+    ZR_CPU_CALL(param->dtype, adamw_step_cpu, zr_tensor_data(param), zr_tensor_data(g), kind,
+                zr_tensor_data(exp_avg), zr_tensor_data(exp_avg_sq), zr_tensor_numel(param), c, step);
+    zr_tensor_release(g);
+    return ZR_OK;
+}
+
+zr_status zr_adamw_step_multi(int n, zr_tensor *const *params, zr_tensor *const *grads,
+                              zr_tensor *const *exp_avgs, zr_tensor *const *exp_avg_sqs,
+                              int64_t step, const zr_adamw_config *c) {
+    for (int i = 0; i < n; i++)
+        if (zr_adamw_step(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], step, c)) {
+            zr_error_prefix("parameter %d of %d: ", i + 1, n);
+            return ZR_ERR;
+        }
+    return ZR_OK;
+}
+
+zr_status zr_adamw_step_flat(float *p, const void *g, zr_dtype grad_dtype, float *m, float *v,
+                             int64_t n, int64_t step, const zr_adamw_config *c) {
+    if (zr_adamw_config_check(c)) return ZR_ERR;
+    if (n < 0 || step < 1) return zr_error("adamw: bad flat step (n %lld, step %lld)", (long long)n, (long long)step);
+    if (grad_dtype != ZR_F32 && grad_dtype != ZR_BF16)
+        return zr_error("adamw: flat gradients must be f32 or bf16, got %s", zr_dtype_name(grad_dtype));
+    if (n == 0) return ZR_OK;
+    if (!p || !g || !m || !v) return zr_error("adamw: NULL buffer in a flat step of %lld elements", (long long)n);
+    adamw_step_cpu_f32(p, g, grad_dtype == ZR_BF16 ? ZR_OPTIM_GRAD_BF16 : ZR_OPTIM_GRAD_REAL, m, v, n, c, step);
+    return ZR_OK;
+}
+
+zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf, int first,
+                      const zr_sgd_config *c) {
+    const char *op = "sgd";
+    if (check_param(op, param) || zr_sgd_config_check(c)) return ZR_ERR;
+    if (c->momentum != 0 && check_state(op, "momentum_buffer", param, momentum_buf)) return ZR_ERR;
+    int kind;
+    if (!zr_is_cpu(param) && check_dev_param(op, param)) return ZR_ERR;
+    zr_tensor *g = grad_in(op, param, grad, 0, &kind);
+    if (!g) return ZR_ERR;
+    if (!zr_is_cpu(param)) {
+#ifdef ZR_HAVE_CUDA
+        zr_device dev = zr_tensor_device(param);
+        int rc = sgd_step_cuda(zr_tensor_data(param), zr_tensor_data(g),
+                               c->momentum != 0 ? zr_tensor_data(momentum_buf) : NULL, zr_tensor_numel(param), c->lr,
+                               c->momentum, c->dampening, c->weight_decay, c->nesterov, first, param->dtype,
+                               zr_cuda_stream(dev));
+        zr_tensor_release(g);
+        return zr_dev_status(rc, op, dev);
+#else
+        zr_tensor_release(g);
+        return zr_no_cuda("sgd");
+#endif
+    }
+    ZR_CPU_CALL(param->dtype, sgd_step_cpu, zr_tensor_data(param), zr_tensor_data(g),
+                c->momentum != 0 ? zr_tensor_data(momentum_buf) : NULL, zr_tensor_numel(param),
+                c->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, first);
+    zr_tensor_release(g);
+    return ZR_OK;
+}

@@ -1,0 +1,371 @@
+/* Collectives: launcher detection, the MPI backend for CPU tensors and the single-process
+ * backend (see comm.h). bf16/f16 are reduced through an f32 staging buffer, since MPI has no
+ * 16-bit float types. */
+#include "zero/comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/elementwise.h"
+#include "ops/util.h"
+
+#ifdef ZR_HAVE_MPI
+#include <mpi.h>
+#endif
+
+static zr_comm_info info = {0, 0, 1, 0, 1, 0, "none"};
+#if defined(ZR_HAVE_CUDA) && defined(ZR_HAVE_NCCL)
+extern const zr_comm_device_backend zr_nccl_backend;
+static const zr_comm_device_backend *device_backend = &zr_nccl_backend;
+#else
+static const zr_comm_device_backend *device_backend;
+#endif
+
+void zr_comm_set_device_backend(const zr_comm_device_backend *b) { device_backend = b; }
+const zr_comm_info *zr_comm_get(void) { return &info; }
+
+__attribute__((unused)) static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+zr_status zr_comm_init(void) {
+    if (info.initialized) return ZR_OK;
+    info.initialized = 1;
+    if (getenv("OMPI_COMM_WORLD_SIZE")) info.launcher = "openmpi";
+    else if (getenv("PMIX_RANK") || getenv("PMI_SIZE")) info.launcher = "pmix";
+    else if (getenv("SLURM_NTASKS") && getenv("SLURM_PROCID")) info.launcher = "slurm";
+    if (!strcmp(info.launcher, "none")) return ZR_OK; /* no launcher: world size 1 */
+#ifdef ZR_HAVE_MPI
+    int provided, inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return zr_error("MPI_Init failed under launcher %s", info.launcher);
+    MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &info.world_size);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &info.local_rank);
+    MPI_Comm_size(local, &info.local_size);
+    MPI_Comm_free(&local);
+    /* Errors come back as codes so a failing rank can abort every rank with a message. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    info.mpi = 1;
+    return ZR_OK;
+#else
+    info.rank = env_int("OMPI_COMM_WORLD_RANK", env_int("SLURM_PROCID", 0));
+    info.world_size = env_int("OMPI_COMM_WORLD_SIZE", env_int("SLURM_NTASKS", 1));
+    if (info.world_size > 1)
+        return zr_error("started by %s with %d ranks, but this zrun was built without MPI; rebuild "
+                        "with libopenmpi-dev installed (see `zrun report`)", info.launcher, info.world_size);
+    return ZR_OK;
+#endif
+}
+
+void zr_comm_finalize(void) {
+#ifdef ZR_HAVE_MPI
+    int fin = 0;
+    if (info.mpi) {
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Finalize();
+    }
+#endif
+}
+
+void zr_comm_abort(const char *msg, int code) {
+    fprintf(stderr, "[rank %d] %s\n", info.rank, msg);
+    fflush(stderr);
+#ifdef ZR_HAVE_MPI
+    if (info.mpi && info.world_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+#endif
+    exit(code);
+}
+
+static zr_status check_tensor(const char *op, zr_tensor *t) {
+    if (!zr_tensor_is_contiguous(t))
+        return zr_error("%s: the tensor must be contiguous (call :contiguous() first)", op);
+    return ZR_OK;
+}
+
+#ifdef ZR_HAVE_MPI
+static zr_status mpi_check(int rc, const char *op) {
+    if (rc == MPI_SUCCESS) return ZR_OK;
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return zr_error("%s failed on rank %d: %s", op, info.rank, s);
+}
+static MPI_Datatype mpi_type(zr_dtype t) {
+    switch (t) {
+    case ZR_F32: return MPI_FLOAT;
+    case ZR_F64: return MPI_DOUBLE;
+    case ZR_I32: return MPI_INT32_T;
+    case ZR_I64: return MPI_INT64_T;
+    case ZR_U8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+static MPI_Op mpi_op(zr_reduce_op op) {
+    return op == ZR_RED_MAX ? MPI_MAX : op == ZR_RED_MIN ? MPI_MIN : MPI_SUM;
+}
+#endif
+
+/* Runs a reduction on an f32 copy when the dtype has no MPI type (bf16/f16). */
+__attribute__((unused)) static zr_tensor *staged(zr_tensor *t) {
+    if (t->dtype != ZR_BF16 && t->dtype != ZR_F16) return zr_tensor_retain(t);
+    return zr_tensor_to_raw(t, ZR_F32, zr_cpu());
+}
+__attribute__((unused)) static zr_status unstage(zr_tensor *t, zr_tensor *s) {
+    zr_status st = s != t ? zr_tensor_copy_(t, s) : ZR_OK;
+    zr_tensor_release(s);
+    return st;
+}
+__attribute__((unused)) static zr_status average(zr_tensor *t, zr_reduce_op op) {
+    return op == ZR_RED_AVG && info.world_size > 1 ? zr_mul_scalar_(t, 1.0 / info.world_size) : ZR_OK;
+}
+
+zr_status zr_all_reduce(zr_tensor *t, zr_reduce_op op) {
+    ZR_CHECK(check_tensor("all_reduce", t));
+    if (!zr_is_cpu(t)) {
+        if (!device_backend) return zr_error("all_reduce: no NCCL backend for %s tensors in this build", "CUDA");
+        return device_backend->all_reduce(t, op);
+    }
+    if (info.world_size == 1) return ZR_OK;
+#ifdef ZR_HAVE_MPI
+    zr_tensor *s = staged(t);
+    if (!s) return ZR_ERR;
+    zr_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, zr_tensor_data(s), (int)zr_tensor_numel(s),
+                                           mpi_type(s->dtype), mpi_op(op), MPI_COMM_WORLD), "all_reduce");
+    if (!st) st = average(s, op);
+    zr_status st2 = unstage(t, s);
+    return st ? st : st2;
+#else
+    return ZR_OK;
+#endif
+}
+
+static zr_status check_sizes(const char *op, zr_tensor *small, zr_tensor *big) {
+    int64_t a = zr_tensor_numel(small), b = zr_tensor_numel(big);
+    if (a * info.world_size != b)
+        return zr_error("%s: the full tensor has %lld elements, expected world_size (%d) x %lld", op,
+                        (long long)b, info.world_size, (long long)a);
+    if (small->dtype != big->dtype)
+        return zr_error("%s: dtypes differ (%s and %s)", op, zr_dtype_name(small->dtype), zr_dtype_name(big->dtype));
+    return ZR_OK;
+}
+
+zr_status zr_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    ZR_CHECK(check_tensor("reduce_scatter", out));
+    ZR_CHECK(check_tensor("reduce_scatter", in));
+    ZR_CHECK(check_sizes("reduce_scatter", out, in));
+    if (!zr_is_cpu(in)) {
+        if (!device_backend) return zr_error("reduce_scatter: no NCCL backend in this build");
+        return device_backend->reduce_scatter(out, in, op);
+    }
+    if (info.world_size == 1) return zr_tensor_copy_(out, in);
+#ifdef ZR_HAVE_MPI
+    zr_tensor *si = staged(in), *so = si ? staged(out) : NULL;
+    zr_status st = ZR_ERR;
+    if (so)
+        st = mpi_check(MPI_Reduce_scatter_block(zr_tensor_data(si), zr_tensor_data(so), (int)zr_tensor_numel(so),
+                                                mpi_type(so->dtype), mpi_op(op), MPI_COMM_WORLD),
+                       "reduce_scatter");
+    if (!st) st = average(so, op);
+    zr_tensor_release(si);
+    zr_status st2 = so ? unstage(out, so) : ZR_ERR;
+    return st ? st : st2;
+#else
+    return ZR_OK;
+#endif
+}
+
+zr_status zr_all_gather(zr_tensor *out, zr_tensor *in) {
+    ZR_CHECK(check_tensor("all_gather", out));
+    ZR_CHECK(check_tensor("all_gather", in));
+    ZR_CHECK(check_sizes("all_gather", in, out));
+    if (!zr_is_cpu(in)) {
+        if (!device_backend) return zr_error("all_gather: no NCCL backend in this build");
+        return device_backend->all_gather(out, in);
+    }
+    if (info.world_size == 1) return zr_tensor_copy_(out, in);
+#ifdef ZR_HAVE_MPI
+    int n = (int)(zr_tensor_numel(in) * (int64_t)zr_dtype_size(in->dtype));
+    return mpi_check(MPI_Allgather(zr_tensor_data(in), n, MPI_BYTE, zr_tensor_data(out), n, MPI_BYTE, MPI_COMM_WORLD),
+                     "all_gather");
+#else
+    return ZR_OK;
+#endif
+}
+
+zr_status zr_broadcast(zr_tensor *t, int root) {
+    ZR_CHECK(check_tensor("broadcast", t));
+    if (root < 0 || root >= info.world_size)
+        return zr_error("broadcast: root %d is outside world size %d", root, info.world_size);
+    if (!zr_is_cpu(t)) {
+        if (!device_backend) return zr_error("broadcast: no NCCL backend in this build");
+        return device_backend->broadcast(t, root);
+    }
+    if (info.world_size == 1) return ZR_OK;
+#ifdef ZR_HAVE_MPI
+    int n = (int)(zr_tensor_numel(t) * (int64_t)zr_dtype_size(t->dtype));
+    return mpi_check(MPI_Bcast(zr_tensor_data(t), n, MPI_BYTE, root, MPI_COMM_WORLD), "broadcast");
+#else
+    return ZR_OK;
+#endif
+}
+
+zr_status zr_barrier(void) {
+#ifdef ZR_HAVE_MPI
+    if (info.mpi) return mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
+#endif
+    return ZR_OK;
+}
+
+zr_status zr_all_gather_bytes(void *out, const void *in, size_t n) {
+#ifdef ZR_HAVE_MPI
+    if (info.mpi)
+        return mpi_check(MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD), "all_gather");
+#endif
+    memcpy(out, in, n);
+    return ZR_OK;
+}
+
+/* --- async: MPI non-blocking collectives; the single backend completes at once --- */
+
+struct zr_comm_handle {
+#ifdef ZR_HAVE_MPI
+    MPI_Request req;
+#endif
+    int active;
+    zr_tensor *avg_target; /* scaled by 1/world after completion for AVG */
+    const char *op;
+    void *dev_event;       /* device backend: the collective's event on the comm stream */
+    zr_device dev;
+    zr_tensor *keep[2];    /* device backend: tensors the comm stream still uses */
+};
+
+static zr_comm_handle *handle_new(const char *op) {
+    zr_comm_handle *h = calloc(1, sizeof *h);
+    if (!h) zr_error("out of host memory");
+    else h->op = op;
+    return h;
+}
+
+/* Falls back to the blocking call for cases the non-blocking path does not cover. */
+static zr_comm_handle *sync_fallback(zr_status st, const char *op) {
+    if (st) return NULL;
+    return handle_new(op);
+}
+
+/* A device handle: the backend enqueued the collective and gave its event. */
+static zr_comm_handle *device_handle(zr_status st, const char *op, void *ev, zr_tensor *a, zr_tensor *b) {
+    if (st) return NULL;
+    zr_comm_handle *h = handle_new(op);
+    if (!h) {
+        device_backend->wait(zr_tensor_device(a), ev);
+        return NULL;
+    }
+    h->dev_event = ev;
+    h->dev = zr_tensor_device(a);
+    h->keep[0] = zr_tensor_retain(a);
+    h->keep[1] = b ? zr_tensor_retain(b) : NULL;
+    return h;
+}
+static int device_async(const zr_tensor *t) {
+    return !zr_is_cpu(t) && device_backend && device_backend->wait;
+}
+
+zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
+    if (device_async(t)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("all_reduce", t);
+        if (!st) st = device_backend->all_reduce_async(t, op, &ev);
+        return device_handle(st, "all_reduce", ev, t, NULL);
+    }
+#ifdef ZR_HAVE_MPI
+    if (info.world_size > 1 && zr_is_cpu(t) && mpi_type(t->dtype) != MPI_DATATYPE_NULL && zr_tensor_is_contiguous(t)) {
+        zr_comm_handle *h = handle_new("all_reduce");
+        if (!h) return NULL;
+        if (mpi_check(MPI_Iallreduce(MPI_IN_PLACE, zr_tensor_data(t), (int)zr_tensor_numel(t), mpi_type(t->dtype),
+                                     mpi_op(op), MPI_COMM_WORLD, &h->req), "all_reduce")) {
+            free(h);
+            return NULL;
+        }
+        h->active = 1;
+        if (op == ZR_RED_AVG) h->avg_target = zr_tensor_retain(t);
+        return h;
+    }
+#endif
+    return sync_fallback(zr_all_reduce(t, op), "all_reduce");
+}
+
+zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    if (device_async(in)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("reduce_scatter", out);
+        if (!st) st = check_tensor("reduce_scatter", in);
+        if (!st) st = check_sizes("reduce_scatter", out, in);
+        if (!st) st = device_backend->reduce_scatter_async(out, in, op, &ev);
+        return device_handle(st, "reduce_scatter", ev, out, in);
+    }
+#ifdef ZR_HAVE_MPI
+    if (info.world_size > 1 && zr_is_cpu(in) && mpi_type(in->dtype) != MPI_DATATYPE_NULL &&
+        zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) && !check_sizes("reduce_scatter", out, in)) {
+        zr_comm_handle *h = handle_new("reduce_scatter");
+        if (!h) return NULL;
+        if (mpi_check(MPI_Ireduce_scatter_block(zr_tensor_data(in), zr_tensor_data(out), (int)zr_tensor_numel(out),
+                                                mpi_type(out->dtype), mpi_op(op), MPI_COMM_WORLD, &h->req),
+                      "reduce_scatter")) {
+            free(h);
+            return NULL;
+        }
+        h->active = 1;
+        if (op == ZR_RED_AVG) h->avg_target = zr_tensor_retain(out);
+        return h;
+    }
+#endif
+    return sync_fallback(zr_reduce_scatter(out, in, op), "reduce_scatter");
+}
+
+zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in) {
+    if (device_async(in)) {
+        void *ev = NULL;
+        zr_status st = check_tensor("all_gather", out);
+        if (!st) st = check_tensor("all_gather", in);
+        if (!st) st = check_sizes("all_gather", in, out);
+        if (!st) st = device_backend->all_gather_async(out, in, &ev);
+        return device_handle(st, "all_gather", ev, out, in);
+    }
+#ifdef ZR_HAVE_MPI
+    if (info.world_size > 1 && zr_is_cpu(in) && zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) &&
+        !check_sizes("all_gather", in, out)) {
+        zr_comm_handle *h = handle_new("all_gather");
+        if (!h) return NULL;
+        int n = (int)(zr_tensor_numel(in) * (int64_t)zr_dtype_size(in->dtype));
+        if (mpi_check(MPI_Iallgather(zr_tensor_data(in), n, MPI_BYTE, zr_tensor_data(out), n, MPI_BYTE,
+                                     MPI_COMM_WORLD, &h->req), "all_gather")) {
+            free(h);
+            return NULL;
+        }
+        h->active = 1;
+        return h;
+    }
+#endif
+    return sync_fallback(zr_all_gather(out, in), "all_gather");
+}
+
+zr_status zr_comm_wait(zr_comm_handle *h) {
+    if (!h) return zr_error("comm wait: invalid handle");
+    zr_status st = ZR_OK;
+#ifdef ZR_HAVE_MPI
+    if (h->active) st = mpi_check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), h->op);
+#endif
+    if (h->dev_event) st = device_backend->wait(h->dev, h->dev_event);
+    zr_tensor_release(h->keep[0]);
+    zr_tensor_release(h->keep[1]);
+    if (!st && h->avg_target) st = zr_mul_scalar_(h->avg_target, 1.0 / info.world_size);
+    zr_tensor_release(h->avg_target);
+    free(h);
+    return st;
+}

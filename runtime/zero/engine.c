@@ -1,0 +1,970 @@
+/* ZeRO engine (see zero.h): per-parameter chunk layout, bucketed reduce-scatter / all-reduce of
+ * gradients, partitioned AdamW with fp32 master weights, all-gather of updated parameters, and
+ * stage-3 gather/release of parameters. Device-agnostic: tensors move through the tensor API
+ * and collectives through comm.h (MPI on the CPU, NCCL on GPUs). */
+#include "zero/engine.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/autograd.h"
+#include "ops/elementwise.h"
+#include "ops/optim.h"
+#include "ops/reduce.h"
+#include "ops/util.h"
+#include "zero/comm.h"
+#include "zero/offload.h"
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/optim.h"
+#include "kernels/cuda/zero_ops.h"
+#endif
+
+typedef struct {
+    zr_tensor *p;   /* the parameter (retained) */
+    /* its elements; its chunk on each rank (ceil(numel / chunks)); the chunk's offset in the
+     * partition */
+    int64_t numel, chunk, offset;
+    int ndim;
+    int64_t shape[ZR_MAX_DIMS];
+    double wd;
+    int gathered;   /* stage 3 */
+    int persistent; /* stage 3: below stage3_param_persistence_threshold, never released */
+    zr_tensor *g_out; /* stage 3: an all-gather in flight (prefetch): its chunks and handle */
+    zr_comm_handle *g_h;
+    int packed;   /* gradient already in a bucket this backward */
+} zparam;
+
+typedef struct {
+    zr_zero *z;
+    int i;
+} hook_ctx;
+
+struct zr_zero {
+    zr_zero_config cfg;
+    int chunks; /* chunks per parameter: world size, or 1 at stage 0 */
+    int nparams;
+    zparam *params;
+    int64_t part_numel, max_chunk; /* elements of this rank's partition; the largest chunk */
+    zr_device dev, opt_dev;
+    /* the parameters; the gradient buckets and their reduction; the gradient partition */
+    zr_dtype param_dtype, comm_dtype, grad_dtype;
+    zr_tensor *master, *m, *v, *gpart, *pshard;
+    /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
+    int64_t bucket_cap, bucket_fill;
+    /* the bucket's pieces: parameter, offset in its chunk, length, place in the bucket */
+    int *bucket_param;
+    int64_t *bucket_off, *bucket_len, *bucket_place;
+    int bucket_pieces;
+    zr_tensor *send, *compact, *recv;
+    int boundary;
+    /* One chunk per parameter (stage 0, or world size 1) with the partition on the parameters'
+     * device: gradients are views into gpart (fp32) and parameters views into one flat buffer, so
+     * no bucket copies are needed and the CUDA AdamW writes the 16-bit weights directly. */
+    int direct;
+    zr_tensor *pflat;
+    int pinned; /* how many host partitions are page-locked */
+    zr_offload *host; /* master on the host: gradient intake, fused CPU passes, weights back */
+    /* overlap_comm (chunks > 1, bucketed modes): a second buffer set, and the bucket whose
+     * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
+    zr_tensor *send2, *compact2, *recv2;
+    int *pending_param;
+    int64_t *pending_off, *pending_len, *pending_place;
+    int pending_pieces;
+    zr_tensor *pending_result;
+    zr_comm_handle *pending_handle;
+    int64_t live; /* stage 3: elements of non-persistent parameters gathered or in flight */
+};
+
+static int64_t valid_len(int64_t n, int64_t c, int r) {
+    int64_t lo = (int64_t)r * c, hi = lo + c < n ? lo + c : n;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* 1-D view of elements [start, start+len) of a contiguous tensor. */
+static zr_tensor *flat_range(zr_tensor *t, int64_t start, int64_t len) {
+    int64_t st = 1;
+    return zr_tensor_as_strided(t, 1, &len, &st, t->offset + start);
+}
+
+static zr_status copy_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+    if (len <= 0) return ZR_OK;
+    zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len);
+    zr_status st = (d && s) ? zr_tensor_copy_(d, s) : ZR_ERR;
+    zr_tensor_release(d);
+    zr_tensor_release(s);
+    return st;
+}
+
+static zr_status fill_range(zr_tensor *t, int64_t off, int64_t len, double v) {
+    if (len <= 0) return ZR_OK;
+    zr_tensor *d = flat_range(t, off, len);
+    zr_status st = d ? zr_tensor_fill_(d, v) : ZR_ERR;
+    zr_tensor_release(d);
+    return st;
+}
+
+/* dst[doff:+len] += src[soff:+len], across devices if needed. Into the host gradient partition
+ * (master on the host) through zero/offload.c, found from dst itself so that callers stay as
+ * they are: async from a GPU, and overwriting instead of adding after zero_grad. */
+static zr_status add_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+    zr_offload *o = zr_offload_find(dst);
+    if (o) {
+        if (len <= 0) return ZR_OK;
+        zr_tensor *sv = flat_range(src, soff, len);
+        zr_status st = sv ? zr_offload_grad_add(o, doff, sv, soff) : ZR_ERR;
+        zr_tensor_release(sv);
+        return st;
+    }
+    zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len), *h = NULL;
+    zr_status st = ZR_ERR;
+    if (d && s) {
+        if (!zr_device_eq(zr_tensor_device(d), zr_tensor_device(s))) {
+            h = zr_tensor_to_raw(s, d->dtype, zr_tensor_device(d));
+            st = h ? zr_add_(d, h, 1.0) : ZR_ERR;
+        } else
+            st = zr_add_(d, s, 1.0);
+    }
+    zr_tensor_release(d);
+    zr_tensor_release(s);
+    zr_tensor_release(h);
+    return st;
+}
+
+/* Direct mode: parameters whose gradient is still stale (none arrived since zero_grad) get
+ * their partition range zeroed before anything reads the partition. */
+static zr_status flush_stale(zr_zero *z) {
+    if (!z->direct) return ZR_OK;
+    for (int i = 0; i < z->nparams; i++) {
+        zparam *q = &z->params[i];
+        if (!q->p->grad_stale) continue;
+        ZR_CHECK(fill_range(z->gpart, q->offset, q->chunk, 0));
+        q->p->grad_stale = 0;
+    }
+    return ZR_OK;
+}
+
+static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category cat) {
+    return zr_tensor_new_cat(dt, dev, 1, &n, cat, 1);
+}
+
+static void hook(zr_tensor *leaf, void *ctx);
+
+/* Page-locks the host partitions so device<->host copies run at full DMA speed. */
+static zr_status pin(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
+    for (int k = 0; k < 4; k++) {
+        cudaError_t e = cudaHostRegister(ts[k]->storage->data, ts[k]->storage->nbytes, cudaHostRegisterDefault);
+        if (e != cudaSuccess)
+            return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
+                            "the locked-memory limit (ulimit -l) or set pin_memory to false",
+                            (double)ts[k]->storage->nbytes / (1 << 30), cudaGetErrorString(e));
+        z->pinned = k + 1;
+    }
+#endif
+    return ZR_OK;
+}
+static void unpin(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
+    for (int k = 0; k < z->pinned; k++) cudaHostUnregister(ts[k]->storage->data);
+#endif
+    z->pinned = 0;
+}
+
+/* Direct mode: parameter i's .grad is gpart[offset : offset+numel] viewed with its shape. */
+static zr_status attach_grad(zr_zero *z, int i) {
+    zparam *q = &z->params[i];
+    zr_tensor *g = q->p->grad;
+    if (g && g->storage == z->gpart->storage) return ZR_OK;
+    int64_t st[ZR_MAX_DIMS], s = 1;
+    for (int d = q->ndim - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= q->shape[d];
+    }
+    zr_tensor *v =
+        zr_tensor_as_strided(z->gpart, q->ndim, q->shape, st, z->gpart->offset + q->offset);
+    if (!v) return ZR_ERR;
+    zr_tensor_release(q->p->grad);
+    q->p->grad = v;
+    return ZR_OK;
+}
+
+/* Direct mode set-up: one flat buffer holds every parameter (each a view at its offset) and
+ * gradients are views into the fp32 partition. */
+static zr_status attach_direct(zr_zero *z) {
+    z->pflat = new_buf(z->param_dtype, z->dev, z->part_numel, ZR_MEM_PARAMS);
+    if (!z->pflat) return ZR_ERR;
+    for (int i = 0; i < z->nparams; i++) {
+        zparam *q = &z->params[i];
+        ZR_CHECK(copy_range(z->pflat, q->offset, q->p, 0, q->numel));
+        zr_storage_retain(z->pflat->storage);
+        zr_storage_release(q->p->storage);
+        q->p->storage = z->pflat->storage;
+        q->p->offset = q->offset;
+        ZR_CHECK(attach_grad(z, i));
+    }
+    return ZR_OK;
+}
+
+zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params, const double *wd) {
+    if (cfg->stage < 0 || cfg->stage > 3)
+        return zr_error_null("zero_optimization.stage must be 0, 1, 2 or 3, got %d", cfg->stage);
+    if (cfg->offload_param && cfg->stage != 3)
+        return zr_error_null("zero_optimization.offload_param needs stage 3 (got stage %d)", cfg->stage);
+    if (n <= 0) return zr_error_null("ZeRO: no parameters to optimize");
+    zr_zero *z = calloc(1, sizeof *z);
+    if (!z) return zr_error_null("out of host memory");
+    z->cfg = *cfg;
+    z->chunks = cfg->stage == 0 ? 1 : cfg->world_size;
+    z->nparams = n;
+    z->params = calloc((size_t)n, sizeof *z->params);
+    z->bucket_param = calloc((size_t)n, sizeof *z->bucket_param);
+    z->bucket_off = calloc((size_t)n, sizeof *z->bucket_off);
+    z->bucket_len = calloc((size_t)n, sizeof *z->bucket_len);
+    z->bucket_place = calloc((size_t)n, sizeof *z->bucket_place);
+    if (!z->params || !z->bucket_param || !z->bucket_off || !z->bucket_len || !z->bucket_place) {
+        zr_zero_free(z);
+        return zr_error_null("out of host memory");
+    }
+    z->dev = zr_tensor_device(params[0]);
+    z->param_dtype = params[0]->dtype;
+    /* one process communicates nothing: its bucket only stages gradients (fp32, so that offload's
+     * first copy of a step lands straight in the partition) */
+    z->comm_dtype = cfg->world_size <= 1   ? ZR_F32
+                    : cfg->comm_dtype >= 0 ? (zr_dtype)cfg->comm_dtype
+                                           : z->param_dtype;
+    z->opt_dev = cfg->offload_optimizer ? zr_cpu() : z->dev;
+    z->grad_dtype = cfg->grad_dtype >= 0 ? (zr_dtype)cfg->grad_dtype : ZR_F32;
+    if (z->grad_dtype != ZR_F32 && (z->grad_dtype != ZR_BF16 && z->grad_dtype != ZR_F16)) {
+        zr_zero_free(z);
+        return zr_error_null(
+            "ZeRO: data_types.grad_accum_dtype must be fp32, bf16 or fp16 (got %s)",
+            zr_dtype_name(z->grad_dtype));
+    }
+    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA) {
+        zr_zero_free(z);
+        return zr_error_null(
+            "ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
+            "are on the host (%s): remove grad_accum_dtype (fp32 gradients) or keep the "
+            "optimizer on the GPU",
+            z->grad_dtype == ZR_BF16 ? "bf16" : "fp16",
+            cfg->offload_optimizer ? "offload_optimizer" : "a CPU run");
+    }
+    for (int i = 0; i < n; i++) {
+        zr_tensor *p = params[i];
+        char b[192];
+        if (!zr_tensor_is_contiguous(p) || p->grad_fn) {
+            zr_zero_free(z);
+            return zr_error_null("ZeRO: parameter %d (%s) must be a contiguous leaf tensor", i + 1, zr_tensor_describe(p, b));
+        }
+        if (!zr_device_eq(zr_tensor_device(p), z->dev) || p->dtype != z->param_dtype) {
+            char b0[192];
+            zr_zero_free(z);
+            return zr_error_null("ZeRO: all parameters must share one device and dtype: parameter 1 is %s, "
+                                 "parameter %d is %s", zr_tensor_describe(params[0], b0), i + 1, zr_tensor_describe(p, b));
+        }
+        zparam *q = &z->params[i];
+        q->p = zr_tensor_retain(p);
+        q->numel = zr_tensor_numel(p);
+        q->chunk = (q->numel + z->chunks - 1) / z->chunks;
+        q->offset = z->part_numel;
+        q->ndim = p->ndim;
+        memcpy(q->shape, p->shape, sizeof q->shape);
+        q->wd = wd ? wd[i] : 0;
+        q->gathered = 1;
+        q->persistent = cfg->stage == 3 && q->numel < cfg->persistence_threshold;
+        if (!q->persistent) z->live += q->numel;
+        z->part_numel += q->chunk;
+        if (q->chunk > z->max_chunk) z->max_chunk = q->chunk;
+    }
+    if (z->chunks > 1 && z->part_numel < 1) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: nothing to partition");
+    }
+    /* Every rank starts from rank 0's weights, as DeepSpeed broadcasts the module at start. */
+    if (cfg->world_size > 1)
+        for (int i = 0; i < n; i++)
+            if (zr_broadcast(z->params[i].p, 0)) goto fail;
+    z->master = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    z->m = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    z->v = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    z->gpart = new_buf(z->grad_dtype, z->opt_dev, z->part_numel, ZR_MEM_GRADS);
+    if (!z->master || !z->m || !z->v || !z->gpart) goto fail;
+    if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
+    int r = z->chunks > 1 ? cfg->rank : 0;
+    for (int i = 0; i < n; i++) {
+        zparam *q = &z->params[i];
+        if (copy_range(z->master, q->offset, q->p, (int64_t)r * q->chunk,
+                       valid_len(q->numel, q->chunk, r)))
+            goto fail;
+    }
+    z->direct = z->chunks == 1 && cfg->stage <= 2 && zr_device_eq(z->opt_dev, z->dev);
+    if (z->direct && attach_direct(z)) goto fail;
+    z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
+    if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
+    if (z->bucket_cap > z->part_numel) z->bucket_cap = z->part_numel;
+    if (z->opt_dev.type == ZR_CPU) { /* gradients, norm, AdamW and weights back through zero/offload.c */
+        zr_offload_segment *segs = malloc(sizeof *segs * (size_t)n);
+        if (!segs) {
+            zr_error("out of host memory");
+            goto fail;
+        }
+        for (int i = 0; i < n; i++)
+            segs[i] =
+                (zr_offload_segment){z->params[i].offset, z->params[i].chunk, z->params[i].wd};
+        /* direct mode: gpart holds the parameters' .grad views, so it is zeroed for real */
+        z->host = zr_offload_new(z->gpart, z->dev, z->param_dtype, n, segs, z->bucket_cap,
+                                 z->pinned == 4, !z->direct);
+        free(segs);
+        if (!z->host) goto fail;
+    }
+    if (!z->direct) { /* direct mode reduces gpart in place: no buckets */
+        z->send = new_buf(z->comm_dtype, z->dev, z->bucket_cap * z->chunks, ZR_MEM_COMM);
+        z->compact = z->chunks > 1
+                         ? new_buf(z->comm_dtype, z->dev, z->bucket_cap * z->chunks, ZR_MEM_COMM)
+                         : NULL;
+        z->recv = z->chunks > 1 ? new_buf(z->comm_dtype, z->dev, z->bucket_cap, ZR_MEM_COMM) : NULL;
+        if (!z->send || (z->chunks > 1 && (!z->compact || !z->recv))) goto fail;
+        if (cfg->overlap_comm && z->chunks > 1) {
+            z->send2 = new_buf(z->comm_dtype, z->dev, z->bucket_cap * z->chunks, ZR_MEM_COMM);
+            z->compact2 = new_buf(z->comm_dtype, z->dev, z->bucket_cap * z->chunks, ZR_MEM_COMM);
+            z->recv2 = new_buf(z->comm_dtype, z->dev, z->bucket_cap, ZR_MEM_COMM);
+            z->pending_param = calloc((size_t)n, sizeof *z->pending_param);
+            z->pending_off = calloc((size_t)n, sizeof *z->pending_off);
+            z->pending_len = calloc((size_t)n, sizeof *z->pending_len);
+            z->pending_place = calloc((size_t)n, sizeof *z->pending_place);
+            if (!z->send2 || !z->compact2 || !z->recv2 || !z->pending_param || !z->pending_off ||
+                !z->pending_len || !z->pending_place)
+                goto fail;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        zparam *q = &z->params[i];
+        hook_ctx *h = malloc(sizeof *h);
+        if (!h) goto fail;
+        h->z = z;
+        h->i = i;
+        zr_tensor_set_grad_hook(q->p, hook, h, free);
+        if (cfg->stage <= 1 && !z->direct) { /* gradients accumulate in the parameters' .grad (fp32, or
+                                                * data_types.grad_accum_dtype) */
+            zr_tensor_release(q->p->grad);
+            q->p->grad =
+                zr_tensor_new_cat(z->grad_dtype, z->dev, q->ndim, q->shape, ZR_MEM_GRADS, 1);
+            if (!q->p->grad) goto fail;
+        }
+    }
+    if (cfg->stage == 3) {
+        zr_device sdev = cfg->offload_param ? zr_cpu() : z->dev;
+        z->pshard = new_buf(z->param_dtype, sdev, z->part_numel, ZR_MEM_PARAMS);
+        if (!z->pshard) goto fail;
+        for (int i = 0; i < n; i++) {
+            zparam *q = &z->params[i];
+            if (copy_range(z->pshard, q->offset, q->p, (int64_t)r * q->chunk,
+                           valid_len(q->numel, q->chunk, r)))
+                goto fail;
+        }
+        if (zr_zero_release_all(z)) goto fail;
+    }
+    return z;
+fail:
+    zr_error_prefix("ZeRO stage %d setup: ", cfg->stage);
+    zr_zero_free(z);
+    return NULL;
+}
+
+void zr_zero_free(zr_zero *z) {
+    if (!z) return;
+    for (int i = 0; i < z->nparams; i++) {
+        if (!z->params[i].p) continue;
+        if (z->params[i].g_h) zr_comm_wait(z->params[i].g_h); /* a prefetch still in flight */
+        zr_tensor_release(z->params[i].g_out);
+        zr_tensor_set_grad_hook(z->params[i].p, NULL, NULL, NULL);
+        zr_tensor_release(z->params[i].p);
+    }
+    zr_offload_free(z->host); /* first: it waits for copies into gpart and its own buffers */
+    unpin(z);
+    zr_tensor_release(z->master);
+    zr_tensor_release(z->m);
+    zr_tensor_release(z->v);
+    zr_tensor_release(z->gpart);
+    zr_tensor_release(z->pshard);
+    zr_tensor_release(z->pflat);
+    if (z->pending_handle)
+        zr_comm_wait(z->pending_handle); /* never free buffers a collective still uses */
+    zr_tensor_release(z->send);
+    zr_tensor_release(z->compact);
+    zr_tensor_release(z->recv);
+    zr_tensor_release(z->send2);
+    zr_tensor_release(z->compact2);
+    zr_tensor_release(z->recv2);
+    free(z->pending_param);
+    free(z->pending_off);
+    free(z->pending_len);
+    free(z->pending_place);
+    free(z->params);
+    free(z->bucket_param);
+    free(z->bucket_off);
+    free(z->bucket_len);
+    free(z->bucket_place);
+    free(z);
+}
+
+int64_t zr_zero_partition_numel(const zr_zero *z) {
+    return z->part_numel;
+}
+int zr_zero_num_params(const zr_zero *z) {
+    return z->nparams;
+}
+void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk) {
+    *offset = z->params[i].offset;
+    *chunk = z->params[i].chunk;
+}
+zr_tensor *zr_zero_state(zr_zero *z, int which) {
+    if (which == 3 && flush_stale(z)) return NULL;
+    if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges */
+    zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
+    return zr_tensor_retain(t);
+}
+
+/* --- gradient buckets --- */
+
+/* overlap_comm: waits for the bucket in flight and adds its reduced segment into the partition. */
+static zr_status complete_pending(zr_zero *z) {
+    if (!z->pending_handle) return ZR_OK;
+    zr_comm_handle *h = z->pending_handle;
+    z->pending_handle = NULL;
+    ZR_CHECK(zr_comm_wait(h));
+    for (int k = 0; k < z->pending_pieces; k++)
+        ZR_CHECK(add_range(z->gpart, z->params[z->pending_param[k]].offset + z->pending_off[k],
+                           z->pending_result, z->pending_place[k], z->pending_len[k]));
+    z->pending_pieces = 0;
+    return ZR_OK;
+}
+
+static void swap_tensors(zr_tensor **a, zr_tensor **b) {
+    zr_tensor *t = *a;
+    *a = *b;
+    *b = t;
+}
+
+static zr_status flush(zr_zero *z) {
+    if (z->bucket_pieces == 0) return ZR_OK;
+    int64_t L = z->bucket_fill;
+    zr_tensor *red = z->send; /* where the reduced segment of this rank ends up */
+    if (z->chunks == 1) {
+        zr_tensor *s = flat_range(z->send, 0, L);
+        zr_status st = s ? (z->cfg.world_size > 1 ? zr_all_reduce(s, ZR_RED_SUM) : ZR_OK) : ZR_ERR;
+        zr_tensor_release(s);
+        ZR_CHECK(st);
+    } else {
+        zr_tensor *src = z->send;
+        if (L < z->bucket_cap) { /* gather the `chunks` used prefixes into one buffer */
+            for (int r = 0; r < z->chunks; r++)
+                ZR_CHECK(
+                    copy_range(z->compact, (int64_t)r * L, z->send, (int64_t)r * z->bucket_cap, L));
+            src = z->compact;
+        }
+        zr_tensor *in = flat_range(src, 0, L * z->chunks), *out = flat_range(z->recv, 0, L);
+        if (z->send2 && in && out) { /* overlap_comm: start it, finish the previous one, go on */
+            zr_status st = complete_pending(z);
+            zr_comm_handle *h = st ? NULL : zr_reduce_scatter_async(out, in, ZR_RED_SUM);
+            zr_tensor_release(in);
+            zr_tensor_release(out);
+            if (!h) return ZR_ERR;
+            z->pending_handle = h;
+            z->pending_result = z->recv;
+            memcpy(z->pending_param, z->bucket_param,
+                   sizeof *z->pending_param * (size_t)z->bucket_pieces);
+            memcpy(z->pending_off, z->bucket_off,
+                   sizeof *z->pending_off * (size_t)z->bucket_pieces);
+            memcpy(z->pending_len, z->bucket_len,
+                   sizeof *z->pending_len * (size_t)z->bucket_pieces);
+            memcpy(z->pending_place, z->bucket_place,
+                   sizeof *z->pending_place * (size_t)z->bucket_pieces);
+            z->pending_pieces = z->bucket_pieces;
+            swap_tensors(&z->send, &z->send2); /* the next bucket fills the other buffers */
+            swap_tensors(&z->compact, &z->compact2);
+            swap_tensors(&z->recv, &z->recv2);
+            z->bucket_pieces = 0;
+            z->bucket_fill = 0;
+            return ZR_OK;
+        }
+        zr_status st = (in && out) ? zr_reduce_scatter(out, in, ZR_RED_SUM) : ZR_ERR;
+        zr_tensor_release(in);
+        zr_tensor_release(out);
+        ZR_CHECK(st);
+        red = z->recv;
+    }
+    for (int k = 0; k < z->bucket_pieces; k++)
+        ZR_CHECK(add_range(z->gpart, z->params[z->bucket_param[k]].offset + z->bucket_off[k], red,
+                           z->bucket_place[k], z->bucket_len[k]));
+    z->bucket_pieces = 0;
+    z->bucket_fill = 0;
+    return ZR_OK;
+}
+
+/* Copies parameter i's gradient chunks into the bucket. A chunk that does not fit is split: the
+ * bucket is filled and flushed when full, so every bucket but a backward's last is reduced in
+ * place, without the compaction copy a partly filled one needs. */
+static zr_status pack(zr_zero *z, int i) {
+    zparam *q = &z->params[i];
+    zr_tensor *g = q->p->grad;
+    if (!g || q->packed) return ZR_OK;
+    zr_tensor *gc = zr_tensor_contiguous_raw(g);
+    if (!gc) return ZR_ERR;
+    zr_status st = ZR_OK;
+    for (int64_t co = 0; co < q->chunk && !st;) {
+        int64_t take = q->chunk - co < z->bucket_cap - z->bucket_fill
+                           ? q->chunk - co
+                           : z->bucket_cap - z->bucket_fill;
+        for (int r = 0; r < z->chunks && !st;
+             r++) { /* rank r's piece: its valid part, then zeros */
+            int64_t v = valid_len(q->numel, q->chunk, r) - co,
+                    base = (int64_t)r * z->bucket_cap + z->bucket_fill;
+            v = v < 0 ? 0 : v > take ? take : v;
+            st = copy_range(z->send, base, gc, (int64_t)r * q->chunk + co, v);
+            if (!st) st = fill_range(z->send, base + v, take - v, 0);
+        }
+        if (st) break;
+        z->bucket_param[z->bucket_pieces] = i;
+        z->bucket_off[z->bucket_pieces] = co;
+        z->bucket_len[z->bucket_pieces] = take;
+        z->bucket_place[z->bucket_pieces++] = z->bucket_fill;
+        z->bucket_fill += take;
+        co += take;
+        if (z->bucket_fill == z->bucket_cap) st = flush(z);
+    }
+    zr_tensor_release(gc);
+    ZR_CHECK(st);
+    q->packed = 1;
+    if (z->cfg.stage >= 2) { /* the partition keeps it now */
+        zr_tensor_release(q->p->grad);
+        q->p->grad = NULL;
+    }
+    return ZR_OK;
+}
+
+static zr_status hook_error = ZR_OK;
+static char hook_msg[512];
+
+static void hook(zr_tensor *leaf, void *ctx) {
+    hook_ctx *h = ctx;
+    zr_zero *z = h->z;
+    (void)leaf;
+    if (z->cfg.stage < 2 || z->direct || hook_error) return;
+    if (pack(z, h->i)) {
+        hook_error = ZR_ERR;
+        snprintf(hook_msg, sizeof hook_msg, "%s", zr_last_error_message());
+    }
+}
+
+zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary) {
+    z->boundary = is_boundary;
+    hook_error = ZR_OK;
+    for (int i = 0; i < z->nparams; i++) {
+        z->params[i].packed = 0;
+        if (z->direct) ZR_CHECK(attach_grad(z, i)); /* someone may have set .grad to nil */
+    }
+    return ZR_OK;
+}
+
+zr_status zr_zero_backward_end(zr_zero *z) {
+    if (hook_error) {
+        hook_error = ZR_OK;
+        return zr_error("ZeRO gradient reduction during backward failed: %s", hook_msg);
+    }
+    if (z->cfg.stage < 2 || z->direct) return ZR_OK;
+    for (int i = z->nparams - 1; i >= 0; i--)
+        ZR_CHECK(pack(z, i)); /* grads whose hook did not fire */
+    ZR_CHECK(flush(z));
+    ZR_CHECK(complete_pending(z));
+    if (z->cfg.stage == 3) ZR_CHECK(zr_zero_release_all(z));
+    return ZR_OK;
+}
+
+zr_status zr_zero_reduce(zr_zero *z) {
+    ZR_CHECK(flush_stale(z));
+    if (z->direct) { /* gradients already sit in gpart: sum them over ranks in place (stage 0) */
+        if (z->cfg.world_size == 1) return ZR_OK;
+        int64_t cap = z->cfg.reduce_bucket_size > 0 ? z->cfg.reduce_bucket_size : z->part_numel;
+        for (int64_t a = 0; a < z->part_numel; a += cap) {
+            zr_tensor *b =
+                flat_range(z->gpart, a, a + cap < z->part_numel ? cap : z->part_numel - a);
+            zr_status st = b ? zr_all_reduce(b, ZR_RED_SUM) : ZR_ERR;
+            zr_tensor_release(b);
+            ZR_CHECK(st);
+        }
+        return ZR_OK;
+    }
+    if (z->cfg.stage >= 2) return ZR_OK;
+    for (int i = 0; i < z->nparams; i++)
+        z->params[i].packed = 0;
+    for (int i = z->nparams - 1; i >= 0; i--)
+        ZR_CHECK(pack(z, i));
+    ZR_CHECK(flush(z));
+    return complete_pending(z);
+}
+
+/* Sum of squares of this rank's reduced gradient partition. */
+static zr_status local_sumsq(zr_zero *z, double *out) {
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(z->gpart)) { /* one read of the partition, no squared temporary */
+        int64_t nw = (int64_t)zero_sumsq_workspace(z->part_numel);
+        zr_tensor *ws = zr_tensor_new_cat(ZR_F64, zr_tensor_device(z->gpart), 1, &nw, ZR_MEM_WORKSPACE, 0);
+        if (!ws) return ZR_ERR;
+        double *w = zr_tensor_data(ws);
+        zr_status st =
+            zero_sumsq_cuda(w + nw - 1, zr_tensor_data(z->gpart), z->grad_dtype, z->part_numel, w,
+                            zr_cuda_stream(zr_tensor_device(z->gpart)));
+        if (!st) st = zr_tensor_get(ws, nw - 1, out);
+        zr_tensor_release(ws);
+        return st;
+    }
+#endif
+    /* host partition: one parallel read in double (waits for gradient copies still in flight) */
+    return zr_offload_sumsq(z->host, out);
+}
+
+zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
+    ZR_CHECK(flush_stale(z));
+    double local;
+    ZR_CHECK(local_sumsq(z, &local));
+    if (z->chunks > 1) { /* partitions are disjoint: the squares add up over ranks */
+        zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
+        if (!t) return ZR_ERR;
+        zr_status st = zr_all_reduce(t, ZR_RED_SUM);
+        if (!st) st = zr_tensor_get(t, 0, &local);
+        zr_tensor_release(t);
+        ZR_CHECK(st);
+    }
+    *norm = sqrt(local) * scale;
+    return ZR_OK;
+}
+
+static zr_status regather_persistent(zr_zero *z) {
+    for (int i = 0; i < z->nparams;
+         i++) { /* persistent parameters stay whole: gather them afresh */
+        if (!z->params[i].persistent) continue;
+        z->params[i].gathered = 0;
+        ZR_CHECK(zr_zero_gather(z, 1, &i));
+    }
+    return ZR_OK;
+}
+
+/* Master on the host: where the new weights (param_dtype, part_numel elements in partition layout)
+ * are written by the CPU pass: the parameters' flat buffer (direct mode on the CPU), a host shard
+ * (stage 3), or the pinned host buffer that is then uploaded. NULL when they travel by all-gather
+ * instead (stages 1–2 over several ranks). */
+static zr_status host_weights_out(zr_zero *z, void **out) {
+    *out = NULL;
+    if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16)
+        return ZR_OK; /* f64: generic copies */
+    if (z->cfg.stage == 3 && zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
+    else if (z->cfg.stage < 3 && z->chunks > 1)
+        return ZR_OK;
+    else if (z->direct) *out = zr_tensor_data(z->pflat);
+    else if (!(*out = zr_offload_weights16(z->host))) return ZR_ERR;
+    return ZR_OK;
+}
+
+/* Whether host_weights_out's buffer has to go to the device (not when the parameters or the
+ * stage-3 shard live on the host and were written in place). */
+static int uploads(const zr_zero *z) {
+    return z->cfg.stage == 3 ? !zr_is_cpu(z->pshard) : !z->direct;
+}
+
+/* Async H2D of parameters k0 .. k1-1 from the weights buffer: into the shard at stage 3, into
+ * each parameter otherwise. */
+static zr_status upload_params(zr_zero *z, int k0, int k1) {
+    if (z->cfg.stage < 3) {
+        for (int i = k0; i < k1; i++)
+            ZR_CHECK(zr_offload_upload(z->host, z->params[i].p, z->params[i].offset,
+                                       z->params[i].numel));
+        return ZR_OK;
+    }
+    int64_t a = z->params[k0].offset, b = k1 < z->nparams ? z->params[k1].offset : z->part_numel;
+    zr_tensor *dst = flat_range(z->pshard, a, b - a);
+    zr_status st = dst ? zr_offload_upload(z->host, dst, a, b - a) : ZR_ERR;
+    zr_tensor_release(dst);
+    return st;
+}
+
+/* After host_weights_out's buffer was written: the device gets it (async H2D that the compute
+ * stream waits for). */
+static zr_status host_weights_done(zr_zero *z) {
+    if (uploads(z)) {
+        ZR_CHECK(upload_params(z, 0, z->nparams));
+        ZR_CHECK(zr_offload_upload_end(z->host));
+    }
+    return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+}
+
+/* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
+zr_status zr_zero_refresh_params(zr_zero *z) {
+    if (z->host &&
+        (z->cfg.stage == 3 || z->chunks == 1)) { /* one parallel cast on the host, then upload */
+        void *out;
+        ZR_CHECK(host_weights_out(z, &out));
+        if (out) {
+            ZR_CHECK(zr_offload_cast(z->host, out, zr_tensor_data(z->master)));
+            return host_weights_done(z);
+        }
+    }
+    if (z->cfg.stage == 3) {
+        ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->part_numel));
+        return regather_persistent(z);
+    }
+    if (z->chunks == 1) {
+        for (int i = 0; i < z->nparams; i++) {
+            zparam *q = &z->params[i];
+            ZR_CHECK(copy_range(q->p, 0, z->master, q->offset, q->numel));
+        }
+        return ZR_OK;
+    }
+    /* bucketed all-gather: send = my chunks (param dtype), recv = `chunks` segments */
+    int64_t cap = z->bucket_cap;
+    zr_tensor *send = new_buf(z->param_dtype, z->dev, cap, ZR_MEM_COMM);
+    zr_tensor *recv = send ? new_buf(z->param_dtype, z->dev, cap * z->chunks, ZR_MEM_COMM) : NULL;
+    zr_status st = recv ? ZR_OK : ZR_ERR;
+    int first = 0;
+    while (!st && first < z->nparams) {
+        int last = first;
+        int64_t L = 0;
+        while (last < z->nparams && L + z->params[last].chunk <= cap)
+            L += z->params[last++].chunk;
+        st = copy_range(send, 0, z->master, z->params[first].offset, L);
+        zr_tensor *in = st ? NULL : flat_range(send, 0, L),
+                  *out = st ? NULL : flat_range(recv, 0, L * z->chunks);
+        if (!st) st = (in && out) ? zr_all_gather(out, in) : ZR_ERR;
+        zr_tensor_release(in);
+        zr_tensor_release(out);
+        for (int i = first; i < last && !st; i++) {
+            zparam *q = &z->params[i];
+            for (int r = 0; r < z->chunks && !st; r++)
+                st = copy_range(q->p, (int64_t)r * q->chunk, recv,
+                                (int64_t)r * L + (q->offset - z->params[first].offset),
+                                valid_len(q->numel, q->chunk, r));
+        }
+        first = last;
+    }
+    zr_tensor_release(send);
+    zr_tensor_release(recv);
+    return st;
+}
+
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
+                       const double *lr) {
+    ZR_CHECK(flush_stale(z));
+    if (!zr_is_cpu(z->master)) {
+#ifdef ZR_HAVE_CUDA
+        /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
+        zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(z->master), 0, NULL, grad_scale);
+        if (!gs) return ZR_ERR;
+        zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->nparams);
+        if (!segs) {
+            zr_tensor_release(gs);
+            return zr_error("out of host memory");
+        }
+        for (int i = 0; i < z->nparams; i++)
+            segs[i] = (zr_adamw_segment){z->params[i].offset, z->params[i].chunk,
+                                         (float)z->params[i].wd, (float)lr[i]};
+        /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
+        int lp = z->direct && (z->param_dtype == ZR_BF16 || z->param_dtype == ZR_F16);
+        int rc =
+            adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                            lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
+                            zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,
+                            zr_tensor_data(gs), zr_cuda_stream(zr_tensor_device(z->master)));
+        free(segs);
+        zr_tensor_release(gs);
+        if (rc) return ZR_ERR;
+        return lp ? ZR_OK : zr_zero_refresh_params(z);
+#else
+        return zr_no_cuda("ZeRO optimizer step");
+#endif
+    }
+    /* master on the host: one fused pass scales the gradients, updates master and moments, and
+     * writes the new weights where the parameters read them, or into the buffer to upload */
+    void *out;
+    ZR_CHECK(host_weights_out(z, &out));
+    if (!out || !uploads(z)) {
+        ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                                  grad_scale, step, c, lr, out));
+        zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
+        zr_offload_step_end(z->host);
+        return st;
+    }
+    /* the new weights go to the device while AdamW updates the next parameters: groups of about
+     * UPLOAD_GROUP elements, each uploaded (async, copy stream) as soon as it is written */
+    enum { UPLOAD_GROUP = 1 << 24 };
+    for (int k0 = 0; k0 < z->nparams;) {
+        int k1 = k0;
+        int64_t acc = 0;
+        while (k1 < z->nparams && (k1 == k0 || acc + z->params[k1].chunk <= UPLOAD_GROUP))
+            acc += z->params[k1++].chunk;
+        ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), zr_tensor_data(z->m),
+                                        zr_tensor_data(z->v), grad_scale, step, c, lr, out));
+        ZR_CHECK(upload_params(z, k0, k1));
+        k0 = k1;
+    }
+    ZR_CHECK(zr_offload_upload_end(z->host));
+    zr_status st = z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+    zr_offload_step_end(z->host);
+    return st;
+}
+
+zr_status zr_zero_zero_grad(zr_zero *z) {
+    if (z->direct) { /* gradients are views into gpart: no fill, the next ones overwrite instead */
+        for (int i = 0; i < z->nparams; i++)
+            z->params[i].p->grad_stale = 1;
+        return ZR_OK;
+    }
+    if (z->host) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill */
+    else ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
+    for (int i = 0; i < z->nparams; i++) {
+        zr_tensor *g = z->params[i].p->grad;
+        if (g && z->cfg.stage <= 1) ZR_CHECK(zr_tensor_fill_(g, 0));
+        else if (g) {
+            zr_tensor_release(g);
+            z->params[i].p->grad = NULL;
+        }
+    }
+    return ZR_OK;
+}
+
+/* --- stage 3 --- */
+
+static void set_storage(zr_tensor *p, zr_storage *s, int ndim, const int64_t *shape) {
+    zr_storage_release(p->storage);
+    p->storage = s;
+    p->offset = 0;
+    p->ndim = ndim;
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        p->shape[d] = shape[d];
+        p->stride[d] = st;
+        st *= shape[d];
+    }
+}
+
+int zr_zero_is_gathered(const zr_zero *z, int i) {
+    return z->params[i].gathered;
+}
+int64_t zr_zero_live_numel(const zr_zero *z) { return z->live; }
+
+static zr_status check_index(const zr_zero *z, int i) {
+    if (i < 0 || i >= z->nparams)
+        return zr_error("ZeRO gather: parameter index %d out of range (1..%d)", i + 1, z->nparams);
+    return ZR_OK;
+}
+
+/* Starts the all-gather of parameter i's chunks straight into its new storage (`chunks` chunks
+ * of `chunk` elements: the parameter is the first `numel` of them), async: on a GPU on the comm stream, with MPI
+ * as a non-blocking collective. */
+static zr_status start_gather(zr_zero *z, int i) {
+    zparam *q = &z->params[i];
+    if (q->gathered || q->g_h) return ZR_OK;
+    zr_tensor *out = new_buf(z->param_dtype, z->dev, q->chunk * z->chunks, ZR_MEM_PARAMS),
+              *in = NULL;
+    if (!out) return ZR_ERR;
+    if (zr_device_eq(zr_tensor_device(z->pshard), z->dev)) {
+        in = flat_range(z->pshard, q->offset, q->chunk); /* the shard's slice itself: no copy */
+    } else { /* offload_param: the shard is on the host; stage the slice on the device */
+        in = new_buf(z->param_dtype, z->dev, q->chunk, ZR_MEM_COMM);
+        if (in && copy_range(in, 0, z->pshard, q->offset, q->chunk)) {
+            zr_tensor_release(in);
+            in = NULL;
+        }
+    }
+    zr_comm_handle *h = in ? zr_all_gather_async(out, in) : NULL;
+    zr_tensor_release(in);
+    if (!h) {
+        zr_tensor_release(out);
+        return ZR_ERR;
+    }
+    q->g_out = out;
+    q->g_h = h;
+    if (!q->persistent) z->live += q->numel;
+    return ZR_OK;
+}
+
+/* Waits for parameter i's all-gather and makes the parameter whole. */
+static zr_status finish_gather(zr_zero *z, int i) {
+    zparam *q = &z->params[i];
+    zr_comm_handle *h = q->g_h;
+    zr_tensor *out = q->g_out;
+    q->g_h = NULL;
+    q->g_out = NULL;
+    zr_status st = zr_comm_wait(h);
+    if (!st) {
+        zr_storage_retain(out->storage);
+        set_storage(q->p, out->storage, q->ndim, q->shape);
+        q->gathered = 1;
+    } else if (!q->persistent)
+        z->live -= q->numel;
+    zr_tensor_release(out);
+    return st;
+}
+
+zr_status zr_zero_gather(zr_zero *z, int n, const int *idx) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    for (int k = 0; k < n; k++) { /* all of them in flight at once, then each completed */
+        ZR_CHECK(check_index(z, idx[k]));
+        ZR_CHECK(start_gather(z, idx[k]));
+    }
+    for (int k = 0; k < n; k++)
+        if (z->params[idx[k]].g_h) ZR_CHECK(finish_gather(z, idx[k]));
+    return ZR_OK;
+}
+
+zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    int64_t max_live = z->cfg.max_live_parameters > 0 ? z->cfg.max_live_parameters : INT64_MAX;
+    for (int k = 0; k < n; k++) {
+        ZR_CHECK(check_index(z, idx[k]));
+        zparam *q = &z->params[idx[k]];
+        if (q->gathered || q->g_h) continue;
+        if (q->numel > budget || (!q->persistent && z->live + q->numel > max_live)) break;
+        budget -= q->numel;
+        ZR_CHECK(start_gather(z, idx[k]));
+    }
+    return ZR_OK;
+}
+
+zr_status zr_zero_release(zr_zero *z, int n, const int *idx) {
+    if (z->cfg.stage != 3) return ZR_OK;
+    for (int k = 0; k < n; k++) {
+        ZR_CHECK(check_index(z, idx[k]));
+        zparam *q = &z->params[idx[k]];
+        if (q->persistent) continue;
+        if (q->g_h) { /* prefetched, never used: finish the collective (every rank takes part), drop it */
+            zr_comm_handle *h = q->g_h;
+            q->g_h = NULL;
+            zr_status st = zr_comm_wait(h);
+            zr_tensor_release(q->g_out);
+            q->g_out = NULL;
+            z->live -= q->numel;
+            ZR_CHECK(st);
+            continue;
+        }
+        if (!q->gathered) continue;
+        zr_storage *empty = zr_storage_new(z->dev, 0, ZR_MEM_PARAMS, 0);
+        if (!empty) return ZR_ERR;
+        int64_t zero = 0;
+        set_storage(q->p, empty, 1, &zero);
+        q->gathered = 0;
+        z->live -= q->numel;
+    }
+    return ZR_OK;
+}
+
+zr_status zr_zero_release_all(zr_zero *z) {
+    for (int i = 0; i < z->nparams; i++)
+        ZR_CHECK(zr_zero_release(z, 1, &i));
+    return ZR_OK;
+}

@@ -1,0 +1,79 @@
+/* The ZeRO engine: partitions optimizer state (stage 1), gradients (stage 2) and parameters
+ * (stage 3) over the ranks of the world, as DeepSpeed does.
+ *
+ * Layout: every parameter i (n_i elements) is cut into W equal chunks of c_i = ceil(n_i/W)
+ * elements (the last padded with zeros); rank r owns chunk r of every parameter. Its partition
+ * buffers (fp32 master weights, Adam moments, reduced gradients) are the concatenation of its
+ * chunks, S = sum c_i elements. Every collective is then an equal-count reduce-scatter or
+ * all-gather over a bucket of parameters. Stage 0 uses W = 1 chunks and all-reduces.
+ *
+ * Per step: zr_zero_backward_begin (is this micro-step the accumulation boundary?), autograd
+ * (leaf hooks feed gradients into buckets at stages 2–3), zr_zero_backward_end (flush), and at
+ * the boundary zr_zero_reduce (stages 0–1), zr_zero_grad_norm, zr_zero_step, zr_zero_zero_grad. */
+#ifndef ZR_ZERO_H
+#define ZR_ZERO_H
+
+#include "core/tensor.h"
+#include "kernels/base/adamw.h" /* zr_adamw_config */
+
+typedef struct {
+    int stage;                  /* 0..3 */
+    int64_t reduce_bucket_size; /* elements per reduce bucket (all ranks' segments together) */
+    int64_t allgather_bucket_size;
+    int offload_optimizer; /* master weights, moments and reduced grads on the host */
+    int offload_param;     /* stage 3: parameter partitions on the host */
+    int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
+    int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
+    int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
+    int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
+    int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
+                     * parameters' dtype (DeepSpeed's communication_data_type default); fp32
+                     * buckets in a single process, where nothing is communicated */
+    int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
+                     * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
+    int world_size, rank;  /* from comm; world_size 1 for a single process */
+} zr_zero_config;
+
+typedef struct zr_zero zr_zero;
+
+/* params: leaf tensors on one device (retained by the engine). weight_decay: per parameter. */
+zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
+                     const double *weight_decay);
+void zr_zero_free(zr_zero *z);
+
+/* Partition size S (elements) and parameter i's chunk offset/size within it. */
+int64_t zr_zero_partition_numel(const zr_zero *z);
+void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk);
+/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. */
+zr_tensor *zr_zero_state(zr_zero *z, int which);
+
+zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary);
+zr_status zr_zero_backward_end(zr_zero *z);
+/* Reduces the accumulated gradients into the partition (stages 0–1; no-op at 2–3). */
+zr_status zr_zero_reduce(zr_zero *z);
+/* Global L2 norm of the averaged gradients over all ranks (inf/nan when they overflowed). */
+zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm);
+/* AdamW on the partition with grads multiplied by grad_scale (1/world, 1/loss scale, clip),
+ * then parameters refreshed (all-gather at stages 1–2). c: the betas and eps; lr: one learning
+ * rate per parameter (its group's, as the scheduler left it), zr_zero_num_params values; each
+ * parameter's weight decay is the one it was added with. */
+zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
+                       const double *lr);
+int zr_zero_num_params(const zr_zero *z);
+zr_status zr_zero_zero_grad(zr_zero *z);
+/* Writes the partition's master weights back into the parameters (after loading a checkpoint). */
+zr_status zr_zero_refresh_params(zr_zero *z);
+
+/* Stage 3: gathers / releases whole parameters (by index). Released parameters have shape (0). */
+zr_status zr_zero_gather(zr_zero *z, int n, const int *idx);
+/* Stage 3: starts the all-gathers of the listed parameters (in order) without waiting, up to
+ * `budget` elements and while the live total stays within max_live_parameters; a later
+ * zr_zero_gather of them completes them. Every rank must prefetch the same list. */
+zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget);
+/* Stage 3: elements of (non-persistent) parameters gathered or being gathered now. */
+int64_t zr_zero_live_numel(const zr_zero *z);
+zr_status zr_zero_release(zr_zero *z, int n, const int *idx);
+zr_status zr_zero_release_all(zr_zero *z);
+int zr_zero_is_gathered(const zr_zero *z, int i);
+
+#endif

@@ -1,0 +1,96 @@
+-- Shared by the CUDA-vs-CPU op tests (tests/ops/test_*_cuda.lua) and tests/cuda/test_cuda.lua:
+-- tolerances per dtype, `close` (CUDA result vs CPU reference), `both` (one function on both
+-- devices, forward and every input gradient), and the skip on machines without a GPU.
+--   local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
+--   if C.skip_without_gpu("norm") then return end
+--   local zr, T, close, both = C.zr, C.T, C.close, C.both
+local zr = require "zrun"
+local T = require "zrun.testing"
+local M = { zr = zr, T = T }
+
+local abs, max = math.abs, math.max
+local unpack = table.unpack or unpack -- LuaJIT: the global
+M.unpack = unpack
+M.SIZES = { 1, 7, 127, 1000003 }
+local TOL = { f32 = { 1e-5, 1e-5 }, f64 = { 1e-12, 1e-12 }, bf16 = { 1e-2, 1e-2 }, f16 = { 4e-3, 4e-3 } }
+M.TOL = TOL
+
+-- Prints SKIP and returns true without a CUDA device (the file then returns).
+function M.skip_without_gpu(what)
+  if zr.cuda.is_available() then return false end
+  T.skip(what, "no CUDA device (" .. zr.cuda.unavailable_reason() .. ")")
+  return true
+end
+
+-- |a - b| <= atol * scale + rtol * |b|, scale = max |b| (so values near zero are judged against
+-- the tensor's magnitude, not their own), with the first offending element in the message.
+-- floor: the least scale (for gradients that are 0 up to rounding, e.g. rms_norm with D = 1 or
+-- attention's dq at T = 1, whose values are cancellation noise of O(1) terms).
+function M.close(got, want, dtype, what, slack, floor)
+  local tol = TOL[dtype] or TOL.f32
+  slack = slack or 1
+  local g, w = T.flat(got), T.flat(want)
+  if #g ~= #w then error(("%s: %d vs %d elements"):format(what, #g, #w), 2) end
+  local scale = 0
+  for i = 1, #w do local a = abs(w[i]); if a == a and a ~= math.huge and a > scale then scale = a end end
+  scale = max(scale, floor or 1e-30)
+  for i = 1, #g do
+    local a, b = g[i], w[i]
+    local ok = (a == b) or (a ~= a and b ~= b) or abs(a - b) <= slack * (tol[1] * scale + tol[2] * abs(b))
+    if not ok then
+      error(("%s (%s): element %d: cuda %.9g vs cpu %.9g (diff %.3g, scale %.3g)"):format(
+        what, dtype, i, a, b, abs(a - b), scale), 2)
+    end
+  end
+end
+local close = M.close
+
+function M.randn(shape, dtype) return zr.randn(shape, { dtype = dtype or "f32" }) end
+-- The same values on both devices (the GPU copy is made from the CPU tensor, exactly).
+function M.pair(cpu) return cpu, cpu:cuda() end
+local randn = M.randn
+
+-- Forward value and input gradient of f on one device; w weights the outputs.
+function M.fwd_bwd(f, x, w)
+  x = x:detach(); x.requires_grad = true
+  local y = f(x)
+  local l = (y * w):sum()
+  l:backward()
+  return y, x.grad
+end
+
+-- Runs f on CPU and on CUDA with the same inputs (CPU tensors; float ones get requires_grad
+-- unless nograd[i]), weights the output(s) by fixed random tensors, backpropagates, and compares
+-- the outputs and every input gradient. dt: the dtype the inputs are cast to on both devices.
+function M.both(what, dt, inputs, f, slack, nograd)
+  nograd = nograd or {}
+  local function run(dev)
+    local xs = {}
+    for i, x in ipairs(inputs) do
+      local t = x:dtype() == "f32" and x:to(dt) or x
+      if dev == "cuda" then t = t:cuda() end
+      t = t:detach()
+      if t:dtype() == dt and not nograd[i] then t.requires_grad = true end
+      xs[i] = t
+    end
+    local y = f(unpack(xs))
+    return y, xs
+  end
+  local yc, xc = run("cpu")
+  local yg, xg = run("cuda")
+  T.eq(yg:device(), "cuda:0", what .. " output device")
+  close(yg:cpu(), yc, dt, what .. " forward", slack)
+  if not yc.requires_grad then return end
+  zr.manual_seed(99)
+  local w = zr.randn(yc:shape())
+  ;(yc:float() * w):sum():backward()
+  ;(yg:float() * w:cuda()):sum():backward()
+  for i = 1, #xc do
+    if xc[i].requires_grad then
+      assert(xg[i].grad, what .. ": no CUDA gradient for input " .. i)
+      close(xg[i].grad:cpu(), xc[i].grad, dt, ("%s grad %d"):format(what, i), slack, 1e-3)
+    end
+  end
+end
+
+return M

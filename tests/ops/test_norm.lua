@@ -1,0 +1,67 @@
+-- rms_norm and layer_norm: values derived by hand, float64 finite-difference gradient checks,
+-- bf16 rounding like LlamaRMSNorm, errors.
+local zr = require "zrun"
+local T = zr.testing
+local sqrt = math.sqrt
+zr.manual_seed(11)
+
+local function r(...) return zr.randn({ ... }, { dtype = "f64", requires_grad = true }) end
+local function c(...) return zr.randn({ ... }, { dtype = "f64" }) end
+
+-- ---------------------------------------------------------------- rms_norm
+
+T.test("rms_norm by hand", function()
+  local x = zr.tensor({ { 1, 2, 3, 4 }, { -2, 0, 0, 0 } }, { dtype = "f64" })
+  local w = zr.tensor({ 1, 0.5, 2, -1 }, { dtype = "f64" })
+  -- row 1: mean(x^2) = 30/4 = 7.5; row 2: mean = 4/4 = 1
+  local r1, r2 = 1 / sqrt(7.5 + 1e-6), 1 / sqrt(1 + 1e-6)
+  T.near(x:rms_norm(w, 1e-6), { r1, 2 * 0.5 * r1, 3 * 2 * r1, -4 * r1, -2 * r2, 0, 0, 0 }, 1e-14)
+  T.near(zr.rms_norm(x, nil, 0), { 1 / sqrt(7.5), 2 / sqrt(7.5), 3 / sqrt(7.5), 4 / sqrt(7.5), -2, 0, 0, 0 }, 1e-14)
+  -- f32 agrees to float precision and keeps the dtype
+  local y = x:float():rms_norm(w:float(), 1e-6)
+  T.eq(y:dtype(), "f32")
+  T.near(y, x:rms_norm(w, 1e-6), 1e-6)
+end)
+
+T.test("gradcheck rms_norm", function()
+  T.gradcheck(function(a, w) return a:rms_norm(w, 1e-5) end, { r(2, 7, 5), r(5) })
+  T.gradcheck(function(a, w) return a:rms_norm(w, 0.1) end, { r(3, 6), r(6) })
+  T.gradcheck(function(a) return a:rms_norm(nil, 1e-6) end, { r(1, 6) })
+  T.gradcheck(function(a, w) return a:rms_norm(w) end, { c(4, 5), r(5) }) -- weight only
+end)
+
+T.test("rms_norm bf16 rounds like LlamaRMSNorm", function()
+  local x = zr.randn(3, 7):bfloat16()
+  local w = (zr.rand(7) + 0.5):bfloat16()
+  local y = x:rms_norm(w, 1e-6)
+  T.eq(y:dtype(), "bf16")
+  -- reference: normalise in f32, round to bf16, multiply by the weight in f32, round to bf16
+  local h = x:float():rms_norm(nil, 1e-6):bfloat16():float()
+  T.near(y:float(), (h * w:float()):bfloat16():float(), 0)
+end)
+
+T.test("rms_norm errors", function()
+  T.raises(function() zr.randn(2, 6):rms_norm(zr.ones(5)) end, "weight has shape (5) but x is (2,6); expected (6)")
+  T.raises(function() zr.zeros(2, 3, { dtype = "i64" }):rms_norm() end, "floating-point")
+end)
+
+-- ---------------------------------------------------------------- layer_norm
+
+T.test("layer_norm by hand", function()
+  local x = zr.tensor({ { 1, 2, 3, 4 } }, { dtype = "f64" })
+  local w = zr.tensor({ 2, 1, 1, 0.5 }, { dtype = "f64" })
+  local b = zr.tensor({ 0, 1, -1, 0 }, { dtype = "f64" })
+  -- mean 2.5, biased variance (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25
+  local s = 1 / sqrt(1.25 + 1e-5)
+  T.near(x:layer_norm(w, b, 1e-5), { -1.5 * s * 2, -0.5 * s + 1, 0.5 * s - 1, 1.5 * s * 0.5 }, 1e-14)
+  T.near(x:layer_norm(), { -1.5 * s, -0.5 * s, 0.5 * s, 1.5 * s }, 1e-14)
+end)
+
+T.test("gradcheck layer_norm", function()
+  T.gradcheck(function(a, w, b) return a:layer_norm(w, b, 1e-5) end, { r(2, 7, 5), r(5), r(5) })
+  T.gradcheck(function(a, w, b) return a:layer_norm(w, b, 0.01) end, { r(1, 6), r(6), r(6) })
+  T.gradcheck(function(a) return a:layer_norm() end, { r(3, 6) })
+  T.gradcheck(function(a, b) return a:layer_norm(nil, b) end, { r(3, 5), r(5) })
+end)
+
+T.done()
