@@ -25,7 +25,7 @@ for _, r in ipairs(h.steps) do
     local d = math.abs(zr_.loss - r.loss) / math.abs(r.loss)
     worst, sum, n = math.max(worst, d), sum + d, n + 1
     print(fmt("%5d %10.4f %10.4f %7.2f%% %10.3f %10.3f %11.3e %11.3e", r.step, zr_.loss, r.loss, 100 * d,
-      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.lr or 0 / 0, r.lr or 0 / 0))
+      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.learning_rate or 0 / 0, r.lr or 0 / 0))
   end
 end
 local function verdict(ok) return ok and "PASS" or "FAIL" end
@@ -33,9 +33,9 @@ print(fmt("%s loss curves: %d steps compared, worst %.2f%%, mean %.2f%% (toleran
   verdict(n > 0 and worst <= TOL), n, 100 * worst, 100 * sum / math.max(n, 1), 100 * TOL))
 local zb, za = zev[1], zev[#zev]
 if zb and za and zb ~= za then
-  print(fmt("eval perplexity: zrun %.2f -> %.2f, hf %.2f -> %.2f", zb.perplexity or math.exp(zb.eval_loss),
-    za.perplexity or math.exp(za.eval_loss), h.perplexity_before, h.perplexity_after))
-  local zp = za.perplexity or math.exp(za.eval_loss)
+  print(fmt("eval perplexity: zrun %.2f -> %.2f, hf %.2f -> %.2f", zb.eval_perplexity or math.exp(zb.eval_loss),
+    za.eval_perplexity or math.exp(za.eval_loss), h.perplexity_before, h.perplexity_after))
+  local zp = za.eval_perplexity or math.exp(za.eval_loss)
   print(fmt("%s zrun's perplexity after training (%.2f) is no worse than HF's (%.2f) + 1%%", verdict(zp <= h.perplexity_after * 1.01),
     zp, h.perplexity_after))
 else
