@@ -48,7 +48,7 @@ table.sort(tps)
 local rec = tps[math.max(1, math.floor((#tps + 1) / 2))] or 0
 local bench
 for line in io.lines(blog) do
-  local v = line:match("([%d%.]+) tokens/s") or line:match("tok/s[^%d]*([%d%.]+)")
+  local v = line:match("^tokens/s%s+([%d%.]+)")
   if v then bench = tonumber(v) end
 end
 print(fmt("tokens/s: recipe %.0f, bench_llama.lua (same shape) %s, HF Trainer %.0f", rec, tostring(bench), h.tokens_per_s))

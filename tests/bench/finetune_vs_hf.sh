@@ -6,7 +6,10 @@
 # same hyperparameters. Two runs: the shipped configs/ds_config.json (lr 2e-5, WarmupDecayLR =
 # HF's linear schedule, warmup 5%) and a from-scratch learning rate (3e-4, constant after 10% warmup,
 # a config with "auto" values). Prints both loss curves, the eval perplexity before/after and
-# tokens/s next to bench_llama.lua at the same shape (tests/bench/compare_curves.lua).
+# tokens/s next to bench_llama.lua at the same shape (tests/bench/compare_curves.lua). Where
+# DeepSpeed is installed (DeepSpeed 0.19.8 carried as a wheel), the seed config also runs through
+# the HF Trainer + DeepSpeed (the same bf16 weights + fp32 master as zrun): the exact semantics.
+# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
 # Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set.
 cfg=$1; tok=$2; data=$3; steps=${4:-50}
@@ -22,6 +25,12 @@ cat > "$W/ds_auto.json" <<'J'
  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
  "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}}
 J
+hf() { # name blocks lr warmup sched [ds_config]
+  echo "### $1: Hugging Face Trainer${6:+ + DeepSpeed}"
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 \
+    python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" $6 > "$W/$1.hf.log" 2>&1
+  grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
+}
 run() { # name config hf_lr hf_warmup hf_sched [recipe args...]
   name=$1; conf=$2; lr=$3; wr=$4; sched=$5; shift 5
   echo "### $name: zrun recipe"
@@ -29,12 +38,14 @@ run() { # name config hf_lr hf_warmup hf_sched [recipe args...]
     eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
     > "$W/$name.zrun.log" 2>&1
   grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
-  echo "### $name: Hugging Face Trainer"
-  PYTHONUNBUFFERED=1 python3 tests/bench/hf_finetune.py "$W/model" "$W/$name.blocks.safetensors" "$W/$name.hf.json" \
-    "$lr" "$wr" "$sched" > "$W/$name.hf.log" 2>&1; grep "^hf:" "$W/$name.hf.log" || tail -5 "$W/$name.hf.log"
+  if [ "$name" = seed_config_deepspeed ]; then hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf"
+  else hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched"; fi
   $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" \
     | tee "$R/$name.compare.txt"
 }
-run seed_config configs/ds_config.json 2e-5 0.05 linear
-run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
+want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
+want seed_config && run seed_config configs/ds_config.json 2e-5 0.05 linear
+want seed_config_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
+  run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear
+want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8

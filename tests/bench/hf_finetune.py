@@ -3,12 +3,16 @@ transformers Trainer (bf16 mixed precision: fp32 weights and AdamW, bf16 autocas
 token blocks zrun's recipe trained on, in zrun's order (the recipe's dump_blocks file), with the
 same hyperparameters, and writes per-step loss / grad norm / lr and the eval loss before and after
 as JSON.
-    python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER
+    python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER [DS_CONFIG]
 BLOCKS.safetensors (zrun's dump_blocks): train_input_ids (N, T), eval_input_ids (M, T), train_order
 (0-based rows in the order zrun read them, max_steps x micro-batch x accumulation); its metadata holds
 per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight decay 0, betas
 (0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
-SCHEDULER: linear (DeepSpeed's WarmupDecayLR to 0 at max_steps) or constant_with_warmup."""
+SCHEDULER: linear (DeepSpeed's WarmupDecayLR to 0 at max_steps) or constant_with_warmup.
+DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
+weights with fp32 master as zrun does) instead of AMP; its optimizer runs as torch's AdamW
+(torch_adam: the same update without building DeepSpeed's fused kernel). Run under a launcher's
+environment: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511."""
 import json
 import math
 import sys
@@ -70,6 +74,10 @@ class Record(TrainerCallback):
 def main():
     model_dir, blocks_path, out_path = sys.argv[1:4]
     lr, warmup_ratio, sched = float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+    ds = None
+    if len(sys.argv) > 7:
+        ds = json.load(open(sys.argv[7]))
+        ds.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
     with safe_open(blocks_path, "pt") as f:
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
@@ -78,9 +86,9 @@ def main():
     args = TrainingArguments(
         output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=mbs,
         gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_ratio=warmup_ratio, lr_scheduler_type=sched,
+        adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
         bf16=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
-        seed=42, disable_tqdm=True)
+        seed=42, disable_tqdm=True, deepspeed=ds)
     rec = Record()
     InOrder.order = order.tolist()
     tr = InOrder(model=model, args=args, train_dataset=Blocks(train.tolist()), eval_dataset=Blocks(evals.tolist()),
