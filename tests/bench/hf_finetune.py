@@ -93,7 +93,8 @@ def main():
     InOrder.order = order.tolist()
     tr = InOrder(model=model, args=args, train_dataset=Blocks(train.tolist()), eval_dataset=Blocks(evals.tolist()),
                  callbacks=[rec])
-    before = tr.evaluate()["eval_loss"]
+    # (HF + DeepSpeed below stage 3 cannot evaluate before training starts the engine)
+    before = float("nan") if ds else tr.evaluate()["eval_loss"]
     t0 = time.time()
     tr.train()
     torch.cuda.synchronize()
