@@ -42,7 +42,7 @@ end
 local host_cache, pid_cache
 local function host()
   if not host_cache then
-    host_cache = ((read_all("/proc/sys/kernel/hostname") or "host"):gsub("[^%w_]", "_"))
+    host_cache = ((read_all("/proc/sys/kernel/hostname") or "host"):match("^%s*(.-)%s*$"):gsub("[^%w_]", "_"))
     if host_cache == "" then host_cache = "host" end
   end
   return host_cache
