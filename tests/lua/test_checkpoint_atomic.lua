@@ -224,8 +224,8 @@ T.test("a failed save leaves the directory as it was, with one line naming the c
   T.raises(function() e:save_checkpoint(d, "ck.tmp.h-1-1") end, "tag 'ck.tmp.h-1-1' cannot name")
 end)
 
--- The kill loop: a worker process saves into DIR/ck after every step; SIGKILL after a random
--- delay; then this process loads DIR (cleaning what the kill left), checks the state is the shared
+-- The kill loop: a worker process saves into DIR/ck after every step; SIGKILL at a random moment
+-- after its first save; then this process loads DIR (cleaning what the kill left), checks the state is the shared
 -- run's after the loaded step exactly, trains three more steps and compares their losses bitwise.
 T.test("saves killed at random moments: every load finds one complete checkpoint and resumes exactly", function()
   local kills = tonumber(os.getenv("ZRUN_KILLS") or "10")
@@ -237,9 +237,11 @@ T.test("saves killed at random moments: every load finds one complete checkpoint
   local tally = { mid_save = 0, between = 0, none_yet = 0, switch = 0 }
   local steps = {}
   for i = 1, kills do
-    local delay = 0.15 + math.random() * 0.55 -- the first save ends about 0.2 s in
-    sh(fmt("'%s' '%s' '%s' >/dev/null 2>&1 & p=$!; sleep %.3f; kill -9 $p; wait $p 2>/dev/null; true", zrun, worker, d,
-      delay))
+    -- after the worker's first save, a random delay of up to about four steps and saves
+    local ready = d .. ".ready"
+    sh(fmt("rm -f '%s'; '%s' '%s' '%s' '%s' >/dev/null 2>&1 & p=$!; n=0; while [ ! -e '%s' ] && [ $n -lt 3000 ]; "
+      .. "do sleep 0.01; n=$((n+1)); done; sleep %.3f; kill -9 $p; wait $p 2>/dev/null; true",
+      ready, zrun, worker, d, ready, ready, math.random() * 0.25))
     local left, has_ck, has_old = false, false, false
     for _, n in ipairs(zr.listdir(d) or {}) do
       if store.is_leftover(n) then left = true end
