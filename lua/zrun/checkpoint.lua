@@ -41,13 +41,7 @@ local function join(a, b)
 end
 M.join = join
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_file = store.read_all
 
 local function shape_str(s) return "(" .. concat(s, ",") .. ")" end
 

@@ -21,6 +21,7 @@ M.FORMAT = "zrun-checkpoint-manifest/1"
 
 local function join(a, b) return a:sub(-1) == "/" and a .. b or a .. "/" .. b end
 
+-- A file's contents, or nil.
 local function read_all(p)
   local f = io.open(p, "rb")
   if not f then return nil end
@@ -28,6 +29,7 @@ local function read_all(p)
   f:close()
   return s
 end
+M.read_all = read_all
 
 -- Size in bytes of a regular file, or nil.
 function M.size(p)
@@ -163,11 +165,21 @@ local function remove_folder(p)
   return freed, C.path_type(p) == nil
 end
 
+-- Removes a tag's previous folder once the new one is in place, moving files someone else put
+-- there over to the new one; returns what remove_folder does.
+local function retire(old, final)
+  for _, n in ipairs(C.listdir(old) or {}) do
+    if not M.is_zrun_file(n) and not C.path_type(join(final, n)) then os.rename(join(old, n), join(final, n)) end
+  end
+  return remove_folder(old)
+end
+
 -- A failed save's temporary folder (rank 0), best effort.
 function M.discard(p) pcall(remove_folder, p) end
 
 -- Puts the finished save in tmp in place of dir/<tag> (two renames; see the header), then
--- rewrites dir/latest, whose atomic write also makes the renames durable (it syncs dir).
+-- rewrites dir/latest, whose atomic write also makes the renames durable (it syncs dir). Files
+-- someone else put in the tag folder move over to the new one.
 function M.commit(dir, tag, tmp, id)
   local final = join(dir, tag)
   local old
@@ -175,9 +187,13 @@ function M.commit(dir, tag, tmp, id)
     old = join(dir, tag .. ".old." .. id)
     rename(final, old)
   end
-  rename(tmp, final)
+  local ok, err = os.rename(tmp, final)
+  if not ok then
+    if old then os.rename(old, final) end
+    error(fmt("cannot rename %s to %s: %s", tmp, final, tostring(err)), 0)
+  end
   C.write_file_atomic(join(dir, "latest"), tag)
-  if old then remove_folder(old) end
+  if old then retire(old, final) end
 end
 
 -- ---------------------------------------------------------------- leftovers
@@ -203,8 +219,8 @@ function M.clean(dir, all)
   local names = C.listdir(dir)
   if not names then return nil end
   local done, kept, freed, me = {}, {}, 0, host()
-  local function drop(p, label)
-    local n, gone = remove_folder(p)
+  local function drop(p, label, final)
+    local n, gone = (final and retire or remove_folder)(p, final)
     freed = freed + n
     if gone then done[#done + 1] = label else kept[#kept + 1] = p end
   end
@@ -246,7 +262,7 @@ function M.clean(dir, all)
     if not C.path_type(final) and os.rename(e.p, final) then
       done[#done + 1] = fmt("restored %s from %s", e.tag, e.n)
     else
-      drop(e.p, e.n .. "/")
+      drop(e.p, e.n .. "/", final)
     end
   end
   if #done == 0 and #kept == 0 then return nil end

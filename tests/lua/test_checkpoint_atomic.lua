@@ -80,6 +80,7 @@ T.test("saving into an existing tag replaces it whole; leftovers of killed saves
   write(d .. "/" .. tmp .. "/" .. OPTIM .. ".tmp." .. p .. ".1", string.rep("x", 5000))
   write(d .. "/latest.tmp." .. p .. ".2", "c")
   write(d .. "/ck/" .. OPTIM .. ".tmp." .. p .. ".3", string.rep("y", 100))
+  write(d .. "/ck/README.txt", "the user's notes") -- not zrun's: kept in the tag across saves
   setup.step(e, 2)
   local lines = printed(function() e:save_checkpoint(d, "ck", { step = 2 }) end)
   T.eq(#lines, 1, "lines printed: " .. table.concat(lines, " | "))
@@ -89,8 +90,9 @@ T.test("saving into an existing tag replaces it whole; leftovers of killed saves
     T.eq(line:find(s, 1, true) ~= nil, true, "the line names '" .. s .. "': " .. line)
   end
   T.eq(listing(d), "ck,latest", "the checkpoint directory")
-  T.eq(listing(d .. "/ck"), "mp_rank_00_model_states.json,mp_rank_00_model_states.safetensors," .. OPTIM
+  T.eq(listing(d .. "/ck"), "README.txt,mp_rank_00_model_states.json,mp_rank_00_model_states.safetensors," .. OPTIM
     .. ",zrun_manifest.json", "the tag folder")
+  T.eq(read(d .. "/ck/README.txt"), "the user's notes", "a file zrun did not write, moved over")
   local man = cjson.decode(read(d .. "/ck/zrun_manifest.json"))
   T.eq(man.global_steps, 2, "the manifest is the second save's")
   local e2 = setup.engine()
@@ -139,6 +141,7 @@ T.test("killed between the two renames: the next load finishes the switch, or pu
     local p = dead_pid()
     local tmp, old = leftover("ck", "tmp", p), leftover("ck", "old", p)
     -- rank 0 had renamed ck aside and not yet the new folder in
+    write(d .. "/ck/notes.txt", "the user's") -- not zrun's: stays with the tag
     assert(os.rename(d .. "/ck", d .. "/" .. old))
     assert(os.rename(scratch .. "/ck", d .. "/" .. tmp))
     if not whole then os.remove(d .. "/" .. tmp .. "/zrun_manifest.json") end
@@ -147,6 +150,7 @@ T.test("killed between the two renames: the next load finishes the switch, or pu
     T.eq(line:find(whole and "finished switching in ck" or "restored ck from " .. old, 1, true) ~= nil, true, line)
     T.eq(e.global_steps, whole and 2 or 1, "loaded step")
     T.eq(listing(d), "ck,latest", "the checkpoint directory")
+    T.eq(read(d .. "/ck/notes.txt"), "the user's", "the file zrun did not write")
     ref_upto(2)
     T.near(e.zero:state(0), ref.master[whole and 2 or 1], 0, 0, "master weights")
   end
