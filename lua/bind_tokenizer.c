@@ -45,11 +45,8 @@ static int l_gc(lua_State *L) {
 static int l_encode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
     size_t len;
-    static const char usage[] = "tok:encode(text [, add_special_tokens [, max_length]])";
-    const char *s = check_text(L, 2, usage, "text", &len);
+    const char *s = check_text(L, 2, "tok:encode(text [, add_special_tokens [, max_length]])", "text", &len);
     int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
-    if (!lua_isnoneornil(L, 4) && !lua_isnumber(L, 4))
-        luaL_error(L, "%s: max_length must be a number, got %s", usage, luaL_typename(L, 4));
     int64_t maxlen = (int64_t)luaL_optnumber(L, 4, -1);
     int32_t *ids;
     int64_t n;

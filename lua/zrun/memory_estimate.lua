@@ -288,6 +288,14 @@ function M.parse_args(args, flags, known, who, usage)
   return o, pos
 end
 
+-- The options a usage text names (--name), plus undocumented aliases: parse_args's `known`.
+function M.usage_options(usage, ...)
+  local known = {}
+  for k in usage:gmatch("%-%-([%w%-]+)") do known[k] = true end
+  for _, k in ipairs({ ... }) do known[k] = true end
+  return known
+end
+
 local function posint(s, what)
   local n = tonumber(s)
   if not n or n < 1 or n ~= floor(n) then error(fmt("%s must be a positive integer, got '%s'", what, tostring(s)), 0) end
@@ -295,8 +303,7 @@ local function posint(s, what)
 end
 
 function M.main_estimate(args)
-  local known = { ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1, ["buffer-factor"] = 1 }
-  local o, pos = M.parse_args(args or {}, { help = true }, known, "estimate", USAGE)
+  local o, pos = M.parse_args(args or {}, { help = true }, M.usage_options(USAGE, "gpus"), "estimate", USAGE)
   if o.help or #pos ~= 1 then
     print(USAGE)
     return o.help and 0 or 1

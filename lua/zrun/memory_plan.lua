@@ -405,13 +405,15 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
     ["offload-param"] = true }
-  local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
-    dtype = 1, device = 1, gc = 1, ["gpu-memory"] = 1, ["host-memory"] = 1 }
-  local o, pos = E.parse_args(args or {}, flags, known, "plan", USAGE)
+  local o, pos = E.parse_args(args or {}, flags, E.usage_options(USAGE, "gpus"), "plan", USAGE)
   if o.help or #pos ~= 1 then
     print(USAGE)
     return o.help and 0 or 1
   end
+  local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
+    dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
+    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1 }
+  for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
   local function int(k)
     if o[k] == nil then return nil end
     local n = tonumber(o[k])
