@@ -549,6 +549,7 @@ function M.load(engine, dir, tag)
     local line = store.clean(dir, false)
     if line then print("[zrun] load_checkpoint: " .. line) end
   end
+  if dist.world_size() > 1 then dist.barrier() end -- no rank reads dir while rank 0 cleans it
   local ok, err = pcall(function()
     tdir = M.resolve(dir, tag)
     files = M.files(tdir)

@@ -266,7 +266,8 @@ function M.clean(dir, all)
     end
   end
   if #done == 0 and #kept == 0 then return nil end
-  local line = fmt("cleaned %s after interrupted saves: %s (%s freed)", dir, concat(done, ", "), human(freed))
+  local line = fmt("cleaned %s after interrupted saves: %s%s", dir, concat(done, ", "),
+    freed > 0 and fmt(" (%s freed)", human(freed)) or "")
   if #kept > 0 then
     line = line .. fmt("; left %s, which hold%s files zrun did not write", concat(kept, ", "), #kept == 1 and "s" or "")
   end

@@ -13,7 +13,9 @@
 --                                   2e-5 (fp32, other reduction order; see zero_check.lua)
 --   twice  STAGE GAS WORK           saves into the same tag after steps 3 and 6: the tag then holds
 --                                   step 6 whole (every rank's file, the manifest, no leftovers),
---                                   and loading it after a 7th step restores step 6's state bitwise
+--                                   and loading it after a 7th step restores step 6's state bitwise,
+--                                   also when the save was killed before its folder was renamed in
+--                                   (rank 0's cleanup finishes the switch before any rank reads)
 --   badload STAGE GAS WORK SRC PAT  loading a damaged checkpoint fails on every rank (no hang)
 --   fp32   OUT SRC WORK             (one process) zero-to-fp32 output OUT equals WORK/ref_<SRC>'s
 --                                   master weights bitwise; so do load_state_dict_from_zero_checkpoint
@@ -251,6 +253,14 @@ elseif mode == "twice" then
   engine:save_checkpoint(dir, "ck")
   local want = gather_state(engine)
   train(7, 7)
+  if r == 0 then -- as if killed between writing the manifest and renaming the folder in
+    local p = io.popen("sh -c 'echo $$'")
+    local dead = p:read("*n")
+    p:close()
+    local id = require("zrun.checkpoint_store").new_id():gsub("%-%d+%-(%d+)$", "-" .. dead .. "-%1")
+    assert(os.rename(dir .. "/ck", dir .. "/ck.tmp." .. id))
+  end
+  dist.barrier()
   engine:load_checkpoint(dir)
   local got = gather_state(engine)
   run("saved twice into one tag " .. tagname .. ": the tag holds the second save whole", function()
