@@ -406,7 +406,7 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
     ["offload-param"] = true }
-  local o, pos = E.parse_args(args or {}, flags)
+  local o, pos = E.parse_args(args or {}, flags, E.usage_options(USAGE, "gpus"), "plan", USAGE)
   if o.help or #pos ~= 1 then
     print(USAGE)
     return o.help and 0 or 1
