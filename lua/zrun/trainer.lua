@@ -129,6 +129,7 @@ function Trainer:setup()
     local warm = a.warmup_steps > 0 and a.warmup_steps or ceil(a.warmup_ratio * self.total_steps)
     e.lr_scheduler = require("zrun.schedulers").hf(a.lr_scheduler_type, e.optimizer,
       { num_warmup_steps = warm, num_training_steps = self.total_steps })
+    self.hf_schedule = true
   elseif self.user_args.lr_scheduler_type then
     dist.print0(fmt("[zrun] Trainer: lr_scheduler_type = \"%s\" is not used: the DeepSpeed config's scheduler (%s) is",
       a.lr_scheduler_type, e.config.scheduler.type))
@@ -207,7 +208,10 @@ function Trainer:train(resume)
     local tps = tokens / math.max(now - t_log, 1e-9)
     local mem = zr.memory.stats(e.device)
     local eta = (now - t_start) / math.max(s - start_step, 1) * (self.total_steps - s)
-    local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = e:get_lr()[1], grad_norm = e.last_grad_norm,
+    -- HF logs the rate its own schedule applied in this step, but under DeepSpeed (whose engine
+    -- steps the schedule inside optimizer.step) the one after it: zrun logs as HF does in each case
+    local lr = self.hf_schedule and self.step_lr or e:get_lr()[1]
+    local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak }
     dist.print0(fmt("step %d/%d | loss %.4f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s,
       self.total_steps, avg, e.last_grad_norm or 0 / 0, rec.learning_rate, tps, zr.memory.human(mem.total_current), hms(eta)))
@@ -241,6 +245,7 @@ function Trainer:train(resume)
       pending[#pending + 1] = out.loss:detach()
       if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
       tokens = tokens + ids:numel() * W
+      self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
       if e:step() then
         local s = e.global_steps
         st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
