@@ -177,7 +177,10 @@ local function check_leaf(node, v)
       for _, x in ipairs(node.values) do if x == v then return v end end
       return nil, one_of(node.values)
     end
-    if type(v) ~= "number" or v ~= v or (t == "int" and floor(v) ~= v) then return nil, range_text(node, what) end
+    -- (JSON's 1e400 decodes to infinity: no count or size is infinite, and floor(inf) == inf)
+    if type(v) ~= "number" or v ~= v or v == huge or v == -huge or (t == "int" and floor(v) ~= v) then
+      return nil, range_text(node, what)
+    end
     if (node.min and (v < node.min or (node.open_min and v == node.min))) or (node.max and v > node.max) then
       return nil, range_text(node, what)
     end
