@@ -1,5 +1,6 @@
 /* Lua bindings for the tokenizer (runtime/tokenizer/tokenizer.h): a Tokenizer userdata class.
  * Ids are plain Lua arrays of integers (the datasets layer turns batches into tensors). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,7 +39,13 @@ static int l_encode(lua_State *L) {
     size_t len;
     const char *s = luaL_checklstring(L, 2, &len);
     int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
-    int64_t maxlen = (int64_t)luaL_optnumber(L, 4, -1);
+    double maxlen_d = luaL_optnumber(L, 4, -1);
+    if (!(maxlen_d >= -1 && maxlen_d <= 9e15 && maxlen_d == (double)(int64_t)maxlen_d)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "encode: max_length must be a non-negative integer, got %.17g", maxlen_d);
+        return luaL_error(L, "%s", msg);
+    }
+    int64_t maxlen = (int64_t)maxlen_d;
     int32_t *ids;
     int64_t n;
     if (zr_tokenizer_encode(t, s, len, add, &ids, &n)) return zr_l_error(L);
@@ -52,6 +59,12 @@ static int l_encode(lua_State *L) {
     return 1;
 }
 
+/* An id must be an integer an int32 holds: 0.5 or 2^32 must not quietly become id 0. Ids
+ * outside the vocabulary (negative ones too) are the C decoder's to skip. */
+static int id_ok(double v) {
+    return v == v && v >= -2147483648.0 && v <= 2147483647.0 && v == (double)(int32_t)v;
+}
+
 /* decode({ids} or i32/i64 tensor [, skip_special_tokens=false]) -> string */
 static int l_decode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
@@ -63,15 +76,46 @@ static int l_decode(lua_State *L) {
         if (!d) return zr_l_error(L);
         n = zr_tensor_numel(tt);
         ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
-        for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)d[i];
+        if (!ids) {
+            free(d);
+            return luaL_error(L, "decode: out of memory for %lld ids", (long long)n);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (!id_ok(d[i])) {
+                double v = d[i];
+                free(d);
+                free(ids);
+                char msg[160];
+                snprintf(msg, sizeof msg, "decode: element %lld of the ids tensor is %.17g; token ids "
+                         "are integers (an i32 or i64 tensor)", (long long)i + 1, v);
+                return luaL_error(L, "%s", msg);
+            }
+            ids[i] = (int32_t)d[i];
+        }
         free(d);
     } else {
-        luaL_checktype(L, 2, LUA_TTABLE);
+        if (!lua_istable(L, 2))
+            return luaL_error(L, "decode: ids must be a table of integers or an integer tensor, got %s",
+                              luaL_typename(L, 2));
         n = (int64_t)lua_objlen(L, 2);
         ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+        if (!ids) return luaL_error(L, "decode: out of memory for %lld ids", (long long)n);
         for (int64_t i = 0; i < n; i++) {
             lua_rawgeti(L, 2, (int)(i + 1));
-            ids[i] = (int32_t)lua_tointeger(L, -1);
+            int isnum = lua_type(L, -1) == LUA_TNUMBER;
+            double v = isnum ? lua_tonumber(L, -1) : 0;
+            if (!isnum || !id_ok(v)) {
+                char msg[160];
+                if (!isnum)
+                    snprintf(msg, sizeof msg, "decode: ids[%lld] is a %s; token ids are integers",
+                             (long long)i + 1, luaL_typename(L, -1));
+                else
+                    snprintf(msg, sizeof msg, "decode: ids[%lld] is %.17g; token ids are integers "
+                             "from -2^31 to 2^31-1", (long long)i + 1, v);
+                free(ids);
+                return luaL_error(L, "%s", msg);
+            }
+            ids[i] = (int32_t)v;
             lua_pop(L, 1);
         }
     }
