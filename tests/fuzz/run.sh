@@ -10,7 +10,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 dir=${1:?usage: run.sh DIR SECONDS [TARGET...]}
 secs=${2:-60}
-shift 2 2>/dev/null || shift $#
+if [ $# -ge 2 ]; then shift 2; else shift $#; fi
 kind=$(basename "$dir")
 targets=$*
 [ -n "$targets" ] || targets=$(cd tests/fuzz && ls fuzz_*.c | sed 's/\.c$//')
