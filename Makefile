@@ -81,6 +81,20 @@ ifneq ($(HAVE_NVCC),)
   endif
 endif
 
+# Build-flag stamp: $(BUILD)/flags holds the compiler and the feature flags this build dir was
+# compiled with (not the git revision). When they change (CUDA=0 after a CUDA build, MPI installed
+# or removed, another CC or CFLAGS) the file is rewritten and, being newer than every object, makes
+# all of them rebuild, instead of linking objects compiled for the other set of features.
+FLAGS_STAMP := $(BUILD)/flags
+BUILD_FLAGS := CC=$(CC) CFLAGS=$(filter-out -DZR_GIT_REV=%,$(CFLAGS)) NVCC=$(if $(HAVE_NVCC),$(NVCC) $(NVFLAGS)) LDLIBS=$(LDLIBS)
+ifneq ($(filter-out clean deps features,$(or $(MAKECMDGOALS),all)),)
+  FLAGS_OLD := $(shell cat $(FLAGS_STAMP) 2>/dev/null)
+  ifneq ($(strip $(FLAGS_OLD)),$(strip $(BUILD_FLAGS)))
+    $(shell mkdir -p $(BUILD) && printf '%s\n' '$(BUILD_FLAGS)' > $(FLAGS_STAMP))
+    $(if $(FLAGS_OLD),$(info build flags changed since the last build in $(BUILD)/: rebuilding everything))
+  endif
+endif
+
 .DEFAULT_GOAL := all
 .PHONY: all deps test run bench clean features check-luajit test-cuda fuzz fuzz-build
 check-luajit:
@@ -99,24 +113,24 @@ features:
 	@echo "  cuda      $(or $(HAVE_NVCC),off)"
 	@echo "  nccl      $(or $(HAVE_NCCL),off)"
 
-$(BUILD)/runtime/%.o: runtime/%.c
+$(BUILD)/runtime/%.o: runtime/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -MP -c $< -o $@
-$(BUILD)/lua/%.o: lua/%.c
+$(BUILD)/lua/%.o: lua/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_INC) -MMD -MP -c $< -o $@
-$(BUILD)/kernels/base/%.o: kernels/base/%.c
+$(BUILD)/kernels/base/%.o: kernels/base/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c
+$(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
-$(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c
+$(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
 # The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
 $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kernels/cpu/offload_f32.o $(BUILD)/kernels/cpu/offload_f64.o: CFLAGS += -fno-math-errno
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
@@ -127,19 +141,19 @@ $(BUILD)/libzrun.a: $(OBJ)
 	ar rcs $@ $^
 
 LUAOBJ := $(LUA_SRC:%.c=$(BUILD)/%.o) $(BUILD)/lua/main.o
-$(BIN): check-luajit $(BUILD)/libzrun.a $(LUAOBJ)
+$(BIN): $(BUILD)/libzrun.a $(LUAOBJ) | check-luajit
 	$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) $(BUILD)/libzrun.a $(LDLIBS)
 
 # C unit tests: one binary per tests/c/test_*.c, linked against the runtime.
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
-$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a
+$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
-$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 

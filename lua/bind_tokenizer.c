@@ -9,10 +9,19 @@
 
 #define TOK_MT "zr.Tokenizer"
 
+/* Argument errors name the method and what it takes: LuaJIT cannot name a method reached through a
+ * metatable, so luaL_check* would say "bad argument #2 to '?'". */
 static zr_tokenizer *check_tok(lua_State *L, int idx) {
-    zr_tokenizer **p = luaL_checkudata(L, idx, TOK_MT);
+    zr_tokenizer **p = luaL_testudata(L, idx, TOK_MT);
+    if (!p)
+        luaL_error(L, "tokenizer method called on a %s instead of a tokenizer (call methods with a colon: "
+                      "tok:encode(text))", luaL_typename(L, idx));
     if (!*p) luaL_error(L, "tokenizer was freed");
     return *p;
+}
+static const char *check_text(lua_State *L, int idx, const char *usage, const char *what, size_t *len) {
+    if (!lua_isstring(L, idx)) luaL_error(L, "%s: %s must be a string, got %s", usage, what, luaL_typename(L, idx));
+    return lua_tolstring(L, idx, len);
 }
 
 static int l_load(lua_State *L) {
@@ -37,7 +46,7 @@ static int l_gc(lua_State *L) {
 static int l_encode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
     size_t len;
-    const char *s = luaL_checklstring(L, 2, &len);
+    const char *s = check_text(L, 2, "tok:encode(text [, add_special_tokens [, max_length]])", "text", &len);
     int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
     double maxlen_d = luaL_optnumber(L, 4, -1);
     if (!(maxlen_d >= -1 && maxlen_d <= 9e15 && maxlen_d == (double)(int64_t)maxlen_d)) {
@@ -139,11 +148,14 @@ static int push_id(lua_State *L, int32_t id) {
     return 1;
 }
 static int l_token_to_id(lua_State *L) {
-    return push_id(L, zr_tokenizer_token_to_id(check_tok(L, 1), luaL_checkstring(L, 2)));
+    zr_tokenizer *t = check_tok(L, 1);
+    return push_id(L, zr_tokenizer_token_to_id(t, check_text(L, 2, "tok:token_to_id(token)", "token", NULL)));
 }
 static int l_id_to_token(lua_State *L) {
     int64_t len;
-    const char *s = zr_tokenizer_id_to_token(check_tok(L, 1), (int32_t)luaL_checkinteger(L, 2), &len);
+    zr_tokenizer *t = check_tok(L, 1);
+    if (!lua_isnumber(L, 2)) luaL_error(L, "tok:id_to_token(id): id must be an integer, got %s", luaL_typename(L, 2));
+    const char *s = zr_tokenizer_id_to_token(t, (int32_t)lua_tointeger(L, 2), &len);
     if (!s) lua_pushnil(L);
     else lua_pushlstring(L, s, (size_t)len);
     return 1;

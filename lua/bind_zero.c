@@ -32,23 +32,34 @@ static int read_indices(lua_State *L, int idx, int **out) {
     return n;
 }
 
-/* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, offload_optimizer=,
- *           offload_param=, ..., comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32)},
+/* A number the caller must give: the defaults live in one place, the resolved config (config.lua). */
+static double required_num(lua_State *L, int idx, const char *key) {
+    lua_getfield(L, idx, key);
+    if (lua_type(L, -1) != LUA_TNUMBER)
+        luaL_error(L, "zero_new: option '%s' is required (a number, from the resolved config), got %s", key,
+                   luaL_typename(L, -1));
+    double v = lua_tonumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
+/* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
+ *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
+ *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32)},
  *           {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
-    const char *op = "zero_new";
     zr_zero_config c = {0};
-    c.stage = (int)zr_l_numfield(L, 1, "stage", 0, op);
-    c.reduce_bucket_size = (int64_t)zr_l_numfield(L, 1, "reduce_bucket_size", 5e8, op);
-    c.allgather_bucket_size = (int64_t)zr_l_numfield(L, 1, "allgather_bucket_size", 5e8, op);
+    c.stage = (int)required_num(L, 1, "stage");
+    c.reduce_bucket_size = (int64_t)required_num(L, 1, "reduce_bucket_size");
+    c.allgather_bucket_size = (int64_t)required_num(L, 1, "allgather_bucket_size");
     c.offload_optimizer = zr_l_boolfield(L, 1, "offload_optimizer");
     c.offload_param = zr_l_boolfield(L, 1, "offload_param");
-    c.persistence_threshold = (int64_t)zr_l_numfield(L, 1, "persistence_threshold", 0, op);
+    c.persistence_threshold = (int64_t)required_num(L, 1, "persistence_threshold");
     c.pin_memory = zr_l_boolfield(L, 1, "pin_memory");
     c.overlap_comm = zr_l_boolfield(L, 1, "overlap_comm");
-    c.max_live_parameters = (int64_t)zr_l_numfield(L, 1, "max_live_parameters", 0, op);
+    c.max_live_parameters = (int64_t)required_num(L, 1, "max_live_parameters");
     lua_getfield(L, 1, "comm_dtype");
     c.comm_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);

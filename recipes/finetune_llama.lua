@@ -1,110 +1,192 @@
--- Fine-tune Llama-3.2-1B on WikiText-2 with a DeepSpeed config: the well-known Hugging Face +
--- DeepSpeed script, in Lua.
---   zrun recipes/finetune_llama.lua                                  # defaults below
+-- Fine-tune a Llama on WikiText-2 with a DeepSpeed config: Hugging Face's run_clm.py (tokenize,
+-- pack into blocks with group_texts, Trainer, evaluate, save) + DeepSpeed, in Lua.
+--   zrun recipes/finetune_llama.lua                 # no model on disk: the built-in tiny Llama on a sample text
+--   zrun recipes/finetune_llama.lua model=DIR [tokenizer=DIR|tokenizer.json] data=DIR|FILE [--config FILE]
+--        [any TrainingArguments key=value: max_steps=50 learning_rate=3e-4 eval_steps=10 save_strategy=no ...]
 --   mpirun -np 4 zrun recipes/finetune_llama.lua --config configs/zero3_offload.json
---   zrun recipes/finetune_llama.lua model=/path/to/Llama-3.2-1B data=/path/to/wikitext-2-raw max_steps=50
--- When the model or the data is not present it says what it looked for and falls back to a
--- built-in tiny Llama, a byte-level tokenizer and a short text written for the project, so the
--- recipe always trains visibly.
+-- data: a folder with wiki.train.raw and wiki.valid.raw, or only wiki.valid.raw (or one text file),
+-- which is then split: the first validation_split_percentage % of its lines evaluate, the rest
+-- train (run_clm's rule for a dataset without a validation split).
 local zr = require "zrun"
 local dist = zr.dist
 
--- command line: --config FILE, key=value overrides of the options below
+-- Script options (run_clm's ModelArguments and DataTrainingArguments) ...
 local opt = {
-  model = "meta-llama/Llama-3.2-1B",
+  model = "meta-llama/Llama-3.2-1B", -- a Hugging Face model directory or a hub id in the local cache
+  tokenizer = false,                 -- default: the model's own tokenizer.json
   data = os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw",
-  split = "train[:2000]",
-  config = "configs/ds_config.json",
-  max_length = 512,
-  output_dir = "output/finetune_llama",
-  epochs = 1,
-  max_steps = -1,
+  train_split = "train",             -- e.g. train[:2000]
+  block_size = 512,
+  validation_split_percentage = 5,
+  config = "configs/ds_config.json", -- DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)
+  precision = false,                 -- bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose "enabled" is "auto")
   device = "auto",
+  dump_blocks = false,               -- FILE.safetensors: the token blocks and the order training reads them
 }
+-- ... and TrainingArguments. Anything on the command line overrides either.
+local args = {
+  output_dir = "output/finetune_llama",
+  per_device_train_batch_size = 4, per_device_eval_batch_size = 4, gradient_accumulation_steps = 8,
+  learning_rate = 2e-5, weight_decay = 0.0, warmup_ratio = 0.05, num_train_epochs = 1,
+  logging_steps = 10, eval_strategy = "steps", eval_steps = 50,
+  save_strategy = "steps", save_steps = 500, save_total_limit = 2,
+}
+
+local given = {}
 local i = 1
 while i <= #arg do
   local a = arg[i]
-  if a == "--config" or a == "--deepspeed" then opt.config, opt.config_given = arg[i + 1], true; i = i + 1
-  elseif a:match("^[%w_]+=") then
+  if a == "--config" or a == "--deepspeed" then opt.config, given.config = arg[i + 1], true; i = i + 1
+  else
     local k, v = a:match("^([%w_]+)=(.*)$")
-    opt[k] = tonumber(v) or v
-  else error("unknown argument '" .. a .. "' (use --config FILE or key=value)", 0) end
+    if k == "deepspeed" then k = "config" end
+    if not k then error("unknown argument '" .. a .. "' (use --config FILE or key=value)", 0) end
+    v = (v == "true" and true) or (v == "false" and false) or tonumber(v) or v
+    local ta = require "zrun.trainer_args"
+    if opt[k] ~= nil then opt[k] = v
+    elseif ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k] then args[k] = v
+    else
+      local names = {}
+      for n in pairs(opt) do names[#names + 1] = n end
+      for n in pairs(ta.DEFAULTS) do names[#names + 1] = n end
+      local s = require("zrun.config").suggest(k, names)
+      error(("unknown option '%s'%s: the recipe takes %s=..., or any TrainingArguments key the Trainer implements")
+        :format(k, s and (" (did you mean '" .. s .. "'?)") or "", "model, tokenizer, data, train_split, block_size, " ..
+        "validation_split_percentage, precision, device, dump_blocks"), 0)
+    end
+    given[k] = true
+  end
   i = i + 1
 end
+
+require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
 if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
-
--- model + tokenizer (or the built-in fallback)
+if not exists(opt.config) then error("DeepSpeed config " .. opt.config .. " not found (pass --config FILE)", 0) end
 local device = opt.device
 if device == "auto" then device = zr.cuda.device_count() > 0 and "cuda" or "cpu" end
+local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...)) end
+
+-- Model and tokenizer. Only when no model was named and the default is not on disk: the built-in
+-- tiny Llama with a byte-level tokenizer, so `make run` always trains something visibly.
 local model, tok, fallback
 local ok, err = pcall(function()
   local dir = zr.hf.resolve(opt.model)
-  tok = zr.tokenizers.load(dir)
+  tok = zr.tokenizers.load(opt.tokenizer or dir)
   model = zr.models.llama.from_pretrained(dir, { dtype = "f32", device = device })
 end)
+if not ok and (given.model or given.tokenizer) then error(tostring(err), 0) end
 if not ok then
-  dist.print0("[finetune_llama] model '" .. opt.model .. "' not available: " .. tostring(err))
-  dist.print0("[finetune_llama] falling back to the built-in tiny Llama (zrun/tiny-llama) with a byte-level tokenizer")
+  say("model '%s' not available: %s", opt.model, tostring(err))
+  say("falling back to the built-in tiny Llama (zrun/tiny-llama) with a byte-level tokenizer")
   fallback = true
   zr.manual_seed(0)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.device = device
   model = zr.models.llama.LlamaForCausalLM(cfg)
   tok = zr.tokenizers.ByteTokenizer.new()
-  opt.max_length = math.min(opt.max_length, 64)
+  opt.block_size = math.min(opt.block_size, 64)
+end
+if tok:vocab_size() > model.config.vocab_size then
+  error(("the tokenizer has %d tokens but the model's vocab_size is %d: pass tokenizer= the model's own"):format(
+    tok:vocab_size(), model.config.vocab_size), 0)
 end
 
--- data: wikitext train[:2000] (or the built-in sample)
-local ds
-local okd, derr = pcall(function() ds = zr.datasets.load_dataset(opt.data, { split = opt.split }) end)
+-- Raw text: train and validation splits, or one file split by lines.
+local function load(split) return zr.datasets.load_dataset(opt.data, { split = split }) end
+local is_dir = exists(opt.data .. "/.")
+local raw_train, raw_eval, okd, derr
+okd, derr = pcall(function()
+  if is_dir and (exists(opt.data .. "/wiki.train.raw") or exists(opt.data .. "/train.txt")) then
+    raw_train, raw_eval = load(opt.train_split), load("validation")
+  else
+    local p = opt.validation_split_percentage
+    raw_eval, raw_train = load(("validation[:%d%%]"):format(p)), load(("validation[%d%%:]"):format(p))
+    say("no train split in %s: training on the last %d%% of %s's lines, evaluating on the first %d%%",
+      opt.data, 100 - p, raw_eval.source, p)
+  end
+end)
+if not okd and given.data then error(tostring(derr), 0) end
 if not okd then
-  dist.print0("[finetune_llama] dataset not available: " .. tostring(derr))
+  say("dataset not available: %s", tostring(derr))
   local sample = home .. "/recipes/data/sample.txt"
-  dist.print0("[finetune_llama] falling back to the built-in text sample " .. sample)
-  ds = zr.datasets.load_dataset(sample, { format = "wikitext" })
+  local p = 20 -- the sample is 29 lines: a fifth of them evaluate
+  say("falling back to the built-in text sample %s: training on its last %d%% of lines, evaluating on the first %d%%",
+    sample, 100 - p, p)
+  raw_eval = zr.datasets.load_dataset(sample, { format = "wikitext", split = ("train[:%d%%]"):format(p) })
+  raw_train = zr.datasets.load_dataset(sample, { format = "wikitext", split = ("train[%d%%:]"):format(p) })
   fallback = true
 end
-local tokenized = ds:filter(function(r) return r.text ~= "" end):map(function(r)
-  return { input_ids = tok:encode(r.text, true, opt.max_length) }
-end)
-if fallback then -- short lines: pack them into full blocks so every step sees real text
-  tokenized = tokenized:group_texts(opt.max_length)
-end
-dist.print0(("[finetune_llama] %d training rows, model %s, %d parameters, device %s"):format(
-  #tokenized.rows, fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device))
 
-local args = {
-  output_dir = opt.output_dir, per_device_train_batch_size = 4, gradient_accumulation_steps = 8,
-  learning_rate = fallback and 3e-3 or 2e-5, num_train_epochs = opt.epochs, max_steps = opt.max_steps,
-  logging_steps = fallback and 5 or 10, deepspeed = opt.config, -- precision comes from the config (bf16)
-  warmup_ratio = 0.05, weight_decay = 0.0,
-}
-if fallback then
-  args.gradient_accumulation_steps = 1
-  args.max_steps = opt.max_steps > 0 and opt.max_steps or 60
-  if not opt.config_given then args.deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
+-- Tokenize every line, then concatenate and cut into full blocks of block_size tokens (run_clm's
+-- group_texts): every position of every batch is a real token, no padding. Empty lines are dropped
+-- first (they would add a lone BOS each).
+local function lm_dataset(raw)
+  return raw:filter(function(r) return r.text ~= "" end)
+    :map(function(r) return { input_ids = tok:encode(r.text) } end)
+    :group_texts(opt.block_size)
+end
+local train_dataset, eval_dataset = lm_dataset(raw_train), lm_dataset(raw_eval)
+say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d parameters), device %s",
+  #train_dataset.rows, #eval_dataset.rows, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
+  model:num_parameters(), device)
+
+if fallback then -- CPU-sized settings for the tiny model
+  local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
+    eval_steps = 20, warmup_ratio = 0.05 }
+  for k, v in pairs(small) do if not given[k] then args[k] = v end end
+  if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
     gradient_clipping = 1.0, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
     scheduler = { type = "WarmupDecayLR", params = { warmup_min_lr = 0, warmup_max_lr = "auto",
-      warmup_num_steps = "auto", total_num_steps = "auto" } },
+      warmup_num_steps = "auto", total_num_steps = "auto", warmup_type = "linear" } },
     zero_optimization = { stage = 2 } } end
 end
--- Trainer arguments given on the command line (learning_rate=, gradient_accumulation_steps=,
--- logging_steps=, ...) override the ones above; precision=bf16|fp16|fp32 sets args.bf16/fp16
--- (for configs whose bf16/fp16 "enabled" is "auto").
-local ARG_KEYS = { learning_rate = true, gradient_accumulation_steps = true, per_device_train_batch_size = true,
-  logging_steps = true, weight_decay = true, warmup_ratio = true, seed = true }
-for k, v in pairs(opt) do if ARG_KEYS[k] then args[k] = v end end
-if opt.precision then
+-- A number the DeepSpeed file fixes itself (not "auto") wins over this script's default for it; a
+-- value given on the command line must agree with the file (the Trainer says so when not).
+if type(opt.config) == "string" then
+  local f = assert(io.open(opt.config, "rb"))
+  local c = require("cjson").decode(f:read("*a"))
+  f:close()
+  local op = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
+  local fixed = { learning_rate = op.lr, weight_decay = op.weight_decay, gradient_accumulation_steps =
+    c.gradient_accumulation_steps, per_device_train_batch_size = c.train_micro_batch_size_per_gpu }
+  for k, v in pairs(fixed) do if type(v) == "number" and not given[k] then args[k] = nil end end
+end
+args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json) ...
+if opt.precision then       -- ... or from precision= when the config says "auto"
   local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
   if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
   args.bf16, args.fp16 = p == "bf16", p == "fp16"
 end
-local trainer = zr.Trainer({ model = model, args = args, train_dataset = tokenized,
-  data_collator = zr.datasets.causal_lm_collator({ pad_token_id = tok:pad_id() or 0 }) })
+
+local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
+  processing_class = tok })
+if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the same blocks in the same order
+  local function blocks(ds)
+    local t = {}
+    for k, r in ipairs(ds.rows) do t[k] = r.input_ids end
+    return zr.tensor(t, { dtype = "i64" })
+  end
+  local order = trainer:data_order()
+  for k, v in ipairs(order) do order[k] = v - 1 end
+  if dist.rank() == 0 then
+    zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = blocks(train_dataset), eval_input_ids = blocks(eval_dataset),
+      train_order = zr.tensor(order, { dtype = "i64" }) }, { format = "pt", per_device_train_batch_size =
+      tostring(trainer.args.per_device_train_batch_size), gradient_accumulation_steps = tostring(trainer.args.gradient_accumulation_steps),
+      max_steps = tostring(trainer.total_steps) })
+  end
+  say("wrote %s: train_input_ids, eval_input_ids and train_order (0-based rows, micro-batches of %d, %d per step; " ..
+    "rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps)
+end
+-- (resume_from_checkpoint=true or =output_dir/checkpoint-<step> continues a run: no "before" then)
+local before = not args.resume_from_checkpoint and trainer:evaluate() or nil
 local res = trainer:train()
-dist.print0(("[finetune_llama] done: %d steps in %.1f s, loss %.3f -> %.3f"):format(res.global_step,
-  res.train_runtime, res.first_loss or 0 / 0, res.train_loss or 0 / 0))
+-- (eval_steps may have just evaluated the final weights)
+local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
+trainer:save_model()
+say("done: %d steps in %.1f s, loss %.3f -> %.3f, validation perplexity %s%.2f; model saved to %s",
+  res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0,
+  before and ("%.2f -> "):format(before.eval_perplexity) or "", after.eval_perplexity, args.output_dir)

@@ -10,14 +10,18 @@
 --       __metadata__ {format, zrun_state = JSON}: counters, scheduler, loss scaler, client_state,
 --       config, world size, stage, RNG, and per parameter {name, shape, numel, offset, chunk}.
 --
+--   dir/<tag>/zrun_manifest.json                          every file's size and the save's id
+--
 -- Partition layout (runtime/zero.h): parameter i of n elements is cut into K chunks of c elements
 -- (K = world size, or 1 at stage 0, recorded as num_chunks); element e lives in chunk floor(e/c),
--- at position offset + e mod c of that rank's partition. Every file is written atomically (temp
--- file, fsync, rename) and `latest` only after every rank finished, so a crash mid-save leaves
--- the previous checkpoint the one that loads.
+-- at position offset + e mod c of that rank's partition. A tag switches from its old contents to
+-- the new in one step, even when saved into again (zrun.checkpoint_store: a temporary tag folder,
+-- the manifest, renames), and `latest` follows, so a crash mid-save leaves a complete checkpoint
+-- the one that loads; a load refuses a tag folder the manifest does not vouch for.
 local zr = require "zrun"
 local C = zr._C
 local dist = require "zrun.dist"
+local store = require "zrun.checkpoint_store"
 local hf = require "zrun.hf"
 local cjson = require "cjson"
 
@@ -37,13 +41,7 @@ local function join(a, b)
 end
 M.join = join
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_file = store.read_all
 
 local function shape_str(s) return "(" .. concat(s, ",") .. ")" end
 
@@ -81,11 +79,13 @@ end
 
 -- Runs a local step everywhere and makes every rank fail when one did, so no rank is left
 -- waiting in a collective; the others' messages name the first failing rank and its message.
--- Also a barrier.
+-- Also a barrier. With `prefix`, the failing rank's own message starts with `what` too.
 local MSG = 400
-local function agree(ok, err, what)
+local function agree(ok, err, what, prefix)
+  if not ok then err = tostring(err) end
+  if not ok and prefix and not os.getenv("ZRUN_DEBUG") then err = err:gsub("^[%w_/%.%-]+%.lua:%d+: ", "") end
   if dist.world_size() == 1 then
-    if not ok then error(err, 0) end
+    if not ok then error(prefix and what .. ": " .. err or err, 0) end
     return
   end
   local W, r = dist.world_size(), dist.rank()
@@ -106,7 +106,7 @@ local function agree(ok, err, what)
     if chars[i] == 0 then break end
     out[i] = string.char(chars[i])
   end
-  if not ok then error(err, 0) end
+  if not ok then error(prefix and what .. ": " .. err or err, 0) end
   error(fmt("%s failed on rank %d: %s", what, first, concat(out)), 0)
 end
 
@@ -183,11 +183,26 @@ M.engine_state = engine_state
 
 local function check_tag(tag)
   tag = tostring(tag)
-  if tag == "" or tag:find("/", 1, true) or tag == "." or tag == ".." or tag == "latest" then
+  if tag == "" or tag:find("/", 1, true) or tag == "." or tag == ".." or tag == "latest" or store.is_leftover(tag) then
     error(fmt("save_checkpoint: tag '%s' cannot name a directory inside the checkpoint directory "
-      .. "(no '/', not empty, not 'latest')", tag), 0)
+      .. "(no '/', not empty, not 'latest', not a name zrun gives its temporary folders: <tag>.tmp.<id>)", tag), 0)
   end
   return tag
+end
+
+-- Rank 0's string on every rank (short strings: ids).
+local function share0(s)
+  if dist.world_size() == 1 then return s end
+  local codes = {}
+  for i = 1, 128 do codes[i] = s and s:byte(i) or 0 end
+  local t = zr.tensor(codes, { dtype = "f64" })
+  dist.broadcast(t, 0)
+  local out = {}
+  for i, c in ipairs(t:flat_table()) do
+    if c == 0 then break end
+    out[i] = string.char(c)
+  end
+  return concat(out)
 end
 
 -- name -> tensor of every model parameter (frozen ones too), for the model-states file.
@@ -212,15 +227,40 @@ local function release(engine, list)
   if list and #list > 0 then engine.zero:release(list) end
 end
 
+-- Every rank writes its files into dir/<tag>.tmp.<id>/; then rank 0 writes the manifest, switches
+-- the folder in for dir/<tag> and rewrites `latest` (checkpoint_store.lua). Errors are one line
+-- naming the checkpoint and the problem, on every rank; a failed save leaves dir as it was.
 function M.save(engine, dir, tag, client_state)
-  if type(dir) ~= "string" or dir == "" then error("save_checkpoint: expected a directory path", 2) end
+  if type(dir) ~= "string" or dir == "" then
+    error(fmt("save_checkpoint: expected a directory path, got %s", type(dir) == "string" and "''" or type(dir)), 0)
+  end
   tag = check_tag(tag or ("global_step" .. engine.global_steps))
   local r = engine.global_rank
-  local tdir = join(dir, tag)
+  local what = "save_checkpoint " .. join(dir, tag)
   local names = param_names(engine)
   local state = engine_state(engine, names, client_state)
-  local ok, err = pcall(C.makedirs, tdir)
-  agree(ok, err, "save_checkpoint")
+
+  -- rank 0: the directory, what earlier saves left, a fresh temporary tag folder
+  local ok, err, id = true, nil, nil
+  if r == 0 then
+    ok, err = pcall(function()
+      C.makedirs(dir)
+      local line = store.clean(dir, true)
+      if line then print("[zrun] save_checkpoint: " .. line) end
+      id = store.new_id()
+      C.makedirs(store.temp_dir(dir, tag, id))
+    end)
+  end
+  agree(ok, err, what, true)
+  id = share0(id)
+  local tmp = store.temp_dir(dir, tag, id)
+  state.save_id = id
+  local function step(ok_, err_) -- a failure anywhere: rank 0 removes the temporary folder
+    local fine, msg = pcall(agree, ok_, err_, what, true)
+    if fine then return end
+    if r == 0 then store.discard(tmp) end
+    error(msg, 0)
+  end
 
   -- model states (rank 0), parameters gathered at stage 3
   local was = gather_all(engine)
@@ -230,34 +270,55 @@ function M.save(engine, dir, tag, client_state)
       local sidecar = {}
       for k, v in pairs(state) do sidecar[k] = v end
       sidecar.rank, sidecar.rng = nil, nil
-      C.save_safetensors(join(tdir, M.MODEL_FILE), model_tensors(engine), { format = "pt", zrun = M.FORMAT })
-      C.write_file_atomic(join(tdir, M.MODEL_JSON), encode(sidecar))
+      C.save_safetensors(join(tmp, M.MODEL_FILE), model_tensors(engine),
+        { format = "pt", zrun = M.FORMAT, zrun_save_id = id })
+      C.write_file_atomic(join(tmp, M.MODEL_JSON), encode(sidecar))
     end)
   end
   release(engine, was)
-  agree(ok, err, "save_checkpoint (model states)")
+  step(ok, err)
 
-  -- optimizer states (every rank)
+  -- optimizer states (every rank), then every file's size to rank 0
+  local bytes
   ok, err = pcall(function()
     local z, t = engine.zero, {}
     for k, n in ipairs(M.STATES) do t[n] = z:state(k - 1) end
-    C.save_safetensors(join(tdir, M.optim_file(r)), t, { format = M.FORMAT, zrun_state = encode(state) })
+    local p = join(tmp, M.optim_file(r))
+    C.save_safetensors(p, t, { format = M.FORMAT, zrun_state = encode(state) })
+    bytes = store.size(p) or error(p .. ": missing right after it was written", 0)
   end)
-  agree(ok, err, "save_checkpoint (optimizer states)")
+  step(ok, err)
+  local sizes = { bytes }
+  if dist.world_size() > 1 then
+    local all = zr.zeros({ dist.world_size() }, { dtype = "f64" })
+    dist.all_gather(all, zr.tensor({ bytes }, { dtype = "f64" }))
+    sizes = all:flat_table()
+  end
 
-  -- `latest` last, once every rank's files are durable
+  -- rank 0: the manifest (last into the folder), then the switch and `latest`
   ok, err = true, nil
-  if r == 0 then ok, err = pcall(C.write_file_atomic, join(dir, "latest"), tag) end
-  agree(ok, err, "save_checkpoint (latest)")
+  if r == 0 then
+    ok, err = pcall(function()
+      local files = {}
+      for k, n in ipairs(sizes) do files[M.optim_file(k - 1)] = n end
+      for _, n in ipairs({ M.MODEL_FILE, M.MODEL_JSON }) do
+        files[n] = store.size(join(tmp, n)) or error(join(tmp, n) .. ": missing right after it was written", 0)
+      end
+      store.write_manifest(tmp, { tag = tag, save_id = id, world_size = engine.world_size, stage = engine.stage,
+        global_steps = engine.global_steps, files = files })
+      store.commit(dir, tag, tmp, id)
+    end)
+  end
+  step(ok, err)
   return true
 end
 
 -- ---------------------------------------------------------------- reading a checkpoint
 
-local function list_tags(dir)
+local function list_tags(dir, except)
   local out = {}
   for _, n in ipairs(C.listdir(dir) or {}) do
-    if C.path_type(join(dir, n)) == "dir" then out[#out + 1] = n end
+    if n ~= except and C.path_type(join(dir, n)) == "dir" and not store.is_leftover(n) then out[#out + 1] = n end
   end
   return #out > 0 and concat(out, ", ") or "none"
 end
@@ -285,8 +346,9 @@ function M.resolve(dir, tag, who)
   return tdir, tag
 end
 
--- Opens rank k's optimizer file: handle and decoded state, with errors naming the file.
-function M.open_optim(tdir, k, expect_w)
+-- Opens rank k's optimizer file: handle and decoded state, with errors naming the file; with the
+-- tag's manifest, the file must come from the save the manifest describes.
+function M.open_optim(tdir, k, expect_w, manifest)
   local p = join(tdir, M.optim_file(k))
   if C.path_type(p) ~= "file" then
     error(fmt("%s: missing%s (an incomplete or corrupted checkpoint)", p,
@@ -301,6 +363,10 @@ function M.open_optim(tdir, k, expect_w)
       tostring(md.format), M.FORMAT), 0)
   end
   local st = decode(md.zrun_state, p)
+  if manifest then
+    local ok, err = pcall(store.check_id, p, st.save_id, manifest)
+    if not ok then f:close(); error(err, 0) end
+  end
   local S = st.partition_numel
   for _, n in ipairs(M.STATES) do
     local info = f:info(n)
@@ -326,16 +392,36 @@ local function index_params(st)
   for _, e in ipairs(st.params or {}) do m[e.name] = e end
   return m
 end
+-- The model-states files must come from the manifest's save too.
+local function check_model_files(tdir, man)
+  local mp = join(tdir, M.MODEL_FILE)
+  if man.files[M.MODEL_FILE] then
+    local ok, _, md = pcall(C.safetensors_info, mp)
+    if not ok then error(fmt("cannot read checkpoint file %s: %s", mp, tostring(_)), 0) end
+    store.check_id(mp, md.zrun_save_id, man)
+  end
+  local jp = join(tdir, M.MODEL_JSON)
+  if man.files[M.MODEL_JSON] then store.check_id(jp, decode(read_file(jp) or "", jp).save_id, man) end
+end
+
 function M.files(tdir)
-  local f0, st0, p0 = M.open_optim(tdir, 0)
+  local parent, name = tdir:match("^(.*)/([^/]+)/*$")
+  local man = store.verify(tdir, parent and "tags in " .. parent .. ": " .. list_tags(parent, name))
+  check_model_files(tdir, man)
+  local f0, st0, p0 = M.open_optim(tdir, 0, nil, man)
+  if st0.world_size ~= man.world_size then
+    f0:close()
+    error(fmt("%s: saved by %s ranks, but %s says %s (files of different saves mixed?)", p0, tostring(st0.world_size),
+      store.MANIFEST, tostring(man.world_size)), 0)
+  end
   local self = setmetatable({ tdir = tdir, f = { [0] = f0 }, st = { [0] = st0 }, idx = { [0] = index_params(st0) },
-    path0 = p0, W = st0.world_size }, Files)
+    path0 = p0, W = st0.world_size, manifest = man }, Files)
   self.by_name = self.idx[0]
   return self
 end
 function Files:get(k)
   if not self.f[k] then
-    self.f[k], self.st[k] = M.open_optim(self.tdir, k, self.W)
+    self.f[k], self.st[k] = M.open_optim(self.tdir, k, self.W, self.manifest)
     self.idx[k] = index_params(self.st[k])
   end
   return self.f[k], self.st[k]
@@ -459,6 +545,11 @@ end
 function M.load(engine, dir, tag)
   local tdir
   local files, names
+  if engine.global_rank == 0 and type(dir) == "string" and C.path_type(dir) == "dir" then
+    local line = store.clean(dir, false)
+    if line then print("[zrun] load_checkpoint: " .. line) end
+  end
+  if dist.world_size() > 1 then dist.barrier() end -- no rank reads dir while rank 0 cleans it
   local ok, err = pcall(function()
     tdir = M.resolve(dir, tag)
     files = M.files(tdir)

@@ -2,7 +2,7 @@
 -- key against DeepSpeed's documented schema, fills DeepSpeed's defaults, resolves "auto" from training
 -- arguments as the Hugging Face integration does, applies key=value overrides and remembers where each
 -- value came from. It runs nothing: the engine and the Trainer read the resolved table.
--- (Past 1,000 lines because about 300 of them are the schema itself: DeepSpeed's keys and defaults.)
+-- (The schema itself, DeepSpeed's keys and defaults, is config_schema.lua.)
 --
 --   local cfg = config.load("configs/zero3.json", { world_size = 4, args = { learning_rate = 2e-5 },
 --                                                  overrides = { "zero_optimization.stage=2" } })
@@ -127,330 +127,12 @@ function M.suggest(word, candidates)
   return nil
 end
 
--- Schema ------------------------------------------------------------------------------------------
--- Leaves carry a type, DeepSpeed's default, limits, and `auto` when "auto" may stand for a value that
--- is resolved from the training arguments. Sections are either always present (filled with defaults)
--- or `optional` (absent stays nil, as DeepSpeed's None). `opaque` sections are accepted for
--- compatibility and kept as given; zrun does not use them. `variant` sections (optimizer, scheduler)
--- pick their params schema by `type`.
+-- Schema: DeepSpeed's keys and defaults, and what zrun does with each (config_schema.lua) ----------
 
-local function leaf(ty, default, opts)
-  local o = {} -- a fresh node: option tables such as NONNEG are shared between leaves
-  for k, v in pairs(opts or {}) do o[k] = v end
-  o.kind, o.type, o.default = "leaf", ty, default
-  return o
-end
-local function int(d, o) return leaf("int", d, o) end
-local function num(d, o) return leaf("number", d, o) end
-local function bool(d, o) return leaf("bool", d, o) end
-local function str(d, o) return leaf("string", d, o) end
-local function enum(values, d, o)
-  local n = leaf("enum", d, o)
-  n.values = values
-  return n
-end
-local function numlist(d, o) return leaf("numlist", d, o) end -- a number, or one per param group
-local function list(d, o) return leaf("list", d, o) end       -- a list of numbers
-local function opaque(o) o = o or {}; o.kind = "opaque"; return o end
-local function section(entries, o)
-  o = o or {}
-  o.kind, o.keys, o.map = "section", {}, {}
-  for _, e in ipairs(entries) do
-    o.keys[#o.keys + 1] = e[1]
-    o.map[e[1]] = e[2]
-  end
-  return o
-end
-local function variant(types, o)
-  o = o or {}
-  o.kind, o.types, o.names = "variant", {}, {}
-  for _, e in ipairs(types) do
-    o.types[e[1]] = e[2]
-    o.names[#o.names + 1] = e[1]
-  end
-  return o
-end
-
-local POS = { min = 1 }
-local NONNEG = { min = 0 }
-
--- Optimizer params, per type. Defaults are those of DeepSpeed's optimizer constructors (FusedAdam,
--- FusedLamb, ...), not torch's: e.g. weight_decay 0 and adam_w_mode true for "Adam".
-local function adam_params()
-  return section {
-    { "lr", num(1e-3, { min = 0, auto = true }) },
-    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
-    { "eps", num(1e-8, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "bias_correction", bool(true) },
-    { "adam_w_mode", bool(true) },
-    { "torch_adam", bool(false) },
-    { "amsgrad", bool(false) },
-  }
-end
-local OPTIMIZER = variant({
-  { "Adam", adam_params() },
-  { "AdamW", adam_params() },
-  { "Lamb", section {
-    { "lr", num(1e-3, { min = 0, auto = true }) },
-    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
-    { "eps", num(1e-8, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "bias_correction", bool(true) },
-    { "max_grad_norm", num(0.0, NONNEG) },
-    { "max_coeff", num(10.0, NONNEG) },
-    { "min_coeff", num(0.01, NONNEG) },
-    { "amsgrad", bool(false) },
-  } },
-  { "Lion", section {
-    { "lr", num(1e-4, { min = 0, auto = true }) },
-    { "betas", list({ 0.9, 0.99 }, { len = 2, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-  } },
-  { "Adagrad", section {
-    { "lr", num(1e-2, { min = 0, auto = true }) },
-    { "eps", num(1e-10, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "amsgrad", bool(false) },
-  } },
-  { "SGD", section {
-    { "lr", num(1e-3, { min = 0, auto = true }) },
-    { "momentum", num(0.0, NONNEG) },
-    { "dampening", num(0.0, NONNEG) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "nesterov", bool(false) },
-  } },
-}, { ci = true, extra = section { { "legacy_fusion", bool(false) } } })
-
--- Scheduler params, per type: the constructor arguments of deepspeed/runtime/lr_schedules.py.
-local WARMUP_TYPE = enum({ "log", "linear" }, "log")
-local LAST = int(-1, { min = -1 })
-local SCHEDULER = variant({
-  { "WarmupLR", section {
-    { "warmup_min_lr", numlist(0.0, { auto = true }) },
-    { "warmup_max_lr", numlist(0.001, { auto = true }) },
-    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
-    { "warmup_type", WARMUP_TYPE },
-    { "last_batch_iteration", LAST },
-  } },
-  { "WarmupDecayLR", section {
-    { "total_num_steps", int(nil, { min = 1, auto = true, required = true }) },
-    { "warmup_min_lr", numlist(0.0, { auto = true }) },
-    { "warmup_max_lr", numlist(0.001, { auto = true }) },
-    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
-    { "warmup_type", WARMUP_TYPE },
-    { "last_batch_iteration", LAST },
-  } },
-  { "WarmupCosineLR", section {
-    { "total_num_steps", int(nil, { min = 1, auto = true, required = true }) },
-    { "warmup_min_ratio", num(0.0, { min = 0, max = 1 }) },
-    { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
-    { "cos_min_ratio", num(0.0001, { min = 0, max = 1 }) },
-    { "warmup_type", WARMUP_TYPE },
-    { "last_batch_iteration", LAST },
-  } },
-  { "OneCycle", section {
-    { "cycle_min_lr", num(nil, { min = 0, required = true }) },
-    { "cycle_max_lr", num(nil, { min = 0, required = true }) },
-    { "decay_lr_rate", num(0.0, NONNEG) },
-    { "cycle_first_step_size", int(2000, POS) },
-    { "cycle_second_step_size", int(nil, { min = 1, nullable = true }) },
-    { "cycle_first_stair_count", int(0, NONNEG) },
-    { "cycle_second_stair_count", int(nil, { min = 0, nullable = true }) },
-    { "decay_step_size", int(0, NONNEG) },
-    { "cycle_momentum", bool(true) },
-    { "cycle_min_mom", num(0.8, NONNEG) },
-    { "cycle_max_mom", num(0.9, NONNEG) },
-    { "decay_mom_rate", num(0.0, NONNEG) },
-    { "last_batch_iteration", LAST },
-  } },
-  { "LRRangeTest", section {
-    { "lr_range_test_min_lr", numlist(1e-3) },
-    { "lr_range_test_step_size", int(2000, POS) },
-    { "lr_range_test_step_rate", num(1.0) },
-    { "lr_range_test_staircase", bool(false) },
-    { "last_batch_iteration", LAST },
-  } },
-})
-
--- Offload devices: "none" is DeepSpeed's default inside a present section.
-local DEVICE = enum({ "none", "cpu", "nvme" }, "none")
--- pin_memory: DeepSpeed's current documentation gives true (older releases defaulted to false).
-local OFFLOAD_PARAM = section({
-  { "device", DEVICE },
-  { "nvme_path", str(nil, { nullable = true }) },
-  { "pin_memory", bool(true) },
-  { "buffer_count", int(5, NONNEG) },
-  { "buffer_size", int(1e8, NONNEG) },
-  { "max_in_cpu", int(1e9, NONNEG) },
-}, { optional = true })
-local OFFLOAD_OPTIMIZER = section({
-  { "device", DEVICE },
-  { "nvme_path", str(nil, { nullable = true }) },
-  { "pin_memory", bool(true) },
-  { "buffer_count", int(4, NONNEG) },
-  { "pipeline_read", bool(false) },
-  { "pipeline_write", bool(false) },
-  { "fast_init", bool(false) },
-  { "ratio", num(1.0, { min = 0, max = 1 }) },
-}, { optional = true })
-
-local ZERO = section {
-  { "stage", int(0, { values = { 0, 1, 2, 3 } }) },
-  { "allgather_partitions", bool(true) },
-  { "allgather_bucket_size", int(5e8, NONNEG) },
-  -- DeepSpeed's default depends on the stage: on for stage 3, off below.
-  { "overlap_comm", bool(function(v) return v.zero_optimization.stage == 3 end) },
-  { "reduce_scatter", bool(true) },
-  { "reduce_bucket_size", int(5e8, { min = 0, auto = true }) },
-  { "contiguous_gradients", bool(true) },
-  { "use_multi_rank_bucket_allreduce", bool(true) },
-  { "load_from_fp32_weights", bool(true) },
-  { "elastic_checkpoint", bool(false) },
-  { "offload_param", OFFLOAD_PARAM },
-  { "offload_optimizer", OFFLOAD_OPTIMIZER },
-  { "sub_group_size", int(1e9, NONNEG) },
-  -- DeepSpeed's code default (5e7); its documentation table says 5e8.
-  { "stage3_prefetch_bucket_size", int(5e7, { min = 0, auto = true }) },
-  { "stage3_param_persistence_threshold", int(1e5, { min = 0, auto = true }) },
-  { "stage3_model_persistence_threshold", int(2 ^ 63, NONNEG) }, -- sys.maxsize: unlimited
-  { "stage3_max_live_parameters", int(1e9, NONNEG) },
-  { "stage3_max_reuse_distance", int(1e9, NONNEG) },
-  { "stage3_gather_16bit_weights_on_model_save", bool(false) },
-  { "stage3_module_granularity_threshold", int(0, NONNEG) },
-  { "stage3_use_all_reduce_for_fetch_params", bool(false) },
-  { "ignore_unused_parameters", bool(true) },
-  { "legacy_stage1", bool(false) },
-  { "round_robin_gradients", bool(false) },
-  { "zero_hpz_partition_size", int(1, { min = 1, inert = 1 }) },
-  { "zero_quantized_weights", bool(false, { inert = false }) },
-  { "zero_quantized_nontrainable_weights", bool(false, { inert = false }) },
-  { "zero_quantized_gradients", bool(false, { inert = false }) },
-  { "mics_shard_size", int(-1, { min = -1, inert = -1 }) },
-  { "mics_hierarchical_params_gather", bool(false) },
-  { "memory_efficient_linear", bool(true) },
-  { "pipeline_loading_checkpoint", bool(false) },
-  { "override_module_apply", bool(true) },
-  { "log_trace_cache_warnings", bool(false) },
-  { "enable_sanity_checks", bool(false) },
-  { "zeropp_loco_param", opaque() },
-  -- Deprecated spellings, translated after validation (with a warning).
-  { "cpu_offload", bool(nil, { nullable = true, deprecated = "offload_optimizer" }) },
-  { "cpu_offload_param", bool(nil, { nullable = true, deprecated = "offload_param" }) },
-  { "cpu_offload_use_pin_memory", bool(nil, { nullable = true, deprecated = "pin_memory" }) },
-  { "stage3_gather_fp16_weights_on_model_save", bool(nil, { nullable = true,
-    deprecated = "stage3_gather_16bit_weights_on_model_save" }) },
-}
-
-local MONITOR = function(job)
-  return section {
-    { "enabled", bool(false) },
-    { "output_path", str("") },
-    { "job_name", str(job) },
-  }
-end
-
-local SCHEMA = section {
-  { "train_batch_size", int(nil, { min = 1, auto = true, nullable = true }) },
-  { "train_micro_batch_size_per_gpu", int(nil, { min = 1, auto = true, nullable = true }) },
-  { "gradient_accumulation_steps", int(nil, { min = 1, auto = true, nullable = true }) },
-  { "gradient_clipping", num(0.0, { min = 0, auto = true }) }, -- 0: no clipping (DeepSpeed's code default)
-  { "steps_per_print", int(10, POS) },
-  { "wall_clock_breakdown", bool(false) },
-  { "memory_breakdown", bool(false) },
-  { "dump_state", bool(false) },
-  { "prescale_gradients", bool(false) },
-  { "gradient_predivide_factor", num(1.0, { min = 0, open_min = true }) },
-  { "gradient_allreduce_op", enum({ "mean", "sum" }, "mean") },
-  { "sparse_gradients", bool(false) },
-  { "fp32_allreduce", bool(false) },
-  { "communication_data_type", enum({ "fp16", "bf16", "fp32" }, nil, { nullable = true }) },
-  { "seq_parallel_communication_data_type", enum({ "fp16", "bf16", "fp32" }, "fp32") },
-  { "disable_allgather", bool(false) },
-  { "zero_allow_untested_optimizer", bool(false) },
-  { "zero_force_ds_cpu_optimizer", bool(true) },
-  { "dataloader_drop_last", bool(false) },
-  { "fp16", section {
-    { "enabled", bool(false, { auto = true }) },
-    { "auto_cast", bool(false) },
-    { "loss_scale", num(0.0, NONNEG) }, -- 0: dynamic loss scaling
-    { "initial_scale_power", int(16, NONNEG) },
-    { "loss_scale_window", int(1000, POS) },
-    { "hysteresis", int(2, POS) },
-    { "consecutive_hysteresis", bool(false) },
-    { "min_loss_scale", num(1, { min = 0, open_min = true }) },
-    { "fp16_master_weights_and_grads", bool(false) },
-  } },
-  { "bf16", section {
-    { "enabled", bool(false, { auto = true }) },
-    { "immediate_grad_update", bool(false) },
-    { "check_grad_overflow", bool(false) },
-    { "bf16_master_weights_and_grads", bool(false) },
-    { "bf16_optimizer_states", bool(false) },
-  } },
-  { "amp", section({ { "enabled", bool(false) }, { "opt_level", str("O1") } }, { open = true }) },
-  { "torch_autocast", section {
-    { "enabled", bool(false) },
-    { "dtype", enum({ "bfloat16", "float16" }, "bfloat16") },
-    { "lower_precision_safe_modules", opaque() },
-  } },
-  { "optimizer", OPTIMIZER },
-  { "scheduler", SCHEDULER },
-  { "zero_optimization", ZERO },
-  { "activation_checkpointing", section {
-    { "partition_activations", bool(false) },
-    { "cpu_checkpointing", bool(false) },
-    { "contiguous_memory_optimization", bool(false) },
-    { "number_checkpoints", int(nil, { min = 1, nullable = true }) },
-    { "synchronize_checkpoint_boundary", bool(false) },
-    { "profile", bool(false) },
-  } },
-  { "flops_profiler", section {
-    { "enabled", bool(false) },
-    { "recompute_fwd_factor", num(0.0, NONNEG) },
-    { "profile_step", int(1, POS) },
-    { "module_depth", int(-1, { min = -1 }) },
-    { "top_modules", int(1, POS) },
-    { "detailed", bool(true) },
-    { "output_file", str(nil, { nullable = true }) },
-  } },
-  { "tensorboard", MONITOR("DeepSpeedJobName") },
-  { "csv_monitor", MONITOR("DeepSpeedJobName") },
-  { "wandb", section {
-    { "enabled", bool(false) },
-    { "group", str(nil, { nullable = true }) },
-    { "team", str(nil, { nullable = true }) },
-    { "project", str("deepspeed") },
-  } },
-  { "comms_logger", section {
-    { "enabled", bool(false) },
-    { "verbose", bool(false) },
-    { "prof_all", bool(true) },
-    { "debug", bool(false) },
-    { "prof_ops", opaque() },
-  } },
-  { "checkpoint", section {
-    { "tag_validation", enum({ "Ignore", "Warn", "Fail" }, "Warn", { ci = true }) },
-    { "load_universal", bool(false) },
-    { "use_node_local_storage", bool(false) },
-    { "parallel_write", opaque() },
-  } },
-  { "data_types", section { { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) } } },
-  { "aio", section {
-    { "block_size", int(1048576, POS) },
-    { "queue_depth", int(8, POS) },
-    { "thread_count", int(1, POS) },
-    { "single_submit", bool(false) },
-    { "overlap_events", bool(true) },
-  } },
-  -- Accepted so that existing DeepSpeed files load; zrun does not implement these features.
-  { "autotuning", opaque() }, { "elasticity", opaque() }, { "compression_training", opaque() },
-  { "data_efficiency", opaque() }, { "curriculum_learning", opaque() }, { "pipeline", opaque() },
-  { "sparse_attention", opaque() }, { "hybrid_engine", opaque() }, { "tensor_parallel", opaque() },
-  { "expert_parallel", opaque() }, { "nebula", opaque() }, { "compile", opaque() },
-  { "eigenvalue", opaque() }, { "progressive_layer_drop", opaque() }, { "quantize_training", opaque() },
-  { "weight_quantization", opaque() }, { "timers", opaque() },
-}
+local S = require "zrun.config_schema"
+local SCHEMA, OPTIMIZER, OFFLOAD_PARAM, OFFLOAD_OPTIMIZER = S.SCHEMA, S.OPTIMIZER, S.OFFLOAD_PARAM, S.OFFLOAD_OPTIMIZER
+local unimplemented_optimizer = S.unimplemented_optimizer
+M.unimplemented_optimizer_message = S.unimplemented_optimizer_message
 M.schema = SCHEMA
 
 -- Every leaf path, for "did you mean" across sections (a top-level "stage" → zero_optimization.stage).
@@ -543,26 +225,76 @@ local function given_kind(ctx, p)
   return ctx.origin
 end
 
-local function unknown_key(ctx, candidates, path, key)
+-- The candidate at the smallest edit distance (for "the nearest known key").
+local function nearest(word, candidates)
+  local best, bd = nil, huge
+  for _, c in ipairs(candidates) do
+    local d = distance(word, c)
+    if d < bd or (d == bd and c < best) then best, bd = c, d end
+  end
+  return best
+end
+
+-- An unknown key: an error in a strict section (DeepSpeed's pydantic models forbid extras, and
+-- optimizer/scheduler params are constructor arguments), a warning where DeepSpeed reads the section
+-- with dict.get and ignores what it does not know. `takes`: what the section accepts, for the message.
+local function unknown_key(ctx, candidates, path, key, strict, takes)
   local full = join(path, tostring(key))
   local s = M.suggest(tostring(key), candidates)
   if s then s = join(path, s)
   else -- the same name elsewhere in the schema: a key placed in the wrong section
     for _, p in ipairs(ALL_PATHS) do
-      if p:match("[^.]+$") == key then s = p; break end
+      if p:match("[^.]+$") == key and p ~= full then s = p; break end
     end
   end
-  add_error(ctx, 'unknown key "%s"%s%s', full, path == "" and " at the top level" or "",
-    s and fmt('; did you mean "%s"?', s) or "")
+  local hint = s and fmt('; did you mean "%s"?', s) or ""
+  if takes then hint = hint .. "; " .. takes end
+  if strict then
+    add_error(ctx, 'unknown key "%s"%s%s', full, path == "" and " at the top level" or "", hint)
+    return
+  end
+  ctx.warned = ctx.warned or {}
+  if ctx.warned[full] then return end
+  ctx.warned[full] = true
+  if type(key) == "string" and key:sub(1, 1) == "_" then
+    hint = "" -- "_comment" and the like: a note in the file, not a misspelt key
+  elseif not s and path == "" then
+    local n = type(key) == "string" and nearest(key, candidates)
+    hint = n and fmt(' (the nearest known key is "%s")', n) or ""
+  end
+  add_warning(ctx, 'unknown key "%s"%s is ignored, as DeepSpeed ignores it%s', full,
+    path == "" and " at the top level" or "", hint)
 end
 
 local take
 
+-- raw with every alias renamed to its canonical key (both given: an error, as one must win).
+local function canonical_keys(node, raw, path, ctx)
+  if next(node.aliases or {}) == nil then return raw end
+  local out = {}
+  for k, v in pairs(raw) do
+    local c = node.aliases[k]
+    if c then
+      if raw[c] ~= nil then
+        add_error(ctx, '%s and %s are the same setting (DeepSpeed\'s name and its alias); give only one', join(path, k),
+          join(path, c))
+      else
+        out[c] = v
+        ctx.alias_of[join(path, c)] = k
+      end
+    elseif out[k] == nil then
+      out[k] = v
+    end
+  end
+  return out
+end
+
 local function walk(node, raw, path, ctx)
   local vals = {}
+  raw = canonical_keys(node, raw, path, ctx)
   if not node.open then
     for k in pairs(raw) do
-      if type(k) ~= "string" or not node.map[k] then unknown_key(ctx, node.keys, path, k) end
+      if type(k) ~= "string" or not node.map[k] then unknown_key(ctx, node.keys, path, k, node.strict) end
     end
   else
     for k, v in pairs(raw) do if not node.map[k] then vals[k] = deepcopy(v) end end
@@ -578,8 +310,8 @@ local function take_variant(node, v, p, ctx)
   local extra = node.extra
   local allowed = { "type", "params" }
   for _, k in ipairs(extra and extra.keys or {}) do allowed[#allowed + 1] = k end
-  for k in pairs(v) do
-    if k ~= "type" and k ~= "params" and not (extra and extra.map[k]) then unknown_key(ctx, allowed, p, k) end
+  for k in pairs(v) do -- DeepSpeed reads type, params (and legacy_fusion) with dict.get
+    if k ~= "type" and k ~= "params" and not (extra and extra.map[k]) then unknown_key(ctx, allowed, p, k, false) end
   end
   local ty = v.type
   if ty == nil or ty == NULL then
@@ -593,6 +325,10 @@ local function take_variant(node, v, p, ctx)
     end
   end
   if not canonical then
+    if node == OPTIMIZER and unimplemented_optimizer(ty) then
+      add_error(ctx, "%s", M.unimplemented_optimizer_message(ty))
+      return nil
+    end
     local s = type(ty) == "string" and M.suggest(ty, node.names)
     add_error(ctx, "%s.type must be %s, got %s%s", p, one_of(node.names), show(ty),
       s and fmt('; did you mean "%s"?', s) or "")
@@ -605,12 +341,32 @@ local function take_variant(node, v, p, ctx)
     add_error(ctx, "%s.params must be an object {...}, got %s", p, show(params))
     params = {}
   end
-  local out = { type = canonical, params = walk(node.types[canonical], params, p .. ".params", ctx) }
+  local schema = node.types[canonical]
+  for k in pairs(params) do -- constructor keyword arguments: an unknown one is a TypeError in DeepSpeed
+    if type(k) ~= "string" or not schema.map[k] then
+      unknown_key(ctx, schema.keys, p .. ".params", k, true, fmt("%s takes %s", canonical, concat(schema.keys, ", ")))
+    end
+  end
+  local known = {}
+  for k, x in pairs(params) do if schema.map[k] then known[k] = x end end
+  local out = { type = canonical, params = walk(schema, known, p .. ".params", ctx) }
   if extra then
     for _, name in ipairs(extra.keys) do out[name] = take(extra.map[name], v[name], join(p, name), ctx, out, name) end
   end
   ctx.src[p] = { kind = kind }
   return out
+end
+
+-- A feature zrun does not implement, set to something other than its `off` value.
+local function unimplemented(ctx, node, p, v)
+  local allowed = node.off == nil and "unset (null)" or show(node.off)
+  if node.effect == "error" then
+    add_error(ctx, "%s = %s: zrun does not implement this and the results would differ from DeepSpeed's; " ..
+      "allowed: %s", p, show(v), allowed)
+  else
+    add_warning(ctx, "%s = %s: zrun does not implement this (DeepSpeed would train the same); it has no " ..
+      "effect here", p, show(v))
+  end
 end
 
 take = function(node, v, p, ctx, parent, name)
@@ -634,12 +390,23 @@ take = function(node, v, p, ctx, parent, name)
   elseif node.kind == "opaque" then
     if v == nil or v == NULL then return nil end
     set_source(ctx, p, given_kind(ctx, p))
-    if p:find(".", 1, true) == nil then
-      add_warning(ctx, '"%s" is accepted for compatibility with DeepSpeed, but zrun does not use it', p)
+    if node.effect then
+      local active
+      if node.active then active = node.active(v) else active = not (type(v) == "table" and v.enabled == false) end
+      if active then
+        if node.effect == "error" then
+          add_error(ctx, '"%s" is set: zrun does not implement it and the results would differ from DeepSpeed\'s; ' ..
+            '%s', p, node.active and "remove the section" or 'remove the section (or set "enabled": false)')
+        else
+          add_warning(ctx, '"%s" is accepted for compatibility with DeepSpeed, but zrun does not implement it ' ..
+            "(DeepSpeed would train the same)", p)
+        end
+      end
     end
     return deepcopy(v)
   end
   -- leaf
+  local alias = ctx.alias_of[p]
   if v == nil then
     if node.required then
       add_error(ctx, '%s is required%s', p, node.auto and ' (a value, or "auto")' or "")
@@ -659,10 +426,18 @@ take = function(node, v, p, ctx, parent, name)
     add_error(ctx, "%s must be %s, got null", p, what or node.type)
     return nil
   end
-  if v == "auto" and node.type ~= "string" and node.type ~= "enum" then
+  if v == "auto" and (node.auto or node.drop_auto or (node.type ~= "string" and node.type ~= "enum")) then
     if node.auto then
       set_source(ctx, p, "auto", "unresolved")
       return "auto"
+    end
+    if node.drop_auto then -- DeepSpeedConfigModel drops "auto" fields: the default applies
+      set_source(ctx, p, "auto", "DeepSpeed's default (DeepSpeed drops \"auto\" here)")
+      if type(node.default) == "function" then
+        ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
+        return nil
+      end
+      return deepcopy(node.default)
     end
     local _, what = check_leaf(node, {})
     add_error(ctx, '%s does not accept "auto"; it must be %s', p, what)
@@ -673,29 +448,33 @@ take = function(node, v, p, ctx, parent, name)
     add_error(ctx, "%s must be %s, got %s%s", p, what, show(v), sugg and fmt('; did you mean "%s"?', sugg) or "")
     return nil
   end
-  if node.inert ~= nil and ok ~= node.inert then
-    add_warning(ctx, "%s = %s is accepted, but zrun does not implement it; it has no effect", p, show(ok))
-  end
-  set_source(ctx, p, kind)
+  if node.effect and ok ~= node.off then unimplemented(ctx, node, p, ok) end
+  set_source(ctx, p, kind, alias and fmt("given as %s", alias) or nil)
   return ok
 end
 
 -- Overrides ("key.sub=value") ---------------------------------------------------------------------
 
 -- The schema node at a dotted path; the raw tree tells an optimizer/scheduler its params schema.
-local function lookup(path, raw)
+local function lookup(path, raw, parts)
   local node, r, done = SCHEMA, raw, ""
-  local parts = split(path)
+  parts = parts or split(path)
   local i = 1
   while i <= #parts do
     local name = parts[i]
     if node.kind == "section" then
       local child = node.map[name]
+      if not child and node.aliases[name] then -- DeepSpeed's other name: set the canonical key
+        parts.alias = name
+        name = node.aliases[name]
+        parts[i], child = name, node.map[name]
+      end
       if not child then
         if node.open then return { kind = "leaf", type = "any" } end
         local s = M.suggest(name, node.keys)
         return nil, fmt('unknown key "%s"%s', join(done, name), s and fmt('; did you mean "%s"?', join(done, s)) or "")
       end
+      parts.other = child.alias -- a file may spell the same setting by its other name
       node, r = child, type(r) == "table" and r[name] or nil
     elseif node.kind == "variant" then
       if name == "type" then return { kind = "leaf", type = "string" } end
@@ -782,16 +561,20 @@ local function apply_overrides(raw, overrides)
   sort(items, function(a, b) return a[1] < b[1] end)
   for _, it in ipairs(items) do
     local key, val = it[2], it[3]
-    local node, err = lookup(key, raw)
+    local parts = split(key)
+    local node, err = lookup(key, raw, parts)
     if not node then error("override " .. err, 0) end
     local v = coerce(node, val, key)
-    local parts = split(key)
+    key = concat(parts, ".")
     local t = raw
     for i = 1, #parts - 1 do
       if type(t[parts[i]]) ~= "table" then t[parts[i]] = {} end
       t = t[parts[i]]
     end
     t[parts[#parts]] = v
+    for _, other in ipairs { parts.alias or false, parts.other or false } do -- the file's spelling of it
+      if other then t[other] = nil end
+    end
     set[key] = true
   end
   return set
@@ -968,7 +751,6 @@ end
 
 -- Checks across keys ------------------------------------------------------------------------------
 
-local ZERO_TESTED = { Adam = true, AdamW = true, Lamb = true, Lion = true, Adagrad = true }
 
 local function batch_rule(vals, ctx, meta)
   local tb, mb, ga, ws = vals.train_batch_size, vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps,
@@ -988,8 +770,12 @@ local function batch_rule(vals, ctx, meta)
   end
   if tb and mb and ga then
     if tb ~= mb * ga * ws then
+      -- the usual cause: the file was written for another number of GPUs
+      local n = tb / (mb * ga)
+      local hint = (n >= 1 and n == floor(n)) and fmt("; it holds for a world size of %d (%d processes, or " ..
+        "zrun check --world-size %d)", n, n, n) or ""
       add_error(ctx, "train_batch_size must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × " ..
-        "world size: %d ≠ %d × %d × %d = %d", tb, mb, ga, ws, mb * ga * ws)
+        "world size: %d ≠ %d × %d × %d = %d%s", tb, mb, ga, ws, mb * ga * ws, hint)
     end
   elseif tb and mb then
     if divides(tb, mb * ws, fmt("train_micro_batch_size_per_gpu × world size (%d × %d)", mb, ws), "gradient_accumulation_steps") then
@@ -1044,10 +830,13 @@ local function cross_checks(vals, ctx)
   end
   if type(stage) ~= "number" then return end
   local op, oo = zo.offload_param, zo.offload_optimizer
+
   if op and op.device ~= "none" then
-    if stage < 3 then
-      add_error(ctx, "zero_optimization.offload_param (device %s) needs zero_optimization.stage 3, got stage %d: " ..
-        "only stage 3 shards parameters; use offload_optimizer, or stage 3", show(op.device), stage)
+    if stage < 3 then -- DeepSpeed's stage 1/2 optimizer never reads offload_param
+      add_warning(ctx, "zero_optimization.offload_param (device %s) has no effect at stage %d, as in DeepSpeed: " ..
+        "only stage 3 shards (and offloads) parameters; use stage 3 to offload them", show(op.device), stage)
+      op.device = "none"
+      ctx.src["zero_optimization.offload_param.device"].note = "stage < 3: no parameter offload"
     end
     if op.device == "nvme" and not op.nvme_path then
       add_error(ctx, 'zero_optimization.offload_param.nvme_path is required when device is "nvme"')
@@ -1067,6 +856,16 @@ local function cross_checks(vals, ctx)
     if oo.ratio ~= 1 and stage ~= 3 then
       add_error(ctx, "zero_optimization.offload_optimizer.ratio = %s is only valid with stage 3, got stage %d",
         fmtnum(oo.ratio), stage)
+    elseif oo.ratio ~= 1 then
+      add_warning(ctx, "zero_optimization.offload_optimizer.ratio = %s: zrun does not implement partial offload; " ..
+        "it offloads all optimizer states (DeepSpeed would train the same)", fmtnum(oo.ratio))
+    end
+  end  for _, o in ipairs { { op, "offload_param" }, { oo, "offload_optimizer" } } do
+    if o[1] and o[1].device == "nvme" and o[1].nvme_path then
+      add_warning(ctx, 'zero_optimization.%s.device = "nvme": zrun does not implement NVMe offload; it offloads ' ..
+        'to "cpu" (host memory) instead, which trains the same', o[2])
+      o[1].device = "cpu"
+      ctx.src["zero_optimization." .. o[2] .. ".device"].note = 'nvme: zrun offloads to "cpu"'
     end
   end
   if vals.fp16.enabled == true and vals.bf16.enabled == true then
@@ -1078,10 +877,15 @@ local function cross_checks(vals, ctx)
   if vals.torch_autocast.enabled then
     add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
   end
-  local opt = vals.optimizer
-  if opt and stage > 0 and not ZERO_TESTED[opt.type] and not vals.zero_allow_untested_optimizer then
-    add_error(ctx, 'optimizer.type "%s" is not tested with ZeRO (stage %d); set "zero_allow_untested_optimizer": ' ..
-      "true to use it anyway", opt.type, stage)
+  if zo.zenflow then
+    add_error(ctx, "zero_optimization.zenflow is set: zrun does not implement ZenFlow's selective updates and the " ..
+      "results would differ from DeepSpeed's; remove the section")
+  end
+  for _, m in ipairs { "wandb", "comet" } do
+    if vals[m].enabled then
+      add_error(ctx, "%s.enabled = true: zrun cannot reach %s (no Python client, no network); use tensorboard or " ..
+        "csv_monitor (zrun writes both), or set %s.enabled to false", m, m, m)
+    end
   end
   local sch = vals.scheduler
   if sch then
@@ -1090,6 +894,10 @@ local function cross_checks(vals, ctx)
       p.total_num_steps < p.warmup_num_steps then
       add_warning(ctx, "scheduler.params.total_num_steps %d is less than warmup_num_steps %d",
         p.total_num_steps, p.warmup_num_steps)
+    end
+    if sch.type == "OneCycle" and p.cycle_momentum then
+      add_error(ctx, "scheduler.params.cycle_momentum = true (OneCycle's default): DeepSpeed cycles Adam's beta1 " ..
+        "with the learning rate, which zrun's engine does not do, so the results would differ; set it to false")
     end
     if sch.type == "OneCycle" and type(p.cycle_min_lr) == "number" and type(p.cycle_max_lr) == "number" and
       p.cycle_max_lr < p.cycle_min_lr then
@@ -1156,7 +964,7 @@ function M.load(source, opts)
   end
   local args = opts.args or {}
   local ctx = {
-    errors = {}, warnings = {}, src = {}, deferred = {}, origin = origin, world_size = world, args = args,
+    errors = {}, warnings = {}, src = {}, deferred = {}, alias_of = {}, origin = origin, world_size = world, args = args,
     num_training_steps = opts.num_training_steps or args.num_training_steps,
     hidden_size = opts.hidden_size or args.hidden_size,
   }
@@ -1188,6 +996,43 @@ end
 
 -- Resolves "auto" values that were pending: info.num_training_steps, info.hidden_size (or
 -- info.model with model.config.hidden_size). Returns cfg.
+-- At engine start: an "auto" still pending in a section DeepSpeed reads with pydantic (the ZeRO
+-- bucket sizes when the model has no hidden_size) takes DeepSpeed's default, as DeepSpeed drops
+-- "auto" there. Other pending values stay (the scheduler's step counts). Returns cfg.
+function M.settle(cfg)
+  local meta = META[cfg]
+  assert(meta, "config.settle: not a loaded config")
+  for path, why in pairs(meta.pending) do
+    local node = lookup(path, cfg)
+    if node and node.drop_auto then
+      local v = node.default
+      if type(v) == "function" then v = v(cfg) end
+      set(cfg, path, v)
+      meta.src[path] = { kind = "auto", note = "DeepSpeed's default (" .. why .. ")" }
+      meta.pending[path] = nil
+    end
+  end
+  return cfg
+end
+
+-- DeepSpeed's default for a dotted path ("zero_optimization.stage3_max_live_parameters"), for code
+-- that plans from a partial table (memory_plan); stage-dependent defaults take `vals` (a resolved
+-- config or a table with zero_optimization.stage).
+function M.default(path, vals)
+  local node = lookup(path, vals or {})
+  assert(node and node.kind == "leaf", "config.default: not a setting: " .. path)
+  local d = node.default
+  if type(d) == "function" then d = d(vals) end
+  return deepcopy(d)
+end
+
+-- The optimizer DeepSpeed's defaults describe when a config has none: AdamW with FusedAdam's values.
+function M.default_optimizer()
+  local s, params = OPTIMIZER.types.AdamW, {}
+  for _, k in ipairs(s.keys) do params[k] = deepcopy(s.map[k].default) end
+  return { type = "AdamW", params = params }
+end
+
 function M.finalize(cfg, info)
   local meta = META[cfg]
   assert(meta, "config.finalize: not a loaded config")

@@ -175,17 +175,30 @@ function M.load_dataset(path, opts)
   return ds
 end
 
--- Causal-LM collator: pads input_ids to the longest row in the batch (right padding), builds
--- attention_mask and labels (= input_ids, pads set to -100). Returns i64 tensors (B, T).
+-- Causal-LM collator, Hugging Face's DataCollatorForLanguageModeling(mlm=False): pads input_ids
+-- to the longest row (right padding, pad_to_multiple_of), builds attention_mask, and labels =
+-- input_ids with every position holding pad_token_id set to -100 (as HF does: when pad == eos, as
+-- GPT-2/Llama scripts set it, real eos tokens are ignored too; packed rows avoid the question).
+-- Rows that carry their own labels (group_texts blocks, as HF's default_data_collator takes them)
+-- keep them, with -100 on the padding. Returns i64 tensors (B, T).
 function M.causal_lm_collator(opts)
   opts = opts or {}
-  local pad = opts.pad_token_id or 0
+  local pad = opts.pad_token_id
   local multiple = opts.pad_to_multiple_of
   return function(rows)
-    local B, T = #rows, 0
-    for _, r in ipairs(rows) do if #r.input_ids > T then T = #r.input_ids end end
+    local B, T, Tmin = #rows, 0, math.huge
+    for _, r in ipairs(rows) do
+      local n = #r.input_ids
+      if n > T then T = n end
+      if n < Tmin then Tmin = n end
+    end
     if multiple and T % multiple ~= 0 then T = T + multiple - T % multiple end
     if T == 0 then error("collator: every row in the batch is empty; filter empty rows first", 0) end
+    if pad == nil and Tmin < T then
+      error(("collator: rows of %d and %d tokens need padding but there is no pad_token_id; pass " ..
+        "causal_lm_collator{pad_token_id=} (HF scripts use the eos id when the tokenizer has none) or pack " ..
+        "the rows into equal blocks with group_texts"):format(Tmin, T), 0)
+    end
     local ids, mask, labels = {}, {}, {}
     for b, r in ipairs(rows) do
       local ri, rm, rl = {}, {}, {}
@@ -194,7 +207,9 @@ function M.causal_lm_collator(opts)
         local v = r.input_ids[t]
         if v then
           ri[t], rm[t] = v, 1
-          rl[t] = src_labels and src_labels[t] or v
+          if src_labels then rl[t] = src_labels[t] or -100
+          elseif v == pad then rl[t] = -100
+          else rl[t] = v end
         else
           ri[t], rm[t], rl[t] = pad, 0, -100
         end

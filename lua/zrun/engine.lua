@@ -91,15 +91,20 @@ function M.initialize(opts)
   local cfgmod = require "zrun.config"
   local cfg = cfgmod.load(opts.config or {}, { world_size = W, args = opts.args, overrides = opts.overrides,
     hidden_size = model.config and model.config.hidden_size, num_training_steps = opts.num_training_steps })
-  local zc = cfg.zero_optimization or {}
-  local stage = zc.stage or 0
+  -- Every value below is the resolved config's: DeepSpeed's defaults live in config.lua only.
+  cfgmod.settle(cfg)
+  if rank == 0 then -- what `zrun check` warns about (keys DeepSpeed ignores, features zrun lacks)
+    for _, w in ipairs(cfg:warnings()) do io.stderr:write("[zrun] warning: config: ", w, "\n") end
+  end
+  local zc = cfg.zero_optimization
+  local stage = zc.stage
   local precision = (cfg.bf16 and cfg.bf16.enabled) and "bf16" or ((cfg.fp16 and cfg.fp16.enabled) and "f16" or "f32")
 
   local self = setmetatable({
     module = model, config = cfg, world_size = W, global_rank = rank, local_rank = info.local_rank,
     stage = stage, precision = precision, global_steps = 0, micro_steps = 0, skipped_steps = 0,
-    gas = cfg.gradient_accumulation_steps or 1, micro_batch = cfg.train_micro_batch_size_per_gpu or 1,
-    clip = cfg.gradient_clipping or 0, steps_per_print = cfg.steps_per_print or 10,
+    gas = cfg.gradient_accumulation_steps, micro_batch = cfg.train_micro_batch_size_per_gpu,
+    clip = cfg.gradient_clipping, steps_per_print = cfg.steps_per_print,
     wall_clock_breakdown = cfg.wall_clock_breakdown, timers = { forward = 0, backward = 0, step = 0 },
   }, Engine)
 
@@ -108,15 +113,10 @@ function M.initialize(opts)
   self.device = opts.device or (p0 and p0:device()) or "cpu"
   if precision ~= "f32" and p0 and p0:dtype() ~= precision then model:to(precision) end
 
-  -- optimizer hyperparameters (AdamW / Adam; DeepSpeed's "Adam" with weight decay is AdamW-style)
-  local oc = cfg.optimizer or { type = "AdamW", params = {} }
-  local otype = (oc.type or "AdamW"):lower()
-  if otype ~= "adamw" and otype ~= "adam" then
-    error(fmt("optimizer.type '%s' is not supported by the ZeRO engine (use AdamW or Adam)", oc.type), 0)
-  end
-  local op = oc.params or {}
-  self.hp = { lr = op.lr or 1e-3, betas = op.betas or { 0.9, 0.999 }, eps = op.eps or 1e-8,
-    weight_decay = op.weight_decay or 0.0 }
+  -- optimizer hyperparameters: AdamW (config.load refuses the optimizers zrun does not run, with the
+  -- message `zrun check` prints); no optimizer section: DeepSpeed's AdamW defaults
+  local op = (cfg.optimizer or cfgmod.default_optimizer()).params
+  self.hp = { lr = op.lr, betas = op.betas, eps = op.eps, weight_decay = op.weight_decay }
 
   local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
   self.params = params
@@ -135,17 +135,16 @@ function M.initialize(opts)
       params[1] and params[1]:device():match("^cuda")
     M.check_host_memory(params, W, stage, self.offload_param, pin)
   end
-  local function num(v, d) return type(v) == "number" and v or d end -- an unresolved "auto" takes the default
-  self.zero = C.zero_new({ stage = stage, reduce_bucket_size = num(zc.reduce_bucket_size, 5e8),
-    allgather_bucket_size = num(zc.allgather_bucket_size, 5e8), offload_optimizer = self.offload_optimizer,
-    offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
+  self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
+    allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
+    offload_param = self.offload_param, persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
-    overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9),
+    overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg) },
     params, wds)
-  self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
-  self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
-  self.max_live_parameters = num(zc.stage3_max_live_parameters, 1e9)
+  self.prefetch_budget = zc.stage3_prefetch_bucket_size
+  self.max_reuse_distance = zc.stage3_max_reuse_distance
+  self.max_live_parameters = zc.stage3_max_live_parameters
 
   -- optimizer facade with param groups (the scheduler sets group.lr)
   local fgroups = {}
@@ -162,13 +161,16 @@ function M.initialize(opts)
   -- fp16 dynamic loss scaling (DeepSpeed's DynamicLossScaler)
   if precision == "f16" then
     local f = cfg.fp16
-    local static = f.loss_scale and f.loss_scale > 0
-    self.scaler = { scale = static and f.loss_scale or 2 ^ (f.initial_scale_power or 16), dynamic = not static,
-      window = f.loss_scale_window or 1000, hysteresis = f.hysteresis or 2, cur_hysteresis = f.hysteresis or 2,
-      min_scale = f.min_loss_scale or 1, good = 0 }
+    local static = f.loss_scale > 0
+    self.scaler = { scale = static and f.loss_scale or 2 ^ f.initial_scale_power, dynamic = not static,
+      window = f.loss_scale_window, hysteresis = f.hysteresis, cur_hysteresis = f.hysteresis,
+      min_scale = f.min_loss_scale, good = 0 }
   end
 
   if stage == 3 then self:install_zero3_hooks() end
+
+  -- DeepSpeed's monitors (tensorboard, csv_monitor) on rank 0: events at every optimizer step
+  self.monitor = require("zrun.monitor").from_config(cfg, rank)
 
   -- data
   local loader
@@ -397,6 +399,7 @@ function Engine:backward(loss)
   local t0 = timer()
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
+  if self.monitor then self.monitor:backward(loss, self.gas) end -- Train/Samples/train_loss
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.
@@ -436,6 +439,7 @@ function Engine:step()
     z:zero_grad()
     self.global_steps = self.global_steps + 1
     self.timers.step = self.timers.step + (timer() - t0)
+    if self.monitor then self.monitor:step(self) end
     return true
   elseif overflow then
     error(fmt("gradient norm is %s at step %d: the loss diverged (try a lower learning rate or gradient_clipping)",
@@ -453,6 +457,7 @@ function Engine:step()
   z:zero_grad()
   self.global_steps = self.global_steps + 1
   self.timers.step = self.timers.step + (timer() - t0)
+  if self.monitor then self.monitor:step(self) end
   if self.steps_per_print and self.steps_per_print > 0 and self.global_steps % self.steps_per_print == 0 then
     self:report()
   end
@@ -507,6 +512,7 @@ function Engine:report()
     dist.print0(fmt("[zrun] time (ms) | forward: %.2f | backward: %.2f | step: %.2f",
       t.forward * 1000, t.backward * 1000, t.step * 1000))
     t.forward, t.backward, t.step = 0, 0, 0
+    if self.monitor then self.monitor:timers_reset() end
   end
 end
 

@@ -98,6 +98,16 @@ function M.resolve(x)
   if type(x) == "table" and Module.is_module(x) then
     return { module = x, config = rawget(x, "config"), name = x.__name }
   end
+  if type(x) == "string" and x:match("%.json$") then -- that file, not the config.json of its folder
+    local f = io.open(x, "rb")
+    if f then
+      local text = f:read("*a")
+      f:close()
+      local ok, cfg = pcall(require("cjson").decode, text)
+      if not ok or type(cfg) ~= "table" then error(fmt("memory: %s is not a JSON model config: %s", x, tostring(cfg)), 0) end
+      return { config = cfg, name = x }
+    end
+  end
   if type(x) == "string" then
     local cfg = require("zrun.models.llama").config(x)
     return { config = cfg, name = x }
@@ -188,7 +198,11 @@ local function header(total, largest, gpn, nodes)
   return s .. ".\n  per CPU  |  per GPU |   Options"
 end
 
-local function row(cpu, gpu, opts) return fmt(" %7.2fGB | %6.2fGB | %s", cpu / 2 ^ 30, gpu / 2 ^ 30, opts) end
+-- Python's f"{cpu/2**30:7.2f}GB": rounded as Python rounds (ties to even on the exact value).
+local function row(cpu, gpu, opts)
+  local P = require "zrun.pyformat"
+  return fmt(" %sGB | %sGB | %s", P.fixedw(cpu / 2 ^ 30, 7, 2), P.fixedw(gpu / 2 ^ 30, 6, 2), opts)
+end
 
 local function options(o)
   local gpn = o.gpus_per_node or o.num_gpus_per_node or 1
@@ -257,20 +271,26 @@ local USAGE = "usage: zrun estimate MODEL [--gpus-per-node N] [--nodes M] [--sta
   "  MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name\n" ..
   "         (" .. "meta-llama/Llama-3.2-1B, meta-llama/Meta-Llama-3-8B, gpt2, zrun/tiny-llama, ...)"
 
--- Parses --key value / --key=value / --flag; positional arguments in order.
-function M.parse_args(args, flags)
+-- Parses --key value / --key=value / --flag; positional arguments in order. With `known` (the
+-- options that take a value), any other option is refused as unknown before its value is looked
+-- for: "<who>: unknown option --x" and the usage (main.c puts "zrun: " before it).
+function M.parse_args(args, flags, known, who, usage)
   local o, pos, i = {}, {}, 1
   while i <= #args do
     local a = args[i]
     local k, v = a:match("^%-%-([%w%-]+)=(.*)$")
     if not k then k = a:match("^%-%-([%w%-]+)$") end
+    if not k and a:match("^%-.") and known then k = a end
+    if k and known and not known[k] and not (flags and flags[k]) then
+      error(fmt("%s: unknown option %s%s\n%s", who or "options", k == a and "" or "--", k, usage or ""), 0)
+    end
     if k then
       if flags and flags[k] then o[k] = true
       else
         if v == nil then
           i = i + 1
           v = args[i]
-          if v == nil then error(fmt("--%s needs a value", k), 0) end
+          if v == nil then error(fmt("%s--%s needs a value", who and who .. ": " or "", k), 0) end
         end
         o[k] = v
       end
@@ -282,6 +302,14 @@ function M.parse_args(args, flags)
   return o, pos
 end
 
+-- The options a usage text names (--name), plus undocumented aliases: parse_args's `known`.
+function M.usage_options(usage, ...)
+  local known = {}
+  for k in usage:gmatch("%-%-([%w%-]+)") do known[k] = true end
+  for _, k in ipairs({ ... }) do known[k] = true end
+  return known
+end
+
 local function posint(s, what)
   local n = tonumber(s)
   if not n or n < 1 or n ~= floor(n) then error(fmt("%s must be a positive integer, got '%s'", what, tostring(s)), 0) end
@@ -289,14 +317,10 @@ local function posint(s, what)
 end
 
 function M.main_estimate(args)
-  local o, pos = M.parse_args(args or {}, { help = true })
+  local o, pos = M.parse_args(args or {}, { help = true }, M.usage_options(USAGE, "gpus"), "estimate", USAGE)
   if o.help or #pos ~= 1 then
     print(USAGE)
     return o.help and 0 or 1
-  end
-  local known = { ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1, ["buffer-factor"] = 1, help = 1 }
-  for k in pairs(o) do
-    if not known[k] then error(fmt("zrun estimate: unknown option --%s\n%s", k, USAGE), 0) end
   end
   local opts = { gpus_per_node = posint(o["gpus-per-node"] or o.gpus or 1, "--gpus-per-node"),
     num_nodes = posint(o.nodes or 1, "--nodes"), additional_buffer_factor = tonumber(o["buffer-factor"] or 1.5) }

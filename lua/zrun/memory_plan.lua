@@ -69,16 +69,17 @@ local function settings(o, cfg_model)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
   else s.overlap_comm = s.stage == 3 end
-  local pt = o.persistence_threshold or zc.stage3_param_persistence_threshold
-  s.persistence_threshold = type(pt) == "number" and pt or 1e5 -- DeepSpeed's default
-  local pf = o.prefetch_bucket_size or zc.stage3_prefetch_bucket_size
-  s.prefetch_bucket_size = type(pf) == "number" and pf or 5e7 -- DeepSpeed's default
-  local ml = o.max_live_parameters or zc.stage3_max_live_parameters
-  s.max_live_parameters = type(ml) == "number" and ml or 1e9
-  local mr = o.max_reuse_distance or zc.stage3_max_reuse_distance
-  s.max_reuse_distance = type(mr) == "number" and mr or 1e9
-  local rbs = o.reduce_bucket_size or zc.reduce_bucket_size
-  s.reduce_bucket_size = type(rbs) == "number" and rbs or 5e8
+  -- a value given here or in the config, else DeepSpeed's default (from config.lua, its one home)
+  local function zero(opt, key)
+    local v = o[opt] or zc[key]
+    if type(v) == "number" then return v end
+    return require("zrun.config").default("zero_optimization." .. key)
+  end
+  s.persistence_threshold = zero("persistence_threshold", "stage3_param_persistence_threshold")
+  s.prefetch_bucket_size = zero("prefetch_bucket_size", "stage3_prefetch_bucket_size")
+  s.max_live_parameters = zero("max_live_parameters", "stage3_max_live_parameters")
+  s.max_reuse_distance = zero("max_reuse_distance", "stage3_max_reuse_distance")
+  s.reduce_bucket_size = zero("reduce_bucket_size", "reduce_bucket_size")
   local dt = o.dtype
   if not dt then
     if ds.bf16 and ds.bf16.enabled == true then dt = "bf16"
@@ -408,7 +409,7 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
     ["offload-param"] = true }
-  local o, pos = E.parse_args(args or {}, flags)
+  local o, pos = E.parse_args(args or {}, flags, E.usage_options(USAGE, "gpus"), "plan", USAGE)
   if o.help or #pos ~= 1 then
     print(USAGE)
     return o.help and 0 or 1

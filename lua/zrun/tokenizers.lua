@@ -2,6 +2,7 @@
 -- and a built-in byte-level tokenizer for runs with no tokenizer file.
 --   local tok = zr.tokenizers.load("meta-llama/Llama-3.2-1B")   -- dir, tokenizer.json, or cached hub id
 --   tok:encode("Hello world")  --> { 128000, 9906, 1917 }
+--   zr.tokenizers.save_pretrained(tok, "out/model")             -- the files transformers' AutoTokenizer reads
 local C = require "zrun._C"
 local M = {}
 
@@ -19,7 +20,42 @@ function M.resolve(ref)
   error(("no tokenizer.json for '%s': looked for the file itself, %s/tokenizer.json and the Hugging Face cache"):format(ref, ref), 0)
 end
 
-function M.load(ref) return C.tokenizer_load(M.resolve(ref)) end
+-- Where each loaded tokenizer came from (weak keys), so save_pretrained can copy its files.
+local sources = setmetatable({}, { __mode = "k" })
+
+function M.load(ref)
+  local path = M.resolve(ref)
+  local tok = C.tokenizer_load(path)
+  sources[tok] = path
+  return tok
+end
+
+-- The files of a Hugging Face tokenizer that transformers' AutoTokenizer reads, beside tokenizer.json.
+M.FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+  "added_tokens.json", "vocab.json", "merges.txt" }
+
+local function copy(src, dst)
+  local f = assert(io.open(src, "rb"))
+  local data = f:read("*a")
+  f:close()
+  C.write_file_atomic(dst, data)
+end
+
+-- Writes the tokenizer's files into dir (tokenizer.json and the config files found beside the one
+-- it was loaded from, or the byte tokenizer's own); returns the names written.
+function M.save_pretrained(tok, dir)
+  C.makedirs(dir)
+  if type(tok) == "table" and tok.save_pretrained then return tok:save_pretrained(dir) end
+  local src = sources[tok]
+  if not src then error("tokenizer save_pretrained: this tokenizer was not loaded with zr.tokenizers.load, so its files are unknown", 0) end
+  local from = src:match("^(.*)/[^/]*$") or "."
+  local out = {}
+  for _, n in ipairs(M.FILES) do
+    local p = n == "tokenizer.json" and src or (from .. "/" .. n)
+    if exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
+  end
+  return out
+end
 
 -- Byte-level tokenizer: ids 0 pad, 1 bos, 2 eos, 3..258 the bytes 0..255 (vocab 259, the size
 -- of the built-in tiny Llama's vocabulary).
@@ -49,5 +85,34 @@ function Byte:vocab_size() return 259 end
 function Byte:bos_id() return 1 end
 function Byte:eos_id() return 2 end
 function Byte:pad_id() return 0 end
+
+-- The same tokenizer in Hugging Face's format: a BPE with no merges whose vocabulary is the special
+-- tokens and the 256 byte tokens <0x00>..<0xFF> (byte_fallback turns every character into its
+-- UTF-8 bytes), <s> prepended; transformers loads it as a PreTrainedTokenizerFast.
+function Byte:save_pretrained(dir)
+  local hf = require "zrun.hf"
+  local vocab = { ["<pad>"] = 0, ["<s>"] = 1, ["</s>"] = 2 }
+  for b = 0, 255 do vocab[("<0x%02X>"):format(b)] = b + 3 end
+  local added = {}
+  for i, t in ipairs { "<pad>", "<s>", "</s>" } do
+    added[i] = { id = i - 1, content = t, single_word = false, lstrip = false, rstrip = false, normalized = false, special = true }
+  end
+  local null = require("cjson").null
+  local tj = { version = "1.0", truncation = null, padding = null, added_tokens = added, normalizer = null,
+    pre_tokenizer = null,
+    post_processor = { type = "TemplateProcessing",
+      single = { { SpecialToken = { id = "<s>", type_id = 0 } }, { Sequence = { id = "A", type_id = 0 } } },
+      pair = { { SpecialToken = { id = "<s>", type_id = 0 } }, { Sequence = { id = "A", type_id = 0 } },
+        { SpecialToken = { id = "<s>", type_id = 1 } }, { Sequence = { id = "B", type_id = 1 } } },
+      special_tokens = { ["<s>"] = { id = "<s>", ids = { 1 }, tokens = { "<s>" } } } },
+    decoder = { type = "Sequence", decoders = { { type = "ByteFallback" }, { type = "Fuse" } } },
+    model = { type = "BPE", dropout = null, unk_token = null, continuing_subword_prefix = null,
+      end_of_word_suffix = null, fuse_unk = false, byte_fallback = true, vocab = vocab, merges = "\0merges" } }
+  -- (encode_json writes an empty table as {}; merges is an empty list)
+  C.write_file_atomic(dir .. "/tokenizer.json", (hf.encode_json(tj):gsub('"\\u0000merges"', "[]")))
+  C.write_file_atomic(dir .. "/tokenizer_config.json", hf.encode_json({ tokenizer_class = "PreTrainedTokenizerFast",
+    bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>", add_bos_token = true, model_max_length = 1e9 }))
+  return { "tokenizer.json", "tokenizer_config.json" }
+end
 
 return M

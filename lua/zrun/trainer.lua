@@ -1,146 +1,421 @@
--- zr.Trainer: the Hugging Face Trainer loop on top of zr.initialize. Arguments follow
--- TrainingArguments (output_dir, per_device_train_batch_size, gradient_accumulation_steps,
--- learning_rate, weight_decay, num_train_epochs, max_steps, warmup_steps/warmup_ratio,
--- lr_scheduler_type, logging_steps, bf16/fp16, max_grad_norm, gradient_checkpointing, seed,
--- deepspeed = config path or table). Rank 0 prints progress and writes metrics as JSONL.
+-- zr.Trainer: the Hugging Face Trainer loop on top of zr.initialize. Arguments are
+-- TrainingArguments' (zrun.trainer_args checks them); `deepspeed` is a config path or table (none:
+-- ZeRO stage 0 with every value taken from the arguments, as plain HF training). It logs, evaluates
+-- and saves on HF's strategies (steps / epoch), writes checkpoint-<step> folders that resume to the
+-- same loss curve, and saves a Hugging Face model directory. Rank 0 prints and writes metrics.jsonl.
+--   local trainer = zr.Trainer{ model = model, args = {...}, train_dataset = ds, eval_dataset = ev,
+--                               processing_class = tok }
+--   trainer:train()   -- or trainer:train{ resume_from_checkpoint = true }
+--   trainer:evaluate(); trainer:save_model()
 local zr = require "zrun"
 local C = zr._C
 local dist = require "zrun.dist"
 local datasets = require "zrun.datasets"
+local targs = require "zrun.trainer_args"
+local tckpt = require "zrun.trainer_checkpoint"
 local cjson = require "cjson"
 
 local Trainer = {}
 Trainer.__index = Trainer
 
-local fmt = string.format
-local DEFAULTS = { output_dir = "output", per_device_train_batch_size = 8, per_device_eval_batch_size = 8,
-  gradient_accumulation_steps = 1, learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9,
-  adam_beta2 = 0.999, adam_epsilon = 1e-8, max_grad_norm = 1.0, num_train_epochs = 3, max_steps = -1,
-  warmup_steps = 0, warmup_ratio = 0.0, logging_steps = 10, seed = 42, bf16 = false, fp16 = false,
-  gradient_checkpointing = false }
+local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
+
+local OPTIONS = { model = true, args = true, train_dataset = true, eval_dataset = true, data_collator = true,
+  tokenizer = true, processing_class = true }
 
 local function hms(s)
-  s = math.max(0, math.floor(s + 0.5))
-  return fmt("%02d:%02d:%02d", math.floor(s / 3600), math.floor(s / 60) % 60, s % 60)
+  s = math.max(0, floor(s + 0.5))
+  return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
 end
 
 function Trainer.new(opts)
+  if type(opts) ~= "table" then error("Trainer{model=, args=, train_dataset=, ...}: expected a table", 2) end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      local names = {}
+      for n in pairs(OPTIONS) do names[#names + 1] = n end
+      table.sort(names)
+      error(fmt("Trainer: unknown option '%s' (options: %s)", tostring(k), table.concat(names, ", ")), 2)
+    end
+  end
   local self = setmetatable({}, Trainer)
-  self.model = assert(opts.model, "Trainer: model is required")
-  local a = {}
-  for k, v in pairs(DEFAULTS) do a[k] = v end
-  for k, v in pairs(opts.args or {}) do a[k] = v end
-  self.args = a
-  self.user_args = opts.args or {}
+  self.model = opts.model
+  if not self.model then error("Trainer: model is required", 2) end
+  self.args, self.user_args = targs.resolve(opts.args)
   self.train_dataset, self.eval_dataset = opts.train_dataset, opts.eval_dataset
-  self.collator = opts.data_collator or datasets.causal_lm_collator()
+  self.processing_class = opts.processing_class or opts.tokenizer
+  if self.args.eval_strategy ~= "no" and not self.eval_dataset then
+    error(fmt("Trainer: eval_strategy = \"%s\" needs an eval_dataset", self.args.eval_strategy), 2)
+  end
+  local pad = self.processing_class and self.processing_class.pad_id and self.processing_class:pad_id() or nil
+  self.collator = opts.data_collator or datasets.causal_lm_collator({ pad_token_id = pad })
+  self.state = { global_step = 0, epoch = 0, log_history = {} }
+  zr.manual_seed(self.args.seed) -- HF's set_seed(args.seed) in Trainer.__init__
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
 
--- HF's default grouping: no weight decay for biases and normalisation weights.
-local function param_groups(model, wd)
-  local decay, no_decay = {}, {}
-  for name, p in model:named_parameters() do
-    if name:match("bias$") or name:match("norm") or name:match("ln_") then no_decay[#no_decay + 1] = p
-    else decay[#decay + 1] = p end
+-- HF's grouping (get_decay_parameter_names): no weight decay for biases and for the parameters of
+-- normalisation layers, found by the module's class (LayerNorm, RMSNorm and their subclasses).
+local function is_norm(m)
+  local nn = zr.nn
+  local mt = getmetatable(m)
+  if mt == nn.LayerNorm.__mt or mt == nn.RMSNorm.__mt then return true end
+  local c = m.__super
+  while c do
+    if c == nn.LayerNorm or c == nn.RMSNorm then return true end
+    c = c.__super
   end
-  return { { params = decay, weight_decay = wd }, { params = no_decay, weight_decay = 0.0 } }
+  return false
+end
+
+function Trainer.param_groups(model, weight_decay)
+  local no_decay = {}
+  for _, nm in model:named_modules() do
+    local norm = is_norm(nm)
+    for _, pname in ipairs(nm._param_order) do
+      if norm or pname:lower():find("bias", 1, true) then no_decay[nm._parameters[pname]] = true end
+    end
+  end
+  local decay, nd = {}, {}
+  for _, p in ipairs(model:parameters()) do
+    if p.requires_grad then
+      if no_decay[p] then nd[#nd + 1] = p else decay[#decay + 1] = p end
+    end
+  end
+  local groups = {}
+  if #decay > 0 then groups[#groups + 1] = { params = decay, weight_decay = weight_decay } end
+  if #nd > 0 then groups[#groups + 1] = { params = nd, weight_decay = 0.0 } end
+  return groups
+end
+
+-- Without a DeepSpeed config the Trainer trains as plain HF does: stage 0, everything from the arguments.
+local function default_config()
+  return { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto", gradient_clipping = "auto",
+    bf16 = { enabled = "auto" }, fp16 = { enabled = "auto" }, steps_per_print = 1e9,
+    optimizer = { type = "AdamW", params = { lr = "auto", betas = "auto", eps = "auto", weight_decay = "auto" } },
+    zero_optimization = { stage = 0 } }
 end
 
 function Trainer:setup()
   if self.engine then return end
   local a = self.args
   local W = dist.world_size()
-  local ds_cfg = a.deepspeed or { zero_optimization = { stage = 0 }, optimizer = { type = "AdamW", params = {} },
-    scheduler = { type = "WarmupDecayLR", params = {} } }
-  local n = self.train_dataset and #self.train_dataset.rows or 0
-  local per_epoch = math.floor(math.floor(n / (a.per_device_train_batch_size * W)) / a.gradient_accumulation_steps)
-  if self.train_dataset and per_epoch < 1 then
-    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation)",
-      n, a.per_device_train_batch_size, W, a.gradient_accumulation_steps), 0)
-  end
-  self.steps_per_epoch = per_epoch
-  self.total_steps = a.max_steps > 0 and a.max_steps or per_epoch * math.ceil(a.num_train_epochs)
-  -- only what the caller set is compared with the config (defaults never conflict), as in HF
   local hf_args = {}
   for k, v in pairs(self.user_args) do hf_args[k] = v end
+  local ds_cfg = a.deepspeed or default_config()
+  -- The config's micro-batch and accumulation drive the data (a number in the file that the
+  -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
+  local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
+    hidden_size = self.model.config and self.model.config.hidden_size })
+  a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
+  a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
+  local n = self.train_dataset and #self.train_dataset.rows or 0
+  local batches = floor(floor(n / W) / a.per_device_train_batch_size) -- per rank, per epoch (last dropped)
+  local per_epoch = floor(batches / a.gradient_accumulation_steps)
+  if self.train_dataset and per_epoch < 1 then
+    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): " ..
+      "use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
+      n, a.per_device_train_batch_size, W, a.gradient_accumulation_steps), 0)
+  end
+  self.steps_per_epoch = math.max(per_epoch, 1)
+  self.total_steps = a.max_steps > 0 and a.max_steps or ceil(self.steps_per_epoch * a.num_train_epochs)
   hf_args.max_steps = self.total_steps
   if a.gradient_checkpointing and self.model.gradient_checkpointing_enable then self.model:gradient_checkpointing_enable() end
   self.engine = zr.initialize({ model = self.model, config = ds_cfg, args = hf_args,
-    num_training_steps = self.total_steps,
-    model_parameters = param_groups(self.model, a.weight_decay) })
+    num_training_steps = self.total_steps, model_parameters = Trainer.param_groups(self.model, nil) })
+  local e = self.engine
+  if not e.lr_scheduler then -- HF builds its own schedule when the config has none
+    local warm = a.warmup_steps > 0 and a.warmup_steps or ceil(a.warmup_ratio * self.total_steps)
+    e.lr_scheduler = require("zrun.schedulers").hf(a.lr_scheduler_type, e.optimizer,
+      { num_warmup_steps = warm, num_training_steps = self.total_steps })
+    self.hf_schedule = true
+  elseif self.user_args.lr_scheduler_type then
+    dist.print0(fmt("[zrun] Trainer: lr_scheduler_type = \"%s\" is not used: the DeepSpeed config's scheduler (%s) is",
+      a.lr_scheduler_type, e.config.scheduler.type))
+  end
   self.is_main = dist.rank() == 0
+  local st = self.state
+  st.max_steps, st.num_train_epochs = self.total_steps, ceil(self.total_steps / self.steps_per_epoch)
+  st.logging_steps = targs.interval(a.logging_steps, self.total_steps)
+  st.save_steps = targs.interval(a.save_steps, self.total_steps)
+  st.eval_steps = a.eval_steps and targs.interval(a.eval_steps, self.total_steps) or st.logging_steps
+  st.train_batch_size = a.per_device_train_batch_size
   if self.is_main and a.output_dir then
     C.makedirs(a.output_dir)
-    self.metrics = io.open(a.output_dir .. "/metrics.jsonl", "a")
+    self.metrics = io.open(tckpt.join(a.output_dir, "metrics.jsonl"), "a")
   end
 end
 
+-- Appends a record to log_history and metrics.jsonl (rank 0).
 function Trainer:log(rec)
-  if not self.is_main then return end
-  if self.metrics then
+  local h = self.state.log_history
+  h[#h + 1] = rec
+  if self.is_main and self.metrics then
     self.metrics:write(cjson.encode(rec), "\n")
     self.metrics:flush()
   end
 end
 
--- Trains for max_steps (or num_train_epochs); returns {global_step=, train_loss=, ...}.
-function Trainer:train()
+-- Whether a strategy fires now: at every `every` steps ("steps") or at an epoch's end ("epoch").
+local function due(strategy, every, step, epoch_end)
+  if strategy == "steps" then return not epoch_end and step % every == 0 end
+  return strategy == "epoch" and epoch_end
+end
+
+-- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
+-- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
+-- Returns {global_step=, train_loss= (mean over this run's steps), first_loss=, last_loss=, metrics=}.
+function Trainer:train(resume)
+  if type(resume) == "table" then resume = resume.resume_from_checkpoint end
+  if resume == nil then resume = self.args.resume_from_checkpoint end
+  if not self.train_dataset then error("Trainer:train: no train_dataset (pass zr.Trainer{train_dataset=})", 2) end
+  local path
+  if resume then path = tckpt.resolve(resume, self.args.output_dir) end -- checked before anything is built
   self:setup()
-  local a, e = self.args, self.engine
+  local a, e, st = self.args, self.engine, self.state
+  if path then self:load_checkpoint(path) end
   local W = dist.world_size()
-  local loader = require("zrun.engine").dataloader(self.train_dataset, { batch_size = a.per_device_train_batch_size,
-    rank = dist.rank(), world_size = W, collate_fn = self.collator, seed = a.seed })
+  local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
+  local micro_per_epoch = self.steps_per_epoch * gas
+  local rows = self.train_dataset.rows
   e:train()
-  local t_start, t_log, tokens, loss_sum, loss_n = C.now(), C.now(), 0, 0, 0
-  local epoch, first_loss, last_loss = 0, nil, nil
-  dist.print0(fmt("[zrun] training: %d steps (%d per epoch), %d ranks, micro-batch %d, accumulation %d, ZeRO stage %d, %s",
-    self.total_steps, self.steps_per_epoch, W, a.per_device_train_batch_size, a.gradient_accumulation_steps,
-    e.stage, e.precision))
+  local t_start, t_log, tokens = C.now(), C.now(), 0
+  -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
+  -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
+  local pending, sum, n, run_sum, run_n, first_loss, last_loss = {}, 0, 0, 0, 0, nil, nil
+  local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
+    for k, l in ipairs(pending) do
+      local v = l:item()
+      sum, n, run_sum, run_n, pending[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil
+    end
+  end
+  local start_step = e.global_steps
+  local epoch = floor(start_step / self.steps_per_epoch)
+  local skip = (start_step % self.steps_per_epoch) * gas -- micro-batches of this epoch already trained
+  dist.print0(fmt("[zrun] training: %d steps (%d per epoch), %d ranks, micro-batch %d, accumulation %d, ZeRO stage %d, %s%s",
+    self.total_steps, self.steps_per_epoch, W, bs, gas, e.stage, e.precision,
+    path and fmt(", resumed from %s at step %d", path, start_step) or ""))
+
+  local function log_train(s)
+    drain()
+    local t = zr.tensor({ sum / n }, { dtype = "f64" })
+    dist.all_reduce(t, "avg")
+    local avg = t:item()
+    first_loss = first_loss or avg
+    last_loss = avg
+    local now = C.now()
+    local tps = tokens / math.max(now - t_log, 1e-9)
+    local mem = zr.memory.stats(e.device)
+    local eta = (now - t_start) / math.max(s - start_step, 1) * (self.total_steps - s)
+    -- HF logs the rate its own schedule applied in this step, but under DeepSpeed (whose engine
+    -- steps the schedule inside optimizer.step) the one after it: zrun logs as HF does in each case
+    local lr = self.hf_schedule and self.step_lr or e:get_lr()[1]
+    local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
+      tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak }
+    dist.print0(fmt("step %d/%d | loss %.4f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s,
+      self.total_steps, avg, e.last_grad_norm or 0 / 0, rec.learning_rate, tps, zr.memory.human(mem.total_current), hms(eta)))
+    self:log(rec)
+    t_log, tokens, sum, n = now, 0, 0, 0
+  end
+  local function checkpoints(s, epoch_end)
+    if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
+      or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no")) then log_train(s) end
+    local t0 = C.now()
+    if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
+    if (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
+      and self.last_save ~= s then self:save_checkpoint() end
+    t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
+  end
+
   while e.global_steps < self.total_steps do
-    loader:set_epoch(epoch)
-    for batch in loader:iter() do
-      local ids = batch.input_ids
-      if e.device ~= "cpu" then ids, batch.labels = ids:to(e.device), batch.labels:to(e.device) end
+    local idx = self:epoch_order(epoch)
+    for mb = skip, micro_per_epoch - 1 do
+      local batch_rows = {}
+      for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
+      local batch = self.collator(batch_rows)
+      local ids, labels = batch.input_ids, batch.labels
+      if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local okstep, out = pcall(function()
-        local o = e(ids, batch.labels)
+        local o = e(ids, labels)
         e:backward(o.loss)
         return o
       end)
       if not okstep then error(self:explain_oom(out, ids), 0) end
-      local l = out.loss:item()
-      loss_sum, loss_n = loss_sum + l, loss_n + 1
+      pending[#pending + 1] = out.loss:detach()
+      if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
       tokens = tokens + ids:numel() * W
-      local stepped = e:step()
-      if stepped then
+      self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
+      if e:step() then
         local s = e.global_steps
-        if s % a.logging_steps == 0 or s == self.total_steps then
-          local t = zr.tensor({ loss_sum / math.max(loss_n, 1) }, { dtype = "f64" })
-          dist.all_reduce(t, "avg")
-          local avg = t:item()
-          first_loss = first_loss or avg
-          last_loss = avg
-          local now = C.now()
-          local tps = tokens / (now - t_log)
-          local mem = zr.memory.stats(e.device)
-          local eta = (now - t_start) / s * (self.total_steps - s)
-          local rec = { step = s, epoch = epoch + 1, loss = avg, lr = e:get_lr()[1], tokens_per_s = tps,
-            grad_norm = e.last_grad_norm, memory = mem.total_current, peak_memory = mem.total_peak }
-          dist.print0(fmt("step %d/%d | loss %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps,
-            avg, rec.lr, tps, zr.memory.human(mem.total_current), hms(eta)))
-          self:log(rec)
-          t_log, tokens, loss_sum, loss_n = now, 0, 0, 0
-        end
+        st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
+        checkpoints(s, false)
         if s >= self.total_steps then break end
       end
     end
+    skip = 0
+    if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
     epoch = epoch + 1
   end
-  local res = { global_step = e.global_steps, train_runtime = C.now() - t_start, first_loss = first_loss,
-    train_loss = last_loss }
-  self:log({ event = "train_end", global_step = res.global_step, train_runtime = res.train_runtime })
-  return res
+  drain()
+  if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
+  local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
+  dist.all_reduce(t, "avg")
+  local runtime = C.now() - t_start
+  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, step = e.global_steps,
+    train_steps_per_second = (e.global_steps - start_step) / math.max(runtime, 1e-9),
+    train_samples_per_second = (e.global_steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
+  self:log(metrics)
+  return { global_step = e.global_steps, train_loss = metrics.train_loss, first_loss = first_loss,
+    last_loss = last_loss, train_runtime = runtime, metrics = metrics }
+end
+
+-- The training rows this rank reads in an epoch (1-based, in order): the shuffled, rank-sharded
+-- sampler's indices (seed data_seed or seed, plus the epoch), cut to the epoch's full steps.
+function Trainer:epoch_order(epoch)
+  self:setup()
+  local a = self.args
+  local sampler = datasets.DistributedSampler.new(#self.train_dataset.rows, { rank = dist.rank(),
+    world_size = dist.world_size(), seed = a.data_seed or a.seed, drop_last = true })
+  sampler:set_epoch(epoch)
+  local idx, n = sampler:indices(), self.steps_per_epoch * a.gradient_accumulation_steps * a.per_device_train_batch_size
+  for k = #idx, n + 1, -1 do idx[k] = nil end
+  return idx
+end
+
+-- Every training row this rank reads over the whole run, in order (per_device_train_batch_size
+-- rows per micro-batch, gradient_accumulation_steps micro-batches per step): to feed another
+-- trainer the same data in the same order.
+function Trainer:data_order()
+  self:setup()
+  local a, out = self.args, {}
+  local per_step = a.gradient_accumulation_steps * a.per_device_train_batch_size
+  local epoch = 0
+  while #out < self.total_steps * per_step do
+    for _, i in ipairs(self:epoch_order(epoch)) do
+      if #out == self.total_steps * per_step then break end
+      out[#out + 1] = i
+    end
+    epoch = epoch + 1
+  end
+  return out
+end
+
+-- Restores the engine (weights, optimizer, scheduler, RNG) and the trainer state from a
+-- checkpoint-<step> folder; a checkpoint of another model is refused before anything changes.
+function Trainer:load_checkpoint(path)
+  self:setup()
+  local saved = tckpt.read_state(path)
+  local ok, err = pcall(self.engine.load_checkpoint, self.engine, path)
+  if not ok then error("resume_from_checkpoint " .. path .. ": " .. tostring(err), 0) end
+  local st = self.state
+  st.global_step, st.epoch = self.engine.global_steps, saved.epoch or 0
+  st.log_history = saved.log_history or {}
+  st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
+    saved.best_global_step
+  local sc = saved.stateful_callbacks and saved.stateful_callbacks.ZrunTrainer
+  local z, a = sc and sc.args or {}, self.args
+  local now = { world_size = dist.world_size(), per_device_train_batch_size = a.per_device_train_batch_size,
+    gradient_accumulation_steps = a.gradient_accumulation_steps, data_seed = a.data_seed or a.seed,
+    train_rows = #self.train_dataset.rows }
+  for k, v in pairs(now) do
+    if z[k] ~= nil and z[k] ~= v then
+      dist.print0(fmt("[zrun] resume_from_checkpoint: %s was %s and is now %s; the data order after step %d differs " ..
+        "from an uninterrupted run", k, tostring(z[k]), tostring(v), st.global_step))
+    end
+  end
+end
+
+-- load_best_model_at_end: the weights of the best checkpoint (the engine's whole state comes back,
+-- then the step counters and trainer state of the finished run are put back, as HF keeps its state).
+function Trainer:load_best()
+  local e, st = self.engine, self.state
+  local best = st.best_model_checkpoint
+  if C.path_type(best) ~= "dir" then
+    error(fmt("load_best_model_at_end: the best checkpoint %s is gone (deleted by hand?)", best), 0)
+  end
+  dist.print0(fmt("[zrun] Loading best model from %s (score: %s).", best, tostring(st.best_metric)))
+  local keep = { e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps }
+  e:load_checkpoint(best)
+  e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps = keep[1], keep[2], keep[3], keep[4]
+end
+
+-- Writes output_dir/checkpoint-<step>: the engine checkpoint, the model (as save_model), then
+-- trainer_state.json; then removes checkpoints beyond save_total_limit.
+function Trainer:save_checkpoint()
+  local a, e, st = self.args, self.engine, self.state
+  local dir = tckpt.dir_for(a.output_dir, e.global_steps)
+  self.last_save = e.global_steps
+  e:save_checkpoint(dir, "global_step" .. e.global_steps)
+  self:save_model(dir, { in_checkpoint = true })
+  local metric = a.metric_for_best_model
+  if metric then -- the latest evaluation decides (HF: the one at this step)
+    local v
+    for i = #st.log_history, 1, -1 do
+      if st.log_history[i][metric] ~= nil then v = st.log_history[i][metric]; break end
+    end
+    if v == nil then
+      error(fmt("metric_for_best_model = %s: no evaluation logged it before the save at step %d (metrics: eval_loss, " ..
+        "eval_perplexity)", metric, e.global_steps), 0)
+    end
+    local better = st.best_metric == nil or (a.greater_is_better and v > st.best_metric) or
+      (not a.greater_is_better and v < st.best_metric)
+    if better then st.best_metric, st.best_model_checkpoint, st.best_global_step = v, dir, e.global_steps end
+  end
+  if self.is_main then
+    local out = {}
+    for k, v in pairs(st) do out[k] = v end
+    out.is_hyper_param_search, out.is_local_process_zero, out.is_world_process_zero = false, true, true
+    out.total_flos, out.num_input_tokens_seen = 0, 0
+    -- what the data position after a resume depends on; HF ignores a callback it does not know
+    out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
+      per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
+      data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. e.global_steps } } }
+    tckpt.write_state(dir, out)
+    print(fmt("[zrun] saved checkpoint %s", dir))
+    for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
+      print(fmt("[zrun] deleted older checkpoint %s (save_total_limit = %d)", p, a.save_total_limit))
+    end
+  end
+  dist.barrier()
+end
+
+-- Writes a Hugging Face model directory (config.json, model.safetensors in the training dtype,
+-- generation_config.json, the tokenizer's files) to dir (default output_dir); collective. At ZeRO
+-- stage 3 the weights are gathered when stage3_gather_16bit_weights_on_model_save is set;
+-- otherwise dir gets the sharded engine checkpoint and the other files, and the message says how
+-- to consolidate the weights into dir/model.safetensors.
+function Trainer:save_model(dir, o)
+  self:setup()
+  o = o or {}
+  dir = dir or self.args.output_dir
+  local e = self.engine
+  local zc = e.config.zero_optimization or {}
+  local gather = e.stage < 3 or zc.stage3_gather_16bit_weights_on_model_save
+  if gather then e:save_16bit_model(dir)
+  elseif not o.in_checkpoint then e:save_checkpoint(dir, "global_step" .. e.global_steps) end
+  if self.is_main then
+    local hf = require "zrun.hf"
+    local cfg = {}
+    for k, v in pairs(self.model.config or {}) do if k ~= "dtype" and k ~= "device" then cfg[k] = v end end
+    cfg.architectures = cfg.architectures or { self.model.__name }
+    cfg.torch_dtype = gather and ({ bf16 = "bfloat16", f16 = "float16" })[e.precision] or "float32"
+    hf.save_config(dir, cfg)
+    local gen = { _from_model_config = true, bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
+      pad_token_id = cfg.pad_token_id }
+    C.write_file_atomic(tckpt.join(dir, "generation_config.json"), hf.encode_json(gen))
+    local files = self.processing_class and require("zrun.tokenizers").save_pretrained(self.processing_class, dir) or {}
+    local also = "config.json, generation_config.json" .. (#files > 0 and ", " .. table.concat(files, ", ") or "")
+    if not gather then
+      print(fmt("[zrun] save_model: ZeRO stage 3 without zero_optimization.stage3_gather_16bit_weights_on_model_save: " ..
+        "%s holds the sharded checkpoint and %s, not the weights; consolidate them with `zrun zero-to-fp32 %s " ..
+        "%s/model.safetensors` (or set stage3_gather_16bit_weights_on_model_save: true)", dir, also, dir, dir))
+    elseif not o.in_checkpoint then
+      print(fmt("[zrun] saved the model to %s (model.safetensors, %s)", dir, also))
+    end
+  end
+  dist.barrier()
+  return gather and true or false
 end
 
 -- An out-of-memory error gets the predicted plan and the cheapest settings that fit beside the
@@ -164,34 +439,54 @@ function Trainer:explain_oom(err, ids)
   return err .. "\n\n(run `zrun plan MODEL --fit --gpu-memory SIZE` for settings that fit: " .. tostring(res) .. ")"
 end
 
--- Mean loss over the evaluation set (all ranks) and its perplexity.
-function Trainer:evaluate(ds)
+-- Loss over every predicted token of the evaluation set (all ranks, each row once) and its
+-- perplexity: the sum of per-token losses over the count of labels that are not -100 (after the
+-- shift: a row's first label predicts nothing). Rows are dealt round-robin; ranks with fewer rows
+-- run a padding row whose labels are all -100 so every rank runs the same forwards (stage 3).
+function Trainer:evaluate(ds, prefix)
   self:setup()
   ds = ds or self.eval_dataset
-  if not ds then error("Trainer:evaluate: no eval_dataset", 0) end
+  prefix = prefix or "eval"
+  if not ds then error("Trainer:evaluate: no eval_dataset (pass one to zr.Trainer{eval_dataset=} or to evaluate(ds))", 0) end
   local e = self.engine
+  local W, rank = dist.world_size(), dist.rank()
+  local rows, bs = ds.rows, self.args.per_device_eval_batch_size
+  local per_rank = ceil(#rows / W)
+  local t0 = C.now()
   e:eval()
-  local W = dist.world_size()
-  local sampler = datasets.DistributedSampler.new(#ds.rows, { rank = dist.rank(), world_size = W, shuffle = false })
   local sum, count = 0, 0
   zr.no_grad(function()
-    for batch in datasets.batches(ds, sampler, self.args.per_device_eval_batch_size, self.collator) do
+    for b = 1, per_rank, bs do
+      local batch_rows, padding = {}, {}
+      for k = b, math.min(b + bs - 1, per_rank) do
+        local i = (k - 1) * W + rank + 1
+        batch_rows[#batch_rows + 1] = rows[i] or rows[1]
+        if not rows[i] then padding[#padding + 1] = #batch_rows end
+      end
+      local batch = self.collator(batch_rows)
       local ids, labels = batch.input_ids, batch.labels
+      for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end -- (whatever the collator)
+      local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels)
-      local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item()
-      sum, count = sum + out.loss:item() * n, count + n
+      if n > 0 then sum, count = sum + out.loss:item() * n, count + n end
     end
   end)
   e:train()
   local t = zr.tensor({ sum, count }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
   local tot, cnt = t[1], t[2]
-  local loss = cnt > 0 and tot / cnt or 0 / 0
-  local res = { eval_loss = loss, perplexity = math.exp(loss), eval_tokens = cnt }
-  dist.print0(fmt("[zrun] eval: loss %.4f, perplexity %.2f over %d tokens", loss, res.perplexity, cnt))
-  self:log({ event = "eval", eval_loss = loss, perplexity = res.perplexity })
-  return res
+  if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
+  local loss = tot / cnt
+  local rt = C.now() - t0
+  local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = math.exp(loss), [prefix .. "_tokens"] = cnt,
+    [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
+    step = e.global_steps, epoch = self.state.epoch }
+  dist.print0(fmt("[zrun] %s at step %d: loss %.4f | perplexity %.3f | %d tokens", prefix, e.global_steps, loss,
+    rec[prefix .. "_perplexity"], cnt))
+  self:log(rec)
+  self.last_eval, self.last_eval_metrics = e.global_steps, rec
+  return rec
 end
 
 return Trainer

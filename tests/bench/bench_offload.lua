@@ -23,7 +23,12 @@ while total < N do add({ H, 4 * H }); add({ H, H }); add({ H }) end
 io.write(("bench_offload: %d parameters in %d tensors (bf16 on the CPU), stage %d\n"):format(total, #params, STAGE))
 
 local t0 = C.now()
-local z = C.zero_new({ stage = STAGE, offload_optimizer = true, pin_memory = true, reduce_bucket_size = 5e8 }, params, wds)
+-- DeepSpeed's defaults, from the one place that holds them
+local zc = require("zrun.config").load({ train_batch_size = 1, zero_optimization = { stage = STAGE } },
+  { world_size = 1 }).zero_optimization
+local z = C.zero_new({ stage = STAGE, offload_optimizer = true, pin_memory = true, reduce_bucket_size = zc.reduce_bucket_size,
+  allgather_bucket_size = zc.allgather_bucket_size, persistence_threshold = zc.stage3_param_persistence_threshold,
+  max_live_parameters = zc.stage3_max_live_parameters }, params, wds)
 local idx = {}
 for i = 1, #params do idx[i] = i end
 io.write(("engine set-up %.0f ms\n"):format((C.now() - t0) * 1e3))

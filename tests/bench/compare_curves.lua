@@ -2,9 +2,11 @@
 -- checks them: per step the losses agree within TOL (relative), the eval perplexity after training
 -- is no worse than HF's, and the recipe's tokens/s is at least 90% of bench_llama.lua's.
 --   zrun tests/bench/compare_curves.lua ZRUN_METRICS_JSONL HF_JSON ZRUN_LOG BENCH_LOG
--- Why 2%: zrun trains DeepSpeed-style (bf16 weights, fp32 master and AdamW state), the HF Trainer
--- without DeepSpeed trains with AMP (fp32 weights, bf16 autocast): the same algorithm rounded in
--- different places, so the curves agree to bf16 noise, not bit for bit.
+-- Why 2%: against the HF Trainer + DeepSpeed (bf16 weights, fp32 master and AdamW, as zrun) the
+-- curves agree to 0.01% (RESULTS.md, session 5); the HF Trainer alone trains with AMP (fp32 weights,
+-- bf16 autocast), the same algorithm rounded in other places: its fp32 embeddings and norms take
+-- steps below a bf16 ulp that bf16 weights only take once the master has moved that far, so with a
+-- small learning rate (2e-5 on fresh weights) the curves part by up to ~5% for a few steps.
 local cjson = require "cjson"
 local TOL = 0.02
 local zpath, hpath, zlog, blog = arg[1], arg[2], arg[3], arg[4]
@@ -25,7 +27,7 @@ for _, r in ipairs(h.steps) do
     local d = math.abs(zr_.loss - r.loss) / math.abs(r.loss)
     worst, sum, n = math.max(worst, d), sum + d, n + 1
     print(fmt("%5d %10.4f %10.4f %7.2f%% %10.3f %10.3f %11.3e %11.3e", r.step, zr_.loss, r.loss, 100 * d,
-      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.lr or 0 / 0, r.lr or 0 / 0))
+      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.learning_rate or 0 / 0, r.lr or 0 / 0))
   end
 end
 local function verdict(ok) return ok and "PASS" or "FAIL" end
@@ -33,9 +35,9 @@ print(fmt("%s loss curves: %d steps compared, worst %.2f%%, mean %.2f%% (toleran
   verdict(n > 0 and worst <= TOL), n, 100 * worst, 100 * sum / math.max(n, 1), 100 * TOL))
 local zb, za = zev[1], zev[#zev]
 if zb and za and zb ~= za then
-  print(fmt("eval perplexity: zrun %.2f -> %.2f, hf %.2f -> %.2f", zb.perplexity or math.exp(zb.eval_loss),
-    za.perplexity or math.exp(za.eval_loss), h.perplexity_before, h.perplexity_after))
-  local zp = za.perplexity or math.exp(za.eval_loss)
+  print(fmt("eval perplexity: zrun %.2f -> %.2f, hf %.2f -> %.2f", zb.eval_perplexity or math.exp(zb.eval_loss),
+    za.eval_perplexity or math.exp(za.eval_loss), h.perplexity_before, h.perplexity_after))
+  local zp = za.eval_perplexity or math.exp(za.eval_loss)
   print(fmt("%s zrun's perplexity after training (%.2f) is no worse than HF's (%.2f) + 1%%", verdict(zp <= h.perplexity_after * 1.01),
     zp, h.perplexity_after))
 else
@@ -48,7 +50,7 @@ table.sort(tps)
 local rec = tps[math.max(1, math.floor((#tps + 1) / 2))] or 0
 local bench
 for line in io.lines(blog) do
-  local v = line:match("([%d%.]+) tokens/s") or line:match("tok/s[^%d]*([%d%.]+)")
+  local v = line:match("^tokens/s%s+([%d%.]+)")
   if v then bench = tonumber(v) end
 end
 print(fmt("tokens/s: recipe %.0f, bench_llama.lua (same shape) %s, HF Trainer %.0f", rec, tostring(bench), h.tokens_per_s))

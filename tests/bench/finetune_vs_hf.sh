@@ -1,23 +1,51 @@
 #!/bin/sh
 # Side by side on the GPU machine (issue 13's proof): a random-init Llama-3.2-1B-shaped model
-# written by transformers, fine-tuned on WikiText-2 for 50 steps with zrun's recipe (configs/
-# ds_config.json: bf16, ZeRO-2, micro-batch 4 x 512, 8 micro-batches, WarmupDecayLR) and with the
-# Hugging Face Trainer on the same token blocks in the same order with the same hyperparameters.
-# Prints both loss curves, the eval perplexity before/after and tokens/s, next to bench_llama.lua
-# at the same shape. Needs python3 + torch + transformers (tests/bench/hf_finetune.py).
+# written by transformers, fine-tuned on WikiText-2 for 50 steps with zrun's recipe (bf16, ZeRO-2,
+# micro-batch 4 x 512, 8 micro-batches) and with the Hugging Face Trainer (tests/bench/
+# hf_finetune.py) on the same token blocks in the same order (the recipe's dump_blocks) with the
+# same hyperparameters. Two runs: the shipped configs/ds_config.json (lr 2e-5, WarmupDecayLR =
+# HF's linear schedule, warmup 5%) and a from-scratch learning rate (3e-4, constant after 10% warmup,
+# a config with "auto" values). Prints both loss curves, the eval perplexity before/after and
+# tokens/s next to bench_llama.lua at the same shape (tests/bench/compare_curves.lua). Where
+# DeepSpeed is installed (DeepSpeed 0.19.8 carried as a wheel), the seed config also runs through
+# the HF Trainer + DeepSpeed (the same bf16 weights + fp32 master as zrun): the exact semantics.
+# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
-# Everything it writes goes under $WORK (default /tmp/finetune_vs_hf); the summary also to
-# $OUT/finetune_vs_hf.txt when $OUT is set.
-set -e
+# Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set.
 cfg=$1; tok=$2; data=$3; steps=${4:-50}
 Z=${ZRUN_BIN:-./zrun}
 W=${WORK:-/tmp/finetune_vs_hf}
+R=${OUT:-$W}
 rm -rf "$W"; mkdir -p "$W"
-python3 tests/bench/make_random_llama.py "$cfg" "$tok" "$W/model" 0
-# zrun: the recipe as a user runs it; dump_data writes the packed blocks and the order it trains on
-$Z recipes/finetune_llama.lua --config configs/ds_config.json model="$W/model" data="$data" max_steps=$steps \
-  logging_steps=1 output_dir="$W/zrun" dump_data="$W/data.json" 2>&1 | tee "$W/zrun.log"
-python3 tests/bench/hf_finetune.py "$W/model" "$W/data.json" "$W/hf.json" 2>&1 | grep -v Warning | tee "$W/hf.log"
-$Z tests/bench/bench_llama.lua stage=2 gas=8 steps=4 2>&1 | tee "$W/bench.log"
-$Z tests/bench/compare_curves.lua "$W/zrun/metrics.jsonl" "$W/hf.json" "$W/zrun.log" "$W/bench.log" |
-  tee "${OUT:-$W}/finetune_vs_hf.txt"
+python3 tests/bench/make_random_llama.py "$cfg" "$tok" "$W/model" 0 2>&1 | grep -v Writing
+$Z tests/bench/bench_llama.lua stage=2 gas=8 steps=4 > "$W/bench.log" 2>&1; grep "tokens/s" "$W/bench.log"
+cat > "$W/ds_auto.json" <<'J'
+{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "train_batch_size": "auto",
+ "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+ "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+ "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}}
+J
+hf() { # name blocks lr warmup sched [ds_config]
+  echo "### $1: Hugging Face Trainer${6:+ + DeepSpeed}"
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 \
+    python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" $6 > "$W/$1.hf.log" 2>&1
+  grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
+}
+run() { # name config hf_lr hf_warmup hf_sched [recipe args...]
+  name=$1; conf=$2; lr=$3; wr=$4; sched=$5; shift 5
+  echo "### $name: zrun recipe"
+  $Z recipes/finetune_llama.lua --config "$conf" model="$W/model" data="$data" max_steps=$steps logging_steps=1 \
+    eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
+    > "$W/$name.zrun.log" 2>&1
+  grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
+  if [ "$name" = seed_config_deepspeed ]; then hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf"
+  else hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched"; fi
+  $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" \
+    | tee "$R/$name.compare.txt"
+}
+want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
+want seed_config && run seed_config configs/ds_config.json 2e-5 0.05 linear
+want seed_config_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
+  run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear
+want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
+  lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8

@@ -32,5 +32,7 @@ for c in zero0 zero1 zero2 zero3 zero2_offload zero3_offload; do
   echo "### recipe with configs/$c.json"
   $Z recipes/finetune_llama.lua --config configs/$c.json max_steps=10 output_dir=/tmp/zrun_gpu_recipe 2>&1 | tail -2
 done
-[ -d hfcheck ] && { echo "### transformers loads zrun-saved directories"; python3 tests/golden/check_hf_save.py hfcheck; }
+echo "### transformers loads zrun-saved directories"
+$Z tests/golden/save_for_hf_check.lua hfcheck && python3 tests/golden/check_hf_save.py hfcheck
+echo "### TensorBoard reads zrun's monitor files"; python3 tests/bench/check_tensorboard.py
 } 2>&1 | tee "${OUT:-${TMPDIR:-/tmp}}/gpu_session.txt"

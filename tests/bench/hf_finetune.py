@@ -1,17 +1,25 @@
 """The Hugging Face side of tests/bench/finetune_vs_hf.sh: fine-tunes a model directory with the
 transformers Trainer (bf16 mixed precision: fp32 weights and AdamW, bf16 autocast) on exactly the
-token blocks zrun's recipe trained on, in zrun's order, with the same hyperparameters, and writes
-per-step loss / grad norm / lr and the eval loss before and after as JSON.
-    python3 tests/bench/hf_finetune.py MODEL_DIR DATA_JSON OUT_JSON
-DATA_JSON (written by the bench script): {"train": [[ids...]...], "eval": [[ids...]...],
-"order": [train row indices, 0-based, in the order zrun consumed them], "mbs", "gas", "lr",
-"warmup_steps", "max_steps", "max_grad_norm", "weight_decay", "betas", "eps"}."""
+token blocks zrun's recipe trained on, in zrun's order (the recipe's dump_blocks file), with the
+same hyperparameters, and writes per-step loss / grad norm / lr and the eval loss before and after
+as JSON.
+    python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER [DS_CONFIG]
+BLOCKS.safetensors (zrun's dump_blocks): train_input_ids (N, T), eval_input_ids (M, T), train_order
+(0-based rows in the order zrun read them, max_steps x micro-batch x accumulation); its metadata holds
+per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight decay 0, betas
+(0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
+SCHEDULER: linear (DeepSpeed's WarmupDecayLR to 0 at max_steps) or constant_with_warmup.
+DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
+weights with fp32 master as zrun does) instead of AMP; its optimizer runs as torch's AdamW
+(torch_adam: the same update without building DeepSpeed's fused kernel). Run under a launcher's
+environment: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511."""
 import json
 import math
 import sys
 import time
 
 import torch
+from safetensors import safe_open
 from torch.utils.data import Dataset, Sampler
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
@@ -64,31 +72,40 @@ class Record(TrainerCallback):
 
 
 def main():
-    model_dir, data_path, out_path = sys.argv[1:4]
-    d = json.load(open(data_path))
+    model_dir, blocks_path, out_path = sys.argv[1:4]
+    lr, warmup_ratio, sched = float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+    ds = None
+    if len(sys.argv) > 7:
+        ds = json.load(open(sys.argv[7]))
+        ds.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
+    with safe_open(blocks_path, "pt") as f:
+        meta = f.metadata()
+        train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
+    mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
     args = TrainingArguments(
-        output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=d["mbs"], per_device_eval_batch_size=d["mbs"],
-        gradient_accumulation_steps=d["gas"], learning_rate=d["lr"], weight_decay=d["weight_decay"],
-        adam_beta1=d["betas"][0], adam_beta2=d["betas"][1], adam_epsilon=d["eps"], max_grad_norm=d["max_grad_norm"],
-        max_steps=d["max_steps"], warmup_steps=d["warmup_steps"], lr_scheduler_type="linear", bf16=True,
-        logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
-        seed=42, disable_tqdm=True)
+        output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=mbs,
+        gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
+        adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
+        bf16=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
+        seed=42, disable_tqdm=True, deepspeed=ds)
     rec = Record()
-    InOrder.order = d["order"]
-    tr = InOrder(model=model, args=args, train_dataset=Blocks(d["train"]), eval_dataset=Blocks(d["eval"]), callbacks=[rec])
-    before = tr.evaluate()["eval_loss"]
+    InOrder.order = order.tolist()
+    tr = InOrder(model=model, args=args, train_dataset=Blocks(train.tolist()), eval_dataset=Blocks(evals.tolist()),
+                 callbacks=[rec])
+    # (HF + DeepSpeed below stage 3 cannot evaluate before training starts the engine)
+    before = float("nan") if ds else tr.evaluate()["eval_loss"]
     t0 = time.time()
     tr.train()
     torch.cuda.synchronize()
     secs = time.time() - t0
     after = tr.evaluate()["eval_loss"]
-    tokens = d["max_steps"] * d["mbs"] * d["gas"] * len(d["train"][0])
+    tokens = steps * mbs * gas * train.shape[1]
     res = {"steps": rec.steps, "eval_loss_before": before, "eval_loss_after": after,
            "perplexity_before": math.exp(before), "perplexity_after": math.exp(after),
            "train_seconds": secs, "tokens_per_s": tokens / secs}
     json.dump(res, open(out_path, "w"))
-    print(f"hf: eval loss {before:.4f} -> {after:.4f} (perplexity {math.exp(before):.1f} -> {math.exp(after):.1f}), "
+    print(f"hf: eval loss {before:.4f} -> {after:.4f} (perplexity {math.exp(before):.2f} -> {math.exp(after):.2f}), "
           f"{tokens / secs:.0f} tokens/s over {secs:.1f} s")
 
 

@@ -61,11 +61,16 @@ T.test("save writes DeepSpeed's layout with metadata that describes the partitio
   T.eq(read(path("a/latest")), "global_step2", "latest")
   local tdir = path("a/global_step2")
   for _, f in ipairs({ "mp_rank_00_model_states.safetensors", "mp_rank_00_model_states.json",
-      "zero_pp_rank_0_mp_rank_00_optim_states.safetensors" }) do
+      "zero_pp_rank_0_mp_rank_00_optim_states.safetensors", "zrun_manifest.json" }) do
     T.eq(zr.path_type(tdir .. "/" .. f), "file", f)
   end
-  -- no temporary files left behind
-  T.eq(#zr.listdir(tdir), 3, "files in the tag directory")
+  -- no temporary files or folders left behind
+  T.eq(#zr.listdir(tdir), 4, "files in the tag directory")
+  T.eq(table.concat(zr.listdir(path("a")), ","), "global_step2,latest", "the checkpoint directory")
+  local man = cjson.decode(read(tdir .. "/zrun_manifest.json"))
+  T.eq(man.files["zero_pp_rank_0_mp_rank_00_optim_states.safetensors"],
+    #read(tdir .. "/zero_pp_rank_0_mp_rank_00_optim_states.safetensors"), "manifest: optimizer file size")
+  T.eq(man.tag, "global_step2", "manifest: tag")
   -- model states: HF names, training dtype, equal to the parameters
   local sd = zr.load_safetensors(tdir .. "/mp_rank_00_model_states.safetensors")
   local n = 0
@@ -147,9 +152,9 @@ T.test("a crash mid-save leaves the previous checkpoint the one that loads", fun
   e2:load_checkpoint(path("c"))
   T.eq(e2.global_steps, 2, "loaded global_steps")
   for n, p in m2:named_parameters() do T.near(p, saved[n], 0, 0, n) end
-  -- the partial tag named explicitly: an error naming the file
+  -- the partial tag named explicitly: refused, naming the folder and what is missing
   T.raises(function() e2:load_checkpoint(path("c"), "global_step3") end,
-    "c/global_step3/zero_pp_rank_0_mp_rank_00_optim_states.safetensors")
+    "c/global_step3: not a complete checkpoint: zrun_manifest.json is missing")
 end)
 
 T.test("bad input: clear errors naming the file and the problem", function()
@@ -163,21 +168,25 @@ T.test("bad input: clear errors naming the file and the problem", function()
   T.raises(function() e:load_checkpoint(path("d2")) end, "only_a_tag")
   show(T.raises(function() e:load_checkpoint(path("d"), "t9") end, "no checkpoint 't9' in " .. path("d")))
   T.raises(function() e:load_checkpoint(path("d"), "t9") end, "tags there: t1")
-  -- missing optimizer file
-  zr.makedirs(path("d/t2"))
+  -- missing optimizer file (a copy of t1 without it)
+  os.execute(string.format("cp -r '%s' '%s'", path("d/t1"), path("d/t2")))
+  os.remove(path("d/t2/zero_pp_rank_0_mp_rank_00_optim_states.safetensors"))
   show(T.raises(function() e:load_checkpoint(path("d"), "t2") end,
-    path("d/t2/zero_pp_rank_0_mp_rank_00_optim_states.safetensors") .. ": missing"))
+    path("d/t2/zero_pp_rank_0_mp_rank_00_optim_states.safetensors") .. ": missing, but zrun_manifest.json lists it"))
   -- truncated optimizer file
   local f = path("d/t1/zero_pp_rank_0_mp_rank_00_optim_states.safetensors")
   local good = read(f)
-  zr.makedirs(path("d/t3"))
+  os.execute(string.format("cp -r '%s' '%s'", path("d/t1"), path("d/t3")))
   local f3 = path("d/t3/zero_pp_rank_0_mp_rank_00_optim_states.safetensors")
   write(f3, good:sub(1, #good - 1000))
   local before = e.zero:state(0):clone()
-  show(T.raises(function() e:load_checkpoint(path("d"), "t3") end, f3))
+  show(T.raises(function() e:load_checkpoint(path("d"), "t3") end, f3 .. ": " .. (#good - 1000) .. " bytes, but"))
   T.near(e.zero:state(0), before, 0, 0, "a failed load leaves the master weights alone")
-  -- a file that is not a checkpoint
+  -- a file that is not a checkpoint (the manifest updated to its size)
   zr.save_safetensors(f3, { master = zr.zeros({ 3 }) })
+  local man = read(path("d/t3/zrun_manifest.json"))
+  write(path("d/t3/zrun_manifest.json"), (man:gsub('("zero_pp_rank_0_mp_rank_00_optim_states.safetensors": )%d+',
+    "%1" .. #read(f3))))
   show(T.raises(function() e:load_checkpoint(path("d"), "t3") end, "not a zrun ZeRO optimizer-state file"))
   -- a checkpoint of another model: other shapes and names
   local c2 = {}

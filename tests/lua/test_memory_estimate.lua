@@ -158,4 +158,35 @@ T.test("zrun estimate: arguments and errors", function()
     "ZeRO-3 row (P*18*0.5*1.5 = 16,683,494,400 B = 15.54 GiB; 4*262,668,288 = 0.98 GiB):\n" .. out)
 end)
 
+T.test("zrun estimate prints Python's digits: an exact tie rounds to even", function()
+  -- offload row: gpu = 2 * P = 1.125 GiB exactly, which DeepSpeed (Python) prints as 1.12
+  local P = 603979776
+  local r = E.estimate_zero2("x", { total_params = P, quiet = true })
+  T.eq(r.rows[1].gpu / 2 ^ 30, 1.125)
+  T.eq(r.text:find("   13.50GB |   1.12GB | offload_optimizer=cpu ", 1, true) ~= nil, true, r.text)
+end)
+
+T.test("zrun estimate path/to/file.json reads that file, not its folder's config.json", function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p " .. dir)
+  local function write(name, t)
+    local f = io.open(dir .. "/" .. name, "w")
+    f:write(require("cjson").encode(t))
+    f:close()
+  end
+  local base = { model_type = "llama", hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2,
+    num_attention_heads = 4, vocab_size = 100, tie_word_embeddings = true }
+  write("config.json", base)
+  local other = {}
+  for k, v in pairs(base) do other[k] = v end
+  other.num_hidden_layers = 5
+  write("other.json", other)
+  local n_dir = E.count(dir .. "/config.json")
+  local n_other = E.count(dir .. "/other.json")
+  os.execute("rm -rf " .. dir)
+  T.eq(n_other > n_dir, true, ("other.json has more layers: %d vs %d"):format(n_other, n_dir))
+  T.eq(n_other, E.count(other))
+end)
+
 T.done()

@@ -61,7 +61,9 @@ local function trainer()
     data_collator = D.causal_lm_collator({ pad_token_id = 0 }),
     args = { output_dir = out, per_device_train_batch_size = MB, gradient_accumulation_steps = GAS,
       learning_rate = LR, weight_decay = 0.0, max_grad_norm = 1.0, bf16 = true, max_steps = STEPS,
-      logging_steps = 1, seed = 42, deepspeed = ds_config() } })
+      logging_steps = 1, seed = 42, deepspeed = ds_config(),
+      -- the config has no scheduler, so HF's Trainer would add its linear decay; the direct run has none
+      lr_scheduler_type = "constant" } })
   t:train()
   local losses = {}
   for line in io.lines(out .. "/metrics.jsonl") do

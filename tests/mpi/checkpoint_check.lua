@@ -11,6 +11,11 @@
 --                                   compare losses with WORK/full_<SRC>.txt: bitwise and the final
 --                                   state too when EXACT=1 (same world size and stage), else within
 --                                   2e-5 (fp32, other reduction order; see zero_check.lua)
+--   twice  STAGE GAS WORK           saves into the same tag after steps 3 and 6: the tag then holds
+--                                   step 6 whole (every rank's file, the manifest, no leftovers),
+--                                   and loading it after a 7th step restores step 6's state bitwise,
+--                                   also when the save was killed before its folder was renamed in
+--                                   (rank 0's cleanup finishes the switch before any rank reads)
 --   badload STAGE GAS WORK SRC PAT  loading a damaged checkpoint fails on every rank (no hang)
 --   fp32   OUT SRC WORK             (one process) zero-to-fp32 output OUT equals WORK/ref_<SRC>'s
 --                                   master weights bitwise; so do load_state_dict_from_zero_checkpoint
@@ -240,6 +245,39 @@ elseif mode == "resume" then
       compare_state(final, want, "final")
     end)
   end
+elseif mode == "twice" then
+  local dir = work .. "/twice_" .. tagname
+  train(1, 3)
+  engine:save_checkpoint(dir, "ck")
+  train(4, 6)
+  engine:save_checkpoint(dir, "ck")
+  local want = gather_state(engine)
+  train(7, 7)
+  if r == 0 then -- as if killed between writing the manifest and renaming the folder in
+    local p = io.popen("sh -c 'echo $$'")
+    local dead = p:read("*n")
+    p:close()
+    local id = require("zrun.checkpoint_store").new_id():gsub("%-%d+%-(%d+)$", "-" .. dead .. "-%1")
+    assert(os.rename(dir .. "/ck", dir .. "/ck.tmp." .. id))
+  end
+  dist.barrier()
+  engine:load_checkpoint(dir)
+  local got = gather_state(engine)
+  run("saved twice into one tag " .. tagname .. ": the tag holds the second save whole", function()
+    T.eq(engine.global_steps, 6, "global_steps after loading")
+    compare_state(got, want, "restored")
+    T.eq(table.concat(zr.listdir(dir), ","), "ck,latest", "the checkpoint directory (no leftovers)")
+    local names = zr.listdir(dir .. "/ck")
+    T.eq(#names, 3 + W, "files in the tag folder: " .. table.concat(names, ","))
+    local man = require("cjson").decode(io.open(dir .. "/ck/zrun_manifest.json"):read("*a"))
+    T.eq(man.global_steps, 6, "manifest global_steps")
+    for k = 0, W - 1 do
+      local _, md = zr.safetensors_info(("%s/ck/zero_pp_rank_%d_mp_rank_00_optim_states.safetensors"):format(dir, k))
+      local st = require("cjson").decode(md.zrun_state)
+      T.eq(st.global_steps, 6, "rank " .. k .. "'s file global_steps")
+      T.eq(st.save_id, man.save_id, "rank " .. k .. "'s file save id")
+    end
+  end)
 elseif mode == "badload" then
   -- WORK/ckpt_<SRC> has a damaged file for one rank: every rank must stop with an error (none
   -- left waiting in a collective), rank 0's naming the rank that failed and its message.

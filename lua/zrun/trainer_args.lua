@@ -1,0 +1,132 @@
+-- The Trainer's arguments: Hugging Face TrainingArguments' names, defaults and checks. Every key
+-- is either implemented, listed as having no effect here (a warning naming it), or refused with
+-- one line naming it; nothing is silently ignored. Not here: the training loop (trainer.lua).
+local config = require "zrun.config"
+
+local M = {}
+local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, math.floor, math.ceil
+
+-- Implemented keys and TrainingArguments' defaults (nil: no default; false where HF has False).
+M.DEFAULTS = {
+  output_dir = "output", per_device_train_batch_size = 8, per_device_eval_batch_size = 8,
+  gradient_accumulation_steps = 1, learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9,
+  adam_beta2 = 0.999, adam_epsilon = 1e-8, max_grad_norm = 1.0, num_train_epochs = 3, max_steps = -1,
+  warmup_steps = 0, warmup_ratio = 0.0, lr_scheduler_type = "linear",
+  logging_strategy = "steps", logging_steps = 500, logging_first_step = false,
+  save_strategy = "steps", save_steps = 500, save_total_limit = false,
+  eval_strategy = "no", eval_steps = false,
+  metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
+  resume_from_checkpoint = false,
+  seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
+}
+
+-- Keys that change nothing in zrun (logging integrations, worker processes): accepted with a warning.
+M.NO_EFFECT = {
+  report_to = "zrun writes metrics.jsonl in output_dir; there are no reporting integrations",
+  run_name = "used only by reporting integrations", disable_tqdm = "zrun prints one line per logging step",
+  logging_dir = "metrics go to output_dir/metrics.jsonl", dataloader_num_workers = "batches are built in-process",
+  dataloader_pin_memory = "batches are built in-process", remove_unused_columns = "the collator reads input_ids/labels only",
+  overwrite_output_dir = "checkpoints are written to new checkpoint-<step> folders", do_train = "a script flag",
+  do_eval = "a script flag", save_safetensors = "zrun always writes safetensors",
+}
+
+M.RENAMED = { evaluation_strategy = "eval_strategy" }
+
+local STRATEGIES = { no = true, steps = true, epoch = true }
+M.SCHEDULERS = { linear = "WarmupDecayLR", cosine = "WarmupCosineLR", constant = "WarmupLR",
+  constant_with_warmup = "WarmupLR" }
+
+local function sorted_keys(t)
+  local out = {}
+  for k in pairs(t) do out[#out + 1] = k end
+  sort(out)
+  return out
+end
+
+local function bad(msg, ...) error("TrainingArguments: " .. fmt(msg, ...), 0) end
+
+local function check_int(a, k, min)
+  local v = a[k]
+  if type(v) ~= "number" or v ~= floor(v) or v < min then
+    bad("%s must be an integer >= %d, got %s", k, min, tostring(v))
+  end
+end
+
+-- A *_steps value below 1 is a fraction of the total steps (HF's rule), at least 1.
+function M.interval(v, total)
+  if v < 1 then return math.max(1, ceil(v * total)) end
+  return floor(v)
+end
+
+-- Returns the arguments with defaults filled, after checking every key and value. `given` keeps
+-- only what the caller set (the DeepSpeed config compares those with its own values). quiet: no
+-- warnings (a script checking its arguments early, before the Trainer checks them again).
+function M.resolve(user, quiet)
+  user = user or {}
+  if type(user) ~= "table" then bad("expected a table of arguments, got %s", type(user)) end
+  local a, given = {}, {}
+  for k, v in pairs(M.DEFAULTS) do a[k] = v end
+  local known = sorted_keys(M.DEFAULTS)
+  for _, k in ipairs(sorted_keys(user)) do
+    local v = user[k]
+    if type(k) ~= "string" then bad("argument names are strings, got %s", tostring(k)) end
+    if M.RENAMED[k] then
+      bad("'%s' was renamed '%s' in transformers; use %s = %s", k, M.RENAMED[k], M.RENAMED[k], tostring(v))
+    elseif M.NO_EFFECT[k] then
+      if k == "save_safetensors" and v == false then bad("save_safetensors = false: zrun writes safetensors only") end
+      if not quiet then require("zrun.dist").print0(fmt("[zrun] Trainer: %s has no effect in zrun (%s)", k, M.NO_EFFECT[k])) end
+    elseif M.DEFAULTS[k] == nil then
+      local s = config.suggest(k, known)
+      bad("'%s' is not supported by zrun's Trainer%s (supported: %s)", k, s and fmt("; did you mean '%s'?", s) or "",
+        concat(known, ", "))
+    else
+      a[k], given[k] = v, v
+    end
+  end
+  for _, k in ipairs { "logging_strategy", "save_strategy", "eval_strategy" } do
+    if not STRATEGIES[a[k]] then bad("%s must be \"no\", \"steps\" or \"epoch\", got %s", k, config.show(a[k])) end
+  end
+  if not M.SCHEDULERS[a.lr_scheduler_type] then
+    bad("lr_scheduler_type must be one of %s, got %s", concat(sorted_keys(M.SCHEDULERS), ", "), config.show(a.lr_scheduler_type))
+  end
+  for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
+    check_int(a, k, 1)
+  end
+  check_int(a, "seed", 0)
+  if a.data_seed then check_int(a, "data_seed", 0) end
+  if a.save_total_limit then check_int(a, "save_total_limit", 1) end
+  for _, k in ipairs { "logging_steps", "save_steps", "eval_steps" } do
+    local v = a[k]
+    if v and (type(v) ~= "number" or v <= 0 or (v > 1 and v ~= floor(v))) then
+      bad("%s must be a positive integer (or a fraction < 1 of the total steps), got %s", k, tostring(v))
+    end
+  end
+  if type(a.max_steps) ~= "number" or a.max_steps ~= floor(a.max_steps) then
+    bad("max_steps must be an integer (-1: use num_train_epochs), got %s", tostring(a.max_steps))
+  end
+  if type(a.num_train_epochs) ~= "number" or a.num_train_epochs <= 0 then
+    bad("num_train_epochs must be a positive number, got %s", tostring(a.num_train_epochs))
+  end
+  if a.eval_strategy == "steps" and not a.eval_steps then a.eval_steps = a.logging_steps end -- HF's rule
+  if a.load_best_model_at_end then -- HF's checks and its default metric
+    if a.eval_strategy ~= a.save_strategy then
+      bad("load_best_model_at_end needs save_strategy and eval_strategy to match, got %s and %s",
+        config.show(a.save_strategy), config.show(a.eval_strategy))
+    end
+    if a.save_strategy == "steps" and a.eval_steps and a.save_steps % a.eval_steps ~= 0 then
+      bad("load_best_model_at_end needs save_steps to be a multiple of eval_steps, got %s and %s", tostring(a.save_steps),
+        tostring(a.eval_steps))
+    end
+    if not a.metric_for_best_model then a.metric_for_best_model = "loss" end
+  end
+  if a.metric_for_best_model then
+    local m = a.metric_for_best_model
+    if type(m) ~= "string" then bad("metric_for_best_model must be a metric name like \"loss\", got %s", tostring(m)) end
+    if m:sub(1, 5) ~= "eval_" then a.metric_for_best_model = "eval_" .. m end
+    if given.greater_is_better == nil then a.greater_is_better = not m:match("loss$") end
+    if a.eval_strategy == "no" then bad("metric_for_best_model = %s needs evaluation: set eval_strategy", config.show(m)) end
+  end
+  return a, given
+end
+
+return M

@@ -1,0 +1,90 @@
+-- What a user sees when a subcommand or an API call is misused: `zrun estimate`, `plan` and
+-- `zero-to-fp32` print one line (the Lua traceback only with ZRUN_DEBUG=1) and exit 1; unknown
+-- options are called unknown; tokenizer methods and save_checkpoint name themselves and the fix.
+local zr = require "zrun"
+local T = zr.testing
+local fmt = string.format
+
+local ZRUN = os.getenv("ZRUN_BIN") or arg[-1]
+local root = os.tmpname()
+os.remove(root)
+zr.makedirs(root)
+
+-- Runs `zrun ARGS`; returns its stderr+stdout and exit status.
+local function run(args, env)
+  local out = root .. "/out.txt"
+  local rc = os.execute(fmt("%s '%s' %s >'%s' 2>&1", env or "", ZRUN, args, out))
+  local f = assert(io.open(out, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s, rc
+end
+local function one_line(args, want)
+  local s, rc = run(args)
+  T.eq(rc ~= 0, true, args .. ": exit status")
+  local first = s:match("^[^\n]*")
+  T.eq(first:find(want, 1, true) ~= nil, true, fmt("zrun %s: '%s' does not contain '%s'", args, first, want))
+  T.eq(s:find("traceback", 1, true), nil, "zrun " .. args .. ": no traceback in: " .. s)
+  T.eq(first:find("%.lua:%d"), nil, "zrun " .. args .. ": no internal position in: " .. first)
+  return s
+end
+
+T.test("estimate, plan, zero-to-fp32: one line, no traceback (ZRUN_DEBUG=1 shows it)", function()
+  local s = one_line("estimate nosuchmodel/xyz", "zrun: no model found for 'nosuchmodel/xyz'")
+  T.eq(select(2, s:gsub("\n", "")), 1, "one line: " .. s)
+  s = one_line("plan nosuchmodel/xyz", "zrun: no model found for 'nosuchmodel/xyz'")
+  T.eq(select(2, s:gsub("\n", "")), 1, "one line: " .. s)
+  s = one_line(fmt("zero-to-fp32 '%s/none' '%s/o.safetensors'", root, root), "checkpoint directory " .. root .. "/none does not exist")
+  T.eq(select(2, s:gsub("\n", "")), 1, "one line: " .. s)
+  zr.makedirs(root .. "/ck/t")
+  one_line(fmt("zero-to-fp32 --tag t '%s/ck' '%s/o.safetensors'", root, root), root .. "/ck/t: not a complete checkpoint")
+  local dbg = run("plan nosuchmodel/xyz", "ZRUN_DEBUG=1")
+  T.eq(dbg:find("stack traceback", 1, true) ~= nil, true, "ZRUN_DEBUG=1 shows the traceback: " .. dbg)
+end)
+
+T.test("unknown options are called unknown, before any value is looked for", function()
+  one_line("estimate gpt2 --bogus-flag", "zrun: estimate: unknown option --bogus-flag")
+  one_line("estimate --bogus-flag gpt2", "zrun: estimate: unknown option --bogus-flag")
+  one_line("plan gpt2 --bogus-flag", "zrun: plan: unknown option --bogus-flag")
+  one_line("plan gpt2 -x", "zrun: plan: unknown option -x")
+  one_line("plan gpt2 --micro-batch", "zrun: plan: --micro-batch needs a value")
+  one_line("zero-to-fp32 --bogus-flag", "zrun: zero-to-fp32: unknown option '--bogus-flag'")
+  local s = run("estimate zrun/tiny-llama --stage=3")
+  T.eq(s:find("ZeRO-3", 1, true) ~= nil, true, "--key=value still works: " .. s)
+end)
+
+T.test("tokenizer methods name themselves and what they take", function()
+  local f = assert(io.open(root .. "/tokenizer.json", "wb"))
+  f:write('{"version":"1.0","added_tokens":[],"normalizer":null,"pre_tokenizer":{"type":"ByteLevel",'
+    .. '"add_prefix_space":false,"trim_offsets":true,"use_regex":true},"post_processor":null,'
+    .. '"decoder":{"type":"ByteLevel"},"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]}}')
+  f:close()
+  local tok = zr.tokenizers.load(root)
+  T.eq(table.concat(tok:encode("ab"), ","), "0,1", "encode")
+  T.raises(function() tok:encode(nil) end, "tok:encode(text [, add_special_tokens [, max_length]]): text must be a string, got nil")
+  T.raises(function() tok.encode("ab") end, "tokenizer method called on a string instead of a tokenizer (call methods with a colon")
+  T.raises(function() tok:token_to_id() end, "tok:token_to_id(token): token must be a string, got no value")
+  T.raises(function() tok:id_to_token("a") end, "tok:id_to_token(id): id must be an integer, got string")
+end)
+
+T.test("save_checkpoint errors: one line naming the checkpoint, from a script too", function()
+  local f = assert(io.open(root .. "/afile", "wb"))
+  f:write("x")
+  f:close()
+  local script = root .. "/save.lua"
+  f = assert(io.open(script, "wb"))
+  f:write(fmt([[
+local zr = require "zrun"
+local e = zr.initialize({ model = zr.nn.Linear(3, 2), config = { train_micro_batch_size_per_gpu = 1,
+  optimizer = { type = "AdamW", params = { lr = 1e-3 } } } })
+e:save_checkpoint(arg[1], arg[2])
+]]))
+  f:close()
+  one_line(fmt("'%s' '%s/afile' t", script, root), "zrun: save_checkpoint " .. root .. "/afile/t: cannot create directory "
+    .. root .. "/afile: a file of that name is in the way")
+  one_line(fmt("'%s' '%s/ok' latest", script, root), "zrun: save_checkpoint: tag 'latest' cannot name a directory")
+  one_line(fmt("'%s' ''", script), "zrun: save_checkpoint: expected a directory path, got ''")
+end)
+
+os.execute("rm -rf '" .. root .. "'")
+T.done()

@@ -1,0 +1,282 @@
+-- The Trainer against what Hugging Face's Trainer does: argument checks, parameter groups for
+-- weight decay (by module class), the causal-LM collator (DataCollatorForLanguageModeling), token-
+-- weighted evaluation, HF's lr schedules, the save/eval/log strategies and metrics.jsonl, and
+-- save_model's Hugging Face directory (at ZeRO stage 3 too). Resume: test_trainer_resume.lua.
+local zr = require "zrun"
+local T = zr.testing
+local nn = zr.nn
+local cjson = require "cjson"
+local tckpt = require "zrun.trainer_checkpoint"
+
+local tmp = os.tmpname()
+os.remove(tmp)
+local function sh(c) assert(os.execute(c) == 0, c) end
+sh("mkdir -p " .. tmp)
+
+local tok = zr.tokenizers.ByteTokenizer.new()
+local f = assert(io.open("recipes/data/sample.txt"))
+local text = f:read("*a")
+f:close()
+local lines = {}
+for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
+local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(32)
+local train_ds, eval_ds = blocks:select(1, 64), blocks:select(65, #blocks.rows)
+
+local cfg = zr.models.llama.config("zrun/tiny-llama")
+local function model()
+  zr.manual_seed(3)
+  return zr.models.llama.LlamaForCausalLM(cfg)
+end
+
+local function read_jsonl(p)
+  local out = {}
+  for line in io.lines(p) do out[#out + 1] = cjson.decode(line) end
+  return out
+end
+
+T.test("TrainingArguments: misspelled values and keys are one line naming what is allowed", function()
+  local function new(a) return zr.Trainer { model = model(), train_dataset = train_ds, args = a } end
+  T.raises(function() new { save_strategy = "step" } end,
+    'TrainingArguments: save_strategy must be "no", "steps" or "epoch", got "step"')
+  T.raises(function() new { eval_strategy = "epochs" } end, 'eval_strategy must be "no", "steps" or "epoch"')
+  T.raises(function() new { learning_rte = 1e-3 } end, "'learning_rte' is not supported by zrun's Trainer; did you mean 'learning_rate'?")
+  T.raises(function() new { optim = "adafactor" } end, "'optim' is not supported by zrun's Trainer")
+  T.raises(function() new { load_best_model_at_end = true } end,
+    'load_best_model_at_end needs save_strategy and eval_strategy to match, got "steps" and "no"')
+  T.raises(function() new { evaluation_strategy = "steps" } end, "'evaluation_strategy' was renamed 'eval_strategy'")
+  T.raises(function() new { eval_strategy = "steps" } end, 'eval_strategy = "steps" needs an eval_dataset')
+  T.raises(function() new { lr_scheduler_type = "cosine_with_restarts" } end, "lr_scheduler_type must be one of constant, constant_with_warmup, cosine, linear")
+  T.raises(function() new { save_total_limit = 0 } end, "save_total_limit must be an integer >= 1, got 0")
+  T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
+  T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
+    args = { report_to = "none", eval_steps = 0.5, eval_strategy = "steps", max_steps = 10 } }
+  t:setup()
+  T.eq(t.state.eval_steps, 5, "a fraction < 1 is a share of the total steps")
+end)
+
+T.test("weight decay groups follow HF: no decay for biases and norm layers (by class, not by name)", function()
+  local Block = nn.Module:extend("Block")
+  function Block:__init()
+    self.proj = nn.Linear(4, 4)                 -- weight decays, bias not
+    self.ln_x = nn.LayerNorm(4)                 -- a norm whatever its name: weight and bias
+    self.normalizer = nn.Linear(4, 4, { bias = false }) -- "norm" in the name, but a Linear: decays
+    self.rms = nn.RMSNorm(4)
+  end
+  local MyNorm = nn.RMSNorm:extend("MyNorm")   -- a subclass of a norm is a norm
+  local m = nn.Sequential(Block(), MyNorm(4))
+  local names = {}
+  for n, p in m:named_parameters() do names[p] = n end
+  local groups = zr.Trainer.param_groups(m, 0.1)
+  local function list(g)
+    local out = {}
+    for _, p in ipairs(g.params) do out[#out + 1] = names[p] end
+    table.sort(out)
+    return table.concat(out, " ")
+  end
+  T.eq(#groups, 2)
+  T.eq(groups[1].weight_decay, 0.1)
+  T.eq(list(groups[1]), "0.normalizer.weight 0.proj.weight")
+  T.eq(groups[2].weight_decay, 0)
+  T.eq(list(groups[2]), "0.ln_x.bias 0.ln_x.weight 0.proj.bias 0.rms.weight 1.weight")
+  -- Llama: every RMSNorm weight is in the no-decay group, every projection in the decay group
+  local lg = zr.Trainer.param_groups(model(), 0.1)
+  local n_norm = 0
+  for _, p in ipairs(lg[2].params) do
+    T.eq(p:dim(), 1)
+    n_norm = n_norm + 1
+  end
+  T.eq(n_norm, 2 * cfg.num_hidden_layers + 1)
+  -- GPT-2: HF's no-decay set is every bias and every LayerNorm weight; embeddings and Conv1D weights decay
+  local g2 = zr.models.gpt2.GPT2LMHeadModel({ vocab_size = 50, n_positions = 16, n_embd = 8, n_layer = 2, n_head = 2 })
+  local gn = {}
+  for n, p in g2:named_parameters() do gn[p] = n end
+  for _, p in ipairs(zr.Trainer.param_groups(g2, 0.1)[2].params) do
+    assert(gn[p]:match("bias$") or gn[p]:match("ln_[12f]%.weight$"), gn[p] .. " is not decayed")
+  end
+  for _, p in ipairs(zr.Trainer.param_groups(g2, 0.1)[1].params) do
+    assert(gn[p]:match("weight$") and not gn[p]:match("ln_"), gn[p] .. " is decayed")
+  end
+  T.eq(#zr.Trainer.param_groups(g2, 0.1)[2].params, 2 * (4 + 4) + 2, "4 Conv1D biases and 2 LayerNorms per block, ln_f")
+  -- and the engine applies it so: one AdamW step with weight_decay 10 at lr 1e-3 shrinks a decayed
+  -- weight by 1% but moves a norm weight (1.0) only by Adam's step (about lr)
+  local m = model()
+  local norm_before = m.model.norm.weight:clone()
+  local emb_before = m.model.embed_tokens.weight:clone()
+  zr.Trainer { model = m, train_dataset = train_ds, args = { output_dir = tmp .. "/wd", per_device_train_batch_size = 8,
+    max_steps = 1, learning_rate = 1e-3, weight_decay = 10, save_strategy = "no" } }:train()
+  local dn = (m.model.norm.weight - norm_before):abs():max():item()
+  assert(dn > 0 and dn < 2e-3, "norm weight moved by " .. dn .. " (decayed?)")
+  local ratio = (m.model.embed_tokens.weight:narrow(1, 200, 50):abs():sum():item()) /
+    (emb_before:narrow(1, 200, 50):abs():sum():item()) -- ids 199..248 = bytes 196..245: not in the ASCII text, no gradient, decay only
+  T.near(ratio, 0.99, 1e-4, 0, "embedding rows without gradient shrink by lr x weight_decay")
+end)
+
+T.test("collator = DataCollatorForLanguageModeling(mlm=False): labels are ids, every pad id -100", function()
+  local D = zr.datasets
+  -- pad == eos (GPT-2/Llama scripts): HF masks every position holding the pad id, eos included
+  local col = D.causal_lm_collator({ pad_token_id = 2 })
+  local b = col({ { input_ids = { 1, 5, 2 } }, { input_ids = { 1, 6, 7, 2, 8 } } })
+  T.near(b.input_ids, { 1, 5, 2, 2, 2, 1, 6, 7, 2, 8 })
+  T.near(b.attention_mask, { 1, 1, 1, 0, 0, 1, 1, 1, 1, 1 })
+  T.near(b.labels, { 1, 5, -100, -100, -100, 1, 6, 7, -100, 8 })
+  -- packed rows carry labels (group_texts) and keep them, as HF's default_data_collator does
+  local p = col({ { input_ids = { 2, 3 }, labels = { 2, 3 } } })
+  T.near(p.labels, { 2, 3 })
+  -- no pad id: equal rows need none, unequal ones are refused in one line
+  local nopad = D.causal_lm_collator()
+  T.near(nopad({ { input_ids = { 0, 4 } }, { input_ids = { 5, 0 } } }).labels, { 0, 4, 5, 0 })
+  T.raises(function() nopad({ { input_ids = { 1 } }, { input_ids = { 1, 2 } } }) end,
+    "collator: rows of 1 and 2 tokens need padding but there is no pad_token_id")
+end)
+
+T.test("evaluate weights every predicted token equally (uneven rows, padding, partial batches)", function()
+  local m = model()
+  local rows = {}
+  for i = 1, 7 do rows[i] = { input_ids = tok:encode(text:sub(i * 50, i * 50 + 4 + 3 * i)) } end
+  local ds = zr.datasets.Dataset.from_rows(rows)
+  -- the reference: each row alone, its mean loss times its predicted tokens
+  local sum, count = 0, 0
+  zr.no_grad(function()
+    for _, r in ipairs(rows) do
+      local ids = zr.tensor({ r.input_ids }, { dtype = "i64" })
+      local n = #r.input_ids - 1
+      sum, count = sum + m(ids, ids).loss:item() * n, count + n
+    end
+  end)
+  local t = zr.Trainer { model = m, eval_dataset = ds, processing_class = tok,
+    args = { output_dir = tmp .. "/eval", per_device_eval_batch_size = 3 } }
+  local r = t:evaluate()
+  T.eq(r.eval_tokens, count)
+  T.near(r.eval_loss, sum / count, 1e-6, 1e-6, "eval_loss")
+  T.near(r.eval_perplexity, math.exp(sum / count), 0, 1e-6, "perplexity")
+  -- a plain mean of batch means would differ: the batches have different token counts
+  local plain = 0
+  zr.no_grad(function()
+    for b = 1, 7, 3 do
+      local batch = t.collator({ rows[b], rows[b + 1], rows[b + 2] })
+      plain = plain + m(batch.input_ids, batch.labels).loss:item() / 3
+    end
+  end)
+  assert(math.abs(plain - r.eval_loss) > 1e-4, "test data too uniform to tell the weighting apart")
+end)
+
+T.test("HF lr schedules: the first step at full lr without warmup, linear/cosine decay to 0", function()
+  local S = require "zrun.schedulers"
+  local function lrs(name, warm, total)
+    local opt = { param_groups = { { lr = 1.0 } } }
+    local s = S.hf(name, opt, { num_warmup_steps = warm, num_training_steps = total })
+    local out = { opt.param_groups[1].lr }
+    for _ = 1, total - 1 do s:step(); out[#out + 1] = opt.param_groups[1].lr end
+    return out
+  end
+  T.near(lrs("linear", 0, 4), { 1, 0.75, 0.5, 0.25 }, 1e-15)
+  T.near(lrs("linear", 2, 6), { 0, 0.5, 1, 0.75, 0.5, 0.25 }, 1e-15)
+  T.near(lrs("constant_with_warmup", 2, 4), { 0, 0.5, 1, 1 }, 1e-15)
+  T.near(lrs("cosine", 1, 5), { 0, 1, (1 + math.cos(math.pi / 4)) / 2, 0.5, (1 + math.cos(3 * math.pi / 4)) / 2 }, 1e-15)
+  T.near(lrs("constant", 0, 3), { 1, 1, 1 }, 0)
+end)
+
+T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
+  local out = tmp .. "/learn"
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, processing_class = tok,
+    args = { output_dir = out, per_device_train_batch_size = 8, num_train_epochs = 3, learning_rate = 3e-3,
+      weight_decay = 0.01, logging_strategy = "epoch", eval_strategy = "epoch", save_strategy = "epoch",
+      logging_first_step = true, save_total_limit = 5, lr_scheduler_type = "cosine", warmup_ratio = 0.1 } }
+  local before = t:evaluate()
+  local r = t:train()
+  T.eq(r.global_step, 24)
+  local recs = read_jsonl(out .. "/metrics.jsonl")
+  local steps, evals, grad = {}, {}, nil
+  for _, rec in ipairs(recs) do
+    if rec.loss then steps[#steps + 1] = rec.step; grad = rec.grad_norm end
+    if rec.eval_loss then evals[#evals + 1] = rec end
+  end
+  T.eq(table.concat(steps, ","), "1,8,16,24", "logging_first_step, then each epoch")
+  T.eq(#evals, 4, "before training and after each epoch")
+  T.eq(evals[4].step, 24)
+  assert(evals[4].eval_loss < before.eval_loss - 1.0, ("eval loss %.4f -> %.4f"):format(before.eval_loss, evals[4].eval_loss))
+  T.near(evals[4].eval_perplexity, math.exp(evals[4].eval_loss), 0, 1e-12)
+  assert(grad and grad > 0, "grad_norm " .. tostring(grad))
+  assert(r.last_loss < r.first_loss - 1.0, ("train loss %.4f -> %.4f"):format(r.first_loss, r.last_loss))
+  assert(tostring(recs[#recs].train_loss):len() > 8, "train_loss is written with all its digits")
+  local kept = {}
+  for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "8,16,24")
+  local st = tckpt.read_state(out .. "/checkpoint-16")
+  T.eq(st.global_step, 16)
+  T.eq(st.epoch, 2)
+  T.eq(st.max_steps, 24)
+  T.eq(st.num_train_epochs, 3)
+  assert(st.log_history[#st.log_history].eval_loss, "the epoch's evaluation is in the state saved after it")
+end)
+
+T.test("data_order() is the order training reads the rows (accumulation, across epochs)", function()
+  local pos, seen = {}, {}
+  for i, r in ipairs(train_ds.rows) do pos[r] = i end
+  local inner = zr.datasets.causal_lm_collator()
+  local function recording(rows)
+    for _, r in ipairs(rows) do seen[#seen + 1] = pos[r] end
+    return inner(rows)
+  end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, data_collator = recording,
+    args = { output_dir = tmp .. "/order", per_device_train_batch_size = 5, gradient_accumulation_steps = 2,
+      max_steps = 9, save_strategy = "no", data_seed = 4 } }
+  local order = t:data_order()
+  t:train()
+  T.eq(t.steps_per_epoch, 6) -- 64 rows: 12 micro-batches of 5, the last 4 rows dropped
+  T.eq(#order, 90)
+  T.eq(table.concat(seen, ","), table.concat(order, ","))
+  assert(table.concat(order, ",", 1, 30) ~= table.concat(order, ",", 61, 90), "each epoch has its own order")
+end)
+
+T.test("save_model writes a Hugging Face directory that loads back to the same logits", function()
+  local out = tmp .. "/hf"
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = train_ds, processing_class = tok,
+    args = { output_dir = out, per_device_train_batch_size = 8, max_steps = 2, learning_rate = 1e-2, save_strategy = "no" } }
+  t:train()
+  T.eq(t:save_model(), true)
+  for _, n in ipairs { "config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json" } do
+    assert(zr._C.path_type(out .. "/" .. n) == "file", n .. " missing")
+  end
+  T.eq(#tckpt.list(out), 0, "save_strategy = no writes no checkpoint")
+  local c = cjson.decode(io.open(out .. "/config.json"):read("*a"))
+  T.eq(c.architectures[1], "LlamaForCausalLM")
+  T.eq(c.torch_dtype, "float32")
+  T.eq(c.model_type, "llama")
+  local g = cjson.decode(io.open(out .. "/generation_config.json"):read("*a"))
+  T.eq(g._from_model_config, true)
+  local m2 = zr.models.llama.from_pretrained(out)
+  local sd2 = {}
+  for n, p in m2:named_parameters() do sd2[n] = p end
+  for n, p in m:named_parameters() do T.near(sd2[n], p, 0, 0, n) end
+  local ids = zr.tensor({ tok:encode("The keeper wrote the weather") }, { dtype = "i64" })
+  T.near(m2(ids).logits, m(ids).logits, 1e-6, 0, "logits of the reloaded model")
+  local t2 = zr.tokenizers.load(out)
+  T.eq(table.concat(t2:encode("Ships, salt & oil ✓"), " "), table.concat(tok:encode("Ships, salt & oil ✓"), " "))
+end)
+
+T.test("save_model at ZeRO stage 3: gathers with stage3_gather_16bit_weights_on_model_save, else says how to consolidate", function()
+  for _, gather in ipairs { true, false } do
+    local out = ("%s/z3_%s"):format(tmp, tostring(gather))
+    local t = zr.Trainer { model = model(), train_dataset = train_ds,
+      args = { output_dir = out, per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no",
+        deepspeed = { train_micro_batch_size_per_gpu = "auto", steps_per_print = 1000,
+          optimizer = { type = "AdamW", params = { lr = "auto" } },
+          zero_optimization = { stage = 3, stage3_gather_16bit_weights_on_model_save = gather } } } }
+    t:train()
+    T.eq(t:save_model(), gather)
+    T.eq(zr._C.path_type(out .. "/model.safetensors") == "file", gather)
+    assert(zr._C.path_type(out .. "/config.json") == "file", "config.json")
+    if not gather then -- the sharded checkpoint instead, which zero-to-fp32 turns into the missing weights
+      assert(zr._C.path_type(out .. "/latest") == "file", "the sharded checkpoint is written instead")
+      require("zrun.zero_to_fp32").main({ out, out .. "/model.safetensors" })
+      local m2 = zr.models.llama.from_pretrained(out)
+      T.eq(m2.config.hidden_size, cfg.hidden_size)
+    end
+  end
+end)
+
+sh("rm -rf '" .. tmp .. "'")
+T.done()

@@ -1,0 +1,187 @@
+-- Trainer checkpoints and resume_from_checkpoint: a run interrupted at a checkpoint and resumed in
+-- a fresh Trainer (fresh model, fresh engine) gives the uninterrupted run's per-step losses, with
+-- gradient accumulation and across an epoch boundary (so the data position, the shuffled order of
+-- the next epoch, the scheduler and Adam all have to come back); fp32 and bf16 (fp32 master
+-- weights, 16-bit parameters) at ZeRO stages 0 and 2. Bad input is one line and changes nothing.
+local zr = require "zrun"
+local T = zr.testing
+local tckpt = require "zrun.trainer_checkpoint"
+
+local tmp = os.tmpname()
+os.remove(tmp)
+local function sh(c) assert(os.execute(c) == 0, c) end
+sh("mkdir -p " .. tmp)
+
+-- 26 packed blocks of 24 byte tokens from the project's sample text: with 2 rows per micro-batch
+-- and accumulation 2, 6 steps per epoch (the last 2 rows dropped).
+local tok = zr.tokenizers.ByteTokenizer.new()
+local f = assert(io.open("recipes/data/sample.txt"))
+local text = f:read("*a")
+f:close()
+local lines = {}
+for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
+local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(24):select(1, 26)
+
+local cfg = zr.models.llama.config("zrun/tiny-llama")
+local function model(c)
+  zr.manual_seed(7)
+  return zr.models.llama.LlamaForCausalLM(c or cfg)
+end
+
+local function ds_config(stage, bf16)
+  return { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto", gradient_clipping = 1.0,
+    steps_per_print = 1000, bf16 = { enabled = bf16 },
+    optimizer = { type = "AdamW", params = { lr = "auto", betas = "auto", eps = "auto", weight_decay = "auto" } },
+    zero_optimization = { stage = stage } }
+end
+
+local function args(out, stage, bf16, extra)
+  local a = { output_dir = out, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 10,
+    learning_rate = 3e-3, weight_decay = 0.1, warmup_steps = 2, logging_steps = 1, save_steps = 4,
+    deepspeed = ds_config(stage, bf16), seed = 11 }
+  for k, v in pairs(extra or {}) do a[k] = v end
+  return a
+end
+
+local function losses(trainer)
+  local out = {}
+  for _, r in ipairs(trainer.state.log_history) do if r.loss then out[r.step] = r.loss end end
+  return out
+end
+
+for _, case in ipairs { { 0, false }, { 2, false }, { 2, true } } do
+  local stage, bf16 = case[1], case[2]
+  local name = ("stage %d %s"):format(stage, bf16 and "bf16" or "fp32")
+  T.test("resume from checkpoint-4 continues the uninterrupted loss curve (" .. name .. ")", function()
+    local out = ("%s/s%d%s"):format(tmp, stage, bf16 and "bf16" or "")
+    local full = zr.Trainer { model = model(), train_dataset = blocks, args = args(out .. "/full", stage, bf16) }
+    local r = full:train()
+    local ref = losses(full)
+    T.eq(r.global_step, 10)
+    assert(ref[10] < ref[1] - 0.5, ("the run did not learn: loss %.4f -> %.4f"):format(ref[1], ref[10]))
+    local gn = full.state.log_history[#full.state.log_history - 1].grad_norm
+    assert(gn and gn > 0, "grad_norm " .. tostring(gn))
+    if bf16 then -- the logged loss is the model's f32 loss, not rounded to bf16
+      local rounded = 0
+      for s = 1, 10 do
+        if zr.tensor({ ref[s] }):to("bf16"):to("f32"):item() == ref[s] then rounded = rounded + 1 end
+      end
+      assert(rounded < 3, rounded .. " of 10 logged losses are bf16 numbers")
+    end
+    -- the checkpoint of step 4 (written by the same kind of run), resumed by a fresh trainer
+    local resumed = zr.Trainer { model = model(), train_dataset = blocks,
+      args = args(out .. "/full", stage, bf16, { save_strategy = "no" }) }
+    local rr = resumed:train { resume_from_checkpoint = out .. "/full/checkpoint-4" }
+    T.eq(rr.global_step, 10)
+    local got = losses(resumed)
+    for s = 5, 10 do
+      -- the CPU is deterministic: the same operations in the same order give the same bits
+      T.near(got[s], ref[s], 0, 0, ("loss at step %d after resuming"):format(s))
+    end
+    assert(got[4] == ref[4], "the log history of steps 1-4 comes back from trainer_state.json")
+    assert(not got[11], "trained past max_steps")
+  end)
+end
+
+T.test("resume_from_checkpoint=true takes the newest complete checkpoint in output_dir", function()
+  local out = tmp .. "/latest"
+  local t = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 0, false, { max_steps = 8 }) }
+  t:train()
+  -- an interrupted save (no trainer_state.json) is not a checkpoint to resume from
+  sh(("mkdir -p %s/checkpoint-12/global_step12"):format(out))
+  T.eq(tckpt.latest(out), out .. "/checkpoint-8")
+  local t2 = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 0, false, { max_steps = 10,
+    save_strategy = "no", resume_from_checkpoint = true }) }
+  local r = t2:train()
+  T.eq(r.global_step, 10)
+  assert(r.metrics.train_steps_per_second > 0)
+  local st = tckpt.read_state(out .. "/checkpoint-8")
+  T.eq(st.global_step, 8)
+  T.eq(st.max_steps, 8)
+  T.near(st.epoch, 8 / 6, 1e-12)
+end)
+
+T.test("bad resume input: one line naming it, nothing overwritten", function()
+  local out = tmp .. "/bad"
+  T.raises(function()
+    zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 0, false) }:train { resume_from_checkpoint = true }
+  end, "resume_from_checkpoint=true: no complete checkpoint-<step> folder")
+  T.raises(function()
+    zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 0, false) }:train(tmp .. "/nowhere/checkpoint-3")
+  end, "resume_from_checkpoint: " .. tmp .. "/nowhere/checkpoint-3 does not exist")
+  -- another model's checkpoint (wider MLP): refused before any weight changes
+  local src = tmp .. "/s0/full/checkpoint-8"
+  local before = io.open(src .. "/trainer_state.json"):read("*a")
+  local c2 = {}
+  for k, v in pairs(cfg) do c2[k] = v end
+  c2.intermediate_size = cfg.intermediate_size + 16
+  local m2 = model(c2)
+  local w = m2.model.layers[1].mlp.up_proj.weight:clone()
+  local err = T.raises(function()
+    zr.Trainer { model = m2, train_dataset = blocks, args = args(tmp .. "/other", 0, false) }:train { resume_from_checkpoint = src }
+  end, "checkpoint of a different model")
+  assert(not tostring(err):find("\n"), "one line: " .. tostring(err))
+  assert(tostring(err):find("up_proj.weight' has shape", 1, true), err)
+  T.near(m2.model.layers[1].mlp.up_proj.weight, w, 0, 0, "weights untouched")
+  T.eq(io.open(src .. "/trainer_state.json"):read("*a"), before, "the checkpoint is unchanged")
+  T.eq(#tckpt.list(tmp .. "/other"), 0, "no checkpoint written by the refused run")
+end)
+
+T.test("save_total_limit keeps the newest checkpoints and the best one; load_best_model_at_end loads it", function()
+  local out = tmp .. "/rot"
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+    args = args(out, 0, false, { max_steps = 9, save_steps = 2, save_total_limit = 2, eval_strategy = "steps",
+      eval_steps = 2, load_best_model_at_end = true }) }
+  t:train()
+  -- load_best_model_at_end: the model holds checkpoint-8's weights, not step 9's
+  local best = zr.hf.load_state_dict(out .. "/checkpoint-8")
+  for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
+  T.eq(t.engine.global_steps, 9)
+  local kept = {}
+  for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
+  -- eval loss falls, so the best is the newest evaluated one; the final save (step 9) is kept too
+  T.eq(table.concat(kept, ","), "8,9")
+  local st = tckpt.read_state(out .. "/checkpoint-9")
+  T.eq(st.best_model_checkpoint, out .. "/checkpoint-8")
+  T.eq(st.best_global_step, 8)
+  assert(st.best_metric > 0 and st.best_metric < 6, "best_metric " .. tostring(st.best_metric))
+  -- a best checkpoint older than the newest two is kept
+  tckpt.rotate(out, 1, out .. "/checkpoint-8")
+  kept = {}
+  for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "8,9")
+  tckpt.rotate(out, 1, nil)
+  T.eq(#tckpt.list(out), 1)
+end)
+
+T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkpoint=true to 12", function()
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local function run(out, extra)
+    local p = io.popen(("%s recipes/finetune_llama.lua max_steps=12 logging_steps=1 output_dir=%s %s 2>&1"):format(z, out, extra))
+    local s = p:read("*a")
+    p:close()
+    assert(s:find("done: 12 steps", 1, true), s)
+    local l = {}
+    for step, loss in s:gmatch("\nstep (%d+)/12 | loss ([%d.]+)") do l[tonumber(step)] = loss end
+    return l, s
+  end
+  local straight = run(tmp .. "/recipe_a", "save_strategy=no dump_blocks=" .. tmp .. "/blocks.safetensors")
+  local f = zr._C.safetensors_open(tmp .. "/blocks.safetensors")
+  T.eq(table.concat(f:get("train_input_ids"):shape(), "x"), "30x64")
+  T.eq(f:get("train_order"):numel(), 12 * 4, "12 steps of one micro-batch of 4")
+  f:close()
+  local first = run(tmp .. "/recipe_b", "save_steps=4 save_total_limit=2")
+  local kept = {}
+  for _, e in ipairs(tckpt.list(tmp .. "/recipe_b")) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "8,12", "save_total_limit=2")
+  sh(("mkdir -p %s/recipe_c && cp -r %s/recipe_b/checkpoint-8 %s/recipe_c/"):format(tmp, tmp, tmp))
+  local resumed, out = run(tmp .. "/recipe_c", "resume_from_checkpoint=true save_strategy=no")
+  assert(out:find("resumed from " .. tmp .. "/recipe_c/checkpoint-8 at step 8", 1, true), out)
+  assert(not resumed[8] and resumed[9], out)
+  for s = 9, 12 do T.eq(resumed[s], straight[s], "loss (printed) at step " .. s) end
+  T.eq(first[12], straight[12])
+end)
+
+sh("rm -rf '" .. tmp .. "'")
+T.done()
