@@ -75,7 +75,7 @@ function Byte:decode(ids, skip_special)
   local out = {}
   for i, id in ipairs(ids) do
     if type(id) ~= "number" or id ~= math.floor(id) then
-      error(("decode: ids[%d] is %s; token ids are integers"):format(i, tostring(id)), 2)
+      error(("tok:decode(ids [, skip_special_tokens]): ids[%d] must be an integer, got %s"):format(i, tostring(id)), 2)
     end
     if id >= 3 and id < 259 then out[#out + 1] = string.char(id - 3) end
   end
