@@ -190,7 +190,8 @@ bench: deps
 FUZZ_SECONDS      ?= 300
 FUZZ_TEST_SECONDS ?= 6
 FUZZ_KIND         ?= replay
-FUZZ_FOUND = $(eval FUZZ_FOUND := $(shell printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' \
+FUZZ_FOUND = $(eval FUZZ_FOUND := $(shell command -v clang >/dev/null 2>&1 && \
+               printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' \
                | clang -x c -fsanitize=fuzzer,address,undefined - -o /dev/null 2>/dev/null && echo libfuzzer || echo replay))$(FUZZ_FOUND)
 FUZZ_DIR    := $(BUILD)/fuzz/$(FUZZ_KIND)
 FUZZ_CC     := $(if $(filter libfuzzer,$(FUZZ_KIND)),clang,$(CC))
