@@ -17,18 +17,22 @@ Dataset.__call = Dataset.get
 -- Applies fn(row, index) -> new row (or a table of columns added to the row when keep=true).
 -- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
 -- any length (so it can split or join rows, like group_texts).
+-- A map that takes a while shows progress (zrun.progress; opts.desc names it, default "Map").
 function Dataset:map(fn, opts)
   opts = opts or {}
   local out = {}
+  local bar = require("zrun.progress").new { total = #self.rows, desc = opts.desc or "Map", unit = "rows", delay = 0.5 }
   if opts.batched then
     local bs = opts.batch_size or 1000
     for s = 1, #self.rows, bs do
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
       for _, r in ipairs(fn(batch, s)) do out[#out + 1] = r end
+      bar:update(#batch)
     end
   else
     for i, r in ipairs(self.rows) do
+      bar:update(1)
       local nr = fn(r, i)
       if opts.remove_columns == false or opts.keep then
         local merged = {}
@@ -39,6 +43,7 @@ function Dataset:map(fn, opts)
       out[i] = nr
     end
   end
+  bar:close()
   return Dataset.from_rows(out)
 end
 

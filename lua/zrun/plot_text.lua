@@ -88,10 +88,16 @@ function M.chart(title, xs, ys, bytes, opts)
   return concat(out, "\n")
 end
 
--- Every series of the run as a chart, one under another. opts.ascii (default: not a UTF-8 locale).
+-- Display columns of a UTF-8 string (every character here is one column wide).
+local function columns(s) return #s - select(2, s:gsub("[\128-\191]", "")) end
+
+-- Every series of the run as a chart, two side by side when the width allows. opts: ascii
+-- (default: not a UTF-8 locale), width (default the terminal's, else 80), rows.
 function M.render(run, opts)
   opts = opts or {}
-  local o = { width = opts.width, rows = opts.rows, ascii = opts.ascii }
+  local total = opts.width or require("zrun._C").terminal_width(1) or 80
+  local two = total >= 2 * 56 + 3
+  local o = { width = two and min(floor((total - 3) / 2), 72) or min(total, 72), rows = opts.rows, ascii = opts.ascii }
   if o.ascii == nil then o.ascii = not require("zrun.progress").utf8_locale() end
   local panels = P.panels(run.records)
   if #panels == 0 then return "(no logged steps to draw yet)\n" end
@@ -99,11 +105,23 @@ function M.render(run, opts)
   local out = { fmt("zrun run %s%s", h.run_id or "", run.path and " (" .. run.path .. ")" or "") }
   local sub = P.subtitle(run)
   if sub ~= "" then out[#out + 1] = sub end
+  local charts = {}
   for _, p in ipairs(panels) do
     for _, s in ipairs(p.series) do
       local title = p.title .. (#p.series > 1 and " (" .. s.label .. ")" or "")
-      out[#out + 1] = ""
-      out[#out + 1] = M.chart(title, s.xs, s.ys, p.bytes, o)
+      local lines = {}
+      for l in (M.chart(title, s.xs, s.ys, p.bytes, o) .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+      charts[#charts + 1] = lines
+    end
+  end
+  local step = two and 2 or 1
+  for i = 1, #charts, step do
+    out[#out + 1] = ""
+    local a, b = charts[i], two and charts[i + 1]
+    for k = 1, #a do
+      local l = a[k]
+      if b and b[k] then l = l .. rep(" ", o.width + 3 - columns(l)) .. b[k] end
+      out[#out + 1] = (l:gsub("%s+$", ""))
     end
   end
   return concat(out, "\n") .. "\n"

@@ -68,20 +68,20 @@ end
 
 -- opts: total (nil: unknown), desc, unit ("it"), initial (0), mode (default M.mode()), interval
 -- (seconds between plain lines, 10), lines (false: no plain lines, for loops that log their own),
--- leave (keep the last bar on screen, default true), out (a function writing a string), clock,
--- width (columns; default the terminal's), utf8 (block characters; default from the locale).
+-- leave (keep the last bar on screen, default true), delay (seconds before a bar first shows: short
+-- loops stay quiet), out (a function writing a string), clock, width (columns; default the
+-- terminal's), utf8 (block characters; default from the locale).
 function M.new(opts)
   opts = opts or {}
   local self = setmetatable({ total = opts.total, desc = opts.desc or "", unit = opts.unit or "it",
     n = opts.initial or 0, initial = opts.initial or 0, mode = opts.mode or M.mode(), interval = opts.interval or 10,
-    lines = opts.lines ~= false, leave = opts.leave ~= false, out = opts.out or out_write, clock = opts.clock or C.now,
-    width = opts.width, utf8 = opts.utf8, postfix = nil, closed = false }, Bar)
+    lines = opts.lines ~= false, leave = opts.leave ~= false, delay = opts.delay or 0, out = opts.out or out_write,
+    clock = opts.clock or C.now, width = opts.width, utf8 = opts.utf8, closed = false }, Bar)
   if self.utf8 == nil then self.utf8 = M.utf8_locale() end
   self.t0 = self.clock()
   self.last_draw, self.last_line = -math.huge, self.t0
   if self.mode == "bar" then
     if #active == 0 and not orig_print then orig_print = print; print = bar_print end
-    if active[#active] and active[#active].drawn then self.out("\r\27[K") end
     active[#active + 1] = self
     self:draw(true)
   end
@@ -155,6 +155,7 @@ end
 function Bar:draw(force)
   if self.mode ~= "bar" or self.closed or active[#active] ~= self then return end
   local now = self.clock()
+  if not self.drawn and now - self.t0 < self.delay then return end
   if not force and now - self.last_draw < 0.1 then return end
   self.last_draw = now
   local w = self.width or C.terminal_width(1) or 80
@@ -171,7 +172,7 @@ function Bar:update(k, postfix)
   elseif self.mode == "lines" and self.lines then
     local now = self.clock()
     if now - self.last_line >= self.interval then
-      self.last_line, self.printed = now, true
+      self.last_line, self.printed = now, self.n
       self.out(self:line() .. "\n")
     end
   end
@@ -195,7 +196,7 @@ function Bar:close()
   if self.closed then return end
   if self.mode == "bar" then
     if active[#active] == self then
-      if self.leave and #active == 1 then self:draw(true); self.out("\n")
+      if self.leave and #active == 1 and self.drawn then self:draw(true); self.out("\n")
       elseif self.drawn then self.out("\r\27[K") end
     end
     for i = #active, 1, -1 do if active[i] == self then table.remove(active, i) end end
@@ -207,7 +208,7 @@ function Bar:close()
       active[#active]:draw(true)
     end
   else
-    if self.mode == "lines" and self.lines and self.printed then self.out(self:line() .. "\n") end
+    if self.mode == "lines" and self.lines and self.printed and self.printed ~= self.n then self.out(self:line() .. "\n") end
     self.closed = true
   end
 end
