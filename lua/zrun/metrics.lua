@@ -113,7 +113,7 @@ function M.load(path)
   if path:match("%.jsonl$") then dir = path:match("^(.*)/[^/]*$") or "."
   else path = join(path, "metrics.jsonl") end
   local header, recs = M.read(path)
-  if not header and not recs then
+  if type(recs) ~= "table" then
     error(fmt("zrun plot: no metrics file %s (a Trainer with output_dir writes it; pass the run's output_dir)", path), 0)
   end
   local run = { header = header, records = recs, resumes = {}, path = path }

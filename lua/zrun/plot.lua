@@ -106,6 +106,9 @@ function M.value(v, bytes)
     local div, unit = M.byte_unit(abs(v))
     return fmt("%.4g %s", v / div, unit)
   end
+  local a = abs(v)
+  if a >= 1e9 then return fmt("%.4gG", v / 1e9) elseif a >= 1e6 then return fmt("%.4gM", v / 1e6)
+  elseif a >= 1e4 then return fmt("%.4gk", v / 1e3) end
   return fmt("%.4g", v)
 end
 
