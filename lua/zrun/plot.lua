@@ -80,8 +80,9 @@ function M.byte_unit(top)
   return 1, "B"
 end
 
--- A tick label: as few digits as the step needs; k/M suffixes for large values, e-notation for small.
-function M.label(v, step)
+-- A tick label: as few digits as the step needs; k/M suffixes for large values, e-notation for small
+-- (with the exponent of `top`, the axis' largest magnitude, so an axis' labels share it).
+function M.label(v, step, top)
   if v == 0 then return "0" end
   local a = abs(v)
   if a >= 1e4 then
@@ -91,8 +92,8 @@ function M.label(v, step)
     local d = max(0, -floor(log10(step / div) + 1e-9))
     return fmt("%." .. fmt("%d", d) .. "f%s", v / div, suf)
   end
-  if a < 1e-2 then
-    local e = floor(log10(a) + 1e-9)
+  if (top or a) < 1e-2 then
+    local e = floor(log10(top or a) + 1e-9)
     local d = max(0, e - floor(log10(step) + 1e-9))
     return fmt("%." .. fmt("%d", min(d, 6)) .. "fe%d", v / 10 ^ e, e)
   end

@@ -33,7 +33,7 @@ function M.layout(n)
   return cols, rows, 2 * M.PAD + cols * M.PANEL_W, M.HEAD + M.PAD + rows * M.PANEL_H
 end
 
-local function panel(out, p, cx, cy, xt, resumes)
+local function panel(out, p, cx, cy, xt, xlo, xhi, resumes)
   local x0, y0 = cx + M.LEFT, cy + M.TOP
   local w, h = M.PANEL_W - M.LEFT - M.RIGHT, M.PANEL_H - M.TOP - M.BOTTOM
   local div, ylabel = 1, p.ylabel
@@ -47,9 +47,8 @@ local function panel(out, p, cx, cy, xt, resumes)
   for _, s in ipairs(p.series) do
     for _, v in ipairs(s.ys) do lo, hi = math.min(lo, v / div), max(hi, v / div) end
   end
-  local yt, ystep = P.ticks(lo, hi, 4)
+  local yt, ystep = P.ticks(lo, hi, 5)
   local ylo, yhi = yt[1], yt[#yt]
-  local xlo, xhi = xt[1], xt[#xt]
   local function px(x) return x0 + (x - xlo) / (xhi - xlo) * w end
   local function py(y) return y0 + h - (y - ylo) / (yhi - ylo) * h end
 
@@ -69,7 +68,7 @@ local function panel(out, p, cx, cy, xt, resumes)
     local y = py(v)
     if v ~= ylo and v ~= yhi then line(out, x0, y, x0 + w, y, "grid") end
     line(out, x0 - 4, y, x0, y, "tick")
-    text(out, x0 - 7, y + 4, P.label(v, ystep), fmt(' class="ytick" text-anchor="end" data-value="%.17g"', v * div))
+    text(out, x0 - 7, y + 4, P.label(v, ystep, max(math.abs(ylo), math.abs(yhi))), fmt(' class="ytick" text-anchor="end" data-value="%.17g"', v * div))
   end
   local xstep = xt[2] and xt[2] - xt[1] or 1
   for _, v in ipairs(xt) do
@@ -107,7 +106,11 @@ function M.render(run)
   local panels, xmin, xmax = P.panels(run.records)
   if #panels == 0 then error("zrun plot: no logged steps to draw (records need a step and a loss)", 0) end
   local cols, _, W, H = M.layout(#panels)
-  local xt = P.ticks(xmin, xmax, 5, true)
+  -- the step axis starts at a tick and ends at the last step (no empty stretch after it)
+  local ticks = P.ticks(xmin, xmax, 5, true)
+  local xlo, xhi = ticks[1], xmax > ticks[1] and xmax or ticks[#ticks]
+  local xt = {}
+  for _, v in ipairs(ticks) do if v <= xhi then xt[#xt + 1] = v end end
   local h = run.header or {}
   local title = "zrun run " .. (h.run_id or "") .. (run.path and " — " .. run.path or "")
   local out = {
@@ -124,7 +127,7 @@ function M.render(run)
   text(out, M.PAD, 47, P.subtitle(run), ' class="sub"')
   for i, p in ipairs(panels) do
     local c, r = (i - 1) % cols, floor((i - 1) / cols)
-    panel(out, p, M.PAD + c * M.PANEL_W, M.HEAD + r * M.PANEL_H, xt, run.resumes)
+    panel(out, p, M.PAD + c * M.PANEL_W, M.HEAD + r * M.PANEL_H, xt, xlo, xhi, run.resumes)
   end
   out[#out + 1] = "</svg>\n"
   return concat(out, "\n")

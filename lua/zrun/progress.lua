@@ -31,11 +31,13 @@ function M.utf8_locale()
   return v:find("utf%-?8") ~= nil
 end
 
+-- This process's rank from the launcher's environment (asking zr.dist would start MPI).
 local function rank0()
-  local ok, dist = pcall(require, "zrun.dist")
-  if not ok then return true end
-  local okr, r = pcall(dist.rank)
-  return not okr or r == 0
+  for _, k in ipairs { "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "RANK" } do
+    local v = tonumber(os.getenv(k) or "")
+    if v then return v == 0 end
+  end
+  return true
 end
 
 -- "bar" on a terminal, "lines" otherwise, "off" on ranks other than 0; ZRUN_PROGRESS overrides.

@@ -101,7 +101,9 @@ T.test("SVG: each panel's ticks read as its axes, and every point maps back to i
     T.near(p.yt[1].px, f.y + f.h, 1e-9, 0, p.id .. ": the lowest tick on the frame's bottom")
     T.near(p.yt[#p.yt].px, f.y, 1e-9, 0, p.id .. ": the highest on its top")
     T.near(p.xt[1].px, f.x, 1e-9, 0, p.id .. ": the first step tick on the frame's left")
-    T.near(p.xt[#p.xt].px, f.x + f.w, 1e-9, 0, p.id .. ": the last on its right")
+    assert(p.xt[#p.xt].px <= f.x + f.w + 1e-9, p.id .. ": the last step tick inside the frame")
+    T.near(invert(p.xt, f.x + f.w), 25, 0.02 * (p.xt[#p.xt].value - p.xt[1].value) / f.w, 0,
+      p.id .. ": the frame's right edge is the last step")
     -- the labels say the values at their positions (a byte panel's labels are in one binary unit)
     local unit = p.id == "memory" and p.yt[2].value / label_value(p.yt[2].label) or 1
     if p.id == "memory" then T.eq(unit, MiB, "memory is labelled in MiB") end
