@@ -68,7 +68,8 @@ local function panel(out, p, cx, cy, xt, xlo, xhi, resumes)
     local y = py(v)
     if v ~= ylo and v ~= yhi then line(out, x0, y, x0 + w, y, "grid") end
     line(out, x0 - 4, y, x0, y, "tick")
-    text(out, x0 - 7, y + 4, P.label(v, ystep, max(math.abs(ylo), math.abs(yhi))), fmt(' class="ytick" text-anchor="end" data-value="%.17g"', v * div))
+    text(out, x0 - 7, y + 4, P.label(v, ystep, max(math.abs(ylo), math.abs(yhi))),
+      fmt(' class="ytick" text-anchor="end" data-value="%.17g"', v * div))
   end
   local xstep = xt[2] and xt[2] - xt[1] or 1
   for _, v in ipairs(xt) do
@@ -82,7 +83,8 @@ local function panel(out, p, cx, cy, xt, xlo, xhi, resumes)
   text(out, cx + 14, ly, ylabel, fmt(' class="ylabel" text-anchor="middle" transform="rotate(-90 %s %s)"', n2(cx + 14), n2(ly)))
   for _, r in ipairs(resumes or {}) do
     if r >= xlo and r <= xhi then
-      out[#out + 1] = fmt('<line class="resume" x1="%s" y1="%s" x2="%s" y2="%s"><title>resumed from the checkpoint of step %d</title></line>',
+      out[#out + 1] = fmt('<line class="resume" x1="%s" y1="%s" x2="%s" y2="%s">' ..
+        '<title>resumed from the checkpoint of step %d</title></line>',
         n2(px(r)), n2(y0), n2(px(r)), n2(y0 + h), r)
     end
   end

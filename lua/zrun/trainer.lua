@@ -2,7 +2,8 @@
 -- TrainingArguments' (zrun.trainer_args checks them); `deepspeed` is a config path or table (none:
 -- ZeRO stage 0 with every value taken from the arguments, as plain HF training). It logs, evaluates
 -- and saves on HF's strategies (steps / epoch), writes checkpoint-<step> folders that resume to the
--- same loss curve, and saves a Hugging Face model directory. Rank 0 prints and writes metrics.jsonl.
+-- same loss curve, and saves a Hugging Face model directory. Rank 0 prints (a progress bar on a
+-- terminal) and writes metrics.jsonl, a new file per run (zrun.metrics; `zrun plot` draws it).
 --   local trainer = zr.Trainer{ model = model, args = {...}, train_dataset = ds, eval_dataset = ev,
 --                               processing_class = tok }
 --   trainer:train()   -- or trainer:train{ resume_from_checkpoint = true }
