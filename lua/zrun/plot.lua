@@ -118,7 +118,7 @@ end
 function M.run_of(x)
   if x == nil then
     local T = package.loaded["zrun.trainer"]
-    x = T and T.last
+    x = T and (T.last[1] or T.last_output_dir)
     if not x then
       error("zr.plot(): no Trainer has run in this session; pass a run's output_dir: zr.plot(\"output\")", 0)
     end

@@ -20,6 +20,7 @@ local progress = require "zrun.progress"
 
 local Trainer = {}
 Trainer.__index = Trainer
+Trainer.last = setmetatable({}, { __mode = "v" })
 
 local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
 
@@ -148,7 +149,8 @@ function Trainer:setup()
     C.makedirs(a.output_dir)
     self:open_metrics()
   end
-  Trainer.last = self -- zr.plot() draws the latest run
+  -- zr.plot() draws the latest run: this trainer while it lives (weak: it holds the model), else its file
+  Trainer.last[1], Trainer.last_output_dir = self, a.output_dir
 end
 
 local function norm_dir(p) return (p:gsub("/+$", ""):gsub("^%./", "")) end
