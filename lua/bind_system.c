@@ -1,9 +1,9 @@
 /* Build and system facts for `zrun report`: compiled-in features, library versions, threads; the
  * clock and terminal facts the progress bar needs. */
 #include <omp.h>
-#include <sys/ioctl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -129,6 +129,8 @@ static int l_terminal_width(lua_State *L) {
     return 1;
 }
 
-static const luaL_Reg fns[] = {
-    {"build_info", l_build_info}, {"now", l_now}, {"terminal_width", l_terminal_width}, {NULL, NULL}};
+static const luaL_Reg fns[] = {{"build_info", l_build_info},
+                               {"now", l_now},
+                               {"terminal_width", l_terminal_width},
+                               {NULL, NULL}};
 void zr_bind_system(lua_State *L) { zr_l_register_functions(L, fns); }

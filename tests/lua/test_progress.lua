@@ -149,6 +149,8 @@ else
     has(final, "demo 100%|", "the finished bar")
     has(final, "| 30/30 [", "its count")
     has(final, "█", "block characters on a UTF-8 terminal")
+    local barline = final:match("(demo 100%%|[^\n]*)")
+    T.eq(#barline - select(2, barline:gsub("[\128-\191]", "")), 99, "the bar fills the 100-column terminal but its last column")
     for _, k in ipairs { 10, 20, 30 } do
       local _, c = final:gsub("log line " .. k .. "\n", "")
       T.eq(c, 1, "'log line " .. k .. "' printed once, on its own line:\n" .. final)
