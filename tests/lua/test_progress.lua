@@ -124,6 +124,17 @@ t:train()
   os.execute("rm -rf '" .. out .. "'")
 end)
 
+T.test("a dataset map that takes a while shows a bar; a quick one stays quiet", function()
+  local code = [[local zr = require "zrun"
+local ds = zr.datasets.Dataset.from_rows({ {}, {}, {}, {}, {}, {}, {}, {} })
+ds:map(function() return {} end, { desc = "Quick" })
+ds:map(function(r) local t = zr.now(); while zr.now() - t < 0.1 do end; return r end, { desc = "Tokenize" })]]
+  local out = sh("ZRUN_PROGRESS=bar " .. bin .. " -e '" .. code:gsub("'", "'\\''") .. "' | cat")
+  has(out, "Tokenize 100%|", "the slow map's bar")
+  has(out, "8/8 [", "its count of rows")
+  assert(not out:find("Quick"), "the quick map drew nothing:\n" .. out)
+end)
+
 if sh("command -v tmux") == "" then
   T.skip("the bar on a real terminal (tmux)", "tmux is not installed")
 else
