@@ -17,22 +17,18 @@ Dataset.__call = Dataset.get
 -- Applies fn(row, index) -> new row (or a table of columns added to the row when keep=true).
 -- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
 -- any length (so it can split or join rows, like group_texts).
--- A map that takes a while shows progress (zrun.progress; opts.desc names it, default "Map").
 function Dataset:map(fn, opts)
   opts = opts or {}
   local out = {}
-  local bar = require("zrun.progress").new { total = #self.rows, desc = opts.desc or "Map", unit = "rows", delay = 0.5 }
   if opts.batched then
     local bs = opts.batch_size or 1000
     for s = 1, #self.rows, bs do
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
       for _, r in ipairs(fn(batch, s)) do out[#out + 1] = r end
-      bar:update(#batch)
     end
   else
     for i, r in ipairs(self.rows) do
-      bar:update(1)
       local nr = fn(r, i)
       if opts.remove_columns == false or opts.keep then
         local merged = {}
@@ -43,7 +39,6 @@ function Dataset:map(fn, opts)
       out[i] = nr
     end
   end
-  bar:close()
   return Dataset.from_rows(out)
 end
 
@@ -78,6 +73,25 @@ function Dataset:group_texts(block_size, column)
     end
   end
   return Dataset.from_rows(out)
+end
+
+-- A map that takes a while shows its progress (zrun.progress, after half a second; opts.desc names
+-- it, default "Map"): tokenizing a corpus is the long loop before training starts.
+do
+  local plain_map = Dataset.map
+  function Dataset:map(fn, opts)
+    local bar = require("zrun.progress").new { total = #self.rows, desc = opts and opts.desc or "Map", unit = "rows",
+      delay = 0.5 }
+    local batched = opts and opts.batched
+    local ok, res = pcall(plain_map, self, function(r, i)
+      local v = fn(r, i)
+      bar:update(batched and #r or 1)
+      return v
+    end, opts)
+    bar:close()
+    if not ok then error(res, 0) end
+    return res
+  end
 end
 
 -- "train[:2000]" -> "train", first, last over n rows (HF semantics: python-style half-open
