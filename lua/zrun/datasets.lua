@@ -83,14 +83,11 @@ do
     local bar = require("zrun.progress").new { total = #self.rows, desc = opts and opts.desc or "Map", unit = "rows",
       delay = 0.5 }
     local batched = opts and opts.batched
-    local ok, res = pcall(plain_map, self, function(r, i)
+    return bar:run(plain_map, self, function(r, i)
       local v = fn(r, i)
       bar:update(batched and #r or 1)
       return v
     end, opts)
-    bar:close()
-    if not ok then error(res, 0) end
-    return res
   end
 end
 

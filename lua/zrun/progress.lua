@@ -215,13 +215,25 @@ function Bar:close()
   end
 end
 
--- Runs fn(bar) and closes the bar however fn ends; returns fn's results (errors pass through).
-function M.with(opts, fn)
-  local bar = M.new(opts)
-  local res = { pcall(fn, bar) }
-  bar:close()
+local function keep_trace(m)
+  local dbg = os.getenv("ZRUN_DEBUG")
+  if dbg and dbg ~= "" and dbg ~= "0" and type(m) == "string" then return debug.traceback(m, 2) end
+  return m
+end
+
+-- Runs fn(...) and closes the bar however fn ends; returns fn's results. An error passes through
+-- (with ZRUN_DEBUG=1 carrying the traceback from where it was raised).
+function Bar:run(fn, ...)
+  local res = { xpcall(fn, keep_trace, ...) }
+  self:close()
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2)
+end
+
+-- zr.progress.with(opts, function(bar) ... end): a bar around a loop, closed however it ends.
+function M.with(opts, fn)
+  local bar = M.new(opts)
+  return bar:run(fn, bar)
 end
 
 return M

@@ -265,7 +265,7 @@ function Trainer:train(resume)
 
   -- a bar on a terminal (the log lines above print as before; in a pipe they are the progress)
   local bar = progress.new { total = self.total_steps, initial = start_step, desc = "train", lines = false }
-  local okrun, err = pcall(function()
+  bar:run(function()
     while e.global_steps < self.total_steps do
       local idx = self:epoch_order(epoch)
       for mb = skip, micro_per_epoch - 1 do
@@ -297,8 +297,6 @@ function Trainer:train(resume)
       epoch = epoch + 1
     end
   end)
-  bar:close()
-  if not okrun then error(err, 0) end
   drain()
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
@@ -498,7 +496,7 @@ function Trainer:evaluate(ds, prefix)
   e:eval()
   local sum, count = 0, 0
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
-  local okev, everr = pcall(zr.no_grad, function()
+  bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
       local batch_rows, padding = {}, {}
       for k = b, math.min(b + bs - 1, per_rank) do
@@ -516,8 +514,6 @@ function Trainer:evaluate(ds, prefix)
       bar:update(1)
     end
   end)
-  bar:close()
-  if not okev then error(everr, 0) end
   e:train()
   local t = zr.tensor({ sum, count }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
