@@ -1,7 +1,9 @@
-/* Build and system facts for `zrun report`: compiled-in features, library versions, threads. */
+/* Build and system facts for `zrun report`: compiled-in features, library versions, threads; the
+ * clock and terminal facts the progress bar needs. */
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -118,5 +120,17 @@ static int l_now(lua_State *L) {
     return 1;
 }
 
-static const luaL_Reg fns[] = {{"build_info", l_build_info}, {"now", l_now}, {NULL, NULL}};
+/* Columns of the terminal on file descriptor fd (default 1), or nil when it is not a terminal. */
+static int l_terminal_width(lua_State *L) {
+    struct winsize ws;
+    int fd = (int)luaL_optinteger(L, 1, 1);
+    if (!isatty(fd) || ioctl(fd, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) return 0;
+    lua_pushinteger(L, ws.ws_col);
+    return 1;
+}
+
+static const luaL_Reg fns[] = {{"build_info", l_build_info},
+                               {"now", l_now},
+                               {"terminal_width", l_terminal_width},
+                               {NULL, NULL}};
 void zr_bind_system(lua_State *L) { zr_l_register_functions(L, fns); }

@@ -49,6 +49,7 @@ for epoch = 1, EPOCHS do
   local t0 = wall()
   local total, count, correct = 0, 0, 0
   model:train()
+  local bar = zr.progress { total = loader:len(), desc = "epoch " .. epoch, unit = "batch", leave = false }
   for x, y in loader:iter() do
     local logits = model(x)
     local loss = loss_fn(logits, y)
@@ -56,7 +57,9 @@ for epoch = 1, EPOCHS do
     loss:backward()
     opt:step()
     total, count = total + loss:item(), count + 1
+    bar:update(1, { loss = total / count })
   end
+  bar:close()
   local mean = total / count
   first_loss = first_loss or mean
   last_loss = mean

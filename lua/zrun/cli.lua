@@ -1,4 +1,4 @@
--- Subcommands of the zrun program: `zrun report` (the ds_report analogue) and `zrun check`.
+-- Subcommands of the zrun program: `zrun report` (the ds_report analogue), `zrun check`, `zrun plot`, ...
 local M = {}
 
 local function report()
@@ -43,6 +43,7 @@ function M.main(cmd, ...)
     if not ok then error("zrun check: the config module is not available: " .. tostring(config), 0) end
     os.exit(config.check_main({ ... }))
   end
+  if cmd == "plot" then os.exit(require("zrun.plot").main({ ... })) end
   if cmd == "zero-to-fp32" then os.exit(require("zrun.zero_to_fp32").main({ ... })) end
   if cmd == "estimate" or cmd == "plan" then
     local ok, est = pcall(require, cmd == "estimate" and "zrun.memory_estimate" or "zrun.memory_plan")

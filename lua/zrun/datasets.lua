@@ -75,6 +75,22 @@ function Dataset:group_texts(block_size, column)
   return Dataset.from_rows(out)
 end
 
+-- A map that takes a while shows its progress (zrun.progress, after half a second; opts.desc names
+-- it, default "Map"): tokenizing a corpus is the long loop before training starts.
+do
+  local plain_map = Dataset.map
+  function Dataset:map(fn, opts)
+    local bar = require("zrun.progress").new { total = #self.rows, desc = opts and opts.desc or "Map", unit = "rows",
+      delay = 0.5 }
+    local batched = opts and opts.batched
+    return bar:run(plain_map, self, function(r, i)
+      local v = fn(r, i)
+      bar:update(batched and #r or 1)
+      return v
+    end, opts)
+  end
+end
+
 -- "train[:2000]" -> "train", first, last over n rows (HF semantics: python-style half-open
 -- ranges, negatives from the end, percentages rounded to the closest row).
 function M.parse_split(spec, n)

@@ -2,7 +2,8 @@
 -- TrainingArguments' (zrun.trainer_args checks them); `deepspeed` is a config path or table (none:
 -- ZeRO stage 0 with every value taken from the arguments, as plain HF training). It logs, evaluates
 -- and saves on HF's strategies (steps / epoch), writes checkpoint-<step> folders that resume to the
--- same loss curve, and saves a Hugging Face model directory. Rank 0 prints and writes metrics.jsonl.
+-- same loss curve, and saves a Hugging Face model directory. Rank 0 prints (a progress bar on a
+-- terminal) and writes metrics.jsonl, a new file per run (zrun.metrics; `zrun plot` draws it).
 --   local trainer = zr.Trainer{ model = model, args = {...}, train_dataset = ds, eval_dataset = ev,
 --                               processing_class = tok }
 --   trainer:train()   -- or trainer:train{ resume_from_checkpoint = true }
@@ -14,9 +15,12 @@ local datasets = require "zrun.datasets"
 local targs = require "zrun.trainer_args"
 local tckpt = require "zrun.trainer_checkpoint"
 local cjson = require "cjson"
+local metrics_file = require "zrun.metrics"
+local progress = require "zrun.progress"
 
 local Trainer = {}
 Trainer.__index = Trainer
+Trainer.last = setmetatable({}, { __mode = "v" })
 
 local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
 
@@ -143,9 +147,35 @@ function Trainer:setup()
   st.train_batch_size = a.per_device_train_batch_size
   if self.is_main and a.output_dir then
     C.makedirs(a.output_dir)
-    self.metrics = io.open(tckpt.join(a.output_dir, "metrics.jsonl"), "a")
+    self:open_metrics()
   end
+  -- zr.plot() draws the latest run: this trainer while it lives (weak: it holds the model), else its file
+  Trainer.last[1], Trainer.last_output_dir = self, a.output_dir
 end
+
+local function norm_dir(p) return (p:gsub("/+$", ""):gsub("^%./", "")) end
+
+-- Starts output_dir/metrics.jsonl for this run (rank 0): the previous run's file is renamed to
+-- metrics.<its run id>.jsonl and the new one opens with a header record (zrun.metrics).
+function Trainer:open_metrics()
+  local a, e = self.args, self.engine
+  local h = { run_id = metrics_file.new_run_id(), world_size = dist.world_size(), zrun_version = zr.version,
+    model = self.model.__name, zero_stage = e.stage, precision = e.precision, max_steps = self.total_steps,
+    deepspeed_config = e.config, args = self.user_args }
+  local path = self.resume_path
+  if path then
+    local ok, saved = pcall(tckpt.read_state, path)
+    h.resumed_from = ok and saved.global_step or tonumber(path:match("checkpoint%-(%d+)/?$"))
+    h.resume_checkpoint = path
+    -- a checkpoint of this output_dir: the previous metrics file is the run it resumes (zrun plot joins them)
+    h.continues = norm_dir(norm_dir(path):match("^(.*)/[^/]+$") or ".") == norm_dir(a.output_dir)
+  end
+  local f, header = metrics_file.open(a.output_dir, h)
+  self.metrics, self.run_id = f, header.run_id
+end
+
+-- Draws this run's curves (zrun.plot): a text chart on stdout; opts.svg = path also writes the SVG.
+function Trainer:plot(opts) return require("zrun.plot").show(self, opts) end
 
 -- Appends a record to log_history and metrics.jsonl (rank 0).
 function Trainer:log(rec)
@@ -172,6 +202,11 @@ function Trainer:train(resume)
   if not self.train_dataset then error("Trainer:train: no train_dataset (pass zr.Trainer{train_dataset=})", 2) end
   local path
   if resume then path = tckpt.resolve(resume, self.args.output_dir) end -- checked before anything is built
+  if path and self.metrics then -- set up before (an evaluate first): the header has no resume, a record says it
+    local ok, saved = pcall(tckpt.read_state, path)
+    self.metrics:write(cjson.encode({ resumed_from = ok and saved.global_step or cjson.null, resume_checkpoint = path }), "\n")
+  end
+  self.resume_path = path
   self:setup()
   local a, e, st = self.args, self.engine, self.state
   if path then self:load_checkpoint(path) end
@@ -228,35 +263,40 @@ function Trainer:train(resume)
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
 
-  while e.global_steps < self.total_steps do
-    local idx = self:epoch_order(epoch)
-    for mb = skip, micro_per_epoch - 1 do
-      local batch_rows = {}
-      for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
-      local batch = self.collator(batch_rows)
-      local ids, labels = batch.input_ids, batch.labels
-      if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
-      local okstep, out = pcall(function()
-        local o = e(ids, labels)
-        e:backward(o.loss)
-        return o
-      end)
-      if not okstep then error(self:explain_oom(out, ids), 0) end
-      pending[#pending + 1] = out.loss:detach()
-      if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
-      tokens = tokens + ids:numel() * W
-      self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
-      if e:step() then
-        local s = e.global_steps
-        st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
-        checkpoints(s, false)
-        if s >= self.total_steps then break end
+  -- a bar on a terminal (the log lines above print as before; in a pipe they are the progress)
+  local bar = progress.new { total = self.total_steps, initial = start_step, desc = "train", lines = false }
+  bar:run(function()
+    while e.global_steps < self.total_steps do
+      local idx = self:epoch_order(epoch)
+      for mb = skip, micro_per_epoch - 1 do
+        local batch_rows = {}
+        for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
+        local batch = self.collator(batch_rows)
+        local ids, labels = batch.input_ids, batch.labels
+        if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
+        local okstep, out = pcall(function()
+          local o = e(ids, labels)
+          e:backward(o.loss)
+          return o
+        end)
+        if not okstep then error(self:explain_oom(out, ids), 0) end
+        pending[#pending + 1] = out.loss:detach()
+        if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
+        tokens = tokens + ids:numel() * W
+        self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
+        if e:step() then
+          local s = e.global_steps
+          st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
+          checkpoints(s, false)
+          bar:update(1, last_loss and { loss = last_loss })
+          if s >= self.total_steps then break end
+        end
       end
+      skip = 0
+      if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
+      epoch = epoch + 1
     end
-    skip = 0
-    if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
-    epoch = epoch + 1
-  end
+  end)
   drain()
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
@@ -455,7 +495,8 @@ function Trainer:evaluate(ds, prefix)
   local t0 = C.now()
   e:eval()
   local sum, count = 0, 0
-  zr.no_grad(function()
+  local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
+  bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
       local batch_rows, padding = {}, {}
       for k = b, math.min(b + bs - 1, per_rank) do
@@ -470,6 +511,7 @@ function Trainer:evaluate(ds, prefix)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels)
       if n > 0 then sum, count = sum + out.loss:item() * n, count + n end
+      bar:update(1)
     end
   end)
   e:train()
