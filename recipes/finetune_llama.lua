@@ -105,7 +105,7 @@ local function lm_dataset(raw)
 end
 local train_dataset, eval_dataset = lm_dataset(raw_train), lm_dataset(raw_eval)
 say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d parameters), device %s",
-  #train_dataset.rows, #eval_dataset.rows, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
+  #train_dataset, #eval_dataset, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
   model:num_parameters(), device)
 
 if fallback then -- CPU-sized settings for the tiny model
