@@ -12,6 +12,7 @@ local TORCH_VARS = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE" }
 local MPI_VARS = { -- launcher, rank, world size, local rank, local size
   { "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE" },
   { "pmix", "PMIX_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" },
+  { "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" }, -- MPICH, Intel MPI
   { "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE" },
 }
 
@@ -69,7 +70,7 @@ function M.check_launch(getenv)
   local mpi
   for _, m in ipairs(MPI_VARS) do
     local r, w = tonumber(getenv(m[2]) or ""), tonumber(getenv(m[3]) or "")
-    if r and w then
+    if r then -- (the world size may be absent: PMIx)
       mpi = { name = m[1], vars = m, rank = r, world = w, local_rank = tonumber(getenv(m[4]) or "") }
       break
     end
@@ -135,6 +136,15 @@ local function get()
     local bad = M.check_launch()
     if bad then error(bad, 0) end
     info = C.comm_init()
+    -- the world MPI actually formed must be the one torchrun's variables describe, where set
+    for k, v in pairs { RANK = info.rank, WORLD_SIZE = info.world_size } do
+      local e = tonumber(os.getenv(k) or "")
+      if e and e ~= v and info.launcher ~= "none" then
+        error(fmt("mixed launch: %s formed a world where this process is %s %d, but %s=%d is also set " ..
+          "(torchrun/Accelerate's variable); use one launcher: unset RANK, WORLD_SIZE, LOCAL_RANK and " ..
+          "LOCAL_WORLD_SIZE", info.launcher, k == "RANK" and "rank" or "one of", v, k, e), 0)
+      end
+    end
     local w = info.rank == 0 and M.binding_warning(info)
     if w then io.stderr:write(w, "\n") end
   end
