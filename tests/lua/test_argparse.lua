@@ -16,10 +16,8 @@ local function parser(targs)
 end
 
 local function sh(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo rc=$?")
-  local out = p:read("*a")
-  p:close()
-  return out
+  local out, rc = T.run(cmd)
+  return out .. "rc=" .. rc
 end
 
 T.test("key=value, --key=value and --key value set options, typed by their defaults", function()

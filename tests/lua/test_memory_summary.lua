@@ -13,9 +13,7 @@ T.test("summary_text: every category with current and peak bytes", function()
 end)
 
 T.test("zr.memory.summary() as a statement in a script prints the table", function()
-  local p = io.popen(z .. [[ -e 'local zr = require "zrun"; local w = zr.randn(64, 64); zr.memory.summary()' 2>/dev/null]])
-  local out = p:read("*a")
-  p:close()
+  local out = T.run(z .. [[ -e 'local zr = require "zrun"; local w = zr.randn(64, 64); zr.memory.summary()']])
   assert(out:find("cpu%s+current%s+peak") and out:find("total", 1, true), "nothing printed: " .. out)
 end)
 
