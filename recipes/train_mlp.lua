@@ -47,7 +47,7 @@ local opt = optim.AdamW(model:parameters(), { lr = LR, weight_decay = 0.01 })
 
 print(model)
 print(("%d parameters, %d samples, batch size %d, %d batches per epoch"):format(
-  model:num_parameters(), N, BATCH, loader:len()))
+  model:num_parameters(), N, BATCH, #loader))
 
 -- Training loop
 local clock = os.clock
