@@ -91,6 +91,9 @@ function M.check_launch(getenv)
   end
   local world, rank = t.WORLD_SIZE, t.RANK
   if (world or 1) <= 1 and (rank or 0) == 0 then return nil end -- torchrun --nproc_per_node 1: a world of one
+  -- WORLD_SIZE alone is no launch (torchrun sets RANK and LOCAL_RANK with it): `WORLD_SIZE=8 zrun
+  -- check ds.json` checks a config for 8 ranks
+  if not rank and not t.LOCAL_RANK then return nil end
   if not world then
     return fmt("RANK=%d is set but WORLD_SIZE is not: this looks like a partial torchrun environment; " ..
       "unset RANK to run one process, or start the ranks with mpirun", rank)
