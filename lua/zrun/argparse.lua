@@ -158,8 +158,10 @@ function P:parse(argv)
   local npos, i = 0, 1
   while i <= #argv do
     local a = argv[i]
-    if a == "--help" or a == "-h" then
-      print(self:help_text())
+    if a == "--help" or a == "-h" then -- (under mpirun, rank 0 prints it)
+      local r = tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMIX_RANK") or os.getenv("PMI_RANK") or
+        os.getenv("SLURM_PROCID") or "0")
+      if r == 0 then print(self:help_text()) end
       os.exit(0)
     end
     local k, v = a:match("^%-%-([%w_%-]+)=(.*)$")

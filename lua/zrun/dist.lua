@@ -44,7 +44,7 @@ function M.mpirun_command(n, o)
   end
   local words = { "mpirun", "-np", tostring(n) }
   if root then words[#words + 1] = "--allow-run-as-root" end
-  if n > cpus then words[#words + 1] = "--oversubscribe" end
+  if type(n) ~= "number" or n > cpus then words[#words + 1] = "--oversubscribe" end -- ("N": any count)
   words[#words + 1] = "--bind-to none"
   words[#words + 1] = o.zrun or (arg and arg[-1] and arg[-1]:find("zrun$") and arg[-1]) or "zrun"
   for _, a in ipairs(argv) do
