@@ -100,7 +100,7 @@ V ?= 0
 quiet = $(if $(filter 1,$(V)),,@echo "$(1) $(2)";)
 
 .DEFAULT_GOAL := all
-.PHONY: all deps test run bench clean features check-luajit test-cuda
+.PHONY: all deps test run bench clean features check-luajit test-cuda fuzz fuzz-build
 check-luajit:
 	@test -n "$(LUAJIT_A)" || { echo "LuaJIT static library (libluajit-5.1.a) not found: run 'make deps' or pass DEPS_PREFIX=dir"; exit 1; }
 
@@ -162,6 +162,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
+test: DEB_PKGS += clang
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -173,7 +174,9 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(TEST_BIN)
-	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/run.sh
+	@$(MAKE) --no-print-directory -j$(NPROC) FUZZ_KIND=$(FUZZ_FOUND) fuzz-build
+	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) FUZZ_BIN_DIR=$(BUILD)/fuzz/$(FUZZ_FOUND) \
+	  FUZZ_SECONDS=$(FUZZ_TEST_SECONDS) sh tests/run.sh
 
 run: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all
@@ -182,6 +185,47 @@ run: deps
 bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN) $(if $(HAVE_NVCC),$(BUILD)/bench/bench_fused)
 	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/bench/run.sh
+
+# Fuzzing (tests/fuzz/): the JSON, safetensors and tokenizer code in objects of their own, built
+# with AddressSanitizer + UBSan. Where clang has libFuzzer, `make fuzz` fuzzes each target for
+# FUZZ_SECONDS and `make test` for FUZZ_TEST_SECONDS; elsewhere the targets are linked to
+# tests/fuzz/replay.c and replay the seed corpus and the regression inputs. FUZZ_KIND=replay
+# builds that driver even where clang is. The probe runs only in the recipes that need it.
+FUZZ_SECONDS      ?= 300
+FUZZ_TEST_SECONDS ?= 6
+FUZZ_KIND         ?= replay
+FUZZ_FOUND = $(eval FUZZ_FOUND := $(shell command -v clang >/dev/null 2>&1 && \
+               printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' \
+               | clang -x c -fsanitize=fuzzer,address,undefined - -o /dev/null 2>/dev/null && echo libfuzzer || echo replay))$(FUZZ_FOUND)
+FUZZ_DIR    := $(BUILD)/fuzz/$(FUZZ_KIND)
+FUZZ_CC     := $(if $(filter libfuzzer,$(FUZZ_KIND)),clang,$(CC))
+# no -fopenmp (one thread is what a fuzzer wants); gcc's omp.h serves clang when libomp-dev is absent
+FUZZ_CFLAGS := -O1 -g -std=gnu11 -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \
+               -fno-sanitize-recover=all $(PREFIX_INC) $(RUNTIME_INC) -idirafter $(shell $(CC) -print-file-name=include) \
+               $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer-no-link)
+FUZZ_LIB_SRC := $(wildcard runtime/core/*.c runtime/ops/*.c runtime/io/*.c runtime/tokenizer/*.c kernels/base/*.c)
+FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f32.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f64.o)
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
+$(FUZZ_DIR)/kernels/cpu/%_f32.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+$(FUZZ_DIR)/kernels/cpu/%_f64.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
+$(FUZZ_DIR)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+$(FUZZ_DIR)/libzrun_fuzz.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DIR)/libzrun_fuzz.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer,tests/fuzz/replay.c) \
+	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) -lgomp -lm -lpthread
+fuzz-build: $(FUZZ_BIN)
+fuzz: DEB_PKGS += clang
+fuzz: deps
+	@$(MAKE) --no-print-directory -j$(NPROC) FUZZ_KIND=$(FUZZ_FOUND) fuzz-build
+	@sh tests/fuzz/run.sh $(BUILD)/fuzz/$(FUZZ_FOUND) $(FUZZ_SECONDS)
 
 # CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host
 # references; both print "N passed, N failed".

@@ -1,5 +1,6 @@
 /* Lua bindings for the tokenizer (runtime/tokenizer/tokenizer.h): a Tokenizer userdata class.
  * Ids are plain Lua arrays of integers (the datasets layer turns batches into tensors). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +22,22 @@ static zr_tokenizer *check_tok(lua_State *L, int idx) {
 static const char *check_text(lua_State *L, int idx, const char *usage, const char *what, size_t *len) {
     if (!lua_isstring(L, idx)) luaL_error(L, "%s: %s must be a string, got %s", usage, what, luaL_typename(L, idx));
     return lua_tolstring(L, idx, len);
+}
+
+#define ENCODE_USAGE "tok:encode(text [, add_special_tokens [, max_length]])"
+#define DECODE_USAGE "tok:decode(ids [, skip_special_tokens])"
+
+/* An id must be an integer an int32 holds: 0.5 or 2^32 must not quietly become id 0. Ids
+ * outside the vocabulary (negative ones too) are the C decoder's to skip. */
+static int id_ok(double v) {
+    return v == v && v >= -2147483648.0 && v <= 2147483647.0 && v == (double)(int32_t)v;
+}
+/* "0.5", "inf", "nan", "string", ... for messages (lua_pushfstring has no %g). */
+static void describe_number(lua_State *L, int idx, char *buf, size_t cap) {
+    double v = lua_tonumber(L, idx);
+    if (lua_type(L, idx) != LUA_TNUMBER) snprintf(buf, cap, "%s", luaL_typename(L, idx));
+    else if (v != v) snprintf(buf, cap, "nan");
+    else snprintf(buf, cap, "%.17g", v);
 }
 
 static int l_load(lua_State *L) {
@@ -45,9 +62,18 @@ static int l_gc(lua_State *L) {
 static int l_encode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
     size_t len;
-    const char *s = check_text(L, 2, "tok:encode(text [, add_special_tokens [, max_length]])", "text", &len);
+    const char *s = check_text(L, 2, ENCODE_USAGE, "text", &len);
     int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
-    int64_t maxlen = (int64_t)luaL_optnumber(L, 4, -1);
+    int64_t maxlen = -1;
+    if (!lua_isnoneornil(L, 4)) {
+        double m = lua_type(L, 4) == LUA_TNUMBER ? lua_tonumber(L, 4) : -1;
+        if (!(m >= 0 && m <= 9e15 && m == (double)(int64_t)m)) {
+            char got[64];
+            describe_number(L, 4, got, sizeof got);
+            return luaL_error(L, "%s: max_length must be a non-negative integer, got %s", ENCODE_USAGE, got);
+        }
+        maxlen = (int64_t)m;
+    }
     int32_t *ids;
     int64_t n;
     if (zr_tokenizer_encode(t, s, len, add, &ids, &n)) return zr_l_error(L);
@@ -61,6 +87,7 @@ static int l_encode(lua_State *L) {
     return 1;
 }
 
+
 /* decode({ids} or i32/i64 tensor [, skip_special_tokens=false]) -> string */
 static int l_decode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
@@ -72,15 +99,42 @@ static int l_decode(lua_State *L) {
         if (!d) return zr_l_error(L);
         n = zr_tensor_numel(tt);
         ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
-        for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)d[i];
+        if (!ids) {
+            free(d);
+            return luaL_error(L, "%s: out of memory", DECODE_USAGE);
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (!id_ok(d[i])) {
+                double v = d[i];
+                free(d);
+                free(ids);
+                char msg[160];
+                snprintf(msg, sizeof msg, "%s: element %lld of the ids tensor must be an integer from "
+                         "-2^31 to 2^31-1, got %.17g (use an i32 or i64 tensor)", DECODE_USAGE,
+                         (long long)i + 1, v);
+                return luaL_error(L, "%s", msg);
+            }
+            ids[i] = (int32_t)d[i];
+        }
         free(d);
     } else {
-        luaL_checktype(L, 2, LUA_TTABLE);
+        if (!lua_istable(L, 2))
+            return luaL_error(L, "%s: ids must be a table of integers or an integer tensor, got %s",
+                              DECODE_USAGE, luaL_typename(L, 2));
         n = (int64_t)lua_objlen(L, 2);
         ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+        if (!ids) return luaL_error(L, "%s: out of memory", DECODE_USAGE);
         for (int64_t i = 0; i < n; i++) {
             lua_rawgeti(L, 2, (int)(i + 1));
-            ids[i] = (int32_t)lua_tointeger(L, -1);
+            double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : 0.5;
+            if (!id_ok(v)) {
+                char got[64];
+                describe_number(L, -1, got, sizeof got);
+                free(ids);
+                return luaL_error(L, "%s: ids[%d] must be an integer from -2^31 to 2^31-1, got %s",
+                                  DECODE_USAGE, (int)(i + 1), got);
+            }
+            ids[i] = (int32_t)v;
             lua_pop(L, 1);
         }
     }
@@ -110,8 +164,12 @@ static int l_token_to_id(lua_State *L) {
 static int l_id_to_token(lua_State *L) {
     int64_t len;
     zr_tokenizer *t = check_tok(L, 1);
-    if (!lua_isnumber(L, 2)) luaL_error(L, "tok:id_to_token(id): id must be an integer, got %s", luaL_typename(L, 2));
-    const char *s = zr_tokenizer_id_to_token(t, (int32_t)lua_tointeger(L, 2), &len);
+    if (lua_type(L, 2) != LUA_TNUMBER || !id_ok(lua_tonumber(L, 2))) {
+        char got[64];
+        describe_number(L, 2, got, sizeof got);
+        luaL_error(L, "tok:id_to_token(id): id must be an integer, got %s", got);
+    }
+    const char *s = zr_tokenizer_id_to_token(t, (int32_t)lua_tonumber(L, 2), &len);
     if (!s) lua_pushnil(L);
     else lua_pushlstring(L, s, (size_t)len);
     return 1;

@@ -21,6 +21,8 @@ BUILD=${BUILD:-build}
 ZRUN_BIN=${ZRUN_BIN:-./zrun}
 export ZRUN_BIN
 for t in "$BUILD"/tests/test_*; do [ -x "$t" ] && run_one "$t" "$t"; done
+# the fuzz targets under ASan + UBSan (`make test` builds them and names their folder)
+[ -n "$FUZZ_BIN_DIR" ] && run_one tests/fuzz sh tests/fuzz/run.sh "$FUZZ_BIN_DIR" "${FUZZ_SECONDS:-6}"
 for t in tests/ops/test_*.lua; do
   case "$t" in *_cuda.lua) ;; *) run_one "$t" "$ZRUN_BIN" "$t" ;; esac
 done

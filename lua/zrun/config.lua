@@ -177,7 +177,10 @@ local function check_leaf(node, v)
       for _, x in ipairs(node.values) do if x == v then return v end end
       return nil, one_of(node.values)
     end
-    if type(v) ~= "number" or v ~= v or (t == "int" and floor(v) ~= v) then return nil, range_text(node, what) end
+    -- (JSON's 1e400 decodes to infinity: no count or size is infinite, and floor(inf) == inf)
+    if type(v) ~= "number" or v ~= v or v == huge or v == -huge or (t == "int" and floor(v) ~= v) then
+      return nil, range_text(node, what)
+    end
     if (node.min and (v < node.min or (node.open_min and v == node.min))) or (node.max and v > node.max) then
       return nil, range_text(node, what)
     end
@@ -592,6 +595,19 @@ local ARG_DEFAULTS = {
 }
 M.ARG_DEFAULTS = ARG_DEFAULTS
 
+-- Optimizer steps per epoch as the Trainer runs them: each rank reads floor(n / world) rows in
+-- micro-batches of mb (a last partial micro-batch is dropped), and every ga micro-batches step.
+function M.steps_per_epoch(n, world, mb, ga)
+  return floor(floor(floor(n / world) / mb) / ga)
+end
+
+-- Warmup steps as TrainingArguments.get_warmup_steps: warmup_steps when set, else
+-- ceil(warmup_ratio × total steps).
+function M.warmup_steps(warmup_steps, warmup_ratio, total)
+  if warmup_steps and warmup_steps > 0 then return warmup_steps end
+  return ceil((warmup_ratio or 0) * total)
+end
+
 local function arg(ctx, name)
   local v = ctx.args[name]
   if v ~= nil then return v, "args." .. name, true end
@@ -615,7 +631,7 @@ local function set(vals, path, v)
 end
 
 -- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch
--- (Trainer's arithmetic: per-rank loader length ÷ accumulation, at least 1).
+-- (M.steps_per_epoch, the Trainer's arithmetic, at least 1).
 local function num_training_steps(ctx, vals)
   if ctx.num_training_steps then return ctx.num_training_steps, "num_training_steps", true end
   local ms, _, explicit = arg(ctx, "max_steps")
@@ -623,8 +639,7 @@ local function num_training_steps(ctx, vals)
   local n = ctx.args.train_dataset_size
   local mb, ga = vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps
   if n and type(mb) == "number" and type(ga) == "number" then
-    local per_rank = ceil(n / ctx.world_size)
-    local per_epoch = math.max(floor(ceil(per_rank / mb) / ga), 1)
+    local per_epoch = math.max(M.steps_per_epoch(n, ctx.world_size, mb, ga), 1)
     local epochs = arg(ctx, "num_train_epochs")
     return ceil(epochs * per_epoch), fmt("%s epochs × %d updates per epoch", fmtnum(epochs), per_epoch), true
   end
@@ -680,7 +695,7 @@ local AUTO = {
     if ratio == 0 then return 0, "no warmup (args.warmup_steps and warmup_ratio are 0)", explicit or rexp end
     local total, why, texp = num_training_steps(ctx, vals)
     if not total then return nil, why end
-    return ceil(total * ratio), fmt("ceil(%s × %s steps)", rnote, fmtnum(total)), rexp and texp
+    return M.warmup_steps(0, ratio, total), fmt("ceil(%s × %s steps)", rnote, fmtnum(total)), rexp and texp
   end },
   { "zero_optimization.reduce_bucket_size", function(ctx)
     local h, why = hidden_size(ctx)

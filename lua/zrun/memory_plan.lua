@@ -116,6 +116,9 @@ local function settings(o, cfg_model)
     error("memory plan: zero_optimization.offload_optimizer needs stage 1, 2 or 3", 0)
   end
   if s.seq_len < 2 then error("memory plan: seq_len must be at least 2 (the causal LM loss shifts by one)", 0) end
+  if s.micro_batch < 1 or s.micro_batch ~= floor(s.micro_batch) or s.micro_batch == math.huge then
+    error("memory plan: micro_batch must be a positive integer, got " .. tostring(s.micro_batch), 0)
+  end
   return s
 end
 
@@ -415,16 +418,19 @@ function M.main_plan(args)
     dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
     fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1 }
   for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
-  local function int(k)
+  local function int(k, min) -- min: 1 for counts (a micro-batch of 0 planned zero), else 0
     if o[k] == nil then return nil end
     local n = tonumber(o[k])
-    if not n or n < 0 or n ~= floor(n) then error(fmt("zrun plan: --%s must be an integer, got '%s'", k, o[k]), 0) end
+    if not n or n ~= floor(n) or n == math.huge then
+      error(fmt("zrun plan: --%s must be an integer, got '%s'", k, o[k]), 0)
+    end
+    if n < (min or 0) then error(fmt("zrun plan: --%s must be at least %d, got %s", k, min or 0, o[k]), 0) end
     return n
   end
   local gc = o.gc
   if gc and gc ~= "none" and gc ~= "backward" and gc ~= "ideal" then error("zrun plan: --gc must be none, backward or ideal", 0) end
-  local opts = { model = pos[1], config = o.config, micro_batch = int("micro-batch"), seq_len = int("seq-len"),
-    gpus_per_node = int("gpus-per-node") or int("gpus") or 1, nodes = int("nodes") or 1, stage = int("stage"),
+  local opts = { model = pos[1], config = o.config, micro_batch = int("micro-batch", 1), seq_len = int("seq-len"),
+    gpus_per_node = int("gpus-per-node", 1) or int("gpus", 1) or 1, nodes = int("nodes", 1) or 1, stage = int("stage"),
     dtype = o.dtype, gradient_checkpointing = o["gradient-checkpointing"] or nil,
     offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
     device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"] }

@@ -79,7 +79,10 @@ end
 function Byte:decode(ids, skip_special)
   if C.is_tensor(ids) then ids = ids:flat_table() end
   local out = {}
-  for _, id in ipairs(ids) do
+  for i, id in ipairs(ids) do
+    if type(id) ~= "number" or id ~= math.floor(id) then
+      error(("tok:decode(ids [, skip_special_tokens]): ids[%d] must be an integer, got %s"):format(i, tostring(id)), 2)
+    end
     if id >= 3 and id < 259 then out[#out + 1] = string.char(id - 3) end
   end
   return table.concat(out)

@@ -114,8 +114,8 @@ function Trainer:setup()
   a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
   a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
   local n = self.train_dataset and #self.train_dataset.rows or 0
-  local batches = floor(floor(n / W) / a.per_device_train_batch_size) -- per rank, per epoch (last dropped)
-  local per_epoch = floor(batches / a.gradient_accumulation_steps)
+  local per_epoch = require("zrun.config").steps_per_epoch(n, W, a.per_device_train_batch_size,
+    a.gradient_accumulation_steps)
   if self.train_dataset and per_epoch < 1 then
     error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): " ..
       "use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
@@ -129,7 +129,7 @@ function Trainer:setup()
     num_training_steps = self.total_steps, model_parameters = Trainer.param_groups(self.model, nil) })
   local e = self.engine
   if not e.lr_scheduler then -- HF builds its own schedule when the config has none
-    local warm = a.warmup_steps > 0 and a.warmup_steps or ceil(a.warmup_ratio * self.total_steps)
+    local warm = require("zrun.config").warmup_steps(a.warmup_steps, a.warmup_ratio, self.total_steps)
     e.lr_scheduler = require("zrun.schedulers").hf(a.lr_scheduler_type, e.optimizer,
       { num_warmup_steps = warm, num_training_steps = self.total_steps })
     self.hf_schedule = true

@@ -7,11 +7,9 @@ local M = {}
 local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, math.floor, math.ceil
 
 -- Implemented keys and TrainingArguments' defaults (nil: no default; false where HF has False).
+-- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
-  output_dir = "output", per_device_train_batch_size = 8, per_device_eval_batch_size = 8,
-  gradient_accumulation_steps = 1, learning_rate = 5e-5, weight_decay = 0.0, adam_beta1 = 0.9,
-  adam_beta2 = 0.999, adam_epsilon = 1e-8, max_grad_norm = 1.0, num_train_epochs = 3, max_steps = -1,
-  warmup_steps = 0, warmup_ratio = 0.0, lr_scheduler_type = "linear",
+  output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear",
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
@@ -19,6 +17,8 @@ M.DEFAULTS = {
   resume_from_checkpoint = false,
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
+
+for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
 
 -- Keys that change nothing in zrun (logging integrations, worker processes): accepted with a warning.
 M.NO_EFFECT = {

@@ -275,7 +275,7 @@ static int parse_number(parser *ps, zr_json *out) {
     }
     out->type = ZR_JSON_NUMBER;
     if (simple && !overflow && mag <= (uint64_t)INT64_MAX + (uint64_t)neg) {
-        out->is_int = 1;
+        out->is_int = out->is_int_literal = 1;
         out->u.n.i = neg ? (int64_t)(0 - mag) : (int64_t)mag;
         out->u.n.num = (double)out->u.n.i;
     } else {
@@ -289,8 +289,10 @@ static int parse_number(parser *ps, zr_json *out) {
         double d = c_locale ? strtod_l(buf, NULL, c_locale) : strtod(buf, NULL);
         free(big);
         out->u.n.num = d;
-        out->is_int =
-            d == (double)(int64_t)d && d >= -9223372036854775808.0 && d < 9223372036854775808.0;
+        /* Digits alone reach here only when out of int64 range. Range before the cast: converting
+         * a double outside int64 (1e400 is inf) is undefined behaviour. */
+        out->is_int = !simple && d >= -9223372036854775808.0 && d < 9223372036854775808.0 &&
+                      d == (double)(int64_t)d;
         out->u.n.i = out->is_int ? (int64_t)d : 0;
     }
     ps->p = p;

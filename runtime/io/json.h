@@ -30,6 +30,9 @@ typedef struct zr_json_member zr_json_member;
 struct zr_json {
     uint8_t type;   /* zr_json_type */
     uint8_t is_int; /* number: integral and representable as int64 (then i is exact) */
+    uint8_t is_int_literal; /* number: is_int and written as digits only (no fraction, no
+                             * exponent): what a schema asking for an integer accepts (2e0
+                             * and 3.0 are integral values but not integers as written) */
     int64_t len;    /* string: bytes (without the NUL); array/object: element count */
     union {
         struct {

@@ -94,10 +94,14 @@ static int int_array(const zr_json *v, int64_t *out, int max, const char *path, 
     }
     for (int64_t i = 0; i < n; i++) {
         const zr_json *x = zr_json_at(v, i);
-        if (!zr_json_is(x, ZR_JSON_NUMBER) || !x->is_int || x->u.n.i < 0) {
+        /* Written as digits, as the Rust library's usize fields require: 2e0 and 3.0 are refused. */
+        if (!zr_json_is(x, ZR_JSON_NUMBER) || !x->is_int_literal || x->u.n.i < 0) {
+            const char *got = !zr_json_is(x, ZR_JSON_NUMBER) ? zr_json_type_name(x)
+                              : x->u.n.num < 0                 ? "a negative number"
+                              : x->is_int ? "a number with a fraction or exponent (write digits only)"
+                                          : "a fractional or too large number";
             zr_error("%s: tensor '%s': \"%s\" entry %lld must be a non-negative integer, got %s", path,
-                     name, field, (long long)i + 1,
-                     zr_json_is(x, ZR_JSON_NUMBER) ? "a negative or fractional number" : zr_json_type_name(x));
+                     name, field, (long long)i + 1, got);
             return -1;
         }
         out[i] = x->u.n.i;
@@ -181,6 +185,9 @@ static zr_status parse_metadata(zr_safetensors *f, const zr_json *m) {
         if (!zr_json_is(&mem->value, ZR_JSON_STRING))
             return zr_error("%s: \"__metadata__\" value of '%s' must be a string, got %s", f->path,
                             mem->key, zr_json_type_name(&mem->value));
+        if ((int64_t)strlen(mem->key) != mem->key_len || (int64_t)strlen(mem->value.u.str) != mem->value.len)
+            return zr_error("%s: \"__metadata__\" key '%s' or its value holds a NUL character (\\u0000); "
+                            "they must not", f->path, mem->key);
         f->meta[i].key = mem->key;
         f->meta[i].value = mem->value.u.str;
     }
@@ -235,6 +242,10 @@ static zr_status parse_header(zr_safetensors *f) {
     if (!f->entries) return zr_error("%s: out of host memory", path);
     for (int64_t i = 0; i < nm; i++) {
         const zr_json_member *m = zr_json_member_at(root, i);
+        /* A \u0000 in a key would cut the name short here (the Rust library refuses it too). */
+        if ((int64_t)strlen(m->key) != m->key_len)
+            return zr_error("%s: tensor name '%s\\u0000...' holds a NUL character (\\u0000); names must not",
+                            path, m->key);
         if (strcmp(m->key, "__metadata__") == 0) {
             ZR_CHECK(parse_metadata(f, &m->value));
             continue;
@@ -246,24 +257,44 @@ static zr_status parse_header(zr_safetensors *f) {
     for (int64_t i = 1; i < f->n; i++)
         if (strcmp(f->entries[i].name, f->entries[i - 1].name) == 0)
             return zr_error("%s: tensor '%s' appears twice in the header", path, f->entries[i].name);
-    /* Overlaps: sort by begin and compare neighbours (empty tensors occupy no bytes). */
+    /* The tensors tile the data section exactly, as the Rust library requires: sorted by offsets,
+     * each begins where the previous one ends (the first at 0), and the last ends at the end of the
+     * file. No overlap, no gap, no trailing bytes. */
     const zr_safetensors_entry **by = malloc(((size_t)f->n + 1) * sizeof *by);
     if (!by) return zr_error("%s: out of host memory", path);
-    int64_t k = 0;
     for (int64_t i = 0; i < f->n; i++)
-        if (f->entries[i].end > f->entries[i].begin) by[k++] = &f->entries[i];
-    qsort(by, (size_t)k, sizeof *by, cmp_entry_begin);
-    for (int64_t i = 1; i < k; i++)
-        if (by[i]->begin < by[i - 1]->end) {
-            zr_error("%s: tensors '%s' [%lld, %lld] and '%s' [%lld, %lld] overlap in the data section; the "
-                     "header is corrupt",
-                     path, by[i - 1]->name, (long long)by[i - 1]->begin, (long long)by[i - 1]->end,
-                     by[i]->name, (long long)by[i]->begin, (long long)by[i]->end);
-            free(by);
-            return ZR_ERR;
-        }
+        by[i] = &f->entries[i];
+    qsort(by, (size_t)f->n, sizeof *by, cmp_entry_begin);
+    int64_t pos = 0;
+    const zr_safetensors_entry *prev = NULL;
+    zr_status st = ZR_OK;
+    for (int64_t i = 0; i < f->n && !st; i++) {
+        const zr_safetensors_entry *e = by[i];
+        if (e->begin < pos)
+            st = zr_error("%s: tensors '%s' [%lld, %lld] and '%s' [%lld, %lld] overlap in the data section; "
+                          "the header is corrupt",
+                          path, prev->name, (long long)prev->begin, (long long)prev->end, e->name,
+                          (long long)e->begin, (long long)e->end);
+        else if (e->begin > pos && prev)
+            st = zr_error("%s: tensor '%s' begins at byte %lld of the data section but '%s' ends at %lld: "
+                          "a gap of %lld bytes that belong to no tensor; the header is corrupt",
+                          path, e->name, (long long)e->begin, prev->name, (long long)pos,
+                          (long long)(e->begin - pos));
+        else if (e->begin > pos)
+            st = zr_error("%s: the first tensor, '%s', begins at byte %lld of the data section, not 0: a "
+                          "gap of %lld bytes that belong to no tensor; the header is corrupt",
+                          path, e->name, (long long)e->begin, (long long)e->begin);
+        pos = e->end;
+        prev = e;
+    }
     free(by);
-    return ZR_OK;
+    int64_t data_len = f->file_size - f->data_start;
+    if (!st && pos != data_len)
+        st = zr_error("%s: the tensors end at byte %lld of the data section, but it holds %lld bytes: %lld "
+                      "trailing bytes belong to no tensor (the file was appended to or the header is "
+                      "corrupt)",
+                      path, (long long)pos, (long long)data_len, (long long)(data_len - pos));
+    return st;
 }
 
 zr_safetensors *zr_safetensors_open(const char *path) {

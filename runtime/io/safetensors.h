@@ -50,10 +50,11 @@ typedef struct {
 
 typedef struct zr_safetensors zr_safetensors;
 
-/* Opens and validates a file: header length, JSON, every entry (dtype, shape, offsets inside the
- * file, byte count = numel * element size, no two tensors overlapping, no duplicate names) and
- * __metadata__ (a string -> string map). The file is mapped, not read. Errors name the file, the
- * tensor and the problem. */
+/* Opens and validates a file as strictly as the Rust library: header length, JSON, every entry
+ * (dtype, shape and offsets written as non-negative integers, byte count = numel * element size,
+ * no duplicate names, no NUL in names), the tensors tiling the data section exactly (no overlap, no
+ * gap, no trailing bytes) and __metadata__ (a string -> string map). The file is mapped, not read.
+ * Errors name the file, the tensor and the problem. */
 zr_safetensors *zr_safetensors_open(const char *path);
 void zr_safetensors_close(zr_safetensors *f); /* NULL-safe */
 

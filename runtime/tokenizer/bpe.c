@@ -230,7 +230,7 @@ static int bpe_piece(const zr_tokenizer *tok, const char *w, int64_t n, tok_ids 
         if (e >= 0) {
             int32_t off = tok->cache.e[e].a, cnt = tok->cache.e[e].b;
             int rc = tok_ids_reserve(out, cnt);
-            if (!rc) {
+            if (!rc && cnt) { /* a word may encode to no id: then both buffers may be NULL */
                 memcpy(out->v + out->n, tok->cache_ids.v + off, (size_t)cnt * sizeof(int32_t));
                 out->n += cnt;
             }
@@ -250,7 +250,7 @@ static int bpe_piece(const zr_tokenizer *tok, const char *w, int64_t n, tok_ids 
         else
             rc = merge_large(tok, sym.id, &sym.n);
     }
-    if (!rc && !(rc = tok_ids_reserve(out, sym.n))) {
+    if (!rc && sym.n && !(rc = tok_ids_reserve(out, sym.n))) {
         memcpy(out->v + out->n, sym.id, (size_t)sym.n * sizeof(int32_t));
         out->n += sym.n;
     }
@@ -262,7 +262,7 @@ static int bpe_piece(const zr_tokenizer *tok, const char *w, int64_t n, tok_ids 
         }
         if (tok_strmap_find(&tok->cache, w, n) < 0 && !tok_ids_reserve(&mut->cache_ids, sym.n)) {
             int32_t off = (int32_t)mut->cache_ids.n;
-            memcpy(mut->cache_ids.v + off, sym.id, (size_t)sym.n * sizeof(int32_t));
+            if (sym.n) memcpy(mut->cache_ids.v + off, sym.id, (size_t)sym.n * sizeof(int32_t));
             if (tok_strmap_put(&mut->cache, w, n, off, (int32_t)sym.n) >= 0)
                 mut->cache_ids.n += sym.n;
         }

@@ -190,7 +190,7 @@ int tok_load_post(zr_tokenizer *tok, const zr_json *o) {
             int64_t n = zr_json_len(ids) < 64 ? zr_json_len(ids) : 64;
             for (int64_t k = 0; k < n; k++) {
                 const zr_json *id = zr_json_at(ids, k);
-                if (!zr_json_is(id, ZR_JSON_NUMBER) || !id->is_int || id->u.n.i < 0 ||
+                if (!zr_json_is(id, ZR_JSON_NUMBER) || !id->is_int_literal || id->u.n.i < 0 ||
                     id->u.n.i > INT32_MAX)
                     return zr_error("%s: post_processor.special_tokens[\"%s\"].ids[%lld] is not a "
                                     "token id",
@@ -202,8 +202,12 @@ int tok_load_post(zr_tokenizer *tok, const zr_json *o) {
     } else if (!strcmp(type, "RobertaProcessing") || !strcmp(type, "BertProcessing")) {
         const zr_json *cls = zr_json_at(zr_json_get(o, "cls"), 1),
                       *sep = zr_json_at(zr_json_get(o, "sep"), 1);
-        if (!zr_json_is(cls, ZR_JSON_NUMBER) || !zr_json_is(sep, ZR_JSON_NUMBER))
-            return zr_error("%s: post_processor %s needs cls and sep as [token, id]", P, type);
+        if (!zr_json_is(cls, ZR_JSON_NUMBER) || !zr_json_is(sep, ZR_JSON_NUMBER) ||
+            !cls->is_int_literal || !sep->is_int_literal || cls->u.n.i < 0 ||
+            cls->u.n.i > INT32_MAX || sep->u.n.i < 0 || sep->u.n.i > INT32_MAX)
+            return zr_error("%s: post_processor %s needs cls and sep as [token, id] with an id "
+                            "from 0 to 2147483647",
+                            P, type);
         int32_t c = (int32_t)cls->u.n.i, s = (int32_t)sep->u.n.i;
         if (add_template_item(tok, 0, &c, 1) || add_template_item(tok, 1, NULL, 0) ||
             add_template_item(tok, 0, &s, 1))

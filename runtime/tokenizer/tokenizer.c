@@ -100,6 +100,16 @@ static const char *opt_string(const zr_json *obj, const char *key) {
     return s && *s ? s : NULL;
 }
 
+/* "a number with a fraction or exponent", "-3", "string", ... for messages about ids */
+static void describe_id(const zr_json *v, char *buf, size_t cap) {
+    if (!zr_json_is(v, ZR_JSON_NUMBER))
+        snprintf(buf, cap, "%s", zr_json_type_name(v));
+    else if (v->is_int_literal)
+        snprintf(buf, cap, "%lld", (long long)v->u.n.i);
+    else
+        snprintf(buf, cap, "%.17g", v->u.n.num);
+}
+
 static int load_model(zr_tokenizer *tok, const zr_json *model) {
     const char *P = tok->path;
     if (!zr_json_is(model, ZR_JSON_OBJECT))
@@ -122,9 +132,12 @@ static int load_model(zr_tokenizer *tok, const zr_json *model) {
     int64_t nv = zr_json_len(vocab), max_id = -1;
     for (int64_t i = 0; i < nv; i++) {
         const zr_json_member *m = zr_json_member_at(vocab, i);
-        if (!m->value.is_int || m->value.u.n.i < 0 || m->value.u.n.i >= TOKENIZER_MAX_ID)
-            return zr_error("%s: model.vocab[\"%s\"] must be an id between 0 and 2^24, got %s", P,
-                            m->key, zr_json_type_name(&m->value));
+        if (!m->value.is_int_literal || m->value.u.n.i < 0 || m->value.u.n.i >= TOKENIZER_MAX_ID) {
+            char got[32];
+            describe_id(&m->value, got, sizeof got);
+            return zr_error("%s: model.vocab[\"%s\"] must be an integer id from 0 to 2^24-1, got %s",
+                            P, m->key, got);
+        }
         if (tok_strmap_put(&tok->vocab, m->key, m->key_len, (int32_t)m->value.u.n.i, 0) < 0)
             return zr_error("%s: out of memory", P);
         if (m->value.u.n.i > max_id) max_id = m->value.u.n.i;
@@ -223,6 +236,17 @@ static int load_added(zr_tokenizer *tok, const zr_json *arr) {
         const zr_json *content = zr_json_get(t, "content");
         if (!zr_json_is(content, ZR_JSON_STRING))
             return zr_error("%s: added_tokens[%lld] needs a string \"content\"", P, (long long)i);
+        /* HF reads "id" as a u32 and only warns when it differs from the id it assigns; an id
+         * no int32 holds (negative, too large, 3.0, missing) is refused, not renumbered. */
+        const zr_json *fid = zr_json_get(t, "id");
+        if (!zr_json_is(fid, ZR_JSON_NUMBER) || !fid->is_int_literal || fid->u.n.i < 0 ||
+            fid->u.n.i > INT32_MAX) {
+            char got[32];
+            describe_id(fid, got, sizeof got);
+            return zr_error("%s: added_tokens[%lld] (\"%s\") has id %s; an id must be an integer "
+                            "from 0 to 2147483647",
+                            P, (long long)i, content->u.str, got);
+        }
         if (tok_strmap_find(&tok->added_map, content->u.str, content->len) >= 0) continue;
         tok_added *a = &tok->added[tok->n_added];
         int64_t id = vocab_id(tok, content->u.str, content->len);

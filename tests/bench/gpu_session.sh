@@ -34,5 +34,7 @@ for c in zero0 zero1 zero2 zero3 zero2_offload zero3_offload; do
 done
 echo "### transformers loads zrun-saved directories"
 $Z tests/golden/save_for_hf_check.lua hfcheck && python3 tests/golden/check_hf_save.py hfcheck
+echo "### transformers loads zero-to-fp32 output with strict=True"
+$Z tests/golden/save_zero_for_hf_check.lua zerocheck && python3 tests/golden/check_zero_to_fp32.py zerocheck
 echo "### TensorBoard reads zrun's monitor files"; python3 tests/bench/check_tensorboard.py
 } 2>&1 | tee "${OUT:-${TMPDIR:-/tmp}}/gpu_session.txt"

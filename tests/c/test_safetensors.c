@@ -312,6 +312,65 @@ TEST(corrupt_files_give_specific_errors) {
     CHECK(open_fails_with(tmpdir, "is a directory"));
 }
 
+TEST(refuses_what_the_rust_library_refuses) {
+    /* Each of these opened before (issue 16): numbers that are integral but not written as
+     * integers, data sections with gaps or trailing bytes, NUL in names. 1e400 is the UBSan case
+     * (a double converted to int64 before its range check). */
+    unsigned char data[64] = {0};
+    char hdr[512];
+    static const struct {
+        const char *shape, *offsets, *want;
+    } nums[] = {
+        {"[2e0]", "[0,8]", "\"shape\" entry 1 must be a non-negative integer, got a number with a fraction or exponent"},
+        {"[3.0]", "[0,12]", "\"shape\" entry 1 must be a non-negative integer, got a number with a fraction"},
+        {"[3]", "[0,1.2e1]", "\"data_offsets\" entry 2 must be a non-negative integer, got a number with a fraction"},
+        {"[1e400]", "[0,12]", "\"shape\" entry 1 must be a non-negative integer, got a fractional or too large number"},
+        {"[-1e400]", "[0,12]", "\"shape\" entry 1 must be a non-negative integer, got a negative number"},
+        {"[3]", "[0,99999999999999999999]", "\"data_offsets\" entry 2 must be a non-negative integer, got a fractional or too large"},
+        {"[1.5]", "[0,12]", "got a fractional or too large number"},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        snprintf(hdr, sizeof hdr, "{\"a\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":%s}}", nums[i].shape,
+                 nums[i].offsets);
+        write_raw(tpath("num.safetensors"), hdr, 0, data, 12);
+        CHECK_MSG(open_fails_with(tpath("num.safetensors"), nums[i].want), "shape %s offsets %s", nums[i].shape,
+                  nums[i].offsets);
+    }
+    /* a gap between two tensors, a gap before the first, trailing bytes, and the exact file */
+    snprintf(hdr, sizeof hdr, "{%s,\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[16,20]}}", GOOD_ENTRY);
+    write_raw(tpath("gap.safetensors"), hdr, 0, data, 20);
+    CHECK(open_fails_with(tpath("gap.safetensors"), "tensor 'b' begins at byte 16 of the data section but 'a' ends at 12: a gap of 4 bytes"));
+    snprintf(hdr, sizeof hdr, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[4,16]}}");
+    write_raw(tpath("gap0.safetensors"), hdr, 0, data, 16);
+    CHECK(open_fails_with(tpath("gap0.safetensors"), "the first tensor, 'a', begins at byte 4 of the data section, not 0"));
+    snprintf(hdr, sizeof hdr, "{%s}", GOOD_ENTRY);
+    write_raw(tpath("trail.safetensors"), hdr, 0, data, 13);
+    CHECK(open_fails_with(tpath("trail.safetensors"), "the tensors end at byte 12 of the data section, but it holds 13 bytes: 1 trailing"));
+    write_raw(tpath("none.safetensors"), "{}", 6, data, 4);
+    CHECK(open_fails_with(tpath("none.safetensors"), "the tensors end at byte 0 of the data section, but it holds 4 bytes"));
+    write_raw(tpath("exact.safetensors"), hdr, 5, data, 12);
+    zr_safetensors *f = zr_safetensors_open(tpath("exact.safetensors"));
+    CHECK_MSG(f, "%s", zr_last_error());
+    zr_safetensors_close(f);
+    /* empty tensors anywhere in the sequence are fine; one past the end is not */
+    snprintf(hdr, sizeof hdr, "{\"e0\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},%s,"
+                              "\"e1\":{\"dtype\":\"BF16\",\"shape\":[2,0],\"data_offsets\":[12,12]}}", GOOD_ENTRY);
+    write_raw(tpath("empties.safetensors"), hdr, 0, data, 12);
+    f = zr_safetensors_open(tpath("empties.safetensors"));
+    CHECK_MSG(f && zr_safetensors_count(f) == 3, "%s", zr_last_error());
+    zr_safetensors_close(f);
+    snprintf(hdr, sizeof hdr, "{%s,\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[13,13]}}", GOOD_ENTRY);
+    write_raw(tpath("empty_gap.safetensors"), hdr, 0, data, 13);
+    CHECK(open_fails_with(tpath("empty_gap.safetensors"), "tensor 'e' begins at byte 13"));
+    /* NUL inside a tensor name (would alias 'a') and inside metadata */
+    snprintf(hdr, sizeof hdr, "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}");
+    write_raw(tpath("nul.safetensors"), hdr, 0, data, 12);
+    CHECK(open_fails_with(tpath("nul.safetensors"), "tensor name 'a\\u0000...' holds a NUL character"));
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"k\":\"v\\u0000w\"},%s}", GOOD_ENTRY);
+    write_raw(tpath("nulmeta.safetensors"), hdr, 0, data, 12);
+    CHECK(open_fails_with(tpath("nulmeta.safetensors"), "\"__metadata__\" key 'k' or its value holds a NUL"));
+}
+
 static int stream_calls[8], n_stream_calls;
 static zr_tensor *stream_get(void *ctx, int64_t i) {
     stream_calls[n_stream_calls++] = (int)i;
@@ -374,6 +433,7 @@ int main(void) {
     RUN(round_trip_every_dtype);
     RUN(noncontiguous_tensor_written_in_logical_order);
     RUN(corrupt_files_give_specific_errors);
+    RUN(refuses_what_the_rust_library_refuses);
     RUN(atomic_write_leaves_no_temp_file);
     DIR *d = opendir(tmpdir);
     struct dirent *e;

@@ -127,6 +127,8 @@ TEST(json_values) {
     CHECK(zr_json_at(a, 3)->is_int && zr_json_at(a, 3)->u.n.i == INT64_MIN);
     CHECK(!zr_json_at(a, 4)->is_int && zr_json_at(a, 4)->u.n.num > 1e308);
     CHECK(!zr_json_at(a, 5)->is_int && zr_json_at(a, 5)->u.n.num == 0.5);
+    CHECK(zr_json_at(a, 0)->is_int_literal && zr_json_at(a, 2)->is_int_literal &&
+          zr_json_at(a, 3)->is_int_literal && !zr_json_at(a, 1)->is_int_literal);
     CHECK(zr_json_at(a, 6) == NULL);
     const zr_json *s = zr_json_get(r, "s");
     const char want[] = "q\"\\/\b\f\n\r\t\xC3\xA9\xE2\x96\x81\xF0\x9F\x98\x80";
@@ -139,6 +141,41 @@ TEST(json_values) {
     CHECK(!strcmp(zr_json_member_at(r, 1)->key, "s")); /* file order */
     CHECK(!strcmp(zr_json_type_name(zr_json_get(r, "z")), "array"));
     zr_json_doc_free(d);
+}
+
+/* Integral values vs integers as written, and numbers out of int64's range (1e400 converted to
+ * int64 before the range check was undefined behaviour, issue 16). */
+TEST(json_integers) {
+    static const struct {
+        const char *text;
+        int is_int, literal;
+        int64_t i;
+    } cases[] = {
+        {"0", 1, 1, 0},
+        {"-0", 1, 1, 0},
+        {"2e0", 1, 0, 2},
+        {"3.0", 1, 0, 3},
+        {"-7E+1", 1, 0, -70},
+        {"0.5", 0, 0, 0},
+        {"9223372036854775807", 1, 1, INT64_MAX},
+        {"9223372036854775808", 0, 0, 0},
+        {"-9223372036854775809", 0, 0, 0}, /* rounds to -2^63 as a double, but is not it */
+        {"18446744073709551616", 0, 0, 0},
+        {"1e19", 0, 0, 0},
+        {"-9.223372036854775808e18", 1, 0, INT64_MIN},
+        {"1e400", 0, 0, 0},
+        {"-1e400", 0, 0, 0},
+        {"1e-400", 1, 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        zr_json_doc *d = zr_json_parse(cases[k].text, (int64_t)strlen(cases[k].text), "n.json");
+        const zr_json *v = zr_json_root(d);
+        CHECK_MSG(d && v->is_int == cases[k].is_int && v->is_int_literal == cases[k].literal &&
+                      (!v->is_int || v->u.n.i == cases[k].i),
+                  "%s: is_int %d literal %d i %lld", cases[k].text, d ? v->is_int : -1,
+                  d ? v->is_int_literal : -1, d ? (long long)v->u.n.i : 0);
+        zr_json_doc_free(d);
+    }
 }
 
 TEST(json_big_object) {
@@ -458,6 +495,62 @@ TEST(tokenizer_load_errors) {
     CHECK(load_text("{\"model\":{\"vocab\":{\"a\":0},\"merges\":[],}}") == NULL &&
           strstr(zr_last_error_message(), "tokenizer.json:1:"));
     CHECK(zr_tokenizer_load("/nonexistent/tokenizer.json") == NULL);
+    CHECK(load_text("{\"model\":{\"vocab\":{\"a\":1.0},\"merges\":[]}}") == NULL &&
+          strstr(zr_last_error_message(), "model.vocab[\"a\"] must be an integer id from 0 to 2^24-1, got 1"));
+    CHECK(load_text("{\"model\":{\"vocab\":{\"a\":-4},\"merges\":[]}}") == NULL &&
+          strstr(zr_last_error_message(), "model.vocab[\"a\"] must be an integer id from 0 to 2^24-1, got -4"));
+}
+
+/* Added-token ids that no int32 holds were silently renumbered (issue 16): now refused. */
+TEST(tokenizer_added_token_ids) {
+    static const struct {
+        const char *id, *want;
+    } cases[] = {
+        {"-1", "added_tokens[1] (\"<x>\") has id -1; an id must be an integer from 0 to 2147483647"},
+        {"2147483648", "has id 2147483648; an id must be an integer"},
+        {"4294967296", "has id 4294967296;"},
+        {"1e400", "has id inf;"},
+        {"3.0", "has id 3;"},
+        {"2e0", "has id 2;"},
+        {"\"3\"", "has id string;"},
+        {"null", "has id null;"},
+    };
+    char json[512];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(json, sizeof json,
+                 "{\"added_tokens\":[{\"id\":2,\"content\":\"<s>\"},{\"id\":%s,\"content\":\"<x>\"}],"
+                 "\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}",
+                 cases[i].id);
+        zr_tokenizer *t = load_text(json);
+        CHECK_MSG(!t && strstr(zr_last_error_message(), cases[i].want), "id %s: %s", cases[i].id,
+                  t ? "loaded" : zr_last_error_message());
+        zr_tokenizer_free(t);
+    }
+    CHECK(load_text("{\"added_tokens\":[{\"content\":\"<x>\"}],\"model\":{\"vocab\":{},\"merges\":[]}}") == NULL &&
+          strstr(zr_last_error_message(), "added_tokens[0] (\"<x>\") has id absent;"));
+    /* the largest id is fine (HF assigns the next free id, as before) */
+    snprintf(json, sizeof json,
+             "{\"added_tokens\":[{\"id\":2147483647,\"content\":\"<x>\"}],"
+             "\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}");
+    zr_tokenizer *t = load_text(json);
+    CHECK_MSG(t && zr_tokenizer_token_to_id(t, "<x>") == 2, "%s", t ? "wrong id" : zr_last_error_message());
+    zr_tokenizer_free(t);
+    /* BertProcessing / RobertaProcessing ids */
+    CHECK(load_text("{\"post_processor\":{\"type\":\"BertProcessing\",\"cls\":[\"a\",-1],\"sep\":[\"b\",1]},"
+                    "\"model\":{\"vocab\":{\"a\":0,\"b\":1},\"merges\":[]}}") == NULL &&
+          strstr(zr_last_error_message(), "post_processor BertProcessing needs cls and sep as [token, id] with an id"));
+}
+
+/* A word that encodes to no id at all (no unk token, chars not in the vocab) used to memcpy from
+ * a NULL buffer (UBSan); the second time it comes from the word cache. */
+TEST(tokenizer_word_with_no_ids) {
+    zr_tokenizer *t = load_text(llama3_json(0));
+    CHECK_MSG(t, "%s", zr_last_error());
+    if (!t) return;
+    CHECK_ENCODE(t, "QQQ", 0);
+    CHECK_ENCODE(t, "QQQ", 0);
+    CHECK_ENCODE(t, "QQQ hello", 0, 4, 13, 15);
+    zr_tokenizer_free(t);
 }
 
 /* ---- real tokenizers against Hugging Face ------------------------------------------------ */
@@ -647,6 +740,7 @@ TEST(gpt2_threads) {
 
 int main(void) {
     RUN(json_values);
+    RUN(json_integers);
     RUN(json_big_object);
     RUN(json_errors);
     RUN(json_escape);
@@ -655,6 +749,8 @@ int main(void) {
     RUN(tiny_sentencepiece);
     RUN(tiny_metaspace);
     RUN(tokenizer_load_errors);
+    RUN(tokenizer_added_token_ids);
+    RUN(tokenizer_word_with_no_ids);
     if (have_data("gpt2_known", gpt2_case.tokenizer)) RUN(gpt2_known);
     if (have_data("tinyllama_known", llama_case.tokenizer)) RUN(tinyllama_known);
     if (have_data("gpt2_wikitext_refs", gpt2_case.refs) &&

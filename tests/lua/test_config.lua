@@ -62,6 +62,11 @@ T.test("unknown keys name a suggestion", function()
   -- top level: DeepSpeed ignores what it does not know, so zrun warns (once per key)
   contains(warnings({ train_batch_size = 8, zero_optimisation = { stage = 1 } }),
     'unknown key "zero_optimisation" at the top level is ignored, as DeepSpeed ignores it; did you mean "zero_optimization"?')
+  -- JSON's 1e400 is infinity: refused, not printed as a size
+  T.raises(function() load(require("cjson").decode('{"train_micro_batch_size_per_gpu": 1e400}')) end,
+    "train_micro_batch_size_per_gpu must be a positive integer")
+  T.raises(function() load({ train_batch_size = 8, optimizer = { type = "AdamW", params = { lr = math.huge } } }) end,
+    "optimizer.params.lr")
   T.raises(function() load({ train_batch_size = 8, zero_optimization = { stgae = 1 } }) end,
     'unknown key "zero_optimization.stgae"; did you mean "zero_optimization.stage"?')
   T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage3_max_live_params = 1 } }) end,

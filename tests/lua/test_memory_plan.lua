@@ -265,4 +265,26 @@ T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", func
   T.raises(function() P.parse_bytes("lots") end, "memory size")
 end)
 
+T.test("zrun plan refuses counts of zero and non-integers (issue 16: --micro-batch 0 planned zero)", function()
+  local function plan(...) return P.main_plan({ "zrun/tiny-llama", "--device", "cpu", ... }) end
+  T.raises(function() plan("--micro-batch", "0") end, "zrun plan: --micro-batch must be at least 1, got 0")
+  T.raises(function() plan("--micro-batch", "-3") end, "zrun plan: --micro-batch must be at least 1, got -3")
+  T.raises(function() plan("--micro-batch", "2.5") end, "zrun plan: --micro-batch must be an integer, got '2.5'")
+  T.raises(function() plan("--micro-batch", "1e400") end, "zrun plan: --micro-batch must be an integer, got '1e400'")
+  T.raises(function() plan("--nodes", "0") end, "zrun plan: --nodes must be at least 1, got 0")
+  T.raises(function() plan("--gpus-per-node", "0") end, "zrun plan: --gpus-per-node must be at least 1, got 0")
+  T.raises(function() plan("--seq-len", "1") end, "seq_len must be at least 2")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", micro_batch = 0 } end,
+    "memory plan: micro_batch must be a positive integer, got 0")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", config = { train_micro_batch_size_per_gpu = 0 } } end,
+    "train_micro_batch_size_per_gpu")
+  local out = {}
+  local print0 = print
+  print = function(s) out[#out + 1] = s end -- luacheck: ignore
+  local ok, rc = pcall(plan, "--micro-batch", "1", "--seq-len", "8")
+  print = print0 -- luacheck: ignore
+  T.eq(ok and rc, 0, "a micro-batch of 1 plans")
+  T.eq(table.concat(out, "\n"):find("micro-batch 1 x 8 tokens", 1, true) ~= nil, true)
+end)
+
 T.done()

@@ -1,0 +1,48 @@
+-- zr.tokenizers from Lua: a tiny tokenizer.json written here (no test data needed), encode and
+-- decode through the bindings, and the arguments they refuse (issue 16: {0.5} decoded as id 0).
+local zr = require "zrun"
+local T = zr.testing
+
+local dir = os.tmpname()
+os.remove(dir)
+zr.makedirs(dir)
+local path = dir .. "/tokenizer.json"
+local f = assert(io.open(path, "wb"))
+f:write([[{"added_tokens":[{"id":3,"content":"<s>","special":true}],
+  "model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}]])
+f:close()
+local tok = zr.tokenizers.load(path)
+os.remove(path)
+os.remove(dir)
+
+T.test("encode and decode through the bindings", function()
+  T.eq(table.concat(tok:encode("abab"), ","), "2,2", "encode")
+  T.eq(table.concat(tok:encode("ab<s>ba", true, 3), ","), "2,3,1", "encode with max_length")
+  T.eq(#tok:encode("abab", true, 0), 0, "max_length 0")
+  T.eq(tok:decode({ 2, 3, 0 }), "ab <s> a", "decode (no decoder: tokens joined by spaces, as HF)")
+  T.eq(tok:decode({ 2, 3, 0 }, true), "ab a", "decode skipping special tokens")
+  T.eq(tok:decode({ 2, -1, 99, 0 }), "ab a", "ids outside the vocabulary are skipped")
+  T.eq(tok:decode(zr.tensor({ 2, 0 }, { dtype = "i64" })), "ab a", "decode an i64 tensor")
+  T.eq(tok:decode({}), "", "decode nothing")
+end)
+
+T.test("decode refuses ids that are not integers", function()
+  T.raises(function() tok:decode({ 0.5 }) end, "tok:decode(ids [, skip_special_tokens]): ids[1] must be an integer from -2^31 to 2^31-1, got 0.5")
+  T.raises(function() tok:decode({ 2, 2 ^ 32 }) end, "ids[2] must be an integer from -2^31 to 2^31-1, got 4294967296")
+  T.raises(function() tok:decode({ 2, 0 / 0 }) end, "ids[2] must be an integer from -2^31 to 2^31-1, got nan")
+  T.raises(function() tok:decode({ "2" }) end, "ids[1] must be an integer from -2^31 to 2^31-1, got string")
+  T.raises(function() tok:decode({ 2, true }) end, "ids[2] must be an integer from -2^31 to 2^31-1, got boolean")
+  T.raises(function() tok:decode(zr.tensor({ 2, 1.5 })) end, "tok:decode(ids [, skip_special_tokens]): element 2 of the ids tensor must be an integer from -2^31 to 2^31-1, got 1.5")
+  T.raises(function() tok:decode("ab") end, "tok:decode(ids [, skip_special_tokens]): ids must be a table of integers or an integer tensor, got string")
+  T.raises(function() tok:encode("ab", true, 0.5) end, "tok:encode(text [, add_special_tokens [, max_length]]): max_length must be a non-negative integer, got 0.5")
+  T.raises(function() tok:encode("ab", true, 1 / 0) end, "max_length must be a non-negative integer, got inf")
+  T.raises(function() tok:encode("ab", true, -1) end, "max_length must be a non-negative integer, got -1")
+  T.raises(function() tok:encode("ab", true, "3") end, "max_length must be a non-negative integer, got string")
+  T.raises(function() tok:id_to_token(0.5) end, "tok:id_to_token(id): id must be an integer, got 0.5")
+  T.eq(tok:id_to_token(2), "ab", "id_to_token")
+  local byte = zr.tokenizers.ByteTokenizer.new()
+  T.eq(byte:decode({ 1, 3 + 104, 3 + 105 }), "hi", "byte tokenizer")
+  T.raises(function() byte:decode({ 3.5 }) end, "tok:decode(ids [, skip_special_tokens]): ids[1] must be an integer, got 3.5")
+end)
+
+T.done()
