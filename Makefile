@@ -95,6 +95,10 @@ ifneq ($(filter-out clean deps features,$(or $(MAKECMDGOALS),all)),)
   endif
 endif
 
+# One line per file ("CC runtime/core/tensor.c"); V=1 prints the full commands instead.
+V ?= 0
+quiet = $(if $(filter 1,$(V)),,@echo "$(1) $(2)";)
+
 .DEFAULT_GOAL := all
 .PHONY: all deps test run bench clean features check-luajit test-cuda fuzz fuzz-build
 check-luajit:
@@ -115,47 +119,47 @@ features:
 
 $(BUILD)/runtime/%.o: runtime/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -MMD -MP -c $< -o $@
 $(BUILD)/lua/%.o: lua/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LUA_INC) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(LUA_INC) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/base/%.o: kernels/base/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f32.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$< (f32))$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/kernels/cpu/%_f64.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
+	$(call quiet,CC,$< (f64))$(CC) $(CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
 # The optimizer kernels take sqrt of values that are never negative; without errno GCC vectorises it.
 $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kernels/cpu/offload_f32.o $(BUILD)/kernels/cpu/offload_f64.o: CFLAGS += -fno-math-errno
 $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
 $(BUILD)/kernels/cuda/attention_fwd_sm90.cu.o $(BUILD)/kernels/cuda/attention_bwd_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
 $(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call quiet,AR,$@)ar rcs $@ $^
 
 LUAOBJ := $(LUA_SRC:%.c=$(BUILD)/%.o) $(BUILD)/lua/main.o
 $(BIN): $(BUILD)/libzrun.a $(LUAOBJ) | check-luajit
-	$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) $(BUILD)/libzrun.a $(LDLIBS)
+	$(call quiet,LD,$@)$(CC) $(CFLAGS) -rdynamic -o $@ $(LUAOBJ) $(BUILD)/libzrun.a $(LDLIBS)
 
 # C unit tests: one binary per tests/c/test_*.c, linked against the runtime.
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
 test: DEB_PKGS += clang
@@ -204,18 +208,18 @@ FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f32
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.c))
 $(FUZZ_DIR)/kernels/cpu/%_f32.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$< (fuzz f32))$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 $(FUZZ_DIR)/kernels/cpu/%_f64.o: kernels/cpu/%.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
+	$(call quiet,CC,$< (fuzz f64))$(FUZZ_CC) $(FUZZ_CFLAGS) -DZR_REAL_F64 -MMD -MP -c $< -o $@
 $(FUZZ_DIR)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+	$(call quiet,CC,$< (fuzz))$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 $(FUZZ_DIR)/libzrun_fuzz.a: $(FUZZ_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	$(call quiet,AR,$@)ar rcs $@ $^
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DIR)/libzrun_fuzz.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer,tests/fuzz/replay.c) \
+	$(call quiet,CC,$<)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer,tests/fuzz/replay.c) \
 	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) -lgomp -lm -lpthread
 fuzz-build: $(FUZZ_BIN)
 fuzz: DEB_PKGS += clang
@@ -228,11 +232,11 @@ fuzz: deps
 FUSED_TEST := $(BUILD)/tests/test_fused_kernels
 $(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 # The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
 $(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 test-cuda: all $(FUSED_TEST)
 	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 

@@ -11,18 +11,19 @@ local zr = require "zrun"
 local dist = zr.dist
 
 -- Script options (run_clm's ModelArguments and DataTrainingArguments) ...
-local opt = {
-  model = "meta-llama/Llama-3.2-1B", -- a Hugging Face model directory or a hub id in the local cache
-  tokenizer = false,                 -- default: the model's own tokenizer.json
-  data = os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw",
-  train_split = "train",             -- e.g. train[:2000]
-  block_size = 512,
-  validation_split_percentage = 5,
-  config = "configs/ds_config.json", -- DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)
-  precision = false,                 -- bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose "enabled" is "auto")
-  device = "auto",
-  dump_blocks = false,               -- FILE.safetensors: the token blocks and the order training reads them
-}
+local cli = require("zrun.argparse").new("recipes/finetune_llama.lua",
+  "Fine-tunes a Llama on WikiText-2 with a DeepSpeed config (Hugging Face's run_clm.py + DeepSpeed).")
+cli:option("model", "meta-llama/Llama-3.2-1B", "a Hugging Face model directory or a hub id in the local cache")
+cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
+cli:option("data", os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw", "a WikiText folder or one text file")
+cli:option("train_split", "train", "e.g. train[:2000]")
+cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)")
+cli:option("validation_split_percentage", 5, "share of the lines that evaluate when there is no train split")
+cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
+cli:alias("deepspeed", "config")
+cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\")")
+cli:option("device", "auto", "cpu | cuda | auto")
+cli:option("dump_blocks", false, "FILE.safetensors: the token blocks and the order training reads them")
 -- ... and TrainingArguments. Anything on the command line overrides either.
 local args = {
   output_dir = "output/finetune_llama",
@@ -31,35 +32,9 @@ local args = {
   logging_steps = 10, eval_strategy = "steps", eval_steps = 50,
   save_strategy = "steps", save_steps = 500, save_total_limit = 2,
 }
+local opt, given = cli:training_arguments(args):parse(arg)
 
-local given = {}
-local i = 1
-while i <= #arg do
-  local a = arg[i]
-  if a == "--config" or a == "--deepspeed" then opt.config, given.config = arg[i + 1], true; i = i + 1
-  else
-    local k, v = a:match("^([%w_]+)=(.*)$")
-    if k == "deepspeed" then k = "config" end
-    if not k then error("unknown argument '" .. a .. "' (use --config FILE or key=value)", 0) end
-    v = (v == "true" and true) or (v == "false" and false) or tonumber(v) or v
-    local ta = require "zrun.trainer_args"
-    if opt[k] ~= nil then opt[k] = v
-    elseif ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k] then args[k] = v
-    else
-      local names = {}
-      for n in pairs(opt) do names[#names + 1] = n end
-      for n in pairs(ta.DEFAULTS) do names[#names + 1] = n end
-      local s = require("zrun.config").suggest(k, names)
-      error(("unknown option '%s'%s: the recipe takes %s=..., or any TrainingArguments key the Trainer implements")
-        :format(k, s and (" (did you mean '" .. s .. "'?)") or "", "model, tokenizer, data, train_split, block_size, " ..
-        "validation_split_percentage, precision, device, dump_blocks"), 0)
-    end
-    given[k] = true
-  end
-  i = i + 1
-end
-
-require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
+local resolved = require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
@@ -82,7 +57,7 @@ if not ok then
   say("model '%s' not available: %s", opt.model, tostring(err))
   say("falling back to the built-in tiny Llama (zrun/tiny-llama) with a byte-level tokenizer")
   fallback = true
-  zr.manual_seed(0)
+  zr.manual_seed(resolved.seed) -- run_clm's set_seed(training_args.seed) before the model is built
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.device = device
   model = zr.models.llama.LlamaForCausalLM(cfg)
@@ -130,7 +105,7 @@ local function lm_dataset(raw)
 end
 local train_dataset, eval_dataset = lm_dataset(raw_train), lm_dataset(raw_eval)
 say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d parameters), device %s",
-  #train_dataset.rows, #eval_dataset.rows, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
+  #train_dataset, #eval_dataset, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
   model:num_parameters(), device)
 
 if fallback then -- CPU-sized settings for the tiny model

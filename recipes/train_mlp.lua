@@ -1,20 +1,29 @@
 -- The direct-API example: an MLP (512 -> 2048 -> 2048 -> 10, ReLU) trained with AdamW on 4096
 -- random inputs whose labels come from a fixed random linear rule (so the loss can fall).
--- Run: ./zrun recipes/train_mlp.lua [epochs] [batch_size]   (`make run` runs it as is)
+-- Run: ./zrun recipes/train_mlp.lua [epochs] [batch_size] [lr=1e-4] [seed=0]   (--help lists the options)
 local zr = require "zrun"
 local nn, optim, data = zr.nn, zr.optim, zr.data
 
-local N, D_IN, HIDDEN, CLASSES = 4096, 512, 2048, 10
-local EPOCHS, BATCH, LR = tonumber(arg and arg[1]) or 3, tonumber(arg and arg[2]) or 4, 1e-4
+local cli = require("zrun.argparse").new("recipes/train_mlp.lua",
+  "Trains an MLP (512 -> 2048 -> 2048 -> 10) with AdamW on random inputs labelled by a fixed linear rule.")
+cli:option("epochs", 3, "passes over the 4096 samples")
+cli:option("batch_size", 4, "samples per step")
+cli:option("lr", 1e-4, "AdamW's learning rate")
+cli:option("seed", 0, "seeds the data, the initial weights and the shuffling")
+cli:positional("epochs", "batch_size")
+local opt = cli:parse(arg)
 
-zr.manual_seed(0)
+local N, D_IN, HIDDEN, CLASSES = 4096, 512, 2048, 10
+local EPOCHS, BATCH, LR = opt.epochs, opt.batch_size, opt.lr
+
+zr.manual_seed(opt.seed)
 
 -- Data: x ~ N(0, 1); label = argmax of a fixed random projection of x (0-based class ids).
 local X = zr.randn(N, D_IN)
 local projection = zr.randn(D_IN, CLASSES)
 local _, argmax = zr.matmul(X, projection):max(2) -- 1-based positions
 local Y = (argmax:float() - 1):long()
-local loader = data.DataLoader{ dataset = data.TensorDataset(X, Y), batch_size = BATCH, shuffle = true, seed = 0 }
+local loader = data.DataLoader{ dataset = data.TensorDataset(X, Y), batch_size = BATCH, shuffle = true, seed = opt.seed }
 
 -- Model
 local MLP = nn.Module:extend("MLP")
@@ -38,7 +47,7 @@ local opt = optim.AdamW(model:parameters(), { lr = LR, weight_decay = 0.01 })
 
 print(model)
 print(("%d parameters, %d samples, batch size %d, %d batches per epoch"):format(
-  model:num_parameters(), N, BATCH, loader:len()))
+  model:num_parameters(), N, BATCH, #loader))
 
 -- Training loop
 local clock = os.clock

@@ -13,6 +13,7 @@ local function report()
     { "OpenMP threads", ("%d (of %d CPUs; set OMP_NUM_THREADS to change)"):format(b.omp_threads, b.cpus) },
     { "BLAS", b.openblas and ((b.openblas_config or "") .. ", " .. b.openblas_threads .. " threads") or "none (built-in matmul kernel)" },
     { "MPI", b.mpi and b.mpi_version or "no (single process only)" },
+    { "launch N ranks here", b.mpi and zr.dist.mpirun_command("N", { argv = { "recipe.lua" } }) or "-" },
     { "PCRE2 (tokenizers)", b.pcre2 and b.pcre2_version or "no" },
     { "readline (REPL)", yn(b.readline) },
     { "CUDA backend", b.cuda and "compiled in" or "not compiled in (rebuild where nvcc is available)" },

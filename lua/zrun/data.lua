@@ -7,10 +7,30 @@ local M = {}
 
 local is_tensor, fmt, floor, ceil = C.is_tensor, string.format, math.floor, math.ceil
 
+-- `#x` for zrun's datasets and loaders. LuaJIT (Lua 5.1) ignores __len on tables but honours it on
+-- userdata, so an object whose length matters is a userdata proxy over its state table: fields
+-- read and write through to the state, methods come from class, and #x is class.len(x) (torch's
+-- len(dataset), len(loader)). type(x) is "userdata"; M.is_sized(x) tells them apart.
+local sized_class = setmetatable({}, { __mode = "k" })
+function M.sized(state, class)
+  local u = newproxy(true)
+  local mt = getmetatable(u)
+  mt.__index, mt.__newindex = state, state
+  mt.__len = function(self) return class.len(self) end
+  mt.__tostring = function(self)
+    if class.__tostring then return class.__tostring(self) end
+    return fmt("%s of %d", class.__name or "object", class.len(self))
+  end
+  setmetatable(state, { __index = class })
+  sized_class[u] = class
+  return u
+end
+-- The class of a proxy made by sized (nil for anything else).
+function M.is_sized(x) return sized_class[x] end
+
 -- ---------- TensorDataset ----------
 
-local TensorDataset = {}
-TensorDataset.__index = TensorDataset
+local TensorDataset = { __name = "TensorDataset" }
 M.TensorDataset = TensorDataset
 
 -- TensorDataset(x, y, ...): sample i is {x[i], y[i], ...} (rows along dim 1; numbers for 1-dim
@@ -26,7 +46,7 @@ function TensorDataset.new(...)
         ts[1]:size(1), i, t:size(1)), 2)
     end
   end
-  return setmetatable({ tensors = ts }, TensorDataset)
+  return M.sized({ tensors = ts }, TensorDataset)
 end
 setmetatable(TensorDataset, { __call = function(_, ...) return TensorDataset.new(...) end })
 
@@ -101,12 +121,13 @@ end
 
 -- ---------- DataLoader ----------
 
-local DataLoader = {}
-DataLoader.__index = DataLoader
+local DataLoader = { __name = "DataLoader" }
 M.DataLoader = DataLoader
 
 local function dataset_len(ds)
-  if type(ds) ~= "table" then error("DataLoader: dataset must be a table", 3) end
+  if type(ds) ~= "table" and not M.is_sized(ds) then
+    error("DataLoader: dataset must be a dataset (len() and get(i)) or a list of samples, got a " .. type(ds), 3)
+  end
   if ds.len then return ds:len() end
   return #ds
 end
@@ -122,7 +143,7 @@ function DataLoader.new(opts)
   for k in pairs(opts) do
     if not known[k] then error(fmt("DataLoader: unknown option '%s'", tostring(k)), 2) end
   end
-  local self = setmetatable({
+  local self = M.sized({
     dataset = opts.dataset or opts[1], batch_size = opts.batch_size or 1, shuffle = opts.shuffle or false,
     seed = opts.seed or 0, drop_last = opts.drop_last or false, collate_fn = opts.collate_fn,
     sampler = opts.sampler, epoch = 0,

@@ -8,11 +8,96 @@ local Dataset = {}
 Dataset.__index = Dataset
 M.Dataset = Dataset
 
-function Dataset.from_rows(rows) return setmetatable({ rows = rows }, Dataset) end
-function Dataset:__len() return #self.rows end
-function Dataset:len() return #self.rows end
-function Dataset:get(i) return self.rows[i] end
+-- A Dataset's rows are its own array part, so #ds is the number of rows and ds[i] row i (HF's
+-- len(ds), ds[i]) natively: LuaJIT ignores __len on tables. ds.rows is the dataset itself (older code).
+local function adopt(rows)
+  rows.rows = rows
+  return setmetatable(rows, Dataset)
+end
+-- A dataset of a list of rows (copied: the list stays the caller's).
+function Dataset.from_rows(rows)
+  local t = {}
+  for i = 1, #rows do t[i] = rows[i] end
+  return adopt(t)
+end
+function Dataset:__len() return #self end
+function Dataset:len() return #self end
+function Dataset:get(i) return self[i] end
 Dataset.__call = Dataset.get
+
+-- HF's repr: Dataset({ features: ['text'], num_rows: 3 }) (the features of the first row).
+function Dataset:__tostring()
+  local cols = {}
+  for k in pairs(self[1] or {}) do cols[#cols + 1] = "'" .. tostring(k) .. "'" end
+  table.sort(cols)
+  return ("Dataset({\n    features: [%s],\n    num_rows: %d\n})"):format(table.concat(cols, ", "), #self)
+end
+
+-- A new dataset with the rows in a random order: C.randperm seeded with seed (HF's
+-- ds.shuffle(seed=...); the order is zrun's generator's, not numpy's). No seed: drawn from the
+-- global generator, so zr.manual_seed (the Trainer's args.seed) makes it repeatable.
+-- ds:shuffle(42) or ds:shuffle{ seed = 42 }.
+function Dataset:shuffle(seed)
+  if type(seed) == "table" then seed = seed.seed end
+  if seed ~= nil and (type(seed) ~= "number" or seed ~= math.floor(seed) or seed < 0) then
+    error("Dataset:shuffle(seed): seed must be a non-negative integer, got " .. tostring(seed), 2)
+  end
+  local out = {}
+  if #self > 0 then
+    for i, k in ipairs(C.randperm(#self, seed):flat_table()) do out[i] = self[k] end
+  end
+  return adopt(out)
+end
+
+-- HF's train_test_split: { train = Dataset, test = Dataset }. test_size / train_size: a fraction in
+-- (0, 1) (test rounds up, train down) or a number of rows; neither: test_size = 0.25; one: the other
+-- is the rest. shuffle (default true): the test rows are the first n_test of a permutation seeded
+-- with seed, the train rows the next n_train (HF's order of operations); without it, train comes first.
+-- ds:train_test_split{ test_size = 0.1, seed = 42 } or ds:train_test_split(0.1).
+function Dataset:train_test_split(o)
+  if type(o) == "number" then o = { test_size = o } end
+  o = o or {}
+  for k in pairs(o) do
+    if not ({ test_size = true, train_size = true, shuffle = true, seed = true })[k] then
+      error(("train_test_split: unknown option '%s' (test_size, train_size, shuffle, seed)"):format(tostring(k)), 2)
+    end
+  end
+  local n = #self
+  local function count(v, name, up)
+    if v == nil then return nil end
+    if type(v) ~= "number" or v <= 0 or (v >= 1 and v ~= math.floor(v)) then
+      error(("train_test_split: %s must be a fraction in (0, 1) or a positive whole number of rows, got %s")
+        :format(name, tostring(v)), 3)
+    end
+    if v < 1 then return up and math.ceil(v * n) or math.floor(v * n) end
+    if v >= n then
+      error(("train_test_split: %s=%d must be smaller than the number of rows (%d)"):format(name, v, n), 3)
+    end
+    return v
+  end
+  local n_test, n_train = count(o.test_size, "test_size", true), count(o.train_size, "train_size", false)
+  if not n_test and not n_train then n_test = math.ceil(0.25 * n) end
+  n_test = n_test or n - n_train
+  n_train = n_train or n - n_test
+  if n_train + n_test > n then
+    error(("train_test_split: train_size (%d rows) + test_size (%d rows) is more than the %d rows"):format(
+      n_train, n_test, n), 2)
+  end
+  if n_train == 0 or n_test == 0 then
+    error(("train_test_split: with %d rows, test_size=%s and train_size=%s leave one split empty; adjust them")
+      :format(n, tostring(o.test_size), tostring(o.train_size)), 2)
+  end
+  local order = {}
+  if o.shuffle ~= false then order = C.randperm(n, o.seed):flat_table()
+  else for i = 1, n do order[i] = i end end
+  local train, test = {}, {}
+  local test_first = o.shuffle ~= false
+  local t0 = test_first and 0 or n_train
+  local r0 = test_first and n_test or 0
+  for i = 1, n_test do test[i] = self[order[t0 + i]] end
+  for i = 1, n_train do train[i] = self[order[r0 + i]] end
+  return { train = adopt(train), test = adopt(test) }
+end
 
 -- Applies fn(row, index) -> new row (or a table of columns added to the row when keep=true).
 -- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
@@ -39,20 +124,20 @@ function Dataset:map(fn, opts)
       out[i] = nr
     end
   end
-  return Dataset.from_rows(out)
+  return adopt(out)
 end
 
 function Dataset:filter(fn)
   local out = {}
   for i, r in ipairs(self.rows) do if fn(r, i) then out[#out + 1] = r end end
-  return Dataset.from_rows(out)
+  return adopt(out)
 end
 
 -- Rows first..last (1-based, inclusive).
 function Dataset:select(first, last)
   local out = {}
   for i = first, math.min(last, #self.rows) do out[#out + 1] = self.rows[i] end
-  return Dataset.from_rows(out)
+  return adopt(out)
 end
 
 -- Concatenates the token lists of all rows and cuts them into blocks of block_size; the tail
@@ -72,7 +157,7 @@ function Dataset:group_texts(block_size, column)
       end
     end
   end
-  return Dataset.from_rows(out)
+  return adopt(out)
 end
 
 -- A map that takes a while shows its progress (zrun.progress, after half a second; opts.desc names
@@ -185,7 +270,7 @@ function M.load_dataset(path, opts)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
   else error(("unknown dataset format '%s' (wikitext, text or jsonl)"):format(format), 0) end
   local _, first, last = M.parse_split(split, #rows)
-  local ds = Dataset.from_rows(rows)
+  local ds = adopt(rows)
   if first ~= 1 or last ~= #rows then ds = ds:select(first, last) end
   ds.source = file
   return ds
@@ -242,13 +327,12 @@ end
 
 -- Distributed sampler (torch semantics): shuffles 1..n with seed + epoch, pads by wrapping so
 -- every rank gets the same count (or drops the tail with drop_last), rank r takes r, r+W, ...
-local Sampler = {}
-Sampler.__index = Sampler
+local Sampler = { __name = "DistributedSampler" }
 M.DistributedSampler = Sampler
 
 function Sampler.new(n, opts)
   opts = opts or {}
-  local self = setmetatable({ n = n, rank = opts.rank or 0, world_size = opts.world_size or 1,
+  local self = require("zrun.data").sized({ n = n, rank = opts.rank or 0, world_size = opts.world_size or 1,
     shuffle = opts.shuffle ~= false, seed = opts.seed or 0, drop_last = opts.drop_last or false, epoch = 0 }, Sampler)
   if self.rank < 0 or self.rank >= self.world_size then
     error(("sampler: rank %d is outside world size %d"):format(self.rank, self.world_size), 0)
@@ -258,7 +342,7 @@ function Sampler.new(n, opts)
   return self
 end
 function Sampler:set_epoch(e) self.epoch = e end
-function Sampler:__len() return self.num_samples end
+function Sampler:len() return self.num_samples end
 function Sampler:indices()
   local order
   if self.shuffle then order = C.randperm(self.n, self.seed * 1000003 + self.epoch):flat_table()

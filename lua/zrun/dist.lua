@@ -1,11 +1,156 @@
 -- zr.dist: rank information and collectives. Started under mpirun (OpenMPI/PMIx) or srun, every
--- rank joins the world; started plainly, the world is this one process.
+-- rank joins the world; started plainly, the world is this one process. torchrun/Accelerate's
+-- variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) are read too: zrun joins ranks through MPI, not
+-- torchrun's TCP rendezvous, so a torchrun launch of more than one process is refused with the
+-- equivalent mpirun command, and a launch whose MPI and torchrun variables disagree is refused.
 local C = require "zrun._C"
 local M = {}
+local fmt = string.format
+
+-- torchrun's (and Accelerate's, and the deepspeed launcher's) variables, and the launchers zrun joins.
+local TORCH_VARS = { "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE" }
+local MPI_VARS = { -- launcher, rank, world size, local rank, local size
+  { "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE" },
+  { "pmix", "PMIX_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" },
+  { "pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS" }, -- MPICH, Intel MPI
+  { "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE" },
+}
+
+-- True when this process runs as root (mpirun then needs --allow-run-as-root).
+local function is_root()
+  local f = io.open("/proc/self/status", "r")
+  if not f then return false end
+  local s = f:read("*a")
+  f:close()
+  return s:match("\nUid:%s+(%d+)") == "0"
+end
+
+-- The mpirun line that starts n ranks of this program on this machine: as root OpenMPI needs
+-- --allow-run-as-root; with more ranks than cores, --oversubscribe; --bind-to none lets each rank's
+-- OpenMP threads use more than the one core OpenMPI binds it to by default.
+-- o: { root = bool, cpus = n, argv = { script, args... } } (defaults: this process).
+function M.mpirun_command(n, o)
+  o = o or {}
+  local root = o.root
+  if root == nil then root = is_root() end
+  local cpus = o.cpus or C.build_info().cpus
+  local argv = o.argv
+  if not argv then
+    argv = {}
+    if arg and arg[0] then
+      argv[1] = arg[0]
+      for i = 1, #arg do argv[#argv + 1] = arg[i] end
+    end
+  end
+  local words = { "mpirun", "-np", tostring(n) }
+  if root then words[#words + 1] = "--allow-run-as-root" end
+  if type(n) ~= "number" or n > cpus then words[#words + 1] = "--oversubscribe" end -- ("N": any count)
+  words[#words + 1] = "--bind-to none"
+  words[#words + 1] = o.zrun or (arg and arg[-1] and arg[-1]:find("zrun$") and arg[-1]) or "zrun"
+  for _, a in ipairs(argv) do
+    words[#words + 1] = a:find("^[%w_%-%./=:,@+]+$") and a or ("'" .. a:gsub("'", "'\\''") .. "'")
+  end
+  return table.concat(words, " ")
+end
+
+-- Checks the launch environment before any rank joins: nil when it is consistent, else the one-line
+-- reason naming the fix. getenv: a function name -> value (default os.getenv), for tests.
+function M.check_launch(getenv)
+  getenv = getenv or os.getenv
+  local t = {}
+  for _, k in ipairs(TORCH_VARS) do
+    local v = getenv(k)
+    if v and v ~= "" then
+      t[k] = tonumber(v)
+      if not t[k] or t[k] < 0 or t[k] ~= math.floor(t[k]) then
+        return fmt("%s=%s is not a non-negative integer (torchrun/Accelerate set it; unset it to run one process)", k, v)
+      end
+    end
+  end
+  local mpi
+  for _, m in ipairs(MPI_VARS) do
+    local r, w = tonumber(getenv(m[2]) or ""), tonumber(getenv(m[3]) or "")
+    if r then -- (the world size may be absent: PMIx)
+      mpi = { name = m[1], vars = m, rank = r, world = w, local_rank = tonumber(getenv(m[4]) or "") }
+      break
+    end
+  end
+  if not next(t) then return nil end
+  if mpi then -- a mixed launch: the two sets of variables must describe the same process
+    local pairs_ = { { "RANK", mpi.rank, mpi.vars[2] }, { "WORLD_SIZE", mpi.world, mpi.vars[3] },
+      { "LOCAL_RANK", mpi.local_rank, mpi.vars[4] } }
+    for _, p in ipairs(pairs_) do
+      local k, mv, mk = p[1], p[2], p[3]
+      if t[k] and mv and t[k] ~= mv then
+        return fmt("mixed launch: %s started this process as %s=%d but %s=%d is also set (torchrun/Accelerate's " ..
+          "variable); use one launcher: unset RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE before %s",
+          mpi.name, mk, mv, k, t[k], mpi.name == "slurm" and "srun" or "mpirun")
+      end
+    end
+    return nil
+  end
+  local world, rank = t.WORLD_SIZE, t.RANK
+  if (world or 1) <= 1 and (rank or 0) == 0 then return nil end -- torchrun --nproc_per_node 1: a world of one
+  -- WORLD_SIZE alone is no launch (torchrun sets RANK and LOCAL_RANK with it): `WORLD_SIZE=8 zrun
+  -- check ds.json` checks a config for 8 ranks
+  if not rank and not t.LOCAL_RANK then return nil end
+  if not world then
+    return fmt("RANK=%d is set but WORLD_SIZE is not: this looks like a partial torchrun environment; " ..
+      "unset RANK to run one process, or start the ranks with mpirun", rank)
+  end
+  if (rank or 0) >= world then
+    return fmt("RANK=%d is outside WORLD_SIZE=%d; unset RANK and WORLD_SIZE, or start the ranks with mpirun", rank, world)
+  end
+  local nodes = t.LOCAL_WORLD_SIZE and t.LOCAL_WORLD_SIZE < world
+  return fmt("started by torchrun/Accelerate as rank %d of %d (RANK, WORLD_SIZE), but zrun joins its ranks " ..
+    "through MPI, not torchrun's MASTER_ADDR:MASTER_PORT rendezvous, and would run as rank 0 of 1; start the " ..
+    "same job with: %s%s", rank or 0, world, M.mpirun_command(world),
+    nodes and fmt(" (across nodes: add --host NODE1:%d,NODE2:%d,... or --hostfile FILE)", t.LOCAL_WORLD_SIZE,
+      t.LOCAL_WORLD_SIZE) or "")
+end
+
+-- CPUs this process may run on (Cpus_allowed_list in /proc/self/status), nil when unknown.
+local function allowed_cpus()
+  local f = io.open("/proc/self/status", "r")
+  if not f then return nil end
+  local list = f:read("*a"):match("\nCpus_allowed_list:%s*([%d,%-]+)")
+  f:close()
+  if not list then return nil end
+  local n = 0
+  for a, b in list:gmatch("(%d+)%-?(%d*)") do n = n + (b ~= "" and tonumber(b) - tonumber(a) + 1 or 1) end
+  return n
+end
+
+-- OpenMPI binds each rank to one core by default (up to 2 ranks; to a socket beyond): its OpenMP
+-- threads then share that core while the machine's others idle. The warning, or nil; i: comm info,
+-- cpus: the machine's, mine: this rank's allowed CPUs (default: this process's).
+function M.binding_warning(i, cpus, mine)
+  if i.world_size < 2 or i.launcher == "none" then return nil end
+  cpus, mine = cpus or C.build_info().cpus, mine or allowed_cpus()
+  if not mine or mine * i.local_size >= cpus then return nil end
+  return fmt("[zrun] %s bound each rank to %d of this machine's %d CPUs, so %d of them idle; " ..
+    "`mpirun --bind-to none` (with OMP_NUM_THREADS=%d) lets the ranks use them all", i.launcher, mine, cpus,
+    cpus - mine * i.local_size, math.max(1, math.floor(cpus / i.local_size)))
+end
 
 local info
 local function get()
-  if not info then info = C.comm_init() end
+  if not info then
+    local bad = M.check_launch()
+    if bad then error(bad, 0) end
+    info = C.comm_init()
+    -- the world MPI actually formed must be the one torchrun's variables describe, where set
+    for k, v in pairs { RANK = info.rank, WORLD_SIZE = info.world_size } do
+      local e = tonumber(os.getenv(k) or "")
+      if e and e ~= v and info.launcher ~= "none" then
+        error(fmt("mixed launch: %s formed a world where this process is %s %d, but %s=%d is also set " ..
+          "(torchrun/Accelerate's variable); use one launcher: unset RANK, WORLD_SIZE, LOCAL_RANK and " ..
+          "LOCAL_WORLD_SIZE", info.launcher, k == "RANK" and "rank" or "one of", v, k, e), 0)
+      end
+    end
+    local w = info.rank == 0 and M.binding_warning(info)
+    if w then io.stderr:write(w, "\n") end
+  end
   return info
 end
 

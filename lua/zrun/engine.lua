@@ -268,12 +268,11 @@ function M.dataloader(data, o)
   local sampler = D.DistributedSampler.new(#rows, { rank = o.rank, world_size = o.world_size, seed = o.seed,
     shuffle = o.shuffle, drop_last = true })
   local collate = o.collate_fn or D.causal_lm_collator()
-  local loader = { sampler = sampler, batch_size = o.batch_size }
-  function loader:set_epoch(e) sampler:set_epoch(e) end
-  function loader:__len() return math.floor(sampler.num_samples / o.batch_size) end
-  function loader:iter() return D.batches({ rows = rows }, sampler, o.batch_size, collate, true) end
-  loader.len = loader.__len
-  return loader
+  local class = { __name = "DataLoader" }
+  function class:set_epoch(e) sampler:set_epoch(e) end
+  function class:len() return math.floor(sampler.num_samples / o.batch_size) end -- also #loader
+  function class:iter() return D.batches({ rows = rows }, sampler, o.batch_size, collate, true) end
+  return require("zrun.data").sized({ sampler = sampler, batch_size = o.batch_size }, class)
 end
 
 -- ZeRO-3: parameters are whole only while their module runs (forward) and during its backward.

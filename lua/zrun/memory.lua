@@ -1,6 +1,7 @@
 -- zr.memory: live memory by category and device, from the allocator's accounting.
 --   zr.memory.stats("cpu")   -> { params = {current=, peak=}, grads = ..., total_current=, total_peak= }
---   zr.memory.summary()      -> printable table of every device in use
+--   zr.memory.summary()      prints a table of every device in use (in a script as in the REPL)
+--   zr.memory.summary_text() -> that table as a string
 local C = require "zrun._C"
 local M = {}
 
@@ -22,7 +23,7 @@ local function devices()
 end
 
 -- A table like torch.cuda.memory_summary: current and peak bytes per category per device.
-function M.summary(device)
+function M.summary_text(device)
   local lines = {}
   local list = device and { device } or devices()
   for _, dev in ipairs(list) do
@@ -42,6 +43,13 @@ function M.summary(device)
     end
   end
   return table.concat(lines, "\n")
+end
+
+-- Prints summary_text to stdout: a statement in a script shows it, as in the REPL (which would
+-- otherwise be the only place a returned string appears).
+function M.summary(device)
+  io.write(M.summary_text(device), "\n")
+  io.flush()
 end
 
 -- Runs fn with newly created tensors tagged as `category`.

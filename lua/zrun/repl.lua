@@ -124,7 +124,7 @@ function M.run()
         C.add_history(buf)
         buf = nil
         if ok then
-          for i = 2, table.maxn(res) do -- a string result prints as text (zr.memory.summary())
+          for i = 2, table.maxn(res) do -- a string result prints as text (zr.memory.summary_text())
             local v = res[i]
             io.write(type(v) == "string" and v or M.pretty(v), i < table.maxn(res) and "\t" or "\n")
           end

@@ -15,6 +15,15 @@ function M.test(name, fn)
   io.stdout:flush()
 end
 
+-- Runs a shell command: its stdout and stderr together, and its exit status.
+function M.run(cmd)
+  local f = io.popen(cmd .. " 2>&1; echo \"rc=$?\"")
+  local out = f:read("*a")
+  f:close()
+  local rc = tonumber(out:match("rc=(%d+)%s*$"))
+  return (out:gsub("rc=%d+%s*$", "")), rc
+end
+
 function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 
 -- Exits non-zero when any test failed (call at the end of a test file).

@@ -2,7 +2,8 @@
 -- and a built-in byte-level tokenizer for runs with no tokenizer file.
 --   local tok = zr.tokenizers.load("meta-llama/Llama-3.2-1B")   -- dir, tokenizer.json, or cached hub id
 --   tok:encode("Hello world")  --> { 128000, 9906, 1917 }
---   zr.tokenizers.save_pretrained(tok, "out/model")             -- the files transformers' AutoTokenizer reads
+--   tok:save_pretrained("out/model")      -- the files transformers' AutoTokenizer reads (also
+--                                         -- zr.tokenizers.save_pretrained(tok, dir)); load() reads them back
 local C = require "zrun._C"
 local M = {}
 
@@ -27,6 +28,11 @@ function M.load(ref)
   local path = M.resolve(ref)
   local tok = C.tokenizer_load(path)
   sources[tok] = path
+  -- tok:save_pretrained(dir), as on a transformers tokenizer (the C class's methods table, once)
+  local methods = getmetatable(tok).__index
+  if type(methods) == "table" and not methods.save_pretrained then
+    methods.save_pretrained = function(self, dir) return M.save_pretrained(self, dir) end
+  end
   return tok
 end
 
@@ -91,6 +97,7 @@ function Byte:pad_id() return 0 end
 -- UTF-8 bytes), <s> prepended; transformers loads it as a PreTrainedTokenizerFast.
 function Byte:save_pretrained(dir)
   local hf = require "zrun.hf"
+  C.makedirs(dir)
   local vocab = { ["<pad>"] = 0, ["<s>"] = 1, ["</s>"] = 2 }
   for b = 0, 255 do vocab[("<0x%02X>"):format(b)] = b + 3 end
   local added = {}

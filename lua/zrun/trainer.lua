@@ -24,7 +24,7 @@ Trainer.last = setmetatable({}, { __mode = "v" })
 
 local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
 
-local OPTIONS = { model = true, args = true, train_dataset = true, eval_dataset = true, data_collator = true,
+local OPTIONS = { model = true, model_init = true, args = true, train_dataset = true, eval_dataset = true, data_collator = true,
   tokenizer = true, processing_class = true }
 
 local function hms(s)
@@ -43,9 +43,13 @@ function Trainer.new(opts)
     end
   end
   local self = setmetatable({}, Trainer)
-  self.model = opts.model
-  if not self.model then error("Trainer: model is required", 2) end
   self.args, self.user_args = targs.resolve(opts.args)
+  -- HF's set_seed(args.seed), first in Trainer.__init__: model_init (a function returning the model)
+  -- builds it after, so args.seed decides its initial weights, as in HF.
+  zr.manual_seed(self.args.seed)
+  if opts.model and opts.model_init then error("Trainer: pass model or model_init, not both", 2) end
+  self.model = opts.model or (opts.model_init and opts.model_init())
+  if not self.model then error("Trainer: model (or model_init, a function returning it) is required", 2) end
   self.train_dataset, self.eval_dataset = opts.train_dataset, opts.eval_dataset
   self.processing_class = opts.processing_class or opts.tokenizer
   if self.args.eval_strategy ~= "no" and not self.eval_dataset then
@@ -54,7 +58,6 @@ function Trainer.new(opts)
   local pad = self.processing_class and self.processing_class.pad_id and self.processing_class:pad_id() or nil
   self.collator = opts.data_collator or datasets.causal_lm_collator({ pad_token_id = pad })
   self.state = { global_step = 0, epoch = 0, log_history = {} }
-  zr.manual_seed(self.args.seed) -- HF's set_seed(args.seed) in Trainer.__init__
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })

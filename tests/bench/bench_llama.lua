@@ -8,13 +8,17 @@
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
-local opt = { model = "meta-llama/Llama-3.2-1B", batch = 4, seq = 512, stage = 0, steps = 10, dtype = "bf16",
-  device = "cuda", ckpt = 0, offload = 0, overlap = 0, warmup = 3, gas = 1, breakdown = 0, grad_accum = "fp32" }
-for _, a in ipairs(arg) do
-  local k, v = a:match("^([%w_]+)=(.*)$")
-  if not k then error("arguments are key=value, got " .. a, 0) end
-  opt[k] = tonumber(v) or v
-end
+local cli = require("zrun.argparse").new("tests/bench/bench_llama.lua",
+  "Training throughput of a Llama-shaped model through zr.initialize (random weights and tokens).")
+cli:option("model", "meta-llama/Llama-3.2-1B", "a model config (hub id, directory or zrun/tiny-llama)")
+cli:option("batch", 4, "micro-batch size"):option("seq", 512, "sequence length")
+cli:option("stage", 0, "ZeRO stage"):option("steps", 10, "measured steps"):option("warmup", 3, "steps not measured")
+cli:option("dtype", "bf16", "parameter dtype"):option("device", "cuda", "cuda | cpu")
+cli:option("ckpt", 0, "1: gradient checkpointing"):option("offload", 0, "1: optimizer states on the CPU")
+cli:option("overlap", 0, "1: overlap_comm"):option("gas", 1, "micro-batches per step")
+cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
+cli:option("breakdown", 0, "1 or 2: time forward, backward and step apart")
+local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return

@@ -1,13 +1,17 @@
 -- ZeRO optimizer offload, host side: the per-step pieces of the engine (runtime/zero/engine.c +
 -- zero/offload.c) on a flat partition of N parameters held as bf16 CPU tensors, timed one by one.
---   zrun tests/bench/bench_offload.lua [N=2e8] [STAGE=2] [STEPS=4]
+--   zrun tests/bench/bench_offload.lua [N] [STAGE] [STEPS]   (or n=2e8 stage=2 steps=4)
 -- STAGE 2 on one CPU process is the engine's direct mode (gradients are views into the fp32
 -- partition); STAGE 3 goes through the bucket path the GPU run uses (pack -> flush -> add into
 -- the host partition), so it also times backward with the gradient intake. Median of the steps
 -- after the first. Set ZRUN_OFFLOAD_PROFILE=1 for the engine's own per-step breakdown.
 local zr = require "zrun"
 local C = zr._C
-local N, STAGE, STEPS = tonumber(arg[1] or 2e8), tonumber(arg[2] or 2), tonumber(arg[3] or 4)
+local cli = require("zrun.argparse").new("tests/bench/bench_offload.lua", "ZeRO optimizer offload, host side, timed piece by piece.")
+cli:option("n", 2e8, "parameters in the partition"):option("stage", 2, "ZeRO stage (2 or 3)")
+cli:option("steps", 4, "steps (the first is not measured)"):positional("n", "stage", "steps")
+local opt = cli:parse(arg)
+local N, STAGE, STEPS = opt.n, opt.stage, opt.steps
 
 -- Llama-like shapes: per layer a (2048, 8192) and a (2048, 2048) matrix and a 2048 norm vector.
 local H, params, wds, total = 2048, {}, {}, 0

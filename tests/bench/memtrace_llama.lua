@@ -7,9 +7,15 @@
 local zr = require "zrun"
 local C = zr._C
 local P = require "zrun.memory_plan"
-local opt = { device = "cuda", dtype = "bf16", batch = 4, seq = 512, layers = 1, stage = 0, ckpt = 0,
-  model = "meta-llama/Llama-3.2-1B" }
-for _, a in ipairs(arg) do local k, v = a:match("^([%w_]+)=(.*)$"); opt[k] = tonumber(v) or v end
+local cli = require("zrun.argparse").new("tests/bench/memtrace_llama.lua",
+  "One training step's memory timeline, measured (zr.memory.trace) and simulated (zr.memory.plan).")
+cli:option("device", "cuda", "cuda | cpu"):option("dtype", "bf16", "parameter dtype")
+cli:option("batch", 4, "micro-batch size"):option("seq", 512, "sequence length")
+cli:option("layers", 1, "decoder layers"):option("stage", 0, "ZeRO stage"):option("ckpt", 0, "1: gradient checkpointing")
+cli:option("prefetch", nil, "stage3_prefetch_bucket_size"):option("persist", nil, "stage3_param_persistence_threshold")
+cli:option("offload", 0, "1: optimizer states on the CPU"):option("model", "meta-llama/Llama-3.2-1B", "a model config")
+cli:option("hidden", nil, "hidden_size (intermediate 4x)"):option("vocab", nil, "vocab_size")
+local opt = cli:parse(arg)
 local dev = opt.device == "cpu" and "cpu" or "cuda:0"
 local cfg = zr.models.llama.config(opt.model)
 cfg.num_hidden_layers, cfg.dtype, cfg.device = opt.layers, opt.dtype, opt.device

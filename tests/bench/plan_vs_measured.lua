@@ -5,8 +5,12 @@ local zr = require "zrun"
 local C = zr._C
 local P = require "zrun.memory_plan"
 local Module = require "zrun.nn.module"
-local opt = { device = "cuda", dtype = "bf16", batch = 4, seq = 512, model = "meta-llama/Llama-3.2-1B" }
-for _, a in ipairs(arg) do local k, v = a:match("^([%w_]+)=(.*)$"); opt[k] = tonumber(v) or v end
+local cli = require("zrun.argparse").new("tests/bench/plan_vs_measured.lua",
+  "Memory plan vs measured peaks by category, for a few depths and stages.")
+cli:option("device", "cuda", "cuda | cpu"):option("dtype", "bf16", "parameter dtype")
+cli:option("batch", 4, "micro-batch size"):option("seq", 512, "sequence length")
+cli:option("model", "meta-llama/Llama-3.2-1B", "a model config")
+local opt = cli:parse(arg)
 local dev = opt.device == "cpu" and "cpu" or "cuda:0"
 local cats = { "params", "grads", "optimizer", "activations", "comm", "workspace" }
 print(("%-26s %-12s %10s %10s %7s"):format("case", "category", "measured", "planned", "ratio"))

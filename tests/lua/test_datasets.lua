@@ -82,4 +82,68 @@ T.test("distributed sampler shards and shuffles", function()
   T.near(d:indices(), { 3, 6, 9 })
 end)
 
+T.test("#ds, ds[i] and tostring: one way to count rows, for every dataset and loader", function()
+  local rows = {}
+  for i = 1, 10 do rows[i] = { text = "line " .. i, id = i } end
+  local ds = D.Dataset.from_rows(rows)
+  T.eq(#ds, 10, "#ds"); T.eq(ds:len(), 10); T.eq(ds[3].id, 3, "ds[i]"); T.eq(ds(4).id, 4); T.eq(#ds.rows, 10)
+  rows[11] = { text = "late" }
+  T.eq(#ds, 10, "from_rows copies the list")
+  T.eq(#ds:filter(function(r) return r.id % 2 == 0 end), 5)
+  T.eq(#ds:select(2, 4), 3); T.eq(#ds:map(function(r) return { n = r.id } end), 10)
+  T.eq(tostring(ds), "Dataset({\n    features: ['id', 'text'],\n    num_rows: 10\n})")
+  local td = zr.data.TensorDataset(zr.randn(7, 3), zr.zeros(7))
+  T.eq(#td, 7, "#TensorDataset"); T.eq(td:len(), 7)
+  local dl = zr.data.DataLoader { dataset = td, batch_size = 2 }
+  T.eq(#dl, 4, "#DataLoader: batches per epoch"); T.eq(dl.batch_size, 2)
+  dl.batch_size = 3
+  T.eq(#dl, 3, "fields write through")
+  T.eq(#zr.data.DataLoader { dataset = ds, batch_size = 4, collate_fn = function(b) return b end }, 3)
+  T.eq(#D.DistributedSampler.new(10, { world_size = 3 }), 4, "#sampler")
+  assert(tostring(td):find("TensorDataset of 7", 1, true), tostring(td))
+end)
+
+T.test("shuffle(seed): a permutation of the rows, the same for the same seed", function()
+  local rows = {}
+  for i = 1, 50 do rows[i] = { id = i } end
+  local ds = D.Dataset.from_rows(rows)
+  local a, b, c = ds:shuffle(42), ds:shuffle { seed = 42 }, ds:shuffle(7)
+  local seen, same, moved = {}, true, false
+  for i = 1, 50 do
+    seen[a[i].id] = true
+    same = same and a[i].id == b[i].id
+    moved = moved or a[i].id ~= c[i].id
+  end
+  for i = 1, 50 do assert(seen[i], "row " .. i .. " lost") end
+  assert(same and moved, "same seed, same order; another seed, another order")
+  T.eq(ds[1].id, 1, "the dataset itself is unchanged")
+  zr.manual_seed(3); local x = ds:shuffle()[1].id
+  zr.manual_seed(3); T.eq(ds:shuffle()[1].id, x, "no seed: the global generator, repeatable after manual_seed")
+  T.raises(function() ds:shuffle(-1) end, "seed must be a non-negative integer")
+end)
+
+T.test("train_test_split: HF's sizes (fraction rounds test up, train down) and order", function()
+  local rows = {}
+  for i = 1, 10 do rows[i] = { id = i } end
+  local ds = D.Dataset.from_rows(rows)
+  local function ids(d) local t = {}; for i = 1, #d do t[i] = d[i].id end; return table.concat(t, ",") end
+  local s = ds:train_test_split { test_size = 0.25, seed = 1 }
+  T.eq(#s.test, 3, "ceil(0.25 * 10)"); T.eq(#s.train, 7)
+  local all = {}
+  for _, d in ipairs { s.train, s.test } do for i = 1, #d do assert(not all[d[i].id]); all[d[i].id] = true end end
+  T.eq(ids(ds:train_test_split { test_size = 0.25, seed = 1 }.test), ids(s.test), "the same seed, the same split")
+  local perm = zr.randperm(10, 1):flat_table()
+  T.eq(ids(s.test), ("%d,%d,%d"):format(perm[1], perm[2], perm[3]), "test = the first n_test of the permutation")
+  T.eq(#ds:train_test_split().test, 3, "default test_size 0.25")
+  T.eq(#ds:train_test_split(4).test, 4, "a count")
+  s = ds:train_test_split { train_size = 0.55, shuffle = false }
+  T.eq(ids(s.train), "1,2,3,4,5", "floor(0.55 * 10), first without shuffle"); T.eq(ids(s.test), "6,7,8,9,10")
+  s = ds:train_test_split { train_size = 3, test_size = 2, shuffle = false }
+  T.eq(ids(s.train), "1,2,3"); T.eq(ids(s.test), "4,5")
+  T.raises(function() ds:train_test_split { test_size = 10 } end, "test_size=10 must be smaller than the number of rows (10)")
+  T.raises(function() ds:train_test_split { test_size = 1.5 } end, "test_size must be a fraction in (0, 1)")
+  T.raises(function() ds:train_test_split { test_size = 6, train_size = 5 } end, "is more than the 10 rows")
+  T.raises(function() ds:train_test_split { test_sise = 0.1 } end, "unknown option 'test_sise'")
+end)
+
 T.done()

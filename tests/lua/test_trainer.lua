@@ -55,6 +55,22 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.eq(t.state.eval_steps, 5, "a fraction < 1 is a share of the total steps")
 end)
 
+T.test("seed decides the model's initial weights: model_init runs after set_seed(args.seed), as in HF", function()
+  local function first_weight(seed)
+    local t = zr.Trainer { model_init = function() return zr.models.llama.LlamaForCausalLM(cfg) end,
+      train_dataset = train_ds, args = { seed = seed } }
+    return t.model:parameters()[1]:flat_table()
+  end
+  local a, b, c = first_weight(5), first_weight(5), first_weight(6)
+  T.eq(a[1], b[1], "the same seed, the same weights")
+  assert(a[1] ~= c[1] or a[2] ~= c[2], "another seed must give other weights")
+  zr.manual_seed(5)
+  T.eq(zr.models.llama.LlamaForCausalLM(cfg):parameters()[1]:flat_table()[1], a[1], "manual_seed(seed) then build")
+  T.raises(function() zr.Trainer { train_dataset = train_ds, args = {} } end, "Trainer: model (or model_init")
+  T.raises(function() zr.Trainer { model = model(), model_init = model, train_dataset = train_ds, args = {} } end,
+    "pass model or model_init, not both")
+end)
+
 T.test("weight decay groups follow HF: no decay for biases and norm layers (by class, not by name)", function()
   local Block = nn.Module:extend("Block")
   function Block:__init()

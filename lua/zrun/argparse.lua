@@ -1,0 +1,197 @@
+-- zrun.argparse: the command line of recipes and benchmarks, one way everywhere: key=value (or
+-- --key=value, --key value), --config FILE, positional values where a script names them, --help
+-- listing every option with its default; unknown keys refused with "did you mean". A recipe that
+-- trains through zr.Trainer may also take any TrainingArguments key (they go into a separate table).
+-- Not here: what the values mean (the script's, and zrun.trainer_args's for TrainingArguments).
+--   local p = require("zrun.argparse").new("recipes/train_mlp.lua", "Trains an MLP with AdamW.")
+--   p:option("epochs", 3, "passes over the data")
+--   p:positional("epochs", "batch_size")        -- `zrun train_mlp.lua 5 8` as well as epochs=5
+--   local opt, given = p:parse(arg)             -- given.epochs: true when the command line set it
+local M = {}
+local P = {}
+P.__index = P
+local fmt, concat = string.format, table.concat
+
+function M.new(script, description)
+  -- errors name the script without ".lua:" (which zrun's error printer takes for a code position)
+  return setmetatable({ script = script, name = script:match("([^/]+)%.lua$") or script, description = description, list = {}, by = {}, aliases = {},
+    pos = {}, targs = nil }, P)
+end
+
+-- An option with its default (its type decides how a value is read: a number default takes only
+-- numbers, a boolean one true/false/1/0; nil or false means "unset" and takes anything) and one line
+-- of help.
+function P:option(name, default, help)
+  local o = { name = name, default = default, help = help or "" }
+  self.list[#self.list + 1] = o
+  self.by[name] = o
+  return self
+end
+
+-- Another name for an option (`deepspeed` for `config`); `--name VALUE` works for both.
+function P:alias(name, target) self.aliases[name] = target; return self end
+
+-- Names that bare values fill in order (`zrun train_mlp.lua 5 8`).
+function P:positional(...) self.pos = { ... }; return self end
+
+-- Accepts any TrainingArguments key zrun's Trainer knows, into `args` (whose entries are the
+-- script's defaults for them); parse then returns it third.
+function P:training_arguments(args) self.targs = args; return self end
+
+local function show(v)
+  if v == nil then return "unset" end
+  if type(v) == "string" then return v == "" and '""' or v end
+  return tostring(v)
+end
+
+local function generic(v)
+  if v == "true" then return true elseif v == "false" then return false end
+  return tonumber(v) or v
+end
+
+-- Reads one value for option o (or a TrainingArguments key when o is nil).
+local function convert(self, name, o, v)
+  local d = o and o.default
+  if type(d) == "number" then
+    local n = tonumber(v)
+    if not n then error(fmt("%s: %s must be a number, got '%s'", self.name, name, v), 0) end
+    return n
+  elseif type(d) == "boolean" and d then
+    if v == "true" or v == "1" then return true elseif v == "false" or v == "0" then return false end
+    error(fmt("%s: %s must be true or false, got '%s'", self.name, name, v), 0)
+  elseif type(d) == "string" then
+    return v
+  end
+  return generic(v)
+end
+
+-- Appends words to lines, two spaces in, at most 100 columns a line.
+local function wrap(lines, words)
+  local cur = " "
+  for _, w in ipairs(words) do
+    if #cur + 1 + #w > 100 and cur ~= " " then lines[#lines + 1] = cur; cur = " " end
+    cur = cur .. " " .. w
+  end
+  if cur ~= " " then lines[#lines + 1] = cur end
+end
+
+function P:help_text()
+  local lines = {}
+  local usage = { "usage: zrun " .. self.script }
+  for _, n in ipairs(self.pos) do usage[#usage + 1] = "[" .. n:upper() .. "]" end
+  if self.by.config then usage[#usage + 1] = "[--config FILE]" end
+  usage[#usage + 1] = "[key=value ...]"
+  lines[1] = concat(usage, " ")
+  if self.description then lines[#lines + 1] = self.description end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "options (key=value, --key=value or --key value; default in brackets):"
+  local w = 0
+  for _, o in ipairs(self.list) do w = math.max(w, #o.name) end
+  for _, o in ipairs(self.list) do
+    local al = {}
+    for a, t in pairs(self.aliases) do if t == o.name then al[#al + 1] = a end end
+    table.sort(al)
+    lines[#lines + 1] = fmt("  %-" .. w .. "s  %s%s [%s]", o.name, o.help, #al > 0 and (" (also " .. concat(al, ", ") .. ")")
+      or "", show(o.default))
+  end
+  if self.targs then
+    local ta = require "zrun.trainer_args"
+    local mine, rest = {}, {}
+    for k, v in pairs(self.targs) do mine[#mine + 1] = k .. "=" .. show(v) end
+    for k, v in pairs(ta.DEFAULTS) do
+      if self.targs[k] == nil and not self.by[k] then rest[#rest + 1] = k .. "=" .. show(v) end
+    end
+    table.sort(mine)
+    table.sort(rest)
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = "TrainingArguments (Hugging Face's names), this script's defaults:"
+    wrap(lines, mine)
+    lines[#lines + 1] = "and the Trainer's for the others:"
+    wrap(lines, rest)
+  end
+  return concat(lines, "\n")
+end
+
+local function all_names(self)
+  local names = {}
+  for n in pairs(self.by) do names[#names + 1] = n end
+  for n in pairs(self.aliases) do names[#names + 1] = n end
+  if self.targs then
+    for n in pairs(require("zrun.trainer_args").DEFAULTS) do names[#names + 1] = n end
+  end
+  return names
+end
+
+local function unknown(self, k)
+  local s = require("zrun.config").suggest(k, all_names(self))
+  local own = {}
+  for _, o in ipairs(self.list) do own[#own + 1] = o.name end
+  return fmt("%s: unknown option '%s'%s: it takes %s%s (--help lists them with their defaults)", self.name, k,
+    s and (" (did you mean '" .. s .. "'?)") or "", concat(own, ", "),
+    self.targs and ", or any TrainingArguments key the Trainer implements" or "")
+end
+
+-- Parses argv (the script's `arg`): returns opt (every option, defaults filled in), given (the
+-- names the command line set) and, with training_arguments, the args table updated in place.
+-- --help / -h prints help_text() and exits.
+function P:parse(argv)
+  argv = argv or {}
+  local opt, given = {}, {}
+  for _, o in ipairs(self.list) do opt[o.name] = o.default end
+  local ta = self.targs and require "zrun.trainer_args"
+  local function set(k, v, raw)
+    k = self.aliases[k] or k
+    local o = self.by[k]
+    if o then
+      opt[k] = raw and v or convert(self, k, o, v)
+    elseif ta and (ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k] or ta.RENAMED[k]) then
+      self.targs[k] = raw and v or generic(v) -- zrun.trainer_args checks it (and names a renamed key)
+    else
+      error(unknown(self, k), 0)
+    end
+    given[k] = true
+  end
+  local function known(k)
+    k = self.aliases[k] or k
+    return self.by[k] or (ta and (ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k]))
+  end
+  local npos, i = 0, 1
+  while i <= #argv do
+    local a = argv[i]
+    if a == "--help" or a == "-h" then -- (under mpirun, rank 0 prints it)
+      local r = tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMIX_RANK") or os.getenv("PMI_RANK") or
+        os.getenv("SLURM_PROCID") or "0")
+      if r == 0 then print(self:help_text()) end
+      os.exit(0)
+    end
+    local k, v = a:match("^%-%-([%w_%-]+)=(.*)$")
+    if not k then k, v = a:match("^([%w_]+)=(.*)$") end
+    if k then
+      set((k:gsub("-", "_")), v)
+    elseif a:match("^%-%-[%w_%-]+$") then
+      k = (a:sub(3):gsub("-", "_"))
+      if not known(k) then error(unknown(self, k), 0) end
+      local nxt = argv[i + 1]
+      local o = self.by[self.aliases[k] or k]
+      local boolish = (o and type(o.default) == "boolean") or (not o and type(ta.DEFAULTS[k]) == "boolean")
+      if boolish and (nxt == nil or nxt:match("^%-%-") or nxt:find("=", 1, true)) then
+        set(k, true, true) -- a bare --flag is true, as in HF's scripts
+      elseif nxt == nil then
+        error(fmt("%s: %s needs a value (%s VALUE or %s=VALUE)", self.name, a, a, a), 0)
+      else
+        set(k, nxt)
+        i = i + 1
+      end
+    elseif a:sub(1, 1) ~= "-" and npos < #self.pos then
+      npos = npos + 1
+      set(self.pos[npos], a)
+    else
+      error(fmt("%s: unknown argument '%s' (use key=value%s; --help lists the options)", self.name, a,
+        self.by.config and " or --config FILE" or ""), 0)
+    end
+    i = i + 1
+  end
+  return opt, given, self.targs
+end
+
+return M

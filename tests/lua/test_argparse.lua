@@ -1,0 +1,89 @@
+-- The recipes' shared command line (zrun.argparse): key=value, --key=value, --key value, --config,
+-- positional values, typed values, TrainingArguments keys, "did you mean", and --help listing every
+-- option with its default (recipes/finetune_llama.lua and train_mlp.lua through zrun itself).
+local zr = require "zrun"
+local T = zr.testing
+local argparse = require "zrun.argparse"
+local z = os.getenv("ZRUN_BIN") or "./zrun"
+
+local function parser(targs)
+  local p = argparse.new("recipes/demo.lua", "A demo.")
+  p:option("model", "m0", "the model"):option("block_size", 512, "tokens"):option("config", "c.json", "DeepSpeed config")
+  p:option("tokenizer", false, "a tokenizer"):option("hidden", nil, "unset by default"):option("fast", true, "a switch")
+  p:alias("deepspeed", "config")
+  if targs then p:training_arguments(targs) end
+  return p
+end
+
+local function sh(cmd)
+  local out, rc = T.run(cmd)
+  return out .. "rc=" .. rc
+end
+
+T.test("key=value, --key=value and --key value set options, typed by their defaults", function()
+  local opt, given = parser():parse { "model=x", "--block_size=64", "--config", "z.json", "hidden=7", "fast=false" }
+  T.eq(opt.model, "x"); T.eq(opt.block_size, 64); T.eq(opt.config, "z.json"); T.eq(opt.hidden, 7); T.eq(opt.fast, false)
+  T.eq(opt.tokenizer, false, "a default stays"); T.eq(given.model, true); T.eq(given.tokenizer, nil)
+  T.eq(parser():parse { "model=123" }.model, "123", "a string option keeps digits as text")
+  T.eq(parser():parse { "deepspeed=d.json" }.config, "d.json", "an alias")
+  T.eq(parser():parse { "--deepspeed", "d.json" }.config, "d.json", "--alias VALUE")
+  T.eq(parser():parse { "--block-size", "8" }.block_size, 8, "dashes for underscores")
+  T.eq(parser():parse {}.hidden, nil, "nil default: unset")
+end)
+
+T.test("bad values and unknown keys are one line naming the fix", function()
+  T.raises(function() parser():parse { "block_size=abc" } end, "demo: block_size must be a number, got 'abc'")
+  T.raises(function() parser():parse { "fast=maybe" } end, "demo: fast must be true or false, got 'maybe'")
+  T.raises(function() parser():parse { "modle=x" } end, "demo: unknown option 'modle' (did you mean 'model'?): it takes model, block_size")
+  T.raises(function() parser():parse { "stray" } end, "demo: unknown argument 'stray' (use key=value or --config FILE")
+  T.raises(function() parser():parse { "--config" } end, "demo: --config needs a value")
+  local err = T.raises(function() parser():parse { "x=1" } end)
+  assert(not err:find(".lua:", 1, true), "zrun's error printer would take '.lua:' for a code position: " .. err)
+end)
+
+T.test("TrainingArguments keys go to the args table; others are refused with a suggestion", function()
+  local args = { learning_rate = 2e-5 }
+  local opt, given, a = parser(args):parse { "learning_rate=3e-4", "max_steps=5", "bf16=true", "model=q", "--logging_first_step" }
+  T.eq(a, args); T.eq(args.learning_rate, 3e-4); T.eq(args.max_steps, 5); T.eq(args.bf16, true)
+  T.eq(args.logging_first_step, true, "a bare --flag of a boolean key"); T.eq(opt.model, "q"); T.eq(given.max_steps, true)
+  T.eq(args.report_to, nil)
+  parser(args):parse { "report_to=none" } -- accepted: zrun.trainer_args warns that it has no effect
+  T.eq(args.report_to, "none")
+  T.raises(function() parser({}):parse { "learning_rte=1" } end, "unknown option 'learning_rte' (did you mean 'learning_rate'?)")
+  T.raises(function() parser({}):parse { "learning_rte=1" } end, "or any TrainingArguments key the Trainer implements")
+  T.raises(function() parser():parse { "learning_rate=1" } end, "unknown option 'learning_rate'")
+end)
+
+T.test("positional values fill the named options in order", function()
+  local p = argparse.new("recipes/p.lua"):option("epochs", 3, "e"):option("batch_size", 4, "b"):positional("epochs", "batch_size")
+  local opt = p:parse { "5" }
+  T.eq(opt.epochs, 5); T.eq(opt.batch_size, 4)
+  opt = p:parse { "5", "batch_size=9" }
+  T.eq(opt.batch_size, 9)
+  T.raises(function() p:parse { "1", "2", "3" } end, "p: unknown argument '3'")
+end)
+
+T.test("--help lists every option with its default, and exits 0 before any work", function()
+  local h = parser({ output_dir = "out/x" }):help_text()
+  assert(h:find("usage: zrun recipes/demo.lua [--config FILE] [key=value ...]", 1, true), h)
+  assert(h:find("block_size%s+tokens %[512%]"), h)
+  assert(h:find("config%s+DeepSpeed config %(also deepspeed%) %[c.json%]"), h)
+  assert(h:find("hidden%s+unset by default %[unset%]"), h)
+  assert(h:find("output_dir=out/x", 1, true) and h:find("seed=42", 1, true), h)
+  local out = sh(z .. " recipes/finetune_llama.lua --help")
+  assert(out:find("rc=0", 1, true) and out:find("block_size", 1, true) and out:find("[configs/ds_config.json]", 1, true), out)
+  assert(out:find("per_device_train_batch_size=4", 1, true) and not out:find("falling back", 1, true), out)
+  out = sh(z .. " recipes/train_mlp.lua --help")
+  assert(out:find("usage: zrun recipes/train_mlp.lua [EPOCHS] [BATCH_SIZE]", 1, true) and out:find("rc=0", 1, true), out)
+  assert(not out:find("epoch 1", 1, true), out)
+end)
+
+T.test("the recipes refuse a misspelt option before loading anything", function()
+  local out = sh(z .. " recipes/finetune_llama.lua learning_rte=1e-3")
+  assert(out:find("zrun: finetune_llama: unknown option 'learning_rte' (did you mean 'learning_rate'?)", 1, true), out)
+  assert(out:find("rc=1", 1, true) and not out:find("ZRUN_DEBUG", 1, true), out)
+  out = sh(z .. " recipes/train_mlp.lua epochs=x")
+  assert(out:find("train_mlp: epochs must be a number, got 'x'", 1, true) and out:find("rc=1", 1, true), out)
+end)
+
+T.done()
