@@ -60,7 +60,7 @@ local function parse(text)
   local L = lines_of(text)
   local blocks, i = {}, 1
   while i <= #L do
-    local info, rest = L[i]:match("^```%s*([%w_%-]*)(.-)%s*$")
+    local info, rest = L[i]:match("^```%s*([%w_%-]*)([^`]-)%s*$")
     if info then
       local b = { info = info, line = i, code = {}, words = rest }
       local j = i - 1
@@ -147,7 +147,7 @@ local function run_page(path, name)
   for k, b in ipairs(blocks) do
     local pb = { kind = b.kind }
     plan_blocks[k] = pb
-    if b.notest and (b.kind == "lua" or b.kind == "repl" or b.kind == "sh") then
+    if b.notest and b.kind ~= "text" then
       counts.skipped = counts.skipped + 1
       counts.notest[#counts.notest + 1] = fmt("%s:%d (%s)", name, b.line, b.notest)
       pb.kind = "skip"
