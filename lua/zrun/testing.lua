@@ -15,6 +15,7 @@ function M.test(name, fn)
   io.stdout:flush()
 end
 
+-- Reports a test as skipped (a SKIP line, counted by tests/run.sh).
 function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 
 -- Exits non-zero when any test failed (call at the end of a test file).
