@@ -50,16 +50,23 @@ end
 -- A comment line as Markdown: "<" escaped (so `checkpoint-<step>` is not read as a tag).
 local function prose(s) return (s:gsub("<", "&lt;"):gsub("^>", "\\>")) end
 
--- Comment lines (without "-- ") as Markdown: lines indented two or more spaces are code examples.
+-- Comment lines (without "-- ") as Markdown: lines indented two or more spaces are code examples
+-- (an indented code block); a blank line ends a paragraph, or stays inside a code block that goes on.
 local function render(comment)
-  local out, in_code = {}, false
-  for _, l in ipairs(comment) do
-    local code = l:match("^  ") ~= nil
-    if code ~= in_code then
-      if #out > 0 then out[#out + 1] = "" end
-      in_code = code
+  local out, mode = {}, nil
+  for k, l in ipairs(comment) do
+    if l:match("^%s*$") then
+      local nxt = comment[k + 1]
+      if mode == "code" and nxt and nxt:match("^  ") then out[#out + 1] = ""
+      else mode = nil end
+    else
+      local m = l:match("^  ") and "code" or "text"
+      if m ~= mode then
+        if #out > 0 then out[#out + 1] = "" end
+        mode = m
+      end
+      out[#out + 1] = m == "code" and ("    " .. l) or prose(l)
     end
-    out[#out + 1] = code and ("    " .. l) or prose(l)
   end
   return concat(out, "\n")
 end
@@ -70,6 +77,8 @@ local function is_rule(l) return l:match("^%-%-%s*[%-=]+%s*$") or l:match("^%-%-
 local function comment_above(L, i)
   local out = {}
   local j = i - 1
+  -- (a one-line local the function uses may sit between: `local COMM_DTYPES = {...}`)
+  if L[j] and L[j]:match("^local%s") and L[j - 1] and L[j - 1]:match("^%-%-") then j = j - 1 end
   while j >= 1 and L[j]:match("^%-%-") do
     if not is_rule(L[j]) then table.insert(out, 1, (L[j]:gsub("^%-%-%-? ?", ""))) end
     j = j - 1

@@ -80,7 +80,7 @@ local function index_modules(model, params)
   return pos, direct
 end
 
--- zr.initialize: see the file's opening comment. opts: model (an nn.Module), model_parameters (a list
+-- zr.initialize{...}, deepspeed.initialize's analogue. opts: model (an nn.Module), model_parameters (a list
 -- of parameters or HF-style groups {params=, weight_decay=}), config (a DeepSpeed JSON path or table),
 -- args (TrainingArguments-like, fills "auto"), overrides, num_training_steps, training_data (rows
 -- or a zrun.datasets Dataset) with collate_fn, seed, shuffle, lr_scheduler (one of your own), device.
