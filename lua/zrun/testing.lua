@@ -60,6 +60,7 @@ function M.near(a, b, atol, rtol, what)
   end
 end
 
+-- Asserts a == b (raw equality), naming `what` in the error.
 function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end
