@@ -33,6 +33,7 @@ M.FORMAT = "zrun-zero-checkpoint/1"
 M.MODEL_FILE = "mp_rank_00_model_states.safetensors"
 M.MODEL_JSON = "mp_rank_00_model_states.json"
 M.STATES = { "master", "exp_avg", "exp_avg_sq" } -- engine.zero:state(0), (1), (2)
+-- The name of rank r's optimizer-state file in a tag folder (DeepSpeed's naming).
 function M.optim_file(r) return fmt("zero_pp_rank_%d_mp_rank_00_optim_states.safetensors", r) end
 
 local function join(a, b)
@@ -404,6 +405,8 @@ local function check_model_files(tdir, man)
   if man.files[M.MODEL_JSON] then store.check_id(jp, decode(read_file(jp) or "", jp).save_id, man) end
 end
 
+-- Opens a tag folder the manifest vouches for: rank 0's optimizer file now, the others on
+-- files:get(k); read_range reads part of one parameter's state across them. Close with files:close().
 function M.files(tdir)
   local parent, name = tdir:match("^(.*)/([^/]+)/*$")
   local man = store.verify(tdir, parent and "tags in " .. parent .. ": " .. list_tags(parent, name))

@@ -78,6 +78,7 @@ local function temp_of(n) -- the file's own name and the writer's pid, when n is
   local base, p = n:match("^(.+)%.tmp%.(%d+)%.%d+$")
   return base, tonumber(p)
 end
+-- Whether n is a file name zrun writes into a tag folder (or the temporary of one).
 function M.is_zrun_file(n)
   local base = temp_of(n)
   return zrun_name(base or n)
@@ -89,12 +90,15 @@ local function parse_leftover(n)
   if not tag then tag, kind, h, p = n:match("^(.+)%.(old)%.([%w_]+)%-(%d+)%-%d+$") end
   if tag then return tag, kind, h, tonumber(p) end
 end
+-- Whether n is a tag folder a save left behind (<tag>.tmp.<id> or <tag>.old.<id>).
 function M.is_leftover(n) return parse_leftover(n) ~= nil end
 
+-- The folder a save writes before it is renamed to dir/tag.
 function M.temp_dir(dir, tag, id) return join(dir, tag .. ".tmp." .. id) end
 
 -- ---------------------------------------------------------------- manifest
 
+-- Writes tdir's manifest (format, tag, save id, world size, stage, each file's size) atomically.
 function M.write_manifest(tdir, m)
   local names = {}
   for n in pairs(m.files) do names[#names + 1] = n end

@@ -1048,6 +1048,8 @@ function M.default_optimizer()
   return { type = "AdamW", params = params }
 end
 
+-- Resolves the "auto" values that waited for the run (info.num_training_steps, info.hidden_size or
+-- info.model) and checks them against the training arguments; raises one error naming every problem.
 function M.finalize(cfg, info)
   local meta = META[cfg]
   assert(meta, "config.finalize: not a loaded config")

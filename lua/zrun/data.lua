@@ -50,8 +50,10 @@ function TensorDataset.new(...)
 end
 setmetatable(TensorDataset, { __call = function(_, ...) return TensorDataset.new(...) end })
 
+-- The number of samples (the first dimension, shared by every tensor).
 function TensorDataset:len() return self.tensors[1]:size(1) end
 
+-- Sample i (1-based): a list with row i of each tensor.
 function TensorDataset:get(i)
   local out = {}
   for k, t in ipairs(self.tensors) do out[k] = t[i] end

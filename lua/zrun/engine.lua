@@ -80,6 +80,11 @@ local function index_modules(model, params)
   return pos, direct
 end
 
+-- zr.initialize{...}, deepspeed.initialize's analogue. opts: model (an nn.Module), model_parameters (a list
+-- of parameters or HF-style groups {params=, weight_decay=}), config (a DeepSpeed JSON path or table),
+-- args (TrainingArguments-like, fills "auto"), overrides, num_training_steps, training_data (rows
+-- or a zrun.datasets Dataset) with collate_fn, seed, shuffle, lr_scheduler (one of your own), device.
+-- Returns engine, optimizer, dataloader (nil without training_data), lr_scheduler (nil without one).
 function M.initialize(opts)
   opts = opts or {}
   local model = opts.model
@@ -182,10 +187,6 @@ function M.initialize(opts)
   return self, self.optimizer, loader, self.lr_scheduler
 end
 
--- Before offloading, checks that this node's free RAM holds what every local rank will put there:
--- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
--- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
--- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
 -- NCCL needs one GPU per process: more processes on a node than GPUs would share one (NCCL
 -- then fails with a duplicate-GPU error deep inside the first collective).
 function M.check_gpus_per_node(local_ranks, gpus, device)
@@ -211,6 +212,7 @@ function M.grad_accum_dtype(cfg)
   return v ~= nil and COMM_DTYPES[v] or nil
 end
 
+-- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
 function M.memlock_limit(path)
   local f = io.open(path or "/proc/self/limits")
   if not f then return nil end
@@ -223,8 +225,10 @@ function M.memlock_limit(path)
   return lim
 end
 
--- Before anything is allocated: the host memory offload needs against what the node has, and
--- with pin_memory the page-locked part against the locked-memory limit.
+-- Before offloading, checks that this node's free RAM holds what every local rank will put there:
+-- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
+-- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
+-- With pin_memory, also the page-locked part against the locked-memory limit.
 function M.check_host_memory(params, W, stage, offload_param, pin_memory)
   local S, bytes = 0, 0
   local Wc = stage == 0 and 1 or W
@@ -379,6 +383,8 @@ function Engine:fetch(p)
 end
 
 function Engine:__call(...) return self:forward(...) end
+-- engine(...) is engine:forward(...): the model's forward with the same arguments and results,
+-- timed for wall_clock_breakdown; at stage 3 the first call records the module order for prefetching.
 function Engine:forward(...)
   local t0 = timer()
   local tr = self.z3trace
@@ -391,6 +397,7 @@ function Engine:forward(...)
   return unpack(out)
 end
 
+-- Whether the next engine:step() ends an accumulation window (and steps the optimizer).
 function Engine:is_gradient_accumulation_boundary() return (self.micro_steps + 1) % self.gas == 0 end
 
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
@@ -412,6 +419,7 @@ function Engine:backward(loss)
   self.timers.backward = self.timers.backward + (timer() - t0)
 end
 
+-- The learning rate of each optimizer param group, as the schedule last set it: {lr1, lr2, ...}.
 function Engine:get_lr()
   local out = {}
   for i, g in ipairs(self.optimizer.param_groups) do out[i] = g.lr end
@@ -478,6 +486,8 @@ function Engine:param_lrs()
   return out
 end
 
+-- fp16: DeepSpeed's dynamic loss scaling after a step (overflow: lower the scale after
+-- `hysteresis` overflows; otherwise double it after loss_scale_window good steps).
 function Engine:update_scale(overflow)
   local s = self.scaler
   if not s.dynamic then
@@ -500,6 +510,8 @@ function Engine:update_scale(overflow)
   end
 end
 
+-- The steps_per_print line (step, skipped steps, lr, gradient norm, loss scale) and, with
+-- wall_clock_breakdown, the forward/backward/step times since the last report; rank 0 prints.
 function Engine:report()
   local lr = self:get_lr()[1]
   local line = fmt("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, tostring(lr))
@@ -515,6 +527,7 @@ function Engine:report()
   end
 end
 
+-- The model's training / evaluation mode (dropout); engine:parameters() lists the trained parameters.
 function Engine:train() self.module:train(); return self end
 function Engine:eval() self.module:eval(); return self end
 function Engine:parameters() return self.params end
@@ -523,9 +536,12 @@ function Engine:parameters() return self.params end
 function Engine:save_checkpoint(dir, tag, client_state)
   return require("zrun.checkpoint").save(self, dir, tag, client_state)
 end
+-- Returns client_state and the tag folder it loaded (DeepSpeed returns them the other way round);
+-- tag defaults to dir/latest. Collective: every rank calls it.
 function Engine:load_checkpoint(dir, tag)
   return require("zrun.checkpoint").load(self, dir, tag)
 end
+-- A Hugging Face model folder with the weights in the training dtype (zrun.checkpoint.save_16bit_model).
 function Engine:save_16bit_model(dir, opts)
   return require("zrun.checkpoint").save_16bit_model(self, dir, opts)
 end

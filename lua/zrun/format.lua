@@ -3,6 +3,7 @@
 --   format.human(1536) -> "1.50 KiB"
 local M = {}
 
+-- Bytes in binary units with two decimals ("1.50 GiB"), whole bytes below 1 KiB ("512 B").
 function M.human(b)
   local units = { "B", "KiB", "MiB", "GiB", "TiB" }
   local i = 1

@@ -118,6 +118,7 @@ local function encode(v, ind, floats, key)
   if #parts == 0 then return "{}" end
   return "{\n" .. concat(parts, ",\n") .. "\n" .. ind .. "}"
 end
+-- encode (above) with a trailing newline: how transformers writes its config files.
 function hf.encode_json(v, floats) return encode(v, "", floats) .. "\n" end
 
 -- ---------------------------------------------------------------- resolving a model reference

@@ -33,6 +33,7 @@ function zr.no_grad(fn, ...)
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2)
 end
+-- Runs fn with autograd recording on (inside a no_grad); returns fn's results.
 zr.enable_grad = function(fn, ...)
   local prev = C.set_grad_enabled(true)
   local res = { pcall(fn, ...) }

@@ -9,6 +9,8 @@ M.categories = { "params", "grads", "optimizer", "activations", "comm", "workspa
 
 M.human = require("zrun.format").human -- bytes as "1.50 GiB"
 
+-- Bytes now and at the peak per category on a device (default "cpu"), with total_current,
+-- total_peak and n_allocs; reset_peak starts the peaks again from the current values.
 function M.stats(device) return C.memory_stats(device or "cpu") end
 function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end
 -- A line on stderr per forward op / backward node: activations now and peak inside the op (MiB).

@@ -392,6 +392,7 @@ function M.new(kind, optimizer, params)
   return c.new(optimizer, params)
 end
 
+-- The schedule a DeepSpeed config's scheduler section ({type=, params=}) describes; nil for none.
 function M.from_config(section, optimizer)
   if section == nil then return nil end
   return M.new(section.type, optimizer, section.params)

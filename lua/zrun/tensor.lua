@@ -67,6 +67,7 @@ local function body(t)
   return rec(1, 0, "       ")
 end
 
+-- A tensor as PyTorch prints it: tensor([...], dtype=..., device=..., grad_fn=<...>).
 function M.tostring(t)
   local extra = {}
   local dt, dev = t:dtype(), t:device()
@@ -80,6 +81,7 @@ function M.tostring(t)
   return "tensor(" .. b .. ")"
 end
 
+-- Gives tensors their Lua side: arithmetic operators, printing and the methods written in Lua.
 function M.install(zr)
   local mt = C.tensor_metatable()
   local methods = C.tensor_methods()

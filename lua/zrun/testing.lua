@@ -24,6 +24,7 @@ function M.run(cmd)
   return (out:gsub("rc=%d+%s*$", "")), rc
 end
 
+-- Reports a test as skipped (a SKIP line, counted by tests/run.sh).
 function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 
 -- Exits non-zero when any test failed (call at the end of a test file).
@@ -68,6 +69,7 @@ function M.near(a, b, atol, rtol, what)
   end
 end
 
+-- Asserts a == b (raw equality), naming `what` in the error.
 function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end

@@ -18,6 +18,7 @@ M.STATE_FILE = "trainer_state.json"
 local function join(a, b) return a:sub(-1) == "/" and a .. b or a .. "/" .. b end
 M.join = join
 
+-- output_dir/checkpoint-<step>.
 function M.dir_for(output_dir, step) return join(output_dir, M.PREFIX .. step) end
 
 -- checkpoint-<step> folders in output_dir, oldest first: {step=, path=, complete=}.

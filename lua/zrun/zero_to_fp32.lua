@@ -14,6 +14,8 @@ local fmt, ipairs, type = string.format, ipairs, type
 local Reader = {}
 Reader.__index = Reader
 
+-- A Reader over checkpoint dir (tag: default dir/latest): r:params() lists {name=, shape=, numel=},
+-- r:get(name) returns one full fp32 tensor, r:close() closes the files.
 function M.open(dir, tag)
   local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
   local files = ckpt.files(tdir)

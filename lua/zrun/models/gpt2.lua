@@ -149,6 +149,7 @@ function LM:__init(cfg)
     end
   end)
 end
+-- forward(ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}, as LlamaForCausalLM's.
 function LM:forward(ids, labels)
   local h = self.transformer(ids)
   local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
@@ -178,6 +179,7 @@ function LM:forward(ids, labels)
   if labels then out.loss = require("zrun.models.llama").causal_lm_loss(full, labels) end
   return out
 end
+-- A Hugging Face model folder (config.json + model.safetensors) that transformers loads.
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end
 
 -- Builds the model from a Hugging Face model directory (or cached hub id) and loads its weights.
@@ -200,6 +202,7 @@ function M.from_pretrained(ref, opts)
   model:load_state_dict(sd, true)
   return model
 end
+-- Activation checkpointing per block in training mode (zr.checkpoint). Returns the model.
 function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
 
 return M

@@ -182,6 +182,7 @@ function CausalLM:init_weights()
   end)
 end
 
+-- The (vocab_size, hidden_size) output projection: lm_head's weight, or the embedding when tied.
 function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
@@ -201,6 +202,8 @@ function CausalLM:forward(input_ids, labels)
   return out
 end
 
+-- Mean cross-entropy of logits (B, T, V) against labels (B, T) shifted by one (position t scores
+-- token t+1); label -100 is ignored.
 function M.causal_lm_loss(logits, labels)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
@@ -215,6 +218,8 @@ function M.causal_lm_loss(logits, labels)
   return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T), { ignore_index = -100 })
 end
 
+-- Activation checkpointing per decoder layer in training mode: keeps each layer's input and
+-- recomputes the layer in backward (zr.checkpoint). Returns the model.
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
 function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_checkpointing", false); return self end
 
@@ -230,6 +235,7 @@ function M.save_pretrained(model, dir, opts)
   cfg.torch_dtype = model:parameters()[1]:dtype()
   return require("zrun.hf").save_pretrained(dir, sd, cfg, opts)
 end
+-- model:save_pretrained(dir): M.save_pretrained(model, dir) above.
 function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir, opts) end
 
 -- Config ------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ end
 local Writer = {}
 Writer.__index = Writer
 
+-- A writer of DeepSpeed's csv_monitor files under log_dir (one CSV per tag).
 function M.new(log_dir)
   require("zrun")._C.makedirs(log_dir)
   return setmetatable({ log_dir = log_dir, started = {} }, Writer)

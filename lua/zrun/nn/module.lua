@@ -107,12 +107,14 @@ setmetatable(Module, class_mt)
 
 function Module:__init() end
 
+-- Subclasses define forward(...); module(...) runs the hooks around it.
 function Module:forward()
   error(fmt("%s: forward() is not implemented", self.__name), 2)
 end
 
 -- ---------- registration ----------
 
+-- Registers t (a tensor, or nil to reserve the name) as parameter `name`, as self.name = nn.Parameter(t) does.
 function Module:register_parameter(name, t)
   if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
     error(fmt("register_parameter: bad name '%s' (a non-empty string without dots)", tostring(name)), 2)
@@ -164,6 +166,7 @@ function Module:named_children()
   end
 end
 
+-- The direct submodules, in registration order.
 function Module:children()
   local out = {}
   for _, n in ipairs(self._module_order) do out[#out + 1] = self._modules[n] end
@@ -189,6 +192,7 @@ local function list_iter(list)
   end
 end
 
+-- Iterates name, module over self (name "") and every submodule, pre-order, each once.
 function Module:named_modules(prefix)
   local out = {}
   collect_modules(self, prefix or "", {}, out)
@@ -233,6 +237,7 @@ function Module:parameters(recurse)
   return l
 end
 
+-- Buffers (tensors that are state but not parameters), with their dotted names or as a list.
 function Module:named_buffers(recurse)
   return list_iter(collect_tensors(self, "_buffers", "_buffer_order", recurse))
 end
@@ -254,6 +259,7 @@ end
 
 -- ---------- modes, hooks, calls ----------
 
+-- Sets training mode (default true) on self and every submodule; eval() is train(false). Returns self.
 function Module:train(mode)
   if mode == nil then mode = true end
   for _, m in ipairs(self:modules()) do rawset(m, "training", mode and true or false) end
@@ -262,6 +268,7 @@ end
 
 function Module:eval() return self:train(false) end
 
+-- Sets requires_grad on every parameter (default true; false freezes them). Returns self.
 function Module:requires_grad_(on)
   for _, p in ipairs(self:parameters()) do p:requires_grad_(on ~= false) end
   return self
@@ -274,6 +281,7 @@ function Module:apply(fn)
   return self
 end
 
+-- Drops every parameter's .grad (set_to_none = false: zeroes it in place instead).
 function Module:zero_grad(set_to_none)
   for _, p in ipairs(self:parameters()) do
     if set_to_none == false then
@@ -295,6 +303,7 @@ local function add_hook(list, fn)
   return { remove = function() for i = #list, 1, -1 do if list[i] == fn then table.remove(list, i) end end end }
 end
 
+-- Hooks on this module only (see above); each returns a handle with :remove().
 function Module:register_forward_pre_hook(fn)
   local l = rawget(self, "_pre_hooks") or {}
   rawset(self, "_pre_hooks", l)
@@ -307,6 +316,7 @@ function Module:register_forward_hook(fn)
   return add_hook(l, fn)
 end
 
+-- Hooks on every module (see above); each returns a handle with :remove().
 function Module.register_module_forward_pre_hook(fn) return add_hook(global_pre, fn) end
 function Module.register_module_forward_hook(fn) return add_hook(global_post, fn) end
 
@@ -454,6 +464,7 @@ function Module:to(...)
   return self
 end
 
+-- Shorthands for module:to(dtype or device), as torch's.
 function Module:float() return self:to("f32") end
 function Module:double() return self:to("f64") end
 function Module:bfloat16() return self:to("bf16") end

@@ -12,6 +12,7 @@ local AdamW = Optimizer:extend("AdamW", {
   lr = 1e-3, betas = { 0.9, 0.999 }, eps = 1e-8, weight_decay = 1e-2, amsgrad = false, maximize = false,
 })
 
+-- Checks a parameter group's hyperparameters (errors name the value and what is allowed).
 function AdamW:check_group(g)
   if type(g.lr) ~= "number" or g.lr < 0 then error(fmt("AdamW: lr must be a number >= 0, got %s", tostring(g.lr)), 0) end
   if type(g.eps) ~= "number" or g.eps < 0 then error(fmt("AdamW: eps must be >= 0, got %s", tostring(g.eps)), 0) end

@@ -37,6 +37,7 @@ function Optimizer.new(cls, params, opts)
   return self
 end
 
+-- Adds {params = {...}, lr = ..., ...}; keys not given take the optimizer's defaults.
 function Optimizer:add_param_group(group, level)
   level = level or 2
   if type(group) ~= "table" or type(group.params) ~= "table" then
@@ -113,6 +114,7 @@ function Optimizer:state_dict()
   return { state = state, param_groups = groups }
 end
 
+-- Restores what state_dict() returned (per-parameter state and the groups' hyperparameters).
 function Optimizer:load_state_dict(sd)
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.state) ~= "table" then
     error(fmt("%s:load_state_dict: expected a table with 'state' and 'param_groups'", self.__name), 2)

@@ -11,6 +11,7 @@ local SGD = Optimizer:extend("SGD", {
   lr = 1e-3, momentum = 0, dampening = 0, weight_decay = 0, nesterov = false, maximize = false,
 })
 
+-- Checks a parameter group's hyperparameters (errors name the value and what is allowed).
 function SGD:check_group(g)
   if type(g.lr) ~= "number" or g.lr < 0 then error(fmt("SGD: lr must be a number >= 0, got %s", tostring(g.lr)), 0) end
   if type(g.momentum) ~= "number" or g.momentum < 0 then error(fmt("SGD: momentum must be >= 0, got %s", tostring(g.momentum)), 0) end
@@ -23,6 +24,8 @@ function SGD:check_group(g)
   if g.maximize then error("SGD: maximize is not supported", 0) end
 end
 
+-- One update of every parameter with a gradient (torch.optim.SGD's rule, momentum and
+-- nesterov included); closure, when given, recomputes the loss first. Returns that loss.
 function SGD:step(closure)
   local loss
   if closure then loss = closure() end
