@@ -1,6 +1,8 @@
 /* Lua bindings for the optimizer steps (runtime/ops/optim.h): zr._C.adamw_step and zr._C.sgd_step,
  * used by the Lua optimizers in lua/zrun/optim/. Hyperparameters come in an options table. */
 
+#include <string.h>
+
 #include "bind.h"
 #include "ops/optim.h"
 
@@ -85,6 +87,43 @@ static int l_sgd_step(lua_State *L) {
     return 0;
 }
 
+/* optim_step(param, state_or_nil, grad, segments, {optimizer=, beta1=, beta2=, eps=, momentum=,
+ * dampening=, nesterov=, lr_decay=}, step[, grad_scale]): Lion, Adagrad or SGD over segments of a
+ * flat f32 tensor, each {start= (1-based), n=, lr=, weight_decay=}; the ZeRO engine's kernels. */
+static int l_optim_step(lua_State *L) {
+    zr_tensor *p = zr_l_checktensor(L, 1);
+    zr_tensor *s = lua_isnil(L, 2) ? NULL : zr_l_checktensor(L, 2);
+    zr_tensor *g = zr_l_checktensor(L, 3);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    luaL_checktype(L, 5, LUA_TTABLE);
+    lua_getfield(L, 5, "optimizer");
+    const char *name = luaL_checkstring(L, -1);
+    int kind = !strcmp(name, "lion") ? ZR_OPTIM_LION : !strcmp(name, "adagrad") ? ZR_OPTIM_ADAGRAD
+               : !strcmp(name, "sgd") ? ZR_OPTIM_SGD : -1;
+    if (kind < 0) return luaL_error(L, "optim_step: optimizer must be \"lion\", \"adagrad\" or \"sgd\", got \"%s\"", name);
+    lua_pop(L, 1);
+    zr_adamw_config c = {.beta1 = num_field(L, 5, "beta1", 0), .beta2 = num_field(L, 5, "beta2", 0),
+                         .eps = num_field(L, 5, "eps", 0), .kind = kind,
+                         .momentum = num_field(L, 5, "momentum", 0), .dampening = num_field(L, 5, "dampening", 0),
+                         .lr_decay = num_field(L, 5, "lr_decay", 0)};
+    lua_getfield(L, 5, "nesterov");
+    c.nesterov = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int n = (int)lua_objlen(L, 4);
+    zr_adamw_segment *segs = lua_newuserdata(L, sizeof *segs * (size_t)(n ? n : 1)); /* freed by the GC */
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 4, i + 1);
+        if (!lua_istable(L, -1)) return luaL_error(L, "optim_step: segment %d is not a table", i + 1);
+        int t = lua_gettop(L);
+        segs[i] = (zr_adamw_segment){(int64_t)num_field(L, t, "start", 1) - 1, (int64_t)num_field(L, t, "n", 0),
+                                     (float)num_field(L, t, "weight_decay", 0), (float)num_field(L, t, "lr", 0)};
+        lua_pop(L, 1);
+    }
+    if (zr_optim_step_segments(p, s, g, segs, n, &c, (int64_t)luaL_checknumber(L, 6), luaL_optnumber(L, 7, 1.0)))
+        return zr_l_error(L);
+    return 0;
+}
+
 /* has_grad(t): whether t.grad is set, without creating a Lua reference to the gradient (which
  * would keep its memory alive until the next garbage collection). */
 static int l_has_grad(lua_State *L) {
@@ -93,6 +132,7 @@ static int l_has_grad(lua_State *L) {
 }
 
 static const luaL_Reg functions[] = {
-    {"adamw_step", l_adamw_step}, {"sgd_step", l_sgd_step}, {"has_grad", l_has_grad}, {NULL, NULL}};
+    {"adamw_step", l_adamw_step}, {"sgd_step", l_sgd_step}, {"optim_step", l_optim_step},
+    {"has_grad", l_has_grad},     {NULL, NULL}};
 
 void zr_bind_optim(lua_State *L) { zr_l_register_functions(L, functions); }

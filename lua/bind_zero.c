@@ -43,9 +43,30 @@ static double required_num(lua_State *L, int idx, const char *key) {
     return v;
 }
 
+/* The optimizer kind named by field `key` of table idx ("adamw", "lion", "adagrad", "sgd"; nil:
+ * "adamw"). */
+static int optim_kind_field(lua_State *L, int idx, const char *key) {
+    lua_getfield(L, idx, key);
+    const char *s = lua_isnil(L, -1) ? "adamw" : luaL_checkstring(L, -1);
+    int k = !strcmp(s, "adamw") ? ZR_OPTIM_ADAMW
+            : !strcmp(s, "lion") ? ZR_OPTIM_LION
+            : !strcmp(s, "adagrad") ? ZR_OPTIM_ADAGRAD
+            : !strcmp(s, "sgd") ? ZR_OPTIM_SGD : -1;
+    if (k < 0) luaL_error(L, "%s: unknown optimizer \"%s\" (adamw, lion, adagrad or sgd)", key, s);
+    lua_pop(L, 1);
+    return k;
+}
+static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
+    lua_getfield(L, idx, key);
+    double v = lua_isnil(L, -1) ? dflt : luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    return v;
+}
+
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
- *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32)},
+ *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32), optimizer= (nil:
+ *           "adamw"), momentum= (SGD), initial_accumulator_value= (Adagrad)},
  *           {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -63,6 +84,9 @@ static int l_new(lua_State *L) {
     lua_getfield(L, 1, "comm_dtype");
     c.comm_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);
+    c.optimizer = optim_kind_field(L, 1, "optimizer");
+    c.momentum = opt_num(L, 1, "momentum", 0);
+    c.initial_accumulator_value = opt_num(L, 1, "initial_accumulator_value", 0);
     lua_getfield(L, 1, "grad_dtype");
     c.grad_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);
@@ -111,8 +135,9 @@ static int l_grad_norm(lua_State *L) {
     lua_pushnumber(L, norm);
     return 1;
 }
-/* step(grad_scale, step, lr, beta1, beta2, eps); lr: a number, or a table with one learning rate
- * per parameter (its group's) */
+/* step(grad_scale, step, lr, beta1, beta2, eps[, extra]); lr: a number, or a table with one learning
+ * rate per parameter (its group's); extra: {optimizer= (nil: "adamw"), momentum=, dampening=,
+ * nesterov=, lr_decay=} */
 static int l_step(lua_State *L) {
     zr_zero *z = check_zero(L, 1);
     int n = zr_zero_num_params(z);
@@ -131,6 +156,13 @@ static int l_step(lua_State *L) {
             lr[i] = one;
     }
     zr_adamw_config c = {.beta1 = luaL_checknumber(L, 5), .beta2 = luaL_checknumber(L, 6), .eps = luaL_checknumber(L, 7)};
+    if (lua_istable(L, 8)) {
+        c.kind = optim_kind_field(L, 8, "optimizer");
+        c.momentum = opt_num(L, 8, "momentum", 0);
+        c.dampening = opt_num(L, 8, "dampening", 0);
+        c.lr_decay = opt_num(L, 8, "lr_decay", 0);
+        c.nesterov = zr_l_boolfield(L, 8, "nesterov");
+    }
     zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), &c, lr);
     free(lr);
     return ok_or_error(L, st);
@@ -148,8 +180,16 @@ static int l_layout(lua_State *L) {
     lua_pushnumber(L, (lua_Number)c);
     return 2;
 }
+/* state(k): partition tensor k (0 master, 1 and 2 the optimizer's states, 3 grads); nil for a state
+ * the optimizer does not keep */
 static int l_state(lua_State *L) {
-    return zr_l_pushtensor(L, zr_zero_state(check_zero(L, 1), (int)luaL_checkinteger(L, 2)));
+    zr_zero *z = check_zero(L, 1);
+    int k = (int)luaL_checkinteger(L, 2);
+    if ((k == 1 || k == 2) && k > zr_zero_num_states(z)) {
+        lua_pushnil(L);
+        return 1;
+    }
+    return zr_l_pushtensor(L, zr_zero_state(z, k));
 }
 /* fn(engine, {param indices}): gather / release */
 static int call_indices(lua_State *L, zr_status (*fn)(zr_zero *, int, const int *)) {

@@ -201,6 +201,67 @@ void offload_cast_cpu(void *dst, zr_dtype dst_dt, const float *src, int64_t n) {
     }
 }
 
+
+/* --- Lion, Adagrad, SGD over partition segments (optim_step_cpu) --- */
+
+static inline float grad_at(const void *g, zr_dtype dt, int64_t i) {
+    return dt == ZR_F32 ? ((const float *)g)[i]
+           : dt == ZR_BF16 ? zr_bf16_to_f32(((const uint16_t *)g)[i])
+                           : zr_f16_to_f32(((const uint16_t *)g)[i]);
+}
+
+/* One element: p and its state s (NULL-free: SGD without momentum passes a dummy), g already
+ * scaled. The formulas of kernels/cuda/optim.cu's optim_elem, in the same order. */
+static inline float optim_elem_cpu(int kind, float g, float p, float *s, float lr, float wd, float b1, float b2,
+                                   float eps, float mo, float damp1, int nesterov, int first, int has_buf) {
+    if (kind == ZR_OPTIM_LION) {
+        const float c = b1 * *s + (1.f - b1) * g;
+        p = p * (1.f - lr * wd) - lr * (float)((c > 0.f) - (c < 0.f));
+        *s = b2 * *s + (1.f - b2) * g;
+    } else if (kind == ZR_OPTIM_ADAGRAD) {
+        g += wd * p;
+        *s += g * g;
+        p -= lr * g / (sqrtf(*s) + eps);
+    } else { /* SGD */
+        const float d = g + wd * p;
+        if (has_buf) {
+            const float b = first ? d : mo * *s + damp1 * d;
+            *s = b;
+            p -= lr * (nesterov ? d + mo * b : b);
+        } else
+            p -= lr * d;
+    }
+    return p;
+}
+
+void optim_step_cpu(float *param, float *state, void *param_lp, zr_dtype lp_dtype, const void *grad,
+                    zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
+                    int64_t step, const float *grad_scale) {
+    const int kind = c->kind, nesterov = c->nesterov, first = step == 1, has_buf = state != NULL;
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps, mo = (float)c->momentum;
+    const float damp1 = (float)(1 - c->dampening), gs = grad_scale ? *grad_scale : 1.f;
+    /* Adagrad's lr_decay: lr / (1 + (step - 1) * lr_decay), as torch computes clr */
+    const double decay = kind == ZR_OPTIM_ADAGRAD ? 1 + (double)(step - 1) * c->lr_decay : 1;
+    for (int k = 0; k < nsegs; k++) {
+        const int64_t off = segs[k].offset, n = segs[k].n;
+        const float lr = (float)(segs[k].lr / decay), wd = segs[k].weight_decay;
+#pragma omp parallel for schedule(static) if (n > PAR_N)
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t i = off + j;
+            float dummy = 0.f;
+            float *s = has_buf ? state + i : &dummy;
+            const float p = optim_elem_cpu(kind, grad_at(grad, grad_dtype, i) * gs, param[i], s, lr, wd, b1, b2,
+                                           eps, mo, damp1, nesterov, first, has_buf);
+            param[i] = p;
+            if (param_lp) {
+                if (lp_dtype == ZR_F32) ((float *)param_lp)[i] = p;
+                else if (lp_dtype == ZR_BF16) ((uint16_t *)param_lp)[i] = bf16_rne(p);
+                else ((uint16_t *)param_lp)[i] = zr_f32_to_f16(p);
+            }
+        }
+    }
+}
+
 #else
 typedef int zr_offload_kernels_are_f32_only; /* keeps the f64 translation unit non-empty */
 #endif

@@ -22,6 +22,19 @@ double offload_sumsq_cpu(const float *x, int64_t n);
 void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const zr_adamw_config *c,
                        int64_t step, double grad_scale, void *out, zr_dtype out_dt);
 
+/* Lion, Adagrad or SGD (c->kind; AdamW has offload_adamw_cpu) over nsegs segments of the flat
+ * partition, each with its own lr and weight decay (the config supplies the rest); step t from 1:
+ *   g = grad * *grad_scale (grad_scale NULL: 1), grad f32, bf16 or f16 (grad_dtype);
+ *   Lion:    c = b1 s + (1-b1) g;  p = p (1 - lr wd) - lr sign(c);  s = b2 s + (1-b2) g
+ *   Adagrad: g += wd p;  s += g^2;  p -= lr / (1 + (t-1) lr_decay) * g / (sqrt(s) + eps)
+ *   SGD:     d = g + wd p;  s = t == 1 ? d : momentum s + (1 - dampening) d;
+ *            p -= lr (nesterov ? d + momentum s : s)   (state NULL: p -= lr d)
+ * param, state f32 (S); param_lp NULL or the new weights as lp_dtype (f32, bf16, f16) at the same
+ * offsets. The CPU reference of optim_step_cuda, with the same arguments (grad_scale on the host). */
+void optim_step_cpu(float *param, float *state, void *param_lp, zr_dtype lp_dtype, const void *grad,
+                    zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
+                    int64_t step, const float *grad_scale);
+
 /* dst (n, f32) += src (n, src_dt: ZR_F32, ZR_BF16 or ZR_F16), or dst = src when overwrite. */
 void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite);
 

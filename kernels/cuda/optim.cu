@@ -224,6 +224,128 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
     return 0;
 }
 
+
+/* --- Lion, Adagrad, SGD: the one-state optimizers over partition segments (optim_step_cpu's
+ * twin). Same batching as AdamW (adamw_batch: up to 64 segments, ADAMW_CHUNK elements per block),
+ * a scalar loop per thread: these run where AdamW's vector kernel is not worth a second copy. --- */
+
+/* One element, g already scaled; the arithmetic and order of kernels/cpu/offload.c's optim_elem_cpu. */
+static __device__ __forceinline__ float optim_elem(int kind, float g, float p, float &s, float lr, float wd, float b1,
+                                                   float b2, float eps, float mo, float damp1, int nesterov,
+                                                   int first, int has_buf) {
+    if (kind == ZR_OPTIM_LION) {
+        const float c = b1 * s + (1.f - b1) * g;
+        p = p * (1.f - lr * wd) - lr * (float)((c > 0.f) - (c < 0.f));
+        s = b2 * s + (1.f - b2) * g;
+    } else if (kind == ZR_OPTIM_ADAGRAD) {
+        g += wd * p;
+        s += g * g;
+        p -= lr * g / (sqrtf(s) + eps);
+    } else { /* SGD */
+        const float d = g + wd * p;
+        if (has_buf) {
+            const float b = first ? d : mo * s + damp1 * d;
+            s = b;
+            p -= lr * (nesterov ? d + mo * b : b);
+        } else
+            p -= lr * d;
+    }
+    return p;
+}
+
+template <typename G, typename L>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    optim_kernel(adamw_batch bt, int kind, float *__restrict__ p, float *__restrict__ st, L *__restrict__ plp,
+                 const G *__restrict__ grad, const float *__restrict__ gscale, float b1, float b2, float eps,
+                 float mo, float damp1, int nesterov, int first) {
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], n = bt.n[s];
+    const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
+    const float gs = gscale ? *gscale : 1.f, lr = bt.lr[s], wd = bt.wd[s];
+    for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
+        const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
+        if (j >= n) break;
+        const int64_t i = base + j;
+        float si = st ? st[i] : 0.f;
+        const float pi = optim_elem(kind, tof<G>(grad[i]) * gs, p[i], si, lr, wd, b1, b2, eps, mo, damp1, nesterov,
+                                    first, st != nullptr);
+        if (st) st[i] = si;
+        p[i] = pi;
+        if (plp) plp[i] = fromf<L>(pi);
+    }
+}
+
+template <typename G, typename L>
+static void optim_launch(const adamw_batch &bt, const zr_adamw_config *c, float *p, float *st, void *plp,
+                         const void *grad, const float *gs, int first, cudaStream_t stream) {
+    optim_kernel<G, L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, stream>>>(
+        bt, c->kind, p, st, (L *)plp, (const G *)grad, gs, (float)c->beta1, (float)c->beta2, (float)c->eps,
+        (float)c->momentum, (float)(1 - c->dampening), c->nesterov, first);
+}
+
+template <typename G>
+static int optim_launch_g(const adamw_batch &bt, const zr_adamw_config *c, float *p, float *st, void *plp,
+                          zr_dtype lpt, const void *grad, const float *gs, int first, cudaStream_t stream) {
+    if (!plp || lpt == ZR_F32)
+        optim_launch<G, float>(bt, c, p, st, plp, grad, gs, first, stream);
+    else if (lpt == ZR_BF16)
+        optim_launch<G, __nv_bfloat16>(bt, c, p, st, plp, grad, gs, first, stream);
+    else if (lpt == ZR_F16)
+        optim_launch<G, __half>(bt, c, p, st, plp, grad, gs, first, stream);
+    else
+        return zr_error("optim_step_cuda: param copy dtype %s not supported (bf16, f16 or f32)", zr_dtype_name(lpt));
+    return 0;
+}
+
+extern "C" int optim_step_cuda(float *param, float *state, void *param_lp, zr_dtype lp_dtype, const void *grad,
+                               zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs,
+                               const zr_adamw_config *c, int64_t step, const float *grad_scale,
+                               cudaStream_t stream) {
+    const char *fn = "optim_step_cuda";
+    if (c->kind != ZR_OPTIM_LION && c->kind != ZR_OPTIM_ADAGRAD && c->kind != ZR_OPTIM_SGD)
+        return zr_error("%s: optimizer kind %d is not Lion, Adagrad or SGD", fn, c->kind);
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
+    if (nsegs < 0 || (nsegs > 0 && !segs)) return zr_error("%s: %d segments but no segment array", fn, nsegs);
+    if (!state && c->kind != ZR_OPTIM_SGD) return zr_error("%s: Lion and Adagrad need a state buffer", fn);
+    const double decay = c->kind == ZR_OPTIM_ADAGRAD ? 1 + (double)(step - 1) * c->lr_decay : 1;
+    for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
+        adamw_batch bt;
+        int nb = 0, k = 0;
+        for (int s = s0; s < nsegs && s < s0 + ADAMW_MAX_SEGS; ++s) {
+            if (segs[s].n < 0 || segs[s].offset < 0)
+                return zr_error("%s: segment %d has offset %lld, n %lld", fn, s, (long long)segs[s].offset,
+                                (long long)segs[s].n);
+            const int64_t blocks = (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+            if ((int64_t)nb + blocks > 0x7fffffffLL)
+                return zr_error("%s: segment %d too large (%lld elements)", fn, s, (long long)segs[s].n);
+            bt.offset[k] = segs[s].offset;
+            bt.n[k] = segs[s].n;
+            bt.wd[k] = segs[s].weight_decay;
+            bt.lr[k] = (float)(segs[s].lr / decay);
+            bt.ss[k] = 0.f;
+            bt.block0[k] = nb;
+            nb += (int)blocks;
+            ++k;
+        }
+        bt.block0[k] = nb;
+        bt.nsegs = k;
+        if (nb == 0) continue;
+        int rc;
+        if (grad_dtype == ZR_F32)
+            rc = optim_launch_g<float>(bt, c, param, state, param_lp, lp_dtype, grad, grad_scale, step == 1, stream);
+        else if (grad_dtype == ZR_BF16)
+            rc = optim_launch_g<__nv_bfloat16>(bt, c, param, state, param_lp, lp_dtype, grad, grad_scale, step == 1,
+                                               stream);
+        else if (grad_dtype == ZR_F16)
+            rc = optim_launch_g<__half>(bt, c, param, state, param_lp, lp_dtype, grad, grad_scale, step == 1, stream);
+        else
+            return zr_error("%s: grad dtype %s not supported (f32, bf16 or f16)", fn, zr_dtype_name(grad_dtype));
+        if (rc) return rc;
+        if (launch_check(fn)) return ZR_ERR;
+    }
+    return 0;
+}
+
 /* SGD: a grid-stride kernel in the parameter's precision; inside namespace zrk so that its
  * helpers are found before fused_common.cuh's. */
 namespace zrk {

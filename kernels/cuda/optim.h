@@ -1,4 +1,5 @@
-/* Optimizer steps on CUDA, the twins of kernels/cpu/optim.h: AdamW and SGD.
+/* Optimizer steps on CUDA, the twins of kernels/cpu/optim.h: AdamW and SGD; Lion, Adagrad and SGD
+ * over partition segments (twins of kernels/cpu/offload.h's optim_step_cpu).
  * Fused multi-tensor AdamW on CUDA over flat buffers (llm.c/ZeRO style: every parameter lives at
  * an offset of one f32 master buffer, with m, v and the gradients at the same offsets of theirs).
  * One launch updates up to 64 segments (tensors) with their own weight decay and learning rate; more segments take
@@ -17,13 +18,6 @@ extern "C" {
 #include "../base/adamw.h"
 #include "../base/dtype.h" /* C header: inside the extern "C" block */
 
-typedef struct {
-    int64_t offset;     /* first element of this tensor in the flat buffers */
-    int64_t n;          /* its element count */
-    float weight_decay; /* decoupled decay (0 for norms and biases) */
-    float lr;           /* learning rate of the tensor's parameter group */
-} zr_adamw_segment;
-
 /* param, m, v: f32 flat buffers; grad: flat, grad_dtype ZR_F32, ZR_BF16 or ZR_F16, multiplied by
  * *grad_scale when grad_scale (device f32 scalar, e.g. a clipping factor) is non-NULL.
  * param_lp: NULL, or a flat ZR_BF16/ZR_F16 (lp_dtype) copy of the params written after the
@@ -33,6 +27,12 @@ int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype l
                     const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
                     int nsegs, const zr_adamw_config *c, int64_t step,
                     const float *grad_scale, cudaStream_t stream);
+/* Lion, Adagrad or SGD (c->kind) over partition segments: the twin of optim_step_cpu
+ * (kernels/cpu/offload.h, where the formulas are), same arguments + stream; grad_scale is a device
+ * f32 scalar or NULL. state: f32 (S), NULL only for SGD without momentum. */
+int optim_step_cuda(float *param, float *state, void *param_lp, zr_dtype lp_dtype, const void *grad,
+                    zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
+                    int64_t step, const float *grad_scale, cudaStream_t stream);
 /* torch.optim.SGD on n contiguous elements of p (f32 or f64), g of p's dtype; buf NULL without
  * momentum. Same arithmetic as sgd_step_cpu (in the parameter's precision). */
 int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,

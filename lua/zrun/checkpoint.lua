@@ -6,9 +6,11 @@
 --   dir/<tag>/mp_rank_00_model_states.safetensors        rank 0: weights, HF names, training dtype
 --   dir/<tag>/mp_rank_00_model_states.json               rank 0: engine metadata (JSON sidecar)
 --   dir/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.safetensors
---       rank r: tensors master, exp_avg, exp_avg_sq (f32, the rank's partition of S elements) and
+--       rank r: tensors master and the optimizer's states (f32, the rank's partition of S elements:
+--       AdamW exp_avg, exp_avg_sq; Lion exp_avg; Adagrad sum; SGD momentum_buffer, when momentum > 0) and
 --       __metadata__ {format, zrun_state = JSON}: counters, scheduler, loss scaler, client_state,
---       config, world size, stage, RNG, and per parameter {name, shape, numel, offset, chunk}.
+--       config, world size, stage, RNG, optimizer and its state names, and per parameter {name, shape,
+--       numel, offset, chunk}. A file without an optimizer is AdamW's.
 --
 --   dir/<tag>/zrun_manifest.json                          every file's size and the save's id
 --
@@ -32,7 +34,21 @@ local pairs, ipairs, type, tostring, pcall = pairs, ipairs, type, tostring, pcal
 M.FORMAT = "zrun-zero-checkpoint/1"
 M.MODEL_FILE = "mp_rank_00_model_states.safetensors"
 M.MODEL_JSON = "mp_rank_00_model_states.json"
-M.STATES = { "master", "exp_avg", "exp_avg_sq" } -- engine.zero:state(0), (1), (2)
+M.STATES = { "master", "exp_avg", "exp_avg_sq" } -- AdamW's: engine.zero:state(0), (1), (2)
+-- Each optimizer's states after master, by the engine's optimizer name (engine.optimizer_type):
+-- engine.zero:state(1), (2); torch's state names.
+M.OPTIMIZER_STATES = { adamw = { "exp_avg", "exp_avg_sq" }, lion = { "exp_avg" }, adagrad = { "sum" },
+  sgd = { "momentum_buffer" } }
+-- The optimizer of an engine ("adamw" when it predates the others) and the states it keeps,
+-- master first: the tensor names of its optimizer files.
+function M.engine_states(engine)
+  local ty = engine.optimizer_type or "adamw"
+  local names = { "master" }
+  for k, n in ipairs(M.OPTIMIZER_STATES[ty]) do
+    if engine.zero:state(k) ~= nil then names[#names + 1] = n end
+  end
+  return ty, names
+end
 -- The name of rank r's optimizer-state file in a tag folder (DeepSpeed's naming).
 function M.optim_file(r) return fmt("zero_pp_rank_%d_mp_rank_00_optim_states.safetensors", r) end
 
@@ -166,6 +182,7 @@ local function engine_state(engine, names, client_state)
   for gi, g in ipairs(engine.optimizer.param_groups) do groups[gi] = { lr = g.lr, weight_decay = g.weight_decay } end
   local seed, offset = C.random_state()
   local mcfg = engine.module.config and plain(engine.module.config) or nil
+  local oty, onames = M.engine_states(engine)
   return {
     format = M.FORMAT, world_size = engine.world_size, rank = engine.global_rank, stage = engine.stage,
     num_chunks = engine.stage == 0 and 1 or engine.world_size, precision = engine.precision,
@@ -176,6 +193,7 @@ local function engine_state(engine, names, client_state)
     loss_scaler = engine.scaler and plain(engine.scaler) or nil,
     client_state = client_state, config = engine.config, model_config = mcfg,
     model_class = engine.module.__name, rng = { seed = seed, offset = offset }, params = params,
+    optimizer = oty, states = onames,
   }
 end
 M.engine_state = engine_state
@@ -283,7 +301,7 @@ function M.save(engine, dir, tag, client_state)
   local bytes
   ok, err = pcall(function()
     local z, t = engine.zero, {}
-    for k, n in ipairs(M.STATES) do t[n] = z:state(k - 1) end
+    for k, n in ipairs(state.states) do t[n] = z:state(k - 1) end
     local p = join(tmp, M.optim_file(r))
     C.save_safetensors(p, t, { format = M.FORMAT, zrun_state = encode(state) })
     bytes = store.size(p) or error(p .. ": missing right after it was written", 0)
@@ -369,7 +387,7 @@ function M.open_optim(tdir, k, expect_w, manifest)
     if not ok then f:close(); error(err, 0) end
   end
   local S = st.partition_numel
-  for _, n in ipairs(M.STATES) do
+  for _, n in ipairs(st.states or M.STATES) do
     local info = f:info(n)
     if not info then f:close(); error(fmt("%s: has no tensor '%s'", p, n), 0) end
     if info.numel ~= S then
@@ -453,6 +471,17 @@ function Files:read_range(name, which, lo, hi, dst_fn)
   end
 end
 
+-- Refuses a checkpoint of another optimizer (or of SGD with/without a momentum buffer) in one line.
+local function check_optimizer(engine, files)
+  local st = files.st[0]
+  local saved, saved_states = st.optimizer or "adamw", st.states or M.STATES
+  local ty, names = M.engine_states(engine)
+  if saved ~= ty or concat(saved_states, ",") ~= concat(names, ",") then
+    error(fmt("%s: checkpoint of optimizer %s (states %s) but the engine runs %s (states %s): load it with the " ..
+      "optimizer.type it was saved with", files.path0, saved, concat(saved_states, ", "), ty, concat(names, ", ")), 0)
+  end
+end
+
 -- Checks the checkpoint's parameters against the engine's (names, shapes); errors list the
 -- differences and name the file.
 local function check_compat(files, names, shapes)
@@ -504,8 +533,8 @@ end
 local function restore_partitions(engine, files, names)
   local z, r = engine.zero, engine.global_rank
   local jr = engine.stage == 0 and 0 or r -- which chunk of each parameter this rank holds
-  local states = {}
-  for k, n in ipairs(M.STATES) do
+  local states, _, snames = {}, M.engine_states(engine)
+  for k, n in ipairs(snames) do
     states[n] = z:state(k - 1)
     states[n]:zero_() -- chunk padding stays zero
   end
@@ -515,7 +544,7 @@ local function restore_partitions(engine, files, names)
     local lo = jr * c
     local hi = min(lo + c, e.numel)
     if hi > lo then
-      for _, which in ipairs(M.STATES) do
+      for _, which in ipairs(snames) do
         local dst = states[which]
         files:read_range(name, which, lo, hi, function(at, len) return dst:narrow(1, off + at + 1, len) end)
       end
@@ -560,7 +589,8 @@ function M.load(engine, dir, tag)
   agree(ok, err, "load_checkpoint")
   names = param_names(engine)
   local shapes = full_shapes(engine)
-  ok, err = pcall(check_compat, files, names, shapes)
+  ok, err = pcall(check_optimizer, engine, files)
+  if ok then ok, err = pcall(check_compat, files, names, shapes) end
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
 

@@ -324,7 +324,7 @@ local function take_variant(node, v, p, ctx)
   local canonical
   if type(ty) == "string" then
     for _, n in ipairs(node.names) do
-      if n == ty or (node.ci and n:lower() == ty:lower()) then canonical = n end
+      if n == ty or (node.ci and not (node.exact and node.exact[n]) and n:lower() == ty:lower()) then canonical = n end
     end
   end
   if not canonical then
@@ -492,7 +492,7 @@ local function lookup(path, raw, parts)
         local ty = type(r) == "table" and r.type
         local canonical
         for _, n in ipairs(node.names) do
-          if type(ty) == "string" and (n == ty or (node.ci and n:lower() == ty:lower())) then canonical = n end
+          if type(ty) == "string" and (n == ty or (node.ci and not (node.exact and node.exact[n]) and n:lower() == ty:lower())) then canonical = n end
         end
         if not canonical then
           return nil, fmt("%s: set %s.type first (one of %s)", path, done, one_of(node.names))
@@ -820,6 +820,15 @@ end
 local function cross_checks(vals, ctx)
   local zo = vals.zero_optimization
   local stage = zo.stage
+  -- torch.optim.SGD's own check (a ValueError in its constructor)
+  local opt = vals.optimizer
+  if opt and opt.type == "SGD" and opt.params and opt.params.nesterov == true then
+    local mo, damp = opt.params.momentum, opt.params.dampening
+    if type(mo) == "number" and type(damp) == "number" and (mo <= 0 or damp ~= 0) then
+      add_error(ctx, "optimizer.params.nesterov = true needs momentum > 0 and dampening = 0 (got momentum %s, " ..
+        "dampening %s), as torch.optim.SGD requires", fmtnum(mo), fmtnum(damp))
+    end
+  end
   -- Deprecated spellings.
   if zo.cpu_offload ~= nil then
     add_warning(ctx, "zero_optimization.cpu_offload is deprecated; use zero_optimization.offload_optimizer")

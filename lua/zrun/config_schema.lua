@@ -84,14 +84,44 @@ end
 local OPTIMIZER = variant({
   { "Adam", adam_params(false) },
   { "AdamW", adam_params(true) },
-}, { ci = true, extra = section { { "legacy_fusion", bool(false) } } })
+  -- DeepSpeed's FusedLion (DeepSpeedCPULion under offload_optimizer takes the same values)
+  { "Lion", section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "set_grad_none", bool(true) },
+  } },
+  -- torch.optim.Adagrad, which DeepSpeed builds for "Adagrad" (weight_decay is L2: added to the gradient)
+  { "Adagrad", section {
+    { "lr", num(1e-2, { min = 0, auto = true }) },
+    { "lr_decay", num(0.0, NONNEG) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "initial_accumulator_value", num(0.0, NONNEG) },
+    { "eps", num(1e-10, NONNEG) },
+    { "foreach", bool(nil, { nullable = true }) },
+    { "maximize", refuse_unless(false, bool(false)) },
+    { "differentiable", bool(false) },
+    { "fused", bool(nil, { nullable = true }) },
+  } },
+  -- torch.optim.SGD (exact name, as DeepSpeed looks it up in torch.optim); weight_decay is L2
+  { "SGD", section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "momentum", num(0.0, NONNEG) },
+    { "dampening", num(0.0) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "nesterov", bool(false) },
+    { "maximize", refuse_unless(false, bool(false)) },
+    { "foreach", bool(nil, { nullable = true }) },
+    { "differentiable", bool(false) },
+    { "fused", bool(nil, { nullable = true }) },
+  } },
+}, { ci = true, exact = { SGD = true }, extra = section { { "legacy_fusion", bool(false) } } })
 
 -- Optimizers DeepSpeed builds (its own, matched case-insensitively, and torch.optim's by exact
 -- name) that zrun's ZeRO engine does not implement: refused by `zrun check` and zr.initialize alike.
-local DS_OPTIMIZERS = { "Adagrad", "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD",
-  "Lion", "Muon" }
-local TORCH_OPTIMIZERS = { "SGD", "Adagrad", "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop",
-  "Rprop", "SparseAdam", "Adafactor" }
+local DS_OPTIMIZERS = { "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon" }
+local TORCH_OPTIMIZERS = { "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop", "Rprop", "SparseAdam",
+  "Adafactor" }
 
 -- The canonical name of an optimizer DeepSpeed knows and zrun does not implement, or nil.
 local function unimplemented_optimizer(ty)
@@ -104,7 +134,7 @@ end
 -- The one message for an optimizer zrun does not implement (zrun check and zr.initialize).
 function M.unimplemented_optimizer_message(ty)
   return fmt('optimizer.type "%s": zrun\'s ZeRO engine does not implement %s yet; use "AdamW" (or "Adam", which ' ..
-    "DeepSpeed runs as AdamW)", ty, unimplemented_optimizer(ty) or ty)
+    "DeepSpeed runs as AdamW), \"Lion\", \"Adagrad\" or \"SGD\"", ty, unimplemented_optimizer(ty) or ty)
 end
 
 -- Scheduler params, per type: the constructor arguments of deepspeed/runtime/lr_schedules.py.

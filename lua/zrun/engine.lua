@@ -13,6 +13,8 @@ Engine.__index = Engine
 M.Engine = Engine
 
 local fmt = string.format
+-- The ZeRO engine's optimizer (bind_zero.c's names) for each canonical optimizer.type.
+local OPTIMIZER_KIND = { Adam = "adamw", AdamW = "adamw", Lion = "lion", Adagrad = "adagrad", SGD = "sgd" }
 
 -- The optimizer the engine hands back: param_groups with lr (the scheduler writes them), and a
 -- zero_grad that explains why it must not be called by hand.
@@ -118,10 +120,15 @@ function M.initialize(opts)
   self.device = opts.device or (p0 and p0:device()) or "cpu"
   if precision ~= "f32" and p0 and p0:dtype() ~= precision then model:to(precision) end
 
-  -- optimizer hyperparameters: AdamW (config.load refuses the optimizers zrun does not run, with the
-  -- message `zrun check` prints); no optimizer section: DeepSpeed's AdamW defaults
-  local op = (cfg.optimizer or cfgmod.default_optimizer()).params
-  self.hp = { lr = op.lr, betas = op.betas, eps = op.eps, weight_decay = op.weight_decay }
+  -- optimizer hyperparameters: AdamW ("Adam" too), Lion, Adagrad or SGD (config.load refuses the
+  -- optimizers zrun does not run, with the message `zrun check` prints); no optimizer section:
+  -- DeepSpeed's AdamW defaults
+  local ocfg = cfg.optimizer or cfgmod.default_optimizer()
+  local op = ocfg.params
+  self.optimizer_type = OPTIMIZER_KIND[ocfg.type] or error(fmt("optimizer.type %s: not an optimizer zrun runs", ocfg.type), 0)
+  self.hp = { lr = op.lr, betas = op.betas or { 0, 0 }, eps = op.eps or 0, weight_decay = op.weight_decay,
+    extra = { optimizer = self.optimizer_type, momentum = op.momentum, dampening = op.dampening,
+      nesterov = op.nesterov, lr_decay = op.lr_decay } }
 
   local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
   self.params = params
@@ -145,7 +152,8 @@ function M.initialize(opts)
     offload_param = self.offload_param, persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
-    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg) },
+    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), optimizer = self.optimizer_type,
+    momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
     params, wds)
   self.prefetch_budget = zc.stage3_prefetch_bucket_size
   self.max_reuse_distance = zc.stage3_max_reuse_distance
@@ -458,7 +466,7 @@ function Engine:step()
     if c < 1 then coef = coef * c end
   end
   self.opt_steps = (self.opt_steps or 0) + 1
-  z:step(coef, self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2], self.hp.eps)
+  z:step(coef, self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2], self.hp.eps, self.hp.extra)
   if self.scaler then self:update_scale(false) end
   if self.lr_scheduler then self.lr_scheduler:step() end
   z:zero_grad()

@@ -6,6 +6,7 @@
 
 #include <math.h>
 
+#include "kernels/cpu/offload.h" /* optim_step_cpu */
 #include "ops/util.h"
 
 #ifdef ZR_HAVE_CUDA
@@ -21,15 +22,27 @@ static zr_status check_dev_param(const char *op, const zr_tensor *p) {
     return ZR_OK;
 }
 
+static const char *optim_name(int kind) {
+    return kind == ZR_OPTIM_LION ? "lion" : kind == ZR_OPTIM_ADAGRAD ? "adagrad" : kind == ZR_OPTIM_SGD ? "sgd" : "adamw";
+}
+
 zr_status zr_adamw_config_check(const zr_adamw_config *c) {
-    if (!(c->lr >= 0)) return zr_error("adamw: lr must be >= 0, got %g", c->lr);
-    if (!(c->eps >= 0)) return zr_error("adamw: eps must be >= 0, got %g", c->eps);
+    const char *op = optim_name(c->kind);
+    if (c->kind < ZR_OPTIM_ADAMW || c->kind > ZR_OPTIM_SGD)
+        return zr_error("optimizer kind %d is not AdamW, Lion, Adagrad or SGD", c->kind);
+    if (!(c->lr >= 0)) return zr_error("%s: lr must be >= 0, got %g", op, c->lr);
+    if (!(c->eps >= 0)) return zr_error("%s: eps must be >= 0, got %g", op, c->eps);
     if (!(c->beta1 >= 0 && c->beta1 < 1))
-        return zr_error("adamw: betas[1] must be in [0, 1), got %g", c->beta1);
+        return zr_error("%s: betas[1] must be in [0, 1), got %g", op, c->beta1);
     if (!(c->beta2 >= 0 && c->beta2 < 1))
-        return zr_error("adamw: betas[2] must be in [0, 1), got %g", c->beta2);
+        return zr_error("%s: betas[2] must be in [0, 1), got %g", op, c->beta2);
     if (!(c->weight_decay >= 0))
-        return zr_error("adamw: weight_decay must be >= 0, got %g", c->weight_decay);
+        return zr_error("%s: weight_decay must be >= 0, got %g", op, c->weight_decay);
+    if (!(c->lr_decay >= 0)) return zr_error("%s: lr_decay must be >= 0, got %g", op, c->lr_decay);
+    if (!(c->momentum >= 0)) return zr_error("%s: momentum must be >= 0, got %g", op, c->momentum);
+    if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+        return zr_error("%s: nesterov momentum requires momentum > 0 and dampening = 0 (got momentum %g, dampening %g)",
+                        op, c->momentum, c->dampening);
     return ZR_OK;
 }
 
@@ -182,4 +195,50 @@ zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf
                 c->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, first);
     zr_tensor_release(g);
     return ZR_OK;
+}
+
+zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *grad, const zr_adamw_segment *segs,
+                                 int nsegs, const zr_adamw_config *c, int64_t step, double grad_scale) {
+    const char *op = "optim_step";
+    char b1[192], b2[192];
+    if (c->kind != ZR_OPTIM_LION && c->kind != ZR_OPTIM_ADAGRAD && c->kind != ZR_OPTIM_SGD)
+        return zr_error("%s: optimizer kind %d is not Lion, Adagrad or SGD (AdamW has adamw_step)", op, c->kind);
+    if (zr_adamw_config_check(c)) return ZR_ERR;
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", op, (long long)step);
+    if (!param || param->dtype != ZR_F32 || !zr_tensor_is_contiguous(param))
+        return zr_error("%s: parameters must be a contiguous f32 tensor, got %s", op,
+                        param ? zr_tensor_describe(param, b1) : "nothing");
+    const int64_t n = zr_tensor_numel(param);
+    zr_device dev = zr_tensor_device(param);
+    if (state ? (state->dtype != ZR_F32 || zr_tensor_numel(state) != n || !zr_tensor_is_contiguous(state) ||
+                 !zr_device_eq(zr_tensor_device(state), dev))
+              : zr_optim_states(c->kind, c->momentum) > 0)
+        return zr_error("%s: state %s must be a contiguous f32 tensor like the parameters (%s)", op,
+                        state ? zr_tensor_describe(state, b1) : "is missing: it", zr_tensor_describe(param, b2));
+    if (!grad || zr_tensor_numel(grad) != n || !zr_tensor_is_contiguous(grad) ||
+        !zr_device_eq(zr_tensor_device(grad), dev) ||
+        (grad->dtype != ZR_F32 && grad->dtype != ZR_BF16 && grad->dtype != ZR_F16))
+        return zr_error("%s: gradient %s must be contiguous f32, bf16 or f16 like the parameters (%s)", op,
+                        grad ? zr_tensor_describe(grad, b1) : "(none)", zr_tensor_describe(param, b2));
+    for (int k = 0; k < nsegs; k++)
+        if (segs[k].offset < 0 || segs[k].n < 0 || segs[k].offset + segs[k].n > n)
+            return zr_error("%s: segment %d [%lld, +%lld) is outside the %lld parameters", op, k + 1,
+                            (long long)segs[k].offset, (long long)segs[k].n, (long long)n);
+    float *s = state ? zr_tensor_data(state) : NULL;
+    if (zr_is_cpu(param)) {
+        const float gs = (float)grad_scale;
+        optim_step_cpu(zr_tensor_data(param), s, NULL, ZR_F32, zr_tensor_data(grad), grad->dtype, segs, nsegs, c, step,
+                       &gs);
+        return ZR_OK;
+    }
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *gs = zr_tensor_full(ZR_F32, dev, 0, NULL, grad_scale);
+    if (!gs) return ZR_ERR;
+    int rc = optim_step_cuda(zr_tensor_data(param), s, NULL, ZR_F32, zr_tensor_data(grad), grad->dtype, segs, nsegs,
+                             c, step, zr_tensor_data(gs), zr_cuda_stream(dev));
+    zr_tensor_release(gs);
+    return zr_dev_status(rc, op, dev);
+#else
+    return zr_no_cuda(op);
+#endif
 }

@@ -30,6 +30,12 @@ zr_status zr_adamw_step_flat(float *p, const void *g, zr_dtype grad_dtype, float
 
 /* One SGD step; momentum_buf is NULL when c->momentum == 0, else a tensor like param that
  * `first` initialises (the first step after the buffer was created). */
+/* Lion, Adagrad or SGD (c->kind) on the segments of a flat f32 parameter tensor, with state (f32,
+ * like param; NULL for SGD without momentum) and grad (f32, bf16 or f16) of the same numel, all on
+ * one device: optim_step_cpu or optim_step_cuda, the ZeRO engine's kernels. grad is multiplied by
+ * grad_scale. Each segment carries its lr and weight decay. */
+zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *grad, const zr_adamw_segment *segs,
+                                 int nsegs, const zr_adamw_config *c, int64_t step, double grad_scale);
 zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf, int first,
                       const zr_sgd_config *c);
 

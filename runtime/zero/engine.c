@@ -52,7 +52,8 @@ struct zr_zero {
     zr_device dev, opt_dev;
     /* the parameters; the gradient buckets and their reduction; the gradient partition */
     zr_dtype param_dtype, comm_dtype, grad_dtype;
-    zr_tensor *master, *m, *v, *gpart, *pshard;
+    zr_tensor *master, *m, *v, *gpart, *pshard; /* m, v: NULL where the optimizer keeps fewer states */
+    int nstates;        /* zr_optim_states(cfg.optimizer, cfg.momentum) */
     /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
     int64_t bucket_cap, bucket_fill;
     /* the bucket's pieces: parameter, offset in its chunk, length, place in the bucket */
@@ -158,6 +159,10 @@ static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < 4; k++) {
+        if (!ts[k]) { /* a state this optimizer does not keep */
+            z->pinned = k + 1;
+            continue;
+        }
         cudaError_t e = cudaHostRegister(ts[k]->storage->data, ts[k]->storage->nbytes, cudaHostRegisterDefault);
         if (e != cudaSuccess)
             return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
@@ -171,7 +176,8 @@ static zr_status pin(zr_zero *z) {
 static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
-    for (int k = 0; k < z->pinned; k++) cudaHostUnregister(ts[k]->storage->data);
+    for (int k = 0; k < z->pinned; k++)
+        if (ts[k]) cudaHostUnregister(ts[k]->storage->data);
 #endif
     z->pinned = 0;
 }
@@ -291,10 +297,15 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         for (int i = 0; i < n; i++)
             if (zr_broadcast(z->params[i].p, 0)) goto fail;
     z->master = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
-    z->m = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
-    z->v = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    /* only the states the optimizer keeps: AdamW m and v; Lion, Adagrad, SGD with momentum m */
+    z->nstates = zr_optim_states(cfg->optimizer, cfg->momentum);
+    if (z->nstates >= 1) z->m = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    if (z->nstates >= 2) z->v = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
     z->gpart = new_buf(z->grad_dtype, z->opt_dev, z->part_numel, ZR_MEM_GRADS);
-    if (!z->master || !z->m || !z->v || !z->gpart) goto fail;
+    if (!z->master || (z->nstates >= 1 && !z->m) || (z->nstates >= 2 && !z->v) || !z->gpart) goto fail;
+    if (cfg->optimizer == ZR_OPTIM_ADAGRAD && cfg->initial_accumulator_value != 0 &&
+        zr_tensor_fill_(z->m, cfg->initial_accumulator_value))
+        goto fail;
     if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     int r = z->chunks > 1 ? cfg->rank : 0;
     for (int i = 0; i < n; i++) {
@@ -423,6 +434,9 @@ int zr_zero_num_params(const zr_zero *z) {
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk) {
     *offset = z->params[i].offset;
     *chunk = z->params[i].chunk;
+}
+int zr_zero_num_states(const zr_zero *z) {
+    return z->nstates;
 }
 zr_tensor *zr_zero_state(zr_zero *z, int which) {
     if (which == 3 && flush_stale(z)) return NULL;
@@ -757,9 +771,16 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     return st;
 }
 
+/* An optimizer state's data, or NULL where the optimizer does not keep that state. */
+static float *state_data(zr_tensor *t) {
+    return t ? (float *)zr_tensor_data(t) : NULL;
+}
+
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr) {
     ZR_CHECK(flush_stale(z));
+    if (c->kind != z->cfg.optimizer)
+        return zr_error("ZeRO: step with optimizer kind %d on an engine built for kind %d", c->kind, z->cfg.optimizer);
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
         /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
@@ -775,8 +796,13 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
                                          (float)z->params[i].wd, (float)lr[i]};
         /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
         int lp = z->direct && (z->param_dtype == ZR_BF16 || z->param_dtype == ZR_F16);
-        int rc =
-            adamw_step_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+        int rc = c->kind != ZR_OPTIM_ADAMW
+                     ? optim_step_cuda(zr_tensor_data(z->master), state_data(z->m),
+                                       lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
+                                       zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,
+                                       zr_tensor_data(gs), zr_cuda_stream(zr_tensor_device(z->master)))
+                     :
+            adamw_step_cuda(zr_tensor_data(z->master), state_data(z->m), state_data(z->v),
                             lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
                             zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,
                             zr_tensor_data(gs), zr_cuda_stream(zr_tensor_device(z->master)));
@@ -793,7 +819,7 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
     void *out;
     ZR_CHECK(host_weights_out(z, &out));
     if (!out || !uploads(z)) {
-        ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+        ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), state_data(z->m), state_data(z->v),
                                   grad_scale, step, c, lr, out));
         zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
         zr_offload_step_end(z->host);
@@ -807,8 +833,8 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
         int64_t acc = 0;
         while (k1 < z->nparams && (k1 == k0 || acc + z->params[k1].chunk <= UPLOAD_GROUP))
             acc += z->params[k1++].chunk;
-        ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), zr_tensor_data(z->m),
-                                        zr_tensor_data(z->v), grad_scale, step, c, lr, out));
+        ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), state_data(z->m),
+                                        state_data(z->v), grad_scale, step, c, lr, out));
         ZR_CHECK(upload_params(z, k0, k1));
         k0 = k1;
     }

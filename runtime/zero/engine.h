@@ -31,6 +31,9 @@ typedef struct {
                      * buckets in a single process, where nothing is communicated */
     int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
                      * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
+    int optimizer;         /* zr_optim_kind: which states the partition keeps (zr_optim_states) */
+    double momentum;       /* SGD: 0 keeps no momentum buffer */
+    double initial_accumulator_value; /* Adagrad: the state's starting value */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
 } zr_zero_config;
 
@@ -44,8 +47,11 @@ void zr_zero_free(zr_zero *z);
 /* Partition size S (elements) and parameter i's chunk offset/size within it. */
 int64_t zr_zero_partition_numel(const zr_zero *z);
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk);
-/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. */
+/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. The
+ * one-state optimizers keep theirs as 1 (Lion exp_avg, Adagrad sum, SGD momentum_buffer); a state
+ * the optimizer does not keep is NULL without an error (zr_zero_num_states says how many). */
 zr_tensor *zr_zero_state(zr_zero *z, int which);
+int zr_zero_num_states(const zr_zero *z);
 
 zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary);
 zr_status zr_zero_backward_end(zr_zero *z);
@@ -53,10 +59,10 @@ zr_status zr_zero_backward_end(zr_zero *z);
 zr_status zr_zero_reduce(zr_zero *z);
 /* Global L2 norm of the averaged gradients over all ranks (inf/nan when they overflowed). */
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm);
-/* AdamW on the partition with grads multiplied by grad_scale (1/world, 1/loss scale, clip),
+/* The optimizer (c->kind, which must be the engine's cfg.optimizer) on the partition with grads multiplied by grad_scale (1/world, 1/loss scale, clip),
  * then parameters refreshed (all-gather at stages 1–2). c: the betas and eps; lr: one learning
  * rate per parameter (its group's, as the scheduler left it), zr_zero_num_params values; each
- * parameter's weight decay is the one it was added with. */
+ * parameter's weight decay (decoupled or L2, as the optimizer defines it) is the one it was added with. */
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr);
 int zr_zero_num_params(const zr_zero *z);

@@ -361,6 +361,12 @@ zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, f
         const zr_offload_segment *s = &o->segs[k];
         if (s->n == 0) continue;
         zr_adamw_config sc = segment_config(o, c, lr, k);
+        if (c->kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment at its partition offset */
+            zr_adamw_segment seg = {s->off, s->n, (float)s->wd, (float)lr[k]};
+            float gs = (float)grad_scale;
+            optim_step_cpu(master, m, out, o->pdt, o->g, ZR_F32, &seg, 1, c, step, &gs);
+            continue;
+        }
         offload_adamw_cpu(master + s->off, m + s->off, v + s->off, o->g + s->off, s->n, &sc, step, grad_scale,
                           out ? (char *)out + (size_t)s->off * es : NULL, o->pdt);
     }
