@@ -109,6 +109,9 @@ static int l_optim_step(lua_State *L) {
     lua_getfield(L, 5, "nesterov");
     c.nesterov = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    const int64_t step = (int64_t)luaL_checknumber(L, 6);
+    const double scale = luaL_optnumber(L, 7, 1.0);
+    lua_settop(L, 7); /* the segment array goes above the arguments */
     int n = (int)lua_objlen(L, 4);
     zr_adamw_segment *segs = lua_newuserdata(L, sizeof *segs * (size_t)(n ? n : 1)); /* freed by the GC */
     for (int i = 0; i < n; i++) {
@@ -119,7 +122,7 @@ static int l_optim_step(lua_State *L) {
                                      (float)num_field(L, t, "weight_decay", 0), (float)num_field(L, t, "lr", 0)};
         lua_pop(L, 1);
     }
-    if (zr_optim_step_segments(p, s, g, segs, n, &c, (int64_t)luaL_checknumber(L, 6), luaL_optnumber(L, 7, 1.0)))
+    if (zr_optim_step_segments(p, s, g, segs, n, &c, step, scale))
         return zr_l_error(L);
     return 0;
 }

@@ -267,4 +267,75 @@ T.test("argument errors", function()
   T.raises(function() zr.adamw_step(q, zr.randn(3), zr.zeros(3), zr.zeros(3), { lr = 1, step = 0 }) end, "step must be >= 1")
 end)
 
+
+-- zr._C.optim_step: the ZeRO engine's Lion/Adagrad/SGD kernel (optim_step_cpu) on flat segments
+-- with their own lr and weight decay, scaled bf16 or f32 gradients, against plain Lua
+-- arithmetic; elements between segments stay untouched.
+T.test("optim_step (engine kernel): Lion, Adagrad, SGD on segments match the formulas", function()
+  local sqrt = math.sqrt
+  local function sign(x) return x > 0 and 1 or (x < 0 and -1 or 0) end
+  local segs = { { start = 1, n = 5, lr = 0.01, weight_decay = 0.1 }, { start = 9, n = 13, lr = 0.03, weight_decay = 0 } }
+  local n = 23
+  local inseg = {}
+  for _, s in ipairs(segs) do for i = s.start, s.start + s.n - 1 do inseg[i] = s end end
+  local CASES = {
+    { optimizer = "lion", beta1 = 0.9, beta2 = 0.99 },
+    { optimizer = "adagrad", eps = 1e-10, lr_decay = 0.05 },
+    { optimizer = "sgd", momentum = 0.9, dampening = 0.2 },
+    { optimizer = "sgd", momentum = 0.7, nesterov = true },
+    { optimizer = "sgd" },
+  }
+  for _, h in ipairs(CASES) do
+    for _, gdt in ipairs { "f32", "bf16" } do
+      zr.manual_seed(8)
+      local p = zr.randn({ n })
+      local has_state = not (h.optimizer == "sgd" and not h.momentum)
+      local s = has_state and (h.optimizer == "adagrad" and zr.full({ n }, 0.1) or zr.zeros({ n })) or nil
+      local pv = p:flat_table()
+      local sv = s and s:flat_table() or {}
+      local p0 = p:flat_table()
+      for t = 1, 3 do
+        local g = zr.randn({ n }):to(gdt)
+        zr._C.optim_step(p, s, g, segs, h, t, 0.5)
+        local gv = g:to("f32"):flat_table()
+        for i = 1, n do
+          local sg = inseg[i]
+          if sg then
+            local gi, lr, wd = gv[i] * 0.5, sg.lr, sg.weight_decay
+            if h.optimizer == "lion" then
+              local c = h.beta1 * sv[i] + (1 - h.beta1) * gi
+              pv[i] = pv[i] * (1 - lr * wd) - lr * sign(c)
+              sv[i] = h.beta2 * sv[i] + (1 - h.beta2) * gi
+            elseif h.optimizer == "adagrad" then
+              gi = gi + wd * pv[i]
+              sv[i] = sv[i] + gi * gi
+              pv[i] = pv[i] - lr / (1 + (t - 1) * h.lr_decay) * gi / (sqrt(sv[i]) + h.eps)
+            else
+              local d = gi + wd * pv[i]
+              if h.momentum then
+                sv[i] = t == 1 and d or h.momentum * sv[i] + (1 - (h.dampening or 0)) * d
+                d = h.nesterov and d + h.momentum * sv[i] or sv[i]
+              end
+              pv[i] = pv[i] - lr * d
+            end
+          end
+        end
+      end
+      local got = p:flat_table()
+      local what = ("%s %s grads"):format(h.optimizer, gdt)
+      for i = 1, n do
+        if inseg[i] then T.near(got[i], pv[i], 1e-5, 1e-5, what .. " element " .. i)
+        else T.eq(got[i], p0[i], what .. ": element " .. i .. " outside the segments changed") end
+      end
+      if s then T.near(s, zr.tensor(sv), 1e-5, 1e-5, what .. " state") end
+    end
+  end
+  T.raises(function() zr._C.optim_step(zr.zeros({ 3 }), nil, zr.zeros({ 3 }), { { start = 1, n = 3, lr = 1 } },
+    { optimizer = "lion" }, 1) end, "state is missing")
+  T.raises(function() zr._C.optim_step(zr.zeros({ 3 }), zr.zeros({ 3 }), zr.zeros({ 3 }), { { start = 2, n = 3, lr = 1 } },
+    { optimizer = "sgd", momentum = 0.9 }, 1) end, "segment 1 [1, +3) is outside the 3 parameters")
+  T.raises(function() zr._C.optim_step(zr.zeros({ 3 }), nil, zr.zeros({ 3 }), {}, { optimizer = "lamb" }, 1) end,
+    'optimizer must be "lion", "adagrad" or "sgd", got "lamb"')
+end)
+
 T.done()

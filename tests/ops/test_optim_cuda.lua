@@ -1,4 +1,5 @@
--- Optimizer steps on CUDA parameters vs the CPU: AdamW (f32/bf16 gradients) and SGD.
+-- Optimizer steps on CUDA parameters vs the CPU: AdamW (f32/bf16 gradients) and SGD; the ZeRO
+-- engine's Lion, Adagrad and SGD kernel and the engine itself with them.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("optim") then return end
 local zr, T, close, randn = C.zr, C.T, C.close, C.randn
@@ -41,6 +42,79 @@ T.test("optimizers on CUDA parameters: AdamW (f32/bf16 grads) and SGD match the 
   for _, hp in ipairs { { lr = 0.1 }, { lr = 0.1, momentum = 0.9, weight_decay = 0.01 },
     { lr = 0.1, momentum = 0.9, nesterov = true } } do
     close(train("cuda", zr.optim.SGD, hp):cpu(), train("cpu", zr.optim.SGD, hp), "f32", "zr.optim.SGD on cuda", 10)
+  end
+end)
+
+
+-- The ZeRO engine's Lion / Adagrad / SGD kernel (optim_step_cuda) against its CPU twin
+-- (optim_step_cpu): segments at awkward offsets and sizes with their own lr and weight decay,
+-- f32/bf16/f16 gradients scaled on the device, three steps; elements between segments untouched.
+T.test("optim_step on CUDA (Lion, Adagrad, SGD over segments) matches the CPU twin", function()
+  local CASES = {
+    { optimizer = "lion", beta1 = 0.9, beta2 = 0.99 },
+    { optimizer = "adagrad", eps = 1e-10, lr_decay = 0.01 },
+    { optimizer = "sgd", momentum = 0.9, dampening = 0.1 },
+    { optimizer = "sgd", momentum = 0.9, nesterov = true },
+    { optimizer = "sgd" },
+  }
+  for _, h in ipairs(CASES) do
+    for _, gdt in ipairs { "f32", "bf16", "f16" } do
+      for _, n in ipairs { 1, 7, 4099, 1000003 } do
+        -- a gap of 3 after the first segment; 70 segments when n allows (two launches of 64)
+        local segs, at = {}, 1
+        local k = 0
+        while at <= n and #segs < 70 do
+          local len = math.min(n - at + 1, k == 0 and math.max(1, math.floor(n / 2)) or math.max(1, math.floor(n / 200)))
+          k = k + 1
+          segs[#segs + 1] = { start = at, n = len, lr = k % 2 == 0 and 3e-3 or 1e-2, weight_decay = k % 3 == 0 and 0 or 0.1 }
+          at = at + len + (k == 1 and 3 or 0)
+        end
+        local p0, s0 = randn({ n }), zr.rand({ n })
+        local has_state = not (h.optimizer == "sgd" and not h.momentum)
+        local function run(dev)
+          local p = p0:to(dev):clone()
+          local s = has_state and s0:to(dev):clone() or nil
+          zr.manual_seed(17)
+          for step = 1, 3 do
+            local g = zr.randn({ n }):to(gdt):to(dev)
+            zr._C.optim_step(p, s, g, segs, h, step, 0.5)
+          end
+          return p, s
+        end
+        local pc, sc = run("cpu")
+        local pg, sg = run("cuda")
+        local what = ("%s n=%d grads %s"):format(h.optimizer, n, gdt)
+        close(pg:cpu(), pc, "f32", what .. " param", 10)
+        if has_state then close(sg:cpu(), sc, "f32", what .. " state", 10) end
+      end
+    end
+  end
+end)
+
+-- The engine on a GPU with each optimizer follows the CPU engine (f32, stage 0): same losses.
+T.test("ZeRO engine on CUDA with Lion, Adagrad and SGD: losses match the CPU engine", function()
+  local CASES = { { "Lion", { lr = 1e-3, weight_decay = 0.01 } }, { "Adagrad", { lr = 3e-2, weight_decay = 0.01 } },
+    { "SGD", { lr = 0.3, momentum = 0.9, nesterov = true } } }
+  for _, case in ipairs(CASES) do
+    local function losses(dev)
+      zr.manual_seed(11)
+      local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")):to(dev)
+      local e = zr.initialize({ model = m, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
+        optimizer = { type = case[1], params = case[2] }, zero_optimization = { stage = 0 } } })
+      zr.manual_seed(5)
+      local ids = (zr.rand({ 2, 24 }) * 250):to("i64"):to(dev)
+      local out = {}
+      for i = 1, 5 do
+        local o = e(ids, ids)
+        e:backward(o.loss)
+        e:step()
+        out[i] = o.loss:item()
+      end
+      return out
+    end
+    local lc, lg = losses("cpu"), losses("cuda")
+    for i = 1, #lc do T.near(lg[i], lc[i], 2e-3, 2e-3, ("%s step %d"):format(case[1], i)) end
+    assert(lc[5] < lc[1], case[1] .. ": the loss did not fall")
   end
 end)
 
