@@ -539,6 +539,81 @@ TEST(adamw_step) {
     }
 }
 
+
+/* ---- lion / adagrad / sgd (optim_step_cuda) vs a double reference of the documented formulas -- */
+
+TEST(optim_step) {
+    /* the AdamW test's layout: a gap, per-segment lr and decay, 70 segments (two launches) */
+    std::vector<zr_adamw_segment> segs = {{0, 5, 0.1f, 1e-2f}, {8, 4099, 0.0f, 1e-2f}, {4200, 1, 0.1f, 3e-3f}};
+    for (int i = 0; i < 67; ++i) segs.push_back({(int64_t)4201 + i * 3, 2, 0.05f, 1e-2f});
+    const int64_t n = 4201 + 67 * 3 + 4;
+    vec inseg(n, -1), lrs(n, 0);
+    for (auto &s : segs)
+        for (int64_t i = s.offset; i < s.offset + s.n; ++i) inseg[i] = s.weight_decay, lrs[i] = s.lr;
+    struct kase {
+        int kind;
+        double b1, b2, eps, mo, damp, lr_decay;
+        int nesterov, has_state;
+        const char *name;
+    } cases[] = {{ZR_OPTIM_LION, 0.9, 0.99, 0, 0, 0, 0, 0, 1, "lion"},
+                 {ZR_OPTIM_ADAGRAD, 0, 0, 1e-10, 0, 0, 0.01, 0, 1, "adagrad"},
+                 {ZR_OPTIM_SGD, 0, 0, 0, 0.9, 0.1, 0, 0, 1, "sgd momentum"},
+                 {ZR_OPTIM_SGD, 0, 0, 0, 0.9, 0, 0, 1, 1, "sgd nesterov"},
+                 {ZR_OPTIM_SGD, 0, 0, 0, 0, 0, 0, 0, 0, "sgd"}};
+    for (const kase &k : cases)
+        for (zr_dtype gt : DT) {
+            vec p = randv(n), s(n, 0);
+            if (k.kind == ZR_OPTIM_ADAGRAD)
+                for (auto &x : s) x = 0.1;
+            dbuf p_(n, ZR_F32), s_(n, ZR_F32), g_(n, gt), lp_(n, ZR_BF16), sc_(1, ZR_F32);
+            p_.up(p), s_.up(s);
+            vec sc(1, 0.5);
+            sc_.up(sc);
+            zr_adamw_config cfg = {};
+            cfg.beta1 = k.b1, cfg.beta2 = k.b2, cfg.eps = k.eps, cfg.kind = k.kind, cfg.momentum = k.mo;
+            cfg.dampening = k.damp, cfg.lr_decay = k.lr_decay, cfg.nesterov = k.nesterov;
+            for (int step = 1; step <= 3; ++step) {
+                vec g = randv(n);
+                g_.up(g);
+                CHECK_OK(optim_step_cuda(p_.f(), k.has_state ? s_.f() : nullptr, lp_.p, ZR_BF16, g_.p, gt,
+                                         segs.data(), (int)segs.size(), &cfg, step, sc_.f(), 0));
+                for (int64_t i = 0; i < n; ++i) {
+                    if (inseg[i] < 0) continue;
+                    double gi = g[i] * 0.5, lr = lrs[i], wd = inseg[i];
+                    if (k.kind == ZR_OPTIM_LION) {
+                        double c = k.b1 * s[i] + (1 - k.b1) * gi;
+                        p[i] = p[i] * (1 - lr * wd) - lr * ((c > 0) - (c < 0));
+                        s[i] = k.b2 * s[i] + (1 - k.b2) * gi;
+                    } else if (k.kind == ZR_OPTIM_ADAGRAD) {
+                        gi += wd * p[i];
+                        s[i] += gi * gi;
+                        p[i] -= lr / (1 + (step - 1) * k.lr_decay) * gi / (std::sqrt(s[i]) + k.eps);
+                    } else {
+                        double d = gi + wd * p[i];
+                        if (k.has_state) {
+                            s[i] = step == 1 ? d : k.mo * s[i] + (1 - k.damp) * d;
+                            d = k.nesterov ? d + k.mo * s[i] : s[i];
+                        }
+                        p[i] -= lr * d;
+                    }
+                }
+            }
+            vec pg = p_.down(), lp = lp_.down(), sg = s_.down();
+            /* elements outside segments are untouched (the poison NaN): drop them */
+            vec a, b, c, d, e, f;
+            for (int64_t i = 0; i < n; ++i)
+                if (inseg[i] >= 0) a.push_back(pg[i]), b.push_back(p[i]), c.push_back(lp[i]), e.push_back(sg[i]),
+                                   f.push_back(s[i]);
+            d = b;
+            roundv(d, ZR_BF16);
+            char what[64];
+            snprintf(what, sizeof what, "%s grad %s", k.name, tn(gt));
+            CHECK_CLOSE(a, b, 1e-5, what);
+            CHECK_CLOSE(c, d, 8e-3, what);
+            if (k.has_state) CHECK_CLOSE(e, f, 1e-5, what);
+        }
+}
+
 /* ---- attention ------------------------------------------------------------------------------- */
 
 static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, int64_t B,
@@ -699,6 +774,7 @@ int main(void) {
     RUN(softmax_forward_backward);
     RUN(embedding_forward_backward);
     RUN(adamw_step);
+    RUN(optim_step);
     RUN(attention_forward_backward);
     printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
     return test_summary();

@@ -84,8 +84,22 @@ T.test("optim_step on CUDA (Lion, Adagrad, SGD over segments) matches the CPU tw
         local pc, sc = run("cpu")
         local pg, sg = run("cuda")
         local what = ("%s n=%d grads %s"):format(h.optimizer, n, gdt)
-        close(pg:cpu(), pc, "f32", what .. " param", 10)
         if has_state then close(sg:cpu(), sc, "f32", what .. " state", 10) end
+        if h.optimizer ~= "lion" then
+          close(pg:cpu(), pc, "f32", what .. " param", 10)
+        else
+          -- sign(c) of a c within rounding of 0 may differ between the twins (FMA contraction on
+          -- the GPU): such an element moves by up to 2 lr per step; allow a few, bound the rest
+          local a, b, bad = pg:cpu():flat_table(), pc:flat_table(), 0
+          for i = 1, #b do
+            local d = math.abs(a[i] - b[i])
+            if d > 1e-5 * (1 + math.abs(b[i])) then
+              bad = bad + 1
+              assert(d <= 3 * 2 * 1e-2 + 1e-4, ("%s: element %d differs by %g"):format(what, i, d))
+            end
+          end
+          assert(bad <= 3 + n / 100000, ("%s: %d elements differ"):format(what, bad))
+        end
       end
     end
   end
