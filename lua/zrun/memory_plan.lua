@@ -63,6 +63,10 @@ local function settings(o, cfg_model)
   s.stage = o.stage or zc.stage or 0
   s.offload_optimizer = o.offload_optimizer
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
+  -- the optimizer's f32 states beside the master weights: AdamW 2, Lion/Adagrad 1, SGD 1 with momentum
+  local op = ds.optimizer
+  s.opt_states = not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
+    op.type == "SGD" and ((op.params.momentum or 0) ~= 0 and 1 or 0) or 2
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
@@ -151,7 +155,7 @@ function M.plan(o)
   local opt = s.offload_optimizer and host or dev
 
   -- model states (zero.c: zr_zero_new)
-  opt.optimizer = 3 * S * 4 -- fp32 master, exp_avg, exp_avg_sq partitions
+  opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
   opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets

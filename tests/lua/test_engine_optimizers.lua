@@ -256,4 +256,24 @@ T.test("zr.initialize refuses what zrun check refuses (nesterov without momentum
   assert(tostring(err):find("optimizer.params.nesterov = true needs momentum > 0", 1, true), tostring(err))
 end)
 
+
+T.test("memory plan and the engine: the optimizer category counts only the optimizer's states", function()
+  local P = require "zrun.memory_plan"
+  local mem = zr.memory
+  for _, case in ipairs { { "AdamW", { lr = 1e-3 }, 3 }, { "Lion", { lr = 1e-3 }, 2 }, { "Adagrad", {}, 2 },
+    { "SGD", { lr = 0.1, momentum = 0.9 }, 2 }, { "SGD", { lr = 0.1 }, 1 } } do
+    local cfg = { train_micro_batch_size_per_gpu = 1, optimizer = { type = case[1], params = case[2] },
+      zero_optimization = { stage = 2 } }
+    local p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
+      device = "cpu", dtype = "f32", config = cfg }
+    T.eq(p.device.optimizer, case[3] * 41888 * 4, case[1] .. " plan")
+    collectgarbage()
+    collectgarbage()
+    local before = mem.stats().optimizer.current
+    local e = llama(case[1], case[2], 2)
+    T.eq(mem.stats().optimizer.current - before, case[3] * e.zero:partition_numel() * 4, case[1] .. " engine")
+    e = nil
+  end
+end)
+
 T.done()
