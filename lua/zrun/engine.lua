@@ -15,6 +15,9 @@ M.Engine = Engine
 local fmt = string.format
 -- The ZeRO engine's optimizer (bind_zero.c's names) for each canonical optimizer.type.
 local OPTIMIZER_KIND = { Adam = "adamw", AdamW = "adamw", Lion = "lion", Adagrad = "adagrad", SGD = "sgd" }
+-- How many f32 states beside the master weights each keeps (runtime: zr_optim_states).
+local OPTIMIZER_STATES = { adamw = function() return 2 end, lion = function() return 1 end,
+  adagrad = function() return 1 end, sgd = function(op) return (op.momentum or 0) ~= 0 and 1 or 0 end }
 
 -- The optimizer the engine hands back: param_groups with lr (the scheduler writes them), and a
 -- zero_grad that explains why it must not be called by hand.
@@ -145,7 +148,7 @@ function M.initialize(opts)
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
-    M.check_host_memory(params, W, stage, self.offload_param, pin)
+    M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op))
   end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
@@ -234,10 +237,12 @@ function M.memlock_limit(path)
 end
 
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there:
--- fp32 master, exp_avg, exp_avg_sq and reduced gradients (16 bytes per partition element) and,
+-- fp32 master, the optimizer's states (AdamW exp_avg and exp_avg_sq; `states`, default 2) and reduced
+-- gradients (16 bytes per partition element with AdamW) and,
 -- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
 -- With pin_memory, also the page-locked part against the locked-memory limit.
-function M.check_host_memory(params, W, stage, offload_param, pin_memory)
+function M.check_host_memory(params, W, stage, offload_param, pin_memory, states)
+  states = states or 2
   local S, bytes = 0, 0
   local Wc = stage == 0 and 1 or W
   for _, p in ipairs(params) do
@@ -245,7 +250,7 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory)
     S = S + c
     if offload_param then bytes = bytes + c * 2 end
   end
-  bytes = bytes + 16 * S
+  bytes = bytes + (8 + 4 * states) * S
   local local_ranks = dist.local_size()
   local need = bytes * local_ranks
   local f = io.open("/proc/meminfo")
@@ -259,17 +264,18 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory)
   if avail and need > avail * 0.9 then
     local h = zr.memory.human
     error(fmt("CPU offload needs %s of host memory on this node (%s per rank x %d ranks: fp32 master weights, " ..
-      "Adam moments and gradients%s) but only %s is available. Use more nodes or GPUs per node (the " ..
+      "optimizer states and gradients%s) but only %s is available. Use more nodes or GPUs per node (the " ..
       "partitions shrink with the world size), turn off offload_param, or offload less (stage 2 without offload).",
       h(need), h(bytes), local_ranks, offload_param and ", 16-bit parameter shards" or "", h(avail)), 0)
   end
   local lim = pin_memory and M.memlock_limit(M.limits_file)
-  if lim and 18 * S > lim then
+  local locked = (10 + 4 * states) * S -- master, states, gradients, the 16-bit weights going back
+  if lim and locked > lim then
     local h = zr.memory.human
-    error(fmt("offload_optimizer.pin_memory page-locks %s per rank (fp32 master weights, Adam moments, " ..
+    error(fmt("offload_optimizer.pin_memory page-locks %s per rank (fp32 master weights, optimizer states, " ..
       "gradients and the 16-bit weights going back) but the locked-memory limit (ulimit -l) is %s. Raise it before starting (`ulimit -l " ..
       "unlimited`; in Docker `--ulimit memlock=-1`; for a user `memlock` in /etc/security/limits.conf) or set " ..
-      "\"pin_memory\": false (slower host-device copies).", h(18 * S), h(lim)), 0)
+      "\"pin_memory\": false (slower host-device copies).", h(locked), h(lim)), 0)
   end
 end
 

@@ -1,6 +1,6 @@
 -- The ZeRO engine's Lion, Adagrad and SGD (CPU): several steps against plain references written
 -- here from the documented formulas (DeepSpeed's Lion, torch.optim.Adagrad, torch.optim.SGD) at
--- stages 0 and 2 with two param groups (own lr and weight decay), the loss falling on the tiny
+-- stages 0, 2 and 3 with two param groups (own lr and weight decay), the loss falling on the tiny
 -- Llama, checkpoints that resume exactly and refuse another optimizer, and the config surface.
 -- CUDA twins: tests/ops/test_optim_cuda.lua and tests/cuda/test_fused_kernels.cu.
 local zr = require "zrun"
@@ -104,7 +104,7 @@ local CASES = {
 }
 
 for _, case in ipairs(CASES) do
-  for _, stage in ipairs { 0, 2 } do
+  for _, stage in ipairs { 0, 2, 3 } do
     T.test(("%s %s, stage %d: the engine matches the reference over 5 steps"):format(case[1],
       require("cjson").encode(case[2]), stage), function()
       local _, got, want = compare(case[1], case[2], stage, 5)
