@@ -36,3 +36,11 @@ for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 2 $Z tests/mpi/comm_dtype_check.lua $stage || echo "FAIL comm dtype stage $stage: mpirun exited $?"
 done
 mpirun $MPI_FLAGS -np 3 $Z tests/mpi/comm_dtype_check.lua 2 1 || echo "FAIL comm dtype overlap_comm np=3: mpirun exited $?"
+# Lion, Adagrad and SGD: every partitioned stage (with and without offload) matches stage 0
+for np in 2 3; do
+  for stage in 1 2 3; do
+    for off in 0 1; do
+      mpirun $MPI_FLAGS -np $np $Z tests/mpi/optim_check.lua $stage $off || echo "FAIL optimizers stage $stage offload $off np=$np: mpirun exited $?"
+    done
+  done
+done
