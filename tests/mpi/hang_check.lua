@@ -1,0 +1,33 @@
+-- Faults that used to hang every rank silently (run by test_comm_timeout.sh with a short
+-- ZRUN_COMM_TIMEOUT): arg 1 says which. Every rank must end within the deadline, the culprit named.
+--   absent      rank 1 never reaches its second all_reduce (an endless loop, as a stuck read would)
+--   collective  rank 1 calls all_gather where the others call all_reduce (ZRUN_COMM_DEBUG=1)
+--   shape       rank 1 all-reduces 5 elements where the others all-reduce 4 (ZRUN_COMM_DEBUG=1)
+--   async       rank 1 never waits for its part: rank 0 waits on an async handle
+--   late        rank 1 arrives 1 s late, inside the deadline: no fault
+--   ok          no fault: the same calls complete, under the debug check too
+local zr = require "zrun"
+local dist = zr.dist
+local mode = arg[1] or "ok"
+local r, W = dist.rank(), dist.world_size()
+local t = zr.full({ 4 }, r + 1)
+dist.all_reduce(t, "sum") -- #1: everybody
+if r == 1 and mode == "absent" then while true do end end
+if r == 1 and mode == "late" then
+  local now = require("zrun._C").now
+  local t0 = now()
+  while now() - t0 < 1 do end
+end
+if r == 1 and mode == "collective" then
+  dist.all_gather(zr.zeros(4 * W), zr.zeros(4))
+elseif r == 1 and mode == "shape" then
+  dist.all_reduce(zr.zeros(5), "sum")
+elseif mode == "async" then
+  if r == 1 then while true do end end
+  dist.all_reduce(t, "sum", { async_op = true }):wait()
+else
+  dist.all_reduce(t, "sum") -- #2
+end
+assert(math.abs(t[1] - W * W * (W + 1) / 2) < 1e-4, "wrong sum " .. t[1])
+dist.barrier()
+if r == 0 then print("hang_check " .. mode .. ": completed") end
