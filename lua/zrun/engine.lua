@@ -80,6 +80,15 @@ local function index_modules(model, params)
   return pos, direct
 end
 
+-- Each parameter's dotted name, in the engine's order (collective timeout and debug messages).
+local function param_names(model, params)
+  local by = {}
+  for n, p in model:named_parameters() do by[p] = n end
+  local names = {}
+  for i, p in ipairs(params) do names[i] = by[p] end
+  return names
+end
+
 function M.initialize(opts)
   opts = opts or {}
   local model = opts.model
@@ -141,7 +150,7 @@ function M.initialize(opts)
     offload_param = self.offload_param, persistence_threshold = num(zc.stage3_param_persistence_threshold, 1e5),
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm == true, max_live_parameters = num(zc.stage3_max_live_parameters, 1e9),
-    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg) },
+    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params) },
     params, wds)
   self.prefetch_budget = num(zc.stage3_prefetch_bucket_size, 5e7)
   self.max_reuse_distance = num(zc.stage3_max_reuse_distance, 1e9)
@@ -380,6 +389,7 @@ end
 function Engine:__call(...) return self:forward(...) end
 function Engine:forward(...)
   local t0 = timer()
+  dist.set_step(self.global_steps + 1) -- named by collective timeout messages
   local tr = self.z3trace
   if tr then -- stage 3: the first forward records the module order for prefetching
     tr.recording = self.micro_steps == 0 and self.global_steps == 0
@@ -395,6 +405,7 @@ function Engine:is_gradient_accumulation_boundary() return (self.micro_steps + 1
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
 function Engine:backward(loss)
   local t0 = timer()
+  dist.set_step(self.global_steps + 1)
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())

@@ -4,12 +4,28 @@
 --   collective  rank 1 calls all_gather where the others call all_reduce (ZRUN_COMM_DEBUG=1)
 --   shape       rank 1 all-reduces 5 elements where the others all-reduce 4 (ZRUN_COMM_DEBUG=1)
 --   async       rank 1 never waits for its part: rank 0 waits on an async handle
+--   engine      ZeRO stage 2 on a tiny Llama: rank 1 stops before its step 2 backward (engine3: stage 3)
 --   late        rank 1 arrives 1 s late, inside the deadline: no fault
 --   ok          no fault: the same calls complete, under the debug check too
 local zr = require "zrun"
 local dist = zr.dist
 local mode = arg[1] or "ok"
 local r, W = dist.rank(), dist.world_size()
+if mode == "engine" or mode == "engine3" then -- a tiny Llama under ZeRO; rank 1 stops before its step 2 backward
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  zr.manual_seed(1)
+  local engine = zr.initialize({ model = zr.models.llama.LlamaForCausalLM(cfg), config = {
+    train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
+    zero_optimization = { stage = mode == "engine3" and 3 or 2, reduce_bucket_size = 3000 } } })
+  for step = 1, 3 do
+    local ids = (zr.rand({ 2, 8 }) * 250):to("i64")
+    local loss = engine(ids, ids).loss
+    if r == 1 and step == 2 then while true do end end
+    engine:backward(loss)
+    engine:step()
+  end
+  return
+end
 local t = zr.full({ 4 }, r + 1)
 dist.all_reduce(t, "sum") -- #1: everybody
 if r == 1 and mode == "absent" then while true do end end

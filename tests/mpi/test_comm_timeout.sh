@@ -33,6 +33,9 @@ expect_stop "a rank that never arrives is named (3 ranks: one line)" \
   12 -np 3 $Z $H absent
 expect_stop "an async handle waits under the deadline too" \
   '^\[rank 0\] comm timeout: all_reduce #2 (f32 (4), sum) .*not arrived: rank 1 (no answer' 12 -np 2 $Z $H async
+expect_stop "ZeRO stage 2: the bucket, its parameter and the step are named" \
+  '^\[rank 0\] comm timeout: reduce_scatter #[0-9]* (f32 ([0-9]*) from [0-9]*, sum, grad bucket lm_head.weight, step 2) .*not arrived: rank 1 (no answer' \
+  15 -np 2 $Z $H engine
 export ZRUN_COMM_DEBUG=1
 expect_stop "debug: a rank calling another collective is named" \
   '^\[rank 0\] ZRUN_COMM_DEBUG: collective #2 differs between ranks: rank 1 calls all_gather #2 (f32 (4) into 8), but rank 0 calls all_reduce #2 (f32 (4), sum)' \
