@@ -76,6 +76,7 @@ void zr_comm_finalize(void) {
 }
 
 void zr_comm_abort(const char *msg, int code) {
+    zr_watch_take_over(); /* a collective failure another thread saw first explains this one: say that */
     fprintf(stderr, "[rank %d] %s\n", info.rank, msg);
     fflush(stderr);
 #ifdef ZR_HAVE_MPI

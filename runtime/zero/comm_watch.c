@@ -42,6 +42,7 @@ static int posted, taken; /* __atomic */
 static zr_comm_desc posted_desc;
 static double posted_waited;
 static char posted_why[512];
+static pthread_t main_thread; /* the one that called zr_comm_init: the only one that calls MPI */
 
 #ifdef ZR_HAVE_MPI
 static MPI_Comm side = MPI_COMM_NULL;
@@ -173,10 +174,13 @@ void zr_watch_poll(void) {
         MPI_Irecv(&query_buf, 1, MPI_INT64_T, MPI_ANY_SOURCE, TAG_QUERY, side, &query_req);
     }
 #endif
-    if (!failing && __atomic_load_n(&posted, __ATOMIC_ACQUIRE)) {
-        __atomic_store_n(&taken, 1, __ATOMIC_RELEASE);
-        zr_watch_fail(&posted_desc, posted_waited, posted_why[0] ? posted_why : NULL);
-    }
+    zr_watch_take_over();
+}
+
+void zr_watch_take_over(void) {
+    if (failing || !__atomic_load_n(&posted, __ATOMIC_ACQUIRE) || !pthread_equal(pthread_self(), main_thread)) return;
+    __atomic_store_n(&taken, 1, __ATOMIC_RELEASE);
+    zr_watch_fail(&posted_desc, posted_waited, posted_why[0] ? posted_why : NULL);
 }
 
 #ifdef ZR_HAVE_MPI
@@ -193,7 +197,8 @@ static void defer_until(double end) {
 static void ask(const zr_comm_desc *d, char *out, size_t n) {
     const zr_comm_info *in = zr_comm_get();
     int W = in->world_size, me = in->rank;
-    double grace = grace_s();
+    /* GPU ranks answer once their own watchdog has freed their main thread: give them longer */
+    double grace = grace_s() + (d->device >= 0 ? 5 : 0);
     zr_watch_poll();
     if (queried_by >= 0 && queried_by < me) defer_until(queried_at + 3 * grace + 1);
     static int64_t k;
@@ -367,7 +372,7 @@ const zr_comm_desc *zr_watch_last(void) { return &last; }
 void zr_watch_issue(zr_comm_desc *d) {
     d->seq = ++issued;
     last = *d;
-    if (__atomic_load_n(&posted, __ATOMIC_ACQUIRE)) zr_watch_poll();
+    if (__atomic_load_n(&posted, __ATOMIC_ACQUIRE)) zr_watch_take_over();
     if (debug_mode) debug_check(d);
 }
 
@@ -422,6 +427,7 @@ static zr_status read_env(void) {
 }
 
 zr_status zr_watch_init(void) {
+    main_thread = pthread_self();
     ZR_CHECK(read_env());
 #ifdef ZR_HAVE_MPI
     const zr_comm_info *in = zr_comm_get();

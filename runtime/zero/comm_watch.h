@@ -56,6 +56,8 @@ _Noreturn void zr_watch_fail(const zr_comm_desc *d, double waited, const char *w
  * it over at its next collective or wait. Returns 1 when the main thread took it over within
  * `patience` seconds (it then stops the job), 0 when it did not (the caller stops it alone). */
 int zr_watch_post(const zr_comm_desc *d, double waited, const char *why, double patience);
+/* Main thread: when another thread posted a failure, takes it over (does not return then). */
+void zr_watch_take_over(void);
 /* The line for a failure nobody could ask the other ranks about, then stop (any thread). */
 _Noreturn void zr_watch_fail_alone(const zr_comm_desc *d, double waited, const char *why);
 /* Side channel set-up and tear-down (zr_comm_init / zr_comm_finalize). */
