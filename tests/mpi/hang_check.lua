@@ -11,14 +11,19 @@ local zr = require "zrun"
 local dist = zr.dist
 local mode = arg[1] or "ok"
 local r, W = dist.rank(), dist.world_size()
+-- ZRUN_CHECK_DEVICE=cuda: the same on one GPU per rank, through NCCL (tests/cuda/test_comm_timeout_gpu.sh)
+local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
+local o = { device = dev }
 if mode == "engine" or mode == "engine3" then -- a tiny Llama under ZeRO; rank 1 stops before its step 2 backward
   local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.device = dev
   zr.manual_seed(1)
   local engine = zr.initialize({ model = zr.models.llama.LlamaForCausalLM(cfg), config = {
     train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
     zero_optimization = { stage = mode == "engine3" and 3 or 2, reduce_bucket_size = 3000 } } })
   for step = 1, 3 do
     local ids = (zr.rand({ 2, 8 }) * 250):to("i64")
+    if dev then ids = ids:to(dev) end
     local loss = engine(ids, ids).loss
     if r == 1 and step == 2 then while true do end end
     engine:backward(loss)
@@ -26,7 +31,7 @@ if mode == "engine" or mode == "engine3" then -- a tiny Llama under ZeRO; rank 1
   end
   return
 end
-local t = zr.full({ 4 }, r + 1)
+local t = zr.full({ 4 }, r + 1, o)
 dist.all_reduce(t, "sum") -- #1: everybody
 if r == 1 and mode == "absent" then while true do end end
 if r == 1 and mode == "late" then
@@ -35,9 +40,9 @@ if r == 1 and mode == "late" then
   while now() - t0 < 1 do end
 end
 if r == 1 and mode == "collective" then
-  dist.all_gather(zr.zeros(4 * W), zr.zeros(4))
+  dist.all_gather(zr.zeros(4 * W, o), zr.zeros(4, o))
 elseif r == 1 and mode == "shape" then
-  dist.all_reduce(zr.zeros(5), "sum")
+  dist.all_reduce(zr.zeros(5, o), "sum")
 elseif mode == "async" then
   if r == 1 then while true do end end
   dist.all_reduce(t, "sum", { async_op = true }):wait()
