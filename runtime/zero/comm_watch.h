@@ -67,6 +67,9 @@ void zr_watch_finalize(void);
 #ifdef ZR_HAVE_MPI
 /* Waits for a non-blocking MPI collective under the deadline; an MPI error comes back as a status. */
 zr_status zr_watch_mpi(MPI_Request *req, const zr_comm_desc *d);
+/* Before a blocking MPI collective: meets every rank under the deadline and checks that they all
+ * call the same one (collective, dtype, shape, sequence number); a difference stops every rank. */
+zr_status zr_watch_arrive(const zr_comm_desc *d);
 #endif
 
 #endif

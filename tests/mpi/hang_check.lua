@@ -1,9 +1,11 @@
 -- Faults that used to hang every rank silently (run by test_comm_timeout.sh with a short
 -- ZRUN_COMM_TIMEOUT): arg 1 says which. Every rank must end within the deadline, the culprit named.
 --   absent      rank 1 never reaches its second all_reduce (an endless loop, as a stuck read would)
---   collective  rank 1 calls all_gather where the others call all_reduce (ZRUN_COMM_DEBUG=1)
---   shape       rank 1 all-reduces 5 elements where the others all-reduce 4 (ZRUN_COMM_DEBUG=1)
+--   collective  rank 1 calls all_gather where the others call all_reduce
+--   shape       rank 1 all-reduces 5 elements where the others all-reduce 4
 --   async       rank 1 never waits for its part: rank 0 waits on an async handle
+--   async_shape rank 1 all-reduces 5 elements asynchronously where the others all-reduce 4 blocking
+--               (only ZRUN_COMM_DEBUG=1 compares asynchronous and NCCL collectives)
 --   engine      ZeRO stage 2 on a tiny Llama: rank 1 stops before its step 2 backward (engine3: stage 3)
 --   late        rank 1 arrives 1 s late, inside the deadline: no fault
 --   ok          no fault: the same calls complete, under the debug check too
@@ -43,6 +45,8 @@ if r == 1 and mode == "collective" then
   dist.all_gather(zr.zeros(4 * W, o), zr.zeros(4, o))
 elseif r == 1 and mode == "shape" then
   dist.all_reduce(zr.zeros(5, o), "sum")
+elseif r == 1 and mode == "async_shape" then
+  dist.all_reduce(zr.zeros(5, o), "sum", { async_op = true }):wait()
 elseif mode == "async" then
   if r == 1 then while true do end end
   dist.all_reduce(t, "sum", { async_op = true }):wait()

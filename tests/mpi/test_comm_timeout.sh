@@ -20,7 +20,7 @@ expect_stop() {
   out=$(timeout 90 mpirun $MPI_FLAGS "$@" 2>&1); rc=$?
   el=$(($(date +%s) - t0))
   n=$(echo "$out" | grep -c -- "$pat")
-  lines=$(echo "$out" | grep -c "comm timeout\|comm error\|ZRUN_COMM_DEBUG")
+  lines=$(echo "$out" | grep -c "comm timeout\|comm error\|comm mismatch")
   if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && [ "$lines" -eq 1 ] && [ $el -le $MAX ]; then
     echo "PASS $name (every rank ended after ${el} s)"
   else
@@ -42,13 +42,16 @@ expect_stop "an async handle waits under the deadline too" \
 expect_stop "ZeRO stage 2: the bucket, its parameter and the step are named" \
   "^\[rank 0\] comm timeout: reduce_scatter #[0-9]* (f32 ([0-9]*) from [0-9]*, sum$D, grad bucket lm_head.weight, step 2) .*not arrived: rank 1 (no answer" \
   -np 2 $Z $H engine
-export ZRUN_COMM_DEBUG=1
-expect_stop "debug: a rank calling another collective is named" \
-  "^\[rank 0\] ZRUN_COMM_DEBUG: collective #[0-9]* differs between ranks: rank 1 calls all_gather #[0-9]* (f32 (4) into 8$D), but rank 0 calls all_reduce #[0-9]* (f32 (4), sum$D)" \
+expect_stop "a rank calling another collective is named" \
+  "^\[rank 0\] comm mismatch: collective #[0-9]* differs between ranks: rank 1 calls all_gather #[0-9]* (f32 (4) into 8$D), but rank 0 calls all_reduce #[0-9]* (f32 (4), sum$D)" \
   -np 2 $Z $H collective
-expect_stop "debug: a shape mismatch is named" \
-  "^\[rank 0\] ZRUN_COMM_DEBUG: collective #[0-9]* differs between ranks: rank 1 calls all_reduce #[0-9]* (f32 (5), sum$D), but ranks* 0[,2]* calls* all_reduce #[0-9]* (f32 (4), sum$D)" \
+expect_stop "a shape mismatch is named" \
+  "^\[rank 0\] comm mismatch: collective #[0-9]* differs between ranks: rank 1 calls all_reduce #[0-9]* (f32 (5), sum$D), but ranks* 0[,2]* calls* all_reduce #[0-9]* (f32 (4), sum$D)" \
   -np $NP3 $Z $H shape
+export ZRUN_COMM_DEBUG=1
+expect_stop "debug: an asynchronous collective's shape mismatch is named" \
+  "^\[rank 0\] comm mismatch: collective #[0-9]* differs between ranks: rank 1 calls all_reduce #[0-9]* (f32 (5), sum$D), but rank 0 calls all_reduce #[0-9]* (f32 (4), sum$D)" \
+  -np 2 $Z $H async_shape
 expect_ok "debug: a correct program completes under the check" -np $NP3 $Z $H ok
 out=$(timeout 90 mpirun $MPI_FLAGS -np 1 $Z $H ok : -np 1 env ZRUN_COMM_DEBUG=0 $Z $H ok 2>&1); rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "ZRUN_COMM_DEBUG is on for rank 0 but off for rank 1: set it for every rank"; then
