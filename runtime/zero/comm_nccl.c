@@ -16,6 +16,7 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -37,6 +38,9 @@ static cudaEvent_t ev_before;
  * the main thread is inside NCCL; `aborted` is set under it. */
 static pthread_mutex_t comm_mu = PTHREAD_MUTEX_INITIALIZER;
 static int aborted;
+/* The process is exiting: the CUDA runtime may already be unloading, so the watchdog stops. */
+static int stopping;
+static void stop_watching(void) { __atomic_store_n(&stopping, 1, __ATOMIC_RELEASE); }
 
 static zr_status nccl_check(ncclResult_t r, const char *op) {
     if (r == ncclSuccess) return ZR_OK;
@@ -76,7 +80,7 @@ static zr_status settle(ncclResult_t r, const char *op, const zr_comm_desc *d) {
         if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclInternalError;
         if (r == ncclInProgress && zr_watch_now() >= limit) {
             ncclCommAbort(comm);
-            aborted = 1;
+            __atomic_store_n(&aborted, 1, __ATOMIC_RELEASE);
             give();
             zr_watch_fail(d, zr_watch_now() - t0, NULL);
         }
@@ -93,7 +97,7 @@ static zr_status settle(ncclResult_t r, const char *op, const zr_comm_desc *d) {
     char why[384];
     snprintf(why, sizeof why, "%s: %s%s%s", op, ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
     ncclCommAbort(comm);
-    aborted = 1;
+    __atomic_store_n(&aborted, 1, __ATOMIC_RELEASE);
     give();
     zr_watch_fail(d, zr_watch_now() - t0, why);
 }
@@ -133,7 +137,7 @@ static _Noreturn void watchdog_fail(const zr_comm_desc *d, double waited, const 
     until.tv_sec += 2;
     int locked = pthread_mutex_timedlock(&comm_mu, &until) == 0;
     if (!aborted) ncclCommAbort(comm);
-    aborted = 1;
+    __atomic_store_n(&aborted, 1, __ATOMIC_RELEASE);
     if (locked) pthread_mutex_unlock(&comm_mu);
     double t = zr_watch_timeout();
     if (!zr_watch_post(d, waited, why, 15 + (t > 0 && t < 100 ? t / 10 : 10))) zr_watch_fail_alone(d, waited, why);
@@ -147,6 +151,7 @@ static void *watchdog(void *arg) {
         double tmo = zr_watch_timeout(), tick = tmo > 0 ? tmo / 20 : 1;
         sleep_s(tick < 0.05 ? 0.05 : tick > 1 ? 1 : tick);
         if (__atomic_load_n(&aborted, __ATOMIC_ACQUIRE)) continue; /* the main thread reports */
+        if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) return NULL;
         zr_comm_desc oldest;
         double since = 0;
         int have = 0;
@@ -159,6 +164,7 @@ static void *watchdog(void *arg) {
             have = 1;
         }
         pthread_mutex_unlock(&ring_mu);
+        if (__atomic_load_n(&stopping, __ATOMIC_ACQUIRE) || e == cudaErrorCudartUnloading) return NULL;
         if (have && e != cudaErrorNotReady) {
             char why[256];
             snprintf(why, sizeof why, "CUDA error on cuda:%d: %s (%s)", comm_device, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -227,6 +233,7 @@ static zr_status ensure(zr_device dev) {
     ZR_CHECK(nccl_check(ncclCommInitRank(&comm, info->world_size, id, info->rank), "ncclCommInitRank"));
 #endif
     ev_before = zr_cuda_event_new(0);
+    atexit(stop_watching);
     pthread_t th;
     if (pthread_create(&th, NULL, watchdog, NULL) != 0) return zr_error("NCCL: could not start the watchdog thread");
     pthread_detach(th);

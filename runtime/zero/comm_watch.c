@@ -2,13 +2,17 @@
  * waits for, and the debug-mode descriptor check (see comm_watch.h). The collectives themselves
  * are in comm.c (MPI) and comm_nccl.c.
  *
+ * Arrival: each blocking MPI collective first all-reduces 16 bytes without blocking (a hash of
+ * the call), polled against the deadline; that is where ranks wait for each other, and where a rank
+ * calling something else shows. Asynchronous ones are polled the same way. Polling costs what
+ * MPI_Wait does (it spins on MPI_Test too); the arrival step costs a barrier.
+ *
  * Side channel: a duplicate of MPI_COMM_WORLD on which every rank keeps one receive posted for a
- * question. Nothing travels on it while collectives complete, so the normal path pays one clock
- * read per MPI_Test, and a side-channel test each millisecond of a wait. When a wait passes its
- * deadline, the rank asks every other rank "where are you?"; ranks waiting in a collective answer
- * from their poll loop with the number of collectives they have issued and the one they wait in;
- * a rank that does not answer within the grace period is outside every collective (computing, or
- * stuck). The lowest rank that asks reports; the others defer to it. */
+ * question. Nothing travels on it while collectives complete; a wait tests it each millisecond.
+ * When a wait passes its deadline, the rank asks every other rank "where are you?"; ranks waiting
+ * in a collective answer from their poll loop with the number of collectives they have issued and
+ * the one they wait in; a rank that does not answer within the grace period is outside every
+ * collective (computing, or stuck). The lowest rank that asks reports; the others defer to it. */
 #include "zero/comm_watch.h"
 
 #include <pthread.h>
@@ -103,11 +107,11 @@ static const char *coll_name(int c) {
     return c >= 0 && c <= ZR_COLL_NCCL_INIT ? names[c] : "?";
 }
 
-/* "all_reduce #2 (f32 (4,5), sum, 'bucket ...', step 3)" */
+/* "all_reduce #2 (f32 (4,5), sum, grad bucket lm_head.weight, step 3)" */
 static void describe(char *buf, size_t n, const zr_comm_desc *d) {
     static const char *ops[] = {"sum", "avg", "max", "min"};
     int k = snprintf(buf, n, "%s #%lld (", coll_name(d->coll), (long long)d->seq);
-#define PUT(...) (k += snprintf(buf + k, (size_t)k < n ? n - (size_t)k : 0, __VA_ARGS__))
+#define PUT(...) (k += (size_t)k < n ? snprintf(buf + k, n - (size_t)k, __VA_ARGS__) : 0)
     if (d->coll == ZR_COLL_ALL_GATHER_BYTES) PUT("%lld bytes", (long long)d->shape[0]);
     else if (d->dtype >= 0) {
         PUT("%s (", zr_dtype_name((zr_dtype)d->dtype));

@@ -33,7 +33,7 @@ typedef struct {
     int64_t other;     /* reduce_scatter / all_gather: elements of the full tensor; else -1 */
     int32_t coll, dtype, ndim, arg; /* arg: the reduce op, or broadcast's root */
     int32_t device;    /* -1: CPU (MPI), else the CUDA device (NCCL) */
-    char label[84];    /* parameter or bucket (zr_comm_label), "" when unnamed */
+    char label[116];   /* parameter or bucket (zr_comm_label), "" when unnamed */
 } zr_comm_desc;
 
 /* Fills d for a collective about to be called (consumes the pending label; seq stays 0). */
