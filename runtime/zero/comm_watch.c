@@ -258,7 +258,7 @@ static void ask(const zr_comm_desc *d, char *out, size_t n) {
         p += snprintf(out + p, n - (size_t)p, "; not arrived: ");
         if (ns) {
             ranks_str(rs, sizeof rs, silent, ns);
-            p += snprintf(out + p, n - (size_t)p, "%s (no answer within %.1f s: busy outside any collective, or stuck)%s",
+            p += snprintf(out + p, n - (size_t)p, "%s (no answer within %.1f s: busy outside any collective, stuck, or exited)%s",
                           rs, grace, nb ? ", " : "");
         }
         if (nb && (size_t)p < n) p += snprintf(out + p, n - (size_t)p, "%s%s", behind, nb > 4 ? ", ..." : "");

@@ -7,6 +7,7 @@
 --   async_shape rank 1 all-reduces 5 elements asynchronously where the others all-reduce 4 blocking
 --               (only ZRUN_COMM_DEBUG=1 compares asynchronous and NCCL collectives)
 --   engine      ZeRO stage 2 on a tiny Llama: rank 1 stops before its step 2 backward (engine3: stage 3)
+--   exit        rank 1 ends its program before the second all_reduce
 --   late        rank 1 arrives 1 s late, inside the deadline: no fault
 --   ok          no fault: the same calls complete, under the debug check too
 local zr = require "zrun"
@@ -36,6 +37,7 @@ end
 local t = zr.full({ 4 }, r + 1, o)
 dist.all_reduce(t, "sum") -- #1: everybody
 if r == 1 and mode == "absent" then while true do end end
+if r == 1 and mode == "exit" then return end -- finishes (MPI_Finalize) while the others wait
 if r == 1 and mode == "late" then
   local now = require("zrun._C").now
   local t0 = now()
