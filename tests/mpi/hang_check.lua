@@ -36,7 +36,7 @@ if mode == "engine" or mode == "engine3" then -- a tiny Llama under ZeRO; rank 1
 end
 local t = zr.full({ 4 }, r + 1, o)
 dist.all_reduce(t, "sum") -- #1: everybody
-if r == 1 and mode == "absent" then while true do end end
+if r == tonumber(arg[2] or 1) and mode == "absent" then while true do end end -- arg 2: which rank (1)
 if r == 1 and mode == "exit" then return end -- finishes (MPI_Finalize) while the others wait
 if r == 1 and mode == "late" then
   local now = require("zrun._C").now

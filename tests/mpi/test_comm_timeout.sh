@@ -37,6 +37,8 @@ H=tests/mpi/hang_check.lua
 expect_stop "a rank that never arrives is named ($NP3 ranks: one line)" \
   "^\[rank 0\] comm timeout: all_reduce #[0-9]* (f32 (4), sum$D) did not complete within 2 s (ZRUN_COMM_TIMEOUT); not arrived: rank 1 (no answer" \
   -np $NP3 $Z $H absent
+expect_stop "rank 0 stuck: the lowest waiting rank reports, the others defer" \
+  "^\[rank 1\] comm timeout: all_reduce #[0-9]* (f32 (4), sum$D) .*not arrived: rank 0 (no answer" -np $NP3 $Z $H absent 0
 expect_stop "a rank that ended its program early is named" \
   "^\[rank 0\] comm timeout: all_reduce #[0-9]* (f32 (4), sum$D) .*not arrived: rank 1 (no answer" -np 2 $Z $H exit
 expect_stop "an async handle waits under the deadline too" \
