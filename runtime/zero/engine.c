@@ -483,7 +483,8 @@ static void swap_tensors(zr_tensor **a, zr_tensor **b) {
 
 static zr_status flush(zr_zero *z) {
     if (z->bucket_pieces == 0) return ZR_OK;
-    label_params(z, "grad bucket", z->bucket_param[0], z->bucket_param[z->bucket_pieces - 1]);
+    if (z->cfg.world_size > 1) /* a single process reduces nothing: no label to leave behind */
+        label_params(z, "grad bucket", z->bucket_param[0], z->bucket_param[z->bucket_pieces - 1]);
     int64_t L = z->bucket_fill;
     zr_tensor *red = z->send; /* where the reduced segment of this rank ends up */
     if (z->chunks == 1) {
