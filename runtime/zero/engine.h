@@ -32,6 +32,7 @@ typedef struct {
     int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
                      * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
+    const char *const *names; /* n parameter names for collective messages, or NULL (copied) */
 } zr_zero_config;
 
 typedef struct zr_zero zr_zero;
