@@ -92,6 +92,18 @@ static int l_abort(lua_State *L) {
     zr_comm_abort(luaL_checkstring(L, 1), (int)luaL_optinteger(L, 2, 1));
     return 0;
 }
+static int l_set_timeout(lua_State *L) {
+    zr_comm_set_timeout(luaL_checknumber(L, 1));
+    return 0;
+}
+static int l_timeout(lua_State *L) {
+    lua_pushnumber(L, zr_comm_timeout());
+    return 1;
+}
+static int l_set_step(lua_State *L) {
+    zr_comm_set_step((int64_t)luaL_checknumber(L, 1));
+    return 0;
+}
 static int l_finalize(lua_State *L) {
     (void)L;
     zr_comm_finalize();
@@ -104,7 +116,9 @@ static const luaL_Reg fns[] = {{"comm_init", l_init}, {"all_reduce", l_all_reduc
                                {"comm_abort", l_abort}, {"comm_finalize", l_finalize},
                                {"all_reduce_async", l_all_reduce_async},
                                {"reduce_scatter_async", l_reduce_scatter_async},
-                               {"all_gather_async", l_all_gather_async}, {NULL, NULL}};
+                               {"all_gather_async", l_all_gather_async},
+                               {"comm_set_timeout", l_set_timeout}, {"comm_timeout", l_timeout},
+                               {"comm_set_step", l_set_step}, {NULL, NULL}};
 void zr_bind_comm(lua_State *L) {
     luaL_newmetatable(L, HANDLE_MT);
     lua_pushcfunction(L, l_handle_gc);

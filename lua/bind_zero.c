@@ -65,9 +65,9 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
 
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
- *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32), optimizer= (nil:
- *           "adamw"), momentum= (SGD), initial_accumulator_value= (Adagrad)},
- *           {params...}, {weight_decay...}) */
+ *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
+ *           names= (a name per parameter, for collective messages), optimizer= (nil: "adamw"),
+ *           momentum= (SGD), initial_accumulator_value= (Adagrad)}, {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -96,10 +96,18 @@ static int l_new(lua_State *L) {
     int n = (int)lua_objlen(L, 2);
     zr_tensor **ps = malloc(sizeof *ps * (size_t)(n ? n : 1));
     double *wd = malloc(sizeof *wd * (size_t)(n ? n : 1));
+    const char **names = calloc((size_t)(n ? n : 1), sizeof *names); /* for messages; may be absent */
+    lua_getfield(L, 1, "names");
+    int names_idx = lua_gettop(L);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, 2, i + 1);
         ps[i] = zr_l_checktensor(L, -1);
         lua_pop(L, 1);
+        if (names && lua_istable(L, names_idx)) {
+            lua_rawgeti(L, names_idx, i + 1);
+            if (lua_type(L, -1) == LUA_TSTRING) names[i] = lua_tostring(L, -1); /* kept alive by the table */
+            lua_pop(L, 1);
+        }
         wd[i] = 0;
         if (lua_istable(L, 3)) {
             lua_rawgeti(L, 3, i + 1);
@@ -111,9 +119,11 @@ static int l_new(lua_State *L) {
     *box = NULL;
     luaL_getmetatable(L, ZERO_MT);
     lua_setmetatable(L, -2);
+    c.names = names && lua_istable(L, names_idx) ? names : NULL;
     *box = zr_zero_new(&c, n, ps, wd);
     free(ps);
     free(wd);
+    free(names);
     if (!*box) return zr_l_error(L);
     return 1;
 }

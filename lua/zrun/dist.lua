@@ -186,6 +186,15 @@ end
 function M.broadcast(t, root) get(); return C.broadcast(t, root) end
 function M.barrier() get(); return C.barrier() end
 
+-- Every collective must complete within `seconds` (<= 0: no deadline), as torch's init_process_group(timeout=)
+-- and deepspeed.init_distributed(timeout=) say; the default comes from ZRUN_COMM_TIMEOUT (seconds) or
+-- DEEPSPEED_TIMEOUT (minutes), else 30 minutes. Past it, the waiting rank names the collective, its tensor,
+-- the step and the ranks that have not arrived in one line, and every rank stops.
+function M.set_timeout(seconds) get(); C.comm_set_timeout(seconds) end
+function M.timeout() get(); return C.comm_timeout() end
+-- The training step those messages name (the engine sets it).
+function M.set_step(n) C.comm_set_step(n) end
+
 -- print() on rank 0 only.
 function M.print0(...) if get().rank == 0 then print(...) end end
 

@@ -85,6 +85,16 @@ local function index_modules(model, params)
   return pos, direct
 end
 
+-- Each parameter's dotted name, in the engine's order (collective timeout and debug messages).
+local function param_names(model, params)
+  local by = {}
+  for n, p in model:named_parameters() do by[p] = n end
+  local names = {}
+  for i, p in ipairs(params) do names[i] = by[p] end
+  return names
+end
+
+
 -- zr.initialize{...}, deepspeed.initialize's analogue. opts: model (an nn.Module), model_parameters (a list
 -- of parameters or HF-style groups {params=, weight_decay=}), config (a DeepSpeed JSON path or table),
 -- args (TrainingArguments-like, fills "auto"), overrides, num_training_steps, training_data (rows
@@ -155,8 +165,8 @@ function M.initialize(opts)
     offload_param = self.offload_param, persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
-    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), optimizer = self.optimizer_type,
-    momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
+    comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
+    optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
     params, wds)
   self.prefetch_budget = zc.stage3_prefetch_bucket_size
   self.max_reuse_distance = zc.stage3_max_reuse_distance
@@ -401,6 +411,7 @@ function Engine:__call(...) return self:forward(...) end
 -- timed for wall_clock_breakdown; at stage 3 the first call records the module order for prefetching.
 function Engine:forward(...)
   local t0 = timer()
+  dist.set_step(self.global_steps + 1) -- named by collective timeout messages
   local tr = self.z3trace
   if tr then -- stage 3: the first forward records the module order for prefetching
     tr.recording = self.micro_steps == 0 and self.global_steps == 0
@@ -417,6 +428,7 @@ function Engine:is_gradient_accumulation_boundary() return (self.micro_steps + 1
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
 function Engine:backward(loss)
   local t0 = timer()
+  dist.set_step(self.global_steps + 1)
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
   if self.monitor then self.monitor:backward(loss, self.gas) end -- Train/Samples/train_loss

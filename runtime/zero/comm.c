@@ -9,6 +9,7 @@
 
 #include "ops/elementwise.h"
 #include "ops/util.h"
+#include "zero/comm_watch.h"
 
 #ifdef ZR_HAVE_MPI
 #include <mpi.h>
@@ -36,7 +37,7 @@ zr_status zr_comm_init(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) info.launcher = "openmpi";
     else if (getenv("PMIX_RANK") || getenv("PMI_SIZE")) info.launcher = "pmix";
     else if (getenv("SLURM_NTASKS") && getenv("SLURM_PROCID")) info.launcher = "slurm";
-    if (!strcmp(info.launcher, "none")) return ZR_OK; /* no launcher: world size 1 */
+    if (!strcmp(info.launcher, "none")) return zr_watch_init(); /* no launcher: world size 1 */
 #ifdef ZR_HAVE_MPI
     int provided, inited = 0;
     MPI_Initialized(&inited);
@@ -52,14 +53,14 @@ zr_status zr_comm_init(void) {
     /* Errors come back as codes so a failing rank can abort every rank with a message. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     info.mpi = 1;
-    return ZR_OK;
+    return zr_watch_init();
 #else
     info.rank = env_int("OMPI_COMM_WORLD_RANK", env_int("SLURM_PROCID", 0));
     info.world_size = env_int("OMPI_COMM_WORLD_SIZE", env_int("SLURM_NTASKS", 1));
     if (info.world_size > 1)
         return zr_error("started by %s with %d ranks, but this zrun was built without MPI; rebuild "
                         "with libopenmpi-dev installed (see `zrun report`)", info.launcher, info.world_size);
-    return ZR_OK;
+    return zr_watch_init();
 #endif
 }
 
@@ -68,12 +69,14 @@ void zr_comm_finalize(void) {
     int fin = 0;
     if (info.mpi) {
         MPI_Finalized(&fin);
+        if (!fin) zr_watch_finalize();
         if (!fin) MPI_Finalize();
     }
 #endif
 }
 
 void zr_comm_abort(const char *msg, int code) {
+    zr_watch_take_over(); /* a collective failure another thread saw first explains this one: say that */
     fprintf(stderr, "[rank %d] %s\n", info.rank, msg);
     fflush(stderr);
 #ifdef ZR_HAVE_MPI
@@ -125,18 +128,29 @@ __attribute__((unused)) static zr_status average(zr_tensor *t, zr_reduce_op op) 
     return op == ZR_RED_AVG && info.world_size > 1 ? zr_mul_scalar_(t, 1.0 / info.world_size) : ZR_OK;
 }
 
+/* The blocking MPI calls below follow zr_watch_arrive (comm_watch.c): every rank meets the others
+ * there, under the deadline, and agrees on what it calls. They are OpenMPI's fastest algorithms
+ * (the non-blocking twins take 1.8x as long at 1 MB: tests/bench/bench_comm.lua), and once every
+ * rank has arrived they wait for nobody. */
+
 zr_status zr_all_reduce(zr_tensor *t, zr_reduce_op op) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_ALL_REDUCE, t, NULL, op);
     ZR_CHECK(check_tensor("all_reduce", t));
     if (!zr_is_cpu(t)) {
         if (!device_backend) return zr_error("all_reduce: no NCCL backend for %s tensors in this build", "CUDA");
+        zr_watch_issue(&d);
         return device_backend->all_reduce(t, op);
     }
     if (info.world_size == 1) return ZR_OK;
 #ifdef ZR_HAVE_MPI
     zr_tensor *s = staged(t);
     if (!s) return ZR_ERR;
-    zr_status st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, zr_tensor_data(s), (int)zr_tensor_numel(s),
-                                           mpi_type(s->dtype), mpi_op(op), MPI_COMM_WORLD), "all_reduce");
+    zr_watch_issue(&d);
+    zr_status st = zr_watch_arrive(&d);
+    if (!st)
+        st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, zr_tensor_data(s), (int)zr_tensor_numel(s), mpi_type(s->dtype),
+                                     mpi_op(op), MPI_COMM_WORLD), "all_reduce");
     if (!st) st = average(s, op);
     zr_status st2 = unstage(t, s);
     return st ? st : st2;
@@ -156,21 +170,27 @@ static zr_status check_sizes(const char *op, zr_tensor *small, zr_tensor *big) {
 }
 
 zr_status zr_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_REDUCE_SCATTER, out, in, op);
     ZR_CHECK(check_tensor("reduce_scatter", out));
     ZR_CHECK(check_tensor("reduce_scatter", in));
     ZR_CHECK(check_sizes("reduce_scatter", out, in));
     if (!zr_is_cpu(in)) {
         if (!device_backend) return zr_error("reduce_scatter: no NCCL backend in this build");
+        zr_watch_issue(&d);
         return device_backend->reduce_scatter(out, in, op);
     }
     if (info.world_size == 1) return zr_tensor_copy_(out, in);
 #ifdef ZR_HAVE_MPI
     zr_tensor *si = staged(in), *so = si ? staged(out) : NULL;
     zr_status st = ZR_ERR;
-    if (so)
-        st = mpi_check(MPI_Reduce_scatter_block(zr_tensor_data(si), zr_tensor_data(so), (int)zr_tensor_numel(so),
-                                                mpi_type(so->dtype), mpi_op(op), MPI_COMM_WORLD),
-                       "reduce_scatter");
+    if (so) {
+        zr_watch_issue(&d);
+        st = zr_watch_arrive(&d);
+        if (!st)
+            st = mpi_check(MPI_Reduce_scatter_block(zr_tensor_data(si), zr_tensor_data(so), (int)zr_tensor_numel(so),
+                                                    mpi_type(so->dtype), mpi_op(op), MPI_COMM_WORLD), "reduce_scatter");
+    }
     if (!st) st = average(so, op);
     zr_tensor_release(si);
     zr_status st2 = so ? unstage(out, so) : ZR_ERR;
@@ -181,16 +201,21 @@ zr_status zr_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
 }
 
 zr_status zr_all_gather(zr_tensor *out, zr_tensor *in) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_ALL_GATHER, in, out, 0);
     ZR_CHECK(check_tensor("all_gather", out));
     ZR_CHECK(check_tensor("all_gather", in));
     ZR_CHECK(check_sizes("all_gather", in, out));
     if (!zr_is_cpu(in)) {
         if (!device_backend) return zr_error("all_gather: no NCCL backend in this build");
+        zr_watch_issue(&d);
         return device_backend->all_gather(out, in);
     }
     if (info.world_size == 1) return zr_tensor_copy_(out, in);
 #ifdef ZR_HAVE_MPI
     int n = (int)(zr_tensor_numel(in) * (int64_t)zr_dtype_size(in->dtype));
+    zr_watch_issue(&d);
+    ZR_CHECK(zr_watch_arrive(&d));
     return mpi_check(MPI_Allgather(zr_tensor_data(in), n, MPI_BYTE, zr_tensor_data(out), n, MPI_BYTE, MPI_COMM_WORLD),
                      "all_gather");
 #else
@@ -199,16 +224,21 @@ zr_status zr_all_gather(zr_tensor *out, zr_tensor *in) {
 }
 
 zr_status zr_broadcast(zr_tensor *t, int root) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_BROADCAST, t, NULL, root);
     ZR_CHECK(check_tensor("broadcast", t));
     if (root < 0 || root >= info.world_size)
         return zr_error("broadcast: root %d is outside world size %d", root, info.world_size);
     if (!zr_is_cpu(t)) {
         if (!device_backend) return zr_error("broadcast: no NCCL backend in this build");
+        zr_watch_issue(&d);
         return device_backend->broadcast(t, root);
     }
     if (info.world_size == 1) return ZR_OK;
 #ifdef ZR_HAVE_MPI
     int n = (int)(zr_tensor_numel(t) * (int64_t)zr_dtype_size(t->dtype));
+    zr_watch_issue(&d);
+    ZR_CHECK(zr_watch_arrive(&d));
     return mpi_check(MPI_Bcast(zr_tensor_data(t), n, MPI_BYTE, root, MPI_COMM_WORLD), "broadcast");
 #else
     return ZR_OK;
@@ -216,16 +246,28 @@ zr_status zr_broadcast(zr_tensor *t, int root) {
 }
 
 zr_status zr_barrier(void) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_BARRIER, NULL, NULL, 0);
 #ifdef ZR_HAVE_MPI
-    if (info.mpi) return mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
+    if (info.mpi) {
+        zr_watch_issue(&d);
+        return zr_watch_arrive(&d); /* meeting every rank is all a barrier does */
+    }
 #endif
     return ZR_OK;
 }
 
 zr_status zr_all_gather_bytes(void *out, const void *in, size_t n) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_ALL_GATHER_BYTES, NULL, NULL, 0);
+    d.ndim = 1;
+    d.shape[0] = (int64_t)n;
 #ifdef ZR_HAVE_MPI
-    if (info.mpi)
+    if (info.mpi) {
+        zr_watch_issue(&d);
+        ZR_CHECK(zr_watch_arrive(&d));
         return mpi_check(MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD), "all_gather");
+    }
 #endif
     memcpy(out, in, n);
     return ZR_OK;
@@ -239,29 +281,29 @@ struct zr_comm_handle {
 #endif
     int active;
     zr_tensor *avg_target; /* scaled by 1/world after completion for AVG */
-    const char *op;
+    zr_comm_desc desc;     /* what it is, for the deadline's message */
     void *dev_event;       /* device backend: the collective's event on the comm stream */
     zr_device dev;
     zr_tensor *keep[2];    /* device backend: tensors the comm stream still uses */
 };
 
-static zr_comm_handle *handle_new(const char *op) {
+static zr_comm_handle *handle_new(const zr_comm_desc *d) {
     zr_comm_handle *h = calloc(1, sizeof *h);
     if (!h) zr_error("out of host memory");
-    else h->op = op;
+    else h->desc = *d;
     return h;
 }
 
 /* Falls back to the blocking call for cases the non-blocking path does not cover. */
-static zr_comm_handle *sync_fallback(zr_status st, const char *op) {
+static zr_comm_handle *sync_fallback(zr_status st, const zr_comm_desc *d) {
     if (st) return NULL;
-    return handle_new(op);
+    return handle_new(d);
 }
 
 /* A device handle: the backend enqueued the collective and gave its event. */
-static zr_comm_handle *device_handle(zr_status st, const char *op, void *ev, zr_tensor *a, zr_tensor *b) {
+static zr_comm_handle *device_handle(zr_status st, const zr_comm_desc *d, void *ev, zr_tensor *a, zr_tensor *b) {
     if (st) return NULL;
-    zr_comm_handle *h = handle_new(op);
+    zr_comm_handle *h = handle_new(d);
     if (!h) {
         device_backend->wait(zr_tensor_device(a), ev);
         return NULL;
@@ -277,15 +319,19 @@ static int device_async(const zr_tensor *t) {
 }
 
 zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_ALL_REDUCE, t, NULL, op);
     if (device_async(t)) {
         void *ev = NULL;
         zr_status st = check_tensor("all_reduce", t);
+        if (!st) zr_watch_issue(&d);
         if (!st) st = device_backend->all_reduce_async(t, op, &ev);
-        return device_handle(st, "all_reduce", ev, t, NULL);
+        return device_handle(st, &d, ev, t, NULL);
     }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(t) && mpi_type(t->dtype) != MPI_DATATYPE_NULL && zr_tensor_is_contiguous(t)) {
-        zr_comm_handle *h = handle_new("all_reduce");
+        zr_watch_issue(&d);
+        zr_comm_handle *h = handle_new(&d);
         if (!h) return NULL;
         if (mpi_check(MPI_Iallreduce(MPI_IN_PLACE, zr_tensor_data(t), (int)zr_tensor_numel(t), mpi_type(t->dtype),
                                      mpi_op(op), MPI_COMM_WORLD, &h->req), "all_reduce")) {
@@ -297,22 +343,27 @@ zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
         return h;
     }
 #endif
-    return sync_fallback(zr_all_reduce(t, op), "all_reduce");
+    zr_comm_label("%s", d.label); /* the blocking call names it too */
+    return sync_fallback(zr_all_reduce(t, op), &d);
 }
 
 zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_REDUCE_SCATTER, out, in, op);
     if (device_async(in)) {
         void *ev = NULL;
         zr_status st = check_tensor("reduce_scatter", out);
         if (!st) st = check_tensor("reduce_scatter", in);
         if (!st) st = check_sizes("reduce_scatter", out, in);
+        if (!st) zr_watch_issue(&d);
         if (!st) st = device_backend->reduce_scatter_async(out, in, op, &ev);
-        return device_handle(st, "reduce_scatter", ev, out, in);
+        return device_handle(st, &d, ev, out, in);
     }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(in) && mpi_type(in->dtype) != MPI_DATATYPE_NULL &&
         zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) && !check_sizes("reduce_scatter", out, in)) {
-        zr_comm_handle *h = handle_new("reduce_scatter");
+        zr_watch_issue(&d);
+        zr_comm_handle *h = handle_new(&d);
         if (!h) return NULL;
         if (mpi_check(MPI_Ireduce_scatter_block(zr_tensor_data(in), zr_tensor_data(out), (int)zr_tensor_numel(out),
                                                 mpi_type(out->dtype), mpi_op(op), MPI_COMM_WORLD, &h->req),
@@ -325,22 +376,27 @@ zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce
         return h;
     }
 #endif
-    return sync_fallback(zr_reduce_scatter(out, in, op), "reduce_scatter");
+    zr_comm_label("%s", d.label);
+    return sync_fallback(zr_reduce_scatter(out, in, op), &d);
 }
 
 zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in) {
+    zr_comm_desc d;
+    zr_watch_desc(&d, ZR_COLL_ALL_GATHER, in, out, 0);
     if (device_async(in)) {
         void *ev = NULL;
         zr_status st = check_tensor("all_gather", out);
         if (!st) st = check_tensor("all_gather", in);
         if (!st) st = check_sizes("all_gather", in, out);
+        if (!st) zr_watch_issue(&d);
         if (!st) st = device_backend->all_gather_async(out, in, &ev);
-        return device_handle(st, "all_gather", ev, out, in);
+        return device_handle(st, &d, ev, out, in);
     }
 #ifdef ZR_HAVE_MPI
     if (info.world_size > 1 && zr_is_cpu(in) && zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) &&
         !check_sizes("all_gather", in, out)) {
-        zr_comm_handle *h = handle_new("all_gather");
+        zr_watch_issue(&d);
+        zr_comm_handle *h = handle_new(&d);
         if (!h) return NULL;
         int n = (int)(zr_tensor_numel(in) * (int64_t)zr_dtype_size(in->dtype));
         if (mpi_check(MPI_Iallgather(zr_tensor_data(in), n, MPI_BYTE, zr_tensor_data(out), n, MPI_BYTE,
@@ -352,14 +408,15 @@ zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in) {
         return h;
     }
 #endif
-    return sync_fallback(zr_all_gather(out, in), "all_gather");
+    zr_comm_label("%s", d.label);
+    return sync_fallback(zr_all_gather(out, in), &d);
 }
 
 zr_status zr_comm_wait(zr_comm_handle *h) {
     if (!h) return zr_error("comm wait: invalid handle");
     zr_status st = ZR_OK;
 #ifdef ZR_HAVE_MPI
-    if (h->active) st = mpi_check(MPI_Wait(&h->req, MPI_STATUS_IGNORE), h->op);
+    if (h->active) st = zr_watch_mpi(&h->req, &h->desc);
 #endif
     if (h->dev_event) st = device_backend->wait(h->dev, h->dev_event);
     zr_tensor_release(h->keep[0]);

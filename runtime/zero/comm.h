@@ -48,8 +48,22 @@ zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce
 zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in);
 zr_status zr_comm_wait(zr_comm_handle *h); /* frees h */
 
+/* Deadlines. Every collective (MPI and NCCL) must complete within the timeout; when it does not,
+ * the waiting rank prints one line naming the collective, its tensor, the step and the ranks that
+ * have not arrived, and stops every rank. Seconds; <= 0: no deadline. From ZRUN_COMM_TIMEOUT
+ * (seconds) or DeepSpeed's DEEPSPEED_TIMEOUT (minutes) at zr_comm_init; default 1800. */
+void zr_comm_set_timeout(double seconds);
+double zr_comm_timeout(void);
+/* The training step that messages name (the engine sets it; -1: none). */
+void zr_comm_set_step(int64_t step);
+/* Names the tensor of the next collective in messages (a parameter or bucket), printf-style. */
+void zr_comm_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* ZRUN_COMM_DEBUG=1: before each collective every rank's call (collective, shape, dtype) is
+ * compared, and the first difference stops every rank with one line naming it. */
+int zr_comm_debug(void);
+
 /* Stops every rank: prints "[rank r] msg" and aborts the MPI job (exit when single). */
-void zr_comm_abort(const char *msg, int code);
+void zr_comm_abort(const char *msg, int code) __attribute__((noreturn));
 
 /* Hook for the NCCL backend (installed by the CUDA build). The *_async variants leave the
  * compute stream free and return an event (through *ev) that `wait` makes it wait on. */

@@ -78,11 +78,29 @@ struct zr_zero {
     zr_tensor *pending_result;
     zr_comm_handle *pending_handle;
     int64_t live; /* stage 3: elements of non-persistent parameters gathered or in flight */
+    char **names; /* parameter names for collective messages (cfg->names copied), or NULL */
 };
 
 static int64_t valid_len(int64_t n, int64_t c, int r) {
     int64_t lo = (int64_t)r * c, hi = lo + c < n ? lo + c : n;
     return hi > lo ? hi - lo : 0;
+}
+
+/* The parameter holding partition element `off` (direct mode: one chunk per parameter). */
+static int param_at(const zr_zero *z, int64_t off) {
+    int i = 0;
+    while (i + 1 < z->nparams && z->params[i + 1].offset <= off) i++;
+    return i;
+}
+
+/* Names parameters a..b (indices) in the next collective's timeout and debug messages. */
+static void label_params(const zr_zero *z, const char *what, int a, int b) {
+    char x[24], y[24];
+    snprintf(x, sizeof x, "param %d", a + 1);
+    snprintf(y, sizeof y, "param %d", b + 1);
+    const char *na = z->names && z->names[a] ? z->names[a] : x, *nb = z->names && z->names[b] ? z->names[b] : y;
+    if (a == b) zr_comm_label("%s %s", what, na);
+    else zr_comm_label("%s of %d params %s..%s", what, (a < b ? b - a : a - b) + 1, na, nb);
 }
 
 /* 1-D view of elements [start, start+len) of a contiguous tensor. */
@@ -226,6 +244,12 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     zr_zero *z = calloc(1, sizeof *z);
     if (!z) return zr_error_null("out of host memory");
     z->cfg = *cfg;
+    z->cfg.names = NULL;
+    if (cfg->names) {
+        z->names = calloc((size_t)n, sizeof *z->names);
+        for (int i = 0; z->names && i < n; i++)
+            z->names[i] = cfg->names[i] ? strdup(cfg->names[i]) : NULL;
+    }
     z->chunks = cfg->stage == 0 ? 1 : cfg->world_size;
     z->nparams = n;
     z->params = calloc((size_t)n, sizeof *z->params);
@@ -294,8 +318,10 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     }
     /* Every rank starts from rank 0's weights, as DeepSpeed broadcasts the module at start. */
     if (cfg->world_size > 1)
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            label_params(z, "initial weights of", i, i);
             if (zr_broadcast(z->params[i].p, 0)) goto fail;
+        }
     z->master = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
     /* only the states the optimizer keeps: AdamW m and v; Lion, Adagrad, SGD with momentum m */
     z->nstates = zr_optim_states(cfg->optimizer, cfg->momentum);
@@ -421,6 +447,9 @@ void zr_zero_free(zr_zero *z) {
     free(z->bucket_param);
     free(z->bucket_off);
     free(z->bucket_len);
+    for (int i = 0; z->names && i < z->nparams; i++)
+        free(z->names[i]);
+    free(z->names);
     free(z->bucket_place);
     free(z);
 }
@@ -468,6 +497,8 @@ static void swap_tensors(zr_tensor **a, zr_tensor **b) {
 
 static zr_status flush(zr_zero *z) {
     if (z->bucket_pieces == 0) return ZR_OK;
+    if (z->cfg.world_size > 1) /* a single process reduces nothing: no label to leave behind */
+        label_params(z, "grad bucket", z->bucket_param[0], z->bucket_param[z->bucket_pieces - 1]);
     int64_t L = z->bucket_fill;
     zr_tensor *red = z->send; /* where the reduced segment of this rank ends up */
     if (z->chunks == 1) {
@@ -607,8 +638,9 @@ zr_status zr_zero_reduce(zr_zero *z) {
         if (z->cfg.world_size == 1) return ZR_OK;
         int64_t cap = z->cfg.reduce_bucket_size > 0 ? z->cfg.reduce_bucket_size : z->part_numel;
         for (int64_t a = 0; a < z->part_numel; a += cap) {
-            zr_tensor *b =
-                flat_range(z->gpart, a, a + cap < z->part_numel ? cap : z->part_numel - a);
+            int64_t len = a + cap < z->part_numel ? cap : z->part_numel - a;
+            zr_tensor *b = flat_range(z->gpart, a, len);
+            label_params(z, "grads", param_at(z, a), param_at(z, a + len - 1));
             zr_status st = b ? zr_all_reduce(b, ZR_RED_SUM) : ZR_ERR;
             zr_tensor_release(b);
             ZR_CHECK(st);
@@ -651,6 +683,7 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
     if (z->chunks > 1) { /* partitions are disjoint: the squares add up over ranks */
         zr_tensor *t = zr_tensor_scalar(local, ZR_F64, zr_cpu());
         if (!t) return ZR_ERR;
+        zr_comm_label("gradient norm");
         zr_status st = zr_all_reduce(t, ZR_RED_SUM);
         if (!st) st = zr_tensor_get(t, 0, &local);
         zr_tensor_release(t);
@@ -754,6 +787,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
         st = copy_range(send, 0, z->master, z->params[first].offset, L);
         zr_tensor *in = st ? NULL : flat_range(send, 0, L),
                   *out = st ? NULL : flat_range(recv, 0, L * z->chunks);
+        if (!st) label_params(z, "updated weights", first, last - 1);
         if (!st) st = (in && out) ? zr_all_gather(out, in) : ZR_ERR;
         zr_tensor_release(in);
         zr_tensor_release(out);
@@ -907,6 +941,7 @@ static zr_status start_gather(zr_zero *z, int i) {
             in = NULL;
         }
     }
+    label_params(z, "stage 3 gather of", i, i);
     zr_comm_handle *h = in ? zr_all_gather_async(out, in) : NULL;
     zr_tensor_release(in);
     if (!h) {

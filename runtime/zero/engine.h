@@ -35,6 +35,7 @@ typedef struct {
     double momentum;       /* SGD: 0 keeps no momentum buffer */
     double initial_accumulator_value; /* Adagrad: the state's starting value */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
+    const char *const *names; /* n parameter names for collective messages, or NULL (copied) */
 } zr_zero_config;
 
 typedef struct zr_zero zr_zero;
