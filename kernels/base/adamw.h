@@ -1,9 +1,10 @@
-/* The optimizers' hyper-parameters (torch.optim's names), the one shape they travel in: from the Lua
- * options table through runtime/ops/optim.c and the ZeRO engine down to the CPU, offload and CUDA
- * kernels, which derive the per-step scalars (the bias corrections) from it and the step count.
- * Where parameters come in groups (the ZeRO engine's segments, the multi-tensor CUDA kernel), each
- * group's lr and weight_decay override the config's, which then supplies the rest. `kind` picks
- * the update; zero-initialised it is AdamW, and the fields a kind does not use are ignored. */
+/* The optimizers' hyper-parameters (torch.optim's names), the one shape they travel in: from the
+ * Lua options table through runtime/ops/optim.c and the ZeRO engine down to the CPU, offload and
+ * CUDA kernels, which derive the per-step scalars (the bias corrections) from it and the step
+ * count. Where parameters come in groups (the ZeRO engine's segments, the multi-tensor CUDA
+ * kernel), each group's lr and weight_decay override the config's, which then supplies the rest.
+ * `kind` picks the update; zero-initialised it is AdamW, and the fields a kind does not use are
+ * ignored. */
 #ifndef ZR_BASE_ADAMW_H
 #define ZR_BASE_ADAMW_H
 
@@ -19,9 +20,9 @@ typedef enum {
 
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
-    int kind;                                 /* zr_optim_kind */
-    double momentum, dampening, lr_decay;     /* SGD; Adagrad's lr_decay */
-    int nesterov;                             /* SGD */
+    int kind;                             /* zr_optim_kind */
+    double momentum, dampening, lr_decay; /* SGD; Adagrad's lr_decay */
+    int nesterov;                         /* SGD */
 } zr_adamw_config;
 
 /* One tensor of a flat partition: the multi-segment kernels (CPU and CUDA) update elements

@@ -3,7 +3,9 @@
  * fp32 partition. Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs
  * a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
  * picked at load time, and need -fno-math-errno (Makefile) for a vector sqrt. fp32 only: the f64
- * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. */
+ * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. Lion, Adagrad and SGD
+ * (optim_step_cpu) are a plain per-element loop over partition segments: the CPU reference of
+ * kernels/cuda/optim.cu's optim_step_cuda, used for CPU runs and optimizer offload alike. */
 #include "offload.h"
 
 #ifndef ZR_REAL_F64

@@ -1,4 +1,5 @@
-/* Optimizer steps (AdamW, SGD) over parameter tensors and flat buffers: argument checks, the
+/* Optimizer steps (AdamW, SGD; Lion, Adagrad and SGD on flat segments, the ZeRO engine's kernels)
+ * over parameter tensors and flat buffers: argument checks, the
  * per-step scalars (bias corrections), and dispatch to the fused CPU kernels, or for parameters
  * on a GPU to kernels/cuda/optim.h (AdamW: one segment per tensor; f32 or bf16/f16 gradients
  * read as they are; SGD). Nothing waits for the GPU. */

@@ -813,8 +813,12 @@ static float *state_data(zr_tensor *t) {
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr) {
     ZR_CHECK(flush_stale(z));
-    if (c->kind != z->cfg.optimizer)
-        return zr_error("ZeRO: step with optimizer kind %d on an engine built for kind %d", c->kind, z->cfg.optimizer);
+    if (c->kind != z->cfg.optimizer) {
+        static const char *const names[] = {"AdamW", "Lion", "Adagrad", "SGD"};
+        const int k = c->kind, e = z->cfg.optimizer;
+        return zr_error("ZeRO: a %s step on an engine built for %s (its states are that optimizer's)",
+                        k >= 0 && k < 4 ? names[k] : "unknown optimizer", e >= 0 && e < 4 ? names[e] : "?");
+    }
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
         /* the scale rides into the kernel as a device scalar: no separate pass over the grads */

@@ -276,4 +276,12 @@ T.test("memory plan and the engine: the optimizer category counts only the optim
   end
 end)
 
+
+T.test("the engine refuses a step of another optimizer than it was built for", function()
+  local e = llama("Lion", LEARN[1][2], 0)
+  local err = T.raises(function() e.zero:step(1, 1, 1e-3, 0.9, 0.99, 0, { optimizer = "sgd" }) end,
+    "ZeRO: a SGD step on an engine built for Lion (its states are that optimizer's)")
+  T.eq(select(2, err:gsub("\n", "")), 0)
+end)
+
 T.done()
