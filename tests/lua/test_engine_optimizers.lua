@@ -284,4 +284,14 @@ T.test("the engine refuses a step of another optimizer than it was built for", f
   T.eq(select(2, err:gsub("\n", "")), 0)
 end)
 
+
+T.test("bf16 weights (16-bit copies written by the step): each optimizer learns", function()
+  for _, case in ipairs(LEARN) do
+    local e, m = llama(case[1], case[2], 2, { bf16 = { enabled = true } })
+    local l = train(e, 1, 12)
+    for _, p in ipairs(m:parameters()) do T.eq(p:dtype(), "bf16") end
+    assert(l[#l] < l[1] - 0.5, ("%s: loss did not fall: %g -> %g"):format(case[1], l[1], l[#l]))
+  end
+end)
+
 T.done()

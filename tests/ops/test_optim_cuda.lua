@@ -132,4 +132,33 @@ T.test("ZeRO engine on CUDA with Lion, Adagrad and SGD: losses match the CPU eng
   end
 end)
 
+
+-- bf16 on the GPU (direct mode: the kernel writes the 16-bit weights as it updates the master),
+-- and optimizer offload (the host kernel writes them, uploaded after): each optimizer learns.
+T.test("ZeRO engine on CUDA, bf16 and offload_optimizer: Lion, Adagrad and SGD learn", function()
+  local CASES = { { "Lion", { lr = 1e-3, weight_decay = 0.01 } }, { "Adagrad", { lr = 3e-2 } },
+    { "SGD", { lr = 0.5, momentum = 0.9 } } }
+  for _, case in ipairs(CASES) do
+    for _, off in ipairs { false, true } do
+      zr.manual_seed(11)
+      local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")):to("cuda")
+      local zo = { stage = 2 }
+      if off then zo.offload_optimizer = { device = "cpu", pin_memory = true } end
+      local e = zr.initialize({ model = m, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
+        bf16 = { enabled = true }, optimizer = { type = case[1], params = case[2] }, zero_optimization = zo } })
+      zr.manual_seed(5)
+      local ids = (zr.rand({ 2, 24 }) * 250):to("i64"):to("cuda")
+      local l = {}
+      for i = 1, 12 do
+        local o = e(ids, ids)
+        e:backward(o.loss)
+        e:step()
+        l[i] = o.loss:item()
+      end
+      for _, p in ipairs(m:parameters()) do T.eq(p:dtype(), "bf16") end
+      assert(l[12] < l[1] - 0.5, ("%s%s: loss did not fall: %g -> %g"):format(case[1], off and " offload" or "", l[1], l[12]))
+    end
+  end
+end)
+
 T.done()
