@@ -112,7 +112,9 @@ T.test("ZeRO engine on CUDA with Lion, Adagrad and SGD: losses match the CPU eng
   for _, case in ipairs(CASES) do
     local function losses(dev)
       zr.manual_seed(11)
-      local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")):to(dev)
+      local mc = zr.models.llama.config("zrun/tiny-llama")
+      mc.device = dev
+      local m = zr.models.llama.LlamaForCausalLM(mc)
       local e = zr.initialize({ model = m, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
         optimizer = { type = case[1], params = case[2] }, zero_optimization = { stage = 0 } } })
       zr.manual_seed(5)
@@ -141,7 +143,9 @@ T.test("ZeRO engine on CUDA, bf16 and offload_optimizer: Lion, Adagrad and SGD l
   for _, case in ipairs(CASES) do
     for _, off in ipairs { false, true } do
       zr.manual_seed(11)
-      local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")):to("cuda")
+      local mc = zr.models.llama.config("zrun/tiny-llama")
+      mc.device = "cuda"
+      local m = zr.models.llama.LlamaForCausalLM(mc)
       local zo = { stage = 2 }
       if off then zo.offload_optimizer = { device = "cpu", pin_memory = true } end
       local e = zr.initialize({ model = m, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
