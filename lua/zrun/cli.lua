@@ -37,8 +37,13 @@ local function report()
   for _, r in ipairs(rows) do print(("%-" .. w .. "s  %s"):format(r[1], r[2])) end
 end
 
+-- zrun SUBCOMMAND args...: report, check, estimate, plan, plot, zero-to-fp32.
 function M.main(cmd, ...)
-  if cmd == "report" then return report() end
+  if cmd == "report" then
+    local extra = ...
+    if extra ~= nil then error(("zrun report takes no arguments, got '%s'"):format(tostring(extra)), 0) end
+    return report()
+  end
   if cmd == "check" then
     local ok, config = pcall(require, "zrun.config")
     if not ok then error("zrun check: the config module is not available: " .. tostring(config), 0) end

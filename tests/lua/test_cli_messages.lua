@@ -49,6 +49,7 @@ T.test("unknown options are called unknown, before any value is looked for", fun
   one_line("plan gpt2 -x", "zrun: plan: unknown option -x")
   one_line("plan gpt2 --micro-batch", "zrun: plan: --micro-batch needs a value")
   one_line("zero-to-fp32 --bogus-flag", "zrun: zero-to-fp32: unknown option '--bogus-flag'")
+  one_line("report --bogus", "zrun: zrun report takes no arguments, got '--bogus'")
   local s = run("estimate zrun/tiny-llama --stage=3")
   T.eq(s:find("ZeRO-3", 1, true) ~= nil, true, "--key=value still works: " .. s)
 end)
