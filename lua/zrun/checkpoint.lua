@@ -85,13 +85,7 @@ local function decode(s, path)
   if not ok or type(v) ~= "table" then
     error(fmt("%s: the checkpoint metadata is not valid JSON (%s)", path, tostring(ok and type(v) or v)), 0)
   end
-  local function strip(t)
-    for k, x in pairs(t) do
-      if x == cjson.null then t[k] = nil elseif type(x) == "table" then strip(x) end
-    end
-    return t
-  end
-  return strip(v)
+  return hf.strip_nulls(v)
 end
 
 -- Runs a local step everywhere and makes every rank fail when one did, so no rank is left

@@ -55,6 +55,7 @@ local function strip_nulls(v)
   end
   return v
 end
+hf.strip_nulls = strip_nulls
 
 local function decode_json_file(path, what)
   local s, err = read_file(path)
@@ -208,6 +209,16 @@ function hf.read_config(ref, opts)
   end
   local cfg = decode_json_file(p, "the model config")
   if cfg.dtype ~= nil then cfg.torch_dtype, cfg.dtype = cfg.dtype, nil end
+  return cfg, dir
+end
+
+-- from_pretrained's config: config.json with opts.config's fields over it (transformers'
+-- keyword arguments), to be built in opts.dtype (default "f32") on opts.device (default "cpu").
+function hf.pretrained_config(ref, opts)
+  opts = opts or {}
+  local cfg, dir = hf.read_config(ref, opts)
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
+  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
   return cfg, dir
 end
 

@@ -81,13 +81,7 @@ function M.read_state(dir)
   if not ok or type(v) ~= "table" or type(v.global_step) ~= "number" then
     error(fmt("%s: not a trainer state (invalid JSON or no global_step)", p), 0)
   end
-  local function strip(t)
-    for k, x in pairs(t) do
-      if x == cjson.null then t[k] = nil elseif type(x) == "table" then strip(x) end
-    end
-    return t
-  end
-  return strip(v)
+  return require("zrun.hf").strip_nulls(v)
 end
 
 local function nullable(v) if v == nil then return cjson.null end return v end

@@ -187,11 +187,8 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 -- checkpoints store them ("h.0...", with the attention-mask buffers "attn.bias"/"attn.masked_bias",
 -- which are not parameters); the tied lm_head.weight is wte. opts as llama.from_pretrained.
 function M.from_pretrained(ref, opts)
-  opts = opts or {}
   local hf = require "zrun.hf"
-  local cfg, dir = hf.read_config(ref, opts)
-  for k, v in pairs(opts.config or {}) do cfg[k] = v end
-  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
+  local cfg, dir = hf.pretrained_config(ref, opts)
   local model = LM(cfg)
   local sd = {}
   for name, t in pairs(hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })) do

@@ -266,11 +266,8 @@ end
 -- opts: dtype (default "f32"), device (default "cpu"), config (fields that override config.json's,
 -- as keyword arguments do in transformers' from_pretrained), revision, cache_dir.
 function M.from_pretrained(ref, opts)
-  opts = opts or {}
   local hf = require "zrun.hf"
-  local cfg, dir = hf.read_config(ref, opts)
-  for k, v in pairs(opts.config or {}) do cfg[k] = v end
-  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
+  local cfg, dir = hf.pretrained_config(ref, opts)
   local model = CausalLM(cfg)
   local sd = hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })
   if model.config.tie_word_embeddings then sd["lm_head.weight"] = nil end
