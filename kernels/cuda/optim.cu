@@ -170,6 +170,33 @@ static int adamw_launch_g(const adamw_batch &bt, float *p, float *m, float *v, v
     return 0;
 }
 
+/* Segments s0 .. s0+ADAMW_MAX_SEGS-1 of segs into one launch's batch: offsets, sizes, weight
+ * decay, lr / lr_div and (when ss_div > 0) the step size lr / ss_div, each segment's first block.
+ * Returns 0, or ZR_ERR with the message set (a bad segment, or more blocks than a grid holds). */
+static int batch_segments(adamw_batch &bt, const zr_adamw_segment *segs, int s0, int nsegs, double lr_div,
+                          double ss_div, const char *fn) {
+    int nb = 0, k = 0;
+    for (int s = s0; s < nsegs && s < s0 + ADAMW_MAX_SEGS; ++s) {
+        if (segs[s].n < 0 || segs[s].offset < 0)
+            return zr_error("%s: segment %d has offset %lld, n %lld", fn, s, (long long)segs[s].offset,
+                            (long long)segs[s].n);
+        const int64_t blocks = (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        if ((int64_t)nb + blocks > 0x7fffffffLL)
+            return zr_error("%s: segment %d too large (%lld elements)", fn, s, (long long)segs[s].n);
+        bt.offset[k] = segs[s].offset;
+        bt.n[k] = segs[s].n;
+        bt.wd[k] = segs[s].weight_decay;
+        bt.lr[k] = (float)(segs[s].lr / lr_div);
+        bt.ss[k] = ss_div > 0 ? (float)(segs[s].lr / ss_div) : 0.f;
+        bt.block0[k] = nb;
+        nb += (int)blocks;
+        ++k;
+    }
+    bt.block0[k] = nb;
+    bt.nsegs = k;
+    return 0;
+}
+
 extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
                                zr_dtype lp_dtype, const void *grad, zr_dtype grad_dtype,
                                const zr_adamw_segment *segs, int nsegs,
@@ -185,27 +212,8 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
     const float ibc2 = (float)(1.0 / sqrt(bc2));
     for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
         adamw_batch bt;
-        int nb = 0, k = 0;
-        for (int s = s0; s < nsegs && s < s0 + ADAMW_MAX_SEGS; ++s) {
-            if (segs[s].n < 0 || segs[s].offset < 0)
-                return zr_error("%s: segment %d has offset %lld, n %lld", fn, s,
-                                (long long)segs[s].offset, (long long)segs[s].n);
-            const int64_t blocks = (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
-            if ((int64_t)nb + blocks > 0x7fffffffLL)
-                return zr_error("%s: segment %d too large (%lld elements)", fn, s,
-                                (long long)segs[s].n);
-            bt.offset[k] = segs[s].offset;
-            bt.n[k] = segs[s].n;
-            bt.wd[k] = segs[s].weight_decay;
-            bt.lr[k] = segs[s].lr;
-            bt.ss[k] = (float)(segs[s].lr / bc1);
-            bt.block0[k] = nb;
-            nb += (int)blocks;
-            ++k;
-        }
-        bt.block0[k] = nb;
-        bt.nsegs = k;
-        if (nb == 0) continue;
+        if (batch_segments(bt, segs, s0, nsegs, 1.0, bc1, fn)) return ZR_ERR;
+        if (bt.block0[bt.nsegs] == 0) continue;
         int rc;
         if (grad_dtype == ZR_F32)
             rc = adamw_launch_g<float>(bt, param, m, v, param_lp, lp_dtype, grad, grad_scale, beta1, beta2, eps, ibc2, stream);
@@ -310,26 +318,8 @@ extern "C" int optim_step_cuda(float *param, float *state, void *param_lp, zr_dt
     const double decay = c->kind == ZR_OPTIM_ADAGRAD ? 1 + (double)(step - 1) * c->lr_decay : 1;
     for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
         adamw_batch bt;
-        int nb = 0, k = 0;
-        for (int s = s0; s < nsegs && s < s0 + ADAMW_MAX_SEGS; ++s) {
-            if (segs[s].n < 0 || segs[s].offset < 0)
-                return zr_error("%s: segment %d has offset %lld, n %lld", fn, s, (long long)segs[s].offset,
-                                (long long)segs[s].n);
-            const int64_t blocks = (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
-            if ((int64_t)nb + blocks > 0x7fffffffLL)
-                return zr_error("%s: segment %d too large (%lld elements)", fn, s, (long long)segs[s].n);
-            bt.offset[k] = segs[s].offset;
-            bt.n[k] = segs[s].n;
-            bt.wd[k] = segs[s].weight_decay;
-            bt.lr[k] = (float)(segs[s].lr / decay);
-            bt.ss[k] = 0.f;
-            bt.block0[k] = nb;
-            nb += (int)blocks;
-            ++k;
-        }
-        bt.block0[k] = nb;
-        bt.nsegs = k;
-        if (nb == 0) continue;
+        if (batch_segments(bt, segs, s0, nsegs, decay, 0.0, fn)) return ZR_ERR;
+        if (bt.block0[bt.nsegs] == 0) continue;
         int rc;
         if (grad_dtype == ZR_F32)
             rc = optim_launch_g<float>(bt, c, param, state, param_lp, lp_dtype, grad, grad_scale, step == 1, stream);
