@@ -410,17 +410,20 @@ take = function(node, v, p, ctx, parent, name)
   end
   -- leaf
   local alias = ctx.alias_of[p]
+  local function default() -- a computed default waits until the values it reads are known
+    if type(node.default) == "function" then
+      ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
+      return nil
+    end
+    return deepcopy(node.default)
+  end
   if v == nil then
     if node.required then
       add_error(ctx, '%s is required%s', p, node.auto and ' (a value, or "auto")' or "")
       return nil
     end
     set_source(ctx, p, "default")
-    if type(node.default) == "function" then
-      ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
-      return nil
-    end
-    return deepcopy(node.default)
+    return default()
   end
   local kind = given_kind(ctx, p)
   if v == NULL then
@@ -436,11 +439,7 @@ take = function(node, v, p, ctx, parent, name)
     end
     if node.drop_auto then -- DeepSpeedConfigModel drops "auto" fields: the default applies
       set_source(ctx, p, "auto", "DeepSpeed's default (DeepSpeed drops \"auto\" here)")
-      if type(node.default) == "function" then
-        ctx.deferred[#ctx.deferred + 1] = { parent = parent, name = name, fn = node.default }
-        return nil
-      end
-      return deepcopy(node.default)
+      return default()
     end
     local _, what = check_leaf(node, {})
     add_error(ctx, '%s does not accept "auto"; it must be %s', p, what)
