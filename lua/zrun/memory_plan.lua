@@ -141,6 +141,13 @@ function M.plan(o)
   local s = settings(o, cfg)
   local W, b = s.world_size, s.dtype_bytes
   local Wc = s.stage == 0 and 1 or W -- chunks per parameter (zero.c: stage 0 keeps W = 1)
+  -- stage 3 in one process with the parameters on their device (zero.c: solo3): nothing to
+  -- gather, so the engine keeps every parameter resident and runs as stage 2's direct mode
+  -- (stage3_gather = true, or ZRUN_STAGE3_GATHER=1: the partitioned path even in one process)
+  local g3 = o.stage3_gather
+  if g3 == nil then g3 = (os.getenv("ZRUN_STAGE3_GATHER") or "0"):match("^0?$") == nil end
+  local stage = (s.stage == 3 and Wc == 1 and not s.offload_param and (not s.offload_optimizer or s.device == "cpu")
+    and not g3) and 2 or s.stage
   local S, max_c, maxn, maxn2 = 0, 0, 0, 0
   for _, p in ipairs(list) do
     local c = ceil(p.numel / Wc)
@@ -159,9 +166,9 @@ function M.plan(o)
   opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
-  local direct = Wc == 1 and s.stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing
-  if s.stage <= 1 and not direct then dev.grads = dev.grads + total * s.grad_bytes end -- full .grad per parameter
-  if s.stage <= 2 then
+  local direct = Wc == 1 and stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing
+  if stage <= 1 and not direct then dev.grads = dev.grads + total * s.grad_bytes end -- full .grad per parameter
+  if stage <= 2 then
     dev.params = total * b
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
@@ -180,10 +187,10 @@ function M.plan(o)
   -- overlap_comm keeps a second buffer set so a bucket can be reduced while the next one fills
   if s.overlap_comm and Wc > 1 and not direct then dev.comm = dev.comm * 2 end
   local comm_tr = 0
-  if Wc > 1 and s.stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
+  if Wc > 1 and stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
   -- stage 3 all-gathers straight into the parameters' storage (counted as params); with
   -- offload_param the host shard's slice is staged on the device first
-  if s.stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
+  if stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
   dev.comm = dev.comm + comm_tr
   if s.offload_optimizer and not direct then
     -- zero/offload.c: a pinned staging bucket for gradients that are added to the partition (all
@@ -191,7 +198,7 @@ function M.plan(o)
     host.comm = cap * 4
     -- the new 16-bit weights are written into a pinned host buffer and uploaded from there (one
     -- world: into each parameter; stage 3: into the device shard)
-    if (s.stage < 3 and Wc == 1) or (s.stage == 3 and not s.offload_param) then host.params = host.params + S * b end
+    if (stage < 3 and Wc == 1) or (stage == 3 and not s.offload_param) then host.params = host.params + S * b end
   end
 
   -- activations
@@ -199,7 +206,7 @@ function M.plan(o)
   local act
   if fam ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
-      stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
+      stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace })
@@ -209,7 +216,7 @@ function M.plan(o)
   else
     notes[#notes + 1] = "activations are modelled for the Llama family only; gpt2 shows model states"
   end
-  if s.stage == 3 then
+  if stage == 3 then
     -- ZeRO-3 gathers a module's parameters (full size, 16-bit, on the device) for its forward and
     -- again for its backward, and releases them after; saved weights are the parameters
     -- themselves, so nothing pins a released copy. The embedding (its input needs no gradient)
@@ -242,11 +249,11 @@ function M.plan(o)
   -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
   -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
   local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
-    grads = (s.stage <= 1 and not direct and total * s.grad_bytes or 0) + (s.offload_optimizer and 0 or S * s.grad_bytes),
+    grads = (stage <= 1 and not direct and total * s.grad_bytes or 0) + (s.offload_optimizer and 0 or S * s.grad_bytes),
     optimizer = s.offload_optimizer and 0 or 3 * S * 4, comm = dev.comm - comm_tr }
-  if s.stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
+  if stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
   setup.total = setup.params + setup.grads + setup.optimizer + setup.comm
-  if s.stage == 3 then
+  if stage == 3 then
     notes[#notes + 1] = fmt("stage 3: the model is built whole before zr.initialize partitions it; that setup " ..
       "peak is %s per rank (the whole model in %s%s, and the states)", human(setup.total), s.dtype,
       s.offload_param and "" or ", its shard")

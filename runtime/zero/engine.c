@@ -285,6 +285,14 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             z->grad_dtype == ZR_BF16 ? "bf16" : "fp16",
             cfg->offload_optimizer ? "offload_optimizer" : "a CPU run");
     }
+    /* Stage 3 in one process with the parameters on their device: the shard would be the whole
+     * model, so gathering and releasing would only copy it back and forth (and keep it twice).
+     * The engine runs in direct mode instead and every parameter stays resident.
+     * ZRUN_STAGE3_GATHER=1 keeps the partitioned path (gather, release, prefetch) in one process,
+     * to see what a rank of a multi-rank run does (the memory tests use it). */
+    const char *g3 = getenv("ZRUN_STAGE3_GATHER");
+    const int solo3 = cfg->stage == 3 && z->chunks == 1 && !cfg->offload_param &&
+                      zr_device_eq(z->opt_dev, z->dev) && !(g3 && *g3 && strcmp(g3, "0") != 0);
     for (int i = 0; i < n; i++) {
         zr_tensor *p = params[i];
         char b[192];
@@ -307,7 +315,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         memcpy(q->shape, p->shape, sizeof q->shape);
         q->wd = wd ? wd[i] : 0;
         q->gathered = 1;
-        q->persistent = cfg->stage == 3 && q->numel < cfg->persistence_threshold;
+        q->persistent = cfg->stage == 3 && (q->numel < cfg->persistence_threshold || solo3);
         if (!q->persistent) z->live += q->numel;
         z->part_numel += q->chunk;
         if (q->chunk > z->max_chunk) z->max_chunk = q->chunk;
@@ -340,7 +348,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                        valid_len(q->numel, q->chunk, r)))
             goto fail;
     }
-    z->direct = z->chunks == 1 && cfg->stage <= 2 && zr_device_eq(z->opt_dev, z->dev);
+    z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && zr_device_eq(z->opt_dev, z->dev);
     if (z->direct && attach_direct(z)) goto fail;
     z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
     if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
@@ -395,7 +403,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             if (!q->p->grad) goto fail;
         }
     }
-    if (cfg->stage == 3) {
+    if (cfg->stage == 3 && !z->direct) {
         zr_device sdev = cfg->offload_param ? zr_cpu() : z->dev;
         z->pshard = new_buf(z->param_dtype, sdev, z->part_numel, ZR_MEM_PARAMS);
         if (!z->pshard) goto fail;
@@ -694,6 +702,7 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
 }
 
 static zr_status regather_persistent(zr_zero *z) {
+    if (z->direct) return ZR_OK; /* the parameters are views into pflat: nothing was released */
     for (int i = 0; i < z->nparams;
          i++) { /* persistent parameters stay whole: gather them afresh */
         if (!z->params[i].persistent) continue;
@@ -711,10 +720,10 @@ static zr_status host_weights_out(zr_zero *z, void **out) {
     *out = NULL;
     if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16)
         return ZR_OK; /* f64: generic copies */
-    if (z->cfg.stage == 3 && zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
+    if (z->direct) *out = zr_tensor_data(z->pflat);
+    else if (z->cfg.stage == 3 && zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
     else if (z->cfg.stage < 3 && z->chunks > 1)
         return ZR_OK;
-    else if (z->direct) *out = zr_tensor_data(z->pflat);
     else if (!(*out = zr_offload_weights16(z->host))) return ZR_ERR;
     return ZR_OK;
 }
@@ -722,7 +731,7 @@ static zr_status host_weights_out(zr_zero *z, void **out) {
 /* Whether host_weights_out's buffer has to go to the device (not when the parameters or the
  * stage-3 shard live on the host and were written in place). */
 static int uploads(const zr_zero *z) {
-    return z->cfg.stage == 3 ? !zr_is_cpu(z->pshard) : !z->direct;
+    return !z->direct && (z->cfg.stage < 3 || !zr_is_cpu(z->pshard));
 }
 
 /* Async H2D of parameters k0 .. k1-1 from the weights buffer: into the shard at stage 3, into
@@ -762,7 +771,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
             return host_weights_done(z);
         }
     }
-    if (z->cfg.stage == 3) {
+    if (z->cfg.stage == 3 && !z->direct) {
         ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->part_numel));
         return regather_persistent(z);
     }

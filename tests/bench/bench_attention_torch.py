@@ -1,5 +1,5 @@
 """PyTorch reference timing for tests/bench/bench_fused.cu's attention rows: causal GQA
-scaled_dot_product_attention (bf16, 32 query / 8 kv heads, head_dim 64, B=4, T=512 and 2048)
+scaled_dot_product_attention (bf16, 32 query / 8 kv heads, head_dim 64, B=4, T=512, 2048 and 8192)
 forward, backward and forward+backward, with CUDA events, median of 20 after 3 warm-ups.
 FLOPs as in bench_fused.cu: forward 4*B*Hq*T^2*Dh/2, backward 2.5x forward.
 Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py"""
@@ -53,7 +53,7 @@ def main():
     print("torch", torch.__version__, torch.cuda.get_device_name())
     print(f"{'torch SDPA (causal, gqa, bf16)':34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
           f"{'fwd TF/s':>8s} {'bwd TF/s':>8s} {'f+b TF/s':>8s}")
-    for T in (512, 2048):
+    for T in (512, 2048, 8192):
         for name, be in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
                          ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):

@@ -275,7 +275,7 @@ int main() {
     /* attention */
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", "attention (causal, bf16)", "fwd ms", "bwd ms",
            "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
-    for (int64_t T : {512, 2048}) {
+    for (int64_t T : {512, 2048, 8192}) {
         const int64_t B = 4, Hq = 32, Hkv = 8, Dh = 64;
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
         void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
