@@ -224,6 +224,10 @@ static int l_live_numel(lua_State *L) {
     return 1;
 }
 static int l_release_all(lua_State *L) { return ok_or_error(L, zr_zero_release_all(check_zero(L, 1))); }
+static int l_is_resident(lua_State *L) {
+    lua_pushboolean(L, zr_zero_is_resident(check_zero(L, 1)));
+    return 1;
+}
 static int l_is_gathered(lua_State *L) {
     lua_pushboolean(L, zr_zero_is_gathered(check_zero(L, 1), (int)luaL_checkinteger(L, 2) - 1));
     return 1;
@@ -287,7 +291,7 @@ static const luaL_Reg methods[] = {
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
     {"state", l_state}, {"gather", l_gather}, {"release", l_release},
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
-    {"is_gathered", l_is_gathered}, {"boundary", l_boundary}, {NULL, NULL}};
+    {"is_gathered", l_is_gathered}, {"is_resident", l_is_resident}, {"boundary", l_boundary}, {NULL, NULL}};
 
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {NULL, NULL}};
 

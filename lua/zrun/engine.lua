@@ -193,7 +193,8 @@ function M.initialize(opts)
       min_scale = f.min_loss_scale, good = 0 }
   end
 
-  if stage == 3 then self:install_zero3_hooks() end
+  -- stage 3 in one process keeps every parameter resident (nothing to gather): no module hooks
+  if stage == 3 and not self.zero:is_resident() then self:install_zero3_hooks() end
 
   -- DeepSpeed's monitors (tensorboard, csv_monitor) on rank 0: events at every optimizer step
   self.monitor = require("zrun.monitor").from_config(cfg, rank)

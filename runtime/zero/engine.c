@@ -929,6 +929,7 @@ int zr_zero_is_gathered(const zr_zero *z, int i) {
     return z->params[i].gathered;
 }
 int64_t zr_zero_live_numel(const zr_zero *z) { return z->live; }
+int zr_zero_is_resident(const zr_zero *z) { return z->cfg.stage == 3 && z->direct; }
 
 static zr_status check_index(const zr_zero *z, int i) {
     if (i < 0 || i >= z->nparams)

@@ -81,6 +81,9 @@ zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget);
 int64_t zr_zero_live_numel(const zr_zero *z);
 zr_status zr_zero_release(zr_zero *z, int n, const int *idx);
 zr_status zr_zero_release_all(zr_zero *z);
+/* 1 when stage 3 runs with every parameter resident (one process, parameters on their device:
+ * nothing to gather); gather/prefetch/release are then no-ops. */
+int zr_zero_is_resident(const zr_zero *z);
 int zr_zero_is_gathered(const zr_zero *z, int i);
 
 #endif
