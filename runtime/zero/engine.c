@@ -242,37 +242,6 @@ static zr_status attach_direct(zr_zero *z) {
     return ZR_OK;
 }
 
-/* Optimizer offload: where the gradient partition lives (z->grads_dev). ZRUN_OFFLOAD_GRADS=device
- * or host forces it; otherwise the device when it is a GPU and the partition (S elements of
- * grad_dtype) takes at most half of the GPU's free memory now (the rest is left for
- * activations), else the host. A CPU run keeps host gradients unless forced (tests use that to
- * run the device mode's pipeline with memcpy). */
-static zr_status choose_grads_place(zr_zero *z, const zr_zero_config *cfg, int n, zr_tensor *const *params) {
-    z->grads_dev = 0;
-    if (!cfg->offload_optimizer) return ZR_OK;
-    const char *e = getenv("ZRUN_OFFLOAD_GRADS");
-    if (e && *e) {
-        if (strcmp(e, "device") && strcmp(e, "host"))
-            return zr_error("ZRUN_OFFLOAD_GRADS must be \"device\" (gradients accumulate on the GPU until the step) "
-                            "or \"host\" (they leave bucket by bucket during backward), got \"%s\"; unset it to "
-                            "choose by free GPU memory", e);
-        z->grads_dev = strcmp(e, "device") == 0;
-        return ZR_OK;
-    }
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type != ZR_CUDA) return ZR_OK;
-    int64_t S = 0;
-    for (int i = 0; i < n; i++) S += (zr_tensor_numel(params[i]) + z->chunks - 1) / z->chunks;
-    zr_cuda_mem_stats ms;
-    zr_cuda_mem_get_stats(z->dev.index, &ms);
-    int64_t avail = ms.device_free + ms.cached;
-    z->grads_dev = ms.device_total > 0 && S * (int64_t)zr_dtype_size(z->grad_dtype) <= avail / 2;
-#else
-    (void)n, (void)params;
-#endif
-    return ZR_OK;
-}
-
 zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params, const double *wd) {
     if (cfg->stage < 0 || cfg->stage > 3)
         return zr_error_null("zero_optimization.stage must be 0, 1, 2 or 3, got %d", cfg->stage);
@@ -314,18 +283,18 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             "ZeRO: data_types.grad_accum_dtype must be fp32, bf16 or fp16 (got %s)",
             zr_dtype_name(z->grad_dtype));
     }
-    if (choose_grads_place(z, cfg, n, params)) {
-        zr_zero_free(z);
-        return NULL;
-    }
+    z->grads_dev = cfg->offload_optimizer && cfg->offload_grads_on_device;
     if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev) {
+        const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
-        return zr_error_null(
-            "ZeRO: data_types.grad_accum_dtype=%s needs the gradient partition on a GPU; here it "
-            "is on the host (%s): remove grad_accum_dtype (fp32 gradients), keep the optimizer on the "
-            "GPU, or keep offloaded gradients on the GPU (ZRUN_OFFLOAD_GRADS=device)",
-            z->grad_dtype == ZR_BF16 ? "bf16" : "fp16",
-            cfg->offload_optimizer ? "offload_optimizer with host gradients" : "a CPU run");
+        if (cfg->offload_optimizer)
+            return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the gradient partition on the GPU; with "
+                                 "offload_optimizer it goes to the host here (not enough free GPU memory, or "
+                                 "ZRUN_OFFLOAD_GRADS=host): remove grad_accum_dtype (fp32 gradients) or set "
+                                 "ZRUN_OFFLOAD_GRADS=device", dt);
+        return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
+                             "are on the host (a CPU run): remove grad_accum_dtype (fp32 gradients) or keep the "
+                             "optimizer on the GPU", dt);
     }
     for (int i = 0; i < n; i++) {
         zr_tensor *p = params[i];
