@@ -46,18 +46,7 @@ local function train(place, dt)
   } })
   engine_mod.offload_grads_place = saved
   if dt ~= "none" then T.eq(engine.offload_grads, place, "the engine's gradient place") end
-  local losses = {}
-  for s = 1, STEPS do
-    local tot = 0
-    for m = 1, gas do
-      local ids = batch(s, m)
-      local loss = engine(ids, ids).loss
-      tot = tot + loss:item()
-      engine:backward(loss)
-      engine:step()
-    end
-    losses[s] = tot / gas
-  end
+  local losses = T.train_steps(engine, batch, 1, STEPS, gas)
   local ps = {}
   for i, p in ipairs(engine:gather_parameters()) do ps[i] = p:clone() end
   return losses, ps
