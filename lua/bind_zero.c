@@ -65,6 +65,7 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
 
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
+ *           offload_grads_on_device= (offload_optimizer: gradients on the GPU until the step),
  *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
  *           names= (a name per parameter, for collective messages), optimizer= (nil: "adamw"),
  *           momentum= (SGD), initial_accumulator_value= (Adagrad)}, {params...}, {weight_decay...}) */
@@ -77,6 +78,7 @@ static int l_new(lua_State *L) {
     c.allgather_bucket_size = (int64_t)required_num(L, 1, "allgather_bucket_size");
     c.offload_optimizer = zr_l_boolfield(L, 1, "offload_optimizer");
     c.offload_param = zr_l_boolfield(L, 1, "offload_param");
+    c.offload_grads_on_device = zr_l_boolfield(L, 1, "offload_grads_on_device");
     c.persistence_threshold = (int64_t)required_num(L, 1, "persistence_threshold");
     c.pin_memory = zr_l_boolfield(L, 1, "pin_memory");
     c.overlap_comm = zr_l_boolfield(L, 1, "overlap_comm");

@@ -50,7 +50,23 @@ CLONES static double sumsq_chunk(const float *restrict x, int64_t n) {
     return s;
 }
 
-double offload_sumsq_cpu(const float *x, int64_t n) {
+/* bf16/f16: widened a block at a time (as AdamW reads them), then the f32 loop. */
+static void widen_bf16(float *restrict d, const uint16_t *restrict s, int64_t n);
+static void widen_f16(float *restrict d, const uint16_t *restrict s, int64_t n);
+static double sumsq_any(const void *x, zr_dtype dt, int64_t n) {
+    if (dt == ZR_F32) return sumsq_chunk(x, n);
+    float buf[2048];
+    double s = 0;
+    for (int64_t b = 0; b < n; b += 2048) {
+        int64_t k = n - b < 2048 ? n - b : 2048;
+        if (dt == ZR_BF16) widen_bf16(buf, (const uint16_t *)x + b, k);
+        else widen_f16(buf, (const uint16_t *)x + b, k);
+        s += sumsq_chunk(buf, k);
+    }
+    return s;
+}
+
+double offload_sumsq_cpu(const void *x, zr_dtype dt, int64_t n) {
     double part[MAX_THREADS];
     int T = omp_get_max_threads();
     if (T > MAX_THREADS) T = MAX_THREADS;
@@ -60,7 +76,7 @@ double offload_sumsq_cpu(const float *x, int64_t n) {
     {
         int64_t lo, hi;
         chunk_of(n, &lo, &hi);
-        part[omp_get_thread_num()] = sumsq_chunk(x + lo, hi - lo);
+        part[omp_get_thread_num()] = sumsq_any((const char *)x + (size_t)lo * zr_dtype_size(dt), dt, hi - lo);
     }
     double s = 0;
     for (int t = 0; t < T; t++) s += part[t]; /* fixed order: same bits for the same thread count */
@@ -128,8 +144,37 @@ static void adamw_chunk_any(float *p, float *m, float *v, const float *g, int64_
         }
 }
 
-void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const zr_adamw_config *c,
-                       int64_t step, double grad_scale, void *out, zr_dtype out_dt) {
+/* bf16/f16 gradients: widened a block at a time into an L1 buffer, then the f32 loop. */
+#define WIDEN_BLOCK 2048
+CLONES static void widen_bf16(float *restrict d, const uint16_t *restrict s, int64_t n) { /* exact */
+    for (int64_t i = 0; i < n; i++) d[i] = zr_bf16_to_f32(s[i]);
+}
+static void widen_f16(float *restrict d, const uint16_t *restrict s, int64_t n) {
+    int64_t i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+#endif
+    for (; i < n; i++) d[i] = zr_f16_to_f32(s[i]);
+}
+
+static void adamw_chunk_grad(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
+                             const offload_adamw_args *a, void *out, zr_dtype dt) {
+    if (g_dt == ZR_F32) {
+        adamw_chunk_any(p, m, v, g, n, a, out, dt);
+        return;
+    }
+    float buf[WIDEN_BLOCK];
+    size_t es = dt == ZR_F32 ? 4 : 2;
+    for (int64_t b = 0; b < n; b += WIDEN_BLOCK) {
+        int64_t k = n - b < WIDEN_BLOCK ? n - b : WIDEN_BLOCK;
+        if (g_dt == ZR_BF16) widen_bf16(buf, (const uint16_t *)g + b, k);
+        else widen_f16(buf, (const uint16_t *)g + b, k);
+        adamw_chunk_any(p + b, m + b, v + b, buf, k, a, out ? (char *)out + (size_t)b * es : NULL, dt);
+    }
+}
+
+void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
+                       const zr_adamw_config *c, int64_t step, double grad_scale, void *out, zr_dtype out_dt) {
     double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
     offload_adamw_args args = {(float)grad_scale, (float)(1 - c->lr * c->weight_decay), (float)(1 - c->beta1),
                                (float)c->beta2, (float)(1 - c->beta2), (float)c->eps, (float)(c->lr / bc1),
@@ -141,8 +186,8 @@ void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, 
         int64_t lo, hi;
         chunk_of(n, &lo, &hi);
         if (hi > lo)
-            adamw_chunk_any(p + lo, m + lo, v + lo, g + lo, hi - lo, a, out ? (char *)out + (size_t)lo * es : NULL,
-                            out_dt);
+            adamw_chunk_grad(p + lo, m + lo, v + lo, (const char *)g + (size_t)lo * zr_dtype_size(g_dt), g_dt,
+                             hi - lo, a, out ? (char *)out + (size_t)lo * es : NULL, out_dt);
     }
 }
 

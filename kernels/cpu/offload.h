@@ -11,16 +11,18 @@
 #include "../base/adamw.h"
 #include "../base/dtype.h"
 
-/* sum of x[i]^2 over n floats, accumulated in double (per thread, then added in thread order). */
-double offload_sumsq_cpu(const float *x, int64_t n);
+/* sum of x[i]^2 over n elements (dt: f32, bf16 or f16, widened exactly), accumulated in double
+ * (per thread, then added in thread order). */
+double offload_sumsq_cpu(const void *x, zr_dtype dt, int64_t n);
 
-/* AdamW step t (from 1) over n elements: p, m, v, g f32 (n), updated in place (g is only read):
+/* AdamW step t (from 1) over n elements: p, m, v f32 (n), updated in place; g (n) f32, bf16 or
+ * f16 (g_dt, widened to f32 exactly) is only read:
  *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
  *   p = p * (1 - lr*wd) - lr / (1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
  * with the scalars computed in double and rounded to f32 once, as kernels/cpu/optim.c does. When
  * out is not NULL it receives the new weights as out_dt (ZR_F32, ZR_BF16 or ZR_F16; n elements). */
-void offload_adamw_cpu(float *p, float *m, float *v, const float *g, int64_t n, const zr_adamw_config *c,
-                       int64_t step, double grad_scale, void *out, zr_dtype out_dt);
+void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
+                       const zr_adamw_config *c, int64_t step, double grad_scale, void *out, zr_dtype out_dt);
 
 /* Lion, Adagrad or SGD (c->kind; AdamW has offload_adamw_cpu) over nsegs segments of the flat
  * partition, each with its own lr and weight decay (the config supplies the rest); step t from 1:

@@ -155,19 +155,29 @@ function M.initialize(opts)
   if W > 1 and params[1] and params[1]:device():match("^cuda") then
     M.check_gpus_per_node(dist.local_size(), C.cuda.device_count(), params[1]:device())
   end
+  local S = M.partition_numel(params, W, stage)
+  local gbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[M.grad_accum_dtype(cfg) or "f32"]
+  if self.offload_optimizer then self.offload_grads = M.offload_grads_place(S, gbytes, self.device) end
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
-    M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op))
+    M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
+      self.offload_grads ~= "device")
   end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
-    offload_param = self.offload_param, persistence_threshold = zc.stage3_param_persistence_threshold,
+    offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
+    persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
     optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
     params, wds)
+  if self.offload_optimizer then
+    dist.print0(fmt("[zrun] offload_optimizer: AdamW on the host, %s; ZRUN_OFFLOAD_GRADS=%s to change",
+      self.offload_grads == "device" and fmt("gradients accumulate on %s until the step", self.device) or
+      "gradients go to the host bucket by bucket during backward", self.offload_grads == "device" and "host" or "device"))
+  end
   self.prefetch_budget = zc.stage3_prefetch_bucket_size
   self.max_reuse_distance = zc.stage3_max_reuse_distance
   self.max_live_parameters = zc.stage3_max_live_parameters
@@ -247,21 +257,47 @@ function M.memlock_limit(path)
   return lim
 end
 
--- Before offloading, checks that this node's free RAM holds what every local rank will put there:
--- fp32 master, the optimizer's states (AdamW exp_avg and exp_avg_sq; `states`, default 2) and reduced
--- gradients (16 bytes per partition element with AdamW) and,
--- with offload_param, the 16-bit parameter shard. Stops with the numbers instead of being killed.
--- With pin_memory, also the page-locked part against the locked-memory limit.
-function M.check_host_memory(params, W, stage, offload_param, pin_memory, states)
-  states = states or 2
-  local S, bytes = 0, 0
-  local Wc = stage == 0 and 1 or W
-  for _, p in ipairs(params) do
-    local c = math.ceil(p:numel() / Wc)
-    S = S + c
-    if offload_param then bytes = bytes + c * 2 end
+-- Elements of one rank's partition: every parameter's chunk (ceil(numel / W); whole at stage 0).
+function M.partition_numel(params, W, stage)
+  local S, Wc = 0, stage == 0 and 1 or W
+  for _, p in ipairs(params) do S = S + math.ceil(p:numel() / Wc) end
+  return S
+end
+
+-- Optimizer offload: where the gradient partition (S elements of `grad_bytes`) accumulates
+-- (runtime/zero/offload.h): "device" (on the GPU until the step, as without offload) or "host"
+-- (bucket by bucket to the host during backward). ZRUN_OFFLOAD_GRADS forces it; unset: the device
+-- when it is a GPU and the partition takes at most half of its free memory now (the rest is left
+-- for activations), else the host.
+function M.offload_grads_place(S, grad_bytes, device)
+  local e = os.getenv("ZRUN_OFFLOAD_GRADS")
+  if e and e ~= "" then
+    if e ~= "device" and e ~= "host" then
+      error(fmt('ZRUN_OFFLOAD_GRADS must be "device" (gradients accumulate on the GPU until the step) or ' ..
+        '"host" (they leave bucket by bucket during backward), got "%s"; unset it to choose by free GPU memory', e), 0)
+    end
+    return e
   end
-  bytes = bytes + (8 + 4 * states) * S
+  local idx = tostring(device):match("^cuda:?(%d*)$")
+  if not idx or not C.cuda then return "host" end
+  local m = C.cuda.memory_summary(tonumber(idx) or 0)
+  if (m.device_total or 0) == 0 then return "host" end
+  return S * grad_bytes <= (m.device_free + m.cached) / 2 and "device" or "host"
+end
+
+-- Before offloading, checks that this node's free RAM holds what every local rank will put there:
+-- fp32 master, the optimizer's states (AdamW exp_avg and exp_avg_sq; `states`, default 2), the
+-- fp32 gradients when they go to the host (host_grads; 16 bytes per partition element with AdamW,
+-- 12 without host gradients), the step pipeline's ring (3 slots of up to 16M elements, 6 bytes
+-- each) and, with offload_param, the 16-bit parameter shard. Stops with the numbers instead of
+-- being killed. With pin_memory, also the page-locked part against the locked-memory limit.
+function M.check_host_memory(params, W, stage, offload_param, pin_memory, states, host_grads)
+  states = states or 2
+  if host_grads == nil then host_grads = true end
+  local S = M.partition_numel(params, W, stage)
+  local ring = 3 * math.min(S, tonumber(os.getenv("ZRUN_OFFLOAD_CHUNK") or "") or 2 ^ 24) * 6
+  local locked = (4 + 4 * states + (host_grads and 4 or 0)) * S + ring -- master, states, gradients, ring
+  local bytes = locked + (offload_param and 2 * S or 0)
   local local_ranks = dist.local_size()
   local need = bytes * local_ranks
   local f = io.open("/proc/meminfo")
@@ -280,13 +316,12 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
       h(need), h(bytes), local_ranks, offload_param and ", 16-bit parameter shards" or "", h(avail)), 0)
   end
   local lim = pin_memory and M.memlock_limit(M.limits_file)
-  local locked = (10 + 4 * states) * S -- master, states, gradients, the 16-bit weights going back
   if lim and locked > lim then
     local h = zr.memory.human
     error(fmt("offload_optimizer.pin_memory page-locks %s per rank (fp32 master weights, optimizer states, " ..
-      "gradients and the 16-bit weights going back) but the locked-memory limit (ulimit -l) is %s. Raise it before starting (`ulimit -l " ..
+      "%sthe step pipeline's ring) but the locked-memory limit (ulimit -l) is %s. Raise it before starting (`ulimit -l " ..
       "unlimited`; in Docker `--ulimit memlock=-1`; for a user `memlock` in /etc/security/limits.conf) or set " ..
-      "\"pin_memory\": false (slower host-device copies).", h(locked), h(lim)), 0)
+      "\"pin_memory\": false (slower host-device copies).", h(locked), host_grads and "gradients and " or "", h(lim)), 0)
   end
 end
 

@@ -30,6 +30,31 @@ function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 -- Exits non-zero when any test failed (call at the end of a test file).
 function M.done() if n_fail > 0 then os.exit(1) end end
 
+-- Trains `engine` (zr.initialize's) for optimizer steps from..to, gas micro-batches each;
+-- batch(step, micro) gives input ids that are also the labels. Returns each step's mean loss over
+-- its micro-batches, averaged over the ranks too when avg_ranks.
+function M.train_steps(engine, batch, from, to, gas, avg_ranks)
+  local losses = {}
+  for s = from, to do
+    local tot = 0
+    for m = 1, gas do
+      local ids = batch(s, m)
+      local loss = engine(ids, ids).loss
+      tot = tot + loss:item()
+      engine:backward(loss)
+      engine:step()
+    end
+    local l = tot / gas
+    if avg_ranks then
+      local t = require("zrun").tensor({ l }, { dtype = "f64" })
+      require("zrun.dist").all_reduce(t, "avg")
+      l = t:item()
+    end
+    losses[#losses + 1] = l
+  end
+  return losses
+end
+
 local function flat(x)
   if C.is_tensor(x) then return x:flat_table() end
   if type(x) == "number" then return { x } end

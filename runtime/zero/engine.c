@@ -68,7 +68,10 @@ struct zr_zero {
     int direct;
     zr_tensor *pflat;
     int pinned; /* how many host partitions are page-locked */
-    zr_offload *host; /* master on the host: gradient intake, fused CPU passes, weights back */
+    zr_offload *host; /* master on the host: gradient intake, the step's chunk pipeline */
+    /* optimizer offload with the gradient partition on the parameters' device (offload.h's device
+     * mode): gpart is reduced into as without offload and zr_offload_run fetches it chunk by chunk */
+    int grads_dev;
     /* overlap_comm (chunks > 1, bucketed modes): a second buffer set, and the bucket whose
      * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
     zr_tensor *send2, *compact2, *recv2;
@@ -88,9 +91,13 @@ static int64_t valid_len(int64_t n, int64_t c, int r) {
 
 /* The parameter holding partition element `off` (direct mode: one chunk per parameter). */
 static int param_at(const zr_zero *z, int64_t off) {
-    int i = 0;
-    while (i + 1 < z->nparams && z->params[i + 1].offset <= off) i++;
-    return i;
+    int lo = 0, hi = z->nparams - 1; /* the last parameter starting at or before off */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (z->params[mid].offset <= off) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
 }
 
 /* Names parameters a..b (indices) in the next collective's timeout and debug messages. */
@@ -177,7 +184,7 @@ static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < 4; k++) {
-        if (!ts[k]) { /* a state this optimizer does not keep */
+        if (!ts[k] || !zr_is_cpu(ts[k])) { /* a state this optimizer does not keep; device gradients */
             z->pinned = k + 1;
             continue;
         }
@@ -195,7 +202,7 @@ static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < z->pinned; k++)
-        if (ts[k]) cudaHostUnregister(ts[k]->storage->data);
+        if (ts[k] && zr_is_cpu(ts[k])) cudaHostUnregister(ts[k]->storage->data);
 #endif
     z->pinned = 0;
 }
@@ -276,14 +283,18 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             "ZeRO: data_types.grad_accum_dtype must be fp32, bf16 or fp16 (got %s)",
             zr_dtype_name(z->grad_dtype));
     }
-    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA) {
+    z->grads_dev = cfg->offload_optimizer && cfg->offload_grads_on_device;
+    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev) {
+        const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
-        return zr_error_null(
-            "ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
-            "are on the host (%s): remove grad_accum_dtype (fp32 gradients) or keep the "
-            "optimizer on the GPU",
-            z->grad_dtype == ZR_BF16 ? "bf16" : "fp16",
-            cfg->offload_optimizer ? "offload_optimizer" : "a CPU run");
+        if (cfg->offload_optimizer)
+            return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the gradient partition on the GPU; with "
+                                 "offload_optimizer it goes to the host here (not enough free GPU memory, or "
+                                 "ZRUN_OFFLOAD_GRADS=host): remove grad_accum_dtype (fp32 gradients) or set "
+                                 "ZRUN_OFFLOAD_GRADS=device", dt);
+        return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
+                             "are on the host (a CPU run): remove grad_accum_dtype (fp32 gradients) or keep the "
+                             "optimizer on the GPU", dt);
     }
     /* Stage 3 in one process with the parameters on their device: the shard would be the whole
      * model, so gathering and releasing would only copy it back and forth (and keep it twice).
@@ -335,7 +346,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->nstates = zr_optim_states(cfg->optimizer, cfg->momentum);
     if (z->nstates >= 1) z->m = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
     if (z->nstates >= 2) z->v = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
-    z->gpart = new_buf(z->grad_dtype, z->opt_dev, z->part_numel, ZR_MEM_GRADS);
+    z->gpart = new_buf(z->grad_dtype, z->grads_dev ? z->dev : z->opt_dev, z->part_numel, ZR_MEM_GRADS);
     if (!z->master || (z->nstates >= 1 && !z->m) || (z->nstates >= 2 && !z->v) || !z->gpart) goto fail;
     if (cfg->optimizer == ZR_OPTIM_ADAGRAD && cfg->initial_accumulator_value != 0 &&
         zr_tensor_fill_(z->m, cfg->initial_accumulator_value))
@@ -348,7 +359,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                        valid_len(q->numel, q->chunk, r)))
             goto fail;
     }
-    z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && zr_device_eq(z->opt_dev, z->dev);
+    z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && zr_device_eq(z->opt_dev, z->dev) && !z->grads_dev;
     if (z->direct && attach_direct(z)) goto fail;
     z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
     if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
@@ -363,8 +374,8 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             segs[i] =
                 (zr_offload_segment){z->params[i].offset, z->params[i].chunk, z->params[i].wd};
         /* direct mode: gpart holds the parameters' .grad views, so it is zeroed for real */
-        z->host = zr_offload_new(z->gpart, z->dev, z->param_dtype, n, segs, z->bucket_cap,
-                                 z->pinned == 4, !z->direct);
+        z->host = zr_offload_new(z->part_numel, z->grads_dev ? NULL : z->gpart, z->dev, z->param_dtype, n, segs,
+                                 z->bucket_cap, z->pinned == 4, !z->direct);
         free(segs);
         if (!z->host) goto fail;
     }
@@ -477,7 +488,7 @@ int zr_zero_num_states(const zr_zero *z) {
 }
 zr_tensor *zr_zero_state(zr_zero *z, int which) {
     if (which == 3 && flush_stale(z)) return NULL;
-    if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges */
+    if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges (host mode) */
     zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
     return zr_tensor_retain(t);
 }
@@ -681,7 +692,7 @@ static zr_status local_sumsq(zr_zero *z, double *out) {
     }
 #endif
     /* host partition: one parallel read in double (waits for gradient copies still in flight) */
-    return zr_offload_sumsq(z->host, out);
+    return z->grads_dev ? zr_offload_sumsq_tensor(z->gpart, out) : zr_offload_sumsq(z->host, out);
 }
 
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
@@ -712,64 +723,79 @@ static zr_status regather_persistent(zr_zero *z) {
     return ZR_OK;
 }
 
-/* Master on the host: where the new weights (param_dtype, part_numel elements in partition layout)
- * are written by the CPU pass: the parameters' flat buffer (direct mode on the CPU), a host shard
- * (stage 3), or the pinned host buffer that is then uploaded. NULL when they travel by all-gather
- * instead (stages 1–2 over several ranks). */
-static zr_status host_weights_out(zr_zero *z, void **out) {
+/* An optimizer state's data, or NULL where the optimizer does not keep that state. */
+static float *state_data(zr_tensor *t) {
+    return t ? (float *)zr_tensor_data(t) : NULL;
+}
+
+/* Master on the host: where the new weights (param_dtype, partition layout) go. *out: a host
+ * buffer written in place (the parameters' flat buffer in direct mode, the host shard at stage 3
+ * with offload_param). *sink: uploaded chunk by chunk from the pipeline's ring (one rank's whole
+ * parameters at stages 0–2, the device shard at stage 3). Neither: they travel by all-gather from
+ * master (stages 1–2 over several ranks) or by generic copies (f64). */
+static void weights_target(zr_zero *z, void **out, int *sink) {
     *out = NULL;
-    if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16)
-        return ZR_OK; /* f64: generic copies */
-    if (z->direct) *out = zr_tensor_data(z->pflat);
-    else if (z->cfg.stage == 3 && zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
-    else if (z->cfg.stage < 3 && z->chunks > 1)
-        return ZR_OK;
-    else if (!(*out = zr_offload_weights16(z->host))) return ZR_ERR;
+    *sink = 0;
+    if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16) return;
+    if (z->direct) { /* the parameters' flat buffer (also stage 3 in one process) */
+        *out = zr_tensor_data(z->pflat);
+    } else if (z->cfg.stage == 3) {
+        if (zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
+        else *sink = 1;
+    } else if (z->chunks == 1) {
+        if (z->direct) *out = zr_tensor_data(z->pflat);
+        else *sink = 1;
+    }
+}
+
+/* The pipeline's sink: partition elements [a, a+n) (w: their new weights, host) into the device
+ * shard (stage 3) or into the parameters they belong to (one chunk per parameter: partition
+ * offsets are parameter offsets). Async H2D on the offload upload stream. */
+static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, const void *w) {
+    zr_zero *z = ctx;
+    if (z->cfg.stage == 3) {
+        zr_tensor *dst = flat_range(z->pshard, a, n);
+        zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
+        zr_tensor_release(dst);
+        return st;
+    }
+    size_t es = zr_dtype_size(z->param_dtype);
+    for (int i = param_at(z, a); i < z->nparams && z->params[i].offset < a + n; i++) {
+        zparam *q = &z->params[i];
+        int64_t lo = q->offset > a ? q->offset : a, hi = q->offset + q->numel < a + n ? q->offset + q->numel : a + n;
+        if (hi <= lo) continue;
+        zr_tensor *dst = flat_range(q->p, lo - q->offset, hi - lo);
+        zr_status st = dst ? zr_offload_put(o, dst, (const char *)w + (size_t)(lo - a) * es, hi - lo) : ZR_ERR;
+        zr_tensor_release(dst);
+        ZR_CHECK(st);
+    }
     return ZR_OK;
 }
 
-/* Whether host_weights_out's buffer has to go to the device (not when the parameters or the
- * stage-3 shard live on the host and were written in place). */
-static int uploads(const zr_zero *z) {
-    return !z->direct && (z->cfg.stage < 3 || !zr_is_cpu(z->pshard));
-}
-
-/* Async H2D of parameters k0 .. k1-1 from the weights buffer: into the shard at stage 3, into
- * each parameter otherwise. */
-static zr_status upload_params(zr_zero *z, int k0, int k1) {
-    if (z->cfg.stage < 3) {
-        for (int i = k0; i < k1; i++)
-            ZR_CHECK(zr_offload_upload(z->host, z->params[i].p, z->params[i].offset,
-                                       z->params[i].numel));
-        return ZR_OK;
-    }
-    int64_t a = z->params[k0].offset, b = k1 < z->nparams ? z->params[k1].offset : z->part_numel;
-    zr_tensor *dst = flat_range(z->pshard, a, b - a);
-    zr_status st = dst ? zr_offload_upload(z->host, dst, a, b - a) : ZR_ERR;
-    zr_tensor_release(dst);
-    return st;
-}
-
-/* After host_weights_out's buffer was written: the device gets it (async H2D that the compute
- * stream waits for). */
-static zr_status host_weights_done(zr_zero *z) {
-    if (uploads(z)) {
-        ZR_CHECK(upload_params(z, 0, z->nparams));
-        ZR_CHECK(zr_offload_upload_end(z->host));
-    }
-    return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+/* Master on the host: one pass of the offload pipeline over the whole partition (optimizer c, or
+ * NULL: only the weights from master), the new weights written in place or uploaded; then what
+ * follows them (stage-3 persistent parameters regathered, or the all-gather of stages 1–2). */
+static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
+                           const double *lr) {
+    void *out;
+    int sink;
+    weights_target(z, &out, &sink);
+    if (!c && !out && !sink) return ZR_OK;
+    zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
+                            state_data(z->v), grad_scale, step, c, lr, out, sink ? put_weights : NULL, z,
+                            0, z->part_numel};
+    ZR_CHECK(zr_offload_run(z->host, &pass));
+    if (out || sink) return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+    return zr_zero_refresh_params(z);
 }
 
 /* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
 zr_status zr_zero_refresh_params(zr_zero *z) {
-    if (z->host &&
-        (z->cfg.stage == 3 || z->chunks == 1)) { /* one parallel cast on the host, then upload */
+    if (z->host && (z->cfg.stage == 3 || z->chunks == 1)) { /* parallel casts on the host, uploaded */
         void *out;
-        ZR_CHECK(host_weights_out(z, &out));
-        if (out) {
-            ZR_CHECK(zr_offload_cast(z->host, out, zr_tensor_data(z->master)));
-            return host_weights_done(z);
-        }
+        int sink;
+        weights_target(z, &out, &sink);
+        if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
     }
     if (z->cfg.stage == 3 && !z->direct) {
         ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->part_numel));
@@ -814,11 +840,6 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     return st;
 }
 
-/* An optimizer state's data, or NULL where the optimizer does not keep that state. */
-static float *state_data(zr_tensor *t) {
-    return t ? (float *)zr_tensor_data(t) : NULL;
-}
-
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr) {
     ZR_CHECK(flush_stale(z));
@@ -861,32 +882,9 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
         return zr_no_cuda("ZeRO optimizer step");
 #endif
     }
-    /* master on the host: one fused pass scales the gradients, updates master and moments, and
-     * writes the new weights where the parameters read them, or into the buffer to upload */
-    void *out;
-    ZR_CHECK(host_weights_out(z, &out));
-    if (!out || !uploads(z)) {
-        ZR_CHECK(zr_offload_adamw(z->host, zr_tensor_data(z->master), state_data(z->m), state_data(z->v),
-                                  grad_scale, step, c, lr, out));
-        zr_status st = out ? host_weights_done(z) : zr_zero_refresh_params(z);
-        zr_offload_step_end(z->host);
-        return st;
-    }
-    /* the new weights go to the device while AdamW updates the next parameters: groups of about
-     * UPLOAD_GROUP elements, each uploaded (async, copy stream) as soon as it is written */
-    enum { UPLOAD_GROUP = 1 << 24 };
-    for (int k0 = 0; k0 < z->nparams;) {
-        int k1 = k0;
-        int64_t acc = 0;
-        while (k1 < z->nparams && (k1 == k0 || acc + z->params[k1].chunk <= UPLOAD_GROUP))
-            acc += z->params[k1++].chunk;
-        ZR_CHECK(zr_offload_adamw_range(z->host, k0, k1, zr_tensor_data(z->master), state_data(z->m),
-                                        state_data(z->v), grad_scale, step, c, lr, out));
-        ZR_CHECK(upload_params(z, k0, k1));
-        k0 = k1;
-    }
-    ZR_CHECK(zr_offload_upload_end(z->host));
-    zr_status st = z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+    /* master on the host: the offload pipeline (zero/offload.h) scales the gradients, updates
+     * master and moments chunk by chunk, and writes the new weights in place or uploads them */
+    zr_status st = host_pass(z, grad_scale, step, c, lr);
     zr_offload_step_end(z->host);
     return st;
 }
@@ -897,7 +895,7 @@ zr_status zr_zero_zero_grad(zr_zero *z) {
             z->params[i].p->grad_stale = 1;
         return ZR_OK;
     }
-    if (z->host) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill */
+    if (z->host && !z->grads_dev) ZR_CHECK(zr_offload_grad_zero(z->host)); /* lazily, or a parallel fill */
     else ZR_CHECK(zr_tensor_fill_(z->gpart, 0));
     for (int i = 0; i < z->nparams; i++) {
         zr_tensor *g = z->params[i].p->grad;

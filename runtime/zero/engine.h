@@ -22,6 +22,8 @@ typedef struct {
     int64_t allgather_bucket_size;
     int offload_optimizer; /* master weights, moments and reduced grads on the host */
     int offload_param;     /* stage 3: parameter partitions on the host */
+    int offload_grads_on_device; /* offload_optimizer: the gradient partition stays on the parameters'
+                                  * device until the step (zero/offload.h's device mode), else on the host */
     int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
     int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */

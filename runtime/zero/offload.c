@@ -1,7 +1,8 @@
-/* Host side of the ZeRO engine with the master partition on the CPU (see offload.h):
- * gradient intake from device buckets through a copy stream and pinned staging, lazy zeroing of
- * the gradient partition, the fused CPU passes, and the 16-bit weights sent back to the device.
- * The CUDA parts run only for parameters on a GPU; a CPU run uses the same bookkeeping. */
+/* Host side of the ZeRO engine with the master partition on the CPU (see offload.h for the
+ * design): gradient intake from device buckets through a copy stream and pinned staging, lazy
+ * zeroing of the host gradient partition, and the step's chunk pipeline (ring of pinned slots:
+ * D2H gradients, CPU optimizer, H2D weights). The CUDA parts run only for parameters on a GPU;
+ * a CPU run uses the same bookkeeping with memcpy. */
 #include "zero/offload.h"
 
 #include <math.h>
@@ -16,6 +17,8 @@
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
 #endif
+
+#define RING 3 /* pipeline slots: one landing, one being updated, one going back */
 
 /* A gradient copy parked in the staging buffer, to be added into gpart[goff : goff+len]. */
 typedef struct {
@@ -40,17 +43,22 @@ struct zr_offload {
     pending *pend;
     int npend, pend_cap;
     int64_t hiwater;  /* end (bytes) of the highest staging slot in use since the last drain */
-    zr_tensor *w16;   /* new weights as pdt (S), host; source of the uploads */
-    int w16_pinned;
+    /* the step's ring: RING slots of `chunk` elements; in: gradients (any dtype, f32-sized),
+     * out: new weights (pdt) */
+    int64_t chunk;
+    zr_tensor *ring_in, *ring_out;
+    int in_pinned, out_pinned;
+    const char *mode; /* "device" or "host" gradients (the engine's choice) */
 #ifdef ZR_HAVE_CUDA
-    cudaStream_t copy;               /* D2H gradients and H2D weights, beside the compute stream */
-    cudaEvent_t ready, d2h, h2d;     /* compute -> copy ordering; last D2H; last H2D */
-    int d2h_busy, h2d_busy, up_open; /* events recorded and not yet waited for; upload batch open */
+    cudaStream_t copy, up;       /* D2H gradients; H2D weights; both beside the compute stream */
+    cudaEvent_t ready, d2h, done; /* compute -> copy ordering; last gradient D2H; last upload */
+    cudaEvent_t fetched[RING], uploaded[RING]; /* per ring slot: its D2H landed; its H2D read it */
+    int d2h_busy, up_busy[RING];
 #endif
     /* ZRUN_OFFLOAD_PROFILE: host milliseconds since the last optimizer step */
     int profile;
-    double t_add, t_wait, t_accum, t_zero, t_norm, t_adam, t_back;
-    int64_t d2h_bytes, n_d2h, steps;
+    double t_add, t_wait, t_accum, t_zero, t_norm, t_fetch, t_adam, t_put, t_slot, t_up, t_step;
+    int64_t d2h_bytes, n_d2h, fetch_bytes, up_bytes, steps;
 };
 
 static zr_offload *registry;
@@ -92,10 +100,24 @@ static void host_buf_free(zr_tensor *t, int pinned) {
     zr_tensor_release(t);
 }
 
-zr_offload *zr_offload_new(zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n, const zr_offload_segment *segs,
-                           int64_t cap, int pinned, int lazy) {
-    if (!zr_is_cpu(gpart) || gpart->dtype != ZR_F32 || !zr_tensor_is_contiguous(gpart))
-        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32 host tensor");
+zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
+                           const zr_offload_segment *segs, int64_t cap, int pinned, int lazy) {
+    if (gpart && (!zr_is_cpu(gpart) || gpart->dtype != ZR_F32 || !zr_tensor_is_contiguous(gpart) ||
+                  zr_tensor_numel(gpart) != S))
+        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32 host tensor of %lld "
+                             "elements", (long long)S);
+    if (pdt != ZR_F32 && pdt != ZR_BF16 && pdt != ZR_F16)
+        return zr_error_null("ZeRO offload: parameters must be f32, bf16 or f16, got %s", zr_dtype_name(pdt));
+    int64_t chunk = 1 << 24;
+    const char *ce = getenv("ZRUN_OFFLOAD_CHUNK");
+    if (ce && *ce) {
+        char *end;
+        long long v = strtoll(ce, &end, 10);
+        if (*end || v < 1)
+            return zr_error_null("ZRUN_OFFLOAD_CHUNK must be a positive number of elements per offload pipeline "
+                                 "chunk, got \"%s\"; unset it for the default (16777216)", ce);
+        chunk = v;
+    }
     zr_offload *o = calloc(1, sizeof *o);
     if (!o) return zr_error_null("out of host memory");
     o->segs = malloc(sizeof *o->segs * (size_t)(n > 0 ? n : 1));
@@ -108,14 +130,16 @@ zr_offload *zr_offload_new(zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
     }
     memcpy(o->segs, segs, sizeof *o->segs * (size_t)n);
     o->n = n;
-    o->gpart = zr_tensor_retain(gpart);
-    o->g = zr_tensor_data(gpart);
-    o->S = zr_tensor_numel(gpart);
+    o->gpart = gpart ? zr_tensor_retain(gpart) : NULL;
+    o->g = gpart ? zr_tensor_data(gpart) : NULL;
+    o->S = S;
     o->cap = cap;
     o->dev = dev;
     o->pdt = pdt;
     o->pinned = pinned;
     o->lazy = lazy;
+    o->chunk = chunk < S ? chunk : S > 0 ? S : 1;
+    o->mode = gpart ? "host" : "device";
     const char *e = getenv("ZRUN_OFFLOAD_PROFILE");
     o->profile = e && *e && strcmp(e, "0") != 0;
     o->next = registry;
@@ -136,12 +160,21 @@ void zr_offload_free(zr_offload *o) {
         cudaStreamSynchronize(o->copy);
         cudaStreamDestroy(o->copy);
     }
+    if (o->up) {
+        cudaStreamSynchronize(o->up);
+        cudaStreamDestroy(o->up);
+    }
     zr_cuda_event_free(o->ready);
     zr_cuda_event_free(o->d2h);
-    zr_cuda_event_free(o->h2d);
+    zr_cuda_event_free(o->done);
+    for (int k = 0; k < RING; k++) {
+        zr_cuda_event_free(o->fetched[k]);
+        zr_cuda_event_free(o->uploaded[k]);
+    }
 #endif
     host_buf_free(o->stage, o->stage_pinned);
-    host_buf_free(o->w16, o->w16_pinned);
+    host_buf_free(o->ring_in, o->in_pinned);
+    host_buf_free(o->ring_out, o->out_pinned);
     zr_tensor_release(o->gpart);
     free(o->segs);
     free(o->fresh);
@@ -156,15 +189,17 @@ zr_offload *zr_offload_find(const zr_tensor *gpart) {
 }
 
 #ifdef ZR_HAVE_CUDA
-/* The copy stream and events, made on first use (on the parameters' device). */
+/* The copy and upload streams and their events, made on first use (on the parameters' device). */
 static zr_status cuda_ready(zr_offload *o) {
-    if (o->copy) return ZR_OK;
+    if (o->up) return ZR_OK;
     ZR_CHECK(zr_cuda_use(o->dev.index));
-    ZR_CHECK(ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking), "ZeRO offload copy stream"));
-    o->ready = zr_cuda_event_new(0);
-    o->d2h = o->ready ? zr_cuda_event_new(0) : NULL;
-    o->h2d = o->d2h ? zr_cuda_event_new(0) : NULL;
-    return o->h2d ? ZR_OK : ZR_ERR;
+    if (!o->copy)
+        ZR_CHECK(ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking), "ZeRO offload copy stream"));
+    cudaEvent_t *evs[3 + 2 * RING] = {&o->ready, &o->d2h, &o->done};
+    for (int k = 0; k < RING; k++) evs[3 + k] = &o->fetched[k], evs[3 + RING + k] = &o->uploaded[k];
+    for (int k = 0; k < 3 + 2 * RING; k++)
+        if (!*evs[k] && !(*evs[k] = zr_cuda_event_new(0))) return ZR_ERR;
+    return ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&o->up, cudaStreamNonBlocking), "ZeRO offload upload stream");
 }
 
 /* Orders the copy stream after everything queued so far on dev's compute stream. */
@@ -290,6 +325,7 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
                         "(size %lld): expected a contiguous f32/bf16/f16 range inside it",
                         zr_tensor_describe(src, b), (long long)soff, (long long)doff, (long long)o->S);
     }
+    if (!o->gpart) return zr_error("ZeRO offload: no host gradient partition (device-gradient mode)");
     double t0 = now_ms();
     int ow = claim(o, doff, len);
     zr_status st;
@@ -309,12 +345,14 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
 }
 
 zr_status zr_offload_grad_sync(zr_offload *o) {
+    if (!o->gpart) return ZR_OK;
     ZR_CHECK(drain(o));
     for (int k = 0; k < o->n; k++) materialize(o, k);
     return ZR_OK;
 }
 
 zr_status zr_offload_grad_zero(zr_offload *o) {
+    if (!o->gpart) return ZR_OK;
     ZR_CHECK(drain(o)); /* copies in flight land before their ranges are forgotten */
     if (o->lazy) {
         memset(o->fresh, 1, (size_t)o->n);
@@ -327,127 +365,249 @@ zr_status zr_offload_grad_zero(zr_offload *o) {
 }
 
 zr_status zr_offload_sumsq(zr_offload *o, double *out) {
+    if (!o->gpart) return zr_error("ZeRO offload: no host gradient partition (device-gradient mode)");
     ZR_CHECK(zr_offload_grad_sync(o));
     double t0 = now_ms();
-    *out = offload_sumsq_cpu(o->g, o->S);
+    *out = offload_sumsq_cpu(o->g, ZR_F32, o->S);
     o->t_norm += now_ms() - t0;
     return ZR_OK;
 }
 
-zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const zr_adamw_config *c, const double *lr, void *out) {
-    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, c, lr, out);
-}
-
-/* c with segment k's learning rate and weight decay. */
-static zr_adamw_config segment_config(const zr_offload *o, const zr_adamw_config *c, const double *lr, int k) {
-    zr_adamw_config s = *c;
-    s.lr = lr[k], s.weight_decay = o->segs[k].wd;
-    return s;
-}
-
-zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out) {
-    if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
-    if (k0 < 0 || k1 > o->n || k0 > k1) return zr_error("adamw: segment range %d..%d outside 0..%d", k0, k1, o->n);
-    for (int k = k0; k < k1; k++) {
-        zr_adamw_config sc = segment_config(o, c, lr, k);
-        ZR_CHECK(zr_adamw_config_check(&sc));
+zr_status zr_offload_sumsq_tensor(zr_tensor *t, double *out) {
+    zr_dtype dt = t->dtype;
+    if (!zr_is_cpu(t) || !zr_tensor_is_contiguous(t) || (dt != ZR_F32 && dt != ZR_BF16 && dt != ZR_F16)) {
+        char b[192];
+        return zr_error("ZeRO offload: sum of squares of %s: expected a contiguous f32/bf16/f16 host tensor",
+                        zr_tensor_describe(t, b));
     }
-    ZR_CHECK(zr_offload_grad_sync(o));
-    double t0 = now_ms();
-    size_t es = zr_dtype_size(o->pdt);
-    for (int k = k0; k < k1; k++) {
-        const zr_offload_segment *s = &o->segs[k];
-        if (s->n == 0) continue;
-        zr_adamw_config sc = segment_config(o, c, lr, k);
-        if (c->kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment at its partition offset */
-            zr_adamw_segment seg = {s->off, s->n, (float)s->wd, (float)lr[k]};
-            float gs = (float)grad_scale;
-            optim_step_cpu(master, m, out, o->pdt, o->g, ZR_F32, &seg, 1, c, step, &gs);
-            continue;
-        }
-        offload_adamw_cpu(master + s->off, m + s->off, v + s->off, o->g + s->off, s->n, &sc, step, grad_scale,
-                          out ? (char *)out + (size_t)s->off * es : NULL, o->pdt);
-    }
-    o->t_adam += now_ms() - t0;
+    *out = offload_sumsq_cpu(zr_tensor_data(t), dt, zr_tensor_numel(t));
     return ZR_OK;
 }
 
-zr_status zr_offload_cast(zr_offload *o, void *out, const float *master) {
-    double t0 = now_ms();
-    offload_cast_cpu(out, o->pdt, master, o->S);
-    o->t_adam += now_ms() - t0;
+void zr_offload_set_mode(zr_offload *o, const char *mode) { o->mode = mode; }
+
+/* --- the step's pipeline --- */
+
+/* The ring's host slots, made on first use (pinned when the partition is and a GPU is involved). */
+static zr_status ring_ready(zr_offload *o, int need_in) {
+    int pin = o->pinned && o->dev.type == ZR_CUDA;
+    if (need_in && !o->ring_in) {
+        o->ring_in = host_buf(ZR_F32, RING * o->chunk, ZR_MEM_COMM, pin, &o->in_pinned);
+        if (!o->ring_in) return ZR_ERR;
+    }
+    if (!o->ring_out) {
+        o->ring_out = host_buf(o->pdt, RING * o->chunk, ZR_MEM_COMM, pin, &o->out_pinned);
+        if (!o->ring_out) return ZR_ERR;
+    }
     return ZR_OK;
 }
 
-/* Waits until the last upload has read the weights buffer. */
-static zr_status wait_h2d(zr_offload *o) {
+static char *slot_in(zr_offload *o, int k) { return (char *)zr_tensor_data(o->ring_in) + (size_t)k * o->chunk * 4; }
+static char *slot_out(zr_offload *o, int k) {
+    return (char *)zr_tensor_data(o->ring_out) + (size_t)k * o->chunk * zr_dtype_size(o->pdt);
+}
+
+/* Starts the copy of grads[a : a+n] into ring slot k: async D2H on the copy stream from a GPU,
+ * memcpy from the host. */
+static zr_status fetch(zr_offload *o, zr_tensor *grads, int k, int64_t a, int64_t n) {
+    size_t es = zr_dtype_size(grads->dtype);
+    const char *src = (const char *)zr_tensor_data(grads) + (size_t)a * es;
+    o->fetch_bytes += n * (int64_t)es;
+    if (zr_is_cpu(grads)) {
+        memcpy(slot_in(o, k), src, (size_t)n * es);
+        return ZR_OK;
+    }
 #ifdef ZR_HAVE_CUDA
-    if (o->h2d_busy) {
-        ZR_CHECK(zr_cuda_event_sync(o->h2d));
-        o->h2d_busy = 0;
+    ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(slot_in(o, k), src, (size_t)n * es, cudaMemcpyDeviceToHost, o->copy),
+                           "ZeRO offload gradient chunk copy to the host"));
+    return zr_cuda_event_record(o->fetched[k], o->copy);
+#else
+    return zr_no_cuda("ZeRO offload gradient copy");
+#endif
+}
+
+/* Waits until ring slot k's gradients have landed. */
+static zr_status fetched(zr_offload *o, zr_tensor *grads, int k) {
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(grads)) {
+        double t0 = now_ms();
+        ZR_CHECK(zr_cuda_event_sync(o->fetched[k]));
+        o->t_fetch += now_ms() - t0;
     }
 #else
-    (void)o;
+    (void)o, (void)grads, (void)k;
 #endif
     return ZR_OK;
 }
 
-void *zr_offload_weights16(zr_offload *o) {
-    if (wait_h2d(o)) return NULL;
-    if (!o->w16) {
-        if (o->pdt != ZR_F32 && o->pdt != ZR_BF16 && o->pdt != ZR_F16)
-            return zr_error_null("ZeRO offload: parameters must be f32, bf16 or f16, got %s", zr_dtype_name(o->pdt));
-        o->w16 = host_buf(o->pdt, o->S, ZR_MEM_PARAMS, o->pinned && o->dev.type == ZR_CUDA, &o->w16_pinned);
-        if (!o->w16) return NULL;
+/* Waits until out slot k's last upload has read it. */
+static zr_status out_free(zr_offload *o, int k) {
+#ifdef ZR_HAVE_CUDA
+    if (o->up_busy[k]) {
+        double t0 = now_ms();
+        ZR_CHECK(zr_cuda_event_sync(o->uploaded[k]));
+        o->up_busy[k] = 0;
+        o->t_slot += now_ms() - t0;
     }
-    return zr_tensor_data(o->w16);
+#else
+    (void)o, (void)k;
+#endif
+    return ZR_OK;
 }
 
-zr_status zr_offload_upload(zr_offload *o, zr_tensor *dst, int64_t hoff, int64_t n) {
+zr_status zr_offload_put(zr_offload *o, zr_tensor *dst, const void *src, int64_t n) {
     if (n <= 0) return ZR_OK;
     char b[192];
-    if (!o->w16 || dst->dtype != o->pdt || !zr_tensor_is_contiguous(dst) || zr_tensor_numel(dst) < n || hoff < 0 ||
-        hoff + n > o->S)
-        return zr_error("ZeRO offload: cannot upload %lld weights from offset %lld into %s", (long long)n,
-                        (long long)hoff, zr_tensor_describe(dst, b));
-    double t0 = now_ms();
-    size_t es = zr_dtype_size(o->pdt);
-    const char *src = (const char *)zr_tensor_data(o->w16) + (size_t)hoff * es;
+    if (dst->dtype != o->pdt || !zr_tensor_is_contiguous(dst) || zr_tensor_numel(dst) < n)
+        return zr_error("ZeRO offload: cannot upload %lld %s weights into %s", (long long)n, zr_dtype_name(o->pdt),
+                        zr_tensor_describe(dst, b));
+    size_t bytes = (size_t)n * zr_dtype_size(o->pdt);
+    o->up_bytes += (int64_t)bytes;
     if (zr_is_cpu(dst)) {
-        memcpy(zr_tensor_data(dst), src, (size_t)n * es);
-        o->t_back += now_ms() - t0;
+        memcpy(zr_tensor_data(dst), src, bytes);
         return ZR_OK;
     }
 #ifdef ZR_HAVE_CUDA
-    ZR_CHECK(cuda_ready(o));
-    if (!o->up_open) { /* the parameters may still be read by queued kernels */
-        ZR_CHECK(after_compute(o, zr_tensor_device(dst)));
-        o->up_open = 1;
-    }
-    ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(zr_tensor_data(dst), src, (size_t)n * es, cudaMemcpyHostToDevice, o->copy),
-                           "ZeRO offload weights copy to the device"));
-    o->t_back += now_ms() - t0;
-    return ZR_OK;
+    if (zr_tensor_device(dst).index != o->dev.index)
+        return zr_error("ZeRO offload: weights for cuda:%d uploaded to %s", o->dev.index, zr_tensor_describe(dst, b));
+    return ZR_CUDA_CHECK(cudaMemcpyAsync(zr_tensor_data(dst), src, bytes, cudaMemcpyHostToDevice, o->up),
+                         "ZeRO offload weights copy to the device");
 #else
     return zr_no_cuda("ZeRO offload weights copy");
 #endif
 }
 
-zr_status zr_offload_upload_end(zr_offload *o) {
-#ifdef ZR_HAVE_CUDA
-    if (!o->up_open) return ZR_OK;
-    o->up_open = 0;
+/* The first segment that ends after partition element a (segments sorted, ends never decrease). */
+static int first_segment(const zr_offload *o, int64_t a) {
+    int lo = 0, hi = o->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (o->segs[mid].off + o->segs[mid].n <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* The optimizer on partition elements [a, a+n): master/m/v at a, gradients g (g_dt) and new
+ * weights w (pdt, or NULL) relative to a; every segment that overlaps it, with its own lr and
+ * weight decay. */
+static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a, int64_t n, const void *g,
+                              zr_dtype g_dt, void *w) {
+    size_t ge = zr_dtype_size(g_dt), we = zr_dtype_size(o->pdt);
+    for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+        const zr_offload_segment *s = &o->segs[k];
+        int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
+        if (y <= x) continue;
+        const char *gk = (const char *)g + (size_t)(x - a) * ge;
+        void *wk = w ? (char *)w + (size_t)(x - a) * we : NULL;
+        zr_adamw_config sc = *p->c;
+        sc.lr = p->lr[k], sc.weight_decay = s->wd;
+        if (sc.kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment, offsets relative to x */
+            zr_adamw_segment seg = {0, y - x, (float)s->wd, (float)p->lr[k]};
+            float gs = (float)p->grad_scale;
+            optim_step_cpu(p->master + x, p->m ? p->m + x : NULL, wk, o->pdt, gk, g_dt, &seg, 1, &sc, p->step, &gs);
+        } else
+            offload_adamw_cpu(p->master + x, p->m + x, p->v + x, gk, g_dt, y - x, &sc, p->step, p->grad_scale, wk,
+                              o->pdt);
+    }
+    return ZR_OK;
+}
+
+/* Checks a pass's arguments before anything is touched. */
+static zr_status check_pass(zr_offload *o, const zr_offload_pass *p) {
+    if (p->lo < 0 || p->hi > o->S || p->lo > p->hi)
+        return zr_error("ZeRO offload: range %lld..%lld outside the partition (%lld elements)", (long long)p->lo,
+                        (long long)p->hi, (long long)o->S);
+    if (p->grads) {
+        zr_dtype dt = p->grads->dtype;
+        char b[192];
+        if (!zr_tensor_is_contiguous(p->grads) || zr_tensor_numel(p->grads) != o->S ||
+            (dt != ZR_F32 && dt != ZR_BF16 && dt != ZR_F16))
+            return zr_error("ZeRO offload: gradient partition %s: expected %lld contiguous f32/bf16/f16 elements",
+                            zr_tensor_describe(p->grads, b), (long long)o->S);
+    } else if (p->c && !o->gpart)
+        return zr_error("ZeRO offload: a step without gradients (device-gradient mode needs pass.grads)");
+    if (!p->c) return ZR_OK;
+    if (p->step < 1)
+        return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)p->step);
+    for (int k = 0; k < o->n; k++) {
+        zr_adamw_config sc = *p->c;
+        sc.lr = p->lr[k], sc.weight_decay = o->segs[k].wd;
+        ZR_CHECK(zr_adamw_config_check(&sc));
+    }
+    return ZR_OK;
+}
+
+zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
+    ZR_CHECK(check_pass(o, p));
     double t0 = now_ms();
-    ZR_CHECK(zr_cuda_event_record(o->h2d, o->copy));
-    ZR_CHECK(zr_cuda_stream_wait(zr_cuda_stream(o->dev), o->h2d)); /* the next forward reads them */
-    o->h2d_busy = 1;
-    if (o->profile) ZR_CHECK(wait_h2d(o)); /* so that copy-back shows the transfer itself */
-    o->t_back += now_ms() - t0;
+    zr_tensor *grads = p->c ? p->grads : NULL; /* NULL: no ring copy (host gpart, or a cast) */
+    if (p->c && !grads) ZR_CHECK(zr_offload_grad_sync(o));
+    int gpu = o->dev.type == ZR_CUDA && ((grads && !zr_is_cpu(grads)) || (!p->out && p->sink));
+    if (!p->out && p->sink) ZR_CHECK(ring_ready(o, grads != NULL));
+    else if (grads) ZR_CHECK(ring_ready(o, 1));
+#ifdef ZR_HAVE_CUDA
+    if (gpu) { /* copies start after what the compute stream has queued (backward; reads of the weights) */
+        ZR_CHECK(cuda_ready(o));
+        ZR_CHECK(zr_cuda_event_record(o->ready, zr_cuda_stream(o->dev)));
+        ZR_CHECK(zr_cuda_stream_wait(o->copy, o->ready));
+        ZR_CHECK(zr_cuda_stream_wait(o->up, o->ready));
+    }
 #else
-    (void)o;
+    if (gpu) return zr_no_cuda("ZeRO offload step");
 #endif
+    int64_t C = o->chunk, nch = (p->hi - p->lo + C - 1) / C;
+    zr_dtype g_dt = grads ? grads->dtype : ZR_F32;
+    size_t we = zr_dtype_size(o->pdt), ge = zr_dtype_size(g_dt);
+    /* chunk j lives in slot j % RING; RING-1 fetches run ahead of the update */
+    for (int64_t j = 0; grads && j < RING - 1 && j < nch; j++) {
+        int64_t a = p->lo + j * C;
+        ZR_CHECK(fetch(o, grads, (int)(j % RING), a, p->hi - a < C ? p->hi - a : C));
+    }
+    for (int64_t j = 0; j < nch; j++) {
+        int k = (int)(j % RING);
+        int64_t a = p->lo + j * C, n = p->hi - a < C ? p->hi - a : C;
+        const void *g = grads ? (const void *)slot_in(o, k) : o->g ? (const void *)(o->g + a) : NULL;
+        if (grads) ZR_CHECK(fetched(o, grads, k));
+        void *w = NULL;
+        if (p->out) w = (char *)p->out + (size_t)a * we;
+        else if (p->sink) {
+            ZR_CHECK(out_free(o, k));
+            w = slot_out(o, k);
+        }
+        double t1 = now_ms();
+        if (p->c) ZR_CHECK(update_chunk(o, p, a, n, g, g_dt, w));
+        else if (w) offload_cast_cpu(w, o->pdt, p->master + a, n);
+        o->t_adam += now_ms() - t1;
+        if (grads && j + RING - 1 < nch) { /* slot (j-1) % RING: chunk j-1 is done with it */
+            int64_t b = p->lo + (j + RING - 1) * C;
+            ZR_CHECK(fetch(o, grads, (int)((j + RING - 1) % RING), b, p->hi - b < C ? p->hi - b : C));
+        }
+        if (!p->out && p->sink) {
+            t1 = now_ms();
+            ZR_CHECK(p->sink(p->ctx, o, a, n, w));
+#ifdef ZR_HAVE_CUDA
+            if (gpu) {
+                ZR_CHECK(zr_cuda_event_record(o->uploaded[k], o->up));
+                o->up_busy[k] = 1;
+            }
+#endif
+            o->t_put += now_ms() - t1;
+        }
+    }
+#ifdef ZR_HAVE_CUDA
+    if (gpu) { /* the next kernels read the new weights; every D2H already landed (waited above) */
+        ZR_CHECK(zr_cuda_event_record(o->done, o->up));
+        ZR_CHECK(zr_cuda_stream_wait(zr_cuda_stream(o->dev), o->done));
+        if (o->profile) { /* so that the profile shows the uploads' tail */
+            double t1 = now_ms();
+            ZR_CHECK(zr_cuda_event_sync(o->done));
+            o->t_up += now_ms() - t1;
+        }
+    }
+#endif
+    (void)ge;
+    o->t_step += now_ms() - t0;
     return ZR_OK;
 }
 
@@ -455,10 +615,14 @@ void zr_offload_step_end(zr_offload *o) {
     o->steps++;
     if (o->profile)
         fprintf(stderr,
-                "[zrun offload] step %lld: grads out %.1f ms enqueue + %.1f ms wait (%.2f GB in %lld copies), "
-                "accumulate %.1f ms, zero %.1f ms, norm %.1f ms, adam %.1f ms, copy-back %.1f ms\n",
-                (long long)o->steps, o->t_add, o->t_wait, (double)o->d2h_bytes / 1e9, (long long)o->n_d2h,
-                o->t_accum, o->t_zero, o->t_norm, o->t_adam, o->t_back);
-    o->t_add = o->t_wait = o->t_accum = o->t_zero = o->t_norm = o->t_adam = o->t_back = 0;
-    o->d2h_bytes = o->n_d2h = 0;
+                "[zrun offload] step %lld (gradients on the %s): backward: grads out %.1f ms enqueue + %.1f ms wait "
+                "(%.2f GB in %lld copies), accumulate %.1f ms, zero %.1f ms, norm %.1f ms; step %.1f ms (GPU idle): "
+                "D2H %.2f GB, waited %.1f ms; optimizer %.1f ms; H2D %.2f GB, enqueue %.1f ms, slot waits %.1f ms, "
+                "tail %.1f ms\n",
+                (long long)o->steps, o->mode, o->t_add, o->t_wait, (double)o->d2h_bytes / 1e9, (long long)o->n_d2h,
+                o->t_accum, o->t_zero, o->t_norm, o->t_step, (double)o->fetch_bytes / 1e9, o->t_fetch, o->t_adam,
+                (double)o->up_bytes / 1e9, o->t_put, o->t_slot, o->t_up);
+    o->t_add = o->t_wait = o->t_accum = o->t_zero = o->t_norm = o->t_fetch = o->t_adam = 0;
+    o->t_put = o->t_slot = o->t_up = o->t_step = 0;
+    o->d2h_bytes = o->n_d2h = o->fetch_bytes = o->up_bytes = 0;
 }

@@ -1,17 +1,31 @@
 /* Host side of the ZeRO engine when the fp32 master partition lives on the CPU (optimizer
- * offload, or any CPU run): zero.c hands it the partition and calls it for
- *   - gradient intake: a bucket's reduced segment is added into the fp32 gradient partition
- *     gpart. From a GPU the copy is an async D2H on a copy stream (ordered after the compute
- *     stream by an event, and the compute stream ordered after it) into gpart itself or a
- *     pinned staging buffer, added in only when needed, so it overlaps the rest of backward;
+ * offload, or any CPU run). engine.c hands it the partition's layout and calls it for
+ *   - gradient intake (host-gradient mode): a bucket's reduced segment is added into the host
+ *     gradient partition gpart (f32). From a GPU the copy is an async D2H on a copy stream
+ *     (ordered after the compute stream by an event, and the compute stream after it) into gpart
+ *     itself or a pinned staging buffer, added in only when needed, so it overlaps backward;
  *   - lazy zeroing: after zero_grad, a parameter's first gradient overwrites its range of gpart
  *     instead of adding to zeros; ranges nobody wrote are zeroed at the next sync;
- *   - the fused CPU passes (kernels/cpu/offload.h): sum of squares, AdamW with the gradient
- *     scale that also writes the new 16-bit weights;
- *   - weights back: those 16-bit weights sit in one pinned host buffer and go to the device
- *     with async H2D copies on the copy stream that the compute stream waits for.
- * ZRUN_OFFLOAD_PROFILE=1 prints one line per optimizer step (stderr) with where the host time
- * went, as ZRUN_MEM_TRACE does for memory. Not thread-safe: one engine, one thread. */
+ *   - the optimizer step as a pipeline over chunks of the partition (zr_offload_run).
+ *
+ * Design of the step (issue 17). Two places for the gradient partition, chosen by the engine:
+ *   device mode: the engine accumulates the gradient partition on the GPU exactly as without
+ *     offload (fp32 or data_types.grad_accum_dtype), so micro-batches before the boundary ship
+ *     nothing and the norm / overflow check run on the GPU; zr_offload_run then fetches it.
+ *   host mode: gradients leave bucket by bucket during backward into gpart (above), for when
+ *     the device partition does not fit.
+ * zr_offload_run walks the partition in chunks of C elements (ZRUN_OFFLOAD_CHUNK, default 16M)
+ * through a ring of R pinned slots: D2H of chunk k+R-1 (copy stream) || CPU AdamW of chunk k
+ * (OpenMP; AVX-512/AVX2 clones picked at load time) writing the new 16-bit weights into an out
+ * slot || H2D of chunk k-1 from its out slot into the parameters (upload stream). The compute
+ * stream waits for the last upload. Host memory in device mode: fp32 master + optimizer states
+ * + the ring (R x C x (4 + 2) bytes); no host gradient partition and no host copy of the 16-bit
+ * weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
+ * run the same loop runs with memcpy for the copies, so CI exercises its bookkeeping.
+ *
+ * ZRUN_OFFLOAD_PROFILE=1 prints one line per optimizer step (stderr): gradient copies, waits,
+ * the CPU optimizer, uploads and the step's wall time (the GPU idles for it). Not thread-safe:
+ * one engine, one thread. */
 #ifndef ZR_ZERO_OFFLOAD_H
 #define ZR_ZERO_OFFLOAD_H
 
@@ -20,18 +34,20 @@
 
 typedef struct zr_offload zr_offload;
 
-/* One parameter's chunk: gpart[off : off+n] (n may be 0), with its weight decay. Sorted by off. */
+/* One parameter's chunk: partition[off : off+n] (n may be 0), with its weight decay. Sorted by off. */
 typedef struct {
     int64_t off, n;
     double wd;
 } zr_offload_segment;
 
-/* gpart: the host f32 gradient partition (retained). dev, pdt: the parameters' device and dtype.
- * cap: the largest bucket segment that grad_add copies from a GPU (sizes the staging buffer).
- * pinned: the partition buffers are page-locked, so copies may run asynchronously.
- * lazy: only grad_add writes gpart (it is not the parameters' .grad), so zeroing may wait. */
-zr_offload *zr_offload_new(zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n, const zr_offload_segment *segs,
-                           int64_t cap, int pinned, int lazy);
+/* S: partition elements. gpart: the host f32 gradient partition (retained; host mode), or NULL
+ * (device mode: zr_offload_run reads the gradients it is given). dev, pdt: the parameters'
+ * device and dtype. cap: the largest bucket segment that grad_add copies from a GPU (sizes the
+ * staging buffer). pinned: page-lock host buffers so copies may run asynchronously.
+ * lazy: only grad_add writes gpart (it is not the parameters' .grad), so zeroing may wait.
+ * Reads ZRUN_OFFLOAD_CHUNK (elements per pipeline chunk) and ZRUN_OFFLOAD_PROFILE. */
+zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
+                           const zr_offload_segment *segs, int64_t cap, int pinned, int lazy);
 /* Waits for copies in flight, then frees. NULL-safe. */
 void zr_offload_free(zr_offload *o);
 /* The state whose gradient partition is exactly the tensor gpart, or NULL. */
@@ -48,27 +64,34 @@ zr_status zr_offload_grad_sync(zr_offload *o);
 zr_status zr_offload_grad_zero(zr_offload *o);
 /* Sum of squares of gpart (synced first), accumulated in double. */
 zr_status zr_offload_sumsq(zr_offload *o, double *out);
+/* Sum of squares of a contiguous f32/bf16/f16 host tensor, accumulated in double. */
+zr_status zr_offload_sumsq_tensor(zr_tensor *t, double *out);
 
-/* AdamW on every segment: master, m, v (f32, S) updated in place from gpart * grad_scale, segment
- * k with learning rate lr[k] (its parameter group's) and its own weight decay; c: the betas, eps. When out is not NULL, the new weights are
- * written there as pdt (S elements, partition layout). */
-zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const zr_adamw_config *c, const double *lr, void *out);
-/* The same on segments k0 .. k1-1 only (so their new weights can be uploaded while the next
- * segments are updated). */
-zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out);
-/* out (pdt, S) = master (f32, S), rounded (after a checkpoint load). */
-zr_status zr_offload_cast(zr_offload *o, void *out, const float *master);
+/* Enqueues dst (contiguous, pdt, on the GPU or the host)[0 : n] = src[0 : n] (host, pdt). On a
+ * GPU an async H2D on the upload stream: src must stay untouched until the upload has run
+ * (the ring's out slots are; zr_offload_run's end makes the compute stream wait). */
+typedef zr_status (*zr_offload_sink)(void *ctx, zr_offload *o, int64_t off, int64_t n, const void *src);
+zr_status zr_offload_put(zr_offload *o, zr_tensor *dst, const void *src, int64_t n);
 
-/* The host buffer of S pdt elements for the new weights (pinned when the partition is), made on
- * first use; waits until an upload from it has finished. NULL with an error on failure. */
-void *zr_offload_weights16(zr_offload *o);
-/* dst (contiguous, pdt, on dev or the host)[0 : n] = weights16[hoff : hoff+n]. On a GPU an async
- * H2D on the copy stream; zr_offload_upload_end then makes the compute stream wait for them. */
-zr_status zr_offload_upload(zr_offload *o, zr_tensor *dst, int64_t hoff, int64_t n);
-zr_status zr_offload_upload_end(zr_offload *o);
+/* One pass over the partition range [lo, hi) (segments cut anywhere), chunk by chunk. */
+typedef struct {
+    /* The gradient partition (S elements, f32/bf16/f16): a GPU tensor (device mode), a host
+     * tensor (copied through the ring all the same), or NULL: the host partition gpart. */
+    zr_tensor *grads;
+    float *master, *m, *v; /* f32 (S), host; m, v NULL where the optimizer keeps fewer states */
+    double grad_scale;
+    int64_t step;
+    const zr_adamw_config *c; /* NULL: no optimizer, only the new weights from master (cast) */
+    const double *lr;         /* one per segment */
+    void *out;                /* host pdt (S) the new weights go to in place, or NULL */
+    zr_offload_sink sink;     /* else, if set: called per chunk with its new weights (out slot) */
+    void *ctx;
+    int64_t lo, hi;
+} zr_offload_pass;
+zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p);
 
+/* Which gradient mode the engine chose ("device" or "host"), for the profile line. */
+void zr_offload_set_mode(zr_offload *o, const char *mode);
 /* End of an optimizer step: prints the profile line when ZRUN_OFFLOAD_PROFILE is set. */
 void zr_offload_step_end(zr_offload *o);
 

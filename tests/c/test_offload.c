@@ -31,26 +31,32 @@ TEST(sumsq_matches_double_loop) {
         float *x = fvec(n, 1);
         double ref = 0;
         for (int64_t i = 0; i < n; i++) ref += (double)x[i] * (double)x[i];
-        double got = offload_sumsq_cpu(x, n);
+        double got = offload_sumsq_cpu(x, ZR_F32, n);
         CHECK_MSG(fabs(got - ref) <= 1e-12 * (ref + 1e-300) || (n == 0 && got == 0), "n=%lld: %.17g vs %.17g",
                   (long long)n, got, ref);
         free(x);
     }
 }
 
-/* Three AdamW steps with a gradient scale, against torch's formula in double. out_dt 0: none. */
-static void adamw_case(int64_t n, zr_dtype out_dt, int with_out) {
+/* Three AdamW steps with a gradient scale, against torch's formula in double. out_dt 0: none.
+ * g_dt: the gradients' dtype (16-bit: rounded first; the reference reads the rounded values). */
+static void adamw_case(int64_t n, zr_dtype out_dt, int with_out, zr_dtype g_dt) {
     const double lr = 0.01, b1 = 0.9, b2 = 0.98, eps = 1e-6, wd = 0.1, gs = 0.37;
     float *p = fvec(n, 0), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4), *g = NULL;
+    uint16_t *g16 = malloc((size_t)n * 2);
     double *rp = malloc(8 * (size_t)n), *rm = calloc((size_t)n, 8), *rv = calloc((size_t)n, 8);
     void *out = with_out ? malloc((size_t)n * 4) : NULL;
     for (int64_t i = 0; i < n; i++) rp[i] = p[i];
     for (int step = 1; step <= 3; step++) {
         free(g);
         g = fvec(n, step + 3);
+        for (int64_t i = 0; g_dt != ZR_F32 && i < n; i++) { /* the 16-bit gradient and its exact value */
+            g16[i] = g_dt == ZR_BF16 ? zr_f32_to_bf16(g[i]) : zr_f32_to_f16(g[i]);
+            g[i] = g_dt == ZR_BF16 ? zr_bf16_to_f32(g16[i]) : zr_f16_to_f32(g16[i]);
+        }
         double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
         zr_adamw_config c = {lr, b1, b2, eps, wd};
-        offload_adamw_cpu(p, m, v, g, n, &c, step, gs, out, out_dt);
+        offload_adamw_cpu(p, m, v, g_dt == ZR_F32 ? (const void *)g : g16, g_dt, n, &c, step, gs, out, out_dt);
         for (int64_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
             rp[i] -= lr * wd * rp[i];
@@ -75,16 +81,22 @@ static void adamw_case(int64_t n, zr_dtype out_dt, int with_out) {
             CHECK(fabs(zr_f16_to_f32(o) - rp[i]) <= fabs(rp[i]) / 1024 + 2e-5);
         }
     }
-    free(p), free(m), free(v), free(g), free(rp), free(rm), free(rv), free(out);
+    free(p), free(m), free(v), free(g), free(g16), free(rp), free(rm), free(rv), free(out);
 }
 
 TEST(adamw_scaled_matches_double_loop) {
-    for (int s = 0; s < NSIZES; s++) adamw_case(SIZES[s], ZR_F32, 0);
+    for (int s = 0; s < NSIZES; s++) adamw_case(SIZES[s], ZR_F32, 0, ZR_F32);
+}
+TEST(adamw_reads_bf16_f16_gradients) {
+    for (int s = 0; s < NSIZES; s++) {
+        adamw_case(SIZES[s], ZR_BF16, 1, ZR_BF16);
+        adamw_case(SIZES[s], ZR_F32, 0, ZR_F16);
+    }
 }
 TEST(adamw_writes_f32_bf16_f16_weights) {
     zr_dtype dts[] = {ZR_F32, ZR_BF16, ZR_F16};
     for (int s = 0; s < NSIZES; s++)
-        for (int d = 0; d < 3; d++) adamw_case(SIZES[s], dts[d], 1);
+        for (int d = 0; d < 3; d++) adamw_case(SIZES[s], dts[d], 1, ZR_F32);
 }
 
 /* Float bit patterns the 16-bit roundings must get right, placed among ordinary values. */
@@ -158,7 +170,7 @@ TEST(lazy_zero_overwrites_then_adds) {
     zr_tensor *gp = zr_tensor_new(ZR_F32, zr_cpu(), 1, &S);
     float *g = zr_tensor_data(gp);
     zr_offload_segment segs[] = {{0, 5, 0}, {5, 0, 0}, {5, 3, 0}, {8, 4, 0}};
-    zr_offload *o = zr_offload_new(gp, zr_cpu(), ZR_BF16, 4, segs, 16, 0, 1);
+    zr_offload *o = zr_offload_new(S, gp, zr_cpu(), ZR_BF16, 4, segs, 16, 0, 1);
     CHECK(o && zr_offload_find(gp) == o);
     if (!o) return;
     double ref[12] = {0};
@@ -197,22 +209,23 @@ TEST(lazy_zero_overwrites_then_adds) {
     zr_tensor_release(gp);
 }
 
-/* zr_offload_adamw: per-segment weight decay and learning rate (parameter groups), and the bf16
+/* zr_offload_run: per-segment weight decay and learning rate (parameter groups), and the bf16
  * weights at each segment's offset. */
 TEST(offload_adamw_segments) {
     int64_t S = 65537 + 7 + 1;
     zr_tensor *gp = zr_tensor_new(ZR_F32, zr_cpu(), 1, &S);
     float *g = zr_tensor_data(gp), *p = fvec(S, 0), *m = calloc((size_t)S, 4), *v = calloc((size_t)S, 4);
     zr_offload_segment segs[] = {{0, 7, 0.0}, {7, 65537, 0.1}, {65544, 1, 0.5}};
-    zr_offload *o = zr_offload_new(gp, zr_cpu(), ZR_BF16, 3, segs, S, 0, 1);
-    uint16_t *w = o ? zr_offload_weights16(o) : NULL;
-    CHECK(o && w);
-    if (!w) return;
+    zr_offload *o = zr_offload_new(S, gp, zr_cpu(), ZR_BF16, 3, segs, S, 0, 1);
+    uint16_t *w = malloc((size_t)S * 2);
+    CHECK(o != NULL);
+    if (!o) return;
     for (int64_t i = 0; i < S; i++) g[i] = (float)val(i, 9);
     double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
     zr_adamw_config c = {.beta1 = b1, .beta2 = b2, .eps = eps}, bad = c;
     bad.beta1 = 1.5;
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, &c, lr, w) == ZR_OK);
+    zr_offload_pass pass = {NULL, p, m, v, gs, 1, &c, lr, w, NULL, NULL, 0, S};
+    CHECK(zr_offload_run(o, &pass) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
         int64_t i = probe[k];
@@ -221,20 +234,97 @@ TEST(offload_adamw_segments) {
         CHECK_MSG(fabs(p[i] - ref[k]) <= 1e-6, "segment %d: p = %.9g, expected %.9g", k, p[i], ref[k]);
         CHECK(w[i] == zr_f32_to_bf16(p[i]));
     }
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, &c, lr, w) == ZR_ERR);   /* step counts from 1 */
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, &bad, lr, w) == ZR_ERR); /* beta1 out of range */
+    pass.step = 0;
+    CHECK(zr_offload_run(o, &pass) == ZR_ERR); /* step counts from 1 */
+    pass.step = 2, pass.c = &bad;
+    CHECK(zr_offload_run(o, &pass) == ZR_ERR); /* beta1 out of range */
     zr_offload_free(o);
     zr_tensor_release(gp);
-    free(p), free(m), free(v);
+    free(p), free(m), free(v), free(w);
+}
+
+/* The sink of the pipeline test: copies each chunk's weights into a host tensor (as the engine
+ * uploads them) and counts the calls. */
+typedef struct {
+    zr_tensor *dst;
+    int calls;
+    int64_t next; /* chunks arrive in order, covering the range */
+} sink_ctx;
+static zr_status sink_copy(void *ctx, zr_offload *o, int64_t a, int64_t n, const void *w) {
+    sink_ctx *s = ctx;
+    if (a != s->next) return zr_error("chunk at %lld, expected %lld", (long long)a, (long long)s->next);
+    s->next = a + n, s->calls++;
+    int64_t st = 1;
+    zr_tensor *d = zr_tensor_as_strided(s->dst, 1, &n, &st, a);
+    zr_status r = zr_offload_put(o, d, w, n);
+    zr_tensor_release(d);
+    return r;
+}
+
+/* The chunk pipeline (ZRUN_OFFLOAD_CHUNK elements, cutting segments anywhere) over gradients
+ * given as a tensor (f32 or bf16, through the ring) gives bit for bit what one AdamW call per
+ * segment gives, and its sink receives every chunk once, in order; a cast-only pass writes the
+ * rounded master. */
+TEST(pipeline_chunks_match_per_segment_adamw) {
+    int64_t S = 5000;
+    zr_offload_segment segs[] = {{0, 1, 0.0}, {1, 2999, 0.1}, {3000, 0, 0.1}, {3000, 2000, 0.01}};
+    double lr[4] = {0.01, 0.02, 0.02, 0.005};
+    zr_adamw_config c = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8};
+    zr_dtype gdts[2] = {ZR_F32, ZR_BF16};
+    const char *chunks[3] = {"777", "1", "100000"};
+    for (int d = 0; d < 2; d++)
+        for (int ci = 0; ci < 3; ci++) {
+            setenv("ZRUN_OFFLOAD_CHUNK", chunks[ci], 1);
+            zr_offload *o = zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0);
+            CHECK(o != NULL);
+            if (!o) return;
+            float *p = fvec(S, 1), *m = calloc((size_t)S, 4), *v = calloc((size_t)S, 4);
+            float *rp = fvec(S, 1), *rm = calloc((size_t)S, 4), *rv = calloc((size_t)S, 4);
+            zr_tensor *g = zr_tensor_new(gdts[d], zr_cpu(), 1, &S), *w = zr_tensor_new(ZR_BF16, zr_cpu(), 1, &S);
+            uint16_t *rw = malloc((size_t)S * 2);
+            for (int step = 1; step <= 3; step++) {
+                for (int64_t i = 0; i < S; i++) zr_tensor_set(g, i, val(i, step + 5));
+                sink_ctx sc = {w, 0, 100};
+                zr_offload_pass pass = {g, p, m, v, 0.7, step, &c, lr, NULL, sink_copy, &sc, 100, S};
+                CHECK(zr_offload_run(o, &pass) == ZR_OK);
+                CHECK(sc.next == S);
+                int64_t C = atoll(chunks[ci]) < S - 100 ? atoll(chunks[ci]) : S - 100;
+                CHECK_MSG(sc.calls == (S - 100 + C - 1) / C, "%d sink calls", sc.calls);
+                for (int k = 0; k < 4; k++) { /* the reference: whole segments, [100, S) only */
+                    int64_t a = segs[k].off > 100 ? segs[k].off : 100, b = segs[k].off + segs[k].n;
+                    if (b <= a) continue;
+                    zr_adamw_config s = c;
+                    s.lr = lr[k], s.weight_decay = segs[k].wd;
+                    offload_adamw_cpu(rp + a, rm + a, rv + a, (char *)zr_tensor_data(g) + a * zr_dtype_size(gdts[d]),
+                                      gdts[d], b - a, &s, step, 0.7, rw + a, ZR_BF16);
+                }
+            }
+            CHECK(memcmp(p, rp, (size_t)S * 4) == 0 && memcmp(m, rm, (size_t)S * 4) == 0 &&
+                  memcmp(v, rv, (size_t)S * 4) == 0);
+            CHECK(memcmp((uint16_t *)zr_tensor_data(w) + 100, rw + 100, (size_t)(S - 100) * 2) == 0);
+            for (int64_t i = 0; i < 100; i++) CHECK(p[i] == (float)val(i, 1)); /* outside the range: untouched */
+            zr_offload_pass cast = {NULL, p, NULL, NULL, 1, 0, NULL, NULL, zr_tensor_data(w), NULL, NULL, 0, S};
+            CHECK(zr_offload_run(o, &cast) == ZR_OK);
+            for (int64_t i = 0; i < S; i++) CHECK(((uint16_t *)zr_tensor_data(w))[i] == zr_f32_to_bf16(p[i]));
+            zr_offload_free(o);
+            zr_tensor_release(g), zr_tensor_release(w);
+            free(p), free(m), free(v), free(rp), free(rm), free(rv), free(rw);
+        }
+    setenv("ZRUN_OFFLOAD_CHUNK", "0", 1);
+    CHECK(zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0) == NULL); /* refused, with the fix */
+    CHECK(strstr(zr_last_error_message(), "ZRUN_OFFLOAD_CHUNK") != NULL);
+    unsetenv("ZRUN_OFFLOAD_CHUNK");
 }
 
 int main(void) {
     RUN(sumsq_matches_double_loop);
     RUN(adamw_scaled_matches_double_loop);
+    RUN(adamw_reads_bf16_f16_gradients);
     RUN(adamw_writes_f32_bf16_f16_weights);
     RUN(cast_rounds_like_dtype_h);
     RUN(accumulate_and_fill_match_double_loop);
     RUN(lazy_zero_overwrites_then_adds);
     RUN(offload_adamw_segments);
+    RUN(pipeline_chunks_match_per_segment_adamw);
     return test_summary();
 }

@@ -35,7 +35,12 @@ T.test("pinned offload above the locked-memory limit stops with the fix", functi
   T.eq(err:find("8.00 MiB", 1, true) ~= nil, true, err)
   engine_mod.check_host_memory({ p }, 1, 2, false, false) -- without pin_memory the limit does not apply
   local small = { numel = function() return 1e5 end }
-  engine_mod.check_host_memory({ small }, 1, 2, false, true) -- 1.6 MB fits
+  engine_mod.check_host_memory({ small }, 1, 2, false, true) -- 1.6 MB + the ring's 1.8 MB fit
+  -- 2.5e5 elements: master, m, v and the ring (3 slots x 6 bytes) take 7.5 MB; host gradients 1 MB more
+  local mid = { numel = function() return 2.5e5 end }
+  engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2, false)
+  err = T.raises(function() engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2, true) end, "ulimit -l")
+  T.eq(err:find("gradients and the step pipeline's ring", 1, true) ~= nil, true, err)
   f = io.open(path, "w")
   f:write("Max locked memory         unlimited            unlimited            bytes\n")
   f:close()
@@ -43,6 +48,20 @@ T.test("pinned offload above the locked-memory limit stops with the fix", functi
   engine_mod.check_host_memory({ p }, 1, 2, false, true)
   engine_mod.limits_file = nil
   os.remove(path)
+end)
+
+T.test("ZRUN_OFFLOAD_GRADS picks where offloaded gradients accumulate, and refuses other values", function()
+  T.eq(engine_mod.offload_grads_place(1000, 4, "cpu"), "host") -- a CPU run: host gradients unless told
+  local getenv = os.getenv
+  local val
+  os.getenv = function(k) if k == "ZRUN_OFFLOAD_GRADS" then return val end return getenv(k) end
+  val = "device"
+  T.eq(engine_mod.offload_grads_place(1000, 4, "cpu"), "device")
+  val = "gpu"
+  local ok, err = pcall(engine_mod.offload_grads_place, 1000, 4, "cpu")
+  os.getenv = getenv
+  T.eq(ok, false)
+  T.eq(err:find('ZRUN_OFFLOAD_GRADS must be "device"', 1, true) ~= nil, true, err)
 end)
 
 T.test("offload_param below stage 3 offloads nothing, as in DeepSpeed (the config warns)", function()

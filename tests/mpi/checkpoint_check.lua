@@ -148,23 +148,7 @@ local engine = zr.initialize({ model = make_model(), config = {
   zero_optimization = { stage = stage, reduce_bucket_size = 3000 },
 } })
 
-local function train(from, to)
-  local losses = {}
-  for s = from, to do
-    local tot = 0
-    for m = 1, gas do
-      local ids = batch(s, m)
-      local loss = engine(ids, ids).loss
-      tot = tot + loss:item()
-      engine:backward(loss)
-      engine:step()
-    end
-    local t = zr.tensor({ tot / gas }, { dtype = "f64" })
-    dist.all_reduce(t, "avg")
-    losses[#losses + 1] = t:item()
-  end
-  return losses
-end
+local function train(from, to) return T.train_steps(engine, batch, from, to, gas, true) end
 
 local function save_state(path)
   local st = gather_state(engine)

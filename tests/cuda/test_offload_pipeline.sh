@@ -1,0 +1,26 @@
+#!/bin/sh
+# ZeRO optimizer offload's step pipeline on one GPU (runtime/zero/offload.h): gradients kept on
+# the GPU until the step vs sent to the host during backward vs no offload, after 3 steps of a
+# tiny Llama, at stages 1-3, accumulation 1 and 4, default chunks and 777-element chunks that cut
+# parameters; bf16 gradient accumulation on the device; both places against the independent
+# reference of tests/mpi/zero_check.lua. Run on the GPU machine:
+#   sh tests/cuda/test_offload_pipeline.sh        (ends with "N passed, N failed"; part of run_cuda.sh)
+export ZRUN_CHECK_DEVICE=cuda
+Z=${ZRUN_BIN:-./zrun}
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+run() { # script args...
+  "$Z" "$@" >>"$out" 2>&1 || echo "FAIL $*: exited $?" >>"$out"
+}
+for stage in 1 2 3; do
+  for gas in 1 4; do
+    run tests/mpi/offload_pipeline_check.lua $stage $gas                   # device vs host gradients
+    ZRUN_OFFLOAD_CHUNK=777 run tests/mpi/offload_pipeline_check.lua $stage $gas
+    run tests/mpi/offload_pipeline_check.lua $stage $gas none              # device vs no offload
+  done
+  ZRUN_OFFLOAD_CHUNK=777 run tests/mpi/offload_pipeline_check.lua $stage 4 bf16
+  for place in device host; do ZRUN_OFFLOAD_GRADS=$place run tests/mpi/zero_check.lua $stage 1 3 0.05; done
+done
+grep -E '^(PASS|FAIL)' "$out"
+grep -q '^FAIL' "$out" && { cat "$out" | grep -v '^PASS' | tail -40; }
+echo "$(grep -c '^PASS' "$out") passed, $(grep -c '^FAIL' "$out") failed"
+! grep -q '^FAIL' "$out"
