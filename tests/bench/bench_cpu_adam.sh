@@ -1,6 +1,6 @@
 #!/bin/sh
-# CPU AdamW, zrun's host pass (tests/bench/bench_offload.lua: the step of the offload pipeline,
-# fp32 master/m/v + bf16 weights out, gradients through the ring) against DeepSpeed's
+# CPU AdamW, zrun's host pass (tests/bench/bench_offload.lua in direct mode: the fused kernel alone,
+# fp32 master/m/v + bf16 weights written in place, fp32 gradients) against DeepSpeed's
 # DeepSpeedCPUAdam (tests/bench/cpu_adam_baseline.py; fp32 params, grads, m, v) on the same
 # parameter count and OpenMP threads, with the CPU's stream bandwidth. Run on the GPU machine:
 #   sh tests/bench/bench_cpu_adam.sh [N] [THREADS]      (defaults 1.236e9, all cores)
@@ -11,7 +11,7 @@ T=${2:-$(nproc)}
 Z=${ZRUN_BIN:-./zrun}
 PY=${PYTHON:-python3}
 export OMP_NUM_THREADS=$T
-z=$($Z tests/bench/bench_offload.lua "$N" 2 4 device 2>&1) || { echo "$z"; exit 1; }
+z=$($Z tests/bench/bench_offload.lua "$N" 2 4 host 2>&1) || { echo "$z"; exit 1; }
 d=$($PY tests/bench/cpu_adam_baseline.py "$N" 4 2>&1 | grep '^deepspeed_cpu_adam' | tail -1)
 zn=$(echo "$z" | sed -n 's/^bench_offload: \([0-9]*\) parameters.*/\1/p')
 zms=$(echo "$z" | awk '$1 == "step" { print $2 }')
