@@ -335,8 +335,19 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
 }
 
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const zr_adamw_config *c, const double *lr, void *out) {
-    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, c, lr, out);
+                           const zr_adamw_config *c, const double *lr, const double *lamb_sums, void *out) {
+    return zr_offload_adamw_range(o, 0, o->n, master, m, v, grad_scale, step, c, lr, lamb_sums, out);
+}
+
+zr_status zr_offload_lamb_sums(zr_offload *o, const float *master, float *m, float *v, double grad_scale,
+                               const zr_adamw_config *c, const zr_adamw_segment *segs, double *sums) {
+    ZR_CHECK(zr_adamw_config_check(c));
+    ZR_CHECK(zr_offload_grad_sync(o));
+    double t0 = now_ms();
+    const float gs = (float)grad_scale;
+    lamb_sums_cpu(master, m, v, o->g, ZR_F32, segs, o->n, c, &gs, sums);
+    o->t_adam += now_ms() - t0;
+    return ZR_OK;
 }
 
 /* c with segment k's learning rate and weight decay. */
@@ -347,7 +358,8 @@ static zr_adamw_config segment_config(const zr_offload *o, const zr_adamw_config
 }
 
 zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out) {
+                                 int64_t step, const zr_adamw_config *c, const double *lr, const double *lamb_sums,
+                                 void *out) {
     if (step < 1) return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)step);
     if (k0 < 0 || k1 > o->n || k0 > k1) return zr_error("adamw: segment range %d..%d outside 0..%d", k0, k1, o->n);
     for (int k = k0; k < k1; k++) {
@@ -361,6 +373,12 @@ zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, f
         const zr_offload_segment *s = &o->segs[k];
         if (s->n == 0) continue;
         zr_adamw_config sc = segment_config(o, c, lr, k);
+        if (c->kind == ZR_OPTIM_LAMB) { /* the second pass: the sums came from zr_offload_lamb_sums */
+            if (!lamb_sums) return zr_error("lamb: the step needs the sums of its first pass");
+            zr_adamw_segment seg = {s->off, s->n, (float)s->wd, (float)lr[k]};
+            lamb_apply_cpu(master, m, v, out, o->pdt, &seg, 1, c, step, lamb_sums + 2 * k);
+            continue;
+        }
         if (c->kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment at its partition offset */
             zr_adamw_segment seg = {s->off, s->n, (float)s->wd, (float)lr[k]};
             float gs = (float)grad_scale;

@@ -49,15 +49,23 @@ zr_status zr_offload_grad_zero(zr_offload *o);
 /* Sum of squares of gpart (synced first), accumulated in double. */
 zr_status zr_offload_sumsq(zr_offload *o, double *out);
 
-/* AdamW on every segment: master, m, v (f32, S) updated in place from gpart * grad_scale, segment
- * k with learning rate lr[k] (its parameter group's) and its own weight decay; c: the betas, eps. When out is not NULL, the new weights are
- * written there as pdt (S elements, partition layout). */
+/* The optimizer c->kind (AdamW, Lion, Adagrad, SGD; Lamb's second pass) on every segment: master, m,
+ * v (f32, S; m, v NULL where the optimizer keeps fewer states) updated in place from gpart *
+ * grad_scale, segment k with learning rate lr[k] (its parameter group's) and its own weight decay;
+ * c: the betas, eps, .... lamb_sums: Lamb's sums of p^2 and u^2 per segment (2 n, all ranks'
+ * pieces added up), NULL for the others. When out is not NULL, the new weights are written there as
+ * pdt (S elements, partition layout). */
 zr_status zr_offload_adamw(zr_offload *o, float *master, float *m, float *v, double grad_scale, int64_t step,
-                           const zr_adamw_config *c, const double *lr, void *out);
+                           const zr_adamw_config *c, const double *lr, const double *lamb_sums, void *out);
 /* The same on segments k0 .. k1-1 only (so their new weights can be uploaded while the next
  * segments are updated). */
 zr_status zr_offload_adamw_range(zr_offload *o, int k0, int k1, float *master, float *m, float *v, double grad_scale,
-                                 int64_t step, const zr_adamw_config *c, const double *lr, void *out);
+                                 int64_t step, const zr_adamw_config *c, const double *lr, const double *lamb_sums,
+                                 void *out);
+/* Lamb's first pass (lamb_sums_cpu) over the n segments segs (the caller's: each parameter's valid
+ * piece, in segment order): m, v updated from gpart * grad_scale, sums (2 n) written. */
+zr_status zr_offload_lamb_sums(zr_offload *o, const float *master, float *m, float *v, double grad_scale,
+                               const zr_adamw_config *c, const zr_adamw_segment *segs, double *sums);
 /* out (pdt, S) = master (f32, S), rounded (after a checkpoint load). */
 zr_status zr_offload_cast(zr_offload *o, void *out, const float *master);
 

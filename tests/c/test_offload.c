@@ -212,7 +212,7 @@ TEST(offload_adamw_segments) {
     double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
     zr_adamw_config c = {.beta1 = b1, .beta2 = b2, .eps = eps}, bad = c;
     bad.beta1 = 1.5;
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, &c, lr, w) == ZR_OK);
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 1, &c, lr, NULL, w) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
         int64_t i = probe[k];
@@ -221,8 +221,8 @@ TEST(offload_adamw_segments) {
         CHECK_MSG(fabs(p[i] - ref[k]) <= 1e-6, "segment %d: p = %.9g, expected %.9g", k, p[i], ref[k]);
         CHECK(w[i] == zr_f32_to_bf16(p[i]));
     }
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, &c, lr, w) == ZR_ERR);   /* step counts from 1 */
-    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, &bad, lr, w) == ZR_ERR); /* beta1 out of range */
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 0, &c, lr, NULL, w) == ZR_ERR);   /* step counts from 1 */
+    CHECK(zr_offload_adamw(o, p, m, v, gs, 2, &bad, lr, NULL, w) == ZR_ERR); /* beta1 out of range */
     zr_offload_free(o);
     zr_tensor_release(gp);
     free(p), free(m), free(v);
