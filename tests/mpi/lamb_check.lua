@@ -14,16 +14,20 @@ local stage, offload, file = tonumber(arg[1]), arg[2] == "1", arg[3]
 local W, r = dist.world_size(), dist.rank()
 local STEPS, ROWS, TLEN = 4, 6, 12
 local MB = ROWS / W
+-- ZRUN_CHECK_DEVICE=cuda: each rank trains on its GPU (tests/cuda/test_zero_multi_gpu.sh; NCCL)
+local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
+local mcfg = zr.models.llama.config("zrun/tiny-llama")
+mcfg.device = dev
 
 local function run()
   zr.manual_seed(1234)
-  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local model = zr.models.llama.LlamaForCausalLM(mcfg)
   -- the first half of every tensor 8 times larger: the ranks' pieces have trust ratios far from the
   -- whole tensor's, so a ratio taken per piece (a missing all-reduce) shows
   for _, p in ipairs(model:parameters()) do
     local n, s = p:numel(), {}
     for i = 1, n do s[i] = i <= n / 2 and 8 or 1 end
-    p:copy_(p * zr.tensor(s):reshape(p:shape()))
+    p:copy_(p * zr.tensor(s):reshape(p:shape()):to(p:device()))
   end
   local decay, no_decay = {}, {}
   for name, p in model:named_parameters() do
@@ -40,15 +44,16 @@ local function run()
   for s = 1, STEPS do
     zr.manual_seed(1000 * s)
     local ids = (zr.rand({ ROWS, TLEN }) * 250):to("i64"):narrow(1, r * MB + 1, MB):contiguous()
+    if dev then ids = ids:to(dev) end
     local out = engine(ids, ids)
     engine:backward(out.loss)
     engine:step()
-    local l = zr.tensor({ out.loss:item() }, { dtype = "f64" })
+    local l = zr.tensor({ out.loss:item() }, { dtype = "f64", device = dev })
     dist.all_reduce(l)
     losses[s] = l:item() / W -- the mean over the global batch (equal rows and tokens per rank)
   end
   local ws = {}
-  for i, p in ipairs(engine:gather_parameters()) do ws[i] = p:flat_table() end
+  for i, p in ipairs(engine:gather_parameters()) do ws[i] = p:cpu():flat_table() end
   return losses, ws
 end
 
