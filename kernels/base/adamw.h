@@ -61,6 +61,13 @@ static inline ZR_HOST_DEVICE double zr_lamb_ratio(double p_sumsq, double u_sumsq
     return r < min_coeff ? min_coeff : r;
 }
 
+/* Lamb's update direction of one element from its new moments: u = m / (sqrt(v) + eps) + wd p, or
+ * m / sqrt(v + eps) + wd p (eps_inside_sqrt); the raw moments, as DeepSpeed's kernel has them. */
+static inline ZR_HOST_DEVICE float zr_lamb_u(float m, float v, float p, float eps, float wd, int inside) {
+    const float denom = inside ? sqrtf(v + eps) : sqrtf(v) + eps;
+    return m / denom + wd * p;
+}
+
 /* Lamb's step size: lr * sqrt(1 - b2^t) / (1 - b1^t) with bias correction, lr without. */
 static inline double zr_lamb_step_size(const zr_adamw_config *c, double lr, int64_t step) {
     if (c->no_bias_correction) return lr;

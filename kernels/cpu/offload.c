@@ -270,13 +270,6 @@ void optim_step_cpu(float *param, float *state, void *param_lp, zr_dtype lp_dtyp
 
 /* --- Lamb over partition segments (lamb_sums_cpu, then lamb_apply_cpu) --- */
 
-/* Lamb's update direction of one element from its new moments (DeepSpeed's FusedLamb: the raw
- * moments, the bias correction lives in the step size). */
-static inline float lamb_u(float m, float v, float p, float eps, float wd, int inside) {
-    const float denom = inside ? sqrtf(v + eps) : sqrtf(v) + eps;
-    return m / denom + wd * p;
-}
-
 void lamb_sums_cpu(const float *param, float *m, float *v, const void *grad, zr_dtype grad_dtype,
                    const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, const float *grad_scale,
                    double *sums) {
@@ -293,7 +286,7 @@ void lamb_sums_cpu(const float *param, float *m, float *v, const void *grad, zr_
             const float mi = b1 * m[i] + (1.f - b1) * g, vi = b2 * v[i] + (1.f - b2) * g * g;
             m[i] = mi;
             v[i] = vi;
-            const float u = lamb_u(mi, vi, p, eps, wd, inside);
+            const float u = zr_lamb_u(mi, vi, p, eps, wd, inside);
             psq += (double)p * p;
             usq += (double)u * u;
         }
@@ -311,11 +304,11 @@ void lamb_apply_cpu(float *param, const float *m, const float *v, void *param_lp
         const int64_t off = segs[k].offset, n = segs[k].n;
         const float wd = segs[k].weight_decay;
         const double ratio = zr_lamb_ratio(sums[2 * k], sums[2 * k + 1], c->max_coeff, c->min_coeff);
-        const float f = (float)(zr_lamb_step_size(c, segs[k].lr, step) * ratio);
+        const float f = (float)(zr_lamb_step_size(c, segs[k].lr, step) * ratio); /* bias correction in it */
 #pragma omp parallel for schedule(static) if (n > PAR_N)
         for (int64_t j = 0; j < n; j++) {
             const int64_t i = off + j;
-            const float p = param[i] - f * lamb_u(m[i], v[i], param[i], eps, wd, inside);
+            const float p = param[i] - f * zr_lamb_u(m[i], v[i], param[i], eps, wd, inside);
             param[i] = p;
             if (param_lp) store_lp(param_lp, lp_dtype, i, p);
         }

@@ -342,12 +342,6 @@ extern "C" int optim_step_cuda(float *param, float *state, void *param_lp, zr_dt
  * size). Pass 1 updates the moments and leaves each block's sums of p^2 and u^2 (double) in the
  * workspace; a second kernel adds a segment's blocks in a fixed order; pass 2 reads the sums. --- */
 
-/* The update direction of one element: kernels/cpu/offload.c's lamb_u. */
-static __device__ __forceinline__ float lamb_u(float m, float v, float p, float eps, float wd, int inside) {
-    const float denom = inside ? sqrtf(v + eps) : sqrtf(v) + eps;
-    return m / denom + wd * p;
-}
-
 /* a[0..ADAMW_THREADS) and b[..] summed into a[0], b[0] (tree order: the same bits on every run). */
 static __device__ __forceinline__ void block_sum2(double *a, double *b) {
     for (int h = ADAMW_THREADS / 2; h > 0; h >>= 1) {
@@ -379,7 +373,7 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
         const float mi = b1 * m[i] + (1.f - b1) * g, vi = b2 * v[i] + (1.f - b2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        const float u = lamb_u(mi, vi, pi, eps, wd, inside);
+        const float u = zr_lamb_u(mi, vi, pi, eps, wd, inside);
         psq += (double)pi * pi;
         usq += (double)u * u;
     }
@@ -425,16 +419,10 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
         const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
         if (j >= n) break;
         const int64_t i = base + j;
-        const float pi = p[i] - f * lamb_u(m[i], v[i], p[i], eps, wd, inside);
+        const float pi = p[i] - f * zr_lamb_u(m[i], v[i], p[i], eps, wd, inside);
         p[i] = pi;
         if (plp) plp[i] = fromf<L>(pi);
     }
-}
-
-/* lr / ss_div is the step size (zr_lamb_step_size's formula, per segment). */
-static double lamb_ss_div(const zr_adamw_config *c, int64_t step) {
-    if (c->no_bias_correction) return 1.0;
-    return (1 - pow(c->beta1, (double)step)) / sqrt(1 - pow(c->beta2, (double)step));
 }
 
 extern "C" int64_t lamb_workspace_cuda(const zr_adamw_segment *segs, int nsegs) {
@@ -490,7 +478,7 @@ extern "C" int lamb_apply_cuda(float *param, const float *m, const float *v, voi
     const char *fn = "lamb_apply_cuda";
     if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
     if (nsegs < 0 || (nsegs > 0 && !segs)) return zr_error("%s: %d segments but no segment array", fn, nsegs);
-    const double ss_div = lamb_ss_div(c, step);
+    const double ss_div = 1.0 / zr_lamb_step_size(c, 1.0, step); /* lr / ss_div: each segment's step size */
     for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
         adamw_batch bt;
         if (batch_segments(bt, segs, s0, nsegs, 1.0, ss_div, fn)) return ZR_ERR;

@@ -18,11 +18,7 @@ function Lamb:check_group(g)
   for _, k in ipairs { "lr", "eps", "weight_decay", "max_coeff", "min_coeff" } do
     if type(g[k]) ~= "number" or g[k] < 0 then error(fmt("Lamb: %s must be a number >= 0, got %s", k, tostring(g[k])), 0) end
   end
-  if type(g.betas) ~= "table" or #g.betas ~= 2 then error("Lamb: betas must be a pair {beta1, beta2}", 0) end
-  for i = 1, 2 do
-    local b = g.betas[i]
-    if type(b) ~= "number" or b < 0 or b >= 1 then error(fmt("Lamb: betas[%d] must be in [0, 1), got %s", i, tostring(b)), 0) end
-  end
+  Optimizer.check_betas("Lamb", g.betas)
   if g.amsgrad then error("Lamb: amsgrad is not supported (DeepSpeed's FusedLamb refuses it too)", 0) end
 end
 
