@@ -49,7 +49,7 @@ static void adamw_case(int64_t n, zr_dtype out_dt, int with_out) {
         free(g);
         g = fvec(n, step + 3);
         double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
-        zr_adamw_config c = {lr, b1, b2, eps, wd};
+        zr_adamw_config c = {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd};
         offload_adamw_cpu(p, m, v, g, n, &c, step, gs, out, out_dt);
         for (int64_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
