@@ -43,7 +43,7 @@ static double required_num(lua_State *L, int idx, const char *key) {
     return v;
 }
 
-/* The optimizer kind named by field `key` of table idx ("adamw", "lion", "adagrad", "sgd"; nil:
+/* The optimizer kind named by field `key` of table idx ("adamw", "lion", "adagrad", "sgd", "lamb"; nil:
  * "adamw"). */
 static int optim_kind_field(lua_State *L, int idx, const char *key) {
     lua_getfield(L, idx, key);
@@ -51,8 +51,9 @@ static int optim_kind_field(lua_State *L, int idx, const char *key) {
     int k = !strcmp(s, "adamw") ? ZR_OPTIM_ADAMW
             : !strcmp(s, "lion") ? ZR_OPTIM_LION
             : !strcmp(s, "adagrad") ? ZR_OPTIM_ADAGRAD
-            : !strcmp(s, "sgd") ? ZR_OPTIM_SGD : -1;
-    if (k < 0) luaL_error(L, "%s: unknown optimizer \"%s\" (adamw, lion, adagrad or sgd)", key, s);
+            : !strcmp(s, "sgd") ? ZR_OPTIM_SGD
+            : !strcmp(s, "lamb") ? ZR_OPTIM_LAMB : -1;
+    if (k < 0) luaL_error(L, "%s: unknown optimizer \"%s\" (adamw, lion, adagrad, sgd or lamb)", key, s);
     lua_pop(L, 1);
     return k;
 }
@@ -149,7 +150,7 @@ static int l_grad_norm(lua_State *L) {
 }
 /* step(grad_scale, step, lr, beta1, beta2, eps[, extra]); lr: a number, or a table with one learning
  * rate per parameter (its group's); extra: {optimizer= (nil: "adamw"), momentum=, dampening=,
- * nesterov=, lr_decay=} */
+ * nesterov=, lr_decay=, bias_correction= (nil: true), eps_inside_sqrt=, max_coeff=, min_coeff=} */
 static int l_step(lua_State *L) {
     zr_zero *z = check_zero(L, 1);
     int n = zr_zero_num_params(z);
@@ -174,6 +175,12 @@ static int l_step(lua_State *L) {
         c.dampening = opt_num(L, 8, "dampening", 0);
         c.lr_decay = opt_num(L, 8, "lr_decay", 0);
         c.nesterov = zr_l_boolfield(L, 8, "nesterov");
+        lua_getfield(L, 8, "bias_correction");
+        c.no_bias_correction = !lua_isnil(L, -1) && !lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        c.eps_inside_sqrt = zr_l_boolfield(L, 8, "eps_inside_sqrt");
+        c.max_coeff = opt_num(L, 8, "max_coeff", 10);
+        c.min_coeff = opt_num(L, 8, "min_coeff", 0.01);
     }
     zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), &c, lr);
     free(lr);

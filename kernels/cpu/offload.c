@@ -4,8 +4,9 @@
  * a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
  * picked at load time, and need -fno-math-errno (Makefile) for a vector sqrt. fp32 only: the f64
  * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. Lion, Adagrad and SGD
- * (optim_step_cpu) are a plain per-element loop over partition segments: the CPU reference of
- * kernels/cuda/optim.cu's optim_step_cuda, used for CPU runs and optimizer offload alike. */
+ * (optim_step_cpu) and Lamb (lamb_sums_cpu, lamb_apply_cpu) are plain per-element loops over
+ * partition segments: the CPU references of kernels/cuda/optim.cu's optim_step_cuda and
+ * lamb_*_cuda, used for CPU runs and optimizer offload alike. */
 #include "offload.h"
 
 #ifndef ZR_REAL_F64
@@ -257,6 +258,13 @@ static inline float grad_at(const void *g, zr_dtype dt, int64_t i) {
                            : zr_f16_to_f32(((const uint16_t *)g)[i]);
 }
 
+/* param_lp[i] = p as lp_dtype (f32, bf16 or f16), rounded to nearest even. */
+static inline void store_lp(void *param_lp, zr_dtype lp_dtype, int64_t i, float p) {
+    if (lp_dtype == ZR_F32) ((float *)param_lp)[i] = p;
+    else if (lp_dtype == ZR_BF16) ((uint16_t *)param_lp)[i] = bf16_rne(p);
+    else ((uint16_t *)param_lp)[i] = zr_f32_to_f16(p);
+}
+
 /* One element: p and its state s (NULL-free: SGD without momentum passes a dummy), g already
  * scaled. The formulas of kernels/cuda/optim.cu's optim_elem, in the same order. */
 static inline float optim_elem_cpu(int kind, float g, float p, float *s, float lr, float wd, float b1, float b2,
@@ -300,11 +308,54 @@ void optim_step_cpu(float *param, float *state, void *param_lp, zr_dtype lp_dtyp
             const float p = optim_elem_cpu(kind, grad_at(grad, grad_dtype, i) * gs, param[i], s, lr, wd, b1, b2,
                                            eps, mo, damp1, nesterov, first, has_buf);
             param[i] = p;
-            if (param_lp) {
-                if (lp_dtype == ZR_F32) ((float *)param_lp)[i] = p;
-                else if (lp_dtype == ZR_BF16) ((uint16_t *)param_lp)[i] = bf16_rne(p);
-                else ((uint16_t *)param_lp)[i] = zr_f32_to_f16(p);
-            }
+            if (param_lp) store_lp(param_lp, lp_dtype, i, p);
+        }
+    }
+}
+
+/* --- Lamb over partition segments (lamb_sums_cpu, then lamb_apply_cpu) --- */
+
+void lamb_sums_cpu(const float *param, float *m, float *v, const void *grad, zr_dtype grad_dtype,
+                   const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, const float *grad_scale,
+                   double *sums) {
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps, gs = grad_scale ? *grad_scale : 1.f;
+    const int inside = c->eps_inside_sqrt;
+    for (int k = 0; k < nsegs; k++) {
+        const int64_t off = segs[k].offset, n = segs[k].n;
+        const float wd = segs[k].weight_decay;
+        double psq = 0, usq = 0;
+#pragma omp parallel for schedule(static) reduction(+ : psq, usq) if (n > PAR_N)
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t i = off + j;
+            const float g = grad_at(grad, grad_dtype, i) * gs, p = param[i];
+            const float mi = b1 * m[i] + (1.f - b1) * g, vi = b2 * v[i] + (1.f - b2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            const float u = zr_lamb_u(mi, vi, p, eps, wd, inside);
+            psq += (double)p * p;
+            usq += (double)u * u;
+        }
+        sums[2 * k] = psq;
+        sums[2 * k + 1] = usq;
+    }
+}
+
+void lamb_apply_cpu(float *param, const float *m, const float *v, void *param_lp, zr_dtype lp_dtype,
+                    const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                    const double *sums) {
+    const float eps = (float)c->eps;
+    const int inside = c->eps_inside_sqrt;
+    for (int k = 0; k < nsegs; k++) {
+        const int64_t off = segs[k].offset, n = segs[k].n;
+        const float wd = segs[k].weight_decay;
+        const double ratio = zr_lamb_ratio(sums[2 * k], sums[2 * k + 1], c->max_coeff, c->min_coeff);
+        const float f = (float)(zr_lamb_step_size(c, segs[k].lr, step) * ratio); /* bias correction in it */
+#pragma omp parallel for schedule(static) if (n > PAR_N)
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t i = off + j;
+            const float p = param[i] - f * zr_lamb_u(m[i], v[i], param[i], eps, wd, inside);
+            param[i] = p;
+            if (param_lp) store_lp(param_lp, lp_dtype, i, p);
         }
     }
 }

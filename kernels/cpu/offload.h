@@ -37,6 +37,26 @@ void optim_step_cpu(float *param, float *state, void *param_lp, zr_dtype lp_dtyp
                     zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
                     int64_t step, const float *grad_scale);
 
+/* Lamb (DeepSpeed's FusedLamb, deepspeed/ops/lamb/fused_lamb.py and csrc/lamb/
+ * fused_lamb_cuda_kernel.cu at edaa72212) over nsegs segments, each one parameter tensor's elements
+ * in this partition with its own lr and weight decay, in two passes because the trust ratio needs
+ * the whole tensor (the ZeRO engine adds the sums of every rank's segment in between):
+ *   lamb_sums_cpu:  g = grad * *grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *                   u = m / (sqrt(v) + eps) + wd p    (eps_inside_sqrt: m / sqrt(v + eps) + wd p)
+ *                   sums[2k] = sum p^2, sums[2k+1] = sum u^2 over segment k (in double)
+ *   lamb_apply_cpu: ratio = ||p|| / ||u|| clamped to [min_coeff, max_coeff], 1 when either is 0;
+ *                   p -= step_size * ratio * u  (u recomputed from the new m, v and the old p),
+ *                   step_size = lr sqrt(1 - b2^t) / (1 - b1^t), or lr without bias correction.
+ * As DeepSpeed does, u uses the raw moments (not m-hat, v-hat): the bias correction is all in the
+ * step size, so it scales the weight decay term too. grad f32, bf16 or f16 (grad_dtype); param,
+ * m, v f32 (S); param_lp NULL or the new weights as lp_dtype at the same offsets. */
+void lamb_sums_cpu(const float *param, float *m, float *v, const void *grad, zr_dtype grad_dtype,
+                   const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, const float *grad_scale,
+                   double *sums);
+void lamb_apply_cpu(float *param, const float *m, const float *v, void *param_lp, zr_dtype lp_dtype,
+                    const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                    const double *sums);
+
 /* dst (n, f32) += src (n, src_dt: ZR_F32, ZR_BF16 or ZR_F16), or dst = src when overwrite. */
 void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite);
 

@@ -1,6 +1,7 @@
 /* Multi-tensor AdamW (see optim.h): the host packs up to 64 segments and their block ranges into
  * the kernel's parameters; each block updates 4096 consecutive elements of one segment, each
- * thread 16 of them with coalesced accesses. The SGD step is at the end. */
+ * thread 16 of them with coalesced accesses. Then Lion/Adagrad/SGD and Lamb over the same
+ * batches; the plain SGD step is at the end. */
 #include "optim.h"
 
 #include <cuda_bf16.h>
@@ -331,6 +332,162 @@ extern "C" int optim_step_cuda(float *param, float *state, void *param_lp, zr_dt
         else
             return zr_error("%s: grad dtype %s not supported (f32, bf16 or f16)", fn, zr_dtype_name(grad_dtype));
         if (rc) return rc;
+        if (launch_check(fn)) return ZR_ERR;
+    }
+    return 0;
+}
+
+/* --- Lamb: two passes over partition segments (lamb_sums_cpu / lamb_apply_cpu's twins). Same
+ * batching as AdamW (adamw_batch: ADAMW_CHUNK elements per block; ss holds each segment's step
+ * size). Pass 1 updates the moments and leaves each block's sums of p^2 and u^2 (double) in the
+ * workspace; a second kernel adds a segment's blocks in a fixed order; pass 2 reads the sums. --- */
+
+/* a[0..ADAMW_THREADS) and b[..] summed into a[0], b[0] (tree order: the same bits on every run). */
+static __device__ __forceinline__ void block_sum2(double *a, double *b) {
+    for (int h = ADAMW_THREADS / 2; h > 0; h >>= 1) {
+        __syncthreads();
+        if ((int)threadIdx.x < h) {
+            a[threadIdx.x] += a[threadIdx.x + h];
+            b[threadIdx.x] += b[threadIdx.x + h];
+        }
+    }
+    __syncthreads();
+}
+
+template <typename G>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    lamb_sums_kernel(adamw_batch bt, const float *__restrict__ p, float *__restrict__ m, float *__restrict__ v,
+                     const G *__restrict__ grad, const float *__restrict__ gscale, float b1, float b2, float eps,
+                     int inside, double *__restrict__ part) {
+    __shared__ double sp[ADAMW_THREADS], su[ADAMW_THREADS];
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], n = bt.n[s];
+    const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
+    const float gs = gscale ? *gscale : 1.f, wd = bt.wd[s];
+    double psq = 0, usq = 0;
+    for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
+        const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
+        if (j >= n) break;
+        const int64_t i = base + j;
+        const float g = tof<G>(grad[i]) * gs, pi = p[i];
+        const float mi = b1 * m[i] + (1.f - b1) * g, vi = b2 * v[i] + (1.f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float u = zr_lamb_u(mi, vi, pi, eps, wd, inside);
+        psq += (double)pi * pi;
+        usq += (double)u * u;
+    }
+    sp[threadIdx.x] = psq;
+    su[threadIdx.x] = usq;
+    block_sum2(sp, su);
+    if (threadIdx.x == 0) {
+        part[2 * blockIdx.x] = sp[0];
+        part[2 * blockIdx.x + 1] = su[0];
+    }
+}
+
+/* Block s: the partials of segment s's blocks added into sums[2s], sums[2s+1] (0 for an empty one). */
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    lamb_reduce_kernel(adamw_batch bt, const double *__restrict__ part, double *__restrict__ sums) {
+    __shared__ double sp[ADAMW_THREADS], su[ADAMW_THREADS];
+    const int s = blockIdx.x;
+    double a = 0, b = 0;
+    for (int k = bt.block0[s] + threadIdx.x; k < bt.block0[s + 1]; k += ADAMW_THREADS) {
+        a += part[2 * k];
+        b += part[2 * k + 1];
+    }
+    sp[threadIdx.x] = a;
+    su[threadIdx.x] = b;
+    block_sum2(sp, su);
+    if (threadIdx.x == 0) {
+        sums[2 * s] = sp[0];
+        sums[2 * s + 1] = su[0];
+    }
+}
+
+template <typename L>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    lamb_apply_kernel(adamw_batch bt, float *__restrict__ p, const float *__restrict__ m,
+                      const float *__restrict__ v, L *__restrict__ plp, float eps, int inside, double max_coeff,
+                      double min_coeff, const double *__restrict__ sums) {
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], n = bt.n[s];
+    const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
+    const float f = (float)((double)bt.ss[s] * zr_lamb_ratio(sums[2 * s], sums[2 * s + 1], max_coeff, min_coeff));
+    const float wd = bt.wd[s];
+    for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
+        const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
+        if (j >= n) break;
+        const int64_t i = base + j;
+        const float pi = p[i] - f * zr_lamb_u(m[i], v[i], p[i], eps, wd, inside);
+        p[i] = pi;
+        if (plp) plp[i] = fromf<L>(pi);
+    }
+}
+
+extern "C" int64_t lamb_workspace_cuda(const zr_adamw_segment *segs, int nsegs) {
+    int64_t blocks = 0;
+    for (int s = 0; s < nsegs; ++s) blocks += segs[s].n > 0 ? (segs[s].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK : 0;
+    return 2 * (blocks > 0 ? blocks : 1);
+}
+
+extern "C" int lamb_sums_cuda(const float *param, float *m, float *v, const void *grad, zr_dtype grad_dtype,
+                              const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
+                              const float *grad_scale, double *sums, double *work, cudaStream_t stream) {
+    const char *fn = "lamb_sums_cuda";
+    if (nsegs < 0 || (nsegs > 0 && !segs)) return zr_error("%s: %d segments but no segment array", fn, nsegs);
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
+    int64_t used = 0; /* batches take consecutive ranges of the workspace */
+    for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
+        adamw_batch bt;
+        if (batch_segments(bt, segs, s0, nsegs, 1.0, 0.0, fn)) return ZR_ERR;
+        const unsigned nb = (unsigned)bt.block0[bt.nsegs];
+        double *part = work + used;
+        used += 2 * (int64_t)nb;
+        if (nb > 0) {
+            if (grad_dtype == ZR_F32)
+                lamb_sums_kernel<float><<<nb, ADAMW_THREADS, 0, stream>>>(bt, param, m, v, (const float *)grad,
+                                                                          grad_scale, b1, b2, eps,
+                                                                          c->eps_inside_sqrt, part);
+            else if (grad_dtype == ZR_BF16)
+                lamb_sums_kernel<__nv_bfloat16><<<nb, ADAMW_THREADS, 0, stream>>>(
+                    bt, param, m, v, (const __nv_bfloat16 *)grad, grad_scale, b1, b2, eps, c->eps_inside_sqrt, part);
+            else if (grad_dtype == ZR_F16)
+                lamb_sums_kernel<__half><<<nb, ADAMW_THREADS, 0, stream>>>(
+                    bt, param, m, v, (const __half *)grad, grad_scale, b1, b2, eps, c->eps_inside_sqrt, part);
+            else
+                return zr_error("%s: grad dtype %s not supported (f32, bf16 or f16)", fn, zr_dtype_name(grad_dtype));
+            if (launch_check(fn)) return ZR_ERR;
+        }
+        lamb_reduce_kernel<<<(unsigned)bt.nsegs, ADAMW_THREADS, 0, stream>>>(bt, part, sums + 2 * s0);
+        if (launch_check(fn)) return ZR_ERR;
+    }
+    return 0;
+}
+
+template <typename L>
+static void lamb_apply_launch(const adamw_batch &bt, float *p, const float *m, const float *v, void *plp,
+                              const zr_adamw_config *c, const double *sums, cudaStream_t stream) {
+    lamb_apply_kernel<L><<<(unsigned)bt.block0[bt.nsegs], ADAMW_THREADS, 0, stream>>>(
+        bt, p, m, v, (L *)plp, (float)c->eps, c->eps_inside_sqrt, c->max_coeff, c->min_coeff, sums);
+}
+
+extern "C" int lamb_apply_cuda(float *param, const float *m, const float *v, void *param_lp, zr_dtype lp_dtype,
+                               const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                               const double *sums, cudaStream_t stream) {
+    const char *fn = "lamb_apply_cuda";
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
+    if (nsegs < 0 || (nsegs > 0 && !segs)) return zr_error("%s: %d segments but no segment array", fn, nsegs);
+    const double ss_div = 1.0 / zr_lamb_step_size(c, 1.0, step); /* lr / ss_div: each segment's step size */
+    for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
+        adamw_batch bt;
+        if (batch_segments(bt, segs, s0, nsegs, 1.0, ss_div, fn)) return ZR_ERR;
+        if (bt.block0[bt.nsegs] == 0) continue;
+        const double *bs = sums + 2 * s0;
+        if (!param_lp || lp_dtype == ZR_F32) lamb_apply_launch<float>(bt, param, m, v, param_lp, c, bs, stream);
+        else if (lp_dtype == ZR_BF16) lamb_apply_launch<__nv_bfloat16>(bt, param, m, v, param_lp, c, bs, stream);
+        else if (lp_dtype == ZR_F16) lamb_apply_launch<__half>(bt, param, m, v, param_lp, c, bs, stream);
+        else return zr_error("%s: param copy dtype %s not supported (bf16, f16 or f32)", fn, zr_dtype_name(lp_dtype));
         if (launch_check(fn)) return ZR_ERR;
     }
     return 0;

@@ -1,5 +1,5 @@
 /* Optimizer steps on CUDA, the twins of kernels/cpu/optim.h: AdamW and SGD; Lion, Adagrad and SGD
- * over partition segments (twins of kernels/cpu/offload.h's optim_step_cpu).
+ * over partition segments (twins of kernels/cpu/offload.h's optim_step_cpu); Lamb's two passes.
  * Fused multi-tensor AdamW on CUDA over flat buffers (llm.c/ZeRO style: every parameter lives at
  * an offset of one f32 master buffer, with m, v and the gradients at the same offsets of theirs).
  * One launch updates up to 64 segments (tensors) with their own weight decay and learning rate; more segments take
@@ -9,6 +9,7 @@
 #define ZR_CUDA_OPTIM_H
 
 #include <cuda_runtime_api.h>
+#include <math.h> /* before the extern "C" block: adamw.h's inline helpers use it */
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -33,6 +34,18 @@ int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype l
 int optim_step_cuda(float *param, float *state, void *param_lp, zr_dtype lp_dtype, const void *grad,
                     zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c,
                     int64_t step, const float *grad_scale, cudaStream_t stream);
+/* Lamb's two passes over partition segments, the twins of lamb_sums_cpu and lamb_apply_cpu
+ * (kernels/cpu/offload.h, where the formula is), same arguments + stream; grad_scale is a device f32
+ * scalar or NULL. sums: device f64 (2 nsegs), written by lamb_sums_cuda (deterministic: per-block
+ * partials in work, then added per segment in a fixed order) and read by lamb_apply_cuda, with any
+ * cross-rank reduction in between. work: device f64 of lamb_workspace_cuda(segs, nsegs) elements. */
+int64_t lamb_workspace_cuda(const zr_adamw_segment *segs, int nsegs);
+int lamb_sums_cuda(const float *param, float *m, float *v, const void *grad, zr_dtype grad_dtype,
+                   const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, const float *grad_scale,
+                   double *sums, double *work, cudaStream_t stream);
+int lamb_apply_cuda(float *param, const float *m, const float *v, void *param_lp, zr_dtype lp_dtype,
+                    const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                    const double *sums, cudaStream_t stream);
 /* torch.optim.SGD on n contiguous elements of p (f32 or f64), g of p's dtype; buf NULL without
  * momentum. Same arithmetic as sgd_step_cpu (in the parameter's precision). */
 int sgd_step_cuda(void *p, const void *g, void *buf, int64_t n, double lr, double momentum,

@@ -7,7 +7,7 @@
 --   dir/<tag>/mp_rank_00_model_states.json               rank 0: engine metadata (JSON sidecar)
 --   dir/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.safetensors
 --       rank r: tensors master and the optimizer's states (f32, the rank's partition of S elements:
---       AdamW exp_avg, exp_avg_sq; Lion exp_avg; Adagrad sum; SGD momentum_buffer, when momentum > 0) and
+--       AdamW and Lamb exp_avg, exp_avg_sq; Lion exp_avg; Adagrad sum; SGD momentum_buffer, when momentum > 0) and
 --       __metadata__ {format, zrun_state = JSON}: counters, scheduler, loss scaler, client_state,
 --       config, world size, stage, RNG, optimizer and its state names, and per parameter {name, shape,
 --       numel, offset, chunk}. A file without an optimizer is AdamW's.
@@ -37,7 +37,8 @@ M.MODEL_JSON = "mp_rank_00_model_states.json"
 M.STATES = { "master", "exp_avg", "exp_avg_sq" } -- AdamW's: engine.zero:state(0), (1), (2)
 -- Each optimizer's states after master, by the engine's optimizer name (engine.optimizer_type):
 -- engine.zero:state(1), (2); torch's state names.
-M.OPTIMIZER_STATES = { adamw = { "exp_avg", "exp_avg_sq" }, lion = { "exp_avg" }, adagrad = { "sum" },
+M.OPTIMIZER_STATES = { adamw = { "exp_avg", "exp_avg_sq" }, lamb = { "exp_avg", "exp_avg_sq" }, lion = { "exp_avg" },
+  adagrad = { "sum" },
   sgd = { "momentum_buffer" } }
 -- The optimizer of an engine ("adamw" when it predates the others) and the states it keeps,
 -- master first: the tensor names of its optimizer files.

@@ -345,8 +345,13 @@ local function take_variant(node, v, p, ctx)
     params = {}
   end
   local schema = node.types[canonical]
+  if node == OPTIMIZER and params.max_grad_norm ~= nil then -- refused before the type (engine.py)
+    add_error(ctx, "%s.params.max_grad_norm: DeepSpeed does not take max_grad_norm as an optimizer parameter " ..
+      "(deepspeed.initialize raises a ValueError); use the top-level gradient_clipping", p)
+  end
   for k in pairs(params) do -- constructor keyword arguments: an unknown one is a TypeError in DeepSpeed
-    if type(k) ~= "string" or not schema.map[k] then
+    if k == "max_grad_norm" and node == OPTIMIZER then -- refused above
+    elseif type(k) ~= "string" or not schema.map[k] then
       unknown_key(ctx, schema.keys, p .. ".params", k, true, fmt("%s takes %s", canonical, concat(schema.keys, ", ")))
     end
   end
@@ -816,9 +821,33 @@ local function batch_rule(vals, ctx, meta)
   end
 end
 
+-- DeepSpeed's rules for Lamb (runtime/engine.py): dynamic loss scaling (fp16.loss_scale 0), and
+-- under ZeRO (stage >= 1) FusedLamb is not in ZERO_SUPPORTED_OPTIMIZERS, so it needs
+-- zero_allow_untested_optimizer. zrun runs it at every stage with one trust ratio per parameter
+-- tensor (the stage 0 result); DeepSpeed's ZeRO hands FusedLamb each rank's flat partition instead.
+local function lamb_checks(vals, ctx)
+  local opt, stage = vals.optimizer, vals.zero_optimization.stage
+  if not (opt and opt.type == "Lamb") then return end
+  local ls = vals.fp16 and vals.fp16.loss_scale
+  if type(ls) == "number" and ls ~= 0 then
+    add_error(ctx, 'optimizer.type "Lamb" requires dynamic loss scaling, as DeepSpeed asserts: fp16.loss_scale ' ..
+      "must be 0, got %s", fmtnum(ls))
+  end
+  if type(stage) ~= "number" or stage < 1 then return end
+  if vals.zero_allow_untested_optimizer ~= true then
+    add_error(ctx, 'optimizer.type "Lamb" at zero_optimization.stage %d: DeepSpeed stops here ("You are using an ' ..
+      'untested ZeRO Optimizer"); add "zero_allow_untested_optimizer": true to run it', stage)
+  else
+    add_warning(ctx, 'optimizer.type "Lamb" at zero_optimization.stage %d: zrun computes each trust ratio over ' ..
+      "the whole parameter tensor, as at stage 0; DeepSpeed's ZeRO would compute one per rank's flat partition, " ..
+      "so its results differ from zrun's", stage)
+  end
+end
+
 local function cross_checks(vals, ctx)
   local zo = vals.zero_optimization
   local stage = zo.stage
+  lamb_checks(vals, ctx)
   -- torch.optim.SGD's own check (a ValueError in its constructor)
   local opt = vals.optimizer
   if opt and opt.type == "SGD" and opt.params and opt.params.nesterov == true then

@@ -103,6 +103,19 @@ local OPTIMIZER = variant({
     { "differentiable", bool(false) },
     { "fused", bool(nil, { nullable = true }) },
   } },
+  -- DeepSpeed's FusedLamb (deepspeed/ops/lamb/fused_lamb.py), its constructor's arguments but
+  -- max_grad_norm, which deepspeed.initialize refuses for every optimizer (config.lua says so)
+  { "Lamb", section {
+    { "lr", num(1e-3, { min = 0, auto = true }) },
+    { "bias_correction", bool(true) },
+    { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
+    { "eps", num(1e-8, { min = 0, auto = true }) },
+    { "eps_inside_sqrt", bool(false) },
+    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    { "max_coeff", num(10.0, NONNEG) },
+    { "min_coeff", num(0.01, NONNEG) },
+    { "amsgrad", refuse_unless(false, bool(false)) },
+  } },
   -- torch.optim.SGD (exact name, as DeepSpeed looks it up in torch.optim); weight_decay is L2
   { "SGD", section {
     { "lr", num(1e-3, { min = 0, auto = true }) },
@@ -119,7 +132,7 @@ local OPTIMIZER = variant({
 
 -- Optimizers DeepSpeed builds (its own, matched case-insensitively, and torch.optim's by exact
 -- name) that zrun's ZeRO engine does not implement: refused by `zrun check` and zr.initialize alike.
-local DS_OPTIMIZERS = { "Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon" }
+local DS_OPTIMIZERS = { "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "MuAdam", "MuAdamW", "MuSGD", "Muon" }
 local TORCH_OPTIMIZERS = { "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop", "Rprop", "SparseAdam",
   "Adafactor" }
 
@@ -134,7 +147,7 @@ end
 -- The one message for an optimizer zrun does not implement (zrun check and zr.initialize).
 function M.unimplemented_optimizer_message(ty)
   return fmt('optimizer.type "%s": zrun\'s ZeRO engine does not implement %s yet; use "AdamW" (or "Adam", which ' ..
-    "DeepSpeed runs as AdamW), \"Lion\", \"Adagrad\" or \"SGD\"", ty, unimplemented_optimizer(ty) or ty)
+    "DeepSpeed runs as AdamW), \"Lion\", \"Adagrad\", \"SGD\" or \"Lamb\"", ty, unimplemented_optimizer(ty) or ty)
 end
 
 -- Scheduler params, per type: the constructor arguments of deepspeed/runtime/lr_schedules.py.

@@ -14,10 +14,12 @@ M.Engine = Engine
 
 local fmt = string.format
 -- The ZeRO engine's optimizer (bind_zero.c's names) for each canonical optimizer.type.
-local OPTIMIZER_KIND = { Adam = "adamw", AdamW = "adamw", Lion = "lion", Adagrad = "adagrad", SGD = "sgd" }
+local OPTIMIZER_KIND = { Adam = "adamw", AdamW = "adamw", Lion = "lion", Adagrad = "adagrad", SGD = "sgd",
+  Lamb = "lamb" }
 -- How many f32 states beside the master weights each keeps (runtime: zr_optim_states).
 local OPTIMIZER_STATES = { adamw = function() return 2 end, lion = function() return 1 end,
-  adagrad = function() return 1 end, sgd = function(op) return (op.momentum or 0) ~= 0 and 1 or 0 end }
+  adagrad = function() return 1 end, sgd = function(op) return (op.momentum or 0) ~= 0 and 1 or 0 end,
+  lamb = function() return 2 end }
 
 -- The optimizer the engine hands back: param_groups with lr (the scheduler writes them), and a
 -- zero_grad that explains why it must not be called by hand.
@@ -133,7 +135,7 @@ function M.initialize(opts)
   self.device = opts.device or (p0 and p0:device()) or "cpu"
   if precision ~= "f32" and p0 and p0:dtype() ~= precision then model:to(precision) end
 
-  -- optimizer hyperparameters: AdamW ("Adam" too), Lion, Adagrad or SGD (config.load refuses the
+  -- optimizer hyperparameters: AdamW ("Adam" too), Lion, Adagrad, SGD or Lamb (config.load refuses the
   -- optimizers zrun does not run, with the message `zrun check` prints); no optimizer section:
   -- DeepSpeed's AdamW defaults
   local ocfg = cfg.optimizer or cfgmod.default_optimizer()
@@ -141,7 +143,8 @@ function M.initialize(opts)
   self.optimizer_type = OPTIMIZER_KIND[ocfg.type] or error(fmt("optimizer.type %s: not an optimizer zrun runs", ocfg.type), 0)
   self.hp = { lr = op.lr, betas = op.betas or { 0, 0 }, eps = op.eps or 0, weight_decay = op.weight_decay,
     extra = { optimizer = self.optimizer_type, momentum = op.momentum, dampening = op.dampening,
-      nesterov = op.nesterov, lr_decay = op.lr_decay } }
+      nesterov = op.nesterov, lr_decay = op.lr_decay, bias_correction = op.bias_correction,
+      eps_inside_sqrt = op.eps_inside_sqrt, max_coeff = op.max_coeff, min_coeff = op.min_coeff } }
 
   local params, wds, gidx, groups = flatten_groups(model, opts.model_parameters, self.hp.weight_decay)
   self.params = params

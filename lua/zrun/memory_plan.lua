@@ -63,7 +63,7 @@ local function settings(o, cfg_model)
   s.stage = o.stage or zc.stage or 0
   s.offload_optimizer = o.offload_optimizer
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
-  -- the optimizer's f32 states beside the master weights: AdamW 2, Lion/Adagrad 1, SGD 1 with momentum
+  -- the optimizer's f32 states beside the master weights: AdamW and Lamb 2, Lion/Adagrad 1, SGD 1 with momentum
   local op = ds.optimizer
   s.opt_states = not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
     op.type == "SGD" and ((op.params.momentum or 0) ~= 0 and 1 or 0) or 2

@@ -1,4 +1,4 @@
-/* Optimizer steps (AdamW, SGD; Lion, Adagrad and SGD on flat segments, the ZeRO engine's kernels)
+/* Optimizer steps (AdamW, SGD; Lion, Adagrad, SGD and Lamb on flat segments, the ZeRO engine's kernels)
  * over parameter tensors and flat buffers: argument checks, the
  * per-step scalars (bias corrections), and dispatch to the fused CPU kernels, or for parameters
  * on a GPU to kernels/cuda/optim.h (AdamW: one segment per tensor; f32 or bf16/f16 gradients
@@ -24,13 +24,17 @@ static zr_status check_dev_param(const char *op, const zr_tensor *p) {
 }
 
 static const char *optim_name(int kind) {
-    return kind == ZR_OPTIM_LION ? "lion" : kind == ZR_OPTIM_ADAGRAD ? "adagrad" : kind == ZR_OPTIM_SGD ? "sgd" : "adamw";
+    return kind == ZR_OPTIM_LION      ? "lion"
+           : kind == ZR_OPTIM_ADAGRAD ? "adagrad"
+           : kind == ZR_OPTIM_SGD     ? "sgd"
+           : kind == ZR_OPTIM_LAMB    ? "lamb"
+                                      : "adamw";
 }
 
 zr_status zr_adamw_config_check(const zr_adamw_config *c) {
     const char *op = optim_name(c->kind);
-    if (c->kind < ZR_OPTIM_ADAMW || c->kind > ZR_OPTIM_SGD)
-        return zr_error("optimizer kind %d is not AdamW, Lion, Adagrad or SGD", c->kind);
+    if (c->kind < ZR_OPTIM_ADAMW || c->kind > ZR_OPTIM_LAMB)
+        return zr_error("optimizer kind %d is not AdamW, Lion, Adagrad, SGD or Lamb", c->kind);
     if (!(c->lr >= 0)) return zr_error("%s: lr must be >= 0, got %g", op, c->lr);
     if (!(c->eps >= 0)) return zr_error("%s: eps must be >= 0, got %g", op, c->eps);
     if (!(c->beta1 >= 0 && c->beta1 < 1))
@@ -41,6 +45,8 @@ zr_status zr_adamw_config_check(const zr_adamw_config *c) {
         return zr_error("%s: weight_decay must be >= 0, got %g", op, c->weight_decay);
     if (!(c->lr_decay >= 0)) return zr_error("%s: lr_decay must be >= 0, got %g", op, c->lr_decay);
     if (!(c->momentum >= 0)) return zr_error("%s: momentum must be >= 0, got %g", op, c->momentum);
+    if (c->kind == ZR_OPTIM_LAMB && !(c->min_coeff >= 0 && c->max_coeff >= 0))
+        return zr_error("%s: max_coeff and min_coeff must be >= 0, got %g and %g", op, c->max_coeff, c->min_coeff);
     if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
         return zr_error("%s: nesterov momentum requires momentum > 0 and dampening = 0 (got momentum %g, dampening %g)",
                         op, c->momentum, c->dampening);
@@ -198,24 +204,24 @@ zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf
     return ZR_OK;
 }
 
-zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *grad, const zr_adamw_segment *segs,
-                                 int nsegs, const zr_adamw_config *c, int64_t step, double grad_scale) {
-    const char *op = "optim_step";
+/* Checks a flat step's parameters (contiguous f32), states (each like the parameters; NULL allowed
+ * where the optimizer keeps fewer), gradient (f32, bf16 or f16) and segments (inside the buffer). */
+static zr_status check_flat(const char *op, zr_tensor *param, zr_tensor *const *states, int nstates, int need,
+                            zr_tensor *grad, const zr_adamw_segment *segs, int nsegs) {
     char b1[192], b2[192];
-    if (c->kind != ZR_OPTIM_LION && c->kind != ZR_OPTIM_ADAGRAD && c->kind != ZR_OPTIM_SGD)
-        return zr_error("%s: optimizer kind %d is not Lion, Adagrad or SGD (AdamW has adamw_step)", op, c->kind);
-    if (zr_adamw_config_check(c)) return ZR_ERR;
-    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", op, (long long)step);
     if (!param || param->dtype != ZR_F32 || !zr_tensor_is_contiguous(param))
         return zr_error("%s: parameters must be a contiguous f32 tensor, got %s", op,
                         param ? zr_tensor_describe(param, b1) : "nothing");
     const int64_t n = zr_tensor_numel(param);
     zr_device dev = zr_tensor_device(param);
-    if (state ? (state->dtype != ZR_F32 || zr_tensor_numel(state) != n || !zr_tensor_is_contiguous(state) ||
-                 !zr_device_eq(zr_tensor_device(state), dev))
-              : zr_optim_states(c->kind, c->momentum) > 0)
-        return zr_error("%s: state %s must be a contiguous f32 tensor like the parameters (%s)", op,
-                        state ? zr_tensor_describe(state, b1) : "is missing: it", zr_tensor_describe(param, b2));
+    for (int k = 0; k < nstates; k++) {
+        zr_tensor *state = states[k];
+        if (state ? (state->dtype != ZR_F32 || zr_tensor_numel(state) != n || !zr_tensor_is_contiguous(state) ||
+                     !zr_device_eq(zr_tensor_device(state), dev))
+                  : k < need)
+            return zr_error("%s: state %s must be a contiguous f32 tensor like the parameters (%s)", op,
+                            state ? zr_tensor_describe(state, b1) : "is missing: it", zr_tensor_describe(param, b2));
+    }
     if (!grad || zr_tensor_numel(grad) != n || !zr_tensor_is_contiguous(grad) ||
         !zr_device_eq(zr_tensor_device(grad), dev) ||
         (grad->dtype != ZR_F32 && grad->dtype != ZR_BF16 && grad->dtype != ZR_F16))
@@ -225,6 +231,18 @@ zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *
         if (segs[k].offset < 0 || segs[k].n < 0 || segs[k].offset + segs[k].n > n)
             return zr_error("%s: segment %d [%lld, +%lld) is outside the %lld parameters", op, k + 1,
                             (long long)segs[k].offset, (long long)segs[k].n, (long long)n);
+    return ZR_OK;
+}
+
+zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *grad, const zr_adamw_segment *segs,
+                                 int nsegs, const zr_adamw_config *c, int64_t step, double grad_scale) {
+    const char *op = "optim_step";
+    if (c->kind != ZR_OPTIM_LION && c->kind != ZR_OPTIM_ADAGRAD && c->kind != ZR_OPTIM_SGD)
+        return zr_error("%s: optimizer kind %d is not Lion, Adagrad or SGD (AdamW has adamw_step)", op, c->kind);
+    if (zr_adamw_config_check(c)) return ZR_ERR;
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", op, (long long)step);
+    if (check_flat(op, param, &state, 1, zr_optim_states(c->kind, c->momentum), grad, segs, nsegs)) return ZR_ERR;
+    zr_device dev = zr_tensor_device(param);
     float *s = state ? zr_tensor_data(state) : NULL;
     if (zr_is_cpu(param)) {
         const float gs = (float)grad_scale;
@@ -240,6 +258,83 @@ zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *
     zr_tensor_release(gs);
     return zr_dev_status(rc, op, dev);
 #else
+    (void)dev;
     return zr_no_cuda(op);
 #endif
+}
+
+/* Lamb's per-segment sums: a contiguous f64 tensor of 2 nsegs elements on the parameters' device. */
+static zr_status check_sums(const char *op, const zr_tensor *sums, int nsegs, zr_device dev) {
+    char b[192];
+    if (!sums || sums->dtype != ZR_F64 || zr_tensor_numel(sums) != 2 * (int64_t)nsegs ||
+        !zr_tensor_is_contiguous(sums) || !zr_device_eq(zr_tensor_device(sums), dev))
+        return zr_error("%s: sums must be a contiguous f64 tensor of %d elements (2 per segment) on the parameters' "
+                        "device, got %s", op, 2 * nsegs, sums ? zr_tensor_describe(sums, b) : "nothing");
+    return ZR_OK;
+}
+
+zr_status zr_lamb_sums(zr_tensor *param, zr_tensor *m, zr_tensor *v, zr_tensor *grad, const zr_adamw_segment *segs,
+                       int nsegs, const zr_adamw_config *c, double grad_scale, zr_tensor *sums) {
+    const char *op = "lamb";
+    if (c->kind != ZR_OPTIM_LAMB) return zr_error("%s: optimizer kind %d is not Lamb", op, c->kind);
+    zr_tensor *st[2] = {m, v};
+    if (zr_adamw_config_check(c) || check_flat(op, param, st, 2, 2, grad, segs, nsegs)) return ZR_ERR;
+    zr_device dev = zr_tensor_device(param);
+    if (check_sums(op, sums, nsegs, dev)) return ZR_ERR;
+    if (zr_is_cpu(param)) {
+        const float gs = (float)grad_scale;
+        lamb_sums_cpu(zr_tensor_data(param), zr_tensor_data(m), zr_tensor_data(v), zr_tensor_data(grad), grad->dtype,
+                      segs, nsegs, c, &gs, zr_tensor_data(sums));
+        return ZR_OK;
+    }
+#ifdef ZR_HAVE_CUDA
+    int64_t nw = lamb_workspace_cuda(segs, nsegs);
+    zr_tensor *gs = zr_tensor_full(ZR_F32, dev, 0, NULL, grad_scale);
+    zr_tensor *ws = gs ? zr_tensor_new_cat(ZR_F64, dev, 1, &nw, ZR_MEM_WORKSPACE, 0) : NULL;
+    int rc = ws ? lamb_sums_cuda(zr_tensor_data(param), zr_tensor_data(m), zr_tensor_data(v), zr_tensor_data(grad),
+                                 grad->dtype, segs, nsegs, c, zr_tensor_data(gs), zr_tensor_data(sums),
+                                 zr_tensor_data(ws), zr_cuda_stream(dev))
+                : ZR_ERR;
+    zr_tensor_release(gs);
+    zr_tensor_release(ws); /* stream-ordered reuse: the caching allocator hands it out after this work */
+    return ws ? zr_dev_status(rc, op, dev) : ZR_ERR;
+#else
+    return zr_no_cuda(op);
+#endif
+}
+
+zr_status zr_lamb_apply(zr_tensor *param, zr_tensor *m, zr_tensor *v, const zr_adamw_segment *segs, int nsegs,
+                        const zr_adamw_config *c, int64_t step, zr_tensor *sums) {
+    const char *op = "lamb";
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", op, (long long)step);
+    /* the same checks as the first pass (m stands in for the gradient) */
+    zr_tensor *st[2] = {m, v};
+    if (c->kind != ZR_OPTIM_LAMB) return zr_error("%s: optimizer kind %d is not Lamb", op, c->kind);
+    if (zr_adamw_config_check(c) || check_flat(op, param, st, 2, 2, m, segs, nsegs)) return ZR_ERR;
+    zr_device dev = zr_tensor_device(param);
+    if (check_sums(op, sums, nsegs, dev)) return ZR_ERR;
+    if (zr_is_cpu(param)) {
+        lamb_apply_cpu(zr_tensor_data(param), zr_tensor_data(m), zr_tensor_data(v), NULL, ZR_F32, segs, nsegs, c, step,
+                       zr_tensor_data(sums));
+        return ZR_OK;
+    }
+#ifdef ZR_HAVE_CUDA
+    int rc = lamb_apply_cuda(zr_tensor_data(param), zr_tensor_data(m), zr_tensor_data(v), NULL, ZR_F32, segs, nsegs,
+                             c, step, zr_tensor_data(sums), zr_cuda_stream(dev));
+    return zr_dev_status(rc, op, dev);
+#else
+    return zr_no_cuda(op);
+#endif
+}
+
+zr_status zr_lamb_step_segments(zr_tensor *param, zr_tensor *m, zr_tensor *v, zr_tensor *grad,
+                                const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                                double grad_scale) {
+    if (!param) return zr_error("lamb: parameter is NULL");
+    int64_t ns = 2 * (int64_t)nsegs;
+    zr_tensor *sums = zr_tensor_new_cat(ZR_F64, zr_tensor_device(param), 1, &ns, ZR_MEM_WORKSPACE, 0);
+    zr_status st = sums ? zr_lamb_sums(param, m, v, grad, segs, nsegs, c, grad_scale, sums) : ZR_ERR;
+    if (!st) st = zr_lamb_apply(param, m, v, segs, nsegs, c, step, sums);
+    zr_tensor_release(sums);
+    return st;
 }

@@ -28,14 +28,27 @@ zr_status zr_adamw_step_multi(int n, zr_tensor *const *params, zr_tensor *const 
 zr_status zr_adamw_step_flat(float *p, const void *g, zr_dtype grad_dtype, float *m, float *v,
                              int64_t n, int64_t step, const zr_adamw_config *c);
 
-/* One SGD step; momentum_buf is NULL when c->momentum == 0, else a tensor like param that
- * `first` initialises (the first step after the buffer was created). */
 /* Lion, Adagrad or SGD (c->kind) on the segments of a flat f32 parameter tensor, with state (f32,
  * like param; NULL for SGD without momentum) and grad (f32, bf16 or f16) of the same numel, all on
  * one device: optim_step_cpu or optim_step_cuda, the ZeRO engine's kernels. grad is multiplied by
  * grad_scale. Each segment carries its lr and weight decay. */
 zr_status zr_optim_step_segments(zr_tensor *param, zr_tensor *state, zr_tensor *grad, const zr_adamw_segment *segs,
                                  int nsegs, const zr_adamw_config *c, int64_t step, double grad_scale);
+/* Lamb (c->kind ZR_OPTIM_LAMB) on the segments of a flat f32 parameter tensor, in the two passes of
+ * kernels/cpu/offload.h's lamb_sums_cpu / lamb_apply_cpu (CUDA: lamb_*_cuda): zr_lamb_sums updates
+ * exp_avg m and exp_avg_sq v from grad * grad_scale and writes each segment's sums of p^2 and u^2
+ * into sums (f64, 2 nsegs, on the parameters' device); a caller whose segments are pieces of larger
+ * tensors adds the pieces' sums up (across ranks) before zr_lamb_apply updates the parameters. */
+zr_status zr_lamb_sums(zr_tensor *param, zr_tensor *m, zr_tensor *v, zr_tensor *grad, const zr_adamw_segment *segs,
+                       int nsegs, const zr_adamw_config *c, double grad_scale, zr_tensor *sums);
+zr_status zr_lamb_apply(zr_tensor *param, zr_tensor *m, zr_tensor *v, const zr_adamw_segment *segs, int nsegs,
+                        const zr_adamw_config *c, int64_t step, zr_tensor *sums);
+/* Both passes in one process, each segment a whole tensor (zr.optim.Lamb, tests). */
+zr_status zr_lamb_step_segments(zr_tensor *param, zr_tensor *m, zr_tensor *v, zr_tensor *grad,
+                                const zr_adamw_segment *segs, int nsegs, const zr_adamw_config *c, int64_t step,
+                                double grad_scale);
+/* One SGD step; momentum_buf is NULL when c->momentum == 0, else a tensor like param that
+ * `first` initialises (the first step after the buffer was created). */
 zr_status zr_sgd_step(zr_tensor *param, zr_tensor *grad, zr_tensor *momentum_buf, int first,
                       const zr_sgd_config *c);
 

@@ -53,6 +53,7 @@ struct zr_zero {
     /* the parameters; the gradient buckets and their reduction; the gradient partition */
     zr_dtype param_dtype, comm_dtype, grad_dtype;
     zr_tensor *master, *m, *v, *gpart, *pshard; /* m, v: NULL where the optimizer keeps fewer states */
+    zr_tensor *lamb_sums; /* Lamb: f64 (2 nparams) on opt_dev, each parameter's sums of p^2 and u^2 */
     int nstates;        /* zr_optim_states(cfg.optimizer, cfg.momentum) */
     /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
     int64_t bucket_cap, bucket_fill;
@@ -447,6 +448,7 @@ void zr_zero_free(zr_zero *z) {
     zr_tensor_release(z->master);
     zr_tensor_release(z->m);
     zr_tensor_release(z->v);
+    zr_tensor_release(z->lamb_sums);
     zr_tensor_release(z->gpart);
     zr_tensor_release(z->pshard);
     zr_tensor_release(z->pflat);
@@ -772,6 +774,9 @@ static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, con
     return ZR_OK;
 }
 
+static zr_adamw_segment *lamb_segments(const zr_zero *z, const double *lr);
+static zr_status lamb_sums_all(zr_zero *z);
+
 /* Master on the host: one pass of the offload pipeline over the whole partition (optimizer c, or
  * NULL: only the weights from master), the new weights written in place or uploaded; then what
  * follows them (stage-3 persistent parameters regathered, or the all-gather of stages 1–2). */
@@ -783,8 +788,24 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     if (!c && !out && !sink) return ZR_OK;
     zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
                             state_data(z->v), grad_scale, step, c, lr, out, sink ? put_weights : NULL, z,
-                            0, z->part_numel};
-    ZR_CHECK(zr_offload_run(z->host, &pass));
+                            0, z->part_numel, 0, NULL, NULL};
+    if (c && c->kind == ZR_OPTIM_LAMB) { /* the moments and norms, the sums over ranks, then the update */
+        if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, zr_cpu(), 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
+            return ZR_ERR;
+        zr_adamw_segment *segs = lamb_segments(z, lr);
+        if (!segs) return ZR_ERR;
+        zr_offload_pass first = pass;
+        first.out = NULL, first.sink = NULL, first.lamb = 1, first.lamb_sums = zr_tensor_data(z->lamb_sums);
+        first.lamb_segs = segs;
+        pass.lamb = 2, pass.lamb_sums = first.lamb_sums, pass.lamb_segs = segs;
+        zr_status st = zr_tensor_fill_(z->lamb_sums, 0);
+        if (!st) st = zr_offload_run(z->host, &first);
+        if (!st) st = lamb_sums_all(z);
+        if (!st) st = zr_offload_run(z->host, &pass);
+        free(segs);
+        ZR_CHECK(st);
+    } else
+        ZR_CHECK(zr_offload_run(z->host, &pass));
     if (out || sink) return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
     return zr_zero_refresh_params(z);
 }
@@ -840,14 +861,64 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     return st;
 }
 
+/* Lamb's segments: this rank's valid piece of each parameter (padding excluded, so that it never
+ * counts in a norm), with the parameter's weight decay and lr. malloc'ed; NULL with an error. */
+static zr_adamw_segment *lamb_segments(const zr_zero *z, const double *lr) {
+    zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)(z->nparams ? z->nparams : 1));
+    if (!segs) return zr_error_null("out of host memory");
+    const int r = z->chunks > 1 ? z->cfg.rank : 0;
+    for (int i = 0; i < z->nparams; i++) {
+        const zparam *q = &z->params[i];
+        segs[i] = (zr_adamw_segment){q->offset, valid_len(q->numel, q->chunk, r), (float)q->wd, (float)lr[i]};
+    }
+    return segs;
+}
+
+/* After Lamb's first pass: every rank's sums of its pieces added up, so that each parameter's trust
+ * ratio is that of the whole tensor on every rank (one all-reduce of 2 nparams doubles). */
+static zr_status lamb_sums_all(zr_zero *z) {
+    if (z->chunks == 1) return ZR_OK;
+    zr_comm_label("Lamb trust-ratio norms of %d params", z->nparams);
+    return zr_all_reduce(z->lamb_sums, ZR_RED_SUM);
+}
+
+#ifdef ZR_HAVE_CUDA
+/* Lamb with the master on the GPU: both passes, the sums all-reduced in between (NCCL). gs: the
+ * device scalar grad scale; lp: the 16-bit weights (direct mode) or NULL. */
+static zr_status lamb_step_dev(zr_zero *z, const zr_adamw_config *c, int64_t step, const double *lr, zr_tensor *gs,
+                               void *lp) {
+    zr_device dev = zr_tensor_device(z->master);
+    cudaStream_t stream = zr_cuda_stream(dev);
+    if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, dev, 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
+        return ZR_ERR;
+    zr_adamw_segment *segs = lamb_segments(z, lr);
+    if (!segs) return ZR_ERR;
+    int64_t nw = lamb_workspace_cuda(segs, z->nparams);
+    zr_tensor *ws = zr_tensor_new_cat(ZR_F64, dev, 1, &nw, ZR_MEM_WORKSPACE, 0);
+    zr_status st = ws ? ZR_OK : ZR_ERR;
+    if (!st && lamb_sums_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
+                              zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, zr_tensor_data(gs),
+                              zr_tensor_data(z->lamb_sums), zr_tensor_data(ws), stream))
+        st = ZR_ERR;
+    zr_tensor_release(ws);
+    if (!st) st = lamb_sums_all(z);
+    if (!st && lamb_apply_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v), lp,
+                               lp ? z->param_dtype : ZR_F32, segs, z->nparams, c, step, zr_tensor_data(z->lamb_sums),
+                               stream))
+        st = ZR_ERR;
+    free(segs);
+    return st;
+}
+#endif
+
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr) {
     ZR_CHECK(flush_stale(z));
     if (c->kind != z->cfg.optimizer) {
-        static const char *const names[] = {"AdamW", "Lion", "Adagrad", "SGD"};
+        static const char *const names[] = {"AdamW", "Lion", "Adagrad", "SGD", "Lamb"};
         const int k = c->kind, e = z->cfg.optimizer;
         return zr_error("ZeRO: a %s step on an engine built for %s (its states are that optimizer's)",
-                        k >= 0 && k < 4 ? names[k] : "unknown optimizer", e >= 0 && e < 4 ? names[e] : "?");
+                        k >= 0 && k < 5 ? names[k] : "unknown optimizer", e >= 0 && e < 5 ? names[e] : "?");
     }
     if (!zr_is_cpu(z->master)) {
 #ifdef ZR_HAVE_CUDA
@@ -864,7 +935,8 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
                                          (float)z->params[i].wd, (float)lr[i]};
         /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
         int lp = z->direct && (z->param_dtype == ZR_BF16 || z->param_dtype == ZR_F16);
-        int rc = c->kind != ZR_OPTIM_ADAMW
+        int rc = c->kind == ZR_OPTIM_LAMB ? lamb_step_dev(z, c, step, lr, gs, lp ? zr_tensor_data(z->pflat) : NULL)
+                 : c->kind != ZR_OPTIM_ADAMW
                      ? optim_step_cuda(zr_tensor_data(z->master), state_data(z->m),
                                        lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
                                        zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,

@@ -494,6 +494,24 @@ static int first_segment(const zr_offload *o, int64_t a) {
 static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a, int64_t n, const void *g,
                               zr_dtype g_dt, void *w) {
     size_t ge = zr_dtype_size(g_dt), we = zr_dtype_size(o->pdt);
+    if (p->c->kind == ZR_OPTIM_LAMB) { /* each parameter's valid piece within the chunk */
+        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+            const zr_adamw_segment *s = &p->lamb_segs[k];
+            int64_t x = s->offset > a ? s->offset : a, y = s->offset + s->n < a + n ? s->offset + s->n : a + n;
+            if (y <= x) continue;
+            zr_adamw_segment piece = {0, y - x, s->weight_decay, s->lr};
+            if (p->lamb == 1) {
+                double sums[2];
+                float gs = (float)p->grad_scale;
+                lamb_sums_cpu(p->master + x, p->m + x, p->v + x, (const char *)g + (size_t)(x - a) * ge, g_dt, &piece,
+                              1, p->c, &gs, sums);
+                p->lamb_sums[2 * k] += sums[0], p->lamb_sums[2 * k + 1] += sums[1];
+            } else
+                lamb_apply_cpu(p->master + x, p->m + x, p->v + x, w ? (char *)w + (size_t)(x - a) * we : NULL, o->pdt,
+                               &piece, 1, p->c, p->step, p->lamb_sums + 2 * k);
+        }
+        return ZR_OK;
+    }
     for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
         const zr_offload_segment *s = &o->segs[k];
         int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
@@ -525,9 +543,11 @@ static zr_status check_pass(zr_offload *o, const zr_offload_pass *p) {
             (dt != ZR_F32 && dt != ZR_BF16 && dt != ZR_F16))
             return zr_error("ZeRO offload: gradient partition %s: expected %lld contiguous f32/bf16/f16 elements",
                             zr_tensor_describe(p->grads, b), (long long)o->S);
-    } else if (p->c && !o->gpart)
+    } else if (p->c && p->lamb != 2 && !o->gpart)
         return zr_error("ZeRO offload: a step without gradients (device-gradient mode needs pass.grads)");
     if (!p->c) return ZR_OK;
+    if ((p->c->kind == ZR_OPTIM_LAMB) != (p->lamb == 1 || p->lamb == 2) || (p->lamb && (!p->lamb_sums || !p->lamb_segs)))
+        return zr_error("ZeRO offload: Lamb runs as two passes (lamb 1, then 2) with its sums and segments");
     if (p->step < 1)
         return zr_error("adamw: step must be >= 1 (the count including this step), got %lld", (long long)p->step);
     for (int k = 0; k < o->n; k++) {
@@ -541,8 +561,9 @@ static zr_status check_pass(zr_offload *o, const zr_offload_pass *p) {
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     ZR_CHECK(check_pass(o, p));
     double t0 = now_ms();
-    zr_tensor *grads = p->c ? p->grads : NULL; /* NULL: no ring copy (host gpart, or a cast) */
-    if (p->c && !grads) ZR_CHECK(zr_offload_grad_sync(o));
+    /* NULL: no ring copy (host gpart, a cast, or Lamb's second pass) */
+    zr_tensor *grads = p->c && p->lamb != 2 ? p->grads : NULL;
+    if (p->c && p->lamb != 2 && !grads) ZR_CHECK(zr_offload_grad_sync(o));
     int gpu = o->dev.type == ZR_CUDA && ((grads && !zr_is_cpu(grads)) || (!p->out && p->sink));
     if (!p->out && p->sink) ZR_CHECK(ring_ready(o, grads != NULL));
     else if (grads) ZR_CHECK(ring_ready(o, 1));

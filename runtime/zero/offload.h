@@ -87,6 +87,14 @@ typedef struct {
     zr_offload_sink sink;     /* else, if set: called per chunk with its new weights (out slot) */
     void *ctx;
     int64_t lo, hi;
+    /* Lamb (c->kind ZR_OPTIM_LAMB) runs as two passes over the same range: lamb 1 reads the
+     * gradients, updates the moments and adds each parameter's sums of p^2 and u^2 into
+     * lamb_sums (2 per parameter; zeroed by the caller, then all-reduced over ranks); lamb 2 reads
+     * no gradients and applies the update with those sums, writing the new weights as above.
+     * lamb_segs: each parameter's valid piece of the partition (padding never counts in a norm). */
+    int lamb;
+    double *lamb_sums;
+    const zr_adamw_segment *lamb_segs;
 } zr_offload_pass;
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p);
 

@@ -55,7 +55,7 @@ static void adamw_case(int64_t n, zr_dtype out_dt, int with_out, zr_dtype g_dt) 
             g[i] = g_dt == ZR_BF16 ? zr_bf16_to_f32(g16[i]) : zr_f16_to_f32(g16[i]);
         }
         double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
-        zr_adamw_config c = {lr, b1, b2, eps, wd};
+        zr_adamw_config c = {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd};
         offload_adamw_cpu(p, m, v, g_dt == ZR_F32 ? (const void *)g : g16, g_dt, n, &c, step, gs, out, out_dt);
         for (int64_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
@@ -224,7 +224,7 @@ TEST(offload_adamw_segments) {
     double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
     zr_adamw_config c = {.beta1 = b1, .beta2 = b2, .eps = eps}, bad = c;
     bad.beta1 = 1.5;
-    zr_offload_pass pass = {NULL, p, m, v, gs, 1, &c, lr, w, NULL, NULL, 0, S};
+    zr_offload_pass pass = {NULL, p, m, v, gs, 1, &c, lr, w, NULL, NULL, 0, S, 0, NULL, NULL};
     CHECK(zr_offload_run(o, &pass) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
@@ -285,7 +285,7 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
             for (int step = 1; step <= 3; step++) {
                 for (int64_t i = 0; i < S; i++) zr_tensor_set(g, i, val(i, step + 5));
                 sink_ctx sc = {w, 0, 100};
-                zr_offload_pass pass = {g, p, m, v, 0.7, step, &c, lr, NULL, sink_copy, &sc, 100, S};
+                zr_offload_pass pass = {g, p, m, v, 0.7, step, &c, lr, NULL, sink_copy, &sc, 100, S, 0, NULL, NULL};
                 CHECK(zr_offload_run(o, &pass) == ZR_OK);
                 CHECK(sc.next == S);
                 int64_t C = atoll(chunks[ci]) < S - 100 ? atoll(chunks[ci]) : S - 100;
@@ -303,7 +303,7 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
                   memcmp(v, rv, (size_t)S * 4) == 0);
             CHECK(memcmp((uint16_t *)zr_tensor_data(w) + 100, rw + 100, (size_t)(S - 100) * 2) == 0);
             for (int64_t i = 0; i < 100; i++) CHECK(p[i] == (float)val(i, 1)); /* outside the range: untouched */
-            zr_offload_pass cast = {NULL, p, NULL, NULL, 1, 0, NULL, NULL, zr_tensor_data(w), NULL, NULL, 0, S};
+            zr_offload_pass cast = {NULL, p, NULL, NULL, 1, 0, NULL, NULL, zr_tensor_data(w), NULL, NULL, 0, S, 0, NULL, NULL};
             CHECK(zr_offload_run(o, &cast) == ZR_OK);
             for (int64_t i = 0; i < S; i++) CHECK(((uint16_t *)zr_tensor_data(w))[i] == zr_f32_to_bf16(p[i]));
             zr_offload_free(o);

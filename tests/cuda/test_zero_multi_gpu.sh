@@ -1,7 +1,7 @@
 #!/bin/sh
 # ZeRO equivalence on several GPUs of one host: every stage, offload, accumulation + clipping and
 # overlap_comm with NCCL collectives, one GPU per rank, against the single-process reference that
-# tests/mpi/zero_check.lua computes on each rank's GPU. Run on the GPU machine:
+# tests/mpi/zero_check.lua computes on each rank's GPU; Lamb against 1 GPU (tests/mpi/lamb_check.lua). Run on the GPU machine:
 #   sh tests/cuda/test_zero_multi_gpu.sh [NP]   (NP defaults to the number of GPUs; needs NP >= 2)
 # Ends with "N passed, N failed" (a SKIP line with fewer than 2 GPUs). NVLink multicast stays off
 # (the machine's notes require it). Part of tests/run_cuda.sh.
@@ -29,6 +29,16 @@ for stage in 1 2 3; do                                 # data_types.grad_accum_d
   mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/grad_accum_check.lua $stage >>"$out" 2>&1 ||
     echo "FAIL grad_accum_check.lua $stage: mpirun exited $?" >>"$out"
 done
+# Lamb: 1 GPU at stage 0 writes the reference; NP GPUs at every stage (and with offload) match it
+# (the per-parameter trust-ratio sums all-reduced with NCCL)
+lref=$(mktemp)
+mpirun $MPI_FLAGS -np 1 -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/lamb_check.lua 0 0 "$lref" >>"$out" 2>&1 ||
+  echo "FAIL lamb_check.lua reference: mpirun exited $?" >>"$out"
+for a in "0 0" "1 0" "2 0" "3 0" "1 1" "2 1" "3 1"; do
+  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/lamb_check.lua $a "$lref" >>"$out" 2>&1 ||
+    echo "FAIL lamb_check.lua $a: mpirun exited $?" >>"$out"
+done
+rm -f "$lref"
 # the main recipe as users run it: a plain "cuda" device, one GPU per rank picked from the local rank
 for c in zero2 zero3; do
   if mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x NCCL_NVLS_ENABLE $Z recipes/finetune_llama.lua --config configs/$c.json \

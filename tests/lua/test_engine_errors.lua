@@ -1,7 +1,7 @@
 -- The engine stops before training, with a message naming the problem, on requests it cannot
 -- honour: offload beyond the host's memory, a batch rule that does
 -- not add up, 16-bit gradient accumulation with the optimizer on the host, an optimizer it does
--- not run, and a hand-called optimizer:zero_grad().
+-- not run, Lamb where DeepSpeed refuses it, and a hand-called optimizer:zero_grad().
 local zr = require "zrun"
 local T = zr.testing
 local engine_mod = require "zrun.engine"
@@ -82,18 +82,53 @@ T.test("16-bit grad_accum_dtype with the optimizer on the host says why and what
   init(with({ data_types = { grad_accum_dtype = "fp32" } })) -- fp32 is what the host path runs
 end)
 
-T.test("an optimizer zrun does not implement: zr.initialize says what `zrun check` says", function()
-  local msg = require("zrun.config").unimplemented_optimizer_message("Lamb")
-  local e = T.raises(function() init(with({ optimizer = { type = "Lamb", params = { lr = 1e-3 } } })) end, msg)
+-- `zrun check` on cfg (written to a file): its output and whether it accepted the config.
+local function zrun_check(cfg)
   local path = os.tmpname()
   local f = io.open(path, "w")
-  f:write('{"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb", "params": {"lr": 0.001}}}')
+  f:write(require("cjson").encode(cfg))
   f:close()
-  local p = io.popen((os.getenv("ZRUN_BIN") or "./zrun") .. " check --world-size 1 " .. path .. " 2>&1")
+  local p = io.popen((os.getenv("ZRUN_BIN") or "./zrun") .. " check --world-size 1 " .. path .. " 2>&1; echo \"@@rc $?\"")
   local out = p:read("*a")
   p:close()
   os.remove(path)
-  T.eq(out:find(msg, 1, true) ~= nil, true, "zrun check: " .. out .. "\nzr.initialize: " .. e)
+  return out, out:match("@@rc (%d+)") == "0"
+end
+
+T.test("an optimizer zrun does not implement: zr.initialize says what `zrun check` says", function()
+  local msg = require("zrun.config").unimplemented_optimizer_message("OneBitAdam")
+  local e = T.raises(function() init(with({ optimizer = { type = "OneBitAdam", params = { lr = 1e-3 } } })) end, msg)
+  local out, ok = zrun_check(with({ optimizer = { type = "OneBitAdam", params = { lr = 1e-3 } } }))
+  T.eq(not ok and out:find(msg, 1, true) ~= nil, true, "zrun check: " .. out .. "\nzr.initialize: " .. e)
+end)
+
+T.test("Lamb: zr.initialize and `zrun check` give DeepSpeed's verdict, in the same words", function()
+  local lamb = { type = "Lamb", params = { lr = 1e-3 } }
+  -- refused as DeepSpeed refuses: ZeRO without zero_allow_untested_optimizer, a static fp16 loss scale
+  for _, c in ipairs {
+    { with({ optimizer = lamb, zero_optimization = { stage = 2 } }),
+      'optimizer.type "Lamb" at zero_optimization.stage 2: DeepSpeed stops here ("You are using an untested ZeRO ' ..
+      'Optimizer"); add "zero_allow_untested_optimizer": true to run it' },
+    { with({ optimizer = lamb, fp16 = { enabled = true, loss_scale = 128 } }),
+      'optimizer.type "Lamb" requires dynamic loss scaling, as DeepSpeed asserts: fp16.loss_scale must be 0, got 128' },
+  } do
+    local e = T.raises(function() init(c[1]) end, c[2])
+    T.eq(select(2, e:gsub("\n", "")), 0, "one line: " .. e)
+    local out, ok = zrun_check(c[1])
+    T.eq(not ok and out:find(c[2], 1, true) ~= nil, true, "zrun check: " .. out)
+  end
+  -- with the flag both run it and warn that DeepSpeed's ZeRO would compute other ratios
+  local cfg = with({ optimizer = lamb, zero_optimization = { stage = 2 }, zero_allow_untested_optimizer = true })
+  local warn = 'optimizer.type "Lamb" at zero_optimization.stage 2: zrun computes each trust ratio over the whole ' ..
+    "parameter tensor, as at stage 0"
+  local e = init(cfg)
+  T.eq(e.optimizer_type, "lamb")
+  T.eq(table.concat(e.config:warnings(), "\n"):find(warn, 1, true) ~= nil, true, "the engine's warnings")
+  local out, ok = zrun_check(cfg)
+  T.eq(ok and out:find("warning: " .. warn, 1, true) ~= nil, true, "zrun check: " .. out)
+  -- at stage 0 DeepSpeed runs FusedLamb without the flag: no error, no Lamb warning
+  out, ok = zrun_check(with({ optimizer = lamb }))
+  T.eq(ok and not out:find('warning: optimizer.type "Lamb"', 1, true), true, out)
 end)
 
 T.test("calling optimizer:zero_grad() by hand explains why not", function()

@@ -1,6 +1,6 @@
--- The ZeRO engine's Lion, Adagrad and SGD (CPU): several steps against plain references written
--- here from the documented formulas (DeepSpeed's Lion, torch.optim.Adagrad, torch.optim.SGD) at
--- stages 0, 2 and 3 with two param groups (own lr and weight decay), the loss falling on the tiny
+-- The ZeRO engine's Lion, Adagrad, SGD and Lamb (CPU): several steps against plain references written
+-- from the documented formulas (DeepSpeed's Lion, torch.optim.Adagrad, torch.optim.SGD, DeepSpeed's
+-- FusedLamb in tests/ops/lamb_ref.lua) at stages 0, 2 and 3 (Lamb: 0 to 3) with two param groups (own lr and weight decay), the loss falling on the tiny
 -- Llama, checkpoints that resume exactly and refuse another optimizer, and the config surface.
 -- CUDA twins: tests/ops/test_optim_cuda.lua and tests/cuda/test_fused_kernels.cu.
 local zr = require "zrun"
@@ -9,6 +9,7 @@ local config = require "zrun.config"
 local ckpt = require "zrun.checkpoint"
 
 local sqrt = math.sqrt
+local LAMB = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../ops/lamb_ref.lua")
 local function sign(x) return x > 0 and 1 or (x < 0 and -1 or 0) end
 
 -- One reference step over the plain arrays p, g and state s (tables of numbers, in place) with
@@ -43,6 +44,12 @@ local REF = {
       p[i] = p[i] - lr * d
     end
   end,
+  -- DeepSpeed's FusedLamb: one trust ratio for the whole tensor p
+  Lamb = function(p, g, s, lr, wd, h, t)
+    s.m, s.v = s.m or {}, s.v or {}
+    LAMB.step(p, g, s, LAMB.hp { lr = lr, weight_decay = wd, betas = h.betas, eps = h.eps, max_coeff = h.max_coeff,
+      min_coeff = h.min_coeff, bias_correction = h.bias_correction, eps_inside_sqrt = h.eps_inside_sqrt }, t)
+  end,
 }
 
 -- A two-layer model whose loss has gradients that change with the weights.
@@ -68,7 +75,7 @@ local function compare(ty, params, stage, steps)
     gid[i] = gi
   end
   local e = zr.initialize({ model = m, model_parameters = groups, config = {
-    train_micro_batch_size_per_gpu = 4, steps_per_print = 1000000,
+    train_micro_batch_size_per_gpu = 4, steps_per_print = 1000000, zero_allow_untested_optimizer = ty == "Lamb",
     optimizer = { type = ty, params = params }, zero_optimization = { stage = stage } } })
   local hp = config.load({ train_batch_size = 4, optimizer = { type = ty, params = params } }).optimizer.params
   local pv, st = {}, {}
@@ -101,10 +108,13 @@ local CASES = {
   { "SGD", { lr = 0.02, momentum = 0.9, dampening = 0.1, weight_decay = 0.01 } },
   { "SGD", { lr = 0.02, momentum = 0.8, nesterov = true, weight_decay = 0.01 } },
   { "SGD", { lr = 0.02, weight_decay = 0.01 } },
+  { "Lamb", { lr = 0.05, weight_decay = 0.05, betas = { 0.8, 0.99 } } },
+  -- small max_coeff: the ratios of the weight matrices are clamped, the biases' (first zero) are 1
+  { "Lamb", { lr = 0.02, bias_correction = false, eps_inside_sqrt = true, eps = 1e-4, max_coeff = 0.3, min_coeff = 0.1 } },
 }
 
 for _, case in ipairs(CASES) do
-  for _, stage in ipairs { 0, 2, 3 } do
+  for _, stage in ipairs(case[1] == "Lamb" and { 0, 1, 2, 3 } or { 0, 2, 3 }) do
     T.test(("%s %s, stage %d: the engine matches the reference over 5 steps"):format(case[1],
       require("cjson").encode(case[2]), stage), function()
       local _, got, want = compare(case[1], case[2], stage, 5)
@@ -127,12 +137,12 @@ T.test("the reference comparison can fail: Lion's engine run differs from the Ad
 end)
 
 T.test("the engine keeps only the optimizer's states", function()
-  local want = { Lion = 1, Adagrad = 1, SGD = 1 }
+  local want = { Lion = 1, Adagrad = 1, SGD = 1, Lamb = 2 }
   for _, case in ipairs(CASES) do
     local e = compare(case[1], case[2], 0, 1)
     local n = (case[1] == "SGD" and not case[2].momentum) and 0 or want[case[1]]
     T.eq(e.zero:state(1) ~= nil, n >= 1, case[1] .. " state 1")
-    T.eq(e.zero:state(2), nil, case[1] .. " has no second state")
+    T.eq(e.zero:state(2) ~= nil, n >= 2, case[1] .. " state 2")
   end
 end)
 
@@ -140,7 +150,7 @@ end)
 local function llama(ty, params, stage, extra)
   zr.manual_seed(11)
   local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
-  local cfg = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000,
+  local cfg = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000, zero_allow_untested_optimizer = ty == "Lamb",
     optimizer = { type = ty, params = params }, zero_optimization = { stage = stage } }
   for k, v in pairs(extra or {}) do cfg[k] = v end
   return zr.initialize({ model = m, config = cfg }), m
@@ -162,6 +172,7 @@ local LEARN = {
   { "Lion", { lr = 1e-3, weight_decay = 0.01 } },
   { "Adagrad", { lr = 3e-2 } },
   { "SGD", { lr = 0.5, momentum = 0.9 } },
+  { "Lamb", { lr = 0.05, weight_decay = 0.01 } },
 }
 for _, case in ipairs(LEARN) do
   T.test(case[1] .. ": the tiny Llama's loss falls (stage 2)", function()
@@ -176,7 +187,7 @@ local root = os.tmpname()
 os.remove(root)
 zr.makedirs(root)
 
-for _, case in ipairs { LEARN[1], LEARN[2], LEARN[3], { "SGD", { lr = 0.5 } } } do
+for _, case in ipairs { LEARN[1], LEARN[2], LEARN[3], LEARN[4], { "SGD", { lr = 0.5 } } } do
   T.test(case[1] .. (case[2].momentum and " with momentum" or "") ..
     ": save after 3 steps, load into a fresh engine, 3 more steps equal the uninterrupted run", function()
     local dir = root .. "/" .. case[1] .. (case[2].momentum and "_m" or "")
@@ -246,8 +257,16 @@ T.test("config: Lion, Adagrad and SGD load with DeepSpeed's/torch's names and de
     "needs momentum > 0 and dampening = 0")
   T.raises(function() opt({ type = "Lion", params = { eps = 1e-8 } }) end, "eps")
   T.raises(function() opt({ type = "Adagrad", params = { maximize = true } }) end, "maximize")
-  -- Lamb stays refused with the one message
-  T.raises(function() opt({ type = "Lamb" }) end, config.unimplemented_optimizer_message("Lamb"))
+  -- Lamb: DeepSpeed's FusedLamb defaults; lower case as DeepSpeed matches its own optimizers
+  local b = opt({ type = "lamb" })
+  T.eq(b.type, "Lamb")
+  for k, v in pairs { lr = 1e-3, eps = 1e-8, weight_decay = 0, max_coeff = 10, min_coeff = 0.01, bias_correction = true,
+    eps_inside_sqrt = false, amsgrad = false } do T.eq(b.params[k], v, "Lamb " .. k) end
+  T.eq(b.params.betas[2], 0.999)
+  T.raises(function() opt({ type = "Lamb", params = { amsgrad = true } }) end, "optimizer.params.amsgrad = true")
+  T.raises(function() opt({ type = "Lamb", params = { max_grad_norm = 1 } }) end,
+    "optimizer.params.max_grad_norm: DeepSpeed does not take max_grad_norm as an optimizer parameter")
+  T.raises(function() opt({ type = "Lamb", params = { momentum = 0.9 } }) end, "Lamb takes")
 end)
 
 T.test("zr.initialize refuses what zrun check refuses (nesterov without momentum)", function()
@@ -260,10 +279,10 @@ end)
 T.test("memory plan and the engine: the optimizer category counts only the optimizer's states", function()
   local P = require "zrun.memory_plan"
   local mem = zr.memory
-  for _, case in ipairs { { "AdamW", { lr = 1e-3 }, 3 }, { "Lion", { lr = 1e-3 }, 2 }, { "Adagrad", {}, 2 },
+  for _, case in ipairs { { "AdamW", { lr = 1e-3 }, 3 }, { "Lion", { lr = 1e-3 }, 2 }, { "Adagrad", {}, 2 }, { "Lamb", {}, 3 },
     { "SGD", { lr = 0.1, momentum = 0.9 }, 2 }, { "SGD", { lr = 0.1 }, 1 } } do
     local cfg = { train_micro_batch_size_per_gpu = 1, optimizer = { type = case[1], params = case[2] },
-      zero_optimization = { stage = 2 } }
+      zero_optimization = { stage = 2 }, zero_allow_untested_optimizer = case[1] == "Lamb" }
     local p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
       device = "cpu", dtype = "f32", config = cfg }
     T.eq(p.device.optimizer, case[3] * 41888 * 4, case[1] .. " plan")

@@ -44,3 +44,16 @@ for np in 2 3; do
     done
   done
 done
+# Lamb: one trust ratio per parameter tensor, so every stage and world size (with and without
+# offload) matches 1 rank at stage 0, whose weights the first run writes
+LAMB_REF=$(mktemp)
+mpirun $MPI_FLAGS -np 1 $Z tests/mpi/lamb_check.lua 0 0 "$LAMB_REF" || echo "FAIL Lamb reference run: mpirun exited $?"
+for np in 1 2 3; do
+  for stage in 0 1 2 3; do
+    for off in 0 1; do
+      { [ "$stage" = 0 ] && { [ "$off" = 1 ] || [ "$np" = 1 ]; }; } && continue
+      mpirun $MPI_FLAGS -np $np $Z tests/mpi/lamb_check.lua $stage $off "$LAMB_REF" || echo "FAIL Lamb stage $stage offload $off np=$np: mpirun exited $?"
+    done
+  done
+done
+rm -f "$LAMB_REF"

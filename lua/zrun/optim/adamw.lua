@@ -16,11 +16,7 @@ local AdamW = Optimizer:extend("AdamW", {
 function AdamW:check_group(g)
   if type(g.lr) ~= "number" or g.lr < 0 then error(fmt("AdamW: lr must be a number >= 0, got %s", tostring(g.lr)), 0) end
   if type(g.eps) ~= "number" or g.eps < 0 then error(fmt("AdamW: eps must be >= 0, got %s", tostring(g.eps)), 0) end
-  if type(g.betas) ~= "table" or #g.betas ~= 2 then error("AdamW: betas must be a pair {beta1, beta2}", 0) end
-  for i = 1, 2 do
-    local b = g.betas[i]
-    if type(b) ~= "number" or b < 0 or b >= 1 then error(fmt("AdamW: betas[%d] must be in [0, 1), got %s", i, tostring(b)), 0) end
-  end
+  Optimizer.check_betas("AdamW", g.betas)
   if type(g.weight_decay) ~= "number" or g.weight_decay < 0 then
     error(fmt("AdamW: weight_decay must be >= 0, got %s", tostring(g.weight_decay)), 0)
   end

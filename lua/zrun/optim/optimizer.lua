@@ -82,6 +82,15 @@ function Optimizer:zero_grad(set_to_none)
   end
 end
 
+-- Checks a group's betas (a pair, each in [0, 1)); errors name the optimizer `name`.
+function Optimizer.check_betas(name, betas)
+  if type(betas) ~= "table" or #betas ~= 2 then error(name .. ": betas must be a pair {beta1, beta2}", 0) end
+  for i = 1, 2 do
+    local b = betas[i]
+    if type(b) ~= "number" or b < 0 or b >= 1 then error(fmt("%s: betas[%d] must be in [0, 1), got %s", name, i, tostring(b)), 0) end
+  end
+end
+
 -- A zero tensor shaped like p for optimizer state, its memory tagged "optimizer".
 function Optimizer.zeros_like(p)
   local t = C.zeros(p:shape(), { dtype = p:dtype(), device = p:device() })
