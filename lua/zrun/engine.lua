@@ -177,7 +177,7 @@ function M.initialize(opts)
     optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
     params, wds)
   if self.offload_optimizer then
-    dist.print0(fmt("[zrun] offload_optimizer: AdamW on the host, %s; ZRUN_OFFLOAD_GRADS=%s to change",
+    dist.print0(fmt("[zrun] offload_optimizer: %s on the host, %s; ZRUN_OFFLOAD_GRADS=%s to change", ocfg.type,
       self.offload_grads == "device" and fmt("gradients accumulate on %s until the step", self.device) or
       "gradients go to the host bucket by bucket during backward", self.offload_grads == "device" and "host" or "device"))
   end
