@@ -110,7 +110,7 @@ local function fixes(p, avail, plan_with)
         q.host_per_node <= avail and " (fits)" or "")
     end
   end
-  if s.offload_grads == "host" then
+  if s.offload_grads == "host" and s.device ~= "cpu" then
     try("keep the gradients on the GPU (ZRUN_OFFLOAD_GRADS=device; GPU " .. human(plan_with { offload_grads = "device" }
       .device.total) .. " per rank)", { offload_grads = "device" })
     if s.grad_bytes == 4 then
@@ -136,20 +136,21 @@ end
 
 -- Lines saying that plan p does not fit `avail` host bytes (MemAvailable) or the locked-memory
 -- limit `memlock` (nil: unlimited), each with its fixes; {} when it fits.
-function M.check_lines(p, avail, memlock, plan_with)
+function M.check_lines(p, avail, memlock, plan_with, avail_note)
   local s, lines = p.settings, {}
   if avail and p.host_per_node > avail then
     local parts = {}
     for _, c in ipairs { "optimizer", "grads", "params", "comm" } do
       if p.host[c] > 0 then
         parts[#parts + 1] = fmt("%s %s", ({ optimizer = "fp32 master + optimizer states", grads = "gradients",
-          params = "16-bit weights", comm = s.offload_grads == "device" and "pinned ring" or "staging bucket" })[c],
-          human(p.host[c]))
+          params = s.offload_param and "16-bit parameter shards" or "16-bit weights going back",
+          comm = s.offload_grads == "device" and "pinned ring" or "staging bucket" })[c], human(p.host[c]))
       end
     end
-    lines[#lines + 1] = fmt("CPU offload needs %s of host memory on this node (%s per rank x %d ranks: %s) but %s is available; " ..
-      "any of these fixes it:", human(p.host_per_node), human(p.host.total), s.gpus_per_node, table.concat(parts, ", "),
-      human(avail))
+    lines[#lines + 1] = fmt("CPU offload needs %s of host memory on this node (%s per rank x %d rank%s: %s) but %s is " ..
+      "available; any of these fixes it:", human(p.host_per_node), human(p.host.total), s.gpus_per_node,
+      s.gpus_per_node == 1 and "" or "s", table.concat(parts, ", "),
+      human(avail) .. (avail_note or ""))
     for _, f in ipairs(fixes(p, avail, plan_with)) do lines[#lines + 1] = "  - " .. f end
   end
   if memlock and p.pinned > memlock then

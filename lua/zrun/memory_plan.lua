@@ -66,7 +66,7 @@ local function settings(o, cfg_model)
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
   -- the optimizer's f32 states beside the master weights: AdamW 2, Lion/Adagrad 1, SGD 1 with momentum
   local op = ds.optimizer
-  s.opt_states = not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
+  s.opt_states = o.opt_states or not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
     op.type == "SGD" and ((op.params.momentum or 0) ~= 0 and 1 or 0) or 2
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
@@ -203,9 +203,9 @@ local function build(o, s, counted)
   dev.comm = dev.comm + max(step_comm, fb_comm)
 
   -- activations
-  local fam = E.family(cfg)
   local act
-  if fam ~= "gpt2" then
+  if o.param_numels then -- model states only (zr.initialize's host check: any nn.Module)
+  elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = s.stage, stage3 = s.stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
@@ -297,10 +297,21 @@ end
 -- the visible GPU), as the engine chooses. tostring(plan) is the printed table.
 function M.plan(o)
   o = o or {}
-  if o.model == nil then error("zr.memory.plan: `model` (a model, a config or a model name) is required", 2) end
-  local total, largest, list, r = E.count(o.model)
-  local s = settings(o, r.config or {})
-  local counted = { total, largest, list, r }
+  if o.model == nil and not o.param_numels then
+    error("zr.memory.plan: `model` (a model, a config or a model name) is required", 2)
+  end
+  local counted
+  if o.param_numels then -- parameter sizes instead of a model: model states only, no activations
+    local list, total, largest = {}, 0, 0
+    for i, n in ipairs(o.param_numels) do
+      list[i] = { numel = n }
+      total, largest = total + n, max(largest, n)
+    end
+    counted = { total, largest, list, { config = {}, name = o.name } }
+  else
+    counted = { E.count(o.model) }
+  end
+  local s = settings(o, counted[4].config or {})
   if not s.offload_optimizer or s.device == "cpu" then return build(o, s, counted) end
   local function with(grads)
     local t = {}
@@ -310,8 +321,8 @@ function M.plan(o)
   end
   if s.offload_grads ~= "auto" then
     local p = build(o, s, counted)
-    p.notes[#p.notes + 1] = fmt("gradients on the %s (ZRUN_OFFLOAD_GRADS / offload_grads)", s.offload_grads == "device"
-      and "GPU" or "host")
+    p.notes[#p.notes + 1] = fmt("gradients on the %s, as asked (--offload-grads / ZRUN_OFFLOAD_GRADS %s)",
+      s.offload_grads == "device" and "GPU" or "host", s.offload_grads)
     return p
   end
   -- the engine keeps the gradients on the GPU when they fit there
@@ -329,6 +340,21 @@ function M.plan(o)
     fmt("gradients on the host (no GPU size known: --gpu-memory lets the plan choose as the engine does); on the " ..
       "GPU (ZRUN_OFFLOAD_GRADS=device) GPU %s, host %s per rank", human(pd.device.total), human(pd.host.total))
   return ph
+end
+
+-- What of plan p (made from options o) does not fit `avail` bytes of host memory per node or the
+-- locked-memory limit `memlock` (bytes; nil: unlimited), and each setting that fixes it with the
+-- memory it leaves, one line each; {} when everything fits. `avail_note` follows the available
+-- figure in the message. zr.initialize's check and `zrun plan --host-memory` print these.
+function M.host_check(p, o, avail, memlock, avail_note)
+  local function plan_with(changes)
+    local t = {}
+    for k, v in pairs(o) do t[k] = v end
+    t.offload_grads = p.settings.offload_grads -- the placement the plan settled on, unless changed
+    for k, v in pairs(changes) do t[k] = v end
+    return M.plan(t)
+  end
+  return Off.check_lines(p, avail, memlock, plan_with, avail_note)
 end
 
 function M.format(p)
@@ -350,8 +376,8 @@ function M.format(p)
   end
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "peak total", human(p.device.total), human(p.host.total))
   lines[#lines + 1] = fmt("  (the most live at once: %s in %s, host %s; the categories' own peaks add up to %s / %s)",
-    s.device == "cpu" and "device" or "GPU", p.peak_in.device, p.host.total > 0 and ("from " .. p.peak_in.host) or "none",
-    human(p.device.sum), human(p.host.sum))
+    s.device == "cpu" and "device" or "GPU", p.peak_in.device, p.host.total == 0 and "none" or
+    p.peak_in.host == "setup" and "in setup" or "from the first step on", human(p.device.sum), human(p.host.sum))
   if s.gpus_per_node > 1 and p.host.total > 0 then
     lines[#lines + 1] = fmt("  host memory per node (%d ranks): %s", s.gpus_per_node, human(p.host_per_node))
   end
@@ -477,14 +503,23 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T] [--gpus-per-node N --nodes M]
 --                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
---                 [--offload-param] [--gc none|backward|ideal] [--fit --gpu-memory 80GB [--host-memory 512GB]]
+--                 [--offload-param] [--offload-ratio R] [--offload-grads device|host|auto]
+--                 [--grad-accum-dtype fp32|bf16|fp16] [--gc none|backward|ideal]
+--                 [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
 -- ---------------------------------------------------------------------------------------------
 local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
                  [--gpus-per-node N] [--nodes M] [--stage 0-3] [--dtype f32|bf16|f16]
                  [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
-                 [--device cuda|cpu] [--gc none|backward|ideal]
-                 [--fit --gpu-memory 80GB [--host-memory 512GB]]
+                 [--offload-ratio R] [--offload-grads device|host|auto]
+                 [--grad-accum-dtype fp32|bf16|fp16] [--device cuda|cpu] [--gc none|backward|ideal]
+                 [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
+  --offload-ratio: offload_optimizer.ratio, the share of the optimizer states on the host
+  --offload-grads: where offloaded training keeps the gradients; auto (the default, as the
+        engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they fit --gpu-memory (or the
+        GPU this process sees)
+  --grad-accum-dtype: data_types.grad_accum_dtype, the gradients' dtype (fp32 by default)
+  --host-memory: says what does not fit this much host memory per node and what fixes it
   --gc: when Lua's collector frees forward temporaries; the default, backward, is what zrun
         does (it collects before backward and around checkpointed segments); none and ideal
         are what-ifs]==]
@@ -499,7 +534,8 @@ function M.main_plan(args)
   end
   local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
     dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
-    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1 }
+    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1, ["offload-ratio"] = 1, ["offload-grads"] = 1,
+    ["grad-accum-dtype"] = 1 }
   for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
   local function int(k, min) -- min: 1 for counts (a micro-batch of 0 planned zero), else 0
     if o[k] == nil then return nil end
@@ -512,13 +548,34 @@ function M.main_plan(args)
   end
   local gc = o.gc
   if gc and gc ~= "none" and gc ~= "backward" and gc ~= "ideal" then error("zrun plan: --gc must be none, backward or ideal", 0) end
+  local ratio = o["offload-ratio"]
+  if ratio ~= nil then
+    ratio = tonumber(ratio)
+    if not ratio or ratio < 0 or ratio > 1 then
+      error(fmt("zrun plan: --offload-ratio must be a number from 0 to 1, got '%s'", o["offload-ratio"]), 0)
+    end
+  end
+  local gad = o["grad-accum-dtype"]
+  if gad ~= nil and gad ~= "fp32" and gad ~= "bf16" and gad ~= "fp16" then
+    error(fmt("zrun plan: --grad-accum-dtype must be fp32, bf16 or fp16, got '%s'", gad), 0)
+  end
+  if (ratio or o["offload-grads"]) and not o["offload-optimizer"] and not o.config then
+    error("zrun plan: --offload-ratio and --offload-grads need --offload-optimizer (or a config that offloads)", 0)
+  end
   local opts = { model = pos[1], config = o.config, micro_batch = int("micro-batch", 1), seq_len = int("seq-len"),
     gpus_per_node = int("gpus-per-node", 1) or int("gpus", 1) or 1, nodes = int("nodes", 1) or 1, stage = int("stage"),
     dtype = o.dtype, gradient_checkpointing = o["gradient-checkpointing"] or nil,
     offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
+    offload_ratio = ratio, offload_grads = o["offload-grads"], grad_accum_dtype = gad,
     device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"] }
   if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
-  print(tostring(M.plan(opts)))
+  local p = M.plan(opts)
+  print(tostring(p))
+  if o["host-memory"] then
+    local lines = M.host_check(p, opts, parse_bytes(o["host-memory"]))
+    print(#lines > 0 and concat(lines, "\n") or fmt("host memory: %s per node fits %s", human(p.host_per_node),
+      human(parse_bytes(o["host-memory"]))))
+  end
   if o.fit then
     if not o["gpu-memory"] then error("zrun plan --fit needs --gpu-memory (e.g. --gpu-memory 80GB)", 0) end
     print("")
