@@ -117,8 +117,9 @@ local function fixes(p, avail, plan_with)
       try('data_types.grad_accum_dtype "bf16" (16-bit gradients on the host)', { grad_accum_dtype = "bf16" })
     end
   end
-  -- the largest share of the optimizer states the host holds within `avail` (a tenth at a time)
-  if s.offload_ratio > 0 then
+  -- the largest share of the optimizer states the host holds within `avail` (a tenth at a time;
+  -- stage 3 only, as in DeepSpeed)
+  if s.offload_ratio > 0 and s.stage == 3 then
     local best
     for r = floor(s.offload_ratio * 10 - 1e-9), 0, -1 do
       local q = plan_with { offload_ratio = r / 10 }

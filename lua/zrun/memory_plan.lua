@@ -77,6 +77,10 @@ local function settings(o, cfg_model)
   if type(s.offload_ratio) ~= "number" or s.offload_ratio < 0 or s.offload_ratio > 1 then
     error(fmt("memory plan: offload_optimizer.ratio must be between 0 and 1, got %s", tostring(s.offload_ratio)), 0)
   end
+  if s.offload_ratio < 1 and s.stage ~= 3 then -- config.lua's rule (DeepSpeed's ZeRO-Offload++)
+    error(fmt("memory plan: zero_optimization.offload_optimizer.ratio = %g is only valid with stage 3, got stage %d",
+      s.offload_ratio, s.stage), 0)
+  end
   s.pin_memory = o.pin_memory
   if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
   s.offload_grads = Off.grads_setting(o.offload_grads)
