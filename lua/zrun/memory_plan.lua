@@ -444,7 +444,7 @@ function M.fit(o)
       "shards the 16-bit parameters too (ZeRO-3)" },
     { "offload_optimizer: cpu", function(t) return not t.offload_optimizer end,
       function(t) t.offload_optimizer = true; if t.stage < 1 then t.stage = 2 end end, -- offload needs stage >= 1
-      "moves fp32 master weights, Adam states and reduced gradients to pinned host memory" },
+      "moves fp32 master weights and optimizer states to host memory (and the gradients, unless the GPU holds them)" },
     { "offload_param: cpu", function(t) return t.stage == 3 and not t.offload_param end, function(t) t.offload_param = true end,
       "keeps parameter shards in host memory" },
     { "activation checkpointing", function(t) return not t.gradient_checkpointing end,
@@ -493,7 +493,8 @@ function M.fit(o)
   if last.fits then
     local ss = last.plan.settings
     lines[#lines + 1] = fmt("proposal: zero_optimization.stage %d%s%s, micro-batch %d%s", ss.stage,
-      ss.offload_optimizer and ", offload_optimizer cpu" or "", ss.offload_param and ", offload_param cpu" or "",
+      ss.offload_optimizer and fmt(", offload_optimizer cpu (gradients on the %s)", ss.offload_grads == "device" and "GPU"
+      or "host") or "", ss.offload_param and ", offload_param cpu" or "",
       ss.micro_batch, ss.gradient_checkpointing and ", activation checkpointing on" or "")
   else
     lines[#lines + 1] = "nothing fits: use more GPUs (stage 3 divides the states by the number of ranks), " ..
@@ -575,6 +576,12 @@ function M.main_plan(args)
   if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
   local p = M.plan(opts)
   print(tostring(p))
+  if o["gpu-memory"] and not o.fit then
+    local gpu = parse_bytes(o["gpu-memory"])
+    print(fmt("GPU memory: %s per rank %s the %s usable of %s (5%% and 1 GiB kept; --fit proposes settings)",
+      human(p.device.total), p.device.total <= Off.usable(gpu) and "fits" or "does not fit", human(Off.usable(gpu)),
+      human(gpu)))
+  end
   if o["host-memory"] then
     local lines = M.host_check(p, opts, parse_bytes(o["host-memory"]))
     print(#lines > 0 and concat(lines, "\n") or fmt("host memory: %s per node fits %s", human(p.host_per_node),
