@@ -91,6 +91,17 @@ T.test("Llama-3-8B full fine-tuning fits one H200 (141 GB) with 128 GB of host m
   end
 end)
 
+T.test("tests/bench/llama3_8b_h200.json (the 8B run's DeepSpeed config) plans to fit an H200 + 128 GB", function()
+  local o = { model = "meta-llama/Meta-Llama-3-8B", config = "tests/bench/llama3_8b_h200.json", seq_len = 512,
+    gpu_memory = "141GB" }
+  local p = P.plan(o)
+  T.eq(p.settings.stage, 2); T.eq(p.settings.offload_optimizer, true); T.eq(p.settings.micro_batch, 4)
+  T.eq(p.settings.dtype, "bf16"); T.eq(p.settings.offload_grads, "device")
+  T.eq(p.host.total, 12 * N + RING * 6)
+  T.eq(p.device.total <= Off.usable(141 * GiB), true)
+  T.eq(#P.host_check(p, o, 128 * GiB), 0)
+end)
+
 T.test("the host check says what does not fit and each setting that fixes it, one line each", function()
   local o = { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true, micro_batch = 4,
     seq_len = 512, offload_grads = "host" }
@@ -170,11 +181,13 @@ T.test("zrun plan: offload options and their errors", function()
     "zrun plan: --offload-ratio must be a number from 0 to 1, got '2'")
   T.raises(function() plan("--stage", "2", "--offload-grads", "device") end, "need --offload-optimizer")
   T.raises(function() plan("--grad-accum-dtype", "int8") end, "--grad-accum-dtype must be fp32, bf16 or fp16, got 'int8'")
-  local out = T.run("ZRUN_OFFLOAD_GRADS=device ./zrun plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local out = T.run("ZRUN_OFFLOAD_GRADS=device " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
     "--host-memory 128GB")
   T.eq(out:find("gradients on the GPU, as asked", 1, true) ~= nil, true, out)
   T.eq(out:find("host memory: 89.93 GiB per node fits 128.00 GiB", 1, true) ~= nil, true, out)
-  out = T.run("ZRUN_OFFLOAD_GRADS=host ./zrun plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer --host-memory 128GB")
+  out = T.run("ZRUN_OFFLOAD_GRADS=host " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
+    "--host-memory 128GB")
   T.eq(out:find("CPU offload needs 136.57 GiB", 1, true) ~= nil, true, out)
 end)
 
