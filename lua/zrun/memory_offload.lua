@@ -3,7 +3,7 @@
 -- offload_optimizer.ratio; the engine's automatic choice between them; and the host-memory and
 -- locked-memory checks zr.initialize runs before it allocates (what does not fit, and what fixes it).
 local M = {}
-local fmt, ceil, floor, min, max = string.format, math.ceil, math.floor, math.min, math.max
+local fmt, ceil, floor, min = string.format, math.ceil, math.floor, math.min
 local human = require("zrun.format").human
 
 -- The pinned ring the step streams through when the gradients stay on the GPU: `slots` chunks of
