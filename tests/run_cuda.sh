@@ -2,7 +2,8 @@
 # GPU test suite (run on a machine with an NVIDIA GPU, from the repo root): the fused-kernel
 # tests, every zrun op on CUDA against its CPU twin (tests/ops/test_*_cuda.lua), the backend beyond
 # single ops (tests/cuda/test_cuda.lua), and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence
-# test (it needs a zrun built with MPI). Ends with "N passed, N failed".
+# test (it needs a zrun built with MPI), and the memory plan's time-line peak on the GPU(s). Ends with
+# "N passed, N failed".
 fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0
@@ -18,5 +19,6 @@ for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_comm_timeout_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_offload_pipeline.sh
+run_one env ZRUN_BIN=$zrun sh tests/cuda/test_plan_timeline_gpu.sh
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -164,8 +164,12 @@ function M.initialize(opts)
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
+    local oo = zc.offload_optimizer or {}
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
-      self.offload_grads ~= "device")
+      { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
+        dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = oo.ratio,
+        reduce_bucket_size = zc.reduce_bucket_size,
+        offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
@@ -288,44 +292,39 @@ function M.offload_grads_place(S, grad_bytes, device)
   return S * grad_bytes <= (m.device_free + m.cached) / 2 and "device" or "host"
 end
 
--- Before offloading, checks that this node's free RAM holds what every local rank will put there:
--- fp32 master, the optimizer's states (AdamW exp_avg and exp_avg_sq; `states`, default 2), the
--- fp32 gradients when they go to the host (host_grads; 16 bytes per partition element with AdamW,
--- 12 without host gradients), the step pipeline's ring (3 slots of up to 16M elements, 6 bytes
--- each) and, with offload_param, the 16-bit parameter shard. Stops with the numbers instead of
--- being killed. With pin_memory, also the page-locked part against the locked-memory limit.
-function M.check_host_memory(params, W, stage, offload_param, pin_memory, states, host_grads)
-  states = states or 2
-  if host_grads == nil then host_grads = true end
-  local S = M.partition_numel(params, W, stage)
-  local ring = 3 * math.min(S, tonumber(os.getenv("ZRUN_OFFLOAD_CHUNK") or "") or 2 ^ 24) * 6
-  local locked = (4 + 4 * states + (host_grads and 4 or 0)) * S + ring -- master, states, gradients, ring
-  local bytes = locked + (offload_param and 2 * S or 0)
-  local local_ranks = dist.local_size()
-  local need = bytes * local_ranks
-  local f = io.open("/proc/meminfo")
-  if not f then return end
+-- Before offloading, checks that this node's free RAM holds what every local rank will put there
+-- (zr.memory.plan's host column for these parameters: fp32 master, the optimizer's `states` (AdamW
+-- 2), gradients on the host, staging and the 16-bit weights going back, or with offload_param the
+-- 16-bit shard) and, with pin_memory, that the page-locked part is within the locked-memory limit
+-- (ulimit -l). Stops with what does not fit and each setting that fixes it, one line each.
+-- o (optional): offload_optimizer (default true), device, dtype, grad_accum_dtype and ratio
+-- (DeepSpeed's names), offload_grads
+-- ("device" | "host": where the engine keeps the gradients), reduce_bucket_size.
+function M.check_host_memory(params, W, stage, offload_param, pin_memory, states, o)
+  o = o or {}
+  local numels = {}
+  for i, p in ipairs(params) do numels[i] = p:numel() end
+  local popts = { param_numels = numels, name = "the model", world_size = W, gpus_per_node = dist.local_size(),
+    stage = stage, offload_optimizer = o.offload_optimizer ~= false, offload_param = offload_param or false, opt_states = states or 2,
+    pin_memory = pin_memory and true or false, device = o.device or (pin_memory and "cuda" or "cpu"),
+    dtype = o.dtype or "bf16", grad_accum_dtype = o.grad_accum_dtype, offload_ratio = o.ratio,
+    offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size }
+  local plan = require "zrun.memory_plan"
+  local p = plan.plan(popts)
   local avail
-  for line in f:lines() do
-    local v = line:match("^MemAvailable:%s+(%d+) kB")
-    if v then avail = tonumber(v) * 1024 end
+  local f = io.open("/proc/meminfo")
+  if f then
+    for line in f:lines() do
+      local v = line:match("^MemAvailable:%s+(%d+) kB")
+      if v then avail = tonumber(v) * 1024 end
+    end
+    f:close()
   end
-  f:close()
-  if avail and need > avail * 0.9 then
-    local h = zr.memory.human
-    error(fmt("CPU offload needs %s of host memory on this node (%s per rank x %d ranks: fp32 master weights, " ..
-      "optimizer states and gradients%s) but only %s is available. Use more nodes or GPUs per node (the " ..
-      "partitions shrink with the world size), turn off offload_param, or offload less (stage 2 without offload).",
-      h(need), h(bytes), local_ranks, offload_param and ", 16-bit parameter shards" or "", h(avail)), 0)
-  end
+  local h = zr.memory.human
   local lim = pin_memory and M.memlock_limit(M.limits_file)
-  if lim and locked > lim then
-    local h = zr.memory.human
-    error(fmt("offload_optimizer.pin_memory page-locks %s per rank (fp32 master weights, optimizer states, " ..
-      "%sthe step pipeline's ring) but the locked-memory limit (ulimit -l) is %s. Raise it before starting (`ulimit -l " ..
-      "unlimited`; in Docker `--ulimit memlock=-1`; for a user `memlock` in /etc/security/limits.conf) or set " ..
-      "\"pin_memory\": false (slower host-device copies).", h(locked), host_grads and "gradients and " or "", h(lim)), 0)
-  end
+  local lines = plan.host_check(p, popts, avail and math.floor(avail * 0.9), lim or nil,
+    avail and (" (90% of MemAvailable " .. h(avail) .. ")"))
+  if #lines > 0 then error(table.concat(lines, "\n"), 0) end
 end
 
 -- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples.

@@ -7,6 +7,7 @@
 -- Also `fit` advice (which settings fit a GPU) and the `zrun plan` command.
 local E = require "zrun.memory_estimate"
 local llama_activations = require("zrun.memory_sim").llama_activations
+local Off = require "zrun.memory_offload"
 
 local M = {}
 local fmt, floor, ceil, max, min, concat = string.format, math.floor, math.ceil, math.max, math.min, table.concat
@@ -65,10 +66,24 @@ local function settings(o, cfg_model)
   if s.offload_optimizer == nil then s.offload_optimizer = zc.offload_optimizer and zc.offload_optimizer.device == "cpu" or false end
   -- the optimizer's f32 states beside the master weights: AdamW and Lamb 2, Lion/Adagrad 1, SGD 1 with momentum
   local op = ds.optimizer
-  s.opt_states = not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
+  s.opt_states = o.opt_states or not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
     op.type == "SGD" and ((op.params.momentum or 0) ~= 0 and 1 or 0) or 2
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
+  -- offload_optimizer.ratio (the share of the optimizer states on the host), pin_memory, and where
+  -- the gradients live (ZRUN_OFFLOAD_GRADS / offload_grads: device, host, or auto by GPU memory)
+  local oo = zc.offload_optimizer or {}
+  s.offload_ratio = o.offload_ratio or oo.ratio or 1
+  if type(s.offload_ratio) ~= "number" or s.offload_ratio < 0 or s.offload_ratio > 1 then
+    error(fmt("memory plan: offload_optimizer.ratio must be between 0 and 1, got %s", tostring(s.offload_ratio)), 0)
+  end
+  if s.offload_ratio < 1 and s.stage ~= 3 then -- config.lua's rule (DeepSpeed's ZeRO-Offload++)
+    error(fmt("memory plan: zero_optimization.offload_optimizer.ratio = %g is only valid with stage 3, got stage %d",
+      s.offload_ratio, s.stage), 0)
+  end
+  s.pin_memory = o.pin_memory
+  if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
+  s.offload_grads = Off.grads_setting(o.offload_grads)
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
@@ -129,16 +144,10 @@ end
 local CATS = { "params", "grads", "optimizer", "activations", "comm", "workspace" }
 M.categories = CATS
 
--- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
--- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, gc=, device=}
--- Returns {device = {<category> = peak bytes, total=}, host = {...}, settings=, notes=, ...};
--- tostring(plan) is the printed table.
-function M.plan(o)
-  o = o or {}
-  if o.model == nil then error("zr.memory.plan: `model` (a model, a config or a model name) is required", 2) end
-  local total, largest, list, r = E.count(o.model)
+-- One plan for settings s whose gradient placement is settled (counted: E.count's results).
+local function build(o, s, counted)
+  local total, largest, list, r = unpack(counted)
   local cfg = r.config or {}
-  local s = settings(o, cfg)
   local W, b = s.world_size, s.dtype_bytes
   local Wc = s.stage == 0 and 1 or W -- chunks per parameter (zero.c: stage 0 keeps W = 1)
   -- stage 3 in one process with the parameters on their device (zero.c: solo3): nothing to
@@ -159,20 +168,30 @@ function M.plan(o)
   local dev = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local host = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local notes = {}
-  local opt = s.offload_optimizer and host or dev
+  local offload_gpu = s.offload_optimizer and s.device ~= "cpu" -- on the CPU offload moves nothing
 
+  -- comm buckets (zero.c): their size, in partition elements per rank
+  local cap = floor(s.reduce_bucket_size / Wc)
+  if cap < max_c then cap = max_c end
+  if cap > S then cap = S end
   -- model states (zero.c: zr_zero_new)
-  opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
-  opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+  local pinned = 0
+  if offload_gpu then -- memory_offload.lua's table, by where the gradients live
+    pinned = Off.place(s, S, cap, dev, host)
+  else
+    local opt = s.offload_optimizer and host or dev
+    opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
+    opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+  end
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
-  local direct = Wc == 1 and stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing
+  local direct = Wc == 1 and stage <= 2 and (not offload_gpu or s.offload_grads == "device")
   if stage <= 1 and not direct then dev.grads = dev.grads + total * s.grad_bytes end -- full .grad per parameter
   if stage <= 2 then
     dev.params = total * b
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
-    shard.params = S * b
+    shard.params = shard.params + S * b
     -- parameters below stage3_param_persistence_threshold are never released (zero.c)
     for _, p in ipairs(list) do
       if p.numel < s.persistence_threshold then dev.params = dev.params + p.numel * b end
@@ -180,31 +199,24 @@ function M.plan(o)
   end
   -- comm buckets (zero.c): send W*cap in the comm dtype, plus compaction copy and receive buffer
   -- when W > 1
-  local cap, cb = floor(s.reduce_bucket_size / Wc), s.comm_bytes
-  if cap < max_c then cap = max_c end
-  if cap > S then cap = S end
+  local cb = s.comm_bytes
   dev.comm = direct and 0 or (cap * Wc * cb + (Wc > 1 and (cap * Wc * cb + cap * cb) or 0))
   -- overlap_comm keeps a second buffer set so a bucket can be reduced while the next one fills
   if s.overlap_comm and Wc > 1 and not direct then dev.comm = dev.comm * 2 end
-  local comm_tr = 0
-  if Wc > 1 and stage <= 2 then comm_tr = cap * b + cap * Wc * b end -- all-gather of updated weights
-  -- stage 3 all-gathers straight into the parameters' storage (counted as params); with
-  -- offload_param the host shard's slice is staged on the device first
-  if stage == 3 and s.offload_param then comm_tr = max(comm_tr, ceil(maxn / Wc) * b) end
-  dev.comm = dev.comm + comm_tr
-  if s.offload_optimizer and not direct then
-    -- zero/offload.c: a pinned staging bucket for gradients that are added to the partition (all
-    -- but the first of a step after zero_grad; made once, on the first step)
-    host.comm = cap * 4
-    -- the new 16-bit weights are written into a pinned host buffer and uploaded from there (one
-    -- world: into each parameter; stage 3: into the device shard)
-    if (stage < 3 and Wc == 1) or (stage == 3 and not s.offload_param) then host.params = host.params + S * b end
-  end
+  -- transient: the all-gather of updated weights at the optimizer step (stages 1-2 over several
+  -- ranks); stage 3 all-gathers straight into the parameters' storage (counted as params), but
+  -- with offload_param the host shard's slice is staged on the device first (during forward and
+  -- backward)
+  local step_comm, fb_comm = 0, 0
+  if Wc > 1 and stage <= 2 then step_comm = cap * b + cap * Wc * b end
+  if stage == 3 and s.offload_param then fb_comm = ceil(maxn / Wc) * b end
+  local states = { params = dev.params, grads = dev.grads, optimizer = dev.optimizer, comm = dev.comm }
+  dev.comm = dev.comm + max(step_comm, fb_comm)
 
   -- activations
-  local fam = E.family(cfg)
   local act
-  if fam ~= "gpt2" then
+  if o.param_numels then -- model states only (zr.initialize's host check: any nn.Module)
+  elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
@@ -243,14 +255,13 @@ function M.plan(o)
     for _, c in ipairs(CATS) do n = n + t[c] end
     return n
   end
-  dev.total = sum(dev)
-  host.total = sum(host)
+  dev.sum = sum(dev)
+  host.sum = sum(host)
   -- Setup (model construction + zr.initialize), before the first step: zrun builds the model
   -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
   -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
   local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
-    grads = (stage <= 1 and not direct and total * s.grad_bytes or 0) + (s.offload_optimizer and 0 or S * s.grad_bytes),
-    optimizer = s.offload_optimizer and 0 or 3 * S * 4, comm = dev.comm - comm_tr }
+    grads = states.grads, optimizer = states.optimizer, comm = states.comm }
   if stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
   setup.total = setup.params + setup.grads + setup.optimizer + setup.comm
   if stage == 3 then
@@ -258,28 +269,126 @@ function M.plan(o)
       "peak is %s per rank (the whole model in %s%s, and the states)", human(setup.total), s.dtype,
       s.offload_param and "" or ", its shard")
   end
-  local training_total = dev.total
-  if setup.total > dev.total then dev.total = setup.total end
+  -- The time-line: the model states stay from setup on; on them, a micro-batch's forward and
+  -- backward (the simulation's live bytes: activations, gradients before their bucket, workspace,
+  -- gathered parameters, the batch), every micro-batch alike, then the optimizer step (what
+  -- backward left live and the all-gather buffers). The host holds its buffers from the first
+  -- step on.
+  local base = states.params + states.grads + states.optimizer + states.comm
+  local fb_in = act and act.live_peak_in or "forward"
+  local timeline = {
+    { phase = "setup", device = setup.total, host = host.sum - host.comm },
+    { phase = fb_in, device = base + (act and act.live_peak or 0) + fb_comm, host = host.sum },
+    { phase = "optimizer step", device = base + (act and act.live_after_backward or 0) + step_comm, host = host.sum },
+  }
+  local peak_in = {}
+  for _, side in ipairs { "device", "host" } do
+    local t = side == "device" and dev or host
+    t.total = 0
+    for _, ph in ipairs(timeline) do
+      if ph[side] > t.total then t.total, peak_in[side] = ph[side], ph.phase end
+    end
+  end
 
-  local plan = { device = dev, host = host, setup = setup, training_total = training_total, settings = s, notes = notes, total_params = total,
-    largest_layer_params = largest, partition_numel = S, name = r.name,
+  local plan = { device = dev, host = host, setup = setup, training_total = max(timeline[2].device, timeline[3].device),
+    timeline = timeline, peak_in = peak_in, settings = s, notes = notes, total_params = total,
+    largest_layer_params = largest, partition_numel = S, name = r.name, pinned = pinned,
     activations_forward = act and act.forward, host_per_node = host.total * s.gpus_per_node }
   return setmetatable(plan, { __tostring = M.format })
+end
+
+-- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
+-- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, offload_ratio=,
+-- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, gpu_memory=, gc=, device=}
+-- Returns {device = {<category> = peak bytes, total=, sum=}, host = {...}, timeline = {{phase=,
+-- device=, host=}}, settings=, notes=, ...}: each category's own peak, and as `total` the most
+-- live at once over setup and a training step (`sum` adds the categories' own peaks instead).
+-- With optimizer offload on a GPU and offload_grads "auto" (the default, unless
+-- ZRUN_OFFLOAD_GRADS is set), the gradients stay on the GPU when that plan fits gpu_memory (or
+-- the visible GPU), as the engine chooses. tostring(plan) is the printed table.
+function M.plan(o)
+  o = o or {}
+  if o.model == nil and not o.param_numels then
+    error("zr.memory.plan: `model` (a model, a config or a model name) is required", 2)
+  end
+  local counted
+  if o.param_numels then -- parameter sizes instead of a model: model states only, no activations
+    local list, total, largest = {}, 0, 0
+    for i, n in ipairs(o.param_numels) do
+      list[i] = { numel = n }
+      total, largest = total + n, max(largest, n)
+    end
+    counted = { total, largest, list, { config = {}, name = o.name } }
+  else
+    counted = { E.count(o.model) }
+  end
+  local s = settings(o, counted[4].config or {})
+  if not s.offload_optimizer or s.device == "cpu" then return build(o, s, counted) end
+  local function with(grads)
+    local t = {}
+    for k, v in pairs(s) do t[k] = v end
+    t.offload_grads = grads
+    return build(o, t, counted)
+  end
+  if s.offload_grads ~= "auto" then
+    local p = build(o, s, counted)
+    p.notes[#p.notes + 1] = fmt("gradients on the %s, as asked (--offload-grads / ZRUN_OFFLOAD_GRADS %s)",
+      s.offload_grads == "device" and "GPU" or "host", s.offload_grads)
+    return p
+  end
+  -- the engine keeps the gradients on the GPU when they fit there
+  local gpu = o.gpu_memory and parse_bytes(o.gpu_memory) or Off.detect_gpu_memory()
+  local pd, ph = with("device"), with("host")
+  if gpu and pd.device.total <= Off.usable(gpu) then
+    pd.notes[#pd.notes + 1] = fmt("gradients on the GPU: they fit its %s usable (of %s); on the host " ..
+      "(ZRUN_OFFLOAD_GRADS=host) GPU %s, host %s per rank", human(Off.usable(gpu)), human(gpu), human(ph.device.total),
+      human(ph.host.total))
+    return pd
+  end
+  ph.notes[#ph.notes + 1] = gpu and
+    fmt("gradients on the host: on the GPU they would need %s per rank, more than the %s usable of %s " ..
+      "(ZRUN_OFFLOAD_GRADS=device forces them there)", human(pd.device.total), human(Off.usable(gpu)), human(gpu)) or
+    fmt("gradients on the host (no GPU size known: --gpu-memory lets the plan choose as the engine does); on the " ..
+      "GPU (ZRUN_OFFLOAD_GRADS=device) GPU %s, host %s per rank", human(pd.device.total), human(pd.host.total))
+  return ph
+end
+
+-- What of plan p (made from options o) does not fit `avail` bytes of host memory per node or the
+-- locked-memory limit `memlock` (bytes; nil: unlimited), and each setting that fixes it with the
+-- memory it leaves, one line each; {} when everything fits. `avail_note` follows the available
+-- figure in the message. zr.initialize's check and `zrun plan --host-memory` print these.
+function M.host_check(p, o, avail, memlock, avail_note)
+  local function plan_with(changes)
+    local t = {}
+    for k, v in pairs(o) do t[k] = v end
+    t.offload_grads = p.settings.offload_grads -- the placement the plan settled on, unless changed
+    for k, v in pairs(changes) do t[k] = v end
+    return M.plan(t)
+  end
+  return Off.check_lines(p, avail, memlock, plan_with, avail_note)
 end
 
 function M.format(p)
   local s = p.settings
   local lines = {}
   lines[1] = fmt("memory plan for %s (%s parameters), per rank", p.name or "model", require("zrun.memory_describe").commas(p.total_params))
-  lines[2] = fmt("  ZeRO stage %d, %d rank%s (%d per node x %d node%s), %s, micro-batch %d x %d tokens%s%s%s",
+  local off = ""
+  if s.offload_optimizer then
+    off = fmt(", optimizer offloaded%s%s", s.offload_ratio < 1 and fmt(" (ratio %g)", s.offload_ratio) or "",
+      s.device ~= "cpu" and fmt(", gradients on the %s", s.offload_grads == "device" and "GPU" or "host") or "")
+  end
+  lines[2] = fmt("  ZeRO stage %d, %d rank%s (%d per node x %d node%s), %s, micro-batch %d x %d tokens%s%s%s%s",
     s.stage, s.world_size, s.world_size > 1 and "s" or "", s.gpus_per_node, s.nodes, s.nodes > 1 and "s" or "",
-    s.dtype, s.micro_batch, s.seq_len, s.gradient_checkpointing and ", activation checkpointing" or "",
-    s.offload_optimizer and ", optimizer offloaded" or "", s.offload_param and ", params offloaded" or "")
+    s.dtype, s.micro_batch, s.seq_len, s.grad_bytes == 2 and ", 16-bit gradients" or "",
+    s.gradient_checkpointing and ", activation checkpointing" or "", off, s.offload_param and ", params offloaded" or "")
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
   for _, c in ipairs(CATS) do
     lines[#lines + 1] = fmt("  %-12s %14s %14s", c, human(p.device[c]), human(p.host[c]))
   end
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "peak total", human(p.device.total), human(p.host.total))
+  lines[#lines + 1] = fmt("  (the most live at once: %s in %s, host %s; the categories' own peaks add up to %s / %s)",
+    s.device == "cpu" and "device" or "GPU", p.peak_in.device, p.host.total == 0 and "none" or
+    p.peak_in.host == "setup" and "in setup" or "from the first step on", human(p.device.sum), human(p.host.sum))
   if s.gpus_per_node > 1 and p.host.total > 0 then
     lines[#lines + 1] = fmt("  host memory per node (%d ranks): %s", s.gpus_per_node, human(p.host_per_node))
   end
@@ -342,7 +451,7 @@ function M.fit(o)
       "shards the 16-bit parameters too (ZeRO-3)" },
     { "offload_optimizer: cpu", function(t) return not t.offload_optimizer end,
       function(t) t.offload_optimizer = true; if t.stage < 1 then t.stage = 2 end end, -- offload needs stage >= 1
-      "moves fp32 master weights, Adam states and reduced gradients to pinned host memory" },
+      "moves fp32 master weights and optimizer states to host memory (and the gradients, unless the GPU holds them)" },
     { "offload_param: cpu", function(t) return t.stage == 3 and not t.offload_param end, function(t) t.offload_param = true end,
       "keeps parameter shards in host memory" },
     { "activation checkpointing", function(t) return not t.gradient_checkpointing end,
@@ -391,7 +500,8 @@ function M.fit(o)
   if last.fits then
     local ss = last.plan.settings
     lines[#lines + 1] = fmt("proposal: zero_optimization.stage %d%s%s, micro-batch %d%s", ss.stage,
-      ss.offload_optimizer and ", offload_optimizer cpu" or "", ss.offload_param and ", offload_param cpu" or "",
+      ss.offload_optimizer and fmt(", offload_optimizer cpu (gradients on the %s)", ss.offload_grads == "device" and "GPU"
+      or "host") or "", ss.offload_param and ", offload_param cpu" or "",
       ss.micro_batch, ss.gradient_checkpointing and ", activation checkpointing on" or "")
   else
     lines[#lines + 1] = "nothing fits: use more GPUs (stage 3 divides the states by the number of ranks), " ..
@@ -405,14 +515,23 @@ end
 -- ---------------------------------------------------------------------------------------------
 -- zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T] [--gpus-per-node N --nodes M]
 --                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
---                 [--offload-param] [--gc none|backward|ideal] [--fit --gpu-memory 80GB [--host-memory 512GB]]
+--                 [--offload-param] [--offload-ratio R] [--offload-grads device|host|auto]
+--                 [--grad-accum-dtype fp32|bf16|fp16] [--gc none|backward|ideal]
+--                 [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
 -- ---------------------------------------------------------------------------------------------
 local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
                  [--gpus-per-node N] [--nodes M] [--stage 0-3] [--dtype f32|bf16|f16]
                  [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
-                 [--device cuda|cpu] [--gc none|backward|ideal]
-                 [--fit --gpu-memory 80GB [--host-memory 512GB]]
+                 [--offload-ratio R] [--offload-grads device|host|auto]
+                 [--grad-accum-dtype fp32|bf16|fp16] [--device cuda|cpu] [--gc none|backward|ideal]
+                 [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
+  --offload-ratio: offload_optimizer.ratio, the share of the optimizer states on the host
+  --offload-grads: where offloaded training keeps the gradients; auto (the default, as the
+        engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they fit --gpu-memory (or the
+        GPU this process sees)
+  --grad-accum-dtype: data_types.grad_accum_dtype, the gradients' dtype (fp32 by default)
+  --host-memory: says what does not fit this much host memory per node and what fixes it
   --gc: when Lua's collector frees forward temporaries; the default, backward, is what zrun
         does (it collects before backward and around checkpointed segments); none and ideal
         are what-ifs]==]
@@ -427,7 +546,8 @@ function M.main_plan(args)
   end
   local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
     dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
-    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1 }
+    fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1, ["offload-ratio"] = 1, ["offload-grads"] = 1,
+    ["grad-accum-dtype"] = 1 }
   for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
   local function int(k, min) -- min: 1 for counts (a micro-batch of 0 planned zero), else 0
     if o[k] == nil then return nil end
@@ -440,13 +560,40 @@ function M.main_plan(args)
   end
   local gc = o.gc
   if gc and gc ~= "none" and gc ~= "backward" and gc ~= "ideal" then error("zrun plan: --gc must be none, backward or ideal", 0) end
+  local ratio = o["offload-ratio"]
+  if ratio ~= nil then
+    ratio = tonumber(ratio)
+    if not ratio or ratio < 0 or ratio > 1 then
+      error(fmt("zrun plan: --offload-ratio must be a number from 0 to 1, got '%s'", o["offload-ratio"]), 0)
+    end
+  end
+  local gad = o["grad-accum-dtype"]
+  if gad ~= nil and gad ~= "fp32" and gad ~= "bf16" and gad ~= "fp16" then
+    error(fmt("zrun plan: --grad-accum-dtype must be fp32, bf16 or fp16, got '%s'", gad), 0)
+  end
+  if (ratio or o["offload-grads"]) and not o["offload-optimizer"] and not o.config then
+    error("zrun plan: --offload-ratio and --offload-grads need --offload-optimizer (or a config that offloads)", 0)
+  end
   local opts = { model = pos[1], config = o.config, micro_batch = int("micro-batch", 1), seq_len = int("seq-len"),
     gpus_per_node = int("gpus-per-node", 1) or int("gpus", 1) or 1, nodes = int("nodes", 1) or 1, stage = int("stage"),
     dtype = o.dtype, gradient_checkpointing = o["gradient-checkpointing"] or nil,
     offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
+    offload_ratio = ratio, offload_grads = o["offload-grads"], grad_accum_dtype = gad,
     device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"] }
   if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
-  print(tostring(M.plan(opts)))
+  local p = M.plan(opts)
+  print(tostring(p))
+  if o["gpu-memory"] and not o.fit then
+    local gpu = parse_bytes(o["gpu-memory"])
+    print(fmt("GPU memory: %s per rank %s the %s usable of %s (5%% and 1 GiB kept; --fit proposes settings)",
+      human(p.device.total), p.device.total <= Off.usable(gpu) and "fits" or "does not fit", human(Off.usable(gpu)),
+      human(gpu)))
+  end
+  if o["host-memory"] then
+    local lines = M.host_check(p, opts, parse_bytes(o["host-memory"]))
+    print(#lines > 0 and concat(lines, "\n") or fmt("host memory: %s per node fits %s", human(p.host_per_node),
+      human(parse_bytes(o["host-memory"]))))
+  end
   if o.fit then
     if not o["gpu-memory"] then error("zrun plan --fit needs --gpu-memory (e.g. --gpu-memory 80GB)", 0) end
     print("")

@@ -17,14 +17,20 @@ Sim.__index = Sim
 
 local function new_sim(o)
   return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
-    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0 }, Sim)
+    peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0,
+    total = 0, total_peak = 0, total_peak_in = "forward" }, Sim)
 end
 
+-- Each category's own peak, and the peak of their sum (every byte the step has live at once)
+-- with where it happened: the time-line the plan adds the model states to.
 function Sim:count(cat, b)
   local c = self.cur[cat] + b
   self.cur[cat] = c
   if c > self.peak[cat] then self.peak[cat] = c end
   if cat == "act" and c > self.wpeak then self.wpeak = c end
+  local t = self.total + b
+  self.total = t
+  if t > self.total_peak then self.total_peak, self.total_peak_in = t, self.in_bwd and "backward" or "forward" end
 end
 -- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
 function Sim:trace(phase, name)
@@ -651,8 +657,12 @@ function M.llama_activations(cfg, o)
   S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)
   S:backward(S.tape, loss.node, g0)
+  -- live_peak: the most the step has live at once (every category of the simulation, the batch
+  -- included); after_backward: what is still live when the optimizer step runs (stage 3 releases
+  -- every gathered parameter when backward ends)
   return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
-    workspace = S.peak.ws, gathered = S.peak.params }
+    workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
+    live_after_backward = S.total - S.cur.params }
 end
 
 return M

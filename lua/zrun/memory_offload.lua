@@ -1,0 +1,165 @@
+-- Optimizer offload in the memory plan: one table of bytes per partition element for each place
+-- the gradients can live (the GPU or the host), data_types.grad_accum_dtype and
+-- offload_optimizer.ratio; the engine's automatic choice between them; and the host-memory and
+-- locked-memory checks zr.initialize runs before it allocates (what does not fit, and what fixes it).
+local M = {}
+local fmt, ceil, floor, min = string.format, math.ceil, math.floor, math.min
+local human = require("zrun.format").human
+
+-- The pinned ring the step streams through (runtime/zero/offload.c): `slots` chunks of `chunk`
+-- partition elements (ZRUN_OFFLOAD_CHUNK), each an f32 slot for the chunk's gradients going to the
+-- host (when they live on the GPU) and a slot for its new 16-bit weights coming back.
+M.RING = { slots = 3, chunk = tonumber(os.getenv("ZRUN_OFFLOAD_CHUNK") or "") or 2 ^ 24 }
+
+-- Bytes of one rank's buffers under optimizer offload, by where the gradients live. e: S (this
+-- rank's partition elements), h (the host's share, ceil(ratio * S)), k (the optimizer's f32
+-- states beside the master: AdamW 2, Lion/Adagrad/SGD-with-momentum 1), g (bytes of a gradient
+-- element: 4, or 2 with grad_accum_dtype bf16/fp16), b (bytes of a parameter), cap (gradient
+-- bucket elements), stage, Wc (chunks per parameter), offload_param. `pinned`: the host
+-- categories page-locked with pin_memory. The one place to change when the engine's layout does.
+M.LAYOUT = {
+  -- (a) the gradient partition on the GPU as without offload; the step streams chunks
+  -- D2H -> CPU optimizer -> H2D through the ring, so the host holds the master and states only
+  device = {
+    device = {
+      grads = function(e) return e.S * e.g end,
+      optimizer = function(e) return (e.S - e.h) * (1 + e.k) * 4 end,
+    },
+    host = {
+      optimizer = function(e) return e.h * (1 + e.k) * 4 end,
+      comm = function(e) return M.RING.slots * min(M.RING.chunk, e.h) * (4 + e.b) end,
+    },
+    pinned = { comm = true },
+  },
+  -- (b) the gradients of the host's share go to the host bucket by bucket (a pinned staging
+  -- buffer of one bucket) and accumulate there in fp32; the new 16-bit weights go back through the
+  -- ring's out slots (stages 1-2 over several ranks all-gather them instead; stage 3 with
+  -- offload_param writes its host shard in place)
+  host = {
+    device = {
+      grads = function(e) return (e.S - e.h) * e.g end,
+      optimizer = function(e) return (e.S - e.h) * (1 + e.k) * 4 end,
+    },
+    host = {
+      optimizer = function(e) return e.h * (1 + e.k) * 4 end,
+      grads = function(e) return e.h * 4 end, -- fp32 (host mode refuses grad_accum_dtype)
+      comm = function(e)
+        local out = ((e.stage < 3 and e.Wc == 1) or (e.stage == 3 and not e.offload_param)) and
+          M.RING.slots * min(M.RING.chunk, e.h) * e.b or 0
+        return e.cap * 4 + out
+      end,
+    },
+    pinned = { optimizer = true, grads = true, comm = true },
+  },
+}
+
+-- Adds the offloaded model states of settings s to the plan's dev and host tables; returns the
+-- page-locked host bytes (with pin_memory).
+function M.place(s, S, cap, dev, host)
+  local L = M.LAYOUT[s.offload_grads]
+  local e = { S = S, h = ceil(s.offload_ratio * S), k = s.opt_states, g = s.grad_bytes, b = s.dtype_bytes, cap = cap,
+    stage = s.stage, Wc = s.stage == 0 and 1 or s.world_size, offload_param = s.offload_param }
+  local pinned = 0
+  for c, f in pairs(L.device) do dev[c] = dev[c] + f(e) end
+  for c, f in pairs(L.host) do
+    local n = f(e)
+    host[c] = host[c] + n
+    if L.pinned[c] and s.pin_memory then pinned = pinned + n end
+  end
+  return pinned
+end
+
+-- ZRUN_OFFLOAD_GRADS forces where the gradients live; otherwise "auto".
+function M.grads_setting(v)
+  v = v or os.getenv("ZRUN_OFFLOAD_GRADS")
+  if v == nil or v == "" or v == "auto" then return "auto" end
+  if v ~= "device" and v ~= "host" then
+    error(fmt("ZRUN_OFFLOAD_GRADS / --offload-grads must be device, host or auto, got '%s'", tostring(v)), 0)
+  end
+  return v
+end
+
+-- The GPU memory a plan may use: 5% and 1 GiB are kept for the CUDA context, the allocator's
+-- rounding and fragmentation (as zr.memory.fit does).
+function M.usable(gpu, headroom, reserve)
+  return floor(gpu * (1 - (headroom or 0.05))) - (reserve or 2 ^ 30)
+end
+
+-- The training GPU's memory when this process sees one, else nil.
+function M.detect_gpu_memory()
+  local ok, total = pcall(function()
+    local cu = require("zrun._C").cuda
+    if cu and cu.device_count() > 0 then return cu.memory_summary(cu.current_device()).device_total end
+  end)
+  return ok and total or nil
+end
+
+-- ---------------------------------------------------------------------------------------------
+-- Before starting: what does not fit the host and which setting fixes it, one line each.
+-- ---------------------------------------------------------------------------------------------
+
+-- The fixes for a plan p whose host memory per node exceeds `avail` bytes, each with what it
+-- saves: `plan_with(changes)` re-plans with some settings changed.
+local function fixes(p, avail, plan_with)
+  local s, out = p.settings, {}
+  local need = p.host_per_node
+  local function try(text, changes)
+    local q = plan_with(changes)
+    if q.host_per_node < need then
+      out[#out + 1] = fmt("%s: host %s per node%s", text, human(q.host_per_node),
+        q.host_per_node <= avail and " (fits)" or "")
+    end
+  end
+  if s.offload_grads == "host" and s.device ~= "cpu" then
+    try("keep the gradients on the GPU (ZRUN_OFFLOAD_GRADS=device; GPU " .. human(plan_with { offload_grads = "device" }
+      .device.total) .. " per rank)", { offload_grads = "device" })
+    if s.grad_bytes == 4 then
+      try('data_types.grad_accum_dtype "bf16" (16-bit gradients on the host)', { grad_accum_dtype = "bf16" })
+    end
+  end
+  -- the largest share of the optimizer states the host holds within `avail` (a tenth at a time;
+  -- stage 3 only, as in DeepSpeed)
+  if s.offload_ratio > 0 and s.stage == 3 then
+    local best
+    for r = floor(s.offload_ratio * 10 - 1e-9), 0, -1 do
+      local q = plan_with { offload_ratio = r / 10 }
+      if q.host_per_node <= avail then best = { r / 10, q }; break end
+    end
+    if best then
+      out[#out + 1] = fmt("offload_optimizer.ratio %.1f (the rest of the optimizer states on the GPU): host %s per node " ..
+        "(fits), GPU %s per rank", best[1], human(best[2].host_per_node), human(best[2].device.total))
+    end
+  end
+  if s.offload_param then try("offload_param off (the 16-bit shard on the GPU)", { offload_param = false }) end
+  out[#out + 1] = "more nodes or GPUs per node: the partitions shrink with the world size"
+  return out
+end
+
+-- Lines saying that plan p does not fit `avail` host bytes (MemAvailable) or the locked-memory
+-- limit `memlock` (nil: unlimited), each with its fixes; {} when it fits.
+function M.check_lines(p, avail, memlock, plan_with, avail_note)
+  local s, lines = p.settings, {}
+  if avail and p.host_per_node > avail then
+    local parts = {}
+    for _, c in ipairs { "optimizer", "grads", "params", "comm" } do
+      if p.host[c] > 0 then
+        parts[#parts + 1] = fmt("%s %s", ({ optimizer = "fp32 master + optimizer states", grads = "gradients",
+          params = s.offload_param and "16-bit parameter shards" or "16-bit weights going back",
+          comm = s.offload_grads == "device" and "pinned ring" or "staging bucket" })[c], human(p.host[c]))
+      end
+    end
+    lines[#lines + 1] = fmt("CPU offload needs %s of host memory on this node (%s per rank x %d rank%s: %s) but %s is " ..
+      "available; any of these fixes it:", human(p.host_per_node), human(p.host.total), s.gpus_per_node,
+      s.gpus_per_node == 1 and "" or "s", table.concat(parts, ", "),
+      human(avail) .. (avail_note or ""))
+    for _, f in ipairs(fixes(p, avail, plan_with)) do lines[#lines + 1] = "  - " .. f end
+  end
+  if memlock and p.pinned > memlock then
+    lines[#lines + 1] = fmt("offload_optimizer.pin_memory page-locks %s per rank but the locked-memory limit (ulimit -l) is %s: " ..
+      "raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or set " ..
+      "\"pin_memory\": false (slower copies)", human(p.pinned), human(memlock))
+  end
+  return lines
+end
+
+return M

@@ -1,0 +1,194 @@
+-- The memory plan with optimizer offload (lua/zrun/memory_offload.lua): the host and GPU bytes of
+-- each gradient placement, data_types.grad_accum_dtype and offload_optimizer.ratio, computed by
+-- hand for Llama-3-8B (one rank, bf16); the automatic choice of the placement by GPU memory; a
+-- configuration that fits one H200 (141 GB) with 128 GB of host memory; and the messages of the
+-- host-memory and locked-memory checks (zr.initialize's, and `zrun plan --host-memory`).
+local zr = require "zrun"
+local T = zr.testing
+local P = require "zrun.memory_plan"
+local Off = require "zrun.memory_offload"
+local engine_mod = require "zrun.engine"
+
+local N = 8030261248            -- Llama-3-8B's parameters: on one rank the partition S = N
+local CAP = 128256 * 4096       -- the gradient bucket: the largest parameter (the embedding), above 5e8
+local RING = 2 * 2 ^ 24         -- two ring slots of 2^24 elements
+local GiB = 2 ^ 30
+local function plan8b(o)
+  local t = { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
+    micro_batch = 4, seq_len = 512 }
+  for k, v in pairs(o or {}) do t[k] = v end
+  return P.plan(t)
+end
+
+T.test("Llama-3-8B, gradients on the host (hand-computed): 136.57 GiB, 14.96 of them the 16-bit copy", function()
+  local p = plan8b { offload_grads = "host" }
+  T.eq(p.host.optimizer, 12 * N, "fp32 master + exp_avg + exp_avg_sq")
+  T.eq(p.host.grads, 4 * N, "fp32 gradients")
+  T.eq(p.host.params, 2 * N, "the 16-bit weights going back")
+  T.eq(p.host.comm, 4 * CAP, "the pinned staging bucket")
+  T.eq(p.host.total, 18 * N + 4 * CAP)
+  T.eq(string.format("%.2f", p.host.total / GiB), "136.57")
+  T.eq(p.device.optimizer, 0); T.eq(p.device.params, 2 * N)
+  T.eq(p.pinned, p.host.total, "everything on the host is page-locked with pin_memory")
+  -- 16-bit gradients on the host (data_types.grad_accum_dtype bf16): 2 bytes instead of 4
+  local pb = plan8b { offload_grads = "host", grad_accum_dtype = "bf16" }
+  T.eq(pb.host.total, 16 * N + 4 * CAP)
+  pb = plan8b { offload_grads = "host", config = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true },
+    zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" } }, data_types = { grad_accum_dtype = "bf16" } } }
+  T.eq(pb.host.total, 16 * N + 4 * CAP, "read from the DeepSpeed config as the engine reads it")
+end)
+
+T.test("gradients on the GPU: the host holds master + states (12 B/param) and the ring", function()
+  local p = plan8b { offload_grads = "device" }
+  T.eq(p.host.optimizer, 12 * N); T.eq(p.host.grads, 0); T.eq(p.host.params, 0)
+  T.eq(p.host.comm, RING * (4 + 2), "each slot: a chunk's fp32 gradients and its bf16 weights")
+  T.eq(p.device.grads, 4 * N, "the fp32 gradient partition on the GPU, as without offload")
+  T.eq(p.device.comm, 0, "one rank: no buckets")
+  T.eq(p.pinned, RING * 6, "only the ring is page-locked")
+  local pb = plan8b { offload_grads = "device", grad_accum_dtype = "bf16" }
+  T.eq(pb.device.grads, 2 * N); T.eq(pb.host.total, 12 * N + RING * 4)
+end)
+
+T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GPU (stage 3)", function()
+  local h = math.ceil(0.75 * N)
+  local p = plan8b { stage = 3, offload_grads = "host", offload_ratio = 0.75 }
+  T.eq(p.host.optimizer, 12 * h); T.eq(p.device.optimizer, 12 * (N - h))
+  T.eq(p.host.grads, 4 * h); T.eq(p.device.grads >= 4 * (N - h), true)
+  T.eq(p.host.params, 2 * h, "the host share's new 16-bit weights")
+  p = plan8b { stage = 3, offload_grads = "host", config = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true },
+    zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", ratio = 0.75 } } } }
+  T.eq(p.host.optimizer, 12 * h, "offload_optimizer.ratio from the config")
+  T.eq(tostring(p):find("optimizer offloaded (ratio 0.75)", 1, true) ~= nil, true, tostring(p))
+  local p0 = plan8b { stage = 3, offload_grads = "device", offload_ratio = 0 }
+  T.eq(p0.host.optimizer, 0); T.eq(p0.device.optimizer, 12 * N)
+  T.raises(function() plan8b { stage = 3, offload_ratio = 1.5 } end, "offload_optimizer.ratio must be between 0 and 1, got 1.5")
+  -- as DeepSpeed (and zrun's config check): partial offload is a stage-3 feature
+  T.raises(function() plan8b { offload_ratio = 0.5 } end, "ratio = 0.5 is only valid with stage 3, got stage 2")
+end)
+
+T.test("auto: gradients on the GPU when that plan fits it, else on the host", function()
+  local p = plan8b { gpu_memory = "141GB" }
+  T.eq(p.settings.offload_grads, "device")
+  T.eq(p.device.total <= Off.usable(141 * GiB), true)
+  T.eq(tostring(p):find("gradients on the GPU: they fit", 1, true) ~= nil, true, tostring(p))
+  p = plan8b { gpu_memory = "40GB" } -- 14.96 GiB of weights + 29.92 GiB of fp32 gradients do not fit
+  T.eq(p.settings.offload_grads, "host")
+  T.eq(tostring(p):find("more than the 37.00 GiB usable of 40.00 GiB", 1, true) ~= nil, true, tostring(p))
+  -- an explicit setting wins over the GPU size
+  T.eq(plan8b { gpu_memory = "141GB", offload_grads = "host" }.settings.offload_grads, "host")
+  T.raises(function() plan8b { offload_grads = "gpu" } end, "must be device, host or auto, got 'gpu'")
+end)
+
+T.test("Llama-3-8B full fine-tuning fits one H200 (141 GB) with 128 GB of host memory", function()
+  for _, gad in ipairs { "fp32", "bf16" } do
+    local p = plan8b { gpu_memory = "141GB", grad_accum_dtype = gad }
+    print(p)
+    T.eq(p.settings.offload_grads, "device", gad)
+    T.eq(p.device.total <= Off.usable(141 * GiB), true, gad .. " GPU")
+    T.eq(p.host_per_node <= 128e9, true, gad .. " host")
+    T.eq(#P.host_check(p, { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
+      micro_batch = 4, seq_len = 512, grad_accum_dtype = gad }, 128 * GiB), 0)
+  end
+end)
+
+T.test("tests/bench/llama3_8b_h200.json (the 8B run's DeepSpeed config) plans to fit an H200 + 128 GB", function()
+  local o = { model = "meta-llama/Meta-Llama-3-8B", config = "tests/bench/llama3_8b_h200.json", seq_len = 512,
+    gpu_memory = "141GB" }
+  local p = P.plan(o)
+  T.eq(p.settings.stage, 2); T.eq(p.settings.offload_optimizer, true); T.eq(p.settings.micro_batch, 4)
+  T.eq(p.settings.dtype, "bf16"); T.eq(p.settings.offload_grads, "device")
+  T.eq(p.host.total, 12 * N + RING * 6)
+  T.eq(p.device.total <= Off.usable(141 * GiB), true)
+  T.eq(#P.host_check(p, o, 128 * GiB), 0)
+end)
+
+T.test("the host check says what does not fit and each setting that fixes it, one line each", function()
+  local o = { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true, micro_batch = 4,
+    seq_len = 512, offload_grads = "host" }
+  local lines = P.host_check(P.plan(o), o, 128 * GiB)
+  local text = table.concat(lines, "\n")
+  print(text)
+  T.eq(lines[1], "CPU offload needs 136.57 GiB of host memory on this node (136.57 GiB per rank x 1 rank: fp32 master + " ..
+    "optimizer states 89.75 GiB, gradients 29.92 GiB, 16-bit weights going back 14.96 GiB, staging bucket 1.96 GiB) but " ..
+    "128.00 GiB is available; any of these fixes it:")
+  T.eq(lines[2]:find("^  %- keep the gradients on the GPU %(ZRUN_OFFLOAD_GRADS=device; GPU [%d.]+ GiB per rank%): host 89.93 GiB " ..
+    "per node %(fits%)$") ~= nil, true, lines[2])
+  T.eq(lines[3], '  - data_types.grad_accum_dtype "bf16" (16-bit gradients on the host): host 121.62 GiB per node (fits)')
+  T.eq(lines[4], "  - more nodes or GPUs per node: the partitions shrink with the world size")
+  T.eq(#lines, 4)
+  -- stage 3 (one rank: the same host bytes) can also keep a share of the states on the GPU:
+  -- ratio 0.9 -> 0.9 x (12 + 4 + 2) B/param + the bucket = 123.11 GiB (1.0 does not fit)
+  o.stage = 3
+  lines = P.host_check(P.plan(o), o, 128 * GiB)
+  T.eq(lines[1]:find("CPU offload needs 136.57 GiB", 1, true) ~= nil, true, lines[1])
+  T.eq(18 * math.ceil(0.9 * N) + 4 * CAP < 128 * GiB and 18 * N + 4 * CAP > 128 * GiB, true)
+  T.eq(string.format("%.2f", (18 * math.ceil(0.9 * N) + 4 * CAP) / GiB), "123.11")
+  T.eq(lines[4]:find("^  %- offload_optimizer.ratio 0.9 %(the rest of the optimizer states on the GPU%): host 123.11 GiB " ..
+    "per node %(fits%), GPU [%d.]+ GiB per rank$") ~= nil, true, table.concat(lines, "\n"))
+  T.eq(#lines, 5)
+  o.stage = 2
+  -- fits: nothing to say
+  T.eq(#P.host_check(P.plan(o), o, 140 * GiB), 0)
+  -- the locked-memory limit, with its fix
+  local pd = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
+    micro_batch = 4, seq_len = 512, offload_grads = "device" }
+  lines = P.host_check(pd, {}, 128 * GiB, 64 * 2 ^ 20)
+  T.eq(#lines, 1)
+  T.eq(lines[1], "offload_optimizer.pin_memory page-locks 192.00 MiB per rank but the locked-memory limit (ulimit -l) is " ..
+    "64.00 MiB: raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or " ..
+    "set \"pin_memory\": false (slower copies)")
+  T.eq(#P.host_check(pd, {}, 128 * GiB, 256 * 2 ^ 20), 0, "the ring fits 256 MiB")
+  local nopin = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
+    offload_grads = "device", pin_memory = false }
+  T.eq(nopin.pinned, 0); T.eq(#P.host_check(nopin, {}, 128 * GiB, 64 * 2 ^ 20), 0, "pin_memory false: no limit")
+end)
+
+T.test("zr.initialize's check: the plan's host column for the engine's parameters", function()
+  local path = os.tmpname()
+  local f = io.open(path, "w")
+  f:write("Max locked memory         8388608              8388608              bytes\n")
+  f:close()
+  engine_mod.limits_file = path
+  -- 1e6 parameters, bf16 on a GPU, gradients on the host: master + states 12 MB, gradients 4 MB, the
+  -- 16-bit weights 2 MB and the staging bucket 4 MB, all pinned: 22 MB > 8 MiB
+  local p = { numel = function() return 1e6 end }
+  local err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2, { device = "cuda" }) end,
+    "ulimit -l")
+  T.eq(err:find("page-locks 20.98 MiB per rank", 1, true) ~= nil, true, err)
+  -- 16-bit gradients on the host: 2 MB less
+  err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
+    { device = "cuda", grad_accum_dtype = "bf16" }) end, "ulimit -l")
+  T.eq(err:find("page-locks 19.07 MiB per rank", 1, true) ~= nil, true, err)
+  -- gradients on the GPU: only the ring is pinned, 2 slots x 1e6 elements x (4 + 2) bytes
+  err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" }) end, "ulimit -l")
+  T.eq(err:find("page-locks 11.44 MiB per rank", 1, true) ~= nil, true, err)
+  engine_mod.check_host_memory({ { numel = function() return 5e5 end } }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" }) -- 5.72 MiB fits 8 MiB
+  engine_mod.limits_file = nil
+  os.remove(path)
+  local huge = { numel = function() return 2e12 end }
+  err = T.raises(function() engine_mod.check_host_memory({ huge }, 1, 3, true, false, 2, { device = "cuda" }) end,
+    "CPU offload needs")
+  T.eq(err:find("16-bit parameter shards", 1, true) ~= nil, true, err)
+  T.eq(err:find("\n  - more nodes or GPUs per node", 1, true) ~= nil, true, err)
+  T.eq(err:find("of MemAvailable", 1, true) ~= nil, true, err)
+end)
+
+T.test("zrun plan: offload options and their errors", function()
+  local function plan(...) return P.main_plan({ "zrun/tiny-llama", ... }) end
+  T.raises(function() plan("--offload-optimizer", "--stage", "2", "--offload-ratio", "2") end,
+    "zrun plan: --offload-ratio must be a number from 0 to 1, got '2'")
+  T.raises(function() plan("--stage", "2", "--offload-grads", "device") end, "need --offload-optimizer")
+  T.raises(function() plan("--grad-accum-dtype", "int8") end, "--grad-accum-dtype must be fp32, bf16 or fp16, got 'int8'")
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local out = T.run("ZRUN_OFFLOAD_GRADS=device " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
+    "--host-memory 128GB")
+  T.eq(out:find("gradients on the GPU, as asked", 1, true) ~= nil, true, out)
+  T.eq(out:find("host memory: 89.93 GiB per node fits 128.00 GiB", 1, true) ~= nil, true, out)
+  out = T.run("ZRUN_OFFLOAD_GRADS=host " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
+    "--host-memory 128GB")
+  T.eq(out:find("CPU offload needs 136.57 GiB", 1, true) ~= nil, true, out)
+end)
+
+T.done()
