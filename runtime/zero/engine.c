@@ -360,7 +360,8 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                        valid_len(q->numel, q->chunk, r)))
             goto fail;
     }
-    z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && zr_device_eq(z->opt_dev, z->dev) && !z->grads_dev;
+    /* direct also with optimizer offload when the gradients stay on the device (gpart is there) */
+    z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && (zr_device_eq(z->opt_dev, z->dev) || z->grads_dev);
     if (z->direct && attach_direct(z)) goto fail;
     z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
     if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
@@ -739,14 +740,14 @@ static void weights_target(zr_zero *z, void **out, int *sink) {
     *out = NULL;
     *sink = 0;
     if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16) return;
-    if (z->direct) { /* the parameters' flat buffer (also stage 3 in one process) */
-        *out = zr_tensor_data(z->pflat);
+    if (z->direct) { /* the parameters' flat buffer (also stage 3 in one process), or uploads into it */
+        if (zr_is_cpu(z->pflat)) *out = zr_tensor_data(z->pflat);
+        else *sink = 1;
     } else if (z->cfg.stage == 3) {
         if (zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
         else *sink = 1;
     } else if (z->chunks == 1) {
-        if (z->direct) *out = zr_tensor_data(z->pflat);
-        else *sink = 1;
+        *sink = 1;
     }
 }
 
@@ -755,6 +756,12 @@ static void weights_target(zr_zero *z, void **out, int *sink) {
  * offsets are parameter offsets). Async H2D on the offload upload stream. */
 static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, const void *w) {
     zr_zero *z = ctx;
+    if (z->direct) { /* the parameters are views into pflat at their partition offsets */
+        zr_tensor *dst = flat_range(z->pflat, a, n);
+        zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
+        zr_tensor_release(dst);
+        return st;
+    }
     if (z->cfg.stage == 3) {
         zr_tensor *dst = flat_range(z->pshard, a, n);
         zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
