@@ -143,7 +143,9 @@ local function get()
   if not info then
     local bad = M.check_launch()
     if bad then error(bad, 0) end
-    info = C.comm_init()
+    local ok, i = pcall(C.comm_init) -- a launch that cannot form its world is one line, without a position
+    if not ok then error((tostring(i):gsub("^[^\n:]*:%d+: ", "")), 0) end
+    info = i
     -- the world MPI actually formed must be the one torchrun's variables describe, where set
     for k, v in pairs { RANK = info.rank, WORLD_SIZE = info.world_size } do
       local e = tonumber(os.getenv(k) or "")

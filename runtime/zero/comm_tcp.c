@@ -132,7 +132,7 @@ static int send_msg(int fd, msg_t *m, int type) {
 /* Rank 0: "; not arrived: ranks 1,3 (no answer: ...), rank 2 (ended its program ...)". */
 static int not_arrived(char *out, size_t n) {
     static const char *why[3] = {"no answer: busy outside any collective, or stuck",
-                                 "ended its program (it said goodbye) without calling it",
+                                 "it ended its program without calling it",
                                  "closed its connections without a goodbye: crashed or killed"};
     int *rs = malloc(sizeof *rs * (size_t)T.W), p = 0, any = 0;
     char list[160];
@@ -153,11 +153,11 @@ static int not_arrived(char *out, size_t n) {
 /* Rank 0: the one line, then every rank stops. from: the rank that saw it; waits_for: its peer. */
 static _Noreturn void report(const zr_comm_desc *d, double waited, const char *why, int from, int waits_for) {
     char tail[2048] = "", line[4096];
-    int p = 0;
-    if (waits_for >= 0) p = snprintf(tail, sizeof tail, "; rank %d waits for rank %d", from, waits_for);
-    else if (from > 0) p = snprintf(tail, sizeof tail, "; seen by rank %d", from);
+    int p = 0, gathering = arriving && arriving->seq == d->seq; /* then rank 0 knows where everyone is */
+    if (waits_for >= 0 && !gathering) p = snprintf(tail, sizeof tail, "; rank %d waits for rank %d", from, waits_for);
+    else if (from > 0 && why) p = snprintf(tail, sizeof tail, "; seen by rank %d", from);
     if (arriving && (size_t)p < sizeof tail) not_arrived(tail + p, sizeof tail - (size_t)p);
-    zr_watch_line(line, sizeof line, arriving && arriving->seq == d->seq ? arriving : d, waited, why, tail);
+    zr_watch_line(line, sizeof line, gathering ? arriving : d, waited, why, tail);
     zr_comm_abort(line, 1);
 }
 
@@ -173,23 +173,26 @@ _Noreturn void zr_tcp_fail(const zr_comm_desc *d, double waited, const char *why
     static int failing;
     if (T.me == 0) report(d, waited, why, 0, waits_for);
     char tail[512] = "", line[4096];
-    double grace = zr_watch_grace();
-    int answered = 0; /* rank 0 took it: its stop arrives through the stop thread */
-    if (!failing++ && star[0].fd >= 0) {
+    /* Rank 0 takes it and its stop ends this process. When rank 0 does not answer, rank 1 reports and
+     * the others wait longer: rank 1's stop reaches them through rank 0's stop thread first. */
+    double grace = zr_watch_grace() * (T.me == 1 ? 1 : 2);
+    int closed = star[0].fd < 0;
+    if (!failing++ && !closed) {
         msg_t m = {0};
         m.desc = *d;
         m.waited = waited;
         m.waits_for = waits_for;
         snprintf(m.text, sizeof m.text, "%s", why ? why : "");
-        if (send_msg(star[0].fd, &m, FAIL) == 0)
-            for (double end = zr_tcp_now() + grace; zr_tcp_now() < end && !answered;) {
-                struct pollfd pf = {star[0].fd, POLLIN, 0};
-                poll(&pf, 1, 100);
-                int st;
-                while ((st = conn_read(&star[0])) == 1) {}
-                if (st < 0) break; /* rank 0 has gone: say it here */
-            }
+        closed = send_msg(star[0].fd, &m, FAIL) != 0;
+        for (double end = zr_tcp_now() + grace; !closed && zr_tcp_now() < end;) {
+            struct pollfd pf = {star[0].fd, POLLIN, 0};
+            poll(&pf, 1, 100);
+            int st;
+            while ((st = conn_read(&star[0])) == 1) {}
+            closed = st < 0;
+        }
     }
+    if (closed) nap(1); /* rank 0 has gone: a stop it sent first ends this process meanwhile */
     if (waits_for == 0 && !why)
         snprintf(tail, sizeof tail, "; not arrived: rank 0 (no answer within %.1f s: busy outside any collective, stuck, "
                  "or exited)", grace);
@@ -464,6 +467,9 @@ static zr_status gather_hellos(int lfd, entry_t *tab, double deadline, int debug
             snprintf(err, sizeof err, "ZRUN_COMM_DEBUG is %s for rank 0 but %s for rank %d: set it for every rank",
                      debug ? "on" : "off", debug ? "off" : "on", r);
         if (err[0] || (h.kind != KIND_STAR && h.kind != KIND_STOP)) {
+            msg_t m = {0};
+            snprintf(m.text, sizeof m.text, "%s", err);
+            if (err[0] && h.kind == KIND_STAR) send_msg(fd, &m, TABLE); /* the rank refused hears why */
             close(fd);
             continue;
         }
@@ -517,7 +523,7 @@ static zr_status join(int port, entry_t *tab, double deadline, int debug, const 
         else stop_fd[0] = fd;
     }
     msg_t m;
-    if (recv_all(star[0].fd, &m, sizeof m, deadline + 5) || m.magic != TCP_MAGIC || m.type != TABLE)
+    if (recv_all(star[0].fd, &m, sizeof m, deadline + 1) || m.magic != TCP_MAGIC || m.type != TABLE)
         return zr_error("torchrun rendezvous: rank %d reached %s but no zrun rank 0 answered there within %g s: another "
                         "program may hold MASTER_PORT (choose a free one), or rank 0 stopped (see its message)",
                         T.me, master_str, zr_watch_timeout());
