@@ -511,8 +511,13 @@ static zr_status join(int port, entry_t *tab, double deadline, int debug, const 
     h.port = port;
     h.debug = debug;
     snprintf(h.host, sizeof h.host, "%s", host);
+    msg_t m;
     for (int kind = KIND_STAR; kind <= KIND_STOP; kind++) {
         int fd = connect_to(&master, deadline, why, sizeof why);
+        /* refused at the first link, this rank finds rank 0's listener closed: its verdict came */
+        if (fd < 0 && kind == KIND_STOP && recv_all(star[0].fd, &m, sizeof m, zr_tcp_now() + 1) == 0 &&
+            m.magic == TCP_MAGIC && m.type == TABLE && m.text[0])
+            return zr_error("torchrun rendezvous: %s (rank 0's verdict)", m.text);
         if (fd < 0)
             return zr_error("torchrun rendezvous: rank %d could not reach rank 0 at %s within %g s (%s): start rank 0 "
                             "too, with the same MASTER_ADDR and MASTER_PORT for every rank (ZRUN_COMM_TIMEOUT sets how "
@@ -522,7 +527,6 @@ static zr_status join(int port, entry_t *tab, double deadline, int debug, const 
         if (kind == KIND_STAR) star[0].fd = fd;
         else stop_fd[0] = fd;
     }
-    msg_t m;
     if (recv_all(star[0].fd, &m, sizeof m, deadline + 1) || m.magic != TCP_MAGIC || m.type != TABLE)
         return zr_error("torchrun rendezvous: rank %d reached %s but no zrun rank 0 answered there within %g s: another "
                         "program may hold MASTER_PORT (choose a free one), or rank 0 stopped (see its message)",
