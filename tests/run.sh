@@ -1,8 +1,9 @@
 #!/bin/sh
 # Runs every C unit test (build/tests/test_*), op test (tests/ops/test_*.lua; the CUDA-vs-CPU
 # twins tests/ops/test_*_cuda.lua are tests/run_cuda.sh's), Lua test (tests/lua/test_*.lua), TCP
-# launch test (tests/tcp/test_*.sh: ranks as torchrun starts them) and MPI test from the repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test
-# program that exits non-zero without reporting a failure counts as one failure.
+# launch test (tests/tcp/test_*.sh: ranks started as torchrun starts them) and MPI test from the
+# repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test program
+# that exits non-zero without reporting a failure counts as one failure.
 cd "$(dirname "$0")/.." || exit 1
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0; skip=0
