@@ -55,33 +55,11 @@ int zr_tcp_ms(double s) { return s <= 0 ? 0 : s > 0.1 ? 100 : (int)(s * 1000) + 
 
 /* --- messages --- */
 
-int zr_tcp_send_all(int fd, const void *buf, size_t n, double deadline) {
-    const char *p = buf;
+/* Moves n bytes (out: sends buf, else fills it) before the deadline, waiting in poll, never
+ * spinning: 0, or -1 on an error, the deadline (errno ETIMEDOUT) or a close (errno 0). */
+static int move_all(int fd, char *p, size_t n, double deadline, int out) {
     while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-            p += k;
-            n -= (size_t)k;
-            continue;
-        }
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-        double left = deadline - zr_tcp_now();
-        if (left <= 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
-        struct pollfd pf = {fd, POLLOUT, 0};
-        poll(&pf, 1, zr_tcp_ms(left));
-    }
-    return 0;
-}
-
-/* 0 once n bytes came; -1 on a close (errno 0), an error or the deadline (errno ETIMEDOUT). */
-static int recv_all(int fd, void *buf, size_t n, double deadline) {
-    char *p = buf;
-    while (n) {
-        ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
         if (k > 0) {
             p += k;
             n -= (size_t)k;
@@ -98,11 +76,13 @@ static int recv_all(int fd, void *buf, size_t n, double deadline) {
             errno = ETIMEDOUT;
             return -1;
         }
-        struct pollfd pf = {fd, POLLIN, 0};
+        struct pollfd pf = {fd, out ? POLLOUT : POLLIN, 0};
         poll(&pf, 1, zr_tcp_ms(left));
     }
     return 0;
 }
+static int send_all(int fd, const void *buf, size_t n, double deadline) { return move_all(fd, (char *)buf, n, deadline, 1); }
+static int recv_all(int fd, void *buf, size_t n, double deadline) { return move_all(fd, buf, n, deadline, 0); }
 
 /* 1: a whole message is in c->m (read it before the next call); 0: not yet; -1: closed. */
 static int conn_read(conn_t *c) {
@@ -124,7 +104,24 @@ static int send_msg(int fd, msg_t *m, int type) {
     m->type = type;
     m->rank = T.me;
     m->world = T.W;
-    return zr_tcp_send_all(fd, m, sizeof *m, zr_tcp_now() + 10);
+    return send_all(fd, m, sizeof *m, zr_tcp_now() + 10);
+}
+
+/* Another rank: reads its link to rank 0, answering rank 0's questions (where is this rank: in
+ * `waiting`, else the collective issued last). 1: rank 0's go came; -1: the link closed; else 0. */
+static int other_read(const zr_comm_desc *waiting) {
+    int st;
+    while ((st = conn_read(&star[0])) == 1) {
+        msg_t *m = &star[0].m;
+        if (m->type == GO) return 1;
+        if (m->type == BYE) ended0 = 1;
+        if (m->type == QUERY) {
+            msg_t a = {0};
+            a.desc = waiting ? *waiting : *zr_watch_last();
+            send_msg(star[0].fd, &a, REPLY);
+        }
+    }
+    return st;
 }
 
 /* --- failures --- */
@@ -150,6 +147,54 @@ static int not_arrived(char *out, size_t n) {
     return any;
 }
 
+/* Rank 0, outside a gathering (an NCCL collective, a stalled ring): asks every rank where it is, as
+ * comm_watch.c does over MPI, and names those behind collective d ("" when all have reached it). */
+static void ask(const zr_comm_desc *d, char *out, size_t n) {
+    zr_comm_desc *at = calloc((size_t)T.W, sizeof *at);
+    char *got = calloc((size_t)T.W, 1);
+    int *silent = malloc(sizeof *silent * (size_t)T.W), ns = 0, left = 0, p = 0, nb = 0;
+    if (!at || !got || !silent) return;
+    msg_t q = {0};
+    for (int r = 1; r < T.W; r++)
+        if (star[r].fd >= 0 && send_msg(star[r].fd, &q, QUERY) == 0) left++;
+    /* GPU ranks answer once their own watchdog has freed their main thread: give them longer */
+    double grace = zr_watch_grace() + (d->device >= 0 ? 5 : 0), end = zr_tcp_now() + grace;
+    while (left > 0 && zr_tcp_now() < end)
+        for (int r = 1; r < T.W; r++) {
+            struct pollfd pf = {star[r].fd, POLLIN, 0};
+            if (star[r].fd < 0 || got[r] || poll(&pf, 1, r == 1 ? 20 : 0) <= 0) continue;
+            int st;
+            while (!got[r] && (st = conn_read(&star[r])) == 1)
+                if (star[r].m.type == REPLY || star[r].m.type == FAIL) { /* (a failing rank waits in its desc) */
+                    at[r] = star[r].m.desc;
+                    got[r] = 1;
+                    left--;
+                }
+            if (!got[r] && st < 0) {
+                close(star[r].fd);
+                star[r].fd = -1;
+                left--;
+            }
+        }
+    char what[320], rs[160];
+    for (int r = 1; r < T.W; r++) {
+        if (!got[r]) silent[ns++] = r;
+        else if (at[r].seq < d->seq && (size_t)p < n && nb++ < 4) {
+            zr_watch_describe(what, sizeof what, &at[r]);
+            p += snprintf(out + p, n - (size_t)p, "%srank %d (its last: %s)", p ? ", " : "; not arrived: ",
+                          r, at[r].seq ? what : "no collective");
+        }
+    }
+    if (ns && (size_t)p < n) {
+        zr_watch_ranks_str(rs, sizeof rs, silent, ns);
+        snprintf(out + p, n - (size_t)p, "%s%s (no answer within %.1f s: busy outside any collective, stuck, or exited)",
+                 p ? ", " : "; not arrived: ", rs, grace);
+    }
+    free(at);
+    free(got);
+    free(silent);
+}
+
 /* Rank 0: the one line, then every rank stops. from: the rank that saw it; waits_for: its peer. */
 static _Noreturn void report(const zr_comm_desc *d, double waited, const char *why, int from, int waits_for) {
     char tail[2048] = "", line[4096];
@@ -157,6 +202,7 @@ static _Noreturn void report(const zr_comm_desc *d, double waited, const char *w
     if (waits_for >= 0 && !gathering) p = snprintf(tail, sizeof tail, "; rank %d waits for rank %d", from, waits_for);
     else if (from > 0 && why) p = snprintf(tail, sizeof tail, "; seen by rank %d", from);
     if (arriving && (size_t)p < sizeof tail) not_arrived(tail + p, sizeof tail - (size_t)p);
+    else if ((size_t)p < sizeof tail) ask(d, tail + p, sizeof tail - (size_t)p);
     zr_watch_line(line, sizeof line, gathering ? arriving : d, waited, why, tail);
     zr_comm_abort(line, 1);
 }
@@ -187,9 +233,7 @@ _Noreturn void zr_tcp_fail(const zr_comm_desc *d, double waited, const char *why
         for (double end = zr_tcp_now() + grace; !closed && zr_tcp_now() < end;) {
             struct pollfd pf = {star[0].fd, POLLIN, 0};
             poll(&pf, 1, 100);
-            int st;
-            while ((st = conn_read(&star[0])) == 1) {}
-            closed = st < 0;
+            closed = other_read(d) < 0;
         }
     }
     if (closed) nap(1); /* rank 0 has gone: a stop it sent first ends this process meanwhile */
@@ -203,6 +247,7 @@ _Noreturn void zr_tcp_fail(const zr_comm_desc *d, double waited, const char *why
 }
 
 /* --- control: arrival at rank 0 --- */
+
 
 /* Rank 0: takes in what rank r said. */
 static void take(int r, const msg_t *m) {
@@ -243,7 +288,9 @@ static void ctl_poll(double wait) {
 }
 
 void zr_tcp_poll(void) {
-    if (T.me == 0 && T.W > 1 && !__atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) ctl_poll(0);
+    if (T.W < 2 || __atomic_load_n(&stopping, __ATOMIC_ACQUIRE)) return;
+    if (T.me == 0) ctl_poll(0);
+    else if (star[0].fd >= 0) other_read(NULL); /* (no go is due outside an arrival) */
 }
 
 static zr_status arrive0(const zr_comm_desc *d) {
@@ -286,11 +333,8 @@ static zr_status arrive_other(const zr_comm_desc *d) {
     m.desc = *d;
     if (send_msg(star[0].fd, &m, ARRIVE)) zr_tcp_fail(d, 0, "rank 0's connection is closed (it ended, crashed or was killed)", 0);
     for (;;) {
-        int st;
-        while ((st = conn_read(&star[0])) == 1) {
-            if (star[0].m.type == GO) return ZR_OK;
-            if (star[0].m.type == BYE) ended0 = 1;
-        }
+        int st = other_read(d);
+        if (st == 1) return ZR_OK;
         double t = zr_tcp_now();
         if (st < 0)
             zr_tcp_fail(d, t - t0, ended0 ? "rank 0 ended its program (it said goodbye) without calling it"
@@ -345,7 +389,7 @@ static void *stop_thread(void *arg) {
                 int code = m.code ? m.code : 1;
                 m.rank = 0;
                 for (int r = 1; r < T.W; r++)
-                    if (r != i + 1) zr_tcp_send_all(stop_fd[r], &m, sizeof m, zr_tcp_now() + 1);
+                    if (r != i + 1) send_all(stop_fd[r], &m, sizeof m, zr_tcp_now() + 1);
                 _exit(code);
             }
             pf[i].fd = -1;
@@ -499,7 +543,7 @@ static zr_status gather_hellos(int lfd, entry_t *tab, double deadline, int debug
     snprintf(m.text, sizeof m.text, "%s", err);
     for (int r = 1; r < T.W; r++)
         if (star[r].fd >= 0 && (send_msg(star[r].fd, &m, TABLE) ||
-                                (!err[0] && zr_tcp_send_all(star[r].fd, tab, sizeof *tab * (size_t)T.W, deadline + 10))))
+                                (!err[0] && send_all(star[r].fd, tab, sizeof *tab * (size_t)T.W, deadline + 10))))
             if (!err[0]) snprintf(err, sizeof err, "rank %d closed its connection during the rendezvous", r);
     return err[0] ? zr_error("torchrun rendezvous: %s", err) : ZR_OK;
 }

@@ -8,7 +8,7 @@
 #include "zero/comm_tcp.h"
 
 #define TCP_MAGIC 0x317063746e75727aull /* "zruntcp1" */
-enum { HELLO = 1, TABLE, ARRIVE, GO, FAIL, BYE, STOP };
+enum { HELLO = 1, TABLE, ARRIVE, GO, FAIL, BYE, STOP, QUERY, REPLY };
 enum { KIND_STAR = 1, KIND_STOP, KIND_RING }; /* which link a hello opens */
 
 /* One control message; fixed size, so a link carries nothing else. */
@@ -37,7 +37,5 @@ extern zr_tcp_world zr_tcp;
 double zr_tcp_now(void);
 /* A poll() timeout in ms for `s` seconds left, at most 100 ms (the loops look around that often). */
 int zr_tcp_ms(double s);
-/* Writes n bytes before the deadline (waiting in poll, never spinning): 0, or -1 with errno. */
-int zr_tcp_send_all(int fd, const void *buf, size_t n, double deadline);
 
 #endif

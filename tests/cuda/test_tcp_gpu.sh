@@ -2,8 +2,9 @@
 # Ranks started as torchrun starts them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set by
 # hand), one GPU per rank: each takes the GPU of its LOCAL_RANK, the NCCL unique id travels over the
 # TCP backend, NCCL carries the GPU tensors; the recipe learns at ZeRO 2 and 3; a rank that never
-# arrives in an NCCL collective stops every rank with one line. Run on the GPU machine with 2+ GPUs:
-# sh tests/cuda/test_tcp_gpu.sh (part of tests/run_cuda.sh). NVLink multicast stays off.
+# arrives in an NCCL collective stops every rank with one line naming it (rank 0 asks the others).
+# Run on the GPU machine with 2+ GPUs: sh tests/cuda/test_tcp_gpu.sh (part of tests/run_cuda.sh).
+# NVLink multicast stays off.
 cd "$(dirname "$0")/../.." || exit 1
 n=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ "$n" -ge 2 ] || { echo "SKIP torchrun-style launch on GPUs: needs 2 or more GPUs (found $n)"; exit 0; }
@@ -30,6 +31,6 @@ t0=$(date +%s)
 ZRUN_COMM_TIMEOUT=2 tcp_launch 2 "$tmp" $Z tests/mpi/hang_check.lua absent; rc=$?
 el=$(($(date +%s) - t0)) lines=$(cat "$tmp"/*.log | grep -c "comm timeout\|comm error")
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $el -le 40 ] && [ "$lines" -eq 1 ] &&
-   grep -q "comm timeout: all_reduce #[0-9]* (f32 (4), sum, cuda:[0-9]*)" "$tmp"/*.log; then
+   grep -q "^\[rank 0\] comm timeout: all_reduce #[0-9]* (f32 (4), sum, cuda:[0-9]*) .*not arrived: rank 1 (no answer" "$tmp"/*.log; then
   echo "PASS an NCCL collective a rank never joins stops both ranks (${el} s)"
 else echo "FAIL an NCCL collective a rank never joins: exit $rc after ${el} s: $(cat "$tmp"/*.log | head -4)"; fi

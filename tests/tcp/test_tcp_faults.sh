@@ -65,6 +65,23 @@ else
   echo "FAIL a killed rank is named at once: exit $rc0/$rc2 after ${el} s: $(cat "$tmp"/k*.log | head -3)"
 fi
 
+# a rank stopped (SIGSTOP) amid a loop of 80 MB all-reduces (mostly in the ring transfer): rank 0 asks the others and names it,
+# whether it was stopped in the ring transfer or before arriving; SIGCONT lets it take the stop
+port=$(free_port)
+for r in 0 1 2; do
+  RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZRUN_COMM_TIMEOUT=2 $Z -e 'local zr = require "zrun"
+    local t = zr.ones(20000000); for _ = 1, 100000 do zr.dist.all_reduce(t, "sum") end' >"$tmp/s$r.log" 2>&1 &
+  eval pid$r=$!
+done
+sleep 2; kill -STOP $pid2; sleep 5; kill -CONT $pid2
+wait $pid0; rc0=$?; wait $pid1; rc1=$?; wait $pid2; rc2=$?
+if [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] && [ $rc2 -ne 0 ] && [ "$(cat "$tmp"/s*.log | grep -c 'comm ')" -eq 1 ] &&
+   grep -q "^\[rank 0\] comm timeout: all_reduce #[0-9]* (f32 (20000000), sum) .*not arrived: rank 2 (no answer" "$tmp/s0.log"; then
+  echo "PASS a rank stopped amid the collectives is named"
+else
+  echo "FAIL a rank stopped amid the collectives is named: exit $rc0/$rc1/$rc2: $(cat "$tmp"/s*.log | head -3)"
+fi
+
 # rendezvous: name, pattern expected in rank R's log, seconds allowed, rank, then one "RANK WORLD_SIZE" per process
 expect_refused() {
   name=$1 pat=$2 max=$3 who=$4; shift 4
