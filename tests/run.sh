@@ -1,8 +1,9 @@
 #!/bin/sh
 # Runs every C unit test (build/tests/test_*), op test (tests/ops/test_*.lua; the CUDA-vs-CPU
-# twins tests/ops/test_*_cuda.lua are tests/run_cuda.sh's) and Lua test (tests/lua/test_*.lua)
-# from the repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test
-# program that exits non-zero without reporting a failure counts as one failure.
+# twins tests/ops/test_*_cuda.lua are tests/run_cuda.sh's), Lua test (tests/lua/test_*.lua), TCP
+# launch test (tests/tcp/test_*.sh: ranks started as torchrun starts them) and MPI test from the
+# repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test program
+# that exits non-zero without reporting a failure counts as one failure.
 cd "$(dirname "$0")/.." || exit 1
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0; skip=0
@@ -27,6 +28,7 @@ for t in tests/ops/test_*.lua; do
   case "$t" in *_cuda.lua) ;; *) run_one "$t" "$ZRUN_BIN" "$t" ;; esac
 done
 for t in tests/lua/test_*.lua; do [ -f "$t" ] && run_one "$t" "$ZRUN_BIN" "$t"; done
+for t in tests/tcp/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 if [ -n "$ZRUN_MPI_TESTS" ] || command -v mpirun >/dev/null 2>&1; then
   for t in tests/mpi/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 fi

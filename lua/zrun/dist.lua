@@ -1,8 +1,8 @@
 -- zr.dist: rank information and collectives. Started under mpirun (OpenMPI/PMIx) or srun, every
--- rank joins the world; started plainly, the world is this one process. torchrun/Accelerate's
--- variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) are read too: zrun joins ranks through MPI, not
--- torchrun's TCP rendezvous, so a torchrun launch of more than one process is refused with the
--- equivalent mpirun command, and a launch whose MPI and torchrun variables disagree is refused.
+-- rank joins the world through MPI; started by torchrun, `accelerate launch` or the deepspeed
+-- launcher (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), through a TCP rendezvous at
+-- rank 0 as torch's TCPStore does (launcher "torchrun"); started plainly, the world is this one
+-- process. A launch whose MPI and torchrun variables disagree is refused with the reason.
 local C = require "zrun._C"
 local M = {}
 local fmt = string.format
@@ -53,8 +53,8 @@ function M.mpirun_command(n, o)
   return table.concat(words, " ")
 end
 
--- Checks the launch environment before any rank joins: nil when it is consistent, else the one-line
--- reason naming the fix. getenv: a function name -> value (default os.getenv), for tests.
+-- Checks the launch environment before any rank joins: nil when it is consistent (no launcher, MPI,
+-- or torchrun's RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT), else the one-line reason naming the fix. getenv: a function name -> value (default os.getenv), for tests.
 function M.check_launch(getenv)
   getenv = getenv or os.getenv
   local t = {}
@@ -96,17 +96,22 @@ function M.check_launch(getenv)
   if not rank and not t.LOCAL_RANK then return nil end
   if not world then
     return fmt("RANK=%d is set but WORLD_SIZE is not: this looks like a partial torchrun environment; " ..
-      "unset RANK to run one process, or start the ranks with mpirun", rank)
+      "unset RANK to run one process, or set WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every rank", rank)
   end
-  if (rank or 0) >= world then
-    return fmt("RANK=%d is outside WORLD_SIZE=%d; unset RANK and WORLD_SIZE, or start the ranks with mpirun", rank, world)
+  if not rank then
+    return fmt("LOCAL_RANK=%d and WORLD_SIZE=%d are set but RANK is not: set RANK (0 to %d) for every process, " ..
+      "as torchrun does, or unset WORLD_SIZE to run one process", t.LOCAL_RANK, world, world - 1)
   end
-  local nodes = t.LOCAL_WORLD_SIZE and t.LOCAL_WORLD_SIZE < world
-  return fmt("started by torchrun/Accelerate as rank %d of %d (RANK, WORLD_SIZE), but zrun joins its ranks " ..
-    "through MPI, not torchrun's MASTER_ADDR:MASTER_PORT rendezvous, and would run as rank 0 of 1; start the " ..
-    "same job with: %s%s", rank or 0, world, M.mpirun_command(world),
-    nodes and fmt(" (across nodes: add --host NODE1:%d,NODE2:%d,... or --hostfile FILE)", t.LOCAL_WORLD_SIZE,
-      t.LOCAL_WORLD_SIZE) or "")
+  if rank >= world then
+    return fmt("RANK=%d is outside WORLD_SIZE=%d; unset RANK and WORLD_SIZE, or start the ranks with torchrun", rank, world)
+  end
+  local addr, port = getenv("MASTER_ADDR"), tonumber(getenv("MASTER_PORT") or "")
+  if not addr or addr == "" or not port or port < 1 or port > 65535 or port ~= math.floor(port) then
+    return fmt("started as rank %d of %d (RANK, WORLD_SIZE) without MASTER_ADDR and MASTER_PORT: set both for " ..
+      "every rank, to rank 0's host and a free port (torchrun, accelerate and deepspeed set them), or start " ..
+      "the ranks with: %s", rank, world, M.mpirun_command(world))
+  end
+  return nil
 end
 
 -- CPUs this process may run on (Cpus_allowed_list in /proc/self/status), nil when unknown.
@@ -138,7 +143,9 @@ local function get()
   if not info then
     local bad = M.check_launch()
     if bad then error(bad, 0) end
-    info = C.comm_init()
+    local ok, i = pcall(C.comm_init) -- a launch that cannot form its world is one line, without a position
+    if not ok then error((tostring(i):gsub("^[^\n:]*:%d+: ", "")), 0) end
+    info = i
     -- the world MPI actually formed must be the one torchrun's variables describe, where set
     for k, v in pairs { RANK = info.rank, WORLD_SIZE = info.world_size } do
       local e = tonumber(os.getenv(k) or "")

@@ -7,14 +7,14 @@ for k, v in pairs(C) do zr[k] = v end
 zr._C = C
 zr.version = "0.1.0"
 
--- A launch zrun cannot join (torchrun with several processes, mixed launchers) stops here, before
--- any work, with the reason and the mpirun command to use (zrun.dist.check_launch).
+-- A launch zrun cannot join (a partial torchrun environment, mixed launchers that disagree) stops
+-- here, before any work, with the reason and the fix (zrun.dist.check_launch).
 do
   local bad = require("zrun.dist").check_launch()
   if bad then error(bad, 0) end
 end
 
--- Under mpirun (or srun) each process takes the GPU of its local rank, so that a plain
+-- Under mpirun, srun or torchrun each process takes the GPU of its local rank, so that a plain
 -- "cuda" in a recipe means one GPU per rank (zr.cuda.set_device chooses otherwise).
 do
   local lr = tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or os.getenv("LOCAL_RANK") or

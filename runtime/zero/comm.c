@@ -1,6 +1,7 @@
-/* Collectives: launcher detection, the MPI backend for CPU tensors and the single-process
- * backend (see comm.h). bf16/f16 are reduced through an f32 staging buffer, since MPI has no
- * 16-bit float types. */
+/* Collectives: launcher detection, the CPU tensors' collectives over MPI (mpirun, srun) or TCP
+ * (torchrun's variables: comm_tcp.c), and the single-process backend (see comm.h). bf16/f16 are
+ * reduced through an f32 staging buffer, since MPI has no 16-bit float types (TCP does the same,
+ * so both give the same results). */
 #include "zero/comm.h"
 
 #include <stdio.h>
@@ -9,13 +10,14 @@
 
 #include "ops/elementwise.h"
 #include "ops/util.h"
+#include "zero/comm_tcp.h"
 #include "zero/comm_watch.h"
 
 #ifdef ZR_HAVE_MPI
 #include <mpi.h>
 #endif
 
-static zr_comm_info info = {0, 0, 1, 0, 1, 0, "none"};
+static zr_comm_info info = {0, 0, 1, 0, 1, 0, 0, "none"};
 #if defined(ZR_HAVE_CUDA) && defined(ZR_HAVE_NCCL)
 extern const zr_comm_device_backend zr_nccl_backend;
 static const zr_comm_device_backend *device_backend = &zr_nccl_backend;
@@ -26,7 +28,7 @@ static const zr_comm_device_backend *device_backend;
 void zr_comm_set_device_backend(const zr_comm_device_backend *b) { device_backend = b; }
 const zr_comm_info *zr_comm_get(void) { return &info; }
 
-__attribute__((unused)) static int env_int(const char *name, int def) {
+static int env_int(const char *name, int def) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : def;
 }
@@ -37,6 +39,13 @@ zr_status zr_comm_init(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE")) info.launcher = "openmpi";
     else if (getenv("PMIX_RANK") || getenv("PMI_SIZE")) info.launcher = "pmix";
     else if (getenv("SLURM_NTASKS") && getenv("SLURM_PROCID")) info.launcher = "slurm";
+    else if (getenv("RANK") && *getenv("RANK") && env_int("WORLD_SIZE", 1) > 1) { /* torchrun, accelerate, deepspeed */
+        info.launcher = "torchrun";
+        ZR_CHECK(zr_watch_init()); /* the deadline, ZRUN_COMM_DEBUG: the rendezvous uses both */
+        ZR_CHECK(zr_tcp_init(&info));
+        info.tcp = 1;
+        return ZR_OK;
+    }
     if (!strcmp(info.launcher, "none")) return zr_watch_init(); /* no launcher: world size 1 */
 #ifdef ZR_HAVE_MPI
     int provided, inited = 0;
@@ -65,6 +74,7 @@ zr_status zr_comm_init(void) {
 }
 
 void zr_comm_finalize(void) {
+    if (info.tcp) zr_tcp_finalize();
 #ifdef ZR_HAVE_MPI
     int fin = 0;
     if (info.mpi) {
@@ -79,6 +89,7 @@ void zr_comm_abort(const char *msg, int code) {
     zr_watch_take_over(); /* a collective failure another thread saw first explains this one: say that */
     fprintf(stderr, "[rank %d] %s\n", info.rank, msg);
     fflush(stderr);
+    if (info.tcp) zr_tcp_abort_others(code);
 #ifdef ZR_HAVE_MPI
     if (info.mpi && info.world_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
 #endif
@@ -115,17 +126,55 @@ static MPI_Op mpi_op(zr_reduce_op op) {
 #endif
 
 /* Runs a reduction on an f32 copy when the dtype has no MPI type (bf16/f16). */
-__attribute__((unused)) static zr_tensor *staged(zr_tensor *t) {
+static zr_tensor *staged(zr_tensor *t) {
     if (t->dtype != ZR_BF16 && t->dtype != ZR_F16) return zr_tensor_retain(t);
     return zr_tensor_to_raw(t, ZR_F32, zr_cpu());
 }
-__attribute__((unused)) static zr_status unstage(zr_tensor *t, zr_tensor *s) {
+static zr_status unstage(zr_tensor *t, zr_tensor *s) {
     zr_status st = s != t ? zr_tensor_copy_(t, s) : ZR_OK;
     zr_tensor_release(s);
     return st;
 }
-__attribute__((unused)) static zr_status average(zr_tensor *t, zr_reduce_op op) {
+static zr_status average(zr_tensor *t, zr_reduce_op op) {
     return op == ZR_RED_AVG && info.world_size > 1 ? zr_mul_scalar_(t, 1.0 / info.world_size) : ZR_OK;
+}
+
+/* The CPU tensors' transport: TCP when torchrun's variables joined the ranks, else MPI (world_size >
+ * 1 implies one of them). Contiguous host buffers; s/out already staged to a reducible dtype. */
+static zr_status cpu_all_reduce(zr_tensor *s, zr_reduce_op op, const zr_comm_desc *d) {
+    if (info.tcp) return zr_tcp_all_reduce(zr_tensor_data(s), zr_tensor_numel(s), s->dtype, op, d);
+#ifdef ZR_HAVE_MPI
+    return mpi_check(MPI_Allreduce(MPI_IN_PLACE, zr_tensor_data(s), (int)zr_tensor_numel(s), mpi_type(s->dtype), mpi_op(op),
+                                   MPI_COMM_WORLD), "all_reduce");
+#else
+    return ZR_OK;
+#endif
+}
+static zr_status cpu_reduce_scatter(zr_tensor *so, zr_tensor *si, zr_reduce_op op, const zr_comm_desc *d) {
+    if (info.tcp)
+        return zr_tcp_reduce_scatter(zr_tensor_data(so), zr_tensor_data(si), zr_tensor_numel(so), so->dtype, op, d);
+#ifdef ZR_HAVE_MPI
+    return mpi_check(MPI_Reduce_scatter_block(zr_tensor_data(si), zr_tensor_data(so), (int)zr_tensor_numel(so),
+                                              mpi_type(so->dtype), mpi_op(op), MPI_COMM_WORLD), "reduce_scatter");
+#else
+    return ZR_OK;
+#endif
+}
+static zr_status cpu_all_gather(void *out, const void *in, size_t n, const zr_comm_desc *d) {
+    if (info.tcp) return zr_tcp_all_gather(out, in, n, d);
+#ifdef ZR_HAVE_MPI
+    return mpi_check(MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD), "all_gather");
+#else
+    return ZR_OK;
+#endif
+}
+static zr_status cpu_broadcast(void *p, size_t n, int root, const zr_comm_desc *d) {
+    if (info.tcp) return zr_tcp_broadcast(p, n, root, d);
+#ifdef ZR_HAVE_MPI
+    return mpi_check(MPI_Bcast(p, (int)n, MPI_BYTE, root, MPI_COMM_WORLD), "broadcast");
+#else
+    return ZR_OK;
+#endif
 }
 
 /* The blocking MPI calls below follow zr_watch_arrive (comm_watch.c): every rank meets the others
@@ -143,20 +192,14 @@ zr_status zr_all_reduce(zr_tensor *t, zr_reduce_op op) {
         return device_backend->all_reduce(t, op);
     }
     if (info.world_size == 1) return ZR_OK;
-#ifdef ZR_HAVE_MPI
     zr_tensor *s = staged(t);
     if (!s) return ZR_ERR;
     zr_watch_issue(&d);
     zr_status st = zr_watch_arrive(&d);
-    if (!st)
-        st = mpi_check(MPI_Allreduce(MPI_IN_PLACE, zr_tensor_data(s), (int)zr_tensor_numel(s), mpi_type(s->dtype),
-                                     mpi_op(op), MPI_COMM_WORLD), "all_reduce");
+    if (!st) st = cpu_all_reduce(s, op, &d);
     if (!st) st = average(s, op);
     zr_status st2 = unstage(t, s);
     return st ? st : st2;
-#else
-    return ZR_OK;
-#endif
 }
 
 static zr_status check_sizes(const char *op, zr_tensor *small, zr_tensor *big) {
@@ -181,23 +224,17 @@ zr_status zr_reduce_scatter(zr_tensor *out, zr_tensor *in, zr_reduce_op op) {
         return device_backend->reduce_scatter(out, in, op);
     }
     if (info.world_size == 1) return zr_tensor_copy_(out, in);
-#ifdef ZR_HAVE_MPI
     zr_tensor *si = staged(in), *so = si ? staged(out) : NULL;
     zr_status st = ZR_ERR;
     if (so) {
         zr_watch_issue(&d);
         st = zr_watch_arrive(&d);
-        if (!st)
-            st = mpi_check(MPI_Reduce_scatter_block(zr_tensor_data(si), zr_tensor_data(so), (int)zr_tensor_numel(so),
-                                                    mpi_type(so->dtype), mpi_op(op), MPI_COMM_WORLD), "reduce_scatter");
+        if (!st) st = cpu_reduce_scatter(so, si, op, &d);
     }
     if (!st) st = average(so, op);
     zr_tensor_release(si);
     zr_status st2 = so ? unstage(out, so) : ZR_ERR;
     return st ? st : st2;
-#else
-    return ZR_OK;
-#endif
 }
 
 zr_status zr_all_gather(zr_tensor *out, zr_tensor *in) {
@@ -212,15 +249,9 @@ zr_status zr_all_gather(zr_tensor *out, zr_tensor *in) {
         return device_backend->all_gather(out, in);
     }
     if (info.world_size == 1) return zr_tensor_copy_(out, in);
-#ifdef ZR_HAVE_MPI
-    int n = (int)(zr_tensor_numel(in) * (int64_t)zr_dtype_size(in->dtype));
     zr_watch_issue(&d);
     ZR_CHECK(zr_watch_arrive(&d));
-    return mpi_check(MPI_Allgather(zr_tensor_data(in), n, MPI_BYTE, zr_tensor_data(out), n, MPI_BYTE, MPI_COMM_WORLD),
-                     "all_gather");
-#else
-    return ZR_OK;
-#endif
+    return cpu_all_gather(zr_tensor_data(out), zr_tensor_data(in), (size_t)zr_tensor_numel(in) * zr_dtype_size(in->dtype), &d);
 }
 
 zr_status zr_broadcast(zr_tensor *t, int root) {
@@ -235,25 +266,18 @@ zr_status zr_broadcast(zr_tensor *t, int root) {
         return device_backend->broadcast(t, root);
     }
     if (info.world_size == 1) return ZR_OK;
-#ifdef ZR_HAVE_MPI
-    int n = (int)(zr_tensor_numel(t) * (int64_t)zr_dtype_size(t->dtype));
     zr_watch_issue(&d);
     ZR_CHECK(zr_watch_arrive(&d));
-    return mpi_check(MPI_Bcast(zr_tensor_data(t), n, MPI_BYTE, root, MPI_COMM_WORLD), "broadcast");
-#else
-    return ZR_OK;
-#endif
+    return cpu_broadcast(zr_tensor_data(t), (size_t)zr_tensor_numel(t) * zr_dtype_size(t->dtype), root, &d);
 }
 
 zr_status zr_barrier(void) {
     zr_comm_desc d;
     zr_watch_desc(&d, ZR_COLL_BARRIER, NULL, NULL, 0);
-#ifdef ZR_HAVE_MPI
-    if (info.mpi) {
+    if (info.world_size > 1) {
         zr_watch_issue(&d);
         return zr_watch_arrive(&d); /* meeting every rank is all a barrier does */
     }
-#endif
     return ZR_OK;
 }
 
@@ -262,18 +286,16 @@ zr_status zr_all_gather_bytes(void *out, const void *in, size_t n) {
     zr_watch_desc(&d, ZR_COLL_ALL_GATHER_BYTES, NULL, NULL, 0);
     d.ndim = 1;
     d.shape[0] = (int64_t)n;
-#ifdef ZR_HAVE_MPI
-    if (info.mpi) {
+    if (info.world_size > 1) {
         zr_watch_issue(&d);
         ZR_CHECK(zr_watch_arrive(&d));
-        return mpi_check(MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD), "all_gather");
+        return cpu_all_gather(out, in, n, &d);
     }
-#endif
     memcpy(out, in, n);
     return ZR_OK;
 }
 
-/* --- async: MPI non-blocking collectives; the single backend completes at once --- */
+/* --- async: MPI non-blocking collectives; TCP and the single backend complete them at once --- */
 
 struct zr_comm_handle {
 #ifdef ZR_HAVE_MPI
@@ -329,7 +351,7 @@ zr_comm_handle *zr_all_reduce_async(zr_tensor *t, zr_reduce_op op) {
         return device_handle(st, &d, ev, t, NULL);
     }
 #ifdef ZR_HAVE_MPI
-    if (info.world_size > 1 && zr_is_cpu(t) && mpi_type(t->dtype) != MPI_DATATYPE_NULL && zr_tensor_is_contiguous(t)) {
+    if (info.mpi && info.world_size > 1 && zr_is_cpu(t) && mpi_type(t->dtype) != MPI_DATATYPE_NULL && zr_tensor_is_contiguous(t)) {
         zr_watch_issue(&d);
         zr_comm_handle *h = handle_new(&d);
         if (!h) return NULL;
@@ -360,7 +382,7 @@ zr_comm_handle *zr_reduce_scatter_async(zr_tensor *out, zr_tensor *in, zr_reduce
         return device_handle(st, &d, ev, out, in);
     }
 #ifdef ZR_HAVE_MPI
-    if (info.world_size > 1 && zr_is_cpu(in) && mpi_type(in->dtype) != MPI_DATATYPE_NULL &&
+    if (info.mpi && info.world_size > 1 && zr_is_cpu(in) && mpi_type(in->dtype) != MPI_DATATYPE_NULL &&
         zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) && !check_sizes("reduce_scatter", out, in)) {
         zr_watch_issue(&d);
         zr_comm_handle *h = handle_new(&d);
@@ -393,7 +415,7 @@ zr_comm_handle *zr_all_gather_async(zr_tensor *out, zr_tensor *in) {
         return device_handle(st, &d, ev, out, in);
     }
 #ifdef ZR_HAVE_MPI
-    if (info.world_size > 1 && zr_is_cpu(in) && zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) &&
+    if (info.mpi && info.world_size > 1 && zr_is_cpu(in) && zr_tensor_is_contiguous(in) && zr_tensor_is_contiguous(out) &&
         !check_sizes("all_gather", in, out)) {
         zr_watch_issue(&d);
         zr_comm_handle *h = handle_new(&d);

@@ -1,8 +1,9 @@
-/* Collectives over the world of ranks, one interface with three backends: MPI for CPU tensors,
- * NCCL for CUDA tensors (when built with NCCL; the unique id travels over MPI), and a
- * single-process backend when zrun was started without a launcher.
+/* Collectives over the world of ranks, one interface with four backends: MPI for CPU tensors under
+ * mpirun/srun, TCP for CPU tensors of ranks started by torchrun/Accelerate/the deepspeed launcher
+ * (comm_tcp.h), NCCL for CUDA tensors (when built with NCCL; the unique id travels over MPI or
+ * TCP), and a single-process backend when zrun was started without a launcher.
  *
- *   zr_comm_init();                         // reads OpenMPI/PMIx/SLURM variables; no launcher = 1 rank
+ *   zr_comm_init();                         // reads OpenMPI/PMIx/SLURM, then torchrun's variables; none = 1 rank
  *   zr_all_reduce(grad, ZR_RED_SUM);        // in place
  *   zr_reduce_scatter(shard, flat, ZR_RED_AVG);  // numel(flat) = world * numel(shard)
  *   zr_all_gather(flat, shard);
@@ -19,7 +20,8 @@ typedef struct {
     int initialized;
     int rank, world_size, local_rank, local_size;
     int mpi; /* 1 when running under an MPI launcher */
-    const char *launcher; /* "openmpi", "pmix", "slurm", "none" */
+    int tcp; /* 1 when joined over TCP (torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) */
+    const char *launcher; /* "openmpi", "pmix", "slurm", "torchrun", "none" */
 } zr_comm_info;
 
 zr_status zr_comm_init(void);

@@ -1,5 +1,6 @@
 /* NCCL backend of the collectives (comm.h) for CUDA tensors. One communicator per process,
- * created on first use on the tensor's device; the unique id travels over MPI (rank 0 makes it),
+ * created on first use on the tensor's device; the unique id travels over MPI, or over TCP for
+ * ranks started by torchrun (rank 0 makes it),
  * so a single process without a launcher gets a world of one and still runs through NCCL.
  * Collectives run on the device's comm stream, ordered after the compute stream's pending work by
  * an event and before its later work by another: no host synchronisation.
@@ -23,6 +24,7 @@
 #include "cuda/device.h"
 #include "ops/util.h"
 #include "zero/comm.h"
+#include "zero/comm_tcp.h"
 #include "zero/comm_watch.h"
 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
@@ -214,6 +216,11 @@ static zr_status ensure(zr_device dev) {
             return zr_error("broadcasting the NCCL unique id over MPI failed");
     }
 #endif
+    if (info->tcp && info->world_size > 1) { /* ranks joined by torchrun's variables */
+        zr_watch_issue(&d);
+        ZR_CHECK(zr_watch_arrive(&d));
+        ZR_CHECK(zr_tcp_broadcast(&id, sizeof id, 0, &d));
+    }
     ZR_CHECK(zr_cuda_use(dev.index));
     d.coll = ZR_COLL_NCCL_INIT;
     d.device = dev.index;

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "ops/util.h"
+#include "zero/comm_tcp.h"
 
 enum { TAG_QUERY = 1, TAG_REPLY = 2 };
 
@@ -73,7 +74,7 @@ void zr_comm_label(const char *fmt, ...) {
 }
 
 /* How long the asking rank waits for answers. */
-static double grace_s(void) {
+double zr_watch_grace(void) {
     double g = timeout_s / 10;
     return timeout_s <= 0 ? 5 : g < 0.5 ? 0.5 : g > 10 ? 10 : g;
 }
@@ -108,7 +109,7 @@ static const char *coll_name(int c) {
 }
 
 /* "all_reduce #2 (f32 (4,5), sum, grad bucket lm_head.weight, step 3)" */
-static void describe(char *buf, size_t n, const zr_comm_desc *d) {
+void zr_watch_describe(char *buf, size_t n, const zr_comm_desc *d) {
     static const char *ops[] = {"sum", "avg", "max", "min"};
     int k = snprintf(buf, n, "%s #%lld (", coll_name(d->coll), (long long)d->seq);
 #define PUT(...) (k += (size_t)k < n ? snprintf(buf + k, n - (size_t)k, __VA_ARGS__) : 0)
@@ -130,7 +131,7 @@ static void describe(char *buf, size_t n, const zr_comm_desc *d) {
     if (buf[0] && k > 0 && (size_t)k >= n && n > 4) strcpy(buf + n - 4, "...");
 }
 
-static int same(const zr_comm_desc *a, const zr_comm_desc *b) {
+int zr_watch_same(const zr_comm_desc *a, const zr_comm_desc *b) {
     if (a->seq != b->seq || a->coll != b->coll || a->dtype != b->dtype || a->ndim != b->ndim ||
         a->arg != b->arg || a->other != b->other || (a->device >= 0) != (b->device >= 0))
         return 0;
@@ -140,7 +141,7 @@ static int same(const zr_comm_desc *a, const zr_comm_desc *b) {
 }
 
 /* "rank 1" / "ranks 1,3-5" (the first 16 runs, then "..."). */
-static void ranks_str(char *buf, size_t n, const int *r, int k) {
+void zr_watch_ranks_str(char *buf, size_t n, const int *r, int k) {
     int p = snprintf(buf, n, k == 1 ? "rank " : "ranks "), runs = 0;
     for (int i = 0; i < k && (size_t)p < n; runs++) {
         int j = i;
@@ -158,6 +159,7 @@ static void ranks_str(char *buf, size_t n, const int *r, int k) {
 /* --- side channel --- */
 
 void zr_watch_poll(void) {
+    if (zr_comm_get()->tcp) zr_tcp_poll();
 #ifdef ZR_HAVE_MPI
     while (query_req != MPI_REQUEST_NULL) {
         int done = 0;
@@ -202,7 +204,7 @@ static void ask(const zr_comm_desc *d, char *out, size_t n) {
     const zr_comm_info *in = zr_comm_get();
     int W = in->world_size, me = in->rank;
     /* GPU ranks answer once their own watchdog has freed their main thread: give them longer */
-    double grace = grace_s() + (d->device >= 0 ? 5 : 0);
+    double grace = zr_watch_grace() + (d->device >= 0 ? 5 : 0);
     zr_watch_poll();
     if (queried_by >= 0 && queried_by < me) defer_until(queried_at + 3 * grace + 1);
     static int64_t k;
@@ -242,11 +244,11 @@ static void ask(const zr_comm_desc *d, char *out, size_t n) {
             continue;
         }
         int late = rep[r].issued < k;
-        if (!late && !(rep[r].cur.seq == k && !same(&rep[r].cur, d))) continue;
+        if (!late && !(rep[r].cur.seq == k && !zr_watch_same(&rep[r].cur, d))) continue;
         char *b = late ? behind : other;
         size_t len = strlen(b);
         if ((late ? nb++ : nm++) >= 4) continue;
-        describe(what, sizeof what, &rep[r].cur);
+        zr_watch_describe(what, sizeof what, &rep[r].cur);
         if (late)
             snprintf(b + len, sizeof behind - len, "%srank %d (waits in %s)", len ? ", " : "", r,
                      rep[r].cur.seq ? what : "no collective");
@@ -257,7 +259,7 @@ static void ask(const zr_comm_desc *d, char *out, size_t n) {
     if (ns || nb) {
         p += snprintf(out + p, n - (size_t)p, "; not arrived: ");
         if (ns) {
-            ranks_str(rs, sizeof rs, silent, ns);
+            zr_watch_ranks_str(rs, sizeof rs, silent, ns);
             p += snprintf(out + p, n - (size_t)p, "%s (no answer within %.1f s: busy outside any collective, stuck, or exited)%s",
                           rs, grace, nb ? ", " : "");
         }
@@ -268,25 +270,31 @@ static void ask(const zr_comm_desc *d, char *out, size_t n) {
 }
 #endif
 
+void zr_watch_line(char *line, size_t n, const zr_comm_desc *d, double waited, const char *why, const char *tail) {
+    char what[320];
+    zr_watch_describe(what, sizeof what, d);
+    if (why)
+        snprintf(line, n, "comm error: %s failed after %.1f s: %s%s; stopping all ranks", what, waited, why, tail);
+    else
+        snprintf(line, n, "comm timeout: %s did not complete within %g s (ZRUN_COMM_TIMEOUT)%s; stopping all ranks",
+                 what, timeout_s, tail);
+}
+
 _Noreturn void zr_watch_fail(const zr_comm_desc *d, double waited, const char *why) {
     failing = 1;
-    char what[320], tail[3072] = "", line[4096];
-    describe(what, sizeof what, d);
+    if (zr_comm_get()->tcp) zr_tcp_fail(d, waited, why, -1);
+    char tail[3072] = "", line[4096];
 #ifdef ZR_HAVE_MPI
     if (side != MPI_COMM_NULL) ask(d, tail, sizeof tail);
 #endif
-    if (why)
-        snprintf(line, sizeof line, "comm error: %s failed after %.1f s: %s%s; stopping all ranks", what, waited, why, tail);
-    else
-        snprintf(line, sizeof line, "comm timeout: %s did not complete within %g s (ZRUN_COMM_TIMEOUT)%s; stopping all ranks",
-                 what, timeout_s, tail);
+    zr_watch_line(line, sizeof line, d, waited, why, tail);
     zr_comm_abort(line, 1);
     abort(); /* zr_comm_abort does not return */
 }
 
 _Noreturn void zr_watch_fail_alone(const zr_comm_desc *d, double waited, const char *why) {
     char what[320], line[1024];
-    describe(what, sizeof what, d);
+    zr_watch_describe(what, sizeof what, d);
     snprintf(line, sizeof line, "comm %s: %s %s after %.1f s%s%s (this rank's main thread did not come back to a "
              "collective, so the other ranks were not asked); stopping all ranks", why ? "error" : "timeout", what,
              why ? "failed" : "did not complete", waited, why ? ": " : "", why ? why : "");
@@ -312,61 +320,72 @@ int zr_watch_post(const zr_comm_desc *d, double waited, const char *why, double 
 
 /* --- debug mode: every rank's descriptor before each collective --- */
 
-static void debug_check(const zr_comm_desc *d) {
-#ifdef ZR_HAVE_MPI
-    const zr_comm_info *in = zr_comm_get();
-    int W = in->world_size;
-    if (!in->mpi || W < 2) return;
-    zr_comm_desc *all = malloc(sizeof *all * (size_t)W);
+int zr_watch_mismatch(char *line, size_t n, const zr_comm_desc *all, int W) {
     int *grp = malloc(sizeof *grp * (size_t)W), *first = malloc(sizeof *first * (size_t)W),
         *cnt = calloc((size_t)W, sizeof *cnt), *members = malloc(sizeof *members * (size_t)W);
-    MPI_Request r;
-    if (!all || !grp || !first || !cnt || !members ||
-        MPI_Iallgather(d, sizeof *d, MPI_BYTE, all, sizeof *d, MPI_BYTE, MPI_COMM_WORLD, &r) != MPI_SUCCESS)
-        zr_comm_abort("ZRUN_COMM_DEBUG: could not gather the collectives' descriptors (out of memory or MPI error)", 1);
-    if (zr_watch_mpi(&r, d)) zr_comm_abort(zr_last_error_message(), 1);
+    if (!grp || !first || !cnt || !members) zr_comm_abort("comm check: out of host memory", 1);
     int ng = 0, ref = 0;
     for (int q = 0; q < W; q++) { /* group the ranks by what they call */
         int g = 0;
-        while (g < ng && !same(&all[first[g]], &all[q])) g++;
+        while (g < ng && !zr_watch_same(&all[first[g]], &all[q])) g++;
         if (g == ng) first[ng++] = q;
         grp[q] = g;
         if (++cnt[g] > cnt[ref]) ref = g;
     }
     if (ng > 1) {
-        char line[4096], what[320], rs[160];
-        int p = snprintf(line, sizeof line, "comm mismatch: collective #%lld differs between ranks: ", (long long)d->seq);
-        for (int g = 0, shown = 0; g < ng && (size_t)p < sizeof line; g++) {
+        char what[320], rs[160];
+        int p = snprintf(line, n, "comm mismatch: collective #%lld differs between ranks: ", (long long)all[0].seq);
+        for (int g = 0, shown = 0; g < ng && (size_t)p < n; g++) {
             if (g == ref) continue;
             if (shown++ == 4) {
-                p += snprintf(line + p, sizeof line - (size_t)p, "..., ");
+                p += snprintf(line + p, n - (size_t)p, "..., ");
                 break;
             }
             int k = 0;
             for (int q = 0; q < W; q++)
                 if (grp[q] == g) members[k++] = q;
-            ranks_str(rs, sizeof rs, members, k);
-            describe(what, sizeof what, &all[first[g]]);
-            p += snprintf(line + p, sizeof line - (size_t)p, "%s call%s %s, ", rs, k == 1 ? "s" : "", what);
+            zr_watch_ranks_str(rs, sizeof rs, members, k);
+            zr_watch_describe(what, sizeof what, &all[first[g]]);
+            p += snprintf(line + p, n - (size_t)p, "%s call%s %s, ", rs, k == 1 ? "s" : "", what);
         }
         int k = 0;
         for (int q = 0; q < W; q++)
             if (grp[q] == ref) members[k++] = q;
-        ranks_str(rs, sizeof rs, members, k);
-        describe(what, sizeof what, &all[first[ref]]);
-        if ((size_t)p < sizeof line)
-            snprintf(line + p, sizeof line - (size_t)p, "but %s call%s %s; stopping all ranks", rs, k == 1 ? "s" : "", what);
-        /* every rank holds the same table: rank 0 speaks, the others wait for its abort */
-        if (in->rank != 0) sleep_s(3 * grace_s() + 1);
-        zr_comm_abort(line, 1);
+        zr_watch_ranks_str(rs, sizeof rs, members, k);
+        zr_watch_describe(what, sizeof what, &all[first[ref]]);
+        if ((size_t)p < n) snprintf(line + p, n - (size_t)p, "but %s call%s %s; stopping all ranks", rs, k == 1 ? "s" : "", what);
     }
-    free(all);
     free(grp);
     free(first);
     free(cnt);
     free(members);
+    return ng > 1;
+}
+
+static void debug_check(const zr_comm_desc *d) {
+    const zr_comm_info *in = zr_comm_get();
+    int W = in->world_size;
+    if (in->tcp) { /* the TCP arrival compares every rank's whole descriptor */
+        if (zr_tcp_arrive(d)) zr_comm_abort(zr_last_error_message(), 1);
+        return;
+    }
+#ifdef ZR_HAVE_MPI
+    if (!in->mpi || W < 2) return;
+    zr_comm_desc *all = malloc(sizeof *all * (size_t)W);
+    MPI_Request r;
+    if (!all || MPI_Iallgather(d, sizeof *d, MPI_BYTE, all, sizeof *d, MPI_BYTE, MPI_COMM_WORLD, &r) != MPI_SUCCESS)
+        zr_comm_abort("ZRUN_COMM_DEBUG: could not gather the collectives' descriptors (out of memory or MPI error)", 1);
+    if (zr_watch_mpi(&r, d)) zr_comm_abort(zr_last_error_message(), 1);
+    char line[4096];
+    if (zr_watch_mismatch(line, sizeof line, all, W)) {
+        /* every rank holds the same table: rank 0 speaks, the others wait for its abort */
+        if (in->rank != 0) sleep_s(3 * zr_watch_grace() + 1);
+        zr_comm_abort(line, 1);
+    }
+    free(all);
 #else
     (void)d;
+    (void)W;
 #endif
 }
 
@@ -403,15 +422,15 @@ zr_status zr_watch_mpi(MPI_Request *req, const zr_comm_desc *d) {
     char s[MPI_MAX_ERROR_STRING], what[320];
     int n = 0;
     MPI_Error_string(rc, s, &n);
-    describe(what, sizeof what, d);
+    zr_watch_describe(what, sizeof what, d);
     return zr_error("%s failed on rank %d: %s", what, zr_comm_get()->rank, s);
 }
 #endif
 
-/* --- arrival: every blocking MPI collective starts here --- */
+/* --- arrival: every blocking CPU collective starts here --- */
 
 #ifdef ZR_HAVE_MPI
-/* FNV-1a over what same() compares. */
+/* FNV-1a over what zr_watch_same() compares. */
 static uint64_t desc_hash(const zr_comm_desc *d) {
     int64_t v[6 + ZR_MAX_DIMS] = {d->seq, d->coll, d->dtype, d->arg, d->other, d->device >= 0};
     int k = 6;
@@ -426,7 +445,7 @@ static uint64_t desc_hash(const zr_comm_desc *d) {
  * (+0.5 us on 2 ranks of one host) and checks that every rank calls the same collective: the
  * maximum of {h, ~h} equals this rank's pair only when every rank's h is the same. All ranks then
  * see a difference together, and the descriptor all-gather names it. */
-zr_status zr_watch_arrive(const zr_comm_desc *d) {
+static zr_status mpi_arrive(const zr_comm_desc *d) {
     uint64_t h = desc_hash(d), mine[2] = {h, ~h}, all[2];
     MPI_Request r;
     int rc = MPI_Iallreduce(mine, all, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &r);
@@ -439,6 +458,15 @@ zr_status zr_watch_arrive(const zr_comm_desc *d) {
     return ZR_OK;
 }
 #endif
+
+zr_status zr_watch_arrive(const zr_comm_desc *d) {
+    if (zr_comm_get()->tcp) return debug_mode ? ZR_OK : zr_tcp_arrive(d); /* in debug mode zr_watch_issue arrived */
+#ifdef ZR_HAVE_MPI
+    return mpi_arrive(d);
+#else
+    return ZR_OK;
+#endif
+}
 
 /* --- set-up --- */
 

@@ -1,5 +1,5 @@
-/* Deadlines and consistency checks of the collectives, shared by comm.c (MPI) and comm_nccl.c;
- * nothing else includes this. Every collective gets a descriptor (what, which tensor, its number
+/* Deadlines and consistency checks of the collectives, shared by comm.c (MPI), comm_tcp.c (ranks
+ * joined by torchrun's variables) and comm_nccl.c; nothing else includes this. Every collective gets a descriptor (what, which tensor, its number
  * on this rank, the training step). Waits poll against the deadline (ZRUN_COMM_TIMEOUT); when it
  * passes, the waiting rank asks the others over a side channel where they are, names in one line
  * those that have not arrived, and stops the job. With ZRUN_COMM_DEBUG=1 every collective is
@@ -64,12 +64,25 @@ _Noreturn void zr_watch_fail_alone(const zr_comm_desc *d, double waited, const c
 zr_status zr_watch_init(void);
 void zr_watch_finalize(void);
 
+/* Before a blocking CPU collective (MPI or TCP): meets every rank under the deadline and checks
+ * that they all call the same one (collective, dtype, shape, sequence number); a difference stops
+ * every rank. */
+zr_status zr_watch_arrive(const zr_comm_desc *d);
 #ifdef ZR_HAVE_MPI
 /* Waits for a non-blocking MPI collective under the deadline; an MPI error comes back as a status. */
 zr_status zr_watch_mpi(MPI_Request *req, const zr_comm_desc *d);
-/* Before a blocking MPI collective: meets every rank under the deadline and checks that they all
- * call the same one (collective, dtype, shape, sequence number); a difference stops every rank. */
-zr_status zr_watch_arrive(const zr_comm_desc *d);
 #endif
+
+/* The wording every backend's messages share. "all_reduce #2 (f32 (4,5), sum, grad bucket
+ * lm_head.weight, step 3)"; whether two ranks' calls match; "rank 1" / "ranks 1,3-5"; the one
+ * line of a failure ("comm timeout: ... ; stopping all ranks", tail: what is known of the others);
+ * the line naming the ranks whose call differs (returns 0, leaving line alone, when all match). */
+void zr_watch_describe(char *buf, size_t n, const zr_comm_desc *d);
+int zr_watch_same(const zr_comm_desc *a, const zr_comm_desc *b);
+void zr_watch_ranks_str(char *buf, size_t n, const int *r, int k);
+void zr_watch_line(char *line, size_t n, const zr_comm_desc *d, double waited, const char *why, const char *tail);
+int zr_watch_mismatch(char *line, size_t n, const zr_comm_desc *all, int world);
+/* How long a rank that asks the others waits for their answers (seconds). */
+double zr_watch_grace(void);
 
 #endif

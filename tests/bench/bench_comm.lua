@@ -1,6 +1,8 @@
--- Collective latency and bandwidth on CPU ranks (MPI backend): a timed loop of all_reduce at a few
+-- Collective latency and bandwidth on CPU ranks (MPI or TCP backend): a timed loop of all_reduce at a few
 -- sizes, the fastest of 9 rounds (the least disturbed by other load). Compares builds and settings (ZRUN_COMM_TIMEOUT, ZRUN_COMM_DEBUG):
 --   mpirun -np 2 ./zrun tests/bench/bench_comm.lua
+-- and over the TCP backend (ranks as torchrun starts them; any free port):
+--   for r in 0 1; do RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 ./zrun tests/bench/bench_comm.lua & done; wait
 local zr = require "zrun"
 local now = require("zrun._C").now
 local dist = zr.dist

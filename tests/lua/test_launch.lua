@@ -1,5 +1,5 @@
--- Launchers: torchrun/Accelerate's variables are read; a torchrun launch of several processes is
--- refused with the equivalent mpirun command (zrun joins ranks through MPI), a mixed launch whose
+-- Launchers: torchrun/Accelerate's variables with MASTER_ADDR/MASTER_PORT start the TCP backend
+-- (tests/tcp/ runs it); a partial torchrun environment is refused with the fix, a mixed launch whose
 -- variables disagree is refused, and a consistent one (or a world of one) runs.
 local zr = require "zrun"
 local T = zr.testing
@@ -14,20 +14,21 @@ T.test("no launcher variables, or torchrun with one process: runs", function()
     MASTER_ADDR = "127.0.0.1", MASTER_PORT = "29500" }), nil)
 end)
 
-T.test("torchrun with several processes: refused, naming the mpirun command", function()
+T.test("torchrun with several processes joins over TCP; a partial environment is refused with the fix", function()
+  T.eq(dist.check_launch(env { RANK = "1", WORLD_SIZE = "2", LOCAL_RANK = "1", LOCAL_WORLD_SIZE = "2",
+    MASTER_ADDR = "10.0.0.1", MASTER_PORT = "29500" }), nil)
   local m = dist.check_launch(env { RANK = "1", WORLD_SIZE = "2", LOCAL_RANK = "1", LOCAL_WORLD_SIZE = "2" })
-  assert(m and m:find("rank 1 of 2", 1, true) and m:find("mpirun -np 2", 1, true), m)
-  assert(m:find("--bind-to none", 1, true), m)
-  -- across nodes the message says how to name the hosts
-  m = dist.check_launch(env { RANK = "0", WORLD_SIZE = "8", LOCAL_WORLD_SIZE = "4" })
-  assert(m:find("mpirun -np 8", 1, true) and m:find("--hostfile", 1, true), m)
+  assert(m and m:find("started as rank 1 of 2 (RANK, WORLD_SIZE) without MASTER_ADDR and MASTER_PORT", 1, true), m)
+  assert(m:find("mpirun -np 2", 1, true) and m:find("--bind-to none", 1, true), m)
+  m = dist.check_launch(env { RANK = "0", WORLD_SIZE = "8", MASTER_ADDR = "h", MASTER_PORT = "70000" })
+  assert(m and m:find("without MASTER_ADDR and MASTER_PORT", 1, true), m)
   m = dist.check_launch(env { RANK = "3" })
   assert(m:find("WORLD_SIZE is not", 1, true), m)
   m = dist.check_launch(env { RANK = "2", WORLD_SIZE = "2" })
   assert(m:find("outside WORLD_SIZE=2", 1, true), m)
   T.eq(dist.check_launch(env { WORLD_SIZE = "8" }), nil, "WORLD_SIZE alone (zrun check's world) is no launch")
   m = dist.check_launch(env { WORLD_SIZE = "4", LOCAL_RANK = "0" })
-  assert(m:find("rank 0 of 4", 1, true), m)
+  assert(m:find("LOCAL_RANK=0 and WORLD_SIZE=4 are set but RANK is not", 1, true), m)
   m = dist.check_launch(env { WORLD_SIZE = "two" })
   assert(m:find("WORLD_SIZE=two is not a non-negative integer", 1, true), m)
 end)
@@ -57,11 +58,11 @@ T.test("mpirun command: --allow-run-as-root as root, --oversubscribe past the co
   T.eq(c, "mpirun -np 2 --bind-to none zrun r.lua")
 end)
 
-T.test("zrun started with RANK=1 WORLD_SIZE=2 stops with the reason instead of running as rank 0 of 1", function()
-  local out, rc = T.run(("env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK RANK=1 WORLD_SIZE=2 %s -e " ..
-    "'print(\"ran as rank \" .. require(\"zrun\").dist.rank())'"):format(z))
+T.test("zrun started with RANK=1 WORLD_SIZE=2 and no MASTER_ADDR stops with the reason instead of running as rank 0 of 1", function()
+  local out, rc = T.run(("env -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u MASTER_ADDR -u MASTER_PORT RANK=1 " ..
+    "WORLD_SIZE=2 %s -e 'print(\"ran as rank \" .. require(\"zrun\").dist.rank())'"):format(z))
   assert(not out:find("^ran as rank") and not out:find("\nran as rank"), out)
-  assert(rc == 1 and out:find("rank 1 of 2", 1, true) and out:find("mpirun -np 2", 1, true), out)
+  assert(rc == 1 and out:find("rank 1 of 2", 1, true) and out:find("MASTER_ADDR", 1, true), out)
   out = T.run(("RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 %s -e 'print(\"world \" .. require(\"zrun\").dist.world_size())'"):format(z))
   assert(out:find("world 1", 1, true), out)
 end)
