@@ -356,6 +356,7 @@ const zr_safetensors_entry *zr_safetensors_find(const zr_safetensors *f, const c
     return bsearch(&key, f->entries, (size_t)f->n, sizeof key, cmp_entry_name);
 }
 int64_t zr_safetensors_data_bytes(const zr_safetensors *f) { return f->file_size - f->data_start; }
+int64_t zr_safetensors_data_offset(const zr_safetensors *f) { return f->data_start; }
 int64_t zr_safetensors_metadata_count(const zr_safetensors *f) { return f->n_meta; }
 const char *zr_safetensors_metadata_key(const zr_safetensors *f, int64_t i) {
     return i >= 0 && i < f->n_meta ? f->meta[i].key : NULL;

@@ -63,6 +63,7 @@ int64_t zr_safetensors_count(const zr_safetensors *f);
 const zr_safetensors_entry *zr_safetensors_entry_at(const zr_safetensors *f, int64_t i);
 const zr_safetensors_entry *zr_safetensors_find(const zr_safetensors *f, const char *name); /* or NULL */
 int64_t zr_safetensors_data_bytes(const zr_safetensors *f); /* size of the data section */
+int64_t zr_safetensors_data_offset(const zr_safetensors *f); /* file byte where it starts */
 
 int64_t zr_safetensors_metadata_count(const zr_safetensors *f);
 const char *zr_safetensors_metadata_key(const zr_safetensors *f, int64_t i);   /* sorted by key */
