@@ -3,11 +3,11 @@
  * and several shards are read at once. Each chunk is read with pread (no page faults on a mapping)
  * straight into its destination, or through a buffer when it must be converted or uploaded. */
 #include "io/safetensors_load.h"
+#include "io/staging.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,11 +111,7 @@ typedef struct {
     void *dstage[2];
 } lane;
 
-/* Pinned staging kept for the process (2 chunks per thread): pinning costs about as much as the
- * copies it speeds up, so it is paid on the first load only. */
-static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
-static char *pin_pool;
-static size_t pin_bytes;
+static zr_staging load_pool = ZR_STAGING_INIT; /* 2 chunks per thread, pinned */
 
 static void cuda_worker(job *j, lane *L, int dev) {
     if (zr_cuda_use(dev)) {
@@ -152,21 +148,10 @@ static zr_status run_cuda(job *j, int nt, int dev, int convert) {
     cudaStream_t compute = zr_cuda_stream(d);
     /* The destinations come from the caching allocator in compute-stream order: let that settle. */
     ZR_CHECK(ZR_CUDA_CHECK(cudaStreamSynchronize(compute), "loading safetensors"));
-    pthread_mutex_lock(&pin_lock);
-    size_t need = (size_t)nt * 2 * (size_t)CHUNK_BYTES;
+    zr_staging_buf sb;
+    ZR_CHECK(zr_staging_take(&load_pool, (size_t)nt * 2 * (size_t)CHUNK_BYTES, &sb));
+    char *pin = sb.p;
     zr_status st = ZR_OK;
-    if (pin_bytes < need) {
-        if (pin_pool) cudaFreeHost(pin_pool);
-        pin_pool = NULL;
-        pin_bytes = 0;
-        if (cudaHostAlloc((void **)&pin_pool, need, cudaHostAllocPortable) != cudaSuccess) {
-            cudaGetLastError();
-            pin_pool = NULL;
-            st = zr_error("loading safetensors: cannot pin %lld MB of host memory for staging; free host "
-                          "memory or load with fewer threads",
-                          (long long)(need >> 20));
-        } else pin_bytes = need;
-    }
     char *dstage = NULL;
     if (!st && convert) {
         dstage = zr_cuda_malloc(d, (size_t)nt * 2 * (size_t)CHUNK_BYTES, compute);
@@ -178,7 +163,7 @@ static zr_status run_cuda(job *j, int nt, int dev, int convert) {
         st = ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&L->s, cudaStreamNonBlocking), "loading safetensors");
         for (int k = 0; !st && k < 2; k++) {
             st = ZR_CUDA_CHECK(cudaEventCreateWithFlags(&L->ev[k], cudaEventDisableTiming), "loading safetensors");
-            L->pin[k] = pin_pool + ((size_t)made * 2 + k) * (size_t)CHUNK_BYTES;
+            L->pin[k] = pin + ((size_t)made * 2 + k) * (size_t)CHUNK_BYTES;
             if (dstage) L->dstage[k] = dstage + ((size_t)made * 2 + k) * (size_t)CHUNK_BYTES;
         }
     }
@@ -192,7 +177,7 @@ static zr_status run_cuda(job *j, int nt, int dev, int convert) {
         if (lanes[k].s) cudaStreamDestroy(lanes[k].s);
     }
     if (dstage) zr_cuda_free(d, dstage); /* every lane was synchronized */
-    pthread_mutex_unlock(&pin_lock);
+    zr_staging_give(&load_pool, &sb);
     return st;
 }
 #endif
