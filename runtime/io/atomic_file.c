@@ -106,6 +106,7 @@ zr_status zr_file_write_atomic(const char *path, const void *data, int64_t len) 
 /* ================================ staged writer ================================ */
 
 #define STAGE_BYTES ((int64_t)64 << 20)
+#define DIRECT_BYTES ((int64_t)8 << 20)
 
 struct zr_staged_writer {
     zr_atomic_file *a;
@@ -115,8 +116,9 @@ struct zr_staged_writer {
     pthread_t th;
     pthread_mutex_t m;
     pthread_cond_t cv;
-    const char *job; /* the buffer the thread is writing (NULL: idle) */
+    const char *job; /* the bytes the thread is writing (NULL: idle) */
     int64_t job_len;
+    zr_tensor *job_tensor; /* the host tensor the job writes from, held until it is done */
     int quit, failed;
     char msg[1024];
     zr_staging_buf sb;
@@ -153,19 +155,28 @@ static zr_status writer_wait(zr_staged_writer *w) {
     while (w->job) pthread_cond_wait(&w->cv, &w->m);
     int failed = w->failed;
     pthread_mutex_unlock(&w->m);
+    zr_tensor_release(w->job_tensor); /* on this thread: refcounts are not atomic */
+    w->job_tensor = NULL;
     return failed ? zr_error("%s", w->msg) : ZR_OK;
 }
 
-/* Hands buf[cur] to the thread (after its previous buffer, the other one, is written) and
- * switches to the other buffer. */
-static zr_status writer_flush(zr_staged_writer *w) {
-    if (w->fill == 0) return ZR_OK;
+/* Hands n bytes at p to the thread once its current job is done (t, if any, is held until then). */
+static zr_status writer_submit(zr_staged_writer *w, const char *p, int64_t n, zr_tensor *t) {
     ZR_CHECK(writer_wait(w));
     pthread_mutex_lock(&w->m);
-    w->job = w->buf[w->cur];
-    w->job_len = w->fill;
+    w->job = p;
+    w->job_len = n;
+    w->job_tensor = t;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->m);
+    return ZR_OK;
+}
+
+/* Hands buf[cur] to the thread (after its previous job, at most the other buffer, is written)
+ * and switches to the other buffer. */
+static zr_status writer_flush(zr_staged_writer *w) {
+    if (w->fill == 0) return ZR_OK;
+    ZR_CHECK(writer_submit(w, w->buf[w->cur], w->fill, NULL));
     w->cur ^= 1;
     w->fill = 0;
     return ZR_OK;
@@ -213,6 +224,16 @@ zr_status zr_staged_writer_put(zr_staged_writer *w, const void *p, zr_device dev
         if (w->fill == STAGE_BYTES) ZR_CHECK(writer_flush(w));
     }
     return ZR_OK;
+}
+
+zr_status zr_staged_writer_put_tensor(zr_staged_writer *w, zr_tensor *t) {
+    int64_t n = zr_tensor_numel(t) * (int64_t)zr_dtype_size(t->dtype);
+    if (t->storage->device.type == ZR_CPU && n >= DIRECT_BYTES) {
+        /* big host tensors are written from where they are: no copy through the staging */
+        ZR_CHECK(writer_flush(w));
+        return writer_submit(w, zr_tensor_data(t), n, zr_tensor_retain(t));
+    }
+    return zr_staged_writer_put(w, zr_tensor_data(t), t->storage->device, n);
 }
 
 zr_status zr_staged_writer_finish(zr_staged_writer *w) {

@@ -27,12 +27,16 @@ zr_status zr_atomic_commit(zr_atomic_file *a);          /* fsync, rename into pl
 zr_status zr_file_write_atomic(const char *path, const void *data, int64_t len);
 
 /* Bytes put are packed into two 64 MB host buffers (page-locked on a GPU machine, so device bytes
- * come over at full speed); a thread writes a full buffer while the caller fills the other. */
+ * come over at full speed); a thread writes a full buffer while the caller fills the other. Not
+ * for use from several threads at once. */
 typedef struct zr_staged_writer zr_staged_writer;
 zr_staged_writer *zr_staged_writer_start(zr_atomic_file *a);
 /* n bytes at p, which lives on dev (host memory, or contiguous memory of a CUDA device). Errors of
  * earlier background writes come back here. */
 zr_status zr_staged_writer_put(zr_staged_writer *w, const void *p, zr_device dev, int64_t n);
+/* A contiguous tensor's bytes: put as above, except a host tensor of 8 MB or more, which the
+ * thread writes from the tensor's own memory (w holds a reference until it is written). */
+zr_status zr_staged_writer_put_tensor(zr_staged_writer *w, zr_tensor *t);
 /* Writes what is left, waits for the thread and frees w (always); the file is not committed. */
 zr_status zr_staged_writer_finish(zr_staged_writer *w);
 

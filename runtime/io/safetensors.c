@@ -589,7 +589,7 @@ static zr_status write_tensor(zr_staged_writer *w, const char *path, const zr_sa
         zr_error_prefix("%s: tensor '%s': ", path, s->name);
         return ZR_ERR;
     }
-    zr_status st = zr_staged_writer_put(w, zr_tensor_data(c), c->storage->device, nbytes);
+    zr_status st = zr_staged_writer_put_tensor(w, c);
     zr_tensor_release(c);
     return st;
 }
