@@ -3,7 +3,7 @@
 -- (tests/bench/bench_load_hf.py, when python3 has torch and transformers), save_pretrained and
 -- save_checkpoint, each next to the disk's sequential write bandwidth for as many bytes (dd,
 -- 64 MB blocks, conv=fsync; best of 2), measured in the same run.
---   zrun tests/bench/bench_load.lua [--size 1b|8b|small] [--device cuda|cpu] [--dir DIR]
+--   zrun tests/bench/bench_load.lua [--size 1b|8b|small] [--device cuda|cpu] [--dir DIR] [--threads N]
 -- 1b: Llama-3.2-1B shapes, bf16, one model.safetensors. 8b: Llama-3.1-8B shapes, bf16, sharded at
 -- 5GB with model.safetensors.index.json, as transformers writes it. small: 1B widths, 2 layers.
 local zr = require "zrun"
@@ -15,6 +15,7 @@ cli:option("size", gpu and "1b" or "small", "1b | 8b | small (default 1b on a GP
 cli:option("device", gpu and "cuda" or "cpu", "where from_pretrained puts the model")
 cli:option("dir", nil, "model directory (default /tmp/zrun_bench_load_<size>; written when it has no config.json)")
 cli:option("checkpoint", 1, "1: also time engine:save_checkpoint (model + AdamW state)")
+cli:option("threads", 0, "threads reading the files (0: from_pretrained's default, min(8, CPUs))")
 local opt = cli:parse(arg)
 
 local CONFIGS = { ["1b"] = "meta-llama/Llama-3.2-1B", ["8b"] = "meta-llama/Llama-3.1-8B", small = "meta-llama/Llama-3.2-1B" }
@@ -64,7 +65,7 @@ for _ = 1, 2 do
   collectgarbage()
   sync()
   local t0 = now()
-  model = llama.from_pretrained(dir, { dtype = "bf16", device = opt.device })
+  model = llama.from_pretrained(dir, { dtype = "bf16", device = opt.device, threads = opt.threads })
   sync()
   load_s = now() - t0
 end
