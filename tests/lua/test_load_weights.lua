@@ -1,7 +1,8 @@
 -- from_pretrained's loader (hf.load_weights, zr.safetensors_load_into): a loaded model's parameters
 -- equal the file's tensors exactly, for bf16->bf16, bf16->f32, f32->bf16 (round to nearest even,
 -- checked against a Lua reference) and a sharded directory; tensors cut into several 4 MB chunks;
--- any thread count; no random initialisation; key, shape and truncated-shard errors.
+-- any thread count; no random initialisation; key, shape and truncated-shard errors; saves
+-- through the staged writer read back exactly.
 local zr = require "zrun"
 local hf = require "zrun.hf"
 local llama = require "zrun.models.llama"
@@ -168,6 +169,25 @@ T.test("safetensors_load_into widens I16 and BOOL (no zrun dtype) like f:get", f
   T.near(b, zr.tensor({ 0, 1, 1 }), 0, 0, "BOOL -> f32")
   T.near(s, zr.tensor({ -2, 16 }), 0, 0, "I16 -> i32")
   st:close()
+end)
+
+T.test("saving through the staged writer: tensors split across its 64 MB buffers and big ones written directly", function()
+  local sd, n = {}, 0
+  for i = 1, 20 do sd[("s%02d"):format(i)] = zr.arange(1048576):to("f32"):add(i * 2 ^ 21) end -- 4 MB each: staged
+  sd.big = zr.arange(2359296):to("f32"):mul(-1) -- 9 MB: written from its own memory
+  sd.strided = zr.arange(6000):view(60, 100):transpose(1, 2) -- compacted first
+  sd.tiny = zr.tensor({ 1.5 }, { dtype = "bf16" })
+  zr.save_safetensors(P("staged.safetensors"), sd)
+  local f = zr.safetensors_open(P("staged.safetensors"))
+  for name, t in pairs(sd) do
+    local a, b = T.flat(f:get(name)), T.flat(t)
+    T.eq(#a, #b, name)
+    for i = 1, #b, 997 do if a[i] ~= b[i] then error(("%s element %d: %g vs %g"):format(name, i, a[i], b[i])) end end
+    T.eq(a[#a], b[#b], name .. " last element")
+    n = n + 1
+  end
+  f:close()
+  T.eq(n, 23, "tensors read back")
 end)
 
 os.execute("rm -rf " .. tmp)

@@ -1,7 +1,8 @@
 -- from_pretrained to a GPU (safetensors_load.c's CUDA path: pinned staging, stream copies, dtype
 -- conversion on the device) against the CPU load, which test_load_weights.lua checks against the
 -- file: every parameter equal bit for bit, for each file/model dtype pair, one file or shards, any
--- thread count; the pinned pool reused and grown; errors.
+-- thread count; the pinned pool reused and grown; errors; and save_pretrained from the GPU writes
+-- the same bytes as from the CPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("safetensors load") then return end
 local zr, T = C.zr, C.T
@@ -69,6 +70,23 @@ T.test("a truncated shard fails with one line; destinations on two devices are r
       { st, "model.layers.0.input_layernorm.weight", zr.empty({ 64 }) } })
   end, "goes to cpu but others go to cuda:0")
   st:close()
+end)
+
+T.test("save_pretrained from the GPU (pinned staging, device-to-host copies) writes the CPU's bytes", function()
+  write_model(P("save_src"), "bf16")
+  local function bytes(path)
+    local f = assert(io.open(path, "rb"))
+    local s = f:read("*a")
+    f:close()
+    return s
+  end
+  for _, mdt in ipairs { "bf16", "f32" } do
+    llama.from_pretrained(P("save_src"), { dtype = mdt }):save_pretrained(P("save_cpu"))
+    llama.from_pretrained(P("save_src"), { dtype = mdt, device = "cuda" }):save_pretrained(P("save_gpu"))
+    local a, b = bytes(P("save_gpu") .. "/model.safetensors"), bytes(P("save_cpu") .. "/model.safetensors")
+    T.eq(#a, #b, mdt .. ": file size")
+    assert(a == b, mdt .. ": the file saved from the GPU differs from the CPU's")
+  end
 end)
 
 os.execute("rm -rf " .. tmp)
