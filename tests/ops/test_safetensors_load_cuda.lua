@@ -74,16 +74,10 @@ end)
 
 T.test("save_pretrained from the GPU (pinned staging, device-to-host copies) writes the CPU's bytes", function()
   write_model(P("save_src"), "bf16")
-  local function bytes(path)
-    local f = assert(io.open(path, "rb"))
-    local s = f:read("*a")
-    f:close()
-    return s
-  end
   for _, mdt in ipairs { "bf16", "f32" } do
     llama.from_pretrained(P("save_src"), { dtype = mdt }):save_pretrained(P("save_cpu"))
     llama.from_pretrained(P("save_src"), { dtype = mdt, device = "cuda" }):save_pretrained(P("save_gpu"))
-    local a, b = bytes(P("save_gpu") .. "/model.safetensors"), bytes(P("save_cpu") .. "/model.safetensors")
+    local a, b = T.read_file(P("save_gpu") .. "/model.safetensors"), T.read_file(P("save_cpu") .. "/model.safetensors")
     T.eq(#a, #b, mdt .. ": file size")
     assert(a == b, mdt .. ": the file saved from the GPU differs from the CPU's")
   end
