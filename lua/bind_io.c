@@ -9,6 +9,7 @@
 
 #include "bind.h"
 #include "io/safetensors.h"
+#include "io/safetensors_load.h"
 
 #define ST_FILE_MT "zr.SafetensorsFile"
 
@@ -207,6 +208,32 @@ static int l_load_safetensors(lua_State *L) {
     lua_pushvalue(L, fidx);
     lua_call(L, 1, 0);
     return 2;
+}
+
+/* zr.safetensors_load_into({{file, name, tensor}, ...} [, threads]): every named tensor of the
+ * open files read into its (contiguous, same-numel) tensor in place, in one multi-threaded pass
+ * (io/safetensors_load.h). threads: 0 or nil picks min(8, CPUs). */
+static int l_safetensors_load_into(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    int threads = (int)luaL_optinteger(L, 2, 0);
+    int n = (int)lua_objlen(L, 1);
+    zr_safetensors_load_item *items = lua_newuserdata(L, ((size_t)n + 1) * sizeof *items);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 1, i + 1);
+        if (!lua_istable(L, -1)) luaL_error(L, "safetensors_load_into: item %d is not a {file, name, tensor} table", i + 1);
+        int top = lua_gettop(L);
+        lua_rawgeti(L, top, 1);
+        lua_rawgeti(L, top, 2);
+        lua_rawgeti(L, top, 3);
+        zr_safetensors *f = *check_file(L, top + 1);
+        const char *name = luaL_checkstring(L, top + 2);
+        const zr_safetensors_entry *e = zr_safetensors_find(f, name);
+        if (!e) return zr_l_pushtensor(L, zr_safetensors_get(f, name, -1, zr_cpu())); /* "no tensor named" */
+        items[i] = (zr_safetensors_load_item){f, e, zr_l_checktensor(L, top + 3)};
+        lua_settop(L, top - 1); /* the files and tensors stay referenced by the argument table */
+    }
+    if (zr_safetensors_load_into(items, n, threads)) return zr_l_error(L);
+    return 0;
 }
 
 /* zr.safetensors_info(path) -> {name = {dtype=, stored=, shape=, numel=, nbytes=}}, metadata */
@@ -466,6 +493,7 @@ void zr_bind_io(lua_State *L) {
         {"save_safetensors", l_save_safetensors},
         {"safetensors_info", l_safetensors_info},
         {"safetensors_open", l_safetensors_open},
+        {"safetensors_load_into", l_safetensors_load_into},
         {"path_type", l_path_type},
         {"listdir", l_listdir},
         {"makedirs", l_makedirs},

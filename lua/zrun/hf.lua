@@ -312,6 +312,50 @@ function hf.load_state_dict(ref, opts)
   return sd, dir
 end
 
+-- Reads a model directory's weights into model's parameters in place: each file byte once, on
+-- several threads, straight into the parameter's storage (C.safetensors_load_into: on CUDA through
+-- pinned staging and stream copies, a dtype different from the file's converted on the device).
+-- Keys and shapes are checked first, with load_state_dict's errors, so nothing is read when they
+-- do not match. opts: rename(name) -> the model's key for a file tensor, or nil to skip it
+-- (default: the name itself); threads (default min(8, CPUs)). Returns the directory.
+function hf.load_weights(model, ref, opts)
+  opts = opts or {}
+  local dir = hf.resolve(ref, opts)
+  local files, map = hf.weight_files(dir)
+  local rename = opts.rename or function(name) return name end
+  local by_file = {}
+  if map then
+    for name, p in pairs(map) do
+      by_file[p] = by_file[p] or {}
+      insert(by_file[p], name)
+    end
+  end
+  local handles, desc = {}, {}
+  local ok, err = pcall(function()
+    for _, p in ipairs(files) do
+      local f = C.safetensors_open(p)
+      handles[#handles + 1] = f
+      local info = f:info()
+      local names = by_file[p] or (not map and sorted_keys(info)) or {}
+      for _, name in ipairs(names) do
+        if not info[name] then
+          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", join(dir, INDEX_NAME),
+            name, basename(p)), 0)
+        end
+        local key = rename(name)
+        if key then desc[key] = { shape = info[name].shape, file = f, name = name } end
+      end
+    end
+    local todo = model:match_state_dict(desc, true, true, 0)
+    local items = {}
+    for i, m in ipairs(todo) do items[i] = { m[2].file, m[2].name, m[1] } end
+    C.safetensors_load_into(items, opts.threads)
+  end)
+  for _, f in ipairs(handles) do f:close() end
+  if not ok then error(err, 0) end
+  return dir
+end
+
 -- Model directory in one call: config, state dict, directory.
 function hf.load_pretrained(ref, opts)
   local cfg, dir = hf.read_config(ref, opts)

@@ -99,6 +99,22 @@ function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end
 
+-- The bytes of the file at path (raises when it cannot be read).
+function M.read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- Cuts the last n bytes off the file at path (a truncated download or an interrupted copy).
+function M.truncate_file(path, n)
+  local s = M.read_file(path)
+  local f = assert(io.open(path, "wb"))
+  f:write(s:sub(1, #s - n))
+  f:close()
+end
+
 -- Expects fn to raise an error whose message contains `pattern` (plain text).
 function M.raises(fn, pattern)
   local ok, err = pcall(fn)

@@ -92,6 +92,9 @@ zr_status zr_tensor_set_data(zr_tensor *t, zr_tensor *src);
 /* dst and src must have the same numel; shapes may differ only if both are contiguous, or src
  * must broadcast to dst. Casts between any dtypes; copies between devices. */
 zr_status zr_tensor_copy_(zr_tensor *dst, const zr_tensor *src);
+/* n elements of host memory src (dtype st) into dst (dtype dt), both contiguous, converted as
+ * zr_tensor_copy_ converts (bf16/f16 rounded to nearest even); dst == src only when dt == st. */
+void zr_cast_contiguous(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64_t n);
 /* New contiguous tensor with dtype dt on dev (a new reference to t itself when nothing changes
  * and t is already contiguous). No autograd: see zr_to for the differentiable version. */
 zr_tensor *zr_tensor_to_raw(zr_tensor *t, zr_dtype dt, zr_device dev);

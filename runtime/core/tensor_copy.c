@@ -84,22 +84,26 @@ static int fast_cast(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64
     return 0;
 }
 
+void zr_cast_contiguous(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64_t n) {
+    size_t ds = zr_dtype_size(dt), ss = zr_dtype_size(st);
+    if (dt == st) {
+        if (dst != src) memmove(dst, src, (size_t)n * ds);
+        return;
+    }
+    if (fast_cast(dst, dt, src, st, n)) return;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i++)
+        store((char *)dst + i * (int64_t)ds, dt, load((const char *)src + i * (int64_t)ss, st));
+}
+
 static zr_status copy_cpu(zr_tensor *dst, const zr_tensor *src, int bcast) {
     int64_t n = zr_tensor_numel(dst);
     size_t ds = zr_dtype_size(dst->dtype), ss = zr_dtype_size(src->dtype);
     char *dp = dst->storage->data;
     const char *sp = src->storage->data;
     if (!bcast && zr_tensor_is_contiguous(dst) && zr_tensor_is_contiguous(src)) {
-        void *d = dp + dst->offset * (int64_t)ds;
-        const void *s = sp + src->offset * (int64_t)ss;
-        if (dst->dtype == src->dtype) {
-            if (d != s) memmove(d, s, (size_t)n * ds);
-            return ZR_OK;
-        }
-        if (fast_cast(d, dst->dtype, s, src->dtype, n)) return ZR_OK;
-#pragma omp parallel for if (n > 65536)
-        for (int64_t i = 0; i < n; i++)
-            store((char *)d + i * (int64_t)ds, dst->dtype, load((const char *)s + i * (int64_t)ss, src->dtype));
+        zr_cast_contiguous(dp + dst->offset * (int64_t)ds, dst->dtype, sp + src->offset * (int64_t)ss,
+                           src->dtype, n);
         return ZR_OK;
     }
 #pragma omp parallel for if (n > 65536)

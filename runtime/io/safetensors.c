@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "io/atomic_file.h"
 #include "io/json.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -356,6 +357,7 @@ const zr_safetensors_entry *zr_safetensors_find(const zr_safetensors *f, const c
     return bsearch(&key, f->entries, (size_t)f->n, sizeof key, cmp_entry_name);
 }
 int64_t zr_safetensors_data_bytes(const zr_safetensors *f) { return f->file_size - f->data_start; }
+int64_t zr_safetensors_data_offset(const zr_safetensors *f) { return f->data_start; }
 int64_t zr_safetensors_metadata_count(const zr_safetensors *f) { return f->n_meta; }
 const char *zr_safetensors_metadata_key(const zr_safetensors *f, int64_t i) {
     return i >= 0 && i < f->n_meta ? f->meta[i].key : NULL;
@@ -496,99 +498,6 @@ static void sb_int(sbuf *b, int64_t v) {
     sb_put(b, t, snprintf(t, sizeof t, "%lld", (long long)v));
 }
 
-/* Temporary-file protocol shared by both writers. */
-typedef struct {
-    char *tmp;
-    const char *path;
-    int fd;
-} atomic_file;
-
-static zr_status atomic_open(atomic_file *a, const char *path) {
-    static int counter;
-    a->path = path;
-    a->fd = -1;
-    size_t n = strlen(path) + 64;
-    a->tmp = malloc(n);
-    if (!a->tmp) return zr_error("%s: out of host memory", path);
-    snprintf(a->tmp, n, "%s.tmp.%d.%d", path, (int)getpid(), __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
-    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (a->fd < 0) {
-        zr_error("%s: cannot create the temporary file %s: %s (is the directory there and writable?)", path,
-                 a->tmp, strerror(errno));
-        free(a->tmp);
-        a->tmp = NULL;
-        return ZR_ERR;
-    }
-    return ZR_OK;
-}
-
-static zr_status atomic_write(atomic_file *a, const void *data, int64_t len) {
-    const char *p = data;
-    while (len > 0) {
-        ssize_t w = write(a->fd, p, len > (1 << 30) ? (1 << 30) : (size_t)len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return zr_error("%s: write failed: %s", a->path, strerror(errno));
-        }
-        p += w;
-        len -= w;
-    }
-    return ZR_OK;
-}
-
-static void atomic_abort(atomic_file *a) {
-    if (a->fd >= 0) close(a->fd);
-    if (a->tmp) unlink(a->tmp);
-    free(a->tmp);
-    a->tmp = NULL;
-    a->fd = -1;
-}
-
-static zr_status atomic_commit(atomic_file *a) {
-    if (fsync(a->fd) != 0) {
-        zr_error("%s: fsync failed: %s", a->path, strerror(errno));
-        atomic_abort(a);
-        return ZR_ERR;
-    }
-    int rc = close(a->fd);
-    a->fd = -1;
-    if (rc != 0) {
-        zr_error("%s: close failed: %s", a->path, strerror(errno));
-        atomic_abort(a);
-        return ZR_ERR;
-    }
-    if (rename(a->tmp, a->path) != 0) {
-        zr_error("%s: cannot rename %s into place: %s", a->path, a->tmp, strerror(errno));
-        atomic_abort(a);
-        return ZR_ERR;
-    }
-    free(a->tmp);
-    a->tmp = NULL;
-    /* Make the rename itself durable. Some file systems refuse fsync on a directory: ignore. */
-    char *dir = strdup(a->path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
-    }
-    return ZR_OK;
-}
-
-zr_status zr_file_write_atomic(const char *path, const void *data, int64_t len) {
-    atomic_file a;
-    ZR_CHECK(atomic_open(&a, path));
-    if (atomic_write(&a, data, len)) {
-        atomic_abort(&a);
-        return ZR_ERR;
-    }
-    return atomic_commit(&a);
-}
-
 /* Data-section order of the Python library: widest dtype first (its enum order, descending), then
  * by name. */
 typedef struct {
@@ -664,24 +573,24 @@ static zr_status build_header(const char *path, const zr_safetensors_spec *specs
     return ZR_OK;
 }
 
-/* Writes one tensor's bytes, compacting/copying to the host when needed. */
-static zr_status write_tensor(atomic_file *a, const zr_safetensors_spec *s, zr_tensor *t) {
+/* Puts one tensor's bytes (compacted on its own device first when it is not contiguous). */
+static zr_status write_tensor(zr_staged_writer *w, const char *path, const zr_safetensors_spec *s, zr_tensor *t) {
     char b1[128], b2[128];
     int same = t->dtype == s->dtype && t->ndim == s->ndim;
     for (int d = 0; same && d < s->ndim; d++) same = t->shape[d] == s->shape[d];
     if (!same)
-        return zr_error("%s: tensor '%s' is %s %s but was announced as %s %s", a->path, s->name,
+        return zr_error("%s: tensor '%s' is %s %s but was announced as %s %s", path, s->name,
                         zr_dtype_name(t->dtype), zr_tensor_shape_str(t, b1), zr_dtype_name(s->dtype),
                         zr_shape_str(s->ndim, s->shape, b2));
     int64_t nbytes = zr_tensor_numel(t) * (int64_t)zr_dtype_size(t->dtype);
     if (nbytes == 0) return ZR_OK;
-    zr_tensor *h = zr_tensor_to_raw(t, t->dtype, zr_cpu()); /* t itself when already host-contiguous */
-    if (!h) {
-        zr_error_prefix("%s: tensor '%s': ", a->path, s->name);
+    zr_tensor *c = zr_tensor_contiguous_raw(t); /* t itself when already contiguous */
+    if (!c) {
+        zr_error_prefix("%s: tensor '%s': ", path, s->name);
         return ZR_ERR;
     }
-    zr_status st = atomic_write(a, zr_tensor_data(h), nbytes);
-    zr_tensor_release(h);
+    zr_status st = zr_staged_writer_put_tensor(w, c);
+    zr_tensor_release(c);
     return st;
 }
 
@@ -726,12 +635,19 @@ zr_status zr_safetensors_write_stream(const char *path, const zr_safetensors_spe
         free(order);
         return ZR_ERR;
     }
-    atomic_file a;
-    zr_status st = atomic_open(&a, path);
+    /* The header and every tensor go through two big staging buffers: few large sequential
+     * writes, made by a thread while the next buffer is filled (atomic_file.h). */
+    zr_atomic_file a;
+    zr_status st = zr_atomic_open(&a, path);
+    zr_staged_writer *w = st ? NULL : zr_staged_writer_start(&a);
+    if (!st && !w) {
+        zr_atomic_abort(&a);
+        st = ZR_ERR;
+    }
     if (!st) {
         uint64_t hl = (uint64_t)b.len;
-        st = atomic_write(&a, &hl, 8);
-        if (!st) st = atomic_write(&a, b.p, b.len);
+        st = zr_staged_writer_put(w, &hl, zr_cpu(), 8);
+        if (!st) st = zr_staged_writer_put(w, b.p, zr_cpu(), b.len);
         for (int64_t k = 0; !st && k < n; k++) {
             zr_tensor *t = get(ctx, order[k]);
             if (!t) {
@@ -739,11 +655,19 @@ zr_status zr_safetensors_write_stream(const char *path, const zr_safetensors_spe
                 st = ZR_ERR;
                 break;
             }
-            st = write_tensor(&a, &specs[order[k]], t);
+            st = write_tensor(w, path, &specs[order[k]], t);
             zr_tensor_release(t);
         }
-        if (st) atomic_abort(&a);
-        else st = atomic_commit(&a);
+        if (st) {
+            char msg[1024]; /* the writer's own error, if any, must not replace the first one */
+            snprintf(msg, sizeof msg, "%s", zr_last_error_message());
+            zr_staged_writer_finish(w);
+            zr_atomic_abort(&a);
+            st = zr_error("%s", msg);
+        } else if (zr_staged_writer_finish(w)) {
+            zr_atomic_abort(&a);
+            st = ZR_ERR;
+        } else st = zr_atomic_commit(&a);
     }
     free(b.p);
     free(order);

@@ -15,6 +15,7 @@
 #define ZR_SAFETENSORS_H
 
 #include "core/tensor.h"
+#include "io/atomic_file.h"
 
 /* Element types a file may store. BOOL, I8 and I16 have no zrun dtype: they load as u8, i32, i32
  * unless another dtype is asked for. The enum order is the Python library's, which orders the
@@ -63,6 +64,7 @@ int64_t zr_safetensors_count(const zr_safetensors *f);
 const zr_safetensors_entry *zr_safetensors_entry_at(const zr_safetensors *f, int64_t i);
 const zr_safetensors_entry *zr_safetensors_find(const zr_safetensors *f, const char *name); /* or NULL */
 int64_t zr_safetensors_data_bytes(const zr_safetensors *f); /* size of the data section */
+int64_t zr_safetensors_data_offset(const zr_safetensors *f); /* file byte where it starts */
 
 int64_t zr_safetensors_metadata_count(const zr_safetensors *f);
 const char *zr_safetensors_metadata_key(const zr_safetensors *f, int64_t i);   /* sorted by key */
@@ -105,8 +107,6 @@ zr_status zr_safetensors_write_stream(const char *path, const zr_safetensors_spe
                                       zr_safetensors_get_fn get, void *ctx,
                                       const zr_safetensors_kv *meta, int64_t n_meta);
 
-/* Writes len bytes to path atomically (temp file in the same directory, fsync, rename, fsync of
- * the directory): readers see either the old file or the whole new one. */
-zr_status zr_file_write_atomic(const char *path, const void *data, int64_t len);
+/* zr_file_write_atomic (writing any file atomically) is in atomic_file.h. */
 
 #endif

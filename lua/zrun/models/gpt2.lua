@@ -6,6 +6,7 @@ local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
 local hf_config = require "zrun.models.hf_config"
+local init = require "zrun.nn.init_fns"
 
 local M = {}
 
@@ -13,8 +14,8 @@ local M = {}
 local Conv1D = Module:extend("Conv1D")
 function Conv1D:__init(nx, nf, cfg)
   local td = { dtype = cfg.dtype, device = cfg.device }
-  self.weight = nn.Parameter(zr.empty({ nx, nf }, td):normal_(0, cfg.initializer_range))
-  self.bias = nn.Parameter(zr.zeros({ nf }, td))
+  self.weight = nn.Parameter(init.normal_(zr.empty({ nx, nf }, td), 0, cfg.initializer_range))
+  self.bias = nn.Parameter(init.zeros_(zr.empty({ nf }, td)))
 end
 function Conv1D:forward(x) return zr.linear(x, self.weight:transpose(1, 2), self.bias) end
 
@@ -143,9 +144,9 @@ function LM:__init(cfg)
   self.transformer = Transformer(c)
   zr.no_grad(function()
     for name, p in self:named_parameters() do
-      if name:match("ln_%w+%.weight$") then p:fill_(1)
-      elseif name:match("ln_%w+%.bias$") then p:zero_()
-      elseif name:match("wte") or name:match("wpe") then p:normal_(0, c.initializer_range) end
+      if name:match("ln_%w+%.weight$") then init.ones_(p)
+      elseif name:match("ln_%w+%.bias$") then init.zeros_(p)
+      elseif name:match("wte") or name:match("wpe") then init.normal_(p, 0, c.initializer_range) end
     end
   end)
 end
@@ -189,14 +190,13 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts)
-  local model = LM(cfg)
-  local sd = {}
-  for name, t in pairs(hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })) do
-    if not (name == "lm_head.weight" or name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$")) then
-      sd[name:match("^transformer%.") and name or "transformer." .. name] = t
+  local model = init.no_init(LM, cfg) -- every weight comes from the files
+  hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
+    if name == "lm_head.weight" or name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$") then
+      return nil
     end
-  end
-  model:load_state_dict(sd, true)
+    return name:match("^transformer%.") and name or "transformer." .. name
+  end })
   return model
 end
 -- Activation checkpointing per block in training mode (zr.checkpoint). Returns the model.

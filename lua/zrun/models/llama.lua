@@ -8,6 +8,7 @@ local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
 local hf_config = require "zrun.models.hf_config"
+local init = require "zrun.nn.init_fns"
 
 local M = {}
 
@@ -175,9 +176,9 @@ function CausalLM:init_weights()
   local std = self.config.initializer_range
   zr.no_grad(function()
     for name, p in self:named_parameters() do
-      if name:match("norm%.weight$") then p:fill_(1)
-      elseif name:match("%.bias$") then p:zero_()
-      else p:normal_(0, std) end
+      if name:match("norm%.weight$") then init.ones_(p)
+      elseif name:match("%.bias$") then init.zeros_(p)
+      else init.normal_(p, 0, std) end
     end
   end)
 end
@@ -264,14 +265,18 @@ end
 
 -- Builds the model and loads Hugging Face weights from a model directory or cached hub id.
 -- opts: dtype (default "f32"), device (default "cpu"), config (fields that override config.json's,
--- as keyword arguments do in transformers' from_pretrained), revision, cache_dir.
+-- as keyword arguments do in transformers' from_pretrained), revision, cache_dir, threads (reading
+-- the files; default min(8, CPUs)). The model is built without initialising its weights (each one
+-- is then read from the files, once, straight into the parameter: hf.load_weights).
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts)
-  local model = CausalLM(cfg)
-  local sd = hf.load_state_dict(dir, { dtype = cfg.dtype, device = cfg.device })
-  if model.config.tie_word_embeddings then sd["lm_head.weight"] = nil end
-  model:load_state_dict(sd, true)
+  local model = init.no_init(CausalLM, cfg)
+  local tied = model.config.tie_word_embeddings
+  hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
+    if tied and name == "lm_head.weight" then return nil end
+    return name
+  end })
   return model
 end
 

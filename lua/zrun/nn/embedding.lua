@@ -2,6 +2,7 @@
 -- initialised from N(0, 1) as in torch.
 local zr = require "zrun"
 local Module = require "zrun.nn.module"
+local init = require "zrun.nn.init_fns"
 
 local Embedding = Module:extend("Embedding")
 
@@ -12,7 +13,7 @@ function Embedding:__init(num_embeddings, embedding_dim, opts)
     "Embedding(num_embeddings, embedding_dim [, opts]): sizes must be numbers")
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
   local w = zr.empty({ num_embeddings, embedding_dim }, { dtype = opts.dtype or "f32", device = opts.device or "cpu" })
-  self.weight = Module.Parameter(w:normal_(0, 1))
+  self.weight = Module.Parameter(init.normal_(w, 0, 1))
 end
 
 function Embedding:forward(ids) return zr.embedding(self.weight, ids) end

@@ -1,9 +1,24 @@
 -- Parameter initialisers with torch.nn.init semantics (fills in place, no autograd, returns the
 -- tensor): uniform_, normal_, constant_, zeros_, ones_, xavier_*, kaiming_*, calculate_gain.
 -- Fan computation follows torch: fan_in = size(2) * receptive field, fan_out = size(1) * rf.
+-- no_init(fn, ...) runs fn with every initialiser a no-op, as transformers' no_init_weights does.
 local C = require "zrun._C"
 local M = {}
 local sqrt, fmt = math.sqrt, string.format
+
+local skipping = false
+-- Runs fn(...) with the initialisers below leaving tensors as they are (allocated, not filled):
+-- for building a model whose weights are about to be overwritten by a load. Returns fn's results.
+function M.no_init(fn, ...)
+  local prev = skipping
+  skipping = true
+  local res = { pcall(fn, ...) }
+  skipping = prev
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+-- Whether initialisers are being skipped (inside no_init).
+function M.skipping() return skipping end
 
 function M.calculate_gain(nonlinearity, param)
   nonlinearity = nonlinearity or "leaky_relu"
@@ -90,6 +105,16 @@ function M.trunc_normal_(t, mean, std, a, b)
     t:set_flat(i, v)
   end
   return t
+end
+
+-- Inside no_init every filling initialiser returns its tensor untouched.
+for _, name in ipairs { "uniform_", "normal_", "constant_", "zeros_", "ones_", "xavier_uniform_",
+  "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_" } do
+  local fill = M[name]
+  M[name] = function(t, ...)
+    if skipping then return t end
+    return fill(t, ...)
+  end
 end
 
 return M

@@ -2,6 +2,7 @@
 -- bias zeros. eps defaults to 1e-5 as in torch.
 local zr = require "zrun"
 local Module = require "zrun.nn.module"
+local init = require "zrun.nn.init_fns"
 
 local LayerNorm = Module:extend("LayerNorm")
 
@@ -14,8 +15,8 @@ function LayerNorm:__init(dim, eps, opts)
   self.elementwise_affine = opts.elementwise_affine ~= false
   local td = { dtype = opts.dtype or "f32", device = opts.device or "cpu" }
   if self.elementwise_affine then
-    self.weight = Module.Parameter(zr.ones({ dim }, td))
-    if opts.bias ~= false then self.bias = Module.Parameter(zr.zeros({ dim }, td)) end
+    self.weight = Module.Parameter(init.ones_(zr.empty({ dim }, td)))
+    if opts.bias ~= false then self.bias = Module.Parameter(init.zeros_(zr.empty({ dim }, td))) end
   end
 end
 

@@ -19,7 +19,7 @@ function Linear:__init(in_features, out_features, opts)
   self.weight = Module.Parameter(w)
   if opts.bias ~= false then
     local bound = in_features > 0 and 1 / math.sqrt(in_features) or 0
-    self.bias = Module.Parameter(zr.empty({ out_features }, td):uniform_(-bound, bound))
+    self.bias = Module.Parameter(init.uniform_(zr.empty({ out_features }, td), -bound, bound))
   end
 end
 

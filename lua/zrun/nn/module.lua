@@ -383,23 +383,24 @@ local function quoted(list)
   return concat(q, ", ")
 end
 
--- Copies tensors from sd (name → tensor) into the module's parameters and buffers (casting
--- dtype and moving device as needed). strict (default true): every key must match exactly.
--- Shape mismatches always fail. Nothing is copied when it fails. Returns
--- {missing_keys = {...}, unexpected_keys = {...}}.
-function Module:load_state_dict(sd, strict)
-  if type(sd) ~= "table" then error("load_state_dict: expected a table of name -> tensor, got " .. type(sd), 2) end
+-- Matches sd's entries to the module's parameters and buffers, checked as load_state_dict
+-- checks them, and raises its error (at `level`) when they do not match. sd: name → tensor, or,
+-- with described = true, name → {shape = {...}, ...} (tensors not read yet). Returns the list of
+-- {own tensor, sd's value} pairs and the missing and unexpected keys.
+function Module:match_state_dict(sd, strict, described, level)
+  if type(sd) ~= "table" then error("load_state_dict: expected a table of name -> tensor, got " .. type(sd), level) end
   if strict == nil then strict = true end
   local keys, own = self:state_dict_keys()
   local missing, unexpected, errs, todo = {}, {}, {}, {}
   for _, k in ipairs(keys) do
     local src = sd[k]
+    local shape = described and type(src) == "table" and src.shape or is_tensor(src) and src:shape()
     if src == nil then missing[#missing + 1] = k
-    elseif not is_tensor(src) then
+    elseif not shape then
       errs[#errs + 1] = fmt('value for "%s" is a %s, expected a tensor', k, type(src))
-    elseif #src:shape() ~= #own[k]:shape() or shape_str(src) ~= shape_str(own[k]) then
-      errs[#errs + 1] = fmt("size mismatch for %s: copying a tensor with shape %s from checkpoint, the shape in current model is %s.",
-        k, shape_str(src), shape_str(own[k]))
+    elseif #shape ~= #own[k]:shape() or "(" .. concat(shape, ",") .. ")" ~= shape_str(own[k]) then
+      errs[#errs + 1] = fmt("size mismatch for %s: copying a tensor with shape (%s) from checkpoint, the shape in current model is %s.",
+        k, concat(shape, ","), shape_str(own[k]))
     else
       todo[#todo + 1] = { own[k], src }
     end
@@ -413,8 +414,17 @@ function Module:load_state_dict(sd, strict)
   if strict and #unexpected > 0 then lines[#lines + 1] = "Unexpected key(s) in state_dict: " .. quoted(unexpected) .. "." end
   for _, e in ipairs(errs) do lines[#lines + 1] = e end
   if #lines > 0 then
-    error(fmt("Error(s) in loading state_dict for %s:\n\t%s", self.__name, concat(lines, "\n\t")), 2)
+    error(fmt("Error(s) in loading state_dict for %s:\n\t%s", self.__name, concat(lines, "\n\t")), level)
   end
+  return todo, missing, unexpected
+end
+
+-- Copies tensors from sd (name → tensor) into the module's parameters and buffers (casting
+-- dtype and moving device as needed). strict (default true): every key must match exactly.
+-- Shape mismatches always fail. Nothing is copied when it fails. Returns
+-- {missing_keys = {...}, unexpected_keys = {...}}.
+function Module:load_state_dict(sd, strict)
+  local todo, missing, unexpected = self:match_state_dict(sd, strict, false, 3)
   local prev = set_grad_enabled(false)
   local ok, err = pcall(function() for _, c in ipairs(todo) do c[1]:copy_(c[2]) end end)
   set_grad_enabled(prev)

@@ -2,6 +2,7 @@
 -- ones. eps defaults to 1e-6 (the Hugging Face Llama value).
 local zr = require "zrun"
 local Module = require "zrun.nn.module"
+local init = require "zrun.nn.init_fns"
 
 local RMSNorm = Module:extend("RMSNorm")
 
@@ -13,7 +14,7 @@ function RMSNorm:__init(dim, eps, opts)
   self.dim, self.eps = dim, eps or opts.eps or 1e-6
   self.elementwise_affine = opts.elementwise_affine ~= false
   if self.elementwise_affine then
-    self.weight = Module.Parameter(zr.ones({ dim }, { dtype = opts.dtype or "f32", device = opts.device or "cpu" }))
+    self.weight = Module.Parameter(init.ones_(zr.empty({ dim }, { dtype = opts.dtype or "f32", device = opts.device or "cpu" })))
   end
 end
 
