@@ -10,5 +10,6 @@ python3 tests/bench/make_random_llama.py "$cfg" "$tok" "$W/model" 0 2>&1 | grep 
 for c in "$@"; do
   echo "### recipe with $c"
   $Z recipes/finetune_llama.lua --config "$c" model="$W/model" data="$data" max_steps="$steps" logging_steps=1 \
-    eval_steps=100000 save_strategy=no output_dir="$W/out" 2>&1 | grep -E "loss|eval|offload|rror" | sed -n '1p;$p' 
+    eval_steps=100000 save_strategy=no output_dir="$W/out" > "$W/log" 2>&1; echo "exit $?"
+  grep -E "offload_optimizer|rror|perplexity" "$W/log" | head -4; grep -E "loss" "$W/log" | sed -n '1p;$p'
 done
