@@ -84,6 +84,9 @@ local function settings(o, cfg_model)
   s.pin_memory = o.pin_memory
   if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
   s.offload_grads = Off.grads_setting(o.offload_grads)
+  s.device = o.device or "cuda"
+  -- a CPU run keeps the gradients with the master unless told (engine.lua offload_grads_place)
+  if s.device == "cpu" and s.offload_grads == "auto" then s.offload_grads = "host" end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
@@ -123,7 +126,6 @@ local function settings(o, cfg_model)
   s.seq_len = o.seq_len or 1024
   s.gradient_checkpointing = o.gradient_checkpointing and true or false
   s.gc = o.gc or M.DEFAULT_GC
-  s.device = o.device or "cuda"
   s.gas = type(ds.gradient_accumulation_steps) == "number" and ds.gradient_accumulation_steps or 1
   if s.stage < 0 or s.stage > 3 or s.stage ~= floor(s.stage) then
     error("memory plan: zero_optimization.stage must be 0, 1, 2 or 3, got " .. tostring(s.stage), 0)
@@ -168,7 +170,7 @@ local function build(o, s, counted)
   local dev = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local host = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local notes = {}
-  local offload_gpu = s.offload_optimizer and s.device ~= "cpu" -- on the CPU offload moves nothing
+  local offload_gpu = s.offload_optimizer and s.device ~= "cpu" -- the master on the host, the parameters on a GPU
 
   -- comm buckets (zero.c): their size, in partition elements per rank
   local cap = floor(s.reduce_bucket_size / Wc)
@@ -176,12 +178,15 @@ local function build(o, s, counted)
   if cap > S then cap = S end
   -- model states (zero.c: zr_zero_new)
   local pinned = 0
-  if offload_gpu then -- memory_offload.lua's table, by where the gradients live
+  if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
     pinned = Off.place(s, S, cap, dev, host)
+    if s.offload_grads == "host" and s.grad_bytes ~= 4 then
+      notes[#notes + 1] = "data_types.grad_accum_dtype 16-bit needs the gradients on the GPU: with them on the host " ..
+        "the engine stops (remove grad_accum_dtype, or ZRUN_OFFLOAD_GRADS=device); counted in fp32 here"
+    end
   else
-    local opt = s.offload_optimizer and host or dev
-    opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
-    opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+    dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
+    dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   end
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
