@@ -295,11 +295,11 @@ end
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there
 -- (zr.memory.plan's host column for these parameters: fp32 master, the optimizer's `states` (AdamW
 -- 2), the step's ring, and with gradients on the host their fp32 partition and staging bucket, or
--- with offload_param the 16-bit shard) and, with pin_memory, that the page-locked part is within the locked-memory limit
--- (ulimit -l). Stops with what does not fit and each setting that fixes it, one line each.
--- o (optional): offload_optimizer (default true), device, dtype, grad_accum_dtype and ratio
--- (DeepSpeed's names), offload_grads
--- ("device" | "host": where the engine keeps the gradients), reduce_bucket_size.
+-- with offload_param the 16-bit shard) and, with pin_memory, that the page-locked part is within
+-- the locked-memory limit (ulimit -l). Stops with what does not fit and each setting that fixes
+-- it, one line each. o (optional): offload_optimizer (default true), device, dtype,
+-- grad_accum_dtype and ratio (DeepSpeed's names), offload_grads ("device" | "host": where the
+-- engine keeps the gradients), reduce_bucket_size.
 function M.check_host_memory(params, W, stage, offload_param, pin_memory, states, o)
   o = o or {}
   local numels = {}
