@@ -289,7 +289,8 @@ function M.offload_grads_place(S, grad_bytes, device)
   if not idx or not C.cuda then return "host" end
   local m = C.cuda.memory_summary(tonumber(idx) or 0)
   if (m.device_total or 0) == 0 then return "host" end
-  return S * grad_bytes <= (m.device_free + m.cached) / 2 and "device" or "host"
+  local fit = require("zrun.memory_offload").device_grads_fit
+  return fit(S, grad_bytes, m.device_free + m.cached) and "device" or "host"
 end
 
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there

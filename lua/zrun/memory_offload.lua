@@ -91,6 +91,11 @@ function M.grads_setting(v)
   return v
 end
 
+-- The engine's automatic placement (engine.lua offload_grads_place): the gradient partition (S
+-- elements of grad_bytes) stays on the GPU when it takes at most half of the `free` GPU memory at
+-- zr.initialize; the other half is left for activations.
+function M.device_grads_fit(S, grad_bytes, free) return S * grad_bytes <= free / 2 end
+
 -- The GPU memory a plan may use: 5% and 1 GiB are kept for the CUDA context, the allocator's
 -- rounding and fragmentation (as zr.memory.fit does).
 function M.usable(gpu, headroom, reserve)

@@ -95,14 +95,34 @@ T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GP
   T.raises(function() plan8b { offload_ratio = 0.5 } end, "ratio = 0.5 is only valid with stage 3, got stage 2")
 end)
 
-T.test("auto: gradients on the GPU when that plan fits it, else on the host", function()
+T.test("auto: the engine's rule, the gradient partition on the GPU when it takes at most half of the free memory", function()
+  -- free at zr.initialize: the usable memory (95% less 1 GiB) less the 16-bit weights (2N =
+  -- 14.96 GiB). 141 GB: 132.95 - 14.96 = 117.99 GiB free, the fp32 partition 4N = 29.92 GiB <= half
   local p = plan8b { gpu_memory = "141GB" }
   T.eq(p.settings.offload_grads, "device")
   T.eq(p.device.total <= Off.usable(141 * GiB), true)
-  T.eq(tostring(p):find("gradients on the GPU: they fit", 1, true) ~= nil, true, tostring(p))
-  p = plan8b { gpu_memory = "40GB" } -- 14.96 GiB of weights + 29.92 GiB of fp32 gradients do not fit
+  T.eq(tostring(p):find("gradients on the GPU, as the engine chooses: the partition, 29.92 GiB, takes at most half " ..
+    "of the 117.99 GiB free after the weights (of 132.95 GiB usable); ZRUN_OFFLOAD_GRADS=host fits too", 1, true) ~= nil,
+    true, tostring(p))
+  -- 80 GB: 76 - 1 = 75.00 usable, 60.04 free, half 30.02 >= 29.92: the GPU; 72 GB: 67.40 usable,
+  -- 52.44 free, half 26.22 < 29.92: the host, though the device plan (59.83 GiB) would fit
+  T.eq(plan8b { gpu_memory = "80GB" }.settings.offload_grads, "device")
+  p = plan8b { gpu_memory = "72GB" }
   T.eq(p.settings.offload_grads, "host")
-  T.eq(tostring(p):find("more than the 37.00 GiB usable of 40.00 GiB", 1, true) ~= nil, true, tostring(p))
+  T.eq(tostring(p):find("takes more than half of the 52.44 GiB free after the weights (of 67.40 GiB usable); " ..
+    "ZRUN_OFFLOAD_GRADS=device fits too: GPU 59.83 GiB, host 90.03 GiB per rank", 1, true) ~= nil, true, tostring(p))
+  -- the rule is the engine's own function
+  T.eq(Off.device_grads_fit(10, 4, 80), true); T.eq(Off.device_grads_fit(10, 4, 79), false)
+  p = plan8b { gpu_memory = "40GB" } -- 37.00 usable, 22.04 free
+  T.eq(p.settings.offload_grads, "host")
+  T.eq(tostring(p):find("of 37.00 GiB usable); ZRUN_OFFLOAD_GRADS=device would need GPU 59.83 GiB per rank", 1, true)
+    ~= nil, true, tostring(p))
+  -- bf16 gradients (2N = 14.96 GiB): 50 GB, 46.50 usable, 31.54 free: the GPU; and the host is no
+  -- alternative with them
+  p = plan8b { gpu_memory = "50GB", grad_accum_dtype = "bf16" }
+  T.eq(p.settings.offload_grads, "device")
+  T.eq(tostring(p):find("ZRUN_OFFLOAD_GRADS=host would stop: the engine refuses 16-bit gradients on the host", 1, true)
+    ~= nil, true, tostring(p))
   -- an explicit setting wins over the GPU size
   T.eq(plan8b { gpu_memory = "141GB", offload_grads = "host" }.settings.offload_grads, "host")
   T.raises(function() plan8b { offload_grads = "gpu" } end, "must be device, host or auto, got 'gpu'")
