@@ -289,17 +289,18 @@ function M.offload_grads_place(S, grad_bytes, device)
   if not idx or not C.cuda then return "host" end
   local m = C.cuda.memory_summary(tonumber(idx) or 0)
   if (m.device_total or 0) == 0 then return "host" end
-  return S * grad_bytes <= (m.device_free + m.cached) / 2 and "device" or "host"
+  local fit = require("zrun.memory_offload").device_grads_fit
+  return fit(S, grad_bytes, m.device_free + m.cached) and "device" or "host"
 end
 
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there
 -- (zr.memory.plan's host column for these parameters: fp32 master, the optimizer's `states` (AdamW
--- 2), gradients on the host, staging and the 16-bit weights going back, or with offload_param the
--- 16-bit shard) and, with pin_memory, that the page-locked part is within the locked-memory limit
--- (ulimit -l). Stops with what does not fit and each setting that fixes it, one line each.
--- o (optional): offload_optimizer (default true), device, dtype, grad_accum_dtype and ratio
--- (DeepSpeed's names), offload_grads
--- ("device" | "host": where the engine keeps the gradients), reduce_bucket_size.
+-- 2), the step's ring, and with gradients on the host their fp32 partition and staging bucket, or
+-- with offload_param the 16-bit shard) and, with pin_memory, that the page-locked part is within
+-- the locked-memory limit (ulimit -l). Stops with what does not fit and each setting that fixes
+-- it, one line each. o (optional): offload_optimizer (default true), device, dtype,
+-- grad_accum_dtype and ratio (DeepSpeed's names), offload_grads ("device" | "host": where the
+-- engine keeps the gradients), reduce_bucket_size.
 function M.check_host_memory(params, W, stage, offload_param, pin_memory, states, o)
   o = o or {}
   local numels = {}

@@ -6,20 +6,33 @@ local M = {}
 local fmt, ceil, floor, min = string.format, math.ceil, math.floor, math.min
 local human = require("zrun.format").human
 
--- The pinned ring the step streams through (runtime/zero/offload.c): `slots` chunks of `chunk`
--- partition elements (ZRUN_OFFLOAD_CHUNK), each an f32 slot for the chunk's gradients going to the
--- host (when they live on the GPU) and a slot for its new 16-bit weights coming back.
+-- The ring the step streams through (runtime/zero/offload.c): `slots` chunks of `chunk` partition
+-- elements (ZRUN_OFFLOAD_CHUNK; at most the partition), each an f32-sized in-slot for a chunk's
+-- gradients coming to the host and an out-slot (parameter dtype) for its new weights going back.
 M.RING = { slots = 3, chunk = tonumber(os.getenv("ZRUN_OFFLOAD_CHUNK") or "") or 2 ^ 24 }
+
+-- Whether the new weights go back through the ring's out-slots (engine.c weights_target: one rank
+-- at stages 0-2, or the GPU shard at stage 3); otherwise they are written in place (the host
+-- shard with offload_param, or any parameter buffer on the CPU) or all-gathered (stages 1-2 over
+-- several ranks).
+function M.uploads(e)
+  return e.gpu and ((e.stage < 3 and e.Wc == 1) or (e.stage == 3 and not e.offload_param))
+end
 
 -- Bytes of one rank's buffers under optimizer offload, by where the gradients live. e: S (this
 -- rank's partition elements), h (the host's share, ceil(ratio * S)), k (the optimizer's f32
 -- states beside the master: AdamW 2, Lion/Adagrad/SGD-with-momentum 1), g (bytes of a gradient
 -- element: 4, or 2 with grad_accum_dtype bf16/fp16), b (bytes of a parameter), cap (gradient
--- bucket elements), stage, Wc (chunks per parameter), offload_param. `pinned`: the host
--- categories page-locked with pin_memory. The one place to change when the engine's layout does.
+-- bucket elements), stage, Wc (chunks per parameter), offload_param, gpu (training on a GPU; on
+-- the CPU both columns are the same memory). `pinned`: the host categories page-locked with
+-- pin_memory on a GPU (engine.c pin(): master, states and a host gradient partition; offload.c:
+-- its staging and ring). The one place to change when the engine's layout does.
+local function ring(e, slot_bytes) return M.RING.slots * min(M.RING.chunk, e.h) * slot_bytes end
 M.LAYOUT = {
-  -- (a) the gradient partition on the GPU as without offload; the step streams chunks
-  -- D2H -> CPU optimizer -> H2D through the ring, so the host holds the master and states only
+  -- (a) the gradient partition on the device as without offload (direct mode in one rank at stages
+  -- 0-2: .grad are views into it, no buckets); the step streams chunks D2H (memcpy on the CPU) ->
+  -- optimizer -> back through the ring. The ring's out-slots are made even where the weights go
+  -- back another way (offload.c ring_ready).
   device = {
     device = {
       grads = function(e) return e.S * e.g end,
@@ -27,14 +40,13 @@ M.LAYOUT = {
     },
     host = {
       optimizer = function(e) return e.h * (1 + e.k) * 4 end,
-      comm = function(e) return M.RING.slots * min(M.RING.chunk, e.h) * (4 + e.b) end,
+      comm = function(e) return ring(e, 4 + e.b) end,
     },
-    pinned = { comm = true },
+    pinned = { optimizer = true, comm = true },
   },
-  -- (b) the gradients of the host's share go to the host bucket by bucket (a pinned staging
-  -- buffer of one bucket) and accumulate there in fp32; the new 16-bit weights go back through the
-  -- ring's out slots (stages 1-2 over several ranks all-gather them instead; stage 3 with
-  -- offload_param writes its host shard in place)
+  -- (b) the gradients of the host's share go to the host bucket by bucket (from a GPU through a
+  -- pinned staging buffer of one bucket) and accumulate there in fp32; the new weights go back
+  -- through the ring's out-slots where M.uploads says so
   host = {
     device = {
       grads = function(e) return (e.S - e.h) * e.g end,
@@ -42,29 +54,29 @@ M.LAYOUT = {
     },
     host = {
       optimizer = function(e) return e.h * (1 + e.k) * 4 end,
-      grads = function(e) return e.h * 4 end, -- fp32 (host mode refuses grad_accum_dtype)
-      comm = function(e)
-        local out = ((e.stage < 3 and e.Wc == 1) or (e.stage == 3 and not e.offload_param)) and
-          M.RING.slots * min(M.RING.chunk, e.h) * e.b or 0
-        return e.cap * 4 + out
-      end,
+      grads = function(e) return e.h * 4 end, -- fp32 (the engine refuses grad_accum_dtype here)
+      comm = function(e) return (e.gpu and e.cap * 4 or 0) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
     pinned = { optimizer = true, grads = true, comm = true },
   },
 }
 
+-- The layout's inputs for settings s, a partition of S elements and buckets of cap elements.
+local function env(s, S, cap)
+  return { S = S, h = ceil(s.offload_ratio * S), k = s.opt_states, g = s.grad_bytes, b = s.dtype_bytes, cap = cap,
+    stage = s.stage, Wc = s.stage == 0 and 1 or s.world_size, offload_param = s.offload_param, gpu = s.device ~= "cpu" }
+end
+
 -- Adds the offloaded model states of settings s to the plan's dev and host tables; returns the
--- page-locked host bytes (with pin_memory).
+-- page-locked host bytes (pin_memory, on a GPU).
 function M.place(s, S, cap, dev, host)
-  local L = M.LAYOUT[s.offload_grads]
-  local e = { S = S, h = ceil(s.offload_ratio * S), k = s.opt_states, g = s.grad_bytes, b = s.dtype_bytes, cap = cap,
-    stage = s.stage, Wc = s.stage == 0 and 1 or s.world_size, offload_param = s.offload_param }
+  local L, e = M.LAYOUT[s.offload_grads], env(s, S, cap)
   local pinned = 0
   for c, f in pairs(L.device) do dev[c] = dev[c] + f(e) end
   for c, f in pairs(L.host) do
     local n = f(e)
     host[c] = host[c] + n
-    if L.pinned[c] and s.pin_memory then pinned = pinned + n end
+    if L.pinned[c] and s.pin_memory and e.gpu then pinned = pinned + n end
   end
   return pinned
 end
@@ -78,6 +90,11 @@ function M.grads_setting(v)
   end
   return v
 end
+
+-- The engine's automatic placement (engine.lua offload_grads_place): the gradient partition (S
+-- elements of grad_bytes) stays on the GPU when it takes at most half of the `free` GPU memory at
+-- zr.initialize; the other half is left for activations.
+function M.device_grads_fit(S, grad_bytes, free) return S * grad_bytes <= free / 2 end
 
 -- The GPU memory a plan may use: 5% and 1 GiB are kept for the CUDA context, the allocator's
 -- rounding and fragmentation (as zr.memory.fit does).
@@ -113,9 +130,6 @@ local function fixes(p, avail, plan_with)
   if s.offload_grads == "host" and s.device ~= "cpu" then
     try("keep the gradients on the GPU (ZRUN_OFFLOAD_GRADS=device; GPU " .. human(plan_with { offload_grads = "device" }
       .device.total) .. " per rank)", { offload_grads = "device" })
-    if s.grad_bytes == 4 then
-      try('data_types.grad_accum_dtype "bf16" (16-bit gradients on the host)', { grad_accum_dtype = "bf16" })
-    end
   end
   -- the largest share of the optimizer states the host holds within `avail` (a tenth at a time;
   -- stage 3 only, as in DeepSpeed)
@@ -144,8 +158,8 @@ function M.check_lines(p, avail, memlock, plan_with, avail_note)
     for _, c in ipairs { "optimizer", "grads", "params", "comm" } do
       if p.host[c] > 0 then
         parts[#parts + 1] = fmt("%s %s", ({ optimizer = "fp32 master + optimizer states", grads = "gradients",
-          params = s.offload_param and "16-bit parameter shards" or "16-bit weights going back",
-          comm = s.offload_grads == "device" and "pinned ring" or "staging bucket" })[c], human(p.host[c]))
+          params = "16-bit parameter shards", comm = s.offload_grads == "device" and "the step's ring" or
+          M.uploads(env(s, 0, 0)) and "staging bucket and upload ring" or "staging bucket" })[c], human(p.host[c]))
       end
     end
     lines[#lines + 1] = fmt("CPU offload needs %s of host memory on this node (%s per rank x %d rank%s: %s) but %s is " ..

@@ -84,6 +84,9 @@ local function settings(o, cfg_model)
   s.pin_memory = o.pin_memory
   if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
   s.offload_grads = Off.grads_setting(o.offload_grads)
+  s.device = o.device or "cuda"
+  -- a CPU run keeps the gradients with the master unless told (engine.lua offload_grads_place)
+  if s.device == "cpu" and s.offload_grads == "auto" then s.offload_grads = "host" end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
@@ -123,7 +126,6 @@ local function settings(o, cfg_model)
   s.seq_len = o.seq_len or 1024
   s.gradient_checkpointing = o.gradient_checkpointing and true or false
   s.gc = o.gc or M.DEFAULT_GC
-  s.device = o.device or "cuda"
   s.gas = type(ds.gradient_accumulation_steps) == "number" and ds.gradient_accumulation_steps or 1
   if s.stage < 0 or s.stage > 3 or s.stage ~= floor(s.stage) then
     error("memory plan: zero_optimization.stage must be 0, 1, 2 or 3, got " .. tostring(s.stage), 0)
@@ -168,7 +170,7 @@ local function build(o, s, counted)
   local dev = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local host = { params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0 }
   local notes = {}
-  local offload_gpu = s.offload_optimizer and s.device ~= "cpu" -- on the CPU offload moves nothing
+  local offload_gpu = s.offload_optimizer and s.device ~= "cpu" -- the master on the host, the parameters on a GPU
 
   -- comm buckets (zero.c): their size, in partition elements per rank
   local cap = floor(s.reduce_bucket_size / Wc)
@@ -176,12 +178,15 @@ local function build(o, s, counted)
   if cap > S then cap = S end
   -- model states (zero.c: zr_zero_new)
   local pinned = 0
-  if offload_gpu then -- memory_offload.lua's table, by where the gradients live
+  if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
     pinned = Off.place(s, S, cap, dev, host)
+    if s.offload_grads == "host" and s.grad_bytes ~= 4 then
+      notes[#notes + 1] = "data_types.grad_accum_dtype 16-bit needs the gradients on the GPU: with them on the host " ..
+        "the engine stops (remove grad_accum_dtype, or ZRUN_OFFLOAD_GRADS=device); counted in fp32 here"
+    end
   else
-    local opt = s.offload_optimizer and host or dev
-    opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
-    opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+    dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
+    dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   end
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
@@ -304,8 +309,9 @@ end
 -- device=, host=}}, settings=, notes=, ...}: each category's own peak, and as `total` the most
 -- live at once over setup and a training step (`sum` adds the categories' own peaks instead).
 -- With optimizer offload on a GPU and offload_grads "auto" (the default, unless
--- ZRUN_OFFLOAD_GRADS is set), the gradients stay on the GPU when that plan fits gpu_memory (or
--- the visible GPU), as the engine chooses. tostring(plan) is the printed table.
+-- ZRUN_OFFLOAD_GRADS is set), the gradients stay on the GPU as the engine chooses: when their
+-- partition takes at most half of what gpu_memory (or the visible GPU) leaves free after the
+-- weights; a note says whether the other placement fits. tostring(plan) is the printed table.
 function M.plan(o)
   o = o or {}
   if o.model == nil and not o.param_numels then
@@ -336,20 +342,37 @@ function M.plan(o)
       s.offload_grads == "device" and "GPU" or "host", s.offload_grads)
     return p
   end
-  -- the engine keeps the gradients on the GPU when they fit there
+  -- the engine's choice (memory_offload.lua device_grads_fit): the gradient partition on the GPU
+  -- when it takes at most half of the memory free at zr.initialize, where the model's weights
+  -- already are (free: the usable memory less the weights)
   local gpu = o.gpu_memory and parse_bytes(o.gpu_memory) or Off.detect_gpu_memory()
   local pd, ph = with("device"), with("host")
-  if gpu and pd.device.total <= Off.usable(gpu) then
-    pd.notes[#pd.notes + 1] = fmt("gradients on the GPU: they fit its %s usable (of %s); on the host " ..
-      "(ZRUN_OFFLOAD_GRADS=host) GPU %s, host %s per rank", human(Off.usable(gpu)), human(gpu), human(ph.device.total),
-      human(ph.host.total))
+  if not gpu then
+    ph.notes[#ph.notes + 1] = fmt("gradients on the host (no GPU size known: --gpu-memory lets the plan choose as " ..
+      "the engine does); on the GPU (ZRUN_OFFLOAD_GRADS=device) GPU %s, host %s per rank", human(pd.device.total),
+      human(pd.host.total))
+    return ph
+  end
+  local usable = Off.usable(gpu)
+  local free, part = usable - pd.total_params * s.dtype_bytes, pd.partition_numel * s.grad_bytes
+  local why = fmt("the partition, %s, takes %s half of the %s free after the weights (of %s usable)", human(part),
+    Off.device_grads_fit(pd.partition_numel, s.grad_bytes, free) and "at most" or "more than", human(free), human(usable))
+  local function other(q, env)
+    if q.settings.offload_grads == "host" and s.grad_bytes ~= 4 then
+      return env .. " would stop: the engine refuses 16-bit gradients on the host"
+    end
+    return q.device.total <= usable and fmt("%s fits too: GPU %s, host %s per rank", env, human(q.device.total),
+      human(q.host.total)) or fmt("%s would need GPU %s per rank", env, human(q.device.total))
+  end
+  if Off.device_grads_fit(pd.partition_numel, s.grad_bytes, free) then
+    pd.notes[#pd.notes + 1] = fmt("gradients on the GPU, as the engine chooses: %s; %s", why,
+      pd.device.total <= usable and other(ph, "ZRUN_OFFLOAD_GRADS=host") or
+      fmt("but this plan needs %s, more than the usable: ZRUN_OFFLOAD_GRADS=host (GPU %s, host %s per rank)",
+        human(pd.device.total), human(ph.device.total), human(ph.host.total)))
     return pd
   end
-  ph.notes[#ph.notes + 1] = gpu and
-    fmt("gradients on the host: on the GPU they would need %s per rank, more than the %s usable of %s " ..
-      "(ZRUN_OFFLOAD_GRADS=device forces them there)", human(pd.device.total), human(Off.usable(gpu)), human(gpu)) or
-    fmt("gradients on the host (no GPU size known: --gpu-memory lets the plan choose as the engine does); on the " ..
-      "GPU (ZRUN_OFFLOAD_GRADS=device) GPU %s, host %s per rank", human(pd.device.total), human(pd.host.total))
+  ph.notes[#ph.notes + 1] = fmt("gradients on the host, as the engine chooses: %s; %s", why,
+    other(pd, "ZRUN_OFFLOAD_GRADS=device"))
   return ph
 end
 
@@ -528,8 +551,8 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
   --offload-ratio: offload_optimizer.ratio, the share of the optimizer states on the host
   --offload-grads: where offloaded training keeps the gradients; auto (the default, as the
-        engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they fit --gpu-memory (or the
-        GPU this process sees)
+        engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they take at most half of
+        what --gpu-memory (or the GPU this process sees) leaves free after the weights
   --grad-accum-dtype: data_types.grad_accum_dtype, the gradients' dtype (fp32 by default)
   --host-memory: says what does not fit this much host memory per node and what fixes it
   --gc: when Lua's collector frees forward temporaries; the default, backward, is what zrun

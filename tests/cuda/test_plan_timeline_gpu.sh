@@ -8,7 +8,7 @@ Z=${ZRUN_BIN:-./zrun}
 $Z tests/mpi/plan_timeline_check.lua || echo "FAIL plan time-line on one GPU: exit $?"
 NP=$(nvidia-smi -L 2>/dev/null | wc -l)
 if [ "$NP" -ge 2 ] && command -v mpirun >/dev/null; then
-  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE -x ZRUN_OFFLOAD_GRADS $Z \
+  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z \
     tests/mpi/plan_timeline_check.lua || echo "FAIL plan time-line on $NP GPUs: mpirun exited $?"
 else
   echo "SKIP plan time-line on several GPUs: needs 2 or more GPUs and mpirun (found $NP)"

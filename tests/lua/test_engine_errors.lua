@@ -30,17 +30,23 @@ T.test("pinned offload above the locked-memory limit stops with the fix", functi
   f:close()
   T.eq(engine_mod.memlock_limit(path), 8388608)
   engine_mod.limits_file = path
-  local p = { numel = function() return 1e6 end } -- 16 MB pinned > 8 MiB
+  -- bf16 on a GPU (the default here with pin_memory), gradients on the host (the default), all
+  -- pinned: master + exp_avg + exp_avg_sq 12 B, fp32 gradients 4 B, the staging bucket 4 B (the
+  -- bucket is the whole partition here) and the ring's out-slots 3 x 2 B per element: 26 B
+  local p = { numel = function() return 1e6 end } -- 26 MB pinned > 8 MiB
   local err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true) end, "ulimit -l")
   T.eq(err:find("8.00 MiB", 1, true) ~= nil, true, err)
   engine_mod.check_host_memory({ p }, 1, 2, false, false) -- without pin_memory the limit does not apply
   local small = { numel = function() return 1e5 end }
-  engine_mod.check_host_memory({ small }, 1, 2, false, true) -- 1.6 MB + the ring's 1.8 MB fit
-  -- 2.5e5 elements: master, m, v and the ring (3 slots x 6 bytes) take 7.5 MB; host gradients 1 MB more
-  local mid = { numel = function() return 2.5e5 end }
-  engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2, false)
-  err = T.raises(function() engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2, true) end, "ulimit -l")
-  T.eq(err:find("gradients and the step pipeline's ring", 1, true) ~= nil, true, err)
+  engine_mod.check_host_memory({ small }, 1, 2, false, true) -- 2.6 MB fit
+  -- the last argument names where the engine keeps the gradients. 3e5 elements: on the host 26 B
+  -- each, 7.8e6 B = 7.44 MiB, fit; on the GPU the host pins master + states 12 B and the ring 3 x
+  -- (4 + 2) B each: 9e6 B = 8.58 MiB, more than 8 MiB
+  local mid = { numel = function() return 3e5 end }
+  engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2, { device = "cuda", offload_grads = "host" })
+  err = T.raises(function() engine_mod.check_host_memory({ mid }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" }) end, "ulimit -l")
+  T.eq(err:find("page-locks 8.58 MiB per rank", 1, true) ~= nil, true, err)
   f = io.open(path, "w")
   f:write("Max locked memory         unlimited            unlimited            bytes\n")
   f:close()

@@ -9,9 +9,13 @@ local P = require "zrun.memory_plan"
 local Off = require "zrun.memory_offload"
 local engine_mod = require "zrun.engine"
 
-local N = 8030261248            -- Llama-3-8B's parameters: on one rank the partition S = N
-local CAP = 128256 * 4096       -- the gradient bucket: the largest parameter (the embedding), above 5e8
-local RING = 2 * 2 ^ 24         -- two ring slots of 2^24 elements
+-- Llama-3-8B on one rank, bf16 (b = 2 bytes a parameter), AdamW: the partition S is the model,
+-- N = 8,030,261,248 elements. The gradient bucket: reduce_bucket_size 5e8 is below the largest
+-- parameter (the 128,256 x 4,096 embedding, 525,336,576 elements), which sets it. The step's ring:
+-- 3 slots of C = min(2^24, S) = 16,777,216 elements.
+local N = 8030261248
+local CAP = 128256 * 4096 -- 525,336,576
+local C = 2 ^ 24
 local GiB = 2 ^ 30
 local function plan8b(o)
   local t = { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
@@ -20,33 +24,57 @@ local function plan8b(o)
   return P.plan(t)
 end
 
-T.test("Llama-3-8B, gradients on the host (hand-computed): 136.57 GiB, 14.96 of them the 16-bit copy", function()
+T.test("Llama-3-8B, gradients on the host (hand-computed): 121.71 GiB, no host copy of the 16-bit weights", function()
   local p = plan8b { offload_grads = "host" }
-  T.eq(p.host.optimizer, 12 * N, "fp32 master + exp_avg + exp_avg_sq")
-  T.eq(p.host.grads, 4 * N, "fp32 gradients")
-  T.eq(p.host.params, 2 * N, "the 16-bit weights going back")
-  T.eq(p.host.comm, 4 * CAP, "the pinned staging bucket")
-  T.eq(p.host.total, 18 * N + 4 * CAP)
-  T.eq(string.format("%.2f", p.host.total / GiB), "136.57")
+  T.eq(p.host.optimizer, 12 * N, "fp32 master + exp_avg + exp_avg_sq: 96,363,134,976")
+  T.eq(p.host.grads, 4 * N, "fp32 gradients: 32,121,044,992")
+  T.eq(p.host.params, 0, "no host copy of the 16-bit weights")
+  -- the pinned staging bucket (f32) 4 x 525,336,576 = 2,101,346,304, and the ring's out-slots the
+  -- new weights go back through (one rank at stage 2): 3 x 2^24 x 2 = 100,663,296
+  T.eq(p.host.comm, 4 * CAP + 3 * C * 2, "staging bucket + ring out-slots: 2,202,009,600")
+  -- 16 x 8,030,261,248 + 2,202,009,600 = 130,686,189,568 bytes = 121.711 GiB
+  T.eq(p.host.total, 16 * N + 4 * CAP + 3 * C * 2)
+  T.eq(string.format("%.2f", p.host.total / GiB), "121.71")
   T.eq(p.device.optimizer, 0); T.eq(p.device.params, 2 * N)
+  T.eq(p.device.comm, 4 * CAP, "the f32 bucket on the GPU (with host gradients one rank is not direct)")
   T.eq(p.pinned, p.host.total, "everything on the host is page-locked with pin_memory")
-  -- 16-bit gradients on the host (data_types.grad_accum_dtype bf16): 2 bytes instead of 4
+  -- 16-bit gradients on the host (data_types.grad_accum_dtype bf16): the engine refuses them (the
+  -- host partition is fp32): the plan counts fp32 and says so
   local pb = plan8b { offload_grads = "host", grad_accum_dtype = "bf16" }
-  T.eq(pb.host.total, 16 * N + 4 * CAP)
+  T.eq(pb.host.total, p.host.total)
+  T.eq(tostring(pb):find("16-bit needs the gradients on the GPU: with them on the host the engine stops", 1, true) ~= nil,
+    true, tostring(pb))
+  T.eq(tostring(p):find("16-bit needs", 1, true), nil, "no note for fp32 gradients")
   pb = plan8b { offload_grads = "host", config = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true },
     zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" } }, data_types = { grad_accum_dtype = "bf16" } } }
-  T.eq(pb.host.total, 16 * N + 4 * CAP, "read from the DeepSpeed config as the engine reads it")
+  T.eq(tostring(pb):find("16-bit needs the gradients on the GPU", 1, true) ~= nil, true, "read from the DeepSpeed config")
 end)
 
-T.test("gradients on the GPU: the host holds master + states (12 B/param) and the ring", function()
+T.test("gradients on the GPU (hand-computed): the host holds master + states (12 B/param) and the ring", function()
   local p = plan8b { offload_grads = "device" }
   T.eq(p.host.optimizer, 12 * N); T.eq(p.host.grads, 0); T.eq(p.host.params, 0)
-  T.eq(p.host.comm, RING * (4 + 2), "each slot: a chunk's fp32 gradients and its bf16 weights")
+  -- each slot: an f32 in-slot for a chunk's gradients and a bf16 out-slot for its weights:
+  -- 3 x 2^24 x (4 + 2) = 301,989,888 bytes (288 MiB)
+  T.eq(p.host.comm, 3 * C * (4 + 2))
+  -- 96,363,134,976 + 301,989,888 = 96,665,124,864 bytes = 90.03 GiB
+  T.eq(p.host.total, 96665124864)
   T.eq(p.device.grads, 4 * N, "the fp32 gradient partition on the GPU, as without offload")
-  T.eq(p.device.comm, 0, "one rank: no buckets")
-  T.eq(p.pinned, RING * 6, "only the ring is page-locked")
+  T.eq(p.device.comm, 0, "one rank at stage 2: direct mode, no buckets")
+  -- setup: the model as built (2N), its copy into the flat parameter buffer (2N) before the
+  -- originals are freed, and the gradient partition (4N): 8 x N = 64,242,089,984 = 59.83 GiB
+  T.eq(p.setup.params, 4 * N); T.eq(p.setup.total, 8 * N)
+  T.eq(p.device.total, 8 * N, "the setup is the GPU's peak here")
+  -- the engine page-locks the master and the states as well as the ring (engine.c pin())
+  T.eq(p.pinned, p.host.total)
+  -- bf16 gradients: half the GPU partition; the ring's in-slots stay f32-sized
   local pb = plan8b { offload_grads = "device", grad_accum_dtype = "bf16" }
-  T.eq(pb.device.grads, 2 * N); T.eq(pb.host.total, 12 * N + RING * 4)
+  T.eq(pb.device.grads, 2 * N); T.eq(pb.host.total, 12 * N + 3 * C * 6)
+  -- two ranks: buckets again. cap = max(5e8 / 2, ceil(525,336,576 / 2) = 262,668,288); bf16
+  -- send 2 cap and its compaction 2 cap and receive cap elements (2 bytes): 10 cap bytes; the
+  -- step's all-gather of the new weights, send cap and receive 2 cap: 6 cap bytes
+  local p2 = plan8b { offload_grads = "device", gpus_per_node = 2 }
+  T.eq(p2.device.comm, 16 * 262668288)
+  T.eq(p2.host.comm, 3 * C * 6, "the ring, out-slots included, though the weights come back by all-gather")
 end)
 
 T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GPU (stage 3)", function()
@@ -54,7 +82,8 @@ T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GP
   local p = plan8b { stage = 3, offload_grads = "host", offload_ratio = 0.75 }
   T.eq(p.host.optimizer, 12 * h); T.eq(p.device.optimizer, 12 * (N - h))
   T.eq(p.host.grads, 4 * h); T.eq(p.device.grads >= 4 * (N - h), true)
-  T.eq(p.host.params, 2 * h, "the host share's new 16-bit weights")
+  T.eq(p.host.params, 0)
+  T.eq(p.host.comm, 4 * CAP + 3 * C * 2, "staging bucket + ring out-slots (the shard is on the GPU)")
   p = plan8b { stage = 3, offload_grads = "host", config = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true },
     zero_optimization = { stage = 3, offload_optimizer = { device = "cpu", ratio = 0.75 } } } }
   T.eq(p.host.optimizer, 12 * h, "offload_optimizer.ratio from the config")
@@ -66,14 +95,34 @@ T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GP
   T.raises(function() plan8b { offload_ratio = 0.5 } end, "ratio = 0.5 is only valid with stage 3, got stage 2")
 end)
 
-T.test("auto: gradients on the GPU when that plan fits it, else on the host", function()
+T.test("auto: the engine's rule, the gradient partition on the GPU when it takes at most half of the free memory", function()
+  -- free at zr.initialize: the usable memory (95% less 1 GiB) less the 16-bit weights (2N =
+  -- 14.96 GiB). 141 GB: 132.95 - 14.96 = 117.99 GiB free, the fp32 partition 4N = 29.92 GiB <= half
   local p = plan8b { gpu_memory = "141GB" }
   T.eq(p.settings.offload_grads, "device")
   T.eq(p.device.total <= Off.usable(141 * GiB), true)
-  T.eq(tostring(p):find("gradients on the GPU: they fit", 1, true) ~= nil, true, tostring(p))
-  p = plan8b { gpu_memory = "40GB" } -- 14.96 GiB of weights + 29.92 GiB of fp32 gradients do not fit
+  T.eq(tostring(p):find("gradients on the GPU, as the engine chooses: the partition, 29.92 GiB, takes at most half " ..
+    "of the 117.99 GiB free after the weights (of 132.95 GiB usable); ZRUN_OFFLOAD_GRADS=host fits too", 1, true) ~= nil,
+    true, tostring(p))
+  -- 80 GB: 76 - 1 = 75.00 usable, 60.04 free, half 30.02 >= 29.92: the GPU; 72 GB: 67.40 usable,
+  -- 52.44 free, half 26.22 < 29.92: the host, though the device plan (59.83 GiB) would fit
+  T.eq(plan8b { gpu_memory = "80GB" }.settings.offload_grads, "device")
+  p = plan8b { gpu_memory = "72GB" }
   T.eq(p.settings.offload_grads, "host")
-  T.eq(tostring(p):find("more than the 37.00 GiB usable of 40.00 GiB", 1, true) ~= nil, true, tostring(p))
+  T.eq(tostring(p):find("takes more than half of the 52.44 GiB free after the weights (of 67.40 GiB usable); " ..
+    "ZRUN_OFFLOAD_GRADS=device fits too: GPU 59.83 GiB, host 90.03 GiB per rank", 1, true) ~= nil, true, tostring(p))
+  -- the rule is the engine's own function
+  T.eq(Off.device_grads_fit(10, 4, 80), true); T.eq(Off.device_grads_fit(10, 4, 79), false)
+  p = plan8b { gpu_memory = "40GB" } -- 37.00 usable, 22.04 free
+  T.eq(p.settings.offload_grads, "host")
+  T.eq(tostring(p):find("of 37.00 GiB usable); ZRUN_OFFLOAD_GRADS=device would need GPU 59.83 GiB per rank", 1, true)
+    ~= nil, true, tostring(p))
+  -- bf16 gradients (2N = 14.96 GiB): 50 GB, 46.50 usable, 31.54 free: the GPU; and the host is no
+  -- alternative with them
+  p = plan8b { gpu_memory = "50GB", grad_accum_dtype = "bf16" }
+  T.eq(p.settings.offload_grads, "device")
+  T.eq(tostring(p):find("ZRUN_OFFLOAD_GRADS=host would stop: the engine refuses 16-bit gradients on the host", 1, true)
+    ~= nil, true, tostring(p))
   -- an explicit setting wins over the GPU size
   T.eq(plan8b { gpu_memory = "141GB", offload_grads = "host" }.settings.offload_grads, "host")
   T.raises(function() plan8b { offload_grads = "gpu" } end, "must be device, host or auto, got 'gpu'")
@@ -97,7 +146,7 @@ T.test("tests/bench/llama3_8b_h200.json (the 8B run's DeepSpeed config) plans to
   local p = P.plan(o)
   T.eq(p.settings.stage, 2); T.eq(p.settings.offload_optimizer, true); T.eq(p.settings.micro_batch, 4)
   T.eq(p.settings.dtype, "bf16"); T.eq(p.settings.offload_grads, "device")
-  T.eq(p.host.total, 12 * N + RING * 6)
+  T.eq(p.host.total, 12 * N + 3 * C * 6)
   T.eq(p.device.total <= Off.usable(141 * GiB), true)
   T.eq(#P.host_check(p, o, 128 * GiB), 0)
 end)
@@ -105,39 +154,43 @@ end)
 T.test("the host check says what does not fit and each setting that fixes it, one line each", function()
   local o = { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true, micro_batch = 4,
     seq_len = 512, offload_grads = "host" }
-  local lines = P.host_check(P.plan(o), o, 128 * GiB)
+  -- host gradients need 121.71 GiB (above): more than a node with 112 GiB free
+  local lines = P.host_check(P.plan(o), o, 112 * GiB)
   local text = table.concat(lines, "\n")
   print(text)
-  T.eq(lines[1], "CPU offload needs 136.57 GiB of host memory on this node (136.57 GiB per rank x 1 rank: fp32 master + " ..
-    "optimizer states 89.75 GiB, gradients 29.92 GiB, 16-bit weights going back 14.96 GiB, staging bucket 1.96 GiB) but " ..
-    "128.00 GiB is available; any of these fixes it:")
-  T.eq(lines[2]:find("^  %- keep the gradients on the GPU %(ZRUN_OFFLOAD_GRADS=device; GPU [%d.]+ GiB per rank%): host 89.93 GiB " ..
+  -- the parts: 12N = 89.75 GiB, 4N = 29.92 GiB, 4 CAP + 3 x 2^24 x 2 = 2,202,009,600 = 2.05 GiB
+  T.eq(lines[1], "CPU offload needs 121.71 GiB of host memory on this node (121.71 GiB per rank x 1 rank: fp32 master + " ..
+    "optimizer states 89.75 GiB, gradients 29.92 GiB, staging bucket and upload ring 2.05 GiB) but " ..
+    "112.00 GiB is available; any of these fixes it:")
+  T.eq(lines[2]:find("^  %- keep the gradients on the GPU %(ZRUN_OFFLOAD_GRADS=device; GPU [%d.]+ GiB per rank%): host 90.03 GiB " ..
     "per node %(fits%)$") ~= nil, true, lines[2])
-  T.eq(lines[3], '  - data_types.grad_accum_dtype "bf16" (16-bit gradients on the host): host 121.62 GiB per node (fits)')
-  T.eq(lines[4], "  - more nodes or GPUs per node: the partitions shrink with the world size")
-  T.eq(#lines, 4)
-  -- stage 3 (one rank: the same host bytes) can also keep a share of the states on the GPU:
-  -- ratio 0.9 -> 0.9 x (12 + 4 + 2) B/param + the bucket = 123.11 GiB (1.0 does not fit)
+  T.eq(lines[3], "  - more nodes or GPUs per node: the partitions shrink with the world size")
+  T.eq(#lines, 3, "no 16-bit host gradients offered: the engine refuses them")
+  -- stage 3 (one rank, the shard on the GPU: the same host bytes) can also keep a share of the
+  -- states on the GPU: ratio 0.9 -> h = ceil(0.9 N) = 7,227,235,124 host elements x (12 + 4) B
+  -- + the bucket and the ring's out-slots = 117,837,771,584 B = 109.74 GiB (1.0 does not fit)
   o.stage = 3
-  lines = P.host_check(P.plan(o), o, 128 * GiB)
-  T.eq(lines[1]:find("CPU offload needs 136.57 GiB", 1, true) ~= nil, true, lines[1])
-  T.eq(18 * math.ceil(0.9 * N) + 4 * CAP < 128 * GiB and 18 * N + 4 * CAP > 128 * GiB, true)
-  T.eq(string.format("%.2f", (18 * math.ceil(0.9 * N) + 4 * CAP) / GiB), "123.11")
-  T.eq(lines[4]:find("^  %- offload_optimizer.ratio 0.9 %(the rest of the optimizer states on the GPU%): host 123.11 GiB " ..
+  lines = P.host_check(P.plan(o), o, 112 * GiB)
+  T.eq(lines[1]:find("CPU offload needs 121.71 GiB", 1, true) ~= nil, true, lines[1])
+  local h9 = 16 * math.ceil(0.9 * N) + 4 * CAP + 3 * C * 2
+  T.eq(h9, 117837771584); T.eq(h9 < 112 * GiB, true)
+  T.eq(lines[3]:find("^  %- offload_optimizer.ratio 0.9 %(the rest of the optimizer states on the GPU%): host 109.74 GiB " ..
     "per node %(fits%), GPU [%d.]+ GiB per rank$") ~= nil, true, table.concat(lines, "\n"))
-  T.eq(#lines, 5)
+  T.eq(#lines, 4)
   o.stage = 2
   -- fits: nothing to say
-  T.eq(#P.host_check(P.plan(o), o, 140 * GiB), 0)
-  -- the locked-memory limit, with its fix
+  T.eq(#P.host_check(P.plan(o), o, 122 * GiB), 0)
+  -- the locked-memory limit, with its fix: the engine page-locks the master and states (12N) and
+  -- the ring (3 x 2^24 x 6): 96,665,124,864 B = 90.03 GiB
   local pd = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
     micro_batch = 4, seq_len = 512, offload_grads = "device" }
   lines = P.host_check(pd, {}, 128 * GiB, 64 * 2 ^ 20)
   T.eq(#lines, 1)
-  T.eq(lines[1], "offload_optimizer.pin_memory page-locks 192.00 MiB per rank but the locked-memory limit (ulimit -l) is " ..
+  T.eq(lines[1], "offload_optimizer.pin_memory page-locks 90.03 GiB per rank but the locked-memory limit (ulimit -l) is " ..
     "64.00 MiB: raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or " ..
     "set \"pin_memory\": false (slower copies)")
-  T.eq(#P.host_check(pd, {}, 128 * GiB, 256 * 2 ^ 20), 0, "the ring fits 256 MiB")
+  T.eq(#P.host_check(pd, {}, 128 * GiB, 96665124864), 0, "a limit of exactly what is pinned")
+  T.eq(#P.host_check(pd, {}, 128 * GiB, 96665124864 - 1), 1, "a byte less")
   local nopin = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
     offload_grads = "device", pin_memory = false }
   T.eq(nopin.pinned, 0); T.eq(#P.host_check(nopin, {}, 128 * GiB, 64 * 2 ^ 20), 0, "pin_memory false: no limit")
@@ -149,22 +202,24 @@ T.test("zr.initialize's check: the plan's host column for the engine's parameter
   f:write("Max locked memory         8388608              8388608              bytes\n")
   f:close()
   engine_mod.limits_file = path
-  -- 1e6 parameters, bf16 on a GPU, gradients on the host: master + states 12 MB, gradients 4 MB, the
-  -- 16-bit weights 2 MB and the staging bucket 4 MB, all pinned: 22 MB > 8 MiB
+  -- 1e6 parameters, bf16 on a GPU, gradients on the host, all pinned: master + states 12 MB,
+  -- gradients 4 MB, the staging bucket 4 MB (the bucket is the whole partition here) and the
+  -- ring's out-slots 3 x 1e6 x 2 = 6 MB: 26e6 B = 24.80 MiB > 8 MiB
   local p = { numel = function() return 1e6 end }
   local err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2, { device = "cuda" }) end,
     "ulimit -l")
-  T.eq(err:find("page-locks 20.98 MiB per rank", 1, true) ~= nil, true, err)
-  -- 16-bit gradients on the host: 2 MB less
+  T.eq(err:find("page-locks 24.80 MiB per rank", 1, true) ~= nil, true, err)
+  -- 16-bit gradients on the host: the engine refuses them after this check (the partition there
+  -- is fp32), so the check counts fp32
   err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
     { device = "cuda", grad_accum_dtype = "bf16" }) end, "ulimit -l")
-  T.eq(err:find("page-locks 19.07 MiB per rank", 1, true) ~= nil, true, err)
-  -- gradients on the GPU: only the ring is pinned, 2 slots x 1e6 elements x (4 + 2) bytes
+  T.eq(err:find("page-locks 24.80 MiB per rank", 1, true) ~= nil, true, err)
+  -- gradients on the GPU: master + states 12 MB and the ring 3 x 1e6 x (4 + 2) = 18 MB: 30e6 B = 28.61 MiB
   err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
     { device = "cuda", offload_grads = "device" }) end, "ulimit -l")
-  T.eq(err:find("page-locks 11.44 MiB per rank", 1, true) ~= nil, true, err)
-  engine_mod.check_host_memory({ { numel = function() return 5e5 end } }, 1, 2, false, true, 2,
-    { device = "cuda", offload_grads = "device" }) -- 5.72 MiB fits 8 MiB
+  T.eq(err:find("page-locks 28.61 MiB per rank", 1, true) ~= nil, true, err)
+  engine_mod.check_host_memory({ { numel = function() return 2.5e5 end } }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" }) -- 30 x 2.5e5 = 7.5e6 B = 7.15 MiB fits 8 MiB
   engine_mod.limits_file = nil
   os.remove(path)
   local huge = { numel = function() return 2e12 end }
@@ -185,10 +240,13 @@ T.test("zrun plan: offload options and their errors", function()
   local out = T.run("ZRUN_OFFLOAD_GRADS=device " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
     "--host-memory 128GB")
   T.eq(out:find("gradients on the GPU, as asked", 1, true) ~= nil, true, out)
-  T.eq(out:find("host memory: 89.93 GiB per node fits 128.00 GiB", 1, true) ~= nil, true, out)
+  T.eq(out:find("host memory: 90.03 GiB per node fits 128.00 GiB", 1, true) ~= nil, true, out)
   out = T.run("ZRUN_OFFLOAD_GRADS=host " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
     "--host-memory 128GB")
-  T.eq(out:find("CPU offload needs 136.57 GiB", 1, true) ~= nil, true, out)
+  T.eq(out:find("host memory: 121.71 GiB per node fits 128.00 GiB", 1, true) ~= nil, true, out)
+  out = T.run("ZRUN_OFFLOAD_GRADS=host " .. z .. " plan meta-llama/Meta-Llama-3-8B --stage 2 --offload-optimizer " ..
+    "--host-memory 112GB")
+  T.eq(out:find("CPU offload needs 121.71 GiB", 1, true) ~= nil, true, out)
 end)
 
 T.done()

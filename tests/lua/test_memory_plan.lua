@@ -49,15 +49,18 @@ local function measure(c)
   -- stage 3 in one process keeps every parameter resident unless ZRUN_STAGE3_GATHER=1 asks for
   -- the partitioned path a rank of a multi-rank run takes (what most cases here measure)
   zr.setenv("ZRUN_STAGE3_GATHER", c.stage == 3 and not c.solo and "1" or nil)
+  zr.setenv("ZRUN_OFFLOAD_GRADS", c.offload) -- where offloaded gradients live: "device" or "host"
   local model = zr.models.llama.LlamaForCausalLM(cfg)
   if c.ckpt then model:gradient_checkpointing_enable() end
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
     optimizer = { type = "AdamW", params = { lr = 1e-3 } },
     zero_optimization = { stage = c.stage, stage3_param_persistence_threshold = c.persist or 0,
-      stage3_prefetch_bucket_size = c.prefetch, stage3_max_reuse_distance = c.reuse } } })
+      stage3_prefetch_bucket_size = c.prefetch, stage3_max_reuse_distance = c.reuse,
+      offload_optimizer = c.offload and { device = "cpu" } or nil } } })
   local st = mem.stats()
   local setup, train = {}, {}
   for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
+  local offload_grads = engine.offload_grads
   mem.reset_peak()
   for s = 1, STEPS do
     local ids = batch(c.B, c.T, s)
@@ -67,16 +70,19 @@ local function measure(c)
   end
   st = mem.stats()
   for _, k in ipairs(CATS) do train[k] = st[k].peak - base[k].current end
+  train.comm = st.comm.peak - base.comm.current
   -- stage 3 installs global module hooks: remove them so later cases run without
   for _, h in ipairs(engine.hook_handles or {}) do h.remove() end
   Module.fetch = nil
   engine, model = nil, nil
   collectgarbage(); collectgarbage()
   zr.setenv("ZRUN_STAGE3_GATHER", nil)
+  zr.setenv("ZRUN_OFFLOAD_GRADS", nil)
   local plan = P.plan { stage3_gather = c.stage == 3 and not c.solo, model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
     gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
-    prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse }
-  return train, setup, plan
+    prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse, offload_optimizer = c.offload and true,
+    offload_grads = offload_grads }
+  return train, setup, plan, offload_grads
 end
 
 local function within(name, measured, planned, report)
@@ -118,14 +124,19 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 3, persist = 1e5 },
   -- one process, plainly: nothing to gather, so stage 3 keeps the model resident as stage 2 does
   { stage = 3, B = 4, T = 97, layers = 3, solo = true },
+  -- optimizer offload on the CPU, in one process: direct mode with the gradients either in the
+  -- device partition (copied to the host through the step's ring by memcpy) or in the host one
+  { stage = 2, B = 1, T = 301, layers = 2, offload = "device" },
+  { stage = 2, B = 1, T = 301, layers = 2, offload = "host" },
 }
 local results = {}
 for i, c in ipairs(cases) do
-  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s%s%s"):format(c.stage, c.B, c.T,
+  local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s%s%s%s"):format(c.stage, c.B, c.T,
     c.layers, c.solo and ", resident (one process)" or "", c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "",
-    c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "")
+    c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "",
+    c.offload and (", optimizer offload, gradients in the " .. c.offload .. " partition") or "")
   T.test(name, function()
-    local m, setup, plan = measure(c)
+    local m, setup, plan, offload_grads = measure(c)
     results[i] = m
     local lines = {}
     for _, k in ipairs(CATS) do
@@ -136,7 +147,24 @@ for i, c in ipairs(cases) do
     print(report)
     for _, k in ipairs(CATS) do within(k, m[k], plan.device[k] + plan.host[k], report) end
     within("setup params", setup.params, plan.setup.params, report)
-    if c.solo then
+    if c.offload then
+      -- by hand (f32, one rank: the partition is the model, n elements): direct mode keeps the
+      -- model in one flat buffer, copied from the model as built (setup: both, 8n bytes), with
+      -- .grad views into the f32 gradient partition (4n) and no buckets; master + exp_avg +
+      -- exp_avg_sq 12n. The ring (offload.c) holds 3 chunks of min(2^24, n) = n elements, each
+      -- an f32 in-slot and an f32 out-slot: 3 x n x 8 bytes, made when the gradients come from
+      -- the device partition; with them in the host partition the step reads them in place.
+      local n = total_params(c.layers, c.tied)
+      T.eq(offload_grads, c.offload, "the engine's placement")
+      T.eq(m.params, 4 * n, "offload: the model once"); T.eq(setup.params, 8 * n, "offload setup: model + flat copy")
+      T.eq(m.grads, 4 * n, "offload: the gradient partition, no .grad besides")
+      T.eq(m.optimizer, 12 * n, "offload: master + states")
+      local ring = c.offload == "device" and 3 * n * 8 or 0
+      T.eq(m.comm, ring, "offload: the ring, nothing else")
+      T.eq(plan.device.comm + plan.host.comm, ring, "planned ring")
+      T.eq(plan.device.comm, 0, "direct mode: no buckets planned")
+      T.eq(plan.setup.params, 8 * n, "planned setup: model + flat copy")
+    elseif c.solo then
       -- the model once (no shard beside it, nothing gathered), and no gradient buckets
       T.eq(m.params, total_params(c.layers, c.tied) * 4, "stage 3 in one process: the model once")
       T.eq(plan.device.comm, 0, "stage 3 in one process: no buckets planned")

@@ -38,7 +38,9 @@ local function measure(c)
     optimizer = { type = "AdamW", params = { lr = 1e-3 } }, bf16 = { enabled = gpu },
     zero_optimization = { stage = c.stage, overlap_comm = c.overlap, stage3_param_persistence_threshold = 0,
       offload_optimizer = c.offload and { device = "cpu" } or nil } }
+  zr.setenv("ZRUN_OFFLOAD_GRADS", c.grads) -- where offloaded gradients live: "device" or "host"
   local engine = zr.initialize({ model = model, config = ds })
+  zr.setenv("ZRUN_OFFLOAD_GRADS", nil)
   mem.reset_peak(dev)
   if gpu then mem.reset_peak("cpu") end
   for s = 1, 3 * (c.gas or 1) do
@@ -56,10 +58,11 @@ local function measure(c)
   end
   local measured = mem.stats(dev).total_peak - base
   local host = mem.stats("cpu").total_peak - hbase
-  -- offload on a GPU: the gradients where the engine keeps them (its report, else the host)
+  -- offload: the gradients where the engine keeps them
   local plan = P.plan { model = cfg, config = ds, seq_len = c.T, world_size = W, device = gpu and "cuda" or "cpu",
-    dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt,
-    offload_grads = c.offload and gpu and (engine.offload_grads or os.getenv("ZRUN_OFFLOAD_GRADS") or "host") or nil }
+    dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt, offload_grads = c.offload and engine.offload_grads or nil }
+  if c.offload and engine.offload_grads ~= c.grads then error("the engine keeps the gradients on the " ..
+    tostring(engine.offload_grads) .. ", not where ZRUN_OFFLOAD_GRADS=" .. c.grads .. " asked", 0) end
   for _, h in ipairs(engine.hook_handles or {}) do h.remove() end
   Module.fetch = nil
   engine, model = nil, nil
@@ -76,13 +79,17 @@ local cases = {
   { stage = 1, B = 2, T = 131, layers = 2, ckpt = true },
   { stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true },
   { stage = 2, B = 1, T = 8, layers = 2 }, -- tiny activations: over several ranks the step's all-gather is the peak
-  { stage = 2, B = 4, T = 97, layers = 2, offload = true },
-  { stage = 3, B = 4, T = 97, layers = 2, offload = true },
+  -- optimizer offload with the gradients in the host partition, or in the device one (then the
+  -- step copies them through the ring: memcpy on CPU ranks)
+  { stage = 2, B = 4, T = 97, layers = 2, offload = true, grads = "host" },
+  { stage = 3, B = 4, T = 97, layers = 2, offload = true, grads = "host" },
+  { stage = 2, B = 4, T = 97, layers = 2, offload = true, grads = "device" },
+  { stage = 3, B = 4, T = 97, layers = 2, offload = true, grads = "device" },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.gas and (" gas " .. c.gas) or "", c.ckpt and " checkpointing" or "",
-    c.overlap and " overlap_comm" or "", c.offload and " offload" or "")
+    c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "")
   local function check()
     local m, plan, hm = measure(c)
     -- on the CPU the plan's device and host columns are the same memory; the setup is not in `m`
