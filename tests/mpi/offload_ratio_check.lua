@@ -106,30 +106,30 @@ local function check()
   if dev then tol_none = (ratio == 0 and (stage == 3 or W > 1)) and 0 or 2e-5 end
   compare("ratio " .. ratio .. " vs no offload", part, none, tol_none)
 
-  -- checkpoint across ratios: saved after step 2 at this ratio, loaded at another, step 3 on both
-  local other = ratio < 1 and 1 or 0.3
-  local a = engine_at(ratio)
-  T.train_steps(a, batch, 1, 2, gas)
-  local dir = work .. "/ck_" .. tostring(ratio):gsub("%.", "_")
-  a:save_checkpoint(dir, "two")
-  local saved = states_of(a)
-  local b = engine_at(other)
-  b:load_checkpoint(dir, "two")
-  local loaded = states_of(b)
-  for k, s in ipairs(saved) do T.near(loaded[k], s, 0, 0, ("saved at ratio %g, loaded at %g: state %d"):format(ratio, other, k - 1)) end
-  local la = T.train_steps(a, batch, 3, 3, gas)
-  local lb = T.train_steps(b, batch, 3, 3, gas)
+  -- checkpoint across ratios: saved after step 2 at this ratio, loaded at others (one without a
+  -- split, one with), step 3 on both; then what each saves equals, tensor for tensor
   local ct = dev and 2e-5 or 0
-  compare(("continued at ratio %g vs %g"):format(other, ratio), { losses = lb, params = params_of(b), states = states_of(b) },
-    { losses = la, params = params_of(a), states = states_of(a) }, ct)
-  -- and the files: what ratio `other` saves now equals what this ratio saves, tensor for tensor
-  a:save_checkpoint(dir, "three")
-  b:save_checkpoint(dir .. "_b", "three")
-  for k = 0, W - 1 do
-    local f = ("/three/zero_pp_rank_%d_mp_rank_00_optim_states.safetensors"):format(k)
-    local ta, tb = zr.load_safetensors(dir .. f), zr.load_safetensors(dir .. "_b" .. f)
-    for n, t in pairs(ta) do
-      if type(t) ~= "string" then T.near(tb[n], t, ct, 0, ("rank %d's file, tensor %s"):format(k, n)) end
+  for _, other in ipairs(ratio == 1 and { 0.3, 0 } or { 1, ratio == 0 and 0.3 or 0 }) do
+    local a = engine_at(ratio)
+    T.train_steps(a, batch, 1, 2, gas)
+    local dir = work .. "/ck_" .. tostring(ratio):gsub("%.", "_")
+    a:save_checkpoint(dir, "two")
+    local saved = states_of(a)
+    local b = engine_at(other)
+    b:load_checkpoint(dir, "two")
+    local loaded = states_of(b)
+    local what = ("saved at ratio %g, loaded at %g"):format(ratio, other)
+    for k, s in ipairs(saved) do T.near(loaded[k], s, 0, 0, what .. ": state " .. (k - 1)) end
+    local la = T.train_steps(a, batch, 3, 3, gas)
+    local lb = T.train_steps(b, batch, 3, 3, gas)
+    compare(what .. ", step 3", { losses = lb, params = params_of(b), states = states_of(b) },
+      { losses = la, params = params_of(a), states = states_of(a) }, ct)
+    a:save_checkpoint(dir, "three")
+    b:save_checkpoint(dir .. "_b", "three")
+    for k = 0, W - 1 do
+      local f = ("/three/zero_pp_rank_%d_mp_rank_00_optim_states.safetensors"):format(k)
+      local ta, tb = zr.load_safetensors(dir .. f), zr.load_safetensors(dir .. "_b" .. f)
+      for n, t in pairs(ta) do T.near(tb[n], t, ct, 0, ("%s: rank %d's file after step 3, tensor %s"):format(what, k, n)) end
     end
   end
 end
