@@ -67,6 +67,7 @@ local function settings(o, cfg_model)
   local op = ds.optimizer
   s.opt_states = not op and 2 or (op.type == "Lion" or op.type == "Adagrad") and 1 or
     op.type == "SGD" and ((op.params.momentum or 0) ~= 0 and 1 or 0) or 2
+  s.offload_ratio = o.offload_ratio or (zc.offload_optimizer and zc.offload_optimizer.ratio) or 1
   s.offload_param = o.offload_param
   if s.offload_param == nil then s.offload_param = zc.offload_param and zc.offload_param.device == "cpu" or false end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
@@ -130,7 +131,7 @@ local CATS = { "params", "grads", "optimizer", "activations", "comm", "workspace
 M.categories = CATS
 
 -- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
--- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, gc=, device=}
+-- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_ratio=, offload_param=, gc=, device=}
 -- Returns {device = {<category> = peak bytes, total=}, host = {...}, settings=, notes=, ...};
 -- tostring(plan) is the printed table.
 function M.plan(o)
@@ -161,9 +162,15 @@ function M.plan(o)
   local notes = {}
   local opt = s.offload_optimizer and host or dev
 
-  -- model states (zero.c: zr_zero_new)
-  opt.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
-  opt.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+  -- model states (zero.c: zr_zero_new); offload_optimizer.ratio (s.offload_ratio) below 1: the
+  -- host keeps that share of the master and states (engine.c: S - split), the device the rest, and
+  -- the gradient partition stays on the device
+  local ratio = s.offload_optimizer and s.offload_ratio or 1
+  local hS = s.offload_optimizer and ceil(ratio * S) or 0
+  opt.optimizer = (1 + s.opt_states) * (s.offload_optimizer and hS or S) * 4 -- fp32 master and the states (AdamW: exp_avg, exp_avg_sq)
+  if s.offload_optimizer then dev.optimizer = (1 + s.opt_states) * (S - hS) * 4 end
+  local gplace = (s.offload_optimizer and ratio >= 1) and host or dev
+  gplace.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
   local direct = Wc == 1 and stage <= 2 and (not s.offload_optimizer or s.device == "cpu") -- on the CPU offload moves nothing

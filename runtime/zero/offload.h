@@ -23,6 +23,12 @@
  * weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
  * run the same loop runs with memcpy for the copies, so CI exercises its bookkeeping.
  *
+ * Partial offload (offload_optimizer.ratio < 1, engine.c's split): the engine keeps the head of
+ * the partition's master and states on the GPU and updates it with the GPU optimizer kernels,
+ * queued after zr_offload_mark; the pass then covers only the host part [split, S), with master,
+ * m, v holding elements from pass.base = split on. Its gradient copies start at the mark, so the
+ * GPU kernel and the host pipeline run at the same time. Device-gradient mode only.
+ *
  * ZRUN_OFFLOAD_PROFILE=1 prints one line per optimizer step (stderr): gradient copies, waits,
  * the CPU optimizer, uploads and the step's wall time (the GPU idles for it). Not thread-safe:
  * one engine, one thread. */
