@@ -225,7 +225,8 @@ static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < 4; k++) {
-        if (!ts[k] || !zr_is_cpu(ts[k])) { /* a state this optimizer does not keep; device gradients */
+        if (!ts[k] || !zr_is_cpu(ts[k]) || !ts[k]->storage->nbytes) { /* a state this optimizer does not keep;
+                                                                         * device gradients; ratio 0's empty host part */
             z->pinned = k + 1;
             continue;
         }
@@ -243,7 +244,7 @@ static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < z->pinned; k++)
-        if (ts[k] && zr_is_cpu(ts[k])) cudaHostUnregister(ts[k]->storage->data);
+        if (ts[k] && zr_is_cpu(ts[k]) && ts[k]->storage->nbytes) cudaHostUnregister(ts[k]->storage->data);
 #endif
     z->pinned = 0;
 }
