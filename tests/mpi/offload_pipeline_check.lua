@@ -26,10 +26,7 @@ local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
 cfg.device = dev
 
 local function batch(step, micro)
-  zr.manual_seed(1000 * step + micro)
-  local ids = (zr.rand({ W * MB, TLEN }) * 250):to("i64")
-  ids = ids:narrow(1, r * MB + 1, MB):contiguous()
-  return dev and ids:to(dev) or ids
+  return T.rank_batch(step, micro, { rank = r, world_size = W, mb = MB, tlen = TLEN, device = dev })
 end
 
 -- trains with the gradient partition in `place` ("device" or "host") and grad_accum_dtype `dt`

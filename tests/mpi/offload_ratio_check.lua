@@ -36,10 +36,7 @@ local OPTS = {
 }
 
 local function batch(step, micro)
-  zr.manual_seed(1000 * step + micro)
-  local ids = (zr.rand({ W * MB, TLEN }) * 250):to("i64")
-  ids = ids:narrow(1, r * MB + 1, MB):contiguous()
-  return dev and ids:to(dev) or ids
+  return T.rank_batch(step, micro, { rank = r, world_size = W, mb = MB, tlen = TLEN, device = dev })
 end
 
 -- A fresh engine with offload ratio `ra` (nil: no offload); two parameter groups (their own lr and
