@@ -143,17 +143,22 @@ static zr_status fill_range(zr_tensor *t, int64_t off, int64_t len, double v) {
 static zr_tensor *dev_state(const zr_zero *z, int st) { return st == 0 ? z->dmaster : st == 1 ? z->dm : z->dv; }
 static zr_tensor *host_state(const zr_zero *z, int st) { return st == 0 ? z->master : st == 1 ? z->m : z->v; }
 
+/* How many of partition elements [off, off+len) lie in the device part (below split). */
+static int64_t dev_share(const zr_zero *z, int64_t off, int64_t len) {
+    return off >= z->split ? 0 : off + len <= z->split ? len : z->split - off;
+}
+
 /* dst[doff : doff+len] = state st's partition elements [off, off+len), read from the device part
  * below split and from the host part above it (cast to dst's dtype, across devices if needed). */
 static zr_status state_get(zr_zero *z, int st, zr_tensor *dst, int64_t doff, int64_t off, int64_t len) {
-    int64_t a = off >= z->split ? 0 : off + len <= z->split ? len : z->split - off; /* device part's share */
+    int64_t a = dev_share(z, off, len);
     ZR_CHECK(copy_range(dst, doff, dev_state(z, st), off, a));
     return copy_range(dst, doff + a, host_state(z, st), off + a - z->split, len - a);
 }
 
 /* The reverse: state st's partition elements [off, off+len) = src[soff : soff+len]. */
 static zr_status state_put(zr_zero *z, int st, int64_t off, zr_tensor *src, int64_t soff, int64_t len) {
-    int64_t a = off >= z->split ? 0 : off + len <= z->split ? len : z->split - off;
+    int64_t a = dev_share(z, off, len);
     ZR_CHECK(copy_range(dev_state(z, st), off, src, soff, a));
     return copy_range(host_state(z, st), off + a - z->split, src, soff + a, len - a);
 }
