@@ -67,6 +67,7 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
  *           offload_grads_on_device= (offload_optimizer: gradients on the GPU until the step),
+ *           offload_ratio= (offload_optimizer: the host's share of the optimizer states; nil: 1),
  *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
  *           names= (a name per parameter, for collective messages), optimizer= (nil: "adamw"),
  *           momentum= (SGD), initial_accumulator_value= (Adagrad)}, {params...}, {weight_decay...}) */
@@ -80,6 +81,7 @@ static int l_new(lua_State *L) {
     c.offload_optimizer = zr_l_boolfield(L, 1, "offload_optimizer");
     c.offload_param = zr_l_boolfield(L, 1, "offload_param");
     c.offload_grads_on_device = zr_l_boolfield(L, 1, "offload_grads_on_device");
+    c.offload_ratio = opt_num(L, 1, "offload_ratio", 1);
     c.persistence_threshold = (int64_t)required_num(L, 1, "persistence_threshold");
     c.pin_memory = zr_l_boolfield(L, 1, "pin_memory");
     c.overlap_comm = zr_l_boolfield(L, 1, "overlap_comm");
@@ -210,6 +212,21 @@ static int l_state(lua_State *L) {
     }
     return zr_l_pushtensor(L, zr_zero_state(z, k));
 }
+/* set_state(k, t): t (the partition's S f32 elements) into state k (0-2), both parts of a split */
+static int l_set_state(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    return ok_or_error(L, zr_zero_set_state(z, (int)luaL_checkinteger(L, 2), zr_l_checktensor(L, 3)));
+}
+/* num_states(): the optimizer's f32 states beside the master (AdamW 2, Lion/Adagrad 1, SGD 0 or 1) */
+static int l_num_states(lua_State *L) {
+    lua_pushinteger(L, zr_zero_num_states(check_zero(L, 1)));
+    return 1;
+}
+/* split(): partial offload's boundary (elements of the partition's head updated on the device; 0: none) */
+static int l_split(lua_State *L) {
+    lua_pushnumber(L, (lua_Number)zr_zero_split(check_zero(L, 1)));
+    return 1;
+}
 /* fn(engine, {param indices}): gather / release */
 static int call_indices(lua_State *L, zr_status (*fn)(zr_zero *, int, const int *)) {
     zr_zero *z = check_zero(L, 1);
@@ -298,7 +315,7 @@ static const luaL_Reg methods[] = {
     {"backward_begin", l_backward_begin}, {"backward_end", l_backward_end}, {"reduce", l_reduce},
     {"grad_norm", l_grad_norm}, {"step", l_step}, {"zero_grad", l_zero_grad},
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
-    {"state", l_state}, {"gather", l_gather}, {"release", l_release},
+    {"state", l_state}, {"set_state", l_set_state}, {"split", l_split}, {"num_states", l_num_states}, {"gather", l_gather}, {"release", l_release},
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
     {"is_gathered", l_is_gathered}, {"is_resident", l_is_resident}, {"boundary", l_boundary}, {NULL, NULL}};
 

@@ -46,7 +46,7 @@ function M.engine_states(engine)
   local ty = engine.optimizer_type or "adamw"
   local names = { "master" }
   for k, n in ipairs(M.OPTIMIZER_STATES[ty]) do
-    if engine.zero:state(k) ~= nil then names[#names + 1] = n end
+    if k <= engine.zero:num_states() then names[#names + 1] = n end
   end
   return ty, names
 end
@@ -295,10 +295,15 @@ function M.save(engine, dir, tag, client_state)
   -- optimizer states (every rank), then every file's size to rank 0
   local bytes
   ok, err = pcall(function()
-    local z, t = engine.zero, {}
-    for k, n in ipairs(state.states) do t[n] = z:state(k - 1) end
+    -- one state at a time: with partial offload z:state joins the device and host parts in a host copy
+    local z, specs = engine.zero, {}
+    for k, n in ipairs(state.states) do specs[k] = { name = n, dtype = "f32", shape = { z:partition_numel() } } end
     local p = join(tmp, M.optim_file(r))
-    C.save_safetensors(p, t, { format = M.FORMAT, zrun_state = encode(state) })
+    C.save_safetensors_stream(p, specs, function(i)
+      collectgarbage() -- the previous state's copy is no longer referenced
+      return z:state(i - 1) -- specs[i] is state i - 1
+    end, { format = M.FORMAT, zrun_state = encode(state) })
+    collectgarbage()
     bytes = store.size(p) or error(p .. ": missing right after it was written", 0)
   end)
   step(ok, err)
@@ -525,25 +530,27 @@ local function open_needed(engine, files, names)
   end
 end
 
+-- One state at a time: z:state(k) is the state itself, or with partial offload a host copy of
+-- both parts that set_state writes back (a no-op for the state itself).
 local function restore_partitions(engine, files, names)
   local z, r = engine.zero, engine.global_rank
   local jr = engine.stage == 0 and 0 or r -- which chunk of each parameter this rank holds
-  local states, _, snames = {}, M.engine_states(engine)
-  for k, n in ipairs(snames) do
-    states[n] = z:state(k - 1)
-    states[n]:zero_() -- chunk padding stays zero
-  end
-  for i, name in ipairs(names) do
-    local e = files.by_name[name]
-    local off, c = z:layout(i)
-    local lo = jr * c
-    local hi = min(lo + c, e.numel)
-    if hi > lo then
-      for _, which in ipairs(snames) do
-        local dst = states[which]
+  local _, snames = M.engine_states(engine)
+  for k, which in ipairs(snames) do
+    local dst = z:state(k - 1)
+    dst:zero_() -- chunk padding stays zero
+    for i, name in ipairs(names) do
+      local e = files.by_name[name]
+      local off, c = z:layout(i)
+      local lo = jr * c
+      local hi = min(lo + c, e.numel)
+      if hi > lo then
         files:read_range(name, which, lo, hi, function(at, len) return dst:narrow(1, off + at + 1, len) end)
       end
     end
+    z:set_state(k - 1, dst)
+    dst = nil
+    collectgarbage()
   end
 end
 

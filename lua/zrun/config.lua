@@ -905,12 +905,18 @@ local function cross_checks(vals, ctx)
     if oo.device == "nvme" and not oo.nvme_path then
       add_error(ctx, 'zero_optimization.offload_optimizer.nvme_path is required when device is "nvme"')
     end
-    if oo.ratio ~= 1 and stage ~= 3 then
-      add_error(ctx, "zero_optimization.offload_optimizer.ratio = %s is only valid with stage 3, got stage %d",
-        fmtnum(oo.ratio), stage)
-    elseif oo.ratio ~= 1 then
-      add_warning(ctx, "zero_optimization.offload_optimizer.ratio = %s: zrun does not implement partial offload; " ..
-        "it offloads all optimizer states (DeepSpeed would train the same)", fmtnum(oo.ratio))
+    -- partial offload (ZeRO-Offload++): DeepSpeed asserts stage 3 (zero/config.py offload_ratio_check)
+    -- and DeepSpeedCPUAdam (stage3.py); zrun's engine splits the partition at any offloading stage
+    -- and for every optimizer it runs, and says where it goes beyond DeepSpeed
+    if oo.ratio ~= 1 and (stage == 1 or stage == 2) then
+      add_warning(ctx, "zero_optimization.offload_optimizer.ratio = %s at stage %d: DeepSpeed accepts a ratio below " ..
+        "1 only at stage 3 (it refuses this config); zrun runs partial offload at stages 1 and 2 too", fmtnum(oo.ratio),
+        stage)
+    end
+    if oo.ratio ~= 1 and stage >= 1 and opt and opt.type ~= "Adam" and opt.type ~= "AdamW" then
+      add_warning(ctx, "zero_optimization.offload_optimizer.ratio = %s with optimizer %s: DeepSpeed runs partial " ..
+        "offload with its CPU Adam only; zrun runs %s on both parts", fmtnum(oo.ratio), tostring(opt.type),
+        tostring(opt.type))
     end
   end  for _, o in ipairs { { op, "offload_param" }, { oo, "offload_optimizer" } } do
     if o[1] and o[1].device == "nvme" and o[1].nvme_path then

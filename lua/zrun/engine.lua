@@ -160,27 +160,37 @@ function M.initialize(opts)
   end
   local S = M.partition_numel(params, W, stage)
   local gbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[M.grad_accum_dtype(cfg) or "f32"]
-  if self.offload_optimizer then self.offload_grads = M.offload_grads_place(S, gbytes, self.device) end
+  -- offload_optimizer.ratio: the host's share of the optimizer states (ZeRO-Offload++)
+  self.offload_ratio = self.offload_optimizer and zc.offload_optimizer.ratio or 1
+  if self.offload_optimizer then
+    self.offload_grads = M.offload_grads_place(S, gbytes, self.device, self.offload_ratio)
+  end
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
     local oo = zc.offload_optimizer or {}
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
       { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
-        dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = oo.ratio,
+        dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = self.offload_ratio,
         reduce_bucket_size = zc.reduce_bucket_size,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
+    offload_ratio = self.offload_ratio,
     persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
     optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
     params, wds)
-  if self.offload_optimizer then
+  if self.offload_optimizer and self.offload_ratio < 1 then
+    local split, S0 = self.zero:split(), self.zero:partition_numel()
+    dist.print0(fmt("[zrun] offload_optimizer: ratio %g: the optimizer states of %.1f%% of the partition on the host, " ..
+      "%.1f%% on %s (updated there at the same time); gradients accumulate on %s until the step", self.offload_ratio,
+      S0 > 0 and 100 * (S0 - split) / S0 or 0, S0 > 0 and 100 * split / S0 or 0, self.device, self.device))
+  elseif self.offload_optimizer then
     dist.print0(fmt("[zrun] offload_optimizer: %s on the host, %s; ZRUN_OFFLOAD_GRADS=%s to change", ocfg.type,
       self.offload_grads == "device" and fmt("gradients accumulate on %s until the step", self.device) or
       "gradients go to the host bucket by bucket during backward", self.offload_grads == "device" and "host" or "device"))
@@ -275,16 +285,24 @@ end
 -- (runtime/zero/offload.h): "device" (on the GPU until the step, as without offload) or "host"
 -- (bucket by bucket to the host during backward). ZRUN_OFFLOAD_GRADS forces it; unset: the device
 -- when it is a GPU and the partition takes at most half of its free memory now (the rest is left
--- for activations), else the host.
-function M.offload_grads_place(S, grad_bytes, device)
+-- for activations), else the host. Partial offload (ratio < 1) always keeps them on the device:
+-- the device part of the optimizer reads them there (host gradients are for a device too small
+-- for the gradient partition, which then cannot hold optimizer states either).
+function M.offload_grads_place(S, grad_bytes, device, ratio)
   local e = os.getenv("ZRUN_OFFLOAD_GRADS")
-  if e and e ~= "" then
-    if e ~= "device" and e ~= "host" then
-      error(fmt('ZRUN_OFFLOAD_GRADS must be "device" (gradients accumulate on the GPU until the step) or ' ..
-        '"host" (they leave bucket by bucket during backward), got "%s"; unset it to choose by free GPU memory', e), 0)
-    end
-    return e
+  if e and e ~= "" and e ~= "device" and e ~= "host" then
+    error(fmt('ZRUN_OFFLOAD_GRADS must be "device" (gradients accumulate on the GPU until the step) or ' ..
+      '"host" (they leave bucket by bucket during backward), got "%s"; unset it to choose by free GPU memory', e), 0)
   end
+  if (ratio or 1) < 1 then
+    if e == "host" then
+      error(fmt("ZRUN_OFFLOAD_GRADS=host: offload_optimizer.ratio = %g keeps part of the optimizer states on the " ..
+        "GPU, which reads the gradients there; unset ZRUN_OFFLOAD_GRADS (or set it to device), or set ratio 1 " ..
+        "to send the gradients to the host", ratio), 0)
+    end
+    return "device"
+  end
+  if e and e ~= "" then return e end
   local idx = tostring(device):match("^cuda:?(%d*)$")
   if not idx or not C.cuda then return "host" end
   local m = C.cuda.memory_summary(tonumber(idx) or 0)

@@ -136,7 +136,7 @@ local function fixes(p, avail, plan_with)
   if s.offload_ratio > 0 and s.stage == 3 then
     local best
     for r = floor(s.offload_ratio * 10 - 1e-9), 0, -1 do
-      local q = plan_with { offload_ratio = r / 10 }
+      local q = plan_with { offload_ratio = r / 10, offload_grads = "device" } -- the engine keeps them there below 1
       if q.host_per_node <= avail then best = { r / 10, q }; break end
     end
     if best then

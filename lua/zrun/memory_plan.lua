@@ -77,16 +77,21 @@ local function settings(o, cfg_model)
   if type(s.offload_ratio) ~= "number" or s.offload_ratio < 0 or s.offload_ratio > 1 then
     error(fmt("memory plan: offload_optimizer.ratio must be between 0 and 1, got %s", tostring(s.offload_ratio)), 0)
   end
-  if s.offload_ratio < 1 and s.stage ~= 3 then -- config.lua's rule (DeepSpeed's ZeRO-Offload++)
-    error(fmt("memory plan: zero_optimization.offload_optimizer.ratio = %g is only valid with stage 3, got stage %d",
-      s.offload_ratio, s.stage), 0)
-  end
+  -- ratio < 1 works at stages 1-3 (config.lua warns below stage 3, where DeepSpeed refuses it)
   s.pin_memory = o.pin_memory
   if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
   s.offload_grads = Off.grads_setting(o.offload_grads)
   s.device = o.device or "cuda"
   -- a CPU run keeps the gradients with the master unless told (engine.lua offload_grads_place)
   if s.device == "cpu" and s.offload_grads == "auto" then s.offload_grads = "host" end
+  -- below ratio 1 the device part reads the gradients on the device (engine.lua offload_grads_place)
+  if s.offload_optimizer and s.offload_ratio < 1 then
+    if s.offload_grads == "host" then
+      error(fmt("memory plan: offload_optimizer.ratio = %g keeps the gradients on the GPU; offload_grads host " ..
+        "needs ratio 1", s.offload_ratio), 0)
+    end
+    s.offload_grads = "device"
+  end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm

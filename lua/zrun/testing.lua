@@ -55,6 +55,16 @@ function M.train_steps(engine, batch, from, to, gas, avg_ranks)
   return losses
 end
 
+-- Input ids for micro-batch `micro` of optimizer step `step`, seeded by both so that every run
+-- and world size sees the same global batch of world_size x mb rows of tlen ids below 250: this
+-- rank's mb rows (o = {rank=, world_size=, mb=, tlen=, device= (nil: the CPU)}).
+function M.rank_batch(step, micro, o)
+  C.manual_seed(1000 * step + micro)
+  local ids = (C.rand({ o.world_size * o.mb, o.tlen }) * 250):to("i64")
+  ids = ids:narrow(1, o.rank * o.mb + 1, o.mb):contiguous()
+  return o.device and ids:to(o.device) or ids
+end
+
 local function flat(x)
   if C.is_tensor(x) then return x:flat_table() end
   if type(x) == "number" then return { x } end

@@ -54,6 +54,12 @@ struct zr_zero {
     zr_dtype param_dtype, comm_dtype, grad_dtype;
     zr_tensor *master, *m, *v, *gpart, *pshard; /* m, v: NULL where the optimizer keeps fewer states */
     zr_tensor *lamb_sums; /* Lamb: f64 (2 nparams) on opt_dev, each parameter's sums of p^2 and u^2 */
+    /* Partial offload (offload_optimizer.ratio < 1): partition elements [0, split) keep their master
+     * and states on the parameters' device (dmaster, dm, dv: split elements, updated there by the
+     * optimizer kernels), [split, S) on the host (master, m, v: S - split elements, through the
+     * offload pipeline). The gradient partition stays whole on the device. split 0: no device part. */
+    int64_t split;
+    zr_tensor *dmaster, *dm, *dv;
     int nstates;        /* zr_optim_states(cfg.optimizer, cfg.momentum) */
     /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
     int64_t bucket_cap, bucket_fill;
@@ -134,6 +140,30 @@ static zr_status fill_range(zr_tensor *t, int64_t off, int64_t len, double v) {
     return st;
 }
 
+/* The device and host parts of state st (0 master, 1 m, 2 v). */
+static zr_tensor *dev_state(const zr_zero *z, int st) { return st == 0 ? z->dmaster : st == 1 ? z->dm : z->dv; }
+static zr_tensor *host_state(const zr_zero *z, int st) { return st == 0 ? z->master : st == 1 ? z->m : z->v; }
+
+/* How many of partition elements [off, off+len) lie in the device part (below split). */
+static int64_t dev_share(const zr_zero *z, int64_t off, int64_t len) {
+    return off >= z->split ? 0 : off + len <= z->split ? len : z->split - off;
+}
+
+/* dst[doff : doff+len] = state st's partition elements [off, off+len), read from the device part
+ * below split and from the host part above it (cast to dst's dtype, across devices if needed). */
+static zr_status state_get(zr_zero *z, int st, zr_tensor *dst, int64_t doff, int64_t off, int64_t len) {
+    int64_t a = dev_share(z, off, len);
+    ZR_CHECK(copy_range(dst, doff, dev_state(z, st), off, a));
+    return copy_range(dst, doff + a, host_state(z, st), off + a - z->split, len - a);
+}
+
+/* The reverse: state st's partition elements [off, off+len) = src[soff : soff+len]. */
+static zr_status state_put(zr_zero *z, int st, int64_t off, zr_tensor *src, int64_t soff, int64_t len) {
+    int64_t a = dev_share(z, off, len);
+    ZR_CHECK(copy_range(dev_state(z, st), off, src, soff, a));
+    return copy_range(host_state(z, st), off + a - z->split, src, soff + a, len - a);
+}
+
 /* dst[doff:+len] += src[soff:+len], across devices if needed. Into the host gradient partition
  * (master on the host) through zero/offload.c, found from dst itself so that callers stay as
  * they are: async from a GPU, and overwriting instead of adding after zero_grad. */
@@ -178,6 +208,22 @@ static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category
     return zr_tensor_new_cat(dt, dev, 1, &n, cat, 1);
 }
 
+/* Partial offload's boundary for offload_optimizer.ratio r: the first (1 - r) x S partition
+ * elements stay on the device, as DeepSpeed keeps the first int((1 - r) x n) of its n sub-groups on
+ * the GPU. Moved to the nearest parameter boundary when one lies within 2% of the partition (so
+ * parameters stay whole), else cut there (one parameter then has part of its states on each side:
+ * the optimizer is elementwise, so nothing else changes). */
+static int64_t split_point(const zr_zero *z, double r) {
+    const int64_t S = z->part_numel, t = (int64_t)floor((1 - r) * (double)S);
+    if (t <= 0 || t >= S) return t <= 0 ? 0 : S;
+    int64_t best = S;
+    for (int i = 0; i < z->nparams; i++) {
+        int64_t b = z->params[i].offset;
+        if (llabs(b - t) < llabs(best - t)) best = b;
+    }
+    return llabs(best - t) * 50 <= S ? best : t;
+}
+
 static void hook(zr_tensor *leaf, void *ctx);
 
 /* Page-locks the host partitions so device<->host copies run at full DMA speed. */
@@ -185,7 +231,8 @@ static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < 4; k++) {
-        if (!ts[k] || !zr_is_cpu(ts[k])) { /* a state this optimizer does not keep; device gradients */
+        if (!ts[k] || !zr_is_cpu(ts[k]) || !ts[k]->storage->nbytes) { /* a state this optimizer does not keep;
+                                                                         * device gradients; ratio 0's empty host part */
             z->pinned = k + 1;
             continue;
         }
@@ -203,7 +250,7 @@ static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
     for (int k = 0; k < z->pinned; k++)
-        if (ts[k] && zr_is_cpu(ts[k])) cudaHostUnregister(ts[k]->storage->data);
+        if (ts[k] && zr_is_cpu(ts[k]) && ts[k]->storage->nbytes) cudaHostUnregister(ts[k]->storage->data);
 #endif
     z->pinned = 0;
 }
@@ -285,6 +332,16 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             zr_dtype_name(z->grad_dtype));
     }
     z->grads_dev = cfg->offload_optimizer && cfg->offload_grads_on_device;
+    if (cfg->offload_optimizer && !(cfg->offload_ratio >= 0 && cfg->offload_ratio <= 1)) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: offload_optimizer.ratio must be between 0 and 1, got %g", cfg->offload_ratio);
+    }
+    if (cfg->offload_optimizer && cfg->offload_ratio < 1 && !z->grads_dev) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: offload_optimizer.ratio = %g keeps part of the optimizer on the device, which "
+                             "reads the gradient partition there: set offload_grads_on_device (ZRUN_OFFLOAD_GRADS "
+                             "device) or ratio 1", cfg->offload_ratio);
+    }
     if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev) {
         const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
@@ -342,22 +399,30 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             label_params(z, "initial weights of", i, i);
             if (zr_broadcast(z->params[i].p, 0)) goto fail;
         }
-    z->master = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    z->split = cfg->offload_optimizer ? split_point(z, cfg->offload_ratio) : 0;
+    const int64_t hn = z->part_numel - z->split; /* host part (all of it without a split) */
+    z->master = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
     /* only the states the optimizer keeps: AdamW m and v; Lion, Adagrad, SGD with momentum m */
     z->nstates = zr_optim_states(cfg->optimizer, cfg->momentum);
-    if (z->nstates >= 1) z->m = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
-    if (z->nstates >= 2) z->v = new_buf(ZR_F32, z->opt_dev, z->part_numel, ZR_MEM_OPTIMIZER);
+    if (z->nstates >= 1) z->m = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
+    if (z->nstates >= 2) z->v = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
+    if (z->split) {
+        z->dmaster = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);
+        if (z->nstates >= 1) z->dm = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);
+        if (z->nstates >= 2) z->dv = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);
+        if (!z->dmaster || (z->nstates >= 1 && !z->dm) || (z->nstates >= 2 && !z->dv)) goto fail;
+    }
     z->gpart = new_buf(z->grad_dtype, z->grads_dev ? z->dev : z->opt_dev, z->part_numel, ZR_MEM_GRADS);
     if (!z->master || (z->nstates >= 1 && !z->m) || (z->nstates >= 2 && !z->v) || !z->gpart) goto fail;
     if (cfg->optimizer == ZR_OPTIM_ADAGRAD && cfg->initial_accumulator_value != 0 &&
-        zr_tensor_fill_(z->m, cfg->initial_accumulator_value))
+        (zr_tensor_fill_(z->m, cfg->initial_accumulator_value) ||
+         (z->dm && zr_tensor_fill_(z->dm, cfg->initial_accumulator_value))))
         goto fail;
     if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     int r = z->chunks > 1 ? cfg->rank : 0;
     for (int i = 0; i < n; i++) {
         zparam *q = &z->params[i];
-        if (copy_range(z->master, q->offset, q->p, (int64_t)r * q->chunk,
-                       valid_len(q->numel, q->chunk, r)))
+        if (state_put(z, 0, q->offset, q->p, (int64_t)r * q->chunk, valid_len(q->numel, q->chunk, r)))
             goto fail;
     }
     /* direct also with optimizer offload when the gradients stay on the device (gpart is there) */
@@ -450,6 +515,9 @@ void zr_zero_free(zr_zero *z) {
     zr_tensor_release(z->m);
     zr_tensor_release(z->v);
     zr_tensor_release(z->lamb_sums);
+    zr_tensor_release(z->dmaster);
+    zr_tensor_release(z->dm);
+    zr_tensor_release(z->dv);
     zr_tensor_release(z->gpart);
     zr_tensor_release(z->pshard);
     zr_tensor_release(z->pflat);
@@ -493,8 +561,25 @@ zr_tensor *zr_zero_state(zr_zero *z, int which) {
     if (which == 3 && flush_stale(z)) return NULL;
     if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges (host mode) */
     zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
-    return zr_tensor_retain(t);
+    if (!z->split || which == 3 || !t) return zr_tensor_retain(t);
+    zr_tensor *out = new_buf(ZR_F32, zr_cpu(), z->part_numel, ZR_MEM_WORKSPACE); /* both parts, joined */
+    if (out && !state_get(z, which, out, 0, 0, z->part_numel)) return out;
+    zr_tensor_release(out);
+    return NULL;
 }
+
+zr_status zr_zero_set_state(zr_zero *z, int which, zr_tensor *t) {
+    zr_tensor *h = which >= 0 && which <= 2 ? host_state(z, which) : NULL;
+    char b[192];
+    if (!h) return zr_error("ZeRO set_state: no optimizer state %d here (0 master, then the optimizer's %d)", which, z->nstates);
+    if (!zr_tensor_is_contiguous(t) || zr_tensor_numel(t) != z->part_numel)
+        return zr_error("ZeRO set_state: expected %lld contiguous elements (the partition), got %s",
+                        (long long)z->part_numel, zr_tensor_describe(t, b));
+    if (t == h) return ZR_OK;
+    return state_put(z, which, 0, t, 0, z->part_numel);
+}
+
+int64_t zr_zero_split(const zr_zero *z) { return z->split; }
 
 /* --- gradient buckets --- */
 
@@ -784,9 +869,25 @@ static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, con
 static zr_adamw_segment *lamb_segments(const zr_zero *z, const double *lr);
 static zr_status lamb_sums_all(zr_zero *z);
 
-/* Master on the host: one pass of the offload pipeline over the whole partition (optimizer c, or
- * NULL: only the weights from master), the new weights written in place or uploaded; then what
- * follows them (stage-3 persistent parameters regathered, or the all-gather of stages 1–2). */
+/* Partial offload: the device part's new weights (from dmaster, cast on the device) into the
+ * shard (stage 3) or into the parameters (one chunk per parameter), where the pipeline puts the
+ * host part's; stages 1-2 over several ranks all-gather both parts from the masters instead. */
+static zr_status split_weights(zr_zero *z) {
+    if (!z->split) return ZR_OK;
+    if (z->cfg.stage == 3) return state_get(z, 0, z->pshard, 0, 0, z->split);
+    if (z->chunks > 1) return ZR_OK;
+    for (int i = 0; i < z->nparams && z->params[i].offset < z->split; i++) {
+        zparam *q = &z->params[i];
+        int64_t n = z->split - q->offset < q->numel ? z->split - q->offset : q->numel;
+        ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, n));
+    }
+    return ZR_OK;
+}
+
+/* Master on the host: one pass of the offload pipeline over the host part of the partition
+ * (optimizer c, or NULL: only the weights from master), the new weights written in place or
+ * uploaded, and the device part's weights (split_weights); then what follows them (stage-3
+ * persistent parameters regathered, or the all-gather of stages 1–2). */
 static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                            const double *lr) {
     void *out;
@@ -794,8 +895,8 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     weights_target(z, &out, &sink);
     if (!c && !out && !sink) return ZR_OK;
     zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
-                            state_data(z->v), grad_scale, step, c, lr, out, sink ? put_weights : NULL, z,
-                            0, z->part_numel, 0, NULL, NULL};
+                            state_data(z->v), z->split, grad_scale, step, c, lr, out, sink ? put_weights : NULL,
+                            z, z->split, z->part_numel, 0, NULL, NULL};
     if (c && c->kind == ZR_OPTIM_LAMB) { /* the moments and norms, the sums over ranks, then the update */
         if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, zr_cpu(), 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
             return ZR_ERR;
@@ -813,7 +914,10 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
         ZR_CHECK(st);
     } else
         ZR_CHECK(zr_offload_run(z->host, &pass));
-    if (out || sink) return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+    if (out || sink) {
+        ZR_CHECK(split_weights(z));
+        return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
+    }
     return zr_zero_refresh_params(z);
 }
 
@@ -826,13 +930,13 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
         if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
     }
     if (z->cfg.stage == 3 && !z->direct) {
-        ZR_CHECK(copy_range(z->pshard, 0, z->master, 0, z->part_numel));
+        ZR_CHECK(state_get(z, 0, z->pshard, 0, 0, z->part_numel));
         return regather_persistent(z);
     }
     if (z->chunks == 1) {
         for (int i = 0; i < z->nparams; i++) {
             zparam *q = &z->params[i];
-            ZR_CHECK(copy_range(q->p, 0, z->master, q->offset, q->numel));
+            ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, q->numel));
         }
         return ZR_OK;
     }
@@ -847,7 +951,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
         int64_t L = 0;
         while (last < z->nparams && L + z->params[last].chunk <= cap)
             L += z->params[last++].chunk;
-        st = copy_range(send, 0, z->master, z->params[first].offset, L);
+        st = state_get(z, 0, send, 0, z->params[first].offset, L);
         zr_tensor *in = st ? NULL : flat_range(send, 0, L),
                   *out = st ? NULL : flat_range(recv, 0, L * z->chunks);
         if (!st) label_params(z, "updated weights", first, last - 1);
@@ -918,6 +1022,56 @@ static zr_status lamb_step_dev(zr_zero *z, const zr_adamw_config *c, int64_t ste
 }
 #endif
 
+/* The optimizer on partition elements [0, hi) whose master and states (master, m, v) live on the
+ * parameters' device: the whole partition without offload, the device part with a split. Every
+ * parameter's segment clipped to hi, its own lr and weight decay; gradients from gpart. lp: a flat
+ * 16-bit copy of the weights written as the master is updated (direct mode), or NULL. On a GPU the
+ * CUDA kernels, async on the compute stream; on a CPU run (where the device part of a partial
+ * offload lives on the CPU too) the same segments through their CPU twin, zr_offload_update. */
+static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_tensor *v, int64_t hi, void *lp,
+                             double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr) {
+    zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->nparams);
+    if (!segs) return zr_error("out of host memory");
+    int n = 0;
+    for (int i = 0; i < z->nparams && z->params[i].offset < hi; i++) {
+        int64_t len = hi - z->params[i].offset < z->params[i].chunk ? hi - z->params[i].offset : z->params[i].chunk;
+        segs[n++] = (zr_adamw_segment){z->params[i].offset, len, (float)z->params[i].wd, (float)lr[i]};
+    }
+    zr_status st = ZR_OK;
+    zr_dtype lp_dt = lp ? z->param_dtype : ZR_F32;
+    if (zr_is_cpu(master)) {
+        size_t ge = zr_dtype_size(z->grad_dtype), we = zr_dtype_size(lp_dt);
+        const char *g = zr_tensor_data(z->gpart);
+        float *pm = zr_tensor_data(master), *mm = state_data(m), *vm = state_data(v);
+        for (int k = 0; k < n; k++) { /* segment k is parameter k's; lr and wd in double, as the pipeline */
+            int64_t o = segs[k].offset;
+            zr_offload_update(pm + o, mm ? mm + o : NULL, vm ? vm + o : NULL, g + (size_t)o * ge, z->grad_dtype,
+                              segs[k].n, lp ? (char *)lp + (size_t)o * we : NULL, lp_dt, c, lr[k], z->params[k].wd,
+                              grad_scale, step);
+        }
+        free(segs);
+        return ZR_OK;
+    }
+#ifdef ZR_HAVE_CUDA
+    /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
+    zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(master), 0, NULL, grad_scale);
+    cudaStream_t stream = zr_cuda_stream(zr_tensor_device(master));
+    if (!gs) st = ZR_ERR;
+    else if (c->kind != ZR_OPTIM_ADAMW)
+        st = optim_step_cuda(zr_tensor_data(master), state_data(m), lp, lp_dt, zr_tensor_data(z->gpart),
+                             z->grad_dtype, segs, n, c, step, zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
+    else
+        st = adamw_step_cuda(zr_tensor_data(master), state_data(m), state_data(v), lp, lp_dt,
+                             zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step, zr_tensor_data(gs),
+                             stream) ? ZR_ERR : ZR_OK;
+    zr_tensor_release(gs);
+#else
+    st = zr_no_cuda("ZeRO optimizer step");
+#endif
+    free(segs);
+    return st;
+}
+
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr) {
     ZR_CHECK(flush_stale(z));
@@ -927,39 +1081,31 @@ zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_ada
         return zr_error("ZeRO: a %s step on an engine built for %s (its states are that optimizer's)",
                         k >= 0 && k < 5 ? names[k] : "unknown optimizer", e >= 0 && e < 5 ? names[e] : "?");
     }
+    if (z->split && c->kind == ZR_OPTIM_LAMB)
+        return zr_error("Lamb with offload_optimizer.ratio < 1 is not supported (each trust ratio needs the norms "
+                        "of both parts): set offload_optimizer.ratio to 1");
     if (!zr_is_cpu(z->master)) {
-#ifdef ZR_HAVE_CUDA
-        /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
-        zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(z->master), 0, NULL, grad_scale);
-        if (!gs) return ZR_ERR;
-        zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->nparams);
-        if (!segs) {
-            zr_tensor_release(gs);
-            return zr_error("out of host memory");
-        }
-        for (int i = 0; i < z->nparams; i++)
-            segs[i] = (zr_adamw_segment){z->params[i].offset, z->params[i].chunk,
-                                         (float)z->params[i].wd, (float)lr[i]};
         /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
         int lp = z->direct && (z->param_dtype == ZR_BF16 || z->param_dtype == ZR_F16);
-        int rc = c->kind == ZR_OPTIM_LAMB ? lamb_step_dev(z, c, step, lr, gs, lp ? zr_tensor_data(z->pflat) : NULL)
-                 : c->kind != ZR_OPTIM_ADAMW
-                     ? optim_step_cuda(zr_tensor_data(z->master), state_data(z->m),
-                                       lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
-                                       zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,
-                                       zr_tensor_data(gs), zr_cuda_stream(zr_tensor_device(z->master)))
-                     :
-            adamw_step_cuda(zr_tensor_data(z->master), state_data(z->m), state_data(z->v),
-                            lp ? zr_tensor_data(z->pflat) : NULL, lp ? z->param_dtype : ZR_F32,
-                            zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, step,
-                            zr_tensor_data(gs), zr_cuda_stream(zr_tensor_device(z->master)));
-        free(segs);
-        zr_tensor_release(gs);
-        if (rc) return ZR_ERR;
-        return lp ? ZR_OK : zr_zero_refresh_params(z);
+        if (c->kind == ZR_OPTIM_LAMB) { /* two passes with the norms' sums in between */
+#ifdef ZR_HAVE_CUDA
+            zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(z->master), 0, NULL, grad_scale);
+            zr_status st = gs ? lamb_step_dev(z, c, step, lr, gs, lp ? zr_tensor_data(z->pflat) : NULL) : ZR_ERR;
+            zr_tensor_release(gs);
+            ZR_CHECK(st);
 #else
-        return zr_no_cuda("ZeRO optimizer step");
+            return zr_no_cuda("ZeRO optimizer step");
 #endif
+        } else
+            ZR_CHECK(device_step(z, z->master, z->m, z->v, z->part_numel, lp ? zr_tensor_data(z->pflat) : NULL,
+                                 grad_scale, step, c, lr));
+        return lp ? ZR_OK : zr_zero_refresh_params(z);
+    }
+    /* Partial offload: the device part's kernels are queued first; the host part's gradient copies
+     * start after backward (the mark), not after them, so both parts are updated at once. */
+    if (z->split) {
+        ZR_CHECK(zr_offload_mark(z->host));
+        ZR_CHECK(device_step(z, z->dmaster, z->dm, z->dv, z->split, NULL, grad_scale, step, c, lr));
     }
     /* master on the host: the offload pipeline (zero/offload.h) scales the gradients, updates
      * master and moments chunk by chunk, and writes the new weights in place or uploads them */

@@ -24,6 +24,10 @@ typedef struct {
     int offload_param;     /* stage 3: parameter partitions on the host */
     int offload_grads_on_device; /* offload_optimizer: the gradient partition stays on the parameters'
                                   * device until the step (zero/offload.h's device mode), else on the host */
+    double offload_ratio; /* offload_optimizer: the share of the partition whose master and optimizer
+                           * states live on the host (DeepSpeed's offload_optimizer.ratio, 0..1; 1: all).
+                           * Below 1 the head of the partition keeps them on the parameters' device
+                           * and is updated there (needs offload_grads_on_device); see zr_zero_new */
     int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
     int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
     int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
@@ -52,8 +56,17 @@ int64_t zr_zero_partition_numel(const zr_zero *z);
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk);
 /* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. The
  * one-state optimizers keep theirs as 1 (Lion exp_avg, Adagrad sum, SGD momentum_buffer); a state
- * the optimizer does not keep is NULL without an error (zr_zero_num_states says how many). */
+ * the optimizer does not keep is NULL without an error (zr_zero_num_states says how many).
+ * With partial offload (zr_zero_split > 0) states 0-2 are split between the device and the host:
+ * the result is then a new host tensor holding both parts (the same S elements as at any ratio),
+ * and writing into it changes nothing until zr_zero_set_state. */
 zr_tensor *zr_zero_state(zr_zero *z, int which);
+/* Copies t (S f32 elements, any device) into state `which` (0-2), both parts; a no-op when t is
+ * the state tensor itself (what zr_zero_state returns without a split). */
+zr_status zr_zero_set_state(zr_zero *z, int which, zr_tensor *t);
+/* Partial offload: partition elements [0, split) keep master and states on the parameters' device;
+ * 0 when everything is on one side. */
+int64_t zr_zero_split(const zr_zero *z);
 int zr_zero_num_states(const zr_zero *z);
 
 zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary);

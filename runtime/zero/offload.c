@@ -52,6 +52,8 @@ struct zr_offload {
 #ifdef ZR_HAVE_CUDA
     cudaStream_t copy, up;       /* D2H gradients; H2D weights; both beside the compute stream */
     cudaEvent_t ready, d2h, done; /* compute -> copy ordering; last gradient D2H; last upload */
+    cudaEvent_t mark;             /* zr_offload_mark's point of the compute stream, when marked */
+    int marked;
     cudaEvent_t fetched[RING], uploaded[RING]; /* per ring slot: its D2H landed; its H2D read it */
     int d2h_busy, up_busy[RING];
 #endif
@@ -167,6 +169,7 @@ void zr_offload_free(zr_offload *o) {
     zr_cuda_event_free(o->ready);
     zr_cuda_event_free(o->d2h);
     zr_cuda_event_free(o->done);
+    zr_cuda_event_free(o->mark);
     for (int k = 0; k < RING; k++) {
         zr_cuda_event_free(o->fetched[k]);
         zr_cuda_event_free(o->uploaded[k]);
@@ -195,9 +198,9 @@ static zr_status cuda_ready(zr_offload *o) {
     ZR_CHECK(zr_cuda_use(o->dev.index));
     if (!o->copy)
         ZR_CHECK(ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking), "ZeRO offload copy stream"));
-    cudaEvent_t *evs[3 + 2 * RING] = {&o->ready, &o->d2h, &o->done};
-    for (int k = 0; k < RING; k++) evs[3 + k] = &o->fetched[k], evs[3 + RING + k] = &o->uploaded[k];
-    for (int k = 0; k < 3 + 2 * RING; k++)
+    cudaEvent_t *evs[4 + 2 * RING] = {&o->ready, &o->d2h, &o->done, &o->mark};
+    for (int k = 0; k < RING; k++) evs[4 + k] = &o->fetched[k], evs[4 + RING + k] = &o->uploaded[k];
+    for (int k = 0; k < 4 + 2 * RING; k++)
         if (!*evs[k] && !(*evs[k] = zr_cuda_event_new(0))) return ZR_ERR;
     return ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&o->up, cudaStreamNonBlocking), "ZeRO offload upload stream");
 }
@@ -488,7 +491,19 @@ static int first_segment(const zr_offload *o, int64_t a) {
     return lo;
 }
 
-/* The optimizer on partition elements [a, a+n): master/m/v at a, gradients g (g_dt) and new
+void zr_offload_update(float *master, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n, void *w,
+                       zr_dtype w_dt, const zr_adamw_config *c, double lr, double wd, double grad_scale, int64_t step) {
+    zr_adamw_config sc = *c;
+    sc.lr = lr, sc.weight_decay = wd;
+    if (sc.kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment, offsets relative to master */
+        zr_adamw_segment seg = {0, n, (float)wd, (float)lr};
+        float gs = (float)grad_scale;
+        optim_step_cpu(master, m, w, w_dt, g, g_dt, &seg, 1, &sc, step, &gs);
+    } else
+        offload_adamw_cpu(master, m, v, g, g_dt, n, &sc, step, grad_scale, w, w_dt);
+}
+
+/* The optimizer on partition elements [a, a+n): master/m/v at a - base, gradients g (g_dt) and new
  * weights w (pdt, or NULL) relative to a; every segment that overlaps it, with its own lr and
  * weight decay. */
 static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a, int64_t n, const void *g,
@@ -500,14 +515,15 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
             int64_t x = s->offset > a ? s->offset : a, y = s->offset + s->n < a + n ? s->offset + s->n : a + n;
             if (y <= x) continue;
             zr_adamw_segment piece = {0, y - x, s->weight_decay, s->lr};
+            int64_t i = x - p->base;
             if (p->lamb == 1) {
                 double sums[2];
                 float gs = (float)p->grad_scale;
-                lamb_sums_cpu(p->master + x, p->m + x, p->v + x, (const char *)g + (size_t)(x - a) * ge, g_dt, &piece,
+                lamb_sums_cpu(p->master + i, p->m + i, p->v + i, (const char *)g + (size_t)(x - a) * ge, g_dt, &piece,
                               1, p->c, &gs, sums);
                 p->lamb_sums[2 * k] += sums[0], p->lamb_sums[2 * k + 1] += sums[1];
             } else
-                lamb_apply_cpu(p->master + x, p->m + x, p->v + x, w ? (char *)w + (size_t)(x - a) * we : NULL, o->pdt,
+                lamb_apply_cpu(p->master + i, p->m + i, p->v + i, w ? (char *)w + (size_t)(x - a) * we : NULL, o->pdt,
                                &piece, 1, p->c, p->step, p->lamb_sums + 2 * k);
         }
         return ZR_OK;
@@ -516,26 +532,20 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
         const zr_offload_segment *s = &o->segs[k];
         int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
         if (y <= x) continue;
-        const char *gk = (const char *)g + (size_t)(x - a) * ge;
-        void *wk = w ? (char *)w + (size_t)(x - a) * we : NULL;
-        zr_adamw_config sc = *p->c;
-        sc.lr = p->lr[k], sc.weight_decay = s->wd;
-        if (sc.kind != ZR_OPTIM_ADAMW) { /* Lion, Adagrad, SGD: one segment, offsets relative to x */
-            zr_adamw_segment seg = {0, y - x, (float)s->wd, (float)p->lr[k]};
-            float gs = (float)p->grad_scale;
-            optim_step_cpu(p->master + x, p->m ? p->m + x : NULL, wk, o->pdt, gk, g_dt, &seg, 1, &sc, p->step, &gs);
-        } else
-            offload_adamw_cpu(p->master + x, p->m + x, p->v + x, gk, g_dt, y - x, &sc, p->step, p->grad_scale, wk,
-                              o->pdt);
+        int64_t i = x - p->base;
+        zr_offload_update(p->master + i, p->m ? p->m + i : NULL, p->v ? p->v + i : NULL,
+                          (const char *)g + (size_t)(x - a) * ge, g_dt, y - x,
+                          w ? (char *)w + (size_t)(x - a) * we : NULL, o->pdt, p->c, p->lr[k], s->wd, p->grad_scale,
+                          p->step);
     }
     return ZR_OK;
 }
 
 /* Checks a pass's arguments before anything is touched. */
 static zr_status check_pass(zr_offload *o, const zr_offload_pass *p) {
-    if (p->lo < 0 || p->hi > o->S || p->lo > p->hi)
-        return zr_error("ZeRO offload: range %lld..%lld outside the partition (%lld elements)", (long long)p->lo,
-                        (long long)p->hi, (long long)o->S);
+    if (p->lo < 0 || p->hi > o->S || p->lo > p->hi || p->base < 0 || p->base > p->lo)
+        return zr_error("ZeRO offload: range %lld..%lld (states from %lld) outside the partition (%lld elements)",
+                        (long long)p->lo, (long long)p->hi, (long long)p->base, (long long)o->S);
     if (p->grads) {
         zr_dtype dt = p->grads->dtype;
         char b[192];
@@ -558,8 +568,25 @@ static zr_status check_pass(zr_offload *o, const zr_offload_pass *p) {
     return ZR_OK;
 }
 
+zr_status zr_offload_mark(zr_offload *o) {
+#ifdef ZR_HAVE_CUDA
+    if (o->dev.type != ZR_CUDA) return ZR_OK;
+    ZR_CHECK(cuda_ready(o));
+    ZR_CHECK(zr_cuda_event_record(o->mark, zr_cuda_stream(o->dev)));
+    o->marked = 1;
+#else
+    (void)o;
+#endif
+    return ZR_OK;
+}
+
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
+#ifdef ZR_HAVE_CUDA
+    const int marked = o->marked;
+    o->marked = 0;
+#endif
     ZR_CHECK(check_pass(o, p));
+    if (p->lo == p->hi) return ZR_OK; /* partial offload at ratio 0: nothing on the host */
     double t0 = now_ms();
     /* NULL: no ring copy (host gpart, a cast, or Lamb's second pass) */
     zr_tensor *grads = p->c && p->lamb != 2 ? p->grads : NULL;
@@ -568,11 +595,13 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     if (!p->out && p->sink) ZR_CHECK(ring_ready(o, grads != NULL));
     else if (grads) ZR_CHECK(ring_ready(o, 1));
 #ifdef ZR_HAVE_CUDA
-    if (gpu) { /* copies start after what the compute stream has queued (backward; reads of the weights) */
+    if (gpu) { /* copies start after what the compute stream has queued (backward; reads of the weights),
+                * or after the mark */
         ZR_CHECK(cuda_ready(o));
-        ZR_CHECK(zr_cuda_event_record(o->ready, zr_cuda_stream(o->dev)));
-        ZR_CHECK(zr_cuda_stream_wait(o->copy, o->ready));
-        ZR_CHECK(zr_cuda_stream_wait(o->up, o->ready));
+        cudaEvent_t after = marked ? o->mark : o->ready;
+        if (!marked) ZR_CHECK(zr_cuda_event_record(o->ready, zr_cuda_stream(o->dev)));
+        ZR_CHECK(zr_cuda_stream_wait(o->copy, after));
+        ZR_CHECK(zr_cuda_stream_wait(o->up, after));
     }
 #else
     if (gpu) return zr_no_cuda("ZeRO offload step");
@@ -598,7 +627,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
         }
         double t1 = now_ms();
         if (p->c) ZR_CHECK(update_chunk(o, p, a, n, g, g_dt, w));
-        else if (w) offload_cast_cpu(w, o->pdt, p->master + a, n);
+        else if (w) offload_cast_cpu(w, o->pdt, p->master + (a - p->base), n);
         o->t_adam += now_ms() - t1;
         if (grads && j + RING - 1 < nch) { /* slot (j-1) % RING: chunk j-1 is done with it */
             int64_t b = p->lo + (j + RING - 1) * C;

@@ -23,6 +23,12 @@
  * weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
  * run the same loop runs with memcpy for the copies, so CI exercises its bookkeeping.
  *
+ * Partial offload (offload_optimizer.ratio < 1, engine.c's split): the engine keeps the head of
+ * the partition's master and states on the GPU and updates it with the GPU optimizer kernels,
+ * queued after zr_offload_mark; the pass then covers only the host part [split, S), with master,
+ * m, v holding elements from pass.base = split on. Its gradient copies start at the mark, so the
+ * GPU kernel and the host pipeline run at the same time. Device-gradient mode only.
+ *
  * ZRUN_OFFLOAD_PROFILE=1 prints one line per optimizer step (stderr): gradient copies, waits,
  * the CPU optimizer, uploads and the step's wall time (the GPU idles for it). Not thread-safe:
  * one engine, one thread. */
@@ -78,7 +84,10 @@ typedef struct {
     /* The gradient partition (S elements, f32/bf16/f16): a GPU tensor (device mode), a host
      * tensor (copied through the ring all the same), or NULL: the host partition gpart. */
     zr_tensor *grads;
-    float *master, *m, *v; /* f32 (S), host; m, v NULL where the optimizer keeps fewer states */
+    /* f32, host, from partition element `base` on (master[0] is element base: 0, or the start of
+     * the host part with offload_optimizer.ratio < 1); m, v NULL where the optimizer keeps fewer states */
+    float *master, *m, *v;
+    int64_t base;
     double grad_scale;
     int64_t step;
     const zr_adamw_config *c; /* NULL: no optimizer, only the new weights from master (cast) */
@@ -97,6 +106,18 @@ typedef struct {
     const zr_adamw_segment *lamb_segs;
 } zr_offload_pass;
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p);
+/* Marks the point of the compute stream after which the next zr_offload_run's copies may start
+ * (default: everything queued when it runs). Partial offload marks before it launches the device
+ * part's optimizer kernel, so that the host part's gradients leave while that kernel runs. No-op
+ * without a GPU. */
+zr_status zr_offload_mark(zr_offload *o);
+
+/* The optimizer (c->kind) on n contiguous host elements: master, m, v (f32; m, v NULL where the
+ * optimizer keeps fewer states), gradients g (g_dt) times grad_scale, one segment's lr and weight
+ * decay; the new weights into w (w_dt) when w is not NULL. The pipeline's update, also the CPU
+ * twin of the device part's kernels on a CPU run. */
+void zr_offload_update(float *master, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n, void *w,
+                       zr_dtype w_dt, const zr_adamw_config *c, double lr, double wd, double grad_scale, int64_t step);
 
 /* Which gradient mode the engine chose ("device" or "host"), for the profile line. */
 void zr_offload_set_mode(zr_offload *o, const char *mode);

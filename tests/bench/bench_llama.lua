@@ -1,10 +1,11 @@
 -- Training throughput of a Llama-shaped model through zr.initialize (the full zrun path:
 -- autograd, ZeRO engine, AdamW), random weights and random token ids.
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
---        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [overlap=0]
+--        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
--- overlap_comm.
+-- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
+-- states (offload=1 ratio=0.5: half of them stay on the GPU).
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -15,6 +16,7 @@ cli:option("batch", 4, "micro-batch size"):option("seq", 512, "sequence length")
 cli:option("stage", 0, "ZeRO stage"):option("steps", 10, "measured steps"):option("warmup", 3, "steps not measured")
 cli:option("dtype", "bf16", "parameter dtype"):option("device", "cuda", "cuda | cpu")
 cli:option("ckpt", 0, "1: gradient checkpointing"):option("offload", 0, "1: optimizer states on the CPU")
+cli:option("ratio", 1, "offload_optimizer.ratio (with offload=1): the host's share of the optimizer states")
 cli:option("overlap", 0, "1: overlap_comm"):option("gas", 1, "micro-batches per step")
 cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
 cli:option("breakdown", 0, "1 or 2: time forward, backward and step apart")
@@ -36,7 +38,7 @@ local engine = zr.initialize({ model = model, config = {
   data_types = { grad_accum_dtype = opt.grad_accum },
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
-  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true } or nil },
+  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil },
 } })
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local times = {}
@@ -81,7 +83,7 @@ local toks = opt.batch * opt.seq * opt.gas / med
 print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.4f B"):format("parameters", n / 1e9))
 print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
-  opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and " +offload" or ""))
+  opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or ""))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
   opt.gas > 1 and "es" or ""))
 if opt.breakdown == 1 then

@@ -208,13 +208,16 @@ T.test("a failed save leaves the directory as it was, with one line naming the c
   local e = saved_at(d, 1)
   local before = read(d .. "/ck/zrun_manifest.json")
   setup.step(e, 2)
-  local C, orig = zr._C, zr._C.save_safetensors
-  C.save_safetensors = function(p, ...)
-    if p:find(OPTIM, 1, true) then error(p .. ": write failed: No space left on device", 0) end
-    return orig(p, ...)
+  local C, orig, orig_stream = zr._C, zr._C.save_safetensors, zr._C.save_safetensors_stream
+  local function failing(f)
+    return function(p, ...)
+      if p:find(OPTIM, 1, true) then error(p .. ": write failed: No space left on device", 0) end
+      return f(p, ...)
+    end
   end
+  C.save_safetensors, C.save_safetensors_stream = failing(orig), failing(orig_stream)
   local ok, err = pcall(e.save_checkpoint, e, d, "ck")
-  C.save_safetensors = orig
+  C.save_safetensors, C.save_safetensors_stream = orig, orig_stream
   T.eq(ok, false, "the save failed")
   T.eq(err:find("^save_checkpoint " .. d:gsub("%p", "%%%0") .. "/ck: .*No space left on device$") ~= nil, true, err)
   T.eq(listing(d), "ck,latest", "no temporary folder left")

@@ -418,6 +418,24 @@ T.test("what zrun does not implement: a warning when DeepSpeed trains the same, 
   contains(table.concat(c:warnings(), "\n"), 'zero_optimization.offload_param.device = "nvme"')
 end)
 
+T.test("offload_optimizer.ratio: accepted at stages 1-3; a warning where DeepSpeed would refuse (stage < 3, not Adam)", function()
+  local function w(stage, ratio, opt)
+    return table.concat(load({ train_batch_size = 8, optimizer = opt, zero_optimization = { stage = stage,
+      offload_optimizer = { device = "cpu", ratio = ratio } } }):warnings(), "\n")
+  end
+  T.eq(w(3, 0.3), "", "stage 3 with AdamW (DeepSpeed's ZeRO-Offload++): no warning")
+  T.eq(w(3, 0), "", "ratio 0 at stage 3")
+  T.eq(w(2, 1), "", "ratio 1 (the default) at stage 2")
+  contains(w(2, 0.3), "zero_optimization.offload_optimizer.ratio = 0.3 at stage 2: DeepSpeed accepts a ratio below 1 " ..
+    "only at stage 3 (it refuses this config); zrun runs partial offload at stages 1 and 2 too")
+  contains(w(1, 0), "ratio = 0 at stage 1")
+  contains(w(3, 0.5, { type = "Lion", params = { lr = 1e-4 } }),
+    "ratio = 0.5 with optimizer Lion: DeepSpeed runs partial offload with its CPU Adam only; zrun runs Lion on both parts")
+  T.eq(w(3, 0.5, { type = "Adam", params = { lr = 1e-4 } }), "", "Adam")
+  T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 0,
+    offload_optimizer = { device = "cpu", ratio = 0.5 } } }) end, "needs zero_optimization.stage 1, 2 or 3, got 0")
+end)
+
 T.test("optimizers zrun does not implement: one plain message, no near-miss suggestion", function()
   for _, ty in ipairs { "OneBitAdam", "onebitadam", "OnebitLamb", "ZeroOneAdam", "RMSprop", "Muon" } do
     local e = T.raises(function() load({ train_batch_size = 8, optimizer = { type = ty } }) end,

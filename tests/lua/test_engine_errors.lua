@@ -70,6 +70,30 @@ T.test("ZRUN_OFFLOAD_GRADS picks where offloaded gradients accumulate, and refus
   T.eq(err:find('ZRUN_OFFLOAD_GRADS must be "device"', 1, true) ~= nil, true, err)
 end)
 
+T.test("offload_optimizer.ratio < 1 keeps the gradients on the device and refuses ZRUN_OFFLOAD_GRADS=host", function()
+  T.eq(engine_mod.offload_grads_place(1000, 4, "cpu", 0.3), "device")
+  T.eq(engine_mod.offload_grads_place(1000, 4, "cpu", 1), "host")
+  local getenv = os.getenv
+  os.getenv = function(k) if k == "ZRUN_OFFLOAD_GRADS" then return "host" end return getenv(k) end
+  local ok, err = pcall(engine_mod.offload_grads_place, 1000, 4, "cpu", 0)
+  os.getenv = getenv
+  T.eq(ok, false)
+  T.eq(err:find("ZRUN_OFFLOAD_GRADS=host: offload_optimizer.ratio = 0 keeps part of the optimizer states on the GPU",
+    1, true) ~= nil, true, err)
+  -- the engine itself refuses a split without device gradients, and a ratio outside 0..1
+  local e = init(with({ zero_optimization = { stage = 2, offload_optimizer = { device = "cpu", ratio = 0.5 } } }))
+  T.eq(e.offload_grads, "device"); T.eq(e.offload_ratio, 0.5)
+  T.eq(e.zero:split() > 0 and e.zero:split() < e.zero:partition_numel(), true, "a split")
+  local zr_ = require "zrun"
+  local m = zr_.nn.Linear(4, 3)
+  T.raises(function() zr_._C.zero_new({ stage = 2, reduce_bucket_size = 100, allgather_bucket_size = 100,
+    persistence_threshold = 0, max_live_parameters = 0, offload_optimizer = true, offload_ratio = 0.5 },
+    m:parameters(), { 0, 0 }) end, "offload_optimizer.ratio = 0.5 keeps part of the optimizer on the device")
+  T.raises(function() zr_._C.zero_new({ stage = 2, reduce_bucket_size = 100, allgather_bucket_size = 100,
+    persistence_threshold = 0, max_live_parameters = 0, offload_optimizer = true, offload_ratio = 1.5,
+    offload_grads_on_device = true }, m:parameters(), { 0, 0 }) end, "offload_optimizer.ratio must be between 0 and 1, got 1.5")
+end)
+
 T.test("offload_param below stage 3 offloads nothing, as in DeepSpeed (the config warns)", function()
   local e = init(with({ zero_optimization = { stage = 2, offload_param = { device = "cpu" } } }))
   T.eq(e.offload_param, false)

@@ -247,6 +247,16 @@ T.test("partitions over several ranks (hand-computed)", function()
     max_reuse_distance = 0 }
   T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
   T.eq(p.device.params, 16576 * 2)
+  -- offload_optimizer.ratio 0.25: a quarter of the master and states (ceil(0.25 x 41,888) = 10,472
+  -- elements) on the host, the rest on the device, and the gradients on the device
+  local pr = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    offload_optimizer = true, offload_ratio = 0.25, persistence_threshold = 0 }
+  T.eq(pr.host.optimizer, 3 * 10472 * 4); T.eq(pr.device.optimizer, 3 * (41888 - 10472) * 4)
+  T.eq(pr.host.grads, 0); T.eq(pr.device.grads >= 41888 * 4, true, "the gradient partition on the device")
+  pr = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    config = { train_micro_batch_size_per_gpu = 1, zero_optimization = { stage = 3,
+      offload_optimizer = { device = "cpu", ratio = 0.25 } } } }
+  T.eq(pr.host.optimizer, 3 * 10472 * 4, "ratio from the DeepSpeed config")
   -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
     persistence_threshold = 0, prefetch_bucket_size = 0, max_reuse_distance = 0 }

@@ -3,7 +3,7 @@
 -- (accumulated as without offload, fetched chunk by chunk at the step) must end with the same
 -- losses and weights, bit for bit, as with host gradients (bucket by bucket into the host
 -- partition): the same additions in the same order, the same sum of squares, and AdamW is
--- elementwise, so chunking cannot change a bit (except one rank at stages 1-2, see check()). With GRAD_DTYPE bf16 (data_types.grad_accum_dtype,
+-- elementwise, so chunking cannot change a bit (except one rank, see check()). With GRAD_DTYPE bf16 (data_types.grad_accum_dtype,
 -- device mode only) the gradients are rounded to bf16 after every addition: Adam divides by
 -- sqrt(v), so where a gradient is near zero the rounding may flip an update's sign (a weight then
 -- ends up to 2 lr per step away); losses must agree within 1e-3 and weights within 2 lr x steps.
@@ -26,10 +26,7 @@ local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
 cfg.device = dev
 
 local function batch(step, micro)
-  zr.manual_seed(1000 * step + micro)
-  local ids = (zr.rand({ W * MB, TLEN }) * 250):to("i64")
-  ids = ids:narrow(1, r * MB + 1, MB):contiguous()
-  return dev and ids:to(dev) or ids
+  return T.rank_batch(step, micro, { rank = r, world_size = W, mb = MB, tlen = TLEN, device = dev })
 end
 
 -- trains with the gradient partition in `place` ("device" or "host") and grad_accum_dtype `dt`
@@ -55,10 +52,11 @@ end
 local function check()
   local hl, hp = train(gdt == "none" and "device" or "host", "fp32")
   local dl, dp = train("device", gdt)
-  -- one rank at stages 1-2: host gradients are the engine's direct mode (autograd writes them
-  -- into the partition, no buckets), whose float additions run in another order: 2e-6
+  -- one rank: host gradients are the engine's direct mode (autograd writes them into the
+  -- partition, no buckets; stage 3 too, its parameters resident), whose float additions run in
+  -- another order: 2e-6
   local tol = (gdt == "bf16" or gdt == "fp16") and 2 * 1e-3 * STEPS or gdt == "none" and 2e-5 or dev and 1e-6 or
-    (W == 1 and stage < 3) and 2e-6 or 0
+    W == 1 and 2e-6 or 0
   T.near(dl, hl, tol > 1e-3 and 1e-3 or tol, 0, "losses")
   for i, p in ipairs(dp) do T.near(p, hp[i], tol, 0, "weights of parameter " .. i) end
   if gdt == "bf16" or gdt == "fp16" then -- 16-bit gradients must still differ somewhere (the rounding is real)
