@@ -874,7 +874,7 @@ static zr_status lamb_sums_all(zr_zero *z);
  * host part's; stages 1-2 over several ranks all-gather both parts from the masters instead. */
 static zr_status split_weights(zr_zero *z) {
     if (!z->split) return ZR_OK;
-    if (z->cfg.stage == 3) return state_get(z, 0, z->pshard, 0, 0, z->split);
+    if (z->cfg.stage == 3 && !z->direct) return state_get(z, 0, z->pshard, 0, 0, z->split);
     if (z->chunks > 1) return ZR_OK;
     for (int i = 0; i < z->nparams && z->params[i].offset < z->split; i++) {
         zparam *q = &z->params[i];
