@@ -633,13 +633,19 @@ zr_status zr_tcp_init(zr_comm_info *info) {
                         "for every rank, to rank 0's host and a free port (torchrun sets them)", rank, world);
     if (env_num("LOCAL_RANK", 0, 1 << 24, &lr) < 0 || env_num("LOCAL_WORLD_SIZE", 1, 1 << 24, &ls) < 0)
         return zr_error("LOCAL_RANK=%s / LOCAL_WORLD_SIZE=%s must be integers", getenv("LOCAL_RANK"), getenv("LOCAL_WORLD_SIZE"));
+    /* Under torchrun its agent already serves a TCPStore on MASTER_PORT (and tells its workers so
+     * with TORCHELASTIC_USE_AGENT_STORE): zrun's rendezvous then takes the next port. */
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const int shifted = agent && (!strcmp(agent, "True") || !strcmp(agent, "true") || !strcmp(agent, "1"));
+    if (shifted) port = port < 65535 ? port + 1 : port - 1;
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int gai = getaddrinfo(addr, NULL, &hints, &res);
     if (gai || !res) return zr_error("MASTER_ADDR=%s: %s (it must name rank 0's host, IPv4)", addr, gai_strerror(gai));
     master = *(struct sockaddr_in *)res->ai_addr;
     master.sin_port = htons((uint16_t)port);
     freeaddrinfo(res);
-    snprintf(master_str, sizeof master_str, "MASTER_ADDR:MASTER_PORT=%s:%d", addr, port);
+    snprintf(master_str, sizeof master_str, "MASTER_ADDR:MASTER_PORT=%s:%d%s", addr, port,
+             shifted ? " (MASTER_PORT's neighbour: torchrun's agent store holds MASTER_PORT)" : "");
     T.me = rank;
     T.W = world;
     star = calloc((size_t)world, sizeof *star);
@@ -654,8 +660,9 @@ zr_status zr_tcp_init(zr_comm_info *info) {
     double tmo = zr_watch_timeout(), deadline = zr_tcp_now() + (tmo > 0 ? tmo : 1e9);
     int lport = rank == 0 ? port : 0, lfd = listen_on(&lport), debug = zr_comm_debug();
     if (lfd < 0 && rank == 0 && errno == EADDRINUSE)
-        return zr_error("torchrun rendezvous: MASTER_PORT=%d is in use on rank 0's host (another job, or an earlier run "
-                        "still holding it): choose a free port for every rank (torchrun --master_port P)", port);
+        return zr_error("torchrun rendezvous: port %d%s is in use on rank 0's host (another job, or an earlier run "
+                        "still holding it): choose a free port for every rank (torchrun --master_port P)", port,
+                        shifted ? " (MASTER_PORT + 1: torchrun's agent store holds MASTER_PORT, zrun takes the next)" : "");
     if (lfd < 0) return zr_error("torchrun rendezvous: rank %d could not listen on port %d: %s", rank, lport, strerror(errno));
     gethostname(tab[rank].host, sizeof tab[rank].host - 1);
     zr_status st = rank == 0 ? gather_hellos(lfd, tab, deadline, debug) : join(lport, tab, deadline, debug, tab[rank].host);

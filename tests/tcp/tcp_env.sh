@@ -17,7 +17,7 @@ free_port() {
 # exit status (124: a rank ran past the 120 s timeout). A port taken meanwhile: once more on another.
 tcp_launch() {
   tcp_launch_on "$(free_port)" "$@"; rc=$?
-  if [ $rc -ne 0 ] && grep -q "MASTER_PORT=[0-9]* is in use" "$2/0.log"; then tcp_launch_on "$(free_port)" "$@"; rc=$?; fi
+  if [ $rc -ne 0 ] && grep -q "is in use on rank 0.s host" "$2/0.log"; then tcp_launch_on "$(free_port)" "$@"; rc=$?; fi
   return $rc
 }
 tcp_launch_on() {

@@ -106,7 +106,7 @@ blocker=$(free_port)
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$blocker ZRUN_COMM_TIMEOUT=30 timeout 30 $Z -e 'require("zrun").dist.barrier()' >/dev/null 2>&1 &
 bpid=$!; sleep 1 # a rank 0 holding the port, waiting for its rank 1
 PORT=$blocker expect_refused "a port in use: rank 0 says so in one line" \
-  "^zrun: torchrun rendezvous: MASTER_PORT=$blocker is in use on rank 0's host .*choose a free port for every rank" 4 0.2 "0 2"
+  "^zrun: torchrun rendezvous: port $blocker is in use on rank 0's host .*choose a free port for every rank" 4 0.2 "0 2"
 kill $bpid 2>/dev/null; wait $bpid 2>/dev/null
 expect_refused "a rank that never joins is named by rank 0" \
   "^zrun: torchrun rendezvous: rank 2 of WORLD_SIZE=3 did not join rank 0 at MASTER_ADDR:MASTER_PORT=127.0.0.1:[0-9]* within 2 s" 5 0.3 "0 3" "1 3"

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Under torchrun the agent already serves its TCPStore on MASTER_PORT and tells the workers with
+# TORCHELASTIC_USE_AGENT_STORE=True: zrun's rendezvous then takes MASTER_PORT + 1. Here a lone
+# rank 0 of another world holds MASTER_PORT (as the agent's store would): with the variable the
+# job runs on the next port; without it, rank 0 says the port is in use.
+cd "$(dirname "$0")/../.." || exit 1
+. tests/tcp/tcp_env.sh
+tmp=$(mktemp -d); trap 'kill $holder 2>/dev/null; rm -rf "$tmp"' EXIT
+port=$(free_port)
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZRUN_COMM_TIMEOUT=30 \
+  timeout 40 $Z tests/mpi/comm_check.lua >"$tmp/holder.log" 2>&1 &
+holder=$!
+sleep 1
+TORCHELASTIC_USE_AGENT_STORE=True tcp_launch_on $port 2 "$tmp" $Z tests/mpi/comm_check.lua; rc=$?
+if [ $rc -eq 0 ] && grep -q "^PASS" "$tmp/0.log"; then echo "PASS torchrun's agent store on MASTER_PORT: the ranks meet on the next port"
+else echo "FAIL torchrun's agent store on MASTER_PORT: rc=$rc: $(head -3 "$tmp/0.log")"; fi
+TCP_TIMEOUT=30 tcp_launch_on $port 2 "$tmp" $Z tests/mpi/comm_check.lua; rc=$?
+if [ $rc -ne 0 ] && grep -q "port $port is in use on rank 0's host" "$tmp/0.log"; then
+  echo "PASS MASTER_PORT held and no agent store: rank 0 says the port is in use"
+else echo "FAIL MASTER_PORT held and no agent store: rc=$rc: $(head -3 "$tmp/0.log")"; fi
