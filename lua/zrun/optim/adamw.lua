@@ -29,18 +29,12 @@ end
 function AdamW:step(closure)
   local loss
   if closure then loss = closure() end
-  local zeros_like = Optimizer.zeros_like
   for _, g in ipairs(self.param_groups) do
     -- parameters are stepped in batches that share a step count (usually the whole group)
     local batches, order = {}, {}
     for _, p in ipairs(g.params) do
       if has_grad(p) then
-        local s = self.state[p]
-        if not s then
-          s = { step = 0, exp_avg = zeros_like(p), exp_avg_sq = zeros_like(p) }
-          self.state[p] = s
-        end
-        s.step = s.step + 1
+        local s = self:adam_state(p)
         local b = batches[s.step]
         if not b then
           b = { {}, {}, {} }

@@ -27,18 +27,12 @@ end
 function Lamb:step(closure)
   local loss
   if closure then loss = closure() end
-  local zeros_like = Optimizer.zeros_like
   for _, g in ipairs(self.param_groups) do
     local opts = { beta1 = g.betas[1], beta2 = g.betas[2], eps = g.eps, bias_correction = g.bias_correction,
       eps_inside_sqrt = g.eps_inside_sqrt, max_coeff = g.max_coeff, min_coeff = g.min_coeff }
     for _, p in ipairs(g.params) do
       if has_grad(p) then
-        local s = self.state[p]
-        if not s then
-          s = { step = 0, exp_avg = zeros_like(p), exp_avg_sq = zeros_like(p) }
-          self.state[p] = s
-        end
-        s.step = s.step + 1
+        local s = self:adam_state(p)
         -- grad nil: the kernel reads p.grad in C; the whole tensor is one segment
         lamb_step(p, s.exp_avg, s.exp_avg_sq, nil, { { start = 1, n = p:numel(), lr = g.lr, weight_decay = g.weight_decay } },
           opts, s.step)

@@ -98,6 +98,18 @@ function Optimizer.zeros_like(p)
   return t
 end
 
+-- p's Adam-style state ({step, exp_avg, exp_avg_sq}, made on first use) with its step counted
+-- for the update about to run.
+function Optimizer:adam_state(p)
+  local s = self.state[p]
+  if not s then
+    s = { step = 0, exp_avg = Optimizer.zeros_like(p), exp_avg_sq = Optimizer.zeros_like(p) }
+    self.state[p] = s
+  end
+  s.step = s.step + 1
+  return s
+end
+
 -- {state = {[i] = {name = number or tensor}}, param_groups = {{lr = ..., params = {i, ...}}}},
 -- where i numbers the parameters 1, 2, ... across groups in order. Tensors are shared, not
 -- copied (as in torch); load_state_dict copies.
