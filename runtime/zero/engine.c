@@ -816,6 +816,12 @@ static float *state_data(zr_tensor *t) {
     return t ? (float *)zr_tensor_data(t) : NULL;
 }
 
+/* The flat buffer in partition layout that holds the 16-bit weights, if there is one: the
+ * parameters' own (direct mode: each a view at its partition offset) or the stage-3 shard. */
+static zr_tensor *flat_weights(const zr_zero *z) {
+    return z->direct ? z->pflat : z->cfg.stage == 3 ? z->pshard : NULL;
+}
+
 /* Master on the host: where the new weights (param_dtype, partition layout) go. *out: a host
  * buffer written in place (the parameters' flat buffer in direct mode, the host shard at stage 3
  * with offload_param). *sink: uploaded chunk by chunk from the pipeline's ring (one rank's whole
@@ -825,15 +831,9 @@ static void weights_target(zr_zero *z, void **out, int *sink) {
     *out = NULL;
     *sink = 0;
     if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16) return;
-    if (z->direct) { /* the parameters' flat buffer (also stage 3 in one process), or uploads into it */
-        if (zr_is_cpu(z->pflat)) *out = zr_tensor_data(z->pflat);
-        else *sink = 1;
-    } else if (z->cfg.stage == 3) {
-        if (zr_is_cpu(z->pshard)) *out = zr_tensor_data(z->pshard);
-        else *sink = 1;
-    } else if (z->chunks == 1) {
-        *sink = 1;
-    }
+    zr_tensor *flat = flat_weights(z); /* written in place on the host, else uploaded into */
+    if (flat && zr_is_cpu(flat)) *out = zr_tensor_data(flat);
+    else if (flat || z->chunks == 1) *sink = 1;
 }
 
 /* The pipeline's sink: partition elements [a, a+n) (w: their new weights, host) into the device
@@ -841,14 +841,9 @@ static void weights_target(zr_zero *z, void **out, int *sink) {
  * offsets are parameter offsets). Async H2D on the offload upload stream. */
 static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, const void *w) {
     zr_zero *z = ctx;
-    if (z->direct) { /* the parameters are views into pflat at their partition offsets */
-        zr_tensor *dst = flat_range(z->pflat, a, n);
-        zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
-        zr_tensor_release(dst);
-        return st;
-    }
-    if (z->cfg.stage == 3) {
-        zr_tensor *dst = flat_range(z->pshard, a, n);
+    zr_tensor *flat = flat_weights(z);
+    if (flat) {
+        zr_tensor *dst = flat_range(flat, a, n);
         zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
         zr_tensor_release(dst);
         return st;
@@ -874,7 +869,7 @@ static zr_status lamb_sums_all(zr_zero *z);
  * host part's; stages 1-2 over several ranks all-gather both parts from the masters instead. */
 static zr_status split_weights(zr_zero *z) {
     if (!z->split) return ZR_OK;
-    if (z->cfg.stage == 3 && !z->direct) return state_get(z, 0, z->pshard, 0, 0, z->split);
+    if (flat_weights(z)) return state_get(z, 0, flat_weights(z), 0, 0, z->split);
     if (z->chunks > 1) return ZR_OK;
     for (int i = 0; i < z->nparams && z->params[i].offset < z->split; i++) {
         zparam *q = &z->params[i];
