@@ -14,12 +14,13 @@ local cli = require("zrun.argparse").new("tests/bench/bench_load.lua", "Model lo
 cli:option("size", gpu and "1b" or "small", "1b | 8b | small (default 1b on a GPU machine, small on a CPU one)")
 cli:option("device", gpu and "cuda" or "cpu", "where from_pretrained puts the model")
 cli:option("dir", nil, "model directory (default /tmp/zrun_bench_load_<size>; written when it has no config.json)")
-cli:option("checkpoint", 1, "1: also time engine:save_checkpoint (model + AdamW state)")
+cli:option("checkpoint", -1, "1: also time engine:save_checkpoint (model + AdamW state at stage 0, 16 B/param on the device); default 1, 0 for 8b (128 GB would not fit one GPU)")
 cli:option("threads", 0, "threads reading the files (0: from_pretrained's default, min(8, CPUs))")
 local opt = cli:parse(arg)
 
 local CONFIGS = { ["1b"] = "meta-llama/Llama-3.2-1B", ["8b"] = "meta-llama/Llama-3.1-8B", small = "meta-llama/Llama-3.2-1B" }
 if not CONFIGS[opt.size] then error("bench_load: --size must be 1b, 8b or small, got " .. tostring(opt.size), 0) end
+if opt.checkpoint == -1 then opt.checkpoint = opt.size == "8b" and 0 or 1 end
 local dir = opt.dir or ("/tmp/zrun_bench_load_" .. opt.size)
 local now = C.now
 local function sync() if opt.device ~= "cpu" then zr.cuda.synchronize() end end
