@@ -9,10 +9,11 @@ for b in "$BUILD"/bench/bench_*; do
   [ -x "$b" ] || continue
   echo; echo "== $b"; "$b" || echo "(benchmark $b failed)"
 done
-# PyTorch's scaled_dot_product_attention at bench_fused's attention shapes, in the same run
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo; echo "== tests/bench/bench_attention_torch.py (PyTorch SDPA, same shapes as bench_fused)"
-  python3 tests/bench/bench_attention_torch.py 2>/dev/null || echo "(PyTorch attention benchmark failed)"
+# zrun next to PyTorch (Llama training eager / torch.compile, attention vs SDPA), one table with
+# ratios, on a machine with a GPU (the PyTorch columns only where torch is importable)
+if "$Z" -e 'os.exit(require("zrun").cuda.is_available() and 0 or 1)' 2>/dev/null; then
+  echo; echo "== tests/bench/vs_torch.sh (zrun and PyTorch in the same run)"
+  sh tests/bench/vs_torch.sh "" "$Z" "$BUILD/bench"
 fi
 for b in tests/bench/bench_*.lua; do
   [ -f "$b" ] || continue

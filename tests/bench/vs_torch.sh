@@ -1,0 +1,39 @@
+#!/bin/sh
+# zrun next to PyTorch on the GPU machine, in one table with ratios (issue 18's comparisons):
+# Llama training throughput per shape (zrun bench_llama.lua vs tests/bench/llama_torch.py, eager
+# and torch.compile, same config, same accumulation, same run), and attention forward+backward
+# (bench_fused's attention rows vs PyTorch SDPA's best backend). Without torch only zrun's side runs.
+#   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
+# CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
+# defaults to shared/data's Llama-3.2-1B config.json.
+C=${1:-}; C=${C:-${ZRUN_TEST_DATA:-../shared/data}/models/llama-3.2-1b/config.json}; Z=${2:-./zrun}; BD=${3:-build/bench}
+PY=${PYTHON:-python3}
+have_torch=0
+$PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && have_torch=1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+printf '%-30s %12s %12s %12s %10s %10s\n' "Llama training (tokens/s)" zrun "torch eager" "torch.compile" "× eager" "× compile"
+for shape in "4 512 8" "16 512 8" "4 2048 8"; do
+  set -- $shape
+  z=$($Z tests/bench/bench_llama.lua batch=$1 seq=$2 gas=$3 steps=4 2>&1 | awk '$1 == "tokens/s" { print $2 }')
+  e=- c=-
+  if [ $have_torch = 1 ]; then
+    $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 >"$tmp/t" 2>&1
+    e=$(awk '$2 == "eager" && $3 == "tokens/s" { print $4 }' "$tmp/t"); c=$(awk '$2 == "compile" && $3 == "tokens/s" { print $4 }' "$tmp/t")
+    grep "failed" "$tmp/t" >&2
+  fi
+  awk -v n="B=$1 T=$2 gas $3" -v z="${z:--}" -v e="${e:--}" -v c="${c:--}" 'BEGIN {
+    r1 = (z + 0 > 0 && e + 0 > 0) ? sprintf("%.2f", z / e) : "-"; r2 = (z + 0 > 0 && c + 0 > 0) ? sprintf("%.2f", z / c) : "-"
+    printf "%-30s %12s %12s %12s %10s %10s\n", n, z, e, c, r1, r2 }'
+done
+[ -x "$BD/bench_fused" ] || exit 0
+"$BD/bench_fused" | sed -n '/^attention/,$p' >"$tmp/za"
+[ $have_torch = 1 ] && $PY tests/bench/bench_attention_torch.py >"$tmp/ta" 2>/dev/null
+echo
+printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)" zrun "torch best" "backend" "× best"
+for T in 512 2048 8192; do
+  z=$(awk -v t="B4 T$T " 'index($0, t) == 1 { k = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) n[++k] = $i; if (k >= 3) { print n[3]; exit } }' "$tmp/za")
+  b=$(awk -v t="B4 T$T " 'index($0, t) == 1 && NF == 11 && $8 ~ /^[0-9.]+$/ { if (best == "" || $8 + 0 < best + 0) { best = $8; be = $5 } } END { print best, be }' "$tmp/ta" 2>/dev/null)
+  set -- $b
+  awk -v n="causal GQA B4 H32/8 Dh64 T=$T" -v z="${z:--}" -v b="${1:--}" -v be="${2:--}" 'BEGIN {
+    r = (z + 0 > 0 && b + 0 > 0) ? sprintf("%.2f", b / z) : "-"; printf "%-30s %12s %12s %12s %10s\n", n, z, b, be, r }'
+done
