@@ -290,8 +290,9 @@ T.test("peak total is the time-line's maximum (hand-computed, stage 2 on 2 ranks
   local states = 4 * P_ + 4 * S + 12 * S + (2 * S + 2 * S + S) * 4
   T.eq(p.timeline[1].phase, "setup"); T.eq(p.timeline[1].device, states)
   -- at the optimizer step: + the all-gather of the new weights (send S, receive 2S, f32) + what
-  -- backward left live: the logits 8 x 259 f32, the loss (4 bytes), the batch's ids (8 x i64)
-  local step = states + (S + 2 * S) * 4 + 8 * 259 * 4 + 4 + 8 * 8
+  -- backward left live: the logits 8 x 259 f32, the loss (4 bytes), the batch's ids (8 x i64),
+  -- and the model's cached rope tables (cos and sin, 8 positions x head_dim 16, f32)
+  local step = states + (S + 2 * S) * 4 + 8 * 259 * 4 + 4 + 8 * 8 + 2 * 8 * 16 * 4
   T.eq(p.timeline[3].phase, "optimizer step"); T.eq(p.timeline[3].device, step)
   T.eq(p.device.total, step, "the peak is the step's (the activations here are a few KiB)")
   T.eq(p.peak_in.device, "optimizer step")
