@@ -18,7 +18,7 @@ Sim.__index = Sim
 local function new_sim(o)
   return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
     peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0,
-    total = 0, total_peak = 0, total_peak_in = "forward" }, Sim)
+    total = 0, total_peak = 0, total_peak_in = "forward", at_peak = {} }, Sim)
 end
 
 -- Each category's own peak, and the peak of their sum (every byte the step has live at once)
@@ -30,7 +30,11 @@ function Sim:count(cat, b)
   if cat == "act" and c > self.wpeak then self.wpeak = c end
   local t = self.total + b
   self.total = t
-  if t > self.total_peak then self.total_peak, self.total_peak_in = t, self.in_bwd and "backward" or "forward" end
+  if t > self.total_peak then
+    self.total_peak, self.total_peak_in = t, self.in_bwd and "backward" or "forward"
+    local at = self.at_peak -- each category's bytes at that moment
+    for k, v in pairs(self.cur) do at[k] = v end
+  end
 end
 -- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
 function Sim:trace(phase, name)
@@ -746,11 +750,12 @@ function M.llama_activations(cfg, o)
   local g0 = S:new(4)
   S:backward(S.tape, loss.node, g0)
   -- live_peak: the most the step has live at once (every category of the simulation, the batch
-  -- included); after_backward: what is still live when the optimizer step runs (stage 3 releases
+  -- included), live_at_peak its categories then (act, grads, ws, params, other); after_backward:
+  -- what is still live when the optimizer step runs (live_after by category; stage 3 releases
   -- every gathered parameter when backward ends)
   return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
     workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
-    live_after_backward = S.total - S.cur.params }
+    live_after_backward = S.total - S.cur.params, live_at_peak = S.at_peak, live_after = S.cur }
 end
 
 return M
