@@ -12,78 +12,9 @@
 --   mpirun -np N zrun tests/mpi/plan_timeline_check.lua
 local zr = require "zrun"
 local T = zr.testing
-local P = require "zrun.memory_plan"
-local Module = require "zrun.nn.module"
-local mem, dist = zr.memory, zr.dist
-local W, rank = dist.world_size(), dist.rank()
-local gpu = os.getenv("ZRUN_CHECK_DEVICE") == "cuda"
-local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
-
--- Trains `steps` optimizer steps; returns the training peak of the sum above the baseline, and the plan.
-local function measure(c)
-  local cfg = zr.models.llama.config("zrun/tiny-llama")
-  cfg.num_hidden_layers = c.layers
-  if gpu then cfg.device, cfg.dtype = "cuda", "bf16" end
-  if jit and jit.flush then jit.flush() end -- compiled traces can keep the last case's engine alive
-  local last
-  repeat
-    last = mem.stats().total_current
-    collectgarbage()
-  until mem.stats().total_current == last
-  if gpu then zr._C.cuda.synchronize() end
-  local b0 = mem.stats(dev)
-  local base, hbase = b0.total_current, mem.stats("cpu").total_current
-  zr.manual_seed(7)
-  local model = zr.models.llama.LlamaForCausalLM(cfg)
-  if c.ckpt then model:gradient_checkpointing_enable() end
-  local ds = { train_micro_batch_size_per_gpu = c.B, gradient_accumulation_steps = c.gas or 1, steps_per_print = 1e6,
-    optimizer = { type = "AdamW", params = { lr = 1e-3 } }, bf16 = { enabled = gpu },
-    zero_optimization = { stage = c.stage, overlap_comm = c.overlap, stage3_param_persistence_threshold = 0,
-      offload_optimizer = c.offload and { device = "cpu" } or nil } }
-  zr.setenv("ZRUN_OFFLOAD_GRADS", c.grads) -- where offloaded gradients live: "device" or "host"
-  local engine = zr.initialize({ model = model, config = ds })
-  zr.setenv("ZRUN_OFFLOAD_GRADS", nil)
-  mem.reset_peak(dev)
-  if gpu then mem.reset_peak("cpu") end
-  for s = 1, 3 * (c.gas or 1) do
-    local rows = {}
-    for i = 1, c.B do
-      local r = {}
-      for j = 1, c.T do r[j] = (i * 37 + j * 11 + s * 5 + rank) % 251 end
-      rows[i] = r
-    end
-    local ids = zr.tensor(rows, { dtype = "i64" })
-    if gpu then ids = ids:to("cuda") end
-    local out = engine(ids, ids)
-    engine:backward(out.loss)
-    engine:step()
-  end
-  local st = mem.stats(dev)
-  local measured = st.total_peak - base
-  local host = mem.stats("cpu").total_peak - hbase
-  local at = {} -- each category at the peak, above the baseline
-  for _, k in ipairs(mem.categories) do at[k] = st[k].at_peak - b0[k].current end
-  -- offload: the gradients where the engine keeps them
-  local plan = P.plan { model = cfg, config = ds, seq_len = c.T, world_size = W, device = gpu and "cuda" or "cpu",
-    dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt, offload_grads = c.offload and engine.offload_grads or nil }
-  if c.offload and engine.offload_grads ~= c.grads then error("the engine keeps the gradients on the " ..
-    tostring(engine.offload_grads) .. ", not where ZRUN_OFFLOAD_GRADS=" .. c.grads .. " asked", 0) end
-  for _, h in ipairs(engine.hook_handles or {}) do h.remove() end
-  Module.fetch = nil
-  engine, model = nil, nil
-  return measured, plan, host, at
-end
-
--- "activations +2,825,574, other +37,248": measured minus planned at the peak, the categories that differ
--- (on CPU ranks the plan's host column is the same memory, held from the first step on)
-local function gaps(at, plan)
-  local out = {}
-  for _, k in ipairs(mem.categories) do
-    local d = at[k] - (plan.training_at_peak[k] or 0) - (gpu and 0 or plan.host[k] or 0)
-    if d ~= 0 then out[#out + 1] = ("%s %+d"):format(k, d) end
-  end
-  return #out > 0 and table.concat(out, ", ") or "none"
-end
+local M = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "plan_measure.lua")
+local measure, gaps, gpu, dev = M.measure, M.gaps, M.gpu, M.dev
+local W, rank = zr.dist.world_size(), zr.dist.rank()
 
 local cases = {
   { stage = 0, B = 4, T = 97, layers = 2 },
@@ -95,6 +26,9 @@ local cases = {
   { stage = 1, B = 2, T = 131, layers = 2, ckpt = true },
   { stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true },
   { stage = 2, B = 1, T = 8, layers = 2 }, -- tiny activations: over several ranks the step's all-gather is the peak
+  -- head_dim 64: on a GPU the flash kernel (16 above: the f32 composition with its T x T scores)
+  { stage = 0, B = 4, T = 97, layers = 2, head_dim = 64 },
+  { stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true, head_dim = 64 },
   -- optimizer offload with the gradients in the host partition, or in the device one (then the
   -- step copies them through the ring: memcpy on CPU ranks)
   { stage = 2, B = 4, T = 97, layers = 2, offload = true, grads = "host" },
@@ -103,9 +37,9 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 2, offload = true, grads = "device" },
 }
 for _, c in ipairs(cases) do
-  local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s"):format(dev, W,
-    c.stage, c.B, c.T, c.layers, c.gas and (" gas " .. c.gas) or "", c.ckpt and " checkpointing" or "",
-    c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "")
+  local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
+    c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
+    c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "")
   local function check()
     local m, plan, hm, at = measure(c)
     -- on the CPU the plan's device and host columns are the same memory; the setup is not in `m`
