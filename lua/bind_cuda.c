@@ -50,8 +50,9 @@ static void setnum(lua_State *L, const char *k, double v) {
 }
 
 /* { device = "cuda:0", categories = { params = {allocated=, peak=}, ... }, allocated, peak,
- *   reserved, cached, peak_reserved, n_cuda_malloc, n_cuda_free, n_alloc, n_cache_hits,
- *   device_free, device_total }  (bytes) */
+ *   reserved, cached, peak_reserved, peak_blocks, n_cuda_malloc, n_cuda_free, n_alloc, n_cache_hits,
+ *   device_free, device_total }  (bytes; allocated/peak: tensors, as asked; peak_blocks: the caching
+ *   allocator's blocks in use at most since the start, rounded, the cuBLASLt workspace included) */
 static int l_memory_summary(lua_State *L) {
     int idx = (int)luaL_optinteger(L, 1, zr_cuda_current_device());
     zr_device dev = {ZR_CUDA, (int8_t)idx};
@@ -77,6 +78,7 @@ static int l_memory_summary(lua_State *L) {
     setnum(L, "reserved", (double)c.reserved);
     setnum(L, "cached", (double)c.cached);
     setnum(L, "peak_reserved", (double)c.peak_reserved);
+    setnum(L, "peak_blocks", (double)c.peak_allocated);
     setnum(L, "n_cuda_malloc", (double)c.n_cuda_malloc);
     setnum(L, "n_cuda_free", (double)c.n_cuda_free);
     setnum(L, "n_alloc", (double)c.n_alloc);

@@ -675,6 +675,8 @@ static int l_memory_stats(lua_State *L) {
         lua_setfield(L, -2, "current");
         lua_pushnumber(L, (lua_Number)s.peak[c]);
         lua_setfield(L, -2, "peak");
+        lua_pushnumber(L, (lua_Number)s.at_peak[c]);
+        lua_setfield(L, -2, "at_peak");
         lua_setfield(L, -2, zr_mem_category_name((zr_mem_category)c));
     }
     lua_pushnumber(L, (lua_Number)s.total_current);

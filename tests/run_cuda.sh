@@ -20,5 +20,6 @@ run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_comm_timeout_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_offload_pipeline.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_tcp_gpu.sh
+run_one env ZRUN_BIN=$zrun sh tests/cuda/test_plan_timeline_gpu.sh
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,5 +1,5 @@
 -- zr.memory: live memory by category and device, from the allocator's accounting.
---   zr.memory.stats("cpu")   -> { params = {current=, peak=}, grads = ..., total_current=, total_peak= }
+--   zr.memory.stats("cpu")   -> { params = {current=, peak=, at_peak=}, grads = ..., total_current=, total_peak= }
 --   zr.memory.summary()      prints a table of every device in use (in a script as in the REPL)
 --   zr.memory.summary_text() -> that table as a string
 local C = require "zrun._C"
@@ -10,7 +10,8 @@ M.categories = { "params", "grads", "optimizer", "activations", "comm", "workspa
 M.human = require("zrun.format").human -- bytes as "1.50 GiB"
 
 -- Bytes now and at the peak per category on a device (default "cpu"), with total_current,
--- total_peak and n_allocs; reset_peak starts the peaks again from the current values.
+-- total_peak and n_allocs; each category's at_peak is its bytes at the moment of total_peak.
+-- reset_peak starts the peaks again from the current values.
 function M.stats(device) return C.memory_stats(device or "cpu") end
 function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end
 -- A line on stderr per forward op / backward node: activations now and peak inside the op (MiB).

@@ -291,6 +291,16 @@ local function build(o, s, counted)
     { phase = fb_in, device = base + (act and act.live_peak or 0) + fb_comm, host = host.sum },
     { phase = "optimizer step", device = base + (act and act.live_after_backward or 0) + step_comm, host = host.sum },
   }
+  -- what the training peak is made of, by zr.memory's categories (the allocator's at_peak):
+  -- the states, and the simulation's live bytes at its peak or, at the step, after backward
+  local function made_of(live, comm, params)
+    live = live or {}
+    return { params = states.params + (params and live.params or 0), grads = states.grads + (live.grads or 0),
+      optimizer = states.optimizer, activations = live.act or 0, comm = states.comm + comm,
+      workspace = live.ws or 0, other = live.other or 0 }
+  end
+  local at_peak = timeline[3].device > timeline[2].device and made_of(act and act.live_after, step_comm, false)
+    or made_of(act and act.live_at_peak, fb_comm, true)
   local peak_in = {}
   for _, side in ipairs { "device", "host" } do
     local t = side == "device" and dev or host
@@ -301,6 +311,7 @@ local function build(o, s, counted)
   end
 
   local plan = { device = dev, host = host, setup = setup, training_total = max(timeline[2].device, timeline[3].device),
+    training_at_peak = at_peak,
     timeline = timeline, peak_in = peak_in, settings = s, notes = notes, total_params = total,
     largest_layer_params = largest, partition_numel = S, name = r.name, pinned = pinned,
     activations_forward = act and act.forward, host_per_node = host.total * s.gpus_per_node }
@@ -312,8 +323,10 @@ end
 -- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, gpu_memory=, gc=, device=}
 -- Returns {device = {<category> = peak bytes, total=, sum=}, host = {...}, timeline = {{phase=,
 -- device=, host=}}, settings=, notes=, ...}: each category's own peak, and as `total` the most
--- live at once over setup and a training step (`sum` adds the categories' own peaks instead).
--- With optimizer offload on a GPU and offload_grads "auto" (the default, unless
+-- live at once over setup and a training step (`sum` adds the categories' own peaks instead);
+-- training_total is the most live once training runs, and training_at_peak = {<category> = bytes}
+-- what it is made of, in zr.memory's categories ("other" included: the batch, the rope tables), to
+-- set beside zr.memory.stats(dev)[category].at_peak. With optimizer offload on a GPU and offload_grads "auto" (the default, unless
 -- ZRUN_OFFLOAD_GRADS is set), the gradients stay on the GPU as the engine chooses: when their
 -- partition takes at most half of what gpu_memory (or the visible GPU) leaves free after the
 -- weights; a note says whether the other placement fits. tostring(plan) is the printed table.

@@ -18,7 +18,7 @@ Sim.__index = Sim
 local function new_sim(o)
   return setmetatable({ o = o, cur = { act = 0, grads = 0, ws = 0, params = 0, other = 0 },
     peak = { act = 0, grads = 0, ws = 0, params = 0, other = 0 }, frames = { {} }, garbage = {}, wpeak = 0, ops = {}, live = 0,
-    total = 0, total_peak = 0, total_peak_in = "forward" }, Sim)
+    total = 0, total_peak = 0, total_peak_in = "forward", at_peak = {} }, Sim)
 end
 
 -- Each category's own peak, and the peak of their sum (every byte the step has live at once)
@@ -30,7 +30,11 @@ function Sim:count(cat, b)
   if cat == "act" and c > self.wpeak then self.wpeak = c end
   local t = self.total + b
   self.total = t
-  if t > self.total_peak then self.total_peak, self.total_peak_in = t, self.in_bwd and "backward" or "forward" end
+  if t > self.total_peak then
+    self.total_peak, self.total_peak_in = t, self.in_bwd and "backward" or "forward"
+    local at = self.at_peak -- each category's bytes at that moment
+    for k, v in pairs(self.cur) do at[k] = v end
+  end
 end
 -- o.trace: the simulated timeline in the format of zr.memory.trace (ZRUN_MEM_TRACE) lines.
 function Sim:trace(phase, name)
@@ -302,7 +306,10 @@ function Sim:rms_norm(x, w, rows)
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
-    local dw = S:new(w.leaf.numel * 4)
+    local dw = S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) -- the CUDA kernel's in the weight's dtype
+    -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
+    -- rmsnorm_backward_workspace_size, at most 512 blocks)
+    if S.o.gpu then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
     S:drop(gi)
     S:release_param(w)
     return { dx, dw }
@@ -346,10 +353,17 @@ function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient ba
   return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
 end
 
-function Sim:rope(x)
+-- table_bytes: one of the (T, D) cos/sin tables in f32 (ops/rope.c)
+function Sim:rope(x, table_bytes)
   if self.o.gpu then -- the CUDA kernel reads the strided (B,H,T,D) view in place, both ways
+    -- rope_dev saves f32 copies of the tables' first halves (T, D/2), cos and sin, in the tables'
+    -- category ("other": the model's cache is made outside any op)
+    local c, sn = self:new(table_bytes / 2, "other"), self:new(table_bytes / 2, "other")
     local out = self:lua(self:new(x.n))
-    return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
+    self:record(out, { x }, { c, sn }, function(S, _, g) return { S:new(x.n) } end)
+    self:drop(c)
+    self:drop(sn)
+    return out
   end
   local xi = self:raw(x) -- the kernel reads a contiguous input
   local out = self:lua(self:new(x.n))
@@ -378,7 +392,82 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   return n
 end
 
+-- The f32 composition that CUDA runs where the flash kernel does not take the shape (ops/attention.c
+-- sdpa_composed: f32, or a head_dim other than 64 and 128): differentiable ops (to f32, GQA
+-- repeat, matmul, scale, causal mask, softmax, matmul, back to the input dtype) that materialise
+-- the (B, Hq, T, T) scores; every intermediate is held until the op returns.
+function Sim:sdpa_composed(q, k, v, shape)
+  local B, Hq, KV, T, D = unpack(shape)
+  local b = self.o.dtype_bytes
+  local nq, nk, tt = B * Hq * T * D * 4, B * KV * T * D * 4, B * Hq * T * T * 4
+  local held = {} -- the op's own references, dropped when it returns
+  local function hold(x) held[#held + 1] = x; return x end
+  local function alias(x) -- zr_tensor_retain: the same tensor (its node too)
+    self:retain(x.s)
+    return { s = x.s, n = x.n, c = x.c, node = x.node, leaf = x.leaf }
+  end
+  local function to_raw(S, _, g) return { S:raw(g) } end -- view/reshape backward: to_input
+  local function view(x, n, contig, bwd) -- a view node (no copy)
+    self:retain(x.s)
+    return self:record({ s = x.s, n = n or x.n, c = contig }, { x }, nil, bwd or to_raw)
+  end
+  local function copy(x, n) -- zr_reshape of a non-contiguous tensor: a contiguous copy
+    return self:record(self:new(n or x.n), { x }, nil, to_raw)
+  end
+  local function to(x, n) -- zr_to: a copy in the other dtype; backward casts the gradient back
+    return self:record(self:new(n), { x }, nil, function(S) return { S:new(x.n) } end)
+  end
+  local QF = hold(b == 4 and alias(q) or to(q, nq))
+  local KF = hold(b == 4 and alias(k) or to(k, nk))
+  local VF = hold(b == 4 and alias(v) or to(v, nk))
+  -- (B, KV, T, D) -> (B, KV, 1, T, D) -> expanded (B, KV, G, T, D) -> a (B, Hq, T, D) copy; the
+  -- expand's backward sums over the group (zr_sum_to_shape: a permuted contiguous copy, then the sum)
+  local function repeat_kv(x)
+    local a = x.c and view(x, nil, true) or copy(x)
+    local e = view(a, nq, false, function(S, _, g)
+      local rows = S:new(g.n)
+      local r = S:new(a.n)
+      S:drop(rows)
+      return { r }
+    end)
+    local r = copy(e, nq)
+    self:drop(a)
+    self:drop(e)
+    return r
+  end
+  local KR, VR
+  if Hq ~= KV then KR, VR = hold(repeat_kv(KF)), hold(repeat_kv(VF))
+  else KR, VR = hold(alias(KF)), hold(alias(VF)) end
+  local KT = hold(view(KR, nil, false, function(S, _, g) return { S:share(g, not g.c) } end))
+  local function matmul(a, bm, n_out, na, nb) -- saves both operands; backward dA then dB
+    return self:record(self:new(n_out), { a, bm }, { a, bm }, function(S) return { S:new(na), S:new(nb) } end)
+  end
+  local Sc = hold(matmul(QF, KT, tt, nq, nq))
+  local SS = hold(self:record(self:new(tt), { Sc }, nil, function(S) return { S:new(tt) } end)) -- zr_affine
+  local ar = self:new(T * 4, "other") -- arange(T), compared into the (T, T) u8 mask
+  local M = hold(self:new(T * T))
+  self:drop(ar)
+  local sv = self:new(4, "other") -- the fill value, a device scalar
+  local SM = hold(self:record(self:new(tt), { SS }, { M }, function(S)
+    local z = S:new(4, "other")
+    local w = S:new(tt)
+    S:drop(z)
+    return { w }
+  end))
+  self:drop(sv)
+  local P = self:new(tt)
+  hold(self:record(P, { SM }, { P }, function(S) return { S:new(tt) } end)) -- softmax saves its output
+  local O = hold(matmul(P, VR, nq, tt, nq))
+  local out = b == 4 and alias(O) or to(O, B * Hq * T * D * b)
+  self:lua(out)
+  for _, x in ipairs(held) do self:drop(x) end
+  return out
+end
+
 function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
+  if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128)) then
+    return self:sdpa_composed(q, k, v, shape)
+  end
   if self.o.gpu and strided then
     -- the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
     -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
@@ -544,6 +633,9 @@ function M.llama_activations(cfg, o)
   local N = B * T
   local S = new_sim(o)
   S.tape = {}
+  -- the model's cos/sin tables for this length, (T, D) each in the model's dtype (llama.lua
+  -- Model:rope, cached from the first step on; made outside any op: "other")
+  S:alloc(2 * T * D * b, "other")
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
@@ -601,7 +693,7 @@ function M.llama_activations(cfg, o)
       k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
       v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
     end
-    q, k = S:rope(q), S:rope(k)
+    q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
     local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, D == 64 and b == 2)
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
@@ -658,11 +750,12 @@ function M.llama_activations(cfg, o)
   local g0 = S:new(4)
   S:backward(S.tape, loss.node, g0)
   -- live_peak: the most the step has live at once (every category of the simulation, the batch
-  -- included); after_backward: what is still live when the optimizer step runs (stage 3 releases
+  -- included), live_at_peak its categories then (act, grads, ws, params, other); after_backward:
+  -- what is still live when the optimizer step runs (live_after by category; stage 3 releases
   -- every gathered parameter when backward ends)
   return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
     workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
-    live_after_backward = S.total - S.cur.params }
+    live_after_backward = S.total - S.cur.params, live_at_peak = S.at_peak, live_after = S.cur }
 end
 
 return M

@@ -42,7 +42,10 @@ static void account(zr_device dev, zr_mem_category cat, int64_t delta) {
     s->total_current += delta;
     if (s->current[cat] > s->peak[cat]) s->peak[cat] = s->current[cat];
     if (s->current[cat] > s->window_peak[cat]) s->window_peak[cat] = s->current[cat];
-    if (s->total_current > s->total_peak) s->total_peak = s->total_current;
+    if (s->total_current > s->total_peak) {
+        s->total_peak = s->total_current;
+        memcpy(s->at_peak, s->current, sizeof s->at_peak);
+    }
     if (delta > 0) s->n_allocs++;
     else s->n_frees++;
     pthread_mutex_unlock(&stats_lock);
@@ -167,7 +170,7 @@ void zr_mem_get_stats(zr_device dev, zr_mem_stats *out) {
 void zr_mem_reset_peak(zr_device dev) {
     zr_mem_stats *s = &stats[zr_device_slot(dev)];
     pthread_mutex_lock(&stats_lock);
-    for (int c = 0; c < ZR_MEM_NCATEGORIES; c++) s->peak[c] = s->current[c];
+    for (int c = 0; c < ZR_MEM_NCATEGORIES; c++) s->peak[c] = s->at_peak[c] = s->current[c];
     s->total_peak = s->total_current;
     pthread_mutex_unlock(&stats_lock);
 }

@@ -32,6 +32,7 @@ typedef struct {
     int64_t current[ZR_MEM_NCATEGORIES];
     int64_t peak[ZR_MEM_NCATEGORIES];
     int64_t total_current, total_peak; /* peak of the sum, not the sum of peaks */
+    int64_t at_peak[ZR_MEM_NCATEGORIES]; /* each category's bytes when total_peak was reached */
     int64_t window_peak[ZR_MEM_NCATEGORIES]; /* peak since zr_mem_window_reset (memory traces) */
     int64_t n_allocs, n_frees;
 } zr_mem_stats;

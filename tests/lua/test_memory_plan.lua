@@ -277,6 +277,22 @@ T.test("partitions over several ranks (hand-computed)", function()
   T.raises(function() P.plan { model = "zrun/tiny-llama", seq_len = 1 } end, "at least 2")
 end)
 
+T.test("the GPU plan of the tiny Llama is the H200's measured peak (issue 17)", function()
+  -- tests/cuda/test_plan_timeline_gpu.sh on one H200 (RESULTS.md, session 6): stage 0, B=4 T=97,
+  -- 2 layers, bf16, measured 7,781,262 B. head_dim 16 runs CUDA's f32 attention composition, whose
+  -- (B, Hq, T, T) scores the plan once left out (it planned the flash kernel: 4,955,688 B).
+  local cfg = require("zrun.models.llama").config("zrun/tiny-llama")
+  cfg.num_hidden_layers = 2
+  local ds = { train_micro_batch_size_per_gpu = 4, optimizer = { type = "AdamW", params = { lr = 1e-3 } },
+    bf16 = { enabled = true }, zero_optimization = { stage = 0 } }
+  local p = P.plan { model = cfg, config = ds, seq_len = 97, device = "cuda" }
+  T.eq(p.training_total, 7781262)
+  -- what the peak is made of adds up to it
+  local n = 0
+  for _, v in pairs(p.training_at_peak) do n = n + v end
+  T.eq(n, p.training_total)
+end)
+
 T.test("peak total is the time-line's maximum (hand-computed, stage 2 on 2 ranks)", function()
   -- tiny-llama, f32, 2 ranks, micro-batch 1 x 8 tokens: P = 125,632; S = sum ceil(n/2) = 62,816
   -- (per layer q, o 2,048; k, v 1,024; gate/up/down 5,632; norms 32 -> 23,104; x2 + embed and
@@ -290,8 +306,9 @@ T.test("peak total is the time-line's maximum (hand-computed, stage 2 on 2 ranks
   local states = 4 * P_ + 4 * S + 12 * S + (2 * S + 2 * S + S) * 4
   T.eq(p.timeline[1].phase, "setup"); T.eq(p.timeline[1].device, states)
   -- at the optimizer step: + the all-gather of the new weights (send S, receive 2S, f32) + what
-  -- backward left live: the logits 8 x 259 f32, the loss (4 bytes), the batch's ids (8 x i64)
-  local step = states + (S + 2 * S) * 4 + 8 * 259 * 4 + 4 + 8 * 8
+  -- backward left live: the logits 8 x 259 f32, the loss (4 bytes), the batch's ids (8 x i64),
+  -- and the model's cached rope tables (cos and sin, 8 positions x head_dim 16, f32)
+  local step = states + (S + 2 * S) * 4 + 8 * 259 * 4 + 4 + 8 * 8 + 2 * 8 * 16 * 4
   T.eq(p.timeline[3].phase, "optimizer step"); T.eq(p.timeline[3].device, step)
   T.eq(p.device.total, step, "the peak is the step's (the activations here are a few KiB)")
   T.eq(p.peak_in.device, "optimizer step")
