@@ -149,7 +149,25 @@ void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*
     t->hook_ctx_free = ctx_free;
 }
 
+/* Whether a fresh leaf gradient can simply be g itself (as PyTorch's AccumulateGrad steals it):
+ * nothing else holds g or its storage (refcount 1 each: the caller's reference), it has the
+ * leaf's dtype, shape and device, and it fills its own storage exactly. Saves a copy of every
+ * gradient that arrives with no .grad to add into (ZeRO stages 2-3 over several ranks release
+ * .grad once bucketed, so that is every parameter at every micro-batch). */
+static int can_steal(const zr_tensor *leaf, const zr_tensor *g) {
+    const zr_storage *s = g->storage;
+    return g->refcount == 1 && s->refcount == 1 && !s->external && g->dtype == leaf->dtype &&
+           !g->grad_fn && !g->requires_grad && g->offset == 0 && zr_tensor_is_contiguous(g) &&
+           zr_tensor_same_shape(g, leaf) && zr_device_eq(s->device, leaf->storage->device) &&
+           s->nbytes == (size_t)zr_tensor_numel(g) * zr_dtype_size(g->dtype);
+}
+
 zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g) {
+    if (!leaf->grad && can_steal(leaf, g)) {
+        zr_storage_set_category(g->storage, ZR_MEM_GRADS);
+        leaf->grad = zr_tensor_retain(g);
+        return ZR_OK;
+    }
     if (!leaf->grad) {
         zr_tensor *c = zr_tensor_new_cat(leaf->dtype, leaf->storage->device, leaf->ndim, leaf->shape,
                                          ZR_MEM_GRADS, 0);

@@ -111,7 +111,9 @@ void zr_autograd_profile_report(char *buf, size_t len);
 /* Leaf gradient hook (ZeRO engine); ctx is freed with ctx_free when replaced or the leaf dies. */
 void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*ctx_free)(void *));
 
-/* Adds g into the leaf's gradient (allocating it, category grads, dtype of the leaf). */
+/* Adds g into the leaf's gradient (allocating it, category grads, dtype of the leaf). With no
+ * gradient yet, g itself becomes it when nobody else holds g (refcount 1, its storage too) and it
+ * matches the leaf (dtype, shape, device, contiguous, exactly its storage): no copy. */
 zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g);
 
 /* Reduces a broadcast gradient back to the input's shape by summing the expanded dims. */
