@@ -67,6 +67,25 @@ T.test("fresh leaf gradient taken without a copy, never when shared", function()
   T.near(x.grad, { 1, 1, 1 }, 0)
 end)
 
+-- The per-op profile charges a forward op the time since the previous one; a mark between them
+-- takes the host work done there (the engine's garbage collection) under its own name.
+T.test("profile mark takes the time before it", function()
+  local C = zr._C
+  local x = zr.randn(8, { requires_grad = true })
+  local function spin(s) local t = C.now(); while C.now() - t < s do end end
+  C.autograd_profile(true)
+  local y = x * 2
+  spin(0.03)
+  C.autograd_profile_mark("host work", "cpu")
+  y = y * 3
+  C.autograd_profile(false)
+  local rep = C.autograd_profile_report()
+  local mark = tonumber(rep:match("host work%s+1%s+([%d.]+)"))
+  local op = tonumber(rep:match("fwd affine%s+%d+%s+([%d.]+)"))
+  assert(mark and mark >= 25, "the mark should hold the 30 ms spin:\n" .. rep)
+  assert(op and op < 25, "the next op should not:\n" .. rep)
+end)
+
 T.test("no_grad and graph freed", function()
   local x = r(3)
   local y = zr.no_grad(function() return x * 2 end)
