@@ -416,6 +416,11 @@ static int l_autograd_profile(lua_State *L) {
     zr_autograd_profile(lua_toboolean(L, 1));
     return 0;
 }
+/* autograd_profile_mark(name, device): the time since the previous forward op goes to `name` */
+static int l_autograd_profile_mark(lua_State *L) {
+    zr_autograd_profile_mark(luaL_checkstring(L, 1), zr_l_checkdevice(L, 2));
+    return 0;
+}
 static int l_memory_trace(lua_State *L) {
     zr_autograd_mem_trace(lua_toboolean(L, 1));
     return 0;
@@ -745,6 +750,7 @@ static const luaL_Reg functions[] = {
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
     {"is_grad_enabled", l_is_grad_enabled},
     {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report},
+    {"autograd_profile_mark", l_autograd_profile_mark},
     {"memory_trace", l_memory_trace}, {"memory_stats", l_memory_stats},
     {"memory_reset_peak", l_memory_reset_peak}, {"set_default_category", l_set_default_category},
     {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},

@@ -491,7 +491,10 @@ function Engine:backward(loss)
   self.zero:backward_begin(self:is_gradient_accumulation_boundary())
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.
+  -- A full collection costs host time (~0.2-1 ms, the whole Lua heap) at every micro-batch; the
+  -- per-op profile (bench_llama breakdown=2) shows it as its own entry, not as the next op's.
   collectgarbage("collect")
+  C.autograd_profile_mark("lua gc (engine:backward)", self.device)
   local l = scale ~= 1 and loss * scale or loss
   self.in_backward = true
   l:backward()

@@ -149,7 +149,25 @@ void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*
     t->hook_ctx_free = ctx_free;
 }
 
+/* Whether a fresh leaf gradient can simply be g itself (as PyTorch's AccumulateGrad steals it):
+ * nothing else holds g or its storage (refcount 1 each: the caller's reference), it has the
+ * leaf's dtype, shape and device, and it fills its own storage exactly. Saves a copy of every
+ * gradient that arrives with no .grad to add into (ZeRO stages 2-3 over several ranks release
+ * .grad once bucketed, so that is every parameter at every micro-batch). */
+static int can_steal(const zr_tensor *leaf, const zr_tensor *g) {
+    const zr_storage *s = g->storage;
+    return g->refcount == 1 && s->refcount == 1 && !s->external && g->dtype == leaf->dtype &&
+           !g->grad_fn && !g->requires_grad && g->offset == 0 && zr_tensor_is_contiguous(g) &&
+           zr_tensor_same_shape(g, leaf) && zr_device_eq(s->device, leaf->storage->device) &&
+           s->nbytes == (size_t)zr_tensor_numel(g) * zr_dtype_size(g->dtype);
+}
+
 zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g) {
+    if (!leaf->grad && can_steal(leaf, g)) {
+        zr_storage_set_category(g->storage, ZR_MEM_GRADS);
+        leaf->grad = zr_tensor_retain(g);
+        return ZR_OK;
+    }
     if (!leaf->grad) {
         zr_tensor *c = zr_tensor_new_cat(leaf->dtype, leaf->storage->device, leaf->ndim, leaf->shape,
                                          ZR_MEM_GRADS, 0);
@@ -292,26 +310,30 @@ static double fwd_last_ms;
 #ifdef ZR_HAVE_CUDA
 static cudaEvent_t fwd_last_ev;
 #endif
-static char fwd_names[64][40];
+static char fwd_names[64][48];
 static int fwd_nnames;
 
-static const char *fwd_label(const char *name) {
+/* The profile's entry name `prefix name`, kept for the report (the entry keeps the pointer). */
+static const char *prof_label(const char *prefix, const char *name) {
+    char want[sizeof fwd_names[0]];
+    snprintf(want, sizeof want, "%s%s", prefix, name);
     for (int i = 0; i < fwd_nnames; i++)
-        if (strcmp(fwd_names[i] + 4, name) == 0) return fwd_names[i];
+        if (strcmp(fwd_names[i], want) == 0) return fwd_names[i];
     if (fwd_nnames == 64) return "fwd other";
-    snprintf(fwd_names[fwd_nnames], sizeof fwd_names[0], "fwd %s", name);
+    memcpy(fwd_names[fwd_nnames], want, sizeof want);
     return fwd_names[fwd_nnames++];
 }
 
 static double now_ms(void);
-static void prof_forward(const char *name, zr_device dev) {
+/* Charges the time since the previous mark (a forward op or zr_autograd_profile_mark) to entry. */
+static void prof_charge(const char *entry, zr_device dev) {
 #ifdef ZR_HAVE_CUDA
     if (dev.type == ZR_CUDA) {
         cudaEvent_t e = zr_cuda_event_new(1);
         zr_cuda_event_record(e, zr_cuda_stream(dev));
         zr_cuda_event_sync(e);
         if (fwd_last_ev) {
-            prof_add(fwd_label(name), zr_cuda_event_elapsed_ms(fwd_last_ev, e));
+            prof_add(entry, zr_cuda_event_elapsed_ms(fwd_last_ev, e));
             zr_cuda_event_free(fwd_last_ev);
         }
         fwd_last_ev = e;
@@ -320,8 +342,14 @@ static void prof_forward(const char *name, zr_device dev) {
 #endif
     (void)dev;
     double t = now_ms();
-    if (fwd_last_ms > 0) prof_add(fwd_label(name), t - fwd_last_ms);
+    if (fwd_last_ms > 0) prof_add(entry, t - fwd_last_ms);
     fwd_last_ms = t;
+}
+
+static void prof_forward(const char *name, zr_device dev) { prof_charge(prof_label("fwd ", name), dev); }
+
+void zr_autograd_profile_mark(const char *name, zr_device dev) {
+    if (prof_on) prof_charge(prof_label("", name), dev);
 }
 
 static double now_ms(void) {

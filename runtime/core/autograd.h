@@ -107,11 +107,17 @@ void zr_autograd_profile(int on);
 void zr_autograd_mem_trace(int on);
 /* Writes "op  calls  total ms  share" lines into buf and resets the counters. */
 void zr_autograd_profile_report(char *buf, size_t len);
+/* While profiling: charges the time since the previous forward op (or mark) to an entry `name` of
+ * its own, so host work between ops (the engine's garbage collection) is not charged to the op
+ * that follows it. A no-op when profiling is off. */
+void zr_autograd_profile_mark(const char *name, zr_device dev);
 
 /* Leaf gradient hook (ZeRO engine); ctx is freed with ctx_free when replaced or the leaf dies. */
 void zr_tensor_set_grad_hook(zr_tensor *t, zr_grad_hook hook, void *ctx, void (*ctx_free)(void *));
 
-/* Adds g into the leaf's gradient (allocating it, category grads, dtype of the leaf). */
+/* Adds g into the leaf's gradient (allocating it, category grads, dtype of the leaf). With no
+ * gradient yet, g itself becomes it when nobody else holds g (refcount 1, its storage too) and it
+ * matches the leaf (dtype, shape, device, contiguous, exactly its storage): no copy. */
 zr_status zr_accumulate_leaf_grad(zr_tensor *leaf, zr_tensor *g);
 
 /* Reduces a broadcast gradient back to the input's shape by summing the expanded dims. */

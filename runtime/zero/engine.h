@@ -9,7 +9,19 @@
  *
  * Per step: zr_zero_backward_begin (is this micro-step the accumulation boundary?), autograd
  * (leaf hooks feed gradients into buckets at stages 2–3), zr_zero_backward_end (flush), and at
- * the boundary zr_zero_reduce (stages 0–1), zr_zero_grad_norm, zr_zero_step, zr_zero_zero_grad. */
+ * the boundary zr_zero_reduce (stages 0–1), zr_zero_grad_norm, zr_zero_step, zr_zero_zero_grad.
+ *
+ * Passes over the gradients (N parameters, fp32 accumulation; traced on the CPU, issue 18). Folded
+ * already: 1/gas rides on the loss (a scalar), 1/world, 1/loss scale and the clip coefficient in
+ * the optimizer's one grad_scale (a device scalar read inside the update), zero_grad is lazy
+ * (grad_stale: the next gradient overwrites). What remains, direct mode (stage 0, or one rank) on
+ * a GPU: per micro-batch none beyond the GEMMs (dW accumulates into the fp32 partition with beta 1;
+ * the tied embedding adds its rows); per step the norm (reads 4N bytes) and the fused optimizer
+ * (AdamW: reads 16N, writes 14N with the 16-bit weights). On the CPU each micro-batch also adds a
+ * separate dW into the partition. Over several ranks: stages 0-1 reduce at the boundary (pack 4N
+ * into buckets, reduce, add into the partition) and stage 1 fills the whole .grad at zero_grad;
+ * stages 2-3 pack every micro-batch's 16-bit dW (2N read, 2N written) into buckets as backward
+ * runs and add the reduced segments into the partition. */
 #ifndef ZR_ZERO_H
 #define ZR_ZERO_H
 

@@ -41,6 +41,51 @@ T.test("grad accumulates and hook order", function()
   T.near(w.grad, expect, 1e-12)
 end)
 
+-- A fresh leaf gradient is the incoming one itself when nothing else holds it (no copy: one
+-- allocation fewer, counted in grads), and a copy when something does: the same gradient handed to
+-- two leaves, or a gradient the caller passed in.
+T.test("fresh leaf gradient taken without a copy, never when shared", function()
+  local w = zr.randn(1000, { requires_grad = true })
+  local y = (w * 3):sum()
+  local before = zr.memory.stats("cpu")
+  y:backward()
+  local after = zr.memory.stats("cpu")
+  T.near(w.grad, zr.full({ 1000 }, 3), 0)
+  T.eq(after.grads.current - before.grads.current, 4000) -- the gradient moved into grads
+  local y2 = (w * 3):sum()
+  local b2 = zr.memory.stats("cpu").n_allocs
+  w.grad = nil
+  y2:backward() -- the seed, sum's expanded gradient, mul's product; a copy into a new .grad: a fourth
+  T.eq(zr.memory.stats("cpu").n_allocs - b2, 3)
+  local a, b = zr.randn(4, { requires_grad = true }), zr.randn(4, { requires_grad = true })
+  for _ = 1, 2 do ((a + b) * 1):sum():backward() end -- add hands both leaves one tensor
+  T.near(a.grad, { 2, 2, 2, 2 }, 0)
+  T.near(b.grad, { 2, 2, 2, 2 }, 0)
+  local x, g = zr.randn(3, { requires_grad = true }), zr.ones(3)
+  x:backward(g)
+  g:fill_(5)
+  T.near(x.grad, { 1, 1, 1 }, 0)
+end)
+
+-- The per-op profile charges a forward op the time since the previous one; a mark between them
+-- takes the host work done there (the engine's garbage collection) under its own name.
+T.test("profile mark takes the time before it", function()
+  local C = zr._C
+  local x = zr.randn(8, { requires_grad = true })
+  local function spin(s) local t = C.now(); while C.now() - t < s do end end
+  C.autograd_profile(true)
+  local y = x * 2
+  spin(0.03)
+  C.autograd_profile_mark("host work", "cpu")
+  y = y * 3
+  C.autograd_profile(false)
+  local rep = C.autograd_profile_report()
+  local mark = tonumber(rep:match("host work%s+1%s+([%d.]+)"))
+  local op = tonumber(rep:match("fwd affine%s+%d+%s+([%d.]+)"))
+  assert(mark and mark >= 25, "the mark should hold the 30 ms spin:\n" .. rep)
+  assert(op and op < 25, "the next op should not:\n" .. rep)
+end)
+
 T.test("no_grad and graph freed", function()
   local x = r(3)
   local y = zr.no_grad(function() return x * 2 end)
