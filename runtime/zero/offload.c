@@ -36,6 +36,8 @@ struct zr_offload {
     zr_dtype pdt;
     int n;
     zr_offload_segment *segs;
+    offload_adamw_piece *pieces; /* one chunk's AdamW pieces (n), for offload_adamw_pieces_cpu */
+    int stream;                  /* ZRUN_OFFLOAD_STREAM: new weights with streaming stores (default 1) */
     unsigned char *fresh; /* per segment: its gpart range is logically zero but not yet written */
     int lazy, pinned;
     zr_tensor *stage; /* host staging for D2H copies: >= cap f32 elements; slot = bucket offset */
@@ -120,13 +122,18 @@ zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype 
                                  "chunk, got \"%s\"; unset it for the default (16777216)", ce);
         chunk = v;
     }
+    const char *se = getenv("ZRUN_OFFLOAD_STREAM");
+    if (se && *se && strcmp(se, "0") != 0 && strcmp(se, "1") != 0)
+        return zr_error_null("ZRUN_OFFLOAD_STREAM must be 1 (write the new weights with streaming stores) or 0 "
+                             "(normal stores), got \"%s\"; unset it for the default (1)", se);
     zr_offload *o = calloc(1, sizeof *o);
     if (!o) return zr_error_null("out of host memory");
     o->segs = malloc(sizeof *o->segs * (size_t)(n > 0 ? n : 1));
     o->fresh = calloc((size_t)(n > 0 ? n : 1), 1);
+    o->pieces = malloc(sizeof *o->pieces * (size_t)(n > 0 ? n : 1));
     o->pend_cap = n > 16 ? n : 16;
     o->pend = malloc(sizeof *o->pend * (size_t)o->pend_cap);
-    if (!o->segs || !o->fresh || !o->pend) {
+    if (!o->segs || !o->fresh || !o->pend || !o->pieces) {
         zr_offload_free(o);
         return zr_error_null("out of host memory");
     }
@@ -140,6 +147,7 @@ zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype 
     o->pdt = pdt;
     o->pinned = pinned;
     o->lazy = lazy;
+    o->stream = !(se && strcmp(se, "0") == 0);
     o->chunk = chunk < S ? chunk : S > 0 ? S : 1;
     o->mode = gpart ? "host" : "device";
     const char *e = getenv("ZRUN_OFFLOAD_PROFILE");
@@ -181,6 +189,7 @@ void zr_offload_free(zr_offload *o) {
     zr_tensor_release(o->gpart);
     free(o->segs);
     free(o->fresh);
+    free(o->pieces);
     free(o->pend);
     free(o);
 }
@@ -526,6 +535,17 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
                 lamb_apply_cpu(p->master + i, p->m + i, p->v + i, w ? (char *)w + (size_t)(x - a) * we : NULL, o->pdt,
                                &piece, 1, p->c, p->step, p->lamb_sums + 2 * k);
         }
+        return ZR_OK;
+    }
+    if (p->c->kind == ZR_OPTIM_ADAMW) { /* every segment of the chunk in one parallel region */
+        int np = 0;
+        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+            const zr_offload_segment *s = &o->segs[k];
+            int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
+            if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
+        }
+        offload_adamw_pieces_cpu(p->master + (a - p->base), p->m + (a - p->base), p->v + (a - p->base), g, g_dt,
+                                 o->pieces, np, p->c, p->step, p->grad_scale, w, o->pdt, o->stream);
         return ZR_OK;
     }
     for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
