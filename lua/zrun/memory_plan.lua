@@ -270,10 +270,14 @@ local function build(o, s, counted)
   -- Setup (model construction + zr.initialize), before the first step: zrun builds the model
   -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
   -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
-  local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
-    grads = states.grads, optimizer = states.optimizer, comm = states.comm }
+  -- Each category's own peak; the total is the most live at once. Direct mode copies the
+  -- parameters into one flat buffer (freeing the originals as it goes) before it makes the
+  -- gradient partition (zero.c flatten_params): the copy or the partition, never both.
+  local setup = { params = total * b + (direct and S * b or 0), grads = states.grads, optimizer = states.optimizer,
+    comm = states.comm }
   if stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
   setup.total = setup.params + setup.grads + setup.optimizer + setup.comm
+  if direct then setup.total = setup.total - min(S * b, setup.grads) end
   if stage == 3 then
     notes[#notes + 1] = fmt("stage 3: the model is built whole before zr.initialize partitions it; that setup " ..
       "peak is %s per rank (the whole model in %s%s, and the states)", human(setup.total), s.dtype,

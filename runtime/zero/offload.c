@@ -400,14 +400,16 @@ void zr_offload_set_mode(zr_offload *o, const char *mode) { o->mode = mode; }
 
 /* --- the step's pipeline --- */
 
-/* The ring's host slots, made on first use (pinned when the partition is and a GPU is involved). */
-static zr_status ring_ready(zr_offload *o, int need_in) {
+/* The ring's host slots, made on first use (pinned when the partition is and a GPU is involved):
+ * in-slots when the gradients come through the ring, out-slots when the new weights go out
+ * through it (a sink), not when they are written in place. */
+static zr_status ring_ready(zr_offload *o, int need_in, int need_out) {
     int pin = o->pinned && o->dev.type == ZR_CUDA;
     if (need_in && !o->ring_in) {
         o->ring_in = host_buf(ZR_F32, RING * o->chunk, ZR_MEM_COMM, pin, &o->in_pinned);
         if (!o->ring_in) return ZR_ERR;
     }
-    if (!o->ring_out) {
+    if (need_out && !o->ring_out) {
         o->ring_out = host_buf(o->pdt, RING * o->chunk, ZR_MEM_COMM, pin, &o->out_pinned);
         if (!o->ring_out) return ZR_ERR;
     }
@@ -612,8 +614,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     zr_tensor *grads = p->c && p->lamb != 2 ? p->grads : NULL;
     if (p->c && p->lamb != 2 && !grads) ZR_CHECK(zr_offload_grad_sync(o));
     int gpu = o->dev.type == ZR_CUDA && ((grads && !zr_is_cpu(grads)) || (!p->out && p->sink));
-    if (!p->out && p->sink) ZR_CHECK(ring_ready(o, grads != NULL));
-    else if (grads) ZR_CHECK(ring_ready(o, 1));
+    ZR_CHECK(ring_ready(o, grads != NULL, !p->out && p->sink));
 #ifdef ZR_HAVE_CUDA
     if (gpu) { /* copies start after what the compute stream has queued (backward; reads of the weights),
                 * or after the mark */

@@ -19,8 +19,8 @@
  * (OpenMP, one parallel region per chunk; AVX-512/AVX2 clones picked at load time) writing the
  * new 16-bit weights into an out slot with streaming stores (no read-for-ownership) || H2D of chunk k-1 from its out slot into the parameters (upload stream). The compute
  * stream waits for the last upload. Host memory in device mode: fp32 master + optimizer states
- * + the ring (R x C x (4 + 2) bytes); no host gradient partition and no host copy of the 16-bit
- * weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
+ * + the ring (R x C x 4 bytes of in-slots, and R x C x 2 of out-slots where the weights are
+ * uploaded); no host gradient partition and no host copy of the 16-bit weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
  * run the same loop runs with memcpy for the copies, so CI exercises its bookkeeping.
  *
  * Partial offload (offload_optimizer.ratio < 1, engine.c's split): the engine keeps the head of
