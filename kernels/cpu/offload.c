@@ -315,6 +315,18 @@ void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_
     }
 }
 
+void offload_accumulate16_cpu(uint16_t *dst, zr_dtype dst_dt, const void *src, zr_dtype src_dt, int64_t n,
+                              int overwrite) {
+#pragma omp parallel for schedule(static) if (n > PAR_N)
+    for (int64_t i = 0; i < n; i++) {
+        float s = src_dt == ZR_F32    ? ((const float *)src)[i]
+                  : src_dt == ZR_BF16 ? zr_bf16_to_f32(((const uint16_t *)src)[i])
+                                      : zr_f16_to_f32(((const uint16_t *)src)[i]);
+        if (!overwrite) s = (dst_dt == ZR_BF16 ? zr_bf16_to_f32(dst[i]) : zr_f16_to_f32(dst[i])) + s;
+        dst[i] = dst_dt == ZR_BF16 ? bf16_rne(s) : zr_f32_to_f16(s);
+    }
+}
+
 void offload_fill_cpu(float *dst, int64_t n, float v) {
 #pragma omp parallel if (n > PAR_N)
     {

@@ -77,6 +77,12 @@ void lamb_apply_cpu(float *param, const float *m, const float *v, void *param_lp
 /* dst (n, f32) += src (n, src_dt: ZR_F32, ZR_BF16 or ZR_F16), or dst = src when overwrite. */
 void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite);
 
+/* dst (n, dst_dt: ZR_BF16 or ZR_F16 bit patterns) = dst + src rounded to nearest even, the sum in
+ * f32 of both widened exactly (src: n of ZR_F32, ZR_BF16 or ZR_F16), as a 16-bit tensor's add_
+ * does; or dst = src rounded when overwrite. */
+void offload_accumulate16_cpu(uint16_t *dst, zr_dtype dst_dt, const void *src, zr_dtype src_dt, int64_t n,
+                              int overwrite);
+
 /* dst (n, f32) = v. */
 void offload_fill_cpu(float *dst, int64_t n, float v);
 

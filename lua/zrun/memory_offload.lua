@@ -46,8 +46,8 @@ M.LAYOUT = {
     pinned = { comm = true },
   },
   -- (b) the gradients of the host's share go to the host bucket by bucket (from a GPU through a
-  -- pinned staging buffer of one bucket) and accumulate there in fp32; the new weights go back
-  -- through the ring's out-slots where M.uploads says so
+  -- pinned staging buffer of one bucket, f32-sized) and accumulate there in fp32 or
+  -- grad_accum_dtype; the new weights go back through the ring's out-slots where M.uploads says so
   host = {
     device = {
       grads = function(e) return (e.S - e.h) * e.g end,
@@ -55,7 +55,7 @@ M.LAYOUT = {
     },
     host = {
       optimizer = function(e) return e.h * (1 + e.k) * 4 end,
-      grads = function(e) return e.h * 4 end, -- fp32 (the engine refuses grad_accum_dtype here)
+      grads = function(e) return e.h * e.g end,
       comm = function(e) return (e.gpu and e.cap * 4 or 0) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
     pinned = { grads = true, comm = true },

@@ -185,10 +185,6 @@ local function build(o, s, counted)
   local pinned = 0
   if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
     pinned = Off.place(s, S, cap, dev, host)
-    if s.offload_grads == "host" and s.grad_bytes ~= 4 then
-      notes[#notes + 1] = "data_types.grad_accum_dtype 16-bit needs the gradients on the GPU: with them on the host " ..
-        "the engine stops (remove grad_accum_dtype, or ZRUN_OFFLOAD_GRADS=device); counted in fp32 here"
-    end
   else
     dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
     dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
@@ -367,9 +363,6 @@ function M.plan(o)
   local why = fmt("the partition, %s, takes %s half of the %s free after the weights (of %s usable)", human(part),
     Off.device_grads_fit(pd.partition_numel, s.grad_bytes, free) and "at most" or "more than", human(free), human(usable))
   local function other(q, env)
-    if q.settings.offload_grads == "host" and s.grad_bytes ~= 4 then
-      return env .. " would stop: the engine refuses 16-bit gradients on the host"
-    end
     return q.device.total <= usable and fmt("%s fits too: GPU %s, host %s per rank", env, human(q.device.total),
       human(q.host.total)) or fmt("%s would need GPU %s per rank", env, human(q.device.total))
   end

@@ -337,14 +337,11 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                              "reads the gradient partition there: set offload_grads_on_device (ZRUN_OFFLOAD_GRADS "
                              "device) or ratio 1", cfg->offload_ratio);
     }
-    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev) {
+    /* with offload_optimizer the host gradient partition may be 16-bit too (zero/offload.c rounds
+     * each addition as a device partition would) */
+    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev && !cfg->offload_optimizer) {
         const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
-        if (cfg->offload_optimizer)
-            return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the gradient partition on the GPU; with "
-                                 "offload_optimizer it goes to the host here (not enough free GPU memory, or "
-                                 "ZRUN_OFFLOAD_GRADS=host): remove grad_accum_dtype (fp32 gradients) or set "
-                                 "ZRUN_OFFLOAD_GRADS=device", dt);
         return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
                              "are on the host (a CPU run): remove grad_accum_dtype (fp32 gradients) or keep the "
                              "optimizer on the GPU", dt);

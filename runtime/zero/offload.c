@@ -29,8 +29,10 @@ typedef struct {
 
 struct zr_offload {
     zr_offload *next; /* registry of live states (zr_offload_find) */
-    zr_tensor *gpart; /* f32 (S), host, retained */
-    float *g;
+    zr_tensor *gpart; /* f32, bf16 or f16 (S, gdt: data_types.grad_accum_dtype), host, retained */
+    char *g;
+    zr_dtype gdt;
+    size_t ges; /* bytes of a gpart element */
     int64_t S, cap;
     zr_device dev;
     zr_dtype pdt;
@@ -106,10 +108,10 @@ static void host_buf_free(zr_tensor *t, int pinned) {
 
 zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
                            const zr_offload_segment *segs, int64_t cap, int pinned, int lazy) {
-    if (gpart && (!zr_is_cpu(gpart) || gpart->dtype != ZR_F32 || !zr_tensor_is_contiguous(gpart) ||
-                  zr_tensor_numel(gpart) != S))
-        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32 host tensor of %lld "
-                             "elements", (long long)S);
+    if (gpart && (!zr_is_cpu(gpart) || !zr_tensor_is_contiguous(gpart) || zr_tensor_numel(gpart) != S ||
+                  (gpart->dtype != ZR_F32 && gpart->dtype != ZR_BF16 && gpart->dtype != ZR_F16)))
+        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32, bf16 or f16 host tensor "
+                             "of %lld elements", (long long)S);
     if (pdt != ZR_F32 && pdt != ZR_BF16 && pdt != ZR_F16)
         return zr_error_null("ZeRO offload: parameters must be f32, bf16 or f16, got %s", zr_dtype_name(pdt));
     int64_t chunk = 1 << 24;
@@ -141,6 +143,8 @@ zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype 
     o->n = n;
     o->gpart = gpart ? zr_tensor_retain(gpart) : NULL;
     o->g = gpart ? zr_tensor_data(gpart) : NULL;
+    o->gdt = gpart ? gpart->dtype : ZR_F32;
+    o->ges = zr_dtype_size(o->gdt);
     o->S = S;
     o->cap = cap;
     o->dev = dev;
@@ -221,6 +225,18 @@ static zr_status after_compute(zr_offload *o, zr_device dev) {
 }
 #endif
 
+/* gpart[off : off+n] += src (n, src_dt), or = src when overwrite; a 16-bit gpart rounds each sum. */
+static void accumulate(zr_offload *o, int64_t off, const void *src, zr_dtype src_dt, int64_t n, int overwrite) {
+    if (o->gdt == ZR_F32) offload_accumulate_cpu((float *)o->g + off, src, src_dt, n, overwrite);
+    else offload_accumulate16_cpu((uint16_t *)o->g + off, o->gdt, src, src_dt, n, overwrite);
+}
+
+/* gpart[off : off+n] = 0. */
+static void zero_range(zr_offload *o, int64_t off, int64_t n) {
+    if (o->gdt == ZR_F32) offload_fill_cpu((float *)o->g + off, n, 0);
+    else memset(o->g + (size_t)off * o->ges, 0, (size_t)n * o->ges);
+}
+
 /* Waits for the gradient copies in flight and adds the staged ones into gpart. */
 static zr_status drain(zr_offload *o) {
 #ifdef ZR_HAVE_CUDA
@@ -236,8 +252,7 @@ static zr_status drain(zr_offload *o) {
         const char *st = zr_tensor_data(o->stage);
         for (int k = 0; k < o->npend; k++) {
             pending *p = &o->pend[k];
-            offload_accumulate_cpu(o->g + p->goff, st + (size_t)p->soff * zr_dtype_size(p->dt), p->dt, p->len,
-                                   p->overwrite);
+            accumulate(o, p->goff, st + (size_t)p->soff * zr_dtype_size(p->dt), p->dt, p->len, p->overwrite);
         }
         o->npend = 0;
         o->t_accum += now_ms() - t0;
@@ -250,7 +265,7 @@ static zr_status drain(zr_offload *o) {
 static void materialize(zr_offload *o, int k) {
     if (!o->fresh[k]) return;
     double t0 = now_ms();
-    offload_fill_cpu(o->g + o->segs[k].off, o->segs[k].n, 0);
+    zero_range(o, o->segs[k].off, o->segs[k].n);
     o->fresh[k] = 0;
     o->t_zero += now_ms() - t0;
 }
@@ -302,8 +317,8 @@ static zr_status grad_add_cuda(zr_offload *o, int64_t doff, zr_tensor *src, int6
     const char *op = "ZeRO offload gradient copy to the host";
     ZR_CHECK(cuda_ready(o));
     ZR_CHECK(after_compute(o, sdev));
-    if (ow && src->dtype == ZR_F32) { /* first gradient of this step: straight into the partition */
-        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(o->g + doff, zr_tensor_data(src), (size_t)len * es,
+    if (ow && src->dtype == o->gdt) { /* first gradient of this step: straight into the partition */
+        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(o->g + (size_t)doff * es, zr_tensor_data(src), (size_t)len * es,
                                                cudaMemcpyDeviceToHost, o->copy), op));
     } else {
         int64_t lo = soff * (int64_t)es, hi = lo + len * (int64_t)es; /* the slot, in bytes */
@@ -333,7 +348,7 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
     if ((dt != ZR_F32 && dt != ZR_BF16 && dt != ZR_F16) || !zr_tensor_is_contiguous(src) || doff < 0 ||
         doff + len > o->S || soff < 0) {
         char b[192];
-        return zr_error("ZeRO offload: cannot add %s (bucket offset %lld) into the f32 gradient partition at %lld "
+        return zr_error("ZeRO offload: cannot add %s (bucket offset %lld) into the gradient partition at %lld "
                         "(size %lld): expected a contiguous f32/bf16/f16 range inside it",
                         zr_tensor_describe(src, b), (long long)soff, (long long)doff, (long long)o->S);
     }
@@ -343,7 +358,7 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
     zr_status st;
     if (zr_is_cpu(src)) {
         st = drain(o); /* keep the order of additions */
-        if (!st) offload_accumulate_cpu(o->g + doff, zr_tensor_data(src), dt, len, ow);
+        if (!st) accumulate(o, doff, zr_tensor_data(src), dt, len, ow);
         o->t_accum += now_ms() - t0;
         return st;
     }
@@ -371,7 +386,7 @@ zr_status zr_offload_grad_zero(zr_offload *o) {
         return ZR_OK;
     }
     double t0 = now_ms();
-    offload_fill_cpu(o->g, o->S, 0);
+    zero_range(o, 0, o->S);
     o->t_zero += now_ms() - t0;
     return ZR_OK;
 }
@@ -380,7 +395,7 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
     if (!o->gpart) return zr_error("ZeRO offload: no host gradient partition (device-gradient mode)");
     ZR_CHECK(zr_offload_grad_sync(o));
     double t0 = now_ms();
-    *out = offload_sumsq_cpu(o->g, ZR_F32, o->S);
+    *out = offload_sumsq_cpu(o->g, o->gdt, o->S);
     o->t_norm += now_ms() - t0;
     return ZR_OK;
 }
@@ -628,7 +643,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     if (gpu) return zr_no_cuda("ZeRO offload step");
 #endif
     int64_t C = o->chunk, nch = (p->hi - p->lo + C - 1) / C;
-    zr_dtype g_dt = grads ? grads->dtype : ZR_F32;
+    zr_dtype g_dt = grads ? grads->dtype : o->gdt;
     size_t we = zr_dtype_size(o->pdt), ge = zr_dtype_size(g_dt);
     /* chunk j lives in slot j % RING; RING-1 fetches run ahead of the update */
     for (int64_t j = 0; grads && j < RING - 1 && j < nch; j++) {
@@ -638,7 +653,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     for (int64_t j = 0; j < nch; j++) {
         int k = (int)(j % RING);
         int64_t a = p->lo + j * C, n = p->hi - a < C ? p->hi - a : C;
-        const void *g = grads ? (const void *)slot_in(o, k) : o->g ? (const void *)(o->g + a) : NULL;
+        const void *g = grads ? (const void *)slot_in(o, k) : o->g ? (const void *)(o->g + (size_t)a * o->ges) : NULL;
         if (grads) ZR_CHECK(fetched(o, grads, k));
         void *w = NULL;
         if (p->out) w = (char *)p->out + (size_t)a * we;

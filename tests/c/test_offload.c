@@ -157,6 +157,40 @@ TEST(accumulate_and_fill_match_double_loop) {
     }
 }
 
+/* A 16-bit gradient partition's accumulation: the sum of the widened values computed in double
+ * (exact for these inputs) rounded once by dtype.h's conversion, for every source dtype, adding
+ * and overwriting; and by hand, bf16 ties around 1 (ulp 2^-7): 1 + 2^-8 rounds to even, 1.0;
+ * 1 + 3 x 2^-8 rounds to even, 1 + 2^-6 (one rounding of the sum, not of each step). */
+TEST(accumulate16_rounds_each_sum_once) {
+    zr_dtype dts[] = {ZR_F32, ZR_BF16, ZR_F16}, dsts[] = {ZR_BF16, ZR_F16};
+    for (int s = 0; s < NSIZES; s++) {
+        int64_t n = SIZES[s];
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < 3; d++)
+                for (int ow = 0; ow < 2 && !test_failed_flag; ow++) {
+                    float *a = fvec(n, 5), *sf = fvec(n, 6);
+                    uint16_t *dst = malloc((size_t)n * 2), *sh = malloc((size_t)n * 2), *ref = malloc((size_t)n * 2);
+                    for (int64_t i = 0; i < n; i++) {
+                        dst[i] = dsts[t] == ZR_BF16 ? zr_f32_to_bf16(a[i]) : zr_f32_to_f16(a[i]);
+                        double dv = dsts[t] == ZR_BF16 ? zr_bf16_to_f32(dst[i]) : zr_f16_to_f32(dst[i]), sv = sf[i];
+                        if (dts[d] == ZR_BF16) sv = zr_bf16_to_f32(sh[i] = zr_f32_to_bf16(sf[i]));
+                        if (dts[d] == ZR_F16) sv = zr_f16_to_f32(sh[i] = zr_f32_to_f16(sf[i]));
+                        float sum = (float)((ow ? 0 : dv) + sv);
+                        ref[i] = dsts[t] == ZR_BF16 ? zr_f32_to_bf16(sum) : zr_f32_to_f16(sum);
+                    }
+                    offload_accumulate16_cpu(dst, dsts[t], dts[d] == ZR_F32 ? (const void *)sf : sh, dts[d], n, ow);
+                    for (int64_t i = 0; i < n && !test_failed_flag; i++)
+                        CHECK_MSG(dst[i] == ref[i], "n=%lld into %s from %s ow %d: [%lld] %04x vs %04x", (long long)n,
+                                  zr_dtype_name(dsts[t]), zr_dtype_name(dts[d]), ow, (long long)i, dst[i], ref[i]);
+                    free(a), free(sf), free(dst), free(sh), free(ref);
+                }
+    }
+    uint16_t d[2] = {0x3f80, 0x3f80}; /* 1.0, 1.0 */
+    float src[2] = {0x1p-8f, 3 * 0x1p-8f};
+    offload_accumulate16_cpu(d, ZR_BF16, src, ZR_F32, 2, 0);
+    CHECK_MSG(d[0] == 0x3f80 && d[1] == 0x3f82, "%04x %04x, expected 3f80 3f82", d[0], d[1]);
+}
+
 /* A 1-D f32 (or bf16) CPU tensor holding vals. */
 static zr_tensor *vec(int64_t n, const float *vals, zr_dtype dt) {
     zr_tensor *t = zr_tensor_new(dt, zr_cpu(), 1, &n);
@@ -389,6 +423,7 @@ int main(void) {
     RUN(adamw_writes_f32_bf16_f16_weights);
     RUN(cast_rounds_like_dtype_h);
     RUN(accumulate_and_fill_match_double_loop);
+    RUN(accumulate16_rounds_each_sum_once);
     RUN(lazy_zero_overwrites_then_adds);
     RUN(offload_adamw_segments);
     RUN(adamw_pieces_streamed_weights);
