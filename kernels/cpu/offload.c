@@ -1,7 +1,7 @@
 /* CPU kernels for ZeRO optimizer offload (see offload.h): sum of squares, fused AdamW with the
- * gradient scale and a 16-bit weight output, accumulate/overwrite, fill and cast, over one flat
- * fp32 partition. Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs
- * a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
+ * gradient scale and a 16-bit weight output (streamed past the caches), accumulate/overwrite
+ * (into f32, or into a 16-bit gradient partition), fill and cast, over one flat fp32 partition.
+ * Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
  * picked at load time, and need -fno-math-errno (Makefile) for a vector sqrt. fp32 only: the f64
  * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. Lion, Adagrad and SGD
  * (optim_step_cpu) and Lamb (lamb_sums_cpu, lamb_apply_cpu) are plain per-element loops over
