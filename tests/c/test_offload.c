@@ -414,6 +414,14 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
     CHECK(zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0) == NULL); /* refused, with the fix */
     CHECK(strstr(zr_last_error_message(), "ZRUN_OFFLOAD_CHUNK") != NULL);
     unsetenv("ZRUN_OFFLOAD_CHUNK");
+    setenv("ZRUN_OFFLOAD_STREAM", "yes", 1);
+    CHECK(zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0) == NULL); /* refused, with the fix */
+    CHECK(strstr(zr_last_error_message(), "ZRUN_OFFLOAD_STREAM must be 1") != NULL);
+    setenv("ZRUN_OFFLOAD_STREAM", "0", 1);
+    zr_offload *o0 = zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0);
+    CHECK(o0 != NULL);
+    zr_offload_free(o0);
+    unsetenv("ZRUN_OFFLOAD_STREAM");
 }
 
 int main(void) {
