@@ -1,7 +1,7 @@
 /* CPU kernels for ZeRO optimizer offload (see offload.h): sum of squares, fused AdamW with the
- * gradient scale and a 16-bit weight output, accumulate/overwrite, fill and cast, over one flat
- * fp32 partition. Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs
- * a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
+ * gradient scale and a 16-bit weight output (streamed past the caches), accumulate/overwrite
+ * (into f32, or into a 16-bit gradient partition), fill and cast, over one flat fp32 partition.
+ * Each kernel splits [0, n) into one contiguous chunk per OpenMP thread and runs a plain loop on it; those loops are cloned for x86-64-v4 (AVX-512) and the build's baseline,
  * picked at load time, and need -fno-math-errno (Makefile) for a vector sqrt. fp32 only: the f64
  * build of kernels/cpu (ZR_REAL_F64) compiles nothing from this file. Lion, Adagrad and SGD
  * (optim_step_cpu) and Lamb (lamb_sums_cpu, lamb_apply_cpu) are plain per-element loops over
@@ -14,7 +14,8 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-#ifdef __F16C__
+#include <stdint.h>
+#if defined(__F16C__) || defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -132,6 +133,56 @@ static void cast_f16_chunk(uint16_t *restrict o, const float *restrict x, int64_
     for (; i < n; i++) o[i] = zr_f32_to_f16(x[i]);
 }
 
+/* --- streaming stores for the 16-bit (or f32) weights ---
+ * Nobody on the CPU reads the new weights soon (a DMA takes them to the GPU, or the next forward
+ * long after the update has swept the caches), so they bypass the caches: a normal store first
+ * reads the line it fills (read-for-ownership), 4 B of traffic for every 2 B written. Streaming
+ * stores are weakly ordered: the writer runs stream_fence before anyone else may read them. */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_STREAM 1
+__attribute__((target("avx512f"))) static void stream_lines_avx512(char *d, const char *s, size_t lines) {
+    for (size_t i = 0; i < lines; i++)
+        _mm512_stream_si512((__m512i *)(d + 64 * i), _mm512_loadu_si512((const void *)(s + 64 * i)));
+}
+__attribute__((target("avx2"))) static void stream_lines_avx2(char *d, const char *s, size_t lines) {
+    for (size_t i = 0; i < lines; i++) {
+        _mm256_stream_si256((__m256i *)(d + 64 * i), _mm256_loadu_si256((const __m256i *)(s + 64 * i)));
+        _mm256_stream_si256((__m256i *)(d + 64 * i + 32), _mm256_loadu_si256((const __m256i *)(s + 64 * i + 32)));
+    }
+}
+static void stream_lines_sse2(char *d, const char *s, size_t lines) { /* every x86-64 has SSE2 */
+    for (size_t i = 0; i < 4 * lines; i++)
+        _mm_stream_si128((__m128i *)(d + 16 * i), _mm_loadu_si128((const __m128i *)(s + 16 * i)));
+}
+static void stream_fence(void) { _mm_sfence(); }
+#else
+#define HAVE_STREAM 0
+static void stream_fence(void) {}
+#endif
+
+/* dst[0 : bytes) = src[...]: the whole 64-byte lines of dst with streaming stores (AVX-512, AVX2
+ * or SSE2, picked at run time), the partial lines at either end with normal ones. */
+static void stream_copy(void *dst, const void *src, size_t bytes) {
+#if HAVE_STREAM
+    char *d = dst;
+    const char *s = src;
+    size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+    if (head >= bytes) {
+        memcpy(d, s, bytes);
+        return;
+    }
+    memcpy(d, s, head);
+    size_t lines = (bytes - head) / 64;
+    if (__builtin_cpu_supports("avx512f")) stream_lines_avx512(d + head, s + head, lines);
+    else if (__builtin_cpu_supports("avx2")) stream_lines_avx2(d + head, s + head, lines);
+    else stream_lines_sse2(d + head, s + head, lines);
+    memcpy(d + head + 64 * lines, s + head + 64 * lines, bytes - head - 64 * lines);
+#else
+    memcpy(dst, src, bytes);
+#endif
+}
+
 static void adamw_chunk_any(float *p, float *m, float *v, const float *g, int64_t n, const offload_adamw_args *a,
                             void *out, zr_dtype dt) {
     if (!out) adamw_chunk(p, m, v, g, n, a);
@@ -174,22 +225,65 @@ static void adamw_chunk_grad(float *p, float *m, float *v, const void *g, zr_dty
     }
 }
 
+/* The update of n elements with the new weights in out (or none): straight from the loop, or
+ * (stream) a block at a time into an L1 buffer, then streamed out. The blocks after the first start
+ * on a 64-byte line of out, so only the two ends of the range are written with normal stores. */
+static void adamw_range(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
+                        const offload_adamw_args *a, void *out, zr_dtype dt, int stream) {
+    if (!out || !stream) {
+        adamw_chunk_grad(p, m, v, g, g_dt, n, a, out, dt);
+        return;
+    }
+    _Alignas(64) union {
+        float f[WIDEN_BLOCK];
+        uint16_t h[WIDEN_BLOCK];
+    } buf;
+    const size_t es = dt == ZR_F32 ? 4 : 2, ge = zr_dtype_size(g_dt);
+    const int64_t head = (int64_t)(((64 - ((uintptr_t)out & 63)) & 63) / es);
+    for (int64_t b = 0; b < n;) {
+        int64_t k = b == 0 && head ? head : WIDEN_BLOCK;
+        if (k > n - b) k = n - b;
+        adamw_chunk_grad(p + b, m + b, v + b, (const char *)g + (size_t)b * ge, g_dt, k, a, &buf, dt);
+        stream_copy((char *)out + (size_t)b * es, &buf, (size_t)k * es);
+        b += k;
+    }
+}
+
+/* The per-step scalars of one piece (lr and weight decay), in double, rounded to f32 once. */
+static offload_adamw_args adamw_args(const zr_adamw_config *c, double lr, double wd, int64_t step, double grad_scale) {
+    double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
+    return (offload_adamw_args){(float)grad_scale, (float)(1 - lr * wd), (float)(1 - c->beta1), (float)c->beta2,
+                                (float)(1 - c->beta2), (float)c->eps, (float)(lr / bc1), (float)sqrt(bc2)};
+}
+
+void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt,
+                              const offload_adamw_piece *pc, int npc, const zr_adamw_config *c, int64_t step,
+                              double grad_scale, void *out, zr_dtype out_dt, int stream) {
+    int64_t total = 0;
+    for (int k = 0; k < npc; k++) total += pc[k].n;
+    const size_t es = out_dt == ZR_F32 ? 4 : 2, ge = zr_dtype_size(g_dt);
+    stream = stream && out && HAVE_STREAM;
+    /* one parallel region for every piece: thread t takes [lo, hi) of the pieces laid end to end */
+#pragma omp parallel if (total > PAR_N)
+    {
+        int64_t lo, hi, at = 0;
+        chunk_of(total, &lo, &hi);
+        for (int k = 0; k < npc && at < hi; at += pc[k].n, k++) {
+            int64_t x = lo > at ? lo - at : 0, y = hi - at < pc[k].n ? hi - at : pc[k].n; /* within piece k */
+            if (y <= x) continue;
+            offload_adamw_args args = adamw_args(c, pc[k].lr, pc[k].wd, step, grad_scale);
+            int64_t i = pc[k].off + x;
+            adamw_range(p + i, m + i, v + i, (const char *)g + (size_t)i * ge, g_dt, y - x, &args,
+                        out ? (char *)out + (size_t)i * es : NULL, out_dt, stream);
+        }
+        if (stream) stream_fence(); /* before the join: whoever reads out next sees every store */
+    }
+}
+
 void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
                        const zr_adamw_config *c, int64_t step, double grad_scale, void *out, zr_dtype out_dt) {
-    double bc1 = 1 - pow(c->beta1, (double)step), bc2 = 1 - pow(c->beta2, (double)step);
-    offload_adamw_args args = {(float)grad_scale, (float)(1 - c->lr * c->weight_decay), (float)(1 - c->beta1),
-                               (float)c->beta2, (float)(1 - c->beta2), (float)c->eps, (float)(c->lr / bc1),
-                               (float)sqrt(bc2)};
-    const offload_adamw_args *a = &args;
-    size_t es = out_dt == ZR_F32 ? 4 : 2;
-#pragma omp parallel if (n > PAR_N)
-    {
-        int64_t lo, hi;
-        chunk_of(n, &lo, &hi);
-        if (hi > lo)
-            adamw_chunk_grad(p + lo, m + lo, v + lo, (const char *)g + (size_t)lo * zr_dtype_size(g_dt), g_dt,
-                             hi - lo, a, out ? (char *)out + (size_t)lo * es : NULL, out_dt);
-    }
+    offload_adamw_piece one = {0, n, c->lr, c->weight_decay};
+    offload_adamw_pieces_cpu(p, m, v, g, g_dt, &one, 1, c, step, grad_scale, out, out_dt, 1);
 }
 
 /* --- accumulate, fill, cast --- */
@@ -218,6 +312,18 @@ void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_
             else if (src_dt == ZR_BF16) add_bf16(dst + lo, (const uint16_t *)src + lo, hi - lo, overwrite);
             else add_f16(dst + lo, (const uint16_t *)src + lo, hi - lo, overwrite);
         }
+    }
+}
+
+void offload_accumulate16_cpu(uint16_t *dst, zr_dtype dst_dt, const void *src, zr_dtype src_dt, int64_t n,
+                              int overwrite) {
+#pragma omp parallel for schedule(static) if (n > PAR_N)
+    for (int64_t i = 0; i < n; i++) {
+        float s = src_dt == ZR_F32    ? ((const float *)src)[i]
+                  : src_dt == ZR_BF16 ? zr_bf16_to_f32(((const uint16_t *)src)[i])
+                                      : zr_f16_to_f32(((const uint16_t *)src)[i]);
+        if (!overwrite) s = (dst_dt == ZR_BF16 ? zr_bf16_to_f32(dst[i]) : zr_f16_to_f32(dst[i])) + s;
+        dst[i] = dst_dt == ZR_BF16 ? bf16_rne(s) : zr_f32_to_f16(s);
     }
 }
 

@@ -20,9 +20,26 @@ double offload_sumsq_cpu(const void *x, zr_dtype dt, int64_t n);
  *   g = grad * grad_scale;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
  *   p = p * (1 - lr*wd) - lr / (1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
  * with the scalars computed in double and rounded to f32 once, as kernels/cpu/optim.c does. When
- * out is not NULL it receives the new weights as out_dt (ZR_F32, ZR_BF16 or ZR_F16; n elements). */
+ * out is not NULL it receives the new weights as out_dt (ZR_F32, ZR_BF16 or ZR_F16; n elements),
+ * written with streaming stores (below). */
 void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
                        const zr_adamw_config *c, int64_t step, double grad_scale, void *out, zr_dtype out_dt);
+
+/* Elements [off, off + n) of the arrays, with their own lr and weight decay. */
+typedef struct {
+    int64_t off, n;
+    double lr, wd;
+} offload_adamw_piece;
+
+/* offload_adamw_cpu over npc pieces at once (c supplies all but lr and weight_decay), in one
+ * OpenMP parallel region whose threads split the pieces' elements laid end to end; each element's
+ * arithmetic is offload_adamw_cpu's, so the bits are the same. With stream (and out), the whole
+ * 64-byte lines of out are written with non-temporal stores (AVX-512, AVX2 or SSE2 picked at run
+ * time; normal stores elsewhere) that skip the read-for-ownership of a normal store, and every
+ * thread fences them (sfence) before the call returns, so a DMA issued after it reads them all. */
+void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt,
+                              const offload_adamw_piece *pc, int npc, const zr_adamw_config *c, int64_t step,
+                              double grad_scale, void *out, zr_dtype out_dt, int stream);
 
 /* Lion, Adagrad or SGD (c->kind; AdamW has offload_adamw_cpu) over nsegs segments of the flat
  * partition, each with its own lr and weight decay (the config supplies the rest); step t from 1:
@@ -59,6 +76,12 @@ void lamb_apply_cpu(float *param, const float *m, const float *v, void *param_lp
 
 /* dst (n, f32) += src (n, src_dt: ZR_F32, ZR_BF16 or ZR_F16), or dst = src when overwrite. */
 void offload_accumulate_cpu(float *dst, const void *src, zr_dtype src_dt, int64_t n, int overwrite);
+
+/* dst (n, dst_dt: ZR_BF16 or ZR_F16 bit patterns) = dst + src rounded to nearest even, the sum in
+ * f32 of both widened exactly (src: n of ZR_F32, ZR_BF16 or ZR_F16), as a 16-bit tensor's add_
+ * does; or dst = src rounded when overwrite. */
+void offload_accumulate16_cpu(uint16_t *dst, zr_dtype dst_dt, const void *src, zr_dtype src_dt, int64_t n,
+                              int overwrite);
 
 /* dst (n, f32) = v. */
 void offload_fill_cpu(float *dst, int64_t n, float v);

@@ -312,8 +312,9 @@ end
 
 -- Before offloading, checks that this node's free RAM holds what every local rank will put there
 -- (zr.memory.plan's host column for these parameters: fp32 master, the optimizer's `states` (AdamW
--- 2), the step's ring, and with gradients on the host their fp32 partition and staging bucket, or
--- with offload_param the 16-bit shard) and, with pin_memory, that the page-locked part is within
+-- 2), the step's ring, and with gradients on the host their partition (fp32, or grad_accum_dtype)
+-- and staging bucket, or with offload_param the 16-bit shard) and, with pin_memory, that the
+-- page-locked part (what DMA touches: the ring, staging and host gradients) is within
 -- the locked-memory limit (ulimit -l). Stops with what does not fit and each setting that fixes
 -- it, one line each. o (optional): offload_optimizer (default true), device, dtype,
 -- grad_accum_dtype and ratio (DeepSpeed's names), offload_grads ("device" | "host": where the

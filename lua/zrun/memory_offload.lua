@@ -25,14 +25,15 @@ end
 -- element: 4, or 2 with grad_accum_dtype bf16/fp16), b (bytes of a parameter), cap (gradient
 -- bucket elements), stage, Wc (chunks per parameter), offload_param, gpu (training on a GPU; on
 -- the CPU both columns are the same memory). `pinned`: the host categories page-locked with
--- pin_memory on a GPU (engine.c pin(): master, states and a host gradient partition; offload.c:
--- its staging and ring). The one place to change when the engine's layout does.
+-- pin_memory on a GPU, those DMA reads or writes (engine.c pin(): a host gradient partition;
+-- offload.c: its staging and ring; the master and the states stay pageable). The one place to
+-- change when the engine's layout does.
 local function ring(e, slot_bytes) return M.RING.slots * min(M.RING.chunk, e.h) * slot_bytes end
 M.LAYOUT = {
   -- (a) the gradient partition on the device as without offload (direct mode in one rank at stages
-  -- 0-2: .grad are views into it, no buckets); the step streams chunks D2H (memcpy on the CPU) ->
-  -- optimizer -> back through the ring. The ring's out-slots are made even where the weights go
-  -- back another way (offload.c ring_ready).
+  -- 0-2: .grad are views into it, no buckets); the step streams chunks D2H (memcpy on the CPU)
+  -- into the ring's in-slots -> optimizer -> the new weights back through its out-slots where
+  -- M.uploads says so (offload.c ring_ready)
   device = {
     device = {
       grads = function(e) return e.S * e.g end,
@@ -40,13 +41,13 @@ M.LAYOUT = {
     },
     host = {
       optimizer = function(e) return e.h * (1 + e.k) * 4 end,
-      comm = function(e) return ring(e, 4 + e.b) end,
+      comm = function(e) return ring(e, 4) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
-    pinned = { optimizer = true, comm = true },
+    pinned = { comm = true },
   },
   -- (b) the gradients of the host's share go to the host bucket by bucket (from a GPU through a
-  -- pinned staging buffer of one bucket) and accumulate there in fp32; the new weights go back
-  -- through the ring's out-slots where M.uploads says so
+  -- pinned staging buffer of one bucket, f32-sized) and accumulate there in fp32 or
+  -- grad_accum_dtype; the new weights go back through the ring's out-slots where M.uploads says so
   host = {
     device = {
       grads = function(e) return (e.S - e.h) * e.g end,
@@ -54,10 +55,10 @@ M.LAYOUT = {
     },
     host = {
       optimizer = function(e) return e.h * (1 + e.k) * 4 end,
-      grads = function(e) return e.h * 4 end, -- fp32 (the engine refuses grad_accum_dtype here)
+      grads = function(e) return e.h * e.g end,
       comm = function(e) return (e.gpu and e.cap * 4 or 0) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
-    pinned = { optimizer = true, grads = true, comm = true },
+    pinned = { grads = true, comm = true },
   },
 }
 

@@ -185,10 +185,6 @@ local function build(o, s, counted)
   local pinned = 0
   if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
     pinned = Off.place(s, S, cap, dev, host)
-    if s.offload_grads == "host" and s.grad_bytes ~= 4 then
-      notes[#notes + 1] = "data_types.grad_accum_dtype 16-bit needs the gradients on the GPU: with them on the host " ..
-        "the engine stops (remove grad_accum_dtype, or ZRUN_OFFLOAD_GRADS=device); counted in fp32 here"
-    end
   else
     dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
     dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
@@ -270,10 +266,14 @@ local function build(o, s, counted)
   -- Setup (model construction + zr.initialize), before the first step: zrun builds the model
   -- whole in its training dtype, and zr_zero_new allocates the states, the buckets and (stage 3)
   -- the shard before it releases the full parameters. Only at stage 3 can this exceed training.
-  local setup = { params = total * b + (direct and S * b or 0), -- direct: the flat copy, then originals freed
-    grads = states.grads, optimizer = states.optimizer, comm = states.comm }
+  -- Each category's own peak; the total is the most live at once. Direct mode copies the
+  -- parameters into one flat buffer (freeing the originals as it goes) before it makes the
+  -- gradient partition (zero.c flatten_params): the copy or the partition, never both.
+  local setup = { params = total * b + (direct and S * b or 0), grads = states.grads, optimizer = states.optimizer,
+    comm = states.comm }
   if stage == 3 and not s.offload_param then setup.params = setup.params + S * b end
   setup.total = setup.params + setup.grads + setup.optimizer + setup.comm
+  if direct then setup.total = setup.total - min(S * b, setup.grads) end
   if stage == 3 then
     notes[#notes + 1] = fmt("stage 3: the model is built whole before zr.initialize partitions it; that setup " ..
       "peak is %s per rank (the whole model in %s%s, and the states)", human(setup.total), s.dtype,
@@ -376,9 +376,6 @@ function M.plan(o)
   local why = fmt("the partition, %s, takes %s half of the %s free after the weights (of %s usable)", human(part),
     Off.device_grads_fit(pd.partition_numel, s.grad_bytes, free) and "at most" or "more than", human(free), human(usable))
   local function other(q, env)
-    if q.settings.offload_grads == "host" and s.grad_bytes ~= 4 then
-      return env .. " would stop: the engine refuses 16-bit gradients on the host"
-    end
     return q.device.total <= usable and fmt("%s fits too: GPU %s, host %s per rank", env, human(q.device.total),
       human(q.host.total)) or fmt("%s would need GPU %s per rank", env, human(q.device.total))
   end

@@ -74,7 +74,7 @@ struct zr_zero {
      * no bucket copies are needed and the CUDA AdamW writes the 16-bit weights directly. */
     int direct;
     zr_tensor *pflat;
-    int pinned; /* how many host partitions are page-locked */
+    int pinned; /* the host gradient partition is page-locked (host-gradient mode with pin_memory) */
     zr_offload *host; /* master on the host: gradient intake, the step's chunk pipeline */
     /* optimizer offload with the gradient partition on the parameters' device (offload.h's device
      * mode): gpart is reduced into as without offload and zr_offload_run fetches it chunk by chunk */
@@ -226,31 +226,26 @@ static int64_t split_point(const zr_zero *z, double r) {
 
 static void hook(zr_tensor *leaf, void *ctx);
 
-/* Page-locks the host partitions so device<->host copies run at full DMA speed. */
+/* Page-locks the host gradient partition (host-gradient mode), which bucket copies from the GPU
+ * land in by DMA. Only DMA needs page-locked memory: the master and the optimizer states are read
+ * and written by the CPU alone (the step's copies go through offload.c's pinned ring and staging,
+ * and any other copy to or from them is staged by the tensor copy), so they stay pageable. */
 static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
-    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
-    for (int k = 0; k < 4; k++) {
-        if (!ts[k] || !zr_is_cpu(ts[k]) || !ts[k]->storage->nbytes) { /* a state this optimizer does not keep;
-                                                                         * device gradients; ratio 0's empty host part */
-            z->pinned = k + 1;
-            continue;
-        }
-        cudaError_t e = cudaHostRegister(ts[k]->storage->data, ts[k]->storage->nbytes, cudaHostRegisterDefault);
-        if (e != cudaSuccess)
-            return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
-                            "the locked-memory limit (ulimit -l) or set pin_memory to false",
-                            (double)ts[k]->storage->nbytes / (1 << 30), cudaGetErrorString(e));
-        z->pinned = k + 1;
-    }
+    zr_tensor *g = z->gpart;
+    if (!zr_is_cpu(g) || !g->storage->nbytes) return ZR_OK; /* device-gradient mode */
+    cudaError_t e = cudaHostRegister(g->storage->data, g->storage->nbytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess)
+        return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
+                        "the locked-memory limit (ulimit -l) or set pin_memory to false",
+                        (double)g->storage->nbytes / (1 << 30), cudaGetErrorString(e));
+    z->pinned = 1;
 #endif
     return ZR_OK;
 }
 static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
-    zr_tensor *ts[4] = {z->master, z->m, z->v, z->gpart};
-    for (int k = 0; k < z->pinned; k++)
-        if (ts[k] && zr_is_cpu(ts[k]) && ts[k]->storage->nbytes) cudaHostUnregister(ts[k]->storage->data);
+    if (z->pinned) cudaHostUnregister(z->gpart->storage->data);
 #endif
     z->pinned = 0;
 }
@@ -273,9 +268,10 @@ static zr_status attach_grad(zr_zero *z, int i) {
     return ZR_OK;
 }
 
-/* Direct mode set-up: one flat buffer holds every parameter (each a view at its offset) and
- * gradients are views into the fp32 partition. */
-static zr_status attach_direct(zr_zero *z) {
+/* Direct mode set-up: one flat buffer holds every parameter (each a view at its offset; the
+ * parameters' own storage is freed as it goes). Before the gradient partition is made, so that
+ * the set-up peak is the flat copy or the partition, not both. */
+static zr_status flatten_params(zr_zero *z) {
     z->pflat = new_buf(z->param_dtype, z->dev, z->part_numel, ZR_MEM_PARAMS);
     if (!z->pflat) return ZR_ERR;
     for (int i = 0; i < z->nparams; i++) {
@@ -285,7 +281,6 @@ static zr_status attach_direct(zr_zero *z) {
         zr_storage_release(q->p->storage);
         q->p->storage = z->pflat->storage;
         q->p->offset = q->offset;
-        ZR_CHECK(attach_grad(z, i));
     }
     return ZR_OK;
 }
@@ -342,14 +337,11 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                              "reads the gradient partition there: set offload_grads_on_device (ZRUN_OFFLOAD_GRADS "
                              "device) or ratio 1", cfg->offload_ratio);
     }
-    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev) {
+    /* with offload_optimizer the host gradient partition may be 16-bit too (zero/offload.c rounds
+     * each addition as a device partition would) */
+    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev && !cfg->offload_optimizer) {
         const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
-        if (cfg->offload_optimizer)
-            return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the gradient partition on the GPU; with "
-                                 "offload_optimizer it goes to the host here (not enough free GPU memory, or "
-                                 "ZRUN_OFFLOAD_GRADS=host): remove grad_accum_dtype (fp32 gradients) or set "
-                                 "ZRUN_OFFLOAD_GRADS=device", dt);
         return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
                              "are on the host (a CPU run): remove grad_accum_dtype (fp32 gradients) or keep the "
                              "optimizer on the GPU", dt);
@@ -412,13 +404,11 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         if (z->nstates >= 2) z->dv = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);
         if (!z->dmaster || (z->nstates >= 1 && !z->dm) || (z->nstates >= 2 && !z->dv)) goto fail;
     }
-    z->gpart = new_buf(z->grad_dtype, z->grads_dev ? z->dev : z->opt_dev, z->part_numel, ZR_MEM_GRADS);
-    if (!z->master || (z->nstates >= 1 && !z->m) || (z->nstates >= 2 && !z->v) || !z->gpart) goto fail;
+    if (!z->master || (z->nstates >= 1 && !z->m) || (z->nstates >= 2 && !z->v)) goto fail;
     if (cfg->optimizer == ZR_OPTIM_ADAGRAD && cfg->initial_accumulator_value != 0 &&
         (zr_tensor_fill_(z->m, cfg->initial_accumulator_value) ||
          (z->dm && zr_tensor_fill_(z->dm, cfg->initial_accumulator_value))))
         goto fail;
-    if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     int r = z->chunks > 1 ? cfg->rank : 0;
     for (int i = 0; i < n; i++) {
         zparam *q = &z->params[i];
@@ -427,7 +417,12 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     }
     /* direct also with optimizer offload when the gradients stay on the device (gpart is there) */
     z->direct = z->chunks == 1 && (cfg->stage <= 2 || solo3) && (zr_device_eq(z->opt_dev, z->dev) || z->grads_dev);
-    if (z->direct && attach_direct(z)) goto fail;
+    if (z->direct && flatten_params(z)) goto fail;
+    z->gpart = new_buf(z->grad_dtype, z->grads_dev ? z->dev : z->opt_dev, z->part_numel, ZR_MEM_GRADS);
+    if (!z->gpart) goto fail;
+    for (int i = 0; z->direct && i < n; i++)
+        if (attach_grad(z, i)) goto fail;
+    if (cfg->offload_optimizer && cfg->pin_memory && z->dev.type == ZR_CUDA && pin(z)) goto fail;
     z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
     if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
     if (z->bucket_cap > z->part_numel) z->bucket_cap = z->part_numel;
@@ -442,7 +437,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                 (zr_offload_segment){z->params[i].offset, z->params[i].chunk, z->params[i].wd};
         /* direct mode: gpart holds the parameters' .grad views, so it is zeroed for real */
         z->host = zr_offload_new(z->part_numel, z->grads_dev ? NULL : z->gpart, z->dev, z->param_dtype, n, segs,
-                                 z->bucket_cap, z->pinned == 4, !z->direct);
+                                 z->bucket_cap, cfg->pin_memory && z->dev.type == ZR_CUDA, !z->direct);
         free(segs);
         if (!z->host) goto fail;
     }

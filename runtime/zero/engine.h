@@ -42,7 +42,8 @@ typedef struct {
                            * and is updated there (needs offload_grads_on_device); see zr_zero_new */
     int64_t persistence_threshold; /* stage 3: parameters smaller than this stay whole */
     int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
-    int pin_memory;        /* offloaded partitions in page-locked memory (CUDA builds) */
+    int pin_memory;        /* what DMA touches on the host in page-locked memory: the offload ring and
+                            * staging, a host gradient partition (CUDA builds) */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
     int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
                      * parameters' dtype (DeepSpeed's communication_data_type default); fp32

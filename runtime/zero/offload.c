@@ -29,13 +29,17 @@ typedef struct {
 
 struct zr_offload {
     zr_offload *next; /* registry of live states (zr_offload_find) */
-    zr_tensor *gpart; /* f32 (S), host, retained */
-    float *g;
+    zr_tensor *gpart; /* f32, bf16 or f16 (S, gdt: data_types.grad_accum_dtype), host, retained */
+    char *g;
+    zr_dtype gdt;
+    size_t ges; /* bytes of a gpart element */
     int64_t S, cap;
     zr_device dev;
     zr_dtype pdt;
     int n;
     zr_offload_segment *segs;
+    offload_adamw_piece *pieces; /* one chunk's AdamW pieces (n), for offload_adamw_pieces_cpu */
+    int stream;                  /* ZRUN_OFFLOAD_STREAM: new weights with streaming stores (default 1) */
     unsigned char *fresh; /* per segment: its gpart range is logically zero but not yet written */
     int lazy, pinned;
     zr_tensor *stage; /* host staging for D2H copies: >= cap f32 elements; slot = bucket offset */
@@ -104,10 +108,10 @@ static void host_buf_free(zr_tensor *t, int pinned) {
 
 zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
                            const zr_offload_segment *segs, int64_t cap, int pinned, int lazy) {
-    if (gpart && (!zr_is_cpu(gpart) || gpart->dtype != ZR_F32 || !zr_tensor_is_contiguous(gpart) ||
-                  zr_tensor_numel(gpart) != S))
-        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32 host tensor of %lld "
-                             "elements", (long long)S);
+    if (gpart && (!zr_is_cpu(gpart) || !zr_tensor_is_contiguous(gpart) || zr_tensor_numel(gpart) != S ||
+                  (gpart->dtype != ZR_F32 && gpart->dtype != ZR_BF16 && gpart->dtype != ZR_F16)))
+        return zr_error_null("ZeRO offload: the gradient partition must be a contiguous f32, bf16 or f16 host tensor "
+                             "of %lld elements", (long long)S);
     if (pdt != ZR_F32 && pdt != ZR_BF16 && pdt != ZR_F16)
         return zr_error_null("ZeRO offload: parameters must be f32, bf16 or f16, got %s", zr_dtype_name(pdt));
     int64_t chunk = 1 << 24;
@@ -120,13 +124,18 @@ zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype 
                                  "chunk, got \"%s\"; unset it for the default (16777216)", ce);
         chunk = v;
     }
+    const char *se = getenv("ZRUN_OFFLOAD_STREAM");
+    if (se && *se && strcmp(se, "0") != 0 && strcmp(se, "1") != 0)
+        return zr_error_null("ZRUN_OFFLOAD_STREAM must be 1 (write the new weights with streaming stores) or 0 "
+                             "(normal stores), got \"%s\"; unset it for the default (1)", se);
     zr_offload *o = calloc(1, sizeof *o);
     if (!o) return zr_error_null("out of host memory");
     o->segs = malloc(sizeof *o->segs * (size_t)(n > 0 ? n : 1));
     o->fresh = calloc((size_t)(n > 0 ? n : 1), 1);
+    o->pieces = malloc(sizeof *o->pieces * (size_t)(n > 0 ? n : 1));
     o->pend_cap = n > 16 ? n : 16;
     o->pend = malloc(sizeof *o->pend * (size_t)o->pend_cap);
-    if (!o->segs || !o->fresh || !o->pend) {
+    if (!o->segs || !o->fresh || !o->pend || !o->pieces) {
         zr_offload_free(o);
         return zr_error_null("out of host memory");
     }
@@ -134,12 +143,15 @@ zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype 
     o->n = n;
     o->gpart = gpart ? zr_tensor_retain(gpart) : NULL;
     o->g = gpart ? zr_tensor_data(gpart) : NULL;
+    o->gdt = gpart ? gpart->dtype : ZR_F32;
+    o->ges = zr_dtype_size(o->gdt);
     o->S = S;
     o->cap = cap;
     o->dev = dev;
     o->pdt = pdt;
     o->pinned = pinned;
     o->lazy = lazy;
+    o->stream = !(se && strcmp(se, "0") == 0);
     o->chunk = chunk < S ? chunk : S > 0 ? S : 1;
     o->mode = gpart ? "host" : "device";
     const char *e = getenv("ZRUN_OFFLOAD_PROFILE");
@@ -181,6 +193,7 @@ void zr_offload_free(zr_offload *o) {
     zr_tensor_release(o->gpart);
     free(o->segs);
     free(o->fresh);
+    free(o->pieces);
     free(o->pend);
     free(o);
 }
@@ -212,6 +225,18 @@ static zr_status after_compute(zr_offload *o, zr_device dev) {
 }
 #endif
 
+/* gpart[off : off+n] += src (n, src_dt), or = src when overwrite; a 16-bit gpart rounds each sum. */
+static void accumulate(zr_offload *o, int64_t off, const void *src, zr_dtype src_dt, int64_t n, int overwrite) {
+    if (o->gdt == ZR_F32) offload_accumulate_cpu((float *)o->g + off, src, src_dt, n, overwrite);
+    else offload_accumulate16_cpu((uint16_t *)o->g + off, o->gdt, src, src_dt, n, overwrite);
+}
+
+/* gpart[off : off+n] = 0. */
+static void zero_range(zr_offload *o, int64_t off, int64_t n) {
+    if (o->gdt == ZR_F32) offload_fill_cpu((float *)o->g + off, n, 0);
+    else memset(o->g + (size_t)off * o->ges, 0, (size_t)n * o->ges);
+}
+
 /* Waits for the gradient copies in flight and adds the staged ones into gpart. */
 static zr_status drain(zr_offload *o) {
 #ifdef ZR_HAVE_CUDA
@@ -227,8 +252,7 @@ static zr_status drain(zr_offload *o) {
         const char *st = zr_tensor_data(o->stage);
         for (int k = 0; k < o->npend; k++) {
             pending *p = &o->pend[k];
-            offload_accumulate_cpu(o->g + p->goff, st + (size_t)p->soff * zr_dtype_size(p->dt), p->dt, p->len,
-                                   p->overwrite);
+            accumulate(o, p->goff, st + (size_t)p->soff * zr_dtype_size(p->dt), p->dt, p->len, p->overwrite);
         }
         o->npend = 0;
         o->t_accum += now_ms() - t0;
@@ -241,7 +265,7 @@ static zr_status drain(zr_offload *o) {
 static void materialize(zr_offload *o, int k) {
     if (!o->fresh[k]) return;
     double t0 = now_ms();
-    offload_fill_cpu(o->g + o->segs[k].off, o->segs[k].n, 0);
+    zero_range(o, o->segs[k].off, o->segs[k].n);
     o->fresh[k] = 0;
     o->t_zero += now_ms() - t0;
 }
@@ -293,8 +317,8 @@ static zr_status grad_add_cuda(zr_offload *o, int64_t doff, zr_tensor *src, int6
     const char *op = "ZeRO offload gradient copy to the host";
     ZR_CHECK(cuda_ready(o));
     ZR_CHECK(after_compute(o, sdev));
-    if (ow && src->dtype == ZR_F32) { /* first gradient of this step: straight into the partition */
-        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(o->g + doff, zr_tensor_data(src), (size_t)len * es,
+    if (ow && src->dtype == o->gdt) { /* first gradient of this step: straight into the partition */
+        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(o->g + (size_t)doff * es, zr_tensor_data(src), (size_t)len * es,
                                                cudaMemcpyDeviceToHost, o->copy), op));
     } else {
         int64_t lo = soff * (int64_t)es, hi = lo + len * (int64_t)es; /* the slot, in bytes */
@@ -324,7 +348,7 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
     if ((dt != ZR_F32 && dt != ZR_BF16 && dt != ZR_F16) || !zr_tensor_is_contiguous(src) || doff < 0 ||
         doff + len > o->S || soff < 0) {
         char b[192];
-        return zr_error("ZeRO offload: cannot add %s (bucket offset %lld) into the f32 gradient partition at %lld "
+        return zr_error("ZeRO offload: cannot add %s (bucket offset %lld) into the gradient partition at %lld "
                         "(size %lld): expected a contiguous f32/bf16/f16 range inside it",
                         zr_tensor_describe(src, b), (long long)soff, (long long)doff, (long long)o->S);
     }
@@ -334,7 +358,7 @@ zr_status zr_offload_grad_add(zr_offload *o, int64_t doff, zr_tensor *src, int64
     zr_status st;
     if (zr_is_cpu(src)) {
         st = drain(o); /* keep the order of additions */
-        if (!st) offload_accumulate_cpu(o->g + doff, zr_tensor_data(src), dt, len, ow);
+        if (!st) accumulate(o, doff, zr_tensor_data(src), dt, len, ow);
         o->t_accum += now_ms() - t0;
         return st;
     }
@@ -362,7 +386,7 @@ zr_status zr_offload_grad_zero(zr_offload *o) {
         return ZR_OK;
     }
     double t0 = now_ms();
-    offload_fill_cpu(o->g, o->S, 0);
+    zero_range(o, 0, o->S);
     o->t_zero += now_ms() - t0;
     return ZR_OK;
 }
@@ -371,7 +395,7 @@ zr_status zr_offload_sumsq(zr_offload *o, double *out) {
     if (!o->gpart) return zr_error("ZeRO offload: no host gradient partition (device-gradient mode)");
     ZR_CHECK(zr_offload_grad_sync(o));
     double t0 = now_ms();
-    *out = offload_sumsq_cpu(o->g, ZR_F32, o->S);
+    *out = offload_sumsq_cpu(o->g, o->gdt, o->S);
     o->t_norm += now_ms() - t0;
     return ZR_OK;
 }
@@ -391,14 +415,16 @@ void zr_offload_set_mode(zr_offload *o, const char *mode) { o->mode = mode; }
 
 /* --- the step's pipeline --- */
 
-/* The ring's host slots, made on first use (pinned when the partition is and a GPU is involved). */
-static zr_status ring_ready(zr_offload *o, int need_in) {
+/* The ring's host slots, made on first use (pinned when the partition is and a GPU is involved):
+ * in-slots when the gradients come through the ring, out-slots when the new weights go out
+ * through it (a sink), not when they are written in place. */
+static zr_status ring_ready(zr_offload *o, int need_in, int need_out) {
     int pin = o->pinned && o->dev.type == ZR_CUDA;
     if (need_in && !o->ring_in) {
         o->ring_in = host_buf(ZR_F32, RING * o->chunk, ZR_MEM_COMM, pin, &o->in_pinned);
         if (!o->ring_in) return ZR_ERR;
     }
-    if (!o->ring_out) {
+    if (need_out && !o->ring_out) {
         o->ring_out = host_buf(o->pdt, RING * o->chunk, ZR_MEM_COMM, pin, &o->out_pinned);
         if (!o->ring_out) return ZR_ERR;
     }
@@ -528,6 +554,17 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
         }
         return ZR_OK;
     }
+    if (p->c->kind == ZR_OPTIM_ADAMW) { /* every segment of the chunk in one parallel region */
+        int np = 0;
+        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+            const zr_offload_segment *s = &o->segs[k];
+            int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
+            if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
+        }
+        offload_adamw_pieces_cpu(p->master + (a - p->base), p->m + (a - p->base), p->v + (a - p->base), g, g_dt,
+                                 o->pieces, np, p->c, p->step, p->grad_scale, w, o->pdt, o->stream);
+        return ZR_OK;
+    }
     for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
         const zr_offload_segment *s = &o->segs[k];
         int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
@@ -592,8 +629,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     zr_tensor *grads = p->c && p->lamb != 2 ? p->grads : NULL;
     if (p->c && p->lamb != 2 && !grads) ZR_CHECK(zr_offload_grad_sync(o));
     int gpu = o->dev.type == ZR_CUDA && ((grads && !zr_is_cpu(grads)) || (!p->out && p->sink));
-    if (!p->out && p->sink) ZR_CHECK(ring_ready(o, grads != NULL));
-    else if (grads) ZR_CHECK(ring_ready(o, 1));
+    ZR_CHECK(ring_ready(o, grads != NULL, !p->out && p->sink));
 #ifdef ZR_HAVE_CUDA
     if (gpu) { /* copies start after what the compute stream has queued (backward; reads of the weights),
                 * or after the mark */
@@ -607,7 +643,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     if (gpu) return zr_no_cuda("ZeRO offload step");
 #endif
     int64_t C = o->chunk, nch = (p->hi - p->lo + C - 1) / C;
-    zr_dtype g_dt = grads ? grads->dtype : ZR_F32;
+    zr_dtype g_dt = grads ? grads->dtype : o->gdt;
     size_t we = zr_dtype_size(o->pdt), ge = zr_dtype_size(g_dt);
     /* chunk j lives in slot j % RING; RING-1 fetches run ahead of the update */
     for (int64_t j = 0; grads && j < RING - 1 && j < nch; j++) {
@@ -617,7 +653,7 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
     for (int64_t j = 0; j < nch; j++) {
         int k = (int)(j % RING);
         int64_t a = p->lo + j * C, n = p->hi - a < C ? p->hi - a : C;
-        const void *g = grads ? (const void *)slot_in(o, k) : o->g ? (const void *)(o->g + a) : NULL;
+        const void *g = grads ? (const void *)slot_in(o, k) : o->g ? (const void *)(o->g + (size_t)a * o->ges) : NULL;
         if (grads) ZR_CHECK(fetched(o, grads, k));
         void *w = NULL;
         if (p->out) w = (char *)p->out + (size_t)a * we;

@@ -16,11 +16,14 @@
  *     the device partition does not fit.
  * zr_offload_run walks the partition in chunks of C elements (ZRUN_OFFLOAD_CHUNK, default 16M)
  * through a ring of R pinned slots: D2H of chunk k+R-1 (copy stream) || CPU AdamW of chunk k
- * (OpenMP; AVX-512/AVX2 clones picked at load time) writing the new 16-bit weights into an out
- * slot || H2D of chunk k-1 from its out slot into the parameters (upload stream). The compute
- * stream waits for the last upload. Host memory in device mode: fp32 master + optimizer states
- * + the ring (R x C x (4 + 2) bytes); no host gradient partition and no host copy of the 16-bit
- * weights. Host mode adds the f32 gradient partition (4 B/param) and gradient staging. On a CPU
+ * (OpenMP, one parallel region per chunk; AVX-512/AVX2 clones picked at load time) writing the
+ * new 16-bit weights into an out slot with streaming stores (no read-for-ownership) || H2D of
+ * chunk k-1 from its out slot into the parameters (upload stream). The compute stream waits for
+ * the last upload. Host memory in device mode: fp32 master + optimizer states + the ring (R x C x
+ * 4 bytes of in-slots, and R x C x 2 of out-slots where the weights are uploaded); no host
+ * gradient partition and no host copy of the 16-bit weights. Host mode adds the gradient
+ * partition (4 B/param, or 2 with data_types.grad_accum_dtype bf16/fp16: each addition then rounds
+ * to it, as on the device) and gradient staging. On a CPU
  * run the same loop runs with memcpy for the copies, so CI exercises its bookkeeping.
  *
  * Partial offload (offload_optimizer.ratio < 1, engine.c's split): the engine keeps the head of
@@ -46,12 +49,14 @@ typedef struct {
     double wd;
 } zr_offload_segment;
 
-/* S: partition elements. gpart: the host f32 gradient partition (retained; host mode), or NULL
+/* S: partition elements. gpart: the host gradient partition, f32, bf16 or f16 (retained; host mode), or NULL
  * (device mode: zr_offload_run reads the gradients it is given). dev, pdt: the parameters'
  * device and dtype. cap: the largest bucket segment that grad_add copies from a GPU (sizes the
  * staging buffer). pinned: page-lock host buffers so copies may run asynchronously.
  * lazy: only grad_add writes gpart (it is not the parameters' .grad), so zeroing may wait.
- * Reads ZRUN_OFFLOAD_CHUNK (elements per pipeline chunk) and ZRUN_OFFLOAD_PROFILE. */
+ * Reads ZRUN_OFFLOAD_CHUNK (elements per pipeline chunk), ZRUN_OFFLOAD_STREAM (1, the default:
+ * AdamW writes the new weights with streaming stores, fenced before their upload is enqueued; 0:
+ * normal stores, for comparison) and ZRUN_OFFLOAD_PROFILE. */
 zr_offload *zr_offload_new(int64_t S, zr_tensor *gpart, zr_device dev, zr_dtype pdt, int n,
                            const zr_offload_segment *segs, int64_t cap, int pinned, int lazy);
 /* Waits for copies in flight, then frees. NULL-safe. */

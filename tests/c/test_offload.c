@@ -157,6 +157,40 @@ TEST(accumulate_and_fill_match_double_loop) {
     }
 }
 
+/* A 16-bit gradient partition's accumulation: the sum of the widened values computed in double
+ * (exact for these inputs) rounded once by dtype.h's conversion, for every source dtype, adding
+ * and overwriting; and by hand, bf16 ties around 1 (ulp 2^-7): 1 + 2^-8 rounds to even, 1.0;
+ * 1 + 3 x 2^-8 rounds to even, 1 + 2^-6 (one rounding of the sum, not of each step). */
+TEST(accumulate16_rounds_each_sum_once) {
+    zr_dtype dts[] = {ZR_F32, ZR_BF16, ZR_F16}, dsts[] = {ZR_BF16, ZR_F16};
+    for (int s = 0; s < NSIZES; s++) {
+        int64_t n = SIZES[s];
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < 3; d++)
+                for (int ow = 0; ow < 2 && !test_failed_flag; ow++) {
+                    float *a = fvec(n, 5), *sf = fvec(n, 6);
+                    uint16_t *dst = malloc((size_t)n * 2), *sh = malloc((size_t)n * 2), *ref = malloc((size_t)n * 2);
+                    for (int64_t i = 0; i < n; i++) {
+                        dst[i] = dsts[t] == ZR_BF16 ? zr_f32_to_bf16(a[i]) : zr_f32_to_f16(a[i]);
+                        double dv = dsts[t] == ZR_BF16 ? zr_bf16_to_f32(dst[i]) : zr_f16_to_f32(dst[i]), sv = sf[i];
+                        if (dts[d] == ZR_BF16) sv = zr_bf16_to_f32(sh[i] = zr_f32_to_bf16(sf[i]));
+                        if (dts[d] == ZR_F16) sv = zr_f16_to_f32(sh[i] = zr_f32_to_f16(sf[i]));
+                        float sum = (float)((ow ? 0 : dv) + sv);
+                        ref[i] = dsts[t] == ZR_BF16 ? zr_f32_to_bf16(sum) : zr_f32_to_f16(sum);
+                    }
+                    offload_accumulate16_cpu(dst, dsts[t], dts[d] == ZR_F32 ? (const void *)sf : sh, dts[d], n, ow);
+                    for (int64_t i = 0; i < n && !test_failed_flag; i++)
+                        CHECK_MSG(dst[i] == ref[i], "n=%lld into %s from %s ow %d: [%lld] %04x vs %04x", (long long)n,
+                                  zr_dtype_name(dsts[t]), zr_dtype_name(dts[d]), ow, (long long)i, dst[i], ref[i]);
+                    free(a), free(sf), free(dst), free(sh), free(ref);
+                }
+    }
+    uint16_t d[2] = {0x3f80, 0x3f80}; /* 1.0, 1.0 */
+    float src[2] = {0x1p-8f, 3 * 0x1p-8f};
+    offload_accumulate16_cpu(d, ZR_BF16, src, ZR_F32, 2, 0);
+    CHECK_MSG(d[0] == 0x3f80 && d[1] == 0x3f82, "%04x %04x, expected 3f80 3f82", d[0], d[1]);
+}
+
 /* A 1-D f32 (or bf16) CPU tensor holding vals. */
 static zr_tensor *vec(int64_t n, const float *vals, zr_dtype dt) {
     zr_tensor *t = zr_tensor_new(dt, zr_cpu(), 1, &n);
@@ -243,6 +277,68 @@ TEST(offload_adamw_segments) {
     free(p), free(m), free(v), free(w);
 }
 
+/* offload_adamw_pieces_cpu: pieces with a gap between them, each its own lr and weight decay, the
+ * weights at every alignment of out (0..33 elements past a 64-byte line) and sizes around a line
+ * and a block, one thread and several: streamed weights equal dtype.h's rounding of the new p,
+ * p/m/v equal those of normal stores (stream 0) and of one offload_adamw_cpu call per piece, bit
+ * for bit, and nothing outside the pieces (the gap, guards either side of out) is written. */
+TEST(adamw_pieces_streamed_weights) {
+    const int64_t sizes[] = {1, 31, 33, 2100, 70001};
+    const zr_dtype dts[] = {ZR_BF16, ZR_F16, ZR_F32};
+    zr_adamw_config c = {.lr = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    for (int si = 0; si < 5 && !test_failed_flag; si++)
+        for (int d = 0; d < 3 && !test_failed_flag; d++)
+            for (int shift = 0; shift <= 33 && !test_failed_flag; shift += si < 3 ? 1 : 11) {
+                const int64_t n1 = sizes[si], gap = 5, n2 = sizes[si] / 2 + 3, n = n1 + gap + n2;
+                const size_t es = zr_dtype_size(dts[d]), guard = 64;
+                offload_adamw_piece pc[2] = {{0, n1, 0.01, 0.1}, {n1 + gap, n2, 0.003, 0.0}};
+                float *p[3], *m[3], *v[3];
+                unsigned char *ob[3];
+                for (int r = 0; r < 3; r++) { /* 0: streamed, 1: normal stores, 2: per-piece calls */
+                    p[r] = fvec(n, 2), m[r] = fvec(n, 3), v[r] = fvec(n, 4);
+                    for (int64_t i = 0; i < n; i++) v[r][i] = fabsf(v[r][i]);
+                    ob[r] = aligned_alloc(64, (guard + (size_t)(n + 34) * es + guard + 63) / 64 * 64);
+                    memset(ob[r], 0xab, (guard + (size_t)(n + 34) * es + guard + 63) / 64 * 64);
+                }
+                float *g = fvec(n, 5);
+                for (int r = 0; r < 2; r++)
+                    offload_adamw_pieces_cpu(p[r], m[r], v[r], g, ZR_F32, pc, 2, &c, 3, 0.5,
+                                             ob[r] + guard + (size_t)shift * es, dts[d], r == 0);
+                for (int k = 0; k < 2; k++) {
+                    zr_adamw_config s = c;
+                    s.lr = pc[k].lr, s.weight_decay = pc[k].wd;
+                    int64_t o = pc[k].off;
+                    offload_adamw_cpu(p[2] + o, m[2] + o, v[2] + o, g + o, ZR_F32, pc[k].n, &s, 3, 0.5,
+                                      ob[2] + guard + (size_t)(shift + o) * es, dts[d]);
+                }
+                const size_t bytes = (guard + (size_t)(n + 34) * es + guard + 63) / 64 * 64;
+                for (int r = 1; r < 3; r++)
+                    CHECK_MSG(memcmp(p[0], p[r], (size_t)n * 4) == 0 && memcmp(m[0], m[r], (size_t)n * 4) == 0 &&
+                                  memcmp(v[0], v[r], (size_t)n * 4) == 0 && memcmp(ob[0], ob[r], bytes) == 0,
+                              "n=%lld %s shift %d: streamed differs from %s", (long long)n, zr_dtype_name(dts[d]),
+                              shift, r == 1 ? "normal stores" : "per-piece calls");
+                const unsigned char *w = ob[0] + guard + (size_t)shift * es;
+                for (int64_t i = 0; i < n && !test_failed_flag; i++) {
+                    int in_gap = i >= n1 && i < n1 + gap;
+                    if (in_gap) {
+                        CHECK_MSG(p[0][i] == (float)val(i, 2) && w[i * es] == 0xab, "gap element %lld written",
+                                  (long long)i);
+                        continue;
+                    }
+                    uint32_t got = 0, want;
+                    memcpy(&got, w + i * es, es);
+                    if (dts[d] == ZR_F32) memcpy(&want, &p[0][i], 4);
+                    else want = dts[d] == ZR_BF16 ? zr_f32_to_bf16(p[0][i]) : zr_f32_to_f16(p[0][i]);
+                    CHECK_MSG(got == want, "n=%lld %s shift %d: w[%lld] = %x, expected %x", (long long)n,
+                              zr_dtype_name(dts[d]), shift, (long long)i, got, want);
+                }
+                for (size_t b = 0; b < guard + (size_t)shift * es; b++) CHECK(ob[0][b] == 0xab);
+                for (size_t b = guard + (size_t)(shift + n) * es; b < bytes; b++) CHECK(ob[0][b] == 0xab);
+                for (int r = 0; r < 3; r++) free(p[r]), free(m[r]), free(v[r]), free(ob[r]);
+                free(g);
+            }
+}
+
 /* The sink of the pipeline test: copies each chunk's weights into a host tensor (as the engine
  * uploads them) and counts the calls. */
 typedef struct {
@@ -318,6 +414,14 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
     CHECK(zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0) == NULL); /* refused, with the fix */
     CHECK(strstr(zr_last_error_message(), "ZRUN_OFFLOAD_CHUNK") != NULL);
     unsetenv("ZRUN_OFFLOAD_CHUNK");
+    setenv("ZRUN_OFFLOAD_STREAM", "yes", 1);
+    CHECK(zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0) == NULL); /* refused, with the fix */
+    CHECK(strstr(zr_last_error_message(), "ZRUN_OFFLOAD_STREAM must be 1") != NULL);
+    setenv("ZRUN_OFFLOAD_STREAM", "0", 1);
+    zr_offload *o0 = zr_offload_new(S, NULL, zr_cpu(), ZR_BF16, 4, segs, S, 0, 0);
+    CHECK(o0 != NULL);
+    zr_offload_free(o0);
+    unsetenv("ZRUN_OFFLOAD_STREAM");
 }
 
 int main(void) {
@@ -327,8 +431,10 @@ int main(void) {
     RUN(adamw_writes_f32_bf16_f16_weights);
     RUN(cast_rounds_like_dtype_h);
     RUN(accumulate_and_fill_match_double_loop);
+    RUN(accumulate16_rounds_each_sum_once);
     RUN(lazy_zero_overwrites_then_adds);
     RUN(offload_adamw_segments);
+    RUN(adamw_pieces_streamed_weights);
     RUN(pipeline_chunks_match_per_segment_adamw);
     return test_summary();
 }

@@ -37,17 +37,17 @@ T.test("Llama-3-8B, gradients on the host (hand-computed): 121.71 GiB, no host c
   T.eq(string.format("%.2f", p.host.total / GiB), "121.71")
   T.eq(p.device.optimizer, 0); T.eq(p.device.params, 2 * N)
   T.eq(p.device.comm, 4 * CAP, "the f32 bucket on the GPU (with host gradients one rank is not direct)")
-  T.eq(p.pinned, p.host.total, "everything on the host is page-locked with pin_memory")
-  -- 16-bit gradients on the host (data_types.grad_accum_dtype bf16): the engine refuses them (the
-  -- host partition is fp32): the plan counts fp32 and says so
+  -- page-locked with pin_memory: what DMA touches (the gradient partition, the staging bucket and
+  -- the ring), not the master and states: 4N + 4 CAP + 3 x 2^24 x 2 = 34,323,054,592
+  T.eq(p.pinned, 4 * N + 4 * CAP + 3 * C * 2)
+  -- 16-bit gradients on the host (data_types.grad_accum_dtype bf16): a bf16 host partition, 2N;
+  -- the staging bucket stays f32-sized: 14N + 4 CAP + 3 x 2^24 x 2 = 114,625,667,072
   local pb = plan8b { offload_grads = "host", grad_accum_dtype = "bf16" }
-  T.eq(pb.host.total, p.host.total)
-  T.eq(tostring(pb):find("16-bit needs the gradients on the GPU: with them on the host the engine stops", 1, true) ~= nil,
-    true, tostring(pb))
-  T.eq(tostring(p):find("16-bit needs", 1, true), nil, "no note for fp32 gradients")
+  T.eq(pb.host.grads, 2 * N); T.eq(pb.host.total, 14 * N + 4 * CAP + 3 * C * 2)
+  T.eq(pb.pinned, 2 * N + 4 * CAP + 3 * C * 2)
   pb = plan8b { offload_grads = "host", config = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true },
     zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" } }, data_types = { grad_accum_dtype = "bf16" } } }
-  T.eq(tostring(pb):find("16-bit needs the gradients on the GPU", 1, true) ~= nil, true, "read from the DeepSpeed config")
+  T.eq(pb.host.grads, 2 * N, "read from the DeepSpeed config")
 end)
 
 T.test("gradients on the GPU (hand-computed): the host holds master + states (12 B/param) and the ring", function()
@@ -60,12 +60,13 @@ T.test("gradients on the GPU (hand-computed): the host holds master + states (12
   T.eq(p.host.total, 96665124864)
   T.eq(p.device.grads, 4 * N, "the fp32 gradient partition on the GPU, as without offload")
   T.eq(p.device.comm, 0, "one rank at stage 2: direct mode, no buckets")
-  -- setup: the model as built (2N), its copy into the flat parameter buffer (2N) before the
-  -- originals are freed, and the gradient partition (4N): 8 x N = 64,242,089,984 = 59.83 GiB
-  T.eq(p.setup.params, 4 * N); T.eq(p.setup.total, 8 * N)
-  T.eq(p.device.total, 8 * N, "the setup is the GPU's peak here")
-  -- the engine page-locks the master and the states as well as the ring (engine.c pin())
-  T.eq(p.pinned, p.host.total)
+  -- setup: the model as built (2N) and its copy into the flat parameter buffer (2N) before the
+  -- originals are freed; the gradient partition (4N) only after: max(4N, 2N + 4N) = 6N
+  T.eq(p.setup.params, 4 * N); T.eq(p.setup.total, 6 * N)
+  T.eq(p.device.total > 6 * N, true, "training (6N + activations), not the setup, is the GPU's peak")
+  -- only the ring is page-locked (engine.c pin(): no host gradient partition here; the master and
+  -- the states stay pageable)
+  T.eq(p.pinned, 3 * C * 6)
   -- bf16 gradients: half the GPU partition; the ring's in-slots stay f32-sized
   local pb = plan8b { offload_grads = "device", grad_accum_dtype = "bf16" }
   T.eq(pb.device.grads, 2 * N); T.eq(pb.host.total, 12 * N + 3 * C * 6)
@@ -74,7 +75,7 @@ T.test("gradients on the GPU (hand-computed): the host holds master + states (12
   -- step's all-gather of the new weights, send cap and receive 2 cap: 6 cap bytes
   local p2 = plan8b { offload_grads = "device", gpus_per_node = 2 }
   T.eq(p2.device.comm, 16 * 262668288)
-  T.eq(p2.host.comm, 3 * C * 6, "the ring, out-slots included, though the weights come back by all-gather")
+  T.eq(p2.host.comm, 3 * C * 4, "the ring's in-slots: the weights come back by all-gather, not through out-slots")
 end)
 
 T.test("offload_optimizer.ratio keeps the rest of the optimizer states on the GPU (stage 3)", function()
@@ -111,24 +112,24 @@ T.test("auto: the engine's rule, the gradient partition on the GPU when it takes
     "of the 117.99 GiB free after the weights (of 132.95 GiB usable); ZRUN_OFFLOAD_GRADS=host fits too", 1, true) ~= nil,
     true, tostring(p))
   -- 80 GB: 76 - 1 = 75.00 usable, 60.04 free, half 30.02 >= 29.92: the GPU; 72 GB: 67.40 usable,
-  -- 52.44 free, half 26.22 < 29.92: the host, though the device plan (59.83 GiB) would fit
+  -- 52.44 free, half 26.22 < 29.92: the host, though the device plan (57.27 GiB: 6N and the forward's activations) would fit
   T.eq(plan8b { gpu_memory = "80GB" }.settings.offload_grads, "device")
   p = plan8b { gpu_memory = "72GB" }
   T.eq(p.settings.offload_grads, "host")
   T.eq(tostring(p):find("takes more than half of the 52.44 GiB free after the weights (of 67.40 GiB usable); " ..
-    "ZRUN_OFFLOAD_GRADS=device fits too: GPU 59.83 GiB, host 90.03 GiB per rank", 1, true) ~= nil, true, tostring(p))
+    "ZRUN_OFFLOAD_GRADS=device fits too: GPU 57.28 GiB, host 90.03 GiB per rank", 1, true) ~= nil, true, tostring(p))
   -- the rule is the engine's own function
   T.eq(Off.device_grads_fit(10, 4, 80), true); T.eq(Off.device_grads_fit(10, 4, 79), false)
   p = plan8b { gpu_memory = "40GB" } -- 37.00 usable, 22.04 free
   T.eq(p.settings.offload_grads, "host")
-  T.eq(tostring(p):find("of 37.00 GiB usable); ZRUN_OFFLOAD_GRADS=device would need GPU 59.83 GiB per rank", 1, true)
+  T.eq(tostring(p):find("of 37.00 GiB usable); ZRUN_OFFLOAD_GRADS=device would need GPU 57.28 GiB per rank", 1, true)
     ~= nil, true, tostring(p))
-  -- bf16 gradients (2N = 14.96 GiB): 50 GB, 46.50 usable, 31.54 free: the GPU; and the host is no
-  -- alternative with them
+  -- bf16 gradients (2N = 14.96 GiB): 50 GB, 46.50 usable, 31.54 free: the GPU; on the host
+  -- they would take 14N + 4 CAP + 3 x 2^24 x 2 = 114,625,667,072 B = 106.75 GiB there
   p = plan8b { gpu_memory = "50GB", grad_accum_dtype = "bf16" }
   T.eq(p.settings.offload_grads, "device")
-  T.eq(tostring(p):find("ZRUN_OFFLOAD_GRADS=host would stop: the engine refuses 16-bit gradients on the host", 1, true)
-    ~= nil, true, tostring(p))
+  T.eq(tostring(p):find("ZRUN_OFFLOAD_GRADS=host fits too: GPU [%d.]+ GiB, host 106.75 GiB per rank") ~= nil, true,
+    tostring(p))
   -- an explicit setting wins over the GPU size
   T.eq(plan8b { gpu_memory = "141GB", offload_grads = "host" }.settings.offload_grads, "host")
   T.raises(function() plan8b { offload_grads = "gpu" } end, "must be device, host or auto, got 'gpu'")
@@ -171,7 +172,7 @@ T.test("the host check says what does not fit and each setting that fixes it, on
   T.eq(lines[2]:find("^  %- keep the gradients on the GPU %(ZRUN_OFFLOAD_GRADS=device; GPU [%d.]+ GiB per rank%): host 90.03 GiB " ..
     "per node %(fits%)$") ~= nil, true, lines[2])
   T.eq(lines[3], "  - more nodes or GPUs per node: the partitions shrink with the world size")
-  T.eq(#lines, 3, "no 16-bit host gradients offered: the engine refuses them")
+  T.eq(#lines, 3)
   -- stage 3 (one rank, the shard on the GPU: the same host bytes) can also keep a share of the
   -- states on the GPU, the gradients then on the GPU too: ratio 0.9 -> h = ceil(0.9 N) =
   -- 7,227,235,124 host elements x 12 B + the ring 3 x 2^24 x 6 = 87,028,811,376 B = 81.05 GiB
@@ -186,17 +187,17 @@ T.test("the host check says what does not fit and each setting that fixes it, on
   o.stage = 2
   -- fits: nothing to say
   T.eq(#P.host_check(P.plan(o), o, 122 * GiB), 0)
-  -- the locked-memory limit, with its fix: the engine page-locks the master and states (12N) and
-  -- the ring (3 x 2^24 x 6): 96,665,124,864 B = 90.03 GiB
+  -- the locked-memory limit, with its fix: the engine page-locks the ring (3 x 2^24 x 6):
+  -- 301,989,888 B = 288 MiB
   local pd = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
     micro_batch = 4, seq_len = 512, offload_grads = "device" }
   lines = P.host_check(pd, {}, 128 * GiB, 64 * 2 ^ 20)
   T.eq(#lines, 1)
-  T.eq(lines[1], "offload_optimizer.pin_memory page-locks 90.03 GiB per rank but the locked-memory limit (ulimit -l) is " ..
+  T.eq(lines[1], "offload_optimizer.pin_memory page-locks 288.00 MiB per rank but the locked-memory limit (ulimit -l) is " ..
     "64.00 MiB: raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or " ..
     "set \"pin_memory\": false (slower copies)")
-  T.eq(#P.host_check(pd, {}, 128 * GiB, 96665124864), 0, "a limit of exactly what is pinned")
-  T.eq(#P.host_check(pd, {}, 128 * GiB, 96665124864 - 1), 1, "a byte less")
+  T.eq(#P.host_check(pd, {}, 128 * GiB, 301989888), 0, "a limit of exactly what is pinned")
+  T.eq(#P.host_check(pd, {}, 128 * GiB, 301989888 - 1), 1, "a byte less")
   local nopin = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
     offload_grads = "device", pin_memory = false }
   T.eq(nopin.pinned, 0); T.eq(#P.host_check(nopin, {}, 128 * GiB, 64 * 2 ^ 20), 0, "pin_memory false: no limit")
@@ -208,24 +209,26 @@ T.test("zr.initialize's check: the plan's host column for the engine's parameter
   f:write("Max locked memory         8388608              8388608              bytes\n")
   f:close()
   engine_mod.limits_file = path
-  -- 1e6 parameters, bf16 on a GPU, gradients on the host, all pinned: master + states 12 MB,
-  -- gradients 4 MB, the staging bucket 4 MB (the bucket is the whole partition here) and the
-  -- ring's out-slots 3 x 1e6 x 2 = 6 MB: 26e6 B = 24.80 MiB > 8 MiB
+  -- 1e6 parameters, bf16 on a GPU, gradients on the host: pinned are the gradients 4 MB, the
+  -- staging bucket 4 MB (the bucket is the whole partition here) and the ring's out-slots
+  -- 3 x 1e6 x 2 = 6 MB (not the master and states): 14e6 B = 13.35 MiB > 8 MiB
   local p = { numel = function() return 1e6 end }
   local err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2, { device = "cuda" }) end,
     "ulimit -l")
-  T.eq(err:find("page-locks 24.80 MiB per rank", 1, true) ~= nil, true, err)
-  -- 16-bit gradients on the host: the engine refuses them after this check (the partition there
-  -- is fp32), so the check counts fp32
+  T.eq(err:find("page-locks 13.35 MiB per rank", 1, true) ~= nil, true, err)
+  -- 16-bit gradients on the host: a bf16 partition, 2 MB: 12e6 B = 11.44 MiB
   err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
     { device = "cuda", grad_accum_dtype = "bf16" }) end, "ulimit -l")
-  T.eq(err:find("page-locks 24.80 MiB per rank", 1, true) ~= nil, true, err)
-  -- gradients on the GPU: master + states 12 MB and the ring 3 x 1e6 x (4 + 2) = 18 MB: 30e6 B = 28.61 MiB
+  T.eq(err:find("page-locks 11.44 MiB per rank", 1, true) ~= nil, true, err)
+  -- gradients on the GPU: the ring 3 x 1e6 x (4 + 2) = 18e6 B = 17.17 MiB
   err = T.raises(function() engine_mod.check_host_memory({ p }, 1, 2, false, true, 2,
     { device = "cuda", offload_grads = "device" }) end, "ulimit -l")
-  T.eq(err:find("page-locks 28.61 MiB per rank", 1, true) ~= nil, true, err)
-  engine_mod.check_host_memory({ { numel = function() return 2.5e5 end } }, 1, 2, false, true, 2,
-    { device = "cuda", offload_grads = "device" }) -- 30 x 2.5e5 = 7.5e6 B = 7.15 MiB fits 8 MiB
+  T.eq(err:find("page-locks 17.17 MiB per rank", 1, true) ~= nil, true, err)
+  -- 18 x 466,033 = 8,388,594 B fits 8 MiB (8,388,608 B); 18 x 466,034 = 8,388,612 does not
+  engine_mod.check_host_memory({ { numel = function() return 466033 end } }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" })
+  T.raises(function() engine_mod.check_host_memory({ { numel = function() return 466034 end } }, 1, 2, false, true, 2,
+    { device = "cuda", offload_grads = "device" }) end, "page-locks 8.00 MiB per rank")
   engine_mod.limits_file = nil
   os.remove(path)
   local huge = { numel = function() return 2e12 end }

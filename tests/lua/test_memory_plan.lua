@@ -60,6 +60,7 @@ local function measure(c)
   local st = mem.stats()
   local setup, train = {}, {}
   for _, k in ipairs(CATS) do setup[k] = st[k].peak - base[k].current end
+  setup.total = st.total_peak - base.total_current -- the most live at once
   local offload_grads = engine.offload_grads
   mem.reset_peak()
   for s = 1, STEPS do
@@ -151,19 +152,28 @@ for i, c in ipairs(cases) do
       -- by hand (f32, one rank: the partition is the model, n elements): direct mode keeps the
       -- model in one flat buffer, copied from the model as built (setup: both, 8n bytes), with
       -- .grad views into the f32 gradient partition (4n) and no buckets; master + exp_avg +
-      -- exp_avg_sq 12n. The ring (offload.c) holds 3 chunks of min(2^24, n) = n elements, each
-      -- an f32 in-slot and an f32 out-slot: 3 x n x 8 bytes, made when the gradients come from
-      -- the device partition; with them in the host partition the step reads them in place.
+      -- exp_avg_sq 12n. The flat copy is made before the gradient partition: the setup's peak is
+      -- 12n + 8n, not 12n + 8n + 4n. The ring (offload.c) holds 3 chunks of min(2^24, n) = n
+      -- elements, each an f32 in-slot (3 x n x 4 bytes), made when the gradients come from the
+      -- device partition (with them in the host partition the step reads them in place); no
+      -- out-slots: on the CPU the new weights are written into the flat buffer in place.
       local n = total_params(c.layers, c.tied)
       T.eq(offload_grads, c.offload, "the engine's placement")
       T.eq(m.params, 4 * n, "offload: the model once"); T.eq(setup.params, 8 * n, "offload setup: model + flat copy")
       T.eq(m.grads, 4 * n, "offload: the gradient partition, no .grad besides")
       T.eq(m.optimizer, 12 * n, "offload: master + states")
-      local ring = c.offload == "device" and 3 * n * 8 or 0
+      local ring = c.offload == "device" and 3 * n * 4 or 0
       T.eq(m.comm, ring, "offload: the ring, nothing else")
       T.eq(plan.device.comm + plan.host.comm, ring, "planned ring")
       T.eq(plan.device.comm, 0, "direct mode: no buckets planned")
       T.eq(plan.setup.params, 8 * n, "planned setup: model + flat copy")
+      -- on the CPU the plan's device column (the model, its flat copy, a device gradient
+      -- partition) and its host column (the states; host gradients) are the same memory
+      T.eq(plan.setup.total, 8 * n, "planned setup peak, device column: model + flat copy, the gradients after")
+      if c.offload == "device" then
+        T.eq(plan.timeline[1].host, 12 * n, "planned setup, host column: master + states")
+        within("setup total", setup.total, 20 * n, report .. ("\nsetup total measured %d"):format(setup.total))
+      end
     elseif c.solo then
       -- the model once (no shard beside it, nothing gathered), and no gradient buckets
       T.eq(m.params, total_params(c.layers, c.tied) * 4, "stage 3 in one process: the model once")

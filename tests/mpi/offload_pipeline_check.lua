@@ -7,6 +7,12 @@
 -- device mode only) the gradients are rounded to bf16 after every addition: Adam divides by
 -- sqrt(v), so where a gradient is near zero the rounding may flip an update's sign (a weight then
 -- ends up to 2 lr per step away); losses must agree within 1e-3 and weights within 2 lr x steps.
+-- And 16-bit gradients on the host (accumulated bucket by bucket into a 16-bit host partition,
+-- each sum rounded) against the device mode at the same GRAD_DTYPE: on CPU ranks the same
+-- roundings of the same additions in the same order, bit for bit. On one GPU the device mode is
+-- direct (the weight-gradient GEMM may add into the 16-bit .grad in place, one rounding) and the
+-- host mode bucketed (the micro-batch's gradient rounded, then added: two), so there the 16-bit
+-- tolerances above apply.
 -- Usage: ZRUN_OFFLOAD_CHUNK=N zrun offload_pipeline_check.lua STAGE GAS [GRAD_DTYPE]
 -- ZRUN_CHECK_DEVICE=cuda (tests/cuda/test_offload_pipeline.sh): on the GPU the two places differ
 -- in where the gradients are added and squared (GPU kernels vs the host), so fp32 is compared
@@ -63,6 +69,9 @@ local function check()
     local differs = false
     for i, p in ipairs(dp) do differs = differs or (p - hp[i]):abs():max():item() > 0 end
     assert(differs, "16-bit gradients gave the fp32 weights bit for bit: were they rounded at all?")
+    local l16, p16 = train("host", gdt)
+    T.near(l16, dl, dev and 1e-3 or 0, 0, "losses, 16-bit gradients on the host vs the device")
+    for i, p in ipairs(p16) do T.near(p, dp[i], dev and tol or 0, 0, "16-bit host gradients: parameter " .. i) end
   end
 end
 if r == 0 then T.test(name, check) else check() end

@@ -2,7 +2,8 @@
 # ZeRO optimizer offload's step pipeline (runtime/zero/offload.h) on the CPU, with chunks of 777
 # elements that cut parameters: gradients kept on the "device" vs sent to the host, bit for bit
 # (tests/mpi/offload_pipeline_check.lua), at stages 1-3, 1 and 2 ranks, accumulation 1 and 4;
-# bf16 gradient accumulation (device mode); and the device mode against the independent
+# bf16/fp16 gradient accumulation (device mode against fp32, and the 16-bit host partition against
+# the device mode bit for bit); and the device mode against the independent
 # single-process reference of tests/mpi/zero_check.lua.
 . "$(dirname "$0")/mpi_env.sh"
 Z=${ZRUN_BIN:-./zrun}
@@ -17,3 +18,5 @@ for np in 1 2; do
 done
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/offload_pipeline_check.lua 2 4 bf16 || echo "FAIL offload pipeline bf16 grads stage 2: mpirun exited $?"
 mpirun $MPI_FLAGS -np 1 $Z tests/mpi/offload_pipeline_check.lua 3 1 bf16 || echo "FAIL offload pipeline bf16 grads stage 3: mpirun exited $?"
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/offload_pipeline_check.lua 3 2 bf16 || echo "FAIL offload pipeline bf16 grads stage 3 np=2: mpirun exited $?"
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/offload_pipeline_check.lua 1 2 fp16 || echo "FAIL offload pipeline fp16 grads stage 1: mpirun exited $?"
