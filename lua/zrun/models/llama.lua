@@ -118,7 +118,9 @@ function Model:__init(cfg)
   rawset(self, "rope_cache", {})
 end
 
--- cos/sin tables for T positions (cached per length, device and dtype).
+-- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
+-- to dtype (as transformers casts them to the activations' dtype); 16-bit ones are kept in f32,
+-- which the rope kernels compute in, so no call converts them again.
 function Model:rope(T, dtype, device)
   local key = T .. dtype .. device
   local c = self.rope_cache[key]
@@ -127,7 +129,11 @@ function Model:rope(T, dtype, device)
     local o = hf_config.rope_tables_options(cfg.rope_parameters)
     o.dtype = "f32"
     local cos, sin = zr.rope_tables(T, head_dim(cfg), o)
-    if dtype ~= "f32" or device ~= "cpu" then cos, sin = cos:to(device, dtype), sin:to(device, dtype) end
+    if dtype ~= "f32" and dtype ~= "f64" then cos, sin = cos:to(dtype):to("f32"), sin:to(dtype):to("f32") end
+    if dtype == "f64" or device ~= "cpu" then
+      local dt = dtype == "f64" and "f64" or "f32"
+      cos, sin = cos:to(device, dt), sin:to(device, dt)
+    end
     c = { cos, sin }
     self.rope_cache[key] = c
   end
