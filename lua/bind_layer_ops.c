@@ -1,5 +1,5 @@
-/* Lua bindings for the transformer layer ops, one banner per op family: norm, rope, swiglu,
- * attention, dropout, and cat/split (runtime/ops/view.h). Comparisons and where are bind_ops.c. */
+/* Lua bindings for the transformer layer ops, one banner per op family: norm, rope, qkv_rope,
+ * swiglu, attention, dropout, and cat/split (runtime/ops/view.h). Comparisons and where are bind_ops.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,6 +7,7 @@
 #include "ops/attention.h"
 #include "ops/dropout.h"
 #include "ops/norm.h"
+#include "ops/qkv_rope.h"
 #include "ops/rope.h"
 #include "ops/swiglu.h"
 #include "ops/view.h"
@@ -103,6 +104,20 @@ static int l_rope_tables(lua_State *L) {
     return 2;
 }
 
+/* ===== qkv_rope (runtime/ops/qkv_rope.h) ===== */
+
+/* qkv_rope(qkv, H, KV, cos, sin [, layout]) -> q, k, v; layout "bhtd", "bthd" or nil (the
+ * attention kernels' choice) */
+static int l_qkv_rope(lua_State *L) {
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *cs = zr_l_checktensor(L, 4), *sn = zr_l_checktensor(L, 5), *out[3];
+    static const char *const names[] = {"bhtd", "bthd", NULL};
+    int layout = lua_isnoneornil(L, 6) ? ZR_QKV_AUTO : luaL_checkoption(L, 6, NULL, names);
+    if (zr_qkv_rope(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), cs, sn, layout, out))
+        return zr_l_error(L);
+    for (int i = 0; i < 3; i++) zr_l_pushtensor(L, out[i]);
+    return 3;
+}
+
 /* ===== swiglu (runtime/ops/swiglu.h) ===== */
 
 /* swiglu(gate, up) = silu(gate) * up, fused; swiglu(gu): gate and up packed in gu's last dim */
@@ -194,7 +209,7 @@ static int l_split(lua_State *L) {
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
-    {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"swiglu", l_swiglu},
+    {"rms_norm", l_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {NULL, NULL}};
 static const luaL_Reg functions[] = {{"rope_tables", l_rope_tables}, {"cat", l_cat}, {NULL, NULL}};

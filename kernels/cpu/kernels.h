@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "../base/qkv_layout.h"
+
 #define ZR_KERNELS_DECLARE
 #define real float
 #define K(name) name##_f32
@@ -16,6 +18,7 @@
 #include "norm.h"
 #include "embedding.h"
 #include "rope.h"
+#include "qkv_rope.h"
 #include "attention.h"
 #include "compare.h"
 #include "dropout.h"
@@ -33,6 +36,7 @@
 #include "norm.h"
 #include "embedding.h"
 #include "rope.h"
+#include "qkv_rope.h"
 #include "attention.h"
 #include "compare.h"
 #include "dropout.h"

@@ -279,19 +279,30 @@ function Sim:linear_multi(x, Ws, o_bytes)
   end)
 end
 
--- zr.split (ops/view.c): strided views of x, one node each; the first part whose
--- gradient arrives creates x's one gradient buffer (the producer's pending gradient) and every
--- part copies its gradient into its slice there, returning nothing. Returns the parts' array.
-function Sim:split(x, parts)
-  local outs = {}
+-- zr.qkv_rope (ops/qkv_rope.c): q, k, v are views of one new buffer (each contiguous, or, when
+-- the Hopper attention kernels read strided operands, transposed head slices of a (B, T, heads,
+-- D) buffer); the CPU kernel reads x through zr_cpu_in. In backward the first part whose gradient
+-- arrives creates x's one gradient buffer (the producer's pending gradient); the parts' gradients
+-- wait there until the producer's backward reads it, when one kernel writes the whole buffer.
+function Sim:qkv_rope(x, parts, strided)
+  local xi = not self.o.gpu and self:raw(x) or nil
+  local buf, outs, held = self:alloc(x.n), {}, {}
   for i, bytes in ipairs(parts) do
-    self:retain(x.s)
-    local out = self:lua({ s = x.s, n = bytes, c = false, strided = true })
+    self:retain(buf)
+    local out = self:lua({ s = buf, n = bytes, c = not strided })
     outs[i] = self:record(out, { x }, nil, function(S, _, g)
       if not x.node.slot then x.node.slot = S:new(x.n) end
+      S:retain(g.s)
+      held[#held + 1] = g
+      if i == 1 then -- q's node runs last, just before the producer's backward reads the buffer
+        for _, h in ipairs(held) do S:drop(h) end
+        held = {}
+      end
       return {}
     end)
   end
+  self:release(buf)
+  self:drop(xi)
   return outs
 end
 
@@ -332,11 +343,6 @@ function Sim:transpose(x) -- (a strided split part stays non-contiguous)
   self:retain(x.s)
   local out = self:lua({ s = x.s, n = x.n, c = not x.c and not x.strided, strided = x.strided })
   return self:record(out, { x }, nil, function(S, _, g) return { S:share(g, not g.c) } end)
-end
-function Sim:contiguous(x) -- a copy when strided; backward to_input
-  if x.c then return x end
-  local out = self:lua(self:new(x.n))
-  return self:record(out, { x }, nil, function(S, _, g) return { S:raw(g) } end)
 end
 function Sim:narrow(x, bytes, contig)
   self:retain(x.s)
@@ -472,8 +478,12 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
     -- the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
     -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
     -- output is (B, T, H, D) memory seen transposed, each gradient in its input's layout, dO read
-    -- in place
-    local function keep(x) if x.s.bytes > 2 * x.n then return self:new(x.n) end return self:share(x) end
+    -- in place; q, k, v that are views of one buffer (qkv_rope's) are judged together
+    local one = q.s == k.s and k.s == v.s
+    local function keep(x)
+      if x.s.bytes > 2 * (one and q.n + k.n + v.n or x.n) then return self:new(x.n) end
+      return self:share(x)
+    end
     local saved = { keep(q), keep(k), keep(v) }
     local out = self:lua({ s = self:alloc(q.n), n = q.n, c = false })
     local lse = self:new(lse_bytes)
@@ -633,9 +643,9 @@ function M.llama_activations(cfg, o)
   local N = B * T
   local S = new_sim(o)
   S.tape = {}
-  -- the model's cos/sin tables for this length, (T, D) each in the model's dtype (llama.lua
-  -- Model:rope, cached from the first step on; made outside any op: "other")
-  S:alloc(2 * T * D * b, "other")
+  -- the model's cos/sin tables for this length, (T, D) each, kept in f32 (f64 for an f64 model;
+  -- llama.lua Model:rope, cached from the first step on; made outside any op: "other")
+  S:alloc(2 * T * D * (b == 8 and 8 or 4), "other")
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
@@ -683,18 +693,17 @@ function M.llama_activations(cfg, o)
     S:push()
     local a1 = S:rms_norm(x, p.n1, N)
     local q, k, v
+    local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     if fused then
-      q, k, v = unpack(S:split(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
-        { N * Hq * D * b, N * KV * D * b, N * KV * D * b }))
-      if o.gpu then q, k = S:contiguous(q), S:contiguous(k) end -- for the CUDA rope's in-place layout
-      q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
+      q, k, v = unpack(S:qkv_rope(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
+        { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, o.gpu and strided))
     else
       q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
       k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
       v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+      q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
     end
-    q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
-    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, D == 64 and b == 2)
+    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
     local h = S:add(x, ao)
     local a2 = S:rms_norm(h, p.n2, N)

@@ -164,11 +164,19 @@ done:
     return st;
 }
 
-/* What backward keeps of a strided input: the view itself, unless it pins a much larger buffer
- * (a head slice of a fused projection), which a compact copy then replaces. */
-static zr_tensor *keep_for_backward(zr_tensor *t) {
-    size_t bytes = (size_t)zr_tensor_numel(t) * zr_dtype_size(t->dtype);
-    return t->storage->nbytes > 2 * bytes ? zr_tensor_contiguous_raw(t) : zr_tensor_retain(t);
+/* What backward keeps of strided inputs: the views themselves, unless one pins a much larger
+ * buffer (a head slice of a fused projection), which a compact copy then replaces. q, k and v
+ * that are views of one buffer (zr_qkv_rope's) are judged together: they pin only themselves. */
+static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
+    size_t bytes[3], total = 0;
+    for (int i = 0; i < 3; i++) total += bytes[i] = (size_t)zr_tensor_numel(in[i]) * zr_dtype_size(in[i]->dtype);
+    int shared = in[0]->storage == in[1]->storage && in[1]->storage == in[2]->storage;
+    for (int i = 0; i < 3; i++) {
+        size_t mine = shared ? total : bytes[i];
+        if (!(save[i] = in[i]->storage->nbytes > 2 * mine ? zr_tensor_contiguous_raw(in[i]) : zr_tensor_retain(in[i])))
+            return ZR_ERR;
+    }
+    return ZR_OK;
 }
 
 /* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
@@ -200,8 +208,10 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
                       "sdpa", dev))
         goto fail;
     zr_tensor *ins[3] = {qi, ki, vi};
-    for (int i = 0; i < 3; i++)
-        if (!(save[i] = strided ? keep_for_backward(ins[i]) : zr_tensor_retain(ins[i]))) goto fail;
+    if (strided) {
+        if (keep_for_backward(ins, save)) goto fail;
+    } else
+        for (int i = 0; i < 3; i++) save[i] = zr_tensor_retain(ins[i]);
     for (int i = 0; i < 3; i++) zr_tensor_release(ins[i]);
     out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, scale);
     if (out && out->grad_fn) {

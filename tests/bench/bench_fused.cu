@@ -19,6 +19,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
+#include "kernels/cuda/qkv_rope.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/softmax.h"
 #include "kernels/cuda/swiglu.h"
@@ -194,6 +195,31 @@ int main() {
     };
     rope(4, 2048);
     rope(16, 4096);
+    /* qkv_rope: the packed (B, T, (32 + 2·8)·64) product to q, k (rotated) and v as transposed
+     * head slices of one (B, T, 48, 64) buffer (the Hopper attention layout), and back: the
+     * Llama-3.2-1B micro-batch B=4 T=512, then B=4 T=2048 */
+    auto qkv_rope = [&](int64_t B, int64_t T) {
+        const int64_t H = 32, KV = 8, Dh = 64, W = (H + 2 * KV) * Dh, n = B * T * W;
+        void *x = bf(n), *y = bf(n);
+        float *cs = f32(T * Dh), *sn = f32(T * Dh);
+        char *yc = (char *)y;
+        zr_qkv_layout L = {T * W, W, {{T * W, Dh, W}, {T * W, Dh, W}, {T * W, Dh, W}}};
+        const double bytes = 2.0 * 2 * n + 2.0 * T * Dh * 4;
+        char sh[64];
+        snprintf(sh, sizeof sh, "bf16 B%lld T%lld H32/8 Dh64", (long long)B, (long long)T);
+        row("qkv_rope fwd (packed->BTHD)", sh, bytes, time_ms([&] {
+                OK(qkv_rope_forward_cuda(yc, yc + 2 * H * Dh, yc + 2 * (H + KV) * Dh, x, cs, sn, &L, B, T,
+                                         H, KV, Dh, BF, 0));
+            }));
+        row("qkv_rope bwd (BTHD->packed)", sh, bytes, time_ms([&] {
+                OK(qkv_rope_backward_cuda(x, yc, yc + 2 * H * Dh, yc + 2 * (H + KV) * Dh, cs, sn, &L, B,
+                                          T, H, KV, Dh, 0, BF, 0));
+            }));
+        for (void *p : {x, y}) cudaFree(p);
+        cudaFree(cs), cudaFree(sn);
+    };
+    qkv_rope(4, 512);
+    qkv_rope(4, 2048);
     { /* swiglu: M=16384 tokens, F=8192 */
         const int64_t M = 16384, F = 8192;
         void *g = bf(M * F, 3), *u = bf(M * F), *hh = bf(M * F), *dh = bf(M * F),

@@ -63,22 +63,16 @@ function Attention:forward(x, cos, sin)
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
   local q, k, v
   if fusable(qp, kp, vp) then
-    -- q, k, v: views of one (B, T, (H + 2 KV) D) product; backward gathers their gradients in one
-    -- buffer of that shape for the product's one backward GEMM per operand
-    q, k, v = unpack(zr.split(zr.linear_multi(x, weights(qp, kp, vp)), { H * D, KV * D, KV * D }, 3))
-    if x:device() ~= "cpu" then
-      -- the CUDA rope reads a contiguous (B, T, H, D) projection in place (its transpose fused) and
-      -- hands its gradient back in that layout; a strided view would be copied to (B, H, T, D)
-      -- instead and its gradient copied back again. (The CPU rope copies its input either way.)
-      q, k = q:contiguous(), k:contiguous()
-    end
+    -- one (B, T, (H + 2 KV) D) product; qkv_rope reads it in place and hands q, k (rotated) and
+    -- v back in the layout the attention kernels read, and in backward writes the product's
+    -- gradient in one pass for its one backward GEMM per operand
+    q, k, v = zr.qkv_rope(zr.linear_multi(x, weights(qp, kp, vp)), H, KV, cos, sin)
   else
-    q, k, v = qp(x), kp(x), vp(x)
+    q = qp(x):view(B, T, H, D):transpose(2, 3)
+    k = kp(x):view(B, T, KV, D):transpose(2, 3)
+    v = vp(x):view(B, T, KV, D):transpose(2, 3)
+    q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
   end
-  q = q:view(B, T, H, D):transpose(2, 3)
-  k = k:view(B, T, KV, D):transpose(2, 3)
-  v = v:view(B, T, KV, D):transpose(2, 3)
-  q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
   local o = zr.scaled_dot_product_attention(q, k, v)
   return self.o_proj(o:transpose(2, 3):reshape(B, T, H * D))
 end
@@ -124,7 +118,9 @@ function Model:__init(cfg)
   rawset(self, "rope_cache", {})
 end
 
--- cos/sin tables for T positions (cached per length, device and dtype).
+-- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
+-- to dtype (as transformers casts them to the activations' dtype); 16-bit ones are kept in f32,
+-- which the rope kernels compute in, so no call converts them again.
 function Model:rope(T, dtype, device)
   local key = T .. dtype .. device
   local c = self.rope_cache[key]
@@ -133,7 +129,11 @@ function Model:rope(T, dtype, device)
     local o = hf_config.rope_tables_options(cfg.rope_parameters)
     o.dtype = "f32"
     local cos, sin = zr.rope_tables(T, head_dim(cfg), o)
-    if dtype ~= "f32" or device ~= "cpu" then cos, sin = cos:to(device, dtype), sin:to(device, dtype) end
+    if dtype ~= "f32" and dtype ~= "f64" then cos, sin = cos:to(dtype):to("f32"), sin:to(dtype):to("f32") end
+    if dtype == "f64" or device ~= "cpu" then
+      local dt = dtype == "f64" and "f64" or "f32"
+      cos, sin = cos:to(device, dt), sin:to(device, dt)
+    end
     c = { cos, sin }
     self.rope_cache[key] = c
   end

@@ -1,0 +1,262 @@
+/* The fused q/k/v rope (see ops/qkv_rope.h): forward, backward and the group its three outputs
+ * share. Each output is a view with its own autograd node (as zr_split's parts); their backwards
+ * park their gradients in the group, and the group writes the whole packed gradient in one kernel
+ * when the engine ends its mark on the product's gradient buffer (zr_node_input_grad_buffer). */
+#include "ops/qkv_rope.h"
+
+#include <stdlib.h>
+
+#include "ops/util.h"
+
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/qkv_rope.h"
+#endif
+
+static const char *const PART[3] = {"q", "k", "v"};
+
+/* What the three outputs of one call share. */
+typedef struct {
+    int refcount;
+    int64_t H, KV;
+    zr_tensor *cos, *sin;  /* (T, Dh) contiguous: the CPU compute dtype, or f32 on CUDA */
+    zr_tensor *pending[3]; /* gradients of q, k, v parked until the mark ends (qkv_finish) */
+} qkv_group;
+
+static void group_release(void *p) {
+    qkv_group *G = p;
+    if (!G || --G->refcount > 0) return;
+    zr_tensor_release(G->cos);
+    zr_tensor_release(G->sin);
+    for (int i = 0; i < 3; i++) zr_tensor_release(G->pending[i]);
+    free(G);
+}
+
+/* q, k, v as views of buf (contiguous, laid out as `layout` says). */
+static zr_status part_views(zr_tensor *buf, int layout, int64_t B, int64_t T, int64_t H, int64_t KV,
+                            int64_t Dh, zr_tensor **v) {
+    int64_t heads[3] = {H, KV, KV}, off = 0;
+    for (int p = 0; p < 3; p++) {
+        if (layout == ZR_QKV_BTHD) {
+            zr_tensor *s = zr_tensor_narrow_raw(buf, 2, off, heads[p]);
+            v[p] = s ? zr_tensor_transpose_raw(s, 1, 2) : NULL;
+            zr_tensor_release(s);
+        } else {
+            int64_t shape[4] = {B, heads[p], T, Dh};
+            zr_tensor *s = zr_tensor_narrow_raw(buf, 0, off * B * T * Dh, B * heads[p] * T * Dh);
+            v[p] = s ? zr_tensor_view_raw(s, 4, shape) : NULL;
+            zr_tensor_release(s);
+        }
+        off += heads[p];
+        if (!v[p]) {
+            for (int i = 0; i < p; i++) zr_tensor_release(v[i]);
+            return ZR_ERR;
+        }
+    }
+    return ZR_OK;
+}
+
+/* The kernels' layout: packed (B, T, W) with its last dim contiguous; parts[p] may be NULL. */
+static zr_qkv_layout layout_of(const zr_tensor *packed, zr_tensor *const *parts) {
+    zr_qkv_layout L = {packed->stride[0], packed->stride[1], {{0}}};
+    for (int p = 0; p < 3; p++)
+        for (int d = 0; d < 3 && parts[p]; d++) L.part[p][d] = parts[p]->stride[d];
+    return L;
+}
+static void *data_or_null(zr_tensor *t) { return t ? zr_tensor_data(t) : NULL; }
+
+/* dst (B, T, W) contiguous, any float dtype: the packed gradient of g[0..2] (NULL: zeros),
+ * overwriting dst or, with accumulate, added to it. */
+static zr_status grad_into(qkv_group *G, zr_tensor *dst, zr_tensor *const *g, int accumulate) {
+    int64_t B = dst->shape[0], T = dst->shape[1], H = G->H, KV = G->KV, Dh = dst->shape[2] / (H + 2 * KV);
+    zr_device dev = zr_tensor_device(dst);
+    zr_tensor *gi[3] = {NULL, NULL, NULL}, *o = NULL;
+    zr_status st = ZR_ERR;
+    if (zr_is_cpu(dst)) {
+        zr_dtype ct = G->cos->dtype;
+        for (int p = 0; p < 3; p++)
+            if (g[p] && !(gi[p] = zr_cpu_in(g[p], ct))) goto done;
+        o = dst->dtype == ct ? zr_tensor_retain(dst)
+            : accumulate     ? zr_tensor_to_raw(dst, ct, dev)
+                             : zr_tensor_new_cat(ct, dev, 3, dst->shape, ZR_MEM_WORKSPACE, 0);
+        if (!o) goto done;
+        zr_qkv_layout L = layout_of(o, gi);
+        ZR_CPU_CALL(ct, qkv_rope_backward_cpu, zr_tensor_data(o), data_or_null(gi[0]), data_or_null(gi[1]),
+                    data_or_null(gi[2]), zr_tensor_data(G->cos), zr_tensor_data(G->sin), &L, B, T, H, KV, Dh,
+                    accumulate);
+        st = o == dst ? ZR_OK : zr_tensor_copy_(dst, o);
+        goto done;
+    }
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = dst->dtype;
+    if (dt == ZR_F64) {
+        st = zr_error("qkv_rope backward: an f64 gradient buffer on cuda is not supported");
+        goto done;
+    }
+    for (int p = 0; p < 3; p++)
+        if (g[p] && !(gi[p] = g[p]->dtype == dt && g[p]->stride[3] == 1 ? zr_tensor_retain(g[p])
+                                                                           : zr_tensor_to_raw(g[p], dt, dev)))
+            goto done;
+    zr_qkv_layout L = layout_of(dst, gi);
+    st = zr_dev_status(qkv_rope_backward_cuda(zr_tensor_data(dst), data_or_null(gi[0]), data_or_null(gi[1]),
+                                              data_or_null(gi[2]), zr_tensor_data(G->cos), zr_tensor_data(G->sin),
+                                              &L, B, T, H, KV, Dh, accumulate, dt, zr_cuda_stream(dev)),
+                       "qkv_rope backward", dev);
+#else
+    st = zr_no_cuda("qkv_rope");
+#endif
+done:
+    for (int p = 0; p < 3; p++) zr_tensor_release(gi[p]);
+    zr_tensor_release(o);
+    return st;
+}
+
+/* End of the group's mark on the product's gradient buffer: the parked gradients become the
+ * whole buffer in one pass (parts that got none are zeros); then the mark's reference goes. */
+static zr_status qkv_finish(const void *owner, zr_tensor *buf) {
+    qkv_group *G = (qkv_group *)owner;
+    zr_status st = buf ? grad_into(G, buf, G->pending, 0) : ZR_OK;
+    for (int p = 0; p < 3; p++) {
+        zr_tensor_release(G->pending[p]);
+        G->pending[p] = NULL;
+    }
+    group_release(G);
+    return st;
+}
+
+/* i[0] = which output (0 q, 1 k, 2 v); ctx = the group. */
+static zr_status qkv_rope_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    qkv_group *G = n->ctx;
+    int k = (int)n->i[0];
+    zr_edge *e = &n->edges[0];
+    zr_tensor *one[3] = {NULL, NULL, NULL};
+    one[k] = g;
+    if (e->fn) { /* park g until the product's buffer is read (one kernel for all three) */
+        zr_tensor *buf;
+        int state;
+        if (zr_node_input_grad_buffer(n, 0, G, qkv_finish, &buf, &state)) return ZR_ERR;
+        if (state == ZR_GRADBUF_SHARED) return grad_into(G, buf, one, 1); /* others wrote there too */
+        if (state == ZR_GRADBUF_NEW) G->refcount++; /* the mark's reference, dropped by qkv_finish */
+        if (G->pending[k])
+            return zr_error("qkv_rope: a second gradient for %s arrived before the product's was read", PART[k]);
+        G->pending[k] = zr_tensor_retain(g);
+        return ZR_OK;
+    }
+    zr_tensor *lg = zr_node_leaf_grad(n, 0);
+    if (lg && !e->leaf->grad_stale) return grad_into(G, lg, one, 1);
+    zr_tensor *z = zr_tensor_new_cat(e->dtype, zr_tensor_device(g), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 1);
+    if (!z) return ZR_ERR;
+    return zr_give_grad(gin, z, grad_into(G, z, one, 1));
+}
+
+static zr_status check_args(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout) {
+    char b1[128], b2[128], b3[128];
+    if (zr_check_float("qkv_rope", qkv) || zr_check_float("qkv_rope", cos) || zr_check_float("qkv_rope", sin))
+        return ZR_ERR;
+    if (zr_check_same_device("qkv_rope", 3, (zr_tensor *[]){qkv, cos, sin})) return ZR_ERR;
+    if (qkv->ndim != 3)
+        return zr_error("qkv_rope: qkv must be (B, T, (H + 2 KV)·head_dim), got %s", zr_tensor_shape_str(qkv, b1));
+    if (H < 1 || KV < 1) return zr_error("qkv_rope: H and KV must be >= 1, got H=%lld KV=%lld", (long long)H, (long long)KV);
+    int64_t T = qkv->shape[1], W = qkv->shape[2], nh = H + 2 * KV;
+    if (W % nh || (W / nh) % 2 || W == 0)
+        return zr_error("qkv_rope: the last dim of qkv %s must be (H + 2 KV)·head_dim = %lld·head_dim with head_dim "
+                        "even and > 0", zr_tensor_shape_str(qkv, b1), (long long)nh);
+    int64_t Dh = W / nh;
+    if (cos->ndim != 2 || cos->shape[0] != T || cos->shape[1] != Dh || !zr_tensor_same_shape(cos, sin))
+        return zr_error("qkv_rope: cos %s and sin %s must both be (T, head_dim) = (%lld,%lld) for qkv %s",
+                        zr_tensor_shape_str(cos, b1), zr_tensor_shape_str(sin, b2), (long long)T, (long long)Dh,
+                        zr_tensor_shape_str(qkv, b3));
+    if (layout < ZR_QKV_AUTO || layout > ZR_QKV_BTHD)
+        return zr_error("qkv_rope: layout %d unknown (ZR_QKV_AUTO, ZR_QKV_BHTD or ZR_QKV_BTHD)", layout);
+    if (!zr_is_cpu(qkv) && qkv->dtype == ZR_F64) {
+        char dn[16];
+        return zr_error("qkv_rope on %s: f64 is not supported (use f32, bf16 or f16)",
+                        zr_device_name(zr_tensor_device(qkv), dn));
+    }
+    return ZR_OK;
+}
+
+/* Runs the forward kernel from qkv into buf's views; sets G's tables. */
+static zr_status forward_into(qkv_group *G, zr_tensor *qkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *buf,
+                              int layout, int64_t B, int64_t T, int64_t Dh) {
+    int64_t H = G->H, KV = G->KV;
+    zr_device dev = zr_tensor_device(qkv);
+    zr_tensor *xi = NULL, *o = NULL, *v[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    if (zr_is_cpu(qkv)) {
+        zr_dtype ct = zr_cpu_compute_dtype(qkv->dtype);
+        if (!(xi = zr_cpu_in(qkv, ct)) || !(G->cos = zr_cpu_in(cos, ct)) || !(G->sin = zr_cpu_in(sin, ct)) ||
+            !(o = zr_cpu_out_begin(buf, ct)) || part_views(o, layout, B, T, H, KV, Dh, v))
+            goto done;
+        zr_qkv_layout L = layout_of(xi, v);
+        ZR_CPU_CALL(ct, qkv_rope_forward_cpu, zr_tensor_data(v[0]), zr_tensor_data(v[1]), zr_tensor_data(v[2]),
+                    zr_tensor_data(xi), zr_tensor_data(G->cos), zr_tensor_data(G->sin), &L, B, T, H, KV, Dh);
+        st = zr_cpu_out_end(buf, o);
+        o = NULL;
+        goto done;
+    }
+#ifdef ZR_HAVE_CUDA
+    if (!(xi = qkv->stride[2] == 1 ? zr_tensor_retain(qkv) : zr_tensor_contiguous_raw(qkv)) ||
+        !(G->cos = zr_tensor_to_raw(cos, ZR_F32, dev)) || !(G->sin = zr_tensor_to_raw(sin, ZR_F32, dev)) ||
+        part_views(buf, layout, B, T, H, KV, Dh, v))
+        goto done;
+    zr_qkv_layout L = layout_of(xi, v);
+    st = zr_dev_status(qkv_rope_forward_cuda(zr_tensor_data(v[0]), zr_tensor_data(v[1]), zr_tensor_data(v[2]),
+                                             zr_tensor_data(xi), zr_tensor_data(G->cos), zr_tensor_data(G->sin), &L,
+                                             B, T, H, KV, Dh, qkv->dtype, zr_cuda_stream(dev)),
+                       "qkv_rope", dev);
+#else
+    (void)cos, (void)sin, (void)buf, (void)layout, (void)B, (void)T, (void)Dh, (void)dev;
+    st = zr_no_cuda("qkv_rope");
+#endif
+done:
+    zr_tensor_release(xi);
+    zr_tensor_release(o);
+    for (int p = 0; p < 3; p++) zr_tensor_release(v[p]);
+    return st;
+}
+
+zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout,
+                      zr_tensor **out) {
+    for (int p = 0; p < 3; p++) out[p] = NULL;
+    if (check_args(qkv, H, KV, cos, sin, layout)) return ZR_ERR;
+    int64_t B = qkv->shape[0], T = qkv->shape[1], nh = H + 2 * KV, Dh = qkv->shape[2] / nh;
+    zr_device dev = zr_tensor_device(qkv);
+    if (layout == ZR_QKV_AUTO) {
+        layout = ZR_QKV_BHTD;
+#ifdef ZR_HAVE_CUDA
+        /* strided q/k/v are read in place by the Hopper attention kernels only */
+        if (!zr_is_cpu(qkv) && (zr_cuda_stream(dev), attention_strided_ok(Dh, qkv->dtype))) layout = ZR_QKV_BTHD;
+#endif
+    }
+    qkv_group *G = calloc(1, sizeof *G);
+    if (!G) return zr_error("qkv_rope: out of host memory");
+    G->refcount = 1; /* this function's, dropped at the end */
+    G->H = H, G->KV = KV;
+    int64_t bthd[4] = {B, T, nh, Dh}, flat = B * T * nh * Dh;
+    zr_tensor *buf = layout == ZR_QKV_BTHD ? zr_tensor_new_cat(qkv->dtype, dev, 4, bthd, ZR_MEM_ACTIVATIONS, 0)
+                                           : zr_tensor_new_cat(qkv->dtype, dev, 1, &flat, ZR_MEM_ACTIVATIONS, 0);
+    zr_status st = buf && !forward_into(G, qkv, cos, sin, buf, layout, B, T, Dh) &&
+                           !part_views(buf, layout, B, T, H, KV, Dh, out)
+                       ? ZR_OK
+                       : ZR_ERR;
+    for (int p = 0; p < 3 && !st; p++) {
+        zr_node *nd;
+        if (zr_autograd_record(out[p], "qkv_rope", qkv_rope_backward, 1, &qkv, &nd)) st = ZR_ERR;
+        else if (nd) {
+            nd->i[0] = p;
+            nd->ctx = G;
+            nd->ctx_free = group_release;
+            G->refcount++;
+        }
+    }
+    zr_tensor_release(buf);
+    group_release(G);
+    if (st)
+        for (int p = 0; p < 3; p++) {
+            zr_tensor_release(out[p]);
+            out[p] = NULL;
+        }
+    return st;
+}

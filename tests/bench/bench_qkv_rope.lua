@@ -1,0 +1,58 @@
+-- The q/k/v side of one Llama attention block, before and after zr.qkv_rope: from the packed
+-- (B, T, (H + 2 KV)·D) product to q, k, v, causal attention and o as (B, T, H·D), forward and
+-- backward, on the GPU (the CPU when there is none). Unfused = what llama.lua ran before: split,
+-- q/k :contiguous(), view, transpose, rope; fused = qkv_rope. Median of 20 after 5 warm-ups.
+--   ./zrun tests/bench/bench_qkv_rope.lua [B=4] [T=512]   (Llama-3.2-1B heads: 32/8, D 64, bf16)
+local zr = require "zrun"
+local C = zr._C
+local opt = { B = 4, T = 512 }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^(%w+)=(%d+)$")
+  if not k or opt[k] == nil then error("bench_qkv_rope: arguments are B=N and T=N, got " .. a, 0) end
+  opt[k] = tonumber(v)
+end
+local gpu = zr.cuda.is_available()
+local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
+local sync = gpu and function() zr.cuda.synchronize() end or function() end
+local B, T, H, KV, D = opt.B, opt.T, 32, 8, 64
+zr.manual_seed(0)
+local cos, sin = zr.rope_tables(T, D)
+cos, sin = cos:to(dt):to(dev, "f32"), sin:to(dt):to(dev, "f32")
+local x = zr.randn({ B, T, (H + 2 * KV) * D }, { dtype = dt, device = dev, requires_grad = true })
+local go = zr.randn({ B, T, H * D }, { dtype = dt, device = dev })
+
+local function unfused(qkv)
+  local q, k, v = unpack(zr.split(qkv, { H * D, KV * D, KV * D }, 3))
+  if gpu then q, k = q:contiguous(), k:contiguous() end
+  q = q:view(B, T, H, D):transpose(2, 3):rope(cos, sin)
+  k = k:view(B, T, KV, D):transpose(2, 3):rope(cos, sin)
+  return q, k, v:view(B, T, KV, D):transpose(2, 3)
+end
+local function fused(qkv) return zr.qkv_rope(qkv, H, KV, cos, sin) end
+
+local function time(f)
+  local fw, bw = {}, {}
+  for i = 1, 25 do
+    sync()
+    local t0 = C.now()
+    local y = x * 1 -- a producer, so the gradient goes into its buffer as linear_multi's would
+    local o = zr.scaled_dot_product_attention(f(y)):transpose(2, 3):reshape(B, T, H * D)
+    sync()
+    local t1 = C.now()
+    o:backward(go)
+    sync()
+    local t2 = C.now()
+    x.grad = nil
+    if i > 5 then fw[#fw + 1], bw[#bw + 1] = t1 - t0, t2 - t1 end
+  end
+  local function med(t) table.sort(t); return t[math.ceil(#t / 2)] * 1e3 end
+  return med(fw), med(bw)
+end
+
+print(("q/k/v + attention, %s %s, B=%d T=%d H=%d KV=%d D=%d (ms, includes x*1 and attention)"):format(
+  dev, dt, B, T, H, KV, D))
+print(("%-10s %10s %10s %10s"):format("", "forward", "backward", "total"))
+for _, r in ipairs { { "unfused", unfused }, { "qkv_rope", fused } } do
+  local f, b = time(r[2])
+  print(("%-10s %10.3f %10.3f %10.3f"):format(r[1], f, b, f + b))
+end
