@@ -73,7 +73,8 @@ function M.both(what, dt, inputs, f, slack, nograd)
       if t:dtype() == dt and not nograd[i] then t.requires_grad = true end
       xs[i] = t
     end
-    local y = f(unpack(xs))
+    local ok, y = pcall(f, unpack(xs)) -- a failure names the case
+    if not ok then error(what .. " on " .. dev .. ": " .. tostring(y), 0) end
     return y, xs
   end
   local yc, xc = run("cpu")
