@@ -106,13 +106,14 @@ static int qkv_run(const char *fn, qkv_args a, const void *const ptrs[4], int64_
     if (B * Tn * nh == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype, {
         const int V = 16 / sizeof(T);
+        a.half = (uint32_t)(Dh / 2); /* vec_ok needs it: a head's half must hold whole vectors */
         const bool vec = vec_ok(a, ptrs, V);
         const int64_t nch = vec ? Dh / 2 / V : Dh / 2, n = B * Tn * nh * nch;
         if (n >= ((int64_t)1 << 31))
             return zr_error("%s: %lld rows x %lld pairs too large for one launch", fn,
                             (long long)(B * Tn * nh), (long long)(Dh / 2));
         a.T = (uint32_t)Tn, a.H = (uint32_t)H, a.KV = (uint32_t)KV, a.nh = (uint32_t)nh;
-        a.nch = (uint32_t)nch, a.half = (uint32_t)(Dh / 2), a.n = (uint32_t)n;
+        a.nch = (uint32_t)nch, a.n = (uint32_t)n;
         const unsigned grid = (unsigned)((n + 255) / 256);
         if (fwd && vec) qkv_rope_kernel<T, 16 / sizeof(T), true><<<grid, 256, 0, st>>>(a);
         else if (fwd) qkv_rope_kernel<T, 1, true><<<grid, 256, 0, st>>>(a);
