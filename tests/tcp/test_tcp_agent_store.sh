@@ -2,13 +2,14 @@
 # Under torchrun the agent already serves its TCPStore on MASTER_PORT and tells the workers with
 # TORCHELASTIC_USE_AGENT_STORE=True: zrun's rendezvous then takes MASTER_PORT + 1. Here a lone
 # rank 0 of another world holds MASTER_PORT (as the agent's store would): with the variable the
-# job runs on the next port; without it, rank 0 says the port is in use.
+# job runs on the next port; without it, rank 0 says the port is in use. The holder waits (150 s)
+# well past both phases, even on a loaded machine, and is killed at the end.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/tcp/tcp_env.sh
 tmp=$(mktemp -d); trap 'kill $holder 2>/dev/null; rm -rf "$tmp"' EXIT
 port=$(free_port)
-RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZRUN_COMM_TIMEOUT=30 \
-  timeout 40 $Z tests/mpi/comm_check.lua >"$tmp/holder.log" 2>&1 &
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZRUN_COMM_TIMEOUT=150 \
+  timeout 160 $Z tests/mpi/comm_check.lua >"$tmp/holder.log" 2>&1 &
 holder=$!
 sleep 1
 TORCHELASTIC_USE_AGENT_STORE=True tcp_launch_on $port 2 "$tmp" $Z tests/mpi/comm_check.lua; rc=$?
