@@ -413,7 +413,7 @@ static int l_is_grad_enabled(lua_State *L) {
 }
 /* autograd_profile(on): time every backward node by op; autograd_profile_report() -> text */
 static int l_autograd_profile(lua_State *L) {
-    zr_autograd_profile(lua_toboolean(L, 1));
+    zr_autograd_profile(lua_isnumber(L, 1) ? (int)lua_tointeger(L, 1) : lua_toboolean(L, 1));
     return 0;
 }
 /* autograd_profile_mark(name, device): the time since the previous forward op goes to `name` */

@@ -328,7 +328,7 @@ static double now_ms(void);
 /* Charges the time since the previous mark (a forward op or zr_autograd_profile_mark) to entry. */
 static void prof_charge(const char *entry, zr_device dev) {
 #ifdef ZR_HAVE_CUDA
-    if (dev.type == ZR_CUDA) {
+    if (dev.type == ZR_CUDA && prof_on == 1) {
         cudaEvent_t e = zr_cuda_event_new(1);
         zr_cuda_event_record(e, zr_cuda_stream(dev));
         zr_cuda_event_sync(e);
@@ -454,7 +454,7 @@ zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph) {
             double t0 = 0;
 #ifdef ZR_HAVE_CUDA
             cudaEvent_t e0 = NULL, e1 = NULL;
-            int on_gpu = prof_on && n->out_device.type == ZR_CUDA;
+            int on_gpu = prof_on == 1 && n->out_device.type == ZR_CUDA;
             if (on_gpu) {
                 e0 = zr_cuda_event_new(1);
                 e1 = zr_cuda_event_new(1);

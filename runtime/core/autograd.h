@@ -100,8 +100,10 @@ void zr_node_release(zr_node *n);
  * The graph's saved tensors are freed afterwards unless retain_graph. */
 zr_status zr_backward(zr_tensor *root, zr_tensor *grad, int retain_graph);
 
-/* Backward profiling: when on, the time of every node's backward is measured (CUDA events on
- * GPUs, the wall clock on the CPU) and summed by op name; the report lists them, largest first. */
+/* Backward profiling: when on (1), the time of every node's backward is measured (CUDA events on
+ * GPUs, synchronised per op; the wall clock on the CPU) and summed by op name; the report lists
+ * them, largest first. 2: the host's time to issue each op, wall clock, nothing synchronised (on a
+ * GPU an op whose host time is far above its issue cost waits for the device: a hidden sync). */
 void zr_autograd_profile(int on);
 /* Memory timeline on stderr: a line per forward op / backward node (also ZRUN_MEM_TRACE=1). */
 void zr_autograd_mem_trace(int on);

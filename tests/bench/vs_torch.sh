@@ -5,19 +5,22 @@
 # (bench_fused's attention rows vs PyTorch SDPA's best backend). Without torch only zrun's side runs.
 #   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
-# defaults to shared/data's Llama-3.2-1B config.json.
+# defaults to shared/data's Llama-3.2-1B config.json. VS_TORCH_SHAPES picks the rows (default
+# "4x512x8,16x512x8,4x2048x8": batch x seq x micro-batches per step), VS_TORCH_MODES the PyTorch
+# columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape).
 C=${1:-}; C=${C:-${ZRUN_TEST_DATA:-../shared/data}/models/llama-3.2-1b/config.json}; Z=${2:-./zrun}; BD=${3:-build/bench}
 PY=${PYTHON:-python3}
 have_torch=0
 $PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && have_torch=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 printf '%-30s %12s %12s %12s %10s %10s\n' "Llama training (tokens/s)" zrun "torch eager" "torch.compile" "× eager" "× compile"
-for shape in "4 512 8" "16 512 8" "4 2048 8"; do
-  set -- $shape
+for shape in $(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' '); do
+  set -- $(echo "$shape" | tr 'x' ' ')
+  [ $# = 3 ] || { echo "vs_torch.sh: VS_TORCH_SHAPES entry '$shape' is not BATCHxSEQxGAS (e.g. 16x512x8)" >&2; exit 1; }
   z=$($Z tests/bench/bench_llama.lua batch=$1 seq=$2 gas=$3 steps=4 2>&1 | awk '$1 == "tokens/s" { print $2 }')
   e=- c=-
   if [ $have_torch = 1 ]; then
-    $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 >"$tmp/t" 2>&1
+    $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 --modes "${VS_TORCH_MODES:-eager,compile}" >"$tmp/t" 2>&1
     e=$(awk '$2 == "eager" && $3 == "tokens/s" { print $4 }' "$tmp/t"); c=$(awk '$2 == "compile" && $3 == "tokens/s" { print $4 }' "$tmp/t")
     grep "failed" "$tmp/t" >&2
   fi
