@@ -12,6 +12,7 @@ steps=${STEPS:-30}; warm=${WARMUP:-3}; B=64; T=1024
 here=$(dirname "$0")
 export ZRUN_HOME="${ZRUN_HOME:-$PWD}"
 die() { echo "vs_llmc: $*" >&2; exit 1; }
+[ -f "$bundle/SOURCES" ] || die "no llm.c bundle at $bundle; make it with sh tests/bench/llmc_bundle.sh and carry it"
 [ -x "$Z" ] || die "no zrun binary at $Z; build it with make (or pass its path first)"
 [ -f "$tok" ] || die "GPT-2 tokenizer.json not found at $tok; pass it third (shared/data/tokenizers/gpt2/tokenizer.json)"
 [ -f "$raw" ] || die "WikiText-2 text not found at $raw; pass it fourth (shared/data/wikitext-2-raw/wiki.valid.raw)"
