@@ -21,18 +21,18 @@ logs=${OUT:-$(mktemp -d)}/vs_llmc
 mkdir -p "$logs" build/llmc || exit 1
 
 # llm.c's binary (built once: about two minutes of nvcc), the data, then both runs
-bin=$(timeout 540 sh "$here/llmc_build.sh" "$bundle" build/llmc | tail -n 1)
-[ -x "$bin" ] || die "no train_gpt2cu (see the lines above; the build log is build/llmc/build.log)"
+bin=$(timeout 300 sh "$here/llmc_build.sh" "$bundle" build/llmc | tail -n 1)
+[ -x "$bin" ] || die "no train_gpt2cu: its build failed (the lines above) or ran past 300 s; the log is build/llmc/build.log"
 shard=$PWD/build/llmc/wiki_gpt2.bin
 "$Z" "$here/llmc_data.lua" tokenizer="$tok" text="$raw" out="$shard" min_tokens=$((B * T + 1)) >"$logs/data.txt" 2>&1 ||
   { cat "$logs/data.txt" >&2; die "writing the token shard failed"; }
 # -e d12: GPT-2 124M from random init; -d B*T: no accumulation; -r 0: no recomputation; -z 0;
 # constant lr 1e-4 (cosine with final fraction 1, no warm-up), weight decay 0.1, as bench_llama.lua;
 # validation (one batch) only before step 1 and after the last (outside the timed steps), no samples
-( cd build/llmc && timeout 240 "$bin" -i "$shard" -j "$shard" -e d12 -b $B -t $T -d $((B * T)) -x $((steps + warm)) \
+( cd build/llmc && timeout 180 "$bin" -i "$shard" -j "$shard" -e d12 -b $B -t $T -d $((B * T)) -x $((steps + warm)) \
     -l 1e-4 -u 0 -q 1.0 -c 0.1 -r 0 -z 0 -v 1000000 -m 1 -s 0 -n 0 ) >"$logs/llmc.txt" 2>&1 ||
   { tail -n 15 "$logs/llmc.txt" >&2; die "train_gpt2cu failed (the log: $logs/llmc.txt)"; }
-timeout 240 "$Z" "$here/bench_llama.lua" model=gpt2 batch=$B seq=$T steps="$steps" warmup="$warm" data="$shard" \
+timeout 180 "$Z" "$here/bench_llama.lua" model=gpt2 batch=$B seq=$T steps="$steps" warmup="$warm" data="$shard" \
   >"$logs/zrun.txt" 2>&1 || { tail -n 15 "$logs/zrun.txt" >&2; die "zrun's bench_llama.lua failed (the log: $logs/zrun.txt)"; }
 
 sh "$here/vs_llmc_table.sh" "$logs/llmc.txt" "$logs/zrun.txt" $B $T "$warm" | tee "$logs/table.txt"
