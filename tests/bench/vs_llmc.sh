@@ -35,5 +35,7 @@ shard=$PWD/build/llmc/wiki_gpt2.bin
 timeout 180 "$Z" "$here/bench_llama.lua" model=gpt2 batch=$B seq=$T steps="$steps" warmup="$warm" data="$shard" \
   >"$logs/zrun.txt" 2>&1 || { tail -n 15 "$logs/zrun.txt" >&2; die "zrun's bench_llama.lua failed (the log: $logs/zrun.txt)"; }
 
-sh "$here/vs_llmc_table.sh" "$logs/llmc.txt" "$logs/zrun.txt" $B $T "$warm" | tee "$logs/table.txt"
+sh "$here/vs_llmc_table.sh" "$logs/llmc.txt" "$logs/zrun.txt" $B $T "$warm" >"$logs/table.txt"; rc=$?
+cat "$logs/table.txt"
 echo "logs: $logs"
+exit $rc
