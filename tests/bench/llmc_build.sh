@@ -35,6 +35,11 @@ if ! nvml=$(first libnvidia-ml.so $libdirs); then
     { echo "llmc_build: libnvidia-ml.so(.1) not found (the NVIDIA driver's NVML, in $libdirs); install the driver or add its folder to LIBRARY_PATH" >&2; exit 1; }
   ln -sf "$so1/libnvidia-ml.so.1" "$bd/lib/libnvidia-ml.so"; nvml=$bd/lib
 fi
+# flags for the folders found; none for the compilers' own (-I/usr/include breaks #include_next)
+own() { case $1 in /usr/include | /usr/include/x86_64-linux-gnu | /usr/lib/x86_64-linux-gnu | /usr/lib64 | /usr/lib) return 0 ;; esac; return 1; }
+incs="-I$fe"; own "$cudnn_inc" || incs="$incs -I$cudnn_inc"
+libs=""; own "$nvml" || libs="-L$nvml"
+own "$cudnn_lib" || libs="$libs -L$cudnn_lib -Xlinker -rpath=$cudnn_lib"
 cc=${GPU_COMPUTE_CAPABILITY:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')}
 cc=${cc:-90}
 
@@ -51,10 +56,10 @@ fi
 echo "llmc_build: make train_gpt2cu (sm_$cc, cuDNN from $cudnn_lib, $nvcc) in $bd/src" >&2
 # NVCC_INCLUDES/NVCC_LDLIBS replace the Makefile's (its additions to them are MPI's and NCCL's,
 # both off here): the frontend and cuDNN headers, cuDNN's and NVML's folders, cuDNN's as rpath.
+# shellcheck disable=SC2086
 ( cd "$bd/src" && make -j"${JOBS:-16}" train_gpt2cu NVCC="$nvcc" USE_CUDNN=1 PRECISION=BF16 \
     NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY="$cc" CUDNN_FRONTEND_PATH="$fe" \
-    NVCC_INCLUDES="-I$fe -I$cudnn_inc" \
-    NVCC_LDLIBS="-L$cudnn_lib -L$nvml -Xlinker -rpath=$cudnn_lib" ) >"$bd/build.log" 2>&1 ||
+    NVCC_INCLUDES="$incs" NVCC_LDLIBS="$libs" ) >"$bd/build.log" 2>&1 ||
   { tail -n 20 "$bd/build.log" >&2; echo "llmc_build: building train_gpt2cu failed (the log: $bd/build.log)" >&2; exit 1; }
 mv "$bd/src/train_gpt2cu" "$bin" && cp "$bundle/SOURCES" "$bd/SOURCES" || exit 1
 echo "$bin"

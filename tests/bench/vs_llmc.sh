@@ -1,7 +1,8 @@
 #!/bin/sh
 # zrun next to llm.c (karpathy/llm.c's train_gpt2cu) in one run on the GPU machine: GPT-2 124M from
 # random init on WikiText-2 (GPT-2 tokens, one llm.c shard), B=64 T=1024 bf16, one table with the
-# ratio (issue 18). Run from the repo root after zrun is built; the bundle is tests/bench/llmc_bundle.sh's.
+# ratio (issue 18). Run from the repo root after zrun is built; the bundle (tests/bench/llmc_bundle.sh's
+# .llmc/, ~5 MB, git-ignored) is carried along; llm.c is built once into build/llmc/ (kept while warm).
 #   sh tests/bench/vs_llmc.sh [ZRUN=./zrun] [BUNDLE=.llmc] [GPT2_TOKENIZER_JSON=BUNDLE/data/gpt2_tokenizer.json]
 #        [WIKI_RAW=BUNDLE/data/wiki.valid.raw]
 # STEPS measured steps (default 30) after WARMUP (default 3). The logs go to $OUT/vs_llmc/ (the
@@ -22,7 +23,8 @@ mkdir -p "$logs" build/llmc || exit 1
 
 # llm.c's binary (built once: about two minutes of nvcc), the data, then both runs
 bin=$(timeout 300 sh "$here/llmc_build.sh" "$bundle" build/llmc | tail -n 1)
-[ -x "$bin" ] || die "no train_gpt2cu: its build failed (the lines above) or ran past 300 s; the log is build/llmc/build.log"
+[ -f build/llmc/build.log ] && cp build/llmc/build.log "$logs/llmc_build.txt"
+[ -x "$bin" ] || die "no train_gpt2cu: its build failed (the lines above) or ran past 300 s (its log: $logs/llmc_build.txt)"
 shard=$PWD/build/llmc/wiki_gpt2.bin
 "$Z" "$here/llmc_data.lua" tokenizer="$tok" text="$raw" out="$shard" min_tokens=$((B * T + 1)) >"$logs/data.txt" 2>&1 ||
   { cat "$logs/data.txt" >&2; die "writing the token shard failed"; }
