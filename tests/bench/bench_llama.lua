@@ -2,10 +2,11 @@
 -- autograd, ZeRO engine, AdamW), random weights and random token ids.
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
---        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3]
+--        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3] [data=SHARD.bin]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
--- states (offload=1 ratio=0.5: half of them stay on the GPU).
+-- states (offload=1 ratio=0.5: half of them stay on the GPU). data= trains on an llm.c token shard
+-- (tests/bench/llmc_data.lua) instead of one batch of random ids: its consecutive B*T windows in turn.
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -20,6 +21,7 @@ cli:option("ratio", 1, "offload_optimizer.ratio (with offload=1): the host's sha
 cli:option("overlap", 0, "1: overlap_comm"):option("gas", 1, "micro-batches per step")
 cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
 cli:option("breakdown", 0, "1: phases synced; 2: per-op profile; 3: the host's time to issue each phase and op (no syncs)")
+cli:option("data", "", "an llm.c token shard: train on its B*T windows in turn (default: random ids)")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
@@ -40,7 +42,26 @@ local engine = zr.initialize({ model = model, config = {
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
   zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil },
 } })
-local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
+local batches = {}
+if opt.data == "" then
+  batches[1] = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
+else -- llm.c's loader: floor((n-1)/(B*T)) windows per shard, rows of T consecutive tokens
+  local tokens = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/llmc_shard.lua").read(opt.data)
+  local bt = opt.batch * opt.seq
+  if #tokens - 1 < bt then
+    error(("bench_llama: %s holds %d tokens, fewer than B*T+1 = %d; write it with min_tokens=%d"):format(opt.data,
+      #tokens, bt + 1, bt + 1), 0)
+  end
+  for b = 0, math.floor((#tokens - 1) / bt) - 1 do
+    local rows = {}
+    for r = 0, opt.batch - 1 do
+      local row, o = {}, b * bt + r * opt.seq
+      for j = 1, opt.seq do row[j] = tokens[o + j] end
+      rows[r + 1] = row
+    end
+    batches[b + 1] = zr.tensor(rows, { dtype = "i64" }):to(opt.device)
+  end
+end
 local times = {}
 local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
 local phases = { fwd = {}, bwd = {}, step = {} }
@@ -49,7 +70,8 @@ for i = 1, opt.warmup + opt.steps do
   sync()
   local t0 = C.now()
   local out, l
-  for _ = 1, opt.gas do -- one optimizer step = gas micro-batches
+  for g = 1, opt.gas do -- one optimizer step = gas micro-batches
+    local ids = batches[((i - 1) * opt.gas + g - 1) % #batches + 1]
     local a = C.now()
     out = engine(ids, ids)
     if opt.breakdown == 1 then sync() end

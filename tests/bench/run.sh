@@ -14,6 +14,11 @@ done
 if "$Z" -e 'os.exit(require("zrun").cuda.is_available() and 0 or 1)' 2>/dev/null; then
   echo; echo "== tests/bench/vs_torch.sh (zrun and PyTorch in the same run)"
   sh tests/bench/vs_torch.sh "" "$Z" "$BUILD/bench"
+  # zrun next to llm.c (GPT-2 124M), where the llm.c bundle is here (sh tests/bench/llmc_bundle.sh)
+  if [ -f .llmc/SOURCES ]; then
+    echo; echo "== tests/bench/vs_llmc.sh (zrun and llm.c in the same run)"
+    sh tests/bench/vs_llmc.sh "$Z" .llmc || echo "(tests/bench/vs_llmc.sh failed)"
+  fi
 fi
 for b in tests/bench/bench_*.lua; do
   [ -f "$b" ] || continue
