@@ -1,5 +1,5 @@
-/* RMSNorm and LayerNorm on CUDA, forward and backward (the forward templates keep a RES variant
- * fusing the residual add, which no entry point uses). Rows
+/* RMSNorm and LayerNorm on CUDA, forward and backward (the forward templates' RES variant fuses
+ * the residual add: add_rmsnorm_forward_cuda). Rows
  * whose 16-byte chunks fit in registers (bf16: D <= 16K forward, 2K/4K RMS/LN backward) take the register
  * path: a group of 1-8 warps per row, the row read once, LayerNorm forward and both backwards
  * (RMSNorm forward measured faster with the block-per-row kernel); other rows take block-per-row
@@ -702,6 +702,18 @@ extern "C" int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const v
     ZR_FUSED_DISPATCH(fn, dtype,
                       fwd_launch<T, false, false>(y, NULL, NULL, rstd, x, NULL, w, NULL, N, D,
                                                   eps, stream));
+    return launch_check(fn);
+}
+
+extern "C" int add_rmsnorm_forward_cuda(void *y, void *h, float *rstd, const void *x,
+                                        const void *res, const void *w, int64_t N, int64_t D,
+                                        float eps, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "add_rmsnorm_forward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype,
+                      fwd_launch<T, false, true>(y, h, NULL, rstd, x, res, w, NULL, N, D, eps,
+                                                 stream));
     return launch_check(fn);
 }
 
