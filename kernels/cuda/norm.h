@@ -36,6 +36,14 @@ int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x, con
                           const float *rstd, const void *dres, void *workspace, int64_t N,
                           int64_t D, zr_dtype dtype, cudaStream_t stream);
 
+/* As rmsnorm_backward_cuda, with dw of dtype dw_dtype (dtype, or ZR_F32: a ZeRO fp32 gradient) and
+ * acc 1: dw += the weight gradient, 0: dw = it; no 16-bit dw and no cast or add kernel after.
+ * N = 0 leaves dw untouched. */
+int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc, const void *dy,
+                              const void *x, const void *w, const float *rstd, const void *dres,
+                              void *workspace, int64_t N, int64_t D, zr_dtype dtype,
+                              cudaStream_t stream);
+
 /* y = (x - mean) * rstd * w + b; w and b may be NULL (1 and 0); mean, rstd (N) may be NULL. */
 int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x, const void *w,
                            const void *b, int64_t N, int64_t D, float eps, zr_dtype dtype,

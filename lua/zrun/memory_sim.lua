@@ -317,7 +317,9 @@ function Sim:rms_norm(x, w, rows)
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
-    local dw = S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) -- the CUDA kernel's in the weight's dtype
+    -- the CUDA kernel's in the weight's dtype; with the gradients as views into the fp32
+    -- partition (ZeRO direct mode) written into it by the kernel (ops/norm.c, as linear's dW)
+    local dw = not S.o.dw_in_place and S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) or nil
     -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
     -- rmsnorm_backward_workspace_size, at most 512 blocks)
     if S.o.gpu then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end

@@ -99,7 +99,12 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
         goto done;
     if (!buf && !(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    if (want_w && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    /* RMSNorm's weight gradient straight into the weight's existing gradient (the ZeRO engine's
+     * fp32 partition, as linear's dW): the reduction kernel writes it (a stale one) or adds to it,
+     * instead of a 16-bit dW and a cast or add kernel after */
+    zr_tensor *lg = !ln && want_w && N > 0 ? zr_node_leaf_grad(n, 1) : NULL;
+    if (lg && lg->dtype != ZR_F32 && lg->dtype != dt) lg = NULL;
+    if (want_w && !lg && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
     cudaStream_t s = zr_cuda_stream(dev);
@@ -109,10 +114,13 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
                                           wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
                                           dres, ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
-                : rmsnorm_backward_cuda(p[0], p[1], zr_tensor_data(gi), zr_tensor_data(xi),
-                                        wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
-                                        ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
+                : rmsnorm_backward_acc_cuda(p[0], lg ? zr_tensor_data(lg) : p[1], lg ? lg->dtype : dt,
+                                            lg && !n->edges[1].leaf->grad_stale, zr_tensor_data(gi),
+                                            zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                                            zr_tensor_data(rstd), dres, ws ? zr_tensor_data(ws) : NULL, N, D,
+                                            dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
+    if (lg) n->edges[1].leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
     if (zr_give_grads(n, nin, d, gin)) goto done;
     st = ZR_OK;
 done:
@@ -254,12 +262,14 @@ fail:
 
 /* --- residual add + RMSNorm --- */
 
+#ifdef ZR_HAVE_CUDA
 /* h = x + r: both inputs receive h's gradient itself (as zr_add's backward) */
 static zr_status residual_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     for (int i = 0; i < 2; i++)
         if (zr_node_needs_grad(n, i) && zr_grad_to_input(n, i, zr_tensor_retain(g), gin)) return ZR_ERR;
     return ZR_OK;
 }
+#endif
 
 /* The fused GPU forward: h, y, rstd allocated in the composition's order (add's h, then the norm's
  * y and rstd) so that the memory plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm. */
@@ -301,7 +311,8 @@ fail:
     return NULL;
 #else
     (void)x, (void)r, (void)w, (void)N, (void)D, (void)eps, (void)hp;
-    return zr_no_cuda("add_rms_norm");
+    zr_no_cuda("add_rms_norm");
+    return NULL;
 #endif
 }
 

@@ -56,4 +56,24 @@ T.test("add_rms_norm on the GPU records the composition's nodes (add, rms_norm)"
   T.near(h:cpu(), x:detach():cpu() + r:cpu(), 0)
 end)
 
+-- a 16-bit weight whose .grad is an fp32 tensor already (the ZeRO engine's partition): the
+-- reduction kernel adds dW into it in place (no 16-bit dW, no cast or add kernel after)
+T.test("rms_norm: the weight gradient added into an existing f32 .grad in place", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, sh in ipairs { { 7, 13 }, { 3, 5, 127 }, { 600, 2048 }, { 4, 4099 } } do
+      local D = sh[#sh]
+      local x0, w0, g0, dy = randn(sh):to(dt), randn({ D }):to(dt), randn({ D }), randn(sh):to(dt)
+      local wr = w0:float():detach():requires_grad_(true)
+      wr.grad = g0:clone()
+      ;(zr.rms_norm(x0:float(), wr, 1e-6) * dy:float()):sum():backward()
+      local w = w0:cuda():detach():requires_grad_(true)
+      w.grad = g0:cuda()
+      local gbuf = w.grad
+      ;(zr.rms_norm(x0:cuda(), w, 1e-6):float() * dy:float():cuda()):sum():backward()
+      T.eq(w.grad:dtype(), "f32")
+      T.near(gbuf:cpu(), wr.grad, 2e-3, 2e-3, ("rms_norm %s %s dW into the f32 grad in place"):format(dt, table.concat(sh, ",")))
+    end
+  end
+end)
+
 T.done()
