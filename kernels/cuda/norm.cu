@@ -1,5 +1,5 @@
-/* RMSNorm and LayerNorm on CUDA, forward and backward (the forward templates keep a RES variant
- * fusing the residual add, which no entry point uses). Rows
+/* RMSNorm and LayerNorm on CUDA, forward and backward (the forward templates' RES variant fuses
+ * the residual add: add_rmsnorm_forward_cuda). Rows
  * whose 16-byte chunks fit in registers (bf16: D <= 16K forward, 2K/4K RMS/LN backward) take the register
  * path: a group of 1-8 warps per row, the row read once, LayerNorm forward and both backwards
  * (RMSNorm forward measured faster with the block-per-row kernel); other rows take block-per-row
@@ -440,10 +440,10 @@ __global__ void __launch_bounds__(256, LN && PF && C == 1 ? 3 : 1)
  * sum: latency-bound, 9 us for 396 x 4096 partials; now 7 us with its launch.) Launched as a
  * programmatic dependent of the backward kernel: griddepcontrol.wait returns once that grid is
  * complete and its writes visible (at once when launched plainly). */
-template <typename T>
+template <typename T, typename O>
 __global__ void __launch_bounds__(1024)
-    norm_wgrad2_kernel(T *__restrict__ dw, T *__restrict__ db, const float *__restrict__ part, int G,
-                       int64_t D, int64_t ncol) {
+    norm_wgrad2_kernel(O *__restrict__ dw, T *__restrict__ db, const float *__restrict__ part, int G,
+                       int64_t D, int64_t ncol, int acc) {
     __shared__ float sm[32][33];
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
@@ -469,16 +469,17 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
         for (int k = 1; k < 32; ++k) t += sm[k][threadIdx.x];
         if (j < D) {
-            if (dw) dw[j] = fromf<T>(t);
+            if (dw) dw[j] = fromf<O>(acc ? tof<O>(dw[j]) + t : t);
         } else if (db)
             db[j - D] = fromf<T>(t);
     }
 }
 
 /* Launches norm_wgrad2_kernel as a programmatic dependent of the kernel before it on st (its
- * launch overlaps that kernel's tail), or plainly where the attribute is refused. */
-template <typename T>
-static void wgrad2_launch(T *dw, T *db, const float *part, int G, int64_t D, int64_t ncol,
+ * launch overlaps that kernel's tail), or plainly where the attribute is refused. dw in O (T, or
+ * f32: an fp32 gradient written or, acc, added to in the same pass: no cast or add kernel after). */
+template <typename T, typename O>
+static void wgrad2_launch(O *dw, T *db, const float *part, int G, int64_t D, int64_t ncol, int acc,
                           cudaStream_t st) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((ncol + 31) / 32));
@@ -490,9 +491,9 @@ static void wgrad2_launch(T *dw, T *db, const float *part, int G, int64_t D, int
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, norm_wgrad2_kernel<T>, dw, db, part, G, D, ncol) != cudaSuccess) {
+    if (cudaLaunchKernelEx(&cfg, norm_wgrad2_kernel<T, O>, dw, db, part, G, D, ncol, acc) != cudaSuccess) {
         (void)cudaGetLastError();
-        norm_wgrad2_kernel<T><<<cfg.gridDim, cfg.blockDim, 0, st>>>(dw, db, part, G, D, ncol);
+        norm_wgrad2_kernel<T, O><<<cfg.gridDim, cfg.blockDim, 0, st>>>(dw, db, part, G, D, ncol, acc);
     }
 }
 
@@ -655,10 +656,11 @@ extern "C" size_t layernorm_backward_workspace_size(int64_t N, int64_t D) {
     return rmsnorm_backward_workspace_size(N, D);
 }
 
+/* dw32: dw is f32 (else T); acc: dw += the sum (else dw = the sum). */
 template <typename T, bool LN>
-static int bwd_launch(const char *fn, void *dx, void *dw, void *db, const void *dy, const void *x,
-                      const void *w, const float *mean, const float *rstd, const void *dres,
-                      void *ws, int64_t N, int64_t D, cudaStream_t st) {
+static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, int acc, void *db, const void *dy,
+                      const void *x, const void *w, const float *mean, const float *rstd,
+                      const void *dres, void *ws, int64_t N, int64_t D, cudaStream_t st) {
     const int V = 16 / sizeof(T);
     const bool want = dw || db;
     if (want && !ws) return zr_error("%s: workspace is NULL but a weight gradient was asked", fn);
@@ -689,7 +691,10 @@ static int bwd_launch(const char *fn, void *dx, void *dw, void *db, const void *
     }
     if (want) {
         const int64_t ncol = db ? 2 * D : D;
-        wgrad2_launch<T>((T *)dw, (T *)db, part, (int)grid, D, ncol, st);
+        if (dw32)
+            wgrad2_launch<T, float>((float *)dw, (T *)db, part, (int)grid, D, ncol, acc, st);
+        else
+            wgrad2_launch<T, T>((T *)dw, (T *)db, part, (int)grid, D, ncol, acc, st);
     }
     return 0;
 }
@@ -705,17 +710,40 @@ extern "C" int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const v
     return launch_check(fn);
 }
 
+extern "C" int add_rmsnorm_forward_cuda(void *y, void *h, float *rstd, const void *x,
+                                        const void *res, const void *w, int64_t N, int64_t D,
+                                        float eps, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "add_rmsnorm_forward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype,
+                      fwd_launch<T, false, true>(y, h, NULL, rstd, x, res, w, NULL, N, D, eps,
+                                                 stream));
+    return launch_check(fn);
+}
+
+extern "C" int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc,
+                                         const void *dy, const void *x, const void *w,
+                                         const float *rstd, const void *dres, void *workspace,
+                                         int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "rmsnorm_backward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (dw && dw_dtype != dtype && dw_dtype != ZR_F32)
+        return zr_error("%s: the weight gradient must be f32 or x's dtype, got dtype %d", fn, (int)dw_dtype);
+    if (N == 0) return 0; /* dw untouched */
+    ZR_FUSED_DISPATCH(fn, dtype,
+                      if (bwd_launch<T, false>(fn, dx, dw, dw && dw_dtype == ZR_F32 && dtype != ZR_F32, acc, NULL,
+                                               dy, x, w, NULL, rstd, dres, workspace, N, D, stream))
+                          return ZR_ERR);
+    return launch_check(fn);
+}
+
 extern "C" int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x,
                                      const void *w, const float *rstd, const void *dres,
                                      void *workspace, int64_t N, int64_t D, zr_dtype dtype,
                                      cudaStream_t stream) {
-    const char *fn = "rmsnorm_backward_cuda";
-    if (check_nd(fn, N, D)) return ZR_ERR;
-    if (N == 0) return 0;
-    ZR_FUSED_DISPATCH(fn, dtype,
-                      if (bwd_launch<T, false>(fn, dx, dw, NULL, dy, x, w, NULL, rstd, dres,
-                                               workspace, N, D, stream)) return ZR_ERR);
-    return launch_check(fn);
+    return rmsnorm_backward_acc_cuda(dx, dw, dtype, 0, dy, x, w, rstd, dres, workspace, N, D, dtype,
+                                     stream);
 }
 
 extern "C" int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x,
@@ -738,7 +766,7 @@ extern "C" int layernorm_backward_cuda(void *dx, void *dw, void *db, const void 
     if (check_nd(fn, N, D)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
-                      if (bwd_launch<T, true>(fn, dx, dw, db, dy, x, w, mean, rstd, dres,
+                      if (bwd_launch<T, true>(fn, dx, dw, 0, 0, db, dy, x, w, mean, rstd, dres,
                                               workspace, N, D, stream)) return ZR_ERR);
     return launch_check(fn);
 }

@@ -317,7 +317,9 @@ function Sim:rms_norm(x, w, rows)
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
-    local dw = S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) -- the CUDA kernel's in the weight's dtype
+    -- the CUDA kernel's in the weight's dtype; with the gradients as views into the fp32
+    -- partition (ZeRO direct mode) written into it by the kernel (ops/norm.c, as linear's dW)
+    local dw = not S.o.dw_in_place and S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) or nil
     -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
     -- rmsnorm_backward_workspace_size, at most 512 blocks)
     if S.o.gpu then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
@@ -538,6 +540,12 @@ function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
 end
+-- zr.add_rms_norm (ops/norm.c): the composition's allocations (h, then the norm's y and rstd) and
+-- nodes (add, rms_norm), whether it ran as one kernel or not
+function Sim:add_rms_norm(x, r, w, rows)
+  local h = self:add(x, r)
+  return h, self:rms_norm(h, w, rows)
+end
 -- zr.swiglu (ops/swiglu.c): silu(gate) * up in one op that saves only its inputs; with b nil,
 -- the packed form: a holds gate and up side by side, backward one gradient of a's size
 function Sim:swiglu(a, b)
@@ -618,7 +626,7 @@ end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
-  "add", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous" } do
+  "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -705,8 +713,13 @@ function M.llama_activations(cfg, o)
     end
     local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
     local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
-    local h = S:add(x, ao)
-    local a2 = S:rms_norm(h, p.n2, N)
+    local h, a2
+    if fused then -- llama.lua's zr.add_rms_norm (ZeRO-3 calls the norm module: add, then rms_norm)
+      h, a2 = S:add_rms_norm(x, ao, p.n2, N)
+    else
+      h = S:add(x, ao)
+      a2 = S:rms_norm(h, p.n2, N)
+    end
     local act
     if fused then
       act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))

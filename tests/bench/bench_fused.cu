@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
@@ -25,6 +26,7 @@
 #include "kernels/cuda/swiglu.h"
 extern "C" {
 #include "kernels/base/error.h"
+#include "kernels/cpu/kernels.h" /* ZR_BIN_ADD */
 }
 
 #define CU(x)                                                                                      \
@@ -152,6 +154,16 @@ int main() {
         const double e = 2.0 * N * D;
         row("rmsnorm fwd", sh,
             2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
+        /* the residual add then the norm (Llama before zr.add_rms_norm: two kernels, h written
+         * then read back) against the fused kernel (x and r read once, h and y written) */
+        const int64_t one = 1, shp = N * D;
+        row("add + rmsnorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
+                OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
+                OK(rmsnorm_forward_cuda(y, rstd, h, w, N, D, 1e-5f, BF, 0));
+            }));
+        row("add_rmsnorm fwd (fused)", sh, 4 * e, time_ms([&] {
+                OK(add_rmsnorm_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
+            }));
         row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
                 OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
             }));
@@ -168,6 +180,7 @@ int main() {
         for (void *p : {x, r, w, y, h, dy, dx, dw, b, ws}) cudaFree(p);
         cudaFree(rstd), cudaFree(mean);
     };
+    norms(2048, 2048); /* Llama-3.2-1B's micro-batch (B=4, T=512): 8 MB tensors */
     norms(16384, 2048);
     norms(65536, 4096);
     /* rope: 32/8 heads, Dh=64, B=4 T=2048; then B=16 T=4096 (1.3 GB moved), where launch and

@@ -45,6 +45,52 @@ T.test("rms_norm errors", function()
   T.raises(function() zr.zeros(2, 3, { dtype = "i64" }):rms_norm() end, "floating-point")
 end)
 
+-- ---------------------------------------------------------------- add_rms_norm
+
+T.test("add_rms_norm: h = x + r and y = rms_norm(h) by a naive loop", function()
+  local x, rr, w = c(3, 5), c(3, 5), c(5)
+  local h, y = zr.add_rms_norm(x, rr, w, 1e-5)
+  local X, R, W, H, Y = T.flat(x), T.flat(rr), T.flat(w), T.flat(h), T.flat(y)
+  for i = 0, 2 do
+    local ss = 0
+    for j = 1, 5 do ss = ss + (X[i * 5 + j] + R[i * 5 + j]) ^ 2 end
+    local rs = 1 / sqrt(ss / 5 + 1e-5)
+    for j = 1, 5 do
+      local k = i * 5 + j
+      T.near(H[k], X[k] + R[k], 1e-15)
+      T.near(Y[k], (X[k] + R[k]) * rs * W[j], 1e-14)
+    end
+  end
+  T.near(select(2, x:add_rms_norm(rr)), (x + rr):rms_norm(), 1e-15) -- the method form; weight optional
+end)
+
+T.test("gradcheck add_rms_norm (h's own gradient and the norm's)", function()
+  T.gradcheck(function(a, b, w)
+    local h, y = zr.add_rms_norm(a, b, w, 1e-5)
+    return y + h * 0.3
+  end, { r(2, 3, 7), r(2, 3, 7), r(7) })
+  T.gradcheck(function(a, b, w) return select(2, zr.add_rms_norm(a, b, w, 0.1)) end, { r(4, 6), r(4, 6), r(6) })
+  T.gradcheck(function(a, b) return select(2, zr.add_rms_norm(a, b, nil, 1e-6)) end, { r(1, 5), r(5) }) -- broadcast r
+end)
+
+T.test("add_rms_norm bf16: h rounded to bf16 before the norm", function()
+  local x, rr = zr.randn(3, 9):bfloat16(), zr.randn(3, 9):bfloat16()
+  local w = (zr.rand(9) + 0.5):bfloat16()
+  local h, y = zr.add_rms_norm(x, rr, w, 1e-6)
+  T.eq(h:dtype(), "bf16")
+  T.eq(y:dtype(), "bf16")
+  local hr = (x:float() + rr:float()):bfloat16()
+  T.near(h:float(), hr:float(), 0)
+  T.near(y:float(), hr:rms_norm(w, 1e-6):float(), 0)
+end)
+
+T.test("add_rms_norm errors", function()
+  T.raises(function() zr.add_rms_norm(zr.randn(2, 6), zr.randn(2, 6), zr.ones(5)) end,
+    "add_rms_norm: weight has shape (5) but x is (2,6); expected (6)")
+  T.raises(function() zr.add_rms_norm(zr.randn(2, 6), zr.zeros(2, 6, { dtype = "i64" })) end, "floating-point")
+  T.raises(function() zr.add_rms_norm(zr.randn(2, 6), zr.randn(3, 6)) end, "add")
+end)
+
 -- ---------------------------------------------------------------- layer_norm
 
 T.test("layer_norm by hand", function()

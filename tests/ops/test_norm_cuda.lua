@@ -21,4 +21,59 @@ T.test("rms_norm and layer_norm, with and without affine parameters", function()
   end
 end)
 
+-- the fused residual add (one kernel on the GPU, the composition on the CPU): y alone (h's
+-- gradient is the norm's dx only) and y + h/2 (h has its own gradient: the norm's dx adds into it,
+-- the kernel's dres path); D = 4099 and 2050 take the unvectorised kernel
+T.test("add_rms_norm: h and y, gradients of x, r and the weight", function()
+  for _, dt in ipairs { "f32", "bf16", "f16" } do
+    for _, sh in ipairs { { 1, 1 }, { 7, 13 }, { 3, 5, 127 }, { 2, 2048 }, { 5, 2050 }, { 4, 4099 }, { 33, 24 } } do
+      local D = sh[#sh]
+      local what = "add_rms_norm " .. table.concat(sh, ",")
+      local sl = D == 1 and 2000 or 2
+      both(what, dt, { randn(sh), randn(sh), randn({ D }) },
+        function(x, r, w) return select(2, zr.add_rms_norm(x, r, w, 1e-6)) end, sl)
+      both(what .. " y + h/2", dt, { randn(sh), randn(sh), randn({ D }) }, function(x, r, w)
+        local h, y = zr.add_rms_norm(x, r, w, 1e-6)
+        return y + h * 0.5
+      end, sl)
+      both(what .. " no weight, h", dt, { randn(sh), randn(sh) },
+        function(x, r) return zr.add_rms_norm(x, r, nil, 1e-5) end, sl)
+    end
+  end
+  -- shapes the kernel does not take: the composition, the same values
+  both("add_rms_norm broadcast r", "bf16", { randn({ 4, 64 }), randn({ 64 }), randn({ 64 }) },
+    function(x, r, w) return select(2, zr.add_rms_norm(x, r, w, 1e-6)) end, 2)
+  both("add_rms_norm transposed x", "bf16", { randn({ 16, 8 }), randn({ 8, 16 }), randn({ 16 }) },
+    function(x, r, w) return select(2, zr.add_rms_norm(x:transpose(1, 2), r, w, 1e-6)) end, 2)
+end)
+
+T.test("add_rms_norm on the GPU records the composition's nodes (add, rms_norm)", function()
+  local x, r = randn({ 6, 40 }):cuda(), randn({ 6, 40 }):cuda()
+  x.requires_grad = true
+  local h, y = zr.add_rms_norm(x, r, nil, 1e-6)
+  T.eq(h.grad_fn, "add")
+  T.eq(y.grad_fn, "rms_norm")
+  T.near(h:cpu(), x:detach():cpu() + r:cpu(), 0)
+end)
+
+-- a 16-bit weight whose .grad is an fp32 tensor already (the ZeRO engine's partition): the
+-- reduction kernel adds dW into it in place (no 16-bit dW, no cast or add kernel after)
+T.test("rms_norm: the weight gradient added into an existing f32 .grad in place", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, sh in ipairs { { 7, 13 }, { 3, 5, 127 }, { 600, 2048 }, { 4, 4099 } } do
+      local D = sh[#sh]
+      local x0, w0, g0, dy = randn(sh):to(dt), randn({ D }):to(dt), randn({ D }), randn(sh):to(dt)
+      local wr = w0:float():detach():requires_grad_(true)
+      wr.grad = g0:clone()
+      ;(zr.rms_norm(x0:float(), wr, 1e-6) * dy:float()):sum():backward()
+      local w = w0:cuda():detach():requires_grad_(true)
+      w.grad = g0:cuda()
+      local gbuf = w.grad
+      ;(zr.rms_norm(x0:cuda(), w, 1e-6):float() * dy:float():cuda()):sum():backward()
+      T.eq(w.grad:dtype(), "f32")
+      T.near(gbuf:cpu(), wr.grad, 2e-3, 2e-3, ("rms_norm %s %s dW into the f32 grad in place"):format(dt, table.concat(sh, ",")))
+    end
+  end
+end)
+
 T.done()

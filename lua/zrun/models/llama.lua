@@ -102,9 +102,24 @@ function Layer:__init(cfg)
   self.input_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
   self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
 end
+-- The attention's residual add and post_attention_layernorm run as one op (zr.add_rms_norm: one
+-- kernel on a GPU) when the norm is a plain nn.RMSNorm without hooks and ZeRO-3 is off (it
+-- gathers the weight in the module's own pre-forward hook, so the module is called then).
+local rmsnorm_forward = nn.RMSNorm.forward
+local function plain_norm(m)
+  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
+  return not Module.fetch and m.forward == rmsnorm_forward and not (pre and #pre > 0) and not (post and #post > 0)
+end
 function Layer:forward(x, cos, sin)
-  local h = x + self.self_attn(self.input_layernorm(x), cos, sin)
-  return h + self.mlp(self.post_attention_layernorm(h))
+  local a, ln = self.self_attn(self.input_layernorm(x), cos, sin), self.post_attention_layernorm
+  local h, y
+  if plain_norm(ln) then
+    h, y = zr.add_rms_norm(x, a, ln.weight, ln.eps)
+  else
+    h = x + a
+    y = ln(h)
+  end
+  return h + self.mlp(y)
 end
 
 -- Model -------------------------------------------------------------------------------------
