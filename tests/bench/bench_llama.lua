@@ -3,9 +3,14 @@
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2]
+--        [zenflow=0] [topk=0.05] [update_interval=gas] [select_interval=0]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
--- states (offload=1 ratio=0.5: half of them stay on the GPU).
+-- states (offload=1 ratio=0.5: half of them stay on the GPU). zenflow=1 (with offload=1, stage 1-2)
+-- adds zero_optimization.zenflow: the top `topk` columns of each weight updated on the GPU every
+-- micro-batch, the host AdamW every update_interval micro-batches (default gas: one host update per
+-- measured step); select_interval 0 selects once (select_strategy "auto" without a dataloader), N
+-- re-selects every N micro-batches (select_strategy "step").
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -20,6 +25,9 @@ cli:option("ratio", 1, "offload_optimizer.ratio (with offload=1): the host's sha
 cli:option("overlap", 0, "1: overlap_comm"):option("gas", 1, "micro-batches per step")
 cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
 cli:option("breakdown", 0, "1 or 2: time forward, backward and step apart")
+cli:option("zenflow", 0, "1: zero_optimization.zenflow (with offload=1)"):option("topk", 0.05, "zenflow topk_ratio")
+cli:option("update_interval", 0, "zenflow update_interval (0: gas)")
+cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
@@ -33,12 +41,16 @@ if cfg.model_type == "gpt2" then model = zr.models.gpt2.GPT2LMHeadModel(cfg)
 else model = zr.models.llama.LlamaForCausalLM(cfg) end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the parameters
+local offload = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil
+local zenflow = opt.zenflow == 1 and { topk_ratio = opt.topk, update_interval = opt.update_interval > 0 and
+  opt.update_interval or opt.gas, select_strategy = opt.select_interval > 0 and "step" or "auto",
+  select_interval = opt.select_interval > 0 and opt.select_interval or "auto" } or nil
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   data_types = { grad_accum_dtype = opt.grad_accum },
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
-  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil },
+  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = offload, zenflow = zenflow },
 } })
 local ids = (zr.rand({ opt.batch, opt.seq }) * (cfg.vocab_size - 1)):to("i64"):to(opt.device)
 local times = {}
@@ -82,8 +94,10 @@ local med = times[math.ceil(#times / 2)]
 local toks = opt.batch * opt.seq * opt.gas / med
 print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.4f B"):format("parameters", n / 1e9))
-print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
-  opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or ""))
+local setting = (opt.ckpt == 1 and " +checkpointing" or "") ..
+  (opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or "") ..
+  (zenflow and (" +zenflow topk %g update_interval %d"):format(zenflow.topk_ratio, zenflow.update_interval) or "")
+print(("%-40s B=%d T=%d %s stage %d%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage, setting))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
   opt.gas > 1 and "es" or ""))
 if opt.breakdown == 1 then
