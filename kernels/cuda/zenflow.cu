@@ -5,6 +5,7 @@
 #include "zenflow.h"
 
 using zrk::from_acc;
+using zrk::launch_check;
 using zrk::to_acc;
 
 static const int kThreads = 256;
