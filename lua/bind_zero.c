@@ -7,6 +7,7 @@
 #include "core/autograd.h"
 #include "zero/comm.h"
 #include "zero/engine.h"
+#include "zero/zenflow.h"
 
 #define ZERO_MT "zr.ZeroEngine"
 
@@ -319,7 +320,30 @@ static const luaL_Reg methods[] = {
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
     {"is_gathered", l_is_gathered}, {"is_resident", l_is_resident}, {"boundary", l_boundary}, {NULL, NULL}};
 
-static const luaL_Reg fns[] = {{"zero_new", l_new}, {NULL, NULL}};
+/* ===== zenflow (runtime/zero/zenflow.h): ZenFlow's selective column update ===== */
+/* zenflow_colsum(out, g) */
+static int l_zenflow_colsum(lua_State *L) {
+    return ok_or_error(L, zr_zenflow_colsum(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
+}
+/* zenflow_gather(out, src, idx|nil) / zenflow_scatter(dst, src, idx|nil) */
+static int l_zenflow_gather(lua_State *L) {
+    return ok_or_error(L, zr_zenflow_gather(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3)));
+}
+static int l_zenflow_scatter(lua_State *L) {
+    return ok_or_error(L, zr_zenflow_scatter(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3)));
+}
+/* zenflow_adamw(p, g, prev|nil, idx|nil, m, v, lr, beta1, beta2, eps, weight_decay, step) */
+static int l_zenflow_adamw(lua_State *L) {
+    return ok_or_error(L, zr_zenflow_adamw(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3),
+                                           zr_l_totensor(L, 4), zr_l_checktensor(L, 5), zr_l_checktensor(L, 6),
+                                           luaL_checknumber(L, 7), luaL_checknumber(L, 8), luaL_checknumber(L, 9),
+                                           luaL_checknumber(L, 10), luaL_checknumber(L, 11),
+                                           (int64_t)luaL_checkinteger(L, 12)));
+}
+
+static const luaL_Reg fns[] = {{"zero_new", l_new}, {"zenflow_colsum", l_zenflow_colsum},
+                               {"zenflow_gather", l_zenflow_gather}, {"zenflow_scatter", l_zenflow_scatter},
+                               {"zenflow_adamw", l_zenflow_adamw}, {NULL, NULL}};
 
 void zr_bind_zero(lua_State *L) {
     zr_l_newclass(L, ZERO_MT, l_gc, methods);

@@ -935,9 +935,8 @@ local function cross_checks(vals, ctx)
   if vals.torch_autocast.enabled then
     add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
   end
-  if zo.zenflow then
-    add_error(ctx, "zero_optimization.zenflow is set: zrun does not implement ZenFlow's selective updates and the " ..
-      "results would differ from DeepSpeed's; remove the section")
+  if zo.zenflow then -- DeepSpeed's checks of the section, and what zrun does not implement (zrun.zenflow)
+    require("zrun.zenflow").check(vals, function(...) add_error(ctx, ...) end)
   end
   for _, m in ipairs { "wandb", "comet" } do
     if vals[m].enabled then

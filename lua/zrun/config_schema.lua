@@ -225,8 +225,8 @@ local OFFLOAD_OPTIMIZER = section({
   { "cpuadam_cores_perc", num(0.8, { min = 0, max = 1 }) },
 }, { optional = true, strict = true })
 
--- ZenFlow (zero_optimization.zenflow) updates only the top-k gradient columns between full
--- updates: the results differ from plain Adam's, so a present section is refused in cross_checks.
+-- ZenFlow (zero_optimization.zenflow): the top-k gradient columns updated every micro-step, the rest
+-- by the offloaded optimizer every update_interval (lua/zrun/zenflow.lua checks the values).
 local ZENFLOW = section({
   { "topk_ratio", num(0.1, { min = 0, max = 1 }) },
   { "select_strategy", enum({ "auto", "step", "epoch" }, "auto") },

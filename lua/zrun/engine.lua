@@ -232,6 +232,13 @@ function M.initialize(opts)
       collate_fn = opts.collate_fn, seed = opts.seed or 42, shuffle = opts.shuffle })
     self.training_dataloader = loader
   end
+  if zc.zenflow then -- DeepSpeed replaces gradient_accumulation_steps by update_interval
+    self.zenflow = require("zrun.zenflow").new(self, zc.zenflow, loader and loader:len() or nil)
+    self.gas = zc.zenflow.update_interval
+    dist.print0(fmt("[zrun] zenflow: top %g of each weight's columns updated every micro-batch on %s, the rest on " ..
+      "the host every %d micro-batches (gradient_accumulation_steps becomes update_interval, as in DeepSpeed)",
+      zc.zenflow.topk_ratio, self.device, self.gas))
+  end
   return self, self.optimizer, loader, self.lr_scheduler
 end
 
@@ -480,7 +487,10 @@ function Engine:forward(...)
 end
 
 -- Whether the next engine:step() ends an accumulation window (and steps the optimizer).
-function Engine:is_gradient_accumulation_boundary() return (self.micro_steps + 1) % self.gas == 0 end
+function Engine:is_gradient_accumulation_boundary()
+  if self.zenflow then return self.zenflow:is_boundary(self.micro_steps) end
+  return (self.micro_steps + 1) % self.gas == 0
+end
 
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
 function Engine:backward(loss)
@@ -489,7 +499,9 @@ function Engine:backward(loss)
   local scale = 1 / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
   if self.monitor then self.monitor:backward(loss, self.gas) end -- Train/Samples/train_loss
-  self.zero:backward_begin(self:is_gradient_accumulation_boundary())
+  local boundary = self:is_gradient_accumulation_boundary()
+  self.zero:backward_begin(boundary)
+  if self.zenflow then self.zenflow:before_backward(self.micro_steps) end
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
   -- (only autograd's saved tensors stay), so they do not add to backward's peak.
   -- A full collection costs host time (~0.2-1 ms, the whole Lua heap) at every micro-batch; the
@@ -502,6 +514,7 @@ function Engine:backward(loss)
   self.in_backward = false
   if self.z3trace then self.z3trace.recording = false end
   self.zero:backward_end()
+  if self.zenflow then self.zenflow:after_backward(self.micro_steps, boundary) end
   self.timers.backward = self.timers.backward + (timer() - t0)
 end
 
@@ -517,8 +530,14 @@ end
 function Engine:step()
   local t0 = timer()
   local boundary = self:is_gradient_accumulation_boundary()
+  local zf = self.zenflow
+  if zf then zf:sync_lr(self:param_lrs()) end
   self.micro_steps = self.micro_steps + 1
-  if not boundary then return false end
+  if not boundary then
+    -- ZenFlow: every micro-step is a step of the selected columns, and the schedule steps with it
+    if zf and self.lr_scheduler then self.lr_scheduler:step() end
+    return false
+  end
   local z = self.zero
   z:reduce()
   local inv = 1 / self.world_size
@@ -544,7 +563,10 @@ function Engine:step()
     if c < 1 then coef = coef * c end
   end
   self.opt_steps = (self.opt_steps or 0) + 1
-  z:step(coef, self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2], self.hp.eps, self.hp.extra)
+  -- ZenFlow's host update takes the micro-step count for its bias correction, as DeepSpeed's does
+  z:step(coef, zf and self.micro_steps or self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2],
+    self.hp.eps, self.hp.extra)
+  if zf then zf:after_cpu_step(self.micro_steps - 1) end
   if self.scaler then self:update_scale(false) end
   if self.lr_scheduler then self.lr_scheduler:step() end
   z:zero_grad()

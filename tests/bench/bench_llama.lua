@@ -3,10 +3,15 @@
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3] [data=SHARD.bin]
+--        [zenflow=0] [topk=0.05] [update_interval=gas] [select_interval=0]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
 -- states (offload=1 ratio=0.5: half of them stay on the GPU). data= trains on an llm.c token shard
 -- (tests/bench/llmc_data.lua) instead of one batch of random ids: its consecutive B*T windows in turn.
+-- zenflow=1 (with offload=1, stage 1-2) adds zero_optimization.zenflow: the top `topk` columns of
+-- each weight updated on the GPU every micro-batch, the host AdamW every update_interval micro-batches
+-- (default gas: one host update per measured step); select_interval 0 selects once (select_strategy
+-- "auto" without a dataloader), N re-selects every N micro-batches (select_strategy "step").
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -22,6 +27,9 @@ cli:option("overlap", 0, "1: overlap_comm"):option("gas", 1, "micro-batches per 
 cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
 cli:option("breakdown", 0, "1: phases synced; 2: per-op profile; 3: the host's time to issue each phase and op (no syncs)")
 cli:option("data", "", "an llm.c token shard: train on its B*T windows in turn (default: random ids)")
+cli:option("zenflow", 0, "1: zero_optimization.zenflow (with offload=1)"):option("topk", 0.05, "zenflow topk_ratio")
+cli:option("update_interval", 0, "zenflow update_interval (0: gas)")
+cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
@@ -35,12 +43,16 @@ if cfg.model_type == "gpt2" then model = zr.models.gpt2.GPT2LMHeadModel(cfg)
 else model = zr.models.llama.LlamaForCausalLM(cfg) end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the parameters
+local offload = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil
+local zenflow = opt.zenflow == 1 and { topk_ratio = opt.topk, update_interval = opt.update_interval > 0 and
+  opt.update_interval or opt.gas, select_strategy = opt.select_interval > 0 and "step" or "auto",
+  select_interval = opt.select_interval > 0 and opt.select_interval or "auto" } or nil
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   data_types = { grad_accum_dtype = opt.grad_accum },
   steps_per_print = 1000000, bf16 = { enabled = opt.dtype == "bf16" },
   optimizer = { type = "AdamW", params = { lr = 1e-4, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 } },
-  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil },
+  zero_optimization = { stage = opt.stage, overlap_comm = opt.overlap == 1, offload_optimizer = offload, zenflow = zenflow },
 } })
 local batches = {}
 if opt.data == "" then
@@ -105,8 +117,10 @@ local med = times[math.ceil(#times / 2)]
 local toks = opt.batch * opt.seq * opt.gas / med
 print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.4f B"):format("parameters", n / 1e9))
-print(("%-40s B=%d T=%d %s stage %d%s%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage,
-  opt.ckpt == 1 and " +checkpointing" or "", opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or ""))
+local setting = (opt.ckpt == 1 and " +checkpointing" or "") ..
+  (opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or "") ..
+  (zenflow and (" +zenflow topk %g update_interval %d"):format(zenflow.topk_ratio, zenflow.update_interval) or "")
+print(("%-40s B=%d T=%d %s stage %d%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage, setting))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
   opt.gas > 1 and "es" or ""))
 if opt.breakdown == 1 then

@@ -1,0 +1,28 @@
+/* CUDA twins of kernels/cpu/zenflow.h (ZenFlow's selective column update): the same arguments
+ * plus a stream; parameters f32 or bf16, everything else f32, idx int32 on the device. */
+#ifndef ZR_CUDA_ZENFLOW_H
+#define ZR_CUDA_ZENFLOW_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../base/dtype.h"
+
+int zenflow_colsum_cuda(float *out, const float *g, int64_t rows, int64_t cols, cudaStream_t stream);
+int zenflow_gather_cuda(void *out, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k,
+                        cudaStream_t stream);
+int zenflow_scatter_cuda(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx,
+                         int64_t k, cudaStream_t stream);
+int zenflow_adamw_cuda(void *p, zr_dtype pdt, const float *g, const float *prev, float *m, float *v, int64_t rows,
+                       int64_t cols, const int32_t *idx, int64_t k, double lr, double b1, double b2, double eps,
+                       double wd, int64_t step, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

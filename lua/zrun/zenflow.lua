@@ -1,0 +1,239 @@
+-- ZenFlow (zero_optimization.zenflow): DeepSpeed's schedule of selective column updates around the
+-- offloaded optimizer step. DeepSpeed's semantics are written down in runtime/zero/zenflow.c; the
+-- column kernels are C.zenflow_*. M.check validates the section (config.lua), M.new attaches it to an engine.
+local C = require("zrun")._C
+local fmt = string.format
+local floor = math.floor
+
+local M = {}
+local ZF = {}
+ZF.__index = ZF
+
+local function is_int(v) return type(v) == "number" and v == floor(v) end
+
+-- Validates zero_optimization.zenflow as DeepSpeed's ZenFlowConfig and configure_zenflow do, plus what
+-- zrun does not implement; add(fmt, ...) records one error line. vals: the resolved config.
+function M.check(vals, add)
+  local zo = vals.zero_optimization
+  local zf = zo.zenflow
+  local p = "zero_optimization.zenflow."
+  local si, ui = zf.select_interval, zf.update_interval
+  if type(si) == "string" and si ~= "auto" then add('%sselect_interval is "%s": a string must be "auto"', p, si) end
+  if type(ui) == "string" and ui ~= "auto" then add('%supdate_interval is "%s": a string must be "auto"', p, ui) end
+  if type(si) ~= "string" and not (is_int(si) and si >= 0) then
+    add('%sselect_interval must be "auto" or a whole number >= 0, got %s', p, tostring(si))
+  end
+  if type(ui) ~= "string" and not (is_int(ui) and ui >= 1) then
+    add('%supdate_interval must be "auto" or a whole number >= 1, got %s', p, tostring(ui))
+  end
+  if zf.select_strategy == "auto" and type(si) == "number" then
+    add('%sselect_strategy "auto" sets select_interval to 1 epoch: DeepSpeed refuses select_interval = %s with it; ' ..
+      'remove select_interval or set select_strategy to "step" or "epoch"', p, tostring(si))
+  elseif zf.select_strategy ~= "auto" and si == "auto" then
+    add('%sselect_strategy "%s" needs a number select_interval (DeepSpeed refuses "auto" there)', p, zf.select_strategy)
+  end
+  if zf.select_strategy == "step" and is_int(si) and is_int(ui) and si ~= 0 and si < ui then
+    add("%sselect_interval (%d) must be >= update_interval (%d), as DeepSpeed requires", p, si, ui)
+  end
+  if ui == "auto" then
+    add('%supdate_interval "auto" (adaptive, auto_ratio) is not implemented in zrun; set update_interval to a number ' ..
+      "(DeepSpeed's tutorial uses 4)", p)
+  end
+  if zf.overlap_step then
+    add("%soverlap_step = true (the CPU update in a background process, applied one interval late) is not " ..
+      "implemented in zrun; set it to false", p)
+  end
+  if zf.offload then
+    add("%soffload = true (the selected columns' optimizer states on the host) is not implemented in zrun; set it to false", p)
+  end
+  local off = zo.offload_optimizer and zo.offload_optimizer.device
+  if off ~= "cpu" then
+    add('zero_optimization.zenflow needs offload_optimizer.device "cpu" (DeepSpeed: "Zenflow must be used with cpu ' ..
+      'offload"); got %s', tostring(off or "none"))
+  end
+  if zo.stage ~= 1 and zo.stage ~= 2 then
+    add("zero_optimization.zenflow needs zero_optimization.stage 1 or 2 in zrun, got %d (DeepSpeed's stage-3 ZenFlow " ..
+      "is not implemented)", zo.stage)
+  end
+  local ot = vals.optimizer and vals.optimizer.type
+  if ot and ot ~= "Adam" and ot ~= "AdamW" then
+    add('zero_optimization.zenflow updates with AdamW: optimizer.type must be "Adam" or "AdamW", got "%s"', ot)
+  end
+  local op = vals.optimizer and vals.optimizer.params or {}
+  if op.adam_w_mode == false or op.torch_adam == true or op.bias_correction == false then
+    add("zero_optimization.zenflow: the selected columns use torch.optim.AdamW; optimizer.params adam_w_mode false, " ..
+      "bias_correction false and torch_adam true are not supported with it")
+  end
+  if vals.fp16 and vals.fp16.enabled == true then
+    add("zero_optimization.zenflow with fp16: the selected columns' update would see loss-scaled gradients; use bf16")
+  end
+  local ga = vals.data_types and vals.data_types.grad_accum_dtype
+  if ga and ga ~= "fp32" and ga ~= "float32" then
+    add("zero_optimization.zenflow needs fp32 gradient accumulation (data_types.grad_accum_dtype %s)", tostring(ga))
+  end
+  if zo.offload_optimizer and (zo.offload_optimizer.ratio or 1) < 1 then
+    add("zero_optimization.zenflow with offload_optimizer.ratio < 1 is not implemented in zrun; set ratio to 1")
+  end
+end
+
+-- The engine's and the optimizer's select intervals (DeepSpeed keeps two; 0: select once, after warm-up).
+local function intervals(zf, steps_per_epoch_loader)
+  if zf.select_strategy == "step" then return zf.select_interval, zf.select_interval end
+  local n = zf.select_strategy == "auto" and 1 or zf.select_interval
+  local spe = steps_per_epoch_loader or zf.steps_per_epoch
+  return steps_per_epoch_loader and n * steps_per_epoch_loader or 0, spe and n * spe or 0
+end
+
+-- Attaches ZenFlow to engine e (zr.initialize, after the ZeRO engine exists). loader_len: the
+-- training dataloader's length (micro-batches per epoch), or nil.
+function M.new(e, zf, loader_len)
+  if e.world_size > 1 then
+    error(fmt("zero_optimization.zenflow runs at one rank in zrun (world size %d): multi-rank ZenFlow (selections " ..
+      "broadcast between partitions) is not implemented; run one process or remove the section", e.world_size), 0)
+  end
+  if e.offload_grads ~= "device" and e.device ~= "cpu" then
+    error("zero_optimization.zenflow reads each micro-batch's gradient where it is accumulated: it needs the " ..
+      "gradients on the parameters' device (unset ZRUN_OFFLOAD_GRADS=host)", 0)
+  end
+  local si_engine, si_opt = intervals(zf, loader_len)
+  local U = zf.update_interval
+  if si_engine ~= 0 and si_engine < U or si_opt ~= 0 and si_opt < U then
+    error(fmt("zero_optimization.zenflow: the select interval (%d micro-steps) must be >= update_interval (%d), " ..
+      "as DeepSpeed requires", si_engine ~= 0 and si_engine or si_opt, U), 0)
+  end
+  local self = setmetatable({ e = e, topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds,
+    si_engine = si_engine, si_opt = si_opt, fresh = true, steps = 0, p = {}, lr = e:param_lrs() }, ZF)
+  for i, t in ipairs(e.params) do
+    local sh = t:shape()
+    local two = #sh == 2
+    local rows, cols = two and sh[1] or 1, two and sh[2] or t:numel()
+    local k = two and floor(zf.topk_ratio * cols) or cols
+    local dev = t:device()
+    self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k,
+      m = C.zeros(rows * k, { device = dev }), v = C.zeros(rows * k, { device = dev }) }
+  end
+  return self
+end
+
+-- DeepSpeed's is_zenflow_update_boundary for micro-step t (0-based).
+function ZF:is_boundary(t)
+  if t + 1 < self.warm then return true end
+  return (t + 1 - self.warm) % self.U == 0 or (self.si_engine ~= 0 and (t + 1) % self.si_engine == 0)
+end
+
+function ZF:is_select(t)
+  local d = t - self.warm
+  return d >= 0 and (d == 0 or (self.si_opt ~= 0 and t % self.si_opt == 0))
+end
+
+local function grad_of(q)
+  local g = q.t.grad
+  if not g then error("zenflow: a parameter has no gradient after backward (every parameter must get one)", 0) end
+  return g
+end
+
+-- Before backward of micro-step t: at a selection, the master takes the parameters' values (t > 0)
+-- and the selected columns' moments restart; then what the window accumulated so far is noted, so
+-- that this micro-step's own gradient can be told apart after backward.
+function ZF:before_backward(t)
+  local sel = self:is_select(t)
+  if sel then
+    if t > 0 then self:sync_master() end
+    for _, q in ipairs(self.p) do q.m:zero_(); q.v:zero_() end
+  end
+  for _, q in ipairs(self.p) do
+    q.prev, q.prev_full = nil, nil
+    if not self.fresh then -- the window holds earlier micro-steps' gradients
+      if sel and q.two then q.prev_full = grad_of(q):clone() -- the selection changes: keep them whole
+      elseif t >= self.warm and q.idx ~= false then q.prev = self:gather(q, grad_of(q)) end
+    end
+  end
+  self.selecting = sel
+end
+
+-- src (rows, cols) of q's shape -> its selected columns (rows, k), a new tensor
+function ZF:gather(q, src)
+  local out = C.empty(q.rows * q.k, { dtype = src:dtype(), device = src:device() })
+  C.zenflow_gather(out, src, q.idx)
+  return out
+end
+
+function ZF:sync_master()
+  local z = self.e.zero
+  local ms = z:state(0)
+  for i, q in ipairs(self.p) do
+    local off, n = z:layout(i)
+    ms:narrow(1, off + 1, q.t:numel()):copy_(q.t:view(q.t:numel()))
+  end
+  z:set_state(0, ms)
+end
+
+-- The top-k columns of this micro-step's gradient g (rows, cols), as a sorted i32 tensor.
+function ZF:select(q, g)
+  if not q.two then q.idx = nil; return end
+  local sums = C.empty(q.cols, { device = g:device() })
+  C.zenflow_colsum(sums, g)
+  local s = sums:to("cpu"):flat_table()
+  local order = {}
+  for j = 1, q.cols do order[j] = j end
+  table.sort(order, function(a, b) if s[a] ~= s[b] then return s[a] > s[b] end return a < b end)
+  local top = {}
+  for j = 1, q.k do top[j] = order[j] - 1 end
+  table.sort(top)
+  q.idx = q.k > 0 and C.tensor(top, { dtype = "i32" }):to(g:device()) or false
+end
+
+-- After backward of micro-step t (boundary: whether the engine's step will run the CPU update).
+function ZF:after_backward(t, boundary)
+  if self.selecting then
+    for _, q in ipairs(self.p) do
+      local g = grad_of(q)
+      if q.prev_full then g = g - q.prev_full end
+      self:select(q, g:contiguous())
+      if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
+      q.prev_full = nil
+    end
+    self.selecting = false
+  end
+  self.fresh = false
+  if t < self.warm then return end
+  if boundary then -- keep the selected values: the CPU update must not change them
+    for _, q in ipairs(self.p) do
+      if q.idx ~= false then q.temp = self:gather(q, q.t) end
+    end
+  else
+    self:update()
+  end
+end
+
+-- AdamW on every selected column and 1-D parameter with this micro-step's gradient.
+function ZF:update()
+  self.steps = self.steps + 1
+  local e, lrs = self.e, self.lr
+  for i, q in ipairs(self.p) do
+    if q.idx ~= false then
+      local lr = type(lrs) == "table" and lrs[i] or lrs
+      C.zenflow_adamw(q.t, grad_of(q), q.prev, q.idx, q.m, q.v, lr, e.hp.betas[1], e.hp.betas[2], e.hp.eps,
+        e.hp.weight_decay, self.steps)
+    end
+    q.prev = nil
+  end
+end
+
+-- engine:step's start: the selected columns' learning rate becomes the optimizer's (DeepSpeed's
+-- _sync_selective_optimizer_lr; non-boundary micro-steps update during backward, with the last one).
+function ZF:sync_lr(lrs) self.lr = lrs end
+
+-- engine:step at micro-step t, after the CPU update of a boundary: the selected columns get their
+-- saved values back, then their own update.
+function ZF:after_cpu_step(t)
+  self.fresh = true
+  if t < self.warm then return end
+  for _, q in ipairs(self.p) do
+    if q.temp then C.zenflow_scatter(q.t, q.temp, q.idx); q.temp = nil end
+  end
+  self:update()
+end
+
+M.intervals = intervals
+return M

@@ -1,0 +1,133 @@
+/* ZenFlow (DeepSpeed >= 0.17, zero_optimization.zenflow): the tensor side of the selective update;
+ * lua/zrun/zenflow.lua runs the schedule. What DeepSpeed does (read from deepspeed/runtime/zenflow/
+ * engine.py, zenflow_stage_1_and_2.py, zenflow_config.py, ops/adam/zenflow_torch_adam.py), in short:
+ *
+ * Where it applies. ZeRO stage 1/2 (stage 3 has its own engine_stage3.py, not in zrun) with
+ *   offload_optimizer on the CPU ("Zenflow must be used with cpu offload"); the CPU optimizer is
+ *   DeepSpeedCPUAdam (Adam/AdamW), the GPU-side one is always torch.optim.AdamW with the optimizer's
+ *   lr, betas, eps and (one, global) weight_decay. gradient_allreduce_op "sum" is refused.
+ * Steps. Every micro-batch is a ZenFlow step: the engine replaces gradient_accumulation_steps by
+ *   update_interval U (so the loss is scaled by 1/U), and t (0-based micro-step) is an accumulation
+ *   boundary when t+1 < full_warm_up_rounds W, or (t+1-W) % U == 0, or (t+1) % SI == 0 (SI: the
+ *   engine's select interval, 0 = never). The LR scheduler steps at every micro-step.
+ * Columns. A 2-D parameter (rows, cols) = torch's (out, in) has cols columns w[:, j] (DeepSpeed
+ *   flattens 2-D tensors transposed so that a column is contiguous). Importance of column j = sum
+ *   over rows of |g[:, j]| of the current micro-step's reduced gradient; the k = floor(topk_ratio *
+ *   cols) largest are selected (indices sorted). 1-D parameters are always "selected" whole.
+ * Selection happens at t >= W when t == W or (SI' != 0 and t % SI' == 0) (SI': the optimizer's
+ *   interval). There, before backward: the fp32 master is overwritten by the 16-bit parameters
+ *   (except at t = 0) and the selected columns' m, v are zeroed (their step counter is not).
+ *   select_strategy "step": SI = SI' = select_interval. "epoch" (and "auto" = epoch with interval 1;
+ *   an integer select_interval with "auto" is an error): SI = interval * len(training_dataloader)
+ *   or 0 without one, SI' = interval * steps_per_epoch (the dataloader's length, else the
+ *   config's steps_per_epoch) or 0. Fixed U needs SI >= U unless SI is 0 (and the same for SI').
+ * The GPU side, for t >= W: a micro-step that is not a boundary runs AdamW (step counter per
+ *   parameter, starting at 1 on its first update) on the selected columns and 1-D parameters with
+ *   this micro-step's gradient, unclipped, at once. At a boundary their current values are saved
+ *   before the CPU step, written back after it (the CPU result for them is discarded), then the
+ *   same AdamW runs on them with this micro-step's gradient.
+ * The CPU side accumulates the whole gradient (selected columns included) over the window and at
+ *   the boundary clips it by the global norm of that sum (gradient_clipping) and runs Adam on the
+ *   whole partition with bias-correction step t+1 (the micro-step count, not the number of CPU
+ *   updates); the CPU keeps its own m, v and master for the selected columns, overwritten at the
+ *   next selection. During the W warm-up micro-steps every micro-step is a plain offloaded step.
+ * update_interval "auto" adapts U from running gradient sums (auto_ratio); overlap_step runs the
+ *   CPU Adam in a separate process, applying each window's result at the next boundary (one window
+ *   late); offload keeps the selective m, v on the host; pt_reserved_cores_perc splits the cores
+ *   between training and that process. zrun implements the fixed-U, non-overlapped algorithm at one
+ *   rank and refuses the rest with one line (lua/zrun/zenflow.lua). */
+#include "zero/zenflow.h"
+
+#include "kernels/cpu/zenflow.h"
+#include "ops/util.h"
+#ifdef ZR_HAVE_CUDA
+#include "cuda/device.h"
+#include "kernels/cuda/zenflow.h"
+#endif
+
+static void shape2(const zr_tensor *t, int64_t *rows, int64_t *cols) {
+    if (t->ndim == 2) *rows = t->shape[0], *cols = t->shape[1];
+    else *rows = 1, *cols = zr_tensor_numel(t);
+}
+
+static zr_status check(const char *op, zr_tensor *a, zr_tensor *b, zr_tensor *idx, int64_t rows, int64_t k) {
+    if (!zr_tensor_is_contiguous(a) || !zr_tensor_is_contiguous(b))
+        return zr_error("%s: tensors must be contiguous", op);
+    if (!zr_device_eq(zr_tensor_device(a), zr_tensor_device(b)))
+        return zr_error("%s: tensors must be on one device", op);
+    if (idx && (idx->dtype != ZR_I32 || !zr_tensor_is_contiguous(idx) ||
+                !zr_device_eq(zr_tensor_device(idx), zr_tensor_device(a))))
+        return zr_error("%s: the column indices must be a contiguous i32 tensor on the parameters' device", op);
+    if (zr_tensor_numel(b) != rows * k)
+        return zr_error("%s: the selection holds %lld elements, expected %lld x %lld", op,
+                        (long long)zr_tensor_numel(b), (long long)rows, (long long)k);
+    return ZR_OK;
+}
+
+zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g) {
+    int64_t rows, cols;
+    shape2(g, &rows, &cols);
+    if (out->dtype != ZR_F32 || g->dtype != ZR_F32) return zr_error("zenflow_colsum: f32 tensors only");
+    ZR_CHECK(check("zenflow_colsum", g, out, NULL, 1, cols));
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(g))
+        return zenflow_colsum_cuda(zr_tensor_data(out), zr_tensor_data(g), rows, cols,
+                                   zr_cuda_stream(zr_tensor_device(g)));
+#endif
+    zenflow_colsum_cpu(zr_tensor_data(out), zr_tensor_data(g), rows, cols);
+    return ZR_OK;
+}
+
+static zr_status move(const char *op, zr_tensor *full, zr_tensor *sel, zr_tensor *idx, int scatter) {
+    int64_t rows, cols, k = idx ? zr_tensor_numel(idx) : 0;
+    shape2(full, &rows, &cols);
+    if (!idx) k = cols;
+    if (full->dtype != sel->dtype) return zr_error("%s: dtypes differ", op);
+    int esz = (int)zr_dtype_size(full->dtype);
+    ZR_CHECK(check(op, full, sel, idx, rows, k));
+    const int32_t *ix = idx ? zr_tensor_data(idx) : NULL;
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(full)) {
+        cudaStream_t s = zr_cuda_stream(zr_tensor_device(full));
+        return scatter ? zenflow_scatter_cuda(zr_tensor_data(full), zr_tensor_data(sel), esz, rows, cols, ix, k, s)
+                       : zenflow_gather_cuda(zr_tensor_data(sel), zr_tensor_data(full), esz, rows, cols, ix, k, s);
+    }
+#endif
+    if (scatter) zenflow_scatter_cpu(zr_tensor_data(full), zr_tensor_data(sel), esz, rows, cols, ix, k);
+    else zenflow_gather_cpu(zr_tensor_data(sel), zr_tensor_data(full), esz, rows, cols, ix, k);
+    return ZR_OK;
+}
+
+zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx) {
+    return move("zenflow_gather", src, out, idx, 0);
+}
+zr_status zr_zenflow_scatter(zr_tensor *dst, zr_tensor *src, zr_tensor *idx) {
+    return move("zenflow_scatter", dst, src, idx, 1);
+}
+
+zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *prev, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
+                           double lr, double beta1, double beta2, double eps, double wd, int64_t step) {
+    int64_t rows, cols, k;
+    shape2(p, &rows, &cols);
+    k = idx ? zr_tensor_numel(idx) : cols;
+    if (p->dtype != ZR_F32 && p->dtype != ZR_BF16)
+        return zr_error("zenflow_adamw: parameters must be f32 or bf16, got %s", zr_dtype_name(p->dtype));
+    if (g->dtype != ZR_F32 || m->dtype != ZR_F32 || v->dtype != ZR_F32 || (prev && prev->dtype != ZR_F32))
+        return zr_error("zenflow_adamw: gradients and moments must be f32 (data_types.grad_accum_dtype fp32)");
+    if (zr_tensor_numel(g) != rows * cols) return zr_error("zenflow_adamw: the gradient's shape is not the parameter's");
+    ZR_CHECK(check("zenflow_adamw", p, m, idx, rows, k));
+    ZR_CHECK(check("zenflow_adamw", g, v, idx, rows, k));
+    if (prev) ZR_CHECK(check("zenflow_adamw", p, prev, idx, rows, k));
+    if (step < 1) return zr_error("zenflow_adamw: step must be >= 1, got %lld", (long long)step);
+    const int32_t *ix = idx ? zr_tensor_data(idx) : NULL;
+    const float *pv = prev ? zr_tensor_data(prev) : NULL;
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(p))
+        return zenflow_adamw_cuda(zr_tensor_data(p), p->dtype, zr_tensor_data(g), pv, zr_tensor_data(m),
+                                  zr_tensor_data(v), rows, cols, ix, k, lr, beta1, beta2, eps, wd, step,
+                                  zr_cuda_stream(zr_tensor_device(p)));
+#endif
+    zenflow_adamw_cpu(zr_tensor_data(p), p->dtype, zr_tensor_data(g), pv, zr_tensor_data(m), zr_tensor_data(v), rows,
+                      cols, ix, k, lr, beta1, beta2, eps, wd, step);
+    return ZR_OK;
+}

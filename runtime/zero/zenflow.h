@@ -1,0 +1,21 @@
+/* ZenFlow's selective column update on tensors (zero_optimization.zenflow; the schedule lives in
+ * lua/zrun/zenflow.lua, DeepSpeed's semantics are written down in zenflow.c). A weight w is seen as
+ * (rows, cols) = its 2-D shape, a 1-D parameter as (1, n); idx: a contiguous i32 tensor of k
+ * column indices on w's device, or NULL for every column. */
+#ifndef ZR_ZERO_ZENFLOW_H
+#define ZR_ZERO_ZENFLOW_H
+
+#include "core/tensor.h"
+
+/* out (cols, f32) = sum over rows of |g| per column; g (rows, cols) f32, contiguous. */
+zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g);
+/* out (rows, k) = src[:, idx]; src contiguous (rows, cols), out contiguous, same dtype and device. */
+zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx);
+/* dst[:, idx] = src (rows, k). */
+zr_status zr_zenflow_scatter(zr_tensor *dst, zr_tensor *src, zr_tensor *idx);
+/* torch.optim.AdamW step `step` on p[:, idx] (f32 or bf16) with the gradient g[:, idx] - prev
+ * (g f32 (rows, cols); prev f32 (rows, k) or NULL), moments m, v f32 (rows, k). */
+zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *prev, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
+                           double lr, double beta1, double beta2, double eps, double wd, int64_t step);
+
+#endif

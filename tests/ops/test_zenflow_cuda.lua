@@ -1,0 +1,72 @@
+-- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums,
+-- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, with and without the
+-- window's earlier gradient), at awkward sizes; then a zenflow engine run on the GPU vs the CPU.
+local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
+if C.skip_without_gpu("zenflow") then return end
+local zr, T, close = C.zr, C.T, C.close
+local K = zr._C
+
+local function idx(list) return zr.tensor(list, { dtype = "i32" }) end
+
+T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; no columns)", function()
+  for _, sh in ipairs { { 7, 13, { 0, 4, 5, 12 } }, { 1, 31, nil }, { 129, 257, { 1, 2, 3, 100, 200, 256 } },
+    { 5, 3, { 2 } } } do
+    local rows, cols, list = sh[1], sh[2], sh[3]
+    local k = list and #list or cols
+    local ix = list and idx(list)
+    local ixc = ix and ix:cuda()
+    local g = zr.randn(rows, cols)
+    local sc, sg = zr.zeros(cols), zr.zeros(cols, { device = "cuda" })
+    K.zenflow_colsum(sc, g); K.zenflow_colsum(sg, g:cuda())
+    close(sg:cpu(), sc, "f32", "colsum " .. rows .. "x" .. cols)
+    for _, dt in ipairs { "f32", "bf16" } do
+      local p = zr.randn(rows, cols):to(dt)
+      local oc, og = zr.zeros(rows * k, { dtype = dt }), zr.zeros(rows * k, { dtype = dt, device = "cuda" })
+      K.zenflow_gather(oc, p, ix); K.zenflow_gather(og, p:cuda(), ixc)
+      T.eq(T.diff(og:cpu(), oc), 0, "gather " .. dt)
+      local pc, pg = p:clone(), p:cuda()
+      local src = zr.randn(rows * k):to(dt)
+      K.zenflow_scatter(pc, src, ix); K.zenflow_scatter(pg, src:cuda(), ixc)
+      T.eq(T.diff(pg:cpu(), pc), 0, "scatter " .. dt)
+      for _, with_prev in ipairs { false, true } do
+        local prev = with_prev and zr.randn(rows * k) * 0.1 or nil
+        local mc, vc = zr.randn(rows * k) * 0.01, zr.rand(rows * k) * 0.01
+        local mg, vg = mc:cuda(), vc:cuda()
+        pc, pg = p:clone(), p:cuda()
+        for step = 1, 3 do
+          K.zenflow_adamw(pc, g, prev, ix, mc, vc, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
+          K.zenflow_adamw(pg, g:cuda(), prev and prev:cuda(), ixc, mg, vg, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
+        end
+        local what = ("adamw %dx%d %s prev=%s"):format(rows, cols, dt, tostring(with_prev))
+        close(pg:cpu():to("f32"), pc:to("f32"), dt, what)
+        close(mg:cpu(), mc, "f32", what .. " m")
+        close(vg:cpu(), vc, "f32", what .. " v")
+      end
+    end
+  end
+end)
+
+T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries)", function()
+  local function run(device)
+    zr.manual_seed(5)
+    local model = zr.nn.Sequential(zr.nn.Linear(24, 40), zr.nn.Tanh(), zr.nn.Linear(40, 7))
+    model:to(device)
+    local e = zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 4, steps_per_print = 1000,
+      gradient_clipping = 0.5, optimizer = { type = "AdamW", params = { lr = 1e-2, weight_decay = 0.01 } },
+      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = { topk_ratio = 0.2,
+        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1 } } } }
+    for t = 1, 13 do
+      zr.manual_seed(50 + t)
+      local x, y = zr.randn(4, 24):to(device), zr.randn(4, 7):to(device)
+      e:backward((e(x) - y):square():mean())
+      e:step()
+    end
+    local out = {}
+    for i, p in ipairs(e:parameters()) do out[i] = p:detach():cpu() end
+    return out
+  end
+  local g, c = run("cuda"), run("cpu")
+  for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i, 10) end
+end)
+
+T.done()
