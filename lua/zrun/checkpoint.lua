@@ -12,6 +12,8 @@
 --       config, world size, stage, RNG, optimizer and its state names, and per parameter {name, shape,
 --       numel, offset, chunk}. A file without an optimizer is AdamW's.
 --
+--   dir/<tag>/zenflow_states.safetensors                 with zero_optimization.zenflow (one rank): the
+--       selected columns and their moments (zrun.zenflow_state)
 --   dir/<tag>/zrun_manifest.json                          every file's size and the save's id
 --
 -- Partition layout (runtime/zero.h): parameter i of n elements is cut into K chunks of c elements
@@ -26,6 +28,7 @@ local dist = require "zrun.dist"
 local store = require "zrun.checkpoint_store"
 local hf = require "zrun.hf"
 local cjson = require "cjson"
+local zenflow_state = require "zrun.zenflow_state"
 
 local M = {}
 local fmt, concat, floor, min = string.format, table.concat, math.floor, math.min
@@ -287,6 +290,11 @@ function M.save(engine, dir, tag, client_state)
       C.save_safetensors(join(tmp, M.MODEL_FILE), model_tensors(engine),
         { format = "pt", zrun = M.FORMAT, zrun_save_id = id })
       C.write_file_atomic(join(tmp, M.MODEL_JSON), encode(sidecar))
+      if engine.zenflow then
+        local t, md = zenflow_state.collect(engine)
+        md.zrun_save_id = id
+        C.save_safetensors(join(tmp, zenflow_state.FILE), t, md)
+      end
     end)
   end
   release(engine, was)
@@ -320,7 +328,8 @@ function M.save(engine, dir, tag, client_state)
     ok, err = pcall(function()
       local files = {}
       for k, n in ipairs(sizes) do files[M.optim_file(k - 1)] = n end
-      for _, n in ipairs({ M.MODEL_FILE, M.MODEL_JSON }) do
+      local extra = engine.zenflow and zenflow_state.FILE or nil
+      for _, n in ipairs({ M.MODEL_FILE, M.MODEL_JSON, extra }) do
         files[n] = store.size(join(tmp, n)) or error(join(tmp, n) .. ": missing right after it was written", 0)
       end
       store.write_manifest(tmp, { tag = tag, save_id = id, world_size = engine.world_size, stage = engine.stage,
@@ -614,6 +623,14 @@ function M.load(engine, dir, tag)
   restore_engine(engine, own)
   engine.zero:zero_grad()
   engine.zero:refresh_params()
+  -- after refresh_params: ZenFlow's device-updated values differ from the master (zrun.zenflow_state)
+  local zf_file = join(tdir, zenflow_state.FILE)
+  if engine.zenflow then
+    zenflow_state.restore(engine, zf_file, dist.print0, function(md) store.check_id(zf_file, md.zrun_save_id, files.manifest) end)
+  elseif C.path_type(zf_file) == "file" then
+    dist.print0("[zrun] load_checkpoint: the checkpoint has ZenFlow state (selected columns' moments) but the " ..
+      "engine runs without zero_optimization.zenflow; not used")
+  end
   if files.W ~= engine.world_size or (files.st[0].stage or 0) ~= engine.stage then
     dist.print0(fmt("[zrun] load_checkpoint: resharded %s from %d ranks (stage %d) to %d ranks (stage %d)",
       tdir, files.W, files.st[0].stage or 0, engine.world_size, engine.stage))

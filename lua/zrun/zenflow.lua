@@ -136,8 +136,10 @@ end
 -- and the selected columns' moments restart; then what the window accumulated so far is noted, so
 -- that this micro-step's own gradient can be told apart after backward.
 function ZF:before_backward(t)
-  local sel = self:is_select(t)
+  -- force_select: resumed from a checkpoint without ZenFlow state (zrun.zenflow_state)
+  local sel = self:is_select(t) or (self.force_select and t >= self.warm) or false
   if sel then
+    self.force_select = nil
     if t > 0 then self:sync_master() end
     for _, q in ipairs(self.p) do q.m:zero_(); q.v:zero_() end
   end

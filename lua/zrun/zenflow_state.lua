@@ -1,0 +1,86 @@
+-- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, rank 0, one rank):
+-- per parameter the selected columns (i32), their AdamW moments (f32, on the parameters' device),
+-- the values the device updates (the selected columns, 1-D parameters whole: the host master holds
+-- older ones) and the selective optimizer's step count, so that a resumed run continues exactly.
+local C = require("zrun")._C
+local cjson = require "cjson"
+local fmt = string.format
+
+local M = {}
+M.FILE = "zenflow_states.safetensors"
+M.FORMAT = "zrun-zenflow/1"
+
+-- The tensors and metadata to save for engine e's ZenFlow. Saving inside an update window would lose
+-- the window's accumulated gradients (DeepSpeed saves at step boundaries too): refused in one line.
+function M.collect(e)
+  local zf = e.zenflow
+  if not zf.fresh then
+    error(fmt("save_checkpoint inside a ZenFlow update window (micro-step %d, update_interval %d): the window's " ..
+      "accumulated gradients are not saved; save right after an engine:step() that returned true",
+      e.micro_steps, zf.U), 0)
+  end
+  -- the host master takes the device-updated values (the selected columns, 1-D parameters): the saved
+  -- master is then the model (zero_to_fp32, resharding), and the run is unchanged — the host update's
+  -- results for those values are discarded anyway (zrun.zenflow: after_cpu_step)
+  zf:sync_master()
+  local tensors, kinds = {}, {}
+  for i, q in ipairs(zf.p) do
+    kinds[i] = q.idx == nil and "whole" or q.idx == false and "none" or "columns"
+    tensors[fmt("p%d.exp_avg", i)] = q.m
+    tensors[fmt("p%d.exp_avg_sq", i)] = q.v
+    if q.idx then
+      tensors[fmt("p%d.columns", i)] = q.idx
+      tensors[fmt("p%d.values", i)] = zf:gather(q, q.t)
+    elseif q.idx == nil then tensors[fmt("p%d.values", i)] = q.t:contiguous():view(q.t:numel()) end
+  end
+  return tensors, { format = M.FORMAT, zenflow = cjson.encode({ steps = zf.steps, kinds = kinds, n = #zf.p }) }
+end
+
+-- Restores engine e's ZenFlow from path (a file M.collect wrote), after the parameters were refreshed
+-- from the master: the device-updated values are put back. check(metadata) raises when the
+-- file is not the checkpoint's own save. Without the file (a checkpoint of a run without ZenFlow)
+-- the columns are selected afresh at the next micro-step, said on one line by say(line).
+function M.restore(e, path, say, check)
+  local zf = e.zenflow
+  if C.path_type(path) ~= "file" then
+    zf.force_select = true
+    say(fmt("[zrun] load_checkpoint: %s has no ZenFlow state (saved without zero_optimization.zenflow); the " ..
+      "columns are selected afresh at the next micro-step", path:match("^(.*)/") or path))
+    return
+  end
+  local f = C.safetensors_open(path)
+  local ok, err = pcall(function()
+    local md = f:metadata()
+    if md.format ~= M.FORMAT or not md.zenflow then
+      error(fmt("%s: not a zrun ZenFlow state file (format '%s')", path, tostring(md.format)), 0)
+    end
+    if check then check(md) end
+    local st = cjson.decode(md.zenflow)
+    if st.n ~= #zf.p then
+      error(fmt("%s: ZenFlow state for %d parameters, the model has %d", path, st.n, #zf.p), 0)
+    end
+    for i, q in ipairs(zf.p) do
+      local m = f:get(fmt("p%d.exp_avg", i))
+      if m:numel() ~= q.m:numel() then
+        error(fmt("%s: parameter %d's ZenFlow moments have %d elements, expected %d (a different topk_ratio or " ..
+          "model?)", path, i, m:numel(), q.m:numel()), 0)
+      end
+      q.m:copy_(m)
+      q.v:copy_(f:get(fmt("p%d.exp_avg_sq", i)))
+      local kind = st.kinds[i]
+      if kind == "columns" then
+        q.idx = f:get(fmt("p%d.columns", i)):to(q.t:device())
+        C.zenflow_scatter(q.t, f:get(fmt("p%d.values", i)):to(q.t:device(), q.t:dtype()), q.idx)
+      elseif kind == "none" then q.idx = false
+      else
+        q.idx = nil
+        q.t:view(q.t:numel()):copy_(f:get(fmt("p%d.values", i)))
+      end
+    end
+    zf.steps, zf.fresh = st.steps, true
+  end)
+  f:close()
+  if not ok then error(err, 0) end
+end
+
+return M

@@ -1,0 +1,98 @@
+-- ZenFlow across save_checkpoint / load_checkpoint: a run resumed from a checkpoint continues bit for
+-- bit as the uninterrupted run (the selected columns, their moments and the step count come back);
+-- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh.
+local zr = require "zrun"
+local T = zr.testing
+
+local ZF = { topk_ratio = 0.3, update_interval = 3, select_strategy = "step", select_interval = 12 }
+local function config(zf)
+  return { train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 1, steps_per_print = 1000,
+    optimizer = { type = "AdamW", params = { lr = 2e-2, betas = { 0.9, 0.99 }, eps = 1e-8, weight_decay = 0.05 } },
+    zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = zf } }
+end
+local function engine(zf)
+  zr.manual_seed(7)
+  local model = zr.nn.Sequential(zr.nn.Linear(6, 10), zr.nn.Tanh(), zr.nn.Linear(10, 3))
+  return zr.initialize { model = model, config = config(zf) }
+end
+local function micro(e, t) -- micro-step t (0-based) on its own batch; returns whether it ended a window
+  zr.manual_seed(100 + t)
+  local x, y = zr.randn(4, 6), zr.randn(4, 3)
+  e:backward((e(x) - y):square():mean())
+  return e:step()
+end
+local function params(e)
+  local out = {}
+  for i, p in ipairs(e:parameters()) do out[i] = p:detach():flat_table() end
+  return out
+end
+local function same(a, b)
+  for i = 1, #a do for j = 1, #a[i] do if a[i][j] ~= b[i][j] then return false end end end
+  return true
+end
+local dir = os.tmpname(); os.remove(dir)
+
+-- the uninterrupted run: 9 micro-steps, saved after the window ending at micro-step 5 (0-based)
+local ref = engine(ZF)
+for t = 0, 5 do micro(ref, t) end
+T.eq(ref.zenflow.fresh, true, "micro-step 5 ends a window")
+ref:save_checkpoint(dir, "w2")
+for t = 6, 13 do micro(ref, t) end
+local want = params(ref)
+
+T.test("zenflow resumes bit for bit from a checkpoint (columns, moments, step count)", function()
+  local e = engine(ZF)
+  e:load_checkpoint(dir, "w2")
+  for t = 6, 13 do micro(e, t) end
+  assert(same(params(e), want), "the resumed run differs from the uninterrupted one")
+end)
+
+T.test("zenflow: saving a checkpoint leaves the run unchanged", function()
+  local e = engine(ZF)
+  for t = 0, 13 do micro(e, t) end
+  assert(same(params(e), want), "the run with a save in the middle differs from the one without")
+end)
+
+T.test("zenflow: the saved master is the model (what zero_to_fp32 consolidates)", function()
+  local e = engine(ZF)
+  e:load_checkpoint(dir, "w2")
+  local z = e.zero
+  local ms = z:state(0):flat_table()
+  for i, p in ipairs(e:parameters()) do
+    local off = z:layout(i)
+    local v = p:detach():flat_table()
+    for j = 1, #v do
+      if ms[off + j] ~= v[j] then error(("parameter %d element %d: master %g, model %g"):format(i, j, ms[off + j], v[j])) end
+    end
+  end
+end)
+
+T.test("zenflow without its saved state would differ (the test can fail)", function()
+  local e = engine(ZF)
+  e:load_checkpoint(dir, "w2")
+  for _, q in ipairs(e.zenflow.p) do q.m:zero_(); q.v:zero_() end -- as if the moments were not saved
+  for t = 6, 13 do micro(e, t) end
+  assert(not same(params(e), want), "zeroed moments gave the same parameters: the state is not exercised")
+end)
+
+T.test("zenflow: save_checkpoint inside an update window is refused in one line", function()
+  local e = engine(ZF)
+  micro(e, 0)
+  T.raises(function() e:save_checkpoint(dir, "mid") end, "inside a ZenFlow update window")
+end)
+
+T.test("zenflow resumed from a checkpoint without ZenFlow state selects columns afresh", function()
+  local plain = engine(nil)
+  for t = 0, 2 do micro(plain, t) end
+  plain:save_checkpoint(dir, "plain")
+  local e = engine(ZF)
+  e:load_checkpoint(dir, "plain")
+  T.eq(e.zenflow.force_select, true, "a selection is due")
+  micro(e, 3)
+  for _, q in ipairs(e.zenflow.p) do
+    if q.two then assert(q.idx and q.idx:numel() == q.k, "a 2-D weight has its selected columns") end
+  end
+  T.eq(e.zenflow.force_select, nil, "the selection happened")
+end)
+os.execute("rm -rf '" .. dir .. "'")
+T.done()
