@@ -495,7 +495,7 @@ done:
 }
 
 /* saved[0] = x, saved[1] = w; edges x, w, b. */
-static zr_status linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+zr_status zr_linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1];
     int64_t in = w->shape[1], out = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 0;
     if (in == 0) rows = zr_tensor_numel(g) / (out ? out : 1);
@@ -589,7 +589,7 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     if (st) goto fail;
 record:;
     zr_node *n;
-    if (zr_autograd_record(out, "linear", linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
+    if (zr_autograd_record(out, "linear", zr_linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
     if (n && (zr_node_save(n, x) || zr_node_save(n, w))) goto fail;
     zr_tensor_release(xi);
     zr_tensor_release(bi);
