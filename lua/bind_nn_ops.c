@@ -1,5 +1,5 @@
-/* Lua bindings for matmul/linear, softmax, cross-entropy and embedding, one banner per op family
- * (runtime/ops/matmul.h, softmax.h, cross_entropy.h, embedding.h). Each is both zr.name(...) and
+/* Lua bindings for matmul/linear, linear_gelu, softmax, cross-entropy and embedding, one banner per op family
+ * (runtime/ops/matmul.h, linear_gelu.h, softmax.h, cross_entropy.h, embedding.h). Each is both zr.name(...) and
  * a tensor method. Dims are 1-based here; class targets and embedding ids are 0-based data
  * (like token ids). */
 #include <string.h>
@@ -7,6 +7,7 @@
 #include "bind.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/linear_gelu.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
 
@@ -22,6 +23,14 @@ static int l_bmm(lua_State *L) {
 static int l_linear(lua_State *L) {
     zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     return zr_l_pushtensor(L, zr_linear(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
+}
+
+/* ===== linear_gelu (runtime/ops/linear_gelu.h) ===== */
+
+/* linear_gelu(x, w [, b]) */
+static int l_linear_gelu(lua_State *L) {
+    zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    return zr_l_pushtensor(L, zr_linear_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
 }
 
 /* ===== softmax: softmax, log_softmax (runtime/ops/softmax.h) ===== */
@@ -80,7 +89,7 @@ static int l_embedding(lua_State *L) {
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
-    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"softmax", l_softmax},
+    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"linear_gelu", l_linear_gelu}, {"softmax", l_softmax},
     {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
     {NULL, NULL}};
 

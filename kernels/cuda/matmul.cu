@@ -190,13 +190,20 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         gemm_plan_destroy_cuda(e);
         return gemm_lt_error_cuda(s, "descriptor", g, dev);
     }
-    if (g->bias) {
+    if (g->bias || g->epilogue) {
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) ep = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         cudaDataType_t bt = ctp;
-        if ((s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep)) ||
-            (s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))) {
+        s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
+        if (!s && g->bias) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        // the aux pointer is set here too: the algorithm search reads its alignment
+        if (!s && g->epilogue)
+            s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->ld_aux, sizeof g->ld_aux);
+        if (!s && g->epilogue)
+            s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
+        if (s) {
             gemm_plan_destroy_cuda(e);
-            return gemm_lt_error_cuda(s, "bias epilogue", g, dev);
+            return gemm_lt_error_cuda(s, g->epilogue ? "gelu epilogue" : "bias epilogue", g, dev);
         }
     }
     // cuBLASLt's A = our B, its B = our A, its C = our C (all column-major views).
@@ -209,6 +216,7 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
 }
 
 extern "C" int gemm_k0_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
+    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no GELU epilogue; run the product and gelu apart");
     if (g->ab_dtype != g->c_dtype && g->bias) return zr_error("matmul (cuda): k = 0 with a bias needs one dtype");
     ZRK_DISPATCH_FLOAT(g->c_dtype, "matmul (cuda)", scale_bias, g, stream)
 }
@@ -219,6 +227,11 @@ extern "C" int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *e, const zr_
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                                           sizeof g->bias);
         if (s) return gemm_lt_error_cuda(s, "bias pointer", g, dev);
+    }
+    if (g->epilogue) {
+        cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                          sizeof g->aux);
+        if (s) return gemm_lt_error_cuda(s, "aux pointer", g, dev);
     }
     float af = (float)g->alpha, bf = (float)g->beta;
     const void *alpha = &af, *beta = &bf;

@@ -22,7 +22,11 @@ extern "C" {
  * A_i = a + i * stride_a elements (stride 0 broadcasts one matrix to every batch item), etc.
  * bias: NULL or (n) in c_dtype, added to every row of every C_i (cuBLASLt's bias epilogue, so
  * Linear's bias costs no extra pass). a and b share ab_dtype; c_dtype may differ (e.g. bf16
- * inputs with an f32 output). */
+ * inputs with an f32 output).
+ * epilogue ZR_GEMM_EPI_GELU_AUX (one product, batch 1; bf16/f16/f32): C = gelu_tanh(product + bias)
+ * and aux (m rows of ld_aux elements, c_dtype; ld_aux a multiple of 8) = product + bias, the GELU's
+ * input kept for backward (cuBLASLt's GELU_AUX(_BIAS) epilogue, the tanh approximation). */
+enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1 };
 typedef struct {
     int ta, tb;
     int64_t m, n, k;
@@ -36,6 +40,9 @@ typedef struct {
     const void *bias;
     double alpha, beta;
     zr_dtype ab_dtype, c_dtype;
+    int epilogue; /* ZR_GEMM_EPI_* (0: none; the bias alone needs none) */
+    void *aux;
+    int64_t ld_aux;
 } zr_gemm_desc;
 
 /* A plan: cuBLASLt's A is our B and its B our A (column-major views of row-major data). */
@@ -44,12 +51,12 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo; /* chosen by the caller (heuristic, autotuning) */
 } zr_gemm_plan;
-/* Creates the descriptor (with the bias epilogue when g->bias) and the three layouts for g's
+/* Creates the descriptor (with the bias or GELU epilogue as g asks) and the three layouts for g's
  * shape, dtypes and flags; algo is left zero. On error nothing is left to destroy. dev only
  * names the device in messages. */
 int gemm_plan_init_cuda(zr_gemm_plan *p, const zr_gemm_desc *g, int dev);
 void gemm_plan_destroy_cuda(zr_gemm_plan *p);
-/* Runs p for g's pointers (bias pointer set per call) with handle h and workspace ws (ws_bytes,
+/* Runs p for g's pointers (bias and aux pointers set per call) with handle h and workspace ws (ws_bytes,
  * no more than the plan's algorithm was chosen for). */
 int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *p, const zr_gemm_desc *g, void *ws,
                        size_t ws_bytes, int dev, cudaStream_t stream);

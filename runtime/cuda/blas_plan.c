@@ -23,8 +23,8 @@ typedef struct {
 } dev_ctx;
 
 typedef struct {
-    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c;
-    int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch;
+    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c, epilogue, al_aux;
+    int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ld_aux;
 } key;
 
 typedef struct {
@@ -209,6 +209,7 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
     memset(&k, 0, sizeof k);
     k.dev = dev, k.ta = !!g->ta, k.tb = !!g->tb, k.abdt = g->ab_dtype, k.cdt = g->c_dtype,
     k.has_bias = g->bias != NULL;
+    k.epilogue = g->epilogue, k.al_aux = g->epilogue ? align_of(g->aux) : 0, k.ld_aux = g->ld_aux;
     k.al_a = align_of(g->a), k.al_b = align_of(g->b), k.al_c = align_of(g->c);
     k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldc = g->ldc;
     k.batch = g->batch;
@@ -275,6 +276,18 @@ int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias,
     g.a = x, g.lda = in > 1 ? in : 1, g.b = w, g.ldb = in > 1 ? in : 1, g.c = y,
     g.ldc = out > 1 ? out : 1;
     g.batch = 1, g.bias = bias, g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+    return gemm_ex_cuda(&g, stream);
+}
+
+int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, int wt_trans,
+                             int64_t ldwt, const void *bias, int64_t rows, int64_t in, int64_t out,
+                             zr_dtype dt, cudaStream_t stream) {
+    zr_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.ta = 0, g.tb = wt_trans, g.m = rows, g.n = out, g.k = in;
+    g.a = x, g.lda = in, g.b = wt, g.ldb = ldwt, g.c = y, g.ldc = out;
+    g.batch = 1, g.bias = bias, g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+    g.epilogue = ZR_GEMM_EPI_GELU_AUX, g.aux = pre, g.ld_aux = out;
     return gemm_ex_cuda(&g, stream);
 }
 

@@ -23,7 +23,14 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream);
  * through the epilogue: no separate pass). w is (out, in) row-major as stored. */
 int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias, int64_t rows,
                         int64_t in, int64_t out, zr_dtype dt, cudaStream_t stream);
-/* Its backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
+/* The product through the GELU epilogue (zr_linear_gelu): pre (rows, out) = x · wt (+ bias) and
+ * y (rows, out) = gelu_tanh(pre), one pass. wt is wᵀ (in, out) read as gemm_cuda's B: stored
+ * (in, out) with row stride ldwt when wt_trans == 0, (out, in) when wt_trans != 0. in >= 1, out a
+ * multiple of 8 (cuBLASLt's aux leading dimension), dt bf16, f16 or f32. */
+int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, int wt_trans,
+                             int64_t ldwt, const void *bias, int64_t rows, int64_t in, int64_t out,
+                             zr_dtype dt, cudaStream_t stream);
+/* linear_forward_cuda's backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
  * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
                          int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,

@@ -131,19 +131,13 @@ static zr_status axpy_dev(zr_tensor *dst, zr_tensor *src, double alpha) {
 
 /* --- unary --- */
 
-static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    int op = (int)n->i[0];
-    zr_tensor *xy = n->saved[0];
-    zr_tensor *gx = zr_tensor_new_cat(n->edges[0].dtype, zr_tensor_device(xy), xy->ndim, xy->shape,
-                                      ZR_MEM_ACTIVATIONS, 0);
-    if (!gx) return ZR_ERR;
+zr_tensor *zr_unary_grad(int op, double p, zr_tensor *xy, zr_tensor *g, zr_dtype dt) {
+    zr_tensor *gx = zr_tensor_new_cat(dt, zr_tensor_device(xy), xy->ndim, xy->shape, ZR_MEM_ACTIVATIONS, 0);
+    if (!gx) return NULL;
     if (!zr_is_cpu(xy)) {
-        if (unary_backward_dev(gx, g, xy, op, n->f[0])) {
-            zr_tensor_release(gx);
-            return ZR_ERR;
-        }
-        gin[0] = gx;
-        return ZR_OK;
+        if (!unary_backward_dev(gx, g, xy, op, p)) return gx;
+        zr_tensor_release(gx);
+        return NULL;
     }
     zr_dtype ct = zr_cpu_compute_dtype(gx->dtype);
     zr_tensor *gi = zr_cpu_in(g, ct), *vi = zr_cpu_in(xy, ct), *o = zr_cpu_out_begin(gx, ct);
@@ -152,14 +146,22 @@ static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         void *x = unary_uses_y(op) ? NULL : zr_tensor_data(vi);
         void *y = unary_uses_y(op) ? zr_tensor_data(vi) : NULL;
         ZR_CPU_CALL(ct, unary_backward_cpu, zr_tensor_data(o), zr_tensor_data(gi), x, y,
-                    zr_tensor_numel(gx), op, n->f[0]);
+                    zr_tensor_numel(gx), op, p);
         st = zr_cpu_out_end(gx, o);
         o = NULL;
     }
     zr_tensor_release(o);
     zr_tensor_release(gi);
     zr_tensor_release(vi);
-    return zr_give_grad(gin, gx, st);
+    if (st) {
+        zr_tensor_release(gx);
+        return NULL;
+    }
+    return gx;
+}
+
+static zr_status unary_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    return (gin[0] = zr_unary_grad((int)n->i[0], n->f[0], n->saved[0], g, n->edges[0].dtype)) ? ZR_OK : ZR_ERR;
 }
 
 zr_tensor *zr_unary(int op, zr_tensor *x, double p) {

@@ -7,6 +7,10 @@
 #include "kernels/cpu/kernels.h" /* ZR_UN_* and ZR_BIN_* op codes */
 
 zr_tensor *zr_unary(int op, zr_tensor *x, double p);
+/* The unary op's backward, no autograd: g · op'(.) as a new tensor of dtype dt shaped like xy, where
+ * xy is the op's input, or its output for the ops whose derivative reads the output (exp, sqrt,
+ * rsqrt, sigmoid, tanh, reciprocal). For fused ops that save the input themselves (linear_gelu). */
+zr_tensor *zr_unary_grad(int op, double p, zr_tensor *xy, zr_tensor *g, zr_dtype dt);
 zr_tensor *zr_binary(int op, zr_tensor *a, zr_tensor *b);
 /* alpha * x + beta */
 zr_tensor *zr_affine(zr_tensor *x, double alpha, double beta);

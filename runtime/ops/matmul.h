@@ -19,6 +19,9 @@ zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b);
 /* y = x · wᵀ + b for x (..., in), w (out, in), b (out) or NULL. Backward uses one GEMM each for
  * dx = gy · w and dW = gyᵀ · x (summed over all leading dims of x), and a column sum for db. */
 zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b);
+/* For ops that end in a linear (ops/linear_gelu.c): linear's backward for a node whose edges are
+ * x, w, b and whose saved[0], saved[1] are x, w, given g, the gradient of the product's output. */
+zr_status zr_linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
 
 /* For other ops files (ops/linear_multi.c): a GEMM operand read in place where its layout allows.
  * t holds a reference (t itself, or a contiguous copy in dtype ct); the matrix is t's last two

@@ -90,8 +90,22 @@ function MLP:__init(cfg)
   self.c_proj = Conv1D(inner, cfg.n_embd, cfg)
   self.approximate, self.resid_pdrop = cfg.gelu_approximate, cfg.resid_pdrop
 end
+-- c_fc and the tanh GELU run as one op (zr.linear_gelu: on a GPU one GEMM whose epilogue applies
+-- the GELU and keeps its input for backward) when c_fc is a plain Conv1D: no hooks of its own and
+-- no ZeRO-3 (which gathers its parameters around its own call, as llama.lua's fusable()).
+local function fusable(m)
+  if Module.fetch or m.forward ~= Conv1D.forward then return false end
+  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
+  return not (pre and #pre > 0) and not (post and #post > 0)
+end
 function MLP:forward(x)
-  return dropout(self.c_proj(self.c_fc(x):gelu(self.approximate)), self.resid_pdrop, self.training)
+  local fc, h = self.c_fc, nil
+  if self.approximate == "tanh" and fusable(fc) then
+    h = zr.linear_gelu(x, fc.weight:transpose(1, 2), fc.bias)
+  else
+    h = fc(x):gelu(self.approximate)
+  end
+  return dropout(self.c_proj(h), self.resid_pdrop, self.training)
 end
 
 local Block = Module:extend("GPT2Block")

@@ -1,0 +1,18 @@
+/* linear then GELU (tanh approximation) as one op, GPT-2's MLP up-projection:
+ *
+ *   zr_tensor *h = zr_linear_gelu(x, w, b);  // gelu_tanh(x · wᵀ + b); x (..., in), w (out, in)
+ *
+ * On CUDA (bf16/f16/f32 operands of one dtype, out a multiple of 8) it is one cuBLASLt product
+ * whose GELU_AUX(_BIAS) epilogue writes both h and the pre-activation x · wᵀ + b; elsewhere it is
+ * zr_linear then the tanh GELU. Either way the node saves x, w and the pre-activation (the bytes
+ * the unfused pair keeps: the GELU's input and, instead of the next linear's saved input, h). */
+#ifndef ZR_OPS_LINEAR_GELU_H
+#define ZR_OPS_LINEAR_GELU_H
+
+#include "core/tensor.h"
+
+/* gelu_tanh(x · wᵀ + b) for x (..., in), w (out, in), b (out) or NULL; the result dtype is the
+ * promoted dtype, as zr_linear's. Backward: dpre = g · gelu_tanh'(pre), then linear's backward. */
+zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b);
+
+#endif

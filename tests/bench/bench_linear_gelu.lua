@@ -1,0 +1,52 @@
+-- GPT-2's MLP up-projection before and after zr.linear_gelu: x (rows, 768) · W (768, 3072, stored
+-- as Conv1D's (in, out)) + b then the tanh GELU, forward and backward, on the GPU (the CPU when
+-- there is none). Unfused = zr.linear + :gelu("tanh"); fused = zr.linear_gelu (the GEMM's GELU
+-- epilogue on CUDA). Median of 20 after 5 warm-ups.
+--   ./zrun tests/bench/bench_linear_gelu.lua [rows=65536] [C=768]   (B*T = 64*1024, bf16)
+local zr = require "zrun"
+local C = zr._C
+local opt = { rows = 65536, C = 768 }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^(%w+)=(%d+)$")
+  if not k or opt[k] == nil then error("bench_linear_gelu: arguments are rows=N and C=N, got " .. a, 0) end
+  opt[k] = tonumber(v)
+end
+local gpu = zr.cuda.is_available()
+local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
+local sync = gpu and function() zr.cuda.synchronize() end or function() end
+local N, Cin = opt.rows, opt.C
+zr.manual_seed(0)
+local td = { dtype = dt, device = dev, requires_grad = true }
+local x = zr.randn({ N, Cin }, td)
+local w = (zr.randn({ Cin, 4 * Cin }, { dtype = dt, device = dev }) * 0.02):detach():requires_grad_(true)
+local b = zr.zeros({ 4 * Cin }, td)
+local go = zr.randn({ N, 4 * Cin }, { dtype = dt, device = dev })
+
+local function unfused() return zr.linear(x * 1, w:transpose(1, 2), b):gelu("tanh") end
+local function fused() return zr.linear_gelu(x * 1, w:transpose(1, 2), b) end
+
+local function time(f)
+  local fw, bw = {}, {}
+  for i = 1, 25 do
+    sync()
+    local t0 = C.now()
+    local y = f()
+    sync()
+    local t1 = C.now()
+    y:backward(go)
+    sync()
+    local t2 = C.now()
+    x.grad, w.grad, b.grad = nil, nil, nil
+    if i > 5 then fw[#fw + 1], bw[#bw + 1] = t1 - t0, t2 - t1 end
+  end
+  local function med(t) table.sort(t); return t[math.ceil(#t / 2)] * 1e3 end
+  return med(fw), med(bw)
+end
+
+print(("linear + tanh GELU, %s %s, %d x %d -> %d (ms; x * 1 included, so dX is a producer's gradient)"):format(
+  dev, dt, N, Cin, 4 * Cin))
+print(("%-12s %10s %10s %10s"):format("", "forward", "backward", "total"))
+for _, r in ipairs { { "unfused", unfused }, { "linear_gelu", fused } } do
+  local f, bk = time(r[2])
+  print(("%-12s %10.3f %10.3f %10.3f"):format(r[1], f, bk, f + bk))
+end
