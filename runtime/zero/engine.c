@@ -1371,6 +1371,11 @@ int zr_zero_async_busy(zr_zero *z) {
 zr_status zr_zero_async_wait(zr_zero *z) {
     struct zasync *a = z->async;
     if (!a || !a->running) return ZR_OK;
+    pthread_mutex_lock(&hold_mu);
+    int held = hold_on && !a->finished;
+    pthread_mutex_unlock(&hold_mu);
+    if (held) /* joining would wait forever: the test that holds it expected no join here */
+        return zr_error("ZeRO: the background host step is held by zenflow_hold (a test hook); release it first");
     pthread_join(a->th, NULL);
     a->running = 0;
     zr_offload_step_end(z->host);
