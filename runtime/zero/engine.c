@@ -1278,6 +1278,11 @@ struct zasync {
     double *lr, grad_scale;
     int64_t step;
     int set, threads;
+    int w_pinned;
+#ifdef ZR_HAVE_CUDA
+    cudaEvent_t applied; /* after the last upload of w (compute stream): w is written again only then */
+    int applied_rec;
+#endif
     zr_zero *z;
     zr_status st;
     char msg[2048];
@@ -1300,6 +1305,7 @@ static void *async_main(void *arg) {
     zr_zero *z = a->z;
 #ifdef ZR_HAVE_CUDA
     if (z->dev.type == ZR_CUDA) a->st = zr_cuda_set_device(z->dev.index); /* the current device is per thread */
+    if (!a->st && a->applied_rec) a->st = zr_cuda_event_sync(a->applied); /* w's last upload has read it */
 #endif
     if (a->threads > 0) omp_set_num_threads(a->threads); /* this thread's parallel regions only */
     zr_offload_pass pass = {a->grads, zr_tensor_data(z->master), state_data(a->set ? a->m2 : z->m),
@@ -1340,6 +1346,19 @@ zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const 
     if (!a->grads && !(a->grads = new_buf(z->gpart->dtype, zr_tensor_device(z->gpart), z->part_numel, ZR_MEM_GRADS)))
         return ZR_ERR;
     if (!a->w && !(a->w = new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS))) return ZR_ERR;
+#ifdef ZR_HAVE_CUDA
+    if (z->dev.type == ZR_CUDA && !a->applied && !(a->applied = zr_cuda_event_new(0))) return ZR_ERR;
+    if (z->dev.type == ZR_CUDA && z->cfg.pin_memory && !a->w_pinned) { /* so that its upload is a DMA */
+        size_t bytes = (size_t)z->part_numel * zr_dtype_size(z->param_dtype);
+        if (cudaHostRegister(zr_tensor_data(a->w), bytes, cudaHostRegisterDefault) != cudaSuccess) {
+            cudaGetLastError();
+            return zr_error("offload_optimizer.pin_memory: page-locking the %.2f GiB of zenflow overlap_step's new "
+                            "weights failed; raise the locked-memory limit (ulimit -l) or set pin_memory to false",
+                            (double)bytes / (1 << 30));
+        }
+        a->w_pinned = 1;
+    }
+#endif
     if (set && !a->m2 && !(a->m2 = host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER))) return ZR_ERR;
     if (set && !a->v2 && !(a->v2 = host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER))) return ZR_ERR;
     double *l = realloc(a->lr, sizeof(double) * (size_t)(z->nparams ? z->nparams : 1));
@@ -1393,6 +1412,12 @@ zr_status zr_zero_async_apply(zr_zero *z) {
     else
         for (int i = 0; i < z->nparams; i++)
             ZR_CHECK(copy_range(z->params[i].p, 0, a->w, z->params[i].offset, z->params[i].numel));
+#ifdef ZR_HAVE_CUDA
+    if (z->dev.type == ZR_CUDA) { /* the uploads are async (w is pinned): the next step waits for them */
+        ZR_CHECK(zr_cuda_event_record(a->applied, zr_cuda_stream(z->dev)));
+        a->applied_rec = 1;
+    }
+#endif
     a->pending = 0;
     return ZR_OK;
 }
@@ -1404,6 +1429,10 @@ static void async_free(zr_zero *z) {
         zr_zero_async_hold(0);
         pthread_join(a->th, NULL);
     }
+#ifdef ZR_HAVE_CUDA
+    if (a->w_pinned) cudaHostUnregister(zr_tensor_data(a->w));
+    if (a->applied) zr_cuda_event_free(a->applied);
+#endif
     zr_tensor_release(a->grads);
     zr_tensor_release(a->w);
     zr_tensor_release(a->m2);
