@@ -1270,6 +1270,7 @@ struct zasync {
     pthread_t th;
     int running;    /* a thread was started and not joined yet */
     int finished;   /* it left its step (under hold_mu) */
+    int freeing;    /* the engine is being freed: a held step goes on (under hold_mu) */
     int pending;    /* w holds new weights not yet in the parameters */
     zr_tensor *grads;     /* the window's gradient partition, snapshot (gpart's device and dtype) */
     zr_tensor *w;         /* new weights, host, param dtype, partition layout */
@@ -1314,7 +1315,7 @@ static void *async_main(void *arg) {
     if (!a->st) a->st = zr_offload_run(z->host, &pass);
     if (a->st) snprintf(a->msg, sizeof a->msg, "%s", zr_last_error_message());
     pthread_mutex_lock(&hold_mu);
-    while (hold_on) pthread_cond_wait(&hold_cv, &hold_mu);
+    while (hold_on && !a->freeing) pthread_cond_wait(&hold_cv, &hold_mu);
     a->finished = 1;
     pthread_mutex_unlock(&hold_mu);
     return NULL;
@@ -1425,8 +1426,11 @@ zr_status zr_zero_async_apply(zr_zero *z) {
 static void async_free(zr_zero *z) {
     struct zasync *a = z->async;
     if (!a) return;
-    if (a->running) {
-        zr_zero_async_hold(0);
+    if (a->running) { /* only this engine's step is let go: the hold stays for any other */
+        pthread_mutex_lock(&hold_mu);
+        a->freeing = 1;
+        pthread_cond_broadcast(&hold_cv);
+        pthread_mutex_unlock(&hold_mu);
         pthread_join(a->th, NULL);
     }
 #ifdef ZR_HAVE_CUDA
