@@ -151,18 +151,29 @@ static int l_grad_norm(lua_State *L) {
     lua_pushnumber(L, norm);
     return 1;
 }
-/* step(grad_scale, step, lr, beta1, beta2, eps[, extra]); lr: a number, or a table with one learning
- * rate per parameter (its group's); extra: {optimizer= (nil: "adamw"), momentum=, dampening=,
- * nesterov=, lr_decay=, bias_correction= (nil: true), eps_inside_sqrt=, max_coeff=, min_coeff=} */
-static int l_step(lua_State *L) {
-    zr_zero *z = check_zero(L, 1);
+/* Reads step's arguments 3..7 (lr, beta1, beta2, eps, extra) into c and a malloc'ed lr (one per parameter). */
+static double *step_args(lua_State *L, zr_zero *z, zr_adamw_config *c) {
     int n = zr_zero_num_params(z);
     if (lua_istable(L, 4) && (int)lua_objlen(L, 4) != n)
-        return luaL_error(L, "step: %d learning rates for %d parameters", (int)lua_objlen(L, 4), n);
-    double *lr = malloc(sizeof(double) * (size_t)(n ? n : 1));
-    if (!lr) return luaL_error(L, "step: out of host memory");
+        luaL_error(L, "step: %d learning rates for %d parameters", (int)lua_objlen(L, 4), n);
     int table = lua_istable(L, 4);
     double one = table ? 0 : luaL_checknumber(L, 4);
+    *c = (zr_adamw_config){.beta1 = luaL_checknumber(L, 5), .beta2 = luaL_checknumber(L, 6), .eps = luaL_checknumber(L, 7)};
+    if (lua_istable(L, 8)) {
+        c->kind = optim_kind_field(L, 8, "optimizer");
+        c->momentum = opt_num(L, 8, "momentum", 0);
+        c->dampening = opt_num(L, 8, "dampening", 0);
+        c->lr_decay = opt_num(L, 8, "lr_decay", 0);
+        c->nesterov = zr_l_boolfield(L, 8, "nesterov");
+        lua_getfield(L, 8, "bias_correction");
+        c->no_bias_correction = !lua_isnil(L, -1) && !lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        c->eps_inside_sqrt = zr_l_boolfield(L, 8, "eps_inside_sqrt");
+        c->max_coeff = opt_num(L, 8, "max_coeff", 10);
+        c->min_coeff = opt_num(L, 8, "min_coeff", 0.01);
+    }
+    double *lr = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!lr) luaL_error(L, "step: out of host memory");
     for (int i = 0; i < n; i++) {
         if (table) {
             lua_rawgeti(L, 4, i + 1);
@@ -171,23 +182,35 @@ static int l_step(lua_State *L) {
         } else
             lr[i] = one;
     }
-    zr_adamw_config c = {.beta1 = luaL_checknumber(L, 5), .beta2 = luaL_checknumber(L, 6), .eps = luaL_checknumber(L, 7)};
-    if (lua_istable(L, 8)) {
-        c.kind = optim_kind_field(L, 8, "optimizer");
-        c.momentum = opt_num(L, 8, "momentum", 0);
-        c.dampening = opt_num(L, 8, "dampening", 0);
-        c.lr_decay = opt_num(L, 8, "lr_decay", 0);
-        c.nesterov = zr_l_boolfield(L, 8, "nesterov");
-        lua_getfield(L, 8, "bias_correction");
-        c.no_bias_correction = !lua_isnil(L, -1) && !lua_toboolean(L, -1);
-        lua_pop(L, 1);
-        c.eps_inside_sqrt = zr_l_boolfield(L, 8, "eps_inside_sqrt");
-        c.max_coeff = opt_num(L, 8, "max_coeff", 10);
-        c.min_coeff = opt_num(L, 8, "min_coeff", 0.01);
-    }
+    return lr;
+}
+/* step(grad_scale, step, lr, beta1, beta2, eps[, extra]); lr: a number, or a table with one learning
+ * rate per parameter (its group's); extra: {optimizer= (nil: "adamw"), momentum=, dampening=,
+ * nesterov=, lr_decay=, bias_correction= (nil: true), eps_inside_sqrt=, max_coeff=, min_coeff=} */
+static int l_step(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    zr_adamw_config c;
+    double *lr = step_args(L, z, &c);
     zr_status st = zr_zero_step(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), &c, lr);
     free(lr);
     return ok_or_error(L, st);
+}
+/* step_async(grad_scale, step, lr, beta1, beta2, eps, extra|nil, set, threads): ZenFlow's overlap_step
+ * (zr_zero_step_async); async_wait(), async_apply(), async_busy() -> boolean */
+static int l_step_async(lua_State *L) {
+    zr_zero *z = check_zero(L, 1);
+    zr_adamw_config c;
+    double *lr = step_args(L, z, &c);
+    zr_status st = zr_zero_step_async(z, luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), &c, lr,
+                                      (int)luaL_checkinteger(L, 9), (int)luaL_checkinteger(L, 10));
+    free(lr);
+    return ok_or_error(L, st);
+}
+static int l_async_wait(lua_State *L) { return ok_or_error(L, zr_zero_async_wait(check_zero(L, 1))); }
+static int l_async_apply(lua_State *L) { return ok_or_error(L, zr_zero_async_apply(check_zero(L, 1))); }
+static int l_async_busy(lua_State *L) {
+    lua_pushboolean(L, zr_zero_async_busy(check_zero(L, 1)));
+    return 1;
 }
 static int l_zero_grad(lua_State *L) { return ok_or_error(L, zr_zero_zero_grad(check_zero(L, 1))); }
 static int l_refresh(lua_State *L) { return ok_or_error(L, zr_zero_refresh_params(check_zero(L, 1))); }
@@ -314,7 +337,8 @@ static int l_boundary(lua_State *L) {
 
 static const luaL_Reg methods[] = {
     {"backward_begin", l_backward_begin}, {"backward_end", l_backward_end}, {"reduce", l_reduce},
-    {"grad_norm", l_grad_norm}, {"step", l_step}, {"zero_grad", l_zero_grad},
+    {"grad_norm", l_grad_norm}, {"step", l_step}, {"step_async", l_step_async}, {"async_wait", l_async_wait},
+    {"async_apply", l_async_apply}, {"async_busy", l_async_busy}, {"zero_grad", l_zero_grad},
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
     {"state", l_state}, {"set_state", l_set_state}, {"split", l_split}, {"num_states", l_num_states}, {"gather", l_gather}, {"release", l_release},
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
@@ -340,10 +364,15 @@ static int l_zenflow_adamw(lua_State *L) {
                                            luaL_checknumber(L, 10), luaL_checknumber(L, 11),
                                            (int64_t)luaL_checkinteger(L, 12)));
 }
+/* zenflow_hold(on): the overlap test's hook (zr_zero_async_hold) */
+static int l_zenflow_hold(lua_State *L) {
+    zr_zero_async_hold(lua_toboolean(L, 1));
+    return 0;
+}
 
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {"zenflow_colsum", l_zenflow_colsum},
                                {"zenflow_gather", l_zenflow_gather}, {"zenflow_scatter", l_zenflow_scatter},
-                               {"zenflow_adamw", l_zenflow_adamw}, {NULL, NULL}};
+                               {"zenflow_adamw", l_zenflow_adamw}, {"zenflow_hold", l_zenflow_hold}, {NULL, NULL}};
 
 void zr_bind_zero(lua_State *L) {
     zr_l_newclass(L, ZERO_MT, l_gc, methods);

@@ -564,8 +564,11 @@ function Engine:step()
   end
   self.opt_steps = (self.opt_steps or 0) + 1
   -- ZenFlow's host update takes the micro-step count for its bias correction, as DeepSpeed's does
-  z:step(coef, zf and self.micro_steps or self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2],
-    self.hp.eps, self.hp.extra)
+  if zf and zf.overlap then zf:host_step(coef, self.micro_steps - 1, self:param_lrs())
+  else
+    z:step(coef, zf and self.micro_steps or self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2],
+      self.hp.eps, self.hp.extra)
+  end
   if zf then zf:after_cpu_step(self.micro_steps - 1) end
   if self.scaler then self:update_scale(false) end
   if self.lr_scheduler then self.lr_scheduler:step() end
@@ -642,6 +645,10 @@ function Engine:parameters() return self.params end
 
 -- Checkpoints live in zrun.checkpoint (save/load, resharding, zero-to-fp32).
 function Engine:save_checkpoint(dir, tag, client_state)
+  if self.zenflow and self.zenflow.overlap then
+    error("save_checkpoint with zero_optimization.zenflow.overlap_step: the host update in flight and its second " ..
+      "set of moments are not in zrun's checkpoint format; set overlap_step to false to save checkpoints", 0)
+  end
   return require("zrun.checkpoint").save(self, dir, tag, client_state)
 end
 -- Returns client_state and the tag folder it loaded (DeepSpeed returns them the other way round);

@@ -117,6 +117,11 @@ function Trainer:setup()
     hidden_size = self.model.config and self.model.config.hidden_size })
   a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
   a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
+  -- ZenFlow: DeepSpeed replaces the accumulation by update_interval (a step is one update window) and
+  -- steps the schedule at every micro-batch, so the schedule's length is in micro-batches
+  local zf = pre.zero_optimization and pre.zero_optimization.zenflow
+  local per_micro = zf and type(zf.update_interval) == "number" and zf.update_interval or nil
+  if per_micro then a.gradient_accumulation_steps = per_micro end
   local n = self.train_dataset and #self.train_dataset.rows or 0
   local per_epoch = require("zrun.config").steps_per_epoch(n, W, a.per_device_train_batch_size,
     a.gradient_accumulation_steps)
@@ -127,10 +132,10 @@ function Trainer:setup()
   end
   self.steps_per_epoch = math.max(per_epoch, 1)
   self.total_steps = a.max_steps > 0 and a.max_steps or ceil(self.steps_per_epoch * a.num_train_epochs)
-  hf_args.max_steps = self.total_steps
+  hf_args.max_steps = self.total_steps * (per_micro or 1)
   if a.gradient_checkpointing and self.model.gradient_checkpointing_enable then self.model:gradient_checkpointing_enable() end
   self.engine = zr.initialize({ model = self.model, config = ds_cfg, args = hf_args,
-    num_training_steps = self.total_steps, model_parameters = Trainer.param_groups(self.model, nil) })
+    num_training_steps = self.total_steps * (per_micro or 1), model_parameters = Trainer.param_groups(self.model, nil) })
   local e = self.engine
   if not e.lr_scheduler then -- HF builds its own schedule when the config has none
     local warm = require("zrun.config").warmup_steps(a.warmup_steps, a.warmup_ratio, self.total_steps)

@@ -39,10 +39,6 @@ function M.check(vals, add)
     add('%supdate_interval "auto" (adaptive, auto_ratio) is not implemented in zrun; set update_interval to a number ' ..
       "(DeepSpeed's tutorial uses 4)", p)
   end
-  if zf.overlap_step then
-    add("%soverlap_step = true (the CPU update in a background process, applied one interval late) is not " ..
-      "implemented in zrun; set it to false", p)
-  end
   if zf.offload then
     add("%soffload = true (the selected columns' optimizer states on the host) is not implemented in zrun; set it to false", p)
   end
@@ -102,7 +98,8 @@ function M.new(e, zf, loader_len)
       "as DeepSpeed requires", si_engine ~= 0 and si_engine or si_opt, U), 0)
   end
   local self = setmetatable({ e = e, topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds,
-    si_engine = si_engine, si_opt = si_opt, fresh = true, steps = 0, p = {}, lr = e:param_lrs() }, ZF)
+    si_engine = si_engine, si_opt = si_opt, fresh = true, steps = 0, p = {}, lr = e:param_lrs(),
+    overlap = zf.overlap_step, first_after_warm = true, threads = M.host_threads(zf.pt_reserved_cores_perc) }, ZF)
   for i, t in ipairs(e.params) do
     local sh = t:shape()
     local two = #sh == 2
@@ -140,6 +137,8 @@ function ZF:before_backward(t)
   local sel = self:is_select(t) or (self.force_select and t >= self.warm) or false
   if sel then
     self.force_select = nil
+    -- overlap_step: the update in flight finishes first (it writes the master); its weights stay pending
+    if self.overlap then self.e.zero:async_wait() end
     if t > 0 then self:sync_master() end
     for _, q in ipairs(self.p) do q.m:zero_(); q.v:zero_() end
   end
@@ -235,6 +234,29 @@ function ZF:after_cpu_step(t)
     if q.temp then C.zenflow_scatter(q.t, q.temp, q.idx); q.temp = nil end
   end
   self:update()
+end
+
+-- The background host step's OpenMP threads: DeepSpeed reserves ceil(perc x n) of the n cores for
+-- training and gives the optimizer the rest; when that leaves either side empty both use all n.
+function M.host_threads(perc, n)
+  n = n or C.build_info().omp_threads
+  local pt = math.ceil((perc or 0) * n)
+  if pt > 0 and pt < n then return n - pt end
+  return n
+end
+
+-- overlap_step: engine:step's host update at boundary t (coef: the gradients' scale with clipping).
+-- Warm-up (t < W) waits for it at once; after it, the update of the last window reaches the
+-- parameters now (not at the first boundary after warm-up: nothing is in flight) and this window's
+-- starts on a background thread, with moment set (t < W and t or t // U) % 2, as DeepSpeed's.
+function ZF:host_step(coef, t, lrs)
+  local z, hp = self.e.zero, self.e.hp
+  local set = (t < self.warm and t or floor(t / self.U)) % 2
+  if t >= self.warm then
+    if self.first_after_warm then self.first_after_warm = false else z:async_apply() end
+  end
+  z:step_async(coef, t + 1, lrs, hp.betas[1], hp.betas[2], hp.eps, hp.extra, set, self.threads)
+  if t < self.warm then z:async_apply() end
 end
 
 M.intervals = intervals

@@ -33,7 +33,7 @@ function M.collect(e)
       tensors[fmt("p%d.values", i)] = zf:gather(q, q.t)
     elseif q.idx == nil then tensors[fmt("p%d.values", i)] = q.t:contiguous():view(q.t:numel()) end
   end
-  return tensors, { format = M.FORMAT, zenflow = cjson.encode({ steps = zf.steps, kinds = kinds, n = #zf.p }) }
+  return tensors, { format = M.FORMAT, zenflow = cjson.encode({ steps = zf.steps, kinds = kinds, n = #zf.p, lr = zf.lr }) }
 end
 
 -- Restores engine e's ZenFlow from path (a file M.collect wrote), after the parameters were refreshed
@@ -77,7 +77,8 @@ function M.restore(e, path, say, check)
         q.t:view(q.t:numel()):copy_(f:get(fmt("p%d.values", i)))
       end
     end
-    zf.steps, zf.fresh = st.steps, true
+    -- the rate the next micro-step's selective update takes (synced at each engine:step, after it)
+    zf.steps, zf.fresh, zf.lr = st.steps, true, st.lr or zf.lr
   end)
   f:close()
   if not ok then error(err, 0) end

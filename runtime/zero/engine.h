@@ -94,6 +94,24 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm);
  * parameter's weight decay (decoupled or L2, as the optimizer defines it) is the one it was added with. */
 zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
                        const double *lr);
+/* ZenFlow's overlap_step (lua/zrun/zenflow.lua): the AdamW step of zr_zero_step on a background
+ * host thread, against a snapshot of the gradient partition taken now (one more partition of
+ * gpart's dtype on its device; queued on the compute stream, the thread's D2H copies start after
+ * it on the offload copy stream). The master is updated in place; the new weights go to a host
+ * buffer, not the parameters, until zr_zero_async_apply. set: which of two moment sets (DeepSpeed
+ * alternates them by window parity; set 1 is allocated, zero, on first use). threads: the thread's
+ * OpenMP threads (0: the default). One step at a time: it first waits for the last one, and
+ * refuses while that one's weights are unapplied. */
+zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
+                             int set, int threads);
+/* Joins the background step (nothing when none runs); its error, if it had one. */
+zr_status zr_zero_async_wait(zr_zero *z);
+/* Joins, then copies its new weights into the parameters (nothing when none are pending). */
+zr_status zr_zero_async_apply(zr_zero *z);
+/* 1 while a background step has not finished (never blocks). */
+int zr_zero_async_busy(zr_zero *z);
+/* Test hook: while on, a background step waits after its update, before it counts as finished. */
+void zr_zero_async_hold(int on);
 int zr_zero_num_params(const zr_zero *z);
 zr_status zr_zero_zero_grad(zr_zero *z);
 /* Writes the partition's master weights back into the parameters (after loading a checkpoint). */

@@ -431,6 +431,8 @@ static zr_status ring_ready(zr_offload *o, int need_in, int need_out) {
     return ZR_OK;
 }
 
+zr_status zr_offload_prepare(zr_offload *o) { return ring_ready(o, 1, 0); }
+
 static char *slot_in(zr_offload *o, int k) { return (char *)zr_tensor_data(o->ring_in) + (size_t)k * o->chunk * 4; }
 static char *slot_out(zr_offload *o, int k) {
     return (char *)zr_tensor_data(o->ring_out) + (size_t)k * o->chunk * zr_dtype_size(o->pdt);

@@ -111,6 +111,8 @@ typedef struct {
     const zr_adamw_segment *lamb_segs;
 } zr_offload_pass;
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p);
+/* Allocates the ring's gradient slots now (a pass on another thread then allocates nothing). */
+zr_status zr_offload_prepare(zr_offload *o);
 /* Marks the point of the compute stream after which the next zr_offload_run's copies may start
  * (default: everything queued when it runs). Partial offload marks before it launches the device
  * part's optimizer kernel, so that the host part's gradients leave while that kernel runs. No-op

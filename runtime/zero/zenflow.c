@@ -31,11 +31,37 @@
  *   whole partition with bias-correction step t+1 (the micro-step count, not the number of CPU
  *   updates); the CPU keeps its own m, v and master for the selected columns, overwritten at the
  *   next selection. During the W warm-up micro-steps every micro-step is a plain offloaded step.
- * update_interval "auto" adapts U from running gradient sums (auto_ratio); overlap_step runs the
- *   CPU Adam in a separate process, applying each window's result at the next boundary (one window
- *   late); offload keeps the selective m, v on the host; pt_reserved_cores_perc splits the cores
- *   between training and that process. zrun implements the fixed-U, non-overlapped algorithm at one
- *   rank and refuses the rest with one line (lua/zrun/zenflow.lua). */
+ * overlap_step (ZenFlowZeroOptimizerParallel, zenflow_utils.py, csrc/adam/cpu_adam_impl.cpp's
+ *   ZenFlowAdam): the CPU Adam runs in a separate process on its own cores. At a boundary t the
+ *   window's accumulated gradient is copied to one of two host buffers, state s = t & 1 in warm-up
+ *   (t < W), else (t // U) & 1; step() takes the norm of that window's gradient, then
+ *   - t < W: submits (clip by that norm, bias-correction step t+1, moments set s: the process keeps
+ *     two sets of m, v and uses set s, so windows of alternate parity have separate moments), waits,
+ *     and copies the result ("stale", the master after the step, cast) into the 16-bit parameters,
+ *     selected columns included: warm-up is not overlapped;
+ *   - t >= W: waits for the last submitted step and copies its result into the parameters, then
+ *     submits this window's, which runs while the GPU computes the next window. The first boundary
+ *     after warm-up has nothing in flight and skips the wait/copy. So window k's update reaches the
+ *     model at window k+1's boundary, computed from window k's gradient at master as of window k.
+ *   Then, as without overlap, the selected columns get the values saved before the step back and
+ *   their own AdamW with this micro-step's gradient: they never see the host's result. At a
+ *   selection (before backward, t > W) the master takes the 16-bit parameters while the step
+ *   submitted at the previous boundary may still run; DeepSpeed races there. zrun waits for it
+ *   first (the order DeepSpeed has when the process is quicker than one backward), so the master
+ *   becomes the 16-bit values and the finished step's result is still applied at the next boundary.
+ *   Nothing flushes at the end (the last window's result is never applied) nor at checkpoint save,
+ *   where DeepSpeed saves the master as it is and not the process's moments; zrun refuses
+ *   save_checkpoint with overlap_step instead. pt_reserved_cores_perc: ceil(perc x n) of the rank's n
+ *   cores stay with training, the rest run the CPU Adam (both all n when either side would be empty);
+ *   zrun gives the background step's OpenMP region n - ceil(perc x n) threads and leaves training's as
+ *   they are (without overlap_step the value does nothing, in DeepSpeed too).
+ * update_interval "auto" adapts U from running gradient sums (auto_ratio); offload keeps the
+ *   selective m, v on the host. zrun implements fixed U, with or without overlap_step, at one rank
+ *   and refuses the rest with one line (lua/zrun/zenflow.lua). The overlapped host step is
+ *   zr_zero_step_async (zero/engine.h): a background pthread running the offload pipeline on a
+ *   device-side snapshot of the gradient partition (one more gradient partition on the GPU), its
+ *   D2H copies on the offload copy stream after the snapshot, the new weights into a host buffer
+ *   that zr_zero_async_apply uploads at the next boundary. */
 #include "zero/zenflow.h"
 
 #include "kernels/cpu/zenflow.h"

@@ -3,7 +3,7 @@
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3] [data=SHARD.bin]
---        [zenflow=0] [topk=0.05] [update_interval=gas] [select_interval=0]
+--        [zenflow=0] [topk=0.05] [update_interval=gas] [select_interval=0] [overlap_step=0] [pt_reserved=0.5]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
 -- states (offload=1 ratio=0.5: half of them stay on the GPU). data= trains on an llm.c token shard
@@ -12,6 +12,8 @@
 -- each weight updated on the GPU every micro-batch, the host AdamW every update_interval micro-batches
 -- (default gas: one host update per measured step); select_interval 0 selects once (select_strategy
 -- "auto" without a dataloader), N re-selects every N micro-batches (select_strategy "step").
+-- overlap_step=1 runs each window's host AdamW on a background thread while the GPU computes the next
+-- window (applied one window late, as DeepSpeed's), with (1 - pt_reserved) of the OpenMP threads.
 -- Prints tokens/s (median over steps after 3 warm-ups) and peak memory by category.
 local zr = require "zrun"
 local C = zr._C
@@ -30,6 +32,8 @@ cli:option("data", "", "an llm.c token shard: train on its B*T windows in turn (
 cli:option("zenflow", 0, "1: zero_optimization.zenflow (with offload=1)"):option("topk", 0.05, "zenflow topk_ratio")
 cli:option("update_interval", 0, "zenflow update_interval (0: gas)")
 cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
+cli:option("overlap_step", 0, "zenflow: 1 runs the host update in the background, applied one window late")
+cli:option("pt_reserved", 0.5, "zenflow pt_reserved_cores_perc: the cores' share left to training with overlap_step")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
@@ -46,7 +50,8 @@ local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the pa
 local offload = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil
 local zenflow = opt.zenflow == 1 and { topk_ratio = opt.topk, update_interval = opt.update_interval > 0 and
   opt.update_interval or opt.gas, select_strategy = opt.select_interval > 0 and "step" or "auto",
-  select_interval = opt.select_interval > 0 and opt.select_interval or "auto" } or nil
+  select_interval = opt.select_interval > 0 and opt.select_interval or "auto", overlap_step = opt.overlap_step == 1,
+  pt_reserved_cores_perc = opt.pt_reserved } or nil
 local engine = zr.initialize({ model = model, config = {
   train_micro_batch_size_per_gpu = opt.batch, gradient_accumulation_steps = opt.gas, gradient_clipping = 1.0,
   data_types = { grad_accum_dtype = opt.grad_accum },
@@ -119,7 +124,8 @@ print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.4f B"):format("parameters", n / 1e9))
 local setting = (opt.ckpt == 1 and " +checkpointing" or "") ..
   (opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or "") ..
-  (zenflow and (" +zenflow topk %g update_interval %d"):format(zenflow.topk_ratio, zenflow.update_interval) or "")
+  (zenflow and (" +zenflow topk %g update_interval %d%s"):format(zenflow.topk_ratio, zenflow.update_interval,
+    zenflow.overlap_step and (" overlap_step (pt_reserved %g)"):format(zenflow.pt_reserved_cores_perc) or "") or "")
 print(("%-40s B=%d T=%d %s stage %d%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage, setting))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
   opt.gas > 1 and "es" or ""))

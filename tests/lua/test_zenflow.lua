@@ -4,6 +4,7 @@
 -- reduce to plain offloaded AdamW; learning; the section's config checks.
 local zr = require "zrun"
 local T = zr.testing
+local C = zr._C
 
 local function mlp(bias)
   zr.manual_seed(7)
@@ -24,17 +25,25 @@ local function batch(t)
 end
 local function loss_of(model, x, y) return (model(x) - y):square():mean() end
 
--- DeepSpeed's ZenFlow, fixed update_interval, one rank, in plain Lua numbers.
+-- DeepSpeed's ZenFlow, fixed update_interval, one rank, in plain Lua numbers. overlap_step: the host
+-- update of a window reaches the parameters at the next boundary (warm-up: at once; the first window
+-- after warm-up has nothing to apply before it), with two moment sets alternating by window parity.
 local function reference(zf, steps, clip, lr, b1, b2, eps, wd)
   local model = mlp(true)
   local ps = model:parameters()
-  local P, master, m, v, G, sel = {}, {}, {}, {}, {}, {}
+  local P, master, G, sel = {}, {}, {}, {}
+  local ms, vs = { [0] = {}, {} }, { [0] = {}, {} } -- host moments, sets 0 and 1 (overlap_step)
+  local stale, first_after_warm = nil, true
   for i, p in ipairs(ps) do
     P[i] = p:detach():flat_table()
-    master[i], m[i], v[i], G[i] = {}, {}, {}, {}
+    master[i], G[i] = {}, {}
+    for s = 0, 1 do ms[s][i], vs[s][i] = {}, {} end
     local sh = p:shape()
     sel[i] = { rows = #sh == 2 and sh[1] or 1, cols = #sh == 2 and sh[2] or p:numel(), two = #sh == 2 }
-    for j = 1, #P[i] do master[i][j], m[i][j], v[i][j], G[i][j] = P[i][j], 0, 0, 0 end
+    for j = 1, #P[i] do
+      master[i][j], G[i][j] = P[i][j], 0
+      for s = 0, 1 do ms[s][i][j], vs[s][i][j] = 0, 0 end
+    end
   end
   local U, W = zf.update_interval, zf.full_warm_up_rounds or 0
   local si = zf.select_strategy == "step" and zf.select_interval or 0 -- the engine's (no dataloader)
@@ -110,12 +119,20 @@ local function reference(zf, steps, clip, lr, b1, b2, eps, wd)
       if clip and clip > 0 and clip / (math.sqrt(ss) + 1e-6) < 1 then coef = clip / (math.sqrt(ss) + 1e-6) end
       local keep = {}
       for i = 1, #P do keep[i] = { unpack(P[i]) } end
+      local set = zf.overlap_step and (t < W and t or math.floor(t / U)) % 2 or 0
+      if zf.overlap_step and t >= W then -- the last window's update arrives now
+        if first_after_warm then first_after_warm = false
+        else for i = 1, #P do P[i] = { unpack(stale[i]) } end end
+      end
       for i = 1, #P do
         for j = 1, #P[i] do
-          adamw(master[i], G[i][j] * coef, m[i], v[i], j, j, t + 1)
-          P[i][j], G[i][j] = master[i][j], 0
+          adamw(master[i], G[i][j] * coef, ms[set][i], vs[set][i], j, j, t + 1)
+          G[i][j] = 0
         end
       end
+      stale = {}
+      for i = 1, #P do stale[i] = { unpack(master[i]) } end
+      if not zf.overlap_step or t < W then P = stale end
       if t >= W then -- the selected columns and 1-D parameters keep their values, then their own update
         for i, q in ipairs(sel) do
           local cols = q.two and q.idx or nil
@@ -183,6 +200,52 @@ T.test("zenflow: re-selection inside a window (epoch strategy, steps_per_epoch f
     update_interval = 2 }, 11, 0)
 end)
 
+T.test("zenflow overlap_step equals DeepSpeed's: each window's host update lands one window late", function()
+  -- as the first test, with the host update of the window ending at t applied at the next boundary
+  -- (t = 4 applies nothing: it is the first after warm-up), moment sets alternating, and the
+  -- selections at t = 6, 12 waiting for the update in flight before the master takes the weights
+  compare({ topk_ratio = 0.3, select_strategy = "step", select_interval = 6, update_interval = 3,
+    full_warm_up_rounds = 2, overlap_step = true }, 14, 0.05)
+  compare({ topk_ratio = 0.5, select_strategy = "epoch", select_interval = 1, steps_per_epoch = 5,
+    update_interval = 2, overlap_step = true, pt_reserved_cores_perc = 0.5 }, 11, 0)
+  compare({ topk_ratio = 0.3, update_interval = 2, full_warm_up_rounds = 3, overlap_step = true }, 9, 0)
+end)
+
+T.test("zenflow overlap_step: engine:step returns while the host update still runs", function()
+  local model = mlp(true)
+  local e = zr.initialize { model = model, config = config({ topk_ratio = 0.3, update_interval = 2,
+    overlap_step = true }) }
+  local z = e.zero
+  local function micro(t)
+    local x, y = batch(t)
+    e:backward(loss_of(e, x, y))
+    e:step()
+  end
+  C.zenflow_hold(true) -- the background update waits after its work until released
+  local ok, err = pcall(function()
+    micro(0)
+    micro(1) -- boundary: the first window's update starts and is held
+    T.eq(z:async_busy(), true, "the update is still running after the boundary step")
+    micro(2) -- the next window's micro-step runs (selected columns updated) meanwhile
+    T.eq(z:async_busy(), true, "still running during the next window")
+  end)
+  C.zenflow_hold(false)
+  if not ok then error(err, 0) end
+  micro(3) -- boundary: joins it, applies its weights and starts the window ending at t = 3
+  z:async_wait()
+  T.eq(z:async_busy(), false, "joined")
+  T.raises(function() e:save_checkpoint(os.tmpname() .. ".d") end, "set overlap_step to false to save checkpoints")
+end)
+
+T.test("zenflow overlap_step: the background update's threads leave pt_reserved_cores_perc to training", function()
+  local zfm = require "zrun.zenflow"
+  T.eq(zfm.host_threads(0.5, 8), 4, "half of 8")
+  T.eq(zfm.host_threads(0.3, 10), 7, "ceil(3) reserved")
+  T.eq(zfm.host_threads(0, 6), 6, "nothing reserved: all")
+  T.eq(zfm.host_threads(1, 6), 6, "everything reserved: both share all, as DeepSpeed")
+  T.eq(zfm.host_threads(0.5, 1), 1, "one core")
+end)
+
 local function plain(bias, steps)
   return run_engine(config(nil), steps, bias)
 end
@@ -197,11 +260,11 @@ T.test("zenflow inside full_warm_up_rounds is plain offloaded AdamW, bit for bit
   T.eq(max_diff(got, plain(true, 6)), 0, "max difference")
 end)
 
-T.test("zenflow learns: the loss falls by half with a non-zero gradient norm", function()
+local function learns(overlap)
   zr.manual_seed(3)
   local model = zr.nn.Sequential(zr.nn.Linear(16, 32), zr.nn.ReLU(), zr.nn.Linear(32, 1))
   local e = zr.initialize { model = model, config = config({ topk_ratio = 0.1, update_interval = 4,
-    select_strategy = "step", select_interval = 8 }, { gradient_clipping = 1.0 }) }
+    select_strategy = "step", select_interval = 8, overlap_step = overlap }, { gradient_clipping = 1.0 }) }
   zr.manual_seed(4)
   local x = zr.randn(4, 16)
   local y = x:sum(2, true):mul(0.25)
@@ -215,7 +278,9 @@ T.test("zenflow learns: the loss falls by half with a non-zero gradient norm", f
   end
   if not (last < 0.5 * first) then error(string.format("loss %g -> %g did not halve", first, last)) end
   T.eq(e.last_grad_norm > 0, true, "gradient norm > 0")
-end)
+end
+T.test("zenflow learns: the loss falls by half with a non-zero gradient norm", function() learns(false) end)
+T.test("zenflow learns with overlap_step too", function() learns(true) end)
 
 T.test("zenflow config: DeepSpeed's refusals and zrun's limits, one line each", function()
   local cfgmod = require "zrun.config"
@@ -232,7 +297,6 @@ T.test("zenflow config: DeepSpeed's refusals and zrun's limits, one line each", 
   refused({ update_interval = 4, select_strategy = "step" }, 'select_strategy "step" needs a number select_interval')
   refused({ update_interval = 4, select_strategy = "step", select_interval = 2 }, "must be >= update_interval")
   refused({ update_interval = "auto" }, 'update_interval "auto" (adaptive, auto_ratio) is not implemented')
-  refused({ update_interval = 4, overlap_step = true }, "overlap_step = true")
   refused({ update_interval = 4, offload = true }, "offload = true")
   refused({ update_interval = 4, topk_ratio = 1.5 }, "topk_ratio")
   refused({ update_interval = 4, select_strategy = "random" }, "select_strategy")

@@ -1,5 +1,6 @@
 -- ZenFlow across save_checkpoint / load_checkpoint: a run resumed from a checkpoint continues bit for
--- bit as the uninterrupted run (the selected columns, their moments and the step count come back);
+-- bit as the uninterrupted run (the selected columns, their moments, the step count and the rate the
+-- next selective update takes come back);
 -- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh.
 local zr = require "zrun"
 local T = zr.testing
@@ -8,6 +9,8 @@ local ZF = { topk_ratio = 0.3, update_interval = 3, select_strategy = "step", se
 local function config(zf)
   return { train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 1, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = 2e-2, betas = { 0.9, 0.99 }, eps = 1e-8, weight_decay = 0.05 } },
+    -- a warm-up schedule: the rate changes at every micro-step (ZenFlow steps it there)
+    scheduler = { type = "WarmupLR", params = { warmup_min_lr = 0, warmup_max_lr = 2e-2, warmup_num_steps = 30 } },
     zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = zf } }
 end
 local function engine(zf)

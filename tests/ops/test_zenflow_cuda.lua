@@ -46,15 +46,16 @@ T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; n
   end
 end)
 
-T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries)", function()
-  local function run(device)
+T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries; overlap_step)", function()
+  local function run(device, overlap)
     zr.manual_seed(5)
     local model = zr.nn.Sequential(zr.nn.Linear(24, 40), zr.nn.Tanh(), zr.nn.Linear(40, 7))
     model:to(device)
     local e = zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 4, steps_per_print = 1000,
       gradient_clipping = 0.5, optimizer = { type = "AdamW", params = { lr = 1e-2, weight_decay = 0.01 } },
       zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = { topk_ratio = 0.2,
-        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1 } } } }
+        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1,
+        overlap_step = overlap } } } }
     for t = 1, 13 do
       zr.manual_seed(50 + t)
       local x, y = zr.randn(4, 24):to(device), zr.randn(4, 7):to(device)
@@ -65,8 +66,10 @@ T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundar
     for i, p in ipairs(e:parameters()) do out[i] = p:detach():cpu() end
     return out
   end
-  local g, c = run("cuda"), run("cpu")
-  for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i, 10) end
+  for _, overlap in ipairs { false, true } do
+    local g, c = run("cuda", overlap), run("cpu", overlap)
+    for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i .. (overlap and " (overlap_step)" or ""), 10) end
+  end
 end)
 
 T.done()
