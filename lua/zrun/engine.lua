@@ -163,7 +163,7 @@ function M.initialize(opts)
   -- offload_optimizer.ratio: the host's share of the optimizer states (ZeRO-Offload++)
   self.offload_ratio = self.offload_optimizer and zc.offload_optimizer.ratio or 1
   if self.offload_optimizer then
-    self.offload_grads = M.offload_grads_place(S, gbytes, self.device, self.offload_ratio)
+    self.offload_grads = M.offload_grads_place(S, gbytes, self.device, self.offload_ratio, zc.zenflow ~= nil)
   end
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
@@ -294,12 +294,14 @@ end
 -- for activations), else the host. Partial offload (ratio < 1) always keeps them on the device:
 -- the device part of the optimizer reads them there (host gradients are for a device too small
 -- for the gradient partition, which then cannot hold optimizer states either).
-function M.offload_grads_place(S, grad_bytes, device, ratio)
+function M.offload_grads_place(S, grad_bytes, device, ratio, zenflow)
   local e = os.getenv("ZRUN_OFFLOAD_GRADS")
   if e and e ~= "" and e ~= "device" and e ~= "host" then
     error(fmt('ZRUN_OFFLOAD_GRADS must be "device" (gradients accumulate on the GPU until the step) or ' ..
       '"host" (they leave bucket by bucket during backward), got "%s"; unset it to choose by free GPU memory', e), 0)
   end
+  -- ZenFlow reads each micro-batch's gradient on the parameters' device (zrun.zenflow refuses host)
+  if zenflow and e ~= "host" and tostring(device):match("^cuda") then return "device" end
   if (ratio or 1) < 1 then
     if e == "host" then
       error(fmt("ZRUN_OFFLOAD_GRADS=host: offload_optimizer.ratio = %g keeps part of the optimizer states on the " ..

@@ -92,6 +92,14 @@ local function settings(o, cfg_model)
     end
     s.offload_grads = "device"
   end
+  -- ZenFlow (zrun.zenflow) reads each micro-batch's gradient on the device: the gradients stay there
+  s.zenflow = type(zc.zenflow) == "table" and zc.zenflow or nil
+  if s.zenflow and s.offload_optimizer and s.device ~= "cpu" then
+    if s.offload_grads == "host" then
+      error("memory plan: zero_optimization.zenflow keeps the gradients on the GPU; offload_grads host is refused with it", 0)
+    end
+    s.offload_grads = "device"
+  end
   -- overlap_comm: DeepSpeed's default is on at stage 3 and off below (zrun follows the config)
   if o.overlap_comm ~= nil then s.overlap_comm = o.overlap_comm
   elseif type(zc.overlap_comm) == "boolean" then s.overlap_comm = zc.overlap_comm
@@ -188,6 +196,24 @@ local function build(o, s, counted)
   else
     dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
     dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
+  end
+  if s.zenflow then -- zrun.zenflow: the selected columns' f32 moments (1-D parameters whole) on the device
+    local zf, bytes = s.zenflow, 0
+    for _, p in ipairs(list) do
+      local sh = p.shape
+      bytes = bytes + 2 * 4 * ((sh and #sh == 2) and sh[1] * floor((zf.topk_ratio or 0.1) * sh[2]) or p.numel)
+    end
+    dev.optimizer = dev.optimizer + bytes
+    local line = fmt("ZenFlow: the selected columns' moments, %s on the GPU", human(bytes))
+    if zf.overlap_step then -- engine.c's background step: the window's gradient snapshot on the device,
+      -- a second moment set and the new weights waiting for the next boundary on the host
+      dev.grads = dev.grads + S * s.grad_bytes
+      host.optimizer = host.optimizer + 2 * S * 4
+      host.params = host.params + S * b
+      line = line .. fmt("; overlap_step: the window's gradients %s on the GPU, a second moment set %s and the " ..
+        "new weights %s on the host", human(S * s.grad_bytes), human(2 * S * 4), human(S * b))
+    end
+    notes[#notes + 1] = line
   end
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
@@ -356,8 +382,9 @@ function M.plan(o)
   end
   if s.offload_grads ~= "auto" then
     local p = build(o, s, counted)
-    p.notes[#p.notes + 1] = fmt("gradients on the %s, as asked (--offload-grads / ZRUN_OFFLOAD_GRADS %s)",
-      s.offload_grads == "device" and "GPU" or "host", s.offload_grads)
+    p.notes[#p.notes + 1] = s.zenflow and "gradients on the GPU: ZenFlow reads each micro-batch's there" or
+      fmt("gradients on the %s, as asked (--offload-grads / ZRUN_OFFLOAD_GRADS %s)",
+        s.offload_grads == "device" and "GPU" or "host", s.offload_grads)
     return p
   end
   -- the engine's choice (memory_offload.lua device_grads_fit): the gradient partition on the GPU

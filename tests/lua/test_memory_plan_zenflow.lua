@@ -1,0 +1,49 @@
+-- zr.memory.plan with zero_optimization.zenflow: the selected columns' moments the engine really
+-- allocates (summed from a live ZenFlow engine's tensors), overlap_step's gradient snapshot, second
+-- moment set and pending weights, and the gradients kept on the GPU as the engine keeps them.
+local zr = require "zrun"
+local T = zr.testing
+local P = require "zrun.memory_plan"
+
+local cfg = zr.models.llama.config("zrun/tiny-llama")
+local ZF = { topk_ratio = 0.3, update_interval = 2 }
+local function ds(zf)
+  return { train_micro_batch_size_per_gpu = 2, gradient_accumulation_steps = 1,
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } },
+    zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = zf } }
+end
+local function plan(zf, device)
+  return P.plan { model = cfg, config = ds(zf), micro_batch = 2, seq_len = 16, world_size = 1, dtype = "f32",
+    device = device or "cpu" }
+end
+
+T.test("plan: ZenFlow's selected columns' moments are what the engine allocates", function()
+  zr.manual_seed(1)
+  local e = zr.initialize { model = zr.models.llama.LlamaForCausalLM(cfg), config = ds(ZF) }
+  local bytes = 0
+  for _, q in ipairs(e.zenflow.p) do bytes = bytes + 4 * (q.m:numel() + q.v:numel()) end
+  assert(bytes > 0)
+  local with, without = plan(ZF), plan(nil)
+  T.eq(with.device.optimizer - without.device.optimizer, bytes, "device optimizer: + the moments")
+  T.eq(with.host.optimizer, without.host.optimizer, "host optimizer unchanged without overlap_step")
+end)
+
+T.test("plan: ZenFlow overlap_step adds the gradient snapshot (GPU) and a moment set + the new weights (host)", function()
+  local o = {}
+  for k, v in pairs(ZF) do o[k] = v end
+  o.overlap_step = true
+  local with, without = plan(o), plan(ZF)
+  local S = with.partition_numel
+  T.eq(with.device.grads - without.device.grads, S * 4, "device grads: + one f32 partition")
+  T.eq(with.host.optimizer - without.host.optimizer, 2 * S * 4, "host optimizer: + exp_avg and exp_avg_sq")
+  T.eq(with.host.params - without.host.params, S * 4, "host params: + the new weights (f32 here)")
+end)
+
+T.test("plan: ZenFlow on a GPU keeps the gradients there, as the engine does", function()
+  local p = plan(ZF, "cuda")
+  T.eq(p.settings.offload_grads, "device")
+  local said = false
+  for _, n in ipairs(p.notes) do said = said or n:find("ZenFlow reads each micro%-batch's there") ~= nil end
+  assert(said, "the note says why the gradients are on the GPU")
+end)
+T.done()
