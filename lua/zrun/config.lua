@@ -936,7 +936,7 @@ local function cross_checks(vals, ctx)
     add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
   end
   if zo.zenflow then -- DeepSpeed's checks of the section, and what zrun does not implement (zrun.zenflow)
-    require("zrun.zenflow").check(vals, function(...) add_error(ctx, ...) end)
+    require("zrun.zenflow").check(vals, function(...) add_error(ctx, ...) end, function(...) add_warning(ctx, ...) end)
   end
   for _, m in ipairs { "wandb", "comet" } do
     if vals[m].enabled then

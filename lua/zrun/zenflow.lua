@@ -12,8 +12,9 @@ ZF.__index = ZF
 local function is_int(v) return type(v) == "number" and v == floor(v) end
 
 -- Validates zero_optimization.zenflow as DeepSpeed's ZenFlowConfig and configure_zenflow do, plus what
--- zrun does not implement; add(fmt, ...) records one error line. vals: the resolved config.
-function M.check(vals, add)
+-- zrun does not implement; add(fmt, ...) records one error line, warn(fmt, ...) one warning (a key set
+-- where it has no effect, in DeepSpeed too). vals: the resolved config.
+function M.check(vals, add, warn)
   local zo = vals.zero_optimization
   local zf = zo.zenflow
   local p = "zero_optimization.zenflow."
@@ -38,6 +39,14 @@ function M.check(vals, add)
   if ui == "auto" then
     add('%supdate_interval "auto" (adaptive, auto_ratio) is not implemented in zrun; set update_interval to a number ' ..
       "(DeepSpeed's tutorial uses 4)", p)
+  end
+  if warn and zf.auto_ratio ~= 0.99 and ui ~= "auto" then
+    warn('%sauto_ratio = %s acts only with update_interval "auto" (as in DeepSpeed); with update_interval %s it has ' ..
+      "no effect", p, tostring(zf.auto_ratio), tostring(ui))
+  end
+  if warn and zf.pt_reserved_cores_perc ~= 0.5 and not zf.overlap_step then
+    warn("%spt_reserved_cores_perc = %s acts only with overlap_step (the background host update's cores, as in " ..
+      "DeepSpeed); without it it has no effect", p, tostring(zf.pt_reserved_cores_perc))
   end
   if zf.offload then
     add("%soffload = true (the selected columns' optimizer states on the host) is not implemented in zrun; set it to false", p)

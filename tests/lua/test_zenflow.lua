@@ -282,6 +282,21 @@ end
 T.test("zenflow learns: the loss falls by half with a non-zero gradient norm", function() learns(false) end)
 T.test("zenflow learns with overlap_step too", function() learns(true) end)
 
+T.test("zenflow config: auto_ratio and pt_reserved_cores_perc where they have no effect are warnings", function()
+  local cfgmod = require "zrun.config"
+  local function zf_warnings(zf)
+    local out = {}
+    for _, w in ipairs(cfgmod.load(config(zf)):warnings()) do if w:find("zenflow", 1, true) then out[#out + 1] = w end end
+    return out
+  end
+  local w = zf_warnings({ update_interval = 4, auto_ratio = 0.9, pt_reserved_cores_perc = 0.3 })
+  T.eq(#w, 2, "two warnings")
+  assert(w[1]:find('auto_ratio = 0.9 acts only with update_interval "auto"', 1, true), w[1])
+  assert(w[2]:find("pt_reserved_cores_perc = 0.3 acts only with overlap_step", 1, true), w[2])
+  T.eq(#zf_warnings({ update_interval = 4, overlap_step = true, pt_reserved_cores_perc = 0.3 }), 0, "used with overlap_step")
+  T.eq(#zf_warnings({ update_interval = 4 }), 0, "defaults: no warning")
+end)
+
 T.test("zenflow config: DeepSpeed's refusals and zrun's limits, one line each", function()
   local cfgmod = require "zrun.config"
   local function refused(zf, pattern, extra)
