@@ -5,12 +5,11 @@
 --   ./zrun tests/bench/bench_linear_gelu.lua [rows=65536] [C=768]   (B*T = 64*1024, bf16)
 local zr = require "zrun"
 local C = zr._C
-local opt = { rows = 65536, C = 768 }
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^(%w+)=(%d+)$")
-  if not k or opt[k] == nil then error("bench_linear_gelu: arguments are rows=N and C=N, got " .. a, 0) end
-  opt[k] = tonumber(v)
-end
+local cli = require("zrun.argparse").new("tests/bench/bench_linear_gelu.lua",
+  "GPT-2's MLP up-projection + tanh GELU, unfused vs zr.linear_gelu, forward and backward.")
+cli:option("rows", 65536, "rows of x (B*T)")
+cli:option("C", 768, "the model width (the output is 4C)")
+local opt = cli:parse(arg)
 local gpu = zr.cuda.is_available()
 local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
 local sync = gpu and function() zr.cuda.synchronize() end or function() end

@@ -5,12 +5,11 @@
 --   ./zrun tests/bench/bench_qkv_rope.lua [B=4] [T=512]   (Llama-3.2-1B heads: 32/8, D 64, bf16)
 local zr = require "zrun"
 local C = zr._C
-local opt = { B = 4, T = 512 }
-for _, a in ipairs(arg or {}) do
-  local k, v = a:match("^(%w+)=(%d+)$")
-  if not k or opt[k] == nil then error("bench_qkv_rope: arguments are B=N and T=N, got " .. a, 0) end
-  opt[k] = tonumber(v)
-end
+local cli = require("zrun.argparse").new("tests/bench/bench_qkv_rope.lua",
+  "Llama's q/k/v split + rope + attention, unfused vs zr.qkv_rope, forward and backward.")
+cli:option("B", 4, "micro-batch")
+cli:option("T", 512, "sequence length")
+local opt = cli:parse(arg)
 local gpu = zr.cuda.is_available()
 local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
 local sync = gpu and function() zr.cuda.synchronize() end or function() end
