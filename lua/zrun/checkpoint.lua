@@ -623,7 +623,7 @@ function M.load(engine, dir, tag)
   restore_engine(engine, own)
   engine.zero:zero_grad()
   engine.zero:refresh_params()
-  -- after refresh_params: ZenFlow's device-updated values differ from the master (zrun.zenflow_state)
+  -- ZenFlow's own state (zrun.zenflow_state; the master it synced at the save gave the parameters above)
   local zf_file = join(tdir, zenflow_state.FILE)
   if engine.zenflow then
     zenflow_state.restore(engine, zf_file, dist.print0, function(md) store.check_id(zf_file, md.zrun_save_id, files.manifest) end)

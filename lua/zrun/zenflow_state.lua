@@ -1,7 +1,8 @@
 -- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, rank 0, one rank):
 -- per parameter the selected columns (i32), their AdamW moments (f32, on the parameters' device),
--- the values the device updates (the selected columns, 1-D parameters whole: the host master holds
--- older ones) and the selective optimizer's step count, so that a resumed run continues exactly.
+-- the selective optimizer's step count and rate, so that a resumed run continues exactly. The values
+-- the device updates (selected columns, 1-D parameters) reach the checkpoint through the master, which
+-- takes the model's values at the save.
 local C = require("zrun")._C
 local cjson = require "cjson"
 local fmt = string.format
@@ -28,16 +29,12 @@ function M.collect(e)
     kinds[i] = q.idx == nil and "whole" or q.idx == false and "none" or "columns"
     tensors[fmt("p%d.exp_avg", i)] = q.m
     tensors[fmt("p%d.exp_avg_sq", i)] = q.v
-    if q.idx then
-      tensors[fmt("p%d.columns", i)] = q.idx
-      tensors[fmt("p%d.values", i)] = zf:gather(q, q.t)
-    elseif q.idx == nil then tensors[fmt("p%d.values", i)] = q.t:contiguous():view(q.t:numel()) end
+    if q.idx then tensors[fmt("p%d.columns", i)] = q.idx end
   end
   return tensors, { format = M.FORMAT, zenflow = cjson.encode({ steps = zf.steps, kinds = kinds, n = #zf.p, lr = zf.lr }) }
 end
 
--- Restores engine e's ZenFlow from path (a file M.collect wrote), after the parameters were refreshed
--- from the master: the device-updated values are put back. check(metadata) raises when the
+-- Restores engine e's ZenFlow from path (a file M.collect wrote). check(metadata) raises when the
 -- file is not the checkpoint's own save. Without the file (a checkpoint of a run without ZenFlow)
 -- the columns are selected afresh at the next micro-step, said on one line by say(line).
 function M.restore(e, path, say, check)
@@ -68,14 +65,9 @@ function M.restore(e, path, say, check)
       q.m:copy_(m)
       q.v:copy_(f:get(fmt("p%d.exp_avg_sq", i)))
       local kind = st.kinds[i]
-      if kind == "columns" then
-        q.idx = f:get(fmt("p%d.columns", i)):to(q.t:device())
-        C.zenflow_scatter(q.t, f:get(fmt("p%d.values", i)):to(q.t:device(), q.t:dtype()), q.idx)
+      if kind == "columns" then q.idx = f:get(fmt("p%d.columns", i)):to(q.t:device())
       elseif kind == "none" then q.idx = false
-      else
-        q.idx = nil
-        q.t:view(q.t:numel()):copy_(f:get(fmt("p%d.values", i)))
-      end
+      else q.idx = nil end
     end
     -- the rate the next micro-step's selective update takes (synced at each engine:step, after it)
     zf.steps, zf.fresh, zf.lr = st.steps, true, st.lr or zf.lr
