@@ -137,6 +137,10 @@ zr_status zr_tensor_copy_(zr_tensor *dst, const zr_tensor *src) {
     if (dd.type == ZR_CPU && sd.type == ZR_CPU) st = copy_cpu(dst, s, bcast);
     else if (dd.type != ZR_CPU && zr_device_eq(dd, sd)) {
         st = device_strided_copy ? device_strided_copy(dst, s) : zr_error("no CUDA backend");
+    } else if (!bcast && dst->dtype == s->dtype && zr_tensor_is_contiguous(dst) && zr_tensor_is_contiguous(s)) {
+        /* Cross-device, nothing to cast or compact: one transfer, no staging copy */
+        size_t nb = (size_t)n * zr_dtype_size(dst->dtype);
+        st = device_copy ? device_copy(zr_tensor_data(dst), dd, zr_tensor_data(s), sd, nb) : zr_error("no CUDA backend");
     } else {
         /* Cross-device: stage through a contiguous buffer of the destination's dtype. */
         zr_tensor *c = NULL;

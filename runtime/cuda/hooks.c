@@ -21,7 +21,13 @@ static zr_status transfer(void *dst, zr_device ddev, const void *src, zr_device 
     snprintf(op, sizeof op, "copy %s -> %s", zr_device_name(sdev, sn), zr_device_name(ddev, dn));
     if (sdev.type == ZR_CPU) {
         cudaStream_t s = zr_cuda_stream(ddev);
-        return ZR_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s), op);
+        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s), op));
+        /* from page-locked memory the copy is a DMA still reading src: wait, as from pageable memory
+         * (the driver stages that before returning) */
+        struct cudaPointerAttributes pa;
+        if (cudaPointerGetAttributes(&pa, src) != cudaSuccess) cudaGetLastError();
+        else if (pa.type == cudaMemoryTypeHost) return ZR_CUDA_CHECK(cudaStreamSynchronize(s), op);
+        return ZR_OK;
     }
     if (ddev.type == ZR_CPU) {
         cudaStream_t s = zr_cuda_stream(sdev);

@@ -1409,16 +1409,31 @@ zr_status zr_zero_async_apply(zr_zero *z) {
     struct zasync *a = z->async;
     if (!a || !a->pending) return ZR_OK;
     zr_tensor *flat = flat_weights(z);
+#ifdef ZR_HAVE_CUDA
+    if (z->dev.type == ZR_CUDA) { /* async uploads on the compute stream (w pinned: DMAs; pageable: staged by
+                                   * the driver); the next background step waits for them before writing w */
+        cudaStream_t s = zr_cuda_stream(z->dev);
+        size_t es = zr_dtype_size(z->param_dtype);
+        const char *w = zr_tensor_data(a->w);
+        for (int i = 0; i < (flat ? 1 : z->nparams); i++) {
+            zr_tensor *p = flat ? flat : z->params[i].p;
+            int64_t off = flat ? 0 : z->params[i].offset, n = flat ? z->part_numel : z->params[i].numel;
+            if (p->dtype != z->param_dtype || !zr_tensor_is_contiguous(p) || zr_tensor_numel(p) < n)
+                return zr_error("ZeRO: the background step's weights do not match parameter %d's layout", i);
+            ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(zr_tensor_data(p), w + (size_t)off * es, (size_t)n * es,
+                                                   cudaMemcpyHostToDevice, s),
+                                   "ZeRO background step: weights upload"));
+        }
+        ZR_CHECK(zr_cuda_event_record(a->applied, s));
+        a->applied_rec = 1;
+        a->pending = 0;
+        return ZR_OK;
+    }
+#endif
     if (flat) ZR_CHECK(copy_range(flat, 0, a->w, 0, z->part_numel));
     else
         for (int i = 0; i < z->nparams; i++)
             ZR_CHECK(copy_range(z->params[i].p, 0, a->w, z->params[i].offset, z->params[i].numel));
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA) { /* the uploads are async (w is pinned): the next step waits for them */
-        ZR_CHECK(zr_cuda_event_record(a->applied, zr_cuda_stream(z->dev)));
-        a->applied_rec = 1;
-    }
-#endif
     a->pending = 0;
     return ZR_OK;
 }

@@ -22,6 +22,22 @@ T.test("device basics and round trips for every dtype", function()
   end
 end)
 
+T.test("host <-> device copies of contiguous views at an offset (one transfer, no staging)", function()
+  for _, dt in ipairs { "f32", "bf16", "i64" } do
+    local h = (zr.rand({ 9, 31 }) * 100):to(dt)
+    local rows = h:narrow(1, 4, 3) -- contiguous, 93 elements in
+    local g = zr.zeros({ 9, 31 }, { device = "cuda", dtype = dt })
+    g:narrow(1, 2, 3):copy_(rows)
+    local back = g:cpu()
+    close(back:narrow(1, 2, 3), rows, "f64", "upload into rows 2-4 " .. dt)
+    close(back:narrow(1, 5, 5), zr.zeros({ 5, 31 }):to(dt), "f64", "rows after untouched " .. dt)
+    local d = zr.zeros({ 9, 31 }):to(dt)
+    d:narrow(1, 7, 3):copy_(g:narrow(1, 2, 3))
+    close(d:narrow(1, 7, 3), rows, "f64", "download into rows 7-9 " .. dt)
+    close(d:narrow(1, 1, 6), zr.zeros({ 6, 31 }):to(dt), "f64", "rows before untouched " .. dt)
+  end
+end)
+
 T.test("casts on the device match the CPU casts (all pairs, strided, broadcast)", function()
   local dts = { "f32", "bf16", "f16", "f64", "i32", "i64", "u8" }
   local src = zr.rand({ 127, 9 }) * 250 -- in range for every dtype (u8 included): no UB casts
