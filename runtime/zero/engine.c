@@ -1449,6 +1449,7 @@ static void async_free(zr_zero *z) {
         pthread_join(a->th, NULL);
     }
 #ifdef ZR_HAVE_CUDA
+    if (a->applied_rec) zr_cuda_event_sync(a->applied); /* the last upload may still be reading w */
     if (a->w_pinned) cudaHostUnregister(zr_tensor_data(a->w));
     if (a->applied) zr_cuda_event_free(a->applied);
 #endif
