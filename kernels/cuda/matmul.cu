@@ -191,19 +191,33 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         return gemm_lt_error_cuda(s, "descriptor", g, dev);
     }
     if (g->bias || g->epilogue) {
+        if ((g->epilogue == ZR_GEMM_EPI_BGRAD_A || g->epilogue == ZR_GEMM_EPI_DGELU) && (g->bias || g->batch > 1)) {
+            gemm_plan_destroy_cuda(e);
+            return zr_error("matmul (cuda): the bias-gradient and dGELU epilogues take one product and no bias");
+        }
+        if (g->epilogue == ZR_GEMM_EPI_BGRAD_A && !g->dbias) {
+            gemm_plan_destroy_cuda(e);
+            return zr_error("matmul (cuda): the bias-gradient epilogue needs its output (dbias)");
+        }
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) ep = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        cudaDataType_t bt = ctp;
+        if (g->epilogue == ZR_GEMM_EPI_BGRAD_A) ep = CUBLASLT_EPILOGUE_BGRADB; // our A is cuBLASLt's B
+        if (g->epilogue == ZR_GEMM_EPI_DGELU) ep = g->dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+        int aux = g->epilogue == ZR_GEMM_EPI_GELU_AUX || g->epilogue == ZR_GEMM_EPI_DGELU;
+        const void *bp = g->dbias ? g->dbias : g->bias;
+        cudaDataType_t bt = ctp; // the bias and its gradient: the output's dtype
         s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
-        if (!s && g->bias) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-        // the aux pointer is set here too: the algorithm search reads its alignment
-        if (!s && g->epilogue)
+        if (!s && bp) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        // the aux and bias-gradient pointers are set here too: the algorithm search reads their alignment
+        if (!s && g->dbias)
+            s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->dbias, sizeof g->dbias);
+        if (!s && aux)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->ld_aux, sizeof g->ld_aux);
-        if (!s && g->epilogue)
+        if (!s && aux)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
         if (s) {
             gemm_plan_destroy_cuda(e);
-            return gemm_lt_error_cuda(s, g->epilogue ? "gelu epilogue" : "bias epilogue", g, dev);
+            return gemm_lt_error_cuda(s, g->epilogue ? "epilogue" : "bias epilogue", g, dev);
         }
     }
     // cuBLASLt's A = our B, its B = our A, its C = our C (all column-major views).
@@ -216,7 +230,7 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
 }
 
 extern "C" int gemm_k0_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
-    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no GELU epilogue; run the product and gelu apart");
+    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no epilogue (GELU, dGELU, bias gradient); run the product and the rest apart");
     if (g->ab_dtype != g->c_dtype && g->bias) return zr_error("matmul (cuda): k = 0 with a bias needs one dtype");
     ZRK_DISPATCH_FLOAT(g->c_dtype, "matmul (cuda)", scale_bias, g, stream)
 }
@@ -228,7 +242,12 @@ extern "C" int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *e, const zr_
                                                           sizeof g->bias);
         if (s) return gemm_lt_error_cuda(s, "bias pointer", g, dev);
     }
-    if (g->epilogue) {
+    if (g->dbias) {
+        cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->dbias,
+                                                          sizeof g->dbias);
+        if (s) return gemm_lt_error_cuda(s, "bias gradient pointer", g, dev);
+    }
+    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX || g->epilogue == ZR_GEMM_EPI_DGELU) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
                                                           sizeof g->aux);
         if (s) return gemm_lt_error_cuda(s, "aux pointer", g, dev);

@@ -23,7 +23,7 @@ typedef struct {
 } dev_ctx;
 
 typedef struct {
-    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c, epilogue, al_aux;
+    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c, epilogue, al_aux, al_dbias;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ld_aux;
 } key;
 
@@ -209,7 +209,8 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
     memset(&k, 0, sizeof k);
     k.dev = dev, k.ta = !!g->ta, k.tb = !!g->tb, k.abdt = g->ab_dtype, k.cdt = g->c_dtype,
     k.has_bias = g->bias != NULL;
-    k.epilogue = g->epilogue, k.al_aux = g->epilogue ? align_of(g->aux) : 0, k.ld_aux = g->ld_aux;
+    k.epilogue = g->epilogue, k.al_aux = g->aux ? align_of(g->aux) : 0, k.ld_aux = g->ld_aux;
+    k.al_dbias = g->dbias ? align_of(g->dbias) : 0;
     k.al_a = align_of(g->a), k.al_b = align_of(g->b), k.al_c = align_of(g->c);
     k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldc = g->ldc;
     k.batch = g->batch;
@@ -291,15 +292,34 @@ int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, 
     return gemm_ex_cuda(&g, stream);
 }
 
+int gemm_bgrad_a_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
+    if (g->epilogue != ZR_GEMM_EPI_BGRAD_A || !g->dbias)
+        return zr_error("gemm_bgrad_a_cuda: the descriptor must ask for the bias-gradient epilogue");
+    if (g->k > 0 && g->ab_dtype != ZR_F64 && !gemm_ex_cuda(g, stream)) return 0;
+    /* no cuBLASLt algorithm with that epilogue here (or k = 0): the plain product; a failure that
+     * is not the epilogue's fails again there */
+    zr_clear_error();
+    zr_gemm_desc p = *g;
+    p.epilogue = ZR_GEMM_EPI_NONE, p.dbias = NULL;
+    return gemm_ex_cuda(&p, stream) ? -1 : 1;
+}
+
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
                          int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
                          cudaStream_t stream) {
     int64_t ldi = in > 1 ? in : 1, ldo = out > 1 ? out : 1;
     if (dx && gemm_cuda(0, 0, rows, in, out, 1.0, g, ldo, w, ldi, 0.0, dx, ldi, dt, stream))
         return -1;
-    if (dw && gemm_cuda(1, 0, out, in, rows, 1.0, g, ldo, x, ldi, accumulate ? 1.0 : 0.0, dw, ldi,
-                        dt, stream))
-        return -1;
+    if (dw) { /* db from the dW product's epilogue where cuBLASLt has one */
+        zr_gemm_desc d;
+        memset(&d, 0, sizeof d);
+        d.ta = 1, d.m = out, d.n = in, d.k = rows, d.a = g, d.lda = ldo, d.b = x, d.ldb = ldi, d.c = dw,
+        d.ldc = ldi, d.batch = 1, d.alpha = 1, d.beta = accumulate ? 1.0 : 0.0, d.ab_dtype = dt, d.c_dtype = dt;
+        if (db) d.epilogue = ZR_GEMM_EPI_BGRAD_A, d.dbias = db;
+        int rc = db ? gemm_bgrad_a_cuda(&d, stream) : gemm_ex_cuda(&d, stream);
+        if (rc < 0) return -1;
+        if (rc == 0) db = NULL;
+    }
     if (db && linear_bias_grad_cuda(db, g, rows, out, dt, stream)) return -1;
     return 0;
 }

@@ -31,10 +31,16 @@ int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, 
                              int64_t ldwt, const void *bias, int64_t rows, int64_t in, int64_t out,
                              zr_dtype dt, cudaStream_t stream);
 /* linear_forward_cuda's backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
- * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
+ * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g (written, never added; from the
+ * dW product's epilogue when dw is asked for too). NULL skips one. */
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
                          int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
                          cudaStream_t stream);
+/* Runs g, a product with the ZR_GEMM_EPI_BGRAD_A epilogue (g->dbias written: the sums of op(A)'s
+ * rows over k, in g->c_dtype). Returns 0 when it did; 1 when cuBLASLt has no algorithm with that
+ * epilogue for g (f64, some shapes) and the plain product ran instead, dbias untouched (the caller
+ * sums the columns itself); -1 on error. */
+int gemm_bgrad_a_cuda(const zr_gemm_desc *g, cudaStream_t stream);
 /* db (cols) = column sums of g (rows, cols) (sum_cols_cuda with its workspace from the caching
  * allocator). */
 int linear_bias_grad_cuda(void *db, const void *g, int64_t rows, int64_t cols, zr_dtype dt,
