@@ -191,19 +191,13 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         return gemm_lt_error_cuda(s, "descriptor", g, dev);
     }
     if (g->bias || g->epilogue) {
-        if ((g->epilogue == ZR_GEMM_EPI_BGRAD_A || g->epilogue == ZR_GEMM_EPI_DGELU) && (g->bias || g->batch > 1)) {
+        if (g->epilogue == ZR_GEMM_EPI_DGELU && (g->bias || g->batch > 1 || g->beta != 0)) {
             gemm_plan_destroy_cuda(e);
-            return zr_error("matmul (cuda): the bias-gradient and dGELU epilogues take one product and no bias");
-        }
-        if (g->epilogue == ZR_GEMM_EPI_BGRAD_A && !g->dbias) {
-            gemm_plan_destroy_cuda(e);
-            return zr_error("matmul (cuda): the bias-gradient epilogue needs its output (dbias)");
+            return zr_error("matmul (cuda): the dGELU epilogue takes one product, no bias and beta 0");
         }
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) ep = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (g->epilogue == ZR_GEMM_EPI_BGRAD_A) ep = CUBLASLT_EPILOGUE_BGRADB; // our A is cuBLASLt's B
         if (g->epilogue == ZR_GEMM_EPI_DGELU) ep = g->dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-        int aux = g->epilogue == ZR_GEMM_EPI_GELU_AUX || g->epilogue == ZR_GEMM_EPI_DGELU;
         const void *bp = g->dbias ? g->dbias : g->bias;
         cudaDataType_t bt = ctp; // the bias and its gradient: the output's dtype
         s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
@@ -211,9 +205,9 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         // the aux and bias-gradient pointers are set here too: the algorithm search reads their alignment
         if (!s && g->dbias)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->dbias, sizeof g->dbias);
-        if (!s && aux)
+        if (!s && g->epilogue)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->ld_aux, sizeof g->ld_aux);
-        if (!s && aux)
+        if (!s && g->epilogue)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
         if (s) {
             gemm_plan_destroy_cuda(e);
@@ -230,7 +224,7 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
 }
 
 extern "C" int gemm_k0_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
-    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no epilogue (GELU, dGELU, bias gradient); run the product and the rest apart");
+    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no GELU or dGELU epilogue; run the product and gelu apart");
     if (g->ab_dtype != g->c_dtype && g->bias) return zr_error("matmul (cuda): k = 0 with a bias needs one dtype");
     ZRK_DISPATCH_FLOAT(g->c_dtype, "matmul (cuda)", scale_bias, g, stream)
 }
@@ -247,7 +241,7 @@ extern "C" int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *e, const zr_
                                                           sizeof g->dbias);
         if (s) return gemm_lt_error_cuda(s, "bias gradient pointer", g, dev);
     }
-    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX || g->epilogue == ZR_GEMM_EPI_DGELU) {
+    if (g->epilogue) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
                                                           sizeof g->aux);
         if (s) return gemm_lt_error_cuda(s, "aux pointer", g, dev);

@@ -26,13 +26,10 @@ extern "C" {
  * epilogue ZR_GEMM_EPI_GELU_AUX (one product, batch 1; bf16/f16/f32): C = gelu_tanh(product + bias)
  * and aux (m rows of ld_aux elements, c_dtype; ld_aux a multiple of 8) = product + bias, the GELU's
  * input kept for backward (cuBLASLt's GELU_AUX(_BIAS) epilogue, the tanh approximation).
- * epilogue ZR_GEMM_EPI_BGRAD_A (batch 1; bias NULL): also dbias (m, c_dtype) = the sums of op(A)'s
- * rows over k, written (not added), whatever beta: Linear's bias gradient in its dW product
- * dW = gᵀ·x, where op(A) = gᵀ (cuBLASLt's BGRADB: our A is its B).
  * epilogue ZR_GEMM_EPI_DGELU (batch 1; bias NULL; beta 0): C = product ⊙ gelu_tanh'(aux), aux (m rows of
  * ld_aux, c_dtype) the GELU's input saved by GELU_AUX; with dbias, also dbias (n, c_dtype) = the
  * column sums of that C (cuBLASLt's DGELU(_BGRAD)). */
-enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_BGRAD_A = 2, ZR_GEMM_EPI_DGELU = 3 };
+enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_DGELU = 2 };
 typedef struct {
     int ta, tb;
     int64_t m, n, k;
@@ -49,7 +46,7 @@ typedef struct {
     int epilogue; /* ZR_GEMM_EPI_* (0: none; the bias alone needs none) */
     void *aux;
     int64_t ld_aux;
-    void *dbias; /* the bias gradient the BGRAD_A and DGELU epilogues write (NULL: none) */
+    void *dbias; /* the bias gradient the DGELU epilogue writes (NULL: none) */
 } zr_gemm_desc;
 
 /* A plan: cuBLASLt's A is our B and its B our A (column-major views of row-major data). */

@@ -292,16 +292,16 @@ int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, 
     return gemm_ex_cuda(&g, stream);
 }
 
-int gemm_bgrad_a_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
-    if (g->epilogue != ZR_GEMM_EPI_BGRAD_A || !g->dbias)
-        return zr_error("gemm_bgrad_a_cuda: the descriptor must ask for the bias-gradient epilogue");
-    if (g->k > 0 && g->ab_dtype != ZR_F64 && !gemm_ex_cuda(g, stream)) return 0;
-    /* no cuBLASLt algorithm with that epilogue here (or k = 0): the plain product; a failure that
-     * is not the epilogue's fails again there */
-    zr_clear_error();
-    zr_gemm_desc p = *g;
-    p.epilogue = ZR_GEMM_EPI_NONE, p.dbias = NULL;
-    return gemm_ex_cuda(&p, stream) ? -1 : 1;
+int linear_dgelu_cuda(void *dpre, void *dbias, const void *g, const void *w, int w_trans, int64_t ldw,
+                      const void *pre, int64_t rows, int64_t in, int64_t out, zr_dtype dt,
+                      cudaStream_t stream) {
+    zr_gemm_desc d;
+    memset(&d, 0, sizeof d);
+    d.ta = 0, d.tb = w_trans, d.m = rows, d.n = in, d.k = out;
+    d.a = g, d.lda = out, d.b = w, d.ldb = ldw, d.c = dpre, d.ldc = in;
+    d.batch = 1, d.alpha = 1, d.beta = 0, d.ab_dtype = dt, d.c_dtype = dt;
+    d.epilogue = ZR_GEMM_EPI_DGELU, d.aux = (void *)pre, d.ld_aux = in, d.dbias = dbias;
+    return gemm_ex_cuda(&d, stream);
 }
 
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
@@ -310,16 +310,9 @@ int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void
     int64_t ldi = in > 1 ? in : 1, ldo = out > 1 ? out : 1;
     if (dx && gemm_cuda(0, 0, rows, in, out, 1.0, g, ldo, w, ldi, 0.0, dx, ldi, dt, stream))
         return -1;
-    if (dw) { /* db from the dW product's epilogue where cuBLASLt has one */
-        zr_gemm_desc d;
-        memset(&d, 0, sizeof d);
-        d.ta = 1, d.m = out, d.n = in, d.k = rows, d.a = g, d.lda = ldo, d.b = x, d.ldb = ldi, d.c = dw,
-        d.ldc = ldi, d.batch = 1, d.alpha = 1, d.beta = accumulate ? 1.0 : 0.0, d.ab_dtype = dt, d.c_dtype = dt;
-        if (db) d.epilogue = ZR_GEMM_EPI_BGRAD_A, d.dbias = db;
-        int rc = db ? gemm_bgrad_a_cuda(&d, stream) : gemm_ex_cuda(&d, stream);
-        if (rc < 0) return -1;
-        if (rc == 0) db = NULL;
-    }
+    if (dw && gemm_cuda(1, 0, out, in, rows, 1.0, g, ldo, x, ldi, accumulate ? 1.0 : 0.0, dw, ldi,
+                        dt, stream))
+        return -1;
     if (db && linear_bias_grad_cuda(db, g, rows, out, dt, stream)) return -1;
     return 0;
 }

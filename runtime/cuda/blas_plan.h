@@ -30,17 +30,19 @@ int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias,
 int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, int wt_trans,
                              int64_t ldwt, const void *bias, int64_t rows, int64_t in, int64_t out,
                              zr_dtype dt, cudaStream_t stream);
+/* The MLP's hidden gradient through the dGELU epilogue (zr_mlp_gelu's backward): dpre (rows, in) =
+ * (g (rows, out) · w) ⊙ gelu_tanh'(pre), pre (rows, in) the GELU's input that
+ * linear_gelu_forward_cuda kept; dbias NULL, or (in) = the column sums of dpre (DGELU_BGRAD). w is
+ * the next linear's weight (out, in) read as gemm_cuda's B: stored (out, in) with row stride ldw
+ * when w_trans == 0, (in, out) when w_trans != 0. out >= 1, in a multiple of 8, dt bf16, f16 or f32. */
+int linear_dgelu_cuda(void *dpre, void *dbias, const void *g, const void *w, int w_trans, int64_t ldw,
+                      const void *pre, int64_t rows, int64_t in, int64_t out, zr_dtype dt,
+                      cudaStream_t stream);
 /* linear_forward_cuda's backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
- * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g (written, never added; from the
- * dW product's epilogue when dw is asked for too). NULL skips one. */
+ * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
                          int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
                          cudaStream_t stream);
-/* Runs g, a product with the ZR_GEMM_EPI_BGRAD_A epilogue (g->dbias written: the sums of op(A)'s
- * rows over k, in g->c_dtype). Returns 0 when it did; 1 when cuBLASLt has no algorithm with that
- * epilogue for g (f64, some shapes) and the plain product ran instead, dbias untouched (the caller
- * sums the columns itself); -1 on error. */
-int gemm_bgrad_a_cuda(const zr_gemm_desc *g, cudaStream_t stream);
 /* db (cols) = column sums of g (rows, cols) (sum_cols_cuda with its workspace from the caching
  * allocator). */
 int linear_bias_grad_cuda(void *db, const void *g, int64_t rows, int64_t cols, zr_dtype dt,

@@ -469,24 +469,14 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
         zr_tensor *leaf = n->edges[1].leaf; /* a stale gradient (engine zero_grad) is overwritten: beta 0 */
         zr_gemm_desc gd = {1, 0, out, in, rows, zr_tensor_data(gi), out, 0, zr_tensor_data(xi), in, 0,
                            zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
-        /* db from the same product's epilogue, in dW's dtype (written, not added: it reaches the
-         * bias through zr_give_grads below, which accumulates) */
-        if (need[2] && !(d[2] = zr_tensor_new_cat(lg->dtype, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0))) goto done;
-        if (d[2]) gd.epilogue = ZR_GEMM_EPI_BGRAD_A, gd.dbias = zr_tensor_data(d[2]);
-        int rc = d[2] ? gemm_bgrad_a_cuda(&gd, zr_cuda_stream(dev)) : gemm_ex_cuda(&gd, zr_cuda_stream(dev));
-        if (zr_dev_status(rc < 0 ? -1 : 0, "linear backward (dW)", dev)) goto done;
-        if (rc == 1) { /* no epilogue for this product: the separate column sums below */
-            zr_tensor_release(d[2]);
-            d[2] = NULL;
-        } else if (d[2])
-            need[2] = 0;
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
         leaf->grad_stale = 0;
         need[1] = 0;
     }
     if (need[1] && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
     if (need[2] && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0))) goto done;
     int rc = linear_backward_cuda(d[0] ? zr_tensor_data(d[0]) : NULL, d[1] ? zr_tensor_data(d[1]) : NULL,
-                                  need[2] ? zr_tensor_data(d[2]) : NULL, zr_tensor_data(gi),
+                                  d[2] ? zr_tensor_data(d[2]) : NULL, zr_tensor_data(gi),
                                   xi ? zr_tensor_data(xi) : NULL, wi ? zr_tensor_data(wi) : NULL, rows, in, out,
                                   0, dt, zr_cuda_stream(dev));
     if (zr_dev_status(rc, "linear backward", dev)) goto done;
