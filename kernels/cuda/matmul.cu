@@ -197,21 +197,18 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         }
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) ep = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        if (g->epilogue == ZR_GEMM_EPI_DGELU) ep = g->dbias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-        const void *bp = g->dbias ? g->dbias : g->bias;
-        cudaDataType_t bt = ctp; // the bias and its gradient: the output's dtype
+        if (g->epilogue == ZR_GEMM_EPI_DGELU) ep = CUBLASLT_EPILOGUE_DGELU;
+        cudaDataType_t bt = ctp;
         s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
-        if (!s && bp) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-        // the aux and bias-gradient pointers are set here too: the algorithm search reads their alignment
-        if (!s && g->dbias)
-            s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->dbias, sizeof g->dbias);
+        if (!s && g->bias) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        // the aux pointer is set here too: the algorithm search reads its alignment
         if (!s && g->epilogue)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g->ld_aux, sizeof g->ld_aux);
         if (!s && g->epilogue)
             s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux);
         if (s) {
             gemm_plan_destroy_cuda(e);
-            return gemm_lt_error_cuda(s, g->epilogue ? "epilogue" : "bias epilogue", g, dev);
+            return gemm_lt_error_cuda(s, g->epilogue ? "gelu epilogue" : "bias epilogue", g, dev);
         }
     }
     // cuBLASLt's A = our B, its B = our A, its C = our C (all column-major views).
@@ -235,11 +232,6 @@ extern "C" int gemm_plan_run_cuda(cublasLtHandle_t h, zr_gemm_plan *e, const zr_
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                                           sizeof g->bias);
         if (s) return gemm_lt_error_cuda(s, "bias pointer", g, dev);
-    }
-    if (g->dbias) {
-        cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->dbias,
-                                                          sizeof g->dbias);
-        if (s) return gemm_lt_error_cuda(s, "bias gradient pointer", g, dev);
     }
     if (g->epilogue) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,

@@ -27,8 +27,9 @@ extern "C" {
  * and aux (m rows of ld_aux elements, c_dtype; ld_aux a multiple of 8) = product + bias, the GELU's
  * input kept for backward (cuBLASLt's GELU_AUX(_BIAS) epilogue, the tanh approximation).
  * epilogue ZR_GEMM_EPI_DGELU (batch 1; bias NULL; beta 0): C = product ⊙ gelu_tanh'(aux), aux (m rows of
- * ld_aux, c_dtype) the GELU's input saved by GELU_AUX; with dbias, also dbias (n, c_dtype) = the
- * column sums of that C (cuBLASLt's DGELU(_BGRAD)). */
+ * ld_aux, c_dtype) the GELU's input saved by GELU_AUX (cuBLASLt's DGELU). No bias-gradient epilogue:
+ * DGELU_BGRAD and BGRADB measured slower than the product plus sum_cols at GPT-2's shapes on an H200
+ * (tests/bench/RESULTS.md). */
 enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_DGELU = 2 };
 typedef struct {
     int ta, tb;
@@ -46,7 +47,6 @@ typedef struct {
     int epilogue; /* ZR_GEMM_EPI_* (0: none; the bias alone needs none) */
     void *aux;
     int64_t ld_aux;
-    void *dbias; /* the bias gradient the DGELU epilogue writes (NULL: none) */
 } zr_gemm_desc;
 
 /* A plan: cuBLASLt's A is our B and its B our A (column-major views of row-major data). */

@@ -23,7 +23,7 @@ typedef struct {
 } dev_ctx;
 
 typedef struct {
-    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c, epilogue, al_aux, al_dbias;
+    int dev, ta, tb, abdt, cdt, has_bias, al_a, al_b, al_c, epilogue, al_aux;
     int64_t m, n, k, lda, ldb, ldc, sa, sb, sc, batch, ld_aux;
 } key;
 
@@ -209,8 +209,7 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
     memset(&k, 0, sizeof k);
     k.dev = dev, k.ta = !!g->ta, k.tb = !!g->tb, k.abdt = g->ab_dtype, k.cdt = g->c_dtype,
     k.has_bias = g->bias != NULL;
-    k.epilogue = g->epilogue, k.al_aux = g->aux ? align_of(g->aux) : 0, k.ld_aux = g->ld_aux;
-    k.al_dbias = g->dbias ? align_of(g->dbias) : 0;
+    k.epilogue = g->epilogue, k.al_aux = g->epilogue ? align_of(g->aux) : 0, k.ld_aux = g->ld_aux;
     k.al_a = align_of(g->a), k.al_b = align_of(g->b), k.al_c = align_of(g->c);
     k.m = g->m, k.n = g->n, k.k = g->k, k.lda = g->lda, k.ldb = g->ldb, k.ldc = g->ldc;
     k.batch = g->batch;
@@ -292,7 +291,7 @@ int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, 
     return gemm_ex_cuda(&g, stream);
 }
 
-int linear_dgelu_cuda(void *dpre, void *dbias, const void *g, const void *w, int w_trans, int64_t ldw,
+int linear_dgelu_cuda(void *dpre, const void *g, const void *w, int w_trans, int64_t ldw,
                       const void *pre, int64_t rows, int64_t in, int64_t out, zr_dtype dt,
                       cudaStream_t stream) {
     zr_gemm_desc d;
@@ -300,7 +299,7 @@ int linear_dgelu_cuda(void *dpre, void *dbias, const void *g, const void *w, int
     d.ta = 0, d.tb = w_trans, d.m = rows, d.n = in, d.k = out;
     d.a = g, d.lda = out, d.b = w, d.ldb = ldw, d.c = dpre, d.ldc = in;
     d.batch = 1, d.alpha = 1, d.beta = 0, d.ab_dtype = dt, d.c_dtype = dt;
-    d.epilogue = ZR_GEMM_EPI_DGELU, d.aux = (void *)pre, d.ld_aux = in, d.dbias = dbias;
+    d.epilogue = ZR_GEMM_EPI_DGELU, d.aux = (void *)pre, d.ld_aux = in;
     return gemm_ex_cuda(&d, stream);
 }
 

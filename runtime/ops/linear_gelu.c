@@ -134,7 +134,7 @@ static zr_tensor *dgelu_dev(zr_tensor *g, zr_tensor *w, zr_tensor *pre) {
     zr_tensor *dpre = gi ? zr_tensor_new_cat(pre->dtype, dev, pre->ndim, pre->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_gemm_operand W = {0};
     if (dpre && (zr_gemm_operand_prepare(w, pre->dtype, &W) ||
-                 zr_dev_status(linear_dgelu_cuda(zr_tensor_data(dpre), NULL, zr_tensor_data(gi), zr_tensor_data(W.t),
+                 zr_dev_status(linear_dgelu_cuda(zr_tensor_data(dpre), zr_tensor_data(gi), zr_tensor_data(W.t),
                                                  W.trans, W.ld, zr_tensor_data(pre), rows, in, out, pre->dtype,
                                                  zr_cuda_stream(dev)),
                                "mlp_gelu backward", dev))) {

@@ -456,7 +456,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
         int state;
         if (zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state)) goto done;
         zr_gemm_desc gd = {0, 0, rows, in, out, zr_tensor_data(gi), out, 0, zr_tensor_data(wi), in, 0,
-                           zr_tensor_data(buf), in, 0, 1, NULL, 1.0, state == ZR_GRADBUF_SHARED ? 1.0 : 0.0, dt, dt, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                           zr_tensor_data(buf), in, 0, 1, NULL, 1.0, state == ZR_GRADBUF_SHARED ? 1.0 : 0.0, dt, dt, ZR_GEMM_EPI_NONE, NULL, 0};
         if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dX)", dev)) goto done;
         need[0] = 0;
     }
@@ -468,7 +468,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32)) {
         zr_tensor *leaf = n->edges[1].leaf; /* a stale gradient (engine zero_grad) is overwritten: beta 0 */
         zr_gemm_desc gd = {1, 0, out, in, rows, zr_tensor_data(gi), out, 0, zr_tensor_data(xi), in, 0,
-                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype, ZR_GEMM_EPI_NONE, NULL, 0};
         if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
         leaf->grad_stale = 0;
         need[1] = 0;

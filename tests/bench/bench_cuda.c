@@ -105,7 +105,7 @@ static void check_gemm(const gemm_case *gc) {
             }
     zr_gemm_desc g = {gc->ta, gc->tb, gc->m, gc->n, gc->k, zr_tensor_data(a), lda, sa, zr_tensor_data(b),
                       ldb, sb, zr_tensor_data(c), ldc, sc, gc->batch, bias ? zr_tensor_data(bias) : NULL,
-                      gc->alpha, gc->beta, gc->ab, gc->c, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                      gc->alpha, gc->beta, gc->ab, gc->c, ZR_GEMM_EPI_NONE, NULL, 0};
     char name[200];
     snprintf(name, sizeof name, "gemm %s->%s m=%lld n=%lld k=%lld ta=%d tb=%d pad=%d batch=%d%s%s beta=%g",
              zr_dtype_name(gc->ab), zr_dtype_name(gc->c), (long long)gc->m, (long long)gc->n, (long long)gc->k,
@@ -316,7 +316,7 @@ static void bench_gemm(int quick) {
         int64_t N = 8192, nn = N * N;
         zr_tensor *a = rand_dev(ZR_BF16, nn, NULL), *b = rand_dev(ZR_BF16, nn, NULL), *c = rand_dev(ZR_BF16, nn, NULL);
         zr_gemm_desc g = {0, 0, N, N, N, zr_tensor_data(a), N, 0, zr_tensor_data(b), N, 0, zr_tensor_data(c), N, 0,
-                          1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                          1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0};
         double ms = time_ms(gemm_fn, &g, 3, quick ? 5 : 20);
         printf("%-34s %10.3f %10.1f\n", "8192 x 8192 x 8192 (ceiling)", ms, 2.0 * N * N * N / (ms * 1e-3) / 1e12);
         zr_tensor_release(a), zr_tensor_release(b), zr_tensor_release(c);
@@ -327,13 +327,13 @@ static void bench_gemm(int quick) {
         zr_tensor *y = rand_dev(ZR_BF16, T * N, NULL), *dx = rand_dev(ZR_BF16, T * H, NULL);
         zr_tensor *dw = rand_dev(ZR_BF16, N * H, NULL), *bias = rand_dev(ZR_BF16, N, NULL);
         zr_gemm_desc fwd = {0, 1, T, N, H, zr_tensor_data(x), H, 0, zr_tensor_data(w), H, 0, zr_tensor_data(y), N, 0,
-                            1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                            1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0};
         zr_gemm_desc fwdb = fwd;
         fwdb.bias = zr_tensor_data(bias);
         zr_gemm_desc dgrad = {0, 0, T, H, N, zr_tensor_data(y), N, 0, zr_tensor_data(w), H, 0, zr_tensor_data(dx), H, 0,
-                              1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                              1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0};
         zr_gemm_desc wgrad = {1, 0, N, H, T, zr_tensor_data(y), N, 0, zr_tensor_data(x), H, 0, zr_tensor_data(dw), H, 0,
-                              1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0, NULL};
+                              1, NULL, 1.0, 0.0, ZR_BF16, ZR_BF16, ZR_GEMM_EPI_NONE, NULL, 0};
         /* what training runs: dW added into the fp32 gradient partition (beta 1, f32 output) */
         zr_tensor *dw32 = rand_dev(ZR_F32, N * H, NULL);
         zr_gemm_desc wgrad32 = wgrad;

@@ -1,6 +1,6 @@
 -- matmul, bmm and linear on CUDA vs the CPU: batches, broadcasting, transposed views, 1-D
--- operands; the bias epilogue, sizes 1 and primes, f32/bf16/f16; the bias gradient from the dW
--- product's epilogue, over micro-batches into gradients that already hold values.
+-- operands; the bias epilogue, sizes 1 and primes, f32/bf16/f16; weight and bias gradients over
+-- micro-batches into gradients that already hold values.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("matmul") then return end
 local zr, T, randn, both, close = C.zr, C.T, C.randn, C.both, C.close
@@ -39,7 +39,7 @@ T.test("linear: bias epilogue, no bias, 3-D input, sizes 1 and primes, f32/bf16/
     end
     both("linear with a transposed weight view", dt, { randn({ 9, 6 }), randn({ 6, 10 }) },
       function(x, w) return zr.linear(x, w:transpose(1, 2)) end, 2)
-    -- the bias gradient alone (no dW product to carry it: the column-sum kernel), and with dW
+    -- the bias gradient alone, and views as GPT-2's c_attn takes them
     both("linear, bias grad without weight grad", dt, { randn({ 1543, 9 }), randn({ 24, 9 }), randn({ 24 }) },
       zr.linear, 2, { nil, true })
     both("linear, weight view and bias view (GPT-2's c_attn)", dt, { randn({ 2, 37, 16 }), randn({ 16, 72 }), randn({ 72 }) },
@@ -48,8 +48,8 @@ T.test("linear: bias epilogue, no bias, 3-D input, sizes 1 and primes, f32/bf16/
 end)
 
 -- Two micro-batches of backward into leaf gradients that already hold values: f32 buffers for
--- 16-bit parameters (the ZeRO engine's partition: dW lands there through the product with beta 1,
--- db from its epilogue) and gradients of the parameter's own dtype. Returns dW, db and both dX.
+-- 16-bit parameters (the ZeRO engine's partition: dW lands there through the product with beta 1)
+-- and gradients of the parameter's own dtype. Returns dW, db and both dX.
 local function two_micro_batches(dev, dt, gdt, xs, w0, b0, gw0, gb0, gys, wt)
   local w = w0:to(dt):to(dev):detach():requires_grad_(true)
   local b = b0:to(dt):to(dev):detach():requires_grad_(true)
@@ -64,7 +64,7 @@ local function two_micro_batches(dev, dt, gdt, xs, w0, b0, gw0, gb0, gys, wt)
   return w.grad:cpu(), b.grad:cpu(), dx
 end
 
-T.test("linear: bias gradient from the dW product, 2 micro-batches into existing gradients", function()
+T.test("linear: weight and bias gradients, 2 micro-batches into existing gradients", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do
     for _, gdt in ipairs { "f32", dt } do
       for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 64 }, { 1543, 37, 70 }, { 2100, 16, 264 } } do
