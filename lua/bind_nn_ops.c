@@ -25,12 +25,19 @@ static int l_linear(lua_State *L) {
     return zr_l_pushtensor(L, zr_linear(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
 }
 
-/* ===== linear_gelu (runtime/ops/linear_gelu.h) ===== */
+/* ===== linear_gelu: linear_gelu, mlp_gelu (runtime/ops/linear_gelu.h) ===== */
 
 /* linear_gelu(x, w [, b]) */
 static int l_linear_gelu(lua_State *L) {
     zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     return zr_l_pushtensor(L, zr_linear_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
+}
+
+/* mlp_gelu(x, w_fc, b_fc, w_proj, b_proj): linear, tanh GELU, linear as one node (biases may be nil) */
+static int l_mlp_gelu(lua_State *L) {
+    zr_tensor *bf = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    zr_tensor *bp = lua_isnoneornil(L, 5) ? NULL : zr_l_checktensor(L, 5);
+    return zr_l_pushtensor(L, zr_mlp_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), bf, zr_l_checktensor(L, 4), bp));
 }
 
 /* ===== softmax: softmax, log_softmax (runtime/ops/softmax.h) ===== */
@@ -89,7 +96,8 @@ static int l_embedding(lua_State *L) {
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
-    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"linear_gelu", l_linear_gelu}, {"softmax", l_softmax},
+    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"linear_gelu", l_linear_gelu}, {"mlp_gelu", l_mlp_gelu},
+    {"softmax", l_softmax},
     {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
     {NULL, NULL}};
 

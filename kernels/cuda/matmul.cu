@@ -191,8 +191,13 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
         return gemm_lt_error_cuda(s, "descriptor", g, dev);
     }
     if (g->bias || g->epilogue) {
+        if (g->epilogue == ZR_GEMM_EPI_DGELU && (g->bias || g->batch > 1 || g->beta != 0)) {
+            gemm_plan_destroy_cuda(e);
+            return zr_error("matmul (cuda): the dGELU epilogue takes one product, no bias and beta 0");
+        }
         cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
         if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) ep = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        if (g->epilogue == ZR_GEMM_EPI_DGELU) ep = CUBLASLT_EPILOGUE_DGELU;
         cudaDataType_t bt = ctp;
         s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
         if (!s && g->bias) s = cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
@@ -216,7 +221,7 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
 }
 
 extern "C" int gemm_k0_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
-    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no GELU epilogue; run the product and gelu apart");
+    if (g->epilogue) return zr_error("matmul (cuda): k = 0 has no GELU or dGELU epilogue; run the product and gelu apart");
     if (g->ab_dtype != g->c_dtype && g->bias) return zr_error("matmul (cuda): k = 0 with a bias needs one dtype");
     ZRK_DISPATCH_FLOAT(g->c_dtype, "matmul (cuda)", scale_bias, g, stream)
 }

@@ -25,8 +25,12 @@ extern "C" {
  * inputs with an f32 output).
  * epilogue ZR_GEMM_EPI_GELU_AUX (one product, batch 1; bf16/f16/f32): C = gelu_tanh(product + bias)
  * and aux (m rows of ld_aux elements, c_dtype; ld_aux a multiple of 8) = product + bias, the GELU's
- * input kept for backward (cuBLASLt's GELU_AUX(_BIAS) epilogue, the tanh approximation). */
-enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1 };
+ * input kept for backward (cuBLASLt's GELU_AUX(_BIAS) epilogue, the tanh approximation).
+ * epilogue ZR_GEMM_EPI_DGELU (batch 1; bias NULL; beta 0): C = product ⊙ gelu_tanh'(aux), aux (m rows of
+ * ld_aux, c_dtype) the GELU's input saved by GELU_AUX (cuBLASLt's DGELU). No bias-gradient epilogue:
+ * DGELU_BGRAD and BGRADB measured slower than the product plus sum_cols at GPT-2's shapes on an H200
+ * (tests/bench/RESULTS.md). */
+enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_DGELU = 2 };
 typedef struct {
     int ta, tb;
     int64_t m, n, k;

@@ -291,6 +291,18 @@ int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, 
     return gemm_ex_cuda(&g, stream);
 }
 
+int linear_dgelu_cuda(void *dpre, const void *g, const void *w, int w_trans, int64_t ldw,
+                      const void *pre, int64_t rows, int64_t in, int64_t out, zr_dtype dt,
+                      cudaStream_t stream) {
+    zr_gemm_desc d;
+    memset(&d, 0, sizeof d);
+    d.ta = 0, d.tb = w_trans, d.m = rows, d.n = in, d.k = out;
+    d.a = g, d.lda = out, d.b = w, d.ldb = ldw, d.c = dpre, d.ldc = in;
+    d.batch = 1, d.alpha = 1, d.beta = 0, d.ab_dtype = dt, d.c_dtype = dt;
+    d.epilogue = ZR_GEMM_EPI_DGELU, d.aux = (void *)pre, d.ld_aux = in;
+    return gemm_ex_cuda(&d, stream);
+}
+
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,
                          int64_t rows, int64_t in, int64_t out, int accumulate, zr_dtype dt,
                          cudaStream_t stream) {

@@ -30,6 +30,14 @@ int linear_forward_cuda(void *y, const void *x, const void *w, const void *bias,
 int linear_gelu_forward_cuda(void *y, void *pre, const void *x, const void *wt, int wt_trans,
                              int64_t ldwt, const void *bias, int64_t rows, int64_t in, int64_t out,
                              zr_dtype dt, cudaStream_t stream);
+/* The MLP's hidden gradient through the dGELU epilogue (zr_mlp_gelu's backward): dpre (rows, in) =
+ * (g (rows, out) · w) ⊙ gelu_tanh'(pre), pre (rows, in) the GELU's input that
+ * linear_gelu_forward_cuda kept. w is the next linear's weight (out, in) read as gemm_cuda's B:
+ * stored (out, in) with row stride ldw when w_trans == 0, (in, out) when w_trans != 0. out >= 1,
+ * in a multiple of 8, dt bf16, f16 or f32. */
+int linear_dgelu_cuda(void *dpre, const void *g, const void *w, int w_trans, int64_t ldw,
+                      const void *pre, int64_t rows, int64_t in, int64_t out, zr_dtype dt,
+                      cudaStream_t stream);
 /* linear_forward_cuda's backward: dx (rows, in) = g (rows, out) · w; dw (out, in) = gᵀ · x, added into dw when
  * accumulate != 0 (beta = 1) else overwritten; db (out) = column sums of g. NULL skips one. */
 int linear_backward_cuda(void *dx, void *dw, void *db, const void *g, const void *x, const void *w,

@@ -1,7 +1,10 @@
-/* linear then tanh GELU as one op (see ops/linear_gelu.h): the CUDA path is one cuBLASLt product
- * with the GELU epilogue (runtime/cuda/blas_plan.h); the CPU path, and CUDA shapes the epilogue
- * does not take, run zr_linear and the GELU as they run unfused (no autograd inside). */
+/* linear then tanh GELU as one op, and the MLP linear, GELU, linear as one node (see
+ * ops/linear_gelu.h): on CUDA one cuBLASLt product with the GELU epilogue forward, the dGELU
+ * epilogue backward (runtime/cuda/blas_plan.h); on the CPU, and CUDA shapes the epilogues do not
+ * take, zr_linear and the GELU as they run unfused (no autograd inside). */
 #include "ops/linear_gelu.h"
+
+#include <string.h>
 
 #include "core/autograd.h"
 #include "ops/elementwise.h"
@@ -65,8 +68,8 @@ static zr_status linear_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin)
     return st;
 }
 
-zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
-    if (!x || !w) return zr_error_null("linear_gelu: missing input or weight");
+/* h = gelu_tanh(x · wᵀ + b) and *pre = x · wᵀ + b, no autograd; op names the caller in errors. */
+static zr_tensor *gelu_forward(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, zr_tensor **pre_out) {
     zr_tensor *pre = NULL, *out = NULL;
     if (epilogue_fits(x, w, b)) {
         int64_t shape[ZR_MAX_DIMS];
@@ -82,10 +85,22 @@ zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
         out = pre ? zr_unary(ZR_UN_GELU_TANH, pre, 0) : NULL;
         zr_set_grad_enabled(was);
         if (!out) {
-            zr_error_prefix("linear_gelu: ");
+            zr_error_prefix("%s: ", op);
             goto fail;
         }
     }
+    *pre_out = pre;
+    return out;
+fail:
+    zr_tensor_release(pre);
+    zr_tensor_release(out);
+    return NULL;
+}
+
+zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
+    if (!x || !w) return zr_error_null("linear_gelu: missing input or weight");
+    zr_tensor *pre = NULL, *out = gelu_forward("linear_gelu", x, w, b, &pre);
+    if (!out) return NULL;
     zr_node *n;
     if (zr_autograd_record(out, "linear_gelu", linear_gelu_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
     if (n && (zr_node_save(n, x) || zr_node_save(n, w) || zr_node_save(n, pre))) goto fail;
@@ -94,5 +109,99 @@ zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
 fail:
     zr_tensor_release(pre);
     zr_tensor_release(out);
+    return NULL;
+}
+
+/* --- mlp_gelu: linear, tanh GELU, linear as one node --- */
+
+/* Whether the dGELU epilogue can give dpre = (g · w) ⊙ gelu'(pre) in one product: g, w and pre of
+ * one CUDA dtype (bf16, f16, f32) on one device, pre's width (w's in) a multiple of 8. */
+static int dgelu_fits(const zr_tensor *g, const zr_tensor *w, const zr_tensor *pre) {
+    zr_dtype dt = pre->dtype;
+    if (zr_is_cpu(g) || (dt != ZR_BF16 && dt != ZR_F16 && dt != ZR_F32) || g->dtype != dt || w->dtype != dt)
+        return 0;
+    zr_device d = zr_tensor_device(g), dw = zr_tensor_device(w), dp = zr_tensor_device(pre);
+    if (dw.type != d.type || dw.index != d.index || dp.type != d.type || dp.index != d.index) return 0;
+    return zr_tensor_is_contiguous(pre) && w->shape[1] % 8 == 0 && w->shape[0] >= 1 && zr_tensor_numel(pre) > 0;
+}
+
+/* dpre (pre's shape) = (g · w) ⊙ gelu_tanh'(pre) through the epilogue (dgelu_fits holds). */
+static zr_tensor *dgelu_dev(zr_tensor *g, zr_tensor *w, zr_tensor *pre) {
+#ifdef ZR_HAVE_CUDA
+    zr_device dev = zr_tensor_device(g);
+    int64_t in = w->shape[1], out = w->shape[0], rows = zr_tensor_numel(pre) / in;
+    zr_tensor *gi = zr_tensor_contiguous_raw(g);
+    zr_tensor *dpre = gi ? zr_tensor_new_cat(pre->dtype, dev, pre->ndim, pre->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_gemm_operand W = {0};
+    if (dpre && (zr_gemm_operand_prepare(w, pre->dtype, &W) ||
+                 zr_dev_status(linear_dgelu_cuda(zr_tensor_data(dpre), zr_tensor_data(gi), zr_tensor_data(W.t),
+                                                 W.trans, W.ld, zr_tensor_data(pre), rows, in, out, pre->dtype,
+                                                 zr_cuda_stream(dev)),
+                               "mlp_gelu backward", dev))) {
+        zr_tensor_release(dpre);
+        dpre = NULL;
+    }
+    zr_tensor_release(W.t);
+    zr_tensor_release(gi);
+    return dpre;
+#else
+    (void)g, (void)w, (void)pre;
+    return zr_error_null("mlp_gelu: the dGELU epilogue needs a zrun built with CUDA");
+#endif
+}
+
+/* saved: x, w_fc, pre, h, w_proj; edges x, w_fc, b_fc, w_proj, b_proj. c_proj's weight and bias
+ * gradients come from linear's backward on a node of edges (h, w_proj, b_proj) where h's gradient
+ * is asked for only when the dGELU epilogue does not take it (a leaf mark: no producer's buffer);
+ * then c_fc's from linear's backward on this node (its edges 0-2 and saved x, w_fc). */
+static zr_status mlp_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *pre = n->saved[2], *h = n->saved[3], *wp = n->saved[4];
+    int fused = dgelu_fits(g, wp, pre);
+    zr_edge e[3] = {{0}, n->edges[3], n->edges[4]};
+    e[0].dtype = h->dtype;
+    e[0].ndim = h->ndim;
+    memcpy(e[0].shape, h->shape, sizeof e[0].shape);
+    if (!fused) e[0].leaf = h;
+    zr_node proj = *n;
+    proj.n_inputs = 3;
+    proj.edges = e;
+    proj.saved[0] = h;
+    proj.saved[1] = wp;
+    zr_tensor *pg[3] = {NULL, NULL, NULL}, *dpre = NULL;
+    zr_status st = zr_linear_backward(&proj, g, pg);
+    gin[3] = pg[1];
+    gin[4] = pg[2];
+    if (!st) dpre = fused ? dgelu_dev(g, wp, pre) : zr_unary_grad(ZR_UN_GELU_TANH, 0, pre, pg[0], pre->dtype);
+    zr_tensor_release(pg[0]);
+    if (!st && !dpre) st = ZR_ERR;
+    if (!st) st = zr_linear_backward(n, dpre, gin);
+    zr_tensor_release(dpre);
+    return st;
+}
+
+zr_tensor *zr_mlp_gelu(zr_tensor *x, zr_tensor *w_fc, zr_tensor *b_fc, zr_tensor *w_proj, zr_tensor *b_proj) {
+    if (!x || !w_fc || !w_proj) return zr_error_null("mlp_gelu: missing input or weight");
+    zr_tensor *pre = NULL, *h = gelu_forward("mlp_gelu", x, w_fc, b_fc, &pre), *y = NULL;
+    if (!h) return NULL;
+    int was = zr_set_grad_enabled(0);
+    y = zr_linear(h, w_proj, b_proj);
+    zr_set_grad_enabled(was);
+    if (!y) {
+        zr_error_prefix("mlp_gelu (second linear): ");
+        goto fail;
+    }
+    zr_node *n;
+    if (zr_autograd_record(y, "mlp_gelu", mlp_gelu_backward, 5, (zr_tensor *[]){x, w_fc, b_fc, w_proj, b_proj}, &n))
+        goto fail;
+    if (n && (zr_node_save(n, x) || zr_node_save(n, w_fc) || zr_node_save(n, pre) || zr_node_save(n, h) ||
+              zr_node_save(n, w_proj)))
+        goto fail;
+    zr_tensor_release(pre);
+    zr_tensor_release(h);
+    return y;
+fail:
+    zr_tensor_release(pre);
+    zr_tensor_release(h);
+    zr_tensor_release(y);
     return NULL;
 }

@@ -90,22 +90,23 @@ function MLP:__init(cfg)
   self.c_proj = Conv1D(inner, cfg.n_embd, cfg)
   self.approximate, self.resid_pdrop = cfg.gelu_approximate, cfg.resid_pdrop
 end
--- c_fc and the tanh GELU run as one op (zr.linear_gelu: on a GPU one GEMM whose epilogue applies
--- the GELU and keeps its input for backward) when c_fc is a plain Conv1D: no hooks of its own and
--- no ZeRO-3 (which gathers its parameters around its own call, as llama.lua's fusable()).
+-- c_fc, the tanh GELU and c_proj run as one op (zr.mlp_gelu: on a GPU the c_fc GEMM's epilogue
+-- applies the GELU and keeps its input; in backward c_proj's dX GEMM applies the GELU's derivative)
+-- when both are plain Conv1Ds: no hooks of their own and no ZeRO-3 (which gathers each module's
+-- parameters around its own call, as llama.lua's fusable()).
 local function fusable(m)
   if Module.fetch or m.forward ~= Conv1D.forward then return false end
   local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
   return not (pre and #pre > 0) and not (post and #post > 0)
 end
 function MLP:forward(x)
-  local fc, h = self.c_fc, nil
-  if self.approximate == "tanh" and fusable(fc) then
-    h = zr.linear_gelu(x, fc.weight:transpose(1, 2), fc.bias)
+  local fc, proj, y = self.c_fc, self.c_proj, nil
+  if self.approximate == "tanh" and fusable(fc) and fusable(proj) then
+    y = zr.mlp_gelu(x, fc.weight:transpose(1, 2), fc.bias, proj.weight:transpose(1, 2), proj.bias)
   else
-    h = fc(x):gelu(self.approximate)
+    y = proj(fc(x):gelu(self.approximate))
   end
-  return dropout(self.c_proj(h), self.resid_pdrop, self.training)
+  return dropout(y, self.resid_pdrop, self.training)
 end
 
 local Block = Module:extend("GPT2Block")
