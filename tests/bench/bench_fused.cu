@@ -160,6 +160,10 @@ static void attention_rows() {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention] (got '%s')\n", argv[1]);
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP bench_fused: no CUDA device visible\n");
@@ -170,10 +174,6 @@ int main(int argc, char **argv) {
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
     if (argc > 1) { /* `bench_fused attention`: the attention rows alone */
-        if (argc > 2 || strcmp(argv[1], "attention") != 0) {
-            fprintf(stderr, "usage: bench_fused [attention] (got '%s')\n", argv[1]);
-            return 2;
-        }
         attention_rows();
         return 0;
     }
