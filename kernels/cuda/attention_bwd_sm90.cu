@@ -18,9 +18,34 @@ using namespace sm90;
 #define B_BN 128 /* backward: keys per block */
 #define B_BM 128 /* backward: queries per step */
 #define NTHR 256 /* two warpgroups */
+static_assert(B_BM == B_BN, "the diagonal tile's mask assumes square tiles");
 #define LOG2E 1.4426950408889634f
 
 /* ---- backward ------------------------------------------------------------------------------- */
+
+/* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
+ * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse (natural
+ * log) from this thread's first column. */
+static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float l0 = lq[nt * 8] * LOG2E, l1 = lq[nt * 8 + 1] * LOG2E;
+        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
+        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
+        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
+        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, -l1));
+    }
+}
+
+/* Zeroes P^T where the key comes after the query: d = (this thread's first key) − (its first query
+ * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1). */
+static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
+}
 
 /* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys). Each block loops over the
  * query heads of its split of the group and the query tiles i >= j (128 queries each, in two
@@ -99,20 +124,17 @@ __global__ void __launch_bounds__(NTHR, 1)
         uint32_t pf[2][4][4], sf[2][4][4]; /* A operands of the dV/dK products of each half */
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            float st[32], dpt[32];
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                st[n] = dpt[n] = 0.f;
+            float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
             reg_fence(st);
             reg_fence(dpt);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wg_rs64<T, 0>(st, kf[kk], desc128(aQ + hh * 64 * 128 + kk * 32), 1);
+                wg_rs64<T, 0>(st, kf[kk], desc128(aQ + hh * 64 * 128 + kk * 32), kk);
             wg_commit();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wg_rs64<T, 0>(dpt, vf[kk], desc128(adO + hh * 64 * 128 + kk * 32), 1);
+                wg_rs64<T, 0>(dpt, vf[kk], desc128(adO + hh * 64 * 128 + kk * 32), kk);
             wg_commit();
             /* P^T (rows are keys, columns queries), computed while dP^T may still run. */
             wg_wait<1>();
@@ -121,17 +143,11 @@ __global__ void __launch_bounds__(NTHR, 1)
                 reg_fence(pf[0]);
                 reg_fence(sf[0]);
             }
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int ql = hh * 64 + nt * 8 + t4 * 2 + (e & 1);
-                    const float lq = cL[ql] * LOG2E;
-                    float p = ex2(fmaf(st[4 * nt + e], scale_log2, -lq));
-                    if (diag && key0 + (e >> 1) * 8 > i * B_BM + ql) p = 0.f;
-                    st[4 * nt + e] = p;
-                }
-            }
+            p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
+            /* the causal mask, on the diagonal tile only (its query rows start at the keys'): a
+             * branch after the exponentials, so that they stay ahead of the wait below, where the
+             * SASS shows them (ptxas schedules a wgmma wait early in its basic block) */
+            if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
             wg_wait<0>();
             reg_fence(dpt);
             /* dS^T = P^T ∘ (dP^T − D) */
@@ -177,16 +193,13 @@ __global__ void __launch_bounds__(NTHR, 1)
         __syncthreads(); /* both halves of dS^T written */
 
         /* dQ rows i*128 + wg*64 .. +63: dS (64 queries × 128 keys) · K (128 keys × 64). */
-        float dq[32];
-#pragma unroll
-        for (int n = 0; n < 32; ++n)
-            dq[n] = 0.f;
+        float dq[32]; /* overwritten by the first k-step */
         reg_fence(dq);
         wg_fence();
         const uint32_t aS = smem_u32(sdS + wg * B_BN * 64);
 #pragma unroll
         for (int kc = 0; kc < 8; ++kc)
-            wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), 1);
+            wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
         wg_commit();
         wg_wait<0>();
         reg_fence(dq);

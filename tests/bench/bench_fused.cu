@@ -4,6 +4,7 @@
  * backward 2.5× forward, the FlashAttention convention; compare bench_attention_torch.py).
  * Times are medians of 20 event-timed runs after 3 warm-ups, on random (not zero) data. Each
  * memory-bound row also gives its rate against a copy of the same number of bytes.
+ * `bench_fused attention` runs the attention rows alone.
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -76,6 +78,8 @@ static float *f32(size_t n, float scale = 1.f, float off = 0.f) {
     return p;
 }
 
+static const zr_dtype BF = ZR_BF16;
+
 static float time_ms(const std::function<void()> &f, int warm = 3, int reps = 20) {
     cudaEvent_t a, b;
     CU(cudaEventCreate(&a));
@@ -117,7 +121,49 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
            shape, ms, gbs, 100 * gbs / copy_gbs, 100 * gbs / same_size_copy_gbs(bytes));
 }
 
-int main() {
+/* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
+ * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). */
+static void attention_rows() {
+    printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", "attention (causal, bf16)", "fwd ms", "bwd ms",
+           "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
+    const int64_t shapes[][4] = {{4, 32, 8, 512}, {4, 32, 8, 2048}, {4, 32, 8, 8192}, {64, 12, 12, 1024}};
+    for (auto &s : shapes) {
+        const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = 64;
+        const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+        void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
+             *dk = bf(nk), *dv = bf(nk);
+        float *lse = f32(B * Hq * T);
+        void *ws;
+        CU(cudaMalloc(&ws, attention_backward_workspace_size(B, Hq, Hkv, T, Dh)));
+        float f = time_ms([&] {
+            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+        });
+        float bw = time_ms([&] {
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
+                                       0.f, BF, 0));
+        });
+        float fb = time_ms([&] {
+            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
+                                       0.f, BF, 0));
+        });
+        const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;
+        char shape[64];
+        snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld", (long long)B, (long long)T,
+                 (long long)Hq, (long long)Hkv, (long long)Dh);
+        printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
+               ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
+               (ff + fbw) / (fb * 1e-3) / 1e12);
+        for (void *p : {q, k, v, o, dO, dq, dk, dv, ws}) cudaFree(p);
+        cudaFree(lse);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention] (got '%s')\n", argv[1]);
+        return 2;
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP bench_fused: no CUDA device visible\n");
@@ -127,6 +173,10 @@ int main() {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
+    if (argc > 1) { /* `bench_fused attention`: the attention rows alone */
+        attention_rows();
+        return 0;
+    }
 
     { /* copy ceiling: 4 GiB device-to-device, bytes read + written */
         size_t n = (size_t)4 << 30;
@@ -140,7 +190,6 @@ int main() {
         CU(cudaFree(a));
         CU(cudaFree(b));
     }
-    const zr_dtype BF = ZR_BF16;
     /* norms: N=16384 tokens (B=8, T=2048), D=2048; then N=65536, D=4096 (512 MB each way: the
      * kernels' steady-state rate, where a copy of the same size reaches the 4 GiB rate) */
     auto norms = [&](int64_t N, int64_t D) {
@@ -311,38 +360,6 @@ int main() {
             }));
         cudaFree(p), cudaFree(m), cudaFree(v), cudaFree(g), cudaFree(lp);
     }
-    /* attention */
-    printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", "attention (causal, bf16)", "fwd ms", "bwd ms",
-           "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
-    for (int64_t T : {512, 2048, 8192}) {
-        const int64_t B = 4, Hq = 32, Hkv = 8, Dh = 64;
-        const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
-        void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
-             *dk = bf(nk), *dv = bf(nk);
-        float *lse = f32(B * Hq * T);
-        void *ws;
-        CU(cudaMalloc(&ws, attention_backward_workspace_size(B, Hq, Hkv, T, Dh)));
-        float f = time_ms([&] {
-            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
-        });
-        float bw = time_ms([&] {
-            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
-                                       0.f, BF, 0));
-        });
-        float fb = time_ms([&] {
-            OK(attention_forward_cuda(o, lse, q, k, v, NULL, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
-            OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, NULL, B, Hq, Hkv, T, Dh,
-                                       0.f, BF, 0));
-        });
-        const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;
-        char shape[64];
-        snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld", (long long)B, (long long)T,
-                 (long long)Hq, (long long)Hkv, (long long)Dh);
-        printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
-               ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
-               (ff + fbw) / (fb * 1e-3) / 1e12);
-        for (void *p : {q, k, v, o, dO, dq, dk, dv, ws}) cudaFree(p);
-        cudaFree(lse);
-    }
+    attention_rows();
     return 0;
 }

@@ -8,7 +8,7 @@ Z=${1:-./zrun}; BD=${2:-build/bench}
 export ZRUN_HOME=${ZRUN_HOME:-$PWD} NCCL_NVLS_ENABLE=0
 B="$Z tests/bench/bench_llama.lua"
 {
-echo "### attention: zrun (bench_fused) then PyTorch SDPA"; "$BD/bench_fused" | sed -n '/^attention/,$p'
+echo "### attention: zrun (bench_fused) then PyTorch SDPA"; "$BD/bench_fused" attention | sed -n '/^attention/,$p'
 python3 tests/bench/bench_attention_torch.py 2>/dev/null
 echo "### stage 0 gas 8 (fp32 accumulation), phases"; $B gas=8 steps=4 breakdown=1
 echo "### stage 0 gas 8, per-op profile"; $B gas=8 steps=2 breakdown=2

@@ -29,7 +29,7 @@ for shape in $(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' '
     printf "%-30s %12s %12s %12s %10s %10s\n", n, z, e, c, r1, r2 }'
 done
 [ -x "$BD/bench_fused" ] || exit 0
-"$BD/bench_fused" | sed -n '/^attention/,$p' >"$tmp/za"
+"$BD/bench_fused" attention | sed -n '/^attention/,$p' >"$tmp/za"
 [ $have_torch = 1 ] && $PY tests/bench/bench_attention_torch.py >"$tmp/ta" 2>/dev/null
 echo
 printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)" zrun "torch best" "backend" "× best"
