@@ -69,7 +69,7 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
  *           offload_grads_on_device= (offload_optimizer: gradients on the GPU until the step),
  *           offload_ratio= (offload_optimizer: the host's share of the optimizer states; nil: 1),
- *           overlap_comm=, comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
+ *           overlap_comm=, keep_grads= (stage 2: gradients stay until the next backward), comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
  *           names= (a name per parameter, for collective messages), optimizer= (nil: "adamw"),
  *           momentum= (SGD), initial_accumulator_value= (Adagrad)}, {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
@@ -86,6 +86,7 @@ static int l_new(lua_State *L) {
     c.persistence_threshold = (int64_t)required_num(L, 1, "persistence_threshold");
     c.pin_memory = zr_l_boolfield(L, 1, "pin_memory");
     c.overlap_comm = zr_l_boolfield(L, 1, "overlap_comm");
+    c.keep_grads = zr_l_boolfield(L, 1, "keep_grads");
     c.max_live_parameters = (int64_t)required_num(L, 1, "max_live_parameters");
     lua_getfield(L, 1, "comm_dtype");
     c.comm_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));

@@ -178,6 +178,7 @@ function M.initialize(opts)
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
     offload_ratio = self.offload_ratio,
+    keep_grads = zc.zenflow ~= nil and stage == 2 and W > 1, -- zrun.zenflow reads each micro-step's own gradient
     persistence_threshold = zc.stage3_param_persistence_threshold,
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,

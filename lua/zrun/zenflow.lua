@@ -2,6 +2,7 @@
 -- offloaded optimizer step. DeepSpeed's semantics are written down in runtime/zero/zenflow.c; the
 -- column kernels are C.zenflow_*. M.check validates the section (config.lua), M.new attaches it to an engine.
 local C = require("zrun")._C
+local dist = require "zrun.dist"
 local fmt = string.format
 local floor = math.floor
 
@@ -92,10 +93,6 @@ end
 -- Attaches ZenFlow to engine e (zr.initialize, after the ZeRO engine exists). loader_len: the
 -- training dataloader's length (micro-batches per epoch), or nil.
 function M.new(e, zf, loader_len)
-  if e.world_size > 1 then
-    error(fmt("zero_optimization.zenflow runs at one rank in zrun (world size %d): multi-rank ZenFlow (selections " ..
-      "broadcast between partitions) is not implemented; run one process or remove the section", e.world_size), 0)
-  end
   if e.offload_grads ~= "device" and e.device ~= "cpu" then
     error("zero_optimization.zenflow reads each micro-batch's gradient where it is accumulated: it needs the " ..
       "gradients on the parameters' device (unset ZRUN_OFFLOAD_GRADS=host)", 0)
@@ -106,18 +103,25 @@ function M.new(e, zf, loader_len)
     error(fmt("zero_optimization.zenflow: the select interval (%d micro-steps) must be >= update_interval (%d), " ..
       "as DeepSpeed requires", si_engine ~= 0 and si_engine or si_opt, U), 0)
   end
-  local self = setmetatable({ e = e, topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds,
+  -- W > 1: stage 1 accumulates the window in .grad on each rank; stage 2 hands each micro-step's
+  -- gradient to the reduce-scatter, and the engine leaves it on the parameter (zero_new's keep_grads)
+  local self = setmetatable({ e = e, W = e.world_size, step_grads = e.stage == 2 and e.world_size > 1,
+    topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds,
     si_engine = si_engine, si_opt = si_opt, fresh = true, steps = 0, p = {}, lr = e:param_lrs(),
     overlap = zf.overlap_step, first_after_warm = true, threads = M.host_threads(zf.pt_reserved_cores_perc) }, ZF)
+  local total = 0
   for i, t in ipairs(e.params) do
     local sh = t:shape()
     local two = #sh == 2
     local rows, cols = two and sh[1] or 1, two and sh[2] or t:numel()
     local k = two and floor(zf.topk_ratio * cols) or cols
     local dev = t:device()
-    self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k,
+    self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k, off = total,
       m = C.zeros(rows * k, { device = dev }), v = C.zeros(rows * k, { device = dev }) }
+    total = total + rows * k
   end
+  -- every micro-step's selected gradients (the 1-D parameters' whole), one flat buffer: one all-reduce
+  self.red = C.empty(math.max(total, 1), { device = e.params[1] and e.params[1]:device() or "cpu" })
   return self
 end
 
@@ -153,7 +157,8 @@ function ZF:before_backward(t)
   end
   for _, q in ipairs(self.p) do
     q.prev, q.prev_full = nil, nil
-    if not self.fresh then -- the window holds earlier micro-steps' gradients
+    -- the window holds earlier micro-steps' gradients (not where .grad is each micro-step's own)
+    if not self.fresh and not self.step_grads then
       if sel and q.two then q.prev_full = grad_of(q):clone() -- the selection changes: keep them whole
       elseif t >= self.warm and q.idx ~= false then q.prev = self:gather(q, grad_of(q)) end
     end
@@ -168,14 +173,27 @@ function ZF:gather(q, src)
   return out
 end
 
+-- The master (this rank's partition: its chunk of each parameter) takes the parameters' values.
 function ZF:sync_master()
-  local z = self.e.zero
+  local z, r = self.e.zero, self.e.global_rank
   local ms = z:state(0)
   for i, q in ipairs(self.p) do
-    local off, n = z:layout(i)
-    ms:narrow(1, off + 1, q.t:numel()):copy_(q.t:view(q.t:numel()))
+    local off, chunk = z:layout(i)
+    local n = q.t:numel()
+    local a = math.min(n, r * chunk)
+    local len = math.min(n, a + chunk) - a
+    if len > 0 then ms:narrow(1, off + 1, len):copy_(q.t:view(n):narrow(1, a + 1, len)) end
   end
   z:set_state(0, ms)
+end
+
+-- g (a rank's micro-step gradient, or several ranks' laid end to end in self.red) -> the mean over
+-- the ranks, as DeepSpeed's reduction gives it; g itself at one rank.
+function ZF:reduced(g, in_place)
+  if self.W == 1 then return g end
+  if not in_place then g = g:clone() end
+  dist.all_reduce(g)
+  return g:mul_(1 / self.W)
 end
 
 -- The top-k columns of this micro-step's gradient g (rows, cols), as a sorted i32 tensor.
@@ -195,18 +213,21 @@ end
 
 -- After backward of micro-step t (boundary: whether the engine's step will run the CPU update).
 function ZF:after_backward(t, boundary)
-  if self.selecting then
+  if self.selecting then -- every rank selects from the same reduced gradient: the same columns
     for _, q in ipairs(self.p) do
-      local g = grad_of(q)
-      if q.prev_full then g = g - q.prev_full end
-      self:select(q, g:contiguous())
-      if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
+      if q.two then
+        local g = grad_of(q)
+        if q.prev_full then g = g - q.prev_full end
+        self:select(q, self:reduced(g:contiguous(), q.prev_full ~= nil)) -- (g - prev_full: a temporary)
+        if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
+      else q.idx = nil end
       q.prev_full = nil
     end
     self.selecting = false
   end
   self.fresh = false
   if t < self.warm then return end
+  self:reduce_selected()
   if boundary then -- keep the selected values: the CPU update must not change them
     for _, q in ipairs(self.p) do
       if q.idx ~= false then q.temp = self:gather(q, q.t) end
@@ -216,17 +237,34 @@ function ZF:after_backward(t, boundary)
   end
 end
 
--- AdamW on every selected column and 1-D parameter with this micro-step's gradient.
+-- This micro-step's gradient of the selected columns (the 1-D parameters' whole), reduced over the
+-- ranks in one all-reduce of self.red: q.gs (rows, k), a view into it.
+function ZF:reduce_selected()
+  for _, q in ipairs(self.p) do
+    if q.idx ~= false then
+      q.gs = self.red:narrow(1, q.off + 1, q.rows * q.k)
+      C.zenflow_gather(q.gs, grad_of(q), q.idx)
+      if q.prev then q.gs:add_(q.prev, -1) end
+    end
+    q.prev = nil
+  end
+  self:reduced(self.red, true)
+end
+
+-- AdamW on every selected column and 1-D parameter with q.gs; the selected columns are taken out,
+-- updated and put back (the same arithmetic as in place).
 function ZF:update()
   self.steps = self.steps + 1
   local e, lrs = self.e, self.lr
+  local b1, b2, eps, wd = e.hp.betas[1], e.hp.betas[2], e.hp.eps, e.hp.weight_decay
   for i, q in ipairs(self.p) do
     if q.idx ~= false then
       local lr = type(lrs) == "table" and lrs[i] or lrs
-      C.zenflow_adamw(q.t, grad_of(q), q.prev, q.idx, q.m, q.v, lr, e.hp.betas[1], e.hp.betas[2], e.hp.eps,
-        e.hp.weight_decay, self.steps)
+      local w = q.idx and self:gather(q, q.t) or q.t
+      C.zenflow_adamw(w, q.gs, nil, nil, q.m, q.v, lr, b1, b2, eps, wd, self.steps)
+      if q.idx then C.zenflow_scatter(q.t, w, q.idx) end
     end
-    q.prev = nil
+    q.gs = nil
   end
 end
 

@@ -693,7 +693,7 @@ static zr_status pack(zr_zero *z, int i) {
     zr_tensor_release(gc);
     ZR_CHECK(st);
     q->packed = 1;
-    if (z->cfg.stage >= 2) { /* the partition keeps it now */
+    if (z->cfg.stage >= 2 && !z->cfg.keep_grads) { /* the partition keeps it now */
         zr_tensor_release(q->p->grad);
         q->p->grad = NULL;
     }
@@ -720,6 +720,10 @@ zr_status zr_zero_backward_begin(zr_zero *z, int is_boundary) {
     for (int i = 0; i < z->nparams; i++) {
         z->params[i].packed = 0;
         if (z->direct) ZR_CHECK(attach_grad(z, i)); /* someone may have set .grad to nil */
+        else if (z->cfg.keep_grads && z->cfg.stage == 2) { /* the last micro-step's, already reduced */
+            zr_tensor_release(z->params[i].p->grad);
+            z->params[i].p->grad = NULL;
+        }
     }
     return ZR_OK;
 }
@@ -916,24 +920,10 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
 }
 
 /* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
-zr_status zr_zero_refresh_params(zr_zero *z) {
-    if (z->host && (z->cfg.stage == 3 || z->chunks == 1)) { /* parallel casts on the host, uploaded */
-        void *out;
-        int sink;
-        weights_target(z, &out, &sink);
-        if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
-    }
-    if (z->cfg.stage == 3 && !z->direct) {
-        ZR_CHECK(state_get(z, 0, z->pshard, 0, 0, z->part_numel));
-        return regather_persistent(z);
-    }
-    if (z->chunks == 1) {
-        for (int i = 0; i < z->nparams; i++) {
-            zparam *q = &z->params[i];
-            ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, q->numel));
-        }
-        return ZR_OK;
-    }
+/* Over several ranks (stages 1-2): every rank's partition of new weights into the whole parameters,
+ * by bucketed all-gather. w: the partition's weights (param dtype, partition layout), or NULL: the
+ * master's. */
+static zr_status allgather_weights(zr_zero *z, zr_tensor *w) {
     /* bucketed all-gather: send = my chunks (param dtype), recv = `chunks` segments */
     int64_t cap = z->bucket_cap;
     zr_tensor *send = new_buf(z->param_dtype, z->dev, cap, ZR_MEM_COMM);
@@ -945,7 +935,8 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
         int64_t L = 0;
         while (last < z->nparams && L + z->params[last].chunk <= cap)
             L += z->params[last++].chunk;
-        st = state_get(z, 0, send, 0, z->params[first].offset, L);
+        st = w ? copy_range(send, 0, w, z->params[first].offset, L)
+               : state_get(z, 0, send, 0, z->params[first].offset, L);
         zr_tensor *in = st ? NULL : flat_range(send, 0, L),
                   *out = st ? NULL : flat_range(recv, 0, L * z->chunks);
         if (!st) label_params(z, "updated weights", first, last - 1);
@@ -964,6 +955,27 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
     zr_tensor_release(send);
     zr_tensor_release(recv);
     return st;
+}
+
+zr_status zr_zero_refresh_params(zr_zero *z) {
+    if (z->host && (z->cfg.stage == 3 || z->chunks == 1)) { /* parallel casts on the host, uploaded */
+        void *out;
+        int sink;
+        weights_target(z, &out, &sink);
+        if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
+    }
+    if (z->cfg.stage == 3 && !z->direct) {
+        ZR_CHECK(state_get(z, 0, z->pshard, 0, 0, z->part_numel));
+        return regather_persistent(z);
+    }
+    if (z->chunks == 1) {
+        for (int i = 0; i < z->nparams; i++) {
+            zparam *q = &z->params[i];
+            ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, q->numel));
+        }
+        return ZR_OK;
+    }
+    return allgather_weights(z, NULL);
 }
 
 /* Lamb's segments: this rank's valid piece of each parameter (padding excluded, so that it never
@@ -1332,10 +1344,10 @@ static zr_tensor *host_zeros(zr_dtype dt, int64_t n, zr_mem_category cat) {
 
 zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
                              int set, int threads) {
-    if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || z->chunks != 1 ||
+    if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || z->cfg.stage == 3 ||
         (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16))
         return zr_error("ZeRO: a background host step needs AdamW with its whole master on the host (offload_optimizer "
-                        "cpu, ratio 1), one rank and f32/bf16/f16 weights");
+                        "cpu, ratio 1), stage 0-2 and f32/bf16/f16 weights");
     if (set != 0 && set != 1) return zr_error("ZeRO: the background step's moment set must be 0 or 1, got %d", set);
     ZR_CHECK(zr_zero_async_wait(z)); /* its moments and master must be current */
     if (z->async && z->async->pending)
@@ -1408,6 +1420,17 @@ zr_status zr_zero_async_apply(zr_zero *z) {
     ZR_CHECK(zr_zero_async_wait(z));
     struct zasync *a = z->async;
     if (!a || !a->pending) return ZR_OK;
+    if (z->chunks > 1) { /* each rank holds its partition's new weights: gathered into every rank's */
+        a->pending = 0;
+        ZR_CHECK(allgather_weights(z, a->w));
+#ifdef ZR_HAVE_CUDA
+        if (z->dev.type == ZR_CUDA) { /* the next background step waits until w's copies have read it */
+            ZR_CHECK(zr_cuda_event_record(a->applied, zr_cuda_stream(z->dev)));
+            a->applied_rec = 1;
+        }
+#endif
+        return ZR_OK;
+    }
     zr_tensor *flat = flat_weights(z);
 #ifdef ZR_HAVE_CUDA
     if (z->dev.type == ZR_CUDA) { /* async uploads on the compute stream (w pinned: DMAs; pageable: staged by

@@ -45,6 +45,9 @@ typedef struct {
     int pin_memory;        /* what DMA touches on the host in page-locked memory: the offload ring and
                             * staging, a host gradient partition (CUDA builds) */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
+    int keep_grads; /* stage 2 over several ranks (ZenFlow, lua/zrun/zenflow.lua): a gradient stays on its
+                     * parameter after its bucket copy, until the next backward_begin drops it, so that
+                     * the micro-step's own (unreduced) gradient can be read after backward */
     int comm_dtype; /* dtype of the gradient buckets and their reduction (a zr_dtype), or -1: the
                      * parameters' dtype (DeepSpeed's communication_data_type default); fp32
                      * buckets in a single process, where nothing is communicated */
@@ -106,7 +109,8 @@ zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const 
                              int set, int threads);
 /* Joins the background step (nothing when none runs); its error, if it had one. */
 zr_status zr_zero_async_wait(zr_zero *z);
-/* Joins, then copies its new weights into the parameters (nothing when none are pending). */
+/* Joins, then copies its new weights into the parameters (nothing when none are pending); over
+ * several ranks each rank's new partition is all-gathered into them, as zr_zero_refresh_params does. */
 zr_status zr_zero_async_apply(zr_zero *z);
 /* 1 while a background step has not finished (never blocks). */
 int zr_zero_async_busy(zr_zero *z);
