@@ -12,7 +12,7 @@
 --       config, world size, stage, RNG, optimizer and its state names, and per parameter {name, shape,
 --       numel, offset, chunk}. A file without an optimizer is AdamW's.
 --
---   dir/<tag>/zenflow_states.safetensors                 with zero_optimization.zenflow (one rank): the
+--   dir/<tag>/zenflow_states.safetensors                 with zero_optimization.zenflow (rank 0's): the
 --       selected columns and their moments (zrun.zenflow_state)
 --   dir/<tag>/zrun_manifest.json                          every file's size and the save's id
 --
@@ -279,10 +279,13 @@ function M.save(engine, dir, tag, client_state)
     error(msg, 0)
   end
 
-  -- model states (rank 0), parameters gathered at stage 3
+  -- model states (rank 0), parameters gathered at stage 3; ZenFlow's (every rank syncs its master
+  -- partition, rank 0 writes the selection, the same on every rank)
   local was = gather_all(engine)
   ok, err = true, nil
-  if r == 0 then
+  local zt, zmd
+  if engine.zenflow then ok, err = pcall(function() zt, zmd = zenflow_state.collect(engine) end) end
+  if ok and r == 0 then
     ok, err = pcall(function()
       local sidecar = {}
       for k, v in pairs(state) do sidecar[k] = v end
@@ -290,10 +293,9 @@ function M.save(engine, dir, tag, client_state)
       C.save_safetensors(join(tmp, M.MODEL_FILE), model_tensors(engine),
         { format = "pt", zrun = M.FORMAT, zrun_save_id = id })
       C.write_file_atomic(join(tmp, M.MODEL_JSON), encode(sidecar))
-      if engine.zenflow then
-        local t, md = zenflow_state.collect(engine)
-        md.zrun_save_id = id
-        C.save_safetensors(join(tmp, zenflow_state.FILE), t, md)
+      if zt then
+        zmd.zrun_save_id = id
+        C.save_safetensors(join(tmp, zenflow_state.FILE), zt, zmd)
       end
     end)
   end

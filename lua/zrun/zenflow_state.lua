@@ -1,6 +1,7 @@
--- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, rank 0, one rank):
--- per parameter the selected columns (i32), their AdamW moments (f32, on the parameters' device),
--- the selective optimizer's step count and rate, so that a resumed run continues exactly. The values
+-- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, written by rank 0;
+-- every rank holds the same): per parameter the selected columns (i32), their AdamW moments (f32, on
+-- the parameters' device), the selective optimizer's step count and rate, so that a resumed run
+-- continues exactly; any world size loads it (the selection is not per partition). The values
 -- the device updates (selected columns, 1-D parameters) reach the checkpoint through the master, which
 -- takes the model's values at the save.
 local C = require("zrun")._C
@@ -11,7 +12,8 @@ local M = {}
 M.FILE = "zenflow_states.safetensors"
 M.FORMAT = "zrun-zenflow/1"
 
--- The tensors and metadata to save for engine e's ZenFlow. Saving inside an update window would lose
+-- The tensors and metadata to save for engine e's ZenFlow; every rank calls it (each syncs its master
+-- partition). Saving inside an update window would lose
 -- the window's accumulated gradients (DeepSpeed saves at step boundaries too): refused in one line.
 function M.collect(e)
   local zf = e.zenflow
