@@ -55,9 +55,27 @@
  *   cores stay with training, the rest run the CPU Adam (both all n when either side would be empty);
  *   zrun gives the background step's OpenMP region n - ceil(perc x n) threads and leaves training's as
  *   they are (without overlap_step the value does nothing, in DeepSpeed too).
+ * Several ranks (zenflow_stage_1_and_2.py's average_tensor, update_selected_channels,
+ *   _process_selected_fp32_groups_grad; zenflow_torch_adam.py): every micro-step's gradient bucket is
+ *   reduced to its owners (the mean over ranks); at a selection each owner ranks the whole columns of
+ *   its own partition slice of each weight (DeepSpeed's flat layout is transposed, so a partition
+ *   holds a run of columns; a column split between two partitions is never selected) and broadcasts
+ *   its top floor(topk_ratio x its columns); the owners then broadcast the selected columns' reduced
+ *   gradients (1-D parameters: their whole slice), so every rank runs the same selective AdamW on the
+ *   same columns of its full copy of the parameters. At a boundary the selected values are saved,
+ *   each rank's host step updates its partition, the 16-bit partitions are all-gathered, and only
+ *   then are the saved values written back and stepped: they survive the all-gather. zrun's
+ *   partitions are row ranges of each parameter, not column runs, so the selection is made over whole
+ *   columns instead: the selection micro-step's local gradients are all-reduced (mean) and every rank
+ *   ranks the same column sums, so the selection is the one-rank selection at any world size (in
+ *   DeepSpeed it depends on the partitioning: per partition top-k). Every micro-step the selected
+ *   columns' local gradients (and the 1-D parameters') are all-reduced (mean) in one flat buffer: the
+ *   reduced values DeepSpeed's broadcasts deliver. The rest as above: the host step on the partition,
+ *   the all-gather (zr_zero_refresh_params; overlap_step: zr_zero_async_apply), then the selected
+ *   values back and their own AdamW.
  * update_interval "auto" adapts U from running gradient sums (auto_ratio); offload keeps the
- *   selective m, v on the host. zrun implements fixed U, with or without overlap_step, at one rank
- *   and refuses the rest with one line (lua/zrun/zenflow.lua). The overlapped host step is
+ *   selective m, v on the host. zrun implements fixed U, with or without overlap_step, at any world
+ *   size and refuses the rest with one line (lua/zrun/zenflow.lua). The overlapped host step is
  *   zr_zero_step_async (zero/engine.h): a background pthread running the offload pipeline on a
  *   device-side snapshot of the gradient partition (one more gradient partition on the GPU), its
  *   D2H copies on the offload copy stream after the snapshot, the new weights into a host buffer
