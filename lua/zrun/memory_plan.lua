@@ -197,14 +197,19 @@ local function build(o, s, counted)
     dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
     dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   end
-  if s.zenflow then -- zrun.zenflow: the selected columns' f32 moments (1-D parameters whole) on the device
+  if s.zenflow then -- zrun.zenflow: the selected columns' f32 moments (1-D parameters whole) on the device,
+    -- and their gradients' reduction buffer
     local zf, bytes = s.zenflow, 0
     for _, p in ipairs(list) do
       local sh = p.shape
-      bytes = bytes + 2 * 4 * ((sh and #sh == 2) and sh[1] * floor((zf.topk_ratio or 0.1) * sh[2]) or p.numel)
+      bytes = bytes + 3 * 4 * ((sh and #sh == 2) and sh[1] * floor((zf.topk_ratio or 0.1) * sh[2]) or p.numel)
     end
     dev.optimizer = dev.optimizer + bytes
-    local line = fmt("ZenFlow: the selected columns' moments, %s on the GPU", human(bytes))
+    local line = fmt("ZenFlow: the selected columns' moments and gradients, %s on the GPU", human(bytes))
+    if s.stage == 2 and W > 1 then -- engine.c's keep_grads: each micro-step's .grad stays until the next
+      dev.grads = dev.grads + total * s.grad_bytes
+      line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(total * s.grad_bytes))
+    end
     if zf.overlap_step then -- engine.c's background step: the window's gradient snapshot on the device,
       -- a second moment set and the new weights waiting for the next boundary on the host
       dev.grads = dev.grads + S * s.grad_bytes

@@ -1,5 +1,6 @@
 -- zr.memory.plan with zero_optimization.zenflow: the selected columns' moments the engine really
--- allocates (summed from a live ZenFlow engine's tensors), overlap_step's gradient snapshot, second
+-- allocates (summed from a live ZenFlow engine's tensors, with the selected gradients' buffer), the
+-- whole gradient stage 2 keeps over several ranks, overlap_step's gradient snapshot, second
 -- moment set and pending weights, and the gradients kept on the GPU as the engine keeps them.
 local zr = require "zrun"
 local T = zr.testing
@@ -12,8 +13,8 @@ local function ds(zf)
     optimizer = { type = "AdamW", params = { lr = 1e-3 } },
     zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = zf } }
 end
-local function plan(zf, device)
-  return P.plan { model = cfg, config = ds(zf), micro_batch = 2, seq_len = 16, world_size = 1, dtype = "f32",
+local function plan(zf, device, W)
+  return P.plan { model = cfg, config = ds(zf), micro_batch = 2, seq_len = 16, world_size = W or 1, dtype = "f32",
     device = device or "cpu" }
 end
 
@@ -23,8 +24,9 @@ T.test("plan: ZenFlow's selected columns' moments are what the engine allocates"
   local bytes = 0
   for _, q in ipairs(e.zenflow.p) do bytes = bytes + 4 * (q.m:numel() + q.v:numel()) end
   assert(bytes > 0)
+  bytes = bytes + 4 * e.zenflow.red:numel()
   local with, without = plan(ZF), plan(nil)
-  T.eq(with.device.optimizer - without.device.optimizer, bytes, "device optimizer: + the moments")
+  T.eq(with.device.optimizer - without.device.optimizer, bytes, "device optimizer: + the moments and gradients")
   T.eq(with.host.optimizer, without.host.optimizer, "host optimizer unchanged without overlap_step")
 end)
 
@@ -37,6 +39,14 @@ T.test("plan: ZenFlow overlap_step adds the gradient snapshot (GPU) and a moment
   T.eq(with.device.grads - without.device.grads, S * 4, "device grads: + one f32 partition")
   T.eq(with.host.optimizer - without.host.optimizer, 2 * S * 4, "host optimizer: + exp_avg and exp_avg_sq")
   T.eq(with.host.params - without.host.params, S * 4, "host params: + the new weights (f32 here)")
+end)
+
+T.test("plan: ZenFlow at stage 2 over several ranks keeps each micro-step's whole gradient", function()
+  local n = 0
+  zr.manual_seed(1)
+  for _, p in ipairs(zr.models.llama.LlamaForCausalLM(cfg):parameters()) do n = n + p:numel() end
+  T.eq(plan(ZF, "cpu", 2).device.grads - plan(nil, "cpu", 2).device.grads, n * 4, "device grads: + one f32 gradient")
+  T.eq(plan(ZF, "cpu", 1).device.grads, plan(nil, "cpu", 1).device.grads, "one rank: .grad is the partition")
 end)
 
 T.test("plan: ZenFlow on a GPU keeps the gradients there, as the engine does", function()
