@@ -17,6 +17,7 @@ run_one() { # command...
 run_one $fused
 for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
+run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zenflow_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_comm_timeout_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_offload_pipeline.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_tcp_gpu.sh

@@ -216,9 +216,10 @@ function ZF:after_backward(t, boundary)
   if self.selecting then -- every rank selects from the same reduced gradient: the same columns
     for _, q in ipairs(self.p) do
       if q.two then
-        local g = grad_of(q)
-        if q.prev_full then g = g - q.prev_full end
-        self:select(q, self:reduced(g:contiguous(), q.prev_full ~= nil)) -- (g - prev_full: a temporary)
+        local g, tmp = grad_of(q), q.prev_full ~= nil -- (g - prev_full: a temporary)
+        if tmp then g = g - q.prev_full end
+        if g:dtype() ~= "f32" then g, tmp = g:to("f32"), true end -- several ranks: .grad in the weights' dtype
+        self:select(q, self:reduced(g:contiguous(), tmp))
         if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
       else q.idx = nil end
       q.prev_full = nil
@@ -243,8 +244,10 @@ function ZF:reduce_selected()
   for _, q in ipairs(self.p) do
     if q.idx ~= false then
       q.gs = self.red:narrow(1, q.off + 1, q.rows * q.k)
-      C.zenflow_gather(q.gs, grad_of(q), q.idx)
-      if q.prev then q.gs:add_(q.prev, -1) end
+      local g = grad_of(q)
+      if g:dtype() == "f32" then C.zenflow_gather(q.gs, g, q.idx)
+      else q.gs:copy_(self:gather(q, g)) end -- several ranks: .grad in the weights' dtype, widened
+      if q.prev then q.gs:add_(q.prev:dtype() == "f32" and q.prev or q.prev:to("f32"), -1) end
     end
     q.prev = nil
   end
