@@ -357,13 +357,13 @@ static int l_zenflow_gather(lua_State *L) {
 static int l_zenflow_scatter(lua_State *L) {
     return ok_or_error(L, zr_zenflow_scatter(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3)));
 }
-/* zenflow_adamw(p, g, prev|nil, idx|nil, m, v, lr, beta1, beta2, eps, weight_decay, step) */
+/* zenflow_adamw(p, g, idx|nil, m, v, lr, beta1, beta2, eps, weight_decay, step); g: (rows, cols) or the
+ * selected columns' (rows, k) */
 static int l_zenflow_adamw(lua_State *L) {
     return ok_or_error(L, zr_zenflow_adamw(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3),
-                                           zr_l_totensor(L, 4), zr_l_checktensor(L, 5), zr_l_checktensor(L, 6),
+                                           zr_l_checktensor(L, 4), zr_l_checktensor(L, 5), luaL_checknumber(L, 6),
                                            luaL_checknumber(L, 7), luaL_checknumber(L, 8), luaL_checknumber(L, 9),
-                                           luaL_checknumber(L, 10), luaL_checknumber(L, 11),
-                                           (int64_t)luaL_checkinteger(L, 12)));
+                                           luaL_checknumber(L, 10), (int64_t)luaL_checkinteger(L, 11)));
 }
 /* zenflow_hold(on): the overlap test's hook (zr_zero_async_hold) */
 static int l_zenflow_hold(lua_State *L) {

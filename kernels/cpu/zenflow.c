@@ -35,7 +35,7 @@ void zenflow_scatter_cpu(void *dst, const void *src, int esz, int64_t rows, int6
     }
 }
 
-void zenflow_adamw_cpu(void *p, zr_dtype pdt, const float *g, const float *prev, float *m, float *v, int64_t rows,
+void zenflow_adamw_cpu(void *p, zr_dtype pdt, const float *g, int g_sel, float *m, float *v, int64_t rows,
                        int64_t cols, const int32_t *idx, int64_t k, double lr, double b1, double b2, double eps,
                        double wd, int64_t step) {
     const float decay = (float)(1.0 - lr * wd), a1 = (float)(1.0 - b1), fb2 = (float)b2, a2 = (float)(1.0 - b2);
@@ -45,7 +45,7 @@ void zenflow_adamw_cpu(void *p, zr_dtype pdt, const float *g, const float *prev,
     for (int64_t i = 0; i < rows; i++) {
         for (int64_t c = 0; c < k; c++) {
             int64_t j = i * cols + (idx ? idx[c] : c), s = i * k + c;
-            float gr = g[j] - (prev ? prev[s] : 0.0f);
+            float gr = g[g_sel ? s : j];
             float w = pdt == ZR_BF16 ? zr_bf16_to_f32(((uint16_t *)p)[j]) : ((float *)p)[j];
             w *= decay;
             m[s] += a1 * (gr - m[s]);

@@ -16,10 +16,11 @@ void zenflow_gather_cpu(void *out, const void *src, int esz, int64_t rows, int64
 /* dst[:, idx] = src (rows, k). */
 void zenflow_scatter_cpu(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k);
 /* torch.optim.AdamW step t on the selected columns of p (rows, cols; pdt f32 or bf16), with the
- * gradient g[:, idx] - prev (g (rows, cols) f32; prev (rows, k) f32 or NULL); m, v (rows, k) f32:
+ * gradient g[:, idx] (g (rows, cols) f32), or with g itself when g_sel (g (rows, k) f32: the selected
+ * columns' gradient, gathered); m, v (rows, k) f32:
  *   p *= 1 - lr*wd;  m += (1-b1)(g-m);  v = b2 v + (1-b2) g^2;
  *   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)      (scalars in double, once) */
-void zenflow_adamw_cpu(void *p, zr_dtype pdt, const float *g, const float *prev, float *m, float *v, int64_t rows,
+void zenflow_adamw_cpu(void *p, zr_dtype pdt, const float *g, int g_sel, float *m, float *v, int64_t rows,
                        int64_t cols, const int32_t *idx, int64_t k, double lr, double b1, double b2, double eps,
                        double wd, int64_t step);
 

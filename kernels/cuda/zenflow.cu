@@ -29,13 +29,13 @@ static __global__ void move_kernel(T *dst, const T *src, int64_t rows, int64_t c
 }
 
 template <typename T>
-static __global__ void adamw_kernel(T *p, const float *g, const float *prev, float *m, float *v, int64_t rows,
+static __global__ void adamw_kernel(T *p, const float *g, int g_sel, float *m, float *v, int64_t rows,
                                     int64_t cols, const int32_t *idx, int64_t k, float decay, float a1, float b2,
                                     float a2, float step_size, float bc2s, float eps) {
     int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= rows * k) return;
     int64_t i = s / k, c = s % k, j = i * cols + (idx ? idx[c] : c);
-    float gr = g[j] - (prev ? prev[s] : 0.0f);
+    float gr = g[g_sel ? s : j];
     float w = to_acc(p[j]) * decay;
     float mm = m[s] + a1 * (gr - m[s]);
     float vv = b2 * v[s] + a2 * gr * gr;
@@ -76,19 +76,19 @@ int zenflow_scatter_cuda(void *dst, const void *src, int esz, int64_t rows, int6
     return move(dst, src, esz, rows, cols, idx, k, 1, stream);
 }
 
-int zenflow_adamw_cuda(void *p, zr_dtype pdt, const float *g, const float *prev, float *m, float *v, int64_t rows,
+int zenflow_adamw_cuda(void *p, zr_dtype pdt, const float *g, int g_sel, float *m, float *v, int64_t rows,
                        int64_t cols, const int32_t *idx, int64_t k, double lr, double b1, double b2, double eps,
                        double wd, int64_t step, cudaStream_t stream) {
     if (rows * k == 0) return 0;
     float decay = (float)(1.0 - lr * wd), a1 = (float)(1.0 - b1), a2 = (float)(1.0 - b2);
     float step_size = (float)(lr / (1.0 - pow(b1, (double)step))), bc2s = (float)sqrt(1.0 - pow(b2, (double)step));
     if (pdt == ZR_F32)
-        adamw_kernel<float><<<blocks(rows * k), kThreads, 0, stream>>>((float *)p, g, prev, m, v, rows, cols, idx, k,
+        adamw_kernel<float><<<blocks(rows * k), kThreads, 0, stream>>>((float *)p, g, g_sel, m, v, rows, cols, idx, k,
                                                                        decay, a1, (float)b2, a2, step_size, bc2s,
                                                                        (float)eps);
     else if (pdt == ZR_BF16)
         adamw_kernel<__nv_bfloat16><<<blocks(rows * k), kThreads, 0, stream>>>(
-            (__nv_bfloat16 *)p, g, prev, m, v, rows, cols, idx, k, decay, a1, (float)b2, a2, step_size, bc2s,
+            (__nv_bfloat16 *)p, g, g_sel, m, v, rows, cols, idx, k, decay, a1, (float)b2, a2, step_size, bc2s,
             (float)eps);
     else return zr_error("zenflow_adamw: parameter dtype %s not supported (f32 or bf16)", zr_dtype_name(pdt));
     return launch_check("zenflow_adamw");

@@ -17,7 +17,7 @@ int zenflow_gather_cuda(void *out, const void *src, int esz, int64_t rows, int64
                         cudaStream_t stream);
 int zenflow_scatter_cuda(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx,
                          int64_t k, cudaStream_t stream);
-int zenflow_adamw_cuda(void *p, zr_dtype pdt, const float *g, const float *prev, float *m, float *v, int64_t rows,
+int zenflow_adamw_cuda(void *p, zr_dtype pdt, const float *g, int g_sel, float *m, float *v, int64_t rows,
                        int64_t cols, const int32_t *idx, int64_t k, double lr, double b1, double b2, double eps,
                        double wd, int64_t step, cudaStream_t stream);
 

@@ -254,18 +254,15 @@ function ZF:reduce_selected()
   self:reduced(self.red, true)
 end
 
--- AdamW on every selected column and 1-D parameter with q.gs; the selected columns are taken out,
--- updated and put back (the same arithmetic as in place).
+-- AdamW on every selected column and 1-D parameter with this micro-step's reduced gradient q.gs.
 function ZF:update()
   self.steps = self.steps + 1
   local e, lrs = self.e, self.lr
-  local b1, b2, eps, wd = e.hp.betas[1], e.hp.betas[2], e.hp.eps, e.hp.weight_decay
   for i, q in ipairs(self.p) do
     if q.idx ~= false then
       local lr = type(lrs) == "table" and lrs[i] or lrs
-      local w = q.idx and self:gather(q, q.t) or q.t
-      C.zenflow_adamw(w, q.gs, nil, nil, q.m, q.v, lr, b1, b2, eps, wd, self.steps)
-      if q.idx then C.zenflow_scatter(q.t, w, q.idx) end
+      C.zenflow_adamw(q.t, q.gs, q.idx, q.m, q.v, lr, e.hp.betas[1], e.hp.betas[2], e.hp.eps, e.hp.weight_decay,
+        self.steps)
     end
     q.gs = nil
   end

@@ -149,29 +149,32 @@ zr_status zr_zenflow_scatter(zr_tensor *dst, zr_tensor *src, zr_tensor *idx) {
     return move("zenflow_scatter", dst, src, idx, 1);
 }
 
-zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *prev, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
+zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
                            double lr, double beta1, double beta2, double eps, double wd, int64_t step) {
     int64_t rows, cols, k;
     shape2(p, &rows, &cols);
     k = idx ? zr_tensor_numel(idx) : cols;
     if (p->dtype != ZR_F32 && p->dtype != ZR_BF16)
         return zr_error("zenflow_adamw: parameters must be f32 or bf16, got %s", zr_dtype_name(p->dtype));
-    if (g->dtype != ZR_F32 || m->dtype != ZR_F32 || v->dtype != ZR_F32 || (prev && prev->dtype != ZR_F32))
+    if (g->dtype != ZR_F32 || m->dtype != ZR_F32 || v->dtype != ZR_F32)
         return zr_error("zenflow_adamw: gradients and moments must be f32 (data_types.grad_accum_dtype fp32)");
-    if (zr_tensor_numel(g) != rows * cols) return zr_error("zenflow_adamw: the gradient's shape is not the parameter's");
+    /* (k == cols: idx is every column in order, so both readings agree) */
+    int g_sel = zr_tensor_numel(g) != rows * cols;
+    if (g_sel && zr_tensor_numel(g) != rows * k)
+        return zr_error("zenflow_adamw: the gradient holds %lld elements, expected %lld x %lld (the parameter's) or "
+                        "%lld x %lld (its selected columns')", (long long)zr_tensor_numel(g), (long long)rows,
+                        (long long)cols, (long long)rows, (long long)k);
     ZR_CHECK(check("zenflow_adamw", p, m, idx, rows, k));
     ZR_CHECK(check("zenflow_adamw", g, v, idx, rows, k));
-    if (prev) ZR_CHECK(check("zenflow_adamw", p, prev, idx, rows, k));
     if (step < 1) return zr_error("zenflow_adamw: step must be >= 1, got %lld", (long long)step);
     const int32_t *ix = idx ? zr_tensor_data(idx) : NULL;
-    const float *pv = prev ? zr_tensor_data(prev) : NULL;
 #ifdef ZR_HAVE_CUDA
     if (!zr_is_cpu(p))
-        return zenflow_adamw_cuda(zr_tensor_data(p), p->dtype, zr_tensor_data(g), pv, zr_tensor_data(m),
+        return zenflow_adamw_cuda(zr_tensor_data(p), p->dtype, zr_tensor_data(g), g_sel, zr_tensor_data(m),
                                   zr_tensor_data(v), rows, cols, ix, k, lr, beta1, beta2, eps, wd, step,
                                   zr_cuda_stream(zr_tensor_device(p)));
 #endif
-    zenflow_adamw_cpu(zr_tensor_data(p), p->dtype, zr_tensor_data(g), pv, zr_tensor_data(m), zr_tensor_data(v), rows,
+    zenflow_adamw_cpu(zr_tensor_data(p), p->dtype, zr_tensor_data(g), g_sel, zr_tensor_data(m), zr_tensor_data(v), rows,
                       cols, ix, k, lr, beta1, beta2, eps, wd, step);
     return ZR_OK;
 }

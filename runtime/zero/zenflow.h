@@ -13,9 +13,9 @@ zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g);
 zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx);
 /* dst[:, idx] = src (rows, k). */
 zr_status zr_zenflow_scatter(zr_tensor *dst, zr_tensor *src, zr_tensor *idx);
-/* torch.optim.AdamW step `step` on p[:, idx] (f32 or bf16) with the gradient g[:, idx] - prev
- * (g f32 (rows, cols); prev f32 (rows, k) or NULL), moments m, v f32 (rows, k). */
-zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *prev, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
+/* torch.optim.AdamW step `step` on p[:, idx] (f32 or bf16) with the gradient g[:, idx] (g f32 (rows,
+ * cols)) or g itself (f32 (rows, k): the selected columns' gradient, gathered), moments m, v f32 (rows, k). */
+zr_status zr_zenflow_adamw(zr_tensor *p, zr_tensor *g, zr_tensor *idx, zr_tensor *m, zr_tensor *v,
                            double lr, double beta1, double beta2, double eps, double wd, int64_t step);
 
 #endif

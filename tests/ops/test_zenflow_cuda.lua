@@ -1,6 +1,6 @@
 -- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums,
--- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, with and without the
--- window's earlier gradient), at awkward sizes; then a zenflow engine run on the GPU vs the CPU.
+-- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, the gradient whole or
+-- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("zenflow") then return end
 local zr, T, close = C.zr, C.T, C.close
@@ -28,16 +28,17 @@ T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; n
       local src = zr.randn(rows * k):to(dt)
       K.zenflow_scatter(pc, src, ix); K.zenflow_scatter(pg, src:cuda(), ixc)
       T.eq(T.diff(pg:cpu(), pc), 0, "scatter " .. dt)
-      for _, with_prev in ipairs { false, true } do
-        local prev = with_prev and zr.randn(rows * k) * 0.1 or nil
+      for _, gathered in ipairs { false, true } do -- g whole, or its selected columns (rows, k)
+        local gk = g
+        if gathered then gk = zr.zeros(rows * k); K.zenflow_gather(gk, g, ix) end
         local mc, vc = zr.randn(rows * k) * 0.01, zr.rand(rows * k) * 0.01
         local mg, vg = mc:cuda(), vc:cuda()
         pc, pg = p:clone(), p:cuda()
         for step = 1, 3 do
-          K.zenflow_adamw(pc, g, prev, ix, mc, vc, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
-          K.zenflow_adamw(pg, g:cuda(), prev and prev:cuda(), ixc, mg, vg, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
+          K.zenflow_adamw(pc, gk, ix, mc, vc, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
+          K.zenflow_adamw(pg, gk:cuda(), ixc, mg, vg, 1e-2, 0.9, 0.999, 1e-8, 0.1, step)
         end
-        local what = ("adamw %dx%d %s prev=%s"):format(rows, cols, dt, tostring(with_prev))
+        local what = ("adamw %dx%d %s gathered=%s"):format(rows, cols, dt, tostring(gathered))
         close(pg:cpu():to("f32"), pc:to("f32"), dt, what)
         close(mg:cpu(), mc, "f32", what .. " m")
         close(vg:cpu(), vc, "f32", what .. " v")
