@@ -1,8 +1,10 @@
 -- ZenFlow (zero_optimization.zenflow) over several ranks against the one-rank run (itself checked
 -- against a naive re-implementation of DeepSpeed's algorithm in tests/lua/test_zenflow.lua): the same
 -- global batch split over the ranks must give the same selection and parameters. Usage:
---   zrun zenflow_check.lua ref STAGE OVERLAP FILE   (np=1) writes the parameters and selection to FILE
---   zrun zenflow_check.lua cmp STAGE OVERLAP FILE   (np>1) compares every rank's with FILE's
+--   zrun zenflow_check.lua ref STAGE OVERLAP FILE [bf16]  (np=1) writes the parameters and selection to
+--                                                    FILE (without overlap_step a checkpoint to FILE.ckpt)
+--   zrun zenflow_check.lua cmp STAGE OVERLAP FILE [bf16]  (np>1) compares every rank's with FILE's
+--   zrun zenflow_check.lua cmp_resumed STAGE 0 FILE  (np>1) the same, resumed from FILE.ckpt (resharded)
 --   zrun zenflow_check.lua resume STAGE DIR         a run resumed from a checkpoint in DIR continues bit
 --                                                    for bit as the uninterrupted one (every rank)
 -- 12 micro-steps, update_interval 2, one warm-up round, selection at micro-steps 1, 4 and 8
@@ -56,13 +58,19 @@ local function state(e) -- the parameters and each weight's selected columns, by
 end
 local name = ("zenflow stage %d np=%d%s%s"):format(stage, W, overlap and " overlap_step" or "", bf16 and " bf16" or "")
 
+local SAVE = 6 -- micro-step 6 ends a window (saved there, resumed after it)
 if mode == "ref" then
   local e = engine()
-  for t = 0, STEPS - 1 do micro(e, t) end
+  for t = 0, STEPS - 1 do
+    micro(e, t)
+    if t == SAVE and not overlap then e:save_checkpoint(a4 .. ".ckpt", "w") end -- for cmp_resumed
+  end
   C.save_safetensors(a4, state(e), { format = "zenflow_check" })
-elseif mode == "cmp" then
+elseif mode == "cmp" or mode == "cmp_resumed" then
   local e = engine()
-  for t = 0, STEPS - 1 do micro(e, t) end
+  if mode == "cmp" then for t = 0, SAVE do micro(e, t) end
+  else e:load_checkpoint(a4 .. ".ckpt", "w") end -- the np=1 run's checkpoint, resharded
+  for t = SAVE + 1, STEPS - 1 do micro(e, t) end
   local worst = 0
   local function check()
     local f = C.safetensors_open(a4)
@@ -77,15 +85,16 @@ elseif mode == "cmp" then
     f:close()
     if r == 0 then print(("  largest difference from np=1: %.3g"):format(worst)) end
   end
-  if r == 0 then T.test(name .. " matches np=1", check) else check() end
+  local what = mode == "cmp" and " matches np=1" or " resumed from np=1's checkpoint matches np=1"
+  if r == 0 then T.test(name .. what, check) else check() end
 elseif mode == "resume" then
   local ref = engine()
-  for t = 0, 6 do micro(ref, t) end -- micro-step 6 ends a window
+  for t = 0, SAVE do micro(ref, t) end
   ref:save_checkpoint(a3, "w")
-  for t = 7, STEPS - 1 do micro(ref, t) end
+  for t = SAVE + 1, STEPS - 1 do micro(ref, t) end
   local e = engine()
   e:load_checkpoint(a3, "w")
-  for t = 7, STEPS - 1 do micro(e, t) end
+  for t = SAVE + 1, STEPS - 1 do micro(e, t) end
   local function check()
     local want = state(ref)
     for k, v in pairs(state(e)) do
@@ -95,5 +104,5 @@ elseif mode == "resume" then
   end
   if r == 0 then T.test(name .. " resumes bit for bit from a checkpoint", check) else check() end
 else
-  error("zenflow_check.lua: the first argument must be ref, cmp or resume, got " .. tostring(mode), 0)
+  error("zenflow_check.lua: the first argument must be ref, cmp, cmp_resumed or resume, got " .. tostring(mode), 0)
 end
