@@ -196,9 +196,8 @@ function ZF:reduced(g, in_place)
   return g:mul_(1 / self.W)
 end
 
--- The top-k columns of this micro-step's gradient g (rows, cols), as a sorted i32 tensor.
-function ZF:select(q, g)
-  if not q.two then q.idx = nil; return end
+-- The top-k columns of this micro-step's gradient g (rows, cols): sorted 0-based indices, a list.
+function ZF:top_columns(q, g)
   local sums = C.empty(q.cols, { device = g:device() })
   C.zenflow_colsum(sums, g)
   local s = sums:to("cpu"):flat_table()
@@ -208,20 +207,41 @@ function ZF:select(q, g)
   local top = {}
   for j = 1, q.k do top[j] = order[j] - 1 end
   table.sort(top)
-  q.idx = q.k > 0 and C.tensor(top, { dtype = "i32" }):to(g:device()) or false
+  return top
+end
+
+-- tops[i]: weight i's top columns (nil for a 1-D parameter) -> q.idx, an i32 tensor (false: none).
+-- Several ranks take rank 0's in one broadcast (as DeepSpeed broadcasts the selecting rank's): they
+-- ranked the same all-reduced sums, and a selection that differed would part the replicas for good.
+function ZF:set_selection(tops)
+  local all, at = {}, {}
+  for i, q in ipairs(self.p) do
+    at[i] = #all
+    for _, j in ipairs(tops[i] or {}) do all[#all + 1] = j end
+  end
+  local t = #all > 0 and C.tensor(all, { dtype = "i32" }):to(self.red:device())
+  if t and self.W > 1 then dist.broadcast(t, 0) end
+  for i, q in ipairs(self.p) do
+    if not q.two then q.idx = nil
+    else q.idx = q.k > 0 and t:narrow(1, at[i] + 1, q.k):clone() or false end
+  end
 end
 
 -- After backward of micro-step t (boundary: whether the engine's step will run the CPU update).
 function ZF:after_backward(t, boundary)
-  if self.selecting then -- every rank selects from the same reduced gradient: the same columns
-    for _, q in ipairs(self.p) do
-      if q.two then
+  if self.selecting then -- from the micro-step's gradient reduced over the ranks
+    local tops = {}
+    for i, q in ipairs(self.p) do
+      if q.two and q.k > 0 then
         local g, tmp = grad_of(q), q.prev_full ~= nil -- (g - prev_full: a temporary)
         if tmp then g = g - q.prev_full end
         if g:dtype() ~= "f32" then g, tmp = g:to("f32"), true end -- several ranks: .grad in the weights' dtype
-        self:select(q, self:reduced(g:contiguous(), tmp))
-        if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
-      else q.idx = nil end
+        tops[i] = self:top_columns(q, self:reduced(g:contiguous(), tmp))
+      end
+    end
+    self:set_selection(tops)
+    for _, q in ipairs(self.p) do
+      if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
       q.prev_full = nil
     end
     self.selecting = false

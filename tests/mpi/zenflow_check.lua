@@ -87,6 +87,21 @@ elseif mode == "cmp" or mode == "cmp_resumed" then
   end
   local what = mode == "cmp" and " matches np=1" or " resumed from np=1's checkpoint matches np=1"
   if r == 0 then T.test(name .. what, check) else check() end
+  local function same_selection() -- a rank that ranked otherwise still takes rank 0's selection
+    local zf, tops, want = e.zenflow, {}, {}
+    for i, q in ipairs(zf.p) do
+      if q.two and q.k > 0 then
+        tops[i], want[i] = {}, {}
+        for j = 1, q.k do tops[i][j], want[i][j] = (j - 1 + r) % q.cols, j - 1 end
+        table.sort(tops[i])
+      end
+    end
+    zf:set_selection(tops)
+    for i in pairs(want) do T.eq(table.concat(zf.p[i].idx:to("cpu"):flat_table(), ","), table.concat(want[i], ","), "idx" .. i) end
+  end
+  if mode == "cmp" then
+    if r == 0 then T.test(name .. ": every rank takes rank 0's selection", same_selection) else same_selection() end
+  end
 elseif mode == "resume" then
   local ref = engine()
   for t = 0, SAVE do micro(ref, t) end
