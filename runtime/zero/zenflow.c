@@ -66,9 +66,10 @@
  *   each rank's host step updates its partition, the 16-bit partitions are all-gathered, and only
  *   then are the saved values written back and stepped: they survive the all-gather. zrun's
  *   partitions are row ranges of each parameter, not column runs, so the selection is made over whole
- *   columns instead: the selection micro-step's local gradients are all-reduced (mean) and every rank
- *   ranks the same column sums, so the selection is the one-rank selection at any world size (in
- *   DeepSpeed it depends on the partitioning: per partition top-k). Every micro-step the selected
+ *   columns instead: the selection micro-step's local gradients are all-reduced (mean), every rank
+ *   ranks the column sums and takes rank 0's indices (one broadcast), so the selection is the
+ *   one-rank selection at any world size (in DeepSpeed it depends on the partitioning: per
+ *   partition top-k). Every micro-step the selected
  *   columns' local gradients (and the 1-D parameters') are all-reduced (mean) in one flat buffer: the
  *   reduced values DeepSpeed's broadcasts deliver. The rest as above: the host step on the partition,
  *   the all-gather (zr_zero_refresh_params; overlap_step: zr_zero_async_apply), then the selected
