@@ -919,7 +919,6 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     return zr_zero_refresh_params(z);
 }
 
-/* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
 /* Over several ranks (stages 1-2): every rank's partition of new weights into the whole parameters,
  * by bucketed all-gather. w: the partition's weights (param dtype, partition layout), or NULL: the
  * master's. */
@@ -957,6 +956,7 @@ static zr_status allgather_weights(zr_zero *z, zr_tensor *w) {
     return st;
 }
 
+/* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
 zr_status zr_zero_refresh_params(zr_zero *z) {
     if (z->host && (z->cfg.stage == 3 || z->chunks == 1)) { /* parallel casts on the host, uploaded */
         void *out;
@@ -1344,10 +1344,10 @@ static zr_tensor *host_zeros(zr_dtype dt, int64_t n, zr_mem_category cat) {
 
 zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
                              int set, int threads) {
-    if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || z->cfg.stage == 3 ||
+    if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || (z->cfg.stage == 3 && z->chunks != 1) ||
         (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16))
         return zr_error("ZeRO: a background host step needs AdamW with its whole master on the host (offload_optimizer "
-                        "cpu, ratio 1), stage 0-2 and f32/bf16/f16 weights");
+                        "cpu, ratio 1), stages 1-2 (stage 3 at one rank) and f32/bf16/f16 weights");
     if (set != 0 && set != 1) return zr_error("ZeRO: the background step's moment set must be 0 or 1, got %d", set);
     ZR_CHECK(zr_zero_async_wait(z)); /* its moments and master must be current */
     if (z->async && z->async->pending)
