@@ -2,7 +2,9 @@
 # zrun next to llm.c (karpathy/llm.c's train_gpt2cu) in one run on the GPU machine: GPT-2 124M from
 # random init on WikiText-2 (GPT-2 tokens, one llm.c shard), B=64 T=1024 bf16, one table with the
 # ratio (issue 18). Run from the repo root after zrun is built; the bundle (tests/bench/llmc_bundle.sh's
-# .llmc/, ~5 MB, git-ignored) is carried along; llm.c is built once into build/llmc/ (kept while warm).
+# .llmc/, ~5 MB, git-ignored) is carried along; llm.c is built once into build/llmc/ (kept while warm;
+# or build it here first, `sh tests/bench/llmc_build.sh` works without a GPU in about a minute, and
+# carry build/llmc too: the 2-minute build on the GPU machine is then skipped).
 #   sh tests/bench/vs_llmc.sh [ZRUN=./zrun] [BUNDLE=.llmc] [GPT2_TOKENIZER_JSON=BUNDLE/data/gpt2_tokenizer.json]
 #        [WIKI_RAW=BUNDLE/data/wiki.valid.raw]
 # STEPS measured steps (default 30) after WARMUP (default 3). The logs go to $OUT/vs_llmc/ (the
