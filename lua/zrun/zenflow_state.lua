@@ -4,18 +4,23 @@
 -- continues exactly; any world size loads it (the selection is not per partition). The values
 -- the device updates (selected columns, 1-D parameters) reach the checkpoint through the master, which
 -- takes the model's values at the save.
---   With overlap_step (zrun.zenflow: host_step) a save waits for the host update in flight; the
--- host optimizer's own master (one window ahead of the model: its new weights are not applied yet)
--- and what it keeps beside it go to each rank's optimizer file as the partitions (f32, S) named in
--- M.OVERLAP_STATES, listed with {pending, first_after_warm} in its zrun_state as `zenflow_overlap`
--- (not in `states`, so loaders without overlap_step read the file as before): zenflow_master,
--- zenflow_pending (the new weights, param dtype widened; only when pending), zenflow_exp_avg and
--- zenflow_exp_avg_sq (the second moment set; the first is exp_avg/exp_avg_sq). `master` stays the
--- model, so zero_to_fp32 and a load without overlap_step get the model (the pending window dropped).
---   DeepSpeed (ZenFlowZeroOptimizerParallel) saves through stage_1_and_2's state_dict: the fp32
--- partitions and the optimizer's state, without joining the optimizer process's step in flight and
--- without the bit16 weights wait_last_update_and_copy has yet to copy, so its resume is not exact;
--- zrun joins the step and saves them, so that a resumed run continues bit for bit.
+--
+-- With overlap_step (zrun.zenflow: host_step) a save waits for the host update in flight; the host
+-- optimizer's own master (one window ahead of the model: its new weights are not applied yet) and what
+-- it keeps beside it go to each rank's optimizer file as partitions (f32, S) named in M.OVERLAP_STATES
+-- and listed, with {pending, first_after_warm}, in its zrun_state as `zenflow_overlap` (not in
+-- `states`, so loaders without overlap_step read the file as before): zenflow_master, zenflow_pending
+-- (the new weights, param dtype widened; only when pending), zenflow_exp_avg and zenflow_exp_avg_sq
+-- (the second moment set; the first is exp_avg/exp_avg_sq; which one the next window takes follows
+-- from the saved micro-step count, as in DeepSpeed's get_overlap_step_state). They reshard as the
+-- master does. `master` stays the model, so zero_to_fp32 and a load without overlap_step get the
+-- model (the pending window dropped, said in one line).
+--
+-- DeepSpeed (ZenFlowZeroOptimizerParallel, read at edaa722) saves through stage_1_and_2's state_dict:
+-- the fp32 partitions, which its optimizer process may still be updating (nothing joins the step in
+-- flight before a save; only wait_last_update_and_copy does), and no separate copy of the weights that
+-- wait_last_update_and_copy has yet to copy into the bit16 parameters. zrun joins the step and saves
+-- them, so that a resumed run repeats the uninterrupted one bit for bit.
 local C = require("zrun")._C
 local cjson = require "cjson"
 local fmt = string.format
@@ -24,8 +29,8 @@ local M = {}
 M.FILE = "zenflow_states.safetensors"
 M.FORMAT = "zrun-zenflow/1"
 
--- The tensors and metadata to save for engine e's ZenFlow; every rank calls it (each syncs its master
--- partition). Saving inside an update window would lose
+-- The tensors and metadata to save for engine e's ZenFlow, and with overlap_step the checkpoint's
+-- zenflow_overlap (nil without); every rank calls it (each syncs its master partition). Saving inside an update window would lose
 -- the window's accumulated gradients (DeepSpeed saves at step boundaries too): refused in one line.
 function M.collect(e)
   local zf = e.zenflow
