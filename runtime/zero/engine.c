@@ -1480,6 +1480,9 @@ zr_status zr_zero_async_state(zr_zero *z, int which, int create, zr_tensor **out
     ZR_CHECK(zr_zero_async_wait(z)); /* the step in flight writes w and one moment set */
     struct zasync *a = create ? async_get(z) : z->async;
     if (!a) return create ? ZR_ERR : ZR_OK;
+#ifdef ZR_HAVE_CUDA
+    if (a->applied_rec) ZR_CHECK(zr_cuda_event_sync(a->applied)); /* the caller may write w: its upload is done */
+#endif
     zr_tensor **t = which == 0 ? &a->w : which == 1 ? &a->m2 : &a->v2;
     if (!*t && create &&
         !(*t = which == 0 ? new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS)
