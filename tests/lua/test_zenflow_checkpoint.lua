@@ -1,7 +1,9 @@
 -- ZenFlow across save_checkpoint / load_checkpoint: a run resumed from a checkpoint continues bit for
 -- bit as the uninterrupted run (the selected columns, their moments, the step count and the rate the
 -- next selective update takes come back);
--- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh.
+-- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh. With
+-- overlap_step: saves at several boundaries (right after warm-up, either moment set last written) resume
+-- bit for bit, parameters and losses, against the uninterrupted run; mutant loads must differ.
 local zr = require "zrun"
 local T = zr.testing
 
@@ -191,6 +193,17 @@ T.test("zenflow overlap_step: the saved master is the model; a load without over
   local ref = engine(OV)
   run_ov(ref, 0, 7, {})
   assert(same(params(e), params(ref)), "the loaded parameters are not the model at the save")
+end)
+
+T.test("zenflow overlap_step loads a checkpoint saved without it: nothing pending, even mid-run", function()
+  local e = engine(OV)
+  run_ov(e, 0, 7, {})
+  e.zero:async_wait() -- (the flag is set when the update in flight is joined)
+  T.eq(e.zero:async_pending(), true, "the run has an update pending before the load")
+  e:load_checkpoint(dir, "w2") -- saved without overlap_step
+  T.eq(e.zero:async_pending(), false, "the checkpoint's model is not overwritten by the old pending weights")
+  T.eq(e.zenflow.first_after_warm, true, "the next boundary has nothing to apply")
+  run_ov(e, 6, 9, {})
 end)
 
 os.execute("rm -rf '" .. dir .. "'")
