@@ -548,8 +548,6 @@ local function open_needed(engine, files, names)
   end
 end
 
--- One state at a time: z:state(k) is the state itself, or with partial offload a host copy of
--- both parts that set_state writes back (a no-op for the state itself).
 -- dst (the partition's S elements) takes this rank's partition of saved state `which`.
 local function read_partition(engine, files, names, which, dst)
   local z = engine.zero
@@ -566,6 +564,8 @@ local function read_partition(engine, files, names, which, dst)
   end
 end
 
+-- One state at a time: z:state(k) is the state itself, or with partial offload a host copy of
+-- both parts that set_state writes back (a no-op for the state itself).
 local function restore_partitions(engine, files, names)
   local z = engine.zero
   local _, snames = M.engine_states(engine)
@@ -631,7 +631,11 @@ function M.load(engine, dir, tag)
   end)
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
-  ok, err = pcall(restore_partitions, engine, files, names)
+  -- overlap_step: a host update still in flight would write the master and moments being restored
+  ok, err = pcall(function()
+    if engine.zenflow and engine.zenflow.overlap then engine.zero:async_wait() end
+    restore_partitions(engine, files, names)
+  end)
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
   collectgarbage()

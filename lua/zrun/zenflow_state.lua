@@ -30,8 +30,9 @@ M.FILE = "zenflow_states.safetensors"
 M.FORMAT = "zrun-zenflow/1"
 
 -- The tensors and metadata to save for engine e's ZenFlow, and with overlap_step the checkpoint's
--- zenflow_overlap (nil without); every rank calls it (each syncs its master partition). Saving inside an update window would lose
--- the window's accumulated gradients (DeepSpeed saves at step boundaries too): refused in one line.
+-- zenflow_overlap (nil without); every rank calls it (each syncs its master partition). Saving inside
+-- an update window would lose the window's accumulated gradients (DeepSpeed saves at step boundaries
+-- too): refused in one line.
 function M.collect(e)
   local zf = e.zenflow
   if not zf.fresh then
