@@ -42,3 +42,6 @@ for stage in 1 2; do
       echo "FAIL zenflow stage $stage overlap_step=$ov np=2 resume: mpirun exited $?"
   done
 done
+mkdir "$D/ckpt_bf16" # overlap_step's pending weights in bf16 (saved widened to f32)
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume 2 "$D/ckpt_bf16" 1 bf16 ||
+  echo "FAIL zenflow stage 2 overlap_step bf16 np=2 resume: mpirun exited $?"

@@ -6,7 +6,7 @@
 --   zrun zenflow_check.lua cmp STAGE OVERLAP FILE [bf16]  (np>1) compares every rank's with FILE's
 --   zrun zenflow_check.lua cmp_resumed STAGE OVERLAP FILE  (np>1) the same, resumed from FILE.ckpt
 --                                                    (resharded; overlap_step: its pending weights too)
---   zrun zenflow_check.lua resume STAGE DIR [1]     a run resumed from a checkpoint in DIR continues bit
+--   zrun zenflow_check.lua resume STAGE DIR [1 [bf16]]  a run resumed from a checkpoint in DIR continues bit
 --                                                    for bit as the uninterrupted one (every rank; 1:
 --                                                    overlap_step, an update pending at the save;
 --                                                    ZENFLOW_CHECK_MUTANT=drop_pending: the load loses
