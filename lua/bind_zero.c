@@ -213,6 +213,25 @@ static int l_async_busy(lua_State *L) {
     lua_pushboolean(L, zr_zero_async_busy(check_zero(L, 1)));
     return 1;
 }
+/* async_state(k, create) -> tensor or nil: overlap_step's pending weights (0) or second moment set
+ * (1, 2) for checkpoints (zr_zero_async_state); async_pending() -> boolean; set_async_pending(on) */
+static int l_async_state(lua_State *L) {
+    zr_tensor *t;
+    if (zr_zero_async_state(check_zero(L, 1), (int)luaL_checkinteger(L, 2), lua_toboolean(L, 3), &t))
+        return zr_l_error(L);
+    if (!t) {
+        lua_pushnil(L);
+        return 1;
+    }
+    return zr_l_pushtensor(L, t);
+}
+static int l_async_pending(lua_State *L) {
+    lua_pushboolean(L, zr_zero_async_pending(check_zero(L, 1)));
+    return 1;
+}
+static int l_set_async_pending(lua_State *L) {
+    return ok_or_error(L, zr_zero_async_set_pending(check_zero(L, 1), lua_toboolean(L, 2)));
+}
 static int l_zero_grad(lua_State *L) { return ok_or_error(L, zr_zero_zero_grad(check_zero(L, 1))); }
 static int l_refresh(lua_State *L) { return ok_or_error(L, zr_zero_refresh_params(check_zero(L, 1))); }
 static int l_partition_numel(lua_State *L) {
@@ -339,7 +358,8 @@ static int l_boundary(lua_State *L) {
 static const luaL_Reg methods[] = {
     {"backward_begin", l_backward_begin}, {"backward_end", l_backward_end}, {"reduce", l_reduce},
     {"grad_norm", l_grad_norm}, {"step", l_step}, {"step_async", l_step_async}, {"async_wait", l_async_wait},
-    {"async_apply", l_async_apply}, {"async_busy", l_async_busy}, {"zero_grad", l_zero_grad},
+    {"async_apply", l_async_apply}, {"async_busy", l_async_busy}, {"async_state", l_async_state},
+    {"async_pending", l_async_pending}, {"set_async_pending", l_set_async_pending}, {"zero_grad", l_zero_grad},
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
     {"state", l_state}, {"set_state", l_set_state}, {"split", l_split}, {"num_states", l_num_states}, {"gather", l_gather}, {"release", l_release},
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},

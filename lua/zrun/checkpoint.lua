@@ -13,7 +13,8 @@
 --       numel, offset, chunk}. A file without an optimizer is AdamW's.
 --
 --   dir/<tag>/zenflow_states.safetensors                 with zero_optimization.zenflow (rank 0's): the
---       selected columns and their moments (zrun.zenflow_state)
+--       selected columns and their moments (zrun.zenflow_state); with overlap_step each rank's optimizer
+--       file also holds the host update's own partitions, listed in zrun_state.zenflow_overlap
 --   dir/<tag>/zrun_manifest.json                          every file's size and the save's id
 --
 -- Partition layout (runtime/zero.h): parameter i of n elements is cut into K chunks of c elements
@@ -284,7 +285,7 @@ function M.save(engine, dir, tag, client_state)
   local was = gather_all(engine)
   ok, err = true, nil
   local zt, zmd
-  if engine.zenflow then ok, err = pcall(function() zt, zmd = zenflow_state.collect(engine) end) end
+  if engine.zenflow then ok, err = pcall(function() zt, zmd, state.zenflow_overlap = zenflow_state.collect(engine) end) end
   if ok and r == 0 then
     ok, err = pcall(function()
       local sidecar = {}
@@ -300,6 +301,7 @@ function M.save(engine, dir, tag, client_state)
     end)
   end
   release(engine, was)
+  if not ok then zenflow_state.release_master(engine) end
   step(ok, err)
 
   -- optimizer states (every rank), then every file's size to rank 0
@@ -307,15 +309,20 @@ function M.save(engine, dir, tag, client_state)
   ok, err = pcall(function()
     -- one state at a time: with partial offload z:state joins the device and host parts in a host copy
     local z, specs = engine.zero, {}
+    local ns = #state.states
+    local ov = state.zenflow_overlap and state.zenflow_overlap.states or {}
     for k, n in ipairs(state.states) do specs[k] = { name = n, dtype = "f32", shape = { z:partition_numel() } } end
+    for k, n in ipairs(ov) do specs[ns + k] = { name = n, dtype = "f32", shape = { z:partition_numel() } } end
     local p = join(tmp, M.optim_file(r))
     C.save_safetensors_stream(p, specs, function(i)
       collectgarbage() -- the previous state's copy is no longer referenced
+      if i > ns then return zenflow_state.overlap_tensor(engine, ov[i - ns]) end
       return z:state(i - 1) -- specs[i] is state i - 1
     end, { format = M.FORMAT, zrun_state = encode(state) })
     collectgarbage()
     bytes = store.size(p) or error(p .. ": missing right after it was written", 0)
   end)
+  zenflow_state.release_master(engine)
   step(ok, err)
   local sizes = { bytes }
   if dist.world_size() > 1 then
@@ -541,24 +548,30 @@ local function open_needed(engine, files, names)
   end
 end
 
+-- dst (the partition's S elements) takes this rank's partition of saved state `which`.
+local function read_partition(engine, files, names, which, dst)
+  local z = engine.zero
+  local jr = engine.stage == 0 and 0 or engine.global_rank -- which chunk of each parameter this rank holds
+  dst:zero_() -- chunk padding stays zero
+  for i, name in ipairs(names) do
+    local e = files.by_name[name]
+    local off, c = z:layout(i)
+    local lo = jr * c
+    local hi = min(lo + c, e.numel)
+    if hi > lo then
+      files:read_range(name, which, lo, hi, function(at, len) return dst:narrow(1, off + at + 1, len) end)
+    end
+  end
+end
+
 -- One state at a time: z:state(k) is the state itself, or with partial offload a host copy of
 -- both parts that set_state writes back (a no-op for the state itself).
 local function restore_partitions(engine, files, names)
-  local z, r = engine.zero, engine.global_rank
-  local jr = engine.stage == 0 and 0 or r -- which chunk of each parameter this rank holds
+  local z = engine.zero
   local _, snames = M.engine_states(engine)
   for k, which in ipairs(snames) do
     local dst = z:state(k - 1)
-    dst:zero_() -- chunk padding stays zero
-    for i, name in ipairs(names) do
-      local e = files.by_name[name]
-      local off, c = z:layout(i)
-      local lo = jr * c
-      local hi = min(lo + c, e.numel)
-      if hi > lo then
-        files:read_range(name, which, lo, hi, function(at, len) return dst:narrow(1, off + at + 1, len) end)
-      end
-    end
+    read_partition(engine, files, names, which, dst)
     z:set_state(k - 1, dst)
     dst = nil
     collectgarbage()
@@ -618,13 +631,32 @@ function M.load(engine, dir, tag)
   end)
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
-  ok, err = pcall(restore_partitions, engine, files, names)
-  files:close()
+  -- overlap_step: a host update still in flight would write the master and moments being restored
+  ok, err = pcall(function()
+    if engine.zenflow and engine.zenflow.overlap then engine.zero:async_wait() end
+    restore_partitions(engine, files, names)
+  end)
+  if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
   collectgarbage()
   restore_engine(engine, own)
   engine.zero:zero_grad()
   engine.zero:refresh_params()
+  -- overlap_step's host update (zrun.zenflow_state), after the parameters took the model
+  local ov = files.st[0].zenflow_overlap
+  ok, err = true, nil
+  if ov then
+    ok, err = pcall(zenflow_state.restore_overlap, engine, ov, function(which, dst)
+      read_partition(engine, files, names, which, dst)
+    end, dist.print0)
+  elseif engine.zenflow and engine.zenflow.overlap then -- nothing pending, as after warm-up's last window
+    ok, err = pcall(function()
+      engine.zero:set_async_pending(false)
+      engine.zenflow.first_after_warm = true
+    end)
+  end
+  files:close()
+  agree(ok, err, "load_checkpoint")
   -- ZenFlow's own state (zrun.zenflow_state; the master it synced at the save gave the parameters above)
   local zf_file = join(tdir, zenflow_state.FILE)
   if engine.zenflow then

@@ -648,10 +648,6 @@ function Engine:parameters() return self.params end
 
 -- Checkpoints live in zrun.checkpoint (save/load, resharding, zero-to-fp32).
 function Engine:save_checkpoint(dir, tag, client_state)
-  if self.zenflow and self.zenflow.overlap then
-    error("save_checkpoint with zero_optimization.zenflow.overlap_step: the host update in flight and its second " ..
-      "set of moments are not in zrun's checkpoint format; set overlap_step to false to save checkpoints", 0)
-  end
   return require("zrun.checkpoint").save(self, dir, tag, client_state)
 end
 -- Returns client_state and the tag folder it loaded (DeepSpeed returns them the other way round);

@@ -122,10 +122,6 @@ function Trainer:setup()
   local zf = pre.zero_optimization and pre.zero_optimization.zenflow
   local per_micro = zf and type(zf.update_interval) == "number" and zf.update_interval or nil
   if per_micro then a.gradient_accumulation_steps = per_micro end
-  if zf and zf.overlap_step and a.save_strategy ~= "no" then -- refused now, not at the first save
-    error("Trainer: zero_optimization.zenflow.overlap_step cannot save checkpoints (the host update in flight is " ..
-      "not in the checkpoint format): set save_strategy to \"no\" or overlap_step to false", 0)
-  end
   local n = self.train_dataset and #self.train_dataset.rows or 0
   local per_epoch = require("zrun.config").steps_per_epoch(n, W, a.per_device_train_batch_size,
     a.gradient_accumulation_steps)

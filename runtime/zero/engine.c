@@ -1342,6 +1342,20 @@ static zr_tensor *host_zeros(zr_dtype dt, int64_t n, zr_mem_category cat) {
     return t;
 }
 
+/* z's background-step record, allocated (with its upload event on a GPU) on first use */
+static struct zasync *async_get(zr_zero *z) {
+    struct zasync *a = z->async;
+    if (!a && !(a = z->async = calloc(1, sizeof *a))) {
+        zr_error("out of host memory");
+        return NULL;
+    }
+    a->z = z;
+#ifdef ZR_HAVE_CUDA
+    if (z->dev.type == ZR_CUDA && !a->applied && !(a->applied = zr_cuda_event_new(0))) return NULL;
+#endif
+    return a;
+}
+
 zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
                              int set, int threads) {
     if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || (z->cfg.stage == 3 && z->chunks != 1) ||
@@ -1353,14 +1367,12 @@ zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const 
     if (z->async && z->async->pending)
         return zr_error("ZeRO: the last background step's weights were never applied (zr_zero_async_apply first)");
     ZR_CHECK(flush_stale(z));
-    struct zasync *a = z->async;
-    if (!a && !(a = z->async = calloc(1, sizeof *a))) return zr_error("out of host memory");
-    a->z = z;
+    struct zasync *a = async_get(z);
+    if (!a) return ZR_ERR;
     if (!a->grads && !(a->grads = new_buf(z->gpart->dtype, zr_tensor_device(z->gpart), z->part_numel, ZR_MEM_GRADS)))
         return ZR_ERR;
     if (!a->w && !(a->w = new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS))) return ZR_ERR;
 #ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA && !a->applied && !(a->applied = zr_cuda_event_new(0))) return ZR_ERR;
     if (z->dev.type == ZR_CUDA && z->cfg.pin_memory && !a->w_pinned) { /* so that its upload is a DMA */
         size_t bytes = (size_t)z->part_numel * zr_dtype_size(z->param_dtype);
         if (cudaHostRegister(zr_tensor_data(a->w), bytes, cudaHostRegisterDefault) != cudaSuccess) {
@@ -1458,6 +1470,35 @@ zr_status zr_zero_async_apply(zr_zero *z) {
         for (int i = 0; i < z->nparams; i++)
             ZR_CHECK(copy_range(z->params[i].p, 0, a->w, z->params[i].offset, z->params[i].numel));
     a->pending = 0;
+    return ZR_OK;
+}
+
+zr_status zr_zero_async_state(zr_zero *z, int which, int create, zr_tensor **out) {
+    *out = NULL;
+    if (which < 0 || which > 2)
+        return zr_error("ZeRO async_state: which must be 0 (pending weights), 1 or 2 (second moments), got %d", which);
+    ZR_CHECK(zr_zero_async_wait(z)); /* the step in flight writes w and one moment set */
+    struct zasync *a = create ? async_get(z) : z->async;
+    if (!a) return create ? ZR_ERR : ZR_OK;
+#ifdef ZR_HAVE_CUDA
+    if (a->applied_rec) ZR_CHECK(zr_cuda_event_sync(a->applied)); /* the caller may write w: its upload is done */
+#endif
+    zr_tensor **t = which == 0 ? &a->w : which == 1 ? &a->m2 : &a->v2;
+    if (!*t && create &&
+        !(*t = which == 0 ? new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS)
+                          : host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER)))
+        return ZR_ERR;
+    *out = zr_tensor_retain(*t);
+    return ZR_OK;
+}
+
+int zr_zero_async_pending(const zr_zero *z) { return z->async && z->async->pending; }
+
+zr_status zr_zero_async_set_pending(zr_zero *z, int on) {
+    ZR_CHECK(zr_zero_async_wait(z));
+    if (on && (!z->async || !z->async->w))
+        return zr_error("ZeRO: no background-step weights to mark pending (write them through async_state(0) first)");
+    if (z->async) z->async->pending = on != 0;
     return ZR_OK;
 }
 

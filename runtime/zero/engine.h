@@ -112,6 +112,15 @@ zr_status zr_zero_async_wait(zr_zero *z);
 /* Joins, then copies its new weights into the parameters (nothing when none are pending); over
  * several ranks each rank's new partition is all-gathered into them, as zr_zero_refresh_params does. */
 zr_status zr_zero_async_apply(zr_zero *z);
+/* Checkpoints of overlap_step (lua/zrun/zenflow_state.lua): joins the step in flight, then returns
+ * (retained, in *out) which = 0 the new weights (param dtype, the partition's S elements, host), 1 and 2
+ * the second moment set (exp_avg, exp_avg_sq; f32, S); *out NULL when not allocated yet, unless create
+ * (then allocated: the moments zero). Writing into them is writing the engine's own. */
+zr_status zr_zero_async_state(zr_zero *z, int which, int create, zr_tensor **out);
+/* 1 when the new weights are not yet in the parameters (zr_zero_async_apply copies them); set_pending
+ * marks them so after a load (joins first; on needs them allocated). */
+int zr_zero_async_pending(const zr_zero *z);
+zr_status zr_zero_async_set_pending(zr_zero *z, int on);
 /* 1 while a background step has not finished (never blocks). */
 int zr_zero_async_busy(zr_zero *z);
 /* Test hook: while on, a background step waits after its update, before it counts as finished. */

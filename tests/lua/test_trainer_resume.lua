@@ -83,22 +83,30 @@ for _, case in ipairs { { 0, false }, { 2, false }, { 2, true } } do
   end)
 end
 
-T.test("resume from checkpoint-4 continues the uninterrupted loss curve (ZenFlow: stage 2, cpu offload)", function()
-  -- a step is a ZenFlow window of update_interval micro-batches; the schedule moves at every one
-  local zf = ds_config(2, false)
-  zf.zero_optimization.offload_optimizer = { device = "cpu" }
-  zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = 2, select_strategy = "step", select_interval = 4 }
-  local out = tmp .. "/zenflow"
-  local full = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 2, false, { deepspeed = zf }) }
-  T.eq(full:train().global_step, 10)
-  local ref = losses(full)
-  assert(ref[10] < ref[1] - 0.5, ("the run did not learn: loss %.4f -> %.4f"):format(ref[1], ref[10]))
-  local resumed = zr.Trainer { model = model(), train_dataset = blocks,
-    args = args(out, 2, false, { deepspeed = zf, save_strategy = "no" }) }
-  T.eq(resumed:train({ resume_from_checkpoint = out .. "/checkpoint-4" }).global_step, 10)
-  local got = losses(resumed)
-  for s = 5, 10 do T.near(got[s], ref[s], 0, 0, ("loss at step %d after resuming"):format(s)) end
-end)
+for _, overlap in ipairs { false, true } do
+  local name = overlap and "ZenFlow overlap_step: the host update in flight and pending at the save" or
+    "ZenFlow: stage 2, cpu offload"
+  T.test("resume from checkpoint-4 continues the uninterrupted loss curve (" .. name .. ")", function()
+    -- a step is a ZenFlow window of update_interval micro-batches; the schedule moves at every one
+    local zf = ds_config(2, false)
+    zf.zero_optimization.offload_optimizer = { device = "cpu" }
+    zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = 2, select_strategy = "step",
+      select_interval = 4, overlap_step = overlap }
+    local out = tmp .. (overlap and "/zenflow_overlap" or "/zenflow")
+    -- overlap_step: a constant rate, so that every window's host update (both moment sets) reaches the losses
+    local sched = overlap and "constant_with_warmup" or nil
+    local full = zr.Trainer { model = model(), train_dataset = blocks,
+      args = args(out, 2, false, { deepspeed = zf, lr_scheduler_type = sched }) }
+    T.eq(full:train().global_step, 10)
+    local ref = losses(full)
+    assert(ref[10] < ref[1] - 0.5, ("the run did not learn: loss %.4f -> %.4f"):format(ref[1], ref[10]))
+    local resumed = zr.Trainer { model = model(), train_dataset = blocks,
+      args = args(out, 2, false, { deepspeed = zf, save_strategy = "no", lr_scheduler_type = sched }) }
+    T.eq(resumed:train({ resume_from_checkpoint = out .. "/checkpoint-4" }).global_step, 10)
+    local got = losses(resumed)
+    for s = 5, 10 do T.near(got[s], ref[s], 0, 0, ("loss at step %d after resuming"):format(s)) end
+  end)
+end
 
 T.test("resume_from_checkpoint=true takes the newest complete checkpoint in output_dir", function()
   local out = tmp .. "/latest"

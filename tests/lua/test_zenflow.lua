@@ -234,7 +234,8 @@ T.test("zenflow overlap_step: engine:step returns while the host update still ru
   micro(3) -- boundary: joins it, applies its weights and starts the window ending at t = 3
   z:async_wait()
   T.eq(z:async_busy(), false, "joined")
-  T.raises(function() e:save_checkpoint(os.tmpname() .. ".d") end, "set overlap_step to false to save checkpoints")
+  micro(4) -- inside the next window: a save is refused as without overlap_step
+  T.raises(function() e:save_checkpoint(os.tmpname() .. ".d") end, "inside a ZenFlow update window")
 end)
 
 T.test("zenflow overlap_step: the background update's threads leave pt_reserved_cores_perc to training", function()

@@ -1,7 +1,9 @@
 -- ZenFlow across save_checkpoint / load_checkpoint: a run resumed from a checkpoint continues bit for
 -- bit as the uninterrupted run (the selected columns, their moments, the step count and the rate the
 -- next selective update takes come back);
--- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh.
+-- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh. With
+-- overlap_step: saves at several boundaries (right after warm-up, either moment set last written) resume
+-- bit for bit, parameters and losses, against the uninterrupted run; mutant loads must differ.
 local zr = require "zrun"
 local T = zr.testing
 
@@ -97,5 +99,112 @@ T.test("zenflow resumed from a checkpoint without ZenFlow state selects columns 
   end
   T.eq(e.zenflow.force_select, nil, "the selection happened")
 end)
+-- overlap_step: the host update of each window lands one window late. Boundaries (warm-up 2, U = 3,
+-- select_interval 12) at micro-steps 0, 1 (warm-up), 4 (the first after it: nothing to apply), 7, 10,
+-- 11, 13, ...; a save at 4 or later has an update pending, its moments in one of the two sets.
+local OV = { topk_ratio = 0.3, update_interval = 3, select_strategy = "step", select_interval = 12,
+  full_warm_up_rounds = 2, overlap_step = true }
+local LAST = 22
+local function run_ov(e, from, to, losses)
+  for t = from, to do
+    zr.manual_seed(100 + t)
+    local x, y = zr.randn(4, 6), zr.randn(4, 3)
+    local loss = (e(x) - y):square():mean()
+    losses[t] = loss:item()
+    e:backward(loss)
+    e:step()
+  end
+end
+local ov_losses = {}
+local ov_ref = engine(OV)
+run_ov(ov_ref, 0, LAST, ov_losses)
+local ov_want = params(ov_ref)
+local SAVES = { 1, 4, 7, 11, 13 } -- right after warm-up, the first window after it, both moment sets
+do -- the same run with saves in it
+  local e, losses = engine(OV), {}
+  local at = 0
+  for _, k in ipairs(SAVES) do
+    run_ov(e, at, k, losses)
+    T.eq(e.zenflow.fresh, true, "micro-step " .. k .. " ends a window")
+    e:save_checkpoint(dir, "ov" .. k)
+    at = k + 1
+  end
+  run_ov(e, at, LAST, losses)
+  T.test("zenflow overlap_step: saving checkpoints leaves the run unchanged", function()
+    assert(same(params(e), ov_want), "the run with saves differs from the one without")
+    for t = 0, LAST do T.eq(losses[t], ov_losses[t], "loss at micro-step " .. t) end
+  end)
+end
+-- resumes from checkpoint ov<k> (tamper(e): a mutant of the load) -> parameters, losses
+local function resume_ov(k, tamper)
+  local e, losses = engine(OV), {}
+  e:load_checkpoint(dir, "ov" .. k)
+  if tamper then tamper(e) end
+  run_ov(e, k + 1, LAST, losses)
+  return params(e), losses
+end
+
+T.test("zenflow overlap_step resumes bit for bit (pending weights, both moment sets, master)", function()
+  for _, k in ipairs(SAVES) do
+    local got, losses = resume_ov(k)
+    for t = k + 1, LAST do T.eq(losses[t], ov_losses[t], ("resumed from %d: loss at micro-step %d"):format(k, t)) end
+    assert(same(got, ov_want), "resumed from micro-step " .. k .. ": the parameters differ from the uninterrupted run")
+  end
+end)
+
+T.test("zenflow overlap_step: the checkpoint holds an update pending after warm-up, none during it", function()
+  local w = engine(OV)
+  w:load_checkpoint(dir, "ov1")
+  T.eq(w.zero:async_pending(), false, "nothing pending after warm-up's last window")
+  T.eq(w.zenflow.first_after_warm, true, "the first boundary after warm-up has nothing to apply")
+  local e = engine(OV)
+  e:load_checkpoint(dir, "ov7")
+  T.eq(e.zero:async_pending(), true, "the window's new weights are pending")
+  T.eq(e.zenflow.first_after_warm, false, "the next boundary applies them")
+end)
+
+T.test("zenflow overlap_step: what the checkpoint restores is exercised (mutants differ)", function()
+  local mutants = {
+    ["pending weights dropped"] = function(e) e.zero:set_async_pending(false); e.zenflow.first_after_warm = true end,
+    ["moment sets swapped"] = function(e)
+      local z = e.zero
+      for k = 1, 2 do
+        local a, b = z:state(k):clone(), z:async_state(k, true)
+        z:set_state(k, b:clone()); b:copy_(a)
+      end
+    end,
+    ["master from the model"] = function(e) e.zenflow:sync_master() end,
+  }
+  for name, tamper in pairs(mutants) do
+    -- sets 0 and 1 last written; from 11 the selection at 12 syncs the master anyway
+    for _, k in ipairs(name == "master from the model" and { 7, 13 } or { 7, 11 }) do
+      local got = resume_ov(k, tamper)
+      assert(not same(got, ov_want), name .. " (from " .. k .. ") gave the same parameters: not exercised")
+    end
+  end
+end)
+
+T.test("zenflow overlap_step: the saved master is the model; a load without overlap_step continues from it", function()
+  local noov = {}
+  for k, v in pairs(OV) do noov[k] = v end
+  noov.overlap_step = false
+  local e = engine(noov)
+  e:load_checkpoint(dir, "ov7")
+  local ref = engine(OV)
+  run_ov(ref, 0, 7, {})
+  assert(same(params(e), params(ref)), "the loaded parameters are not the model at the save")
+end)
+
+T.test("zenflow overlap_step loads a checkpoint saved without it: nothing pending, even mid-run", function()
+  local e = engine(OV)
+  run_ov(e, 0, 7, {})
+  e.zero:async_wait() -- (the flag is set when the update in flight is joined)
+  T.eq(e.zero:async_pending(), true, "the run has an update pending before the load")
+  e:load_checkpoint(dir, "w2") -- saved without overlap_step
+  T.eq(e.zero:async_pending(), false, "the checkpoint's model is not overwritten by the old pending weights")
+  T.eq(e.zenflow.first_after_warm, true, "the next boundary has nothing to apply")
+  run_ov(e, 6, 9, {})
+end)
+
 os.execute("rm -rf '" .. dir .. "'")
 T.done()

@@ -1,7 +1,7 @@
 #!/bin/sh
 # ZenFlow (zero_optimization.zenflow) over several ranks: np=2 and np=4 against the np=1 run, at stages
 # 1 and 2, with and without overlap_step, in f32 and bf16; resumes at np=2 from np=1's checkpoint and
-# from np=2's own (tests/mpi/zenflow_check.lua).
+# from np=2's own, with and without overlap_step (tests/mpi/zenflow_check.lua).
 # On GPUs: tests/cuda/test_zenflow_multi_gpu.sh runs this with ZRUN_CHECK_DEVICE=cuda (ZENFLOW_MAX_NP: the
 # GPUs there are; the np=4 runs need 4).
 . "$(dirname "$0")/mpi_env.sh"
@@ -19,8 +19,8 @@ for stage in 1 2; do
     fi
     mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua cmp $stage $ov "$ref" ||
       echo "FAIL zenflow stage $stage overlap_step=$ov np=2: mpirun exited $?"
-    [ $ov = 0 ] && { mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua cmp_resumed $stage 0 "$ref" ||
-      echo "FAIL zenflow stage $stage np=2 resumed from np=1's checkpoint: mpirun exited $?"; }
+    mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua cmp_resumed $stage $ov "$ref" ||
+      echo "FAIL zenflow stage $stage overlap_step=$ov np=2 resumed from np=1's checkpoint: mpirun exited $?"
   done
 done
 if [ "${ZENFLOW_MAX_NP:-4}" -ge 4 ]; then
@@ -36,7 +36,12 @@ for stage in 1 2; do # bf16 weights: .grad in bf16 at several ranks (widened), f
     echo "FAIL zenflow stage $stage bf16 np=2: mpirun exited $?"
 done
 for stage in 1 2; do
-  mkdir "$D/ckpt$stage"
-  mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume $stage "$D/ckpt$stage" ||
-    echo "FAIL zenflow stage $stage np=2 resume: mpirun exited $?"
+  for ov in 0 1; do
+    mkdir "$D/ckpt${stage}_$ov"
+    mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume $stage "$D/ckpt${stage}_$ov" $ov ||
+      echo "FAIL zenflow stage $stage overlap_step=$ov np=2 resume: mpirun exited $?"
+  done
 done
+mkdir "$D/ckpt_bf16" # overlap_step's pending weights in bf16 (saved widened to f32)
+mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume 2 "$D/ckpt_bf16" 1 bf16 ||
+  echo "FAIL zenflow stage 2 overlap_step bf16 np=2 resume: mpirun exited $?"

@@ -2,11 +2,15 @@
 -- against a naive re-implementation of DeepSpeed's algorithm in tests/lua/test_zenflow.lua): the same
 -- global batch split over the ranks must give the same selection and parameters. Usage:
 --   zrun zenflow_check.lua ref STAGE OVERLAP FILE [bf16]  (np=1) writes the parameters and selection to
---                                                    FILE (without overlap_step a checkpoint to FILE.ckpt)
+--                                                    FILE (in f32 a checkpoint to FILE.ckpt too)
 --   zrun zenflow_check.lua cmp STAGE OVERLAP FILE [bf16]  (np>1) compares every rank's with FILE's
---   zrun zenflow_check.lua cmp_resumed STAGE 0 FILE  (np>1) the same, resumed from FILE.ckpt (resharded)
---   zrun zenflow_check.lua resume STAGE DIR         a run resumed from a checkpoint in DIR continues bit
---                                                    for bit as the uninterrupted one (every rank)
+--   zrun zenflow_check.lua cmp_resumed STAGE OVERLAP FILE  (np>1) the same, resumed from FILE.ckpt
+--                                                    (resharded; overlap_step: its pending weights too)
+--   zrun zenflow_check.lua resume STAGE DIR [1 [bf16]]  a run resumed from a checkpoint in DIR continues bit
+--                                                    for bit as the uninterrupted one (every rank; 1:
+--                                                    overlap_step, an update pending at the save;
+--                                                    ZENFLOW_CHECK_MUTANT=drop_pending: the load loses
+--                                                    it, and the check must fail)
 -- 12 micro-steps, update_interval 2, one warm-up round, selection at micro-steps 1, 4 and 8
 -- (select_interval 4), clipping and a warm-up LR schedule. Tolerance: fp32 gradients summed in another
 -- order (each rank's half, then the all-reduce): 2e-5 absolute on weights of size ~0.3 after 12 AdamW
@@ -20,7 +24,7 @@ local dist = zr.dist
 
 local mode, stage, a3, a4 = arg[1], tonumber(arg[2]), arg[3], arg[4]
 local bf16 = arg[5] == "bf16" -- ref/cmp: bf16 weights (.grad in bf16 at several ranks, f32 at one)
-local overlap = mode ~= "resume" and a3 == "1"
+local overlap = (mode == "resume" and a4 or a3) == "1"
 local W, r = dist.world_size(), dist.rank()
 local G, STEPS = 8, 12 -- global batch rows, micro-steps
 local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or nil
@@ -63,7 +67,7 @@ if mode == "ref" then
   local e = engine()
   for t = 0, STEPS - 1 do
     micro(e, t)
-    if t == SAVE and not overlap then e:save_checkpoint(a4 .. ".ckpt", "w") end -- for cmp_resumed
+    if t == SAVE and not bf16 then e:save_checkpoint(a4 .. ".ckpt", "w") end -- for cmp_resumed
   end
   C.save_safetensors(a4, state(e), { format = "zenflow_check" })
 elseif mode == "cmp" or mode == "cmp_resumed" then
@@ -109,6 +113,8 @@ elseif mode == "resume" then
   for t = SAVE + 1, STEPS - 1 do micro(ref, t) end
   local e = engine()
   e:load_checkpoint(a3, "w")
+  if overlap then T.eq(e.zero:async_pending(), true, "an update pending at the save (rank " .. r .. ")") end
+  if os.getenv("ZENFLOW_CHECK_MUTANT") == "drop_pending" then e.zero:set_async_pending(false) end -- must fail
   for t = SAVE + 1, STEPS - 1 do micro(e, t) end
   local function check()
     local want = state(ref)

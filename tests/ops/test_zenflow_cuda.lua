@@ -1,6 +1,7 @@
 -- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums,
 -- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, the gradient whole or
--- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU.
+-- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU, and
+-- an overlap_step checkpoint resumed on the GPU against the uninterrupted GPU run.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("zenflow") then return end
 local zr, T, close = C.zr, C.T, C.close
@@ -70,6 +71,43 @@ T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundar
   for _, overlap in ipairs { false, true } do
     local g, c = run("cuda", overlap), run("cpu", overlap)
     for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i .. (overlap and " (overlap_step)" or ""), 10) end
+  end
+end)
+
+T.test("zenflow overlap_step checkpoint on the GPU: the resumed run repeats the uninterrupted one bit for bit", function()
+  local dir = os.tmpname(); os.remove(dir)
+  local function engine()
+    zr.manual_seed(5)
+    local model = zr.nn.Sequential(zr.nn.Linear(24, 40), zr.nn.Tanh(), zr.nn.Linear(40, 7)):to("cuda")
+    return zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 4, steps_per_print = 1000,
+      optimizer = { type = "AdamW", params = { lr = 1e-2, weight_decay = 0.01 } },
+      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = { topk_ratio = 0.2,
+        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1,
+        overlap_step = true } } } }
+  end
+  local function run(e, from, to)
+    for t = from, to do
+      zr.manual_seed(50 + t)
+      local x, y = zr.randn(4, 24):cuda(), zr.randn(4, 7):cuda()
+      e:backward((e(x) - y):square():mean())
+      e:step()
+      if t == 6 and from == 0 then e:save_checkpoint(dir, "t6") end -- a boundary, an update pending
+    end
+    local out = {}
+    for i, p in ipairs(e:parameters()) do out[i] = p:detach():cpu():flat_table() end
+    return out
+  end
+  local want = run(engine(), 0, 14)
+  local e = engine()
+  e:load_checkpoint(dir, "t6")
+  local got = run(e, 7, 14)
+  os.execute("rm -rf '" .. dir .. "'")
+  for i = 1, #want do
+    for j = 1, #want[i] do
+      if got[i][j] ~= want[i][j] then
+        error(("parameter %d element %d: resumed %.9g, uninterrupted %.9g"):format(i, j, got[i][j], want[i][j]), 0)
+      end
+    end
   end
 end)
 
