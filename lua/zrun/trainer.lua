@@ -137,10 +137,11 @@ function Trainer:setup()
   self.engine = zr.initialize({ model = self.model, config = ds_cfg, args = hf_args,
     num_training_steps = self.total_steps * (per_micro or 1), model_parameters = Trainer.param_groups(self.model, nil) })
   local e = self.engine
-  if not e.lr_scheduler then -- HF builds its own schedule when the config has none
+  if not e.lr_scheduler then -- HF builds its own schedule when the config has none (with ZenFlow in
+    -- micro-batches too, as it is stepped: warm-up and length scaled by update_interval)
     local warm = require("zrun.config").warmup_steps(a.warmup_steps, a.warmup_ratio, self.total_steps)
     e.lr_scheduler = require("zrun.schedulers").hf(a.lr_scheduler_type, e.optimizer,
-      { num_warmup_steps = warm, num_training_steps = self.total_steps })
+      { num_warmup_steps = warm * (per_micro or 1), num_training_steps = self.total_steps * (per_micro or 1) })
     self.hf_schedule = true
   elseif self.user_args.lr_scheduler_type then
     dist.print0(fmt("[zrun] Trainer: lr_scheduler_type = \"%s\" is not used: the DeepSpeed config's scheduler (%s) is",

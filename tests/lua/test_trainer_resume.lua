@@ -108,6 +108,27 @@ for _, overlap in ipairs { false, true } do
   end)
 end
 
+T.test("ZenFlow with HF's own schedule (none in the config): warm-up and decay span the whole run", function()
+  -- stepped at every micro-batch, the schedule is update_interval x longer: HF's linear formula over
+  -- 10 windows x 2 micro-batches with 2 windows (4 micro-batches) of warm-up
+  local zf = ds_config(2, false)
+  zf.zero_optimization.offload_optimizer = { device = "cpu" }
+  zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = 2 }
+  local t = zr.Trainer { model = model(), train_dataset = blocks,
+    args = args(tmp .. "/zenflow_sched", 2, false, { deepspeed = zf, save_strategy = "no" }) }
+  t:train()
+  local peak, N, W = 3e-3, 20, 4
+  for _, r in ipairs(t.state.log_history) do
+    if r.learning_rate and r.step then
+      -- HF logs the rate its schedule applied in the step: here the window's last micro-batch's,
+      -- after 2 * step - 1 scheduler steps
+      local m = 2 * r.step - 1
+      local want = m < W and peak * m / W or peak * math.max(0, N - m) / (N - W)
+      T.near(r.learning_rate, want, 1e-12, 1e-9, ("learning rate after window %d"):format(r.step))
+    end
+  end
+end)
+
 T.test("resume_from_checkpoint=true takes the newest complete checkpoint in output_dir", function()
   local out = tmp .. "/latest"
   local t = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 0, false, { max_steps = 8 }) }
