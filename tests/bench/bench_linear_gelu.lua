@@ -5,15 +5,13 @@
 -- then linear; zr.mlp_gelu (also the dGELU epilogue in backward). Median of 20 after 5 warm-ups.
 --   ./zrun tests/bench/bench_linear_gelu.lua [rows=65536] [C=768]   (B*T = 64*1024, bf16)
 local zr = require "zrun"
-local C = zr._C
 local cli = require("zrun.argparse").new("tests/bench/bench_linear_gelu.lua",
   "GPT-2's MLP up-projection + tanh GELU, unfused vs zr.linear_gelu, forward and backward.")
 cli:option("rows", 65536, "rows of x (B*T)")
 cli:option("C", 768, "the model width (the output is 4C)")
 local opt = cli:parse(arg)
-local gpu = zr.cuda.is_available()
-local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
-local sync = gpu and function() zr.cuda.synchronize() end or function() end
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
+local dev, dt = timing.dev, timing.dt
 local N, Cin = opt.rows, opt.C
 zr.manual_seed(0)
 local td = { dtype = dt, device = dev, requires_grad = true }
@@ -32,21 +30,7 @@ local function mlp_half() return zr.linear(fused(), w2:transpose(1, 2), b2) end
 local function mlp_fused() return zr.mlp_gelu(x * 1, w:transpose(1, 2), b, w2:transpose(1, 2), b2) end
 
 local function time(f, go)
-  local fw, bw = {}, {}
-  for i = 1, 25 do
-    sync()
-    local t0 = C.now()
-    local y = f()
-    sync()
-    local t1 = C.now()
-    y:backward(go)
-    sync()
-    local t2 = C.now()
-    x.grad, w.grad, b.grad, w2.grad, b2.grad = nil, nil, nil, nil, nil
-    if i > 5 then fw[#fw + 1], bw[#bw + 1] = t1 - t0, t2 - t1 end
-  end
-  local function med(t) table.sort(t); return t[math.ceil(#t / 2)] * 1e3 end
-  return med(fw), med(bw)
+  return timing.fwd_bwd(f, go, function() x.grad, w.grad, b.grad, w2.grad, b2.grad = nil, nil, nil, nil, nil end)
 end
 
 print(("linear + tanh GELU, %s %s, %d x %d -> %d (ms; x * 1 included, so dX is a producer's gradient)"):format(

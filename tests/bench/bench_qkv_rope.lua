@@ -4,15 +4,13 @@
 -- q/k :contiguous(), view, transpose, rope; fused = qkv_rope. Median of 20 after 5 warm-ups.
 --   ./zrun tests/bench/bench_qkv_rope.lua [B=4] [T=512]   (Llama-3.2-1B heads: 32/8, D 64, bf16)
 local zr = require "zrun"
-local C = zr._C
 local cli = require("zrun.argparse").new("tests/bench/bench_qkv_rope.lua",
   "Llama's q/k/v split + rope + attention, unfused vs zr.qkv_rope, forward and backward.")
 cli:option("B", 4, "micro-batch")
 cli:option("T", 512, "sequence length")
 local opt = cli:parse(arg)
-local gpu = zr.cuda.is_available()
-local dev, dt = gpu and "cuda" or "cpu", gpu and "bf16" or "f32"
-local sync = gpu and function() zr.cuda.synchronize() end or function() end
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
+local gpu, dev, dt = timing.gpu, timing.dev, timing.dt
 local B, T, H, KV, D = opt.B, opt.T, 32, 8, 64
 zr.manual_seed(0)
 local cos, sin = zr.rope_tables(T, D)
@@ -30,22 +28,10 @@ end
 local function fused(qkv) return zr.qkv_rope(qkv, H, KV, cos, sin) end
 
 local function time(f)
-  local fw, bw = {}, {}
-  for i = 1, 25 do
-    sync()
-    local t0 = C.now()
-    local y = x * 1 -- a producer, so the gradient goes into its buffer as linear_multi's would
-    local o = zr.scaled_dot_product_attention(f(y)):transpose(2, 3):reshape(B, T, H * D)
-    sync()
-    local t1 = C.now()
-    o:backward(go)
-    sync()
-    local t2 = C.now()
-    x.grad = nil
-    if i > 5 then fw[#fw + 1], bw[#bw + 1] = t1 - t0, t2 - t1 end
-  end
-  local function med(t) table.sort(t); return t[math.ceil(#t / 2)] * 1e3 end
-  return med(fw), med(bw)
+  -- x * 1: a producer, so the gradient goes into its buffer as linear_multi's would
+  return timing.fwd_bwd(function()
+    return zr.scaled_dot_product_attention(f(x * 1)):transpose(2, 3):reshape(B, T, H * D)
+  end, go, function() x.grad = nil end)
 end
 
 print(("q/k/v + attention, %s %s, B=%d T=%d H=%d KV=%d D=%d (ms, includes x*1 and attention)"):format(
