@@ -23,8 +23,8 @@ static int epilogue_fits(const zr_tensor *x, const zr_tensor *w, const zr_tensor
     if (zr_is_cpu(x) || (dt != ZR_BF16 && dt != ZR_F16 && dt != ZR_F32) || w->dtype != dt ||
         (b && b->dtype != dt))
         return 0;
-    zr_device d = zr_tensor_device(x), dw = zr_tensor_device(w), db = b ? zr_tensor_device(b) : d;
-    if (dw.type != d.type || dw.index != d.index || db.type != d.type || db.index != d.index) return 0;
+    zr_device d = zr_tensor_device(x);
+    if (!zr_device_eq(zr_tensor_device(w), d) || (b && !zr_device_eq(zr_tensor_device(b), d))) return 0;
     if (w->ndim != 2 || x->ndim == 0 || x->shape[x->ndim - 1] != w->shape[1] || w->shape[1] < 1 ||
         w->shape[0] % 8 || zr_tensor_numel(x) == 0)
         return 0;
@@ -120,8 +120,8 @@ static int dgelu_fits(const zr_tensor *g, const zr_tensor *w, const zr_tensor *p
     zr_dtype dt = pre->dtype;
     if (zr_is_cpu(g) || (dt != ZR_BF16 && dt != ZR_F16 && dt != ZR_F32) || g->dtype != dt || w->dtype != dt)
         return 0;
-    zr_device d = zr_tensor_device(g), dw = zr_tensor_device(w), dp = zr_tensor_device(pre);
-    if (dw.type != d.type || dw.index != d.index || dp.type != d.type || dp.index != d.index) return 0;
+    zr_device d = zr_tensor_device(g);
+    if (!zr_device_eq(zr_tensor_device(w), d) || !zr_device_eq(zr_tensor_device(pre), d)) return 0;
     return zr_tensor_is_contiguous(pre) && w->shape[1] % 8 == 0 && w->shape[0] >= 1 && zr_tensor_numel(pre) > 0;
 }
 
