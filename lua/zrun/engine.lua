@@ -235,10 +235,15 @@ function M.initialize(opts)
   end
   if zc.zenflow then -- DeepSpeed replaces gradient_accumulation_steps by update_interval
     self.zenflow = require("zrun.zenflow").new(self, zc.zenflow, loader and loader:len() or nil)
-    self.gas = zc.zenflow.update_interval
+    local U = zc.zenflow.update_interval
+    -- "auto": DeepSpeed sets gradient_accumulation_steps to 0 and then leaves the loss unscaled (its
+    -- releases up to 0.18.2: the window's gradients are summed; later ones divide by that 0)
+    self.gas = U == "auto" and 1 or U
     dist.print0(fmt("[zrun] zenflow: top %g of each weight's columns updated every micro-batch on %s, the rest on " ..
-      "the host every %d micro-batches (gradient_accumulation_steps becomes update_interval, as in DeepSpeed)",
-      zc.zenflow.topk_ratio, self.device, self.gas))
+      "the host %s", zc.zenflow.topk_ratio, self.device, U == "auto" and fmt("when the unselected columns' " ..
+      "gradients have caught up (update_interval \"auto\", auto_ratio %g; the window's loss is summed, as in " ..
+      "DeepSpeed)", zc.zenflow.auto_ratio) or fmt("every %d micro-batches (gradient_accumulation_steps becomes " ..
+      "update_interval, as in DeepSpeed)", U)))
   end
   return self, self.optimizer, loader, self.lr_scheduler
 end

@@ -37,10 +37,6 @@ function M.check(vals, add, warn)
   if zf.select_strategy == "step" and is_int(si) and is_int(ui) and si ~= 0 and si < ui then
     add("%sselect_interval (%d) must be >= update_interval (%d), as DeepSpeed requires", p, si, ui)
   end
-  if ui == "auto" then
-    add('%supdate_interval "auto" (adaptive, auto_ratio) is not implemented in zrun; set update_interval to a number ' ..
-      "(DeepSpeed's tutorial uses 4)", p)
-  end
   if warn and zf.auto_ratio ~= 0.99 and ui ~= "auto" then
     warn('%sauto_ratio = %s acts only with update_interval "auto" (as in DeepSpeed); with update_interval %s it has ' ..
       "no effect", p, tostring(zf.auto_ratio), tostring(ui))
@@ -99,17 +95,18 @@ function M.new(e, zf, loader_len)
   end
   local si_engine, si_opt = intervals(zf, loader_len)
   local U = zf.update_interval
-  if si_engine ~= 0 and si_engine < U or si_opt ~= 0 and si_opt < U then
+  local auto = U == "auto"
+  if not auto and (si_engine ~= 0 and si_engine < U or si_opt ~= 0 and si_opt < U) then
     error(fmt("zero_optimization.zenflow: the select interval (%d micro-steps) must be >= update_interval (%d), " ..
       "as DeepSpeed requires", si_engine ~= 0 and si_engine or si_opt, U), 0)
   end
   -- W > 1: stage 1 accumulates the window in .grad on each rank; stage 2 hands each micro-step's
   -- gradient to the reduce-scatter, and the engine leaves it on the parameter (zero_new's keep_grads)
   local self = setmetatable({ e = e, W = e.world_size, step_grads = e.stage == 2 and e.world_size > 1,
-    topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds,
+    topk = zf.topk_ratio, U = U, warm = zf.full_warm_up_rounds, auto = auto,
     si_engine = si_engine, si_opt = si_opt, fresh = true, steps = 0, p = {}, lr = e:param_lrs(),
     overlap = zf.overlap_step, first_after_warm = true, threads = M.host_threads(zf.pt_reserved_cores_perc) }, ZF)
-  local total = 0
+  local total, counted = 0, 0
   for i, t in ipairs(e.params) do
     local sh = t:shape()
     local two = #sh == 2
@@ -117,19 +114,34 @@ function M.new(e, zf, loader_len)
     local k = two and floor(zf.topk_ratio * cols) or cols
     local dev = t:device()
     self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k, off = total,
-      m = C.zeros(rows * k, { device = dev }), v = C.zeros(rows * k, { device = dev }) }
+      m = C.zeros(rows * k, { device = dev }), v = C.zeros(rows * k, { device = dev }), avg = 0, non = 0 }
     total = total + rows * k
+    if #sh ~= 1 then counted = counted + 1 end
   end
   -- every micro-step's selected gradients (the 1-D parameters' whole), one flat buffer: one all-reduce
   self.red = C.empty(math.max(total, 1), { device = e.params[1] and e.params[1]:device() or "cpu" })
+  if auto then -- the adaptive window's state (see ZF:is_boundary)
+    self.ratio, self.counted, self.need, self.win = zf.auto_ratio, counted, { false, false }, 0
+    self.sums = C.empty(2 * math.max(#self.p, 1), { device = self.red:device() })
+  end
   return self
 end
 
--- DeepSpeed's is_zenflow_update_boundary for micro-step t (0-based).
+-- DeepSpeed's is_zenflow_update_boundary for micro-step t (0-based). update_interval "auto": the flag
+-- the previous micro-step's statistic left in need[parity of t-1] (ZF:judge), or a forced boundary.
 function ZF:is_boundary(t)
+  if self.forced == t then return true end
+  if self.auto then
+    if t < self.warm then return true end
+    return self.need[(t + 1) % 2 + 1] or (self.si_engine ~= 0 and (t + 1) % self.si_engine == 0)
+  end
   if t + 1 < self.warm then return true end
   return (t + 1 - self.warm) % self.U == 0 or (self.si_engine ~= 0 and (t + 1) % self.si_engine == 0)
 end
+
+-- Makes micro-step t (not yet run) end a host update window (zrun's Trainer, to save a checkpoint
+-- there with update_interval "auto"); the adaptive statistic goes on as at a select-interval boundary.
+function ZF:force_boundary(t) self.forced = t end
 
 function ZF:is_select(t)
   local d = t - self.warm
@@ -146,6 +158,14 @@ end
 -- and the selected columns' moments restart; then what the window accumulated so far is noted, so
 -- that this micro-step's own gradient can be told apart after backward.
 function ZF:before_backward(t)
+  if self.auto then -- DeepSpeed's backward_prologue: the previous micro-step's flag restarts the window
+    self.need[t % 2 + 1] = false
+    if self.need[(t + 1) % 2 + 1] then
+      self.win = 0
+      for _, q in ipairs(self.p) do q.non = 0 end
+    end
+    self.win = self.win + 1
+  end
   -- force_select: resumed from a checkpoint without ZenFlow state (zrun.zenflow_state)
   local sel = self:is_select(t) or (self.force_select and t >= self.warm) or false
   if sel then
@@ -159,7 +179,8 @@ function ZF:before_backward(t)
     q.prev, q.prev_full = nil, nil
     -- the window holds earlier micro-steps' gradients (not where .grad is each micro-step's own)
     if not self.fresh and not self.step_grads then
-      if sel and q.two then q.prev_full = grad_of(q):clone() -- the selection changes: keep them whole
+      -- the selection changes, or "auto" measures the whole micro-step gradient: keep them whole
+      if q.two and (sel or self.auto and t >= self.warm) then q.prev_full = grad_of(q):clone()
       elseif t >= self.warm and q.idx ~= false then q.prev = self:gather(q, grad_of(q)) end
     end
   end
@@ -227,28 +248,39 @@ function ZF:set_selection(tops)
   end
 end
 
+-- q's gradient of this micro-step alone, f32 and reduced over the ranks (a temporary, or .grad itself).
+function ZF:own_grad(q)
+  local g, tmp = grad_of(q), q.prev_full ~= nil -- (g - prev_full: a temporary)
+  if tmp then g = g - q.prev_full end
+  if g:dtype() ~= "f32" then g, tmp = g:to("f32"), true end -- several ranks: .grad in the weights' dtype
+  return self:reduced(g:contiguous(), tmp)
+end
+
 -- After backward of micro-step t (boundary: whether the engine's step will run the CPU update).
 function ZF:after_backward(t, boundary)
-  if self.selecting then -- from the micro-step's gradient reduced over the ranks
+  local measure = self.auto and t >= self.warm
+  local own = {}
+  if self.selecting or measure then -- from the micro-step's gradient reduced over the ranks
+    for i, q in ipairs(self.p) do
+      if q.two and (self.selecting and q.k > 0 or measure and q.rows > 1) then own[i] = self:own_grad(q) end
+    end
+  end
+  if self.selecting then
     local tops = {}
     for i, q in ipairs(self.p) do
-      if q.two and q.k > 0 then
-        local g, tmp = grad_of(q), q.prev_full ~= nil -- (g - prev_full: a temporary)
-        if tmp then g = g - q.prev_full end
-        if g:dtype() ~= "f32" then g, tmp = g:to("f32"), true end -- several ranks: .grad in the weights' dtype
-        tops[i] = self:top_columns(q, self:reduced(g:contiguous(), tmp))
-      end
+      if q.two and q.k > 0 then tops[i] = self:top_columns(q, own[i]) end
     end
     self:set_selection(tops)
-    for _, q in ipairs(self.p) do
-      if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
-      q.prev_full = nil
-    end
     self.selecting = false
+  end
+  for _, q in ipairs(self.p) do
+    if q.prev_full and q.idx ~= false then q.prev = self:gather(q, q.prev_full) end
+    q.prev_full = nil
   end
   self.fresh = false
   if t < self.warm then return end
   self:reduce_selected()
+  if measure then self:judge(t, own) end
   if boundary then -- keep the selected values: the CPU update must not change them
     for _, q in ipairs(self.p) do
       if q.idx ~= false then q.temp = self:gather(q, q.t) end
@@ -256,6 +288,42 @@ function ZF:after_backward(t, boundary)
   else
     self:update()
   end
+end
+
+-- update_interval "auto" (DeepSpeed's _process_selected_fp32_groups_grad): each 2-D weight with more
+-- than one row compares the mass of this window's unselected gradient with a running mean of its
+-- selected columns' (sums of |g| of micro-step t's reduced gradient own[i] and of q.gs); when at least
+-- floor(auto_ratio x the non-1-D parameters) say "enough", need[parity of t] is set and micro-step
+-- t+1 ends the window. Sums in double; several ranks take rank 0's verdict.
+function ZF:judge(t, own)
+  local sums = self.sums
+  sums:zero_()
+  for i, q in ipairs(self.p) do
+    if own[i] then
+      sums:narrow(1, 2 * i - 1, 1):copy_(own[i]:abs():sum():view(1))
+      if q.gs then sums:narrow(1, 2 * i, 1):copy_(q.gs:abs():sum():view(1)) end
+    end
+  end
+  local s = sums:to("cpu"):flat_table()
+  local count, seen, U, r = 0, false, self.win, self.topk
+  self.stats = { t = t, win = U, total = {}, crit = {} }
+  for i, q in ipairs(self.p) do
+    if own[i] then
+      local total, crit = s[2 * i - 1], s[2 * i]
+      q.avg = (q.avg * (U - 1) + crit) / U / (r * 10)
+      q.non = q.non + (total - crit) / ((1 - r) * 10)
+      if q.non >= q.avg then count = count + 1 end
+      seen = true
+      self.stats.total[i], self.stats.crit[i] = total, crit
+    end
+  end
+  local need = seen and count >= floor(self.ratio * self.counted)
+  if self.W > 1 then
+    local v = C.tensor({ need and 1 or 0 }, { dtype = "i32" }):to(self.red:device())
+    dist.broadcast(v, 0)
+    need = v:to("cpu"):flat_table()[1] == 1
+  end
+  self.need[t % 2 + 1], self.stats.need = need, need
 end
 
 -- This micro-step's gradient of the selected columns (the 1-D parameters' whole), reduced over the
@@ -315,10 +383,11 @@ end
 -- overlap_step: engine:step's host update at boundary t (coef: the gradients' scale with clipping).
 -- Warm-up (t < W) waits for it at once; after it, the update of the last window reaches the
 -- parameters now (not at the first boundary after warm-up: nothing is in flight) and this window's
--- starts on a background thread, with moment set (t < W and t or t // U) % 2, as DeepSpeed's.
+-- starts on a background thread, with moment set (t < W and t or t // U) % 2, as DeepSpeed's
+-- (update_interval "auto": (t + 1) % 2, the parity DeepSpeed's zenflow_state holds after t's backward).
 function ZF:host_step(coef, t, lrs)
   local z, hp = self.e.zero, self.e.hp
-  local set = (t < self.warm and t or floor(t / self.U)) % 2
+  local set = (t < self.warm and t or self.auto and t + 1 or floor(t / self.U)) % 2
   if t >= self.warm then
     if self.first_after_warm then self.first_after_warm = false else z:async_apply() end
   end
