@@ -1,7 +1,8 @@
 -- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, written by rank 0;
 -- every rank holds the same): per parameter the selected columns (i32), their AdamW moments (f32, on
--- the parameters' device), the selective optimizer's step count and rate, so that a resumed run
--- continues exactly; any world size loads it (the selection is not per partition). The values
+-- the parameters' device), the selective optimizer's step count and rate, and with update_interval
+-- "auto" the adaptive window's state (its length so far and the last two verdicts in the metadata,
+-- each weight's two sums as f64 tensors auto.avg / auto.non), so that a resumed run continues exactly; any world size loads it (the selection is not per partition). The values
 -- the device updates (selected columns, 1-D parameters) reach the checkpoint through the master, which
 -- takes the model's values at the save.
 --
@@ -64,8 +65,15 @@ function M.collect(e)
     tensors[fmt("p%d.exp_avg_sq", i)] = q.v
     if q.idx then tensors[fmt("p%d.columns", i)] = q.idx end
   end
-  return tensors, { format = M.FORMAT, zenflow = cjson.encode({ steps = zf.steps, kinds = kinds, n = #zf.p, lr = zf.lr }) },
-    ov
+  local st = { steps = zf.steps, kinds = kinds, n = #zf.p, lr = zf.lr }
+  if zf.auto then -- update_interval "auto": the window's length so far, both verdicts, each weight's sums
+    st.auto = { win = zf.win, need = { zf.need[1], zf.need[2] } }
+    local avg, non = {}, {}
+    for i, q in ipairs(zf.p) do avg[i], non[i] = q.avg, q.non end
+    tensors["auto.avg"] = C.tensor(avg, { dtype = "f64" }) -- (doubles: JSON would round them)
+    tensors["auto.non"] = C.tensor(non, { dtype = "f64" })
+  end
+  return tensors, { format = M.FORMAT, zenflow = cjson.encode(st) }, ov
 end
 
 M.OVERLAP_STATES = { "zenflow_master", "zenflow_pending", "zenflow_exp_avg", "zenflow_exp_avg_sq" }
@@ -106,6 +114,26 @@ function M.restore_overlap(e, ov, read, say)
   zf.first_after_warm = ov.first_after_warm
 end
 
+-- update_interval "auto": the adaptive window's state from the file f (st: its metadata's auto, nil
+-- when saved with a fixed update_interval; then the window statistic starts afresh, said in one line).
+function M.restore_auto(zf, st, f, path, say)
+  if not zf.auto then
+    if st then say(fmt('[zrun] load_checkpoint: %s was saved with update_interval "auto"; this run\'s fixed ' ..
+      "update_interval does not use its window statistic", path)) end
+    return
+  end
+  local avg, non = {}, {}
+  if st then
+    avg, non = f:get("auto.avg"):flat_table(), f:get("auto.non"):flat_table()
+  else
+    say(fmt('[zrun] load_checkpoint: %s was saved with a fixed update_interval; update_interval "auto" starts its ' ..
+      "window statistic afresh", path))
+    st = { win = 0, need = { false, false } }
+  end
+  zf.win, zf.need = st.win, { st.need[1], st.need[2] }
+  for i, q in ipairs(zf.p) do q.avg, q.non = avg[i] or 0, non[i] or 0 end
+end
+
 -- Restores engine e's ZenFlow from path (a file M.collect wrote). check(metadata) raises when the
 -- file is not the checkpoint's own save. Without the file (a checkpoint of a run without ZenFlow)
 -- the columns are selected afresh at the next micro-step, said on one line by say(line).
@@ -143,6 +171,7 @@ function M.restore(e, path, say, check)
     end
     -- the rate the next micro-step's selective update takes (synced at each engine:step, after it)
     zf.steps, zf.fresh, zf.lr = st.steps, true, st.lr or zf.lr
+    M.restore_auto(zf, st.auto, f, path, say)
   end)
   f:close()
   if not ok then error(err, 0) end

@@ -1,6 +1,6 @@
 -- ZenFlow across save_checkpoint / load_checkpoint: a run resumed from a checkpoint continues bit for
--- bit as the uninterrupted run (the selected columns, their moments, the step count and the rate the
--- next selective update takes come back);
+-- bit as the uninterrupted run (the selected columns, their moments, the step count, the rate the
+-- next selective update takes and update_interval "auto"'s window statistic come back);
 -- a save inside an update window is refused; a checkpoint without ZenFlow state selects afresh. With
 -- overlap_step: saves at several boundaries (right after warm-up, either moment set last written) resume
 -- bit for bit, parameters and losses, against the uninterrupted run; mutant loads must differ.
@@ -204,6 +204,75 @@ T.test("zenflow overlap_step loads a checkpoint saved without it: nothing pendin
   T.eq(e.zero:async_pending(), false, "the checkpoint's model is not overwritten by the old pending weights")
   T.eq(e.zenflow.first_after_warm, true, "the next boundary has nothing to apply")
   run_ov(e, 6, 9, {})
+end)
+
+-- update_interval "auto": the adaptive window's state comes back with the rest. Inputs of very
+-- different scales make windows of several micro-steps (as in test_zenflow_auto.lua).
+local SCALE = zr.tensor({ 4, 1, 0.5, 0.25, 0.1, 0.05 }):view(1, 6)
+local AUTO_LAST = 30
+-- micro-steps from..AUTO_LAST; saves at the boundaries in save (a set); returns the boundary string
+local function run_auto(e, from, save, name)
+  local b = {}
+  for t = from, AUTO_LAST do
+    zr.manual_seed(100 + t)
+    local x, y = zr.randn(4, 6) * SCALE, zr.randn(4, 3)
+    e:backward((e(x) - y):square():mean())
+    local ended = e:step()
+    b[#b + 1] = ended and "1" or "0"
+    if ended and save and save[t] then e:save_checkpoint(dir, name .. t) end
+  end
+  return table.concat(b)
+end
+-- auto_ratio 1: windows of 4-5 micro-steps; 0.99 (with these 2 weights: either one) also windows of
+-- one micro-step, where the verdict saved at a boundary ends the next window
+local CASES = { { ratio = 1 }, { ratio = 1, overlap = true }, { ratio = 0.99 } }
+for n, c in ipairs(CASES) do
+  c.zf = { topk_ratio = 0.2, update_interval = "auto", auto_ratio = c.ratio, overlap_step = c.overlap }
+  c.name = "auto" .. n
+  local ref = engine(c.zf)
+  c.b = run_auto(ref, 0)
+  c.p = params(ref)
+  local saves = {}
+  c.at = {}
+  for t = 1, #c.b - 1 do -- every boundary after the first, up to the last micro-step but one
+    if c.b:sub(t + 1, t + 1) == "1" then saves[t], c.at[#c.at + 1] = true, t end
+  end
+  local e0 = engine(c.zf)
+  local b0 = run_auto(e0, 0, saves, c.name)
+  T.test(("zenflow update_interval \"auto\" (auto_ratio %g%s): saves leave the run unchanged, resumes are " ..
+    "bit for bit"):format(c.ratio, c.overlap and ", overlap_step" or ""), function()
+    T.eq(b0, c.b, "boundaries with saves in the run")
+    assert(same(params(e0), c.p), "the run with saves differs from the one without")
+    T.eq(#c.at >= 4, true, "several saves (" .. c.b .. ")")
+    for _, k in ipairs(c.at) do
+      local e = engine(c.zf)
+      e:load_checkpoint(dir, c.name .. k)
+      T.eq(run_auto(e, k + 1), c.b:sub(k + 2), "boundaries resumed from micro-step " .. k)
+      assert(same(params(e), c.p), "resumed from micro-step " .. k .. ": the parameters differ")
+    end
+  end)
+end
+
+T.test('zenflow "auto": the window statistic is what the resume needs (mutants differ)', function()
+  T.eq(CASES[1].b:find("0000") ~= nil and CASES[3].b:find("11", 2) ~= nil, true, "long windows and windows of one")
+  local mutants = {
+    ["sums zeroed"] = function(z) for _, q in ipairs(z.p) do q.avg, q.non = 0, 0 end end,
+    ["verdicts cleared"] = function(z) z.need = { false, false } end,
+    ["window length reset"] = function(z) z.win = 0 end,
+  }
+  for what, tamper in pairs(mutants) do
+    local differs = false
+    for _, c in ipairs(CASES) do
+      for _, k in ipairs(c.at) do
+        local e = engine(c.zf)
+        e:load_checkpoint(dir, c.name .. k)
+        tamper(e.zenflow)
+        run_auto(e, k + 1)
+        differs = differs or not same(params(e), c.p)
+      end
+    end
+    assert(differs, what .. " gave the same parameters from every save: not exercised")
+  end
 end)
 
 os.execute("rm -rf '" .. dir .. "'")
