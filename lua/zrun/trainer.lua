@@ -118,10 +118,14 @@ function Trainer:setup()
   a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
   a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
   -- ZenFlow: DeepSpeed replaces the accumulation by update_interval (a step is one update window) and
-  -- steps the schedule at every micro-batch, so the schedule's length is in micro-batches
+  -- steps the schedule at every micro-batch, so the schedule's length is in micro-batches. update_interval
+  -- "auto": the host update windows vary, and a step stays gradient_accumulation_steps micro-batches, as
+  -- HF's Trainer counts them over DeepSpeed (self.count_micro: steps counted in micro-batches)
   local zf = pre.zero_optimization and pre.zero_optimization.zenflow
   local per_micro = zf and type(zf.update_interval) == "number" and zf.update_interval or nil
   if per_micro then a.gradient_accumulation_steps = per_micro end
+  if zf and zf.update_interval == "auto" then per_micro, self.count_micro = a.gradient_accumulation_steps,
+    a.gradient_accumulation_steps end
   local n = self.train_dataset and #self.train_dataset.rows or 0
   local per_epoch = require("zrun.config").steps_per_epoch(n, W, a.per_device_train_batch_size,
     a.gradient_accumulation_steps)
@@ -160,6 +164,14 @@ function Trainer:setup()
   end
   -- zr.plot() draws the latest run: this trainer while it lives (weak: it holds the model), else its file
   Trainer.last[1], Trainer.last_output_dir = self, a.output_dir
+end
+
+-- The trainer's global step: the engine's optimizer steps, or with ZenFlow's update_interval "auto"
+-- the micro-batches trained / gradient_accumulation_steps (its host updates come when they come).
+function Trainer:step_count()
+  local e = self.engine
+  if self.count_micro then return floor(e.micro_steps / self.count_micro) end
+  return e.global_steps
 end
 
 local function norm_dir(p) return (p:gsub("/+$", ""):gsub("^%./", "")) end
@@ -234,7 +246,7 @@ function Trainer:train(resume)
       sum, n, run_sum, run_n, pending[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil
     end
   end
-  local start_step = e.global_steps
+  local start_step = self:step_count()
   local epoch = floor(start_step / self.steps_per_epoch)
   local skip = (start_step % self.steps_per_epoch) * gas -- micro-batches of this epoch already trained
   dist.print0(fmt("[zrun] training: %d steps (%d per epoch), %d ranks, micro-batch %d, accumulation %d, ZeRO stage %d, %s%s",
@@ -262,20 +274,23 @@ function Trainer:train(resume)
     self:log(rec)
     t_log, tokens, sum, n = now, 0, 0, 0
   end
+  local function save_due(s, epoch_end)
+    return (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
+      and self.last_save ~= s
+  end
   local function checkpoints(s, epoch_end)
     if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
       or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no")) then log_train(s) end
     local t0 = C.now()
     if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
-    if (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
-      and self.last_save ~= s then self:save_checkpoint() end
+    if save_due(s, epoch_end) then self:save_checkpoint() end
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
 
   -- a bar on a terminal (the log lines above print as before; in a pipe they are the progress)
   local bar = progress.new { total = self.total_steps, initial = start_step, desc = "train", lines = false }
   bar:run(function()
-    while e.global_steps < self.total_steps do
+    while self:step_count() < self.total_steps do
       local idx = self:epoch_order(epoch)
       for mb = skip, micro_per_epoch - 1 do
         local batch_rows = {}
@@ -283,6 +298,15 @@ function Trainer:train(resume)
         local batch = self.collator(batch_rows)
         local ids, labels = batch.input_ids, batch.labels
         if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
+        local cm = self.count_micro
+        if cm and (e.micro_steps + 1) % cm == 0 then
+          -- ZenFlow "auto": a checkpoint after this micro-batch ends the host window there (a save
+          -- inside one would lose its accumulated gradients; DeepSpeed's does)
+          local s = (e.micro_steps + 1) / cm
+          if save_due(s, false) or (mb == micro_per_epoch - 1 and s % self.steps_per_epoch == 0 and save_due(s, true)) then
+            e.zenflow:force_boundary(e.micro_steps)
+          end
+        end
         local okstep, out = pcall(function()
           local o = e(ids, labels)
           e:backward(o.loss)
@@ -293,8 +317,10 @@ function Trainer:train(resume)
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
-        if e:step() then
-          local s = e.global_steps
+        local ended = e:step()
+        if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
+        if ended then
+          local s = self:step_count()
           st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
           checkpoints(s, false)
           bar:update(1, last_loss and { loss = last_loss })
@@ -302,7 +328,7 @@ function Trainer:train(resume)
         end
       end
       skip = 0
-      if e.global_steps % self.steps_per_epoch == 0 then checkpoints(e.global_steps, true) end
+      if self:step_count() % self.steps_per_epoch == 0 then checkpoints(self:step_count(), true) end
       epoch = epoch + 1
     end
   end)
@@ -311,11 +337,12 @@ function Trainer:train(resume)
   local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
-  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, step = e.global_steps,
-    train_steps_per_second = (e.global_steps - start_step) / math.max(runtime, 1e-9),
-    train_samples_per_second = (e.global_steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
+  local steps = self:step_count()
+  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, step = steps,
+    train_steps_per_second = (steps - start_step) / math.max(runtime, 1e-9),
+    train_samples_per_second = (steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
   self:log(metrics)
-  return { global_step = e.global_steps, train_loss = metrics.train_loss, first_loss = first_loss,
+  return { global_step = steps, train_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, train_runtime = runtime, metrics = metrics }
 end
 
@@ -358,7 +385,7 @@ function Trainer:load_checkpoint(path)
   local ok, err = pcall(self.engine.load_checkpoint, self.engine, path)
   if not ok then error("resume_from_checkpoint " .. path .. ": " .. tostring(err), 0) end
   local st = self.state
-  st.global_step, st.epoch = self.engine.global_steps, saved.epoch or 0
+  st.global_step, st.epoch = self:step_count(), saved.epoch or 0
   st.log_history = saved.log_history or {}
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
@@ -393,9 +420,10 @@ end
 -- trainer_state.json; then removes checkpoints beyond save_total_limit.
 function Trainer:save_checkpoint()
   local a, e, st = self.args, self.engine, self.state
-  local dir = tckpt.dir_for(a.output_dir, e.global_steps)
-  self.last_save = e.global_steps
-  e:save_checkpoint(dir, "global_step" .. e.global_steps)
+  local step = self:step_count()
+  local dir = tckpt.dir_for(a.output_dir, step)
+  self.last_save = step
+  e:save_checkpoint(dir, "global_step" .. step)
   self:save_model(dir, { in_checkpoint = true })
   local metric = a.metric_for_best_model
   if metric then -- the latest evaluation decides (HF: the one at this step)
@@ -405,11 +433,11 @@ function Trainer:save_checkpoint()
     end
     if v == nil then
       error(fmt("metric_for_best_model = %s: no evaluation logged it before the save at step %d (metrics: eval_loss, " ..
-        "eval_perplexity)", metric, e.global_steps), 0)
+        "eval_perplexity)", metric, step), 0)
     end
     local better = st.best_metric == nil or (a.greater_is_better and v > st.best_metric) or
       (not a.greater_is_better and v < st.best_metric)
-    if better then st.best_metric, st.best_model_checkpoint, st.best_global_step = v, dir, e.global_steps end
+    if better then st.best_metric, st.best_model_checkpoint, st.best_global_step = v, dir, step end
   end
   if self.is_main then
     local out = {}
@@ -419,7 +447,7 @@ function Trainer:save_checkpoint()
     -- what the data position after a resume depends on; HF ignores a callback it does not know
     out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
       per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
-      data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. e.global_steps } } }
+      data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. step } } }
     tckpt.write_state(dir, out)
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
@@ -442,7 +470,7 @@ function Trainer:save_model(dir, o)
   local zc = e.config.zero_optimization or {}
   local gather = e.stage < 3 or zc.stage3_gather_16bit_weights_on_model_save
   if gather then e:save_16bit_model(dir)
-  elseif not o.in_checkpoint then e:save_checkpoint(dir, "global_step" .. e.global_steps) end
+  elseif not o.in_checkpoint then e:save_checkpoint(dir, "global_step" .. self:step_count()) end
   if self.is_main then
     local hf = require "zrun.hf"
     local cfg = {}
@@ -532,11 +560,11 @@ function Trainer:evaluate(ds, prefix)
   local rt = C.now() - t0
   local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = math.exp(loss), [prefix .. "_tokens"] = cnt,
     [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
-    step = e.global_steps, epoch = self.state.epoch }
-  dist.print0(fmt("[zrun] %s at step %d: loss %.4f | perplexity %.3f | %d tokens", prefix, e.global_steps, loss,
+    step = self:step_count(), epoch = self.state.epoch }
+  dist.print0(fmt("[zrun] %s at step %d: loss %.4f | perplexity %.3f | %d tokens", prefix, self:step_count(), loss,
     rec[prefix .. "_perplexity"], cnt))
   self:log(rec)
-  self.last_eval, self.last_eval_metrics = e.global_steps, rec
+  self.last_eval, self.last_eval_metrics = self:step_count(), rec
   return rec
 end
 

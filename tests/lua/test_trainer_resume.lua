@@ -83,37 +83,49 @@ for _, case in ipairs { { 0, false }, { 2, false }, { 2, true } } do
   end)
 end
 
-for _, overlap in ipairs { false, true } do
-  local name = overlap and "ZenFlow overlap_step: the host update in flight and pending at the save" or
-    "ZenFlow: stage 2, cpu offload"
+for _, case in ipairs { { false }, { true }, { false, "auto" }, { true, "auto" } } do
+  local overlap, auto = case[1], case[2] == "auto"
+  local name = (overlap and "ZenFlow overlap_step: the host update in flight and pending at the save" or
+    "ZenFlow: stage 2, cpu offload") .. (auto and ", update_interval auto" or "")
   T.test("resume from checkpoint-4 continues the uninterrupted loss curve (" .. name .. ")", function()
-    -- a step is a ZenFlow window of update_interval micro-batches; the schedule moves at every one
+    -- a step is a ZenFlow window of update_interval micro-batches; the schedule moves at every one.
+    -- "auto": a step is gradient_accumulation_steps (2) micro-batches, the host windows adapt, and the
+    -- save at step 4 ends the window there
     local zf = ds_config(2, false)
     zf.zero_optimization.offload_optimizer = { device = "cpu" }
-    zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = 2, select_strategy = "step",
-      select_interval = 4, overlap_step = overlap }
-    local out = tmp .. (overlap and "/zenflow_overlap" or "/zenflow")
+    zf.zero_optimization.zenflow = auto and { topk_ratio = 0.25, update_interval = "auto", overlap_step = overlap }
+      or { topk_ratio = 0.25, update_interval = 2, select_strategy = "step", select_interval = 4, overlap_step = overlap }
+    local out = tmp .. (overlap and "/zenflow_overlap" or "/zenflow") .. (auto and "_auto" or "")
     -- overlap_step: a constant rate, so that every window's host update (both moment sets) reaches the losses
     local sched = overlap and "constant_with_warmup" or nil
     local full = zr.Trainer { model = model(), train_dataset = blocks,
       args = args(out, 2, false, { deepspeed = zf, lr_scheduler_type = sched }) }
     T.eq(full:train().global_step, 10)
+    T.eq(full.engine.micro_steps, 20, "micro-batches trained")
+    if auto then -- windows of their own length: not one host update per step
+      T.eq(full.engine.global_steps ~= 10, true, "host updates (" .. full.engine.global_steps .. ") differ from steps")
+    end
     local ref = losses(full)
     assert(ref[10] < ref[1] - 0.5, ("the run did not learn: loss %.4f -> %.4f"):format(ref[1], ref[10]))
-    local resumed = zr.Trainer { model = model(), train_dataset = blocks,
-      args = args(out, 2, false, { deepspeed = zf, save_strategy = "no", lr_scheduler_type = sched }) }
+    -- "auto": the resumed run saves at the same steps (each save ends a window there), elsewhere
+    local more = auto and { output_dir = out .. "/resumed" } or { save_strategy = "no" }
+    more.deepspeed, more.lr_scheduler_type = zf, sched
+    local resumed = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 2, false, more) }
     T.eq(resumed:train({ resume_from_checkpoint = out .. "/checkpoint-4" }).global_step, 10)
     local got = losses(resumed)
     for s = 5, 10 do T.near(got[s], ref[s], 0, 0, ("loss at step %d after resuming"):format(s)) end
   end)
 end
 
-T.test("ZenFlow with HF's own schedule (none in the config): warm-up and decay span the whole run", function()
+for _, ui in ipairs { 2, "auto" } do
+T.test("ZenFlow with HF's own schedule (none in the config): warm-up and decay span the whole run (update_interval " ..
+  ui .. ")", function()
   -- stepped at every micro-batch, the schedule is update_interval x longer: HF's linear formula over
-  -- 10 windows x 2 micro-batches with 2 windows (4 micro-batches) of warm-up
+  -- 10 windows x 2 micro-batches with 2 windows (4 micro-batches) of warm-up. "auto": the same over
+  -- 10 steps of gradient_accumulation_steps = 2 micro-batches, whatever the host windows
   local zf = ds_config(2, false)
   zf.zero_optimization.offload_optimizer = { device = "cpu" }
-  zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = 2 }
+  zf.zero_optimization.zenflow = { topk_ratio = 0.25, update_interval = ui }
   local t = zr.Trainer { model = model(), train_dataset = blocks,
     args = args(tmp .. "/zenflow_sched", 2, false, { deepspeed = zf, save_strategy = "no" }) }
   t:train()
@@ -128,6 +140,7 @@ T.test("ZenFlow with HF's own schedule (none in the config): warm-up and decay s
     end
   end
 end)
+end
 
 T.test("resume_from_checkpoint=true takes the newest complete checkpoint in output_dir", function()
   local out = tmp .. "/latest"

@@ -45,3 +45,16 @@ done
 mkdir "$D/ckpt_bf16" # overlap_step's pending weights in bf16 (saved widened to f32)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume 2 "$D/ckpt_bf16" 1 bf16 ||
   echo "FAIL zenflow stage 2 overlap_step bf16 np=2 resume: mpirun exited $?"
+for stage in 1 2; do # update_interval "auto": the same windows as np=1 (rank 0's verdict), resumes
+  for ov in 0 1; do
+    ref="$D/ref_${stage}_${ov}_auto.safetensors"
+    mpirun $MPI_FLAGS -np 1 $Z tests/mpi/zenflow_check.lua ref $stage $ov "$ref" auto &&
+      mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua cmp $stage $ov "$ref" auto ||
+      echo "FAIL zenflow stage $stage overlap_step=$ov update_interval auto np=2: mpirun exited $?"
+    mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua cmp_resumed $stage $ov "$ref" auto ||
+      echo "FAIL zenflow stage $stage overlap_step=$ov update_interval auto np=2 resumed from np=1: mpirun exited $?"
+    mkdir "$D/ckpt${stage}_${ov}_auto"
+    mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zenflow_check.lua resume $stage "$D/ckpt${stage}_${ov}_auto" $ov auto ||
+      echo "FAIL zenflow stage $stage overlap_step=$ov update_interval auto np=2 resume: mpirun exited $?"
+  done
+done
