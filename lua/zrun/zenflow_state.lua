@@ -2,9 +2,10 @@
 -- every rank holds the same): per parameter the selected columns (i32), their AdamW moments (f32, on
 -- the parameters' device), the selective optimizer's step count and rate, and with update_interval
 -- "auto" the adaptive window's state (its length so far and the last two verdicts in the metadata,
--- each weight's two sums as f64 tensors auto.avg / auto.non), so that a resumed run continues exactly; any world size loads it (the selection is not per partition). The values
--- the device updates (selected columns, 1-D parameters) reach the checkpoint through the master, which
--- takes the model's values at the save.
+-- each weight's two sums as f64 tensors auto.avg / auto.non), so that a resumed run continues
+-- exactly; any world size loads it (the selection is not per partition). The values the device
+-- updates (selected columns, 1-D parameters) reach the checkpoint through the master, which takes the
+-- model's values at the save.
 --
 -- With overlap_step (zrun.zenflow: host_step) a save waits for the host update in flight; the host
 -- optimizer's own master (one window ahead of the model: its new weights are not applied yet) and what

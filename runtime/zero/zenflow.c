@@ -50,8 +50,8 @@
  *   first (the order DeepSpeed has when the process is quicker than one backward), so the master
  *   becomes the 16-bit values and the finished step's result is still applied at the next boundary.
  *   Nothing flushes at the end (the last window's result is never applied) nor at checkpoint save,
- *   where DeepSpeed saves the master as it is and not the process's moments; zrun refuses
- *   save_checkpoint with overlap_step instead. pt_reserved_cores_perc: ceil(perc x n) of the rank's n
+ *   where DeepSpeed saves the master as it is and not the process's moments; zrun waits for the
+ *   step in flight and saves it all (lua/zrun/zenflow_state.lua). pt_reserved_cores_perc: ceil(perc x n) of the rank's n
  *   cores stay with training, the rest run the CPU Adam (both all n when either side would be empty);
  *   zrun gives the background step's OpenMP region n - ceil(perc x n) threads and leaves training's as
  *   they are (without overlap_step the value does nothing, in DeepSpeed too).
@@ -74,9 +74,40 @@
  *   reduced values DeepSpeed's broadcasts deliver. The rest as above: the host step on the partition,
  *   the all-gather (zr_zero_refresh_params; overlap_step: zr_zero_async_apply), then the selected
  *   values back and their own AdamW.
- * update_interval "auto" adapts U from running gradient sums (auto_ratio); offload keeps the
- *   selective m, v on the host. zrun implements fixed U, with or without overlap_step, at any world
- *   size and refuses the rest with one line (lua/zrun/zenflow.lua). The overlapped host step is
+ * update_interval "auto" (the default; engine.py's is_zenflow_update_boundary and sync/step hooks,
+ *   zenflow_stage_1_and_2.py's backward_prologue and _process_selected_fp32_groups_grad, as released
+ *   in 0.17.5-0.18.2). gradient_accumulation_steps becomes 0, so the loss is not scaled: a window
+ *   sums its micro-batches' gradients. Every 2-D weight with more than one row (rows, cols) keeps two
+ *   numbers across micro-steps, avg and non (both start at 0); the optimizer keeps a counter n (the
+ *   micro-steps of the current statistic window, 0 at the start) and two verdict slots by micro-step
+ *   parity. At micro-step t, before backward: t's slot is cleared; if t-1's verdict is set, n and every
+ *   non restart at 0; n += 1. After backward, for t >= W, with g this micro-step's reduced gradient
+ *   (selection already made for t) and r = topk_ratio:
+ *     crit = sum |g[:, selected]|, total = sum |g|,
+ *     avg = (avg * (n - 1) + crit) / n / (10 r),   non += (total - crit) / (10 (1 - r)),
+ *   and the weight votes "update" when non >= avg; t's verdict is set when the votes reach
+ *   floor(auto_ratio x P), P the number of parameters that are not 1-D (biases and norms count in P
+ *   but never vote, so with two weights auto_ratio 0.99 needs one vote). Micro-step t ends a window
+ *   (host step) when t < W, or t-1's verdict is set, or (SI != 0 and (t+1) % SI == 0): the verdict
+ *   is known before t's backward, which needs it (a boundary keeps the selected columns aside). The
+ *   LR scheduler still steps every micro-step; bias correction still takes t+1; with overlap_step the
+ *   moment set is (t+1) & 1 after warm-up (zenflow_state, toggled at every backward).
+ *   Differences, deliberate: DeepSpeed sums in bf16 (its sum buffer) and keeps avg/non as tensors in
+ *   the parameters' dtype; zrun sums in f32 and runs the rule in double. At several ranks zrun
+ *   all-reduces each micro-step's whole gradient of the measured weights for total (DeepSpeed's owners
+ *   sum their reduced partition slices) and every rank takes rank 0's verdict (one broadcast).
+ *   Later releases broke the rule when the backward hooks moved: 0.18.3-0.19.1 never call ZenFlow's
+ *   prologue, and from 0.19.2 the parity is toggled after it instead of before, so the slot read is
+ *   the one just cleared and no window ends from the rule (only warm-up and SI end them); from 0.18.3
+ *   each gradient is divided by gradient_accumulation_steps = 0. zrun follows 0.17.5-0.18.2. zrun's Trainer counts a step as
+ *   gradient_accumulation_steps micro-batches (HF's count over DeepSpeed) and makes the micro-step of
+ *   each checkpoint save end a window (ZF:force_boundary; the statistic goes on as at an SI boundary):
+ *   a save inside a window would lose its accumulated gradients, as DeepSpeed's does, so zrun's resume
+ *   is exact, and a run with other save steps has other windows. Checkpoints carry n, both verdicts
+ *   and every avg, non (lua/zrun/zenflow_state.lua).
+ * offload keeps the selective m, v on the host. zrun implements fixed and "auto" U, with or without
+ *   overlap_step, at any world size and refuses offload with one line (lua/zrun/zenflow.lua). The
+ *   overlapped host step is
  *   zr_zero_step_async (zero/engine.h): a background pthread running the offload pipeline on a
  *   device-side snapshot of the gradient partition (one more gradient partition on the GPU), its
  *   D2H copies on the offload copy stream after the snapshot, the new weights into a host buffer

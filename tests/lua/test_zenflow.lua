@@ -158,6 +158,12 @@ T.test("zenflow config: DeepSpeed's refusals and zrun's limits, one line each", 
   refused({ update_interval = 0 }, "update_interval must be")
   local shipped = cfgmod.load("configs/zero2_offload_zenflow.json", { args = { train_dataset_size = 100 } })
   T.eq(shipped.zero_optimization.zenflow.topk_ratio, 0.05, "configs/zero2_offload_zenflow.json loads")
+  local auto = cfgmod.load("configs/zero2_offload_zenflow_auto.json", { args = { train_dataset_size = 100 } })
+  T.eq(auto.zero_optimization.zenflow.update_interval, "auto", "configs/zero2_offload_zenflow_auto.json loads")
+  -- DeepSpeed's defaults: a section without update_interval (or anything) is "auto" throughout
+  local bare = cfgmod.load(config({}))
+  T.eq(bare.zero_optimization.zenflow.update_interval, "auto", "update_interval defaults to auto")
+  T.eq(bare.zero_optimization.zenflow.select_strategy, "auto", "select_strategy defaults to auto")
 end)
 
 T.test("zenflow at the engine: host-side gradients are refused in one line", function()
