@@ -1,7 +1,8 @@
 -- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums,
 -- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, the gradient whole or
 -- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU, and
--- an overlap_step checkpoint resumed on the GPU against the uninterrupted GPU run.
+-- an overlap_step checkpoint resumed on the GPU against the uninterrupted GPU run; update_interval "auto"
+-- ends the same windows on the GPU as on the CPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("zenflow") then return end
 local zr, T, close = C.zr, C.T, C.close
@@ -48,29 +49,46 @@ T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; n
   end
 end)
 
-T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries; overlap_step)", function()
-  local function run(device, overlap)
+T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries; overlap_step; update_interval auto)",
+  function()
+  -- auto: inputs of very different scales (windows of several micro-steps); the same windows end on both
+  local scale = zr.tensor((function()
+    local v = {}
+    for j = 1, 24 do v[j] = 4 * 0.7 ^ (j - 1) end
+    return v
+  end)()):view(1, 24)
+  local function run(device, overlap, auto)
     zr.manual_seed(5)
     local model = zr.nn.Sequential(zr.nn.Linear(24, 40), zr.nn.Tanh(), zr.nn.Linear(40, 7))
     model:to(device)
+    local zf = auto and { topk_ratio = 0.2, update_interval = "auto", auto_ratio = 1, full_warm_up_rounds = 1,
+      overlap_step = overlap }
+      or { topk_ratio = 0.2, select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1,
+        overlap_step = overlap }
     local e = zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 4, steps_per_print = 1000,
       gradient_clipping = 0.5, optimizer = { type = "AdamW", params = { lr = 1e-2, weight_decay = 0.01 } },
-      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = { topk_ratio = 0.2,
-        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1,
-        overlap_step = overlap } } } }
-    for t = 1, 13 do
+      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = zf } } }
+    local ends = {}
+    for t = 1, (auto and 24 or 13) do
       zr.manual_seed(50 + t)
-      local x, y = zr.randn(4, 24):to(device), zr.randn(4, 7):to(device)
+      local x, y = zr.randn(4, 24), zr.randn(4, 7)
+      if auto then x = x * scale end
+      x, y = x:to(device), y:to(device)
       e:backward((e(x) - y):square():mean())
-      e:step()
+      ends[t] = e:step() and "1" or "0"
     end
     local out = {}
     for i, p in ipairs(e:parameters()) do out[i] = p:detach():cpu() end
-    return out
+    return out, table.concat(ends)
   end
-  for _, overlap in ipairs { false, true } do
-    local g, c = run("cuda", overlap), run("cpu", overlap)
-    for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i .. (overlap and " (overlap_step)" or ""), 10) end
+  for _, case in ipairs { { false }, { true }, { false, true }, { true, true } } do
+    local overlap, auto = case[1], case[2]
+    local what = (overlap and " (overlap_step)" or "") .. (auto and " (update_interval auto)" or "")
+    local g, gb = run("cuda", overlap, auto)
+    local c, cb = run("cpu", overlap, auto)
+    T.eq(gb, cb, "the micro-steps that ended a window" .. what)
+    if auto then T.eq(cb:find("00", 3) ~= nil, true, "windows of several micro-steps (" .. cb .. ")") end
+    for i = 1, #c do close(g[i], c[i], "f32", "parameter " .. i .. what, 10) end
   end
 end)
 
