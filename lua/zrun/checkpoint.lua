@@ -678,7 +678,8 @@ local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
 
 -- Writes a Hugging Face model directory (config.json + model.safetensors) from rank 0 with the
 -- weights in the training dtype. At stage 3 it needs stage3_gather_16bit_weights_on_model_save,
--- as DeepSpeed does; returns false (with a message) when that is off.
+-- as DeepSpeed does; returns false (with a message) when that is off. With ZenFlow's overlap_step the
+-- weights include the host update still in flight (DeepSpeed's are one host window behind).
 function M.save_16bit_model(engine, dir, opts)
   if type(dir) ~= "string" or dir == "" then error("save_16bit_model: expected a directory path", 2) end
   local zc = engine.config and engine.config.zero_optimization or {}
@@ -689,7 +690,8 @@ function M.save_16bit_model(engine, dir, opts)
   end
   local was = gather_all(engine)
   local ok, err = true, nil
-  if engine.global_rank == 0 then
+  local function write()
+    if engine.global_rank ~= 0 then return end
     ok, err = pcall(function()
       local cfg = plain(engine.module.config or {})
       cfg.dtype, cfg.device = nil, nil
@@ -698,6 +700,8 @@ function M.save_16bit_model(engine, dir, opts)
       hf.save_pretrained(dir, model_tensors(engine), cfg, opts)
     end)
   end
+  -- ZenFlow overlap_step: with the host update in flight applied (zrun.zenflow: with_host_update)
+  if engine.zenflow then engine.zenflow:with_host_update(write) else write() end
   release(engine, was)
   agree(ok, err, "save_16bit_model")
   return true

@@ -395,5 +395,29 @@ function ZF:host_step(coef, t, lrs)
   if t < self.warm then z:async_apply() end
 end
 
+-- overlap_step: runs fn() with the parameters as the next boundary would leave them: the host update
+-- in flight joined and its new weights applied to every column except the selected ones and the 1-D
+-- parameters (those keep their values, as at a boundary); then the parameters and the pending update
+-- are put back, so training goes on unchanged. save_16bit_model writes the model this way (DeepSpeed
+-- writes the parameters as they are, one host window behind). Without an update pending: fn().
+-- Collective (the new weights are all-gathered over the ranks).
+function ZF:with_host_update(fn)
+  local z = self.e.zero
+  if not self.overlap then return fn() end
+  z:async_wait()
+  if not z:async_pending() then return fn() end
+  local keep = {}
+  for i, q in ipairs(self.p) do keep[i] = q.t:detach():clone() end
+  z:async_apply()
+  for i, q in ipairs(self.p) do
+    if q.idx == nil then q.t:detach():copy_(keep[i])
+    elseif q.idx then C.zenflow_scatter(q.t, self:gather(q, keep[i]), q.idx) end
+  end
+  local ok, err = pcall(fn)
+  for i, q in ipairs(self.p) do q.t:detach():copy_(keep[i]) end
+  z:set_async_pending(true)
+  if not ok then error(err, 0) end
+end
+
 M.intervals = intervals
 return M

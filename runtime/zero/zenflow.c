@@ -51,8 +51,12 @@
  *   becomes the 16-bit values and the finished step's result is still applied at the next boundary.
  *   Nothing flushes at the end (the last window's result is never applied) nor at checkpoint save,
  *   where DeepSpeed saves the master as it is and not the process's moments; zrun waits for the
- *   step in flight and saves it all (lua/zrun/zenflow_state.lua). pt_reserved_cores_perc: ceil(perc x n) of the rank's n
- *   cores stay with training, the rest run the CPU Adam (both all n when either side would be empty);
+ *   step in flight and saves it all (lua/zrun/zenflow_state.lua). save_16bit_model (and HF's final
+ *   save through it) writes DeepSpeed's module state dict: the 16-bit parameters as they are, one
+ *   host window behind. zrun's instead joins the step in flight and writes its new weights on the
+ *   unselected columns (the selected ones and the 1-D parameters keep theirs: what the next boundary
+ *   would make of them), then puts the parameters and the pending update back; training goes on
+ *   unchanged. pt_reserved_cores_perc: ceil(perc x n) of the rank's n cores stay with training, the rest run the CPU Adam (both all n when either side would be empty);
  *   zrun gives the background step's OpenMP region n - ceil(perc x n) threads and leaves training's as
  *   they are (without overlap_step the value does nothing, in DeepSpeed too).
  * Several ranks (zenflow_stage_1_and_2.py's average_tensor, update_selected_channels,

@@ -71,6 +71,47 @@ T.test("zenflow overlap_step: engine:step returns while the host update still ru
   T.raises(function() e:save_checkpoint(os.tmpname() .. ".d") end, "inside a ZenFlow update window")
 end)
 
+T.test("zenflow overlap_step: save_16bit_model writes the weights with the host update in flight applied", function()
+  -- the reference's latest: the unselected columns as the next boundary will make them; saves at
+  -- micro-steps inside a window and right after boundaries (4 is the first after warm-up, 7 applies)
+  local zf = { topk_ratio = 0.3, select_strategy = "step", select_interval = 6, update_interval = 3,
+    full_warm_up_rounds = 2, overlap_step = true }
+  local steps = 11
+  local _, _, latest = R.reference(zf, steps, 0.05, 2e-2, 0.9, 0.99, 1e-8, 0.05)
+  local e = zr.initialize { model = mlp(true), config = config(zf, { gradient_clipping = 0.05 }) }
+  local names = {}
+  for name in e.module:named_parameters() do names[#names + 1] = name end
+  local dir = os.tmpname()
+  os.remove(dir)
+  local differs = false
+  for t = 0, steps - 1 do
+    local x, y = batch(t)
+    e:backward(loss_of(e, x, y))
+    e:step()
+    if t == 1 or t == 4 or t == 5 or t == 7 or t == 9 then
+      local before = {}
+      for i, p in ipairs(e:parameters()) do before[i] = p:detach():clone() end
+      e:save_16bit_model(dir)
+      local f = C.safetensors_open(dir .. "/model.safetensors")
+      for i, p in ipairs(e:parameters()) do
+        local got = f:get(names[i]):flat_table()
+        local d = 0
+        for j, v in ipairs(latest[t + 1][i]) do d = math.max(d, math.abs(got[j] - v)) end
+        if d > 2e-5 then error(("micro-step %d, %s: %g from the reference's latest weights"):format(t, names[i], d)) end
+        T.eq((p:detach() - before[i]):abs():max():item(), 0, "the parameters are put back")
+        differs = differs or (f:get(names[i]) - before[i]):abs():max():item() > 1e-4
+      end
+      f:close()
+    end
+  end
+  T.eq(differs, true, "the saved weights differ from the parameters (an update was pending)")
+  local want = run_engine(config(zf, { gradient_clipping = 0.05 }), steps, true)
+  local got = {}
+  for i, p in ipairs(e:parameters()) do got[i] = p:detach():flat_table() end
+  T.eq(max_diff({ got }, { want[steps] }), 0, "the run with saves goes on as the one without")
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
 T.test("zenflow overlap_step: the background update's threads leave pt_reserved_cores_perc to training", function()
   local zfm = require "zrun.zenflow"
   T.eq(zfm.host_threads(0.5, 8), 4, "half of 8")

@@ -29,7 +29,9 @@ function R.loss_of(model, x, y) return (model(x) - y):square():mean() end
 -- with two moment sets alternating by window parity. update_interval "auto": written as DeepSpeed
 -- 0.17.5-0.18.2's engine and optimizer keep it (zenflow_state toggled at each backward, then the
 -- optimizer's prologue; the statistic in _process_selected_fp32_groups_grad), the loss unscaled.
--- Returns out[t+1][i] (parameter i's values after micro-step t) and bounds[t+1] (t ended a window).
+-- Returns out[t+1][i] (parameter i's values after micro-step t), bounds[t+1] (t ended a window) and
+-- latest[t+1][i]: with overlap_step, parameter i with the pending host update on its unselected
+-- columns (what the next boundary gives them), else out's.
 function R.reference(zf, steps, clip, lr, b1, b2, eps, wd)
   local model = R.mlp(true)
   local ps = model:parameters()
@@ -80,7 +82,7 @@ function R.reference(zf, steps, clip, lr, b1, b2, eps, wd)
       end
     end
   end
-  local out = {}
+  local out, latest, pending = {}, {}, false
   for t = 0, steps - 1 do
     local boundary
     if auto then
@@ -176,6 +178,7 @@ function R.reference(zf, steps, clip, lr, b1, b2, eps, wd)
       end
       stale = {}
       for i = 1, #P do stale[i] = { unpack(master[i]) } end
+      pending = zf.overlap_step and t >= W
       if not zf.overlap_step or t < W then P = stale end
       if t >= W then -- the selected columns and 1-D parameters keep their values, then their own update
         for i, q in ipairs(sel) do
@@ -191,9 +194,24 @@ function R.reference(zf, steps, clip, lr, b1, b2, eps, wd)
       end
     end
     out[t + 1] = {}
-    for i = 1, #P do out[t + 1][i] = { unpack(P[i]) } end
+    latest[t + 1] = {}
+    for i = 1, #P do
+      out[t + 1][i] = { unpack(P[i]) }
+      local l = { unpack(pending and stale[i] or P[i]) }
+      local q = sel[i]
+      if pending then -- the selected columns (a 1-D parameter: all) keep their values
+        local cols = q.two and q.idx or nil
+        for r = 1, q.rows do
+          for c = 1, cols and #cols or q.cols do
+            local j = (r - 1) * q.cols + (cols and cols[c] or c)
+            l[j] = P[i][j]
+          end
+        end
+      end
+      latest[t + 1][i] = l
+    end
   end
-  return out, bounds
+  return out, bounds, latest
 end
 
 -- The engine's run of the same micro-steps: the parameters after each and whether it ended a window.
