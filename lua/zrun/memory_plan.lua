@@ -199,13 +199,23 @@ local function build(o, s, counted)
   end
   if s.zenflow then -- zrun.zenflow: the selected columns' f32 moments (1-D parameters whole) on the device,
     -- and their gradients' reduction buffer
-    local zf, bytes = s.zenflow, 0
+    local zf, bytes, most = s.zenflow, 0, 0
     for _, p in ipairs(list) do
       local sh = p.shape
-      bytes = bytes + 3 * 4 * ((sh and #sh == 2) and sh[1] * floor((zf.topk_ratio or 0.1) * sh[2]) or p.numel)
+      local n = (sh and #sh == 2) and sh[1] * floor((zf.topk_ratio or 0.1) * sh[2]) or p.numel
+      bytes, most = bytes + 3 * 4 * n, math.max(most, n)
     end
-    dev.optimizer = dev.optimizer + bytes
-    local line = fmt("ZenFlow: the selected columns' moments and gradients, %s on the GPU", human(bytes))
+    local line
+    if zf.offload then -- the moments on the host; one weight's visit the device at its update
+      local moments = bytes * 2 / 3
+      dev.optimizer = dev.optimizer + bytes / 3 + 2 * 4 * most
+      host.optimizer = host.optimizer + moments
+      line = fmt("ZenFlow: the selected columns' gradients %s on the GPU, their moments %s on the host (offload; " ..
+        "one weight's %s on the GPU at a time)", human(bytes / 3), human(moments), human(2 * 4 * most))
+    else
+      dev.optimizer = dev.optimizer + bytes
+      line = fmt("ZenFlow: the selected columns' moments and gradients, %s on the GPU", human(bytes))
+    end
     if s.stage == 2 and W > 1 then -- engine.c's keep_grads: each micro-step's .grad stays until the next
       dev.grads = dev.grads + total * s.grad_bytes
       line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(total * s.grad_bytes))

@@ -45,8 +45,9 @@ function M.check(vals, add, warn)
     warn("%spt_reserved_cores_perc = %s acts only with overlap_step (the background host update's cores, as in " ..
       "DeepSpeed); without it it has no effect", p, tostring(zf.pt_reserved_cores_perc))
   end
-  if zf.offload then
-    add("%soffload = true (the selected columns' optimizer states on the host) is not implemented in zrun; set it to false", p)
+  if zf.offload and not zo.overlap_comm then
+    add('%soffload = true needs zero_optimization.overlap_comm = true (DeepSpeed asserts "offload selective ' ..
+      'optimizer should be used with overlap_comm")', p)
   end
   local off = zo.offload_optimizer and zo.offload_optimizer.device
   if off ~= "cpu" then
@@ -113,8 +114,10 @@ function M.new(e, zf, loader_len)
     local rows, cols = two and sh[1] or 1, two and sh[2] or t:numel()
     local k = two and floor(zf.topk_ratio * cols) or cols
     local dev = t:device()
-    self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k, off = total,
-      m = C.zeros(rows * k, { device = dev }), v = C.zeros(rows * k, { device = dev }), avg = 0, non = 0 }
+    -- offload: the moments live on the host and visit the device for each update (ZF:update)
+    local mdev = zf.offload and "cpu" or dev
+    self.p[i] = { t = t, two = two, rows = rows, cols = cols, k = k, off = total, away = mdev ~= dev,
+      m = C.zeros(rows * k, { device = mdev }), v = C.zeros(rows * k, { device = mdev }), avg = 0, non = 0 }
     total = total + rows * k
     if #sh ~= 1 then counted = counted + 1 end
   end
@@ -349,8 +352,11 @@ function ZF:update()
   for i, q in ipairs(self.p) do
     if q.idx ~= false then
       local lr = type(lrs) == "table" and lrs[i] or lrs
-      C.zenflow_adamw(q.t, q.gs, q.idx, q.m, q.v, lr, e.hp.betas[1], e.hp.betas[2], e.hp.eps, e.hp.weight_decay,
+      local m, v = q.m, q.v
+      if q.away then m, v = m:to(q.t:device()), v:to(q.t:device()) end -- offload: one weight's at a time
+      C.zenflow_adamw(q.t, q.gs, q.idx, m, v, lr, e.hp.betas[1], e.hp.betas[2], e.hp.eps, e.hp.weight_decay,
         self.steps)
+      if q.away then q.m:copy_(m); q.v:copy_(v) end
     end
     q.gs = nil
   end

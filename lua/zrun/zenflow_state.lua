@@ -1,6 +1,6 @@
 -- ZenFlow's own state in a ZeRO checkpoint (dir/<tag>/zenflow_states.safetensors, written by rank 0;
 -- every rank holds the same): per parameter the selected columns (i32), their AdamW moments (f32, on
--- the parameters' device), the selective optimizer's step count and rate, and with update_interval
+-- the parameters' device, or the host with offload), the selective optimizer's step count and rate, and with update_interval
 -- "auto" the adaptive window's state (its length so far and the last two verdicts in the metadata,
 -- each weight's two sums as f64 tensors auto.avg / auto.non), so that a resumed run continues
 -- exactly; any world size loads it (the selection is not per partition). The values the device

@@ -109,9 +109,13 @@
  *   a save inside a window would lose its accumulated gradients, as DeepSpeed's does, so zrun's resume
  *   is exact, and a run with other save steps has other windows. Checkpoints carry n, both verdicts
  *   and every avg, non (lua/zrun/zenflow_state.lua).
- * offload keeps the selective m, v on the host. zrun implements fixed and "auto" U, with or without
- *   overlap_step, at any world size and refuses offload with one line (lua/zrun/zenflow.lua). The
- *   overlapped host step is
+ * offload (zenflow_torch_adam.py's _step_with_offload / group_step): the selective optimizer's m, v
+ *   live in host buffers, copied to the device before each selective step of a bucket of parameters
+ *   and back after it; the config needs overlap_comm (DeepSpeed asserts it). The numbers do not
+ *   change. zrun keeps them in f32 host tensors and moves one weight's at a time (DeepSpeed keeps
+ *   them in the parameters' dtype, offloaded or not, in pinned memory; zrun's are f32 and pageable).
+ * zrun implements fixed and "auto" U, with or without overlap_step and offload, at any world size
+ *   (lua/zrun/zenflow.lua). The overlapped host step is
  *   zr_zero_step_async (zero/engine.h): a background pthread running the offload pipeline on a
  *   device-side snapshot of the gradient partition (one more gradient partition on the GPU), its
  *   D2H copies on the offload copy stream after the snapshot, the new weights into a host buffer

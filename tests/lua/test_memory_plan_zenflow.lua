@@ -1,7 +1,8 @@
 -- zr.memory.plan with zero_optimization.zenflow: the selected columns' moments the engine really
 -- allocates (summed from a live ZenFlow engine's tensors, with the selected gradients' buffer), the
 -- whole gradient stage 2 keeps over several ranks, overlap_step's gradient snapshot, second
--- moment set and pending weights, and the gradients kept on the GPU as the engine keeps them.
+-- moment set and pending weights, offload's moments on the host, and the gradients kept on the GPU
+-- as the engine keeps them.
 local zr = require "zrun"
 local T = zr.testing
 local P = require "zrun.memory_plan"
@@ -28,6 +29,23 @@ T.test("plan: ZenFlow's selected columns' moments are what the engine allocates"
   local with, without = plan(ZF), plan(nil)
   T.eq(with.device.optimizer - without.device.optimizer, bytes, "device optimizer: + the moments and gradients")
   T.eq(with.host.optimizer, without.host.optimizer, "host optimizer unchanged without overlap_step")
+end)
+
+T.test("plan: ZenFlow offload puts the selected columns' moments on the host, one weight's on the GPU at a time", function()
+  local o = { topk_ratio = 0.3, update_interval = 2, offload = true }
+  local c = ds(o)
+  c.zero_optimization.overlap_comm = true -- (DeepSpeed asserts it with offload)
+  zr.manual_seed(1)
+  local e = zr.initialize { model = zr.models.llama.LlamaForCausalLM(cfg), config = c }
+  local moments, most = 0, 0
+  for _, q in ipairs(e.zenflow.p) do
+    moments, most = moments + 4 * (q.m:numel() + q.v:numel()), math.max(most, q.m:numel())
+  end
+  local with = P.plan { model = cfg, config = c, micro_batch = 2, seq_len = 16, world_size = 1, dtype = "f32", device = "cpu" }
+  local without = plan(nil)
+  T.eq(with.device.optimizer - without.device.optimizer, 4 * e.zenflow.red:numel() + 2 * 4 * most,
+    "device optimizer: + the gradients' buffer and the largest weight's moments")
+  T.eq(with.host.optimizer - without.host.optimizer, moments, "host optimizer: + the moments")
 end)
 
 T.test("plan: ZenFlow overlap_step adds the gradient snapshot (GPU) and a moment set + the new weights (host)", function()

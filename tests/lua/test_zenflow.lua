@@ -26,6 +26,17 @@ T.test("zenflow equals DeepSpeed's algorithm: warm-up, windows, re-selection, cl
     full_warm_up_rounds = 2 }, 14, 0.05)
 end)
 
+T.test("zenflow offload = true (the selected columns' moments on the host) trains as DeepSpeed's algorithm", function()
+  local zf = { topk_ratio = 0.3, select_strategy = "step", select_interval = 6, update_interval = 3,
+    full_warm_up_rounds = 2, offload = true }
+  local c = config(zf, { gradient_clipping = 0.05 })
+  c.zero_optimization.overlap_comm = true
+  local got, e = run_engine(c, 14, true)
+  for _, q in ipairs(e.zenflow.p) do T.eq(q.m:device(), "cpu", "the moments live on the host") end
+  local d = max_diff(got, R.reference(zf, 14, 0.05, 2e-2, 0.9, 0.99, 1e-8, 0.05))
+  if d > 2e-5 then error(string.format("parameters differ from the reference by %g", d)) end
+end)
+
 T.test("zenflow: re-selection inside a window (epoch strategy, steps_per_epoch from the config)", function()
   -- DeepSpeed: no dataloader, so the engine never ends a window for a selection, while the optimizer
   -- re-selects every steps_per_epoch = 5 micro-steps: t = 5 selects from its own gradient mid-window
@@ -186,7 +197,10 @@ T.test("zenflow config: DeepSpeed's refusals and zrun's limits, one line each", 
   refused({ update_interval = 4, select_strategy = "auto", select_interval = 2 }, 'DeepSpeed refuses select_interval = 2')
   refused({ update_interval = 4, select_strategy = "step" }, 'select_strategy "step" needs a number select_interval')
   refused({ update_interval = 4, select_strategy = "step", select_interval = 2 }, "must be >= update_interval")
-  refused({ update_interval = 4, offload = true }, "offload = true")
+  refused({ update_interval = 4, offload = true }, "offload = true needs zero_optimization.overlap_comm = true")
+  local off = config({ update_interval = 4, offload = true })
+  off.zero_optimization.overlap_comm = true
+  T.eq(cfgmod.load(off).zero_optimization.zenflow.offload, true, "offload with overlap_comm")
   refused({ update_interval = 4, topk_ratio = 1.5 }, "topk_ratio")
   refused({ update_interval = 4, select_strategy = "random" }, "select_strategy")
   refused({ update_interval = 4 }, 'needs offload_optimizer.device "cpu"',

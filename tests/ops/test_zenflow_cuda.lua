@@ -92,16 +92,17 @@ T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundar
   end
 end)
 
-T.test("zenflow overlap_step checkpoint on the GPU: the resumed run repeats the uninterrupted one bit for bit", function()
+T.test("zenflow overlap_step checkpoint on the GPU: the resumed run repeats the uninterrupted one bit for bit; " ..
+  "offload = true (moments on the host) is the same run", function()
   local dir = os.tmpname(); os.remove(dir)
-  local function engine()
+  local function engine(offload)
     zr.manual_seed(5)
     local model = zr.nn.Sequential(zr.nn.Linear(24, 40), zr.nn.Tanh(), zr.nn.Linear(40, 7)):to("cuda")
     return zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 4, steps_per_print = 1000,
       optimizer = { type = "AdamW", params = { lr = 1e-2, weight_decay = 0.01 } },
-      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, zenflow = { topk_ratio = 0.2,
-        select_strategy = "step", select_interval = 6, update_interval = 3, full_warm_up_rounds = 1,
-        overlap_step = true } } } }
+      zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" }, overlap_comm = offload or nil,
+        zenflow = { topk_ratio = 0.2, select_strategy = "step", select_interval = 6, update_interval = 3,
+        full_warm_up_rounds = 1, overlap_step = true, offload = offload } } } }
   end
   local function run(e, from, to)
     for t = from, to do
@@ -115,18 +116,27 @@ T.test("zenflow overlap_step checkpoint on the GPU: the resumed run repeats the 
     for i, p in ipairs(e:parameters()) do out[i] = p:detach():cpu():flat_table() end
     return out
   end
-  local want = run(engine(), 0, 14)
-  local e = engine()
-  e:load_checkpoint(dir, "t6")
-  local got = run(e, 7, 14)
-  os.execute("rm -rf '" .. dir .. "'")
-  for i = 1, #want do
-    for j = 1, #want[i] do
-      if got[i][j] ~= want[i][j] then
-        error(("parameter %d element %d: resumed %.9g, uninterrupted %.9g"):format(i, j, got[i][j], want[i][j]), 0)
+  local function same(got, want, what)
+    for i = 1, #want do
+      for j = 1, #want[i] do
+        if got[i][j] ~= want[i][j] then
+          error(("parameter %d element %d: %s %.9g, uninterrupted %.9g"):format(i, j, what, got[i][j], want[i][j]), 0)
+        end
       end
     end
   end
+  local want = run(engine(), 0, 14)
+  local e = engine()
+  e:load_checkpoint(dir, "t6")
+  same(run(e, 7, 14), want, "resumed")
+  os.execute("rm -rf '" .. dir .. "'")
+  local eo = engine(true)
+  for i, q in ipairs(eo.zenflow.p) do T.eq(q.m:device(), "cpu", "offload: parameter " .. i .. "'s moments on the host") end
+  same(run(eo, 0, 14), want, "offload")
+  local r = engine(true)
+  r:load_checkpoint(dir, "t6")
+  same(run(r, 7, 14), want, "offload, resumed")
+  os.execute("rm -rf '" .. dir .. "'")
 end)
 
 T.done()
