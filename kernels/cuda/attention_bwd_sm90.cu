@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "attention_sm90.cuh"
+#include "attention_bwd_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_bwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -22,30 +22,6 @@ static_assert(B_BM == B_BN, "the diagonal tile's mask assumes square tiles");
 #define LOG2E 1.4426950408889634f
 
 /* ---- backward ------------------------------------------------------------------------------- */
-
-/* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
- * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse (natural
- * log) from this thread's first column. */
-static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const float l0 = lq[nt * 8] * LOG2E, l1 = lq[nt * 8 + 1] * LOG2E;
-        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
-        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
-        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
-        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, -l1));
-    }
-}
-
-/* Zeroes P^T where the key comes after the query: d = (this thread's first key) − (its first query
- * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1). */
-static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
-}
 
 /* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys). Each block loops over the
  * query heads of its split of the group and the query tiles i >= j (128 queries each, in two
@@ -223,28 +199,8 @@ __global__ void __launch_bounds__(NTHR, 1)
         }
     }
 
-    /* Epilogue: rows key0, key0 + 8 of this kv head. */
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int c = nt * 8 + t4 * 2;
-#pragma unroll
-        for (int hlf = 0; hlf < 2; ++hlf) {
-            const int key = key0 + hlf * 8;
-            if (key >= T_) continue;
-            const size_t off = ((size_t)bhk * T_ + key) * 64 + c; /* contiguous partials */
-            const int e = 4 * nt + 2 * hlf;
-            if (nsplit == 1) {
-                *reinterpret_cast<uint32_t *>(dk + b * L.dk.sb + hk * L.dk.sh + key * L.dk.st + c) =
-                    cvt<T>::pack(dka[e] * scale, dka[e + 1] * scale);
-                *reinterpret_cast<uint32_t *>(dv + b * L.dv.sb + hk * L.dv.sh + key * L.dv.st + c) =
-                    cvt<T>::pack(dva[e], dva[e + 1]);
-            } else {
-                float *wk = ws_dkv + (size_t)split * kv_elems, *wv = wk + (size_t)nsplit * kv_elems;
-                *reinterpret_cast<float2 *>(wk + off) = make_float2(dka[e], dka[e + 1]);
-                *reinterpret_cast<float2 *>(wv + off) = make_float2(dva[e], dva[e + 1]);
-            }
-        }
-    }
+    store_dkv<T>(dk, dv, ws_dkv, dka, dva, L.dk, L.dv, b, hk, bhk, key0, t4, T_, split, nsplit,
+                 kv_elems, scale);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
