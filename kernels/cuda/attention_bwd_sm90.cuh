@@ -10,8 +10,8 @@
 namespace sm90 {
 
 /* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
- * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse (natural
- * log) from this thread's first column. */
+ * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse
+ * (natural log) from this thread's first column. */
 static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
     const float log2e = 1.4426950408889634f;
 #pragma unroll
@@ -25,7 +25,8 @@ static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, 
 }
 
 /* Zeroes P^T where the key comes after the query: d = (this thread's first key) − (its first query
- * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1). */
+ * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1).
+ */
 static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -38,12 +39,10 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
  * head hk of batch b. nsplit == 1: dk (scaled) and dv into their strided outputs; else f32
  * partials (dk unscaled) at split's slot of ws_dkv, contiguous (B·Hkv, T, 64) each. */
 template <typename T>
-static __device__ __forceinline__ void store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv,
-                                                 const float (&dka)[32], const float (&dva)[32],
-                                                 zr_attn_strides sdk, zr_attn_strides sdv, int b,
-                                                 int hk, int bhk, int key0, int t4, int T_,
-                                                 int split, int nsplit, int64_t kv_elems,
-                                                 float scale) {
+static __device__ __forceinline__ void
+store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], const float (&dva)[32],
+          zr_attn_strides sdk, zr_attn_strides sdv, int b, int hk, int bhk, int key0, int t4,
+          int T_, int split, int nsplit, int64_t kv_elems, float scale) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const int c = nt * 8 + t4 * 2;

@@ -1,16 +1,19 @@
 /* Causal GQA flash attention backward for Hopper (sm_90a), warp-specialised in FlashAttention-3's
  * layout; ZR_ATTN_BWD=ws selects it (attention_bwd_sm90.cu stays the default until measured). A
- * producer warp fills a 2-stage ring of Q, dO (TMA) and lse, D (cp.async) on mbarriers; two consumer
- * warpgroups of 64 keys each run S^T, dP^T, dV, dK and dQ with wgmma; a dQ warp adds their dQ tiles
- * from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64, bf16/f16.
+ * producer warp fills a 2-stage ring of Q, dO (TMA) and lse, D (cp.async) on mbarriers; two
+ * consumer warpgroups of 64 keys each run S^T, dP^T, dV, dK and dQ with wgmma; a dQ warp adds their
+ * dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64, bf16/f16.
  * Status: compiled (sm_90a, no spills, no wgmma serialisation), not yet run on a GPU. */
 #include "attention_sm90.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../base/error.h"
 #include "attention_bwd_sm90.cuh"
+
+extern "C" {
+#include "../base/error.h"
+}
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_bwd_ws_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -22,11 +25,11 @@ using namespace sm90;
  * 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each). FA3 uses
  * the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 × 32 KB; dQ
  * 32 KB = 192 KB, which leaves no room for a third Q/dO stage (227 KB per block). */
-#define WS_BN 128                /* keys per block */
-#define WS_BM 128                /* queries per step */
-#define WS_ST 2                  /* Q/dO/lse/D stages */
-#define WS_CONS 256              /* two consumer warpgroups */
-#define WS_THR (WS_CONS + 64)    /* + the producer warp + the dQ warp */
+#define WS_BN 128             /* keys per block */
+#define WS_BM 128             /* queries per step */
+#define WS_ST 2               /* Q/dO/lse/D stages */
+#define WS_CONS 256           /* two consumer warpgroups */
+#define WS_THR (WS_CONS + 64) /* + the producer warp + the dQ warp */
 #define WS_PRODUCER (WS_CONS / 32)
 #define WS_DQWARP (WS_PRODUCER + 1)
 #define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
@@ -36,8 +39,8 @@ static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
 struct ws_smem {
     static constexpr int K = 0, V = K + WS_BN * 64 * 2, Q = V + WS_BN * 64 * 2;
     static constexpr int DO = Q + WS_ST * WS_BM * 64 * 2, DS = DO + WS_ST * WS_BM * 64 * 2;
-    static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2;      /* two dS^T buffers */
-    static constexpr int L = DQ + 2 * 64 * 64 * 4;               /* dQ: 64×64 f32 per warpgroup */
+    static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
+    static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
     static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
     static constexpr int BYTES = BAR + 8 * (1 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
 };
@@ -216,8 +219,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    dpt[4 * nt + e] =
-                        st[4 * nt + e] * (dpt[4 * nt + e] - cD[hh * 64 + nt * 8 + t4 * 2 + (e & 1)]);
+                    dpt[4 * nt + e] = st[4 * nt + e] *
+                                      (dpt[4 * nt + e] - cD[hh * 64 + nt * 8 + t4 * 2 + (e & 1)]);
             uint16_t *sS = cdS + hh * WS_BN * 64;
             const int r = wg * 64 + warp * 16 + g;
 #pragma unroll
@@ -327,14 +330,14 @@ static int ws_launch(void *dk, void *dv, float *wkv, float *dqacc, const void *d
     return 0;
 }
 
-extern "C" int attn_sm90_backward_ws(void *dk, void *dv, float *wkv, float *dqacc,
-                                     const void *dout, const void *q, const void *k, const void *v,
-                                     const float *lse, const float *Dd, const zr_attn_layout *L,
-                                     int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
-                                     int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
+extern "C" int attn_sm90_backward_ws(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
+                                     const void *q, const void *k, const void *v, const float *lse,
+                                     const float *Dd, const zr_attn_layout *L, int64_t B,
+                                     int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv,
+                                     float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
         return ws_launch<__nv_bfloat16>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv,
                                         T, ns, nkv, scale, dt, st);
-    return ws_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T, ns,
-                             nkv, scale, dt, st);
+    return ws_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
+                             scale, dt, st);
 }
