@@ -41,8 +41,8 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
 template <typename T>
 static __device__ __forceinline__ void
 store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], const float (&dva)[32],
-          zr_attn_strides sdk, zr_attn_strides sdv, int b, int hk, int bhk, int key0, int t4,
-          int T_, int split, int nsplit, int64_t kv_elems, float scale) {
+          const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int bhk, int key0,
+          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const int c = nt * 8 + t4 * 2;
