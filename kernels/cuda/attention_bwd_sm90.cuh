@@ -1,6 +1,7 @@
 /* Device code shared by the two Hopper attention backward kernels (attention_bwd_sm90.cu and the
  * warp-specialised attention_bwd_ws_sm90.cu): P^T from raw scores and lse, the causal mask of the
- * diagonal tile, and the dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
+ * diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK and dQ products, and the
+ * dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
@@ -33,6 +34,68 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
+}
+
+/* dS^T = P^T ∘ (dP^T − D) in place of dP^T (d: the half's D from this thread's first query
+ * column, layout as in p_tile); then P^T and dS^T packed into the A fragments of the dV and dK
+ * products (pf[kc], sf[kc]: the k-step of queries 16kc..16kc + 15), and dS^T stored at rows r, r + 8 of
+ * sS ([key][query of the half], 128-byte swizzle) for the dQ product. */
+template <typename T>
+static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&st)[32],
+                                               const float *d, uint32_t (&pf)[4][4],
+                                               uint32_t (&sf)[4][4], uint16_t *sS, int r, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - d[nt * 8 + (e & 1)]);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        pf[kc][0] = cvt<T>::pack(st[8 * kc], st[8 * kc + 1]);
+        pf[kc][1] = cvt<T>::pack(st[8 * kc + 2], st[8 * kc + 3]);
+        pf[kc][2] = cvt<T>::pack(st[8 * kc + 4], st[8 * kc + 5]);
+        pf[kc][3] = cvt<T>::pack(st[8 * kc + 6], st[8 * kc + 7]);
+        sf[kc][0] = cvt<T>::pack(dpt[8 * kc], dpt[8 * kc + 1]);
+        sf[kc][1] = cvt<T>::pack(dpt[8 * kc + 2], dpt[8 * kc + 3]);
+        sf[kc][2] = cvt<T>::pack(dpt[8 * kc + 4], dpt[8 * kc + 5]);
+        sf[kc][3] = cvt<T>::pack(dpt[8 * kc + 6], dpt[8 * kc + 7]);
+        const int c0 = kc * 16 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[kc][0];
+        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[kc][1];
+        *reinterpret_cast<uint32_t *>(sS + swz(r, c0 + 8)) = sf[kc][2];
+        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0 + 8)) = sf[kc][3];
+    }
+}
+
+/* Issues dV += P^T·dO and dK += dS^T·Q over a half's 64 queries (aO, aQ: the half's first row of
+ * the dO and Q tiles) as one commit group, left in flight. */
+template <typename T>
+static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)[32],
+                                                  const uint32_t (&pf)[4][4],
+                                                  const uint32_t (&sf)[4][4], uint32_t aO,
+                                                  uint32_t aQ) {
+    reg_fence(dva);
+    reg_fence(dka);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+        wg_rs64<T, 1>(dva, pf[kc], desc128(aO + kc * 16 * 128), 1);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+        wg_rs64<T, 1>(dka, sf[kc], desc128(aQ + kc * 16 * 128), 1);
+    wg_commit();
+}
+
+/* Issues dQ (64 queries × 64, overwritten) = dS · K over the block's 128 keys as one commit
+ * group: aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
+template <typename T>
+static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, uint32_t aK) {
+    reg_fence(dq);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc)
+        wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
+    wg_commit();
 }
 
 /* Epilogue of a warpgroup's 64 keys: this thread's rows key0, key0 + 8 (accumulator layout) of kv

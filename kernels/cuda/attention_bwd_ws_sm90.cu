@@ -214,54 +214,17 @@ __global__ void __launch_bounds__(WS_THR, 1)
             if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
             wg_wait<0>();
             reg_fence(dpt);
-            /* dS^T = P^T ∘ (dP^T − D) */
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    dpt[4 * nt + e] = st[4 * nt + e] *
-                                      (dpt[4 * nt + e] - cD[hh * 64 + nt * 8 + t4 * 2 + (e & 1)]);
-            uint16_t *sS = cdS + hh * WS_BN * 64;
-            const int r = wg * 64 + warp * 16 + g;
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) {
-                pf[kc][0] = cvt<T>::pack(st[8 * kc], st[8 * kc + 1]);
-                pf[kc][1] = cvt<T>::pack(st[8 * kc + 2], st[8 * kc + 3]);
-                pf[kc][2] = cvt<T>::pack(st[8 * kc + 4], st[8 * kc + 5]);
-                pf[kc][3] = cvt<T>::pack(st[8 * kc + 6], st[8 * kc + 7]);
-                sf[kc][0] = cvt<T>::pack(dpt[8 * kc], dpt[8 * kc + 1]);
-                sf[kc][1] = cvt<T>::pack(dpt[8 * kc + 2], dpt[8 * kc + 3]);
-                sf[kc][2] = cvt<T>::pack(dpt[8 * kc + 4], dpt[8 * kc + 5]);
-                sf[kc][3] = cvt<T>::pack(dpt[8 * kc + 6], dpt[8 * kc + 7]);
-                const int c0 = kc * 16 + t4 * 2;
-                *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[kc][0];
-                *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[kc][1];
-                *reinterpret_cast<uint32_t *>(sS + swz(r, c0 + 8)) = sf[kc][2];
-                *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0 + 8)) = sf[kc][3];
-            }
-            reg_fence(dva);
-            reg_fence(dka);
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                wg_rs64<T, 1>(dva, pf[kc], desc128(adO + (hh * 64 + kc * 16) * 128), 1);
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                wg_rs64<T, 1>(dka, sf[kc], desc128(aQ + (hh * 64 + kc * 16) * 128), 1);
-            wg_commit(); /* left in flight: the next wait covers it */
+            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
+                       cdS + hh * WS_BN * 64 /* [key][query of this half] */,
+                       wg * 64 + warp * 16 + g, t4);
+            dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
         }
         fence_proxy_async();
         bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
         /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K. */
         float dq[32]; /* overwritten by the first k-step */
-        reg_fence(dq);
-        wg_fence();
-        const uint32_t aS = smem_u32(cdS + wg * WS_BN * 64);
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
-        wg_commit();
+        dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
         if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
         wg_wait<0>();
         reg_fence(dq);
