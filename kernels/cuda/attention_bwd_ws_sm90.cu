@@ -55,8 +55,9 @@ static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
  *     (A and B from shared memory), P^T, dS^T = P^T ∘ (dP^T − D) in registers; dV += P^T dO and
  *     dK += dS^T Q with A from registers; dS^T also to shared memory (buffer it & 1). Then one
  *     named barrier (the other warpgroup's dS^T rows), dQ for queries 64w.. of the tile = dS K over
- *     all 128 keys, everything waited for (no wgmma crosses the loop's back edge), the stage
- *     released, dQ (f32) written to this warpgroup's swizzled buffer: dqfull[w] (128 arrivals).
+ *     all 128 keys; the stage released once half 1's dV/dK products are done (empty[s], one
+ *     arrival a warp); everything waited for (no wgmma crosses the loop's back edge), dQ (f32)
+ *     written to this warpgroup's swizzled buffer: dqfull[w] (128 arrivals).
  *   dQ warp: per iteration and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc
  *     (two 64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
  *     releases the buffer: dqempty[w].
@@ -225,15 +226,16 @@ __global__ void __launch_bounds__(WS_THR, 1)
         /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K. */
         float dq[32]; /* overwritten by the first k-step */
         dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
-        if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
-        wg_wait<0>();
-        reg_fence(dq);
+        wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
         reg_fence(dva);
         reg_fence(dka);
         reg_fence(pf);
         reg_fence(sf);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]); /* Q, dO, lse, D of stage s read */
+        if (lane == 0) mbar_arrive(&empty[s]);
+        if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
+        wg_wait<0>();
+        reg_fence(dq);
 
         /* dQ into two 64×32 boxes in the map's 128-byte swizzle (16-byte chunk ^ row % 8) */
         float *q4 = sdQ + wg * 4096;
