@@ -25,11 +25,11 @@ using namespace sm90;
  * 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each). FA3 uses
  * the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 × 32 KB; dQ
  * 32 KB = 192 KB, which leaves no room for a third Q/dO stage (227 KB per block). */
-#define WS_BN 128             /* keys per block */
-#define WS_BM 128             /* queries per step */
-#define WS_ST 2               /* Q/dO/lse/D stages */
-#define WS_CONS 256           /* two consumer warpgroups */
-#define WS_THR (WS_CONS + 64) /* + the producer warp + the dQ warp */
+#define WS_BN 128              /* keys per block */
+#define WS_BM 128              /* queries per step */
+#define WS_ST 2                /* Q/dO/lse/D stages */
+#define WS_CONS 256            /* two consumer warpgroups */
+#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
 #define WS_PRODUCER (WS_CONS / 32)
 #define WS_DQWARP (WS_PRODUCER + 1)
 #define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
@@ -111,56 +111,62 @@ __global__ void __launch_bounds__(WS_THR, 1)
     }
     __syncthreads(); /* the last block-wide barrier: the roles part here */
 
-    if (warp_id == WS_PRODUCER) {
-        if (lane == 0) {
-            mbar_expect_tx(kvbar, 2 * WS_BN * 64 * 2);
-            tma_load4(sK, &tk, kvbar, 0, kv0, hk, b);
-            tma_load4(sV, &tv, kvbar, 0, kv0, hk, b);
-        }
-        for (int it = 0; it < niter; ++it) {
-            const int s = it % WS_ST, h = h0 + it / nq, i = j + it % nq;
-            if (it >= WS_ST) mbar_wait(&empty[s], ((it / WS_ST) - 1) & 1);
+    /* Registers: ptxas budgets 168 a thread for 12 warps (3 per SM sub-partition of 16,384);
+     * setmaxnreg hands the producer warpgroup's back and gives the consumers 232 (40 + 2 · 232 =
+     * 504 per sub-partition). ptxas allocates each branch for its setmaxnreg as long as the
+     * branches do not merge again (the producer warpgroup returns). */
+    if (warp_id >= WS_PRODUCER) {
+        reg_dealloc<40>();
+        if (warp_id == WS_PRODUCER) {
             if (lane == 0) {
-                mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
-                tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, b);
-                tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, b);
+                mbar_expect_tx(kvbar, 2 * WS_BN * 64 * 2);
+                tma_load4(sK, &tk, kvbar, 0, kv0, hk, b);
+                tma_load4(sV, &tv, kvbar, 0, kv0, hk, b);
             }
-            /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds 0 */
-            const size_t roff = ((size_t)b * Hq + h) * T_;
-#pragma unroll
-            for (int m = 0; m < WS_BM / 32; ++m) {
-                const int c = lane + 32 * m, r = i * WS_BM + c, ok = r < T_;
-                cp_async4(sL + s * WS_BM + c, lse + roff + (ok ? r : 0), ok ? 4 : 0);
-                cp_async4(sD + s * WS_BM + c, Dd + roff + (ok ? r : 0), ok ? 4 : 0);
-            }
-            cp_async_mbar_arrive(&full[s]);
-        }
-        cp_async_wait<0>();
-        return;
-    }
-
-    if (warp_id == WS_DQWARP) {
-        for (int it = 0; it < niter; ++it) {
-            const int h = h0 + it / nq, i = j + it % nq;
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-                mbar_wait(&dqfull[w], it & 1);
+            for (int it = 0; it < niter; ++it) {
+                const int s = it % WS_ST, h = h0 + it / nq, i = j + it % nq;
+                if (it >= WS_ST) mbar_wait(&empty[s], ((it / WS_ST) - 1) & 1);
                 if (lane == 0) {
-                    const int row0 = i * WS_BM + 64 * w;
-                    if (row0 < T_) {
-                        tma_reduce_add4(&tdq, sdQ + w * 4096, 0, row0, h, b);
-                        tma_reduce_add4(&tdq, sdQ + w * 4096 + 2048, 32, row0, h, b);
-                    }
-                    bulk_commit();
-                    bulk_wait_read<0>();
-                    mbar_arrive(&dqempty[w]);
+                    mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
+                    tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, b);
+                    tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, b);
                 }
-                __syncwarp();
+                /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds
+                 * 0 */
+                const size_t roff = ((size_t)b * Hq + h) * T_;
+#pragma unroll
+                for (int m = 0; m < WS_BM / 32; ++m) {
+                    const int c = lane + 32 * m, r = i * WS_BM + c, ok = r < T_;
+                    cp_async4(sL + s * WS_BM + c, lse + roff + (ok ? r : 0), ok ? 4 : 0);
+                    cp_async4(sD + s * WS_BM + c, Dd + roff + (ok ? r : 0), ok ? 4 : 0);
+                }
+                cp_async_mbar_arrive(&full[s]);
             }
+            cp_async_wait<0>(); /* no copy of this thread outlives it */
+        } else if (warp_id == WS_DQWARP) {
+            for (int it = 0; it < niter; ++it) {
+                const int h = h0 + it / nq, i = j + it % nq;
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    mbar_wait(&dqfull[w], it & 1);
+                    if (lane == 0) {
+                        const int row0 = i * WS_BM + 64 * w;
+                        if (row0 < T_) {
+                            tma_reduce_add4(&tdq, sdQ + w * 4096, 0, row0, h, b);
+                            tma_reduce_add4(&tdq, sdQ + w * 4096 + 2048, 32, row0, h, b);
+                        }
+                        bulk_commit();
+                        bulk_wait_read<0>();
+                        mbar_arrive(&dqempty[w]);
+                    }
+                    __syncwarp();
+                }
+            }
+            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
         }
-        if (lane == 0) bulk_wait<0>();
-        return;
+        return; /* the two other warps of the producer warpgroup have nothing to do */
     }
+    reg_alloc<232>();
 
     /* consumers */
     const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
@@ -185,17 +191,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
-            if (hh == 1) {
-                /* half 0's dV/dK products done before half 1's are issued: pf/sf (their A
-                 * operands) are then free, which keeps the consumers within 168 registers (the
-                 * most ptxas gives 10 warps) without spills. The tensor cores run a warpgroup's
-                 * products in order, so S^T of half 1 could not have started earlier anyway. */
-                wg_wait<0>();
-                reg_fence(pf);
-                reg_fence(sf);
-                reg_fence(dva);
-                reg_fence(dka);
-            }
             reg_fence(st);
             reg_fence(dpt);
             wg_fence();
@@ -209,8 +204,16 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
                                  desc128(adO + hh * 64 * 128 + kk * 32), kk);
             wg_commit();
-            wg_wait<1>(); /* S^T done, dP^T may still run */
+            /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the groups
+             * complete in order), so pf/sf, their A operands, may be overwritten below */
+            wg_wait<1>();
             reg_fence(st);
+            if (hh == 1) {
+                reg_fence(pf);
+                reg_fence(sf);
+                reg_fence(dva);
+                reg_fence(dka);
+            }
             p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
             if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
             wg_wait<0>();
