@@ -138,7 +138,7 @@ $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 # The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
-$(BUILD)/kernels/cuda/attention_fwd_sm90.cu.o $(BUILD)/kernels/cuda/attention_bwd_sm90.cu.o: NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
+$(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard kernels/cuda/*_sm90.cu)): NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
 $(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@

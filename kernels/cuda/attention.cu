@@ -1,8 +1,8 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
- * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu run instead;
- * these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128. See
+ * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu (or, with
+ * ZR_ATTN_BWD=ws, attention_bwd_ws_sm90.cu) run instead; these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128. See
  * attention.h for the contract. */
 #include "attention.h"
 #include "attention_sm90.h"
@@ -680,11 +680,13 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     return launch_check(fn);
 }
 
+/* ws: the warp-specialised Hopper kernel (ZR_ATTN_BWD=ws) wherever the Hopper kernels run.
+ * Returns -1 when it could not be launched (tensor maps), with nothing launched after the prep. */
 template <typename T, int D>
-static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                       const void *v, const void *o, const float *lse, void *ws,
-                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
-                       float scale, cudaStream_t st) {
+static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                      const void *v, const void *o, const float *lse, void *ws,
+                      const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                      float scale, bool ws_kernel, cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
@@ -696,7 +698,11 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
-    if (hopper) {
+    if (hopper && ws_kernel) {
+        if (attn_sm90_backward_ws(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_,
+                                  ns, nkv, scale, mma_dtype<T>::value, st))
+            return -1;
+    } else if (hopper) {
         attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_, ns,
                            nkv, scale, mma_dtype<T>::value, st);
     } else {
@@ -719,6 +725,7 @@ static void bwd_launch(void *dq, void *dk, void *dv, const void *dout, const voi
                     (int)T_,
                     rows < ((int64_t)1 << 31)};
     attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);
+    return 0;
 }
 
 extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
@@ -736,20 +743,22 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
-    if (dtype == ZR_BF16) {
-        if (Dh == 64)
-            bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq,
-                                          Hkv, T, scale, stream);
-        else
-            bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq,
-                                           Hkv, T, scale, stream);
-    } else {
-        if (Dh == 64)
-            bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq, Hkv, T,
-                                   scale, stream);
-        else
-            bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B, Hq, Hkv,
-                                    T, scale, stream);
-    }
+    const int wsk = attn_sm90_bwd_ws_selected();
+    if (wsk < 0) return ZR_ERR;
+    int rc;
+    if (dtype == ZR_BF16)
+        rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
+                                                      lay, B, Hq, Hkv, T, scale, wsk, stream)
+                      : bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
+                                                       lay, B, Hq, Hkv, T, scale, wsk, stream);
+    else
+        rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B,
+                                               Hq, Hkv, T, scale, wsk, stream)
+                      : bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
+                                                B, Hq, Hkv, T, scale, wsk, stream);
+    if (rc)
+        return zr_error("%s: ZR_ATTN_BWD=ws: the driver could not encode the backward's tensor "
+                        "maps (needs CUDA 12 or later); unset ZR_ATTN_BWD",
+                        fn);
     return launch_check(fn);
 }

@@ -48,7 +48,9 @@ size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int
 /* Writes dq, dk, dv (overwritten, not accumulated). dk/dv are summed over each kv head's query
  * group inside the kernel in a fixed order; dq is accumulated with f32 atomics (the order of
  * those adds may vary between runs at the last bit). workspace: at least
- * attention_backward_workspace_size(...) bytes, 16-byte aligned. */
+ * attention_backward_workspace_size(...) bytes, 16-byte aligned. The environment variable
+ * ZR_ATTN_BWD=ws selects the warp-specialised Hopper kernel where the Hopper kernels run (for A/B
+ * measurements; unset or empty: the default one, any other value: an error). */
 int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *q,
                             const void *k, const void *v, const void *o, const float *lse,
                             void *workspace, const zr_attn_layout *L, int64_t B, int64_t Hq,

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "attention_sm90.cuh"
+#include "attention_bwd_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_bwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -22,30 +22,6 @@ static_assert(B_BM == B_BN, "the diagonal tile's mask assumes square tiles");
 #define LOG2E 1.4426950408889634f
 
 /* ---- backward ------------------------------------------------------------------------------- */
-
-/* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
- * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse (natural
- * log) from this thread's first column. */
-static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const float l0 = lq[nt * 8] * LOG2E, l1 = lq[nt * 8 + 1] * LOG2E;
-        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
-        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
-        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
-        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, -l1));
-    }
-}
-
-/* Zeroes P^T where the key comes after the query: d = (this thread's first key) − (its first query
- * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1). */
-static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
-}
 
 /* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys). Each block loops over the
  * query heads of its split of the group and the query tiles i >= j (128 queries each, in two
@@ -150,43 +126,10 @@ __global__ void __launch_bounds__(NTHR, 1)
             if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
             wg_wait<0>();
             reg_fence(dpt);
-            /* dS^T = P^T ∘ (dP^T − D) */
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int ql = hh * 64 + nt * 8 + t4 * 2 + (e & 1);
-                    dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - cD[ql]);
-                }
-            }
-            uint16_t *sS = sdS + hh * B_BN * 64; /* [key][query of this half] */
-            const int r = wg * 64 + warp * 16 + g;
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) {
-                pf[hh][kc][0] = cvt<T>::pack(st[8 * kc], st[8 * kc + 1]);
-                pf[hh][kc][1] = cvt<T>::pack(st[8 * kc + 2], st[8 * kc + 3]);
-                pf[hh][kc][2] = cvt<T>::pack(st[8 * kc + 4], st[8 * kc + 5]);
-                pf[hh][kc][3] = cvt<T>::pack(st[8 * kc + 6], st[8 * kc + 7]);
-                sf[hh][kc][0] = cvt<T>::pack(dpt[8 * kc], dpt[8 * kc + 1]);
-                sf[hh][kc][1] = cvt<T>::pack(dpt[8 * kc + 2], dpt[8 * kc + 3]);
-                sf[hh][kc][2] = cvt<T>::pack(dpt[8 * kc + 4], dpt[8 * kc + 5]);
-                sf[hh][kc][3] = cvt<T>::pack(dpt[8 * kc + 6], dpt[8 * kc + 7]);
-                const int c0 = kc * 16 + t4 * 2;
-                *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[hh][kc][0];
-                *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[hh][kc][1];
-                *reinterpret_cast<uint32_t *>(sS + swz(r, c0 + 8)) = sf[hh][kc][2];
-                *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0 + 8)) = sf[hh][kc][3];
-            }
-            reg_fence(dva);
-            reg_fence(dka);
-            wg_fence();
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                wg_rs64<T, 1>(dva, pf[hh][kc], desc128(adO + (hh * 64 + kc * 16) * 128), 1);
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc)
-                wg_rs64<T, 1>(dka, sf[hh][kc], desc128(aQ + (hh * 64 + kc * 16) * 128), 1);
-            wg_commit(); /* left in flight: the next wait covers it */
+            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf[hh], sf[hh],
+                       sdS + hh * B_BN * 64 /* [key][query of this half] */,
+                       wg * 64 + warp * 16 + g, t4);
+            dvdk_issue<T>(dva, dka, pf[hh], sf[hh], adO + hh * 64 * 128, aQ + hh * 64 * 128);
         }
         fence_proxy_async();
         float *dqb = dqacc + ((size_t)b * Hq + h) * T_ * 64;
@@ -194,13 +137,7 @@ __global__ void __launch_bounds__(NTHR, 1)
 
         /* dQ rows i*128 + wg*64 .. +63: dS (64 queries × 128 keys) · K (128 keys × 64). */
         float dq[32]; /* overwritten by the first k-step */
-        reg_fence(dq);
-        wg_fence();
-        const uint32_t aS = smem_u32(sdS + wg * B_BN * 64);
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
-        wg_commit();
+        dq_issue<T>(dq, smem_u32(sdS + wg * B_BN * 64), aK);
         wg_wait<0>();
         reg_fence(dq);
         reg_fence(dva);
@@ -223,28 +160,8 @@ __global__ void __launch_bounds__(NTHR, 1)
         }
     }
 
-    /* Epilogue: rows key0, key0 + 8 of this kv head. */
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int c = nt * 8 + t4 * 2;
-#pragma unroll
-        for (int hlf = 0; hlf < 2; ++hlf) {
-            const int key = key0 + hlf * 8;
-            if (key >= T_) continue;
-            const size_t off = ((size_t)bhk * T_ + key) * 64 + c; /* contiguous partials */
-            const int e = 4 * nt + 2 * hlf;
-            if (nsplit == 1) {
-                *reinterpret_cast<uint32_t *>(dk + b * L.dk.sb + hk * L.dk.sh + key * L.dk.st + c) =
-                    cvt<T>::pack(dka[e] * scale, dka[e + 1] * scale);
-                *reinterpret_cast<uint32_t *>(dv + b * L.dv.sb + hk * L.dv.sh + key * L.dv.st + c) =
-                    cvt<T>::pack(dva[e], dva[e + 1]);
-            } else {
-                float *wk = ws_dkv + (size_t)split * kv_elems, *wv = wk + (size_t)nsplit * kv_elems;
-                *reinterpret_cast<float2 *>(wk + off) = make_float2(dka[e], dka[e + 1]);
-                *reinterpret_cast<float2 *>(wv + off) = make_float2(dva[e], dva[e + 1]);
-            }
-        }
-    }
+    store_dkv<T>(dk, dv, ws_dkv, dka, dva, L.dk, L.dv, b, hk, bhk, key0, t4, T_, split, nsplit,
+                 kv_elems, scale);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */

@@ -255,20 +255,28 @@ extern "C" int attn_sm90_fwd_tma_ready(void) {
     return encode_fn() != NULL;
 }
 
-/* (B, H, T, 64) 16-bit operand with strides sd (elements), boxes of rows × 64 with the 128-byte
- * swizzle; rows past T read as zeros. */
-static int head_map(CUtensorMap *m, const void *base, const zr_attn_strides &sd, int64_t B,
-                    int64_t H, int64_t T_, int rows, zr_dtype dt) {
-    cuuint64_t dims[4] = {64, (cuuint64_t)T_, (cuuint64_t)H, (cuuint64_t)B};
-    cuuint64_t strides[3] = {(cuuint64_t)sd.st * 2, (cuuint64_t)sd.sh * 2, (cuuint64_t)sd.sb * 2};
-    cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
-    return encode_fn()(m, dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                       4, (void *)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+extern "C" int attn_sm90_tmap(CUtensorMap *m, CUtensorMapDataType ty, const void *base,
+                              const uint64_t dims[4], const uint64_t strides[3],
+                              const uint32_t box[4]) {
+    if (!encode_fn()) return -1;
+    cuuint64_t d[4] = {dims[0], dims[1], dims[2], dims[3]};
+    cuuint64_t sb[3] = {strides[0], strides[1], strides[2]};
+    cuuint32_t bx[4] = {box[0], box[1], box[2], box[3]}, es[4] = {1, 1, 1, 1};
+    return encode_fn()(m, ty, 4, (void *)base, d, sb, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -1;
+}
+
+extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_attn_strides *sd,
+                                  int64_t B, int64_t H, int64_t T_, int rows, zr_dtype dt) {
+    const uint64_t dims[4] = {64, (uint64_t)T_, (uint64_t)H, (uint64_t)B};
+    const uint64_t strides[3] = {(uint64_t)sd->st * 2, (uint64_t)sd->sh * 2, (uint64_t)sd->sb * 2};
+    const uint32_t box[4] = {64, (uint32_t)rows, 1, 1};
+    return attn_sm90_tmap(m, dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                          base, dims, strides, box);
 }
 
 template <typename T>
@@ -276,8 +284,9 @@ static int ws_launch(void *o, float *lse, const void *q, const void *k, const vo
                      const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                      float scale, zr_dtype dt, cudaStream_t st) {
     CUtensorMap mq, mk, mv;
-    if (head_map(&mq, q, L.q, B, Hq, T_, 64, dt) || head_map(&mk, k, L.k, B, Hkv, T_, W_BN, dt) ||
-        head_map(&mv, v, L.v, B, Hkv, T_, W_BN, dt))
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 64, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, W_BN, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, W_BN, dt))
         return -1;
     const int smem = (W_BM * 64 + 2 * W_ST * W_BN * 64) * 2 + 1024 + 8 * (1 + 2 * W_ST);
     auto kern = attn_fwd_ws_kernel<T>;

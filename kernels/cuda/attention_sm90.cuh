@@ -1,7 +1,7 @@
-/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd}_sm90.cu): wgmma m64nNk16 with f32
- * accumulators (A from registers or shared memory, B from shared memory), shared-memory matrix
- * descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and ldmatrix, mbarriers,
- * TMA loads and warpgroup register reallocation.
+/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd,bwd_ws}_sm90.cu): wgmma
+ * m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
+ * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and
+ * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation.
  * Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
@@ -228,6 +228,38 @@ static __device__ __forceinline__ void tma_load4(void *dst, const void *map, uin
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1),
                  "r"(c2), "r"(c3)
                  : "memory");
+}
+
+/* Arrives on mbarrier b once every earlier cp.async of this thread has completed; the barrier's
+ * arrival count must include this arrival (.noinc). */
+static __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b))
+                 : "memory");
+}
+/* TMA reduce-add: the f32 box at src (shared memory, laid out as the map's swizzle says) added
+ * element-wise into the tensor at coordinates (c0, c1, c2, c3); elements outside the tensor are
+ * skipped. Completion through the bulk-group functions below. */
+static __device__ __forceinline__ void tma_reduce_add4(const void *map, const void *src, int c0,
+                                                       int c1, int c2, int c3) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group "
+                 "[%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+                 "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+static __device__ __forceinline__ void bulk_commit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* Waits until at most N bulk groups still read their shared-memory source. */
+template <int N> static __device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+/* Waits until at most N bulk groups are still incomplete (their global writes included). */
+template <int N> static __device__ __forceinline__ void bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* Named barrier id (1..15) over the first n threads that reach it (a multiple of 32). */
+static __device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 template <typename T> struct cvt;

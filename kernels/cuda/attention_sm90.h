@@ -1,10 +1,11 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_fwd_sm90.cu and attention_bwd_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0
- * only. attention.cu keeps the public contract (attention.h), the argument checks and the mma.sync
- * fallback for the rest. */
+ * attention_fwd_sm90.cu, attention_bwd_sm90.cu and attention_bwd_ws_sm90.cu: head_dim 64,
+ * bf16/f16, compute capability 9.0 only. attention.cu keeps the public contract (attention.h), the
+ * argument checks and the mma.sync fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
@@ -26,11 +27,23 @@ void attn_sm90_force(int fwd, int bwd);
 /* 1 when the driver offers the tensor-map encoder the forward's TMA loads need. */
 int attn_sm90_fwd_tma_ready(void);
 
+/* Encodes a 4-D tensor map (dims innermost first, byte strides of dims 1..3, box in elements) with
+ * the 128-byte swizzle and zero fill out of bounds; -1 when the driver cannot. */
+int attn_sm90_tmap(CUtensorMap *m, CUtensorMapDataType ty, const void *base, const uint64_t dims[4],
+                   const uint64_t strides[3], const uint32_t box[4]);
+/* The map of a (B, H, T, 64) 16-bit operand with element strides sd, in boxes of rows × 64. */
+int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_attn_strides *sd, int64_t B,
+                       int64_t H, int64_t T, int rows, zr_dtype dt);
+
 /* Forward: o, lse as in attention_forward_cuda (scale already resolved). Returns -1 (nothing
  * launched) when a tensor map cannot be encoded. */
 int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
+
+/* The backward kernel ZR_ATTN_BWD selects: 0 unset or empty (attention_bwd_sm90.cu), 1 "ws"
+ * (attention_bwd_ws_sm90.cu); -1 with zr_error set for any other value. */
+int attn_sm90_bwd_ws_selected(void);
 
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
@@ -43,6 +56,13 @@ void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void
                         const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
                         int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale, zr_dtype dt,
                         cudaStream_t st);
+/* The same contract, warp-specialised (FlashAttention-3's layout); returns -1 (nothing launched)
+ * when a tensor map cannot be encoded. */
+int attn_sm90_backward_ws(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
+                          const void *q, const void *k, const void *v, const float *lse,
+                          const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                          int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale, zr_dtype dt,
+                          cudaStream_t st);
 
 #ifdef __cplusplus
 }

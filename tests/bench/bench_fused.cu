@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -122,10 +123,14 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 }
 
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
- * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). */
+ * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). The backward kernel is the one
+ * ZR_ATTN_BWD selects (attention.h), named in the header. */
 static void attention_rows() {
-    printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", "attention (causal, bf16)", "fwd ms", "bwd ms",
-           "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s");
+    const char *bk = getenv("ZR_ATTN_BWD");
+    char title[64];
+    snprintf(title, sizeof title, "attention (causal, bf16, bwd %s)", bk && *bk ? bk : "default");
+    printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
+           "bwd TF/s", "f+b TF/s");
     const int64_t shapes[][4] = {{4, 32, 8, 512}, {4, 32, 8, 2048}, {4, 32, 8, 8192}, {64, 12, 12, 1024}};
     for (auto &s : shapes) {
         const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = 64;

@@ -1,0 +1,134 @@
+/* Device code shared by the two Hopper attention backward kernels (attention_bwd_sm90.cu and the
+ * warp-specialised attention_bwd_ws_sm90.cu): P^T from raw scores and lse, the causal mask of the
+ * diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK and dQ products, and the
+ * dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
+#ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
+#define ZR_CUDA_ATTENTION_BWD_SM90_CUH
+
+#include "attention.h"
+#include "attention_sm90.cuh"
+
+namespace sm90 {
+
+/* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
+ * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse
+ * (natural log) from this thread's first column. */
+static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
+    const float log2e = 1.4426950408889634f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const float l0 = lq[nt * 8] * log2e, l1 = lq[nt * 8 + 1] * log2e;
+        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
+        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
+        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
+        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, -l1));
+    }
+}
+
+/* Zeroes P^T where the key comes after the query: d = (this thread's first key) − (its first query
+ * column), both relative to the tile; element 4nt + e has key + 8·(e >> 1), query + 8nt + (e & 1).
+ */
+static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
+}
+
+/* dS^T = P^T ∘ (dP^T − D) in place of dP^T (d: the half's D from this thread's first query
+ * column, layout as in p_tile); then P^T and dS^T packed into the A fragments of the dV and dK
+ * products (pf[kc], sf[kc]: the k-step of queries 16kc..16kc + 15), and dS^T stored at rows r, r + 8 of
+ * sS ([key][query of the half], 128-byte swizzle) for the dQ product. */
+template <typename T>
+static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&st)[32],
+                                               const float *d, uint32_t (&pf)[4][4],
+                                               uint32_t (&sf)[4][4], uint16_t *sS, int r, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - d[nt * 8 + (e & 1)]);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        pf[kc][0] = cvt<T>::pack(st[8 * kc], st[8 * kc + 1]);
+        pf[kc][1] = cvt<T>::pack(st[8 * kc + 2], st[8 * kc + 3]);
+        pf[kc][2] = cvt<T>::pack(st[8 * kc + 4], st[8 * kc + 5]);
+        pf[kc][3] = cvt<T>::pack(st[8 * kc + 6], st[8 * kc + 7]);
+        sf[kc][0] = cvt<T>::pack(dpt[8 * kc], dpt[8 * kc + 1]);
+        sf[kc][1] = cvt<T>::pack(dpt[8 * kc + 2], dpt[8 * kc + 3]);
+        sf[kc][2] = cvt<T>::pack(dpt[8 * kc + 4], dpt[8 * kc + 5]);
+        sf[kc][3] = cvt<T>::pack(dpt[8 * kc + 6], dpt[8 * kc + 7]);
+        const int c0 = kc * 16 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[kc][0];
+        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[kc][1];
+        *reinterpret_cast<uint32_t *>(sS + swz(r, c0 + 8)) = sf[kc][2];
+        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0 + 8)) = sf[kc][3];
+    }
+}
+
+/* Issues dV += P^T·dO and dK += dS^T·Q over a half's 64 queries (aO, aQ: the half's first row of
+ * the dO and Q tiles) as one commit group, left in flight. */
+template <typename T>
+static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)[32],
+                                                  const uint32_t (&pf)[4][4],
+                                                  const uint32_t (&sf)[4][4], uint32_t aO,
+                                                  uint32_t aQ) {
+    reg_fence(dva);
+    reg_fence(dka);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+        wg_rs64<T, 1>(dva, pf[kc], desc128(aO + kc * 16 * 128), 1);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+        wg_rs64<T, 1>(dka, sf[kc], desc128(aQ + kc * 16 * 128), 1);
+    wg_commit();
+}
+
+/* Issues dQ (64 queries × 64, overwritten) = dS · K over the block's 128 keys as one commit
+ * group: aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
+template <typename T>
+static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, uint32_t aK) {
+    reg_fence(dq);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc)
+        wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
+    wg_commit();
+}
+
+/* Epilogue of a warpgroup's 64 keys: this thread's rows key0, key0 + 8 (accumulator layout) of kv
+ * head hk of batch b. nsplit == 1: dk (scaled) and dv into their strided outputs; else f32
+ * partials (dk unscaled) at split's slot of ws_dkv, contiguous (B·Hkv, T, 64) each. */
+template <typename T>
+static __device__ __forceinline__ void
+store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], const float (&dva)[32],
+          const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int bhk, int key0,
+          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int c = nt * 8 + t4 * 2;
+#pragma unroll
+        for (int hlf = 0; hlf < 2; ++hlf) {
+            const int key = key0 + hlf * 8;
+            if (key >= T_) continue;
+            const size_t off = ((size_t)bhk * T_ + key) * 64 + c; /* contiguous partials */
+            const int e = 4 * nt + 2 * hlf;
+            if (nsplit == 1) {
+                *reinterpret_cast<uint32_t *>(dk + b * sdk.sb + hk * sdk.sh + key * sdk.st + c) =
+                    cvt<T>::pack(dka[e] * scale, dka[e + 1] * scale);
+                *reinterpret_cast<uint32_t *>(dv + b * sdv.sb + hk * sdv.sh + key * sdv.st + c) =
+                    cvt<T>::pack(dva[e], dva[e + 1]);
+            } else {
+                float *wk = ws_dkv + (size_t)split * kv_elems, *wv = wk + (size_t)nsplit * kv_elems;
+                *reinterpret_cast<float2 *>(wk + off) = make_float2(dka[e], dka[e + 1]);
+                *reinterpret_cast<float2 *>(wv + off) = make_float2(dva[e], dva[e + 1]);
+            }
+        }
+    }
+}
+
+} /* namespace sm90 */
+
+#endif

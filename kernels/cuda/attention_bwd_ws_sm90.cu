@@ -1,0 +1,311 @@
+/* Causal GQA flash attention backward for Hopper (sm_90a), warp-specialised in FlashAttention-3's
+ * layout; ZR_ATTN_BWD=ws selects it (attention_bwd_sm90.cu stays the default until measured). A
+ * producer warp fills a 2-stage ring of Q, dO (TMA) and lse, D (cp.async) on mbarriers; two
+ * consumer warpgroups of 64 keys each run S^T, dP^T, dV, dK and dQ with wgmma; a dQ warp adds their
+ * dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64, bf16/f16.
+ * Status: compiled (sm_90a, no spills, no wgmma serialisation), not yet run on a GPU. */
+#include "attention_sm90.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_bwd_sm90.cuh"
+
+extern "C" {
+#include "../base/error.h"
+}
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_bwd_ws_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
+#endif
+
+using namespace sm90;
+
+/* Tiles: 128 keys per block (64 per consumer warpgroup: each keeps its keys' dK, dV in registers),
+ * 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each). FA3 uses
+ * the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 × 32 KB; dQ
+ * 32 KB = 192 KB, which leaves no room for a third Q/dO stage (227 KB per block). */
+#define WS_BN 128              /* keys per block */
+#define WS_BM 128              /* queries per step */
+#define WS_ST 2                /* Q/dO/lse/D stages */
+#define WS_CONS 256            /* two consumer warpgroups */
+#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
+#define WS_PRODUCER (WS_CONS / 32)
+#define WS_DQWARP (WS_PRODUCER + 1)
+#define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
+static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
+
+/* Shared memory, in this order from a 1024-byte boundary (every tile a multiple of 1 KB). */
+struct ws_smem {
+    static constexpr int K = 0, V = K + WS_BN * 64 * 2, Q = V + WS_BN * 64 * 2;
+    static constexpr int DO = Q + WS_ST * WS_BM * 64 * 2, DS = DO + WS_ST * WS_BM * 64 * 2;
+    static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
+    static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
+    static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
+    static constexpr int BYTES = BAR + 8 * (1 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
+};
+static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+/* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys; y = 0, the longest, launches
+ * first). The block loops over its split's query heads and the query tiles i >= j: iteration it
+ * is head h0 + it / nq, tile j + it % nq, ring stage it % WS_ST.
+ *   producer warp: K, V once (TMA, barrier kv); per iteration waits empty[s], then Q, dO (TMA) and
+ *     lse, D rows (cp.async, zero past T) complete full[s] (1 + 32 arrivals).
+ *   consumer warpgroup w (keys kv0 + 64w ..): per 64-query half, S^T = K_w Q^T and dP^T = V_w dO^T
+ *     (A and B from shared memory), P^T, dS^T = P^T ∘ (dP^T − D) in registers; dV += P^T dO and
+ *     dK += dS^T Q with A from registers; dS^T also to shared memory (buffer it & 1). Then one
+ *     named barrier (the other warpgroup's dS^T rows), dQ for queries 64w.. of the tile = dS K over
+ *     all 128 keys; the stage released once half 1's dV/dK products are done (empty[s], one
+ *     arrival a warp); everything waited for (no wgmma crosses the loop's back edge), dQ (f32)
+ *     written to this warpgroup's swizzled buffer: dqfull[w] (128 arrivals).
+ *   dQ warp: per iteration and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc
+ *     (two 64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
+ *     releases the buffer: dqempty[w].
+ * dS^T's double buffer needs no second barrier: a warpgroup writes buffer it & 1 again at it + 2,
+ * after passing iteration it + 1's barrier, which the other one reaches only after its iteration
+ * it (and its dQ product's reads of that buffer) completed. */
+template <typename T>
+__global__ void __launch_bounds__(WS_THR, 1)
+    attn_bwd_ws_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
+                       float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
+                       const __grid_constant__ CUtensorMap tdo,
+                       const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv,
+                       const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
+                       const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
+                       int T_, int Hq, int G, int nsplit, int64_t kv_elems, float scale,
+                       float scale_log2) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + ws_smem::Q);
+    uint16_t *sdO = reinterpret_cast<uint16_t *>(base + ws_smem::DO);
+    uint16_t *sdS = reinterpret_cast<uint16_t *>(base + ws_smem::DS);
+    float *sdQ = reinterpret_cast<float *>(base + ws_smem::DQ);
+    float *sL = reinterpret_cast<float *>(base + ws_smem::L);
+    float *sD = reinterpret_cast<float *>(base + ws_smem::D);
+    uint64_t *kvbar = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
+    uint64_t *full = kvbar + 1, *empty = full + WS_ST, *dqfull = empty + WS_ST,
+             *dqempty = dqfull + 2;
+
+    const int nT = (T_ + WS_BM - 1) / WS_BM;
+    const int j = blockIdx.y, kv0 = j * WS_BN;
+    const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
+    const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
+    const int Gs = G / nsplit, h0 = hk * G + split * Gs;
+    const int nq = nT - j, niter = Gs * nq;
+    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+
+    if (tid == 0) {
+        mbar_init(kvbar, 1);
+        for (int s = 0; s < WS_ST; ++s) {
+            mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
+            mbar_init(&empty[s], WS_CONS / 32);
+        }
+        for (int w = 0; w < 2; ++w) {
+            mbar_init(&dqfull[w], 128);
+            mbar_init(&dqempty[w], 1);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads(); /* the last block-wide barrier: the roles part here */
+
+    /* Registers: ptxas budgets 168 a thread for 12 warps (3 per SM sub-partition of 16,384);
+     * setmaxnreg hands the producer warpgroup's back and gives the consumers 232 (40 + 2 · 232 =
+     * 504 per sub-partition). ptxas allocates each branch for its setmaxnreg as long as the
+     * branches do not merge again (the producer warpgroup returns). */
+    if (warp_id >= WS_PRODUCER) {
+        reg_dealloc<40>();
+        if (warp_id == WS_PRODUCER) {
+            if (lane == 0) {
+                mbar_expect_tx(kvbar, 2 * WS_BN * 64 * 2);
+                tma_load4(sK, &tk, kvbar, 0, kv0, hk, b);
+                tma_load4(sV, &tv, kvbar, 0, kv0, hk, b);
+            }
+            for (int it = 0; it < niter; ++it) {
+                const int s = it % WS_ST, h = h0 + it / nq, i = j + it % nq;
+                if (it >= WS_ST) mbar_wait(&empty[s], ((it / WS_ST) - 1) & 1);
+                if (lane == 0) {
+                    mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
+                    tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, b);
+                    tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, b);
+                }
+                /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds
+                 * 0 */
+                const size_t roff = ((size_t)b * Hq + h) * T_;
+#pragma unroll
+                for (int m = 0; m < WS_BM / 32; ++m) {
+                    const int c = lane + 32 * m, r = i * WS_BM + c, ok = r < T_;
+                    cp_async4(sL + s * WS_BM + c, lse + roff + (ok ? r : 0), ok ? 4 : 0);
+                    cp_async4(sD + s * WS_BM + c, Dd + roff + (ok ? r : 0), ok ? 4 : 0);
+                }
+                cp_async_mbar_arrive(&full[s]);
+            }
+            cp_async_wait<0>(); /* no copy of this thread outlives it */
+        } else if (warp_id == WS_DQWARP) {
+            for (int it = 0; it < niter; ++it) {
+                const int h = h0 + it / nq, i = j + it % nq;
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    mbar_wait(&dqfull[w], it & 1);
+                    if (lane == 0) {
+                        const int row0 = i * WS_BM + 64 * w;
+                        if (row0 < T_) {
+                            tma_reduce_add4(&tdq, sdQ + w * 4096, 0, row0, h, b);
+                            tma_reduce_add4(&tdq, sdQ + w * 4096 + 2048, 32, row0, h, b);
+                        }
+                        bulk_commit();
+                        bulk_wait_read<0>();
+                        mbar_arrive(&dqempty[w]);
+                    }
+                    __syncwarp();
+                }
+            }
+            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
+        }
+        return; /* the two other warps of the producer warpgroup have nothing to do */
+    }
+    reg_alloc<232>();
+
+    /* consumers */
+    const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
+                   aVw = smem_u32(sV + wg * 64 * 64);
+    const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+    float dka[32], dva[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e)
+        dka[e] = dva[e] = 0.f;
+    mbar_wait(kvbar, 0);
+
+    for (int it = 0; it < niter; ++it) {
+        const int s = it % WS_ST, i = j + it % nq;
+        mbar_wait(&full[s], (it / WS_ST) & 1);
+        const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64), adO = smem_u32(sdO + s * WS_BM * 64);
+        const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
+        uint16_t *cdS = sdS + (it & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
+        const bool diag = (i == j);
+
+        uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
+            reg_fence(st);
+            reg_fence(dpt);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wg_ss64<T, 0, 0>(st, desc128(aKw + kk * 32), desc128(aQ + hh * 64 * 128 + kk * 32),
+                                 kk);
+            wg_commit();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
+                                 desc128(adO + hh * 64 * 128 + kk * 32), kk);
+            wg_commit();
+            /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the groups
+             * complete in order), so pf/sf, their A operands, may be overwritten below */
+            wg_wait<1>();
+            reg_fence(st);
+            if (hh == 1) {
+                reg_fence(pf);
+                reg_fence(sf);
+                reg_fence(dva);
+                reg_fence(dka);
+            }
+            p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
+            if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
+            wg_wait<0>();
+            reg_fence(dpt);
+            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
+                       cdS + hh * WS_BN * 64 /* [key][query of this half] */,
+                       wg * 64 + warp * 16 + g, t4);
+            dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
+        }
+        fence_proxy_async();
+        bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
+
+        /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K. */
+        float dq[32]; /* overwritten by the first k-step */
+        dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
+        wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
+        reg_fence(dva);
+        reg_fence(dka);
+        reg_fence(pf);
+        reg_fence(sf);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+        if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
+        wg_wait<0>();
+        reg_fence(dq);
+
+        /* dQ into two 64×32 boxes in the map's 128-byte swizzle (16-byte chunk ^ row % 8) */
+        float *q4 = sdQ + wg * 4096;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const int chunk = (nt & 3) * 2 + (t4 >> 1);
+#pragma unroll
+            for (int hlf = 0; hlf < 2; ++hlf) {
+                const int row = warp * 16 + g + 8 * hlf; /* row & 7 == g */
+                *reinterpret_cast<float2 *>(q4 + (nt >> 2) * 2048 + row * 32 + ((chunk ^ g) << 2) +
+                                            2 * (t4 & 1)) =
+                    make_float2(dq[4 * nt + 2 * hlf], dq[4 * nt + 2 * hlf + 1]);
+            }
+        }
+        fence_proxy_async(); /* visible to the TMA unit's reads */
+        mbar_arrive(&dqfull[wg]);
+    }
+
+    store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, b, hk, bhk, key0, t4, T_, split, nsplit,
+                 kv_elems, scale);
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+extern "C" int attn_sm90_bwd_ws_selected(void) {
+    const char *e = getenv("ZR_ATTN_BWD");
+    if (!e || !*e) return 0;
+    if (!strcmp(e, "ws")) return 1;
+    zr_error("ZR_ATTN_BWD='%s' is not a backward kernel: set it to 'ws' (the warp-specialised "
+             "Hopper kernel) or leave it unset",
+             e);
+    return -1;
+}
+
+template <typename T>
+static int ws_launch(void *dk, void *dv, float *wkv, float *dqacc, const void *dout, const void *q,
+                     const void *k, const void *v, const float *lse, const float *Dd,
+                     const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                     int ns, int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
+    CUtensorMap mq, mdo, mk, mv, mdq;
+    /* dqacc: (B, Hq, T, 64) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
+    const uint64_t qd[4] = {64, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
+    const uint64_t qs[3] = {64 * 4, (uint64_t)T_ * 64 * 4, (uint64_t)(Hq * T_) * 64 * 4};
+    const uint32_t qb[4] = {32, 64, 1, 1};
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, WS_BM, dt) ||
+        attn_sm90_head_map(&mdo, dout, &L.dout, B, Hq, T_, WS_BM, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, WS_BN, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, WS_BN, dt) ||
+        attn_sm90_tmap(&mdq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dqacc, qd, qs, qb))
+        return -1;
+    auto kern = attn_bwd_ws_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
+    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + WS_BN - 1) / WS_BN));
+    kern<<<grid, WS_THR, ws_smem::BYTES, st>>>(
+        (uint16_t *)dk, (uint16_t *)dv, wkv, mq, mdo, mk, mv, mdq, lse, Dd, L.dk, L.dv, (int)T_,
+        (int)Hq, (int)(Hq / Hkv), ns, nkv, scale, scale * 1.4426950408889634f);
+    return 0;
+}
+
+extern "C" int attn_sm90_backward_ws(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
+                                     const void *q, const void *k, const void *v, const float *lse,
+                                     const float *Dd, const zr_attn_layout *L, int64_t B,
+                                     int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv,
+                                     float scale, zr_dtype dt, cudaStream_t st) {
+    if (dt == ZR_BF16)
+        return ws_launch<__nv_bfloat16>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv,
+                                        T, ns, nkv, scale, dt, st);
+    return ws_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
+                             scale, dt, st);
+}
