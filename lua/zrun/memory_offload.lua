@@ -11,8 +11,8 @@ local human = require("zrun.format").human
 -- gradients coming to the host and an out-slot (parameter dtype) for its new weights going back.
 M.RING = { slots = 3, chunk = tonumber(os.getenv("ZRUN_OFFLOAD_CHUNK") or "") or 2 ^ 24 }
 
--- Whether the new weights go back through the ring's out-slots (engine.c weights_target: one rank
--- at stages 0-2, or the GPU shard at stage 3); otherwise they are written in place (the host
+-- Whether the new weights go back through the ring's out-slots (engine_step.c weights_target: one
+-- rank at stages 0-2, or the GPU shard at stage 3); otherwise they are written in place (the host
 -- shard with offload_param, or any parameter buffer on the CPU) or all-gathered (stages 1-2 over
 -- several ranks).
 function M.uploads(e)

@@ -220,7 +220,7 @@ local function build(o, s, counted)
       dev.grads = dev.grads + total * s.grad_bytes
       line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(total * s.grad_bytes))
     end
-    if zf.overlap_step then -- engine.c's background step: the window's gradient snapshot on the device,
+    if zf.overlap_step then -- engine_async.c's background step: the window's gradient snapshot on the device,
       -- a second moment set and the new weights waiting for the next boundary on the host
       dev.grads = dev.grads + S * s.grad_bytes
       host.optimizer = host.optimizer + 2 * S * 4

@@ -1,8 +1,9 @@
-/* ZeRO engine (see zero.h): per-parameter chunk layout, bucketed reduce-scatter / all-reduce of
- * gradients, partitioned AdamW with fp32 master weights, all-gather of updated parameters, and
- * stage-3 gather/release of parameters. Device-agnostic: tensors move through the tensor API
- * and collectives through comm.h (MPI on the CPU, NCCL on GPUs). */
-#include "zero/engine.h"
+/* ZeRO engine (see zero/engine.h): per-parameter chunk layout and set-up, the optimizer states'
+ * checkpoint access, bucketed reduce-scatter / all-reduce of gradients and their norm, and stage-3
+ * gather/release of parameters. The optimizer step is engine_step.c, ZenFlow's background step
+ * engine_async.c. Device-agnostic: tensors move through the tensor API and collectives through
+ * comm.h (MPI on the CPU, NCCL on GPUs). */
+#include "zero/engine_internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -19,86 +20,16 @@
 #include "zero/offload.h"
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
-#include "kernels/cuda/optim.h"
 #include "kernels/cuda/zero_ops.h"
 #endif
-
-typedef struct {
-    zr_tensor *p;   /* the parameter (retained) */
-    /* its elements; its chunk on each rank (ceil(numel / chunks)); the chunk's offset in the
-     * partition */
-    int64_t numel, chunk, offset;
-    int ndim;
-    int64_t shape[ZR_MAX_DIMS];
-    double wd;
-    int gathered;   /* stage 3 */
-    int persistent; /* stage 3: below stage3_param_persistence_threshold, never released */
-    zr_tensor *g_out; /* stage 3: an all-gather in flight (prefetch): its chunks and handle */
-    zr_comm_handle *g_h;
-    int packed;   /* gradient already in a bucket this backward */
-} zparam;
 
 typedef struct {
     zr_zero *z;
     int i;
 } hook_ctx;
 
-struct zr_zero {
-    zr_zero_config cfg;
-    int chunks; /* chunks per parameter: world size, or 1 at stage 0 */
-    int nparams;
-    zparam *params;
-    int64_t part_numel, max_chunk; /* elements of this rank's partition; the largest chunk */
-    zr_device dev, opt_dev;
-    /* the parameters; the gradient buckets and their reduction; the gradient partition */
-    zr_dtype param_dtype, comm_dtype, grad_dtype;
-    zr_tensor *master, *m, *v, *gpart, *pshard; /* m, v: NULL where the optimizer keeps fewer states */
-    struct zasync *async; /* ZenFlow's overlap_step: the host step on a background thread, or NULL */
-    zr_tensor *lamb_sums; /* Lamb: f64 (2 nparams) on opt_dev, each parameter's sums of p^2 and u^2 */
-    /* Partial offload (offload_optimizer.ratio < 1): partition elements [0, split) keep their master
-     * and states on the parameters' device (dmaster, dm, dv: split elements, updated there by the
-     * optimizer kernels), [split, S) on the host (master, m, v: S - split elements, through the
-     * offload pipeline). The gradient partition stays whole on the device. split 0: no device part. */
-    int64_t split;
-    zr_tensor *dmaster, *dm, *dv;
-    int nstates;        /* zr_optim_states(cfg.optimizer, cfg.momentum) */
-    /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
-    int64_t bucket_cap, bucket_fill;
-    /* the bucket's pieces: parameter, offset in its chunk, length, place in the bucket */
-    int *bucket_param;
-    int64_t *bucket_off, *bucket_len, *bucket_place;
-    int bucket_pieces;
-    zr_tensor *send, *compact, *recv;
-    int boundary;
-    /* One chunk per parameter (stage 0, or world size 1) with the partition on the parameters'
-     * device: gradients are views into gpart (fp32) and parameters views into one flat buffer, so
-     * no bucket copies are needed and the CUDA AdamW writes the 16-bit weights directly. */
-    int direct;
-    zr_tensor *pflat;
-    int pinned; /* the host gradient partition is page-locked (host-gradient mode with pin_memory) */
-    zr_offload *host; /* master on the host: gradient intake, the step's chunk pipeline */
-    /* optimizer offload with the gradient partition on the parameters' device (offload.h's device
-     * mode): gpart is reduced into as without offload and zr_offload_run fetches it chunk by chunk */
-    int grads_dev;
-    /* overlap_comm (chunks > 1, bucketed modes): a second buffer set, and the bucket whose
-     * reduce-scatter is in flight (its parameters, where its result lands, its handle) */
-    zr_tensor *send2, *compact2, *recv2;
-    int *pending_param;
-    int64_t *pending_off, *pending_len, *pending_place;
-    int pending_pieces;
-    zr_tensor *pending_result;
-    zr_comm_handle *pending_handle;
-    int64_t live; /* stage 3: elements of non-persistent parameters gathered or in flight */
-    char **names; /* parameter names for collective messages (cfg->names copied), or NULL */
-};
-
-static int64_t valid_len(int64_t n, int64_t c, int r) {
-    int64_t lo = (int64_t)r * c, hi = lo + c < n ? lo + c : n;
-    return hi > lo ? hi - lo : 0;
-}
-
 /* The parameter holding partition element `off` (direct mode: one chunk per parameter). */
-static int param_at(const zr_zero *z, int64_t off) {
+int zero_param_at(const zr_zero *z, int64_t off) {
     int lo = 0, hi = z->nparams - 1; /* the last parameter starting at or before off */
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
@@ -109,7 +40,7 @@ static int param_at(const zr_zero *z, int64_t off) {
 }
 
 /* Names parameters a..b (indices) in the next collective's timeout and debug messages. */
-static void label_params(const zr_zero *z, const char *what, int a, int b) {
+void zero_label_params(const zr_zero *z, const char *what, int a, int b) {
     char x[24], y[24];
     snprintf(x, sizeof x, "param %d", a + 1);
     snprintf(y, sizeof y, "param %d", b + 1);
@@ -118,13 +49,7 @@ static void label_params(const zr_zero *z, const char *what, int a, int b) {
     else zr_comm_label("%s of %d params %s..%s", what, (a < b ? b - a : a - b) + 1, na, nb);
 }
 
-/* 1-D view of elements [start, start+len) of a contiguous tensor. */
-static zr_tensor *flat_range(zr_tensor *t, int64_t start, int64_t len) {
-    int64_t st = 1;
-    return zr_tensor_as_strided(t, 1, &len, &st, t->offset + start);
-}
-
-static zr_status copy_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
+zr_status zero_copy_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len) {
     if (len <= 0) return ZR_OK;
     zr_tensor *d = flat_range(dst, doff, len), *s = flat_range(src, soff, len);
     zr_status st = (d && s) ? zr_tensor_copy_(d, s) : ZR_ERR;
@@ -152,17 +77,17 @@ static int64_t dev_share(const zr_zero *z, int64_t off, int64_t len) {
 
 /* dst[doff : doff+len] = state st's partition elements [off, off+len), read from the device part
  * below split and from the host part above it (cast to dst's dtype, across devices if needed). */
-static zr_status state_get(zr_zero *z, int st, zr_tensor *dst, int64_t doff, int64_t off, int64_t len) {
+zr_status zero_state_get(zr_zero *z, int st, zr_tensor *dst, int64_t doff, int64_t off, int64_t len) {
     int64_t a = dev_share(z, off, len);
-    ZR_CHECK(copy_range(dst, doff, dev_state(z, st), off, a));
-    return copy_range(dst, doff + a, host_state(z, st), off + a - z->split, len - a);
+    ZR_CHECK(zero_copy_range(dst, doff, dev_state(z, st), off, a));
+    return zero_copy_range(dst, doff + a, host_state(z, st), off + a - z->split, len - a);
 }
 
 /* The reverse: state st's partition elements [off, off+len) = src[soff : soff+len]. */
 static zr_status state_put(zr_zero *z, int st, int64_t off, zr_tensor *src, int64_t soff, int64_t len) {
     int64_t a = dev_share(z, off, len);
-    ZR_CHECK(copy_range(dev_state(z, st), off, src, soff, a));
-    return copy_range(host_state(z, st), off + a - z->split, src, soff + a, len - a);
+    ZR_CHECK(zero_copy_range(dev_state(z, st), off, src, soff, a));
+    return zero_copy_range(host_state(z, st), off + a - z->split, src, soff + a, len - a);
 }
 
 /* dst[doff:+len] += src[soff:+len], across devices if needed. Into the host gradient partition
@@ -194,7 +119,7 @@ static zr_status add_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t
 
 /* Direct mode: parameters whose gradient is still stale (none arrived since zero_grad) get
  * their partition range zeroed before anything reads the partition. */
-static zr_status flush_stale(zr_zero *z) {
+zr_status zero_flush_stale(zr_zero *z) {
     if (!z->direct) return ZR_OK;
     for (int i = 0; i < z->nparams; i++) {
         zparam *q = &z->params[i];
@@ -203,10 +128,6 @@ static zr_status flush_stale(zr_zero *z) {
         q->p->grad_stale = 0;
     }
     return ZR_OK;
-}
-
-static zr_tensor *new_buf(zr_dtype dt, zr_device dev, int64_t n, zr_mem_category cat) {
-    return zr_tensor_new_cat(dt, dev, 1, &n, cat, 1);
 }
 
 /* Partial offload's boundary for offload_optimizer.ratio r: the first (1 - r) x S partition
@@ -277,7 +198,7 @@ static zr_status flatten_params(zr_zero *z) {
     if (!z->pflat) return ZR_ERR;
     for (int i = 0; i < z->nparams; i++) {
         zparam *q = &z->params[i];
-        ZR_CHECK(copy_range(z->pflat, q->offset, q->p, 0, q->numel));
+        ZR_CHECK(zero_copy_range(z->pflat, q->offset, q->p, 0, q->numel));
         zr_storage_retain(z->pflat->storage);
         zr_storage_release(q->p->storage);
         q->p->storage = z->pflat->storage;
@@ -389,7 +310,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     /* Every rank starts from rank 0's weights, as DeepSpeed broadcasts the module at start. */
     if (cfg->world_size > 1)
         for (int i = 0; i < n; i++) {
-            label_params(z, "initial weights of", i, i);
+            zero_label_params(z, "initial weights of", i, i);
             if (zr_broadcast(z->params[i].p, 0)) goto fail;
         }
     z->split = cfg->offload_optimizer ? split_point(z, cfg->offload_ratio) : 0;
@@ -483,7 +404,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         if (!z->pshard) goto fail;
         for (int i = 0; i < n; i++) {
             zparam *q = &z->params[i];
-            if (copy_range(z->pshard, q->offset, q->p, (int64_t)r * q->chunk,
+            if (zero_copy_range(z->pshard, q->offset, q->p, (int64_t)r * q->chunk,
                            valid_len(q->numel, q->chunk, r)))
                 goto fail;
         }
@@ -496,8 +417,6 @@ fail:
     return NULL;
 }
 
-static void async_free(zr_zero *z);
-
 void zr_zero_free(zr_zero *z) {
     if (!z) return;
     for (int i = 0; i < z->nparams; i++) {
@@ -507,7 +426,7 @@ void zr_zero_free(zr_zero *z) {
         zr_tensor_set_grad_hook(z->params[i].p, NULL, NULL, NULL);
         zr_tensor_release(z->params[i].p);
     }
-    async_free(z); /* before all: the background step reads the master, the moments and the ring */
+    zero_async_free(z); /* before all: the background step reads the master, the moments and the ring */
     zr_offload_free(z->host); /* first: it waits for copies into gpart and its own buffers */
     unpin(z);
     zr_tensor_release(z->master);
@@ -557,12 +476,12 @@ int zr_zero_num_states(const zr_zero *z) {
     return z->nstates;
 }
 zr_tensor *zr_zero_state(zr_zero *z, int which) {
-    if (which == 3 && flush_stale(z)) return NULL;
+    if (which == 3 && zero_flush_stale(z)) return NULL;
     if (which == 3 && z->host && zr_offload_grad_sync(z->host)) return NULL; /* lazily zeroed ranges (host mode) */
     zr_tensor *t = which == 0 ? z->master : which == 1 ? z->m : which == 2 ? z->v : z->gpart;
     if (!z->split || which == 3 || !t) return zr_tensor_retain(t);
     zr_tensor *out = new_buf(ZR_F32, zr_cpu(), z->part_numel, ZR_MEM_WORKSPACE); /* both parts, joined */
-    if (out && !state_get(z, which, out, 0, 0, z->part_numel)) return out;
+    if (out && !zero_state_get(z, which, out, 0, 0, z->part_numel)) return out;
     zr_tensor_release(out);
     return NULL;
 }
@@ -604,7 +523,7 @@ static void swap_tensors(zr_tensor **a, zr_tensor **b) {
 static zr_status flush(zr_zero *z) {
     if (z->bucket_pieces == 0) return ZR_OK;
     if (z->cfg.world_size > 1) /* a single process reduces nothing: no label to leave behind */
-        label_params(z, "grad bucket", z->bucket_param[0], z->bucket_param[z->bucket_pieces - 1]);
+        zero_label_params(z, "grad bucket", z->bucket_param[0], z->bucket_param[z->bucket_pieces - 1]);
     int64_t L = z->bucket_fill;
     zr_tensor *red = z->send; /* where the reduced segment of this rank ends up */
     if (z->chunks == 1) {
@@ -617,7 +536,7 @@ static zr_status flush(zr_zero *z) {
         if (L < z->bucket_cap) { /* gather the `chunks` used prefixes into one buffer */
             for (int r = 0; r < z->chunks; r++)
                 ZR_CHECK(
-                    copy_range(z->compact, (int64_t)r * L, z->send, (int64_t)r * z->bucket_cap, L));
+                    zero_copy_range(z->compact, (int64_t)r * L, z->send, (int64_t)r * z->bucket_cap, L));
             src = z->compact;
         }
         zr_tensor *in = flat_range(src, 0, L * z->chunks), *out = flat_range(z->recv, 0, L);
@@ -678,7 +597,7 @@ static zr_status pack(zr_zero *z, int i) {
             int64_t v = valid_len(q->numel, q->chunk, r) - co,
                     base = (int64_t)r * z->bucket_cap + z->bucket_fill;
             v = v < 0 ? 0 : v > take ? take : v;
-            st = copy_range(z->send, base, gc, (int64_t)r * q->chunk + co, v);
+            st = zero_copy_range(z->send, base, gc, (int64_t)r * q->chunk + co, v);
             if (!st) st = fill_range(z->send, base + v, take - v, 0);
         }
         if (st) break;
@@ -743,14 +662,14 @@ zr_status zr_zero_backward_end(zr_zero *z) {
 }
 
 zr_status zr_zero_reduce(zr_zero *z) {
-    ZR_CHECK(flush_stale(z));
+    ZR_CHECK(zero_flush_stale(z));
     if (z->direct) { /* gradients already sit in gpart: sum them over ranks in place (stage 0) */
         if (z->cfg.world_size == 1) return ZR_OK;
         int64_t cap = z->cfg.reduce_bucket_size > 0 ? z->cfg.reduce_bucket_size : z->part_numel;
         for (int64_t a = 0; a < z->part_numel; a += cap) {
             int64_t len = a + cap < z->part_numel ? cap : z->part_numel - a;
             zr_tensor *b = flat_range(z->gpart, a, len);
-            label_params(z, "grads", param_at(z, a), param_at(z, a + len - 1));
+            zero_label_params(z, "grads", zero_param_at(z, a), zero_param_at(z, a + len - 1));
             zr_status st = b ? zr_all_reduce(b, ZR_RED_SUM) : ZR_ERR;
             zr_tensor_release(b);
             ZR_CHECK(st);
@@ -787,7 +706,7 @@ static zr_status local_sumsq(zr_zero *z, double *out) {
 }
 
 zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
-    ZR_CHECK(flush_stale(z));
+    ZR_CHECK(zero_flush_stale(z));
     double local;
     ZR_CHECK(local_sumsq(z, &local));
     if (z->chunks > 1) { /* partitions are disjoint: the squares add up over ranks */
@@ -801,323 +720,6 @@ zr_status zr_zero_grad_norm(zr_zero *z, double scale, double *norm) {
     }
     *norm = sqrt(local) * scale;
     return ZR_OK;
-}
-
-static zr_status regather_persistent(zr_zero *z) {
-    if (z->direct) return ZR_OK; /* the parameters are views into pflat: nothing was released */
-    for (int i = 0; i < z->nparams;
-         i++) { /* persistent parameters stay whole: gather them afresh */
-        if (!z->params[i].persistent) continue;
-        z->params[i].gathered = 0;
-        ZR_CHECK(zr_zero_gather(z, 1, &i));
-    }
-    return ZR_OK;
-}
-
-/* An optimizer state's data, or NULL where the optimizer does not keep that state. */
-static float *state_data(zr_tensor *t) {
-    return t ? (float *)zr_tensor_data(t) : NULL;
-}
-
-/* The flat buffer in partition layout that holds the 16-bit weights, if there is one: the
- * parameters' own (direct mode: each a view at its partition offset) or the stage-3 shard. */
-static zr_tensor *flat_weights(const zr_zero *z) {
-    return z->direct ? z->pflat : z->cfg.stage == 3 ? z->pshard : NULL;
-}
-
-/* Master on the host: where the new weights (param_dtype, partition layout) go. *out: a host
- * buffer written in place (the parameters' flat buffer in direct mode, the host shard at stage 3
- * with offload_param). *sink: uploaded chunk by chunk from the pipeline's ring (one rank's whole
- * parameters at stages 0–2, the device shard at stage 3). Neither: they travel by all-gather from
- * master (stages 1–2 over several ranks) or by generic copies (f64). */
-static void weights_target(zr_zero *z, void **out, int *sink) {
-    *out = NULL;
-    *sink = 0;
-    if (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16) return;
-    zr_tensor *flat = flat_weights(z); /* written in place on the host, else uploaded into */
-    if (flat && zr_is_cpu(flat)) *out = zr_tensor_data(flat);
-    else if (flat || z->chunks == 1) *sink = 1;
-}
-
-/* The pipeline's sink: partition elements [a, a+n) (w: their new weights, host) into the device
- * shard (stage 3) or into the parameters they belong to (one chunk per parameter: partition
- * offsets are parameter offsets). Async H2D on the offload upload stream. */
-static zr_status put_weights(void *ctx, zr_offload *o, int64_t a, int64_t n, const void *w) {
-    zr_zero *z = ctx;
-    zr_tensor *flat = flat_weights(z);
-    if (flat) {
-        zr_tensor *dst = flat_range(flat, a, n);
-        zr_status st = dst ? zr_offload_put(o, dst, w, n) : ZR_ERR;
-        zr_tensor_release(dst);
-        return st;
-    }
-    size_t es = zr_dtype_size(z->param_dtype);
-    for (int i = param_at(z, a); i < z->nparams && z->params[i].offset < a + n; i++) {
-        zparam *q = &z->params[i];
-        int64_t lo = q->offset > a ? q->offset : a, hi = q->offset + q->numel < a + n ? q->offset + q->numel : a + n;
-        if (hi <= lo) continue;
-        zr_tensor *dst = flat_range(q->p, lo - q->offset, hi - lo);
-        zr_status st = dst ? zr_offload_put(o, dst, (const char *)w + (size_t)(lo - a) * es, hi - lo) : ZR_ERR;
-        zr_tensor_release(dst);
-        ZR_CHECK(st);
-    }
-    return ZR_OK;
-}
-
-static zr_adamw_segment *lamb_segments(const zr_zero *z, const double *lr);
-static zr_status lamb_sums_all(zr_zero *z);
-
-/* Partial offload: the device part's new weights (from dmaster, cast on the device) into the
- * shard (stage 3) or into the parameters (one chunk per parameter), where the pipeline puts the
- * host part's; stages 1-2 over several ranks all-gather both parts from the masters instead. */
-static zr_status split_weights(zr_zero *z) {
-    if (!z->split) return ZR_OK;
-    if (flat_weights(z)) return state_get(z, 0, flat_weights(z), 0, 0, z->split);
-    if (z->chunks > 1) return ZR_OK;
-    for (int i = 0; i < z->nparams && z->params[i].offset < z->split; i++) {
-        zparam *q = &z->params[i];
-        int64_t n = z->split - q->offset < q->numel ? z->split - q->offset : q->numel;
-        ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, n));
-    }
-    return ZR_OK;
-}
-
-/* Master on the host: one pass of the offload pipeline over the host part of the partition
- * (optimizer c, or NULL: only the weights from master), the new weights written in place or
- * uploaded, and the device part's weights (split_weights); then what follows them (stage-3
- * persistent parameters regathered, or the all-gather of stages 1–2). */
-static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
-                           const double *lr) {
-    void *out;
-    int sink;
-    weights_target(z, &out, &sink);
-    if (!c && !out && !sink) return ZR_OK;
-    zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
-                            state_data(z->v), z->split, grad_scale, step, c, lr, out, sink ? put_weights : NULL,
-                            z, z->split, z->part_numel, 0, NULL, NULL};
-    if (c && c->kind == ZR_OPTIM_LAMB) { /* the moments and norms, the sums over ranks, then the update */
-        if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, zr_cpu(), 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
-            return ZR_ERR;
-        zr_adamw_segment *segs = lamb_segments(z, lr);
-        if (!segs) return ZR_ERR;
-        zr_offload_pass first = pass;
-        first.out = NULL, first.sink = NULL, first.lamb = 1, first.lamb_sums = zr_tensor_data(z->lamb_sums);
-        first.lamb_segs = segs;
-        pass.lamb = 2, pass.lamb_sums = first.lamb_sums, pass.lamb_segs = segs;
-        zr_status st = zr_tensor_fill_(z->lamb_sums, 0);
-        if (!st) st = zr_offload_run(z->host, &first);
-        if (!st) st = lamb_sums_all(z);
-        if (!st) st = zr_offload_run(z->host, &pass);
-        free(segs);
-        ZR_CHECK(st);
-    } else
-        ZR_CHECK(zr_offload_run(z->host, &pass));
-    if (out || sink) {
-        ZR_CHECK(split_weights(z));
-        return z->cfg.stage == 3 ? regather_persistent(z) : ZR_OK;
-    }
-    return zr_zero_refresh_params(z);
-}
-
-/* Over several ranks (stages 1-2): every rank's partition of new weights into the whole parameters,
- * by bucketed all-gather. w: the partition's weights (param dtype, partition layout), or NULL: the
- * master's. */
-static zr_status allgather_weights(zr_zero *z, zr_tensor *w) {
-    /* bucketed all-gather: send = my chunks (param dtype), recv = `chunks` segments */
-    int64_t cap = z->bucket_cap;
-    zr_tensor *send = new_buf(z->param_dtype, z->dev, cap, ZR_MEM_COMM);
-    zr_tensor *recv = send ? new_buf(z->param_dtype, z->dev, cap * z->chunks, ZR_MEM_COMM) : NULL;
-    zr_status st = recv ? ZR_OK : ZR_ERR;
-    int first = 0;
-    while (!st && first < z->nparams) {
-        int last = first;
-        int64_t L = 0;
-        while (last < z->nparams && L + z->params[last].chunk <= cap)
-            L += z->params[last++].chunk;
-        st = w ? copy_range(send, 0, w, z->params[first].offset, L)
-               : state_get(z, 0, send, 0, z->params[first].offset, L);
-        zr_tensor *in = st ? NULL : flat_range(send, 0, L),
-                  *out = st ? NULL : flat_range(recv, 0, L * z->chunks);
-        if (!st) label_params(z, "updated weights", first, last - 1);
-        if (!st) st = (in && out) ? zr_all_gather(out, in) : ZR_ERR;
-        zr_tensor_release(in);
-        zr_tensor_release(out);
-        for (int i = first; i < last && !st; i++) {
-            zparam *q = &z->params[i];
-            for (int r = 0; r < z->chunks && !st; r++)
-                st = copy_range(q->p, (int64_t)r * q->chunk, recv,
-                                (int64_t)r * L + (q->offset - z->params[first].offset),
-                                valid_len(q->numel, q->chunk, r));
-        }
-        first = last;
-    }
-    zr_tensor_release(send);
-    zr_tensor_release(recv);
-    return st;
-}
-
-/* Parameters from the master partition: copy (stage 0), all-gather (1–2), or into the shard (3). */
-zr_status zr_zero_refresh_params(zr_zero *z) {
-    if (z->host && (z->cfg.stage == 3 || z->chunks == 1)) { /* parallel casts on the host, uploaded */
-        void *out;
-        int sink;
-        weights_target(z, &out, &sink);
-        if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
-    }
-    if (z->cfg.stage == 3 && !z->direct) {
-        ZR_CHECK(state_get(z, 0, z->pshard, 0, 0, z->part_numel));
-        return regather_persistent(z);
-    }
-    if (z->chunks == 1) {
-        for (int i = 0; i < z->nparams; i++) {
-            zparam *q = &z->params[i];
-            ZR_CHECK(state_get(z, 0, q->p, 0, q->offset, q->numel));
-        }
-        return ZR_OK;
-    }
-    return allgather_weights(z, NULL);
-}
-
-/* Lamb's segments: this rank's valid piece of each parameter (padding excluded, so that it never
- * counts in a norm), with the parameter's weight decay and lr. malloc'ed; NULL with an error. */
-static zr_adamw_segment *lamb_segments(const zr_zero *z, const double *lr) {
-    zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)(z->nparams ? z->nparams : 1));
-    if (!segs) return zr_error_null("out of host memory");
-    const int r = z->chunks > 1 ? z->cfg.rank : 0;
-    for (int i = 0; i < z->nparams; i++) {
-        const zparam *q = &z->params[i];
-        segs[i] = (zr_adamw_segment){q->offset, valid_len(q->numel, q->chunk, r), (float)q->wd, (float)lr[i]};
-    }
-    return segs;
-}
-
-/* After Lamb's first pass: every rank's sums of its pieces added up, so that each parameter's trust
- * ratio is that of the whole tensor on every rank (one all-reduce of 2 nparams doubles). */
-static zr_status lamb_sums_all(zr_zero *z) {
-    if (z->chunks == 1) return ZR_OK;
-    zr_comm_label("Lamb trust-ratio norms of %d params", z->nparams);
-    return zr_all_reduce(z->lamb_sums, ZR_RED_SUM);
-}
-
-#ifdef ZR_HAVE_CUDA
-/* Lamb with the master on the GPU: both passes, the sums all-reduced in between (NCCL). gs: the
- * device scalar grad scale; lp: the 16-bit weights (direct mode) or NULL. */
-static zr_status lamb_step_dev(zr_zero *z, const zr_adamw_config *c, int64_t step, const double *lr, zr_tensor *gs,
-                               void *lp) {
-    zr_device dev = zr_tensor_device(z->master);
-    cudaStream_t stream = zr_cuda_stream(dev);
-    if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, dev, 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
-        return ZR_ERR;
-    zr_adamw_segment *segs = lamb_segments(z, lr);
-    if (!segs) return ZR_ERR;
-    int64_t nw = lamb_workspace_cuda(segs, z->nparams);
-    zr_tensor *ws = zr_tensor_new_cat(ZR_F64, dev, 1, &nw, ZR_MEM_WORKSPACE, 0);
-    zr_status st = ws ? ZR_OK : ZR_ERR;
-    if (!st && lamb_sums_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v),
-                              zr_tensor_data(z->gpart), z->grad_dtype, segs, z->nparams, c, zr_tensor_data(gs),
-                              zr_tensor_data(z->lamb_sums), zr_tensor_data(ws), stream))
-        st = ZR_ERR;
-    zr_tensor_release(ws);
-    if (!st) st = lamb_sums_all(z);
-    if (!st && lamb_apply_cuda(zr_tensor_data(z->master), zr_tensor_data(z->m), zr_tensor_data(z->v), lp,
-                               lp ? z->param_dtype : ZR_F32, segs, z->nparams, c, step, zr_tensor_data(z->lamb_sums),
-                               stream))
-        st = ZR_ERR;
-    free(segs);
-    return st;
-}
-#endif
-
-/* The optimizer on partition elements [0, hi) whose master and states (master, m, v) live on the
- * parameters' device: the whole partition without offload, the device part with a split. Every
- * parameter's segment clipped to hi, its own lr and weight decay; gradients from gpart. lp: a flat
- * 16-bit copy of the weights written as the master is updated (direct mode), or NULL. On a GPU the
- * CUDA kernels, async on the compute stream; on a CPU run (where the device part of a partial
- * offload lives on the CPU too) the same segments through their CPU twin, zr_offload_update. */
-static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_tensor *v, int64_t hi, void *lp,
-                             double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr) {
-    zr_adamw_segment *segs = malloc(sizeof *segs * (size_t)z->nparams);
-    if (!segs) return zr_error("out of host memory");
-    int n = 0;
-    for (int i = 0; i < z->nparams && z->params[i].offset < hi; i++) {
-        int64_t len = hi - z->params[i].offset < z->params[i].chunk ? hi - z->params[i].offset : z->params[i].chunk;
-        segs[n++] = (zr_adamw_segment){z->params[i].offset, len, (float)z->params[i].wd, (float)lr[i]};
-    }
-    zr_status st = ZR_OK;
-    zr_dtype lp_dt = lp ? z->param_dtype : ZR_F32;
-    if (zr_is_cpu(master)) {
-        size_t ge = zr_dtype_size(z->grad_dtype), we = zr_dtype_size(lp_dt);
-        const char *g = zr_tensor_data(z->gpart);
-        float *pm = zr_tensor_data(master), *mm = state_data(m), *vm = state_data(v);
-        for (int k = 0; k < n; k++) { /* segment k is parameter k's; lr and wd in double, as the pipeline */
-            int64_t o = segs[k].offset;
-            zr_offload_update(pm + o, mm ? mm + o : NULL, vm ? vm + o : NULL, g + (size_t)o * ge, z->grad_dtype,
-                              segs[k].n, lp ? (char *)lp + (size_t)o * we : NULL, lp_dt, c, lr[k], z->params[k].wd,
-                              grad_scale, step);
-        }
-        free(segs);
-        return ZR_OK;
-    }
-#ifdef ZR_HAVE_CUDA
-    /* the scale rides into the kernel as a device scalar: no separate pass over the grads */
-    zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(master), 0, NULL, grad_scale);
-    cudaStream_t stream = zr_cuda_stream(zr_tensor_device(master));
-    if (!gs) st = ZR_ERR;
-    else if (c->kind != ZR_OPTIM_ADAMW)
-        st = optim_step_cuda(zr_tensor_data(master), state_data(m), lp, lp_dt, zr_tensor_data(z->gpart),
-                             z->grad_dtype, segs, n, c, step, zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
-    else
-        st = adamw_step_cuda(zr_tensor_data(master), state_data(m), state_data(v), lp, lp_dt,
-                             zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step, zr_tensor_data(gs),
-                             stream) ? ZR_ERR : ZR_OK;
-    zr_tensor_release(gs);
-#else
-    st = zr_no_cuda("ZeRO optimizer step");
-#endif
-    free(segs);
-    return st;
-}
-
-zr_status zr_zero_step(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c,
-                       const double *lr) {
-    ZR_CHECK(flush_stale(z));
-    if (c->kind != z->cfg.optimizer) {
-        static const char *const names[] = {"AdamW", "Lion", "Adagrad", "SGD", "Lamb"};
-        const int k = c->kind, e = z->cfg.optimizer;
-        return zr_error("ZeRO: a %s step on an engine built for %s (its states are that optimizer's)",
-                        k >= 0 && k < 5 ? names[k] : "unknown optimizer", e >= 0 && e < 5 ? names[e] : "?");
-    }
-    if (z->split && c->kind == ZR_OPTIM_LAMB)
-        return zr_error("Lamb with offload_optimizer.ratio < 1 is not supported (each trust ratio needs the norms "
-                        "of both parts): set offload_optimizer.ratio to 1");
-    if (!zr_is_cpu(z->master)) {
-        /* direct mode with 16-bit weights: the kernel writes them as it updates the master */
-        int lp = z->direct && (z->param_dtype == ZR_BF16 || z->param_dtype == ZR_F16);
-        if (c->kind == ZR_OPTIM_LAMB) { /* two passes with the norms' sums in between */
-#ifdef ZR_HAVE_CUDA
-            zr_tensor *gs = zr_tensor_full(ZR_F32, zr_tensor_device(z->master), 0, NULL, grad_scale);
-            zr_status st = gs ? lamb_step_dev(z, c, step, lr, gs, lp ? zr_tensor_data(z->pflat) : NULL) : ZR_ERR;
-            zr_tensor_release(gs);
-            ZR_CHECK(st);
-#else
-            return zr_no_cuda("ZeRO optimizer step");
-#endif
-        } else
-            ZR_CHECK(device_step(z, z->master, z->m, z->v, z->part_numel, lp ? zr_tensor_data(z->pflat) : NULL,
-                                 grad_scale, step, c, lr));
-        return lp ? ZR_OK : zr_zero_refresh_params(z);
-    }
-    /* Partial offload: the device part's kernels are queued first; the host part's gradient copies
-     * start after backward (the mark), not after them, so both parts are updated at once. */
-    if (z->split) {
-        ZR_CHECK(zr_offload_mark(z->host));
-        ZR_CHECK(device_step(z, z->dmaster, z->dm, z->dv, z->split, NULL, grad_scale, step, c, lr));
-    }
-    /* master on the host: the offload pipeline (zero/offload.h) scales the gradients, updates
-     * master and moments chunk by chunk, and writes the new weights in place or uploads them */
-    zr_status st = host_pass(z, grad_scale, step, c, lr);
-    zr_offload_step_end(z->host);
-    return st;
 }
 
 zr_status zr_zero_zero_grad(zr_zero *z) {
@@ -1179,12 +781,12 @@ static zr_status start_gather(zr_zero *z, int i) {
         in = flat_range(z->pshard, q->offset, q->chunk); /* the shard's slice itself: no copy */
     } else { /* offload_param: the shard is on the host; stage the slice on the device */
         in = new_buf(z->param_dtype, z->dev, q->chunk, ZR_MEM_COMM);
-        if (in && copy_range(in, 0, z->pshard, q->offset, q->chunk)) {
+        if (in && zero_copy_range(in, 0, z->pshard, q->offset, q->chunk)) {
             zr_tensor_release(in);
             in = NULL;
         }
     }
-    label_params(z, "stage 3 gather of", i, i);
+    zero_label_params(z, "stage 3 gather of", i, i);
     zr_comm_handle *h = in ? zr_all_gather_async(out, in) : NULL;
     zr_tensor_release(in);
     if (!h) {
@@ -1271,257 +873,4 @@ zr_status zr_zero_release_all(zr_zero *z) {
     for (int i = 0; i < z->nparams; i++)
         ZR_CHECK(zr_zero_release(z, 1, &i));
     return ZR_OK;
-}
-
-/* --- ZenFlow's overlap_step: one window's host AdamW on a background thread (zero/engine.h) --- */
-
-#include <pthread.h>
-#include <omp.h>
-
-struct zasync {
-    pthread_t th;
-    int running;    /* a thread was started and not joined yet */
-    int finished;   /* it left its step (under hold_mu) */
-    int freeing;    /* the engine is being freed: a held step goes on (under hold_mu) */
-    int pending;    /* w holds new weights not yet in the parameters */
-    zr_tensor *grads;     /* the window's gradient partition, snapshot (gpart's device and dtype) */
-    zr_tensor *w;         /* new weights, host, param dtype, partition layout */
-    zr_tensor *m2, *v2;   /* the second set of moments (host f32), lazily zero */
-    zr_adamw_config c;
-    double *lr, grad_scale;
-    int64_t step;
-    int set, threads;
-    int w_pinned;
-#ifdef ZR_HAVE_CUDA
-    cudaEvent_t applied; /* after the last upload of w (compute stream): w is written again only then */
-    int applied_rec;
-#endif
-    zr_zero *z;
-    zr_status st;
-    char msg[2048];
-};
-
-/* the test hook: while held, a background step waits after its update (zr_zero_async_hold) */
-static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
-static int hold_on;
-
-void zr_zero_async_hold(int on) {
-    pthread_mutex_lock(&hold_mu);
-    hold_on = on;
-    pthread_cond_broadcast(&hold_cv);
-    pthread_mutex_unlock(&hold_mu);
-}
-
-static void *async_main(void *arg) {
-    struct zasync *a = arg;
-    zr_zero *z = a->z;
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA) a->st = zr_cuda_set_device(z->dev.index); /* the current device is per thread */
-    if (!a->st && a->applied_rec) a->st = zr_cuda_event_sync(a->applied); /* w's last upload has read it */
-#endif
-    if (a->threads > 0) omp_set_num_threads(a->threads); /* this thread's parallel regions only */
-    zr_offload_pass pass = {a->grads, zr_tensor_data(z->master), state_data(a->set ? a->m2 : z->m),
-                            state_data(a->set ? a->v2 : z->v), 0, a->grad_scale, a->step, &a->c, a->lr,
-                            zr_tensor_data(a->w), NULL, NULL, 0, z->part_numel, 0, NULL, NULL};
-    if (!a->st) a->st = zr_offload_run(z->host, &pass);
-    if (a->st) snprintf(a->msg, sizeof a->msg, "%s", zr_last_error_message());
-    pthread_mutex_lock(&hold_mu);
-    while (hold_on && !a->freeing) pthread_cond_wait(&hold_cv, &hold_mu);
-    a->finished = 1;
-    pthread_mutex_unlock(&hold_mu);
-    return NULL;
-}
-
-static zr_tensor *host_zeros(zr_dtype dt, int64_t n, zr_mem_category cat) {
-    zr_tensor *t = new_buf(dt, zr_cpu(), n, cat);
-    if (t && zr_tensor_fill_(t, 0)) {
-        zr_tensor_release(t);
-        return NULL;
-    }
-    return t;
-}
-
-/* z's background-step record, allocated (with its upload event on a GPU) on first use */
-static struct zasync *async_get(zr_zero *z) {
-    struct zasync *a = z->async;
-    if (!a && !(a = z->async = calloc(1, sizeof *a))) {
-        zr_error("out of host memory");
-        return NULL;
-    }
-    a->z = z;
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA && !a->applied && !(a->applied = zr_cuda_event_new(0))) return NULL;
-#endif
-    return a;
-}
-
-zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
-                             int set, int threads) {
-    if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || (z->cfg.stage == 3 && z->chunks != 1) ||
-        (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16))
-        return zr_error("ZeRO: a background host step needs AdamW with its whole master on the host (offload_optimizer "
-                        "cpu, ratio 1), stages 1-2 (stage 3 at one rank) and f32/bf16/f16 weights");
-    if (set != 0 && set != 1) return zr_error("ZeRO: the background step's moment set must be 0 or 1, got %d", set);
-    ZR_CHECK(zr_zero_async_wait(z)); /* its moments and master must be current */
-    if (z->async && z->async->pending)
-        return zr_error("ZeRO: the last background step's weights were never applied (zr_zero_async_apply first)");
-    ZR_CHECK(flush_stale(z));
-    struct zasync *a = async_get(z);
-    if (!a) return ZR_ERR;
-    if (!a->grads && !(a->grads = new_buf(z->gpart->dtype, zr_tensor_device(z->gpart), z->part_numel, ZR_MEM_GRADS)))
-        return ZR_ERR;
-    if (!a->w && !(a->w = new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS))) return ZR_ERR;
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA && z->cfg.pin_memory && !a->w_pinned) { /* so that its upload is a DMA */
-        size_t bytes = (size_t)z->part_numel * zr_dtype_size(z->param_dtype);
-        if (cudaHostRegister(zr_tensor_data(a->w), bytes, cudaHostRegisterDefault) != cudaSuccess) {
-            cudaGetLastError();
-            return zr_error("offload_optimizer.pin_memory: page-locking the %.2f GiB of zenflow overlap_step's new "
-                            "weights failed; raise the locked-memory limit (ulimit -l) or set pin_memory to false",
-                            (double)bytes / (1 << 30));
-        }
-        a->w_pinned = 1;
-    }
-#endif
-    if (set && !a->m2 && !(a->m2 = host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER))) return ZR_ERR;
-    if (set && !a->v2 && !(a->v2 = host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER))) return ZR_ERR;
-    double *l = realloc(a->lr, sizeof(double) * (size_t)(z->nparams ? z->nparams : 1));
-    if (!l) return zr_error("out of host memory");
-    a->lr = l;
-    memcpy(a->lr, lr, sizeof(double) * (size_t)z->nparams);
-    if (!z->grads_dev) ZR_CHECK(zr_offload_grad_sync(z->host)); /* host gradients: every copy added in */
-    /* the snapshot: queued on the compute stream (device) before the next window's kernels; the
-     * thread's gradient copies start at the mark, after it */
-    ZR_CHECK(zr_tensor_copy_(a->grads, z->gpart));
-    if (z->grads_dev) ZR_CHECK(zr_offload_mark(z->host));
-    ZR_CHECK(zr_offload_prepare(z->host)); /* the ring is allocated here, not on the thread */
-    a->c = *c, a->grad_scale = grad_scale, a->step = step, a->set = set, a->threads = threads;
-    a->st = ZR_OK, a->msg[0] = 0, a->finished = 0;
-    if (pthread_create(&a->th, NULL, async_main, a)) return zr_error("ZeRO: could not start the background host step");
-    a->running = 1;
-    return ZR_OK;
-}
-
-int zr_zero_async_busy(zr_zero *z) {
-    struct zasync *a = z->async;
-    if (!a || !a->running) return 0;
-    pthread_mutex_lock(&hold_mu);
-    int busy = !a->finished;
-    pthread_mutex_unlock(&hold_mu);
-    return busy;
-}
-
-zr_status zr_zero_async_wait(zr_zero *z) {
-    struct zasync *a = z->async;
-    if (!a || !a->running) return ZR_OK;
-    pthread_mutex_lock(&hold_mu);
-    int held = hold_on && !a->finished;
-    pthread_mutex_unlock(&hold_mu);
-    if (held) /* joining would wait forever: the test that holds it expected no join here */
-        return zr_error("ZeRO: the background host step is held by zenflow_hold (a test hook); release it first");
-    pthread_join(a->th, NULL);
-    a->running = 0;
-    zr_offload_step_end(z->host);
-    if (a->st) return zr_error("ZeRO background host step: %s", a->msg);
-    a->pending = 1;
-    return ZR_OK;
-}
-
-zr_status zr_zero_async_apply(zr_zero *z) {
-    ZR_CHECK(zr_zero_async_wait(z));
-    struct zasync *a = z->async;
-    if (!a || !a->pending) return ZR_OK;
-    if (z->chunks > 1) { /* each rank holds its partition's new weights: gathered into every rank's */
-        a->pending = 0;
-        ZR_CHECK(allgather_weights(z, a->w));
-#ifdef ZR_HAVE_CUDA
-        if (z->dev.type == ZR_CUDA) { /* the next background step waits until w's copies have read it */
-            ZR_CHECK(zr_cuda_event_record(a->applied, zr_cuda_stream(z->dev)));
-            a->applied_rec = 1;
-        }
-#endif
-        return ZR_OK;
-    }
-    zr_tensor *flat = flat_weights(z);
-#ifdef ZR_HAVE_CUDA
-    if (z->dev.type == ZR_CUDA) { /* async uploads on the compute stream (w pinned: DMAs; pageable: staged by
-                                   * the driver); the next background step waits for them before writing w */
-        cudaStream_t s = zr_cuda_stream(z->dev);
-        size_t es = zr_dtype_size(z->param_dtype);
-        const char *w = zr_tensor_data(a->w);
-        for (int i = 0; i < (flat ? 1 : z->nparams); i++) {
-            zr_tensor *p = flat ? flat : z->params[i].p;
-            int64_t off = flat ? 0 : z->params[i].offset, n = flat ? z->part_numel : z->params[i].numel;
-            if (p->dtype != z->param_dtype || !zr_tensor_is_contiguous(p) || zr_tensor_numel(p) < n)
-                return zr_error("ZeRO: the background step's weights do not match parameter %d's layout", i);
-            ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(zr_tensor_data(p), w + (size_t)off * es, (size_t)n * es,
-                                                   cudaMemcpyHostToDevice, s),
-                                   "ZeRO background step: weights upload"));
-        }
-        ZR_CHECK(zr_cuda_event_record(a->applied, s));
-        a->applied_rec = 1;
-        a->pending = 0;
-        return ZR_OK;
-    }
-#endif
-    if (flat) ZR_CHECK(copy_range(flat, 0, a->w, 0, z->part_numel));
-    else
-        for (int i = 0; i < z->nparams; i++)
-            ZR_CHECK(copy_range(z->params[i].p, 0, a->w, z->params[i].offset, z->params[i].numel));
-    a->pending = 0;
-    return ZR_OK;
-}
-
-zr_status zr_zero_async_state(zr_zero *z, int which, int create, zr_tensor **out) {
-    *out = NULL;
-    if (which < 0 || which > 2)
-        return zr_error("ZeRO async_state: which must be 0 (pending weights), 1 or 2 (second moments), got %d", which);
-    ZR_CHECK(zr_zero_async_wait(z)); /* the step in flight writes w and one moment set */
-    struct zasync *a = create ? async_get(z) : z->async;
-    if (!a) return create ? ZR_ERR : ZR_OK;
-#ifdef ZR_HAVE_CUDA
-    if (a->applied_rec) ZR_CHECK(zr_cuda_event_sync(a->applied)); /* the caller may write w: its upload is done */
-#endif
-    zr_tensor **t = which == 0 ? &a->w : which == 1 ? &a->m2 : &a->v2;
-    if (!*t && create &&
-        !(*t = which == 0 ? new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS)
-                          : host_zeros(ZR_F32, z->part_numel, ZR_MEM_OPTIMIZER)))
-        return ZR_ERR;
-    *out = zr_tensor_retain(*t);
-    return ZR_OK;
-}
-
-int zr_zero_async_pending(const zr_zero *z) { return z->async && z->async->pending; }
-
-zr_status zr_zero_async_set_pending(zr_zero *z, int on) {
-    ZR_CHECK(zr_zero_async_wait(z));
-    if (on && (!z->async || !z->async->w))
-        return zr_error("ZeRO: no background-step weights to mark pending (write them through async_state(0) first)");
-    if (z->async) z->async->pending = on != 0;
-    return ZR_OK;
-}
-
-static void async_free(zr_zero *z) {
-    struct zasync *a = z->async;
-    if (!a) return;
-    if (a->running) { /* only this engine's step is let go: the hold stays for any other */
-        pthread_mutex_lock(&hold_mu);
-        a->freeing = 1;
-        pthread_cond_broadcast(&hold_cv);
-        pthread_mutex_unlock(&hold_mu);
-        pthread_join(a->th, NULL);
-    }
-#ifdef ZR_HAVE_CUDA
-    if (a->applied_rec) zr_cuda_event_sync(a->applied); /* the last upload may still be reading w */
-    if (a->w_pinned) cudaHostUnregister(zr_tensor_data(a->w));
-    if (a->applied) zr_cuda_event_free(a->applied);
-#endif
-    zr_tensor_release(a->grads);
-    zr_tensor_release(a->w);
-    zr_tensor_release(a->m2);
-    zr_tensor_release(a->v2);
-    free(a->lr);
-    free(a);
-    z->async = NULL;
 }

@@ -1,5 +1,6 @@
 /* Host side of the ZeRO engine when the fp32 master partition lives on the CPU (optimizer
- * offload, or any CPU run). engine.c hands it the partition's layout and calls it for
+ * offload, or any CPU run). The engine (engine.c, engine_step.c) hands it the partition's layout
+ * and calls it for
  *   - gradient intake (host-gradient mode): a bucket's reduced segment is added into the host
  *     gradient partition gpart (f32). From a GPU the copy is an async D2H on a copy stream
  *     (ordered after the compute stream by an event, and the compute stream after it) into gpart

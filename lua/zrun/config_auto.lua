@@ -1,0 +1,177 @@
+-- "auto" in a DeepSpeed config, resolved as transformers' HfTrainerDeepSpeedConfig does
+-- (trainer_config_process/_finalize) from a table shaped like TrainingArguments (missing arguments take
+-- TrainingArguments' defaults), and the Trainer's step arithmetic it uses. config.lua calls it.
+local U = require "zrun.config_util"
+local M = {}
+local floor, ceil, abs = math.floor, math.ceil, math.abs
+local fmt = string.format
+local type, ipairs = type, ipairs
+local show, fmtnum, get, set = U.show, U.fmtnum, U.get, U.set
+
+local ARG_DEFAULTS = {
+  per_device_train_batch_size = 8, gradient_accumulation_steps = 1, learning_rate = 5e-5,
+  adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8, weight_decay = 0.0,
+  warmup_steps = 0, warmup_ratio = 0.0, max_grad_norm = 1.0, bf16 = false, fp16 = false,
+  max_steps = -1, num_train_epochs = 3.0,
+}
+M.ARG_DEFAULTS = ARG_DEFAULTS
+
+-- Optimizer steps per epoch as the Trainer runs them: each rank reads floor(n / world) rows in
+-- micro-batches of mb (a last partial micro-batch is dropped), and every ga micro-batches step.
+function M.steps_per_epoch(n, world, mb, ga)
+  return floor(floor(floor(n / world) / mb) / ga)
+end
+
+-- Warmup steps as TrainingArguments.get_warmup_steps: warmup_steps when set, else
+-- ceil(warmup_ratio × total steps).
+function M.warmup_steps(warmup_steps, warmup_ratio, total)
+  if warmup_steps and warmup_steps > 0 then return warmup_steps end
+  return ceil((warmup_ratio or 0) * total)
+end
+
+local function arg(ctx, name)
+  local v = ctx.args[name]
+  if v ~= nil then return v, "args." .. name, true end
+  return ARG_DEFAULTS[name], fmt("TrainingArguments default %s=%s", name, show(ARG_DEFAULTS[name])), false
+end
+
+-- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch
+-- (M.steps_per_epoch, the Trainer's arithmetic, at least 1).
+local function num_training_steps(ctx, vals)
+  if ctx.num_training_steps then return ctx.num_training_steps, "num_training_steps", true end
+  local ms, _, explicit = arg(ctx, "max_steps")
+  if ms and ms > 0 then return ms, "args.max_steps", explicit end
+  local n = ctx.args.train_dataset_size
+  local mb, ga = vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps
+  if n and type(mb) == "number" and type(ga) == "number" then
+    local per_epoch = math.max(M.steps_per_epoch(n, ctx.world_size, mb, ga), 1)
+    local epochs = arg(ctx, "num_train_epochs")
+    return ceil(epochs * per_epoch), fmt("%s epochs × %d updates per epoch", fmtnum(epochs), per_epoch), true
+  end
+  return nil, "needs the number of training steps (args.max_steps, args.train_dataset_size, or config.finalize)"
+end
+
+local function hidden_size(ctx)
+  if ctx.hidden_size then return ctx.hidden_size end
+  return nil, "needs the model's hidden_size (args.hidden_size or config.finalize)"
+end
+
+local function learning_rate(ctx, vals)
+  local v, note, explicit = arg(ctx, "learning_rate")
+  if not explicit then
+    local lr = get(vals, "optimizer.params.lr")
+    if type(lr) == "number" then return lr, "optimizer.params.lr", false end
+  end
+  return v, note, explicit
+end
+
+-- Each returns value, note, explicit (whether it came from an argument the caller gave), or nil and
+-- why it is still pending. The order matters: later ones read earlier results.
+local AUTO = {
+  { "train_micro_batch_size_per_gpu", function(ctx) return arg(ctx, "per_device_train_batch_size") end },
+  { "gradient_accumulation_steps", function(ctx) return arg(ctx, "gradient_accumulation_steps") end },
+  { "train_batch_size", function(ctx, vals)
+    local mb, n1, e1 = vals.train_micro_batch_size_per_gpu, "train_micro_batch_size_per_gpu", true
+    if type(mb) ~= "number" then mb, n1, e1 = arg(ctx, "per_device_train_batch_size") end
+    local ga, n2, e2 = vals.gradient_accumulation_steps, "gradient_accumulation_steps", true
+    if type(ga) ~= "number" then ga, n2, e2 = arg(ctx, "gradient_accumulation_steps") end
+    return mb * ga * ctx.world_size, fmt("%s %d × %s %d × world size %d", n1, mb, n2, ga, ctx.world_size),
+      e1 and e2
+  end },
+  { "gradient_clipping", function(ctx) return arg(ctx, "max_grad_norm") end },
+  { "fp16.enabled", function(ctx) return arg(ctx, "fp16") end },
+  { "bf16.enabled", function(ctx) return arg(ctx, "bf16") end },
+  { "optimizer.params.lr", function(ctx) return arg(ctx, "learning_rate") end },
+  { "optimizer.params.betas", function(ctx)
+    local b1, _, e1 = arg(ctx, "adam_beta1")
+    local b2, _, e2 = arg(ctx, "adam_beta2")
+    return { b1, b2 }, (e1 or e2) and "args.adam_beta1, args.adam_beta2" or "TrainingArguments defaults adam_beta1/2",
+      e1 or e2
+  end },
+  { "optimizer.params.eps", function(ctx) return arg(ctx, "adam_epsilon") end },
+  { "optimizer.params.weight_decay", function(ctx) return arg(ctx, "weight_decay") end },
+  { "scheduler.params.warmup_min_lr", function() return 0, "0, as the Hugging Face integration sets it", false end },
+  { "scheduler.params.warmup_max_lr", learning_rate },
+  { "scheduler.params.total_num_steps", num_training_steps },
+  { "scheduler.params.warmup_num_steps", function(ctx, vals)
+    local ws, note, explicit = arg(ctx, "warmup_steps")
+    if ws > 0 then return ws, note, explicit end
+    local ratio, rnote, rexp = arg(ctx, "warmup_ratio")
+    if ratio == 0 then return 0, "no warmup (args.warmup_steps and warmup_ratio are 0)", explicit or rexp end
+    local total, why, texp = num_training_steps(ctx, vals)
+    if not total then return nil, why end
+    return M.warmup_steps(0, ratio, total), fmt("ceil(%s × %s steps)", rnote, fmtnum(total)), rexp and texp
+  end },
+  { "zero_optimization.reduce_bucket_size", function(ctx)
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return h * h, fmt("hidden_size² = %d²", h), false
+  end },
+  { "zero_optimization.stage3_prefetch_bucket_size", function(ctx, vals)
+    if vals.zero_optimization.stage ~= 3 then return 5e7, "stage < 3 (unused): DeepSpeed default", false end
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return floor(0.9 * h * h), fmt("0.9 × hidden_size² (hidden_size %d)", h), false
+  end },
+  { "zero_optimization.stage3_param_persistence_threshold", function(ctx, vals)
+    if vals.zero_optimization.stage ~= 3 then return 1e5, "stage < 3 (unused): DeepSpeed default", false end
+    local h, why = hidden_size(ctx)
+    if not h then return nil, why end
+    return 10 * h, fmt("10 × hidden_size (%d)", h), false
+  end },
+}
+
+-- Values the Hugging Face integration compares with the arguments when the file gives a number:
+-- a disagreement is an error there, and here. (train_batch_size is left to the batch rule.)
+local MATCHED = {
+  train_micro_batch_size_per_gpu = true, gradient_accumulation_steps = true, gradient_clipping = true, ["fp16.enabled"] = true, ["bf16.enabled"] = true,
+  ["optimizer.params.lr"] = true, ["optimizer.params.betas"] = true, ["optimizer.params.eps"] = true,
+  ["optimizer.params.weight_decay"] = true, ["scheduler.params.warmup_max_lr"] = true,
+  ["scheduler.params.total_num_steps"] = true, ["scheduler.params.warmup_num_steps"] = true,
+}
+
+local function same(a, b)
+  if type(a) == "number" and type(b) == "number" then return abs(a - b) <= 1e-12 * math.max(abs(a), abs(b)) end
+  if type(a) == "table" and type(b) == "table" then
+    if #a ~= #b then return false end
+    for i = 1, #a do if not same(a[i], b[i]) then return false end end
+    return true
+  end
+  return a == b
+end
+
+-- Resolves the "auto" values of vals at the paths in `which` (nil: all of them) in AUTO's order, and
+-- records each one's source in meta.src (or what it waits for in meta.pending). A number the file
+-- gives where the Hugging Face integration matches it against an argument the caller gave is
+-- compared: returns the disagreements, one line each.
+local function resolve_autos(vals, meta, which)
+  local ctx = meta.ctx
+  local mism = {}
+  for _, e in ipairs(AUTO) do
+    local path, fn = e[1], e[2]
+    if which == nil or which[path] then
+      local cur = get(vals, path)
+      local src = meta.src[path]
+      if cur == "auto" then
+        local v, note, explicit = fn(ctx, vals)
+        if v == nil then
+          meta.src[path] = { kind = "auto", note = "pending: " .. note }
+          meta.pending[path] = note
+        else
+          set(vals, path, v)
+          meta.src[path] = { kind = "auto", note = note }
+          meta.pending[path] = nil
+        end
+      elseif cur ~= nil and MATCHED[path] and src and (src.kind == "file" or src.kind == "override") then
+        local v, note, explicit = fn(ctx, vals)
+        if explicit and v ~= nil and not same(cur, v) then
+          mism[#mism + 1] = fmt("%s = %s (%s) but %s = %s", path, show(cur), src.kind, note, show(v))
+        end
+      end
+    end
+  end
+  return mism
+end
+
+M.AUTO, M.resolve_autos = AUTO, resolve_autos
+return M
