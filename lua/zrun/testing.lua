@@ -24,6 +24,18 @@ function M.run(cmd)
   return (out:gsub("rc=%d+%s*$", "")), rc
 end
 
+-- Runs fn() with every earlier garbage collected and the collector stopped, so that a memory count
+-- taken inside is not shrunk by an unrelated tensor freed halfway; returns fn's results.
+function M.without_gc(fn)
+  collectgarbage(); collectgarbage(); collectgarbage("stop")
+  local function finish(ok, ...)
+    collectgarbage("restart")
+    if not ok then error((...), 0) end
+    return ...
+  end
+  return finish(pcall(fn))
+end
+
 -- Reports a test as skipped (a SKIP line, counted by tests/run.sh).
 function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 

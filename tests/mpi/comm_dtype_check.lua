@@ -16,13 +16,16 @@ cfg.dtype, cfg.device = "bf16", dev
 local function run(comm)
   zr.manual_seed(4321)
   local model = zr.models.llama.LlamaForCausalLM(cfg)
-  local c0 = zr.memory.stats(dev).comm.current
-  local engine = zr.initialize({ model = model, config = {
-    train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000, bf16 = { enabled = true },
-    communication_data_type = comm, gradient_clipping = 1.0,
-    optimizer = { type = "AdamW", params = { lr = 1e-3, weight_decay = 0.1 } },
-    zero_optimization = { stage = stage, reduce_bucket_size = 4000, overlap_comm = overlap } } })
-  local comm = zr.memory.stats(dev).comm.current - c0 -- the buckets, made with the engine
+  -- the buckets, made with the engine (the previous run's engine, freed meanwhile, would shrink it)
+  local engine, comm = T.without_gc(function()
+    local c0 = zr.memory.stats(dev).comm.current
+    local e = zr.initialize({ model = model, config = {
+      train_micro_batch_size_per_gpu = 2, steps_per_print = 1000000, bf16 = { enabled = true },
+      communication_data_type = comm, gradient_clipping = 1.0,
+      optimizer = { type = "AdamW", params = { lr = 1e-3, weight_decay = 0.1 } },
+      zero_optimization = { stage = stage, reduce_bucket_size = 4000, overlap_comm = overlap } } })
+    return e, zr.memory.stats(dev).comm.current - c0
+  end)
   local losses = {}
   for s = 1, 3 do
     zr.manual_seed(100 + s)
