@@ -26,48 +26,6 @@ using namespace sm90;
 #define W_LOG2E 1.4426950408889634f
 #define W_LN2 0.6931471805599453f
 
-/* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
- * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
- * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
- * factors al that rescale the old O and l, and the tile's partial row sums rs. */
-template <int NT>
-static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
-                                                    float &al0, float &al1, float &rs0, float &rs1,
-                                                    bool diag, int key0, int qrow, float sl) {
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        if (diag) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    /* finite: the first key of every processed tile is <= each row of the warpgroup */
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    al0 = ex2((m0 - mn0) * sl);
-    al1 = ex2((m1 - mn1) * sl);
-    m0 = mn0;
-    m1 = mn1;
-    const float b0 = mn0 * sl, b1 = mn1 * sl;
-    rs0 = rs1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
-        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
-        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
-        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
-        rs0 += s[4 * nt] + s[4 * nt + 1];
-        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
-    }
-}
-
 /* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). Consumer warpgroup
  * w owns query rows 64w..64w+63 of the block's W_BM; key tiles of W_BN keys. Each
  * consumer iteration j issues S(j) = Q·K(j)^T, then O += P(j−1)·V(j−1), runs the softmax of tile

@@ -1,13 +1,15 @@
-/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd,bwd_ws}_sm90.cu): wgmma
- * m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
+/* Device helpers for the Hopper attention kernels (attention_{fwd,fwd_ws2,bwd,bwd_ws}_sm90.cu):
+ * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
  * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and
- * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation.
- * Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
+ * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
+ * the forwards' online-softmax step. Only for translation units built with -gencode
+ * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -260,6 +262,48 @@ template <int N> static __device__ __forceinline__ void bulk_wait() {
 /* Named barrier id (1..15) over the first n threads that reach it (a multiple of 32). */
 static __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
+ * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
+ * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
+ * factors al that rescale the old O and l, and the tile's partial row sums rs. */
+template <int NT>
+static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
+                                                    float &al0, float &al1, float &rs0, float &rs1,
+                                                    bool diag, int key0, int qrow, float sl) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if (diag) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* finite: the first key of every processed tile is <= each row of the warpgroup */
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    al0 = ex2((m0 - mn0) * sl);
+    al1 = ex2((m1 - mn1) * sl);
+    m0 = mn0;
+    m1 = mn1;
+    const float b0 = mn0 * sl, b1 = mn1 * sl;
+    rs0 = rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
+        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
+        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
+        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
+        rs0 += s[4 * nt] + s[4 * nt + 1];
+        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
+    }
 }
 
 template <typename T> struct cvt;
