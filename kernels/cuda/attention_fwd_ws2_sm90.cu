@@ -1,0 +1,262 @@
+/* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout; ZR_ATTN_FWD=ws2
+ * selects it (attention_fwd_sm90.cu stays the default until measured). A producer warp loads Q and
+ * a ring of K/V tiles by TMA; two consumer warpgroups of 64 queries each run the softmax of key
+ * tile j + 1 while the tensor cores run P·V of tile j. head_dim 64, bf16/f16.
+ * Status: compiled (sm_90a, no spills, no wgmma serialisation), not yet run on a GPU. */
+#include "attention_sm90.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_sm90.cuh"
+
+extern "C" {
+#include "../base/error.h"
+}
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_fwd_ws2_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
+#endif
+
+using namespace sm90;
+
+/* Tiles: 128 queries per block (64 per consumer warpgroup), 128 keys per step; BM == BN, so only a
+ * block's first key tile (its diagonal) needs the causal mask. 384 threads: with more than 8 warps
+ * ptxas budgets 168 registers a thread; setmaxnreg 24 / 240 (24 + 2 · 240 ≤ 512 per SM
+ * sub-partition) gives the consumers room for S (64), O (32) and P (32) at once, which the overlap
+ * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
+ * K of j + 1), so the ring needs three to keep a load ahead; four fit (16 + 128 KB). */
+#define F2_BM 128
+#define F2_BN 128
+#define F2_ST 4
+#define F2_CONS 256              /* two consumer warpgroups */
+#define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
+#define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
+#define F2_LOG2E 1.4426950408889634f
+#define F2_LN2 0.6931471805599453f
+static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
+
+/* Shared memory from a 1024-byte boundary: Q (128 rows), F2_ST stages of K and V, the mbarriers. */
+struct f2_smem {
+    static constexpr int Q = 0, K = Q + F2_BM * 64 * 2, V = K + F2_ST * F2_BN * 64 * 2;
+    static constexpr int BAR = V + F2_ST * F2_BN * 64 * 2;
+    static constexpr int BYTES = BAR + 8 * (1 + 2 * F2_ST) + 1024; /* + alignment slack */
+};
+static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+/* P (64×128 per warpgroup, f32 accumulator layout) as the A operands of the eight k = 16 steps of
+ * P·V (registers, 16-bit pairs). */
+template <typename T>
+static __device__ __forceinline__ void pack_p(uint32_t (&pf)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+        pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
+        pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
+        pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
+        pf[kc][3] = cvt<T>::pack(s[8 * kc + 6], s[8 * kc + 7]);
+    }
+}
+
+/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first: the scheduler takes
+ * every head's last tile before any shorter one). Block (bh, qt) owns queries q0 = 128 qt .. +127
+ * and key tiles kt = qt, qt − 1, .., 0 in that order (step it is tile qt − it, stage it % F2_ST:
+ * the diagonal first, so the running maxima start finite and no later tile needs a mask).
+ *   producer warp, lane 0: Q once (barQ), then per step waits empty[s], loads K and V (full[s]).
+ *   consumer warpgroup w (queries q0 + 64w ..): S_0 = Q·K_0^T, its softmax (masked) → P_0; then per
+ *     step it ≥ 1 issues S_it = Q·K_it^T and O += P_{it−1}·V_{it−1}, waits for S_it alone, runs its
+ *     softmax while P·V runs, waits for P·V, releases stage it − 1 (empty, one arrival a warp) and
+ *     rescales O and l; P·V of the last tile after the loop. No wgmma crosses the loop's back edge.
+ * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
+ * not stored; keys past T only meet rows past T (key > row is masked on the diagonal). */
+template <typename T>
+__global__ void __launch_bounds__(F2_THR, 1)
+    attn_fwd_ws2_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
+                        const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tk,
+                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int Hq,
+                        int G, float scale_log2) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);
+    uint64_t *barQ = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
+    uint64_t *full = barQ + 1, *empty = full + F2_ST;
+
+    const int nQt = (T_ + F2_BM - 1) / F2_BM;
+    const int qt = nQt - 1 - (int)blockIdx.y, q0 = qt * F2_BM, nkv = qt + 1;
+    const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq;
+    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        mbar_init(barQ, 1);
+        for (int s = 0; s < F2_ST; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], F2_CONS / 32);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads(); /* the last block-wide barrier: the roles part here and never merge again */
+
+    if (warp_id >= F2_PRODUCER) {
+        reg_dealloc<24>();
+        if (warp_id == F2_PRODUCER && lane == 0) {
+            mbar_expect_tx(barQ, F2_BM * 64 * 2);
+            tma_load4(sQ, &tq, barQ, 0, q0, h, b);
+            for (int it = 0; it < nkv; ++it) {
+                const int s = it % F2_ST, kt = qt - it;
+                if (it >= F2_ST) mbar_wait(&empty[s], ((it / F2_ST) - 1) & 1);
+                mbar_expect_tx(&full[s], 2 * F2_BN * 64 * 2);
+                tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, h / G, b);
+                tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, h / G, b);
+            }
+        }
+        return;
+    }
+    reg_alloc<240>();
+
+    const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+    const uint32_t qa = smem_u32(sQ + wg * 64 * 64);
+    float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
+    float acc[32], sc[64];
+    uint32_t pf[8][4];
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+        acc[i] = 0.f;
+
+    /* step 0: the diagonal tile (stage 0) */
+    mbar_wait(barQ, 0);
+    mbar_wait(&full[0], 0);
+    {
+        const uint32_t ka = smem_u32(sK);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(sc);
+        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
+                         scale_log2);
+        l0 = rs0;
+        l1 = rs1;
+        pack_p<T>(pf, sc);
+    }
+
+    for (int it = 1; it < nkv; ++it) {
+        const int s = it % F2_ST, sp = (it - 1) % F2_ST;
+        mbar_wait(&full[s], (it / F2_ST) & 1);
+        const uint32_t ka = smem_u32(sK + s * F2_BN * 64), vp = smem_u32(sV + sp * F2_BN * 64);
+        reg_fence(acc);
+        reg_fence(pf);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
+        wg_commit();
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc)
+            wg_rs64<T, 1>(acc, pf[kc], desc128(vp + kc * 2048), 1);
+        wg_commit();
+        wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
+        reg_fence(sc);
+        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+        wg_wait<0>();
+        reg_fence(acc);
+        reg_fence(pf);
+        if (lane == 0) mbar_arrive(&empty[sp]);
+        l0 = l0 * al0 + rs0;
+        l1 = l1 * al1 + rs1;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            acc[4 * i] *= al0;
+            acc[4 * i + 1] *= al0;
+            acc[4 * i + 2] *= al1;
+            acc[4 * i + 3] *= al1;
+        }
+        pack_p<T>(pf, sc);
+    }
+
+    { /* P·V of the last tile */
+        const int sl = (nkv - 1) % F2_ST;
+        const uint32_t vl = smem_u32(sV + sl * F2_BN * 64);
+        reg_fence(acc);
+        reg_fence(pf);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc)
+            wg_rs64<T, 1>(acc, pf[kc], desc128(vl + kc * 2048), 1);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(acc);
+        if (lane == 0) mbar_arrive(&empty[sl]);
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    /* O through this warp's 16 rows of the Q tile (only this warpgroup's S products read them, and
+     * they are done), then 16-byte stores of the rows before T */
+    const int r0 = wg * 64 + warp * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int c = nt * 8 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(sQ + swz(r0, c)) =
+            cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
+        *reinterpret_cast<uint32_t *>(sQ + swz(r0 + 8, c)) =
+            cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
+    }
+    if (t4 == 0) {
+        if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 * scale_log2 + log2f(l0)) * F2_LN2;
+        if (qrow + 8 < T_) lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * F2_LN2;
+    }
+    __syncwarp();
+    uint16_t *ob = o + b * so.sb + h * so.sh;
+#pragma unroll
+    for (int c = lane; c < 16 * 8; c += 32) {
+        const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7, gr = q0 + row;
+        if (gr < T_)
+            *reinterpret_cast<uint4 *>(ob + gr * so.st + ch * 8) =
+                *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+extern "C" int attn_sm90_fwd_ws2_selected(void) {
+    const char *e = getenv("ZR_ATTN_FWD");
+    if (!e || !*e) return 0;
+    if (!strcmp(e, "ws2")) return 1;
+    zr_error("ZR_ATTN_FWD='%s' is not a forward kernel: set it to 'ws2' (the two-warpgroup Hopper "
+             "kernel) or leave it unset",
+             e);
+    return -1;
+}
+
+template <typename T>
+static int ws2_launch(void *o, float *lse, const void *q, const void *k, const void *v,
+                      const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                      float scale, zr_dtype dt, cudaStream_t st) {
+    CUtensorMap mq, mk, mv;
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, F2_BM, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
+        return -1;
+    auto kern = attn_fwd_ws2_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
+    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + F2_BM - 1) / F2_BM));
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+                                               (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+    return 0;
+}
+
+extern "C" int attn_sm90_forward_ws2(void *o, float *lse, const void *q, const void *k,
+                                     const void *v, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                                     int64_t Hkv, int64_t T, float scale, zr_dtype dt,
+                                     cudaStream_t st) {
+    if (dt == ZR_BF16)
+        return ws2_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+    return ws2_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+}
