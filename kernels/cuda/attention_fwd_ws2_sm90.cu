@@ -161,6 +161,12 @@ __global__ void __launch_bounds__(F2_THR, 1)
         wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
         reg_fence(sc);
         softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+        /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
+         * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The row
+         * sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs is the
+         * canonical 0x7fffffff); the branch ends the basic block after the last exponential, and
+         * the wait stays below it. */
+        if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
         wg_wait<0>();
         reg_fence(acc);
         reg_fence(pf);
