@@ -24,7 +24,6 @@ using namespace sm90;
 #define W_ST 4                   /* K/V stages */
 #define W_THR (W_WG * 128 + 128) /* consumers + the producer warpgroup */
 #define W_LOG2E 1.4426950408889634f
-#define W_LN2 0.6931471805599453f
 
 /* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). Consumer warpgroup
  * w owns query rows 64w..64w+63 of the block's W_BM; key tiles of W_BN keys. Each
@@ -123,22 +122,8 @@ __global__ void __launch_bounds__(W_THR, 1)
         wg_wait<0>();
         reg_fence(acc);
         if (j > 0 && lane == 0) mbar_arrive(&empty[(j - 1) % W_ST]);
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            acc[4 * i] *= al0;
-            acc[4 * i + 1] *= al0;
-            acc[4 * i + 2] *= al1;
-            acc[4 * i + 3] *= al1;
-        }
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            pf[kc][0] = cvt<T>::pack(sc[8 * kc], sc[8 * kc + 1]);
-            pf[kc][1] = cvt<T>::pack(sc[8 * kc + 2], sc[8 * kc + 3]);
-            pf[kc][2] = cvt<T>::pack(sc[8 * kc + 4], sc[8 * kc + 5]);
-            pf[kc][3] = cvt<T>::pack(sc[8 * kc + 6], sc[8 * kc + 7]);
-        }
+        fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+        pack_p<T>(pf, sc);
     }
     { /* PV of the last tile */
         const uint32_t vl = smem_u32(sV + (jmax % W_ST) * BN * 64);
@@ -153,36 +138,9 @@ __global__ void __launch_bounds__(W_THR, 1)
         reg_fence(acc);
         if (lane == 0) mbar_arrive(&empty[jmax % W_ST]);
 
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float i0 = 1.f / l0, i1 = 1.f / l1;
         /* O through this warp's 16 rows of the (no longer read) Q tile, then 16-byte stores */
-        const int r0 = wg * 64 + warp * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const int c = nt * 8 + t4 * 2;
-            *reinterpret_cast<uint32_t *>(sQ + swz(r0, c)) =
-                cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
-            *reinterpret_cast<uint32_t *>(sQ + swz(r0 + 8, c)) =
-                cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
-        }
-        if (t4 == 0) {
-            if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 * scale_log2 + log2f(l0)) * W_LN2;
-            if (qrow + 8 < T_)
-                lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * W_LN2;
-        }
-        __syncwarp();
-        uint16_t *ob = o + b * so.sb + h * so.sh;
-#pragma unroll
-        for (int c = lane; c < 16 * 8; c += 32) {
-            const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7;
-            const int gr = q0 + row;
-            if (gr < T_)
-                *reinterpret_cast<uint4 *>(ob + gr * so.st + ch * 8) =
-                    *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
-        }
+        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
+                        o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
     }
     /* Tiles past this warpgroup's rows: release them once loaded, so the ring keeps turning for
      * the other warpgroups (an early release would count towards an older phase). */

@@ -33,7 +33,6 @@ using namespace sm90;
 #define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
 #define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
 #define F2_LOG2E 1.4426950408889634f
-#define F2_LN2 0.6931471805599453f
 static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
 
 /* Shared memory from a 1024-byte boundary: Q (128 rows), F2_ST stages of K and V, the mbarriers. */
@@ -43,19 +42,6 @@ struct f2_smem {
     static constexpr int BYTES = BAR + 8 * (1 + 2 * F2_ST) + 1024; /* + alignment slack */
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
-
-/* P (64×128 per warpgroup, f32 accumulator layout) as the A operands of the eight k = 16 steps of
- * P·V (registers, 16-bit pairs). */
-template <typename T>
-static __device__ __forceinline__ void pack_p(uint32_t (&pf)[8][4], const float (&s)[64]) {
-#pragma unroll
-    for (int kc = 0; kc < 8; ++kc) {
-        pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
-        pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
-        pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
-        pf[kc][3] = cvt<T>::pack(s[8 * kc + 6], s[8 * kc + 7]);
-    }
-}
 
 /* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first: the scheduler takes
  * every head's last tile before any shorter one). Block (bh, qt) owns queries q0 = 128 qt .. +127
@@ -171,15 +157,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         reg_fence(acc);
         reg_fence(pf);
         if (lane == 0) mbar_arrive(&empty[sp]);
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            acc[4 * i] *= al0;
-            acc[4 * i + 1] *= al0;
-            acc[4 * i + 2] *= al1;
-            acc[4 * i + 3] *= al1;
-        }
+        fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
         pack_p<T>(pf, sc);
     }
 
@@ -198,35 +176,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
         if (lane == 0) mbar_arrive(&empty[sl]);
     }
 
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = 1.f / l0, i1 = 1.f / l1;
     /* O through this warp's 16 rows of the Q tile (only this warpgroup's S products read them, and
-     * they are done), then 16-byte stores of the rows before T */
-    const int r0 = wg * 64 + warp * 16 + g;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-        const int c = nt * 8 + t4 * 2;
-        *reinterpret_cast<uint32_t *>(sQ + swz(r0, c)) =
-            cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
-        *reinterpret_cast<uint32_t *>(sQ + swz(r0 + 8, c)) =
-            cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
-    }
-    if (t4 == 0) {
-        if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 * scale_log2 + log2f(l0)) * F2_LN2;
-        if (qrow + 8 < T_) lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * F2_LN2;
-    }
-    __syncwarp();
-    uint16_t *ob = o + b * so.sb + h * so.sh;
-#pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {
-        const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7, gr = q0 + row;
-        if (gr < T_)
-            *reinterpret_cast<uint4 *>(ob + gr * so.st + ch * 8) =
-                *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
-    }
+     * they are done) */
+    fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
+                    o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */

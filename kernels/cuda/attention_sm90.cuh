@@ -2,7 +2,7 @@
  * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
  * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and
  * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
- * the forwards' online-softmax step. Only for translation units built with -gencode
+ * the forwards' online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
  * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
@@ -319,6 +319,72 @@ template <> struct cvt<__half> {
         return *reinterpret_cast<uint32_t *>(&v);
     }
 };
+
+/* After a tile's softmax_step: l = l·al + rs and O = O·al for this thread's two rows. */
+static __device__ __forceinline__ void fwd_rescale(float (&acc)[32], float &l0, float &l1,
+                                                   float al0, float al1, float rs0, float rs1) {
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        acc[4 * i] *= al0;
+        acc[4 * i + 1] *= al0;
+        acc[4 * i + 2] *= al1;
+        acc[4 * i + 3] *= al1;
+    }
+}
+
+/* P (64×128 per warpgroup, f32 accumulator layout) as the A operands of the eight k = 16 steps of
+ * P·V (registers, 16-bit pairs). */
+template <typename T>
+static __device__ __forceinline__ void pack_p(uint32_t (&pf)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+        pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
+        pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
+        pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
+        pf[kc][3] = cvt<T>::pack(s[8 * kc + 6], s[8 * kc + 7]);
+    }
+}
+
+/* The forwards' epilogue, per warp: completes the row sums l0, l1 over the quad, writes O = acc / l
+ * (64×64 accumulator layout: this thread's tile rows wr + g, wr + g + 8, wr the warp's first row)
+ * through rows wr.. of the swizzled tile st (the Q tile, once no product reads it) and stores those
+ * before T with 16-byte stores to ob (tile row r is query q0 + r, rows ost elements apart), and
+ * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). */
+template <typename T>
+static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], float l0, float l1,
+                                                    float m0, float m1, float sl, uint16_t *st,
+                                                    int wr, int q0, uint16_t *ob, int64_t ost,
+                                                    float *lrow, int T_, int lane) {
+    const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int c = nt * 8 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(st + swz(r0, c)) =
+            cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
+        *reinterpret_cast<uint32_t *>(st + swz(r0 + 8, c)) =
+            cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
+    }
+    const float ln2 = 0.6931471805599453f;
+    if (t4 == 0) {
+        if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
+        if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * 8; c += 32) {
+        const int row = wr + (c >> 3), ch = c & 7, gr = q0 + row;
+        if (gr < T_)
+            *reinterpret_cast<uint4 *>(ob + gr * ost + ch * 8) =
+                *reinterpret_cast<const uint4 *>(st + row * 64 + ((ch ^ (row & 7)) << 3));
+    }
+}
 
 } /* namespace sm90 */
 
