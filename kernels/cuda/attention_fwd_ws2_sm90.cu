@@ -1,7 +1,8 @@
-/* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout; ZR_ATTN_FWD=ws2
- * selects it (attention_fwd_sm90.cu stays the default until measured). A producer warp loads Q and
- * a ring of K/V tiles by TMA; two consumer warpgroups of 64 queries each run the softmax of key
- * tile j + 1 while the tensor cores run P·V of tile j. head_dim 64, bf16/f16.
+/* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout;
+ * ZR_ATTN_FWD=ws2 selects it, =ws2pp with the two warpgroups' products ping-ponged
+ * (attention_fwd_sm90.cu stays the default until measured). A producer warp loads Q and a ring of
+ * K/V tiles by TMA; two consumer warpgroups of 64 queries each run the softmax of key tile j + 1
+ * while the tensor cores run P·V of tile j. head_dim 64, bf16/f16.
  * Status: compiled (sm_90a, no spills, no wgmma serialisation), not yet run on a GPU. */
 #include "attention_sm90.h"
 
@@ -32,6 +33,7 @@ using namespace sm90;
 #define F2_CONS 256              /* two consumer warpgroups */
 #define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
 #define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
+#define F2_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue (PP) */
 #define F2_LOG2E 1.4426950408889634f
 static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
 
@@ -53,8 +55,15 @@ static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
  *     softmax while P·V runs, waits for P·V, releases stage it − 1 (empty, one arrival a warp) and
  *     rescales O and l; P·V of the last tile after the loop. No wgmma crosses the loop's back edge.
  * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
- * not stored; keys past T only meet rows past T (key > row is masked on the diagonal). */
-template <typename T>
+ * not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
+ * PP (FlashAttention-3's ping-pong): a warpgroup issues each of its nkv + 1 groups of products
+ * (S_0; S_it with P·V_{it−1}; P·V of the last tile) only in its turn — it waits on its named barrier
+ * (turn(), bar.sync 1 + w over both warpgroups) and, once issued, hands the turn over (pass(),
+ * bar.arrive 2 − w) — so the tensor cores run the two warpgroups' products alternately and one's
+ * softmax runs under the other's products. Warpgroup 1 passes first, so that warpgroup 0 starts,
+ * and not after its last group (nobody waits for it): nkv + 1 arrivals for nkv + 1 waits on each
+ * barrier. Each waits for its data (full[s]) before its turn, never holding the turn on a load. */
+template <typename T, bool PP>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_ws2_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
@@ -101,6 +110,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
     reg_alloc<240>();
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    auto turn = [&]() {
+        if (PP) bar_sync(F2_BAR_TURN + wg, F2_CONS);
+    };
+    auto pass = [&](bool last) {
+        if (PP && !(last && wg == 1)) bar_arrive(F2_BAR_TURN + 1 - wg, F2_CONS);
+    };
+    if (PP && wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
     const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
     const uint32_t qa = smem_u32(sQ + wg * 64 * 64);
     float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
@@ -115,11 +131,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
     mbar_wait(&full[0], 0);
     {
         const uint32_t ka = smem_u32(sK);
+        turn();
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
         wg_commit();
+        pass(false);
         wg_wait<0>();
         reg_fence(sc);
         softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
@@ -135,6 +153,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         const uint32_t ka = smem_u32(sK + s * F2_BN * 64), vp = smem_u32(sV + sp * F2_BN * 64);
         reg_fence(acc);
         reg_fence(pf);
+        turn();
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -144,6 +163,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         for (int kc = 0; kc < 8; ++kc)
             wg_rs64<T, 1>(acc, pf[kc], desc128(vp + kc * 2048), 1);
         wg_commit();
+        pass(false);
         wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
         reg_fence(sc);
         softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
@@ -166,11 +186,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
         const uint32_t vl = smem_u32(sV + sl * F2_BN * 64);
         reg_fence(acc);
         reg_fence(pf);
+        turn();
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 8; ++kc)
             wg_rs64<T, 1>(acc, pf[kc], desc128(vl + kc * 2048), 1);
         wg_commit();
+        pass(true);
         wg_wait<0>();
         reg_fence(acc);
         if (lane == 0) mbar_arrive(&empty[sl]);
@@ -188,13 +210,14 @@ extern "C" int attn_sm90_fwd_ws2_selected(void) {
     const char *e = getenv("ZR_ATTN_FWD");
     if (!e || !*e) return 0;
     if (!strcmp(e, "ws2")) return 1;
-    zr_error("ZR_ATTN_FWD='%s' is not a forward kernel: set it to 'ws2' (the two-warpgroup Hopper "
-             "kernel) or leave it unset",
+    if (!strcmp(e, "ws2pp")) return 2;
+    zr_error("ZR_ATTN_FWD='%s' is not a forward kernel: set it to 'ws2' or 'ws2pp' (the "
+             "two-warpgroup Hopper kernel, without or with ping-pong) or leave it unset",
              e);
     return -1;
 }
 
-template <typename T>
+template <typename T, bool PP>
 static int ws2_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                       float scale, zr_dtype dt, cudaStream_t st) {
@@ -203,7 +226,7 @@ static int ws2_launch(void *o, float *lse, const void *q, const void *k, const v
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
         return -1;
-    auto kern = attn_fwd_ws2_kernel<T>;
+    auto kern = attn_fwd_ws2_kernel<T, PP>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
     dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + F2_BM - 1) / F2_BM));
     kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
@@ -213,9 +236,13 @@ static int ws2_launch(void *o, float *lse, const void *q, const void *k, const v
 
 extern "C" int attn_sm90_forward_ws2(void *o, float *lse, const void *q, const void *k,
                                      const void *v, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                                     int64_t Hkv, int64_t T, float scale, zr_dtype dt,
-                                     cudaStream_t st) {
+                                     int64_t Hkv, int64_t T, float scale, int pingpong,
+                                     zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        return ws2_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
-    return ws2_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+        return pingpong
+                   ? ws2_launch<__nv_bfloat16, true>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st)
+                   : ws2_launch<__nv_bfloat16, false>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt,
+                                                      st);
+    return pingpong ? ws2_launch<__half, true>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st)
+                    : ws2_launch<__half, false>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
 }

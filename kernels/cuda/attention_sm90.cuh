@@ -263,6 +263,10 @@ template <int N> static __device__ __forceinline__ void bulk_wait() {
 static __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+/* Arrives on named barrier id without waiting (counts towards the n of a bar_sync elsewhere). */
+static __device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 
 /* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
  * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,

@@ -42,13 +42,15 @@ int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const v
                       float scale, zr_dtype dt, cudaStream_t st);
 
 /* The forward kernel ZR_ATTN_FWD selects: 0 unset or empty (attention_fwd_sm90.cu), 1 "ws2"
- * (attention_fwd_ws2_sm90.cu); -1 with zr_error set for any other value. */
+ * (attention_fwd_ws2_sm90.cu), 2 "ws2pp" (the same with ping-pong); -1 with zr_error set for any
+ * other value. */
 int attn_sm90_fwd_ws2_selected(void);
 /* The same contract as attn_sm90_forward: two consumer warpgroups that overlap the softmax with
- * P·V (FlashAttention-3's layout); -1 (nothing launched) when a tensor map cannot be encoded. */
+ * P·V (FlashAttention-3's layout), pingpong != 0: their products issued in turns; -1 (nothing
+ * launched) when a tensor map cannot be encoded. */
 int attn_sm90_forward_ws2(void *o, float *lse, const void *q, const void *k, const void *v,
                           const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                          float scale, zr_dtype dt, cudaStream_t st);
+                          float scale, int pingpong, zr_dtype dt, cudaStream_t st);
 
 /* The backward kernel ZR_ATTN_BWD selects: 0 unset or empty (attention_bwd_sm90.cu), 1 "ws"
  * (attention_bwd_ws_sm90.cu); -1 with zr_error set for any other value. */

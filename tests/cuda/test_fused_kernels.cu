@@ -662,8 +662,8 @@ static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, in
         }
 }
 
-/* Every case runs under each pair of Hopper kernels: ZR_ATTN_FWD empty (the default) or "ws2",
- * crossed with ZR_ATTN_BWD empty (the default) or "ws". The Hq/Hkv = 3 shape is never split (odd
+/* Every case runs under each pair of Hopper kernels: ZR_ATTN_FWD empty (the default), "ws2" or
+ * "ws2pp", crossed with ZR_ATTN_BWD empty (the default) or "ws". The Hq/Hkv = 3 shape is never split (odd
  * group): blocks of up to 9 iterations, so the bwd ws kernel's rings and buffers wrap several
  * times and its query head changes within a block; T = 550 gives the fwd ws2 kernel 5 key tiles,
  * so its 4-stage ring wraps, and a last query tile whose second warpgroup has no row before T. */
@@ -673,7 +673,8 @@ TEST(attention_forward_backward) {
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
-    const char *variants[4][2] = {{"", ""}, {"", "ws"}, {"ws2", ""}, {"ws2", "ws"}};
+    const char *variants[6][2] = {{"", ""},    {"", "ws"},    {"ws2", ""},
+                                  {"ws2", "ws"}, {"ws2pp", ""}, {"ws2pp", "ws"}};
     for (auto &var : variants)
     for (auto &s : shapes)
         for (zr_dtype t : dts) {
