@@ -15,12 +15,13 @@ make -j16 DEPS_PREFIX="$D" build/tests/test_fused_kernels build/bench/bench_fuse
 # ATTN_ENV="A=1 A=2": the test and bench once more under each setting (A/B of kernel variants)
 for e in "" ${ATTN_ENV:-}; do
   echo "== ${e:-default}"
-  env $e build/tests/test_fused_kernels >"$O/test.log" 2>&1; echo "test_fused_kernels rc=$?"
-  grep -E "attention|passed|failed|FAIL" "$O/test.log" | grep -vE "^  attention( fwd=ws2(pp)?)?( bwd=ws)? (f16|bf16 B1 Hq1)" | tail -12
-  env $e build/bench/bench_fused attention | grep "^B" | tee -a "$O/bench.txt"
+  # a kernel that hangs (a barrier protocol gone wrong) ends the run, not the lease: rc=124
+  timeout 300 env $e build/tests/test_fused_kernels >"$O/test_${e:-default}.log" 2>&1; echo "test_fused_kernels rc=$?"
+  grep -E "attention|passed|failed|FAIL" "$O/test_${e:-default}.log" | grep -vE "^  attention( fwd=ws2(pp)?)?( bwd=ws)? (f16|bf16 B1 Hq1)" | tail -12
+  timeout 300 env $e build/bench/bench_fused attention | grep "^B" | tee -a "$O/bench.txt"
 done
 python3 tests/bench/bench_attention_torch.py 2>/dev/null | grep -E "cudnn|default" | tee "$O/torch.txt"
-for e in "" ${ATTN_ENV:-}; do echo "== ${e:-default}"; env $e build/bench/bench_fused attention | grep "^B" | tee -a "$O/bench.txt"; done
+for e in "" ${ATTN_ENV:-}; do echo "== ${e:-default}"; timeout 300 env $e build/bench/bench_fused attention | grep "^B" | tee -a "$O/bench.txt"; done
 if [ "${ATTN_NCU:-0}" = 1 ]; then # T=2048: after T=512's 23 + 23 (f+b) launches of each kernel
   for k in "attn_fwd_ws_ 49" "attn_fwd_ws2 49 ZR_ATTN_FWD=ws2" "attn_fwd_ws2 49 ZR_ATTN_FWD=ws2pp" \
            "attn_bwd_sm90 49" "attn_bwd_ws 49 ZR_ATTN_BWD=ws"; do set -- $k; f="$O/ncu_$1${3:+_${3#*=}}.txt"
