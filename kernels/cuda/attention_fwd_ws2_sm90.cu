@@ -125,18 +125,26 @@ __global__ void __launch_bounds__(F2_THR, 1)
 #pragma unroll
     for (int i = 0; i < 32; ++i)
         acc[i] = 0.f;
+    auto issue_s = [&](uint32_t ka) { /* sc = Q·K^T (64×128), K at shared address ka */
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
+        wg_commit();
+    };
+    auto issue_pv = [&](uint32_t va) { /* acc += P·V (64×64), V at shared address va */
+#pragma unroll
+        for (int kc = 0; kc < 8; ++kc)
+            wg_rs64<T, 1>(acc, pf[kc], desc128(va + kc * 2048), 1);
+        wg_commit();
+    };
 
     /* step 0: the diagonal tile (stage 0) */
     mbar_wait(barQ, 0);
     mbar_wait(&full[0], 0);
     {
-        const uint32_t ka = smem_u32(sK);
         turn();
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
-        wg_commit();
+        issue_s(smem_u32(sK));
         pass(false);
         wg_wait<0>();
         reg_fence(sc);
@@ -150,19 +158,12 @@ __global__ void __launch_bounds__(F2_THR, 1)
     for (int it = 1; it < nkv; ++it) {
         const int s = it % F2_ST, sp = (it - 1) % F2_ST;
         mbar_wait(&full[s], (it / F2_ST) & 1);
-        const uint32_t ka = smem_u32(sK + s * F2_BN * 64), vp = smem_u32(sV + sp * F2_BN * 64);
         reg_fence(acc);
         reg_fence(pf);
         turn();
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
-        wg_commit();
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(vp + kc * 2048), 1);
-        wg_commit();
+        issue_s(smem_u32(sK + s * F2_BN * 64));
+        issue_pv(smem_u32(sV + sp * F2_BN * 64));
         pass(false);
         wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
         reg_fence(sc);
@@ -183,15 +184,11 @@ __global__ void __launch_bounds__(F2_THR, 1)
 
     { /* P·V of the last tile */
         const int sl = (nkv - 1) % F2_ST;
-        const uint32_t vl = smem_u32(sV + sl * F2_BN * 64);
         reg_fence(acc);
         reg_fence(pf);
         turn();
         wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(vl + kc * 2048), 1);
-        wg_commit();
+        issue_pv(smem_u32(sV + sl * F2_BN * 64));
         pass(true);
         wg_wait<0>();
         reg_fence(acc);
