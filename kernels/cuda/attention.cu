@@ -2,9 +2,9 @@
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
  * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu (or, with
- * ZR_ATTN_BWD=ws, attention_bwd_ws_sm90.cu) run instead; these are the fallback. Not here: dropout,
- * non-causal masks, Dh other than 64/128. See attention.h for the contract; the tiles and device
- * helpers are attention_mma.cuh. */
+ * ZR_ATTN_FWD=ws2 or ws2pp / ZR_ATTN_BWD=ws, attention_fwd_ws2_sm90.cu / attention_bwd_ws_sm90.cu)
+ * run instead; these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128.
+ * See attention.h for the contract; the tiles and device helpers are attention_mma.cuh. */
 #include "attention.h"
 #include "attention_sm90.h"
 
@@ -546,6 +546,16 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
+    const int ws2 = attn_sm90_fwd_ws2_selected();
+    if (ws2 < 0) return ZR_ERR;
+    if (ws2 && attn_sm90_fwd_ok(Dh, dtype)) {
+        if (attn_sm90_forward_ws2(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, ws2 == 2, dtype,
+                                  stream))
+            return zr_error("%s: ZR_ATTN_FWD=%s: the driver could not encode the forward's tensor "
+                            "maps (needs CUDA 12 or later); unset ZR_ATTN_FWD",
+                            fn, ws2 == 2 ? "ws2pp" : "ws2");
+        return launch_check(fn);
+    }
     if (attn_sm90_fwd_ok(Dh, dtype) &&
         attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
         return launch_check(fn);

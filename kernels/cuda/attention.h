@@ -35,7 +35,10 @@ typedef struct {
  * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 
-/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. */
+/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. The
+ * environment variable ZR_ATTN_FWD=ws2 (or ws2pp, with ping-pong) selects the two-warpgroup Hopper
+ * kernel where the Hopper kernels run (for A/B measurements; unset or empty: the default one, any
+ * other value: an error). */
 int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, const void *v,
                            const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                            int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);

@@ -24,49 +24,6 @@ using namespace sm90;
 #define W_ST 4                   /* K/V stages */
 #define W_THR (W_WG * 128 + 128) /* consumers + the producer warpgroup */
 #define W_LOG2E 1.4426950408889634f
-#define W_LN2 0.6931471805599453f
-
-/* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
- * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
- * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
- * factors al that rescale the old O and l, and the tile's partial row sums rs. */
-template <int NT>
-static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
-                                                    float &al0, float &al1, float &rs0, float &rs1,
-                                                    bool diag, int key0, int qrow, float sl) {
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        if (diag) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    /* finite: the first key of every processed tile is <= each row of the warpgroup */
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    al0 = ex2((m0 - mn0) * sl);
-    al1 = ex2((m1 - mn1) * sl);
-    m0 = mn0;
-    m1 = mn1;
-    const float b0 = mn0 * sl, b1 = mn1 * sl;
-    rs0 = rs1 = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
-        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
-        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
-        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
-        rs0 += s[4 * nt] + s[4 * nt + 1];
-        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
-    }
-}
 
 /* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). Consumer warpgroup
  * w owns query rows 64w..64w+63 of the block's W_BM; key tiles of W_BN keys. Each
@@ -165,22 +122,8 @@ __global__ void __launch_bounds__(W_THR, 1)
         wg_wait<0>();
         reg_fence(acc);
         if (j > 0 && lane == 0) mbar_arrive(&empty[(j - 1) % W_ST]);
-        l0 = l0 * al0 + rs0;
-        l1 = l1 * al1 + rs1;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            acc[4 * i] *= al0;
-            acc[4 * i + 1] *= al0;
-            acc[4 * i + 2] *= al1;
-            acc[4 * i + 3] *= al1;
-        }
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc) {
-            pf[kc][0] = cvt<T>::pack(sc[8 * kc], sc[8 * kc + 1]);
-            pf[kc][1] = cvt<T>::pack(sc[8 * kc + 2], sc[8 * kc + 3]);
-            pf[kc][2] = cvt<T>::pack(sc[8 * kc + 4], sc[8 * kc + 5]);
-            pf[kc][3] = cvt<T>::pack(sc[8 * kc + 6], sc[8 * kc + 7]);
-        }
+        fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+        pack_p<T>(pf, sc);
     }
     { /* PV of the last tile */
         const uint32_t vl = smem_u32(sV + (jmax % W_ST) * BN * 64);
@@ -195,36 +138,9 @@ __global__ void __launch_bounds__(W_THR, 1)
         reg_fence(acc);
         if (lane == 0) mbar_arrive(&empty[jmax % W_ST]);
 
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        const float i0 = 1.f / l0, i1 = 1.f / l1;
         /* O through this warp's 16 rows of the (no longer read) Q tile, then 16-byte stores */
-        const int r0 = wg * 64 + warp * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const int c = nt * 8 + t4 * 2;
-            *reinterpret_cast<uint32_t *>(sQ + swz(r0, c)) =
-                cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
-            *reinterpret_cast<uint32_t *>(sQ + swz(r0 + 8, c)) =
-                cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
-        }
-        if (t4 == 0) {
-            if (qrow < T_) lse[(size_t)bh * T_ + qrow] = (m0 * scale_log2 + log2f(l0)) * W_LN2;
-            if (qrow + 8 < T_)
-                lse[(size_t)bh * T_ + qrow + 8] = (m1 * scale_log2 + log2f(l1)) * W_LN2;
-        }
-        __syncwarp();
-        uint16_t *ob = o + b * so.sb + h * so.sh;
-#pragma unroll
-        for (int c = lane; c < 16 * 8; c += 32) {
-            const int row = wg * 64 + warp * 16 + (c >> 3), ch = c & 7;
-            const int gr = q0 + row;
-            if (gr < T_)
-                *reinterpret_cast<uint4 *>(ob + gr * so.st + ch * 8) =
-                    *reinterpret_cast<const uint4 *>(sQ + row * 64 + ((ch ^ (row & 7)) << 3));
-        }
+        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
+                        o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
     }
     /* Tiles past this warpgroup's rows: release them once loaded, so the ring keeps turning for
      * the other warpgroups (an early release would count towards an older phase). */

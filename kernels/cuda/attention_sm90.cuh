@@ -1,13 +1,15 @@
-/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd,bwd_ws}_sm90.cu): wgmma
- * m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
+/* Device helpers for the Hopper attention kernels (attention_{fwd,fwd_ws2,bwd,bwd_ws}_sm90.cu):
+ * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
  * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and
- * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation.
- * Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
+ * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
+ * the forwards' online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
+ * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -261,6 +263,52 @@ template <int N> static __device__ __forceinline__ void bulk_wait() {
 static __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+/* Arrives on named barrier id without waiting (counts towards the n of a bar_sync elsewhere). */
+static __device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
+ * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
+ * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
+ * factors al that rescale the old O and l, and the tile's partial row sums rs. */
+template <int NT>
+static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
+                                                    float &al0, float &al1, float &rs0, float &rs1,
+                                                    bool diag, int key0, int qrow, float sl) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        if (diag) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* finite: the first key of every processed tile is <= each row of the warpgroup */
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    al0 = ex2((m0 - mn0) * sl);
+    al1 = ex2((m1 - mn1) * sl);
+    m0 = mn0;
+    m1 = mn1;
+    const float b0 = mn0 * sl, b1 = mn1 * sl;
+    rs0 = rs1 = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
+        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
+        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
+        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
+        rs0 += s[4 * nt] + s[4 * nt + 1];
+        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
+    }
+}
 
 template <typename T> struct cvt;
 template <> struct cvt<__nv_bfloat16> {
@@ -275,6 +323,72 @@ template <> struct cvt<__half> {
         return *reinterpret_cast<uint32_t *>(&v);
     }
 };
+
+/* After a tile's softmax_step: l = l·al + rs and O = O·al for this thread's two rows. */
+static __device__ __forceinline__ void fwd_rescale(float (&acc)[32], float &l0, float &l1,
+                                                   float al0, float al1, float rs0, float rs1) {
+    l0 = l0 * al0 + rs0;
+    l1 = l1 * al1 + rs1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        acc[4 * i] *= al0;
+        acc[4 * i + 1] *= al0;
+        acc[4 * i + 2] *= al1;
+        acc[4 * i + 3] *= al1;
+    }
+}
+
+/* P (64×128 per warpgroup, f32 accumulator layout) as the A operands of the eight k = 16 steps of
+ * P·V (registers, 16-bit pairs). */
+template <typename T>
+static __device__ __forceinline__ void pack_p(uint32_t (&pf)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+        pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
+        pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
+        pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
+        pf[kc][3] = cvt<T>::pack(s[8 * kc + 6], s[8 * kc + 7]);
+    }
+}
+
+/* The forwards' epilogue, per warp: completes the row sums l0, l1 over the quad, writes O = acc / l
+ * (64×64 accumulator layout: this thread's tile rows wr + g, wr + g + 8, wr the warp's first row)
+ * through rows wr.. of the swizzled tile st (the Q tile, once no product reads it) and stores those
+ * before T with 16-byte stores to ob (tile row r is query q0 + r, rows ost elements apart), and
+ * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). */
+template <typename T>
+static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], float l0, float l1,
+                                                    float m0, float m1, float sl, uint16_t *st,
+                                                    int wr, int q0, uint16_t *ob, int64_t ost,
+                                                    float *lrow, int T_, int lane) {
+    const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int c = nt * 8 + t4 * 2;
+        *reinterpret_cast<uint32_t *>(st + swz(r0, c)) =
+            cvt<T>::pack(acc[4 * nt] * i0, acc[4 * nt + 1] * i0);
+        *reinterpret_cast<uint32_t *>(st + swz(r0 + 8, c)) =
+            cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
+    }
+    const float ln2 = 0.6931471805599453f;
+    if (t4 == 0) {
+        if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
+        if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = lane; c < 16 * 8; c += 32) {
+        const int row = wr + (c >> 3), ch = c & 7, gr = q0 + row;
+        if (gr < T_)
+            *reinterpret_cast<uint4 *>(ob + gr * ost + ch * 8) =
+                *reinterpret_cast<const uint4 *>(st + row * 64 + ((ch ^ (row & 7)) << 3));
+    }
+}
 
 } /* namespace sm90 */
 

@@ -1,7 +1,7 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_fwd_sm90.cu, attention_bwd_sm90.cu and attention_bwd_ws_sm90.cu: head_dim 64,
- * bf16/f16, compute capability 9.0 only. attention.cu keeps the public contract (attention.h), the
- * argument checks and the mma.sync fallback for the rest. */
+ * attention_fwd_sm90.cu, attention_fwd_ws2_sm90.cu, attention_bwd_sm90.cu and
+ * attention_bwd_ws_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0 only. attention.cu keeps
+ * the public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
 
@@ -40,6 +40,17 @@ int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_attn_strides *
 int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
+
+/* The forward kernel ZR_ATTN_FWD selects: 0 unset or empty (attention_fwd_sm90.cu), 1 "ws2"
+ * (attention_fwd_ws2_sm90.cu), 2 "ws2pp" (the same with ping-pong); -1 with zr_error set for any
+ * other value. */
+int attn_sm90_fwd_ws2_selected(void);
+/* The same contract as attn_sm90_forward: two consumer warpgroups that overlap the softmax with
+ * P·V (FlashAttention-3's layout), pingpong != 0: their products issued in turns; -1 (nothing
+ * launched) when a tensor map cannot be encoded. */
+int attn_sm90_forward_ws2(void *o, float *lse, const void *q, const void *k, const void *v,
+                          const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                          float scale, int pingpong, zr_dtype dt, cudaStream_t st);
 
 /* The backward kernel ZR_ATTN_BWD selects: 0 unset or empty (attention_bwd_sm90.cu), 1 "ws"
  * (attention_bwd_ws_sm90.cu); -1 with zr_error set for any other value. */
