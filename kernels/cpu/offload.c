@@ -286,6 +286,59 @@ void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_d
     offload_adamw_pieces_cpu(p, m, v, g, g_dt, &one, 1, c, step, grad_scale, out, out_dt, 1);
 }
 
+/* --- AdamW with bf16 master and/or bf16 moments (DeepSpeed's bf16_master_weights_and_grads,
+ * bf16_optimizer_states): each block widened into L1 buffers, the f32 update above, each state
+ * rounded back once (nearest even). --- */
+
+static void narrow_bf16(uint16_t *restrict d, const float *restrict s, int64_t n) {
+    for (int64_t i = 0; i < n; i++) d[i] = bf16_rne(s[i]);
+}
+
+/* n <= WIDEN_BLOCK elements: x (dt) as f32, in buf (bf16) or in place (f32). */
+static float *as_f32(void *x, zr_dtype dt, float *buf, int64_t n) {
+    if (dt == ZR_F32) return x;
+    widen_bf16(buf, x, n);
+    return buf;
+}
+
+static void adamw_lp_range(void *p, zr_dtype p_dt, void *m, void *v, zr_dtype s_dt, const void *g, zr_dtype g_dt,
+                           int64_t n, const offload_adamw_args *a, void *out) {
+    float pb[WIDEN_BLOCK], mb[WIDEN_BLOCK], vb[WIDEN_BLOCK];
+    const size_t pe = zr_dtype_size(p_dt), se = zr_dtype_size(s_dt), ge = zr_dtype_size(g_dt);
+    for (int64_t b = 0; b < n; b += WIDEN_BLOCK) {
+        int64_t k = n - b < WIDEN_BLOCK ? n - b : WIDEN_BLOCK;
+        void *pp = (char *)p + (size_t)b * pe, *mp = (char *)m + (size_t)b * se, *vp = (char *)v + (size_t)b * se;
+        float *pf = as_f32(pp, p_dt, pb, k), *mf = as_f32(mp, s_dt, mb, k), *vf = as_f32(vp, s_dt, vb, k);
+        adamw_chunk_grad(pf, mf, vf, (const char *)g + (size_t)b * ge, g_dt, k, a, NULL, ZR_F32);
+        if (s_dt == ZR_BF16) narrow_bf16(mp, mf, k), narrow_bf16(vp, vf, k);
+        if (p_dt == ZR_BF16) narrow_bf16(pp, pf, k);
+        if (out) memcpy((char *)out + (size_t)b * pe, pp, (size_t)k * pe); /* the master's own bits */
+    }
+}
+
+int offload_adamw_lp_pieces_cpu(void *p, zr_dtype p_dt, void *m, void *v, zr_dtype s_dt, const void *g,
+                                zr_dtype g_dt, const offload_adamw_piece *pc, int npc, const zr_adamw_config *c,
+                                int64_t step, double grad_scale, void *out) {
+    if ((p_dt != ZR_F32 && p_dt != ZR_BF16) || (s_dt != ZR_F32 && s_dt != ZR_BF16)) return -1;
+    int64_t total = 0;
+    for (int k = 0; k < npc; k++) total += pc[k].n;
+    const size_t pe = zr_dtype_size(p_dt), se = zr_dtype_size(s_dt), ge = zr_dtype_size(g_dt);
+#pragma omp parallel if (total > PAR_N)
+    {
+        int64_t lo, hi, at = 0;
+        chunk_of(total, &lo, &hi);
+        for (int k = 0; k < npc && at < hi; at += pc[k].n, k++) {
+            int64_t x = lo > at ? lo - at : 0, y = hi - at < pc[k].n ? hi - at : pc[k].n; /* within piece k */
+            if (y <= x) continue;
+            offload_adamw_args args = adamw_args(c, pc[k].lr, pc[k].wd, step, grad_scale);
+            size_t i = (size_t)(pc[k].off + x);
+            adamw_lp_range((char *)p + i * pe, p_dt, (char *)m + i * se, (char *)v + i * se, s_dt,
+                           (const char *)g + i * ge, g_dt, y - x, &args, out ? (char *)out + i * pe : NULL);
+        }
+    }
+    return 0;
+}
+
 /* --- accumulate, fill, cast --- */
 
 CLONES static void add_f32(float *restrict d, const float *restrict s, int64_t n) {

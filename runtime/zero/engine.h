@@ -54,6 +54,10 @@ typedef struct {
     int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
                      * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
     int optimizer;         /* zr_optim_kind: which states the partition keeps (zr_optim_states) */
+    /* DeepSpeed's bf16.bf16_master_weights_and_grads (master_dtype ZR_BF16: the master partition in
+     * bf16, which the parameters must be) and bf16.bf16_optimizer_states (state_dtype ZR_BF16: AdamW's
+     * moments in bf16). Zero-initialised: ZR_F32. AdamW only, and no offload_optimizer.ratio < 1 */
+    int master_dtype, state_dtype;
     double momentum;       /* SGD: 0 keeps no momentum buffer */
     double initial_accumulator_value; /* Adagrad: the state's starting value */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
@@ -70,7 +74,8 @@ void zr_zero_free(zr_zero *z);
 /* Partition size S (elements) and parameter i's chunk offset/size within it. */
 int64_t zr_zero_partition_numel(const zr_zero *z);
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk);
-/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. The
+/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads (f32, or
+ * the config's master_dtype / state_dtype / grad_dtype). The
  * one-state optimizers keep theirs as 1 (Lion exp_avg, Adagrad sum, SGD momentum_buffer); a state
  * the optimizer does not keep is NULL without an error (zr_zero_num_states says how many).
  * With partial offload (zr_zero_split > 0) states 0-2 are split between the device and the host:

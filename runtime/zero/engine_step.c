@@ -3,6 +3,7 @@
  * Lamb's two passes; then the new weights into the parameters (copy, all-gather or stage-3 shard). */
 #include <stdlib.h>
 
+#include "kernels/cpu/offload.h" /* offload_adamw_lp_pieces_cpu */
 #include "ops/util.h"
 #include "zero/engine_internal.h"
 #ifdef ZR_HAVE_CUDA
@@ -90,7 +91,7 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     if (!c && !out && !sink) return ZR_OK;
     zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
                             state_data(z->v), z->split, grad_scale, step, c, lr, out, sink ? put_weights : NULL,
-                            z, z->split, z->part_numel, 0, NULL, NULL};
+                            z, z->split, z->part_numel, 0, NULL, NULL, z->master_dtype, z->state_dtype};
     if (c && c->kind == ZR_OPTIM_LAMB) { /* the moments and norms, the sums over ranks, then the update */
         if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, zr_cpu(), 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
             return ZR_ERR;
@@ -241,6 +242,20 @@ static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_ten
     }
     zr_status st = ZR_OK;
     zr_dtype lp_dt = lp ? z->param_dtype : ZR_F32;
+    if (zr_is_cpu(master) && (z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)) {
+        /* bf16 master or moments (AdamW only, checked at set-up): all segments in one parallel region */
+        offload_adamw_piece *pc = malloc(sizeof *pc * (size_t)(n ? n : 1));
+        if (!pc) st = zr_error("out of host memory");
+        for (int k = 0; pc && k < n; k++) pc[k] = (offload_adamw_piece){segs[k].offset, segs[k].n, lr[k], z->params[k].wd};
+        if (pc && offload_adamw_lp_pieces_cpu(zr_tensor_data(master), z->master_dtype, zr_tensor_data(m),
+                                              zr_tensor_data(v), z->state_dtype, zr_tensor_data(z->gpart),
+                                              z->grad_dtype, pc, n, c, step, grad_scale, lp))
+            st = zr_error("ZeRO: AdamW over a %s master with %s moments is not supported",
+                          zr_dtype_name(z->master_dtype), zr_dtype_name(z->state_dtype));
+        free(pc);
+        free(segs);
+        return st;
+    }
     if (zr_is_cpu(master)) {
         size_t ge = zr_dtype_size(z->grad_dtype), we = zr_dtype_size(lp_dt);
         const char *g = zr_tensor_data(z->gpart);
@@ -262,6 +277,10 @@ static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_ten
     else if (c->kind != ZR_OPTIM_ADAMW)
         st = optim_step_cuda(zr_tensor_data(master), state_data(m), lp, lp_dt, zr_tensor_data(z->gpart),
                              z->grad_dtype, segs, n, c, step, zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
+    else if (z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)
+        st = adamw_lp_step_cuda(zr_tensor_data(master), z->master_dtype, zr_tensor_data(m), zr_tensor_data(v),
+                                z->state_dtype, lp, zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step,
+                                zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
     else
         st = adamw_step_cuda(zr_tensor_data(master), state_data(m), state_data(v), lp, lp_dt,
                              zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step, zr_tensor_data(gs),
