@@ -183,7 +183,8 @@ function M.initialize(opts)
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
-    optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
+    optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value,
+    master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg) },
     params, wds)
   if self.offload_optimizer and self.offload_ratio < 1 then
     local split, S0 = self.zero:split(), self.zero:partition_numel()
@@ -267,10 +268,20 @@ function M.comm_dtype(cfg)
 end
 
 -- DeepSpeed's data_types.grad_accum_dtype: the dtype gradients accumulate (and the optimizer
--- reads them) in; unset: fp32.
+-- reads them) in; unset: fp32, or bf16 with bf16.bf16_master_weights_and_grads.
 function M.grad_accum_dtype(cfg)
   local v = cfg.data_types and cfg.data_types.grad_accum_dtype
+  if v == nil and M.master_dtype(cfg) then return "bf16" end
   return v ~= nil and COMM_DTYPES[v] or nil
+end
+
+-- The ZeRO master partition's dtype: "bf16" with DeepSpeed's bf16.bf16_master_weights_and_grads,
+-- else nil (f32). AdamW's moments: "bf16" with bf16.bf16_optimizer_states, else nil (f32).
+function M.master_dtype(cfg)
+  return cfg.bf16 and cfg.bf16.bf16_master_weights_and_grads == true and "bf16" or nil
+end
+function M.state_dtype(cfg)
+  return cfg.bf16 and cfg.bf16.bf16_optimizer_states == true and "bf16" or nil
 end
 
 -- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
