@@ -286,33 +286,50 @@ void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_d
     offload_adamw_pieces_cpu(p, m, v, g, g_dt, &one, 1, c, step, grad_scale, out, out_dt, 1);
 }
 
-/* --- AdamW with bf16 master and/or bf16 moments (DeepSpeed's bf16_master_weights_and_grads,
- * bf16_optimizer_states): each block widened into L1 buffers, the f32 update above, each state
- * rounded back once (nearest even). --- */
+/* --- AdamW with a bf16 master and/or bf16 moments (DeepSpeed's bf16_master_weights_and_grads,
+ * bf16_optimizer_states): DeepSpeed's FusedAdam arithmetic (csrc/adam/multi_tensor_adam.cu,
+ * ADAM_MODE_1) op by op in f32, never contracted into FMAs, so that it is the same on every CPU and
+ * in the CUDA twin; each bf16 state rounded to nearest even once, when stored. --- */
 
-static void narrow_bf16(uint16_t *restrict d, const float *restrict s, int64_t n) {
-    for (int64_t i = 0; i < n; i++) d[i] = bf16_rne(s[i]);
+typedef struct {
+    float gs, b1, omb1, b2, omb2, bc1, bc2, eps, lr, wd;
+} adamw_lp_args;
+
+/* FusedAdam's host scalars: the hyper-parameters as f32, bias corrections 1 - beta^t from the f32
+ * beta in double, rounded once; 1 - beta is computed in f32, as its kernel does. */
+static adamw_lp_args adamw_lp_scalars(const zr_adamw_config *c, double lr, double wd, int64_t step, double gs) {
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2;
+    return (adamw_lp_args){(float)gs, b1, 1.0f - b1, b2, 1.0f - b2, (float)(1 - pow((double)b1, (double)step)),
+                           (float)(1 - pow((double)b2, (double)step)), (float)c->eps, (float)lr, (float)wd};
 }
 
-/* n <= WIDEN_BLOCK elements: x (dt) as f32, in buf (bf16) or in place (f32). */
-static float *as_f32(void *x, zr_dtype dt, float *buf, int64_t n) {
-    if (dt == ZR_F32) return x;
-    widen_bf16(buf, x, n);
-    return buf;
+static inline float lp_load(const void *x, zr_dtype dt, size_t i) {
+    return dt == ZR_F32 ? ((const float *)x)[i] : zr_bf16_to_f32(((const uint16_t *)x)[i]);
+}
+static inline void lp_store(void *x, zr_dtype dt, size_t i, float f) {
+    if (dt == ZR_F32) ((float *)x)[i] = f;
+    else ((uint16_t *)x)[i] = bf16_rne(f);
 }
 
-static void adamw_lp_range(void *p, zr_dtype p_dt, void *m, void *v, zr_dtype s_dt, const void *g, zr_dtype g_dt,
-                           int64_t n, const offload_adamw_args *a, void *out) {
-    float pb[WIDEN_BLOCK], mb[WIDEN_BLOCK], vb[WIDEN_BLOCK];
-    const size_t pe = zr_dtype_size(p_dt), se = zr_dtype_size(s_dt), ge = zr_dtype_size(g_dt);
-    for (int64_t b = 0; b < n; b += WIDEN_BLOCK) {
-        int64_t k = n - b < WIDEN_BLOCK ? n - b : WIDEN_BLOCK;
-        void *pp = (char *)p + (size_t)b * pe, *mp = (char *)m + (size_t)b * se, *vp = (char *)v + (size_t)b * se;
-        float *pf = as_f32(pp, p_dt, pb, k), *mf = as_f32(mp, s_dt, mb, k), *vf = as_f32(vp, s_dt, vb, k);
-        adamw_chunk_grad(pf, mf, vf, (const char *)g + (size_t)b * ge, g_dt, k, a, NULL, ZR_F32);
-        if (s_dt == ZR_BF16) narrow_bf16(mp, mf, k), narrow_bf16(vp, vf, k);
-        if (p_dt == ZR_BF16) narrow_bf16(pp, pf, k);
-        if (out) memcpy((char *)out + (size_t)b * pe, pp, (size_t)k * pe); /* the master's own bits */
+/* n elements from element 0 of each array. g (g_dt) is scaled first and, when bf16, rounded back to
+ * bf16: DeepSpeed multiplies the bf16 gradient partition in place (unscale_and_clip_grads). */
+__attribute__((optimize("fp-contract=off"))) static void adamw_lp_range(void *p, zr_dtype p_dt, void *m, void *v,
+                                                                         zr_dtype s_dt, const void *g, zr_dtype g_dt,
+                                                                         int64_t n, const adamw_lp_args *a, void *out) {
+    for (int64_t k = 0; k < n; k++) {
+        const size_t i = (size_t)k;
+        float gi = (g_dt == ZR_F16 ? zr_f16_to_f32(((const uint16_t *)g)[i]) : lp_load(g, g_dt, i)) * a->gs;
+        if (g_dt == ZR_BF16) gi = zr_bf16_to_f32(bf16_rne(gi));
+        const float pi = lp_load(p, p_dt, i);
+        const float mi = a->b1 * lp_load(m, s_dt, i) + a->omb1 * gi;
+        const float vi = a->b2 * lp_load(v, s_dt, i) + a->omb2 * gi * gi;
+        const float denom = sqrtf(vi / a->bc2) + a->eps;
+        const float update = (mi / a->bc1) / denom + a->wd * pi;
+        const float pn = pi - a->lr * update;
+        lp_store(m, s_dt, i, mi);
+        lp_store(v, s_dt, i, vi);
+        lp_store(p, p_dt, i, pn);
+        if (out) lp_store(out, p_dt, i, pn);
     }
 }
 
@@ -330,7 +347,7 @@ int offload_adamw_lp_pieces_cpu(void *p, zr_dtype p_dt, void *m, void *v, zr_dty
         for (int k = 0; k < npc && at < hi; at += pc[k].n, k++) {
             int64_t x = lo > at ? lo - at : 0, y = hi - at < pc[k].n ? hi - at : pc[k].n; /* within piece k */
             if (y <= x) continue;
-            offload_adamw_args args = adamw_args(c, pc[k].lr, pc[k].wd, step, grad_scale);
+            adamw_lp_args args = adamw_lp_scalars(c, pc[k].lr, pc[k].wd, step, grad_scale);
             size_t i = (size_t)(pc[k].off + x);
             adamw_lp_range((char *)p + i * pe, p_dt, (char *)m + i * se, (char *)v + i * se, s_dt,
                            (const char *)g + i * ge, g_dt, y - x, &args, out ? (char *)out + i * pe : NULL);

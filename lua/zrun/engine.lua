@@ -174,6 +174,7 @@ function M.initialize(opts)
         reduce_bucket_size = zc.reduce_bucket_size,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
+  self.master_dtype, self.state_dtype = M.master_dtype(cfg) or "f32", M.state_dtype(cfg) or "f32"
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
