@@ -88,9 +88,14 @@ local function check_steps(engine, n, round_states)
     T.eq(z:state(3):dtype(), "bf16", "the gradient partition")
     engine:step()
     local p1, m1, v1 = flat(z:state(0)), flat(z:state(1)), flat(z:state(2))
+    -- gradient_clipping: DeepSpeed multiplies the bf16 gradient partition in place by the clip
+    -- coefficient (unscale_and_clip_grads), so each element is rounded back to bf16 before AdamW
+    local coef = 1
+    if engine.clip and engine.clip > 0 then coef = math.min(1, engine.clip / (engine.last_grad_norm + 1e-6)) end
     local moved = 0
     for i = 1, #p1 do
-      local rp, rm, rv = ds_step(p0[i], m0[i], v0[i], g[i], t, round_states)
+      local gi = coef == 1 and g[i] or bf16(f32(g[i] * f32(coef)))
+      local rp, rm, rv = ds_step(p0[i], m0[i], v0[i], gi, t, round_states)
       for _, c in ipairs { { p1[i], rp, "master" }, { m1[i], rm, "exp_avg" }, { v1[i], rv, "exp_avg_sq" } } do
         if c[1] ~= c[2] then
           error(("step %d element %d %s: engine %.9g, DeepSpeed's step %.9g (from p %.9g m %.9g v %.9g g %.9g)"):format(
@@ -121,6 +126,12 @@ T.test("offload_optimizer with bf16 moments: DeepSpeed's step on the host, the s
   check_steps(host, 4, true)
   check_steps(dev, 4, true)
   for k = 0, 2 do same(host.zero:state(k):flat_table(), dev.zero:state(k):flat_table(), "state " .. k) end
+end)
+
+T.test("gradient_clipping: the clipped bf16 gradient is rounded to bf16 before the step, as in DeepSpeed", function()
+  local engine = engine_for(config(2, { gradient_clipping = 0.05 }))
+  check_steps(engine, 3, true)
+  assert(engine.last_grad_norm > 0.05, "the gradient was not clipped: norm " .. engine.last_grad_norm)
 end)
 
 T.test("offload_optimizer, bf16 master with f32 moments (DeepSpeed's mixed mode)", function()
