@@ -156,6 +156,31 @@ T.test("optimizer memory: 6, 10 and 12 bytes per partition element", function()
   end
 end)
 
+-- zr.memory.plan (zrun plan, zrun estimate's states) counts the same bytes as a live engine holds:
+-- the optimizer's and the gradient partition's (on a CPU run the device and host columns are one memory).
+T.test("the memory plan's optimizer and gradient bytes are the live engine's", function()
+  local P = require "zrun.memory_plan"
+  for _, c in ipairs { { false, true, true }, { "host", true, true }, { "host", true, false }, { "device", true, true } } do
+    local extra = { bf16 = { bf16_master_weights_and_grads = c[2], bf16_optimizer_states = c[3] } }
+    if c[1] then extra.zero_optimization = { offload_optimizer = { device = "cpu" } } end
+    local cfg = config(2, extra)
+    collectgarbage("collect")
+    local before = zr.memory.stats()
+    zr.setenv("ZRUN_OFFLOAD_GRADS", c[1] or nil)
+    local engine = engine_for(cfg)
+    zr.setenv("ZRUN_OFFLOAD_GRADS", nil)
+    local now = zr.memory.stats()
+    local p = P.plan { model = zr.models.llama.config("zrun/tiny-llama"), config = cfg, world_size = 1, device = "cpu",
+      micro_batch = 2, seq_len = 24, offload_grads = c[1] or nil }
+    local what = ("offload %s, master bf16 %s, moments bf16 %s"):format(tostring(c[1]), tostring(c[2]), tostring(c[3]))
+    for _, cat in ipairs { "optimizer", "grads" } do
+      T.eq(p.device[cat] + p.host[cat], now[cat].current - before[cat].current, what .. ": " .. cat .. " bytes")
+    end
+    T.eq(p.device.optimizer + p.host.optimizer, (c[3] and 6 or 10) * engine.zero:partition_numel(), what)
+    engine = nil
+  end
+end)
+
 T.test("save and resume: bit for bit, the checkpoint holds bf16 states; zero-to-fp32 widens the bf16 master", function()
   local dir = os.tmpname()
   os.remove(dir)
