@@ -171,6 +171,7 @@ function M.initialize(opts)
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
       { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
         dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = self.offload_ratio,
+        master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg),
         reduce_bucket_size = zc.reduce_bucket_size,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
@@ -354,7 +355,8 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
     stage = stage, offload_optimizer = o.offload_optimizer ~= false, offload_param = offload_param or false, opt_states = states or 2,
     pin_memory = pin_memory and true or false, device = o.device or (pin_memory and "cuda" or "cpu"),
     dtype = o.dtype or "bf16", grad_accum_dtype = o.grad_accum_dtype, offload_ratio = o.ratio,
-    offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size }
+    offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size,
+    master_dtype = o.master_dtype, state_dtype = o.state_dtype }
   local plan = require "zrun.memory_plan"
   local p = plan.plan(popts)
   local avail

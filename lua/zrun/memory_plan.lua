@@ -467,7 +467,8 @@ function M.format(p)
   end
   lines[2] = fmt("  ZeRO stage %d, %d rank%s (%d per node x %d node%s), %s, micro-batch %d x %d tokens%s%s%s%s",
     s.stage, s.world_size, s.world_size > 1 and "s" or "", s.gpus_per_node, s.nodes, s.nodes > 1 and "s" or "",
-    s.dtype, s.micro_batch, s.seq_len, s.grad_bytes == 2 and ", 16-bit gradients" or "",
+    s.dtype, s.micro_batch, s.seq_len, (s.grad_bytes == 2 and ", 16-bit gradients" or "") ..
+      (s.master_bytes == 2 and ", bf16 master" or "") .. (s.state_bytes == 2 and ", bf16 optimizer states" or ""),
     s.gradient_checkpointing and ", activation checkpointing" or "", off, s.offload_param and ", params offloaded" or "")
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
   for _, c in ipairs(CATS) do
