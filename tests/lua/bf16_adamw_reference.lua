@@ -54,9 +54,17 @@ function R.check_steps(engine, n, round_states, batch)
     local out = engine(ids, ids)
     engine:backward(out.loss)
     losses[t] = out.loss:item()
-    local g, p0, m0, v0 = flat(z:state(3)), flat(z:state(0)), flat(z:state(1)), flat(z:state(2))
-    T.eq(z:state(3):dtype(), "bf16", "the gradient partition")
-    engine:step()
+    -- the reduced gradient partition and the states just before the update (stages 0-1 over several
+    -- ranks reduce inside engine:step): the engine's ZeRO object behind a proxy that reads them
+    local g, p0, m0, v0
+    engine.zero = setmetatable({ step = function(_, ...)
+      g, p0, m0, v0 = flat(z:state(3)), flat(z:state(0)), flat(z:state(1)), flat(z:state(2))
+      T.eq(z:state(3):dtype(), "bf16", "the gradient partition")
+      return z:step(...)
+    end }, { __index = function(_, k) return function(_, ...) return z[k](z, ...) end end })
+    local ok, err = pcall(engine.step, engine)
+    engine.zero = z
+    if not ok then error(err, 0) end
     local p1, m1, v1 = flat(z:state(0)), flat(z:state(1)), flat(z:state(2))
     -- gradient_clipping: DeepSpeed multiplies the bf16 gradient partition in place by the clip
     -- coefficient (unscale_and_clip_grads), so each element is rounded back to bf16 before AdamW
