@@ -40,7 +40,7 @@ end
 
 R.LR, R.WD, R.B1, R.B2, R.EPS, R.bf16, R.f32 = LR, WD, B1, B2, EPS, bf16, f32
 
-local function flat(t) return t:to("f64"):flat_table() end
+local function flat(t) return t:to("cpu"):to("f64"):flat_table() end
 
 -- Steps 1..n (batch(t): this rank's input ids), each checked against ds_step from the engine's own
 -- state and gradient before it:

@@ -6,22 +6,26 @@
 -- element's reduction, a sum over the ranks' bf16 gradients, and its update do not depend on them);
 -- stage 3 within bf16 rounding of them (it reduces the gradients in the order backward releases
 -- its gathered modules, so a gradient that arrives in parts is reduced and rounded per part).
--- Usage: zrun bf16_master_check.lua [CLIP]
+-- Usage: zrun bf16_master_check.lua [CLIP]; ZRUN_CHECK_DEVICE=cuda: one GPU per rank (NCCL),
+-- tests/cuda/test_zero_multi_gpu.sh
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
 local R = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/bf16_adamw_reference.lua")
 local clip = tonumber(arg[1] or 0)
 local W, r = dist.world_size(), dist.rank()
+local dev = os.getenv("ZRUN_CHECK_DEVICE") == "cuda" and "cuda" or "cpu"
 
 local function batch(t)
   zr.manual_seed(100 + t)
-  return (zr.rand({ 2 * W, 16 }) * 250):to("i64"):narrow(1, 2 * r + 1, 2):contiguous()
+  return (zr.rand({ 2 * W, 16 }) * 250):to("i64"):narrow(1, 2 * r + 1, 2):contiguous():to(dev)
 end
 
 local function run(stage, offload)
   zr.manual_seed(11)
-  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local mc = zr.models.llama.config("zrun/tiny-llama")
+  mc.device = dev
+  local model = zr.models.llama.LlamaForCausalLM(mc)
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2,
     steps_per_print = 1000000, gradient_clipping = clip,
     optimizer = { type = "AdamW", params = { lr = R.LR, betas = { R.B1, R.B2 }, eps = R.EPS, weight_decay = R.WD } },
@@ -30,7 +34,7 @@ local function run(stage, offload)
       offload_optimizer = offload and { device = "cpu" } or nil } } })
   local losses = R.check_steps(engine, 4, true, batch)
   local w = {}
-  for i, p in ipairs(engine:gather_parameters()) do w[i] = p:to("f32"):flat_table() end
+  for i, p in ipairs(engine:gather_parameters()) do w[i] = p:to("cpu"):to("f32"):flat_table() end
   return losses, w
 end
 
