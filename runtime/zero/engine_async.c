@@ -57,7 +57,7 @@ static void *async_main(void *arg) {
     if (a->threads > 0) omp_set_num_threads(a->threads); /* this thread's parallel regions only */
     zr_offload_pass pass = {a->grads, zr_tensor_data(z->master), state_data(a->set ? a->m2 : z->m),
                             state_data(a->set ? a->v2 : z->v), 0, a->grad_scale, a->step, &a->c, a->lr,
-                            zr_tensor_data(a->w), NULL, NULL, 0, z->part_numel, 0, NULL, NULL};
+                            zr_tensor_data(a->w), NULL, NULL, 0, z->part_numel, 0, NULL, NULL, ZR_F32, ZR_F32};
     if (!a->st) a->st = zr_offload_run(z->host, &pass);
     if (a->st) snprintf(a->msg, sizeof a->msg, "%s", zr_last_error_message());
     pthread_mutex_lock(&hold_mu);
