@@ -3,7 +3,6 @@
  * Lamb's two passes; then the new weights into the parameters (copy, all-gather or stage-3 shard). */
 #include <stdlib.h>
 
-#include "kernels/cpu/offload.h" /* offload_adamw_lp_pieces_cpu */
 #include "ops/util.h"
 #include "zero/engine_internal.h"
 #ifdef ZR_HAVE_CUDA
@@ -243,18 +242,9 @@ static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_ten
     zr_status st = ZR_OK;
     zr_dtype lp_dt = lp ? z->param_dtype : ZR_F32;
     if (zr_is_cpu(master) && (z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)) {
-        /* bf16 master or moments (AdamW only, checked at set-up): all segments in one parallel region */
-        offload_adamw_piece *pc = malloc(sizeof *pc * (size_t)(n ? n : 1));
-        if (!pc) st = zr_error("out of host memory");
-        for (int k = 0; pc && k < n; k++) pc[k] = (offload_adamw_piece){segs[k].offset, segs[k].n, lr[k], z->params[k].wd};
-        if (pc && offload_adamw_lp_pieces_cpu(zr_tensor_data(master), z->master_dtype, zr_tensor_data(m),
-                                              zr_tensor_data(v), z->state_dtype, zr_tensor_data(z->gpart),
-                                              z->grad_dtype, pc, n, c, step, grad_scale, lp))
-            st = zr_error("ZeRO: AdamW over a %s master with %s moments is not supported",
-                          zr_dtype_name(z->master_dtype), zr_dtype_name(z->state_dtype));
-        free(pc);
+        /* only the device part of a partial offload comes here on a CPU run (zr_zero_new refuses it) */
         free(segs);
-        return st;
+        return zr_error("ZeRO: bf16 master weights or optimizer states with offload_optimizer.ratio < 1: set ratio 1");
     }
     if (zr_is_cpu(master)) {
         size_t ge = zr_dtype_size(z->grad_dtype), we = zr_dtype_size(lp_dt);
