@@ -87,4 +87,17 @@ function R.check_steps(engine, n, round_states, batch)
   return losses
 end
 
+-- Trains steps from..to on batch(t) (this rank's input ids); returns each step's loss.
+function R.train(e, from, to, batch)
+  local l = {}
+  for t = from, to do
+    local ids = batch(t)
+    local out = e(ids, ids)
+    e:backward(out.loss)
+    e:step()
+    l[#l + 1] = out.loss:item()
+  end
+  return l
+end
+
 return R

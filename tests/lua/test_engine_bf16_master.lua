@@ -125,17 +125,7 @@ T.test("save and resume: bit for bit, the checkpoint holds bf16 states; zero-to-
   os.remove(dir)
   local cfg = config(2)
   local a = engine_for(cfg)
-  local function run(e, from, to)
-    local l = {}
-    for t = from, to do
-      local ids = batch(t)
-      local out = e(ids, ids)
-      e:backward(out.loss)
-      e:step()
-      l[#l + 1] = out.loss:item()
-    end
-    return l
-  end
+  local function run(e, from, to) return R.train(e, from, to, batch) end
   run(a, 1, 3)
   a:save_checkpoint(dir, "t3")
   local la = run(a, 4, 6)

@@ -50,17 +50,7 @@ local function resume(stage)
       steps_per_print = 1000000, gradient_clipping = clip, bf16 = { enabled = true,
       bf16_master_weights_and_grads = true, bf16_optimizer_states = true }, zero_optimization = { stage = stage } } }))
   end
-  local function steps(e, from, to)
-    local l = {}
-    for t = from, to do
-      local ids = batch(t)
-      local out = e(ids, ids)
-      e:backward(out.loss)
-      e:step()
-      l[#l + 1] = out.loss:item()
-    end
-    return l
-  end
+  local function steps(e, from, to) return R.train(e, from, to, batch) end
   local a = engine_at()
   steps(a, 1, 2)
   a:save_checkpoint(dir, "s2")
