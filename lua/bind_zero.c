@@ -71,7 +71,8 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
  *           offload_ratio= (offload_optimizer: the host's share of the optimizer states; nil: 1),
  *           overlap_comm=, keep_grads= (stage 2: gradients stay until the next backward), comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
  *           names= (a name per parameter, for collective messages), optimizer= (nil: "adamw"),
- *           momentum= (SGD), initial_accumulator_value= (Adagrad)}, {params...}, {weight_decay...}) */
+ *           momentum= (SGD), initial_accumulator_value= (Adagrad), master_dtype=, state_dtype= (nil: f32;
+ *           "bf16": DeepSpeed's bf16_master_weights_and_grads / bf16_optimizer_states)}, {params...}, {weight_decay...}) */
 static int l_new(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -96,6 +97,12 @@ static int l_new(lua_State *L) {
     c.initial_accumulator_value = opt_num(L, 1, "initial_accumulator_value", 0);
     lua_getfield(L, 1, "grad_dtype");
     c.grad_dtype = lua_isnil(L, -1) ? -1 : (int)zr_l_checkdtype(L, lua_gettop(L));
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "master_dtype");
+    c.master_dtype = lua_isnil(L, -1) ? ZR_F32 : (int)zr_l_checkdtype(L, lua_gettop(L));
+    lua_pop(L, 1);
+    lua_getfield(L, 1, "state_dtype");
+    c.state_dtype = lua_isnil(L, -1) ? ZR_F32 : (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);
     if (zr_comm_init()) return zr_l_error(L);
     c.world_size = zr_comm_get()->world_size;

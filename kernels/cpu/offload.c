@@ -256,14 +256,25 @@ static offload_adamw_args adamw_args(const zr_adamw_config *c, double lr, double
                                 (float)(1 - c->beta2), (float)c->eps, (float)(lr / bc1), (float)sqrt(bc2)};
 }
 
-void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt,
-                              const offload_adamw_piece *pc, int npc, const zr_adamw_config *c, int64_t step,
-                              double grad_scale, void *out, zr_dtype out_dt, int stream) {
+/* One call of offload_adamw_pieces_cpu or offload_adamw_lp_pieces_cpu: the arrays, their dtypes and
+ * the step's arguments (lp: the bf16-state arithmetic below, on p_dt / s_dt arrays). */
+typedef struct {
+    void *p, *m, *v, *out;
+    const void *g;
+    zr_dtype g_dt, p_dt, s_dt, out_dt;
+    const zr_adamw_config *c;
+    int64_t step;
+    double grad_scale;
+    int stream, lp;
+} adamw_job;
+
+static void adamw_lp_piece(const adamw_job *j, const offload_adamw_piece *pc, size_t i, int64_t n);
+
+/* Every piece in one parallel region: thread t takes [lo, hi) of the pieces laid end to end. */
+static void adamw_pieces_run(const adamw_job *j, const offload_adamw_piece *pc, int npc) {
     int64_t total = 0;
     for (int k = 0; k < npc; k++) total += pc[k].n;
-    const size_t es = out_dt == ZR_F32 ? 4 : 2, ge = zr_dtype_size(g_dt);
-    stream = stream && out && HAVE_STREAM;
-    /* one parallel region for every piece: thread t takes [lo, hi) of the pieces laid end to end */
+    const size_t es = j->out_dt == ZR_F32 ? 4 : 2, ge = zr_dtype_size(j->g_dt);
 #pragma omp parallel if (total > PAR_N)
     {
         int64_t lo, hi, at = 0;
@@ -271,19 +282,93 @@ void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dt
         for (int k = 0; k < npc && at < hi; at += pc[k].n, k++) {
             int64_t x = lo > at ? lo - at : 0, y = hi - at < pc[k].n ? hi - at : pc[k].n; /* within piece k */
             if (y <= x) continue;
-            offload_adamw_args args = adamw_args(c, pc[k].lr, pc[k].wd, step, grad_scale);
             int64_t i = pc[k].off + x;
-            adamw_range(p + i, m + i, v + i, (const char *)g + (size_t)i * ge, g_dt, y - x, &args,
-                        out ? (char *)out + (size_t)i * es : NULL, out_dt, stream);
+            if (j->lp) {
+                adamw_lp_piece(j, &pc[k], (size_t)i, y - x);
+                continue;
+            }
+            offload_adamw_args args = adamw_args(j->c, pc[k].lr, pc[k].wd, j->step, j->grad_scale);
+            adamw_range((float *)j->p + i, (float *)j->m + i, (float *)j->v + i, (const char *)j->g + (size_t)i * ge,
+                        j->g_dt, y - x, &args, j->out ? (char *)j->out + (size_t)i * es : NULL, j->out_dt, j->stream);
         }
-        if (stream) stream_fence(); /* before the join: whoever reads out next sees every store */
+        if (j->stream) stream_fence(); /* before the join: whoever reads out next sees every store */
     }
+}
+
+void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt,
+                              const offload_adamw_piece *pc, int npc, const zr_adamw_config *c, int64_t step,
+                              double grad_scale, void *out, zr_dtype out_dt, int stream) {
+    adamw_job j = {p, m, v, out, g, g_dt, ZR_F32, ZR_F32, out_dt, c, step, grad_scale, stream && out && HAVE_STREAM, 0};
+    adamw_pieces_run(&j, pc, npc);
 }
 
 void offload_adamw_cpu(float *p, float *m, float *v, const void *g, zr_dtype g_dt, int64_t n,
                        const zr_adamw_config *c, int64_t step, double grad_scale, void *out, zr_dtype out_dt) {
     offload_adamw_piece one = {0, n, c->lr, c->weight_decay};
     offload_adamw_pieces_cpu(p, m, v, g, g_dt, &one, 1, c, step, grad_scale, out, out_dt, 1);
+}
+
+/* --- AdamW with a bf16 master and/or bf16 moments (DeepSpeed's bf16_master_weights_and_grads,
+ * bf16_optimizer_states): DeepSpeed's FusedAdam arithmetic (csrc/adam/multi_tensor_adam.cu,
+ * ADAM_MODE_1) op by op in f32, never contracted into FMAs, so that it is the same on every CPU and
+ * in the CUDA twin; each bf16 state rounded to nearest even once, when stored. --- */
+
+typedef struct {
+    float gs, b1, omb1, b2, omb2, bc1, bc2, eps, lr, wd;
+} adamw_lp_args;
+
+/* FusedAdam's host scalars: the hyper-parameters as f32, bias corrections 1 - beta^t from the f32
+ * beta in double, rounded once; 1 - beta is computed in f32, as its kernel does. */
+static adamw_lp_args adamw_lp_scalars(const zr_adamw_config *c, double lr, double wd, int64_t step, double gs) {
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2;
+    return (adamw_lp_args){(float)gs, b1, 1.0f - b1, b2, 1.0f - b2, (float)(1 - pow((double)b1, (double)step)),
+                           (float)(1 - pow((double)b2, (double)step)), (float)c->eps, (float)lr, (float)wd};
+}
+
+static inline float lp_load(const void *x, zr_dtype dt, size_t i) {
+    return dt == ZR_F32 ? ((const float *)x)[i] : zr_bf16_to_f32(((const uint16_t *)x)[i]);
+}
+static inline void lp_store(void *x, zr_dtype dt, size_t i, float f) {
+    if (dt == ZR_F32) ((float *)x)[i] = f;
+    else ((uint16_t *)x)[i] = bf16_rne(f);
+}
+
+/* n elements from element 0 of each array. g (g_dt) is scaled first and, when bf16, rounded back to
+ * bf16: DeepSpeed multiplies the bf16 gradient partition in place (unscale_and_clip_grads). */
+__attribute__((optimize("fp-contract=off"))) static void adamw_lp_range(void *p, zr_dtype p_dt, void *m, void *v,
+                                                                         zr_dtype s_dt, const void *g, zr_dtype g_dt,
+                                                                         int64_t n, const adamw_lp_args *a, void *out) {
+    for (int64_t k = 0; k < n; k++) {
+        const size_t i = (size_t)k;
+        float gi = (g_dt == ZR_F16 ? zr_f16_to_f32(((const uint16_t *)g)[i]) : lp_load(g, g_dt, i)) * a->gs;
+        if (g_dt == ZR_BF16) gi = zr_bf16_to_f32(bf16_rne(gi));
+        const float pi = lp_load(p, p_dt, i);
+        const float mi = a->b1 * lp_load(m, s_dt, i) + a->omb1 * gi;
+        const float vi = a->b2 * lp_load(v, s_dt, i) + a->omb2 * gi * gi;
+        const float denom = sqrtf(vi / a->bc2) + a->eps;
+        const float update = (mi / a->bc1) / denom + a->wd * pi;
+        const float pn = pi - a->lr * update;
+        lp_store(m, s_dt, i, mi);
+        lp_store(v, s_dt, i, vi);
+        lp_store(p, p_dt, i, pn);
+        if (out) lp_store(out, p_dt, i, pn);
+    }
+}
+
+static void adamw_lp_piece(const adamw_job *j, const offload_adamw_piece *pc, size_t i, int64_t n) {
+    const size_t pe = zr_dtype_size(j->p_dt), se = zr_dtype_size(j->s_dt), ge = zr_dtype_size(j->g_dt);
+    adamw_lp_args args = adamw_lp_scalars(j->c, pc->lr, pc->wd, j->step, j->grad_scale);
+    adamw_lp_range((char *)j->p + i * pe, j->p_dt, (char *)j->m + i * se, (char *)j->v + i * se, j->s_dt,
+                   (const char *)j->g + i * ge, j->g_dt, n, &args, j->out ? (char *)j->out + i * pe : NULL);
+}
+
+int offload_adamw_lp_pieces_cpu(void *p, zr_dtype p_dt, void *m, void *v, zr_dtype s_dt, const void *g,
+                                zr_dtype g_dt, const offload_adamw_piece *pc, int npc, const zr_adamw_config *c,
+                                int64_t step, double grad_scale, void *out) {
+    if ((p_dt != ZR_F32 && p_dt != ZR_BF16) || (s_dt != ZR_F32 && s_dt != ZR_BF16)) return -1;
+    adamw_job j = {p, m, v, out, g, g_dt, p_dt, s_dt, p_dt, c, step, grad_scale, 0, 1};
+    adamw_pieces_run(&j, pc, npc);
+    return 0;
 }
 
 /* --- accumulate, fill, cast --- */

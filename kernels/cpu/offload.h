@@ -41,6 +41,18 @@ void offload_adamw_pieces_cpu(float *p, float *m, float *v, const void *g, zr_dt
                               const offload_adamw_piece *pc, int npc, const zr_adamw_config *c, int64_t step,
                               double grad_scale, void *out, zr_dtype out_dt, int stream);
 
+/* AdamW over pieces (as offload_adamw_pieces_cpu) with the master p (p_dt) and the moments m, v (s_dt)
+ * each f32 or bf16 (DeepSpeed's bf16_master_weights_and_grads and bf16_optimizer_states), in
+ * DeepSpeed's FusedAdam arithmetic (multi_tensor_adam.cu at edaa72212, AdamW mode), op by op in f32
+ * with no FMA contraction, scalars as f32 (1 - beta in f32, bias corrections rounded from double):
+ *   g = grad * grad_scale (a bf16 grad rounded back to bf16, as DeepSpeed scales it in place);
+ *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g g;  p -= lr ((m / bc1) / (sqrt(v / bc2) + eps) + wd p)
+ * each bf16 state rounded to nearest even once, when stored. out: NULL, or p_dt (n) that receives
+ * the new master's own bits. Returns -1 for another dtype. */
+int offload_adamw_lp_pieces_cpu(void *p, zr_dtype p_dt, void *m, void *v, zr_dtype s_dt, const void *g,
+                                zr_dtype g_dt, const offload_adamw_piece *pc, int npc, const zr_adamw_config *c,
+                                int64_t step, double grad_scale, void *out);
+
 /* Lion, Adagrad or SGD (c->kind; AdamW has offload_adamw_cpu) over nsegs segments of the flat
  * partition, each with its own lr and weight decay (the config supplies the rest); step t from 1:
  *   g = grad * *grad_scale (grad_scale NULL: 1), grad f32, bf16 or f16 (grad_dtype);

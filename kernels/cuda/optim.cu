@@ -233,6 +233,93 @@ extern "C" int adamw_step_cuda(float *param, float *m, float *v, void *param_lp,
     return 0;
 }
 
+/* AdamW with a bf16 master and/or bf16 moments (adamw_lp_step_cuda): the twin of
+ * offload_adamw_lp_pieces_cpu, DeepSpeed's FusedAdam arithmetic op by op in f32 through the _rn
+ * intrinsics (never contracted into FMAs, so the bits are the CPU's); each state rounded back once
+ * (nearest even); plp receives the new master (bf16). One element per thread, ADAMW_PER_THREAD per
+ * thread over a block's chunk, as adamw_kernel. */
+struct adamw_lp_scalars {
+    float b1, omb1, b2, omb2, bc1, bc2, eps;
+};
+
+template <typename G, typename M, typename S>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_lp_kernel(adamw_batch bt, M *__restrict__ p, S *__restrict__ m, S *__restrict__ v,
+                    __nv_bfloat16 *__restrict__ plp, const G *__restrict__ grad, const float *__restrict__ gscale,
+                    adamw_lp_scalars a) {
+    const int s = segment_of(bt, (int)blockIdx.x);
+    const int64_t base = bt.offset[s], n = bt.n[s];
+    const int64_t c0 = (int64_t)(blockIdx.x - bt.block0[s]) * ADAMW_CHUNK;
+    const float wd = bt.wd[s], lr = bt.lr[s], gs = gscale ? *gscale : 1.f;
+    for (int k = 0; k < ADAMW_PER_THREAD; ++k) {
+        const int64_t j = c0 + k * ADAMW_THREADS + threadIdx.x;
+        if (j >= n) break;
+        const int64_t i = base + j;
+        float g = __fmul_rn(tof<G>(grad[i]), gs);
+        if (sizeof(G) == 2) g = tof<G>(fromf<G>(g)); /* DeepSpeed scales the 16-bit partition in place */
+        const float pi = tof<M>(p[i]);
+        const float mi = __fadd_rn(__fmul_rn(a.b1, tof<S>(m[i])), __fmul_rn(a.omb1, g));
+        const float vi = __fadd_rn(__fmul_rn(a.b2, tof<S>(v[i])), __fmul_rn(__fmul_rn(a.omb2, g), g));
+        const float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(vi, a.bc2)), a.eps);
+        const float update = __fadd_rn(__fdiv_rn(__fdiv_rn(mi, a.bc1), denom), __fmul_rn(wd, pi));
+        const float pn = __fsub_rn(pi, __fmul_rn(lr, update));
+        m[i] = fromf<S>(mi);
+        v[i] = fromf<S>(vi);
+        p[i] = fromf<M>(pn);
+        if (plp) plp[i] = fromf<__nv_bfloat16>(pn);
+    }
+}
+
+template <typename G, typename M>
+static void adamw_lp_launch_s(const adamw_batch &bt, void *p, void *m, void *v, zr_dtype sdt, void *plp,
+                              const void *grad, const float *gs, const adamw_lp_scalars &a, cudaStream_t st) {
+    const unsigned nb = (unsigned)bt.block0[bt.nsegs];
+    if (sdt == ZR_BF16)
+        adamw_lp_kernel<G, M, __nv_bfloat16><<<nb, ADAMW_THREADS, 0, st>>>(
+            bt, (M *)p, (__nv_bfloat16 *)m, (__nv_bfloat16 *)v, (__nv_bfloat16 *)plp, (const G *)grad, gs, a);
+    else
+        adamw_lp_kernel<G, M, float><<<nb, ADAMW_THREADS, 0, st>>>(bt, (M *)p, (float *)m, (float *)v,
+                                                                   (__nv_bfloat16 *)plp, (const G *)grad, gs, a);
+}
+
+template <typename G>
+static void adamw_lp_launch_g(const adamw_batch &bt, void *p, zr_dtype mdt, void *m, void *v, zr_dtype sdt,
+                              void *plp, const void *grad, const float *gs, const adamw_lp_scalars &a,
+                              cudaStream_t st) {
+    if (mdt == ZR_BF16) adamw_lp_launch_s<G, __nv_bfloat16>(bt, p, m, v, sdt, plp, grad, gs, a, st);
+    else adamw_lp_launch_s<G, float>(bt, p, m, v, sdt, plp, grad, gs, a, st);
+}
+
+extern "C" int adamw_lp_step_cuda(void *param, zr_dtype master_dtype, void *m, void *v, zr_dtype state_dtype,
+                                  void *param_lp, const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
+                                  int nsegs, const zr_adamw_config *c, int64_t step, const float *grad_scale,
+                                  cudaStream_t stream) {
+    const char *fn = "adamw_lp_step_cuda";
+    if (step < 1) return zr_error("%s: step must be >= 1, got %lld", fn, (long long)step);
+    if (nsegs < 0 || (nsegs > 0 && !segs)) return zr_error("%s: %d segments but no segment array", fn, nsegs);
+    if ((master_dtype != ZR_F32 && master_dtype != ZR_BF16) || (state_dtype != ZR_F32 && state_dtype != ZR_BF16))
+        return zr_error("%s: master %s, moments %s: each must be f32 or bf16", fn, zr_dtype_name(master_dtype),
+                        zr_dtype_name(state_dtype));
+    if (grad_dtype != ZR_F32 && grad_dtype != ZR_BF16)
+        return zr_error("%s: grad dtype %s not supported (f32 or bf16)", fn, zr_dtype_name(grad_dtype));
+    /* the scalars as offload_adamw_lp_pieces_cpu (FusedAdam's host code) rounds them */
+    const float b1 = (float)c->beta1, b2 = (float)c->beta2;
+    const adamw_lp_scalars a = {b1, 1.0f - b1, b2, 1.0f - b2, (float)(1 - pow((double)b1, (double)step)),
+                                (float)(1 - pow((double)b2, (double)step)), (float)c->eps};
+    for (int s0 = 0; s0 < nsegs; s0 += ADAMW_MAX_SEGS) {
+        adamw_batch bt;
+        if (batch_segments(bt, segs, s0, nsegs, 1.0, 0, fn)) return ZR_ERR; /* lr and wd as f32, as on the CPU */
+        if (bt.block0[bt.nsegs] == 0) continue;
+        if (grad_dtype == ZR_F32)
+            adamw_lp_launch_g<float>(bt, param, master_dtype, m, v, state_dtype, param_lp, grad, grad_scale, a, stream);
+        else
+            adamw_lp_launch_g<__nv_bfloat16>(bt, param, master_dtype, m, v, state_dtype, param_lp, grad, grad_scale, a,
+                                             stream);
+        if (launch_check(fn)) return ZR_ERR;
+    }
+    return 0;
+}
+
 
 /* --- Lion, Adagrad, SGD: the one-state optimizers over partition segments (optim_step_cpu's
  * twin). Same batching as AdamW (adamw_batch: up to 64 segments, ADAMW_CHUNK elements per block),

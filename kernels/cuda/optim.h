@@ -28,6 +28,13 @@ int adamw_step_cuda(float *param, float *m, float *v, void *param_lp, zr_dtype l
                     const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs,
                     int nsegs, const zr_adamw_config *c, int64_t step,
                     const float *grad_scale, cudaStream_t stream);
+/* AdamW over a bf16 or f32 master (master_dtype) with bf16 or f32 moments (state_dtype): the twin of
+ * offload_adamw_lp_pieces_cpu (kernels/cpu/offload.h) over segments, with adamw_step_cuda's
+ * segments, grad (f32 or bf16) and device grad_scale; param_lp NULL or a bf16 copy of the new master.
+ * DeepSpeed's bf16_master_weights_and_grads / bf16_optimizer_states on the GPU. */
+int adamw_lp_step_cuda(void *param, zr_dtype master_dtype, void *m, void *v, zr_dtype state_dtype, void *param_lp,
+                       const void *grad, zr_dtype grad_dtype, const zr_adamw_segment *segs, int nsegs,
+                       const zr_adamw_config *c, int64_t step, const float *grad_scale, cudaStream_t stream);
 /* Lion, Adagrad or SGD (c->kind) over partition segments: the twin of optim_step_cpu
  * (kernels/cpu/offload.h, where the formulas are), same arguments + stream; grad_scale is a device
  * f32 scalar or NULL. state: f32 (S), NULL only for SGD without momentum. */

@@ -6,7 +6,8 @@
 --   dir/<tag>/mp_rank_00_model_states.safetensors        rank 0: weights, HF names, training dtype
 --   dir/<tag>/mp_rank_00_model_states.json               rank 0: engine metadata (JSON sidecar)
 --   dir/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.safetensors
---       rank r: tensors master and the optimizer's states (f32, the rank's partition of S elements:
+--       rank r: tensors master and the optimizer's states (f32, or bf16 with bf16_master_weights_and_grads /
+--       bf16_optimizer_states, as DeepSpeed saves them; the rank's partition of S elements:
 --       AdamW and Lamb exp_avg, exp_avg_sq; Lion exp_avg; Adagrad sum; SGD momentum_buffer, when momentum > 0) and
 --       __metadata__ {format, zrun_state = JSON}: counters, scheduler, loss scaler, client_state,
 --       config, world size, stage, RNG, optimizer and its state names, and per parameter {name, shape,
@@ -193,6 +194,8 @@ local function engine_state(engine, names, client_state)
     client_state = client_state, config = engine.config, model_config = mcfg,
     model_class = engine.module.__name, rng = { seed = seed, offset = offset }, params = params,
     optimizer = oty, states = onames,
+    -- bf16.bf16_master_weights_and_grads / bf16_optimizer_states: the dtypes the states were saved in
+    master_dtype = engine.master_dtype or "f32", state_dtype = engine.state_dtype or "f32",
   }
 end
 M.engine_state = engine_state
@@ -311,7 +314,9 @@ function M.save(engine, dir, tag, client_state)
     local z, specs = engine.zero, {}
     local ns = #state.states
     local ov = state.zenflow_overlap and state.zenflow_overlap.states or {}
-    for k, n in ipairs(state.states) do specs[k] = { name = n, dtype = "f32", shape = { z:partition_numel() } } end
+    for k, n in ipairs(state.states) do
+      specs[k] = { name = n, dtype = k == 1 and state.master_dtype or state.state_dtype, shape = { z:partition_numel() } }
+    end
     for k, n in ipairs(ov) do specs[ns + k] = { name = n, dtype = "f32", shape = { z:partition_numel() } } end
     local p = join(tmp, M.optim_file(r))
     C.save_safetensors_stream(p, specs, function(i)

@@ -85,6 +85,56 @@ local function lamb_checks(vals, ctx)
   end
 end
 
+-- DeepSpeed's bf16.bf16_master_weights_and_grads and bf16_optimizer_states (runtime/config.py,
+-- base_optimizer.py _configure_master_weights, stage_1_and_2.py at edaa72212): what DeepSpeed asserts
+-- against, and what zrun's engine does not run (it rounds AdamW's states once per step, as FusedAdam
+-- and DeepSpeedCPUAdam do; other optimizers and torch_adam round after every torch op).
+local function bf16_lp_checks(vals, ctx, stage)
+  local b = vals.bf16
+  local master, states = b.bf16_master_weights_and_grads == true, b.bf16_optimizer_states == true
+  if not (master or states) then return end
+  local zo, opt = vals.zero_optimization, vals.optimizer
+  local oo = zo.offload_optimizer
+  local offload = oo and oo.device ~= "none"
+  local keys = master and states and "bf16.bf16_master_weights_and_grads and bf16_optimizer_states" or
+    master and "bf16.bf16_master_weights_and_grads" or "bf16.bf16_optimizer_states"
+  if states and not master then
+    add_error(ctx, "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads: true (as DeepSpeed asserts); " ..
+      "add it, or remove bf16_optimizer_states")
+  end
+  if stage == 0 then
+    add_error(ctx, "%s need zero_optimization.stage 1, 2 or 3 (as DeepSpeed asserts), got 0", keys)
+  end
+  if b.enabled ~= true and b.enabled ~= "auto" then
+    add_error(ctx, "%s keep the ZeRO master in bf16: set bf16.enabled to true", keys)
+  end
+  if master and not states and not offload then
+    add_error(ctx, "bf16.bf16_master_weights_and_grads without bf16_optimizer_states keeps Adam's states in fp32, " ..
+      "which DeepSpeed runs only with zero_optimization.offload_optimizer {\"device\": \"cpu\"}: add it, or set " ..
+      "bf16.bf16_optimizer_states to true")
+  end
+  if opt and opt.type ~= "Adam" and opt.type ~= "AdamW" then
+    add_error(ctx, "%s with optimizer %s: zrun runs them with AdamW only (DeepSpeed's FusedAdam and " ..
+      "DeepSpeedCPUAdam); set optimizer.type to AdamW", keys, tostring(opt.type))
+  elseif opt and opt.params and opt.params.torch_adam == true then
+    add_error(ctx, "%s with optimizer.params.torch_adam: torch's AdamW rounds the bf16 states after every op, zrun's " ..
+      "once per step (as FusedAdam): remove torch_adam", keys)
+  end
+  if offload and oo.ratio ~= 1 then
+    add_error(ctx, "%s with zero_optimization.offload_optimizer.ratio = %s: zrun keeps a bf16 master on one side " ..
+      "only; set ratio to 1", keys, fmtnum(oo.ratio))
+  end
+  if zo.zenflow then
+    add_error(ctx, "%s with zero_optimization.zenflow: DeepSpeed asserts DeepSpeedCPUAdam for bf16 master weights " ..
+      "and ZenFlow brings its own CPU Adam; remove one of them", keys)
+  end
+  local gad = vals.data_types.grad_accum_dtype
+  if master and gad ~= nil and gad ~= "bf16" then
+    add_error(ctx, "bf16.bf16_master_weights_and_grads keeps the gradients in bf16, but data_types.grad_accum_dtype " ..
+      "is %s: remove grad_accum_dtype (or set it to \"bf16\")", show(gad))
+  end
+end
+
 -- The rules that read several keys (offload and stage, precision, Lamb, SGD's nesterov, the
 -- scheduler's steps, ZenFlow), and the deprecated spellings moved to their new keys (take: config.lua's
 -- reader of a raw value against its schema node, which fills a section's defaults).
@@ -170,6 +220,7 @@ local function cross_checks(vals, ctx, take)
       ctx.src["zero_optimization." .. o[2] .. ".device"].note = 'nvme: zrun offloads to "cpu"'
     end
   end
+  bf16_lp_checks(vals, ctx, stage)
   if vals.fp16.enabled == true and vals.bf16.enabled == true then
     add_error(ctx, "fp16.enabled and bf16.enabled are both true; enable one of them (bf16 needs no loss scaling)")
   end

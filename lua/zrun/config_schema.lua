@@ -352,8 +352,10 @@ local SCHEMA = section {
     { "immediate_grad_update", bool(false) },
     -- DeepSpeed skips a step whose gradients overflow; zrun stops with an error instead
     { "check_grad_overflow", bool(true) },
-    { "bf16_master_weights_and_grads", refuse_unless(false, bool(false)) },
-    { "bf16_optimizer_states", refuse_unless(false, bool(false)) },
+    -- the ZeRO master partition (and its gradients) / AdamW's moments in bf16 (config_check.lua's
+    -- bf16_lp_checks: which combinations DeepSpeed and zrun run)
+    { "bf16_master_weights_and_grads", bool(false) },
+    { "bf16_optimizer_states", bool(false) },
   }, { strict = true }) },
   { "amp", section({ { "enabled", bool(false) }, { "opt_level", str("O1") } }, { open = true }) },
   { "torch_autocast", section {

@@ -171,9 +171,11 @@ function M.initialize(opts)
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
       { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
         dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = self.offload_ratio,
+        master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg),
         reduce_bucket_size = zc.reduce_bucket_size,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
+  self.master_dtype, self.state_dtype = M.master_dtype(cfg) or "f32", M.state_dtype(cfg) or "f32"
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
@@ -183,7 +185,8 @@ function M.initialize(opts)
     pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
-    optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value },
+    optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value,
+    master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg) },
     params, wds)
   if self.offload_optimizer and self.offload_ratio < 1 then
     local split, S0 = self.zero:split(), self.zero:partition_numel()
@@ -267,10 +270,20 @@ function M.comm_dtype(cfg)
 end
 
 -- DeepSpeed's data_types.grad_accum_dtype: the dtype gradients accumulate (and the optimizer
--- reads them) in; unset: fp32.
+-- reads them) in; unset: fp32, or bf16 with bf16.bf16_master_weights_and_grads.
 function M.grad_accum_dtype(cfg)
   local v = cfg.data_types and cfg.data_types.grad_accum_dtype
+  if v == nil and M.master_dtype(cfg) then return "bf16" end
   return v ~= nil and COMM_DTYPES[v] or nil
+end
+
+-- The ZeRO master partition's dtype: "bf16" with DeepSpeed's bf16.bf16_master_weights_and_grads,
+-- else nil (f32). AdamW's moments: "bf16" with bf16.bf16_optimizer_states, else nil (f32).
+function M.master_dtype(cfg)
+  return cfg.bf16 and cfg.bf16.bf16_master_weights_and_grads == true and "bf16" or nil
+end
+function M.state_dtype(cfg)
+  return cfg.bf16 and cfg.bf16.bf16_optimizer_states == true and "bf16" or nil
 end
 
 -- The locked-memory limit (ulimit -l) in bytes from /proc/self/limits; nil when unlimited or unknown.
@@ -342,7 +355,8 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
     stage = stage, offload_optimizer = o.offload_optimizer ~= false, offload_param = offload_param or false, opt_states = states or 2,
     pin_memory = pin_memory and true or false, device = o.device or (pin_memory and "cuda" or "cpu"),
     dtype = o.dtype or "bf16", grad_accum_dtype = o.grad_accum_dtype, offload_ratio = o.ratio,
-    offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size }
+    offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size,
+    master_dtype = o.master_dtype, state_dtype = o.state_dtype }
   local plan = require "zrun.memory_plan"
   local p = plan.plan(popts)
   local avail

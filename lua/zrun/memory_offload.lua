@@ -20,8 +20,9 @@ function M.uploads(e)
 end
 
 -- Bytes of one rank's buffers under optimizer offload, by where the gradients live. e: S (this
--- rank's partition elements), h (the host's share, ceil(ratio * S)), k (the optimizer's f32
--- states beside the master: AdamW 2, Lion/Adagrad/SGD-with-momentum 1), g (bytes of a gradient
+-- rank's partition elements), h (the host's share, ceil(ratio * S)), k (the optimizer's states
+-- beside the master: AdamW 2, Lion/Adagrad/SGD-with-momentum 1), mb, sb (bytes of a master and of
+-- a state element: 4, or 2 with bf16_master_weights_and_grads / bf16_optimizer_states), g (bytes of a gradient
 -- element: 4, or 2 with grad_accum_dtype bf16/fp16), b (bytes of a parameter), cap (gradient
 -- bucket elements), stage, Wc (chunks per parameter), offload_param, gpu (training on a GPU; on
 -- the CPU both columns are the same memory). `pinned`: the host categories page-locked with
@@ -37,10 +38,10 @@ M.LAYOUT = {
   device = {
     device = {
       grads = function(e) return e.S * e.g end,
-      optimizer = function(e) return (e.S - e.h) * (1 + e.k) * 4 end,
+      optimizer = function(e) return (e.S - e.h) * (e.mb + e.k * e.sb) end,
     },
     host = {
-      optimizer = function(e) return e.h * (1 + e.k) * 4 end,
+      optimizer = function(e) return e.h * (e.mb + e.k * e.sb) end,
       comm = function(e) return ring(e, 4) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
     pinned = { comm = true },
@@ -51,10 +52,10 @@ M.LAYOUT = {
   host = {
     device = {
       grads = function(e) return (e.S - e.h) * e.g end,
-      optimizer = function(e) return (e.S - e.h) * (1 + e.k) * 4 end,
+      optimizer = function(e) return (e.S - e.h) * (e.mb + e.k * e.sb) end,
     },
     host = {
-      optimizer = function(e) return e.h * (1 + e.k) * 4 end,
+      optimizer = function(e) return e.h * (e.mb + e.k * e.sb) end,
       grads = function(e) return e.h * e.g end,
       comm = function(e) return (e.gpu and e.cap * 4 or 0) + (M.uploads(e) and ring(e, e.b) or 0) end,
     },
@@ -65,6 +66,7 @@ M.LAYOUT = {
 -- The layout's inputs for settings s, a partition of S elements and buckets of cap elements.
 local function env(s, S, cap)
   return { S = S, h = ceil(s.offload_ratio * S), k = s.opt_states, g = s.grad_bytes, b = s.dtype_bytes, cap = cap,
+    mb = s.master_bytes or 4, sb = s.state_bytes or 4,
     stage = s.stage, Wc = s.stage == 0 and 1 or s.world_size, offload_param = s.offload_param, gpu = s.device ~= "cpu" }
 end
 

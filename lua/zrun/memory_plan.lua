@@ -132,7 +132,14 @@ local function settings(o, cfg_model)
   local cdt = o.communication_data_type or ds.communication_data_type
   s.comm_bytes = W == 1 and 4 or cdt and ds_bytes(cdt) or s.dtype_bytes
   -- the gradient partition (and stage 0-1's full .grad): data_types.grad_accum_dtype, else fp32
-  local gad = o.grad_accum_dtype or (ds.data_types and ds.data_types.grad_accum_dtype)
+  -- bf16.bf16_master_weights_and_grads / bf16_optimizer_states (o.master_dtype, o.state_dtype: "bf16"):
+  -- the master partition and its gradients, and the optimizer's states, in 2 bytes instead of 4
+  local bf = ds.bf16 or {}
+  local mdt = o.master_dtype or (bf.bf16_master_weights_and_grads == true and "bf16" or nil)
+  local sdt = o.state_dtype or (bf.bf16_optimizer_states == true and "bf16" or nil)
+  s.master_bytes, s.state_bytes = ds_bytes(mdt) or 4, ds_bytes(sdt) or 4
+  local gad = o.grad_accum_dtype or (ds.data_types and ds.data_types.grad_accum_dtype) or
+    (s.master_bytes == 2 and "bf16" or nil)
   s.grad_bytes = ds_bytes(gad) or 4
   local mb = o.micro_batch or ds.train_micro_batch_size_per_gpu
   s.micro_batch = type(mb) == "number" and mb or 1
@@ -194,7 +201,8 @@ local function build(o, s, counted)
   if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
     pinned = Off.place(s, S, cap, dev, host)
   else
-    dev.optimizer = (1 + s.opt_states) * S * 4 -- fp32 master and the optimizer's states (AdamW: exp_avg, exp_avg_sq)
+    -- the master and the optimizer's states (AdamW: exp_avg, exp_avg_sq): fp32, or bf16 (bf16 section)
+    dev.optimizer = S * (s.master_bytes + s.opt_states * s.state_bytes)
     dev.grads = S * s.grad_bytes -- reduced gradient partition (fp32 unless grad_accum_dtype)
   end
   if s.zenflow then -- zrun.zenflow: the selected columns' f32 moments (1-D parameters whole) on the device,
@@ -459,7 +467,8 @@ function M.format(p)
   end
   lines[2] = fmt("  ZeRO stage %d, %d rank%s (%d per node x %d node%s), %s, micro-batch %d x %d tokens%s%s%s%s",
     s.stage, s.world_size, s.world_size > 1 and "s" or "", s.gpus_per_node, s.nodes, s.nodes > 1 and "s" or "",
-    s.dtype, s.micro_batch, s.seq_len, s.grad_bytes == 2 and ", 16-bit gradients" or "",
+    s.dtype, s.micro_batch, s.seq_len, (s.grad_bytes == 2 and ", 16-bit gradients" or "") ..
+      (s.master_bytes == 2 and ", bf16 master" or "") .. (s.state_bytes == 2 and ", bf16 optimizer states" or ""),
     s.gradient_checkpointing and ", activation checkpointing" or "", off, s.offload_param and ", params offloaded" or "")
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
   for _, c in ipairs(CATS) do

@@ -19,7 +19,9 @@ Reader.__index = Reader
 function M.open(dir, tag)
   local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
   local files = ckpt.files(tdir)
-  local self = setmetatable({ tdir = tdir, files = files, entries = {}, frozen = {} }, Reader)
+  -- the master's saved dtype (bf16 with bf16_master_weights_and_grads), widened exactly to fp32 here
+  local self = setmetatable({ tdir = tdir, files = files, entries = {}, frozen = {},
+    master_dtype = files.st[0].master_dtype or "f32" }, Reader)
   for _, e in ipairs(files.st[0].params) do self.entries[#self.entries + 1] = e end
   -- parameters without optimizer state (frozen): from the model-states file when present
   local mp = ckpt.join(tdir, ckpt.MODEL_FILE)
@@ -70,7 +72,7 @@ function M.get_fp32_state_dict_from_zero_checkpoint(dir, tag)
 end
 
 -- Writes the consolidated fp32 weights to out (one safetensors file), streaming parameter by
--- parameter. Returns the number of tensors and of elements written.
+-- parameter. Returns the number of tensors and of elements written, and the master's saved dtype.
 function M.convert(dir, tag, out)
   local r = M.open(dir, tag)
   local specs, total = {}, 0
@@ -85,7 +87,7 @@ function M.convert(dir, tag, out)
   r:close()
   collectgarbage()
   if not ok then error(err, 0) end
-  return #specs, total
+  return #specs, total, r.master_dtype
 end
 
 -- Loads the checkpoint's fp32 weights into model (cast to the model's dtype), one parameter at a
@@ -150,8 +152,9 @@ function M.main(args, ...)
   if #pos ~= 2 then error("zero-to-fp32: expected a checkpoint directory and an output file\n" .. USAGE, 0) end
   local dir, out = pos[1], pos[2]
   if C.path_type(out) == "dir" then out = ckpt.join(out, "model.safetensors") end
-  local n, total = M.convert(dir, tag, out)
-  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values) to %s", n, total, out))
+  local n, total, mdt = M.convert(dir, tag, out)
+  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values%s) to %s", n, total,
+    mdt ~= "f32" and ", widened from the checkpoint's " .. mdt .. " master" or "", out))
   return 0
 end
 

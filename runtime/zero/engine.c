@@ -248,6 +248,25 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
             "ZeRO: data_types.grad_accum_dtype must be fp32, bf16 or fp16 (got %s)",
             zr_dtype_name(z->grad_dtype));
     }
+    z->master_dtype = cfg->master_dtype == ZR_BF16 ? ZR_BF16 : ZR_F32;
+    z->state_dtype = cfg->state_dtype == ZR_BF16 ? ZR_BF16 : ZR_F32;
+    if ((cfg->master_dtype != ZR_F32 && cfg->master_dtype != ZR_BF16) ||
+        (cfg->state_dtype != ZR_F32 && cfg->state_dtype != ZR_BF16)) {
+        zr_zero_free(z);
+        return zr_error_null("ZeRO: the master weights and optimizer states are f32 or bf16");
+    }
+    if (z->master_dtype == ZR_BF16 || z->state_dtype == ZR_BF16) {
+        const char *why = cfg->optimizer != ZR_OPTIM_ADAMW ? "AdamW (optimizer type Adam or AdamW)"
+                          : z->param_dtype != ZR_BF16 ? "bf16 parameters (bf16.enabled)"
+                          : z->state_dtype == ZR_BF16 && z->master_dtype != ZR_BF16 ? "a bf16 master"
+                          : cfg->offload_optimizer && cfg->offload_ratio < 1 ? "offload_optimizer.ratio 1"
+                          : NULL;
+        if (why) {
+            zr_zero_free(z);
+            return zr_error_null("ZeRO: bf16 master weights or optimizer states (bf16.bf16_master_weights_and_grads, "
+                                 "bf16_optimizer_states) need %s", why);
+        }
+    }
     z->grads_dev = cfg->offload_optimizer && cfg->offload_grads_on_device;
     if (cfg->offload_optimizer && !(cfg->offload_ratio >= 0 && cfg->offload_ratio <= 1)) {
         zr_zero_free(z);
@@ -261,7 +280,8 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     }
     /* with offload_optimizer the host gradient partition may be 16-bit too (zero/offload.c rounds
      * each addition as a device partition would) */
-    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev && !cfg->offload_optimizer) {
+    if (z->grad_dtype != ZR_F32 && z->opt_dev.type != ZR_CUDA && !z->grads_dev && !cfg->offload_optimizer &&
+        z->master_dtype == ZR_F32) { /* a bf16 master keeps bf16 gradients on a CPU run too */
         const char *dt = z->grad_dtype == ZR_BF16 ? "bf16" : "fp16";
         zr_zero_free(z);
         return zr_error_null("ZeRO: data_types.grad_accum_dtype=%s needs the optimizer states on a GPU; here they "
@@ -315,11 +335,11 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
         }
     z->split = cfg->offload_optimizer ? split_point(z, cfg->offload_ratio) : 0;
     const int64_t hn = z->part_numel - z->split; /* host part (all of it without a split) */
-    z->master = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
+    z->master = new_buf(z->master_dtype, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
     /* only the states the optimizer keeps: AdamW m and v; Lion, Adagrad, SGD with momentum m */
     z->nstates = zr_optim_states(cfg->optimizer, cfg->momentum);
-    if (z->nstates >= 1) z->m = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
-    if (z->nstates >= 2) z->v = new_buf(ZR_F32, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
+    if (z->nstates >= 1) z->m = new_buf(z->state_dtype, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
+    if (z->nstates >= 2) z->v = new_buf(z->state_dtype, z->opt_dev, hn, ZR_MEM_OPTIMIZER);
     if (z->split) {
         z->dmaster = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);
         if (z->nstates >= 1) z->dm = new_buf(ZR_F32, z->dev, z->split, ZR_MEM_OPTIMIZER);

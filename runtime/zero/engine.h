@@ -54,6 +54,30 @@ typedef struct {
     int grad_dtype; /* dtype of the gradient partition (a zr_dtype; DeepSpeed's
                      * data_types.grad_accum_dtype), or -1: fp32. 16-bit needs the optimizer on a GPU */
     int optimizer;         /* zr_optim_kind: which states the partition keeps (zr_optim_states) */
+    /* DeepSpeed's bf16.bf16_master_weights_and_grads (master_dtype ZR_BF16: the master partition in
+     * bf16, which the parameters must be) and bf16.bf16_optimizer_states (state_dtype ZR_BF16: AdamW's
+     * moments in bf16). Zero-initialised: ZR_F32. AdamW only, and no offload_optimizer.ratio < 1.
+     *
+     * What DeepSpeed does (read at edaa72212: runtime/config.py, base_optimizer.py
+     * _configure_master_weights, zero/stage_1_and_2.py, zero/stage3.py, ops/adam, csrc/adam): both keys
+     * need ZeRO stage 1-3; bf16_optimizer_states needs bf16_master_weights_and_grads; a bf16 master
+     * with fp32 moments needs offload_optimizer (DeepSpeedCPUAdam keeps them fp32 on the host), bf16
+     * moments run on the GPU (FusedAdam) or offloaded (DeepSpeedCPUAdam, fp32_optimizer_states=False).
+     * The master partition and its gradient partition are bf16; the gradients are reduced in
+     * communication_data_type (bf16 by default) and the clip coefficient multiplies the bf16 gradient
+     * partition in place (rounded to bf16). Each AdamW element is widened to f32, updated in f32
+     * (m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; p -= lr ((m/bc1) / (sqrt(v/bc2) + eps) + wd p)),
+     * and each state rounded to bf16 once when stored; the checkpoint holds the bf16 tensors.
+     *
+     * zrun: the same (offload_adamw_lp_pieces_cpu, adamw_lp_step_cuda), op by op as FusedAdam's kernel
+     * and never contracted into FMAs, so the host, the CPU and a GPU give the same bits. Deliberate
+     * differences: nvcc contracts FusedAdam into FMAs and DeepSpeedCPUAdam orders its operations its own
+     * way, so either may land one bf16 ulp away where a value is within an f32 ulp of a tie; the ranks'
+     * average rides in the gradient scale (rounded to bf16 with the clip coefficient) instead of the
+     * reduction; refused where DeepSpeed would silently do something else or zrun has no twin:
+     * grad_accum_dtype fp32 (DeepSpeed's BF16_Optimizer at stage 1 ignores both keys), torch_adam and
+     * other optimizers (rounded per torch op), ZenFlow (DeepSpeed asserts), offload ratio < 1. */
+    int master_dtype, state_dtype;
     double momentum;       /* SGD: 0 keeps no momentum buffer */
     double initial_accumulator_value; /* Adagrad: the state's starting value */
     int world_size, rank;  /* from comm; world_size 1 for a single process */
@@ -70,7 +94,8 @@ void zr_zero_free(zr_zero *z);
 /* Partition size S (elements) and parameter i's chunk offset/size within it. */
 int64_t zr_zero_partition_numel(const zr_zero *z);
 void zr_zero_param_layout(const zr_zero *z, int i, int64_t *offset, int64_t *chunk);
-/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads. The
+/* Partition tensors (S) for checkpoints: 0 master, 1 exp_avg, 2 exp_avg_sq, 3 reduced grads (f32, or
+ * the config's master_dtype / state_dtype / grad_dtype). The
  * one-state optimizers keep theirs as 1 (Lion exp_avg, Adagrad sum, SGD momentum_buffer); a state
  * the optimizer does not keep is NULL without an error (zr_zero_num_states says how many).
  * With partial offload (zr_zero_split > 0) states 0-2 are split between the device and the host:

@@ -57,7 +57,7 @@ static void *async_main(void *arg) {
     if (a->threads > 0) omp_set_num_threads(a->threads); /* this thread's parallel regions only */
     zr_offload_pass pass = {a->grads, zr_tensor_data(z->master), state_data(a->set ? a->m2 : z->m),
                             state_data(a->set ? a->v2 : z->v), 0, a->grad_scale, a->step, &a->c, a->lr,
-                            zr_tensor_data(a->w), NULL, NULL, 0, z->part_numel, 0, NULL, NULL};
+                            zr_tensor_data(a->w), NULL, NULL, 0, z->part_numel, 0, NULL, NULL, ZR_F32, ZR_F32};
     if (!a->st) a->st = zr_offload_run(z->host, &pass);
     if (a->st) snprintf(a->msg, sizeof a->msg, "%s", zr_last_error_message());
     pthread_mutex_lock(&hold_mu);
@@ -93,9 +93,10 @@ static struct zasync *async_get(zr_zero *z) {
 zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const zr_adamw_config *c, const double *lr,
                              int set, int threads) {
     if (!z->host || z->split || !z->m || !z->v || c->kind != ZR_OPTIM_ADAMW || (z->cfg.stage == 3 && z->chunks != 1) ||
-        (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16))
+        (z->param_dtype != ZR_F32 && z->param_dtype != ZR_BF16 && z->param_dtype != ZR_F16) ||
+        z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)
         return zr_error("ZeRO: a background host step needs AdamW with its whole master on the host (offload_optimizer "
-                        "cpu, ratio 1), stages 1-2 (stage 3 at one rank) and f32/bf16/f16 weights");
+                        "cpu, ratio 1, f32 master and moments), stages 1-2 (stage 3 at one rank) and f32/bf16/f16 weights");
     if (set != 0 && set != 1) return zr_error("ZeRO: the background step's moment set must be 0 or 1, got %d", set);
     ZR_CHECK(zr_zero_async_wait(z)); /* its moments and master must be current */
     if (z->async && z->async->pending)

@@ -34,6 +34,7 @@ struct zr_zero {
     zr_device dev, opt_dev;
     /* the parameters; the gradient buckets and their reduction; the gradient partition */
     zr_dtype param_dtype, comm_dtype, grad_dtype;
+    zr_dtype master_dtype, state_dtype; /* of master (dmaster) and of the optimizer's states: f32 or bf16 */
     zr_tensor *master, *m, *v, *gpart, *pshard; /* m, v: NULL where the optimizer keeps fewer states */
     struct zasync *async; /* ZenFlow's overlap_step: the host step on a background thread, or NULL */
     zr_tensor *lamb_sums; /* Lamb: f64 (2 nparams) on opt_dev, each parameter's sums of p^2 and u^2 */

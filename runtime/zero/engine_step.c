@@ -90,7 +90,7 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     if (!c && !out && !sink) return ZR_OK;
     zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
                             state_data(z->v), z->split, grad_scale, step, c, lr, out, sink ? put_weights : NULL,
-                            z, z->split, z->part_numel, 0, NULL, NULL};
+                            z, z->split, z->part_numel, 0, NULL, NULL, z->master_dtype, z->state_dtype};
     if (c && c->kind == ZR_OPTIM_LAMB) { /* the moments and norms, the sums over ranks, then the update */
         if (!z->lamb_sums && !(z->lamb_sums = new_buf(ZR_F64, zr_cpu(), 2 * (int64_t)z->nparams, ZR_MEM_WORKSPACE)))
             return ZR_ERR;
@@ -241,6 +241,11 @@ static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_ten
     }
     zr_status st = ZR_OK;
     zr_dtype lp_dt = lp ? z->param_dtype : ZR_F32;
+    if (zr_is_cpu(master) && (z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)) {
+        /* only the device part of a partial offload comes here on a CPU run (zr_zero_new refuses it) */
+        free(segs);
+        return zr_error("ZeRO: bf16 master weights or optimizer states with offload_optimizer.ratio < 1: set ratio 1");
+    }
     if (zr_is_cpu(master)) {
         size_t ge = zr_dtype_size(z->grad_dtype), we = zr_dtype_size(lp_dt);
         const char *g = zr_tensor_data(z->gpart);
@@ -262,6 +267,10 @@ static zr_status device_step(zr_zero *z, zr_tensor *master, zr_tensor *m, zr_ten
     else if (c->kind != ZR_OPTIM_ADAMW)
         st = optim_step_cuda(zr_tensor_data(master), state_data(m), lp, lp_dt, zr_tensor_data(z->gpart),
                              z->grad_dtype, segs, n, c, step, zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
+    else if (z->master_dtype != ZR_F32 || z->state_dtype != ZR_F32)
+        st = adamw_lp_step_cuda(zr_tensor_data(master), z->master_dtype, zr_tensor_data(m), zr_tensor_data(v),
+                                z->state_dtype, lp, zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step,
+                                zr_tensor_data(gs), stream) ? ZR_ERR : ZR_OK;
     else
         st = adamw_step_cuda(zr_tensor_data(master), state_data(m), state_data(v), lp, lp_dt,
                              zr_tensor_data(z->gpart), z->grad_dtype, segs, n, c, step, zr_tensor_data(gs),

@@ -556,6 +556,23 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
         }
         return ZR_OK;
     }
+    if (p->master_dt != ZR_F32 || p->state_dt != ZR_F32) { /* bf16 master or moments: AdamW only */
+        int np = 0;
+        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+            const zr_offload_segment *s = &o->segs[k];
+            int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
+            if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
+        }
+        size_t me = zr_dtype_size(p->master_dt), se = zr_dtype_size(p->state_dt);
+        size_t at = (size_t)(a - p->base);
+        if (p->c->kind != ZR_OPTIM_ADAMW || (w && o->pdt != p->master_dt) ||
+            offload_adamw_lp_pieces_cpu((char *)p->master + at * me, p->master_dt, (char *)p->m + at * se,
+                                        (char *)p->v + at * se, p->state_dt, g, g_dt, o->pieces, np, p->c, p->step,
+                                        p->grad_scale, w))
+            return zr_error("ZeRO offload: bf16 master weights or optimizer states need AdamW, a %s master and "
+                            "parameters of the master's dtype", zr_dtype_name(p->master_dt));
+        return ZR_OK;
+    }
     if (p->c->kind == ZR_OPTIM_ADAMW) { /* every segment of the chunk in one parallel region */
         int np = 0;
         for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
@@ -665,7 +682,12 @@ zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p) {
         }
         double t1 = now_ms();
         if (p->c) ZR_CHECK(update_chunk(o, p, a, n, g, g_dt, w));
-        else if (w) offload_cast_cpu(w, o->pdt, p->master + (a - p->base), n);
+        else if (w && p->master_dt == ZR_F32) offload_cast_cpu(w, o->pdt, p->master + (a - p->base), n);
+        else if (w && p->master_dt == o->pdt) /* a bf16 master: the weights are its bits */
+            memcpy(w, (char *)p->master + (size_t)(a - p->base) * we, (size_t)n * we);
+        else if (w)
+            return zr_error("ZeRO offload: a %s master into %s parameters (expected the same dtype)",
+                            zr_dtype_name(p->master_dt), zr_dtype_name(o->pdt));
         o->t_adam += now_ms() - t1;
         if (grads && j + RING - 1 < nch) { /* slot (j-1) % RING: chunk j-1 is done with it */
             int64_t b = p->lo + (j + RING - 1) * C;

@@ -110,6 +110,9 @@ typedef struct {
     int lamb;
     double *lamb_sums;
     const zr_adamw_segment *lamb_segs;
+    /* bf16_master_weights_and_grads / bf16_optimizer_states (AdamW only): the dtypes master and
+     * m, v really hold (ZR_F32: as declared above; ZR_BF16: the pointers hold bf16 bit patterns) */
+    zr_dtype master_dt, state_dt;
 } zr_offload_pass;
 zr_status zr_offload_run(zr_offload *o, const zr_offload_pass *p);
 /* Allocates the ring's gradient slots now (a pass on another thread then allocates nothing). */

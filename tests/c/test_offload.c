@@ -258,7 +258,7 @@ TEST(offload_adamw_segments) {
     double lr[3] = {0.02, 0.02, 0.005}, b1 = 0.8, b2 = 0.9, eps = 1e-8, gs = 0.5, ref[3] = {0};
     zr_adamw_config c = {.beta1 = b1, .beta2 = b2, .eps = eps}, bad = c;
     bad.beta1 = 1.5;
-    zr_offload_pass pass = {NULL, p, m, v, 0, gs, 1, &c, lr, w, NULL, NULL, 0, S, 0, NULL, NULL};
+    zr_offload_pass pass = {NULL, p, m, v, 0, gs, 1, &c, lr, w, NULL, NULL, 0, S, 0, NULL, NULL, ZR_F32, ZR_F32};
     CHECK(zr_offload_run(o, &pass) == ZR_OK);
     int64_t probe[3] = {3, 7 + 40000, 65544};
     for (int k = 0; k < 3; k++) {
@@ -385,7 +385,7 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
                  * partial offload does) */
                 int64_t base = d ? 100 : 0;
                 zr_offload_pass pass = {g, p + base, m + base, v + base, base, 0.7, step, &c, lr, NULL, sink_copy, &sc,
-                                        100, S, 0, NULL, NULL};
+                                        100, S, 0, NULL, NULL, ZR_F32, ZR_F32};
                 CHECK(zr_offload_run(o, &pass) == ZR_OK);
                 CHECK(sc.next == S);
                 int64_t C = atoll(chunks[ci]) < S - 100 ? atoll(chunks[ci]) : S - 100;
@@ -403,7 +403,7 @@ TEST(pipeline_chunks_match_per_segment_adamw) {
                   memcmp(v, rv, (size_t)S * 4) == 0);
             CHECK(memcmp((uint16_t *)zr_tensor_data(w) + 100, rw + 100, (size_t)(S - 100) * 2) == 0);
             for (int64_t i = 0; i < 100; i++) CHECK(p[i] == (float)val(i, 1)); /* outside the range: untouched */
-            zr_offload_pass cast = {NULL, p, NULL, NULL, 0, 1, 0, NULL, NULL, zr_tensor_data(w), NULL, NULL, 0, S, 0, NULL, NULL};
+            zr_offload_pass cast = {NULL, p, NULL, NULL, 0, 1, 0, NULL, NULL, zr_tensor_data(w), NULL, NULL, 0, S, 0, NULL, NULL, ZR_F32, ZR_F32};
             CHECK(zr_offload_run(o, &cast) == ZR_OK);
             for (int64_t i = 0; i < S; i++) CHECK(((uint16_t *)zr_tensor_data(w))[i] == zr_f32_to_bf16(p[i]));
             zr_offload_free(o);

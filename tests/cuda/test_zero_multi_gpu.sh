@@ -29,6 +29,10 @@ for stage in 1 2 3; do                                 # data_types.grad_accum_d
   mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/grad_accum_check.lua $stage >>"$out" 2>&1 ||
     echo "FAIL grad_accum_check.lua $stage: mpirun exited $?" >>"$out"
 done
+for clip in 0 0.05; do                                # bf16 master and moments: DeepSpeed's step, stages alike
+  mpirun $MPI_FLAGS -np "$NP" -x ZRUN_HOME -x ZRUN_CHECK_DEVICE -x NCCL_NVLS_ENABLE $Z tests/mpi/bf16_master_check.lua $clip >>"$out" 2>&1 ||
+    echo "FAIL bf16_master_check.lua $clip: mpirun exited $?" >>"$out"
+done
 # Lamb: 1 GPU at stage 0 writes the reference; NP GPUs at every stage (and with offload) match it
 # (the per-parameter trust-ratio sums all-reduced with NCCL)
 lref=$(mktemp)

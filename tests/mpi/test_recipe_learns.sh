@@ -1,5 +1,6 @@
 #!/bin/sh
-# The fine-tuning recipe learns with every shipped config, in fp32, bf16 and fp16, on 1 and 2
+# The fine-tuning recipe learns with every shipped config, in fp32, bf16 and fp16 (the bf16_master
+# ones in bf16), on 1 and 2
 # ranks (built-in tiny Llama and text sample, CPU): 12 optimizer steps of 2 accumulated
 # micro-batches must lower the logged loss by at least 1 nat (5.6 -> ~3.6 in practice), with a
 # non-zero gradient norm at every step (tests/mpi/learn_check.lua). configs/ds_config.json fixes
@@ -11,6 +12,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 sed -e 's/"lr": 2e-5/"lr": 3e-3/' -e 's/"gradient_accumulation_steps": 8/"gradient_accumulation_steps": 2/' \
   configs/ds_config.json > "$tmp/ds_config.json"
 grep -q '"lr": 3e-3' "$tmp/ds_config.json" || echo "FAIL test_recipe_learns: configs/ds_config.json changed shape (lr not found)"
+sed -e 's/"lr": 1e-4/"lr": 3e-3/' -e 's/"gradient_accumulation_steps": 1/"gradient_accumulation_steps": 2/' \
+  configs/zero3_bf16_master.json > "$tmp/zero3_bf16_master.json"
+grep -q '"lr": 3e-3' "$tmp/zero3_bf16_master.json" || echo "FAIL test_recipe_learns: configs/zero3_bf16_master.json changed shape"
 run() { # np config precision label
   out="$tmp/run_$4"
   rm -rf "$out"
@@ -25,4 +29,8 @@ for np in 1 2; do
     for p in fp32 bf16 fp16; do run $np $c $p "recipe learns: $(basename $c) $p np=$np"; done
   done
   run $np "$tmp/ds_config.json" "" "recipe learns: ds_config.json (bf16, lr 3e-3, 2 micro-batches) np=$np"
+  # DeepSpeed's bf16 master weights and optimizer states (bf16 only), offloaded and on the device
+  # (zero3_bf16_master.json is DeepSpeedExamples' bf16_full.json: its copy takes lr 3e-3, 2 micro-batches)
+  run $np configs/zero2_offload_bf16_master.json bf16 "recipe learns: zero2_offload_bf16_master.json np=$np"
+  run $np "$tmp/zero3_bf16_master.json" bf16 "recipe learns: zero3_bf16_master.json np=$np"
 done
