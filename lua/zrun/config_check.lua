@@ -228,7 +228,13 @@ local function cross_checks(vals, ctx, take)
     add_error(ctx, "amp.enabled: NVIDIA Apex AMP is not available in zrun; use bf16.enabled or fp16.enabled")
   end
   if vals.torch_autocast.enabled then
-    add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
+    if vals.bf16.enabled == true or vals.fp16.enabled == true then -- e.g. DeepSpeedExamples' bf16_full.json
+      add_error(ctx, "torch_autocast.enabled with %s.enabled: zrun has no torch.autocast (under it PyTorch keeps " ..
+        "norms, softmax and the loss in fp32 tensors); remove the torch_autocast section: zrun's 16-bit model " ..
+        "computes those in fp32 and stores 16-bit results", vals.bf16.enabled == true and "bf16" or "fp16")
+    else
+      add_error(ctx, "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
+    end
   end
   if zo.zenflow then -- DeepSpeed's checks of the section, and what zrun does not implement (zrun.zenflow)
     require("zrun.zenflow").check(vals, function(...) add_error(ctx, ...) end, function(...) add_warning(ctx, ...) end)

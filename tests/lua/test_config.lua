@@ -372,6 +372,12 @@ T.test("values DeepSpeed accepts: \"auto\" in pydantic sections, torch dtypes, n
   end
   T.raises(function() load({ train_batch_size = 8, torch_autocast = { dtype = "torch.bf16" } }) end,
     'torch_autocast.dtype must be "torch.bfloat16"')
+  T.raises(function() load({ train_batch_size = 8, torch_autocast = { enabled = true } }) end,
+    "torch_autocast.enabled: zrun has no torch.autocast; use bf16.enabled or fp16.enabled")
+  T.raises(function() load({ train_batch_size = 8, bf16 = { enabled = true }, torch_autocast = { enabled = true } }) end,
+    "torch_autocast.enabled with bf16.enabled: zrun has no torch.autocast")
+  T.raises(function() load({ train_batch_size = 8, bf16 = { enabled = true }, torch_autocast = { enabled = true } }) end,
+    "remove the torch_autocast section")
   c = load({ train_batch_size = 8, zero_optimization = { stage = 3, leaf_module = { classes = { "X" } },
     offload_optimizer = { device = "cpu", super_offload = true, cpuadam_cores_perc = 0.5 } },
     compile = { deepcompile = false }, comet = { enabled = false }, bf16 = { check_grad_overflow = false } })
