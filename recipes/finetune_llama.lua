@@ -162,6 +162,9 @@ local res = trainer:train()
 -- (eval_steps may have just evaluated the final weights)
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
 trainer:save_model()
-say("done: %d steps in %.1f s, loss %.3f -> %.3f, validation perplexity %s%.2f; model saved to %s",
-  res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0,
-  before and ("%.2f -> "):format(before.eval_perplexity) or "", after.eval_perplexity, args.output_dir)
+-- the training loss as logged: first and last window, or the one window when only one was logged
+local loss = (res.n_logged or 0) > 1 and ("loss %.3f -> %.3f"):format(res.first_loss, res.last_loss)
+  or ("loss %.3f (one logging window)"):format(res.last_loss or 0 / 0)
+say("done: %d steps in %.1f s, %s, validation perplexity %s%.2f; model saved to %s",
+  res.global_step, res.train_runtime, loss, before and ("%.2f -> "):format(before.eval_perplexity) or "",
+  after.eval_perplexity, args.output_dir)

@@ -216,7 +216,8 @@ end
 
 -- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
 -- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
--- Returns {global_step=, train_loss= (mean over this run's steps), first_loss=, last_loss=, metrics=}.
+-- Returns {global_step=, train_loss= (mean over this run's steps), first_loss=, last_loss= (the first and
+-- last logged averages), n_logged= (how many were logged), metrics=}.
 function Trainer:train(resume)
   if type(resume) == "table" then resume = resume.resume_from_checkpoint end
   if resume == nil then resume = self.args.resume_from_checkpoint end
@@ -239,7 +240,7 @@ function Trainer:train(resume)
   local t_start, t_log, tokens = C.now(), C.now(), 0
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
-  local pending, sum, n, run_sum, run_n, first_loss, last_loss = {}, 0, 0, 0, 0, nil, nil
+  local pending, sum, n, run_sum, run_n, first_loss, last_loss, n_logged = {}, 0, 0, 0, 0, nil, nil, 0
   local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
     for k, l in ipairs(pending) do
       local v = l:item()
@@ -259,7 +260,7 @@ function Trainer:train(resume)
     dist.all_reduce(t, "avg")
     local avg = t:item()
     first_loss = first_loss or avg
-    last_loss = avg
+    last_loss, n_logged = avg, n_logged + 1
     local now = C.now()
     local tps = tokens / math.max(now - t_log, 1e-9)
     local mem = zr.memory.stats(e.device)
@@ -343,7 +344,7 @@ function Trainer:train(resume)
     train_samples_per_second = (steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
   self:log(metrics)
   return { global_step = steps, train_loss = metrics.train_loss, first_loss = first_loss,
-    last_loss = last_loss, train_runtime = runtime, metrics = metrics }
+    last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
 
 -- The training rows this rank reads in an epoch (1-based, in order): the shuffled, rank-sharded

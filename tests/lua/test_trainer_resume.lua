@@ -225,7 +225,12 @@ T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkp
     for step, loss in s:gmatch("\nstep (%d+)/12 | loss ([%d.]+)") do l[tonumber(step)] = loss end
     return l, s
   end
-  local straight = run(tmp .. "/recipe_a", "save_strategy=no dump_blocks=" .. tmp .. "/blocks.safetensors")
+  local straight, sout = run(tmp .. "/recipe_a", "save_strategy=no dump_blocks=" .. tmp .. "/blocks.safetensors")
+  -- the summary line: the first and the last logged loss (logging_steps=1: steps 1 and 12)
+  local a, b = sout:match("done: 12 steps in [%d.]+ s, loss ([%d.]+) %-> ([%d.]+),")
+  assert(a, sout)
+  T.near(tonumber(a), tonumber(straight[1]), 6e-4)
+  T.near(tonumber(b), tonumber(straight[12]), 6e-4)
   local f = zr._C.safetensors_open(tmp .. "/blocks.safetensors")
   T.eq(table.concat(f:get("train_input_ids"):shape(), "x"), "30x64")
   T.eq(f:get("train_order"):numel(), 12 * 4, "12 steps of one micro-batch of 4")
@@ -240,6 +245,14 @@ T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkp
   assert(not resumed[8] and resumed[9], out)
   for s = 9, 12 do T.eq(resumed[s], straight[s], "loss (printed) at step " .. s) end
   T.eq(first[12], straight[12])
+end)
+
+T.test("the recipe's summary with one logging window says so (no 'loss x -> x')", function()
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local p = io.popen(("%s recipes/finetune_llama.lua max_steps=2 output_dir=%s/recipe_one 2>&1"):format(z, tmp))
+  local s = p:read("*a")
+  p:close()
+  assert(s:find("done: 2 steps in [%d.]+ s, loss [%d.]+ %(one logging window%), validation perplexity"), s)
 end)
 
 sh("rm -rf '" .. tmp .. "'")
