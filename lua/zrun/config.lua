@@ -390,8 +390,11 @@ take = function(node, v, p, ctx, parent, name)
       return "auto"
     end
     if node.drop_auto then -- DeepSpeedConfigModel drops "auto" fields: the default applies
-      set_source(ctx, p, "auto", "DeepSpeed's default (DeepSpeed drops \"auto\" here)")
-      return default()
+      local d = default()
+      -- a default that is "auto" itself is the field's own mode (ZenFlow's adaptive intervals), not HF's
+      set_source(ctx, p, d == "auto" and kind or "auto", d == "auto" and "DeepSpeed's own \"auto\" (its default)"
+        or "DeepSpeed's default (DeepSpeed drops \"auto\" here)")
+      return d
     end
     local _, what = check_leaf(node, {})
     add_error(ctx, '%s does not accept "auto"; it must be %s', p, what)

@@ -365,6 +365,11 @@ T.test("values DeepSpeed accepts: \"auto\" in pydantic sections, torch dtypes, n
   local c = load({ train_batch_size = 8, zero_optimization = { stage = 3, stage3_gather_16bit_weights_on_model_save = "auto" } })
   T.eq(c.zero_optimization.stage3_gather_16bit_weights_on_model_save, false, "DeepSpeed drops \"auto\": the default")
   T.eq(c:source("zero_optimization.stage3_gather_16bit_weights_on_model_save"), "auto")
+  -- a field whose default is "auto" itself (ZenFlow's adaptive intervals): the user's value, DeepSpeed's mode
+  c = load({ train_batch_size = 8, bf16 = { enabled = true }, zero_optimization = { stage = 2,
+    offload_optimizer = { device = "cpu" }, zenflow = { update_interval = "auto" } } })
+  T.eq(c.zero_optimization.zenflow.update_interval, "auto")
+  T.eq(c:source("zero_optimization.zenflow.update_interval"), "file", "ZenFlow's own \"auto\", not HF's")
   c = load({ train_batch_size = 8, zero_optimization = { stage = 3, overlap_comm = "auto" } })
   T.eq(c.zero_optimization.overlap_comm, true, "\"auto\" takes the stage-dependent default")
   for _, d in ipairs { "torch.bfloat16", "bf16", "bfloat16", "torch.float16", "fp16", "half" } do
