@@ -165,17 +165,18 @@ function M.initialize(opts)
   if self.offload_optimizer then
     self.offload_grads = M.offload_grads_place(S, gbytes, self.device, self.offload_ratio, zc.zenflow ~= nil)
   end
+  local mdt, sdt = M.master_dtype(cfg), M.state_dtype(cfg) -- nil: f32
+  self.master_dtype, self.state_dtype = mdt or "f32", sdt or "f32"
   if self.offload_optimizer or self.offload_param then
     local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
       params[1] and params[1]:device():match("^cuda")
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
       { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
         dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = self.offload_ratio,
-        master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg),
+        master_dtype = mdt, state_dtype = sdt,
         reduce_bucket_size = zc.reduce_bucket_size,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
-  self.master_dtype, self.state_dtype = M.master_dtype(cfg) or "f32", M.state_dtype(cfg) or "f32"
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
     allgather_bucket_size = zc.allgather_bucket_size, offload_optimizer = self.offload_optimizer,
     offload_param = self.offload_param, offload_grads_on_device = self.offload_grads == "device",
@@ -186,7 +187,7 @@ function M.initialize(opts)
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
     optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value,
-    master_dtype = M.master_dtype(cfg), state_dtype = M.state_dtype(cfg) },
+    master_dtype = mdt, state_dtype = sdt },
     params, wds)
   if self.offload_optimizer and self.offload_ratio < 1 then
     local split, S0 = self.zero:split(), self.zero:partition_numel()

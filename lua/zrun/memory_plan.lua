@@ -134,9 +134,9 @@ local function settings(o, cfg_model)
   -- the gradient partition (and stage 0-1's full .grad): data_types.grad_accum_dtype, else fp32
   -- bf16.bf16_master_weights_and_grads / bf16_optimizer_states (o.master_dtype, o.state_dtype: "bf16"):
   -- the master partition and its gradients, and the optimizer's states, in 2 bytes instead of 4
-  local bf = ds.bf16 or {}
-  local mdt = o.master_dtype or (bf.bf16_master_weights_and_grads == true and "bf16" or nil)
-  local sdt = o.state_dtype or (bf.bf16_optimizer_states == true and "bf16" or nil)
+  local Eng = require "zrun.engine" -- the config's rule, as the engine applies it
+  local mdt = o.master_dtype or Eng.master_dtype(ds)
+  local sdt = o.state_dtype or Eng.state_dtype(ds)
   s.master_bytes, s.state_bytes = ds_bytes(mdt) or 4, ds_bytes(sdt) or 4
   local gad = o.grad_accum_dtype or (ds.data_types and ds.data_types.grad_accum_dtype) or
     (s.master_bytes == 2 and "bf16" or nil)
