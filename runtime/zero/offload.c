@@ -531,6 +531,18 @@ void zr_offload_update(float *master, float *m, float *v, const void *g, zr_dtyp
         offload_adamw_cpu(master, m, v, g, g_dt, n, &sc, step, grad_scale, w, w_dt);
 }
 
+/* The AdamW pieces of chunk [a, a + n) into o->pieces: each segment's part of it, with its rate and
+ * weight decay, offsets relative to a; returns how many. */
+static int adamw_pieces(zr_offload *o, const zr_offload_pass *p, int64_t a, int64_t n) {
+    int np = 0;
+    for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
+        const zr_offload_segment *s = &o->segs[k];
+        int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
+        if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
+    }
+    return np;
+}
+
 /* The optimizer on partition elements [a, a+n): master/m/v at a - base, gradients g (g_dt) and new
  * weights w (pdt, or NULL) relative to a; every segment that overlaps it, with its own lr and
  * weight decay. */
@@ -557,12 +569,7 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
         return ZR_OK;
     }
     if (p->master_dt != ZR_F32 || p->state_dt != ZR_F32) { /* bf16 master or moments: AdamW only */
-        int np = 0;
-        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
-            const zr_offload_segment *s = &o->segs[k];
-            int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
-            if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
-        }
+        int np = adamw_pieces(o, p, a, n);
         size_t me = zr_dtype_size(p->master_dt), se = zr_dtype_size(p->state_dt);
         size_t at = (size_t)(a - p->base);
         if (p->c->kind != ZR_OPTIM_ADAMW || (w && o->pdt != p->master_dt) ||
@@ -574,12 +581,7 @@ static zr_status update_chunk(zr_offload *o, const zr_offload_pass *p, int64_t a
         return ZR_OK;
     }
     if (p->c->kind == ZR_OPTIM_ADAMW) { /* every segment of the chunk in one parallel region */
-        int np = 0;
-        for (int k = first_segment(o, a); k < o->n && o->segs[k].off < a + n; k++) {
-            const zr_offload_segment *s = &o->segs[k];
-            int64_t x = s->off > a ? s->off : a, y = s->off + s->n < a + n ? s->off + s->n : a + n;
-            if (y > x) o->pieces[np++] = (offload_adamw_piece){x - a, y - x, p->lr[k], s->wd};
-        }
+        int np = adamw_pieces(o, p, a, n);
         offload_adamw_pieces_cpu(p->master + (a - p->base), p->m + (a - p->base), p->v + (a - p->base), g, g_dt,
                                  o->pieces, np, p->c, p->step, p->grad_scale, w, o->pdt, o->stream);
         return ZR_OK;
