@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 extern "C" {
 #include "../base/error.h"
@@ -536,6 +538,18 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
     return attn_sm90_fwd_ok(Dh, dtype) && attn_sm90_bwd_ok(Dh, dtype);
 }
 
+/* A kernel switch (ZR_ATTN_FWD, ZR_ATTN_BWD) set where its Hopper kernel cannot run (compute
+ * capability other than 9.0, head_dim other than 64, a dtype it lacks): said once on stderr, so the
+ * setting is never ignored silently; the default kernel runs. */
+static void switch_unused(int *said, const char *var, int64_t Dh, zr_dtype dt) {
+    if (*said) return;
+    *said = 1;
+    fprintf(stderr,
+            "[zrun] %s=%s has no effect here: its Hopper kernel needs compute capability 9.0 and "
+            "head_dim 64 (this call: head_dim %lld, %s); the default kernel runs\n",
+            var, getenv(var), (long long)Dh, zr_dtype_name(dt));
+}
+
 extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const void *k,
                                       const void *v, const zr_attn_layout *L, int64_t B,
                                       int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, float scale,
@@ -548,6 +562,8 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
     const int ws2 = attn_sm90_fwd_ws2_selected();
     if (ws2 < 0) return ZR_ERR;
+    static int fwd_said;
+    if (ws2 && !attn_sm90_fwd_ok(Dh, dtype)) switch_unused(&fwd_said, "ZR_ATTN_FWD", Dh, dtype);
     if (ws2 && attn_sm90_fwd_ok(Dh, dtype)) {
         if (attn_sm90_forward_ws2(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, ws2 == 2, dtype,
                                   stream))
@@ -641,6 +657,8 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
                         fn);
     const int wsk = attn_sm90_bwd_ws_selected();
     if (wsk < 0) return ZR_ERR;
+    static int bwd_said;
+    if (wsk && !attn_sm90_bwd_ok(Dh, dtype)) switch_unused(&bwd_said, "ZR_ATTN_BWD", Dh, dtype);
     int rc;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,

@@ -38,7 +38,7 @@ int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 /* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. The
  * environment variable ZR_ATTN_FWD=ws2 (or ws2pp, with ping-pong) selects the two-warpgroup Hopper
  * kernel where the Hopper kernels run (for A/B measurements; unset or empty: the default one, any
- * other value: an error). */
+ * other value: an error; set where they cannot run: said once on stderr). */
 int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, const void *v,
                            const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                            int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);
@@ -53,7 +53,8 @@ size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int
  * those adds may vary between runs at the last bit). workspace: at least
  * attention_backward_workspace_size(...) bytes, 16-byte aligned. The environment variable
  * ZR_ATTN_BWD=ws selects the warp-specialised Hopper kernel where the Hopper kernels run (for A/B
- * measurements; unset or empty: the default one, any other value: an error). */
+ * measurements; unset or empty: the default one, any other value: an error; set where they cannot
+ * run: said once on stderr). */
 int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *q,
                             const void *k, const void *v, const void *o, const float *lse,
                             void *workspace, const zr_attn_layout *L, int64_t B, int64_t Hq,
