@@ -270,8 +270,10 @@ function Trainer:train(resume)
     local lr = self.hf_schedule and self.step_lr or e:get_lr()[1]
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak }
-    dist.print0(fmt("step %d/%d | loss %.4f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %s | ETA %s", s,
-      self.total_steps, avg, e.last_grad_norm or 0 / 0, rec.learning_rate, tps, zr.memory.human(mem.total_current), hms(eta)))
+    -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
+    dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
+      e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
+      zr.memory.human(mem.total_current), hms(eta)))
     self:log(rec)
     t_log, tokens, sum, n = now, 0, 0, 0
   end

@@ -247,6 +247,16 @@ T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkp
   T.eq(first[12], straight[12])
 end)
 
+T.test("the recipe's step lines print no grad_norm before the first optimizer step (ZenFlow \"auto\"), not nan", function()
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local p = io.popen(("%s recipes/finetune_llama.lua --config configs/zero2_offload_zenflow_auto.json precision=bf16 " ..
+    "max_steps=3 logging_steps=1 output_dir=%s/recipe_zfa 2>&1"):format(z, tmp))
+  local s = p:read("*a")
+  p:close()
+  assert(s:find("\nstep 1/3 | loss [%d.]+ | lr "), s) -- the first host update comes later than step 1 here
+  assert(not s:find("nan", 1, true), s)
+end)
+
 T.test("the recipe's summary with one logging window says so (no 'loss x -> x')", function()
   local z = os.getenv("ZRUN_BIN") or "./zrun"
   local p = io.popen(("%s recipes/finetune_llama.lua max_steps=2 output_dir=%s/recipe_one 2>&1"):format(z, tmp))
