@@ -1,9 +1,8 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
- * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu (or, with
- * ZR_ATTN_FWD=ws2 or ws2pp / ZR_ATTN_BWD=ws, attention_fwd_ws2_sm90.cu / attention_bwd_ws_sm90.cu)
- * run instead; these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128.
+ * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu run instead;
+ * these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128.
  * See attention.h for the contract; the tiles and device helpers are attention_mma.cuh. */
 #include "attention.h"
 #include "attention_sm90.h"
@@ -538,17 +537,9 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
     return attn_sm90_fwd_ok(Dh, dtype) && attn_sm90_bwd_ok(Dh, dtype);
 }
 
-/* A kernel switch (ZR_ATTN_FWD, ZR_ATTN_BWD) set where its Hopper kernel cannot run (compute
- * capability other than 9.0, head_dim other than 64, a dtype it lacks): said once on stderr, so the
- * setting is never ignored silently; the default kernel runs. */
-static void switch_unused(int *said, const char *var, int64_t Dh, zr_dtype dt) {
-    if (*said) return;
-    *said = 1;
-    fprintf(stderr,
-            "[zrun] %s=%s has no effect here: its Hopper kernel needs compute capability 9.0 and "
-            "head_dim 64 (this call: head_dim %lld, %s); the default kernel runs\n",
-            var, getenv(var), (long long)Dh, zr_dtype_name(dt));
-}
+#define TMA_STRIDES                                                                                \
+    "TMA cannot address these strided operands (each base and stride must be a multiple of 16 "   \
+    "bytes); make q/k/v/o and the gradients contiguous"
 
 extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const void *k,
                                       const void *v, const zr_attn_layout *L, int64_t B,
@@ -560,21 +551,11 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
-    const int ws2 = attn_sm90_fwd_ws2_selected();
-    if (ws2 < 0) return ZR_ERR;
-    static int fwd_said;
-    if (ws2 && !attn_sm90_fwd_ok(Dh, dtype)) switch_unused(&fwd_said, "ZR_ATTN_FWD", Dh, dtype);
-    if (ws2 && attn_sm90_fwd_ok(Dh, dtype)) {
-        if (attn_sm90_forward_ws2(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, ws2 == 2, dtype,
-                                  stream))
-            return zr_error("%s: ZR_ATTN_FWD=%s: the driver could not encode the forward's tensor "
-                            "maps (needs CUDA 12 or later); unset ZR_ATTN_FWD",
-                            fn, ws2 == 2 ? "ws2pp" : "ws2");
-        return launch_check(fn);
+    if (attn_sm90_fwd_ok(Dh, dtype)) {
+        if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
+            return launch_check(fn);
+        if (!dense_all) return zr_error("%s: %s", fn, TMA_STRIDES);
     }
-    if (attn_sm90_fwd_ok(Dh, dtype) &&
-        attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
-        return launch_check(fn);
     if (!dense_all)
         return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
                         fn);
@@ -592,31 +573,32 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     return launch_check(fn);
 }
 
-/* ws: the warp-specialised Hopper kernel (ZR_ATTN_BWD=ws) wherever the Hopper kernels run.
- * Returns -1 when it could not be launched (tensor maps), with nothing launched after the prep. */
+/* The Hopper kernel where it runs and TMA can address the operands, else the mma.sync one (dense
+ * operands only). Returns -1, nothing launched, when neither can take the call. */
 template <typename T, int D>
 static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                       const void *v, const void *o, const float *lse, void *ws,
-                      const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
-                      float scale, bool ws_kernel, cudaStream_t st) {
+                      const zr_attn_layout &L, bool dense_all, int64_t B, int64_t Hq, int64_t Hkv,
+                      int64_t T_, float scale, cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
     float *wkv = (float *)((char *)Dd + align16((size_t)rows * 4));
     const int G = (int)(Hq / Hkv);
-    const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value);
+    attn_sm90_bwd_maps maps;
+    const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
+                        attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_,
+                                                mma_dtype<T>::value) == 0;
+    if (!hopper && !dense_all)
+        return -1;
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
-    if (hopper && ws_kernel) {
-        if (attn_sm90_backward_ws(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_,
-                                  ns, nkv, scale, mma_dtype<T>::value, st))
-            return -1;
-    } else if (hopper) {
-        attn_sm90_backward(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, &L, B, Hq, Hkv, T_, ns,
-                           nkv, scale, mma_dtype<T>::value, st);
+    if (hopper) {
+        attn_sm90_backward(&maps, dk, dv, wkv, lse, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,
+                           mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
         cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -655,24 +637,18 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
-    const int wsk = attn_sm90_bwd_ws_selected();
-    if (wsk < 0) return ZR_ERR;
-    static int bwd_said;
-    if (wsk && !attn_sm90_bwd_ok(Dh, dtype)) switch_unused(&bwd_said, "ZR_ATTN_BWD", Dh, dtype);
     int rc;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                      lay, B, Hq, Hkv, T, scale, wsk, stream)
+                                                      lay, dense_all, B, Hq, Hkv, T, scale, stream)
                       : bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                       lay, B, Hq, Hkv, T, scale, wsk, stream);
+                                                       lay, dense_all, B, Hq, Hkv, T, scale, stream);
     else
-        rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, B,
-                                               Hq, Hkv, T, scale, wsk, stream)
+        rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
+                                               dense_all, B, Hq, Hkv, T, scale, stream)
                       : bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                                B, Hq, Hkv, T, scale, wsk, stream);
+                                                dense_all, B, Hq, Hkv, T, scale, stream);
     if (rc)
-        return zr_error("%s: ZR_ATTN_BWD=ws: the driver could not encode the backward's tensor "
-                        "maps (needs CUDA 12 or later); unset ZR_ATTN_BWD",
-                        fn);
+        return zr_error("%s: %s", fn, TMA_STRIDES);
     return launch_check(fn);
 }

@@ -35,10 +35,7 @@ typedef struct {
  * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 
-/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. The
- * environment variable ZR_ATTN_FWD=ws2 (or ws2pp, with ping-pong) selects the two-warpgroup Hopper
- * kernel where the Hopper kernels run (for A/B measurements; unset or empty: the default one, any
- * other value: an error; set where they cannot run: said once on stderr). */
+/* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. */
 int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, const void *v,
                            const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                            int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);
@@ -49,12 +46,9 @@ size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int
                                          int64_t Dh);
 
 /* Writes dq, dk, dv (overwritten, not accumulated). dk/dv are summed over each kv head's query
- * group inside the kernel in a fixed order; dq is accumulated with f32 atomics (the order of
+ * group inside the kernel in a fixed order; dq is accumulated with f32 atomics or reduce-adds (the order of
  * those adds may vary between runs at the last bit). workspace: at least
- * attention_backward_workspace_size(...) bytes, 16-byte aligned. The environment variable
- * ZR_ATTN_BWD=ws selects the warp-specialised Hopper kernel where the Hopper kernels run (for A/B
- * measurements; unset or empty: the default one, any other value: an error; set where they cannot
- * run: said once on stderr). */
+ * attention_backward_workspace_size(...) bytes, 16-byte aligned. */
 int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, const void *q,
                             const void *k, const void *v, const void *o, const float *lse,
                             void *workspace, const zr_attn_layout *L, int64_t B, int64_t Hq,

@@ -1,11 +1,9 @@
-/* Causal GQA flash attention backward for Hopper (sm_90a): wgmma m64n64k16 (f32 accumulate) with
- * Q, P, K, V and dS^T as A operands from registers and K, V, Q, dO, dS from 128-byte-swizzled
- * shared memory; cp.async double-buffered loads. head_dim 64, bf16/f16. 128 keys per block (64
- * per warpgroup), 128-query steps over the kv head's query group; dQ through f32 atomics. Also the
- * host-side checks shared with the forward (attention_fwd_sm90.cu). sm_90a only (see Makefile). */
+/* Causal GQA flash attention backward for Hopper (sm_90a), warp-specialised in FlashAttention-3's
+ * layout: a producer warp fills a 2-stage ring of Q, dO (TMA) and lse, D (cp.async) on mbarriers;
+ * two consumer warpgroups of 64 keys each run S^T, dP^T, dV, dK and dQ with wgmma; a dQ warp adds
+ * their dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64,
+ * bf16/f16. Also the host-side checks the forward shares (which calls the Hopper kernels take). */
 #include "attention_sm90.h"
-
-#include <math.h>
 
 #include "attention_bwd_sm90.cuh"
 
@@ -15,89 +13,173 @@
 
 using namespace sm90;
 
-#define B_BN 128 /* backward: keys per block */
-#define B_BM 128 /* backward: queries per step */
-#define NTHR 256 /* two warpgroups */
-static_assert(B_BM == B_BN, "the diagonal tile's mask assumes square tiles");
-#define LOG2E 1.4426950408889634f
+/* Tiles: 128 keys per block (64 per consumer warpgroup: each keeps its keys' dK, dV in registers),
+ * 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each). FA3 uses
+ * the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 × 32 KB; dQ
+ * 32 KB = 192 KB, which leaves no room for a third Q/dO stage (227 KB per block). */
+#define WS_BN 128              /* keys per block */
+#define WS_BM 128              /* queries per step */
+#define WS_ST 2                /* Q/dO/lse/D stages */
+#define WS_CONS 256            /* two consumer warpgroups */
+#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
+#define WS_PRODUCER (WS_CONS / 32)
+#define WS_DQWARP (WS_PRODUCER + 1)
+#define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
+static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
 
-/* ---- backward ------------------------------------------------------------------------------- */
+/* Shared memory, in this order from a 1024-byte boundary (every tile a multiple of 1 KB). */
+struct ws_smem {
+    static constexpr int K = 0, V = K + WS_BN * 64 * 2, Q = V + WS_BN * 64 * 2;
+    static constexpr int DO = Q + WS_ST * WS_BM * 64 * 2, DS = DO + WS_ST * WS_BM * 64 * 2;
+    static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
+    static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
+    static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
+    static constexpr int BYTES = BAR + 8 * (1 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
+};
+static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
-/* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys). Each block loops over the
- * query heads of its split of the group and the query tiles i >= j (128 queries each, in two
- * halves of 64): S^T, dP^T (64 keys × 64 queries per warpgroup), P^T, dS^T, dV += P^T dO,
- * dK += dS^T Q; then dQ (64 queries per warpgroup) = dS K from shared memory, added atomically. */
+/* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys; y = 0, the longest, launches
+ * first). The block loops over its split's query heads and the query tiles i >= j: iteration it
+ * is head h0 + it / nq, tile j + it % nq, ring stage it % WS_ST.
+ *   producer warp: K, V once (TMA, barrier kv); per iteration waits empty[s], then Q, dO (TMA) and
+ *     lse, D rows (cp.async, zero past T) complete full[s] (1 + 32 arrivals).
+ *   consumer warpgroup w (keys kv0 + 64w ..): per 64-query half, S^T = K_w Q^T and dP^T = V_w dO^T
+ *     (A and B from shared memory), P^T, dS^T = P^T ∘ (dP^T − D) in registers; dV += P^T dO and
+ *     dK += dS^T Q with A from registers; dS^T also to shared memory (buffer it & 1). Then one
+ *     named barrier (the other warpgroup's dS^T rows), dQ for queries 64w.. of the tile = dS K over
+ *     all 128 keys; the stage released once half 1's dV/dK products are done (empty[s], one
+ *     arrival a warp); everything waited for (no wgmma crosses the loop's back edge), dQ (f32)
+ *     written to this warpgroup's swizzled buffer: dqfull[w] (128 arrivals).
+ *   dQ warp: per iteration and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc
+ *     (two 64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
+ *     releases the buffer: dqempty[w].
+ * dS^T's double buffer needs no second barrier: a warpgroup writes buffer it & 1 again at it + 2,
+ * after passing iteration it + 1's barrier, which the other one reaches only after its iteration
+ * it (and its dQ product's reads of that buffer) completed. */
 template <typename T>
-__global__ void __launch_bounds__(NTHR, 1)
+__global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
-                         float *__restrict__ ws_dkv, float *__restrict__ dqacc,
-                         const uint16_t *__restrict__ dout, const uint16_t *__restrict__ q,
-                         const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                         const float *__restrict__ lse, const float *__restrict__ Dd,
-                         zr_attn_layout L, int T_, int Hq, int G, int nsplit, int64_t kv_elems,
-                         float scale, float scale_log2) {
+                       float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
+                       const __grid_constant__ CUtensorMap tdo,
+                       const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv,
+                       const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
+                       const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
+                       int T_, int Hq, int G, int nsplit, int64_t kv_elems, float scale,
+                       float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
-    uint16_t *sK = align1024(smem_raw);
-    uint16_t *sV = sK + B_BN * 64, *sQ = sV + B_BN * 64;
-    uint16_t *sdO = sQ + 2 * B_BM * 64, *sdS = sdO + 2 * B_BM * 64;
-    float *sL = reinterpret_cast<float *>(sdS + B_BN * B_BM), *sDd = sL + 2 * B_BM;
+    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + ws_smem::Q);
+    uint16_t *sdO = reinterpret_cast<uint16_t *>(base + ws_smem::DO);
+    uint16_t *sdS = reinterpret_cast<uint16_t *>(base + ws_smem::DS);
+    float *sdQ = reinterpret_cast<float *>(base + ws_smem::DQ);
+    float *sL = reinterpret_cast<float *>(base + ws_smem::L);
+    float *sD = reinterpret_cast<float *>(base + ws_smem::D);
+    uint64_t *kvbar = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
+    uint64_t *full = kvbar + 1, *empty = full + WS_ST, *dqfull = empty + WS_ST,
+             *dqempty = dqfull + 2;
 
-    const int nT = (T_ + B_BM - 1) / B_BM;
-    const int j = blockIdx.y, kv0 = j * B_BN;
+    const int nT = (T_ + WS_BM - 1) / WS_BM;
+    const int j = blockIdx.y, kv0 = j * WS_BN;
     const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
     const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
-    const int Gs = G / nsplit, h0 = (bhk % Hkv) * G + split * Gs;
+    const int Gs = G / nsplit, h0 = hk * G + split * Gs;
     const int nq = nT - j, niter = Gs * nq;
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-    const int g = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
 
-    load_tile<B_BN, NTHR>(sK, k + b * L.k.sb + hk * L.k.sh, L.k.st, kv0, T_, tid);
-    load_tile<B_BN, NTHR>(sV, v + b * L.v.sb + hk * L.v.sh, L.v.st, kv0, T_, tid);
-
-    /* Issues the loads of iteration it into buffer it & 1. */
-    auto prefetch = [&](int it) {
-        const int h = h0 + it / nq, i = j + it % nq, buf = it & 1;
-        load_tile<B_BM, NTHR>(sQ + buf * B_BM * 64, q + b * L.q.sb + h * L.q.sh, L.q.st,
-                              i * B_BM, T_, tid);
-        load_tile<B_BM, NTHR>(sdO + buf * B_BM * 64, dout + b * L.dout.sb + h * L.dout.sh,
-                              L.dout.st, i * B_BM, T_, tid);
-        const size_t roff = ((size_t)b * Hq + h) * T_;
-        const int r = i * B_BM + (tid & 127);
-        /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds 0 */
-        const float *src = (tid < 128 ? lse : Dd) + roff + (r < T_ ? r : 0);
-        cp_async4((tid < 128 ? sL : sDd) + buf * B_BM + (tid & 127), src, r < T_ ? 4 : 0);
-    };
-    prefetch(0);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    uint32_t kf[4][4], vf[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        lds_a(kf[kk], sK, wg * 64 + warp * 16, kk * 16, lane);
-        lds_a(vf[kk], sV, wg * 64 + warp * 16, kk * 16, lane);
+    if (tid == 0) {
+        mbar_init(kvbar, 1);
+        for (int s = 0; s < WS_ST; ++s) {
+            mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
+            mbar_init(&empty[s], WS_CONS / 32);
+        }
+        for (int w = 0; w < 2; ++w) {
+            mbar_init(&dqfull[w], 128);
+            mbar_init(&dqempty[w], 1);
+        }
+        mbar_init_fence();
     }
+    __syncthreads(); /* the last block-wide barrier: the roles part here */
+
+    /* Registers: ptxas budgets 168 a thread for 12 warps (3 per SM sub-partition of 16,384);
+     * setmaxnreg hands the producer warpgroup's back and gives the consumers 232 (40 + 2 · 232 =
+     * 504 per sub-partition). ptxas allocates each branch for its setmaxnreg as long as the
+     * branches do not merge again (the producer warpgroup returns). */
+    if (warp_id >= WS_PRODUCER) {
+        reg_dealloc<40>();
+        if (warp_id == WS_PRODUCER) {
+            if (lane == 0) {
+                mbar_expect_tx(kvbar, 2 * WS_BN * 64 * 2);
+                tma_load4(sK, &tk, kvbar, 0, kv0, hk, b);
+                tma_load4(sV, &tv, kvbar, 0, kv0, hk, b);
+            }
+            for (int it = 0; it < niter; ++it) {
+                const int s = it % WS_ST, h = h0 + it / nq, i = j + it % nq;
+                if (it >= WS_ST) mbar_wait(&empty[s], ((it / WS_ST) - 1) & 1);
+                if (lane == 0) {
+                    mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
+                    tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, b);
+                    tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, b);
+                }
+                /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds
+                 * 0 */
+                const size_t roff = ((size_t)b * Hq + h) * T_;
+#pragma unroll
+                for (int m = 0; m < WS_BM / 32; ++m) {
+                    const int c = lane + 32 * m, r = i * WS_BM + c, ok = r < T_;
+                    cp_async4(sL + s * WS_BM + c, lse + roff + (ok ? r : 0), ok ? 4 : 0);
+                    cp_async4(sD + s * WS_BM + c, Dd + roff + (ok ? r : 0), ok ? 4 : 0);
+                }
+                cp_async_mbar_arrive(&full[s]);
+            }
+            cp_async_wait<0>(); /* no copy of this thread outlives it */
+        } else if (warp_id == WS_DQWARP) {
+            for (int it = 0; it < niter; ++it) {
+                const int h = h0 + it / nq, i = j + it % nq;
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    mbar_wait(&dqfull[w], it & 1);
+                    if (lane == 0) {
+                        const int row0 = i * WS_BM + 64 * w;
+                        if (row0 < T_) {
+                            tma_reduce_add4(&tdq, sdQ + w * 4096, 0, row0, h, b);
+                            tma_reduce_add4(&tdq, sdQ + w * 4096 + 2048, 32, row0, h, b);
+                        }
+                        bulk_commit();
+                        bulk_wait_read<0>();
+                        mbar_arrive(&dqempty[w]);
+                    }
+                    __syncwarp();
+                }
+            }
+            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
+        }
+        return; /* the two other warps of the producer warpgroup have nothing to do */
+    }
+    reg_alloc<232>();
+
+    /* consumers */
+    const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
+                   aVw = smem_u32(sV + wg * 64 * 64);
+    const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
     float dka[32], dva[32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
-        dka[i] = dva[i] = 0.f;
-    const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
-    const uint32_t aK = smem_u32(sK);
+    for (int e = 0; e < 32; ++e)
+        dka[e] = dva[e] = 0.f;
+    mbar_wait(kvbar, 0);
 
     for (int it = 0; it < niter; ++it) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads(); /* buffer it & 1 visible; everyone is done with iteration it - 1 */
-        if (it + 1 < niter) prefetch(it + 1);
-        cp_async_commit();
-        const int buf = it & 1, h = h0 + it / nq, i = j + it % nq;
-        const uint16_t *cQ = sQ + buf * B_BM * 64, *cdO = sdO + buf * B_BM * 64;
-        const float *cL = sL + buf * B_BM, *cD = sDd + buf * B_BM;
-        const uint32_t aQ = smem_u32(cQ), adO = smem_u32(cdO);
+        const int s = it % WS_ST, i = j + it % nq;
+        mbar_wait(&full[s], (it / WS_ST) & 1);
+        const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64), adO = smem_u32(sdO + s * WS_BM * 64);
+        const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
+        uint16_t *cdS = sdS + (it & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
         const bool diag = (i == j);
 
-        uint32_t pf[2][4][4], sf[2][4][4]; /* A operands of the dV/dK products of each half */
+        uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
@@ -106,61 +188,68 @@ __global__ void __launch_bounds__(NTHR, 1)
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wg_rs64<T, 0>(st, kf[kk], desc128(aQ + hh * 64 * 128 + kk * 32), kk);
+                wg_ss64<T, 0, 0>(st, desc128(aKw + kk * 32), desc128(aQ + hh * 64 * 128 + kk * 32),
+                                 kk);
             wg_commit();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wg_rs64<T, 0>(dpt, vf[kk], desc128(adO + hh * 64 * 128 + kk * 32), kk);
+                wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
+                                 desc128(adO + hh * 64 * 128 + kk * 32), kk);
             wg_commit();
-            /* P^T (rows are keys, columns queries), computed while dP^T may still run. */
+            /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the groups
+             * complete in order), so pf/sf, their A operands, may be overwritten below */
             wg_wait<1>();
             reg_fence(st);
-            if (hh == 1) { /* the dV/dK products of half 0 are done with these now */
-                reg_fence(pf[0]);
-                reg_fence(sf[0]);
+            if (hh == 1) {
+                reg_fence(pf);
+                reg_fence(sf);
+                reg_fence(dva);
+                reg_fence(dka);
             }
             p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
-            /* the causal mask, on the diagonal tile only (its query rows start at the keys'): a
-             * branch after the exponentials, so that they stay ahead of the wait below, where the
-             * SASS shows them (ptxas schedules a wgmma wait early in its basic block) */
             if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
             wg_wait<0>();
             reg_fence(dpt);
-            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf[hh], sf[hh],
-                       sdS + hh * B_BN * 64 /* [key][query of this half] */,
+            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
+                       cdS + hh * WS_BN * 64 /* [key][query of this half] */,
                        wg * 64 + warp * 16 + g, t4);
-            dvdk_issue<T>(dva, dka, pf[hh], sf[hh], adO + hh * 64 * 128, aQ + hh * 64 * 128);
+            dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
         }
         fence_proxy_async();
-        float *dqb = dqacc + ((size_t)b * Hq + h) * T_ * 64;
-        __syncthreads(); /* both halves of dS^T written */
+        bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
-        /* dQ rows i*128 + wg*64 .. +63: dS (64 queries × 128 keys) · K (128 keys × 64). */
+        /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K. */
         float dq[32]; /* overwritten by the first k-step */
-        dq_issue<T>(dq, smem_u32(sdS + wg * B_BN * 64), aK);
-        wg_wait<0>();
-        reg_fence(dq);
+        dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
+        wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
         reg_fence(dva);
         reg_fence(dka);
-        reg_fence(pf[1]);
-        reg_fence(sf[1]);
-        const int qr = i * B_BM + wg * 64 + warp * 16 + g;
-        /* Lane pairs swap halves so that each lane adds 4 consecutive floats of one row:
-         * even lanes row qr, odd lanes row qr + 8, columns 8nt + 2(t4 & ~1) .. +3. */
-        const bool odd = t4 & 1;
-        const int row = odd ? qr + 8 : qr, c0 = 2 * (t4 & ~1);
+        reg_fence(pf);
+        reg_fence(sf);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[s]);
+        if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
+        wg_wait<0>();
+        reg_fence(dq);
+
+        /* dQ into two 64×32 boxes in the map's 128-byte swizzle (16-byte chunk ^ row % 8) */
+        float *q4 = sdQ + wg * 4096;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-            const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * nt] : dq[4 * nt + 2], 1);
-            const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * nt + 1] : dq[4 * nt + 3], 1);
-            const float4 val = odd ? make_float4(x0, x1, dq[4 * nt + 2], dq[4 * nt + 3])
-                                   : make_float4(dq[4 * nt], dq[4 * nt + 1], x0, x1);
-            if (row < T_)
-                atomicAdd(reinterpret_cast<float4 *>(dqb + (size_t)row * 64 + nt * 8 + c0), val);
+            const int chunk = (nt & 3) * 2 + (t4 >> 1);
+#pragma unroll
+            for (int hlf = 0; hlf < 2; ++hlf) {
+                const int row = warp * 16 + g + 8 * hlf; /* row & 7 == g */
+                *reinterpret_cast<float2 *>(q4 + (nt >> 2) * 2048 + row * 32 + ((chunk ^ g) << 2) +
+                                            2 * (t4 & 1)) =
+                    make_float2(dq[4 * nt + 2 * hlf], dq[4 * nt + 2 * hlf + 1]);
+            }
         }
+        fence_proxy_async(); /* visible to the TMA unit's reads */
+        mbar_arrive(&dqfull[wg]);
     }
 
-    store_dkv<T>(dk, dv, ws_dkv, dka, dva, L.dk, L.dv, b, hk, bhk, key0, t4, T_, split, nsplit,
+    store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, b, hk, bhk, key0, t4, T_, split, nsplit,
                  kv_elems, scale);
 }
 
@@ -195,41 +284,54 @@ extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_fwd_tma_ready();
 }
 extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_bwd != 0 && supported(Dh, dt);
+    return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_fwd_tma_ready();
 }
 
 extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
-    const int64_t blocks = B * Hkv * ((T + B_BN - 1) / B_BN);
+    const int64_t blocks = B * Hkv * ((T + WS_BN - 1) / WS_BN);
     int ns = 1;
     while (G % (ns * 2) == 0 && blocks * ns < 200)
         ns *= 2;
     return ns;
 }
 
-template <typename T>
-static void bwd_launch(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
-                       const void *q, const void *k, const void *v, const float *lse,
-                       const float *Dd, const zr_attn_layout &L, int64_t B, int64_t Hq,
-                       int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale, cudaStream_t st) {
-    const int smem = (2 * B_BN * 64 + 4 * B_BM * 64 + 2 * B_BN * 64) * 2 + 4 * B_BM * 4 + 1024;
-    auto kern = attn_bwd_sm90_kernel<T>;
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + B_BN - 1) / B_BN));
-    kern<<<grid, NTHR, smem, st>>>((uint16_t *)dk, (uint16_t *)dv, wkv, dqacc,
-                                   (const uint16_t *)dout, (const uint16_t *)q, (const uint16_t *)k,
-                                   (const uint16_t *)v, lse, Dd, L, (int)T_, (int)Hq,
-                                   (int)(Hq / Hkv), ns, nkv, scale, scale * LOG2E);
+
+extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dout,
+                                       const void *q, const void *k, const void *v,
+                                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv,
+                                       int64_t T_, zr_dtype dt) {
+    /* dqacc: (B, Hq, T, 64) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
+    const uint64_t qd[4] = {64, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
+    const uint64_t qs[3] = {64 * 4, (uint64_t)T_ * 64 * 4, (uint64_t)(Hq * T_) * 64 * 4};
+    const uint32_t qb[4] = {32, 64, 1, 1};
+    return attn_sm90_head_map(&m->q, q, &L->q, B, Hq, T_, WS_BM, dt) ||
+                   attn_sm90_head_map(&m->dout, dout, &L->dout, B, Hq, T_, WS_BM, dt) ||
+                   attn_sm90_head_map(&m->k, k, &L->k, B, Hkv, T_, WS_BN, dt) ||
+                   attn_sm90_head_map(&m->v, v, &L->v, B, Hkv, T_, WS_BN, dt) ||
+                   attn_sm90_tmap(&m->dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dqacc, qd, qs, qb)
+               ? -1
+               : 0;
 }
 
-extern "C" void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
-                                   const void *q, const void *k, const void *v, const float *lse,
-                                   const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                                   int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
-                                   zr_dtype dt, cudaStream_t st) {
+template <typename T>
+static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
+                       const float *lse, const float *Dd, const zr_attn_layout &L, int64_t B,
+                       int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
+                       cudaStream_t st) {
+    auto kern = attn_bwd_sm90_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
+    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + WS_BN - 1) / WS_BN));
+    kern<<<grid, WS_THR, ws_smem::BYTES, st>>>(
+        (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, lse, Dd, L.dk, L.dv,
+        (int)T_, (int)Hq, (int)(Hq / Hkv), ns, nkv, scale, scale * 1.4426950408889634f);
+}
+
+extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                                   const float *lse, const float *Dd, const zr_attn_layout *L,
+                                   int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                                   int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd_launch<__nv_bfloat16>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T,
-                                  ns, nkv, scale, st);
+        bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else
-        bwd_launch<__half>(dk, dv, wkv, dqacc, dout, q, k, v, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
-                           scale, st);
+        bwd_launch<__half>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
 }

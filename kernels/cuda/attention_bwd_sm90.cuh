@@ -1,5 +1,4 @@
-/* Device code shared by the two Hopper attention backward kernels (attention_bwd_sm90.cu and the
- * warp-specialised attention_bwd_ws_sm90.cu): P^T from raw scores and lse, the causal mask of the
+/* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and lse, the causal mask of the
  * diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK and dQ products, and the
  * dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH

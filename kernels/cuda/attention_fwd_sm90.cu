@@ -1,14 +1,12 @@
-/* Causal GQA flash attention forward for Hopper (sm_90a), warp-specialised: a producer warpgroup
- * (one thread) loads Q and a 4-stage ring of K/V tiles with TMA (4-D maps over any (B, H, T, 64)
- * strides, 128-byte swizzle, rows past T zero-filled) onto mbarriers; three consumer warpgroups of
- * 64 queries each run wgmma (S = Q·K^T from shared memory, O += P·V with P from registers) and the
- * online softmax, each at its own pace: a stage is refilled once all twelve consumer warps have
- * released it. head_dim 64, bf16/f16. */
+/* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout: a producer
+ * warp loads Q and a ring of K/V tiles by TMA (4-D maps over any (B, H, T, 64) strides, 128-byte
+ * swizzle, rows past T zero-filled); two consumer warpgroups of 64 queries each run the softmax of
+ * key tile j + 1 while the tensor cores run P·V of tile j, their products issued in turns
+ * (ping-pong). head_dim 64, bf16/f16. Also the tensor-map helpers the backward shares. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <math.h>
 
 #include "attention_sm90.cuh"
 
@@ -18,136 +16,184 @@
 
 using namespace sm90;
 
-#define W_WG 3                   /* consumer warpgroups */
-#define W_BM (64 * W_WG)         /* queries per block */
-#define W_BN 128                 /* keys per tile */
-#define W_ST 4                   /* K/V stages */
-#define W_THR (W_WG * 128 + 128) /* consumers + the producer warpgroup */
-#define W_LOG2E 1.4426950408889634f
+/* Tiles: 128 queries per block (64 per consumer warpgroup), 128 keys per step; BM == BN, so only a
+ * block's first key tile (its diagonal) needs the causal mask. 384 threads: with more than 8 warps
+ * ptxas budgets 168 registers a thread; setmaxnreg 24 / 240 (24 + 2 · 240 ≤ 512 per SM
+ * sub-partition) gives the consumers room for S (64), O (32) and P (32) at once, which the overlap
+ * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
+ * K of j + 1), so the ring needs three to keep a load ahead; four fit (16 + 128 KB). */
+#define F2_BM 128
+#define F2_BN 128
+#define F2_ST 4
+#define F2_CONS 256              /* two consumer warpgroups */
+#define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
+#define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
+#define F2_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
+#define F2_LOG2E 1.4426950408889634f
+static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
 
-/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). Consumer warpgroup
- * w owns query rows 64w..64w+63 of the block's W_BM; key tiles of W_BN keys. Each
- * consumer iteration j issues S(j) = Q·K(j)^T, then O += P(j−1)·V(j−1), runs the softmax of tile
- * j while that product runs on the tensor cores, and releases stage j−1. */
+/* Shared memory from a 1024-byte boundary: Q (128 rows), F2_ST stages of K and V, the mbarriers. */
+struct f2_smem {
+    static constexpr int Q = 0, K = Q + F2_BM * 64 * 2, V = K + F2_ST * F2_BN * 64 * 2;
+    static constexpr int BAR = V + F2_ST * F2_BN * 64 * 2;
+    static constexpr int BYTES = BAR + 8 * (1 + 2 * F2_ST) + 1024; /* + alignment slack */
+};
+static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first: the scheduler takes
+ * every head's last tile before any shorter one). Block (bh, qt) owns queries q0 = 128 qt .. +127
+ * and key tiles kt = qt, qt − 1, .., 0 in that order (step it is tile qt − it, stage it % F2_ST:
+ * the diagonal first, so the running maxima start finite and no later tile needs a mask).
+ *   producer warp, lane 0: Q once (barQ), then per step waits empty[s], loads K and V (full[s]).
+ *   consumer warpgroup w (queries q0 + 64w ..): S_0 = Q·K_0^T, its softmax (masked) → P_0; then per
+ *     step it ≥ 1 issues S_it = Q·K_it^T and O += P_{it−1}·V_{it−1}, waits for S_it alone, runs its
+ *     softmax while P·V runs, waits for P·V, releases stage it − 1 (empty, one arrival a warp) and
+ *     rescales O and l; P·V of the last tile after the loop. No wgmma crosses the loop's back edge.
+ * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
+ * not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
+ * Ping-pong (FlashAttention-3's): a warpgroup issues each of its nkv + 1 groups of products
+ * (S_0; S_it with P·V_{it−1}; P·V of the last tile) only in its turn — it waits on its named barrier
+ * (turn(), bar.sync 1 + w over both warpgroups) and, once issued, hands the turn over (pass(),
+ * bar.arrive 2 − w) — so the tensor cores run the two warpgroups' products alternately and one's
+ * softmax runs under the other's products. Warpgroup 1 passes first, so that warpgroup 0 starts,
+ * and not after its last group (nobody waits for it): nkv + 1 arrivals for nkv + 1 waits on each
+ * barrier. Each waits for its data (full[s]) before its turn, never holding the turn on a load. */
 template <typename T>
-__global__ void __launch_bounds__(W_THR, 1)
-    attn_fwd_ws_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
-                       const __grid_constant__ CUtensorMap tq,
-                       const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int Hq,
-                       int G, float scale_log2) {
-    constexpr int BN = W_BN, NT = BN / 8, KC = BN / 16;
+__global__ void __launch_bounds__(F2_THR, 1)
+    attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
+                        const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tk,
+                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int Hq,
+                        int G, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
-    uint16_t *sQ = align1024(smem_raw);
-    uint16_t *sK = sQ + W_BM * 64, *sV = sK + W_ST * BN * 64;
-    uint64_t *barQ = reinterpret_cast<uint64_t *>(sV + W_ST * BN * 64);
-    uint64_t *full = barQ + 1, *empty = full + W_ST;
+    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);
+    uint64_t *barQ = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
+    uint64_t *full = barQ + 1, *empty = full + F2_ST;
 
-    const int nQt = (T_ + W_BM - 1) / W_BM;
-    const int qt = nQt - 1 - (int)blockIdx.y;
+    const int nQt = (T_ + F2_BM - 1) / F2_BM;
+    const int qt = nQt - 1 - (int)blockIdx.y, q0 = qt * F2_BM, nkv = qt + 1;
     const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq;
-    const int q0 = qt * W_BM;
-    const int nkv = (min(T_, q0 + W_BM) + BN - 1) / BN;
-    const int tid = threadIdx.x, wg = tid >> 7;
+    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         mbar_init(barQ, 1);
-        for (int s = 0; s < W_ST; ++s) {
+        for (int s = 0; s < F2_ST; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * W_WG);
+            mbar_init(&empty[s], F2_CONS / 32);
         }
         mbar_init_fence();
     }
-    __syncthreads();
+    __syncthreads(); /* the last block-wide barrier: the roles part here and never merge again */
 
-    if (wg == W_WG) { /* producer warpgroup: one thread issues every copy */
+    if (warp_id >= F2_PRODUCER) {
         reg_dealloc<24>();
-        if (tid == W_WG * 128) {
-            mbar_expect_tx(barQ, W_BM * 64 * 2);
-            for (int w = 0; w < W_WG; ++w)
-                tma_load4(sQ + w * 64 * 64, &tq, barQ, 0, q0 + 64 * w, h, b);
-            for (int j = 0; j < nkv; ++j) {
-                const int s = j % W_ST;
-                if (j >= W_ST) mbar_wait(&empty[s], ((j / W_ST) - 1) & 1);
-                mbar_expect_tx(&full[s], 2 * BN * 64 * 2);
-                tma_load4(sK + s * BN * 64, &tk, &full[s], 0, j * BN, h / G, b);
-                tma_load4(sV + s * BN * 64, &tv, &full[s], 0, j * BN, h / G, b);
+        if (warp_id == F2_PRODUCER && lane == 0) {
+            mbar_expect_tx(barQ, F2_BM * 64 * 2);
+            tma_load4(sQ, &tq, barQ, 0, q0, h, b);
+            for (int it = 0; it < nkv; ++it) {
+                const int s = it % F2_ST, kt = qt - it;
+                if (it >= F2_ST) mbar_wait(&empty[s], ((it / F2_ST) - 1) & 1);
+                mbar_expect_tx(&full[s], 2 * F2_BN * 64 * 2);
+                tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, h / G, b);
+                tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, h / G, b);
             }
         }
         return;
     }
+    reg_alloc<240>();
 
-    reg_alloc<160>(); /* 128·24 + 384·160 registers: the whole file */
-    const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int wrow0 = q0 + wg * 64, wlast = wrow0 + 63;
-    /* last tile with a key <= this warpgroup's rows (a warpgroup whose rows are all past T
-     * computes tile 0 and stores nothing: no branch around the wgmma code) */
-    const int jmax = wrow0 >= T_ ? 0 : min(nkv - 1, wlast / BN);
+    const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    auto turn = [&]() {
+        bar_sync(F2_BAR_TURN + wg, F2_CONS);
+    };
+    auto pass = [&](bool last) {
+        if (!(last && wg == 1)) bar_arrive(F2_BAR_TURN + 1 - wg, F2_CONS);
+    };
+    if (wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
+    const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
     const uint32_t qa = smem_u32(sQ + wg * 64 * 64);
-    const int qrow = wrow0 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
-
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    float acc[32];
+    float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
+    float acc[32], sc[64];
+    uint32_t pf[8][4];
 #pragma unroll
     for (int i = 0; i < 32; ++i)
         acc[i] = 0.f;
-    uint32_t pf[KC][4];
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
-        pf[kc][0] = pf[kc][1] = pf[kc][2] = pf[kc][3] = 0u;
-    mbar_wait(barQ, 0);
-
-    for (int j = 0; j <= jmax; ++j) {
-        const int s = j % W_ST;
-        mbar_wait(&full[s], (j / W_ST) & 1);
-        const uint32_t ka = smem_u32(sK + s * BN * 64);
-        float sc[4 * NT];
-        reg_fence(acc);
-        wg_fence();
+    auto issue_s = [&](uint32_t ka) { /* sc = Q·K^T (64×128), K at shared address ka */
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
         wg_commit();
-        { /* O += P(j−1)·V(j−1) while this tile's softmax runs (at j = 0, P = 0 and stage 0) */
-            const uint32_t vp = smem_u32(sV + (j ? (j - 1) % W_ST : 0) * BN * 64);
+    };
+    auto issue_pv = [&](uint32_t va) { /* acc += P·V (64×64), V at shared address va */
 #pragma unroll
-            for (int kc = 0; kc < KC; ++kc)
-                wg_rs64<T, 1>(acc, pf[kc], desc128(vp + kc * 2048), 1);
-            wg_commit();
-        }
-        wg_wait<1>();
+        for (int kc = 0; kc < 8; ++kc)
+            wg_rs64<T, 1>(acc, pf[kc], desc128(va + kc * 2048), 1);
+        wg_commit();
+    };
+
+    /* step 0: the diagonal tile (stage 0) */
+    mbar_wait(barQ, 0);
+    mbar_wait(&full[0], 0);
+    {
+        turn();
+        wg_fence();
+        issue_s(smem_u32(sK));
+        pass(false);
+        wg_wait<0>();
         reg_fence(sc);
-        float al0, al1, rs0, rs1;
-        softmax_step<NT>(sc, m0, m1, al0, al1, rs0, rs1, j * BN + BN - 1 > wrow0, j * BN + t4 * 2,
-                         qrow, scale_log2);
+        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
+                         scale_log2);
+        l0 = rs0;
+        l1 = rs1;
+        pack_p<T>(pf, sc);
+    }
+
+    for (int it = 1; it < nkv; ++it) {
+        const int s = it % F2_ST, sp = (it - 1) % F2_ST;
+        mbar_wait(&full[s], (it / F2_ST) & 1);
+        reg_fence(acc);
+        reg_fence(pf);
+        turn();
+        wg_fence();
+        issue_s(smem_u32(sK + s * F2_BN * 64));
+        issue_pv(smem_u32(sV + sp * F2_BN * 64));
+        pass(false);
+        wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
+        reg_fence(sc);
+        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+        /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
+         * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The row
+         * sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs is the
+         * canonical 0x7fffffff); the branch ends the basic block after the last exponential, and
+         * the wait stays below it. */
+        if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
         wg_wait<0>();
         reg_fence(acc);
-        if (j > 0 && lane == 0) mbar_arrive(&empty[(j - 1) % W_ST]);
+        reg_fence(pf);
+        if (lane == 0) mbar_arrive(&empty[sp]);
         fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
         pack_p<T>(pf, sc);
     }
-    { /* PV of the last tile */
-        const uint32_t vl = smem_u32(sV + (jmax % W_ST) * BN * 64);
+
+    { /* P·V of the last tile */
+        const int sl = (nkv - 1) % F2_ST;
         reg_fence(acc);
         reg_fence(pf);
+        turn();
         wg_fence();
-#pragma unroll
-        for (int kc = 0; kc < KC; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(vl + kc * 2048), 1);
-        wg_commit();
+        issue_pv(smem_u32(sV + sl * F2_BN * 64));
+        pass(true);
         wg_wait<0>();
         reg_fence(acc);
-        if (lane == 0) mbar_arrive(&empty[jmax % W_ST]);
+        if (lane == 0) mbar_arrive(&empty[sl]);
+    }
 
-        /* O through this warp's 16 rows of the (no longer read) Q tile, then 16-byte stores */
-        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
-                        o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
-    }
-    /* Tiles past this warpgroup's rows: release them once loaded, so the ring keeps turning for
-     * the other warpgroups (an early release would count towards an older phase). */
-    for (int j = jmax + 1; j < nkv; ++j) {
-        mbar_wait(&full[j % W_ST], (j / W_ST) & 1);
-        if (lane == 0) mbar_arrive(&empty[j % W_ST]);
-    }
+    /* O through this warp's 16 rows of the Q tile (only this warpgroup's S products read them, and
+     * they are done) */
+    fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
+                    o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -196,20 +242,19 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
 }
 
 template <typename T>
-static int ws_launch(void *o, float *lse, const void *q, const void *k, const void *v,
-                     const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
-                     float scale, zr_dtype dt, cudaStream_t st) {
+static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
+                      const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                      float scale, zr_dtype dt, cudaStream_t st) {
     CUtensorMap mq, mk, mv;
-    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 64, dt) ||
-        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, W_BN, dt) ||
-        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, W_BN, dt))
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, F2_BM, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
         return -1;
-    const int smem = (W_BM * 64 + 2 * W_ST * W_BN * 64) * 2 + 1024 + 8 * (1 + 2 * W_ST);
-    auto kern = attn_fwd_ws_kernel<T>;
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + W_BM - 1) / W_BM));
-    kern<<<grid, W_THR, smem, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_, (int)Hq,
-                                    (int)(Hq / Hkv), scale * W_LOG2E);
+    auto kern = attn_fwd_sm90_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
+    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + F2_BM - 1) / F2_BM));
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+                                               (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
     return 0;
 }
 
@@ -218,6 +263,6 @@ extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void 
                                  int64_t T, float scale, zr_dtype dt, cudaStream_t st) {
     if (!encode_fn()) return -1;
     if (dt == ZR_BF16)
-        return ws_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
-    return ws_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+        return fwd_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+    return fwd_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
 }

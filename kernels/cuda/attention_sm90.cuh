@@ -1,8 +1,8 @@
-/* Device helpers for the Hopper attention kernels (attention_{fwd,fwd_ws2,bwd,bwd_ws}_sm90.cu):
+/* Device helpers for the Hopper attention kernels (attention_{fwd,bwd}_sm90.cu):
  * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
- * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async and
- * ldmatrix, mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
- * the forwards' online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
+ * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async,
+ * mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
+ * the forward's online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
  * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
@@ -43,26 +43,6 @@ static __device__ __forceinline__ uint16_t *align1024(uint8_t *p) {
  * 16-byte chunk index of each row XORed with row % 8: the 128-byte swizzle atom of wgmma. */
 static __device__ __forceinline__ int swz(int row, int col) {
     return row * 64 + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-}
-
-/* cp.async ROWS×64 tile from rows row0.. of a (T, 64) matrix whose rows lie rs elements apart;
- * rows >= T are zero-filled. */
-template <int ROWS, int NT>
-static __device__ __forceinline__ void load_tile(uint16_t *s, const uint16_t *g, int64_t rs,
-                                                 int row0, int T, int tid) {
-#pragma unroll
-    for (int c = tid; c < ROWS * 8; c += NT) {
-        const int row = c >> 3, ch = c & 7, gr = row0 + row;
-        const uint16_t *src = g + (gr < T ? gr : 0) * rs + ch * 8;
-        cp_async16(s + row * 64 + ((ch ^ (row & 7)) << 3), src, gr < T ? 16 : 0);
-    }
-}
-
-/* mma.sync-style A fragment (16×16) at (r0, c0) of a swizzled tile: also the per-warp register
- * layout of wgmma's A operand (warp w of the warpgroup holds rows 16w..16w+15). */
-static __device__ __forceinline__ void lds_a(uint32_t a[4], const uint16_t *s, int r0, int c0,
-                                             int lane) {
-    ldsm_x4(a, s + swz(r0 + (lane & 7) + ((lane >> 3) & 1) * 8, c0 + (lane >> 4) * 8));
 }
 
 /* Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at byte address a.

@@ -1,6 +1,6 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_fwd_sm90.cu, attention_fwd_ws2_sm90.cu, attention_bwd_sm90.cu and
- * attention_bwd_ws_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0 only. attention.cu keeps
+ * attention_fwd_sm90.cu and attention_bwd_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0
+ * only. attention.cu keeps
  * the public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
@@ -41,39 +41,26 @@ int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const v
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
 
-/* The forward kernel ZR_ATTN_FWD selects: 0 unset or empty (attention_fwd_sm90.cu), 1 "ws2"
- * (attention_fwd_ws2_sm90.cu), 2 "ws2pp" (the same with ping-pong); -1 with zr_error set for any
- * other value. */
-int attn_sm90_fwd_ws2_selected(void);
-/* The same contract as attn_sm90_forward: two consumer warpgroups that overlap the softmax with
- * P·V (FlashAttention-3's layout), pingpong != 0: their products issued in turns; -1 (nothing
- * launched) when a tensor map cannot be encoded. */
-int attn_sm90_forward_ws2(void *o, float *lse, const void *q, const void *k, const void *v,
-                          const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                          float scale, int pingpong, zr_dtype dt, cudaStream_t st);
-
-/* The backward kernel ZR_ATTN_BWD selects: 0 unset or empty (attention_bwd_sm90.cu), 1 "ws"
- * (attention_bwd_ws_sm90.cu); -1 with zr_error set for any other value. */
-int attn_sm90_bwd_ws_selected(void);
-
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
 
-/* Backward main kernel: dq accumulated (unscaled, f32 atomics) into dqacc, which must be zeroed;
- * Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk (unscaled) and dv go to wkv
- * (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written directly. */
-void attn_sm90_backward(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
-                        const void *q, const void *k, const void *v, const float *lse,
-                        const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                        int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale, zr_dtype dt,
-                        cudaStream_t st);
-/* The same contract, warp-specialised (FlashAttention-3's layout); returns -1 (nothing launched)
- * when a tensor map cannot be encoded. */
-int attn_sm90_backward_ws(void *dk, void *dv, float *wkv, float *dqacc, const void *dout,
-                          const void *q, const void *k, const void *v, const float *lse,
-                          const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                          int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale, zr_dtype dt,
-                          cudaStream_t st);
+/* The backward's tensor maps (Q, dO, K, V by head; the f32 dQ accumulator), encoded before anything
+ * is launched so that a layout TMA cannot address falls back to the mma.sync kernel whole. */
+typedef struct {
+    CUtensorMap q, dout, k, v, dq;
+} attn_sm90_bwd_maps;
+/* -1 when a map cannot be encoded (nothing launched). */
+int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dout, const void *q,
+                            const void *k, const void *v, const zr_attn_layout *L, int64_t B,
+                            int64_t Hq, int64_t Hkv, int64_t T, zr_dtype dt);
+/* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's), which
+ * must be zeroed; Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk (unscaled) and dv
+ * go to wkv (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written
+ * directly. */
+void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                        const float *lse, const float *Dd, const zr_attn_layout *L, int64_t B,
+                        int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
+                        zr_dtype dt, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -123,13 +123,9 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 }
 
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
- * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). The kernels are the ones
- * ZR_ATTN_FWD and ZR_ATTN_BWD select (attention.h), named in the header. */
+ * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). */
 static void attention_rows() {
-    const char *fk = getenv("ZR_ATTN_FWD"), *bk = getenv("ZR_ATTN_BWD");
-    char title[80];
-    snprintf(title, sizeof title, "attention (causal, bf16, fwd %s, bwd %s)",
-             fk && *fk ? fk : "default", bk && *bk ? bk : "default");
+    const char *title = "attention (causal, bf16)";
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
            "bwd TF/s", "f+b TF/s");
     const int64_t shapes[][4] = {{4, 32, 8, 512}, {4, 32, 8, 2048}, {4, 32, 8, 8192}, {64, 12, 12, 1024}};

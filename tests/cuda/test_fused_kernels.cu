@@ -16,6 +16,7 @@
 
 #include "../c/check.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
@@ -662,24 +663,21 @@ static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, in
         }
 }
 
-/* Every case runs under each pair of Hopper kernels: ZR_ATTN_FWD empty (the default), "ws2" or
- * "ws2pp", crossed with ZR_ATTN_BWD empty (the default) or "ws". The Hq/Hkv = 3 shape is never split (odd
- * group): blocks of up to 9 iterations, so the bwd ws kernel's rings and buffers wrap several
- * times and its query head changes within a block; T = 550 gives the fwd ws2 kernel 5 key tiles,
- * so its 4-stage ring wraps, and a last query tile whose second warpgroup has no row before T. */
+/* Every case runs on the Hopper kernels where they run (compute capability 9.0, Dh 64) and on the
+ * mma.sync fallback (attn_sm90_force(0, 0)). The Hq/Hkv = 3 shape is never split (odd group):
+ * blocks of up to 9 iterations, so the backward's rings and buffers wrap several times and its
+ * query head changes within a block; T = 550 gives the forward 5 key tiles, so its 4-stage ring
+ * wraps, and a last query tile whose second warpgroup has no row before T. */
 TEST(attention_forward_backward) {
     const int64_t shapes[][5] = {/* B, Hq, Hkv, T, Dh */
                                  {1, 1, 1, 1, 64},   {2, 4, 2, 37, 64},  {1, 2, 2, 64, 64},
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
-    const char *variants[6][2] = {{"", ""},    {"", "ws"},    {"ws2", ""},
-                                  {"ws2", "ws"}, {"ws2pp", ""}, {"ws2pp", "ws"}};
-    for (auto &var : variants)
+    for (int fallback = 0; fallback < 2; ++fallback)
     for (auto &s : shapes)
         for (zr_dtype t : dts) {
-            setenv("ZR_ATTN_FWD", var[0], 1);
-            setenv("ZR_ATTN_BWD", var[1], 1);
+            attn_sm90_force(fallback ? 0 : -1, fallback ? 0 : -1);
             const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
             const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
             vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
@@ -689,8 +687,8 @@ TEST(attention_forward_backward) {
             vec o, lse, dq, dk, dv;
             attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
             char what[112];
-            snprintf(what, sizeof what, "attention%s%s%s%s %s B%lld Hq%lld Hkv%lld T%lld Dh%lld",
-                     *var[0] ? " fwd=" : "", var[0], *var[1] ? " bwd=" : "", var[1], tn(t),
+            snprintf(what, sizeof what, "attention%s %s B%lld Hq%lld Hkv%lld T%lld Dh%lld",
+                     fallback ? " (mma.sync)" : "", tn(t),
                      (long long)B, (long long)Hq, (long long)Hkv, (long long)T, (long long)Dh);
             CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T,
                                             Dh, 0.f, t, 0));
@@ -765,21 +763,7 @@ TEST(attention_forward_backward) {
             snprintf(w2, sizeof w2, "%s strided dv", what);
             CHECK_CLOSE(back(dv2.down(), Hkv), dv, bt, w2);
         }
-    /* a ZR_ATTN_BWD that names no kernel is an error (nothing launched), not the default */
-    {
-        dbuf a(64 * 64, ZR_BF16), l(64, ZR_F32),
-            ws(attention_backward_workspace_size(1, 1, 1, 64, 64) / 4 + 4, ZR_F32);
-        setenv("ZR_ATTN_BWD", "fa3", 1);
-        CHECK(attention_backward_cuda(a.p, a.p, a.p, a.p, a.p, a.p, a.p, a.p, l.f(), ws.p, NULL, 1,
-                                      1, 1, 64, 64, 0.f, ZR_BF16, 0) != 0);
-        CHECK(strstr(zr_last_error(), "ZR_ATTN_BWD='fa3'") != NULL);
-        unsetenv("ZR_ATTN_BWD");
-        setenv("ZR_ATTN_FWD", "ws3", 1); /* and a ZR_ATTN_FWD that names no kernel */
-        CHECK(attention_forward_cuda(a.p, l.f(), a.p, a.p, a.p, NULL, 1, 1, 1, 64, 64, 0.f, ZR_BF16,
-                                     0) != 0);
-        CHECK(strstr(zr_last_error(), "ZR_ATTN_FWD='ws3'") != NULL);
-        unsetenv("ZR_ATTN_FWD");
-    }
+    attn_sm90_force(-1, -1);
     /* argument checks */
     CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 3, 2, 8, 64, 0.f, ZR_BF16,
                                  0) != 0);
