@@ -3,14 +3,15 @@
 --   zrun tests/bench/bench_llama.lua [model=meta-llama/Llama-3.2-1B] [batch=4] [seq=512]
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3] [data=SHARD.bin]
---        [zenflow=0] [topk=0.05] [update_interval=gas] [select_interval=0] [overlap_step=0] [pt_reserved=0.5]
+--        [zenflow=0] [topk=0.05] [update_interval=gas|N|auto] [select_interval=0] [overlap_step=0] [pt_reserved=0.5]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
 -- states (offload=1 ratio=0.5: half of them stay on the GPU). data= trains on an llm.c token shard
 -- (tests/bench/llmc_data.lua) instead of one batch of random ids: its consecutive B*T windows in turn.
 -- zenflow=1 (with offload=1, stage 1-2) adds zero_optimization.zenflow: the top `topk` columns of
 -- each weight updated on the GPU every micro-batch, the host AdamW every update_interval micro-batches
--- (default gas: one host update per measured step); select_interval 0 selects once (select_strategy
+-- (default gas: one host update per measured step; auto: DeepSpeed's adaptive rule, which also
+-- measures each micro-batch's own gradient); select_interval 0 selects once (select_strategy
 -- "auto" without a dataloader), N re-selects every N micro-batches (select_strategy "step").
 -- overlap_step=1 runs each window's host AdamW on a background thread while the GPU computes the next
 -- window (applied one window late, as DeepSpeed's), with (1 - pt_reserved) of the OpenMP threads.
@@ -30,7 +31,7 @@ cli:option("grad_accum", "fp32", "data_types.grad_accum_dtype (fp32 | bf16)")
 cli:option("breakdown", 0, "1: phases synced; 2: per-op profile; 3: the host's time to issue each phase and op (no syncs)")
 cli:option("data", "", "an llm.c token shard: train on its B*T windows in turn (default: random ids)")
 cli:option("zenflow", 0, "1: zero_optimization.zenflow (with offload=1)"):option("topk", 0.05, "zenflow topk_ratio")
-cli:option("update_interval", 0, "zenflow update_interval (0: gas)")
+cli:option("update_interval", "gas", "zenflow update_interval: gas, a number of micro-batches, or auto")
 cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
 cli:option("overlap_step", 0, "zenflow: 1 runs the host update in the background, applied one window late")
 cli:option("pt_reserved", 0.5, "zenflow pt_reserved_cores_perc: the cores' share left to training with overlap_step")
@@ -48,8 +49,10 @@ else model = zr.models.llama.LlamaForCausalLM(cfg) end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local n = model:num_parameters() -- before zr.initialize: ZeRO-3 releases the parameters
 local offload = opt.offload == 1 and { device = "cpu", pin_memory = true, ratio = opt.ratio } or nil
-local zenflow = opt.zenflow == 1 and { topk_ratio = opt.topk, update_interval = opt.update_interval > 0 and
-  opt.update_interval or opt.gas, select_strategy = opt.select_interval > 0 and "step" or "auto",
+local ui = opt.update_interval == "gas" and opt.gas or opt.update_interval == "auto" and "auto" or
+  tonumber(opt.update_interval)
+if not ui then error("bench_llama: update_interval must be gas, auto or a number, got " .. opt.update_interval, 0) end
+local zenflow = opt.zenflow == 1 and { topk_ratio = opt.topk, update_interval = ui, select_strategy = opt.select_interval > 0 and "step" or "auto",
   select_interval = opt.select_interval > 0 and opt.select_interval or "auto", overlap_step = opt.overlap_step == 1,
   pt_reserved_cores_perc = opt.pt_reserved } or nil
 local engine = zr.initialize({ model = model, config = {
@@ -124,7 +127,7 @@ print(("%-40s %s"):format("model", opt.model))
 print(("%-40s %.4f B"):format("parameters", n / 1e9))
 local setting = (opt.ckpt == 1 and " +checkpointing" or "") ..
   (opt.offload == 1 and (" +offload" .. (opt.ratio < 1 and (" ratio " .. opt.ratio) or "")) or "") ..
-  (zenflow and (" +zenflow topk %g update_interval %d%s"):format(zenflow.topk_ratio, zenflow.update_interval,
+  (zenflow and (" +zenflow topk %g update_interval %s%s"):format(zenflow.topk_ratio, zenflow.update_interval,
     zenflow.overlap_step and (" overlap_step (pt_reserved %g)"):format(zenflow.pt_reserved_cores_perc) or "") or "")
 print(("%-40s B=%d T=%d %s stage %d%s"):format("setting", opt.batch, opt.seq, opt.dtype, opt.stage, setting))
 print(("%-40s %.1f ms (%d micro-batch%s)"):format("optimizer step time (median)", med * 1e3, opt.gas,
