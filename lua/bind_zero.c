@@ -377,6 +377,12 @@ static const luaL_Reg methods[] = {
 static int l_zenflow_colsum(lua_State *L) {
     return ok_or_error(L, zr_zenflow_colsum(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
 }
+/* zenflow_absdiff_sum(sums, slot (1-based), a, prev|nil, have_prev, keep) */
+static int l_zenflow_absdiff_sum(lua_State *L) {
+    return ok_or_error(L, zr_zenflow_absdiff_sum(zr_l_checktensor(L, 1), (int64_t)luaL_checkinteger(L, 2) - 1,
+                                                 zr_l_checktensor(L, 3), zr_l_totensor(L, 4), lua_toboolean(L, 5),
+                                                 lua_toboolean(L, 6)));
+}
 /* zenflow_gather(out, src, idx|nil) / zenflow_scatter(dst, src, idx|nil) */
 static int l_zenflow_gather(lua_State *L) {
     return ok_or_error(L, zr_zenflow_gather(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), zr_l_totensor(L, 3)));
@@ -399,6 +405,7 @@ static int l_zenflow_hold(lua_State *L) {
 }
 
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {"zenflow_colsum", l_zenflow_colsum},
+                               {"zenflow_absdiff_sum", l_zenflow_absdiff_sum},
                                {"zenflow_gather", l_zenflow_gather}, {"zenflow_scatter", l_zenflow_scatter},
                                {"zenflow_adamw", l_zenflow_adamw}, {"zenflow_hold", l_zenflow_hold}, {NULL, NULL}};
 

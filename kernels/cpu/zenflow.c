@@ -13,6 +13,16 @@ void zenflow_colsum_cpu(float *out, const float *g, int64_t rows, int64_t cols) 
     }
 }
 
+double zenflow_absdiff_sum_cpu(const float *a, float *prev, int64_t n, int have_prev, int keep) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = a[i];
+        acc += fabs((double)x - (have_prev ? (double)prev[i] : 0.0));
+        if (keep) prev[i] = x;
+    }
+    return acc;
+}
+
 void zenflow_gather_cpu(void *out, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k) {
 #pragma omp parallel for if (rows * k > 65536)
     for (int64_t i = 0; i < rows; i++) {

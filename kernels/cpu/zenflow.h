@@ -11,6 +11,10 @@
 
 /* out[j] = sum_i |g[i, j]| (f32 accumulation), g (rows, cols) f32. */
 void zenflow_colsum_cpu(float *out, const float *g, int64_t rows, int64_t cols);
+/* sum_i |a[i] - prev[i]| in double, in index order (prev read as zeros when !have_prev); keep:
+ * prev[i] = a[i] afterwards (the next micro-step's "previous" sum, one pass over both). update_interval
+ * "auto"'s mass of one micro-step's gradient, told apart from the window's running sum a. */
+double zenflow_absdiff_sum_cpu(const float *a, float *prev, int64_t n, int have_prev, int keep);
 /* out (rows, k) = src[:, idx] (dt: element bytes esz, 2 or 4). */
 void zenflow_gather_cpu(void *out, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k);
 /* dst[:, idx] = src (rows, k). */

@@ -18,6 +18,42 @@ static __global__ void colsum_kernel(float *out, const float *g, int64_t rows, i
     out[j] = acc;
 }
 
+/* One pass over a (and prev): |a - prev| summed per thread in double, then per block (fixed order). */
+#define AD_BLOCKS 528 /* 4 per SM of an H100/H200: enough loads in flight for the bandwidth */
+static __global__ void __launch_bounds__(256) absdiff_kernel(double *part, const float *a, float *prev, int64_t n,
+                                                              int have_prev, int keep) {
+    double acc = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t n4 = ((uintptr_t)a % 16 == 0 && (uintptr_t)prev % 16 == 0) ? n / 4 : 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 x = reinterpret_cast<const float4 *>(a)[i];
+        float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (have_prev) y = reinterpret_cast<const float4 *>(prev)[i];
+        acc += fabs((double)x.x - y.x) + fabs((double)x.y - y.y) + fabs((double)x.z - y.z) + fabs((double)x.w - y.w);
+        if (keep) reinterpret_cast<float4 *>(prev)[i] = x;
+    }
+    for (int64_t i = 4 * n4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float x = a[i];
+        acc += fabs((double)x - (have_prev ? (double)prev[i] : 0.0));
+        if (keep) prev[i] = x;
+    }
+    __shared__ double warp_sum[8];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int w = 0; w < 8; w++) s += warp_sum[w];
+        part[blockIdx.x] = s;
+    }
+}
+
+static __global__ void absdiff_total_kernel(float *out, const double *part, int nb) {
+    double s = 0;
+    for (int b = 0; b < nb; b++) s += part[b];
+    *out = (float)s;
+}
+
 template <typename T>
 static __global__ void move_kernel(T *dst, const T *src, int64_t rows, int64_t cols, const int32_t *idx, int64_t k,
                                    int scatter) {
@@ -51,6 +87,15 @@ int zenflow_colsum_cuda(float *out, const float *g, int64_t rows, int64_t cols, 
     if (cols == 0) return 0;
     colsum_kernel<<<blocks(cols), kThreads, 0, stream>>>(out, g, rows, cols);
     return launch_check("zenflow_colsum");
+}
+
+int zenflow_absdiff_parts(void) { return AD_BLOCKS; }
+
+int zenflow_absdiff_sum_cuda(float *out, double *part, const float *a, float *prev, int64_t n, int have_prev, int keep,
+                             cudaStream_t stream) {
+    absdiff_kernel<<<AD_BLOCKS, 256, 0, stream>>>(part, a, prev, n, have_prev, keep);
+    absdiff_total_kernel<<<1, 1, 0, stream>>>(out, part, AD_BLOCKS);
+    return launch_check("zenflow_absdiff_sum");
 }
 
 static int move(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k,

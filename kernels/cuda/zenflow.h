@@ -13,6 +13,11 @@ extern "C" {
 #include "../base/dtype.h"
 
 int zenflow_colsum_cuda(float *out, const float *g, int64_t rows, int64_t cols, cudaStream_t stream);
+/* *out (f32, device) = the CPU twin's sum, in a fixed order (per-block partials in double into part,
+ * zenflow_absdiff_parts() of them, then summed in block order). */
+int zenflow_absdiff_parts(void);
+int zenflow_absdiff_sum_cuda(float *out, double *part, const float *a, float *prev, int64_t n, int have_prev, int keep,
+                             cudaStream_t stream);
 int zenflow_gather_cuda(void *out, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k,
                         cudaStream_t stream);
 int zenflow_scatter_cuda(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx,

@@ -228,6 +228,21 @@ local function build(o, s, counted)
       dev.grads = dev.grads + total * s.grad_bytes
       line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(total * s.grad_bytes))
     end
+    if zf.update_interval == nil or zf.update_interval == "auto" then -- zrun.zenflow's judge: each micro-step's
+      -- own gradient mass; one rank keeps the last micro-step's sum of every measured weight (f32), several
+      -- ranks up to two f32 copies during backward (the window's sum before it, the reduced difference)
+      local measured = 0
+      for _, p in ipairs(list) do
+        local sh = p.shape
+        if sh and #sh == 2 and sh[1] > 1 then measured = measured + p.numel end
+      end
+      local copies = W > 1 and 2 or 1
+      dev.grads = dev.grads + copies * 4 * measured
+      line = line .. fmt("; update_interval auto: %s the micro-step's gradient mass needs (%s)",
+        human(copies * 4 * measured),
+        W > 1 and "up to two f32 copies of the measured weights' gradients during backward" or
+        "the last micro-step's gradients of the measured weights, kept")
+    end
     if zf.overlap_step then -- engine_async.c's background step: the window's gradient snapshot on the device,
       -- a second moment set and the new weights waiting for the next boundary on the host
       dev.grads = dev.grads + S * s.grad_bytes

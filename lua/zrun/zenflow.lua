@@ -125,6 +125,11 @@ function M.new(e, zf, loader_len)
   self.red = C.empty(math.max(total, 1), { device = e.params[1] and e.params[1]:device() or "cpu" })
   if auto then -- the adaptive window's state (see ZF:is_boundary)
     self.ratio, self.counted, self.need, self.win = zf.auto_ratio, counted, { false, false }, 0
+    -- one rank: each micro-step's gradient mass is sum |.grad - q.last| in one pass that also keeps
+    -- .grad in q.last for the next micro-step (a persistent f32 copy of the measured weights' gradients),
+    -- instead of a clone before backward and a difference, |.|, sum after it (four passes, three new
+    -- tensors). Several ranks need the difference itself (reduced over the ranks before |.|).
+    self.keep_last = self.W == 1
     self.sums = C.empty(2 * math.max(#self.p, 1), { device = self.red:device() })
   end
   return self
@@ -182,12 +187,13 @@ function ZF:before_backward(t)
     q.prev, q.prev_full = nil, nil
     -- the window holds earlier micro-steps' gradients (not where .grad is each micro-step's own)
     if not self.fresh and not self.step_grads then
-      -- the selection changes, or "auto" measures the whole micro-step gradient: keep them whole
-      if q.two and (sel or self.auto and t >= self.warm) then q.prev_full = grad_of(q):clone()
+      -- the selection changes, or "auto" measures the whole micro-step gradient (several ranks): keep
+      -- them whole (one rank: q.last holds them already, ZF:judge)
+      if q.two and (sel or self.auto and t >= self.warm and not self.keep_last) then q.prev_full = grad_of(q):clone()
       elseif t >= self.warm and q.idx ~= false then q.prev = self:gather(q, grad_of(q)) end
     end
   end
-  self.selecting = sel
+  self.selecting, self.had_prev = sel, not self.fresh and not self.step_grads
 end
 
 -- src (rows, cols) of q's shape -> its selected columns (rows, k), a new tensor
@@ -265,7 +271,9 @@ function ZF:after_backward(t, boundary)
   local own = {}
   if self.selecting or measure then -- from the micro-step's gradient reduced over the ranks
     for i, q in ipairs(self.p) do
-      if q.two and (self.selecting and q.k > 0 or measure and q.rows > 1) then own[i] = self:own_grad(q) end
+      if q.two and (self.selecting and q.k > 0 or measure and q.rows > 1 and not self.keep_last) then
+        own[i] = self:own_grad(q)
+      end
     end
   end
   if self.selecting then
@@ -283,7 +291,7 @@ function ZF:after_backward(t, boundary)
   self.fresh = false
   if t < self.warm then return end
   self:reduce_selected()
-  if measure then self:judge(t, own) end
+  if measure then self:judge(t, own, boundary) end
   if boundary then -- keep the selected values: the CPU update must not change them
     for _, q in ipairs(self.p) do
       if q.idx ~= false then q.temp = self:gather(q, q.t) end
@@ -297,21 +305,37 @@ end
 -- than one row compares the mass of this window's unselected gradient with a running mean of its
 -- selected columns' (sums of |g| of micro-step t's reduced gradient own[i] and of q.gs); when at least
 -- floor(auto_ratio x the non-1-D parameters) say "enough", need[parity of t] is set and micro-step
--- t+1 ends the window. Sums in double; several ranks take rank 0's verdict.
-function ZF:judge(t, own)
-  local sums = self.sums
+-- t+1 ends the window. Sums in double; several ranks take rank 0's verdict. One rank: the micro-step's
+-- gradient is .grad - q.last (q.last: .grad after micro-step t-1, none after a host update), and
+-- q.last takes .grad unless t ends the window (boundary: the next micro-step starts from zero).
+function ZF:judge(t, own, boundary)
+  local sums, measured = self.sums, {}
   sums:zero_()
+  if self.keep_last and self.had_prev and self.last_t ~= t - 1 and self.last_t ~= t then
+    error(fmt("zenflow: internal: micro-step %d's gradient sum was not kept for micro-step %d", t - 1, t), 0)
+  end
   for i, q in ipairs(self.p) do
-    if own[i] then
-      sums:narrow(1, 2 * i - 1, 1):copy_(own[i]:abs():sum():view(1))
-      if q.gs then sums:narrow(1, 2 * i, 1):copy_(q.gs:abs():sum():view(1)) end
+    if q.two and q.rows > 1 then
+      measured[i] = true
+      if self.keep_last then
+        local g = grad_of(q)
+        if not q.last then
+          q.last = C.empty(g:numel(), { device = g:device() })
+          q.last:category("grads")
+        end
+        C.zenflow_absdiff_sum(sums, 2 * i - 1, g, q.last, self.had_prev, not boundary)
+      else
+        C.zenflow_absdiff_sum(sums, 2 * i - 1, own[i], nil, false, false)
+      end
+      if q.gs then C.zenflow_absdiff_sum(sums, 2 * i, q.gs, nil, false, false) end
     end
   end
+  self.last_t = not boundary and t or nil
   local s = sums:to("cpu"):flat_table()
   local count, seen, U, r = 0, false, self.win, self.topk
   self.stats = { t = t, win = U, total = {}, crit = {} }
   for i, q in ipairs(self.p) do
-    if own[i] then
+    if measured[i] then
       local total, crit = s[2 * i - 1], s[2 * i]
       q.avg = (q.avg * (U - 1) + crit) / U / (r * 10)
       q.non = q.non + (total - crit) / ((1 - r) * 10)

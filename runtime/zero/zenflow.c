@@ -97,7 +97,8 @@
  *   LR scheduler still steps every micro-step; bias correction still takes t+1; with overlap_step the
  *   moment set is (t+1) & 1 after warm-up (zenflow_state, toggled at every backward).
  *   Differences, deliberate: DeepSpeed sums in bf16 (its sum buffer) and keeps avg/non as tensors in
- *   the parameters' dtype; zrun sums in f32 and runs the rule in double. At several ranks zrun
+ *   the parameters' dtype; zrun sums in double (zr_zenflow_absdiff_sum: at one rank straight from the
+ *   window's running sum and a kept copy of the previous micro-step's, one pass) and runs the rule in double. At several ranks zrun
  *   all-reduces each micro-step's whole gradient of the measured weights for total (DeepSpeed's owners
  *   sum their reduced partition slices) and every rank takes rank 0's verdict (one broadcast).
  *   Later releases broke the rule when the backward hooks moved: 0.18.3-0.19.1 never call ZenFlow's
@@ -159,6 +160,37 @@ zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g) {
                                    zr_cuda_stream(zr_tensor_device(g)));
 #endif
     zenflow_colsum_cpu(zr_tensor_data(out), zr_tensor_data(g), rows, cols);
+    return ZR_OK;
+}
+
+zr_status zr_zenflow_absdiff_sum(zr_tensor *sums, int64_t slot, zr_tensor *a, zr_tensor *prev, int have_prev,
+                                 int keep) {
+    const char *op = "zenflow_absdiff_sum";
+    int64_t n = zr_tensor_numel(a);
+    if (sums->dtype != ZR_F32 || a->dtype != ZR_F32 || (prev && prev->dtype != ZR_F32))
+        return zr_error("%s: f32 tensors only", op);
+    if (!prev && (have_prev || keep)) return zr_error("%s: no previous sum to read or keep", op);
+    if (slot < 0 || slot >= zr_tensor_numel(sums))
+        return zr_error("%s: slot %lld outside the %lld sums", op, (long long)slot, (long long)zr_tensor_numel(sums));
+    if (prev && zr_tensor_numel(prev) != n)
+        return zr_error("%s: the previous sum holds %lld elements, the gradient %lld", op,
+                        (long long)zr_tensor_numel(prev), (long long)n);
+    ZR_CHECK(check(op, a, prev ? prev : a, NULL, 1, n));
+    ZR_CHECK(check(op, a, sums, NULL, 1, zr_tensor_numel(sums)));
+    float *out = (float *)zr_tensor_data(sums) + slot, *pv = prev ? zr_tensor_data(prev) : NULL;
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(a)) {
+        zr_device dev = zr_tensor_device(a);
+        zr_tensor *part = zr_tensor_new_cat(ZR_F32, dev, 1, (int64_t[]){2 * (int64_t)zenflow_absdiff_parts()},
+                                            ZR_MEM_WORKSPACE, 0);
+        if (!part) return ZR_ERR;
+        zr_status st = zenflow_absdiff_sum_cuda(out, zr_tensor_data(part), zr_tensor_data(a), pv, n, have_prev, keep,
+                                                zr_cuda_stream(dev));
+        zr_tensor_release(part);
+        return st;
+    }
+#endif
+    *out = (float)zenflow_absdiff_sum_cpu(zr_tensor_data(a), pv, n, have_prev, keep);
     return ZR_OK;
 }
 

@@ -9,6 +9,11 @@
 
 /* out (cols, f32) = sum over rows of |g| per column; g (rows, cols) f32, contiguous. */
 zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g);
+/* sums[slot] (f32, 0-based) = sum |a - prev| in double (prev: NULL or !have_prev reads zeros); keep:
+ * prev takes a's values in the same pass. a, prev: f32, contiguous, the same numel and device as sums.
+ * update_interval "auto": the mass of one micro-step's gradient without a copy of the window's sum. */
+zr_status zr_zenflow_absdiff_sum(zr_tensor *sums, int64_t slot, zr_tensor *a, zr_tensor *prev, int have_prev,
+                                 int keep);
 /* out (rows, k) = src[:, idx]; src contiguous (rows, cols), out contiguous, same dtype and device. */
 zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx);
 /* dst[:, idx] = src (rows, k). */

@@ -31,6 +31,30 @@ T.test("plan: ZenFlow's selected columns' moments are what the engine allocates"
   T.eq(with.host.optimizer, without.host.optimizer, "host optimizer unchanged without overlap_step")
 end)
 
+T.test("plan: ZenFlow update_interval auto keeps the last micro-step's gradients (one rank), as the engine does", function()
+  local A = { topk_ratio = 0.3, update_interval = "auto" }
+  zr.manual_seed(1)
+  local model = zr.models.llama.LlamaForCausalLM(cfg)
+  local e = zr.initialize { model = model, config = ds(A) }
+  local ids = (zr.rand({ 2, 16 }) * (cfg.vocab_size - 1)):to("i64")
+  for _ = 1, 3 do
+    e:backward(e(ids, ids).loss)
+    e:step()
+  end
+  local kept, measured = 0, 0
+  for _, q in ipairs(e.zenflow.p) do
+    if q.last then
+      kept = kept + 4 * q.last:numel()
+      T.eq(q.last:category(), "grads", "kept in the grads category")
+    end
+    if q.two and q.rows > 1 then measured = measured + 4 * q.rows * q.cols end
+  end
+  T.eq(kept, measured, "one f32 copy of every measured weight's gradient")
+  local auto, fixed = plan(A), plan(ZF)
+  T.eq(auto.device.grads - fixed.device.grads, kept, "device grads: + the kept copy")
+  T.eq(plan(A, nil, 2).device.grads - plan(ZF, nil, 2).device.grads, 2 * kept, "several ranks: up to two copies")
+end)
+
 T.test("plan: ZenFlow offload puts the selected columns' moments on the host, one weight's on the GPU at a time", function()
   local o = { topk_ratio = 0.3, update_interval = 2, offload = true }
   local c = ds(o)

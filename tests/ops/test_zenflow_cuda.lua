@@ -1,4 +1,5 @@
--- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums,
+-- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums, the
+-- one-pass |a - prev| sum of update_interval "auto",
 -- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, the gradient whole or
 -- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU, and
 -- an overlap_step checkpoint resumed on the GPU against the uninterrupted GPU run; update_interval "auto"
@@ -45,6 +46,25 @@ T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; n
         close(mg:cpu(), mc, "f32", what .. " m")
         close(vg:cpu(), vc, "f32", what .. " v")
       end
+    end
+  end
+end)
+
+T.test("zenflow_absdiff_sum on CUDA equals the CPU (double sums; 16-byte and odd offsets; keep)", function()
+  for _, n in ipairs { 1, 7, 4096, 1000003 } do
+    for _, off in ipairs { 0, 1 } do -- off 1: a and prev one element into their storage (no float4 loads)
+      local a, p = zr.randn(n + off):narrow(1, 1 + off, n), zr.randn(n + off):narrow(1, 1 + off, n)
+      local ag = zr.zeros(n + off, { device = "cuda" }):narrow(1, 1 + off, n)
+      local pg = zr.zeros(n + off, { device = "cuda" }):narrow(1, 1 + off, n)
+      ag:copy_(a); pg:copy_(p)
+      local sc, sg = zr.zeros(2), zr.zeros(2, { device = "cuda" })
+      for _, have in ipairs { true, false } do
+        K.zenflow_absdiff_sum(sc, 1, a, p, have, false); K.zenflow_absdiff_sum(sg, 1, ag, pg, have, false)
+        K.zenflow_absdiff_sum(sc, 2, a, nil, false, false); K.zenflow_absdiff_sum(sg, 2, ag, nil, false, false)
+        close(sg:cpu(), sc, "f32", ("absdiff n %d offset %d prev %s"):format(n, off, tostring(have)))
+      end
+      K.zenflow_absdiff_sum(sg, 1, ag, pg, true, true)
+      T.eq(T.diff(pg:cpu(), a), 0, "keep: prev takes a (n " .. n .. ")")
     end
   end
 end)
