@@ -140,6 +140,7 @@ end
 function ZF:is_boundary(t)
   if self.forced == t then return true end
   if self.auto then
+    self:settle()
     if t < self.warm then return true end
     return self.need[(t + 1) % 2 + 1] or (self.si_engine ~= 0 and (t + 1) % self.si_engine == 0)
   end
@@ -167,6 +168,7 @@ end
 -- that this micro-step's own gradient can be told apart after backward.
 function ZF:before_backward(t)
   if self.auto then -- DeepSpeed's backward_prologue: the previous micro-step's flag restarts the window
+    self:settle()
     self.need[t % 2 + 1] = false
     if self.need[(t + 1) % 2 + 1] then
       self.win = 0
@@ -331,8 +333,21 @@ function ZF:judge(t, own, boundary)
     end
   end
   self.last_t = not boundary and t or nil
-  local s = sums:to("cpu"):flat_table()
-  local count, seen, U, r = 0, false, self.win, self.topk
+  self.pending = { t = t, win = self.win, measured = measured }
+  if not self.keep_last then self:settle() end -- several ranks: the verdict's broadcast now, on every rank alike
+end
+
+-- The verdict of the micro-step judged last (ZF:judge queued its sums): the sums read back, which waits for
+-- the GPU, and the rule run. One rank leaves this to the first reader (is_boundary in the next micro-step's
+-- backward, once its forward is queued), so that the GPU is not idle while the host issues the selective
+-- update and the next forward.
+function ZF:settle()
+  local p = self.pending
+  if not p then return end
+  self.pending = nil
+  local t, measured = p.t, p.measured
+  local s = self.sums:to("cpu"):flat_table()
+  local count, seen, U, r = 0, false, p.win, self.topk
   self.stats = { t = t, win = U, total = {}, crit = {} }
   for i, q in ipairs(self.p) do
     if measured[i] then
@@ -351,6 +366,12 @@ function ZF:judge(t, own, boundary)
     need = v:to("cpu"):flat_table()[1] == 1
   end
   self.need[t % 2 + 1], self.stats.need = need, need
+end
+
+-- update_interval "auto": the statistic of the micro-step judged last ({t, win, total = {}, crit = {}, need}).
+function ZF:statistics()
+  self:settle()
+  return self.stats
 end
 
 -- This micro-step's gradient of the selected columns (the 1-D parameters' whole), reduced over the

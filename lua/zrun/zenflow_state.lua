@@ -68,6 +68,7 @@ function M.collect(e)
   end
   local st = { steps = zf.steps, kinds = kinds, n = #zf.p, lr = zf.lr }
   if zf.auto then -- update_interval "auto": the window's length so far, both verdicts, each weight's sums
+    zf:settle()
     st.auto = { win = zf.win, need = { zf.need[1], zf.need[2] } }
     local avg, non = {}, {}
     for i, q in ipairs(zf.p) do avg[i], non[i] = q.avg, q.non end
@@ -131,7 +132,7 @@ function M.restore_auto(zf, st, f, path, say)
       "window statistic afresh", path))
     st = { win = 0, need = { false, false } }
   end
-  zf.win, zf.need = st.win, { st.need[1], st.need[2] }
+  zf.win, zf.need, zf.pending = st.win, { st.need[1], st.need[2] }, nil -- (a verdict queued before the load is void)
   for i, q in ipairs(zf.p) do q.avg, q.non = avg[i] or 0, non[i] or 0 end
 end
 

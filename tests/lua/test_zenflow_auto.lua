@@ -98,7 +98,7 @@ T.test('zenflow "auto": the boundaries follow from the logged statistic, which i
   for t = 0, 19 do
     local xb, yb = R.batch(t)
     e:backward(R.loss_of(e, xb, yb))
-    log[t] = e.zenflow.stats
+    log[t] = e.zenflow:statistics()
     got[t + 1] = e:step() and "1" or "0"
   end
   T.near(log[0].total[1], total, 0, 1e-5, "micro-step 0: sum |g| of the first weight")
