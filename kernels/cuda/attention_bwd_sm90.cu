@@ -281,10 +281,10 @@ static int supported(int64_t Dh, zr_dtype dt) {
 }
 
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_fwd_tma_ready();
+    return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
 extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_fwd_tma_ready();
+    return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
 
 extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {

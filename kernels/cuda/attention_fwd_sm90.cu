@@ -213,7 +213,7 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
     return fn;
 }
 
-extern "C" int attn_sm90_fwd_tma_ready(void) {
+extern "C" int attn_sm90_tma_ready(void) {
     return encode_fn() != NULL;
 }
 

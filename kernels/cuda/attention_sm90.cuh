@@ -18,10 +18,7 @@
 
 namespace sm90 {
 
-using ptx::cp_async16;
-using ptx::cp_async_commit;
 using ptx::cp_async_wait;
-using ptx::ldsm_x4;
 using ptx::smem_u32;
 
 static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int bytes) {

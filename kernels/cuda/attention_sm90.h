@@ -24,8 +24,8 @@ int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 /* Test and benchmark knob: -1 automatic (the default), 0 never, 1 whenever supported. */
 void attn_sm90_force(int fwd, int bwd);
 
-/* 1 when the driver offers the tensor-map encoder the forward's TMA loads need. */
-int attn_sm90_fwd_tma_ready(void);
+/* 1 when the driver offers the tensor-map encoder the TMA loads (forward and backward) need. */
+int attn_sm90_tma_ready(void);
 
 /* Encodes a 4-D tensor map (dims innermost first, byte strides of dims 1..3, box in elements) with
  * the 128-byte swizzle and zero fill out of bounds; -1 when the driver cannot. */
