@@ -14,6 +14,12 @@ done
 if "$Z" -e 'os.exit(require("zrun").cuda.is_available() and 0 or 1)' 2>/dev/null; then
   echo; echo "== tests/bench/vs_torch.sh (zrun and PyTorch in the same run)"
   sh tests/bench/vs_torch.sh "" "$Z" "$BUILD/bench"
+  # the ceiling those rows sit under: cuBLAS's GEMM rate at the clock a sustained run gets (the H200
+  # holds its power limit by lowering the SM clock), Llama-3.2-1B's products (RESULTS.md, session 11)
+  if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    echo; echo "== tests/bench/gemm_sustained.py (cuBLAS under sustained load, through torch)"
+    python3 tests/bench/gemm_sustained.py 3 || echo "(tests/bench/gemm_sustained.py failed)"
+  fi
   # zrun next to llm.c (GPT-2 124M), where the llm.c bundle is here (sh tests/bench/llmc_bundle.sh)
   if [ -f .llmc/SOURCES ]; then
     echo; echo "== tests/bench/vs_llmc.sh (zrun and llm.c in the same run)"
