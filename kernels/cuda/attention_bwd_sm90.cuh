@@ -48,16 +48,10 @@ static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&s
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - d[nt * 8 + (e & 1)]);
+    pack_a<T, 4>(pf, st);
+    pack_a<T, 4>(sf, dpt);
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) {
-        pf[kc][0] = cvt<T>::pack(st[8 * kc], st[8 * kc + 1]);
-        pf[kc][1] = cvt<T>::pack(st[8 * kc + 2], st[8 * kc + 3]);
-        pf[kc][2] = cvt<T>::pack(st[8 * kc + 4], st[8 * kc + 5]);
-        pf[kc][3] = cvt<T>::pack(st[8 * kc + 6], st[8 * kc + 7]);
-        sf[kc][0] = cvt<T>::pack(dpt[8 * kc], dpt[8 * kc + 1]);
-        sf[kc][1] = cvt<T>::pack(dpt[8 * kc + 2], dpt[8 * kc + 3]);
-        sf[kc][2] = cvt<T>::pack(dpt[8 * kc + 4], dpt[8 * kc + 5]);
-        sf[kc][3] = cvt<T>::pack(dpt[8 * kc + 6], dpt[8 * kc + 7]);
         const int c0 = kc * 16 + t4 * 2;
         *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[kc][0];
         *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[kc][1];

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
                          scale_log2);
         l0 = rs0;
         l1 = rs1;
-        pack_p<T>(pf, sc);
+        pack_a<T, 8>(pf, sc);
     }
 
     for (int it = 1; it < nkv; ++it) {
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         reg_fence(pf);
         if (lane == 0) mbar_arrive(&empty[sp]);
         fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
-        pack_p<T>(pf, sc);
+        pack_a<T, 8>(pf, sc);
     }
 
     { /* P·V of the last tile */

@@ -305,12 +305,13 @@ static __device__ __forceinline__ void fwd_rescale(float (&acc)[32], float &l0, 
     }
 }
 
-/* P (64×128 per warpgroup, f32 accumulator layout) as the A operands of the eight k = 16 steps of
- * P·V (registers, 16-bit pairs). */
-template <typename T>
-static __device__ __forceinline__ void pack_p(uint32_t (&pf)[8][4], const float (&s)[64]) {
+/* An f32 accumulator (8·KC values per thread: 64 rows × 16·KC columns per warpgroup) as the register
+ * A operands of KC k = 16 steps, in 16-bit pairs: the forward's P for P·V (KC 8), the backward's P^T
+ * and dS^T for dV and dK (KC 4). */
+template <typename T, int KC>
+static __device__ __forceinline__ void pack_a(uint32_t (&pf)[KC][4], const float (&s)[8 * KC]) {
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc) {
+    for (int kc = 0; kc < KC; ++kc) {
         pf[kc][0] = cvt<T>::pack(s[8 * kc], s[8 * kc + 1]);
         pf[kc][1] = cvt<T>::pack(s[8 * kc + 2], s[8 * kc + 3]);
         pf[kc][2] = cvt<T>::pack(s[8 * kc + 4], s[8 * kc + 5]);
