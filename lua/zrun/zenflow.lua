@@ -157,6 +157,9 @@ function ZF:is_select(t)
   return d >= 0 and (d == 0 or (self.si_opt ~= 0 and t % self.si_opt == 0))
 end
 
+-- update_interval "auto" measures the 2-D weights of more than one row (DeepSpeed's rule)
+local function measured(q) return q.two and q.rows > 1 end
+
 local function grad_of(q)
   local g = q.t.grad
   if not g then error("zenflow: a parameter has no gradient after backward (every parameter must get one)", 0) end
@@ -273,7 +276,7 @@ function ZF:after_backward(t, boundary)
   local own = {}
   if self.selecting or measure then -- from the micro-step's gradient reduced over the ranks
     for i, q in ipairs(self.p) do
-      if q.two and (self.selecting and q.k > 0 or measure and q.rows > 1 and not self.keep_last) then
+      if q.two and self.selecting and q.k > 0 or measure and measured(q) and not self.keep_last then
         own[i] = self:own_grad(q)
       end
     end
@@ -311,14 +314,13 @@ end
 -- gradient is .grad - q.last (q.last: .grad after micro-step t-1, none after a host update), and
 -- q.last takes .grad unless t ends the window (boundary: the next micro-step starts from zero).
 function ZF:judge(t, own, boundary)
-  local sums, measured = self.sums, {}
+  local sums = self.sums
   sums:zero_()
   if self.keep_last and self.had_prev and self.last_t ~= t - 1 and self.last_t ~= t then
     error(fmt("zenflow: internal: micro-step %d's gradient sum was not kept for micro-step %d", t - 1, t), 0)
   end
   for i, q in ipairs(self.p) do
-    if q.two and q.rows > 1 then
-      measured[i] = true
+    if measured(q) then
       if self.keep_last then
         local g = grad_of(q)
         if not q.last then
@@ -333,7 +335,7 @@ function ZF:judge(t, own, boundary)
     end
   end
   self.last_t = not boundary and t or nil
-  self.pending = { t = t, win = self.win, measured = measured }
+  self.pending = { t = t, win = self.win }
   if not self.keep_last then self:settle() end -- several ranks: the verdict's broadcast now, on every rank alike
 end
 
@@ -345,12 +347,12 @@ function ZF:settle()
   local p = self.pending
   if not p then return end
   self.pending = nil
-  local t, measured = p.t, p.measured
+  local t = p.t
   local s = self.sums:to("cpu"):flat_table()
   local count, seen, U, r = 0, false, p.win, self.topk
   self.stats = { t = t, win = U, total = {}, crit = {} }
   for i, q in ipairs(self.p) do
-    if measured[i] then
+    if measured(q) then
       local total, crit = s[2 * i - 1], s[2 * i]
       q.avg = (q.avg * (U - 1) + crit) / U / (r * 10)
       q.non = q.non + (total - crit) / ((1 - r) * 10)
