@@ -262,6 +262,28 @@ extern "C" void attn_sm90_force(int fwd, int bwd) {
     g_force_bwd = bwd;
 }
 
+static int g_grid_fwd, g_grid_bwd;
+
+extern "C" void attn_sm90_grid(int fwd, int bwd) {
+    g_grid_fwd = fwd;
+    g_grid_bwd = bwd;
+}
+
+extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
+    static int sms[64]; /* per device, 0 until asked */
+    const int cap = bwd ? g_grid_bwd : g_grid_fwd;
+    int dev = 0, n;
+    if (cap < 0) return (int)tiles;
+    if (cap > 0) n = cap;
+    else {
+        if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
+        if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            sms[dev] = 132;
+        n = sms[dev];
+    }
+    return (int)(tiles < n ? tiles : n);
+}
+
 /* Compute capability 9.0 exactly (the sm_90a code runs nowhere else); cached per device. */
 static int device_is_sm90(void) {
     static int cache[64]; /* 0 unknown, 1 yes, 2 no */

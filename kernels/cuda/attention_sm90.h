@@ -24,6 +24,13 @@ int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 /* Test and benchmark knob: -1 automatic (the default), 0 never, 1 whenever supported. */
 void attn_sm90_force(int fwd, int bwd);
 
+/* Test and benchmark knob of the persistent kernels (each block loops over work tiles): how many
+ * blocks a launch may have. 0: one per SM (the default); -1: one block per tile (no block runs two);
+ * n > 0: at most n (tests: every block runs many tiles, so the rings and barriers carry across). */
+void attn_sm90_grid(int fwd, int bwd);
+/* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's). */
+int attn_sm90_blocks(int bwd, int64_t tiles);
+
 /* 1 when the driver offers the tensor-map encoder the TMA loads (forward and backward) need. */
 int attn_sm90_tma_ready(void);
 

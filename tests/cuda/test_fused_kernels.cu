@@ -674,10 +674,17 @@ TEST(attention_forward_backward) {
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
-    for (int fallback = 0; fallback < 2; ++fallback)
+    /* modes: the Hopper kernels with their default grid (one block per SM), with 3 blocks (each
+     * runs many tiles: rings, barriers and the ping-pong carry over tiles), with a block per tile;
+     * then the mma.sync fallback */
+    const int grids[3] = {0, 3, -1};
+    const char *gname[3] = {"", " (3 blocks)", " (block per tile)"};
+    for (int mode = 0; mode < 4; ++mode)
     for (auto &s : shapes)
         for (zr_dtype t : dts) {
+            const int fallback = mode == 3;
             attn_sm90_force(fallback ? 0 : -1, fallback ? 0 : -1);
+            attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
             const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
             const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
             vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
@@ -688,7 +695,7 @@ TEST(attention_forward_backward) {
             attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
             char what[112];
             snprintf(what, sizeof what, "attention%s %s B%lld Hq%lld Hkv%lld T%lld Dh%lld",
-                     fallback ? " (mma.sync)" : "", tn(t),
+                     fallback ? " (mma.sync)" : gname[mode], tn(t),
                      (long long)B, (long long)Hq, (long long)Hkv, (long long)T, (long long)Dh);
             CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T,
                                             Dh, 0.f, t, 0));
@@ -764,6 +771,7 @@ TEST(attention_forward_backward) {
             CHECK_CLOSE(back(dv2.down(), Hkv), dv, bt, w2);
         }
     attn_sm90_force(-1, -1);
+    attn_sm90_grid(0, 0);
     /* argument checks */
     CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 3, 2, 8, 64, 0.f, ZR_BF16,
                                  0) != 0);
