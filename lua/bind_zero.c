@@ -377,11 +377,24 @@ static const luaL_Reg methods[] = {
 static int l_zenflow_colsum(lua_State *L) {
     return ok_or_error(L, zr_zenflow_colsum(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
 }
-/* zenflow_absdiff_sum(sums, slot (1-based), a, prev|nil, have_prev, keep) */
-static int l_zenflow_absdiff_sum(lua_State *L) {
-    return ok_or_error(L, zr_zenflow_absdiff_sum(zr_l_checktensor(L, 1), (int64_t)luaL_checkinteger(L, 2) - 1,
-                                                 zr_l_checktensor(L, 3), zr_l_totensor(L, 4), lua_toboolean(L, 5),
-                                                 lua_toboolean(L, 6)));
+/* zenflow_absdiff_sums(sums, {{slot (1-based), a, prev|nil, have_prev, keep}, ...}) */
+static int l_zenflow_absdiff_sums(lua_State *L) {
+    zr_tensor *sums = zr_l_checktensor(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 2);
+    zr_zenflow_absdiff *e = lua_newuserdata(L, ((size_t)n + 1) * sizeof *e);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        int top = lua_gettop(L);
+        for (int k = 1; k <= 5 && lua_istable(L, top); k++) lua_rawgeti(L, top, k);
+        if (!lua_istable(L, top) || !lua_isnumber(L, top + 1) || !zr_l_totensor(L, top + 2) ||
+            !(lua_isnil(L, top + 3) || zr_l_totensor(L, top + 3)))
+            luaL_error(L, "zenflow_absdiff_sums: entry %d (0-based) is not a {slot, a, prev|nil, have_prev, keep} table", i);
+        e[i] = (zr_zenflow_absdiff){(int64_t)lua_tointeger(L, top + 1) - 1, zr_l_totensor(L, top + 2),
+                                    zr_l_totensor(L, top + 3), lua_toboolean(L, top + 4), lua_toboolean(L, top + 5)};
+        lua_settop(L, top - 1); /* the tensors stay referenced by the argument table */
+    }
+    return ok_or_error(L, zr_zenflow_absdiff_sums(sums, e, n));
 }
 /* zenflow_gather(out, src, idx|nil) / zenflow_scatter(dst, src, idx|nil) */
 static int l_zenflow_gather(lua_State *L) {
@@ -405,7 +418,7 @@ static int l_zenflow_hold(lua_State *L) {
 }
 
 static const luaL_Reg fns[] = {{"zero_new", l_new}, {"zenflow_colsum", l_zenflow_colsum},
-                               {"zenflow_absdiff_sum", l_zenflow_absdiff_sum},
+                               {"zenflow_absdiff_sums", l_zenflow_absdiff_sums},
                                {"zenflow_gather", l_zenflow_gather}, {"zenflow_scatter", l_zenflow_scatter},
                                {"zenflow_adamw", l_zenflow_adamw}, {"zenflow_hold", l_zenflow_hold}, {NULL, NULL}};
 

@@ -1,6 +1,7 @@
 // CUDA twins of kernels/cpu/zenflow.c (ZenFlow's selective column update): one thread per
 // element of the (rows, k) selection; the column sum is one thread per column walking its rows
-// (coalesced across threads: neighbouring threads read neighbouring columns of a row).
+// (coalesced across threads: neighbouring threads read neighbouring columns of a row); the sums of
+// update_interval "auto" one block per chunk of every entry at once, then one block per entry.
 #include "common.cuh"
 #include "zenflow.h"
 
@@ -18,40 +19,66 @@ static __global__ void colsum_kernel(float *out, const float *g, int64_t rows, i
     out[j] = acc;
 }
 
-/* One pass over a (and prev): |a - prev| summed per thread in double, then per block (fixed order). */
-#define AD_BLOCKS 528 /* 4 per SM of an H100/H200: enough loads in flight for the bandwidth */
-static __global__ void __launch_bounds__(256) absdiff_kernel(double *part, const float *a, float *prev, int64_t n,
-                                                              int have_prev, int keep) {
+/* A block's threads' doubles summed in a fixed order (warp shuffles, then the 8 warps in order); the
+ * total is thread 0's. blockDim.x must be 256. */
+static __device__ double block_sum256(double acc) {
+    __shared__ double warp_sum[8];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    double s = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < 8; w++) s += warp_sum[w];
+    return s;
+}
+
+/* One block per chunk (blockIdx.x: its number over all entries): part[chunk] = sum |a - prev| over the
+ * chunk's elements, each thread's in index order in double (float4 loads when a and prev are 16-byte
+ * aligned; a chunk's start keeps that, ZENFLOW_ABSDIFF_CHUNK being a multiple of 4). */
+static __global__ void __launch_bounds__(256) absdiff_chunks_kernel(double *part, const zenflow_absdiff_entry *tab,
+                                                                     int64_t nent) {
+    const int64_t c = blockIdx.x;
+    int64_t lo = 0, hi = nent - 1; /* the last entry whose first chunk is <= c: the one holding c (empty
+                                      entries share the next one's first) */
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (tab[mid].first <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    const zenflow_absdiff_entry e = tab[lo];
+    const int64_t c0 = (c - e.first) * ZENFLOW_ABSDIFF_CHUNK;
+    const int64_t len = e.n - c0 < ZENFLOW_ABSDIFF_CHUNK ? e.n - c0 : ZENFLOW_ABSDIFF_CHUNK;
+    const float *a = e.a + c0;
+    float *prev = e.prev ? e.prev + c0 : NULL;
+    const int have_prev = e.flags & ZENFLOW_HAVE_PREV, keep = e.flags & ZENFLOW_KEEP;
     double acc = 0;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    const int64_t n4 = ((uintptr_t)a % 16 == 0 && (uintptr_t)prev % 16 == 0) ? n / 4 : 0;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+    const int64_t n4 = ((uintptr_t)a % 16 == 0 && (uintptr_t)prev % 16 == 0) ? len / 4 : 0;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n4; i += blockDim.x) {
         const float4 x = reinterpret_cast<const float4 *>(a)[i];
         float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
         if (have_prev) y = reinterpret_cast<const float4 *>(prev)[i];
         acc += fabs((double)x.x - y.x) + fabs((double)x.y - y.y) + fabs((double)x.z - y.z) + fabs((double)x.w - y.w);
         if (keep) reinterpret_cast<float4 *>(prev)[i] = x;
     }
-    for (int64_t i = 4 * n4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    for (int64_t i = 4 * n4 + threadIdx.x; i < len; i += blockDim.x) {
         const float x = a[i];
         acc += fabs((double)x - (have_prev ? (double)prev[i] : 0.0));
         if (keep) prev[i] = x;
     }
-    __shared__ double warp_sum[8];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0;
-        for (int w = 0; w < 8; w++) s += warp_sum[w];
-        part[blockIdx.x] = s;
-    }
+    const double s = block_sum256(acc);
+    if (threadIdx.x == 0) part[c] = s;
 }
 
-static __global__ void absdiff_total_kernel(float *out, const double *part, int nb) {
-    double s = 0;
-    for (int b = 0; b < nb; b++) s += part[b];
-    *out = (float)s;
+/* One block per entry: sums[slot] = its chunks' partials summed in a fixed order, rounded to f32. */
+static __global__ void __launch_bounds__(256) absdiff_totals_kernel(float *sums, const double *part,
+                                                                     const zenflow_absdiff_entry *tab) {
+    const zenflow_absdiff_entry e = tab[blockIdx.x];
+    const int64_t end = e.first + (e.n + ZENFLOW_ABSDIFF_CHUNK - 1) / ZENFLOW_ABSDIFF_CHUNK; /* its chunks' */
+    double acc = 0;
+    for (int64_t i = e.first + threadIdx.x; i < end; i += blockDim.x) acc += part[i];
+    const double s = block_sum256(acc);
+    if (threadIdx.x == 0) sums[e.slot] = (float)s;
 }
 
 template <typename T>
@@ -89,13 +116,18 @@ int zenflow_colsum_cuda(float *out, const float *g, int64_t rows, int64_t cols, 
     return launch_check("zenflow_colsum");
 }
 
-int zenflow_absdiff_parts(void) { return AD_BLOCKS; }
-
-int zenflow_absdiff_sum_cuda(float *out, double *part, const float *a, float *prev, int64_t n, int have_prev, int keep,
-                             cudaStream_t stream) {
-    absdiff_kernel<<<AD_BLOCKS, 256, 0, stream>>>(part, a, prev, n, have_prev, keep);
-    absdiff_total_kernel<<<1, 1, 0, stream>>>(out, part, AD_BLOCKS);
-    return launch_check("zenflow_absdiff_sum");
+int zenflow_absdiff_sums_cuda(float *sums, const zenflow_absdiff_entry *tab, int64_t nent, double *part,
+                              int64_t nchunks, cudaStream_t stream) {
+    if (nent == 0) return 0;
+    if (nchunks > INT32_MAX || nent > INT32_MAX)
+        return zr_error("zenflow_absdiff_sums: %lld chunks of %d elements in %lld entries, more than one launch takes",
+                        (long long)nchunks, ZENFLOW_ABSDIFF_CHUNK, (long long)nent);
+    if (nchunks > 0) {
+        absdiff_chunks_kernel<<<(unsigned)nchunks, 256, 0, stream>>>(part, tab, nent);
+        if (launch_check("zenflow_absdiff_sums")) return ZR_ERR;
+    }
+    absdiff_totals_kernel<<<(unsigned)nent, 256, 0, stream>>>(sums, part, tab);
+    return launch_check("zenflow_absdiff_sums");
 }
 
 static int move(void *dst, const void *src, int esz, int64_t rows, int64_t cols, const int32_t *idx, int64_t k,

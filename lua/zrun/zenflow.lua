@@ -319,6 +319,7 @@ function ZF:judge(t, own, boundary)
   if self.keep_last and self.had_prev and self.last_t ~= t - 1 and self.last_t ~= t then
     error(fmt("zenflow: internal: micro-step %d's gradient sum was not kept for micro-step %d", t - 1, t), 0)
   end
+  local list = {} -- {slot, a, prev|nil, have_prev, keep}: every sum in one call (on CUDA one pass, two launches)
   for i, q in ipairs(self.p) do
     if measured(q) then
       if self.keep_last then
@@ -327,13 +328,14 @@ function ZF:judge(t, own, boundary)
           q.last = C.empty(g:numel(), { device = g:device() })
           q.last:category("grads")
         end
-        C.zenflow_absdiff_sum(sums, 2 * i - 1, g, q.last, self.had_prev, not boundary)
+        list[#list + 1] = { 2 * i - 1, g, q.last, self.had_prev, not boundary }
       else
-        C.zenflow_absdiff_sum(sums, 2 * i - 1, own[i], nil, false, false)
+        list[#list + 1] = { 2 * i - 1, own[i] }
       end
-      if q.gs then C.zenflow_absdiff_sum(sums, 2 * i, q.gs, nil, false, false) end
+      if q.gs then list[#list + 1] = { 2 * i, q.gs } end
     end
   end
+  C.zenflow_absdiff_sums(sums, list)
   self.last_t = not boundary and t or nil
   self.pending = { t = t, win = self.win }
   if not self.keep_last then self:settle() end -- several ranks: the verdict's broadcast now, on every rank alike

@@ -97,7 +97,7 @@
  *   LR scheduler still steps every micro-step; bias correction still takes t+1; with overlap_step the
  *   moment set is (t+1) & 1 after warm-up (zenflow_state, toggled at every backward).
  *   Differences, deliberate: DeepSpeed sums in bf16 (its sum buffer) and keeps avg/non as tensors in
- *   the parameters' dtype; zrun sums in double (zr_zenflow_absdiff_sum: at one rank straight from the
+ *   the parameters' dtype; zrun sums in double (zr_zenflow_absdiff_sums: at one rank straight from the
  *   window's running sum and a kept copy of the previous micro-step's, one pass) and runs the rule in double. At several ranks zrun
  *   all-reduces each micro-step's whole gradient of the measured weights for total (DeepSpeed's owners
  *   sum their reduced partition slices) and every rank takes rank 0's verdict (one broadcast).
@@ -122,6 +122,8 @@
  *   D2H copies on the offload copy stream after the snapshot, the new weights into a host buffer
  *   that zr_zero_async_apply uploads at the next boundary. */
 #include "zero/zenflow.h"
+
+#include <stdlib.h>
 
 #include "kernels/cpu/zenflow.h"
 #include "ops/util.h"
@@ -163,34 +165,82 @@ zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g) {
     return ZR_OK;
 }
 
-zr_status zr_zenflow_absdiff_sum(zr_tensor *sums, int64_t slot, zr_tensor *a, zr_tensor *prev, int have_prev,
-                                 int keep) {
-    const char *op = "zenflow_absdiff_sum";
-    int64_t n = zr_tensor_numel(a);
-    if (sums->dtype != ZR_F32 || a->dtype != ZR_F32 || (prev && prev->dtype != ZR_F32))
-        return zr_error("%s: f32 tensors only", op);
-    if (!prev && (have_prev || keep)) return zr_error("%s: no previous sum to read or keep", op);
-    if (slot < 0 || slot >= zr_tensor_numel(sums))
-        return zr_error("%s: slot %lld outside the %lld sums", op, (long long)slot, (long long)zr_tensor_numel(sums));
-    if (prev && zr_tensor_numel(prev) != n)
-        return zr_error("%s: the previous sum holds %lld elements, the gradient %lld", op,
-                        (long long)zr_tensor_numel(prev), (long long)n);
-    ZR_CHECK(check(op, a, prev ? prev : a, NULL, 1, n));
-    ZR_CHECK(check(op, a, sums, NULL, 1, zr_tensor_numel(sums)));
-    float *out = (float *)zr_tensor_data(sums) + slot, *pv = prev ? zr_tensor_data(prev) : NULL;
+static zr_status check_absdiff(const char *op, zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t i,
+                               char *taken) {
+    if (!e->a) return zr_error("%s: entry %lld (0-based) has no tensor to sum", op, (long long)i);
+    const int64_t ns = zr_tensor_numel(sums), n = zr_tensor_numel(e->a);
+    if (e->a->dtype != ZR_F32 || (e->prev && e->prev->dtype != ZR_F32))
+        return zr_error("%s: entry %lld (0-based): f32 tensors only", op, (long long)i);
+    if (!e->prev && (e->have_prev || e->keep))
+        return zr_error("%s: entry %lld (0-based) has no previous sum to read or keep (pass prev, or have_prev and keep false)", op, (long long)i);
+    if (e->slot < 0 || e->slot >= ns)
+        return zr_error("%s: entry %lld (0-based): slot %lld outside the %lld sums (0-based)", op, (long long)i,
+                        (long long)e->slot, (long long)ns);
+    if (taken[e->slot])
+        return zr_error("%s: entry %lld (0-based): slot %lld (0-based) is an earlier entry's; give each entry its own slot", op,
+                        (long long)i, (long long)e->slot);
+    taken[e->slot] = 1;
+    if (e->prev && zr_tensor_numel(e->prev) != n)
+        return zr_error("%s: entry %lld (0-based): the previous sum holds %lld elements, the gradient %lld", op,
+                        (long long)i, (long long)zr_tensor_numel(e->prev), (long long)n);
+    ZR_CHECK(check(op, e->a, e->prev ? e->prev : e->a, NULL, 1, n));
+    return check(op, e->a, sums, NULL, 1, ns);
+}
+
 #ifdef ZR_HAVE_CUDA
-    if (!zr_is_cpu(a)) {
-        zr_device dev = zr_tensor_device(a);
-        zr_tensor *part = zr_tensor_new_cat(ZR_F32, dev, 1, (int64_t[]){2 * (int64_t)zenflow_absdiff_parts()},
-                                            ZR_MEM_WORKSPACE, 0);
-        if (!part) return ZR_ERR;
-        zr_status st = zenflow_absdiff_sum_cuda(out, zr_tensor_data(part), zr_tensor_data(a), pv, n, have_prev, keep,
-                                                zr_cuda_stream(dev));
-        zr_tensor_release(part);
-        return st;
+/* The entries' table and the chunks' partials in one workspace; the table reaches it by zr_cuda_upload. */
+static zr_status absdiff_sums_cuda(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n) {
+    const char *op = "zenflow_absdiff_sums";
+    zr_device dev = zr_tensor_device(sums);
+    zenflow_absdiff_entry *tab = malloc(sizeof *tab * (size_t)n);
+    if (!tab) return zr_error("%s: out of host memory for %lld entries", op, (long long)n);
+    int64_t chunks = 0;
+    if (zr_tensor_numel(sums) > INT32_MAX) {
+        free(tab);
+        return zr_error("%s: %lld sums on CUDA, at most 2^31 - 1", op, (long long)zr_tensor_numel(sums));
     }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t len = zr_tensor_numel(e[i].a);
+        tab[i] = (zenflow_absdiff_entry){zr_tensor_data(e[i].a), e[i].prev ? zr_tensor_data(e[i].prev) : NULL, len,
+                                         chunks, (int32_t)e[i].slot,
+                                         (e[i].have_prev ? ZENFLOW_HAVE_PREV : 0) | (e[i].keep ? ZENFLOW_KEEP : 0)};
+        chunks += zenflow_absdiff_chunks(len);
+    }
+    const int64_t tab_bytes = (int64_t)(sizeof *tab) * n; /* a multiple of 8: the partials stay aligned */
+    zr_tensor *ws = zr_tensor_new_cat(ZR_F32, dev, 1, (int64_t[]){(tab_bytes + 8 * chunks) / 4}, ZR_MEM_WORKSPACE, 0);
+    zr_status st = ws ? ZR_OK : ZR_ERR;
+    if (!st) {
+        cudaStream_t s = zr_cuda_stream(dev);
+        char *w = zr_tensor_data(ws);
+        st = zr_cuda_upload(dev, w, tab, (size_t)tab_bytes, s);
+        if (!st)
+            st = zenflow_absdiff_sums_cuda(zr_tensor_data(sums), (const zenflow_absdiff_entry *)w, n,
+                                           (double *)(w + tab_bytes), chunks, s);
+    }
+    zr_tensor_release(ws); /* the caching allocator hands it out again in stream order only */
+    free(tab);
+    return st;
+}
 #endif
-    *out = (float)zenflow_absdiff_sum_cpu(zr_tensor_data(a), pv, n, have_prev, keep);
+
+zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n) {
+    const char *op = "zenflow_absdiff_sums";
+    if (sums->dtype != ZR_F32 || !zr_tensor_is_contiguous(sums))
+        return zr_error("%s: the sums must be a contiguous f32 tensor", op);
+    char *taken = calloc((size_t)zr_tensor_numel(sums) + 1, 1);
+    if (!taken) return zr_error("%s: out of host memory", op);
+    zr_status st = ZR_OK;
+    for (int64_t i = 0; i < n && !st; i++) st = check_absdiff(op, sums, &e[i], i, taken);
+    free(taken);
+    if (st || n == 0) return st;
+#ifdef ZR_HAVE_CUDA
+    if (!zr_is_cpu(sums)) return absdiff_sums_cuda(sums, e, n);
+#endif
+    float *out = zr_tensor_data(sums);
+    for (int64_t i = 0; i < n; i++)
+        out[e[i].slot] = (float)zenflow_absdiff_sum_cpu(zr_tensor_data(e[i].a), e[i].prev ? zr_tensor_data(e[i].prev)
+                                                                                          : NULL,
+                                                        zr_tensor_numel(e[i].a), e[i].have_prev, e[i].keep);
     return ZR_OK;
 }
 

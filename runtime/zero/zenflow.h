@@ -9,11 +9,21 @@
 
 /* out (cols, f32) = sum over rows of |g| per column; g (rows, cols) f32, contiguous. */
 zr_status zr_zenflow_colsum(zr_tensor *out, zr_tensor *g);
-/* sums[slot] (f32, 0-based) = sum |a - prev| in double (prev: NULL or !have_prev reads zeros); keep:
- * prev takes a's values in the same pass. a, prev: f32, contiguous, the same numel and device as sums.
- * update_interval "auto": the mass of one micro-step's gradient without a copy of the window's sum. */
-zr_status zr_zenflow_absdiff_sum(zr_tensor *sums, int64_t slot, zr_tensor *a, zr_tensor *prev, int have_prev,
-                                 int keep);
+/* One sum of zr_zenflow_absdiff_sums: sums[slot] (0-based) = sum |a - prev| in double, rounded to f32
+ * (prev: NULL or !have_prev reads zeros); keep: prev takes a's values in the same pass. a, prev: f32,
+ * contiguous, the same numel, on the sums' device. */
+typedef struct {
+    int64_t slot;
+    zr_tensor *a, *prev;
+    int have_prev, keep;
+} zr_zenflow_absdiff;
+/* update_interval "auto": the masses of one micro-step's gradients (each from the window's running sum
+ * and a kept copy of the previous micro-step's, one pass) and of its selected columns', n sums at once:
+ * on CUDA one launch over every entry's chunks and one that totals them, with one workspace and the
+ * entries' table copied to the device without waiting for the GPU (each entry's sum deterministic, in
+ * a fixed order: kernels/cuda/zenflow.h); on the CPU each in index order. The slots must differ, and a
+ * kept prev must not overlap another entry's a or prev. */
+zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n);
 /* out (rows, k) = src[:, idx]; src contiguous (rows, cols), out contiguous, same dtype and device. */
 zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx);
 /* dst[:, idx] = src (rows, k). */

@@ -109,30 +109,6 @@ T.test('zenflow "auto": the boundaries follow from the logged statistic, which i
   T.eq(b:find("00") ~= nil, true, "windows longer than one micro-step (" .. b .. ")")
 end)
 
-T.test('zenflow_absdiff_sum: sum |a - prev| in one pass, prev read as zeros or not, kept or not', function()
-  local K = zr._C
-  local a = zr.tensor({ 1.5, -2, 3, 4.25, -0.5 })
-  local function ref(x, p) -- by hand
-    local s = 0
-    for i = 1, #x do s = s + math.abs(x[i] - (p and p[i] or 0)) end
-    return s
-  end
-  local sums = zr.zeros(4)
-  local prev = zr.tensor({ 0.5, 0.5, -1, 4.25, 2 })
-  K.zenflow_absdiff_sum(sums, 2, a, prev, true, false)
-  T.near(sums:flat_table()[2], ref(a:flat_table(), { 0.5, 0.5, -1, 4.25, 2 }), 0, 1e-7, "against prev")
-  T.eq(T.diff(prev, zr.tensor({ 0.5, 0.5, -1, 4.25, 2 })), 0, "prev unchanged without keep")
-  K.zenflow_absdiff_sum(sums, 3, a, prev, false, true)
-  T.near(sums:flat_table()[3], ref(a:flat_table()), 0, 1e-7, "prev read as zeros")
-  T.eq(T.diff(prev, a), 0, "keep: prev takes a")
-  K.zenflow_absdiff_sum(sums, 4, a, nil, false, false)
-  T.near(sums:flat_table()[4], 11.25, 0, 1e-7, "no prev: sum |a|")
-  T.eq(sums:flat_table()[1], 0, "other slots untouched")
-  T.raises(function() K.zenflow_absdiff_sum(sums, 5, a, nil, false, false) end, "slot 4 outside the 4 sums")
-  T.raises(function() K.zenflow_absdiff_sum(sums, 1, a, nil, false, true) end, "no previous sum to read or keep")
-  T.raises(function() K.zenflow_absdiff_sum(sums, 1, a, zr.zeros(3), true, true) end, "holds 3 elements, the gradient 5")
-end)
-
 T.test('zenflow "auto" learns: the loss falls to a quarter', function()
   zr.manual_seed(3)
   local model = zr.nn.Sequential(zr.nn.Linear(16, 32), zr.nn.ReLU(), zr.nn.Linear(32, 1))
