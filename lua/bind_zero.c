@@ -389,7 +389,8 @@ static int l_zenflow_absdiff_sums(lua_State *L) {
         for (int k = 1; k <= 5 && lua_istable(L, top); k++) lua_rawgeti(L, top, k);
         if (!lua_istable(L, top) || !lua_isnumber(L, top + 1) || !zr_l_totensor(L, top + 2) ||
             !(lua_isnil(L, top + 3) || zr_l_totensor(L, top + 3)))
-            luaL_error(L, "zenflow_absdiff_sums: entry %d (0-based) is not a {slot, a, prev|nil, have_prev, keep} table", i);
+            luaL_error(L, "zenflow_absdiff_sums: entry %d (0-based) is not a {slot, a, prev|nil, have_prev, keep} "
+                          "table", i);
         e[i] = (zr_zenflow_absdiff){(int64_t)lua_tointeger(L, top + 1) - 1, zr_l_totensor(L, top + 2),
                                     zr_l_totensor(L, top + 3), lua_toboolean(L, top + 4), lua_toboolean(L, top + 5)};
         lua_settop(L, top - 1); /* the tensors stay referenced by the argument table */

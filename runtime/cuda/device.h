@@ -93,9 +93,10 @@ void zr_cuda_free(zr_device dev, void *p);
 
 /* Queues a copy of bytes of host memory src (a small table: kernel descriptors) to device memory dst
  * on stream s and returns without waiting for the GPU; src may change at once (cuda/upload.c copies it
- * into one of two page-locked slots per device first, and reuses a slot once the copy that read it
- * has run: only a third upload queued before the first one's copy ran waits). A table larger than
- * every one before it allocates a larger slot (cudaHostAlloc; once per size in a run). */
+ * into one of four page-locked slots per device first, taken in turn, and reuses a slot once the copy
+ * that read it has run: only an upload queued while the one four before it still waits for the GPU
+ * waits). A table larger than the slot's last one allocates a larger slot (cudaHostAlloc, at least
+ * 16 KB: rare in a run). */
 zr_status zr_cuda_upload(zr_device dev, void *dst, const void *src, size_t bytes, cudaStream_t s);
 #endif
 

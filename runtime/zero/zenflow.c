@@ -172,13 +172,14 @@ static zr_status check_absdiff(const char *op, zr_tensor *sums, const zr_zenflow
     if (e->a->dtype != ZR_F32 || (e->prev && e->prev->dtype != ZR_F32))
         return zr_error("%s: entry %lld (0-based): f32 tensors only", op, (long long)i);
     if (!e->prev && (e->have_prev || e->keep))
-        return zr_error("%s: entry %lld (0-based) has no previous sum to read or keep (pass prev, or have_prev and keep false)", op, (long long)i);
+        return zr_error("%s: entry %lld (0-based) has no previous sum to read or keep (pass prev, or have_prev "
+                        "and keep false)", op, (long long)i);
     if (e->slot < 0 || e->slot >= ns)
         return zr_error("%s: entry %lld (0-based): slot %lld outside the %lld sums (0-based)", op, (long long)i,
                         (long long)e->slot, (long long)ns);
     if (taken[e->slot])
-        return zr_error("%s: entry %lld (0-based): slot %lld (0-based) is an earlier entry's; give each entry its own slot", op,
-                        (long long)i, (long long)e->slot);
+        return zr_error("%s: entry %lld (0-based): slot %lld (0-based) is an earlier entry's; give each entry "
+                        "its own slot", op, (long long)i, (long long)e->slot);
     taken[e->slot] = 1;
     if (e->prev && zr_tensor_numel(e->prev) != n)
         return zr_error("%s: entry %lld (0-based): the previous sum holds %lld elements, the gradient %lld", op,
@@ -192,13 +193,11 @@ static zr_status check_absdiff(const char *op, zr_tensor *sums, const zr_zenflow
 static zr_status absdiff_sums_cuda(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n) {
     const char *op = "zenflow_absdiff_sums";
     zr_device dev = zr_tensor_device(sums);
+    if (zr_tensor_numel(sums) > INT32_MAX) /* the table's slots are int32 */
+        return zr_error("%s: %lld sums on CUDA, at most 2^31 - 1", op, (long long)zr_tensor_numel(sums));
     zenflow_absdiff_entry *tab = malloc(sizeof *tab * (size_t)n);
     if (!tab) return zr_error("%s: out of host memory for %lld entries", op, (long long)n);
     int64_t chunks = 0;
-    if (zr_tensor_numel(sums) > INT32_MAX) {
-        free(tab);
-        return zr_error("%s: %lld sums on CUDA, at most 2^31 - 1", op, (long long)zr_tensor_numel(sums));
-    }
     for (int64_t i = 0; i < n; i++) {
         int64_t len = zr_tensor_numel(e[i].a);
         tab[i] = (zenflow_absdiff_entry){zr_tensor_data(e[i].a), e[i].prev ? zr_tensor_data(e[i].prev) : NULL, len,
@@ -237,10 +236,12 @@ zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, 
     if (!zr_is_cpu(sums)) return absdiff_sums_cuda(sums, e, n);
 #endif
     float *out = zr_tensor_data(sums);
-    for (int64_t i = 0; i < n; i++)
-        out[e[i].slot] = (float)zenflow_absdiff_sum_cpu(zr_tensor_data(e[i].a), e[i].prev ? zr_tensor_data(e[i].prev)
-                                                                                          : NULL,
-                                                        zr_tensor_numel(e[i].a), e[i].have_prev, e[i].keep);
+    for (int64_t i = 0; i < n; i++) {
+        float *prev = e[i].prev ? zr_tensor_data(e[i].prev) : NULL;
+        out[e[i].slot] =
+            (float)zenflow_absdiff_sum_cpu(zr_tensor_data(e[i].a), prev, zr_tensor_numel(e[i].a), e[i].have_prev,
+                                           e[i].keep);
+    }
     return ZR_OK;
 }
 

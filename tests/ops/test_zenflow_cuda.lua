@@ -1,5 +1,5 @@
 -- ZenFlow's column kernels on CUDA vs their CPU twins (runtime/zero/zenflow.h): column sums, the
--- one-pass |a - prev| sum of update_interval "auto",
+-- batched one-pass |a - prev| sums of update_interval "auto" (zenflow_absdiff_sums),
 -- gather/scatter of selected columns, AdamW on them (f32 and bf16 parameters, the gradient whole or
 -- its selected columns gathered), at awkward sizes; then a zenflow engine run on the GPU vs the CPU, and
 -- an overlap_step checkpoint resumed on the GPU against the uninterrupted GPU run; update_interval "auto"
@@ -50,23 +50,66 @@ T.test("zenflow kernels: CUDA equals the CPU at awkward sizes (f32, bf16; 1-D; n
   end
 end)
 
-T.test("zenflow_absdiff_sum on CUDA equals the CPU (double sums; 16-byte and odd offsets; keep)", function()
-  for _, n in ipairs { 1, 7, 4096, 1000003 } do
-    for _, off in ipairs { 0, 1 } do -- off 1: a and prev one element into their storage (no float4 loads)
-      local a, p = zr.randn(n + off):narrow(1, 1 + off, n), zr.randn(n + off):narrow(1, 1 + off, n)
-      local ag = zr.zeros(n + off, { device = "cuda" }):narrow(1, 1 + off, n)
-      local pg = zr.zeros(n + off, { device = "cuda" }):narrow(1, 1 + off, n)
-      ag:copy_(a); pg:copy_(p)
-      local sc, sg = zr.zeros(2), zr.zeros(2, { device = "cuda" })
-      for _, have in ipairs { true, false } do
-        K.zenflow_absdiff_sum(sc, 1, a, p, have, false); K.zenflow_absdiff_sum(sg, 1, ag, pg, have, false)
-        K.zenflow_absdiff_sum(sc, 2, a, nil, false, false); K.zenflow_absdiff_sum(sg, 2, ag, nil, false, false)
-        close(sg:cpu(), sc, "f32", ("absdiff n %d offset %d prev %s"):format(n, off, tostring(have)))
-      end
-      K.zenflow_absdiff_sum(sg, 1, ag, pg, true, true)
-      T.eq(T.diff(pg:cpu(), a), 0, "keep: prev takes a (n " .. n .. ")")
+T.test("zenflow_absdiff_sums on CUDA equals the CPU: 600 entries, odd sizes and offsets, prev or not, keep; " ..
+  "deterministic, an entry's sum the same alone as among others", function()
+  zr.manual_seed(11)
+  -- 600 entries: a 24 KB table, more than the first pinned slot (16 KB) holds
+  local sizes, E = { 1, 7, 0, 3, 4096, 16383, 16384, 16385, 32769, 100003, 1000003, 5 }, 600
+  local cpu, gpu, rows = {}, {}, {}
+  for i = 1, E do
+    local n = sizes[i] or (i * 7919) % 20011
+    local off = ({ 0, 1, 4 })[i % 3 + 1] -- 1: no float4 loads; 4: 16-byte aligned inside the storage
+    local function pair()
+      local c = zr.randn(n + off):narrow(1, 1 + off, n)
+      local g = zr.zeros(n + off, { device = "cuda" }):narrow(1, 1 + off, n)
+      g:copy_(c)
+      return c, g
+    end
+    local ac, ag = pair()
+    local pc, pg
+    if i % 5 ~= 0 then pc, pg = pair() end
+    local have, keep = pc ~= nil and i % 2 == 0, pc ~= nil and i % 3 ~= 1
+    local slot = (i * 37) % E + 1 -- a permutation of 1..E: slots out of entry order
+    cpu[i], gpu[i] = { slot, ac, pc, have, keep }, { slot, ag, pg, have, keep }
+    rows[i] = { n = n, off = off, a = ac, p = pc and pc:clone() }
+  end
+  local function no_keep(list)
+    local out = {}
+    for i, e in ipairs(list) do out[i] = { e[1], e[2], e[3], e[4], false } end
+    return out
+  end
+  -- queued back to back, read once: the pinned slots are reused while copies may still be queued
+  local s1, s2 = zr.full({ E }, -1, { device = "cuda" }), zr.full({ E }, -1, { device = "cuda" })
+  K.zenflow_absdiff_sums(s1, no_keep(gpu))
+  K.zenflow_absdiff_sums(s2, no_keep(gpu))
+  local alone = {}
+  for _, i in ipairs { 1, 3, 8, 11, 12, 100, 599 } do
+    alone[i] = zr.full({ E }, -1, { device = "cuda" })
+    local e = gpu[i]
+    K.zenflow_absdiff_sums(alone[i], { { e[1], e[2], e[3], e[4], false } })
+  end
+  T.eq(T.diff(s1:cpu(), s2:cpu()), 0, "two runs: the same bits")
+  local f1 = s1:cpu():flat_table()
+  for i, t in pairs(alone) do
+    T.eq(t:cpu():flat_table()[gpu[i][1]], f1[gpu[i][1]], "entry " .. i .. " alone and among 600")
+  end
+  local sc, sg = zr.full({ E }, -1), zr.full({ E }, -1, { device = "cuda" })
+  K.zenflow_absdiff_sums(sc, cpu)
+  K.zenflow_absdiff_sums(sg, gpu)
+  local c, g = sc:flat_table(), sg:cpu():flat_table()
+  for i = 1, E do
+    local slot, r = cpu[i][1], rows[i]
+    local what = ("entry %d (n %d, offset %d, prev %s, keep %s)"):format(i, r.n, r.off, tostring(cpu[i][4]),
+      tostring(cpu[i][5]))
+    T.eq(f1[slot], g[slot], what .. ": the same without keep")
+    if math.abs(g[slot] - c[slot]) > 2.5e-7 * math.abs(c[slot]) then -- both double sums rounded to f32: one ulp
+      error(("%s: cuda %.9g vs cpu %.9g"):format(what, g[slot], c[slot]))
+    end
+    if r.p then
+      T.eq(T.diff(gpu[i][3]:cpu(), cpu[i][5] and r.a or r.p), 0, what .. ": prev afterwards")
     end
   end
+  T.raises(function() K.zenflow_absdiff_sums(sg, { { 1, zr.randn(3) } }) end, "on one device")
 end)
 
 T.test("zenflow engine on the GPU equals the CPU run (f32, re-selection, boundaries; overlap_step; update_interval auto)",
