@@ -49,7 +49,7 @@ static __global__ void __launch_bounds__(256) absdiff_chunks_kernel(double *part
     const int64_t c0 = (c - e.first) * ZENFLOW_ABSDIFF_CHUNK;
     const int64_t len = e.n - c0 < ZENFLOW_ABSDIFF_CHUNK ? e.n - c0 : ZENFLOW_ABSDIFF_CHUNK;
     const float *a = e.a + c0;
-    float *prev = e.prev ? e.prev + c0 : NULL;
+    float *prev = e.flags ? e.prev + c0 : NULL; /* read or written: its alignment counts */
     const int have_prev = e.flags & ZENFLOW_HAVE_PREV, keep = e.flags & ZENFLOW_KEEP;
     double acc = 0;
     const int64_t n4 = ((uintptr_t)a % 16 == 0 && (uintptr_t)prev % 16 == 0) ? len / 4 : 0;
