@@ -222,6 +222,55 @@ static zr_status absdiff_sums_cuda(zr_tensor *sums, const zr_zenflow_absdiff *e,
 }
 #endif
 
+/* The bytes an entry reads (a, prev) or writes (a kept prev), for the overlap check. */
+typedef struct {
+    uintptr_t lo, hi;
+    int64_t entry;
+    int written;
+} span;
+static int span_cmp(const void *x, const void *y) {
+    const span *a = x, *b = y;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Entries run in any order on CUDA: a kept prev must share no byte with any a or other prev. One
+ * sweep over the spans by start: a span that starts before the furthest end so far of the earlier
+ * written spans (or, written itself, of any earlier span) overlaps one. */
+static zr_status check_overlap(const char *op, const zr_zenflow_absdiff *e, int64_t n) {
+    span *sp = malloc(sizeof *sp * (size_t)(2 * n));
+    if (!sp) return zr_error("%s: out of host memory", op);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uintptr_t bytes = (uintptr_t)zr_tensor_numel(e[i].a) * 4;
+        if (bytes == 0) continue;
+        uintptr_t a = (uintptr_t)zr_tensor_data(e[i].a);
+        sp[m++] = (span){a, a + bytes, i, 0};
+        if (e[i].prev && (e[i].have_prev || e[i].keep)) {
+            uintptr_t p = (uintptr_t)zr_tensor_data(e[i].prev);
+            sp[m++] = (span){p, p + bytes, i, e[i].keep};
+        }
+    }
+    qsort(sp, (size_t)m, sizeof *sp, span_cmp);
+    uintptr_t end_any = 0, end_written = 0;
+    int64_t who_any = -1, who_written = -1;
+    zr_status st = ZR_OK;
+    for (int64_t k = 0; k < m && !st; k++) {
+        int64_t other = sp[k].lo < end_written ? who_written : sp[k].written && sp[k].lo < end_any ? who_any : -1;
+        int64_t i = sp[k].entry;
+        if (other == i)
+            st = zr_error("%s: entry %lld (0-based) keeps its prev in memory its a shares; give the kept prev a "
+                          "buffer of its own", op, (long long)i);
+        else if (other >= 0)
+            st = zr_error("%s: entries %lld and %lld (0-based) share memory where one keeps its prev; give each "
+                          "kept prev a buffer of its own", op, (long long)(other < i ? other : i),
+                          (long long)(other < i ? i : other));
+        if (sp[k].hi > end_any) end_any = sp[k].hi, who_any = sp[k].entry;
+        if (sp[k].written && sp[k].hi > end_written) end_written = sp[k].hi, who_written = sp[k].entry;
+    }
+    free(sp);
+    return st;
+}
+
 zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n) {
     const char *op = "zenflow_absdiff_sums";
     if (sums->dtype != ZR_F32 || !zr_tensor_is_contiguous(sums))
@@ -231,6 +280,7 @@ zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, 
     zr_status st = ZR_OK;
     for (int64_t i = 0; i < n && !st; i++) st = check_absdiff(op, sums, &e[i], i, taken);
     free(taken);
+    if (!st && n > 0) st = check_overlap(op, e, n);
     if (st || n == 0) return st;
 #ifdef ZR_HAVE_CUDA
     if (!zr_is_cpu(sums)) return absdiff_sums_cuda(sums, e, n);

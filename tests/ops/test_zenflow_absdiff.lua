@@ -16,7 +16,8 @@ local function naive(a, p)
   return s
 end
 
-T.test("zenflow_absdiff_sums by hand: against prev, prev read as zeros, kept, no prev; other slots untouched", function()
+T.test("zenflow_absdiff_sums by hand: against prev, prev read as zeros, kept, no prev; other slots untouched",
+  function()
   local a = zr.tensor({ 1.5, -2, 3, 4.25, -0.5 })
   local p1, p2 = zr.tensor({ 0.5, 0.5, -1, 4.25, 2 }), zr.tensor({ 9, 9, 9, 9, 9 })
   local sums = zr.full({ 5 }, -1)
@@ -68,6 +69,17 @@ T.test("zenflow_absdiff_sums: every error names the entry and the fix", function
   T.raises(function() K.zenflow_absdiff_sums(sums, { { 1, a }, 3 }) end, "entry 1 (0-based) is not a {slot, a")
   T.raises(function() K.zenflow_absdiff_sums(sums, { { 1, zr.randn(4, 6):transpose(1, 2) } }) end, "must be contiguous")
   T.raises(function() K.zenflow_absdiff_sums(sums:to("f64"), { { 1, a } }) end, "contiguous f32 tensor")
+  -- a kept prev shares no memory with another entry's tensors (on CUDA they run in any order)
+  local p, big = zr.randn(5), zr.randn(12)
+  T.raises(function() K.zenflow_absdiff_sums(sums, { { 1, a, p, true, true }, { 2, p } }) end,
+    "entries 0 and 1 (0-based) share memory where one keeps its prev")
+  T.raises(function()
+    K.zenflow_absdiff_sums(sums, { { 1, big:narrow(1, 1, 5) }, { 2, a }, { 3, a, big:narrow(1, 5, 5), false, true } })
+  end, "entries 0 and 2 (0-based) share memory") -- one element in common
+  T.raises(function() K.zenflow_absdiff_sums(sums, { { 1, big:narrow(1, 2, 5), big:narrow(1, 1, 5), true, true } }) end,
+    "entry 0 (0-based) keeps its prev in memory its a shares")
+  K.zenflow_absdiff_sums(sums, { { 1, a, p, true, false }, { 2, a, p, true, false }, { 3, big:narrow(1, 1, 5), nil },
+    { 4, a, big:narrow(1, 6, 5), true, true } }) -- read twice, kept next to what another reads: allowed
 end)
 
 T.done()
