@@ -20,7 +20,7 @@ int zenflow_colsum_cuda(float *out, const float *g, int64_t rows, int64_t cols, 
  * the chunks of the entries before it (an entry of n = 0 has none). A chunk's partial sum is a double
  * summed by one block in a fixed order, an entry's sum the fixed-order sum of its partials, rounded to
  * f32: the result depends on the data and the pointers' 16-byte alignment only, not on the GPU or on
- * the other entries. The entries' prev must not overlap one another's a or prev where one keeps. */
+ * the other entries. A kept prev shares no memory with any a or other prev (runtime/zero/zenflow.c checks). */
 #define ZENFLOW_ABSDIFF_CHUNK 16384
 #define ZENFLOW_HAVE_PREV 1
 #define ZENFLOW_KEEP 2

@@ -21,8 +21,8 @@ typedef struct {
  * and a kept copy of the previous micro-step's, one pass) and of its selected columns', n sums at once:
  * on CUDA one launch over every entry's chunks and one that totals them, with one workspace and the
  * entries' table copied to the device without waiting for the GPU (each entry's sum deterministic, in
- * a fixed order: kernels/cuda/zenflow.h); on the CPU each in index order. The slots must differ, and a
- * kept prev must not overlap another entry's a or prev. */
+ * a fixed order: kernels/cuda/zenflow.h); on the CPU each in index order. Refused: two entries with one
+ * slot, a kept prev that shares memory with any a or other prev (the entries run in any order). */
 zr_status zr_zenflow_absdiff_sums(zr_tensor *sums, const zr_zenflow_absdiff *e, int64_t n);
 /* out (rows, k) = src[:, idx]; src contiguous (rows, cols), out contiguous, same dtype and device. */
 zr_status zr_zenflow_gather(zr_tensor *out, zr_tensor *src, zr_tensor *idx);
