@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x, ++n) {
         const f2_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
-        const bool last_tile = t + (int)gridDim.x >= ntiles;
+        const bool last_tile = t >= ntiles - (int)gridDim.x; /* the block's last */
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
@@ -316,6 +316,7 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         return -1;
     auto kern = attn_fwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
+    /* the kernel's t + gridDim.x fits an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
     kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
                                                (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
