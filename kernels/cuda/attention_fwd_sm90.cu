@@ -50,18 +50,28 @@ struct f2_tile {
     __device__ __forceinline__ f2_tile(int t, int BH, int nQt, int Hq)
         : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
 };
+/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
+ * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
+static __device__ __forceinline__ int f2_tile_id(int n) {
+    const int g = gridDim.x, i = blockIdx.x;
+    return n * g + ((n & 1) ? g - 1 - i : i);
+}
 
-/* Persistent (FlashAttention-3's design): block i runs work tiles i, i + gridDim.x, .. (heaviest
- * first, above) until B·Hq·nQt; gridDim.x = attn_sm90_blocks(0, tiles), one block per SM by default
- * (148 KB of shared memory: one block an SM), one block per tile with attn_sm90_grid(-1, ..), which
- * is the non-persistent kernel. The static schedule balances well enough: tile costs (qt + 1 key
- * steps) never increase with t, so in every round of gridDim.x tiles block i's tile is at least
- * block i + 1's and at most block i − 1's, and the busiest block does at most one longest tile
- * (nQt steps) more than the idlest — 3% at B64 H12 T1024 (47 tiles, 210 steps a block). A tile
+/* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
+ * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
+ * which is the non-persistent kernel (each block's round 0 only, in today's order). Block i runs
+ * the tiles f2_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
+ * every other round in reverse): a static schedule every role computes alike. It balances well
+ * enough: tile costs (qt + 1 key steps) never increase with t, so within a round a block's tile
+ * costs at most its neighbour's before it; dealing every other round backwards pairs the heavier
+ * half of one round with the lighter half of the next. Busiest block against the mean (key steps +
+ * half a step a tile, 132 blocks): B4 H32/8 T512 +3.1%, T2048 +3.1%, T8192 +0.0%, B64 H12 T1024
+ * +0.3%; dealt in block order every round, T8192 +1.5% and T1024 +1.6%; an atomic tile counter
+ * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id. A tile
  * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
  * (the diagonal first, so the running maxima start finite and no later tile needs a mask).
  * Counters that run across a block's tiles, computed identically by every role: n, the block's
- * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of earlier tiles (key step
+ * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of its earlier tiles (key step
  * it of the tile is ring load j = kv + it: stage j % F2_ST, its j / F2_ST-th use).
  *   producer warp, lane 0, per tile: waits qempty[n % 2] (phase n / 2 − 1: the epilogue of tile
  *     n − 2 no longer uses the buffer; skipped for n < 2), loads Q (qfull[n % 2]); then per step
@@ -133,8 +143,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
     if (warp_id >= F2_PRODUCER) {
         reg_dealloc<24>();
         if (warp_id == F2_PRODUCER && lane == 0) {
-            unsigned n = 0, j = 0; /* this block's tiles so far; ring loads so far */
-            for (int t = blockIdx.x; t < ntiles; t += gridDim.x, ++n) {
+            unsigned j = 0; /* ring loads so far */
+            for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
                 const f2_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
@@ -161,11 +171,11 @@ __global__ void __launch_bounds__(F2_THR, 1)
         if (!(last && wg == 1)) bar_arrive(F2_BAR_TURN + 1 - wg, F2_CONS);
     };
     if (wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
-    unsigned n = 0, kv = 0; /* as the producer's n, and its j at this tile's first load */
-    for (int t = blockIdx.x; t < ntiles; t += gridDim.x, ++n) {
+    unsigned kv = 0; /* the producer's j at this tile's first load */
+    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
         const f2_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
-        const bool last_tile = t >= ntiles - (int)gridDim.x; /* the block's last */
+        const bool last_tile = f2_tile_id(n + 1) >= ntiles; /* the block's last */
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
@@ -316,7 +326,7 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         return -1;
     auto kern = attn_fwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
-    /* the kernel's t + gridDim.x fits an int: 2^30 tiles would be 16 TB of Q */
+    /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
     kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
                                                (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
