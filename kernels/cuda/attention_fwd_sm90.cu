@@ -84,9 +84,10 @@ static __device__ __forceinline__ int f2_tile_id(int n) {
  *     its softmax while P·V runs, waits for P·V, releases load j − 1 (empty, one arrival a warp)
  *     and rescales O and l; P·V of the last tile after the loop, and its release. No wgmma is in
  *     flight across either loop's back edge. The epilogue stages O through the warp's 16 rows of
- *     the tile's Q buffer (only its own warpgroup's S products read them, all done); each thread
- *     then fences its shared-memory writes against the async proxy (the TMA that reloads the
- *     buffer), the warp syncs, and lane 0 arrives on qempty[n % 2] (8 arrivals a phase).
+ *     the tile's Q buffer (only its own warpgroup's S products read them, all done); once the
+ *     staged rows are back in registers each thread fences its shared-memory accesses against
+ *     the async proxy (the TMA that reloads the buffer), the warp syncs, lane 0 arrives on
+ *     qempty[n % 2] (8 arrivals a phase), and only then go O's global stores.
  * No deadlock: a wait only needs arrivals that precede it in the other roles' program order —
  * the producer issues everything tile n's consumers wait for (its Q, then its K/V loads in order)
  * before any wait of its own that needs tile n's consumers (qempty of tile n − 1 is waited for
