@@ -154,15 +154,16 @@ __global__ void __launch_bounds__(WS_THR, 1)
     if (warp_id >= WS_PRODUCER) {
         reg_dealloc<40>();
         if (warp_id == WS_PRODUCER) {
+            auto load_kv = [&](const ws_item &t) { /* lane 0 */
+                mbar_expect_tx(kvfull, 2 * WS_BN * 64 * 2);
+                tma_load4(sK, &tk, kvfull, 0, t.j * WS_BN, t.hk, t.b);
+                tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
+            };
             int c = 0; /* the block's step */
             for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
                 const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
                 const int kv_after = t.niter < WS_ST ? t.niter - 1 : WS_ST - 1;
-                if (r == 0 && lane == 0) {
-                    mbar_expect_tx(kvfull, 2 * WS_BN * 64 * 2);
-                    tma_load4(sK, &tk, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-                    tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-                }
+                if (r == 0 && lane == 0) load_kv(t);
                 const int wn = ws_item_of(r + 1, nblk, blk);
                 if (wn < nitems && lane == 0) {
                     const ws_item u = ws_decode(wn, nbh, nT, Hkv, G, nsplit);
@@ -189,11 +190,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                     cp_async_mbar_arrive(&full[s]);
                     if (r > 0 && it == kv_after) {
                         mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
-                        if (lane == 0) {
-                            mbar_expect_tx(kvfull, 2 * WS_BN * 64 * 2);
-                            tma_load4(sK, &tk, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-                            tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-                        }
+                        if (lane == 0) load_kv(t);
                     }
                 }
             }
