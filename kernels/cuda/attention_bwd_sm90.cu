@@ -78,13 +78,13 @@ static __device__ __forceinline__ int ws_item_of(int r, int nblk, int blk) {
  * running counters across items: the block's step c (all items' steps in order) picks ring stage
  * c % WS_ST with phase (c / WS_ST) & 1, dQ buffer phase c & 1 and dS^T buffer c & 1; the item
  * count r gives the K/V barriers' phase r & 1.
- *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first
- *     min(niter, WS_ST) ring stages, once kvempty says the previous item's products have read K and
- *     V), then an L2 prefetch of the next item's K and V (they come from HBM: each K/V tile has
- *     one item, per split); per step waits empty[s], then Q, dO (TMA) and lse, D rows (cp.async,
- *     zero past T) complete full[s] (1 + 32 arrivals). The next item's first Q/dO stages are thus
- *     in flight while the consumers finish the previous item, and its K/V load while they store dK,
- *     dV.
+ *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first ring
+ *     stage, once kvempty says the previous item's products have read K and V), and an L2 prefetch
+ *     of the next item's K and V (each K/V tile is read by one item per split: from HBM); per step
+ *     waits empty[s], then Q, dO (TMA) and lse, D rows (cp.async, zero past T) complete full[s]
+ *     (1 + 32 arrivals). So the next item's first stage is in flight while the consumers finish
+ *     the previous item (its slot was freed a step earlier), its K/V load while they store dK, dV,
+ *     and its second stage (freed just before kvempty) queues behind K/V, which is needed first.
  *   consumer warpgroup w (keys kv0 + 64w ..), per item: waits kvfull, zeroes dK, dV; per step and
  *     64-query half, S^T = K_w Q^T and dP^T = V_w dO^T (A and B from shared memory), P^T, dS^T =
  *     P^T ∘ (dP^T − D) in registers; dV += P^T dO and dK += dS^T Q with A from registers; dS^T also
@@ -162,7 +162,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
             int c = 0; /* the block's step */
             for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
                 const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
-                const int kv_after = t.niter < WS_ST ? t.niter - 1 : WS_ST - 1;
                 if (r == 0 && lane == 0) load_kv(t);
                 const int wn = ws_item_of(r + 1, nblk, blk);
                 if (wn < nitems && lane == 0) {
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                         cp_async4(sD + s * WS_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
                     }
                     cp_async_mbar_arrive(&full[s]);
-                    if (r > 0 && it == kv_after) {
+                    if (r > 0 && it == 0) {
                         mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
                         if (lane == 0) load_kv(t);
                     }

@@ -126,7 +126,6 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
             if w >= nitems:
                 break
             t = decode(w, nbh, nT, Hkv, G, nsplit)
-            kv_after = t["niter"] - 1 if t["niter"] < WS_ST else WS_ST - 1
             if r == 0:
                 kvfull.expect_tx(2 * 128 * 64 * 2)
                 spawn(tma_kv(w))
@@ -138,7 +137,7 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
                 full[s].expect_tx(2 * 128 * 64 * 2)
                 spawn(tma_stage(s, (w, it, h, i)))
                 spawn(cp_lsed(s, (w, it, h, i)))
-                if r > 0 and it == kv_after:
+                if r > 0 and it == 0:
                     yield from wait(kvempty, (r - 1) & 1)
                     kvfull.expect_tx(2 * 128 * 64 * 2)
                     spawn(tma_kv(w))
