@@ -369,6 +369,10 @@ extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
 
+/* Split while there are fewer than 200 items. Tuned for one block per item; kept for the persistent
+ * grid, where it still lets few, long items spread (a model of the snake schedule on 132 SMs, in
+ * 128×128 steps: B4 T512 H32/8, 128 items, 16 steps a block unsplit, 10 split twice, 9.7 the
+ * average); issue 18's T >= 2048 and GPT-2 (G = 1) are not split. */
 extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
     const int64_t blocks = B * Hkv * ((T + WS_BN - 1) / WS_BN);
     int ns = 1;
