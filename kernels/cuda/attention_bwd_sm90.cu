@@ -40,7 +40,7 @@ struct ws_smem {
 static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 /* A work item: key tile j (128 keys) of kv head hk of batch b, with split `split` of the kv head's
- * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when blocks would be few): niter = Gs·nq
+ * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
  * steps over the query tiles i >= j, step it is head h0 + it / nq, tile j + it % nq. */
 struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
@@ -100,9 +100,11 @@ static __device__ __forceinline__ int ws_item_of(int r, int nblk, int blk) {
  * dS^T's double buffer needs no second barrier: a warpgroup writes buffer c & 1 again at c + 2,
  * after passing step c + 1's barrier, which the other one reaches only after its step c (and its
  * dQ product's reads of that buffer) completed. No phase of a barrier can be lapped: each
- * barrier's next phase needs an arrival from the side that waits on the current one. With one
- * block per item (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V
- * first, no prefetch. */
+ * barrier's next phase needs an arrival from the side that waits on the current one (within a
+ * warpgroup, the named barrier keeps warps less than a step apart). A CPU model of this protocol
+ * that checks it: tests/cuda/attention_bwd_sm90_emu.py. With one block per item
+ * (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V first, no
+ * prefetch. */
 template <typename T>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
