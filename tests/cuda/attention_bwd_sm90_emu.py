@@ -117,15 +117,16 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
     def wait(bar, parity):
         yield (lambda: bar.passes(parity))
 
+    def block_items():  # the kernel's item loop: (r, w, item) for r = 0, 1, ...
+        r = 0
+        while (w := item_of(r, nblk, blk)) < nitems:
+            yield r, w, decode(w, nbh, nT, Hkv, G, nsplit)
+            r += 1
+
     # ---- producer warp ------------------------------------------------------------------------
     def producer():
         c = 0
-        r = 0
-        while True:
-            w = item_of(r, nblk, blk)
-            if w >= nitems:
-                break
-            t = decode(w, nbh, nT, Hkv, G, nsplit)
+        for r, w, t in block_items():
             if r == 0:
                 kvfull.expect_tx(2 * 128 * 64 * 2)
                 spawn(tma_kv(w))
@@ -143,7 +144,6 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
                     spawn(tma_kv(w))
                 c += 1
                 yield None
-            r += 1
 
     # ---- dQ warp ------------------------------------------------------------------------------
     def reduce_add(wg, done):
@@ -152,12 +152,7 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
 
     def dqwarp():
         c = 0
-        r = 0
-        while True:
-            w = item_of(r, nblk, blk)
-            if w >= nitems:
-                break
-            t = decode(w, nbh, nT, Hkv, G, nsplit)
+        for r, w, t in block_items():
             for it in range(t["niter"]):
                 h, i = t["h0"] + it // t["nq"], t["j"] + it % t["nq"]
                 for wg in range(2):
@@ -172,7 +167,6 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
                     st["dqread"][wg] = False
                     dqempty[wg].arrive()
                 c += 1
-            r += 1
 
     # ---- consumer warpgroups ------------------------------------------------------------------
     def named_barrier():
@@ -188,12 +182,7 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
     def consumer(wg, wp):
         me = (wg, wp)
         c = 0
-        r = 0
-        while True:
-            w = item_of(r, nblk, blk)
-            if w >= nitems:
-                break
-            t = decode(w, nbh, nT, Hkv, G, nsplit)
+        for r, w, t in block_items():
             items_seen.append(w)
             yield from wait(kvfull, r & 1)
             check(st["kv"] == w, f"warp {me} item {w}: K/V holds item {st['kv']}")
@@ -240,7 +229,6 @@ def run_block(B, Hq, Hkv, T, nsplit, nblk, blk, rng, consumed, items_seen):
                 dqfull[wg].arrive(32)
                 c += 1
             yield None  # store_dkv
-            r += 1
 
     roles = [producer(), dqwarp()] + [consumer(x, y) for x in range(2) for y in range(4)]
     agents.extend(roles)
