@@ -13,11 +13,12 @@
 
 using namespace sm90;
 
-/* Tiles: 128 keys per block (64 per consumer warpgroup: each keeps its keys' dK, dV in registers),
- * 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each). FA3 uses
- * the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 × 32 KB; dQ
- * 32 KB = 192 KB, which leaves no room for a third Q/dO stage (227 KB per block). */
-#define WS_BN 128              /* keys per block */
+/* Tiles: 128 keys per work item (64 per consumer warpgroup: each keeps its keys' dK, dV in
+ * registers), 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each).
+ * FA3 uses the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 ×
+ * 32 KB; dQ 32 KB = 192 KB, which leaves no room for a third Q/dO stage nor a second K/V buffer
+ * (227 KB per block). */
+#define WS_BN 128              /* keys per work item */
 #define WS_BM 128              /* queries per step */
 #define WS_ST 2                /* Q/dO/lse/D stages */
 #define WS_CONS 256            /* two consumer warpgroups */
@@ -34,28 +35,76 @@ struct ws_smem {
     static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
     static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
     static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
-    static constexpr int BYTES = BAR + 8 * (1 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
 };
 static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
-/* grid: x = (b*Hkv + hk)*nsplit + split, y = key tile j (128 keys; y = 0, the longest, launches
- * first). The block loops over its split's query heads and the query tiles i >= j: iteration it
- * is head h0 + it / nq, tile j + it % nq, ring stage it % WS_ST.
- *   producer warp: K, V once (TMA, barrier kv); per iteration waits empty[s], then Q, dO (TMA) and
- *     lse, D rows (cp.async, zero past T) complete full[s] (1 + 32 arrivals).
- *   consumer warpgroup w (keys kv0 + 64w ..): per 64-query half, S^T = K_w Q^T and dP^T = V_w dO^T
- *     (A and B from shared memory), P^T, dS^T = P^T ∘ (dP^T − D) in registers; dV += P^T dO and
- *     dK += dS^T Q with A from registers; dS^T also to shared memory (buffer it & 1). Then one
- *     named barrier (the other warpgroup's dS^T rows), dQ for queries 64w.. of the tile = dS K over
- *     all 128 keys; the stage released once half 1's dV/dK products are done (empty[s], one
- *     arrival a warp); everything waited for (no wgmma crosses the loop's back edge), dQ (f32)
- *     written to this warpgroup's swizzled buffer: dqfull[w] (128 arrivals).
- *   dQ warp: per iteration and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc
- *     (two 64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
+/* A work item: key tile j (128 keys) of kv head hk of batch b, with split `split` of the kv head's
+ * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
+ * steps over the query tiles i >= j, step it is head h0 + it / nq, tile j + it % nq. */
+struct ws_item {
+    int j, split, bhk, b, hk, h0, nq, niter;
+};
+/* Items are numbered heaviest first: w = j·nbh + (b·Hkv + hk)·nsplit + split (nbh = B·Hkv·nsplit),
+ * the order in which the one-block-per-item grid launches them. Item counts fit an int: 2^31 items
+ * would be 2^31 × 128 query rows, terabytes of Q. */
+static __device__ __forceinline__ ws_item ws_decode(int w, int nbh, int nT, int Hkv, int G,
+                                                    int nsplit) {
+    ws_item t;
+    t.j = w / nbh;
+    const int x = w % nbh;
+    t.split = x % nsplit;
+    t.bhk = x / nsplit;
+    t.b = t.bhk / Hkv;
+    t.hk = t.bhk % Hkv;
+    const int Gs = G / nsplit;
+    t.h0 = t.hk * G + t.split * Gs;
+    t.nq = nT - t.j;
+    t.niter = Gs * t.nq;
+    return t;
+}
+/* The block's r-th item (r = 0, 1, ... while < nitems; one past the end stays past it): round r
+ * deals items r·nblk .. r·nblk + nblk − 1 out to the blocks, forwards on even rounds and backwards
+ * on odd ones (a snake). Items only get lighter with w, so each odd round hands the lightest items
+ * to the blocks that got the heaviest ones in the round before: within one step of the critical
+ * path of a greedy (dynamic) schedule on every shape we tried (issue 18's B4 T512/2048/8192 GQA,
+ * GPT-2's B64 H12 T1024, 1-16 batch sizes), where the plain round robin ran up to 1.2× longer. */
+static __device__ __forceinline__ int ws_item_of(int r, int nblk, int blk) {
+    return r * nblk + ((r & 1) ? nblk - 1 - blk : blk);
+}
+
+/* Persistent: grid = min(items, SMs) blocks (attn_sm90_blocks), block blk runs items
+ * ws_item_of(r, gridDim.x, blk), r = 0, 1, ...; every role walks the same item sequence and keeps
+ * running counters across items: the block's step c (all items' steps in order) picks ring stage
+ * c % WS_ST with phase (c / WS_ST) & 1, dQ buffer phase c & 1 and dS^T buffer c & 1; the item
+ * count r gives the K/V barriers' phase r & 1.
+ *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first ring
+ *     stage, once kvempty says the previous item's products have read K and V), and an L2 prefetch
+ *     of the next item's K and V (each K/V tile is read by one item per split: from HBM); per step
+ *     waits empty[s], then Q, dO (TMA) and lse, D rows (cp.async, zero past T) complete full[s]
+ *     (1 + 32 arrivals). So the next item's first stage is in flight while the consumers finish
+ *     the previous item (its slot was freed a step earlier), its K/V load while they store dK, dV,
+ *     and its second stage (freed just before kvempty) queues behind K/V, which is needed first.
+ *   consumer warpgroup w (keys kv0 + 64w ..), per item: waits kvfull, zeroes dK, dV; per step and
+ *     64-query half, S^T = K_w Q^T and dP^T = V_w dO^T (A and B from shared memory), P^T, dS^T =
+ *     P^T ∘ (dP^T − D) in registers; dV += P^T dO and dK += dS^T Q with A from registers; dS^T also
+ *     to shared memory (buffer c & 1). Then one named barrier (the other warpgroup's dS^T rows),
+ *     dQ for queries 64w.. of the tile = dS K over all 128 keys; the stage released once half 1's
+ *     dV/dK products are done (empty[s], one arrival a warp); everything waited for (no wgmma
+ *     crosses a loop's back edge); after the item's last step K and V released (kvempty, one
+ *     arrival a warp: the dQ product is the last reader of K); dQ (f32) written to this
+ *     warpgroup's swizzled buffer: dqfull[w] (128 arrivals). After the item: dK, dV stored.
+ *   dQ warp: per step and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc (two
+ *     64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
  *     releases the buffer: dqempty[w].
- * dS^T's double buffer needs no second barrier: a warpgroup writes buffer it & 1 again at it + 2,
- * after passing iteration it + 1's barrier, which the other one reaches only after its iteration
- * it (and its dQ product's reads of that buffer) completed. */
+ * dS^T's double buffer needs no second barrier: a warpgroup writes buffer c & 1 again at c + 2,
+ * after passing step c + 1's barrier, which the other one reaches only after its step c (and its
+ * dQ product's reads of that buffer) completed. No phase of a barrier can be lapped: each
+ * barrier's next phase needs an arrival from the side that waits on the current one (within a
+ * warpgroup, the named barrier keeps warps less than a step apart). A CPU model of this protocol
+ * that checks it: tests/cuda/attention_bwd_sm90_emu.py. With one block per item
+ * (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V first, no
+ * prefetch. */
 template <typename T>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
@@ -65,7 +114,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tv,
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
-                       int T_, int Hq, int G, int nsplit, int64_t kv_elems, float scale,
+                       int B, int T_, int Hq, int G, int nsplit, int64_t kv_elems, float scale,
                        float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
@@ -77,20 +126,17 @@ __global__ void __launch_bounds__(WS_THR, 1)
     float *sdQ = reinterpret_cast<float *>(base + ws_smem::DQ);
     float *sL = reinterpret_cast<float *>(base + ws_smem::L);
     float *sD = reinterpret_cast<float *>(base + ws_smem::D);
-    uint64_t *kvbar = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
-    uint64_t *full = kvbar + 1, *empty = full + WS_ST, *dqfull = empty + WS_ST,
-             *dqempty = dqfull + 2;
+    uint64_t *kvfull = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
+    uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + WS_ST,
+             *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
 
-    const int nT = (T_ + WS_BM - 1) / WS_BM;
-    const int j = blockIdx.y, kv0 = j * WS_BN;
-    const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
-    const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
-    const int Gs = G / nsplit, h0 = hk * G + split * Gs;
-    const int nq = nT - j, niter = Gs * nq;
+    const int nT = (T_ + WS_BM - 1) / WS_BM, Hkv = Hq / G, nbh = B * Hkv * nsplit;
+    const int nitems = nbh * nT, nblk = gridDim.x, blk = blockIdx.x;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
 
     if (tid == 0) {
-        mbar_init(kvbar, 1);
+        mbar_init(kvfull, 1);
+        mbar_init(kvempty, WS_CONS / 32);
         for (int s = 0; s < WS_ST; ++s) {
             mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
             mbar_init(&empty[s], WS_CONS / 32);
@@ -110,48 +156,67 @@ __global__ void __launch_bounds__(WS_THR, 1)
     if (warp_id >= WS_PRODUCER) {
         reg_dealloc<40>();
         if (warp_id == WS_PRODUCER) {
-            if (lane == 0) {
-                mbar_expect_tx(kvbar, 2 * WS_BN * 64 * 2);
-                tma_load4(sK, &tk, kvbar, 0, kv0, hk, b);
-                tma_load4(sV, &tv, kvbar, 0, kv0, hk, b);
-            }
-            for (int it = 0; it < niter; ++it) {
-                const int s = it % WS_ST, h = h0 + it / nq, i = j + it % nq;
-                if (it >= WS_ST) mbar_wait(&empty[s], ((it / WS_ST) - 1) & 1);
-                if (lane == 0) {
-                    mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
-                    tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, b);
-                    tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, b);
+            auto load_kv = [&](const ws_item &t) { /* lane 0 */
+                mbar_expect_tx(kvfull, 2 * WS_BN * 64 * 2);
+                tma_load4(sK, &tk, kvfull, 0, t.j * WS_BN, t.hk, t.b);
+                tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
+            };
+            int c = 0; /* the block's step */
+            for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
+                const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+                if (r == 0 && lane == 0) load_kv(t);
+                const int wn = ws_item_of(r + 1, nblk, blk);
+                if (wn < nitems && lane == 0) {
+                    const ws_item u = ws_decode(wn, nbh, nT, Hkv, G, nsplit);
+                    tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
+                    tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
                 }
-                /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it adds
-                 * 0 */
-                const size_t roff = ((size_t)b * Hq + h) * T_;
+                for (int it = 0; it < t.niter; ++it, ++c) {
+                    const int s = c % WS_ST, h = t.h0 + it / t.nq, i = t.j + it % t.nq;
+                    if (c >= WS_ST) mbar_wait(&empty[s], ((c / WS_ST) - 1) & 1);
+                    if (lane == 0) {
+                        mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
+                        tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, t.b);
+                        tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, t.b);
+                    }
+                    /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it
+                     * adds 0 */
+                    const size_t roff = ((size_t)t.b * Hq + h) * T_;
 #pragma unroll
-                for (int m = 0; m < WS_BM / 32; ++m) {
-                    const int c = lane + 32 * m, r = i * WS_BM + c, ok = r < T_;
-                    cp_async4(sL + s * WS_BM + c, lse + roff + (ok ? r : 0), ok ? 4 : 0);
-                    cp_async4(sD + s * WS_BM + c, Dd + roff + (ok ? r : 0), ok ? 4 : 0);
+                    for (int m = 0; m < WS_BM / 32; ++m) {
+                        const int cc = lane + 32 * m, row = i * WS_BM + cc, ok = row < T_;
+                        cp_async4(sL + s * WS_BM + cc, lse + roff + (ok ? row : 0), ok ? 4 : 0);
+                        cp_async4(sD + s * WS_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
+                    }
+                    cp_async_mbar_arrive(&full[s]);
+                    if (r > 0 && it == 0) {
+                        mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
+                        if (lane == 0) load_kv(t);
+                    }
                 }
-                cp_async_mbar_arrive(&full[s]);
             }
             cp_async_wait<0>(); /* no copy of this thread outlives it */
         } else if (warp_id == WS_DQWARP) {
-            for (int it = 0; it < niter; ++it) {
-                const int h = h0 + it / nq, i = j + it % nq;
+            int c = 0;
+            for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
+                const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+                for (int it = 0; it < t.niter; ++it, ++c) {
+                    const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
 #pragma unroll
-                for (int w = 0; w < 2; ++w) {
-                    mbar_wait(&dqfull[w], it & 1);
-                    if (lane == 0) {
-                        const int row0 = i * WS_BM + 64 * w;
-                        if (row0 < T_) {
-                            tma_reduce_add4(&tdq, sdQ + w * 4096, 0, row0, h, b);
-                            tma_reduce_add4(&tdq, sdQ + w * 4096 + 2048, 32, row0, h, b);
+                    for (int wg = 0; wg < 2; ++wg) {
+                        mbar_wait(&dqfull[wg], c & 1);
+                        if (lane == 0) {
+                            const int row0 = i * WS_BM + 64 * wg;
+                            if (row0 < T_) {
+                                tma_reduce_add4(&tdq, sdQ + wg * 4096, 0, row0, h, t.b);
+                                tma_reduce_add4(&tdq, sdQ + wg * 4096 + 2048, 32, row0, h, t.b);
+                            }
+                            bulk_commit();
+                            bulk_wait_read<0>();
+                            mbar_arrive(&dqempty[wg]);
                         }
-                        bulk_commit();
-                        bulk_wait_read<0>();
-                        mbar_arrive(&dqempty[w]);
+                        __syncwarp();
                     }
-                    __syncwarp();
                 }
             }
             if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
@@ -164,93 +229,90 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
                    aVw = smem_u32(sV + wg * 64 * 64);
-    const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
-    float dka[32], dva[32];
+    int c = 0; /* the block's step */
+    for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
+        const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+        const int kv0 = t.j * WS_BN;
+        const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+        float dka[32], dva[32];
 #pragma unroll
-    for (int e = 0; e < 32; ++e)
-        dka[e] = dva[e] = 0.f;
-    mbar_wait(kvbar, 0);
+        for (int e = 0; e < 32; ++e)
+            dka[e] = dva[e] = 0.f;
+        mbar_wait(kvfull, r & 1);
 
-    for (int it = 0; it < niter; ++it) {
-        const int s = it % WS_ST, i = j + it % nq;
-        mbar_wait(&full[s], (it / WS_ST) & 1);
-        const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64), adO = smem_u32(sdO + s * WS_BM * 64);
-        const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
-        uint16_t *cdS = sdS + (it & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
-        const bool diag = (i == j);
+        for (int it = 0; it < t.niter; ++it, ++c) {
+            const int s = c % WS_ST, i = t.j + it % t.nq;
+            mbar_wait(&full[s], (c / WS_ST) & 1);
+            const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64),
+                           adO = smem_u32(sdO + s * WS_BM * 64);
+            const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
+            uint16_t *cdS = sdS + (c & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
+            const bool diag = (i == t.j);
 
-        uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
+            uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
-            reg_fence(st);
-            reg_fence(dpt);
-            wg_fence();
+            for (int hh = 0; hh < 2; ++hh) {
+                float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
+                reg_fence(st);
+                reg_fence(dpt);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wg_ss64<T, 0, 0>(st, desc128(aKw + kk * 32), desc128(aQ + hh * 64 * 128 + kk * 32),
-                                 kk);
-            wg_commit();
+                for (int kk = 0; kk < 4; ++kk)
+                    wg_ss64<T, 0, 0>(st, desc128(aKw + kk * 32),
+                                     desc128(aQ + hh * 64 * 128 + kk * 32), kk);
+                wg_commit();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
-                                 desc128(adO + hh * 64 * 128 + kk * 32), kk);
-            wg_commit();
-            /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the groups
-             * complete in order), so pf/sf, their A operands, may be overwritten below */
-            wg_wait<1>();
-            reg_fence(st);
-            if (hh == 1) {
-                reg_fence(pf);
-                reg_fence(sf);
-                reg_fence(dva);
-                reg_fence(dka);
+                for (int kk = 0; kk < 4; ++kk)
+                    wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
+                                     desc128(adO + hh * 64 * 128 + kk * 32), kk);
+                wg_commit();
+                /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the
+                 * groups complete in order), so pf/sf, their A operands, may be overwritten below */
+                wg_wait<1>();
+                reg_fence(st);
+                if (hh == 1) {
+                    reg_fence(pf);
+                    reg_fence(sf);
+                    reg_fence(dva);
+                    reg_fence(dka);
+                }
+                p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
+                if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
+                wg_wait<0>();
+                reg_fence(dpt);
+                ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
+                           cdS + hh * WS_BN * 64 /* [key][query of this half] */,
+                           wg * 64 + warp * 16 + g, t4);
+                dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
             }
-            p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
-            if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
+            fence_proxy_async();
+            bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
+
+            /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K */
+            float dq[32]; /* overwritten by the first k-step */
+            dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
+            wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
+            reg_fence(dva);
+            reg_fence(dka);
+            reg_fence(pf);
+            reg_fence(sf);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+            if (c > 0) mbar_wait(&dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
             wg_wait<0>();
-            reg_fence(dpt);
-            ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
-                       cdS + hh * WS_BN * 64 /* [key][query of this half] */,
-                       wg * 64 + warp * 16 + g, t4);
-            dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
-        }
-        fence_proxy_async();
-        bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
-
-        /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K. */
-        float dq[32]; /* overwritten by the first k-step */
-        dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
-        wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
-        reg_fence(dva);
-        reg_fence(dka);
-        reg_fence(pf);
-        reg_fence(sf);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[s]);
-        if (it > 0) mbar_wait(&dqempty[wg], (it - 1) & 1); /* the dQ warp has read our buffer */
-        wg_wait<0>();
-        reg_fence(dq);
-
-        /* dQ into two 64×32 boxes in the map's 128-byte swizzle (16-byte chunk ^ row % 8) */
-        float *q4 = sdQ + wg * 4096;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-            const int chunk = (nt & 3) * 2 + (t4 >> 1);
-#pragma unroll
-            for (int hlf = 0; hlf < 2; ++hlf) {
-                const int row = warp * 16 + g + 8 * hlf; /* row & 7 == g */
-                *reinterpret_cast<float2 *>(q4 + (nt >> 2) * 2048 + row * 32 + ((chunk ^ g) << 2) +
-                                            2 * (t4 & 1)) =
-                    make_float2(dq[4 * nt + 2 * hlf], dq[4 * nt + 2 * hlf + 1]);
+            reg_fence(dq);
+            if (it == t.niter - 1) { /* the item's last read of K (and V, earlier) is done */
+                __syncwarp();
+                if (lane == 0) mbar_arrive(kvempty);
             }
+            dq_stage(sdQ + wg * 4096, dq, warp, g, t4);
+            fence_proxy_async(); /* visible to the TMA unit's reads */
+            mbar_arrive(&dqfull[wg]);
         }
-        fence_proxy_async(); /* visible to the TMA unit's reads */
-        mbar_arrive(&dqfull[wg]);
-    }
 
-    store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, b, hk, bhk, key0, t4, T_, split, nsplit,
-                 kv_elems, scale);
+        store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_, t.split,
+                     nsplit, kv_elems, scale);
+    }
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -309,6 +371,10 @@ extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
 
+/* Split while there are fewer than 200 items. Tuned for one block per item; kept for the persistent
+ * grid, where it still lets few, long items spread (a model of the snake schedule on 132 SMs, in
+ * 128×128 steps: B4 T512 H32/8, 128 items, 16 steps a block unsplit, 10 split twice, 9.7 the
+ * average); issue 18's T >= 2048 and GPT-2 (G = 1) are not split. */
 extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T) {
     const int64_t blocks = B * Hkv * ((T + WS_BN - 1) / WS_BN);
     int ns = 1;
@@ -342,10 +408,10 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
                        cudaStream_t st) {
     auto kern = attn_bwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
-    dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + WS_BN - 1) / WS_BN));
-    kern<<<grid, WS_THR, ws_smem::BYTES, st>>>(
+    const int blocks = attn_sm90_blocks(1, B * Hkv * ns * ((T_ + WS_BN - 1) / WS_BN));
+    kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, lse, Dd, L.dk, L.dv,
-        (int)T_, (int)Hq, (int)(Hq / Hkv), ns, nkv, scale, scale * 1.4426950408889634f);
+        (int)B, (int)T_, (int)Hq, (int)(Hq / Hkv), ns, nkv, scale, scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,

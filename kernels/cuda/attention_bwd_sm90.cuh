@@ -1,5 +1,6 @@
-/* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and lse, the causal mask of the
- * diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK and dQ products, and the
+/* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and
+ * lse, the causal mask of the diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK
+ * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, and the
  * dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
@@ -89,6 +90,34 @@ static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, ui
     for (int kc = 0; kc < 8; ++kc)
         wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
     wg_commit();
+}
+
+/* A warpgroup's dQ tile (64×64 f32, accumulator layout; this thread's rows warp·16 + g, + 8) into
+ * q4 as two 64×32 boxes in the dQ map's 128-byte swizzle (16-byte chunk ^ row % 8) for the TMA
+ * reduce-add. */
+static __device__ __forceinline__ void dq_stage(float *q4, const float (&dq)[32], int warp, int g,
+                                                int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        const int chunk = (nt & 3) * 2 + (t4 >> 1);
+#pragma unroll
+        for (int hlf = 0; hlf < 2; ++hlf) {
+            const int row = warp * 16 + g + 8 * hlf; /* row & 7 == g */
+            *reinterpret_cast<float2 *>(q4 + (nt >> 2) * 2048 + row * 32 + ((chunk ^ g) << 2) +
+                                        2 * (t4 & 1)) =
+                make_float2(dq[4 * nt + 2 * hlf], dq[4 * nt + 2 * hlf + 1]);
+        }
+    }
+}
+
+/* TMA prefetch: the box at coordinates (c0, c1, c2, c3) of the tensor map into L2 (no shared
+ * memory, no completion), so that a later tma_load4 of it does not wait for HBM. */
+static __device__ __forceinline__ void tma_prefetch4(const void *map, int c0, int c1, int c2,
+                                                     int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
 }
 
 /* Epilogue of a warpgroup's 64 keys: this thread's rows key0, key0 + 8 (accumulator layout) of kv

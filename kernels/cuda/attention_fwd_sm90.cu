@@ -16,12 +16,13 @@
 
 using namespace sm90;
 
-/* Tiles: 128 queries per block (64 per consumer warpgroup), 128 keys per step; BM == BN, so only a
- * block's first key tile (its diagonal) needs the causal mask. 384 threads: with more than 8 warps
+/* Tiles: 128 queries per tile (64 per consumer warpgroup), 128 keys per step; BM == BN, so only a
+ * tile's first key tile (its diagonal) needs the causal mask. 384 threads: with more than 8 warps
  * ptxas budgets 168 registers a thread; setmaxnreg 24 / 240 (24 + 2 · 240 ≤ 512 per SM
  * sub-partition) gives the consumers room for S (64), O (32) and P (32) at once, which the overlap
  * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
- * K of j + 1), so the ring needs three to keep a load ahead; four fit (16 + 128 KB). */
+ * K of j + 1), so the ring needs three to keep a load ahead; four fit next to two Q buffers
+ * (2 · 16 + 128 KB). */
 #define F2_BM 128
 #define F2_BN 128
 #define F2_ST 4
@@ -31,54 +32,107 @@ using namespace sm90;
 #define F2_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
 #define F2_LOG2E 1.4426950408889634f
 static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
+static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
-/* Shared memory from a 1024-byte boundary: Q (128 rows), F2_ST stages of K and V, the mbarriers. */
+/* Shared memory from a 1024-byte boundary: two Q tiles (128 rows each), F2_ST stages of K and V,
+ * the mbarriers (qfull[2], qempty[2], full[F2_ST], empty[F2_ST]). */
 struct f2_smem {
-    static constexpr int Q = 0, K = Q + F2_BM * 64 * 2, V = K + F2_ST * F2_BN * 64 * 2;
-    static constexpr int BAR = V + F2_ST * F2_BN * 64 * 2;
-    static constexpr int BYTES = BAR + 8 * (1 + 2 * F2_ST) + 1024; /* + alignment slack */
+    static constexpr int QT = F2_BM * 64 * 2, KV = F2_BN * 64 * 2; /* bytes of a Q, a K tile */
+    static constexpr int Q = 0, K = Q + 2 * QT, V = K + F2_ST * KV, BAR = V + F2_ST * KV;
+    static constexpr int BYTES = BAR + 8 * (4 + 2 * F2_ST) + 1024; /* + alignment slack */
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
-/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first: the scheduler takes
- * every head's last tile before any shorter one). Block (bh, qt) owns queries q0 = 128 qt .. +127
- * and key tiles kt = qt, qt − 1, .., 0 in that order (step it is tile qt − it, stage it % F2_ST:
- * the diagonal first, so the running maxima start finite and no later tile needs a mask).
- *   producer warp, lane 0: Q once (barQ), then per step waits empty[s], loads K and V (full[s]).
- *   consumer warpgroup w (queries q0 + 64w ..): S_0 = Q·K_0^T, its softmax (masked) → P_0; then per
- *     step it ≥ 1 issues S_it = Q·K_it^T and O += P_{it−1}·V_{it−1}, waits for S_it alone, runs its
- *     softmax while P·V runs, waits for P·V, releases stage it − 1 (empty, one arrival a warp) and
- *     rescales O and l; P·V of the last tile after the loop. No wgmma crosses the loop's back edge.
+/* Work tile t (0 .. B·Hq·nQt − 1), numbered heaviest first: bh = b·Hq + h = t % BH, query tile
+ * qt = nQt − 1 − t / BH (every head's last tile before any shorter one). */
+struct f2_tile {
+    int qt, b, h;
+    __device__ __forceinline__ f2_tile(int t, int BH, int nQt, int Hq)
+        : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
+};
+/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
+ * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
+static __device__ __forceinline__ int f2_tile_id(int n) {
+    const int g = gridDim.x, i = blockIdx.x;
+    return n * g + ((n & 1) ? g - 1 - i : i);
+}
+
+/* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
+ * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
+ * which is the non-persistent kernel (each block's round 0 only, in today's order). Block i runs
+ * the tiles f2_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
+ * every other round in reverse): a static schedule every role computes alike. It balances well
+ * enough: tile costs (qt + 1 key steps) never increase with t, so within a round a block's tile
+ * costs at most its neighbour's before it; dealing every other round backwards pairs the heavier
+ * half of one round with the lighter half of the next. Busiest block against the mean (key steps +
+ * half a step a tile, 132 blocks): B4 H32/8 T512 +3.1%, T2048 +3.1%, T8192 +0.0%, B64 H12 T1024
+ * +0.3%; dealt in block order every round, T8192 +1.5% and T1024 +1.6%; an atomic tile counter
+ * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id. A tile
+ * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
+ * (the diagonal first, so the running maxima start finite and no later tile needs a mask).
+ * Counters that run across a block's tiles, computed identically by every role: n, the block's
+ * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of its earlier tiles (key step
+ * it of the tile is ring load j = kv + it: stage j % F2_ST, its j / F2_ST-th use).
+ *   producer warp, lane 0, per tile: waits qempty[n % 2] (phase n / 2 − 1: the epilogue of tile
+ *     n − 2 no longer uses the buffer; skipped for n < 2), loads Q (qfull[n % 2]); then per step
+ *     waits empty[j % F2_ST] (phase j / F2_ST − 1: load j − F2_ST released; skipped for j < F2_ST),
+ *     loads K and V (full[j % F2_ST]). So tile n + 1's Q and first K/V load while tile n's last
+ *     products and epilogue run.
+ *   consumer warpgroup w (queries q0 + 64w ..), per tile: waits qfull[n % 2] (phase n / 2);
+ *     S_0 = Q·K_0^T, its softmax (masked) → P_0; then per step it ≥ 1 waits full (phase
+ *     j / F2_ST), issues S_it = Q·K_it^T and O += P_{it−1}·V_{it−1}, waits for S_it alone, runs
+ *     its softmax while P·V runs, waits for P·V, releases load j − 1 (empty, one arrival a warp)
+ *     and rescales O and l; P·V of the last tile after the loop, and its release. No wgmma is in
+ *     flight across either loop's back edge. The epilogue stages O through the warp's 16 rows of
+ *     the tile's Q buffer (only its own warpgroup's S products read them, all done); once the
+ *     staged rows are back in registers each thread fences its shared-memory accesses against
+ *     the async proxy (the TMA that reloads the buffer), the warp syncs, lane 0 arrives on
+ *     qempty[n % 2] (8 arrivals a phase), and only then go O's global stores.
+ * No deadlock: a wait only needs arrivals that precede it in the other roles' program order —
+ * the producer issues everything tile n's consumers wait for (its Q, then its K/V loads in order)
+ * before any wait of its own that needs tile n's consumers (qempty of tile n − 1 is waited for
+ * before tile n + 1's Q; empty of load j − F2_ST before load j, released at step j − F2_ST + 1 ≤
+ * j − 3 or at the end of that load's tile, needing no load past j − 3). Parities are never
+ * ambiguous: no barrier runs two phases ahead of a waiter, as each reuse of a buffer waits for
+ * the release of its previous use.
  * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
  * not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
- * Ping-pong (FlashAttention-3's): a warpgroup issues each of its nkv + 1 groups of products
+ * Ping-pong (FlashAttention-3's): a warpgroup issues each of its nkv + 1 groups of products a tile
  * (S_0; S_it with P·V_{it−1}; P·V of the last tile) only in its turn — it waits on its named barrier
  * (turn(), bar.sync 1 + w over both warpgroups) and, once issued, hands the turn over (pass(),
  * bar.arrive 2 − w) — so the tensor cores run the two warpgroups' products alternately and one's
- * softmax runs under the other's products. Warpgroup 1 passes first, so that warpgroup 0 starts,
- * and not after its last group (nobody waits for it): nkv + 1 arrivals for nkv + 1 waits on each
- * barrier. Each waits for its data (full[s]) before its turn, never holding the turn on a load. */
+ * softmax (or epilogue) runs under the other's products. Both warpgroups run the same tiles, so
+ * the turns alternate across tile boundaries too (warpgroup 0's epilogue of tile n runs under
+ * warpgroup 1's last P·V, warpgroup 1's under warpgroup 0's S_0 of tile n + 1). Warpgroup 1
+ * passes first, so that warpgroup 0 starts, and not after its last group of the block's last tile
+ * (nobody waits for it): with N = Σ (nkv + 1) over the block's tiles, barrier 1 sees N waits
+ * (warpgroup 0) and 1 + N − 1 arrivals (warpgroup 1), barrier 2 N waits (warpgroup 1) and N
+ * arrivals (warpgroup 0); neither can get two arrivals ahead, as each warpgroup waits for its own
+ * turn between two passes. Each waits for its data (qfull, full) before its turn, never holding
+ * the turn on a load. */
 template <typename T>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
-                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int Hq,
-                        int G, float scale_log2) {
+                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int B,
+                        int Hq, int G, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);
-    uint64_t *barQ = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
-    uint64_t *full = barQ + 1, *empty = full + F2_ST;
+    uint64_t *qfull = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
+    uint64_t *qempty = qfull + 2, *full = qempty + 2, *empty = full + F2_ST;
 
-    const int nQt = (T_ + F2_BM - 1) / F2_BM;
-    const int qt = nQt - 1 - (int)blockIdx.y, q0 = qt * F2_BM, nkv = qt + 1;
-    const int bh = blockIdx.x, b = bh / Hq, h = bh % Hq;
+    const int nQt = (T_ + F2_BM - 1) / F2_BM, BH = B * Hq, ntiles = BH * nQt;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
-        mbar_init(barQ, 1);
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(&qfull[i], 1);
+            mbar_init(&qempty[i], F2_CONS / 32);
+        }
         for (int s = 0; s < F2_ST; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], F2_CONS / 32);
@@ -90,14 +144,20 @@ __global__ void __launch_bounds__(F2_THR, 1)
     if (warp_id >= F2_PRODUCER) {
         reg_dealloc<24>();
         if (warp_id == F2_PRODUCER && lane == 0) {
-            mbar_expect_tx(barQ, F2_BM * 64 * 2);
-            tma_load4(sQ, &tq, barQ, 0, q0, h, b);
-            for (int it = 0; it < nkv; ++it) {
-                const int s = it % F2_ST, kt = qt - it;
-                if (it >= F2_ST) mbar_wait(&empty[s], ((it / F2_ST) - 1) & 1);
-                mbar_expect_tx(&full[s], 2 * F2_BN * 64 * 2);
-                tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, h / G, b);
-                tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, h / G, b);
+            unsigned j = 0; /* ring loads so far */
+            for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
+                const f2_tile w(t, BH, nQt, Hq);
+                const unsigned qb = n & 1;
+                if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
+                mbar_expect_tx(&qfull[qb], f2_smem::QT);
+                tma_load4(sQ + qb * F2_BM * 64, &tq, &qfull[qb], 0, w.qt * F2_BM, w.h, w.b);
+                for (int kt = w.qt; kt >= 0; --kt, ++j) {
+                    const unsigned s = j % F2_ST;
+                    if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
+                    mbar_expect_tx(&full[s], 2 * f2_smem::KV);
+                    tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, w.h / G, w.b);
+                    tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, w.h / G, w.b);
+                }
             }
         }
         return;
@@ -112,88 +172,103 @@ __global__ void __launch_bounds__(F2_THR, 1)
         if (!(last && wg == 1)) bar_arrive(F2_BAR_TURN + 1 - wg, F2_CONS);
     };
     if (wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
-    const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
-    const uint32_t qa = smem_u32(sQ + wg * 64 * 64);
-    float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
-    float acc[32], sc[64];
-    uint32_t pf[8][4];
+    unsigned kv = 0; /* the producer's j at this tile's first load */
+    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
+        const f2_tile w(t, BH, nQt, Hq);
+        const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
+        const bool last_tile = f2_tile_id(n + 1) >= ntiles; /* the block's last */
+        uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
+        const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+        const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
+        float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
+        float acc[32], sc[64];
+        uint32_t pf[8][4];
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
-        acc[i] = 0.f;
-    auto issue_s = [&](uint32_t ka) { /* sc = Q·K^T (64×128), K at shared address ka */
+        for (int i = 0; i < 32; ++i)
+            acc[i] = 0.f;
+        auto issue_s = [&](uint32_t ka) { /* sc = Q·K^T (64×128), K at shared address ka */
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
-        wg_commit();
-    };
-    auto issue_pv = [&](uint32_t va) { /* acc += P·V (64×64), V at shared address va */
+            for (int kk = 0; kk < 4; ++kk)
+                wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
+            wg_commit();
+        };
+        auto issue_pv = [&](uint32_t va) { /* acc += P·V (64×64), V at shared address va */
 #pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], desc128(va + kc * 2048), 1);
-        wg_commit();
-    };
+            for (int kc = 0; kc < 8; ++kc)
+                wg_rs64<T, 1>(acc, pf[kc], desc128(va + kc * 2048), 1);
+            wg_commit();
+        };
 
-    /* step 0: the diagonal tile (stage 0) */
-    mbar_wait(barQ, 0);
-    mbar_wait(&full[0], 0);
-    {
-        turn();
-        wg_fence();
-        issue_s(smem_u32(sK));
-        pass(false);
-        wg_wait<0>();
-        reg_fence(sc);
-        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
-                         scale_log2);
-        l0 = rs0;
-        l1 = rs1;
-        pack_a<T, 8>(pf, sc);
+        /* step 0: the diagonal tile (load kv) */
+        mbar_wait(&qfull[n & 1], (n >> 1) & 1);
+        mbar_wait(&full[kv % F2_ST], (kv / F2_ST) & 1);
+        {
+            turn();
+            wg_fence();
+            issue_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
+            pass(false);
+            wg_wait<0>();
+            reg_fence(sc);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
+                             scale_log2);
+            l0 = rs0;
+            l1 = rs1;
+            pack_a<T, 8>(pf, sc);
+        }
+
+        for (int it = 1; it < nkv; ++it) {
+            const unsigned j = kv + it, s = j % F2_ST, sp = (j - 1) % F2_ST;
+            mbar_wait(&full[s], (j / F2_ST) & 1);
+            reg_fence(acc);
+            reg_fence(pf);
+            turn();
+            wg_fence();
+            issue_s(smem_u32(sK + s * F2_BN * 64));
+            issue_pv(smem_u32(sV + sp * F2_BN * 64));
+            pass(false);
+            wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
+            reg_fence(sc);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+            /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
+             * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
+             * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
+             * is the canonical 0x7fffffff); the branch ends the basic block after the last
+             * exponential, and the wait stays below it. */
+            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
+            wg_wait<0>();
+            reg_fence(acc);
+            reg_fence(pf);
+            if (lane == 0) mbar_arrive(&empty[sp]);
+            fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+            pack_a<T, 8>(pf, sc);
+        }
+
+        { /* P·V of the last tile */
+            const unsigned sl = (kv + nkv - 1) % F2_ST;
+            reg_fence(acc);
+            reg_fence(pf);
+            turn();
+            wg_fence();
+            issue_pv(smem_u32(sV + sl * F2_BN * 64));
+            pass(last_tile);
+            wg_wait<0>();
+            reg_fence(acc);
+            if (lane == 0) mbar_arrive(&empty[sl]);
+        }
+
+        /* O through this warp's 16 rows of the Q buffer (only this warpgroup's S products read
+         * them, and they are done), which goes back to the producer before O's global stores:
+         * each lane orders its shared-memory accesses before the async proxy's (the TMA that
+         * reloads the buffer), then one arrival for the warp */
+        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
+                        o + w.b * so.sb + w.h * so.sh, so.st,
+                        lse + ((size_t)w.b * Hq + w.h) * T_, T_, lane, [&]() {
+                            fence_proxy_async();
+                            __syncwarp();
+                            if (lane == 0) mbar_arrive(&qempty[n & 1]);
+                        });
+        kv += nkv;
     }
-
-    for (int it = 1; it < nkv; ++it) {
-        const int s = it % F2_ST, sp = (it - 1) % F2_ST;
-        mbar_wait(&full[s], (it / F2_ST) & 1);
-        reg_fence(acc);
-        reg_fence(pf);
-        turn();
-        wg_fence();
-        issue_s(smem_u32(sK + s * F2_BN * 64));
-        issue_pv(smem_u32(sV + sp * F2_BN * 64));
-        pass(false);
-        wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
-        reg_fence(sc);
-        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
-        /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
-         * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The row
-         * sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs is the
-         * canonical 0x7fffffff); the branch ends the basic block after the last exponential, and
-         * the wait stays below it. */
-        if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
-        wg_wait<0>();
-        reg_fence(acc);
-        reg_fence(pf);
-        if (lane == 0) mbar_arrive(&empty[sp]);
-        fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
-        pack_a<T, 8>(pf, sc);
-    }
-
-    { /* P·V of the last tile */
-        const int sl = (nkv - 1) % F2_ST;
-        reg_fence(acc);
-        reg_fence(pf);
-        turn();
-        wg_fence();
-        issue_pv(smem_u32(sV + sl * F2_BN * 64));
-        pass(true);
-        wg_wait<0>();
-        reg_fence(acc);
-        if (lane == 0) mbar_arrive(&empty[sl]);
-    }
-
-    /* O through this warp's 16 rows of the Q tile (only this warpgroup's S products read them, and
-     * they are done) */
-    fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQ, wg * 64 + warp * 16, q0,
-                    o + b * so.sb + h * so.sh, so.st, lse + (size_t)bh * T_, T_, lane);
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -252,9 +327,10 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         return -1;
     auto kern = attn_fwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
-    dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + F2_BM - 1) / F2_BM));
+    /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
+    const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
     kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
-                                               (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+                                               (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
     return 0;
 }
 

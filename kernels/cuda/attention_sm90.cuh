@@ -323,12 +323,13 @@ static __device__ __forceinline__ void pack_a(uint32_t (&pf)[KC][4], const float
  * (64×64 accumulator layout: this thread's tile rows wr + g, wr + g + 8, wr the warp's first row)
  * through rows wr.. of the swizzled tile st (the Q tile, once no product reads it) and stores those
  * before T with 16-byte stores to ob (tile row r is query q0 + r, rows ost elements apart), and
- * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). */
-template <typename T>
+ * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). Calls release() once the warp no
+ * longer touches st (its last reads are in registers), before the global stores of O. */
+template <typename T, typename F>
 static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], float l0, float l1,
                                                     float m0, float m1, float sl, uint16_t *st,
                                                     int wr, int q0, uint16_t *ob, int64_t ost,
-                                                    float *lrow, int T_, int lane) {
+                                                    float *lrow, int T_, int lane, F &&release) {
     const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -343,18 +344,26 @@ static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], floa
         *reinterpret_cast<uint32_t *>(st + swz(r0 + 8, c)) =
             cvt<T>::pack(acc[4 * nt + 2] * i1, acc[4 * nt + 3] * i1);
     }
+    __syncwarp();
+    uint4 v[4]; /* 16 rows × 8 chunks of 16 bytes, 4 a lane */
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = lane + 32 * i, row = wr + (c >> 3), ch = c & 7;
+        v[i] = *reinterpret_cast<const uint4 *>(st + row * 64 + ((ch ^ (row & 7)) << 3));
+    }
+    release();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = lane + 32 * i, row = wr + (c >> 3), ch = c & 7, gr = q0 + row;
+        if (gr < T_) /* one 16-byte store (a plain uint4 assignment here comes out as four) */
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ob + gr * ost + ch * 8),
+                         "r"(v[i].x), "r"(v[i].y), "r"(v[i].z), "r"(v[i].w)
+                         : "memory");
+    }
     const float ln2 = 0.6931471805599453f;
     if (t4 == 0) {
         if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
         if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int c = lane; c < 16 * 8; c += 32) {
-        const int row = wr + (c >> 3), ch = c & 7, gr = q0 + row;
-        if (gr < T_)
-            *reinterpret_cast<uint4 *>(ob + gr * ost + ch * 8) =
-                *reinterpret_cast<const uint4 *>(st + row * 64 + ((ch ^ (row & 7)) << 3));
     }
 }
 
