@@ -45,14 +45,14 @@ static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
 struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
 };
-/* Items are numbered heaviest first: w = j·nbh + (b·Hkv + hk)·nsplit + split (nbh = B·Hkv·nsplit),
- * the order in which the one-block-per-item grid launches them. Item counts fit an int: 2^31 items
- * would be 2^31 × 128 query rows, terabytes of Q. */
-static __device__ __forceinline__ ws_item ws_decode(int w, int nbh, int nT, int Hkv, int G,
-                                                    int nsplit) {
+/* Item w (0 .. nbh·nT − 1, nbh = B·Hkv·nsplit) at position w of sched_pos/sched_rank's order
+ * (attention_sm90.cuh): (b·Hkv + hk)·nsplit + split = w / nT, key tile j = its rank (rank 0, the
+ * heaviest, is key tile 0: nT query tiles). Item counts fit an int: 2^31 items would be 2^31 × 128
+ * query rows, terabytes of Q. */
+static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int G, int nsplit) {
     ws_item t;
-    t.j = w / nbh;
-    const int x = w % nbh;
+    const int x = w / nT;
+    t.j = sched_rank(w % nT, x, nT);
     t.split = x % nsplit;
     t.bhk = x / nsplit;
     t.b = t.bhk / Hkv;
@@ -63,19 +63,12 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nbh, int nT, int 
     t.niter = Gs * t.nq;
     return t;
 }
-/* The block's r-th item (r = 0, 1, ... while < nitems; one past the end stays past it): round r
- * deals items r·nblk .. r·nblk + nblk − 1 out to the blocks, forwards on even rounds and backwards
- * on odd ones (a snake). Items only get lighter with w, so each odd round hands the lightest items
- * to the blocks that got the heaviest ones in the round before: within one step of the critical
- * path of a greedy (dynamic) schedule on every shape we tried (issue 18's B4 T512/2048/8192 GQA,
- * GPT-2's B64 H12 T1024, 1-16 batch sizes), where the plain round robin ran up to 1.2× longer. */
-static __device__ __forceinline__ int ws_item_of(int r, int nblk, int blk) {
-    return r * nblk + ((r & 1) ? nblk - 1 - blk : blk);
-}
 
 /* Persistent: grid = min(items, SMs) blocks (attn_sm90_blocks), block blk runs items
- * ws_item_of(r, gridDim.x, blk), r = 0, 1, ...; every role walks the same item sequence and keeps
- * running counters across items: the block's step c (all items' steps in order) picks ring stage
+ * sched_pos(r, nitems), r = 0, 1, ... (pairs of equal cost, neighbouring heads at one time: see
+ * attention_sm90.cuh; against heaviest-first over all heads dealt in rounds, session 12 measured
+ * GPT-2's MHA backward 1.29 -> 1.07 ms and T = 8192 6.84 -> 6.60, the rest alike); every role walks
+ * the same item sequence and keeps running counters across items: the block's step c (all items' steps in order) picks ring stage
  * c % WS_ST with phase (c / WS_ST) & 1, dQ buffer phase c & 1 and dS^T buffer c & 1; the item
  * count r gives the K/V barriers' phase r & 1.
  *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first ring
@@ -101,8 +94,7 @@ static __device__ __forceinline__ int ws_item_of(int r, int nblk, int blk) {
  * after passing step c + 1's barrier, which the other one reaches only after its step c (and its
  * dQ product's reads of that buffer) completed. No phase of a barrier can be lapped: each
  * barrier's next phase needs an arrival from the side that waits on the current one (within a
- * warpgroup, the named barrier keeps warps less than a step apart). A CPU model of this protocol
- * that checks it: tests/cuda/attention_bwd_sm90_emu.py. With one block per item
+ * warpgroup, the named barrier keeps warps less than a step apart). With one block per item
  * (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V first, no
  * prefetch. */
 template <typename T>
@@ -114,8 +106,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tv,
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
-                       int B, int T_, int Hq, int G, int nsplit, int64_t kv_elems, float scale,
-                       float scale_log2) {
+                       int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
+                       int64_t kv_elems, float scale, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
@@ -130,8 +122,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
     uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + WS_ST,
              *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
 
-    const int nT = (T_ + WS_BM - 1) / WS_BM, Hkv = Hq / G, nbh = B * Hkv * nsplit;
-    const int nitems = nbh * nT, nblk = gridDim.x, blk = blockIdx.x;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
 
     if (tid == 0) {
@@ -162,12 +152,12 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
             };
             int c = 0; /* the block's step */
-            for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
-                const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+            for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+                const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 if (r == 0 && lane == 0) load_kv(t);
-                const int wn = ws_item_of(r + 1, nblk, blk);
+                const int wn = sched_pos(r + 1, nitems);
                 if (wn < nitems && lane == 0) {
-                    const ws_item u = ws_decode(wn, nbh, nT, Hkv, G, nsplit);
+                    const ws_item u = ws_decode(wn, nT, Hkv, G, nsplit);
                     tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
                     tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
                 }
@@ -198,8 +188,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             cp_async_wait<0>(); /* no copy of this thread outlives it */
         } else if (warp_id == WS_DQWARP) {
             int c = 0;
-            for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
-                const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+            for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+                const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 for (int it = 0; it < t.niter; ++it, ++c) {
                     const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
 #pragma unroll
@@ -230,8 +220,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
                    aVw = smem_u32(sV + wg * 64 * 64);
     int c = 0; /* the block's step */
-    for (int r = 0, w; (w = ws_item_of(r, nblk, blk)) < nitems; ++r) {
-        const ws_item t = ws_decode(w, nbh, nT, Hkv, G, nsplit);
+    for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+        const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
         float dka[32], dva[32];
@@ -343,7 +333,10 @@ extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
             sms[dev] = 132;
         n = sms[dev];
     }
-    return (int)(tiles < n ? tiles : n);
+    if (tiles <= n) return (int)tiles; /* a block per tile */
+    /* fewer blocks than tiles: they run pairs of tiles (sched_pos), so every block has one while
+     * there are no more blocks than pairs */
+    return (int)((tiles + 1) / 2 < n ? (tiles + 1) / 2 : n);
 }
 
 /* Compute capability 9.0 exactly (the sm_90a code runs nowhere else); cached per device. */
@@ -408,10 +401,14 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
                        cudaStream_t st) {
     auto kern = attn_bwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
-    const int blocks = attn_sm90_blocks(1, B * Hkv * ns * ((T_ + WS_BN - 1) / WS_BN));
+    /* the tile and item counts as arguments, not derived in the kernel: a value computed before the
+     * roles part is live across setmaxnreg, where ptxas spills it */
+    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nitems = (int)(B * Hkv * ns) * nT;
+    const int blocks = attn_sm90_blocks(1, nitems);
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, lse, Dd, L.dk, L.dv,
-        (int)B, (int)T_, (int)Hq, (int)(Hq / Hkv), ns, nkv, scale, scale * 1.4426950408889634f);
+        (int)T_, nT, nitems, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
+        scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
