@@ -46,7 +46,7 @@ struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
 };
 /* Item w (0 .. nbh·nT − 1, nbh = B·Hkv·nsplit) at position w of sched_pos/sched_rank's order
- * (attention_sm90.cuh): (b·Hkv + hk)·nsplit + split = w / nT, key tile j = its rank (rank 0, the
+ * (attention_bwd_sm90.cuh): (b·Hkv + hk)·nsplit + split = w / nT, key tile j = its rank (rank 0, the
  * heaviest, is key tile 0: nT query tiles). Item counts fit an int: 2^31 items would be 2^31 × 128
  * query rows, terabytes of Q. */
 static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int G, int nsplit) {
@@ -64,13 +64,13 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int 
     return t;
 }
 
-/* Persistent: grid = min(items, SMs) blocks (attn_sm90_blocks), block blk runs items
- * sched_pos(r, nitems), r = 0, 1, ... (pairs of equal cost, neighbouring heads at one time: see
- * attention_sm90.cuh; against heaviest-first over all heads dealt in rounds, session 12 measured
- * GPT-2's MHA backward 1.29 -> 1.07 ms and T = 8192 6.84 -> 6.60, the rest alike); every role walks
- * the same item sequence and keeps running counters across items: the block's step c (all items' steps in order) picks ring stage
- * c % WS_ST with phase (c / WS_ST) & 1, dQ buffer phase c & 1 and dS^T buffer c & 1; the item
- * count r gives the K/V barriers' phase r & 1.
+/* Persistent: grid = attn_sm90_blocks(1, items) blocks (one per SM, at most one per pair of items),
+ * block blk runs items sched_pos(r, nitems), r = 0, 1, ... (pairs of equal cost, neighbouring heads
+ * at one time: see attention_bwd_sm90.cuh; against heaviest-first over all heads dealt in rounds,
+ * session 12 measured GPT-2's MHA backward 1.29 -> 1.04-1.07 ms and T = 8192 6.84 -> 6.60, the rest
+ * alike); every role walks the same item sequence and keeps running counters across items: the
+ * block's step c (all items' steps in order) picks ring stage c % WS_ST with phase (c / WS_ST) & 1,
+ * dQ buffer phase c & 1 and dS^T buffer c & 1; the item count r gives the K/V barriers' phase r & 1.
  *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first ring
  *     stage, once kvempty says the previous item's products have read K and V), and an L2 prefetch
  *     of the next item's K and V (each K/V tile is read by one item per split: from HBM); per step
@@ -334,8 +334,9 @@ extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
         n = sms[dev];
     }
     if (tiles <= n) return (int)tiles; /* a block per tile */
-    /* fewer blocks than tiles: they run pairs of tiles (sched_pos), so every block has one while
-     * there are no more blocks than pairs */
+    if (!bwd) return n;
+    /* the backward's blocks run pairs of items (sched_pos): every block has one while there are no
+     * more blocks than pairs */
     return (int)((tiles + 1) / 2 < n ? (tiles + 1) / 2 : n);
 }
 

@@ -43,26 +43,31 @@ struct f2_smem {
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
-/* Work tile t (0 .. B·Hq·nQt − 1) at position t of sched_pos/sched_rank's order (attention_sm90.cuh):
- * head bh = b·Hq + h = t / nQt, query tile qt = nQt − 1 − rank (rank 0, the heaviest, is the last
- * query tile: qt + 1 key steps). */
+/* Work tile t (0 .. B·Hq·nQt − 1), numbered heaviest first: bh = b·Hq + h = t % BH, query tile
+ * qt = nQt − 1 − t / BH (every head's last tile before any shorter one). */
 struct f2_tile {
     int qt, b, h;
-    __device__ __forceinline__ f2_tile(int t, int nQt, int Hq) {
-        const int bh = t / nQt;
-        qt = nQt - 1 - sched_rank(t % nQt, bh, nQt);
-        b = bh / Hq;
-        h = bh % Hq;
-    }
+    __device__ __forceinline__ f2_tile(int t, int BH, int nQt, int Hq)
+        : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
 };
+/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
+ * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
+static __device__ __forceinline__ int f2_tile_id(int n) {
+    const int g = gridDim.x, i = blockIdx.x;
+    return n * g + ((n & 1) ? g - 1 - i : i);
+}
 
 /* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
- * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..)
- * (the non-persistent kernel: each block runs tile blockIdx.x). Block i runs the tiles
- * sched_pos(n, tiles), n = 0, 1, .. (pairs of equal cost, neighbouring heads at one time: see
- * attention_sm90.cuh), a static schedule every role computes alike. Session 12 measured this order
- * against heaviest-first over all heads dealt in rounds (snake): the same at issue 18's GQA shapes
- * (T = 512 .. 8192), GPT-2's shape 0.341 -> 0.331 ms. A tile
+ * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
+ * which is the non-persistent kernel (each block's round 0 only, in today's order). Block i runs
+ * the tiles f2_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
+ * every other round in reverse): a static schedule every role computes alike. It balances well
+ * enough: tile costs (qt + 1 key steps) never increase with t, so within a round a block's tile
+ * costs at most its neighbour's before it; dealing every other round backwards pairs the heavier
+ * half of one round with the lighter half of the next. Busiest block against the mean (key steps +
+ * half a step a tile, 132 blocks): B4 H32/8 T512 +3.1%, T2048 +3.1%, T8192 +0.0%, B64 H12 T1024
+ * +0.3%; dealt in block order every round, T8192 +1.5% and T1024 +1.6%; an atomic tile counter
+ * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id. A tile
  * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
  * (the diagonal first, so the running maxima start finite and no later tile needs a mask).
  * Counters that run across a block's tiles, computed identically by every role: n, the block's
@@ -110,8 +115,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
-                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int nQt,
-                        int ntiles, int Hq, int G, float scale_log2) {
+                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int B,
+                        int Hq, int G, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
@@ -120,7 +125,9 @@ __global__ void __launch_bounds__(F2_THR, 1)
     uint64_t *qfull = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
     uint64_t *qempty = qfull + 2, *full = qempty + 2, *empty = full + F2_ST;
 
+    const int nQt = (T_ + F2_BM - 1) / F2_BM, BH = B * Hq, ntiles = BH * nQt;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
         for (int i = 0; i < 2; ++i) {
             mbar_init(&qfull[i], 1);
@@ -138,8 +145,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
         reg_dealloc<24>();
         if (warp_id == F2_PRODUCER && lane == 0) {
             unsigned j = 0; /* ring loads so far */
-            for (int n = 0, t = sched_pos(0, ntiles); t < ntiles; t = sched_pos(++n, ntiles)) {
-                const f2_tile w(t, nQt, Hq);
+            for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
+                const f2_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
                 mbar_expect_tx(&qfull[qb], f2_smem::QT);
@@ -166,10 +173,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
     };
     if (wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
     unsigned kv = 0; /* the producer's j at this tile's first load */
-    for (int n = 0, t = sched_pos(0, ntiles); t < ntiles; t = sched_pos(++n, ntiles)) {
-        const f2_tile w(t, nQt, Hq);
+    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
+        const f2_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
-        const bool last_tile = sched_pos(n + 1, ntiles) >= ntiles; /* the block's last */
+        const bool last_tile = f2_tile_id(n + 1) >= ntiles; /* the block's last */
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
@@ -321,12 +328,9 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
     auto kern = attn_fwd_sm90_kernel<T>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
-    /* nQt and the tile count as arguments, not derived in the kernel: a value computed before the
-     * roles part is live across setmaxnreg, where ptxas spills it */
-    const int nQt = (int)((T_ + F2_BM - 1) / F2_BM), ntiles = (int)(B * Hq) * nQt;
-    const int grid = attn_sm90_blocks(0, ntiles);
-    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_, nQt,
-                                               ntiles, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+    const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+                                               (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
     return 0;
 }
 

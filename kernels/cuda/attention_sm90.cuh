@@ -367,31 +367,6 @@ static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], floa
     }
 }
 
-/* ---- the persistent kernels' static schedule (forward and backward alike) ----
- * Work is numbered by position: a head's tiles in consecutive positions (head x holds positions
- * x·n .. x·n + n − 1), ordered within the head heaviest, lightest, second heaviest, second
- * lightest, ..; a head with odd x reversed when n is odd. So every pair of positions (2u, 2u + 1)
- * costs the same, n + 1 tile steps (the k-th heaviest and k-th lightest of one head; for odd n the
- * two middle tiles of heads 2y and 2y + 1 meet in one pair), and a persistent block runs whole
- * pairs: unit u = blk, blk + nblk, ... (static round robin of equal units: the busiest block runs at
- * most one unit more than another). The blocks running at one time hold neighbouring heads, whose
- * operands stay in L2 between their tiles (GPT-2's MHA backward: 1.29 -> 1.07 ms against
- * heaviest-first over all heads, which reads each head's Q, dO and dQ from HBM once per key tile). */
-
-/* The position block blockIdx.x runs r-th (r = 0, 1, ..; >= n once past its last): one position a
- * block when the grid has a block for each. */
-static __device__ __forceinline__ int sched_pos(int r, int n) {
-    const int nblk = gridDim.x, blk = blockIdx.x;
-    if (nblk >= n) return r == 0 ? blk : n;
-    return 2 * ((r >> 1) * nblk + blk) + (r & 1);
-}
-
-/* The weight rank (0 = heaviest, n − 1 = lightest) of position q (0 .. n − 1) of head x's n tiles. */
-static __device__ __forceinline__ int sched_rank(int q, int x, int n) {
-    if ((n & 1) && (x & 1)) q = n - 1 - q;
-    return (q & 1) ? n - 1 - (q >> 1) : (q >> 1);
-}
-
 } /* namespace sm90 */
 
 #endif

@@ -29,7 +29,8 @@ void attn_sm90_force(int fwd, int bwd);
  * n > 0: at most n (tests: every block runs many tiles, so the rings and barriers carry across). */
 void attn_sm90_grid(int fwd, int bwd);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
- * per tile, or fewer, then no more than the pairs of tiles (ceil(tiles / 2)) they run. */
+ * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
+ * run. */
 int attn_sm90_blocks(int bwd, int64_t tiles);
 
 /* 1 when the driver offers the tensor-map encoder the TMA loads (forward and backward) need. */
