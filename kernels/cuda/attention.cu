@@ -10,8 +10,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 extern "C" {
 #include "../base/error.h"

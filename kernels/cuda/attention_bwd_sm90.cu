@@ -6,6 +6,7 @@
 #include "attention_sm90.h"
 
 #include "attention_bwd_sm90.cuh"
+#include "fused_common.cuh" /* num_sms */
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_bwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -322,17 +323,9 @@ extern "C" void attn_sm90_grid(int fwd, int bwd) {
 }
 
 extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
-    static int sms[64]; /* per device, 0 until asked */
     const int cap = bwd ? g_grid_bwd : g_grid_fwd;
-    int dev = 0, n;
     if (cap < 0) return (int)tiles;
-    if (cap > 0) n = cap;
-    else {
-        if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) dev = 0;
-        if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            sms[dev] = 132;
-        n = sms[dev];
-    }
+    const int n = cap > 0 ? cap : num_sms();
     if (tiles <= n) return (int)tiles; /* a block per tile */
     if (!bwd) return n;
     /* the backward's blocks run pairs of items (sched_pos): every block has one while there are no
