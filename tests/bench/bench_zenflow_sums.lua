@@ -6,13 +6,13 @@
 --   ./zrun tests/bench/bench_zenflow_sums.lua [layers=16] [topk=0.05]
 local zr = require "zrun"
 local C = zr._C
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
 local cli = require("zrun.argparse").new("tests/bench/bench_zenflow_sums.lua",
   "ZenFlow update_interval auto's sums of one micro-step: one batched call vs one call per sum.")
 cli:option("layers", 16, "decoder layers (Llama-3.2-1B: 16)"):option("topk", 0.05, "zenflow topk_ratio")
 local opt = cli:parse(arg)
-local gpu = zr.cuda.is_available()
-local dev, layers, vocab = gpu and "cuda" or "cpu", gpu and opt.layers or 1, gpu and 128256 or 8192
-local sync = gpu and function() zr.cuda.synchronize() end or function() end
+local gpu = timing.gpu
+local dev, layers, vocab = timing.dev, gpu and opt.layers or 1, gpu and 128256 or 8192
 
 -- (rows, cols) of the measured weights: the embedding, then per layer q, k, v, o, gate, up, down
 local shapes = { { vocab, 2048 } }
@@ -30,19 +30,6 @@ for i, s in ipairs(shapes) do
 end
 local sums = zr.zeros(2 * #shapes, { device = dev })
 
-local function median_ms(f)
-  local t = {}
-  for r = 1, 25 do
-    sync()
-    local t0 = C.now()
-    f()
-    sync()
-    if r > 5 then t[#t + 1] = C.now() - t0 end
-  end
-  table.sort(t)
-  return t[math.ceil(#t / 2)] * 1e3
-end
-
 print(("zenflow_absdiff_sums on %s: %d sums over %.3g elements (%d layers, topk %g), %.2f GB to move"):format(
   dev, #list, elems, layers, opt.topk, bytes / 1e9))
 print(("%-22s %10s %10s"):format("", "ms", "GB/s"))
@@ -50,6 +37,6 @@ for _, r in ipairs {
   { "one call", function() C.zenflow_absdiff_sums(sums, list) end },
   { "one call per sum", function() for _, e in ipairs(list) do C.zenflow_absdiff_sums(sums, { e }) end end },
 } do
-  local ms = median_ms(r[2])
+  local ms = timing.call(r[2])
   print(("%-22s %10.3f %10.1f"):format(r[1], ms, bytes / ms / 1e6))
 end

@@ -1,6 +1,6 @@
 -- Shared by the op benchmarks (bench_linear_gelu.lua, bench_qkv_rope.lua): the device and dtype
 -- they run in (the GPU in bf16, else the CPU in f32) and the median forward and backward time of an
--- op, in ms, over 20 runs after 5 warm-ups, synchronised around each phase.
+-- op, in ms, over 20 runs after 5 warm-ups, synchronised around each phase (or of any call: M.call).
 local zr = require "zrun"
 local C = zr._C
 local M = {}
@@ -27,6 +27,19 @@ function M.fwd_bwd(forward, go, reset)
     if i > 5 then fw[#fw + 1], bw[#bw + 1] = t1 - t0, t2 - t1 end
   end
   return median_ms(fw), median_ms(bw)
+end
+
+-- f(): the median of one call, synchronised around each.
+function M.call(f)
+  local t = {}
+  for i = 1, 25 do
+    sync()
+    local t0 = C.now()
+    f()
+    sync()
+    if i > 5 then t[#t + 1] = C.now() - t0 end
+  end
+  return median_ms(t)
 end
 
 return M
