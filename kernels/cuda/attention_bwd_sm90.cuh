@@ -1,7 +1,8 @@
 /* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and
  * lse, the causal mask of the diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK
- * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, and the
- * dK/dV epilogue. Same build constraints as attention_sm90.cuh. */
+ * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, the
+ * dK/dV epilogue, and the persistent grid's order of the work items. Same build constraints as
+ * attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
