@@ -1,6 +1,6 @@
 """PyTorch reference timing for tests/bench/bench_fused.cu's attention rows: causal GQA
-scaled_dot_product_attention (bf16, 32 query / 8 kv heads, head_dim 64, B=4, T=512, 2048 and 8192)
-forward, backward and forward+backward, with CUDA events, median of 20 after 3 warm-ups.
+scaled_dot_product_attention (bf16, head_dim 64: 32 query / 8 kv heads at B=4, T=512, 2048 and 8192;
+GPT-2's 12 heads at B=64, T=1024) forward, backward and forward+backward, with CUDA events, median of 20 after 3 warm-ups.
 FLOPs as in bench_fused.cu: forward 4*B*Hq*T^2*Dh/2, backward 2.5x forward.
 Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py"""
 import torch
@@ -24,8 +24,8 @@ def med_ms(fn, warm=3, reps=20):
     return ts[len(ts) // 2]
 
 
-def run(T, backend):
-    B, Hq, Hkv, Dh = 4, 32, 8, 64
+def run(B, Hq, Hkv, T, backend):
+    Dh = 64
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Hq, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     k = torch.randn(B, Hkv, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
@@ -53,16 +53,17 @@ def main():
     print("torch", torch.__version__, torch.cuda.get_device_name())
     print(f"{'torch SDPA (causal, gqa, bf16)':34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
           f"{'fwd TF/s':>8s} {'bwd TF/s':>8s} {'f+b TF/s':>8s}")
-    for T in (512, 2048, 8192):
+    for B, Hq, Hkv, T in ((4, 32, 8, 512), (4, 32, 8, 2048), (4, 32, 8, 8192), (64, 12, 12, 1024)):
+        shape = f"B{B} T{T} H{Hq}" + (f"/{Hkv}" if Hkv != Hq else "")
         for name, be in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
                          ("cudnn", SDPBackend.CUDNN_ATTENTION),
                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
             try:
-                r = run(T, be)
+                r = run(B, Hq, Hkv, T, be)
             except Exception as e:  # a backend may not take GQA or these shapes
-                print(f"B4 T{T} {name:10s}: unavailable ({str(e).splitlines()[0][:80]})")
+                print(f"{shape} {name:10s}: unavailable ({str(e).splitlines()[0][:80]})")
                 continue
-            print(f"{'B4 T%d H32/8 Dh64 ' % T + name:34s} {r[0]:10.3f} {r[1]:10.3f} {r[2]:10.3f} "
+            print(f"{shape + ' Dh64 ' + name:34s} {r[0]:10.3f} {r[1]:10.3f} {r[2]:10.3f} "
                   f"{r[3]:8.1f} {r[4]:8.1f} {r[5]:8.1f}")
 
 

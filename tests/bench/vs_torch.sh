@@ -33,10 +33,13 @@ done
 [ $have_torch = 1 ] && $PY tests/bench/bench_attention_torch.py >"$tmp/ta" 2>/dev/null
 echo
 printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)" zrun "torch best" "backend" "× best"
-for T in 512 2048 8192; do
-  z=$(awk -v t="B4 T$T " 'index($0, t) == 1 { k = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) n[++k] = $i; if (k >= 3) { print n[3]; exit } }' "$tmp/za")
-  b=$(awk -v t="B4 T$T " 'index($0, t) == 1 && NF == 11 && $8 ~ /^[0-9.]+$/ { if (best == "" || $8 + 0 < best + 0) { best = $8; be = $5 } } END { print best, be }' "$tmp/ta" 2>/dev/null)
+# rows: the GQA shapes at B=4, then GPT-2 124M's (B=64, 12 heads, T=1024)
+for row in "B4 T512 |causal GQA B4 H32/8 Dh64 T=512" "B4 T2048 |causal GQA B4 H32/8 Dh64 T=2048" \
+           "B4 T8192 |causal GQA B4 H32/8 Dh64 T=8192" "B64 T1024 |causal B64 H12 Dh64 T=1024"; do
+  key=${row%%|*}; name=${row#*|}
+  z=$(awk -v t="$key" 'index($0, t) == 1 { k = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) n[++k] = $i; if (k >= 3) { print n[3]; exit } }' "$tmp/za")
+  b=$(awk -v t="$key" 'index($0, t) == 1 && NF == 11 && $8 ~ /^[0-9.]+$/ { if (best == "" || $8 + 0 < best + 0) { best = $8; be = $5 } } END { print best, be }' "$tmp/ta" 2>/dev/null)
   set -- $b
-  awk -v n="causal GQA B4 H32/8 Dh64 T=$T" -v z="${z:--}" -v b="${1:--}" -v be="${2:--}" 'BEGIN {
+  awk -v n="$name" -v z="${z:--}" -v b="${1:--}" -v be="${2:--}" 'BEGIN {
     r = (z + 0 > 0 && b + 0 > 0) ? sprintf("%.2f", b / z) : "-"; printf "%-30s %12s %12s %12s %10s\n", n, z, b, be, r }'
 done
