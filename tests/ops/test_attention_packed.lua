@@ -86,6 +86,24 @@ T.test("sdpa_packed equals the narrow + sdpa composition: outputs and dqkv, f32 
   end
 end)
 
+T.test("gpt2: the attention dropout path (eager, split views of c_attn) equals sdpa_packed at p ~ 0", function()
+  local gpt2 = require "zrun.models.gpt2"
+  local m = gpt2.GPT2LMHeadModel { n_embd = 16, n_layer = 2, n_head = 2, vocab_size = 40, n_positions = 32,
+    attn_pdrop = 1e-300, resid_pdrop = 0, embd_pdrop = 0, dtype = "f64" }
+  local ids = (zr.rand({ 2, 9 }) * 39):to("i64")
+  local function run(train)
+    if train then m:train() else m:eval() end
+    m:zero_grad()
+    local out = m(ids, ids)
+    out.loss:backward()
+    return out.logits, m.transformer.h[1].attn.c_attn.weight.grad:clone()
+  end
+  local l1, g1 = run(true) -- dropout p > 0: eager attention (drops nothing at p = 1e-300)
+  local l2, g2 = run(false) -- zr.sdpa_packed
+  T.near(l1, l2, 1e-12, 0, "logits")
+  T.near(g1, g2, 1e-12, 0, "c_attn.weight.grad")
+end)
+
 T.test("sdpa_packed errors name the shape and the fix", function()
   T.raises(function() zr.sdpa_packed(zr.randn(2, 3, 10), 2) end,
     "sdpa_packed: qkv must be (B, T, (n_head + 2 n_kv_head)·head_dim) = (B, T, 6·head_dim), got (2,3,10)")
