@@ -256,9 +256,9 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     int64_t B = qkv->shape[0], T = qkv->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
     zr_tensor *gi = NULL, *dqkv = NULL, *ws = NULL, *in[3] = {NULL}, *d[3] = {NULL}, *o = NULL, *dout = NULL;
     zr_status st = ZR_ERR;
-    gi = g->dtype == dt && g->stride[2] == 1 ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
+    gi = zr_tensor_to_raw(g, dt, dev); /* g itself when contiguous (c_proj's dX), else a copy */
     if (!gi || !(dout = heads_view(gi, 0, Hq, Dh))) goto done;
-    if (!strided_ok(dout)) { /* a misaligned gradient: an aligned copy */
+    if (!strided_ok(dout)) { /* a misaligned gradient (a view at an odd offset): an aligned copy */
         zr_tensor *c = zr_tensor_clone_raw(gi);
         zr_tensor_release(gi);
         zr_tensor_release(dout);
