@@ -300,40 +300,37 @@ static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t 
     zr_dtype dt = qkv->dtype;
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
     zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
-    *taken = 0;
-    if (qkv->stride[2] != 1 || packed_views(qkv, Hq, Hkv, Dh, in) || !strided_ok(in[0]) || !strided_ok(in[1]) ||
-        !strided_ok(in[2])) {
-        release3(in);
-        return NULL; /* the composition takes it */
-    }
-    *taken = 1;
+    zr_status st = ZR_ERR;
+    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+             strided_ok(in[2]);
+    if (!*taken) goto done; /* the composition takes it */
     if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
         !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)))
-        goto fail;
+        goto done;
     zr_attn_layout L = {.q = strides_of(in[0]), .k = strides_of(in[1]), .v = strides_of(in[2]), .o = strides_of(o)};
     if (B * T > 0 &&
         zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(in[0]),
                                              zr_tensor_data(in[1]), zr_tensor_data(in[2]), &L, B, Hq, Hkv, T, Dh,
                                              (float)scale, dt, zr_cuda_stream(dev)),
                       "sdpa_packed", dev))
-        goto fail;
+        goto done;
     zr_node *n;
-    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto fail;
+    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
         n->i[0] = Hq, n->i[1] = Hkv;
-        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto fail;
+        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
     }
+    st = ZR_OK;
+done:
     release3(in);
     zr_tensor_release(o);
     zr_tensor_release(lse);
+    if (st) {
+        zr_tensor_release(out);
+        out = NULL;
+    }
     return out;
-fail:
-    release3(in);
-    zr_tensor_release(o);
-    zr_tensor_release(lse);
-    zr_tensor_release(out);
-    return NULL;
 }
 #endif
 

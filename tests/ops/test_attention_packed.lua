@@ -4,35 +4,18 @@
 -- f32 and bf16, MHA and GQA, T not a multiple of the 64-row tile, and its errors.
 local zr = require "zrun"
 local T = zr.testing
-local exp, sqrt = math.exp, math.sqrt
+local sqrt = math.sqrt
 zr.manual_seed(23)
 
--- Naive causal attention read straight from the packed rows: q of head h in columns h·D.., k of
--- kv head g in Hq·D + g·D.., v in (Hq + Hkv)·D + g·D..; out (B, T, Hq·D) flat.
+local attention_ref = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "attention_ref.lua")
+
+-- The naive reference read straight from the packed rows: q of head h in columns h·D.., k of kv
+-- head g in Hq·D + g·D.., v in (Hq + Hkv)·D + g·D..; out (B, T, Hq·D) flat.
 local function ref_packed(qkv, B, Tn, Hq, Hkv, D, scale)
   local x, W, out = qkv:flat_table(), (Hq + 2 * Hkv) * D, {}
-  local function at(b, t, col) return x[(b * Tn + t) * W + col + 1] end
-  for b = 0, B - 1 do
-    for h = 0, Hq - 1 do
-      local g = math.floor(h / (Hq / Hkv))
-      local kc, vc = (Hq + g) * D, (Hq + Hkv + g) * D
-      for i = 0, Tn - 1 do
-        local s, m, z = {}, -math.huge, 0
-        for j = 0, i do
-          local d = 0
-          for e = 0, D - 1 do d = d + at(b, i, h * D + e) * at(b, j, kc + e) end
-          s[j] = d * scale
-          m = math.max(m, s[j])
-        end
-        for j = 0, i do s[j] = exp(s[j] - m); z = z + s[j] end
-        for e = 0, D - 1 do
-          local acc = 0
-          for j = 0, i do acc = acc + s[j] / z * at(b, j, vc + e) end
-          out[(b * Tn + i) * Hq * D + h * D + e + 1] = acc
-        end
-      end
-    end
-  end
+  local function at(c0) return function(b, h, t, e) return x[(b * Tn + t) * W + (c0 + h) * D + e + 1] end end
+  attention_ref(at(0), at(Hq), at(Hq + Hkv), function(b, h, t, e, v) out[(b * Tn + t) * Hq * D + h * D + e + 1] = v end,
+    B, Hq, Hkv, Tn, D, scale)
   return out
 end
 
