@@ -36,6 +36,9 @@ T.test("sdpa_packed matches a naive loop over the packed rows (MHA, GQA, a given
     T.eq(table.concat(y:shape(), ","), table.concat({ B, Tn, Hq * D }, ","))
     T.near(y, ref_packed(qkv, B, Tn, Hq, Hkv, D, 1 / sqrt(D)), 1e-12)
     T.near(qkv:sdpa_packed(Hq, Hkv, 0.3), ref_packed(qkv, B, Tn, Hq, Hkv, D, 0.3), 1e-12)
+    -- qkv whose last dim is strided (a transposed view)
+    local qt = qkv:transpose(2, 3):contiguous():transpose(2, 3)
+    T.near(zr.sdpa_packed(qt, Hq, Hkv), ref_packed(qkv, B, Tn, Hq, Hkv, D, 1 / sqrt(D)), 1e-12, 0, "strided qkv")
   end
 end)
 
