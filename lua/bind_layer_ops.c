@@ -158,6 +158,14 @@ static int l_sdpa(lua_State *L) {
     return zr_l_pushtensor(L, zr_sdpa_causal(q, k, v, scale));
 }
 
+/* sdpa_packed(qkv, n_head [, n_kv_head=n_head [, scale=1/sqrt(head_dim)]]) -> (B, T, n_head·head_dim):
+ * causal attention over GPT-2's packed c_attn output (q, k, v columns in that order) */
+static int l_sdpa_packed(lua_State *L) {
+    zr_tensor *qkv = zr_l_checktensor(L, 1);
+    lua_Number h = luaL_checknumber(L, 2);
+    return zr_l_pushtensor(L, zr_sdpa_packed(qkv, (int64_t)h, (int64_t)luaL_optnumber(L, 3, h), luaL_optnumber(L, 4, 0)));
+}
+
 /* ===== dropout (runtime/ops/dropout.h) ===== */
 
 /* dropout(x [, p=0.5 [, training=true]]) */
@@ -223,6 +231,7 @@ static int l_split(lua_State *L) {
 static const luaL_Reg methods[] = {
     {"rms_norm", l_rms_norm}, {"add_rms_norm", l_add_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
+    {"sdpa_packed", l_sdpa_packed},
     {NULL, NULL}};
 static const luaL_Reg functions[] = {{"rope_tables", l_rope_tables}, {"cat", l_cat}, {NULL, NULL}};
 

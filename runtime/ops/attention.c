@@ -3,7 +3,7 @@
  * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
- * CUDA is an error. */
+ * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) sits at the end. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -229,6 +229,109 @@ fail:
     zr_tensor_release(out);
     return NULL;
 }
+
+/* Heads [h0, h0 + H) of t (B, T, X) with its last dim contiguous, as a (B, H, T, Dh) view: columns
+ * h0·Dh .. (h0 + H)·Dh, (B, T, H, Dh) seen through a transpose. */
+static zr_tensor *heads_view(zr_tensor *t, int64_t h0, int64_t H, int64_t Dh) {
+    int64_t shape[4] = {t->shape[0], H, t->shape[1], Dh}, stride[4] = {t->stride[0], Dh, t->stride[1], 1};
+    return zr_tensor_as_strided(t, 4, shape, stride, t->offset + h0 * Dh);
+}
+/* q, k, v (B, heads, T, Dh) views of a packed (B, T, (Hq + 2 Hkv)·Dh) tensor. */
+static zr_status packed_views(zr_tensor *t, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor **v) {
+    v[0] = heads_view(t, 0, Hq, Dh);
+    v[1] = v[0] ? heads_view(t, Hq, Hkv, Dh) : NULL;
+    v[2] = v[1] ? heads_view(t, Hq + Hkv, Hkv, Dh) : NULL;
+    return v[2] ? ZR_OK : ZR_ERR;
+}
+static void release3(zr_tensor **t) {
+    for (int i = 0; i < 3; i++) zr_tensor_release(t[i]);
+}
+
+/* saved: qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale; i[0] = Hq, i[1] = Hkv.
+ * dq, dk, dv are written through strided views of one new (B, T, W) gradient: c_attn's, whole. */
+static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *qkv = n->saved[0], *out = n->saved[1], *lse = n->saved[2];
+    zr_device dev = zr_tensor_device(qkv);
+    zr_dtype dt = qkv->dtype;
+    int64_t B = qkv->shape[0], T = qkv->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
+    zr_tensor *gi = NULL, *dqkv = NULL, *ws = NULL, *in[3] = {NULL}, *d[3] = {NULL}, *o = NULL, *dout = NULL;
+    zr_status st = ZR_ERR;
+    gi = zr_tensor_to_raw(g, dt, dev); /* g itself when contiguous (c_proj's dX), else a copy */
+    if (!gi || !(dout = heads_view(gi, 0, Hq, Dh))) goto done;
+    if (!strided_ok(dout)) { /* a misaligned gradient (a view at an odd offset): an aligned copy */
+        zr_tensor *c = zr_tensor_clone_raw(gi);
+        zr_tensor_release(gi);
+        zr_tensor_release(dout);
+        gi = c, dout = NULL;
+        if (!gi || !(dout = heads_view(gi, 0, Hq, Dh))) goto done;
+    }
+    size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    if (!(dqkv = zr_tensor_new_cat(dt, dev, 3, qkv->shape, ZR_MEM_ACTIVATIONS, 0)) ||
+        packed_views(qkv, Hq, Hkv, Dh, in) || packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
+        goto done;
+    zr_attn_layout L = {strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), strides_of(o),
+                        strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2])};
+    if (B * T > 0 &&
+        zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
+                                              zr_tensor_data(dout), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
+                                              zr_tensor_data(in[2]), zr_tensor_data(o), zr_tensor_data(lse),
+                                              ws ? zr_tensor_data(ws) : NULL, &L, B, Hq, Hkv, T, Dh,
+                                              (float)n->f[0], dt, zr_cuda_stream(dev)),
+                      "sdpa_packed backward", dev))
+        goto done;
+    if (zr_give_grads(n, 1, &dqkv, gin)) goto done;
+    st = ZR_OK;
+done:
+    release3(in);
+    release3(d);
+    zr_tensor_release(o);
+    zr_tensor_release(dout);
+    zr_tensor_release(gi);
+    zr_tensor_release(ws);
+    zr_tensor_release(dqkv);
+    return st;
+}
+
+/* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), the
+ * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. */
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+    zr_device dev = zr_tensor_device(qkv);
+    zr_dtype dt = qkv->dtype;
+    int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
+    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
+    zr_status st = ZR_ERR;
+    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+             strided_ok(in[2]);
+    if (!*taken) goto done; /* the composition takes it */
+    if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
+        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)))
+        goto done;
+    zr_attn_layout L = {.q = strides_of(in[0]), .k = strides_of(in[1]), .v = strides_of(in[2]), .o = strides_of(o)};
+    if (B * T > 0 &&
+        zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(in[0]),
+                                             zr_tensor_data(in[1]), zr_tensor_data(in[2]), &L, B, Hq, Hkv, T, Dh,
+                                             (float)scale, dt, zr_cuda_stream(dev)),
+                      "sdpa_packed", dev))
+        goto done;
+    zr_node *n;
+    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
+    if (n) {
+        n->f[0] = scale;
+        n->i[0] = Hq, n->i[1] = Hkv;
+        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+    }
+    st = ZR_OK;
+done:
+    release3(in);
+    zr_tensor_release(o);
+    zr_tensor_release(lse);
+    if (st) {
+        zr_tensor_release(out);
+        out = NULL;
+    }
+    return out;
+}
 #endif
 
 /* The f32 composition: softmax(mask(q kᵀ · scale)) v with differentiable ops (their backward
@@ -314,4 +417,56 @@ fail:
     zr_tensor_release(lse);
     zr_tensor_release(out);
     return NULL;
+}
+
+/* --- packed q/k/v (zr_sdpa_packed) --- */
+
+/* split + view + transpose + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the
+ * path wherever the Hopper kernels do not run; split's backward fills one gradient of qkv. */
+static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale) {
+    int64_t B = qkv->shape[0], T = qkv->shape[1], heads[3] = {Hq, Hkv, Hkv};
+    int64_t sizes[3] = {Hq * Dh, Hkv * Dh, Hkv * Dh}, oshape[3] = {B, T, Hq * Dh};
+    zr_tensor *p[3] = {NULL}, *h[3] = {NULL}, *o = NULL, *ot = NULL, *out = NULL;
+    if (zr_split_sizes(qkv, 3, sizes, 2, p)) goto done;
+    for (int i = 0; i < 3; i++) {
+        int64_t s[4] = {B, T, heads[i], Dh};
+        zr_tensor *v = zr_view(p[i], 4, s);
+        h[i] = v ? zr_transpose(v, 1, 2) : NULL;
+        zr_tensor_release(v);
+        if (!h[i]) goto done;
+    }
+    if ((o = zr_sdpa_causal(h[0], h[1], h[2], scale)) && (ot = zr_transpose(o, 1, 2))) out = zr_reshape(ot, 3, oshape);
+done:
+    for (int i = 0; i < 3; i++) {
+        zr_tensor_release(p[i]);
+        zr_tensor_release(h[i]);
+    }
+    zr_tensor_release(o);
+    zr_tensor_release(ot);
+    return out;
+}
+
+zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale) {
+    char b1[128];
+    if (zr_check_float("sdpa_packed", qkv)) return NULL;
+    if (Hq < 1 || Hkv < 1 || Hq % Hkv)
+        return zr_error_null("sdpa_packed: n_head %lld must be a multiple of n_kv_head %lld (both >= 1)",
+                             (long long)Hq, (long long)Hkv);
+    int64_t nh = Hq + 2 * Hkv;
+    if (qkv->ndim != 3 || qkv->shape[2] % nh || qkv->shape[2] == 0)
+        return zr_error_null("sdpa_packed: qkv must be (B, T, (n_head + 2 n_kv_head)·head_dim) = (B, T, "
+                             "%lld·head_dim), got %s",
+                             (long long)nh, zr_tensor_shape_str(qkv, b1));
+    int64_t Dh = qkv->shape[2] / nh;
+    if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = qkv->dtype;
+    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16) &&
+        (zr_cuda_stream(zr_tensor_device(qkv)), attention_strided_ok(Dh, dt))) {
+        int taken;
+        zr_tensor *out = packed_flash(qkv, Hq, Hkv, Dh, scale, &taken);
+        if (taken) return out;
+    }
+#endif
+    return packed_composed(qkv, Hq, Hkv, Dh, scale);
 }

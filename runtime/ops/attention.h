@@ -11,4 +11,13 @@
  * scale <= 0 means 1/sqrt(Dh). Output (B, Hq, T, Dh) in q's dtype. */
 zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale);
 
+/* The same attention over one packed projection, as transformers' GPT-2 splits c_attn's output:
+ * qkv (B, T, (Hq + 2 Hkv)·Dh) holds q (its first Hq·Dh columns), k (the next Hkv·Dh), v (the
+ * last Hkv·Dh), each (B, T, heads, Dh) seen as (B, heads, T, Dh). Returns (B, T, Hq·Dh) =
+ * o.transpose(1, 2).reshape(B, T, Hq·Dh), contiguous, in qkv's dtype; scale <= 0: 1/sqrt(Dh).
+ * Where the Hopper kernels take it (CUDA, bf16/f16, Dh 64) q, k, v are read in place, the node
+ * saves qkv itself and backward writes dq, dk, dv into ONE (B, T, W) gradient; elsewhere it is
+ * split + view + transpose + zr_sdpa_causal (split's backward also fills one buffer). */
+zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale);
+
 #endif

@@ -2,7 +2,7 @@
 -- float64 finite-difference gradient checks at awkward sizes, O(T) saved per head, bf16, errors.
 local zr = require "zrun"
 local T = zr.testing
-local sqrt, exp = math.sqrt, math.exp
+local sqrt = math.sqrt
 zr.manual_seed(11)
 
 local function r(...) return zr.randn({ ... }, { dtype = "f64", requires_grad = true }) end
@@ -10,33 +10,14 @@ local function c(...) return zr.randn({ ... }, { dtype = "f64" }) end
 
 -- ---------------------------------------------------------------- attention
 
--- Naive causal GQA attention on flat Lua tables (the independent reference).
+local attention_ref = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "attention_ref.lua")
+
+-- The naive reference over (B, H, T, Dh) tensors: a flat table of the output.
 local function ref_attention(q, k, v, B, Hq, Hkv, Tn, Dh, scale)
-  local fq, fk, fv = q:flat_table(), k:flat_table(), v:flat_table()
-  local out, g = {}, Hq / Hkv
-  for b = 0, B - 1 do
-    for h = 0, Hq - 1 do
-      local kh = math.floor(h / g)
-      for i = 0, Tn - 1 do
-        local s, m = {}, -math.huge
-        for j = 0, i do
-          local d = 0
-          for e = 0, Dh - 1 do
-            d = d + fq[((b * Hq + h) * Tn + i) * Dh + e + 1] * fk[((b * Hkv + kh) * Tn + j) * Dh + e + 1]
-          end
-          s[j] = d * scale
-          if s[j] > m then m = s[j] end
-        end
-        local z = 0
-        for j = 0, i do s[j] = exp(s[j] - m); z = z + s[j] end
-        for e = 0, Dh - 1 do
-          local acc = 0
-          for j = 0, i do acc = acc + s[j] / z * fv[((b * Hkv + kh) * Tn + j) * Dh + e + 1] end
-          out[((b * Hq + h) * Tn + i) * Dh + e + 1] = acc
-        end
-      end
-    end
-  end
+  local fq, fk, fv, out = q:flat_table(), k:flat_table(), v:flat_table(), {}
+  local function at(t, H) return function(b, h, i, e) return t[((b * H + h) * Tn + i) * Dh + e + 1] end end
+  attention_ref(at(fq, Hq), at(fk, Hkv), at(fv, Hkv), function(b, h, i, e, x) out[((b * Hq + h) * Tn + i) * Dh + e + 1] = x end,
+    B, Hq, Hkv, Tn, Dh, scale)
   return out
 end
 

@@ -63,24 +63,18 @@ function Attention:__init(cfg)
   self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
 function Attention:forward(x)
-  local B, T, C = x:size(1), x:size(2), self.n_embd
-  local H = self.n_head
-  -- q, k and v as three products with column slices of c_attn (same FLOPs as one): slicing the
-  -- weight (in, 3C) costs nothing in backward, slicing the (B, T, 3C) activation would scatter
-  -- three zero-padded gradients of its full size back
-  local fetch = Module.fetch or function(p) return p end -- ZeRO-3: c_attn is not called as a module
-  local w, b = fetch(self.c_attn.weight), fetch(self.c_attn.bias)
-  local function heads(i)
-    local y = zr.linear(x, w:narrow(2, i * C + 1, C):transpose(1, 2), b:narrow(1, i * C + 1, C))
-    return y:view(B, T, H, C / H):transpose(2, 3)
-  end
-  local o
+  local B, T, C, H = x:size(1), x:size(2), self.n_embd, self.n_head
+  -- one c_attn product (B, T, 3C), q, k, v in its columns: zr.sdpa_packed reads them in place and
+  -- writes their gradients into one (B, T, 3C) buffer (the product's, whole)
+  local qkv, y = self.c_attn(x), nil
   if self.training and self.attn_pdrop > 0 then
-    o = M.eager_attention(heads(0), heads(1), heads(2), self.attn_pdrop)
+    local q, k, v = unpack(zr.split(qkv, C, 3))
+    local function heads(t) return t:view(B, T, H, C / H):transpose(2, 3) end
+    y = M.eager_attention(heads(q), heads(k), heads(v), self.attn_pdrop):transpose(2, 3):reshape(B, T, C)
   else
-    o = zr.scaled_dot_product_attention(heads(0), heads(1), heads(2))
+    y = zr.sdpa_packed(qkv, H)
   end
-  return dropout(self.c_proj(o:transpose(2, 3):reshape(B, T, C)), self.resid_pdrop, self.training)
+  return dropout(self.c_proj(y), self.resid_pdrop, self.training)
 end
 
 local MLP = Module:extend("GPT2MLP")

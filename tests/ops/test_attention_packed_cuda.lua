@@ -1,0 +1,105 @@
+-- zr.sdpa_packed on CUDA vs the CPU (output and the packed dqkv): bf16/f16 head_dim 64 (on Hopper
+-- the strided kernels read q/k/v in place and write one (B, T, W) gradient), head_dim 128 and f32
+-- (split + sdpa), GQA, T = 1 and primes, GPT-2's 12 heads over many tiles; the GPU's packed op
+-- against the GPU's narrow + sdpa composition; on Hopper, nothing saved but the output and lse.
+local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
+if C.skip_without_gpu("sdpa_packed") then return end
+local zr, T, randn, both, close, unpack = C.zr, C.T, C.randn, C.both, C.close, C.unpack
+
+local SHAPES = { -- B, T, Hq, Hkv, D
+  { 1, 1, 2, 2, 64 }, { 2, 67, 4, 4, 64 }, { 1, 130, 4, 2, 64 }, { 4, 257, 12, 12, 64 }, { 2, 37, 2, 2, 128 },
+  { 1, 200, 4, 1, 128 },
+}
+
+T.test("sdpa_packed: CUDA vs CPU, as a leaf and through a product, bf16/f16 (Dh 64 and 128), GQA", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, s in ipairs(SHAPES) do
+      local B, Tn, Hq, Hkv, D = unpack(s)
+      local what = ("sdpa_packed %s %s"):format(table.concat(s, ","), dt)
+      both(what .. " leaf", dt, { randn({ B, Tn, (Hq + 2 * Hkv) * D }) },
+        function(x) return zr.sdpa_packed(x, Hq, Hkv) end, 2)
+      -- x * 1: a product's output (c_attn's), its gradient handed through the node
+      both(what .. " product", dt, { randn({ B, Tn, (Hq + 2 * Hkv) * D }) },
+        function(x) return zr.sdpa_packed(x * 1, Hq, Hkv) end, 2)
+    end
+  end
+  for _, s in ipairs { { 1, 1, 1, 1, 16 }, { 2, 7, 4, 2, 16 }, { 1, 33, 2, 2, 64 } } do
+    local B, Tn, Hq, Hkv, D = unpack(s)
+    both("sdpa_packed f32 " .. table.concat(s, ","), "f32", { randn({ B, Tn, (Hq + 2 * Hkv) * D }) },
+      function(x) return zr.sdpa_packed(x * 1, Hq, Hkv) end, 2)
+  end
+end)
+
+T.test("sdpa_packed equals narrow + view + transpose + sdpa on the GPU (bf16, GPT-2 heads)", function()
+  for _, s in ipairs { { 4, 257, 12, 12, 64 }, { 2, 130, 8, 2, 64 }, { 2, 67, 4, 4, 128 } } do
+    local B, Tn, Hq, Hkv, D = unpack(s)
+    local x0 = randn({ B, Tn, (Hq + 2 * Hkv) * D }, "bf16"):cuda()
+    local wo = randn({ B, Tn, Hq * D }):cuda()
+    local function run(packed)
+      local x = x0:detach(); x.requires_grad = true
+      local y = x * 1
+      local o
+      if packed then o = zr.sdpa_packed(y, Hq, Hkv)
+      else
+        local function heads(c0, H) return y:narrow(3, c0 * D + 1, H * D):view(B, Tn, H, D):transpose(2, 3) end
+        o = zr.scaled_dot_product_attention(heads(0, Hq), heads(Hq, Hkv), heads(Hq + Hkv, Hkv))
+          :transpose(2, 3):reshape(B, Tn, Hq * D)
+      end
+      ;(o:float() * wo):sum():backward()
+      return o:cpu(), x.grad:cpu()
+    end
+    local o1, g1 = run(true)
+    local o2, g2 = run(false)
+    local what = "packed vs composed " .. table.concat(s, ",")
+    close(o1, o2, "bf16", what .. " forward", 1)
+    close(g1, g2, "bf16", what .. " dqkv", 2, 1e-3)
+  end
+end)
+
+T.test("GPT-2 with head_dim 64 (the packed path) on CUDA bf16 vs the CPU in f32: logits and every gradient", function()
+  -- relative error of the whole tensor: bf16 rounding stays near 1%, a wrong layout is O(1)
+  local function rel(a, b, what)
+    local d = a:float():cpu() - b
+    local e = math.sqrt((d * d):sum():item() / (b * b):sum():item())
+    assert(e < 0.03, ("%s: relative error %.4g"):format(what, e))
+  end
+  local cfg = { vocab_size = 64, n_positions = 128, n_embd = 128, n_layer = 2, n_head = 2, dtype = "f32" }
+  zr.manual_seed(5)
+  local ref = zr.models.gpt2.GPT2LMHeadModel(cfg)
+  local ids = (zr.rand({ 2, 70 }) * 63):to("i64")
+  local out = ref(ids, ids)
+  out.loss:backward()
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  c.dtype, c.device = "bf16", "cuda"
+  local m = zr.models.gpt2.GPT2LMHeadModel(c)
+  local sd = {}
+  for n, p in ref:named_parameters() do sd[n] = p:detach() end
+  m:load_state_dict(sd, true)
+  local got = m(ids:cuda(), ids:cuda())
+  got.loss:backward()
+  rel(got.logits, out.logits, "logits")
+  local g = {}
+  for n, p in m:named_parameters() do g[n] = p.grad end
+  for n, p in ref:named_parameters() do
+    assert(g[n], "no CUDA gradient for " .. n)
+    rel(g[n], p.grad, "grad of " .. n)
+  end
+end)
+
+T.test("sdpa_packed on Hopper: one node over qkv, nothing saved but the output and lse", function()
+  if not zr.cuda.device_name():match("H[12]00") then print("SKIP not a Hopper GPU"); return end
+  local B, Tn, Hq, D = 4, 257, 12, 64
+  local x = randn({ B, Tn, 3 * Hq * D }, "bf16"):cuda(); x.requires_grad = true
+  local y = x * 1
+  zr.cuda.synchronize()
+  local before = zr.memory_stats("cuda:0").activations.current
+  local o = zr.sdpa_packed(y, Hq)
+  local grown = zr.memory_stats("cuda:0").activations.current - before
+  T.eq(o.grad_fn, "sdpa_packed")
+  local want = B * Tn * Hq * D * 2 + B * Hq * Tn * 4 -- the output (bf16) and lse (f32)
+  -- compact copies of q, k and v would add 3 * B * Tn * Hq * D * 2 bytes
+  assert(grown <= want + 256 * 1024, ("activations grew by %d bytes, want %d"):format(grown, want))
+end)
+
+T.done()
