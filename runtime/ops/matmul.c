@@ -466,7 +466,6 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
         (need[0] && (!(wv = weight_out_in(w, in_out)) || operand_prepare(wv, dt, &W))))
         goto done;
-    cudaStream_t s = zr_cuda_stream(dev);
     if (need[0]) { /* dX (rows, in) = g (rows, out) · wv (out, in) */
         /* straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
          * consumers' gradients are there already (GPT-2's three c_attn products), no add pass */
@@ -481,7 +480,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
         gd.a = zr_tensor_data(gi), gd.lda = ldo, gd.b = zr_tensor_data(W.t), gd.ldb = W.ld;
         gd.c = zr_tensor_data(buf), gd.ldc = ldi, gd.batch = 1, gd.alpha = 1;
         gd.beta = state == ZR_GRADBUF_SHARED ? 1 : 0, gd.ab_dtype = dt, gd.c_dtype = dt;
-        if (zr_dev_status(gemm_ex_cuda(&gd, s), "linear backward (dX)", dev)) goto done;
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dX)", dev)) goto done;
     }
     if (need[1]) {
         /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM
@@ -501,12 +500,12 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
         gd.ta = 1, gd.tb = 0, gd.k = rows, gd.batch = 1, gd.alpha = 1, gd.ab_dtype = dt;
         gd.c = zr_tensor_data(direct ? lg : d[1]), gd.c_dtype = direct ? lg->dtype : dt;
         gd.beta = direct && !leaf->grad_stale ? 1 : 0;
-        if (zr_dev_status(gemm_ex_cuda(&gd, s), "linear backward (dW)", dev)) goto done;
+        if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
         if (direct) leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
     }
     if (need[2]) { /* db (out) = column sums of g */
         if (!(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0)) ||
-            zr_dev_status(linear_bias_grad_cuda(zr_tensor_data(d[2]), zr_tensor_data(gi), rows, out, dt, s),
+            zr_dev_status(linear_bias_grad_cuda(zr_tensor_data(d[2]), zr_tensor_data(gi), rows, out, dt, zr_cuda_stream(dev)),
                           "linear backward (db)", dev))
             goto done;
     }
