@@ -485,7 +485,11 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     if (need[1]) {
         /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM
          * with beta 1 (0 for a stale gradient the engine's zero_grad left: overwritten) and an fp32
-         * output instead of a 16-bit dW plus an accumulation pass */
+         * output instead of a 16-bit dW plus an accumulation pass. The algorithm stays cuBLASLt's
+         * (autotuned, runtime/cuda/blas_plan.c): a small dW over many rows (GPT-2's 768 x 768 over
+         * 65536) has too few output tiles to fill the GPU, so it splits k; a 16-bit output then
+         * needs a separate reduction of fp32 partials (splitKreduce), an fp32 one may take the
+         * in-place reduction scheme instead. */
         zr_tensor *lg = zr_node_leaf_grad(n, 1), *leaf = n->edges[1].leaf;
         int direct = lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32);
         if (!direct && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
