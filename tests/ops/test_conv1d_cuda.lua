@@ -154,7 +154,8 @@ T.test("GPT-2 through the engine: Conv1D gradients accumulated and after zero_gr
       end
     end
     -- the third micro-step repeats the first (lr 0): overwritten, not added to the stale values
-    for name, g1 in pairs(gs[1]) do close(gs[3][name], g1, "f32", dt .. " after zero_grad: " .. name, 10, 1e-3) end
+    -- (which would give 3x the first: dt's tolerance, as the attention backward need not round alike)
+    for name, g1 in pairs(gs[1]) do close(gs[3][name], g1, dt, dt .. " after zero_grad: " .. name, 2, 1e-3) end
   end
 end)
 
