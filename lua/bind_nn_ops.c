@@ -11,7 +11,7 @@
 #include "ops/matmul.h"
 #include "ops/softmax.h"
 
-/* ===== matmul: matmul, bmm, linear (runtime/ops/matmul.h) ===== */
+/* ===== matmul: matmul, bmm, linear, conv1d (runtime/ops/matmul.h) ===== */
 
 static int l_matmul(lua_State *L) {
     return zr_l_pushtensor(L, zr_matmul(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2)));
@@ -24,6 +24,11 @@ static int l_linear(lua_State *L) {
     zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     return zr_l_pushtensor(L, zr_linear(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
 }
+/* conv1d(x, w [, b]): Hugging Face's Conv1D (GPT-2), x · w + b with w stored (in, out) */
+static int l_conv1d(lua_State *L) {
+    zr_tensor *b = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    return zr_l_pushtensor(L, zr_conv1d(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
+}
 
 /* ===== linear_gelu: linear_gelu, mlp_gelu (runtime/ops/linear_gelu.h) ===== */
 
@@ -33,11 +38,18 @@ static int l_linear_gelu(lua_State *L) {
     return zr_l_pushtensor(L, zr_linear_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), b));
 }
 
-/* mlp_gelu(x, w_fc, b_fc, w_proj, b_proj): linear, tanh GELU, linear as one node (biases may be nil) */
+/* mlp_gelu(x, w_fc, b_fc, w_proj, b_proj [, layout = "linear"]): linear, tanh GELU, linear as one
+ * node (biases may be nil); layout "conv1d": weights stored (in, out), as zr.conv1d's */
 static int l_mlp_gelu(lua_State *L) {
     zr_tensor *bf = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
     zr_tensor *bp = lua_isnoneornil(L, 5) ? NULL : zr_l_checktensor(L, 5);
-    return zr_l_pushtensor(L, zr_mlp_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), bf, zr_l_checktensor(L, 4), bp));
+    const char *layout = luaL_optstring(L, 6, "linear");
+    int in_out = strcmp(layout, "conv1d") == 0;
+    if (!in_out && strcmp(layout, "linear") != 0)
+        luaL_error(L, "mlp_gelu: layout must be 'linear' (weights (out, in)) or 'conv1d' (weights (in, out)), got '%s'",
+                   layout);
+    return zr_l_pushtensor(L, zr_mlp_gelu(zr_l_checktensor(L, 1), zr_l_checktensor(L, 2), bf, zr_l_checktensor(L, 4), bp,
+                                          in_out));
 }
 
 /* ===== softmax: softmax, log_softmax (runtime/ops/softmax.h) ===== */
@@ -96,7 +108,7 @@ static int l_embedding(lua_State *L) {
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
-    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"linear_gelu", l_linear_gelu}, {"mlp_gelu", l_mlp_gelu},
+    {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"conv1d", l_conv1d}, {"linear_gelu", l_linear_gelu}, {"mlp_gelu", l_mlp_gelu},
     {"softmax", l_softmax},
     {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
     {NULL, NULL}};

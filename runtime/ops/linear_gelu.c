@@ -68,30 +68,47 @@ static zr_status linear_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin)
     return st;
 }
 
-/* h = gelu_tanh(x · wᵀ + b) and *pre = x · wᵀ + b, no autograd; op names the caller in errors. */
-static zr_tensor *gelu_forward(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, zr_tensor **pre_out) {
-    zr_tensor *pre = NULL, *out = NULL;
-    if (epilogue_fits(x, w, b)) {
+/* w as (out, in): a new reference to w, or to its transposed view when it is stored (in, out) (a
+ * weight that is not 2-D stays as it is: the product's checks name it). */
+static zr_tensor *weight_out_in(zr_tensor *w, int in_out) {
+    return in_out && w->ndim == 2 ? zr_tensor_transpose_raw(w, 0, 1) : zr_tensor_retain(w);
+}
+
+/* linear (in_out 0: w (out, in)) or conv1d (in_out 1: w (in, out)), no autograd. */
+static zr_tensor *product(zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out) {
+    int was = zr_set_grad_enabled(0);
+    zr_tensor *y = in_out ? zr_conv1d(x, w, b) : zr_linear(x, w, b);
+    zr_set_grad_enabled(was);
+    return y;
+}
+
+/* h = gelu_tanh(x · wv (out, in)ᵀ + b) and *pre = x · wvᵀ + b, no autograd, w stored as in_out says;
+ * op names the caller in errors. */
+static zr_tensor *gelu_forward(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out,
+                               zr_tensor **pre_out) {
+    zr_tensor *pre = NULL, *out = NULL, *wv = weight_out_in(w, in_out);
+    if (!wv) return NULL;
+    if (epilogue_fits(x, wv, b)) {
         int64_t shape[ZR_MAX_DIMS];
         for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
-        shape[x->ndim - 1] = w->shape[0];
+        shape[x->ndim - 1] = wv->shape[0];
         zr_device dev = zr_tensor_device(x);
         pre = zr_tensor_new_cat(x->dtype, dev, x->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
         out = pre ? zr_tensor_new_cat(x->dtype, dev, x->ndim, shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-        if (!out || forward_dev(out, pre, x, w, b)) goto fail;
+        if (!out || forward_dev(out, pre, x, wv, b)) goto fail;
     } else {
-        int was = zr_set_grad_enabled(0);
-        pre = zr_linear(x, w, b);
+        pre = product(x, w, b, in_out);
         out = pre ? zr_unary(ZR_UN_GELU_TANH, pre, 0) : NULL;
-        zr_set_grad_enabled(was);
         if (!out) {
             zr_error_prefix("%s: ", op);
             goto fail;
         }
     }
+    zr_tensor_release(wv);
     *pre_out = pre;
     return out;
 fail:
+    zr_tensor_release(wv);
     zr_tensor_release(pre);
     zr_tensor_release(out);
     return NULL;
@@ -99,7 +116,7 @@ fail:
 
 zr_tensor *zr_linear_gelu(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     if (!x || !w) return zr_error_null("linear_gelu: missing input or weight");
-    zr_tensor *pre = NULL, *out = gelu_forward("linear_gelu", x, w, b, &pre);
+    zr_tensor *pre = NULL, *out = gelu_forward("linear_gelu", x, w, b, 0, &pre);
     if (!out) return NULL;
     zr_node *n;
     if (zr_autograd_record(out, "linear_gelu", linear_gelu_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
@@ -150,13 +167,15 @@ static zr_tensor *dgelu_dev(zr_tensor *g, zr_tensor *w, zr_tensor *pre) {
 #endif
 }
 
-/* saved: x, w_fc, pre, h, w_proj; edges x, w_fc, b_fc, w_proj, b_proj. c_proj's weight and bias
+/* saved: x, w_fc, pre, h, w_proj; edges x, w_fc, b_fc, w_proj, b_proj; n->i[0] = 1 when the weights
+ * are stored (in, out) (linear's backward reads it for both halves). c_proj's weight and bias
  * gradients come from linear's backward on a node of edges (h, w_proj, b_proj) where h's gradient
  * is asked for only when the dGELU epilogue does not take it (a leaf mark: no producer's buffer);
  * then c_fc's from linear's backward on this node (its edges 0-2 and saved x, w_fc). */
 static zr_status mlp_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    zr_tensor *pre = n->saved[2], *h = n->saved[3], *wp = n->saved[4];
-    int fused = dgelu_fits(g, wp, pre);
+    zr_tensor *pre = n->saved[2], *h = n->saved[3], *wp = n->saved[4], *wpv = weight_out_in(wp, n->i[0] != 0);
+    if (!wpv) return ZR_ERR;
+    int fused = dgelu_fits(g, wpv, pre);
     zr_edge e[3] = {{0}, n->edges[3], n->edges[4]};
     e[0].dtype = h->dtype;
     e[0].ndim = h->ndim;
@@ -171,21 +190,21 @@ static zr_status mlp_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_status st = zr_linear_backward(&proj, g, pg);
     gin[3] = pg[1];
     gin[4] = pg[2];
-    if (!st) dpre = fused ? dgelu_dev(g, wp, pre) : zr_unary_grad(ZR_UN_GELU_TANH, 0, pre, pg[0], pre->dtype);
+    if (!st) dpre = fused ? dgelu_dev(g, wpv, pre) : zr_unary_grad(ZR_UN_GELU_TANH, 0, pre, pg[0], pre->dtype);
     zr_tensor_release(pg[0]);
+    zr_tensor_release(wpv);
     if (!st && !dpre) st = ZR_ERR;
     if (!st) st = zr_linear_backward(n, dpre, gin);
     zr_tensor_release(dpre);
     return st;
 }
 
-zr_tensor *zr_mlp_gelu(zr_tensor *x, zr_tensor *w_fc, zr_tensor *b_fc, zr_tensor *w_proj, zr_tensor *b_proj) {
+zr_tensor *zr_mlp_gelu(zr_tensor *x, zr_tensor *w_fc, zr_tensor *b_fc, zr_tensor *w_proj, zr_tensor *b_proj,
+                       int in_out) {
     if (!x || !w_fc || !w_proj) return zr_error_null("mlp_gelu: missing input or weight");
-    zr_tensor *pre = NULL, *h = gelu_forward("mlp_gelu", x, w_fc, b_fc, &pre), *y = NULL;
+    zr_tensor *pre = NULL, *h = gelu_forward("mlp_gelu", x, w_fc, b_fc, in_out, &pre), *y = NULL;
     if (!h) return NULL;
-    int was = zr_set_grad_enabled(0);
-    y = zr_linear(h, w_proj, b_proj);
-    zr_set_grad_enabled(was);
+    y = product(h, w_proj, b_proj, in_out);
     if (!y) {
         zr_error_prefix("mlp_gelu (second linear): ");
         goto fail;
@@ -193,6 +212,7 @@ zr_tensor *zr_mlp_gelu(zr_tensor *x, zr_tensor *w_fc, zr_tensor *b_fc, zr_tensor
     zr_node *n;
     if (zr_autograd_record(y, "mlp_gelu", mlp_gelu_backward, 5, (zr_tensor *[]){x, w_fc, b_fc, w_proj, b_proj}, &n))
         goto fail;
+    if (n) n->i[0] = in_out;
     if (n && (zr_node_save(n, x) || zr_node_save(n, w_fc) || zr_node_save(n, pre) || zr_node_save(n, h) ||
               zr_node_save(n, w_proj)))
         goto fail;

@@ -409,105 +409,141 @@ zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b) {
     return matmul_impl("bmm", a, b);
 }
 
-/* --- linear --- */
+/* --- linear (y = x · wᵀ + b, w stored (out, in)) and conv1d (Hugging Face's Conv1D: y = x · w + b,
+ * w stored (in, out)) share one implementation over wv, w seen as (out, in): w itself, or conv1d's
+ * transposed view (never copied). The node's edge and saved[1] are w as given, with n->i[0] = 1
+ * for conv1d, so dW is made in w's own layout and can go straight into w's existing gradient. --- */
 
-/* nn.Linear on a GPU: operands converted to the result dtype dt (contiguous), then one cuBLASLt
- * call with the bias in its epilogue. */
-static zr_status linear_forward_dev(zr_tensor *out, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t rows,
-                                    int64_t in, int64_t nout) {
+/* w as (out, in): a new reference to w (linear) or to its transposed view (conv1d). */
+static zr_tensor *weight_out_in(zr_tensor *w, int in_out) {
+    return in_out ? zr_tensor_transpose_raw(w, 0, 1) : zr_tensor_retain(w);
+}
+
+/* The forward on a GPU: x and b converted to the result dtype dt (contiguous), the weight read in
+ * place where GEMM can (row- or column-major with any leading dimension: Conv1D's (in, out), its
+ * column slices), then one cuBLASLt call with the bias in its epilogue. */
+static zr_status linear_forward_dev(const char *op, zr_tensor *out, zr_tensor *x, zr_tensor *wv, zr_tensor *b,
+                                    int64_t rows, int64_t in, int64_t nout) {
 #ifdef ZR_HAVE_CUDA
     zr_dtype dt = out->dtype;
     zr_device dev = zr_tensor_device(out);
-    zr_tensor *xi = zr_tensor_to_raw(x, dt, dev), *wi = xi ? zr_tensor_to_raw(w, dt, dev) : NULL;
-    zr_tensor *bi = wi && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    zr_tensor *xi = zr_tensor_to_raw(x, dt, dev), *wt = xi ? zr_tensor_transpose_raw(wv, 0, 1) : NULL;
+    zr_tensor *bi = wt && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
+    gemm_operand W = {0};
     zr_status st = ZR_ERR;
-    if (wi && (!b || bi))
-        st = zr_dev_status(linear_forward_cuda(zr_tensor_data(out), zr_tensor_data(xi), zr_tensor_data(wi),
-                                               bi ? zr_tensor_data(bi) : NULL, rows, in, nout, dt,
-                                               zr_cuda_stream(dev)),
-                           "linear", dev);
+    if (wt && (!b || bi) && !operand_prepare(wt, dt, &W)) { /* y (rows, out) = x (rows, in) · wᵀ (in, out) */
+        zr_gemm_desc g = {0};
+        g.ta = 0, g.tb = W.trans, g.m = rows, g.n = nout, g.k = in;
+        g.a = zr_tensor_data(xi), g.lda = in > 1 ? in : 1, g.b = zr_tensor_data(W.t), g.ldb = W.ld;
+        g.c = zr_tensor_data(out), g.ldc = nout > 1 ? nout : 1, g.batch = 1, g.bias = bi ? zr_tensor_data(bi) : NULL;
+        g.alpha = 1, g.beta = 0, g.ab_dtype = dt, g.c_dtype = dt;
+        st = zr_dev_status(gemm_ex_cuda(&g, zr_cuda_stream(dev)), op, dev);
+    }
+    zr_tensor_release(W.t);
     zr_tensor_release(xi);
-    zr_tensor_release(wi);
+    zr_tensor_release(wt);
     zr_tensor_release(bi);
     return st;
 #else
-    (void)out, (void)x, (void)w, (void)b, (void)rows, (void)in, (void)nout;
-    return zr_no_cuda("linear");
+    (void)op, (void)out, (void)x, (void)wv, (void)b, (void)rows, (void)in, (void)nout;
+    return zr_no_cuda(op);
 #endif
 }
 
-/* Linear's backward on a GPU, in the promoted dtype of g, x and w; results cast to each input's
- * dtype. Only the operands a requested gradient needs are converted. */
-static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, int64_t rows,
+/* The backward on a GPU, in the promoted dtype of g, x and w; results cast to each input's dtype.
+ * Only the operands a requested gradient needs are converted; the weight is read in place as in
+ * the forward. */
+static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_tensor *w, int in_out, int64_t rows,
                                      int64_t in, int64_t out, zr_tensor **gin) {
 #ifdef ZR_HAVE_CUDA
     zr_dtype dt = zr_promote(g->dtype, zr_promote(x->dtype, w->dtype));
     zr_device dev = zr_tensor_device(g);
+    int64_t ldi = in > 1 ? in : 1, ldo = out > 1 ? out : 1;
     int need[3] = {zr_node_needs_grad(n, 0), zr_node_needs_grad(n, 1), zr_node_needs_grad(n, 2)};
-    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = NULL, *wi = NULL, *d[3] = {NULL, NULL, NULL};
+    zr_tensor *gi = zr_tensor_to_raw(g, dt, dev), *xi = NULL, *wv = NULL, *d[3] = {NULL, NULL, NULL};
+    gemm_operand W = {0};
     zr_status st = ZR_ERR;
     if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
-        (need[0] && !(wi = zr_tensor_to_raw(w, dt, dev))))
+        (need[0] && (!(wv = weight_out_in(w, in_out)) || operand_prepare(wv, dt, &W))))
         goto done;
-    /* dX straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
-     * consumers' gradients are there already (GPT-2's three c_attn products), no add pass */
-    if (need[0] && n->edges[0].fn && n->edges[0].dtype == dt) {
-        zr_tensor *buf;
-        int state;
-        if (zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state)) goto done;
-        zr_gemm_desc gd = {0, 0, rows, in, out, zr_tensor_data(gi), out, 0, zr_tensor_data(wi), in, 0,
-                           zr_tensor_data(buf), in, 0, 1, NULL, 1.0, state == ZR_GRADBUF_SHARED ? 1.0 : 0.0, dt, dt, ZR_GEMM_EPI_NONE, NULL, 0};
+    if (need[0]) { /* dX (rows, in) = g (rows, out) · wv (out, in) */
+        /* straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
+         * consumers' gradients are there already (GPT-2's three c_attn products), no add pass */
+        zr_tensor *buf = NULL;
+        int state = ZR_GRADBUF_NEW;
+        if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
+            goto done;
+        zr_edge *e = &n->edges[0];
+        if (!buf && !(buf = d[0] = zr_tensor_new_cat(dt, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+        zr_gemm_desc gd = {0};
+        gd.ta = 0, gd.tb = W.trans, gd.m = rows, gd.n = in, gd.k = out;
+        gd.a = zr_tensor_data(gi), gd.lda = ldo, gd.b = zr_tensor_data(W.t), gd.ldb = W.ld;
+        gd.c = zr_tensor_data(buf), gd.ldc = ldi, gd.batch = 1, gd.alpha = 1;
+        gd.beta = state == ZR_GRADBUF_SHARED ? 1 : 0, gd.ab_dtype = dt, gd.c_dtype = dt;
         if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dX)", dev)) goto done;
-        need[0] = 0;
     }
-    if (need[0] && !(d[0] = zr_tensor_new_cat(dt, dev, n->edges[0].ndim, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)))
-        goto done;
-    /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM with
-     * beta = 1 and an fp32 output instead of a 16-bit dW plus an accumulation pass */
-    zr_tensor *lg = need[1] ? zr_node_leaf_grad(n, 1) : NULL;
-    if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32)) {
-        zr_tensor *leaf = n->edges[1].leaf; /* a stale gradient (engine zero_grad) is overwritten: beta 0 */
-        zr_gemm_desc gd = {1, 0, out, in, rows, zr_tensor_data(gi), out, 0, zr_tensor_data(xi), in, 0,
-                           zr_tensor_data(lg), in, 0, 1, NULL, 1.0, leaf->grad_stale ? 0.0 : 1.0, dt, lg->dtype, ZR_GEMM_EPI_NONE, NULL, 0};
+    if (need[1]) {
+        /* dW straight into an existing gradient (e.g. the ZeRO engine's fp32 partition): one GEMM
+         * with beta 1 (0 for a stale gradient the engine's zero_grad left: overwritten) and an fp32
+         * output instead of a 16-bit dW plus an accumulation pass. The algorithm stays cuBLASLt's
+         * (autotuned, runtime/cuda/blas_plan.c): a small dW over many rows (GPT-2's 768 x 768 over
+         * 65536) has too few output tiles to fill the GPU, so it splits k; a 16-bit output then
+         * needs a separate reduction of fp32 partials (splitKreduce), an fp32 one may take the
+         * in-place reduction scheme instead. */
+        zr_tensor *lg = zr_node_leaf_grad(n, 1), *leaf = n->edges[1].leaf;
+        int direct = lg && (lg->dtype == ZR_F32 || lg->dtype == dt) && (dt == ZR_BF16 || dt == ZR_F16 || dt == ZR_F32);
+        if (!direct && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+        zr_gemm_desc gd = {0};
+        if (in_out) { /* dW (in, out) = xᵀ (in, rows) · g (rows, out) */
+            gd.m = in, gd.n = out, gd.a = zr_tensor_data(xi), gd.lda = ldi, gd.b = zr_tensor_data(gi), gd.ldb = ldo;
+            gd.ldc = ldo;
+        } else { /* dW (out, in) = gᵀ (out, rows) · x (rows, in) */
+            gd.m = out, gd.n = in, gd.a = zr_tensor_data(gi), gd.lda = ldo, gd.b = zr_tensor_data(xi), gd.ldb = ldi;
+            gd.ldc = ldi;
+        }
+        gd.ta = 1, gd.tb = 0, gd.k = rows, gd.batch = 1, gd.alpha = 1, gd.ab_dtype = dt;
+        gd.c = zr_tensor_data(direct ? lg : d[1]), gd.c_dtype = direct ? lg->dtype : dt;
+        gd.beta = direct && !leaf->grad_stale ? 1 : 0;
         if (zr_dev_status(gemm_ex_cuda(&gd, zr_cuda_stream(dev)), "linear backward (dW)", dev)) goto done;
-        leaf->grad_stale = 0;
-        need[1] = 0;
+        if (direct) leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
     }
-    if (need[1] && !(d[1] = zr_tensor_new_cat(dt, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    if (need[2] && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    int rc = linear_backward_cuda(d[0] ? zr_tensor_data(d[0]) : NULL, d[1] ? zr_tensor_data(d[1]) : NULL,
-                                  d[2] ? zr_tensor_data(d[2]) : NULL, zr_tensor_data(gi),
-                                  xi ? zr_tensor_data(xi) : NULL, wi ? zr_tensor_data(wi) : NULL, rows, in, out,
-                                  0, dt, zr_cuda_stream(dev));
-    if (zr_dev_status(rc, "linear backward", dev)) goto done;
+    if (need[2]) { /* db (out) = column sums of g */
+        if (!(d[2] = zr_tensor_new_cat(dt, dev, 1, &out, ZR_MEM_ACTIVATIONS, 0)) ||
+            zr_dev_status(linear_bias_grad_cuda(zr_tensor_data(d[2]), zr_tensor_data(gi), rows, out, dt, zr_cuda_stream(dev)),
+                          "linear backward (db)", dev))
+            goto done;
+    }
     if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
     for (int i = 0; i < 3; i++) zr_tensor_release(d[i]);
     zr_tensor_release(gi);
     zr_tensor_release(xi);
-    zr_tensor_release(wi);
+    zr_tensor_release(wv);
+    zr_tensor_release(W.t);
     return st;
 #else
-    (void)n, (void)g, (void)x, (void)w, (void)rows, (void)in, (void)out, (void)gin;
+    (void)n, (void)g, (void)x, (void)w, (void)in_out, (void)rows, (void)in, (void)out, (void)gin;
     return zr_no_cuda("linear");
 #endif
 }
 
-/* saved[0] = x, saved[1] = w; edges x, w, b. */
+/* saved[0] = x, saved[1] = w; edges x, w, b; n->i[0] = 1 when w is stored (in, out) (conv1d). */
 zr_status zr_linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1];
-    int64_t in = w->shape[1], out = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 0;
+    int in_out = n->i[0] != 0;
+    int64_t in = w->shape[in_out ? 0 : 1], out = w->shape[in_out ? 1 : 0], rows = in ? zr_tensor_numel(x) / in : 0;
     if (in == 0) rows = zr_tensor_numel(g) / (out ? out : 1);
-    if (!zr_is_cpu(g)) return linear_backward_dev(n, g, x, w, rows, in, out, gin);
+    if (!zr_is_cpu(g)) return linear_backward_dev(n, g, x, w, in_out, rows, in, out, gin);
     zr_dtype ct = zr_cpu_compute_dtype(zr_promote(g->dtype, zr_promote(x->dtype, w->dtype)));
     zr_device dev = zr_tensor_device(g);
-    zr_tensor *gi = zr_cpu_in(g, ct), *xi = NULL, *r = NULL;
+    int64_t ldi = in > 1 ? in : 1, ldo = out > 1 ? out : 1;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = NULL, *r = NULL, *wv = NULL;
     gemm_operand W = {0};
     zr_status st = ZR_ERR;
     if (!gi) goto done;
-    if (zr_node_needs_grad(n, 0)) { /* dx (rows, in) = g (rows, out) · w (out, in) */
-        if (operand_prepare(w, ct, &W)) goto done;
+    if (zr_node_needs_grad(n, 0)) { /* dx (rows, in) = g (rows, out) · w as (out, in) */
+        if (!(wv = weight_out_in(w, in_out)) || operand_prepare(wv, ct, &W)) goto done;
         zr_edge *e = &n->edges[0];
         r = zr_tensor_new_cat(ct, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
         if (!r) goto done;
@@ -516,12 +552,16 @@ zr_status zr_linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         if (!(gin[0] = zr_take_as(r, e->dtype))) goto done;
         r = NULL;
     }
-    if (zr_node_needs_grad(n, 1)) { /* dW (out, in) = gᵀ (out, rows) · x (rows, in) */
+    if (zr_node_needs_grad(n, 1)) { /* dW in w's layout: (out, in) = gᵀ · x, or (in, out) = xᵀ · g */
         if (!(xi = zr_cpu_in(x, ct))) goto done;
         r = zr_tensor_new_cat(ct, dev, 2, w->shape, ZR_MEM_ACTIVATIONS, 0);
         if (!r) goto done;
-        ZR_CPU_CALL(ct, gemm_cpu, 1, 0, out, in, rows, 1.0, zr_tensor_data(gi), out,
-                    zr_tensor_data(xi), in > 1 ? in : 1, 0.0, zr_tensor_data(r), in > 1 ? in : 1);
+        if (in_out)
+            ZR_CPU_CALL(ct, gemm_cpu, 1, 0, in, out, rows, 1.0, zr_tensor_data(xi), ldi, zr_tensor_data(gi), ldo,
+                        0.0, zr_tensor_data(r), ldo);
+        else
+            ZR_CPU_CALL(ct, gemm_cpu, 1, 0, out, in, rows, 1.0, zr_tensor_data(gi), out, zr_tensor_data(xi), ldi,
+                        0.0, zr_tensor_data(r), ldi);
         if (!(gin[1] = zr_take_as(r, n->edges[1].dtype))) goto done;
         r = NULL;
     }
@@ -537,45 +577,48 @@ done:
     zr_tensor_release(r);
     zr_tensor_release(gi);
     zr_tensor_release(xi);
+    zr_tensor_release(wv);
     zr_tensor_release(W.t);
     return st;
 }
 
-zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
+/* linear (in_out 0) or conv1d (in_out 1); op names it in errors and on the tape. */
+static zr_tensor *linear_impl(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out) {
     char b1[128], b2[128];
-    if (!x || !w) return zr_error_null("linear: missing input or weight");
-    if (zr_check_float("linear", x) || zr_check_float("linear", w) || (b && zr_check_float("linear", b)))
-        return NULL;
-    if (zr_check_same_device("linear", 3, (zr_tensor *[]){x, w, b})) return NULL;
+    if (!x || !w) return zr_error_null("%s: missing input or weight", op);
+    if (zr_check_float(op, x) || zr_check_float(op, w) || (b && zr_check_float(op, b))) return NULL;
+    if (zr_check_same_device(op, 3, (zr_tensor *[]){x, w, b})) return NULL;
     if (w->ndim != 2)
-        return zr_error_null("linear: weight must be 2-D (out_features, in_features), got %s",
+        return zr_error_null("%s: weight must be 2-D %s, got %s", op,
+                             in_out ? "(in_features, out_features)" : "(out_features, in_features)",
                              zr_tensor_shape_str(w, b1));
-    if (x->ndim == 0 || x->shape[x->ndim - 1] != w->shape[1])
-        return zr_error_null("linear: input %s and weight %s do not match: %lld ≠ %lld",
-                             zr_tensor_shape_str(x, b1), zr_tensor_shape_str(w, b2),
-                             x->ndim ? (long long)x->shape[x->ndim - 1] : 0LL, (long long)w->shape[1]);
-    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-        return zr_error_null("linear: bias must have shape (%lld) to match weight %s, got %s",
-                             (long long)w->shape[0], zr_tensor_shape_str(w, b1), zr_tensor_shape_str(b, b2));
+    int64_t in = w->shape[in_out ? 0 : 1], nout = w->shape[in_out ? 1 : 0];
+    if (x->ndim == 0 || x->shape[x->ndim - 1] != in)
+        return zr_error_null("%s: input %s and weight %s do not match: %lld ≠ %lld", op, zr_tensor_shape_str(x, b1),
+                             zr_tensor_shape_str(w, b2), x->ndim ? (long long)x->shape[x->ndim - 1] : 0LL,
+                             (long long)in);
+    if (b && (b->ndim != 1 || b->shape[0] != nout))
+        return zr_error_null("%s: bias must have shape (%lld) to match weight %s, got %s", op, (long long)nout,
+                             zr_tensor_shape_str(w, b1), zr_tensor_shape_str(b, b2));
     zr_dtype dt = zr_promote(x->dtype, w->dtype);
     if (b) dt = zr_promote(dt, b->dtype);
     zr_dtype ct = zr_cpu_compute_dtype(dt);
-    int64_t in = w->shape[1], nout = w->shape[0], rows = in ? zr_tensor_numel(x) / in : 1;
+    int64_t rows = in ? zr_tensor_numel(x) / in : 1;
     int64_t shape[ZR_MAX_DIMS];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 1] = nout;
     if (in == 0)
         for (int i = 0; i < x->ndim - 1; i++) rows *= x->shape[i];
     zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(x), x->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
-    zr_tensor *xi = NULL, *bi = NULL, *o = NULL, *wt = NULL;
+    zr_tensor *xi = NULL, *bi = NULL, *o = NULL, *wv = NULL, *wt = NULL;
     gemm_operand W = {0};
-    if (!out) return NULL;
+    if (!out || !(wv = weight_out_in(w, in_out))) goto fail;
     if (!zr_is_cpu(x)) {
-        if (linear_forward_dev(out, x, w, b, rows, in, nout)) goto fail;
+        if (linear_forward_dev(op, out, x, wv, b, rows, in, nout)) goto fail;
         goto record;
     }
     /* GEMM reads wᵀ (in, out) in place: a row-major w becomes a transposition flag. */
-    if (!(xi = zr_cpu_in(x, ct)) || !(wt = zr_tensor_transpose_raw(w, 0, 1)) ||
+    if (!(xi = zr_cpu_in(x, ct)) || !(wt = zr_tensor_transpose_raw(wv, 0, 1)) ||
         operand_prepare(wt, ct, &W) || !(o = zr_cpu_out_begin(out, ct)))
         goto fail;
     if (b) {
@@ -589,8 +632,12 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
     if (st) goto fail;
 record:;
     zr_node *n;
-    if (zr_autograd_record(out, "linear", zr_linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
-    if (n && (zr_node_save(n, x) || zr_node_save(n, w))) goto fail;
+    if (zr_autograd_record(out, op, zr_linear_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
+    if (n) {
+        n->i[0] = in_out;
+        if (zr_node_save(n, x) || zr_node_save(n, w)) goto fail;
+    }
+    zr_tensor_release(wv);
     zr_tensor_release(xi);
     zr_tensor_release(bi);
     zr_tensor_release(wt);
@@ -598,6 +645,7 @@ record:;
     return out;
 fail:
     zr_tensor_release(o);
+    zr_tensor_release(wv);
     zr_tensor_release(xi);
     zr_tensor_release(bi);
     zr_tensor_release(wt);
@@ -605,3 +653,7 @@ fail:
     zr_tensor_release(out);
     return NULL;
 }
+
+zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b) { return linear_impl("linear", x, w, b, 0); }
+
+zr_tensor *zr_conv1d(zr_tensor *x, zr_tensor *w, zr_tensor *b) { return linear_impl("conv1d", x, w, b, 1); }

@@ -1,4 +1,4 @@
--- Shared by the op benchmarks (bench_linear_gelu.lua, bench_qkv_rope.lua): the device and dtype
+-- Shared by the op benchmarks (bench_linear_gelu.lua, bench_qkv_rope.lua, bench_conv1d.lua): the device and dtype
 -- they run in (the GPU in bf16, else the CPU in f32) and the median forward and backward time of an
 -- op, in ms, over 20 runs after 5 warm-ups, synchronised around each phase (or of any call: M.call).
 local zr = require "zrun"

@@ -10,14 +10,15 @@ local init = require "zrun.nn.init_fns"
 
 local M = {}
 
--- HF's Conv1D: y = x W + b with W (in, out).
+-- HF's Conv1D: y = x W + b with W (in, out). zr.conv1d reads W as stored (no transposed copy on a
+-- GPU) and makes its gradient (in, out), straight into an existing one (the engine's fp32 partition).
 local Conv1D = Module:extend("Conv1D")
 function Conv1D:__init(nx, nf, cfg)
   local td = { dtype = cfg.dtype, device = cfg.device }
   self.weight = nn.Parameter(init.normal_(zr.empty({ nx, nf }, td), 0, cfg.initializer_range))
   self.bias = nn.Parameter(init.zeros_(zr.empty({ nf }, td)))
 end
-function Conv1D:forward(x) return zr.linear(x, self.weight:transpose(1, 2), self.bias) end
+function Conv1D:forward(x) return zr.conv1d(x, self.weight, self.bias) end
 
 -- transformers' nn.Dropout: active while training, p = 0 costs nothing.
 local function dropout(x, p, training)
@@ -96,7 +97,7 @@ end
 function MLP:forward(x)
   local fc, proj, y = self.c_fc, self.c_proj, nil
   if self.approximate == "tanh" and fusable(fc) and fusable(proj) then
-    y = zr.mlp_gelu(x, fc.weight:transpose(1, 2), fc.bias, proj.weight:transpose(1, 2), proj.bias)
+    y = zr.mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias, "conv1d")
   else
     y = proj(fc(x):gelu(self.approximate))
   end
