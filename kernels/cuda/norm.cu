@@ -1,5 +1,5 @@
 /* RMSNorm and LayerNorm on CUDA, forward and backward (the forward templates' RES variant fuses
- * the residual add: add_rmsnorm_forward_cuda). Rows
+ * the residual add: add_rmsnorm_forward_cuda, add_layernorm_forward_cuda). Rows
  * whose 16-byte chunks fit in registers (bf16: D <= 16K forward, 2K/4K RMS/LN backward) take the register
  * path: a group of 1-8 warps per row, the row read once, LayerNorm forward and both backwards
  * (RMSNorm forward measured faster with the block-per-row kernel); other rows take block-per-row
@@ -483,6 +483,19 @@ extern "C" int layernorm_forward_cuda(void *y, float *mean, float *rstd, const v
     ZR_FUSED_DISPATCH(fn, dtype,
                       fwd_launch<T, true, false>(y, NULL, mean, rstd, x, NULL, w, b, N, D, eps,
                                                  stream));
+    return launch_check(fn);
+}
+
+extern "C" int add_layernorm_forward_cuda(void *y, void *h, float *mean, float *rstd,
+                                          const void *x, const void *res, const void *w,
+                                          const void *b, int64_t N, int64_t D, float eps,
+                                          zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "add_layernorm_forward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype,
+                      fwd_launch<T, true, true>(y, h, mean, rstd, x, res, w, b, N, D, eps,
+                                                stream));
     return launch_check(fn);
 }
 

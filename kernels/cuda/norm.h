@@ -48,6 +48,12 @@ int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc, co
 int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x, const void *w,
                            const void *b, int64_t N, int64_t D, float eps, zr_dtype dtype,
                            cudaStream_t stream);
+/* The residual add fused in, as add_rmsnorm_forward_cuda: h = x + res (rounded to the dtype,
+ * written to h; may alias x or res), then y, mean, rstd as layernorm_forward_cuda on h; one read of
+ * x and res. Its backward is layernorm_backward_cuda on h (dres: the gradient arriving at h). */
+int add_layernorm_forward_cuda(void *y, void *h, float *mean, float *rstd, const void *x,
+                               const void *res, const void *w, const void *b, int64_t N, int64_t D,
+                               float eps, zr_dtype dtype, cudaStream_t stream);
 /* dx from dy (+ dres when non-NULL, which dx may alias: a gradient already there is added in the
  * same pass); dw, db (D) overwritten, either may be NULL. w may be NULL (1). */
 int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy, const void *x,

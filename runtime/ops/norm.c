@@ -260,7 +260,7 @@ fail:
     return NULL;
 }
 
-/* --- residual add + RMSNorm --- */
+/* --- residual add + norm (RMSNorm or LayerNorm) --- */
 
 #ifdef ZR_HAVE_CUDA
 /* h = x + r: both inputs receive h's gradient itself (as zr_add's backward) */
@@ -271,66 +271,95 @@ static zr_status residual_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
 }
 #endif
 
-/* The fused GPU forward: h, y, rstd allocated in the composition's order (add's h, then the norm's
- * y and rstd) so that the memory plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm. */
-static zr_tensor *add_norm_dev(zr_tensor *x, zr_tensor *r, zr_tensor *w, int64_t N, int64_t D, double eps,
-                               zr_tensor **hp) {
+/* The fused GPU forward (ln 0: RMSNorm, b unused; 1: LayerNorm): h, y and the statistics allocated
+ * in the composition's order (add's h, then the norm's y, rstd (and mean)) so that the memory
+ * plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm; the nodes are the composition's too (an
+ * add on h, the norm on y saving h), so backward is the plain norm's, whose dx kernel adds the
+ * gradient already pending at h in the same pass. */
+static zr_tensor *add_norm_dev(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *w, zr_tensor *b, int64_t N,
+                               int64_t D, double eps, zr_tensor **hp) {
+    const char *op = ln ? "add_layer_norm" : "add_rms_norm";
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(x);
     zr_dtype dt = x->dtype;
     zr_tensor *h = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *y = h ? zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *rstd = y ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    zr_tensor *xi = rstd ? zr_tensor_contiguous_raw(x) : NULL, *ri = xi ? zr_tensor_contiguous_raw(r) : NULL;
-    zr_tensor *wi = ri && w ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *mean = rstd && ln ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd && (!ln || mean) ? zr_tensor_contiguous_raw(x) : NULL;
+    zr_tensor *ri = xi ? zr_tensor_contiguous_raw(r) : NULL;
+    zr_tensor *wi = ri && w ? zr_tensor_to_raw(w, dt, dev) : NULL, *bi = ri && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
     zr_status st = ZR_ERR;
-    if (ri && (!w || wi))
-        st = zr_dev_status(add_rmsnorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(rstd),
-                                                    zr_tensor_data(xi), zr_tensor_data(ri),
-                                                    wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt,
-                                                    zr_cuda_stream(dev)),
-                           "add_rms_norm", dev);
+    if (ri && (!w || wi) && (!b || bi)) {
+        void *pw = wi ? zr_tensor_data(wi) : NULL;
+        cudaStream_t s = zr_cuda_stream(dev);
+        int rc = ln ? add_layernorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(mean),
+                                                 zr_tensor_data(rstd), zr_tensor_data(xi), zr_tensor_data(ri), pw,
+                                                 bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s)
+                    : add_rmsnorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(rstd),
+                                               zr_tensor_data(xi), zr_tensor_data(ri), pw, N, D, (float)eps, dt, s);
+        st = zr_dev_status(rc, op, dev);
+    }
     zr_tensor_release(xi);
     zr_tensor_release(ri);
     zr_tensor_release(wi);
+    zr_tensor_release(bi);
     zr_node *n;
-    if (st || zr_autograd_record(h, "add", residual_backward, 2, (zr_tensor *[]){x, r}, &n) ||
-        zr_autograd_record(y, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){h, w}, &n))
+    if (st || zr_autograd_record(h, "add", residual_backward, 2, (zr_tensor *[]){x, r}, &n)) goto fail;
+    if (ln ? zr_autograd_record(y, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){h, w, b}, &n)
+           : zr_autograd_record(y, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){h, w}, &n))
         goto fail;
     if (n) {
         n->f[0] = eps;
-        if (zr_node_save(n, h) || zr_node_save(n, w) || zr_node_save(n, rstd)) goto fail;
+        if (zr_node_save(n, h) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
+            goto fail;
     }
+    zr_tensor_release(mean);
     zr_tensor_release(rstd);
     *hp = h;
     return y;
 fail:
+    zr_tensor_release(mean);
     zr_tensor_release(rstd);
     zr_tensor_release(y);
     zr_tensor_release(h);
     return NULL;
 #else
-    (void)x, (void)r, (void)w, (void)N, (void)D, (void)eps, (void)hp;
-    zr_no_cuda("add_rms_norm");
+    (void)ln, (void)x, (void)r, (void)w, (void)b, (void)N, (void)D, (void)eps, (void)hp;
+    zr_no_cuda(op);
     return NULL;
 #endif
 }
 
-zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, zr_tensor **h) {
+/* Both ops' front: checks, then one kernel on a GPU for x and r of one shape and dtype, else the
+ * composition (zr_add, then the norm). */
+static zr_tensor *add_norm(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
+                           zr_tensor **h) {
+    const char *op = ln ? "add_layer_norm" : "add_rms_norm";
     int64_t D, N;
     *h = NULL;
-    if (zr_check_float("add_rms_norm", r) || zr_check_same_device("add_rms_norm", 2, (zr_tensor *[]){x, r}) ||
-        check_args("add_rms_norm", x, weight, NULL, &D, &N))
+    if (zr_check_float(op, r) || zr_check_same_device(op, 2, (zr_tensor *[]){x, r}) ||
+        check_args(op, x, weight, bias, &D, &N))
         return NULL;
     if (!zr_is_cpu(x) && r->dtype == x->dtype && zr_tensor_same_shape(x, r))
-        return add_norm_dev(x, r, weight, N, D, eps, h);
-    zr_tensor *s = zr_add(x, r), *y = s ? zr_rmsnorm(s, weight, eps) : NULL;
+        return add_norm_dev(ln, x, r, weight, bias, N, D, eps, h);
+    zr_tensor *s = zr_add(x, r);
+    zr_tensor *y = !s ? NULL : ln ? zr_layernorm(s, weight, bias, eps) : zr_rmsnorm(s, weight, eps);
     if (!y) {
         zr_tensor_release(s);
         return NULL;
     }
     *h = s;
     return y;
+}
+
+zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, zr_tensor **h) {
+    return add_norm(0, x, r, weight, NULL, eps, h);
+}
+
+zr_tensor *zr_add_layernorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
+                            zr_tensor **h) {
+    return add_norm(1, x, r, weight, bias, eps, h);
 }
 
 /* --- LayerNorm --- */
