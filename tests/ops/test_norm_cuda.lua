@@ -82,7 +82,7 @@ T.test("add_layer_norm: h and y, gradients of x, r, weight and bias", function()
         function(x, r) return zr.cat({ zr.add_layer_norm(x, r) }, 1) end, sl)
     end
   end
-  -- shapes the kernel does not take: the composition, the same values
+  -- a broadcast r (the composition on the GPU too) and a transposed x (copied contiguous first)
   both("add_layer_norm broadcast r", "bf16", { randn({ 4, 64 }), randn({ 64 }), randn({ 64 }), randn({ 64 }) },
     function(x, r, w, b) return select(2, zr.add_layer_norm(x, r, w, b)) end, 2)
   both("add_layer_norm transposed x", "bf16", { randn({ 16, 8 }), randn({ 8, 16 }), randn({ 16 }), randn({ 16 }) },
