@@ -39,6 +39,20 @@ static int l_layer_norm(lua_State *L) {
     return zr_l_pushtensor(L, zr_layernorm(x, w, b, luaL_optnumber(L, 4, 1e-5)));
 }
 
+/* add_layer_norm(x, r [, weight [, bias [, eps=1e-5]]]) -> h, y: h = x + r and
+ * y = layer_norm(h, weight, bias, eps) (a pre-norm block's residual add and the next LayerNorm; one
+ * kernel on a GPU for x and r of one shape and dtype) */
+static int l_add_layer_norm(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1), *r = zr_l_checktensor(L, 2), *h;
+    zr_tensor *w = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
+    zr_tensor *b = lua_isnoneornil(L, 4) ? NULL : zr_l_checktensor(L, 4);
+    zr_tensor *y = zr_add_layernorm(x, r, w, b, luaL_optnumber(L, 5, 1e-5), &h);
+    if (!y) return zr_l_error(L);
+    zr_l_pushtensor(L, h);
+    zr_l_pushtensor(L, y);
+    return 2;
+}
+
 /* ===== rope (runtime/ops/rope.h) ===== */
 
 /* rope(x, cos, sin) */
@@ -229,7 +243,8 @@ static int l_split(lua_State *L) {
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
-    {"rms_norm", l_rms_norm}, {"add_rms_norm", l_add_rms_norm}, {"layer_norm", l_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
+    {"rms_norm", l_rms_norm}, {"add_rms_norm", l_add_rms_norm}, {"layer_norm", l_layer_norm},
+    {"add_layer_norm", l_add_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {"sdpa_packed", l_sdpa_packed},
     {NULL, NULL}};

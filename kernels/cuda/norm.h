@@ -48,12 +48,26 @@ int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc, co
 int layernorm_forward_cuda(void *y, float *mean, float *rstd, const void *x, const void *w,
                            const void *b, int64_t N, int64_t D, float eps, zr_dtype dtype,
                            cudaStream_t stream);
+/* The residual add fused in, as add_rmsnorm_forward_cuda: h = x + res (rounded to the dtype,
+ * written to h; may alias x or res), then y, mean, rstd as layernorm_forward_cuda on h; one read of
+ * x and res. Its backward is layernorm_backward_cuda on h (dres: the gradient arriving at h). */
+int add_layernorm_forward_cuda(void *y, void *h, float *mean, float *rstd, const void *x,
+                               const void *res, const void *w, const void *b, int64_t N, int64_t D,
+                               float eps, zr_dtype dtype, cudaStream_t stream);
 /* dx from dy (+ dres when non-NULL, which dx may alias: a gradient already there is added in the
  * same pass); dw, db (D) overwritten, either may be NULL. w may be NULL (1). */
 int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy, const void *x,
                             const void *w, const float *mean, const float *rstd, const void *dres,
                             void *workspace, int64_t N, int64_t D, zr_dtype dtype,
                             cudaStream_t stream);
+/* As layernorm_backward_cuda, with dw and db each of dtype dw_dtype / db_dtype (dtype, or ZR_F32:
+ * a ZeRO fp32 gradient) and acc_w / acc_b 1: += the gradient, 0: = it (as
+ * rmsnorm_backward_acc_cuda). N = 0 leaves dw and db untouched. */
+int layernorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc_w, void *db,
+                                zr_dtype db_dtype, int acc_b, const void *dy, const void *x,
+                                const void *w, const float *mean, const float *rstd,
+                                const void *dres, void *workspace, int64_t N, int64_t D,
+                                zr_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -99,28 +99,38 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
         goto done;
     if (!buf && !(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    /* RMSNorm's weight gradient straight into the weight's existing gradient (the ZeRO engine's
-     * fp32 partition, as linear's dW): the reduction kernel writes it (a stale one) or adds to it,
-     * instead of a 16-bit dW and a cast or add kernel after */
-    zr_tensor *lg = !ln && want_w && N > 0 ? zr_node_leaf_grad(n, 1) : NULL;
-    if (lg && lg->dtype != ZR_F32 && lg->dtype != dt) lg = NULL;
-    if (want_w && !lg && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    /* The weight's (and LayerNorm's bias's) gradient straight into the parameter's existing
+     * gradient (the ZeRO engine's fp32 partition, as linear's dW): the reduction kernel writes it (a
+     * stale one) or adds to it, instead of a 16-bit dW and a cast or add kernel after */
+    zr_tensor *lg[3] = {NULL, NULL, NULL};
+    for (int i = 1; i < 3; i++) {
+        if (!(i == 1 ? want_w : want_b) || N == 0) continue;
+        lg[i] = zr_node_leaf_grad(n, i);
+        if (lg[i] && lg[i]->dtype != ZR_F32 && lg[i]->dtype != dt) lg[i] = NULL;
+        if (!lg[i] && !(d[i] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    }
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
     cudaStream_t s = zr_cuda_stream(dev);
-    void *p[3] = {zr_tensor_data(buf ? buf : d[0]), d[1] ? zr_tensor_data(d[1]) : NULL,
-                  d[2] ? zr_tensor_data(d[2]) : NULL};
+    void *p[3];
+    zr_dtype pt[3];
+    int acc[3];
+    for (int i = 0; i < 3; i++) {
+        zr_tensor *t = i == 0 && buf ? buf : lg[i] ? lg[i] : d[i];
+        p[i] = t ? zr_tensor_data(t) : NULL;
+        pt[i] = t ? t->dtype : dt;
+        acc[i] = lg[i] && !n->edges[i].leaf->grad_stale;
+    }
     const void *dres = buf && state == ZR_GRADBUF_SHARED ? p[0] : NULL;
-    int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
-                                          wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
-                                          dres, ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
-                : rmsnorm_backward_acc_cuda(p[0], lg ? zr_tensor_data(lg) : p[1], lg ? lg->dtype : dt,
-                                            lg && !n->edges[1].leaf->grad_stale, zr_tensor_data(gi),
-                                            zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
-                                            zr_tensor_data(rstd), dres, ws ? zr_tensor_data(ws) : NULL, N, D,
-                                            dt, s);
+    int rc = ln ? layernorm_backward_acc_cuda(p[0], p[1], pt[1], acc[1], p[2], pt[2], acc[2], zr_tensor_data(gi),
+                                              zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                                              zr_tensor_data(mean), zr_tensor_data(rstd), dres,
+                                              ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
+                : rmsnorm_backward_acc_cuda(p[0], p[1], pt[1], acc[1], zr_tensor_data(gi), zr_tensor_data(xi),
+                                            wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
+                                            ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
-    if (lg) n->edges[1].leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
+    for (int i = 1; i < 3; i++) /* d[i] NULL: the leaf counts as done, its hook fires */
+        if (lg[i]) n->edges[i].leaf->grad_stale = 0;
     if (zr_give_grads(n, nin, d, gin)) goto done;
     st = ZR_OK;
 done:
@@ -260,7 +270,7 @@ fail:
     return NULL;
 }
 
-/* --- residual add + RMSNorm --- */
+/* --- residual add + norm (RMSNorm or LayerNorm) --- */
 
 #ifdef ZR_HAVE_CUDA
 /* h = x + r: both inputs receive h's gradient itself (as zr_add's backward) */
@@ -271,66 +281,95 @@ static zr_status residual_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
 }
 #endif
 
-/* The fused GPU forward: h, y, rstd allocated in the composition's order (add's h, then the norm's
- * y and rstd) so that the memory plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm. */
-static zr_tensor *add_norm_dev(zr_tensor *x, zr_tensor *r, zr_tensor *w, int64_t N, int64_t D, double eps,
-                               zr_tensor **hp) {
+/* The fused GPU forward (ln 0: RMSNorm, b unused; 1: LayerNorm): h, y and the statistics allocated
+ * in the composition's order (add's h, then the norm's y, rstd (and mean)) so that the memory
+ * plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm; the nodes are the composition's too (an
+ * add on h, the norm on y saving h), so backward is the plain norm's, whose dx kernel adds the
+ * gradient already pending at h in the same pass. */
+static zr_tensor *add_norm_dev(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *w, zr_tensor *b, int64_t N,
+                               int64_t D, double eps, zr_tensor **hp) {
+    const char *op = ln ? "add_layer_norm" : "add_rms_norm";
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(x);
     zr_dtype dt = x->dtype;
     zr_tensor *h = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *y = h ? zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *rstd = y ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    zr_tensor *xi = rstd ? zr_tensor_contiguous_raw(x) : NULL, *ri = xi ? zr_tensor_contiguous_raw(r) : NULL;
-    zr_tensor *wi = ri && w ? zr_tensor_to_raw(w, dt, dev) : NULL;
+    zr_tensor *mean = rstd && ln ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
+    zr_tensor *xi = rstd && (!ln || mean) ? zr_tensor_contiguous_raw(x) : NULL;
+    zr_tensor *ri = xi ? zr_tensor_contiguous_raw(r) : NULL;
+    zr_tensor *wi = ri && w ? zr_tensor_to_raw(w, dt, dev) : NULL, *bi = ri && b ? zr_tensor_to_raw(b, dt, dev) : NULL;
     zr_status st = ZR_ERR;
-    if (ri && (!w || wi))
-        st = zr_dev_status(add_rmsnorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(rstd),
-                                                    zr_tensor_data(xi), zr_tensor_data(ri),
-                                                    wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt,
-                                                    zr_cuda_stream(dev)),
-                           "add_rms_norm", dev);
+    if (ri && (!w || wi) && (!b || bi)) {
+        void *pw = wi ? zr_tensor_data(wi) : NULL;
+        cudaStream_t s = zr_cuda_stream(dev);
+        int rc = ln ? add_layernorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(mean),
+                                                 zr_tensor_data(rstd), zr_tensor_data(xi), zr_tensor_data(ri), pw,
+                                                 bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s)
+                    : add_rmsnorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(rstd),
+                                               zr_tensor_data(xi), zr_tensor_data(ri), pw, N, D, (float)eps, dt, s);
+        st = zr_dev_status(rc, op, dev);
+    }
     zr_tensor_release(xi);
     zr_tensor_release(ri);
     zr_tensor_release(wi);
+    zr_tensor_release(bi);
     zr_node *n;
-    if (st || zr_autograd_record(h, "add", residual_backward, 2, (zr_tensor *[]){x, r}, &n) ||
-        zr_autograd_record(y, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){h, w}, &n))
+    if (st || zr_autograd_record(h, "add", residual_backward, 2, (zr_tensor *[]){x, r}, &n)) goto fail;
+    if (ln ? zr_autograd_record(y, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){h, w, b}, &n)
+           : zr_autograd_record(y, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){h, w}, &n))
         goto fail;
     if (n) {
         n->f[0] = eps;
-        if (zr_node_save(n, h) || zr_node_save(n, w) || zr_node_save(n, rstd)) goto fail;
+        if (zr_node_save(n, h) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
+            goto fail;
     }
+    zr_tensor_release(mean);
     zr_tensor_release(rstd);
     *hp = h;
     return y;
 fail:
+    zr_tensor_release(mean);
     zr_tensor_release(rstd);
     zr_tensor_release(y);
     zr_tensor_release(h);
     return NULL;
 #else
-    (void)x, (void)r, (void)w, (void)N, (void)D, (void)eps, (void)hp;
-    zr_no_cuda("add_rms_norm");
+    (void)ln, (void)x, (void)r, (void)w, (void)b, (void)N, (void)D, (void)eps, (void)hp;
+    zr_no_cuda(op);
     return NULL;
 #endif
 }
 
-zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, zr_tensor **h) {
+/* Both ops' front: checks, then one kernel on a GPU for x and r of one shape and dtype, else the
+ * composition (zr_add, then the norm). */
+static zr_tensor *add_norm(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
+                           zr_tensor **h) {
+    const char *op = ln ? "add_layer_norm" : "add_rms_norm";
     int64_t D, N;
     *h = NULL;
-    if (zr_check_float("add_rms_norm", r) || zr_check_same_device("add_rms_norm", 2, (zr_tensor *[]){x, r}) ||
-        check_args("add_rms_norm", x, weight, NULL, &D, &N))
+    if (zr_check_float(op, r) || zr_check_same_device(op, 2, (zr_tensor *[]){x, r}) ||
+        check_args(op, x, weight, bias, &D, &N))
         return NULL;
     if (!zr_is_cpu(x) && r->dtype == x->dtype && zr_tensor_same_shape(x, r))
-        return add_norm_dev(x, r, weight, N, D, eps, h);
-    zr_tensor *s = zr_add(x, r), *y = s ? zr_rmsnorm(s, weight, eps) : NULL;
+        return add_norm_dev(ln, x, r, weight, bias, N, D, eps, h);
+    zr_tensor *s = zr_add(x, r);
+    zr_tensor *y = !s ? NULL : ln ? zr_layernorm(s, weight, bias, eps) : zr_rmsnorm(s, weight, eps);
     if (!y) {
         zr_tensor_release(s);
         return NULL;
     }
     *h = s;
     return y;
+}
+
+zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, zr_tensor **h) {
+    return add_norm(0, x, r, weight, NULL, eps, h);
+}
+
+zr_tensor *zr_add_layernorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
+                            zr_tensor **h) {
+    return add_norm(1, x, r, weight, bias, eps, h);
 }
 
 /* --- LayerNorm --- */

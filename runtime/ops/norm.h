@@ -19,5 +19,10 @@ zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double 
 /* torch.nn.functional.layer_norm over the last dim (biased variance). Saves x, weight and the
  * per-row mean and rstd. */
 zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps);
+/* The LayerNorm twin of zr_add_rmsnorm: *h = x + r, returns zr_layernorm(*h, weight, bias, eps)
+ * (new references both), with the same graph (an add node on h, a layer_norm node on y) and, on a
+ * GPU for x and r of one shape and dtype, one kernel for h, y and the row statistics. */
+zr_tensor *zr_add_layernorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
+                            zr_tensor **h);
 
 #endif

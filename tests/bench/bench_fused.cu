@@ -226,6 +226,14 @@ int main(int argc, char **argv) {
         row("layernorm fwd", sh, 2 * e, time_ms([&] {
                 OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
             }));
+        /* GPT-2's residual add then ln_1 / ln_2 / ln_f, and the fused kernel (zr.add_layer_norm) */
+        row("add + layernorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
+                OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
+                OK(layernorm_forward_cuda(y, mean, rstd, h, w, b, N, D, 1e-5f, BF, 0));
+            }));
+        row("add_layernorm fwd (fused)", sh, 4 * e, time_ms([&] {
+                OK(add_layernorm_forward_cuda(y, h, mean, rstd, x, r, w, b, N, D, 1e-5f, BF, 0));
+            }));
         row("layernorm bwd (dw, db)", sh, 3 * e, time_ms([&] {
                 OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, NULL, ws, N, D, BF, 0));
             }));
@@ -239,6 +247,7 @@ int main(int argc, char **argv) {
     norms(2048, 2048); /* Llama-3.2-1B's micro-batch (B=4, T=512): 8 MB tensors */
     norms(16384, 2048);
     norms(65536, 4096);
+    norms(65536, 768); /* GPT-2 124M at B=64 T=1024 */
     /* rope: 32/8 heads, Dh=64, B=4 T=2048; then B=16 T=4096 (1.3 GB moved), where launch and
      * tail costs, which hold a copy of the 84 MB of the first shape to ~73% of the 4 GiB rate, no
      * longer dominate */

@@ -257,6 +257,55 @@ TEST(layernorm_forward_backward) {
             }
             CHECK_CLOSE(gw_.down(), dwr, tol_of(t) * 2 + 1e-5, what);
             CHECK_CLOSE(gb_.down(), dbr, tol_of(t) + 1e-5, what);
+            /* f32 gradients (a ZeRO partition): dw written over poison, db added to what is there */
+            vec gb0 = randv(D), dbsum(D);
+            dbuf fw_(D, ZR_F32), fb_(D, ZR_F32);
+            fb_.up(gb0);
+            CHECK_OK(layernorm_backward_acc_cuda(dx_.p, fw_.p, ZR_F32, 0, fb_.p, ZR_F32, 1, dy_.p, x_.p, w_.p,
+                                                 mean_.f(), rstd_.f(), NULL, ws.p, N, D, t, 0));
+            for (int64_t i = 0; i < D; ++i) dbsum[i] = gb0[i] + dbr[i];
+            char w4[160];
+            snprintf(w4, sizeof w4, "%s f32 dw written, db added", what);
+            CHECK_CLOSE(fw_.down(), dwr, 2e-5 + (t == ZR_F32 ? 0 : 1e-3), w4);
+            CHECK_CLOSE(fb_.down(), dbsum, 2e-5 + (t == ZR_F32 ? 0 : 1e-3), w4);
+        }
+}
+
+/* The residual add fused into the LayerNorm forward: h = round(x + res) exactly, y and the
+ * statistics of h as the plain forward's. 777 and 2050 take the unvectorised kernel, 16392 (16-bit)
+ * the block-per-row one; the last pass writes h over x (h may alias x). */
+TEST(add_layernorm_forward) {
+    const int64_t shapes[][2] = {{1, 1}, {7, 5}, {5, 768}, {9, 777}, {3, 2050}, {4, 2048}, {2, 16392}};
+    for (auto &s : shapes)
+        for (zr_dtype t : DT) {
+            const int64_t N = s[0], D = s[1];
+            const double eps = 1e-5;
+            vec x = randv(N * D, 2), res = randv(N * D), w = randv(D), b = randv(D);
+            for (auto &v : x) v += 3; /* a mean far from 0 */
+            dbuf x_(N * D, t), res_(N * D, t), w_(D, t), b_(D, t), h_(N * D, t), y_(N * D, t),
+                mean_(N, ZR_F32), rstd_(N, ZR_F32);
+            x_.up(x), res_.up(res), w_.up(w), b_.up(b);
+            char what[96];
+            snprintf(what, sizeof what, "add_layernorm %s N=%lld D=%lld", tn(t), (long long)N,
+                     (long long)D);
+            vec h(N * D), y, mean, rstd;
+            for (int64_t i = 0; i < N * D; ++i) h[i] = round_to(x[i] + res[i], t);
+            norm_ref(true, h, w, b, N, D, eps, y, mean, rstd);
+            CHECK_OK(add_layernorm_forward_cuda(y_.p, h_.p, mean_.f(), rstd_.f(), x_.p, res_.p,
+                                                w_.p, b_.p, N, D, eps, t, 0));
+            CHECK_CLOSE(h_.down(), h, 0, what);
+            CHECK_CLOSE(y_.down(), y, tol_of(t), what);
+            CHECK_CLOSE(mean_.down(), mean, 1e-5, what);
+            CHECK_CLOSE(rstd_.down(), rstd, 1e-4, what);
+            y_.poison();
+            CHECK_OK(add_layernorm_forward_cuda(y_.p, x_.p, NULL, NULL, x_.p, res_.p, w_.p, NULL,
+                                                N, D, eps, t, 0));
+            vec yb;
+            norm_ref(true, h, w, vec(), N, D, eps, yb, mean, rstd);
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s h over x, no bias, no statistics", what);
+            CHECK_CLOSE(x_.down(), h, 0, w2);
+            CHECK_CLOSE(y_.down(), yb, tol_of(t), w2);
         }
 }
 
@@ -820,6 +869,7 @@ int main(void) {
            prop.multiProcessorCount);
     RUN(rmsnorm_forward_backward);
     RUN(layernorm_forward_backward);
+    RUN(add_layernorm_forward);
     RUN(rope_forward_backward);
     RUN(swiglu_forward_backward);
     RUN(cross_entropy_forward_backward);

@@ -1,6 +1,7 @@
 -- Shared by the CUDA-vs-CPU op tests (tests/ops/test_*_cuda.lua) and tests/cuda/test_cuda.lua:
--- tolerances per dtype, `close` (CUDA result vs CPU reference), `both` (one function on both
--- devices, forward and every input gradient), and the skip on machines without a GPU.
+-- tolerances per dtype, `close` (CUDA result vs CPU reference; `close_big` for millions of
+-- elements), `both` (one function on both devices, forward and every input gradient), and the skip
+-- on machines without a GPU.
 --   local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 --   if C.skip_without_gpu("norm") then return end
 --   local zr, T, close, both = C.zr, C.T, C.close, C.both
@@ -44,6 +45,18 @@ function M.close(got, want, dtype, what, slack, floor)
   end
 end
 local close = M.close
+
+-- close's rule for tensors too large for Lua tables (millions of elements), judged with tensor
+-- reductions on the CPU; the message gives the largest excess over the tolerance.
+function M.close_big(got, want, dtype, what, floor)
+  local tol = TOL[dtype] or TOL.f32
+  local a, b = got:cpu():float():detach(), want:float():detach()
+  local scale = max(b:abs():max():item(), floor or 1e-30)
+  local excess = ((a - b):abs() - b:abs() * tol[2]):max():item() - tol[1] * scale
+  if not (excess <= 0) then -- NaN fails too
+    error(("%s (%s): cuda vs cpu exceed the tolerance by %.3g (scale %.3g)"):format(what, dtype, excess, scale), 2)
+  end
+end
 
 function M.randn(shape, dtype) return zr.randn(shape, { dtype = dtype or "f32" }) end
 -- The same values on both devices (the GPU copy is made from the CPU tensor, exactly).

@@ -112,9 +112,32 @@ function Block:__init(cfg)
   self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
   self.mlp = MLP(cfg)
 end
+-- A residual add and the LayerNorm after it run as one op (zr.add_layer_norm: one kernel on a
+-- GPU, h = x + r and ln(h)) when the norm is a plain nn.LayerNorm without hooks and ZeRO-3 is off
+-- (it gathers the norm's parameters around the module's own call), as llama.lua's plain_norm.
+local layernorm_forward = nn.LayerNorm.forward
+local function no_hooks(m)
+  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
+  return not Module.fetch and not (pre and #pre > 0) and not (post and #post > 0)
+end
+local function add_norm(x, r, ln)
+  if ln.forward == layernorm_forward and no_hooks(ln) then
+    return zr.add_layer_norm(x, r, ln.weight, ln.bias, ln.eps)
+  end
+  local h = x + r
+  return h, ln(h)
+end
+-- The block as (h, m), its output h + m not yet summed: pending, the previous block's m, is added
+-- to x together with ln_1 (Transformer:forward passes it on; nil: x is the block's input as is).
+function Block:residual_forward(x, pending)
+  local y
+  if pending then x, y = add_norm(x, pending, self.ln_1) else y = self.ln_1(x) end
+  local h, y2 = add_norm(x, self.attn(y), self.ln_2)
+  return h, self.mlp(y2)
+end
 function Block:forward(x)
-  local h = x + self.attn(self.ln_1(x))
-  return h + self.mlp(self.ln_2(h))
+  local h, m = self:residual_forward(x)
+  return h + m
 end
 
 local Transformer = Module:extend("GPT2Model")
@@ -127,6 +150,10 @@ function Transformer:__init(cfg)
   self.ln_f = nn.LayerNorm(cfg.n_embd, { eps = cfg.layer_norm_epsilon or 1e-5, dtype = cfg.dtype, device = cfg.device })
   rawset(self, "cfg", cfg)
 end
+-- Each block's last residual add runs with the next block's ln_1 (or ln_f) as one op: a block
+-- called as itself (a plain GPT2Block without hooks, no ZeRO-3, no checkpointing) hands on its
+-- (h, m) and the next add_norm sums them; any other block is called as a module on the summed x.
+local block_forward = Block.forward
 function Transformer:forward(ids)
   local T = ids:size(2)
   if T > self.cfg.n_positions then
@@ -136,9 +163,16 @@ function Transformer:forward(ids)
   if not pos then pos = zr.arange(T, { device = self.cfg.device }); rawset(self, "pos_" .. T, pos) end
   local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
-    if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
+    if not ckpt and block.forward == block_forward and no_hooks(block) then
+      x, pending = block:residual_forward(x, pending)
+    else
+      if pending then x, pending = x + pending, nil end
+      if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
+    end
   end
+  if pending then return select(2, add_norm(x, pending, self.ln_f)) end
   return self.ln_f(x)
 end
 
