@@ -2,14 +2,14 @@
 -- x + r then zr.layer_norm (two kernels forward), fused = zr.add_layer_norm (one). Forward alone,
 -- then forward and backward of h + y (h continues the residual stream and y feeds the next layer,
 -- so both get a gradient, as in a block; the + is in both rows). Median of 20 after 5 warm-ups.
---   ./zrun tests/bench/bench_add_layer_norm.lua [N=65536] [D=768]   (GPT-2 124M at 64 x 1024, bf16)
+--   ./zrun tests/bench/bench_add_layer_norm.lua [N=65536] [D=768]   (GPT-2 124M at 64 x 1024, bf16; N=4096 on the CPU)
 local zr = require "zrun"
 local cli = require("zrun.argparse").new("tests/bench/bench_add_layer_norm.lua",
   "The residual add + LayerNorm, separate vs zr.add_layer_norm, forward and backward.")
-cli:option("N", 65536, "rows (batch x sequence)")
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
+cli:option("N", timing.gpu and 65536 or 4096, "rows (batch x sequence; on the CPU 4096)")
 cli:option("D", 768, "row width (n_embd)")
 local opt = cli:parse(arg)
-local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
 local dev, dt = timing.dev, timing.dt
 local N, D = opt.N, opt.D
 zr.manual_seed(0)

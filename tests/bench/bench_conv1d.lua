@@ -6,14 +6,14 @@
 -- "conv1d" the weight as stored (zr.conv1d, mlp_gelu's layout "conv1d"). Each with fresh gradients
 -- and with f32 gradients held from the start (the ZeRO engine's partition: dW added into them).
 -- Medians of 20 after 5 warm-ups (op_timing.lua).
---   ./zrun tests/bench/bench_conv1d.lua [rows=65536] [C=768]   (B*T = 64*1024)
+--   ./zrun tests/bench/bench_conv1d.lua [rows=65536] [C=768]   (B*T = 64*1024; 512 rows on the CPU)
 local zr = require "zrun"
 local cli = require("zrun.argparse").new("tests/bench/bench_conv1d.lua",
   "GPT-2's Conv1D products (c_attn, the MLP): weight copy, transposed view, zr.conv1d; forward and backward.")
-cli:option("rows", 65536, "rows of x (B*T)")
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
+cli:option("rows", timing.gpu and 65536 or 512, "rows of x (B*T; on the CPU 512)")
 cli:option("C", 768, "the model width (c_attn's output is 3C, the MLP's hidden 4C)")
 local opt = cli:parse(arg)
-local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
 local dev, dt = timing.dev, timing.dt
 local N, C = opt.rows, opt.C
 zr.manual_seed(0)
