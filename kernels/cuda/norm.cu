@@ -167,10 +167,11 @@ __global__ void norm_bwd_kernel(T *dx, float *__restrict__ part, const T *dy,
  * order, then the 32 group sums are added in order: the same bits every run. (Was (32, 8) with one
  * sum: latency-bound, 9 us for 396 x 4096 partials; now 7 us with its launch.) Launched as a
  * programmatic dependent of the backward kernel: griddepcontrol.wait returns once that grid is
- * complete and its writes visible (at once when launched plainly). */
-template <typename T, typename O>
+ * complete and its writes visible (at once when launched plainly). dw in O and db in OB; acc bit 0:
+ * dw += the sum (else dw = it), bit 1: the same for db. */
+template <typename O, typename OB>
 __global__ void __launch_bounds__(1024)
-    norm_wgrad2_kernel(O *__restrict__ dw, T *__restrict__ db, const float *__restrict__ part, int G,
+    norm_wgrad2_kernel(O *__restrict__ dw, OB *__restrict__ db, const float *__restrict__ part, int G,
                        int64_t D, int64_t ncol, int acc) {
     __shared__ float sm[32][33];
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -197,17 +198,18 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
         for (int k = 1; k < 32; ++k) t += sm[k][threadIdx.x];
         if (j < D) {
-            if (dw) dw[j] = fromf<O>(acc ? tof<O>(dw[j]) + t : t);
+            if (dw) dw[j] = fromf<O>(acc & 1 ? tof<O>(dw[j]) + t : t);
         } else if (db)
-            db[j - D] = fromf<T>(t);
+            db[j - D] = fromf<OB>(acc & 2 ? tof<OB>(db[j - D]) + t : t);
     }
 }
 
 /* Launches norm_wgrad2_kernel as a programmatic dependent of the kernel before it on st (its
- * launch overlaps that kernel's tail), or plainly where the attribute is refused. dw in O (T, or
- * f32: an fp32 gradient written or, acc, added to in the same pass: no cast or add kernel after). */
-template <typename T, typename O>
-static void wgrad2_launch(O *dw, T *db, const float *part, int G, int64_t D, int64_t ncol, int acc,
+ * launch overlaps that kernel's tail), or plainly where the attribute is refused. dw in O and db in
+ * OB (T, or f32: an fp32 gradient written or, acc, added to in the same pass: no cast or add
+ * kernel after). */
+template <typename O, typename OB>
+static void wgrad2_launch(O *dw, OB *db, const float *part, int G, int64_t D, int64_t ncol, int acc,
                           cudaStream_t st) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((ncol + 31) / 32));
@@ -219,9 +221,9 @@ static void wgrad2_launch(O *dw, T *db, const float *part, int G, int64_t D, int
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, norm_wgrad2_kernel<T, O>, dw, db, part, G, D, ncol, acc) != cudaSuccess) {
+    if (cudaLaunchKernelEx(&cfg, norm_wgrad2_kernel<O, OB>, dw, db, part, G, D, ncol, acc) != cudaSuccess) {
         (void)cudaGetLastError();
-        norm_wgrad2_kernel<T, O><<<cfg.gridDim, cfg.blockDim, 0, st>>>(dw, db, part, G, D, ncol, acc);
+        norm_wgrad2_kernel<O, OB><<<cfg.gridDim, cfg.blockDim, 0, st>>>(dw, db, part, G, D, ncol, acc);
     }
 }
 
@@ -384,9 +386,9 @@ extern "C" size_t layernorm_backward_workspace_size(int64_t N, int64_t D) {
     return rmsnorm_backward_workspace_size(N, D);
 }
 
-/* dw32: dw is f32 (else T); acc: dw += the sum (else dw = the sum). */
+/* dw32 / db32: dw / db is f32 (else T); acc bit 0: dw += the sum (else dw = the sum), bit 1: db. */
 template <typename T, bool LN>
-static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, int acc, void *db, const void *dy,
+static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, int db32, int acc, const void *dy,
                       const void *x, const void *w, const float *mean, const float *rstd,
                       const void *dres, void *ws, int64_t N, int64_t D, cudaStream_t st) {
     const int V = 16 / sizeof(T);
@@ -419,8 +421,12 @@ static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, int acc, voi
     }
     if (want) {
         const int64_t ncol = db ? 2 * D : D;
-        if (dw32)
-            wgrad2_launch<T, float>((float *)dw, (T *)db, part, (int)grid, D, ncol, acc, st);
+        if (dw32 && db32)
+            wgrad2_launch<float, float>((float *)dw, (float *)db, part, (int)grid, D, ncol, acc, st);
+        else if (dw32)
+            wgrad2_launch<float, T>((float *)dw, (T *)db, part, (int)grid, D, ncol, acc, st);
+        else if (db32)
+            wgrad2_launch<T, float>((T *)dw, (float *)db, part, (int)grid, D, ncol, acc, st);
         else
             wgrad2_launch<T, T>((T *)dw, (T *)db, part, (int)grid, D, ncol, acc, st);
     }
@@ -460,7 +466,7 @@ extern "C" int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, 
         return zr_error("%s: the weight gradient must be f32 or x's dtype, got dtype %d", fn, (int)dw_dtype);
     if (N == 0) return 0; /* dw untouched */
     ZR_FUSED_DISPATCH(fn, dtype,
-                      if (bwd_launch<T, false>(fn, dx, dw, dw && dw_dtype == ZR_F32 && dtype != ZR_F32, acc, NULL,
+                      if (bwd_launch<T, false>(fn, dx, dw, dw && dw_dtype == ZR_F32 && dtype != ZR_F32, NULL, 0, acc ? 1 : 0,
                                                dy, x, w, NULL, rstd, dres, workspace, N, D, stream))
                           return ZR_ERR);
     return launch_check(fn);
@@ -499,15 +505,28 @@ extern "C" int add_layernorm_forward_cuda(void *y, void *h, float *mean, float *
     return launch_check(fn);
 }
 
+extern "C" int layernorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc_w, void *db,
+                                           zr_dtype db_dtype, int acc_b, const void *dy, const void *x,
+                                           const void *w, const float *mean, const float *rstd,
+                                           const void *dres, void *workspace, int64_t N, int64_t D,
+                                           zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "layernorm_backward_cuda";
+    if (check_nd(fn, N, D)) return ZR_ERR;
+    if ((dw && dw_dtype != dtype && dw_dtype != ZR_F32) || (db && db_dtype != dtype && db_dtype != ZR_F32))
+        return zr_error("%s: the weight and bias gradients must be f32 or x's dtype, got dtypes %d and %d", fn,
+                        (int)dw_dtype, (int)db_dtype);
+    if (N == 0) return 0; /* dw, db untouched */
+    const int dw32 = dw && dw_dtype == ZR_F32 && dtype != ZR_F32, db32 = db && db_dtype == ZR_F32 && dtype != ZR_F32;
+    ZR_FUSED_DISPATCH(fn, dtype,
+                      if (bwd_launch<T, true>(fn, dx, dw, dw32, db, db32, (acc_w ? 1 : 0) | (acc_b ? 2 : 0), dy,
+                                              x, w, mean, rstd, dres, workspace, N, D, stream)) return ZR_ERR);
+    return launch_check(fn);
+}
+
 extern "C" int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy,
                                        const void *x, const void *w, const float *mean,
                                        const float *rstd, const void *dres, void *workspace,
                                        int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream) {
-    const char *fn = "layernorm_backward_cuda";
-    if (check_nd(fn, N, D)) return ZR_ERR;
-    if (N == 0) return 0;
-    ZR_FUSED_DISPATCH(fn, dtype,
-                      if (bwd_launch<T, true>(fn, dx, dw, 0, 0, db, dy, x, w, mean, rstd, dres,
-                                              workspace, N, D, stream)) return ZR_ERR);
-    return launch_check(fn);
+    return layernorm_backward_acc_cuda(dx, dw, dtype, 0, db, dtype, 0, dy, x, w, mean, rstd, dres, workspace,
+                                       N, D, dtype, stream);
 }

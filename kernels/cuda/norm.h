@@ -60,6 +60,14 @@ int layernorm_backward_cuda(void *dx, void *dw, void *db, const void *dy, const 
                             const void *w, const float *mean, const float *rstd, const void *dres,
                             void *workspace, int64_t N, int64_t D, zr_dtype dtype,
                             cudaStream_t stream);
+/* As layernorm_backward_cuda, with dw and db each of dtype dw_dtype / db_dtype (dtype, or ZR_F32:
+ * a ZeRO fp32 gradient) and acc_w / acc_b 1: += the gradient, 0: = it (as
+ * rmsnorm_backward_acc_cuda). N = 0 leaves dw and db untouched. */
+int layernorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc_w, void *db,
+                                zr_dtype db_dtype, int acc_b, const void *dy, const void *x,
+                                const void *w, const float *mean, const float *rstd,
+                                const void *dres, void *workspace, int64_t N, int64_t D,
+                                zr_dtype dtype, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -99,28 +99,38 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
     if (n->edges[0].fn && n->edges[0].dtype == dt && zr_node_input_grad_buffer(n, 0, NULL, NULL, &buf, &state))
         goto done;
     if (!buf && !(d[0] = zr_tensor_new_cat(dt, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    /* RMSNorm's weight gradient straight into the weight's existing gradient (the ZeRO engine's
-     * fp32 partition, as linear's dW): the reduction kernel writes it (a stale one) or adds to it,
-     * instead of a 16-bit dW and a cast or add kernel after */
-    zr_tensor *lg = !ln && want_w && N > 0 ? zr_node_leaf_grad(n, 1) : NULL;
-    if (lg && lg->dtype != ZR_F32 && lg->dtype != dt) lg = NULL;
-    if (want_w && !lg && !(d[1] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    if (want_b && !(d[2] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    /* The weight's (and LayerNorm's bias's) gradient straight into the parameter's existing
+     * gradient (the ZeRO engine's fp32 partition, as linear's dW): the reduction kernel writes it (a
+     * stale one) or adds to it, instead of a 16-bit dW and a cast or add kernel after */
+    zr_tensor *lg[3] = {NULL, NULL, NULL};
+    for (int i = 1; i < 3; i++) {
+        if (!(i == 1 ? want_w : want_b) || N == 0) continue;
+        lg[i] = zr_node_leaf_grad(n, i);
+        if (lg[i] && lg[i]->dtype != ZR_F32 && lg[i]->dtype != dt) lg[i] = NULL;
+        if (!lg[i] && !(d[i] = zr_tensor_new_cat(dt, dev, 1, &D, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    }
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
     cudaStream_t s = zr_cuda_stream(dev);
-    void *p[3] = {zr_tensor_data(buf ? buf : d[0]), d[1] ? zr_tensor_data(d[1]) : NULL,
-                  d[2] ? zr_tensor_data(d[2]) : NULL};
+    void *p[3];
+    zr_dtype pt[3];
+    int acc[3];
+    for (int i = 0; i < 3; i++) {
+        zr_tensor *t = i == 0 && buf ? buf : lg[i] ? lg[i] : d[i];
+        p[i] = t ? zr_tensor_data(t) : NULL;
+        pt[i] = t ? t->dtype : dt;
+        acc[i] = lg[i] && !n->edges[i].leaf->grad_stale;
+    }
     const void *dres = buf && state == ZR_GRADBUF_SHARED ? p[0] : NULL;
-    int rc = ln ? layernorm_backward_cuda(p[0], p[1], p[2], zr_tensor_data(gi), zr_tensor_data(xi),
-                                          wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(mean), zr_tensor_data(rstd),
-                                          dres, ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
-                : rmsnorm_backward_acc_cuda(p[0], lg ? zr_tensor_data(lg) : p[1], lg ? lg->dtype : dt,
-                                            lg && !n->edges[1].leaf->grad_stale, zr_tensor_data(gi),
-                                            zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
-                                            zr_tensor_data(rstd), dres, ws ? zr_tensor_data(ws) : NULL, N, D,
-                                            dt, s);
+    int rc = ln ? layernorm_backward_acc_cuda(p[0], p[1], pt[1], acc[1], p[2], pt[2], acc[2], zr_tensor_data(gi),
+                                              zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
+                                              zr_tensor_data(mean), zr_tensor_data(rstd), dres,
+                                              ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
+                : rmsnorm_backward_acc_cuda(p[0], p[1], pt[1], acc[1], zr_tensor_data(gi), zr_tensor_data(xi),
+                                            wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
+                                            ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
-    if (lg) n->edges[1].leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
+    for (int i = 1; i < 3; i++) /* d[i] NULL: the leaf counts as done, its hook fires */
+        if (lg[i]) n->edges[i].leaf->grad_stale = 0;
     if (zr_give_grads(n, nin, d, gin)) goto done;
     st = ZR_OK;
 done:

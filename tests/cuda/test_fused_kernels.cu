@@ -257,6 +257,17 @@ TEST(layernorm_forward_backward) {
             }
             CHECK_CLOSE(gw_.down(), dwr, tol_of(t) * 2 + 1e-5, what);
             CHECK_CLOSE(gb_.down(), dbr, tol_of(t) + 1e-5, what);
+            /* f32 gradients (a ZeRO partition): dw written over poison, db added to what is there */
+            vec gb0 = randv(D), dbsum(D);
+            dbuf fw_(D, ZR_F32), fb_(D, ZR_F32);
+            fb_.up(gb0);
+            CHECK_OK(layernorm_backward_acc_cuda(dx_.p, fw_.p, ZR_F32, 0, fb_.p, ZR_F32, 1, dy_.p, x_.p, w_.p,
+                                                 mean_.f(), rstd_.f(), NULL, ws.p, N, D, t, 0));
+            for (int64_t i = 0; i < D; ++i) dbsum[i] = gb0[i] + dbr[i];
+            char w4[160];
+            snprintf(w4, sizeof w4, "%s f32 dw written, db added", what);
+            CHECK_CLOSE(fw_.down(), dwr, 2e-5 + (t == ZR_F32 ? 0 : 1e-3), w4);
+            CHECK_CLOSE(fb_.down(), dbsum, 2e-5 + (t == ZR_F32 ? 0 : 1e-3), w4);
         }
 }
 

@@ -141,4 +141,76 @@ T.test("rms_norm: the weight gradient added into an existing f32 .grad in place"
   end
 end)
 
+-- LayerNorm's weight and bias gradients likewise, each on its own: both into f32 .grads, only the
+-- weight's (the bias gets a new 16-bit gradient), only the bias's
+T.test("layer_norm: weight and bias gradients added into existing f32 .grads in place", function()
+  for _, dt in ipairs { "bf16", "f16" } do
+    for _, sh in ipairs { { 7, 13 }, { 3, 5, 127 }, { 600, 768 }, { 4, 4099 } } do
+      for _, preset in ipairs { { true, true }, { true, false }, { false, true } } do
+        local D = sh[#sh]
+        local x0, w0, b0, dy = randn(sh):to(dt), randn({ D }):to(dt), randn({ D }):to(dt), randn(sh):to(dt)
+        local g0 = { randn({ D }), randn({ D }) }
+        local function run(dev)
+          local x = x0:to(dev)
+          local p = { w0:float():to(dev), b0:float():to(dev) }
+          if dev ~= "cpu" then p = { w0:to(dev), b0:to(dev) } end
+          local bufs = {}
+          for i = 1, 2 do
+            p[i] = p[i]:detach():requires_grad_(true)
+            if preset[i] then p[i].grad = g0[i]:clone():to(dev); bufs[i] = p[i].grad end -- (a copy: the CPU run adds into it)
+          end
+          if dev == "cpu" then x = x:float() end
+          ;(zr.layer_norm(x, p[1], p[2], 1e-5):float() * dy:float():to(dev)):sum():backward()
+          return p, bufs
+        end
+        local pc = run("cpu")
+        local pg, bufs = run("cuda")
+        for i, name in ipairs { "weight", "bias" } do
+          local what = ("layer_norm %s %s d%s (%s)"):format(dt, table.concat(sh, ","), name,
+            preset[i] and "into the f32 grad in place" or "a new gradient")
+          if preset[i] then
+            T.eq(pg[i].grad:dtype(), "f32", what)
+            T.near(bufs[i]:cpu(), pc[i].grad, 2e-3, 2e-3, what)
+          else
+            T.eq(pg[i].grad:dtype(), dt, what)
+            T.near(pg[i].grad:float():cpu(), pc[i].grad, 2e-2, 2e-2, what)
+          end
+        end
+      end
+    end
+  end
+end)
+
+-- Through the engine (stage 0, bf16, one GPU): the norms' gradients are views of the fp32
+-- partition, written by the reduction kernel; added on the second micro-step, overwritten on the
+-- first after the optimizer step's zero_grad (stale). lr 0 and no dropout: every micro-step's own
+-- gradient is the same, bit for bit.
+T.test("gpt2 on the engine: LayerNorm gradients accumulated, then overwritten after zero_grad", function()
+  zr.manual_seed(3)
+  local model = zr.models.gpt2.GPT2LMHeadModel({ n_embd = 64, n_layer = 2, n_head = 4, vocab_size = 97,
+    n_positions = 32, resid_pdrop = 0, embd_pdrop = 0, attn_pdrop = 0, dtype = "bf16", device = "cuda" })
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2,
+    gradient_accumulation_steps = 2, steps_per_print = 1e6, bf16 = { enabled = true },
+    optimizer = { type = "AdamW", params = { lr = 0.0 } }, zero_optimization = { stage = 0 } } })
+  local ids = (zr.rand({ 2, 24 }) * 96):to("i64"):cuda()
+  local function micro()
+    engine:backward(engine(ids, ids).loss)
+    local g = {}
+    for name, p in model:named_parameters() do
+      if name:match("ln_") then
+        T.eq(p.grad:dtype(), "f32", name .. " grad dtype")
+        g[name] = p.grad:cpu():clone()
+      end
+    end
+    engine:step()
+    return g
+  end
+  local g1, g2, g3 = micro(), micro(), micro()
+  for name, g in pairs(g1) do
+    if g:abs():max():item() == 0 then error(name .. ": zero gradient") end
+    T.near(g2[name], g * 2, 0, 0, name .. ": accumulated on the second micro-step")
+    T.near(g3[name], g, 0, 0, name .. ": overwritten after zero_grad")
+  end
+end)
+
 T.done()
