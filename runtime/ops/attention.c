@@ -461,10 +461,10 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
 #ifdef ZR_HAVE_CUDA
     zr_dtype dt = qkv->dtype;
-    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16) &&
-        (zr_cuda_stream(zr_tensor_device(qkv)), attention_strided_ok(Dh, dt))) {
-        int taken;
-        zr_tensor *out = packed_flash(qkv, Hq, Hkv, Dh, scale, &taken);
+    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
+        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
+        int taken = 0;
+        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, &taken) : NULL;
         if (taken) return out;
     }
 #endif

@@ -68,12 +68,6 @@ static zr_status linear_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin)
     return st;
 }
 
-/* w as (out, in): a new reference to w, or to its transposed view when it is stored (in, out) (a
- * weight that is not 2-D stays as it is: the product's checks name it). */
-static zr_tensor *weight_out_in(zr_tensor *w, int in_out) {
-    return in_out && w->ndim == 2 ? zr_tensor_transpose_raw(w, 0, 1) : zr_tensor_retain(w);
-}
-
 /* linear (in_out 0: w (out, in)) or conv1d (in_out 1: w (in, out)), no autograd. */
 static zr_tensor *product(zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out) {
     int was = zr_set_grad_enabled(0);
@@ -86,7 +80,7 @@ static zr_tensor *product(zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out) 
  * op names the caller in errors. */
 static zr_tensor *gelu_forward(const char *op, zr_tensor *x, zr_tensor *w, zr_tensor *b, int in_out,
                                zr_tensor **pre_out) {
-    zr_tensor *pre = NULL, *out = NULL, *wv = weight_out_in(w, in_out);
+    zr_tensor *pre = NULL, *out = NULL, *wv = zr_weight_out_in(w, in_out);
     if (!wv) return NULL;
     if (epilogue_fits(x, wv, b)) {
         int64_t shape[ZR_MAX_DIMS];
@@ -173,7 +167,7 @@ static zr_tensor *dgelu_dev(zr_tensor *g, zr_tensor *w, zr_tensor *pre) {
  * is asked for only when the dGELU epilogue does not take it (a leaf mark: no producer's buffer);
  * then c_fc's from linear's backward on this node (its edges 0-2 and saved x, w_fc). */
 static zr_status mlp_gelu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    zr_tensor *pre = n->saved[2], *h = n->saved[3], *wp = n->saved[4], *wpv = weight_out_in(wp, n->i[0] != 0);
+    zr_tensor *pre = n->saved[2], *h = n->saved[3], *wp = n->saved[4], *wpv = zr_weight_out_in(wp, n->i[0] != 0);
     if (!wpv) return ZR_ERR;
     int fused = dgelu_fits(g, wpv, pre);
     zr_edge e[3] = {{0}, n->edges[3], n->edges[4]};

@@ -414,9 +414,8 @@ zr_tensor *zr_bmm(zr_tensor *a, zr_tensor *b) {
  * transposed view (never copied). The node's edge and saved[1] are w as given, with n->i[0] = 1
  * for conv1d, so dW is made in w's own layout and can go straight into w's existing gradient. --- */
 
-/* w as (out, in): a new reference to w (linear) or to its transposed view (conv1d). */
-static zr_tensor *weight_out_in(zr_tensor *w, int in_out) {
-    return in_out ? zr_tensor_transpose_raw(w, 0, 1) : zr_tensor_retain(w);
+zr_tensor *zr_weight_out_in(zr_tensor *w, int in_out) {
+    return in_out && w->ndim == 2 ? zr_tensor_transpose_raw(w, 0, 1) : zr_tensor_retain(w);
 }
 
 /* The forward on a GPU: x and b converted to the result dtype dt (contiguous), the weight read in
@@ -464,7 +463,7 @@ static zr_status linear_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *x, zr_
     gemm_operand W = {0};
     zr_status st = ZR_ERR;
     if (!gi || (need[1] && !(xi = zr_tensor_to_raw(x, dt, dev))) ||
-        (need[0] && (!(wv = weight_out_in(w, in_out)) || operand_prepare(wv, dt, &W))))
+        (need[0] && (!(wv = zr_weight_out_in(w, in_out)) || operand_prepare(wv, dt, &W))))
         goto done;
     if (need[0]) { /* dX (rows, in) = g (rows, out) · wv (out, in) */
         /* straight into the producer's pending gradient: a GEMM with beta 1 adds it when other
@@ -543,7 +542,7 @@ zr_status zr_linear_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_status st = ZR_ERR;
     if (!gi) goto done;
     if (zr_node_needs_grad(n, 0)) { /* dx (rows, in) = g (rows, out) · w as (out, in) */
-        if (!(wv = weight_out_in(w, in_out)) || operand_prepare(wv, ct, &W)) goto done;
+        if (!(wv = zr_weight_out_in(w, in_out)) || operand_prepare(wv, ct, &W)) goto done;
         zr_edge *e = &n->edges[0];
         r = zr_tensor_new_cat(ct, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
         if (!r) goto done;
@@ -612,7 +611,7 @@ static zr_tensor *linear_impl(const char *op, zr_tensor *x, zr_tensor *w, zr_ten
     zr_tensor *out = zr_tensor_new_cat(dt, zr_tensor_device(x), x->ndim, shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *xi = NULL, *bi = NULL, *o = NULL, *wv = NULL, *wt = NULL;
     gemm_operand W = {0};
-    if (!out || !(wv = weight_out_in(w, in_out))) goto fail;
+    if (!out || !(wv = zr_weight_out_in(w, in_out))) goto fail;
     if (!zr_is_cpu(x)) {
         if (linear_forward_dev(op, out, x, wv, b, rows, in, nout)) goto fail;
         goto record;

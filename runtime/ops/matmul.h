@@ -26,6 +26,10 @@ zr_tensor *zr_linear(zr_tensor *x, zr_tensor *w, zr_tensor *b);
  * input: its gradient is made (in, out) directly (on CUDA one GEMM xᵀ · g, straight into w's
  * existing gradient when it has one), with no copy of w or transpose of dW. */
 zr_tensor *zr_conv1d(zr_tensor *x, zr_tensor *w, zr_tensor *b);
+/* A weight as (out, in): a new reference to w (in_out 0, linear's layout) or to its transposed view
+ * (in_out 1, conv1d's (in, out); never copied). A w that is not 2-D is returned as it is, for the
+ * product's own checks to name. */
+zr_tensor *zr_weight_out_in(zr_tensor *w, int in_out);
 /* For ops that end in a linear (ops/linear_gelu.c): linear's backward for a node whose edges are
  * x, w, b and whose saved[0], saved[1] are x, w, given g, the gradient of the product's output;
  * n->i[0] = 1 says w is stored (in, out) as conv1d's (0: (out, in) as linear's). */
