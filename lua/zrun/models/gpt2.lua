@@ -89,11 +89,7 @@ end
 -- applies the GELU and keeps its input; in backward c_proj's dX GEMM applies the GELU's derivative)
 -- when both are plain Conv1Ds: no hooks of their own and no ZeRO-3 (which gathers each module's
 -- parameters around its own call, as llama.lua's fusable()).
-local function fusable(m)
-  if Module.fetch or m.forward ~= Conv1D.forward then return false end
-  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
-  return not (pre and #pre > 0) and not (post and #post > 0)
-end
+local function fusable(m) return m.forward == Conv1D.forward and m:plain_call() end
 function MLP:forward(x)
   local fc, proj, y = self.c_fc, self.c_proj, nil
   if self.approximate == "tanh" and fusable(fc) and fusable(proj) then
@@ -116,12 +112,8 @@ end
 -- GPU, h = x + r and ln(h)) when the norm is a plain nn.LayerNorm without hooks and ZeRO-3 is off
 -- (it gathers the norm's parameters around the module's own call), as llama.lua's plain_norm.
 local layernorm_forward = nn.LayerNorm.forward
-local function no_hooks(m)
-  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
-  return not Module.fetch and not (pre and #pre > 0) and not (post and #post > 0)
-end
 local function add_norm(x, r, ln)
-  if ln.forward == layernorm_forward and no_hooks(ln) then
+  if ln.forward == layernorm_forward and ln:plain_call() then
     return zr.add_layer_norm(x, r, ln.weight, ln.bias, ln.eps)
   end
   local h = x + r
@@ -165,7 +157,7 @@ function Transformer:forward(ids)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
-    if not ckpt and block.forward == block_forward and no_hooks(block) then
+    if not ckpt and block.forward == block_forward and block:plain_call() then
       x, pending = block:residual_forward(x, pending)
     else
       if pending then x, pending = x + pending, nil end

@@ -25,13 +25,10 @@ end
 -- call and sets Module.fetch; called one by one they keep that exact behaviour).
 local linear_forward = nn.Linear.forward
 local function fusable(...)
-  if Module.fetch then return false end
   local first = ...
   for i = 1, select("#", ...) do
     local m = select(i, ...)
-    local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
-    if m.forward ~= linear_forward or (pre and #pre > 0) or (post and #post > 0) or
-      (m.bias == nil) ~= (first.bias == nil) then
+    if m.forward ~= linear_forward or not m:plain_call() or (m.bias == nil) ~= (first.bias == nil) then
       return false
     end
   end
@@ -106,10 +103,7 @@ end
 -- kernel on a GPU) when the norm is a plain nn.RMSNorm without hooks and ZeRO-3 is off (it
 -- gathers the weight in the module's own pre-forward hook, so the module is called then).
 local rmsnorm_forward = nn.RMSNorm.forward
-local function plain_norm(m)
-  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
-  return not Module.fetch and m.forward == rmsnorm_forward and not (pre and #pre > 0) and not (post and #post > 0)
-end
+local function plain_norm(m) return m.forward == rmsnorm_forward and m:plain_call() end
 function Layer:forward(x, cos, sin)
   local a, ln = self.self_attn(self.input_layernorm(x), cos, sin), self.post_attention_layernorm
   local h, y

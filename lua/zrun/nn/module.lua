@@ -338,6 +338,15 @@ local function run_hooked(self, pre, post, ...)
   return unpack(out)
 end
 
+-- Whether running m:forward(...) directly does all that calling m(...) does: no hooks of its own
+-- and no ZeRO-3 (which sets Module.fetch and gathers parameters around module calls). Models run a
+-- fused op in place of such modules' calls (llama.lua's projections and norms, gpt2.lua's blocks).
+function Module:plain_call()
+  if Module.fetch then return false end
+  local pre, post = rawget(self, "_pre_hooks"), rawget(self, "_post_hooks")
+  return not (pre and #pre > 0) and not (post and #post > 0)
+end
+
 function Module:_call(...)
   local pre, post = rawget(self, "_pre_hooks"), rawget(self, "_post_hooks")
   if pre == nil and post == nil and #global_pre == 0 and #global_post == 0 then
