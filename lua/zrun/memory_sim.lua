@@ -697,9 +697,12 @@ function M.llama_activations(cfg, o)
 
   -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), except at stage 3
   local fused = not o.stage3
-  local function layer(p, x)
+  -- handoff: llama.lua's Model:forward runs a plain layer as (h, m) and adds m to h with the next
+  -- norm (zr.add_rms_norm); pending is the previous layer's m (nil: x is the layer's input as is)
+  local function layer(p, x, handoff, pending)
     S:push()
-    local a1 = S:rms_norm(x, p.n1, N)
+    local a1
+    if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
     local q, k, v
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     if fused then
@@ -726,23 +729,41 @@ function M.llama_activations(cfg, o)
     else
       act = S:swiglu(S:linear(a2, p.g, N * I * b), S:linear(a2, p.u, N * I * b))
     end
-    local out = S:add(h, S:linear(act, p.d, N * H * b))
-    return S:pop(out)
+    local m = S:linear(act, p.d, N * H * b)
+    if handoff then
+      S:pop(h, m)
+      return h, m
+    end
+    return S:pop(S:add(h, m))
   end
 
   S:push() -- LlamaForCausalLM.forward
   S:push() -- LlamaModel.forward
   local h = S:embedding(ids, embedW, N * H * b, b)
+  local pending
   for l = 1, L do
     local x, p = h, layers[l]
     if o.gradient_checkpointing then
       h = S:checkpoint(x, function(xx) return layer(p, xx) end)
+    elseif fused then
+      local m = pending
+      h, pending = layer(p, x, true, m)
+      if m then S:forget(m) end
     else
       h = layer(p, x)
     end
     S:forget(x)
   end
-  local hn = S:pop(S:rms_norm(h, normW, N))
+  local hn
+  if pending then
+    local x = h
+    h, hn = S:add_rms_norm(x, pending, normW, N)
+    S:forget(x)
+    S:forget(pending)
+  else
+    hn = S:rms_norm(h, normW, N)
+  end
+  hn = S:pop(hn)
   -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
   -- and stays gathered until backward ends
   if cfg.tie_word_embeddings then S:gather(headW, false, true); headW.leaf.keep = true end -- Module.fetch

@@ -99,21 +99,26 @@ function Layer:__init(cfg)
   self.input_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
   self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
 end
--- The attention's residual add and post_attention_layernorm run as one op (zr.add_rms_norm: one
--- kernel on a GPU) when the norm is a plain nn.RMSNorm without hooks and ZeRO-3 is off (it
+-- A residual add and the RMSNorm after it run as one op (zr.add_rms_norm: one kernel on a GPU,
+-- h = x + r and norm(h)) when the norm is a plain nn.RMSNorm without hooks and ZeRO-3 is off (it
 -- gathers the weight in the module's own pre-forward hook, so the module is called then).
 local rmsnorm_forward = nn.RMSNorm.forward
-local function plain_norm(m) return m.forward == rmsnorm_forward and m:plain_call() end
+local function add_norm(x, r, ln)
+  if ln.forward == rmsnorm_forward and ln:plain_call() then return zr.add_rms_norm(x, r, ln.weight, ln.eps) end
+  local h = x + r
+  return h, ln(h)
+end
+-- The layer as (h, m), its output h + m not yet summed: pending, the previous layer's m, is added
+-- to x together with input_layernorm (Model:forward passes it on; nil: x is the layer's input as is).
+function Layer:residual_forward(x, cos, sin, pending)
+  local y
+  if pending then x, y = add_norm(x, pending, self.input_layernorm) else y = self.input_layernorm(x) end
+  local h, y2 = add_norm(x, self.self_attn(y, cos, sin), self.post_attention_layernorm)
+  return h, self.mlp(y2)
+end
 function Layer:forward(x, cos, sin)
-  local a, ln = self.self_attn(self.input_layernorm(x), cos, sin), self.post_attention_layernorm
-  local h, y
-  if plain_norm(ln) then
-    h, y = zr.add_rms_norm(x, a, ln.weight, ln.eps)
-  else
-    h = x + a
-    y = ln(h)
-  end
-  return h + self.mlp(y)
+  local h, m = self:residual_forward(x, cos, sin)
+  return h + m
 end
 
 -- Model -------------------------------------------------------------------------------------
@@ -149,18 +154,30 @@ function Model:rope(T, dtype, device)
   return c[1], c[2]
 end
 
+-- Each layer's last residual add runs with the next layer's input_layernorm (or the final norm)
+-- as one op: a layer called as itself (a plain LlamaDecoderLayer without hooks, no ZeRO-3, no
+-- checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is called as
+-- a module on the summed h (as gpt2.lua's blocks).
+local layer_forward = Layer.forward
 function Model:forward(input_ids)
   local T = input_ids:size(2)
   local h = self.embed_tokens(input_ids)
   local cos, sin = self:rope(T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
-    if ckpt then
-      h = zr.checkpoint(function(x) return layer(x, cos, sin) end, h)
+    if not ckpt and layer.forward == layer_forward and layer:plain_call() then
+      h, pending = layer:residual_forward(h, cos, sin, pending)
     else
-      h = layer(h, cos, sin)
+      if pending then h, pending = h + pending, nil end
+      if ckpt then
+        h = zr.checkpoint(function(x) return layer(x, cos, sin) end, h)
+      else
+        h = layer(h, cos, sin)
+      end
     end
   end
+  if pending then return select(2, add_norm(h, pending, self.norm)) end
   return self.norm(h)
 end
 
