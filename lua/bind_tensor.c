@@ -411,6 +411,14 @@ static int l_is_grad_enabled(lua_State *L) {
     lua_pushboolean(L, zr_grad_enabled());
     return 1;
 }
+/* set_loss_grad_hint(g | nil) -> the previous hint (zr_set_loss_grad_hint; nil or 0: none) */
+static int l_set_loss_grad_hint(lua_State *L) {
+    double g = lua_isnoneornil(L, 1) ? 0.0 : luaL_checknumber(L, 1);
+    double old = zr_set_loss_grad_hint(g);
+    if (old == 0) lua_pushnil(L);
+    else lua_pushnumber(L, old);
+    return 1;
+}
 /* autograd_profile(on): time every backward node by op; autograd_profile_report() -> text */
 static int l_autograd_profile(lua_State *L) {
     zr_autograd_profile(lua_isnumber(L, 1) ? (int)lua_tointeger(L, 1) : lua_toboolean(L, 1));
@@ -748,7 +756,7 @@ static int l_methods(lua_State *L) {
 static const luaL_Reg functions[] = {
     {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones}, {"full", l_full}, {"rand", l_rand},
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
-    {"is_grad_enabled", l_is_grad_enabled},
+    {"is_grad_enabled", l_is_grad_enabled}, {"set_loss_grad_hint", l_set_loss_grad_hint},
     {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report},
     {"autograd_profile_mark", l_autograd_profile_mark},
     {"memory_trace", l_memory_trace}, {"memory_stats", l_memory_stats},

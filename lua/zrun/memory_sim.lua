@@ -758,12 +758,19 @@ function M.llama_activations(cfg, o)
   local loss = S:lua(S:new(4))
   local lws = S:new(rows * 4, "ws")
   S:drop(lws)
-  S:record(loss, { lg }, { lg, lse }, function(S2, _, g)
-    local gi = S2:raw(g)
-    local gx = S2:new(lg.n)
-    S2:drop(gi)
-    return { gx }
-  end)
+  if o.gpu then -- the engine's hint: the gradient made in the forward pass and saved (cross_entropy.c)
+    local gx, baked = S:new(lg.n), S:new(4) -- and the seed it was made for
+    S:record(loss, { lg }, { gx, baked }, function(S2) return { S2:share(gx) } end)
+    S:drop(gx)
+    S:drop(baked)
+  else
+    S:record(loss, { lg }, { lg, lse }, function(S2, _, g)
+      local gi = S2:raw(g)
+      local gx = S2:new(lg.n)
+      S2:drop(gi)
+      return { gx }
+    end)
+  end
   S:drop(lse)
   S:pop(loss)
   S:pop(logits, loss) -- {logits=, loss=} is held by the caller through backward

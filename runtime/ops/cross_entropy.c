@@ -70,7 +70,11 @@ static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, d
 }
 
 /* --- CUDA path (kernels/cuda/cross_entropy.h): fused, no second (N, C) tensor in forward; the
- * backward writes softmax - onehot straight into the gradient. Logits stay in their dtype (f32,
+ * backward writes softmax - onehot straight into the gradient. When the forward will be recorded
+ * and a loss-gradient hint is set (zr_loss_grad_hint: 1 by default, the engine's 1/gas x loss
+ * scale), the forward writes that gradient for the hinted seed in the same pass instead (one read
+ * of the logits in all, not two; the logits are not saved) and backward only corrects it for
+ * another seed. Logits stay in their dtype (f32,
  * bf16, f16). Nothing waits for the GPU: the count of non-ignored targets stays on the device
  * (saved for backward), and targets are not range-checked on the host — an out-of-range target
  * gives a NaN loss (and a zero-free gradient row) instead of the CPU's error. Label smoothing is
@@ -126,6 +130,32 @@ done:
     zr_tensor_release(gx);
     return st;
 }
+
+/* The gradient made during the forward (cross_entropy_fused_cuda) for the upstream gradient the
+ * hint promised; saved: that gradient (the logits' dtype and shape) and the hint it was made for
+ * (0-dim f32). When another gradient comes, one pass rescales it in place (and records the new
+ * factor, so a backward with retain_graph may run again); when the same comes, nothing runs. */
+static zr_status cross_entropy_backward_fused(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *d = n->saved[0], *baked = n->saved[1];
+    zr_device dev = zr_tensor_device(d);
+    zr_tensor *gi = zr_tensor_to_raw(g, ZR_F32, dev);
+    if (!gi) return ZR_ERR;
+    zr_status st = zr_dev_status(cross_entropy_rescale_cuda(zr_tensor_data(d), zr_tensor_numel(d), zr_tensor_data(gi),
+                                                            zr_tensor_data(baked), d->dtype, zr_cuda_stream(dev)),
+                                 "cross_entropy backward", dev);
+    zr_tensor_release(gi);
+    if (st) return st;
+    gin[0] = zr_tensor_retain(d);
+    return ZR_OK;
+}
+
+/* Whether this forward makes the gradient too: it will be recorded, reduces to a scalar (whose
+ * upstream gradient the hint predicts), and a hint is set. */
+static int fuse_backward(const zr_tensor *logits, zr_loss_reduction reduction, int64_t rows) {
+    double hint = zr_loss_grad_hint();
+    return reduction != ZR_LOSS_NONE && rows > 0 && zr_grad_enabled() && zr_tensor_needs_grad(logits) && hint != 0 &&
+           isfinite(hint) && fabs(hint) < 3e38;
+}
 #endif
 
 static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
@@ -142,7 +172,7 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets);
     cudaStream_t s = zr_cuda_stream(dev);
     zr_tensor *tgt = NULL, *xi = NULL, *lse = NULL, *loss = NULL, *nv = NULL, *mean = NULL, *out = NULL;
-    zr_tensor *result = NULL;
+    zr_tensor *result = NULL, *dl = NULL, *baked = NULL, *cnt = NULL;
     if (c == 0) return zr_error_null("cross_entropy: logits have 0 classes");
     if (!(tgt = zr_tensor_to_raw(targets, ZR_I64, dev)) || !(xi = zr_tensor_contiguous_raw(logits))) goto fail;
     lse = zr_tensor_new_cat(ZR_F32, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
@@ -150,7 +180,21 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     nv = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
     mean = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0);
     if (!lse || !loss || !nv || !mean) goto fail;
-    if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
+    int fused = fuse_backward(logits, reduction, rows);
+    if (fused) {
+        float hint = (float)zr_loss_grad_hint();
+        int64_t one = 1;
+        dl = zr_tensor_new_cat(xi->dtype, dev, xi->ndim, xi->shape, ZR_MEM_ACTIVATIONS, 0);
+        baked = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+        cnt = reduction == ZR_LOSS_MEAN ? zr_tensor_new_cat(ZR_I32, dev, 1, &one, ZR_MEM_WORKSPACE, 0) : NULL;
+        if (!dl || !baked || (reduction == ZR_LOSS_MEAN && !cnt) || zr_tensor_fill_(baked, hint)) goto fail;
+        if (zr_dev_status(cross_entropy_fused_cuda(zr_tensor_data(loss), zr_tensor_data(lse), zr_tensor_data(mean),
+                                                   zr_tensor_data(nv), zr_tensor_data(dl), zr_tensor_data(xi),
+                                                   zr_tensor_data(tgt), cnt ? zr_tensor_data(cnt) : NULL, hint, rows,
+                                                   c, ignore_index, xi->dtype, s),
+                          "cross_entropy", dev))
+            goto fail;
+    } else if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
         if (zr_tensor_fill_(nv, 0) || zr_tensor_fill_(mean, reduction == ZR_LOSS_SUM ? 0.0 : NAN)) goto fail;
     } else if (zr_dev_status(cross_entropy_forward_cuda(zr_tensor_data(loss), zr_tensor_data(lse),
                                                         zr_tensor_data(mean), zr_tensor_data(nv), zr_tensor_data(xi),
@@ -177,8 +221,11 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
         if (zr_tensor_copy_(out, mean)) goto fail;
     }
     zr_node *n;
-    if (zr_autograd_record(out, "cross_entropy", cross_entropy_backward_dev, 1, &logits, &n)) goto fail;
-    if (n) {
+    if (zr_autograd_record(out, "cross_entropy", fused ? cross_entropy_backward_fused : cross_entropy_backward_dev, 1,
+                           &logits, &n))
+        goto fail;
+    if (n && fused && (zr_node_save(n, dl) || zr_node_save(n, baked))) goto fail;
+    if (n && !fused) {
         n->i[0] = ignore_index;
         n->i[1] = reduction;
         if (zr_node_save(n, xi) || zr_node_save(n, lse) || zr_node_save(n, tgt) || zr_node_save(n, nv)) goto fail;
@@ -186,6 +233,9 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     result = out;
     out = NULL;
 fail:
+    zr_tensor_release(dl);
+    zr_tensor_release(baked);
+    zr_tensor_release(cnt);
     zr_tensor_release(tgt);
     zr_tensor_release(xi);
     zr_tensor_release(lse);

@@ -30,4 +30,63 @@ T.test("cross_entropy (fused): ignore_index, mean/sum/none, large vocab, bf16 lo
     { label_smoothing = 0.1 }) end, "label_smoothing is not supported on CUDA")
 end)
 
+-- Under a loss-gradient hint (zr.set_loss_grad_hint; default 1) the CUDA forward makes the logits'
+-- gradient in the same pass; backward hands it on when the seed is the hint (nothing to redo) and
+-- rescales it when another seed comes. The reference is the same op with no hint (the gradient
+-- made in backward from the saved logits): equal bit for bit when the seed is the hint.
+local function grad_of(x, tgt, red, hint, seeds, retain)
+  local prev = zr.set_loss_grad_hint(hint)
+  local xg = x:cuda():detach()
+  xg.requires_grad = true
+  local ok, err = pcall(function()
+    local l = zr.cross_entropy(xg, tgt:cuda(), { ignore_index = -100, reduction = red })
+    for i, s in ipairs(seeds) do
+      local keep = retain and i < #seeds
+      if s == 1 then l:backward(nil, keep) else (l * s):backward(nil, keep) end
+    end
+  end)
+  zr.set_loss_grad_hint(prev)
+  if not ok then error(err, 0) end
+  return xg.grad:cpu():float()
+end
+local function maxdiff(a, b) return (a - b):abs():max():item() end
+
+T.test("cross_entropy (fused with its gradient): the seed as hinted, another seed, retain_graph", function()
+  for _, dt in ipairs { "bf16", "f32" } do
+    for _, s in ipairs { { 64, 50304 }, { 33, 1001 }, { 7, 128256 } } do
+      local N, V = s[1], s[2]
+      zr.manual_seed(N + V)
+      local x = (randn({ N, V }) * 3):to(dt)
+      local tgt = (zr.rand({ N }) * V):to("i64")
+      tgt[2], tgt[N] = -100, -100 -- ignored rows: zero gradient
+      for _, red in ipairs { "mean", "sum" } do
+        local what = ("%s %dx%d %s"):format(dt, N, V, red)
+        -- the seed the hint promised: the same bits as the gradient made in backward
+        T.eq(maxdiff(grad_of(x, tgt, red, 1, { 1 }), grad_of(x, tgt, red, nil, { 1 })), 0, what .. " seed 1 = hint 1")
+        T.eq(maxdiff(grad_of(x, tgt, red, 0.125, { 0.125 }), grad_of(x, tgt, red, nil, { 0.125 })), 0,
+          what .. " seed 1/8 = hint 1/8")
+        -- another seed: rescaled (one more rounding of the 16-bit gradient)
+        local tol = dt == "bf16" and 1e-2 or 1e-6
+        local want = grad_of(x, tgt, red, nil, { 3 })
+        local got = grad_of(x, tgt, red, 1, { 3 })
+        local scale = want:abs():max():item()
+        assert(scale > 0, what .. ": the reference gradient is zero")
+        assert(maxdiff(got, want) <= tol * scale, ("%s seed 3 under hint 1: off by %g (scale %g)"):format(what,
+          maxdiff(got, want), scale))
+        -- twice through the graph (retain_graph) with different seeds: the sum of both gradients
+        want = grad_of(x, tgt, red, nil, { 0.5, 2 }, true)
+        got = grad_of(x, tgt, red, 0.5, { 0.5, 2 }, true)
+        assert(maxdiff(got, want) <= tol * scale, what .. ": retain_graph with seeds 0.5 then 2 differs")
+        local rows = got:narrow(1, 2, 1):abs():max():item() + got:narrow(1, N, 1):abs():max():item()
+        T.eq(rows, 0, what .. " ignored rows get no gradient")
+      end
+    end
+  end
+  -- no gradient wanted (no_grad, or logits that do not require grad): nothing made, the loss the same
+  local x, t = randn({ 5, 9 }):cuda(), zr.tensor({ 1, 2, 3, 4, 5 }):to("i64"):cuda()
+  local a = zr.cross_entropy(x, t):item()
+  local b = zr.no_grad(function() return zr.cross_entropy(x, t):item() end)
+  T.eq(a, b, "loss without a gradient")
+end)
+
 T.done()
