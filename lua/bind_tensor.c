@@ -1,6 +1,7 @@
 /* The zrun._C module: the Tensor userdata class, creation, properties, views, autograd entry
  * points, memory statistics and the random generator. Op families register themselves through
  * zr_bind_<family> (see bind.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,12 +412,13 @@ static int l_is_grad_enabled(lua_State *L) {
     lua_pushboolean(L, zr_grad_enabled());
     return 1;
 }
-/* set_loss_grad_hint(g | nil) -> the previous hint (zr_set_loss_grad_hint; nil or 0: none) */
+/* set_loss_grad_hint(g | nil) -> the previous hint (zr_set_loss_grad_hint; nil: the default 1) */
 static int l_set_loss_grad_hint(lua_State *L) {
-    double g = lua_isnoneornil(L, 1) ? 0.0 : luaL_checknumber(L, 1);
-    double old = zr_set_loss_grad_hint(g);
-    if (old == 0) lua_pushnil(L);
-    else lua_pushnumber(L, old);
+    double g = lua_isnoneornil(L, 1) ? 1.0 : luaL_checknumber(L, 1);
+    if (!(g != 0 && fabs(g) < 3e38))
+        return luaL_error(L, "set_loss_grad_hint: the hint must be a finite non-zero number (the seed the "
+                             "next backward brings), got %f; pass nil for the default 1", g);
+    lua_pushnumber(L, zr_set_loss_grad_hint(g));
     return 1;
 }
 /* autograd_profile(on): time every backward node by op; autograd_profile_report() -> text */

@@ -131,21 +131,24 @@ __global__ void ce_count_kernel(unsigned *__restrict__ count, const int64_t *__r
 
 /* The forward and the gradient for an upstream gradient `seed` in one pass: per row the loss and
  * logsumexp as ce_fwd_kernel, then dl as ce_bwd_kernel with g = seed (sum) or seed / count (mean,
- * divided in f32 as the unfused backward divides). The row's second read mostly hits L2. */
+ * divided in f32 as the unfused backward divides). The row's second read mostly hits L2.
+ * dl may be logits (in place; no __restrict__ on either): the target's logit is read before
+ * row_lse's closing barrier, and after it each thread writes only the elements it reads. */
 template <typename T, int V>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_fused_kernel(float *__restrict__ loss, float *__restrict__ lse, T *__restrict__ dl,
-                    const T *__restrict__ logits, const int64_t *__restrict__ targets,
-                    const unsigned *__restrict__ count, float seed, int64_t Vn, int64_t ignore) {
+    ce_fused_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
+                    const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
+                    int64_t Vn, int64_t ignore) {
     const int64_t row = blockIdx.x;
     const int64_t tgt = targets[row];
-    const bool ign = tgt == ignore;
+    const bool ign = tgt == ignore, inr = tgt >= 0 && tgt < Vn;
     const T *x = logits + row * Vn;
+    const float xt = (threadIdx.x == 0 && !ign && inr) ? tof<T>(x[tgt]) : 0.f;
     float z = 0.f;
-    if (!ign) z = row_lse<T, V>(x, Vn);
+    if (!ign) z = row_lse<T, V>(x, Vn); /* the same branch for the whole block */
     if (threadIdx.x == 0) {
         lse[row] = z;
-        loss[row] = ign ? 0.f : (tgt >= 0 && tgt < Vn) ? z - tof<T>(x[tgt]) : NAN;
+        loss[row] = ign ? 0.f : inr ? z - xt : NAN;
     }
     const float g = count ? seed / (float)*count : seed;
     row_grad<T, V>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn);

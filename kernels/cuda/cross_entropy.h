@@ -36,7 +36,7 @@ int cross_entropy_backward_cuda(void *dlogits, const void *logits, const int64_t
  * be `seed` (zr_loss_grad_hint): loss, lse, loss_mean and n_valid as cross_entropy_forward_cuda,
  * and dlogits as cross_entropy_backward_cuda with dloss = seed / n_valid when `count` is non-NULL
  * (the mean: count, one unsigned of device workspace, receives the non-ignored rows first), else
- * seed. dlogits must not overlap logits. */
+ * seed. dlogits may equal logits (in place: the gradient written over them). */
 int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n_valid, void *dlogits,
                              const void *logits, const int64_t *targets, unsigned *count, float seed,
                              int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
