@@ -8,24 +8,9 @@ local T = zr.testing
 local function ids(t) return zr.tensor(t, { dtype = "i64" }) end
 local function maxdiff(a, b) return (a:double() - b:double()):abs():max():item() end
 
--- The loss and x's gradient for seeds {s1, s2, ...} (several: retain_graph between them), through
--- a producer (y = x * 2, what a head's matmul is to the logits) so the gradient travels on.
-local function run(x0, tgt, o, seeds, hint)
-  local prev = zr.set_loss_grad_hint(hint)
-  local x = x0:clone():detach()
-  x.requires_grad = true
-  local ok, l = pcall(function()
-    local l = zr.cross_entropy(x * 2, tgt, o)
-    for i, s in ipairs(seeds) do
-      local keep = i < #seeds
-      if s == 1 then l:backward(nil, keep) else (l * s):backward(nil, keep) end
-    end
-    return l
-  end)
-  zr.set_loss_grad_hint(prev)
-  if not ok then error(l, 0) end
-  return l:item(), x.grad
-end
+local CE = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cross_entropy_common.lua")
+-- Through a producer (y = x * 2, what a head's matmul is to the logits): the gradient travels on.
+local function run(x0, tgt, o, seeds, hint) return CE.run(x0, tgt, o, seeds, hint, nil, function(x) return x * 2 end) end
 
 local function opts(red, inplace, extra)
   local o = { ignore_index = -100, reduction = red, inplace = inplace }
