@@ -55,7 +55,8 @@ static zr_status cross_entropy_backward(zr_node *n, zr_tensor *g, zr_tensor **gi
 /* inplace (CPU): saved[0] is the logits' storage, now holding the gradient made in the forward for
  * the seed f[1] (zr_loss_grad_hint, in the loss dtype). The seed that comes is handed on as it is
  * when it equals f[1]; otherwise the gradient is rescaled in place and f[1] becomes that seed (so a
- * retain_graph backward may come again). As cross_entropy_backward_fused on CUDA. */
+ * retain_graph backward may come again; after a seed of exactly 0 the gradient is gone, and a
+ * further backward through the graph gives NaN, on CUDA too). As cross_entropy_backward_fused. */
 static zr_status cross_entropy_backward_inplace(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *d = n->saved[0];
     double seed;
