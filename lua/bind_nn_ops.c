@@ -70,12 +70,18 @@ static int parse_reduction(lua_State *L, const char *s) {
     return r;
 }
 
-/* cross_entropy(logits, targets [, {ignore_index = -100, reduction = "mean", label_smoothing = 0}])
- * or cross_entropy(logits, targets [, ignore_index [, reduction [, label_smoothing]]]) */
+/* cross_entropy(logits, targets [, {ignore_index = -100, reduction = "mean", label_smoothing = 0,
+ * inplace = false}]) or cross_entropy(logits, targets [, ignore_index [, reduction [, label_smoothing]]]).
+ * inplace = true (reduction mean or sum, contiguous logits): when the loss will be recorded for
+ * backward, its forward also makes the logits' gradient (for the seed zr.set_loss_grad_hint
+ * promises: 1, or what engine:forward sets) and writes it over the logits' own storage, so the
+ * backward reads nothing and no second logits-sized buffer is made. The caller promises not to
+ * read those logits again (they hold the gradient); under no_grad, or for logits that need no
+ * gradient, it is the plain op and the logits stay as they are. */
 static int l_cross_entropy(lua_State *L) {
     zr_tensor *logits = zr_l_checktensor(L, 1), *targets = zr_l_checktensor(L, 2);
     double ignore = -100, eps = 0;
-    int red = ZR_LOSS_MEAN;
+    int red = ZR_LOSS_MEAN, inplace = 0;
     if (lua_istable(L, 3)) {
         lua_getfield(L, 3, "ignore_index");
         ignore = luaL_optnumber(L, -1, -100);
@@ -83,13 +89,15 @@ static int l_cross_entropy(lua_State *L) {
         if (!lua_isnil(L, -1)) red = parse_reduction(L, luaL_checkstring(L, -1));
         lua_getfield(L, 3, "label_smoothing");
         eps = luaL_optnumber(L, -1, 0);
-        lua_pop(L, 3);
+        lua_getfield(L, 3, "inplace");
+        inplace = lua_toboolean(L, -1);
+        lua_pop(L, 4);
     } else {
         ignore = luaL_optnumber(L, 3, -100);
         if (!lua_isnoneornil(L, 4)) red = parse_reduction(L, luaL_checkstring(L, 4));
         eps = luaL_optnumber(L, 5, 0);
     }
-    return zr_l_pushtensor(L, zr_cross_entropy(logits, targets, (int64_t)ignore, (zr_loss_reduction)red, eps));
+    return zr_l_pushtensor(L, zr_cross_entropy(logits, targets, (int64_t)ignore, (zr_loss_reduction)red, eps, inplace));
 }
 
 /* ===== embedding (runtime/ops/embedding.h) ===== */

@@ -1,6 +1,7 @@
 /* The zrun._C module: the Tensor userdata class, creation, properties, views, autograd entry
  * points, memory statistics and the random generator. Op families register themselves through
  * zr_bind_<family> (see bind.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -411,6 +412,15 @@ static int l_is_grad_enabled(lua_State *L) {
     lua_pushboolean(L, zr_grad_enabled());
     return 1;
 }
+/* set_loss_grad_hint(g | nil) -> the previous hint (zr_set_loss_grad_hint; nil: the default 1) */
+static int l_set_loss_grad_hint(lua_State *L) {
+    double g = lua_isnoneornil(L, 1) ? 1.0 : luaL_checknumber(L, 1);
+    if (!(g != 0 && fabs(g) < 3e38))
+        return luaL_error(L, "set_loss_grad_hint: the hint must be a finite non-zero number (the seed the "
+                             "next backward brings), got %f; pass nil for the default 1", g);
+    lua_pushnumber(L, zr_set_loss_grad_hint(g));
+    return 1;
+}
 /* autograd_profile(on): time every backward node by op; autograd_profile_report() -> text */
 static int l_autograd_profile(lua_State *L) {
     zr_autograd_profile(lua_isnumber(L, 1) ? (int)lua_tointeger(L, 1) : lua_toboolean(L, 1));
@@ -748,7 +758,7 @@ static int l_methods(lua_State *L) {
 static const luaL_Reg functions[] = {
     {"empty", l_empty}, {"zeros", l_zeros}, {"ones", l_ones}, {"full", l_full}, {"rand", l_rand},
     {"randn", l_randn}, {"arange", l_arange}, {"tensor", l_tensor}, {"set_grad_enabled", l_set_grad_enabled},
-    {"is_grad_enabled", l_is_grad_enabled},
+    {"is_grad_enabled", l_is_grad_enabled}, {"set_loss_grad_hint", l_set_loss_grad_hint},
     {"autograd_profile", l_autograd_profile}, {"autograd_profile_report", l_autograd_profile_report},
     {"autograd_profile_mark", l_autograd_profile_mark},
     {"memory_trace", l_memory_trace}, {"memory_stats", l_memory_stats},

@@ -15,18 +15,10 @@ extern "C" {
 #define CE_THREADS 512
 
 
-template <typename T, int V>
-__global__ void __launch_bounds__(CE_THREADS)
-    ce_fwd_kernel(float *__restrict__ loss, float *__restrict__ lse, const T *__restrict__ logits,
-                  const int64_t *__restrict__ targets, int64_t Vn, int64_t ignore) {
-    __shared__ float rm[32], rs[32];
-    const int64_t row = blockIdx.x;
-    const int64_t tgt = targets[row];
-    if (tgt == ignore) {
-        if (threadIdx.x == 0) loss[row] = 0.f, lse[row] = 0.f;
-        return;
-    }
-    const T *x = logits + row * Vn;
+/* The row's logsumexp, returned to every thread of the block: a per-thread online (max, sum of
+ * exp) over 16-byte chunks, then a merge over the block. */
+template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn) {
+    __shared__ float rm[32], rs[32], zb;
     float m = -INFINITY, s = 0.f;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
@@ -59,11 +51,42 @@ __global__ void __launch_bounds__(CE_THREADS)
                         s2 = __shfl_xor_sync(0xffffffffu, s, o);
             ms_merge(m, s, m2, s2);
         }
-        if (l == 0) {
-            const float z = m + logf(s);
-            lse[row] = z;
-            loss[row] = (tgt >= 0 && tgt < Vn) ? z - tof<T>(x[tgt]) : NAN;
-        }
+        if (l == 0) zb = m + logf(s);
+    }
+    __syncthreads();
+    return zb;
+}
+
+/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. */
+template <typename T, int V>
+static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int64_t tgt, float g, bool ign,
+                                                int64_t Vn) {
+#pragma unroll 4
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+        float f[V];
+        if (!ign) ldv<T, V>(f, x + i);
+#pragma unroll
+        for (int k = 0; k < V; ++k)
+            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
+        stv<T, V>(dl + i, f);
+    }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_fwd_kernel(float *__restrict__ loss, float *__restrict__ lse, const T *__restrict__ logits,
+                  const int64_t *__restrict__ targets, int64_t Vn, int64_t ignore) {
+    const int64_t row = blockIdx.x;
+    const int64_t tgt = targets[row];
+    if (tgt == ignore) {
+        if (threadIdx.x == 0) loss[row] = 0.f, lse[row] = 0.f;
+        return;
+    }
+    const T *x = logits + row * Vn;
+    const float z = row_lse<T, V>(x, Vn);
+    if (threadIdx.x == 0) {
+        lse[row] = z;
+        loss[row] = (tgt >= 0 && tgt < Vn) ? z - tof<T>(x[tgt]) : NAN;
     }
 }
 
@@ -92,18 +115,62 @@ __global__ void __launch_bounds__(CE_THREADS)
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore;
     const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
-    x += row * Vn;
-    dl += row * Vn;
-#pragma unroll 4
-    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
-        float f[V];
-        if (!ign) ldv<T, V>(f, x + i);
+    row_grad<T, V>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn);
+}
+
+/* *count += the rows whose target != ignore (count zeroed before; integer adds: exact). */
+__global__ void ce_count_kernel(unsigned *__restrict__ count, const int64_t *__restrict__ targets, int64_t N,
+                                int64_t ignore) {
+    __shared__ float red[32];
+    float c = 0.f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (int64_t)gridDim.x * blockDim.x)
+        c += targets[i] != ignore ? 1.f : 0.f;
+    c = block_sum(c, red);
+    if (threadIdx.x == 0 && c > 0.f) atomicAdd(count, (unsigned)c);
+}
+
+/* The forward and the gradient for an upstream gradient `seed` in one pass: per row the loss and
+ * logsumexp as ce_fwd_kernel, then dl as ce_bwd_kernel with g = seed (sum) or seed / count (mean,
+ * divided in f32 as the unfused backward divides). The row's second read mostly hits L2.
+ * dl may be logits (in place; no __restrict__ on either): the target's logit is read before
+ * row_lse's closing barrier, and after it each thread writes only the elements it reads. */
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_fused_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
+                    const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
+                    int64_t Vn, int64_t ignore) {
+    const int64_t row = blockIdx.x;
+    const int64_t tgt = targets[row];
+    const bool ign = tgt == ignore, inr = tgt >= 0 && tgt < Vn;
+    const T *x = logits + row * Vn;
+    const float xt = (threadIdx.x == 0 && !ign && inr) ? tof<T>(x[tgt]) : 0.f;
+    float z = 0.f;
+    if (!ign) z = row_lse<T, V>(x, Vn); /* the same branch for the whole block */
+    if (threadIdx.x == 0) {
+        lse[row] = z;
+        loss[row] = ign ? 0.f : inr ? z - xt : NAN;
+    }
+    const float g = count ? seed / (float)*count : seed;
+    row_grad<T, V>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn);
+}
+
+/* d *= g / *baked unless g == *baked (then nothing is written). */
+template <typename T, int V>
+__global__ void ce_rescale_kernel(T *__restrict__ d, int64_t n, const float *__restrict__ g,
+                                  const float *__restrict__ baked) {
+    const float gv = *g, bv = *baked;
+    if (gv == bv) return;
+    const float f = gv / bv;
+    for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * V; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * V) {
+        float v[V];
+        ldv<T, V>(v, d + i);
 #pragma unroll
-        for (int k = 0; k < V; ++k)
-            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
-        stv<T, V>(dl + i, f);
+        for (int k = 0; k < V; ++k) v[k] *= f;
+        stv<T, V>(d + i, v);
     }
 }
+__global__ void ce_set_kernel(float *__restrict__ baked, const float *__restrict__ g) { *baked = *g; }
 
 static int check_nv(const char *fn, int64_t N, int64_t V) {
     if (N < 0 || V <= 0 || N > 0x7fffffffLL)
@@ -153,5 +220,52 @@ extern "C" int cross_entropy_backward_cuda(void *dlogits, const void *logits,
                 (T *)dlogits, (const T *)logits, targets, lse, dloss, dloss_stride, V,
                 ignore_index);
     });
+    return launch_check(fn);
+}
+
+extern "C" int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n_valid,
+                                        void *dlogits, const void *logits, const int64_t *targets,
+                                        unsigned *count, float seed, int64_t N, int64_t V,
+                                        int64_t ignore_index, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "cross_entropy_fused_cuda";
+    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (N == 0) return 0;
+    if (count) {
+        if (cudaMemsetAsync(count, 0, sizeof *count, stream) != cudaSuccess)
+            return zr_error("%s: clearing the target count failed: %s", fn, cudaGetErrorString(cudaGetLastError()));
+        const int64_t blocks = (N + 255) / 256;
+        ce_count_kernel<<<(unsigned)(blocks < 264 ? blocks : 264), 256, 0, stream>>>(count, targets, N,
+                                                                                 ignore_index);
+    }
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        const int VW = 16 / sizeof(T);
+        if (V % VW == 0 && al16(logits) && al16(dlogits))
+            ce_fused_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
+        else
+            ce_fused_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
+                loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
+    });
+    if (loss_mean)
+        ce_mean_kernel<<<1, 1024, 0, stream>>>(loss_mean, n_valid, loss, targets, N, ignore_index);
+    return launch_check(fn);
+}
+
+extern "C" int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, float *baked, zr_dtype dtype,
+                                          cudaStream_t stream) {
+    const char *fn = "cross_entropy_rescale_cuda";
+    if (n > 0) {
+        ZR_FUSED_DISPATCH(fn, dtype, {
+            const int VW = 16 / sizeof(T);
+            const bool vec = n % VW == 0 && al16(d);
+            const int64_t items = vec ? n / VW : n, blocks = (items + 255) / 256;
+            const unsigned grid = (unsigned)(blocks < 132 * 8 ? blocks : 132 * 8);
+            if (vec)
+                ce_rescale_kernel<T, 16 / sizeof(T)><<<grid, 256, 0, stream>>>((T *)d, n, g, baked);
+            else
+                ce_rescale_kernel<T, 1><<<grid, 256, 0, stream>>>((T *)d, n, g, baked);
+        });
+    }
+    ce_set_kernel<<<1, 1, 0, stream>>>(baked, g);
     return launch_check(fn);
 }

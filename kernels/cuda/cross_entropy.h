@@ -1,7 +1,8 @@
 /* Cross-entropy over a large vocabulary on CUDA, fused: forward reads each row of logits once
  * (online max/sum) and writes only per-row f32 loss and logsumexp; backward writes the gradient
  * softmax(x) - onehot(target), times the incoming gradient, straight into dlogits, which may be
- * the logits buffer itself. No second (N, V) tensor is ever allocated.
+ * the logits buffer itself. Or both in one pass (cross_entropy_fused_cuda) when the incoming
+ * gradient can be predicted: one read of the logits and one write of the gradient in all.
  * logits (N, V) in ZR_F32, ZR_BF16 or ZR_F16; targets (N) int64; rows whose target equals
  * ignore_index (Hugging Face uses -100) get loss 0 and a zero gradient row. A target outside
  * [0, V) that is not ignore_index gives a NaN loss for that row. */
@@ -30,6 +31,20 @@ int cross_entropy_backward_cuda(void *dlogits, const void *logits, const int64_t
                                 const float *lse, const float *dloss, int64_t dloss_stride,
                                 int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
                                 cudaStream_t stream);
+
+/* The forward and the gradient in one pass, for a backward whose upstream gradient is expected to
+ * be `seed` (zr_loss_grad_hint): loss, lse, loss_mean and n_valid as cross_entropy_forward_cuda,
+ * and dlogits as cross_entropy_backward_cuda with dloss = seed / n_valid when `count` is non-NULL
+ * (the mean: count, one unsigned of device workspace, receives the non-ignored rows first), else
+ * seed. dlogits may equal logits (in place: the gradient written over them). */
+int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n_valid, void *dlogits,
+                             const void *logits, const int64_t *targets, unsigned *count, float seed,
+                             int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
+                             cudaStream_t stream);
+/* Corrects a gradient made for the upstream gradient *baked to the one that came, *g (device f32
+ * scalars): d *= *g / *baked unless they are equal (then d is not touched), then *baked = *g. */
+int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, float *baked, zr_dtype dtype,
+                               cudaStream_t stream);
 
 #ifdef __cplusplus
 }

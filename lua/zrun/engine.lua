@@ -493,12 +493,23 @@ function Engine:fetch(p)
   return p
 end
 
+-- The factor engine:backward scales the loss by: 1/gradient_accumulation_steps, times the fp16
+-- loss scale.
+local function loss_grad_scale(self)
+  local scale = 1 / self.gas
+  if self.scaler then scale = scale * self.scaler.scale end
+  return scale
+end
+
 function Engine:__call(...) return self:forward(...) end
 -- engine(...) is engine:forward(...): the model's forward with the same arguments and results,
 -- timed for wall_clock_breakdown; at stage 3 the first call records the module order for prefetching.
+-- It tells autograd the gradient engine:backward will seed the loss with (zr.set_loss_grad_hint),
+-- so that a loss on the GPU can make its gradient in the same pass as its value.
 function Engine:forward(...)
   local t0 = timer()
   dist.set_step(self.global_steps + 1) -- named by collective timeout messages
+  C.set_loss_grad_hint(loss_grad_scale(self))
   local tr = self.z3trace
   if tr then -- stage 3: the first forward records the module order for prefetching
     tr.recording = self.micro_steps == 0 and self.global_steps == 0
@@ -519,8 +530,7 @@ end
 function Engine:backward(loss)
   local t0 = timer()
   dist.set_step(self.global_steps + 1)
-  local scale = 1 / self.gas
-  if self.scaler then scale = scale * self.scaler.scale end
+  local scale = loss_grad_scale(self)
   if self.monitor then self.monitor:backward(loss, self.gas) end -- Train/Samples/train_loss
   local boundary = self:is_gradient_accumulation_boundary()
   self.zero:backward_begin(boundary)

@@ -686,10 +686,12 @@ function M.llama_activations(cfg, o)
   S.order = order
 
   -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):
-  -- the previous step's batch, logits and loss are garbage until the next collection.
+  -- the previous step's batch and out are garbage until the next collection: out holds the loss
+  -- and, for its lazy out.logits, the final hidden states (the logits themselves became the
+  -- loss's gradient and died in backward).
   if o.gc ~= "ideal" then
     S.garbage[#S.garbage + 1] = S:new(N * 8, "other")
-    for _, bytes in ipairs { N * V * b, 4 } do S.garbage[#S.garbage + 1] = S:new(bytes) end
+    for _, bytes in ipairs { N * H * b, 4 } do S.garbage[#S.garbage + 1] = S:new(bytes) end
   end
   -- input ids (the labels are the same tensor in a causal LM batch): the collator's tensors are
   -- created outside any op, in category "other"
@@ -770,7 +772,9 @@ function M.llama_activations(cfg, o)
   local logits = S:linear(hn, headW, N * V * b)
   S:push()
   -- causal_lm_loss shifts the labels (a -100 pad column, "other", and the shifted copy) and scores
-  -- the logits as they are: a view, no copy, no fp32 upcast; cross_entropy saves logits + lse
+  -- the logits as they are: a view, no copy, no fp32 upcast. cross_entropy's inplace (a training
+  -- forward) writes the loss's gradient over the logits and saves only them (and, on a GPU, the
+  -- seed it was made for); its backward hands that storage on: no second logits-sized buffer
   local rows = B * T
   S:lua(S:new(B * 8, "other"))
   S:lua(S:new(rows * 8))
@@ -779,15 +783,15 @@ function M.llama_activations(cfg, o)
   local loss = S:lua(S:new(4))
   local lws = S:new(rows * 4, "ws")
   S:drop(lws)
-  S:record(loss, { lg }, { lg, lse }, function(S2, _, g)
-    local gi = S2:raw(g)
-    local gx = S2:new(lg.n)
-    S2:drop(gi)
-    return { gx }
-  end)
+  local baked = o.gpu and S:new(4) or nil
+  if o.gpu then S:drop(S:new(4, "ws")) end -- the count of counted targets (mean)
+  S:record(loss, { lg }, { lg, baked }, function(S2) return { S2:share(lg) } end)
+  S:drop(baked)
   S:drop(lse)
   S:pop(loss)
-  S:pop(logits, loss) -- {logits=, loss=} is held by the caller through backward
+  -- {loss=} is held by the caller through backward, with the final hidden states (for a lazy
+  -- out.logits); the logits tensor itself is garbage, kept alive by the loss's node only
+  S:pop(hn, loss)
   local fwd_act = S.cur.act
   S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)

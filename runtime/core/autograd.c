@@ -23,6 +23,14 @@ int zr_set_grad_enabled(int on) {
     return old;
 }
 
+static _Thread_local double loss_grad_hint = 1.0;
+double zr_loss_grad_hint(void) { return loss_grad_hint; }
+double zr_set_loss_grad_hint(double g) {
+    double old = loss_grad_hint;
+    loss_grad_hint = g;
+    return old;
+}
+
 void zr_node_retain(zr_node *n) {
     if (n) n->refcount++;
 }

@@ -54,6 +54,13 @@ struct zr_node {
 /* Grad mode (per thread). zr_set_grad_enabled returns the previous value. */
 int zr_grad_enabled(void);
 int zr_set_grad_enabled(int on);
+/* The gradient the next backward is expected to seed its loss with (per thread; default 1, what
+ * loss:backward() uses; the ZeRO engine sets 1/gradient_accumulation_steps times the loss scale
+ * before each forward). A speed hint only, never a semantics: cross_entropy with inplace makes
+ * its input gradient for this seed during the forward, and its backward rescales it when the
+ * gradient that arrives differs. Finite and non-zero (the setter's caller checks). */
+double zr_loss_grad_hint(void);
+double zr_set_loss_grad_hint(double g); /* returns the previous hint */
 /* True if t carries history or is a leaf with requires_grad. */
 static inline int zr_tensor_needs_grad(const zr_tensor *t) { return t->requires_grad || t->grad_fn; }
 

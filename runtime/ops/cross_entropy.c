@@ -1,10 +1,12 @@
 /* Cross-entropy: forward and backward side by side (see cross_entropy.h). Saved for backward: the
- * logits, the per-row logsumexp (N values, compute dtype) and the targets as i64. */
+ * logits, the per-row logsumexp (N values, compute dtype) and the targets as i64; with inplace,
+ * only the gradient the forward wrote over the logits and the seed it was made for. */
 #include "ops/cross_entropy.h"
 
 #include <math.h>
 #include <string.h>
 
+#include "ops/elementwise.h"
 #include "ops/util.h"
 
 /* The loss is f32 for 16-bit logits (f64 for f64): Hugging Face computes cross-entropy on
@@ -50,6 +52,23 @@ static zr_status cross_entropy_backward(zr_node *n, zr_tensor *g, zr_tensor **gi
     return zr_give_grad(gin, gx, st);
 }
 
+/* inplace (CPU): saved[0] is the logits' storage, now holding the gradient made in the forward for
+ * the seed f[1] (zr_loss_grad_hint, in the loss dtype). The seed that comes is handed on as it is
+ * when it equals f[1]; otherwise the gradient is rescaled in place and f[1] becomes that seed (so a
+ * retain_graph backward may come again; after a seed of exactly 0 the gradient is gone, and a
+ * further backward through the graph gives NaN, on CUDA too). As cross_entropy_backward_fused. */
+static zr_status cross_entropy_backward_inplace(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *d = n->saved[0];
+    double seed;
+    if (zr_tensor_get(g, 0, &seed)) return ZR_ERR;
+    if (seed != n->f[1]) {
+        if (zr_mul_scalar_(d, seed / n->f[1])) return ZR_ERR;
+        n->f[1] = seed;
+    }
+    gin[0] = zr_tensor_retain(d);
+    return ZR_OK;
+}
+
 static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, double eps) {
     char b1[128], b2[128];
     if (zr_check_float("cross_entropy", logits)) return ZR_ERR;
@@ -70,7 +89,11 @@ static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, d
 }
 
 /* --- CUDA path (kernels/cuda/cross_entropy.h): fused, no second (N, C) tensor in forward; the
- * backward writes softmax - onehot straight into the gradient. Logits stay in their dtype (f32,
+ * backward writes softmax - onehot straight into the gradient. With inplace (and a forward that
+ * will be recorded) the forward writes the gradient for the hinted seed (zr_loss_grad_hint: 1 by
+ * default, the engine's 1/gas x loss scale) over the logits in the same pass (one read of the
+ * logits and one write in all, not two reads and a write to a new buffer) and backward only
+ * rescales it for another seed. Logits stay in their dtype (f32,
  * bf16, f16). Nothing waits for the GPU: the count of non-ignored targets stays on the device
  * (saved for backward), and targets are not range-checked on the host — an out-of-range target
  * gives a NaN loss (and a zero-free gradient row) instead of the CPU's error. Label smoothing is
@@ -126,10 +149,29 @@ done:
     zr_tensor_release(gx);
     return st;
 }
+
+/* inplace: the gradient made during the forward (cross_entropy_fused_cuda) over the logits for
+ * the upstream gradient the hint promised; saved: that gradient (the logits' storage, dtype and
+ * shape) and the hint it was made for (0-dim f32). When another gradient comes, one pass rescales it in place (and records the new
+ * factor, so a backward with retain_graph may run again); when the same comes, nothing runs. */
+static zr_status cross_entropy_backward_fused(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *d = n->saved[0], *baked = n->saved[1];
+    zr_device dev = zr_tensor_device(d);
+    zr_tensor *gi = zr_tensor_to_raw(g, ZR_F32, dev);
+    if (!gi) return ZR_ERR;
+    zr_status st = zr_dev_status(cross_entropy_rescale_cuda(zr_tensor_data(d), zr_tensor_numel(d), zr_tensor_data(gi),
+                                                            zr_tensor_data(baked), d->dtype, zr_cuda_stream(dev)),
+                                 "cross_entropy backward", dev);
+    zr_tensor_release(gi);
+    if (st) return st;
+    gin[0] = zr_tensor_retain(d);
+    return ZR_OK;
+}
 #endif
 
+/* fused: the inplace forward (checked by the caller: recorded, contiguous, mean or sum). */
 static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
-                                    zr_loss_reduction reduction, double label_smoothing) {
+                                    zr_loss_reduction reduction, double label_smoothing, int fused) {
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(logits);
     char dn[16];
@@ -142,7 +184,7 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets);
     cudaStream_t s = zr_cuda_stream(dev);
     zr_tensor *tgt = NULL, *xi = NULL, *lse = NULL, *loss = NULL, *nv = NULL, *mean = NULL, *out = NULL;
-    zr_tensor *result = NULL;
+    zr_tensor *result = NULL, *baked = NULL, *cnt = NULL;
     if (c == 0) return zr_error_null("cross_entropy: logits have 0 classes");
     if (!(tgt = zr_tensor_to_raw(targets, ZR_I64, dev)) || !(xi = zr_tensor_contiguous_raw(logits))) goto fail;
     lse = zr_tensor_new_cat(ZR_F32, dev, 1, &rows, ZR_MEM_ACTIVATIONS, 0);
@@ -150,7 +192,24 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     nv = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
     mean = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0);
     if (!lse || !loss || !nv || !mean) goto fail;
-    if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
+    if (rows == 0) fused = 0; /* nothing to write: the plain path's backward makes the empty gradient */
+    if (fused && xi->storage != logits->storage) {
+        zr_error("internal: cross_entropy inplace: the logits were copied");
+        goto fail;
+    }
+    if (fused) { /* the gradient over xi, which is the logits themselves (contiguous) */
+        float hint = (float)zr_loss_grad_hint();
+        int64_t one = 1;
+        baked = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+        cnt = reduction == ZR_LOSS_MEAN ? zr_tensor_new_cat(ZR_I32, dev, 1, &one, ZR_MEM_WORKSPACE, 0) : NULL;
+        if (!baked || (reduction == ZR_LOSS_MEAN && !cnt) || zr_tensor_fill_(baked, hint)) goto fail;
+        if (zr_dev_status(cross_entropy_fused_cuda(zr_tensor_data(loss), zr_tensor_data(lse), zr_tensor_data(mean),
+                                                   zr_tensor_data(nv), zr_tensor_data(xi), zr_tensor_data(xi),
+                                                   zr_tensor_data(tgt), cnt ? zr_tensor_data(cnt) : NULL, hint, rows,
+                                                   c, ignore_index, xi->dtype, s),
+                          "cross_entropy", dev))
+            goto fail;
+    } else if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
         if (zr_tensor_fill_(nv, 0) || zr_tensor_fill_(mean, reduction == ZR_LOSS_SUM ? 0.0 : NAN)) goto fail;
     } else if (zr_dev_status(cross_entropy_forward_cuda(zr_tensor_data(loss), zr_tensor_data(lse),
                                                         zr_tensor_data(mean), zr_tensor_data(nv), zr_tensor_data(xi),
@@ -177,8 +236,11 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
         if (zr_tensor_copy_(out, mean)) goto fail;
     }
     zr_node *n;
-    if (zr_autograd_record(out, "cross_entropy", cross_entropy_backward_dev, 1, &logits, &n)) goto fail;
-    if (n) {
+    if (zr_autograd_record(out, "cross_entropy", fused ? cross_entropy_backward_fused : cross_entropy_backward_dev, 1,
+                           &logits, &n))
+        goto fail;
+    if (n && fused && (zr_node_save(n, xi) || zr_node_save(n, baked))) goto fail;
+    if (n && !fused) {
         n->i[0] = ignore_index;
         n->i[1] = reduction;
         if (zr_node_save(n, xi) || zr_node_save(n, lse) || zr_node_save(n, tgt) || zr_node_save(n, nv)) goto fail;
@@ -186,6 +248,8 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     result = out;
     out = NULL;
 fail:
+    zr_tensor_release(baked);
+    zr_tensor_release(cnt);
     zr_tensor_release(tgt);
     zr_tensor_release(xi);
     zr_tensor_release(lse);
@@ -195,18 +259,27 @@ fail:
     zr_tensor_release(out);
     return result;
 #else
-    (void)logits, (void)targets, (void)ignore_index, (void)reduction, (void)label_smoothing;
+    (void)logits, (void)targets, (void)ignore_index, (void)reduction, (void)label_smoothing, (void)fused;
     return zr_no_cuda("cross_entropy"), NULL;
 #endif
 }
 
 zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
-                            zr_loss_reduction reduction, double label_smoothing) {
+                            zr_loss_reduction reduction, double label_smoothing, int inplace) {
     if (!logits || !targets) return zr_error_null("cross_entropy: missing logits or targets");
     if (check_args(logits, targets, label_smoothing)) return NULL;
     if ((unsigned)reduction > ZR_LOSS_SUM)
         return zr_error_null("cross_entropy: reduction must be 'mean', 'sum' or 'none'");
-    if (!zr_is_cpu(logits)) return cross_entropy_dev(logits, targets, ignore_index, reduction, label_smoothing);
+    if (inplace && reduction == ZR_LOSS_NONE)
+        return zr_error_null("cross_entropy: inplace needs reduction 'mean' or 'sum' (the gradient is made for "
+                             "the one seed of a scalar loss), got 'none'; drop inplace");
+    if (inplace && !zr_tensor_is_contiguous(logits))
+        return zr_error_null("cross_entropy: inplace writes the gradient over the logits and needs them "
+                             "contiguous; call :contiguous() on them first, or drop inplace");
+    /* in place only when a backward will come for it; else the plain forward */
+    int fused = inplace && zr_grad_enabled() && zr_tensor_needs_grad(logits);
+    if (!zr_is_cpu(logits))
+        return cross_entropy_dev(logits, targets, ignore_index, reduction, label_smoothing, fused);
     int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(targets), n_valid = 0;
     zr_device dev = zr_tensor_device(logits);
     zr_dtype ct = zr_cpu_compute_dtype(logits->dtype);
@@ -250,9 +323,24 @@ zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignor
         if (reduction == ZR_LOSS_MEAN) s = n_valid ? s / (double)n_valid : NAN; /* torch: 0/0 */
         if (zr_tensor_set(out, 0, s)) goto fail;
     }
+    /* inplace: the backward kernel's gradient for the hinted seed, written over xi (the logits
+     * themselves when f32/f64 and contiguous, else their widened copy, narrowed back into them):
+     * the numbers cross_entropy_backward makes for that seed */
+    double baked = lt == ZR_F32 ? (double)(float)zr_loss_grad_hint() : zr_loss_grad_hint();
+    if (fused) {
+        double scale = reduction == ZR_LOSS_MEAN ? baked / (double)n_valid : baked; /* 0 valid: every row 0 */
+        ZR_CPU_CALL(ct, cross_entropy_backward_cpu, zr_tensor_data(xi), zr_tensor_data(xi), zr_tensor_data(lse), t,
+                    NULL, scale, rows, c, ignore_index, label_smoothing);
+        if (xi != logits && zr_tensor_copy_(logits, xi)) goto fail;
+    }
     zr_node *n;
-    if (zr_autograd_record(out, "cross_entropy", cross_entropy_backward, 1, &logits, &n)) goto fail;
-    if (n) {
+    if (zr_autograd_record(out, "cross_entropy", fused ? cross_entropy_backward_inplace : cross_entropy_backward, 1,
+                           &logits, &n))
+        goto fail;
+    if (n && fused) {
+        n->f[1] = baked;
+        if (zr_node_save(n, logits)) goto fail;
+    } else if (n) {
         n->i[0] = ignore_index;
         n->i[1] = reduction;
         n->i[2] = n_valid;

@@ -1,7 +1,7 @@
 /* Fused cross-entropy loss with autograd. Forward keeps one logsumexp per row (no (N, C)
  * log-probabilities tensor); backward recomputes softmax - onehot row by row.
  *
- *   zr_tensor *loss = zr_cross_entropy(logits, targets, -100, ZR_LOSS_MEAN, 0.0);
+ *   zr_tensor *loss = zr_cross_entropy(logits, targets, -100, ZR_LOSS_MEAN, 0.0, 0);
  *
  * logits (..., C) float; targets (...) i32/i64 holding class indices 0..C-1 (0-based: they are
  * data, like token ids, not Lua positions) or ignore_index. So (N, C) with (N), and (B, T, C)
@@ -9,7 +9,13 @@
  * distribution as torch does: loss = (1 - eps) * nll + eps * mean_j(-log p_j).
  * Reductions: ZR_LOSS_MEAN divides the sum by the number of non-ignored targets; when every
  * target is ignored that is 0/0 and the loss is nan, exactly like torch. ZR_LOSS_SUM sums;
- * ZR_LOSS_NONE returns the per-target losses (0 on ignored targets) with the targets' shape. */
+ * ZR_LOSS_NONE returns the per-target losses (0 on ignored targets) with the targets' shape.
+ * inplace: when the op is recorded for backward, the forward also computes the logits' gradient,
+ * for the seed zr_loss_grad_hint() promises, and writes it over the logits' own storage (one pass
+ * over them on CUDA instead of two, and no second logits-sized buffer); backward hands it on, or
+ * rescales it in place when another seed comes. The caller must not read those logits again.
+ * Needs contiguous logits and reduction mean or sum; not recorded (no grad, logits that need
+ * none), it is the plain op. */
 #ifndef ZR_OPS_LOSS_H
 #define ZR_OPS_LOSS_H
 
@@ -21,6 +27,6 @@ typedef enum { ZR_LOSS_NONE = 0, ZR_LOSS_MEAN, ZR_LOSS_SUM } zr_loss_reduction;
 int zr_loss_reduction_parse(const char *s);
 
 zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
-                            zr_loss_reduction reduction, double label_smoothing);
+                            zr_loss_reduction reduction, double label_smoothing, int inplace);
 
 #endif

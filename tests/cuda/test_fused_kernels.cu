@@ -459,6 +459,31 @@ TEST(cross_entropy_forward_backward) {
             CHECK_OK(cross_entropy_backward_cuda(x_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V, -100,
                                                  t, 0));
             if (cnt > 0) CHECK_CLOSE(x_.down(), dl, tol_of(t) + 1e-5, what);
+            /* loss and gradient in one pass, in place over the logits (the mean: seed 0.7 / count) */
+            x_.up(x);
+            unsigned *cnt_;
+            CU(cudaMalloc(&cnt_, sizeof *cnt_));
+            CHECK_OK(cross_entropy_fused_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p, x_.p, tg_, cnt_,
+                                              0.7f, N, V, -100, t, 0));
+            CHECK_CLOSE(loss_.down(), loss, 2e-5, what);
+            CHECK_CLOSE(lse_.down(), lse, 2e-6, what);
+            CHECK_CLOSE(mean_.down(), vec(1, sum / cnt), 2e-5, what);
+            vec fused = x_.down();
+            CHECK_CLOSE(fused, dl, tol_of(t) + 1e-5, what);
+            /* rescaled for another seed (1.4: twice), then the same seed again (nothing written) */
+            dbuf seed_(1, ZR_F32), baked_(1, ZR_F32);
+            vec s14(1, 1.4), s07(1, 0.7);
+            seed_.up(s14);
+            baked_.up(s07);
+            CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
+            vec dl2(dl);
+            for (double &v : dl2) v *= 2;
+            CHECK_CLOSE(x_.down(), dl2, tol_of(t) + 1e-5, what);
+            CHECK_MSG(baked_.down()[0] == (float)1.4, "%s: the rescale records the new seed", what);
+            vec before = x_.down();
+            CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
+            CHECK_MSG(x_.down() == before, "%s: the same seed again rewrote the gradient", what);
+            cudaFree(cnt_);
             cudaFree(tg_);
         }
 }

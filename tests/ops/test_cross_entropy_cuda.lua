@@ -30,4 +30,95 @@ T.test("cross_entropy (fused): ignore_index, mean/sum/none, large vocab, bf16 lo
     { label_smoothing = 0.1 }) end, "label_smoothing is not supported on CUDA")
 end)
 
+-- With inplace = true the CUDA forward makes the logits' gradient (for the seed the hint promises:
+-- zr.set_loss_grad_hint, default 1) in the same pass and writes it over the logits; backward hands
+-- it on when the seed is the hint and rescales it when another seed comes. References: the plain
+-- CUDA op (the gradient made in backward from the saved logits: the same bits when the seed is
+-- the hint) and the CPU's inplace op (tests/ops/test_cross_entropy_inplace.lua checks it against
+-- the plain CPU op).
+local CE = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cross_entropy_common.lua")
+local function run(x, tgt, red, inplace, hint, seeds, dev)
+  local l, g, xa = CE.run(x, tgt, { ignore_index = -100, reduction = red, inplace = inplace }, seeds, hint, dev)
+  return l, g:cpu():float(), xa:cpu():float()
+end
+local function maxdiff(a, b) return (a - b):abs():max():item() end
+
+T.test("cross_entropy inplace: the seed as hinted, another seed, retain_graph, the CPU's inplace", function()
+  for _, dt in ipairs { "bf16", "f32" } do
+    for _, s in ipairs { { 64, 50304 }, { 33, 1001 }, { 7, 128256 }, { 5, 77 } } do
+      local N, V = s[1], s[2]
+      zr.manual_seed(N + V)
+      local x = (randn({ N, V }) * 3):to(dt)
+      local tgt = (zr.rand({ N }) * V):to("i64")
+      tgt[2], tgt[N] = -100, -100 -- ignored rows: zero gradient
+      for _, red in ipairs { "mean", "sum" } do
+        local what = ("%s %dx%d %s"):format(dt, N, V, red)
+        -- the seed the hint promised: the same loss and the same bits as the plain op; the
+        -- logits now hold that gradient
+        for _, h in ipairs { 1, 0.125 } do
+          local l0, g0 = run(x, tgt, red, false, h, { h }, "cuda")
+          local l1, g1, x1 = run(x, tgt, red, true, h, { h }, "cuda")
+          T.eq(l1, l0, what .. " loss, hint " .. h)
+          T.eq(maxdiff(g1, g0), 0, what .. " gradient, seed = hint " .. h)
+          T.eq(maxdiff(x1, g1), 0, what .. " the logits hold the gradient")
+        end
+        -- another seed: rescaled (one more rounding of the 16-bit gradient)
+        local tol = dt == "bf16" and 1e-2 or 1e-6
+        local _, want = run(x, tgt, red, false, nil, { 3 }, "cuda")
+        local _, got = run(x, tgt, red, true, 1, { 3 }, "cuda")
+        local scale = want:abs():max():item()
+        assert(scale > 0, what .. ": the reference gradient is zero")
+        assert(maxdiff(got, want) <= tol * scale, ("%s seed 3 under hint 1: off by %g (scale %g)"):format(what,
+          maxdiff(got, want), scale))
+        -- three times through the graph (retain_graph) with other seeds: the sum of the gradients
+        _, want = run(x, tgt, red, false, nil, { 0.5, 2, 0.25 }, "cuda")
+        _, got = run(x, tgt, red, true, 0.5, { 0.5, 2, 0.25 }, "cuda")
+        assert(maxdiff(got, want) <= tol * scale, what .. ": retain_graph with seeds 0.5, 2, 0.25 differs")
+        T.eq(got:narrow(1, 2, 1):abs():max():item() + got:narrow(1, N, 1):abs():max():item(), 0,
+          what .. " ignored rows get no gradient")
+        -- the CPU's inplace op agrees
+        local lc, gc = run(x, tgt, red, true, 1, { 3 }, "cpu")
+        local lg, gg = run(x, tgt, red, true, 1, { 3 }, "cuda")
+        T.near(lg, lc, 0, 1e-5, what .. " loss vs the CPU")
+        C.close_big(gg, gc, dt, what .. " gradient vs the CPU")
+      end
+    end
+  end
+  -- not recorded (no_grad, or logits that need no gradient): the plain op, the logits untouched
+  local x, t = randn({ 5, 9 }):cuda(), zr.tensor({ 1, 2, 3, 4, 5 }):to("i64"):cuda()
+  local before = x:cpu()
+  local a = zr.cross_entropy(x, t):item()
+  T.eq(zr.cross_entropy(x, t, { inplace = true }):item(), a, "logits that need no gradient")
+  local xg = x:clone():detach()
+  xg.requires_grad = true
+  T.eq(zr.no_grad(function() return zr.cross_entropy(xg, t, { inplace = true }):item() end), a, "no_grad")
+  T.eq(maxdiff(x:cpu(), before) + maxdiff(xg:detach():cpu(), before), 0, "the logits untouched")
+  T.raises(function() zr.cross_entropy(xg:transpose(1, 2), zr.zeros({ 9 }, { dtype = "i64", device = "cuda" }),
+    { inplace = true }) end, "needs them contiguous")
+end)
+
+-- GPT-2's padded head on the GPU (50257 -> a multiple of 64, the padding's logits -1e30): the
+-- training forward's in-place loss against the unfused composition (the logits of a forward
+-- without labels, scored by causal_lm_loss), loss and gradients; out.logits made again lazily.
+T.test("gpt2 padded head on CUDA: in-place loss = unfused loss and gradients; lazy logits", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    zr.manual_seed(5)
+    local m = zr.models.gpt2.GPT2LMHeadModel { n_embd = 32, n_layer = 1, n_head = 2, vocab_size = 1001,
+      n_positions = 32, dtype = dt, device = "cuda" }
+    local ids = (zr.rand({ 2, 17 }) * 1000):to("i64"):cuda()
+    local logits = m(ids).logits
+    local want = zr.models.llama.causal_lm_loss(logits, ids)
+    want:backward()
+    local wg = {}
+    for n, p in m:named_parameters() do wg[n] = p.grad:cpu():float(); p.grad = nil end
+    local out = m(ids, ids)
+    T.near(out.loss, want:item(), 0, dt == "bf16" and 1e-3 or 1e-6, dt .. " loss")
+    out.loss:backward()
+    for n, p in m:named_parameters() do C.close_big(p.grad, wg[n], dt, dt .. " grad " .. n) end
+    T.eq(rawget(out, "logits"), nil, dt .. ": out.logits made on read")
+    T.eq(maxdiff(out.logits:cpu():float(), logits:cpu():float()), 0, dt .. ": lazy logits = the forward's")
+    T.eq(out.logits:size(3), 1001, dt .. ": the first V logits")
+  end
+end)
+
 T.done()

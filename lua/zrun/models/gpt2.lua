@@ -186,34 +186,42 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}, as LlamaForCausalLM's.
+-- forward(ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}, as LlamaForCausalLM's: a loss
+-- that will be recorded takes the logits over for its gradient, and out.logits is then made again
+-- on first read (one more LM-head product).
 function LM:forward(ids, labels)
   local h = self.transformer(ids)
-  local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
-  local w = fetch(self.transformer.wte.weight)
-  local V, C = w:size(1), w:size(2)
-  -- GPU GEMMs want leading dimensions that are multiples of 8 elements; GPT-2's 50257 is odd, so
-  -- (as llm.c does) the head runs on a zero-padded copy of the matrix. The padding logits get a
-  -- bias of -1e30 (the GEMM's bias epilogue, free): the loss is taken over the padded rows as they
-  -- are (no narrowed copy of the logits forward, no scatter back), the padding adds exp(-1e30) = 0
-  -- to every softmax and gets zero gradient; the caller sees the first V logits (a view).
-  local Vp = w:device() ~= "cpu" and math.ceil(V / 64) * 64 or V
-  local logits, full
-  if Vp ~= V then
+  -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
+  -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
+  -- zero-padded copy of the matrix. The padding logits get a bias of -1e30 (the GEMM's bias
+  -- epilogue, free): the loss is taken over the padded rows as they are (no narrowed copy of the
+  -- logits forward, no scatter back), the padding adds exp(-1e30) = 0 to every softmax and gets
+  -- zero gradient; the caller sees the first V logits (a view).
+  local function head()
+    local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
+    local w = fetch(self.transformer.wte.weight)
+    local V, C = w:size(1), w:size(2)
+    local Vp = w:device() ~= "cpu" and math.ceil(V / 64) * 64 or V
+    if Vp == V then
+      local logits = zr.linear(h, w)
+      return logits, logits
+    end
     w = zr.cat({ w, zr.zeros({ Vp - V, C }, { dtype = w:dtype(), device = w:device() }) }, 1)
     local pb = rawget(self, "_pad_bias")
     if not pb or pb:dtype() ~= w:dtype() or pb:device() ~= w:device() or pb:numel() ~= Vp then
       pb = zr.cat({ zr.zeros({ V }), zr.full({ Vp - V }, -1e30) }):to(w:dtype()):to(w:device())
       rawset(self, "_pad_bias", pb)
     end
-    full = zr.linear(h, w, pb)
-    logits = full:narrow(3, 1, V)
-  else
-    logits = zr.linear(h, w)
-    full = logits
+    local full = zr.linear(h, w, pb)
+    return full:narrow(3, 1, V), full
   end
-  local out = { logits = logits }
-  if labels then out.loss = require("zrun.models.llama").causal_lm_loss(full, labels) end
+  local logits, full = head()
+  if not labels then return { logits = logits } end
+  local llama = require "zrun.models.llama"
+  local recorded = zr.is_grad_enabled() and full.requires_grad
+  local out = { loss = llama.causal_lm_loss(full, labels, recorded) }
+  if recorded then return llama.lazy_logits(out, function() return (head()) end) end
+  out.logits = logits
   return out
 end
 -- A Hugging Face model folder (config.json + model.safetensors) that transformers loads.

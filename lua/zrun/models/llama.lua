@@ -216,22 +216,44 @@ end
 
 -- forward(input_ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}. labels are shifted inside
 -- (position t predicts token t+1); -100 is ignored; the loss is the mean over counted tokens.
+-- When the loss will be recorded for backward (labels, grad mode on, trainable head), its
+-- gradient is written over the logits in the forward (causal_lm_loss's inplace: no second
+-- logits-sized buffer in backward), and out.logits is made again on first read from the final
+-- hidden states by the same head: reading it after a training forward costs one more LM-head
+-- product, with the weights as they are then (read it before the optimizer step). Otherwise
+-- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels)
   local h = self.model(input_ids)
-  local logits
-  if self.lm_head then logits = self.lm_head(h)
-  else -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
+  local function head()
+    if self.lm_head then return self.lm_head(h) end
+    -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
     local fetch = Module.fetch or function(p) return p end
-    logits = zr.linear(h, fetch(self.model.embed_tokens.weight))
+    return zr.linear(h, fetch(self.model.embed_tokens.weight))
   end
-  local out = { logits = logits }
-  if labels then out.loss = M.causal_lm_loss(logits, labels) end
+  local logits = head()
+  if not labels then return { logits = logits } end
+  local recorded = zr.is_grad_enabled() and logits.requires_grad
+  local out = { loss = M.causal_lm_loss(logits, labels, recorded) }
+  if recorded then return M.lazy_logits(out, head) end
+  out.logits = logits
   return out
 end
 
+-- out (a forward's result table) whose out.logits is made by make() on first read, then kept:
+-- the logits of a training forward whose loss took them over for its gradient.
+function M.lazy_logits(out, make)
+  return setmetatable(out, { __index = function(t, k)
+    if k ~= "logits" then return nil end
+    local lg = make()
+    rawset(t, "logits", lg)
+    return lg
+  end })
+end
+
 -- Mean cross-entropy of logits (B, T, V) against labels (B, T) shifted by one (position t scores
--- token t+1); label -100 is ignored.
-function M.causal_lm_loss(logits, labels)
+-- token t+1); label -100 is ignored. inplace: the loss's gradient is written over the logits
+-- (zr.cross_entropy's inplace; the caller must not read them again) when it is recorded.
+function M.causal_lm_loss(logits, labels, inplace)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
   -- Shift the labels, not the logits (as HF's ForCausalLMLoss does): position t is scored against
@@ -242,7 +264,8 @@ function M.causal_lm_loss(logits, labels)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
-  return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T), { ignore_index = -100 })
+  return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T),
+    { ignore_index = -100, inplace = inplace or nil })
 end
 
 -- Activation checkpointing per decoder layer in training mode: keeps each layer's input and
