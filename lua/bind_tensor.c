@@ -655,11 +655,9 @@ static int l_newindex(lua_State *L) {
     }
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "requires_grad") == 0) {
+        const int on = lua_toboolean(L, 3); /* read before the stack is cut to (t, on) */
         lua_settop(L, 1);
-        lua_pushboolean(L, lua_toboolean(L, 3) || 0);
-        lua_replace(L, 2);
-        lua_pushvalue(L, 1);
-        lua_pushvalue(L, 2);
+        lua_pushboolean(L, on);
         return l_requires_grad_(L);
     }
     if (strcmp(k, "grad") == 0) {

@@ -134,4 +134,15 @@ T.test("indexing and tables", function()
   T.raises(function() return x:sum(0) end, "1-based")
 end)
 
+T.test("t.requires_grad = v sets the flag both ways (as requires_grad_(v))", function()
+  local t = zr.zeros({ 2 })
+  t.requires_grad = true
+  T.eq(t.requires_grad, true, "after = true")
+  t.requires_grad = false
+  T.eq(t.requires_grad, false, "after = false")
+  t.requires_grad = 1 -- Lua truthiness, as requires_grad_
+  T.eq(t.requires_grad, true, "after = 1")
+  T.raises(function() zr.zeros({ 2 }, { dtype = "i64" }).requires_grad = true end, "floating-point tensors can require grad")
+end)
+
 T.done()
