@@ -79,7 +79,7 @@ T.test("cross_entropy inplace: the seed as hinted, another seed, retain_graph, t
         -- the CPU's inplace op agrees
         local lc, gc = run(x, tgt, red, true, 1, { 3 }, "cpu")
         local lg, gg = run(x, tgt, red, true, 1, { 3 }, "cuda")
-        T.near(lg, lc, 0, 1e-5, what .. " loss vs the CPU")
+        T.near(lg, lc, 0, 1e-4, what .. " loss vs the CPU") -- fp32 sums of 128256 exps in other orders: ~1e-5
         C.close_big(gg, gc, dt, what .. " gradient vs the CPU")
       end
     end
