@@ -604,9 +604,10 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, dqacc, cnt, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
+    bool dq_done = false;
     if (hopper) {
-        attn_sm90_backward(&maps, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, &L, B, Hq, Hkv, T_, ns,
-                           nkv, scale, mma_dtype<T>::value, st);
+        dq_done = attn_sm90_backward(&maps, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, &L, B, Hq, Hkv,
+                                     T_, ns, nkv, scale, mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
         cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -619,9 +620,9 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     }
     /* one launch converts dq (the mma.sync kernel's; the Hopper kernel converts its own), and dk/dv
      * when they were split */
-    if (hopper && ns == 1) return 0;
+    if (dq_done && ns == 1) return 0;
     const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, hopper ? 0 : nq / 4, 1, scale, L.dq, (int)Hq,
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, dq_done ? 0 : nq / 4, 1, scale, L.dq, (int)Hq,
                       same(L.dq, dq_)},
                      {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv,
                       same(L.dk, dkv)},

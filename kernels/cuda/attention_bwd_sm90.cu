@@ -98,7 +98,8 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int 
  *     step the last one's.
  *   converter warps (the other two): take complete tiles from the queue (cqfull[s], slot s = n %
  *     WS_CQ, phase (n / WS_CQ) & 1; one arrival from the dQ warp), free the slot (cqempty[s], one
- *     arrival a warp) and convert the tile to dq (dq_convert_tile); tile −1 ends the queue.
+ *     arrival a warp) and convert the tile to dq (dq_convert_tile); tile −1 ends the queue. With
+ *     cnt NULL (attn_sm90_dq_in_kernel(0)) nothing is counted: the queue holds only the end.
  * Counting dQ tiles: query tile i of head h of batch b gets one step (both halves) from each item
  * whose key tile j <= i, in the one split holding h: i + 1 steps, whatever the split and T's tail
  * (i < nT, so row 128i < T and the step's first reduce-add is never skipped). After a step's two
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                         }
                         __syncwarp();
                     }
-                    if (lane == 0) {
+                    if (lane == 0 && cnt) {
                         if (prev >= 0) {
                             bulk_wait<2>(); /* all but this step's two groups written */
                             count();
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             }
             if (lane == 0) {
                 bulk_wait<0>(); /* every reduce-add written */
-                if (prev >= 0) count();
+                if (cnt && prev >= 0) count();
                 push(-1);
             }
         } else { /* the converter warps */
@@ -397,6 +398,12 @@ extern "C" void attn_sm90_grid(int fwd, int bwd) {
     g_grid_bwd = bwd;
 }
 
+static int g_dq_in_kernel = 1;
+
+extern "C" void attn_sm90_dq_in_kernel(int on) {
+    g_dq_in_kernel = on;
+}
+
 extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
     const int cap = bwd ? g_grid_bwd : g_grid_fwd;
     if (cap < 0) return (int)tiles;
@@ -482,15 +489,17 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dq, void *dk, void *dv
         scale * 1.4426950408889634f);
 }
 
-extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dq, void *dk, void *dv,
-                                   float *dqacc, int *cnt, float *wkv, const float *lse,
-                                   const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                                   int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
-                                   zr_dtype dt, cudaStream_t st) {
+extern "C" int attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dq, void *dk, void *dv,
+                                  float *dqacc, int *cnt, float *wkv, const float *lse,
+                                  const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                                  int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
+                                  zr_dtype dt, cudaStream_t st) {
+    if (!g_dq_in_kernel) cnt = NULL; /* the kernel then only reduce-adds */
     if (dt == ZR_BF16)
         bwd_launch<__nv_bfloat16>(*m, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns,
                                   nkv, scale, st);
     else
         bwd_launch<__half>(*m, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
                            scale, st);
+    return cnt != NULL;
 }

@@ -835,7 +835,8 @@ TEST(attention_forward_backward) {
  * cuda_bf16.h / cuda_fp16.h conversions). So the Hopper kernel converted each 128-row tile after
  * all its key tiles had been added (a tile converted early misses a contribution and differs),
  * once, into the right place of a dense or a (B, T, H, Dh) dq. The mma.sync fallback (a separate
- * conversion pass) is held to the same rule. Scale 0.1 (not a power of two: the product is
+ * conversion pass) is held to the same rule, and so is the Hopper kernel with its conversion off
+ * (attn_sm90_dq_in_kernel(0): the pass converts). Scale 0.1 (not a power of two: the product is
  * rounded). Shapes: T < 128, 128k + 1, GQA split (nsplit > 1), many heads (more items than blocks);
  * grids: one block per SM, 3 blocks, a block per item. The workspace starts poisoned and is reused
  * by the second call (the counters must be zeroed each time). */
@@ -846,12 +847,13 @@ TEST(attention_backward_dq_bits) {
     const int64_t Dh = 64;
     const float scale = 0.1f;
     const int grids[3] = {0, 3, -1};
-    for (int mode = 0; mode < 4; ++mode)
+    for (int mode = 0; mode < 5; ++mode) /* 3: mma.sync; 4: the Hopper kernel, dq by the pass */
         for (auto &s : shapes)
             for (zr_dtype t : {ZR_BF16, ZR_F16}) {
                 const int fallback = mode == 3;
                 attn_sm90_force(fallback ? 0 : -1, fallback ? 0 : -1);
-                attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
+                attn_sm90_grid(mode < 3 ? grids[mode] : 0, mode < 3 ? grids[mode] : 0);
+                attn_sm90_dq_in_kernel(mode != 4);
                 const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3];
                 const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
                 vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
@@ -880,8 +882,11 @@ TEST(attention_backward_dq_bits) {
                     CU(cudaMemcpy(got.data(), dq_.p, nq * 2, cudaMemcpyDeviceToHost));
                     char what[128];
                     snprintf(what, sizeof what, "attention dq bits%s%s %s B%lld Hq%lld Hkv%lld T%lld",
-                             fallback ? " (mma.sync)" : mode == 1 ? " (3 blocks)"
-                                                      : mode == 2 ? " (block per tile)" : "",
+                             fallback    ? " (mma.sync)"
+                             : mode == 1 ? " (3 blocks)"
+                             : mode == 2 ? " (block per tile)"
+                             : mode == 4 ? " (dq pass)"
+                                         : "",
                              strided ? " strided" : "", tn(t), (long long)B, (long long)Hq,
                              (long long)Hkv, (long long)T);
                     int64_t bad = 0, first = -1;
@@ -916,6 +921,7 @@ TEST(attention_backward_dq_bits) {
             }
     attn_sm90_force(-1, -1);
     attn_sm90_grid(0, 0);
+    attn_sm90_dq_in_kernel(1);
 }
 
 /* The persistent forward with more work tiles than blocks: B1 Hq24 Hkv6 T650 is 144 query tiles of
