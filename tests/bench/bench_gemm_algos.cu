@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 
 #include "bench_gemm_algos.h"
 #include "bench_gemm_algos_names.h" /* generated from cublasLt.h by the Makefile */
@@ -175,9 +176,10 @@ struct Cfg {
     int32_t id = -1, splitk = 1;
     uint32_t tile = 0, stages = 0, red = 0, swz = 0, cust = 0;
     uint16_t inner = 0, cluster = 0;
-    bool operator==(const Cfg &o) const {
-        return id == o.id && splitk == o.splitk && tile == o.tile && stages == o.stages && red == o.red &&
-               swz == o.swz && cust == o.cust && inner == o.inner && cluster == o.cluster;
+    std::string key() const {
+        char b[96];
+        snprintf(b, sizeof b, "%d %d %u %u %u %u %u %u %u", id, splitk, tile, stages, red, swz, cust, inner, cluster);
+        return b;
     }
 };
 
@@ -258,6 +260,8 @@ static std::vector<Cand> heuristic(Ctx &x, Plan &q, int n) {
     return out;
 }
 
+static double time_short(Ctx &x, Plan &q, struct Cand &c, int timed = 3);
+
 // Configurations from AlgoGetIds x the caps (tiles, stages, split-K 1/2/4, swizzle) x a few cluster
 // shapes that AlgoCheck accepts within the workspace, minus those in have; at most cap, spread evenly.
 static std::vector<Cand> enumerate(Ctx &x, Plan &q, int cap, const std::vector<Cand> &have) {
@@ -269,8 +273,8 @@ static std::vector<Cand> enumerate(Ctx &x, Plan &q, int cap, const std::vector<C
         nid = 0;
     const uint16_t clusters[] = {0, 2, 3, 5, 4, 8, 6}; // auto, 1x1x1, 2x1x1, 1x2x1, 4x1x1, 1x4x1, 2x2x1
     long checked = 0, limit = 40000;
-    std::vector<Cfg> seen;
-    for (const Cand &c : have) seen.push_back(cfg_of(&c.algo));
+    std::set<std::string> seen;
+    for (const Cand &c : have) seen.insert(cfg_of(&c.algo).key());
     for (int i = 0; i < nid && checked < limit; i++) {
         cublasLtMatmulAlgo_t a;
         if (cublasLtMatmulAlgoInit(x.h, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, ct, ct, ids[i], &a))
@@ -312,33 +316,38 @@ static std::vector<Cand> enumerate(Ctx &x, Plan &q, int cap, const std::vector<C
                             if (cublasLtMatmulAlgoCheck(x.h, q.op, q.la, q.lb, q.lc, q.lc, &b, &res) ||
                                 res.workspaceSize > x.ws_bytes)
                                 continue;
-                            Cfg c = cfg_of(&b);
-                            if (std::find(seen.begin(), seen.end(), c) != seen.end()) continue;
-                            seen.push_back(c);
+                            if (!seen.insert(cfg_of(&b).key()).second) continue;
                             Cand k;
                             k.algo = b;
                             valid.push_back(k);
                         }
     }
-    std::vector<Cand> out;
-    size_t n = std::min(valid.size(), (size_t)cap);
-    for (size_t i = 0; i < n; i++) {
-        out.push_back(valid[i * valid.size() / n]);
-        out.back().src = "e" + std::to_string(i);
+    // screen: at most 16 x cap of them (spread evenly), one timed run each; the cap fastest stay.
+    // This only drops the hopeless (8x8 tiles, needless split-K); the ranking is the sustained one.
+    size_t ns = std::min(valid.size(), (size_t)cap * 16);
+    std::vector<Cand> scr;
+    for (size_t i = 0; i < ns; i++) {
+        Cand c = valid[i * valid.size() / ns];
+        if ((c.short_ms = time_short(x, q, c, 1)) >= 0) scr.push_back(c);
     }
-    printf("  enumeration: %ld configurations checked%s, %zu valid and new, %zu timed\n", checked,
-           checked > limit ? " (limit reached)" : "", valid.size(), out.size());
-    return out;
+    std::stable_sort(scr.begin(), scr.end(), [](const Cand &a, const Cand &b) { return a.short_ms < b.short_ms; });
+    if (scr.size() > (size_t)cap) scr.resize(cap);
+    for (size_t i = 0; i < scr.size(); i++) scr[i].src = "e" + std::to_string(i), scr[i].short_ms = -1;
+    printf("  enumeration: %ld configurations checked%s, %zu valid and new, %zu screened (one run each), "
+           "the %zu fastest timed\n",
+           std::min(checked, limit), checked > limit ? " (limit reached)" : "", valid.size(), ns, scr.size());
+    return scr;
 }
 
 /* --- timing ------------------------------------------------------------------------------------- */
-// blas_plan.c's time_algo: one warm-up, then the best of 3 event-timed runs (ms); < 0 on failure.
-static double time_short(Ctx &x, Plan &q, Cand &c) {
+// blas_plan.c's time_algo: one warm-up, then the best of `timed` (3) event-timed runs (ms); < 0 on
+// failure, with c.note saying why.
+static double time_short(Ctx &x, Plan &q, Cand &c, int timed) {
     cudaEvent_t t0, t1;
     CK(cudaEventCreate(&t0));
     CK(cudaEventCreate(&t1));
     double best = -1;
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r <= timed; r++) {
         CK(cudaEventRecord(t0, x.st));
         cublasStatus_t s = run1(x, q, &c.algo);
         CK(cudaEventRecord(t1, x.st));
@@ -377,6 +386,8 @@ static double time_sustained(Ctx &x, Plan &q, Cand &c, double secs) {
             if (s != CUBLAS_STATUS_SUCCESS) {
                 c.note = std::string("cublasLtMatmul (sustained): ") + cublasGetStatusString(s);
                 cudaStreamSynchronize(x.st);
+                cudaEventDestroy(ev[0]);
+                cudaEventDestroy(ev[1]);
                 return -1;
             }
         }
@@ -426,12 +437,12 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
     CK(cudaDeviceSynchronize());
     usleep((useconds_t)(o.idle_ms * 1e3));
     Meter cool;
-    cool.sample();
     for (Cand &c : cs) c.short_ms = time_short(x, q, c);
+    cool.sample();
     int pick = -1; // blas_plan.c keeps the fastest short timing of the heuristic's first 8
     for (int i = 0; i < (int)cs.size() && i < 8 && cs[i].src[0] == 'h'; i++)
         if (cs[i].short_ms >= 0 && (pick < 0 || cs[i].short_ms < cs[pick].short_ms)) pick = i;
-    if (cool.n) printf("  short timings at %.0f MHz, %.0f W (after %.0f ms idle)\n", cool.mhz, cool.w, o.idle_ms);
+    if (cool.n) printf("  short timings after %.0f ms idle; at their end %.0f MHz, %.0f W\n", o.idle_ms, cool.mhz, cool.w);
     // reheat with the first working candidate, then two rounds of opposite order
     std::vector<int> ok;
     for (int i = 0; i < (int)cs.size(); i++)
@@ -472,16 +483,17 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
         printf("\n");
     }
     r.first = cs[0].tf, r.pick = pick >= 0 ? cs[pick].tf : 0, r.best = cs[order[0]].tf;
-    printf("  first (F) %.0f, autotuner pick (P, %s) %.0f, sustained best (B, %s) %.0f TFLOP/s: best/first %.3f, "
+    printf("summary: %-7s %-9s %-3s first %4.0f  pick %4.0f (%-3s)  best %4.0f (%-3s %s)  best/first %.3f  "
            "pick/first %.3f\n",
-           r.first, pick >= 0 ? cs[pick].src.c_str() : "-", r.pick, cs[order[0]].src.c_str(), r.best,
+           p.set.c_str(), p.name.c_str(), p.pass.c_str(), r.first, r.pick, pick >= 0 ? cs[pick].src.c_str() : "-",
+           r.best, cs[order[0]].src.c_str(), cfg_str(cfg_of(&cs[order[0]].algo)).c_str(),
            r.first > 0 ? r.best / r.first : 0, r.first > 0 ? r.pick / r.first : 0);
     plan_free(&q);
     return r;
 }
 
 // The GPU at its sustained state: a big square product for secs, reported like a candidate.
-static void heat(Ctx &x, double secs) {
+static void heat(Ctx &x, double secs, const std::string &set) {
     if (secs <= 0) return;
     Prod p = mk("heat", "8192^3", "fwd", 8192, 8192, 8192, 0, 1, 8192, 8192, 8192, 1);
     Plan q;
@@ -493,7 +505,7 @@ static void heat(Ctx &x, double secs) {
     std::vector<Cand> cs = heuristic(x, q, 1);
     if (!cs.empty() && (cs[0].short_ms = time_short(x, q, cs[0])) >= 0) {
         double tf = time_sustained(x, q, cs[0], secs);
-        printf("heat: %.1f s of 8192^3 at %.0f TFLOP/s", cs[0].wall, tf);
+        printf("heat: %s, %.1f s of 8192^3 at %.0f TFLOP/s", set.c_str(), cs[0].wall, tf);
         if (cs[0].m.n) printf(", %.0f MHz, %.0f W", cs[0].m.mhz / cs[0].m.n, cs[0].m.w / cs[0].m.n);
         printf("\n");
     }
@@ -528,7 +540,7 @@ int main(int argc, char **argv) {
     if (x.ws_bytes) CK(cudaMalloc(&x.ws, x.ws_bytes));
     CK(cudaStreamCreate(&x.st));
     nvml_open(dev);
-    printf("%s, cuBLASLt %zu, workspace %zu MB, top %d, enum %d, %.2f s sustained per candidate, heat %.1f s, "
+    printf("device: %s, cuBLASLt %zu, workspace %zu MB, top %d, enum %d, %.2f s sustained per candidate, heat %.1f s, "
            "estimated %.0f s", pr.name, cublasLtGetVersion(), o.ws_mb, o.top, o.enum_cap, o.secs, o.heat,
            estimate_s(o, ps.size()));
     unsigned lim = 0;
@@ -537,7 +549,7 @@ int main(int argc, char **argv) {
     std::vector<double> tf_first(ps.size(), 0), tf_pick(ps.size(), 0), tf_best(ps.size(), 0);
     std::string last;
     for (size_t i = 0; i < ps.size(); i++) {
-        if (ps[i].set != last) heat(x, o.heat), last = ps[i].set;
+        if (ps[i].set != last) heat(x, o.heat, ps[i].set), last = ps[i].set;
         Result r = bench_product(x, o, ps[i]);
         tf_first[i] = r.first, tf_pick[i] = r.pick, tf_best[i] = r.best;
     }
@@ -550,7 +562,7 @@ int main(int argc, char **argv) {
         int n = 0;
         double mf = mix_ms(ps, f, s, &tflop, &n), mp = mix_ms(ps, pk, s, NULL, NULL), mb = mix_ms(ps, b, s, NULL, NULL);
         if (!n) continue;
-        printf("%s (%d products, %.2f TFLOP): first %.2f ms (%.0f TFLOP/s), autotuner %.2f ms (%.0f), sustained best "
+        printf("mix: %s (%d products, %.2f TFLOP): first %.2f ms (%.0f TFLOP/s), autotuner %.2f ms (%.0f), sustained best "
                "%.2f ms (%.0f): best saves %.2f ms (%.1f%%) against first, %.2f ms (%.1f%%) against the autotuner\n",
                s.c_str(), n, tflop, mf, tflop / mf * 1e3, mp, tflop / mp * 1e3, mb, tflop / mb * 1e3, mf - mb,
                100 * (mf - mb) / mf, mp - mb, 100 * (mp - mb) / mp);

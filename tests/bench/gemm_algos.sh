@@ -1,0 +1,42 @@
+#!/bin/sh
+# Which cuBLASLt algorithm is fastest when the H200 is hot (at its 700 W cap), for zrun's GEMMs: runs
+# bench_gemm_algos on Llama-3.2-1B at 4x512 tokens (heuristic top 8 + 8 enumerated configurations),
+# at 4x2048 = 16x512 tokens and GPT-2 124M at 64x1024 (top 8), about 4 minutes in all.
+#   make build/bench/bench_gemm_algos && sh tests/bench/gemm_algos.sh build/bench/bench_gemm_algos [OUTDIR] [OPTIONS]
+# Full tables go to OUTDIR/gemm_algos_<set>.txt (default: .), the summary to stdout; OPTIONS (any of
+# bench_gemm_algos --help) are added to every run. How to read it:
+#   summary: one line per product: the heuristic's first choice (F: what ZRUN_GEMM_AUTOTUNE=0 runs),
+#     the autotuner's pick (P: the fastest short timing, 1 warm-up + best of 3, of the top 8 after an
+#     idle pause, i.e. at the boost clock: what runtime/cuda/blas_plan.c keeps), and the candidate
+#     fastest sustained (B: back to back on a hot GPU, two rounds of opposite order), in TFLOP/s, with
+#     best/first and pick/first. "h3" is the heuristic's rank 3, "e5" an enumerated configuration.
+#   mix: the micro-batch's GEMM time with F, P and B for every product (count-weighted: 16 or 12
+#     layers, one head): what picking by sustained speed would save per micro-batch.
+#   In the tables: round1/round2 differ by the noise (and drift) of the measurement; a best/first
+#   within that spread is no gain. MHz, W: NVML's mean SM clock and board power during the
+#   candidate's sustained runs; pJ/FLOP from the energy counter (lower = more work under the cap).
+set -u
+BIN=${1:?usage: gemm_algos.sh path/to/bench_gemm_algos [OUTDIR] [OPTIONS]}
+shift
+OUTDIR=.
+case "${1:-}" in -*|'') ;; *) OUTDIR=$1; shift ;; esac
+[ -x "$BIN" ] || { echo "gemm_algos.sh: $BIN is not an executable (build it: make build/bench/bench_gemm_algos)"; exit 1; }
+mkdir -p "$OUTDIR" || exit 1
+fail=0
+run() { # set, options...
+  set_=$1
+  shift
+  out="$OUTDIR/gemm_algos_$set_.txt"
+  "$BIN" --set "$set_" "$@" >"$out" 2>&1
+  rc=$?
+  grep -E '^(device|heat|summary|mix):' "$out"
+  if [ $rc -ne 0 ]; then
+    echo "gemm_algos.sh: $set_ failed (exit $rc): $(tail -n 1 "$out")"
+    fail=1
+  fi
+}
+run llama2k --top 8 --enum 8 --secs 0.4 --reheat 0.3 "$@"
+run llama8k --top 8 --secs 0.3 --reheat 0.3 "$@"
+run gpt2 --top 8 --secs 0.3 --reheat 0.3 "$@"
+echo "full tables: $OUTDIR/gemm_algos_{llama2k,llama8k,gpt2}.txt"
+exit $fail
