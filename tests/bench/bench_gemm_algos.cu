@@ -205,13 +205,18 @@ static const char *name_of(const IdName *t, size_t n, unsigned id, char *buf) {
     return buf;
 }
 
-static std::string cfg_str(const Cfg &c) {
+// The configuration in full (the tables) or short (the summary lines: a<id> tile stages c<cluster>
+// k<split-K> s<swizzle>).
+static std::string cfg_str(const Cfg &c, int brief = 0) {
     char b1[16], b2[16], b3[16], s[160];
-    snprintf(s, sizeof s, "algo %2d tile %-8s stages %-8s cluster %-6s splitK %2d red %u swz %u cust %u", c.id,
-             name_of(tile_names, sizeof tile_names / sizeof *tile_names, c.tile, b1),
-             name_of(stages_names, sizeof stages_names / sizeof *stages_names, c.stages, b2),
-             name_of(cluster_names, sizeof cluster_names / sizeof *cluster_names, c.cluster, b3), c.splitk, c.red,
-             c.swz, c.cust);
+    const char *t = name_of(tile_names, sizeof tile_names / sizeof *tile_names, c.tile, b1);
+    const char *st = name_of(stages_names, sizeof stages_names / sizeof *stages_names, c.stages, b2);
+    const char *cl = name_of(cluster_names, sizeof cluster_names / sizeof *cluster_names, c.cluster, b3);
+    if (brief)
+        snprintf(s, sizeof s, "a%d %s %s c%s k%d s%u", c.id, t, st, cl, c.splitk, c.swz);
+    else
+        snprintf(s, sizeof s, "algo %2d tile %-8s stages %-8s cluster %-6s splitK %2d red %u swz %u cust %u", c.id,
+                 t, st, cl, c.splitk, c.red, c.swz, c.cust);
     return s;
 }
 
@@ -483,10 +488,9 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
         printf("\n");
     }
     r.first = cs[0].tf, r.pick = pick >= 0 ? cs[pick].tf : 0, r.best = cs[order[0]].tf;
-    printf("summary: %-7s %-9s %-3s first %4.0f  pick %4.0f (%-3s)  best %4.0f (%-3s %s)  best/first %.3f  "
-           "pick/first %.3f\n",
+    printf("summary: %-7s %-9s %-3s F %4.0f P %4.0f (%-3s) B %4.0f (%-3s %s) B/F %.3f P/F %.3f\n",
            p.set.c_str(), p.name.c_str(), p.pass.c_str(), r.first, r.pick, pick >= 0 ? cs[pick].src.c_str() : "-",
-           r.best, cs[order[0]].src.c_str(), cfg_str(cfg_of(&cs[order[0]].algo)).c_str(),
+           r.best, cs[order[0]].src.c_str(), cfg_str(cfg_of(&cs[order[0]].algo), 1).c_str(),
            r.first > 0 ? r.best / r.first : 0, r.first > 0 ? r.pick / r.first : 0);
     plan_free(&q);
     return r;

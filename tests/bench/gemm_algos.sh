@@ -1,9 +1,11 @@
 #!/bin/sh
 # Which cuBLASLt algorithm is fastest when the H200 is hot (at its 700 W cap), for zrun's GEMMs: runs
-# bench_gemm_algos on Llama-3.2-1B at 4x512 tokens (heuristic top 8 + 8 enumerated configurations),
-# at 4x2048 = 16x512 tokens and GPT-2 124M at 64x1024 (top 8), about 4 minutes in all.
+# bench_gemm_algos on the heuristic's top 8 for Llama-3.2-1B at 4x512 tokens (llama2k), at 4x2048 =
+# 16x512 (llama8k) and GPT-2 124M at 64x1024 (gpt2), then llama2k again with 8 enumerated
+# configurations added (llama2k_enum: last, as an odd configuration is the likeliest to fault),
+# about 4.5 minutes in all. Each is its own process: one that fails leaves the others' results.
 #   make build/bench/bench_gemm_algos && sh tests/bench/gemm_algos.sh build/bench/bench_gemm_algos [OUTDIR] [OPTIONS]
-# Full tables go to OUTDIR/gemm_algos_<set>.txt (default: .), the summary to stdout; OPTIONS (any of
+# Full tables go to OUTDIR/gemm_algos_<run>.txt (default: .), the summary to stdout; OPTIONS (any of
 # bench_gemm_algos --help) are added to every run. How to read it:
 #   summary: one line per product: the heuristic's first choice (F: what ZRUN_GEMM_AUTOTUNE=0 runs),
 #     the autotuner's pick (P: the fastest short timing, 1 warm-up + best of 3, of the top 8 after an
@@ -23,20 +25,22 @@ case "${1:-}" in -*|'') ;; *) OUTDIR=$1; shift ;; esac
 [ -x "$BIN" ] || { echo "gemm_algos.sh: $BIN is not an executable (build it: make build/bench/bench_gemm_algos)"; exit 1; }
 mkdir -p "$OUTDIR" || exit 1
 fail=0
-run() { # set, options...
-  set_=$1
+run() { # name, options...
+  name=$1
   shift
-  out="$OUTDIR/gemm_algos_$set_.txt"
-  "$BIN" --set "$set_" "$@" >"$out" 2>&1
+  out="$OUTDIR/gemm_algos_$name.txt"
+  echo "== $name"
+  "$BIN" "$@" >"$out" 2>&1
   rc=$?
   grep -E '^(device|heat|summary|mix):' "$out"
   if [ $rc -ne 0 ]; then
-    echo "gemm_algos.sh: $set_ failed (exit $rc): $(tail -n 1 "$out")"
+    echo "gemm_algos.sh: $name failed (exit $rc): $(tail -n 1 "$out")"
     fail=1
   fi
 }
-run llama2k --top 8 --enum 8 --secs 0.4 --reheat 0.3 "$@"
-run llama8k --top 8 --secs 0.3 --reheat 0.3 "$@"
-run gpt2 --top 8 --secs 0.3 --reheat 0.3 "$@"
-echo "full tables: $OUTDIR/gemm_algos_{llama2k,llama8k,gpt2}.txt"
+run llama2k --set llama2k --top 8 --secs 0.3 --reheat 0.3 "$@"
+run llama8k --set llama8k --top 8 --secs 0.3 --reheat 0.3 "$@"
+run gpt2 --set gpt2 --top 8 --secs 0.3 --reheat 0.3 "$@"
+run llama2k_enum --set llama2k --top 8 --enum 8 --secs 0.3 --reheat 0.3 "$@"
+echo "full tables: $OUTDIR/gemm_algos_{llama2k,llama8k,gpt2,llama2k_enum}.txt"
 exit $fail
