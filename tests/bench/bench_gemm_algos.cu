@@ -277,22 +277,30 @@ static std::vector<Cand> enumerate(Ctx &x, Plan &q, int cap, const std::vector<C
                                  &nid) != CUBLAS_STATUS_SUCCESS)
         nid = 0;
     const uint16_t clusters[] = {0, 2, 3, 5, 4, 8, 6}; // auto, 1x1x1, 2x1x1, 1x2x1, 4x1x1, 1x4x1, 2x2x1
+    // AlgoCheck budget: 40000 a product, shared among the ids, 4 shares for an id the heuristic
+    // proposed (its neighbours are the likeliest winners); an id with more combinations than its
+    // budget is sampled at random (the enum order puts the smallest tiles first).
     long checked = 0, limit = 40000;
+    std::set<int> hids;
     std::set<std::string> seen;
-    for (const Cand &c : have) seen.insert(cfg_of(&c.algo).key());
-    for (int i = 0; i < nid && checked < limit; i++) {
+    for (const Cand &c : have) seen.insert(cfg_of(&c.algo).key()), hids.insert(cfg_of(&c.algo).id);
+    long shares = 0;
+    for (int i = 0; i < nid; i++) shares += hids.count(ids[i]) ? 4 : 1;
+    double t0 = now_s();
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < nid; i++) {
         cublasLtMatmulAlgo_t a;
         if (cublasLtMatmulAlgoInit(x.h, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, ct, ct, ids[i], &a))
             continue;
         size_t w = 0;
         std::vector<uint32_t> tiles(1, 0), stages(1, 0);
-        if (!cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, NULL, 0, &w) && w) {
+        if (!cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, NULL, 0, &w) && w >= 4) {
             tiles.resize(w / 4);
-            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), w, &w);
+            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), tiles.size() * 4, &w);
         }
-        if (!cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_STAGES_IDS, NULL, 0, &w) && w) {
+        if (!cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_STAGES_IDS, NULL, 0, &w) && w >= 4) {
             stages.resize(w / 4);
-            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), w, &w);
+            cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_STAGES_IDS, stages.data(), stages.size() * 4, &w);
         }
         int32_t splitk_ok = 0;
         uint32_t red_mask = 0, swz_ok = 0;
@@ -301,46 +309,66 @@ static std::vector<Cand> enumerate(Ctx &x, Plan &q, int cap, const std::vector<C
         cublasLtMatmulAlgoCapGetAttribute(&a, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT, &swz_ok, sizeof swz_ok, &w);
         // split-K needs a reduction: in place where allowed, else in the compute type, else the output's
         uint32_t red = red_mask & 1 ? 1 : red_mask & 2 ? 2 : red_mask & 4 ? 4 : 0;
-        for (uint32_t t : tiles)
-            for (uint32_t sg : stages)
-                for (uint16_t cl : clusters)
-                    for (int32_t sk : {1, 2, 4})
-                        for (uint32_t sw = 0; sw <= (swz_ok ? 1u : 0u); sw++) {
-                            if (sk > 1 && (!splitk_ok || !red)) continue;
-                            if (++checked > limit) break;
-                            cublasLtMatmulAlgo_t b = a;
-                            uint32_t r = sk > 1 ? red : 0;
-                            if (cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t) ||
-                                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_STAGES_ID, &sg, sizeof sg) ||
-                                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl) ||
-                                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ||
-                                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &r, sizeof r) ||
-                                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw))
-                                continue;
-                            cublasLtMatmulHeuristicResult_t res;
-                            if (cublasLtMatmulAlgoCheck(x.h, q.op, q.la, q.lb, q.lc, q.lc, &b, &res) ||
-                                res.workspaceSize > x.ws_bytes)
-                                continue;
-                            if (!seen.insert(cfg_of(&b).key()).second) continue;
-                            Cand k;
-                            k.algo = b;
-                            valid.push_back(k);
-                        }
+        const int32_t splits[] = {1, 2, 4};
+        uint64_t nsk = splitk_ok && red ? 3 : 1, nsw = swz_ok ? 2 : 1, ncl = sizeof clusters / sizeof *clusters;
+        uint64_t total = tiles.size() * stages.size() * ncl * nsk * nsw;
+        uint64_t budget = (uint64_t)(limit * (hids.count(ids[i]) ? 4 : 1) / std::max(shares, 1L));
+        uint64_t n = std::min(total, budget);
+        for (uint64_t j = 0; j < n; j++) {
+            uint64_t idx = j;
+            if (total > budget) { // splitmix64
+                uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull, z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                idx = (z ^ (z >> 31)) % total;
+            }
+            uint32_t sw = (uint32_t)(idx % nsw);
+            idx /= nsw;
+            int32_t sk = splits[idx % nsk];
+            idx /= nsk;
+            uint16_t cl = clusters[idx % ncl];
+            idx /= ncl;
+            uint32_t sg = stages[idx % stages.size()], t = tiles[idx / stages.size()];
+            uint32_t r = sk > 1 ? red : 0;
+            checked++;
+            cublasLtMatmulAlgo_t b = a;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_TILE_ID, &t, sizeof t) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_STAGES_ID, &sg, sizeof sg) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cl, sizeof cl) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &r, sizeof r) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&b, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &sw, sizeof sw))
+                continue;
+            cublasLtMatmulHeuristicResult_t res;
+            if (cublasLtMatmulAlgoCheck(x.h, q.op, q.la, q.lb, q.lc, q.lc, &b, &res) ||
+                res.workspaceSize > x.ws_bytes)
+                continue;
+            if (!seen.insert(cfg_of(&b).key()).second) continue;
+            Cand k;
+            k.algo = b;
+            valid.push_back(k);
+        }
     }
-    // screen: at most 16 x cap of them (spread evenly), one timed run each; the cap fastest stay.
+    double t_check = now_s() - t0;
+    // screen: at most 16 x cap of them (spread evenly) within 5 s, one timed run each; the cap
+    // fastest stay.
     // This only drops the hopeless (8x8 tiles, needless split-K); the ranking is the sustained one.
     size_t ns = std::min(valid.size(), (size_t)cap * 16);
     std::vector<Cand> scr;
+    double t1 = now_s();
     for (size_t i = 0; i < ns; i++) {
+        if (now_s() - t1 > 5) { // a slow configuration can take 100 ms a run on the big products
+            ns = i;
+            break;
+        }
         Cand c = valid[i * valid.size() / ns];
         if ((c.short_ms = time_short(x, q, c, 1)) >= 0) scr.push_back(c);
     }
     std::stable_sort(scr.begin(), scr.end(), [](const Cand &a, const Cand &b) { return a.short_ms < b.short_ms; });
     if (scr.size() > (size_t)cap) scr.resize(cap);
     for (size_t i = 0; i < scr.size(); i++) scr[i].src = "e" + std::to_string(i), scr[i].short_ms = -1;
-    printf("  enumeration: %ld configurations checked%s, %zu valid and new, %zu screened (one run each), "
-           "the %zu fastest timed\n",
-           std::min(checked, limit), checked > limit ? " (limit reached)" : "", valid.size(), ns, scr.size());
+    printf("  enumeration: %d algorithm ids, %ld configurations checked in %.1f s, %zu valid and new, %zu screened "
+           "(one run each), the %zu fastest timed\n",
+           nid, checked, t_check, valid.size(), ns, scr.size());
     return scr;
 }
 
