@@ -47,7 +47,6 @@ struct Nvml {
     int (*power)(void *, unsigned *) = NULL;               // nvmlDeviceGetPowerUsage (mW)
     int (*energy)(void *, unsigned long long *) = NULL;    // nvmlDeviceGetTotalEnergyConsumption (mJ)
     int (*limit)(void *, unsigned *) = NULL;               // nvmlDeviceGetEnforcedPowerLimit (mW)
-    int (*temp)(void *, int, unsigned *) = NULL;           // nvmlDeviceGetTemperature, GPU = 0
 } nvml;
 
 static void nvml_open(int cuda_dev) {
@@ -67,7 +66,6 @@ static void nvml_open(int cuda_dev) {
     nvml.power = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetPowerUsage");
     nvml.energy = (int (*)(void *, unsigned long long *))dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption");
     nvml.limit = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
-    nvml.temp = (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetTemperature");
 }
 
 // Sums of the sampled SM clock (MHz) and power (W) over n samples, and the energy used (J).
@@ -90,7 +88,7 @@ static unsigned long long energy_mj() {
 
 /* --- one product's cuBLASLt plan, as kernels/cuda/matmul.cu's gemm_plan_init_cuda builds it ------ */
 struct Plan {
-    const Prod *p;
+    const Prod *p = NULL;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL; // Lt's A = our B, its B = our A, its C = C
     void *a = NULL, *b = NULL, *c = NULL, *bias = NULL, *aux = NULL;
@@ -515,7 +513,32 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
                    c.m.j > 0 ? c.m.j / (p.flops() * c.runs) * 1e12 : 0.0);
         printf("\n");
     }
-    r.first = cs[0].tf, r.pick = pick >= 0 ? cs[pick].tf : 0, r.best = cs[order[0]].tf;
+    // The best of many noisy rates is biased up (the winner's curse): F, P and B run again head to
+    // head, fresh (F P B, then B P F), and those rates are the summary's.
+    std::vector<int> trio;
+    for (int i : {0, pick, order[0]})
+        if (i >= 0 && cs[i].tf > 0 && std::find(trio.begin(), trio.end(), i) == trio.end()) trio.push_back(i);
+    std::vector<Cand> again;
+    for (int i : trio) {
+        Cand c;
+        c.algo = cs[i].algo, c.short_ms = cs[i].short_ms;
+        again.push_back(c);
+    }
+    for (int round = 0; round < 2 && trio.size() > 1; round++)
+        for (size_t j = 0; j < again.size(); j++) {
+            Cand &c = again[round ? again.size() - 1 - j : j];
+            if (c.note.empty()) time_sustained(x, q, c, o.secs / 2);
+        }
+    auto confirmed = [&](int i) {
+        size_t j = std::find(trio.begin(), trio.end(), i) - trio.begin();
+        if (j == trio.size()) return 0.0;
+        if (trio.size() == 1) return cs[i].tf;
+        return again[j].note.empty() && again[j].wall > 0 ? p.flops() * again[j].runs / again[j].wall / 1e12 : 0.0;
+    };
+    r.first = confirmed(0), r.pick = pick >= 0 ? confirmed(pick) : 0, r.best = confirmed(order[0]);
+    if (trio.size() > 1)
+        printf("  head to head again (%.2f s each): F %.0f, P %.0f, B %.0f TFLOP/s\n", o.secs, r.first, r.pick,
+               r.best);
     printf("summary: %-7s %-9s %-3s F %4.0f P %4.0f (%-3s) B %4.0f (%-3s %s) B/F %.3f P/F %.3f\n",
            p.set.c_str(), p.name.c_str(), p.pass.c_str(), r.first, r.pick, pick >= 0 ? cs[pick].src.c_str() : "-",
            r.best, cs[order[0]].src.c_str(), cfg_str(cfg_of(&cs[order[0]].algo), 1).c_str(),

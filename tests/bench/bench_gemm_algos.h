@@ -210,11 +210,12 @@ static double mix_ms(const std::vector<Prod> &ps, const std::vector<double> &tf,
     return ms;
 }
 
-// Seconds the run will take, roughly: heat per set, then per product the reheat and each candidate's
-// sustained time (the enumeration's candidates only when --enum is on).
+// Seconds the run will take, roughly: heat per set, then per product the idle pause, the reheat,
+// each candidate's sustained time (the enumeration's only when --enum is on) and the head-to-head
+// rerun of three of them (the enumeration's checks and screen, up to ~6 s a product, are not counted).
 static double estimate_s(const Opts &o, size_t nprod) {
     return o.heat * (double)o.sets.size() +
-           (double)nprod * (o.reheat + o.idle_ms / 1e3 + (o.top + o.enum_cap) * (o.secs + 0.01));
+           (double)nprod * (o.reheat + o.idle_ms / 1e3 + (o.top + o.enum_cap + 3) * (o.secs + 0.01));
 }
 
 static void print_list(const Opts &o, const std::vector<Prod> &ps) {
