@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "bench_gemm_algos.h"
@@ -436,6 +437,65 @@ static double time_sustained(Ctx &x, Plan &q, Cand &c, double secs) {
     return q.p->flops() * runs / wall / 1e12;
 }
 
+/* --- a check that the plan computes the product the table says (layouts transcribed right) ---- */
+static float bf16_f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// count elements, element i at p + i * stride elements (bf16), to the host as floats
+static std::vector<float> fetch_bf16(const void *p, int64_t count, int64_t stride) {
+    std::vector<uint16_t> h(count);
+    CK(cudaMemcpy2D(h.data(), 2, p, (size_t)stride * 2, 2, (size_t)count, cudaMemcpyDeviceToHost));
+    std::vector<float> f(count);
+    for (int64_t i = 0; i < count; i++) f[i] = bf16_f(h[i]);
+    return f;
+}
+
+// Runs the heuristic's first choice once on a zeroed C and compares 8 sampled elements of C with a
+// host product (double) of the same row of op(A) and column of op(B), through the epilogue (bias,
+// tanh GELU, or the tanh GELU's derivative at aux). Returns the worst |error| / tolerance (<= 1: ok),
+// or -1 when the algorithm does not run.
+static double check_product(Ctx &x, Plan &q, const Cand &c0) {
+    const Prod &p = *q.p;
+    size_t es = p.c_f32 ? 4 : 2;
+    CK(cudaMemset(q.c, 0, (size_t)p.m * p.ldc * es));
+    Cand c = c0;
+    if (run1(x, q, &c.algo) != CUBLAS_STATUS_SUCCESS) return -1;
+    CK(cudaStreamSynchronize(x.st));
+    const char *a = (const char *)q.a, *b = (const char *)q.b;
+    double worst = 0;
+    for (int s = 0; s < 8; s++) {
+        int64_t i = (s * 7919 + 13) % p.m, j = (s * 104729 + 7) % p.n;
+        // row i of op(A): A (m, k) row-major, or stored (k, m) when ta; column j of op(B) likewise
+        std::vector<float> ar = p.ta ? fetch_bf16(a + 2 * i, p.k, p.lda) : fetch_bf16(a + 2 * i * p.lda, p.k, 1);
+        std::vector<float> bc = p.tb ? fetch_bf16(b + 2 * j * p.ldb, p.k, 1) : fetch_bf16(b + 2 * j, p.k, p.ldb);
+        double acc = 0, l1 = 0;
+        for (int64_t t = 0; t < p.k; t++) acc += (double)ar[t] * bc[t], l1 += fabs((double)ar[t] * bc[t]);
+        double ref = acc, k0 = 0.7978845608028654, k1 = 0.044715;
+        if (q.bias) ref += fetch_bf16((const char *)q.bias + 2 * j, 1, 1)[0];
+        if (p.epi == EPI_GELU_AUX_BIAS) ref = 0.5 * ref * (1 + tanh(k0 * (ref + k1 * ref * ref * ref)));
+        if (p.epi == EPI_DGELU) {
+            double z = fetch_bf16((const char *)q.aux + 2 * (i * p.ld_aux + j), 1, 1)[0];
+            double t = tanh(k0 * (z + k1 * z * z * z));
+            ref = acc * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k0 * (1 + 3 * k1 * z * z));
+        }
+        double got;
+        if (p.c_f32) {
+            float f;
+            CK(cudaMemcpy(&f, (const char *)q.c + 4 * (i * p.ldc + j), 4, cudaMemcpyDeviceToHost));
+            got = f;
+        } else
+            got = fetch_bf16((const char *)q.c + 2 * (i * p.ldc + j), 1, 1)[0];
+        // bf16 output rounding (2^-8 relative), the f32 accumulation, the epilogue's arithmetic
+        double tol = 1e-2 * fabs(ref) + 1e-4 * l1 + 1e-3;
+        worst = std::max(worst, fabs(got - ref) / tol);
+    }
+    return worst;
+}
+
 /* --- one product -------------------------------------------------------------------------------- */
 struct Result {
     double first = 0, pick = 0, best = 0;
@@ -460,6 +520,14 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
         plan_free(&q);
         return r;
     }
+    double chk = check_product(x, q, cs[0]);
+    if (chk > 1)
+        printf("  CHECK FAILED: h0's result is off a host product by %.3g x the tolerance: this plan computes "
+               "another product than the table says (layouts?); the timings below are of that product\n", chk);
+    else if (chk < 0)
+        printf("  check: not made (h0 does not run)\n");
+    else
+        printf("  check: h0 agrees with a host product at 8 elements (worst error %.2f x the tolerance)\n", chk);
     if (o.enum_cap > 0) {
         std::vector<Cand> e = enumerate(x, q, o.enum_cap, cs);
         cs.insert(cs.end(), e.begin(), e.end());
@@ -539,10 +607,10 @@ static Result bench_product(Ctx &x, const Opts &o, const Prod &p) {
     if (trio.size() > 1)
         printf("  head to head again (%.2f s each): F %.0f, P %.0f, B %.0f TFLOP/s\n", o.secs, r.first, r.pick,
                r.best);
-    printf("summary: %-7s %-9s %-3s F %4.0f P %4.0f (%-3s) B %4.0f (%-3s %s) B/F %.3f P/F %.3f\n",
+    printf("summary: %-7s %-9s %-3s F %4.0f P %4.0f (%-3s) B %4.0f (%-3s %s) B/F %.3f P/F %.3f%s\n",
            p.set.c_str(), p.name.c_str(), p.pass.c_str(), r.first, r.pick, pick >= 0 ? cs[pick].src.c_str() : "-",
            r.best, cs[order[0]].src.c_str(), cfg_str(cfg_of(&cs[order[0]].algo), 1).c_str(),
-           r.first > 0 ? r.best / r.first : 0, r.first > 0 ? r.pick / r.first : 0);
+           r.first > 0 ? r.best / r.first : 0, r.first > 0 ? r.pick / r.first : 0, chk > 1 ? " CHECK FAILED" : "");
     plan_free(&q);
     return r;
 }
