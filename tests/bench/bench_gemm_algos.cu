@@ -18,22 +18,18 @@
 #include "bench_gemm_algos.h"
 #include "bench_gemm_algos_names.h" /* generated from cublasLt.h by the Makefile */
 
-#define CK(x)                                                                                   \
-    do {                                                                                        \
-        cudaError_t e_ = (x);                                                                   \
-        if (e_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "bench_gemm_algos: %s: %s\n", #x, cudaGetErrorString(e_));          \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
-#define LT(x)                                                                                   \
-    do {                                                                                        \
-        cublasStatus_t s_ = (x);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
-            fprintf(stderr, "bench_gemm_algos: %s: %s\n", #x, cublasGetStatusString(s_));       \
-            exit(1);                                                                            \
-        }                                                                                       \
-    } while (0)
+// CK(call): a failed CUDA or cuBLASLt call outside the candidates' own runs ends the program.
+static void ck(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "bench_gemm_algos: %s: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+}
+static void ck(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "bench_gemm_algos: %s: %s\n", what, cublasGetStatusString(s));
+    exit(1);
+}
+#define CK(x) ck((x), #x)
 
 static double now_s() {
     struct timespec t;
@@ -144,29 +140,29 @@ static int plan_init(Plan *q, const Prod *p, std::string *why) {
         plan_free(q);
         return -1;
     }
-    LT(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CK(cublasLtMatmulDescCreate(&q->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (p->epi != EPI_NONE) {
         cublasLtEpilogue_t ep = p->epi == EPI_BIAS            ? CUBLASLT_EPILOGUE_BIAS
                                 : p->epi == EPI_GELU_AUX_BIAS ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                               : CUBLASLT_EPILOGUE_DGELU;
-        LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
         if (q->bias) {
-            LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
-            LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias, sizeof q->bias));
+            CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ct, sizeof ct));
+            CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias, sizeof q->bias));
         }
         if (q->aux) {
-            LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p->ld_aux,
+            CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &p->ld_aux,
                                               sizeof p->ld_aux));
-            LT(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &q->aux,
+            CK(cublasLtMatmulDescSetAttribute(q->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &q->aux,
                                               sizeof q->aux));
         }
     }
-    LT(cublasLtMatrixLayoutCreate(&q->la, CUDA_R_16BF, p->tb ? p->k : p->n, p->tb ? p->n : p->k, p->ldb));
-    LT(cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_16BF, p->ta ? p->m : p->k, p->ta ? p->k : p->m, p->lda));
-    LT(cublasLtMatrixLayoutCreate(&q->lc, ct, p->n, p->m, p->ldc));
+    CK(cublasLtMatrixLayoutCreate(&q->la, CUDA_R_16BF, p->tb ? p->k : p->n, p->tb ? p->n : p->k, p->ldb));
+    CK(cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_16BF, p->ta ? p->m : p->k, p->ta ? p->k : p->m, p->lda));
+    CK(cublasLtMatrixLayoutCreate(&q->lc, ct, p->n, p->m, p->ldc));
     return 0;
 }
 
@@ -241,14 +237,14 @@ static cublasStatus_t run1(Ctx &x, Plan &q, const cublasLtMatmulAlgo_t *algo) {
 // The heuristic's top n with blas_plan.c's preferences (workspace, 256-byte alignment: cudaMalloc's).
 static std::vector<Cand> heuristic(Ctx &x, Plan &q, int n) {
     cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
+    CK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t wsb = x.ws_bytes;
     uint32_t al = 256;
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     for (cublasLtMatmulPreferenceAttributes_t at :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-        LT(cublasLtMatmulPreferenceSetAttribute(pref, at, &al, sizeof al));
+        CK(cublasLtMatmulPreferenceSetAttribute(pref, at, &al, sizeof al));
     std::vector<cublasLtMatmulHeuristicResult_t> res(n);
     int nres = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(x.h, q.op, q.la, q.lb, q.lc, q.lc, pref, n, res.data(), &nres);
@@ -657,7 +653,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp pr;
     CK(cudaGetDeviceProperties(&pr, dev));
     Ctx x;
-    LT(cublasLtCreate(&x.h));
+    CK(cublasLtCreate(&x.h));
     x.ws_bytes = o.ws_mb << 20;
     x.ws = NULL;
     if (x.ws_bytes) CK(cudaMalloc(&x.ws, x.ws_bytes));
