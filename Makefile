@@ -237,6 +237,19 @@ $(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
 $(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
 	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+# Which cuBLASLt algorithm is fastest sustained (GPU machine; tests/bench/gemm_algos.sh runs it). No
+# libzrun: cuBLASLt only. The tile/stages/cluster names come from this CUDA's cublasLt.h enums.
+$(BUILD)/bench/bench_gemm_algos_names.h: $(CUDA_HOME)/include/cublasLt.h
+	@mkdir -p $(dir $@)
+	@{ echo 'struct IdName { int id; const char *name; };'; \
+	  for e in MATMUL_TILE:tile MATMUL_STAGES:stages CLUSTER_SHAPE:cluster; do \
+	    echo "static const IdName $${e#*:}_names[] = {"; \
+	    sed -n "s/^ *CUBLASLT_$${e%:*}_\([0-9A-Za-z]*\) *= *\([0-9][0-9]*\).*/  {\2, \"\1\"},/p" $<; \
+	    echo '};'; \
+	  done; } > $@
+$(BUILD)/bench/bench_gemm_algos: tests/bench/bench_gemm_algos.cu tests/bench/bench_gemm_algos.h \
+                                 $(BUILD)/bench/bench_gemm_algos_names.h
+	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -I$(BUILD)/bench -o $@ $< -lcublasLt -lcublas -ldl
 test-cuda: all $(FUSED_TEST)
 	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 
