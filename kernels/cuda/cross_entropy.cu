@@ -100,18 +100,18 @@ template <typename T, int V> static __device__ __forceinline__ float row_lse(con
     return zb;
 }
 
-/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. */
+/* d[i] = (exp(x[i] - z) - (lo + i == tgt)) * g for i in [0, n): the gradient of a row from its
+ * element lo on (x in global or shared memory); ign: zeros, x not read. */
 template <typename T, int V>
-static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int64_t tgt, float g, bool ign,
-                                                int64_t Vn) {
+static __device__ __forceinline__ void slice_grad(T *d, const T *x, float z, int64_t lo, int64_t tgt, float g,
+                                                  bool ign, int64_t n) {
 #pragma unroll 4
-    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+    for (int64_t i = threadIdx.x * V; i < n; i += CE_THREADS * V) {
         float f[V];
         if (!ign) ldv<T, V>(f, x + i);
 #pragma unroll
-        for (int k = 0; k < V; ++k)
-            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
-        stv<T, V>(dl + i, f);
+        for (int j = 0; j < V; ++j) f[j] = ign ? 0.f : (__expf(f[j] - z) - (lo + i + j == tgt ? 1.f : 0.f)) * g;
+        stv<T, V>(d + i, f);
     }
 }
 
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore;
     const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
-    row_grad<T, V>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn);
+    slice_grad<T, V>(dl + row * Vn, x + row * Vn, z, 0, tgt, g, ign, Vn);
 }
 
 /* *count += the rows whose target != ignore (count zeroed before; integer adds: exact). */
@@ -194,22 +194,7 @@ __global__ void __launch_bounds__(CE_THREADS)
         loss[row] = ign ? 0.f : inr ? z - xt : NAN;
     }
     const float g = count ? seed / (float)*count : seed;
-    row_grad<T, V>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn);
-}
-
-/* The row's gradient from a slice kept in shared memory: d[i] = (exp(k[i] - z) - (lo + i == tgt))
- * * g for i in [0, n), the same per-element formula as row_grad. */
-template <typename T, int V>
-static __device__ __forceinline__ void slice_grad(T *d, const T *k, float z, int64_t lo, int64_t tgt, float g,
-                                                  int64_t n) {
-#pragma unroll 4
-    for (int64_t i = threadIdx.x * V; i < n; i += CE_THREADS * V) {
-        float f[V];
-        ldv<T, V>(f, k + i);
-#pragma unroll
-        for (int j = 0; j < V; ++j) f[j] = (__expf(f[j] - z) - (lo + i + j == tgt ? 1.f : 0.f)) * g;
-        stv<T, V>(d + i, f);
-    }
+    slice_grad<T, V>(dl + row * Vn, x, z, 0, tgt, ign ? 0.f : g, ign, Vn);
 }
 
 /* One row per cluster of C blocks (grid N * C, cluster (C, 1, 1)); block r owns the slice
@@ -240,13 +225,7 @@ __global__ void __launch_bounds__(CE_THREADS, GRAD ? 3 : 1)
     T *keep = reinterpret_cast<T *>(ce_slice);
     if (ign) {
         if (threadIdx.x == 0 && r == 0) loss[row] = 0.f, lse[row] = 0.f;
-        if (GRAD)
-            for (int64_t i = threadIdx.x * V; i < n; i += CE_THREADS * V) {
-                float f[V];
-#pragma unroll
-                for (int j = 0; j < V; ++j) f[j] = 0.f;
-                stv<T, V>(dl + row * Vn + lo + i, f);
-            }
+        if (GRAD) slice_grad<T, V>(dl + row * Vn + lo, keep, 0.f, lo, tgt, 0.f, true, n);
         return;
     }
     float m, s;
@@ -270,7 +249,7 @@ __global__ void __launch_bounds__(CE_THREADS, GRAD ? 3 : 1)
         if (r == (inr ? (unsigned)(tgt / S) : 0u))
             loss[row] = inr ? z - tof<T>(GRAD ? keep[tgt - lo] : x[tgt - lo]) : NAN;
     }
-    if (GRAD) slice_grad<T, V>(dl + row * Vn + lo, keep, z, lo, tgt, count ? seed / (float)*count : seed, n);
+    if (GRAD) slice_grad<T, V>(dl + row * Vn + lo, keep, z, lo, tgt, count ? seed / (float)*count : seed, false, n);
     __cluster_barrier_wait();
 #else
     __trap(); /* launched only where the compute capability is 9.0 or more */
