@@ -22,26 +22,28 @@ extern "C" {
 namespace cg = cooperative_groups;
 
 #define CE_THREADS 512
-/* The most shared memory one block of the cluster kernels keeps of a row: 3-4 blocks per SM (228
- * KB), so one block's loads overlap another's reductions and writes. Rows of more than
- * CE_MAX_CLUSTER slices use the one-block kernels. */
+/* The most shared memory one block of the cluster kernels keeps of a row: 3 blocks per SM (228 KB;
+ * the fused kernel's __launch_bounds__ holds its registers to 40), so one block's loads overlap the
+ * others' reductions and writes. Rows of more than CE_MAX_CLUSTER slices use the one-block kernels. */
 #define CE_SLICE_BYTES (64 * 1024)
 #define CE_MAX_CLUSTER 8
 
-/* Loads V elements at p into f; KEEP also copies the raw elements to k (shared memory). */
+/* Loads V elements at p into f (as ldv); KEEP also copies the raw elements to k (shared memory). */
 template <typename T, int V, bool KEEP>
 static __device__ __forceinline__ void ld_keep(float *f, const T *p, T *k) {
-    if (KEEP && V * sizeof(T) == 16) {
+    if (V * sizeof(T) == 16) {
         const uint4 r = *reinterpret_cast<const uint4 *>(p);
-        *reinterpret_cast<uint4 *>(k) = r;
+        if (KEEP) *reinterpret_cast<uint4 *>(k) = r;
         const T *e = reinterpret_cast<const T *>(&r);
 #pragma unroll
         for (int i = 0; i < V; ++i) f[i] = tof<T>(e[i]);
     } else {
-        ldv<T, V>(f, p);
-        if (KEEP)
 #pragma unroll
-            for (int i = 0; i < V; ++i) k[i] = p[i];
+        for (int i = 0; i < V; ++i) {
+            const T v = p[i];
+            if (KEEP) k[i] = v;
+            f[i] = tof<T>(v);
+        }
     }
 }
 
