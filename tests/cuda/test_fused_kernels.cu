@@ -504,8 +504,8 @@ TEST(cross_entropy_cluster_slices) {
     for (auto &c : cases) {
         const zr_dtype t = c.t;
         const int64_t V = c.V, esz = (int64_t)dsize(t), vw = V % (16 / esz) ? 1 : 16 / esz;
-        const int64_t per = c.C ? (V + c.C - 1) / c.C : V, S = (per + vw - 1) / vw * vw;
-        const int nb = c.C ? c.C : 2; /* past 8 slices: two pretend slices of the one block */
+        const int nb = c.C ? c.C : 2; /* past 8 slices: the one block's row cut in two all the same */
+        const int64_t per = (V + nb - 1) / nb, S = c.C ? (per + vw - 1) / vw * vw : per;
         std::vector<int64_t> tg;
         for (int b = 0; b < nb; ++b) {
             const int64_t lo = std::min(V, b * S), hi = std::min(V, lo + S);
@@ -523,7 +523,7 @@ TEST(cross_entropy_cluster_slices) {
         CU(cudaMalloc(&tg_, N * 8));
         CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
         const float seed = 0.7f;
-        vec loss, lse(N, 0), dl(N * V, 0), nloss;
+        vec loss, lse(N, 0), dl(N * V, 0);
         for (int64_t r = 0; r < N; ++r) {
             if (tg[r] == -100) {
                 loss.push_back(0);
