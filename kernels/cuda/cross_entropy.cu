@@ -1,14 +1,7 @@
-/* Fused cross-entropy (see cross_entropy.h). Two kernel families:
- * - one block per row (any device): 16-byte loads, a per-thread online (max, sum of exp) over
- *   chunks of V elements, then a block reduction of the pairs;
- * - on sm_90 and later, a thread-block cluster of C = 1, 2, 4 or 8 blocks per row, each block
- *   owning a slice of at most CE_SLICE_BYTES: the slice's (max, sum of exp) as above, merged over
- *   the cluster through distributed shared memory. The fused pass keeps its slice in shared memory
- *   between the logsumexp and the gradient, so HBM sees one read and one write of the logits. The
- *   plain forward uses the same slices and merge order, so both give the same lse bits. */
+/* Fused cross-entropy (see cross_entropy.h): one block per row, 16-byte loads, a per-thread
+ * online (max, sum of exp) over chunks of V elements, then a block reduction of the pairs. */
 #include "cross_entropy.h"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -19,43 +12,18 @@ extern "C" {
 
 #include "fused_common.cuh"
 
-namespace cg = cooperative_groups;
-
 #define CE_THREADS 512
-/* The most shared memory one block of the cluster kernels keeps of a row: 3 blocks per SM (228 KB;
- * the fused kernel's __launch_bounds__ holds its registers to 40), so one block's loads overlap the
- * others' reductions and writes. Rows of more than CE_MAX_CLUSTER slices use the one-block kernels. */
-#define CE_SLICE_BYTES (64 * 1024)
-#define CE_MAX_CLUSTER 8
 
-/* Loads V elements at p into f (as ldv); KEEP also copies the raw elements to k (shared memory). */
-template <typename T, int V, bool KEEP>
-static __device__ __forceinline__ void ld_keep(float *f, const T *p, T *k) {
-    if (V * sizeof(T) == 16) {
-        const uint4 r = *reinterpret_cast<const uint4 *>(p);
-        if (KEEP) *reinterpret_cast<uint4 *>(k) = r;
-        const T *e = reinterpret_cast<const T *>(&r);
-#pragma unroll
-        for (int i = 0; i < V; ++i) f[i] = tof<T>(e[i]);
-    } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-            const T v = p[i];
-            if (KEEP) k[i] = v;
-            f[i] = tof<T>(v);
-        }
-    }
-}
 
-/* This thread's online (max m, sum s of exp(x - m)) over its chunks of x[0, n); KEEP: the chunks
- * also copied to keep[0, n). */
-template <typename T, int V, bool KEEP>
-static __device__ __forceinline__ void thread_ms(float &m, float &s, const T *x, int64_t n, T *keep) {
-    m = -INFINITY, s = 0.f;
+/* The row's logsumexp, returned to every thread of the block: a per-thread online (max, sum of
+ * exp) over 16-byte chunks, then a merge over the block. */
+template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn) {
+    __shared__ float rm[32], rs[32], zb;
+    float m = -INFINITY, s = 0.f;
 #pragma unroll 4
-    for (int64_t i = threadIdx.x * V; i < n; i += CE_THREADS * V) {
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
-        ld_keep<T, V, KEEP>(f, x + i, keep + i);
+        ldv<T, V>(f, x + i);
         float cm = f[0];
 #pragma unroll
         for (int k = 1; k < V; ++k) cm = fmaxf(cm, f[k]);
@@ -66,11 +34,6 @@ static __device__ __forceinline__ void thread_ms(float &m, float &s, const T *x,
         s = s * __expf(m - mn) + cs; /* m = -inf on the first chunk: exp(-inf) = 0 */
         m = mn;
     }
-}
-
-/* Merges the threads' (m, s) over the block; the result is in thread 0. */
-static __device__ __forceinline__ void block_ms(float &m, float &s) {
-    __shared__ float rm[32], rs[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
@@ -88,32 +51,24 @@ static __device__ __forceinline__ void block_ms(float &m, float &s) {
                         s2 = __shfl_xor_sync(0xffffffffu, s, o);
             ms_merge(m, s, m2, s2);
         }
+        if (l == 0) zb = m + logf(s);
     }
-}
-
-/* The row's logsumexp, returned to every thread of the block. */
-template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn) {
-    __shared__ float zb;
-    float m, s;
-    thread_ms<T, V, false>(m, s, x, Vn, nullptr);
-    block_ms(m, s);
-    if (threadIdx.x == 0) zb = m + logf(s);
     __syncthreads();
     return zb;
 }
 
-/* d[i] = (exp(x[i] - z) - (lo + i == tgt)) * g for i in [0, n): the gradient of a row from its
- * element lo on (x in global or shared memory); ign: zeros, x not read. */
+/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. */
 template <typename T, int V>
-static __device__ __forceinline__ void slice_grad(T *d, const T *x, float z, int64_t lo, int64_t tgt, float g,
-                                                  bool ign, int64_t n) {
+static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int64_t tgt, float g, bool ign,
+                                                int64_t Vn) {
 #pragma unroll 4
-    for (int64_t i = threadIdx.x * V; i < n; i += CE_THREADS * V) {
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
         if (!ign) ldv<T, V>(f, x + i);
 #pragma unroll
-        for (int j = 0; j < V; ++j) f[j] = ign ? 0.f : (__expf(f[j] - z) - (lo + i + j == tgt ? 1.f : 0.f)) * g;
-        stv<T, V>(d + i, f);
+        for (int k = 0; k < V; ++k)
+            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
+        stv<T, V>(dl + i, f);
     }
 }
 
@@ -160,7 +115,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore;
     const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
-    slice_grad<T, V>(dl + row * Vn, x + row * Vn, z, 0, tgt, g, ign, Vn);
+    row_grad<T, V>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn);
 }
 
 /* *count += the rows whose target != ignore (count zeroed before; integer adds: exact). */
@@ -176,8 +131,8 @@ __global__ void ce_count_kernel(unsigned *__restrict__ count, const int64_t *__r
 
 /* The forward and the gradient for an upstream gradient `seed` in one pass: per row the loss and
  * logsumexp as ce_fwd_kernel, then dl as ce_bwd_kernel with g = seed (sum) or seed / count (mean,
- * divided in f32 as the unfused backward divides). The row is read twice (the second read misses
- * L2 at training shapes: ce_cluster_kernel is the one-read path). dl may be logits (in place; no __restrict__ on either): the target's logit is read before
+ * divided in f32 as the unfused backward divides). The row's second read mostly hits L2.
+ * dl may be logits (in place; no __restrict__ on either): the target's logit is read before
  * row_lse's closing barrier, and after it each thread writes only the elements it reads. */
 template <typename T, int V>
 __global__ void __launch_bounds__(CE_THREADS)
@@ -196,66 +151,7 @@ __global__ void __launch_bounds__(CE_THREADS)
         loss[row] = ign ? 0.f : inr ? z - xt : NAN;
     }
     const float g = count ? seed / (float)*count : seed;
-    slice_grad<T, V>(dl + row * Vn, x, z, 0, tgt, ign ? 0.f : g, ign, Vn);
-}
-
-/* One row per cluster of C blocks (grid N * C, cluster (C, 1, 1)); block r owns the slice
- * [r S, min(V, (r + 1) S)) of its row. Each block's (max, sum of exp) of its slice goes to its
- * shared memory; after a cluster barrier every block merges the C partials in rank order (so all
- * get the same z). GRAD: the slice is kept in dynamic shared memory while it is read, and the
- * gradient written from there as ce_fused_kernel's (dl may be logits: a block writes only its
- * slice, after reading all of it); else the forward alone (ce_fwd_kernel's results). Rank 0 writes
- * lse, the block holding the target writes loss (rank 0 when the target is outside [0, V)).
- * Ignored rows: loss and lse 0, a zero gradient, no barrier (the whole cluster skips it). A block
- * leaves only after the cluster's second barrier: the others may still read its partial. */
-template <typename T, int V, bool GRAD>
-__global__ void __launch_bounds__(CE_THREADS, GRAD ? 3 : 1)
-    ce_cluster_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
-                      const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
-                      int64_t Vn, int64_t S, int64_t ignore) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(16) unsigned char ce_slice[];
-    __shared__ float2 part;
-    __shared__ float zb;
-    cg::cluster_group cl = cg::this_cluster();
-    const unsigned C = cl.num_blocks(), r = cl.block_rank();
-    const int64_t row = blockIdx.x / C;
-    const int64_t tgt = targets[row];
-    const bool ign = tgt == ignore, inr = tgt >= 0 && tgt < Vn;
-    const int64_t lo = Vn < r * S ? Vn : r * S, hi = Vn < lo + S ? Vn : lo + S, n = hi - lo;
-    const T *x = logits + row * Vn + lo;
-    T *keep = reinterpret_cast<T *>(ce_slice);
-    if (ign) {
-        if (threadIdx.x == 0 && r == 0) loss[row] = 0.f, lse[row] = 0.f;
-        if (GRAD) slice_grad<T, V>(dl + row * Vn + lo, keep, 0.f, lo, tgt, 0.f, true, n);
-        return;
-    }
-    float m, s;
-    thread_ms<T, V, GRAD>(m, s, x, n, keep);
-    block_ms(m, s);
-    if (threadIdx.x == 0) part = make_float2(m, s);
-    cl.sync(); /* every partial written; the kept slice visible to the whole block */
-    if (threadIdx.x == 0) {
-        float mz = -INFINITY, sz = 0.f;
-        for (unsigned b = 0; b < C; ++b) {
-            const float2 p = *cl.map_shared_rank(&part, b);
-            ms_merge(mz, sz, p.x, p.y);
-        }
-        zb = mz + logf(sz);
-    }
-    __syncthreads();
-    const float z = zb;
-    __cluster_barrier_arrive(); /* this block's reads of the others' partials are done */
-    if (threadIdx.x == 0) {
-        if (r == 0) lse[row] = z;
-        if (r == (inr ? (unsigned)(tgt / S) : 0u))
-            loss[row] = inr ? z - tof<T>(GRAD ? keep[tgt - lo] : x[tgt - lo]) : NAN;
-    }
-    if (GRAD) slice_grad<T, V>(dl + row * Vn + lo, keep, z, lo, tgt, count ? seed / (float)*count : seed, false, n);
-    __cluster_barrier_wait();
-#else
-    __trap(); /* launched only where the compute capability is 9.0 or more */
-#endif
+    row_grad<T, V>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn);
 }
 
 /* d *= g / *baked unless g == *baked (then nothing is written). */
@@ -282,70 +178,6 @@ static int check_nv(const char *fn, int64_t N, int64_t V) {
     return 0;
 }
 
-/* Whether the current device can run the cluster kernels (compute capability 9.0 or more). */
-static bool cluster_capable(void) {
-    static int cc[64]; /* major + 1; 0: not asked yet */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-    if (!cc[dev]) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) major = 0;
-        cc[dev] = major + 1;
-    }
-    return cc[dev] - 1 >= 9;
-}
-
-/* Blocks per row for the cluster kernels: the fewest of 1, 2, 4, ..., CE_MAX_CLUSTER whose slices
- * of V elements of esz bytes fit CE_SLICE_BYTES; 0 for the one-block kernels (a longer row, a
- * device before sm_90, or a grid of N * C blocks past the limit). *S: the slice, a multiple of vw. */
-static int ce_cluster_size(int64_t N, int64_t V, size_t esz, int vw, int64_t *S) {
-    if (!cluster_capable()) return 0;
-    for (int c = 1; c <= CE_MAX_CLUSTER; c *= 2) {
-        const int64_t per = (V + c - 1) / c;
-        if (per * (int64_t)esz <= CE_SLICE_BYTES) {
-            if (N * c > 0x7fffffffLL) return 0;
-            *S = (per + vw - 1) / vw * vw;
-            return c;
-        }
-    }
-    return 0;
-}
-
-/* Launches ce_cluster_kernel<T, V, GRAD> over N rows in clusters of C; a refused launch (an error
- * returned, cleared so the caller can fall back) is not an error of the op. */
-template <typename T, int V, bool GRAD>
-static cudaError_t ce_cluster_launch(int C, int64_t S, float *loss, float *lse, T *dl, const T *logits,
-                                     const int64_t *targets, const unsigned *count, float seed, int64_t N,
-                                     int64_t Vn, int64_t ignore, cudaStream_t stream) {
-    void (*k)(float *, float *, T *, const T *, const int64_t *, const unsigned *, float, int64_t, int64_t,
-              int64_t) = ce_cluster_kernel<T, V, GRAD>;
-    static bool big[64]; /* per device: the kernel may have CE_SLICE_BYTES of dynamic shared memory */
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    const bool known = dev >= 0 && dev < 64;
-    if (e == cudaSuccess && GRAD && !(known && big[dev])) {
-        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, CE_SLICE_BYTES);
-        if (e == cudaSuccess && known) big[dev] = true;
-    }
-    if (e == cudaSuccess) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)C;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)(N * C));
-        cfg.blockDim = dim3(CE_THREADS);
-        cfg.dynamicSmemBytes = GRAD ? (size_t)S * sizeof(T) : 0;
-        cfg.stream = stream;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        e = cudaLaunchKernelEx(&cfg, k, loss, lse, dl, logits, targets, count, seed, Vn, S, ignore);
-    }
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    return e;
-}
-
 extern "C" int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_mean,
                                           float *n_valid, const void *logits,
                                           const int64_t *targets, int64_t N, int64_t V,
@@ -356,17 +188,10 @@ extern "C" int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_m
     if (N > 0) {
         ZR_FUSED_DISPATCH(fn, dtype, {
             const int VW = 16 / sizeof(T);
-            const bool vec = V % VW == 0 && al16(logits);
-            int64_t S = 0;
-            const int C = ce_cluster_size(N, V, sizeof(T), vec ? VW : 1, &S);
-            const bool clustered =
-                C && (vec ? ce_cluster_launch<T, 16 / sizeof(T), false> : ce_cluster_launch<T, 1, false>)(
-                         C, S, loss, lse, nullptr, (const T *)logits, targets, nullptr, 0.f, N, V,
-                         ignore_index, stream) == cudaSuccess;
-            if (!clustered && vec)
+            if (V % VW == 0 && al16(logits))
                 ce_fwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
                     loss, lse, (const T *)logits, targets, V, ignore_index);
-            else if (!clustered)
+            else
                 ce_fwd_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
                     loss, lse, (const T *)logits, targets, V, ignore_index);
         });
@@ -414,17 +239,10 @@ extern "C" int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mea
     }
     ZR_FUSED_DISPATCH(fn, dtype, {
         const int VW = 16 / sizeof(T);
-        const bool vec = V % VW == 0 && al16(logits) && al16(dlogits);
-        int64_t S = 0;
-        const int C = ce_cluster_size(N, V, sizeof(T), vec ? VW : 1, &S);
-        const bool clustered =
-            C && (vec ? ce_cluster_launch<T, 16 / sizeof(T), true> : ce_cluster_launch<T, 1, true>)(
-                     C, S, loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, N, V,
-                     ignore_index, stream) == cudaSuccess;
-        if (!clustered && vec)
+        if (V % VW == 0 && al16(logits) && al16(dlogits))
             ce_fused_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
                 loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
-        else if (!clustered)
+        else
             ce_fused_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
                 loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
     });

@@ -2,9 +2,7 @@
  * (online max/sum) and writes only per-row f32 loss and logsumexp; backward writes the gradient
  * softmax(x) - onehot(target), times the incoming gradient, straight into dlogits, which may be
  * the logits buffer itself. Or both in one pass (cross_entropy_fused_cuda) when the incoming
- * gradient can be predicted: one read of the logits and one write of the gradient in all (on sm_90
- * a row, split over a thread-block cluster, stays in shared memory between the logsumexp and the
- * gradient; rows of more than 512 KiB and older devices read it twice).
+ * gradient can be predicted: one read of the logits and one write of the gradient in all.
  * logits (N, V) in ZR_F32, ZR_BF16 or ZR_F16; targets (N) int64; rows whose target equals
  * ignore_index (Hugging Face uses -100) get loss 0 and a zero gradient row. A target outside
  * [0, V) that is not ignore_index gives a NaN loss for that row. */

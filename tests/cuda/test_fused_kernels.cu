@@ -488,86 +488,6 @@ TEST(cross_entropy_forward_backward) {
         }
 }
 
-/* The cluster path (sm_90): V chosen so that kernels/cuda/cross_entropy.cu splits a row over 1, 2, 4
- * and 8 blocks (slices of at most 64 KiB, a multiple of 16 bytes when V is) or, past 8 slices,
- * keeps a block per row; V not a multiple of 16 bytes takes the element-wise loads. Targets on the
- * first and last element of every slice, an ignored row, a target past V (NaN loss, softmax
- * gradient). Against the host reference; the forward alone gives the fused pass's loss and lse
- * bits, and the backward from them its gradient bits (sum: the same f32 factor). */
-TEST(cross_entropy_cluster_slices) {
-    struct { zr_dtype t; int64_t V; int C; } cases[] = {
-        {ZR_BF16, 32768, 1}, {ZR_BF16, 32776, 2}, {ZR_BF16, 65544, 4}, {ZR_BF16, 131080, 8},
-        {ZR_BF16, 262152, 0}, {ZR_BF16, 40001, 2}, {ZR_F16, 50304, 2}, {ZR_F16, 128256, 4},
-        {ZR_F32, 16384, 1}, {ZR_F32, 16388, 2}, {ZR_F32, 32772, 4}, {ZR_F32, 65540, 8},
-        {ZR_F32, 128256, 8}, {ZR_F32, 131076, 0}, {ZR_F32, 50001, 4},
-    };
-    for (auto &c : cases) {
-        const zr_dtype t = c.t;
-        const int64_t V = c.V, esz = (int64_t)dsize(t), vw = V % (16 / esz) ? 1 : 16 / esz;
-        const int nb = c.C ? c.C : 2; /* past 8 slices: the one block's row cut in two all the same */
-        const int64_t per = (V + nb - 1) / nb, S = c.C ? (per + vw - 1) / vw * vw : per;
-        std::vector<int64_t> tg;
-        for (int b = 0; b < nb; ++b) {
-            const int64_t lo = std::min(V, b * S), hi = std::min(V, lo + S);
-            tg.push_back(lo);
-            tg.push_back(hi - 1);
-        }
-        tg.push_back(-100);
-        tg.push_back(V); /* out of range: NaN loss */
-        const int64_t N = (int64_t)tg.size();
-        vec x = randv(N * V, 6);
-        dbuf x_(N * V, t), loss_(N, ZR_F32), lse_(N, ZR_F32), floss_(N, ZR_F32), flse_(N, ZR_F32),
-            dl_(N * V, t), g_(1, ZR_F32), mean_(1, ZR_F32), nv_(1, ZR_F32);
-        x_.up(x);
-        int64_t *tg_;
-        CU(cudaMalloc(&tg_, N * 8));
-        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-        const float seed = 0.7f;
-        vec loss, lse(N, 0), dl(N * V, 0);
-        for (int64_t r = 0; r < N; ++r) {
-            if (tg[r] == -100) {
-                loss.push_back(0);
-                continue;
-            }
-            double m = -INFINITY, z = 0;
-            for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
-            for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
-            lse[r] = m + std::log(z);
-            if (tg[r] < V) loss.push_back(lse[r] - x[r * V + tg[r]]);
-            for (int64_t j = 0; j < V; ++j)
-                dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * (double)seed;
-        }
-        char what[96];
-        snprintf(what, sizeof what, "cross_entropy cluster %s V%lld (C %d)", tn(t), (long long)V, c.C);
-        auto finite_rows = [&](const vec &l) { return vec(l.begin(), l.end() - 1); };
-        CHECK_OK(cross_entropy_forward_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p, tg_, N, V, -100, t, 0));
-        const vec fl = loss_.down(), fz = lse_.down();
-        CHECK_CLOSE(finite_rows(fl), loss, 2e-5, what);
-        CHECK_MSG(std::isnan(fl[N - 1]), "%s: a target past V gives a NaN loss, got %g", what, fl[N - 1]);
-        CHECK_CLOSE(fz, lse, 2e-6, what);
-        CHECK_MSG(fl[N - 2] == 0 && fz[N - 2] == 0, "%s: the ignored row's loss and lse are 0", what);
-        vec gv(1, seed);
-        g_.up(gv);
-        CHECK_OK(cross_entropy_backward_cuda(dl_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V, -100, t, 0));
-        const vec bwd = dl_.down();
-        CHECK_CLOSE(bwd, dl, tol_of(t) + 1e-5, what);
-        /* fused, sum (no count), in place over the logits */
-        CHECK_OK(cross_entropy_fused_cuda(floss_.f(), flse_.f(), nullptr, nullptr, x_.p, x_.p, tg_, nullptr, seed,
-                                          N, V, -100, t, 0));
-        const vec ul = floss_.down(), uz = flse_.down(), fused = x_.down();
-        CHECK_CLOSE(finite_rows(ul), loss, 2e-5, what);
-        CHECK_MSG(std::isnan(ul[N - 1]), "%s: fused: a target past V gives a NaN loss", what);
-        CHECK_CLOSE(uz, lse, 2e-6, what);
-        CHECK_CLOSE(fused, dl, tol_of(t) + 1e-5, what);
-        CHECK_MSG(finite_rows(ul) == finite_rows(fl) && uz == fz, "%s: fused loss/lse not the forward's bits", what);
-        CHECK_MSG(fused == bwd, "%s: fused gradient not the backward's bits", what);
-        bool zero = true;
-        for (int64_t j = 0; j < V; ++j) zero = zero && fused[(N - 2) * V + j] == 0;
-        CHECK_MSG(zero, "%s: the ignored row's gradient is not zero", what);
-        cudaFree(tg_);
-    }
-}
-
 /* ---- softmax --------------------------------------------------------------------------------- */
 
 TEST(softmax_forward_backward) {
@@ -1073,7 +993,6 @@ int main(void) {
     RUN(rope_forward_backward);
     RUN(swiglu_forward_backward);
     RUN(cross_entropy_forward_backward);
-    RUN(cross_entropy_cluster_slices);
     RUN(softmax_forward_backward);
     RUN(embedding_forward_backward);
     RUN(adamw_step);

@@ -34,9 +34,8 @@ end)
 -- zr.set_loss_grad_hint, default 1) in the same pass and writes it over the logits; backward hands
 -- it on when the seed is the hint and rescales it when another seed comes. References: the plain
 -- CUDA op (the gradient made in backward from the saved logits: the same bits when the seed is
--- the hint; on sm_90 both split a row over the same thread-block cluster: GPT-2's 50304 over 2
--- blocks, Llama's 128256 over 4 (bf16) or 8 (f32), N odd) and the CPU's inplace op
--- (tests/ops/test_cross_entropy_inplace.lua checks it against the plain CPU op).
+-- the hint) and the CPU's inplace op (tests/ops/test_cross_entropy_inplace.lua checks it against
+-- the plain CPU op).
 local CE = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cross_entropy_common.lua")
 local function run(x, tgt, red, inplace, hint, seeds, dev)
   local l, g, xa = CE.run(x, tgt, { ignore_index = -100, reduction = red, inplace = inplace }, seeds, hint, dev)
@@ -46,7 +45,7 @@ local function maxdiff(a, b) return (a - b):abs():max():item() end
 
 T.test("cross_entropy inplace: the seed as hinted, another seed, retain_graph, the CPU's inplace", function()
   for _, dt in ipairs { "bf16", "f32" } do
-    for _, s in ipairs { { 67, 50304 }, { 33, 1001 }, { 13, 128256 }, { 5, 77 } } do
+    for _, s in ipairs { { 64, 50304 }, { 33, 1001 }, { 7, 128256 }, { 5, 77 } } do
       local N, V = s[1], s[2]
       zr.manual_seed(N + V)
       local x = (randn({ N, V }) * 3):to(dt)
