@@ -395,8 +395,7 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   local G = Hq / Hkv
   local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
   local a16 = function(n) return ceil(n / 16) * 16 end
-  -- dq accumulator, D rows, and one counter per 128-row dq tile (the Hopper kernel converts dq)
-  local n = a16(B * Hq * T * Dh * 4) + a16(B * Hq * T * 4) + a16(B * Hq * ceil(T / 128) * 4)
+  local n = a16(B * Hq * T * Dh * 4) + a16(B * Hq * T * 4)
   if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dh * 4 end
   return n
 end
