@@ -174,12 +174,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 /* ---- backward ------------------------------------------------------------------------------- */
 
 /* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row); the same
- * threads zero that row of the dq accumulator (instead of a separate memset pass), and the first
- * row of each 128-row tile its counter cnt[(b·Hq + h)·ceil(T/128) + t/128] (the Hopper kernel's:
- * attention_bwd_sm90.cu). */
+ * threads zero that row of the dq accumulator (instead of a separate memset pass). */
 template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ dqacc,
-                                     int *__restrict__ cnt, const uint16_t *__restrict__ dout,
+                                     const uint16_t *__restrict__ dout,
                                      const uint16_t *__restrict__ o, zr_attn_strides sdo,
                                      zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
     typedef mma_t<T> M;
@@ -202,10 +200,6 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
             s += M::to_f(pa[e]) * M::to_f(pc[e]);
         float4 *z = reinterpret_cast<float4 *>(dqacc + row * D + ch * 8);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        const int64_t t = row % T_;
-        if (ch == 0 && t % ATTN_SM90_BWD_BM == 0)
-            cnt[(row / T_) * ((T_ + ATTN_SM90_BWD_BM - 1) / ATTN_SM90_BWD_BM) +
-                t / ATTN_SM90_BWD_BM] = 0;
     }
 #pragma unroll
     for (int off = per / 2; off > 0; off >>= 1)
@@ -478,9 +472,7 @@ extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64
     const int ns0 = bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns1 = attn_sm90_bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns = ns0 > ns1 ? ns0 : ns1; /* enough for either kernel */
-    const int64_t tiles = B * Hq * ((T + ATTN_SM90_BWD_BM - 1) / ATTN_SM90_BWD_BM);
-    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + align16((size_t)(B * Hq * T) * 4) +
-               align16((size_t)tiles * 4);
+    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + align16((size_t)(B * Hq * T) * 4);
     if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dh * 4;
     return n;
 }
@@ -589,9 +581,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
-    const int64_t tiles = B * Hq * ((T_ + ATTN_SM90_BWD_BM - 1) / ATTN_SM90_BWD_BM);
-    int *cnt = (int *)((char *)Dd + align16((size_t)rows * 4)); /* the Hopper kernel's */
-    float *wkv = (float *)((char *)cnt + align16((size_t)tiles * 4));
+    float *wkv = (float *)((char *)Dd + align16((size_t)rows * 4));
     const int G = (int)(Hq / Hkv);
     attn_sm90_bwd_maps maps;
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
@@ -602,12 +592,11 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, dqacc, cnt, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
+        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
-    bool dq_done = false;
     if (hopper) {
-        dq_done = attn_sm90_backward(&maps, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, &L, B, Hq, Hkv,
-                                     T_, ns, nkv, scale, mma_dtype<T>::value, st);
+        attn_sm90_backward(&maps, dk, dv, wkv, lse, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,
+                           mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
         cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -618,12 +607,9 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
             (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
             scale * ATT_LOG2E);
     }
-    /* one launch converts dq (the mma.sync kernel's; the Hopper kernel converts its own), and dk/dv
-     * when they were split */
-    if (dq_done && ns == 1) return 0;
+    /* one launch converts dq, and dk/dv when they were split */
     const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, dq_done ? 0 : nq / 4, 1, scale, L.dq, (int)Hq,
-                      same(L.dq, dq_)},
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
                      {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv,
                       same(L.dk, dkv)},
                      {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,

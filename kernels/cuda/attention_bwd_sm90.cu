@@ -1,9 +1,8 @@
 /* Causal GQA flash attention backward for Hopper (sm_90a), warp-specialised in FlashAttention-3's
  * layout: a producer warp fills a 2-stage ring of Q, dO (TMA) and lse, D (cp.async) on mbarriers;
  * two consumer warpgroups of 64 keys each run S^T, dP^T, dV, dK and dQ with wgmma; a dQ warp adds
- * their dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds and counts them;
- * two converter warps turn each complete dQ tile into dq. head_dim 64, bf16/f16. Also the
- * host-side checks the forward shares (which calls the Hopper kernels take). */
+ * their dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64,
+ * bf16/f16. Also the host-side checks the forward shares (which calls the Hopper kernels take). */
 #include "attention_sm90.h"
 
 #include "attention_bwd_sm90.cuh"
@@ -21,13 +20,12 @@ using namespace sm90;
  * 32 KB; dQ 32 KB = 192 KB, which leaves no room for a third Q/dO stage nor a second K/V buffer
  * (227 KB per block). */
 #define WS_BN 128              /* keys per work item */
-#define WS_BM ATTN_SM90_BWD_BM /* queries per step: 128, the rows of a counted dQ tile */
+#define WS_BM 128              /* queries per step */
 #define WS_ST 2                /* Q/dO/lse/D stages */
 #define WS_CONS 256            /* two consumer warpgroups */
-#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer, dQ and 2 converter warps */
+#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
 #define WS_PRODUCER (WS_CONS / 32)
 #define WS_DQWARP (WS_PRODUCER + 1)
-#define WS_CQ 4 /* slots of the dQ warp's queue of complete tiles for the converter warps */
 #define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
 static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
 
@@ -38,8 +36,7 @@ struct ws_smem {
     static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
     static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
     static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
-    static constexpr int CQ = BAR + 8 * (2 + 2 * WS_ST + 4 + 2 * WS_CQ); /* WS_CQ tile indices */
-    static constexpr int BYTES = CQ + 4 * WS_CQ + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
 };
 static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
@@ -92,38 +89,8 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int 
  *     arrival a warp: the dQ product is the last reader of K); dQ (f32) written to this
  *     warpgroup's swizzled buffer: dqfull[w] (128 arrivals). After the item: dK, dV stored.
  *   dQ warp: per step and warpgroup, waits dqfull[w], reduce-adds the 64×64 tile into dqacc (two
- *     64×32 boxes; rows past T skipped by the map; one bulk group a warpgroup), and once the copy
- *     has read shared memory releases the buffer: dqempty[w]. Then it counts the previous step's
- *     query tile (below), whose reduce-adds had a step's time to complete, and after the last
- *     step the last one's.
- *   converter warps (the other two): take complete tiles from the queue (cqfull[s], slot s = n %
- *     WS_CQ, phase (n / WS_CQ) & 1; one arrival from the dQ warp), free the slot (cqempty[s], one
- *     arrival a warp) and convert the tile to dq (dq_convert_tile); tile −1 ends the queue. With
- *     cnt NULL (attn_sm90_dq_in_kernel(0)) nothing is counted: the queue holds only the end.
- * Counting dQ tiles: query tile i of head h of batch b gets one step (both halves) from each item
- * whose key tile j <= i, in the one split holding h: i + 1 steps, whatever the split and T's tail
- * (i < nT, so row 128i < T and the step's first reduce-add is never skipped). After a step's two
- * bulk groups have completed (cp.async.bulk.wait_group 2 once the next step's two are committed:
- * not .read, which waits only for the shared-memory reads), lane 0 of the dQ warp adds 1 to the
- * tile's counter, cnt[(b·Hq + h)·nT + i]; the add that finds i there (the last) queues the tile.
- * Why the converters then read the complete sums (PTX ISA 8.x, Memory Consistency Model): the
- * reduce-adds are writes of the async proxy; their completion, observed through wait_group, is
- * followed by an implicit generic-async proxy fence (cp.async.bulk: "the result ... is made visible
- * to the executing thread"), and fence.proxy.async.global orders them before this thread's later
- * generic accesses (Proxies; membar/fence: fence.proxy.async). The counter add is
- * atom.acq_rel.gpu: a release pattern for this block's sums and an acquire pattern on the
- * counter's earlier adds (Release and acquire patterns); morally strong (same location, both gpu
- * scope, all blocks on one GPU), so the last add observes every earlier one in the counter's
- * coherence order, each of which synchronizes with it, and every tile sum is ordered before the
- * last adder's later operations in causality order (Causality order: base causality is
- * transitive). Then, in the last adder's CTA, the queue write and mbarrier.arrive (release, CTA
- * scope) synchronize with the converters' mbarrier.try_wait (acquire, CTA scope) (mbarrier: "arrive
- * has release ... try_wait has acquire semantics"), so the sums precede the converters' loads too.
- * Those loads are ld.global.cg: served by L2, the point of coherence of every SM's reduce-adds,
- * never by an L1 line the SM might hold from before. The atomic's gpu-scope acquire is on one
- * thread; the loads run on others of the same CTA, hence the explicit .cg rather than relying on
- * the acquire's L1 invalidation. A counter is reached once per backward; attention.cu's prep
- * kernel zeroes the counters with dqacc, ahead in the stream.
+ *     64×32 boxes; rows past T skipped by the map), and once the copy has read shared memory
+ *     releases the buffer: dqempty[w].
  * dS^T's double buffer needs no second barrier: a warpgroup writes buffer c & 1 again at c + 2,
  * after passing step c + 1's barrier, which the other one reaches only after its step c (and its
  * dQ product's reads of that buffer) completed. No phase of a barrier can be lapped: each
@@ -133,15 +100,13 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int 
  * prefetch. */
 template <typename T>
 __global__ void __launch_bounds__(WS_THR, 1)
-    attn_bwd_sm90_kernel(uint16_t *__restrict__ dq, uint16_t *__restrict__ dk,
-                         uint16_t *__restrict__ dv, const float *dqacc, int *__restrict__ cnt,
-                         float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
+    attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
+                       float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
                        const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv,
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
-                       const float *__restrict__ Dd, zr_attn_strides sdq, zr_attn_strides sdk,
-                       zr_attn_strides sdv,
+                       const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
     extern __shared__ uint8_t smem_raw[];
@@ -156,9 +121,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     float *sD = reinterpret_cast<float *>(base + ws_smem::D);
     uint64_t *kvfull = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
     uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + WS_ST,
-             *dqfull = empty + WS_ST, *dqempty = dqfull + 2, *cqfull = dqempty + 2,
-             *cqempty = cqfull + WS_CQ;
-    int *cq = reinterpret_cast<int *>(base + ws_smem::CQ); /* queued tiles */
+             *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
 
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
 
@@ -172,10 +135,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
         for (int w = 0; w < 2; ++w) {
             mbar_init(&dqfull[w], 128);
             mbar_init(&dqempty[w], 1);
-        }
-        for (int s = 0; s < WS_CQ; ++s) {
-            mbar_init(&cqfull[s], 1);
-            mbar_init(&cqempty[s], 2); /* lane 0 of each converter warp */
         }
         mbar_init_fence();
     }
@@ -229,20 +188,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             }
             cp_async_wait<0>(); /* no copy of this thread outlives it */
         } else if (warp_id == WS_DQWARP) {
-            /* lane 0's: the tile of the last step (−1 before the first) and its key-tile count;
-             * tiles queued so far */
-            int c = 0, prev = -1, prev_need = 0, queued = 0;
-            auto push = [&](int tile) { /* queue a tile (−1: the end) for the converters */
-                const int s = queued % WS_CQ;
-                if (queued >= WS_CQ) mbar_wait(&cqempty[s], ((queued / WS_CQ) - 1) & 1);
-                cq[s] = tile;
-                mbar_arrive(&cqfull[s]); /* release: the write above, and the acquire before */
-                ++queued;
-            };
-            auto count = [&]() { /* prev's reduce-adds have completed */
-                fence_proxy_async_global();
-                if (atom_add_acq_rel_gpu(cnt + prev, 1) == prev_need - 1) push(prev);
-            };
+            int c = 0;
             for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
                 const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 for (int it = 0; it < t.niter; ++it, ++c) {
@@ -262,33 +208,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
                         }
                         __syncwarp();
                     }
-                    if (lane == 0 && cnt) {
-                        if (prev >= 0) {
-                            bulk_wait<2>(); /* all but this step's two groups written */
-                            count();
-                        }
-                        prev = (t.b * Hq + h) * nT + i, prev_need = i + 1;
-                    }
                 }
             }
-            if (lane == 0) {
-                bulk_wait<0>(); /* every reduce-add written */
-                if (cnt && prev >= 0) count();
-                push(-1);
-            }
-        } else { /* the converter warps */
-            const int ct = tid - (WS_DQWARP + 1) * 32; /* 0 .. 63 */
-            for (int n = 0;; ++n) {
-                const int s = n % WS_CQ;
-                mbar_wait(&cqfull[s], (n / WS_CQ) & 1);
-                const int tile = cq[s];
-                __syncwarp(); /* every lane has read the slot */
-                if (lane == 0) mbar_arrive(&cqempty[s]);
-                if (tile < 0) break;
-                dq_convert_tile<T>(dq, dqacc, sdq, tile, nT, Hq, T_, scale, ct);
-            }
+            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
         }
-        return;
+        return; /* the two other warps of the producer warpgroup have nothing to do */
     }
     reg_alloc<232>();
 
@@ -398,12 +322,6 @@ extern "C" void attn_sm90_grid(int fwd, int bwd) {
     g_grid_bwd = bwd;
 }
 
-static int g_dq_in_kernel = 1;
-
-extern "C" void attn_sm90_dq_in_kernel(int on) {
-    g_dq_in_kernel = on;
-}
-
 extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
     const int cap = bwd ? g_grid_bwd : g_grid_fwd;
     if (cap < 0) return (int)tiles;
@@ -471,9 +389,8 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
 }
 
 template <typename T>
-static void bwd_launch(const attn_sm90_bwd_maps &m, void *dq, void *dk, void *dv, float *dqacc,
-                       int *cnt, float *wkv, const float *lse, const float *Dd,
-                       const zr_attn_layout &L, int64_t B,
+static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
+                       const float *lse, const float *Dd, const zr_attn_layout &L, int64_t B,
                        int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
                        cudaStream_t st) {
     auto kern = attn_bwd_sm90_kernel<T>;
@@ -483,23 +400,17 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dq, void *dk, void *dv
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nitems = (int)(B * Hkv * ns) * nT;
     const int blocks = attn_sm90_blocks(1, nitems);
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
-        (uint16_t *)dq, (uint16_t *)dk, (uint16_t *)dv, dqacc, cnt, wkv, m.q, m.dout, m.k, m.v,
-        m.dq, lse, Dd, L.dq, L.dk, L.dv,
+        (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, lse, Dd, L.dk, L.dv,
         (int)T_, nT, nitems, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
         scale * 1.4426950408889634f);
 }
 
-extern "C" int attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dq, void *dk, void *dv,
-                                  float *dqacc, int *cnt, float *wkv, const float *lse,
-                                  const float *Dd, const zr_attn_layout *L, int64_t B, int64_t Hq,
-                                  int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
-                                  zr_dtype dt, cudaStream_t st) {
-    if (!g_dq_in_kernel) cnt = NULL; /* the kernel then only reduce-adds */
+extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                                   const float *lse, const float *Dd, const zr_attn_layout *L,
+                                   int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                                   int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd_launch<__nv_bfloat16>(*m, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns,
-                                  nkv, scale, st);
+        bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else
-        bwd_launch<__half>(*m, dq, dk, dv, dqacc, cnt, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv,
-                           scale, st);
-    return cnt != NULL;
+        bwd_launch<__half>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
 }

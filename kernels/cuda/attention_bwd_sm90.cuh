@@ -1,8 +1,8 @@
 /* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and
  * lse, the causal mask of the diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK
- * and dQ products, the dQ tile's staging for its reduce-add and its conversion once complete, an
- * L2 prefetch of a TMA box, the dK/dV epilogue, and the persistent grid's order of the work items.
- * Same build constraints as attention_sm90.cuh. */
+ * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, the
+ * dK/dV epilogue, and the persistent grid's order of the work items. Same build constraints as
+ * attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
@@ -107,39 +107,6 @@ static __device__ __forceinline__ void dq_stage(float *q4, const float (&dq)[32]
             *reinterpret_cast<float2 *>(q4 + (nt >> 2) * 2048 + row * 32 + ((chunk ^ g) << 2) +
                                         2 * (t4 & 1)) =
                 make_float2(dq[4 * nt + 2 * hlf], dq[4 * nt + 2 * hlf + 1]);
-        }
-    }
-}
-
-/* One finished dQ tile to the output, as attn_sum_convert_kernel (attention.cu) converts it:
- * dq = T(scale · dqacc), the f32 sums read with ld.global.cg (L2, never a stale L1 line) and
- * stored 4 elements at a time. tile = (b·Hq + h)·nT + i: rows 128i .. min(128i + 128, T) − 1 of
- * head h of batch b; dqacc (B, Hq, T, 64) contiguous, dq strided as sdq. By 64 threads (ct 0..63):
- * 16 a row, thread ct takes columns 4·(ct % 16) .. + 3 of rows ct / 16 + 4k. */
-template <typename T>
-static __device__ __forceinline__ void dq_convert_tile(uint16_t *dq, const float *dqacc,
-                                                       const zr_attn_strides &sdq, int tile,
-                                                       int nT, int Hq, int T_, float scale,
-                                                       int ct) {
-    const int bh = tile / nT, i = tile - bh * nT, b = bh / Hq, h = bh - b * Hq;
-    const int r0 = i * 128, rows = min(128, T_ - r0), col = (ct & 15) * 4, row0 = ct >> 4;
-    const float *src = dqacc + ((size_t)bh * T_ + r0) * 64 + col;
-    uint16_t *dst = dq + b * sdq.sb + h * sdq.sh + (int64_t)r0 * sdq.st + col;
-#pragma unroll 1
-    for (int k0 = 0; k0 < 32; k0 += 4) { /* four 16-byte loads in flight a thread */
-        float4 a[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int row = row0 + 4 * (k0 + u);
-            if (row < rows) a[u] = __ldcg(reinterpret_cast<const float4 *>(src + row * 64));
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int row = row0 + 4 * (k0 + u);
-            if (row < rows)
-                *reinterpret_cast<uint2 *>(dst + row * sdq.st) =
-                    make_uint2(cvt<T>::pack(a[u].x * scale, a[u].y * scale),
-                               cvt<T>::pack(a[u].z * scale, a[u].w * scale));
         }
     }
 }

@@ -1,9 +1,9 @@
 /* Device helpers for the Hopper attention kernels (attention_{fwd,bwd}_sm90.cu):
  * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
  * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async,
- * mbarriers, named barriers, TMA loads and reduce-adds, a proxy fence and a gpu-scope atomic,
- * warpgroup register reallocation, the forward's online-softmax step, rescale, P packing and
- * epilogue. Only for translation units built with -gencode arch=compute_90a,code=sm_90a. */
+ * mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
+ * the forward's online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
+ * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
 #define ZR_CUDA_ATTENTION_SM90_CUH
 
@@ -225,20 +225,6 @@ template <int N> static __device__ __forceinline__ void bulk_wait_read() {
 /* Waits until at most N bulk groups are still incomplete (their global writes included). */
 template <int N> static __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-/* Orders this thread's global-memory accesses of the async proxy (completed TMA reduce-adds)
- * against those of the generic proxy that follow (a release atomic), in both directions. */
-static __device__ __forceinline__ void fence_proxy_async_global() {
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-/* *p += v at gpu scope with acquire and release semantics; returns the old value. */
-static __device__ __forceinline__ int atom_add_acq_rel_gpu(int *p, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
-                 : "=r"(old)
-                 : "l"(p), "r"(v)
-                 : "memory");
-    return old;
 }
 /* Named barrier id (1..15) over the first n threads that reach it (a multiple of 32). */
 static __device__ __forceinline__ void bar_sync(int id, int n) {

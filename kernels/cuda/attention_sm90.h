@@ -28,10 +28,6 @@ void attn_sm90_force(int fwd, int bwd);
  * blocks a launch may have. 0: one per SM (the default); -1: one block per tile (no block runs two);
  * n > 0: at most n (tests: every block runs many tiles, so the rings and barriers carry across). */
 void attn_sm90_grid(int fwd, int bwd);
-/* Test and benchmark knob of the backward: 1 (the default) converts each dQ tile to dq inside the
- * kernel once complete; 0 leaves dq in the f32 accumulator for attention.cu's conversion pass (the
- * path before the in-kernel conversion, for A/B timing). */
-void attn_sm90_dq_in_kernel(int on);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
  * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
  * run. */
@@ -54,10 +50,6 @@ int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const v
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
 
-/* The backward's query tile: the rows of dQ it reduce-adds per step, and of a counted dQ tile (one
- * int32 counter per (b, h, tile) in the workspace, zeroed by attention.cu's prep kernel). */
-#define ATTN_SM90_BWD_BM 128
-
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
 
@@ -70,17 +62,14 @@ typedef struct {
 int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dout, const void *q,
                             const void *k, const void *v, const zr_attn_layout *L, int64_t B,
                             int64_t Hq, int64_t Hkv, int64_t T, zr_dtype dt);
-/* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's, (B, Hq,
- * T, 64) contiguous), which must be zeroed, and each 128-row tile, once all its key tiles are
- * added, written to dq (scaled, layout L->dq) by the block that added last; cnt: B·Hq·ceil(T/128)
- * int32 counters, zeroed. Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk
- * (unscaled) and dv go to wkv (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv
- * are written directly. Returns 1 when dq was written, 0 when the caller converts dqacc
- * (attn_sm90_dq_in_kernel(0)). */
-int attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dq, void *dk, void *dv, float *dqacc,
-                        int *cnt, float *wkv, const float *lse, const float *Dd,
-                        const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                        int ns, int64_t nkv, float scale, zr_dtype dt, cudaStream_t st);
+/* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's), which
+ * must be zeroed; Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk (unscaled) and dv
+ * go to wkv (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written
+ * directly. */
+void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                        const float *lse, const float *Dd, const zr_attn_layout *L, int64_t B,
+                        int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
+                        zr_dtype dt, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -130,14 +130,10 @@ static void attention_rows() {
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
            "bwd TF/s", "f+b TF/s");
     const int64_t shapes[][4] = {{4, 32, 8, 512}, {4, 32, 8, 2048}, {4, 32, 8, 8192}, {64, 12, 12, 1024}};
-    /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile,
-     * then the default grid with dq converted by a separate pass (the path before the backward
-     * converted its own dq tiles: A/B) */
-    for (int mode : {0, 1, 2})
+    /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile */
+    for (int grid : {0, -1})
     for (auto &s : shapes) {
-        const int grid = mode == 1 ? -1 : 0;
         attn_sm90_grid(grid, grid);
-        attn_sm90_dq_in_kernel(mode != 2);
         const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = 64;
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
         void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
@@ -160,8 +156,7 @@ static void attention_rows() {
         const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;
         char shape[64];
         snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld%s", (long long)B, (long long)T,
-                 (long long)Hq, (long long)Hkv, (long long)Dh,
-                 mode == 1 ? " tile/block" : mode == 2 ? " dq pass" : "");
+                 (long long)Hq, (long long)Hkv, (long long)Dh, grid ? " tile/block" : "");
         printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
                ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
                (ff + fbw) / (fb * 1e-3) / 1e12);
@@ -169,7 +164,6 @@ static void attention_rows() {
         cudaFree(lse);
     }
     attn_sm90_grid(0, 0);
-    attn_sm90_dq_in_kernel(1);
 }
 
 int main(int argc, char **argv) {
