@@ -250,6 +250,10 @@ $(BUILD)/bench/bench_gemm_algos_names.h: $(CUDA_HOME)/include/cublasLt.h
 $(BUILD)/bench/bench_gemm_algos: tests/bench/bench_gemm_algos.cu tests/bench/bench_gemm_algos.h \
                                  $(BUILD)/bench/bench_gemm_algos_names.h
 	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -I$(BUILD)/bench -o $@ $< -lcublasLt -lcublas -ldl
+# The GPU timeline recorder (GPU machine; LD_PRELOAD it, then tests/bench/timeline_gaps.lua): CUPTI only.
+$(BUILD)/bench/libgpu_timeline.so: tests/bench/gpu_timeline.c
+	@mkdir -p $(dir $@)
+	$(call quiet,CC,$<)$(CC) -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -lcupti
 test-cuda: all $(FUSED_TEST)
 	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
 
