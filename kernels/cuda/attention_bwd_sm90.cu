@@ -181,8 +181,14 @@ __global__ void __launch_bounds__(WS_THR, 1)
                     }
                     cp_async_mbar_arrive(&full[s]);
                     if (r > 0 && it == 0) {
-                        mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
-                        if (lane == 0) load_kv(t);
+                        /* lane 0 alone waits: lanes 1-31 waiting apart from it could miss a phase
+                         * (an item of one step completes kvempty's next phase without them, and a
+                         * parity wait two phases behind never returns), then wait at __syncwarp */
+                        if (lane == 0) {
+                            mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
+                            load_kv(t);
+                        }
+                        __syncwarp();
                     }
                 }
             }
