@@ -76,8 +76,9 @@ static __device__ __forceinline__ float gm_gelu(float z) {
  * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
  * kt = ceil(k / 64) k blocks, ring loads j = n·kt .. n·kt + kt − 1 (stage j % 4, its (j / 4)-th use).
  * Consumer warpgroup w runs the local tiles n ≡ w (mod 2).
- *   full[s] (mbarrier, count 1): the producer arrives once (arrive.expect_tx, 32 KB) per load into
- *     stage s, the TMA completes the bytes; the consumer warpgroup of load j waits parity
+ *   full[s] (mbarrier, count 1): the producer arrives once (arrive.expect_tx: 32 KB, less the 8 KB
+ *     boxes it skips) per load into stage s, the TMA completes the bytes (out-of-bounds parts of a
+ *     box count, zero-filled); the consumer warpgroup of load j waits parity
  *     (j / 4) & 1 (all 128 threads).
  *   empty[s] (mbarrier, count 4): each warp of the consuming warpgroup arrives once (lane 0) when
  *     its wgmma reading load j are complete (after wgmma.wait_group); the producer waits parity
@@ -129,23 +130,28 @@ __global__ void __launch_bounds__(GM_THR, 1)
                 int tm, tn;
                 gm_tile(t, p, tm, tn);
                 const int m0 = tm * GM_BM, n0 = tn * GM_BN;
+                /* an MN-major operand's second 64-wide box wholly past m (n) is not loaded: its
+                 * stage keeps stale values, which only reach output rows (columns) never stored */
+                const bool a2 = TA == 0 || m0 + 64 < p.m, b2 = TB == 0 || n0 + 64 < p.n;
+                const uint32_t a_bytes = a2 ? gm_smem::T : gm_smem::T / 2;
+                const uint32_t b_bytes = b2 ? gm_smem::T : gm_smem::T / 2;
                 for (int kb = 0; kb < kt; ++kb, ++j) {
                     const uint32_t s = j % GM_ST;
                     if (j >= GM_ST) mbar_wait(&empty[s], ((j / GM_ST) - 1) & 1);
-                    mbar_expect_tx(&full[s], 2 * gm_smem::T);
+                    mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
                     if (TA == 0) { /* A [m][k]: one box of 128 rows of 64 k */
                         tma_load4(a, &ma, &full[s], k0, m0, 0, 0);
                     } else { /* A [k][m]: two boxes of 64 k rows of 64 m */
                         tma_load4(a, &ma, &full[s], m0, k0, 0, 0);
-                        tma_load4(a + 64 * 64, &ma, &full[s], m0 + 64, k0, 0, 0);
+                        if (a2) tma_load4(a + 64 * 64, &ma, &full[s], m0 + 64, k0, 0, 0);
                     }
                     if (TB == 0) { /* B [n][k] */
                         tma_load4(b, &mb, &full[s], k0, n0, 0, 0);
                     } else { /* B [k][n] */
                         tma_load4(b, &mb, &full[s], n0, k0, 0, 0);
-                        tma_load4(b + 64 * 64, &mb, &full[s], n0 + 64, k0, 0, 0);
+                        if (b2) tma_load4(b + 64 * 64, &mb, &full[s], n0 + 64, k0, 0, 0);
                     }
                 }
             }
@@ -308,7 +314,15 @@ template <int TA, int TB, int EPI>
 static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p, int grid,
                      cudaStream_t st) {
     auto kern = gemm_sm90_kernel<TA, TB, EPI>;
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gm_smem::BYTES);
+    static int smem_set[64]; /* per device */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev < 0 || dev >= 64 || !smem_set[dev]) {
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gm_smem::BYTES) != cudaSuccess)
+            return zr_error("gemm_sm90: %d bytes of shared memory a block refused: %s", gm_smem::BYTES,
+                            cudaGetErrorString(cudaGetLastError()));
+        if (dev >= 0 && dev < 64) smem_set[dev] = 1;
+    }
     kern<<<grid, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
     return launch_check("gemm_sm90");
 }

@@ -7,6 +7,13 @@
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../base/dtype.h" /* C linkage before matmul.h includes it */
+#ifdef __cplusplus
+}
+#endif
 #include "matmul.h"
 
 #ifdef __cplusplus
