@@ -15,19 +15,11 @@
 #include <functional>
 
 #include "kernels/cuda/gemm_sm90.h"
+#include "../cuda/cu_check.h"
 extern "C" {
 #include "kernels/base/error.h"
 #include "runtime/cuda/blas_plan.h"
 }
-
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Random values in [-scale, scale) as bf16 (dtype bf16) or f32 (n elements at p). */
 __global__ void bench_fill_kernel(void *p, size_t n, int f32, uint32_t seed, float scale) {

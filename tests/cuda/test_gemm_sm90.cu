@@ -18,19 +18,11 @@
 
 #include "../c/check.h"
 #include "kernels/cuda/gemm_sm90.h"
+#include "cu_check.h"
 extern "C" {
 #include "kernels/base/error.h"
 #include "runtime/cuda/blas_plan.h"
 }
-
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double urand() { /* uniform in [-1, 1) */
