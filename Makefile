@@ -230,9 +230,9 @@ fuzz: deps
 # CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host
 # references; both print "N passed, N failed".
 FUSED_TEST := $(BUILD)/tests/test_fused_kernels
-$(FUSED_TEST): tests/cuda/test_fused_kernels.cu
+$(FUSED_TEST): tests/cuda/test_fused_kernels.cu tests/cuda/cu_check.h
 # The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
-$(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu
+$(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu tests/cuda/cu_check.h
 # Our Hopper GEMM (kernels/cuda/gemm_sm90.cu; GPU machine): the test against host references and
 # cuBLASLt ("N passed, N failed"), the benchmark against cuBLASLt on Llama-3.2-1B's and GPT-2's products.
 GEMM_SM90_TEST := $(BUILD)/tests/test_gemm_sm90

@@ -1,5 +1,6 @@
 /* CU(x): runs a CUDA runtime call and exits (status 2) with the error, file and line when it
- * fails; for the standalone GPU tests and benchmarks (test_gemm_sm90.cu, bench_gemm_sm90.cu). */
+ * fails; for the standalone GPU tests and benchmarks (test_fused_kernels.cu, test_gemm_sm90.cu,
+ * bench_fused.cu, bench_gemm_sm90.cu). */
 #ifndef ZR_TESTS_CU_CHECK_H
 #define ZR_TESTS_CU_CHECK_H
 
