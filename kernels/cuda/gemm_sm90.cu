@@ -72,6 +72,42 @@ static __device__ __forceinline__ float gm_gelu(float z) {
     return z * __frcp_rn(1.f + __expf(-u2));
 }
 
+/* A quad's 4 x 4 words transposed: lane t's w[i] becomes lane i's w[t] (two xor-shuffle rounds,
+ * 2 x 2 blocks then within them). */
+static __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int t4) {
+    const bool o1 = t4 & 1, o2 = t4 & 2;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const uint32_t a0 = w[2 * k], a1 = w[2 * k + 1];
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, o1 ? a0 : a1, 1);
+        w[2 * k] = o1 ? r : a0;
+        w[2 * k + 1] = o1 ? a1 : r;
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+        const uint32_t a0 = w[b], a1 = w[2 + b];
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, o2 ? a0 : a1, 2);
+        w[b] = o2 ? r : a0;
+        w[2 + b] = o2 ? a1 : r;
+    }
+}
+
+/* z: this lane's 4 bf16 pairs (word i of the quad's chunks i = 0..3, columns 2 t4, 2 t4 + 1 of
+ * each); after the transpose the lane holds chunk t4 whole and stores its 16 bytes at dst when st.
+ * Every lane of the warp must call it (the shuffles). */
+static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float (&z)[8], int t4,
+                                                      bool st) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = cvt<__nv_bfloat16>::pack(z[2 * i], z[2 * i + 1]);
+    quad_transpose(w, t4);
+    if (st) /* one 16-byte store */
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3])
+                     : "memory");
+}
+
 /* Barriers and the parity rule.
  * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
  * kt = ceil(k / 64) k blocks, ring loads j = n·kt .. n·kt + kt − 1 (stage j % 4, its (j / 4)-th use).
@@ -98,9 +134,9 @@ static __device__ __forceinline__ float gm_gelu(float z) {
  *   consumer holding the turn waits only for full (loads that need releases of earlier tiles'
  *   loads, which their warpgroups give after their last wgmma, without waiting for anything);
  *   a warpgroup waits for its turn only after releasing all loads of its previous tile.
- * Epilogue: from the accumulator registers straight to global memory (bf16 pairs or f32 pairs, 16 or
- *   32 bytes a row segment of 4 lanes), masked at m and n; it touches no shared memory, so the next
- *   tile's loads never wait for it. */
+ * Epilogue: from the accumulator registers straight to global memory, masked at m and n (f32 pairs,
+ *   a row's 4 lanes one 32-byte sector; bf16 through a quad transpose, 16 bytes a lane, a row's
+ *   two lanes one sector); it touches no shared memory, so the next tile's loads never wait for it. */
 template <int TA, int TB, int EPI>
 __global__ void __launch_bounds__(GM_THR, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
@@ -204,44 +240,67 @@ __global__ void __launch_bounds__(GM_THR, 1)
 
         /* epilogue: accumulator d[4 nt + e] of half h is row 64h + 16 warp + g + 8 (e >> 1), column
          * 8 nt + 2 t4 + (e & 1) */
+        if (EPI == GM_EPI_F32) { /* f32 pairs: a row's 4 lanes write one 32-byte sector */
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-            const int col = n0 + nt * 8 + t4 * 2;
-            if (col >= p.n) break; /* n is a multiple of 8: a pair is inside or outside */
-            float b0v = 0.f, b1v = 0.f;
-            if (EPI != GM_EPI_F32 && p.bias) {
-                const __nv_bfloat162 bb = *reinterpret_cast<const __nv_bfloat162 *>(p.bias + col);
-                b0v = __low2float(bb);
-                b1v = __high2float(bb);
-            }
+            for (int nt = 0; nt < 16; ++nt) {
+                const int col = n0 + nt * 8 + t4 * 2;
+                if (col >= p.n) break; /* n is a multiple of 8: a pair is inside or outside */
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+                for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                    const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
-                    if (row >= p.m) continue;
-                    float v0 = acc[h][4 * nt + 2 * e2], v1 = acc[h][4 * nt + 2 * e2 + 1];
-                    if (EPI == GM_EPI_F32) {
+                    for (int e2 = 0; e2 < 2; ++e2) {
+                        const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
+                        if (row >= p.m) continue;
                         float2 *d = reinterpret_cast<float2 *>(static_cast<float *>(p.c) +
                                                                (int64_t)row * p.ldc + col);
+                        float2 v = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
                         if (p.beta) {
                             const float2 c = *d;
-                            v0 += c.x;
-                            v1 += c.y;
+                            v.x += c.x;
+                            v.y += c.y;
                         }
-                        *d = make_float2(v0, v1);
-                    } else {
-                        v0 += b0v;
-                        v1 += b1v;
-                        uint16_t *c = static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + col;
-                        if (EPI == GM_EPI_GELU_AUX) {
-                            uint16_t *x = static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + col;
-                            *reinterpret_cast<uint32_t *>(x) = cvt<__nv_bfloat16>::pack(v0, v1);
-                            v0 = gm_gelu(v0);
-                            v1 = gm_gelu(v1);
-                        }
-                        *reinterpret_cast<uint32_t *>(c) = cvt<__nv_bfloat16>::pack(v0, v1);
+                        *d = v;
                     }
+                }
+            }
+        } else { /* bf16: per pair of 8-column groups, the quad's 2 rows x 16 columns transposed
+                  * so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector) */
+#pragma unroll
+            for (int np = 0; np < 8; ++np) {
+                const int c0 = n0 + np * 16 + t4 * 2; /* this lane's columns c0, c0 + 1, c0 + 8, c0 + 9 */
+                float bz[4] = {0.f, 0.f, 0.f, 0.f};
+                if (p.bias) {
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+                        if (c0 + 8 * q < p.n) {
+                            const __nv_bfloat162 bb =
+                                *reinterpret_cast<const __nv_bfloat162 *>(p.bias + c0 + 8 * q);
+                            bz[2 * q] = __low2float(bb);
+                            bz[2 * q + 1] = __high2float(bb);
+                        }
+                }
+                const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + h * 64 + warp * 16 + g + 8 * (t4 >> 1);
+                    const bool st = row < p.m && sc < p.n;
+                    /* z[2i], z[2i + 1]: word i = (row g, group 2np), (g, 2np + 1), (g + 8, 2np),
+                     * (g + 8, 2np + 1) */
+                    float z[8];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
+                        z[2 * i] = acc[h][d] + bz[2 * (i & 1)];
+                        z[2 * i + 1] = acc[h][d + 1] + bz[2 * (i & 1) + 1];
+                    }
+                    if (EPI == GM_EPI_GELU_AUX) {
+                        gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z,
+                                       t4, st);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+                            z[i] = gm_gelu(z[i]);
+                    }
+                    gm_store_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, z, t4, st);
                 }
             }
         }
