@@ -204,6 +204,7 @@ static double check_out(const run &r, int e, const std::vector<uint8_t> &h, cons
             }
             if (j >= P.n) { /* padding: still the 0xff poison (NaN) */
                 CHECK_MSG(std::isnan(got), "%s: padding (%d, %d) written: %g", who, i, j, got);
+                if (e == E_GELU) CHECK_MSG(std::isnan(gaux), "%s: aux padding (%d, %d) written: %g", who, i, j, gaux);
                 continue;
             }
             double ref = P.P[q], s = P.S[q];
