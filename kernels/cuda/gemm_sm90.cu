@@ -21,7 +21,8 @@ using namespace sm90;
  * 64 k a stage (128-byte swizzled rows: TMA's widest swizzled box). 384 threads: consumer
  * warpgroups 0 and 1, then the producer warpgroup (its first warp's lane 0 issues every TMA load,
  * the rest idle). setmaxnreg 232 / 40 (CUTLASS's split): 2 · 128 · 232 + 128 · 40 = 64512 of the
- * SM's 65536 registers. Shared memory: 4 stages of A and B (4 · 32 KB) + 8 mbarriers, one block
+ * SM's 65536 registers (ptxas -v, CUDA 13: 168 registers a thread at launch, 0 bytes spilled, for
+ * all 12 instantiations). Shared memory: 4 stages of A and B (4 · 32 KB) + 8 mbarriers, one block
  * an SM. */
 #define GM_BM 128
 #define GM_BN 128
