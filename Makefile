@@ -230,13 +230,18 @@ fuzz: deps
 # CUDA tests (GPU machine): every op against its CPU twin, and the fused kernels against host
 # references; both print "N passed, N failed".
 FUSED_TEST := $(BUILD)/tests/test_fused_kernels
-$(FUSED_TEST): tests/cuda/test_fused_kernels.cu $(BUILD)/libzrun.a
-	@mkdir -p $(dir $@)
-	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+$(FUSED_TEST): tests/cuda/test_fused_kernels.cu tests/cuda/cu_check.h
 # The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
-$(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu $(BUILD)/libzrun.a
+$(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu tests/cuda/cu_check.h
+# Our Hopper GEMM (kernels/cuda/gemm_sm90.cu; GPU machine): the test against host references and
+# cuBLASLt ("N passed, N failed"), the benchmark against cuBLASLt on Llama-3.2-1B's and GPT-2's products.
+GEMM_SM90_TEST := $(BUILD)/tests/test_gemm_sm90
+$(GEMM_SM90_TEST): tests/cuda/test_gemm_sm90.cu tests/cuda/cu_check.h
+$(BUILD)/bench/bench_gemm_sm90: tests/bench/bench_gemm_sm90.cu tests/cuda/cu_check.h
+# each one .cu linked against libzrun and cuBLASLt
+$(FUSED_TEST) $(BUILD)/bench/bench_fused $(GEMM_SM90_TEST) $(BUILD)/bench/bench_gemm_sm90: $(BUILD)/libzrun.a
 	@mkdir -p $(dir $@)
-	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
+	$(call quiet,NVCC,$(filter %.cu,$^))$(NVCC) $(NVFLAGS) $(RUNTIME_INC) -o $@ $(filter %.cu,$^) $(BUILD)/libzrun.a -lcublasLt -lcublas -lpthread
 # Which cuBLASLt algorithm is fastest sustained (GPU machine; tests/bench/gemm_algos.sh runs it). No
 # libzrun: cuBLASLt only. The tile/stages/cluster names come from this CUDA's cublasLt.h enums.
 $(BUILD)/bench/bench_gemm_algos_names.h: $(CUDA_HOME)/include/cublasLt.h

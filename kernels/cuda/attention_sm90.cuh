@@ -135,15 +135,16 @@ static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint6
         "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), \
         "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-/* d (64×128, f32) (+)= A (64×16 from descriptor a, K-major) · B (16×128 from descriptor b,
- * stored [n][k]). acc = 0 overwrites d. */
+/* d (64×128, f32) (+)= A (64×16 from descriptor a) · B (16×128 from descriptor b); TA = 0: A
+ * stored [m][k] (K-major), 1: [k][m] (M-major); TB = 0: B stored [n][k] (K-major), 1: [k][n]
+ * (N-major). acc = 0 overwrites d. */
 #define ZR_WG_SS128(TY)                                                                            \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                      \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " ZR_WG_D64            \
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                                  \
+                 ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                              \
                  : ZR_WG_OUT64(d)                                                                  \
-                 : "l"(a), "l"(b), "r"(acc))
-template <typename T>
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB))
+template <typename T, int TA = 0, int TB = 0>
 static __device__ __forceinline__ void wg_ss128(float (&d)[64], uint64_t a, uint64_t b, int acc) {
     if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_SS128("bf16");
     else ZR_WG_SS128("f16");

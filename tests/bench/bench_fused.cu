@@ -17,6 +17,7 @@
 #include <functional>
 #include <vector>
 
+#include "../cuda/cu_check.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/cross_entropy.h"
@@ -33,14 +34,6 @@ extern "C" {
 #include "kernels/cpu/kernels.h" /* ZR_BIN_ADD */
 }
 
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 #define OK(x)                                                                                      \
     do {                                                                                           \
         if ((x) != 0) {                                                                            \

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../c/check.h"
+#include "cu_check.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/cross_entropy.h"
@@ -50,15 +51,6 @@ static double round_to(double x, zr_dtype t) {
 static void roundv(vec &v, zr_dtype t) {
     for (auto &x : v) x = round_to(x, t);
 }
-
-#define CU(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);        \
-            exit(2);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Device buffer holding n elements of dtype t; upload rounds v to t in place. */
 struct dbuf {

@@ -1,0 +1,423 @@
+/* A persistent Hopper (sm_90a) bf16 GEMM with f32 accumulation in CUTLASS's "warp-specialized
+ * ping-pong" design: one TMA producer warp feeds a 4-stage ring of 128x64 A and B tiles, two
+ * consumer warpgroups each own whole 128x128 output tiles and take turns on the tensor cores, so
+ * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = acc + C) runs under
+ * the other's main loop. The interface and what it takes: gemm_sm90.h. */
+#include "gemm_sm90.h"
+
+#include <cuda.h>
+
+#include "attention_sm90.cuh"
+#include "attention_sm90.h"
+#include "fused_common.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "gemm_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
+#endif
+
+using namespace sm90;
+
+/* Tiles 128 x 128 (two m64n128k16 wgmma a k16 step a warpgroup: 128 f32 accumulators a thread),
+ * 64 k a stage (128-byte swizzled rows: TMA's widest swizzled box). 384 threads: consumer
+ * warpgroups 0 and 1, then the producer warpgroup (its first warp's lane 0 issues every TMA load,
+ * the rest idle). setmaxnreg 232 / 40 (CUTLASS's split): 2 · 128 · 232 + 128 · 40 = 64512 of the
+ * SM's 65536 registers (ptxas -v, CUDA 13: 168 registers a thread at launch, 0 bytes spilled, for
+ * all 12 instantiations). Shared memory: 4 stages of A and B (4 · 32 KB) + 8 mbarriers, one block
+ * an SM. */
+#define GM_BM 128
+#define GM_BN 128
+#define GM_BK 64
+#define GM_ST 4
+#define GM_CONS 256
+#define GM_THR (GM_CONS + 128)
+#define GM_PRODUCER (GM_CONS / 32) /* first warp of the producer warpgroup */
+#define GM_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
+#define GM_GROUP 8                 /* m tiles a group of the tile order (L2 reuse of B) */
+static_assert((GM_ST & (GM_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
+
+enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2 };
+
+struct gm_smem {
+    static constexpr int T = GM_BM * GM_BK * 2; /* bytes of an A (or B) stage: 16 KB */
+    static constexpr int A = 0, B = A + GM_ST * T, BAR = B + GM_ST * T;
+    static constexpr int BYTES = BAR + 8 * 2 * GM_ST + 1024; /* + alignment slack */
+};
+static_assert(gm_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+struct gm_args {
+    void *c, *aux;
+    const __nv_bfloat16 *bias; /* NULL: none */
+    int64_t ldc, ld_aux;
+    int m, n, ntm, ntn, kt, tiles, beta;
+};
+
+/* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
+ * tiles first, then along n, so the blocks running at once share B's columns and A's rows in L2. */
+static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm, int &tn) {
+    const int per = GM_GROUP * p.ntn, grp = t / per, first = grp * GM_GROUP, r = t - grp * per;
+    const int gs = min(p.ntm - first, GM_GROUP);
+    tm = first + r % gs;
+    tn = r / gs;
+}
+
+/* The 128-byte-swizzle descriptor of an MN-major operand two 64-wide atoms across (N = 128): the
+ * leading byte offset is the distance between the atoms (PTX ISA, "Leading Dimension Byte
+ * Offset": MN-major, swizzled). */
+static __device__ __forceinline__ uint64_t desc128_lbo(uint32_t a, uint32_t lbo) {
+    return (desc128(a) & ~((uint64_t)0x3FFF << 16)) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16);
+}
+
+/* GELU, tanh form, as 0.5 (1 + tanh u) = sigmoid(2u) (kernels/cuda/elementwise.cu's gelu_tanh). */
+static __device__ __forceinline__ float gm_gelu(float z) {
+    const float u2 = 1.5957691216057308f * (z + 0.044715f * z * z * z);
+    return z * __frcp_rn(1.f + __expf(-u2));
+}
+
+/* A quad's 4 x 4 words transposed: lane t's w[i] becomes lane i's w[t] (two xor-shuffle rounds,
+ * 2 x 2 blocks then within them). */
+static __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int t4) {
+    const bool o1 = t4 & 1, o2 = t4 & 2;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const uint32_t a0 = w[2 * k], a1 = w[2 * k + 1];
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, o1 ? a0 : a1, 1);
+        w[2 * k] = o1 ? r : a0;
+        w[2 * k + 1] = o1 ? a1 : r;
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+        const uint32_t a0 = w[b], a1 = w[2 + b];
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, o2 ? a0 : a1, 2);
+        w[b] = o2 ? r : a0;
+        w[2 + b] = o2 ? a1 : r;
+    }
+}
+
+/* z: this lane's 4 bf16 pairs (word i of the quad's chunks i = 0..3, columns 2 t4, 2 t4 + 1 of
+ * each); after the transpose the lane holds chunk t4 whole and stores its 16 bytes at dst when st.
+ * Every lane of the warp must call it (the shuffles). */
+static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float (&z)[8], int t4,
+                                                      bool st) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        w[i] = cvt<__nv_bfloat16>::pack(z[2 * i], z[2 * i + 1]);
+    quad_transpose(w, t4);
+    if (st) /* one 16-byte store */
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]),
+                     "r"(w[2]), "r"(w[3])
+                     : "memory");
+}
+
+/* Barriers and the parity rule.
+ * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
+ * kt = ceil(k / 64) k blocks, ring loads j = n·kt .. n·kt + kt − 1 (stage j % 4, its (j / 4)-th use).
+ * Consumer warpgroup w runs the local tiles n ≡ w (mod 2).
+ *   full[s] (mbarrier, count 1): the producer arrives once (arrive.expect_tx: 32 KB, less the 8 KB
+ *     boxes it skips) per load into stage s, the TMA completes the bytes (out-of-bounds parts of a
+ *     box count, zero-filled); the consumer warpgroup of load j waits parity
+ *     (j / 4) & 1 (all 128 threads).
+ *   empty[s] (mbarrier, count 4): each warp of the consuming warpgroup arrives once (lane 0) when
+ *     its wgmma reading load j are complete (after wgmma.wait_group); the producer waits parity
+ *     (j / 4 − 1) & 1 before load j ≥ 4 (the release of load j − 4, the stage's previous use).
+ *   Parities are never ambiguous: a stage's next fill waits for the release of its previous one,
+ *     and its release follows that fill's full wait, so neither barrier runs two phases ahead of
+ *     its waiter.
+ *   turn (named barriers 1 + w, 256 threads: one warpgroup's bar.sync + the other's bar.arrive):
+ *     warpgroup w waits on 1 + w before issuing its tile's first wgmma; once its last k block's
+ *     wgmma are issued it arrives on 2 − w (the other's turn) if the block has a next tile
+ *     (n + 1, the other's). Warpgroup 1 arrives on barrier 1 once at the start (warpgroup 0 runs
+ *     tile 0). So barrier 1 sees ceil(N/2) syncs and 1 + (the odd tiles with a successor)
+ *     arrivals, barrier 2 floor(N/2) syncs and (the even tiles with a successor) arrivals: equal
+ *     (N the block's tiles). Neither barrier gets two arrivals ahead: between two arrivals on one
+ *     barrier the arriving warpgroup waits on the other.
+ * No deadlock: the producer fills loads in order and waits only for releases of loads 4 back; a
+ *   consumer holding the turn waits only for full (loads that need releases of earlier tiles'
+ *   loads, which their warpgroups give after their last wgmma, without waiting for anything);
+ *   a warpgroup waits for its turn only after releasing all loads of its previous tile.
+ * Epilogue: from the accumulator registers straight to global memory, masked at m and n (f32 pairs,
+ *   a row's 4 lanes one 32-byte sector; bf16 through a quad transpose, 16 bytes a lane, a row's
+ *   two lanes one sector); it touches no shared memory, so the next tile's loads never wait for it. */
+template <int TA, int TB, int EPI>
+__global__ void __launch_bounds__(GM_THR, 1)
+    gemm_sm90_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                     const gm_args p) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    uint16_t *sA = reinterpret_cast<uint16_t *>(base + gm_smem::A);
+    uint16_t *sB = reinterpret_cast<uint16_t *>(base + gm_smem::B);
+    uint64_t *full = reinterpret_cast<uint64_t *>(base + gm_smem::BAR), *empty = full + GM_ST;
+    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    if ((int)blockIdx.x >= p.tiles) return; /* the whole block: no tile, no barrier used */
+    if (tid == 0) {
+        for (int s = 0; s < GM_ST; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 4);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads(); /* the last block-wide barrier */
+    const int G = gridDim.x, b0 = blockIdx.x, kt = p.kt;
+
+    if (warp_id >= GM_PRODUCER) {
+        reg_dealloc<40>();
+        if (warp_id == GM_PRODUCER && lane == 0) {
+            uint32_t j = 0;
+            for (int t = b0; t < p.tiles; t += G) {
+                int tm, tn;
+                gm_tile(t, p, tm, tn);
+                const int m0 = tm * GM_BM, n0 = tn * GM_BN;
+                /* an MN-major operand's second 64-wide box wholly past m (n) is not loaded: its
+                 * stage keeps stale values, which only reach output rows (columns) never stored */
+                const bool a2 = TA == 0 || m0 + 64 < p.m, b2 = TB == 0 || n0 + 64 < p.n;
+                const uint32_t a_bytes = a2 ? gm_smem::T : gm_smem::T / 2;
+                const uint32_t b_bytes = b2 ? gm_smem::T : gm_smem::T / 2;
+                for (int kb = 0; kb < kt; ++kb, ++j) {
+                    const uint32_t s = j % GM_ST;
+                    if (j >= GM_ST) mbar_wait(&empty[s], ((j / GM_ST) - 1) & 1);
+                    mbar_expect_tx(&full[s], a_bytes + b_bytes);
+                    uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
+                    const int k0 = kb * GM_BK;
+                    if (TA == 0) { /* A [m][k]: one box of 128 rows of 64 k */
+                        tma_load4(a, &ma, &full[s], k0, m0, 0, 0);
+                    } else { /* A [k][m]: two boxes of 64 k rows of 64 m */
+                        tma_load4(a, &ma, &full[s], m0, k0, 0, 0);
+                        if (a2) tma_load4(a + 64 * 64, &ma, &full[s], m0 + 64, k0, 0, 0);
+                    }
+                    if (TB == 0) { /* B [n][k] */
+                        tma_load4(b, &mb, &full[s], k0, n0, 0, 0);
+                    } else { /* B [k][n] */
+                        tma_load4(b, &mb, &full[s], n0, k0, 0, 0);
+                        if (b2) tma_load4(b + 64 * 64, &mb, &full[s], n0 + 64, k0, 0, 0);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    reg_alloc<232>();
+
+    const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    if (wg == 1) bar_arrive(GM_BAR_TURN, GM_CONS); /* warpgroup 0 goes first */
+    const uint32_t a_base = smem_u32(sA), b_base = smem_u32(sB);
+    float acc[2][64];
+    for (int n = wg, t = b0 + wg * G; t < p.tiles; n += 2, t += 2 * G) {
+        int tm, tn;
+        gm_tile(t, p, tm, tn);
+        const int m0 = tm * GM_BM, n0 = tn * GM_BN;
+        const uint32_t j0 = (uint32_t)n * kt;
+        reg_fence(acc[0]);
+        reg_fence(acc[1]);
+        bar_sync(GM_BAR_TURN + wg, GM_CONS);
+        for (int kb = 0; kb < kt; ++kb) {
+            const uint32_t j = j0 + kb, s = j % GM_ST;
+            mbar_wait(&full[s], (j / GM_ST) & 1);
+            const uint32_t a = a_base + s * gm_smem::T, b = b_base + s * gm_smem::T;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                /* B: [n][k] steps 32 bytes a k16 along its rows; [k][n] 16 rows (2048 bytes),
+                 * its two 64-wide n atoms 8 KB apart */
+                const uint64_t db = TB == 0 ? desc128(b + kk * 32) : desc128_lbo(b + kk * 2048, 8192);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    /* A: [m][k]: rows 64h.. at 8 KB each half; [k][m]: box h */
+                    const uint64_t da = TA == 0 ? desc128(a + h * 8192 + kk * 32)
+                                                : desc128(a + h * 8192 + kk * 2048);
+                    wg_ss128<__nv_bfloat16, TA, TB>(acc[h], da, db, kb > 0 || kk > 0);
+                }
+            }
+            wg_commit();
+            if (kb > 0) {
+                wg_wait<1>(); /* load j − 1's wgmma are done */
+                if (lane == 0) mbar_arrive(&empty[(j - 1) % GM_ST]);
+            }
+        }
+        if (t + G < p.tiles) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
+        wg_wait<0>();
+        reg_fence(acc[0]);
+        reg_fence(acc[1]);
+        if (lane == 0) mbar_arrive(&empty[(j0 + kt - 1) % GM_ST]);
+
+        /* epilogue: accumulator d[4 nt + e] of half h is row 64h + 16 warp + g + 8 (e >> 1), column
+         * 8 nt + 2 t4 + (e & 1) */
+        if (EPI == GM_EPI_F32) { /* f32 pairs: a row's 4 lanes write one 32-byte sector */
+#pragma unroll
+            for (int nt = 0; nt < 16; ++nt) {
+                const int col = n0 + nt * 8 + t4 * 2;
+                if (col >= p.n) break; /* n is a multiple of 8: a pair is inside or outside */
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; ++e2) {
+                        const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
+                        if (row >= p.m) continue;
+                        float2 *d = reinterpret_cast<float2 *>(static_cast<float *>(p.c) +
+                                                               (int64_t)row * p.ldc + col);
+                        float2 v = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
+                        if (p.beta) {
+                            const float2 c = *d;
+                            v.x += c.x;
+                            v.y += c.y;
+                        }
+                        *d = v;
+                    }
+                }
+            }
+        } else { /* bf16: per pair of 8-column groups, the quad's 2 rows x 16 columns transposed
+                  * so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector) */
+#pragma unroll
+            for (int np = 0; np < 8; ++np) {
+                const int c0 = n0 + np * 16 + t4 * 2; /* this lane's columns c0, c0 + 1, c0 + 8, c0 + 9 */
+                float bz[4] = {0.f, 0.f, 0.f, 0.f};
+                if (p.bias) {
+#pragma unroll
+                    for (int q = 0; q < 2; ++q)
+                        if (c0 + 8 * q < p.n) {
+                            const __nv_bfloat162 bb =
+                                *reinterpret_cast<const __nv_bfloat162 *>(p.bias + c0 + 8 * q);
+                            bz[2 * q] = __low2float(bb);
+                            bz[2 * q + 1] = __high2float(bb);
+                        }
+                }
+                const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = m0 + h * 64 + warp * 16 + g + 8 * (t4 >> 1);
+                    const bool st = row < p.m && sc < p.n;
+                    /* z[2i], z[2i + 1]: word i = (row g, group 2np), (g, 2np + 1), (g + 8, 2np),
+                     * (g + 8, 2np + 1) */
+                    float z[8];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
+                        z[2 * i] = acc[h][d] + bz[2 * (i & 1)];
+                        z[2 * i + 1] = acc[h][d + 1] + bz[2 * (i & 1) + 1];
+                    }
+                    if (EPI == GM_EPI_GELU_AUX) {
+                        gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z,
+                                       t4, st);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+                            z[i] = gm_gelu(z[i]);
+                    }
+                    gm_store_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, z, t4, st);
+                }
+            }
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+/* The map of a row-major bf16 matrix of `outer` rows of `inner` elements (row stride ld), in
+ * boxes of box_rows rows × 64 elements, 128-byte swizzled, zero fill past its edges. */
+static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, int64_t ld,
+                  uint32_t box_rows) {
+    const uint64_t row = (uint64_t)ld * 2, dims[4] = {(uint64_t)inner, (uint64_t)outer, 1, 1};
+    const uint64_t strides[3] = {row, row * (uint64_t)outer, row * (uint64_t)outer};
+    const uint32_t box[4] = {64, box_rows, 1, 1};
+    return attn_sm90_tmap(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p, dims, strides, box);
+}
+
+static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
+    const char *fn = "gemm_sm90";
+    if (g->ab_dtype != ZR_BF16)
+        return zr_error("%s: inputs are %s; only bf16 is taken (use cuBLASLt)", fn, zr_dtype_name(g->ab_dtype));
+    if (g->batch != 1 || g->alpha != 1.0)
+        return zr_error("%s: batch %lld, alpha %g; only one product with alpha 1 is taken (use cuBLASLt)",
+                        fn, (long long)g->batch, g->alpha);
+    if (g->m <= 0 || g->n <= 0 || g->k <= 0 || g->m % 8 || g->n % 8 || g->k % 8 || g->m > 0x40000000 ||
+        g->n > 0x40000000 || g->k > 0x40000000)
+        return zr_error("%s: m=%lld n=%lld k=%lld; each must be a positive multiple of 8 below 2^30 (use cuBLASLt)",
+                        fn, (long long)g->m, (long long)g->n, (long long)g->k);
+    const int64_t arow = g->ta ? g->m : g->k, brow = g->tb ? g->k : g->n;
+    if (g->lda % 8 || g->ldb % 8 || g->ldc % 8 || g->lda < arow || g->ldb < brow || g->ldc < g->n)
+        return zr_error("%s: lda=%lld ldb=%lld ldc=%lld; each must be a multiple of 8 and hold its row "
+                        "(%lld, %lld, %lld) (use cuBLASLt)", fn, (long long)g->lda, (long long)g->ldb,
+                        (long long)g->ldc, (long long)arow, (long long)brow, (long long)g->n);
+    if (!al16p(g->a) || !al16p(g->b) || !al16p(g->c) || (g->bias && !al16p(g->bias)))
+        return zr_error("%s: a, b, c and bias must be 16-byte aligned (use cuBLASLt)", fn);
+    if (g->c_dtype == ZR_BF16) {
+        if (g->beta != 0.0)
+            return zr_error("%s: bf16 output with beta %g; only beta 0 is taken (use cuBLASLt)", fn, g->beta);
+        if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) {
+            if (!g->aux || !al16p(g->aux) || g->ld_aux % 8 || g->ld_aux < g->n)
+                return zr_error("%s: the GELU epilogue needs aux 16-byte aligned with ld_aux (%lld) a "
+                                "multiple of 8, at least n (use cuBLASLt)", fn, (long long)g->ld_aux);
+        } else if (g->epilogue != ZR_GEMM_EPI_NONE) {
+            return zr_error("%s: epilogue %d not taken (none, bias, GELU_AUX only; use cuBLASLt)", fn, g->epilogue);
+        }
+    } else if (g->c_dtype == ZR_F32) {
+        if (g->bias || g->epilogue != ZR_GEMM_EPI_NONE || (g->beta != 0.0 && g->beta != 1.0))
+            return zr_error("%s: f32 output takes no bias or epilogue and beta 0 or 1 (beta %g) (use cuBLASLt)",
+                            fn, g->beta);
+    } else {
+        return zr_error("%s: output %s not taken (bf16 or f32; use cuBLASLt)", fn, zr_dtype_name(g->c_dtype));
+    }
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+        return zr_error("%s: no CUDA device", fn);
+    if (major != 9 || minor != 0)
+        return zr_error("%s: compute capability %d.%d; the wgmma kernel runs on 9.0 only (use cuBLASLt)", fn,
+                        major, minor);
+    if (!attn_sm90_tma_ready())
+        return zr_error("%s: the driver offers no tensor-map encoder (TMA) (use cuBLASLt)", fn);
+    return 0;
+}
+
+template <int TA, int TB, int EPI>
+static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p, int grid,
+                     cudaStream_t st) {
+    auto kern = gemm_sm90_kernel<TA, TB, EPI>;
+    static int smem_set[64]; /* per device */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev < 0 || dev >= 64 || !smem_set[dev]) {
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gm_smem::BYTES) != cudaSuccess)
+            return zr_error("gemm_sm90: %d bytes of shared memory a block refused: %s", gm_smem::BYTES,
+                            cudaGetErrorString(cudaGetLastError()));
+        if (dev >= 0 && dev < 64) smem_set[dev] = 1;
+    }
+    kern<<<grid, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
+    return launch_check("gemm_sm90");
+}
+
+template <int EPI>
+static int gm_layouts(int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p,
+                      int grid, cudaStream_t st) {
+    /* the kernel's TB is wgmma's: 1 = B stored [k][n], which is tb 0 */
+    if (!ta && tb) return gm_launch<0, 0, EPI>(ma, mb, p, grid, st);
+    if (!ta && !tb) return gm_launch<0, 1, EPI>(ma, mb, p, grid, st);
+    if (ta && tb) return gm_launch<1, 0, EPI>(ma, mb, p, grid, st);
+    return gm_launch<1, 1, EPI>(ma, mb, p, grid, st);
+}
+
+extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
+    if (gemm_sm90_check(g)) return -1;
+    CUtensorMap ma, mb;
+    const int ta = !!g->ta, tb = !!g->tb;
+    if (gm_map(&ma, g->a, ta ? g->m : g->k, ta ? g->k : g->m, g->lda, ta ? 64 : 128) ||
+        gm_map(&mb, g->b, tb ? g->k : g->n, tb ? g->n : g->k, g->ldb, tb ? 128 : 64))
+        return zr_error("gemm_sm90: a tensor map (TMA) cannot be encoded for m=%lld n=%lld k=%lld "
+                        "lda=%lld ldb=%lld (use cuBLASLt)", (long long)g->m, (long long)g->n,
+                        (long long)g->k, (long long)g->lda, (long long)g->ldb);
+    gm_args p;
+    p.c = g->c, p.aux = g->aux, p.bias = (const __nv_bfloat16 *)g->bias;
+    p.ldc = g->ldc, p.ld_aux = g->ld_aux;
+    p.m = (int)g->m, p.n = (int)g->n, p.ntm = (p.m + GM_BM - 1) / GM_BM, p.ntn = (p.n + GM_BN - 1) / GM_BN;
+    p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0;
+    if ((int64_t)p.ntm * p.ntn > 0x40000000)
+        return zr_error("gemm_sm90: %lld x %lld output tiles is too many (use cuBLASLt)", (long long)p.ntm,
+                        (long long)p.ntn);
+    p.tiles = p.ntm * p.ntn;
+    int blocks = grid > 0 ? grid : num_sms();
+    if (blocks > p.tiles) blocks = p.tiles;
+    if (g->c_dtype == ZR_F32) return gm_layouts<GM_EPI_F32>(ta, tb, ma, mb, p, blocks, stream);
+    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gm_layouts<GM_EPI_GELU_AUX>(ta, tb, ma, mb, p, blocks, stream);
+    return gm_layouts<GM_EPI_BF16>(ta, tb, ma, mb, p, blocks, stream);
+}

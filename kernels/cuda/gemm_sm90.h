@@ -1,0 +1,44 @@
+/* Our own Hopper (sm_90a) matrix product, for the products whose epilogue cuBLASLt does not overlap
+ * with the next tile's main loop: a persistent wgmma GEMM whose two consumer warpgroups take turns
+ * (ping-pong), bf16 inputs, f32 accumulation, fused bias / bias+GELU(aux) / f32 beta-1 epilogues. */
+#ifndef ZR_CUDA_GEMM_SM90_H
+#define ZR_CUDA_GEMM_SM90_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../base/dtype.h" /* C linkage before matmul.h includes it */
+#ifdef __cplusplus
+}
+#endif
+#include "matmul.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The products it takes, in zr_gemm_desc's terms (row-major C (m, n) = op(A) op(B), ta/tb as in
+ * kernels/cpu/matmul.h; every flag combination: forward Y = X Wᵀ is ta 0 tb 1, dX = dY W is ta 0
+ * tb 0, dW = dYᵀ X is ta 1 tb 0):
+ *   batch 1, alpha 1, ab_dtype bf16, on a compute capability 9.0 device;
+ *   m, n, k multiples of 8 (any size otherwise: partial 128 x 128 tiles are masked), every leading
+ *   dimension a multiple of 8 and at least the row it holds, a, b, c, bias, aux 16-byte aligned;
+ *   c_dtype bf16: beta 0, bias optional; epilogue ZR_GEMM_EPI_GELU_AUX writes c = gelu_tanh(z)
+ *     and aux (ld_aux) = z, z = product (+ bias) (cuBLASLt's GELU_AUX(_BIAS));
+ *   c_dtype f32: beta 0 or 1 (C = product + C: a gradient accumulator), no bias, no epilogue.
+ * Returns 0 when it takes g, else -1 with zr_error saying why (the caller uses cuBLASLt then). */
+int gemm_sm90_check(const zr_gemm_desc *g);
+
+/* Runs g (checked as above; -1 and nothing launched when refused). grid: 0 for one block per SM,
+ * n > 0 for at most n blocks (tests: persistence across many tiles a block); never more blocks
+ * than 128 x 128 output tiles. */
+int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,148 @@
+/* Benchmark of our Hopper GEMM (kernels/cuda/gemm_sm90.cu) against cuBLASLt (gemm_ex_cuda: the
+ * runtime's autotuned plans) on Llama-3.2-1B's products at 2048 tokens (forward Y = X Wᵀ bf16, dX =
+ * dY W bf16, dW = dYᵀ X into an f32 gradient with beta 1) and GPT-2's c_fc with bias + GELU(aux).
+ * Sustained rates: the GPU heated 2 s first, then per product and implementation the best of 5
+ * loops of ~0.3 s (under the power cap, not the boost clock). Prints ms and TFLOP/s side by side.
+ * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#include "kernels/cuda/gemm_sm90.h"
+#include "../cuda/cu_check.h"
+extern "C" {
+#include "kernels/base/error.h"
+#include "runtime/cuda/blas_plan.h"
+}
+
+/* Random values in [-scale, scale) as bf16 (dtype bf16) or f32 (n elements at p). */
+__global__ void bench_fill_kernel(void *p, size_t n, int f32, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        const float f = ((h & 0xffffff) / 16777216.f * 2.f - 1.f) * scale;
+        if (f32) static_cast<float *>(p)[i] = f;
+        else static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(f);
+    }
+}
+static void *dev_random(size_t n, int f32, uint32_t seed, float scale) {
+    void *p = nullptr;
+    CU(cudaMalloc(&p, n * (f32 ? 4 : 2)));
+    bench_fill_kernel<<<1024, 256>>>(p, n, f32, seed, scale);
+    CU(cudaGetLastError());
+    return p;
+}
+
+/* Seconds of back-to-back calls of f: mean ms a call over a loop of ~secs. */
+static double loop_ms(const std::function<int()> &f, double secs) {
+    cudaEvent_t t0, t1;
+    CU(cudaEventCreate(&t0));
+    CU(cudaEventCreate(&t1));
+    CU(cudaEventRecord(t0));
+    if (f()) {
+        printf("FAILED: %s\n", zr_last_error());
+        exit(2);
+    }
+    CU(cudaEventRecord(t1));
+    CU(cudaEventSynchronize(t1));
+    float one = 0;
+    CU(cudaEventElapsedTime(&one, t0, t1));
+    const int n = std::max(1, (int)(secs * 1e3 / std::max(one, 1e-3f)));
+    CU(cudaEventRecord(t0));
+    for (int i = 0; i < n; ++i) f();
+    CU(cudaEventRecord(t1));
+    CU(cudaEventSynchronize(t1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, t0, t1));
+    CU(cudaEventDestroy(t0));
+    CU(cudaEventDestroy(t1));
+    return ms / n;
+}
+static double best_ms(const std::function<int()> &f) {
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) best = std::min(best, loop_ms(f, 0.3));
+    return best;
+}
+
+struct prod {
+    const char *name;
+    int ta, tb;
+    int64_t m, n, k;
+    int f32_beta1, gelu;
+};
+
+int main(int argc, char **argv) {
+    (void)argc, (void)argv;
+    /* Llama-3.2-1B, 2048 tokens (M x N x K of the forward: tokens x out x in): q/k/v fused
+     * 2048x3072x2048, o 2048x2048x2048, gate/up fused 2048x16384x2048, down 2048x2048x8192, LM head
+     * 2048x128256x2048; dX = dY W is (tokens x in x out), dW = dYᵀ X (out x in x tokens) into f32. */
+    struct shape {
+        const char *name;
+        int64_t t, out, in;
+    } llama[] = {{"qkv", 2048, 3072, 2048},
+                 {"o", 2048, 2048, 2048},
+                 {"gate_up", 2048, 16384, 2048},
+                 {"down", 2048, 2048, 8192},
+                 {"lm_head", 2048, 128256, 2048}};
+    prod ps[32];
+    int np = 0;
+    static char names[32][64];
+    for (const shape &s : llama) {
+        snprintf(names[np], 64, "%s fwd", s.name);
+        ps[np] = {names[np], 0, 1, s.t, s.out, s.in, 0, 0}, np++;
+        snprintf(names[np], 64, "%s dX", s.name);
+        ps[np] = {names[np], 0, 0, s.t, s.in, s.out, 0, 0}, np++;
+        snprintf(names[np], 64, "%s dW f32+=", s.name);
+        ps[np] = {names[np], 1, 0, s.out, s.in, s.t, 1, 0}, np++;
+    }
+    /* GPT-2 c_fc: 64 x 1024 tokens, 768 -> 3072, Conv1D's weight (in, out) (tb 0) */
+    ps[np++] = {"gpt2 c_fc bias+gelu", 0, 0, 65536, 3072, 768, 0, 1};
+
+    size_t max_a = 0, max_b = 0, max_c = 0;
+    for (int i = 0; i < np; ++i) {
+        max_a = std::max(max_a, (size_t)(ps[i].m * ps[i].k));
+        max_b = std::max(max_b, (size_t)(ps[i].k * ps[i].n));
+        max_c = std::max(max_c, (size_t)(ps[i].m * ps[i].n));
+    }
+    void *a = dev_random(max_a, 0, 1, 1.f), *b = dev_random(max_b, 0, 2, 1.f);
+    void *c = dev_random(max_c, 1, 3, 1.f), *aux = dev_random(max_c, 0, 4, 1.f);
+    void *bias = dev_random(65536, 0, 5, 1.f);
+    CU(cudaDeviceSynchronize());
+
+    /* heat: 2 s of the largest forward product (ours) */
+    {
+        zr_gemm_desc g;
+        memset(&g, 0, sizeof g);
+        g.ta = 0, g.tb = 1, g.m = 2048, g.n = 16384, g.k = 2048, g.a = a, g.lda = 2048, g.b = b;
+        g.ldb = 2048, g.c = c, g.ldc = 16384, g.batch = 1, g.alpha = 1, g.ab_dtype = g.c_dtype = ZR_BF16;
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) loop_ms([&] { return gemm_sm90(&g, 0, 0); }, 0.1);
+    }
+
+    printf("%-22s %7s %7s %7s | %9s %8s | %9s %8s | %6s\n", "product", "M", "N", "K", "ours ms", "TFLOP/s",
+           "cuBLASLt", "TFLOP/s", "ratio");
+    for (int i = 0; i < np; ++i) {
+        const prod &p = ps[i];
+        zr_gemm_desc g;
+        memset(&g, 0, sizeof g);
+        g.ta = p.ta, g.tb = p.tb, g.m = p.m, g.n = p.n, g.k = p.k;
+        g.a = a, g.lda = p.ta ? p.m : p.k, g.b = b, g.ldb = p.tb ? p.k : p.n;
+        g.c = c, g.ldc = p.n, g.batch = 1, g.alpha = 1, g.beta = p.f32_beta1 ? 1 : 0;
+        g.ab_dtype = ZR_BF16, g.c_dtype = p.f32_beta1 ? ZR_F32 : ZR_BF16;
+        if (p.gelu) g.bias = bias, g.epilogue = ZR_GEMM_EPI_GELU_AUX, g.aux = aux, g.ld_aux = p.n;
+        if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
+        const double ours = best_ms([&] { return gemm_sm90(&g, 0, 0); });
+        const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
+        const double fl = 2.0 * p.m * p.n * p.k;
+        printf("%-22s %7lld %7lld %7lld | %9.3f %8.1f | %9.3f %8.1f | %6.3f\n", p.name, (long long)p.m,
+               (long long)p.n, (long long)p.k, ours, fl / ours * 1e-9, lt, fl / lt * 1e-9, lt / ours);
+        fflush(stdout);
+    }
+    return 0;
+}
