@@ -259,8 +259,8 @@ $(BUILD)/bench/bench_gemm_algos: tests/bench/bench_gemm_algos.cu tests/bench/ben
 $(BUILD)/bench/libgpu_timeline.so: tests/bench/gpu_timeline.c
 	@mkdir -p $(dir $@)
 	$(call quiet,CC,$<)$(CC) -O2 -shared -fPIC -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -lcupti
-test-cuda: all $(FUSED_TEST)
-	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN)
+test-cuda: all $(FUSED_TEST) $(GEMM_SM90_TEST)
+	@sh tests/run_cuda.sh $(FUSED_TEST) ./$(BIN) $(GEMM_SM90_TEST)
 
 clean:
 	rm -rf build zrun

@@ -1,10 +1,10 @@
 #!/bin/sh
 # GPU test suite (run on a machine with an NVIDIA GPU, from the repo root): the fused-kernel
-# tests, every zrun op on CUDA against its CPU twin (tests/ops/test_*_cuda.lua), the backend beyond
+# tests, the Hopper GEMM's tests, every zrun op on CUDA against its CPU twin (tests/ops/test_*_cuda.lua), the backend beyond
 # single ops (tests/cuda/test_cuda.lua), and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence
 # test (it needs a zrun built with MPI), and the memory plan's time-line peak on the GPU(s). Ends with
 # "N passed, N failed".
-fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}
+fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}; gemm=${3:-$(dirname "$fused")/test_gemm_sm90}
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 pass=0; fail=0
 run_one() { # command...
@@ -15,6 +15,7 @@ run_one() { # command...
   pass=$((pass + p)); fail=$((fail + f))
 }
 run_one $fused
+run_one $gemm
 for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zenflow_multi_gpu.sh
