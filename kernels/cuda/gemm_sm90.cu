@@ -1,8 +1,9 @@
 /* A persistent Hopper (sm_90a) bf16 GEMM with f32 accumulation in CUTLASS's "warp-specialized
  * ping-pong" design: one TMA producer warp feeds a 4-stage ring of 128x64 A and B tiles, two
  * consumer warpgroups each own whole 128x128 output tiles and take turns on the tensor cores, so
- * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = acc + C) runs under
- * the other's main loop. The interface and what it takes: gemm_sm90.h. */
+ * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = C + product) runs
+ * under the other's main loop; C (beta 1) and the bias start the accumulators, loaded while the
+ * warpgroup waits for its turn. The interface and what it takes: gemm_sm90.h. */
 #include "gemm_sm90.h"
 
 #include <cuda.h>
@@ -49,6 +50,7 @@ struct gm_args {
     const __nv_bfloat16 *bias; /* NULL: none */
     int64_t ldc, ld_aux;
     int m, n, ntm, ntn, kt, tiles, beta;
+    int dbg; /* GEMM_SM90_DBG_* (gemm_sm90.h): timing diagnostics, 0 in use */
 };
 
 /* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
@@ -67,10 +69,15 @@ static __device__ __forceinline__ uint64_t desc128_lbo(uint32_t a, uint32_t lbo)
     return (desc128(a) & ~((uint64_t)0x3FFF << 16)) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16);
 }
 
-/* GELU, tanh form, as 0.5 (1 + tanh u) = sigmoid(2u) (kernels/cuda/elementwise.cu's gelu_tanh). */
+/* GELU, tanh form, as 0.5 (1 + tanh u) = sigmoid(2u) (kernels/cuda/elementwise.cu's gelu_tanh):
+ * z / (1 + 2^(−2u log2 e)), the polynomial's constants folded with −2 log2 e; the special-function
+ * unit's 2^x and reciprocal (each ~2^-22 relative), no IEEE reciprocal's refinement and slow-path
+ * branch. Large negative z: 2^+inf = inf, 1 / inf = 0, so GELU gives −0. */
 static __device__ __forceinline__ float gm_gelu(float z) {
-    const float u2 = 1.5957691216057308f * (z + 0.044715f * z * z * z);
-    return z * __frcp_rn(1.f + __expf(-u2));
+    const float a = z * fmaf(-0.1029432395800235f, z * z, -2.302208198144325f);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + ex2(a)));
+    return z * r;
 }
 
 /* A quad's 4 x 4 words transposed: lane t's w[i] becomes lane i's w[t] (two xor-shuffle rounds,
@@ -109,6 +116,59 @@ static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float
                      : "memory");
 }
 
+/* x, y = the 2 floats at q when pr, else 0 (a predicated load: no branch). */
+static __device__ __forceinline__ void ld_f32x2_or0(float &x, float &y, const float *q, bool pr) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
+                 "@q ld.global.v2.f32 {%0, %1}, [%3];\n}\n"
+                 : "=f"(x), "=f"(y)
+                 : "r"((int)pr), "l"(q));
+}
+/* x = the 4 bytes at q when pr, else 0. */
+static __device__ __forceinline__ void ld_b32_or0(uint32_t &x, const void *q, bool pr) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\nmov.b32 %0, 0;\n@q ld.global.b32 %0, [%2];\n}\n"
+                 : "=r"(x)
+                 : "r"((int)pr), "l"(q));
+}
+
+/* The accumulators' start for the tile at (m0, n0): C itself for f32 with beta 1, the bias along
+ * every row for bf16 with a bias (zeros past n and m: never stored); false, with nothing loaded,
+ * when the product starts from 0 (the first wgmma then overwrites). The loads are independent, all
+ * issued before anything waits for them (the caller then waits for its turn on the tensor cores,
+ * so they land under the other warpgroup's main loop), not one load → add → store chain each in
+ * the epilogue. Accumulator d[4 nt + e] of half h: row 64h + 16 warp + g + 8 (e >> 1), column
+ * 8 nt + 2 t4 + (e & 1). */
+template <int EPI>
+static __device__ __forceinline__ bool gm_acc_start(float (&acc)[2][64], const gm_args &p, int m0, int n0,
+                                                    int warp, int g, int t4) {
+    /* every path defines every accumulator, in one basic block (predicated loads, no branches):
+     * ptxas serialises all wgmma (C7515) when their accumulators are defined on some paths only */
+    const bool on = !(p.dbg & GEMM_SM90_DBG_NO_CLOAD) && (EPI == GM_EPI_F32 ? p.beta : p.bias != nullptr);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+        const int col = n0 + nt * 8 + t4 * 2;
+        if (EPI == GM_EPI_F32) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
+                    ld_f32x2_or0(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1],
+                                 static_cast<const float *>(p.c) + (int64_t)row * p.ldc + col,
+                                 on && col < p.n && row < p.m);
+                }
+        } else {
+            uint32_t bb;
+            ld_b32_or0(bb, p.bias + col, on && col < p.n);
+            const float b0 = __uint_as_float(bb << 16), b1 = __uint_as_float(bb & 0xffff0000u);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[h][4 * nt + e] = e & 1 ? b1 : b0;
+        }
+    }
+    return on;
+}
+
 /* Barriers and the parity rule.
  * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
  * kt = ceil(k / 64) k blocks, ring loads j = n·kt .. n·kt + kt − 1 (stage j % 4, its (j / 4)-th use).
@@ -135,9 +195,16 @@ static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float
  *   consumer holding the turn waits only for full (loads that need releases of earlier tiles'
  *   loads, which their warpgroups give after their last wgmma, without waiting for anything);
  *   a warpgroup waits for its turn only after releasing all loads of its previous tile.
+ * Start: C (f32, beta 1) or the bias is loaded into the accumulators before the turn wait (all
+ *   loads in flight at once, landing while the other warpgroup's main loop runs); the first wgmma
+ *   then accumulates (scale-d 1) instead of overwriting.
  * Epilogue: from the accumulator registers straight to global memory, masked at m and n (f32 pairs,
  *   a row's 4 lanes one 32-byte sector; bf16 through a quad transpose, 16 bytes a lane, a row's
- *   two lanes one sector); it touches no shared memory, so the next tile's loads never wait for it. */
+ *   two lanes one sector); stores only, no loads; it touches no shared memory, so the next tile's
+ *   loads never wait for it.
+ * Diagnostics (gm_args.dbg, GEMM_SM90_DBG_*): SERIAL moves the turn's arrival after the epilogue
+ *   (the same count of arrivals, so the argument above holds); NO_MMA runs with kt = 0 (no loads,
+ *   no wgmma, no ring barrier used). */
 template <int TA, int TB, int EPI>
 __global__ void __launch_bounds__(GM_THR, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
@@ -200,12 +267,14 @@ __global__ void __launch_bounds__(GM_THR, 1)
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     if (wg == 1) bar_arrive(GM_BAR_TURN, GM_CONS); /* warpgroup 0 goes first */
     const uint32_t a_base = smem_u32(sA), b_base = smem_u32(sB);
+    const bool serial = p.dbg & GEMM_SM90_DBG_SERIAL, nostore = p.dbg & GEMM_SM90_DBG_NO_STORE;
     float acc[2][64];
     for (int n = wg, t = b0 + wg * G; t < p.tiles; n += 2, t += 2 * G) {
         int tm, tn;
         gm_tile(t, p, tm, tn);
         const int m0 = tm * GM_BM, n0 = tn * GM_BN;
         const uint32_t j0 = (uint32_t)n * kt;
+        const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
         reg_fence(acc[0]);
         reg_fence(acc[1]);
         bar_sync(GM_BAR_TURN + wg, GM_CONS);
@@ -224,7 +293,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
                     /* A: [m][k]: rows 64h.. at 8 KB each half; [k][m]: box h */
                     const uint64_t da = TA == 0 ? desc128(a + h * 8192 + kk * 32)
                                                 : desc128(a + h * 8192 + kk * 2048);
-                    wg_ss128<__nv_bfloat16, TA, TB>(acc[h], da, db, kb > 0 || kk > 0);
+                    wg_ss128<__nv_bfloat16, TA, TB>(acc[h], da, db, start || kb > 0 || kk > 0);
                 }
             }
             wg_commit();
@@ -233,19 +302,20 @@ __global__ void __launch_bounds__(GM_THR, 1)
                 if (lane == 0) mbar_arrive(&empty[(j - 1) % GM_ST]);
             }
         }
-        if (t + G < p.tiles) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
+        if (t + G < p.tiles && !serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
         wg_wait<0>();
         reg_fence(acc[0]);
         reg_fence(acc[1]);
-        if (lane == 0) mbar_arrive(&empty[(j0 + kt - 1) % GM_ST]);
+        if (lane == 0 && kt > 0) mbar_arrive(&empty[(j0 + kt - 1) % GM_ST]); /* kt 0: NO_MMA */
 
         /* epilogue: accumulator d[4 nt + e] of half h is row 64h + 16 warp + g + 8 (e >> 1), column
          * 8 nt + 2 t4 + (e & 1) */
-        if (EPI == GM_EPI_F32) { /* f32 pairs: a row's 4 lanes write one 32-byte sector */
+        if (EPI == GM_EPI_F32) { /* f32 pairs (C already added): a row's 4 lanes write one
+                                  * 32-byte sector */
 #pragma unroll
             for (int nt = 0; nt < 16; ++nt) {
                 const int col = n0 + nt * 8 + t4 * 2;
-                if (col >= p.n) break; /* n is a multiple of 8: a pair is inside or outside */
+                if (col >= p.n || nostore) break; /* n a multiple of 8: a pair is in or out */
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -254,13 +324,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
                         if (row >= p.m) continue;
                         float2 *d = reinterpret_cast<float2 *>(static_cast<float *>(p.c) +
                                                                (int64_t)row * p.ldc + col);
-                        float2 v = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
-                        if (p.beta) {
-                            const float2 c = *d;
-                            v.x += c.x;
-                            v.y += c.y;
-                        }
-                        *d = v;
+                        *d = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
                     }
                 }
             }
@@ -268,43 +332,33 @@ __global__ void __launch_bounds__(GM_THR, 1)
                   * so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector) */
 #pragma unroll
             for (int np = 0; np < 8; ++np) {
-                const int c0 = n0 + np * 16 + t4 * 2; /* this lane's columns c0, c0 + 1, c0 + 8, c0 + 9 */
-                float bz[4] = {0.f, 0.f, 0.f, 0.f};
-                if (p.bias) {
-#pragma unroll
-                    for (int q = 0; q < 2; ++q)
-                        if (c0 + 8 * q < p.n) {
-                            const __nv_bfloat162 bb =
-                                *reinterpret_cast<const __nv_bfloat162 *>(p.bias + c0 + 8 * q);
-                            bz[2 * q] = __low2float(bb);
-                            bz[2 * q + 1] = __high2float(bb);
-                        }
-                }
                 const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = m0 + h * 64 + warp * 16 + g + 8 * (t4 >> 1);
-                    const bool st = row < p.m && sc < p.n;
+                    const bool st = row < p.m && sc < p.n && !nostore;
                     /* z[2i], z[2i + 1]: word i = (row g, group 2np), (g, 2np + 1), (g + 8, 2np),
                      * (g + 8, 2np + 1) */
                     float z[8];
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
-                        z[2 * i] = acc[h][d] + bz[2 * (i & 1)];
-                        z[2 * i + 1] = acc[h][d + 1] + bz[2 * (i & 1) + 1];
+                        z[2 * i] = acc[h][d]; /* the bias is in acc from the start */
+                        z[2 * i + 1] = acc[h][d + 1];
                     }
                     if (EPI == GM_EPI_GELU_AUX) {
                         gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z,
                                        t4, st);
+                        if (!(p.dbg & GEMM_SM90_DBG_NO_GELU))
 #pragma unroll
-                        for (int i = 0; i < 8; ++i)
-                            z[i] = gm_gelu(z[i]);
+                            for (int i = 0; i < 8; ++i)
+                                z[i] = gm_gelu(z[i]);
                     }
                     gm_store_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, z, t4, st);
                 }
             }
         }
+        if (t + G < p.tiles && serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* no overlap */
     }
 }
 
@@ -321,6 +375,9 @@ static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, i
 }
 
 static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+static int gm_dbg; /* gemm_sm90_debug's flags */
+extern "C" void gemm_sm90_debug(int flags) { gm_dbg = flags; }
 
 extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
     const char *fn = "gemm_sm90";
@@ -410,7 +467,8 @@ extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
     p.c = g->c, p.aux = g->aux, p.bias = (const __nv_bfloat16 *)g->bias;
     p.ldc = g->ldc, p.ld_aux = g->ld_aux;
     p.m = (int)g->m, p.n = (int)g->n, p.ntm = (p.m + GM_BM - 1) / GM_BM, p.ntn = (p.n + GM_BN - 1) / GM_BN;
-    p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0;
+    p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0, p.dbg = gm_dbg;
+    if (gm_dbg & GEMM_SM90_DBG_NO_MMA) p.kt = 0; /* no k blocks: nothing loaded or multiplied */
     if ((int64_t)p.ntm * p.ntn > 0x40000000)
         return zr_error("gemm_sm90: %lld x %lld output tiles is too many (use cuBLASLt)", (long long)p.ntm,
                         (long long)p.ntn);

@@ -37,6 +37,20 @@ int gemm_sm90_check(const zr_gemm_desc *g);
  * than 128 x 128 output tiles. */
 int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream);
 
+/* Timing diagnostics (tests/bench/bench_gemm_sm90.cu): every later gemm_sm90 call leaves the
+ * flagged stages out, so that timing the variants shows where a tile's time goes. Results are
+ * wrong with any flag set; 0 (the default) restores the real kernel. Not thread-safe (a global). */
+enum {
+    GEMM_SM90_DBG_NO_STORE = 1, /* the epilogue computes but stores nothing */
+    GEMM_SM90_DBG_NO_CLOAD = 2, /* no C (f32 beta 1) or bias loads: the accumulators start at 0 */
+    GEMM_SM90_DBG_NO_GELU = 4,  /* the GELU epilogue stores z itself as c (no GELU math) */
+    GEMM_SM90_DBG_SERIAL = 8,   /* a warpgroup hands the tensor cores on after its epilogue, not
+                                 * before it: no ping-pong overlap */
+    GEMM_SM90_DBG_NO_MMA = 16   /* the consumers wait for and release every stage but issue no
+                                 * wgmma: TMA loads and epilogues alone */
+};
+void gemm_sm90_debug(int flags);
+
 #ifdef __cplusplus
 }
 #endif

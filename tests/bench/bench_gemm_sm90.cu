@@ -3,6 +3,7 @@
  * dY W bf16, dW = dYᵀ X into an f32 gradient with beta 1) and GPT-2's c_fc with bias + GELU(aux).
  * Sustained rates: the GPU heated 2 s first, then per product and implementation the best of 5
  * loops of ~0.3 s (under the power cap, not the boost clock). Prints ms and TFLOP/s side by side.
+ * Then, for three of them, ours with stages left out (gemm_sm90_debug): where a tile's time goes.
  * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -77,6 +78,50 @@ struct prod {
     int f32_beta1, gelu;
 };
 
+/* The descriptor of product p on the bench's buffers. */
+static zr_gemm_desc desc_of(const prod &p, void *a, void *b, void *c, void *aux, void *bias) {
+    zr_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    g.ta = p.ta, g.tb = p.tb, g.m = p.m, g.n = p.n, g.k = p.k;
+    g.a = a, g.lda = p.ta ? p.m : p.k, g.b = b, g.ldb = p.tb ? p.k : p.n;
+    g.c = c, g.ldc = p.n, g.batch = 1, g.alpha = 1, g.beta = p.f32_beta1 ? 1 : 0;
+    g.ab_dtype = ZR_BF16, g.c_dtype = p.f32_beta1 ? ZR_F32 : ZR_BF16;
+    if (p.gelu) g.bias = bias, g.epilogue = ZR_GEMM_EPI_GELU_AUX, g.aux = aux, g.ld_aux = p.n;
+    return g;
+}
+
+/* Where a tile's time goes: ours with stages left out (gemm_sm90_debug; the results are wrong),
+ * as ms and µs a tile an SM (tiles / SMs of them run one after another on each SM's two
+ * warpgroups). */
+static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *bias) {
+    static const struct {
+        int flags;
+        const char *what;
+    } vs[] = {
+        {0, "all stages"},
+        {GEMM_SM90_DBG_NO_STORE, "no stores"},
+        {GEMM_SM90_DBG_NO_CLOAD, "no C/bias loads"},
+        {GEMM_SM90_DBG_NO_STORE | GEMM_SM90_DBG_NO_CLOAD, "main loop only"},
+        {GEMM_SM90_DBG_NO_GELU, "no GELU math"},
+        {GEMM_SM90_DBG_SERIAL, "serial (no ping-pong)"},
+        {GEMM_SM90_DBG_NO_MMA, "no main loop (epilogue)"},
+        {GEMM_SM90_DBG_NO_MMA | GEMM_SM90_DBG_NO_STORE, "no main loop, no stores"},
+    };
+    int sms = 0;
+    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const double tiles = (double)((p.m + 127) / 128) * ((p.n + 127) / 128), fl = 2.0 * p.m * p.n * p.k;
+    const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
+    for (const auto &v : vs) {
+        if ((v.flags & GEMM_SM90_DBG_NO_GELU) && !p.gelu) continue;
+        gemm_sm90_debug(v.flags);
+        const double ms = best_ms([&] { return gemm_sm90(&g, 0, 0); });
+        printf("  %-20s %-26s flags %2d | %9.3f ms %8.1f TFLOP/s | %6.2f us a tile an SM\n", p.name, v.what,
+               v.flags, ms, fl / ms * 1e-9, ms * 1e3 / (tiles / sms));
+        fflush(stdout);
+    }
+    gemm_sm90_debug(0);
+}
+
 int main(int argc, char **argv) {
     (void)argc, (void)argv;
     /* Llama-3.2-1B, 2048 tokens (M x N x K of the forward: tokens x out x in): q/k/v fused
@@ -129,13 +174,7 @@ int main(int argc, char **argv) {
            "cuBLASLt", "TFLOP/s", "ratio");
     for (int i = 0; i < np; ++i) {
         const prod &p = ps[i];
-        zr_gemm_desc g;
-        memset(&g, 0, sizeof g);
-        g.ta = p.ta, g.tb = p.tb, g.m = p.m, g.n = p.n, g.k = p.k;
-        g.a = a, g.lda = p.ta ? p.m : p.k, g.b = b, g.ldb = p.tb ? p.k : p.n;
-        g.c = c, g.ldc = p.n, g.batch = 1, g.alpha = 1, g.beta = p.f32_beta1 ? 1 : 0;
-        g.ab_dtype = ZR_BF16, g.c_dtype = p.f32_beta1 ? ZR_F32 : ZR_BF16;
-        if (p.gelu) g.bias = bias, g.epilogue = ZR_GEMM_EPI_GELU_AUX, g.aux = aux, g.ld_aux = p.n;
+        const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
         if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
         const double ours = best_ms([&] { return gemm_sm90(&g, 0, 0); });
         const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
@@ -144,5 +183,13 @@ int main(int argc, char **argv) {
                (long long)p.n, (long long)p.k, ours, fl / ours * 1e-9, lt, fl / lt * 1e-9, lt / ours);
         fflush(stdout);
     }
+    /* diagnostics: a plain bf16 forward, an f32 beta-1 gradient, the bias+GELU epilogue */
+    printf("\nwhere ours spends a tile (stages left out; results wrong):\n");
+    for (int i = 0; i < np; ++i)
+        if (!strcmp(ps[i].name, "gate_up fwd") || !strcmp(ps[i].name, "gate_up dW f32+=") ||
+            !strcmp(ps[i].name, "gpt2 c_fc bias+gelu")) {
+            if (ps[i].f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(ps[i].m * ps[i].n), 1, 7, 1.f);
+            diagnose(ps[i], a, b, c, aux, bias);
+        }
     return 0;
 }
