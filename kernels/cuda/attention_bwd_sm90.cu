@@ -340,7 +340,7 @@ extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
 }
 
 /* Compute capability 9.0 exactly (the sm_90a code runs nowhere else); cached per device. */
-static int device_is_sm90(void) {
+extern "C" int attn_sm90_device_ok(void) {
     static int cache[64]; /* 0 unknown, 1 yes, 2 no */
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
@@ -354,7 +354,7 @@ static int device_is_sm90(void) {
 }
 
 static int supported(int64_t Dh, zr_dtype dt) {
-    return Dh == 64 && (dt == ZR_BF16 || dt == ZR_F16) && device_is_sm90();
+    return Dh == 64 && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok();
 }
 
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {

@@ -35,6 +35,9 @@ int attn_sm90_blocks(int bwd, int64_t tiles);
 
 /* 1 when the driver offers the tensor-map encoder the TMA loads (forward and backward) need. */
 int attn_sm90_tma_ready(void);
+/* 1 when the current device is compute capability 9.0 exactly (the sm_90a code runs nowhere else);
+ * cached per device. */
+int attn_sm90_device_ok(void);
 
 /* Encodes a 4-D tensor map (dims innermost first, byte strides of dims 1..3, box in elements) with
  * the 128-byte swizzle and zero fill out of bounds; -1 when the driver cannot. */

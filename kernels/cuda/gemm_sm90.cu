@@ -377,7 +377,12 @@ static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, i
 static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static int gm_dbg; /* gemm_sm90_debug's flags */
-extern "C" void gemm_sm90_debug(int flags) { gm_dbg = flags; }
+extern "C" int gemm_sm90_debug(int flags) {
+    if (flags & ~31)
+        return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..31) exist", flags);
+    gm_dbg = flags;
+    return 0;
+}
 
 extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
     const char *fn = "gemm_sm90";
@@ -414,14 +419,8 @@ extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
     } else {
         return zr_error("%s: output %s not taken (bf16 or f32; use cuBLASLt)", fn, zr_dtype_name(g->c_dtype));
     }
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-        return zr_error("%s: no CUDA device", fn);
-    if (major != 9 || minor != 0)
-        return zr_error("%s: compute capability %d.%d; the wgmma kernel runs on 9.0 only (use cuBLASLt)", fn,
-                        major, minor);
+    if (!attn_sm90_device_ok())
+        return zr_error("%s: no compute capability 9.0 device; the wgmma kernel runs on 9.0 only (use cuBLASLt)", fn);
     if (!attn_sm90_tma_ready())
         return zr_error("%s: the driver offers no tensor-map encoder (TMA) (use cuBLASLt)", fn);
     return 0;

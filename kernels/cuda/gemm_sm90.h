@@ -49,7 +49,8 @@ enum {
     GEMM_SM90_DBG_NO_MMA = 16   /* the consumers wait for and release every stage but issue no
                                  * wgmma: TMA loads and epilogues alone */
 };
-void gemm_sm90_debug(int flags);
+/* Returns 0, or -1 (message set) for bits outside the flags above. */
+int gemm_sm90_debug(int flags);
 
 #ifdef __cplusplus
 }

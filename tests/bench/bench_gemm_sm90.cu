@@ -113,7 +113,10 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
     const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
     for (const auto &v : vs) {
         if ((v.flags & GEMM_SM90_DBG_NO_GELU) && !p.gelu) continue;
-        gemm_sm90_debug(v.flags);
+        if (gemm_sm90_debug(v.flags)) {
+            fprintf(stderr, "%s\n", zr_last_error());
+            exit(1);
+        }
         const double ms = best_ms([&] { return gemm_sm90(&g, 0, 0); });
         printf("  %-20s %-26s flags %2d | %9.3f ms %8.1f TFLOP/s | %6.2f us a tile an SM\n", p.name, v.what,
                v.flags, ms, fl / ms * 1e-9, ms * 1e3 / (tiles / sms));
