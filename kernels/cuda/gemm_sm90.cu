@@ -6,11 +6,7 @@
  * warpgroup waits for its turn. The interface and what it takes: gemm_sm90.h. */
 #include "gemm_sm90.h"
 
-#include <cuda.h>
-
-#include "attention_sm90.cuh"
-#include "attention_sm90.h"
-#include "fused_common.cuh"
+#include "gemm_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gemm_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -36,7 +32,7 @@ using namespace sm90;
 #define GM_GROUP 8                 /* m tiles a group of the tile order (L2 reuse of B) */
 static_assert((GM_ST & (GM_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
-enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2 };
+
 
 struct gm_smem {
     static constexpr int T = GM_BM * GM_BK * 2; /* bytes of an A (or B) stage: 16 KB */
@@ -60,74 +56,6 @@ static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm,
     const int gs = min(p.ntm - first, GM_GROUP);
     tm = first + r % gs;
     tn = r / gs;
-}
-
-/* The 128-byte-swizzle descriptor of an MN-major operand two 64-wide atoms across (N = 128): the
- * leading byte offset is the distance between the atoms (PTX ISA, "Leading Dimension Byte
- * Offset": MN-major, swizzled). */
-static __device__ __forceinline__ uint64_t desc128_lbo(uint32_t a, uint32_t lbo) {
-    return (desc128(a) & ~((uint64_t)0x3FFF << 16)) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16);
-}
-
-/* GELU, tanh form, as 0.5 (1 + tanh u) = sigmoid(2u) (kernels/cuda/elementwise.cu's gelu_tanh):
- * z / (1 + 2^(−2u log2 e)), the polynomial's constants folded with −2 log2 e; the special-function
- * unit's 2^x and reciprocal (each ~2^-22 relative), no IEEE reciprocal's refinement and slow-path
- * branch. Large negative z: 2^+inf = inf, 1 / inf = 0, so GELU gives −0. */
-static __device__ __forceinline__ float gm_gelu(float z) {
-    const float a = z * fmaf(-0.1029432395800235f, z * z, -2.302208198144325f);
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(1.f + ex2(a)));
-    return z * r;
-}
-
-/* A quad's 4 x 4 words transposed: lane t's w[i] becomes lane i's w[t] (two xor-shuffle rounds,
- * 2 x 2 blocks then within them). */
-static __device__ __forceinline__ void quad_transpose(uint32_t (&w)[4], int t4) {
-    const bool o1 = t4 & 1, o2 = t4 & 2;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const uint32_t a0 = w[2 * k], a1 = w[2 * k + 1];
-        const uint32_t r = __shfl_xor_sync(0xffffffffu, o1 ? a0 : a1, 1);
-        w[2 * k] = o1 ? r : a0;
-        w[2 * k + 1] = o1 ? a1 : r;
-    }
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-        const uint32_t a0 = w[b], a1 = w[2 + b];
-        const uint32_t r = __shfl_xor_sync(0xffffffffu, o2 ? a0 : a1, 2);
-        w[b] = o2 ? r : a0;
-        w[2 + b] = o2 ? a1 : r;
-    }
-}
-
-/* z: this lane's 4 bf16 pairs (word i of the quad's chunks i = 0..3, columns 2 t4, 2 t4 + 1 of
- * each); after the transpose the lane holds chunk t4 whole and stores its 16 bytes at dst when st.
- * Every lane of the warp must call it (the shuffles). */
-static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float (&z)[8], int t4,
-                                                      bool st) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        w[i] = cvt<__nv_bfloat16>::pack(z[2 * i], z[2 * i + 1]);
-    quad_transpose(w, t4);
-    if (st) /* one 16-byte store */
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]),
-                     "r"(w[2]), "r"(w[3])
-                     : "memory");
-}
-
-/* x, y = the 2 floats at q when pr, else 0 (a predicated load: no branch). */
-static __device__ __forceinline__ void ld_f32x2_or0(float &x, float &y, const float *q, bool pr) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
-                 "@q ld.global.v2.f32 {%0, %1}, [%3];\n}\n"
-                 : "=f"(x), "=f"(y)
-                 : "r"((int)pr), "l"(q));
-}
-/* x = the 4 bytes at q when pr, else 0. */
-static __device__ __forceinline__ void ld_b32_or0(uint32_t &x, const void *q, bool pr) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %1, 0;\nmov.b32 %0, 0;\n@q ld.global.b32 %0, [%2];\n}\n"
-                 : "=r"(x)
-                 : "r"((int)pr), "l"(q));
 }
 
 /* The accumulators' start for the tile at (m0, n0): C itself for f32 with beta 1, the bias along
@@ -364,17 +292,6 @@ __global__ void __launch_bounds__(GM_THR, 1)
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-/* The map of a row-major bf16 matrix of `outer` rows of `inner` elements (row stride ld), in
- * boxes of box_rows rows × 64 elements, 128-byte swizzled, zero fill past its edges. */
-static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, int64_t ld,
-                  uint32_t box_rows) {
-    const uint64_t row = (uint64_t)ld * 2, dims[4] = {(uint64_t)inner, (uint64_t)outer, 1, 1};
-    const uint64_t strides[3] = {row, row * (uint64_t)outer, row * (uint64_t)outer};
-    const uint32_t box[4] = {64, box_rows, 1, 1};
-    return attn_sm90_tmap(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p, dims, strides, box);
-}
-
-static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 static int gm_dbg; /* gemm_sm90_debug's flags */
 extern "C" int gemm_sm90_debug(int flags) {
