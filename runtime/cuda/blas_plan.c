@@ -1,15 +1,19 @@
 /* The cuBLASLt state behind gemm_cuda (see blas_plan.h): per device a handle and a workspace, per
  * (device, shape, dtypes, flags, pointer alignment) a plan in a small hash table, the autotuning
- * of large shapes; the kernels that build and run a plan are kernels/cuda/matmul.cu. */
+ * of large shapes; the kernels that build and run a plan are kernels/cuda/matmul.cu. Our own
+ * Hopper GEMM (kernels/cuda/gemm_sm90.h) is one more autotuning candidate where it takes the
+ * product: a shape runs on it only when it was the fastest. */
 #ifdef ZR_HAVE_CUDA
 #include "cuda/blas_plan.h"
 
 #include <cublasLt.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/device.h" /* the caching allocator for the workspace */
+#include "kernels/cuda/gemm_sm90.h"
 
 #define WORKSPACE ((size_t)32 << 20)
 #define MAX_DEV 16
@@ -29,6 +33,7 @@ typedef struct {
 
 typedef struct {
     int used;
+    int own; /* the autotuner picked gemm_sm90 over every cuBLASLt candidate */
     key k;
     zr_gemm_plan plan;
 } entry;
@@ -69,7 +74,12 @@ static void destroy_entry(entry *e) {
 // Autotuning (on unless ZRUN_GEMM_AUTOTUNE=0): the first time a shape of at least 1 GFLOP is
 // seen, the heuristic's top candidates run on the real operands into a scratch output and the
 // fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
+// Our own Hopper GEMM, by ZRUN_GEMM_SM90: unset or "auto": one more autotuning candidate where
+// gemm_sm90_check takes the product; "0": never; "1": always where it takes the product, at any
+// size and without timing (tests and benchmarks). Anything else is refused when first read.
+// ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's fastest cuBLASLt and gemm_sm90 times to stderr.
 #define TUNE_ALGOS 8
+enum { OWN_OFF = 0, OWN_ALWAYS = 1, OWN_AUTO = 2 };
 static int autotune_on(void) {
     static int on = -1;
     if (on < 0) {
@@ -78,11 +88,42 @@ static int autotune_on(void) {
     }
     return on;
 }
+static int own_mode(int *mode) {
+    static int m = -1;
+    if (m < 0) {
+        const char *e = getenv("ZRUN_GEMM_SM90");
+        if (!e || !*e || strcmp(e, "auto") == 0) m = OWN_AUTO;
+        else if (strcmp(e, "0") == 0) m = OWN_OFF;
+        else if (strcmp(e, "1") == 0) m = OWN_ALWAYS;
+        else
+            return zr_error("ZRUN_GEMM_SM90=%s: use auto (our Hopper GEMM where the autotuner finds it "
+                            "fastest; the default), 0 (cuBLASLt only) or 1 (ours wherever it takes the product)",
+                            e);
+    }
+    *mode = m;
+    return 0;
+}
 
-// Median-free quick timing: one warm-up, then the best of 3 (ms); < 0 when the algorithm fails.
+// One timed candidate: a cuBLASLt algorithm, or (algo NULL) gemm_sm90. 0 when it ran.
+static int run_candidate(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
+                         const zr_gemm_desc *g, void *cs, cudaStream_t stream) {
+    if (!algo) {
+        zr_gemm_desc o = *g;
+        o.c = cs;
+        return gemm_sm90(&o, 0, stream);
+    }
+    float af = (float)g->alpha, bf = (float)g->beta;
+    return cublasLtMatmul(c->h, e->plan.op, &af, g->b, e->plan.la, g->a, e->plan.lb, &bf, cs,
+                          e->plan.lc, cs, e->plan.lc, algo, c->ws, WORKSPACE,
+                          stream) == CUBLAS_STATUS_SUCCESS
+               ? 0
+               : -1;
+}
+
+// Median-free quick timing: one warm-up, then the best of 3 (ms); < 0 when the candidate fails.
 static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
                        const zr_gemm_desc *g, void *cs, cudaStream_t stream) {
-    float af = (float)g->alpha, bf = (float)g->beta, best = -1;
+    float best = -1;
     cudaEvent_t t0, t1;
     if (cudaEventCreate(&t0) != cudaSuccess) return -1;
     if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -91,12 +132,10 @@ static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
     }
     for (int r = 0; r < 4; r++) {
         cudaEventRecord(t0, stream);
-        cublasStatus_t s =
-            cublasLtMatmul(c->h, e->plan.op, &af, g->b, e->plan.la, g->a, e->plan.lb, &bf, cs,
-                           e->plan.lc, cs, e->plan.lc, algo, c->ws, WORKSPACE, stream);
+        int rc = run_candidate(c, e, algo, g, cs, stream);
         cudaEventRecord(t1, stream);
         float ms = -1;
-        if (s != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(t1) != cudaSuccess ||
+        if (rc || cudaEventSynchronize(t1) != cudaSuccess ||
             cudaEventElapsedTime(&ms, t0, t1) != cudaSuccess) {
             best = -1;
             break;
@@ -104,6 +143,7 @@ static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
         if (r > 0 && (best < 0 || ms < best)) best = ms;
     }
     cudaGetLastError(); /* a failed candidate must not leave an error behind */
+    zr_clear_error();
     cudaEventDestroy(t0);
     cudaEventDestroy(t1);
     return best;
@@ -131,6 +171,23 @@ static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t
             e->plan.algo = res[i].algo;
         }
     }
+    int mode = OWN_OFF;
+    own_mode(&mode); /* read and checked by build before */
+    float own = -1;
+    if (mode == OWN_AUTO && gemm_sm90_check(g) == 0) {
+        own = time_algo(c, e, NULL, g, cs, stream);
+        if (own >= 0 && (best < 0 || own < best)) e->own = 1;
+    }
+    static int log = -1;
+    if (log < 0) {
+        const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
+        log = l && strcmp(l, "1") == 0;
+    }
+    if (log)
+        fprintf(stderr, "gemm tune: m=%lld n=%lld k=%lld ta=%d tb=%d %s->%s%s%s%s: cuBLASLt %.4f ms, gemm_sm90 %.4f ms%s\n",
+                (long long)g->m, (long long)g->n, (long long)g->k, g->ta, g->tb, zr_dtype_name(g->ab_dtype),
+                zr_dtype_name(g->c_dtype), g->beta != 0.0 ? " beta" : "", g->bias ? " bias" : "",
+                g->epilogue == ZR_GEMM_EPI_GELU_AUX ? " gelu" : g->epilogue ? " dgelu" : "", best, own, own < 0 ? " (not taken)" : e->own ? " -> ours" : "");
     zr_cuda_free(cuda_dev(dev), cs);
 }
 
@@ -171,7 +228,14 @@ static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int 
             s, "algorithm search (no cuBLASLt algorithm for these dtypes/layouts)", g, dev);
     }
     e->plan.algo = res[0].algo;
-    if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
+    int mode;
+    if (own_mode(&mode)) {
+        gemm_plan_destroy_cuda(&e->plan);
+        return -1;
+    }
+    if (mode == OWN_ALWAYS && gemm_sm90_check(g) == 0) e->own = 1;
+    else if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
+    zr_clear_error(); /* gemm_sm90_check's refusal is an answer, not a failure */
     e->k = *k;
     e->used = 1;
     return 0;
@@ -240,7 +304,13 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
         }
         e = slot;
     }
-    int rc = gemm_plan_run_cuda(c->h, &e->plan, g, c->ws, WORKSPACE, dev, stream);
+    int rc;
+    if (e->own && gemm_sm90_check(g) == 0) { /* the key does not hold the bias's alignment */
+        rc = gemm_sm90(g, 0, stream);
+    } else {
+        if (e->own) zr_clear_error();
+        rc = gemm_plan_run_cuda(c->h, &e->plan, g, c->ws, WORKSPACE, dev, stream);
+    }
     pthread_mutex_unlock(&mtx);
     return rc;
 }

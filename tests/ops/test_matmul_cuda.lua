@@ -1,6 +1,7 @@
 -- matmul, bmm and linear on CUDA vs the CPU: batches, broadcasting, transposed views, 1-D
 -- operands; the bias epilogue, sizes 1 and primes, f32/bf16/f16; weight and bias gradients over
--- micro-batches into gradients that already hold values.
+-- micro-batches into gradients that already hold values. 264x72->136 (multiples of 8, partial tiles)
+-- is a size our Hopper GEMM takes: tests/run_cuda.sh runs this file again with ZRUN_GEMM_SM90=1.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("matmul") then return end
 local zr, T, randn, both, close = C.zr, C.T, C.randn, C.both, C.close
@@ -30,7 +31,7 @@ end)
 T.test("linear: bias epilogue, no bias, 3-D input, sizes 1 and primes, f32/bf16/f16", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do
     -- 1543 and 2100 rows: the chunked bias-gradient sum (70 columns one at a time, 264 in 16-byte loads)
-    for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 65 }, { 3, 64, 257 }, { 1543, 37, 70 }, { 2100, 16, 264 } } do
+    for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 65 }, { 3, 64, 257 }, { 1543, 37, 70 }, { 2100, 16, 264 }, { 264, 72, 136 } } do
       local rows, inn, out = s[1], s[2], s[3]
       both(("linear %dx%d->%d"):format(rows, inn, out), dt, { randn({ rows, inn }), randn({ out, inn }), randn({ out }) },
         zr.linear, 2)
@@ -67,7 +68,7 @@ end
 T.test("linear: weight and bias gradients, 2 micro-batches into existing gradients", function()
   for _, dt in ipairs { "f32", "bf16", "f16" } do
     for _, gdt in ipairs { "f32", dt } do
-      for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 64 }, { 1543, 37, 70 }, { 2100, 16, 264 } } do
+      for _, s in ipairs { { 1, 1, 1 }, { 7, 13, 5 }, { 127, 33, 64 }, { 1543, 37, 70 }, { 2100, 16, 264 }, { 264, 72, 136 } } do
         local rows, inn, out = s[1], s[2], s[3]
         for _, wt in ipairs { false, true } do -- wt: weight stored (in, out), read transposed (Conv1D)
           local name = ("linear %s, %s grads, %dx%d->%d%s"):format(dt, gdt, rows, inn, out, wt and ", wᵀ" or "")
