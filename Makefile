@@ -137,8 +137,8 @@ $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kerne
 $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
-# The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
-$(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard kernels/cuda/*_sm90.cu)): NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
+# The wgmma kernels (attention, GEMMs) need the Hopper-specific target (they run on compute capability 9.0 only).
+$(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard kernels/cuda/*_sm90.cu kernels/cuda/*_sm90_*.cu)): NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
 $(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@

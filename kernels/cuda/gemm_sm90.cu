@@ -242,14 +242,7 @@ static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args
                      cudaStream_t st) {
     auto kern = gemm_sm90_kernel<TA, TB, EPI>;
     static int smem_set[64]; /* per device */
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev < 0 || dev >= 64 || !smem_set[dev]) {
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gm_smem::BYTES) != cudaSuccess)
-            return zr_error("gemm_sm90: %d bytes of shared memory a block refused: %s", gm_smem::BYTES,
-                            cudaGetErrorString(cudaGetLastError()));
-        if (dev >= 0 && dev < 64) smem_set[dev] = 1;
-    }
+    if (gm_smem_limit((const void *)kern, smem_set, gm_smem::BYTES, "gemm_sm90")) return -1;
     kern<<<grid, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
     return launch_check("gemm_sm90");
 }

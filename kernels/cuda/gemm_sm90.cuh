@@ -263,4 +263,17 @@ static int gm_setup(const zr_gemm_desc *g, int bm, int bn, int grid, const char 
     return 0;
 }
 
+/* Lets kernel kern use bytes of dynamic shared memory, once per device (set: that kernel's own
+ * flags, 64 devices); -1 with a message naming who when refused. */
+static int gm_smem_limit(const void *kern, int *set, int bytes, const char *who) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 0 && dev < 64 && set[dev]) return 0;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+        return zr_error("%s: %d bytes of shared memory a block refused: %s", who, bytes,
+                        cudaGetErrorString(cudaGetLastError()));
+    if (dev >= 0 && dev < 64) set[dev] = 1;
+    return 0;
+}
+
 #endif
