@@ -115,12 +115,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
                     mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
-                    if (TA == 0) { /* A [m][k]: one box of 128 rows of 64 k */
-                        tma_load4(a, &ma, &full[s], k0, m0, 0, 0);
-                    } else { /* A [k][m]: two boxes of 64 k rows of 64 m */
-                        tma_load4(a, &ma, &full[s], m0, k0, 0, 0);
-                        if (a2) tma_load4(a + 64 * 64, &ma, &full[s], m0 + 64, k0, 0, 0);
-                    }
+                    gm_load_a<TA>(a, &ma, &full[s], k0, m0, a2);
                     if (TB == 0) { /* B [n][k] */
                         tma_load4(b, &mb, &full[s], k0, n0, 0, 0);
                     } else { /* B [k][n] */

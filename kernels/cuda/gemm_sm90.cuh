@@ -116,6 +116,20 @@ static __device__ __forceinline__ void ld_b32_or0(uint32_t &x, const void *q, bo
                  : "r"((int)pr), "l"(q));
 }
 
+/* The A part of a stage: output rows m0 .. m0 + 127, k0 .. k0 + 63, into a, completing on bar. A
+ * [m][k] (TA 0): one box of 128 rows of 64 k; A [k][m]: two boxes of 64 k rows of 64 m, the second
+ * only when a2 (rows m0 + 64 .. start before m; the caller's expect_tx counts 8 KB less without). */
+template <int TA>
+static __device__ __forceinline__ void gm_load_a(uint16_t *a, const CUtensorMap *ma, uint64_t *bar, int k0,
+                                                 int m0, bool a2) {
+    if (TA == 0) {
+        tma_load4(a, ma, bar, k0, m0, 0, 0);
+    } else {
+        tma_load4(a, ma, bar, m0, k0, 0, 0);
+        if (a2) tma_load4(a + 64 * 64, ma, bar, m0 + 64, k0, 0, 0);
+    }
+}
+
 /* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
  * tiles first, then along n, so the blocks running at once share B's columns and A's rows in L2. */
 static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm, int &tn) {
