@@ -432,6 +432,8 @@ static void test_refusals(bool gpu) {
 }
 
 int main(void) {
+    signal(SIGALRM, on_alarm); /* before result() first arms it */
+    alarm(120);
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -443,8 +445,6 @@ int main(void) {
         printf("%d passed, %d failed\n", test_n_pass, test_n_fail + 1);
         return 1;
     }
-    signal(SIGALRM, on_alarm);
-    alarm(120);
     test_refusals(true);
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
      * partial k block; a long k; more tiles (17 x 9 = 153) than 132 blocks, so blocks run several
