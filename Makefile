@@ -137,8 +137,8 @@ $(BUILD)/kernels/cpu/optim_f32.o $(BUILD)/kernels/cpu/optim_f64.o $(BUILD)/kerne
 $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(call quiet,NVCC,$<)$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
-# The wgmma attention kernels need the Hopper-specific target (they run on compute capability 9.0 only).
-$(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard kernels/cuda/*_sm90.cu)): NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
+# The wgmma kernels (attention, GEMMs) need the Hopper-specific target (they run on compute capability 9.0 only).
+$(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard kernels/cuda/*_sm90.cu kernels/cuda/*_sm90_*.cu)): NVFLAGS := $(subst compute_90,compute_90a,$(subst sm_90,sm_90a,$(NVFLAGS)))
 
 $(BUILD)/libzrun.a: $(OBJ)
 	@rm -f $@
@@ -233,7 +233,7 @@ FUSED_TEST := $(BUILD)/tests/test_fused_kernels
 $(FUSED_TEST): tests/cuda/test_fused_kernels.cu tests/cuda/cu_check.h
 # The fused-kernel benchmark (GPU machine): make build/bench/bench_fused && build/bench/bench_fused
 $(BUILD)/bench/bench_fused: tests/bench/bench_fused.cu tests/cuda/cu_check.h
-# Our Hopper GEMM (kernels/cuda/gemm_sm90.cu; GPU machine): the test against host references and
+# Our Hopper GEMMs (kernels/cuda/gemm_sm90.cu, gemm_sm90_wide.cu; GPU machine): the test against host references and
 # cuBLASLt ("N passed, N failed"), the benchmark against cuBLASLt on Llama-3.2-1B's and GPT-2's products.
 GEMM_SM90_TEST := $(BUILD)/tests/test_gemm_sm90
 $(GEMM_SM90_TEST): tests/cuda/test_gemm_sm90.cu tests/cuda/cu_check.h

@@ -23,13 +23,11 @@ using namespace sm90;
  * an SM. */
 #define GM_BM 128
 #define GM_BN 128
-#define GM_BK 64
 #define GM_ST 4
 #define GM_CONS 256
 #define GM_THR (GM_CONS + 128)
 #define GM_PRODUCER (GM_CONS / 32) /* first warp of the producer warpgroup */
 #define GM_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
-#define GM_GROUP 8                 /* m tiles a group of the tile order (L2 reuse of B) */
 static_assert((GM_ST & (GM_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
 
@@ -40,62 +38,6 @@ struct gm_smem {
     static constexpr int BYTES = BAR + 8 * 2 * GM_ST + 1024; /* + alignment slack */
 };
 static_assert(gm_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
-
-struct gm_args {
-    void *c, *aux;
-    const __nv_bfloat16 *bias; /* NULL: none */
-    int64_t ldc, ld_aux;
-    int m, n, ntm, ntn, kt, tiles, beta;
-    int dbg; /* GEMM_SM90_DBG_* (gemm_sm90.h): timing diagnostics, 0 in use */
-};
-
-/* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
- * tiles first, then along n, so the blocks running at once share B's columns and A's rows in L2. */
-static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm, int &tn) {
-    const int per = GM_GROUP * p.ntn, grp = t / per, first = grp * GM_GROUP, r = t - grp * per;
-    const int gs = min(p.ntm - first, GM_GROUP);
-    tm = first + r % gs;
-    tn = r / gs;
-}
-
-/* The accumulators' start for the tile at (m0, n0): C itself for f32 with beta 1, the bias along
- * every row for bf16 with a bias (zeros past n and m: never stored); false, with nothing loaded,
- * when the product starts from 0 (the first wgmma then overwrites). The loads are independent, all
- * issued before anything waits for them (the caller then waits for its turn on the tensor cores,
- * so they land under the other warpgroup's main loop), not one load → add → store chain each in
- * the epilogue. Accumulator d[4 nt + e] of half h: row 64h + 16 warp + g + 8 (e >> 1), column
- * 8 nt + 2 t4 + (e & 1). */
-template <int EPI>
-static __device__ __forceinline__ bool gm_acc_start(float (&acc)[2][64], const gm_args &p, int m0, int n0,
-                                                    int warp, int g, int t4) {
-    /* every path defines every accumulator, in one basic block (predicated loads, no branches):
-     * ptxas serialises all wgmma (C7515) when their accumulators are defined on some paths only */
-    const bool on = !(p.dbg & GEMM_SM90_DBG_NO_CLOAD) && (EPI == GM_EPI_F32 ? p.beta : p.bias != nullptr);
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-        const int col = n0 + nt * 8 + t4 * 2;
-        if (EPI == GM_EPI_F32) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; ++e2) {
-                    const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
-                    ld_f32x2_or0(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1],
-                                 static_cast<const float *>(p.c) + (int64_t)row * p.ldc + col,
-                                 on && col < p.n && row < p.m);
-                }
-        } else {
-            uint32_t bb;
-            ld_b32_or0(bb, p.bias + col, on && col < p.n);
-            const float b0 = __uint_as_float(bb << 16), b1 = __uint_as_float(bb & 0xffff0000u);
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[h][4 * nt + e] = e & 1 ? b1 : b0;
-        }
-    }
-    return on;
-}
 
 /* Barriers and the parity rule.
  * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
@@ -173,12 +115,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
                     mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
-                    if (TA == 0) { /* A [m][k]: one box of 128 rows of 64 k */
-                        tma_load4(a, &ma, &full[s], k0, m0, 0, 0);
-                    } else { /* A [k][m]: two boxes of 64 k rows of 64 m */
-                        tma_load4(a, &ma, &full[s], m0, k0, 0, 0);
-                        if (a2) tma_load4(a + 64 * 64, &ma, &full[s], m0 + 64, k0, 0, 0);
-                    }
+                    gm_load_a<TA>(a, &ma, &full[s], k0, m0, a2);
                     if (TB == 0) { /* B [n][k] */
                         tma_load4(b, &mb, &full[s], k0, n0, 0, 0);
                     } else { /* B [k][n] */
@@ -236,56 +173,8 @@ __global__ void __launch_bounds__(GM_THR, 1)
         reg_fence(acc[1]);
         if (lane == 0 && kt > 0) mbar_arrive(&empty[(j0 + kt - 1) % GM_ST]); /* kt 0: NO_MMA */
 
-        /* epilogue: accumulator d[4 nt + e] of half h is row 64h + 16 warp + g + 8 (e >> 1), column
-         * 8 nt + 2 t4 + (e & 1) */
-        if (EPI == GM_EPI_F32) { /* f32 pairs (C already added): a row's 4 lanes write one
-                                  * 32-byte sector */
-#pragma unroll
-            for (int nt = 0; nt < 16; ++nt) {
-                const int col = n0 + nt * 8 + t4 * 2;
-                if (col >= p.n || nostore) break; /* n a multiple of 8: a pair is in or out */
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; ++e2) {
-                        const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
-                        if (row >= p.m) continue;
-                        float2 *d = reinterpret_cast<float2 *>(static_cast<float *>(p.c) +
-                                                               (int64_t)row * p.ldc + col);
-                        *d = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
-                    }
-                }
-            }
-        } else { /* bf16: per pair of 8-column groups, the quad's 2 rows x 16 columns transposed
-                  * so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector) */
-#pragma unroll
-            for (int np = 0; np < 8; ++np) {
-                const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = m0 + h * 64 + warp * 16 + g + 8 * (t4 >> 1);
-                    const bool st = row < p.m && sc < p.n && !nostore;
-                    /* z[2i], z[2i + 1]: word i = (row g, group 2np), (g, 2np + 1), (g + 8, 2np),
-                     * (g + 8, 2np + 1) */
-                    float z[8];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
-                        z[2 * i] = acc[h][d]; /* the bias is in acc from the start */
-                        z[2 * i + 1] = acc[h][d + 1];
-                    }
-                    if (EPI == GM_EPI_GELU_AUX) {
-                        gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z,
-                                       t4, st);
-                        if (!(p.dbg & GEMM_SM90_DBG_NO_GELU))
-#pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                z[i] = gm_gelu(z[i]);
-                    }
-                    gm_store_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, z, t4, st);
-                }
-            }
-        }
+        /* epilogue (gemm_sm90.cuh): acc[h] holds rows m0 + 64h .. + 63 */
+        gm_epilogue<EPI>(acc, p, m0, n0, warp, g, t4, nostore);
         if (t + G < p.tiles && serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* no overlap */
     }
 }
@@ -293,7 +182,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
 /* ---- host side ------------------------------------------------------------------------------ */
 
 
-static int gm_dbg; /* gemm_sm90_debug's flags */
+int gm_dbg; /* gemm_sm90_debug's flags (declared in gemm_sm90.cuh) */
 extern "C" int gemm_sm90_debug(int flags) {
     if (flags & ~31)
         return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..31) exist", flags);
@@ -348,14 +237,7 @@ static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args
                      cudaStream_t st) {
     auto kern = gemm_sm90_kernel<TA, TB, EPI>;
     static int smem_set[64]; /* per device */
-    int dev = 0;
-    cudaGetDevice(&dev);
-    if (dev < 0 || dev >= 64 || !smem_set[dev]) {
-        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, gm_smem::BYTES) != cudaSuccess)
-            return zr_error("gemm_sm90: %d bytes of shared memory a block refused: %s", gm_smem::BYTES,
-                            cudaGetErrorString(cudaGetLastError()));
-        if (dev >= 0 && dev < 64) smem_set[dev] = 1;
-    }
+    if (gm_smem_limit((const void *)kern, smem_set, gm_smem::BYTES, "gemm_sm90")) return -1;
     kern<<<grid, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
     return launch_check("gemm_sm90");
 }
@@ -373,24 +255,10 @@ static int gm_layouts(int ta, int tb, const CUtensorMap &ma, const CUtensorMap &
 extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
     if (gemm_sm90_check(g)) return -1;
     CUtensorMap ma, mb;
-    const int ta = !!g->ta, tb = !!g->tb;
-    if (gm_map(&ma, g->a, ta ? g->m : g->k, ta ? g->k : g->m, g->lda, ta ? 64 : 128) ||
-        gm_map(&mb, g->b, tb ? g->k : g->n, tb ? g->n : g->k, g->ldb, tb ? 128 : 64))
-        return zr_error("gemm_sm90: a tensor map (TMA) cannot be encoded for m=%lld n=%lld k=%lld "
-                        "lda=%lld ldb=%lld (use cuBLASLt)", (long long)g->m, (long long)g->n,
-                        (long long)g->k, (long long)g->lda, (long long)g->ldb);
     gm_args p;
-    p.c = g->c, p.aux = g->aux, p.bias = (const __nv_bfloat16 *)g->bias;
-    p.ldc = g->ldc, p.ld_aux = g->ld_aux;
-    p.m = (int)g->m, p.n = (int)g->n, p.ntm = (p.m + GM_BM - 1) / GM_BM, p.ntn = (p.n + GM_BN - 1) / GM_BN;
-    p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0, p.dbg = gm_dbg;
-    if (gm_dbg & GEMM_SM90_DBG_NO_MMA) p.kt = 0; /* no k blocks: nothing loaded or multiplied */
-    if ((int64_t)p.ntm * p.ntn > 0x40000000)
-        return zr_error("gemm_sm90: %lld x %lld output tiles is too many (use cuBLASLt)", (long long)p.ntm,
-                        (long long)p.ntn);
-    p.tiles = p.ntm * p.ntn;
-    int blocks = grid > 0 ? grid : num_sms();
-    if (blocks > p.tiles) blocks = p.tiles;
+    int blocks = 0;
+    if (gm_setup(g, GM_BM, GM_BN, grid, "gemm_sm90", ma, mb, p, blocks)) return -1;
+    const int ta = !!g->ta, tb = !!g->tb;
     if (g->c_dtype == ZR_F32) return gm_layouts<GM_EPI_F32>(ta, tb, ma, mb, p, blocks, stream);
     if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gm_layouts<GM_EPI_GELU_AUX>(ta, tb, ma, mb, p, blocks, stream);
     return gm_layouts<GM_EPI_BF16>(ta, tb, ma, mb, p, blocks, stream);

@@ -1,6 +1,8 @@
-/* Pieces every Hopper GEMM kernel of ours shares (gemm_sm90.cu, and any other tile shape): the
- * epilogue kinds, operand descriptors, GELU, the 16-byte bf16 stores of accumulator fragments,
- * predicated loads, and the host's tensor-map encoding. Device code needs sm_90a. */
+/* Pieces every Hopper GEMM kernel of ours shares (gemm_sm90.cu: ping-pong 128 x 128 tiles,
+ * gemm_sm90_wide.cu: cooperative 128 x 256): the kernel arguments and tile order, the epilogue
+ * kinds, operand descriptors, the m64n256k16 wgmma, GELU, the accumulators' start (C or bias) and
+ * the epilogues' stores, predicated loads, and the host's tensor maps and arguments. Device code
+ * needs sm_90a. */
 #ifndef ZR_CUDA_GEMM_SM90_CUH
 #define ZR_CUDA_GEMM_SM90_CUH
 
@@ -9,8 +11,22 @@
 #include "attention_sm90.cuh"
 #include "attention_sm90.h"
 #include "fused_common.cuh"
+#include "gemm_sm90.h"
 
 enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2 };
+#define GM_BK 64   /* k a stage: 128-byte swizzled rows, TMA's widest swizzled box */
+#define GM_GROUP 8 /* m tiles a group of the tile order (L2 reuse of B) */
+
+/* gemm_sm90_debug's flags (gemm_sm90.cu), which every kernel's host side passes on. */
+extern int gm_dbg;
+
+struct gm_args {
+    void *c, *aux;
+    const __nv_bfloat16 *bias; /* NULL: none */
+    int64_t ldc, ld_aux;
+    int m, n, ntm, ntn, kt, tiles, beta;
+    int dbg; /* GEMM_SM90_DBG_* (gemm_sm90.h): timing diagnostics, 0 in use */
+};
 
 namespace sm90 {
 
@@ -19,6 +35,24 @@ namespace sm90 {
  * Offset": MN-major, swizzled). */
 static __device__ __forceinline__ uint64_t desc128_lbo(uint32_t a, uint32_t lbo) {
     return (desc128(a) & ~((uint64_t)0x3FFF << 16)) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16);
+}
+
+/* d (64×256, f32: 128 a thread) (+)= A (64×16 from descriptor a) · B (16×256 from descriptor b),
+ * bf16: the widest wgmma. TA, TB, acc as wg_ss128's (attention_sm90.cuh). */
+template <int TA, int TB>
+static __device__ __forceinline__ void wg_ss256(float (&d)[128], uint64_t a, uint64_t b, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+                 "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+                 "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+                 "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "
+                 "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "
+                 "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, "
+                 "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, "
+                 "%123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : ZR_WG_OUT64(d), ZR_WG_OUT64((d + 64))
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 
 /* GELU, tanh form, as 0.5 (1 + tanh u) = sigmoid(2u) (kernels/cuda/elementwise.cu's gelu_tanh):
@@ -81,6 +115,125 @@ static __device__ __forceinline__ void ld_b32_or0(uint32_t &x, const void *q, bo
                  : "=r"(x)
                  : "r"((int)pr), "l"(q));
 }
+
+/* The A part of a stage: output rows m0 .. m0 + 127, k0 .. k0 + 63, into a, completing on bar. A
+ * [m][k] (TA 0): one box of 128 rows of 64 k; A [k][m]: two boxes of 64 k rows of 64 m, the second
+ * only when a2 (rows m0 + 64 .. start before m; the caller's expect_tx counts 8 KB less without). */
+template <int TA>
+static __device__ __forceinline__ void gm_load_a(uint16_t *a, const CUtensorMap *ma, uint64_t *bar, int k0,
+                                                 int m0, bool a2) {
+    if (TA == 0) {
+        tma_load4(a, ma, bar, k0, m0, 0, 0);
+    } else {
+        tma_load4(a, ma, bar, m0, k0, 0, 0);
+        if (a2) tma_load4(a + 64 * 64, ma, bar, m0 + 64, k0, 0, 0);
+    }
+}
+
+/* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
+ * tiles first, then along n, so the blocks running at once share B's columns and A's rows in L2. */
+static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm, int &tn) {
+    const int per = GM_GROUP * p.ntn, grp = t / per, first = grp * GM_GROUP, r = t - grp * per;
+    const int gs = min(p.ntm - first, GM_GROUP);
+    tm = first + r % gs;
+    tn = r / gs;
+}
+
+/* A warpgroup's accumulators: acc[h] is one m64nN wgmma's (N = 2 N4: 128 or 256), rows m0 + 64h
+ * .. + 63 of the output, columns n0 .. + N − 1; d[4 nt + e] of acc[h] is row m0 + 64h + 16 warp
+ * + g + 8 (e >> 1), column n0 + 8 nt + 2 t4 + (e & 1) (g = lane / 4, t4 = lane % 4). */
+
+/* The accumulators' start for the rows and columns above: C itself for f32 with beta 1, the bias
+ * along every row for bf16 with a bias (zeros past n and m: never stored); false, with nothing
+ * loaded, when the product starts from 0 (the first wgmma then overwrites). The loads are
+ * independent, all issued before anything waits for them (in the ping-pong kernel they land
+ * while the warpgroup waits for its turn), not one load → add → store chain each in the epilogue. */
+template <int EPI, int H, int N4>
+static __device__ __forceinline__ bool gm_acc_start(float (&acc)[H][N4], const gm_args &p, int m0, int n0,
+                                                    int warp, int g, int t4) {
+    /* every path defines every accumulator, in one basic block (predicated loads, no branches):
+     * ptxas serialises all wgmma (C7515) when their accumulators are defined on some paths only */
+    const bool on = !(p.dbg & GEMM_SM90_DBG_NO_CLOAD) && (EPI == GM_EPI_F32 ? p.beta : p.bias != nullptr);
+#pragma unroll
+    for (int nt = 0; nt < N4 / 4; ++nt) {
+        const int col = n0 + nt * 8 + t4 * 2;
+        if (EPI == GM_EPI_F32) {
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
+                    ld_f32x2_or0(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1],
+                                 static_cast<const float *>(p.c) + (int64_t)row * p.ldc + col,
+                                 on && col < p.n && row < p.m);
+                }
+        } else {
+            uint32_t bb;
+            ld_b32_or0(bb, p.bias + col, on && col < p.n);
+            const float b0 = __uint_as_float(bb << 16), b1 = __uint_as_float(bb & 0xffff0000u);
+#pragma unroll
+            for (int h = 0; h < H; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[h][4 * nt + e] = e & 1 ? b1 : b0;
+        }
+    }
+    return on;
+}
+
+/* The epilogue of the accumulators above (C or the bias already in them): from the registers
+ * straight to global memory, masked at m and n, stores only (nothing when nostore). f32: pairs, a
+ * row's 4 lanes one 32-byte sector. bf16: per pair of 8-column groups, the quad's 2 rows x 16
+ * columns transposed so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector);
+ * GELU_AUX stores z to aux and gelu(z) to c (z itself with GEMM_SM90_DBG_NO_GELU). Every lane of
+ * the warp must call it (the shuffles). */
+template <int EPI, int H, int N4>
+static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], const gm_args &p, int m0, int n0,
+                                                   int warp, int g, int t4, bool nostore) {
+    if (EPI == GM_EPI_F32) {
+#pragma unroll
+        for (int nt = 0; nt < N4 / 4; ++nt) {
+            const int col = n0 + nt * 8 + t4 * 2;
+            if (col >= p.n || nostore) break; /* n a multiple of 8: a pair is in or out */
+#pragma unroll
+            for (int h = 0; h < H; ++h) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const int row = m0 + h * 64 + warp * 16 + g + e2 * 8;
+                    if (row >= p.m) continue;
+                    float2 *d = reinterpret_cast<float2 *>(static_cast<float *>(p.c) + (int64_t)row * p.ldc + col);
+                    *d = make_float2(acc[h][4 * nt + 2 * e2], acc[h][4 * nt + 2 * e2 + 1]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int np = 0; np < N4 / 8; ++np) {
+            const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
+#pragma unroll
+            for (int h = 0; h < H; ++h) {
+                const int row = m0 + h * 64 + warp * 16 + g + 8 * (t4 >> 1);
+                const bool st = row < p.m && sc < p.n && !nostore;
+                /* z[2i], z[2i + 1]: word i = (row g, group 2np), (g, 2np + 1), (g + 8, 2np),
+                 * (g + 8, 2np + 1) */
+                float z[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
+                    z[2 * i] = acc[h][d];
+                    z[2 * i + 1] = acc[h][d + 1];
+                }
+                if (EPI == GM_EPI_GELU_AUX) {
+                    gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z, t4, st);
+                    if (!(p.dbg & GEMM_SM90_DBG_NO_GELU))
+#pragma unroll
+                        for (int i = 0; i < 8; ++i)
+                            z[i] = gm_gelu(z[i]);
+                }
+                gm_store_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, z, t4, st);
+            }
+        }
+    }
+}
 } /* namespace sm90 */
 
 /* ---- host side ---- */
@@ -96,5 +249,45 @@ static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, i
 }
 
 static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* The tensor maps, kernel arguments and block count of g (checked by gemm_sm90_check) for bm x bn
+ * output tiles: A in boxes of bm rows of 64 k ([m][k]) or of 64 k rows of 64 m ([k][m]), B in
+ * boxes of bn rows ([n][k]) or 64 x 64 ([k][n]); grid 0 for one block an SM, n > 0 for at most n,
+ * never more than the tiles. gm_dbg's flags go with the arguments (NO_MMA: no k blocks). Returns
+ * -1 with a message naming who when a map cannot be encoded or the tiles are too many. */
+static int gm_setup(const zr_gemm_desc *g, int bm, int bn, int grid, const char *who, CUtensorMap &ma,
+                    CUtensorMap &mb, gm_args &p, int &blocks) {
+    const int ta = !!g->ta, tb = !!g->tb;
+    if (gm_map(&ma, g->a, ta ? g->m : g->k, ta ? g->k : g->m, g->lda, ta ? 64 : bm) ||
+        gm_map(&mb, g->b, tb ? g->k : g->n, tb ? g->n : g->k, g->ldb, tb ? bn : 64))
+        return zr_error("%s: a tensor map (TMA) cannot be encoded for m=%lld n=%lld k=%lld "
+                        "lda=%lld ldb=%lld (use cuBLASLt)", who, (long long)g->m, (long long)g->n,
+                        (long long)g->k, (long long)g->lda, (long long)g->ldb);
+    p.c = g->c, p.aux = g->aux, p.bias = (const __nv_bfloat16 *)g->bias;
+    p.ldc = g->ldc, p.ld_aux = g->ld_aux;
+    p.m = (int)g->m, p.n = (int)g->n, p.ntm = (p.m + bm - 1) / bm, p.ntn = (p.n + bn - 1) / bn;
+    p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0, p.dbg = gm_dbg;
+    if (gm_dbg & GEMM_SM90_DBG_NO_MMA) p.kt = 0; /* no k blocks: nothing loaded or multiplied */
+    if ((int64_t)p.ntm * p.ntn > 0x40000000)
+        return zr_error("%s: %lld x %lld output tiles is too many (use cuBLASLt)", who, (long long)p.ntm,
+                        (long long)p.ntn);
+    p.tiles = p.ntm * p.ntn;
+    blocks = grid > 0 ? grid : num_sms();
+    if (blocks > p.tiles) blocks = p.tiles;
+    return 0;
+}
+
+/* Lets kernel kern use bytes of dynamic shared memory, once per device (set: that kernel's own
+ * flags, 64 devices); -1 with a message naming who when refused. */
+static int gm_smem_limit(const void *kern, int *set, int bytes, const char *who) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev >= 0 && dev < 64 && set[dev]) return 0;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
+        return zr_error("%s: %d bytes of shared memory a block refused: %s", who, bytes,
+                        cudaGetErrorString(cudaGetLastError()));
+    if (dev >= 0 && dev < 64) set[dev] = 1;
+    return 0;
+}
 
 #endif

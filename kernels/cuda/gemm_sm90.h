@@ -37,9 +37,16 @@ int gemm_sm90_check(const zr_gemm_desc *g);
  * than 128 x 128 output tiles. */
 int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream);
 
-/* Timing diagnostics (tests/bench/bench_gemm_sm90.cu): every later gemm_sm90 call leaves the
- * flagged stages out, so that timing the variants shows where a tile's time goes. Results are
- * wrong with any flag set; 0 (the default) restores the real kernel. Not thread-safe (a global). */
+/* The cooperative twin (kernels/cuda/gemm_sm90_wide.cu): 128 x 256 output tiles, both consumer
+ * warpgroups on the same tile (64 rows each, one m64n256k16 wgmma a k16 step): fewer bytes from L2
+ * a MAC, an epilogue nothing overlaps. Takes and refuses exactly what gemm_sm90 does
+ * (gemm_sm90_check); grid as gemm_sm90's, never more blocks than 128 x 256 tiles. */
+int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stream);
+
+/* Timing diagnostics (tests/bench/bench_gemm_sm90.cu): every later gemm_sm90 (and gemm_sm90_wide)
+ * call leaves the flagged stages out, so that timing the variants shows where a tile's time goes.
+ * Results are wrong with any flag set; 0 (the default) restores the real kernel. Not thread-safe
+ * (a global). gemm_sm90_wide takes every flag but SERIAL (refused: -1, nothing launched). */
 enum {
     GEMM_SM90_DBG_NO_STORE = 1, /* the epilogue computes but stores nothing */
     GEMM_SM90_DBG_NO_CLOAD = 2, /* no C (f32 beta 1) or bias loads: the accumulators start at 0 */

@@ -1,9 +1,11 @@
-/* Benchmark of our Hopper GEMM (kernels/cuda/gemm_sm90.cu) against cuBLASLt (gemm_ex_cuda: the
+/* Benchmark of our Hopper GEMMs (kernels/cuda/gemm_sm90.cu: ping-pong 128 x 128 tiles, and
+ * gemm_sm90_wide.cu: cooperative 128 x 256) against cuBLASLt (gemm_ex_cuda: the
  * runtime's autotuned plans) on Llama-3.2-1B's products at 2048 tokens (forward Y = X Wᵀ bf16, dX =
  * dY W bf16, dW = dYᵀ X into an f32 gradient with beta 1) and GPT-2's c_fc with bias + GELU(aux).
  * Sustained rates: the GPU heated 2 s first, then per product and implementation the best of 5
  * loops of ~0.3 s (under the power cap, not the boost clock). Prints ms and TFLOP/s side by side.
- * Then, for three of them, ours with stages left out (gemm_sm90_debug): where a tile's time goes.
+ * Then, for three of them, each of ours with stages left out (gemm_sm90_debug): where a tile's
+ * time goes.
  * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -90,10 +92,11 @@ static zr_gemm_desc desc_of(const prod &p, void *a, void *b, void *c, void *aux,
     return g;
 }
 
-/* Where a tile's time goes: ours with stages left out (gemm_sm90_debug; the results are wrong),
- * as ms and µs a tile an SM (tiles / SMs of them run one after another on each SM's two
- * warpgroups). */
-static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *bias) {
+/* Where a tile's time goes: one of ours (fn, bm x bn output tiles) with stages left out
+ * (gemm_sm90_debug; the results are wrong), as ms and µs a tile an SM (tiles / SMs of them run one
+ * after another on each SM). The wide kernel has no ping-pong: no SERIAL row. */
+static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *bias, const char *who,
+                     int (*fn)(const zr_gemm_desc *, int, cudaStream_t), int bm, int bn) {
     static const struct {
         int flags;
         const char *what;
@@ -109,17 +112,18 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
     };
     int sms = 0;
     CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const double tiles = (double)((p.m + 127) / 128) * ((p.n + 127) / 128), fl = 2.0 * p.m * p.n * p.k;
+    const double tiles = (double)((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn), fl = 2.0 * p.m * p.n * p.k;
     const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
     for (const auto &v : vs) {
         if ((v.flags & GEMM_SM90_DBG_NO_GELU) && !p.gelu) continue;
+        if ((v.flags & GEMM_SM90_DBG_SERIAL) && fn == gemm_sm90_wide) continue;
         if (gemm_sm90_debug(v.flags)) {
             fprintf(stderr, "%s\n", zr_last_error());
             exit(1);
         }
-        const double ms = best_ms([&] { return gemm_sm90(&g, 0, 0); });
-        printf("  %-20s %-26s flags %2d | %9.3f ms %8.1f TFLOP/s | %6.2f us a tile an SM\n", p.name, v.what,
-               v.flags, ms, fl / ms * 1e-9, ms * 1e3 / (tiles / sms));
+        const double ms = best_ms([&] { return fn(&g, 0, 0); });
+        printf("  %-14s %-20s %-26s flags %2d | %9.3f ms %8.1f TFLOP/s | %6.2f us a tile an SM\n", who, p.name,
+               v.what, v.flags, ms, fl / ms * 1e-9, ms * 1e3 / (tiles / sms));
         fflush(stdout);
     }
     gemm_sm90_debug(0);
@@ -173,17 +177,20 @@ int main(int argc, char **argv) {
         while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) loop_ms([&] { return gemm_sm90(&g, 0, 0); }, 0.1);
     }
 
-    printf("%-22s %7s %7s %7s | %9s %8s | %9s %8s | %6s\n", "product", "M", "N", "K", "ours ms", "TFLOP/s",
-           "cuBLASLt", "TFLOP/s", "ratio");
+    /* ratio: cuBLASLt ms / ours (above 1: ours faster); ours is gemm_sm90, wide gemm_sm90_wide */
+    printf("%-22s %7s %7s %7s | %9s %8s | %9s %8s | %9s %8s | %6s %6s\n", "product", "M", "N", "K", "ours ms",
+           "TFLOP/s", "wide ms", "TFLOP/s", "cuBLASLt", "TFLOP/s", "ratio", "wide");
     for (int i = 0; i < np; ++i) {
         const prod &p = ps[i];
         const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
         if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
         const double ours = best_ms([&] { return gemm_sm90(&g, 0, 0); });
+        const double wide = best_ms([&] { return gemm_sm90_wide(&g, 0, 0); });
         const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
         const double fl = 2.0 * p.m * p.n * p.k;
-        printf("%-22s %7lld %7lld %7lld | %9.3f %8.1f | %9.3f %8.1f | %6.3f\n", p.name, (long long)p.m,
-               (long long)p.n, (long long)p.k, ours, fl / ours * 1e-9, lt, fl / lt * 1e-9, lt / ours);
+        printf("%-22s %7lld %7lld %7lld | %9.3f %8.1f | %9.3f %8.1f | %9.3f %8.1f | %6.3f %6.3f\n", p.name,
+               (long long)p.m, (long long)p.n, (long long)p.k, ours, fl / ours * 1e-9, wide, fl / wide * 1e-9, lt,
+               fl / lt * 1e-9, lt / ours, lt / wide);
         fflush(stdout);
     }
     /* diagnostics: a plain bf16 forward, an f32 beta-1 gradient, the bias+GELU epilogue */
@@ -192,7 +199,8 @@ int main(int argc, char **argv) {
         if (!strcmp(ps[i].name, "gate_up fwd") || !strcmp(ps[i].name, "gate_up dW f32+=") ||
             !strcmp(ps[i].name, "gpt2 c_fc bias+gelu")) {
             if (ps[i].f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(ps[i].m * ps[i].n), 1, 7, 1.f);
-            diagnose(ps[i], a, b, c, aux, bias);
+            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90", gemm_sm90, 128, 128);
+            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90_wide", gemm_sm90_wide, 128, 256);
         }
     return 0;
 }

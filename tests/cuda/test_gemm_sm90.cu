@@ -1,12 +1,15 @@
-/* GPU test of kernels/cuda/gemm_sm90.cu: every layout (ta, tb) and epilogue (bf16, +bias,
- * +bias+GELU with the pre-activation, f32 beta 0 and 1) against a host double reference on every
- * element at awkward sizes, grids of 1, 3 and 132 blocks giving identical bits, cuBLASLt on the same
- * inputs, the refusals; a 20 s watchdog per launch prints "hang in <case>" and exits.
+/* GPU test of kernels/cuda/gemm_sm90.cu and its cooperative twin gemm_sm90_wide.cu (every case
+ * runs for both): every layout (ta, tb) and epilogue (bf16, +bias, +bias+GELU with the
+ * pre-activation, f32 beta 0 and 1) against a host double reference on every element at awkward
+ * sizes, grids of 1, 3 and 132 blocks giving identical bits, cuBLASLt on the same inputs, the
+ * refusals; a 20 s watchdog per launch prints "hang in <case>" and exits, and an alarm (120 s
+ * without a result) does the same wherever else the process blocks.
  * Build and run (H100/H200): make build/tests/test_gemm_sm90 && build/tests/test_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -67,7 +70,18 @@ static void sync_or_die(const char *what) {
     }
 }
 
+static char casebuf[256]; /* the case running (the watchdogs' and failures' name) */
+
+/* The backstop watchdog: SIGALRM after 120 s without a result (a call that blocks outside
+ * sync_or_die) prints "hang (no result in 120 s) in <case>" and exits. */
+static void on_alarm(int) {
+    printf("hang (no result in 120 s) in %s\n%d passed, %d failed\n", casebuf, test_n_pass, test_n_fail + 1);
+    fflush(stdout);
+    _exit(3);
+}
+
 static void result(const std::string &name) {
+    alarm(120); /* re-armed: the next case has its own 120 s */
     if (test_failed_flag) {
         test_n_fail++;
         printf("FAIL %s: %s\n", name.c_str(), test_why);
@@ -111,10 +125,14 @@ struct problem {
     }
 };
 
-static char casebuf[256]; /* the case running (the watchdog's and failures' name) */
-
 enum { E_NONE, E_BIAS, E_GELU, E_F32_B0, E_F32_B1, E_COUNT };
 static const char *ename[E_COUNT] = {"bf16", "bias", "bias+gelu_aux", "f32_beta0", "f32_beta1"};
+
+/* The implementations under test: every case runs for each. */
+static const struct impl {
+    const char *name;
+    int (*fn)(const zr_gemm_desc *, int, cudaStream_t);
+} impls[] = {{"gemm_sm90", gemm_sm90}, {"gemm_sm90_wide", gemm_sm90_wide}};
 
 /* Device copies of one problem in one layout, and the outputs (rows padded by `pad` elements that
  * must stay untouched). */
@@ -249,52 +267,96 @@ static double check_out(const run &r, int e, const std::vector<uint8_t> &h, cons
     return worst;
 }
 
-/* Every epilogue of one layout of one problem: ours (grid 0: one block an SM) against the host
- * reference; with grids, grid 1, 3, 132 against grid 0 bit for bit; with lt, cuBLASLt (gemm_ex_cuda)
- * against the reference and against ours. */
+/* Every epilogue of one layout of one problem, for each implementation: ours (grid 0: one block an
+ * SM) against the host reference; with grids, grid 1, 3, 132 against grid 0 bit for bit; with lt,
+ * cuBLASLt (gemm_ex_cuda, run once an epilogue) against the reference and against ours. */
 static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bool lt) {
     run r(P, ta, tb, pad);
     for (int e = 0; e < E_COUNT; ++e) {
-        snprintf(casebuf, sizeof casebuf, "m%d n%d k%d ta%d tb%d pad%d %s", P.m, P.n, P.k, ta, tb, pad, ename[e]);
         const zr_gemm_desc g = r.desc(e);
-        char ltnote[96] = "";
-        r.prepare(e);
-        int rc = gemm_sm90(&g, 0, 0);
-        CHECK_MSG(rc == 0, "gemm_sm90 refused: %s", zr_last_error());
-        sync_or_die(casebuf);
-        const std::vector<uint8_t> ours = r.bytes(e);
-        const double w = rc == 0 ? check_out(r, e, ours, "ours") : 0;
-        if (grids && rc == 0) {
-            for (int grid : {1, 3, 132}) {
-                char what[300];
-                snprintf(what, sizeof what, "%s grid %d", casebuf, grid);
-                r.prepare(e);
-                CHECK(gemm_sm90(&g, grid, 0) == 0);
-                sync_or_die(what);
-                CHECK_MSG(r.bytes(e) == ours, "grid %d: bits differ from one block an SM", grid);
-            }
-        }
-        if (lt && rc == 0) {
+        std::vector<uint8_t> theirs; /* cuBLASLt's bytes, once it ran */
+        bool lt_ran = false;
+        for (const impl &im : impls) {
+            snprintf(casebuf, sizeof casebuf, "%s m%d n%d k%d ta%d tb%d pad%d %s", im.name, P.m, P.n, P.k, ta,
+                     tb, pad, ename[e]);
+            char ltnote[96] = "";
             r.prepare(e);
-            const int lrc = gemm_ex_cuda(&g, 0);
-            CHECK_MSG(lrc == 0, "cuBLASLt: %s", zr_last_error());
-            char what[300];
-            snprintf(what, sizeof what, "%s cublasLt", casebuf);
-            sync_or_die(what);
-            if (lrc == 0) {
-                const std::vector<uint8_t> theirs = r.bytes(e);
-                check_out(r, e, theirs, "cuBLASLt");
+            int rc = im.fn(&g, 0, 0);
+            CHECK_MSG(rc == 0, "%s refused: %s", im.name, zr_last_error());
+            sync_or_die(casebuf);
+            const std::vector<uint8_t> ours = r.bytes(e);
+            const double w = rc == 0 ? check_out(r, e, ours, "ours") : 0;
+            if (grids && rc == 0) {
+                for (int grid : {1, 3, 132}) {
+                    char what[300];
+                    snprintf(what, sizeof what, "%s grid %d", casebuf, grid);
+                    r.prepare(e);
+                    CHECK(im.fn(&g, grid, 0) == 0);
+                    sync_or_die(what);
+                    CHECK_MSG(r.bytes(e) == ours, "grid %d: bits differ from one block an SM", grid);
+                }
+            }
+            if (lt && rc == 0 && !lt_ran) {
+                lt_ran = true;
+                r.prepare(e);
+                const int lrc = gemm_ex_cuda(&g, 0);
+                CHECK_MSG(lrc == 0, "cuBLASLt: %s", zr_last_error());
+                char what[300];
+                snprintf(what, sizeof what, "%s cublasLt", casebuf);
+                sync_or_die(what);
+                if (lrc == 0) {
+                    theirs = r.bytes(e);
+                    check_out(r, e, theirs, "cuBLASLt");
+                }
+            }
+            if (!theirs.empty() && rc == 0) {
                 check_out(r, e, ours, "ours against cuBLASLt", &theirs);
                 size_t diff = 0;
                 for (size_t i = 0; i < ours.size(); ++i) diff += ours[i] != theirs[i];
                 snprintf(ltnote, sizeof ltnote, " +cuBLASLt (%zu of %zu bytes differ)", diff, ours.size());
             }
+            char name[400];
+            snprintf(name, sizeof name, "%s%s%s (worst err/tol %.3f)", casebuf, grids ? " grids 1/3/132" : "",
+                     ltnote, w);
+            result(name);
         }
-        char name[400];
-        snprintf(name, sizeof name, "%s%s%s (worst err/tol %.3f)", casebuf, grids ? " grids 1/3/132" : "",
-                 ltnote, w);
-        result(name);
     }
+}
+
+/* The debug flags act in both implementations: NO_STORE leaves the output untouched; the wide
+ * kernel refuses SERIAL (it has no ping-pong), writing nothing, with a message naming the flag;
+ * gemm_sm90_debug refuses unknown bits. Flags reset to 0 after. */
+static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
+    auto untouched = [&r]() {
+        bool u = true;
+        for (uint8_t x : r.bytes(E_NONE)) u &= x == 0xff;
+        return u;
+    };
+    for (const impl &im : impls) {
+        snprintf(casebuf, sizeof casebuf, "debug: %s with GEMM_SM90_DBG_NO_STORE writes nothing", im.name);
+        CHECK(gemm_sm90_debug(GEMM_SM90_DBG_NO_STORE) == 0);
+        r.prepare(E_NONE);
+        const int rc = im.fn(&plain, 0, 0);
+        sync_or_die(casebuf);
+        CHECK_MSG(rc == 0, "%s: %s", im.name, zr_last_error());
+        CHECK_MSG(untouched(), "output written");
+        gemm_sm90_debug(0);
+        result(casebuf);
+    }
+    snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_wide refuses GEMM_SM90_DBG_SERIAL");
+    CHECK(gemm_sm90_debug(GEMM_SM90_DBG_SERIAL) == 0);
+    r.prepare(E_NONE);
+    zr_clear_error();
+    const int rc = gemm_sm90_wide(&plain, 0, 0);
+    sync_or_die(casebuf);
+    const std::string msg = zr_last_error_message() ? zr_last_error_message() : "";
+    CHECK_MSG(rc == -1 && msg.find("SERIAL") != std::string::npos, "rc %d, message '%s'", rc, msg.c_str());
+    CHECK_MSG(untouched(), "output written");
+    gemm_sm90_debug(0);
+    result(casebuf);
+    snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_debug refuses bit 32");
+    CHECK(gemm_sm90_debug(32) == -1);
+    result(casebuf);
 }
 
 /* Descriptors it must refuse, each with a message naming gemm_sm90 and the fallback (the shape
@@ -348,14 +410,15 @@ static void test_refusals(bool gpu) {
         CHECK_MSG(rc == -1, "gemm_sm90_check took it (rc %d)", rc);
         CHECK_MSG(msg.find("gemm_sm90") != std::string::npos && msg.find("cuBLASLt") != std::string::npos,
                   "message: '%s'", msg.c_str());
-        if (r) {
+        for (const impl &im : impls) {
+            if (!r) break;
             r->prepare(E_NONE);
-            rc = gemm_sm90(&g, 0, 0);
+            rc = im.fn(&g, 0, 0);
             sync_or_die(casebuf);
-            CHECK_MSG(rc == -1, "gemm_sm90 took it (rc %d)", rc);
+            CHECK_MSG(rc == -1, "%s took it (rc %d)", im.name, rc);
             bool untouched = true;
             for (uint8_t x : r->bytes(E_NONE)) untouched &= x == 0xff;
-            CHECK_MSG(untouched, "output written");
+            CHECK_MSG(untouched, "%s: output written", im.name);
         }
         char name[600];
         snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
@@ -364,10 +427,13 @@ static void test_refusals(bool gpu) {
     /* the unedited descriptor is taken (on a GPU): the refusals are not blanket */
     CHECK_MSG(gemm_sm90_check(&plain) == 0, "the plain descriptor refused: %s", zr_last_error());
     result("refusal: the plain descriptor is taken");
+    if (r) test_debug_flags(*r, plain);
     delete r;
 }
 
 int main(void) {
+    signal(SIGALRM, on_alarm); /* before result() first arms it */
+    alarm(120);
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
@@ -382,14 +448,17 @@ int main(void) {
     test_refusals(true);
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
      * partial k block; a long k; more tiles (17 x 9 = 153) than 132 blocks, so blocks run several
-     * and both warpgroups' turns carry over; Llama-like k at small m */
+     * and both warpgroups' turns carry over; Llama-like k at small m. For the wide kernel's 128 x
+     * 256 tiles: n past a 256 tile by 8 (264, 1032), 72 (328), 136 (136, 392), so B [k][n] loads
+     * 1, 2, 3 of its four 64-wide boxes; m past a tile by 8 (136: warpgroup 1's rows all out);
+     * 17 x 9 = 153 wide tiles (2056 x 2056), more than 132 blocks */
     struct sz {
         int m, n, k, pad;
         bool grids, lt;
     } sizes[] = {
         {128, 128, 64, 0, true, true},   {8, 16, 8, 0, true, false},     {200, 136, 72, 8, true, true},
         {264, 392, 4096, 0, false, true}, {2056, 1032, 520, 16, true, true}, {136, 2048, 2048, 0, false, false},
-        {1032, 264, 136, 0, true, false},
+        {1032, 264, 136, 0, true, false}, {136, 328, 264, 0, true, false}, {2056, 2056, 72, 0, true, false},
     };
     for (const sz &s : sizes) {
         problem P(s.m, s.n, s.k);
