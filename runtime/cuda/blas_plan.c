@@ -33,7 +33,7 @@ typedef struct {
 
 typedef struct {
     int used;
-    int own; /* the autotuner picked gemm_sm90 over every cuBLASLt candidate */
+    int own; /* 0: cuBLASLt; else OWN_KERNELS[own - 1] (faster than every cuBLASLt candidate) */
     key k;
     zr_gemm_plan plan;
 } entry;
@@ -74,12 +74,17 @@ static void destroy_entry(entry *e) {
 // Autotuning (on unless ZRUN_GEMM_AUTOTUNE=0): the first time a shape of at least 1 GFLOP is
 // seen, the heuristic's top candidates run on the real operands into a scratch output and the
 // fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
-// Our own Hopper GEMM, by ZRUN_GEMM_SM90: unset or "auto": one more autotuning candidate where
-// gemm_sm90_check takes the product; "0": never; "1": always where it takes the product, at any
-// size and without timing (tests and benchmarks). Anything else is refused when first read.
+// Our own Hopper GEMMs (gemm_sm90: ping-pong 128x128 tiles; gemm_sm90_wide: cooperative 128x256),
+// by ZRUN_GEMM_SM90: unset or "auto": more autotuning candidates where gemm_sm90_check takes the
+// product; "0": never; "pingpong" or "wide": that kernel wherever it takes the product, at any size
+// and without timing (tests and benchmarks). Anything else is refused when first read.
 // ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's fastest cuBLASLt and gemm_sm90 times to stderr.
 #define TUNE_ALGOS 8
-enum { OWN_OFF = 0, OWN_ALWAYS = 1, OWN_AUTO = 2 };
+typedef int (*own_fn)(const zr_gemm_desc *, int, cudaStream_t);
+static const own_fn OWN_KERNELS[] = {gemm_sm90, gemm_sm90_wide};
+static const char *const OWN_NAMES[] = {"pingpong", "wide"};
+#define N_OWN ((int)(sizeof OWN_KERNELS / sizeof OWN_KERNELS[0]))
+enum { OWN_OFF = -1, OWN_AUTO = 0 }; /* else 1 + the index of the one kernel to use */
 static int autotune_on(void) {
     static int on = -1;
     if (on < 0) {
@@ -89,28 +94,31 @@ static int autotune_on(void) {
     return on;
 }
 static int own_mode(int *mode) {
-    static int m = -1;
-    if (m < 0) {
+    static int read, m;
+    if (!read) {
         const char *e = getenv("ZRUN_GEMM_SM90");
-        if (!e || !*e || strcmp(e, "auto") == 0) m = OWN_AUTO;
-        else if (strcmp(e, "0") == 0) m = OWN_OFF;
-        else if (strcmp(e, "1") == 0) m = OWN_ALWAYS;
-        else
-            return zr_error("ZRUN_GEMM_SM90=%s: use auto (our Hopper GEMM where the autotuner finds it "
-                            "fastest; the default), 0 (cuBLASLt only) or 1 (ours wherever it takes the product)",
-                            e);
+        int v = -2;
+        if (!e || !*e || strcmp(e, "auto") == 0) v = OWN_AUTO;
+        else if (strcmp(e, "0") == 0) v = OWN_OFF;
+        for (int i = 0; v == -2 && i < N_OWN; i++)
+            if (strcmp(e, OWN_NAMES[i]) == 0) v = 1 + i;
+        if (v == -2)
+            return zr_error("ZRUN_GEMM_SM90=%s: use auto (our Hopper GEMMs where the autotuner finds them "
+                            "fastest; the default), 0 (cuBLASLt only), pingpong or wide (that kernel wherever "
+                            "it takes the product)", e);
+        m = v, read = 1;
     }
     *mode = m;
     return 0;
 }
 
-// One timed candidate: a cuBLASLt algorithm, or (algo NULL) gemm_sm90. 0 when it ran.
-static int run_candidate(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
+// One timed candidate: a cuBLASLt algorithm, or (own > 0) OWN_KERNELS[own - 1]. 0 when it ran.
+static int run_candidate(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo, int own,
                          const zr_gemm_desc *g, void *cs, cudaStream_t stream) {
-    if (!algo) {
+    if (own) {
         zr_gemm_desc o = *g;
         o.c = cs;
-        return gemm_sm90(&o, 0, stream);
+        return OWN_KERNELS[own - 1](&o, 0, stream);
     }
     float af = (float)g->alpha, bf = (float)g->beta;
     return cublasLtMatmul(c->h, e->plan.op, &af, g->b, e->plan.la, g->a, e->plan.lb, &bf, cs,
@@ -121,7 +129,7 @@ static int run_candidate(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
 }
 
 // Median-free quick timing: one warm-up, then the best of 3 (ms); < 0 when the candidate fails.
-static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
+static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo, int own,
                        const zr_gemm_desc *g, void *cs, cudaStream_t stream) {
     float best = -1;
     cudaEvent_t t0, t1;
@@ -132,7 +140,7 @@ static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo,
     }
     for (int r = 0; r < 4; r++) {
         cudaEventRecord(t0, stream);
-        int rc = run_candidate(c, e, algo, g, cs, stream);
+        int rc = run_candidate(c, e, algo, own, g, cs, stream);
         cudaEventRecord(t1, stream);
         float ms = -1;
         if (rc || cudaEventSynchronize(t1) != cudaSuccess ||
@@ -165,7 +173,7 @@ static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t
                                        sizeof g->bias);
     float best = -1;
     for (int i = 0; i < nres; i++) {
-        float ms = time_algo(c, e, &res[i].algo, g, cs, stream);
+        float ms = time_algo(c, e, &res[i].algo, 0, g, cs, stream);
         if (ms >= 0 && (best < 0 || ms < best)) {
             best = ms;
             e->plan.algo = res[i].algo;
@@ -173,21 +181,27 @@ static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t
     }
     int mode = OWN_OFF;
     own_mode(&mode); /* read and checked by build before */
-    float own = -1;
-    if (mode == OWN_AUTO && gemm_sm90_check(g) == 0) {
-        own = time_algo(c, e, NULL, g, cs, stream);
-        if (own >= 0 && (best < 0 || own < best)) e->own = 1;
+    float own[N_OWN];
+    const int takes = mode == OWN_AUTO && gemm_sm90_check(g) == 0;
+    for (int i = 0; i < N_OWN; i++) {
+        own[i] = takes ? time_algo(c, e, NULL, 1 + i, g, cs, stream) : -1;
+        if (own[i] >= 0 && (best < 0 || own[i] < best)) best = own[i], e->own = 1 + i;
     }
     static int log = -1;
     if (log < 0) {
         const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
         log = l && strcmp(l, "1") == 0;
     }
-    if (log)
-        fprintf(stderr, "gemm tune: m=%lld n=%lld k=%lld ta=%d tb=%d %s->%s%s%s%s: cuBLASLt %.4f ms, gemm_sm90 %.4f ms%s\n",
+    if (log) { /* once one of ours beats cuBLASLt's fastest candidate, that one's time is not kept */
+        char ours[128] = "";
+        for (int i = 0, n = 0; i < N_OWN && n < (int)sizeof ours; i++)
+            n += snprintf(ours + n, sizeof ours - n, ", %s %.4f ms", OWN_NAMES[i], own[i]);
+        fprintf(stderr, "gemm tune: m=%lld n=%lld k=%lld ta=%d tb=%d %s->%s%s%s%s: best %.4f ms (%s)%s%s\n",
                 (long long)g->m, (long long)g->n, (long long)g->k, g->ta, g->tb, zr_dtype_name(g->ab_dtype),
                 zr_dtype_name(g->c_dtype), g->beta != 0.0 ? " beta" : "", g->bias ? " bias" : "",
-                g->epilogue == ZR_GEMM_EPI_GELU_AUX ? " gelu" : g->epilogue ? " dgelu" : "", best, own, own < 0 ? " (not taken)" : e->own ? " -> ours" : "");
+                g->epilogue == ZR_GEMM_EPI_GELU_AUX ? " gelu" : g->epilogue ? " dgelu" : "", best,
+                e->own ? OWN_NAMES[e->own - 1] : "cuBLASLt", ours, takes ? "" : " (ours do not take it)");
+    }
     zr_cuda_free(cuda_dev(dev), cs);
 }
 
@@ -233,7 +247,7 @@ static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int 
         gemm_plan_destroy_cuda(&e->plan);
         return -1;
     }
-    if (mode == OWN_ALWAYS && gemm_sm90_check(g) == 0) e->own = 1;
+    if (mode > 0 && gemm_sm90_check(g) == 0) e->own = mode;
     else if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
     zr_clear_error(); /* gemm_sm90_check's refusal is an answer, not a failure */
     e->k = *k;
@@ -306,7 +320,7 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
     }
     int rc;
     if (e->own && gemm_sm90_check(g) == 0) { /* the key does not hold the bias's alignment */
-        rc = gemm_sm90(g, 0, stream);
+        rc = OWN_KERNELS[e->own - 1](g, 0, stream);
     } else {
         if (e->own) zr_clear_error();
         rc = gemm_plan_run_cuda(c->h, &e->plan, g, c->ws, WORKSPACE, dev, stream);
