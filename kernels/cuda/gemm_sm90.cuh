@@ -97,4 +97,55 @@ static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, i
 
 static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* ---- clusters: a 2-CTA GEMM multicasting the operand its CTAs share ---- */
+namespace sm90 {
+static __device__ __forceinline__ uint32_t cluster_rank() { /* this CTA's rank in its cluster */
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_id_x() {
+    uint32_t r;
+    asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in the grid along x */
+    uint32_t r;
+    asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+/* Every thread of the cluster: arrive (release), then wait (acquire) for the cluster's others. */
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster. */
+static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
+                 "r"(cta)
+                 : "memory");
+}
+/* mbar_wait with acquire at cluster scope: for a phase that the other CTA's arrivals complete. */
+static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_u32(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
+ * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
+static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, uint64_t *bar, int c0,
+                                                    int c1, int c2, int c3, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
+                 "r"(c3), "h"(mask)
+                 : "memory");
+}
+} /* namespace sm90 */
+
 #endif
