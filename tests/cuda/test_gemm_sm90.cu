@@ -1,7 +1,9 @@
 /* GPU test of kernels/cuda/gemm_sm90.cu: every layout (ta, tb) and epilogue (bf16, +bias,
  * +bias+GELU with the pre-activation, f32 beta 0 and 1) against a host double reference on every
  * element at awkward sizes, grids of 1, 3 and 132 blocks giving identical bits, cuBLASLt on the same
- * inputs, the refusals; a 20 s watchdog per launch prints "hang in <case>" and exits.
+ * inputs, the refusals; then every case again with clusters of 2 blocks (gemm_sm90_cluster(2):
+ * the reference, and the same bits as one block, at grids of 1, 6 and 132 blocks too). A 20 s
+ * watchdog per launch prints "hang in <case>" and exits (and an alarm, should a CUDA call block).
  * Build and run (H100/H200): make build/tests/test_gemm_sm90 && build/tests/test_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -65,6 +68,13 @@ static void sync_or_die(const char *what) {
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+}
+
+/* The backstop of sync_or_die: a CUDA call that blocks on a hung kernel (alarm per case). */
+static void on_alarm(int) {
+    static const char msg[] = "hang (alarm): a CUDA call blocked\n";
+    if (write(1, msg, sizeof msg - 1) < 0) _exit(4);
+    _exit(4);
 }
 
 static void result(const std::string &name) {
@@ -249,6 +259,33 @@ static double check_out(const run &r, int e, const std::vector<uint8_t> &h, cons
     return worst;
 }
 
+/* Case e of run r again with clusters of 2 blocks (gemm_sm90_cluster(2)): as many clusters as fit
+ * against the host reference and bit for bit against one block's bytes `ours`; with grids, also
+ * grid 1 (one cluster), 6 (three) and 132. Back to clusters of 1 after. */
+static void cluster2(const run &r, int e, const zr_gemm_desc &g, bool grids, const std::vector<uint8_t> &ours) {
+    char base[300];
+    snprintf(base, sizeof base, "%s cluster 2", casebuf);
+    CHECK_MSG(gemm_sm90_cluster(2) == 0, "gemm_sm90_cluster(2): %s", zr_last_error());
+    double w = 0;
+    for (int grid : {0, 1, 6, 132}) {
+        if (grid && !grids) break;
+        char what[340];
+        snprintf(what, sizeof what, "%s grid %d", base, grid);
+        r.prepare(e);
+        const int rc = gemm_sm90(&g, grid, 0);
+        CHECK_MSG(rc == 0, "grid %d: gemm_sm90 refused: %s", grid, zr_last_error());
+        if (rc) break;
+        sync_or_die(what);
+        const std::vector<uint8_t> mine = r.bytes(e);
+        if (!grid) w = check_out(r, e, mine, "cluster 2");
+        CHECK_MSG(mine == ours, "grid %d: bits differ from clusters of 1", grid);
+    }
+    gemm_sm90_cluster(1);
+    char name[400];
+    snprintf(name, sizeof name, "%s%s (worst err/tol %.3f)", base, grids ? " grids 1/6/132" : "", w);
+    result(name);
+}
+
 /* Every epilogue of one layout of one problem: ours (grid 0: one block an SM) against the host
  * reference; with grids, grid 1, 3, 132 against grid 0 bit for bit; with lt, cuBLASLt (gemm_ex_cuda)
  * against the reference and against ours. */
@@ -256,6 +293,7 @@ static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bo
     run r(P, ta, tb, pad);
     for (int e = 0; e < E_COUNT; ++e) {
         snprintf(casebuf, sizeof casebuf, "m%d n%d k%d ta%d tb%d pad%d %s", P.m, P.n, P.k, ta, tb, pad, ename[e]);
+        alarm(120);
         const zr_gemm_desc g = r.desc(e);
         char ltnote[96] = "";
         r.prepare(e);
@@ -294,7 +332,9 @@ static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bo
         snprintf(name, sizeof name, "%s%s%s (worst err/tol %.3f)", casebuf, grids ? " grids 1/3/132" : "",
                  ltnote, w);
         result(name);
+        if (rc == 0) cluster2(r, e, g, grids, ours);
     }
+    alarm(0);
 }
 
 /* Descriptors it must refuse, each with a message naming gemm_sm90 and the fallback (the shape
@@ -361,6 +401,20 @@ static void test_refusals(bool gpu) {
         snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
         result(name);
     }
+    /* the cluster switch: 1 and 2 only */
+    for (int n : {0, 3, -1}) {
+        snprintf(casebuf, sizeof casebuf, "refusal: gemm_sm90_cluster(%d)", n);
+        zr_clear_error();
+        const int rc = gemm_sm90_cluster(n);
+        const std::string msg = zr_last_error_message() ? zr_last_error_message() : "";
+        CHECK_MSG(rc == -1, "taken (rc %d)", rc);
+        CHECK_MSG(msg.find("gemm_sm90_cluster") != std::string::npos, "message: '%s'", msg.c_str());
+        char name[600];
+        snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
+        result(name);
+    }
+    CHECK_MSG(gemm_sm90_cluster(2) == 0 && gemm_sm90_cluster(1) == 0, "1 or 2 refused: %s", zr_last_error());
+    result("gemm_sm90_cluster(1) and (2) taken");
     /* the unedited descriptor is taken (on a GPU): the refusals are not blanket */
     CHECK_MSG(gemm_sm90_check(&plain) == 0, "the plain descriptor refused: %s", zr_last_error());
     result("refusal: the plain descriptor is taken");
@@ -379,17 +433,20 @@ int main(void) {
         printf("%d passed, %d failed\n", test_n_pass, test_n_fail + 1);
         return 1;
     }
+    signal(SIGALRM, on_alarm);
     test_refusals(true);
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
      * partial k block; a long k; more tiles (17 x 9 = 153) than 132 blocks, so blocks run several
-     * and both warpgroups' turns carry over; Llama-like k at small m */
+     * and both warpgroups' turns carry over; Llama-like k at small m. Clusters of 2: m tiles odd
+     * (1, 3, 9, 17: the last pair's second tile wholly past m) and even (2 partial, 4 whole), n's
+     * last tile with its second 64 columns wholly past n (16, 136, 264, 392, 520, 1032) */
     struct sz {
         int m, n, k, pad;
         bool grids, lt;
     } sizes[] = {
         {128, 128, 64, 0, true, true},   {8, 16, 8, 0, true, false},     {200, 136, 72, 8, true, true},
         {264, 392, 4096, 0, false, true}, {2056, 1032, 520, 16, true, true}, {136, 2048, 2048, 0, false, false},
-        {1032, 264, 136, 0, true, false},
+        {1032, 264, 136, 0, true, false}, {512, 520, 192, 0, true, false},
     };
     for (const sz &s : sizes) {
         problem P(s.m, s.n, s.k);
