@@ -70,10 +70,13 @@ static void sync_or_die(const char *what) {
     }
 }
 
-/* The backstop of sync_or_die: a CUDA call that blocks on a hung kernel (alarm per case). */
+static char casebuf[256]; /* the case running (the watchdog's and failures' name) */
+
+/* The backstop of sync_or_die (an alarm per case): a CUDA call that blocks on a hung kernel. */
 static void on_alarm(int) {
-    static const char msg[] = "hang (alarm): a CUDA call blocked\n";
-    if (write(1, msg, sizeof msg - 1) < 0) _exit(4);
+    static const char msg[] = "hang (alarm: a CUDA call blocked) in ";
+    if (write(1, msg, sizeof msg - 1) < 0 || write(1, casebuf, strlen(casebuf)) < 0 || write(1, "\n", 1) < 0)
+        _exit(4);
     _exit(4);
 }
 
@@ -120,8 +123,6 @@ struct problem {
         for (auto &t : th) t.join();
     }
 };
-
-static char casebuf[256]; /* the case running (the watchdog's and failures' name) */
 
 enum { E_NONE, E_BIAS, E_GELU, E_F32_B0, E_F32_B1, E_COUNT };
 static const char *ename[E_COUNT] = {"bf16", "bias", "bias+gelu_aux", "f32_beta0", "f32_beta1"};
