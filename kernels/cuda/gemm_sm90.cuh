@@ -125,16 +125,13 @@ static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t
                  "r"(cta)
                  : "memory");
 }
-/* mbar_wait with acquire at cluster scope: for a phase that the other CTA's arrivals complete. */
+/* mbar_wait with acquire at cluster scope (for a phase that the other CTA's arrivals complete); the
+ * retry loop inside the asm. */
 static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
+    asm volatile("{\n.reg .pred p;\nGM_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra GM_WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity)
+                 : "memory");
 }
 /* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
  * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
