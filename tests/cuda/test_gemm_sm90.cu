@@ -292,6 +292,7 @@ static void cluster2(const run &r, int e, const zr_gemm_desc &g, bool grids, con
  * against the reference and against ours. */
 static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bool lt) {
     run r(P, ta, tb, pad);
+    gemm_sm90_cluster(1); /* blocks alone, whatever the default: what clusters of 2 must match */
     for (int e = 0; e < E_COUNT; ++e) {
         snprintf(casebuf, sizeof casebuf, "m%d n%d k%d ta%d tb%d pad%d %s", P.m, P.n, P.k, ta, tb, pad, ename[e]);
         alarm(120);
