@@ -167,8 +167,9 @@ static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
  *   waits at most for the fill of load i + 1 (a warpgroup issues the next k block's wgmma before
  *   it waits for the previous one's) and, through the turn, for the other warpgroup's issue of
  *   earlier loads; a warpgroup waits for its turn only after releasing all loads of its previous
- *   item. So every chain of waits goes down in j, across blocks too: a consumer never waits for
- *   the peer block's turn or epilogue, only for loads the peer's producer fills in order.
+ *   item (its epilogue waits for nothing). So every chain of waits goes down in j, across blocks
+ *   too: the peer enters only through the fills and releases of loads, which both blocks' producers
+ *   and consumers take in the same order.
  * Cluster start and end (CL 2): the mbarrier inits are made visible to the cluster
  *   (fence.mbarrier_init.release.cluster) and a cluster barrier follows, before any multicast or
  *   remote arrival can reach the peer; a cluster barrier at the end, which every thread reaches
