@@ -3,7 +3,9 @@
  * consumer warpgroups each own whole 128x128 output tiles and take turns on the tensor cores, so
  * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = C + product) runs
  * under the other's main loop; C (beta 1) and the bias start the accumulators, loaded while the
- * warpgroup waits for its turn. The interface and what it takes: gemm_sm90.h. */
+ * warpgroup waits for its turn. With gemm_sm90_cluster(2), clusters of 2 blocks along m share each
+ * B tile: each block loads half of it and multicasts it to both (a quarter less L2 -> SM traffic).
+ * The interface and what it takes: gemm_sm90.h. */
 #include "gemm_sm90.h"
 
 #include "gemm_sm90.cuh"
@@ -19,8 +21,8 @@ using namespace sm90;
  * warpgroups 0 and 1, then the producer warpgroup (its first warp's lane 0 issues every TMA load,
  * the rest idle). setmaxnreg 232 / 40 (CUTLASS's split): 2 · 128 · 232 + 128 · 40 = 64512 of the
  * SM's 65536 registers (ptxas -v, CUDA 13: 168 registers a thread at launch, 0 bytes spilled, for
- * all 12 instantiations). Shared memory: 4 stages of A and B (4 · 32 KB) + 8 mbarriers, one block
- * an SM. */
+ * all 24 instantiations, clusters of 1 and 2). Shared memory: 4 stages of A and B (4 · 32 KB) +
+ * 8 mbarriers, one block an SM. */
 #define GM_BM 128
 #define GM_BN 128
 #define GM_ST 4
@@ -39,84 +41,150 @@ struct gm_smem {
 };
 static_assert(gm_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
+/* A consumer warp's release of a ring stage, once its wgmma reading it are complete: CL 1, lane 0
+ * arrives on the block's empty barrier; CL 2, lane r on block r's (its own and the peer's, through
+ * the cluster: either block's next fill of the stage writes into both blocks' shared memory). */
+template <int CL>
+static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
+    if (CL == 1) {
+        if (lane == 0) mbar_arrive(e);
+    } else if (lane < CL) {
+        mbar_arrive_cluster(e, (uint32_t)lane);
+    }
+}
+
 /* Barriers and the parity rule.
- * Every block runs its tiles t = blockIdx.x + n·gridDim.x, n = 0, 1, .. (local tile n); tile n has
- * kt = ceil(k / 64) k blocks, ring loads j = n·kt .. n·kt + kt − 1 (stage j % 4, its (j / 4)-th use).
- * Consumer warpgroup w runs the local tiles n ≡ w (mod 2).
- *   full[s] (mbarrier, count 1): the producer arrives once (arrive.expect_tx: 32 KB, less the 8 KB
- *     boxes it skips) per load into stage s, the TMA completes the bytes (out-of-bounds parts of a
- *     box count, zero-filled); the consumer warpgroup of load j waits parity
- *     (j / 4) & 1 (all 128 threads).
- *   empty[s] (mbarrier, count 4): each warp of the consuming warpgroup arrives once (lane 0) when
- *     its wgmma reading load j are complete (after wgmma.wait_group); the producer waits parity
- *     (j / 4 − 1) & 1 before load j ≥ 4 (the release of load j − 4, the stage's previous use).
- *   Parities are never ambiguous: a stage's next fill waits for the release of its previous one,
- *     and its release follows that fill's full wait, so neither barrier runs two phases ahead of
- *     its waiter.
- *   turn (named barriers 1 + w, 256 threads: one warpgroup's bar.sync + the other's bar.arrive):
- *     warpgroup w waits on 1 + w before issuing its tile's first wgmma; once its last k block's
- *     wgmma are issued it arrives on 2 − w (the other's turn) if the block has a next tile
+ * Units and items: CL 1, a unit is a block and an item one output tile; CL 2, a unit is a cluster
+ *   of 2 blocks along m and an item the pair of tiles (2i, n), (2i + 1, n) of one B tile, block
+ *   rank r taking tile 2i + r. Unit u of G runs items t = u + n·G, n = 0, 1, .. (local item n), both
+ *   blocks of a cluster the same items; item n has kt = ceil(k / 64) k blocks, ring loads
+ *   j = n·kt .. n·kt + kt − 1 (stage j % 4, its use j / 4). Consumer warpgroup w runs the local
+ *   items n ≡ w (mod 2).
+ *   full[s] (mbarrier, count 1): the block's producer arrives once per load into stage s with
+ *     arrive.expect_tx of every byte that will land in its block's stage s: CL 1, 32 KB less the
+ *     8 KB boxes it skips; CL 2, its own A (8 KB less a skipped box; none for a tile wholly past m)
+ *     and the whole 16 KB of B, of which it loads one 8 KB half (rank r: n0 + 64r ..) and the peer
+ *     the other, each multicast into both blocks and completing its bytes on the full[s] at the same
+ *     offset in each. With CL 2 no B half is skipped: a half wholly past n reloads half 0's columns
+ *     (they reach output columns ≥ n only), so every block's full[s] needs both producers' loads
+ *     (used below). TMA completes the bytes (out-of-bounds parts of a box count, zero-filled); the
+ *     peer's bytes may land before this block's expect_tx of the phase (the tx count dips below 0;
+ *     the phase cannot complete before the producer's arrival). The consumer warpgroup of load j
+ *     waits parity (j / 4) & 1 (all 128 threads).
+ *   empty[s] (mbarrier, count 4·CL): each warp of the warpgroup consuming load j (CL 2: in both
+ *     blocks) releases it (gm_release) after wgmma.wait_group; the producer waits parity
+ *     (j / 4 − 1) & 1 before load j ≥ 4 (the release of load j − 4, the stage's previous use, by
+ *     all 4·CL warps; CL 2 with acquire at cluster scope).
+ *   Parities are never ambiguous: nothing of use v of a stage reaches a barrier still in phase v − 1,
+ *     and no barrier runs two phases ahead of its waiter.
+ *     full[s] of block X: the arrival and bytes of use v come from producers (X's, and with CL 2 the
+ *       peer's) that first waited for their empty[s] to complete use v − 1, which takes X's
+ *       consumers' releases of use v − 1, given after their full[s] wait for it (so also the
+ *       stage's data is read before it is overwritten, in either block).
+ *     empty[s] of block X: an arrival of use v comes from a consumer warp of block Z (X or its peer)
+ *       after Z's full[s] wait for use v, which needs bytes from both producers (CL 2: no half
+ *       skipped), X's among them, issued once X's empty[s] completed use v − 1. (Were rank 1's half
+ *       skipped, rank 0's consumers could arrive for use v on rank 1's empty[s] still in phase
+ *       v − 1: hence no skipping.) Neither runs ahead: empty[s]'s use v needs full[s]'s use v, which
+ *       needs the producer's wait for use v − 1; full[s]'s use v + 1 needs the releases of use v.
+ *   turn (named barriers 1 + w, 256 threads, per block: one warpgroup's bar.sync + the other's
+ *     bar.arrive): warpgroup w waits on 1 + w before issuing its item's first wgmma; once its last
+ *     k block's wgmma are issued it arrives on 2 − w (the other's turn) if the unit has a next item
  *     (n + 1, the other's). Warpgroup 1 arrives on barrier 1 once at the start (warpgroup 0 runs
- *     tile 0). So barrier 1 sees ceil(N/2) syncs and 1 + (the odd tiles with a successor)
- *     arrivals, barrier 2 floor(N/2) syncs and (the even tiles with a successor) arrivals: equal
- *     (N the block's tiles). Neither barrier gets two arrivals ahead: between two arrivals on one
+ *     item 0). So barrier 1 sees ceil(N/2) syncs and 1 + (the odd items with a successor)
+ *     arrivals, barrier 2 floor(N/2) syncs and (the even items with a successor) arrivals: equal
+ *     (N the unit's items). Neither barrier gets two arrivals ahead: between two arrivals on one
  *     barrier the arriving warpgroup waits on the other.
- * No deadlock: the producer fills loads in order and waits only for releases of loads 4 back; a
- *   consumer holding the turn waits only for full (loads that need releases of earlier tiles'
- *   loads, which their warpgroups give after their last wgmma, without waiting for anything);
- *   a warpgroup waits for its turn only after releasing all loads of its previous tile.
+ * No deadlock, by induction on j (both blocks of a cluster run the same loads in the same order):
+ *   filling load j (in both blocks) waits only for the releases of load j − 4; releasing load i
+ *   waits at most for the fill of load i + 1 (a warpgroup issues the next k block's wgmma before
+ *   it waits for the previous one's) and, through the turn, for the other warpgroup's issue of
+ *   earlier loads; a warpgroup waits for its turn only after releasing all loads of its previous
+ *   item (its epilogue waits for nothing). So every chain of waits goes down in j, across blocks
+ *   too: the peer enters only through the fills and releases of loads, which both blocks' producers
+ *   and consumers take in the same order.
+ * Cluster start and end (CL 2): the mbarrier inits are made visible to the cluster
+ *   (fence.mbarrier_init.release.cluster) and a cluster barrier follows, before any multicast or
+ *   remote arrival can reach the peer; a cluster barrier at the end, which every thread reaches
+ *   after its last load (producer) or remote arrival (consumers), so no block exits while its peer
+ *   may still arrive on its barriers; every byte multicast into a block has landed by then (its
+ *   consumers waited for all of them).
  * Start: C (f32, beta 1) or the bias is loaded into the accumulators before the turn wait (all
  *   loads in flight at once, landing while the other warpgroup's main loop runs); the first wgmma
  *   then accumulates (scale-d 1) instead of overwriting.
  * Epilogue: from the accumulator registers straight to global memory, masked at m and n (f32 pairs,
  *   a row's 4 lanes one 32-byte sector; bf16 through a quad transpose, 16 bytes a lane, a row's
- *   two lanes one sector); stores only, no loads; it touches no shared memory, so the next tile's
- *   loads never wait for it.
+ *   two lanes one sector); stores only, no loads; it touches no shared memory, so the next item's
+ *   loads never wait for it. A CL 2 tile wholly past m loads no A (its stage keeps stale values),
+ *   multiplies and releases like any other and stores nothing.
  * Diagnostics (gm_args.dbg, GEMM_SM90_DBG_*): SERIAL moves the turn's arrival after the epilogue
  *   (the same count of arrivals, so the argument above holds); NO_MMA runs with kt = 0 (no loads,
  *   no wgmma, no ring barrier used). */
-template <int TA, int TB, int EPI>
+template <int TA, int TB, int EPI, int CL>
 __global__ void __launch_bounds__(GM_THR, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const gm_args p) {
+    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + gm_smem::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + gm_smem::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + gm_smem::BAR), *empty = full + GM_ST;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    if ((int)blockIdx.x >= p.tiles) return; /* the whole block: no tile, no barrier used */
+    /* the unit (block or cluster), the units in the grid, the block's rank in its cluster */
+    const int b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
+    const int G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
+    if (b0 >= p.items) return; /* the whole block (cluster): no item, no barrier used */
     if (tid == 0) {
         for (int s = 0; s < GM_ST; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4);
+            mbar_init(&empty[s], 4 * CL);
         }
         mbar_init_fence();
     }
-    __syncthreads(); /* the last block-wide barrier */
-    const int G = gridDim.x, b0 = blockIdx.x, kt = p.kt;
+    if (CL == 1)
+        __syncthreads(); /* the last block-wide barrier */
+    else
+        cluster_sync(); /* the inits seen by the peer before its first multicast or remote arrival */
+    const int kt = p.kt;
 
     if (warp_id >= GM_PRODUCER) {
         reg_dealloc<40>();
         if (warp_id == GM_PRODUCER && lane == 0) {
             uint32_t j = 0;
-            for (int t = b0; t < p.tiles; t += G) {
+            for (int t = b0; t < p.items; t += G) {
                 int tm, tn;
-                gm_tile(t, p, tm, tn);
+                gm_tile<CL>(t, p, rank, tm, tn);
                 const int m0 = tm * GM_BM, n0 = tn * GM_BN;
                 /* an MN-major operand's second 64-wide box wholly past m (n) is not loaded: its
-                 * stage keeps stale values, which only reach output rows (columns) never stored */
+                 * stage keeps stale values, which only reach output rows (columns) never stored;
+                 * nor is A of a CL 2 tile wholly past m. CL 2 loads this block's half of B, a half
+                 * wholly past n as half 0's columns (both halves always land: see above). */
+                const bool a1 = CL == 1 || m0 < p.m;
                 const bool a2 = TA == 0 || m0 + 64 < p.m, b2 = TB == 0 || n0 + 64 < p.n;
-                const uint32_t a_bytes = a2 ? gm_smem::T : gm_smem::T / 2;
-                const uint32_t b_bytes = b2 ? gm_smem::T : gm_smem::T / 2;
+                const uint32_t a_bytes = !a1 ? 0 : a2 ? gm_smem::T : gm_smem::T / 2;
+                const uint32_t b_bytes = CL == 2 || b2 ? gm_smem::T : gm_smem::T / 2;
+                const int nh = rank == 0 || n0 + 64 < p.n ? n0 + 64 * rank : n0;
                 for (int kb = 0; kb < kt; ++kb, ++j) {
                     const uint32_t s = j % GM_ST;
-                    if (j >= GM_ST) mbar_wait(&empty[s], ((j / GM_ST) - 1) & 1);
+                    if (j >= GM_ST) {
+                        if (CL == 1)
+                            mbar_wait(&empty[s], ((j / GM_ST) - 1) & 1);
+                        else
+                            mbar_wait_cluster(&empty[s], ((j / GM_ST) - 1) & 1);
+                    }
                     mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
-                    gm_load_a<TA>(a, &ma, &full[s], k0, m0, a2);
-                    if (TB == 0) { /* B [n][k] */
+                    if (a1) gm_load_a<TA>(a, &ma, &full[s], k0, m0, a2);
+                    if (CL == 2) { /* B [n][k]: 64 n rows of 64 k (the map's box); [k][n]: 64 k
+                                    * rows of 64 n; either way 8 KB at 8 KB · rank, into both */
+                        uint16_t *bh = b + rank * (64 * 64);
+                        if (TB == 0)
+                            tma_load4_mc(bh, &mb, &full[s], k0, nh, 0, 0, 3);
+                        else
+                            tma_load4_mc(bh, &mb, &full[s], nh, k0, 0, 0, 3);
+                    } else if (TB == 0) { /* B [n][k] */
                         tma_load4(b, &mb, &full[s], k0, n0, 0, 0);
                     } else { /* B [k][n] */
                         tma_load4(b, &mb, &full[s], n0, k0, 0, 0);
@@ -124,6 +192,10 @@ __global__ void __launch_bounds__(GM_THR, 1)
                     }
                 }
             }
+        }
+        if (CL > 1) { /* the warp whole again, then the end's cluster barrier */
+            __syncwarp();
+            cluster_sync();
         }
         return;
     }
@@ -134,9 +206,9 @@ __global__ void __launch_bounds__(GM_THR, 1)
     const uint32_t a_base = smem_u32(sA), b_base = smem_u32(sB);
     const bool serial = p.dbg & GEMM_SM90_DBG_SERIAL, nostore = p.dbg & GEMM_SM90_DBG_NO_STORE;
     float acc[2][64];
-    for (int n = wg, t = b0 + wg * G; t < p.tiles; n += 2, t += 2 * G) {
+    for (int n = wg, t = b0 + wg * G; t < p.items; n += 2, t += 2 * G) {
         int tm, tn;
-        gm_tile(t, p, tm, tn);
+        gm_tile<CL>(t, p, rank, tm, tn);
         const int m0 = tm * GM_BM, n0 = tn * GM_BN;
         const uint32_t j0 = (uint32_t)n * kt;
         const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
@@ -164,19 +236,20 @@ __global__ void __launch_bounds__(GM_THR, 1)
             wg_commit();
             if (kb > 0) {
                 wg_wait<1>(); /* load j − 1's wgmma are done */
-                if (lane == 0) mbar_arrive(&empty[(j - 1) % GM_ST]);
+                gm_release<CL>(&empty[(j - 1) % GM_ST], lane);
             }
         }
-        if (t + G < p.tiles && !serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
+        if (t + G < p.items && !serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
         wg_wait<0>();
         reg_fence(acc[0]);
         reg_fence(acc[1]);
-        if (lane == 0 && kt > 0) mbar_arrive(&empty[(j0 + kt - 1) % GM_ST]); /* kt 0: NO_MMA */
+        if (kt > 0) gm_release<CL>(&empty[(j0 + kt - 1) % GM_ST], lane); /* kt 0: NO_MMA */
 
         /* epilogue (gemm_sm90.cuh): acc[h] holds rows m0 + 64h .. + 63 */
         gm_epilogue<EPI>(acc, p, m0, n0, warp, g, t4, nostore);
-        if (t + G < p.tiles && serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* no overlap */
+        if (t + G < p.items && serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* no overlap */
     }
+    if (CL > 1) cluster_sync(); /* after this block's last remote arrival: see above */
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -187,6 +260,13 @@ extern "C" int gemm_sm90_debug(int flags) {
     if (flags & ~31)
         return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..31) exist", flags);
     gm_dbg = flags;
+    return 0;
+}
+
+static int gm_cluster = 1; /* gemm_sm90_cluster's setting */
+extern "C" int gemm_sm90_cluster(int n) {
+    if (n != 1 && n != 2) return zr_error("gemm_sm90_cluster: %d; clusters of 1 or 2 blocks only", n);
+    gm_cluster = n;
     return 0;
 }
 
@@ -232,34 +312,77 @@ extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
     return 0;
 }
 
-template <int TA, int TB, int EPI>
+/* Launches the kernel on `grid` (gm_units: 0, as many units as fit at once, else at most grid / CL,
+ * at least 1) units, never more than items. CL 2: clusters of 2 blocks through cudaLaunchKernelEx,
+ * as many as cudaOccupancyMaxActiveClusters says fit (an H100/H200's GPCs are not all even: it may
+ * be below half the SMs). */
+template <int TA, int TB, int EPI, int CL>
 static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p, int grid,
                      cudaStream_t st) {
-    auto kern = gemm_sm90_kernel<TA, TB, EPI>;
+    auto kern = gemm_sm90_kernel<TA, TB, EPI, CL>;
     static int smem_set[64]; /* per device */
+    static int fits[64];     /* per device: 0 before the first launch, else the units that fit at once */
     if (gm_smem_limit((const void *)kern, smem_set, gm_smem::BYTES, "gemm_sm90")) return -1;
-    kern<<<grid, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = gm_smem::BYTES, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    int fit = dev >= 0 && dev < 64 ? fits[dev] : 0;
+    if (!fit) {
+        fit = num_sms() / CL;
+        if (CL > 1) {
+            cfg.gridDim = dim3(CL * fit);
+            const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, kern, &cfg);
+            if (e != cudaSuccess || fit < 1)
+                return zr_error("gemm_sm90: no cluster of %d blocks (%d bytes of shared memory each) fits "
+                                "on this device: %s", CL, gm_smem::BYTES,
+                                e != cudaSuccess ? cudaGetErrorString(cudaGetLastError()) : "0 clusters");
+        }
+        if (dev >= 0 && dev < 64) fits[dev] = fit;
+    }
+    const int units = gm_units(grid, CL, fit, p.items);
+    if (CL == 1) {
+        kern<<<units, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
+    } else {
+        cfg.gridDim = dim3(CL * units);
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ma, mb, p);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); /* not left for the next launch's check */
+            return zr_error("gemm_sm90: cluster launch (%d x %d blocks) failed: %s", units, CL, cudaGetErrorString(e));
+        }
+    }
     return launch_check("gemm_sm90");
 }
 
-template <int EPI>
+template <int EPI, int CL>
 static int gm_layouts(int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p,
                       int grid, cudaStream_t st) {
     /* the kernel's TB is wgmma's: 1 = B stored [k][n], which is tb 0 */
-    if (!ta && tb) return gm_launch<0, 0, EPI>(ma, mb, p, grid, st);
-    if (!ta && !tb) return gm_launch<0, 1, EPI>(ma, mb, p, grid, st);
-    if (ta && tb) return gm_launch<1, 0, EPI>(ma, mb, p, grid, st);
-    return gm_launch<1, 1, EPI>(ma, mb, p, grid, st);
+    if (!ta && tb) return gm_launch<0, 0, EPI, CL>(ma, mb, p, grid, st);
+    if (!ta && !tb) return gm_launch<0, 1, EPI, CL>(ma, mb, p, grid, st);
+    if (ta && tb) return gm_launch<1, 0, EPI, CL>(ma, mb, p, grid, st);
+    return gm_launch<1, 1, EPI, CL>(ma, mb, p, grid, st);
+}
+
+template <int EPI>
+static int gm_clusters(int cl, int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb,
+                       const gm_args &p, int grid, cudaStream_t st) {
+    return cl == 2 ? gm_layouts<EPI, 2>(ta, tb, ma, mb, p, grid, st)
+                   : gm_layouts<EPI, 1>(ta, tb, ma, mb, p, grid, st);
 }
 
 extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
     if (gemm_sm90_check(g)) return -1;
     CUtensorMap ma, mb;
     gm_args p;
-    int blocks = 0;
-    if (gm_setup(g, GM_BM, GM_BN, grid, "gemm_sm90", ma, mb, p, blocks)) return -1;
+    const int cl = gm_cluster; /* the maps' B box, the arguments' units and the launch agree */
+    if (gm_setup(g, GM_BM, GM_BN, cl, "gemm_sm90", ma, mb, p)) return -1;
     const int ta = !!g->ta, tb = !!g->tb;
-    if (g->c_dtype == ZR_F32) return gm_layouts<GM_EPI_F32>(ta, tb, ma, mb, p, blocks, stream);
-    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gm_layouts<GM_EPI_GELU_AUX>(ta, tb, ma, mb, p, blocks, stream);
-    return gm_layouts<GM_EPI_BF16>(ta, tb, ma, mb, p, blocks, stream);
+    if (g->c_dtype == ZR_F32) return gm_clusters<GM_EPI_F32>(cl, ta, tb, ma, mb, p, grid, stream);
+    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gm_clusters<GM_EPI_GELU_AUX>(cl, ta, tb, ma, mb, p, grid, stream);
+    return gm_clusters<GM_EPI_BF16>(cl, ta, tb, ma, mb, p, grid, stream);
 }

@@ -1,8 +1,8 @@
 /* Pieces every Hopper GEMM kernel of ours shares (gemm_sm90.cu: ping-pong 128 x 128 tiles,
  * gemm_sm90_wide.cu: cooperative 128 x 256): the kernel arguments and tile order, the epilogue
  * kinds, operand descriptors, the m64n256k16 wgmma, GELU, the accumulators' start (C or bias) and
- * the epilogues' stores, predicated loads, and the host's tensor maps and arguments. Device code
- * needs sm_90a. */
+ * the epilogues' stores, predicated loads, the host's tensor maps and arguments, and the cluster
+ * PTX of gemm_sm90.cu's clusters of 2 (at the end). Device code needs sm_90a. */
 #ifndef ZR_CUDA_GEMM_SM90_CUH
 #define ZR_CUDA_GEMM_SM90_CUH
 
@@ -24,7 +24,10 @@ struct gm_args {
     void *c, *aux;
     const __nv_bfloat16 *bias; /* NULL: none */
     int64_t ldc, ld_aux;
-    int m, n, ntm, ntn, kt, tiles, beta;
+    /* ntu: m units of CL tiles (a cluster's CTAs take one m tile each); items = ntu · ntn, each
+     * one CL x 1 tiles, a cluster's (a block's) work (CL 1, gemm_sm90_wide's only: ntu = ntm, an
+     * item one tile) */
+    int m, n, ntm, ntn, ntu, kt, items, beta;
     int dbg; /* GEMM_SM90_DBG_* (gemm_sm90.h): timing diagnostics, 0 in use */
 };
 
@@ -130,14 +133,19 @@ static __device__ __forceinline__ void gm_load_a(uint16_t *a, const CUtensorMap 
     }
 }
 
-/* Output tile t (0 .. tiles − 1) in groups of GM_GROUP m tiles: a group's tiles go down its m
- * tiles first, then along n, so the blocks running at once share B's columns and A's rows in L2. */
-static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int &tm, int &tn) {
-    const int per = GM_GROUP * p.ntn, grp = t / per, first = grp * GM_GROUP, r = t - grp * per;
-    const int gs = min(p.ntm - first, GM_GROUP);
-    tm = first + r % gs;
+/* Work item t (0 .. items − 1) in groups of GM_GROUP m tiles (GM_GROUP / CL m units): a group's
+ * items go down its m units first, then along n, so the blocks running at once share B's columns
+ * and A's rows in L2. Cluster rank `rank` takes m tile CL · unit + rank (past m when ntm is odd
+ * and CL 2: nothing stored). CL 1 (rank 0): the output tile t itself. */
+template <int CL>
+static __device__ __forceinline__ void gm_tile(int t, const gm_args &p, int rank, int &tm, int &tn) {
+    constexpr int GU = GM_GROUP / CL;
+    const int per = GU * p.ntn, grp = t / per, first = grp * GU, r = t - grp * per;
+    const int gs = min(p.ntu - first, GU);
+    tm = (first + r % gs) * CL + rank;
     tn = r / gs;
 }
+static_assert(GM_GROUP % 2 == 0, "a group holds whole pairs of m tiles");
 
 /* A warpgroup's accumulators: acc[h] is one m64nN wgmma's (N = 2 N4: 128 or 256), rows m0 + 64h
  * .. + 63 of the output, columns n0 .. + N − 1; d[4 nt + e] of acc[h] is row m0 + 64h + 16 warp
@@ -250,31 +258,38 @@ static int gm_map(CUtensorMap *m, const void *p, int64_t inner, int64_t outer, i
 
 static bool al16p(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-/* The tensor maps, kernel arguments and block count of g (checked by gemm_sm90_check) for bm x bn
- * output tiles: A in boxes of bm rows of 64 k ([m][k]) or of 64 k rows of 64 m ([k][m]), B in
- * boxes of bn rows ([n][k]) or 64 x 64 ([k][n]); grid 0 for one block an SM, n > 0 for at most n,
- * never more than the tiles. gm_dbg's flags go with the arguments (NO_MMA: no k blocks). Returns
- * -1 with a message naming who when a map cannot be encoded or the tiles are too many. */
-static int gm_setup(const zr_gemm_desc *g, int bm, int bn, int grid, const char *who, CUtensorMap &ma,
-                    CUtensorMap &mb, gm_args &p, int &blocks) {
+/* The tensor maps and kernel arguments of g (checked by gemm_sm90_check) for bm x bn output tiles
+ * in clusters of cl blocks along m (1 or 2: gm_args' ntu, items): A in boxes of bm rows of 64 k
+ * ([m][k]) or of 64 k rows of 64 m ([k][m]), B in boxes of bn / cl rows ([n][k]: with cl 2 each
+ * block loads half of the tile's rows) or 64 x 64 ([k][n]). gm_dbg's flags go with the arguments
+ * (NO_MMA: no k blocks). Returns -1 with a message naming who when a map cannot be encoded or the
+ * tiles are too many. */
+static int gm_setup(const zr_gemm_desc *g, int bm, int bn, int cl, const char *who, CUtensorMap &ma,
+                    CUtensorMap &mb, gm_args &p) {
     const int ta = !!g->ta, tb = !!g->tb;
     if (gm_map(&ma, g->a, ta ? g->m : g->k, ta ? g->k : g->m, g->lda, ta ? 64 : bm) ||
-        gm_map(&mb, g->b, tb ? g->k : g->n, tb ? g->n : g->k, g->ldb, tb ? bn : 64))
+        gm_map(&mb, g->b, tb ? g->k : g->n, tb ? g->n : g->k, g->ldb, tb ? bn / cl : 64))
         return zr_error("%s: a tensor map (TMA) cannot be encoded for m=%lld n=%lld k=%lld "
                         "lda=%lld ldb=%lld (use cuBLASLt)", who, (long long)g->m, (long long)g->n,
                         (long long)g->k, (long long)g->lda, (long long)g->ldb);
     p.c = g->c, p.aux = g->aux, p.bias = (const __nv_bfloat16 *)g->bias;
     p.ldc = g->ldc, p.ld_aux = g->ld_aux;
     p.m = (int)g->m, p.n = (int)g->n, p.ntm = (p.m + bm - 1) / bm, p.ntn = (p.n + bn - 1) / bn;
+    p.ntu = (p.ntm + cl - 1) / cl;
     p.kt = (int)((g->k + GM_BK - 1) / GM_BK), p.beta = g->beta != 0.0, p.dbg = gm_dbg;
     if (gm_dbg & GEMM_SM90_DBG_NO_MMA) p.kt = 0; /* no k blocks: nothing loaded or multiplied */
     if ((int64_t)p.ntm * p.ntn > 0x40000000)
         return zr_error("%s: %lld x %lld output tiles is too many (use cuBLASLt)", who, (long long)p.ntm,
                         (long long)p.ntn);
-    p.tiles = p.ntm * p.ntn;
-    blocks = grid > 0 ? grid : num_sms();
-    if (blocks > p.tiles) blocks = p.tiles;
+    p.items = p.ntu * p.ntn;
     return 0;
+}
+
+/* The units (blocks, or clusters of cl) to launch: grid 0 for `fit` (as many as run at once), n > 0
+ * for at most n blocks (n / cl units, at least 1); never more than the work items. */
+static int gm_units(int grid, int cl, int fit, int items) {
+    int u = grid > 0 ? (grid / cl > 1 ? grid / cl : 1) : fit;
+    return u < items ? u : items;
 }
 
 /* Lets kernel kern use bytes of dynamic shared memory, once per device (set: that kernel's own
@@ -289,5 +304,53 @@ static int gm_smem_limit(const void *kern, int *set, int bytes, const char *who)
     if (dev >= 0 && dev < 64) set[dev] = 1;
     return 0;
 }
+
+/* ---- clusters: a 2-CTA GEMM multicasting the operand its CTAs share ---- */
+namespace sm90 {
+static __device__ __forceinline__ uint32_t cluster_rank() { /* this CTA's rank in its cluster */
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_id_x() {
+    uint32_t r;
+    asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in the grid along x */
+    uint32_t r;
+    asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+/* Every thread of the cluster: arrive (release), then wait (acquire) for the cluster's others. */
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster. */
+static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
+                 "r"(cta)
+                 : "memory");
+}
+/* mbar_wait with acquire at cluster scope (for a phase that the other CTA's arrivals complete); the
+ * retry loop inside the asm. */
+static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nGM_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra GM_WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity)
+                 : "memory");
+}
+/* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
+ * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
+static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, uint64_t *bar, int c0,
+                                                    int c1, int c2, int c3, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
+                 "r"(c3), "h"(mask)
+                 : "memory");
+}
+} /* namespace sm90 */
 
 #endif

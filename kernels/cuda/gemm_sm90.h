@@ -34,14 +34,22 @@ int gemm_sm90_check(const zr_gemm_desc *g);
 
 /* Runs g (checked as above; -1 and nothing launched when refused). grid: 0 for one block per SM,
  * n > 0 for at most n blocks (tests: persistence across many tiles a block); never more blocks
- * than 128 x 128 output tiles. */
+ * than 128 x 128 output tiles (clusters of 2: gemm_sm90_cluster). */
 int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream);
 
 /* The cooperative twin (kernels/cuda/gemm_sm90_wide.cu): 128 x 256 output tiles, both consumer
  * warpgroups on the same tile (64 rows each, one m64n256k16 wgmma a k16 step): fewer bytes from L2
  * a MAC, an epilogue nothing overlaps. Takes and refuses exactly what gemm_sm90 does
- * (gemm_sm90_check); grid as gemm_sm90's, never more blocks than 128 x 256 tiles. */
+ * (gemm_sm90_check); grid as gemm_sm90's, never more blocks than 128 x 256 tiles. Always blocks
+ * alone (gemm_sm90_cluster does not apply to it). */
 int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stream);
+
+/* Clusters of n blocks (1, the default, or 2) for every later gemm_sm90 call: with 2, the blocks of
+ * a cluster take the output tiles (2i, j) and (2i + 1, j), each loads half of their shared B tile
+ * and multicasts it to both (TMA .multicast::cluster: a quarter less L2 -> SM traffic); as many
+ * clusters as fit at once (or grid / 2, at least 1, for gemm_sm90's grid n > 0). Same results bit
+ * for bit. Returns 0, or -1 (message set) for any other n. Not thread-safe (a global). */
+int gemm_sm90_cluster(int n);
 
 /* Timing diagnostics (tests/bench/bench_gemm_sm90.cu): every later gemm_sm90 (and gemm_sm90_wide)
  * call leaves the flagged stages out, so that timing the variants shows where a tile's time goes.

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(GW_THR, 1)
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + gw_smem::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + gw_smem::BAR), *empty = full + GW_ST;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    if ((int)blockIdx.x >= p.tiles) return; /* the whole block: no tile, no barrier used */
+    if ((int)blockIdx.x >= p.items) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
         for (int s = 0; s < GW_ST; ++s) {
             mbar_init(&full[s], 1);
@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(GW_THR, 1)
         reg_dealloc<40>();
         if (warp_id == GW_PRODUCER && lane == 0) {
             uint32_t j = 0;
-            for (int t = b0; t < p.tiles; t += G) {
+            for (int t = b0; t < p.items; t += G) {
                 int tm, tn;
-                gm_tile(t, p, tm, tn);
+                gm_tile<1>(t, p, 0, tm, tn); /* clusters of 1: item t is tile t */
                 const int m0 = tm * GW_BM, n0 = tn * GW_BN;
                 const bool a2 = TA == 0 || m0 + 64 < p.m;
                 /* B [k][n]: the 64-wide boxes that start before n (1 .. 4) */
@@ -130,9 +130,9 @@ __global__ void __launch_bounds__(GW_THR, 1)
     const uint32_t a_base = smem_u32(sA) + wg * 8192, b_base = smem_u32(sB); /* this warpgroup's 64 rows */
     const bool nostore = p.dbg & GEMM_SM90_DBG_NO_STORE;
     float acc[1][128];
-    for (int n = 0, t = b0; t < p.tiles; ++n, t += G) {
+    for (int n = 0, t = b0; t < p.items; ++n, t += G) {
         int tm, tn;
-        gm_tile(t, p, tm, tn);
+        gm_tile<1>(t, p, 0, tm, tn); /* clusters of 1: item t is tile t */
         const int m0 = tm * GW_BM + wg * 64, n0 = tn * GW_BN; /* this warpgroup's rows */
         const uint32_t j0 = (uint32_t)n * kt;
         const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
@@ -194,8 +194,8 @@ extern "C" int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stre
                         "ping-pong to serialise (gemm_sm90_debug(0) or without that bit)");
     CUtensorMap ma, mb;
     gm_args p;
-    int blocks = 0;
-    if (gm_setup(g, GW_BM, GW_BN, grid, "gemm_sm90_wide", ma, mb, p, blocks)) return -1;
+    if (gm_setup(g, GW_BM, GW_BN, 1, "gemm_sm90_wide", ma, mb, p)) return -1;
+    const int blocks = gm_units(grid, 1, num_sms(), p.items);
     const int ta = !!g->ta, tb = !!g->tb;
     if (g->c_dtype == ZR_F32) return gw_layouts<GM_EPI_F32>(ta, tb, ma, mb, p, blocks, stream);
     if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gw_layouts<GM_EPI_GELU_AUX>(ta, tb, ma, mb, p, blocks, stream);

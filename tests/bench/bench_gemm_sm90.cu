@@ -3,9 +3,11 @@
  * runtime's autotuned plans) on Llama-3.2-1B's products at 2048 tokens (forward Y = X Wᵀ bf16, dX =
  * dY W bf16, dW = dYᵀ X into an f32 gradient with beta 1) and GPT-2's c_fc with bias + GELU(aux).
  * Sustained rates: the GPU heated 2 s first, then per product and implementation the best of 5
- * loops of ~0.3 s (under the power cap, not the boost clock). Prints ms and TFLOP/s side by side.
- * Then, for three of them, each of ours with stages left out (gemm_sm90_debug): where a tile's
- * time goes.
+ * loops of ~0.3 s (under the power cap, not the boost clock). Prints ms and TFLOP/s side by side:
+ * the ping-pong kernel with blocks alone (cl1) and in clusters of 2 sharing B by multicast (cl2,
+ * gemm_sm90_cluster), the wide kernel, cuBLASLt, cuBLASLt's ms over each of ours, and whether cl2
+ * gives cl1's bits. Then, for three of them, each of ours (cl1, cl2, wide) with stages left out
+ * (gemm_sm90_debug): where a tile's time goes. Exits 1 when cl2's bits differ from cl1's.
  * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #include "kernels/cuda/gemm_sm90.h"
 #include "../cuda/cu_check.h"
@@ -92,11 +95,41 @@ static zr_gemm_desc desc_of(const prod &p, void *a, void *b, void *c, void *aux,
     return g;
 }
 
-/* Where a tile's time goes: one of ours (fn, bm x bn output tiles) with stages left out
- * (gemm_sm90_debug; the results are wrong), as ms and µs a tile an SM (tiles / SMs of them run one
- * after another on each SM). The wide kernel has no ping-pong: no SERIAL row. */
+/* Clusters of cl blocks for every later gemm_sm90 call (exits on a refusal). */
+static void set_cluster(int cl) {
+    if (gemm_sm90_cluster(cl)) {
+        fprintf(stderr, "%s\n", zr_last_error());
+        exit(1);
+    }
+}
+
+/* Whether ours gives the same output bytes (c, and aux with the GELU) in clusters of 2 as alone:
+ * one call each on the same inputs (C refilled for beta 1). A difference is a bug, not noise. */
+static bool same_bits(const prod &p, const zr_gemm_desc &g, void *c, void *aux) {
+    const size_t cb = (size_t)(p.m * p.n) * (p.f32_beta1 ? 4 : 2), ab = p.gelu ? (size_t)(p.m * p.n) * 2 : 0;
+    std::vector<uint8_t> h[2];
+    for (int cl = 1; cl <= 2; ++cl) {
+        set_cluster(cl);
+        if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
+        if (gemm_sm90(&g, 0, 0)) {
+            printf("FAILED: %s\n", zr_last_error());
+            exit(2);
+        }
+        std::vector<uint8_t> &v = h[cl - 1];
+        v.resize(cb + ab);
+        CU(cudaMemcpy(v.data(), c, cb, cudaMemcpyDeviceToHost));
+        if (ab) CU(cudaMemcpy(v.data() + cb, aux, ab, cudaMemcpyDeviceToHost));
+    }
+    set_cluster(1);
+    return h[0] == h[1];
+}
+
+/* Where a tile's time goes: one of ours (fn, bm x bn output tiles; gemm_sm90 in clusters of cl
+ * blocks) with stages left out (gemm_sm90_debug; the results are wrong), as ms and µs a tile an SM
+ * (tiles / SMs of them run one after another on each SM). The wide kernel has no ping-pong: no
+ * SERIAL row. */
 static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *bias, const char *who,
-                     int (*fn)(const zr_gemm_desc *, int, cudaStream_t), int bm, int bn) {
+                     int (*fn)(const zr_gemm_desc *, int, cudaStream_t), int bm, int bn, int cl) {
     static const struct {
         int flags;
         const char *what;
@@ -114,6 +147,7 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
     CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const double tiles = (double)((p.m + bm - 1) / bm) * ((p.n + bn - 1) / bn), fl = 2.0 * p.m * p.n * p.k;
     const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
+    set_cluster(cl);
     for (const auto &v : vs) {
         if ((v.flags & GEMM_SM90_DBG_NO_GELU) && !p.gelu) continue;
         if ((v.flags & GEMM_SM90_DBG_SERIAL) && fn == gemm_sm90_wide) continue;
@@ -127,6 +161,7 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
         fflush(stdout);
     }
     gemm_sm90_debug(0);
+    set_cluster(1);
 }
 
 int main(int argc, char **argv) {
@@ -177,30 +212,43 @@ int main(int argc, char **argv) {
         while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) loop_ms([&] { return gemm_sm90(&g, 0, 0); }, 0.1);
     }
 
-    /* ratio: cuBLASLt ms / ours (above 1: ours faster); ours is gemm_sm90, wide gemm_sm90_wide */
-    printf("%-22s %7s %7s %7s | %9s %8s | %9s %8s | %9s %8s | %6s %6s\n", "product", "M", "N", "K", "ours ms",
-           "TFLOP/s", "wide ms", "TFLOP/s", "cuBLASLt", "TFLOP/s", "ratio", "wide");
+    /* r: cuBLASLt ms / ours (above 1: ours faster); cl1, cl2: gemm_sm90 with blocks alone, in
+     * clusters of 2; wide: gemm_sm90_wide */
+    printf("%-22s %7s %7s %7s | %9s %8s | %9s %8s | %9s %8s | %9s %8s | %6s %6s %6s | %s\n", "product", "M", "N",
+           "K", "cl1 ms", "TFLOP/s", "cl2 ms", "TFLOP/s", "wide ms", "TFLOP/s", "cuBLASLt", "TFLOP/s", "r cl1",
+           "r cl2", "r wide", "cl2 bits");
+    int bad = 0;
     for (int i = 0; i < np; ++i) {
         const prod &p = ps[i];
         const zr_gemm_desc g = desc_of(p, a, b, c, aux, bias);
-        if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
-        const double ours = best_ms([&] { return gemm_sm90(&g, 0, 0); });
+        const bool same = same_bits(p, g, c, aux);
+        double ours[2];
+        for (int cl = 1; cl <= 2; ++cl) {
+            set_cluster(cl);
+            ours[cl - 1] = best_ms([&] { return gemm_sm90(&g, 0, 0); });
+        }
+        set_cluster(1);
         const double wide = best_ms([&] { return gemm_sm90_wide(&g, 0, 0); });
         const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
         const double fl = 2.0 * p.m * p.n * p.k;
-        printf("%-22s %7lld %7lld %7lld | %9.3f %8.1f | %9.3f %8.1f | %9.3f %8.1f | %6.3f %6.3f\n", p.name,
-               (long long)p.m, (long long)p.n, (long long)p.k, ours, fl / ours * 1e-9, wide, fl / wide * 1e-9, lt,
-               fl / lt * 1e-9, lt / ours, lt / wide);
+        printf("%-22s %7lld %7lld %7lld | %9.3f %8.1f | %9.3f %8.1f | %9.3f %8.1f | %9.3f %8.1f | %6.3f %6.3f %6.3f | "
+               "%s\n",
+               p.name, (long long)p.m, (long long)p.n, (long long)p.k, ours[0], fl / ours[0] * 1e-9, ours[1],
+               fl / ours[1] * 1e-9, wide, fl / wide * 1e-9, lt, fl / lt * 1e-9, lt / ours[0], lt / ours[1],
+               lt / wide, same ? "same" : "DIFFER");
+        bad += !same;
         fflush(stdout);
     }
+    if (bad) printf("%d products: clusters of 2 give other bits than blocks alone (a bug)\n", bad);
     /* diagnostics: a plain bf16 forward, an f32 beta-1 gradient, the bias+GELU epilogue */
     printf("\nwhere ours spends a tile (stages left out; results wrong):\n");
     for (int i = 0; i < np; ++i)
         if (!strcmp(ps[i].name, "gate_up fwd") || !strcmp(ps[i].name, "gate_up dW f32+=") ||
             !strcmp(ps[i].name, "gpt2 c_fc bias+gelu")) {
             if (ps[i].f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(ps[i].m * ps[i].n), 1, 7, 1.f);
-            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90", gemm_sm90, 128, 128);
-            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90_wide", gemm_sm90_wide, 128, 256);
+            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90 cl1", gemm_sm90, 128, 128, 1);
+            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90 cl2", gemm_sm90, 128, 128, 2);
+            diagnose(ps[i], a, b, c, aux, bias, "gemm_sm90_wide", gemm_sm90_wide, 128, 256, 1);
         }
-    return 0;
+    return bad ? 1 : 0;
 }

@@ -1,9 +1,10 @@
-/* GPU test of kernels/cuda/gemm_sm90.cu and its cooperative twin gemm_sm90_wide.cu (every case
- * runs for both): every layout (ta, tb) and epilogue (bf16, +bias, +bias+GELU with the
- * pre-activation, f32 beta 0 and 1) against a host double reference on every element at awkward
- * sizes, grids of 1, 3 and 132 blocks giving identical bits, cuBLASLt on the same inputs, the
- * refusals; a 20 s watchdog per launch prints "hang in <case>" and exits, and an alarm (120 s
- * without a result) does the same wherever else the process blocks.
+/* GPU test of kernels/cuda/gemm_sm90.cu, blocks alone and in clusters of 2 (gemm_sm90_cluster(2)),
+ * and its cooperative twin gemm_sm90_wide.cu (every case runs for all three): every layout (ta, tb)
+ * and epilogue (bf16, +bias, +bias+GELU with the pre-activation, f32 beta 0 and 1) against a host
+ * double reference on every element at awkward sizes, grids of 1, 3 (clusters: 6) and 132 blocks
+ * giving identical bits, clusters of 2 the same bits as blocks alone, cuBLASLt on the same inputs,
+ * the refusals (gemm_sm90_cluster's too); a 20 s watchdog per launch prints "hang in <case>" and
+ * exits, and an alarm (120 s without a result) does the same wherever else the process blocks.
  * Build and run (H100/H200): make build/tests/test_gemm_sm90 && build/tests/test_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -128,11 +129,23 @@ struct problem {
 enum { E_NONE, E_BIAS, E_GELU, E_F32_B0, E_F32_B1, E_COUNT };
 static const char *ename[E_COUNT] = {"bf16", "bias", "bias+gelu_aux", "f32_beta0", "f32_beta1"};
 
-/* The implementations under test: every case runs for each. */
+/* The implementations under test: every case runs for each, gemm_sm90_cluster set to `cluster`
+ * first (the wide kernel takes no clusters: 1). grids: the grids whose bits must equal grid 0's
+ * (clusters of 2: grid 1 and 6 are one and three clusters); same: -1, or the implementation whose
+ * bits it must equal (clusters of 2: blocks alone's, run before it). */
 static const struct impl {
     const char *name;
     int (*fn)(const zr_gemm_desc *, int, cudaStream_t);
-} impls[] = {{"gemm_sm90", gemm_sm90}, {"gemm_sm90_wide", gemm_sm90_wide}};
+    int cluster, grids[3], same;
+} impls[] = {{"gemm_sm90", gemm_sm90, 1, {1, 3, 132}, -1},
+             {"gemm_sm90 cluster 2", gemm_sm90, 2, {1, 6, 132}, 0},
+             {"gemm_sm90_wide", gemm_sm90_wide, 1, {1, 3, 132}, -1}};
+enum { N_IMPL = sizeof impls / sizeof impls[0] };
+
+/* gemm_sm90_cluster(im.cluster); a refusal is a failure of the case. */
+static void use(const impl &im) {
+    CHECK_MSG(gemm_sm90_cluster(im.cluster) == 0, "gemm_sm90_cluster(%d): %s", im.cluster, zr_last_error());
+}
 
 /* Device copies of one problem in one layout, and the outputs (rows padded by `pad` elements that
  * must stay untouched). */
@@ -267,33 +280,40 @@ static double check_out(const run &r, int e, const std::vector<uint8_t> &h, cons
     return worst;
 }
 
-/* Every epilogue of one layout of one problem, for each implementation: ours (grid 0: one block an
- * SM) against the host reference; with grids, grid 1, 3, 132 against grid 0 bit for bit; with lt,
+/* Every epilogue of one layout of one problem, for each implementation: ours (grid 0: as many
+ * blocks or clusters as fit) against the host reference and, for clusters of 2, bit for bit
+ * against blocks alone; with grids, its grids (1, 3 or 6, 132) against grid 0 bit for bit; with lt,
  * cuBLASLt (gemm_ex_cuda, run once an epilogue) against the reference and against ours. */
 static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bool lt) {
     run r(P, ta, tb, pad);
     for (int e = 0; e < E_COUNT; ++e) {
         const zr_gemm_desc g = r.desc(e);
         std::vector<uint8_t> theirs; /* cuBLASLt's bytes, once it ran */
+        std::vector<uint8_t> got[N_IMPL]; /* each implementation's grid-0 bytes, once it ran */
         bool lt_ran = false;
-        for (const impl &im : impls) {
+        for (int ii = 0; ii < N_IMPL; ++ii) {
+            const impl &im = impls[ii];
             snprintf(casebuf, sizeof casebuf, "%s m%d n%d k%d ta%d tb%d pad%d %s", im.name, P.m, P.n, P.k, ta,
                      tb, pad, ename[e]);
             char ltnote[96] = "";
+            use(im);
             r.prepare(e);
             int rc = im.fn(&g, 0, 0);
             CHECK_MSG(rc == 0, "%s refused: %s", im.name, zr_last_error());
             sync_or_die(casebuf);
             const std::vector<uint8_t> ours = r.bytes(e);
             const double w = rc == 0 ? check_out(r, e, ours, "ours") : 0;
+            if (rc == 0) got[ii] = ours;
+            if (rc == 0 && im.same >= 0 && !got[im.same].empty())
+                CHECK_MSG(ours == got[im.same], "bits differ from %s's", impls[im.same].name);
             if (grids && rc == 0) {
-                for (int grid : {1, 3, 132}) {
+                for (int grid : im.grids) {
                     char what[300];
                     snprintf(what, sizeof what, "%s grid %d", casebuf, grid);
                     r.prepare(e);
                     CHECK(im.fn(&g, grid, 0) == 0);
                     sync_or_die(what);
-                    CHECK_MSG(r.bytes(e) == ours, "grid %d: bits differ from one block an SM", grid);
+                    CHECK_MSG(r.bytes(e) == ours, "grid %d: bits differ from grid 0's", grid);
                 }
             }
             if (lt && rc == 0 && !lt_ran) {
@@ -315,17 +335,19 @@ static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bo
                 for (size_t i = 0; i < ours.size(); ++i) diff += ours[i] != theirs[i];
                 snprintf(ltnote, sizeof ltnote, " +cuBLASLt (%zu of %zu bytes differ)", diff, ours.size());
             }
-            char name[400];
-            snprintf(name, sizeof name, "%s%s%s (worst err/tol %.3f)", casebuf, grids ? " grids 1/3/132" : "",
-                     ltnote, w);
+            char gnote[40] = "", name[440];
+            if (grids) snprintf(gnote, sizeof gnote, " grids %d/%d/%d", im.grids[0], im.grids[1], im.grids[2]);
+            snprintf(name, sizeof name, "%s%s%s%s (worst err/tol %.3f)", casebuf, gnote,
+                     im.same >= 0 ? " =bits" : "", ltnote, w);
             result(name);
         }
     }
+    gemm_sm90_cluster(1);
 }
 
-/* The debug flags act in both implementations: NO_STORE leaves the output untouched; the wide
- * kernel refuses SERIAL (it has no ping-pong), writing nothing, with a message naming the flag;
- * gemm_sm90_debug refuses unknown bits. Flags reset to 0 after. */
+/* The debug flags act in every implementation (clusters of 2 too): NO_STORE leaves the output
+ * untouched; the wide kernel refuses SERIAL (it has no ping-pong), writing nothing, with a message
+ * naming the flag; gemm_sm90_debug refuses unknown bits. Flags reset to 0 after. */
 static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
     auto untouched = [&r]() {
         bool u = true;
@@ -335,12 +357,14 @@ static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
     for (const impl &im : impls) {
         snprintf(casebuf, sizeof casebuf, "debug: %s with GEMM_SM90_DBG_NO_STORE writes nothing", im.name);
         CHECK(gemm_sm90_debug(GEMM_SM90_DBG_NO_STORE) == 0);
+        use(im);
         r.prepare(E_NONE);
         const int rc = im.fn(&plain, 0, 0);
         sync_or_die(casebuf);
         CHECK_MSG(rc == 0, "%s: %s", im.name, zr_last_error());
         CHECK_MSG(untouched(), "output written");
         gemm_sm90_debug(0);
+        gemm_sm90_cluster(1);
         result(casebuf);
     }
     snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_wide refuses GEMM_SM90_DBG_SERIAL");
@@ -412,6 +436,7 @@ static void test_refusals(bool gpu) {
                   "message: '%s'", msg.c_str());
         for (const impl &im : impls) {
             if (!r) break;
+            use(im);
             r->prepare(E_NONE);
             rc = im.fn(&g, 0, 0);
             sync_or_die(casebuf);
@@ -420,10 +445,25 @@ static void test_refusals(bool gpu) {
             for (uint8_t x : r->bytes(E_NONE)) untouched &= x == 0xff;
             CHECK_MSG(untouched, "%s: output written", im.name);
         }
+        gemm_sm90_cluster(1);
         char name[600];
         snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
         result(name);
     }
+    /* the cluster switch: 1 and 2 only */
+    for (int n : {0, 3, -1}) {
+        snprintf(casebuf, sizeof casebuf, "refusal: gemm_sm90_cluster(%d)", n);
+        zr_clear_error();
+        const int rc = gemm_sm90_cluster(n);
+        const std::string msg = zr_last_error_message() ? zr_last_error_message() : "";
+        CHECK_MSG(rc == -1, "taken (rc %d)", rc);
+        CHECK_MSG(msg.find("gemm_sm90_cluster") != std::string::npos, "message: '%s'", msg.c_str());
+        char name[600];
+        snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
+        result(name);
+    }
+    CHECK_MSG(gemm_sm90_cluster(2) == 0 && gemm_sm90_cluster(1) == 0, "1 or 2 refused: %s", zr_last_error());
+    result("gemm_sm90_cluster(1) and (2) taken");
     /* the unedited descriptor is taken (on a GPU): the refusals are not blanket */
     CHECK_MSG(gemm_sm90_check(&plain) == 0, "the plain descriptor refused: %s", zr_last_error());
     result("refusal: the plain descriptor is taken");
@@ -451,7 +491,9 @@ int main(void) {
      * and both warpgroups' turns carry over; Llama-like k at small m. For the wide kernel's 128 x
      * 256 tiles: n past a 256 tile by 8 (264, 1032), 72 (328), 136 (136, 392), so B [k][n] loads
      * 1, 2, 3 of its four 64-wide boxes; m past a tile by 8 (136: warpgroup 1's rows all out);
-     * 17 x 9 = 153 wide tiles (2056 x 2056), more than 132 blocks */
+     * 17 x 9 = 153 wide tiles (2056 x 2056), more than 132 blocks. Clusters of 2: m tiles odd
+     * (1, 3, 9, 17: the last pair's second tile wholly past m) and even (2 partial, 4 whole), n's
+     * last tile with its second 64 columns wholly past n (16, 136, 264, 392, 520, 1032) */
     struct sz {
         int m, n, k, pad;
         bool grids, lt;
@@ -459,6 +501,7 @@ int main(void) {
         {128, 128, 64, 0, true, true},   {8, 16, 8, 0, true, false},     {200, 136, 72, 8, true, true},
         {264, 392, 4096, 0, false, true}, {2056, 1032, 520, 16, true, true}, {136, 2048, 2048, 0, false, false},
         {1032, 264, 136, 0, true, false}, {136, 328, 264, 0, true, false}, {2056, 2056, 72, 0, true, false},
+        {512, 520, 192, 0, true, false},
     };
     for (const sz &s : sizes) {
         problem P(s.m, s.n, s.k);
