@@ -335,10 +335,10 @@ static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bo
                 for (size_t i = 0; i < ours.size(); ++i) diff += ours[i] != theirs[i];
                 snprintf(ltnote, sizeof ltnote, " +cuBLASLt (%zu of %zu bytes differ)", diff, ours.size());
             }
-            char gnote[40] = "", name[440];
+            char gnote[40] = "", snote[64] = "", name[500];
             if (grids) snprintf(gnote, sizeof gnote, " grids %d/%d/%d", im.grids[0], im.grids[1], im.grids[2]);
-            snprintf(name, sizeof name, "%s%s%s%s (worst err/tol %.3f)", casebuf, gnote,
-                     im.same >= 0 ? " =bits" : "", ltnote, w);
+            if (im.same >= 0) snprintf(snote, sizeof snote, " (bits of %s)", impls[im.same].name);
+            snprintf(name, sizeof name, "%s%s%s%s (worst err/tol %.3f)", casebuf, gnote, snote, ltnote, w);
             result(name);
         }
     }
