@@ -106,6 +106,21 @@ __global__ void __launch_bounds__(GW_THR, 1)
                 /* B [k][n]: the 64-wide boxes that start before n (1 .. 4) */
                 const int nb = TB == 0 ? 4 : min(4, (p.n - n0 + 63) / 64);
                 const uint32_t bytes = (a2 ? gw_smem::TA : gw_smem::TA / 2) + nb * (gw_smem::TB / 4);
+                /* f32 C (beta 1) starts the accumulators, loaded when a tile begins, where no other
+                 * warpgroup's main loop hides it: the next tile's C rows go to L2 meanwhile, a few
+                 * rows a k block (this block's first tile's C before its first load) */
+                const bool pf = EPI == GM_EPI_F32 && p.beta && !(p.dbg & GEMM_SM90_DBG_NO_CLOAD);
+                int pm0 = 0, pn0 = 0, prows = 0, pcols = 0, per = 0;
+                if (pf) {
+                    if (t == b0) gm_prefetch_c_rows(p, m0, min(m0 + GW_BM, p.m), n0, min(GW_BN, p.n - n0));
+                    if (t + G < p.items) {
+                        int pm, pn;
+                        gm_tile<1>(t + G, p, 0, pm, pn);
+                        pm0 = pm * GW_BM, pn0 = pn * GW_BN;
+                        prows = min(GW_BM, p.m - pm0), pcols = min(GW_BN, p.n - pn0);
+                        per = kt > 0 ? (prows + kt - 1) / kt : 0;
+                    }
+                }
                 for (int kb = 0; kb < kt; ++kb, ++j) {
                     const uint32_t s = j % GW_ST;
                     if (j >= GW_ST) mbar_wait(&empty[s], ((j / GW_ST) - 1) & 1);
@@ -119,6 +134,7 @@ __global__ void __launch_bounds__(GW_THR, 1)
                         for (int i = 0; i < nb; ++i)
                             tma_load4(b + i * 64 * 64, &mb, &full[s], n0 + 64 * i, k0, 0, 0);
                     }
+                    if (per) gm_prefetch_c_rows(p, pm0 + min(kb * per, prows), pm0 + min(kb * per + per, prows), pn0, pcols);
                 }
             }
         }
