@@ -17,16 +17,16 @@ run_one() { # command...
 run_one $fused
 run_one $gemm
 for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
-# the products again through each of our Hopper GEMMs wherever it takes them (the runtime's default: the autotuner's pick)
-for k in pingpong wide; do
+# the products again through each of our Hopper GEMMs wherever it takes them, and with both in the autotuning (the runtime's default: cuBLASLt only)
+for k in pingpong wide auto; do
   for t in tests/ops/test_matmul_cuda.lua tests/ops/test_linear_gelu_cuda.lua tests/ops/test_linear_multi_cuda.lua; do
     run_one env ZRUN_GEMM_SM90=$k $zrun "$t"
   done
 done
 bad_sm90() {
-  if ZRUN_GEMM_SM90=bogus $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=bogus: use auto'; then
+  if ZRUN_GEMM_SM90=bogus $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=bogus: use 0'; then
     echo "PASS ZRUN_GEMM_SM90=bogus is refused with the values it takes"
-  else echo "FAIL ZRUN_GEMM_SM90=bogus: no refusal naming auto, 0, pingpong, wide"; fi
+  else echo "FAIL ZRUN_GEMM_SM90=bogus: no refusal naming 0, auto, pingpong, wide"; fi
 }
 run_one bad_sm90
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh

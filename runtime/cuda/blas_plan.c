@@ -1,8 +1,10 @@
 /* The cuBLASLt state behind gemm_cuda (see blas_plan.h): per device a handle and a workspace, per
  * (device, shape, dtypes, flags, pointer alignment) a plan in a small hash table, the autotuning
  * of large shapes; the kernels that build and run a plan are kernels/cuda/matmul.cu. Our own
- * Hopper GEMM (kernels/cuda/gemm_sm90.h) is one more autotuning candidate where it takes the
- * product: a shape runs on it only when it was the fastest. */
+ * Hopper GEMMs (kernels/cuda/gemm_sm90.h) can join the autotuning (ZRUN_GEMM_SM90=auto) or replace
+ * cuBLASLt wherever they take a product (=pingpong, =wide); by default they are not used: on the
+ * H200 they win some products timed alone but lose 1% end to end under the power cap
+ * (tests/bench/RESULTS.md, session 16). */
 #ifdef ZR_HAVE_CUDA
 #include "cuda/blas_plan.h"
 
@@ -75,8 +77,8 @@ static void destroy_entry(entry *e) {
 // seen, the heuristic's top candidates run on the real operands into a scratch output and the
 // fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
 // Our own Hopper GEMMs (gemm_sm90: ping-pong 128x128 tiles; gemm_sm90_wide: cooperative 128x256),
-// by ZRUN_GEMM_SM90: unset or "auto": more autotuning candidates where gemm_sm90_check takes the
-// product; "0": never; "pingpong" or "wide": that kernel wherever it takes the product, at any size
+// by ZRUN_GEMM_SM90: unset or "0": never; "auto": more autotuning candidates where gemm_sm90_check
+// takes the product; "pingpong" or "wide": that kernel wherever it takes the product, at any size
 // and without timing (tests and benchmarks). Anything else is refused when first read.
 // ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's fastest cuBLASLt and gemm_sm90 times to stderr.
 #define TUNE_ALGOS 8
@@ -98,13 +100,13 @@ static int own_mode(int *mode) {
     if (!read) {
         const char *e = getenv("ZRUN_GEMM_SM90");
         int v = -2;
-        if (!e || !*e || strcmp(e, "auto") == 0) v = OWN_AUTO;
-        else if (strcmp(e, "0") == 0) v = OWN_OFF;
+        if (!e || !*e || strcmp(e, "0") == 0) v = OWN_OFF;
+        else if (strcmp(e, "auto") == 0) v = OWN_AUTO;
         for (int i = 0; v == -2 && i < N_OWN; i++)
             if (strcmp(e, OWN_NAMES[i]) == 0) v = 1 + i;
         if (v == -2)
-            return zr_error("ZRUN_GEMM_SM90=%s: use auto (our Hopper GEMMs where the autotuner finds them "
-                            "fastest; the default), 0 (cuBLASLt only), pingpong or wide (that kernel wherever "
+            return zr_error("ZRUN_GEMM_SM90=%s: use 0 (cuBLASLt only, the default), auto (our Hopper GEMMs "
+                            "where the autotuner finds them fastest), pingpong or wide (that kernel wherever "
                             "it takes the product)", e);
         m = v, read = 1;
     }

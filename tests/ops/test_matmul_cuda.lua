@@ -1,7 +1,7 @@
 -- matmul, bmm and linear on CUDA vs the CPU: batches, broadcasting, transposed views, 1-D
 -- operands; the bias epilogue, sizes 1 and primes, f32/bf16/f16; weight and bias gradients over
 -- micro-batches into gradients that already hold values. 264x72->136 (multiples of 8, partial tiles)
--- is a size our Hopper GEMM takes: tests/run_cuda.sh runs this file again with ZRUN_GEMM_SM90=pingpong and =wide.
+-- is a size our Hopper GEMM takes: tests/run_cuda.sh runs this file again with ZRUN_GEMM_SM90=pingpong, =wide and =auto.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("matmul") then return end
 local zr, T, randn, both, close = C.zr, C.T, C.randn, C.both, C.close
