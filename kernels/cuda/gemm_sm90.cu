@@ -256,6 +256,8 @@ __global__ void __launch_bounds__(GM_THR, 1)
 
 
 int gm_dbg; /* gemm_sm90_debug's flags (declared in gemm_sm90.cuh) */
+int gm_last_blocks; /* blocks of the last launch, either kernel (gemm_sm90_last_blocks) */
+extern "C" int gemm_sm90_last_blocks(void) { return gm_last_blocks; }
 extern "C" int gemm_sm90_debug(int flags) {
     if (flags & ~31)
         return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..31) exist", flags);
@@ -345,6 +347,7 @@ static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args
         if (dev >= 0 && dev < 64) fits[dev] = fit;
     }
     const int units = gm_units(grid, CL, fit, p.items);
+    gm_last_blocks = CL * units;
     if (CL == 1) {
         kern<<<units, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
     } else {

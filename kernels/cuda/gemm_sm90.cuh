@@ -19,6 +19,7 @@ enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2 };
 
 /* gemm_sm90_debug's flags (gemm_sm90.cu), which every kernel's host side passes on. */
 extern int gm_dbg;
+extern int gm_last_blocks; /* gemm_sm90_last_blocks */
 
 struct gm_args {
     void *c, *aux;

@@ -53,6 +53,10 @@ int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stream);
  * 14.0 us a tile, the epilogue alone unchanged): a bug or a stall not yet understood; bench only. */
 int gemm_sm90_cluster(int n);
 
+/* Blocks the last gemm_sm90 or gemm_sm90_wide launch ran (with clusters of 2: twice the clusters that
+ * cudaOccupancyMaxActiveClusters let run at once, or fewer for few tiles): the bench prints it. */
+int gemm_sm90_last_blocks(void);
+
 /* Timing diagnostics (tests/bench/bench_gemm_sm90.cu): every later gemm_sm90 (and gemm_sm90_wide)
  * call leaves the flagged stages out, so that timing the variants shows where a tile's time goes.
  * Results are wrong with any flag set; 0 (the default) restores the real kernel. Not thread-safe

@@ -212,6 +212,7 @@ extern "C" int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stre
     gm_args p;
     if (gm_setup(g, GW_BM, GW_BN, 1, "gemm_sm90_wide", ma, mb, p)) return -1;
     const int blocks = gm_units(grid, 1, num_sms(), p.items);
+    gm_last_blocks = blocks;
     const int ta = !!g->ta, tb = !!g->tb;
     if (g->c_dtype == ZR_F32) return gw_layouts<GM_EPI_F32>(ta, tb, ma, mb, p, blocks, stream);
     if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gw_layouts<GM_EPI_GELU_AUX>(ta, tb, ma, mb, p, blocks, stream);

@@ -240,6 +240,18 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     if (bad) printf("%d products: clusters of 2 give other bits than blocks alone (a bug)\n", bad);
+    { /* the grids the launches chose (clusters of 2: as many as cudaOccupancyMaxActiveClusters allows) */
+        const zr_gemm_desc g = desc_of(ps[0], a, b, c, aux, bias);
+        int blk[3];
+        for (int cl = 1; cl <= 2; ++cl) {
+            set_cluster(cl);
+            blk[cl - 1] = gemm_sm90(&g, 0, 0) ? -1 : gemm_sm90_last_blocks();
+        }
+        set_cluster(1);
+        blk[2] = gemm_sm90_wide(&g, 0, 0) ? -1 : gemm_sm90_last_blocks();
+        CU(cudaDeviceSynchronize());
+        printf("\nblocks launched for %s: gemm_sm90 cl1 %d, cl2 %d, wide %d\n", ps[0].name, blk[0], blk[1], blk[2]);
+    }
     /* diagnostics: a plain bf16 forward, an f32 beta-1 gradient, the bias+GELU epilogue */
     printf("\nwhere ours spends a tile (stages left out; results wrong):\n");
     for (int i = 0; i < np; ++i)
