@@ -23,12 +23,19 @@ for k in pingpong wide auto; do
     run_one env ZRUN_GEMM_SM90=$k $zrun "$t"
   done
 done
-bad_sm90() {
-  if ZRUN_GEMM_SM90=bogus $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=bogus: use 0'; then
-    echo "PASS ZRUN_GEMM_SM90=bogus is refused with the values it takes"
-  else echo "FAIL ZRUN_GEMM_SM90=bogus: no refusal naming 0, auto, pingpong, wide"; fi
+bad_env() { # VAR FIRST: VAR=bogus must be refused, naming the values it takes (FIRST the first)
+  if env "$1=bogus" $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q "$1=bogus: use $2"; then
+    echo "PASS $1=bogus is refused with the values it takes"
+  else echo "FAIL $1=bogus: no refusal naming its values"; fi
 }
-run_one bad_sm90
+run_one bad_env ZRUN_GEMM_SM90 0
+run_one bad_env ZRUN_GEMM_TUNE_LOG 1
+auto_off() {
+  if ZRUN_GEMM_AUTOTUNE=0 ZRUN_GEMM_SM90=auto $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0'; then
+    echo "PASS ZRUN_GEMM_SM90=auto with the autotuner off is refused"
+  else echo "FAIL ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0: not refused"; fi
+}
+run_one auto_off
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zero_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_zenflow_multi_gpu.sh
 run_one env ZRUN_BIN=$zrun sh tests/cuda/test_comm_timeout_gpu.sh

@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(GM_THR, 1)
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-
 int gm_dbg; /* gemm_sm90_debug's flags (declared in gemm_sm90.cuh) */
 int gm_last_blocks; /* blocks of the last launch, either kernel (gemm_sm90_last_blocks) */
 extern "C" int gemm_sm90_last_blocks(void) { return gm_last_blocks; }

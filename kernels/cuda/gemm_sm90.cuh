@@ -243,10 +243,11 @@ static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], co
         }
     }
 }
+
 /* Rows r0 .. r1 − 1 of a tile's f32 C (columns n0 .. n0 + cols − 1, cols a multiple of 8: the
  * row's bytes a multiple of 32; ldc a multiple of 8, c 16-byte aligned) fetched into L2 ahead of
- * accumulator start that loads them (bulk L2 prefetch: no shared memory, no
- * barrier, a hint that changes no result). */
+ * the accumulator start that loads them (bulk L2 prefetch: no shared memory, no barrier, a hint
+ * that changes no result). */
 static __device__ __forceinline__ void gm_prefetch_c_rows(const gm_args &p, int r0, int r1, int n0, int cols) {
     const float *c = static_cast<const float *>(p.c);
     for (int r = r0; r < r1; ++r)

@@ -79,14 +79,15 @@ static void destroy_entry(entry *e) {
 // Our own Hopper GEMMs (gemm_sm90: ping-pong 128x128 tiles; gemm_sm90_wide: cooperative 128x256),
 // by ZRUN_GEMM_SM90: unset or "0": never; "auto": more autotuning candidates where gemm_sm90_check
 // takes the product; "pingpong" or "wide": that kernel wherever it takes the product, at any size
-// and without timing (tests and benchmarks). Anything else is refused when first read.
-// ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's fastest cuBLASLt and gemm_sm90 times to stderr.
+// and without timing (tests and benchmarks). ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's
+// times to stderr (the fastest candidate, and each of ours); unset or 0: nothing. Other values of
+// either are refused when first read (the first plan built).
 #define TUNE_ALGOS 8
 typedef int (*own_fn)(const zr_gemm_desc *, int, cudaStream_t);
 static const own_fn OWN_KERNELS[] = {gemm_sm90, gemm_sm90_wide};
 static const char *const OWN_NAMES[] = {"pingpong", "wide"};
 #define N_OWN ((int)(sizeof OWN_KERNELS / sizeof OWN_KERNELS[0]))
-enum { OWN_OFF = -1, OWN_AUTO = 0 }; /* else 1 + the index of the one kernel to use */
+enum { OWN_OFF = -1, OWN_AUTO = 0 };
 static int autotune_on(void) {
     static int on = -1;
     if (on < 0) {
@@ -95,22 +96,34 @@ static int autotune_on(void) {
     }
     return on;
 }
-static int own_mode(int *mode) {
-    static int read, m;
+typedef struct {
+    int own; /* OWN_OFF, OWN_AUTO or 1 + the index of the one kernel to use */
+    int log; /* ZRUN_GEMM_TUNE_LOG */
+} gemm_env;
+static int read_env(gemm_env *out) {
+    static int read;
+    static gemm_env v;
     if (!read) {
         const char *e = getenv("ZRUN_GEMM_SM90");
-        int v = -2;
-        if (!e || !*e || strcmp(e, "0") == 0) v = OWN_OFF;
-        else if (strcmp(e, "auto") == 0) v = OWN_AUTO;
-        for (int i = 0; v == -2 && i < N_OWN; i++)
-            if (strcmp(e, OWN_NAMES[i]) == 0) v = 1 + i;
-        if (v == -2)
+        v.own = -2;
+        if (!e || !*e || strcmp(e, "0") == 0) v.own = OWN_OFF;
+        else if (strcmp(e, "auto") == 0) v.own = OWN_AUTO;
+        for (int i = 0; v.own == -2 && i < N_OWN; i++)
+            if (strcmp(e, OWN_NAMES[i]) == 0) v.own = 1 + i;
+        if (v.own == -2)
             return zr_error("ZRUN_GEMM_SM90=%s: use 0 (cuBLASLt only, the default), auto (our Hopper GEMMs "
                             "where the autotuner finds them fastest), pingpong or wide (that kernel wherever "
                             "it takes the product)", e);
-        m = v, read = 1;
+        if (v.own == OWN_AUTO && !autotune_on())
+            return zr_error("ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0: ours join the autotuning, which "
+                            "is off; unset ZRUN_GEMM_AUTOTUNE, or pick a kernel (pingpong, wide)");
+        const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
+        if (l && *l && strcmp(l, "0") != 0 && strcmp(l, "1") != 0)
+            return zr_error("ZRUN_GEMM_TUNE_LOG=%s: use 1 (print each autotuned shape's times) or 0", l);
+        v.log = l && strcmp(l, "1") == 0;
+        read = 1;
     }
-    *mode = m;
+    *out = v;
     return 0;
 }
 
@@ -161,7 +174,7 @@ static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo, i
 
 // Picks the fastest of the candidates for e (lock held); keeps e->plan.algo when anything fails.
 static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t *res, int nres,
-                     const zr_gemm_desc *g, int dev, cudaStream_t stream) {
+                     const zr_gemm_desc *g, const gemm_env *env, int dev, cudaStream_t stream) {
     size_t es = g->c_dtype == ZR_F64 ? 8 : g->c_dtype == ZR_F32 ? 4 : 2;
     size_t n = g->batch > 1 ? (size_t)(g->stride_c * (g->batch - 1) + g->ldc * g->m)
                             : (size_t)(g->ldc * g->m);
@@ -181,20 +194,13 @@ static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t
             e->plan.algo = res[i].algo;
         }
     }
-    int mode = OWN_OFF;
-    own_mode(&mode); /* read and checked by build before */
     float own[N_OWN];
-    const int takes = mode == OWN_AUTO && gemm_sm90_check(g) == 0;
+    const int takes = env->own == OWN_AUTO && gemm_sm90_check(g) == 0;
     for (int i = 0; i < N_OWN; i++) {
         own[i] = takes ? time_algo(c, e, NULL, 1 + i, g, cs, stream) : -1;
         if (own[i] >= 0 && (best < 0 || own[i] < best)) best = own[i], e->own = 1 + i;
     }
-    static int log = -1;
-    if (log < 0) {
-        const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
-        log = l && strcmp(l, "1") == 0;
-    }
-    if (log) { /* once one of ours beats cuBLASLt's fastest candidate, that one's time is not kept */
+    if (env->log) { /* once one of ours beats cuBLASLt's fastest candidate, that one's time is not kept */
         char ours[128] = "";
         for (int i = 0, n = 0; i < N_OWN && n < (int)sizeof ours; i++)
             n += snprintf(ours + n, sizeof ours - n, ", %s %.4f ms", OWN_NAMES[i], own[i]);
@@ -244,13 +250,13 @@ static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int 
             s, "algorithm search (no cuBLASLt algorithm for these dtypes/layouts)", g, dev);
     }
     e->plan.algo = res[0].algo;
-    int mode;
-    if (own_mode(&mode)) {
+    gemm_env env = {OWN_OFF, 0};
+    if (read_env(&env)) {
         gemm_plan_destroy_cuda(&e->plan);
         return -1;
     }
-    if (mode > 0 && gemm_sm90_check(g) == 0) e->own = mode;
-    else if (nres > 1) autotune(c, e, res, nres, g, dev, stream);
+    if (env.own > 0 && gemm_sm90_check(g) == 0) e->own = env.own;
+    else if (want > 1 && (nres > 1 || env.own == OWN_AUTO)) autotune(c, e, res, nres, g, &env, dev, stream);
     zr_clear_error(); /* gemm_sm90_check's refusal is an answer, not a failure */
     e->k = *k;
     e->used = 1;
