@@ -146,7 +146,6 @@ __global__ void __launch_bounds__(GM_THR, 1)
     if (warp_id >= GM_PRODUCER) {
         reg_dealloc<40>();
         if (warp_id == GM_PRODUCER && lane == 0) {
-            uint64_t j = 0; /* load j at ring position r */
             gm_ring<ST> r;
             r.at(0);
             for (int t = b0; t < p.items; t += G) {
@@ -162,9 +161,9 @@ __global__ void __launch_bounds__(GM_THR, 1)
                 const uint32_t a_bytes = !a1 ? 0 : a2 ? SM::T : SM::T / 2;
                 const uint32_t b_bytes = CL == 2 || b2 ? SM::T : SM::T / 2;
                 const int nh = rank == 0 || n0 + 64 < p.n ? n0 + 64 * rank : n0;
-                for (int kb = 0; kb < kt; ++kb, ++j, r.next()) {
+                for (int kb = 0; kb < kt; ++kb, r.next()) {
                     const uint32_t s = r.s;
-                    if (j >= ST) gm_wait_empty<CL>(&empty[s], r.ph ^ 1, scoped); /* use j / ST − 1's */
+                    if (r.again) gm_wait_empty<CL>(&empty[s], r.ph ^ 1, scoped); /* use j / ST − 1's */
                     mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
@@ -204,12 +203,11 @@ __global__ void __launch_bounds__(GM_THR, 1)
         const int m0 = tm * GM_BM, n0 = tn * GM_BN;
         gm_ring<ST> r; /* load j = n·kt + kb's stage and parity */
         r.at((uint64_t)n * kt);
-        uint32_t prev = 0; /* the stage of load j − 1 */
         const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
         reg_fence(acc[0]);
         reg_fence(acc[1]);
         bar_sync(GM_BAR_TURN + wg, GM_CONS);
-        for (int kb = 0; kb < kt; ++kb, prev = r.s, r.next()) {
+        for (int kb = 0; kb < kt; ++kb, r.next()) {
             const uint32_t s = r.s;
             mbar_wait(&full[s], r.ph);
             const uint32_t a = a_base + s * SM::T, b = b_base + s * SM::T;
@@ -230,14 +228,14 @@ __global__ void __launch_bounds__(GM_THR, 1)
             wg_commit();
             if (kb > 0) {
                 wg_wait<1>(); /* load j − 1's wgmma are done */
-                gm_release<CL>(&empty[prev], lane, scoped);
+                gm_release<CL>(&empty[r.prev()], lane, scoped);
             }
         }
         if (t + G < p.items && !serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
         wg_wait<0>();
         reg_fence(acc[0]);
         reg_fence(acc[1]);
-        if (kt > 0) gm_release<CL>(&empty[prev], lane, scoped); /* the last load's; kt 0: NO_MMA */
+        if (kt > 0) gm_release<CL>(&empty[r.prev()], lane, scoped); /* the last load's; kt 0: NO_MMA */
 
         /* epilogue (gemm_sm90.cuh): acc[h] holds rows m0 + 64h .. + 63 */
         gm_epilogue<EPI>(acc, p, m0, n0, warp, g, t4, nostore);

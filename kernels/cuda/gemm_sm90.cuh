@@ -408,16 +408,20 @@ static __device__ __forceinline__ void gm_wait_empty(uint64_t *e, uint32_t parit
         mbar_wait(e, parity);
 }
 
-/* A ring position: stage s of ST, and the parity ph of that stage's use (use u = j / ST of load j:
- * ph = u & 1), stepped load by load. Set from a 64-bit load index, so that a count past 2^32 loads
- * (ST not a power of two) cannot put a block's stages out of step. */
+/* A ring position: stage s of ST, the parity ph of that stage's use (use u = j / ST of load j:
+ * ph = u & 1), and again (u > 0: the producer waits for use u − 1's release, parity ph ^ 1),
+ * stepped load by load. Set from a 64-bit load index, so that a count past 2^32 loads (ST not a
+ * power of two) cannot put a block's stages out of step. */
 template <int ST>
 struct gm_ring {
-    uint32_t s, ph;
-    __device__ __forceinline__ void at(uint64_t j) { s = (uint32_t)(j % ST), ph = (uint32_t)((j / ST) & 1); }
-    __device__ __forceinline__ void next() {
-        if (++s == ST) s = 0, ph ^= 1;
+    uint32_t s, ph, again;
+    __device__ __forceinline__ void at(uint64_t j) {
+        s = (uint32_t)(j % ST), ph = (uint32_t)((j / ST) & 1), again = j >= ST;
     }
+    __device__ __forceinline__ void next() {
+        if (++s == ST) s = 0, ph ^= 1, again = 1;
+    }
+    __device__ __forceinline__ uint32_t prev() const { return s ? s - 1 : ST - 1; } /* load j − 1's stage */
 };
 } /* namespace sm90 */
 
