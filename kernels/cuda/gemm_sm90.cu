@@ -125,21 +125,10 @@ __global__ void __launch_bounds__(GM_THR, 1)
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + SM::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + SM::BAR), *empty = full + ST;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    /* the unit (block or cluster), the units in the grid, the block's rank in its cluster */
-    const int b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
-    const int G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
+    int b0, G, rank; /* the unit (block or cluster), the units in the grid, the block's rank in it */
+    gm_unit<CL>(b0, G, rank);
     if (b0 >= p.items) return; /* the whole block (cluster): no item, no barrier used */
-    if (tid == 0) {
-        for (int s = 0; s < ST; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * CL);
-        }
-        mbar_init_fence();
-    }
-    if (CL == 1)
-        __syncthreads(); /* the last block-wide barrier */
-    else
-        cluster_sync(); /* the inits seen by the peer before its first multicast or remote arrival */
+    gm_ring_init<CL, ST>(full, empty, GM_CONS / 128); /* a warpgroup (4 warps) consumes a stage */
     const int kt = p.kt;
     const bool scoped = p.dbg & GEMM_SM90_DBG_CLUSTER_SCOPE;
 

@@ -408,6 +408,31 @@ static __device__ __forceinline__ void gm_wait_empty(uint64_t *e, uint32_t parit
         mbar_wait(e, parity);
 }
 
+/* The block's unit (itself, or CL 2 its cluster), the units in the grid, and its rank in the unit. */
+template <int CL>
+static __device__ __forceinline__ void gm_unit(int &b0, int &G, int &rank) {
+    b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
+    G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
+}
+/* The ring's mbarriers: ST full (count 1) and ST empty (count CL x the consumer warps cw), made
+ * visible to the block, or with CL 2 to the cluster before any multicast or remote arrival can
+ * reach the peer (fence.mbarrier_init, then a cluster barrier). Every thread of the block: the
+ * last block-wide barrier. */
+template <int CL, int ST>
+static __device__ __forceinline__ void gm_ring_init(uint64_t *full, uint64_t *empty, int cw) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CL * cw);
+        }
+        mbar_init_fence();
+    }
+    if (CL == 1)
+        __syncthreads();
+    else
+        cluster_sync();
+}
+
 /* A ring position: stage s of ST, the parity ph of that stage's use (use u = j / ST of load j:
  * ph = u & 1), and again (u > 0: the producer waits for use u − 1's release, parity ph ^ 1),
  * stepped load by load. Set from a 64-bit load index, so that a count past 2^32 loads (ST not a
