@@ -1,7 +1,7 @@
 /* A persistent Hopper (sm_90a) bf16 GEMM with f32 accumulation in CUTLASS's "warp-specialized
  * ping-pong" design: one TMA producer warp feeds a ring of 4 or 6 stages (gemm_sm90_stages) of
- * 128x64 A and B tiles, two
- * consumer warpgroups each own whole 128x128 output tiles and take turns on the tensor cores, so
+ * 128x64 A and B tiles, two consumer warpgroups each own whole 128x128 output tiles and take
+ * turns on the tensor cores, so
  * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = C + product) runs
  * under the other's main loop; C (beta 1) and the bias start the accumulators, loaded while the
  * warpgroup waits for its turn. With gemm_sm90_cluster(2), clusters of 2 blocks along m share each
