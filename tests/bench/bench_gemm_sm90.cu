@@ -267,7 +267,8 @@ int main(int argc, char **argv) {
         std::string differ;
         for (int v = 0; v < N_VARS; ++v) {
             out[v] = output_of(VARS[v], p, g, c, aux);
-            if (VARS[v].base >= 0 && out[v] != out[VARS[v].base]) differ += std::string(differ.empty() ? "" : ",") + VARS[v].name;
+            if (VARS[v].base >= 0 && out[v] != out[VARS[v].base])
+                differ += std::string(differ.empty() ? "" : ",") + VARS[v].name;
         }
         const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
         const double fl = 2.0 * p.m * p.n * p.k;
@@ -291,7 +292,8 @@ int main(int argc, char **argv) {
         printf("\nblocks launched for %s:", ps[0].name);
         for (const variant &v : VARS) {
             use(&v, 0);
-            printf(" %s %d%s", v.name, v.fn(&g, 0, 0) ? -1 : gemm_sm90_last_blocks(), &v == &VARS[N_VARS - 1] ? "\n" : ",");
+            const int blocks = v.fn(&g, 0, 0) ? -1 : gemm_sm90_last_blocks();
+            printf(" %s %d%s", v.name, blocks, &v == &VARS[N_VARS - 1] ? "\n" : ",");
         }
         use(nullptr, 0);
         CU(cudaDeviceSynchronize());
