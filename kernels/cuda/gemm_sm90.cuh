@@ -414,7 +414,8 @@ static __device__ __forceinline__ void gm_unit(int &b0, int &G, int &rank) {
     b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
     G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
 }
-/* The ring's mbarriers: ST full (count 1) and ST empty (count CL x the consumer warps cw), made
+/* The ring's mbarriers: ST full (count 1) and ST empty (count CL x cw, cw the warps that release
+ * each use of a stage, one gm_release each: exactly, or a use completes more than one phase), made
  * visible to the block, or with CL 2 to the cluster before any multicast or remote arrival can
  * reach the peer (fence.mbarrier_init, then a cluster barrier). Every thread of the block: the
  * last block-wide barrier. */
