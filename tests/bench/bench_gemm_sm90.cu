@@ -11,6 +11,9 @@
  * gate_up fwd, gate_up dW f32+= and c_fc bias+GELU, per variant (and clusters of 2 with the ring
  * at cluster scope, session 16's code: GEMM_SM90_DBG_CLUSTER_SCOPE) µs a tile an SM with all
  * stages and with the main loop alone (-a: every gemm_sm90_debug row). Exits 1 when bits differ.
+ * Every step (variant, product, what) is printed as "# ..." before its launches and checked after
+ * them: a fault prints "CUDA error ... in <step>" (exit 2), a step stuck 60 s "hang ... in <step>"
+ * (exit 3).
  * Usage: bench_gemm_sm90 [-a] [filter]: filter, a substring of the product names ("gate_up", "dW",
  * "c_fc"), runs only those (gate_up: about 40 s).
  * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
@@ -19,11 +22,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "kernels/cuda/gemm_sm90.h"
@@ -31,6 +37,36 @@
 extern "C" {
 #include "kernels/base/error.h"
 #include "runtime/cuda/blas_plan.h"
+}
+
+/* What runs now, printed ("# ...") and flushed BEFORE its launches, so that a fault or a hang names
+ * the variant and product; the alarm (re-armed by every step: 60 s) prints "hang in <step>" and
+ * exits 3 when a step never finishes. */
+static char step_name[256] = "start";
+static void on_alarm(int) {
+    printf("hang (no progress in 60 s) in %s\n", step_name);
+    fflush(stdout);
+    _exit(3);
+}
+static void step(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(step_name, sizeof step_name, fmt, ap);
+    va_end(ap);
+    printf("# %s\n", step_name);
+    fflush(stdout);
+    alarm(60);
+}
+/* After a step's launches: the launch error and the kernels' own (a fault), with the step's name;
+ * exits 2 on either. */
+static void settle() {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("CUDA error %s in %s\n", cudaGetErrorString(e), step_name);
+        fflush(stdout);
+        exit(2);
+    }
 }
 
 /* Random values in [-scale, scale) as bf16 (dtype bf16) or f32 (n elements at p). */
@@ -137,10 +173,12 @@ static std::vector<uint8_t> output_of(const variant &v, const prod &p, const zr_
     const size_t cb = (size_t)(p.m * p.n) * (p.f32_beta1 ? 4 : 2), ab = p.gelu ? (size_t)(p.m * p.n) * 2 : 0;
     use(&v, 0);
     if (p.f32_beta1) bench_fill_kernel<<<1024, 256>>>(c, (size_t)(p.m * p.n), 1, 7, 1.f);
+    step("%s %s: bits", v.name, p.name);
     if (v.fn(&g, 0, 0)) {
         printf("FAILED: %s %s: %s\n", v.name, p.name, zr_last_error());
         exit(2);
     }
+    settle();
     std::vector<uint8_t> h(cb + ab);
     CU(cudaMemcpy(h.data(), c, cb, cudaMemcpyDeviceToHost));
     if (ab) CU(cudaMemcpy(h.data() + cb, aux, ab, cudaMemcpyDeviceToHost));
@@ -177,7 +215,9 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
         if ((r.flags & GEMM_SM90_DBG_NO_GELU) && !p.gelu) continue;
         if ((r.flags & GEMM_SM90_DBG_SERIAL) && v.fn == gemm_sm90_wide) continue;
         use(&v, r.flags);
+        step("%s %s: %s (flags %d)", v.name, p.name, r.what, r.flags | v.dbg);
         const double ms = best_ms([&] { return v.fn(&g, 0, 0); });
+        settle();
         printf("  %-16s %-20s %-26s flags %2d | %9.3f ms %8.1f TFLOP/s | %6.2f us a tile an SM\n", v.name, p.name,
                r.what, r.flags | v.dbg, ms, fl / ms * 1e-9, ms * 1e3 / (tiles / sms));
         fflush(stdout);
@@ -186,6 +226,7 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
 }
 
 int main(int argc, char **argv) {
+    signal(SIGALRM, on_alarm);
     bool all_rows = false;
     const char *filter = nullptr;
     for (int i = 1; i < argc; ++i) {
@@ -250,8 +291,10 @@ int main(int argc, char **argv) {
         memset(&g, 0, sizeof g);
         g.ta = 0, g.tb = 1, g.m = 2048, g.n = 16384, g.k = 2048, g.a = a, g.lda = 2048, g.b = b;
         g.ldb = 2048, g.c = c, g.ldc = 16384, g.batch = 1, g.alpha = 1, g.ab_dtype = g.c_dtype = ZR_BF16;
+        step("heat: gemm_sm90 (cl1, 4 stages) 2048x16384x2048 for 2 s");
         const auto t0 = std::chrono::steady_clock::now();
         while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) loop_ms([&] { return gemm_sm90(&g, 0, 0); }, 0.1);
+        settle();
     }
 
     /* per product: cuBLASLt, then each variant's TFLOP/s and r = cuBLASLt ms / its ms (above 1: ours
@@ -270,18 +313,21 @@ int main(int argc, char **argv) {
             if (VARS[v].base >= 0 && out[v] != out[VARS[v].base])
                 differ += std::string(differ.empty() ? "" : ",") + VARS[v].name;
         }
+        step("cuBLASLt %s: timing", p.name);
         const double lt = best_ms([&] { return gemm_ex_cuda(&g, 0); });
+        settle();
         const double fl = 2.0 * p.m * p.n * p.k;
-        printf("%-20s %6lld %6lld %6lld | %8.3f %6.1f |", p.name, (long long)p.m, (long long)p.n, (long long)p.k, lt,
-               fl / lt * 1e-9);
-        fflush(stdout);
-        for (const variant &v : VARS) {
-            use(&v, 0);
-            const double ms = best_ms([&] { return v.fn(&g, 0, 0); });
-            printf(" %9.1f %5.3f |", fl / ms * 1e-9, lt / ms);
-            fflush(stdout);
+        double ms[N_VARS];
+        for (int v = 0; v < N_VARS; ++v) {
+            use(&VARS[v], 0);
+            step("%s %s: timing", VARS[v].name, p.name);
+            ms[v] = best_ms([&] { return VARS[v].fn(&g, 0, 0); });
+            settle();
         }
         use(nullptr, 0);
+        printf("%-20s %6lld %6lld %6lld | %8.3f %6.1f |", p.name, (long long)p.m, (long long)p.n, (long long)p.k, lt,
+               fl / lt * 1e-9);
+        for (int v = 0; v < N_VARS; ++v) printf(" %9.1f %5.3f |", fl / ms[v] * 1e-9, lt / ms[v]);
         printf(" %s%s\n", differ.empty() ? "same" : "DIFFER: ", differ.c_str());
         bad += !differ.empty();
         fflush(stdout);
@@ -289,14 +335,16 @@ int main(int argc, char **argv) {
     if (bad) printf("%d products: a variant gives other bits than its kernel's default (a bug)\n", bad);
     { /* the grids the launches chose (clusters of 2: as many as cudaOccupancyMaxActiveClusters allows) */
         const zr_gemm_desc g = desc_of(ps[0], a, b, c, aux, bias);
-        printf("\nblocks launched for %s:", ps[0].name);
-        for (const variant &v : VARS) {
-            use(&v, 0);
-            const int blocks = v.fn(&g, 0, 0) ? -1 : gemm_sm90_last_blocks();
-            printf(" %s %d%s", v.name, blocks, &v == &VARS[N_VARS - 1] ? "\n" : ",");
+        int blocks[N_VARS];
+        for (int v = 0; v < N_VARS; ++v) {
+            use(&VARS[v], 0);
+            step("%s %s: blocks launched", VARS[v].name, ps[0].name);
+            blocks[v] = VARS[v].fn(&g, 0, 0) ? -1 : gemm_sm90_last_blocks();
+            settle();
         }
         use(nullptr, 0);
-        CU(cudaDeviceSynchronize());
+        printf("\nblocks launched for %s:", ps[0].name);
+        for (int v = 0; v < N_VARS; ++v) printf(" %s %d%s", VARS[v].name, blocks[v], v == N_VARS - 1 ? "\n" : ",");
     }
     /* diagnostics: a plain bf16 forward, an f32 beta-1 gradient, the bias+GELU epilogue */
     printf("\nwhere ours spends a tile (stages left out; results wrong):\n");
@@ -307,5 +355,6 @@ int main(int argc, char **argv) {
             for (const variant &v : VARS) diagnose(ps[i], a, b, c, aux, bias, v, all_rows);
             for (const variant &v : SCOPED) diagnose(ps[i], a, b, c, aux, bias, v, all_rows);
         }
+    alarm(0);
     return bad ? 1 : 0;
 }
