@@ -5,7 +5,8 @@
  * a host double reference on every element at awkward sizes, grids of 1, 3 (clusters: 6) and 132
  * blocks giving identical bits, every variant the same bits as its kernel's default (blocks alone,
  * 4 stages), cuBLASLt on the same inputs, the ring's cluster-scope diagnostic giving the same bits,
- * the refusals (the setters' too); a 20 s watchdog per launch prints "hang in <case>" and exits,
+ * the refusals (the setters' too); each variant's first large product early, its name printed
+ * before the launch ("run: ..."); a 20 s watchdog per launch prints "hang in <case>" and exits,
  * and an alarm (120 s without a result) does the same wherever else the process blocks.
  * Build and run (H100/H200): make build/tests/test_gemm_sm90 && build/tests/test_gemm_sm90 */
 #include <cuda_bf16.h>
@@ -396,6 +397,47 @@ static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
     result(casebuf);
 }
 
+/* Each variant's first large product, early and named before its launch ("run: <case>", flushed:
+ * a fault or a hang then names it even before the PASS/FAIL line): 16 k blocks (the ring refilled
+ * 2-4 times, the producer waiting on every stage's releases), more tiles than blocks (ping-pong
+ * 13 x 33, wide 13 x 17: blocks run several, both warpgroups' turns carry over; 13 m tiles: a
+ * cluster's last tile wholly past m), n past a tile by 8; the bench's forward (bias) and gradient
+ * (f32 beta 1, A and B transposed) layouts; against the reference and its kernel's default bits. */
+static void test_large_first() {
+    problem P(1544, 4104, 1024);
+    const struct {
+        int ta, tb, e;
+    } cases[] = {{0, 1, E_BIAS}, {1, 0, E_F32_B1}};
+    for (const auto &c : cases) {
+        run r(P, c.ta, c.tb, 0);
+        const zr_gemm_desc g = r.desc(c.e);
+        std::vector<uint8_t> got[N_IMPL];
+        for (int ii = 0; ii < N_IMPL; ++ii) {
+            const impl &im = impls[ii];
+            snprintf(casebuf, sizeof casebuf, "large first: %s m%d n%d k%d ta%d tb%d %s", im.name, P.m, P.n, P.k,
+                     c.ta, c.tb, ename[c.e]);
+            printf("run: %s\n", casebuf);
+            fflush(stdout);
+            use(im);
+            r.prepare(c.e);
+            const int rc = im.fn(&g, 0, 0);
+            CHECK_MSG(rc == 0, "%s refused: %s", im.name, zr_last_error());
+            sync_or_die(casebuf);
+            double w = 0;
+            if (rc == 0) {
+                got[ii] = r.bytes(c.e);
+                w = check_out(r, c.e, got[ii], "ours");
+                if (im.same >= 0 && !got[im.same].empty())
+                    CHECK_MSG(got[ii] == got[im.same], "bits differ from %s's", impls[im.same].name);
+            }
+            use_defaults();
+            char name[400];
+            snprintf(name, sizeof name, "%s, %d blocks (worst err/tol %.3f)", casebuf, gemm_sm90_last_blocks(), w);
+            result(name);
+        }
+    }
+}
+
 /* GEMM_SM90_DBG_CLUSTER_SCOPE (the ring's releases and waits at cluster scope) changes no bit: every
  * variant, with and without it, on a product of 16 k blocks (every stage refilled, the producers
  * waiting on releases), against the reference too. */
@@ -549,6 +591,7 @@ int main(void) {
         return 1;
     }
     test_refusals(true);
+    test_large_first();
     test_cluster_scope();
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
      * partial k block; a long k; more tiles (17 x 9 = 153) than 132 blocks, so blocks run several
