@@ -1,6 +1,7 @@
 /* A persistent Hopper (sm_90a) bf16 GEMM with f32 accumulation in CUTLASS's "warp-specialized
- * ping-pong" design: one TMA producer warp feeds a 4-stage ring of 128x64 A and B tiles, two
- * consumer warpgroups each own whole 128x128 output tiles and take turns on the tensor cores, so
+ * ping-pong" design: one TMA producer warp feeds a ring of 4 or 6 stages (gemm_sm90_stages) of
+ * 128x64 A and B tiles, two consumer warpgroups each own whole 128x128 output tiles and take
+ * turns on the tensor cores, so
  * one's epilogue (bf16, +bias, +bias+GELU with the pre-activation kept, f32 D = C + product) runs
  * under the other's main loop; C (beta 1) and the bias start the accumulators, loaded while the
  * warpgroup waits for its turn. With gemm_sm90_cluster(2), clusters of 2 blocks along m share each
@@ -21,45 +22,31 @@ using namespace sm90;
  * warpgroups 0 and 1, then the producer warpgroup (its first warp's lane 0 issues every TMA load,
  * the rest idle). setmaxnreg 232 / 40 (CUTLASS's split): 2 · 128 · 232 + 128 · 40 = 64512 of the
  * SM's 65536 registers (ptxas -v, CUDA 13: 168 registers a thread at launch, 0 bytes spilled, for
- * all 24 instantiations, clusters of 1 and 2). Shared memory: 4 stages of A and B (4 · 32 KB) +
- * 8 mbarriers, one block an SM. */
+ * all 48 instantiations: clusters of 1 and 2, 4 and 6 stages). Shared memory: ST stages of A and B
+ * (ST · 32 KB: 128 KB for 4, 192 KB for 6; 7 would be 224 KB, at the 227 KB limit with the
+ * barriers and alignment) + 2 ST mbarriers, one block an SM. */
 #define GM_BM 128
 #define GM_BN 128
-#define GM_ST 4
 #define GM_CONS 256
 #define GM_THR (GM_CONS + 128)
 #define GM_PRODUCER (GM_CONS / 32) /* first warp of the producer warpgroup */
 #define GM_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
-static_assert((GM_ST & (GM_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
-
-
+template <int ST>
 struct gm_smem {
     static constexpr int T = GM_BM * GM_BK * 2; /* bytes of an A (or B) stage: 16 KB */
-    static constexpr int A = 0, B = A + GM_ST * T, BAR = B + GM_ST * T;
-    static constexpr int BYTES = BAR + 8 * 2 * GM_ST + 1024; /* + alignment slack */
+    static constexpr int A = 0, B = A + ST * T, BAR = B + ST * T;
+    static constexpr int BYTES = BAR + 8 * 2 * ST + 1024; /* + alignment slack */
+    static_assert(BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 };
-static_assert(gm_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
-
-/* A consumer warp's release of a ring stage, once its wgmma reading it are complete: CL 1, lane 0
- * arrives on the block's empty barrier; CL 2, lane r on block r's (its own and the peer's, through
- * the cluster: either block's next fill of the stage writes into both blocks' shared memory). */
-template <int CL>
-static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
-    if (CL == 1) {
-        if (lane == 0) mbar_arrive(e);
-    } else if (lane < CL) {
-        mbar_arrive_cluster(e, (uint32_t)lane);
-    }
-}
 
 /* Barriers and the parity rule.
  * Units and items: CL 1, a unit is a block and an item one output tile; CL 2, a unit is a cluster
  *   of 2 blocks along m and an item the pair of tiles (2i, n), (2i + 1, n) of one B tile, block
  *   rank r taking tile 2i + r. Unit u of G runs items t = u + n·G, n = 0, 1, .. (local item n), both
  *   blocks of a cluster the same items; item n has kt = ceil(k / 64) k blocks, ring loads
- *   j = n·kt .. n·kt + kt − 1 (stage j % 4, its use j / 4). Consumer warpgroup w runs the local
- *   items n ≡ w (mod 2).
+ *   j = n·kt .. n·kt + kt − 1 (ST stages: stage j % ST, its use j / ST; gm_ring steps both, from a
+ *   64-bit j). Consumer warpgroup w runs the local items n ≡ w (mod 2).
  *   full[s] (mbarrier, count 1): the block's producer arrives once per load into stage s with
  *     arrive.expect_tx of every byte that will land in its block's stage s: CL 1, 32 KB less the
  *     8 KB boxes it skips; CL 2, its own A (8 KB less a skipped box; none for a tile wholly past m)
@@ -70,11 +57,15 @@ static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
  *     (used below). TMA completes the bytes (out-of-bounds parts of a box count, zero-filled); the
  *     peer's bytes may land before this block's expect_tx of the phase (the tx count dips below 0;
  *     the phase cannot complete before the producer's arrival). The consumer warpgroup of load j
- *     waits parity (j / 4) & 1 (all 128 threads).
+ *     waits parity (j / ST) & 1 (all 128 threads).
  *   empty[s] (mbarrier, count 4·CL): each warp of the warpgroup consuming load j (CL 2: in both
- *     blocks) releases it (gm_release) after wgmma.wait_group; the producer waits parity
- *     (j / 4 − 1) & 1 before load j ≥ 4 (the release of load j − 4, the stage's previous use, by
- *     all 4·CL warps; CL 2 with acquire at cluster scope).
+ *     blocks) releases it (gm_release, gemm_sm90.cuh) after wgmma.wait_group; the producer waits
+ *     parity (j / ST − 1) & 1 before load j ≥ ST (the release of load j − ST, the stage's previous
+ *     use, by all 4·CL warps). CL 2: the releases are remote arrivals with release at CTA scope
+ *     and the wait acquires at CTA scope, as CUTLASS's PipelineTmaAsync (why that suffices, and
+ *     what cluster scope cost: gm_release); CUTLASS counts one arrival a consumer warpgroup a
+ *     peer, this ring one a warp a peer (each warp past its own wait_group), issued by lanes 0 and
+ *     1 in one instruction.
  *   Parities are never ambiguous: nothing of use v of a stage reaches a barrier still in phase v − 1,
  *     and no barrier runs two phases ahead of its waiter.
  *     full[s] of block X: the arrival and bytes of use v come from producers (X's, and with CL 2 the
@@ -96,7 +87,7 @@ static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
  *     (N the unit's items). Neither barrier gets two arrivals ahead: between two arrivals on one
  *     barrier the arriving warpgroup waits on the other.
  * No deadlock, by induction on j (both blocks of a cluster run the same loads in the same order):
- *   filling load j (in both blocks) waits only for the releases of load j − 4; releasing load i
+ *   filling load j (in both blocks) waits only for the releases of load j − ST; releasing load i
  *   waits at most for the fill of load i + 1 (a warpgroup issues the next k block's wgmma before
  *   it waits for the previous one's) and, through the turn, for the other warpgroup's issue of
  *   earlier loads; a warpgroup waits for its turn only after releasing all loads of its previous
@@ -119,39 +110,36 @@ static __device__ __forceinline__ void gm_release(uint64_t *e, int lane) {
  *   multiplies and releases like any other and stores nothing.
  * Diagnostics (gm_args.dbg, GEMM_SM90_DBG_*): SERIAL moves the turn's arrival after the epilogue
  *   (the same count of arrivals, so the argument above holds); NO_MMA runs with kt = 0 (no loads,
- *   no wgmma, no ring barrier used). */
-template <int TA, int TB, int EPI, int CL>
+ *   no wgmma, no ring barrier used); CLUSTER_SCOPE (CL 2) makes the ring's releases and the
+ *   producer's waits cluster-scoped (the same arrivals and waits). */
+template <int TA, int TB, int EPI, int CL, int ST>
 __global__ void __launch_bounds__(GM_THR, 1)
     gemm_sm90_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const gm_args p) {
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
+    static_assert(ST >= 3, "a warpgroup holds 2 stages (the k block it issues, the one it waits on)");
+    using SM = gm_smem<ST>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
-    uint16_t *sA = reinterpret_cast<uint16_t *>(base + gm_smem::A);
-    uint16_t *sB = reinterpret_cast<uint16_t *>(base + gm_smem::B);
-    uint64_t *full = reinterpret_cast<uint64_t *>(base + gm_smem::BAR), *empty = full + GM_ST;
+    uint16_t *sA = reinterpret_cast<uint16_t *>(base + SM::A);
+    uint16_t *sB = reinterpret_cast<uint16_t *>(base + SM::B);
+    uint64_t *full = reinterpret_cast<uint64_t *>(base + SM::BAR), *empty = full + ST;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    /* the unit (block or cluster), the units in the grid, the block's rank in its cluster */
-    const int b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
-    const int G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
+    int b0, G, rank; /* the unit (block or cluster), the units in the grid, the block's rank in it */
+    gm_unit<CL>(b0, G, rank);
     if (b0 >= p.items) return; /* the whole block (cluster): no item, no barrier used */
-    if (tid == 0) {
-        for (int s = 0; s < GM_ST; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 4 * CL);
-        }
-        mbar_init_fence();
-    }
-    if (CL == 1)
-        __syncthreads(); /* the last block-wide barrier */
-    else
-        cluster_sync(); /* the inits seen by the peer before its first multicast or remote arrival */
+    /* a stage's consumers: the 4 warps of ONE warpgroup, each releasing it (session 17's
+     * GM_CONS / 128 = 2 made every use complete two phases of empty[s]: a hang or a fault as
+     * soon as k had more blocks than the ring stages) */
+    gm_ring_init<CL, ST>(full, empty, GM_CONS / 2 / 32);
     const int kt = p.kt;
+    const bool scoped = p.dbg & GEMM_SM90_DBG_CLUSTER_SCOPE;
 
     if (warp_id >= GM_PRODUCER) {
         reg_dealloc<40>();
         if (warp_id == GM_PRODUCER && lane == 0) {
-            uint32_t j = 0;
+            gm_ring<ST> r;
+            r.at(0);
             for (int t = b0; t < p.items; t += G) {
                 int tm, tn;
                 gm_tile<CL>(t, p, rank, tm, tn);
@@ -162,17 +150,12 @@ __global__ void __launch_bounds__(GM_THR, 1)
                  * wholly past n as half 0's columns (both halves always land: see above). */
                 const bool a1 = CL == 1 || m0 < p.m;
                 const bool a2 = TA == 0 || m0 + 64 < p.m, b2 = TB == 0 || n0 + 64 < p.n;
-                const uint32_t a_bytes = !a1 ? 0 : a2 ? gm_smem::T : gm_smem::T / 2;
-                const uint32_t b_bytes = CL == 2 || b2 ? gm_smem::T : gm_smem::T / 2;
+                const uint32_t a_bytes = !a1 ? 0 : a2 ? SM::T : SM::T / 2;
+                const uint32_t b_bytes = CL == 2 || b2 ? SM::T : SM::T / 2;
                 const int nh = rank == 0 || n0 + 64 < p.n ? n0 + 64 * rank : n0;
-                for (int kb = 0; kb < kt; ++kb, ++j) {
-                    const uint32_t s = j % GM_ST;
-                    if (j >= GM_ST) {
-                        if (CL == 1)
-                            mbar_wait(&empty[s], ((j / GM_ST) - 1) & 1);
-                        else
-                            mbar_wait_cluster(&empty[s], ((j / GM_ST) - 1) & 1);
-                    }
+                for (int kb = 0; kb < kt; ++kb, r.next()) {
+                    const uint32_t s = r.s;
+                    if (r.again) gm_wait_empty<CL>(&empty[s], r.ph ^ 1, scoped); /* use j / ST − 1's */
                     mbar_expect_tx(&full[s], a_bytes + b_bytes);
                     uint16_t *a = sA + s * (GM_BM * GM_BK), *b = sB + s * (GM_BN * GM_BK);
                     const int k0 = kb * GM_BK;
@@ -210,15 +193,16 @@ __global__ void __launch_bounds__(GM_THR, 1)
         int tm, tn;
         gm_tile<CL>(t, p, rank, tm, tn);
         const int m0 = tm * GM_BM, n0 = tn * GM_BN;
-        const uint32_t j0 = (uint32_t)n * kt;
+        gm_ring<ST> r; /* load j = n·kt + kb's stage and parity */
+        r.at((uint64_t)n * kt);
         const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
         reg_fence(acc[0]);
         reg_fence(acc[1]);
         bar_sync(GM_BAR_TURN + wg, GM_CONS);
-        for (int kb = 0; kb < kt; ++kb) {
-            const uint32_t j = j0 + kb, s = j % GM_ST;
-            mbar_wait(&full[s], (j / GM_ST) & 1);
-            const uint32_t a = a_base + s * gm_smem::T, b = b_base + s * gm_smem::T;
+        for (int kb = 0; kb < kt; ++kb, r.next()) {
+            const uint32_t s = r.s;
+            mbar_wait(&full[s], r.ph);
+            const uint32_t a = a_base + s * SM::T, b = b_base + s * SM::T;
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
@@ -236,14 +220,14 @@ __global__ void __launch_bounds__(GM_THR, 1)
             wg_commit();
             if (kb > 0) {
                 wg_wait<1>(); /* load j − 1's wgmma are done */
-                gm_release<CL>(&empty[(j - 1) % GM_ST], lane);
+                gm_release<CL>(&empty[r.prev()], lane, scoped);
             }
         }
         if (t + G < p.items && !serial) bar_arrive(GM_BAR_TURN + 1 - wg, GM_CONS); /* the other's turn */
         wg_wait<0>();
         reg_fence(acc[0]);
         reg_fence(acc[1]);
-        if (kt > 0) gm_release<CL>(&empty[(j0 + kt - 1) % GM_ST], lane); /* kt 0: NO_MMA */
+        if (kt > 0) gm_release<CL>(&empty[r.prev()], lane, scoped); /* the last load's; kt 0: NO_MMA */
 
         /* epilogue (gemm_sm90.cuh): acc[h] holds rows m0 + 64h .. + 63 */
         gm_epilogue<EPI>(acc, p, m0, n0, warp, g, t4, nostore);
@@ -258,8 +242,8 @@ int gm_dbg; /* gemm_sm90_debug's flags (declared in gemm_sm90.cuh) */
 int gm_last_blocks; /* blocks of the last launch, either kernel (gemm_sm90_last_blocks) */
 extern "C" int gemm_sm90_last_blocks(void) { return gm_last_blocks; }
 extern "C" int gemm_sm90_debug(int flags) {
-    if (flags & ~31)
-        return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..31) exist", flags);
+    if (flags & ~63)
+        return zr_error("gemm_sm90_debug: flags %d; only the GEMM_SM90_DBG_* bits (0..63) exist", flags);
     gm_dbg = flags;
     return 0;
 }
@@ -268,6 +252,13 @@ static int gm_cluster = 1; /* gemm_sm90_cluster's setting */
 extern "C" int gemm_sm90_cluster(int n) {
     if (n != 1 && n != 2) return zr_error("gemm_sm90_cluster: %d; clusters of 1 or 2 blocks only", n);
     gm_cluster = n;
+    return 0;
+}
+
+static int gm_stages = 4; /* gemm_sm90_stages' setting */
+extern "C" int gemm_sm90_stages(int n) {
+    if (n != 4 && n != 6) return zr_error("gemm_sm90_stages: %d; rings of 4 or 6 stages only", n);
+    gm_stages = n;
     return 0;
 }
 
@@ -313,78 +304,45 @@ extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
     return 0;
 }
 
-/* Launches the kernel on `grid` (gm_units: 0, as many units as fit at once, else at most grid / CL,
- * at least 1) units, never more than items. CL 2: clusters of 2 blocks through cudaLaunchKernelEx,
- * as many as cudaOccupancyMaxActiveClusters says fit (an H100/H200's GPCs are not all even: it may
- * be below half the SMs). */
-template <int TA, int TB, int EPI, int CL>
+/* Launches the instantiation on `grid` units (gm_launch_units, gemm_sm90.cuh). */
+template <int TA, int TB, int EPI, int CL, int ST>
 static int gm_launch(const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p, int grid,
                      cudaStream_t st) {
-    auto kern = gemm_sm90_kernel<TA, TB, EPI, CL>;
-    static int smem_set[64]; /* per device */
-    static int fits[64];     /* per device: 0 before the first launch, else the units that fit at once */
-    if (gm_smem_limit((const void *)kern, smem_set, gm_smem::BYTES, "gemm_sm90")) return -1;
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(GM_THR), cfg.dynamicSmemBytes = gm_smem::BYTES, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    int fit = dev >= 0 && dev < 64 ? fits[dev] : 0;
-    if (!fit) {
-        fit = num_sms() / CL;
-        if (CL > 1) {
-            cfg.gridDim = dim3(CL * fit);
-            const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, kern, &cfg);
-            if (e != cudaSuccess || fit < 1)
-                return zr_error("gemm_sm90: no cluster of %d blocks (%d bytes of shared memory each) fits "
-                                "on this device: %s", CL, gm_smem::BYTES,
-                                e != cudaSuccess ? cudaGetErrorString(cudaGetLastError()) : "0 clusters");
-        }
-        if (dev >= 0 && dev < 64) fits[dev] = fit;
-    }
-    const int units = gm_units(grid, CL, fit, p.items);
-    gm_last_blocks = CL * units;
-    if (CL == 1) {
-        kern<<<units, GM_THR, gm_smem::BYTES, st>>>(ma, mb, p);
-    } else {
-        cfg.gridDim = dim3(CL * units);
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ma, mb, p);
-        if (e != cudaSuccess) {
-            cudaGetLastError(); /* not left for the next launch's check */
-            return zr_error("gemm_sm90: cluster launch (%d x %d blocks) failed: %s", units, CL, cudaGetErrorString(e));
-        }
-    }
-    return launch_check("gemm_sm90");
+    static int smem_set[64], fits[64]; /* per device */
+    return gm_launch_units<CL>(gemm_sm90_kernel<TA, TB, EPI, CL, ST>, GM_THR, gm_smem<ST>::BYTES, smem_set,
+                               fits, grid, ma, mb, p, st, "gemm_sm90");
 }
 
-template <int EPI, int CL>
+template <int EPI, int CL, int ST>
 static int gm_layouts(int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p,
                       int grid, cudaStream_t st) {
     /* the kernel's TB is wgmma's: 1 = B stored [k][n], which is tb 0 */
-    if (!ta && tb) return gm_launch<0, 0, EPI, CL>(ma, mb, p, grid, st);
-    if (!ta && !tb) return gm_launch<0, 1, EPI, CL>(ma, mb, p, grid, st);
-    if (ta && tb) return gm_launch<1, 0, EPI, CL>(ma, mb, p, grid, st);
-    return gm_launch<1, 1, EPI, CL>(ma, mb, p, grid, st);
+    if (!ta && tb) return gm_launch<0, 0, EPI, CL, ST>(ma, mb, p, grid, st);
+    if (!ta && !tb) return gm_launch<0, 1, EPI, CL, ST>(ma, mb, p, grid, st);
+    if (ta && tb) return gm_launch<1, 0, EPI, CL, ST>(ma, mb, p, grid, st);
+    return gm_launch<1, 1, EPI, CL, ST>(ma, mb, p, grid, st);
 }
 
+/* Clusters of cl (1, 2), rings of stages (4, 6). */
 template <int EPI>
-static int gm_clusters(int cl, int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb,
+static int gm_variants(int cl, int stages, int ta, int tb, const CUtensorMap &ma, const CUtensorMap &mb,
                        const gm_args &p, int grid, cudaStream_t st) {
-    return cl == 2 ? gm_layouts<EPI, 2>(ta, tb, ma, mb, p, grid, st)
-                   : gm_layouts<EPI, 1>(ta, tb, ma, mb, p, grid, st);
+    if (cl == 2)
+        return stages == 6 ? gm_layouts<EPI, 2, 6>(ta, tb, ma, mb, p, grid, st)
+                           : gm_layouts<EPI, 2, 4>(ta, tb, ma, mb, p, grid, st);
+    return stages == 6 ? gm_layouts<EPI, 1, 6>(ta, tb, ma, mb, p, grid, st)
+                       : gm_layouts<EPI, 1, 4>(ta, tb, ma, mb, p, grid, st);
 }
 
 extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
     if (gemm_sm90_check(g)) return -1;
     CUtensorMap ma, mb;
     gm_args p;
-    const int cl = gm_cluster; /* the maps' B box, the arguments' units and the launch agree */
+    const int cl = gm_cluster, sts = gm_stages; /* the maps' B box, the arguments' units and the launch agree */
     if (gm_setup(g, GM_BM, GM_BN, cl, "gemm_sm90", ma, mb, p)) return -1;
     const int ta = !!g->ta, tb = !!g->tb;
-    if (g->c_dtype == ZR_F32) return gm_clusters<GM_EPI_F32>(cl, ta, tb, ma, mb, p, grid, stream);
-    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gm_clusters<GM_EPI_GELU_AUX>(cl, ta, tb, ma, mb, p, grid, stream);
-    return gm_clusters<GM_EPI_BF16>(cl, ta, tb, ma, mb, p, grid, stream);
+    if (g->c_dtype == ZR_F32) return gm_variants<GM_EPI_F32>(cl, sts, ta, tb, ma, mb, p, grid, stream);
+    if (g->epilogue == ZR_GEMM_EPI_GELU_AUX)
+        return gm_variants<GM_EPI_GELU_AUX>(cl, sts, ta, tb, ma, mb, p, grid, stream);
+    return gm_variants<GM_EPI_BF16>(cl, sts, ta, tb, ma, mb, p, grid, stream);
 }

@@ -2,7 +2,8 @@
  * gemm_sm90_wide.cu: cooperative 128 x 256): the kernel arguments and tile order, the epilogue
  * kinds, operand descriptors, the m64n256k16 wgmma, GELU, the accumulators' start (C or bias) and
  * the epilogues' stores, predicated loads, the host's tensor maps and arguments, and the cluster
- * PTX of gemm_sm90.cu's clusters of 2 (at the end). Device code needs sm_90a. */
+ * pieces of both kernels' clusters of 2 (at the end: PTX, the ring's release and wait, the
+ * launch). Device code needs sm_90a. */
 #ifndef ZR_CUDA_GEMM_SM90_CUH
 #define ZR_CUDA_GEMM_SM90_CUH
 
@@ -339,15 +340,25 @@ static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in th
 static __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-/* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster. */
+/* Arrives on the mbarrier at b's offset in CTA `cta` of the cluster, release at CTA scope (PTX's
+ * default; CUTLASS's ClusterBarrier::arrive(cta_id, pred), which PipelineTmaAsync::consumer_release
+ * uses): a ring release, whose stage only the async proxy touches (see gm_release). */
+static __device__ __forceinline__ void mbar_arrive_remote(uint64_t *b, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)), "r"(cta)
+                 : "memory");
+}
+/* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster: what
+ * session 16's ring used (GEMM_SM90_DBG_CLUSTER_SCOPE brings it back); ptxas puts MEMBAR.ALL.CTA,
+ * MEMBAR.ALL.GPU, ERRBAR and CGAERRBAR before the arrive. */
 static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t cta) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
                  "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
                  "r"(cta)
                  : "memory");
 }
-/* mbar_wait with acquire at cluster scope (for a phase that the other CTA's arrivals complete); the
- * retry loop inside the asm. */
+/* mbar_wait with acquire at cluster scope; the retry loop inside the asm. ptxas follows every
+ * successful try_wait with CCTL.IVALL (the SM's L1 invalidated): GEMM_SM90_DBG_CLUSTER_SCOPE only. */
 static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t parity) {
     asm volatile("{\n.reg .pred p;\nGM_WAIT_%=:\n"
                  "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
@@ -364,6 +375,127 @@ static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, 
                  "r"(c3), "h"(mask)
                  : "memory");
 }
+
+/* A consumer warp's release of a ring stage, once its wgmma reading it are complete (after
+ * wgmma.wait_group, which every lane passes): CL 1, lane 0 arrives on the block's empty barrier;
+ * CL 2, lane r on block r's (its own and the peer's: either block's next fill of the stage writes
+ * into both blocks' shared memory). One instruction, both lanes at once: no chain of remote
+ * arrivals; a stage's empty barrier counts CL x the consumer warps. Release at CTA scope, as
+ * CUTLASS: the stage's bytes are written by TMA and read by wgmma only (the async proxy), and the
+ * reads are complete (wait_group) before the arrive is issued; the barrier carries no generic-proxy
+ * data between the CTAs, so a cluster-scope release would order nothing more, and costs a
+ * MEMBAR.ALL.GPU before every release (SASS of session 16's code, which ran the main loop at half
+ * rate). scoped (GEMM_SM90_DBG_CLUSTER_SCOPE): that code again, to measure the difference. */
+template <int CL>
+static __device__ __forceinline__ void gm_release(uint64_t *e, int lane, bool scoped) {
+    if (CL == 1) {
+        if (lane == 0) mbar_arrive(e);
+    } else if (lane < CL) {
+        if (scoped)
+            mbar_arrive_cluster(e, (uint32_t)lane);
+        else
+            mbar_arrive_remote(e, (uint32_t)lane);
+    }
+}
+/* The producer's wait for a stage's release (parity as the kernels say): acquire at CTA scope (the
+ * TMA it then issues follows the wait in the thread's program order, as in CUTLASS's
+ * producer_acquire); scoped: acquire at cluster scope (an L1 invalidate after every wait). */
+template <int CL>
+static __device__ __forceinline__ void gm_wait_empty(uint64_t *e, uint32_t parity, bool scoped) {
+    if (CL > 1 && scoped)
+        mbar_wait_cluster(e, parity);
+    else
+        mbar_wait(e, parity);
+}
+
+/* The block's unit (itself, or CL 2 its cluster), the units in the grid, and its rank in the unit. */
+template <int CL>
+static __device__ __forceinline__ void gm_unit(int &b0, int &G, int &rank) {
+    b0 = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x();
+    G = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(), rank = CL == 1 ? 0 : (int)cluster_rank();
+}
+/* The ring's mbarriers: ST full (count 1) and ST empty (count CL x cw, cw the warps that release
+ * each use of a stage, one gm_release each: exactly, or a use completes more than one phase), made
+ * visible to the block, or with CL 2 to the cluster before any multicast or remote arrival can
+ * reach the peer (fence.mbarrier_init, then a cluster barrier). Every thread of the block: the
+ * last block-wide barrier. */
+template <int CL, int ST>
+static __device__ __forceinline__ void gm_ring_init(uint64_t *full, uint64_t *empty, int cw) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CL * cw);
+        }
+        mbar_init_fence();
+    }
+    if (CL == 1)
+        __syncthreads();
+    else
+        cluster_sync();
+}
+
+/* A ring position: stage s of ST, the parity ph of that stage's use (use u = j / ST of load j:
+ * ph = u & 1), and again (u > 0: the producer waits for use u − 1's release, parity ph ^ 1),
+ * stepped load by load. Set from a 64-bit load index, so that a count past 2^32 loads (ST not a
+ * power of two) cannot put a block's stages out of step. */
+template <int ST>
+struct gm_ring {
+    uint32_t s, ph, again;
+    __device__ __forceinline__ void at(uint64_t j) {
+        s = (uint32_t)(j % ST), ph = (uint32_t)((j / ST) & 1), again = j >= ST;
+    }
+    __device__ __forceinline__ void next() {
+        if (++s == ST) s = 0, ph ^= 1, again = 1;
+    }
+    __device__ __forceinline__ uint32_t prev() const { return s ? s - 1 : ST - 1; } /* load j − 1's stage */
+};
 } /* namespace sm90 */
+
+/* Launches kern (clusters of CL blocks along x when CL > 1, through cudaLaunchKernelEx) on `grid`
+ * units (gm_units: 0, as many as fit at once, else at most grid / CL, at least 1), never more
+ * than p.items; fits (per device, 0 before the first launch) keeps the units that fit at once:
+ * the SMs for CL 1, cudaOccupancyMaxActiveClusters for clusters (an H100/H200's GPCs are not all
+ * even: it may be below half the SMs). Sets gm_last_blocks; who names the kernel in errors. */
+template <int CL, typename K>
+static int gm_launch_units(K kern, int threads, int smem, int *smem_set, int *fits, int grid,
+                           const CUtensorMap &ma, const CUtensorMap &mb, const gm_args &p, cudaStream_t st,
+                           const char *who) {
+    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
+    if (gm_smem_limit((const void *)kern, smem_set, smem, who)) return -1;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    int fit = dev >= 0 && dev < 64 ? fits[dev] : 0;
+    if (!fit) {
+        fit = num_sms() / CL;
+        if (CL > 1) {
+            cfg.gridDim = dim3(CL * fit);
+            const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit, kern, &cfg);
+            if (e != cudaSuccess || fit < 1)
+                return zr_error("%s: no cluster of %d blocks (%d bytes of shared memory each) fits on this "
+                                "device: %s", who, CL, smem,
+                                e != cudaSuccess ? cudaGetErrorString(cudaGetLastError()) : "0 clusters");
+        }
+        if (dev >= 0 && dev < 64) fits[dev] = fit;
+    }
+    const int units = gm_units(grid, CL, fit, p.items);
+    gm_last_blocks = CL * units;
+    if (CL == 1) {
+        kern<<<units, threads, smem, st>>>(ma, mb, p);
+    } else {
+        cfg.gridDim = dim3(CL * units);
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ma, mb, p);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); /* not left for the next launch's check */
+            return zr_error("%s: cluster launch (%d x %d blocks) failed: %s", who, units, CL, cudaGetErrorString(e));
+        }
+    }
+    return launch_check(who);
+}
 
 #endif

@@ -1,10 +1,13 @@
-/* GPU test of kernels/cuda/gemm_sm90.cu, blocks alone and in clusters of 2 (gemm_sm90_cluster(2)),
- * and its cooperative twin gemm_sm90_wide.cu (every case runs for all three): every layout (ta, tb)
- * and epilogue (bf16, +bias, +bias+GELU with the pre-activation, f32 beta 0 and 1) against a host
- * double reference on every element at awkward sizes, grids of 1, 3 (clusters: 6) and 132 blocks
- * giving identical bits, clusters of 2 the same bits as blocks alone, cuBLASLt on the same inputs,
- * the refusals (gemm_sm90_cluster's too); a 20 s watchdog per launch prints "hang in <case>" and
- * exits, and an alarm (120 s without a result) does the same wherever else the process blocks.
+/* GPU test of kernels/cuda/gemm_sm90.cu (blocks alone and in clusters of 2, gemm_sm90_cluster; rings
+ * of 4 and 6 stages, gemm_sm90_stages) and its cooperative twin gemm_sm90_wide.cu (blocks alone and
+ * in clusters of 2, gemm_sm90_wide_cluster); every case runs for all six variants: every layout
+ * (ta, tb) and epilogue (bf16, +bias, +bias+GELU with the pre-activation, f32 beta 0 and 1) against
+ * a host double reference on every element at awkward sizes, grids of 1, 3 (clusters: 6) and 132
+ * blocks giving identical bits, every variant the same bits as its kernel's default (blocks alone,
+ * 4 stages), cuBLASLt on the same inputs, the ring's cluster-scope diagnostic giving the same bits,
+ * the refusals (the setters' too); each variant's first large product early, its name printed
+ * before the launch ("run: ..."); a 20 s watchdog per launch prints "hang in <case>" and exits,
+ * and an alarm (120 s without a result) does the same wherever else the process blocks.
  * Build and run (H100/H200): make build/tests/test_gemm_sm90 && build/tests/test_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -129,22 +132,33 @@ struct problem {
 enum { E_NONE, E_BIAS, E_GELU, E_F32_B0, E_F32_B1, E_COUNT };
 static const char *ename[E_COUNT] = {"bf16", "bias", "bias+gelu_aux", "f32_beta0", "f32_beta1"};
 
-/* The implementations under test: every case runs for each, gemm_sm90_cluster set to `cluster`
- * first (the wide kernel takes no clusters: 1). grids: the grids whose bits must equal grid 0's
- * (clusters of 2: grid 1 and 6 are one and three clusters); same: -1, or the implementation whose
- * bits it must equal (clusters of 2: blocks alone's, run before it). */
+/* The implementations under test: every case runs for each, after gemm_sm90_cluster(cluster),
+ * gemm_sm90_stages(stages) (the ping-pong kernel's) and gemm_sm90_wide_cluster(wcluster) (the wide
+ * kernel's). grids: the grids whose bits must equal grid 0's (clusters of 2: grid 1 and 6 are one
+ * and three clusters); same: -1, or the implementation whose bits it must equal (its kernel's
+ * default, run before it). */
 static const struct impl {
     const char *name;
     int (*fn)(const zr_gemm_desc *, int, cudaStream_t);
-    int cluster, grids[3], same;
-} impls[] = {{"gemm_sm90", gemm_sm90, 1, {1, 3, 132}, -1},
-             {"gemm_sm90 cluster 2", gemm_sm90, 2, {1, 6, 132}, 0},
-             {"gemm_sm90_wide", gemm_sm90_wide, 1, {1, 3, 132}, -1}};
+    int cluster, stages, wcluster, grids[3], same;
+} impls[] = {{"gemm_sm90", gemm_sm90, 1, 4, 1, {1, 3, 132}, -1},
+             {"gemm_sm90 cluster 2", gemm_sm90, 2, 4, 1, {1, 6, 132}, 0},
+             {"gemm_sm90 stages 6", gemm_sm90, 1, 6, 1, {1, 3, 132}, 0},
+             {"gemm_sm90 cluster 2 stages 6", gemm_sm90, 2, 6, 1, {1, 6, 132}, 0},
+             {"gemm_sm90_wide", gemm_sm90_wide, 1, 4, 1, {1, 3, 132}, -1},
+             {"gemm_sm90_wide cluster 2", gemm_sm90_wide, 1, 4, 2, {1, 6, 132}, 4}};
 enum { N_IMPL = sizeof impls / sizeof impls[0] };
 
-/* gemm_sm90_cluster(im.cluster); a refusal is a failure of the case. */
+/* The variant's settings; a refusal is a failure of the case. */
 static void use(const impl &im) {
     CHECK_MSG(gemm_sm90_cluster(im.cluster) == 0, "gemm_sm90_cluster(%d): %s", im.cluster, zr_last_error());
+    CHECK_MSG(gemm_sm90_stages(im.stages) == 0, "gemm_sm90_stages(%d): %s", im.stages, zr_last_error());
+    CHECK_MSG(gemm_sm90_wide_cluster(im.wcluster) == 0, "gemm_sm90_wide_cluster(%d): %s", im.wcluster,
+              zr_last_error());
+}
+/* The defaults back: blocks alone, 4 stages. */
+static void use_defaults() {
+    gemm_sm90_cluster(1), gemm_sm90_stages(4), gemm_sm90_wide_cluster(1);
 }
 
 /* Device copies of one problem in one layout, and the outputs (rows padded by `pad` elements that
@@ -342,7 +356,7 @@ static void run_layout(const problem &P, int ta, int tb, int pad, bool grids, bo
             result(name);
         }
     }
-    gemm_sm90_cluster(1);
+    use_defaults();
 }
 
 /* The debug flags act in every implementation (clusters of 2 too): NO_STORE leaves the output
@@ -364,7 +378,7 @@ static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
         CHECK_MSG(rc == 0, "%s: %s", im.name, zr_last_error());
         CHECK_MSG(untouched(), "output written");
         gemm_sm90_debug(0);
-        gemm_sm90_cluster(1);
+        use_defaults();
         result(casebuf);
     }
     snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_wide refuses GEMM_SM90_DBG_SERIAL");
@@ -378,9 +392,77 @@ static void test_debug_flags(const run &r, const zr_gemm_desc &plain) {
     CHECK_MSG(untouched(), "output written");
     gemm_sm90_debug(0);
     result(casebuf);
-    snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_debug refuses bit 32");
-    CHECK(gemm_sm90_debug(32) == -1);
+    snprintf(casebuf, sizeof casebuf, "debug: gemm_sm90_debug refuses bit 64");
+    CHECK(gemm_sm90_debug(64) == -1);
     result(casebuf);
+}
+
+/* Each variant's first large product, early and named before its launch ("run: <case>", flushed:
+ * a fault or a hang then names it even before the PASS/FAIL line): 16 k blocks (the ring refilled
+ * 2-4 times, the producer waiting on every stage's releases), more tiles than blocks (ping-pong
+ * 13 x 33, wide 13 x 17: blocks run several, both warpgroups' turns carry over; 13 m tiles: a
+ * cluster's last tile wholly past m), n past a tile by 8; the bench's forward (bias) and gradient
+ * (f32 beta 1, A and B transposed) layouts; against the reference and its kernel's default bits. */
+static void test_large_first() {
+    problem P(1544, 4104, 1024);
+    const struct {
+        int ta, tb, e;
+    } cases[] = {{0, 1, E_BIAS}, {1, 0, E_F32_B1}};
+    for (const auto &c : cases) {
+        run r(P, c.ta, c.tb, 0);
+        const zr_gemm_desc g = r.desc(c.e);
+        std::vector<uint8_t> got[N_IMPL];
+        for (int ii = 0; ii < N_IMPL; ++ii) {
+            const impl &im = impls[ii];
+            snprintf(casebuf, sizeof casebuf, "large first: %s m%d n%d k%d ta%d tb%d %s", im.name, P.m, P.n, P.k,
+                     c.ta, c.tb, ename[c.e]);
+            printf("run: %s\n", casebuf);
+            fflush(stdout);
+            use(im);
+            r.prepare(c.e);
+            const int rc = im.fn(&g, 0, 0);
+            CHECK_MSG(rc == 0, "%s refused: %s", im.name, zr_last_error());
+            sync_or_die(casebuf);
+            double w = 0;
+            if (rc == 0) {
+                got[ii] = r.bytes(c.e);
+                w = check_out(r, c.e, got[ii], "ours");
+                if (im.same >= 0 && !got[im.same].empty())
+                    CHECK_MSG(got[ii] == got[im.same], "bits differ from %s's", impls[im.same].name);
+            }
+            use_defaults();
+            char name[400];
+            snprintf(name, sizeof name, "%s, %d blocks (worst err/tol %.3f)", casebuf, gemm_sm90_last_blocks(), w);
+            result(name);
+        }
+    }
+}
+
+/* GEMM_SM90_DBG_CLUSTER_SCOPE (the ring's releases and waits at cluster scope) changes no bit: every
+ * variant, with and without it, on a product of 16 k blocks (every stage refilled, the producers
+ * waiting on releases), against the reference too. */
+static void test_cluster_scope() {
+    problem P(264, 392, 1024);
+    run r(P, 0, 1, 0);
+    const zr_gemm_desc g = r.desc(E_BIAS);
+    for (const impl &im : impls) {
+        snprintf(casebuf, sizeof casebuf, "debug: %s with GEMM_SM90_DBG_CLUSTER_SCOPE gives the same bits", im.name);
+        std::vector<uint8_t> h[2];
+        for (int f = 0; f < 2; ++f) {
+            CHECK(gemm_sm90_debug(f ? GEMM_SM90_DBG_CLUSTER_SCOPE : 0) == 0);
+            use(im);
+            r.prepare(E_BIAS);
+            const int rc = im.fn(&g, 0, 0);
+            sync_or_die(casebuf);
+            CHECK_MSG(rc == 0, "%s: %s", im.name, zr_last_error());
+            h[f] = r.bytes(E_BIAS);
+        }
+        gemm_sm90_debug(0);
+        use_defaults();
+        check_out(r, E_BIAS, h[1], "with the flag");
+        CHECK_MSG(h[0] == h[1], "bits differ with the flag");
+        result(casebuf);
+    }
 }
 
 /* Descriptors it must refuse, each with a message naming gemm_sm90 and the fallback (the shape
@@ -445,7 +527,7 @@ static void test_refusals(bool gpu) {
             for (uint8_t x : r->bytes(E_NONE)) untouched &= x == 0xff;
             CHECK_MSG(untouched, "%s: output written", im.name);
         }
-        gemm_sm90_cluster(1);
+        use_defaults();
         char name[600];
         snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
         result(name);
@@ -464,6 +546,29 @@ static void test_refusals(bool gpu) {
     }
     CHECK_MSG(gemm_sm90_cluster(2) == 0 && gemm_sm90_cluster(1) == 0, "1 or 2 refused: %s", zr_last_error());
     result("gemm_sm90_cluster(1) and (2) taken");
+    /* the stage and wide-cluster switches: 4 and 6, 1 and 2 only */
+    struct sw {
+        const char *fn;
+        int (*set)(int);
+        int bad[3], good[2];
+    } sws[] = {{"gemm_sm90_stages", gemm_sm90_stages, {5, 0, 8}, {6, 4}},
+               {"gemm_sm90_wide_cluster", gemm_sm90_wide_cluster, {0, 3, -1}, {2, 1}}};
+    for (const sw &w : sws) {
+        for (int n : w.bad) {
+            snprintf(casebuf, sizeof casebuf, "refusal: %s(%d)", w.fn, n);
+            zr_clear_error();
+            const int rc = w.set(n);
+            const std::string msg = zr_last_error_message() ? zr_last_error_message() : "";
+            CHECK_MSG(rc == -1, "taken (rc %d)", rc);
+            CHECK_MSG(msg.find(w.fn) != std::string::npos, "message: '%s'", msg.c_str());
+            char name[600];
+            snprintf(name, sizeof name, "%s (%s)", casebuf, msg.c_str());
+            result(name);
+        }
+        snprintf(casebuf, sizeof casebuf, "%s(%d) and (%d) taken", w.fn, w.good[0], w.good[1]);
+        CHECK_MSG(w.set(w.good[0]) == 0 && w.set(w.good[1]) == 0, "refused: %s", zr_last_error());
+        result(casebuf);
+    }
     /* the unedited descriptor is taken (on a GPU): the refusals are not blanket */
     CHECK_MSG(gemm_sm90_check(&plain) == 0, "the plain descriptor refused: %s", zr_last_error());
     result("refusal: the plain descriptor is taken");
@@ -486,6 +591,8 @@ int main(void) {
         return 1;
     }
     test_refusals(true);
+    test_large_first();
+    test_cluster_scope();
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
      * partial k block; a long k; more tiles (17 x 9 = 153) than 132 blocks, so blocks run several
      * and both warpgroups' turns carry over; Llama-like k at small m. For the wide kernel's 128 x
@@ -493,7 +600,9 @@ int main(void) {
      * 1, 2, 3 of its four 64-wide boxes; m past a tile by 8 (136: warpgroup 1's rows all out);
      * 17 x 9 = 153 wide tiles (2056 x 2056), more than 132 blocks. Clusters of 2: m tiles odd
      * (1, 3, 9, 17: the last pair's second tile wholly past m) and even (2 partial, 4 whole), n's
-     * last tile with its second 64 columns wholly past n (16, 136, 264, 392, 520, 1032) */
+     * last tile with its second 64 columns wholly past n (16, 136, 264, 392, 520, 1032); the wide
+     * kernel's second 128 columns (rank 1's half) wholly past n (8, 16, 72, 264, 328, 520, 1032,
+     * 2056) or partly (136, 392: B [k][n] box 2 in, box 3 past) */
     struct sz {
         int m, n, k, pad;
         bool grids, lt;
