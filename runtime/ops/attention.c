@@ -3,7 +3,8 @@
  * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
- * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) sits at the end. */
+ * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
+ * with Llama's rope folded in) sit at the end. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -12,6 +13,7 @@
 #include "ops/compare.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/qkv_rope.h"
 #include "ops/softmax.h"
 #include "ops/util.h"
 #include "ops/view.h"
@@ -99,6 +101,7 @@ static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/qkv_rope.h"
 
 /* An operand the strided kernels read as it is: last dim contiguous, 16-byte strides and base. */
 static int strided_ok(const zr_tensor *t) {
@@ -248,7 +251,9 @@ static void release3(zr_tensor **t) {
 }
 
 /* saved: qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale; i[0] = Hq, i[1] = Hkv.
- * dq, dk, dv are written through strided views of one new (B, T, W) gradient: c_attn's, whole. */
+ * dq, dk, dv are written through strided views of one new (B, T, W) gradient: c_attn's, whole.
+ * i[2] = 1 (zr_qkv_rope_sdpa): saved[0] is the rotated projection and saved[3], saved[4] the
+ * tables; dq and dk are turned back through the rope on their way into that gradient. */
 static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *qkv = n->saved[0], *out = n->saved[1], *lse = n->saved[2];
     zr_device dev = zr_tensor_device(qkv);
@@ -272,14 +277,19 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         goto done;
     zr_attn_layout L = {strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), strides_of(o),
                         strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2])};
-    if (B * T > 0 &&
-        zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
-                                              zr_tensor_data(dout), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
-                                              zr_tensor_data(in[2]), zr_tensor_data(o), zr_tensor_data(lse),
-                                              ws ? zr_tensor_data(ws) : NULL, &L, B, Hq, Hkv, T, Dh,
-                                              (float)n->f[0], dt, zr_cuda_stream(dev)),
-                      "sdpa_packed backward", dev))
-        goto done;
+    void *a[9] = {zr_tensor_data(d[0]),  zr_tensor_data(d[1]),  zr_tensor_data(d[2]),
+                  zr_tensor_data(dout),  zr_tensor_data(in[0]), zr_tensor_data(in[1]),
+                  zr_tensor_data(in[2]), zr_tensor_data(o),     ws ? zr_tensor_data(ws) : NULL};
+    float sc = (float)n->f[0];
+    cudaStream_t cs = zr_cuda_stream(dev);
+    int rc = !(B * T > 0) ? 0
+             : n->i[2]    ? attention_backward_rope_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                                         zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc,
+                                                         zr_tensor_data(n->saved[3]), zr_tensor_data(n->saved[4]),
+                                                         dt, cs)
+                          : attention_backward_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                                    zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc, dt, cs);
+    if (zr_dev_status(rc, n->i[2] ? "qkv_rope_sdpa backward" : "sdpa_packed backward", dev)) goto done;
     if (zr_give_grads(n, 1, &dqkv, gin)) goto done;
     st = ZR_OK;
 done:
@@ -293,15 +303,57 @@ done:
     return st;
 }
 
+/* zr_qkv_rope_sdpa's first step: q and k of qkv rotated, v copied, into a new contiguous (B, T, W)
+ * tensor (the qkv_rope kernel with every part a head slice of it); tab[0], tab[1]: cos, sin as
+ * the kernels read them (f32, contiguous, 16-byte aligned), kept for backward. */
+static zr_tensor *rope_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
+                              zr_tensor **tab) {
+    zr_device dev = zr_tensor_device(qkv);
+    int64_t B = qkv->shape[0], T = qkv->shape[1], W = qkv->shape[2];
+    zr_tensor *tin[2] = {cos, sin}, *xi = NULL, *r = NULL;
+    for (int i = 0; i < 2; i++) {
+        zr_tensor *t = zr_tensor_to_raw(tin[i], ZR_F32, dev);
+        if (t && !(zr_tensor_is_contiguous(t) && ((uintptr_t)zr_tensor_data(t) & 15) == 0)) {
+            zr_tensor *c = zr_tensor_clone_raw(t); /* the rope kernels read 16-byte vectors */
+            zr_tensor_release(t);
+            t = c;
+        }
+        if (!(tab[i] = t)) return NULL;
+    }
+    if (!(xi = qkv->stride[2] == 1 ? zr_tensor_retain(qkv) : zr_tensor_contiguous_raw(qkv)) ||
+        !(r = zr_tensor_new_cat(qkv->dtype, dev, 3, (int64_t[]){B, T, W}, ZR_MEM_ACTIVATIONS, 0)))
+        goto fail;
+    zr_qkv_layout L = {xi->stride[0], xi->stride[1], {{T * W, Dh, W}, {T * W, Dh, W}, {T * W, Dh, W}}};
+    char *base = zr_tensor_data(r);
+    size_t es = zr_dtype_size(qkv->dtype);
+    if (zr_dev_status(qkv_rope_forward_cuda(base, base + Hq * Dh * es, base + (Hq + Hkv) * Dh * es,
+                                            zr_tensor_data(xi), zr_tensor_data(tab[0]), zr_tensor_data(tab[1]), &L,
+                                            B, T, Hq, Hkv, Dh, qkv->dtype, zr_cuda_stream(dev)),
+                      "qkv_rope_sdpa", dev))
+        goto fail;
+    zr_tensor_release(xi);
+    return r;
+fail:
+    zr_tensor_release(xi);
+    zr_tensor_release(r);
+    return NULL;
+}
+
 /* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), the
- * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. */
-static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+ * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. With
+ * cos, sin (zr_qkv_rope_sdpa) they read the rotated projection (rope_packed) instead, which the
+ * node keeps with the tables; its backward writes the gradient of qkv itself. */
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
+                               zr_tensor *sin, int *taken) {
     zr_device dev = zr_tensor_device(qkv);
     zr_dtype dt = qkv->dtype;
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
-    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
+    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL, *src = NULL, *tab[2] = {NULL, NULL};
+    const char *name = cos ? "qkv_rope_sdpa" : "sdpa_packed";
     zr_status st = ZR_ERR;
-    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+    *taken = 1; /* from here on a failure is an error, not the composition's turn */
+    if (!(src = cos ? rope_packed(qkv, Hq, Hkv, Dh, cos, sin, tab) : zr_tensor_retain(qkv))) goto done;
+    *taken = src->stride[2] == 1 && !packed_views(src, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
              strided_ok(in[2]);
     if (!*taken) goto done; /* the composition takes it */
     if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
@@ -312,17 +364,21 @@ static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t 
         zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(in[0]),
                                              zr_tensor_data(in[1]), zr_tensor_data(in[2]), &L, B, Hq, Hkv, T, Dh,
                                              (float)scale, dt, zr_cuda_stream(dev)),
-                      "sdpa_packed", dev))
+                      name, dev))
         goto done;
     zr_node *n;
-    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
+    if (zr_autograd_record(out, name, packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv;
-        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = cos != NULL;
+        if (zr_node_save(n, src) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        if (cos && (zr_node_save(n, tab[0]) || zr_node_save(n, tab[1]))) goto done;
     }
     st = ZR_OK;
 done:
+    zr_tensor_release(src);
+    zr_tensor_release(tab[0]);
+    zr_tensor_release(tab[1]);
     release3(in);
     zr_tensor_release(o);
     zr_tensor_release(lse);
@@ -464,9 +520,45 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
     if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
         zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
         int taken = 0;
-        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, &taken) : NULL;
+        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, NULL, NULL, &taken) : NULL;
         if (taken) return out;
     }
 #endif
     return packed_composed(qkv, Hq, Hkv, Dh, scale);
+}
+
+/* --- packed q/k/v with the rope (zr_qkv_rope_sdpa) --- */
+
+/* zr_qkv_rope + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the path wherever
+ * the Hopper kernels do not run (the CPU one is the twin the CUDA tests compare with). */
+static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
+                                double scale) {
+    int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * Dh};
+    zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
+    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p) && (o = zr_sdpa_causal(p[0], p[1], p[2], scale)) &&
+        (ot = zr_transpose(o, 1, 2)))
+        out = zr_reshape(ot, 3, oshape);
+    for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
+    zr_tensor_release(o);
+    zr_tensor_release(ot);
+    return out;
+}
+
+zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, double scale) {
+    if (zr_qkv_rope_check(qkv, Hq, Hkv, cos, sin)) return NULL;
+    if (Hq % Hkv)
+        return zr_error_null("qkv_rope_sdpa: n_head %lld must be a multiple of n_kv_head %lld", (long long)Hq,
+                             (long long)Hkv);
+    int64_t Dh = qkv->shape[2] / (Hq + 2 * Hkv);
+    if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = qkv->dtype;
+    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
+        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
+        int taken = 0;
+        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, cos, sin, &taken) : NULL;
+        if (taken) return out;
+    }
+#endif
+    return rope_composed(qkv, Hq, Hkv, Dh, cos, sin, scale);
 }

@@ -177,6 +177,10 @@ static zr_status check_args(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *co
     return ZR_OK;
 }
 
+zr_status zr_qkv_rope_check(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin) {
+    return check_args(qkv, H, KV, cos, sin, ZR_QKV_AUTO);
+}
+
 /* Runs the forward kernel from qkv into buf's views; sets G's tables. */
 static zr_status forward_into(qkv_group *G, zr_tensor *qkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *buf,
                               int layout, int64_t B, int64_t T, int64_t Dh) {

@@ -23,4 +23,8 @@ enum {
 zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout,
                       zr_tensor **out);
 
+/* zr_qkv_rope's argument checks alone (the error names qkv_rope), for ops that run its forward
+ * inside their own (zr_qkv_rope_sdpa). */
+zr_status zr_qkv_rope_check(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin);
+
 #endif
