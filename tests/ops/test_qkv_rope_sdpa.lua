@@ -91,6 +91,37 @@ T.test("qkv_rope_sdpa equals split + rope + sdpa through a product: output, dx a
   end
 end)
 
+T.test("Llama runs qkv_rope_sdpa in every layer, with the logits and gradients of split + rope + sdpa", function()
+  local cfg = { model_type = "llama", vocab_size = 40, hidden_size = 32, intermediate_size = 48,
+    num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64,
+    rms_norm_eps = 1e-5, rope_theta = 100, dtype = "f64" }
+  zr.manual_seed(7)
+  local m = zr.models.llama.LlamaForCausalLM(cfg)
+  local ids = (zr.rand({ 2, 11 }) * 39):to("i64")
+  local orig = zr.qkv_rope_sdpa
+  local function run(f)
+    local calls = 0
+    zr.qkv_rope_sdpa = function(...) calls = calls + 1; return f(...) end
+    local ok, out = pcall(function()
+      m:zero_grad()
+      local o = m(ids, ids)
+      o.loss:backward()
+      local g = {}
+      for n, p in m:named_parameters() do g[n] = p.grad:clone() end
+      return { logits = o.logits, grads = g }
+    end)
+    zr.qkv_rope_sdpa = orig
+    assert(ok, out)
+    return out, calls
+  end
+  local got, n1 = run(orig)
+  local want, n2 = run(function(qkv, H, KV, cs, sn) return unfused(qkv, H, KV, cs, sn) end)
+  T.eq(n1, 2, "one call per layer")
+  T.eq(n2, 2)
+  T.near(got.logits, want.logits, 1e-12, 0, "logits")
+  for n, g in pairs(want.grads) do T.near(got.grads[n], g, 1e-12, 0, "grad of " .. n) end
+end)
+
 T.test("qkv_rope_sdpa errors name the shape and the fix", function()
   local cs, sn = zr.rope_tables(3, 4)
   T.raises(function() zr.qkv_rope_sdpa(zr.randn(1, 3, 24), 3, 1, cs, sn) end,
