@@ -207,6 +207,20 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
     if (row < rows && ch == 0) Dd[row] = s;
 }
 
+/* Row (b·H + h)·T + t of a (B, H, T, ..) operand as (b, h, t); rows32: every row index fits 32
+ * bits (then 32-bit divisions). */
+static __device__ __forceinline__ void row_bht(int64_t row, int T, int H, int rows32, int64_t &b,
+                                               int64_t &h, int64_t &t) {
+    int64_t bh;
+    if (rows32) {
+        const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)T;
+        bh = q, t = r32 - q * (uint32_t)T;
+    } else {
+        bh = row / T, t = row % T;
+    }
+    b = bh / H, h = bh - b * H;
+}
+
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
  * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
  * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
@@ -247,14 +261,8 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
             if (!sg.dense) {
                 const int64_t row = e / D; /* D a power of two: a shift */
                 const int col = (int)(e % D);
-                int64_t bh, t;
-                if (segs.rows32) {
-                    const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
-                    bh = q, t = r32 - q * (uint32_t)segs.T;
-                } else {
-                    bh = row / segs.T, t = row % segs.T;
-                }
-                const int64_t b = bh / sg.H, h = bh - b * sg.H;
+                int64_t b, h, t;
+                row_bht(row, segs.T, sg.H, segs.rows32, b, h, t);
                 dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
             }
             *reinterpret_cast<uint2 *>(dst) = r;
@@ -294,14 +302,8 @@ template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n; i += stride) {
             const int64_t row = i / PER; /* a shift */
             const int col = (int)(i % PER) * 8;
-            int64_t bh, t;
-            if (a.rows32) {
-                const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)a.T;
-                bh = q, t = r32 - q * (uint32_t)a.T;
-            } else {
-                bh = row / a.T, t = row % a.T;
-            }
-            const int64_t b = bh / sg.H, h = bh - b * sg.H;
+            int64_t b, h, t;
+            row_bht(row, a.T, sg.H, a.rows32, b, h, t);
             uint16_t *dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
             float x1[8], x2[8];
             if (sg.src) {

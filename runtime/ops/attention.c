@@ -477,6 +477,23 @@ fail:
 
 /* --- packed q/k/v (zr_sdpa_packed) --- */
 
+/* packed_flash where the Hopper kernels can run (CUDA, bf16/f16, their head_dim); elsewhere NULL
+ * with *taken = 0: the composition's turn. */
+static zr_tensor *packed_hopper(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
+                                zr_tensor *sin, int *taken) {
+    *taken = 0;
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = qkv->dtype;
+    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
+        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
+        if (attention_strided_ok(Dh, dt)) return packed_flash(qkv, Hq, Hkv, Dh, scale, cos, sin, taken);
+    }
+#else
+    (void)qkv, (void)Hq, (void)Hkv, (void)Dh, (void)scale, (void)cos, (void)sin;
+#endif
+    return NULL;
+}
+
 /* split + view + transpose + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the
  * path wherever the Hopper kernels do not run; split's backward fills one gradient of qkv. */
 static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale) {
@@ -515,16 +532,9 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
                              (long long)nh, zr_tensor_shape_str(qkv, b1));
     int64_t Dh = qkv->shape[2] / nh;
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
-#ifdef ZR_HAVE_CUDA
-    zr_dtype dt = qkv->dtype;
-    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
-        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
-        int taken = 0;
-        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, NULL, NULL, &taken) : NULL;
-        if (taken) return out;
-    }
-#endif
-    return packed_composed(qkv, Hq, Hkv, Dh, scale);
+    int taken;
+    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, NULL, NULL, &taken);
+    return taken ? out : packed_composed(qkv, Hq, Hkv, Dh, scale);
 }
 
 /* --- packed q/k/v with the rope (zr_qkv_rope_sdpa) --- */
@@ -551,14 +561,7 @@ zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *
                              (long long)Hkv);
     int64_t Dh = qkv->shape[2] / (Hq + 2 * Hkv);
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
-#ifdef ZR_HAVE_CUDA
-    zr_dtype dt = qkv->dtype;
-    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
-        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
-        int taken = 0;
-        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, cos, sin, &taken) : NULL;
-        if (taken) return out;
-    }
-#endif
-    return rope_composed(qkv, Hq, Hkv, Dh, cos, sin, scale);
+    int taken;
+    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, cos, sin, &taken);
+    return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, scale);
 }

@@ -57,34 +57,9 @@ T.test("sdpa_packed equals narrow + view + transpose + sdpa on the GPU (bf16, GP
 end)
 
 T.test("GPT-2 with head_dim 64 (the packed path) on CUDA bf16 vs the CPU in f32: logits and every gradient", function()
-  -- relative error of the whole tensor: bf16 rounding stays near 1%, a wrong layout is O(1)
-  local function rel(a, b, what)
-    local d = a:float():cpu() - b
-    local e = math.sqrt((d * d):sum():item() / (b * b):sum():item())
-    assert(e < 0.03, ("%s: relative error %.4g"):format(what, e))
-  end
   local cfg = { vocab_size = 64, n_positions = 128, n_embd = 128, n_layer = 2, n_head = 2, dtype = "f32" }
   zr.manual_seed(5)
-  local ref = zr.models.gpt2.GPT2LMHeadModel(cfg)
-  local ids = (zr.rand({ 2, 70 }) * 63):to("i64")
-  local out = ref(ids, ids)
-  out.loss:backward()
-  local c = {}
-  for k, v in pairs(cfg) do c[k] = v end
-  c.dtype, c.device = "bf16", "cuda"
-  local m = zr.models.gpt2.GPT2LMHeadModel(c)
-  local sd = {}
-  for n, p in ref:named_parameters() do sd[n] = p:detach() end
-  m:load_state_dict(sd, true)
-  local got = m(ids:cuda(), ids:cuda())
-  got.loss:backward()
-  rel(got.logits, out.logits, "logits")
-  local g = {}
-  for n, p in m:named_parameters() do g[n] = p.grad end
-  for n, p in ref:named_parameters() do
-    assert(g[n], "no CUDA gradient for " .. n)
-    rel(g[n], p.grad, "grad of " .. n)
-  end
+  C.model_cpu_vs_gpu(zr.models.gpt2.GPT2LMHeadModel, cfg, (zr.rand({ 2, 70 }) * 63):to("i64"))
 end)
 
 T.test("sdpa_packed on Hopper: one node over qkv, nothing saved but the output and lse", function()

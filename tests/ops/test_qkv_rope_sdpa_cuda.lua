@@ -89,11 +89,6 @@ T.test("qkv_rope_sdpa on Hopper: one node over qkv, keeping the rotated projecti
 end)
 
 T.test("Llama with head_dim 64 on CUDA bf16 (qkv_rope_sdpa) vs the CPU in f32: logits and every gradient", function()
-  local function rel(a, b, what)
-    local d = a:float():cpu() - b
-    local e = math.sqrt((d * d):sum():item() / (b * b):sum():item())
-    assert(e < 0.03, ("%s: relative error %.4g"):format(what, e))
-  end
   local cfg = { model_type = "llama", vocab_size = 64, hidden_size = 128, intermediate_size = 192,
     num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 64,
     max_position_embeddings = 256, rms_norm_eps = 1e-5, rope_theta = 10000, dtype = "f32" }
@@ -101,26 +96,7 @@ T.test("Llama with head_dim 64 on CUDA bf16 (qkv_rope_sdpa) vs the CPU in f32: l
   zr.qkv_rope_sdpa = function(...) calls = calls + 1; return orig(...) end
   local ok, err = pcall(function()
     zr.manual_seed(5)
-    local ref = zr.models.llama.LlamaForCausalLM(cfg)
-    local ids = (zr.rand({ 2, 70 }) * 63):to("i64")
-    local out = ref(ids, ids)
-    out.loss:backward()
-    local c = {}
-    for k, v in pairs(cfg) do c[k] = v end
-    c.dtype, c.device = "bf16", "cuda"
-    local m = zr.models.llama.LlamaForCausalLM(c)
-    local sd = {}
-    for n, p in ref:named_parameters() do sd[n] = p:detach() end
-    m:load_state_dict(sd, true)
-    local got = m(ids:cuda(), ids:cuda())
-    got.loss:backward()
-    rel(got.logits, out.logits, "logits")
-    local g = {}
-    for n, p in m:named_parameters() do g[n] = p.grad end
-    for n, p in ref:named_parameters() do
-      assert(g[n], "no CUDA gradient for " .. n)
-      rel(g[n], p.grad, "grad of " .. n)
-    end
+    C.model_cpu_vs_gpu(zr.models.llama.LlamaForCausalLM, cfg, (zr.rand({ 2, 70 }) * 63):to("i64"))
   end)
   zr.qkv_rope_sdpa = orig
   assert(ok, err)
