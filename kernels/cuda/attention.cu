@@ -207,20 +207,6 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
     if (row < rows && ch == 0) Dd[row] = s;
 }
 
-/* Row (b·H + h)·T + t of a (B, H, T, ..) operand as (b, h, t); rows32: every row index fits 32
- * bits (then 32-bit divisions). */
-static __device__ __forceinline__ void row_bht(int64_t row, int T, int H, int rows32, int64_t &b,
-                                               int64_t &h, int64_t &t) {
-    int64_t bh;
-    if (rows32) {
-        const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)T;
-        bh = q, t = r32 - q * (uint32_t)T;
-    } else {
-        bh = row / T, t = row % T;
-    }
-    b = bh / H, h = bh - b * H;
-}
-
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
  * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
  * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
@@ -261,8 +247,14 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
             if (!sg.dense) {
                 const int64_t row = e / D; /* D a power of two: a shift */
                 const int col = (int)(e % D);
-                int64_t b, h, t;
-                row_bht(row, segs.T, sg.H, segs.rows32, b, h, t);
+                int64_t bh, t;
+                if (segs.rows32) {
+                    const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
+                    bh = q, t = r32 - q * (uint32_t)segs.T;
+                } else {
+                    bh = row / segs.T, t = row % segs.T;
+                }
+                const int64_t b = bh / sg.H, h = bh - b * sg.H;
                 dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
             }
             *reinterpret_cast<uint2 *>(dst) = r;
@@ -277,7 +269,10 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
  * contiguous (.., H, T, D) accumulator or nsplit partials spaced split elements apart, times
  * scale) or, with src NULL, as the 16-bit values dst already holds (dk that the attention kernel
  * wrote unsplit, scaled: turned in place), rotates them back or not (rotate 0: dv) and writes
- * them to dst (strided as sd) in 16-byte vectors. cos, sin: (T, D) f32, 16-byte aligned. */
+ * them to dst (strided as sd) in 16-byte vectors. cos, sin: (T, D) f32, 16-byte aligned. Items
+ * run position-major, (t, b·H + h, chunk): a warp's rows share one or two positions, so their
+ * table rows are the same few lines (read once per warp, not once per row), and in a packed
+ * gradient (B, T, heads, D) its stores are adjacent heads of one position. */
 struct rope_seg {
     uint16_t *dst;
     const float *src;
@@ -289,7 +284,7 @@ struct rope_seg {
 struct rope_cvt {
     rope_seg s[3];
     const float *cos, *sin;
-    int T, rows32;
+    int T, B, rows32;
 };
 
 template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a) {
@@ -300,10 +295,16 @@ template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a
     for (int k = 0; k < 3; ++k) {
         const rope_seg sg = a.s[k];
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n; i += stride) {
-            const int64_t row = i / PER; /* a shift */
             const int col = (int)(i % PER) * 8;
-            int64_t b, h, t;
-            row_bht(row, a.T, sg.H, a.rows32, b, h, t);
+            const int64_t r = i / PER, BH = (int64_t)a.B * sg.H; /* PER: a shift */
+            int64_t bh, t;
+            if (a.rows32) {
+                const uint32_t r32 = (uint32_t)r, q = r32 / (uint32_t)BH;
+                t = q, bh = r32 - q * (uint32_t)BH;
+            } else {
+                t = r / BH, bh = r % BH;
+            }
+            const int64_t b = bh / sg.H, h = bh - b * sg.H, row = bh * a.T + t;
             uint16_t *dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
             float x1[8], x2[8];
             if (sg.src) {
@@ -720,6 +721,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                       cos,
                       sin,
                       (int)T_,
+                      (int)B,
                       rows32};
         attn_rope_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(a);
         return 0;
