@@ -6,7 +6,7 @@
 --   ./zrun tests/bench/bench_qkv_rope.lua [B=4] [T=512]   (Llama-3.2-1B heads: 32/8, D 64, bf16)
 local zr = require "zrun"
 local cli = require("zrun.argparse").new("tests/bench/bench_qkv_rope.lua",
-  "Llama's q/k/v split + rope + attention, unfused vs zr.qkv_rope, forward and backward.")
+  "Llama's q/k/v split + rope + attention: unfused, zr.qkv_rope + sdpa, zr.qkv_rope_sdpa; forward and backward.")
 cli:option("B", 4, "micro-batch")
 cli:option("T", 512, "sequence length")
 local opt = cli:parse(arg)
