@@ -182,6 +182,20 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
     return ZR_OK;
 }
 
+/* The forward kernel: o (B, Hq, T, Dh) and lse (B, Hq, T) f32 from q, k, v (strided: as their
+ * strides say, the Hopper kernels; else contiguous). */
+static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_tensor *q, zr_tensor *k, zr_tensor *v,
+                           int strided, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    zr_attn_layout L = {.q = strides_of(q), .k = strides_of(k), .v = strides_of(v), .o = strides_of(o)};
+    if (B * T == 0) return ZR_OK;
+    return zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(q),
+                                                zr_tensor_data(k), zr_tensor_data(v), strided ? &L : NULL, B, Hq,
+                                                Hkv, T, Dh, (float)scale, q->dtype, zr_cuda_stream(dev)),
+                         name, dev);
+}
+
 /* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
  * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
  * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
@@ -189,7 +203,7 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
 static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
-    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3];
     int64_t lshape[3] = {B, Hq, T};
     int strided = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
     zr_tensor *qi, *ki = NULL, *vi = NULL, *out = NULL, *lse = NULL, *save[3] = {NULL, NULL, NULL};
@@ -202,14 +216,7 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
         out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     }
     lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    if (!lse) goto fail;
-    zr_attn_layout L = {.q = strides_of(qi), .k = strides_of(ki), .v = strides_of(vi), .o = strides_of(out)};
-    if (B * T > 0 &&
-        zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
-                                             zr_tensor_data(ki), zr_tensor_data(vi), strided ? &L : NULL, B, Hq,
-                                             Hkv, T, Dh, (float)scale, dt, zr_cuda_stream(dev)),
-                      "sdpa", dev))
-        goto fail;
+    if (!lse || flash_run("sdpa", out, lse, qi, ki, vi, strided, scale)) goto fail;
     zr_tensor *ins[3] = {qi, ki, vi};
     if (strided) {
         if (keep_for_backward(ins, save)) goto fail;
@@ -250,15 +257,17 @@ static void release3(zr_tensor **t) {
     for (int i = 0; i < 3; i++) zr_tensor_release(t[i]);
 }
 
-/* saved: qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale; i[0] = Hq, i[1] = Hkv.
- * dq, dk, dv are written through strided views of one new (B, T, W) gradient: c_attn's, whole.
- * i[2] = 1 (zr_qkv_rope_sdpa): saved[0] is the rotated projection and saved[3], saved[4] the
- * tables; dq and dk are turned back through the rope on their way into that gradient. */
+/* sdpa_packed's node: saved qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale;
+ * i[0] = Hq, i[1] = Hkv; q, k, v are read as views of qkv. qkv_rope_sdpa's (i[2] = 1): saved q, k,
+ * v (the rotated views zr_qkv_rope_forward made), out, lse, cos, sin (f32, 16-byte aligned); dq and
+ * dk are turned back through the rope on their way into the gradient. Either way dq, dk, dv are
+ * written through strided views of one new (B, T, W) gradient: the packed product's, whole. */
 static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    zr_tensor *qkv = n->saved[0], *out = n->saved[1], *lse = n->saved[2];
-    zr_device dev = zr_tensor_device(qkv);
-    zr_dtype dt = qkv->dtype;
-    int64_t B = qkv->shape[0], T = qkv->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
+    const int rope = (int)n->i[2];
+    zr_tensor *out = n->saved[rope ? 3 : 1], *lse = n->saved[rope ? 4 : 2];
+    zr_device dev = zr_tensor_device(out);
+    zr_dtype dt = out->dtype;
+    int64_t B = out->shape[0], T = out->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
     zr_tensor *gi = NULL, *dqkv = NULL, *ws = NULL, *in[3] = {NULL}, *d[3] = {NULL}, *o = NULL, *dout = NULL;
     zr_status st = ZR_ERR;
     gi = zr_tensor_to_raw(g, dt, dev); /* g itself when contiguous (c_proj's dX), else a copy */
@@ -272,8 +281,12 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     }
     size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
-    if (!(dqkv = zr_tensor_new_cat(dt, dev, 3, qkv->shape, ZR_MEM_ACTIVATIONS, 0)) ||
-        packed_views(qkv, Hq, Hkv, Dh, in) || packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
+    if (rope)
+        for (int i = 0; i < 3; i++) in[i] = zr_tensor_retain(n->saved[i]);
+    else if (packed_views(n->saved[0], Hq, Hkv, Dh, in))
+        goto done;
+    if (!(dqkv = zr_tensor_new_cat(dt, dev, 3, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)) ||
+        packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
         goto done;
     zr_attn_layout L = {strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), strides_of(o),
                         strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2])};
@@ -283,13 +296,13 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     float sc = (float)n->f[0];
     cudaStream_t cs = zr_cuda_stream(dev);
     int rc = !(B * T > 0) ? 0
-             : n->i[2]    ? attention_backward_rope_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+             : rope       ? attention_backward_rope_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                                                          zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc,
-                                                         zr_tensor_data(n->saved[3]), zr_tensor_data(n->saved[4]),
+                                                         zr_tensor_data(n->saved[5]), zr_tensor_data(n->saved[6]),
                                                          dt, cs)
                           : attention_backward_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
                                                     zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc, dt, cs);
-    if (zr_dev_status(rc, n->i[2] ? "qkv_rope_sdpa backward" : "sdpa_packed backward", dev)) goto done;
+    if (zr_dev_status(rc, rope ? "qkv_rope_sdpa backward" : "sdpa_packed backward", dev)) goto done;
     if (zr_give_grads(n, 1, &dqkv, gin)) goto done;
     st = ZR_OK;
 done:
@@ -303,83 +316,84 @@ done:
     return st;
 }
 
-/* zr_qkv_rope_sdpa's first step: q and k of qkv rotated, v copied, into a new contiguous (B, T, W)
- * tensor (the qkv_rope kernel with every part a head slice of it); tab[0], tab[1]: cos, sin as
- * the kernels read them (f32, contiguous, 16-byte aligned), kept for backward. */
-static zr_tensor *rope_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
-                              zr_tensor **tab) {
-    zr_device dev = zr_tensor_device(qkv);
-    int64_t B = qkv->shape[0], T = qkv->shape[1], W = qkv->shape[2];
-    zr_tensor *tin[2] = {cos, sin}, *xi = NULL, *r = NULL;
-    for (int i = 0; i < 2; i++) {
-        zr_tensor *t = zr_tensor_to_raw(tin[i], ZR_F32, dev);
-        if (t && !(zr_tensor_is_contiguous(t) && ((uintptr_t)zr_tensor_data(t) & 15) == 0)) {
-            zr_tensor *c = zr_tensor_clone_raw(t); /* the rope kernels read 16-byte vectors */
-            zr_tensor_release(t);
-            t = c;
-        }
-        if (!(tab[i] = t)) return NULL;
-    }
-    if (!(xi = qkv->stride[2] == 1 ? zr_tensor_retain(qkv) : zr_tensor_contiguous_raw(qkv)) ||
-        !(r = zr_tensor_new_cat(qkv->dtype, dev, 3, (int64_t[]){B, T, W}, ZR_MEM_ACTIVATIONS, 0)))
-        goto fail;
-    zr_qkv_layout L = {xi->stride[0], xi->stride[1], {{T * W, Dh, W}, {T * W, Dh, W}, {T * W, Dh, W}}};
-    char *base = zr_tensor_data(r);
-    size_t es = zr_dtype_size(qkv->dtype);
-    if (zr_dev_status(qkv_rope_forward_cuda(base, base + Hq * Dh * es, base + (Hq + Hkv) * Dh * es,
-                                            zr_tensor_data(xi), zr_tensor_data(tab[0]), zr_tensor_data(tab[1]), &L,
-                                            B, T, Hq, Hkv, Dh, qkv->dtype, zr_cuda_stream(dev)),
-                      "qkv_rope_sdpa", dev))
-        goto fail;
-    zr_tensor_release(xi);
-    return r;
-fail:
-    zr_tensor_release(xi);
-    zr_tensor_release(r);
-    return NULL;
-}
-
 /* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), the
- * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. With
- * cos, sin (zr_qkv_rope_sdpa) they read the rotated projection (rope_packed) instead, which the
- * node keeps with the tables; its backward writes the gradient of qkv itself. */
-static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
-                               zr_tensor *sin, int *taken) {
+ * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. */
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
     zr_device dev = zr_tensor_device(qkv);
     zr_dtype dt = qkv->dtype;
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
-    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL, *src = NULL, *tab[2] = {NULL, NULL};
-    const char *name = cos ? "qkv_rope_sdpa" : "sdpa_packed";
+    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
     zr_status st = ZR_ERR;
-    *taken = 1; /* from here on a failure is an error, not the composition's turn */
-    if (!(src = cos ? rope_packed(qkv, Hq, Hkv, Dh, cos, sin, tab) : zr_tensor_retain(qkv))) goto done;
-    *taken = src->stride[2] == 1 && !packed_views(src, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
              strided_ok(in[2]);
     if (!*taken) goto done; /* the composition takes it */
     if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
-        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)))
-        goto done;
-    zr_attn_layout L = {.q = strides_of(in[0]), .k = strides_of(in[1]), .v = strides_of(in[2]), .o = strides_of(o)};
-    if (B * T > 0 &&
-        zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(in[0]),
-                                             zr_tensor_data(in[1]), zr_tensor_data(in[2]), &L, B, Hq, Hkv, T, Dh,
-                                             (float)scale, dt, zr_cuda_stream(dev)),
-                      name, dev))
+        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        flash_run("sdpa_packed", o, lse, in[0], in[1], in[2], 1, scale))
         goto done;
     zr_node *n;
-    if (zr_autograd_record(out, name, packed_backward, 1, &qkv, &n)) goto done;
+    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = cos != NULL;
-        if (zr_node_save(n, src) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
-        if (cos && (zr_node_save(n, tab[0]) || zr_node_save(n, tab[1]))) goto done;
+        n->i[0] = Hq, n->i[1] = Hkv;
+        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
     }
     st = ZR_OK;
 done:
-    zr_tensor_release(src);
+    release3(in);
+    zr_tensor_release(o);
+    zr_tensor_release(lse);
+    if (st) {
+        zr_tensor_release(out);
+        out = NULL;
+    }
+    return out;
+}
+
+/* zr_qkv_rope_sdpa on the Hopper kernels, its forward exactly zr_qkv_rope + sdpa's: the qkv_rope
+ * kernel into its (B, T, H + 2 KV, Dh) buffer, the attention reading q, k, v there, the output
+ * written as (B, T, Hq, Dh) memory; one node over qkv keeping what the sdpa node keeps (q, k, v,
+ * the output, lse) and the f32 tables qkv_rope's nodes keep. NULL with *taken = 0 when the
+ * Hopper kernels cannot read the rotated views (the composition's turn). */
+static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
+                             double scale, int *taken) {
+    zr_device dev = zr_tensor_device(qkv);
+    int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
+    zr_tensor *p[3] = {NULL}, *tab[2] = {NULL}, *save[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
+    zr_status st = ZR_ERR;
+    *taken = 1; /* from here on a failure is an error, not the composition's turn */
+    if (zr_qkv_rope_forward(qkv, Hq, Hkv, cos, sin, p, tab)) goto done;
+    if (!(strided_ok(p[0]) && strided_ok(p[1]) && strided_ok(p[2]))) { /* not the (B, T, heads, Dh) views */
+        *taken = 0;
+        goto done;
+    }
+    for (int i = 0; i < 2; i++)
+        if (((uintptr_t)zr_tensor_data(tab[i]) & 15) != 0) { /* the backward reads 16-byte vectors */
+            zr_tensor *c = zr_tensor_clone_raw(tab[i]);
+            zr_tensor_release(tab[i]);
+            if (!(tab[i] = c)) goto done;
+        }
+    if (!(out = zr_tensor_new_cat(qkv->dtype, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        !(o = heads_view(out, 0, Hq, Dh)) || !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        flash_run("qkv_rope_sdpa", o, lse, p[0], p[1], p[2], 1, scale))
+        goto done;
+    zr_node *n;
+    if (zr_autograd_record(out, "qkv_rope_sdpa", packed_backward, 1, &qkv, &n)) goto done;
+    if (n) {
+        n->f[0] = scale;
+        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = 1;
+        if (keep_for_backward(p, save)) goto done;
+        for (int i = 0; i < 3; i++)
+            if (zr_node_save(n, save[i])) goto done;
+        if (zr_node_save(n, out) || zr_node_save(n, lse) || zr_node_save(n, tab[0]) || zr_node_save(n, tab[1]))
+            goto done;
+    }
+    st = ZR_OK;
+done:
+    release3(p);
+    release3(save);
     zr_tensor_release(tab[0]);
     zr_tensor_release(tab[1]);
-    release3(in);
     zr_tensor_release(o);
     zr_tensor_release(lse);
     if (st) {
@@ -477,8 +491,8 @@ fail:
 
 /* --- packed q/k/v (zr_sdpa_packed) --- */
 
-/* packed_flash where the Hopper kernels can run (CUDA, bf16/f16, their head_dim); elsewhere NULL
- * with *taken = 0: the composition's turn. */
+/* packed_flash (rope_flash with cos, sin) where the Hopper kernels can run (CUDA, bf16/f16, their
+ * head_dim); elsewhere NULL with *taken = 0: the composition's turn. */
 static zr_tensor *packed_hopper(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
                                 zr_tensor *sin, int *taken) {
     *taken = 0;
@@ -486,7 +500,9 @@ static zr_tensor *packed_hopper(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t
     zr_dtype dt = qkv->dtype;
     if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
         zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
-        if (attention_strided_ok(Dh, dt)) return packed_flash(qkv, Hq, Hkv, Dh, scale, cos, sin, taken);
+        if (attention_strided_ok(Dh, dt))
+            return cos ? rope_flash(qkv, Hq, Hkv, Dh, cos, sin, scale, taken)
+                       : packed_flash(qkv, Hq, Hkv, Dh, scale, taken);
     }
 #else
     (void)qkv, (void)Hq, (void)Hkv, (void)Dh, (void)scale, (void)cos, (void)sin;
