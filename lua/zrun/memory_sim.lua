@@ -536,8 +536,9 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
   return out
 end
 
--- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): q and k rotated
--- into one new (B, T, W) buffer that the attention reads in place; the node keeps it, the output
+-- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): qkv_rope's forward
+-- (q, k rotated, v copied into one new (B, T, H + 2 KV, D) buffer, x's size) and the attention
+-- reading q, k, v there; the node keeps what qkv_rope + sdpa keep: that buffer, the output
 -- ((B, T, H·D), o_proj's input as it is) and lse. Backward: dO read in place, the workspace, and
 -- x's whole gradient as one new buffer (no q, k, v gradients of their own). Elsewhere
 -- llama.lua's fused call is qkv_rope + sdpa + transpose + reshape, which the caller replays.
