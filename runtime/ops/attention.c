@@ -316,31 +316,33 @@ done:
     return st;
 }
 
-/* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), the
- * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. */
-static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+/* The attention over in[0..2] (strided views) into a new (B, T, Hq, Dh) output seen as
+ * (B, T, Hq·Dh), recorded as one node over qkv (packed_backward) that saves keep[0..nkeep), the
+ * output, lse, then tab[0..ntab) (the rope's tables: i[2] = 1). */
+static zr_tensor *packed_node(const char *name, zr_tensor *qkv, zr_tensor *const *in, zr_tensor *const *keep,
+                              int nkeep, zr_tensor *const *tab, int ntab, int64_t Hq, int64_t Hkv, int64_t Dh,
+                              double scale) {
     zr_device dev = zr_tensor_device(qkv);
-    zr_dtype dt = qkv->dtype;
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
-    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
+    zr_tensor *out = NULL, *o = NULL, *lse = NULL;
     zr_status st = ZR_ERR;
-    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
-             strided_ok(in[2]);
-    if (!*taken) goto done; /* the composition takes it */
-    if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
-        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
-        flash_run("sdpa_packed", o, lse, in[0], in[1], in[2], 1, scale))
+    if (!(out = zr_tensor_new_cat(qkv->dtype, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        !(o = heads_view(out, 0, Hq, Dh)) || !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        flash_run(name, o, lse, in[0], in[1], in[2], 1, scale))
         goto done;
     zr_node *n;
-    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
+    if (zr_autograd_record(out, name, packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv;
-        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = ntab > 0;
+        for (int i = 0; i < nkeep; i++)
+            if (zr_node_save(n, keep[i])) goto done;
+        if (zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        for (int i = 0; i < ntab; i++)
+            if (zr_node_save(n, tab[i])) goto done;
     }
     st = ZR_OK;
 done:
-    release3(in);
     zr_tensor_release(o);
     zr_tensor_release(lse);
     if (st) {
@@ -350,17 +352,25 @@ done:
     return out;
 }
 
+/* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), which the
+ * node keeps; NULL with *taken = 0 when they cannot take it. */
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+    zr_tensor *in[3] = {NULL}, *out = NULL;
+    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+             strided_ok(in[2]);
+    if (*taken) out = packed_node("sdpa_packed", qkv, in, &qkv, 1, NULL, 0, Hq, Hkv, Dh, scale);
+    release3(in); /* else the composition takes it */
+    return out;
+}
+
 /* zr_qkv_rope_sdpa on the Hopper kernels, its forward exactly zr_qkv_rope + sdpa's: the qkv_rope
- * kernel into its (B, T, H + 2 KV, Dh) buffer, the attention reading q, k, v there, the output
- * written as (B, T, Hq, Dh) memory; one node over qkv keeping what the sdpa node keeps (q, k, v,
- * the output, lse) and the f32 tables qkv_rope's nodes keep. NULL with *taken = 0 when the
- * Hopper kernels cannot read the rotated views (the composition's turn). */
+ * kernel into its (B, T, H + 2 KV, Dh) buffer, the attention reading q, k, v there; the node keeps
+ * what the sdpa node keeps (q, k, v, the output, lse) and the f32 tables qkv_rope's nodes keep.
+ * NULL with *taken = 0 when the Hopper kernels cannot read the rotated views (the composition's
+ * turn). */
 static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
                              double scale, int *taken) {
-    zr_device dev = zr_tensor_device(qkv);
-    int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
-    zr_tensor *p[3] = {NULL}, *tab[2] = {NULL}, *save[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
-    zr_status st = ZR_ERR;
+    zr_tensor *p[3] = {NULL}, *tab[2] = {NULL}, *save[3] = {NULL}, *out = NULL;
     *taken = 1; /* from here on a failure is an error, not the composition's turn */
     if (zr_qkv_rope_forward(qkv, Hq, Hkv, cos, sin, p, tab)) goto done;
     if (!(strided_ok(p[0]) && strided_ok(p[1]) && strided_ok(p[2]))) { /* not the (B, T, heads, Dh) views */
@@ -373,33 +383,12 @@ static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh
             zr_tensor_release(tab[i]);
             if (!(tab[i] = c)) goto done;
         }
-    if (!(out = zr_tensor_new_cat(qkv->dtype, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
-        !(o = heads_view(out, 0, Hq, Dh)) || !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
-        flash_run("qkv_rope_sdpa", o, lse, p[0], p[1], p[2], 1, scale))
-        goto done;
-    zr_node *n;
-    if (zr_autograd_record(out, "qkv_rope_sdpa", packed_backward, 1, &qkv, &n)) goto done;
-    if (n) {
-        n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = 1;
-        if (keep_for_backward(p, save)) goto done;
-        for (int i = 0; i < 3; i++)
-            if (zr_node_save(n, save[i])) goto done;
-        if (zr_node_save(n, out) || zr_node_save(n, lse) || zr_node_save(n, tab[0]) || zr_node_save(n, tab[1]))
-            goto done;
-    }
-    st = ZR_OK;
+    if (!keep_for_backward(p, save)) out = packed_node("qkv_rope_sdpa", qkv, p, save, 3, tab, 2, Hq, Hkv, Dh, scale);
 done:
     release3(p);
     release3(save);
     zr_tensor_release(tab[0]);
     zr_tensor_release(tab[1]);
-    zr_tensor_release(o);
-    zr_tensor_release(lse);
-    if (st) {
-        zr_tensor_release(out);
-        out = NULL;
-    }
     return out;
 }
 #endif

@@ -107,6 +107,15 @@ function M.both(what, dt, inputs, f, slack, nograd)
   end
 end
 
+-- f(y) through a product y = x * 1 of a fresh leaf x = x0 (so its gradient goes into the product's
+-- buffer, as a projection's would), then backward of sum(o * wo): o and x's gradient, on the CPU.
+function M.out_and_grad(x0, wo, f)
+  local x = x0:detach(); x.requires_grad = true
+  local o = f(x * 1)
+  ;(o:float() * wo):sum():backward()
+  return o:cpu(), x.grad:cpu()
+end
+
 -- A model built by ctor(cfg) (cfg.dtype "f32") on the CPU in f32 against the same weights on the
 -- GPU in bf16: logits and every parameter's gradient of the loss on ids (B, T) within 3% relative
 -- error of the whole tensor (bf16 rounding stays near 1%, a wrong layout is O(1)).

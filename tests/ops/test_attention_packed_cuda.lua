@@ -35,21 +35,12 @@ T.test("sdpa_packed equals narrow + view + transpose + sdpa on the GPU (bf16, GP
     local B, Tn, Hq, Hkv, D = unpack(s)
     local x0 = randn({ B, Tn, (Hq + 2 * Hkv) * D }, "bf16"):cuda()
     local wo = randn({ B, Tn, Hq * D }):cuda()
-    local function run(packed)
-      local x = x0:detach(); x.requires_grad = true
-      local y = x * 1
-      local o
-      if packed then o = zr.sdpa_packed(y, Hq, Hkv)
-      else
-        local function heads(c0, H) return y:narrow(3, c0 * D + 1, H * D):view(B, Tn, H, D):transpose(2, 3) end
-        o = zr.scaled_dot_product_attention(heads(0, Hq), heads(Hq, Hkv), heads(Hq + Hkv, Hkv))
-          :transpose(2, 3):reshape(B, Tn, Hq * D)
-      end
-      ;(o:float() * wo):sum():backward()
-      return o:cpu(), x.grad:cpu()
-    end
-    local o1, g1 = run(true)
-    local o2, g2 = run(false)
+    local o1, g1 = C.out_and_grad(x0, wo, function(y) return zr.sdpa_packed(y, Hq, Hkv) end)
+    local o2, g2 = C.out_and_grad(x0, wo, function(y)
+      local function heads(c0, H) return y:narrow(3, c0 * D + 1, H * D):view(B, Tn, H, D):transpose(2, 3) end
+      return zr.scaled_dot_product_attention(heads(0, Hq), heads(Hq, Hkv), heads(Hq + Hkv, Hkv))
+        :transpose(2, 3):reshape(B, Tn, Hq * D)
+    end)
     local what = "packed vs composed " .. table.concat(s, ",")
     close(o1, o2, "bf16", what .. " forward", 1)
     close(g1, g2, "bf16", what .. " dqkv", 2, 1e-3)

@@ -49,21 +49,14 @@ T.test("qkv_rope_sdpa equals qkv_rope + sdpa on the GPU (bf16; Llama-1B heads, a
     cos, sin = cos:cuda(), sin:cuda()
     local x0 = randn({ B, Tn, (H + 2 * KV) * D }, "bf16"):cuda()
     local wo = randn({ B, Tn, H * D }):cuda()
-    local function run(fused)
-      local x = x0:detach(); x.requires_grad = true
-      local y = x * 1
-      local o
-      if fused then
-        o = zr.qkv_rope_sdpa(y, H, KV, cos, sin)
-        if hopper then T.eq(o.grad_fn, "qkv_rope_sdpa", "the fused node runs on Hopper") end
-      else
-        o = zr.scaled_dot_product_attention(zr.qkv_rope(y, H, KV, cos, sin)):transpose(2, 3):reshape(B, Tn, H * D)
-      end
-      ;(o:float() * wo):sum():backward()
-      return o:cpu(), x.grad:cpu()
-    end
-    local o1, g1 = run(false)
-    local o2, g2 = run(true)
+    local o1, g1 = C.out_and_grad(x0, wo, function(y)
+      return zr.scaled_dot_product_attention(zr.qkv_rope(y, H, KV, cos, sin)):transpose(2, 3):reshape(B, Tn, H * D)
+    end)
+    local o2, g2 = C.out_and_grad(x0, wo, function(y)
+      local o = zr.qkv_rope_sdpa(y, H, KV, cos, sin)
+      if hopper then T.eq(o.grad_fn, "qkv_rope_sdpa", "the fused node runs on Hopper") end
+      return o
+    end)
     local what = "fused vs qkv_rope + sdpa " .. table.concat(s, ",")
     -- the same kernels forward: the same bits
     T.eq((o2:float() - o1:float()):abs():max():item(), 0, what .. " forward (bitwise)")
