@@ -101,7 +101,6 @@ static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
 #include "kernels/cuda/attention.h"
-#include "kernels/cuda/qkv_rope.h"
 
 /* An operand the strided kernels read as it is: last dim contiguous, 16-byte strides and base. */
 static int strided_ok(const zr_tensor *t) {
