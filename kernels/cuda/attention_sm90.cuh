@@ -1,7 +1,7 @@
 /* Device helpers for the Hopper attention kernels (attention_{fwd,bwd}_sm90.cu):
  * wgmma m64nNk16 with f32 accumulators (A from registers or shared memory, B from shared memory),
  * shared-memory matrix descriptors for 128-byte-swizzled tiles of 64 16-bit columns, cp.async,
- * mbarriers, named barriers, TMA loads and reduce-adds, warpgroup register reallocation,
+ * TMA loads and reduce-adds (mbarriers, named barriers: sm90_sync.cuh), warpgroup register reallocation,
  * the forward's online-softmax step, rescale, P packing and epilogue. Only for translation units built with -gencode
  * arch=compute_90a,code=sm_90a. */
 #ifndef ZR_CUDA_ATTENTION_SM90_CUH
@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "ptx_copy.cuh"
+#include "sm90_sync.cuh"
 
 namespace sm90 {
 
@@ -159,35 +160,6 @@ template <int N> static __device__ __forceinline__ void reg_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-/* mbarriers (shared memory, CTA scope): arrive has release and wait acquire semantics. */
-static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
-                 : "memory");
-}
-/* Makes the initialisations visible to the other threads and to the TMA unit. */
-static __device__ __forceinline__ void mbar_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-/* Arrives and announces bytes that asynchronous copies will complete on this phase. */
-static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)),
-                 "r"(bytes)
-                 : "memory");
-}
-/* Waits until the phase of the given parity has completed. */
-static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(smem_u32(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
 /* TMA: the box at coordinates (c0, c1, c2, c3) of the tensor map into shared memory at dst,
  * completing its bytes on mbarrier bar. The map (a __grid_constant__ kernel parameter) fixes the
  * swizzle. */
@@ -216,26 +188,6 @@ static __device__ __forceinline__ void tma_reduce_add4(const void *map, const vo
                  "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 }
-static __device__ __forceinline__ void bulk_commit() {
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-/* Waits until at most N bulk groups still read their shared-memory source. */
-template <int N> static __device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-/* Waits until at most N bulk groups are still incomplete (their global writes included). */
-template <int N> static __device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-/* Named barrier id (1..15) over the first n threads that reach it (a multiple of 32). */
-static __device__ __forceinline__ void bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-/* Arrives on named barrier id without waiting (counts towards the n of a bar_sync elsewhere). */
-static __device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
 /* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
  * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
  * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the

@@ -1,8 +1,8 @@
 /* Pieces every Hopper GEMM kernel of ours shares (gemm_sm90.cu: ping-pong 128 x 128 tiles,
  * gemm_sm90_wide.cu: cooperative 128 x 256): the kernel arguments and tile order, the epilogue
  * kinds, operand descriptors, the m64n256k16 wgmma, GELU, the accumulators' start (C or bias) and
- * the epilogues' stores, predicated loads, the host's tensor maps and arguments, and the cluster
- * PTX of gemm_sm90.cu's clusters of 2 (at the end). Device code needs sm_90a. */
+ * the epilogues' stores, predicated loads, the host's tensor maps and arguments, and the multicast
+ * TMA load of gemm_sm90.cu's clusters of 2 (at the end; the cluster barriers: sm90_sync.cuh). Device code needs sm_90a. */
 #ifndef ZR_CUDA_GEMM_SM90_CUH
 #define ZR_CUDA_GEMM_SM90_CUH
 
@@ -320,40 +320,6 @@ static int gm_smem_limit(const void *kern, int *set, int bytes, const char *who)
 
 /* ---- clusters: a 2-CTA GEMM multicasting the operand its CTAs share ---- */
 namespace sm90 {
-static __device__ __forceinline__ uint32_t cluster_rank() { /* this CTA's rank in its cluster */
-    uint32_t r;
-    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ uint32_t cluster_id_x() {
-    uint32_t r;
-    asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in the grid along x */
-    uint32_t r;
-    asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
-}
-/* Every thread of the cluster: arrive (release), then wait (acquire) for the cluster's others. */
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-/* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster. */
-static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, uint32_t cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)),
-                 "r"(cta)
-                 : "memory");
-}
-/* mbar_wait with acquire at cluster scope (for a phase that the other CTA's arrivals complete); the
- * retry loop inside the asm. */
-static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nGM_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra GM_WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity)
-                 : "memory");
-}
 /* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
  * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
 static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, uint64_t *bar, int c0,
