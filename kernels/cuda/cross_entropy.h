@@ -41,6 +41,17 @@ int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n
                              const void *logits, const int64_t *targets, unsigned *count, float seed,
                              int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
                              cudaStream_t stream);
+/* The fused pass's kernel on sm_90 for bf16 / f16 rows (V a multiple of 8, 16-byte aligned logits
+ * and dlogits): the row (or a cluster's slice of it) kept in shared memory between the logsumexp
+ * and the gradient, one HBM read and one write; other cases, and ZRUN_CE_SMEM=0 (read once; any
+ * value but 0 or 1 is an error of cross_entropy_fused_cuda), run the kernel of a block per row.
+ * Test and benchmark hooks: cross_entropy_smem_force(c) makes later fused calls use clusters of c
+ * CTAs (1, 2 or 4) where the slice fits, 0 the block-per-row kernel, -1 the default (the
+ * environment, then the fewest CTAs that leave room for the next rows' loads); -1 with a message
+ * for another c. cross_entropy_smem_last(): the cluster size the last fused call ran (0: the
+ * block-per-row kernel). */
+int cross_entropy_smem_force(int c);
+int cross_entropy_smem_last(void);
 /* Corrects a gradient made for the upstream gradient *baked to the one that came, *g (device f32
  * scalars): d *= *g / *baked unless they are equal (then d is not touched), then *baked = *g. */
 int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, float *baked, zr_dtype dtype,

@@ -1,6 +1,7 @@
 /* Hopper (sm_90) synchronisation and bulk-copy PTX shared by the kernels that use it (attention,
  * GEMMs, cross-entropy): mbarriers (CTA and cluster scope), named barriers, the cluster's rank, id
- * and barrier, distributed shared-memory stores, 1-D bulk copies into shared memory and the bulk-group waits. Needs sm_90, not sm_90a. */
+ * and barrier, distributed shared-memory stores (st.async), 1-D bulk copies into shared memory
+ * and the bulk-group waits. Needs sm_90, not sm_90a. */
 #ifndef ZR_CUDA_SM90_SYNC_CUH
 #define ZR_CUDA_SM90_SYNC_CUH
 
@@ -106,11 +107,15 @@ static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t p
                  "@!p bra GM_WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity)
                  : "memory");
 }
-/* Stores the pair v at p's offset in CTA `cta`'s shared memory (distributed shared memory). */
-static __device__ __forceinline__ void st_cluster_f2(float2 *p, uint32_t cta, float2 v) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "st.shared::cluster.v2.f32 [ra], {%2, %3};\n}\n" ::"r"(smem_u32(p)),
-                 "r"(cta), "f"(v.x), "f"(v.y)
+/* Stores the pair v at p's offset in CTA `cta`'s shared memory (distributed shared memory) and
+ * completes its 8 bytes on the mbarrier at bar's offset there (st.async: the receiver's wait on
+ * that mbarrier, acquire at cluster scope, sees the pair). */
+static __device__ __forceinline__ void st_async_f2(float2 *p, uint64_t *bar, uint32_t cta, float2 v) {
+    asm volatile("{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, %0, %2;\n"
+                 "mapa.shared::cluster.u32 rb, %1, %2;\n"
+                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [ra], {%3, %4}, [rb];\n}\n" ::"r"(
+                     smem_u32(p)),
+                 "r"(smem_u32(bar)), "r"(cta), "f"(v.x), "f"(v.y)
                  : "memory");
 }
 
