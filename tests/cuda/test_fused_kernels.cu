@@ -8,11 +8,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include <unistd.h>
 
 #include "../c/check.h"
 #include "cu_check.h"
@@ -480,6 +483,161 @@ TEST(cross_entropy_forward_backward) {
         }
 }
 
+/* ---- cross entropy: the fused pass's shared-memory kernel (sm_90) ---------------------------- */
+
+static char ce_case[160]; /* the case running, for the watchdog */
+/* The watchdog: a case that gives no result in 120 s (a kernel waiting on a barrier forever) ends
+ * the run with its name instead of stopping the suite. */
+static void ce_on_alarm(int) {
+    printf("FAIL cross_entropy_smem: hang (no result in 120 s) in %s\n%d passed, %d failed\n", ce_case,
+           test_n_pass, test_n_fail + 1);
+    fflush(stdout);
+    _exit(3);
+}
+
+/* One case: N rows of V logits through cross_entropy_fused_cuda with cross_entropy_smem_force(force),
+ * expecting cross_entropy_smem_last() == want (0: the block-per-row kernel), against a host double
+ * reference. Rows: 0 targets 0, 1 targets V - 1, 2 is ignored, 3 holds +-1e4 (huge logits), 4 is all
+ * equal, 5 targets V (a NaN loss; sum only, the mean would be NaN), the rest random targets. mean:
+ * seed 0.7 / count, else 0.7 (sum). off: the logits start 2 bytes past a 16-byte boundary. Then the
+ * same logits through the block-per-row kernel (force 0): results close; with the default (force
+ * -1) also the plain forward's loss and lse bits (and, sum, the plain backward's gradient bits). */
+static void ce_smem_case(zr_dtype t, int64_t N, int64_t V, int force, int want, bool mean, bool inplace, int off) {
+    snprintf(ce_case, sizeof ce_case, "cross_entropy smem %s N%lld V%lld force %d %s%s%s", tn(t), (long long)N,
+             (long long)V, force, mean ? "mean" : "sum", inplace ? "" : " out of place", off ? " unaligned" : "");
+    alarm(120);
+    const char *what = ce_case;
+    vec x = randv(N * V, 4);
+    std::vector<int64_t> tg(N);
+    for (int64_t r = 0; r < N; ++r) tg[r] = (int64_t)((urand() + 1) / 2 * V) % V;
+    tg[0] = 0;
+    if (N > 1) tg[1] = V - 1;
+    if (N > 2) tg[2] = -100;
+    if (N > 3)
+        for (int64_t j = 0; j < V; ++j) x[3 * V + j] = j % 3 == 0 ? 1e4 : j % 3 == 1 ? -1e4 : x[3 * V + j];
+    if (N > 4)
+        for (int64_t j = 0; j < V; ++j) x[4 * V + j] = 3.0;
+    if (N > 5 && !mean) tg[5] = V;
+    /* the logits at element `off` of a buffer (off 1: 2 bytes past the 16-byte boundary) */
+    dbuf xb(N * V + off, t), dlb(N * V + off, t), loss_(N, ZR_F32), lse_(N, ZR_F32), mean_(1, ZR_F32),
+        nv_(1, ZR_F32), ploss_(N, ZR_F32), plse_(N, ZR_F32), g_(1, ZR_F32);
+    vec xo(N * V + off, 0.0);
+    for (int64_t i = 0; i < N * V; ++i) xo[off + i] = x[i];
+    xb.up(xo); /* rounds xo to t */
+    for (int64_t i = 0; i < N * V; ++i) x[i] = xo[off + i];
+    const size_t es = dsize(t);
+    void *xp = (char *)xb.p + off * es, *dp = inplace ? xp : (char *)dlb.p + off * es;
+    int64_t *tg_;
+    unsigned *cnt_;
+    CU(cudaMalloc(&tg_, N * 8));
+    CU(cudaMalloc(&cnt_, sizeof *cnt_));
+    CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
+    /* the reference */
+    vec loss(N, 0), lse(N, 0), dl(N * V, 0);
+    double sum = 0, cnt = 0;
+    for (int64_t r = 0; r < N; ++r) {
+        if (tg[r] == -100) continue;
+        double m = -INFINITY, z = 0;
+        for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
+        for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
+        lse[r] = m + std::log(z);
+        loss[r] = tg[r] < V ? lse[r] - x[r * V + tg[r]] : 0; /* the NaN row: checked apart */
+        sum += loss[r], cnt += 1;
+    }
+    const float seed = 0.7f;
+    const double g = mean ? seed / cnt : seed;
+    for (int64_t r = 0; r < N; ++r)
+        if (tg[r] != -100)
+            for (int64_t j = 0; j < V; ++j) dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * g;
+    const bool nanrow = N > 5 && !mean;
+    auto no_nan_row = [&](vec v) {
+        if (nanrow) v[5] = 0;
+        return v;
+    };
+    CHECK_OK(cross_entropy_smem_force(force));
+    CHECK_OK(cross_entropy_fused_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), dp, xp, tg_, mean ? cnt_ : nullptr,
+                                      seed, N, V, -100, t, 0));
+    const int ran = cross_entropy_smem_last();
+    CHECK_MSG(ran == want, "%s: ran clusters of %d, expected %d (0: the block-per-row kernel)", what, ran, want);
+    const vec fl = loss_.down(), fz = lse_.down(), fm = mean_.down(), fn = nv_.down(), all = (inplace ? xb : dlb).down();
+    const vec fd(all.begin() + off, all.end());
+    CHECK_CLOSE(no_nan_row(fl), loss, 2e-5, what);
+    CHECK_CLOSE(fz, lse, 2e-6, what);
+    if (nanrow) CHECK_MSG(std::isnan(fl[5]), "%s: a target past V gives a NaN loss, got %g", what, fl[5]);
+    if (N > 2) CHECK_MSG(fl[2] == 0 && fz[2] == 0, "%s: the ignored row's loss and lse are 0", what);
+    if (mean) CHECK_CLOSE(fm, vec(1, sum / cnt), 2e-5, what);
+    CHECK_MSG(fn[0] == cnt, "%s: n_valid %g, expected %g", what, fn[0], cnt);
+    CHECK_CLOSE(fd, dl, tol_of(t) + 1e-5, what);
+    if (N > 2) {
+        bool zero = true;
+        for (int64_t j = 0; j < V; ++j) zero = zero && fd[2 * V + j] == 0;
+        CHECK_MSG(zero, "%s: the ignored row's gradient is not zero", what);
+    }
+    if (!inplace) {
+        const vec xa = xb.down();
+        CHECK_MSG(vec(xa.begin() + off, xa.end()) == x, "%s: out of place, the logits changed", what);
+    }
+    /* the block-per-row kernel on the same logits */
+    xb.up(xo);
+    CHECK_OK(cross_entropy_smem_force(0));
+    CHECK_OK(cross_entropy_fused_cuda(ploss_.f(), plse_.f(), nullptr, nullptr, dp, xp, tg_, mean ? cnt_ : nullptr,
+                                      seed, N, V, -100, t, 0));
+    CHECK_MSG(cross_entropy_smem_last() == 0, "%s: force 0 still ran the shared-memory kernel", what);
+    const vec all0 = (inplace ? xb : dlb).down();
+    CHECK_CLOSE(no_nan_row(ploss_.down()), no_nan_row(fl), 2e-6, what);
+    CHECK_CLOSE(plse_.down(), fz, 2e-6, what);
+    CHECK_CLOSE(vec(all0.begin() + off, all0.end()), fd, tol_of(t) + 1e-5, what);
+    if (force == -1) { /* the default: the plain forward's bits (and the plain backward's, sum) */
+        xb.up(xo);
+        CHECK_OK(cross_entropy_forward_cuda(ploss_.f(), plse_.f(), nullptr, nullptr, xp, tg_, N, V, -100, t, 0));
+        const vec pl = ploss_.down(), pz = plse_.down();
+        CHECK_MSG(no_nan_row(pl) == no_nan_row(fl) && pz == fz, "%s: not the plain forward's loss / lse bits", what);
+        if (!mean) {
+            vec gv(1, seed);
+            g_.up(gv);
+            CHECK_OK(cross_entropy_backward_cuda(dlb.p, xp, tg_, plse_.f(), g_.f(), 0, N, V, -100, t, 0));
+            const vec pd = dlb.down();
+            CHECK_MSG(vec(pd.begin(), pd.begin() + N * V) == fd, "%s: not the plain backward's gradient bits", what);
+        }
+    }
+    CHECK_OK(cross_entropy_smem_force(-1));
+    cudaFree(cnt_);
+    cudaFree(tg_);
+}
+
+/* The Hopper kernel at GPT-2's (50304) and Llama's (128256) vocabularies, clusters of 1, 2 and 4 (by
+ * default and forced), 1 to 1000 rows (more and fewer than the SMs), in place and not, bf16 and
+ * f16; tiny rows (slices of one slot, CTAs with nothing); and the cases it must leave to the
+ * block-per-row kernel (V not a multiple of 8, unaligned logits, f32, a row longer than the ring
+ * when forced into one CTA), which give the same results. */
+TEST(cross_entropy_smem) {
+    signal(SIGALRM, ce_on_alarm);
+    int dev = 0, major = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    const int h = major >= 9; /* the kernel's clusters where it can run, else the fallback */
+    CHECK_MSG(cross_entropy_smem_force(3) != 0 && cross_entropy_smem_force(-2) != 0,
+              "cross_entropy_smem_force accepted 3 / -2");
+    ce_smem_case(ZR_BF16, 133, 50304, -1, h * 1, true, true, 0);
+    ce_smem_case(ZR_BF16, 1000, 50304, -1, h * 1, false, true, 0);
+    ce_smem_case(ZR_BF16, 1000, 50304, 2, h * 2, false, true, 0);
+    ce_smem_case(ZR_BF16, 133, 128256, -1, h * 2, true, true, 0);
+    ce_smem_case(ZR_BF16, 133, 128256, -1, h * 2, false, true, 0);
+    ce_smem_case(ZR_BF16, 3, 128256, 4, h * 4, true, true, 0);
+    ce_smem_case(ZR_BF16, 1, 128256, -1, h * 2, false, false, 0);
+    ce_smem_case(ZR_F16, 133, 50304, 4, h * 4, false, true, 0);
+    ce_smem_case(ZR_F16, 7, 128256, -1, h * 2, false, true, 0);
+    ce_smem_case(ZR_BF16, 133, 1000, 4, h * 4, true, true, 0); /* one slot: CTAs 1-3 hold nothing */
+    ce_smem_case(ZR_BF16, 3, 8, 2, h * 2, false, true, 0);
+    ce_smem_case(ZR_BF16, 1000, 4104, 1, h * 1, false, false, 0); /* two slots, the second 8 elements */
+    /* left to the block-per-row kernel */
+    ce_smem_case(ZR_BF16, 7, 50306, -1, 0, false, true, 0); /* V % 8 */
+    ce_smem_case(ZR_BF16, 7, 50304, -1, 0, false, true, 1); /* unaligned */
+    ce_smem_case(ZR_F32, 7, 50304, -1, 0, false, true, 0);
+    ce_smem_case(ZR_BF16, 3, 128256, 1, 0, false, true, 0); /* 32 slots > 28 */
+    alarm(0);
+}
+
 /* ---- softmax --------------------------------------------------------------------------------- */
 
 TEST(softmax_forward_backward) {
@@ -890,6 +1048,7 @@ int main(void) {
     RUN(rope_forward_backward);
     RUN(swiglu_forward_backward);
     RUN(cross_entropy_forward_backward);
+    RUN(cross_entropy_smem);
     RUN(softmax_forward_backward);
     RUN(embedding_forward_backward);
     RUN(adamw_step);
