@@ -4,7 +4,8 @@
  * backward 2.5× forward, the FlashAttention convention; compare bench_attention_torch.py).
  * Times are medians of 20 event-timed runs after 3 warm-ups, on random (not zero) data. Each
  * memory-bound row also gives its rate against a copy of the same number of bytes.
- * `bench_fused attention` runs the attention rows alone.
+ * `bench_fused attention` runs the attention rows alone, `bench_fused cross_entropy` the
+ * cross-entropy rows (after the copy ceiling).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -159,9 +160,71 @@ static void attention_rows() {
     attn_sm90_grid(0, 0);
 }
 
+/* Cross-entropy at Llama-3's vocabulary (N = 2048 and 8192 tokens, V = 128256) and GPT-2's padded
+ * one (65536 x 50304): the plain forward, the backward into a buffer, and the fused pass in place
+ * (loss + gradient; bytes: one read and one write) through the block-per-row kernel (smem off)
+ * and the Hopper shared-memory kernel (smem auto, and clusters of 1 / 2 / 4 where a slice fits:
+ * "(not taken)" where it fell back), each from the same logits; "lse bits" says whether the two
+ * kernels' lse agree bit for bit (they add in the same order). */
+static void cross_entropy_rows() {
+    const int64_t shapes[3][2] = {{2048, 128256}, {8192, 128256}, {65536, 50304}};
+    for (auto &sh : shapes) {
+        const int64_t N = sh[0], V = sh[1];
+        char d[80];
+        void *x = bf(N * V, 8), *dl = bf(N * V);
+        float *loss = f32(N), *lse = f32(N), *lse0 = f32(N), *mean = f32(1), *nv = f32(1), *g = f32(1, 0, 1e-4f);
+        std::vector<int64_t> tg(N);
+        for (int64_t i = 0; i < N; ++i) tg[i] = (i * 7919) % V;
+        int64_t *tg_;
+        unsigned *cnt;
+        CU(cudaMalloc(&tg_, N * 8));
+        CU(cudaMalloc(&cnt, sizeof *cnt));
+        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
+        const double e = 2.0 * N * V;
+        snprintf(d, sizeof d, "bf16 N=%lld V=%lld", (long long)N, (long long)V);
+        row("cross_entropy fwd", d, e, time_ms([&] {
+                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, BF, 0));
+            }));
+        snprintf(d, sizeof d, "bf16 N=%lld V=%lld (to buffer)", (long long)N, (long long)V);
+        row("cross_entropy bwd", d, 2 * e, time_ms([&] {
+                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, BF, 0));
+            }));
+        const int modes[5] = {0, -1, 1, 2, 4};
+        for (int mode : modes) {
+            CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice)); /* logits the fused pass overwrites */
+            OK(cross_entropy_smem_force(mode));
+            OK(cross_entropy_fused_cuda(loss, mode ? lse : lse0, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, BF, 0));
+            const int ran = cross_entropy_smem_last();
+            if (mode > 0 && ran != mode) {
+                printf("%-28s bf16 N=%lld V=%lld smem C%d (not taken)\n", "cross_entropy fused", (long long)N,
+                       (long long)V, mode);
+                continue;
+            }
+            bool same = true;
+            if (mode) {
+                std::vector<float> a(N), b(N);
+                CU(cudaMemcpy(a.data(), lse, N * 4, cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(b.data(), lse0, N * 4, cudaMemcpyDeviceToHost));
+                same = memcmp(a.data(), b.data(), N * 4) == 0;
+            }
+            if (!mode) snprintf(d, sizeof d, "bf16 N=%lld V=%lld row blocks", (long long)N, (long long)V);
+            else
+                snprintf(d, sizeof d, "bf16 N=%lld V=%lld smem %s C%d lse bits %s", (long long)N, (long long)V,
+                         mode < 0 ? "auto" : "forced", ran, same ? "same" : "DIFFER");
+            row("cross_entropy fused", d, 2 * e, time_ms([&] {
+                    OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, BF, 0));
+                }));
+        }
+        OK(cross_entropy_smem_force(-1));
+        cudaFree(cnt);
+        cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(lse0), cudaFree(mean), cudaFree(nv);
+        cudaFree(g), cudaFree(tg_);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0)) {
-        fprintf(stderr, "usage: bench_fused [attention] (got '%s')\n", argv[1]);
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention | cross_entropy] (got '%s')\n", argv[1]);
         return 2;
     }
     int ndev = 0;
@@ -173,7 +236,7 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
-    if (argc > 1) { /* `bench_fused attention`: the attention rows alone */
+    if (argc > 1 && !strcmp(argv[1], "attention")) { /* `bench_fused attention`: the attention rows alone */
         attention_rows();
         return 0;
     }
@@ -189,6 +252,10 @@ int main(int argc, char **argv) {
         printf("%-28s %-34s %9.3f ms %8.0f GB/s\n", "copy (D2D)", "4 GiB", ms, copy_gbs);
         CU(cudaFree(a));
         CU(cudaFree(b));
+    }
+    if (argc > 1) { /* `bench_fused cross_entropy` */
+        cross_entropy_rows();
+        return 0;
     }
     /* norms: N=16384 tokens (B=8, T=2048), D=2048; then N=65536, D=4096 (512 MB each way: the
      * kernels' steady-state rate, where a copy of the same size reaches the 4 GiB rate) */
@@ -302,32 +369,7 @@ int main(int argc, char **argv) {
             time_ms([&] { OK(swiglu_backward_cuda(dg, du, dh, g, u, M, F, F, BF, 0)); }));
         for (void *p : {g, u, hh, dh, dg, du}) cudaFree(p);
     }
-    { /* cross entropy: N=8192 tokens, V=128256 (Llama 3) */
-        const int64_t N = 8192, V = 128256;
-        void *x = bf(N * V, 8), *dl = bf(N * V);
-        float *loss = f32(N), *lse = f32(N), *mean = f32(1), *nv = f32(1), *g = f32(1, 0, 1e-4f);
-        std::vector<int64_t> tg(N);
-        for (int64_t i = 0; i < N; ++i) tg[i] = (i * 7919) % V;
-        int64_t *tg_;
-        CU(cudaMalloc(&tg_, N * 8));
-        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-        const double e = 2.0 * N * V;
-        row("cross_entropy fwd", "bf16 N=8192 V=128256", e, time_ms([&] {
-                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, BF, 0));
-            }));
-        row("cross_entropy bwd", "bf16 N=8192 V=128256 (to buffer)", 2 * e, time_ms([&] {
-                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, BF, 0));
-            }));
-        unsigned *cnt;
-        CU(cudaMalloc(&cnt, sizeof *cnt));
-        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice)); /* logits the fused pass overwrites */
-        row("cross_entropy fused", "bf16 N=8192 V=128256 (loss + grad in place)", 2 * e, time_ms([&] {
-                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, BF, 0));
-            }));
-        cudaFree(cnt);
-        cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);
-        cudaFree(g), cudaFree(tg_);
-    }
+    cross_entropy_rows();
     /* embedding: N=16384 ids into V=128256 × D=2048, then N=65536 × D=4096 (steady state) */
     auto embedding = [&](int64_t N, int64_t D) {
         const int64_t V = 128256;
