@@ -59,18 +59,19 @@ static __device__ __forceinline__ void warp_ms(float &m, float &s) {
  * 16-byte chunks, the parts merged in order, then a merge over the block. */
 template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, int64_t PE) {
     __shared__ float rm[32], rs[32], zb;
-    float m = -INFINITY, s = 0.f;
-    for (int64_t p0 = 0; p0 < Vn; p0 += PE) {
-        const int64_t hi = Vn < p0 + PE ? Vn : p0 + PE;
-        float pm = -INFINITY, ps = 0.f;
+    float m = -INFINITY, s = 0.f, pm = -INFINITY, ps = 0.f; /* the row's pair; the part's */
+    int64_t next = PE;                                        /* where the next part starts */
 #pragma unroll 4
-        for (int64_t i = p0 + threadIdx.x * V; i < hi; i += CE_THREADS * V) {
-            float f[V];
-            ldv<T, V>(f, x + i);
-            ms_add<V>(pm, ps, f);
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+        if (i >= next) { /* a part holds whole strides: i never skips one */
+            ms_merge(m, s, pm, ps);
+            pm = -INFINITY, ps = 0.f, next += PE;
         }
-        ms_merge(m, s, pm, ps);
+        float f[V];
+        ldv<T, V>(f, x + i);
+        ms_add<V>(pm, ps, f);
     }
+    ms_merge(m, s, pm, ps);
     warp_ms(m, s);
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     if (l == 0) rm[w] = m, rs[w] = s;
@@ -101,7 +102,7 @@ static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int6
 }
 
 template <typename T, int V>
-__global__ void __launch_bounds__(CE_THREADS)
+__global__ void __launch_bounds__(CE_THREADS, 4) /* 32 registers: 4 blocks an SM */
     ce_fwd_kernel(float *__restrict__ loss, float *__restrict__ lse, const T *__restrict__ logits,
                   const int64_t *__restrict__ targets, int64_t Vn, int64_t PE, int64_t ignore) {
     const int64_t row = blockIdx.x;
@@ -163,7 +164,7 @@ __global__ void ce_count_kernel(unsigned *__restrict__ count, const int64_t *__r
  * dl may be logits (in place; no __restrict__ on either): the target's logit is read before
  * row_lse's closing barrier, and after it each thread writes only the elements it reads. */
 template <typename T, int V>
-__global__ void __launch_bounds__(CE_THREADS)
+__global__ void __launch_bounds__(CE_THREADS, 4) /* 32 registers: 4 blocks an SM */
     ce_fused_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
                     const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
                     int64_t Vn, int64_t PE, int64_t ignore) {
@@ -196,7 +197,8 @@ __global__ void __launch_bounds__(CE_THREADS)
  * Barrier phases: a compute thread waits full for every slot of pass 1 before its warp frees any
  * in pass 2 (so never two phases behind); the producer waits empty only from its second lap on;
  * xbar[b]'s use u+1 (row after next) cannot start before every CTA has left use u (each CTA sends
- * the next row's pairs only after its own wait on that row). Ignored rows load nothing and send
+ * the next row's pairs only after its own wait on that row), and its bytes are announced (thread 0,
+ * right after its wait on use u) before any of them can be sent. Ignored rows load nothing and send
  * nothing (every CTA of the cluster skips the same ones). */
 template <typename T, int C>
 __global__ void __launch_bounds__(CE_THREADS + 32, 1)
@@ -218,6 +220,8 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
         for (int i = 0; i < nslot; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], CE_CW);
         mbar_init(&xbar[0], 1), mbar_init(&xbar[1], 1);
         mbar_init_fence();
+        if (C > 1) /* each use's bytes announced before any of them can come (see the wait below) */
+            mbar_expect_tx(&xbar[0], C * CE_THREADS * 8), mbar_expect_tx(&xbar[1], C * CE_THREADS * 8);
     }
     if (C > 1) cluster_sync(); /* the others' barriers initialised before any st.async reaches them */
     else __syncthreads();
@@ -255,7 +259,6 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
             const bool inr = tgt >= 0 && tgt < Vn;
             const int s0 = slot, b = nx & 1;
             const uint32_t p0 = ph;
-            if (C > 1 && tid == 0) mbar_expect_tx(&xbar[b], C * CE_THREADS * 8);
             float m = -INFINITY, s = 0.f;
             for (int c = 0; c < K; ++c) { /* pass 1 */
                 mbar_wait(&full[slot], ph);
@@ -270,6 +273,10 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
 #pragma unroll
                 for (int q = 0; q < C; ++q) st_async_f2(&part[b][rank][tid], &xbar[b], (uint32_t)q, make_float2(m, s));
                 mbar_wait_cluster(&xbar[b], (nx >> 1) & 1);
+                /* the next use's bytes (row after next): announced before this CTA's threads pass the
+                 * barrier below, so before they send the next row's pairs, which every other CTA
+                 * must have before it sends the row after next's */
+                if (tid == 0) mbar_expect_tx(&xbar[b], C * CE_THREADS * 8);
                 m = -INFINITY, s = 0.f;
 #pragma unroll
                 for (int q = 0; q < C; ++q) ms_merge(m, s, part[b][q][tid].x, part[b][q][tid].y);
