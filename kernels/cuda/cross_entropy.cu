@@ -247,8 +247,10 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
         const float g = count ? seed / (float)*count : seed;
         int slot = 0;
         uint32_t ph = 0, nx = 0; /* nx: rows reduced (the exchange's uses) */
+        int64_t tnext = first < N ? targets[first] : 0; /* loaded a row ahead: off the row's path */
         for (int64_t row = first; row < N; row += step) {
-            const int64_t tgt = targets[row];
+            const int64_t tgt = tnext;
+            if (row + step < N) tnext = targets[row + step];
             T *d = dl + row * Vn + lo;
             if (tgt == ignore) {
                 for (int64_t e = tid * 8; e < n; e += CE_THREADS * 8)
