@@ -403,6 +403,31 @@ TEST(swiglu_forward_backward) {
 
 /* ---- cross entropy --------------------------------------------------------------------------- */
 
+/* Host double reference of N rows of V logits with targets tg (-100: ignored): each row's lse and
+ * loss (0 for ignored rows, and for a target past V, whose NaN is checked apart), the sum and count
+ * of the non-ignored rows' losses; then the gradient for an upstream gradient g per row. */
+static void ce_reference(const vec &x, const std::vector<int64_t> &tg, int64_t N, int64_t V, vec &loss, vec &lse,
+                         double &sum, double &cnt) {
+    loss.assign(N, 0), lse.assign(N, 0), sum = 0, cnt = 0;
+    for (int64_t r = 0; r < N; ++r) {
+        if (tg[r] == -100) continue;
+        double m = -INFINITY, z = 0;
+        for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
+        for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
+        lse[r] = m + std::log(z);
+        loss[r] = tg[r] < V ? lse[r] - x[r * V + tg[r]] : 0;
+        sum += loss[r], cnt += 1;
+    }
+}
+static vec ce_reference_grad(const vec &x, const std::vector<int64_t> &tg, const vec &lse, int64_t N, int64_t V,
+                             double g) {
+    vec dl(N * V, 0);
+    for (int64_t r = 0; r < N; ++r)
+        if (tg[r] != -100)
+            for (int64_t j = 0; j < V; ++j) dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * g;
+    return dl;
+}
+
 TEST(cross_entropy_forward_backward) {
     const int64_t shapes[][2] = {{1, 1}, {5, 7}, {6, 1000}, {3, 128256}};
     for (auto &s : shapes)
@@ -418,22 +443,11 @@ TEST(cross_entropy_forward_backward) {
             int64_t *tg_;
             CU(cudaMalloc(&tg_, N * 8));
             CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-            vec loss(N), lse(N), dl(N * V, 0);
-            double sum = 0, cnt = 0;
-            for (int64_t r = 0; r < N; ++r) {
-                if (tg[r] == -100) continue;
-                double m = -INFINITY, z = 0;
-                for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
-                for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
-                lse[r] = m + std::log(z);
-                loss[r] = lse[r] - x[r * V + tg[r]];
-                sum += loss[r], cnt += 1;
-            }
+            vec loss, lse;
+            double sum, cnt;
+            ce_reference(x, tg, N, V, loss, lse, sum, cnt);
             const double gscale = 0.7 / cnt;
-            for (int64_t r = 0; r < N; ++r)
-                if (tg[r] != -100)
-                    for (int64_t j = 0; j < V; ++j)
-                        dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * gscale;
+            const vec dl = ce_reference_grad(x, tg, lse, N, V, gscale);
             char what[96];
             snprintf(what, sizeof what, "cross_entropy %s N%lld V%lld", tn(t), (long long)N,
                      (long long)V);
@@ -532,23 +546,11 @@ static void ce_smem_case(zr_dtype t, int64_t N, int64_t V, int force, int want, 
     CU(cudaMalloc(&tg_, N * 8));
     CU(cudaMalloc(&cnt_, sizeof *cnt_));
     CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-    /* the reference */
-    vec loss(N, 0), lse(N, 0), dl(N * V, 0);
-    double sum = 0, cnt = 0;
-    for (int64_t r = 0; r < N; ++r) {
-        if (tg[r] == -100) continue;
-        double m = -INFINITY, z = 0;
-        for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
-        for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
-        lse[r] = m + std::log(z);
-        loss[r] = tg[r] < V ? lse[r] - x[r * V + tg[r]] : 0; /* the NaN row: checked apart */
-        sum += loss[r], cnt += 1;
-    }
+    vec loss, lse;
+    double sum, cnt;
+    ce_reference(x, tg, N, V, loss, lse, sum, cnt);
     const float seed = 0.7f;
-    const double g = mean ? seed / cnt : seed;
-    for (int64_t r = 0; r < N; ++r)
-        if (tg[r] != -100)
-            for (int64_t j = 0; j < V; ++j) dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * g;
+    const vec dl = ce_reference_grad(x, tg, lse, N, V, mean ? seed / cnt : seed);
     const bool nanrow = N > 5 && !mean;
     auto no_nan_row = [&](vec v) {
         if (nanrow) v[5] = 0;
