@@ -5,7 +5,10 @@
 -- with a seed other than the hint (backward rescales in place). Forward: the op, synchronised;
 -- backward: the cross_entropy node alone (zr.autograd_profile); extra: the most memory the op
 -- allocated beyond the logits (MiB). Medians of 20 after 5 warm-ups; on the CPU a small shape.
+-- On Hopper the inplace rows run the shared-memory kernel; ZRUN_CE_SMEM=0 gives the block-per-row
+-- kernel's (run both for an A/B).
 --   ./zrun tests/bench/bench_cross_entropy.lua
+--   ZRUN_CE_SMEM=0 ./zrun tests/bench/bench_cross_entropy.lua
 local zr = require "zrun"
 local C = zr._C
 local ot = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
@@ -54,6 +57,7 @@ local function measure(base, col, tgt, inplace, seed)
   return median(fw), median(bw), median(extra)
 end
 
+if ot.gpu then print("ZRUN_CE_SMEM=" .. (os.getenv("ZRUN_CE_SMEM") or "(unset: 1)")) end
 print(("%-17s %-16s %9s %9s %9s %10s"):format("cross_entropy", "path", "fwd ms", "bwd ms", "f+b ms", "extra MiB"))
 for _, s in ipairs(shapes) do
   local name, N, V = s[1], s[2], s[3]
