@@ -57,7 +57,8 @@ static __device__ __forceinline__ void warp_ms(float &m, float &s) {
 /* The row's logsumexp, returned to every thread of the block: per part of PE elements (PE a
  * multiple of CE_THREADS * V, or >= Vn: one part) a per-thread online (max, sum of exp) over
  * 16-byte chunks, the parts merged in order, then a merge over the block. */
-template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, int64_t PE) {
+template <typename T, int V>
+static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, int64_t PE) {
     __shared__ float rm[32], rs[32], zb;
     float m = -INFINITY, s = 0.f, pm = -INFINITY, ps = 0.f; /* the row's pair; the part's */
     int64_t next = PE;                                        /* where the next part starts */
@@ -203,8 +204,8 @@ __global__ void __launch_bounds__(CE_THREADS, 4) /* 32 registers: 4 blocks an SM
 template <typename T, int C>
 __global__ void __launch_bounds__(CE_THREADS + 32, 1)
     ce_smem_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
-                   const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
-                   int64_t N, int64_t Vn, int64_t S, int nslot, int64_t ignore) {
+                   const int64_t *__restrict__ targets, const unsigned *__restrict__ count,
+                   float seed, int64_t N, int64_t Vn, int64_t S, int nslot, int64_t ignore) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace sm90;
     extern __shared__ __align__(128) unsigned char ring[];
@@ -213,17 +214,20 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
     __shared__ float rm[CE_CW], rs[CE_CW], zs;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const uint32_t rank = C > 1 ? cluster_rank() : 0;
-    const int64_t first = C > 1 ? cluster_id_x() : blockIdx.x, step = C > 1 ? cluster_count_x() : gridDim.x;
+    const int64_t first = C > 1 ? cluster_id_x() : blockIdx.x,
+                  step = C > 1 ? cluster_count_x() : gridDim.x;
     const int64_t lo = Vn < rank * S ? Vn : rank * S, n = (Vn < lo + S ? Vn : lo + S) - lo;
     const int K = (int)((n + CE_CHE - 1) / CE_CHE); /* slots a slice (0: an empty slice) */
     if (tid == 0) {
-        for (int i = 0; i < nslot; ++i) mbar_init(&full[i], 1), mbar_init(&empty[i], CE_CW);
+        for (int i = 0; i < nslot; ++i)
+            mbar_init(&full[i], 1), mbar_init(&empty[i], CE_CW);
         mbar_init(&xbar[0], 1), mbar_init(&xbar[1], 1);
         mbar_init_fence();
-        if (C > 1) /* each use's bytes announced before any of them can come (see the wait below) */
-            mbar_expect_tx(&xbar[0], C * CE_THREADS * 8), mbar_expect_tx(&xbar[1], C * CE_THREADS * 8);
+        /* each use's bytes announced before any of them can come (see the wait below) */
+        for (int i = 0; C > 1 && i < 2; ++i) mbar_expect_tx(&xbar[i], C * CE_THREADS * 8);
     }
-    if (C > 1) cluster_sync(); /* the others' barriers initialised before any st.async reaches them */
+    /* C > 1: the others' barriers initialised before any st.async reaches them */
+    if (C > 1) cluster_sync();
     else __syncthreads();
     if (warp == CE_CW) {
         if (lane == 0) {
@@ -232,7 +236,8 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
             bool lapped = false;
             for (int64_t row = first; row < N; row += step) {
                 if (targets[row] == ignore) continue;
-                const unsigned char *src = reinterpret_cast<const unsigned char *>(logits + row * Vn + lo);
+                const unsigned char *src =
+                    reinterpret_cast<const unsigned char *>(logits + row * Vn + lo);
                 for (int c = 0; c < K; ++c) {
                     if (lapped) mbar_wait(&empty[slot], ph ^ 1); /* the previous lap's use freed */
                     const int64_t left = n * 2 - (int64_t)c * CE_CH;
@@ -273,15 +278,17 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
             }
             if (C > 1) {
 #pragma unroll
-                for (int q = 0; q < C; ++q) st_async_f2(&part[b][rank][tid], &xbar[b], (uint32_t)q, make_float2(m, s));
+                for (int q = 0; q < C; ++q)
+                    st_async_f2(&part[b][rank][tid], &xbar[b], (uint32_t)q, make_float2(m, s));
                 mbar_wait_cluster(&xbar[b], (nx >> 1) & 1);
-                /* the next use's bytes (row after next): announced before this CTA's threads pass the
-                 * barrier below, so before they send the next row's pairs, which every other CTA
-                 * must have before it sends the row after next's */
+                /* the next use's bytes (row after next): announced before this CTA's threads pass
+                 * the barrier below, so before they send the next row's pairs, which every other
+                 * CTA must have before it sends the row after next's */
                 if (tid == 0) mbar_expect_tx(&xbar[b], C * CE_THREADS * 8);
                 m = -INFINITY, s = 0.f;
 #pragma unroll
-                for (int q = 0; q < C; ++q) ms_merge(m, s, part[b][q][tid].x, part[b][q][tid].y);
+                for (int q = 0; q < C; ++q)
+                    ms_merge(m, s, part[b][q][tid].x, part[b][q][tid].y);
             }
             warp_ms(m, s);
             if (lane == 0) rm[warp] = m, rs[warp] = s;
@@ -294,7 +301,8 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
                     const float z = m + logf(s);
                     zs = z;
                     if (rank == 0) lse[row] = z;
-                    if (rank == (inr ? (uint32_t)(tgt / S) : 0u)) { /* the target's CTA: its logit is in a slot */
+                    /* the target's CTA: its logit is in a slot */
+                    if (rank == (inr ? (uint32_t)(tgt / S) : 0u)) {
                         float xt = NAN;
                         if (inr) {
                             const int64_t o = tgt - lo;
@@ -309,13 +317,15 @@ __global__ void __launch_bounds__(CE_THREADS + 32, 1)
             bar_sync(1, CE_THREADS);
             const float z = zs;
             slot = s0, ph = p0;
-            for (int c = 0; c < K; ++c) { /* pass 2: this thread's slots already waited for in pass 1 */
+            /* pass 2: this thread's slots already waited for in pass 1 */
+            for (int c = 0; c < K; ++c) {
                 const int64_t e = (int64_t)c * CE_CHE + tid * 8;
                 if (e < n) {
                     float f[8];
                     ldv<T, 8>(f, reinterpret_cast<const T *>(ring + slot * CE_CH) + tid * 8);
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) f[j] = (__expf(f[j] - z) - (lo + e + j == tgt ? 1.f : 0.f)) * g;
+                    for (int j = 0; j < 8; ++j)
+                        f[j] = (__expf(f[j] - z) - (lo + e + j == tgt ? 1.f : 0.f)) * g;
                     stv<T, 8>(d + e, f);
                 }
                 __syncwarp();
@@ -402,16 +412,17 @@ static int ce_env(const char **bad) {
 /* Runs ce_smem_kernel<T, C> over the N rows; 1 when it ran, 0 when this device cannot (shared
  * memory, clusters: the caller falls back), -1 on a launch error. */
 template <typename T, int C>
-static int ce_smem_launch(const char *fn, float *loss, float *lse, T *dl, const T *logits, const int64_t *targets,
-                          const unsigned *count, float seed, int64_t N, int64_t V, int64_t ignore,
-                          cudaStream_t stream) {
-    void (*k)(float *, float *, T *, const T *, const int64_t *, const unsigned *, float, int64_t, int64_t, int64_t,
-              int, int64_t) = ce_smem_kernel<T, C>;
+static int ce_smem_launch(const char *fn, float *loss, float *lse, T *dl, const T *logits,
+                          const int64_t *targets, const unsigned *count, float seed, int64_t N,
+                          int64_t V, int64_t ignore, cudaStream_t stream) {
+    void (*k)(float *, float *, T *, const T *, const int64_t *, const unsigned *, float, int64_t,
+              int64_t, int64_t, int, int64_t) = ce_smem_kernel<T, C>;
     const int nslot = ce_slots(C);
     const size_t dyn = (size_t)nslot * CE_CH;
     static int units[64]; /* per device: CTAs (C 1) or clusters that run at once; -1: none */
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return (void)cudaGetLastError(), 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return (void)cudaGetLastError(), 0;
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
@@ -424,9 +435,11 @@ static int ce_smem_launch(const char *fn, float *loss, float *lse, T *dl, const 
     if (!units[dev]) {
         int major = 0, u = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        if (major >= 9 && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn) == cudaSuccess) {
+        if (major >= 9 && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)dyn) == cudaSuccess) {
             if (C == 1) {
-                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&u, k, CE_THREADS + 32, dyn) == cudaSuccess)
+                if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&u, k, CE_THREADS + 32, dyn) ==
+                    cudaSuccess)
                     u *= num_sms();
             } else {
                 cfg.gridDim = dim3((unsigned)C);
@@ -439,8 +452,8 @@ static int ce_smem_launch(const char *fn, float *loss, float *lse, T *dl, const 
     if (units[dev] < 0) return 0;
     const int64_t S = ce_slice_slots(V, C) * CE_CHE;
     cfg.gridDim = dim3((unsigned)((N < units[dev] ? N : units[dev]) * C));
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, loss, lse, dl, logits, targets, count, seed, N, V, S, nslot,
-                                             ignore);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, loss, lse, dl, logits, targets, count, seed,
+                                             N, V, S, nslot, ignore);
     if (e != cudaSuccess)
         return zr_error("%s: the shared-memory kernel (clusters of %d) failed to launch: %s", fn, C,
                         cudaGetErrorString(e)),
@@ -452,8 +465,8 @@ static int ce_smem_launch(const char *fn, float *loss, float *lse, T *dl, const 
  * pointers (16-byte aligned), the device (sm_90+), ZRUN_CE_SMEM and cross_entropy_smem_force let
  * it; sets ce_last. 1: it ran; 0: the caller runs ce_fused_kernel; -1: an error (message left). */
 static int ce_smem_fused(const char *fn, float *loss, float *lse, void *dl, const void *logits,
-                         const int64_t *targets, const unsigned *count, float seed, int64_t N, int64_t V,
-                         int64_t ignore, zr_dtype dtype, cudaStream_t stream) {
+                         const int64_t *targets, const unsigned *count, float seed, int64_t N,
+                         int64_t V, int64_t ignore, zr_dtype dtype, cudaStream_t stream) {
     ce_last = 0;
     int c = ce_force;
     if (c < 0) {
@@ -462,17 +475,18 @@ static int ce_smem_fused(const char *fn, float *loss, float *lse, void *dl, cons
         if (on < 0) return zr_error("%s: ZRUN_CE_SMEM must be 0 or 1, got '%s'", fn, bad), -1;
         c = on ? -1 : 0;
     }
-    if (c == 0 || (dtype != ZR_BF16 && dtype != ZR_F16) || V % 8 || !al16(logits) || !al16(dl)) return 0;
+    if (c == 0 || (dtype != ZR_BF16 && dtype != ZR_F16) || V % 8 || !al16(logits) || !al16(dl))
+        return 0;
     if (c < 0) c = ce_auto_cluster(V);
     if (c == 0 || ce_slice_slots(V, c) > ce_slots(c)) return 0; /* a slice must fit the ring */
     int r = 0;
-#define CE_SMEM_RUN(TT)                                                                                       \
-    r = c == 1   ? ce_smem_launch<TT, 1>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets, count, seed, N, V, \
-                                       ignore, stream)                                                         \
-        : c == 2 ? ce_smem_launch<TT, 2>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets, count, seed, N, V, \
-                                         ignore, stream)                                                       \
-                 : ce_smem_launch<TT, 4>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets, count, seed, N, V, \
-                                         ignore, stream)
+#define CE_SMEM_RUN(TT)                                                                            \
+    r = c == 1   ? ce_smem_launch<TT, 1>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets,     \
+                                       count, seed, N, V, ignore, stream)                        \
+        : c == 2 ? ce_smem_launch<TT, 2>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets,     \
+                                         count, seed, N, V, ignore, stream)                        \
+                 : ce_smem_launch<TT, 4>(fn, loss, lse, (TT *)dl, (const TT *)logits, targets,     \
+                                         count, seed, N, V, ignore, stream)
     if (dtype == ZR_BF16) CE_SMEM_RUN(__nv_bfloat16);
     else CE_SMEM_RUN(__half);
 #undef CE_SMEM_RUN

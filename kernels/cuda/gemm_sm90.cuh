@@ -2,7 +2,8 @@
  * gemm_sm90_wide.cu: cooperative 128 x 256): the kernel arguments and tile order, the epilogue
  * kinds, operand descriptors, the m64n256k16 wgmma, GELU, the accumulators' start (C or bias) and
  * the epilogues' stores, predicated loads, the host's tensor maps and arguments, and the multicast
- * TMA load of gemm_sm90.cu's clusters of 2 (at the end; the cluster barriers: sm90_sync.cuh). Device code needs sm_90a. */
+ * TMA load of gemm_sm90.cu's clusters of 2 (at the end; the cluster barriers: sm90_sync.cuh).
+ * Device code needs sm_90a. */
 #ifndef ZR_CUDA_GEMM_SM90_CUH
 #define ZR_CUDA_GEMM_SM90_CUH
 

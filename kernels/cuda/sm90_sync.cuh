@@ -45,10 +45,10 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity) {
 
 /* 1-D bulk copy (no tensor map): bytes (a multiple of 16; src and dst 16-byte aligned) from global
  * src to this CTA's shared memory at dst, completing its bytes on mbarrier bar. */
-static __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+static __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes,
+                                                 uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
 static __device__ __forceinline__ void bulk_commit() {
@@ -110,12 +110,12 @@ static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t p
 /* Stores the pair v at p's offset in CTA `cta`'s shared memory (distributed shared memory) and
  * completes its 8 bytes on the mbarrier at bar's offset there (st.async: the receiver's wait on
  * that mbarrier, acquire at cluster scope, sees the pair). */
-static __device__ __forceinline__ void st_async_f2(float2 *p, uint64_t *bar, uint32_t cta, float2 v) {
+static __device__ __forceinline__ void st_async_f2(float2 *p, uint64_t *bar, uint32_t cta,
+                                                   float2 v) {
     asm volatile("{\n.reg .b32 ra, rb;\nmapa.shared::cluster.u32 ra, %0, %2;\n"
                  "mapa.shared::cluster.u32 rb, %1, %2;\n"
-                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [ra], {%3, %4}, [rb];\n}\n" ::"r"(
-                     smem_u32(p)),
-                 "r"(smem_u32(bar)), "r"(cta), "f"(v.x), "f"(v.y)
+                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [ra], {%3, %4}, [rb];\n}\n"
+                 ::"r"(smem_u32(p)), "r"(smem_u32(bar)), "r"(cta), "f"(v.x), "f"(v.y)
                  : "memory");
 }
 
