@@ -23,13 +23,16 @@ for k in pingpong wide auto; do
     run_one env ZRUN_GEMM_SM90=$k $zrun "$t"
   done
 done
-bad_env() { # VAR FIRST: VAR=bogus must be refused, naming the values it takes (FIRST the first)
-  if env "$1=bogus" $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q "$1=bogus: use $2"; then
+# the in-place cross-entropy through the block-per-row kernel (the default on Hopper: rows in shared memory)
+run_one env ZRUN_CE_SMEM=0 $zrun tests/ops/test_cross_entropy_cuda.lua
+bad_env() { # VAR FIRST [SCRIPT]: VAR=bogus must be refused, naming the values it takes (FIRST the first)
+  if env "$1=bogus" $zrun "${3:-tests/ops/test_matmul_cuda.lua}" 2>&1 | grep -q "$1=bogus: use $2"; then
     echo "PASS $1=bogus is refused with the values it takes"
   else echo "FAIL $1=bogus: no refusal naming its values"; fi
 }
 run_one bad_env ZRUN_GEMM_SM90 0
 run_one bad_env ZRUN_GEMM_TUNE_LOG 1
+run_one bad_env ZRUN_CE_SMEM 1 tests/ops/test_cross_entropy_cuda.lua
 auto_off() {
   if ZRUN_GEMM_AUTOTUNE=0 ZRUN_GEMM_SM90=auto $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0'; then
     echo "PASS ZRUN_GEMM_SM90=auto with the autotuner off is refused"

@@ -397,13 +397,14 @@ extern "C" int cross_entropy_smem_force(int c) {
 }
 extern "C" int cross_entropy_smem_last(void) { return ce_last; }
 
-/* ZRUN_CE_SMEM, read once: 1 when unset or "1", 0 for "0", -1 for anything else (*bad: the value). */
+/* ZRUN_CE_SMEM, read once: 1 when unset, empty or "1", 0 for "0", -1 for anything else (*bad: the
+ * value). */
 static int ce_env(const char **bad) {
     static int on = -2;
     static const char *val;
     if (on == -2) {
         val = getenv("ZRUN_CE_SMEM");
-        on = !val || !strcmp(val, "1") ? 1 : !strcmp(val, "0") ? 0 : -1;
+        on = !val || !*val || !strcmp(val, "1") ? 1 : !strcmp(val, "0") ? 0 : -1;
     }
     *bad = val;
     return on;
@@ -472,7 +473,10 @@ static int ce_smem_fused(const char *fn, float *loss, float *lse, void *dl, cons
     if (c < 0) {
         const char *bad;
         const int on = ce_env(&bad);
-        if (on < 0) return zr_error("%s: ZRUN_CE_SMEM must be 0 or 1, got '%s'", fn, bad), -1;
+        if (on < 0)
+            return zr_error("ZRUN_CE_SMEM=%s: use 1 (the in-place cross-entropy's rows kept in shared "
+                            "memory on Hopper, the default) or 0 (the block-per-row kernel)", bad),
+                   -1;
         c = on ? -1 : 0;
     }
     if (c == 0 || (dtype != ZR_BF16 && dtype != ZR_F16) || V % 8 || !al16(logits) || !al16(dl))

@@ -43,8 +43,8 @@ int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n
                              cudaStream_t stream);
 /* The fused pass's kernel on sm_90 for bf16 / f16 rows (V a multiple of 8, 16-byte aligned logits
  * and dlogits): the row (or a cluster's slice of it) kept in shared memory between the logsumexp
- * and the gradient, one HBM read and one write; other cases, and ZRUN_CE_SMEM=0 (read once; any
- * value but 0 or 1 is an error of cross_entropy_fused_cuda), run the kernel of a block per row.
+ * and the gradient, one HBM read and one write; other cases, and ZRUN_CE_SMEM=0 (read once; a
+ * value other than 0 or 1 makes cross_entropy_fused_cuda fail), run the kernel of a block per row.
  * Test and benchmark hooks: cross_entropy_smem_force(c) makes later fused calls use clusters of c
  * CTAs (1, 2 or 4) where the slice fits, 0 the block-per-row kernel, -1 the default (the
  * environment, then the fewest CTAs that leave room for the next rows' loads); -1 with a message
