@@ -381,7 +381,8 @@ static int ce_auto_cluster(int64_t V) {
 }
 /* The elements of a part (row_lse): the automatic cluster's slice for 16-byte vectors of 2-byte
  * elements, the whole row otherwise. A function of V and the element alone, so the plain forward,
- * the row-block fused pass and the smem kernel (at its own cluster size) add in the same order. */
+ * the row-block fused pass and the smem kernel at its automatic cluster size add in the same order
+ * (a size forced by cross_entropy_smem_force adds in its own slices). */
 static int64_t ce_part_elems(int64_t V, size_t esz, bool vec) {
     const int c = esz == 2 && vec ? ce_auto_cluster(V) : 0;
     return c > 1 ? ce_slice_slots(V, c) * CE_CHE : V;
