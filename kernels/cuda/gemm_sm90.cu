@@ -128,9 +128,9 @@ __global__ void __launch_bounds__(GM_THR, 1)
     int b0, G, rank; /* the unit (block or cluster), the units in the grid, the block's rank in it */
     gm_unit<CL>(b0, G, rank);
     if (b0 >= p.items) return; /* the whole block (cluster): no item, no barrier used */
-    /* a stage's consumers: the 4 warps of ONE warpgroup, each releasing it (session 17's
-     * GM_CONS / 128 = 2 made every use complete two phases of empty[s]: a hang or a fault as
-     * soon as k had more blocks than the ring stages) */
+    /* a stage's consumers: the 4 warps of ONE warpgroup (the ping-pong's other warpgroup never
+     * reads it), each releasing it once: a count that is too small completes more than one phase
+     * of empty[s] a use (a hang or a fault once k has more blocks than the ring has stages) */
     gm_ring_init<CL, ST>(full, empty, GM_CONS / 2 / 32);
     const int kt = p.kt;
     const bool scoped = p.dbg & GEMM_SM90_DBG_CLUSTER_SCOPE;
