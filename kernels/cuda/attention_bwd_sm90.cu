@@ -226,6 +226,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
                    aVw = smem_u32(sV + wg * 64 * 64);
+    const sdesc dKw(aKw), dVw(aVw);
     int c = 0; /* the block's step */
     for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
         const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
@@ -242,6 +243,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             mbar_wait(&full[s], (c / WS_ST) & 1);
             const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64),
                            adO = smem_u32(sdO + s * WS_BM * 64);
+            const sdesc dQs(aQ), dOs(adO);
             const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
             uint16_t *cdS = sdS + (c & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
             const bool diag = (i == t.j);
@@ -255,16 +257,16 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 wg_fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)
-                    wg_ss64<T, 0, 0>(st, desc128(aKw + kk * 32),
-                                     desc128(aQ + hh * 64 * 128 + kk * 32), kk);
+                    wg_ss64<T, 0, 0>(st, dKw.at(kk * 32), dQs.at(hh * 64 * 128 + kk * 32), kk);
                 wg_commit();
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)
-                    wg_ss64<T, 0, 0>(dpt, desc128(aVw + kk * 32),
-                                     desc128(adO + hh * 64 * 128 + kk * 32), kk);
+                    wg_ss64<T, 0, 0>(dpt, dVw.at(kk * 32), dOs.at(hh * 64 * 128 + kk * 32), kk);
                 wg_commit();
                 /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the
                  * groups complete in order), so pf/sf, their A operands, may be overwritten below */
+                float2 cols[8]; /* lse, then D, of this thread's query columns */
+                load_cols(cols, cL + hh * 64 + t4 * 2);
                 wg_wait<1>();
                 reg_fence(st);
                 if (hh == 1) {
@@ -273,13 +275,14 @@ __global__ void __launch_bounds__(WS_THR, 1)
                     reg_fence(dva);
                     reg_fence(dka);
                 }
-                p_tile(st, cL + hh * 64 + t4 * 2, scale_log2);
+                p_tile(st, cols, scale_log2);
                 if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
+                load_cols(cols, cD + hh * 64 + t4 * 2);
                 wg_wait<0>();
                 reg_fence(dpt);
-                ds_pack<T>(dpt, st, cD + hh * 64 + t4 * 2, pf, sf,
+                ds_pack<T>(dpt, st, cols, pf, sf,
                            cdS + hh * WS_BN * 64 /* [key][query of this half] */,
-                           wg * 64 + warp * 16 + g, t4);
+                           wg * 64 + warp * 16, lane);
                 dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
             }
             fence_proxy_async();

@@ -11,14 +11,24 @@
 
 namespace sm90 {
 
+/* A per-query row vector's values (lse, D) at this thread's 16 query columns of a half (8nt + 2t4
+ * and + 1, accumulator layout), from p = the half's first column + 2t4 in shared memory: eight 8-byte
+ * loads, issued ahead of the wgmma wait that precedes their use. */
+static __device__ __forceinline__ void load_cols(float2 (&v)[8], const float *p) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+        v[nt] = *reinterpret_cast<const float2 *>(p + nt * 8);
+}
+
 /* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
- * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the half's raw lse
- * (natural log) from this thread's first column. */
-static __device__ __forceinline__ void p_tile(float (&st)[32], const float *lq, float scale_log2) {
+ * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the raw lse (natural log)
+ * of this thread's columns (load_cols). */
+static __device__ __forceinline__ void p_tile(float (&st)[32], const float2 (&lq)[8],
+                                              float scale_log2) {
     const float log2e = 1.4426950408889634f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const float l0 = lq[nt * 8] * log2e, l1 = lq[nt * 8 + 1] * log2e;
+        const float l0 = lq[nt].x * log2e, l1 = lq[nt].y * log2e;
         st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
         st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
         st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
@@ -37,29 +47,35 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
             if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
 }
 
-/* dS^T = P^T ∘ (dP^T − D) in place of dP^T (d: the half's D from this thread's first query
- * column, layout as in p_tile); then P^T and dS^T packed into the A fragments of the dV and dK
- * products (pf[kc], sf[kc]: the k-step of queries 16kc..16kc + 15), and dS^T stored at rows r, r + 8 of
- * sS ([key][query of the half], 128-byte swizzle) for the dQ product. */
+/* dS^T = P^T ∘ (dP^T − D) in place of dP^T (d: D of this thread's columns, load_cols; layout as in
+ * p_tile); then P^T and dS^T packed into the A fragments of the dV and dK products (pf[kc], sf[kc]:
+ * the k-step of queries 16kc..16kc + 15), and dS^T stored for the dQ product into the half's
+ * [key][query] tile at sS (128-byte swizzle), the warp's 16 key rows from wr, by four stmatrix: the
+ * x4 form stores the four 8×8 blocks of a k-step (rows wr.. and wr + 8.., queries 16kc.. and
+ * 16kc + 8..) from exactly the fragments sf[kc][0..3], lane l giving the address of row l % 8 of
+ * block l / 8 (16 contiguous bytes of the swizzled row). */
 template <typename T>
 static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&st)[32],
-                                               const float *d, uint32_t (&pf)[4][4],
-                                               uint32_t (&sf)[4][4], uint16_t *sS, int r, int t4) {
+                                               const float2 (&d)[8], uint32_t (&pf)[4][4],
+                                               uint32_t (&sf)[4][4], uint16_t *sS, int wr,
+                                               int lane) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - d[nt * 8 + (e & 1)]);
+            dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - ((e & 1) ? d[nt].y : d[nt].x));
     pack_a<T, 4>(pf, st);
     pack_a<T, 4>(sf, dpt);
+    const int blk = lane >> 3, rr = lane & 7, row = wr + rr + (blk & 1) * 8;
+    /* the 16-byte chunk of queries 16kc + 8(blk >> 1) in row `row` is 2kc ^ x (row & 7 == rr) */
+    const int x = (blk >> 1) ^ rr;
+    const uint32_t a = smem_u32(sS + row * 64);
 #pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-        const int c0 = kc * 16 + t4 * 2;
-        *reinterpret_cast<uint32_t *>(sS + swz(r, c0)) = sf[kc][0];
-        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0)) = sf[kc][1];
-        *reinterpret_cast<uint32_t *>(sS + swz(r, c0 + 8)) = sf[kc][2];
-        *reinterpret_cast<uint32_t *>(sS + swz(r + 8, c0 + 8)) = sf[kc][3];
-    }
+    for (int kc = 0; kc < 4; ++kc)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         a + (((2 * kc) ^ x) << 4)),
+                     "r"(sf[kc][0]), "r"(sf[kc][1]), "r"(sf[kc][2]), "r"(sf[kc][3])
+                     : "memory");
 }
 
 /* Issues dV += P^T·dO and dK += dS^T·Q over a half's 64 queries (aO, aQ: the half's first row of
@@ -69,15 +85,16 @@ static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)
                                                   const uint32_t (&pf)[4][4],
                                                   const uint32_t (&sf)[4][4], uint32_t aO,
                                                   uint32_t aQ) {
+    const sdesc dO(aO), dQ(aQ);
     reg_fence(dva);
     reg_fence(dka);
     wg_fence();
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc)
-        wg_rs64<T, 1>(dva, pf[kc], desc128(aO + kc * 16 * 128), 1);
+        wg_rs64<T, 1>(dva, pf[kc], dO.at(kc * 16 * 128), 1);
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc)
-        wg_rs64<T, 1>(dka, sf[kc], desc128(aQ + kc * 16 * 128), 1);
+        wg_rs64<T, 1>(dka, sf[kc], dQ.at(kc * 16 * 128), 1);
     wg_commit();
 }
 
@@ -85,11 +102,12 @@ static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)
  * group: aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
 template <typename T>
 static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, uint32_t aK) {
+    const sdesc dS(aS), dK(aK);
     reg_fence(dq);
     wg_fence();
 #pragma unroll
     for (int kc = 0; kc < 8; ++kc)
-        wg_ss64<T, 1, 1>(dq, desc128(aS + kc * 2048), desc128(aK + kc * 2048), kc);
+        wg_ss64<T, 1, 1>(dq, dS.at(kc * 2048), dK.at(kc * 2048), kc);
     wg_commit();
 }
 

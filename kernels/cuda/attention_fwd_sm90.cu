@@ -186,16 +186,39 @@ __global__ void __launch_bounds__(F2_THR, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i)
             acc[i] = 0.f;
-        auto issue_s = [&](uint32_t ka) { /* sc = Q·K^T (64×128), K at shared address ka */
+        /* The products' descriptors are made before the warpgroup's turn (ds, dv: a stage's K and
+         * V, fenced so that they are computed there), so that between turn() and pass() only the
+         * wgmma instructions issue: the other warpgroup waits for pass(), and ptxas had placed ~90
+         * instructions of descriptor arithmetic there (session 18: a fifth of the kernel's stall
+         * samples fell between the two barriers). */
+        const sdesc dq0(qa);
+        uint64_t ds[8], dv[8];
+        auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
+            const sdesc dk0(ka);
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wg_ss128<T>(sc, desc128(qa + kk * 32), desc128(ka + kk * 32), kk);
-            wg_commit();
+            for (int kk = 0; kk < 4; ++kk) {
+                ds[2 * kk] = dq0.at(kk * 32);
+                ds[2 * kk + 1] = dk0.at(kk * 32);
+            }
+            reg_fence(ds);
         };
-        auto issue_pv = [&](uint32_t va) { /* acc += P·V (64×64), V at shared address va */
+        auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
+            const sdesc dv0(va);
 #pragma unroll
             for (int kc = 0; kc < 8; ++kc)
-                wg_rs64<T, 1>(acc, pf[kc], desc128(va + kc * 2048), 1);
+                dv[kc] = dv0.at(kc * 2048);
+            reg_fence(dv);
+        };
+        auto issue_s = [&]() { /* sc = Q·K^T (64×128) */
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
+            wg_commit();
+        };
+        auto issue_pv = [&]() { /* acc += P·V (64×64) */
+#pragma unroll
+            for (int kc = 0; kc < 8; ++kc)
+                wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
             wg_commit();
         };
 
@@ -203,9 +226,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
         mbar_wait(&qfull[n & 1], (n >> 1) & 1);
         mbar_wait(&full[kv % F2_ST], (kv / F2_ST) & 1);
         {
+            desc_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
             turn();
             wg_fence();
-            issue_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
+            issue_s();
             pass(false);
             wg_wait<0>();
             reg_fence(sc);
@@ -219,12 +243,14 @@ __global__ void __launch_bounds__(F2_THR, 1)
         for (int it = 1; it < nkv; ++it) {
             const unsigned j = kv + it, s = j % F2_ST, sp = (j - 1) % F2_ST;
             mbar_wait(&full[s], (j / F2_ST) & 1);
+            desc_s(smem_u32(sK + s * F2_BN * 64));
+            desc_pv(smem_u32(sV + sp * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
             turn();
             wg_fence();
-            issue_s(smem_u32(sK + s * F2_BN * 64));
-            issue_pv(smem_u32(sV + sp * F2_BN * 64));
+            issue_s();
+            issue_pv();
             pass(false);
             wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
             reg_fence(sc);
@@ -245,11 +271,12 @@ __global__ void __launch_bounds__(F2_THR, 1)
 
         { /* P·V of the last tile */
             const unsigned sl = (kv + nkv - 1) % F2_ST;
+            desc_pv(smem_u32(sV + sl * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
             turn();
             wg_fence();
-            issue_pv(smem_u32(sV + sl * F2_BN * 64));
+            issue_pv();
             pass(last_tile);
             wg_wait<0>();
             reg_fence(acc);

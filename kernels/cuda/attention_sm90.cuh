@@ -46,6 +46,25 @@ static __device__ __forceinline__ int swz(int row, int col) {
  * Leading and stride byte offsets are both 1024 (8 rows of 128 bytes): the distance between
  * 8-row groups, which is the one stride these operands use (their swizzled extent is one atom
  * wide); swizzle mode 1 = 128 bytes. */
+/* The same descriptor as a base and byte offsets: shared addresses are below 2^18 (228 KB a block),
+ * so the start address field is a / 16 and a tile's offsets (multiples of 16 bytes) add to it with
+ * no carry. Made once outside a loop, at(off) is one add where desc128 is a mask, a shift and an or
+ * per product. */
+struct sdesc {
+    uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset 1024 / 16 */
+    __device__ __forceinline__ explicit sdesc(uint32_t a) : lo((a >> 4) | ((1024u >> 4) << 16)) {}
+    __device__ __forceinline__ uint64_t at(uint32_t off) const {
+        uint64_t d; /* high word: stride byte offset 1024 / 16, swizzle mode 1 (bit 62) */
+        asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + (off >> 4)), "r"(0x40000040u));
+        return d;
+    }
+};
+/* Keeps 64-bit values (precomputed descriptors) computed before the next asm volatile statement. */
+template <int N> static __device__ __forceinline__ void reg_fence(uint64_t (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        asm volatile("" : "+l"(d[i])::"memory");
+}
 static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
     return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) |
            ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
