@@ -173,10 +173,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 /* ---- backward ------------------------------------------------------------------------------- */
 
-/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row); the same
- * threads zero that row of the dq accumulator (instead of a separate memset pass). */
+/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row), and
+ * nl2[row] = −lse[row]·log2 e (the Hopper backward's form of it); the same threads zero that row of
+ * the dq accumulator (instead of a separate memset pass). */
 template <typename T, int D>
-__global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ dqacc,
+__global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ nl2,
+                                     float *__restrict__ dqacc, const float *__restrict__ lse,
                                      const uint16_t *__restrict__ dout,
                                      const uint16_t *__restrict__ o, zr_attn_strides sdo,
                                      zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
@@ -204,7 +206,10 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
 #pragma unroll
     for (int off = per / 2; off > 0; off >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (row < rows && ch == 0) Dd[row] = s;
+    if (row < rows && ch == 0) {
+        Dd[row] = s;
+        nl2[row] = -lse[row] * 1.4426950408889634f;
+    }
 }
 
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
@@ -472,7 +477,7 @@ extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64
     const int ns0 = bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns1 = attn_sm90_bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns = ns0 > ns1 ? ns0 : ns1; /* enough for either kernel */
-    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + align16((size_t)(B * Hq * T) * 4);
+    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + 2 * align16((size_t)(B * Hq * T) * 4);
     if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dh * 4;
     return n;
 }
@@ -581,7 +586,8 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
-    float *wkv = (float *)((char *)Dd + align16((size_t)rows * 4));
+    float *nl2 = (float *)((char *)Dd + align16((size_t)rows * 4));
+    float *wkv = (float *)((char *)nl2 + align16((size_t)rows * 4));
     const int G = (int)(Hq / Hkv);
     attn_sm90_bwd_maps maps;
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
@@ -592,10 +598,10 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, dqacc, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
+        Dd, nl2, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
     if (hopper) {
-        attn_sm90_backward(&maps, dk, dv, wkv, lse, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,
+        attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,
                            mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;

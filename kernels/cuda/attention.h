@@ -40,8 +40,8 @@ int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, co
                            const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                            int64_t Dh, float scale, zr_dtype dtype, cudaStream_t stream);
 
-/* Bytes of device scratch attention_backward_cuda needs (f32 dq accumulator, D = rowsum(dO∘O),
- * and, for small grids, per-split f32 partials of dk/dv). */
+/* Bytes of device scratch attention_backward_cuda needs (f32 dq accumulator, D = rowsum(dO∘O), the
+ * scaled lse and, for small grids, per-split f32 partials of dk/dv). */
 size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                                          int64_t Dh);
 

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tdo,
                        const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv,
-                       const __grid_constant__ CUtensorMap tdq, const float *__restrict__ lse,
+                       const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
@@ -170,13 +170,13 @@ __global__ void __launch_bounds__(WS_THR, 1)
                         tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, t.b);
                         tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, t.b);
                     }
-                    /* raw lse (natural log) and D, zero past T: P = 1 there, but dO = D = 0 so it
+                    /* −lse·log2 e and D, zero past T: P = 1 there, but dO = D = 0 so it
                      * adds 0 */
                     const size_t roff = ((size_t)t.b * Hq + h) * T_;
 #pragma unroll
                     for (int m = 0; m < WS_BM / 32; ++m) {
                         const int cc = lane + 32 * m, row = i * WS_BM + cc, ok = row < T_;
-                        cp_async4(sL + s * WS_BM + cc, lse + roff + (ok ? row : 0), ok ? 4 : 0);
+                        cp_async4(sL + s * WS_BM + cc, nl2 + roff + (ok ? row : 0), ok ? 4 : 0);
                         cp_async4(sD + s * WS_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
                     }
                     cp_async_mbar_arrive(&full[s]);
@@ -238,15 +238,17 @@ __global__ void __launch_bounds__(WS_THR, 1)
             dka[e] = dva[e] = 0.f;
         mbar_wait(kvfull, r & 1);
 
-        for (int it = 0; it < t.niter; ++it, ++c) {
-            const int s = c % WS_ST, i = t.j + it % t.nq;
+        /* iq: the step's query tile relative to the key tile (it % t.nq, counted: a division
+         * a step cost more than the rest of the step's bookkeeping) */
+        for (int it = 0, iq = 0; it < t.niter; ++it, ++c, iq = iq + 1 == t.nq ? 0 : iq + 1) {
+            const int s = c % WS_ST;
             mbar_wait(&full[s], (c / WS_ST) & 1);
             const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64),
                            adO = smem_u32(sdO + s * WS_BM * 64);
             const sdesc dQs(aQ), dOs(adO);
             const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
             uint16_t *cdS = sdS + (c & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
-            const bool diag = (i == t.j);
+            const bool diag = iq == 0;
 
             uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
 #pragma unroll
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 wg_commit();
                 /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the
                  * groups complete in order), so pf/sf, their A operands, may be overwritten below */
-                float2 cols[8]; /* lse, then D, of this thread's query columns */
+                float2 cols[8]; /* −lse·log2 e, then D, of this thread's query columns */
                 load_cols(cols, cL + hh * 64 + t4 * 2);
                 wg_wait<1>();
                 reg_fence(st);
@@ -288,7 +290,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             fence_proxy_async();
             bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
-            /* dQ rows i*128 + 64wg .. +63: dS (64 queries × 128 keys, from half wg of dS^T) · K */
+            /* dQ rows 64wg .. +63 of the query tile: dS (64 queries × 128 keys, from half wg of dS^T) · K */
             float dq[32]; /* overwritten by the first k-step */
             dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
             wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
@@ -399,7 +401,7 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
 
 template <typename T>
 static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
-                       const float *lse, const float *Dd, const zr_attn_layout &L, int64_t B,
+                       const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
                        int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
                        cudaStream_t st) {
     auto kern = attn_bwd_sm90_kernel<T>;
@@ -409,17 +411,17 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nitems = (int)(B * Hkv * ns) * nT;
     const int blocks = attn_sm90_blocks(1, nitems);
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
-        (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, lse, Dd, L.dk, L.dv,
+        (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         (int)T_, nT, nitems, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
         scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
-                                   const float *lse, const float *Dd, const zr_attn_layout *L,
+                                   const float *nl2, const float *Dd, const zr_attn_layout *L,
                                    int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
                                    int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+        bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else
-        bwd_launch<__half>(*m, dk, dv, wkv, lse, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+        bwd_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
 }

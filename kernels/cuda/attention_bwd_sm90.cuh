@@ -21,18 +21,17 @@ static __device__ __forceinline__ void load_cols(float2 (&v)[8], const float *p)
 }
 
 /* P^T = 2^(S^T·scale_log2 − lse·log2 e) on a warpgroup's 64 keys × 64 queries (accumulator layout:
- * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); lq: the raw lse (natural log)
- * of this thread's columns (load_cols). */
-static __device__ __forceinline__ void p_tile(float (&st)[32], const float2 (&lq)[8],
+ * element 4nt + e is query column 8nt + (e & 1) + 2·t4 of the half); nl: −lse·log2 e of this
+ * thread's columns (load_cols; attention.cu's prep kernel scales lse, one multiply a row instead of
+ * one per row and key tile here). */
+static __device__ __forceinline__ void p_tile(float (&st)[32], const float2 (&nl)[8],
                                               float scale_log2) {
-    const float log2e = 1.4426950408889634f;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const float l0 = lq[nt].x * log2e, l1 = lq[nt].y * log2e;
-        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, -l0));
-        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, -l1));
-        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, -l0));
-        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, -l1));
+        st[4 * nt] = ex2(fmaf(st[4 * nt], scale_log2, nl[nt].x));
+        st[4 * nt + 1] = ex2(fmaf(st[4 * nt + 1], scale_log2, nl[nt].y));
+        st[4 * nt + 2] = ex2(fmaf(st[4 * nt + 2], scale_log2, nl[nt].x));
+        st[4 * nt + 3] = ex2(fmaf(st[4 * nt + 3], scale_log2, nl[nt].y));
     }
 }
 

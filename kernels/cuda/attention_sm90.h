@@ -66,11 +66,11 @@ int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dou
                             const void *k, const void *v, const zr_attn_layout *L, int64_t B,
                             int64_t Hq, int64_t Hkv, int64_t T, zr_dtype dt);
 /* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's), which
- * must be zeroed; Dd = rowsum(dO∘O) per query row; with ns > 1 f32 partials of dk (unscaled) and dv
- * go to wkv (ns·nkv each) for attention.cu's reduction, else dk (scaled) and dv are written
- * directly. */
+ * must be zeroed; nl2 = −lse·log2 e and Dd = rowsum(dO∘O) per query row (attention.cu's prep
+ * kernel); with ns > 1 f32 partials of dk (unscaled) and dv go to wkv (ns·nkv each) for
+ * attention.cu's reduction, else dk (scaled) and dv are written directly. */
 void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
-                        const float *lse, const float *Dd, const zr_attn_layout *L, int64_t B,
+                        const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
                         int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
                         zr_dtype dt, cudaStream_t st);
 

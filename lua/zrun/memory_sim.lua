@@ -385,7 +385,8 @@ function Sim:rope(x, table_bytes)
 end
 
 -- kernels/cuda/attention.cu: attention_backward_workspace_size (fp32 dq accumulator, the dO.O row
--- sums, and per-split fp32 dk/dv partials when the query group is split across blocks)
+-- sums and the scaled lse, and per-split fp32 dk/dv partials when the query group is split across
+-- blocks)
 local function split(blocks, G, limit)
   local ns = 1
   while G % (ns * 2) == 0 and blocks * ns < limit do ns = ns * 2 end
@@ -395,7 +396,7 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   local G = Hq / Hkv
   local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
   local a16 = function(n) return ceil(n / 16) * 16 end
-  local n = a16(B * Hq * T * Dh * 4) + a16(B * Hq * T * 4)
+  local n = a16(B * Hq * T * Dh * 4) + 2 * a16(B * Hq * T * 4)
   if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dh * 4 end
   return n
 end
