@@ -1,8 +1,8 @@
 /* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout: a producer
  * warp loads Q and a ring of K/V tiles by TMA (4-D maps over any (B, H, T, 64) strides, 128-byte
  * swizzle, rows past T zero-filled); two consumer warpgroups of 64 queries each run the softmax of
- * key tile j + 1 while the tensor cores run P·V of tile j, their products issued in turns
- * (ping-pong). head_dim 64, bf16/f16. Also the tensor-map helpers the backward shares. */
+ * key tile j + 1 while the tensor cores run P·V of tile j (and the other warpgroup's products).
+ * head_dim 64, bf16/f16. Also the tensor-map helpers the backward shares. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
@@ -29,7 +29,6 @@ using namespace sm90;
 #define F2_CONS 256              /* two consumer warpgroups */
 #define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
 #define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
-#define F2_BAR_TURN 1              /* named barriers 1, 2: warpgroup 0's, 1's turn to issue */
 #define F2_LOG2E 1.4426950408889634f
 static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
 static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
@@ -97,19 +96,13 @@ static __device__ __forceinline__ int f2_tile_id(int n) {
  * the release of its previous use.
  * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
  * not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
- * Ping-pong (FlashAttention-3's): a warpgroup issues each of its nkv + 1 groups of products a tile
- * (S_0; S_it with P·V_{it−1}; P·V of the last tile) only in its turn — it waits on its named barrier
- * (turn(), bar.sync 1 + w over both warpgroups) and, once issued, hands the turn over (pass(),
- * bar.arrive 2 − w) — so the tensor cores run the two warpgroups' products alternately and one's
- * softmax (or epilogue) runs under the other's products. Both warpgroups run the same tiles, so
- * the turns alternate across tile boundaries too (warpgroup 0's epilogue of tile n runs under
- * warpgroup 1's last P·V, warpgroup 1's under warpgroup 0's S_0 of tile n + 1). Warpgroup 1
- * passes first, so that warpgroup 0 starts, and not after its last group of the block's last tile
- * (nobody waits for it): with N = Σ (nkv + 1) over the block's tiles, barrier 1 sees N waits
- * (warpgroup 0) and 1 + N − 1 arrivals (warpgroup 1), barrier 2 N waits (warpgroup 1) and N
- * arrivals (warpgroup 0); neither can get two arrivals ahead, as each warpgroup waits for its own
- * turn between two passes. Each waits for its data (qfull, full) before its turn, never holding
- * the turn on a load. */
+ * No ping-pong: FlashAttention-3 has each warpgroup issue its products only in its turn (a named
+ * barrier a group: bar.sync, issue, bar.arrive for the other), so that one's softmax runs under the
+ * other's products. At head_dim 64 the exponentials cost as much as the products, the turn put each
+ * issue on the other warpgroup's critical path, and without it (session 18, `bench_fused attention`,
+ * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
+ * 0.324 -> 0.315, T8192 within noise. (The turns: git history, attention_fwd_sm90.cu before this
+ * note.) */
 template <typename T>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
@@ -165,18 +158,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
     reg_alloc<240>();
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
-    auto turn = [&]() {
-        bar_sync(F2_BAR_TURN + wg, F2_CONS);
-    };
-    auto pass = [&](bool last) {
-        if (!(last && wg == 1)) bar_arrive(F2_BAR_TURN + 1 - wg, F2_CONS);
-    };
-    if (wg == 1) bar_arrive(F2_BAR_TURN, F2_CONS); /* warpgroup 0 goes first */
     unsigned kv = 0; /* the producer's j at this tile's first load */
     for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
         const f2_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
-        const bool last_tile = f2_tile_id(n + 1) >= ntiles; /* the block's last */
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
@@ -186,11 +171,9 @@ __global__ void __launch_bounds__(F2_THR, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i)
             acc[i] = 0.f;
-        /* The products' descriptors are made before the warpgroup's turn (ds, dv: a stage's K and
-         * V, fenced so that they are computed there), so that between turn() and pass() only the
-         * wgmma instructions issue: the other warpgroup waits for pass(), and ptxas had placed ~90
-         * instructions of descriptor arithmetic there (session 18: a fifth of the kernel's stall
-         * samples fell between the two barriers). */
+        /* The products' descriptors are made ahead (ds, dv: a stage's K and V, fenced so that they
+         * are computed there), so that the wgmma instructions issue nearly back to back: ptxas
+         * had interleaved ~90 instructions of descriptor arithmetic with them. */
         const sdesc dq0(qa);
         uint64_t ds[8], dv[8];
         auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
@@ -227,10 +210,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
         mbar_wait(&full[kv % F2_ST], (kv / F2_ST) & 1);
         {
             desc_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
-            turn();
             wg_fence();
             issue_s();
-            pass(false);
             wg_wait<0>();
             reg_fence(sc);
             softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
@@ -247,11 +228,9 @@ __global__ void __launch_bounds__(F2_THR, 1)
             desc_pv(smem_u32(sV + sp * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
-            turn();
             wg_fence();
             issue_s();
             issue_pv();
-            pass(false);
             wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
             reg_fence(sc);
             softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
@@ -274,10 +253,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
             desc_pv(smem_u32(sV + sl * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
-            turn();
             wg_fence();
             issue_pv();
-            pass(last_tile);
             wg_wait<0>();
             reg_fence(acc);
             if (lane == 0) mbar_arrive(&empty[sl]);

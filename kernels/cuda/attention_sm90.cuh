@@ -263,17 +263,33 @@ template <int NT>
 static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
                                                     float &al0, float &al1, float &rs0, float &rs1,
                                                     bool diag, int key0, int qrow, float sl) {
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+    if (diag) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        if (diag) {
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (key0 + nt * 8 + (e & 1) > qrow + (e >> 1) * 8) s[4 * nt + e] = -INFINITY;
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[4 * nt], s[4 * nt + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
     }
+    /* the row maxima as balanced trees (log2(2·NT) dependent steps instead of 2·NT: the
+     * exponentials wait for them, and the other warpgroup's products only cover so much) */
+    float m2[2 * NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+        m2[i] = fmaxf(s[4 * i], s[4 * i + 1]);
+        m2[NT + i] = fmaxf(s[4 * i + 2], s[4 * i + 3]);
+    }
+    static_assert(NT == 16, "the tree below halves 16 partial maxima four times");
+#define ZR_MAX_LEVEL(W)                                                                            \
+    _Pragma("unroll") for (int i = 0; i < (W); ++i) {                                              \
+        m2[i] = fmaxf(m2[i], m2[i + (W)]);                                                         \
+        m2[NT + i] = fmaxf(m2[NT + i], m2[NT + i + (W)]);                                          \
+    }
+    ZR_MAX_LEVEL(8)
+    ZR_MAX_LEVEL(4)
+    ZR_MAX_LEVEL(2)
+    ZR_MAX_LEVEL(1)
+#undef ZR_MAX_LEVEL
+    float mx0 = m2[0], mx1 = m2[NT];
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
