@@ -101,8 +101,8 @@ static __device__ __forceinline__ int f2_tile_id(int n) {
  * other's products. At head_dim 64 the exponentials cost as much as the products, the turn put each
  * issue on the other warpgroup's critical path, and without it (session 18, `bench_fused attention`,
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
- * 0.324 -> 0.315, T8192 within noise. (The turns: git history, attention_fwd_sm90.cu before this
- * note.) */
+ * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
+ * attention_fwd_sm90.cu`.) */
 template <typename T>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
@@ -171,9 +171,9 @@ __global__ void __launch_bounds__(F2_THR, 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i)
             acc[i] = 0.f;
-        /* The products' descriptors are made ahead (ds, dv: a stage's K and V, fenced so that they
-         * are computed there), so that the wgmma instructions issue nearly back to back: ptxas
-         * had interleaved ~90 instructions of descriptor arithmetic with them. */
+        /* The products' descriptors, made ahead of their issue (ds, dv: a stage's K and V) as a
+         * base plus offsets: ptxas had interleaved ~90 instructions of descriptor arithmetic with
+         * the wgmma instructions (it still moves each into uniform registers right before use). */
         const sdesc dq0(qa);
         uint64_t ds[8], dv[8];
         auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */

@@ -46,6 +46,11 @@ static __device__ __forceinline__ int swz(int row, int col) {
  * Leading and stride byte offsets are both 1024 (8 rows of 128 bytes): the distance between
  * 8-row groups, which is the one stride these operands use (their swizzled extent is one atom
  * wide); swizzle mode 1 = 128 bytes. */
+static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) |
+           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
 /* The same descriptor as a base and byte offsets: shared addresses are below 2^18 (228 KB a block),
  * so the start address field is a / 16 and a tile's offsets (multiples of 16 bytes) add to it with
  * no carry. Made once outside a loop, at(off) is one add where desc128 is a mask, a shift and an or
@@ -59,15 +64,12 @@ struct sdesc {
         return d;
     }
 };
-/* Keeps 64-bit values (precomputed descriptors) computed before the next asm volatile statement. */
+/* Orders the computation of 64-bit values (descriptors) before the next asm volatile statement in
+ * the PTX (ptxas may still schedule the SASS instructions later). */
 template <int N> static __device__ __forceinline__ void reg_fence(uint64_t (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i)
         asm volatile("" : "+l"(d[i])::"memory");
-}
-static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
 /* 2^x on the special-function unit alone (flushes subnormal results to 0; exp2(-inf) = 0). */
