@@ -7,26 +7,43 @@
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
 # defaults to shared/data's Llama-3.2-1B config.json. VS_TORCH_SHAPES picks the rows (default
 # "4x512x8,16x512x8,4x2048x8": batch x seq x micro-batches per step), VS_TORCH_MODES the PyTorch
-# columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape).
+# columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape). VS_TORCH_ROUNDS
+# (default 1) runs each row's zrun and PyTorch measurements that many times, alternating, and prints
+# the medians with every round's figures below the row: a ratio target near its bound needs it, as
+# either side moves by about 1% from one process to the next.
 C=${1:-}; C=${C:-${ZRUN_TEST_DATA:-../shared/data}/models/llama-3.2-1b/config.json}; Z=${2:-./zrun}; BD=${3:-build/bench}
 PY=${PYTHON:-python3}
 have_torch=0
 $PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && have_torch=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+rounds=${VS_TORCH_ROUNDS:-1}
+case $rounds in ''|*[!0-9]*|0) echo "vs_torch.sh: VS_TORCH_ROUNDS=$rounds: use a count of 1 or more" >&2; exit 1 ;; esac
+median() { # the median of the numbers among the arguments ("-" where none)
+  printf '%s\n' "$@" | awk '$1 ~ /^[0-9.]+$/ { v[++n] = $1 } END {
+    if (!n) { print "-"; exit }
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+    print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }'
+}
 printf '%-30s %12s %12s %12s %10s %10s\n' "Llama training (tokens/s)" zrun "torch eager" "torch.compile" "× eager" "× compile"
 for shape in $(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' '); do
   set -- $(echo "$shape" | tr 'x' ' ')
   [ $# = 3 ] || { echo "vs_torch.sh: VS_TORCH_SHAPES entry '$shape' is not BATCHxSEQxGAS (e.g. 16x512x8)" >&2; exit 1; }
-  z=$($Z tests/bench/bench_llama.lua batch=$1 seq=$2 gas=$3 steps=4 2>&1 | awk '$1 == "tokens/s" { print $2 }')
-  e=- c=-
-  if [ $have_torch = 1 ]; then
-    $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 --modes "${VS_TORCH_MODES:-eager,compile}" >"$tmp/t" 2>&1
-    e=$(awk '$2 == "eager" && $3 == "tokens/s" { print $4 }' "$tmp/t"); c=$(awk '$2 == "compile" && $3 == "tokens/s" { print $4 }' "$tmp/t")
-    grep "failed" "$tmp/t" >&2
-  fi
+  zs= es= cs= i=0
+  while [ $i -lt "$rounds" ]; do
+    z=$($Z tests/bench/bench_llama.lua batch=$1 seq=$2 gas=$3 steps=4 2>&1 | awk '$1 == "tokens/s" { print $2 }')
+    e=- c=-
+    if [ $have_torch = 1 ]; then
+      $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 --modes "${VS_TORCH_MODES:-eager,compile}" >"$tmp/t" 2>&1
+      e=$(awk '$2 == "eager" && $3 == "tokens/s" { print $4 }' "$tmp/t"); c=$(awk '$2 == "compile" && $3 == "tokens/s" { print $4 }' "$tmp/t")
+      grep "failed" "$tmp/t" >&2
+    fi
+    zs="$zs ${z:--}" es="$es ${e:--}" cs="$cs ${c:--}" i=$((i + 1))
+  done
+  z=$(median $zs) e=$(median $es) c=$(median $cs)
   awk -v n="B=$1 T=$2 gas $3" -v z="${z:--}" -v e="${e:--}" -v c="${c:--}" 'BEGIN {
     r1 = (z + 0 > 0 && e + 0 > 0) ? sprintf("%.2f", z / e) : "-"; r2 = (z + 0 > 0 && c + 0 > 0) ? sprintf("%.2f", z / c) : "-"
     printf "%-30s %12s %12s %12s %10s %10s\n", n, z, e, c, r1, r2 }'
+  [ "$rounds" -gt 1 ] && printf '  %s rounds, medians above: zrun%s; eager%s; compile%s\n' "$rounds" "$zs" "$es" "$cs"
 done
 [ -x "$BD/bench_fused" ] || exit 0
 "$BD/bench_fused" attention | sed -n '/^attention/,$p' >"$tmp/za"
