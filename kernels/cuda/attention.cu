@@ -173,9 +173,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 /* ---- backward ------------------------------------------------------------------------------- */
 
-/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row), and
- * nl2[row] = −lse[row]·log2 e (the Hopper backward's form of it); the same threads zero that row of
- * the dq accumulator (instead of a separate memset pass). */
+/* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row), and, when
+ * nl2 is given (the Hopper backward's form of lse), nl2[row] = −lse[row]·log2 e; the same threads
+ * zero that row of the dq accumulator (instead of a separate memset pass). */
 template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ nl2,
                                      float *__restrict__ dqacc, const float *__restrict__ lse,
@@ -208,7 +208,7 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
         s += __shfl_xor_sync(0xffffffffu, s, off);
     if (row < rows && ch == 0) {
         Dd[row] = s;
-        nl2[row] = -lse[row] * 1.4426950408889634f;
+        if (nl2) nl2[row] = -lse[row] * 1.4426950408889634f;
     }
 }
 
@@ -598,7 +598,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
-        Dd, nl2, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
+        Dd, hopper ? nl2 : nullptr, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
     if (hopper) {
         attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,

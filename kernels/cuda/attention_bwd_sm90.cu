@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             fence_proxy_async();
             bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
-            /* dQ rows 64wg .. +63 of the query tile: dS (64 queries × 128 keys, from half wg of dS^T) · K */
+            /* dQ rows 64wg .. +63 of the query tile: dS (64 queries × 128 keys, from half wg of
+             * dS^T) · K */
             float dq[32]; /* overwritten by the first k-step */
             dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
             wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */

@@ -46,9 +46,10 @@ static __device__ __forceinline__ int swz(int row, int col) {
  * Leading and stride byte offsets are both 1024 (8 rows of 128 bytes): the distance between
  * 8-row groups, which is the one stride these operands use (their swizzled extent is one atom
  * wide); swizzle mode 1 = 128 bytes. */
+#define ZR_DESC128_LO ((1024u >> 4) << 16)            /* low word: leading byte offset */
+#define ZR_DESC128_HI ((1024u >> 4) | (1u << (62 - 32))) /* high word: stride offset, swizzle */
 static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(1024 >> 4) << 16) |
-           ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+    return (uint64_t)(((a & 0x3FFFF) >> 4) | ZR_DESC128_LO) | ((uint64_t)ZR_DESC128_HI << 32);
 }
 
 /* The same descriptor as a base and byte offsets: shared addresses are below 2^18 (228 KB a block),
@@ -56,11 +57,11 @@ static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
  * no carry. Made once outside a loop, at(off) is one add where desc128 is a mask, a shift and an or
  * per product. */
 struct sdesc {
-    uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset 1024 / 16 */
-    __device__ __forceinline__ explicit sdesc(uint32_t a) : lo((a >> 4) | ((1024u >> 4) << 16)) {}
+    uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset */
+    __device__ __forceinline__ explicit sdesc(uint32_t a) : lo((a >> 4) | ZR_DESC128_LO) {}
     __device__ __forceinline__ uint64_t at(uint32_t off) const {
-        uint64_t d; /* high word: stride byte offset 1024 / 16, swizzle mode 1 (bit 62) */
-        asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + (off >> 4)), "r"(0x40000040u));
+        uint64_t d;
+        asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + (off >> 4)), "r"(ZR_DESC128_HI));
         return d;
     }
 };

@@ -43,7 +43,7 @@ for shape in $(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' '
   awk -v n="B=$1 T=$2 gas $3" -v z="${z:--}" -v e="${e:--}" -v c="${c:--}" 'BEGIN {
     r1 = (z + 0 > 0 && e + 0 > 0) ? sprintf("%.2f", z / e) : "-"; r2 = (z + 0 > 0 && c + 0 > 0) ? sprintf("%.2f", z / c) : "-"
     printf "%-30s %12s %12s %12s %10s %10s\n", n, z, e, c, r1, r2 }'
-  [ "$rounds" -gt 1 ] && printf '  %s rounds, medians above: zrun%s; eager%s; compile%s\n' "$rounds" "$zs" "$es" "$cs"
+  if [ "$rounds" -gt 1 ]; then printf '  %s rounds, medians above: zrun%s; eager%s; compile%s\n' "$rounds" "$zs" "$es" "$cs"; fi
 done
 [ -x "$BD/bench_fused" ] || exit 0
 "$BD/bench_fused" attention | sed -n '/^attention/,$p' >"$tmp/za"
