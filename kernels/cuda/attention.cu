@@ -229,40 +229,58 @@ struct cvt_seg {
     int T, rows32;
 };
 
+/* Each thread converts ATT_CVT_U float4s a pass (a grid stride apart: each load still coalesced
+ * across the warp), all loads issued before the first store, so that a resident grid keeps enough
+ * bytes in flight to run at the memory's rate. */
+#define ATT_CVT_U 4
 template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const auto sg = segs.s[k];
-        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n4; i += stride) {
-            float4 a = reinterpret_cast<const float4 *>(sg.src)[i];
-            for (int p = 1; p < sg.nsplit; ++p) {
-                const float4 c = reinterpret_cast<const float4 *>(sg.src)[i + p * sg.n4];
-                a.x += c.x;
-                a.y += c.y;
-                a.z += c.z;
-                a.w += c.w;
-            }
-            uint2 r;
-            r.x = (uint32_t)M::from_f(a.x * sg.scale) | ((uint32_t)M::from_f(a.y * sg.scale) << 16);
-            r.y = (uint32_t)M::from_f(a.z * sg.scale) | ((uint32_t)M::from_f(a.w * sg.scale) << 16);
-            const int64_t e = i * 4;
-            uint16_t *dst = sg.dst + e;
-            if (!sg.dense) {
-                const int64_t row = e / D; /* D a power of two: a shift */
-                const int col = (int)(e % D);
-                int64_t bh, t;
-                if (segs.rows32) {
-                    const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
-                    bh = q, t = r32 - q * (uint32_t)segs.T;
-                } else {
-                    bh = row / segs.T, t = row % segs.T;
+        for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < sg.n4;
+             i0 += ATT_CVT_U * stride) {
+            float4 a[ATT_CVT_U];
+#pragma unroll
+            for (int u = 0; u < ATT_CVT_U; ++u) {
+                const int64_t i = i0 + u * stride;
+                if (i >= sg.n4) break;
+                a[u] = reinterpret_cast<const float4 *>(sg.src)[i];
+                for (int p = 1; p < sg.nsplit; ++p) {
+                    const float4 c = reinterpret_cast<const float4 *>(sg.src)[i + p * sg.n4];
+                    a[u].x += c.x;
+                    a[u].y += c.y;
+                    a[u].z += c.z;
+                    a[u].w += c.w;
                 }
-                const int64_t b = bh / sg.H, h = bh - b * sg.H;
-                dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
             }
-            *reinterpret_cast<uint2 *>(dst) = r;
+#pragma unroll
+            for (int u = 0; u < ATT_CVT_U; ++u) {
+                const int64_t i = i0 + u * stride;
+                if (i >= sg.n4) break;
+                uint2 r;
+                r.x = (uint32_t)M::from_f(a[u].x * sg.scale) |
+                      ((uint32_t)M::from_f(a[u].y * sg.scale) << 16);
+                r.y = (uint32_t)M::from_f(a[u].z * sg.scale) |
+                      ((uint32_t)M::from_f(a[u].w * sg.scale) << 16);
+                const int64_t e = i * 4;
+                uint16_t *dst = sg.dst + e;
+                if (!sg.dense) {
+                    const int64_t row = e / D; /* D a power of two: a shift */
+                    const int col = (int)(e % D);
+                    int64_t bh, t;
+                    if (segs.rows32) {
+                        const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
+                        bh = q, t = r32 - q * (uint32_t)segs.T;
+                    } else {
+                        bh = row / segs.T, t = row % segs.T;
+                    }
+                    const int64_t b = bh / sg.H, h = bh - b * sg.H;
+                    dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+                }
+                *reinterpret_cast<uint2 *>(dst) = r;
+            }
         }
     }
 }
