@@ -16,9 +16,9 @@ using namespace sm90;
 
 /* Tiles: 128 keys per work item (64 per consumer warpgroup: each keeps its keys' dK, dV in
  * registers), 128 queries per step (two halves of 64, so that S^T and dP^T take 32 registers each).
- * FA3 uses the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 ×
- * 32 KB; dQ 32 KB = 192 KB, which leaves no room for a third Q/dO stage nor a second K/V buffer
- * (227 KB per block). */
+ * FA3 uses the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 32 KB
+ * (a warpgroup's 64 keys × 128 queries each); dQ 64 KB (a warpgroup's 128 × 64 f32 each) = 192 KB,
+ * which leaves no room for a third Q/dO stage nor a second K/V buffer (227 KB per block). */
 #define WS_BN 128              /* keys per work item */
 #define WS_BM 128              /* queries per step */
 #define WS_ST 2                /* Q/dO/lse/D stages */
@@ -26,15 +26,15 @@ using namespace sm90;
 #define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
 #define WS_PRODUCER (WS_CONS / 32)
 #define WS_DQWARP (WS_PRODUCER + 1)
-#define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
+#define WS_BAR_DS 1 /* named barriers 1, 2: warpgroup 0's, 1's dS^T rows written */
 static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
 
 /* Shared memory, in this order from a 1024-byte boundary (every tile a multiple of 1 KB). */
 struct ws_smem {
     static constexpr int K = 0, V = K + WS_BN * 64 * 2, Q = V + WS_BN * 64 * 2;
     static constexpr int DO = Q + WS_ST * WS_BM * 64 * 2, DS = DO + WS_ST * WS_BM * 64 * 2;
-    static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
-    static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
+    static constexpr int DQ = DS + WS_BN * WS_BM * 2; /* dS^T: [warpgroup][half][key][query] */
+    static constexpr int L = DQ + 2 * WS_BM * 64 * 4; /* dQ: 128×64 f32 per warpgroup */
     static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
     static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
 };
@@ -203,10 +203,14 @@ __global__ void __launch_bounds__(WS_THR, 1)
                     for (int wg = 0; wg < 2; ++wg) {
                         mbar_wait(&dqfull[wg], c & 1);
                         if (lane == 0) {
-                            const int row0 = i * WS_BM + 64 * wg;
-                            if (row0 < T_) {
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096, 0, row0, h, t.b);
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096 + 2048, 32, row0, h, t.b);
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                const int row0 = i * WS_BM + 64 * hh;
+                                const float *src = sdQ + wg * 8192 + hh * 4096;
+                                if (row0 < T_) {
+                                    tma_reduce_add4(&tdq, src, 0, row0, h, t.b);
+                                    tma_reduce_add4(&tdq, src + 2048, 32, row0, h, t.b);
+                                }
                             }
                             bulk_commit();
                             bulk_wait_read<0>();
@@ -224,7 +228,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
 
     /* consumers */
     const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
-    const uint32_t aK = smem_u32(sK), aKw = smem_u32(sK + wg * 64 * 64),
+    const uint32_t aKw = smem_u32(sK + wg * 64 * 64),
                    aVw = smem_u32(sV + wg * 64 * 64);
     const sdesc dKw(aKw), dVw(aVw);
     int c = 0; /* the block's step */
@@ -247,10 +251,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
                            adO = smem_u32(sdO + s * WS_BM * 64);
             const sdesc dQs(aQ), dOs(adO);
             const float *cL = sL + s * WS_BM, *cD = sD + s * WS_BM;
-            uint16_t *cdS = sdS + (c & 1) * WS_BN * WS_BM; /* [half][key][query of the half] */
+            uint16_t *cdS = sdS + wg * 64 * WS_BM; /* [half][this warpgroup's key][query] */
             const bool diag = iq == 0;
 
             uint32_t pf[4][4], sf[4][4]; /* A operands of the dV/dK products of the current half */
+            float dq0[32], dq1[32];     /* dQ of half 0, 1 over this warpgroup's keys */
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
@@ -265,8 +270,9 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 for (int kk = 0; kk < 4; ++kk)
                     wg_ss64<T, 0, 0>(dpt, dVw.at(kk * 32), dOs.at(hh * 64 * 128 + kk * 32), kk);
                 wg_commit();
-                /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the
-                 * groups complete in order), so pf/sf, their A operands, may be overwritten below */
+                /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK and dQ products
+                 * (the groups complete in order), so pf/sf, their A operands, may be overwritten
+                 * below, and half 0's dS^T rows are read */
                 float2 cols[8]; /* −lse·log2 e, then D, of this thread's query columns */
                 load_cols(cols, cL + hh * 64 + t4 * 2);
                 wg_wait<1>();
@@ -276,24 +282,24 @@ __global__ void __launch_bounds__(WS_THR, 1)
                     reg_fence(sf);
                     reg_fence(dva);
                     reg_fence(dka);
+                    reg_fence(dq0);
                 }
                 p_tile(st, cols, scale_log2);
                 if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
                 load_cols(cols, cD + hh * 64 + t4 * 2);
                 wg_wait<0>();
                 reg_fence(dpt);
-                ds_pack<T>(dpt, st, cols, pf, sf,
-                           cdS + hh * WS_BN * 64 /* [key][query of this half] */,
-                           wg * 64 + warp * 16, lane);
+                ds_pack<T>(dpt, st, cols, pf, sf, cdS + hh * 64 * 64 /* [key][query of the half] */,
+                           warp * 16, lane);
                 dvdk_issue<T>(dva, dka, pf, sf, adO + hh * 64 * 128, aQ + hh * 64 * 128);
+                /* this warpgroup's dS^T rows of the half written (its own barrier: the other
+                 * warpgroup's keys are its own dQ product's) */
+                fence_proxy_async();
+                bar_sync(WS_BAR_DS + wg, 128);
+                /* dQ of the half's 64 queries over this warpgroup's 64 keys: dS · K_w */
+                dq_issue<T, 4>(hh ? dq1 : dq0, smem_u32(cdS + hh * 64 * 64), aKw);
             }
-            fence_proxy_async();
-            bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
-            /* dQ rows 64wg .. +63 of the query tile: dS (64 queries × 128 keys, from half wg of
-             * dS^T) · K */
-            float dq[32]; /* overwritten by the first k-step */
-            dq_issue<T>(dq, smem_u32(cdS + wg * WS_BN * 64), aK);
             wg_wait<1>(); /* half 1's dV/dK products done: Q, dO, lse, D of stage s are read */
             reg_fence(dva);
             reg_fence(dka);
@@ -303,12 +309,13 @@ __global__ void __launch_bounds__(WS_THR, 1)
             if (lane == 0) mbar_arrive(&empty[s]);
             if (c > 0) mbar_wait(&dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
             wg_wait<0>();
-            reg_fence(dq);
+            reg_fence(dq1);
             if (it == t.niter - 1) { /* the item's last read of K (and V, earlier) is done */
                 __syncwarp();
                 if (lane == 0) mbar_arrive(kvempty);
             }
-            dq_stage(sdQ + wg * 4096, dq, warp, g, t4);
+            dq_stage(sdQ + wg * 8192, dq0, warp, g, t4);
+            dq_stage(sdQ + wg * 8192 + 4096, dq1, warp, g, t4);
             fence_proxy_async(); /* visible to the TMA unit's reads */
             mbar_arrive(&dqfull[wg]);
         }

@@ -97,15 +97,15 @@ static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)
     wg_commit();
 }
 
-/* Issues dQ (64 queries × 64, overwritten) = dS · K over the block's 128 keys as one commit
- * group: aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
-template <typename T>
+/* Issues dQ (64 queries × 64, overwritten) = dS · K over 16·KC keys as one commit group: aS, the
+ * [key][query] tile of dS^T holding these queries (128-byte rows); aK, the keys' first row of K. */
+template <typename T, int KC>
 static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, uint32_t aK) {
     const sdesc dS(aS), dK(aK);
     reg_fence(dq);
     wg_fence();
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc)
+    for (int kc = 0; kc < KC; ++kc)
         wg_ss64<T, 1, 1>(dq, dS.at(kc * 2048), dK.at(kc * 2048), kc);
     wg_commit();
 }
