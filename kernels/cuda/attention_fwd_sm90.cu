@@ -164,7 +164,6 @@ __global__ void __launch_bounds__(F2_THR, 1)
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
-        const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
         float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
         float acc[32], sc[64];
         uint32_t pf[8][4];
@@ -174,15 +173,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
         /* The products' descriptors, made ahead of their issue (ds, dv: a stage's K and V) as a
          * base plus offsets: ptxas had interleaved ~90 instructions of descriptor arithmetic with
          * the wgmma instructions (it still moves each into uniform registers right before use). */
-        const sdesc dq0(qa);
-        uint64_t ds[8], dv[8];
-        auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
+        uint32_t qf[4][4]; /* this warpgroup's Q rows as the register A operands of S */
+        uint64_t ds[4], dv[8];
+        auto desc_s = [&](uint32_t ka) { /* ds[kk]: K of k-step kk */
             const sdesc dk0(ka);
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                ds[2 * kk] = dq0.at(kk * 32);
-                ds[2 * kk + 1] = dk0.at(kk * 32);
-            }
+            for (int kk = 0; kk < 4; ++kk)
+                ds[kk] = dk0.at(kk * 32);
             reg_fence(ds);
         };
         auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
@@ -195,7 +192,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         auto issue_s = [&]() { /* sc = Q·K^T (64×128) */
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-                wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
+                wg_rs128<T>(sc, qf[kk], ds[kk], kk);
             wg_commit();
         };
         auto issue_pv = [&]() { /* acc += P·V (64×64) */
@@ -207,6 +204,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
 
         /* step 0: the diagonal tile (load kv) */
         mbar_wait(&qfull[n & 1], (n >> 1) & 1);
+        a_frags_64(qf, sQb, wg * 64, warp, lane);
         mbar_wait(&full[kv % F2_ST], (kv / F2_ST) & 1);
         {
             desc_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
@@ -235,11 +233,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
             reg_fence(sc);
             softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
             /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
-             * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
-             * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
-             * is the canonical 0x7fffffff); the branch ends the basic block after the last
-             * exponential, and the wait stays below it. */
-            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
+             * shuffle, and the exponentials wait for P·V. The row sums are sums of 2^x, so their
+             * sign bit is never set (a NaN from inf/NaN inputs is the canonical 0x7fffffff); the
+             * branch ends the basic block after the last exponential, and the wait stays below
+             * it. Its target is a 1 ns sleep that never runs: a __trap() there made ptxas spill
+             * and serialise the products once Q's fragments took 16 more registers (C7512). */
+            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31)
+                asm volatile("nanosleep.u32 1;\n");
             wg_wait<0>();
             reg_fence(acc);
             reg_fence(pf);

@@ -172,6 +172,21 @@ static __device__ __forceinline__ void wg_ss128(float (&d)[64], uint64_t a, uint
     else ZR_WG_SS128("f16");
 }
 
+/* d (64×128 per warpgroup, f32) (+)= A (64×16, registers) · B (16×128 from descriptor b, stored
+ * [n][k], K-major). acc = 0 overwrites d. */
+#define ZR_WG_RS128(TY)                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " ZR_WG_D64            \
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                   \
+                 : ZR_WG_OUT64(d)                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
+template <typename T>
+static __device__ __forceinline__ void wg_rs128(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                                int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_RS128("bf16");
+    else ZR_WG_RS128("f16");
+}
+
 /* A warpgroup's 64 rows of a [row][64] 16-bit tile in the TMA's 128-byte swizzle (tile 1024-byte
  * aligned) as the register A operands of four k = 16 steps (x[kk]: columns 16kk..16kk + 15), by
  * ldmatrix x4: matrix m = lane / 8 holds rows + 8(m & 1) and the step's 16-byte chunk m >> 1 (chunk
