@@ -226,7 +226,9 @@ __global__ void __launch_bounds__(WS_THR, 1)
     /* consumers */
     const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK);
-    int c = 0; /* the block's step */
+    int c = 0;    /* the block's step */
+    float dqh[32]; /* step c − 1's dQ rows until staged at step c's first products: a copy, so
+                    * that ptxas does not wait for the products in flight there to read them */
     for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
         const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
         const int kv0 = t.j * WS_BN;
@@ -270,6 +272,14 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 for (int kk = 0; kk < 4; ++kk)
                     wg_rs64<T, 0>(dpt, vf[kk], dOs.at(hh * 64 * 128 + kk * 32), kk);
                 wg_commit();
+                if (hh == 0) { /* the previous step's dQ rows, under this half's products (at
+                                * c = 0, unset values into a buffer no one reads) */
+                    /* the dQ warp has read the buffer (step c − 2's rows) */
+                    if (c > 1) mbar_wait(&dqempty[wg], c & 1);
+                    dq_stage(sdQ + wg * 4096, dqh, warp, g, t4);
+                    fence_proxy_async(); /* visible to the TMA unit's reads */
+                    if (c > 0) mbar_arrive(&dqfull[wg]);
+                }
                 /* S^T done, dP^T may still run; in half 1 also half 0's dV/dK products (the
                  * groups complete in order), so pf/sf, their A operands, may be overwritten below */
                 float2 cols[8]; /* −lse·log2 e, then D, of this thread's query columns */
@@ -306,20 +316,24 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(sf);
             __syncwarp();
             if (lane == 0) mbar_arrive(&empty[s]);
-            if (c > 0) mbar_wait(&dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
             wg_wait<0>();
             reg_fence(dq);
+#pragma unroll
+            for (int e = 0; e < 32; ++e)
+                dqh[e] = __fadd_rn(dq[e], 0.f); /* an instruction ptxas cannot coalesce away */
             if (it == t.niter - 1) { /* the item's last read of K (and V, earlier) is done */
                 __syncwarp();
                 if (lane == 0) mbar_arrive(kvempty);
             }
-            dq_stage(sdQ + wg * 4096, dq, warp, g, t4);
-            fence_proxy_async(); /* visible to the TMA unit's reads */
-            mbar_arrive(&dqfull[wg]);
         }
 
         store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_, t.split,
                      nsplit, kv_elems, scale);
+    }
+    if (c > 0) { /* the last step's dQ rows */
+        dq_stage(sdQ + wg * 4096, dqh, warp, g, t4);
+        fence_proxy_async();
+        mbar_arrive(&dqfull[wg]);
     }
 }
 
