@@ -1,0 +1,73 @@
+-- tests/bench/ab_attention.sh with stand-ins for bench_fused: shell scripts printing rows in
+-- bench_fused's format (attention_rows' printf), a different set each call. Checks the alternating
+-- order, the medians, the ratios to the first build, that the "tile/block" rows are left out, and
+-- the refusals.
+local zr = require "zrun"
+local T = zr.testing
+local dir = os.tmpname()
+os.remove(dir)
+assert(os.execute("mkdir -p " .. dir) == 0 or true)
+
+local function put(path, s) local f = assert(io.open(path, "wb")); f:write(s); f:close() end
+local function read(path) local f = io.open(path, "rb"); if not f then return "" end local s = f:read("*a"); f:close(); return s end
+local ROW = "%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n"
+-- a stand-in that prints, on its k-th call, shape rows with bwd = bwds[k] (fwd 0.18, f+b = fwd + bwd)
+-- and a tile/block row that must not count; it logs its name to dir/order
+local function stand_in(name, bwds)
+  local t = { "#!/bin/sh\n", ("echo %s >> %s/order\n"):format(name, dir),
+    ("n=$(cat %s/%s.n 2>/dev/null || echo 0); n=$((n + 1)); echo $n > %s/%s.n\n"):format(dir, name, dir, name),
+    "echo 'device: stand-in'\n", "printf '\\n%-34s %10s\\n' 'attention (causal, bf16)' 'fwd ms'\n", "case $n in\n" }
+  for k, b in ipairs(bwds) do
+    local rows = ROW:format("B4 T2048 H32/8 Dh64", 0.18, b, 0.18 + b, 380, 360, 365)
+      .. ROW:format("B64 T1024 H12/12 Dh64", 0.32, 2 * b, 0.32 + 2 * b, 320, 250, 270)
+      .. ROW:format("B4 T2048 H32/8 Dh64 tile/block", 9, 9, 18, 1, 1, 1)
+    t[#t + 1] = ("%d) cat <<'EOF'\n%sEOF\n;;\n"):format(k, rows)
+  end
+  t[#t + 1] = "esac\n"
+  local p = dir .. "/" .. name
+  put(p, table.concat(t))
+  os.execute("chmod +x " .. p)
+  return p
+end
+local function ab(args) return T.run("sh tests/bench/ab_attention.sh " .. args) end
+
+T.test("ab_attention.sh: alternating rounds, medians per build and shape, ratios to the first", function()
+  local a = stand_in("a", { 0.47, 0.50, 0.46 })
+  local b = stand_in("b", { 0.44, 0.45, 0.43 })
+  local out, rc = ab(("3 main=%s try=%s"):format(a, b))
+  assert(rc == 0, out)
+  T.eq(read(dir .. "/order"), "a\nb\na\nb\na\nb\n", "alternating order")
+  local function row(shape, build)
+    return out:match("\n" .. shape:gsub("[/%-]", "%%%0") .. " +" .. build .. " +([^\n]+)")
+  end
+  local m = row("B4 T2048 H32/8 Dh64", "main")
+  local t = row("B4 T2048 H32/8 Dh64", "try")
+  assert(m and t, out)
+  T.eq(m, ("%8.3f %8.3f %8.3f %9.3f %9.3f"):format(0.18, 0.47, 0.65, 1, 1):gsub("^ +", ""), "main's medians")
+  T.eq(t, ("%8.3f %8.3f %8.3f %9.3f %9.3f"):format(0.18, 0.44, 0.62, 0.62 / 0.65, 0.44 / 0.47):gsub("^ +", ""),
+    "try's medians and ratios")
+  local g = row("B64 T1024 H12/12 Dh64", "try")
+  T.eq(g, ("%8.3f %8.3f %8.3f %9.3f %9.3f"):format(0.32, 0.88, 1.2, 1.2 / 1.26, 0.88 / 0.94):gsub("^ +", ""), "GPT-2's row")
+  assert(not out:find("tile/block", 1, true), "the tile/block rows are left out:\n" .. out)
+  assert(out:find("median of 3 alternating rounds; vs: against main", 1, true), out)
+end)
+
+T.test("ab_attention.sh refuses a bad count, one build, a missing binary, a repeated name, no rows", function()
+  local a = stand_in("c", { 0.5 })
+  local function refused(args, msg)
+    local out, rc = ab(args)
+    assert(rc ~= 0 and out:find(msg, 1, true), args .. " -> " .. out)
+  end
+  refused("0 x=" .. a .. " y=" .. a, "ROUNDS='0': give a count of 1 or more")
+  refused("1 x=" .. a, "give two or more builds")
+  refused("1 x=" .. a .. " y=/nonexistent/bench_fused", "y: no executable at /nonexistent/bench_fused")
+  refused("1 x=" .. a .. " x=" .. a, "the name 'x' is given twice")
+  refused("1 x=" .. a .. " " .. a, "is not NAME=BENCH_FUSED")
+  local e = dir .. "/empty"
+  put(e, "#!/bin/sh\necho 'SKIP bench_fused: no CUDA device visible'\n")
+  os.execute("chmod +x " .. e)
+  refused("1 x=" .. e .. " y=" .. a, "x: no attention rows in its output (round 1): SKIP bench_fused")
+end)
+
+os.execute("rm -rf " .. dir)
+T.done()
