@@ -6,7 +6,8 @@ local zr = require "zrun"
 local T = zr.testing
 local dir = os.tmpname()
 os.remove(dir)
-assert(os.execute("mkdir -p " .. dir) == 0 or true)
+local made = os.execute("mkdir -p " .. dir)
+assert(made == 0 or made == true, "cannot make " .. dir)
 
 local function put(path, s) local f = assert(io.open(path, "wb")); f:write(s); f:close() end
 local function read(path) local f = io.open(path, "rb"); if not f then return "" end local s = f:read("*a"); f:close(); return s end
