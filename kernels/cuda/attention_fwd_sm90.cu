@@ -34,10 +34,14 @@ static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles")
 static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
 /* Shared memory from a 1024-byte boundary: two Q tiles (128 rows each), F2_ST stages of K and V,
- * the mbarriers (qfull[2], qempty[2], full[F2_ST], empty[F2_ST]). */
+ * a V-shaped tile of ones (P·[V 1] gives O and the row sums of P in one product: no additions
+ * of P's 64 values a thread and step), the mbarriers (qfull[2], qempty[2], full[F2_ST],
+ * empty[F2_ST]). */
 struct f2_smem {
     static constexpr int QT = F2_BM * 64 * 2, KV = F2_BN * 64 * 2; /* bytes of a Q, a K tile */
-    static constexpr int Q = 0, K = Q + 2 * QT, V = K + F2_ST * KV, BAR = V + F2_ST * KV;
+    static constexpr int ONES = F2_BN * 64 * 2; /* a V-shaped tile of ones: P·V's columns 64..71 */
+    static constexpr int Q = 0, K = Q + 2 * QT, V = K + F2_ST * KV, ONE = V + F2_ST * KV,
+                         BAR = ONE + ONES;
     static constexpr int BYTES = BAR + 8 * (4 + 2 * F2_ST) + 1024; /* + alignment slack */
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
@@ -121,6 +125,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
     const int nQt = (T_ + F2_BM - 1) / F2_BM, BH = B * Hq, ntiles = BH * nQt;
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
     if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
+    {   /* the ones, seen by the async proxy (wgmma) after the barrier below */
+        const uint32_t one = cvt<T>::pack(1.f, 1.f);
+        uint4 *p = reinterpret_cast<uint4 *>(base + f2_smem::ONE);
+        for (int i = tid; i < f2_smem::ONES / 16; i += F2_THR)
+            p[i] = make_uint4(one, one, one, one);
+        fence_proxy_async();
+    }
     if (tid == 0) {
         for (int i = 0; i < 2; ++i) {
             mbar_init(&qfull[i], 1);
@@ -165,11 +176,12 @@ __global__ void __launch_bounds__(F2_THR, 1)
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
-        float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
-        float acc[32], sc[64];
+        float m0 = -INFINITY, m1 = -INFINITY, al0, al1;
+        uint32_t bits;
+        float acc[36], sc[64]; /* acc: O (columns 0..63) and the row sums of P (64..71, all alike) */
         uint32_t pf[8][4];
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
+        for (int i = 0; i < 36; ++i)
             acc[i] = 0.f;
         /* The products' descriptors, made ahead of their issue (ds, dv: a stage's K and V) as a
          * base plus offsets: ptxas had interleaved ~90 instructions of descriptor arithmetic with
@@ -185,8 +197,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
             }
             reg_fence(ds);
         };
-        auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
-            const sdesc dv0(va);
+        /* dv[kc]: the rows 16kc.. of V, and of the ones one leading byte offset further */
+        const uint32_t ones = smem_u32(base + f2_smem::ONE);
+        auto desc_pv = [&](uint32_t va) {
+            const sdesc dv0(va, ones - va);
 #pragma unroll
             for (int kc = 0; kc < 8; ++kc)
                 dv[kc] = dv0.at(kc * 2048);
@@ -198,10 +212,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
                 wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
             wg_commit();
         };
-        auto issue_pv = [&]() { /* acc += P·V (64×64) */
+        auto issue_pv = [&]() { /* acc += P·[V 1] (64×72): the row sums on the tensor cores */
 #pragma unroll
             for (int kc = 0; kc < 8; ++kc)
-                wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
+                wg_rs72<T>(acc, pf[kc], dv[kc], 1);
             wg_commit();
         };
 
@@ -214,10 +228,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
             issue_s();
             wg_wait<0>();
             reg_fence(sc);
-            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
+            softmax_step<16>(sc, m0, m1, al0, al1, bits, true, qt * F2_BN + t4 * 2, qrow,
                              scale_log2);
-            l0 = rs0;
-            l1 = rs1;
             pack_a<T, 8>(pf, sc);
         }
 
@@ -233,18 +245,18 @@ __global__ void __launch_bounds__(F2_THR, 1)
             issue_pv();
             wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
             reg_fence(sc);
-            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+            softmax_step<16>(sc, m0, m1, al0, al1, bits, false, 0, qrow, scale_log2);
             /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
-             * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
-             * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
-             * is the canonical 0x7fffffff); the branch ends the basic block after the last
-             * exponential, and the wait stays below it. */
-            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
+             * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. P's
+             * values are 2^x, so no sign bit is set in bits (a NaN from inf/NaN inputs is the
+             * canonical 0x7fffffff); the branch ends the basic block after the last exponential,
+             * and the wait stays below it. */
+            if (bits >> 31) asm volatile("nanosleep.u32 1;\n");
             wg_wait<0>();
             reg_fence(acc);
             reg_fence(pf);
             if (lane == 0) mbar_arrive(&empty[sp]);
-            fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+            fwd_rescale(acc, al0, al1);
             pack_a<T, 8>(pf, sc);
         }
 
@@ -264,7 +276,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
          * them, and they are done), which goes back to the producer before O's global stores:
          * each lane orders its shared-memory accesses before the async proxy's (the TMA that
          * reloads the buffer), then one arrival for the warp */
-        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
+        fwd_epilogue<T>(acc, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
                         o + w.b * so.sb + w.h * so.sh, so.st,
                         lse + ((size_t)w.b * Hq + w.h) * T_, T_, lane, [&]() {
                             fence_proxy_async();

@@ -59,6 +59,9 @@ static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
 struct sdesc {
     uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset */
     __device__ __forceinline__ explicit sdesc(uint32_t a) : lo((a >> 4) | ZR_DESC128_LO) {}
+    /* lbo: the leading byte offset (a multiple of 16 below 2^18): for an N-major B wider than one
+     * 64-column atom, the distance from the start address to the next atom's columns */
+    __device__ __forceinline__ sdesc(uint32_t a, uint32_t lbo) : lo((a >> 4) | ((lbo >> 4) << 16)) {}
     __device__ __forceinline__ uint64_t at(uint32_t off) const {
         uint64_t d;
         asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + (off >> 4)), "r"(ZR_DESC128_HI));
@@ -129,6 +132,24 @@ static __device__ __forceinline__ void wg_rs64(float (&d)[32], const uint32_t (&
                                                int acc) {
     if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_RS64("bf16");
     else ZR_WG_RS64("f16");
+}
+
+/* d (64×72 per warpgroup, f32) (+)= A (64×16, registers) · B (16×72 from descriptor b, stored
+ * [k][n], N-major: columns 64..71 one atom's leading byte offset after the first 64). */
+#define ZR_WG_RS72(TY)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n72k16.f32." TY "." TY " " ZR_WG_D32_36          \
+                 ", {%36, %37, %38, %39}, %40, p, 1, 1, 1;\n}\n"                                   \
+                 : ZR_WG_OUT32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
+#define ZR_WG_D32_36                                                                               \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
+    "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}"
+template <typename T>
+static __device__ __forceinline__ void wg_rs72(float (&d)[36], const uint32_t (&a)[4], uint64_t b,
+                                               int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_RS72("bf16");
+    else ZR_WG_RS72("f16");
 }
 
 /* d (64×64) (+)= A (64×16 from descriptor a) · B (16×64 from descriptor b); TA = 1: A stored
@@ -276,10 +297,11 @@ static __device__ __forceinline__ void bar_arrive(int id, int n) {
 /* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
  * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
  * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
- * factors al that rescale the old O and l, and the tile's partial row sums rs. */
+ * factors al that rescale the old O and its row sums, and in bits the OR of P's bit patterns (never
+ * with the sign bit: the caller's branch on it keeps every exponential before the P·V wait). */
 template <int NT>
 static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
-                                                    float &al0, float &al1, float &rs0, float &rs1,
+                                                    float &al0, float &al1, uint32_t &bits,
                                                     bool diag, int key0, int qrow, float sl) {
     if (diag) {
 #pragma unroll
@@ -319,15 +341,15 @@ static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m
     m0 = mn0;
     m1 = mn1;
     const float b0 = mn0 * sl, b1 = mn1 * sl;
-    rs0 = rs1 = 0.f;
+    bits = 0;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
         s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
         s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
         s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
-        rs0 += s[4 * nt] + s[4 * nt + 1];
-        rs1 += s[4 * nt + 2] + s[4 * nt + 3];
+        bits |= __float_as_uint(s[4 * nt]) | __float_as_uint(s[4 * nt + 1]);
+        bits |= __float_as_uint(s[4 * nt + 2]) | __float_as_uint(s[4 * nt + 3]);
     }
 }
 
@@ -345,13 +367,11 @@ template <> struct cvt<__half> {
     }
 };
 
-/* After a tile's softmax_step: l = l·al + rs and O = O·al for this thread's two rows. */
-static __device__ __forceinline__ void fwd_rescale(float (&acc)[32], float &l0, float &l1,
-                                                   float al0, float al1, float rs0, float rs1) {
-    l0 = l0 * al0 + rs0;
-    l1 = l1 * al1 + rs1;
+/* After a tile's softmax_step: O = O·al for this thread's two rows, the row sums (columns 64..71)
+ * with them. */
+static __device__ __forceinline__ void fwd_rescale(float (&acc)[36], float al0, float al1) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 9; ++i) {
         acc[4 * i] *= al0;
         acc[4 * i + 1] *= al0;
         acc[4 * i + 2] *= al1;
@@ -373,22 +393,19 @@ static __device__ __forceinline__ void pack_a(uint32_t (&pf)[KC][4], const float
     }
 }
 
-/* The forwards' epilogue, per warp: completes the row sums l0, l1 over the quad, writes O = acc / l
+/* The forwards' epilogue, per warp: writes O = acc / l (l: the row sums in columns 64..71)
  * (64×64 accumulator layout: this thread's tile rows wr + g, wr + g + 8, wr the warp's first row)
  * through rows wr.. of the swizzled tile st (the Q tile, once no product reads it) and stores those
  * before T with 16-byte stores to ob (tile row r is query q0 + r, rows ost elements apart), and
  * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). Calls release() once the warp no
  * longer touches st (its last reads are in registers), before the global stores of O. */
 template <typename T, typename F>
-static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], float l0, float l1,
+static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[36],
                                                     float m0, float m1, float sl, uint16_t *st,
                                                     int wr, int q0, uint16_t *ob, int64_t ost,
                                                     float *lrow, int T_, int lane, F &&release) {
     const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float l0 = acc[32], l1 = acc[34];
     const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
