@@ -174,17 +174,15 @@ static __device__ __forceinline__ void wg_ss128(float (&d)[64], uint64_t a, uint
 
 /* A warpgroup's 64 rows of a [row][64] 16-bit tile in the TMA's 128-byte swizzle (tile 1024-byte
  * aligned) as the register A operands of four k = 16 steps (x[kk]: columns 16kk..16kk + 15), by
- * ldmatrix x4: matrix m = lane / 8 holds rows + 8(m & 1) and the step's 16-byte chunk m >> 1 (chunk
- * c of row r lives at chunk c ^ (r % 8): swz's layout in bytes; through swz the same addresses
- * compiled to a differently scheduled step loop, not measured, so the byte form stays). row0: the
- * warpgroup's first row. */
+ * ldmatrix x4: matrix m = lane / 8 holds rows + 8(m & 1) and the step's 8 columns 16kk + 8(m >> 1),
+ * at the addresses swz gives. row0: the warpgroup's first row. */
 static __device__ __forceinline__ void a_frags_64(uint32_t (&x)[4][4], const void *tile, int row0,
                                                   int warp, int lane) {
     const int row = row0 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-        ptx::ldsm_x4(x[kk], reinterpret_cast<const uint8_t *>(tile) + row * 128 +
-                                (((2 * kk + (lane >> 4)) ^ (row & 7)) << 4));
+        ptx::ldsm_x4(x[kk], reinterpret_cast<const uint16_t *>(tile) +
+                                swz(row, 16 * kk + 8 * (lane >> 4)));
 }
 
 /* Hands registers back (producer warpgroups) or takes them (consumer warpgroups): every warp of
