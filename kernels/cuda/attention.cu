@@ -225,6 +225,7 @@ struct cvt_seg {
         float scale;
         zr_attn_strides sd;
         int H, dense;
+        int discard; /* the source's lines are 128-byte aligned (src, n4 % 8): L2 may drop them */
     } s[3];
     int T, rows32;
 };
@@ -280,6 +281,22 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
                     dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
                 }
                 *reinterpret_cast<uint2 *>(dst) = r;
+            }
+            /* The sources are dead now; whatever of them L2 still holds dirty from the
+             * backward's reduce-adds would be written back to memory for nothing: discarded
+             * instead, a whole 128-byte line (8 float4s, 8 lanes of this warp) once every lane
+             * has its values in registers. */
+            if (sg.discard) {
+                __syncwarp();
+#pragma unroll
+                for (int u = 0; u < ATT_CVT_U; ++u) {
+                    const int64_t i = i0 + u * stride;
+                    if ((i & 7) || i + 8 > sg.n4) continue;
+                    for (int p = 0; p < sg.nsplit; ++p)
+                        asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(
+                                         reinterpret_cast<const float4 *>(sg.src) + i + p * sg.n4)
+                                     : "memory");
+                }
             }
         }
     }
@@ -633,11 +650,16 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     }
     /* one launch converts dq, and dk/dv when they were split */
     const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
+    auto lines = [](const float *src, int64_t n4) {
+        return (int)(((uintptr_t)src & 127) == 0 && n4 % 8 == 0);
+    };
+    const float *wdv = wkv + (size_t)ns * nkv;
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_),
+                      lines(dqacc, nq / 4)},
                      {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv,
-                      same(L.dk, dkv)},
-                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,
-                      (int)Hkv, same(L.dv, dkv)}},
+                      same(L.dk, dkv), lines(wkv, nkv / 4)},
+                     {(uint16_t *)dv, wdv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv, (int)Hkv,
+                      same(L.dv, dkv), lines(wdv, nkv / 4)}},
                     (int)T_,
                     rows < ((int64_t)1 << 31)};
     attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);

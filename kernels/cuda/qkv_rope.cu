@@ -24,6 +24,22 @@ struct qkv_args {
     int accumulate;
 };
 
+/* V floats of a cos/sin row (read-only path): 16-byte loads when V is a multiple of 4 (vec_ok
+ * checked the table's alignment), else one at a time (scalar, the tables cost four loads for
+ * every 16 bytes of q/k a thread moves). */
+template <int V> static __device__ __forceinline__ void ldf(float (&f)[V], const float *p) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V / 4; ++j) {
+            const float4 r = __ldg(reinterpret_cast<const float4 *>(p) + j);
+            f[4 * j] = r.x, f[4 * j + 1] = r.y, f[4 * j + 2] = r.z, f[4 * j + 3] = r.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) f[i] = __ldg(p + i);
+    }
+}
+
 template <typename T, int V, bool FWD>
 __global__ void __launch_bounds__(256) qkv_rope_kernel(const qkv_args a) {
     const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -58,10 +74,11 @@ __global__ void __launch_bounds__(256) qkv_rope_kernel(const qkv_args a) {
         for (int i = 0; i < V; ++i) o1[i] = x1[i], o2[i] = x2[i];
     } else {
         const float *cs = a.cos + (int64_t)t * dh + c, *sn = a.sin + (int64_t)t * dh + c;
+        float cv1[V], cv2[V], sv1[V], sv2[V];
+        ldf<V>(cv1, cs), ldf<V>(cv2, cs + a.half), ldf<V>(sv1, sn), ldf<V>(sv2, sn + a.half);
 #pragma unroll
         for (int i = 0; i < V; ++i) {
-            const float c1 = __ldg(cs + i), c2 = __ldg(cs + a.half + i);
-            const float s1 = __ldg(sn + i), s2 = __ldg(sn + a.half + i);
+            const float c1 = cv1[i], c2 = cv2[i], s1 = sv1[i], s2 = sv2[i];
             if (FWD) { /* y = x cos + rotate_half(x) sin */
                 o1[i] = x1[i] * c1 - x2[i] * s1;
                 o2[i] = x2[i] * c2 + x1[i] * s2;
@@ -91,6 +108,7 @@ __global__ void __launch_bounds__(256) qkv_rope_kernel(const qkv_args a) {
 static bool vec_ok(const qkv_args &a, const void *const ptrs[4], int V) {
     for (int i = 0; i < 4; ++i)
         if (ptrs[i] && !al16(ptrs[i])) return false;
+    if (!al16(a.cos) || !al16(a.sin)) return false; /* ldf's 16-byte loads */
     bool ok = a.half % V == 0 && a.L.sb % V == 0 && a.L.st % V == 0;
     for (int p = 0; p < 3; ++p)
         for (int d = 0; d < 3; ++d) ok = ok && a.L.part[p][d] % V == 0;

@@ -17,7 +17,13 @@ __global__ void swiglu_kernel(T *out0, T *out1, const T *dh, const T *gate, cons
     const int64_t nch = F / V, total = M * nch;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = idx / nch, c = (idx % nch) * V;
+        int64_t row, c;
+        if (total <= 0xffffffffll) { /* 32-bit division: a few instructions, not a 64-bit call */
+            const uint32_t i32 = (uint32_t)idx, n32 = (uint32_t)nch, r32 = i32 / n32;
+            row = r32, c = (int64_t)(i32 - r32 * n32) * V;
+        } else {
+            row = idx / nch, c = (idx % nch) * V;
+        }
         float g[V], u[V];
         ldv<T, V>(g, gate + row * ld + c);
         ldv<T, V>(u, up + row * ld + c);
