@@ -4,7 +4,8 @@
 // tests/bench/timeline_gaps.lua, which says how much of a window the GPU was idle and why.
 //   make build/bench/libgpu_timeline.so
 //   GPU_TIMELINE_OUT=t.csv LD_PRELOAD=build/bench/libgpu_timeline.so ./zrun tests/bench/bench_llama.lua ...
-//   ./zrun tests/bench/timeline_gaps.lua t.csv
+//   ./zrun tests/bench/timeline_gaps.lua t.csv       (where the GPU idles, and why)
+//   ./zrun tests/bench/timeline_kernels.lua t.csv    (one step's kernel time by group)
 // Rows (times in ns from the recorder's start): K,start,end,stream,correlation,name (kernels); M,start,end,stream,correlation,bytes (copies
 // and memsets); A,start,end,thread,correlation,name (API calls; runtime and driver both, so a runtime call
 // and the driver calls it makes appear nested).

@@ -1,0 +1,72 @@
+-- tests/bench/timeline_kernels.lua on a made-up gpu_timeline.c recording: three launches of the
+-- marker (two steps), kernels of known groups and durations, one of no group, an overlap and a
+-- copy (for the busy union), API rows (ignored). Checks the sums, the step chosen, wall and idle,
+-- by=name, and the one-line refusals.
+local zr = require "zrun"
+local T = zr.testing
+local zrun = os.getenv("ZRUN_BIN") or arg[-1]
+local csv = os.tmpname()
+
+local rows, MS = {}, 1000000 -- ns a ms
+local function K(s, e, name) rows[#rows + 1] = ("K,%d,%d,7,%d,%s"):format(s * MS, e * MS, #rows, name) end
+-- step 1: 10 .. 30 ms; step 2: 30 .. 60 ms; the marker (grad norm) opens each
+K(10, 11, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
+K(11, 15, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+K(15, 16, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb0EEvPT_S2_PKS1_S4_S4_lll")
+K(20, 22, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb1EEvPT_S2_PKS1_S4_S4_lll")
+K(30, 31, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
+K(31, 41, "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN")
+K(40, 44, "_Z20attn_fwd_sm90_kernelI13__nv_bfloat16EvPtPf14CUtensorMap_st") -- overlaps the GEMM by 1 ms
+K(44, 47, "_Z15qkv_rope_kernelI13__nv_bfloat16Li8ELb1EEv8qkv_args")
+K(47, 49, "_Z15qkv_rope_kernelI13__nv_bfloat16Li8ELb0EEv8qkv_args")
+K(50, 52, "_ZN39_GLOBAL__N__0d54f62e_7_copy_cu_c973a62618fill_contig_kernelIjLi4EEEvPT_lS1_")
+rows[#rows + 1] = ("M,%d,%d,7,99,4096"):format(52 * MS, 55 * MS) -- a copy: busy, not a kernel
+rows[#rows + 1] = ("A,%d,%d,1,5,cudaLaunchKernel_v7000"):format(12 * MS, 59 * MS)
+K(60, 61, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
+K(61, 70, "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN") -- after the last marker: in no complete step
+local f = assert(io.open(csv, "w")); f:write(table.concat(rows, "\n") .. "\n"); f:close()
+
+local function tk(args) return T.run(("%s tests/bench/timeline_kernels.lua %s %s"):format(zrun, csv, args or "")) end
+local function row(out, name) return out:match("\n" .. name:gsub("[%(%)%+%-]", "%%%0") .. " +([^\n]+)") end
+
+T.test("timeline_kernels.lua: one step's kernel time by group, its wall and idle time", function()
+  local out, rc = tk("step=-1")
+  assert(rc == 0, out)
+  -- step 2: 30 .. 60 ms, busy = 30-49 (kernels, the overlap counted once) + 50-55 (kernel, copy) = 24 ms
+  assert(out:find("step 2 of 2 (from one 'sumsq_partial' launch to the next): wall 30.00 ms, kernels 22.00 ms (6), " ..
+    "GPU idle 6.00 ms (20.0%)", 1, true), out)
+  T.eq(row(out, "GEMMs (cuBLASLt)"), "10.00   33.3%       1    10.0000", "the GEMM")
+  T.eq(row(out, "attention forward"), "4.00   13.3%       1     4.0000", "the attention forward")
+  T.eq(row(out, "qkv rope forward"), "3.00   10.0%       1     3.0000", "rope forward: qkv_rope_kernel<.., FWD = 1>")
+  T.eq(row(out, "qkv rope backward"), "2.00    6.7%       1     2.0000", "rope backward")
+  T.eq(row(out, "copy_cu_c973a626::fill_contig_kernel"), nil, "the anonymous namespace is left out")
+  T.eq(row(out, "fill_contig_kernel"), "2.00    6.7%       1     2.0000", "a kernel of no group by its name")
+  T.eq(row(out, "copies and memsets"), "3.00   10.0%       1     3.0000", "the copy")
+  T.eq(row(out, "grad norm"), "1.00    3.3%       1     1.0000", "the marker")
+  assert(not out:find("SwiGLU", 1, true), "step 1's kernels are not in step 2:\n" .. out)
+  local o1 = tk("step=1")
+  assert(o1:find("step 1 of 2 (from one 'sumsq_partial' launch to the next): wall 20.00 ms, kernels 8.00 ms (4), " ..
+    "GPU idle 12.00 ms (60.0%)", 1, true), o1)
+  T.eq(row(o1, "SwiGLU forward"), "1.00    5.0%       1     1.0000", "swiglu_kernel<.., BWD = 0>")
+  T.eq(row(o1, "SwiGLU backward"), "2.00   10.0%       1     2.0000", "swiglu_kernel<.., BWD = 1>")
+  local on = tk("step=1 by=name")
+  T.eq(row(on, "swiglu_kernel"), "3.00   15.0%       2     1.5000", "by=name: the two swiglu kernels under one name")
+end)
+
+T.test("timeline_kernels.lua refuses a marker that is not there, a step past the end, a bad by", function()
+  local function refused(args, msg)
+    local out, rc = tk(args)
+    assert(rc == 1 and out:find(msg, 1, true), args .. " -> " .. out)
+    assert(not out:find("traceback", 1, true), out)
+  end
+  refused("marker=adamw", "0 launches of a kernel named '*adamw*' in " .. csv .. ": a step needs two")
+  refused("step=3", "step=3: the recording holds 2 complete steps")
+  refused("step=-3", "step=-3: the recording holds 2 complete steps")
+  refused("step=0", "step=0: give 1, 2, .. or -1, -2, ..")
+  refused("by=kernel", "by=kernel: use by=group or by=name")
+  local out, rc = T.run(("%s tests/bench/timeline_kernels.lua %s.none"):format(zrun, csv))
+  assert(rc == 1 and out:find("cannot open " .. csv .. ".none", 1, true), out)
+end)
+
+os.remove(csv)
+T.done()
