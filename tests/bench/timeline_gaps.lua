@@ -31,20 +31,7 @@ if #gpu == 0 then io.stderr:write("timeline_gaps: no GPU records in " .. a.csv .
 table.sort(gpu, function(p, q) return p.s < q.s end)
 table.sort(api, function(p, q) return p.s < q.s end)
 
--- "_ZN3foo7bar_kernelIfLi4EEEvPT_" -> "foo::bar_kernel"; others (cuBLAS's sm90_xmma_...) cut short
-local function short(name)
-  if name:sub(1, 2) ~= "_Z" then return name:sub(1, 60) end
-  local i, parts = 3, {}
-  if name:sub(i, i) == "N" then i = i + 1 end
-  while true do
-    local len = name:match("^%d+", i)
-    if not len then break end
-    i = i + #len
-    parts[#parts + 1] = name:sub(i, i + tonumber(len) - 1)
-    i = i + tonumber(len)
-  end
-  return #parts > 0 and table.concat(parts, "::") or name:sub(1, 60)
-end
+local short = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/kernel_name.lua")
 
 local t_first, t_last = gpu[1].s, gpu[1].e
 for _, r in ipairs(gpu) do if r.e > t_last then t_last = r.e end end
@@ -82,6 +69,7 @@ print(("window %.1f-%.1f ms of %.1f ms recorded: %d GPU records, busy %.2f ms, i
 
 -- what the host was doing during a gap: the longest API call overlapping it on any thread
 local function host_during(g)
+  if #api == 0 then return nil end -- a recording of the GPU side only (its A rows left out)
   local best, lo = nil, 1
   local hi = #api
   while lo < hi do -- first call starting after g.e

@@ -56,21 +56,7 @@ local GROUPS = {
   { "ce_", "cross-entropy" }, { "adamw", "AdamW" }, { "sumsq", "grad norm" }, { "emb_", "embedding" },
 }
 
--- "_ZN3foo7bar_kernelIfLi4EEEvPT_" -> "foo::bar_kernel"; other names cut short
-local function short(name)
-  if name:sub(1, 2) ~= "_Z" then return name:sub(1, 60) end
-  local i, parts = 3, {}
-  if name:sub(i, i) == "N" then i = i + 1 end
-  while true do
-    local len = name:match("^%d+", i)
-    if not len then break end
-    i = i + #len
-    local part = name:sub(i, i + tonumber(len) - 1)
-    if not part:find("^_GLOBAL__N_") then parts[#parts + 1] = part end -- anonymous namespaces
-    i = i + tonumber(len)
-  end
-  return #parts > 0 and table.concat(parts, "::") or name:sub(1, 60)
-end
+local short = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/kernel_name.lua")
 local function group_of(r)
   if not r.kernel then return "copies and memsets" end
   if a.by == "name" then return short(r.name) end

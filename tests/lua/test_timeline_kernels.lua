@@ -1,7 +1,7 @@
 -- tests/bench/timeline_kernels.lua on a made-up gpu_timeline.c recording: three launches of the
 -- marker (two steps), kernels of known groups and durations, one of no group, an overlap and a
--- copy (for the busy union), API rows (ignored). Checks the sums, the step chosen, wall and idle,
--- by=name, and the one-line refusals.
+-- copy (for the busy union), an API row. Checks the sums, the step chosen, wall and idle, by=name,
+-- the one-line refusals, and timeline_gaps.lua's busy time and gaps on the same recording.
 local zr = require "zrun"
 local T = zr.testing
 local zrun = os.getenv("ZRUN_BIN") or arg[-1]
@@ -66,6 +66,24 @@ T.test("timeline_kernels.lua refuses a marker that is not there, a step past the
   refused("by=kernel", "by=kernel: use by=group or by=name")
   local out, rc = T.run(("%s tests/bench/timeline_kernels.lua %s.none"):format(zrun, csv))
   assert(rc == 1 and out:find("cannot open " .. csv .. ".none", 1, true), out)
+end)
+
+T.test("timeline_gaps.lua on the same recording: busy union, gaps by size; without API rows too", function()
+  local out, rc = T.run(("%s tests/bench/timeline_gaps.lua %s from=0 to=1"):format(zrun, csv))
+  assert(rc == 0, out)
+  -- busy: 10-16, 20-22, 30-49 (the overlap once), 50-55 (kernel, copy), 60-70 = 42 of 60 ms; gaps 4 + 8 + 1 + 5 ms
+  assert(out:find("window 0.0-60.0 ms of 60.0 ms recorded: 13 GPU records, busy 42.00 ms, idle 18.00 ms (30.0%)",
+    1, true), out)
+  assert(out:find("gaps >= 2 us: 4, 18.00 ms; launched only after the GPU went idle (host-bound): 0, 0.00 ms", 1, true), out)
+  assert(out:find("\n  >1 ms *4 gaps *18.000 ms"), out)
+  assert(out:find("8000%.0 +@ +12%.00 +%- +cudaLaunchKernel_v7000 +swiglu_kernel %-> sumsq_partial_kernel"), out)
+  local g = csv .. ".gpu"
+  local f = assert(io.open(g, "w"))
+  for _, r in ipairs(rows) do if not r:find("^A,") then f:write(r, "\n") end end
+  f:close()
+  out, rc = T.run(("%s tests/bench/timeline_gaps.lua %s from=0 to=1"):format(zrun, g))
+  os.remove(g)
+  assert(rc == 0 and out:find("8000%.0 +@ +12%.00 +%- +%- +swiglu_kernel %-> sumsq_partial_kernel"), out)
 end)
 
 os.remove(csv)
