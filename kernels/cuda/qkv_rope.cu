@@ -28,8 +28,20 @@ template <typename T, int V, bool FWD>
 __global__ void __launch_bounds__(256) qkv_rope_kernel(const qkv_args a) {
     const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= a.n) return;
-    const uint32_t c = (idx % a.nch) * V, r = idx / a.nch, j = r % a.nh, bt = r / a.nh,
-                   t = bt % a.T, b = bt / a.T;
+    /* The same (b, j, t, c) either way; the order decides which side a warp's accesses scatter
+     * on. Forward: heads next to each other, so the loads from the packed product are contiguous
+     * and the stores to q, k, v ((B, H, T, D)-like) scatter. Backward: positions next to each
+     * other, so the loads from dq, dk, dv are contiguous and the stores to the packed gradient
+     * scatter (stores are merged in L2; the head-order loads ran at 2.9 TB/s, the forward 3.5). */
+    const uint32_t c = (idx % a.nch) * V, r = idx / a.nch;
+    uint32_t j, t, b;
+    if (FWD) {
+        const uint32_t bt = r / a.nh;
+        j = r % a.nh, t = bt % a.T, b = bt / a.T;
+    } else {
+        const uint32_t bj = r / a.T;
+        t = r % a.T, j = bj % a.nh, b = bj / a.nh;
+    }
     const int p = j < a.H ? 0 : j < a.H + a.KV ? 1 : 2;
     const uint32_t h = j - (p == 0 ? 0 : p == 1 ? a.H : a.H + a.KV);
     const int64_t dh = 2 * (int64_t)a.half;
