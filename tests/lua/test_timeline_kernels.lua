@@ -1,6 +1,6 @@
 -- tests/bench/timeline_kernels.lua on a made-up gpu_timeline.c recording: three launches of the
 -- marker (two steps), kernels of known groups and durations, one of no group, an overlap and a
--- copy (for the busy union), an API row. Checks the sums, the step chosen, wall and idle, by=name,
+-- copy (for the busy union), an API row. Checks the sums, the step chosen, wall and idle, top, by=name,
 -- the one-line refusals, and timeline_gaps.lua's busy time and gaps on the same recording.
 local zr = require "zrun"
 local T = zr.testing
@@ -49,6 +49,9 @@ T.test("timeline_kernels.lua: one step's kernel time by group, its wall and idle
     "GPU idle 12.00 ms (60.0%)", 1, true), o1)
   T.eq(row(o1, "SwiGLU forward"), "1.00    5.0%       1     1.0000", "swiglu_kernel<.., BWD = 0>")
   T.eq(row(o1, "SwiGLU backward"), "2.00   10.0%       1     2.0000", "swiglu_kernel<.., BWD = 1>")
+  local ot = tk("step=-1 top=2") -- seven groups: the two largest, then a line for the rest
+  assert(ot:find("\nattention forward +[^\n]+\n%(5 more rows: top=N%)\n$"), ot)
+  assert(not ot:find("qkv rope", 1, true), ot)
   local on = tk("step=1 by=name")
   T.eq(row(on, "swiglu_kernel"), "3.00   15.0%       2     1.5000", "by=name: the two swiglu kernels under one name")
 end)
