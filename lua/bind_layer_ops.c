@@ -180,6 +180,14 @@ static int l_sdpa_packed(lua_State *L) {
     return zr_l_pushtensor(L, zr_sdpa_packed(qkv, (int64_t)h, (int64_t)luaL_optnumber(L, 3, h), luaL_optnumber(L, 4, 0)));
 }
 
+/* qkv_rope_sdpa(qkv, n_head, n_kv_head, cos, sin [, scale=1/sqrt(head_dim)]) -> (B, T, n_head·head_dim):
+ * causal attention over Llama's packed q/k/v product with q and k rotated (qkv_rope + sdpa, one node) */
+static int l_qkv_rope_sdpa(lua_State *L) {
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *cs = zr_l_checktensor(L, 4), *sn = zr_l_checktensor(L, 5);
+    return zr_l_pushtensor(L, zr_qkv_rope_sdpa(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
+                                               cs, sn, luaL_optnumber(L, 6, 0)));
+}
+
 /* ===== dropout (runtime/ops/dropout.h) ===== */
 
 /* dropout(x [, p=0.5 [, training=true]]) */
@@ -246,7 +254,7 @@ static const luaL_Reg methods[] = {
     {"rms_norm", l_rms_norm}, {"add_rms_norm", l_add_rms_norm}, {"layer_norm", l_layer_norm},
     {"add_layer_norm", l_add_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
-    {"sdpa_packed", l_sdpa_packed},
+    {"sdpa_packed", l_sdpa_packed}, {"qkv_rope_sdpa", l_qkv_rope_sdpa},
     {NULL, NULL}};
 static const luaL_Reg functions[] = {{"rope_tables", l_rope_tables}, {"cat", l_cat}, {NULL, NULL}};
 

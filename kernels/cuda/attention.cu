@@ -285,6 +285,108 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
     }
 }
 
+/* The last pass of attention_backward_rope_cuda, in place of attn_sum_convert_kernel: q and k
+ * were rotated by a rope before the attention (zr_qkv_rope_sdpa), so dq and dk go out through the
+ * transpose of that rotation. Up to three segments (dq, dk, dv), each a list of rows (b, h, t) of
+ * D values. A thread takes 8 rotation pairs (i, i + D/2) of a row: it reads them as f32 (src, the
+ * contiguous (.., H, T, D) accumulator or nsplit partials spaced split elements apart, times
+ * scale) or, with src NULL, as the 16-bit values dst already holds (dk that the attention kernel
+ * wrote unsplit, scaled: turned in place), rotates them back or not (rotate 0: dv) and writes
+ * them to dst (strided as sd) in 16-byte vectors. cos, sin: (T, D) f32, 16-byte aligned. Items
+ * run position-major, (t, b·H + h, chunk): a warp's rows share one or two positions, so their
+ * table rows are the same few lines (read once per warp, not once per row), and in a packed
+ * gradient (B, T, heads, D) its stores are adjacent heads of one position. */
+struct rope_seg {
+    uint16_t *dst;
+    const float *src;
+    int64_t n, split; /* n: items (rows × D/16), 0 skips the segment */
+    int nsplit, rotate, H;
+    float scale;
+    zr_attn_strides sd;
+};
+struct rope_cvt {
+    rope_seg s[3];
+    const float *cos, *sin;
+    int T, B, rows32;
+};
+
+template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a) {
+    typedef mma_t<T> M;
+    constexpr int HALF = D / 2, PER = HALF / 8; /* items per row */
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+#pragma unroll 1
+    for (int k = 0; k < 3; ++k) {
+        const rope_seg sg = a.s[k];
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n; i += stride) {
+            const int col = (int)(i % PER) * 8;
+            const int64_t r = i / PER, BH = (int64_t)a.B * sg.H; /* PER: a shift */
+            int64_t bh, t;
+            if (a.rows32) {
+                const uint32_t r32 = (uint32_t)r, q = r32 / (uint32_t)BH;
+                t = q, bh = r32 - q * (uint32_t)BH;
+            } else {
+                t = r / BH, bh = r % BH;
+            }
+            const int64_t b = bh / sg.H, h = bh - b * sg.H, row = bh * a.T + t;
+            uint16_t *dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+            float x1[8], x2[8];
+            if (sg.src) {
+                const float *s = sg.src + row * D + col;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) x1[e] = x2[e] = 0.f;
+                for (int p = 0; p < sg.nsplit; ++p, s += sg.split) {
+#pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        const float4 c = *reinterpret_cast<const float4 *>(s + 4 * v);
+                        const float4 d = *reinterpret_cast<const float4 *>(s + HALF + 4 * v);
+                        x1[4 * v] += c.x, x1[4 * v + 1] += c.y, x1[4 * v + 2] += c.z, x1[4 * v + 3] += c.w;
+                        x2[4 * v] += d.x, x2[4 * v + 1] += d.y, x2[4 * v + 2] += d.z, x2[4 * v + 3] += d.w;
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) x1[e] *= sg.scale, x2[e] *= sg.scale;
+            } else {
+                const uint4 c = *reinterpret_cast<const uint4 *>(dst);
+                const uint4 d = *reinterpret_cast<const uint4 *>(dst + HALF);
+                const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
+                const uint16_t *pd = reinterpret_cast<const uint16_t *>(&d);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) x1[e] = M::to_f(pc[e]), x2[e] = M::to_f(pd[e]);
+            }
+            uint4 o1, o2;
+            uint32_t *w1 = reinterpret_cast<uint32_t *>(&o1), *w2 = reinterpret_cast<uint32_t *>(&o2);
+            if (sg.rotate) { /* the transpose of y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 */
+                const float *cs = a.cos + t * D + col, *sn = a.sin + t * D + col;
+                float c1[8], c2[8], s1[8], s2[8];
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    *reinterpret_cast<float4 *>(c1 + 4 * v) = __ldg(reinterpret_cast<const float4 *>(cs + 4 * v));
+                    *reinterpret_cast<float4 *>(c2 + 4 * v) =
+                        __ldg(reinterpret_cast<const float4 *>(cs + HALF + 4 * v));
+                    *reinterpret_cast<float4 *>(s1 + 4 * v) = __ldg(reinterpret_cast<const float4 *>(sn + 4 * v));
+                    *reinterpret_cast<float4 *>(s2 + 4 * v) =
+                        __ldg(reinterpret_cast<const float4 *>(sn + HALF + 4 * v));
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    w1[e / 2] = (uint32_t)M::from_f(x1[e] * c1[e] + x2[e] * s2[e]) |
+                                ((uint32_t)M::from_f(x1[e + 1] * c1[e + 1] + x2[e + 1] * s2[e + 1]) << 16);
+                    w2[e / 2] = (uint32_t)M::from_f(x2[e] * c2[e] - x1[e] * s1[e]) |
+                                ((uint32_t)M::from_f(x2[e + 1] * c2[e + 1] - x1[e + 1] * s1[e + 1]) << 16);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    w1[e / 2] = (uint32_t)M::from_f(x1[e]) | ((uint32_t)M::from_f(x1[e + 1]) << 16);
+                    w2[e / 2] = (uint32_t)M::from_f(x2[e]) | ((uint32_t)M::from_f(x2[e + 1]) << 16);
+                }
+            }
+            *reinterpret_cast<uint4 *>(dst) = o1;
+            *reinterpret_cast<uint4 *>(dst + HALF) = o2;
+        }
+    }
+}
+
 /* grid: x = (b*Hkv + hk)*nsplit + split, y = kv tile j. Each block owns 64 keys of one kv head
  * and loops over its share of the query group's heads and over query tiles i >= j; warp w owns
  * keys w*16..w*16+15 and accumulates their dK, dV in registers. dQ goes out through f32 atomics.
@@ -600,7 +702,8 @@ template <typename T, int D>
 static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                       const void *v, const void *o, const float *lse, void *ws,
                       const zr_attn_layout &L, bool dense_all, int64_t B, int64_t Hq, int64_t Hkv,
-                      int64_t T_, float scale, cudaStream_t st) {
+                      int64_t T_, float scale, const float *cos, const float *sin,
+                      cudaStream_t st) {
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
@@ -631,6 +734,22 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
             (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
             scale * ATT_LOG2E);
     }
+    const int rows32 = rows < ((int64_t)1 << 31);
+    if (cos) { /* one launch: dq and dk rotated back (dk in place when unsplit), dv when split */
+        const int64_t per = D / 16;
+        rope_cvt a = {{{(uint16_t *)dq, dqacc, rows * per, 0, 1, 1, (int)Hq, scale, L.dq},
+                       {(uint16_t *)dk, ns > 1 ? wkv : nullptr, B * Hkv * T_ * per, nkv, ns, 1,
+                        (int)Hkv, scale, L.dk},
+                       {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? B * Hkv * T_ * per : 0, nkv,
+                        ns, 0, (int)Hkv, 1.f, L.dv}},
+                      cos,
+                      sin,
+                      (int)T_,
+                      (int)B,
+                      rows32};
+        attn_rope_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(a);
+        return 0;
+    }
     /* one launch converts dq, and dk/dv when they were split */
     const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
     cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
@@ -639,17 +758,17 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                      {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,
                       (int)Hkv, same(L.dv, dkv)}},
                     (int)T_,
-                    rows < ((int64_t)1 << 31)};
+                    rows32};
     attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);
     return 0;
 }
 
-extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
-                                       const void *q, const void *k, const void *v, const void *o,
-                                       const float *lse, void *workspace, const zr_attn_layout *L,
-                                       int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh,
-                                       float scale, zr_dtype dtype, cudaStream_t stream) {
-    const char *fn = "attention_backward_cuda";
+/* attention_backward_cuda's body; cos, sin non-NULL: attention_backward_rope_cuda's last pass. */
+static int backward(const char *fn, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                    const void *k, const void *v, const void *o, const float *lse, void *workspace,
+                    const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                    int64_t Dh, float scale, const float *cos, const float *sin, zr_dtype dtype,
+                    cudaStream_t stream) {
     if (check_args(fn, B, Hq, Hkv, T, Dh, dtype)) return ZR_ERR;
     if (B == 0 || T == 0) return 0;
     if (!workspace) return zr_error("%s: workspace is NULL", fn);
@@ -662,15 +781,40 @@ extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void 
     int rc;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                      lay, dense_all, B, Hq, Hkv, T, scale, stream)
+                                                      lay, dense_all, B, Hq, Hkv, T, scale, cos,
+                                                      sin, stream)
                       : bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                       lay, dense_all, B, Hq, Hkv, T, scale, stream);
+                                                       lay, dense_all, B, Hq, Hkv, T, scale, cos,
+                                                       sin, stream);
     else
         rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                               dense_all, B, Hq, Hkv, T, scale, stream)
+                                               dense_all, B, Hq, Hkv, T, scale, cos, sin, stream)
                       : bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                                dense_all, B, Hq, Hkv, T, scale, stream);
+                                                dense_all, B, Hq, Hkv, T, scale, cos, sin, stream);
     if (rc)
         return zr_error("%s: %s", fn, TMA_STRIDES);
     return launch_check(fn);
+}
+
+extern "C" int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout,
+                                       const void *q, const void *k, const void *v, const void *o,
+                                       const float *lse, void *workspace, const zr_attn_layout *L,
+                                       int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh,
+                                       float scale, zr_dtype dtype, cudaStream_t stream) {
+    return backward("attention_backward_cuda", dq, dk, dv, dout, q, k, v, o, lse, workspace, L, B,
+                    Hq, Hkv, T, Dh, scale, nullptr, nullptr, dtype, stream);
+}
+
+extern "C" int attention_backward_rope_cuda(void *dq, void *dk, void *dv, const void *dout,
+                                            const void *q, const void *k, const void *v,
+                                            const void *o, const float *lse, void *workspace,
+                                            const zr_attn_layout *L, int64_t B, int64_t Hq,
+                                            int64_t Hkv, int64_t T, int64_t Dh, float scale,
+                                            const float *cos, const float *sin, zr_dtype dtype,
+                                            cudaStream_t stream) {
+    const char *fn = "attention_backward_rope_cuda";
+    if (!cos || !sin || (((uintptr_t)cos | (uintptr_t)sin) & 15))
+        return zr_error("%s: cos and sin must be 16-byte aligned (T, head_dim) f32 tables", fn);
+    return backward(fn, dq, dk, dv, dout, q, k, v, o, lse, workspace, L, B, Hq, Hkv, T, Dh, scale,
+                    cos, sin, dtype, stream);
 }

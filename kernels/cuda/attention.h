@@ -55,8 +55,20 @@ int attention_backward_cuda(void *dq, void *dk, void *dv, const void *dout, cons
                             int64_t Hkv, int64_t T, int64_t Dh, float scale, zr_dtype dtype,
                             cudaStream_t stream);
 
+/* attention_backward_cuda where q and k are a rope's output (zr_qkv_rope_sdpa): cos, sin (T, Dh)
+ * f32 contiguous and 16-byte aligned, the tables q and k were rotated with (Hugging Face
+ * rotate_half: pairs (i, i + Dh/2)). dq and dk come out as the gradients of the unrotated q and k
+ * (the rotation's transpose applied in the pass that turns the f32 accumulators into dq, dk, dv;
+ * dk in place where the kernel wrote it directly), so no rotated gradient is ever stored. */
+int attention_backward_rope_cuda(void *dq, void *dk, void *dv, const void *dout, const void *q,
+                                 const void *k, const void *v, const void *o, const float *lse,
+                                 void *workspace, const zr_attn_layout *L, int64_t B, int64_t Hq,
+                                 int64_t Hkv, int64_t T, int64_t Dh, float scale, const float *cos,
+                                 const float *sin, zr_dtype dtype, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
+
 
 #endif

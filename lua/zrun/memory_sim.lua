@@ -537,6 +537,29 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
   return out
 end
 
+-- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): qkv_rope's forward
+-- (q, k rotated, v copied into one new (B, T, H + 2 KV, D) buffer, x's size) and the attention
+-- reading q, k, v there; the node keeps what qkv_rope + sdpa keep: that buffer, the output
+-- ((B, T, H·D), o_proj's input as it is) and lse. Backward: dO read in place, the workspace, and
+-- x's whole gradient as one new buffer (no q, k, v gradients of their own). Elsewhere
+-- llama.lua's fused call is qkv_rope + sdpa + transpose + reshape, which the caller replays.
+function Sim:qkv_rope_sdpa(x, o_bytes, lse_bytes, shape)
+  local r = self:new(x.n)
+  local out = self:lua(self:new(o_bytes))
+  local lse = self:new(lse_bytes)
+  self:record(out, { x }, { r, out, lse }, function(S, _, g)
+    local gi = S:raw(g)
+    local ws = S:new(attention_workspace(unpack(shape)), "ws")
+    local d = S:new(x.n)
+    S:drop(ws)
+    S:drop(gi)
+    return { d }
+  end)
+  self:drop(r)
+  self:drop(lse)
+  return out
+end
+
 function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
@@ -627,7 +650,8 @@ end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
-  "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous" } do
+  "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous",
+  "qkv_rope_sdpa" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -706,19 +730,25 @@ function M.llama_activations(cfg, o)
     S:push()
     local a1
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
-    local q, k, v
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
-    if fused then
-      q, k, v = unpack(S:qkv_rope(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
-        { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, o.gpu and strided))
+    local att -- o_proj's input
+    if fused and o.gpu and strided then -- zr.qkv_rope_sdpa, one node
+      att = S:qkv_rope_sdpa(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b), N * Hq * D * b,
+        B * Hq * T * 4, { B, Hq, KV, T, D })
     else
-      q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
-      k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
-      v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
-      q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
+      local q, k, v
+      if fused then -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
+        q, k, v = unpack(S:qkv_rope(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
+          { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
+      else
+        q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
+        k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
+        v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
+        q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
+      end
+      att = S:reshape(S:transpose(S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)))
     end
-    local att = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
-    local ao = S:linear(S:reshape(S:transpose(att)), p.o, N * H * b)
+    local ao = S:linear(att, p.o, N * H * b)
     local h, a2
     if fused then -- llama.lua's zr.add_rms_norm (ZeRO-3 calls the norm module: add, then rms_norm)
       h, a2 = S:add_rms_norm(x, ao, p.n2, N)

@@ -3,7 +3,8 @@
  * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
- * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) sits at the end. */
+ * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
+ * with Llama's rope folded in) sit at the end. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -12,6 +13,7 @@
 #include "ops/compare.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
+#include "ops/qkv_rope.h"
 #include "ops/softmax.h"
 #include "ops/util.h"
 #include "ops/view.h"
@@ -179,6 +181,20 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
     return ZR_OK;
 }
 
+/* The forward kernel: o (B, Hq, T, Dh) and lse (B, Hq, T) f32 from q, k, v (strided: as their
+ * strides say, the Hopper kernels; else contiguous). */
+static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_tensor *q, zr_tensor *k, zr_tensor *v,
+                           int strided, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    zr_attn_layout L = {.q = strides_of(q), .k = strides_of(k), .v = strides_of(v), .o = strides_of(o)};
+    if (B * T == 0) return ZR_OK;
+    return zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(q),
+                                                zr_tensor_data(k), zr_tensor_data(v), strided ? &L : NULL, B, Hq,
+                                                Hkv, T, Dh, (float)scale, q->dtype, zr_cuda_stream(dev)),
+                         name, dev);
+}
+
 /* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
  * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
  * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
@@ -186,7 +202,7 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
 static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
-    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3];
     int64_t lshape[3] = {B, Hq, T};
     int strided = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
     zr_tensor *qi, *ki = NULL, *vi = NULL, *out = NULL, *lse = NULL, *save[3] = {NULL, NULL, NULL};
@@ -199,14 +215,7 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
         out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     }
     lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    if (!lse) goto fail;
-    zr_attn_layout L = {.q = strides_of(qi), .k = strides_of(ki), .v = strides_of(vi), .o = strides_of(out)};
-    if (B * T > 0 &&
-        zr_dev_status(attention_forward_cuda(zr_tensor_data(out), zr_tensor_data(lse), zr_tensor_data(qi),
-                                             zr_tensor_data(ki), zr_tensor_data(vi), strided ? &L : NULL, B, Hq,
-                                             Hkv, T, Dh, (float)scale, dt, zr_cuda_stream(dev)),
-                      "sdpa", dev))
-        goto fail;
+    if (!lse || flash_run("sdpa", out, lse, qi, ki, vi, strided, scale)) goto fail;
     zr_tensor *ins[3] = {qi, ki, vi};
     if (strided) {
         if (keep_for_backward(ins, save)) goto fail;
@@ -247,13 +256,17 @@ static void release3(zr_tensor **t) {
     for (int i = 0; i < 3; i++) zr_tensor_release(t[i]);
 }
 
-/* saved: qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale; i[0] = Hq, i[1] = Hkv.
- * dq, dk, dv are written through strided views of one new (B, T, W) gradient: c_attn's, whole. */
+/* sdpa_packed's node: saved qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale;
+ * i[0] = Hq, i[1] = Hkv; q, k, v are read as views of qkv. qkv_rope_sdpa's (i[2] = 1): saved q, k,
+ * v (the rotated views zr_qkv_rope_forward made), out, lse, cos, sin (f32, 16-byte aligned); dq and
+ * dk are turned back through the rope on their way into the gradient. Either way dq, dk, dv are
+ * written through strided views of one new (B, T, W) gradient: the packed product's, whole. */
 static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    zr_tensor *qkv = n->saved[0], *out = n->saved[1], *lse = n->saved[2];
-    zr_device dev = zr_tensor_device(qkv);
-    zr_dtype dt = qkv->dtype;
-    int64_t B = qkv->shape[0], T = qkv->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
+    const int rope = (int)n->i[2];
+    zr_tensor *out = n->saved[rope ? 3 : 1], *lse = n->saved[rope ? 4 : 2];
+    zr_device dev = zr_tensor_device(out);
+    zr_dtype dt = out->dtype;
+    int64_t B = out->shape[0], T = out->shape[1], Hq = n->i[0], Hkv = n->i[1], Dh = out->shape[2] / Hq;
     zr_tensor *gi = NULL, *dqkv = NULL, *ws = NULL, *in[3] = {NULL}, *d[3] = {NULL}, *o = NULL, *dout = NULL;
     zr_status st = ZR_ERR;
     gi = zr_tensor_to_raw(g, dt, dev); /* g itself when contiguous (c_proj's dX), else a copy */
@@ -267,19 +280,28 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     }
     size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
     if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
-    if (!(dqkv = zr_tensor_new_cat(dt, dev, 3, qkv->shape, ZR_MEM_ACTIVATIONS, 0)) ||
-        packed_views(qkv, Hq, Hkv, Dh, in) || packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
+    if (rope)
+        for (int i = 0; i < 3; i++) in[i] = zr_tensor_retain(n->saved[i]);
+    else if (packed_views(n->saved[0], Hq, Hkv, Dh, in))
+        goto done;
+    if (!(dqkv = zr_tensor_new_cat(dt, dev, 3, n->edges[0].shape, ZR_MEM_ACTIVATIONS, 0)) ||
+        packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
         goto done;
     zr_attn_layout L = {strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), strides_of(o),
                         strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2])};
-    if (B * T > 0 &&
-        zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
-                                              zr_tensor_data(dout), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
-                                              zr_tensor_data(in[2]), zr_tensor_data(o), zr_tensor_data(lse),
-                                              ws ? zr_tensor_data(ws) : NULL, &L, B, Hq, Hkv, T, Dh,
-                                              (float)n->f[0], dt, zr_cuda_stream(dev)),
-                      "sdpa_packed backward", dev))
-        goto done;
+    void *a[9] = {zr_tensor_data(d[0]),  zr_tensor_data(d[1]),  zr_tensor_data(d[2]),
+                  zr_tensor_data(dout),  zr_tensor_data(in[0]), zr_tensor_data(in[1]),
+                  zr_tensor_data(in[2]), zr_tensor_data(o),     ws ? zr_tensor_data(ws) : NULL};
+    float sc = (float)n->f[0];
+    cudaStream_t cs = zr_cuda_stream(dev);
+    int rc = !(B * T > 0) ? 0
+             : rope       ? attention_backward_rope_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                                         zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc,
+                                                         zr_tensor_data(n->saved[5]), zr_tensor_data(n->saved[6]),
+                                                         dt, cs)
+                          : attention_backward_cuda(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7],
+                                                    zr_tensor_data(lse), a[8], &L, B, Hq, Hkv, T, Dh, sc, dt, cs);
+    if (zr_dev_status(rc, rope ? "qkv_rope_sdpa backward" : "sdpa_packed backward", dev)) goto done;
     if (zr_give_grads(n, 1, &dqkv, gin)) goto done;
     st = ZR_OK;
 done:
@@ -293,43 +315,79 @@ done:
     return st;
 }
 
-/* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), the
- * output written as (B, T, Hq, Dh) memory; NULL with *taken = 0 when they cannot take it. */
-static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+/* The attention over in[0..2] (strided views) into a new (B, T, Hq, Dh) output seen as
+ * (B, T, Hq·Dh), recorded as one node over qkv (packed_backward) that saves keep[0..nkeep), the
+ * output, lse, then tab[0..ntab) (the rope's tables: i[2] = 1). */
+static zr_tensor *packed_node(const char *name, zr_tensor *qkv, zr_tensor *const *in, zr_tensor *const *keep,
+                              int nkeep, zr_tensor *const *tab, int ntab, int64_t Hq, int64_t Hkv, int64_t Dh,
+                              double scale) {
     zr_device dev = zr_tensor_device(qkv);
-    zr_dtype dt = qkv->dtype;
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
-    zr_tensor *in[3] = {NULL}, *out = NULL, *o = NULL, *lse = NULL;
+    zr_tensor *out = NULL, *o = NULL, *lse = NULL;
     zr_status st = ZR_ERR;
-    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
-             strided_ok(in[2]);
-    if (!*taken) goto done; /* the composition takes it */
-    if (!(out = zr_tensor_new_cat(dt, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) || !(o = heads_view(out, 0, Hq, Dh)) ||
-        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)))
-        goto done;
-    zr_attn_layout L = {.q = strides_of(in[0]), .k = strides_of(in[1]), .v = strides_of(in[2]), .o = strides_of(o)};
-    if (B * T > 0 &&
-        zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(in[0]),
-                                             zr_tensor_data(in[1]), zr_tensor_data(in[2]), &L, B, Hq, Hkv, T, Dh,
-                                             (float)scale, dt, zr_cuda_stream(dev)),
-                      "sdpa_packed", dev))
+    if (!(out = zr_tensor_new_cat(qkv->dtype, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        !(o = heads_view(out, 0, Hq, Dh)) || !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        flash_run(name, o, lse, in[0], in[1], in[2], 1, scale))
         goto done;
     zr_node *n;
-    if (zr_autograd_record(out, "sdpa_packed", packed_backward, 1, &qkv, &n)) goto done;
+    if (zr_autograd_record(out, name, packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv;
-        if (zr_node_save(n, qkv) || zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = ntab > 0;
+        for (int i = 0; i < nkeep; i++)
+            if (zr_node_save(n, keep[i])) goto done;
+        if (zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
+        for (int i = 0; i < ntab; i++)
+            if (zr_node_save(n, tab[i])) goto done;
     }
     st = ZR_OK;
 done:
-    release3(in);
     zr_tensor_release(o);
     zr_tensor_release(lse);
     if (st) {
         zr_tensor_release(out);
         out = NULL;
     }
+    return out;
+}
+
+/* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), which the
+ * node keeps; NULL with *taken = 0 when they cannot take it. */
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+    zr_tensor *in[3] = {NULL}, *out = NULL;
+    *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
+             strided_ok(in[2]);
+    if (*taken) out = packed_node("sdpa_packed", qkv, in, &qkv, 1, NULL, 0, Hq, Hkv, Dh, scale);
+    release3(in); /* else the composition takes it */
+    return out;
+}
+
+/* zr_qkv_rope_sdpa on the Hopper kernels, its forward exactly zr_qkv_rope + sdpa's: the qkv_rope
+ * kernel into its (B, T, H + 2 KV, Dh) buffer, the attention reading q, k, v there; the node keeps
+ * what the sdpa node keeps (q, k, v, the output, lse) and the f32 tables qkv_rope's nodes keep.
+ * NULL with *taken = 0 when the Hopper kernels cannot read the rotated views (the composition's
+ * turn). */
+static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
+                             double scale, int *taken) {
+    zr_tensor *p[3] = {NULL}, *tab[2] = {NULL}, *save[3] = {NULL}, *out = NULL;
+    *taken = 1; /* from here on a failure is an error, not the composition's turn */
+    if (zr_qkv_rope_forward(qkv, Hq, Hkv, cos, sin, p, tab)) goto done;
+    if (!(strided_ok(p[0]) && strided_ok(p[1]) && strided_ok(p[2]))) { /* not the (B, T, heads, Dh) views */
+        *taken = 0;
+        goto done;
+    }
+    for (int i = 0; i < 2; i++)
+        if (((uintptr_t)zr_tensor_data(tab[i]) & 15) != 0) { /* the backward reads 16-byte vectors */
+            zr_tensor *c = zr_tensor_clone_raw(tab[i]);
+            zr_tensor_release(tab[i]);
+            if (!(tab[i] = c)) goto done;
+        }
+    if (!keep_for_backward(p, save)) out = packed_node("qkv_rope_sdpa", qkv, p, save, 3, tab, 2, Hq, Hkv, Dh, scale);
+done:
+    release3(p);
+    release3(save);
+    zr_tensor_release(tab[0]);
+    zr_tensor_release(tab[1]);
     return out;
 }
 #endif
@@ -421,6 +479,25 @@ fail:
 
 /* --- packed q/k/v (zr_sdpa_packed) --- */
 
+/* packed_flash (rope_flash with cos, sin) where the Hopper kernels can run (CUDA, bf16/f16, their
+ * head_dim); elsewhere NULL with *taken = 0: the composition's turn. */
+static zr_tensor *packed_hopper(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
+                                zr_tensor *sin, int *taken) {
+    *taken = 0;
+#ifdef ZR_HAVE_CUDA
+    zr_dtype dt = qkv->dtype;
+    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
+        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
+        if (attention_strided_ok(Dh, dt))
+            return cos ? rope_flash(qkv, Hq, Hkv, Dh, cos, sin, scale, taken)
+                       : packed_flash(qkv, Hq, Hkv, Dh, scale, taken);
+    }
+#else
+    (void)qkv, (void)Hq, (void)Hkv, (void)Dh, (void)scale, (void)cos, (void)sin;
+#endif
+    return NULL;
+}
+
 /* split + view + transpose + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the
  * path wherever the Hopper kernels do not run; split's backward fills one gradient of qkv. */
 static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale) {
@@ -459,14 +536,36 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
                              (long long)nh, zr_tensor_shape_str(qkv, b1));
     int64_t Dh = qkv->shape[2] / nh;
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
-#ifdef ZR_HAVE_CUDA
-    zr_dtype dt = qkv->dtype;
-    if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
-        zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
-        int taken = 0;
-        zr_tensor *out = attention_strided_ok(Dh, dt) ? packed_flash(qkv, Hq, Hkv, Dh, scale, &taken) : NULL;
-        if (taken) return out;
-    }
-#endif
-    return packed_composed(qkv, Hq, Hkv, Dh, scale);
+    int taken;
+    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, NULL, NULL, &taken);
+    return taken ? out : packed_composed(qkv, Hq, Hkv, Dh, scale);
+}
+
+/* --- packed q/k/v with the rope (zr_qkv_rope_sdpa) --- */
+
+/* zr_qkv_rope + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the path wherever
+ * the Hopper kernels do not run (the CPU one is the twin the CUDA tests compare with). */
+static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
+                                double scale) {
+    int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * Dh};
+    zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
+    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p) && (o = zr_sdpa_causal(p[0], p[1], p[2], scale)) &&
+        (ot = zr_transpose(o, 1, 2)))
+        out = zr_reshape(ot, 3, oshape);
+    for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
+    zr_tensor_release(o);
+    zr_tensor_release(ot);
+    return out;
+}
+
+zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, double scale) {
+    if (zr_qkv_rope_check(qkv, Hq, Hkv, cos, sin)) return NULL;
+    if (Hq % Hkv)
+        return zr_error_null("qkv_rope_sdpa: n_head %lld must be a multiple of n_kv_head %lld", (long long)Hq,
+                             (long long)Hkv);
+    int64_t Dh = qkv->shape[2] / (Hq + 2 * Hkv);
+    if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
+    int taken;
+    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, cos, sin, &taken);
+    return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, scale);
 }

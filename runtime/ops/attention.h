@@ -20,4 +20,14 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale
  * split + view + transpose + zr_sdpa_causal (split's backward also fills one buffer). */
 zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale);
 
+/* Llama's attention over its packed q/k/v product: zr_sdpa_packed of zr_qkv_rope(qkv, Hq, Hkv, cos,
+ * sin), q and k rotated (cos, sin (T, Dh) as zr_rope_tables gives them), returned as (B, T, Hq·Dh)
+ * in qkv's dtype; scale <= 0: 1/sqrt(Dh). Where the Hopper kernels take it (CUDA, bf16/f16, Dh 64)
+ * one node over qkv whose forward is exactly zr_qkv_rope + zr_sdpa_causal's (the same kernels, the
+ * same buffers, the same tensors kept); its backward writes qkv's whole gradient, the rope's
+ * transpose applied in the pass that turns the f32 dq accumulator (and dk, dv) into it: no rotated
+ * dq, dk, dv are stored, and the qkv_rope backward's launch is gone. Elsewhere it is that
+ * composition, op by op. */
+zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, double scale);
+
 #endif

@@ -177,6 +177,10 @@ static zr_status check_args(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *co
     return ZR_OK;
 }
 
+zr_status zr_qkv_rope_check(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin) {
+    return check_args(qkv, H, KV, cos, sin, ZR_QKV_AUTO);
+}
+
 /* Runs the forward kernel from qkv into buf's views; sets G's tables. */
 static zr_status forward_into(qkv_group *G, zr_tensor *qkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *buf,
                               int layout, int64_t B, int64_t T, int64_t Dh) {
@@ -217,11 +221,10 @@ done:
     return st;
 }
 
-zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout,
-                      zr_tensor **out) {
-    for (int p = 0; p < 3; p++) out[p] = NULL;
-    if (check_args(qkv, H, KV, cos, sin, layout)) return ZR_ERR;
-    int64_t B = qkv->shape[0], T = qkv->shape[1], nh = H + 2 * KV, Dh = qkv->shape[2] / nh;
+/* zr_qkv_rope's forward into a new buffer (layout resolved), no autograd; G gets the tables. */
+static zr_status forward_new(qkv_group *G, zr_tensor *qkv, zr_tensor *cos, zr_tensor *sin, int layout,
+                             zr_tensor **out) {
+    int64_t B = qkv->shape[0], T = qkv->shape[1], nh = G->H + 2 * G->KV, Dh = qkv->shape[2] / nh;
     zr_device dev = zr_tensor_device(qkv);
     if (layout == ZR_QKV_AUTO) {
         layout = ZR_QKV_BHTD;
@@ -230,17 +233,47 @@ zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_
         if (!zr_is_cpu(qkv) && (zr_cuda_stream(dev), attention_strided_ok(Dh, qkv->dtype))) layout = ZR_QKV_BTHD;
 #endif
     }
-    qkv_group *G = calloc(1, sizeof *G);
-    if (!G) return zr_error("qkv_rope: out of host memory");
-    G->refcount = 1; /* this function's, dropped at the end */
-    G->H = H, G->KV = KV;
     int64_t bthd[4] = {B, T, nh, Dh}, flat = B * T * nh * Dh;
     zr_tensor *buf = layout == ZR_QKV_BTHD ? zr_tensor_new_cat(qkv->dtype, dev, 4, bthd, ZR_MEM_ACTIVATIONS, 0)
                                            : zr_tensor_new_cat(qkv->dtype, dev, 1, &flat, ZR_MEM_ACTIVATIONS, 0);
     zr_status st = buf && !forward_into(G, qkv, cos, sin, buf, layout, B, T, Dh) &&
-                           !part_views(buf, layout, B, T, H, KV, Dh, out)
+                           !part_views(buf, layout, B, T, G->H, G->KV, Dh, out)
                        ? ZR_OK
                        : ZR_ERR;
+    zr_tensor_release(buf);
+    return st;
+}
+
+zr_status zr_qkv_rope_forward(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin,
+                              zr_tensor **out, zr_tensor **tab) {
+    for (int p = 0; p < 3; p++) out[p] = NULL;
+    tab[0] = tab[1] = NULL;
+    if (check_args(qkv, H, KV, cos, sin, ZR_QKV_AUTO)) return ZR_ERR;
+    qkv_group G = {.refcount = 1, .H = H, .KV = KV};
+    zr_status st = forward_new(&G, qkv, cos, sin, ZR_QKV_AUTO, out);
+    tab[0] = G.cos, tab[1] = G.sin; /* the caller's now */
+    if (st) {
+        for (int p = 0; p < 3; p++) {
+            zr_tensor_release(out[p]);
+            out[p] = NULL;
+        }
+        for (int i = 0; i < 2; i++) {
+            zr_tensor_release(tab[i]);
+            tab[i] = NULL;
+        }
+    }
+    return st;
+}
+
+zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout,
+                      zr_tensor **out) {
+    for (int p = 0; p < 3; p++) out[p] = NULL;
+    if (check_args(qkv, H, KV, cos, sin, layout)) return ZR_ERR;
+    qkv_group *G = calloc(1, sizeof *G);
+    if (!G) return zr_error("qkv_rope: out of host memory");
+    G->refcount = 1; /* this function's, dropped at the end */
+    G->H = H, G->KV = KV;
+    zr_status st = forward_new(G, qkv, cos, sin, layout, out);
     for (int p = 0; p < 3 && !st; p++) {
         zr_node *nd;
         if (zr_autograd_record(out[p], "qkv_rope", qkv_rope_backward, 1, &qkv, &nd)) st = ZR_ERR;
@@ -251,7 +284,6 @@ zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_
             G->refcount++;
         }
     }
-    zr_tensor_release(buf);
     group_release(G);
     if (st)
         for (int p = 0; p < 3; p++) {

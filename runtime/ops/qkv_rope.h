@@ -23,4 +23,13 @@ enum {
 zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin, int layout,
                       zr_tensor **out);
 
+/* zr_qkv_rope's argument checks alone (the error names qkv_rope). */
+zr_status zr_qkv_rope_check(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin);
+
+/* zr_qkv_rope(..., ZR_QKV_AUTO, out) without autograd, for an op that runs it inside its own node
+ * (zr_qkv_rope_sdpa): the same kernel into the same buffer and views; tab[0], tab[1] = cos, sin
+ * as that kernel read them (contiguous: the CPU compute dtype, or f32 on CUDA), the caller's. */
+zr_status zr_qkv_rope_forward(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin,
+                              zr_tensor **out, zr_tensor **tab);
+
 #endif

@@ -846,6 +846,99 @@ TEST(attention_forward_backward) {
     CHECK(strstr(zr_last_error(), "attention_forward_cuda") != NULL);
 }
 
+/* attention_backward_rope_cuda (zr_qkv_rope_sdpa's backward): dq and dk through the transpose of a
+ * rope with arbitrary tables (not a rotation: a cos/sin entry taken from the wrong half of the pair
+ * shows), against the host reference's gradients turned the same way. Dense, and on the Hopper
+ * kernels dq, dk, dv written into one packed (B, T, Hq + 2 Hkv, Dh) gradient, poisoned first (NaN:
+ * an element left unwritten fails). Split shapes (GQA on small grids: dk, dv from the f32
+ * partials) and unsplit ones (MHA, and Hq/Hkv = 3, an odd group: dk turned in place). */
+TEST(attention_backward_rope) {
+    const int64_t shapes[][5] = {/* B, Hq, Hkv, T, Dh */
+                                 {1, 8, 2, 57, 64}, {3, 4, 4, 200, 64}, {1, 3, 1, 130, 64},
+                                 {3, 8, 2, 200, 64}, {1, 1, 1, 1, 64},  {2, 2, 1, 77, 128}};
+    const int grids[2] = {0, 3};
+    for (int mode = 0; mode < 3; ++mode) /* Hopper (default grid, 3 blocks), then mma.sync */
+        for (auto &s : shapes)
+            for (zr_dtype t : {ZR_BF16, ZR_F16}) {
+                const int fallback = mode == 2;
+                attn_sm90_force(fallback ? 0 : -1, fallback ? 0 : -1);
+                attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
+                const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4], half = Dh / 2;
+                const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+                vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
+                vec cs = randv(T * Dh), sn = randv(T * Dh);
+                dbuf q_(nq, t), k_(nk, t), v_(nk, t), do_(nq, t), o_(nq, t),
+                    lse_(B * Hq * T, ZR_F32), dq_(nq, t), dk_(nk, t), dv_(nk, t), cs_(T * Dh, ZR_F32),
+                    sn_(T * Dh, ZR_F32);
+                q_.up(q), k_.up(k), v_.up(v), do_.up(dO), cs_.up(cs), sn_.up(sn);
+                vec o, lse, dq, dk, dv;
+                attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
+                auto turn = [&](const vec &x) { /* rows (.., t, Dh): the rope's transpose */
+                    vec y(x.size());
+                    for (size_t r = 0; r < x.size() / Dh; ++r) {
+                        const double *a = &x[r * Dh], *c = &cs[(r % T) * Dh], *sv = &sn[(r % T) * Dh];
+                        for (int64_t i = 0; i < half; ++i) {
+                            y[r * Dh + i] = a[i] * c[i] + a[i + half] * sv[i + half];
+                            y[r * Dh + i + half] = a[i + half] * c[i + half] - a[i] * sv[i];
+                        }
+                    }
+                    return y;
+                };
+                const vec rq = turn(dq), rk = turn(dk);
+                char what[112];
+                snprintf(what, sizeof what, "attention rope bwd%s %s B%lld Hq%lld Hkv%lld T%lld Dh%lld",
+                         fallback ? " (mma.sync)" : mode ? " (3 blocks)" : "", tn(t), (long long)B,
+                         (long long)Hq, (long long)Hkv, (long long)T, (long long)Dh);
+                CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv,
+                                                T, Dh, 0.f, t, 0));
+                size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
+                dbuf ws(wsb / 4 + 4, ZR_F32);
+                CHECK_OK(attention_backward_rope_cuda(dq_.p, dk_.p, dv_.p, do_.p, q_.p, k_.p, v_.p,
+                                                      o_.p, lse_.f(), ws.p, NULL, B, Hq, Hkv, T, Dh,
+                                                      0.f, cs_.f(), sn_.f(), t, 0));
+                const double bt = t == ZR_BF16 ? 2.5e-2 : 6e-3;
+                double dvn = 0;
+                for (double x : dv) dvn += x * x;
+                dvn = 0.1 * std::sqrt(dvn);
+                double e1 = relerr(dq_.down(), rq, dvn), e2 = relerr(dk_.down(), rk, dvn),
+                       e3 = relerr(dv_.down(), dv, dvn);
+                printf("  %s: dq %.2g dk %.2g dv %.2g\n", what, e1, e2, e3);
+                CHECK_MSG(e1 <= bt && e2 <= bt && e3 <= bt, "%s: rel err dq %.3g dk %.3g dv %.3g > %.3g",
+                          what, e1, e2, e3, bt);
+                if (fallback || !attention_strided_ok(Dh, t)) continue;
+                /* dq, dk, dv as head slices of one packed gradient */
+                const int64_t Hf = Hq + 2 * Hkv;
+                dbuf g_(B * T * Hf * Dh, t); /* poisoned */
+                const zr_attn_strides sq = {Hq * T * Dh, T * Dh, Dh}, sk = {Hkv * T * Dh, T * Dh, Dh},
+                                      sg = {T * Hf * Dh, Dh, Hf * Dh};
+                const zr_attn_layout L = {sq, sk, sk, sq, sq, sg, sg, sg};
+                char *gp = (char *)g_.p;
+                CHECK_OK(attention_backward_rope_cuda(gp, gp + Hq * Dh * 2, gp + (Hq + Hkv) * Dh * 2,
+                                                      do_.p, q_.p, k_.p, v_.p, o_.p, lse_.f(), ws.p,
+                                                      &L, B, Hq, Hkv, T, Dh, 0.f, cs_.f(), sn_.f(),
+                                                      t, 0));
+                const vec g = g_.down();
+                vec gq(nq), gk(nk), gv(nk);
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t i = 0; i < T; ++i)
+                        for (int64_t j = 0; j < Hf; ++j)
+                            for (int64_t d = 0; d < Dh; ++d) {
+                                const double x = g[((b * T + i) * Hf + j) * Dh + d];
+                                if (j < Hq) gq[((b * Hq + j) * T + i) * Dh + d] = x;
+                                else if (j < Hq + Hkv) gk[((b * Hkv + j - Hq) * T + i) * Dh + d] = x;
+                                else gv[((b * Hkv + j - Hq - Hkv) * T + i) * Dh + d] = x;
+                            }
+                e1 = relerr(gq, rq, dvn), e2 = relerr(gk, rk, dvn), e3 = relerr(gv, dv, dvn);
+                CHECK_MSG(e1 <= bt && e2 <= bt && e3 <= bt,
+                          "%s packed: rel err dq %.3g dk %.3g dv %.3g > %.3g", what, e1, e2, e3, bt);
+            }
+    attn_sm90_force(-1, -1);
+    attn_sm90_grid(0, 0);
+    CHECK(attention_backward_rope_cuda(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                       NULL, 1, 2, 2, 8, 64, 0.f, NULL, NULL, ZR_BF16, 0) != 0);
+    CHECK(strstr(zr_last_error(), "attention_backward_rope_cuda") != NULL);
+}
+
 /* The persistent forward with more work tiles than blocks: B1 Hq24 Hkv6 T650 is 144 query tiles of
  * 128, so the default grid (a block per SM, 132 on an H200) gives 12 blocks a second, lightest, tile.
  * Under every grid the output matches the host reference and has the same bits as with a block per
@@ -896,6 +989,7 @@ int main(void) {
     RUN(optim_step);
     RUN(attention_forward_backward);
     RUN(attention_forward_persistent);
+    RUN(attention_backward_rope);
     printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
     return test_summary();
 }

@@ -107,4 +107,43 @@ function M.both(what, dt, inputs, f, slack, nograd)
   end
 end
 
+-- f(y) through a product y = x * 1 of a fresh leaf x = x0 (so its gradient goes into the product's
+-- buffer, as a projection's would), then backward of sum(o * wo): o and x's gradient, on the CPU.
+function M.out_and_grad(x0, wo, f)
+  local x = x0:detach(); x.requires_grad = true
+  local o = f(x * 1)
+  ;(o:float() * wo):sum():backward()
+  return o:cpu(), x.grad:cpu()
+end
+
+-- A model built by ctor(cfg) (cfg.dtype "f32") on the CPU in f32 against the same weights on the
+-- GPU in bf16: logits and every parameter's gradient of the loss on ids (B, T) within 3% relative
+-- error of the whole tensor (bf16 rounding stays near 1%, a wrong layout is O(1)).
+function M.model_cpu_vs_gpu(ctor, cfg, ids)
+  local function rel(a, b, what)
+    local d = a:float():cpu() - b
+    local e = math.sqrt((d * d):sum():item() / (b * b):sum():item())
+    assert(e < 0.03, ("%s: relative error %.4g"):format(what, e))
+  end
+  local ref = ctor(cfg)
+  local out = ref(ids, ids)
+  out.loss:backward()
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  c.dtype, c.device = "bf16", "cuda"
+  local m = ctor(c)
+  local sd = {}
+  for n, p in ref:named_parameters() do sd[n] = p:detach() end
+  m:load_state_dict(sd, true)
+  local got = m(ids:cuda(), ids:cuda())
+  got.loss:backward()
+  rel(got.logits, out.logits, "logits")
+  local g = {}
+  for n, p in m:named_parameters() do g[n] = p.grad end
+  for n, p in ref:named_parameters() do
+    assert(g[n], "no CUDA gradient for " .. n)
+    rel(g[n], p.grad, "grad of " .. n)
+  end
+end
+
 return M

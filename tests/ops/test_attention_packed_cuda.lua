@@ -35,21 +35,12 @@ T.test("sdpa_packed equals narrow + view + transpose + sdpa on the GPU (bf16, GP
     local B, Tn, Hq, Hkv, D = unpack(s)
     local x0 = randn({ B, Tn, (Hq + 2 * Hkv) * D }, "bf16"):cuda()
     local wo = randn({ B, Tn, Hq * D }):cuda()
-    local function run(packed)
-      local x = x0:detach(); x.requires_grad = true
-      local y = x * 1
-      local o
-      if packed then o = zr.sdpa_packed(y, Hq, Hkv)
-      else
-        local function heads(c0, H) return y:narrow(3, c0 * D + 1, H * D):view(B, Tn, H, D):transpose(2, 3) end
-        o = zr.scaled_dot_product_attention(heads(0, Hq), heads(Hq, Hkv), heads(Hq + Hkv, Hkv))
-          :transpose(2, 3):reshape(B, Tn, Hq * D)
-      end
-      ;(o:float() * wo):sum():backward()
-      return o:cpu(), x.grad:cpu()
-    end
-    local o1, g1 = run(true)
-    local o2, g2 = run(false)
+    local o1, g1 = C.out_and_grad(x0, wo, function(y) return zr.sdpa_packed(y, Hq, Hkv) end)
+    local o2, g2 = C.out_and_grad(x0, wo, function(y)
+      local function heads(c0, H) return y:narrow(3, c0 * D + 1, H * D):view(B, Tn, H, D):transpose(2, 3) end
+      return zr.scaled_dot_product_attention(heads(0, Hq), heads(Hq, Hkv), heads(Hq + Hkv, Hkv))
+        :transpose(2, 3):reshape(B, Tn, Hq * D)
+    end)
     local what = "packed vs composed " .. table.concat(s, ",")
     close(o1, o2, "bf16", what .. " forward", 1)
     close(g1, g2, "bf16", what .. " dqkv", 2, 1e-3)
@@ -57,34 +48,9 @@ T.test("sdpa_packed equals narrow + view + transpose + sdpa on the GPU (bf16, GP
 end)
 
 T.test("GPT-2 with head_dim 64 (the packed path) on CUDA bf16 vs the CPU in f32: logits and every gradient", function()
-  -- relative error of the whole tensor: bf16 rounding stays near 1%, a wrong layout is O(1)
-  local function rel(a, b, what)
-    local d = a:float():cpu() - b
-    local e = math.sqrt((d * d):sum():item() / (b * b):sum():item())
-    assert(e < 0.03, ("%s: relative error %.4g"):format(what, e))
-  end
   local cfg = { vocab_size = 64, n_positions = 128, n_embd = 128, n_layer = 2, n_head = 2, dtype = "f32" }
   zr.manual_seed(5)
-  local ref = zr.models.gpt2.GPT2LMHeadModel(cfg)
-  local ids = (zr.rand({ 2, 70 }) * 63):to("i64")
-  local out = ref(ids, ids)
-  out.loss:backward()
-  local c = {}
-  for k, v in pairs(cfg) do c[k] = v end
-  c.dtype, c.device = "bf16", "cuda"
-  local m = zr.models.gpt2.GPT2LMHeadModel(c)
-  local sd = {}
-  for n, p in ref:named_parameters() do sd[n] = p:detach() end
-  m:load_state_dict(sd, true)
-  local got = m(ids:cuda(), ids:cuda())
-  got.loss:backward()
-  rel(got.logits, out.logits, "logits")
-  local g = {}
-  for n, p in m:named_parameters() do g[n] = p.grad end
-  for n, p in ref:named_parameters() do
-    assert(g[n], "no CUDA gradient for " .. n)
-    rel(g[n], p.grad, "grad of " .. n)
-  end
+  C.model_cpu_vs_gpu(zr.models.gpt2.GPT2LMHeadModel, cfg, (zr.rand({ 2, 70 }) * 63):to("i64"))
 end)
 
 T.test("sdpa_packed on Hopper: one node over qkv, nothing saved but the output and lse", function()

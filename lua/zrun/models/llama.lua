@@ -58,18 +58,17 @@ function Attention:forward(x, cos, sin)
   local B, T = x:size(1), x:size(2)
   local H, KV, D = self.n_heads, self.n_kv, self.hd
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
-  local q, k, v
   if fusable(qp, kp, vp) then
-    -- one (B, T, (H + 2 KV) D) product; qkv_rope reads it in place and hands q, k (rotated) and
-    -- v back in the layout the attention kernels read, and in backward writes the product's
-    -- gradient in one pass for its one backward GEMM per operand
-    q, k, v = zr.qkv_rope(zr.linear_multi(x, weights(qp, kp, vp)), H, KV, cos, sin)
-  else
-    q = qp(x):view(B, T, H, D):transpose(2, 3)
-    k = kp(x):view(B, T, KV, D):transpose(2, 3)
-    v = vp(x):view(B, T, KV, D):transpose(2, 3)
-    q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
+    -- one (B, T, (H + 2 KV) D) product; qkv_rope_sdpa rotates q and k of it and runs the attention
+    -- over them (read in place on the GPU), and in backward writes the product's gradient in one
+    -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
+    -- per operand; it returns (B, T, H D), o_proj's input
+    return self.o_proj(zr.qkv_rope_sdpa(zr.linear_multi(x, weights(qp, kp, vp)), H, KV, cos, sin))
   end
+  local q = qp(x):view(B, T, H, D):transpose(2, 3)
+  local k = kp(x):view(B, T, KV, D):transpose(2, 3)
+  local v = vp(x):view(B, T, KV, D):transpose(2, 3)
+  q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
   local o = zr.scaled_dot_product_attention(q, k, v)
   return self.o_proj(o:transpose(2, 3):reshape(B, T, H * D))
 end
