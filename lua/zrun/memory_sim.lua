@@ -77,13 +77,14 @@ end
 function Sim:unref(v)
   if self.o.gc == "ideal" then self:drop(v) else self.garbage[#self.garbage + 1] = v end
 end
--- `local x = ...; x = other`: the old value leaves the running function's frame.
-function Sim:forget(v)
+-- `local x = ...; x = other`: the old value leaves the running function's frame; now: it was
+-- never Lua's (an intermediate an op made and released inside C), so it goes at once.
+function Sim:forget(v, now)
   local f = self.frames[#self.frames]
   for i = #f, 1, -1 do
     if f[i] == v then
       table.remove(f, i)
-      self:unref(v)
+      if now then self:drop(v) else self:unref(v) end
       return
     end
   end
@@ -746,7 +747,11 @@ function M.llama_activations(cfg, o)
         v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
         q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
       end
-      att = S:reshape(S:transpose(S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)))
+      local o = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
+      local ot = S:transpose(o)
+      att = S:reshape(ot)
+      -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
+      if fused then for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end end
     end
     local ao = S:linear(att, p.o, N * H * b)
     local h, a2
