@@ -215,7 +215,9 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
  * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
  * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
- * (the strided addresses then take 32-bit divisions). */
+ * (the strided addresses then take 32-bit divisions). A strided dst (the (B, T, H, D) memory of a
+ * projection's gradient) is taken position-major, (t, b·H + h, float4), as
+ * attn_rope_convert_kernel does: a warp's stores are adjacent heads of one position. */
 struct cvt_seg {
     struct {
         uint16_t *dst;
@@ -235,20 +237,39 @@ struct cvt_seg {
 #define ATT_CVT_U 4
 template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
+    constexpr int P = D / 4; /* float4s a row */
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const auto sg = segs.s[k];
+        const int64_t BH = sg.n4 / ((int64_t)segs.T * P);
         for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < sg.n4;
              i0 += ATT_CVT_U * stride) {
             float4 a[ATT_CVT_U];
+            uint16_t *dst[ATT_CVT_U];
 #pragma unroll
             for (int u = 0; u < ATT_CVT_U; ++u) {
                 const int64_t i = i0 + u * stride;
                 if (i >= sg.n4) break;
-                a[u] = reinterpret_cast<const float4 *>(sg.src)[i];
+                int64_t e = i * 4; /* src element */
+                dst[u] = sg.dst + e;
+                if (!sg.dense) {
+                    const int64_t r = i / P; /* a shift */
+                    const int col = (int)(i % P) * 4;
+                    int64_t bh, t;
+                    if (segs.rows32) {
+                        const uint32_t q = (uint32_t)r / (uint32_t)BH;
+                        t = q, bh = (uint32_t)r - q * (uint32_t)BH;
+                    } else {
+                        t = r / BH, bh = r - t * BH;
+                    }
+                    const int64_t b = bh / sg.H, h = bh - b * sg.H;
+                    e = (bh * segs.T + t) * D + col;
+                    dst[u] = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+                }
+                a[u] = *reinterpret_cast<const float4 *>(sg.src + e);
                 for (int p = 1; p < sg.nsplit; ++p) {
-                    const float4 c = reinterpret_cast<const float4 *>(sg.src)[i + p * sg.n4];
+                    const float4 c = *reinterpret_cast<const float4 *>(sg.src + e + p * 4 * sg.n4);
                     a[u].x += c.x;
                     a[u].y += c.y;
                     a[u].z += c.z;
@@ -257,29 +278,13 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
             }
 #pragma unroll
             for (int u = 0; u < ATT_CVT_U; ++u) {
-                const int64_t i = i0 + u * stride;
-                if (i >= sg.n4) break;
+                if (i0 + u * stride >= sg.n4) break;
                 uint2 r;
                 r.x = (uint32_t)M::from_f(a[u].x * sg.scale) |
                       ((uint32_t)M::from_f(a[u].y * sg.scale) << 16);
                 r.y = (uint32_t)M::from_f(a[u].z * sg.scale) |
                       ((uint32_t)M::from_f(a[u].w * sg.scale) << 16);
-                const int64_t e = i * 4;
-                uint16_t *dst = sg.dst + e;
-                if (!sg.dense) {
-                    const int64_t row = e / D; /* D a power of two: a shift */
-                    const int col = (int)(e % D);
-                    int64_t bh, t;
-                    if (segs.rows32) {
-                        const uint32_t r32 = (uint32_t)row, q = r32 / (uint32_t)segs.T;
-                        bh = q, t = r32 - q * (uint32_t)segs.T;
-                    } else {
-                        bh = row / segs.T, t = row % segs.T;
-                    }
-                    const int64_t b = bh / sg.H, h = bh - b * sg.H;
-                    dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
-                }
-                *reinterpret_cast<uint2 *>(dst) = r;
+                *reinterpret_cast<uint2 *>(dst[u]) = r;
             }
         }
     }
