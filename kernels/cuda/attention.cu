@@ -175,7 +175,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 /* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row), and, when
  * nl2 is given (the Hopper backward's form of lse), nl2[row] = −lse[row]·log2 e; the same threads
- * zero that row of the dq accumulator (instead of a separate memset pass). */
+ * zero that row of the dq accumulator (instead of a separate memset pass). Strided dO and O (the
+ * (B, T, H, D) memory of a projection's gradient and of the forward's output) are taken position-
+ * major, (t, b·H + h): a warp reads adjacent heads of one position, whole lines, and writes its
+ * rows of the (B, H, T)-ordered accumulator 256 bytes each; dense ones in (b, h, t) order. */
 template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ nl2,
                                      float *__restrict__ dqacc, const float *__restrict__ lse,
@@ -184,13 +187,15 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
                                      zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
     typedef mma_t<T> M;
     const int per = D / 8;
-    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
     const int ch = threadIdx.x % per;
     float s = 0.f;
-    if (row < rows) {
+    int64_t row = r; /* (b, h, t) */
+    if (r < rows) {
         int64_t ad = row * D, ao = row * D; /* dense: (B, Hq, T, D) */
         if (!dense) {
-            const int64_t bh = row / T_, t = row % T_, b = bh / Hq, h = bh % Hq;
+            const int64_t BH = rows / T_, t = r / BH, bh = r - t * BH, b = bh / Hq, h = bh - b * Hq;
+            row = bh * T_ + t;
             ad = b * sdo.sb + h * sdo.sh + t * sdo.st, ao = b * so.sb + h * so.sh + t * so.st;
         }
         uint4 a = *reinterpret_cast<const uint4 *>(dout + ad + ch * 8);
@@ -206,7 +211,7 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
 #pragma unroll
     for (int off = per / 2; off > 0; off >>= 1)
         s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (row < rows && ch == 0) {
+    if (r < rows && ch == 0) {
         Dd[row] = s;
         if (nl2) nl2[row] = -lse[row] * 1.4426950408889634f;
     }

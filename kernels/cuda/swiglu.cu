@@ -1,5 +1,7 @@
 /* Fused SwiGLU forward/backward (see swiglu.h): one thread per V elements of one row, 16-byte
- * accesses when F and the pointers allow, a grid-stride loop over M * F / V chunks. */
+ * accesses when F and the pointers allow, a grid-stride loop over M * F / V chunks; the forward
+ * takes SWIGLU_U chunks a pass (a grid stride apart), all loaded before the first store, so that
+ * the resident grid keeps as many bytes in flight as the backward's three loads do. */
 #include "swiglu.h"
 
 #include <cuda_bf16.h>
@@ -11,23 +13,40 @@ extern "C" {
 
 #include "fused_common.cuh"
 
+#define SWIGLU_U 2
 template <typename T, int V, bool BWD>
 __global__ void swiglu_kernel(T *out0, T *out1, const T *dh, const T *gate, const T *up,
                               int64_t M, int64_t F, int64_t ld) {
-    const int64_t nch = F / V, total = M * nch;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = idx / nch, c = (idx % nch) * V;
-        float g[V], u[V];
-        ldv<T, V>(g, gate + row * ld + c);
-        ldv<T, V>(u, up + row * ld + c);
-        if (!BWD) {
-            float o[V];
+    const int64_t nch = F / V, total = M * nch, stride = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (!BWD) {
+        for (int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < total;
+             i0 += SWIGLU_U * stride) {
+            float g[SWIGLU_U][V], u[SWIGLU_U][V];
+            int64_t row[SWIGLU_U], c[SWIGLU_U];
 #pragma unroll
-            for (int k = 0; k < V; ++k) o[k] = g[k] / (1.f + __expf(-g[k])) * u[k];
-            stv<T, V>(out0 + row * F + c, o);
-        } else {
-            float d[V], dg[V], du[V];
+            for (int j = 0; j < SWIGLU_U; ++j) {
+                const int64_t idx = i0 + j * stride;
+                if (idx >= total) break;
+                row[j] = idx / nch, c[j] = (idx % nch) * V;
+                ldv<T, V>(g[j], gate + row[j] * ld + c[j]);
+                ldv<T, V>(u[j], up + row[j] * ld + c[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < SWIGLU_U; ++j) {
+                if (i0 + j * stride >= total) break;
+                float o[V];
+#pragma unroll
+                for (int k = 0; k < V; ++k) o[k] = g[j][k] / (1.f + __expf(-g[j][k])) * u[j][k];
+                stv<T, V>(out0 + row[j] * F + c[j], o);
+            }
+        }
+    } else {
+        for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+             idx += stride) {
+            const int64_t row = idx / nch, c = (idx % nch) * V;
+            float g[V], u[V], d[V], dg[V], du[V];
+            ldv<T, V>(g, gate + row * ld + c);
+            ldv<T, V>(u, up + row * ld + c);
             ldv<T, V>(d, dh + row * F + c);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
