@@ -212,6 +212,25 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
     }
 }
 
+/* Row r of a position-major order, (t, b·H + h) with BH = B·H rows a position: its position t,
+ * its (b, h) as bh = b·H + h, b and h (rows32: r fits 32 bits, so 32-bit divisions). Both
+ * conversion kernels below walk strided destinations this way: a warp's stores are adjacent heads
+ * of one position. */
+struct pm_row {
+    int64_t t, bh, b, h;
+};
+static __device__ __forceinline__ pm_row pos_major(int64_t r, int64_t BH, int H, int rows32) {
+    pm_row o;
+    if (rows32) {
+        const uint32_t q = (uint32_t)r / (uint32_t)BH;
+        o.t = q, o.bh = (uint32_t)r - q * (uint32_t)BH;
+    } else {
+        o.t = r / BH, o.bh = r - o.t * BH;
+    }
+    o.b = o.bh / H, o.h = o.bh - o.b * H;
+    return o;
+}
+
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
  * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
  * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
@@ -254,18 +273,10 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
                 int64_t e = i * 4; /* src element */
                 dst[u] = sg.dst + e;
                 if (!sg.dense) {
-                    const int64_t r = i / P; /* a shift */
                     const int col = (int)(i % P) * 4;
-                    int64_t bh, t;
-                    if (segs.rows32) {
-                        const uint32_t q = (uint32_t)r / (uint32_t)BH;
-                        t = q, bh = (uint32_t)r - q * (uint32_t)BH;
-                    } else {
-                        t = r / BH, bh = r - t * BH;
-                    }
-                    const int64_t b = bh / sg.H, h = bh - b * sg.H;
-                    e = (bh * segs.T + t) * D + col;
-                    dst[u] = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+                    const pm_row w = pos_major(i / P, BH, sg.H, segs.rows32); /* P: a shift */
+                    e = (w.bh * segs.T + w.t) * D + col;
+                    dst[u] = sg.dst + w.b * sg.sd.sb + w.h * sg.sd.sh + w.t * sg.sd.st + col;
                 }
                 a[u] = *reinterpret_cast<const float4 *>(sg.src + e);
                 for (int p = 1; p < sg.nsplit; ++p) {
@@ -324,16 +335,9 @@ template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a
         const rope_seg sg = a.s[k];
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n; i += stride) {
             const int col = (int)(i % PER) * 8;
-            const int64_t r = i / PER, BH = (int64_t)a.B * sg.H; /* PER: a shift */
-            int64_t bh, t;
-            if (a.rows32) {
-                const uint32_t r32 = (uint32_t)r, q = r32 / (uint32_t)BH;
-                t = q, bh = r32 - q * (uint32_t)BH;
-            } else {
-                t = r / BH, bh = r % BH;
-            }
-            const int64_t b = bh / sg.H, h = bh - b * sg.H, row = bh * a.T + t;
-            uint16_t *dst = sg.dst + b * sg.sd.sb + h * sg.sd.sh + t * sg.sd.st + col;
+            const pm_row w = pos_major(i / PER, (int64_t)a.B * sg.H, sg.H, a.rows32); /* PER: a shift */
+            const int64_t t = w.t, row = w.bh * a.T + t;
+            uint16_t *dst = sg.dst + w.b * sg.sd.sb + w.h * sg.sd.sh + t * sg.sd.st + col;
             float x1[8], x2[8];
             if (sg.src) {
                 const float *s = sg.src + row * D + col;
