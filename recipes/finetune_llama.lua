@@ -21,7 +21,7 @@ cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)
 cli:option("validation_split_percentage", 5, "share of the lines that evaluate when there is no train split")
 cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
 cli:alias("deepspeed", "config")
-cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\")")
+cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\" or that have no such section)")
 cli:option("device", "auto", "cpu | cuda | auto")
 cli:option("dump_blocks", false, "FILE.safetensors: the token blocks and the order training reads them")
 -- ... and TrainingArguments. Anything on the command line overrides either.
@@ -131,7 +131,7 @@ if type(opt.config) == "string" then
   for k, v in pairs(fixed) do if type(v) == "number" and not given[k] then args[k] = nil end end
 end
 args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json) ...
-if opt.precision then       -- ... or from precision= when the config says "auto"
+if opt.precision then       -- ... or from precision= when the config says "auto" or has no bf16/fp16 section
   local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
   if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
   args.bf16, args.fp16 = p == "bf16", p == "fp16"

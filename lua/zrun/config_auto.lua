@@ -35,6 +35,24 @@ local function arg(ctx, name)
   return ARG_DEFAULTS[name], fmt("TrainingArguments default %s=%s", name, show(ARG_DEFAULTS[name])), false
 end
 
+-- args.bf16 / args.fp16 true and the file has no such section: the Hugging Face Trainer turns the
+-- argument into accelerate's mixed_precision, whose DeepSpeed plugin adds the section as enabled
+-- (set_mixed_precision); here it is added as "auto", resolved from the argument with the others. A
+-- file that enables the other precision is refused, as accelerate refuses it. Returns an error or nil.
+function M.precision_sections(raw, args)
+  for _, p in ipairs { { "bf16", "fp16" }, { "fp16", "bf16" } } do
+    local want, other = p[1], p[2]
+    if args[want] == true then
+      local o = raw[other]
+      if type(o) == "table" and o.enabled == true then
+        return fmt("args.%s = true but the config enables %s (%s.enabled = true): set %s.enabled to \"auto\" " ..
+          "or false, or train in %s", want, other, other, other, other)
+      end
+      if raw[want] == nil then raw[want] = { enabled = "auto" } end
+    end
+  end
+end
+
 -- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch
 -- (M.steps_per_epoch, the Trainer's arithmetic, at least 1).
 local function num_training_steps(ctx, vals)

@@ -208,6 +208,31 @@ T.test("auto: steps from epochs and dataset size, pending, finalize", function()
   T.eq(z.zero_optimization.stage3_param_persistence_threshold, 100)
 end)
 
+T.test("args.bf16 / args.fp16 with no such section in the file: added and enabled, as HF's Trainer does", function()
+  local base = { train_micro_batch_size_per_gpu = 2, gradient_accumulation_steps = 1, zero_optimization = { stage = 2 } }
+  local c = load(base, { args = { bf16 = true } })
+  T.eq(c.bf16.enabled, true); T.eq(c.fp16.enabled, false)
+  local kind, note = c:source("bf16.enabled")
+  T.eq(kind, "auto"); T.eq(note, "args.bf16")
+  T.eq(base.bf16, nil, "the caller's table is left as it was")
+  local f = load(base, { args = { fp16 = true } })
+  T.eq(f.fp16.enabled, true); T.eq(f.bf16.enabled, false)
+  local n = load(base, { args = { bf16 = false } })
+  T.eq(n.bf16.enabled, false); T.eq(n.fp16.enabled, false)
+  T.eq(load(base).bf16.enabled, false, "no arguments: DeepSpeed's default")
+  -- a section the file has is the file's: a disagreeing explicit argument stays an error
+  T.raises(function() load({ train_batch_size = 8, bf16 = { enabled = false } }, { args = { bf16 = true } }) end,
+    "bf16.enabled = false (file) but args.bf16 = true")
+  -- the other precision enabled in the file is refused (accelerate refuses it)
+  T.raises(function() load({ train_batch_size = 8, fp16 = { enabled = true } }, { args = { bf16 = true } }) end,
+    "args.bf16 = true but the config enables fp16")
+  T.raises(function() load({ train_batch_size = 8, bf16 = { enabled = true } }, { args = { fp16 = true } }) end,
+    "args.fp16 = true but the config enables bf16")
+  -- "auto" in the other section is the argument's (false), not a conflict
+  local a = load({ train_batch_size = 8, fp16 = { enabled = "auto" } }, { args = { bf16 = true } })
+  T.eq(a.bf16.enabled, true); T.eq(a.fp16.enabled, false)
+end)
+
 T.test("file values that disagree with explicit arguments are errors", function()
   T.raises(function() load("configs/ds_config.json", { args = { learning_rate = 1e-4, max_steps = 10 } }) end,
     "optimizer.params.lr = 2e-05 (file) but args.learning_rate = 0.0001")

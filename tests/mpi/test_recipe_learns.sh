@@ -15,15 +15,20 @@ grep -q '"lr": 3e-3' "$tmp/ds_config.json" || echo "FAIL test_recipe_learns: con
 sed -e 's/"lr": 1e-4/"lr": 3e-3/' -e 's/"gradient_accumulation_steps": 1/"gradient_accumulation_steps": 2/' \
   configs/zero3_bf16_master.json > "$tmp/zero3_bf16_master.json"
 grep -q '"lr": 3e-3' "$tmp/zero3_bf16_master.json" || echo "FAIL test_recipe_learns: configs/zero3_bf16_master.json changed shape"
-run() { # np config precision label
+run() { # np config precision label [the precision the run must report]
   out="$tmp/run_$4"
   rm -rf "$out"
   if [ "$1" = 1 ]; then launch="$Z"; else launch="mpirun $MPI_FLAGS -np $1 $Z"; fi
-  log=$($launch recipes/finetune_llama.lua --config "$2" max_steps=12 logging_steps=1 gradient_accumulation_steps=2 \
+  log=$($launch recipes/finetune_llama.lua ${2:+--config "$2"} max_steps=12 logging_steps=1 gradient_accumulation_steps=2 \
     learning_rate=3e-3 save_strategy=no ${3:+precision=$3} output_dir="$out" 2>&1) ||
     { echo "FAIL $4: the recipe exited with an error: $(echo "$log" | tail -2 | tr '\n' ' ')"; return; }
-  $Z tests/mpi/learn_check.lua "$out/metrics.jsonl" "$4" 1.0
+  $Z tests/mpi/learn_check.lua "$out/metrics.jsonl" "$4" 1.0 $5
 }
+# no --config: the recipe's built-in config has no bf16/fp16 section, and precision= still decides
+# (the Hugging Face Trainer adds the section for args.bf16 / args.fp16)
+run 1 "" bf16 "recipe learns: built-in config, precision=bf16 trains in bf16" bf16
+run 1 "" fp16 "recipe learns: built-in config, precision=fp16 trains in f16" f16
+run 1 "" "" "recipe learns: built-in config, no precision= trains in f32" f32
 for np in 1 2; do
   for c in configs/zero0.json configs/zero1.json configs/zero2.json configs/zero3.json configs/zero2_offload.json configs/zero3_offload.json; do
     for p in fp32 bf16 fp16; do run $np $c $p "recipe learns: $(basename $c) $p np=$np"; done
