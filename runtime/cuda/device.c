@@ -92,6 +92,9 @@ static dev_state *ensure(int index) {
     if (!d->ready) {
         st = ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&d->compute, cudaStreamNonBlocking), "stream create");
         if (!st) st = ZR_CUDA_CHECK(cudaStreamCreateWithFlags(&d->comm, cudaStreamNonBlocking), "stream create");
+        /* kernels that state no carveout of their own prefer shared memory, as cuBLASLt's GEMMs need it:
+           the SMs then keep one L1/shared split between our kernels and the GEMMs */
+        if (!st) st = ZR_CUDA_CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared), "cache config");
         if (!st) __atomic_store_n(&d->ready, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&dev_lock);
