@@ -31,8 +31,8 @@ hf() { # name blocks lr warmup sched [ds_config]
     python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" $6 > "$W/$1.hf.log" 2>&1
   grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
 }
-run() { # name config hf_lr hf_warmup hf_sched [recipe args...]
-  name=$1; conf=$2; lr=$3; wr=$4; sched=$5; shift 5
+run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
+  name=$1; conf=$2; lr=$3; wr=$4; sched=$5; tol=$6; shift 6
   echo "### $name: zrun recipe"
   $Z recipes/finetune_llama.lua --config "$conf" model="$W/model" data="$data" max_steps=$steps logging_steps=1 \
     eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
@@ -40,12 +40,14 @@ run() { # name config hf_lr hf_warmup hf_sched [recipe args...]
   grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
   if [ "$name" = seed_config_deepspeed ]; then hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf"
   else hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched"; fi
-  $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" \
+  $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" "$tol" \
     | tee "$R/$name.compare.txt"
 }
 want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
-want seed_config && run seed_config configs/ds_config.json 2e-5 0.05 linear
+# per-step tolerance: 2%, but 6% against AMP at lr 2e-5, where AMP's fp32 embeddings and norms take the steps below a
+# bf16 ulp that bf16 weights (zrun, DeepSpeed) take later (up to ~5% for a few steps; RESULTS.md, sessions 5 and 22)
+want seed_config && run seed_config configs/ds_config.json 2e-5 0.05 linear 0.06
 want seed_config_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
-  run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear
-want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
+  run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear 0.02
+want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8

@@ -84,7 +84,9 @@ def main():
     mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
     args = TrainingArguments(
-        output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=mbs,
+        # eval batches of 1: dataloader_drop_last (the recipe drops a last partial micro-batch in training) applies
+        # to the eval loader too, and would leave out the last len % mbs blocks that zrun's evaluation counts
+        output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=1,
         gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
         bf16=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
