@@ -11,7 +11,8 @@
 # the HF Trainer + DeepSpeed (the same bf16 weights + fp32 master as zrun): the exact semantics.
 # ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
-# Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set.
+# Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set. Exits 1 when a
+# comparison printed FAIL.
 cfg=$1; tok=$2; data=$3; steps=${4:-50}
 Z=${ZRUN_BIN:-./zrun}
 W=${WORK:-/tmp/finetune_vs_hf}
@@ -42,7 +43,9 @@ run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
   else hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched"; fi
   $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" "$tol" \
     | tee "$R/$name.compare.txt"
+  grep -q "^FAIL" "$R/$name.compare.txt" && failed=1
 }
+failed=0
 want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 # per-step tolerance: 2%, but 6% against AMP at lr 2e-5, where AMP's fp32 embeddings and norms take the steps below a
 # bf16 ulp that bf16 weights (zrun, DeepSpeed) take later (up to ~5% for a few steps; RESULTS.md, sessions 5 and 22)
@@ -51,3 +54,4 @@ want seed_config_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
   run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear 0.02
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8
+exit $failed
