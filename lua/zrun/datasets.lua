@@ -21,7 +21,9 @@ function Dataset.from_rows(rows)
   return adopt(t)
 end
 function Dataset:__len() return #self end
+-- The number of rows (also #ds).
 function Dataset:len() return #self end
+-- Row i (also ds[i] and ds(i)).
 function Dataset:get(i) return self[i] end
 Dataset.__call = Dataset.get
 
@@ -127,6 +129,7 @@ function Dataset:map(fn, opts)
   return adopt(out)
 end
 
+-- A new dataset of the rows for which fn(row, i) is true, in order (HF's Dataset.filter).
 function Dataset:filter(fn)
   local out = {}
   for i, r in ipairs(self.rows) do if fn(r, i) then out[#out + 1] = r end end
@@ -330,6 +333,7 @@ end
 local Sampler = { __name = "DistributedSampler" }
 M.DistributedSampler = Sampler
 
+-- zr.datasets.DistributedSampler.new(n, { rank, world_size, shuffle = true, seed = 0, drop_last = false }).
 function Sampler.new(n, opts)
   opts = opts or {}
   local self = require("zrun.data").sized({ n = n, rank = opts.rank or 0, world_size = opts.world_size or 1,
@@ -341,8 +345,11 @@ function Sampler.new(n, opts)
   else self.num_samples = math.ceil(n / self.world_size) end
   return self
 end
+-- The epoch mixed into the shuffle's seed (call it before each epoch, as with torch's sampler).
 function Sampler:set_epoch(e) self.epoch = e end
+-- The number of indices this rank gets.
 function Sampler:len() return self.num_samples end
+-- This rank's row indices (1-based) for the current epoch.
 function Sampler:indices()
   local order
   if self.shuffle then order = C.randperm(self.n, self.seed * 1000003 + self.epoch):flat_table()

@@ -161,12 +161,22 @@ local function get()
   return info
 end
 
+-- Joins the job (once; every other function here calls it): reads the launcher's variables (mpirun's,
+-- or RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT as torchrun sets them) and returns
+-- { rank, world_size, local_rank, local_size, launcher }. One process without a launcher: rank 0 of 1.
 function M.init() return get() end
+-- This process's rank, 0 .. world_size() - 1 (torch.distributed.get_rank()).
 function M.rank() return get().rank end
+-- The number of processes in the job (torch.distributed.get_world_size()).
 function M.world_size() return get().world_size end
+-- This process's rank among those on its node (LOCAL_RANK, or the MPI launcher's): the GPU it takes.
 function M.local_rank() return get().local_rank end
+-- The number of processes on this node (LOCAL_WORLD_SIZE, or the MPI launcher's).
 function M.local_size() return get().local_size end
+-- What started the job: "openmpi" (mpirun), "pmix", "slurm" (srun), "torchrun" (RANK / WORLD_SIZE
+-- variables, as torchrun, Accelerate and the deepspeed launcher set them) or "none".
 function M.launcher() return get().launcher end
+-- Whether this is rank 0 (the one that prints and writes files, as print0 does).
 function M.is_main() return get().rank == 0 end
 
 -- The collectives work in place on contiguous tensors. With { async_op = true } as the last
@@ -179,18 +189,23 @@ function M.all_reduce(t, op, o)
   if async(o) then return C.all_reduce_async(t, op) end
   return C.all_reduce(t, op)
 end
+-- out (1/world of inp, contiguous) = this rank's slice of op over every rank's inp; op "sum" (default),
+-- "avg", "max" or "min".
 function M.reduce_scatter(out, inp, op, o)
   get()
   if async(op) then op, o = nil, op end
   if async(o) then return C.reduce_scatter_async(out, inp, op) end
   return C.reduce_scatter(out, inp, op)
 end
+-- out (world x inp's size) = every rank's inp, in rank order.
 function M.all_gather(out, inp, o)
   get()
   if async(o) then return C.all_gather_async(out, inp) end
   return C.all_gather(out, inp)
 end
+-- t on every rank = t on rank root (default 0), in place.
 function M.broadcast(t, root) get(); return C.broadcast(t, root) end
+-- Returns when every rank has called it.
 function M.barrier() get(); return C.barrier() end
 
 -- Every collective must complete within `seconds` (<= 0: no deadline), as torch's init_process_group(timeout=)

@@ -24,6 +24,9 @@ end
 -- Where each loaded tokenizer came from (weak keys), so save_pretrained can copy its files.
 local sources = setmetatable({}, { __mode = "k" })
 
+-- Loads a Hugging Face tokenizer.json (ref: the file, a model directory or a hub id in the local
+-- cache, as resolve finds it); the C tokenizer gives the `tokenizers` library's ids, and
+-- tok:save_pretrained(dir) writes the files back.
 function M.load(ref)
   local path = M.resolve(ref)
   local tok = C.tokenizer_load(path)
@@ -68,7 +71,9 @@ end
 local Byte = {}
 Byte.__index = Byte
 M.ByteTokenizer = Byte
+-- A byte tokenizer (no state).
 function Byte.new() return setmetatable({}, Byte) end
+-- The ids of text's bytes, after bos unless add_special is false, cut to max_length ids when given.
 function Byte:encode(text, add_special, max_length)
   local ids = {}
   if add_special ~= false then ids[1] = 1 end
@@ -76,6 +81,8 @@ function Byte:encode(text, add_special, max_length)
   if max_length and #ids > max_length then for i = #ids, max_length + 1, -1 do ids[i] = nil end end
   return ids
 end
+-- The bytes of ids (a table or a tensor) as a string; the special ids decode to nothing (skip_special
+-- or not: they have no text).
 function Byte:decode(ids, skip_special)
   if C.is_tensor(ids) then ids = ids:flat_table() end
   local out = {}
@@ -87,9 +94,13 @@ function Byte:decode(ids, skip_special)
   end
   return table.concat(out)
 end
+-- 259: 3 special ids and 256 bytes.
 function Byte:vocab_size() return 259 end
+-- The special ids: bos 1, eos 2, pad 0.
 function Byte:bos_id() return 1 end
+-- (see bos_id)
 function Byte:eos_id() return 2 end
+-- (see bos_id)
 function Byte:pad_id() return 0 end
 
 -- The same tokenizer in Hugging Face's format: a BPE with no merges whose vocabulary is the special

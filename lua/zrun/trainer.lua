@@ -32,6 +32,10 @@ local function hms(s)
   return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
 end
 
+-- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class = }
+-- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
+-- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
+-- args.deepspeed a DeepSpeed config path or table. Unknown options are refused. Sets args.seed first.
 function Trainer.new(opts)
   if type(opts) ~= "table" then error("Trainer{model=, args=, train_dataset=, ...}: expected a table", 2) end
   for k in pairs(opts) do
@@ -76,6 +80,8 @@ local function is_norm(m)
   return false
 end
 
+-- The optimizer's parameter groups as HF builds them: { params, weight_decay } for the weights that
+-- decay and { params, weight_decay = 0 } for biases and norm parameters (by the module's class).
 function Trainer.param_groups(model, weight_decay)
   local no_decay = {}
   for _, nm in model:named_modules() do
@@ -104,6 +110,8 @@ local function default_config()
     zero_optimization = { stage = 0 } }
 end
 
+-- Builds the engine (zr.initialize with args.deepspeed or a stage-0 config from the arguments), the
+-- schedule and the step counts; train(), evaluate() and save_model() call it (it runs once).
 function Trainer:setup()
   if self.engine then return end
   local a = self.args
