@@ -20,6 +20,8 @@ end
 -- Whether initialisers are being skipped (inside no_init).
 function M.skipping() return skipping end
 
+-- torch's recommended gain for a nonlinearity (default "leaky_relu", param its negative slope, 0.01):
+-- 1 for linear/conv/sigmoid, 5/3 tanh, sqrt(2) relu, 3/4 selu, sqrt(2 / (1 + slope^2)) leaky_relu.
 function M.calculate_gain(nonlinearity, param)
   nonlinearity = nonlinearity or "leaky_relu"
   local linear = { linear = 1, identity = 1, conv1d = 1, conv2d = 1, conv3d = 1, sigmoid = 1,
@@ -36,6 +38,7 @@ function M.calculate_gain(nonlinearity, param)
   error(fmt("calculate_gain: unsupported nonlinearity '%s'", tostring(nonlinearity)), 2)
 end
 
+-- fan_in, fan_out of a weight of 2 or more dims: size(2) and size(1) times the receptive field.
 function M.calculate_fan_in_and_fan_out(t)
   local shape = t:shape()
   if #shape < 2 then
@@ -54,18 +57,25 @@ local function fan(t, mode)
   error(fmt("kaiming init: mode must be 'fan_in' or 'fan_out', got '%s'", tostring(mode)), 3)
 end
 
+-- Fills t from U(a, b) (defaults 0, 1); returns t.
 function M.uniform_(t, a, b) return t:uniform_(a or 0, b or 1) end
+-- Fills t from N(mean, std^2) (defaults 0, 1); returns t.
 function M.normal_(t, mean, std) return t:normal_(mean or 0, std or 1) end
+-- Fills t with v; returns t.
 function M.constant_(t, v) return t:fill_(v) end
+-- Fills t with 0; returns t.
 function M.zeros_(t) return t:fill_(0) end
+-- Fills t with 1; returns t.
 function M.ones_(t) return t:fill_(1) end
 
+-- Glorot: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)) (gain default 1); returns t.
 function M.xavier_uniform_(t, gain)
   local fin, fout = M.calculate_fan_in_and_fan_out(t)
   local a = (gain or 1) * sqrt(6 / (fin + fout))
   return t:uniform_(-a, a)
 end
 
+-- Glorot: N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out)) (gain default 1); returns t.
 function M.xavier_normal_(t, gain)
   local fin, fout = M.calculate_fan_in_and_fan_out(t)
   return t:normal_(0, (gain or 1) * sqrt(2 / (fin + fout)))
@@ -80,6 +90,8 @@ function M.kaiming_uniform_(t, a, mode, nonlinearity)
   return t:uniform_(-bound, bound)
 end
 
+-- kaiming_normal_(t, a=0, mode="fan_in", nonlinearity="leaky_relu"): N(0, std^2) with
+-- std = gain / sqrt(fan); returns t (a zero-element t is left alone, as torch does).
 function M.kaiming_normal_(t, a, mode, nonlinearity)
   local f = fan(t, mode)
   if f == 0 then return t end
