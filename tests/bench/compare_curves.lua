@@ -11,7 +11,10 @@
 local cjson = require "cjson"
 local zpath, hpath, zlog, blog = arg[1], arg[2], arg[3], arg[4]
 local TOL = tonumber(arg[5] or "0.02")
-if not TOL or TOL <= 0 then io.stderr:write("compare_curves: TOL must be a positive fraction, got " .. tostring(arg[5]) .. "\n"); os.exit(2) end
+if not TOL or TOL <= 0 then
+  io.stderr:write("compare_curves: TOL must be a positive fraction, got " .. tostring(arg[5]) .. "\n")
+  os.exit(2)
+end
 local z, zev = {}, {}
 for line in io.lines(zpath) do
   local r = cjson.decode(line)
