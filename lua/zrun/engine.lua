@@ -433,6 +433,9 @@ function Engine:install_zero3_hooks()
     trace.after[m] = a
     return a
   end
+  -- Both act on a module's own parameters only (true below), so the models' fused ops may run them
+  -- for several modules around one op (Module.call_group: q/k/v as one product, a residual add with
+  -- its norm) and skip the calls of modules holding none (decoder layers).
   self.hook_handles = {
     Module.register_module_forward_pre_hook(function(m, ...)
       local idx = direct[m]
@@ -454,7 +457,7 @@ function Engine:install_zero3_hooks()
         args[k] = z:boundary(args[k], 0, idx) -- backward: release after this module's backward
         return { unpack(args, 1, args.n) }
       end
-    end),
+    end, true),
     Module.register_module_forward_hook(function(m, out)
       local idx = direct[m]
       if not idx or #idx == 0 then return nil end
@@ -466,7 +469,7 @@ function Engine:install_zero3_hooks()
         if budget > 0 and not trace.recording then return z:boundary(out, 1, idx, chain(m, trace.prv, trace.bwd), budget) end
         return z:boundary(out, 1, idx)
       end
-    end),
+    end, true),
   }
   -- A model may use a submodule's parameter outside that module's call (a tied LM head): it asks
   -- Module.fetch(p), which gathers it here; it stays whole until the end of backward.

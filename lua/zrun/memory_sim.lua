@@ -266,16 +266,22 @@ end
 -- zr.linear_multi (ops/linear_multi.c): one output for several weights (their columns side by
 -- side); saves x; backward dx, and dW per weight, except with the gradients as views into the
 -- fp32 partition (ZeRO direct mode, CPU or GPU), where the GEMM writes them in place (one GEMM
--- over the spanning region). llama.lua does not use it at stage 3.
+-- over the spanning region). At stage 3 Module.call_group runs the modules' hooks around it:
+-- each weight gathered in turn before the product and released after it; in backward the
+-- boundary nodes gather them last module first, and release them after the product's backward.
 function Sim:linear_multi(x, Ws, o_bytes)
+  for _, W in ipairs(Ws) do self:gather(W) end
   local out = self:lua(self:new(o_bytes))
+  for _, W in ipairs(Ws) do self:release_param(W, true) end
   local inputs = { x }
   for i, W in ipairs(Ws) do inputs[i + 1] = W end
   return self:record(out, inputs, { x }, function(S, _, g)
+    for i = #Ws, 1, -1 do S:gather(Ws[i], true) end
     local gi = S:raw(g)
     local gins = { S:new(x.n) }
     for i, W in ipairs(Ws) do gins[i + 1] = not S.o.direct and S:new(W.leaf.bytes) or nil end
     S:drop(gi)
+    for i = #Ws, 1, -1 do S:release_param(Ws[i]) end
     return gins
   end)
 end
@@ -360,29 +366,6 @@ end
 function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient back
   local out = self:lua(self:new(bytes))
   return self:record(out, { x }, nil, function(S, _, g) return { S:new(x.n) } end)
-end
-
--- table_bytes: one of the (T, D) cos/sin tables in f32 (ops/rope.c)
-function Sim:rope(x, table_bytes)
-  if self.o.gpu then -- the CUDA kernel reads the strided (B,H,T,D) view in place, both ways
-    -- rope_dev saves f32 copies of the tables' first halves (T, D/2), cos and sin, in the tables'
-    -- category ("other": the model's cache is made outside any op)
-    local c, sn = self:new(table_bytes / 2, "other"), self:new(table_bytes / 2, "other")
-    local out = self:lua(self:new(x.n))
-    self:record(out, { x }, { c, sn }, function(S, _, g) return { S:new(x.n) } end)
-    self:drop(c)
-    self:drop(sn)
-    return out
-  end
-  local xi = self:raw(x) -- the kernel reads a contiguous input
-  local out = self:lua(self:new(x.n))
-  self:drop(xi)
-  return self:record(out, { x }, nil, function(S, _, g)
-    local gi = S:raw(g)
-    local dx = S:new(x.n)
-    S:drop(gi)
-    return { dx }
-  end)
 end
 
 -- kernels/cuda/attention.cu: attention_backward_workspace_size (fp32 dq accumulator, the dO.O row
@@ -566,8 +549,10 @@ function Sim:add(a, b)
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
 end
 -- zr.add_rms_norm (ops/norm.c): the composition's allocations (h, then the norm's y and rstd) and
--- nodes (add, rms_norm), whether it ran as one kernel or not
+-- nodes (add, rms_norm), whether it ran as one kernel or not; at stage 3 the norm module's hooks
+-- run around it (Module.call_group): the weight is gathered first
 function Sim:add_rms_norm(x, r, w, rows)
+  self:gather(w)
   local h = self:add(x, r)
   return h, self:rms_norm(h, w, rows)
 end
@@ -650,7 +635,7 @@ function Sim:checkpoint(x, fn)
 end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
-for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "rope", "sdpa",
+for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "sdpa",
   "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous",
   "qkv_rope_sdpa" } do
   local f = Sim[name]
@@ -723,8 +708,10 @@ function M.llama_activations(cfg, o)
   -- created outside any op, in category "other"
   local ids = S:lua(S:new(N * 8, "other"))
 
-  -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), except at stage 3
-  local fused = not o.stage3
+  -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), a residual add with
+  -- the norm after it as one op, and hands (h, m) from layer to layer (at stage 3 too, the hooks
+  -- of the modules run around each op: Module.call_group); a model whose modules have hooks of
+  -- their own runs them one by one, which this does not model
   -- handoff: llama.lua's Model:forward runs a plain layer as (h, m) and adds m to h with the next
   -- norm (zr.add_rms_norm); pending is the previous layer's m (nil: x is the layer's input as is)
   local function layer(p, x, handoff, pending)
@@ -733,40 +720,20 @@ function M.llama_activations(cfg, o)
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
-    if fused and o.gpu and strided then -- zr.qkv_rope_sdpa, one node
-      att = S:qkv_rope_sdpa(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b), N * Hq * D * b,
-        B * Hq * T * 4, { B, Hq, KV, T, D })
-    else
-      local q, k, v
-      if fused then -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
-        q, k, v = unpack(S:qkv_rope(S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b),
-          { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
-      else
-        q = S:transpose(S:view(S:linear(a1, p.q, N * Hq * D * b)))
-        k = S:transpose(S:view(S:linear(a1, p.k, N * KV * D * b)))
-        v = S:transpose(S:view(S:linear(a1, p.v, N * KV * D * b)))
-        q, k = S:rope(q, T * D * 4), S:rope(k, T * D * 4)
-      end
+    local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
+    if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
+      att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, B * Hq * T * 4, { B, Hq, KV, T, D })
+    else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
+      local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
       local o = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
       local ot = S:transpose(o)
       att = S:reshape(ot)
       -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
-      if fused then for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end end
+      for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
     end
     local ao = S:linear(att, p.o, N * H * b)
-    local h, a2
-    if fused then -- llama.lua's zr.add_rms_norm (ZeRO-3 calls the norm module: add, then rms_norm)
-      h, a2 = S:add_rms_norm(x, ao, p.n2, N)
-    else
-      h = S:add(x, ao)
-      a2 = S:rms_norm(h, p.n2, N)
-    end
-    local act
-    if fused then
-      act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
-    else
-      act = S:swiglu(S:linear(a2, p.g, N * I * b), S:linear(a2, p.u, N * I * b))
-    end
+    local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
+    local act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
     local m = S:linear(act, p.d, N * H * b)
     if handoff then
       S:pop(h, m)
@@ -783,12 +750,10 @@ function M.llama_activations(cfg, o)
     local x, p = h, layers[l]
     if o.gradient_checkpointing then
       h = S:checkpoint(x, function(xx) return layer(p, xx) end)
-    elseif fused then
+    else
       local m = pending
       h, pending = layer(p, x, true, m)
       if m then S:forget(m) end
-    else
-      h = layer(p, x)
     end
     S:forget(x)
   end

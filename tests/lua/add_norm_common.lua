@@ -1,7 +1,9 @@
 -- The checks test_gpt2_add_norm.lua and test_llama_add_norm.lua share: a model whose residual adds
 -- run with the norm after them as one fused op (zr.add_layer_norm / zr.add_rms_norm, within a block
 -- and across blocks) against the model written out with modules (f64), and which adds take the
--- fused op when a block is hooked, a norm is hooked, checkpointing is on, or ZeRO-3's Module.fetch.
+-- fused op when a block is hooked, a norm is hooked, checkpointing is on, or global hooks are set
+-- (ZeRO-3's, which act on a module's own parameters, run around the fused op; any other keeps the
+-- module calls).
 --   local AN = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "add_norm_common.lua")
 --   AN.check{ name =, op =, model =, ids =, reference = function() -> logits, loss end,
 --     blocks = (the model's list of blocks), final_norm = (the module), ckpt_owner = (the module
@@ -70,13 +72,38 @@ function M.check(c)
     same("final norm hooked", logits, loss, g)
   end)
 
-  T.test(c.name .. ": with ZeRO-3's Module.fetch set every norm and block is called as a module", function()
+  T.test(c.name .. ": global hooks acting on a module's own parameters (ZeRO-3's) run around the fused op", function()
+    local pre, post = {}, {}
+    local h1 = Module.register_module_forward_pre_hook(function(m) pre[m] = (pre[m] or 0) + 1 end, true)
+    local h2 = Module.register_module_forward_hook(function(m) post[m] = (post[m] or 0) + 1 end, true)
     Module.fetch = function(p) return p end
     local ok, logits, loss, g, calls = pcall(run)
     Module.fetch = nil
+    h1.remove(); h2.remove()
     if not ok then error(logits, 0) end
-    T.eq(calls, 0, c.op .. " calls under ZeRO-3")
-    same("Module.fetch", logits, loss, g)
+    T.eq(calls, 2 * n, c.op .. " calls with ZeRO-3's kind of hooks")
+    -- every norm's hooks ran once, whether its module was called or a fused op stood for it
+    for i, b in ipairs(c.blocks) do
+      for name, m in b:named_children() do
+        if name:match("norm$") or name:match("^ln_") then
+          T.eq(pre[m], 1, ("block %d's %s: pre-hook runs"):format(i, name))
+          T.eq(post[m], 1, ("block %d's %s: post-hook runs"):format(i, name))
+        end
+      end
+    end
+    T.eq(pre[c.final_norm], 1, "the final norm's pre-hook runs")
+    same("own-parameter hooks", logits, loss, g)
+  end)
+
+  T.test(c.name .. ": with any other global hook every norm and block is called as a module", function()
+    local seen = 0
+    local h = Module.register_module_forward_pre_hook(function() seen = seen + 1 end)
+    local ok, logits, loss, g, calls = pcall(run)
+    h.remove()
+    if not ok then error(logits, 0) end
+    T.eq(calls, 0, c.op .. " calls with a global hook")
+    T.eq(seen > 0, true, "the global hook ran")
+    same("global hook", logits, loss, g)
   end)
 end
 

@@ -1,6 +1,6 @@
 -- GPT-2's residual adds run with the LayerNorm after them as zr.add_layer_norm (within a block, and
--- across blocks: a block's last add with the next ln_1 or ln_f). Checks which adds take it (hooks,
--- ZeRO-3's Module.fetch and checkpointing keep the module calls) and that every path gives the
+-- across blocks: a block's last add with the next ln_1 or ln_f). Checks which adds take it (hooks
+-- of a module's own or global ones other than ZeRO-3's kind, and checkpointing, keep the module calls) and that every path gives the
 -- logits, loss and gradients of transformers' block written out with the modules (f64).
 local zr = require "zrun"
 local AN = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "add_norm_common.lua")

@@ -1,7 +1,7 @@
 -- Llama's residual adds run with the RMSNorm after them as zr.add_rms_norm (within a layer with
 -- post_attention_layernorm, and across layers: a layer's last add with the next input_layernorm or
--- the final norm). Checks which adds take it (hooks, ZeRO-3's Module.fetch and checkpointing keep
--- the module calls) and that every path gives the logits, loss and gradients of transformers'
+-- the final norm). Checks which adds take it (hooks of a module's own or global ones other than
+-- ZeRO-3's kind, and checkpointing, keep the module calls) and that every path gives the logits, loss and gradients of transformers'
 -- decoder layer written out with the modules (f64).
 local zr = require "zrun"
 local AN = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "add_norm_common.lua")

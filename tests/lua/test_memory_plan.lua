@@ -194,10 +194,11 @@ for i, c in ipairs(cases) do
       T.eq(plan.device.params, m.params, "planned stage 3 params with a small bucket / reuse")
     elseif c.stage == 3 then
       -- by hand: the 16-bit shard (the whole model on one rank) plus the largest set gathered at
-      -- once: one module (the 259 x 64 LM head or embedding), or with a tied head the embedding
-      -- (kept until backward ends) plus the largest other module (gate/up/down, 176 x 64)
+      -- once: the parameters of one op, gate/up (2 x 176 x 64 = 22,528: llama.lua runs them as one
+      -- product, their modules' hooks around it), and with a tied head the embedding (259 x 64,
+      -- kept until backward ends) too
       local n = total_params(c.layers, c.tied)
-      local gathered = c.tied and (16576 + 11264) or 16576
+      local gathered = c.tied and (16576 + 22528) or 22528
       T.eq(m.params, (n + gathered) * 4, "stage 3 params = shard + gathered")
       T.eq(plan.device.params, (n + gathered) * 4, "planned stage 3 params")
       -- setup: the whole model, built before zr.initialize partitions it, plus its shard
@@ -251,12 +252,12 @@ T.test("partitions over several ranks (hand-computed)", function()
     device = "cuda", dtype = "bf16" }
   T.eq(pf32.setup.grads, 41888 * 4, "fp32 by default")
   -- bf16 stage 3 with offloaded optimizer and params: shard (2 bytes) and states on the host;
-  -- on the device only the gathered parameters (the largest module, 16,576 x 2 bytes)
+  -- on the device only the gathered parameters (the largest op's, gate/up: 22,528 x 2 bytes)
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
     offload_optimizer = true, offload_param = true, persistence_threshold = 0, prefetch_bucket_size = 0,
     max_reuse_distance = 0 }
   T.eq(p.host.optimizer, 3 * 41888 * 4); T.eq(p.host.params, 41888 * 2); T.eq(p.device.optimizer, 0)
-  T.eq(p.device.params, 16576 * 2)
+  T.eq(p.device.params, 22528 * 2)
   -- offload_optimizer.ratio 0.25: a quarter of the master and states (ceil(0.25 x 41,888) = 10,472
   -- elements) on the host, the rest on the device, and the gradients on the device
   local pr = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
@@ -267,18 +268,23 @@ T.test("partitions over several ranks (hand-computed)", function()
     config = { train_micro_batch_size_per_gpu = 1, zero_optimization = { stage = 3,
       offload_optimizer = { device = "cpu", ratio = 0.25 } } } }
   T.eq(pr.host.optimizer, 3 * 10472 * 4, "ratio from the DeepSpeed config")
-  -- stage 3 on the device over 3 ranks: shard + largest module; setup: whole model + shard
+  -- stage 3 on the device over 3 ranks: shard + the largest op's parameters (gate/up); setup:
+  -- whole model + shard
   p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
     persistence_threshold = 0, prefetch_bucket_size = 0, max_reuse_distance = 0 }
-  T.eq(p.device.params, (41888 + 16576) * 2)
+  T.eq(p.device.params, (41888 + 22528) * 2)
   -- the same with the default prefetch (5e7 > the whole model of 125,632): shard + every module
   local pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
     persistence_threshold = 0 }
   T.eq(pf.device.params, (41888 + 125632) * 2)
-  -- stage3_max_live_parameters bounds it: prefetching stops before 20,000 live elements
+  -- stage3_max_live_parameters bounds it: prefetching stops before 30,000 live elements (and
+  -- an op's own parameters are gathered whatever the bound: gate/up's 22,528 above 20,000)
+  pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
+    persistence_threshold = 0, max_live_parameters = 30000, max_reuse_distance = 0 }
+  T.eq(pf.device.params <= (41888 + 30000) * 2 and pf.device.params > (41888 + 22528) * 2, true, "max_live bound")
   pf = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 3, micro_batch = 1, seq_len = 8, dtype = "bf16",
     persistence_threshold = 0, max_live_parameters = 20000, max_reuse_distance = 0 }
-  T.eq(pf.device.params <= (41888 + 20000) * 2 and pf.device.params > (41888 + 16576) * 2, true, "max_live bound")
+  T.eq(pf.device.params, (41888 + 22528) * 2, "max_live below the largest op: that op's alone")
   T.eq(p.setup.params, (125632 + 41888) * 2)
   -- stage 0 keeps whole parameters: S = P = 125,632
   p = P.plan { model = "zrun/tiny-llama", world_size = 4, stage = 0, micro_batch = 1, seq_len = 8 }

@@ -27,6 +27,11 @@ mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 0 1e9 0 60000
 # gradient checkpointing: recomputation inside backward gathers again (no prefetch there)
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 3 0 2 0.05 0 0 20000 1e9 1 || echo "FAIL stage 3 checkpointing: mpirun exited $?"
 mpirun $MPI_FLAGS -np 2 $Z tests/mpi/zero_check.lua 2 0 1 0 0 0 5e7 1e9 1 || echo "FAIL stage 2 checkpointing: mpirun exited $?"
+# a tiny GPT-2 (zr.mlp_gelu and zr.add_layer_norm run with the ZeRO-3 hooks around them, as Llama's
+# fused ops in the runs above): stage 3 with prefetch, a small live bound, checkpointing; stage 2
+for a in "3 0 1 0" "3 0 2 0.05 0 0 5000 1e9 0 0" "3 0 1 0 0 0 5e7 30000 0 0" "3 0 2 0.05 0 0 20000 1e9 1" "2 0 2 0.05"; do
+  ZERO_CHECK_MODEL=gpt2 mpirun $MPI_FLAGS -np 3 $Z tests/mpi/zero_check.lua $a || echo "FAIL gpt2 zero_check $a: mpirun exited $?"
+done
 # overlap_comm: a bucket's reduce-scatter in flight while the next bucket fills (two buffer sets)
 for stage in 1 2 3; do
   mpirun $MPI_FLAGS -np 4 $Z tests/mpi/zero_check.lua $stage 0 2 0.05 0 1 || echo "FAIL stage $stage overlap_comm: mpirun exited $?"

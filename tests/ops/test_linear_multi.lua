@@ -395,7 +395,7 @@ T.test("Llama: logits and every gradient equal the unfused formulation (f64, f32
   check_llama(llama_cfg { dtype = "f64", tie_word_embeddings = true, num_key_value_heads = 4 }, 1e-10, "tied, MHA")
 end)
 
-T.test("Llama fuses only plain projections: a hooked one runs as a module", function()
+T.test("Llama fuses projections without hooks of their own (a hooked one runs as a module), with ZeRO-3's kind of global hooks too", function()
   zr.manual_seed(5)
   local model = zr.models.llama.LlamaForCausalLM(llama_cfg { dtype = "f64" })
   local calls = 0
@@ -405,6 +405,24 @@ T.test("Llama fuses only plain projections: a hooked one runs as a module", func
   T.eq(calls, 1, "the hooked k_proj was called")
   h.remove()
   T.near(model(ids).logits, logits, 1e-12, 1e-12, "same result fused")
+  -- global hooks acting on a module's own parameters (ZeRO-3's on several ranks) keep the fusion:
+  -- Module.call_group runs them for q, k, v (gate, up) in turn around the one product
+  local Module = require "zrun.nn.module"
+  local seen, products = {}, 0
+  local pre = Module.register_module_forward_pre_hook(function(m) seen[#seen + 1] = m end, true)
+  local real = zr.linear_multi
+  zr.linear_multi = function(...) products = products + 1; return real(...) end
+  local ok, got = pcall(function() return model(ids).logits end)
+  zr.linear_multi = real
+  pre.remove()
+  if not ok then error(got, 0) end
+  T.eq(products, 2 * #model.model.layers, "q/k/v and gate/up as one product each, hooks around")
+  local a, m = model.model.layers[1].self_attn, model.model.layers[1].mlp
+  local pos = {}
+  for i, mod in ipairs(seen) do pos[mod] = pos[mod] or i end
+  T.eq(pos[a.k_proj] == pos[a.q_proj] + 1 and pos[a.v_proj] == pos[a.k_proj] + 1, true, "q, k, v hooks in turn")
+  T.eq(pos[m.up_proj] == pos[m.gate_proj] + 1, true, "gate, up hooks in turn")
+  T.near(got, logits, 1e-12, 1e-12, "same result with the hooks")
 end)
 
 -- Through the engine (ZeRO stage 0, one rank, direct mode): q/k/v and gate/up weights are adjacent

@@ -87,13 +87,14 @@ function MLP:__init(cfg)
 end
 -- c_fc, the tanh GELU and c_proj run as one op (zr.mlp_gelu: on a GPU the c_fc GEMM's epilogue
 -- applies the GELU and keeps its input; in backward c_proj's dX GEMM applies the GELU's derivative)
--- when both are plain Conv1Ds: no hooks of their own and no ZeRO-3 (which gathers each module's
--- parameters around its own call, as llama.lua's fusable()).
-local function fusable(m) return m.forward == Conv1D.forward and m:plain_call() end
+-- when both are plain Conv1Ds without hooks of their own (ZeRO-3's run for both around the op,
+-- Module.call_group, as llama.lua's fusable()).
+local function fusable(m) return m.forward == Conv1D.forward and m:groupable() end
+local function mlp_gelu(x, fc, proj) return zr.mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias, "conv1d") end
 function MLP:forward(x)
   local fc, proj, y = self.c_fc, self.c_proj, nil
   if self.approximate == "tanh" and fusable(fc) and fusable(proj) then
-    y = zr.mlp_gelu(x, fc.weight, fc.bias, proj.weight, proj.bias, "conv1d")
+    y = Module.call_group({ fc, proj }, mlp_gelu, x, fc, proj)
   else
     y = proj(fc(x):gelu(self.approximate))
   end
@@ -109,12 +110,17 @@ function Block:__init(cfg)
   self.mlp = MLP(cfg)
 end
 -- A residual add and the LayerNorm after it run as one op (zr.add_layer_norm: one kernel on a
--- GPU, h = x + r and ln(h)) when the norm is a plain nn.LayerNorm without hooks and ZeRO-3 is off
--- (it gathers the norm's parameters around the module's own call), as llama.lua's plain_norm.
+-- GPU, h = x + r and ln(h)) when the norm is a plain nn.LayerNorm without hooks of its own
+-- (ZeRO-3's run around the op, the norm's output first), as llama.lua's add_norm.
 local layernorm_forward = nn.LayerNorm.forward
+local function add_layer_norm_yh(x, r, ln)
+  local h, y = zr.add_layer_norm(x, r, ln.weight, ln.bias, ln.eps)
+  return y, h
+end
 local function add_norm(x, r, ln)
-  if ln.forward == layernorm_forward and ln:plain_call() then
-    return zr.add_layer_norm(x, r, ln.weight, ln.bias, ln.eps)
+  if ln.forward == layernorm_forward and ln:groupable() then
+    local y, h = Module.call_group({ ln }, add_layer_norm_yh, x, r, ln)
+    return h, y
   end
   local h = x + r
   return h, ln(h)
@@ -143,7 +149,7 @@ function Transformer:__init(cfg)
   rawset(self, "cfg", cfg)
 end
 -- Each block's last residual add runs with the next block's ln_1 (or ln_f) as one op: a block
--- called as itself (a plain GPT2Block without hooks, no ZeRO-3, no checkpointing) hands on its
+-- called as itself (a plain GPT2Block that Module:skippable() allows, no checkpointing) hands on its
 -- (h, m) and the next add_norm sums them; any other block is called as a module on the summed x.
 local block_forward = Block.forward
 function Transformer:forward(ids)
@@ -157,7 +163,7 @@ function Transformer:forward(ids)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
-    if not ckpt and block.forward == block_forward and block:plain_call() then
+    if not ckpt and block.forward == block_forward and block:skippable() then
       x, pending = block:residual_forward(x, pending)
     else
       if pending then x, pending = x + pending, nil end

@@ -20,15 +20,15 @@ end
 
 -- Whether projections that read one input can run as ONE product (zr.linear_multi: one GEMM per
 -- direction when their weights sit back to back, as in the ZeRO engine's flat buffer) instead of
--- one module call each: plain nn.Linear modules without hooks of their own, all with or all
--- without a bias, and no ZeRO-3 (it gathers each module's parameters around that module's own
--- call and sets Module.fetch; called one by one they keep that exact behaviour).
+-- one module call each: plain nn.Linear modules without hooks of their own (global hooks only
+-- ZeRO-3's, which Module.call_group runs for each of them around the product), all with or all
+-- without a bias; otherwise they are called one by one.
 local linear_forward = nn.Linear.forward
 local function fusable(...)
   local first = ...
   for i = 1, select("#", ...) do
     local m = select(i, ...)
-    if m.forward ~= linear_forward or not m:plain_call() or (m.bias == nil) ~= (first.bias == nil) then
+    if m.forward ~= linear_forward or not m:groupable() or (m.bias == nil) ~= (first.bias == nil) then
       return false
     end
   end
@@ -41,6 +41,13 @@ local function weights(...)
     w[i], b[i] = m.weight, m.bias
   end
   return w, #b > 0 and b or nil
+end
+-- x through fusable projections as one product (their modules' hooks around it)
+local function project2(x, a, b)
+  return Module.call_group({ a, b }, function(y) return zr.linear_multi(y, weights(a, b)) end, x)
+end
+local function project3(x, a, b, c)
+  return Module.call_group({ a, b, c }, function(y) return zr.linear_multi(y, weights(a, b, c)) end, x)
 end
 
 -- Attention ---------------------------------------------------------------------------------
@@ -63,7 +70,7 @@ function Attention:forward(x, cos, sin)
     -- over them (read in place on the GPU), and in backward writes the product's gradient in one
     -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
     -- per operand; it returns (B, T, H D), o_proj's input
-    return self.o_proj(zr.qkv_rope_sdpa(zr.linear_multi(x, weights(qp, kp, vp)), H, KV, cos, sin))
+    return self.o_proj(zr.qkv_rope_sdpa(project3(x, qp, kp, vp), H, KV, cos, sin))
   end
   local q = qp(x):view(B, T, H, D):transpose(2, 3)
   local k = kp(x):view(B, T, KV, D):transpose(2, 3)
@@ -84,7 +91,7 @@ end
 function MLP:forward(x)
   local g, u = self.gate_proj, self.up_proj
   if fusable(g, u) then -- one (.., 2I) product, gate then up, read packed by swiglu (no split)
-    return self.down_proj(zr.swiglu(zr.linear_multi(x, weights(g, u))))
+    return self.down_proj(zr.swiglu(project2(x, g, u)))
   end
   return self.down_proj(zr.swiglu(g(x), u(x))) -- silu(gate) * up, fused
 end
@@ -99,11 +106,19 @@ function Layer:__init(cfg)
   self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
 end
 -- A residual add and the RMSNorm after it run as one op (zr.add_rms_norm: one kernel on a GPU,
--- h = x + r and norm(h)) when the norm is a plain nn.RMSNorm without hooks and ZeRO-3 is off (it
--- gathers the weight in the module's own pre-forward hook, so the module is called then).
+-- h = x + r and norm(h)) when the norm is a plain nn.RMSNorm without hooks of its own (ZeRO-3's
+-- run around the op, which hands the norm first, so that its backward gathers the weight where
+-- the norm module's would).
 local rmsnorm_forward = nn.RMSNorm.forward
+local function add_rms_norm_yh(x, r, ln)
+  local h, y = zr.add_rms_norm(x, r, ln.weight, ln.eps)
+  return y, h
+end
 local function add_norm(x, r, ln)
-  if ln.forward == rmsnorm_forward and ln:plain_call() then return zr.add_rms_norm(x, r, ln.weight, ln.eps) end
+  if ln.forward == rmsnorm_forward and ln:groupable() then
+    local y, h = Module.call_group({ ln }, add_rms_norm_yh, x, r, ln)
+    return h, y
+  end
   local h = x + r
   return h, ln(h)
 end
@@ -154,9 +169,9 @@ function Model:rope(T, dtype, device)
 end
 
 -- Each layer's last residual add runs with the next layer's input_layernorm (or the final norm)
--- as one op: a layer called as itself (a plain LlamaDecoderLayer without hooks, no ZeRO-3, no
--- checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is called as
--- a module on the summed h (as gpt2.lua's blocks).
+-- as one op: a layer called as itself (a plain LlamaDecoderLayer that Module:skippable() allows,
+-- no checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is
+-- called as a module on the summed h (as gpt2.lua's blocks).
 local layer_forward = Layer.forward
 function Model:forward(input_ids)
   local T = input_ids:size(2)
@@ -165,7 +180,7 @@ function Model:forward(input_ids)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
-    if not ckpt and layer.forward == layer_forward and layer:plain_call() then
+    if not ckpt and layer.forward == layer_forward and layer:skippable() then
       h, pending = layer:residual_forward(h, cos, sin, pending)
     else
       if pending then h, pending = h + pending, nil end

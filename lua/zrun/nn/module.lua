@@ -297,6 +297,9 @@ end
 -- post(module, output, ...) may return a replacement output. Global hooks (the ZeRO-3 engine
 -- gathers and releases parameters with them) run for every module, before local ones.
 local global_pre, global_post = {}, {}
+-- Global hooks registered as acting on a module's own parameters only (own_params: the ZeRO-3
+-- engine's gather and release), whatever the module computes; see Module:groupable().
+local own_params = setmetatable({}, { __mode = "k" })
 
 local function add_hook(list, fn)
   list[#list + 1] = fn
@@ -316,35 +319,81 @@ function Module:register_forward_hook(fn)
   return add_hook(l, fn)
 end
 
--- Hooks on every module (see above); each returns a handle with :remove().
-function Module.register_module_forward_pre_hook(fn) return add_hook(global_pre, fn) end
-function Module.register_module_forward_hook(fn) return add_hook(global_post, fn) end
+-- Hooks on every module (see above); each returns a handle with :remove(). own_params (zrun's,
+-- not torch's): the hook acts only on the parameters a module holds itself (the ZeRO-3 engine's
+-- gather and release), so a fused op may stand for several modules' calls (Module.call_group).
+function Module.register_module_forward_pre_hook(fn, own_params_only)
+  if own_params_only then own_params[fn] = true end
+  return add_hook(global_pre, fn)
+end
+function Module.register_module_forward_hook(fn, own_params_only)
+  if own_params_only then own_params[fn] = true end
+  return add_hook(global_post, fn)
+end
 
-local function run_hooked(self, pre, post, ...)
+-- The hooks of a call standing for the modules mods (one module: its own call): each module's
+-- pre-hooks (global, then its own) in turn, fn(...) (fself: fn(fself, ...)), then each module's
+-- post-hooks on fn's first result.
+local function run_hooked(mods, fn, fself, pre, post, ...)
   local args = { n = select("#", ...), ... }
-  for _, list in ipairs { global_pre, pre or {} } do
-    for _, h in ipairs(list) do
-      local r = h(self, unpack(args, 1, args.n))
-      if r ~= nil then args = { n = #r, unpack(r) } end
+  for _, m in ipairs(mods) do
+    for _, list in ipairs { global_pre, pre or {} } do
+      for _, h in ipairs(list) do
+        local r = h(m, unpack(args, 1, args.n))
+        if r ~= nil then args = { n = #r, unpack(r) } end
+      end
     end
   end
-  local out = { self:forward(unpack(args, 1, args.n)) }
-  for _, list in ipairs { global_post, post or {} } do
-    for _, h in ipairs(list) do
-      local r = h(self, out[1], unpack(args, 1, args.n))
-      if r ~= nil then out[1] = r end
+  local out
+  if fself then out = { fn(fself, unpack(args, 1, args.n)) } else out = { fn(unpack(args, 1, args.n)) } end
+  for _, m in ipairs(mods) do
+    for _, list in ipairs { global_post, post or {} } do
+      for _, h in ipairs(list) do
+        local r = h(m, out[1], unpack(args, 1, args.n))
+        if r ~= nil then out[1] = r end
+      end
     end
   end
   return unpack(out)
 end
 
+local function own_hooks(m)
+  local pre, post = rawget(m, "_pre_hooks"), rawget(m, "_post_hooks")
+  return (pre and #pre > 0) or (post and #post > 0)
+end
+
 -- Whether running m:forward(...) directly does all that calling m(...) does: no hooks of its own
--- and no ZeRO-3 (which sets Module.fetch and gathers parameters around module calls). Models run a
--- fused op in place of such modules' calls (llama.lua's projections and norms, gpt2.lua's blocks).
+-- and no ZeRO-3 (which sets Module.fetch and gathers parameters around module calls).
 function Module:plain_call()
-  if Module.fetch then return false end
-  local pre, post = rawget(self, "_pre_hooks"), rawget(self, "_post_hooks")
-  return not (pre and #pre > 0) and not (post and #post > 0)
+  return not Module.fetch and not own_hooks(self)
+end
+
+-- Whether a fused op may stand for this module's call through Module.call_group: no hooks of its
+-- own, and every global hook acts on a module's own parameters only (none, or ZeRO-3's on several
+-- ranks). Models fuse such modules (llama.lua's projections and norms, gpt2.lua's MLP and norms).
+function Module:groupable()
+  if own_hooks(self) then return false end
+  for _, list in ipairs { global_pre, global_post } do
+    for _, h in ipairs(list) do
+      if not own_params[h] then return false end
+    end
+  end
+  return true
+end
+
+-- Whether m:forward(...) may run in place of m(...): a plain call, or a groupable module holding
+-- no parameters itself (the hooks then have nothing to do for it: llama.lua's decoder layers).
+function Module:skippable()
+  return self:plain_call() or (self:groupable() and #self._param_order == 0)
+end
+
+-- fn(...) standing for the calls of mods (each groupable(), which the caller checked): with global
+-- hooks, each module's pre-hooks run before fn (ZeRO-3: its parameters gathered, fn's first
+-- tensor argument marked to release them after its backward) and its post-hooks after (ZeRO-3:
+-- released, fn's first result marked to gather them before its backward). Returns fn's results.
+function Module.call_group(mods, fn, ...)
+  if #global_pre == 0 and #global_post == 0 then return fn(...) end
+  return run_hooked(mods, fn, nil, nil, nil, ...)
 end
 
 function Module:_call(...)
@@ -352,7 +401,7 @@ function Module:_call(...)
   if pre == nil and post == nil and #global_pre == 0 and #global_post == 0 then
     return self:forward(...)
   end
-  return run_hooked(self, pre, post, ...)
+  return run_hooked({ self }, self.forward, self, pre, post, ...)
 end
 
 -- ---------- state ----------
