@@ -50,6 +50,7 @@ static int docall(lua_State *L, int nargs) {
         const char *m = lua_tostring(L, -1);
         /* Under a launcher, one rank's error must stop every rank rather than leave them hanging
          * in a collective. */
+        fflush(stdout); /* what the script printed comes first in a log that holds both streams */
         if (zr_comm_get()->world_size > 1) zr_comm_abort(m ? m : "(error without message)", 1);
         fprintf(stderr, "zrun: %s\n", m ? m : "(error without message)");
         fflush(stderr);

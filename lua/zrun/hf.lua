@@ -76,8 +76,12 @@ local function json_string(s)
   end) .. '"'
 end
 
+-- Non-finite numbers as Python's json writes them (NaN, Infinity, -Infinity: what transformers'
+-- trainer_state.json holds for a step whose gradient norm overflowed; cjson reads them back).
 local function json_number(x)
-  if x ~= x or x == huge or x == -huge then error("encode_json: cannot encode " .. tostring(x), 0) end
+  if x ~= x then return "NaN" end
+  if x == huge then return "Infinity" end
+  if x == -huge then return "-Infinity" end
   if x == floor(x) and math.abs(x) < 2 ^ 53 then return fmt("%d", x) end
   for p = 15, 17 do -- shortest form that reads back exactly
     local s = fmt("%." .. p .. "g", x)
@@ -121,6 +125,25 @@ local function encode(v, ind, floats, key)
 end
 -- encode (above) with a trailing newline: how transformers writes its config files.
 function hf.encode_json(v, floats) return encode(v, "", floats) .. "\n" end
+
+-- One line of JSON (a metrics.jsonl record): sorted keys, numbers as encode_json writes them
+-- (non-finite ones too, where cjson.encode refuses them).
+local function encode_line(v)
+  local tv = type(v)
+  if v == nil or v == cjson.null then return "null" end
+  if tv == "boolean" then return tostring(v) end
+  if tv == "number" then return json_number(v) end
+  if tv == "string" then return json_string(v) end
+  if tv ~= "table" then error("encode_json_line: cannot encode a " .. tv, 0) end
+  local parts = {}
+  if is_array(v) then
+    for i = 1, #v do parts[i] = encode_line(v[i]) end
+    return "[" .. concat(parts, ",") .. "]"
+  end
+  for _, k in ipairs(sorted_keys(v)) do parts[#parts + 1] = json_string(tostring(k)) .. ":" .. encode_line(v[k]) end
+  return "{" .. concat(parts, ",") .. "}"
+end
+hf.encode_json_line = encode_line
 
 -- ---------------------------------------------------------------- resolving a model reference
 

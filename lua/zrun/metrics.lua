@@ -3,6 +3,7 @@
 -- the file it finds to metrics.<its run id>.jsonl, so each file holds one run. Not the records'
 -- content (the Trainer's log_history decides that) nor their drawing (zrun.plot).
 local cjson = require "cjson"
+local json_line = require("zrun.hf").encode_json_line
 local M = {}
 
 local fmt, type, pairs = string.format, type, pairs
@@ -84,7 +85,7 @@ function M.open(dir, header)
   local path = join(dir, "metrics.jsonl")
   local f, err = io.open(path, "w")
   if not f then error(fmt("metrics: cannot write %s (%s): choose a writable output_dir", path, err), 0) end
-  f:write(cjson.encode(h), "\n")
+  f:write(json_line(h), "\n")
   f:flush()
   return f, h, prev
 end

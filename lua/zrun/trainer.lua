@@ -16,6 +16,7 @@ local targs = require "zrun.trainer_args"
 local tckpt = require "zrun.trainer_checkpoint"
 local cjson = require "cjson"
 local metrics_file = require "zrun.metrics"
+local json_line = require("zrun.hf").encode_json_line
 local progress = require "zrun.progress"
 
 local Trainer = {}
@@ -206,12 +207,13 @@ end
 -- Draws this run's curves (zrun.plot): a text chart on stdout; opts.svg = path also writes the SVG.
 function Trainer:plot(opts) return require("zrun.plot").show(self, opts) end
 
--- Appends a record to log_history and metrics.jsonl (rank 0).
+-- Appends a record to log_history and metrics.jsonl (rank 0). A non-finite value (an fp16 step
+-- whose gradients overflowed logs grad_norm inf) is written as Python's json writes it (Infinity).
 function Trainer:log(rec)
   local h = self.state.log_history
   h[#h + 1] = rec
   if self.is_main and self.metrics then
-    self.metrics:write(cjson.encode(rec), "\n")
+    self.metrics:write(json_line(rec), "\n")
     self.metrics:flush()
   end
 end
@@ -234,7 +236,7 @@ function Trainer:train(resume)
   if resume then path = tckpt.resolve(resume, self.args.output_dir) end -- checked before anything is built
   if path and self.metrics then -- set up before (an evaluate first): the header has no resume, a record says it
     local ok, saved = pcall(tckpt.read_state, path)
-    self.metrics:write(cjson.encode({ resumed_from = ok and saved.global_step or cjson.null, resume_checkpoint = path }), "\n")
+    self.metrics:write(json_line({ resumed_from = ok and saved.global_step or cjson.null, resume_checkpoint = path }), "\n")
   end
   self.resume_path = path
   self:setup()

@@ -83,6 +83,36 @@ for _, case in ipairs { { 0, false }, { 2, false }, { 2, true } } do
   end)
 end
 
+T.test("fp16 whose first steps overflow: logged (grad_norm inf), saved and resumed with the loss scale", function()
+  -- initial_scale_power 20: the scaled gradients overflow f16 until the scale has halved a few
+  -- times (hysteresis 1); those steps are skipped and log grad_norm inf, as DeepSpeed's do. Before,
+  -- metrics.jsonl (cjson) refused to write inf: the first logged overflow ended the run
+  local dsc = ds_config(2, false)
+  dsc.bf16, dsc.fp16 = nil, { enabled = true, initial_scale_power = 20, hysteresis = 1 }
+  local out = tmp .. "/fp16_overflow"
+  local full = zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 2, false, { deepspeed = dsc }) }
+  T.eq(full:train().global_step, 10)
+  local ref, inf = losses(full), 0
+  for _, r in ipairs(full.state.log_history) do if r.grad_norm == math.huge then inf = inf + 1 end end
+  assert(inf > 0 and inf < 5, inf .. " logged steps with grad_norm inf (expected the first few)")
+  assert(ref[10] < ref[1] - 0.3, ("the run did not learn: loss %.4f -> %.4f"):format(ref[1], ref[10]))
+  local f = assert(io.open(out .. "/metrics.jsonl"))
+  local text = f:read("*a")
+  f:close()
+  T.eq(select(2, text:gsub('"grad_norm":Infinity', "")), inf, "metrics.jsonl: grad_norm Infinity, as Python's json writes it")
+  local records = select(2, require("zrun.metrics").read(out .. "/metrics.jsonl"))
+  local back = 0
+  for _, r in ipairs(records) do if r.grad_norm == math.huge then back = back + 1 end end
+  T.eq(back, inf, "metrics.jsonl reads back inf")
+  local st = tckpt.read_state(out .. "/checkpoint-4")
+  T.eq(st.log_history[1].grad_norm, math.huge, "trainer_state.json keeps step 1's grad_norm inf")
+  local resumed = zr.Trainer { model = model(), train_dataset = blocks,
+    args = args(out, 2, false, { deepspeed = dsc, save_strategy = "no" }) }
+  T.eq(resumed:train({ resume_from_checkpoint = out .. "/checkpoint-4" }).global_step, 10)
+  local got = losses(resumed)
+  for s = 5, 10 do T.near(got[s], ref[s], 0, 0, ("loss at step %d after resuming"):format(s)) end
+end)
+
 for _, case in ipairs { { false }, { true }, { false, "auto" }, { true, "auto" } } do
   local overlap, auto = case[1], case[2] == "auto"
   local name = (overlap and "ZenFlow overlap_step: the host update in flight and pending at the save" or
