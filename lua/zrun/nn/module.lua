@@ -326,6 +326,7 @@ function Module.register_module_forward_pre_hook(fn, own_params_only)
   if own_params_only then own_params[fn] = true end
   return add_hook(global_pre, fn)
 end
+-- The same for a hook run after every module's forward: post(module, output, ...).
 function Module.register_module_forward_hook(fn, own_params_only)
   if own_params_only then own_params[fn] = true end
   return add_hook(global_post, fn)
