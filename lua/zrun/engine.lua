@@ -633,8 +633,12 @@ function Engine:param_lrs()
   return out
 end
 
--- fp16: DeepSpeed's dynamic loss scaling after a step (overflow: lower the scale after
--- `hysteresis` overflows; otherwise double it after loss_scale_window good steps).
+-- fp16: DeepSpeed's dynamic loss scaling after a step (DynamicLossScaler.update_scale, 0.19.8).
+-- An overflow spends one unit of `hysteresis`, or, with none left, halves the scale down to
+-- min_loss_scale; an overflow at min_loss_scale ends the run, as DeepSpeed's "Current loss scale
+-- already at minimum" does (the gradients are inf/NaN at any scale: training would only skip
+-- steps). A good step after loss_scale_window good steps since the last overflow (not counting
+-- itself) doubles the scale and refills the hysteresis.
 function Engine:update_scale(overflow)
   local s = self.scaler
   if not s.dynamic then
@@ -643,14 +647,23 @@ function Engine:update_scale(overflow)
   end
   if overflow then
     local old = s.scale
-    if s.cur_hysteresis > 1 then s.cur_hysteresis = s.cur_hysteresis - 1
-    else s.scale = math.max(s.scale / 2, s.min_scale) end
+    if s.cur_hysteresis > 1 then
+      dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, but hysteresis is %d. " ..
+        "Reducing hysteresis to %d", self.global_rank, old, s.cur_hysteresis, s.cur_hysteresis - 1))
+      s.cur_hysteresis = s.cur_hysteresis - 1
+    elseif old <= s.min_scale then
+      error(fmt("fp16: the gradients overflow at step %d with the loss scale already at fp16.min_loss_scale (%g): " ..
+        "they are inf/NaN at any scale, so the loss diverged (DeepSpeed stops here too); lower the learning rate, " ..
+        "add gradient_clipping, or train in bf16", self.global_steps + 1, old), 0)
+    else
+      s.scale = math.max(old / 2, s.min_scale)
+      dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, reducing to %.0f",
+        self.global_rank, old, s.scale))
+    end
     s.good = 0
-    dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, reducing to %.0f",
-      self.global_rank, old, s.scale))
   else
-    s.good = s.good + 1
-    if s.good % s.window == 0 then
+    s.good = s.good + 1 -- good steps since the last overflow, this one included
+    if s.good > 1 and (s.good - 1) % s.window == 0 then
       s.scale = s.scale * 2
       s.cur_hysteresis = s.hysteresis
     end

@@ -106,6 +106,43 @@ T.test("fp16: dynamic loss scale skips overflowing steps and recovers", function
   assert(losses[#losses] < losses[1] - 0.3, ("loss did not fall: %g -> %g"):format(losses[1], losses[#losses]))
 end)
 
+T.test("fp16: the scale doubles on the good step after a window of good steps (DeepSpeed's stable interval)", function()
+  -- DynamicLossScaler.update_scale: stable_interval = iterations since the last overflow before this
+  -- one; the scale doubles when it is a positive multiple of loss_scale_window: window 3, no overflow
+  -- at 2^4 -> x2 at step 4 (three good steps before it), again at step 7
+  local cfg = { fp16 = { enabled = true, initial_scale_power = 4, hysteresis = 2, loss_scale_window = 3 } }
+  for steps, want in pairs { [3] = 16, [4] = 32, [6] = 32, [7] = 64 } do
+    local engine = run(cfg, steps)
+    T.eq(engine.skipped_steps, 0, "no overflow at a scale of 16")
+    T.eq(engine.scaler.scale, want, ("scale after %d steps"):format(steps))
+  end
+end)
+
+T.test("fp16: an overflow at min_loss_scale ends the run in one line, as DeepSpeed's does", function()
+  -- logits past f16's range: the loss and every gradient are inf/NaN at any scale. Scale 2 (min 1,
+  -- no hysteresis): step 1 skips and halves it to 1, step 2 overflows at the minimum
+  zr.manual_seed(11)
+  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1e6,
+    fp16 = { enabled = true, initial_scale_power = 1, hysteresis = 1, min_loss_scale = 1 },
+    optimizer = { type = "AdamW", params = { lr = 3e-3 } }, zero_optimization = { stage = 2 } } })
+  zr.no_grad(function() model.lm_head.weight:fill_(60000) end)
+  local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
+  local function step()
+    local out = engine(ids, ids)
+    engine:backward(out.loss)
+    return engine:step()
+  end
+  T.eq(step(), true, "step 1: skipped, the scale halved")
+  T.eq(engine.skipped_steps, 1)
+  T.eq(engine.scaler.scale, 1)
+  local ok, err = pcall(step)
+  T.eq(ok, false, "step 2 overflows at the minimum scale")
+  assert(tostring(err):find("^fp16: the gradients overflow at step 2 with the loss scale already at fp16.min_loss_scale %(1%)"),
+    "message: " .. tostring(err))
+  assert(not tostring(err):find("\n"), "one line")
+end)
+
 T.test("fp16 hysteresis delays the first reduction", function()
   local engine = run({ fp16 = { enabled = true, initial_scale_power = 40, hysteresis = 2, loss_scale_window = 1000 } }, 1)
   T.eq(engine.skipped_steps, 1)
