@@ -26,13 +26,14 @@ local fmt = string.format
 print(fmt("%5s %10s %10s %8s %10s %10s %11s %11s", "step", "zrun loss", "hf loss", "rel diff", "zrun gnorm", "hf gnorm",
   "zrun lr", "hf lr"))
 local worst, sum, n = 0, 0, 0
+local function num(v) return type(v) == "number" and v or 0 / 0 end -- (HF logs null for some values)
 for _, r in ipairs(h.steps) do
   local zr_ = z[r.step]
   if zr_ then
     local d = math.abs(zr_.loss - r.loss) / math.abs(r.loss)
     worst, sum, n = math.max(worst, d), sum + d, n + 1
     print(fmt("%5d %10.4f %10.4f %7.2f%% %10.3f %10.3f %11.3e %11.3e", r.step, zr_.loss, r.loss, 100 * d,
-      zr_.grad_norm or 0 / 0, r.grad_norm or 0 / 0, zr_.learning_rate or 0 / 0, r.lr or 0 / 0))
+      num(zr_.grad_norm), num(r.grad_norm), num(zr_.learning_rate), num(r.lr)))
   end
 end
 local function verdict(ok) return ok and "PASS" or "FAIL" end

@@ -9,7 +9,10 @@
 # tokens/s next to bench_llama.lua at the same shape (tests/bench/compare_curves.lua). Where
 # DeepSpeed is installed (DeepSpeed 0.19.8 carried as a wheel), the seed config also runs through
 # the HF Trainer + DeepSpeed (the same bf16 weights + fp32 master as zrun): the exact semantics.
-# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed).
+# fp16_deepspeed (with DeepSpeed): the seed config in fp16 with a loss scale that starts too high
+# (2^24) and a 5-step window, so that DeepSpeed's dynamic loss scaler skips, halves and doubles
+# within the run: both sides must skip the same number of steps and keep the same curve.
+# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
 # Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set. Exits 1 when a
 # comparison printed FAIL.
@@ -39,10 +42,15 @@ run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
     eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
     > "$W/$name.zrun.log" 2>&1
   grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
-  if [ "$name" = seed_config_deepspeed ]; then hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf"
-  else hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched"; fi
+  case $name in *deepspeed) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf" ;;
+    *) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" ;; esac
   $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" "$tol" \
     | tee "$R/$name.compare.txt"
+  if [ "$name" = fp16_deepspeed ]; then # one OVERFLOW line a skipped step on each side
+    zo=$(grep -c "OVERFLOW" "$W/$name.zrun.log"); ho=$(grep -c "OVERFLOW" "$W/$name.hf.log")
+    if [ "$zo" = "$ho" ] && [ "$zo" -gt 0 ]; then v=PASS; else v=FAIL; fi
+    echo "$v skipped (overflow) steps: zrun $zo, HF + DeepSpeed $ho" | tee -a "$R/$name.compare.txt"
+  fi
   grep -q "^FAIL" "$R/$name.compare.txt" && failed=1
 }
 failed=0
@@ -52,6 +60,11 @@ want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 want seed_config && run seed_config configs/ds_config.json 2e-5 0.05 linear 0.06
 want seed_config_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
   run seed_config_deepspeed configs/ds_config.json 2e-5 0.05 linear 0.02
+sed 's/"bf16": { "enabled": true }/"fp16": { "enabled": true, "initial_scale_power": 24, "loss_scale_window": 5, "hysteresis": 2, "min_loss_scale": 1 }/' \
+  configs/ds_config.json > "$W/ds_fp16.json"
+grep -q '"initial_scale_power": 24' "$W/ds_fp16.json" || { echo "FAIL configs/ds_config.json changed shape (no bf16 section)"; failed=1; }
+want fp16_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
+  run fp16_deepspeed "$W/ds_fp16.json" 2e-5 0.05 linear 0.02
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8
 exit $failed

@@ -10,7 +10,8 @@ per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight d
 (0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
 SCHEDULER: linear (DeepSpeed's WarmupDecayLR to 0 at max_steps) or constant_with_warmup.
 DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
-weights with fp32 master as zrun does) instead of AMP; its optimizer runs as torch's AdamW
+weights with fp32 master as zrun does, or fp16 ones with DeepSpeed's loss scaler where the config
+enables fp16) instead of AMP; its optimizer runs as torch's AdamW
 (torch_adam: the same update without building DeepSpeed's fused kernel). Run under a launcher's
 environment: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511."""
 import json
@@ -81,6 +82,7 @@ def main():
     with safe_open(blocks_path, "pt") as f:
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
+    fp16 = bool(ds and ds.get("fp16", {}).get("enabled") is True)
     mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
     args = TrainingArguments(
@@ -89,7 +91,7 @@ def main():
         output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=1,
         gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
-        bf16=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
+        bf16=not fp16, fp16=fp16, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
         seed=42, disable_tqdm=True, deepspeed=ds)
     rec = Record()
     InOrder.order = order.tolist()
