@@ -251,9 +251,13 @@ function Trainer:train(resume)
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
   local pending, sum, n, run_sum, run_n, first_loss, last_loss, n_logged = {}, 0, 0, 0, 0, nil, nil, 0
+  local nan_inf_filter = a.logging_nan_inf_filter
   local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
     for k, l in ipairs(pending) do
       local v = l:item()
+      -- logging_nan_inf_filter (HF's default): a NaN or inf micro-batch loss counts as HF's tr_loss / (1 +
+      -- steps since the last log), in micro-batch units: the interval's sum over its completed steps (0 at its start)
+      if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + floor(n / gas)) end
       sum, n, run_sum, run_n, pending[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil
     end
   end

@@ -10,7 +10,7 @@ local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, 
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
   output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear",
-  logging_strategy = "steps", logging_steps = 500, logging_first_step = false,
+  logging_strategy = "steps", logging_steps = 500, logging_first_step = false, logging_nan_inf_filter = true,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
@@ -91,6 +91,9 @@ function M.resolve(user, quiet)
   end
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
+  end
+  if type(a.logging_nan_inf_filter) ~= "boolean" then
+    bad("logging_nan_inf_filter must be true or false, got %s", config.show(a.logging_nan_inf_filter))
   end
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end

@@ -227,6 +227,39 @@ T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl 
   assert(st.log_history[#st.log_history].eval_loss, "the epoch's evaluation is in the state saved after it")
 end)
 
+T.test("logging_nan_inf_filter (HF's default): a NaN micro-batch loss is logged as HF's tr_loss formula counts it", function()
+  -- row 5's labels are all -100: its loss is 0/0 = NaN (its gradient zero). HF adds tr_loss / (1 + steps
+  -- since the last log) in its place: 0 when it opens the interval (one micro-batch a step, a log each
+  -- step); without the filter the step logs NaN
+  local rows = {}
+  for i = 1, 8 do
+    local ids = train_ds.rows[i].input_ids
+    local labels = {}
+    for j = 1, #ids do labels[j] = i == 5 and -100 or ids[j] end
+    rows[i] = { input_ids = ids, labels = labels }
+  end
+  local ds = zr.datasets.Dataset.from_rows(rows)
+  local function run(filter)
+    local t = zr.Trainer { model = model(), train_dataset = ds, args = { output_dir = tmp .. "/naninf_" .. tostring(filter),
+      per_device_train_batch_size = 1, max_steps = 8, logging_steps = 1, learning_rate = 1e-3, save_strategy = "no",
+      logging_nan_inf_filter = filter } }
+    local r = t:train()
+    local losses = {}
+    for _, rec in ipairs(t.state.log_history) do if rec.loss then losses[rec.step] = rec.loss end end
+    return losses, r.train_loss
+  end
+  local raw, raw_mean = run(false)
+  local nan_step
+  for s = 1, 8 do if raw[s] ~= raw[s] then assert(not nan_step, "one NaN step"); nan_step = s end end
+  assert(nan_step, "the row without labels gives a NaN loss")
+  T.eq(raw_mean ~= raw_mean, true, "train_loss without the filter is NaN")
+  local got, mean = run(true)
+  for s = 1, 8 do T.eq(got[s], s == nan_step and 0 or raw[s], ("logged loss at step %d"):format(s)) end
+  T.eq(mean == mean, true, "train_loss with the filter is a number")
+  T.eq(pcall(zr.Trainer, { model = model(), train_dataset = ds, args = { logging_nan_inf_filter = "yes" } }), false,
+    "a non-boolean is refused")
+end)
+
 T.test("data_order() is the order training reads the rows (accumulation, across epochs)", function()
   local pos, seen = {}, {}
   for i, r in ipairs(train_ds.rows) do pos[r] = i end
