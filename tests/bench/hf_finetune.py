@@ -104,10 +104,13 @@ def main():
     torch.cuda.synchronize()
     secs = time.time() - t0
     after = tr.evaluate()["eval_loss"]
+    skipped = getattr(tr.model_wrapped, "skipped_steps", None)  # DeepSpeed's engine: fp16 overflow steps
+    if skipped is not None:
+        print(f"hf: DeepSpeed skipped {skipped} steps")
     tokens = steps * mbs * gas * train.shape[1]
     res = {"steps": rec.steps, "eval_loss_before": before, "eval_loss_after": after,
            "perplexity_before": math.exp(before), "perplexity_after": math.exp(after),
-           "train_seconds": secs, "tokens_per_s": tokens / secs}
+           "train_seconds": secs, "tokens_per_s": tokens / secs, "skipped_steps": skipped}
     json.dump(res, open(out_path, "w"))
     print(f"hf: eval loss {before:.4f} -> {after:.4f} (perplexity {math.exp(before):.2f} -> {math.exp(after):.2f}), "
           f"{tokens / secs:.0f} tokens/s over {secs:.1f} s")
