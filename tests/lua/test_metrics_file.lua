@@ -66,6 +66,18 @@ local function trainer(out, extra)
     train_dataset = blocks, args = a }
 end
 
+T.test("a record's line: sorted keys, every digit, non-finite numbers as Python's json writes them, read back", function()
+  local line = require("zrun.hf").encode_json_line
+  local rec = { step = 3, loss = 0.1 + 0.2, grad_norm = math.huge, lo = -math.huge, nan = 0 / 0, name = 'a"b\n',
+    list = { 1, 2.5 }, empty = {}, none = cjson.null, ok = true }
+  local s = line(rec)
+  T.eq(s, '{"empty":{},"grad_norm":Infinity,"list":[1,2.5],"lo":-Infinity,"loss":0.30000000000000004,' ..
+    '"name":"a\\"b\\n","nan":NaN,"none":null,"ok":true,"step":3}')
+  local back = cjson.decode(s)
+  T.eq(back.grad_norm, math.huge); T.eq(back.lo, -math.huge); T.eq(back.nan ~= back.nan, true)
+  T.eq(back.loss, 0.1 + 0.2, "every digit"); T.eq(back.name, 'a"b\n')
+end)
+
 T.test("the Trainer: a header first, a new file per run, a resumed run names the checkpoint and joins the curve", function()
   local out = tmp .. "/run"
   trainer(out):train()
