@@ -97,9 +97,10 @@ local function is_array(t)
   return count == n
 end
 
--- Pretty JSON with sorted keys and two-space indent, like transformers' to_json_string. Empty
--- tables encode as {}. floats: key names whose whole-number values are written as floats ("1.0"),
--- as Python writes a float field (Lua numbers do not say which they are).
+-- JSON with sorted keys: pretty with two-space indent (ind, the current indent), like transformers'
+-- to_json_string, or on one line (ind nil). Empty tables encode as {}. floats: key names whose
+-- whole-number values are written as floats ("1.0"), as Python writes a float field (Lua numbers
+-- do not say which they are).
 local function encode(v, ind, floats, key)
   local tv = type(v)
   if v == nil or v == cjson.null then return "null" end
@@ -111,39 +112,25 @@ local function encode(v, ind, floats, key)
   end
   if tv == "string" then return json_string(v) end
   if tv ~= "table" then error("encode_json: cannot encode a " .. tv, 0) end
-  local inner = ind .. "  "
+  local inner = ind and ind .. "  "
+  local open, sep, close = "", ",", ""
+  if ind then open, sep, close = "\n" .. inner, ",\n" .. inner, "\n" .. ind end
   local parts = {}
   if is_array(v) then
-    for i = 1, #v do parts[i] = inner .. encode(v[i], inner, floats, key) end
-    return "[\n" .. concat(parts, ",\n") .. "\n" .. ind .. "]"
+    for i = 1, #v do parts[i] = encode(v[i], inner, floats, key) end
+    return "[" .. open .. concat(parts, sep) .. close .. "]"
   end
   for _, k in ipairs(sorted_keys(v)) do
-    parts[#parts + 1] = inner .. json_string(tostring(k)) .. ": " .. encode(v[k], inner, floats, k)
+    parts[#parts + 1] = json_string(tostring(k)) .. (ind and ": " or ":") .. encode(v[k], inner, floats, k)
   end
   if #parts == 0 then return "{}" end
-  return "{\n" .. concat(parts, ",\n") .. "\n" .. ind .. "}"
+  return "{" .. open .. concat(parts, sep) .. close .. "}"
 end
 -- encode (above) with a trailing newline: how transformers writes its config files.
 function hf.encode_json(v, floats) return encode(v, "", floats) .. "\n" end
-
 -- One line of JSON (a metrics.jsonl record): sorted keys, numbers as encode_json writes them
 -- (non-finite ones too, where cjson.encode refuses them).
-local function encode_line(v)
-  local tv = type(v)
-  if v == nil or v == cjson.null then return "null" end
-  if tv == "boolean" then return tostring(v) end
-  if tv == "number" then return json_number(v) end
-  if tv == "string" then return json_string(v) end
-  if tv ~= "table" then error("encode_json_line: cannot encode a " .. tv, 0) end
-  local parts = {}
-  if is_array(v) then
-    for i = 1, #v do parts[i] = encode_line(v[i]) end
-    return "[" .. concat(parts, ",") .. "]"
-  end
-  for _, k in ipairs(sorted_keys(v)) do parts[#parts + 1] = json_string(tostring(k)) .. ":" .. encode_line(v[k]) end
-  return "{" .. concat(parts, ",") .. "}"
-end
-hf.encode_json_line = encode_line
+function hf.encode_json_line(v) return encode(v) end
 
 -- ---------------------------------------------------------------- resolving a model reference
 

@@ -43,11 +43,9 @@ local function weights(...)
   return w, #b > 0 and b or nil
 end
 -- x through fusable projections as one product (their modules' hooks around it)
-local function project2(x, a, b)
-  return Module.call_group({ a, b }, function(y) return zr.linear_multi(y, weights(a, b)) end, x)
-end
-local function project3(x, a, b, c)
-  return Module.call_group({ a, b, c }, function(y) return zr.linear_multi(y, weights(a, b, c)) end, x)
+local function project(x, ...)
+  local mods = { ... }
+  return Module.call_group(mods, function(y) return zr.linear_multi(y, weights(unpack(mods))) end, x)
 end
 
 -- Attention ---------------------------------------------------------------------------------
@@ -70,7 +68,7 @@ function Attention:forward(x, cos, sin)
     -- over them (read in place on the GPU), and in backward writes the product's gradient in one
     -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
     -- per operand; it returns (B, T, H D), o_proj's input
-    return self.o_proj(zr.qkv_rope_sdpa(project3(x, qp, kp, vp), H, KV, cos, sin))
+    return self.o_proj(zr.qkv_rope_sdpa(project(x, qp, kp, vp), H, KV, cos, sin))
   end
   local q = qp(x):view(B, T, H, D):transpose(2, 3)
   local k = kp(x):view(B, T, KV, D):transpose(2, 3)
@@ -91,7 +89,7 @@ end
 function MLP:forward(x)
   local g, u = self.gate_proj, self.up_proj
   if fusable(g, u) then -- one (.., 2I) product, gate then up, read packed by swiglu (no split)
-    return self.down_proj(zr.swiglu(project2(x, g, u)))
+    return self.down_proj(zr.swiglu(project(x, g, u)))
   end
   return self.down_proj(zr.swiglu(g(x), u(x))) -- silu(gate) * up, fused
 end
