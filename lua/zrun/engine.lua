@@ -582,6 +582,7 @@ function Engine:step()
   self.last_grad_norm = norm
   local overflow = norm ~= norm or norm == math.huge
   if overflow and self.scaler then
+    self.last_grad_norm = math.huge -- DeepSpeed's global norm of a skipped step, NaN gradients or not
     self:update_scale(true)
     self.skipped_steps = self.skipped_steps + 1
     z:zero_grad()

@@ -106,6 +106,15 @@ T.test("fp16: dynamic loss scale skips overflowing steps and recovers", function
   assert(losses[#losses] < losses[1] - 0.3, ("loss did not fall: %g -> %g"):format(losses[1], losses[#losses]))
 end)
 
+T.test("fp16: a skipped step's gradient norm is inf, as DeepSpeed reports it (not NaN)", function()
+  -- a scale of 2^60 makes the f16 activation gradients inf, and inf - inf NaN, in the first
+  -- backward; DeepSpeed's ZeRO optimizers set the step's global norm to inf on any overflow (the
+  -- HF Trainer logs it), whatever mixture of inf and NaN the gradients hold
+  local engine = run({ fp16 = { enabled = true, initial_scale_power = 60, hysteresis = 1, min_loss_scale = 1 } }, 1)
+  T.eq(engine.skipped_steps, 1, "the first step overflows")
+  T.eq(engine.last_grad_norm, math.huge, "the skipped step's gradient norm")
+end)
+
 T.test("fp16: the scale doubles on the good step after a window of good steps (DeepSpeed's stable interval)", function()
   -- DynamicLossScaler.update_scale: stable_interval = iterations since the last overflow before this
   -- one; the scale doubles when it is a positive multiple of loss_scale_window: window 3, no overflow
