@@ -159,7 +159,8 @@ function M.initialize(opts)
     M.check_gpus_per_node(dist.local_size(), C.cuda.device_count(), params[1]:device())
   end
   local S = M.partition_numel(params, W, stage)
-  local gbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[M.grad_accum_dtype(cfg) or "f32"]
+  self.grad_dtype = M.grad_accum_dtype(cfg) or "f32" -- the gradient partition's (and stage 0-1's .grad) dtype
+  local gbytes = ({ f32 = 4, bf16 = 2, f16 = 2 })[self.grad_dtype]
   -- offload_optimizer.ratio: the host's share of the optimizer states (ZeRO-Offload++)
   self.offload_ratio = self.offload_optimizer and zc.offload_optimizer.ratio or 1
   if self.offload_optimizer then

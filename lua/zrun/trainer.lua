@@ -264,8 +264,8 @@ function Trainer:train(resume)
   local start_step = self:step_count()
   local epoch = floor(start_step / self.steps_per_epoch)
   local skip = (start_step % self.steps_per_epoch) * gas -- micro-batches of this epoch already trained
-  dist.print0(fmt("[zrun] training: %d steps (%d per epoch), %d ranks, micro-batch %d, accumulation %d, ZeRO stage %d, %s%s",
-    self.total_steps, self.steps_per_epoch, W, bs, gas, e.stage, e.precision,
+  dist.print0(fmt("[zrun] training: %d steps (%d per epoch), %d ranks, micro-batch %d, accumulation %d, ZeRO stage %d, %s, %s gradients%s",
+    self.total_steps, self.steps_per_epoch, W, bs, gas, e.stage, e.precision, e.grad_dtype,
     path and fmt(", resumed from %s at step %d", path, start_step) or ""))
 
   local function log_train(s)

@@ -295,5 +295,17 @@ T.test("the recipe's summary with one logging window says so (no 'loss x -> x')"
   assert(s:find("done: 2 steps in [%d.]+ s, loss [%d.]+ %(one logging window%), validation perplexity"), s)
 end)
 
+T.test("the recipe's training line names the gradients' dtype (fp32 by default, DeepSpeed's is the model's)", function()
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  for conf, want in pairs { ["configs/zero2.json"] = "ZeRO stage 2, bf16, f32 gradients",
+    ["configs/zero3_bf16_master.json"] = "ZeRO stage 3, bf16, bf16 gradients" } do
+    local p = io.popen(("%s recipes/finetune_llama.lua --config %s precision=bf16 max_steps=1 " ..
+      "output_dir=%s/recipe_gd 2>&1"):format(z, conf, tmp))
+    local s = p:read("*a")
+    p:close()
+    assert(s:find("[zrun] training: 1 steps", 1, true) and s:find(want, 1, true), conf .. ": " .. s)
+  end
+end)
+
 sh("rm -rf '" .. tmp .. "'")
 T.done()
