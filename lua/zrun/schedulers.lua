@@ -1,7 +1,7 @@
 -- Learning-rate schedulers with DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py): WarmupLR,
 -- WarmupDecayLR, WarmupCosineLR, OneCycle and LRRangeTest. Each is stepped once per optimizer step and
 -- writes group.lr into the optimizer's param_groups; without an optimizer it only computes values.
--- Also the Hugging Face Trainer's own schedules (schedulers.hf: linear, cosine, constant[_with_warmup]).
+-- Also the Hugging Face Trainer's own schedules (schedulers.hf, in zrun.schedulers_hf).
 --
 --   local sched = schedulers.WarmupDecayLR.new(optimizer, { total_num_steps = 100, warmup_num_steps = 10 })
 --   sched:step(); sched:get_last_lr()   --> { lr of group 1, ... }
@@ -398,49 +398,10 @@ function M.from_config(section, optimizer)
   return M.new(section.type, optimizer, section.params)
 end
 
--- The Hugging Face Trainer's own schedules (lr_scheduler_type, used when the DeepSpeed config has no
--- scheduler): each group's lr times a factor of the step, as transformers' get_scheduler builds
--- them with LambdaLR: the first optimizer step runs at factor(0) (full lr when there is no warmup).
-local HFSchedule = class("HFSchedule")
-local HF_FACTORS = {
-  linear = function(s, w, t)
-    if s < w then return s / max(1, w) end
-    return max(0.0, (t - s) / max(1, t - w))
-  end,
-  cosine = function(s, w, t)
-    if s < w then return s / max(1, w) end
-    local progress = (s - w) / max(1, t - w)
-    return max(0.0, 0.5 * (1.0 + cos(pi * progress)))
-  end,
-  constant = function() return 1.0 end,
-  constant_with_warmup = function(s, w)
-    if s < w then return s / max(1, w) end
-    return 1.0
-  end,
-}
-M.HF_SCHEDULES = HF_FACTORS
-
--- schedulers.hf(name, optimizer, {num_warmup_steps=, num_training_steps=})
-function M.hf(name, optimizer, o)
-  local f = HF_FACTORS[name]
-  if not f then
-    local names = {}
-    for k in pairs(HF_FACTORS) do names[#names + 1] = k end
-    table.sort(names)
-    error(fmt('lr_scheduler_type must be one of %s, got "%s"', table.concat(names, ", "), tostring(name)), 2)
-  end
-  local groups, n = groups_of(optimizer)
-  local self = setmetatable({ name = name, optimizer = optimizer, param_groups = groups, factor = f,
-    warmup = o.num_warmup_steps or 0, total = o.num_training_steps, base_lrs = {}, last_batch_iteration = 0 }, HFSchedule)
-  for i = 1, n do self.base_lrs[i] = groups and groups[i].lr or o.lr end
-  self._last_lr = update_lr(self, self:get_lr())
-  return self
-end
-
-function HFSchedule:get_lr()
-  local k, out = self.factor(self.last_batch_iteration, self.warmup, self.total), {}
-  for i, lr in ipairs(self.base_lrs) do out[i] = lr * k end
-  return out
-end
+-- The Hugging Face Trainer's own schedules (lr_scheduler_type and lr_scheduler_kwargs): zrun.schedulers_hf.
+-- schedulers.hf(name, optimizer, {num_warmup_steps=, num_training_steps=, kwargs=})
+function M.hf(name, optimizer, o) return require("zrun.schedulers_hf").new(name, optimizer, o) end
+-- What schedulers_hf's schedules share with these (not an API)
+M.Base, M.groups_of, M.update_lr = Base, groups_of, update_lr
 
 return M

@@ -154,11 +154,13 @@ function Trainer:setup()
     -- micro-batches too, as it is stepped: warm-up and length scaled by update_interval)
     local warm = require("zrun.config").warmup_steps(a.warmup_steps, a.warmup_ratio, self.total_steps)
     e.lr_scheduler = require("zrun.schedulers").hf(a.lr_scheduler_type, e.optimizer,
-      { num_warmup_steps = warm * (per_micro or 1), num_training_steps = self.total_steps * (per_micro or 1) })
+      { num_warmup_steps = warm * (per_micro or 1), num_training_steps = self.total_steps * (per_micro or 1),
+        kwargs = a.lr_scheduler_kwargs or nil })
     self.hf_schedule = true
-  elseif self.user_args.lr_scheduler_type then
-    dist.print0(fmt("[zrun] Trainer: lr_scheduler_type = \"%s\" is not used: the DeepSpeed config's scheduler (%s) is",
-      a.lr_scheduler_type, e.config.scheduler.type))
+  elseif self.user_args.lr_scheduler_type or self.user_args.lr_scheduler_kwargs then
+    dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's scheduler (%s) is",
+      self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or
+      "lr_scheduler_kwargs are", e.config.scheduler.type))
   end
   self.is_main = dist.rank() == 0
   local st = self.state

@@ -9,7 +9,7 @@ local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, 
 -- Implemented keys and TrainingArguments' defaults (nil: no default; false where HF has False).
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
-  output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear",
+  output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear", lr_scheduler_kwargs = false,
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false, logging_nan_inf_filter = true,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
@@ -33,8 +33,6 @@ M.NO_EFFECT = {
 M.RENAMED = { evaluation_strategy = "eval_strategy" }
 
 local STRATEGIES = { no = true, steps = true, epoch = true }
-M.SCHEDULERS = { linear = "WarmupDecayLR", cosine = "WarmupCosineLR", constant = "WarmupLR",
-  constant_with_warmup = "WarmupLR" }
 
 local function sorted_keys(t)
   local out = {}
@@ -86,8 +84,17 @@ function M.resolve(user, quiet)
   for _, k in ipairs { "logging_strategy", "save_strategy", "eval_strategy" } do
     if not STRATEGIES[a[k]] then bad("%s must be \"no\", \"steps\" or \"epoch\", got %s", k, config.show(a[k])) end
   end
-  if not M.SCHEDULERS[a.lr_scheduler_type] then
-    bad("lr_scheduler_type must be one of %s, got %s", concat(sorted_keys(M.SCHEDULERS), ", "), config.show(a.lr_scheduler_type))
+  local kw = a.lr_scheduler_kwargs
+  if type(kw) == "string" then -- the command line's JSON object, as TrainingArguments reads it
+    local ok, t = pcall(require("cjson").decode, kw)
+    if not ok or type(t) ~= "table" then bad("lr_scheduler_kwargs must be a JSON object like '{\"min_lr\": 1e-6}', got %s", kw) end
+    a.lr_scheduler_kwargs, kw = t, t
+  end
+  local ok, err = pcall(require("zrun.schedulers_hf").check, a.lr_scheduler_type, kw or nil, a.learning_rate)
+  if not ok then bad("%s", err) end
+  if kw and require("zrun.schedulers_hf").ignores_kwargs(a.lr_scheduler_type) and not quiet then
+    require("zrun.dist").print0(fmt("[zrun] Trainer: lr_scheduler_kwargs has no effect on lr_scheduler_type %s " ..
+      "(transformers drops them too)", a.lr_scheduler_type))
   end
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)

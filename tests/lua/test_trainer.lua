@@ -45,7 +45,18 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
     'load_best_model_at_end needs save_strategy and eval_strategy to match, got "steps" and "no"')
   T.raises(function() new { evaluation_strategy = "steps" } end, "'evaluation_strategy' was renamed 'eval_strategy'")
   T.raises(function() new { eval_strategy = "steps" } end, 'eval_strategy = "steps" needs an eval_dataset')
-  T.raises(function() new { lr_scheduler_type = "cosine_with_restarts" } end, "lr_scheduler_type must be one of constant, constant_with_warmup, cosine, linear")
+  T.raises(function() new { lr_scheduler_type = "cosine_with_restart" } end,
+    'lr_scheduler_type must be one of constant, constant_with_warmup, cosine, cosine_warmup_with_min_lr, cosine_with_min_lr, ' ..
+    'cosine_with_restarts, inverse_sqrt, linear, polynomial, warmup_stable_decay, got "cosine_with_restart"; did you mean "cosine_with_restarts"?')
+  T.raises(function() new { lr_scheduler_type = "reduce_lr_on_plateau" } end, "it steps on evaluation metrics")
+  T.raises(function() new { lr_scheduler_type = "cosine", lr_scheduler_kwargs = { min_lr = 1e-6 } } end,
+    'lr_scheduler_kwargs: cosine takes num_cycles, not "min_lr"')
+  T.raises(function() new { lr_scheduler_type = "cosine_with_min_lr", lr_scheduler_kwargs = "{min_lr: 1}" } end,
+    "lr_scheduler_kwargs must be a JSON object")
+  T.raises(function() new { lr_scheduler_type = "warmup_stable_decay", lr_scheduler_kwargs = { num_decay_steps = "2" } } end,
+    "lr_scheduler_kwargs: num_decay_steps must be a number")
+  T.raises(function() new { lr_scheduler_type = "cosine_with_min_lr" } end,
+    "lr_scheduler_type cosine_with_min_lr: one of min_lr or min_lr_rate should be set through lr_scheduler_kwargs")
   T.raises(function() new { save_total_limit = 0 } end, "save_total_limit must be an integer >= 1, got 0")
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
   T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
@@ -191,6 +202,22 @@ T.test("HF lr schedules: the first step at full lr without warmup, linear/cosine
   T.near(lrs("constant_with_warmup", 2, 4), { 0, 0.5, 1, 1 }, 1e-15)
   T.near(lrs("cosine", 1, 5), { 0, 1, (1 + math.cos(math.pi / 4)) / 2, 0.5, (1 + math.cos(3 * math.pi / 4)) / 2 }, 1e-15)
   T.near(lrs("constant", 0, 3), { 1, 1, 1 }, 0)
+end)
+
+T.test("lr_scheduler_type + lr_scheduler_kwargs (a JSON string, as on the command line) drive the steps", function()
+  -- warmup_stable_decay over 6 steps, 2 of warm-up and 2 of decay, floor 10%: HF's factors per step
+  -- 0.1, 0.55, 1, 1, 1, 0.55 (transformers' values for every schedule: test_hf_schedules.lua)
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, args = { output_dir = tmp .. "/wsd",
+    per_device_train_batch_size = 8, max_steps = 6, warmup_steps = 2, learning_rate = 1e-3, logging_steps = 1,
+    save_strategy = "no", lr_scheduler_type = "warmup_stable_decay",
+    lr_scheduler_kwargs = '{"num_decay_steps": 2, "min_lr_ratio": 0.1}' } }
+  t:train()
+  local want, got, losses = { 0.1, 0.55, 1, 1, 1, 0.55 }, {}, {}
+  for _, r in ipairs(t.state.log_history) do
+    if r.loss then got[#got + 1], losses[#losses + 1] = r.learning_rate / 1e-3, r.loss end
+  end
+  T.near(got, want, 1e-12, 0, "the learning rate of each step, as a fraction of learning_rate")
+  assert(losses[6] < losses[1] - 0.2, ("loss %.4f -> %.4f"):format(losses[1], losses[6]))
 end)
 
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
