@@ -603,7 +603,7 @@ function M.load(source, opts)
   local okov, ov = pcall(apply_overrides, raw, opts.overrides)
   if not okov then error(name .. ": " .. ov, 0) end
   ctx.ov = ov
-  local perr = A.precision_sections(raw, args)
+  local perr = A.precision_sections(raw, args) or A.optimizer_section(raw, args)
   if perr then error(name .. ": " .. perr, 0) end
   local vals = walk(SCHEMA, raw, "", ctx)
   for _, d in ipairs(ctx.deferred) do d.parent[d.name] = d.fn(vals) end

@@ -53,6 +53,70 @@ function M.precision_sections(raw, args)
   end
 end
 
+-- TrainingArguments.optim values zrun runs, as the DeepSpeed optimizer section the Trainer stands
+-- for: the arguments' lr, betas, eps and weight_decay ("auto", as transformers passes them), and the
+-- optim_args keys transformers reads for each (its weight_decay there loses to the parameter groups').
+local OPTIMS = {
+  adamw_torch = { type = "AdamW", auto = { "lr", "betas", "eps", "weight_decay" }, args = {} },
+  sgd = { type = "SGD", auto = { "lr", "weight_decay" }, args = { momentum = "number", dampening = "number",
+    nesterov = "boolean" } },
+  adagrad = { type = "Adagrad", auto = { "lr", "weight_decay" }, args = { lr_decay = "number", eps = "number" } },
+}
+OPTIMS.adamw_torch_fused = OPTIMS.adamw_torch -- torch's fused kernel: the same update
+M.OPTIMS = OPTIMS
+
+-- optim_args as transformers parses it ("momentum=0.9,nesterov=True"): a table of the keys optim
+-- takes, or nil and an error.
+local function optim_args(name, text, takes)
+  local out = {}
+  if text == nil or text == false then return out end
+  if type(text) ~= "string" then return nil, fmt("optim_args must be a string like \"momentum=0.9,nesterov=True\", got %s", show(text)) end
+  for item in text:gsub("%s", ""):gmatch("[^,]+") do
+    local k, v = item:match("^([^=]+)=(.*)$")
+    if not k then return nil, fmt("optim_args: %s is not key=value", show(item)) end
+    if k == "weight_decay" then
+      return nil, "optim_args: weight_decay has no effect in transformers (its parameter groups set it): use weight_decay"
+    end
+    local want = takes[k]
+    if not want then
+      local names = {}
+      for n in pairs(takes) do names[#names + 1] = n end
+      table.sort(names)
+      return nil, fmt("optim_args: %s takes %s, not %s", name, #names > 0 and table.concat(names, ", ") or "none", show(k))
+    end
+    if want == "boolean" then out[k] = ({ ["true"] = true, ["1"] = true, yes = true })[v:lower()] == true
+    else
+      out[k] = tonumber(v)
+      if not out[k] then return nil, fmt("optim_args: %s must be a number, got %s", k, show(v)) end
+    end
+  end
+  return out
+end
+
+-- The optimizer section the Hugging Face Trainer stands for when args.optim is set (the Trainer
+-- always sets it) and the file has none: transformers builds its own optimizer then, from optim,
+-- optim_args and the arguments. Returns the section, or nil and an error naming what zrun runs.
+function M.optimizer_from_args(args)
+  local name = args.optim
+  local o = OPTIMS[name]
+  if not o then
+    return nil, fmt("optim = %s is not an optimizer zrun runs: adamw_torch, adamw_torch_fused, sgd, adagrad (or " ..
+      "DeepSpeed's Lion and Lamb through the config's \"optimizer\" section)", show(name))
+  end
+  local params, err = optim_args(name, args.optim_args, o.args)
+  if not params then return nil, err end
+  for _, k in ipairs(o.auto) do params[k] = "auto" end
+  return { type = o.type, params = params }
+end
+
+-- config.load: adds that section to a file without one (raw, changed in place); returns an error or nil.
+function M.optimizer_section(raw, args)
+  if args.optim == nil or raw.optimizer ~= nil then return nil end
+  local sec, err = M.optimizer_from_args(args)
+  if not sec then return err end
+  raw.optimizer = sec
+end
+
 -- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch
 -- (M.steps_per_epoch, the Trainer's arithmetic, at least 1).
 local function num_training_steps(ctx, vals)

@@ -103,12 +103,24 @@ function Trainer.param_groups(model, weight_decay)
   return groups
 end
 
--- Without a DeepSpeed config the Trainer trains as plain HF does: stage 0, everything from the arguments.
+-- Without a DeepSpeed config the Trainer trains as plain HF does: stage 0, everything from the arguments
+-- (the optimizer from args.optim, as for a config without an "optimizer" section: config_auto.lua).
 local function default_config()
   return { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto", gradient_clipping = "auto",
-    bf16 = { enabled = "auto" }, fp16 = { enabled = "auto" }, steps_per_print = 1e9,
-    optimizer = { type = "AdamW", params = { lr = "auto", betas = "auto", eps = "auto", weight_decay = "auto" } },
-    zero_optimization = { stage = 0 } }
+    bf16 = { enabled = "auto" }, fp16 = { enabled = "auto" }, steps_per_print = 1e9, zero_optimization = { stage = 0 } }
+end
+
+-- Whether args.deepspeed (a file or a table) has an "optimizer" section of its own (then HF's optim is not used).
+local function config_has_optimizer(ds)
+  if type(ds) == "string" then
+    local f = io.open(ds, "rb")
+    if not f then return false end
+    local ok, t = pcall(require("cjson").decode, f:read("*a"))
+    f:close()
+    return ok and type(t) == "table" and t.optimizer ~= nil
+  end
+  if type(ds) == "table" and ds.to_table then ds = ds:to_table() end
+  return type(ds) == "table" and ds.optimizer ~= nil
 end
 
 -- Builds the engine (zr.initialize with args.deepspeed or a stage-0 config from the arguments), the
@@ -119,6 +131,7 @@ function Trainer:setup()
   local W = dist.world_size()
   local hf_args = {}
   for k, v in pairs(self.user_args) do hf_args[k] = v end
+  hf_args.optim, hf_args.optim_args = a.optim, a.optim_args or nil -- HF's optimizer when the config has none
   local ds_cfg = a.deepspeed or default_config()
   -- The config's micro-batch and accumulation drive the data (a number in the file that the
   -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
@@ -157,7 +170,12 @@ function Trainer:setup()
       { num_warmup_steps = warm * (per_micro or 1), num_training_steps = self.total_steps * (per_micro or 1),
         kwargs = a.lr_scheduler_kwargs or nil })
     self.hf_schedule = true
-  elseif self.user_args.lr_scheduler_type or self.user_args.lr_scheduler_kwargs then
+  end
+  if (self.user_args.optim or self.user_args.optim_args) and config_has_optimizer(a.deepspeed) then
+    dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's optimizer (%s) is",
+      self.user_args.optim and fmt("optim = \"%s\" is", a.optim) or "optim_args are", e.config.optimizer.type))
+  end
+  if e.lr_scheduler and not self.hf_schedule and (self.user_args.lr_scheduler_type or self.user_args.lr_scheduler_kwargs) then
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's scheduler (%s) is",
       self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or
       "lr_scheduler_kwargs are", e.config.scheduler.type))

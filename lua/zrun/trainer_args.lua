@@ -10,6 +10,7 @@ local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, 
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
   output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear", lr_scheduler_kwargs = false,
+  optim = "adamw_torch", optim_args = false,
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false, logging_nan_inf_filter = true,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
@@ -84,6 +85,8 @@ function M.resolve(user, quiet)
   for _, k in ipairs { "logging_strategy", "save_strategy", "eval_strategy" } do
     if not STRATEGIES[a[k]] then bad("%s must be \"no\", \"steps\" or \"epoch\", got %s", k, config.show(a[k])) end
   end
+  local _, oerr = require("zrun.config_auto").optimizer_from_args(a)
+  if oerr then bad("%s", oerr) end
   local kw = a.lr_scheduler_kwargs
   if type(kw) == "string" then -- the command line's JSON object, as TrainingArguments reads it
     local ok, t = pcall(require("cjson").decode, kw)

@@ -40,7 +40,7 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
     'TrainingArguments: save_strategy must be "no", "steps" or "epoch", got "step"')
   T.raises(function() new { eval_strategy = "epochs" } end, 'eval_strategy must be "no", "steps" or "epoch"')
   T.raises(function() new { learning_rte = 1e-3 } end, "'learning_rte' is not supported by zrun's Trainer; did you mean 'learning_rate'?")
-  T.raises(function() new { optim = "adafactor" } end, "'optim' is not supported by zrun's Trainer")
+  T.raises(function() new { optim = "adafactor" } end, 'optim = "adafactor" is not an optimizer zrun runs')
   T.raises(function() new { load_best_model_at_end = true } end,
     'load_best_model_at_end needs save_strategy and eval_strategy to match, got "steps" and "no"')
   T.raises(function() new { evaluation_strategy = "steps" } end, "'evaluation_strategy' was renamed 'eval_strategy'")
@@ -218,6 +218,38 @@ T.test("lr_scheduler_type + lr_scheduler_kwargs (a JSON string, as on the comman
   end
   T.near(got, want, 1e-12, 0, "the learning rate of each step, as a fraction of learning_rate")
   assert(losses[6] < losses[1] - 0.2, ("loss %.4f -> %.4f"):format(losses[1], losses[6]))
+end)
+
+T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, optim_args and the arguments", function()
+  -- transformers builds its own optimizer then (TrainingArguments.optim, default adamw_torch) with
+  -- learning_rate, adam_beta1/2, adam_epsilon and weight_decay; zrun took DeepSpeed's AdamW defaults
+  -- (lr 1e-3) and dropped learning_rate
+  local ds = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
+    zero_optimization = { stage = 2 } }
+  local function run(extra)
+    local args = { output_dir = tmp .. "/noopt", per_device_train_batch_size = 8, max_steps = 3, learning_rate = 7e-4,
+      logging_steps = 1, save_strategy = "no", lr_scheduler_type = "constant", adam_beta2 = 0.95, deepspeed = ds }
+    for k, v in pairs(extra or {}) do args[k] = v end
+    local t = zr.Trainer { model = model(), train_dataset = train_ds, args = args }
+    t:train()
+    local losses = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then losses[#losses + 1] = r.loss end end
+    assert(losses[3] < losses[1], ("loss %.4f -> %.4f"):format(losses[1], losses[3]))
+    return t.engine, t.state.log_history[1].learning_rate
+  end
+  local e, lr = run()
+  T.eq(e.config.optimizer.type, "AdamW")
+  T.eq(lr, 7e-4, "the step's learning rate is learning_rate")
+  T.eq(e.hp.betas[2], 0.95, "adam_beta2")
+  e, lr = run { optim = "sgd", optim_args = "momentum=0.9, nesterov=True", learning_rate = 0.05 }
+  T.eq(e.config.optimizer.type, "SGD")
+  T.eq(lr, 0.05)
+  T.eq(e.hp.extra.momentum, 0.9)
+  T.eq(e.hp.extra.nesterov, true)
+  e = run { optim = "adagrad", learning_rate = 0.05 }
+  T.eq(e.config.optimizer.type, "Adagrad")
+  T.raises(function() run { optim = "adamw_8bit" } end, 'optim = "adamw_8bit" is not an optimizer zrun runs')
+  T.raises(function() run { optim = "sgd", optim_args = "momentum=x" } end, "optim_args: momentum must be a number")
 end)
 
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
