@@ -14,7 +14,7 @@
 # within the run, and "data_types": {"grad_accum_dtype": "fp16"} (DeepSpeed's default for an fp16
 # model; zrun's is fp32, whose gradients overflow later, so zrun alone skips fewer steps: RESULTS.md,
 # session 23): both sides must skip the same number of steps and keep the same curve.
-# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed).
+# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed, hf_optimizer_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
 # Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set. Exits 1 when a
 # comparison printed FAIL.
@@ -31,10 +31,10 @@ cat > "$W/ds_auto.json" <<'J'
  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
  "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true}}
 J
-hf() { # name blocks lr warmup sched [ds_config]
+hf() { # name blocks lr warmup sched [ds_config [sched_kwargs_json]]
   echo "### $1: Hugging Face Trainer${6:+ + DeepSpeed}"
   RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 \
-    python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" $6 > "$W/$1.hf.log" 2>&1
+    python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" ${6:+"$6"} ${7:+"$7"} > "$W/$1.hf.log" 2>&1
   grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
 }
 run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
@@ -44,7 +44,7 @@ run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
     eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
     > "$W/$name.zrun.log" 2>&1
   grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
-  case $name in *deepspeed) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf" ;;
+  case $name in *deepspeed) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf" ${HF_KW:+"$HF_KW"} ;;
     *) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" ;; esac
   $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" "$tol" \
     | tee "$R/$name.compare.txt"
@@ -67,6 +67,14 @@ sed 's/"bf16": { "enabled": true }/"fp16": { "enabled": true, "initial_scale_pow
 grep -q '"initial_scale_power": 24' "$W/ds_fp16.json" || { echo "FAIL configs/ds_config.json changed shape (no bf16 section)"; failed=1; }
 want fp16_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
   run fp16_deepspeed "$W/ds_fp16.json" 2e-5 0.05 linear 0.02
+# hf_optimizer_deepspeed (with DeepSpeed): a config with neither "optimizer" nor "scheduler" (HF's docs' way to use
+# the Trainer's own): both sides build them from the arguments, AdamW at 3e-4 and cosine_with_min_lr to 3e-5
+grep -v '"optimizer"' "$W/ds_auto.json" > "$W/ds_no_opt.json"
+want hf_optimizer_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF_KW='{"min_lr": 3e-5}' &&
+  run hf_optimizer_deepspeed "$W/ds_no_opt.json" 3e-4 0.1 cosine_with_min_lr 0.02 precision=bf16 learning_rate=3e-4 \
+    warmup_ratio=0.1 lr_scheduler_type=cosine_with_min_lr lr_scheduler_kwargs="$HF_KW" per_device_train_batch_size=4 \
+    gradient_accumulation_steps=8
+HF_KW=
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8
 exit $failed

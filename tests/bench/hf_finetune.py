@@ -3,16 +3,18 @@ transformers Trainer (bf16 mixed precision: fp32 weights and AdamW, bf16 autocas
 token blocks zrun's recipe trained on, in zrun's order (the recipe's dump_blocks file), with the
 same hyperparameters, and writes per-step loss / grad norm / lr and the eval loss before and after
 as JSON.
-    python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER [DS_CONFIG]
+    python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER [DS_CONFIG [SCHED_KWARGS]]
 BLOCKS.safetensors (zrun's dump_blocks): train_input_ids (N, T), eval_input_ids (M, T), train_order
 (0-based rows in the order zrun read them, max_steps x micro-batch x accumulation); its metadata holds
 per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight decay 0, betas
 (0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
-SCHEDULER: linear (DeepSpeed's WarmupDecayLR to 0 at max_steps) or constant_with_warmup.
+SCHEDULER: any lr_scheduler_type (used where the DeepSpeed config has no scheduler), with SCHED_KWARGS
+its lr_scheduler_kwargs as a JSON object ("-" or absent: none).
 DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
 weights with fp32 master as zrun does, or fp16 ones with DeepSpeed's loss scaler where the config
 enables fp16) instead of AMP; its optimizer runs as torch's AdamW
-(torch_adam: the same update without building DeepSpeed's fused kernel). Run under a launcher's
+(torch_adam: the same update without building DeepSpeed's fused kernel); a config without an
+"optimizer" section trains with the Trainer's own (optim adamw_torch_fused, from the arguments). Run under a launcher's
 environment: RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511."""
 import json
 import math
@@ -78,7 +80,9 @@ def main():
     ds = None
     if len(sys.argv) > 7:
         ds = json.load(open(sys.argv[7]))
-        ds.setdefault("optimizer", {}).setdefault("params", {})["torch_adam"] = True
+        if "optimizer" in ds:
+            ds["optimizer"].setdefault("params", {})["torch_adam"] = True
+    kwargs = json.loads(sys.argv[8]) if len(sys.argv) > 8 and sys.argv[8] != "-" else None
     with safe_open(blocks_path, "pt") as f:
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
@@ -91,6 +95,7 @@ def main():
         output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=1,
         gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
+        lr_scheduler_kwargs=kwargs,
         bf16=not fp16, fp16=fp16, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
         seed=42, disable_tqdm=True, deepspeed=ds)
     rec = Record()
