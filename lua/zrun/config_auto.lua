@@ -22,10 +22,12 @@ function M.steps_per_epoch(n, world, mb, ga)
   return floor(floor(floor(n / world) / mb) / ga)
 end
 
--- Warmup steps as TrainingArguments.get_warmup_steps: warmup_steps when set, else
--- ceil(warmup_ratio × total steps).
+-- Warmup steps as TrainingArguments.get_warmup_steps: warmup_steps when >= 1 (its integer part);
+-- below 1 a fraction of the total steps (transformers 5: ceil(warmup_steps × total)); 0: the
+-- older warmup_ratio's ceil(warmup_ratio × total steps).
 function M.warmup_steps(warmup_steps, warmup_ratio, total)
-  if warmup_steps and warmup_steps > 0 then return warmup_steps end
+  if warmup_steps and warmup_steps >= 1 then return floor(warmup_steps) end
+  if warmup_steps and warmup_steps > 0 then return ceil(warmup_steps * total) end
   return ceil((warmup_ratio or 0) * total)
 end
 
@@ -177,8 +179,9 @@ local AUTO = {
   { "scheduler.params.total_num_steps", num_training_steps },
   { "scheduler.params.warmup_num_steps", function(ctx, vals)
     local ws, note, explicit = arg(ctx, "warmup_steps")
-    if ws > 0 then return ws, note, explicit end
+    if ws >= 1 then return floor(ws), note, explicit end
     local ratio, rnote, rexp = arg(ctx, "warmup_ratio")
+    if ws > 0 then ratio, rnote, rexp = ws, note .. " (a fraction of the steps, as transformers 5 reads it)", explicit end
     if ratio == 0 then return 0, "no warmup (args.warmup_steps and warmup_ratio are 0)", explicit or rexp end
     local total, why, texp = num_training_steps(ctx, vals)
     if not total then return nil, why end

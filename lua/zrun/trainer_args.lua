@@ -29,6 +29,20 @@ M.NO_EFFECT = {
   dataloader_pin_memory = "batches are built in-process", remove_unused_columns = "the collator reads input_ids/labels only",
   overwrite_output_dir = "checkpoints are written to new checkpoint-<step> folders", do_train = "a script flag",
   do_eval = "a script flag", save_safetensors = "zrun always writes safetensors",
+  gradient_checkpointing_kwargs = "zr.checkpoint recomputes each layer in backward; there is no reentrant variant",
+  log_level = "zrun prints its own lines on rank 0", log_level_replica = "zrun prints its own lines on rank 0",
+  ddp_find_unused_parameters = "there is no DDP wrapper: the ZeRO engine reduces every gradient",
+  ddp_bucket_cap_mb = "there is no DDP wrapper: the config's reduce_bucket_size sizes the buckets",
+  push_to_hub = "zrun does not upload", hub_model_id = "zrun does not upload", hub_strategy = "zrun does not upload",
+  hub_private_repo = "zrun does not upload",
+  dataloader_drop_last = "zrun's Trainer drops a last partial micro-batch, as dataloader_drop_last = true does",
+}
+-- Values of those keys that would change training, and what to do instead
+M.REFUSED_VALUES = {
+  save_safetensors = { [false] = "save_safetensors = false: zrun writes safetensors only" },
+  push_to_hub = { [true] = "push_to_hub = true: zrun does not upload; run `huggingface-cli upload REPO OUTPUT_DIR` after training" },
+  dataloader_drop_last = { [false] = "dataloader_drop_last = false: zrun's Trainer always drops a last partial " ..
+    "micro-batch (remove the argument)" },
 }
 
 M.RENAMED = { evaluation_strategy = "eval_strategy" }
@@ -72,7 +86,8 @@ function M.resolve(user, quiet)
     if M.RENAMED[k] then
       bad("'%s' was renamed '%s' in transformers; use %s = %s", k, M.RENAMED[k], M.RENAMED[k], tostring(v))
     elseif M.NO_EFFECT[k] then
-      if k == "save_safetensors" and v == false then bad("save_safetensors = false: zrun writes safetensors only") end
+      local refused = M.REFUSED_VALUES[k] and M.REFUSED_VALUES[k][v]
+      if refused then bad("%s", refused) end
       if not quiet then require("zrun.dist").print0(fmt("[zrun] Trainer: %s has no effect in zrun (%s)", k, M.NO_EFFECT[k])) end
     elseif M.DEFAULTS[k] == nil then
       local s = config.suggest(k, known)

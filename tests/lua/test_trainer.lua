@@ -58,6 +58,12 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { lr_scheduler_type = "cosine_with_min_lr" } end,
     "lr_scheduler_type cosine_with_min_lr: one of min_lr or min_lr_rate should be set through lr_scheduler_kwargs")
   T.raises(function() new { save_total_limit = 0 } end, "save_total_limit must be an integer >= 1, got 0")
+  -- keys that change nothing here are accepted (a warning names them), unless their value would change training
+  T.raises(function() new { push_to_hub = true } end, "push_to_hub = true: zrun does not upload")
+  T.raises(function() new { save_safetensors = false } end, "save_safetensors = false: zrun writes safetensors only")
+  T.raises(function() new { dataloader_drop_last = false } end, "always drops a last partial micro-batch")
+  new { gradient_checkpointing_kwargs = { use_reentrant = false }, push_to_hub = false, log_level = "info",
+    ddp_find_unused_parameters = false, dataloader_drop_last = true }
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
   T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
