@@ -157,8 +157,10 @@ if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the 
     "rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps)
 end
 -- (resume_from_checkpoint=true or =output_dir/checkpoint-<step> continues a run: no "before" then)
-local before = not args.resume_from_checkpoint and trainer:evaluate() or nil
+-- (with eval_on_start the Trainer evaluates first itself: its metrics are the "before")
+local before = not args.resume_from_checkpoint and not trainer.args.eval_on_start and trainer:evaluate() or nil
 local res = trainer:train()
+if trainer.args.eval_on_start and not args.resume_from_checkpoint then before = trainer.first_eval_metrics end
 -- (eval_steps may have just evaluated the final weights)
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
 trainer:save_model()

@@ -262,6 +262,10 @@ function Trainer:train(resume)
   self:setup()
   local a, e, st = self.args, self.engine, self.state
   if path then self:load_checkpoint(path) end
+  if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
+    if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
+    if self.last_eval ~= self:step_count() then self:evaluate() end
+  end
   local W = dist.world_size()
   local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
   local micro_per_epoch = self.steps_per_epoch * gas
@@ -602,6 +606,7 @@ function Trainer:evaluate(ds, prefix)
     rec[prefix .. "_perplexity"], cnt))
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
+  self.first_eval_metrics = self.first_eval_metrics or rec
   return rec
 end
 

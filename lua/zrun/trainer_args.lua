@@ -15,7 +15,7 @@ M.DEFAULTS = {
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
-  resume_from_checkpoint = false,
+  resume_from_checkpoint = false, eval_on_start = false,
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
 
@@ -117,8 +117,8 @@ function M.resolve(user, quiet)
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
   end
-  if type(a.logging_nan_inf_filter) ~= "boolean" then
-    bad("logging_nan_inf_filter must be true or false, got %s", config.show(a.logging_nan_inf_filter))
+  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start" } do
+    if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end

@@ -258,6 +258,22 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
   T.raises(function() run { optim = "sgd", optim_args = "momentum=x" } end, "optim_args: momentum must be a number")
 end)
 
+T.test("eval_on_start evaluates once before the first step (and needs an eval_dataset)", function()
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, args = { output_dir = tmp .. "/eos",
+    per_device_train_batch_size = 8, max_steps = 2, logging_steps = 1, save_strategy = "no", eval_on_start = true } }
+  t:train()
+  local h = t.state.log_history
+  T.eq(h[1].step, 0); assert(h[1].eval_loss, "the first record is an evaluation")
+  T.eq(h[2].step, 1); assert(h[2].loss, "then the first step's loss")
+  local n = 0
+  for _, r in ipairs(h) do if r.eval_loss then n = n + 1 end end
+  T.eq(n, 1, "no other evaluation (eval_strategy no)")
+  T.raises(function()
+    zr.Trainer { model = model(), train_dataset = train_ds, args = { max_steps = 1, eval_on_start = true } }:train()
+  end, "eval_on_start = true needs an eval_dataset")
+  T.raises(function() zr.Trainer { model = model(), args = { eval_on_start = "yes" } } end, "eval_on_start must be true or false")
+end)
+
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
   local out = tmp .. "/learn"
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, processing_class = tok,
