@@ -62,7 +62,7 @@ function Trainer.new(opts)
   end
   local pad = self.processing_class and self.processing_class.pad_id and self.processing_class:pad_id() or nil
   self.collator = opts.data_collator or datasets.causal_lm_collator({ pad_token_id = pad })
-  self.state = { global_step = 0, epoch = 0, log_history = {} }
+  self.state = { global_step = 0, epoch = 0, log_history = {}, num_input_tokens_seen = 0 }
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
@@ -292,8 +292,16 @@ function Trainer:train(resume)
     self.total_steps, self.steps_per_epoch, W, bs, gas, e.stage, e.precision, e.grad_dtype,
     path and fmt(", resumed from %s at step %d", path, start_step) or ""))
 
+  local count_seen, seen_local = a.include_num_input_tokens_seen ~= "no" and a.include_num_input_tokens_seen, 0
+  local function sync_seen() -- collective: every rank logs and saves at the same steps
+    if not count_seen then return end
+    local t = zr.tensor({ seen_local }, { dtype = "f64" })
+    dist.all_reduce(t, "sum")
+    st.num_input_tokens_seen, seen_local = st.num_input_tokens_seen + floor(t:item() + 0.5), 0
+  end
   local function log_train(s)
     drain()
+    sync_seen()
     local t = zr.tensor({ sum / n }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
@@ -307,7 +315,8 @@ function Trainer:train(resume)
     -- steps the schedule inside optimizer.step) the one after it: zrun logs as HF does in each case
     local lr = self.hf_schedule and self.step_lr or e:get_lr()[1]
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
-      tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak }
+      tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
+      num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil }
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
@@ -324,7 +333,7 @@ function Trainer:train(resume)
       or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no")) then log_train(s) end
     local t0 = C.now()
     if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
-    if save_due(s, epoch_end) then self:save_checkpoint() end
+    if save_due(s, epoch_end) then sync_seen(); self:save_checkpoint() end
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
 
@@ -357,6 +366,10 @@ function Trainer:train(resume)
         pending[#pending + 1] = out.loss:detach()
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
+        if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
+          seen_local = seen_local + (count_seen == "non_padding" and batch.attention_mask and
+            batch.attention_mask:to("f64"):sum():item() or ids:numel())
+        end
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
         local ended = e:step()
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
@@ -428,6 +441,7 @@ function Trainer:load_checkpoint(path)
   local st = self.state
   st.global_step, st.epoch = self:step_count(), saved.epoch or 0
   st.log_history = saved.log_history or {}
+  st.num_input_tokens_seen = saved.num_input_tokens_seen or 0
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
   local sc = saved.stateful_callbacks and saved.stateful_callbacks.ZrunTrainer
@@ -484,7 +498,7 @@ function Trainer:save_checkpoint()
     local out = {}
     for k, v in pairs(st) do out[k] = v end
     out.is_hyper_param_search, out.is_local_process_zero, out.is_world_process_zero = false, true, true
-    out.total_flos, out.num_input_tokens_seen = 0, 0
+    out.total_flos, out.num_input_tokens_seen = 0, st.num_input_tokens_seen or 0
     -- what the data position after a resume depends on; HF ignores a callback it does not know
     out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
       per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,

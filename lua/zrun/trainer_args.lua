@@ -15,7 +15,7 @@ M.DEFAULTS = {
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
-  resume_from_checkpoint = false, eval_on_start = false,
+  resume_from_checkpoint = false, eval_on_start = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
 
@@ -116,6 +116,11 @@ function M.resolve(user, quiet)
   end
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
+  end
+  local nits = a.include_num_input_tokens_seen -- true/false are "all"/"no", as TrainingArguments maps them
+  if type(nits) == "boolean" then a.include_num_input_tokens_seen = nits and "all" or "no" end
+  if not ({ all = true, non_padding = true, no = true })[a.include_num_input_tokens_seen] then
+    bad('include_num_input_tokens_seen must be "all", "non_padding", "no", true or false, got %s', config.show(nits))
   end
   for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end

@@ -274,6 +274,48 @@ T.test("eval_on_start evaluates once before the first step (and needs an eval_da
   T.raises(function() zr.Trainer { model = model(), args = { eval_on_start = "yes" } } end, "eval_on_start must be true or false")
 end)
 
+T.test("include_num_input_tokens_seen counts the inputs (all, or non-padding), saves and resumes the count", function()
+  local function seen(t)
+    local out = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then out[#out + 1] = r.num_input_tokens_seen end end
+    return out
+  end
+  local out = tmp .. "/seen"
+  local args = { output_dir = out, per_device_train_batch_size = 8, max_steps = 4, logging_steps = 1, save_steps = 2,
+    include_num_input_tokens_seen = true }
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, args = args }
+  t:train()
+  T.eq(table.concat(seen(t), ","), "256,512,768,1024", "8 blocks of 32 tokens a step")
+  T.eq(tckpt.read_state(out .. "/checkpoint-2").num_input_tokens_seen, 512, "trainer_state.json's count")
+  args.resume_from_checkpoint = out .. "/checkpoint-2"
+  local r = zr.Trainer { model = model(), train_dataset = train_ds, args = args }
+  r:train()
+  T.eq(table.concat(seen(r), ","), "256,512,768,1024", "resumed: the count goes on from the checkpoint's")
+  -- uneven rows padded by the collator: "non_padding" counts attention_mask's ones, "all" every position
+  local rows = {}
+  for i = 1, 16 do rows[i] = { input_ids = tok:encode(("x"):rep(4 + i)) } end
+  local ds = zr.datasets.Dataset.from_rows(rows)
+  local function count(mode)
+    local tt = zr.Trainer { model = model(), train_dataset = ds, processing_class = tok, args = { output_dir = tmp .. "/seen2",
+      per_device_train_batch_size = 4, max_steps = 1, logging_steps = 1, save_strategy = "no",
+      include_num_input_tokens_seen = mode, data_seed = 1 } }
+    tt:train()
+    return seen(tt)[1], tt
+  end
+  local all, tt = count("all")
+  local nonpad = count("non_padding")
+  local real, longest = 0, 0
+  local order = tt:data_order()
+  for j = 1, 4 do
+    local n = #rows[order[j]].input_ids
+    real, longest = real + n, math.max(longest, n)
+  end
+  T.eq(nonpad, real, "the real tokens of the step's rows")
+  T.eq(all, 4 * longest, "rows padded to the longest")
+  T.raises(function() zr.Trainer { model = model(), args = { include_num_input_tokens_seen = "some" } } end,
+    'include_num_input_tokens_seen must be "all", "non_padding", "no", true or false')
+end)
+
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
   local out = tmp .. "/learn"
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, processing_class = tok,
