@@ -478,7 +478,8 @@ function Trainer:save_checkpoint()
   local step = self:step_count()
   local dir = tckpt.dir_for(a.output_dir, step)
   self.last_save = step
-  e:save_checkpoint(dir, "global_step" .. step)
+  -- save_only_model: the model and trainer_state.json only (no optimizer, scheduler or RNG state)
+  if not a.save_only_model then e:save_checkpoint(dir, "global_step" .. step) end
   self:save_model(dir, { in_checkpoint = true })
   local metric = a.metric_for_best_model
   if metric then -- the latest evaluation decides (HF: the one at this step)

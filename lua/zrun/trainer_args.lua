@@ -15,7 +15,7 @@ M.DEFAULTS = {
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
-  resume_from_checkpoint = false, eval_on_start = false, include_num_input_tokens_seen = "no",
+  resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
 
@@ -122,7 +122,7 @@ function M.resolve(user, quiet)
   if not ({ all = true, non_padding = true, no = true })[a.include_num_input_tokens_seen] then
     bad('include_num_input_tokens_seen must be "all", "non_padding", "no", true or false, got %s', config.show(nits))
   end
-  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start" } do
+  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   check_int(a, "seed", 0)
@@ -141,6 +141,10 @@ function M.resolve(user, quiet)
     bad("num_train_epochs must be a positive number, got %s", tostring(a.num_train_epochs))
   end
   if a.eval_strategy == "steps" and not a.eval_steps then a.eval_steps = a.logging_steps end -- HF's rule
+  if a.load_best_model_at_end and a.save_only_model == true then -- (checked as a boolean below)
+    bad("save_only_model = true cannot be used with load_best_model_at_end (transformers refuses it with DeepSpeed " ..
+      "too): the best checkpoint would hold no optimizer state to go on from")
+  end
   if a.load_best_model_at_end then -- HF's checks and its default metric
     if a.eval_strategy ~= a.save_strategy then
       bad("load_best_model_at_end needs save_strategy and eval_strategy to match, got %s and %s",

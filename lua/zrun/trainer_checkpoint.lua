@@ -43,6 +43,15 @@ function M.latest(output_dir)
   return nil
 end
 
+-- A complete checkpoint without the engine's state (save_only_model) cannot be resumed: one line saying so.
+local function check_resumable(p)
+  if C.path_type(join(p, M.STATE_FILE)) == "file" and C.path_type(join(p, "latest")) ~= "file" then
+    error(fmt("resume_from_checkpoint: %s holds the model but no optimizer state (saved with save_only_model = true), " ..
+      "so training cannot go on from it; load the model with from_pretrained(\"%s\") and start a new run", p, p), 0)
+  end
+  return p
+end
+
 -- resume_from_checkpoint: true (the latest in output_dir) or a checkpoint folder -> its path.
 function M.resolve(value, output_dir)
   if value == true then
@@ -51,7 +60,7 @@ function M.resolve(value, output_dir)
       error(fmt("resume_from_checkpoint=true: no complete %s<step> folder (with %s) in %s; train without it " ..
         "first, or pass the folder of a checkpoint", M.PREFIX, M.STATE_FILE, output_dir), 0)
     end
-    return p
+    return check_resumable(p)
   end
   if type(value) ~= "string" or value == "" then
     error(fmt("resume_from_checkpoint must be true or a checkpoint folder, got %s", tostring(value)), 0)
@@ -61,6 +70,7 @@ function M.resolve(value, output_dir)
     error(fmt("resume_from_checkpoint: %s does not exist (pass a %s<step> folder written by the Trainer, or true " ..
       "for the latest in output_dir)", p, M.PREFIX), 0)
   end
+  check_resumable(p)
   if C.path_type(join(p, M.STATE_FILE)) ~= "file" then
     local l = M.list(p)
     error(fmt("resume_from_checkpoint: %s has no %s, so it is not a Trainer checkpoint%s", p, M.STATE_FILE,

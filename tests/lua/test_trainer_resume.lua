@@ -277,6 +277,26 @@ T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkp
   T.eq(first[12], straight[12])
 end)
 
+T.test("save_only_model: checkpoints hold the model and trainer_state.json only, and say so on resume", function()
+  local out = tmp .. "/som"
+  local a = args(out, 2, false, { save_only_model = true, max_steps = 4, save_steps = 2 })
+  local t = zr.Trainer { model = model(), train_dataset = blocks, args = a }
+  t:train()
+  local ck = out .. "/checkpoint-4"
+  assert(io.open(ck .. "/model.safetensors"), "the model is in the checkpoint")
+  assert(io.open(ck .. "/trainer_state.json"), "and the trainer state")
+  T.eq(io.open(ck .. "/latest"), nil, "no engine checkpoint (optimizer, scheduler, RNG)")
+  local m = zr.models.llama.from_pretrained(ck)
+  local ids = zr.tensor({ { 5, 9, 33, 70 } }):to("i64")
+  T.near(m(ids).logits, t.model(ids).logits, 1e-6, 0, "the checkpoint's model is the trained one")
+  a.resume_from_checkpoint = true
+  T.raises(function() zr.Trainer { model = model(), train_dataset = blocks, args = a }:train() end,
+    "holds the model but no optimizer state (saved with save_only_model = true)")
+  T.raises(function()
+    zr.Trainer { model = model(), args = { save_only_model = true, load_best_model_at_end = true, eval_strategy = "steps" } }
+  end, "save_only_model = true cannot be used with load_best_model_at_end")
+end)
+
 T.test("the recipe's step lines print no grad_norm before the first optimizer step (ZenFlow \"auto\"), not nan", function()
   local z = os.getenv("ZRUN_BIN") or "./zrun"
   local p = io.popen(("%s recipes/finetune_llama.lua --config configs/zero2_offload_zenflow_auto.json precision=bf16 " ..
