@@ -36,6 +36,9 @@ M.NO_EFFECT = {
   push_to_hub = "zrun does not upload", hub_model_id = "zrun does not upload", hub_strategy = "zrun does not upload",
   hub_private_repo = "zrun does not upload",
   dataloader_drop_last = "zrun's Trainer drops a last partial micro-batch, as dataloader_drop_last = true does",
+  prediction_loss_only = "zrun's evaluation computes the loss only (there is no compute_metrics)",
+  eval_accumulation_steps = "zrun's evaluation keeps no predictions to move off the device",
+  ignore_data_skip = "a resumed run skips the data already trained on, as ignore_data_skip = false does",
 }
 -- Values of those keys that would change training, and what to do instead
 M.REFUSED_VALUES = {
@@ -43,6 +46,8 @@ M.REFUSED_VALUES = {
   push_to_hub = { [true] = "push_to_hub = true: zrun does not upload; run `huggingface-cli upload REPO OUTPUT_DIR` after training" },
   dataloader_drop_last = { [false] = "dataloader_drop_last = false: zrun's Trainer always drops a last partial " ..
     "micro-batch (remove the argument)" },
+  ignore_data_skip = { [true] = "ignore_data_skip = true: a resumed run always continues at the data position it " ..
+    "stopped at (remove the argument)" },
 }
 
 M.RENAMED = { evaluation_strategy = "eval_strategy" }

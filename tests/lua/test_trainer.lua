@@ -63,7 +63,8 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { save_safetensors = false } end, "save_safetensors = false: zrun writes safetensors only")
   T.raises(function() new { dataloader_drop_last = false } end, "always drops a last partial micro-batch")
   new { gradient_checkpointing_kwargs = { use_reentrant = false }, push_to_hub = false, log_level = "info",
-    ddp_find_unused_parameters = false, dataloader_drop_last = true }
+    ddp_find_unused_parameters = false, dataloader_drop_last = true, prediction_loss_only = true, ignore_data_skip = false }
+  T.raises(function() new { ignore_data_skip = true } end, "ignore_data_skip = true: a resumed run always continues")
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
   T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
