@@ -68,9 +68,10 @@ grep -q '"initial_scale_power": 24' "$W/ds_fp16.json" || { echo "FAIL configs/ds
 want fp16_deepspeed && python3 -c "import deepspeed" 2>/dev/null &&
   run fp16_deepspeed "$W/ds_fp16.json" 2e-5 0.05 linear 0.02
 # hf_optimizer_deepspeed (with DeepSpeed): a config with neither "optimizer" nor "scheduler" (HF's docs' way to use
-# the Trainer's own): both sides build them from the arguments, AdamW at 3e-4 and cosine_with_min_lr to 3e-5
+# the Trainer's own): both sides build them from the arguments, AdamW at 3e-4 and cosine_with_min_lr to a tenth of it (min_lr_rate: with DeepSpeed, transformers 5.17 fails on min_lr, reading the lr from
+# DeepSpeed's optimizer wrapper, which has no defaults)
 grep -v '"optimizer"' "$W/ds_auto.json" > "$W/ds_no_opt.json"
-want hf_optimizer_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF_KW='{"min_lr": 3e-5}' &&
+want hf_optimizer_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF_KW='{"min_lr_rate": 0.1}' &&
   run hf_optimizer_deepspeed "$W/ds_no_opt.json" 3e-4 0.1 cosine_with_min_lr 0.02 precision=bf16 learning_rate=3e-4 \
     warmup_ratio=0.1 lr_scheduler_type=cosine_with_min_lr lr_scheduler_kwargs="$HF_KW" per_device_train_batch_size=4 \
     gradient_accumulation_steps=8
