@@ -45,6 +45,9 @@ end
 -- deepspeed.initialize's analogue: engine, optimizer, dataloader, scheduler.
 function zr.initialize(opts) return require("zrun.engine").initialize(opts) end
 
+-- transformers' EarlyStoppingCallback for zr.Trainer{callbacks=}: {early_stopping_patience=, early_stopping_threshold=}.
+function zr.EarlyStoppingCallback(o) return require("zrun.trainer_callbacks").EarlyStoppingCallback(o) end
+
 -- Submodules load on first use: zr.nn, zr.optim, zr.data, zr.memory, ...
 local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",

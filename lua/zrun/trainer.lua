@@ -14,6 +14,7 @@ local dist = require "zrun.dist"
 local datasets = require "zrun.datasets"
 local targs = require "zrun.trainer_args"
 local tckpt = require "zrun.trainer_checkpoint"
+local cbs = require "zrun.trainer_callbacks"
 local cjson = require "cjson"
 local metrics_file = require "zrun.metrics"
 local json_line = require("zrun.hf").encode_json_line
@@ -26,14 +27,14 @@ Trainer.last = setmetatable({}, { __mode = "v" })
 local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
 
 local OPTIONS = { model = true, model_init = true, args = true, train_dataset = true, eval_dataset = true, data_collator = true,
-  tokenizer = true, processing_class = true }
+  tokenizer = true, processing_class = true, callbacks = true }
 
 local function hms(s)
   s = math.max(0, floor(s + 0.5))
   return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
 end
 
--- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class = }
+-- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
 -- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
 -- args.deepspeed a DeepSpeed config path or table. Unknown options are refused. Sets args.seed first.
@@ -63,6 +64,7 @@ function Trainer.new(opts)
   local pad = self.processing_class and self.processing_class.pad_id and self.processing_class:pad_id() or nil
   self.collator = opts.data_collator or datasets.causal_lm_collator({ pad_token_id = pad })
   self.state = { global_step = 0, epoch = 0, log_history = {}, num_input_tokens_seen = 0 }
+  self.callbacks, self.control = cbs.check(opts.callbacks), cbs.new_control() -- zrun.trainer_callbacks
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
@@ -236,6 +238,32 @@ function Trainer:log(rec)
     self.metrics:write(json_line(rec), "\n")
     self.metrics:flush()
   end
+  self:callback("on_log", rec)
+end
+
+-- Calls event on the callbacks (zrun.trainer_callbacks) with the arguments, state and control.
+function Trainer:callback(event, extra)
+  if #self.callbacks > 0 then cbs.call(self.callbacks, event, self.args, self.state, self.control, extra) end
+end
+
+-- transformers 5's _determine_best_metric, after each evaluation the strategy runs in training:
+-- best_metric and best_global_step follow metric_for_best_model (the checkpoint is named at the save).
+function Trainer:update_best(metrics)
+  local a, st = self.args, self.state
+  local m = a.metric_for_best_model
+  if not m then return end
+  local v = metrics[m]
+  if v == nil then
+    local names = {}
+    for k in pairs(metrics) do if type(k) == "string" and k:match("^eval_") then names[#names + 1] = k end end
+    table.sort(names)
+    error(fmt("metric_for_best_model = %s is not among the evaluation's metrics (%s)", m, table.concat(names, ", ")), 0)
+  end
+  if st.best_metric == nil then st.best_metric = a.greater_is_better and -huge or huge end
+  if (a.greater_is_better and v > st.best_metric) or (not a.greater_is_better and v < st.best_metric) then
+    st.best_metric = v
+    if a.save_strategy ~= "no" then st.best_global_step = st.global_step end
+  end
 end
 
 -- Whether a strategy fires now: at every `every` steps ("steps") or at an epoch's end ("epoch").
@@ -262,6 +290,8 @@ function Trainer:train(resume)
   self:setup()
   local a, e, st = self.args, self.engine, self.state
   if path then self:load_checkpoint(path) end
+  self.control.should_training_stop = false
+  self:callback("on_train_begin")
   if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
     if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
     if self.last_eval ~= self:step_count() then self:evaluate() end
@@ -328,21 +358,30 @@ function Trainer:train(resume)
     return (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
       and self.last_save ~= s
   end
+  -- the strategies, or a callback's should_log / should_evaluate / should_save, at the end of step s
   local function checkpoints(s, epoch_end)
+    local ctl = self.control
     if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
-      or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no")) then log_train(s) end
+      or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no") or ctl.should_log) then log_train(s) end
     local t0 = C.now()
-    if due(a.eval_strategy, st.eval_steps, s, epoch_end) and self.last_eval ~= s then self:evaluate() end
-    if save_due(s, epoch_end) then sync_seen(); self:save_checkpoint() end
+    if (due(a.eval_strategy, st.eval_steps, s, epoch_end) or ctl.should_evaluate) and self.last_eval ~= s then
+      self:update_best(self:evaluate())
+    end
+    if save_due(s, epoch_end) or (ctl.should_save and self.last_save ~= s) then sync_seen(); self:save_checkpoint() end
+    ctl.should_log, ctl.should_evaluate, ctl.should_save = false, false, false
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
 
   -- a bar on a terminal (the log lines above print as before; in a pipe they are the progress)
   local bar = progress.new { total = self.total_steps, initial = start_step, desc = "train", lines = false }
   bar:run(function()
-    while self:step_count() < self.total_steps do
+    local ctl, in_step = self.control, false
+    while self:step_count() < self.total_steps and not ctl.should_training_stop do
       local idx = self:epoch_order(epoch)
+      ctl.should_epoch_stop = false
+      self:callback("on_epoch_begin")
       for mb = skip, micro_per_epoch - 1 do
+        if not in_step then in_step = true; self:callback("on_step_begin") end
         local batch_rows = {}
         for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
         local batch = self.collator(batch_rows)
@@ -375,14 +414,21 @@ function Trainer:train(resume)
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
         if ended then
           local s = self:step_count()
-          st.global_step, st.epoch = s, epoch + (mb + 1) / micro_per_epoch
+          st.global_step, st.epoch, in_step = s, epoch + (mb + 1) / micro_per_epoch, false
+          self:callback("on_step_end")
           checkpoints(s, false)
           bar:update(1, last_loss and { loss = last_loss })
-          if s >= self.total_steps then break end
+          if s >= self.total_steps or ctl.should_training_stop or ctl.should_epoch_stop then break end
         end
       end
       skip = 0
-      if self:step_count() % self.steps_per_epoch == 0 then checkpoints(self:step_count(), true) end
+      -- transformers ends an epoch also where training stops inside it (max_steps, a callback): the epoch
+      -- strategies and on_epoch_end run there too
+      local s = self:step_count()
+      if s % self.steps_per_epoch == 0 or s >= self.total_steps or ctl.should_training_stop or ctl.should_epoch_stop then
+        self:callback("on_epoch_end")
+        checkpoints(s, true)
+      end
       epoch = epoch + 1
     end
   end)
@@ -396,6 +442,7 @@ function Trainer:train(resume)
     train_steps_per_second = (steps - start_step) / math.max(runtime, 1e-9),
     train_samples_per_second = (steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
   self:log(metrics)
+  self:callback("on_train_end")
   return { global_step = steps, train_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
@@ -444,6 +491,9 @@ function Trainer:load_checkpoint(path)
   st.num_input_tokens_seen = saved.num_input_tokens_seen or 0
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
+  for _, cb in ipairs(self.callbacks) do
+    if cb.name and cb.load_state and saved.stateful_callbacks then cb:load_state(saved.stateful_callbacks[cb.name]) end
+  end
   local sc = saved.stateful_callbacks and saved.stateful_callbacks.ZrunTrainer
   local z, a = sc and sc.args or {}, self.args
   local now = { world_size = dist.world_size(), per_device_train_batch_size = a.per_device_train_batch_size,
@@ -481,19 +531,9 @@ function Trainer:save_checkpoint()
   -- save_only_model: the model and trainer_state.json only (no optimizer, scheduler or RNG state)
   if not a.save_only_model then e:save_checkpoint(dir, "global_step" .. step) end
   self:save_model(dir, { in_checkpoint = true })
-  local metric = a.metric_for_best_model
-  if metric then -- the latest evaluation decides (HF: the one at this step)
-    local v
-    for i = #st.log_history, 1, -1 do
-      if st.log_history[i][metric] ~= nil then v = st.log_history[i][metric]; break end
-    end
-    if v == nil then
-      error(fmt("metric_for_best_model = %s: no evaluation logged it before the save at step %d (metrics: eval_loss, " ..
-        "eval_perplexity)", metric, step), 0)
-    end
-    local better = st.best_metric == nil or (a.greater_is_better and v > st.best_metric) or
-      (not a.greater_is_better and v < st.best_metric)
-    if better then st.best_metric, st.best_model_checkpoint, st.best_global_step = v, dir, step end
+  if st.best_global_step then -- transformers 5: the best evaluation's checkpoint, where one was saved at its step
+    local best = tckpt.dir_for(a.output_dir, st.best_global_step)
+    if C.path_type(best) == "dir" then st.best_model_checkpoint = best end
   end
   if self.is_main then
     local out = {}
@@ -504,6 +544,9 @@ function Trainer:save_checkpoint()
     out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
       per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
       data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. step } } }
+    for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
+      if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
+    end
     tckpt.write_state(dir, out)
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
@@ -511,6 +554,7 @@ function Trainer:save_checkpoint()
     end
   end
   dist.barrier()
+  self:callback("on_save")
 end
 
 -- Writes a Hugging Face model directory (config.json, model.safetensors in the training dtype,
@@ -622,6 +666,7 @@ function Trainer:evaluate(ds, prefix)
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
   self.first_eval_metrics = self.first_eval_metrics or rec
+  self:callback("on_evaluate", rec)
   return rec
 end
 

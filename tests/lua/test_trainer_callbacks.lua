@@ -1,0 +1,108 @@
+-- zr.Trainer{callbacks=}: transformers' TrainerCallback events in their order, TrainerControl's flags
+-- (stop, log, evaluate, save at this step), refusals, and EarlyStoppingCallback (stop, best model,
+-- its counter across a resume).
+local zr = require "zrun"
+local T = zr.testing
+local tckpt = require "zrun.trainer_checkpoint"
+
+local tmp = os.tmpname()
+os.remove(tmp)
+local function sh(c) assert(os.execute(c) == 0, c) end
+sh("mkdir -p " .. tmp)
+
+local tok = zr.tokenizers.ByteTokenizer.new()
+local f = assert(io.open("recipes/data/sample.txt"))
+local text = f:read("*a")
+f:close()
+local lines = {}
+for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
+local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(24)
+local train_ds, eval_ds = blocks:select(1, 40), blocks:select(41, 48)
+
+local function model()
+  zr.manual_seed(5)
+  return zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+end
+local function args(out, extra)
+  local a = { output_dir = tmp .. "/" .. out, per_device_train_batch_size = 4, gradient_accumulation_steps = 2,
+    max_steps = 4, learning_rate = 3e-3, logging_steps = 2, save_strategy = "no" }
+  for k, v in pairs(extra or {}) do a[k] = v end
+  return a
+end
+
+T.test("events in transformers' order: step end, then log, evaluate, save", function()
+  local seen = {}
+  local rec = {}
+  for _, ev in ipairs(require("zrun.trainer_callbacks").EVENTS) do
+    rec[ev] = function(_, _, state) seen[#seen + 1] = ev .. "@" .. state.global_step end
+  end
+  zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { rec },
+    args = args("order", { eval_strategy = "steps", eval_steps = 2, save_strategy = "steps", save_steps = 4 }) }:train()
+  T.eq(table.concat(seen, " "), table.concat({ "on_train_begin@0", "on_epoch_begin@0",
+    "on_step_begin@0", "on_step_end@1", "on_step_begin@1", "on_step_end@2", "on_log@2", "on_log@2", "on_evaluate@2",
+    "on_step_begin@2", "on_step_end@3", "on_step_begin@3", "on_step_end@4", "on_log@4", "on_log@4", "on_evaluate@4",
+    "on_save@4", "on_epoch_end@4", "on_log@4", "on_train_end@4" }, " "), "(max_steps ends the epoch too, as in transformers)")
+end)
+
+T.test("control: a callback stops training, or asks for a log, an evaluation or a save at this step", function()
+  local cb = { on_step_end = function(_, _, state, control)
+    if state.global_step == 1 then control.should_save, control.should_evaluate, control.should_log = true, true, true end
+    if state.global_step == 3 then control.should_training_stop = true end
+  end }
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { cb },
+    args = args("control", { max_steps = 10, logging_steps = 100 }) }
+  local r = t:train()
+  T.eq(r.global_step, 3, "stopped after step 3")
+  assert(io.open(tmp .. "/control/checkpoint-1/trainer_state.json"), "should_save made checkpoint-1")
+  local at = {}
+  for _, h in ipairs(t.state.log_history) do
+    if h.eval_loss then at[#at + 1] = "eval@" .. h.step elseif h.loss then at[#at + 1] = "loss@" .. h.step end
+  end
+  -- (as in transformers, a stop before max_steps logs nothing more: steps 2-3 fall in no logging window)
+  T.eq(table.concat(at, " "), "loss@1 eval@1", "logged and evaluated at step 1 on request")
+end)
+
+T.test("callbacks are tables of on_* events the Trainer calls; others are refused", function()
+  T.raises(function() zr.Trainer { model = model(), callbacks = { { on_substep_end = function() end } } } end,
+    "callbacks[1].on_substep_end is not an event zrun's Trainer calls")
+  T.raises(function() zr.Trainer { model = model(), callbacks = { print } } end, "callbacks[1] is a function")
+  T.raises(function() zr.EarlyStoppingCallback { patience = 2 } end, "unknown option 'patience'")
+  T.raises(function() zr.EarlyStoppingCallback { early_stopping_patience = 0 } end, "early_stopping_patience must be")
+  T.raises(function()
+    zr.Trainer { model = model(), train_dataset = train_ds, callbacks = { zr.EarlyStoppingCallback() }, args = args("es0") }:train()
+  end, "EarlyStoppingCallback requires metric_for_best_model")
+end)
+
+-- "better" = a higher eval loss while training lowers it: every evaluation after the first fails to
+-- improve, so patience 2 stops after the third step; the best (first) checkpoint is loaded
+local function es_args(out, extra)
+  return args(out, { max_steps = 10, eval_strategy = "steps", eval_steps = 1, save_strategy = "steps", save_steps = 1,
+    logging_steps = 1, metric_for_best_model = "loss", greater_is_better = true, load_best_model_at_end = true,
+    resume_from_checkpoint = extra and extra.resume_from_checkpoint })
+end
+
+T.test("EarlyStoppingCallback stops after patience evaluations without improvement; the best model is loaded", function()
+  local es = zr.EarlyStoppingCallback { early_stopping_patience = 2 }
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { es },
+    args = es_args("es") }
+  local r = t:train()
+  T.eq(r.global_step, 3, "stopped at step 3 (two evaluations worse than step 1's)")
+  local evals = {}
+  for _, h in ipairs(t.state.log_history) do if h.eval_loss then evals[#evals + 1] = h.eval_loss end end
+  assert(evals[2] < evals[1] and evals[3] < evals[1], "training lowers the eval loss")
+  T.eq(t.state.best_global_step, 1)
+  T.eq(t.state.best_metric, evals[1])
+  T.eq(t.state.best_model_checkpoint, tmp .. "/es/checkpoint-1")
+  T.near(t:evaluate().eval_loss, evals[1], 1e-9, 1e-9, "the best (step 1) model is the one loaded at the end")
+  local saved = tckpt.read_state(tmp .. "/es/checkpoint-2")
+  T.eq(saved.stateful_callbacks.EarlyStoppingCallback.attributes.early_stopping_patience_counter, 1,
+    "trainer_state.json keeps the counter, as transformers' stateful_callbacks does")
+  -- resumed from step 2 with a fresh callback: the counter comes back, so it stops at step 3 again
+  local es2 = zr.EarlyStoppingCallback { early_stopping_patience = 2 }
+  local r2 = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { es2 },
+    args = es_args("es", { resume_from_checkpoint = tmp .. "/es/checkpoint-2" }) }:train()
+  T.eq(r2.global_step, 3, "resumed: stopped at step 3")
+end)
+
+sh("rm -rf '" .. tmp .. "'")
+T.done()
