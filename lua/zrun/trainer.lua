@@ -248,12 +248,13 @@ end
 
 -- transformers 5's _determine_best_metric, after each evaluation the strategy runs in training:
 -- best_metric and best_global_step follow metric_for_best_model (the checkpoint is named at the save).
+-- Returns whether this evaluation is a new best.
 function Trainer:update_best(metrics)
   local a, st = self.args, self.state
   local m = a.metric_for_best_model
   if not m then return end
   local v = metrics[m]
-  if v == nil then
+  if v == nil then -- (transformers raises a KeyError)
     local names = {}
     for k in pairs(metrics) do if type(k) == "string" and k:match("^eval_") then names[#names + 1] = k end end
     table.sort(names)
@@ -263,7 +264,9 @@ function Trainer:update_best(metrics)
   if (a.greater_is_better and v > st.best_metric) or (not a.greater_is_better and v < st.best_metric) then
     st.best_metric = v
     if a.save_strategy ~= "no" then st.best_global_step = st.global_step end
+    return true
   end
+  return false
 end
 
 -- Whether a strategy fires now: at every `every` steps ("steps") or at an epoch's end ("epoch").
@@ -354,9 +357,9 @@ function Trainer:train(resume)
     self:log(rec)
     t_log, tokens, sum, n = now, 0, 0, 0
   end
-  local function save_due(s, epoch_end)
-    return (due(a.save_strategy, st.save_steps, s, epoch_end) or (s == self.total_steps and a.save_strategy ~= "no"))
-      and self.last_save ~= s
+  local function save_due(s, epoch_end) -- ("best" saves at a new best evaluation instead, below)
+    return (due(a.save_strategy, st.save_steps, s, epoch_end) or
+      (s == self.total_steps and (a.save_strategy == "steps" or a.save_strategy == "epoch"))) and self.last_save ~= s
   end
   -- the strategies, or a callback's should_log / should_evaluate / should_save, at the end of step s
   local function checkpoints(s, epoch_end)
@@ -364,10 +367,15 @@ function Trainer:train(resume)
     if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
       or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no") or ctl.should_log) then log_train(s) end
     local t0 = C.now()
-    if (due(a.eval_strategy, st.eval_steps, s, epoch_end) or ctl.should_evaluate) and self.last_eval ~= s then
-      self:update_best(self:evaluate())
+    -- transformers 5 evaluates at the last step too when the "steps" strategy would not
+    local last = s == self.total_steps and not epoch_end and a.eval_strategy == "steps"
+    local new_best = false
+    if (due(a.eval_strategy, st.eval_steps, s, epoch_end) or last or ctl.should_evaluate) and self.last_eval ~= s then
+      new_best = self:update_best(self:evaluate())
     end
-    if save_due(s, epoch_end) or (ctl.should_save and self.last_save ~= s) then sync_seen(); self:save_checkpoint() end
+    if save_due(s, epoch_end) or ((ctl.should_save or (a.save_strategy == "best" and new_best)) and self.last_save ~= s) then
+      sync_seen(); self:save_checkpoint()
+    end
     ctl.should_log, ctl.should_evaluate, ctl.should_save = false, false, false
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end

@@ -102,8 +102,11 @@ function M.resolve(user, quiet)
       a[k], given[k] = v, v
     end
   end
-  for _, k in ipairs { "logging_strategy", "save_strategy", "eval_strategy" } do
+  for _, k in ipairs { "logging_strategy", "eval_strategy" } do
     if not STRATEGIES[a[k]] then bad("%s must be \"no\", \"steps\" or \"epoch\", got %s", k, config.show(a[k])) end
+  end
+  if not STRATEGIES[a.save_strategy] and a.save_strategy ~= "best" then -- "best": at each new best evaluation
+    bad("save_strategy must be \"no\", \"steps\", \"epoch\" or \"best\", got %s", config.show(a.save_strategy))
   end
   local _, oerr = require("zrun.config_auto").optimizer_from_args(a)
   if oerr then bad("%s", oerr) end
@@ -151,7 +154,7 @@ function M.resolve(user, quiet)
       "too): the best checkpoint would hold no optimizer state to go on from")
   end
   if a.load_best_model_at_end then -- HF's checks and its default metric
-    if a.eval_strategy ~= a.save_strategy then
+    if a.eval_strategy ~= a.save_strategy and a.save_strategy ~= "best" then
       bad("load_best_model_at_end needs save_strategy and eval_strategy to match, got %s and %s",
         config.show(a.save_strategy), config.show(a.eval_strategy))
     end
@@ -160,6 +163,9 @@ function M.resolve(user, quiet)
         tostring(a.eval_steps))
     end
     if not a.metric_for_best_model then a.metric_for_best_model = "loss" end
+  end
+  if a.save_strategy == "best" and not a.metric_for_best_model then
+    bad("save_strategy = \"best\" needs metric_for_best_model (e.g. \"loss\"), as transformers requires")
   end
   if a.metric_for_best_model then
     local m = a.metric_for_best_model

@@ -37,7 +37,7 @@ end
 T.test("TrainingArguments: misspelled values and keys are one line naming what is allowed", function()
   local function new(a) return zr.Trainer { model = model(), train_dataset = train_ds, args = a } end
   T.raises(function() new { save_strategy = "step" } end,
-    'TrainingArguments: save_strategy must be "no", "steps" or "epoch", got "step"')
+    'TrainingArguments: save_strategy must be "no", "steps", "epoch" or "best", got "step"')
   T.raises(function() new { eval_strategy = "epochs" } end, 'eval_strategy must be "no", "steps" or "epoch"')
   T.raises(function() new { learning_rte = 1e-3 } end, "'learning_rte' is not supported by zrun's Trainer; did you mean 'learning_rate'?")
   T.raises(function() new { optim = "adafactor" } end, 'optim = "adafactor" is not an optimizer zrun runs')

@@ -217,31 +217,55 @@ T.test("bad resume input: one line naming it, nothing overwritten", function()
 end)
 
 T.test("save_total_limit keeps the newest checkpoints and the best one; load_best_model_at_end loads it", function()
+  -- greater_is_better with eval_loss, which training lowers: the first evaluation (step 2) stays the best
   local out = tmp .. "/rot"
   local m = model()
   local t = zr.Trainer { model = m, train_dataset = blocks, eval_dataset = blocks:select(1, 4),
     args = args(out, 0, false, { max_steps = 9, save_steps = 2, save_total_limit = 2, eval_strategy = "steps",
-      eval_steps = 2, load_best_model_at_end = true }) }
+      eval_steps = 2, load_best_model_at_end = true, metric_for_best_model = "loss", greater_is_better = true }) }
   t:train()
-  -- load_best_model_at_end: the model holds checkpoint-8's weights, not step 9's
-  local best = zr.hf.load_state_dict(out .. "/checkpoint-8")
+  -- load_best_model_at_end: the model holds checkpoint-2's weights, not step 9's
+  local best = zr.hf.load_state_dict(out .. "/checkpoint-2")
   for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
   T.eq(t.engine.global_steps, 9)
+  local evals = {}
+  for _, h in ipairs(t.state.log_history) do if h.eval_loss and h.step > 0 then evals[#evals + 1] = h.step end end
+  T.eq(table.concat(evals, ","), "2,4,6,8,9", "every eval_steps, and the last step (transformers 5)")
   local kept = {}
   for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
-  -- eval loss falls, so the best is the newest evaluated one; the final save (step 9) is kept too
-  T.eq(table.concat(kept, ","), "8,9")
+  -- the best and the newest (the final save, step 9)
+  T.eq(table.concat(kept, ","), "2,9")
   local st = tckpt.read_state(out .. "/checkpoint-9")
-  T.eq(st.best_model_checkpoint, out .. "/checkpoint-8")
-  T.eq(st.best_global_step, 8)
+  T.eq(st.best_model_checkpoint, out .. "/checkpoint-2")
+  T.eq(st.best_global_step, 2)
   assert(st.best_metric > 0 and st.best_metric < 6, "best_metric " .. tostring(st.best_metric))
-  -- a best checkpoint older than the newest two is kept
-  tckpt.rotate(out, 1, out .. "/checkpoint-8")
+  -- a best checkpoint older than the newest one is kept with limit 1
+  tckpt.rotate(out, 1, out .. "/checkpoint-2")
   kept = {}
   for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
-  T.eq(table.concat(kept, ","), "8,9")
+  T.eq(table.concat(kept, ","), "2,9")
   tckpt.rotate(out, 1, nil)
   T.eq(#tckpt.list(out), 1)
+end)
+
+T.test("save_strategy \"best\" saves at each new best evaluation only", function()
+  local out = tmp .. "/sbest"
+  local t = zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+    args = args(out, 0, false, { max_steps = 6, save_strategy = "best", eval_strategy = "steps", eval_steps = 2,
+      metric_for_best_model = "loss" }) }
+  t:train()
+  local kept = {}
+  for _, e in ipairs(tckpt.list(out)) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "2,4,6", "the eval loss falls: each evaluation is a new best")
+  local out2 = tmp .. "/sbest2"
+  zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+    args = args(out2, 0, false, { max_steps = 6, save_strategy = "best", eval_strategy = "steps", eval_steps = 2,
+      metric_for_best_model = "loss", greater_is_better = true }) }:train()
+  kept = {}
+  for _, e in ipairs(tckpt.list(out2)) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "2", "greater_is_better: only the first evaluation is a best")
+  T.raises(function() zr.Trainer { model = model(), args = { save_strategy = "best", eval_strategy = "steps" }, eval_dataset = blocks } end,
+    'save_strategy = "best" needs metric_for_best_model')
 end)
 
 T.test("the recipe resumes: 12 steps straight = 8 steps, then resume_from_checkpoint=true to 12", function()
