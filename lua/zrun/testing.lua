@@ -121,6 +121,15 @@ function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end
 
+-- The project's sample text (recipes/data/sample.txt under ZRUN_HOME) as a Dataset, one row per
+-- line ({input_ids = tok:encode(line)}): the Trainer tests' data (:group_texts(n) packs it).
+function M.sample_rows(tok)
+  local text = M.read_file((ZRUN_HOME or ".") .. "/recipes/data/sample.txt")
+  local lines = {}
+  for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
+  return require("zrun.datasets").Dataset.from_rows(lines)
+end
+
 -- The bytes of the file at path (raises when it cannot be read).
 function M.read_file(path)
   local f = assert(io.open(path, "rb"))

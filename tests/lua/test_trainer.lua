@@ -14,12 +14,8 @@ local function sh(c) assert(os.execute(c) == 0, c) end
 sh("mkdir -p " .. tmp)
 
 local tok = zr.tokenizers.ByteTokenizer.new()
-local f = assert(io.open("recipes/data/sample.txt"))
-local text = f:read("*a")
-f:close()
-local lines = {}
-for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
-local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(32)
+local text = T.read_file((ZRUN_HOME or ".") .. "/recipes/data/sample.txt")
+local blocks = T.sample_rows(tok):group_texts(32)
 local train_ds, eval_ds = blocks:select(1, 64), blocks:select(65, #blocks.rows)
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")

@@ -11,12 +11,7 @@ local function sh(c) assert(os.execute(c) == 0, c) end
 sh("mkdir -p " .. tmp)
 
 local tok = zr.tokenizers.ByteTokenizer.new()
-local f = assert(io.open("recipes/data/sample.txt"))
-local text = f:read("*a")
-f:close()
-local lines = {}
-for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
-local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(24)
+local blocks = T.sample_rows(tok):group_texts(24)
 local train_ds, eval_ds = blocks:select(1, 40), blocks:select(41, 48)
 
 local function model()

@@ -15,12 +15,7 @@ sh("mkdir -p " .. tmp)
 -- 26 packed blocks of 24 byte tokens from the project's sample text: with 2 rows per micro-batch
 -- and accumulation 2, 6 steps per epoch (the last 2 rows dropped).
 local tok = zr.tokenizers.ByteTokenizer.new()
-local f = assert(io.open("recipes/data/sample.txt"))
-local text = f:read("*a")
-f:close()
-local lines = {}
-for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
-local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(24):select(1, 26)
+local blocks = T.sample_rows(tok):group_texts(24):select(1, 26)
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
 local function model(c)

@@ -12,12 +12,8 @@ local tckpt = require "zrun.trainer_checkpoint"
 local mode, stage, work = arg[1], tonumber(arg[2]), arg[3]
 
 local tok = zr.tokenizers.ByteTokenizer.new()
-local f = assert(io.open("recipes/data/sample.txt"))
-local text = f:read("*a")
-f:close()
-local lines = {}
-for line in text:gmatch("[^\n]+") do lines[#lines + 1] = { input_ids = tok:encode(line) } end
-local blocks = zr.datasets.Dataset.from_rows(lines):group_texts(24)
+local text = T.read_file((ZRUN_HOME or ".") .. "/recipes/data/sample.txt")
+local blocks = T.sample_rows(tok):group_texts(24)
 
 local function model()
   zr.manual_seed(5)
