@@ -112,6 +112,20 @@ local function default_config()
     bf16 = { enabled = "auto" }, fp16 = { enabled = "auto" }, steps_per_print = 1e9, zero_optimization = { stage = 0 } }
 end
 
+-- NEFTune (transformers' neftune_noise_alpha): in training mode the token embeddings' output gets
+-- uniform noise in [-m, m], m = alpha / sqrt(T * hidden) (T: the batch's sequence length), as
+-- transformers' forward hook on get_input_embeddings() adds it; evaluation sees none.
+function Trainer:activate_neftune(alpha)
+  local emb = self.model.get_input_embeddings and self.model:get_input_embeddings()
+  if not emb then error("Trainer: neftune_noise_alpha needs a model with get_input_embeddings()", 0) end
+  self.neftune_hook = emb:register_forward_hook(function(m, out)
+    if not m.training then return nil end
+    local mag = alpha / math.sqrt(out:size(2) * out:size(3))
+    local noise = zr.rand(out:shape(), { dtype = out:dtype(), device = out:device() })
+    return out + (noise * (2 * mag) - mag)
+  end)
+end
+
 -- Whether args.deepspeed (a file or a table) has an "optimizer" section of its own (then HF's optim is not used).
 local function config_has_optimizer(ds)
   if type(ds) == "string" then
@@ -162,6 +176,7 @@ function Trainer:setup()
   self.total_steps = a.max_steps > 0 and a.max_steps or ceil(self.steps_per_epoch * a.num_train_epochs)
   hf_args.max_steps = self.total_steps * (per_micro or 1)
   if a.gradient_checkpointing and self.model.gradient_checkpointing_enable then self.model:gradient_checkpointing_enable() end
+  if a.neftune_noise_alpha then self:activate_neftune(a.neftune_noise_alpha) end
   self.engine = zr.initialize({ model = self.model, config = ds_cfg, args = hf_args,
     num_training_steps = self.total_steps * (per_micro or 1), model_parameters = Trainer.param_groups(self.model, nil) })
   local e = self.engine

@@ -15,7 +15,7 @@ M.DEFAULTS = {
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
   eval_strategy = "no", eval_steps = false,
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
-  resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, include_num_input_tokens_seen = "no",
+  resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, neftune_noise_alpha = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
 }
 
@@ -107,6 +107,10 @@ function M.resolve(user, quiet)
   end
   if not STRATEGIES[a.save_strategy] and a.save_strategy ~= "best" then -- "best": at each new best evaluation
     bad("save_strategy must be \"no\", \"steps\", \"epoch\" or \"best\", got %s", config.show(a.save_strategy))
+  end
+  local na = a.neftune_noise_alpha
+  if na ~= false and (type(na) ~= "number" or na <= 0) then
+    bad("neftune_noise_alpha must be a positive number (NEFTune's alpha, e.g. 5), got %s", config.show(na))
   end
   local _, oerr = require("zrun.config_auto").optimizer_from_args(a)
   if oerr then bad("%s", oerr) end

@@ -313,6 +313,29 @@ T.test("include_num_input_tokens_seen counts the inputs (all, or non-padding), s
     'include_num_input_tokens_seen must be "all", "non_padding", "no", true or false')
 end)
 
+T.test("neftune_noise_alpha: uniform noise on the token embeddings in training mode only (transformers' NEFTune)", function()
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = train_ds, args = { output_dir = tmp .. "/neft", max_steps = 4,
+    per_device_train_batch_size = 8, learning_rate = 3e-3, logging_steps = 1, save_strategy = "no", neftune_noise_alpha = 5 } }
+  t:train()
+  local h = t.state.log_history
+  assert(h[4].loss < h[1].loss, ("loss %.4f -> %.4f"):format(h[1].loss, h[4].loss))
+  local emb, T_, H = m:get_input_embeddings(), 32, cfg.hidden_size
+  local ids = (zr.rand({ 4, T_ }) * 200):to("i64")
+  m:eval()
+  local plain = emb(ids)
+  T.near(emb(ids), plain, 0, 0, "no noise in evaluation")
+  m:train()
+  local d1, d2 = emb(ids) - plain, emb(ids) - plain
+  local mag = 5 / math.sqrt(T_ * H)
+  local big = d1:abs():max():item()
+  assert(big <= mag * (1 + 1e-6) and big > 0.95 * mag, ("noise up to %g, expected uniform in [-%g, %g]"):format(big, mag, mag))
+  assert(math.abs(d1:mean():item()) < 0.05 * mag, "the noise has mean 0")
+  assert((d1 - d2):abs():max():item() > 0, "fresh noise at every forward")
+  T.raises(function() zr.Trainer { model = model(), args = { neftune_noise_alpha = -1 } } end,
+    "neftune_noise_alpha must be a positive number")
+end)
+
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
   local out = tmp .. "/learn"
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, processing_class = tok,

@@ -250,6 +250,8 @@ function M.from_pretrained(ref, opts)
   return model
 end
 -- Activation checkpointing per block in training mode (zr.checkpoint). Returns the model.
+-- The token embedding module (transformers' get_input_embeddings): wte.
+function LM:get_input_embeddings() return self.transformer.wte end
 function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
 
 return M

@@ -221,6 +221,9 @@ function CausalLM:init_weights()
   end)
 end
 
+-- The token embedding module (transformers' get_input_embeddings).
+function CausalLM:get_input_embeddings() return self.model.embed_tokens end
+
 -- The (vocab_size, hidden_size) output projection: lm_head's weight, or the embedding when tied.
 function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
