@@ -39,6 +39,10 @@ M.NO_EFFECT = {
   prediction_loss_only = "zrun's evaluation computes the loss only (there is no compute_metrics)",
   eval_accumulation_steps = "zrun's evaluation keeps no predictions to move off the device",
   ignore_data_skip = "a resumed run skips the data already trained on, as ignore_data_skip = false does",
+  torch_compile = "zrun's kernels are fused natively; there is nothing to compile",
+  torch_compile_backend = "zrun's kernels are fused natively; there is nothing to compile",
+  torch_compile_mode = "zrun's kernels are fused natively; there is nothing to compile",
+  tf32 = "zrun's f32 products run in full f32 (bf16/fp16 training runs its products in 16 bits)",
 }
 -- Values of those keys that would change training, and what to do instead
 M.REFUSED_VALUES = {
