@@ -5,6 +5,8 @@
 --                       of steps 5-10 that checkpoint-10's trainer_state.json holds, bit for bit
 --   eval   STAGE        Trainer:evaluate over 2 ranks with an odd number of uneven rows equals the
 --                       token-weighted loss computed row by row in one process (before ZeRO shards)
+--   early  STAGE WORK   EarlyStoppingCallback + save_strategy "best" + load_best_model_at_end: every
+--                       rank stops at the same step
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
@@ -80,7 +82,23 @@ elseif mode == "eval" then
       assert(n > 0)
     end
   end)
+elseif mode == "early" then
+  -- EarlyStoppingCallback with save_strategy "best" and load_best_model_at_end over the ranks: the
+  -- evaluation is all-reduced, so every rank stops at the same step (no rank left in a collective)
+  test("EarlyStoppingCallback and save_strategy \"best\" on " .. name .. ": every rank stops at step 3", function()
+    local out = work .. "/early" .. stage
+    local t = zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 6),
+      callbacks = { zr.EarlyStoppingCallback { early_stopping_patience = 2 } },
+      args = args(out, { eval_strategy = "steps", eval_steps = 1, save_strategy = "best", save_total_limit = 1,
+        metric_for_best_model = "loss", greater_is_better = true, load_best_model_at_end = true }) }
+    local r = t:train()
+    T.eq(r.global_step, 3, "stopped after two evaluations without a new best")
+    T.eq(t.state.best_global_step, 1)
+    local kept = {}
+    for _, c in ipairs(tckpt.list(out)) do kept[#kept + 1] = c.step end
+    T.eq(table.concat(kept, ","), "1", "save_strategy best: only the first evaluation was a best")
+  end)
 else
-  error("trainer_check.lua: mode must be full, resume or eval, got " .. tostring(mode), 0)
+  error("trainer_check.lua: mode must be full, resume, eval or early, got " .. tostring(mode), 0)
 end
 T.done()
