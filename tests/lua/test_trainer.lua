@@ -54,6 +54,8 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { lr_scheduler_type = "cosine_with_min_lr" } end,
     "lr_scheduler_type cosine_with_min_lr: one of min_lr or min_lr_rate should be set through lr_scheduler_kwargs")
   T.raises(function() new { save_total_limit = 0 } end, "save_total_limit must be an integer >= 1, got 0")
+  T.raises(function() new { metric_for_best_model = "accuracy", eval_strategy = "steps" } end,
+    'metric_for_best_model = "accuracy": the evaluation reports loss, perplexity')
   -- keys that change nothing here are accepted (a warning names them), unless their value would change training
   T.raises(function() new { push_to_hub = true } end, "push_to_hub = true: zrun does not upload")
   T.raises(function() new { save_safetensors = false } end, "save_safetensors = false: zrun writes safetensors only")
