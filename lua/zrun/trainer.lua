@@ -258,7 +258,11 @@ end
 
 -- Calls event on the callbacks (zrun.trainer_callbacks) with the arguments, state and control.
 function Trainer:callback(event, extra)
-  if #self.callbacks > 0 then cbs.call(self.callbacks, event, self.args, self.state, self.control, extra) end
+  if #self.callbacks == 0 then return end
+  local e = self.engine
+  local kw = { model = self.model, optimizer = e and e.optimizer, lr_scheduler = e and e.lr_scheduler,
+    processing_class = self.processing_class, trainer = self }
+  cbs.call(self.callbacks, event, self.args, self.state, self.control, extra, kw)
 end
 
 -- transformers 5's _determine_best_metric, after each evaluation the strategy runs in training:

@@ -1,7 +1,9 @@
 -- The Trainer's callbacks, as transformers' TrainerCallback, TrainerControl and CallbackHandler:
--- zr.Trainer{callbacks = {cb, ...}} calls cb:on_<event>(args, state, control[, logs | metrics])
--- for the events below, in list order; a callback sets control's should_* flags to stop training
--- (should_training_stop, should_epoch_stop) or to log, evaluate or save at the end of this step.
+-- zr.Trainer{callbacks = {cb, ...}} calls cb:on_<event>(args, state, control, logs_or_metrics, kw)
+-- for the events below, in list order (logs for on_log, metrics for on_evaluate, else nil; kw:
+-- transformers' keyword arguments {model=, optimizer=, lr_scheduler=, processing_class=, trainer=});
+-- a callback sets control's should_* flags to stop training (should_training_stop,
+-- should_epoch_stop) or to log, evaluate or save at the end of this step.
 -- Also transformers' EarlyStoppingCallback.
 --
 --   local cb = { on_log = function(self, args, state, control, logs) print(state.global_step, logs.loss) end }
@@ -54,11 +56,11 @@ function M.check(list)
   return list
 end
 
--- Calls event on each callback that has it: cb:event(args, state, control, extra).
-function M.call(list, event, args, state, control, extra)
+-- Calls event on each callback that has it: cb:event(args, state, control, extra, kw).
+function M.call(list, event, args, state, control, extra, kw)
   for _, cb in ipairs(list) do
     local f = cb[event]
-    if f then f(cb, args, state, control, extra) end
+    if f then f(cb, args, state, control, extra, kw) end
   end
 end
 

@@ -40,7 +40,9 @@ T.test("events in transformers' order: step end, then log, evaluate, save", func
 end)
 
 T.test("control: a callback stops training, or asks for a log, an evaluation or a save at this step", function()
-  local cb = { on_step_end = function(_, _, state, control)
+  local kws = {}
+  local cb = { on_step_end = function(_, _, state, control, _, kw)
+    kws[#kws + 1] = kw
     if state.global_step == 1 then control.should_save, control.should_evaluate, control.should_log = true, true, true end
     if state.global_step == 3 then control.should_training_stop = true end
   end }
@@ -48,6 +50,8 @@ T.test("control: a callback stops training, or asks for a log, an evaluation or 
     args = args("control", { max_steps = 10, logging_steps = 100 }) }
   local r = t:train()
   T.eq(r.global_step, 3, "stopped after step 3")
+  T.eq(kws[1].model, t.model, "kw.model"); T.eq(kws[1].optimizer, t.engine.optimizer, "kw.optimizer")
+  T.eq(kws[1].lr_scheduler, t.engine.lr_scheduler, "kw.lr_scheduler"); T.eq(kws[1].trainer, t, "kw.trainer")
   assert(io.open(tmp .. "/control/checkpoint-1/trainer_state.json"), "should_save made checkpoint-1")
   local at = {}
   for _, h in ipairs(t.state.log_history) do
