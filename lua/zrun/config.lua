@@ -603,9 +603,14 @@ function M.load(source, opts)
   local okov, ov = pcall(apply_overrides, raw, opts.overrides)
   if not okov then error(name .. ": " .. ov, 0) end
   ctx.ov = ov
-  local perr = A.precision_sections(raw, args) or A.optimizer_section(raw, args)
+  local perr, added_opt = A.precision_sections(raw, args)
+  if not perr then perr, added_opt = A.optimizer_section(raw, args) end
   if perr then error(name .. ": " .. perr, 0) end
   local vals = walk(SCHEMA, raw, "", ctx)
+  if added_opt then -- cfg:source("optimizer") says the section is the Trainer's own (args.optim)
+    local s = { kind = "args", note = fmt("args.optim = %s (the file has no optimizer section)", args.optim) }
+    ctx.src.optimizer, ctx.src["optimizer.type"] = s, s
+  end
   for _, d in ipairs(ctx.deferred) do d.parent[d.name] = d.fn(vals) end
   local meta = { src = ctx.src, warnings = ctx.warnings, pending = {}, ctx = ctx, name = name }
   if #ctx.errors == 0 then

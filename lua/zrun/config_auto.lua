@@ -111,12 +111,14 @@ function M.optimizer_from_args(args)
   return { type = o.type, params = params }
 end
 
--- config.load: adds that section to a file without one (raw, changed in place); returns an error or nil.
+-- config.load: adds that section to a file without one (raw, changed in place); returns an error,
+-- or nil and whether it added the section.
 function M.optimizer_section(raw, args)
-  if args.optim == nil or raw.optimizer ~= nil then return nil end
+  if args.optim == nil or raw.optimizer ~= nil then return nil, false end
   local sec, err = M.optimizer_from_args(args)
   if not sec then return err end
   raw.optimizer = sec
+  return nil, true
 end
 
 -- Optimizer steps of the whole run: explicit, args.max_steps, or epochs × updates per epoch

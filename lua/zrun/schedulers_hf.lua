@@ -138,10 +138,8 @@ local function resolve(name, kwargs, lr_init, w, t)
   return k
 end
 
--- Checks a lr_scheduler_type and its kwargs (a table or nil) the way transformers builds them, with
--- the initial lr when known (polynomial's lr_end must be below it); errors say what is wrong in one
--- line. Returns true.
-function M.check(name, kwargs, lr_init)
+-- The schedule's spec after checking its name and the kwargs' names and types (errors in one line).
+local function validate(name, kwargs)
   local sp = SCHEDULES[name]
   if not sp then
     if NOT_RUN[name] then error(fmt('lr_scheduler_type "%s" is not supported by zrun\'s Trainer: %s', name, NOT_RUN[name]), 0) end
@@ -149,7 +147,7 @@ function M.check(name, kwargs, lr_init)
     error(fmt('lr_scheduler_type must be one of %s, got "%s"%s', table.concat(M.NAMES, ", "), tostring(name),
       s and fmt('; did you mean "%s"?', s) or ""), 0)
   end
-  if sp.ignores then return true end
+  if sp.ignores then return sp end
   if kwargs ~= nil and type(kwargs) ~= "table" then error(fmt("lr_scheduler_kwargs must be a table (a JSON object), got %s", type(kwargs)), 0) end
   local takes = {}
   for k in pairs(sp.kw) do takes[#takes + 1] = k end
@@ -162,6 +160,14 @@ function M.check(name, kwargs, lr_init)
     local want = type(sp.kw[k]) == "string" and "string" or "number"
     if type(v) ~= want then error(fmt("lr_scheduler_kwargs: %s must be a %s, got %s", k, want, tostring(v)), 0) end
   end
+  return sp
+end
+
+-- Checks a lr_scheduler_type and its kwargs (a table or nil) the way transformers builds them, with
+-- the initial lr when known (polynomial's lr_end must be below it); errors say what is wrong in one
+-- line. Returns true.
+function M.check(name, kwargs, lr_init)
+  validate(name, kwargs)
   if name ~= "polynomial" or lr_init then resolve(name, kwargs, lr_init or 1, 0, 1) end
   return true
 end
@@ -177,8 +183,7 @@ HFSchedule.kind = "HFSchedule"
 -- lr_scheduler_kwargs; the initial lr that polynomial and min_lr read is the first group's (HF:
 -- the optimizer's default lr, the Trainer's learning_rate), or o.lr without an optimizer.
 function M.new(name, optimizer, o)
-  M.check(name, o.kwargs)
-  local sp = SCHEDULES[name]
+  local sp = validate(name, o.kwargs)
   local groups, n = S.groups_of(optimizer)
   local self = setmetatable({ name = name, optimizer = optimizer, param_groups = groups, base_lrs = {},
     warmup = o.num_warmup_steps or 0, total = o.num_training_steps, last_batch_iteration = 0 }, HFSchedule)

@@ -121,6 +121,14 @@ function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end
 
+-- A new empty temporary directory, for a test file's outputs.
+function M.tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute("mkdir -p '" .. d .. "'") == 0, "cannot create " .. d)
+  return d
+end
+
 -- The project's sample text (recipes/data/sample.txt under ZRUN_HOME) as a Dataset, one row per
 -- line ({input_ids = tok:encode(line)}): the Trainer tests' data (:group_texts(n) packs it).
 function M.sample_rows(tok)

@@ -126,19 +126,6 @@ function Trainer:activate_neftune(alpha)
   end)
 end
 
--- Whether args.deepspeed (a file or a table) has an "optimizer" section of its own (then HF's optim is not used).
-local function config_has_optimizer(ds)
-  if type(ds) == "string" then
-    local f = io.open(ds, "rb")
-    if not f then return false end
-    local ok, t = pcall(require("cjson").decode, f:read("*a"))
-    f:close()
-    return ok and type(t) == "table" and t.optimizer ~= nil
-  end
-  if type(ds) == "table" and ds.to_table then ds = ds:to_table() end
-  return type(ds) == "table" and ds.optimizer ~= nil
-end
-
 -- Builds the engine (zr.initialize with args.deepspeed or a stage-0 config from the arguments), the
 -- schedule and the step counts; train(), evaluate() and save_model() call it (it runs once).
 function Trainer:setup()
@@ -188,7 +175,7 @@ function Trainer:setup()
         kwargs = a.lr_scheduler_kwargs or nil })
     self.hf_schedule = true
   end
-  if (self.user_args.optim or self.user_args.optim_args) and config_has_optimizer(a.deepspeed) then
+  if (self.user_args.optim or self.user_args.optim_args) and e.config:source("optimizer") ~= "args" then
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's optimizer (%s) is",
       self.user_args.optim and fmt("optim = \"%s\" is", a.optim) or "optim_args are", e.config.optimizer.type))
   end
@@ -259,10 +246,10 @@ end
 -- Calls event on the callbacks (zrun.trainer_callbacks) with the arguments, state and control.
 function Trainer:callback(event, extra)
   if #self.callbacks == 0 then return end
-  local e = self.engine
-  local kw = { model = self.model, optimizer = e and e.optimizer, lr_scheduler = e and e.lr_scheduler,
+  local e = self.engine -- (events come after setup: the engine and its schedule are final)
+  self.callback_kw = self.callback_kw or { model = self.model, optimizer = e.optimizer, lr_scheduler = e.lr_scheduler,
     processing_class = self.processing_class, trainer = self }
-  cbs.call(self.callbacks, event, self.args, self.state, self.control, extra, kw)
+  cbs.call(self.callbacks, event, self.args, self.state, self.control, extra, self.callback_kw)
 end
 
 -- transformers 5's _determine_best_metric, after each evaluation the strategy runs in training:

@@ -8,10 +8,8 @@ local nn = zr.nn
 local cjson = require "cjson"
 local tckpt = require "zrun.trainer_checkpoint"
 
-local tmp = os.tmpname()
-os.remove(tmp)
+local tmp = T.tmpdir()
 local function sh(c) assert(os.execute(c) == 0, c) end
-sh("mkdir -p " .. tmp)
 
 local tok = zr.tokenizers.ByteTokenizer.new()
 local text = T.read_file((ZRUN_HOME or ".") .. "/recipes/data/sample.txt")

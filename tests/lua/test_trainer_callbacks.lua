@@ -5,10 +5,8 @@ local zr = require "zrun"
 local T = zr.testing
 local tckpt = require "zrun.trainer_checkpoint"
 
-local tmp = os.tmpname()
-os.remove(tmp)
+local tmp = T.tmpdir()
 local function sh(c) assert(os.execute(c) == 0, c) end
-sh("mkdir -p " .. tmp)
 
 local tok = zr.tokenizers.ByteTokenizer.new()
 local blocks = T.sample_rows(tok):group_texts(24)

@@ -7,10 +7,8 @@ local zr = require "zrun"
 local T = zr.testing
 local tckpt = require "zrun.trainer_checkpoint"
 
-local tmp = os.tmpname()
-os.remove(tmp)
+local tmp = T.tmpdir()
 local function sh(c) assert(os.execute(c) == 0, c) end
-sh("mkdir -p " .. tmp)
 
 -- 26 packed blocks of 24 byte tokens from the project's sample text: with 2 rows per micro-batch
 -- and accumulation 2, 6 steps per epoch (the last 2 rows dropped).
