@@ -364,6 +364,33 @@ function Sampler:indices()
   return out
 end
 
+-- transformers' get_length_grouped_indices: perm (a permutation of 1..n) cut into mega-batches of
+-- batch_size x min(n / (4 batch_size), 50) rows (at least one batch), each sorted by descending length
+-- (ties keep perm's order), and the longest row of all swapped to the front (an out-of-memory error
+-- comes at the first step, not late). lengths[i]: row i's length. Returns the new order.
+function M.length_grouped_indices(lengths, batch_size, perm)
+  local n = #perm
+  local mult = math.min(math.floor(n / (batch_size * 4)), 50)
+  if mult == 0 then mult = 1 end
+  local size, megas = mult * batch_size, {}
+  for i = 1, n, size do
+    local m, pos = {}, {}
+    for k = i, math.min(i + size - 1, n) do m[#m + 1] = perm[k]; pos[perm[k]] = k end
+    table.sort(m, function(x, y)
+      local lx, ly = lengths[x], lengths[y]
+      if lx ~= ly then return lx > ly end
+      return pos[x] < pos[y]
+    end)
+    megas[#megas + 1] = m
+  end
+  local best = 1 -- the first mega-batch whose longest row is the longest (torch.argmax's first maximum)
+  for k = 2, #megas do if lengths[megas[k][1]] > lengths[megas[best][1]] then best = k end end
+  if #megas > 0 then megas[1][1], megas[best][1] = megas[best][1], megas[1][1] end
+  local out = {}
+  for _, m in ipairs(megas) do for _, i in ipairs(m) do out[#out + 1] = i end end
+  return out
+end
+
 -- Iterates batches of collated rows: for batch in M.batches(ds, sampler, batch_size, collate)
 function M.batches(ds, sampler, batch_size, collate, drop_last)
   local idx = sampler:indices()

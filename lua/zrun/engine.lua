@@ -500,9 +500,20 @@ end
 -- The factor engine:backward scales the loss by: 1/gradient_accumulation_steps, times the fp16
 -- loss scale.
 local function loss_grad_scale(self)
-  local scale = 1 / self.gas
+  local scale = (self.loss_weight or 1) / self.gas
   if self.scaler then scale = scale * self.scaler.scale end
   return scale
+end
+
+-- Weights the next micro-batch's loss by w (> 0) on top of 1/gradient_accumulation_steps, until
+-- engine:backward has run it: the Trainer's token-count normalisation (transformers'
+-- num_items_in_batch: a micro-batch's mean loss times its share of the step's tokens x accumulation
+-- x ranks). Set it before engine:forward, which tells the loss the seed it will get.
+function Engine:set_loss_weight(w)
+  if type(w) ~= "number" or not (w > 0) or w == math.huge then
+    error(("engine:set_loss_weight: the weight must be a positive finite number, got %s"):format(tostring(w)), 2)
+  end
+  self.loss_weight = w
 end
 
 function Engine:__call(...) return self:forward(...) end
@@ -549,6 +560,7 @@ function Engine:backward(loss)
   self.in_backward = true
   l:backward()
   self.in_backward = false
+  self.loss_weight = nil
   if self.z3trace then self.z3trace.recording = false end
   self.zero:backward_end()
   if self.zenflow then self.zenflow:after_backward(self.micro_steps, boundary) end

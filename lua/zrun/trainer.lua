@@ -184,6 +184,11 @@ function Trainer:setup()
       self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or
       "lr_scheduler_kwargs are", e.config.scheduler.type))
   end
+  if a.label_smoothing_factor ~= 0 and not self.model.token_mean_loss then
+    error(fmt("Trainer: label_smoothing_factor = %g needs a model whose forward(ids, labels, {label_smoothing=}) " ..
+      "smooths its loss (zrun's Llama and GPT-2 do; %s does not declare token_mean_loss)", a.label_smoothing_factor,
+      self.model.__name or "this model"), 0)
+  end
   self.is_main = dist.rank() == 0
   local st = self.state
   st.max_steps, st.num_train_epochs = self.total_steps, ceil(self.total_steps / self.steps_per_epoch)
@@ -313,15 +318,46 @@ function Trainer:train(resume)
   local t_start, t_log, tokens = C.now(), C.now(), 0
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
-  local pending, sum, n, run_sum, run_n, first_loss, last_loss, n_logged = {}, 0, 0, 0, 0, nil, nil, 0
+  -- pending_w: each loss's token weight (below); a micro-batch with no label to predict counts 0, as in HF
+  local pending, pending_w, sum, n, run_sum, run_n, first_loss, last_loss, n_logged = {}, {}, 0, 0, 0, 0, nil, nil, 0
   local nan_inf_filter = a.logging_nan_inf_filter
   local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
     for k, l in ipairs(pending) do
-      local v = l:item()
+      local w = pending_w[k]
+      local v = w == 0 and 0 or l:item() * w
       -- logging_nan_inf_filter (HF's default): a NaN or inf micro-batch loss counts as HF's tr_loss / (1 +
       -- steps since the last log), in micro-batch units: the interval's sum over its completed steps (0 at its start)
       if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + floor(n / gas)) end
-      sum, n, run_sum, run_n, pending[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil
+      sum, n, run_sum, run_n, pending[k], pending_w[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil, nil
+    end
+  end
+  -- transformers' num_items_in_batch: a step's micro-batches are collated before its first forward and
+  -- their labels that count (after the shift) summed, over the ranks with average_tokens_across_devices;
+  -- a micro-batch's mean loss is then weighted by count x accumulation x ranks / that sum, so the step's
+  -- gradient is the mean over every counted token of the step (not the mean of micro-batch means, which
+  -- weighs the tokens of short micro-batches more). Packed rows: every weight is exactly 1.
+  local weigh = self.model.token_mean_loss
+  local fwd_opts = a.label_smoothing_factor ~= 0 and { label_smoothing = a.label_smoothing_factor } or nil
+  local ranks = a.average_tokens_across_devices and W or 1
+  local window = {} -- micro-batch index -> { batch =, w = }, for the accumulation window being trained
+  local function collate_window(idx, mb0)
+    local tot = 0
+    for m = mb0, math.min(mb0 + gas - 1, micro_per_epoch - 1) do
+      local batch_rows = {}
+      for k = m * bs + 1, m * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
+      local batch = self.collator(batch_rows)
+      local L = batch.labels
+      local c = weigh and L:narrow(2, 2, L:size(2) - 1):ne(-100):to("f64"):sum():item() or 1
+      window[m], tot = { batch = batch, w = c }, tot + c
+    end
+    if weigh and ranks > 1 then
+      local t = zr.tensor({ tot }, { dtype = "f64" })
+      dist.all_reduce(t, "sum")
+      tot = t:item()
+    end
+    for m = mb0, math.min(mb0 + gas - 1, micro_per_epoch - 1) do
+      local c = window[m].w
+      window[m].w = (not weigh or tot == 0) and 1 or c * gas * ranks / tot -- (no label in the step: 0/0, NaN as in HF)
     end
   end
   local start_step = self:step_count()
@@ -392,13 +428,14 @@ function Trainer:train(resume)
     local ctl, in_step = self.control, false
     while self:step_count() < self.total_steps and not ctl.should_training_stop do
       local idx = self:epoch_order(epoch)
+      for k in pairs(window) do window[k] = nil end
       ctl.should_epoch_stop = false
       self:callback("on_epoch_begin")
       for mb = skip, micro_per_epoch - 1 do
         if not in_step then in_step = true; self:callback("on_step_begin") end
-        local batch_rows = {}
-        for k = mb * bs + 1, mb * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
-        local batch = self.collator(batch_rows)
+        if not window[mb] then collate_window(idx, mb) end
+        local batch, w = window[mb].batch, window[mb].w
+        window[mb] = nil
         local ids, labels = batch.input_ids, batch.labels
         if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
         local cm = self.count_micro
@@ -411,12 +448,13 @@ function Trainer:train(resume)
           end
         end
         local okstep, out = pcall(function()
-          local o = e(ids, labels)
+          if w ~= 1 and w > 0 then e:set_loss_weight(w) end
+          local o = e(ids, labels, fwd_opts)
           e:backward(o.loss)
           return o
         end)
         if not okstep then error(self:explain_oom(out, ids), 0) end
-        pending[#pending + 1] = out.loss:detach()
+        pending[#pending + 1], pending_w[#pending + 1] = out.loss:detach(), w
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
         if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
@@ -461,15 +499,42 @@ function Trainer:train(resume)
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
 
--- The training rows this rank reads in an epoch (1-based, in order): the shuffled, rank-sharded
--- sampler's indices (seed data_seed or seed, plus the epoch), cut to the epoch's full steps.
+-- The training rows this rank reads in an epoch (1-based, in order), cut to the epoch's full steps.
+-- train_sampling_strategy "random": the shuffled, rank-sharded sampler's indices (seed data_seed or
+-- seed, plus the epoch); "sequential": the rows in order; "group_by_length": transformers'
+-- LengthGroupedSampler over micro-batch x accumulation rows (shuffled as "random" is, then sorted by
+-- length within mega-batches, the longest row first). The last two deal micro-batches to the ranks
+-- in turn, as accelerate shards a sampler's batches.
 function Trainer:epoch_order(epoch)
   self:setup()
   local a = self.args
-  local sampler = datasets.DistributedSampler.new(#self.train_dataset.rows, { rank = dist.rank(),
-    world_size = dist.world_size(), seed = a.data_seed or a.seed, drop_last = true })
-  sampler:set_epoch(epoch)
-  local idx, n = sampler:indices(), self.steps_per_epoch * a.gradient_accumulation_steps * a.per_device_train_batch_size
+  local rows, W, rank, bs = self.train_dataset.rows, dist.world_size(), dist.rank(), a.per_device_train_batch_size
+  local seed = a.data_seed or a.seed
+  local idx
+  if a.train_sampling_strategy == "random" then
+    local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W, seed = seed, drop_last = true })
+    sampler:set_epoch(epoch)
+    idx = sampler:indices()
+  else
+    local order
+    if a.train_sampling_strategy == "sequential" then
+      order = {}
+      for i = 1, #rows do order[i] = i end
+    else
+      if not self.row_lengths then -- the length column when the rows have one, else the input_ids' length
+        local col, len = a.length_column_name, {}
+        for i, r in ipairs(rows) do len[i] = type(r[col]) == "number" and r[col] or #r.input_ids end
+        self.row_lengths = len
+      end
+      order = datasets.length_grouped_indices(self.row_lengths, bs * a.gradient_accumulation_steps,
+        C.randperm(#rows, seed * 1000003 + epoch):flat_table())
+    end
+    idx = {}
+    for b = rank, floor(#order / bs) - 1, W do
+      for k = b * bs + 1, b * bs + bs do idx[#idx + 1] = order[k] end
+    end
+  end
+  local n = self.steps_per_epoch * a.gradient_accumulation_steps * bs
   for k = #idx, n + 1, -1 do idx[k] = nil end
   return idx
 end
@@ -642,10 +707,14 @@ function Trainer:evaluate(ds, prefix)
   local e = self.engine
   local W, rank = dist.world_size(), dist.rank()
   local rows, bs = ds.rows, self.args.per_device_eval_batch_size
+  -- label smoothing: the loss is the smoothed one (transformers evaluates through its LabelSmoother too),
+  -- the perplexity that of the plain cross-entropy over the same logits
+  local ls = self.args.label_smoothing_factor
+  local fwd_opts = ls ~= 0 and { label_smoothing = ls } or nil
   local per_rank = ceil(#rows / W)
   local t0 = C.now()
   e:eval()
-  local sum, count = 0, 0
+  local sum, count, nll = 0, 0, 0
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
@@ -660,23 +729,27 @@ function Trainer:evaluate(ds, prefix)
       for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end -- (whatever the collator)
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
-      local out = e(ids, labels)
-      if n > 0 then sum, count = sum + out.loss:item() * n, count + n end
+      local out = e(ids, labels, fwd_opts)
+      if n > 0 then
+        sum, count = sum + out.loss:item() * n, count + n
+        if fwd_opts then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
+      end
       bar:update(1)
     end
   end)
   e:train()
-  local t = zr.tensor({ sum, count }, { dtype = "f64" })
+  local t = zr.tensor({ sum, count, nll }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
   local tot, cnt = t[1], t[2]
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
   local loss = tot / cnt
   local rt = C.now() - t0
-  local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = math.exp(loss), [prefix .. "_tokens"] = cnt,
+  local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
+  local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
     step = self:step_count(), epoch = self.state.epoch }
-  dist.print0(fmt("[zrun] %s at step %d: loss %.4f | perplexity %.3f | %d tokens", prefix, self:step_count(), loss,
-    rec[prefix .. "_perplexity"], cnt))
+  dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s | %d tokens", prefix, self:step_count(), loss,
+    fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "", cnt))
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
   self.first_eval_metrics = self.first_eval_metrics or rec

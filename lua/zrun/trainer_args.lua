@@ -17,6 +17,8 @@ M.DEFAULTS = {
   metric_for_best_model = false, greater_is_better = false, load_best_model_at_end = false,
   resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, neftune_noise_alpha = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
+  label_smoothing_factor = 0, average_tokens_across_devices = true, train_sampling_strategy = "random",
+  length_column_name = "length",
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -55,6 +57,8 @@ M.REFUSED_VALUES = {
 }
 
 M.RENAMED = { evaluation_strategy = "eval_strategy" }
+-- Keys transformers 5 removed in favour of a value of another key: what to write instead
+M.REPLACED = { group_by_length = 'train_sampling_strategy = "group_by_length"' }
 
 local STRATEGIES = { no = true, steps = true, epoch = true }
 
@@ -94,6 +98,8 @@ function M.resolve(user, quiet)
     if type(k) ~= "string" then bad("argument names are strings, got %s", tostring(k)) end
     if M.RENAMED[k] then
       bad("'%s' was renamed '%s' in transformers; use %s = %s", k, M.RENAMED[k], M.RENAMED[k], tostring(v))
+    elseif M.REPLACED[k] then
+      bad("'%s' was removed in transformers 5; use %s", k, M.REPLACED[k])
     elseif M.NO_EFFECT[k] then
       local refused = M.REFUSED_VALUES[k] and M.REFUSED_VALUES[k][v]
       if refused then bad("%s", refused) end
@@ -138,7 +144,21 @@ function M.resolve(user, quiet)
   if not ({ all = true, non_padding = true, no = true })[a.include_num_input_tokens_seen] then
     bad('include_num_input_tokens_seen must be "all", "non_padding", "no", true or false, got %s', config.show(nits))
   end
-  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model" } do
+  local ls = a.label_smoothing_factor
+  if type(ls) ~= "number" or ls < 0 or ls >= 1 then
+    bad("label_smoothing_factor must be a number in [0, 1) (e.g. 0.1), got %s", config.show(ls))
+  end
+  local tss = a.train_sampling_strategy
+  if tss == "batch_rebalance" then
+    bad("train_sampling_strategy = \"batch_rebalance\" makes micro-batches of varying row counts, which zrun's " ..
+      "Trainer does not run; use \"group_by_length\" (rows of similar length together, less padding)")
+  elseif not ({ random = true, sequential = true, group_by_length = true })[tss] then
+    bad("train_sampling_strategy must be \"random\", \"sequential\" or \"group_by_length\", got %s", config.show(tss))
+  end
+  if type(a.length_column_name) ~= "string" then
+    bad("length_column_name must be a column name, got %s", config.show(a.length_column_name))
+  end
+  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   check_int(a, "seed", 0)

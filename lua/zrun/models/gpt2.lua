@@ -175,6 +175,10 @@ function Transformer:forward(ids)
 end
 
 local LM = Module:extend("GPT2LMHeadModel")
+-- forward(ids, labels) returns the mean loss over the labels that count after the shift, and takes
+-- {label_smoothing=} third: the Trainer weights each micro-batch by its token count (transformers'
+-- num_items_in_batch) and passes label_smoothing_factor.
+LM.token_mean_loss = true
 M.GPT2LMHeadModel = LM
 -- cfg: a Hugging Face config table (config.json fields) or a built-in name, plus optional
 -- dtype/device for the parameters.
@@ -192,10 +196,10 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}, as LlamaForCausalLM's: a loss
--- that will be recorded takes the logits over for its gradient, and out.logits is then made again
--- on first read (one more LM-head product).
-function LM:forward(ids, labels)
+-- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps}]]) -> {logits=, loss=}, as
+-- LlamaForCausalLM's: a loss that will be recorded takes the logits over for its gradient, and
+-- out.logits is then made again on first read (one more LM-head product).
+function LM:forward(ids, labels, opts)
   local h = self.transformer(ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
@@ -225,7 +229,11 @@ function LM:forward(ids, labels)
   if not labels then return { logits = logits } end
   local llama = require "zrun.models.llama"
   local recorded = zr.is_grad_enabled() and full.requires_grad
-  local out = { loss = llama.causal_lm_loss(full, labels, recorded) }
+  local eps = opts and opts.label_smoothing
+  -- label smoothing spreads eps over the V real classes: the padded head's extra columns would count,
+  -- so the loss then takes the V-column view (copied; its gradient scattered back: no in-place pass)
+  local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps)
+    or llama.causal_lm_loss(full, labels, recorded, eps) }
   if recorded then return llama.lazy_logits(out, function() return (head()) end) end
   out.logits = logits
   return out

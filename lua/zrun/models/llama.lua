@@ -196,6 +196,10 @@ end
 -- Causal LM ---------------------------------------------------------------------------------
 local CausalLM = Module:extend("LlamaForCausalLM")
 M.LlamaForCausalLM = CausalLM
+-- forward(ids, labels) returns the mean loss over the labels that count after the shift, and takes
+-- {label_smoothing=} third: the Trainer weights each micro-batch by its token count (transformers'
+-- num_items_in_batch) and passes label_smoothing_factor.
+CausalLM.token_mean_loss = true
 
 -- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters.
 function CausalLM:__init(cfg)
@@ -229,15 +233,17 @@ function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
 
--- forward(input_ids (B,T) i64 [, labels (B,T)]) -> {logits=, loss=}. labels are shifted inside
--- (position t predicts token t+1); -100 is ignored; the loss is the mean over counted tokens.
+-- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps}]]) -> {logits=, loss=}.
+-- labels are shifted inside (position t predicts token t+1); -100 is ignored; the loss is the mean
+-- over counted tokens (token_mean_loss: the Trainer weights it by the step's token count), with
+-- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor).
 -- When the loss will be recorded for backward (labels, grad mode on, trainable head), its
 -- gradient is written over the logits in the forward (causal_lm_loss's inplace: no second
 -- logits-sized buffer in backward), and out.logits is made again on first read from the final
 -- hidden states by the same head: reading it after a training forward costs one more LM-head
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
-function CausalLM:forward(input_ids, labels)
+function CausalLM:forward(input_ids, labels, opts)
   local h = self.model(input_ids)
   local function head()
     if self.lm_head then return self.lm_head(h) end
@@ -248,7 +254,7 @@ function CausalLM:forward(input_ids, labels)
   local logits = head()
   if not labels then return { logits = logits } end
   local recorded = zr.is_grad_enabled() and logits.requires_grad
-  local out = { loss = M.causal_lm_loss(logits, labels, recorded) }
+  local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing) }
   if recorded then return M.lazy_logits(out, head) end
   out.logits = logits
   return out
@@ -268,7 +274,8 @@ end
 -- Mean cross-entropy of logits (B, T, V) against labels (B, T) shifted by one (position t scores
 -- token t+1); label -100 is ignored. inplace: the loss's gradient is written over the logits
 -- (zr.cross_entropy's inplace; the caller must not read them again) when it is recorded.
-function M.causal_lm_loss(logits, labels, inplace)
+-- label_smoothing (default 0): Hugging Face's LabelSmoother over the V classes.
+function M.causal_lm_loss(logits, labels, inplace, label_smoothing)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
   -- Shift the labels, not the logits (as HF's ForCausalLMLoss does): position t is scored against
@@ -280,7 +287,7 @@ function M.causal_lm_loss(logits, labels, inplace)
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
   return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T),
-    { ignore_index = -100, inplace = inplace or nil })
+    { ignore_index = -100, inplace = inplace or nil, label_smoothing = label_smoothing or nil })
 end
 
 -- Activation checkpointing per decoder layer in training mode: keeps each layer's input and

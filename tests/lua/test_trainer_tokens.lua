@@ -1,0 +1,179 @@
+-- The Trainer's loss over padded rows of different lengths, as transformers 5 computes it: each
+-- step's loss is the mean over every counted token of the step (num_items_in_batch), so gradient
+-- accumulation gives the gradient of one big batch; label_smoothing_factor (HF's LabelSmoother);
+-- train_sampling_strategy (sequential, group_by_length). Two ranks: tests/mpi/test_trainer.sh.
+local zr = require "zrun"
+local T = zr.testing
+
+local tmp = T.tmpdir()
+local tok = zr.tokenizers.ByteTokenizer.new()
+-- the sample text cut into 24 rows of 5..60 tokens: padding in every micro-batch
+local all = {}
+for _, l in ipairs(T.sample_rows(tok).rows) do for _, id in ipairs(l.input_ids) do all[#all + 1] = id end end
+local rows, pos = {}, 1
+for i = 1, 24 do
+  local r = {}
+  for k = 1, 5 + (i * 37) % 56 do r[k], pos = all[pos], pos + 1 end
+  rows[i] = { input_ids = r }
+end
+local ds = zr.datasets.Dataset.from_rows(rows)
+local collator = zr.datasets.causal_lm_collator { pad_token_id = 0 }
+local cfg = zr.models.llama.config("zrun/tiny-llama")
+local function model()
+  zr.manual_seed(3)
+  return zr.models.llama.LlamaForCausalLM(cfg)
+end
+local function trainer(args, m)
+  local a = { output_dir = tmp .. "/t", save_strategy = "no", logging_steps = 1, train_sampling_strategy = "sequential",
+    optim = "sgd", learning_rate = 0.5, max_grad_norm = 0, weight_decay = 0, lr_scheduler_type = "constant" }
+  for k, v in pairs(args) do a[k] = v end
+  return zr.Trainer { model = m or model(), train_dataset = ds, eval_dataset = ds, data_collator = collator, args = a }
+end
+local function params(t)
+  local out = {}
+  for name, p in t.model:named_parameters() do out[name] = p:to("f64"):flat_table() end
+  return out
+end
+local function first_loss(t)
+  for _, r in ipairs(t.state.log_history) do if r.loss then return r.loss end end
+end
+
+-- The loss of `rows` in one process, in double, from the model's logits: HF's LabelSmoother over the
+-- tokens that count after the shift (eps 0: the plain cross-entropy); also the mean of the rows' means.
+local function reference(m, batch_rows, eps)
+  local b = collator(batch_rows)
+  local logits = zr.no_grad(function() return m(b.input_ids).logits end):to("f64")
+  local V, T_ = logits:size(3), logits:size(2)
+  local lg, lab = logits:flat_table(), b.labels:flat_table()
+  local tot, cnt = 0, 0
+  for r = 1, #batch_rows do
+    for t = 1, T_ - 1 do
+      local y = lab[(r - 1) * T_ + t + 1]
+      if y ~= -100 then
+        local base, mx, s, sz = ((r - 1) * T_ + t - 1) * V, -math.huge, 0, 0
+        for j = 1, V do mx = math.max(mx, lg[base + j]) end
+        for j = 1, V do s, sz = s + math.exp(lg[base + j] - mx), sz + lg[base + j] end
+        local lse = mx + math.log(s)
+        tot, cnt = tot + lse - (1 - eps) * lg[base + y + 1] - eps / V * sz, cnt + 1
+      end
+    end
+  end
+  return tot / cnt, cnt
+end
+
+T.test("gradient accumulation over padded rows = one batch of all of them (transformers' num_items_in_batch)", function()
+  -- 4 rows of 4 lengths: accumulation 4 of 1 row against 1 micro-batch of 4, one SGD step each
+  local a = trainer { per_device_train_batch_size = 1, gradient_accumulation_steps = 4, max_steps = 1 }
+  local b = trainer { per_device_train_batch_size = 4, gradient_accumulation_steps = 1, max_steps = 1 }
+  a:train(); b:train()
+  local pa, pb = params(a), params(b)
+  local worst, moved = 0, 0
+  local p0 = params({ model = model() })
+  for name, va in pairs(pa) do
+    for i = 1, #va do
+      worst = math.max(worst, math.abs(va[i] - pb[name][i]))
+      moved = math.max(moved, math.abs(va[i] - p0[name][i]))
+    end
+  end
+  assert(moved > 1e-3, "the step moved the weights: " .. moved)
+  assert(worst < 1e-5 * moved * 100, ("accumulated vs one batch: weights differ by %.3g (moved %.3g)"):format(worst, moved))
+  T.near(first_loss(a), first_loss(b), 1e-6, 1e-6, "logged loss, accumulated vs one batch")
+  -- the test can fail: the mean of the 4 rows' means (what weighting each micro-batch alike gives) is
+  -- another number for these rows
+  local m = model()
+  local tok_mean = reference(m, { rows[1], rows[2], rows[3], rows[4] }, 0)
+  local mean_of_means = 0
+  for i = 1, 4 do mean_of_means = mean_of_means + reference(m, { rows[i] }, 0) / 4 end
+  T.near(first_loss(a), tok_mean, 1e-5, 1e-5, "logged loss = the token mean over the step")
+  assert(math.abs(tok_mean - mean_of_means) > 1e-3, ("rows too alike to tell: %.6f vs %.6f"):format(tok_mean, mean_of_means))
+  assert(a.engine.last_grad_norm > 0, "grad_norm > 0")
+  T.near(a.engine.last_grad_norm, b.engine.last_grad_norm, 1e-5, 1e-5, "grad_norm, accumulated vs one batch")
+end)
+
+T.test("label_smoothing_factor: HF's LabelSmoother loss in training and evaluation; perplexity unsmoothed", function()
+  local eps = 0.1
+  local m = model()
+  local want = reference(m, { rows[1], rows[2], rows[3], rows[4] }, eps)
+  local plain = reference(m, { rows[1], rows[2], rows[3], rows[4] }, 0)
+  local t = trainer({ per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 1,
+    label_smoothing_factor = eps }, m)
+  -- evaluation first (the same weights): every row of the 4-row dataset
+  local t_ev = trainer({ label_smoothing_factor = eps, per_device_eval_batch_size = 3 }, model())
+  local ev_ds = zr.datasets.Dataset.from_rows { rows[1], rows[2], rows[3], rows[4] }
+  local met = t_ev:evaluate(ev_ds)
+  T.near(met.eval_loss, want, 1e-5, 1e-5, "eval_loss is the smoothed loss")
+  T.near(met.eval_perplexity, math.exp(plain), 1e-4, 1e-5, "eval_perplexity is exp of the unsmoothed loss")
+  t:train()
+  T.near(first_loss(t), want, 1e-5, 1e-5, "the logged training loss is the smoothed token mean")
+  assert(math.abs(want - plain) > 1e-4, ("smoothing changes the loss: %.6f vs %.6f"):format(want, plain))
+  assert(t.engine.last_grad_norm > 0, "grad_norm > 0")
+  -- and the smoothed loss falls when training goes on (it learns)
+  local l = trainer({ per_device_train_batch_size = 4, max_steps = 12, label_smoothing_factor = eps,
+    optim = "adamw_torch", learning_rate = 3e-3 })
+  l:train()
+  local first, last
+  for _, r in ipairs(l.state.log_history) do if r.loss then first = first or r.loss; last = r.loss end end
+  assert(last < first - 0.5, ("smoothed loss %.4f -> %.4f"):format(first, last))
+  local after = l:evaluate(ev_ds) -- a trained model: the smoothing term is large
+  assert(after.eval_loss > math.log(after.eval_perplexity) + 0.05,
+    ("smoothed %.4f vs unsmoothed %.4f"):format(after.eval_loss, math.log(after.eval_perplexity)))
+end)
+
+T.test("train_sampling_strategy: sequential keeps the rows' order; group_by_length is transformers' grouping", function()
+  local t = trainer { per_device_train_batch_size = 2, gradient_accumulation_steps = 2 }
+  local o = t:epoch_order(0)
+  T.eq(#o, 24)
+  for i = 1, 24 do T.eq(o[i], i) end
+  -- get_length_grouped_indices by hand: 10 rows, batch 2 -> mega-batches of 2 (10 // 8 = 1), each sorted
+  -- by length (descending, ties in order), then the longest row (9, length 90) swapped to the front
+  local len = { 5, 7, 7, 1, 3, 50, 2, 2, 90, 4 }
+  local got = zr.datasets.length_grouped_indices(len, 2, { 3, 1, 2, 5, 4, 6, 8, 7, 10, 9 })
+  T.eq(table.concat(got, ","), "9,1,2,5,6,4,8,7,3,10")
+  -- the Trainer's order: each micro-batch x accumulation window of similar lengths, a permutation
+  local g = trainer { per_device_train_batch_size = 2, gradient_accumulation_steps = 2,
+    train_sampling_strategy = "group_by_length" }
+  local go, seen, pad_g, pad_r = g:epoch_order(0), {}, 0, 0
+  T.eq(#go, 24)
+  for _, i in ipairs(go) do assert(not seen[i], "row twice"); seen[i] = true end
+  local longest = 1
+  for i = 2, 24 do if #rows[i].input_ids > #rows[longest].input_ids then longest = i end end
+  assert(go[1] == longest, "the longest row comes first")
+  local r = trainer { per_device_train_batch_size = 2, gradient_accumulation_steps = 2 }:epoch_order(0)
+  for k = 1, 24, 2 do
+    local function pad(o) return math.abs(#rows[o[k]].input_ids - #rows[o[k + 1]].input_ids) end
+    pad_g, pad_r = pad_g + pad(go), pad_r + pad(r)
+  end
+  assert(pad_g < pad_r, ("padding: grouped %d, random %d"):format(pad_g, pad_r))
+  for k = 1, 24, 4 do -- mega-batches of 4 (24 rows < 4 x 4 x 4): sorted by length after their first row
+    for j = k + 1, k + 2 do
+      assert(#rows[go[j]].input_ids >= #rows[go[j + 1]].input_ids, "mega-batch sorted by descending length")
+    end
+  end
+  assert(table.concat(g:epoch_order(1), ",") ~= table.concat(go, ","), "another epoch, another order")
+  -- length_column_name: the rows' own lengths win
+  local byc = {}
+  for i, row in ipairs(rows) do byc[i] = { input_ids = row.input_ids, n = 25 - i } end
+  local c = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(byc), data_collator = collator,
+    args = { output_dir = tmp .. "/c", train_sampling_strategy = "group_by_length", length_column_name = "n",
+      per_device_train_batch_size = 2, gradient_accumulation_steps = 2 } }
+  T.eq(c:epoch_order(0)[1], 1, "the row with the largest length column first")
+end)
+
+T.test("the new arguments refuse what they cannot do, in one line", function()
+  local function new(a, m) return zr.Trainer { model = m or model(), train_dataset = ds, data_collator = collator, args = a } end
+  T.raises(function() new { group_by_length = true } end,
+    "'group_by_length' was removed in transformers 5; use train_sampling_strategy = \"group_by_length\"")
+  T.raises(function() new { train_sampling_strategy = "batch_rebalance" } end, "use \"group_by_length\"")
+  T.raises(function() new { train_sampling_strategy = "shuffled" } end,
+    'train_sampling_strategy must be "random", "sequential" or "group_by_length", got "shuffled"')
+  T.raises(function() new { label_smoothing_factor = 1.5 } end, "label_smoothing_factor must be a number in [0, 1)")
+  T.raises(function() new { average_tokens_across_devices = "yes" } end, "average_tokens_across_devices must be true or false")
+  -- a model whose loss cannot be smoothed
+  local Mod = zr.nn.Module:extend("MyLM")
+  function Mod:__init() self.w = zr.nn.Parameter(zr.zeros({ 4 })) end
+  function Mod:forward() return { loss = self.w:sum() } end
+  T.raises(function() new({ label_smoothing_factor = 0.1 }, Mod()):train() end,
+    "label_smoothing_factor = 0.1 needs a model whose forward(ids, labels, {label_smoothing=}) smooths its loss")
+end)
+
+T.done()
