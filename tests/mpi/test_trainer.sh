@@ -2,13 +2,15 @@
 # The Trainer on 2 MPI ranks (tests/mpi/trainer_check.lua): it learns at ZeRO stages 2 and 3,
 # resuming checkpoint-4 in a fresh process continues the uninterrupted loss curve bit for bit, and
 # evaluation over ranks weights every token once (odd row count, stage 3 gathering in lockstep), and
-# early stopping with save_strategy "best" stops every rank at the same step.
+# early stopping with save_strategy "best" stops every rank at the same step, and padded rows give the
+# losses and gradients of one process (average_tokens_across_devices).
 . "$(dirname "$0")/mpi_env.sh"
 Z=${ZRUN_BIN:-./zrun}
 CK=tests/mpi/trainer_check.lua
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 for stage in 2 3; do
-  for mode in full resume eval early; do
+  $Z $CK tokens_ref $stage "$W" >"$W/out" 2>&1 || echo "FAIL trainer_check tokens_ref stage $stage: $(tail -3 "$W/out")"
+  for mode in full resume eval early tokens; do
     if mpirun $MPI_FLAGS -np 2 $Z $CK $mode $stage "$W" >"$W/out" 2>&1; then grep '^PASS \|^FAIL ' "$W/out"
     else grep '^FAIL ' "$W/out" ||
       echo "FAIL trainer_check $mode stage $stage: mpirun exited with an error: $(grep -v '^step ' "$W/out" | tail -3)"; fi

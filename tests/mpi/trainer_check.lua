@@ -7,6 +7,10 @@
 --                       token-weighted loss computed row by row in one process (before ZeRO shards)
 --   early  STAGE WORK   EarlyStoppingCallback + save_strategy "best" + load_best_model_at_end: every
 --                       rank stops at the same step
+--   tokens STAGE WORK   padded rows of different lengths, micro-batch 1 x accumulation 2 on each rank:
+--                       the losses and gradient norms of one process with micro-batches of 2 (run
+--                       first as `zrun trainer_check.lua tokens_ref STAGE WORK`, without mpirun), as
+--                       average_tokens_across_devices makes them; without it they differ
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
@@ -98,7 +102,47 @@ elseif mode == "early" then
     for _, c in ipairs(tckpt.list(out)) do kept[#kept + 1] = c.step end
     T.eq(table.concat(kept, ","), "1", "save_strategy best: only the first evaluation was a best")
   end)
+elseif mode == "tokens" or mode == "tokens_ref" then
+  local all = {}
+  for _, l in ipairs(T.sample_rows(tok).rows) do for _, id in ipairs(l.input_ids) do all[#all + 1] = id end end
+  local rows, pos = {}, 1
+  for i = 1, 12 do
+    local r = {}
+    for k = 1, 4 + (i * 29) % 41 do r[k], pos = all[pos], pos + 1 end
+    rows[i] = { input_ids = r }
+  end
+  local function run(bs, avg)
+    local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rows),
+      data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
+      args = { output_dir = work .. "/tokens", per_device_train_batch_size = bs, gradient_accumulation_steps = 2,
+        max_steps = 3, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential", optim = "sgd",
+        learning_rate = 0.5, lr_scheduler_type = "constant", max_grad_norm = 0, average_tokens_across_devices = avg,
+        deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
+          zero_optimization = { stage = stage } } } }
+    t:train()
+    local out = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then out[#out + 1] = { r.loss, r.grad_norm } end end
+    return out
+  end
+  local ref_file = ("%s/tokens_ref%d.json"):format(work, stage)
+  if mode == "tokens_ref" then -- one process, the 2 ranks' rows in each micro-batch
+    local f = assert(io.open(ref_file, "w"))
+    f:write(require("cjson").encode(run(2, true)))
+    f:close()
+  else
+    test("average_tokens_across_devices on " .. name .. ": the losses and gradient norms of one batch of all rows", function()
+      local ref = require("cjson").decode(T.read_file(ref_file))
+      local got = run(1, true)
+      for s = 1, 3 do
+        T.near(got[s][1], ref[s][1], 1e-5, 1e-5, "loss at step " .. s)
+        T.near(got[s][2], ref[s][2], 1e-5, 1e-5, "grad_norm at step " .. s)
+      end
+      local per_rank = run(1, false) -- each rank's own token mean, averaged: another gradient for these rows
+      assert(math.abs(per_rank[1][2] - ref[1][2]) > 1e-4 * ref[1][2],
+        ("per-rank normalisation gives another gradient: %.6f vs %.6f"):format(per_rank[1][2], ref[1][2]))
+    end)
+  end
 else
-  error("trainer_check.lua: mode must be full, resume, eval or early, got " .. tostring(mode), 0)
+  error("trainer_check.lua: mode must be full, resume, eval, early, tokens or tokens_ref, got " .. tostring(mode), 0)
 end
 T.done()
