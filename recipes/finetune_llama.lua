@@ -18,6 +18,7 @@ cli:option("tokenizer", false, "a directory or tokenizer.json (default: the mode
 cli:option("data", os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw", "a WikiText folder or one text file")
 cli:option("train_split", "train", "e.g. train[:2000]")
 cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)")
+cli:option("packing", true, "false: one row per line (at most block_size tokens), padded per micro-batch with the tokenizer's pad token (else eos) instead of packed blocks")
 cli:option("validation_split_percentage", 5, "share of the lines that evaluate when there is no train split")
 cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
 cli:alias("deepspeed", "config")
@@ -98,15 +99,26 @@ end
 -- Tokenize every line, then concatenate and cut into full blocks of block_size tokens (run_clm's
 -- group_texts): every position of every batch is a real token, no padding. Empty lines are dropped
 -- first (they would add a lone BOS each).
+-- packing=false: each line is a row of its own (cut to block_size; a line of one token predicts nothing
+-- and is dropped), and the collator pads each micro-batch to its longest row, the padding's labels -100
+-- (HF scripts set the pad token to eos when the tokenizer has none, as here).
 local function lm_dataset(raw)
-  return raw:filter(function(r) return r.text ~= "" end)
+  local ds = raw:filter(function(r) return r.text ~= "" end)
     :map(function(r) return { input_ids = tok:encode(r.text) } end)
-    :group_texts(opt.block_size)
+  if opt.packing then return ds:group_texts(opt.block_size) end
+  return ds:map(function(r)
+    local ids = r.input_ids
+    for k = #ids, opt.block_size + 1, -1 do ids[k] = nil end
+    return r
+  end):filter(function(r) return #r.input_ids >= 2 end)
 end
 local train_dataset, eval_dataset = lm_dataset(raw_train), lm_dataset(raw_eval)
-say("%d training blocks and %d evaluation blocks of %d tokens, model %s (%d parameters), device %s",
-  #train_dataset, #eval_dataset, opt.block_size, fallback and "zrun/tiny-llama" or opt.model,
-  model:num_parameters(), device)
+local pad_id = tok:pad_id() or tok:eos_id()
+local collator = not opt.packing and zr.datasets.causal_lm_collator { pad_token_id = pad_id } or nil
+say("%d training %s and %d evaluation %s, model %s (%d parameters), device %s", #train_dataset,
+  opt.packing and "blocks" or "rows", #eval_dataset, opt.packing and ("blocks of %d tokens"):format(opt.block_size) or
+  ("rows (lines of at most %d tokens, padded with token %s)"):format(opt.block_size, tostring(pad_id)),
+  fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
 
 if fallback then -- CPU-sized settings for the tiny model
   local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
@@ -138,11 +150,16 @@ if opt.precision then       -- ... or from precision= when the config says "auto
 end
 
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
-  processing_class = tok })
+  processing_class = tok, data_collator = collator })
 if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the same blocks in the same order
-  local function blocks(ds)
-    local t = {}
-    for k, r in ipairs(ds.rows) do t[k] = r.input_ids end
+  local function blocks(ds) -- rows of different lengths (packing=false) end in -1s up to the longest
+    local t, T = {}, 0
+    for _, r in ipairs(ds.rows) do T = math.max(T, #r.input_ids) end
+    for k, r in ipairs(ds.rows) do
+      local row = {}
+      for j = 1, T do row[j] = r.input_ids[j] or -1 end
+      t[k] = row
+    end
     return zr.tensor(t, { dtype = "i64" })
   end
   local order = trainer:data_order()
@@ -151,7 +168,7 @@ if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the 
     zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = blocks(train_dataset), eval_input_ids = blocks(eval_dataset),
       train_order = zr.tensor(order, { dtype = "i64" }) }, { format = "pt", per_device_train_batch_size =
       tostring(trainer.args.per_device_train_batch_size), gradient_accumulation_steps = tostring(trainer.args.gradient_accumulation_steps),
-      max_steps = tostring(trainer.total_steps) })
+      max_steps = tostring(trainer.total_steps), pad_token_id = tostring(pad_id) })
   end
   say("wrote %s: train_input_ids, eval_input_ids and train_order (0-based rows, micro-batches of %d, %d per step; " ..
     "rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps)

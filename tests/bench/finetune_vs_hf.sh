@@ -14,7 +14,12 @@
 # within the run, and "data_types": {"grad_accum_dtype": "fp16"} (DeepSpeed's default for an fp16
 # model; zrun's is fp32, whose gradients overflow later, so zrun alone skips fewer steps: RESULTS.md,
 # session 23): both sides must skip the same number of steps and keep the same curve.
-# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed, hf_optimizer_deepspeed).
+# rows_smoothing_deepspeed (with DeepSpeed): WikiText's lines as rows of their own (packing=false: 2 to 512 tokens,
+# padded per micro-batch, so micro-batches hold different numbers of tokens), label_smoothing_factor 0.1 and
+# train_sampling_strategy group_by_length: transformers' num_items_in_batch loss and its LabelSmoother on the HF
+# side; the eval perplexity on both sides is the unsmoothed token mean (hf_finetune.py computes it by hand).
+# ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed, hf_optimizer_deepspeed,
+# rows_smoothing_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
 # Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set. Exits 1 when a
 # comparison printed FAIL.
@@ -33,7 +38,7 @@ cat > "$W/ds_auto.json" <<'J'
 J
 hf() { # name blocks lr warmup sched [ds_config [sched_kwargs_json]]
   echo "### $1: Hugging Face Trainer${6:+ + DeepSpeed}"
-  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 \
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 HF_EXTRA="$HF_EXTRA" \
     python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" ${6:+"$6"} ${7:+"$7"} > "$W/$1.hf.log" 2>&1
   grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
 }
@@ -76,6 +81,11 @@ want hf_optimizer_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF_K
     warmup_ratio=0.1 lr_scheduler_type=cosine_with_min_lr lr_scheduler_kwargs="$HF_KW" per_device_train_batch_size=4 \
     gradient_accumulation_steps=8
 HF_KW=
+want rows_smoothing_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF_EXTRA='{"label_smoothing_factor": 0.1}' &&
+  run rows_smoothing_deepspeed "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 \
+    warmup_ratio=0.1 lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8 \
+    packing=false label_smoothing_factor=0.1 train_sampling_strategy=group_by_length
+HF_EXTRA=
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8
 exit $failed

@@ -10,6 +10,12 @@ per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight d
 (0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
 SCHEDULER: any lr_scheduler_type (used where the DeepSpeed config has no scheduler), with SCHED_KWARGS
 its lr_scheduler_kwargs as a JSON object ("-" or absent: none).
+Rows of different lengths (the recipe's packing=false: -1 after each row's end in the file, the pad token in
+its metadata) are padded per micro-batch by transformers' DataCollatorForLanguageModeling (labels -100 on the
+pad token, as zrun's collator), and the eval loss is then also computed by hand as zrun's evaluation does it:
+the unsmoothed cross-entropy summed over every counted token / their count (transformers averages its eval
+batches' means). HF_EXTRA (environment): a JSON object of more TrainingArguments (e.g. label_smoothing_factor),
+which also switches the eval to that by-hand loss.
 DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
 weights with fp32 master as zrun does, or fp16 ones with DeepSpeed's loss scaler where the config
 enables fp16) instead of AMP; its optimizer runs as torch's AdamW
@@ -21,10 +27,14 @@ import math
 import sys
 import time
 
+import os
+
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from torch.utils.data import Dataset, Sampler
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, PreTrainedTokenizerFast, Trainer,
+                          TrainerCallback, TrainingArguments)
 
 
 class Blocks(Dataset):
@@ -37,6 +47,29 @@ class Blocks(Dataset):
     def __getitem__(self, i):
         t = torch.tensor(self.rows[i], dtype=torch.long)
         return {"input_ids": t, "labels": t.clone()}
+
+
+class Rows(Blocks):
+    """Rows of different lengths: the collator pads them and makes the labels."""
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.tensor(self.rows[i], dtype=torch.long)}
+
+
+def token_loss(model, rows, pad, bf16):
+    """zrun's evaluation: the cross-entropy summed over every counted token (labels that are not the pad token
+    when rows are padded, pad None: every token), divided by their count."""
+    model.eval()
+    tot, cnt = 0.0, 0
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        for r in rows:
+            ids = torch.tensor([r], device="cuda")
+            logits, tgt = model(input_ids=ids).logits.float()[0, :-1], ids[0, 1:]
+            keep = tgt != pad if pad is not None else torch.ones_like(tgt, dtype=torch.bool)
+            tot += F.cross_entropy(logits[keep], tgt[keep], reduction="sum").item()
+            cnt += int(keep.sum().item())
+    model.train()
+    return tot / cnt
 
 
 class Fixed(Sampler):
@@ -87,6 +120,12 @@ def main():
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
     fp16 = bool(ds and ds.get("fp16", {}).get("enabled") is True)
+    extra = json.loads(os.environ.get("HF_EXTRA") or "{}")
+    train_rows = [[v for v in r if v >= 0] for r in train.tolist()]
+    eval_rows = [[v for v in r if v >= 0] for r in evals.tolist()]
+    ragged = any(len(r) != train.shape[1] for r in train_rows + eval_rows)
+    pad = int(meta["pad_token_id"]) if ragged else None
+    by_hand = ragged or bool(extra)
     mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
     args = TrainingArguments(
@@ -97,22 +136,31 @@ def main():
         adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
         lr_scheduler_kwargs=kwargs,
         bf16=not fp16, fp16=fp16, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
-        seed=42, disable_tqdm=True, deepspeed=ds)
+        seed=42, disable_tqdm=True, deepspeed=ds, **extra)
     rec = Record()
     InOrder.order = order.tolist()
-    tr = InOrder(model=model, args=args, train_dataset=Blocks(train.tolist()), eval_dataset=Blocks(evals.tolist()),
-                 callbacks=[rec])
+    collator = None
+    if ragged:
+        tok = PreTrainedTokenizerFast(tokenizer_file=model_dir + "/tokenizer.json")
+        tok.pad_token = tok.convert_ids_to_tokens(pad)
+        collator = DataCollatorForLanguageModeling(tok, mlm=False)
+    kind = Rows if ragged else Blocks
+    tr = InOrder(model=model, args=args, train_dataset=kind(train_rows), eval_dataset=kind(eval_rows),
+                 data_collator=collator, callbacks=[rec])
+    if by_hand:
+        print(f"hf: eval by hand over {len(eval_rows)} rows (token-weighted, unsmoothed), extra arguments {extra}")
     # (HF + DeepSpeed below stage 3 cannot evaluate before training starts the engine)
-    before = float("nan") if ds else tr.evaluate()["eval_loss"]
+    before = (token_loss(model, eval_rows, pad, not fp16) if by_hand else
+              float("nan") if ds else tr.evaluate()["eval_loss"])
     t0 = time.time()
     tr.train()
     torch.cuda.synchronize()
     secs = time.time() - t0
-    after = tr.evaluate()["eval_loss"]
+    after = token_loss(tr.model, eval_rows, pad, not fp16) if by_hand else tr.evaluate()["eval_loss"]
     skipped = getattr(tr.model_wrapped, "skipped_steps", None)  # DeepSpeed's engine: fp16 overflow steps
     if skipped is not None:
         print(f"hf: DeepSpeed skipped {skipped} steps")
-    tokens = steps * mbs * gas * train.shape[1]
+    tokens = sum(len(train_rows[i]) for i in InOrder.order[: steps * mbs * gas])
     res = {"steps": rec.steps, "eval_loss_before": before, "eval_loss_after": after,
            "perplexity_before": math.exp(before), "perplexity_after": math.exp(after),
            "train_seconds": secs, "tokens_per_s": tokens / secs, "skipped_steps": skipped}

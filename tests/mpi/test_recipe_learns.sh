@@ -20,7 +20,7 @@ run() { # np config precision label [the precision the run must report]
   rm -rf "$out"
   if [ "$1" = 1 ]; then launch="$Z"; else launch="mpirun $MPI_FLAGS -np $1 $Z"; fi
   log=$($launch recipes/finetune_llama.lua ${2:+--config "$2"} max_steps=12 logging_steps=1 gradient_accumulation_steps=2 \
-    learning_rate=3e-3 save_strategy=no ${3:+precision=$3} output_dir="$out" 2>&1) ||
+    learning_rate=3e-3 save_strategy=no ${3:+precision=$3} output_dir="$out" $EXTRA 2>&1) ||
     { echo "FAIL $4: the recipe exited with an error: $(echo "$log" | tail -2 | tr '\n' ' ')"; return; }
   $Z tests/mpi/learn_check.lua "$out/metrics.jsonl" "$4" 1.0 $5
 }
@@ -38,4 +38,8 @@ for np in 1 2; do
   # (zero3_bf16_master.json is DeepSpeedExamples' bf16_full.json: its copy takes lr 3e-3, 2 micro-batches)
   run $np configs/zero2_offload_bf16_master.json bf16 "recipe learns: zero2_offload_bf16_master.json np=$np"
   run $np "$tmp/zero3_bf16_master.json" bf16 "recipe learns: zero3_bf16_master.json np=$np"
+  # one row per line, padded (micro-batches of different token counts), label smoothing, rows grouped by length
+  EXTRA="packing=false label_smoothing_factor=0.1 train_sampling_strategy=group_by_length"
+  run $np configs/zero2.json bf16 "recipe learns: padded rows, label_smoothing_factor 0.1, group_by_length, zero2.json bf16 np=$np"
+  EXTRA=
 done
