@@ -18,11 +18,23 @@ run_one $fused
 run_one $gemm
 for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
 # the products again through each of our Hopper GEMMs wherever it takes them, and with both in the autotuning (the runtime's default: cuBLASLt only)
+# (auto: tuned at each shape's first run, so the tests' products meet ours; and the cuBLASLt autotuner's
+# switch of algorithm at a shape's second run)
 for k in pingpong wide auto; do
   for t in tests/ops/test_matmul_cuda.lua tests/ops/test_linear_gelu_cuda.lua tests/ops/test_linear_multi_cuda.lua; do
-    run_one env ZRUN_GEMM_SM90=$k $zrun "$t"
+    run_one env ZRUN_GEMM_SM90=$k ZRUN_GEMM_AUTOTUNE=1 $zrun "$t"
   done
 done
+for t in tests/ops/test_matmul_cuda.lua tests/ops/test_linear_multi_cuda.lua; do run_one env ZRUN_GEMM_AUTOTUNE=2 $zrun "$t"; done
+tune_at() { # a shape is autotuned at its ZRUN_GEMM_AUTOTUNE-th run (default 8), not before, once
+  count() { ZRUN_GEMM_AUTOTUNE=$1 ZRUN_GEMM_TUNE_LOG=1 $zrun -e "local zr = require 'zrun'
+    local a = zr.randn({1024, 1024}, {device = 'cuda', dtype = 'bf16'})
+    for i = 1, $2 do local c = a:matmul(a) end" 2>&1 | grep -c 'gemm tune:'; }
+  got="$(count 3 2) $(count 3 3) $(count 3 9) $(count '' 7) $(count '' 8) $(count 0 9) $(count 1 1)"
+  if [ "$got" = "0 1 1 0 1 0 1" ]; then echo "PASS a GEMM shape is autotuned once, at its ZRUN_GEMM_AUTOTUNE-th run (default 8)"
+  else echo "FAIL autotuning runs (AUTOTUNE=3: 2, 3, 9 runs; default: 7, 8; 0: 9; 1: 1): got $got, want 0 1 1 0 1 0 1"; fi
+}
+run_one tune_at
 bad_env() { # VAR FIRST: VAR=bogus must be refused, naming the values it takes (FIRST the first)
   if env "$1=bogus" $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q "$1=bogus: use $2"; then
     echo "PASS $1=bogus is refused with the values it takes"
@@ -30,6 +42,7 @@ bad_env() { # VAR FIRST: VAR=bogus must be refused, naming the values it takes (
 }
 run_one bad_env ZRUN_GEMM_SM90 0
 run_one bad_env ZRUN_GEMM_TUNE_LOG 1
+run_one bad_env ZRUN_GEMM_AUTOTUNE 0
 auto_off() {
   if ZRUN_GEMM_AUTOTUNE=0 ZRUN_GEMM_SM90=auto $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q 'ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0'; then
     echo "PASS ZRUN_GEMM_SM90=auto with the autotuner off is refused"

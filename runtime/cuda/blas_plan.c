@@ -19,8 +19,9 @@
 
 #define WORKSPACE ((size_t)32 << 20)
 #define MAX_DEV 16
-#define CACHE 512
+#define CACHE 4096 /* padded rows of many lengths make many shapes */
 #define PROBE 8
+#define TUNE_ALGOS 8
 
 typedef struct {
     int ready;
@@ -36,8 +37,10 @@ typedef struct {
 typedef struct {
     int used;
     int own; /* 0: cuBLASLt; else OWN_KERNELS[own - 1] (faster than every cuBLASLt candidate) */
+    int uses, ncand; /* ncand > 0: to be autotuned at the tune_after()-th use, over cand */
     key k;
     zr_gemm_plan plan;
+    cublasLtMatmulAlgo_t cand[TUNE_ALGOS];
 } entry;
 
 static dev_ctx ctxs[MAX_DEV];
@@ -73,29 +76,35 @@ static void destroy_entry(entry *e) {
     e->used = 0;
 }
 
-// Autotuning (on unless ZRUN_GEMM_AUTOTUNE=0): the first time a shape of at least 1 GFLOP is
-// seen, the heuristic's top candidates run on the real operands into a scratch output and the
-// fastest is kept (cuBLASLt's first choice is often not the fastest for skinny shapes).
+// Autotuning: the 8th time a shape of at least 1 GFLOP is run (ZRUN_GEMM_AUTOTUNE=N: the N-th time;
+// 1: at once; 0: never), the heuristic's top candidates run on the real operands into a scratch
+// output and the fastest is kept from then on (cuBLASLt's first choice is often not the fastest for
+// skinny shapes); until then the heuristic's first choice runs. Timing a shape costs ~32 of its
+// products and a wait for the GPU: waiting for a shape to recur keeps that cost to shapes that pay it
+// back (a fixed-shape loop tunes in its first step) and away from one-off shapes (padded rows of
+// many lengths, where tuning every new shape at once was slower than the training).
 // Our own Hopper GEMMs (gemm_sm90: ping-pong 128x128 tiles; gemm_sm90_wide: cooperative 128x256),
 // by ZRUN_GEMM_SM90: unset or "0": never; "auto": more autotuning candidates where gemm_sm90_check
 // takes the product; "pingpong" or "wide": that kernel wherever it takes the product, at any size
 // and without timing (tests and benchmarks). ZRUN_GEMM_TUNE_LOG=1 prints each autotuned shape's
 // times to stderr (the fastest candidate, and each of ours); unset or 0: nothing. Other values of
 // either are refused when first read (the first plan built).
-#define TUNE_ALGOS 8
 typedef int (*own_fn)(const zr_gemm_desc *, int, cudaStream_t);
 static const own_fn OWN_KERNELS[] = {gemm_sm90, gemm_sm90_wide};
 static const char *const OWN_NAMES[] = {"pingpong", "wide"};
 #define N_OWN ((int)(sizeof OWN_KERNELS / sizeof OWN_KERNELS[0]))
 enum { OWN_OFF = -1, OWN_AUTO = 0 };
-static int autotune_on(void) {
-    static int on = -1;
-    if (on < 0) {
+static int tune_after(void) { /* 0: off; else the use that autotunes (a bad value: read_env refuses it) */
+    static int n = -1;
+    if (n < 0) {
         const char *e = getenv("ZRUN_GEMM_AUTOTUNE");
-        on = !(e && strcmp(e, "0") == 0);
+        char *end = NULL;
+        long v = e && *e ? strtol(e, &end, 10) : 8;
+        n = (end && *end) || v < 0 || v > 1000000 ? 8 : (int)v;
     }
-    return on;
+    return n;
 }
+static int autotune_on(void) { return tune_after() > 0; }
 typedef struct {
     int own; /* OWN_OFF, OWN_AUTO or 1 + the index of the one kernel to use */
     int log; /* ZRUN_GEMM_TUNE_LOG */
@@ -117,6 +126,11 @@ static int read_env(gemm_env *out) {
         if (v.own == OWN_AUTO && !autotune_on())
             return zr_error("ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0: ours join the autotuning, which "
                             "is off; unset ZRUN_GEMM_AUTOTUNE, or pick a kernel (pingpong, wide)");
+        const char *a = getenv("ZRUN_GEMM_AUTOTUNE");
+        char *end = NULL;
+        if (a && *a && (strtol(a, &end, 10) < 0 || *end || strlen(a) > 7))
+            return zr_error("ZRUN_GEMM_AUTOTUNE=%s: use 0 (no autotuning), 1 (tune each GEMM shape the first time "
+                            "it runs) or N (the N-th time; default 8)", a);
         const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
         if (l && *l && strcmp(l, "0") != 0 && strcmp(l, "1") != 0)
             return zr_error("ZRUN_GEMM_TUNE_LOG=%s: use 1 (print each autotuned shape's times) or 0", l);
@@ -173,8 +187,10 @@ static float time_algo(dev_ctx *c, entry *e, const cublasLtMatmulAlgo_t *algo, i
 }
 
 // Picks the fastest of the candidates for e (lock held); keeps e->plan.algo when anything fails.
-static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t *res, int nres,
-                     const zr_gemm_desc *g, const gemm_env *env, int dev, cudaStream_t stream) {
+static void autotune(dev_ctx *c, entry *e, const zr_gemm_desc *g, const gemm_env *env, int dev,
+                     cudaStream_t stream) {
+    const int nres = e->ncand;
+    e->ncand = 0;
     size_t es = g->c_dtype == ZR_F64 ? 8 : g->c_dtype == ZR_F32 ? 4 : 2;
     size_t n = g->batch > 1 ? (size_t)(g->stride_c * (g->batch - 1) + g->ldc * g->m)
                             : (size_t)(g->ldc * g->m);
@@ -188,10 +204,10 @@ static void autotune(dev_ctx *c, entry *e, const cublasLtMatmulHeuristicResult_t
                                        sizeof g->bias);
     float best = -1;
     for (int i = 0; i < nres; i++) {
-        float ms = time_algo(c, e, &res[i].algo, 0, g, cs, stream);
+        float ms = time_algo(c, e, &e->cand[i], 0, g, cs, stream);
         if (ms >= 0 && (best < 0 || ms < best)) {
             best = ms;
-            e->plan.algo = res[i].algo;
+            e->plan.algo = e->cand[i];
         }
     }
     float own[N_OWN];
@@ -256,7 +272,11 @@ static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int 
         return -1;
     }
     if (env.own > 0 && gemm_sm90_check(g) == 0) e->own = env.own;
-    else if (want > 1 && (nres > 1 || env.own == OWN_AUTO)) autotune(c, e, res, nres, g, &env, dev, stream);
+    else if (want > 1 && (nres > 1 || env.own == OWN_AUTO)) {
+        for (int i = 0; i < nres; i++) e->cand[i] = res[i].algo;
+        e->ncand = nres, e->uses = 1;
+        if (tune_after() <= 1) autotune(c, e, g, &env, dev, stream);
+    }
     zr_clear_error(); /* gemm_sm90_check's refusal is an answer, not a failure */
     e->k = *k;
     e->used = 1;
@@ -325,6 +345,14 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
             return -1;
         }
         e = slot;
+    } else if (e->ncand && ++e->uses >= tune_after()) {
+        gemm_env env = {OWN_OFF, 0};
+        if (read_env(&env)) { /* read once already, when the entry was built */
+            pthread_mutex_unlock(&mtx);
+            return -1;
+        }
+        autotune(c, e, g, &env, dev, stream);
+        zr_clear_error();
     }
     int rc;
     if (e->own && gemm_sm90_check(g) == 0) { /* the key does not hold the bias's alignment */
