@@ -1,5 +1,6 @@
 /* Fused cross-entropy (see cross_entropy.h): one block per row, 16-byte loads, a per-thread
- * online (max, sum of exp) over chunks of V elements, then a block reduction of the pairs. */
+ * online (max, sum of exp) over chunks of V elements, then a block reduction of the pairs. Label
+ * smoothing is a template flag LS (eps != 0), so the kernels without it are unchanged. */
 #include "cross_entropy.h"
 
 #include <cuda_bf16.h>
@@ -16,10 +17,13 @@ extern "C" {
 
 
 /* The row's logsumexp, returned to every thread of the block: a per-thread online (max, sum of
- * exp) over 16-byte chunks, then a merge over the block. */
-template <typename T, int V> static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn) {
-    __shared__ float rm[32], rs[32], zb;
-    float m = -INFINITY, s = 0.f;
+ * exp) over 16-byte chunks, then a merge over the block. LS: also the row's sum of logits into
+ * *tot (every thread), a third accumulator reduced alongside. Callers pass nullptr without LS: a
+ * local whose address is taken (or a returned pair) changes the eps = 0 kernels' code. */
+template <typename T, int V, bool LS>
+static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, float *tot) {
+    __shared__ float rm[32], rs[32], rt[32], zb, tb;
+    float m = -INFINITY, s = 0.f, t = 0.f;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
@@ -33,49 +37,74 @@ template <typename T, int V> static __device__ __forceinline__ float row_lse(con
         for (int k = 0; k < V; ++k) cs += __expf(f[k] - mn);
         s = s * __expf(m - mn) + cs; /* m = -inf on the first chunk: exp(-inf) = 0 */
         m = mn;
+        if constexpr (LS)
+#pragma unroll
+            for (int k = 0; k < V; ++k) t += f[k];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
         ms_merge(m, s, m2, s2);
+        if constexpr (LS) t += __shfl_xor_sync(0xffffffffu, t, o);
     }
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) rm[w] = m, rs[w] = s;
+    if (l == 0) {
+        rm[w] = m, rs[w] = s;
+        if constexpr (LS) rt[w] = t;
+    }
     __syncthreads();
     if (w == 0) {
         m = l < CE_THREADS / 32 ? rm[l] : -INFINITY;
         s = l < CE_THREADS / 32 ? rs[l] : 0.f;
+        if constexpr (LS) t = l < CE_THREADS / 32 ? rt[l] : 0.f;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             const float m2 = __shfl_xor_sync(0xffffffffu, m, o),
                         s2 = __shfl_xor_sync(0xffffffffu, s, o);
             ms_merge(m, s, m2, s2);
+            if constexpr (LS) t += __shfl_xor_sync(0xffffffffu, t, o);
         }
-        if (l == 0) zb = m + logf(s);
+        if (l == 0) {
+            zb = m + logf(s);
+            if constexpr (LS) tb = t;
+        }
     }
     __syncthreads();
+    if constexpr (LS) *tot = tb;
     return zb;
 }
 
-/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. */
-template <typename T, int V>
+/* The row's loss from row_lse's (logsumexp z, sum of logits tot) and the target logit xt:
+ * z - (1 - eps) xt - eps/V tot, as the CPU's; without LS, z - xt. */
+template <bool LS>
+static __device__ __forceinline__ float row_loss(float z, float xt, float tot, float eps, int64_t Vn) {
+    if constexpr (LS) return z - (1.f - eps) * xt - eps / (float)Vn * tot;
+    else return z - xt;
+}
+
+/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. LS: the target is
+ * (1 - eps) onehot + eps/V, so dl[j] = (exp(x[j] - z) - eps/V - (j == tgt ? 1 - eps : 0)) * g. */
+template <typename T, int V, bool LS>
 static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int64_t tgt, float g, bool ign,
-                                                int64_t Vn) {
+                                                int64_t Vn, float eps) {
+    const float off = eps / (float)Vn, on = 1.f - eps;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
         if (!ign) ldv<T, V>(f, x + i);
 #pragma unroll
         for (int k = 0; k < V; ++k)
-            f[k] = ign ? 0.f : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
+            f[k] = ign ? 0.f
+                 : LS  ? (__expf(f[k] - z) - off - (i + k == tgt ? on : 0.f)) * g
+                       : (__expf(f[k] - z) - (i + k == tgt ? 1.f : 0.f)) * g;
         stv<T, V>(dl + i, f);
     }
 }
 
-template <typename T, int V>
+template <typename T, int V, bool LS>
 __global__ void __launch_bounds__(CE_THREADS)
     ce_fwd_kernel(float *__restrict__ loss, float *__restrict__ lse, const T *__restrict__ logits,
-                  const int64_t *__restrict__ targets, int64_t Vn, int64_t ignore) {
+                  const int64_t *__restrict__ targets, int64_t Vn, int64_t ignore, float eps) {
     const int64_t row = blockIdx.x;
     const int64_t tgt = targets[row];
     if (tgt == ignore) {
@@ -83,10 +112,11 @@ __global__ void __launch_bounds__(CE_THREADS)
         return;
     }
     const T *x = logits + row * Vn;
-    const float z = row_lse<T, V>(x, Vn);
+    float tot = 0.f;
+    const float z = row_lse<T, V, LS>(x, Vn, LS ? &tot : nullptr);
     if (threadIdx.x == 0) {
         lse[row] = z;
-        loss[row] = (tgt >= 0 && tgt < Vn) ? z - tof<T>(x[tgt]) : NAN;
+        loss[row] = (tgt >= 0 && tgt < Vn) ? row_loss<LS>(z, tof<T>(x[tgt]), tot, eps, Vn) : NAN;
     }
 }
 
@@ -106,16 +136,16 @@ __global__ void ce_mean_kernel(float *__restrict__ mean, float *__restrict__ n_v
     }
 }
 
-template <typename T, int V>
+template <typename T, int V, bool LS>
 __global__ void __launch_bounds__(CE_THREADS)
     ce_bwd_kernel(T *dl, const T *x, const int64_t *__restrict__ targets,
                   const float *__restrict__ lse, const float *__restrict__ dloss,
-                  int64_t dstride, int64_t Vn, int64_t ignore) {
+                  int64_t dstride, int64_t Vn, int64_t ignore, float eps) {
     const int64_t row = blockIdx.x;
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore;
     const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
-    row_grad<T, V>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn);
+    row_grad<T, V, LS>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn, eps);
 }
 
 /* *count += the rows whose target != ignore (count zeroed before; integer adds: exact). */
@@ -132,26 +162,28 @@ __global__ void ce_count_kernel(unsigned *__restrict__ count, const int64_t *__r
 /* The forward and the gradient for an upstream gradient `seed` in one pass: per row the loss and
  * logsumexp as ce_fwd_kernel, then dl as ce_bwd_kernel with g = seed (sum) or seed / count (mean,
  * divided in f32 as the unfused backward divides). The row's second read mostly hits L2.
- * dl may be logits (in place; no __restrict__ on either): the target's logit is read before
- * row_lse's closing barrier, and after it each thread writes only the elements it reads. */
-template <typename T, int V>
+ * dl may be logits (in place; no __restrict__ on either): the target's logit (and, LS, the row's
+ * sum) is read before row_lse's closing barrier, and after it each thread writes only the
+ * elements it reads. */
+template <typename T, int V, bool LS>
 __global__ void __launch_bounds__(CE_THREADS)
     ce_fused_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
                     const int64_t *__restrict__ targets, const unsigned *__restrict__ count, float seed,
-                    int64_t Vn, int64_t ignore) {
+                    int64_t Vn, int64_t ignore, float eps) {
     const int64_t row = blockIdx.x;
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore, inr = tgt >= 0 && tgt < Vn;
     const T *x = logits + row * Vn;
     const float xt = (threadIdx.x == 0 && !ign && inr) ? tof<T>(x[tgt]) : 0.f;
-    float z = 0.f;
-    if (!ign) z = row_lse<T, V>(x, Vn); /* the same branch for the whole block */
+    float z = 0.f, tot = 0.f;
+    if (!ign) z = row_lse<T, V, LS>(x, Vn, LS ? &tot : nullptr); /* the same branch for the whole block */
     if (threadIdx.x == 0) {
         lse[row] = z;
-        loss[row] = ign ? 0.f : inr ? z - xt : NAN;
+        const float l = row_loss<LS>(z, xt, tot, eps, Vn); /* before the selects: the same eps = 0 code */
+        loss[row] = ign ? 0.f : inr ? l : NAN;
     }
     const float g = count ? seed / (float)*count : seed;
-    row_grad<T, V>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn);
+    row_grad<T, V, LS>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn, eps);
 }
 
 /* d *= g / *baked unless g == *baked (then nothing is written). */
@@ -172,28 +204,35 @@ __global__ void ce_rescale_kernel(T *__restrict__ d, int64_t n, const float *__r
 }
 __global__ void ce_set_kernel(float *__restrict__ baked, const float *__restrict__ g) { *baked = *g; }
 
-static int check_nv(const char *fn, int64_t N, int64_t V) {
+static int check_nv(const char *fn, int64_t N, int64_t V, float eps) {
     if (N < 0 || V <= 0 || N > 0x7fffffffLL)
         return zr_error("%s: bad shape N=%lld V=%lld", fn, (long long)N, (long long)V);
+    if (!(eps >= 0.f && eps <= 1.f)) return zr_error("%s: label smoothing must be in [0, 1], got %g", fn, eps);
     return 0;
 }
+
+/* KERN<T, VW, LS><<<N rows, CE_THREADS>>>(...) inside ZR_FUSED_DISPATCH (T, N, eps and stream
+ * from the caller): VW = the 16-byte vector when vec, else 1; LS = eps != 0. */
+#define CE_LAUNCH(KERN, vec, ...)                                                                  \
+    do {                                                                                           \
+        constexpr int VW = 16 / sizeof(T);                                                         \
+        if ((vec) && eps != 0) KERN<T, VW, true><<<(unsigned)N, CE_THREADS, 0, stream>>>(__VA_ARGS__); \
+        else if (vec) KERN<T, VW, false><<<(unsigned)N, CE_THREADS, 0, stream>>>(__VA_ARGS__);    \
+        else if (eps != 0) KERN<T, 1, true><<<(unsigned)N, CE_THREADS, 0, stream>>>(__VA_ARGS__);   \
+        else KERN<T, 1, false><<<(unsigned)N, CE_THREADS, 0, stream>>>(__VA_ARGS__);              \
+    } while (0)
 
 extern "C" int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_mean,
                                           float *n_valid, const void *logits,
                                           const int64_t *targets, int64_t N, int64_t V,
-                                          int64_t ignore_index, zr_dtype dtype,
+                                          int64_t ignore_index, float eps, zr_dtype dtype,
                                           cudaStream_t stream) {
     const char *fn = "cross_entropy_forward_cuda";
-    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (check_nv(fn, N, V, eps)) return ZR_ERR;
     if (N > 0) {
         ZR_FUSED_DISPATCH(fn, dtype, {
-            const int VW = 16 / sizeof(T);
-            if (V % VW == 0 && al16(logits))
-                ce_fwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                    loss, lse, (const T *)logits, targets, V, ignore_index);
-            else
-                ce_fwd_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                    loss, lse, (const T *)logits, targets, V, ignore_index);
+            CE_LAUNCH(ce_fwd_kernel, V % (16 / sizeof(T)) == 0 && al16(logits), loss, lse, (const T *)logits,
+                      targets, V, ignore_index, eps);
         });
     }
     if (loss_mean)
@@ -204,21 +243,14 @@ extern "C" int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_m
 extern "C" int cross_entropy_backward_cuda(void *dlogits, const void *logits,
                                            const int64_t *targets, const float *lse,
                                            const float *dloss, int64_t dloss_stride, int64_t N,
-                                           int64_t V, int64_t ignore_index, zr_dtype dtype,
+                                           int64_t V, int64_t ignore_index, float eps, zr_dtype dtype,
                                            cudaStream_t stream) {
     const char *fn = "cross_entropy_backward_cuda";
-    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (check_nv(fn, N, V, eps)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype, {
-        const int VW = 16 / sizeof(T);
-        if (V % VW == 0 && al16(logits) && al16(dlogits))
-            ce_bwd_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                (T *)dlogits, (const T *)logits, targets, lse, dloss, dloss_stride, V,
-                ignore_index);
-        else
-            ce_bwd_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                (T *)dlogits, (const T *)logits, targets, lse, dloss, dloss_stride, V,
-                ignore_index);
+        CE_LAUNCH(ce_bwd_kernel, V % (16 / sizeof(T)) == 0 && al16(logits) && al16(dlogits), (T *)dlogits,
+                  (const T *)logits, targets, lse, dloss, dloss_stride, V, ignore_index, eps);
     });
     return launch_check(fn);
 }
@@ -226,9 +258,9 @@ extern "C" int cross_entropy_backward_cuda(void *dlogits, const void *logits,
 extern "C" int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n_valid,
                                         void *dlogits, const void *logits, const int64_t *targets,
                                         unsigned *count, float seed, int64_t N, int64_t V,
-                                        int64_t ignore_index, zr_dtype dtype, cudaStream_t stream) {
+                                        int64_t ignore_index, float eps, zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "cross_entropy_fused_cuda";
-    if (check_nv(fn, N, V)) return ZR_ERR;
+    if (check_nv(fn, N, V, eps)) return ZR_ERR;
     if (N == 0) return 0;
     if (count) {
         if (cudaMemsetAsync(count, 0, sizeof *count, stream) != cudaSuccess)
@@ -238,13 +270,8 @@ extern "C" int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mea
                                                                                  ignore_index);
     }
     ZR_FUSED_DISPATCH(fn, dtype, {
-        const int VW = 16 / sizeof(T);
-        if (V % VW == 0 && al16(logits) && al16(dlogits))
-            ce_fused_kernel<T, 16 / sizeof(T)><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
-        else
-            ce_fused_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(
-                loss, lse, (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index);
+        CE_LAUNCH(ce_fused_kernel, V % (16 / sizeof(T)) == 0 && al16(logits) && al16(dlogits), loss, lse,
+                  (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index, eps);
     });
     if (loss_mean)
         ce_mean_kernel<<<1, 1024, 0, stream>>>(loss_mean, n_valid, loss, targets, N, ignore_index);

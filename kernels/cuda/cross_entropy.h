@@ -5,7 +5,10 @@
  * gradient can be predicted: one read of the logits and one write of the gradient in all.
  * logits (N, V) in ZR_F32, ZR_BF16 or ZR_F16; targets (N) int64; rows whose target equals
  * ignore_index (Hugging Face uses -100) get loss 0 and a zero gradient row. A target outside
- * [0, V) that is not ignore_index gives a NaN loss for that row. */
+ * [0, V) that is not ignore_index gives a NaN loss for that row. eps in [0, 1] is the label
+ * smoothing (torch's label_smoothing, Hugging Face's LabelSmoother): the target (1 - eps) onehot
+ * + eps/V, so loss = lse - (1 - eps) x[target] - eps/V sum_j x[j], and the gradient subtracts that
+ * target instead of the onehot. eps = 0 runs the kernels without it. */
 #ifndef ZR_CUDA_CROSS_ENTROPY_H
 #define ZR_CUDA_CROSS_ENTROPY_H
 
@@ -18,18 +21,19 @@ extern "C" {
 
 #include "../base/dtype.h" /* C header: inside the extern "C" block */
 
-/* loss (N) and lse (N) f32 per row. When loss_mean is non-NULL it receives the mean loss over
- * non-ignored rows (NaN when there are none, like PyTorch), and n_valid (nullable) their count,
- * both f32 scalars on the device, summed in a fixed order. */
+/* loss (N) and lse (N) f32 per row (lse does not depend on eps). When loss_mean is non-NULL it
+ * receives the mean loss over non-ignored rows (NaN when there are none, like PyTorch), and
+ * n_valid (nullable) their count, both f32 scalars on the device, summed in a fixed order. */
 int cross_entropy_forward_cuda(float *loss, float *lse, float *loss_mean, float *n_valid,
                                const void *logits, const int64_t *targets, int64_t N, int64_t V,
-                               int64_t ignore_index, zr_dtype dtype, cudaStream_t stream);
-/* dlogits[r, j] = (exp(logits[r, j] - lse[r]) - (j == target[r])) * dloss[r * dloss_stride].
+                               int64_t ignore_index, float eps, zr_dtype dtype, cudaStream_t stream);
+/* dlogits[r, j] = (exp(logits[r, j] - lse[r]) - eps/V - (j == target[r]) (1 - eps))
+ *                 * dloss[r * dloss_stride].
  * dloss_stride 0 broadcasts one device scalar (for the mean: 1/n_valid times the upstream
  * gradient). dlogits may equal logits (in place). */
 int cross_entropy_backward_cuda(void *dlogits, const void *logits, const int64_t *targets,
                                 const float *lse, const float *dloss, int64_t dloss_stride,
-                                int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
+                                int64_t N, int64_t V, int64_t ignore_index, float eps, zr_dtype dtype,
                                 cudaStream_t stream);
 
 /* The forward and the gradient in one pass, for a backward whose upstream gradient is expected to
@@ -39,7 +43,7 @@ int cross_entropy_backward_cuda(void *dlogits, const void *logits, const int64_t
  * seed. dlogits may equal logits (in place: the gradient written over them). */
 int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n_valid, void *dlogits,
                              const void *logits, const int64_t *targets, unsigned *count, float seed,
-                             int64_t N, int64_t V, int64_t ignore_index, zr_dtype dtype,
+                             int64_t N, int64_t V, int64_t ignore_index, float eps, zr_dtype dtype,
                              cudaStream_t stream);
 /* Corrects a gradient made for the upstream gradient *baked to the one that came, *g (device f32
  * scalars): d *= *g / *baked unless they are equal (then d is not touched), then *baked = *g. */

@@ -97,7 +97,7 @@ static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, d
  * bf16, f16). Nothing waits for the GPU: the count of non-ignored targets stays on the device
  * (saved for backward), and targets are not range-checked on the host — an out-of-range target
  * gives a NaN loss (and a zero-free gradient row) instead of the CPU's error. Label smoothing is
- * not in the kernel: asking for it on CUDA is an error. --- */
+ * in the kernels (in f32: eps/C off every class, 1 - eps on the target), in all three paths. --- */
 #ifdef ZR_HAVE_CUDA
 #include "cuda/device.h"
 #include "kernels/cuda/cross_entropy.h"
@@ -105,7 +105,7 @@ static zr_status check_args(const zr_tensor *logits, const zr_tensor *targets, d
 #include "kernels/cuda/reduce.h"
 
 /* saved: logits (contiguous), lse (N) f32, targets (N) i64, n_valid (0-dim f32).
- * i[0] = ignore_index, i[1] = reduction. */
+ * i[0] = ignore_index, i[1] = reduction; f[0] = label smoothing. */
 static zr_status cross_entropy_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *lse = n->saved[1], *tgt = n->saved[2], *nv = n->saved[3];
     zr_edge *e = &n->edges[0];
@@ -128,7 +128,8 @@ static zr_status cross_entropy_backward_dev(zr_node *n, zr_tensor *g, zr_tensor 
     if (!gx) goto done;
     if (zr_dev_status(cross_entropy_backward_cuda(zr_tensor_data(gx), zr_tensor_data(x), zr_tensor_data(tgt),
                                                   zr_tensor_data(lse), zr_tensor_data(q ? q : dl),
-                                                  red == ZR_LOSS_NONE ? 1 : 0, rows, c, n->i[0], x->dtype, s),
+                                                  red == ZR_LOSS_NONE ? 1 : 0, rows, c, n->i[0], (float)n->f[0],
+                                                  x->dtype, s),
                       "cross_entropy backward", dev))
         goto done;
     if (gx->dtype != e->dtype || gx->ndim != e->ndim) {
@@ -175,9 +176,6 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(logits);
     char dn[16];
-    if (label_smoothing != 0)
-        return zr_error_null("cross_entropy on %s: label_smoothing is not supported on CUDA (got %g); "
-                             "use 0, or compute the loss on the CPU", zr_device_name(dev, dn), label_smoothing);
     if (logits->dtype == ZR_F64)
         return zr_error_null("cross_entropy on %s: f64 logits are not supported (use f32, bf16 or f16)",
                              zr_device_name(dev, dn));
@@ -206,14 +204,15 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
         if (zr_dev_status(cross_entropy_fused_cuda(zr_tensor_data(loss), zr_tensor_data(lse), zr_tensor_data(mean),
                                                    zr_tensor_data(nv), zr_tensor_data(xi), zr_tensor_data(xi),
                                                    zr_tensor_data(tgt), cnt ? zr_tensor_data(cnt) : NULL, hint, rows,
-                                                   c, ignore_index, xi->dtype, s),
+                                                   c, ignore_index, (float)label_smoothing, xi->dtype, s),
                           "cross_entropy", dev))
             goto fail;
     } else if (rows == 0) { /* no rows: the kernel has nothing to do; mean is NaN like torch */
         if (zr_tensor_fill_(nv, 0) || zr_tensor_fill_(mean, reduction == ZR_LOSS_SUM ? 0.0 : NAN)) goto fail;
     } else if (zr_dev_status(cross_entropy_forward_cuda(zr_tensor_data(loss), zr_tensor_data(lse),
                                                         zr_tensor_data(mean), zr_tensor_data(nv), zr_tensor_data(xi),
-                                                        zr_tensor_data(tgt), rows, c, ignore_index, xi->dtype, s),
+                                                        zr_tensor_data(tgt), rows, c, ignore_index,
+                                                        (float)label_smoothing, xi->dtype, s),
                              "cross_entropy", dev))
         goto fail;
     if (reduction == ZR_LOSS_NONE) {
@@ -243,6 +242,7 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     if (n && !fused) {
         n->i[0] = ignore_index;
         n->i[1] = reduction;
+        n->f[0] = label_smoothing;
         if (zr_node_save(n, xi) || zr_node_save(n, lse) || zr_node_save(n, tgt) || zr_node_save(n, nv)) goto fail;
     }
     result = out;

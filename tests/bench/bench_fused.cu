@@ -313,16 +313,21 @@ int main(int argc, char **argv) {
         CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
         const double e = 2.0 * N * V;
         row("cross_entropy fwd", "bf16 N=8192 V=128256", e, time_ms([&] {
-                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, BF, 0));
+                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, 0.f, BF, 0));
             }));
         row("cross_entropy bwd", "bf16 N=8192 V=128256 (to buffer)", 2 * e, time_ms([&] {
-                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, BF, 0));
+                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, 0.f, BF, 0));
             }));
         unsigned *cnt;
         CU(cudaMalloc(&cnt, sizeof *cnt));
         CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice)); /* logits the fused pass overwrites */
         row("cross_entropy fused", "bf16 N=8192 V=128256 (loss + grad in place)", 2 * e, time_ms([&] {
-                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, BF, 0));
+                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.f, BF, 0));
+            }));
+        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice));
+        row("cross_entropy fused, label smoothing 0.1", "bf16 N=8192 V=128256 (loss + grad in place)", 2 * e,
+            time_ms([&] {
+                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.1f, BF, 0));
             }));
         cudaFree(cnt);
         cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);

@@ -400,6 +400,9 @@ TEST(swiglu_forward_backward) {
 
 /* ---- cross entropy --------------------------------------------------------------------------- */
 
+/* eps: label smoothing (0: the plain loss), each on the same logits and targets. With eps the
+ * reference loss is lse - (1 - eps) x[t] - eps/V sum_j x[j] and the gradient subtracts
+ * (1 - eps) onehot + eps/V; its losses (at V = 1: 0 up to rounding) are judged against at least 1. */
 TEST(cross_entropy_forward_backward) {
     const int64_t shapes[][2] = {{1, 1}, {5, 7}, {6, 1000}, {3, 128256}};
     for (auto &s : shapes)
@@ -411,71 +414,82 @@ TEST(cross_entropy_forward_backward) {
                 tg[r] = (r % 3 == 1) ? -100 : (int64_t)((urand() + 1) / 2 * V) % V;
             dbuf x_(N * V, t), loss_(N, ZR_F32), lse_(N, ZR_F32), mean_(1, ZR_F32),
                 nv_(1, ZR_F32), dl_(N * V, t), g_(1, ZR_F32);
-            x_.up(x);
             int64_t *tg_;
             CU(cudaMalloc(&tg_, N * 8));
             CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-            vec loss(N), lse(N), dl(N * V, 0);
-            double sum = 0, cnt = 0;
-            for (int64_t r = 0; r < N; ++r) {
-                if (tg[r] == -100) continue;
-                double m = -INFINITY, z = 0;
-                for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
-                for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m);
-                lse[r] = m + std::log(z);
-                loss[r] = lse[r] - x[r * V + tg[r]];
-                sum += loss[r], cnt += 1;
+            for (const float epsf : {0.f, 0.1f, 0.3f}) {
+                const double eps = epsf;
+                x_.up(x);
+                vec loss(N), lse(N), dl(N * V, 0);
+                double sum = 0, cnt = 0;
+                for (int64_t r = 0; r < N; ++r) {
+                    if (tg[r] == -100) continue;
+                    double m = -INFINITY, z = 0, tot = 0;
+                    for (int64_t j = 0; j < V; ++j) m = std::max(m, x[r * V + j]);
+                    for (int64_t j = 0; j < V; ++j) z += std::exp(x[r * V + j] - m), tot += x[r * V + j];
+                    lse[r] = m + std::log(z);
+                    loss[r] = lse[r] - (1 - eps) * x[r * V + tg[r]] - eps / V * tot;
+                    sum += loss[r], cnt += 1;
+                }
+                const double gscale = 0.7 / cnt;
+                for (int64_t r = 0; r < N; ++r)
+                    if (tg[r] != -100)
+                        for (int64_t j = 0; j < V; ++j)
+                            dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - eps / V -
+                                             (j == tg[r] ? 1 - eps : 0)) * gscale;
+                char what[96];
+                snprintf(what, sizeof what, "cross_entropy %s N%lld V%lld eps %g", tn(t), (long long)N,
+                         (long long)V, eps);
+                auto check_loss = [&](const vec &got, const vec &ref) {
+                    const double e = relerr(got, ref, eps != 0 ? 1 : 1e-30);
+                    CHECK_MSG(e <= 2e-5, "%s: loss rel err %.3g > 2e-5", what, e);
+                };
+                loss_.poison(), lse_.poison(), mean_.poison(), nv_.poison();
+                CHECK_OK(cross_entropy_forward_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p,
+                                                    tg_, N, V, -100, epsf, t, 0));
+                check_loss(loss_.down(), loss);
+                CHECK_CLOSE(lse_.down(), lse, 2e-6, what);
+                vec mn = mean_.down(), nv = nv_.down();
+                if (cnt > 0) check_loss(mn, vec(1, sum / cnt));
+                else CHECK_MSG(std::isnan(mn[0]), "%s: mean of no rows should be NaN", what);
+                CHECK_MSG(nv[0] == cnt, "%s: n_valid %g, expected %g", what, nv[0], cnt);
+                vec gv(1, gscale);
+                g_.up(gv);
+                dl_.poison();
+                CHECK_OK(cross_entropy_backward_cuda(dl_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V,
+                                                     -100, epsf, t, 0));
+                if (cnt > 0) CHECK_CLOSE(dl_.down(), dl, tol_of(t) + 1e-5, what);
+                /* in place over the logits */
+                CHECK_OK(cross_entropy_backward_cuda(x_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V,
+                                                     -100, epsf, t, 0));
+                if (cnt > 0) CHECK_CLOSE(x_.down(), dl, tol_of(t) + 1e-5, what);
+                /* loss and gradient in one pass, in place over the logits (the mean: seed 0.7 / count) */
+                x_.up(x);
+                loss_.poison(), lse_.poison(), mean_.poison();
+                unsigned *cnt_;
+                CU(cudaMalloc(&cnt_, sizeof *cnt_));
+                CHECK_OK(cross_entropy_fused_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p, x_.p, tg_,
+                                                  cnt_, 0.7f, N, V, -100, epsf, t, 0));
+                check_loss(loss_.down(), loss);
+                CHECK_CLOSE(lse_.down(), lse, 2e-6, what);
+                check_loss(mean_.down(), vec(1, sum / cnt));
+                vec fused = x_.down();
+                CHECK_CLOSE(fused, dl, tol_of(t) + 1e-5, what);
+                /* rescaled for another seed (1.4: twice), then the same seed again (nothing written) */
+                dbuf seed_(1, ZR_F32), baked_(1, ZR_F32);
+                vec s14(1, 1.4), s07(1, 0.7);
+                seed_.up(s14);
+                baked_.up(s07);
+                CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
+                vec dl2(dl);
+                for (double &v : dl2) v *= 2;
+                CHECK_CLOSE(x_.down(), dl2, tol_of(t) + 1e-5, what);
+                CHECK_MSG(baked_.down()[0] == (float)1.4, "%s: the rescale records the new seed", what);
+                vec before = x_.down();
+                CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
+                CHECK_MSG(x_.down() == before, "%s: the same seed again rewrote the gradient", what);
+                cudaFree(cnt_);
             }
-            const double gscale = 0.7 / cnt;
-            for (int64_t r = 0; r < N; ++r)
-                if (tg[r] != -100)
-                    for (int64_t j = 0; j < V; ++j)
-                        dl[r * V + j] = (std::exp(x[r * V + j] - lse[r]) - (j == tg[r])) * gscale;
-            char what[96];
-            snprintf(what, sizeof what, "cross_entropy %s N%lld V%lld", tn(t), (long long)N,
-                     (long long)V);
-            CHECK_OK(cross_entropy_forward_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p,
-                                                tg_, N, V, -100, t, 0));
-            CHECK_CLOSE(loss_.down(), loss, 2e-5, what);
-            CHECK_CLOSE(lse_.down(), lse, 2e-6, what);
-            vec mn = mean_.down(), nv = nv_.down();
-            if (cnt > 0) CHECK_CLOSE(mn, vec(1, sum / cnt), 2e-5, what);
-            else CHECK_MSG(std::isnan(mn[0]), "%s: mean of no rows should be NaN", what);
-            CHECK_MSG(nv[0] == cnt, "%s: n_valid %g, expected %g", what, nv[0], cnt);
-            vec gv(1, gscale);
-            g_.up(gv);
-            CHECK_OK(cross_entropy_backward_cuda(dl_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V, -100,
-                                                 t, 0));
-            if (cnt > 0) CHECK_CLOSE(dl_.down(), dl, tol_of(t) + 1e-5, what);
-            /* in place over the logits */
-            CHECK_OK(cross_entropy_backward_cuda(x_.p, x_.p, tg_, lse_.f(), g_.f(), 0, N, V, -100,
-                                                 t, 0));
-            if (cnt > 0) CHECK_CLOSE(x_.down(), dl, tol_of(t) + 1e-5, what);
-            /* loss and gradient in one pass, in place over the logits (the mean: seed 0.7 / count) */
-            x_.up(x);
-            unsigned *cnt_;
-            CU(cudaMalloc(&cnt_, sizeof *cnt_));
-            CHECK_OK(cross_entropy_fused_cuda(loss_.f(), lse_.f(), mean_.f(), nv_.f(), x_.p, x_.p, tg_, cnt_,
-                                              0.7f, N, V, -100, t, 0));
-            CHECK_CLOSE(loss_.down(), loss, 2e-5, what);
-            CHECK_CLOSE(lse_.down(), lse, 2e-6, what);
-            CHECK_CLOSE(mean_.down(), vec(1, sum / cnt), 2e-5, what);
-            vec fused = x_.down();
-            CHECK_CLOSE(fused, dl, tol_of(t) + 1e-5, what);
-            /* rescaled for another seed (1.4: twice), then the same seed again (nothing written) */
-            dbuf seed_(1, ZR_F32), baked_(1, ZR_F32);
-            vec s14(1, 1.4), s07(1, 0.7);
-            seed_.up(s14);
-            baked_.up(s07);
-            CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
-            vec dl2(dl);
-            for (double &v : dl2) v *= 2;
-            CHECK_CLOSE(x_.down(), dl2, tol_of(t) + 1e-5, what);
-            CHECK_MSG(baked_.down()[0] == (float)1.4, "%s: the rescale records the new seed", what);
-            vec before = x_.down();
-            CHECK_OK(cross_entropy_rescale_cuda(x_.p, N * V, seed_.f(), baked_.f(), t, 0));
-            CHECK_MSG(x_.down() == before, "%s: the same seed again rewrote the gradient", what);
-            cudaFree(cnt_);
             cudaFree(tg_);
         }
 }

@@ -1,5 +1,5 @@
 -- Fused cross_entropy on CUDA vs the CPU: ignore_index, mean/sum/none, a large vocabulary,
--- bf16 logits.
+-- bf16 logits, label smoothing, inplace.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("cross_entropy") then return end
 local zr, T, randn, both = C.zr, C.T, C.randn, C.both
@@ -26,8 +26,30 @@ T.test("cross_entropy (fused): ignore_index, mean/sum/none, large vocab, bf16 lo
   local all = zr.full({ 4 }, -100, { dtype = "i64" })
   local l = zr.cross_entropy(randn({ 4, 6 }):cuda(), all:cuda())
   assert(l:item() ~= l:item(), "mean over no targets is NaN")
+end)
+
+-- Label smoothing (torch's label_smoothing, Hugging Face's LabelSmoother) in the kernels: loss and
+-- gradient against the CPU's, every reduction, an ignored row; V = 1001 and 50257 take the scalar
+-- path (neither is a multiple of 4 or 8 elements), 1000 and 50304 the 16-byte one.
+T.test("cross_entropy label smoothing: mean/sum/none, ignored rows, scalar and vector paths, bf16", function()
+  for _, dt in ipairs { "f32", "bf16" } do
+    for _, s in ipairs { { 1, 5 }, { 33, 1001 }, { 16, 1000 }, { 5, 50257 }, { 4, 50304 } } do
+      local N, C = s[1], s[2]
+      zr.manual_seed(N * 7 + C)
+      local tgt = (zr.rand({ N }) * C):to("i64")
+      if N > 1 then tgt[2] = -100 end -- an ignored row
+      for _, eps in ipairs { 0.1, 0.3 } do
+        for _, red in ipairs { "mean", "sum", "none" } do
+          both(("cross_entropy %dx%d %s eps %g"):format(N, C, red, eps), dt, { randn({ N, C }) * 2, tgt },
+            function(x, t)
+              return zr.cross_entropy(x, t, { ignore_index = -100, reduction = red, label_smoothing = eps })
+            end, 2)
+        end
+      end
+    end
+  end
   T.raises(function() return zr.cross_entropy(randn({ 3, 4 }):cuda(), zr.zeros({ 3 }, { dtype = "i64", device = "cuda" }),
-    { label_smoothing = 0.1 }) end, "label_smoothing is not supported on CUDA")
+    { label_smoothing = 1.5 }) end, "label_smoothing must be in [0, 1]")
 end)
 
 -- With inplace = true the CUDA forward makes the logits' gradient (for the seed the hint promises:
@@ -37,54 +59,59 @@ end)
 -- the hint) and the CPU's inplace op (tests/ops/test_cross_entropy_inplace.lua checks it against
 -- the plain CPU op).
 local CE = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cross_entropy_common.lua")
-local function run(x, tgt, red, inplace, hint, seeds, dev)
-  local l, g, xa = CE.run(x, tgt, { ignore_index = -100, reduction = red, inplace = inplace }, seeds, hint, dev)
+local function run(x, tgt, red, inplace, hint, seeds, dev, eps)
+  local l, g, xa = CE.run(x, tgt, { ignore_index = -100, reduction = red, inplace = inplace, label_smoothing = eps },
+    seeds, hint, dev)
   return l, g:cpu():float(), xa:cpu():float()
 end
 local function maxdiff(a, b) return (a - b):abs():max():item() end
 
-T.test("cross_entropy inplace: the seed as hinted, another seed, retain_graph, the CPU's inplace", function()
+T.test("cross_entropy inplace: the seed as hinted, another seed, retain_graph, the CPU's inplace, smoothing", function()
   for _, dt in ipairs { "bf16", "f32" } do
-    for _, s in ipairs { { 64, 50304 }, { 33, 1001 }, { 7, 128256 }, { 5, 77 } } do
+    -- { N, V, label smoothing tried besides 0 }
+    for _, s in ipairs { { 64, 50304, 0.1 }, { 33, 1001, 0.3 }, { 7, 128256, 0.1 }, { 5, 77, 0.3 }, { 5, 50257, 0.1 } } do
       local N, V = s[1], s[2]
       zr.manual_seed(N + V)
       local x = (randn({ N, V }) * 3):to(dt)
       local tgt = (zr.rand({ N }) * V):to("i64")
       tgt[2], tgt[N] = -100, -100 -- ignored rows: zero gradient
-      for _, red in ipairs { "mean", "sum" } do
-        local what = ("%s %dx%d %s"):format(dt, N, V, red)
-        -- the seed the hint promised: the same loss and the same bits as the plain op; the
-        -- logits now hold that gradient
-        for _, h in ipairs { 1, 0.125 } do
-          local l0, g0 = run(x, tgt, red, false, h, { h }, "cuda")
-          local l1, g1, x1 = run(x, tgt, red, true, h, { h }, "cuda")
-          T.eq(l1, l0, what .. " loss, hint " .. h)
-          T.eq(maxdiff(g1, g0), 0, what .. " gradient, seed = hint " .. h)
-          T.eq(maxdiff(x1, g1), 0, what .. " the logits hold the gradient")
-        end
-        -- another seed: rescaled (one more rounding of the 16-bit gradient)
-        local tol = dt == "bf16" and 1e-2 or 1e-6
-        local _, want = run(x, tgt, red, false, nil, { 3 }, "cuda")
-        local _, got = run(x, tgt, red, true, 1, { 3 }, "cuda")
-        local scale = want:abs():max():item()
-        assert(scale > 0, what .. ": the reference gradient is zero")
-        assert(maxdiff(got, want) <= tol * scale, ("%s seed 3 under hint 1: off by %g (scale %g)"):format(what,
-          maxdiff(got, want), scale))
-        -- three times through the graph (retain_graph) with other seeds: the sum of the gradients
-        _, want = run(x, tgt, red, false, nil, { 0.5, 2, 0.25 }, "cuda")
-        _, got = run(x, tgt, red, true, 0.5, { 0.5, 2, 0.25 }, "cuda")
-        assert(maxdiff(got, want) <= tol * scale, what .. ": retain_graph with seeds 0.5, 2, 0.25 differs")
-        T.eq(got:narrow(1, 2, 1):abs():max():item() + got:narrow(1, N, 1):abs():max():item(), 0,
-          what .. " ignored rows get no gradient")
-        -- the CPU's inplace op agrees
-        local lc, gc = run(x, tgt, red, true, 1, { 3 }, "cpu")
-        local lg, gg = run(x, tgt, red, true, 1, { 3 }, "cuda")
-        T.near(lg, lc, 0, 1e-4, what .. " loss vs the CPU") -- fp32 sums of 128256 exps in other orders: ~1e-5
-        if dt == "f32" then -- the kernels' __expf against the CPU's expf: ~1e-5 of the scale (H200: 6e-6 over)
-          local sc = gc:abs():max():item()
-          assert(maxdiff(gg, gc) <= 1e-4 * sc, ("%s gradient vs the CPU: off by %g (scale %g)"):format(what, maxdiff(gg, gc), sc))
-        else
-          C.close_big(gg, gc, dt, what .. " gradient vs the CPU")
+      for _, eps in ipairs { 0, s[3] } do
+        for _, red in ipairs { "mean", "sum" } do
+          local what = ("%s %dx%d %s eps %g"):format(dt, N, V, red, eps)
+          -- the seed the hint promised: the same loss and the same bits as the plain op; the
+          -- logits now hold that gradient
+          for _, h in ipairs { 1, 0.125 } do
+            local l0, g0 = run(x, tgt, red, false, h, { h }, "cuda", eps)
+            local l1, g1, x1 = run(x, tgt, red, true, h, { h }, "cuda", eps)
+            T.eq(l1, l0, what .. " loss, hint " .. h)
+            T.eq(maxdiff(g1, g0), 0, what .. " gradient, seed = hint " .. h)
+            T.eq(maxdiff(x1, g1), 0, what .. " the logits hold the gradient")
+          end
+          -- another seed: rescaled (one more rounding of the 16-bit gradient)
+          local tol = dt == "bf16" and 1e-2 or 1e-6
+          local _, want = run(x, tgt, red, false, nil, { 3 }, "cuda", eps)
+          local _, got = run(x, tgt, red, true, 1, { 3 }, "cuda", eps)
+          local scale = want:abs():max():item()
+          assert(scale > 0, what .. ": the reference gradient is zero")
+          assert(maxdiff(got, want) <= tol * scale, ("%s seed 3 under hint 1: off by %g (scale %g)"):format(what,
+            maxdiff(got, want), scale))
+          -- three times through the graph (retain_graph) with other seeds: the sum of the gradients
+          _, want = run(x, tgt, red, false, nil, { 0.5, 2, 0.25 }, "cuda", eps)
+          _, got = run(x, tgt, red, true, 0.5, { 0.5, 2, 0.25 }, "cuda", eps)
+          assert(maxdiff(got, want) <= tol * scale, what .. ": retain_graph with seeds 0.5, 2, 0.25 differs")
+          T.eq(got:narrow(1, 2, 1):abs():max():item() + got:narrow(1, N, 1):abs():max():item(), 0,
+            what .. " ignored rows get no gradient")
+          -- the CPU's inplace op agrees
+          local lc, gc = run(x, tgt, red, true, 1, { 3 }, "cpu", eps)
+          local lg, gg = run(x, tgt, red, true, 1, { 3 }, "cuda", eps)
+          T.near(lg, lc, 0, 1e-4, what .. " loss vs the CPU") -- fp32 sums of 128256 exps in other orders: ~1e-5
+          if dt == "f32" then -- the kernels' __expf against the CPU's expf: ~1e-5 of the scale (H200: 6e-6 over)
+            local sc = gc:abs():max():item()
+            assert(maxdiff(gg, gc) <= 1e-4 * sc, ("%s gradient vs the CPU: off by %g (scale %g)"):format(what,
+              maxdiff(gg, gc), sc))
+          else
+            C.close_big(gg, gc, dt, what .. " gradient vs the CPU")
+          end
         end
       end
     end
