@@ -140,6 +140,7 @@ function Trainer:setup()
   -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
   local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
     hidden_size = self.model.config and self.model.config.hidden_size })
+  if a.auto_find_batch_size then pre = self:find_batch_size(pre, ds_cfg, hf_args, W) end
   a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
   a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
   -- ZenFlow: DeepSpeed replaces the accumulation by update_interval (a step is one update window) and
@@ -203,6 +204,63 @@ function Trainer:setup()
   -- zr.plot() draws the latest run: this trainer while it lives (weak: it holds the model), else its file
   Trainer.last[1], Trainer.last_output_dir = self, a.output_dir
 end
+
+-- The search itself: o = { model = (its config), config =, seq_len =, world_size =, gradient_checkpointing =,
+-- start =, gpu_memory = (bytes) }. Returns the micro-batch (0: not even 1 fits) and its plan.
+local function pick_batch_size(o)
+  local plan, usable = require "zrun.memory_plan", require("zrun.memory_offload").usable(o.gpu_memory)
+  local bs, p = o.start, nil
+  while bs > 0 do
+    p = plan.plan { model = o.model, config = o.config, micro_batch = bs, seq_len = o.seq_len, world_size = o.world_size,
+      gradient_checkpointing = o.gradient_checkpointing or nil }
+    if p.device.total <= usable then return bs, p end
+    if bs == 1 then return 0, p end
+    bs = floor(bs * 0.9)
+  end
+  return 0, p
+end
+Trainer.pick_batch_size = pick_batch_size
+
+-- auto_find_batch_size: the largest micro-batch from per_device_train_batch_size down, in accelerate's
+-- steps (x 0.9, rounded down), whose memory plan (zrun.memory_plan, which follows what runs to ~1%)
+-- fits the GPU with the longest training row: the search runs before anything is allocated, so no
+-- step has to fail out of memory first. The accumulation stays (HF's rule: the effective batch
+-- shrinks with it). On the CPU nothing is searched. Returns the config loaded with the batch found.
+function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
+  local a = self.args
+  local kind = pre:source("train_micro_batch_size_per_gpu")
+  if kind == "file" or kind == "override" then
+    error(fmt("Trainer: auto_find_batch_size sets the micro-batch, but the DeepSpeed config fixes " ..
+      "train_micro_batch_size_per_gpu = %s: make it \"auto\" (or drop auto_find_batch_size)",
+      tostring(pre.train_micro_batch_size_per_gpu)), 0)
+  end
+  local p1 = self.model:parameters()[1]
+  local dev = p1 and p1:device() or "cpu"
+  local gpu = dev ~= "cpu" and C.cuda and C.cuda.memory_summary(tonumber(dev:match(":(%d+)$")) or 0).device_total
+  if not gpu or gpu == 0 then
+    dist.print0(fmt("[zrun] Trainer: auto_find_batch_size: the model is on the %s, whose memory is not searched; " ..
+      "micro-batch %d", dev, a.per_device_train_batch_size))
+    return pre
+  end
+  local T = 0
+  for _, r in ipairs(self.train_dataset and self.train_dataset.rows or {}) do T = math.max(T, #r.input_ids) end
+  local bs, p = pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
+    gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu }
+  local usable = require("zrun.memory_offload").usable(gpu)
+  if bs == 0 then
+    error(fmt("Trainer: auto_find_batch_size: even a micro-batch of 1 row of %d tokens needs %s of the GPU's %s " ..
+      "usable (memory plan); run `zrun plan` with --fit for settings that fit (gradient_checkpointing, ZeRO " ..
+      "stage 3, offload)", T, zr.memory.human(p.device.total), zr.memory.human(usable)), 0)
+  end
+  dist.print0(fmt("[zrun] Trainer: auto_find_batch_size: micro-batch %d%s (memory plan %s of %s usable, rows of " ..
+    "up to %d tokens)", bs, bs ~= a.per_device_train_batch_size and fmt(" (from %d)", a.per_device_train_batch_size)
+    or "", zr.memory.human(p.device.total), zr.memory.human(usable), T))
+  if bs == a.per_device_train_batch_size then return pre end
+  a.per_device_train_batch_size, hf_args.per_device_train_batch_size = bs, bs
+  return require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
+    hidden_size = self.model.config and self.model.config.hidden_size })
+end
+
 
 -- The trainer's global step: the engine's optimizer steps, or with ZenFlow's update_interval "auto"
 -- the micro-batches trained / gradient_accumulation_steps (its host updates come when they come).

@@ -18,7 +18,7 @@ M.DEFAULTS = {
   resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, neftune_noise_alpha = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
   label_smoothing_factor = 0, average_tokens_across_devices = true, train_sampling_strategy = "random",
-  length_column_name = "length",
+  length_column_name = "length", auto_find_batch_size = false,
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -158,7 +158,8 @@ function M.resolve(user, quiet)
   if type(a.length_column_name) ~= "string" then
     bad("length_column_name must be a column name, got %s", config.show(a.length_column_name))
   end
-  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices" } do
+  for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices",
+    "auto_find_batch_size" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   check_int(a, "seed", 0)

@@ -176,4 +176,30 @@ T.test("the new arguments refuse what they cannot do, in one line", function()
     "label_smoothing_factor = 0.1 needs a model whose forward(ids, labels, {label_smoothing=}) smooths its loss")
 end)
 
+T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-batch whose memory plan fits", function()
+  local plan, usable = require "zrun.memory_plan", require("zrun.memory_offload").usable
+  local cfg1b = zr.models.llama.config("meta-llama/Llama-3.2-1B")
+  local ds_cfg = require("zrun.config").load({ train_micro_batch_size_per_gpu = 16, zero_optimization = { stage = 2 },
+    bf16 = { enabled = true } }, { world_size = 1 })
+  local function need(bs) return plan.plan { model = cfg1b, config = ds_cfg, micro_batch = bs, seq_len = 2048,
+    world_size = 1 }.device.total end
+  local function gpu_for(bytes) return math.ceil((bytes + 2 ^ 30) / 0.95) + 1 end -- usable(gpu) >= bytes
+  assert(need(12) > need(10) + 2 ^ 20, "the plan grows with the micro-batch")
+  local pick = zr.Trainer.pick_batch_size
+  local function run(gpu)
+    return (pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16, gpu_memory = gpu })
+  end
+  T.eq(run(gpu_for(need(16))), 16, "fits as given")
+  T.eq(run(gpu_for(need(10))), 10, "16 -> 14 -> 12 -> 10 (int(x 0.9) each time, as accelerate)")
+  T.eq(run(gpu_for(need(10)) - 2 ^ 21), 9, "just below 10's plan: 9")
+  assert(usable(gpu_for(need(10))) >= need(10) and usable(gpu_for(need(10)) - 2 ^ 21) < need(10))
+  T.eq(run(gpu_for(need(1)) - 2 ^ 21), 0, "not even 1 row")
+  -- on the CPU nothing is searched; a config that fixes the micro-batch is refused
+  local t = trainer { per_device_train_batch_size = 3, auto_find_batch_size = true, max_steps = 1 }
+  t:setup()
+  T.eq(t.args.per_device_train_batch_size, 3)
+  T.raises(function() trainer { auto_find_batch_size = true, deepspeed = { train_micro_batch_size_per_gpu = 2 } }:setup() end,
+    "auto_find_batch_size sets the micro-batch, but the DeepSpeed config fixes train_micro_batch_size_per_gpu = 2")
+end)
+
 T.done()
