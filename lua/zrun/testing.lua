@@ -138,6 +138,19 @@ function M.sample_rows(tok)
   return require("zrun.datasets").Dataset.from_rows(lines)
 end
 
+-- The sample text's tokens cut into n rows of len(i) tokens each (rows of different lengths: padding
+-- in every micro-batch), as a Dataset: the Trainer's token-count tests.
+function M.varied_rows(tok, n, len)
+  local all, rows, pos = {}, {}, 1
+  for _, l in ipairs(M.sample_rows(tok).rows) do for _, id in ipairs(l.input_ids) do all[#all + 1] = id end end
+  for i = 1, n do
+    local r = {}
+    for k = 1, len(i) do r[k], pos = all[pos], pos + 1 end
+    rows[i] = { input_ids = r }
+  end
+  return require("zrun.datasets").Dataset.from_rows(rows)
+end
+
 -- The bytes of the file at path (raises when it cannot be read).
 function M.read_file(path)
   local f = assert(io.open(path, "rb"))

@@ -8,15 +8,8 @@ local T = zr.testing
 local tmp = T.tmpdir()
 local tok = zr.tokenizers.ByteTokenizer.new()
 -- the sample text cut into 24 rows of 5..60 tokens: padding in every micro-batch
-local all = {}
-for _, l in ipairs(T.sample_rows(tok).rows) do for _, id in ipairs(l.input_ids) do all[#all + 1] = id end end
-local rows, pos = {}, 1
-for i = 1, 24 do
-  local r = {}
-  for k = 1, 5 + (i * 37) % 56 do r[k], pos = all[pos], pos + 1 end
-  rows[i] = { input_ids = r }
-end
-local ds = zr.datasets.Dataset.from_rows(rows)
+local ds = T.varied_rows(tok, 24, function(i) return 5 + (i * 37) % 56 end)
+local rows = ds.rows
 local collator = zr.datasets.causal_lm_collator { pad_token_id = 0 }
 local cfg = zr.models.llama.config("zrun/tiny-llama")
 local function model()

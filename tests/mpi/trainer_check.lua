@@ -103,14 +103,7 @@ elseif mode == "early" then
     T.eq(table.concat(kept, ","), "1", "save_strategy best: only the first evaluation was a best")
   end)
 elseif mode == "tokens" or mode == "tokens_ref" then
-  local all = {}
-  for _, l in ipairs(T.sample_rows(tok).rows) do for _, id in ipairs(l.input_ids) do all[#all + 1] = id end end
-  local rows, pos = {}, 1
-  for i = 1, 12 do
-    local r = {}
-    for k = 1, 4 + (i * 29) % 41 do r[k], pos = all[pos], pos + 1 end
-    rows[i] = { input_ids = r }
-  end
+  local rows = T.varied_rows(tok, 12, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(bs, avg)
     local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rows),
       data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
