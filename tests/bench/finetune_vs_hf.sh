@@ -18,6 +18,8 @@
 # padded per micro-batch, so micro-batches hold different numbers of tokens), label_smoothing_factor 0.1 and
 # train_sampling_strategy group_by_length: transformers' num_items_in_batch loss and its LabelSmoother on the HF
 # side; the eval perplexity on both sides is the unsmoothed token mean (hf_finetune.py computes it by hand).
+# Under DeepSpeed bf16 transformers smooths the bf16 logits as they come (its log-probabilities rounded to bf16);
+# HF_SMOOTH_FP32=1 gives its LabelSmoother fp32 logits, as zrun's kernel computes (RESULTS.md, session 25).
 # ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed, hf_optimizer_deepspeed,
 # rows_smoothing_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
@@ -38,7 +40,7 @@ cat > "$W/ds_auto.json" <<'J'
 J
 hf() { # name blocks lr warmup sched [ds_config [sched_kwargs_json]]
   echo "### $1: Hugging Face Trainer${6:+ + DeepSpeed}"
-  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 HF_EXTRA="$HF_EXTRA" \
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 PYTHONUNBUFFERED=1 HF_EXTRA="$HF_EXTRA" HF_SMOOTH_FP32="$HF_SMOOTH_FP32" \
     python3 tests/bench/hf_finetune.py "$W/model" "$2" "$W/$1.hf.json" "$3" "$4" "$5" ${6:+"$6"} ${7:+"$7"} > "$W/$1.hf.log" 2>&1
   grep "^hf:" "$W/$1.hf.log" || tail -5 "$W/$1.hf.log"
 }

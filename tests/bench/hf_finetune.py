@@ -15,7 +15,7 @@ its metadata) are padded per micro-batch by transformers' DataCollatorForLanguag
 pad token, as zrun's collator), and the eval loss is then also computed by hand as zrun's evaluation does it:
 the unsmoothed cross-entropy summed over every counted token / their count (transformers averages its eval
 batches' means). HF_EXTRA (environment): a JSON object of more TrainingArguments (e.g. label_smoothing_factor),
-which also switches the eval to that by-hand loss.
+which also switches the eval to that by-hand loss; HF_SMOOTH_FP32=1: the LabelSmoother gets fp32 logits.
 DS_CONFIG: train through DeepSpeed with that config (as the HF Trainer's deepspeed= argument; bf16
 weights with fp32 master as zrun does, or fp16 ones with DeepSpeed's loss scaler where the config
 enables fp16) instead of AMP; its optimizer runs as torch's AdamW
@@ -147,6 +147,12 @@ def main():
     kind = Rows if ragged else Blocks
     tr = InOrder(model=model, args=args, train_dataset=kind(train_rows), eval_dataset=kind(eval_rows),
                  data_collator=collator, callbacks=[rec])
+    if os.environ.get("HF_SMOOTH_FP32") and tr.label_smoother is not None:
+        # transformers' LabelSmoother over the model's logits as they come (bf16 under DeepSpeed bf16: its
+        # log_softmax output rounded to bf16); HF_SMOOTH_FP32=1 gives it the logits in fp32, the same formula
+        smoother = tr.label_smoother
+        tr.label_smoother = lambda out, labels, **kw: smoother({"logits": out["logits"].float()}, labels, **kw)
+        print("hf: LabelSmoother over fp32 logits")
     if by_hand:
         print(f"hf: eval by hand over {len(eval_rows)} rows (token-weighted, unsmoothed), extra arguments {extra}")
     # (HF + DeepSpeed below stage 3 cannot evaluate before training starts the engine)
