@@ -250,6 +250,10 @@ function M.initialize(opts)
       "DeepSpeed)", zc.zenflow.auto_ratio) or fmt("every %d micro-batches (gradient_accumulation_steps becomes " ..
       "update_interval, as in DeepSpeed)", U)))
   end
+  -- the parameters as the model held them (f32 before a bf16 cast, unsharded before ZeRO-3) are garbage now:
+  -- free them before the first forward, which would otherwise run with both copies (Lua does not see
+  -- tensor memory; the first collection would come in the first backward)
+  collectgarbage("collect")
   return self, self.optimizer, loader, self.lr_scheduler
 end
 

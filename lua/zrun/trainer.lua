@@ -792,6 +792,10 @@ function Trainer:evaluate(ds, prefix)
         sum, count = sum + out.loss:item() * n, count + n
         if fwd_opts then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
       end
+      -- a forward's temporaries are garbage once its loss is read; Lua does not see their memory, so the next
+      -- batches (and, after the evaluation, the next training forward) would run beside them: free them
+      out = nil
+      collectgarbage("collect")
       bar:update(1)
     end
   end)
