@@ -289,6 +289,9 @@ function M.causal_lm_collator(opts)
   opts = opts or {}
   local pad = opts.pad_token_id
   local multiple = opts.pad_to_multiple_of
+  if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
+    error(("collator: pad_to_multiple_of must be a positive integer (e.g. 64), got %s"):format(tostring(multiple)), 2)
+  end
   return function(rows)
     local B, T, Tmin = #rows, 0, math.huge
     for _, r in ipairs(rows) do

@@ -158,6 +158,11 @@ T.test("collator = DataCollatorForLanguageModeling(mlm=False): labels are ids, e
   T.near(nopad({ { input_ids = { 0, 4 } }, { input_ids = { 5, 0 } } }).labels, { 0, 4, 5, 0 })
   T.raises(function() nopad({ { input_ids = { 1 } }, { input_ids = { 1, 2 } } }) end,
     "collator: rows of 1 and 2 tokens need padding but there is no pad_token_id")
+  -- pad_to_multiple_of: the longest row rounded up, the extra positions padding
+  local m4 = D.causal_lm_collator({ pad_token_id = 2, pad_to_multiple_of = 4 })
+  T.near(m4({ { input_ids = { 1, 5, 6, 7, 8 } } }).labels, { 1, 5, 6, 7, 8, -100, -100, -100 })
+  T.raises(function() D.causal_lm_collator({ pad_token_id = 2, pad_to_multiple_of = "64" }) end,
+    "collator: pad_to_multiple_of must be a positive integer (e.g. 64), got 64")
 end)
 
 T.test("evaluate weights every predicted token equally (uneven rows, padding, partial batches)", function()
