@@ -140,6 +140,11 @@ function Trainer:setup()
   -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
   local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
     hidden_size = self.model.config and self.model.config.hidden_size })
+  if a.label_smoothing_factor ~= 0 and not self.model.token_mean_loss then
+    error(fmt("Trainer: label_smoothing_factor = %g needs a model whose forward(ids, labels, {label_smoothing=}) " ..
+      "smooths its loss (zrun's Llama and GPT-2 do; %s does not declare token_mean_loss)", a.label_smoothing_factor,
+      self.model.__name or "this model"), 0)
+  end
   if a.auto_find_batch_size then pre = self:find_batch_size(pre, ds_cfg, hf_args, W) end
   a.per_device_train_batch_size = pre.train_micro_batch_size_per_gpu or a.per_device_train_batch_size
   a.gradient_accumulation_steps = pre.gradient_accumulation_steps or a.gradient_accumulation_steps
@@ -184,11 +189,6 @@ function Trainer:setup()
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's scheduler (%s) is",
       self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or
       "lr_scheduler_kwargs are", e.config.scheduler.type))
-  end
-  if a.label_smoothing_factor ~= 0 and not self.model.token_mean_loss then
-    error(fmt("Trainer: label_smoothing_factor = %g needs a model whose forward(ids, labels, {label_smoothing=}) " ..
-      "smooths its loss (zrun's Llama and GPT-2 do; %s does not declare token_mean_loss)", a.label_smoothing_factor,
-      self.model.__name or "this model"), 0)
   end
   self.is_main = dist.rank() == 0
   local st = self.state
@@ -260,7 +260,6 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   return require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,
     hidden_size = self.model.config and self.model.config.hidden_size })
 end
-
 
 -- The trainer's global step: the engine's optimizer steps, or with ZenFlow's update_interval "auto"
 -- the micro-batches trained / gradient_accumulation_steps (its host updates come when they come).
