@@ -132,7 +132,7 @@ end)
 -- GPT-2's padded head on the GPU (50257 -> a multiple of 64, the padding's logits -1e30): the
 -- training forward's in-place loss against the unfused composition (the logits of a forward
 -- without labels, scored by causal_lm_loss), loss and gradients; out.logits made again lazily.
-T.test("gpt2 padded head on CUDA: in-place loss = unfused loss and gradients; lazy logits", function()
+T.test("gpt2 padded head on CUDA: in-place loss = unfused loss and gradients; lazy logits; smoothing over V", function()
   for _, dt in ipairs { "f32", "bf16" } do
     zr.manual_seed(5)
     local m = zr.models.gpt2.GPT2LMHeadModel { n_embd = 32, n_layer = 1, n_head = 2, vocab_size = 1001,
@@ -150,6 +150,14 @@ T.test("gpt2 padded head on CUDA: in-place loss = unfused loss and gradients; la
     T.eq(rawget(out, "logits"), nil, dt .. ": out.logits made on read")
     T.eq(maxdiff(out.logits:cpu():float(), logits:cpu():float()), 0, dt .. ": lazy logits = the forward's")
     T.eq(out.logits:size(3), 1001, dt .. ": the first V logits")
+    -- label smoothing spreads eps over the V real classes, not the padded head's extra columns
+    local sw = zr.models.llama.causal_lm_loss(logits:detach():float(), ids, false, 0.1)
+    local so = m(ids, ids, { label_smoothing = 0.1 })
+    T.near(so.loss, sw:item(), 0, dt == "bf16" and 1e-3 or 1e-6, dt .. " smoothed loss over the V classes")
+    so.loss:backward()
+    for _, p in m:named_parameters() do
+      assert(p.grad:float():abs():sum():item() > 0, dt .. ": smoothed loss has gradients"); p.grad = nil
+    end
   end
 end)
 
