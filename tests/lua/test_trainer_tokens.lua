@@ -152,6 +152,19 @@ T.test("train_sampling_strategy: sequential keeps the rows' order; group_by_leng
   T.eq(c:epoch_order(0)[1], 1, "the row with the largest length column first")
 end)
 
+T.test("the default collator for a model on a GPU pads rows of different lengths to a multiple of 64", function()
+  local Gpu = zr.nn.Module:extend("OnGpu") -- a stand-in whose parameters say they are on a GPU
+  function Gpu:parameters() return { { device = function() return "cuda:0" end } } end
+  local tokz = { pad_id = function() return 0 end }
+  local g = zr.Trainer { model = Gpu(), processing_class = tokz, args = { output_dir = tmp .. "/g" } }
+  local b = g.collator { rows[1], rows[2] }
+  T.eq(b.input_ids:size(2), 64, "rows of 42 and 23 tokens padded to 64")
+  T.eq(b.labels:narrow(2, 43, 22):eq(-100):to("f64"):sum():item(), 44, "positions 43-64 of both rows are -100")
+  T.eq(g.collator({ rows[1], rows[1] }).input_ids:size(2), #rows[1].input_ids, "rows of one length stay")
+  local c = zr.Trainer { model = model(), processing_class = tokz, args = { output_dir = tmp .. "/c" } }
+  T.eq(c.collator({ rows[1], rows[2] }).input_ids:size(2), #rows[1].input_ids, "on the CPU: the longest row")
+end)
+
 T.test("the new arguments refuse what they cannot do, in one line", function()
   local function new(a, m) return zr.Trainer { model = m or model(), train_dataset = ds, data_collator = collator, args = a } end
   T.raises(function() new { group_by_length = true } end,
