@@ -83,6 +83,25 @@ T.test("gradient accumulation over padded rows = one batch of all of them (trans
   T.near(a.engine.last_grad_norm, b.engine.last_grad_norm, 1e-5, 1e-5, "grad_norm, accumulated vs one batch")
 end)
 
+T.test("padded rows, group_by_length and label smoothing resume bit for bit from a checkpoint", function()
+  local function run(out, extra, resume)
+    local a = { output_dir = out, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 5,
+      save_strategy = "steps", save_steps = 2, train_sampling_strategy = "group_by_length", label_smoothing_factor = 0.1,
+      optim = "adamw_torch", learning_rate = 3e-3 }
+    for k, v in pairs(extra or {}) do a[k] = v end
+    local t = trainer(a)
+    t:train(resume)
+    local l = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then l[r.step] = r.loss end end
+    return l
+  end
+  local straight = run(tmp .. "/straight")
+  local resumed = run(tmp .. "/straight", { save_strategy = "no" },
+    { resume_from_checkpoint = tmp .. "/straight/checkpoint-2" })
+  for s = 3, 5 do T.eq(resumed[s], straight[s], "loss at step " .. s) end
+  assert(straight[5] ~= straight[3], "the steps differ")
+end)
+
 T.test("label_smoothing_factor: HF's LabelSmoother loss in training and evaluation; perplexity unsmoothed", function()
   local eps = 0.1
   local m = model()
