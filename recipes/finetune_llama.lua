@@ -118,6 +118,9 @@ local pad_id = tok:pad_id() or tok:eos_id()
 -- (on a GPU every new row length is a new set of product shapes to plan; rounding to 64 keeps them few:
 -- half the time on WikiText's lines at the same losses, RESULTS.md session 25. Right padding with -100
 -- labels changes nothing the real tokens see.)
+if opt.pad_to_multiple_of and opt.packing then
+  error("pad_to_multiple_of pads the rows of packing=false; packed blocks have no padding (add packing=false or drop it)", 0)
+end
 local multiple = opt.pad_to_multiple_of or (device ~= "cpu" and 64 or nil)
 local collator = not opt.packing and zr.datasets.causal_lm_collator { pad_token_id = pad_id,
   pad_to_multiple_of = multiple ~= 1 and multiple or nil } or nil

@@ -158,6 +158,10 @@ function M.resolve(user, quiet)
   if type(a.length_column_name) ~= "string" then
     bad("length_column_name must be a column name, got %s", config.show(a.length_column_name))
   end
+  if given.length_column_name and tss ~= "group_by_length" then -- (transformers ignores it there too)
+    bad("length_column_name is read by train_sampling_strategy = \"group_by_length\" only; got %s: set that " ..
+      "strategy or drop length_column_name", config.show(tss))
+  end
   for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices",
     "auto_find_batch_size" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end

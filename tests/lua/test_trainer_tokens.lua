@@ -192,7 +192,13 @@ T.test("the new arguments refuse what they cannot do, in one line", function()
   T.raises(function() new { train_sampling_strategy = "shuffled" } end,
     'train_sampling_strategy must be "random", "sequential" or "group_by_length", got "shuffled"')
   T.raises(function() new { label_smoothing_factor = 1.5 } end, "label_smoothing_factor must be a number in [0, 1)")
+  T.raises(function() new { length_column_name = "n" } end,
+    'length_column_name is read by train_sampling_strategy = "group_by_length" only; got "random"')
   T.raises(function() new { average_tokens_across_devices = "yes" } end, "average_tokens_across_devices must be true or false")
+  local p = io.popen((os.getenv("ZRUN_BIN") or "./zrun") .. " recipes/finetune_llama.lua pad_to_multiple_of=8 max_steps=1 2>&1")
+  local out = p:read("*a")
+  p:close()
+  assert(out:find("pad_to_multiple_of pads the rows of packing=false; packed blocks have no padding", 1, true), out)
   -- a model whose loss cannot be smoothed
   local Mod = zr.nn.Module:extend("MyLM")
   function Mod:__init() self.w = zr.nn.Parameter(zr.zeros({ 4 })) end
