@@ -215,18 +215,19 @@ function Trainer:setup()
 end
 
 -- The search itself: o = { model = (its config), config =, seq_len =, world_size =, gradient_checkpointing =,
--- start =, gpu_memory = (bytes) }. Returns the micro-batch (0: not even 1 fits) and its plan.
+-- start =, gpu_memory = (bytes) }. Returns the micro-batch (0: not even 1 fits), its plan and the
+-- usable bytes it was held to.
 local function pick_batch_size(o)
   local plan, usable = require "zrun.memory_plan", require("zrun.memory_offload").usable(o.gpu_memory)
   local bs, p = o.start, nil
   while bs > 0 do
     p = plan.plan { model = o.model, config = o.config, micro_batch = bs, seq_len = o.seq_len, world_size = o.world_size,
       gradient_checkpointing = o.gradient_checkpointing or nil }
-    if p.device.total <= usable then return bs, p end
-    if bs == 1 then return 0, p end
+    if p.device.total <= usable then return bs, p, usable end
+    if bs == 1 then return 0, p, usable end
     bs = floor(bs * 0.9)
   end
-  return 0, p
+  return 0, p, usable
 end
 Trainer.pick_batch_size = pick_batch_size
 
@@ -253,9 +254,8 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   end
   local T = 0
   for _, r in ipairs(self.train_dataset and self.train_dataset.rows or {}) do T = math.max(T, #r.input_ids) end
-  local bs, p = pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
+  local bs, p, usable = pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
     gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu }
-  local usable = require("zrun.memory_offload").usable(gpu)
   if bs == 0 then
     error(fmt("Trainer: auto_find_batch_size: even a micro-batch of 1 row of %d tokens needs %s of the GPU's %s " ..
       "usable (memory plan); run `zrun plan` with --fit for settings that fit (gradient_checkpointing, ZeRO " ..
@@ -407,8 +407,8 @@ function Trainer:train(resume)
   local ranks = a.average_tokens_across_devices and W or 1
   local window = {} -- micro-batch index -> { batch =, w = }, for the accumulation window being trained
   local function collate_window(idx, mb0)
-    local tot = 0
-    for m = mb0, math.min(mb0 + gas - 1, micro_per_epoch - 1) do
+    local tot, last = 0, math.min(mb0 + gas - 1, micro_per_epoch - 1)
+    for m = mb0, last do
       local batch_rows = {}
       for k = m * bs + 1, m * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
       local batch = self.collator(batch_rows)
@@ -421,7 +421,7 @@ function Trainer:train(resume)
       dist.all_reduce(t, "sum")
       tot = t:item()
     end
-    for m = mb0, math.min(mb0 + gas - 1, micro_per_epoch - 1) do
+    for m = mb0, last do
       local c = window[m].w
       window[m].w = (not weigh or tot == 0) and 1 or c * gas * ranks / tot -- (no label in the step: 0/0, NaN as in HF)
     end

@@ -94,16 +94,19 @@ static const own_fn OWN_KERNELS[] = {gemm_sm90, gemm_sm90_wide};
 static const char *const OWN_NAMES[] = {"pingpong", "wide"};
 #define N_OWN ((int)(sizeof OWN_KERNELS / sizeof OWN_KERNELS[0]))
 enum { OWN_OFF = -1, OWN_AUTO = 0 };
-static int tune_after(void) { /* 0: off; else the use that autotunes (a bad value: read_env refuses it) */
-    static int n = -1;
-    if (n < 0) {
+/* ZRUN_GEMM_AUTOTUNE: 0 off, else the use that autotunes (default 8); -1 when the value is not one
+ * (the default applies, and read_env refuses it). */
+static int tune_env(void) {
+    static int n = -2;
+    if (n == -2) {
         const char *e = getenv("ZRUN_GEMM_AUTOTUNE");
         char *end = NULL;
         long v = e && *e ? strtol(e, &end, 10) : 8;
-        n = (end && *end) || v < 0 || v > 1000000 ? 8 : (int)v;
+        n = (end && *end) || v < 0 || v > 1000000 ? -1 : (int)v;
     }
     return n;
 }
+static int tune_after(void) { return tune_env() < 0 ? 8 : tune_env(); }
 static int autotune_on(void) { return tune_after() > 0; }
 typedef struct {
     int own; /* OWN_OFF, OWN_AUTO or 1 + the index of the one kernel to use */
@@ -126,11 +129,9 @@ static int read_env(gemm_env *out) {
         if (v.own == OWN_AUTO && !autotune_on())
             return zr_error("ZRUN_GEMM_SM90=auto with ZRUN_GEMM_AUTOTUNE=0: ours join the autotuning, which "
                             "is off; unset ZRUN_GEMM_AUTOTUNE, or pick a kernel (pingpong, wide)");
-        const char *a = getenv("ZRUN_GEMM_AUTOTUNE");
-        char *end = NULL;
-        if (a && *a && (strtol(a, &end, 10) < 0 || *end || strlen(a) > 7))
+        if (tune_env() < 0)
             return zr_error("ZRUN_GEMM_AUTOTUNE=%s: use 0 (no autotuning), 1 (tune each GEMM shape the first time "
-                            "it runs) or N (the N-th time; default 8)", a);
+                            "it runs) or N (the N-th time; default 8)", getenv("ZRUN_GEMM_AUTOTUNE"));
         const char *l = getenv("ZRUN_GEMM_TUNE_LOG");
         if (l && *l && strcmp(l, "0") != 0 && strcmp(l, "1") != 0)
             return zr_error("ZRUN_GEMM_TUNE_LOG=%s: use 1 (print each autotuned shape's times) or 0", l);
