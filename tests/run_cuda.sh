@@ -1,7 +1,7 @@
 #!/bin/sh
 # GPU test suite (run on a machine with an NVIDIA GPU, from the repo root): the fused-kernel
 # tests, the Hopper GEMM's tests, every zrun op on CUDA against its CPU twin (tests/ops/test_*_cuda.lua), the backend beyond
-# single ops (tests/cuda/test_cuda.lua), and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence
+# single ops (tests/cuda/test_cuda.lua), the Trainer over padded rows (tests/cuda/test_trainer_cuda.lua), and with 2+ GPUs and mpirun the multi-GPU ZeRO equivalence
 # test (it needs a zrun built with MPI), and the memory plan's time-line peak on the GPU(s). Ends with
 # "N passed, N failed".
 fused=${1:-build/tests/test_fused_kernels}; zrun=${2:-./zrun}; gemm=${3:-$(dirname "$fused")/test_gemm_sm90}
@@ -16,7 +16,7 @@ run_one() { # command...
 }
 run_one $fused
 run_one $gemm
-for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua; do run_one $zrun "$t"; done
+for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua tests/cuda/test_trainer_cuda.lua; do run_one $zrun "$t"; done
 # the products again through each of our Hopper GEMMs wherever it takes them, and with both in the autotuning (the runtime's default: cuBLASLt only)
 # (auto: tuned at each shape's first run, so the tests' products meet ours; and the cuBLASLt autotuner's
 # switch of algorithm at a shape's second run)
