@@ -230,7 +230,11 @@ local function read_lines(path, blank_as_empty)
   return rows
 end
 
-local function read_jsonl(path, field)
+-- The fields of the chat / instruction formats (zrun.sft, TRL's dataset types): a row holding one of
+-- them needs no text field.
+local SFT_FIELDS = { "messages", "prompt", "completion", "conversations", "input_ids" }
+
+local function read_jsonl(path, field, explicit)
   local cjson = require "cjson"
   local rows, ln = {}, 0
   for line in io.lines(path) do
@@ -238,7 +242,13 @@ local function read_jsonl(path, field)
     if line:find("%S") then
       local ok, obj = pcall(cjson.decode, line)
       if not ok then error(("%s:%d: invalid JSON: %s"):format(path, ln, obj), 0) end
-      if field and obj[field] == nil then error(("%s:%d: no field '%s' in this row"):format(path, ln, field), 0) end
+      if type(obj) ~= "table" then error(("%s:%d: a row must be a JSON object"):format(path, ln), 0) end
+      local sft = false
+      if not explicit then for _, k in ipairs(SFT_FIELDS) do sft = sft or obj[k] ~= nil end end
+      if field and not sft and obj[field] == nil then
+        error(("%s:%d: no field '%s' in this row (rows hold text_field or a chat / instruction format's fields: %s)")
+          :format(path, ln, field, table.concat(SFT_FIELDS, ", ")), 0)
+      end
       rows[#rows + 1] = obj
     end
   end
@@ -267,7 +277,7 @@ function M.load_dataset(path, opts)
   end
   local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.raw$") and "wikitext") or "text"
   local rows
-  if format == "jsonl" then rows = read_jsonl(file, opts.text_field or "text")
+  if format == "jsonl" then rows = read_jsonl(file, opts.text_field or "text", opts.text_field ~= nil)
   elseif format == "wikitext" then rows = read_lines(file, true)
   elseif format == "text" then rows = read_lines(file, false)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end

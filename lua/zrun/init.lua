@@ -48,11 +48,15 @@ function zr.initialize(opts) return require("zrun.engine").initialize(opts) end
 -- transformers' EarlyStoppingCallback for zr.Trainer{callbacks=}: {early_stopping_patience=, early_stopping_threshold=}.
 function zr.EarlyStoppingCallback(o) return require("zrun.trainer_callbacks").EarlyStoppingCallback(o) end
 
+-- TRL's SFTTrainer: zr.Trainer on chat / instruction rows (messages, prompt + completion, text),
+-- tokenized with the chat template and masked as TRL does (zrun.sft).
+function zr.SFTTrainer(o) return require("zrun.sft").SFTTrainer(o) end
+
 -- Submodules load on first use: zr.nn, zr.optim, zr.data, zr.memory, ...
 local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",
   testing = "zrun.testing", models = "zrun.models", config = "zrun.config", dist = "zrun.dist",
-  tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", zero = "zrun.zero_to_fp32",
+  tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", sft = "zrun.sft", chat = "zrun.chat", jinja = "zrun.jinja", zero = "zrun.zero_to_fp32",
   schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine", Trainer = "zrun.trainer", checkpoint_module = "zrun.checkpoint",
   plot = "zrun.plot", progress = "zrun.progress",
 }

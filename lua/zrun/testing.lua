@@ -121,6 +121,21 @@ function M.eq(a, b, what)
   if a ~= b then error(("%s: got %s, expected %s"):format(what or "eq", tostring(a), tostring(b)), 2) end
 end
 
+-- Asserts two lists are equal element by element (raw equality), naming the first difference.
+function M.eq_list(a, b, what)
+  local function show(t, i) -- a few elements around i
+    local out = {}
+    for k = math.max(1, i - 3), math.min(#t, i + 3) do out[#out + 1] = tostring(t[k]) end
+    return table.concat(out, ",")
+  end
+  for i = 1, math.max(#a, #b) do
+    if a[i] ~= b[i] then
+      error(("%s: element %d of %d/%d: got %s (..%s..), expected %s (..%s..)"):format(what or "eq_list", i, #a, #b,
+        tostring(a[i]), show(a, i), tostring(b[i]), show(b, i)), 2)
+    end
+  end
+end
+
 -- A new empty temporary directory, for a test file's outputs.
 function M.tmpdir()
   local d = os.tmpname()

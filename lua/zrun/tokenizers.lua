@@ -21,8 +21,37 @@ function M.resolve(ref)
   error(("no tokenizer.json for '%s': looked for the file itself, %s/tokenizer.json and the Hugging Face cache"):format(ref, ref), 0)
 end
 
--- Where each loaded tokenizer came from (weak keys), so save_pretrained can copy its files.
+-- Where each loaded tokenizer came from (weak keys), so save_pretrained can copy its files; and its
+-- chat settings (zrun.chat: the templates and special token strings of tokenizer_config.json).
 local sources = setmetatable({}, { __mode = "k" })
+local chats = setmetatable({}, { __mode = "k" })
+local chat = require "zrun.chat"
+
+-- The chat settings of tok (its templates and special tokens), read from its files once.
+local function chat_settings(tok)
+  local s = chats[tok]
+  if not s then
+    local src = sources[tok]
+    s = src and chat.read_config(src:match("^(.*)/[^/]*$") or ".") or { special = {} }
+    chats[tok] = s
+  end
+  return s
+end
+
+-- tok:apply_chat_template(messages [, opts]) (zrun.chat.apply, transformers' method): the ids of the
+-- conversation rendered with the tokenizer's chat template; opts.tokenize = false gives the text;
+-- opts.return_dict (+ return_assistant_tokens_mask) a table with input_ids, attention_mask, assistant_masks.
+function M.apply_chat_template(tok, messages, opts) return chat.apply(tok, chat_settings(tok), messages, opts) end
+
+-- tok:set_chat_template(source): use this Jinja chat template (as `tokenizer.chat_template = ...` in
+-- transformers); save_pretrained writes it to chat_template.jinja.
+function M.set_chat_template(tok, source)
+  if type(source) ~= "string" or source == "" then error("set_chat_template(source): source must be a Jinja template string", 2) end
+  require("zrun.jinja").compile(source) -- a syntax error shows here, not at the first row
+  local s = chat_settings(tok)
+  s.templates = s.templates or {}
+  s.templates.default, s.set = source, true
+end
 
 -- Loads a Hugging Face tokenizer.json (ref: the file, a model directory or a hub id in the local
 -- cache, as resolve finds it); the C tokenizer gives the `tokenizers` library's ids, and
@@ -35,13 +64,15 @@ function M.load(ref)
   local methods = getmetatable(tok).__index
   if type(methods) == "table" and not methods.save_pretrained then
     methods.save_pretrained = function(self, dir) return M.save_pretrained(self, dir) end
+    methods.apply_chat_template = M.apply_chat_template
+    methods.set_chat_template = M.set_chat_template
   end
   return tok
 end
 
 -- The files of a Hugging Face tokenizer that transformers' AutoTokenizer reads, beside tokenizer.json.
 M.FILES = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-  "added_tokens.json", "vocab.json", "merges.txt" }
+  "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja" }
 
 local function copy(src, dst)
   local f = assert(io.open(src, "rb"))
@@ -59,9 +90,13 @@ function M.save_pretrained(tok, dir)
   if not src then error("tokenizer save_pretrained: this tokenizer was not loaded with zr.tokenizers.load, so its files are unknown", 0) end
   local from = src:match("^(.*)/[^/]*$") or "."
   local out = {}
+  local set = chats[tok] and chats[tok].set
   for _, n in ipairs(M.FILES) do
     local p = n == "tokenizer.json" and src or (from .. "/" .. n)
-    if exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
+    if n == "chat_template.jinja" and set then
+      C.write_file_atomic(dir .. "/" .. n, chats[tok].templates.default)
+      out[#out + 1] = n
+    elseif exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
   end
   return out
 end
@@ -73,11 +108,22 @@ Byte.__index = Byte
 M.ByteTokenizer = Byte
 -- A byte tokenizer (no state).
 function Byte.new() return setmetatable({}, Byte) end
+local BYTE_SPECIAL = { ["<pad>"] = 0, ["<s>"] = 1, ["</s>"] = 2 }
 -- The ids of text's bytes, after bos unless add_special is false, cut to max_length ids when given.
+-- The special tokens' strings "<pad>", "<s>" and "</s>" written in the text are their ids (as in the
+-- Hugging Face tokenizer save_pretrained writes, where they are added tokens): a chat template's
+-- eos_token ends a turn with id 2.
 function Byte:encode(text, add_special, max_length)
   local ids = {}
   if add_special ~= false then ids[1] = 1 end
-  for i = 1, #text do ids[#ids + 1] = text:byte(i) + 3 end
+  local i, n = 1, #text
+  while i <= n do
+    local b = text:byte(i)
+    local sp -- ("<": one of the special strings may start here; they are 3 to 5 bytes)
+    if b == 60 then for len = 3, 5 do if BYTE_SPECIAL[text:sub(i, i + len - 1)] then sp = text:sub(i, i + len - 1) end end end
+    if sp then ids[#ids + 1], i = BYTE_SPECIAL[sp], i + #sp
+    else ids[#ids + 1], i = b + 3, i + 1 end
+  end
   if max_length and #ids > max_length then for i = #ids, max_length + 1, -1 do ids[i] = nil end end
   return ids
 end
@@ -102,6 +148,21 @@ function Byte:bos_id() return 1 end
 function Byte:eos_id() return 2 end
 -- (see bos_id)
 function Byte:pad_id() return 0 end
+
+-- tok:apply_chat_template(messages [, opts]) (zrun.chat.apply): the byte tokenizer has no template of
+-- its own; pass opts.chat_template or set one with tok:set_chat_template(source). Its bos_token,
+-- eos_token and pad_token are "<s>", "</s>" and "<pad>".
+function Byte:apply_chat_template(messages, opts)
+  self.chat = self.chat or { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
+  return chat.apply(self, self.chat, messages, opts)
+end
+-- (see apply_chat_template)
+function Byte:set_chat_template(source)
+  if type(source) ~= "string" or source == "" then error("set_chat_template(source): source must be a Jinja template string", 2) end
+  require("zrun.jinja").compile(source)
+  self.chat = self.chat or { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
+  self.chat.templates = { default = source }
+end
 
 -- The same tokenizer in Hugging Face's format: a BPE with no merges whose vocabulary is the special
 -- tokens and the 256 byte tokens <0x00>..<0xFF> (byte_fallback turns every character into its
@@ -130,7 +191,12 @@ function Byte:save_pretrained(dir)
   C.write_file_atomic(dir .. "/tokenizer.json", (hf.encode_json(tj):gsub('"\\u0000merges"', "[]")))
   C.write_file_atomic(dir .. "/tokenizer_config.json", hf.encode_json({ tokenizer_class = "PreTrainedTokenizerFast",
     bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>", add_bos_token = true, model_max_length = 1e9 }))
-  return { "tokenizer.json", "tokenizer_config.json" }
+  local files = { "tokenizer.json", "tokenizer_config.json" }
+  if self.chat and self.chat.templates then
+    C.write_file_atomic(dir .. "/chat_template.jinja", self.chat.templates.default)
+    files[3] = "chat_template.jinja"
+  end
+  return files
 end
 
 return M

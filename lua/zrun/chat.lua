@@ -1,0 +1,177 @@
+-- Chat templates, as transformers applies them: the Jinja template of a tokenizer's
+-- tokenizer_config.json ("chat_template", a string or a list of named templates) or of a
+-- chat_template.jinja beside it, rendered by zrun.jinja with the tokenizer's special tokens
+-- (bos_token, eos_token, ...) and the caller's variables, then tokenized without adding special
+-- tokens (the template writes them). The tokenizers of zr.tokenizers get it as a method:
+--   tok:apply_chat_template(messages, { add_generation_prompt = true })        --> ids
+--   tok:apply_chat_template(messages, { tokenize = false })                    --> the text
+--   tok:apply_chat_template(messages, { return_dict = true, return_assistant_tokens_mask = true })
+--     --> { input_ids =, attention_mask =, assistant_masks = } (1 on the tokens of {% generation %} blocks)
+local cjson = require "cjson"
+local M = {}
+
+local fmt = string.format
+local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
+local function read(p)
+  local f = assert(io.open(p, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+M.SPECIAL = { "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token" }
+
+-- The chat settings beside a tokenizer.json: { templates = {name = source} (nil when none),
+-- special = {bos_token = "<s>", ...} }. A chat_template.jinja file (transformers >= 4.43 writes it)
+-- wins over tokenizer_config.json's "chat_template"; named templates come from its list form or from
+-- additional_chat_templates/<name>.jinja.
+function M.read_config(dir)
+  local cfg, special = {}, {}
+  local p = dir .. "/tokenizer_config.json"
+  if exists(p) then
+    local ok, v = pcall(cjson.decode, read(p))
+    if not ok then error(fmt("%s: invalid JSON (%s)", p, tostring(v)), 0) end
+    cfg = v
+  end
+  for _, f in ipairs { dir .. "/special_tokens_map.json", p } do -- tokenizer_config.json last: it wins
+    local ok, m = pcall(function() return exists(f) and cjson.decode(read(f)) end)
+    if ok and type(m) == "table" then
+      for _, k in ipairs(M.SPECIAL) do
+        local v = m[k]
+        if type(v) == "table" then v = v.content end
+        if type(v) == "string" then special[k] = v end
+      end
+    end
+  end
+  local templates
+  local t = cfg.chat_template
+  if type(t) == "string" then templates = { default = t }
+  elseif type(t) == "table" then
+    templates = {}
+    for i, e in ipairs(t) do
+      if type(e) ~= "table" or type(e.name) ~= "string" or type(e.template) ~= "string" then
+        error(fmt("%s: chat_template[%d] must be {\"name\": ..., \"template\": ...}", p, i), 0)
+      end
+      templates[e.name] = e.template
+    end
+  end
+  if exists(dir .. "/chat_template.jinja") then
+    templates = templates or {}
+    templates.default = read(dir .. "/chat_template.jinja")
+  end
+  return { templates = templates, special = special }
+end
+
+-- The template source to use (transformers' get_chat_template): opts.chat_template as a template name
+-- or the template itself; else "tool_use" when tools are given and it exists; else "default".
+function M.pick(settings, chat_template, tools)
+  local ts = settings and settings.templates
+  if chat_template ~= nil then
+    if type(chat_template) ~= "string" then error("apply_chat_template: chat_template must be a string (a template or its name)", 0) end
+    return ts and ts[chat_template] or chat_template
+  end
+  if not ts then
+    error("apply_chat_template: this tokenizer has no chat template (no \"chat_template\" in its tokenizer_config.json " ..
+      "and no chat_template.jinja); pass chat_template = \"...\" (a Jinja template)", 0)
+  end
+  if tools and ts.tool_use then return ts.tool_use end
+  if ts.default then return ts.default end
+  local names = {}
+  for k in pairs(ts) do names[#names + 1] = k end
+  table.sort(names)
+  error(fmt("apply_chat_template: this tokenizer has named templates (%s) but no \"default\"; pass chat_template = one of them",
+    table.concat(names, ", ")), 0)
+end
+
+local KNOWN = { tokenize = true, add_generation_prompt = true, return_dict = true, return_assistant_tokens_mask = true,
+  chat_template = true, tools = true, documents = true, continue_final_message = true, max_length = true, truncation = true }
+
+-- Rendered text of messages (and the {% generation %} spans, 0-based byte offsets [s, e)).
+function M.render(settings, messages, o)
+  if type(messages) ~= "table" or #messages == 0 then
+    error("apply_chat_template: messages must be a non-empty list of {role =, content =} tables", 0)
+  end
+  if o.continue_final_message and o.add_generation_prompt then
+    error("apply_chat_template: continue_final_message and add_generation_prompt cannot both be true", 0)
+  end
+  local source = M.pick(settings, o.chat_template, o.tools)
+  local ctx = {}
+  for k, v in pairs(settings and settings.special or {}) do ctx[k] = v end
+  for k, v in pairs(o) do if not KNOWN[k] then ctx[k] = v end end -- extra template variables
+  ctx.messages, ctx.tools, ctx.documents = messages, o.tools, o.documents
+  ctx.add_generation_prompt = o.add_generation_prompt and true or false
+  local text, spans = require("zrun.jinja").render(source, ctx)
+  if o.continue_final_message then -- cut what the template writes after the final message's content
+    local last = messages[#messages].content
+    if type(last) ~= "string" then error("apply_chat_template: continue_final_message needs a string content in the last message", 0) end
+    local stripped = last:match("^%s*(.-)%s*$")
+    local at, found = 0, nil
+    while true do
+      local s, e = text:find(stripped, at + 1, true)
+      if not s then break end
+      found, at = e, s
+    end
+    if not found then error("apply_chat_template: continue_final_message: the last message's content is not in the rendered text", 0) end
+    text = text:sub(1, found)
+  end
+  return text, spans or {}
+end
+
+local function common_prefix(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do if a[i] ~= b[i] then return i - 1 end end
+  return n
+end
+
+-- 0/1 per token of ids (the encoding of text): 1 on the tokens holding a byte of a span, as
+-- transformers marks them (char_to_token of each span's first and last character). The tokens at a
+-- span's edges are found by encoding the text up to each edge: the ids agree with the full encoding up
+-- to the edge when it is a token boundary (a template's blocks end on special tokens and newlines), and
+-- otherwise the first token that differs is the one across the edge.
+function M.spans_to_mask(tok, text, ids, spans)
+  local mask = {}
+  for i = 1, #ids do mask[i] = 0 end
+  for _, sp in ipairs(spans) do
+    local s, e = sp[1], sp[2]
+    if e > s then
+      local first = s == 0 and 0 or common_prefix(tok:encode(text:sub(1, s), false), ids)
+      local upto = tok:encode(text:sub(1, e), false)
+      local last = common_prefix(upto, ids) -- tokens wholly before e
+      if last < #upto then last = last + 1 end -- the token across e holds byte e - 1
+      if first >= #ids then break end -- (cut off: transformers stops here too)
+      for i = first + 1, math.min(last, #ids) do mask[i] = 1 end
+    end
+  end
+  return mask
+end
+
+-- tok:apply_chat_template(messages [, opts]), transformers' signature as a table of options.
+function M.apply(tok, settings, messages, opts)
+  local o = opts or {}
+  if type(o) ~= "table" then error("apply_chat_template(messages [, opts]): opts must be a table", 2) end
+  local tokenize = o.tokenize ~= false
+  if o.return_assistant_tokens_mask and not (tokenize and o.return_dict) then
+    error("apply_chat_template: return_assistant_tokens_mask = true needs return_dict = true and tokenize = true", 0)
+  end
+  if o.return_assistant_tokens_mask and o.continue_final_message then
+    error("apply_chat_template: continue_final_message cannot be used with return_assistant_tokens_mask", 0)
+  end
+  local text, spans = M.render(settings, messages, o)
+  if not tokenize then return text end
+  local ids = tok:encode(text, false)
+  if o.truncation and o.max_length and #ids > o.max_length then
+    for i = #ids, o.max_length + 1, -1 do ids[i] = nil end
+  end
+  if not o.return_dict then return ids end
+  local out = { input_ids = ids, attention_mask = {} }
+  for i = 1, #ids do out.attention_mask[i] = 1 end
+  if o.return_assistant_tokens_mask then
+    if #spans == 0 and not M.pick(settings, o.chat_template, o.tools):find("{%%%-?%s*generation%s*%-?%%}") then
+      error("apply_chat_template: return_assistant_tokens_mask = true but the chat template has no {% generation %} block", 0)
+    end
+    out.assistant_masks = M.spans_to_mask(tok, text, ids, spans)
+  end
+  return out
+end
+
+return M

@@ -1,0 +1,245 @@
+-- Supervised fine-tuning on chat and instruction data, as TRL's SFTTrainer prepares it: each row
+-- becomes {input_ids, labels}, the labels -100 where the loss must not look (the prompt of a
+-- prompt-completion row; with assistant_only_loss everything outside the chat template's
+-- {% generation %} blocks), then zr.Trainer trains on them (padded rows, transformers' token-mean
+-- loss). The dataset types, detected from the first row:
+--   {text = "..."}                                      language modeling (eos appended if missing)
+--   {messages = {{role =, content =}, ...}}             conversational: the tokenizer's chat template
+--   {prompt = "...", completion = "..."}                prompt-completion: the loss on the completion only
+--   {prompt = {messages...}, completion = {messages...}} conversational prompt-completion
+--   {conversations = {{from =, value =}, ...}}          ShareGPT: converted to messages (human -> user, gpt -> assistant)
+--   {input_ids = {...} [, labels = {...}]}             already tokenized: kept
+--   local ds = zr.sft.prepare(raw, tok, { max_length = 1024, assistant_only_loss = false })
+--   local trainer = zr.SFTTrainer { model = m, train_dataset = raw, processing_class = tok, args = { max_length = 512, ... } }
+local M = {}
+local fmt = string.format
+
+-- SFTConfig's own arguments (TRL), with their defaults; the rest are zr.Trainer's.
+M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
+  truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
+  padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false, dataset_kwargs = false }
+-- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
+M.REFUSED = {
+  packing = "packing = true (TRL's bfd packing needs attention that restarts at each packed sequence); train the " ..
+    "padded rows (the default), or pack plain text with zr.datasets' group_texts and zr.Trainer",
+  padding_free = "padding_free = true needs the same per-sequence attention as packing",
+  loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) is implemented",
+}
+
+local function is_messages(v) return type(v) == "table" and type(v[1]) == "table" and v[1].role ~= nil end
+
+-- The dataset type of a row: "text", "messages", "prompt_completion", "processed" (and whether
+-- prompt-completion rows are conversational).
+function M.row_type(row, text_field)
+  if type(row) ~= "table" then error("sft: a row must be a table", 0) end
+  if row.input_ids then return "processed" end
+  if row.prompt ~= nil and row.completion ~= nil then return "prompt_completion", is_messages(row.prompt) end
+  if row.messages ~= nil then return "messages", true end
+  if row.conversations ~= nil then return "conversations", true end
+  if row[text_field] ~= nil then return "text" end
+  local keys = {}
+  for k in pairs(row) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  error(fmt("sft: cannot tell this dataset's type from its first row's fields (%s): rows need %s, messages, " ..
+    "prompt + completion, conversations or input_ids", table.concat(keys, ", "), text_field), 0)
+end
+
+local SHAREGPT = { human = "user", gpt = "assistant", system = "system", user = "user", assistant = "assistant" }
+local function from_sharegpt(conv, i)
+  local out = {}
+  for k, m in ipairs(conv) do
+    local role = SHAREGPT[m.from]
+    if not role then error(fmt("sft: row %d, conversations[%d]: unknown speaker '%s' (human, gpt or system)", i, k, tostring(m.from)), 0) end
+    out[k] = { role = role, content = m.value }
+  end
+  return out
+end
+
+local function concat(a, b)
+  local out = {}
+  for i = 1, #a do out[i] = a[i] end
+  for i = 1, #b do out[#a + i] = b[i] end
+  return out
+end
+
+local function common_prefix(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do if a[i] ~= b[i] then return i - 1 end end
+  return n
+end
+
+-- One row -> { input_ids, labels } (nil when truncation left nothing to learn). o: the resolved options.
+local function tokenize_row(row, i, kind, tok, o, warned)
+  local ids, masks = nil, {}
+  local chat = { chat_template = o.chat_template, tools = row.tools }
+  for k, v in pairs(type(row.chat_template_kwargs) == "table" and row.chat_template_kwargs or {}) do chat[k] = v end
+  local function template(msgs, extra)
+    local c = {}
+    for k, v in pairs(chat) do c[k] = v end
+    for k, v in pairs(extra) do c[k] = v end
+    c.return_dict = true
+    return tok:apply_chat_template(msgs, c)
+  end
+  if kind == "text" then
+    local text = row[o.dataset_text_field]
+    if type(text) ~= "string" then error(fmt("sft: row %d: %s must be a string", i, o.dataset_text_field), 0) end
+    if o.eos_token and text:sub(-#o.eos_token) ~= o.eos_token then text = text .. o.eos_token end
+    ids = tok:encode(text)
+  elseif kind == "messages" or kind == "conversations" then
+    local msgs = kind == "messages" and row.messages or from_sharegpt(row.conversations, i)
+    local out = template(msgs, { return_assistant_tokens_mask = o.assistant_only_loss })
+    ids = out.input_ids
+    if o.assistant_only_loss then masks[#masks + 1] = out.assistant_masks end
+  elseif kind == "prompt_completion" then
+    local prompt_ids
+    if is_messages(row.prompt) then
+      prompt_ids = template(row.prompt, { add_generation_prompt = true }).input_ids
+      local out = template(concat(row.prompt, row.completion), { return_assistant_tokens_mask = o.assistant_only_loss })
+      ids = out.input_ids
+      if o.assistant_only_loss then masks[#masks + 1] = out.assistant_masks end
+    else
+      local completion = row.completion
+      if type(row.prompt) ~= "string" or type(completion) ~= "string" then
+        error(fmt("sft: row %d: prompt and completion must both be strings or both lists of messages", i), 0)
+      end
+      if o.eos_token and completion:sub(-#o.eos_token) ~= o.eos_token then completion = completion .. o.eos_token end
+      prompt_ids, ids = tok:encode(row.prompt), tok:encode(row.prompt .. completion)
+    end
+    -- the completion starts where the two encodings part (TRL): usually after the whole prompt
+    local n = common_prefix(prompt_ids, ids)
+    if n < #prompt_ids and not warned.prefix then
+      warned.prefix = true
+      io.stderr:write(fmt("[zrun] sft: row %d: the tokenized prompt is not a prefix of the tokenized prompt + completion " ..
+        "(the template renders the prompt differently alone, or tokens merge across the boundary); the completion's " ..
+        "labels start where they part, at token %d of the prompt's %d (shown once)\n", i, n + 1, #prompt_ids))
+    end
+    if o.completion_only_loss then
+      local m = {}
+      for k = 1, #ids do m[k] = k > n and 1 or 0 end
+      masks[#masks + 1] = m
+    end
+  else -- processed: kept as is (labels = input_ids unless given)
+    ids = row.input_ids
+    if row.labels then return { input_ids = ids, labels = row.labels } end
+  end
+  if o.assistant_only_loss and masks[1] then
+    local any = false
+    for _, b in ipairs(masks[1]) do any = any or b == 1 end
+    if not any then
+      error(fmt("sft: row %d has no assistant tokens with assistant_only_loss = true: the chat template needs " ..
+        "{%% generation %%} ... {%% endgeneration %%} around the assistant's turns (pass chat_template_path = a " ..
+        "template that has them)", i), 0)
+    end
+  end
+  local labels = {}
+  for k, id in ipairs(ids) do
+    local keep = true
+    for _, m in ipairs(masks) do keep = keep and m[k] == 1 end
+    labels[k] = keep and id or -100
+  end
+  local L = o.max_length
+  if L and #ids > L then -- truncation_mode: keep_start or keep_end
+    local first = o.truncation_mode == "keep_end" and #ids - L + 1 or 1
+    local ti, tl = {}, {}
+    for k = first, first + L - 1 do ti[#ti + 1], tl[#tl + 1] = ids[k], labels[k] end
+    ids, labels = ti, tl
+  end
+  return { input_ids = ids, labels = labels }
+end
+
+-- Checks SFTConfig-style options and fills their defaults. first: the dataset's first row.
+function M.options(opts, tok, first)
+  local o = {}
+  for k, v in pairs(M.DEFAULTS) do o[k] = v end
+  for k, v in pairs(opts or {}) do
+    if M.DEFAULTS[k] == nil and k ~= "chat_template" then error(fmt("sft: unknown option '%s'", tostring(k)), 0) end
+    o[k] = v
+  end
+  for k, why in pairs(M.REFUSED) do
+    if o[k] ~= M.DEFAULTS[k] then error("sft: " .. why, 0) end
+  end
+  if o.max_length ~= false and (type(o.max_length) ~= "number" or o.max_length < 1 or o.max_length % 1 ~= 0) then
+    error(fmt("sft: max_length must be a positive integer or false (no truncation), got %s", tostring(o.max_length)), 0)
+  end
+  if o.truncation_mode ~= "keep_start" and o.truncation_mode ~= "keep_end" then
+    error(fmt("sft: truncation_mode must be \"keep_start\" or \"keep_end\", got %s", tostring(o.truncation_mode)), 0)
+  end
+  local kind = M.row_type(first, o.dataset_text_field)
+  if o.completion_only_loss == "auto" then o.completion_only_loss = kind == "prompt_completion"
+  elseif type(o.completion_only_loss) ~= "boolean" then
+    error("sft: completion_only_loss must be true, false or \"auto\" (true for prompt-completion rows)", 0)
+  elseif o.completion_only_loss and kind ~= "prompt_completion" and kind ~= "processed" then
+    error(fmt("sft: completion_only_loss = true needs prompt + completion rows; this dataset's rows are %s " ..
+      "(for chat rows use assistant_only_loss = true)", kind), 0)
+  end
+  if o.assistant_only_loss and kind ~= "messages" and kind ~= "conversations" and not (kind == "prompt_completion" and is_messages(first.prompt)) then
+    error(fmt("sft: assistant_only_loss = true needs conversational rows (messages); this dataset's rows are %s", kind), 0)
+  end
+  if o.chat_template_path then
+    local p = o.chat_template_path
+    local f = io.open(p, "rb") or io.open(p .. "/chat_template.jinja", "rb")
+    if not f then error(fmt("sft: chat_template_path %s: no such file (a .jinja file or a folder holding chat_template.jinja)", p), 0) end
+    o.chat_template = f:read("*a")
+    f:close()
+  end
+  if o.eos_token == false then -- the tokenizer's eos token string
+    local id = tok.eos_id and tok:eos_id()
+    o.eos_token = id and id >= 0 and (tok.id_to_token and tok:id_to_token(id) or (id == 2 and "</s>")) or nil
+  end
+  return o, kind
+end
+
+-- TRL's dataset preparation: a Dataset of {input_ids, labels} from rows of any of the types above;
+-- rows that truncation leaves with no label to learn are dropped (as TRL does).
+function M.prepare(ds, tok, opts)
+  local rows = ds.rows or ds
+  if #rows == 0 then error("sft: the dataset is empty", 0) end
+  local o, kind = M.options(opts, tok, rows[1])
+  local out, warned, dropped = {}, {}, 0
+  for i, row in ipairs(rows) do
+    local k = M.row_type(row, o.dataset_text_field)
+    if k ~= kind then error(fmt("sft: row %d is %s but the first row is %s: one dataset holds one type of row", i, k, kind), 0) end
+    local r = tokenize_row(row, i, kind, tok, o, warned)
+    local any = false
+    for _, l in ipairs(r.labels) do any = any or l ~= -100 end
+    if any or not o.max_length then out[#out + 1] = r else dropped = dropped + 1 end
+  end
+  if #out == 0 then error(fmt("sft: every row lost all its labels to truncation at max_length = %s", tostring(o.max_length)), 0) end
+  local res = require("zrun.datasets").Dataset.from_rows(out)
+  res.sft = { kind = kind, dropped = dropped, options = o }
+  return res
+end
+
+-- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
+-- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
+-- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
+-- {skip_prepare_dataset = true}) beside the Trainer's.
+function M.SFTTrainer(opts)
+  if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
+  local args, sargs = {}, {}
+  for k, v in pairs(opts.args or {}) do
+    if M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end
+  end
+  local skip = type(sargs.dataset_kwargs) == "table" and sargs.dataset_kwargs.skip_prepare_dataset
+  sargs.dataset_kwargs, sargs.dataset_num_proc = nil, nil -- (no worker processes: preparation is in-process)
+  local multiple, pad_token = sargs.pad_to_multiple_of, sargs.pad_token
+  sargs.pad_to_multiple_of, sargs.pad_token = nil, nil
+  local tok = opts.processing_class or opts.tokenizer
+  local function prep(ds)
+    if not ds or skip then return ds end
+    if not tok then error("SFTTrainer: processing_class (the tokenizer) is required to prepare the datasets", 2) end
+    return M.prepare(ds, tok, sargs)
+  end
+  local t = {}
+  for k, v in pairs(opts) do t[k] = v end
+  t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset)
+  if not t.data_collator and (pad_token or multiple) then
+    local pad = pad_token and tok:token_to_id(pad_token)
+    if pad_token and (not pad or pad < 0) then error(fmt("SFTTrainer: pad_token '%s' is not in the tokenizer's vocabulary", pad_token), 2) end
+    pad = pad or (tok.pad_id and tok:pad_id()) or tok:eos_id()
+    t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil }
+  end
+  return require("zrun.trainer")(t)
+end
+
+return M

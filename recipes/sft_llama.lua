@@ -1,0 +1,119 @@
+-- Supervised fine-tuning of a Llama on chat or instruction data with a DeepSpeed config: TRL's sft.py
+-- (SFTTrainer: the chat template, the loss on completions / assistant turns) in Lua.
+--   zrun recipes/sft_llama.lua                       # no model on disk: the built-in tiny Llama, a built-in chat set
+--   zrun recipes/sft_llama.lua model=DIR data=FILE.jsonl [--config FILE] [any SFTConfig / TrainingArguments key=value]
+-- data: JSON lines of one dataset type (zr.sft): {"messages": [{"role": ..., "content": ...}, ...]},
+-- {"prompt": ..., "completion": ...} (strings or message lists), {"text": ...} or ShareGPT
+-- {"conversations": [{"from": ..., "value": ...}]}; the first validation_split_percentage % of the rows
+-- evaluate. Chat rows use the tokenizer's chat template (chat_template_path= another one).
+local zr = require "zrun"
+local dist = zr.dist
+
+local cli = require("zrun.argparse").new("recipes/sft_llama.lua",
+  "Supervised fine-tuning on chat / instruction rows (TRL's SFTTrainer + DeepSpeed).")
+cli:option("model", "meta-llama/Llama-3.2-1B-Instruct", "a Hugging Face model directory or a hub id in the local cache")
+cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
+cli:option("data", false, "a .jsonl file of chat / instruction rows (default: a built-in set for the tiny model)")
+cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
+cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
+cli:alias("deepspeed", "config")
+cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\")")
+cli:option("device", "auto", "cpu | cuda | auto")
+-- TrainingArguments and SFTConfig's keys (max_length, assistant_only_loss, completion_only_loss, ...)
+local args = {
+  output_dir = "output/sft_llama", per_device_train_batch_size = 4, per_device_eval_batch_size = 4,
+  gradient_accumulation_steps = 8, learning_rate = 2e-5, warmup_ratio = 0.03, num_train_epochs = 1, logging_steps = 10,
+  eval_strategy = "steps", eval_steps = 50, save_strategy = "steps", save_steps = 500, save_total_limit = 2,
+}
+local sft_keys = {}
+for k in pairs(zr.sft.DEFAULTS) do sft_keys[#sft_keys + 1] = k end
+table.sort(sft_keys)
+for _, k in ipairs(sft_keys) do cli:option(k, false, ("SFTConfig's %s (default %s)"):format(k, tostring(zr.sft.DEFAULTS[k]))) end
+local opt, given = cli:training_arguments(args):parse(arg)
+for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
+
+local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
+local home = ZRUN_HOME or "."
+if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
+local device = opt.device == "auto" and (zr.cuda.device_count() > 0 and "cuda" or "cpu") or opt.device
+local function say(fmt, ...) dist.print0(("[sft_llama] " .. fmt):format(...)) end
+
+local model, tok, fallback
+local ok, err = pcall(function()
+  local dir = zr.hf.resolve(opt.model)
+  tok = zr.tokenizers.load(opt.tokenizer or dir)
+  model = zr.models.llama.from_pretrained(dir, { dtype = "f32", device = device })
+end)
+if not ok and (given.model or given.tokenizer) then error(tostring(err), 0) end
+if not ok then
+  say("model '%s' not available: %s", opt.model, tostring(err))
+  say("falling back to the built-in tiny Llama (zrun/tiny-llama), a byte-level tokenizer and a Zephyr-style chat template")
+  fallback = true
+  zr.manual_seed(42)
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.device = device
+  model = zr.models.llama.LlamaForCausalLM(cfg)
+  tok = zr.tokenizers.ByteTokenizer.new()
+  -- each assistant turn in a generation block, so assistant_only_loss can mask the rest
+  tok:set_chat_template("{% for m in messages %}{{ '<|' + m.role + '|>\\n' }}{% if m.role == 'assistant' %}" ..
+    "{% generation %}{{ m.content + eos_token }}{% endgeneration %}{% else %}{{ m.content + eos_token }}{% endif %}" ..
+    "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+end
+
+-- The rows: a .jsonl file, or (no data given, tiny model) the sample text's sentences as "continue" turns
+local rows
+if opt.data then
+  rows = zr.datasets.load_dataset(opt.data, { format = "jsonl" }).rows
+elseif fallback then
+  rows = {}
+  for line in io.lines(home .. "/recipes/data/sample.txt") do
+    for s in line:gmatch("[^%.]+%.") do
+      local words = {}
+      for w in s:gmatch("%S+") do words[#words + 1] = w end
+      if #words >= 6 then
+        local h = math.floor(#words / 2)
+        rows[#rows + 1] = { messages = { { role = "user", content = "Continue: " .. table.concat(words, " ", 1, h) },
+          { role = "assistant", content = table.concat(words, " ", h + 1) } } }
+      end
+    end
+  end
+  if not given.assistant_only_loss then args.assistant_only_loss = true end
+else
+  error("data= a .jsonl file of chat / instruction rows is required with a model (see the recipe's header)", 0)
+end
+local n_eval = math.max(1, math.floor(#rows * opt.validation_split_percentage / 100 + 0.5))
+local eval_rows, train_rows = {}, {}
+for i, r in ipairs(rows) do if i <= n_eval then eval_rows[#eval_rows + 1] = r else train_rows[#train_rows + 1] = r end end
+
+if fallback then -- CPU-sized settings for the tiny model
+  local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
+    eval_steps = 20, max_length = 256 }
+  for k, v in pairs(small) do if not given[k] then args[k] = v end end
+  if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
+    gradient_clipping = 1.0, steps_per_print = 1000,
+    optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
+    zero_optimization = { stage = 2 } } end
+end
+args.deepspeed = opt.config
+if opt.precision then
+  local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
+  if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
+  args.bf16, args.fp16 = p == "bf16", p == "fp16"
+end
+
+local D = zr.datasets.Dataset
+local trainer = zr.SFTTrainer { model = model, processing_class = tok, args = args,
+  train_dataset = D.from_rows(train_rows), eval_dataset = D.from_rows(eval_rows) }
+local prep = trainer.train_dataset.sft
+local learned = 0
+for _, r in ipairs(trainer.train_dataset.rows) do for _, l in ipairs(r.labels) do if l ~= -100 then learned = learned + 1 end end end
+say("%d training rows (%s; %d tokens learned%s) and %d evaluation rows, model %s (%d parameters), device %s",
+  #trainer.train_dataset, prep.kind, learned, prep.dropped > 0 and (", %d rows dropped by max_length"):format(prep.dropped) or "",
+  #trainer.eval_dataset, fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
+local before = trainer:evaluate()
+local res = trainer:train()
+local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
+trainer:save_model()
+say("done: %d steps in %.1f s, loss %.3f -> %.3f, evaluation loss %.3f -> %.3f; model and tokenizer saved to %s",
+  res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0, before.eval_loss, after.eval_loss,
+  args.output_dir)

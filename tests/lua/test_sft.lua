@@ -1,0 +1,163 @@
+-- zr.sft / zr.SFTTrainer (TRL's SFT on chat and instruction rows) with the byte tokenizer: the rows'
+-- labels by hand for each dataset type, the loss over the completion tokens only (in double by hand),
+-- a tiny Llama that learns its answers, and the refusals. Against transformers and the real TinyLlama
+-- chat tokenizer: tests/lua/test_sft_golden.lua.
+local zr = require "zrun"
+local T = zr.testing
+
+local tmp = T.tmpdir()
+local tok = zr.tokenizers.ByteTokenizer.new()
+local TPL = "{% for m in messages %}{% if m.role == 'assistant' %}{{ 'A: ' }}{% generation %}{{ m.content + eos_token }}" ..
+  "{% endgeneration %}{% else %}{{ 'U: ' + m.content + '\\n' }}{% endif %}{% endfor %}" ..
+  "{% if add_generation_prompt %}{{ 'A: ' }}{% endif %}"
+local function bytes(s, first) -- the byte tokenizer's ids of s
+  local out = first and { first } or {}
+  for i = 1, #s do out[#out + 1] = s:byte(i) + 3 end
+  return out
+end
+local function cat(...)
+  local out = {}
+  for _, t in ipairs { ... } do for _, v in ipairs(t) do out[#out + 1] = v end end
+  return out
+end
+local function masked(n) local out = {}; for i = 1, n do out[i] = -100 end; return out end
+
+T.test("the byte tokenizer: its special strings are its special ids; chat template with generation masks", function()
+  T.eq_list(tok:encode("a</s>", false), { 100, 2 })
+  local conv = { { role = "user", content = "hi" }, { role = "assistant", content = "hello" } }
+  T.eq(tok:apply_chat_template(conv, { chat_template = TPL, tokenize = false }), "U: hi\nA: hello</s>")
+  local out = tok:apply_chat_template(conv, { chat_template = TPL, return_dict = true, return_assistant_tokens_mask = true })
+  T.eq_list(out.input_ids, cat(bytes("U: hi\nA: hello"), { 2 }))
+  T.eq_list(out.assistant_masks, { 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1 })
+  T.eq_list(tok:apply_chat_template({ conv[1] }, { chat_template = TPL, add_generation_prompt = true }), bytes("U: hi\nA: "))
+  T.raises(function() tok:apply_chat_template(conv) end, "has no chat template")
+  T.raises(function() tok:apply_chat_template(conv, { chat_template = "x", return_assistant_tokens_mask = true }) end,
+    "needs return_dict = true")
+end)
+
+T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), messages, assistant_only_loss, ShareGPT", function()
+  local S = zr.sft
+  local r = S.prepare({ { text = "ab" } }, tok)[1]
+  T.eq_list(r.input_ids, { 1, 100, 101, 2 }, "text: bos, bytes, eos appended")
+  T.eq_list(r.labels, r.input_ids)
+  r = S.prepare({ { prompt = "Q?", completion = "ok" } }, tok)[1]
+  T.eq_list(r.input_ids, cat(bytes("Q?", 1), bytes("ok"), { 2 }))
+  T.eq_list(r.labels, cat(masked(3), bytes("ok"), { 2 }), "prompt-completion: only the completion and its eos")
+  r = S.prepare({ { prompt = "Q?", completion = "ok" } }, tok, { completion_only_loss = false })[1]
+  T.eq_list(r.labels, r.input_ids, "completion_only_loss = false: every token")
+  local conv = { { role = "user", content = "hi" }, { role = "assistant", content = "yo" },
+    { role = "user", content = "bye" }, { role = "assistant", content = "ciao" } }
+  r = S.prepare({ { messages = conv } }, tok, { chat_template = TPL })[1]
+  local ids = cat(bytes("U: hi\nA: yo"), { 2 }, bytes("U: bye\nA: ciao"), { 2 })
+  T.eq_list(r.input_ids, ids)
+  T.eq_list(r.labels, ids, "messages: every token by default (TRL's assistant_only_loss = false)")
+  r = S.prepare({ { messages = conv } }, tok, { chat_template = TPL, assistant_only_loss = true })[1]
+  T.eq_list(r.labels, cat(masked(9), bytes("yo"), { 2 }, masked(10), bytes("ciao"), { 2 }), "assistant_only_loss: both assistant turns")
+  r = S.prepare({ { prompt = { conv[1] }, completion = { conv[2] } } }, tok, { chat_template = TPL })[1]
+  T.eq_list(r.labels, cat(masked(9), bytes("yo"), { 2 }), "conversational prompt-completion: after the generation prompt")
+  local sg = S.prepare({ { conversations = { { from = "human", value = "hi" }, { from = "gpt", value = "yo" } } } }, tok,
+    { chat_template = TPL })[1]
+  T.eq_list(sg.input_ids, cat(bytes("U: hi\nA: yo"), { 2 }), "ShareGPT rows become messages")
+  local long = S.prepare({ { prompt = "Q?", completion = "abcdef" } }, tok, { max_length = 5 })[1]
+  T.eq_list(long.input_ids, cat(bytes("Q?", 1), bytes("ab")), "keep_start")
+  long = S.prepare({ { prompt = "Q?", completion = "abcdef" } }, tok, { max_length = 5, truncation_mode = "keep_end" })[1]
+  T.eq_list(long.labels, cat(bytes("cdef"), { 2 }), "keep_end")
+  local ds = S.prepare({ { prompt = "a long prompt", completion = "x" }, { prompt = "Q", completion = "y" } }, tok, { max_length = 4 })
+  T.eq(#ds, 1, "a row truncation left with no label is dropped (TRL)")
+  T.eq(ds.sft.dropped, 1)
+  T.eq_list(S.prepare({ { input_ids = { 5, 6 }, labels = { -100, 6 } } }, tok)[1].labels, { -100, 6 }, "tokenized rows kept")
+end)
+
+T.test("refusals: one line each, naming the fix", function()
+  local S = zr.sft
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true }) end, "packing = true")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { max_lenght = 3 }) end, "unknown option 'max_lenght'")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { completion_only_loss = true }) end, "needs prompt + completion rows")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { assistant_only_loss = true }) end, "needs conversational rows")
+  T.raises(function() S.prepare({ { foo = 1 } }, tok) end, "cannot tell this dataset's type from its first row's fields (foo)")
+  T.raises(function() S.prepare({ { text = "a" }, { prompt = "b", completion = "c" } }, tok) end, "row 2 is prompt_completion")
+  T.raises(function()
+    S.prepare({ { messages = { { role = "user", content = "a" } } } }, tok,
+      { assistant_only_loss = true, chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}" })
+  end, "{% generation %}")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { max_length = 0 }) end, "max_length must be a positive integer")
+end)
+
+-- A small instruction set: each answer is a function of its question, so a tiny model can learn it.
+local function qa_rows()
+  local rows = {}
+  for i, w in ipairs { "red", "blue", "green", "cyan", "pink", "gold", "gray", "teal" } do
+    rows[i] = { messages = { { role = "user", content = "colour " .. i }, { role = "assistant", content = w } } }
+  end
+  return rows
+end
+local function trainer(extra, args)
+  zr.manual_seed(7)
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  local a = { output_dir = tmp .. "/sft", save_strategy = "no", logging_steps = 1, per_device_train_batch_size = 4,
+    gradient_accumulation_steps = 1, learning_rate = 3e-3, lr_scheduler_type = "constant", max_steps = 60,
+    assistant_only_loss = true, train_sampling_strategy = "sequential" }
+  for k, v in pairs(args or {}) do a[k] = v end
+  tok:set_chat_template(TPL)
+  local o = { model = zr.models.llama.LlamaForCausalLM(cfg), train_dataset = zr.datasets.Dataset.from_rows(qa_rows()),
+    processing_class = tok, args = a }
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return zr.SFTTrainer(o)
+end
+
+T.test("SFTTrainer: the first loss is the mean over the assistant tokens only (double, by hand)", function()
+  local t = trainer(nil, { max_steps = 1, optim = "sgd", learning_rate = 0 })
+  local m = t.model
+  local rows = t.train_dataset
+  local b = zr.datasets.causal_lm_collator { pad_token_id = 0 } { rows[1], rows[2], rows[3], rows[4] }
+  local logits = zr.no_grad(function() return m(b.input_ids).logits end):to("f64")
+  local V, L = logits:size(3), logits:size(2)
+  local lg, lab = logits:flat_table(), b.labels:flat_table()
+  local tot, cnt = 0, 0
+  for r = 1, 4 do
+    for p = 1, L - 1 do
+      local y = lab[(r - 1) * L + p + 1]
+      if y ~= -100 then
+        local base, mx, s = ((r - 1) * L + p - 1) * V, -math.huge, 0
+        for j = 1, V do mx = math.max(mx, lg[base + j]) end
+        for j = 1, V do s = s + math.exp(lg[base + j] - mx) end
+        tot, cnt = tot + mx + math.log(s) - lg[base + y + 1], cnt + 1
+      end
+    end
+  end
+  T.eq(cnt, 20, "counted: each answer's bytes + its eos (red, blue, green, cyan)")
+  t:train()
+  T.near(t.state.log_history[1].loss, tot / cnt, 1e-5, 1e-5, "logged loss = the token mean over the assistant tokens")
+end)
+
+T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teacher-forced answers right", function()
+  local t = trainer()
+  t:train()
+  local hist = {}
+  for _, r in ipairs(t.state.log_history) do if r.loss then hist[#hist + 1] = r end end
+  local first, last = hist[1].loss, hist[#hist].loss
+  assert(last < 0.2 * first, ("loss %.4f -> %.4f: not 80%% lower"):format(first, last))
+  for _, r in ipairs(hist) do assert(r.grad_norm > 0, "gradient norm 0 at step " .. r.step) end
+  local rows, right, total = t.train_dataset, 0, 0
+  local b = zr.datasets.causal_lm_collator { pad_token_id = 0 } (rows)
+  local pred = zr.no_grad(function() return t.model(b.input_ids).logits end):argmax(3):flat_table()
+  local lab, L = b.labels:flat_table(), b.labels:size(2)
+  for r = 1, #rows do
+    for p = 1, L - 1 do
+      local y = lab[(r - 1) * L + p + 1]
+      if y ~= -100 then total, right = total + 1, right + (pred[(r - 1) * L + p] == y and 1 or 0) end
+    end
+  end
+  assert(right >= 0.9 * total, ("teacher-forced answer tokens right: %d of %d"):format(right, total))
+end)
+
+T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
+  T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "learnig_rate")
+  T.raises(function() trainer(nil, { packing = true }) end, "packing = true")
+  local t = trainer(nil, { max_length = 20, pad_token = "<pad>", pad_to_multiple_of = 8 })
+  local b = t.collator { t.train_dataset[1], t.train_dataset[2] }
+  T.eq(b.input_ids:size(2), 24, "pad_to_multiple_of = 8 (rows of 19 and 20 tokens)")
+end)
+
+T.done()
