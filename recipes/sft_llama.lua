@@ -19,6 +19,7 @@ cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 
 cli:alias("deepspeed", "config")
 cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\")")
 cli:option("device", "auto", "cpu | cuda | auto")
+cli:option("dump_blocks", false, "FILE.safetensors: the prepared rows (input_ids, labels) and the order training reads them")
 -- TrainingArguments and SFTConfig's keys (max_length, assistant_only_loss, completion_only_loss, ...)
 local args = {
   output_dir = "output/sft_llama", per_device_train_batch_size = 4, per_device_eval_batch_size = 4,
@@ -110,6 +111,30 @@ for _, r in ipairs(trainer.train_dataset.rows) do for _, l in ipairs(r.labels) d
 say("%d training rows (%s; %d tokens learned%s) and %d evaluation rows, model %s (%d parameters), device %s",
   #trainer.train_dataset, prep.kind, learned, prep.dropped > 0 and (", %d rows dropped by max_length"):format(prep.dropped) or "",
   #trainer.eval_dataset, fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
+if opt.dump_blocks then -- for a side-by-side run elsewhere (tests/bench/hf_finetune.py) on the same rows, same order
+  local function padded(ds, key, fill) -- rows of different lengths, filled up to the longest
+    local t, T = {}, 0
+    for _, r in ipairs(ds.rows) do T = math.max(T, #r.input_ids) end
+    for k, r in ipairs(ds.rows) do
+      local row = {}
+      for j = 1, T do row[j] = r[key][j] or fill end
+      t[k] = row
+    end
+    return zr.tensor(t, { dtype = "i64" })
+  end
+  local order = trainer:data_order()
+  for k, v in ipairs(order) do order[k] = v - 1 end
+  local a = trainer.args
+  if dist.rank() == 0 then
+    zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = padded(trainer.train_dataset, "input_ids", -1),
+      train_labels = padded(trainer.train_dataset, "labels", -100), eval_input_ids = padded(trainer.eval_dataset, "input_ids", -1),
+      eval_labels = padded(trainer.eval_dataset, "labels", -100), train_order = zr.tensor(order, { dtype = "i64" }) },
+      { format = "pt", per_device_train_batch_size = tostring(a.per_device_train_batch_size), gradient_accumulation_steps =
+      tostring(a.gradient_accumulation_steps), max_steps = tostring(trainer.total_steps),
+      pad_token_id = tostring(tok:pad_id() or tok:eos_id()) })
+  end
+  say("wrote %s: the rows (input_ids ending in -1s, labels in -100s) and train_order", opt.dump_blocks)
+end
 local before = trainer:evaluate()
 local res = trainer:train()
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()

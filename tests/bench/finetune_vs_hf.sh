@@ -21,8 +21,9 @@
 # Under DeepSpeed bf16 transformers smooths the bf16 logits as they come (its log-probabilities rounded to bf16);
 # HF_SMOOTH_FP32=1 (this row's default; HF_SMOOTH_FP32= for transformers as it is) gives its LabelSmoother fp32
 # logits, as zrun's kernel computes (RESULTS.md, session 25).
+# sft_chat_deepspeed (with DeepSpeed): supervised fine-tuning on chat rows with assistant_only_loss (see below).
 # ONLY=name runs one of the runs (seed_config, lr3e-4, seed_config_deepspeed, fp16_deepspeed, hf_optimizer_deepspeed,
-# rows_smoothing_deepspeed).
+# rows_smoothing_deepspeed, sft_chat_deepspeed).
 #   sh tests/bench/finetune_vs_hf.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW [STEPS]
 # Work files go under $WORK (default /tmp/finetune_vs_hf); summaries also to $OUT when set. Exits 1 when a
 # comparison printed FAIL.
@@ -48,13 +49,13 @@ hf() { # name blocks lr warmup sched [ds_config [sched_kwargs_json]]
 run() { # name config hf_lr hf_warmup hf_sched tolerance [recipe args...]
   name=$1; conf=$2; lr=$3; wr=$4; sched=$5; tol=$6; shift 6
   echo "### $name: zrun recipe"
-  $Z recipes/finetune_llama.lua --config "$conf" model="$W/model" data="$data" max_steps=$steps logging_steps=1 \
+  $Z ${RECIPE:-recipes/finetune_llama.lua} --config "$conf" model="$W/model" data="${DATA:-$data}" max_steps=$steps logging_steps=1 \
     eval_steps=100000 save_strategy=no output_dir="$W/$name" dump_blocks="$W/$name.blocks.safetensors" "$@" \
     > "$W/$name.zrun.log" 2>&1
   grep -E "eval|done|training rows|split|Error|error" "$W/$name.zrun.log" | head -8
   case $name in *deepspeed) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" "$conf" ${HF_KW:+"$HF_KW"} ;;
     *) hf "$name" "$W/$name.blocks.safetensors" "$lr" "$wr" "$sched" ;; esac
-  $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "$W/bench.log" "$tol" \
+  $Z tests/bench/compare_curves.lua "$W/$name/metrics.jsonl" "$W/$name.hf.json" "$W/$name.zrun.log" "${BENCH_LOG:-$W/bench.log}" "$tol" \
     | tee "$R/$name.compare.txt"
   if [ "$name" = fp16_deepspeed ]; then # zrun: one OVERFLOW line a skipped step; HF: the engine's skipped_steps
     zo=$(grep -c "OVERFLOW" "$W/$name.zrun.log"); ho=$(sed -n 's/^hf: DeepSpeed skipped \([0-9]*\) steps$/\1/p' "$W/$name.hf.log")
@@ -92,6 +93,19 @@ want rows_smoothing_deepspeed && python3 -c "import deepspeed" 2>/dev/null && HF
     warmup_ratio=0.1 lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8 \
     packing=false label_smoothing_factor=0.1 train_sampling_strategy=group_by_length
 HF_EXTRA= HF_SMOOTH_FP32=
+# sft_chat_deepspeed (with DeepSpeed): recipes/sft_llama.lua on chat rows made from the WikiText lines
+# (tests/bench/make_chat_data.lua), a Zephyr-style chat template with {% generation %} around the assistant turns and
+# assistant_only_loss (TRL's SFTTrainer): only the assistant tokens are learned; the HF Trainer + DeepSpeed trains
+# on the same rows and labels (the recipe's dump_blocks) with a collator padding the labels with -100, as TRL's.
+# (rows of 20 to 700 tokens: the recipe's tokens/s is not compared with bench_llama's packed blocks)
+if want sft_chat_deepspeed && python3 -c "import deepspeed" 2>/dev/null; then
+  $Z tests/bench/make_chat_data.lua "$data" "$W/chat.jsonl" 3000
+  printf '%s' "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' }}{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + eos_token }}{% endgeneration %}{% else %}{{ m['content'] + eos_token }}{% endif %}{{ '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}" > "$W/chat.jinja"
+  RECIPE=recipes/sft_llama.lua DATA="$W/chat.jsonl" BENCH_LOG=/dev/null \
+    run sft_chat_deepspeed "$W/ds_auto.json" 1e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=1e-4 \
+    warmup_ratio=0.1 lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8 \
+    chat_template_path="$W/chat.jinja" assistant_only_loss=true max_length=1024
+fi
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8
 exit $failed

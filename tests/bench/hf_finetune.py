@@ -12,7 +12,8 @@ SCHEDULER: any lr_scheduler_type (used where the DeepSpeed config has no schedul
 its lr_scheduler_kwargs as a JSON object ("-" or absent: none).
 Rows of different lengths (the recipe's packing=false: -1 after each row's end in the file, the pad token in
 its metadata) are padded per micro-batch by transformers' DataCollatorForLanguageModeling (labels -100 on the
-pad token, as zrun's collator), and the eval loss is then also computed by hand as zrun's evaluation does it:
+pad token, as zrun's collator); rows with their own labels (train_labels / eval_labels in the file: sft_llama.lua's
+dump_blocks) by a collator that pads the labels with -100, as TRL's does, and the eval loss is then also computed by hand as zrun's evaluation does it:
 the unsmoothed cross-entropy summed over every counted token / their count (transformers averages its eval
 batches' means). HF_EXTRA (environment): a JSON object of more TrainingArguments (e.g. label_smoothing_factor),
 which also switches the eval to that by-hand loss; HF_SMOOTH_FP32=1: the LabelSmoother gets fp32 logits.
@@ -56,16 +57,45 @@ class Rows(Blocks):
         return {"input_ids": torch.tensor(self.rows[i], dtype=torch.long)}
 
 
-def token_loss(model, rows, pad, bf16):
+class LabeledRows(Blocks):
+    """Rows with their own labels (zrun's sft_llama.lua: -100 where the loss must not look, as TRL builds them)."""
+
+    def __init__(self, rows, labels):
+        self.rows, self.labels = rows, labels
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.tensor(self.rows[i], dtype=torch.long), "labels": torch.tensor(self.labels[i], dtype=torch.long)}
+
+
+def pad_labeled(pad):
+    """TRL's collator for rows with labels: input_ids padded with the pad token, labels with -100 (real eos tokens
+    keep their labels even when pad == eos)."""
+    def collate(batch):
+        T = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), T), pad, dtype=torch.long)
+        labels = torch.full((len(batch), T), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), T), dtype=torch.long)
+        for k, b in enumerate(batch):
+            n = len(b["input_ids"])
+            ids[k, :n], labels[k, :n], mask[k, :n] = b["input_ids"], b["labels"], 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    return collate
+
+
+def token_loss(model, rows, pad, bf16, labels=None):
     """zrun's evaluation: the cross-entropy summed over every counted token (labels that are not the pad token
-    when rows are padded, pad None: every token), divided by their count."""
+    when rows are padded, pad None: every token; with labels, those that are not -100), divided by their count."""
     model.eval()
     tot, cnt = 0.0, 0
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-        for r in rows:
+        for k, r in enumerate(rows):
             ids = torch.tensor([r], device="cuda")
             logits, tgt = model(input_ids=ids).logits.float()[0, :-1], ids[0, 1:]
-            keep = tgt != pad if pad is not None else torch.ones_like(tgt, dtype=torch.bool)
+            if labels is not None:
+                tgt = torch.tensor(labels[k][1:], device="cuda")
+                keep = tgt != -100
+            else:
+                keep = tgt != pad if pad is not None else torch.ones_like(tgt, dtype=torch.bool)
             tot += F.cross_entropy(logits[keep], tgt[keep], reduction="sum").item()
             cnt += int(keep.sum().item())
     model.train()
@@ -119,13 +149,19 @@ def main():
     with safe_open(blocks_path, "pt") as f:
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
+        keys = f.keys()
+        train_labels = f.get_tensor("train_labels").tolist() if "train_labels" in keys else None
+        eval_labels = f.get_tensor("eval_labels").tolist() if "eval_labels" in keys else None
     fp16 = bool(ds and ds.get("fp16", {}).get("enabled") is True)
     extra = json.loads(os.environ.get("HF_EXTRA") or "{}")
     train_rows = [[v for v in r if v >= 0] for r in train.tolist()]
     eval_rows = [[v for v in r if v >= 0] for r in evals.tolist()]
+    if train_labels is not None:  # cut each row's labels to its length
+        train_labels = [l[: len(r)] for l, r in zip(train_labels, train_rows)]
+        eval_labels = [l[: len(r)] for l, r in zip(eval_labels, eval_rows)]
     ragged = any(len(r) != train.shape[1] for r in train_rows + eval_rows)
     pad = int(meta["pad_token_id"]) if ragged else None
-    by_hand = ragged or bool(extra)
+    by_hand = ragged or bool(extra) or train_labels is not None
     mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
     args = TrainingArguments(
@@ -144,8 +180,13 @@ def main():
         tok = PreTrainedTokenizerFast(tokenizer_file=model_dir + "/tokenizer.json")
         tok.pad_token = tok.convert_ids_to_tokens(pad)
         collator = DataCollatorForLanguageModeling(tok, mlm=False)
-    kind = Rows if ragged else Blocks
-    tr = InOrder(model=model, args=args, train_dataset=kind(train_rows), eval_dataset=kind(eval_rows),
+    if train_labels is not None:
+        train_ds, eval_ds = LabeledRows(train_rows, train_labels), LabeledRows(eval_rows, eval_labels)
+        collator = pad_labeled(pad if pad is not None else 0)
+    else:
+        kind = Rows if ragged else Blocks
+        train_ds, eval_ds = kind(train_rows), kind(eval_rows)
+    tr = InOrder(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                  data_collator=collator, callbacks=[rec])
     if os.environ.get("HF_SMOOTH_FP32") and tr.label_smoother is not None:
         # transformers' LabelSmoother over the model's logits as they come (bf16 under DeepSpeed bf16: its
@@ -156,13 +197,13 @@ def main():
     if by_hand:
         print(f"hf: eval by hand over {len(eval_rows)} rows (token-weighted, unsmoothed), extra arguments {extra}")
     # (HF + DeepSpeed below stage 3 cannot evaluate before training starts the engine)
-    before = (token_loss(model, eval_rows, pad, not fp16) if by_hand else
+    before = (token_loss(model, eval_rows, pad, not fp16, eval_labels) if by_hand else
               float("nan") if ds else tr.evaluate()["eval_loss"])
     t0 = time.time()
     tr.train()
     torch.cuda.synchronize()
     secs = time.time() - t0
-    after = token_loss(tr.model, eval_rows, pad, not fp16) if by_hand else tr.evaluate()["eval_loss"]
+    after = token_loss(tr.model, eval_rows, pad, not fp16, eval_labels) if by_hand else tr.evaluate()["eval_loss"]
     skipped = getattr(tr.model_wrapped, "skipped_steps", None)  # DeepSpeed's engine: fp16 overflow steps
     if skipped is not None:
         print(f"hf: DeepSpeed skipped {skipped} steps")
