@@ -718,7 +718,7 @@ function Parser:body(stop, opener)
     else -- eof
       if opener then
         syntax(t[3], fmt("unexpected end of template: {%% %s %%} (line %d) is not closed; add {%% %s %%}",
-          opener[1], opener[2], opener[3]))
+          opener[1], opener[3], opener[2]))
       end
       return nodes
     end
@@ -840,7 +840,12 @@ Parser.stmts["generation"] = function(self, line)
 end
 
 Parser.stmts["filter"] = function(self, line)
-  local filt = self:filters({ k = "const", v = "" })
+  -- {% filter f(args) | g %}: the first filter comes without its '|'
+  local fline, name = self:line(), self:name()
+  local args, kw = {}, {}
+  if self:accept("op", "(") then args, kw = self:args() end
+  local first = { k = "filter", name = name, o = { k = "const", v = "" }, args = args, kw = kw, soft = self.soft > 0, line = fline }
+  local filt = self:filters(first)
   self:stmt_end()
   return { k = "filterblock", filt = filt, body = self:scoped_body({ endfilter = true }, { "filter", "endfilter", line }) }
 end
@@ -878,6 +883,7 @@ local function check_defined(v)
 end
 
 local ARITH = {
+  ["+"] = function(x, y) return x + y end,
   ["-"] = function(x, y) return x - y end,
   ["*"] = function(x, y) return x * y end,
   ["%"] = function(x, y) if y == 0 then fail("integer division or modulo by zero") end return x % y end,
@@ -917,6 +923,10 @@ local function arith(op, a, b)
         return r
       end
     end
+  end
+  local ka = kind(a)
+  if op == "+" and (ka == "str" or ka == "list" or ka == "tuple") then
+    fail(fmt('can only concatenate %s (not "%s") to %s', pytype(a), pytype(b), pytype(a)))
   end
   type_error(op, a, b)
 end
@@ -1273,6 +1283,7 @@ local function py_round(x, p)
   local y = x * m
   local r = floor(y + 0.5)
   if r - y == 0.5 and r % 2 ~= 0 then r = r - 1 end
+  if r == 0 and x < 0 then return -0.0 end -- Python keeps the sign: round(-0.4) is -0.0
   return r / m
 end
 
@@ -1466,7 +1477,10 @@ FILTERS = {
   end,
   min = function(v) local items = iterate(v); local m = items[1]; for i = 2, #items do if lt(items[i], m) then m = items[i] end end return m or undef("No aggregated item, sequence was empty.") end,
   max = function(v) local items = iterate(v); local m = items[1]; for i = 2, #items do if lt(m, items[i]) then m = items[i] end end return m or undef("No aggregated item, sequence was empty.") end,
-  attr = function(v, a) return getattr(v, a[1]) end,
+  attr = function(v, a) -- an attribute only: a mapping's items are not attributes
+    if kind(v) == "dict" then return bound("dict", v, a[1]) or no_attr(v, a[1]) end
+    return getattr(v, a[1])
+  end,
   batch = function(v, a)
     local n, r = int_arg(a[1], "batch size"), {}
     for i, x in ipairs(iterate(v)) do
@@ -1770,7 +1784,8 @@ local function assign(sc, target, v)
     local kv = kind(v)
     if kv ~= "list" and kv ~= "tuple" then v = iterate(v) end
     local want = #target.items
-    if #v ~= want then fail(fmt("cannot unpack %d values into %d names", #v, want)) end
+    if #v > want then fail(fmt("too many values to unpack (expected %d)", want)) end
+    if #v < want then fail(fmt("not enough values to unpack (expected %d, got %d)", want, #v)) end
     for i, t in ipairs(target.items) do assign(sc, t, v[i]) end
   end
 end
