@@ -24,7 +24,7 @@ M.none = NONE
 
 -- Metatables that tag the template's own value kinds.
 local FLOAT = {}   -- {v = x}: a Python float whose value is integral (prints "2.0")
-local UNDEF = {}   -- {msg = "'x' is undefined"}: jinja2's Undefined
+local UNDEF = {}   -- {msg = "'x' is undefined"} or {obj =, attr =}: jinja2's Undefined
 local NS = {}      -- namespace(): attributes live in the table itself
 local TUPLE = {}   -- a list that prints as (a, b)
 local CALL = {}    -- {fn = function(args, kw), name = ...}: globals, macros, bound methods
@@ -35,9 +35,14 @@ local ORDER = setmetatable({}, { __mode = "k" }) -- dicts made by the template -
 -- Render state of the render in progress (renders do not nest, but we save/restore anyway).
 local R = { line = 0 }
 
+local PYTYPE_OF -- pytype(v), defined with the value kinds below
 local function fail(msg) error(setmetatable({ msg = msg }, ERR), 0) end
 
 local function undef(msg) return setmetatable({ msg = msg }, UNDEF) end
+local function undef_msg(u)
+  if u.msg then return u.msg end
+  return fmt("'%s object' has no attribute '%s'", PYTYPE_OF(u.obj), tostring(u.attr))
+end
 local function mkfloat(x)
   if x == floor(x) and x > -huge and x < huge then return setmetatable({ v = x }, FLOAT) end
   return x
@@ -83,6 +88,7 @@ M.kind = kind
 local PYTYPE = { str = "str", int = "int", float = "float", bool = "bool", none = "NoneType", undef = "Undefined",
   list = "list", tuple = "tuple", dict = "dict", ns = "Namespace", call = "function", loop = "LoopContext" }
 local function pytype(v) return PYTYPE[kind(v)] end
+PYTYPE_OF = pytype
 
 -- The number inside v (booleans count as 0/1 as in Python); nil when v is not a number.
 local function num(v)
@@ -259,8 +265,17 @@ local function set_of(chars)
   return s
 end
 local WS_SET = set_of(WS)
+local WS_CLASS = "[^ \t\n\r\f\v\28-\31]"
 local function strip(s, chars, left, right)
-  local set = chars and set_of(chars) or WS_SET
+  if not chars or not chars:find("[\128-\255]") then -- ASCII characters to strip: Lua patterns
+    local class = chars and "[^" .. chars:gsub("[%^%]%-%%]", "%%%0") .. "]" or WS_CLASS
+    if chars == "" then return s end
+    local i, j = 1, #s
+    if left then i = s:find(class); if not i then return "" end end
+    if right then j = s:match(".*()" .. class); if not j then return "" end end
+    return s:sub(i, j)
+  end
+  local set = set_of(chars)
   local cs = uchars(s)
   local i, j = 1, #cs
   if left then while i <= j and set[cs[i]] do i = i + 1 end end
@@ -878,7 +893,7 @@ local function type_error(op, a, b)
   fail(fmt("unsupported operand type(s) for %s: '%s' and '%s'", op, pytype(a), pytype(b)))
 end
 local function check_defined(v)
-  if type(v) == "table" and getmetatable(v) == UNDEF then fail(v.msg) end
+  if type(v) == "table" and getmetatable(v) == UNDEF then fail(undef_msg(v)) end
   return v
 end
 
@@ -1037,12 +1052,15 @@ local function bound(k, obj, name)
   end
 end
 
-local function no_attr(obj, name)
-  return undef(fmt("'%s object' has no attribute '%s'", pytype(obj), tostring(name)))
-end
+-- A missing attribute: its message is made only if it is ever needed (misses are common: `x is defined`).
+local function no_attr(obj, name) return setmetatable({ obj = obj, attr = name }, UNDEF) end
 
 -- obj.name: Python attributes (methods) first, then items (jinja2's getattr).
 local function getattr(obj, name)
+  if type(obj) == "table" and getmetatable(obj) == nil then -- fast path: a mapping's item
+    local v = obj[name]
+    if v ~= nil and type(name) == "string" and not METHODS.dict[name] and not UNSAFE.dict[name] then return v end
+  end
   local k = kind(obj)
   if k == "dict" then
     local m = bound(k, obj, name)
@@ -1054,7 +1072,7 @@ local function getattr(obj, name)
     local v = rawget(obj, name)
     if v == nil then return no_attr(obj, name) end
     return v
-  elseif k == "undef" then fail(obj.msg) end
+  elseif k == "undef" then fail(undef_msg(obj)) end
   return bound(k == "tuple" and "list" or k, obj, name) or no_attr(obj, name)
 end
 
@@ -1080,7 +1098,7 @@ local function getitem(obj, key)
       local v = obj[key]
       if v ~= nil then return v end
     end
-  elseif k == "undef" then fail(obj.msg) end
+  elseif k == "undef" then fail(undef_msg(obj)) end
   if type(key) == "string" then return getattr(obj, key) end
   return undef(fmt("%s object has no element %s", pytype(obj), repr(key)))
 end

@@ -385,6 +385,7 @@ SMALL = [
     ("ws_indent_mixed", "{% for m in messages %}\n\t{% if m.role == 'user' %}\n\t\tU:{{ m.content }}\n\t{% else %}\n\t\tO:{{ m.content }}\n\t{% endif %}\n{% endfor %}"),
     ("ws_crlf_trailing_newline", "line1\r\n{% if true %}\r\nline2\r\n{% endif %}\r\nend\r\n"),
     ("ws_trailing_newline_kept_once", "x\n\n"),
+    ("strip_corners", "[{{ '   ' | trim }}][{{ '' | trim }}][{{ 'a]b-]' | trim(']-') }}][{{ '^a^' | trim('^') }}][{{ 'éaé'.strip('é') }}][{{ 'abc'.strip('') }}][{{ '\t\n x \r\n' | trim }}]"),
     ("ws_inline_tags", "{% if true %}A{% endif %}{% if false %}B{% else %}C{% endif %} {% for i in range(2) %}{{ i }} {% endfor %}."),
 ]
 
@@ -410,6 +411,43 @@ ERRORS = [
     ("error_syntax_unexpected_endif", "{% for x in lst %}{% endif %}", None),
     ("error_syntax_break_outside_loop", "\n{% break %}", None),
 ]
+
+
+def whitespace_fuzz(count=80, seed=1234):
+    """Templates made of random pieces: text with spaces, tabs and newlines around block tags, comments and
+    print tags with and without -/+ markers (what trim_blocks/lstrip_blocks and whitespace control act on)."""
+    import random
+    rng = random.Random(seed)
+    texts = ["", " ", "  ", "\t", "\n", "\n  ", "  \n", "\n\n", "x", " x ", "x\n", "\n\tx", " \n \n "]
+
+    def sign(allow_plus=True):
+        return rng.choice(["", "", "-", "+"] if allow_plus else ["", "", "-"])
+
+    def tag(kind):
+        if kind == "if":
+            return [("{%" + sign() + " if true " + sign() + "%}"), ("{%" + sign() + " endif " + sign() + "%}")]
+        if kind == "for":
+            return [("{%" + sign() + " for i in [1, 2] " + sign() + "%}"), ("{%" + sign() + " endfor " + sign() + "%}")]
+        if kind == "comment":
+            return ["{#" + sign() + " c " + sign() + "#}"]
+        if kind == "set":
+            return ["{%" + sign() + " set v = 1 " + sign() + "%}"]
+        return ["{{" + sign(False) + " 'p' " + sign(False) + "}}"]
+
+    out = []
+    for k in range(count):
+        parts = [rng.choice(texts)]
+        for _ in range(rng.randint(2, 5)):
+            kind = rng.choice(["if", "for", "comment", "set", "print"])
+            pieces = tag(kind)
+            parts.append(pieces[0])
+            parts.append(rng.choice(texts))
+            if len(pieces) > 1:
+                parts.append(rng.choice(texts))
+                parts.append(pieces[1])
+            parts.append(rng.choice(texts))
+        out.append((f"ws_fuzz_{k + 1:02d}", "".join(parts)))
+    return out
 
 
 def case_entry(name, template, context, lua_error=None, date_format=None):
@@ -501,6 +539,7 @@ def tinyllama(data_dir):
 def main():
     data_dir = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("ZRUN_TEST_DATA", os.path.join(HERE, "..", "..", "..", "shared", "data"))
     cases = [case_entry(name, template, BASE) for name, template in SMALL]
+    cases += [case_entry(name, template, {}) for name, template in whitespace_fuzz()]
     cases += [case_entry(name, template, BASE, lua_error) for name, template, lua_error in ERRORS]
     cases += conversation_cases()
     names = [c["name"] for c in cases]
