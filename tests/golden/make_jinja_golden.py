@@ -312,6 +312,84 @@ ZEPHYR_STYLE = """{% for message in messages %}
 {% endif %}
 {% endfor %}"""
 
+THINKING_STYLE = """\
+{%- set ns = namespace(last_query=messages | length - 1, multi_step=true) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages | length - 1) - loop.index0 %}
+    {%- if ns.multi_step and message.role == "user" and message.content is string
+          and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step = false %}
+        {%- set ns.last_query = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if message.role in ["system", "user"] %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+SCHEMA_MACRO_STYLE = """\
+{%- macro py_type(spec) -%}
+    {%- set map = {"string": "str", "number": "float", "integer": "int", "boolean": "bool"} -%}
+    {%- if spec.type is not defined -%}Any
+    {%- elif spec.type in map -%}{{ map[spec.type] }}
+    {%- elif spec.type == "array" -%}list[{{ py_type(spec['items']) if spec['items'] is defined else 'Any' }}]
+    {%- elif spec.type == "object" -%}dict
+    {%- else -%}Any{%- endif -%}
+{%- endmacro -%}
+{%- for tool in tools %}
+    {%- set fn = tool.function if tool.function is defined else tool %}
+def {{ fn.name }}({% for name, spec in fn.parameters.properties | items %}{{ name }}: {{ py_type(spec) }}{{ ", " if not loop.last }}{% endfor %}):
+    \"\"\"{{ fn.description | trim }}
+
+    Args:
+{% for name, spec in fn.parameters.properties.items() %}
+        {{ name }}{{ " (required)" if name in fn.parameters.required | default([]) }}: {{ spec.description | default("no description") }}
+{% endfor %}
+    \"\"\"
+{% endfor %}"""
+
+MULTIMODAL_STYLE = """\
+{%- for message in messages -%}
+<|{{ message['role'] }}|>
+{%- if message['content'] is string -%}
+{{ message['content'] }}
+{%- else -%}
+{%- for item in message['content'] -%}
+{%- if item['type'] == 'image' -%}<image>{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}
+{{- ' ' if not loop.last -}}
+{%- endfor -%}
+{%- endif %}
+
+{% endfor -%}"""
+
+SCHEMA_TOOLS = [WEATHER_TOOL, {"function": {"description": "  Search the web. ", "name": "search", "parameters": {
+    "properties": {"n": {"type": "integer"}, "query": {"description": "What to look for", "type": "string"},
+                   "tags": {"items": {"type": "string"}, "type": "array"}, "when": {}}, "required": ["query"],
+    "type": "object"}}, "type": "function"}]
+
 NON_ASCII = """{% for m in messages %}<{{ m.role | upper }}>{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}
 {% endfor %}"""
 
@@ -510,6 +588,18 @@ def conversation_cases():
         ("phi3_style", PHI3_STYLE, [{"messages": SYS_CHAT, **tok}, {"messages": CHAT, **tok, **gp}]),
         ("deepseek_style", DEEPSEEK_STYLE, [{"messages": SYS_CHAT, **tok, **gp}, {"messages": CHAT, **tok}]),
         ("zephyr_style", ZEPHYR_STYLE, [{"messages": SYS_CHAT, **tok, **gp}, {"messages": CHAT, **tok}]),
+        ("thinking_style", THINKING_STYLE, [
+            {"messages": [msg("system", "S"), msg("user", "q1"), msg("assistant", "<think>\nhmm\n</think>\n\nA1"),
+                          msg("user", "q2"), {"content": "A2", "reasoning_content": "r2", "role": "assistant"}]},
+            {"messages": [msg("user", "q"), msg("assistant", "<think>x</think>done"),
+                          msg("user", "<tool_response>t</tool_response>"), msg("assistant", "end")], **gp,
+             "enable_thinking": False},
+            {"messages": [msg("user", "q")], **gp},
+        ]),
+        ("schema_macro_style", SCHEMA_MACRO_STYLE, [{"tools": SCHEMA_TOOLS}]),
+        ("multimodal_style", MULTIMODAL_STYLE, [{"messages": [
+            {"content": [{"type": "image"}, {"text": " What is this? ", "type": "text"}], "role": "user"},
+            msg("assistant", "A cat.")]}]),
         ("non_ascii_generation", NON_ASCII, [{"messages": [msg("user", "Café? ☕"), msg("assistant", "Oui, déjà vu — 你好 🙂"),
                                                           msg("user", "ñ"), msg("assistant", "ü\n")]}]),
     ]:
