@@ -13,6 +13,12 @@
 -- Mappings have no key order in Lua: they iterate and print with sorted keys (dicts written in the
 -- template keep their order). Python floats that are integral (4/2, 3|float) are kept boxed so that
 -- they print as "2.0"; a Lua number that is integral is a Python int.
+-- jinja.set_key_order(t, keys) gives a mapping its key order (e.g. from an order-keeping JSON decoder).
+--
+-- Not supported (each raises a one-line error naming it): {% include/extends/import/block/call %},
+-- recursive loops, loop.changed, macro varargs/kwargs/caller, printf-style 'str' % args, autoescape.
+-- Case changes (upper/lower/title) change ASCII letters only; strip() without arguments strips ASCII
+-- whitespace only.
 -- Structure: lexer (tokens) -> parser (AST) -> compiler (AST to Lua closures) -> render.
 
 local M = {}
@@ -1989,6 +1995,17 @@ function Template:render(ctx)
   R = saved
   if not ok then error(err, 0) end
   return concat(out, "", 1, out.n), spans
+end
+
+-- Gives the mapping t its key order (keys: a list of its keys), e.g. the order of the JSON it was
+-- decoded from: printing, tojson, items(), keys() and iteration follow it, as Python dicts do. This
+-- also marks an empty table as an empty mapping rather than an empty list. Returns t.
+function M.set_key_order(t, keys)
+  for _, k in ipairs(keys) do
+    if t[k] == nil then error("jinja.set_key_order: key " .. tostring(k) .. " is not in the table", 2) end
+  end
+  ORDER[t] = keys
+  return t
 end
 
 local cache, cached = {}, 0

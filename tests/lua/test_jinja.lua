@@ -144,6 +144,11 @@ T.test("API: none is cjson.null or nil; a key left out is undefined", function()
   T.eq(jinja.render("{{ 4 / 2 }} {{ 3 }} {{ 2.5 }} {{ x }} {{ y }}", { x = 1e20, y = 0.1 }), "2.0 3 2.5 100000000000000000000 0.1")
   T.eq(jinja.render("{{ {'b': 1, 'a': 2} | tojson }} {{ d | tojson }}", { d = { b = 1, a = 2 } }), '{"b": 1, "a": 2} {"a": 2, "b": 1}')
   T.eq(jinja.render("{{ d }}", { d = {} }), "[]", "an empty Lua table is an empty list (documented limitation)")
+  local tool = jinja.set_key_order({ type = "function", ["function"] = jinja.set_key_order({ name = "f", parameters = jinja.set_key_order({}, {}) }, { "name", "parameters" }) }, { "type", "function" })
+  T.eq(jinja.render("{{ t | tojson }} {{ t | tojson(sort_keys=true) }} {{ t.function.items() | list }}", { t = tool }),
+    '{"type": "function", "function": {"name": "f", "parameters": {}}} {"function": {"name": "f", "parameters": {}}, "type": "function"} '
+    .. "[('name', 'f'), ('parameters', {})]")
+  T.raises(function() jinja.set_key_order({ a = 1 }, { "b" }) end, "key b is not in the table")
 end)
 
 T.test("errors: one line, naming the template line", function()
