@@ -225,11 +225,9 @@ local function eq(a, b)
   local na, nb = num(a), num(b)
   if na and nb then return na == nb end
   local ka, kb = kind(a), kind(b)
-  if ka == "tuple" then ka = "list" end
-  if kb == "tuple" then kb = "list" end
-  if ka ~= kb then return false end
+  if ka ~= kb then return false end -- a list never equals a tuple
   if ka == "undef" or ka == "none" then return true end
-  if ka == "list" then
+  if ka == "list" or ka == "tuple" then
     if #a ~= #b then return false end
     for i = 1, #a do if not eq(a[i], b[i]) then return false end end
     return true
@@ -294,7 +292,7 @@ local function split_ws(s, maxsplit)
   while true do
     local a, b = s:find("[^ \t\n\r\f\v\28-\31]+", pos)
     if not a then break end
-    if maxsplit and #out == maxsplit then out[#out + 1] = s:sub(a):gsub("[ \t\n\r\f\v\28-\31]+$", ""); break end
+    if maxsplit and #out == maxsplit then out[#out + 1] = s:sub(a); break end -- Python keeps its trailing spaces
     out[#out + 1] = s:sub(a, b)
     pos = b + 1
   end

@@ -425,7 +425,7 @@ SMALL = [
     ("tests_values", "{{ t is true }} {{ 1 is true }} {{ false is false }} {{ 0 is false }} {{ 4 is even }} {{ 4 is odd }} {{ 7 is odd }} {{ 9 is divisibleby(3) }} {{ 9 is divisibleby 4 }} {{ s is equalto('Hello World') }} {{ n is eq 7 }} {{ n is ne 7 }} {{ 3 is lt 4 }} {{ 3 is ge 4 }} {{ 'a' is in 'cat' }} {{ 'abc' is lower }} {{ 'ABC' is upper }} {{ 'trim' is filter }} {{ 'nope' is test }}"),
     # operators
     ("op_logic", "{{ true and 'x' }} {{ 0 and 'x' }} {{ '' or 'y' }} {{ 'a' or 'b' }} {{ not e }} {{ not lst }} {{ none_v or undefined_v or 'z' }} {{ not n is defined }}"),
-    ("op_compare", "{{ 1 == 1.0 }} {{ 'a' != 'b' }} {{ 2 < 3 }} {{ 3 > 3 }} {{ 3 <= 3 }} {{ 'b' >= 'a' }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ [1, 2] == [1, 2] }} {{ d == {'b': 'two', 'a': 1} }} {{ true == 1 }} {{ none_v == none }} {{ undefined_v == undefined_w }} {{ [1, 2] < [1, 3] }}"),
+    ("op_compare", "{{ 1 == 1.0 }} {{ 'a' != 'b' }} {{ 2 < 3 }} {{ 3 > 3 }} {{ 3 <= 3 }} {{ 'b' >= 'a' }} {{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ [1, 2] == [1, 2] }} {{ d == {'b': 'two', 'a': 1} }} {{ true == 1 }} {{ none_v == none }} {{ undefined_v == undefined_w }} {{ [1, 2] < [1, 3] }} {{ [1] == (1,) }} {{ (1, 2) == (1, 2) }}"),
     ("op_in", "{{ 'World' in s }} {{ 'x' not in s }} {{ 2 in lst }} {{ 5 in lst }} {{ 'a' in d }} {{ 'z' not in d }} {{ 'role' in messages[0] }} {{ 'a' in undefined_v }}"),
     ("op_arith", "{{ 1 + 2 }} {{ 'a' + 'b' }} {{ [1] + [2, 3] }} {{ 7 - 10 }} {{ 3 * 4 }} {{ 'ab' * 3 }} {{ '-' * 5 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ -n }} {{ - -n }} {{ 1 + 2 * 3 - 4 / 2 }} {{ (1 + 2) * 3 }} {{ 2 ** 3 ** 2 }} {{ 10 // 3.0 }} {{ 0.1 + 0.2 }} {{ f * 2 }} {{ true + 1 }} {{ +n }}"),
     ("op_concat", "{{ 'n=' ~ n ~ ' f=' ~ f ~ ' none=' ~ none_v ~ ' undef=' ~ undefined_v ~ ' list=' ~ lst ~ ' t=' ~ t }}"),
@@ -434,7 +434,7 @@ SMALL = [
     # subscripts, slices, attributes
     ("subscript_slice", "{{ lst[0] }} {{ lst[-1] }} {{ lst[1:] }} {{ lst[:-1] }} {{ lst[::-1] }} {{ lst[::2] }} {{ lst[5:] }} {{ s[0] }} {{ s[-5:] }} {{ s[::-1] }} {{ s[2:8:2] }} {{ messages[0]['role'] }} {{ messages[0].role }} {{ messages[-1].content }} {{ d['a'] }} {{ d.b }} [{{ lst[10] }}] [{{ d.missing }}] {{ d.missing is defined }} {{ 'héllo'[1] }} {{ 'héllo'[1:3] }} {{ lst.1 }}"),
     # methods
-    ("str_methods", "[{{ '  x  '.strip() }}][{{ 'xxaxx'.strip('x') }}][{{ '  x  '.lstrip() }}][{{ '  x  '.rstrip() }}][{{ '--x'.lstrip('-') }}] {{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a b c'.split(maxsplit=1) }} {{ s.startswith('Hell') }} {{ s.endswith('x') }} {{ s.startswith(('x', 'H')) }} {{ s.upper() }} {{ s.lower() }} {{ 'hello2world foo'.title() }} {{ 'hELLO'.capitalize() }} {{ s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }} {{ s.find('o') }} {{ s.find('z') }} {{ s.count('l') }} {{ '-'.join(['a', 'b']) }} {{ '{} is {}'.format('x', 1) }} {{ '{0}{0}{name}'.format('a', name='b') }} {{ 'a\\nb\\n'.splitlines() }} {{ '42'.isdigit() }}"),
+    ("str_methods", "[{{ '  x  '.strip() }}][{{ 'xxaxx'.strip('x') }}][{{ '  x  '.lstrip() }}][{{ '  x  '.rstrip() }}][{{ '--x'.lstrip('-') }}] {{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a b c'.split(maxsplit=1) }} {{ '  a b  c '.split(none, 1) }} {{ s.startswith('Hell') }} {{ s.endswith('x') }} {{ s.startswith(('x', 'H')) }} {{ s.upper() }} {{ s.lower() }} {{ 'hello2world foo'.title() }} {{ 'hELLO'.capitalize() }} {{ s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }} {{ s.find('o') }} {{ s.find('z') }} {{ s.count('l') }} {{ '-'.join(['a', 'b']) }} {{ '{} is {}'.format('x', 1) }} {{ '{0}{0}{name}'.format('a', name='b') }} {{ 'a\\nb\\n'.splitlines() }} {{ '42'.isdigit() }}"),
     ("dict_methods", "{% for k, v in d.items() %}{{ k }}:{{ v }} {% endfor %}{{ d.keys() | list }} {{ d.values() | list }} {{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 'dflt') }} {{ d['get'] is defined }}"),
     ("list_methods", "{{ lst.index(2) }} {{ [1, 2, 1].count(1) }}"),
     # globals
@@ -464,6 +464,8 @@ SMALL = [
     ("ws_crlf_trailing_newline", "line1\r\n{% if true %}\r\nline2\r\n{% endif %}\r\nend\r\n"),
     ("ws_trailing_newline_kept_once", "x\n\n"),
     ("strip_corners", "[{{ '   ' | trim }}][{{ '' | trim }}][{{ 'a]b-]' | trim(']-') }}][{{ '^a^' | trim('^') }}][{{ 'éaé'.strip('é') }}][{{ 'abc'.strip('') }}][{{ '\t\n x \r\n' | trim }}]"),
+    ("macro_recursion_nesting", "{% macro rec(n) %}{% if n > 0 %}{{ n }}{{ rec(n - 1) }}{% endif %}{% endmacro %}{{ rec(4) }} {% macro outer(x) %}{% macro inner(y) %}<{{ y }}>{% endmacro %}{{ inner(x) }}{{ inner(x * 2) }}{% endmacro %}{{ outer(3) }} {% set ns = namespace(a=1) %}{% macro m() %}{% set ns.a = 9 %}{% endmacro %}{{ m() }}{{ ns.a }}"),
+    ("generation_nested", "{% generation %}a{% generation %}b{% endgeneration %}c{% endgeneration %}|{% for m in [1, 2] %}{% generation %}{{ m }}{% endgeneration %}{{ '-' }}{% endfor %}"),
     ("ws_inline_tags", "{% if true %}A{% endif %}{% if false %}B{% else %}C{% endif %} {% for i in range(2) %}{{ i }} {% endfor %}."),
 ]
 
