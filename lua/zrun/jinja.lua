@@ -262,14 +262,12 @@ local function utf8(cp)
   return string.char(0xF0 + floor(cp / 262144), 0x80 + floor(cp / 4096) % 64, 0x80 + floor(cp / 64) % 64, 0x80 + cp % 64)
 end
 
-local WS = " \t\n\r\f\v\28\29\30\31" -- what Python's str.strip() removes (ASCII part)
 local function set_of(chars)
   local s = {}
   for c in chars:gmatch("[%z\1-\127\192-\255][\128-\191]*") do s[c] = true end
   return s
 end
-local WS_SET = set_of(WS)
-local WS_CLASS = "[^ \t\n\r\f\v\28-\31]"
+local WS_CLASS = "[^ \t\n\r\f\v\28-\31]" -- not what str.strip() removes (its ASCII part)
 local function strip(s, chars, left, right)
   if not chars or not chars:find("[\128-\255]") then -- ASCII characters to strip: Lua patterns
     local class = chars and "[^" .. chars:gsub("[%^%]%-%%]", "%%%0") .. "]" or WS_CLASS
