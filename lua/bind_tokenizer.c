@@ -174,13 +174,27 @@ static int l_id_to_token(lua_State *L) {
     else lua_pushlstring(L, s, (size_t)len);
     return 1;
 }
+/* tok:use_metaspace(scheme): transformers 5's SentencePiece-BPE pipeline (zr_tokenizer_use_metaspace);
+ * scheme "always", "first" or "never". */
+static int l_use_metaspace(lua_State *L) {
+    zr_tokenizer *t = check_tok(L, 1);
+    const char *s = check_text(L, 2, "tok:use_metaspace(prepend_scheme)", "prepend_scheme", NULL);
+    int scheme = !strcmp(s, "always") ? ZR_PREPEND_ALWAYS
+                 : !strcmp(s, "first") ? ZR_PREPEND_FIRST
+                 : !strcmp(s, "never") ? ZR_PREPEND_NEVER
+                                       : -1;
+    if (scheme < 0) return luaL_error(L, "tok:use_metaspace(prepend_scheme): \"always\", \"first\" or \"never\", got \"%s\"", s);
+    if (zr_tokenizer_use_metaspace(t, scheme)) return luaL_error(L, "%s", zr_last_error());
+    return 0;
+}
 static int l_bos(lua_State *L) { return push_id(L, zr_tokenizer_bos_id(check_tok(L, 1))); }
 static int l_eos(lua_State *L) { return push_id(L, zr_tokenizer_eos_id(check_tok(L, 1))); }
 static int l_pad(lua_State *L) { return push_id(L, zr_tokenizer_pad_id(check_tok(L, 1))); }
 
 static const luaL_Reg methods[] = {{"encode", l_encode}, {"decode", l_decode}, {"vocab_size", l_vocab_size},
                                    {"token_to_id", l_token_to_id}, {"id_to_token", l_id_to_token},
-                                   {"bos_id", l_bos}, {"eos_id", l_eos}, {"pad_id", l_pad}, {NULL, NULL}};
+                                   {"bos_id", l_bos}, {"eos_id", l_eos}, {"pad_id", l_pad},
+                                   {"use_metaspace", l_use_metaspace}, {NULL, NULL}};
 static const luaL_Reg fns[] = {{"tokenizer_load", l_load}, {NULL, NULL}};
 
 void zr_bind_tokenizer(lua_State *L) {

@@ -98,7 +98,8 @@ function M.render(settings, messages, o)
   local ctx = {}
   for k, v in pairs(settings and settings.special or {}) do ctx[k] = v end
   for k, v in pairs(o) do if not KNOWN[k] then ctx[k] = v end end -- extra template variables
-  ctx.messages, ctx.tools, ctx.documents = messages, o.tools, o.documents
+  -- (transformers passes tools = None and documents = None when not given: defined, and none)
+  ctx.messages, ctx.tools, ctx.documents = messages, o.tools or cjson.null, o.documents or cjson.null
   ctx.add_generation_prompt = o.add_generation_prompt and true or false
   local text, spans = require("zrun.jinja").render(source, ctx)
   if o.continue_final_message then -- cut what the template writes after the final message's content

@@ -53,13 +53,36 @@ function M.set_chat_template(tok, source)
   s.templates.default, s.set = source, true
 end
 
--- Loads a Hugging Face tokenizer.json (ref: the file, a model directory or a hub id in the local
--- cache, as resolve finds it); the C tokenizer gives the `tokenizers` library's ids, and
+-- transformers 5 rebuilds the pipeline of some tokenizer classes instead of running tokenizer.json's:
+-- LlamaTokenizer (Llama-2, TinyLlama, Mistral v0.1, ...) gets no normalizer and a Metaspace
+-- pre-tokenizer that prepends "▁" to the text's first piece only (legacy = false, its default; "always"
+-- with legacy = true, none with add_prefix_space = false), where the file's Prepend normalizer also
+-- prepends after every special token (a chat template's "</s>\n" becomes </s> ▁ \n) and before a leading
+-- space. The class comes from tokenizer_config.json beside the file.
+local METASPACE_CLASSES = { LlamaTokenizer = true, LlamaTokenizerFast = true }
+local function transformers_pipeline(tok, dir)
+  local f = io.open(dir .. "/tokenizer_config.json", "rb")
+  if not f then return end
+  local ok, cfg = pcall(require("cjson").decode, f:read("*a"))
+  f:close()
+  if not ok or type(cfg) ~= "table" or not METASPACE_CLASSES[cfg.tokenizer_class] then return end
+  tok:use_metaspace(cfg.add_prefix_space == false and "never" or cfg.legacy == true and "always" or "first")
+end
+
+-- Loads a Hugging Face tokenizer (ref: its tokenizer.json, a model directory or a hub id in the local
+-- cache, as resolve finds it) as transformers 5's AutoTokenizer does: the C tokenizer runs the file's
+-- pipeline (the `tokenizers` library's ids) except where transformers rebuilds it for the class named in
+-- tokenizer_config.json (above); opts.pipeline = "tokenizer.json" keeps the file's pipeline regardless.
 -- tok:save_pretrained(dir) writes the files back.
-function M.load(ref)
+function M.load(ref, opts)
   local path = M.resolve(ref)
   local tok = C.tokenizer_load(path)
   sources[tok] = path
+  local pipeline = opts and opts.pipeline or "transformers"
+  if pipeline ~= "transformers" and pipeline ~= "tokenizer.json" then
+    error(('tokenizers.load: pipeline must be "transformers" or "tokenizer.json", got %s'):format(tostring(pipeline)), 2)
+  end
+  if pipeline == "transformers" then transformers_pipeline(tok, path:match("^(.*)/[^/]*$") or ".") end
   -- tok:save_pretrained(dir), as on a transformers tokenizer (the C class's methods table, once)
   local methods = getmetatable(tok).__index
   if type(methods) == "table" and not methods.save_pretrained then
@@ -139,6 +162,18 @@ function Byte:decode(ids, skip_special)
     if id >= 3 and id < 259 then out[#out + 1] = string.char(id - 3) end
   end
   return table.concat(out)
+end
+-- The id of a special token's string ("<pad>", "<s>", "</s>") or of a one-byte string; nil otherwise.
+function Byte:token_to_id(token)
+  if BYTE_SPECIAL[token] then return BYTE_SPECIAL[token] end
+  if type(token) == "string" and #token == 1 then return token:byte() + 3 end
+  return nil
+end
+-- The string of an id: the special tokens' names, a byte's one-byte string; nil when out of range.
+function Byte:id_to_token(id)
+  if id == 0 then return "<pad>" elseif id == 1 then return "<s>" elseif id == 2 then return "</s>" end
+  if type(id) == "number" and id >= 3 and id < 259 then return string.char(id - 3) end
+  return nil
 end
 -- 259: 3 special ids and 256 bytes.
 function Byte:vocab_size() return 259 end

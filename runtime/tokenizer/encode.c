@@ -223,7 +223,9 @@ static int pre_apply(enc_ctx *c, int64_t step, const char *s, int64_t n, int at_
         return split_recurse(c, step, s, r, at_start);
     default: { /* PRE_METASPACE */
         in->n = 0;
-        int starts = n >= p->repl_len && !memcmp(s, p->repl, (size_t)p->repl_len);
+        /* (HF replaces the spaces first, then prepends unless the text starts with the replacement:
+         * a leading space is not doubled) */
+        int starts = (n > 0 && s[0] == ' ') || (n >= p->repl_len && !memcmp(s, p->repl, (size_t)p->repl_len));
         if (!starts && (p->prepend_scheme == PREPEND_ALWAYS ||
                         (p->prepend_scheme == PREPEND_FIRST && at_start)))
             if (tok_buf_append(in, p->repl, p->repl_len)) return oom(c);

@@ -428,6 +428,35 @@ void zr_tokenizer_free(zr_tokenizer *tok) {
     free(tok);
 }
 
+_Static_assert((int)ZR_PREPEND_ALWAYS == (int)PREPEND_ALWAYS && (int)ZR_PREPEND_FIRST == (int)PREPEND_FIRST &&
+                   (int)ZR_PREPEND_NEVER == (int)PREPEND_NEVER,
+               "the public prepend schemes are the internal ones");
+
+int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
+    if (prepend_scheme < ZR_PREPEND_ALWAYS || prepend_scheme > ZR_PREPEND_NEVER)
+        return zr_error("%s: prepend scheme %d is not always (0), first (1) or never (2)", tok->path,
+                        prepend_scheme);
+    tok_pretok *p = tok->n_pre ? tok->pre : malloc(sizeof *p);
+    if (!p) return zr_error("%s: out of memory", tok->path);
+    for (int64_t i = 0; i < tok->n_norm; i++)
+        free(tok->norm[i].a), free(tok->norm[i].b);
+    free(tok->norm);
+    tok->norm = NULL, tok->n_norm = 0;
+    for (int64_t i = 0; i < tok->n_pre; i++)
+        pcre2_code_free(tok->pre[i].re);
+    memset(p, 0, sizeof *p);
+    p->kind = PRE_METASPACE;
+    memcpy(p->repl, "\xE2\x96\x81", 3);
+    p->repl_len = 3;
+    p->prepend_scheme = prepend_scheme;
+    p->split = 0;
+    tok->pre = p, tok->n_pre = 1;
+    /* normalized added tokens were matched in normalized text: the tries follow the new normalizer */
+    free(tok->trie_raw.nodes), free(tok->trie_norm.nodes);
+    memset(&tok->trie_raw, 0, sizeof tok->trie_raw), memset(&tok->trie_norm, 0, sizeof tok->trie_norm);
+    return build_tries(tok);
+}
+
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok) {
     return tok->vocab_size;
 }
@@ -473,6 +502,10 @@ zr_tokenizer *zr_tokenizer_load(const char *path) {
 }
 void zr_tokenizer_free(zr_tokenizer *tok) {
     (void)tok;
+}
+int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
+    (void)tok, (void)prepend_scheme;
+    return zr_error("tokenizer: zrun was built without PCRE2");
 }
 int zr_tokenizer_encode(const zr_tokenizer *tok, const char *text, size_t len,
                         int add_special_tokens, int32_t **ids, int64_t *n) {

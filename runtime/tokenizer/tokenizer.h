@@ -42,6 +42,13 @@ int zr_tokenizer_decode(const zr_tokenizer *tok, const int32_t *ids, int64_t n,
 int zr_tokenizer_decode_len(const zr_tokenizer *tok, const int32_t *ids, int64_t n,
                             int skip_special_tokens, char **out, int64_t *len);
 
+/* Replaces the tokenizer.json's normalizers and pre-tokenizers by one Metaspace pre-tokenizer ("▁",
+ * no split, prepend_scheme ZR_PREPEND_ALWAYS / FIRST / NEVER): the pipeline transformers 5 builds for
+ * its SentencePiece-BPE classes (LlamaTokenizer: "first", or "always" with legacy = true), whose ids
+ * differ from the file's Prepend normalizer after special tokens and before a leading space. */
+enum { ZR_PREPEND_ALWAYS, ZR_PREPEND_FIRST, ZR_PREPEND_NEVER };
+int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme);
+
 /* 1 + the largest id of the model vocabulary and the added tokens (the embedding rows needed). */
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok);
 /* -1 when absent. Added tokens are looked up first, as in Hugging Face. */

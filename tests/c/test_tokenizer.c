@@ -471,7 +471,28 @@ TEST(tiny_metaspace) {
     /* "first": only the piece at the start of the input gets a ▁ */
     CHECK_ENCODE(t, "ab ab", 1, 1, 10, 10);
     CHECK_ENCODE(t, "a</s>b ab", 0, 8, 2, 7, 10);
+    /* a leading space becomes the ▁ itself: HF replaces spaces before it prepends, so none is added */
+    CHECK_ENCODE(t, " ab", 0, 10);
     CHECK_DECODE(t, 1, "ab ab", 1, 10, 10);
+    zr_tokenizer_free(t);
+}
+
+/* transformers 5's pipeline for LlamaTokenizer over a file with the Prepend normalizer. */
+TEST(use_metaspace) {
+    zr_tokenizer *t = load_text(tiny_sp_json);
+    CHECK_MSG(t, "%s", zr_last_error());
+    if (!t) return;
+    CHECK_ENCODE(t, "a</s>b", 0, 8, 2, 5, 7); /* the file's: each piece gets its own ▁ */
+    CHECK_ENCODE(t, " ab", 0, 5, 10);         /* and a leading space another */
+    CHECK(zr_tokenizer_use_metaspace(t, ZR_PREPEND_FIRST) == 0);
+    CHECK_ENCODE(t, "a</s>b", 0, 8, 2, 7);
+    CHECK_ENCODE(t, " ab", 0, 10);
+    CHECK_ENCODE(t, "ab ab", 1, 1, 10, 10);
+    CHECK(zr_tokenizer_use_metaspace(t, ZR_PREPEND_ALWAYS) == 0);
+    CHECK_ENCODE(t, "a</s>b", 0, 8, 2, 5, 7);
+    CHECK(zr_tokenizer_use_metaspace(t, ZR_PREPEND_NEVER) == 0);
+    CHECK_ENCODE(t, "ab ab", 0, 9, 10);
+    CHECK(zr_tokenizer_use_metaspace(t, 7) != 0 && strstr(zr_last_error_message(), "prepend scheme 7"));
     zr_tokenizer_free(t);
 }
 
@@ -748,6 +769,7 @@ int main(void) {
     RUN(tiny_gpt2);
     RUN(tiny_sentencepiece);
     RUN(tiny_metaspace);
+    RUN(use_metaspace);
     RUN(tokenizer_load_errors);
     RUN(tokenizer_added_token_ids);
     RUN(tokenizer_word_with_no_ids);

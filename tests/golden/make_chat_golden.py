@@ -3,7 +3,8 @@ chat tokenizer (its own template, and a template of ours with {% generation %} b
 {input_ids, labels} rows TRL's SFTTrainer builds from each dataset type (its documented rules,
 restated here: eos appended to non-conversational text / completions, the completion's labels only for
 prompt-completion rows, the assistant tokens only with assistant_only_loss, truncation keep_start /
-keep_end). Read by tests/lua/test_sft_golden.lua.
+keep_end); and AutoTokenizer's ids of the first 40 non-empty WikiText-2 validation lines (line numbers and
+ids only), which transformers 5 computes with its own LlamaTokenizer pipeline, not tokenizer.json's. Read by tests/lua/test_sft_golden.lua.
     python3 tests/golden/make_chat_golden.py [TOKENIZER_DIR]
 (default ../shared/data/tokenizers/tinyllama-1.1b-chat-v1.0; needs transformers, not torch). Not part of
 the build or the test suite."""
@@ -102,6 +103,12 @@ def main():
         t = text if text.endswith(eos) else text + eos
         ids = tok(t)["input_ids"]
         out["sft"].append({"name": f"text {k}", "row": {"text": text}, "options": {}, "input_ids": ids, "labels": ids})
+    # transformers 5's AutoTokenizer on WikiText lines (their numbers only: the text stays in ../shared/data)
+    wiki = os.path.join(os.path.dirname(os.path.dirname(d.rstrip("/"))), "wikitext-2-raw", "wiki.valid.raw")
+    with open(wiki, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    picked = [i for i, l in enumerate(lines) if l][:40]
+    out["wiki_lines"] = [{"line": i + 1, "ids": tok(lines[i])["input_ids"]} for i in picked]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chat_tinyllama.json")
     with open(path, "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)

@@ -1,7 +1,7 @@
 -- Chat templates and SFT rows against transformers (tests/golden/chat_tinyllama.json, written by
 -- tests/golden/make_chat_golden.py): the TinyLlama chat tokenizer's own template and one with
--- {% generation %} blocks (text, ids, assistant masks), and TRL's {input_ids, labels} for every dataset
--- type. Needs the tokenizer from ../shared/data (or ZRUN_TEST_DATA); says SKIP without it.
+-- {% generation %} blocks (text, ids, assistant masks), TRL's {input_ids, labels} for every dataset
+-- type, and AutoTokenizer's ids of WikiText lines (transformers 5 rebuilds LlamaTokenizer's pipeline). Needs the tokenizer from ../shared/data (or ZRUN_TEST_DATA); says SKIP without it.
 local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
@@ -52,6 +52,19 @@ T.test("zr.sft.prepare = TRL's rows: messages, prompt-completion (chat and text)
       T.eq_list(r.labels, s.labels, s.name .. ": labels")
     end
   end
+end)
+
+T.test("zr.tokenizers.load = transformers 5's AutoTokenizer on WikiText lines (its LlamaTokenizer pipeline)", function()
+  local lines = {}
+  for l in io.lines(data .. "/wikitext-2-raw/wiki.valid.raw") do lines[#lines + 1] = l end
+  for _, c in ipairs(golden.wiki_lines) do
+    T.eq_list(tok:encode(lines[c.line]), c.ids, "line " .. c.line)
+  end
+  -- pipeline = "tokenizer.json": the file's own pipeline, the `tokenizers` library's ids (the refs file)
+  local raw = zr.tokenizers.load(dir, { pipeline = "tokenizer.json" })
+  local refs = cjson.decode(T.read_file(data .. "/refs/wiki.valid.tinyllama.ids.json")).per_line
+  for k = 1, 40 do T.eq_list(raw:encode(lines[k]), refs[k], "tokenizer.json pipeline, line " .. k) end
+  T.raises(function() zr.tokenizers.load(dir, { pipeline = "slow" }) end, 'pipeline must be "transformers" or "tokenizer.json"')
 end)
 
 T.done()
