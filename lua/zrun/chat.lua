@@ -59,6 +59,14 @@ function M.read_config(dir)
     templates = templates or {}
     templates.default = read(dir .. "/chat_template.jinja")
   end
+  local extra = dir .. "/additional_chat_templates"
+  local okd, names = pcall(require("zrun._C").listdir, extra)
+  if okd and type(names) == "table" then
+    for _, n in ipairs(names) do
+      local name = n:match("^(.+)%.jinja$")
+      if name then templates = templates or {}; templates[name] = read(extra .. "/" .. n) end
+    end
+  end
   return { templates = templates, special = special }
 end
 

@@ -121,6 +121,14 @@ function M.save_pretrained(tok, dir)
       out[#out + 1] = n
     elseif exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
   end
+  local names = C.listdir(from .. "/additional_chat_templates") -- (transformers' named chat templates)
+  for _, n in ipairs(type(names) == "table" and names or {}) do
+    if n:match("%.jinja$") then
+      C.makedirs(dir .. "/additional_chat_templates")
+      copy(from .. "/additional_chat_templates/" .. n, dir .. "/additional_chat_templates/" .. n)
+      out[#out + 1] = "additional_chat_templates/" .. n
+    end
+  end
   return out
 end
 

@@ -35,6 +35,36 @@ T.test("the byte tokenizer: its special strings are its special ids; chat templa
     "needs return_dict = true")
 end)
 
+T.test("chat templates from a tokenizer's files: chat_template.jinja, named ones, save_pretrained keeps them", function()
+  local d = tmp .. "/tokdir"
+  local b = zr.tokenizers.ByteTokenizer.new()
+  b:set_chat_template(TPL)
+  b:save_pretrained(d) -- the byte tokenizer in Hugging Face's format, with chat_template.jinja
+  local conv = { { role = "user", content = "hi" }, { role = "assistant", content = "hello" } }
+  local t = zr.tokenizers.load(d)
+  T.eq(t:apply_chat_template(conv, { tokenize = false }), "U: hi\nA: hello</s>")
+  T.eq_list(t:apply_chat_template(conv), b:apply_chat_template(conv), "the same ids as the byte tokenizer's")
+  zr._C.makedirs(d .. "/additional_chat_templates")
+  local f = assert(io.open(d .. "/additional_chat_templates/short.jinja", "w"))
+  f:write("{{ messages[0].content }}")
+  f:close()
+  local t2 = zr.tokenizers.load(d)
+  T.eq(t2:apply_chat_template(conv, { chat_template = "short", tokenize = false }), "hi", "a named template")
+  T.eq(t2:apply_chat_template(conv, { chat_template = "{{ 'x' }}", tokenize = false }), "x", "a template given inline")
+  local saved = t2:save_pretrained(d .. "2")
+  T.eq(table.concat(saved, " "), "tokenizer.json tokenizer_config.json chat_template.jinja additional_chat_templates/short.jinja")
+  T.eq(zr.tokenizers.load(d .. "2"):apply_chat_template(conv, { chat_template = "short", tokenize = false }), "hi")
+  -- tokenizer_config.json's list form; "tool_use" when tools are given
+  local cfgp = d .. "/tokenizer_config.json"
+  local cfg = require("cjson").decode(T.read_file(cfgp))
+  cfg.chat_template = { { name = "default", template = "D" }, { name = "tool_use", template = "T{{ tools | length }}" } }
+  f = assert(io.open(cfgp, "w")); f:write(require("cjson").encode(cfg)); f:close()
+  os.remove(d .. "/chat_template.jinja")
+  local t3 = zr.tokenizers.load(d)
+  T.eq(t3:apply_chat_template(conv, { tokenize = false }), "D")
+  T.eq(t3:apply_chat_template(conv, { tokenize = false, tools = { { name = "f" } } }), "T1")
+end)
+
 T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), messages, assistant_only_loss, ShareGPT", function()
   local S = zr.sft
   local r = S.prepare({ { text = "ab" } }, tok)[1]
