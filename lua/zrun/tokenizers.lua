@@ -33,6 +33,11 @@ local function chat_settings(tok)
   if not s then
     local src = sources[tok]
     s = src and chat.read_config(src:match("^(.*)/[^/]*$") or ".") or { special = {} }
+    -- a special token no config file names: the one the tokenizer itself found (its post-processor's
+    -- bos / eos, or a well-known name), so that a template's bos_token / eos_token still render
+    for k, id in pairs { bos_token = tok:bos_id(), eos_token = tok:eos_id(), pad_token = tok:pad_id() } do
+      if not s.special[k] and id then s.special[k] = tok:id_to_token(id) end
+    end
     chats[tok] = s
   end
   return s

@@ -63,6 +63,10 @@ T.test("chat templates from a tokenizer's files: chat_template.jinja, named ones
   local t3 = zr.tokenizers.load(d)
   T.eq(t3:apply_chat_template(conv, { tokenize = false }), "D")
   T.eq(t3:apply_chat_template(conv, { tokenize = false, tools = { { name = "f" } } }), "T1")
+  -- a tokenizer.json alone: the special tokens the tokenizer finds itself (post-processor, known names)
+  os.remove(cfgp)
+  T.eq(zr.tokenizers.load(d):apply_chat_template(conv, { chat_template = "{{ bos_token }}-{{ eos_token }}", tokenize = false }),
+    "<s>-</s>")
 end)
 
 T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), messages, assistant_only_loss, ShareGPT", function()
