@@ -225,6 +225,10 @@ function M.SFTTrainer(opts)
   local multiple, pad_token = sargs.pad_to_multiple_of, sargs.pad_token
   sargs.pad_to_multiple_of, sargs.pad_token = nil, nil
   local tok = opts.processing_class or opts.tokenizer
+  if sargs.chat_template_path and tok then -- (TRL: the tokenizer's template from then on; save_model writes it)
+    tok:set_chat_template(M.options({ chat_template_path = sargs.chat_template_path }, tok, { text = "" }).chat_template)
+    sargs.chat_template_path = nil
+  end
   local function prep(ds)
     if not ds or skip then return ds end
     if not tok then error("SFTTrainer: processing_class (the tokenizer) is required to prepare the datasets", 2) end
@@ -233,10 +237,14 @@ function M.SFTTrainer(opts)
   local t = {}
   for k, v in pairs(opts) do t[k] = v end
   t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset)
-  if not t.data_collator and (pad_token or multiple) then
+  if not t.data_collator and tok then
+    -- TRL's pad token: pad_token, else the tokenizer's, else its eos (the rows' own labels keep a real eos
+    -- learned); on a GPU rows are padded to a multiple of 64 tokens as the Trainer's default collator does
     local pad = pad_token and tok:token_to_id(pad_token)
-    if pad_token and (not pad or pad < 0) then error(fmt("SFTTrainer: pad_token '%s' is not in the tokenizer's vocabulary", pad_token), 2) end
-    pad = pad or (tok.pad_id and tok:pad_id()) or tok:eos_id()
+    if pad_token and not pad then error(fmt("SFTTrainer: pad_token '%s' is not in the tokenizer's vocabulary", pad_token), 2) end
+    pad = pad or tok:pad_id() or tok:eos_id()
+    local p1 = opts.model and opts.model.parameters and opts.model:parameters()[1]
+    if not multiple and p1 and p1:device() ~= "cpu" then multiple = 64 end
     t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil }
   end
   return require("zrun.trainer")(t)
