@@ -147,12 +147,19 @@ local function tokenize_row(row, i, kind, tok, o, warned)
   return { input_ids = ids, labels = labels }
 end
 
+-- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
+local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's",
+  dataset_kwargs = "SFTTrainer's", dataset_num_proc = "SFTTrainer's" }
+
 -- Checks SFTConfig-style options and fills their defaults. first: the dataset's first row.
 function M.options(opts, tok, first)
   local o = {}
   for k, v in pairs(M.DEFAULTS) do o[k] = v end
   for k, v in pairs(opts or {}) do
     if M.DEFAULTS[k] == nil and k ~= "chat_template" then error(fmt("sft: unknown option '%s'", tostring(k)), 0) end
+    if TRAINER_ONLY[k] and v ~= false then
+      error(fmt("sft: %s is %s (an SFTTrainer argument), not a row preparation option", k, TRAINER_ONLY[k]), 0)
+    end
     o[k] = v
   end
   for k, why in pairs(M.REFUSED) do
@@ -220,10 +227,20 @@ function M.SFTTrainer(opts)
   for k, v in pairs(opts.args or {}) do
     if M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end
   end
-  local skip = type(sargs.dataset_kwargs) == "table" and sargs.dataset_kwargs.skip_prepare_dataset
-  sargs.dataset_kwargs, sargs.dataset_num_proc = nil, nil -- (no worker processes: preparation is in-process)
+  local dk = sargs.dataset_kwargs
+  if dk and (type(dk) ~= "table" or next(dk) == nil or (next(dk) ~= "skip_prepare_dataset" or next(dk, "skip_prepare_dataset"))) then
+    error("SFTTrainer: dataset_kwargs takes {skip_prepare_dataset = true} only (rows already {input_ids, labels})", 2)
+  end
+  local skip = dk and dk.skip_prepare_dataset
+  if sargs.dataset_num_proc then -- (a speed knob with nothing to speed up: say so rather than ignore it)
+    require("zrun.dist").print0("[zrun] SFTTrainer: dataset_num_proc has no effect: rows are prepared in-process")
+  end
+  sargs.dataset_kwargs, sargs.dataset_num_proc = nil, nil
   local multiple, pad_token = sargs.pad_to_multiple_of, sargs.pad_token
   sargs.pad_to_multiple_of, sargs.pad_token = nil, nil
+  if opts.data_collator and (multiple or pad_token) then
+    error("SFTTrainer: pad_token and pad_to_multiple_of shape the default collator; with data_collator given, set them there", 2)
+  end
   local tok = opts.processing_class or opts.tokenizer
   if sargs.chat_template_path and tok then -- (TRL: the tokenizer's template from then on; save_model writes it)
     tok:set_chat_template(M.options({ chat_template_path = sargs.chat_template_path }, tok, { text = "" }).chat_template)
