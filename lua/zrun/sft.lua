@@ -17,12 +17,12 @@ local fmt = string.format
 -- SFTConfig's own arguments (TRL), with their defaults; the rest are zr.Trainer's.
 M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
   truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
-  padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false, dataset_kwargs = false }
+  packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false,
+  dataset_kwargs = false }
 -- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
 M.REFUSED = {
-  packing = "packing = true (TRL's bfd packing needs attention that restarts at each packed sequence); train the " ..
-    "padded rows (the default), or pack plain text with zr.datasets' group_texts and zr.Trainer",
-  padding_free = "padding_free = true needs the same per-sequence attention as packing",
+  padding_free = "padding_free = true (one flattened sequence a micro-batch) needs attention that restarts at each " ..
+    "sequence; train padded rows (the default) or pack with packing_strategy = \"wrapped\"",
   loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) is implemented",
 }
 
@@ -44,13 +44,16 @@ function M.row_type(row, text_field)
     "prompt + completion, conversations or input_ids", table.concat(keys, ", "), text_field), 0)
 end
 
-local SHAREGPT = { human = "user", gpt = "assistant", system = "system", user = "user", assistant = "assistant" }
+-- ShareGPT's speakers as chat templates name them (TRL renames the keys only and keeps "human" / "gpt",
+-- which templates checking role == "user" / "assistant" do not recognise); other speakers stay as they are.
+local SHAREGPT = { human = "user", gpt = "assistant" }
 local function from_sharegpt(conv, i)
   local out = {}
   for k, m in ipairs(conv) do
-    local role = SHAREGPT[m.from]
-    if not role then error(fmt("sft: row %d, conversations[%d]: unknown speaker '%s' (human, gpt or system)", i, k, tostring(m.from)), 0) end
-    out[k] = { role = role, content = m.value }
+    if type(m) ~= "table" or m.from == nil or m.value == nil then
+      error(fmt("sft: row %d, conversations[%d]: a ShareGPT turn is {from = ..., value = ...}", i, k), 0)
+    end
+    out[k] = { role = SHAREGPT[m.from] or m.from, content = m.value }
   end
   return out
 end
@@ -137,7 +140,7 @@ local function tokenize_row(row, i, kind, tok, o, warned)
     for _, m in ipairs(masks) do keep = keep and m[k] == 1 end
     labels[k] = keep and id or -100
   end
-  local L = o.max_length
+  local L = not o.packing and o.max_length -- (packing cuts the joined rows instead)
   if L and #ids > L then -- truncation_mode: keep_start or keep_end
     local first = o.truncation_mode == "keep_end" and #ids - L + 1 or 1
     local ti, tl = {}, {}
@@ -168,6 +171,13 @@ function M.options(opts, tok, first)
   if o.max_length ~= false and (type(o.max_length) ~= "number" or o.max_length < 1 or o.max_length % 1 ~= 0) then
     error(fmt("sft: max_length must be a positive integer or false (no truncation), got %s", tostring(o.max_length)), 0)
   end
+  if o.packing and o.packing_strategy ~= "wrapped" then
+    error(fmt("sft: packing_strategy = \"%s\" (TRL's default with packing = true) keeps each row's attention to itself, " ..
+      "which needs attention that restarts at each packed sequence; use packing_strategy = \"wrapped\" (rows joined " ..
+      "and cut into max_length blocks, attention across their boundaries) or train padded rows (packing = false)",
+      tostring(o.packing_strategy)), 0)
+  end
+  if o.packing and not o.max_length then error("sft: packing = true needs max_length (the packed block's length)", 0) end
   if o.truncation_mode ~= "keep_start" and o.truncation_mode ~= "keep_end" then
     error(fmt("sft: truncation_mode must be \"keep_start\" or \"keep_end\", got %s", tostring(o.truncation_mode)), 0)
   end
@@ -196,6 +206,20 @@ function M.options(opts, tok, first)
   return o, kind
 end
 
+-- TRL's "wrapped" packing: the rows' input_ids and labels joined end to end and cut into blocks of L
+-- tokens (the last one shorter), attention running across the rows' boundaries.
+function M.pack_wrapped(rows, L)
+  local out, ids, labels = {}, {}, {}
+  for _, r in ipairs(rows) do
+    for k = 1, #r.input_ids do
+      ids[#ids + 1], labels[#labels + 1] = r.input_ids[k], r.labels[k]
+      if #ids == L then out[#out + 1], ids, labels = { input_ids = ids, labels = labels }, {}, {} end
+    end
+  end
+  if #ids > 0 then out[#out + 1] = { input_ids = ids, labels = labels } end
+  return out
+end
+
 -- TRL's dataset preparation: a Dataset of {input_ids, labels} from rows of any of the types above;
 -- rows that truncation leaves with no label to learn are dropped (as TRL does).
 function M.prepare(ds, tok, opts)
@@ -209,9 +233,10 @@ function M.prepare(ds, tok, opts)
     local r = tokenize_row(row, i, kind, tok, o, warned)
     local any = false
     for _, l in ipairs(r.labels) do any = any or l ~= -100 end
-    if any or not o.max_length then out[#out + 1] = r else dropped = dropped + 1 end
+    if any or not o.max_length or o.packing then out[#out + 1] = r else dropped = dropped + 1 end
   end
   if #out == 0 then error(fmt("sft: every row lost all its labels to truncation at max_length = %s", tostring(o.max_length)), 0) end
+  if o.packing then out = M.pack_wrapped(out, o.max_length) end
   local res = require("zrun.datasets").Dataset.from_rows(out)
   res.sft = { kind = kind, dropped = dropped, options = o }
   return res

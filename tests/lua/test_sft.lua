@@ -100,11 +100,31 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
   T.eq(#ds, 1, "a row truncation left with no label is dropped (TRL)")
   T.eq(ds.sft.dropped, 1)
   T.eq_list(S.prepare({ { input_ids = { 5, 6 }, labels = { -100, 6 } } }, tok)[1].labels, { -100, 6 }, "tokenized rows kept")
+  -- TRL's "wrapped" packing: the rows joined and cut into max_length blocks, the last one shorter
+  local pk = S.prepare({ { prompt = "Q?", completion = "ab" }, { prompt = "R", completion = "cde" } }, tok,
+    { packing = true, packing_strategy = "wrapped", max_length = 4 })
+  local all_ids = cat(bytes("Q?", 1), bytes("ab"), { 2 }, bytes("R", 1), bytes("cde"), { 2 })
+  local all_labels = cat(masked(3), bytes("ab"), { 2 }, masked(2), bytes("cde"), { 2 })
+  T.eq(#all_ids, 12)
+  T.eq(#pk, 3, "12 tokens in blocks of 4")
+  for b = 1, 3 do
+    local lo = (b - 1) * 4
+    T.eq_list(pk[b].input_ids, { unpack(all_ids, lo + 1, lo + 4) }, "block " .. b)
+    T.eq_list(pk[b].labels, { unpack(all_labels, lo + 1, lo + 4) }, "block " .. b .. " labels")
+  end
+  T.eq(#S.prepare({ { text = "abcdefg" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = 4 })[2].input_ids,
+    4, "9 tokens: blocks of 4, 4 and 1 (the last one shorter)")
+  local sg2 = S.prepare({ { conversations = { { from = "human", value = "hi" }, { from = "tool", value = "x" } } } }, tok,
+    { chat_template = "{% for m in messages %}{{ m.role }};{% endfor %}" })[1]
+  T.eq_list(sg2.input_ids, bytes("user;tool;"), "ShareGPT: human -> user, other speakers kept")
 end)
 
 T.test("refusals: one line each, naming the fix", function()
   local S = zr.sft
-  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true }) end, "packing = true")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true }) end, 'use packing_strategy = "wrapped"')
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { padding_free = true }) end, "padding_free = true")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = false }) end,
+    "packing = true needs max_length")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { max_lenght = 3 }) end, "unknown option 'max_lenght'")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { completion_only_loss = true }) end, "needs prompt + completion rows")
@@ -193,7 +213,7 @@ end)
 
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
   T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "learnig_rate")
-  T.raises(function() trainer(nil, { packing = true }) end, "packing = true")
+  T.raises(function() trainer(nil, { packing = true }) end, 'use packing_strategy = "wrapped"')
   T.raises(function() trainer(nil, { dataset_kwargs = { add_special_tokens = false } }) end, "dataset_kwargs takes {skip_prepare_dataset = true} only")
   T.raises(function() trainer({ data_collator = function() end }, { pad_token = "<pad>" }) end, "with data_collator given, set them there")
   local pre = zr.sft.prepare(qa_rows(), tok, { chat_template = TPL })
