@@ -211,6 +211,26 @@ T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teache
   assert(right >= 0.9 * total, ("teacher-forced answer tokens right: %d of %d"):format(right, total))
 end)
 
+T.test("SFTTrainer saves and resumes bit for bit (random sampling, assistant_only_loss); the saved tokenizer keeps the template", function()
+  local function run(extra, resume)
+    local t = trainer(nil, { output_dir = tmp .. "/resume", max_steps = 5, save_strategy = "steps", save_steps = 2,
+      train_sampling_strategy = "random", per_device_train_batch_size = 2, gradient_accumulation_steps = 2,
+      optim = "adamw_torch" })
+    for k, v in pairs(extra or {}) do t.args[k] = v end
+    t:train(resume)
+    local l = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then l[r.step] = r.loss end end
+    return l
+  end
+  local straight = run()
+  local resumed = run({ save_strategy = "no" }, tmp .. "/resume/checkpoint-2")
+  for s = 3, 5 do T.eq(resumed[s], straight[s], "loss at step " .. s) end
+  assert(straight[5] ~= straight[3], "the steps differ")
+  local back = zr.tokenizers.load(tmp .. "/resume/checkpoint-4")
+  T.eq(back:apply_chat_template(qa_rows()[1].messages, { tokenize = false }), "U: colour 1\nA: red</s>",
+    "the checkpoint's tokenizer renders with the SFT template")
+end)
+
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
   T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "learnig_rate")
   T.raises(function() trainer(nil, { packing = true }) end, 'use packing_strategy = "wrapped"')
