@@ -104,6 +104,11 @@ end
 -- and is dropped), and the collator pads each micro-batch to its longest row, the padding's labels -100
 -- (HF scripts set the pad token to eos when the tokenizer has none, as here).
 local function lm_dataset(raw)
+  local r1 = raw[1]
+  if r1 and r1.text == nil and (r1.messages or r1.prompt or r1.conversations) then
+    error(("%s holds chat / instruction rows (messages, prompt + completion): train them with recipes/sft_llama.lua data=%s")
+      :format(opt.data, opt.data), 0)
+  end
   local ds = raw:filter(function(r) return r.text ~= "" end)
     :map(function(r) return { input_ids = tok:encode(r.text) } end)
   if opt.packing then return ds:group_texts(opt.block_size) end

@@ -244,4 +244,22 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
   T.eq(b.input_ids:size(2), 24, "pad_to_multiple_of = 8 (rows of 19 and 20 tokens)")
 end)
 
+T.test("the recipes: sft_llama.lua trains a .jsonl of prompt-completion rows; finetune_llama.lua sends chat rows there", function()
+  local bin = os.getenv("ZRUN_BIN") or "./zrun"
+  local data = tmp .. "/pc.jsonl"
+  local f = assert(io.open(data, "w"))
+  for i = 1, 40 do f:write(require("cjson").encode({ prompt = "Say " .. i .. ":", completion = " " .. i .. " " .. i }), "\n") end
+  f:close()
+  local p = io.popen(("%s recipes/sft_llama.lua data=%s max_steps=6 logging_steps=2 output_dir=%s/rec 2>&1"):format(bin, data, tmp))
+  local out = p:read("*a")
+  p:close()
+  assert(out:find("38 training rows (prompt_completion", 1, true), out)
+  local first, last = out:match("done: 6 steps in [%d.]+ s, loss ([%d.]+) %-> ([%d.]+)")
+  assert(first and tonumber(last) < tonumber(first), "the loss falls: " .. out)
+  p = io.popen(("%s recipes/finetune_llama.lua data=%s max_steps=1 2>&1"):format(bin, data))
+  out = p:read("*a")
+  p:close()
+  assert(out:find("train them with recipes/sft_llama.lua", 1, true), out)
+end)
+
 T.done()
