@@ -225,6 +225,28 @@ end
 function M.prepare(ds, tok, opts)
   local rows = ds.rows or ds
   if #rows == 0 then error("sft: the dataset is empty", 0) end
+  local f = opts and opts.formatting_func
+  if f ~= nil then -- TRL's formatting_func(row) -> text: the rows become language-modeling rows
+    if type(f) ~= "function" then error("sft: formatting_func must be a function(row) returning the row's text", 0) end
+    if rows[1].input_ids then error("sft: formatting_func with rows that are already tokenized (input_ids): drop one of them", 0) end
+    local col = opts.completion_only_loss
+    if col == true or ((col == nil or col == "auto") and rows[1].prompt ~= nil and rows[1].completion ~= nil) then
+      error("sft: formatting_func turns the rows into plain text, which has no completion to learn alone: set " ..
+        "completion_only_loss = false, or format the rows before (as TRL refuses the two together)", 0)
+    end
+    local field = opts.dataset_text_field or M.DEFAULTS.dataset_text_field
+    local texts = {}
+    for i, r in ipairs(rows) do
+      local t = f(r)
+      if type(t) ~= "string" then error(fmt("sft: formatting_func returned %s for row %d, not a string", type(t), i), 0) end
+      texts[i] = { [field] = t }
+    end
+    rows = texts
+    local o2 = {}
+    for k, v in pairs(opts) do if k ~= "formatting_func" then o2[k] = v end end
+    if o2.completion_only_loss == "auto" or o2.completion_only_loss == nil then o2.completion_only_loss = false end
+    opts = o2
+  end
   local o, kind = M.options(opts, tok, rows[1])
   local out, warned, dropped = {}, {}, 0
   for i, row in ipairs(rows) do
@@ -274,10 +296,13 @@ function M.SFTTrainer(opts)
   local function prep(ds)
     if not ds or skip then return ds end
     if not tok then error("SFTTrainer: processing_class (the tokenizer) is required to prepare the datasets", 2) end
-    return M.prepare(ds, tok, sargs)
+    local o = { formatting_func = opts.formatting_func }
+    for k, v in pairs(sargs) do o[k] = v end
+    return M.prepare(ds, tok, o)
   end
   local t = {}
   for k, v in pairs(opts) do t[k] = v end
+  t.formatting_func = nil
   t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset)
   if not t.data_collator and tok then
     -- TRL's pad token: pad_token, else the tokenizer's, else its eos (the rows' own labels keep a real eos

@@ -117,6 +117,13 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
   local sg2 = S.prepare({ { conversations = { { from = "human", value = "hi" }, { from = "tool", value = "x" } } } }, tok,
     { chat_template = "{% for m in messages %}{{ m.role }};{% endfor %}" })[1]
   T.eq_list(sg2.input_ids, bytes("user;tool;"), "ShareGPT: human -> user, other speakers kept")
+  -- formatting_func (TRL): each row's text from a function, then language modeling
+  local ff = S.prepare({ { q = "a", a = "b" } }, tok, { formatting_func = function(r) return r.q .. "=" .. r.a end })[1]
+  T.eq_list(ff.labels, cat(bytes("a=b", 1), { 2 }), "formatting_func: text + eos, every token learned")
+  T.raises(function() S.prepare({ { prompt = "a", completion = "b" } }, tok, { formatting_func = function(r) return r.prompt end }) end,
+    "set completion_only_loss = false")
+  T.eq(#S.prepare({ { prompt = "a", completion = "b" } }, tok,
+    { formatting_func = function(r) return r.prompt end, completion_only_loss = false })[1].input_ids, 3)
 end)
 
 T.test("refusals: one line each, naming the fix", function()
