@@ -38,38 +38,18 @@ local opt, given = cli:training_arguments(args):parse(arg)
 
 local resolved = require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
 
+local R = require "zrun.recipe"
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
-if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
-if not exists(opt.config) then error("DeepSpeed config " .. opt.config .. " not found (pass --config FILE)", 0) end
-local device = opt.device
-if device == "auto" then device = zr.cuda.device_count() > 0 and "cuda" or "cpu" end
+opt.config = R.config_path(opt.config)
+local device = R.device(opt.device)
 local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...)) end
 
 -- Model and tokenizer. Only when no model was named and the default is not on disk: the built-in
--- tiny Llama with a byte-level tokenizer, so `make run` always trains something visibly.
-local model, tok, fallback
-local ok, err = pcall(function()
-  local dir = zr.hf.resolve(opt.model)
-  tok = zr.tokenizers.load(opt.tokenizer or dir)
-  model = zr.models.llama.from_pretrained(dir, { dtype = "f32", device = device })
-end)
-if not ok and (given.model or given.tokenizer) then error(tostring(err), 0) end
-if not ok then
-  say("model '%s' not available: %s", opt.model, tostring(err))
-  say("falling back to the built-in tiny Llama (zrun/tiny-llama) with a byte-level tokenizer")
-  fallback = true
-  zr.manual_seed(resolved.seed) -- run_clm's set_seed(training_args.seed) before the model is built
-  local cfg = zr.models.llama.config("zrun/tiny-llama")
-  cfg.device = device
-  model = zr.models.llama.LlamaForCausalLM(cfg)
-  tok = zr.tokenizers.ByteTokenizer.new()
-  opt.block_size = math.min(opt.block_size, 64)
-end
-if tok:vocab_size() > model.config.vocab_size then
-  error(("the tokenizer has %d tokens but the model's vocab_size is %d: pass tokenizer= the model's own"):format(
-    tok:vocab_size(), model.config.vocab_size), 0)
-end
+-- tiny Llama with a byte-level tokenizer (zr.manual_seed(seed) first, run_clm's set_seed), so `make
+-- run` always trains something visibly.
+local model, tok, fallback = R.model_and_tokenizer(opt, given, device, say, resolved.seed)
+if fallback then opt.block_size = math.min(opt.block_size, 64) end
 
 -- Raw text: train and validation splits, or one file split by lines.
 local function load(split) return zr.datasets.load_dataset(opt.data, { split = split }) end
@@ -136,33 +116,12 @@ say("%d training %s and %d evaluation %s, model %s (%d parameters), device %s", 
   fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
 
 if fallback then -- CPU-sized settings for the tiny model
-  local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
-    eval_steps = 20, warmup_ratio = 0.05 }
-  for k, v in pairs(small) do if not given[k] then args[k] = v end end
-  if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
-    gradient_clipping = 1.0, steps_per_print = 1000,
-    optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
-    scheduler = { type = "WarmupDecayLR", params = { warmup_min_lr = 0, warmup_max_lr = "auto",
-      warmup_num_steps = "auto", total_num_steps = "auto", warmup_type = "linear" } },
-    zero_optimization = { stage = 2 } } end
+  R.tiny_settings(args, opt, given, { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60,
+    logging_steps = 5, eval_steps = 20, warmup_ratio = 0.05 }, true)
 end
--- A number the DeepSpeed file fixes itself (not "auto") wins over this script's default for it; a
--- value given on the command line must agree with the file (the Trainer says so when not).
-if type(opt.config) == "string" then
-  local f = assert(io.open(opt.config, "rb"))
-  local c = require("cjson").decode(f:read("*a"))
-  f:close()
-  local op = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
-  local fixed = { learning_rate = op.lr, weight_decay = op.weight_decay, gradient_accumulation_steps =
-    c.gradient_accumulation_steps, per_device_train_batch_size = c.train_micro_batch_size_per_gpu }
-  for k, v in pairs(fixed) do if type(v) == "number" and not given[k] then args[k] = nil end end
-end
-args.deepspeed = opt.config -- precision comes from the config (bf16 in ds_config.json) ...
-if opt.precision then       -- ... or from precision= when the config says "auto" or has no bf16/fp16 section
-  local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
-  if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
-  args.bf16, args.fp16 = p == "bf16", p == "fp16"
-end
+-- precision comes from the config (bf16 in ds_config.json), or from precision= when the config says
+-- "auto" or has no bf16/fp16 section; a number the file fixes wins over this script's default
+R.deepspeed_args(args, opt, given)
 
 local trainer = zr.Trainer({ model = model, args = args, train_dataset = train_dataset, eval_dataset = eval_dataset,
   processing_class = tok, data_collator = collator })

@@ -33,29 +33,15 @@ for _, k in ipairs(sft_keys) do cli:option(k, false, ("SFTConfig's %s (default %
 local opt, given = cli:training_arguments(args):parse(arg)
 for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
 
-local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
+local R = require "zrun.recipe"
 local home = ZRUN_HOME or "."
-if not exists(opt.config) and exists(home .. "/" .. opt.config) then opt.config = home .. "/" .. opt.config end
-local device = opt.device == "auto" and (zr.cuda.device_count() > 0 and "cuda" or "cpu") or opt.device
+opt.config = R.config_path(opt.config)
+local device = R.device(opt.device)
 local function say(fmt, ...) dist.print0(("[sft_llama] " .. fmt):format(...)) end
 
-local model, tok, fallback
-local ok, err = pcall(function()
-  local dir = zr.hf.resolve(opt.model)
-  tok = zr.tokenizers.load(opt.tokenizer or dir)
-  model = zr.models.llama.from_pretrained(dir, { dtype = "f32", device = device })
-end)
-if not ok and (given.model or given.tokenizer) then error(tostring(err), 0) end
-if not ok then
-  say("model '%s' not available: %s", opt.model, tostring(err))
-  say("falling back to the built-in tiny Llama (zrun/tiny-llama), a byte-level tokenizer and a Zephyr-style chat template")
-  fallback = true
-  zr.manual_seed(42)
-  local cfg = zr.models.llama.config("zrun/tiny-llama")
-  cfg.device = device
-  model = zr.models.llama.LlamaForCausalLM(cfg)
-  tok = zr.tokenizers.ByteTokenizer.new()
-  -- each assistant turn in a generation block, so assistant_only_loss can mask the rest
+local model, tok, fallback = R.model_and_tokenizer(opt, given, device, say, 42,
+  "a byte-level tokenizer and a Zephyr-style chat template")
+if fallback then -- each assistant turn in a generation block, so assistant_only_loss can mask the rest
   tok:set_chat_template("{% for m in messages %}{{ '<|' + m.role + '|>\\n' }}{% if m.role == 'assistant' %}" ..
     "{% generation %}{{ m.content + eos_token }}{% endgeneration %}{% else %}{{ m.content + eos_token }}{% endif %}" ..
     "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
@@ -87,20 +73,10 @@ local eval_rows, train_rows = {}, {}
 for i, r in ipairs(rows) do if i <= n_eval then eval_rows[#eval_rows + 1] = r else train_rows[#train_rows + 1] = r end end
 
 if fallback then -- CPU-sized settings for the tiny model
-  local small = { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60, logging_steps = 5,
-    eval_steps = 20, max_length = 256 }
-  for k, v in pairs(small) do if not given[k] then args[k] = v end end
-  if not given.config then opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
-    gradient_clipping = 1.0, steps_per_print = 1000,
-    optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },
-    zero_optimization = { stage = 2 } } end
+  R.tiny_settings(args, opt, given, { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60,
+    logging_steps = 5, eval_steps = 20, max_length = 256 }, false)
 end
-args.deepspeed = opt.config
-if opt.precision then
-  local p = ({ bf16 = "bf16", fp16 = "fp16", fp32 = "fp32" })[opt.precision]
-  if not p then error("precision must be bf16, fp16 or fp32, got '" .. tostring(opt.precision) .. "'", 0) end
-  args.bf16, args.fp16 = p == "bf16", p == "fp16"
-end
+R.deepspeed_args(args, opt, given)
 
 local D = zr.datasets.Dataset
 local trainer = zr.SFTTrainer { model = model, processing_class = tok, args = args,

@@ -11,13 +11,8 @@ local cjson = require "cjson"
 local M = {}
 
 local fmt = string.format
-local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
-local function read(p)
-  local f = assert(io.open(p, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("zrun.checkpoint_store").read_all -- (a file's contents, or nil)
+local function exists(p) return read(p) ~= nil end
 
 M.SPECIAL = { "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token" }
 
@@ -126,11 +121,13 @@ function M.render(settings, messages, o)
   return text, spans or {}
 end
 
-local function common_prefix(a, b)
+-- The number of leading ids a and b have in common (TRL's common_prefix_length).
+function M.common_prefix(a, b)
   local n = math.min(#a, #b)
   for i = 1, n do if a[i] ~= b[i] then return i - 1 end end
   return n
 end
+local common_prefix = M.common_prefix
 
 -- 0/1 per token of ids (the encoding of text): 1 on the tokens holding a byte of a span, as
 -- transformers marks them (char_to_token of each span's first and last character). The tokens at a

@@ -65,11 +65,7 @@ local function concat(a, b)
   return out
 end
 
-local function common_prefix(a, b)
-  local n = math.min(#a, #b)
-  for i = 1, n do if a[i] ~= b[i] then return i - 1 end end
-  return n
-end
+local common_prefix = require("zrun.chat").common_prefix
 
 -- One row -> { input_ids, labels } (nil when truncation left nothing to learn). o: the resolved options.
 local function tokenize_row(row, i, kind, tok, o, warned)
