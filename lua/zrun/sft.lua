@@ -261,15 +261,40 @@ function M.prepare(ds, tok, opts)
 end
 
 -- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
+-- TRL's defaults (learning_rate 2e-5, logging_steps 10, gradient_checkpointing, bf16 unless fp16) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
 -- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
 -- {skip_prepare_dataset = true}) beside the Trainer's.
+-- TRL's SFTConfig defaults where they differ from TrainingArguments' (bf16 = not fp16 besides).
+M.TRAINER_DEFAULTS = { learning_rate = 2e-5, logging_steps = 10, gradient_checkpointing = true }
+
+-- Fills TRL's defaults into args where unset, except what a DeepSpeed config (args.deepspeed) fixes
+-- itself: a numeric optimizer lr, or bf16 / fp16 sections with "enabled" true or false.
+local function trl_defaults(args)
+  local ds, fixed = args.deepspeed, {}
+  if type(ds) == "string" then
+    local text = require("zrun.checkpoint_store").read_all(ds)
+    local ok, c = pcall(require("cjson").decode, text or "")
+    ds = ok and c or nil -- (an unreadable file: the Trainer names the problem)
+  end
+  if type(ds) == "table" then
+    local op = type(ds.optimizer) == "table" and type(ds.optimizer.params) == "table" and ds.optimizer.params or {}
+    fixed.learning_rate = type(op.lr) == "number"
+    for _, sec in ipairs { "bf16", "fp16" } do
+      if type(ds[sec]) == "table" and type(ds[sec].enabled) == "boolean" then fixed.precision = true end
+    end
+  end
+  for k, v in pairs(M.TRAINER_DEFAULTS) do if args[k] == nil and not fixed[k] then args[k] = v end end
+  if args.bf16 == nil and not args.fp16 and not fixed.precision then args.bf16 = true end
+end
+
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
   for k, v in pairs(opts.args or {}) do
     if M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end
   end
+  trl_defaults(args)
   local dk = sargs.dataset_kwargs
   if dk and (type(dk) ~= "table" or next(dk) == nil or (next(dk) ~= "skip_prepare_dataset" or next(dk, "skip_prepare_dataset"))) then
     error("SFTTrainer: dataset_kwargs takes {skip_prepare_dataset = true} only (rows already {input_ids, labels})", 2)
