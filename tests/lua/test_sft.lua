@@ -238,7 +238,7 @@ T.test("SFTTrainer saves and resumes bit for bit (random sampling, assistant_onl
     "the checkpoint's tokenizer renders with the SFT template")
 end)
 
-T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, gradient checkpointing, bf16) where the config leaves them", function()
+T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, bf16) where the config leaves them", function()
   zr.manual_seed(7)
   local function args(a, extra)
     local o = { model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")),
@@ -248,17 +248,17 @@ T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, gradient checkpoin
     return t.args, t
   end
   local a = args { output_dir = tmp .. "/d" }
-  T.eq(a.learning_rate, 2e-5); T.eq(a.logging_steps, 10); T.eq(a.gradient_checkpointing, true); T.eq(a.bf16, true)
+  T.eq(a.learning_rate, 2e-5); T.eq(a.logging_steps, 10); T.eq(a.bf16, true)
+  T.eq(a.gradient_checkpointing, false, "not TRL's gradient checkpointing (see zr.sft.TRAINER_DEFAULTS)")
   T.eq(args({ output_dir = tmp .. "/d", fp16 = true }).bf16, false, "fp16 given: no bf16")
-  local b = args { output_dir = tmp .. "/d", learning_rate = 1e-3, gradient_checkpointing = false }
-  T.eq(b.learning_rate, 1e-3); T.eq(b.gradient_checkpointing, false)
+  local b = args { output_dir = tmp .. "/d", learning_rate = 1e-3, gradient_checkpointing = true }
+  T.eq(b.learning_rate, 1e-3); T.eq(b.gradient_checkpointing, true)
   local c, ct = args { output_dir = tmp .. "/d", deepspeed = { train_micro_batch_size_per_gpu = "auto",
     gradient_accumulation_steps = "auto", optimizer = { type = "AdamW", params = { lr = 3e-4 } }, bf16 = { enabled = false },
     zero_optimization = { stage = 0 } } }
   ct:setup()
   T.eq(ct.engine:get_lr()[1], 3e-4, "the DeepSpeed file's lr wins over TRL's default")
   T.eq(ct.engine.precision, "f32", "and its precision")
-  T.eq(c.gradient_checkpointing, true)
 end)
 
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
