@@ -70,7 +70,13 @@ local common_prefix = require("zrun.chat").common_prefix
 -- One row -> { input_ids, labels } (nil when truncation left nothing to learn). o: the resolved options.
 local function tokenize_row(row, i, kind, tok, o, warned)
   local ids, masks = nil, {}
-  local chat = { chat_template = o.chat_template, tools = row.tools }
+  local tools = row.tools
+  if type(tools) == "string" then -- (TRL: a JSON string column)
+    local ok, v = pcall(require("cjson").decode, tools)
+    if not ok then error(fmt("sft: row %d: tools is a string but not JSON (%s)", i, tostring(v)), 0) end
+    tools = v
+  end
+  local chat = { chat_template = o.chat_template, tools = tools }
   for k, v in pairs(type(row.chat_template_kwargs) == "table" and row.chat_template_kwargs or {}) do chat[k] = v end
   local function template(msgs, extra)
     local c = {}
@@ -117,9 +123,14 @@ local function tokenize_row(row, i, kind, tok, o, warned)
       for k = 1, #ids do m[k] = k > n and 1 or 0 end
       masks[#masks + 1] = m
     end
-  else -- processed: kept as is (labels = input_ids unless given)
+  else -- processed (TRL): its labels kept as given, else built from its masks (completion_mask where
+    -- completion_only_loss, assistant_masks always), else input_ids; then truncated as any row
     ids = row.input_ids
-    if row.labels then return { input_ids = ids, labels = row.labels } end
+    if row.labels and #row.labels ~= #ids then
+      error(fmt("sft: row %d: %d labels for %d input_ids", i, #row.labels, #ids), 0)
+    end
+    if row.completion_mask and o.completion_only_loss then masks[#masks + 1] = row.completion_mask end
+    if row.assistant_masks then masks[#masks + 1] = row.assistant_masks end
   end
   if o.assistant_only_loss and masks[1] then
     local any = false
@@ -131,10 +142,14 @@ local function tokenize_row(row, i, kind, tok, o, warned)
     end
   end
   local labels = {}
-  for k, id in ipairs(ids) do
-    local keep = true
-    for _, m in ipairs(masks) do keep = keep and m[k] == 1 end
-    labels[k] = keep and id or -100
+  if kind == "processed" and row.labels then
+    for k = 1, #ids do labels[k] = row.labels[k] end
+  else
+    for k, id in ipairs(ids) do
+      local keep = true
+      for _, m in ipairs(masks) do keep = keep and m[k] == 1 end
+      labels[k] = keep and id or -100
+    end
   end
   local L = not o.packing and o.max_length -- (packing cuts the joined rows instead)
   if L and #ids > L then -- truncation_mode: keep_start or keep_end

@@ -100,6 +100,10 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
   T.eq(#ds, 1, "a row truncation left with no label is dropped (TRL)")
   T.eq(ds.sft.dropped, 1)
   T.eq_list(S.prepare({ { input_ids = { 5, 6 }, labels = { -100, 6 } } }, tok)[1].labels, { -100, 6 }, "tokenized rows kept")
+  local pr = S.prepare({ { input_ids = { 5, 6, 7, 8 }, labels = { -100, 6, 7, 8 } } }, tok, { max_length = 3 })[1]
+  T.eq_list(pr.labels, { -100, 6, 7 }, "tokenized rows are truncated too")
+  T.eq_list(S.prepare({ { input_ids = { 5, 6, 7 }, completion_mask = { 0, 1, 1 }, assistant_masks = { 1, 1, 0 } } }, tok,
+    { completion_only_loss = true })[1].labels, { -100, 6, -100 }, "tokenized rows' masks (TRL's columns)")
   -- TRL's "wrapped" packing: the rows joined and cut into max_length blocks, the last one shorter
   local pk = S.prepare({ { prompt = "Q?", completion = "ab" }, { prompt = "R", completion = "cde" } }, tok,
     { packing = true, packing_strategy = "wrapped", max_length = 4 })
