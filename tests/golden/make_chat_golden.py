@@ -65,6 +65,14 @@ def main():
                 out["templates"].append({"conv": ci, "template": name, "add_generation_prompt": agp, "text": text,
                                          "input_ids": list(enc["input_ids"]),
                                          "assistant_masks": list(enc["assistant_masks"]) if tpl else None})
+    # continue_final_message: the text cut after the last message's content (a prefill to continue)
+    out["continue_final"] = []
+    for ci, conv in enumerate(CONVS):
+        for name, tpl in (("own", None), ("gen", GEN_TEMPLATE)):
+            text = tok.apply_chat_template(conv, chat_template=tpl, tokenize=False, continue_final_message=True)
+            ids = tok.apply_chat_template(conv, chat_template=tpl, tokenize=True, return_dict=True,
+                                          continue_final_message=True)["input_ids"]
+            out["continue_final"].append({"conv": ci, "template": name, "text": text, "input_ids": list(ids)})
     # TRL's rows. messages + assistant_only_loss (the generation template)
     for ci, conv in enumerate(CONVS):
         enc = tok.apply_chat_template(conv, chat_template=GEN_TEMPLATE, tokenize=True, return_dict=True,

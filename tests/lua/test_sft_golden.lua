@@ -37,6 +37,19 @@ T.test("apply_chat_template = transformers: text, ids and assistant masks (own t
   end
 end)
 
+T.test("apply_chat_template continue_final_message = transformers (the text cut after the last content)", function()
+  local msgs = {}
+  for _, s in ipairs(golden.sft) do if s.name:match("^messages %d$") then msgs[#msgs + 1] = s.row.messages end end
+  for _, c in ipairs(golden.continue_final) do
+    local o = { chat_template = template_of(c.template), continue_final_message = true }
+    local what = ("conversation %d, %s template"):format(c.conv, c.template)
+    o.tokenize = false
+    T.eq(tok:apply_chat_template(msgs[c.conv + 1], o), c.text, what .. ": text")
+    o.tokenize = nil
+    T.eq_list(tok:apply_chat_template(msgs[c.conv + 1], o), c.input_ids, what .. ": ids")
+  end
+end)
+
 T.test("zr.sft.prepare = TRL's rows: messages, prompt-completion (chat and text), text, truncation", function()
   for _, s in ipairs(golden.sft) do
     local o = {}
