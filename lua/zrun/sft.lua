@@ -275,11 +275,6 @@ function M.prepare(ds, tok, opts)
   return res
 end
 
--- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
--- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16; not its gradient checkpointing) and
--- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
--- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
--- {skip_prepare_dataset = true}) beside the Trainer's.
 -- TRL's SFTConfig defaults where they differ from TrainingArguments' (bf16 = not fp16 besides). Not
 -- TRL's gradient_checkpointing = true: zrun's checkpointing collects Lua's garbage twice a layer to free
 -- each segment's activations, which makes a step host-bound (1.9x the time on packed 4 x 512 blocks, 5.4x on
@@ -306,6 +301,11 @@ local function trl_defaults(args)
   if args.bf16 == nil and not args.fp16 and not fixed.precision then args.bf16 = true end
 end
 
+-- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
+-- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16; not its gradient checkpointing) and
+-- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
+-- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
+-- {skip_prepare_dataset = true}, formatting_func as opts.formatting_func) beside the Trainer's.
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
