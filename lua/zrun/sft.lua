@@ -353,7 +353,9 @@ function M.SFTTrainer(opts)
     if not multiple and p1 and p1:device() ~= "cpu" then multiple = 64 end
     t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil }
   end
-  return require("zrun.trainer")(t)
+  local trainer = require("zrun.trainer")(t)
+  trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
+  return trainer
 end
 
 return M

@@ -780,7 +780,10 @@ function Trainer:evaluate(ds, prefix)
   local per_rank = ceil(#rows / W)
   local t0 = C.now()
   e:eval()
-  local sum, count, nll = 0, 0, 0
+  local sum, count, nll, correct = 0, 0, 0, 0
+  -- token_accuracy (zr.SFTTrainer sets it): TRL's mean_token_accuracy, the share of counted labels that are
+  -- the logits' argmax at the position before them
+  local acc = self.token_accuracy
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
@@ -799,6 +802,13 @@ function Trainer:evaluate(ds, prefix)
       if n > 0 then
         sum, count = sum + out.loss:item() * n, count + n
         if fwd_opts then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
+        if acc then
+          local T_ = labels:size(2)
+          local _, idx = out.logits:max(3) -- 1-based argmax over the vocabulary
+          local tgt = labels:narrow(2, 2, T_ - 1):to("f64")
+          local hit = idx:narrow(2, 1, T_ - 1):to("f64"):eq(tgt + 1):to("f64") * tgt:ne(-100):to("f64")
+          correct = correct + hit:sum():item()
+        end
       end
       -- a forward's temporaries are garbage once its loss is read; Lua does not see their memory, so the next
       -- batches (and, after the evaluation, the next training forward) would run beside them: free them
@@ -808,7 +818,7 @@ function Trainer:evaluate(ds, prefix)
     end
   end)
   e:train()
-  local t = zr.tensor({ sum, count, nll }, { dtype = "f64" })
+  local t = zr.tensor({ sum, count, nll, correct }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
   local tot, cnt = t[1], t[2]
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
@@ -817,9 +827,10 @@ function Trainer:evaluate(ds, prefix)
   local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
   local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
-    step = self:step_count(), epoch = self.state.epoch }
-  dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s | %d tokens", prefix, self:step_count(), loss,
-    fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "", cnt))
+    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = acc and t[4] / cnt or nil }
+  dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
+    fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "",
+    acc and fmt(" | mean token accuracy %.4f", t[4] / cnt) or "", cnt))
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
   self.first_eval_metrics = self.first_eval_metrics or rec

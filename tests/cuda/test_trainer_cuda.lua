@@ -1,6 +1,7 @@
 -- The Trainer on a GPU over padded rows of different lengths, with its default collator (which pads
 -- a GPU micro-batch to a multiple of 64 tokens): the same losses as the CPU run (which pads to the
--- longest row), and bf16 learns (loss falls, gradient norm not zero, close to the f32 curve).
+-- longest row), and bf16 learns (loss falls, gradient norm not zero, close to the f32 curve); SFTTrainer's
+-- evaluation (mean token accuracy through the CUDA argmax) as on the CPU.
 -- `./zrun tests/cuda/test_trainer_cuda.lua`; prints SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../ops/cuda_common.lua")
 if C.skip_without_gpu("cuda") then return end
@@ -53,6 +54,34 @@ T.test("bf16 on a GPU learns over padded rows: loss falls, gradient norm > 0, wi
   for k = 1, #lf do
     assert(math.abs(lb[k] - lf[k]) <= 0.03 * lf[k], ("step %d: bf16 %.4f vs f32 %.4f"):format(k, lb[k], lf[k]))
   end
+end)
+
+T.test("SFTTrainer's evaluation on a GPU: loss and mean token accuracy (the CUDA argmax) as on the CPU", function()
+  local TPL = "{% for m in messages %}{{ m.role + ': ' }}{% if m.role == 'assistant' %}{% generation %}" ..
+    "{{ m.content + eos_token }}{% endgeneration %}{% else %}{{ m.content + '\\n' }}{% endif %}{% endfor %}"
+  local rows = {}
+  for i = 1, 12 do
+    rows[i] = { messages = { { role = "user", content = "say " .. i }, { role = "assistant", content = ("ab"):rep(i) } } }
+  end
+  local function eval_on(dev)
+    zr.manual_seed(5)
+    local cfg = {}
+    for k, v in pairs(zr.models.llama.config("zrun/tiny-llama")) do cfg[k] = v end
+    cfg.device = dev
+    local b = zr.tokenizers.ByteTokenizer.new()
+    b:set_chat_template(TPL)
+    local t = zr.SFTTrainer { model = zr.models.llama.LlamaForCausalLM(cfg), processing_class = b,
+      train_dataset = zr.datasets.Dataset.from_rows(rows), eval_dataset = zr.datasets.Dataset.from_rows(rows),
+      args = { output_dir = tmp .. "/sft" .. dev, bf16 = false, assistant_only_loss = true, max_steps = 8,
+        per_device_train_batch_size = 4, learning_rate = 3e-3, save_strategy = "no", train_sampling_strategy = "sequential" } }
+    t:train()
+    return t:evaluate()
+  end
+  local c, g = eval_on("cpu"), eval_on("cuda")
+  T.near(g.eval_loss, c.eval_loss, 2e-4, 2e-4, "eval loss")
+  -- (two tokens may flip where two logits are within the devices' rounding of each other)
+  T.near(g.eval_mean_token_accuracy, c.eval_mean_token_accuracy, 2 / c.eval_tokens, 0, "mean token accuracy")
+  assert(c.eval_mean_token_accuracy > 0, "the model predicts some of its answers")
 end)
 
 T.done()

@@ -220,6 +220,8 @@ T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teache
     end
   end
   assert(right >= 0.9 * total, ("teacher-forced answer tokens right: %d of %d"):format(right, total))
+  local ev = t:evaluate(t.train_dataset)
+  T.near(ev.eval_mean_token_accuracy, right / total, 1e-12, 0, "eval_mean_token_accuracy (TRL's) = the by-hand share")
 end)
 
 T.test("SFTTrainer saves and resumes bit for bit (random sampling, assistant_only_loss); the saved tokenizer keeps the template", function()
