@@ -9,6 +9,7 @@
 -- train (run_clm's rule for a dataset without a validation split).
 local zr = require "zrun"
 local dist = zr.dist
+local R = require "zrun.recipe"
 
 -- Script options (run_clm's ModelArguments and DataTrainingArguments) ...
 local cli = require("zrun.argparse").new("recipes/finetune_llama.lua",
@@ -21,10 +22,7 @@ cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)
 cli:option("packing", true, "false: one row per line (at most block_size tokens), padded per micro-batch with the tokenizer's pad token (else eos) instead of packed blocks")
 cli:option("pad_to_multiple_of", false, "packing=false: pad each micro-batch to a multiple of this many tokens (HF's DataCollatorForLanguageModeling option; default 64 on a GPU, where fewer distinct shapes halve the time, 1 on the CPU)")
 cli:option("validation_split_percentage", 5, "share of the lines that evaluate when there is no train split")
-cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
-cli:alias("deepspeed", "config")
-cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\" or that have no such section)")
-cli:option("device", "auto", "cpu | cuda | auto")
+R.deepspeed_options(cli)
 cli:option("dump_blocks", false, "FILE.safetensors: the token blocks and the order training reads them")
 -- ... and TrainingArguments. Anything on the command line overrides either.
 local args = {
@@ -38,7 +36,6 @@ local opt, given = cli:training_arguments(args):parse(arg)
 
 local resolved = require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
 
-local R = require "zrun.recipe"
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
 opt.config = R.config_path(opt.config)

@@ -8,6 +8,7 @@
 -- evaluate. Chat rows use the tokenizer's chat template (chat_template_path= another one).
 local zr = require "zrun"
 local dist = zr.dist
+local R = require "zrun.recipe"
 
 local cli = require("zrun.argparse").new("recipes/sft_llama.lua",
   "Supervised fine-tuning on chat / instruction rows (TRL's SFTTrainer + DeepSpeed).")
@@ -15,10 +16,7 @@ cli:option("model", "meta-llama/Llama-3.2-1B-Instruct", "a Hugging Face model di
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
 cli:option("data", false, "a .jsonl file of chat / instruction rows (default: a built-in set for the tiny model)")
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
-cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
-cli:alias("deepspeed", "config")
-cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\")")
-cli:option("device", "auto", "cpu | cuda | auto")
+R.deepspeed_options(cli)
 cli:option("dump_blocks", false, "FILE.safetensors: the prepared rows (input_ids, labels) and the order training reads them")
 -- TrainingArguments and SFTConfig's keys (max_length, assistant_only_loss, completion_only_loss, ...)
 local args = {
@@ -33,7 +31,6 @@ for _, k in ipairs(sft_keys) do cli:option(k, false, ("SFTConfig's %s (default %
 local opt, given = cli:training_arguments(args):parse(arg)
 for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
 
-local R = require "zrun.recipe"
 local home = ZRUN_HOME or "."
 opt.config = R.config_path(opt.config)
 local device = R.device(opt.device)

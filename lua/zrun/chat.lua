@@ -28,9 +28,9 @@ function M.read_config(dir)
     if not ok then error(fmt("%s: invalid JSON (%s)", p, tostring(v)), 0) end
     cfg = v
   end
-  for _, f in ipairs { dir .. "/special_tokens_map.json", p } do -- tokenizer_config.json last: it wins
-    local ok, m = pcall(function() return exists(f) and cjson.decode(read(f)) end)
-    if ok and type(m) == "table" then
+  local okm, map = pcall(function() return cjson.decode(read(dir .. "/special_tokens_map.json") or "{}") end)
+  for _, m in ipairs { okm and map or {}, cfg } do -- tokenizer_config.json last: it wins
+    if type(m) == "table" then
       for _, k in ipairs(M.SPECIAL) do
         local v = m[k]
         if type(v) == "table" then v = v.content end
@@ -63,6 +63,13 @@ function M.read_config(dir)
     end
   end
   return { templates = templates, special = special }
+end
+
+-- Raises (at the caller's level) unless source is a non-empty template that compiles: set_chat_template
+-- shows a syntax error there rather than at the first row it renders.
+function M.check_template(source)
+  if type(source) ~= "string" or source == "" then error("set_chat_template(source): source must be a Jinja template string", 3) end
+  require("zrun.jinja").compile(source)
 end
 
 -- The template source to use (transformers' get_chat_template): opts.chat_template as a template name

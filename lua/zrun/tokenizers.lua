@@ -51,8 +51,7 @@ function M.apply_chat_template(tok, messages, opts) return chat.apply(tok, chat_
 -- tok:set_chat_template(source): use this Jinja chat template (as `tokenizer.chat_template = ...` in
 -- transformers); save_pretrained writes it to chat_template.jinja.
 function M.set_chat_template(tok, source)
-  if type(source) ~= "string" or source == "" then error("set_chat_template(source): source must be a Jinja template string", 2) end
-  require("zrun.jinja").compile(source) -- a syntax error shows here, not at the first row
+  chat.check_template(source)
   local s = chat_settings(tok)
   s.templates = s.templates or {}
   s.templates.default, s.set = source, true
@@ -206,8 +205,7 @@ function Byte:apply_chat_template(messages, opts)
 end
 -- (see apply_chat_template)
 function Byte:set_chat_template(source)
-  if type(source) ~= "string" or source == "" then error("set_chat_template(source): source must be a Jinja template string", 2) end
-  require("zrun.jinja").compile(source)
+  chat.check_template(source)
   self.chat = self.chat or { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
   self.chat.templates = { default = source }
 end
