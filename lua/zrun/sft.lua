@@ -83,6 +83,7 @@ local function tokenize_row(row, i, kind, tok, o, warned)
     for k, v in pairs(chat) do c[k] = v end
     for k, v in pairs(extra) do c[k] = v end
     c.return_dict = true
+    if o.template_eos then c.eos_token = o.template_eos end
     return tok:apply_chat_template(msgs, c)
   end
   if kind == "text" then
@@ -161,6 +162,15 @@ local function tokenize_row(row, i, kind, tok, o, warned)
   return { input_ids = ids, labels = labels }
 end
 
+-- The template in chat_template_path: a .jinja file, or a folder holding chat_template.jinja.
+function M.read_template(p)
+  local f = io.open(p .. "/chat_template.jinja", "rb") or io.open(p, "rb")
+  local src = f and f:read("*a")
+  if f then f:close() end
+  if not src then error(fmt("sft: chat_template_path %s: no such file (a .jinja file or a folder holding chat_template.jinja)", p), 0) end
+  return src
+end
+
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
 local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's",
   dataset_kwargs = "SFTTrainer's", dataset_num_proc = "SFTTrainer's" }
@@ -203,13 +213,24 @@ function M.options(opts, tok, first)
   if o.assistant_only_loss and kind ~= "messages" and kind ~= "conversations" and not (kind == "prompt_completion" and is_messages(first.prompt)) then
     error(fmt("sft: assistant_only_loss = true needs conversational rows (messages); this dataset's rows are %s", kind), 0)
   end
-  if o.chat_template_path then
-    local p = o.chat_template_path
-    local f = io.open(p, "rb") or io.open(p .. "/chat_template.jinja", "rb")
-    if not f then error(fmt("sft: chat_template_path %s: no such file (a .jinja file or a folder holding chat_template.jinja)", p), 0) end
-    o.chat_template = f:read("*a")
-    f:close()
+  -- options that would change nothing for these rows are refused, not ignored
+  local chatty = kind == "messages" or kind == "conversations" or (kind == "prompt_completion" and is_messages(first.prompt))
+  if (o.chat_template or o.chat_template_path) and not chatty then
+    error(fmt("sft: a chat template is used by conversational rows only; this dataset's rows are %s", kind), 0)
   end
+  if o.dataset_text_field ~= M.DEFAULTS.dataset_text_field and kind ~= "text" then
+    error(fmt("sft: dataset_text_field names the text of language-modeling rows; this dataset's rows are %s", kind), 0)
+  end
+  if o.packing_strategy ~= M.DEFAULTS.packing_strategy and not o.packing then
+    error("sft: packing_strategy is read with packing = true only", 0)
+  end
+  if o.truncation_mode ~= M.DEFAULTS.truncation_mode and (not o.max_length or o.packing) then
+    error("sft: truncation_mode is read when rows are truncated to max_length (without packing, which cuts blocks instead)", 0)
+  end
+  if o.chat_template_path then o.chat_template = M.read_template(o.chat_template_path) end
+  -- an eos_token given: the token text / completions end with, and the template's eos_token (TRL sets the
+  -- tokenizer's eos_token to it)
+  o.template_eos = o.eos_token or nil
   if o.eos_token == false then -- the tokenizer's eos token string
     local id = tok.eos_id and tok:eos_id()
     o.eos_token = id and id >= 0 and (tok.id_to_token and tok:id_to_token(id) or (id == 2 and "</s>")) or nil
@@ -329,7 +350,7 @@ function M.SFTTrainer(opts)
   end
   local tok = opts.processing_class or opts.tokenizer
   if sargs.chat_template_path and tok then -- (TRL: the tokenizer's template from then on; save_model writes it)
-    tok:set_chat_template(M.options({ chat_template_path = sargs.chat_template_path }, tok, { text = "" }).chat_template)
+    tok:set_chat_template(M.read_template(sargs.chat_template_path))
     sargs.chat_template_path = nil
   end
   local function prep(ds)

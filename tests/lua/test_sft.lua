@@ -89,6 +89,9 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
   T.eq_list(r.labels, cat(masked(9), bytes("yo"), { 2 }, masked(10), bytes("ciao"), { 2 }), "assistant_only_loss: both assistant turns")
   r = S.prepare({ { prompt = { conv[1] }, completion = { conv[2] } } }, tok, { chat_template = TPL })[1]
   T.eq_list(r.labels, cat(masked(9), bytes("yo"), { 2 }), "conversational prompt-completion: after the generation prompt")
+  r = S.prepare({ { messages = conv } }, tok, { chat_template = TPL, eos_token = "<pad>" })[1]
+  T.eq_list(r.input_ids, cat(bytes("U: hi\nA: yo"), { 0 }, bytes("U: bye\nA: ciao"), { 0 }),
+    "eos_token given: the template's eos_token (TRL sets the tokenizer's)")
   local sg = S.prepare({ { conversations = { { from = "human", value = "hi" }, { from = "gpt", value = "yo" } } } }, tok,
     { chat_template = TPL })[1]
   T.eq_list(sg.input_ids, cat(bytes("U: hi\nA: yo"), { 2 }), "ShareGPT rows become messages")
@@ -148,6 +151,12 @@ T.test("refusals: one line each, naming the fix", function()
   end, "{% generation %}")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { max_length = 0 }) end, "max_length must be a positive integer")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { pad_token = "<pad>" }) end, "pad_token is the collator's")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { chat_template = TPL }) end, "a chat template is used by conversational rows only")
+  T.raises(function() S.prepare({ { prompt = "a", completion = "b" } }, tok, { dataset_text_field = "body" }) end,
+    "dataset_text_field names the text of language-modeling rows")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing_strategy = "wrapped" }) end, "packing_strategy is read with packing = true only")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { truncation_mode = "keep_end", max_length = false }) end,
+    "truncation_mode is read when rows are truncated")
 end)
 
 -- A small instruction set: each answer is a function of its question, so a tiny model can learn it.
