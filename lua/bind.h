@@ -17,6 +17,12 @@ zr_tensor *zr_l_checktensor(lua_State *L, int idx);
 zr_tensor *zr_l_totensor(lua_State *L, int idx); /* NULL if not a tensor */
 /* Pushes t, taking over the caller's reference. When t is NULL raises the runtime error. */
 int zr_l_pushtensor(lua_State *L, zr_tensor *t);
+int zr_l_tensor_gc(lua_State *L); /* the handles' __gc */
+/* Handles (bind_handle.c): the serial the next handle gets; frees the handles made since a serial
+ * except those holding keep[]; bytes a full collection could free (-1: unknown). */
+uint64_t zr_l_handle_serial(void);
+int zr_l_release_since(uint64_t serial, zr_tensor *const *keep, int nkeep);
+int64_t zr_l_collectable_bytes(int dev_type, int dev_index);
 /* Raises zr_last_error() as a Lua error (never returns). */
 int zr_l_error(lua_State *L);
 /* 1-based (or negative) Lua dim at idx -> 0-based (or negative) C dim; 0 is an error. */
@@ -55,6 +61,7 @@ void zr_bind_checkpoint(lua_State *L);
 void zr_bind_zero(lua_State *L);
 void zr_bind_comm(lua_State *L);
 void zr_bind_linear_multi(lua_State *L);
+void zr_bind_handle(lua_State *L);
 
 int luaopen_zrun_C(lua_State *L);
 

@@ -1,6 +1,8 @@
 /* Activation (gradient) checkpointing: zr.checkpoint(fn, inputs...) runs fn without recording,
  * keeps only its inputs, and re-runs fn with grad on during backward (restoring the random
- * generator so dropout masks repeat). The backward node calls back into Lua, so it lives here. */
+ * generator so dropout masks repeat). The backward node calls back into Lua, so it lives here.
+ * The tensors a segment makes are freed when it returns (zr_l_release_since), not by the Lua
+ * collector: a checkpointed function must not keep them. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,7 @@ static zr_status ckpt_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_random_get_state(&s0, &o0);
     zr_random_set_state(c->seed, c->offset);
     int top = lua_gettop(L);
+    uint64_t serial = zr_l_handle_serial();
     zr_tensor **xs = calloc((size_t)c->n, sizeof *xs);
     if (!xs) return zr_error("checkpoint: out of host memory");
     lua_rawgeti(L, LUA_REGISTRYINDEX, c->fn_ref);
@@ -63,12 +66,13 @@ static zr_status ckpt_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     }
     free(xs);
     lua_settop(L, top);
-    lua_gc(L, LUA_GCCOLLECT, 0); /* the recomputed segment is garbage once its backward ran */
+    zr_l_release_since(serial, NULL, 0); /* the recomputed segment is garbage once its backward ran */
     return ZR_OK;
 fail:
     for (int i = 0; i < c->n; i++) zr_tensor_release(xs[i]);
     free(xs);
     lua_settop(L, top);
+    zr_l_release_since(serial, NULL, 0);
     return ZR_ERR;
 }
 
@@ -81,6 +85,7 @@ static int l_checkpoint(lua_State *L) {
     for (int i = 0; i < n; i++) ins[i] = zr_l_checktensor(L, i + 2);
     uint64_t seed, off;
     zr_random_get_state(&seed, &off);
+    uint64_t serial = zr_l_handle_serial();
     lua_pushvalue(L, 1);
     for (int i = 0; i < n; i++) lua_pushvalue(L, i + 2);
     int old = zr_set_grad_enabled(0);
@@ -90,19 +95,23 @@ static int l_checkpoint(lua_State *L) {
         free(ins);
         return lua_error(L);
     }
-    lua_gc(L, LUA_GCCOLLECT, 0); /* the segment's temporaries are garbage now: free them */
-    zr_tensor *out = zr_l_totensor(L, -1);
+    zr_tensor *out = zr_tensor_retain(zr_l_totensor(L, -1));
+    /* The segment's temporaries are garbage now: free every handle it made (its output's too: the
+     * result is a fresh header) without a full collection, which walks the whole Lua heap, 16-32
+     * times a micro-batch. What the function kept is freed too: the handle then says so. */
+    zr_l_release_since(serial, NULL, 0);
     if (!out) {
         free(ins);
         return luaL_error(L, "checkpoint: the function must return one tensor, got %s", luaL_typename(L, -1));
     }
     if (!old) { /* under no_grad: nothing to record */
         free(ins);
-        return 1;
+        return zr_l_pushtensor(L, out);
     }
     zr_node *node;
     /* The function may have returned one of its inputs or a view: give it a fresh header. */
     zr_tensor *res = zr_tensor_detach(out);
+    zr_tensor_release(out);
     if (!res || zr_autograd_record_always(res, "checkpoint", ckpt_backward, n, ins, &node)) {
         zr_tensor_release(res);
         free(ins);

@@ -17,29 +17,6 @@ static int ref_C = LUA_NOREF, ref_methods = LUA_NOREF;
 
 int zr_l_error(lua_State *L) { return luaL_error(L, "%s", zr_last_error_message()); }
 
-zr_tensor *zr_l_totensor(lua_State *L, int idx) {
-    zr_tensor **p = luaL_testudata(L, idx, ZR_TENSOR_MT);
-    return p ? *p : NULL;
-}
-
-zr_tensor *zr_l_checktensor(lua_State *L, int idx) {
-    zr_tensor **p = luaL_testudata(L, idx, ZR_TENSOR_MT);
-    if (!p || !*p) {
-        const char *got = luaL_typename(L, idx);
-        luaL_error(L, "bad argument #%d: expected a tensor, got %s", idx, got);
-    }
-    return *p;
-}
-
-int zr_l_pushtensor(lua_State *L, zr_tensor *t) {
-    if (!t) return zr_l_error(L);
-    zr_tensor **p = lua_newuserdata(L, sizeof *p); /* box first, so __gc is always safe */
-    *p = t;
-    luaL_getmetatable(L, ZR_TENSOR_MT);
-    lua_setmetatable(L, -2);
-    return 1;
-}
-
 int zr_l_checkdim(lua_State *L, int idx) {
     int d = (int)luaL_checkinteger(L, idx);
     if (d == 0) luaL_error(L, "bad argument #%d: dims are 1-based in Lua (use 1 for the first, -1 for the last)", idx);
@@ -293,12 +270,6 @@ static int l_tensor(lua_State *L) {
 
 /* ---------- properties ---------- */
 
-static int l_gc(lua_State *L) {
-    zr_tensor **p = luaL_checkudata(L, 1, ZR_TENSOR_MT);
-    zr_tensor_release(*p);
-    *p = NULL;
-    return 0;
-}
 
 static int l_shape(lua_State *L) {
     zr_tensor *t = zr_l_checktensor(L, 1);
@@ -786,6 +757,7 @@ extern void zr_bind_cuda(lua_State *L) __attribute__((weak));
 extern void zr_bind_optim(lua_State *L) __attribute__((weak));
 extern void zr_bind_repl(lua_State *L) __attribute__((weak));
 extern void zr_bind_system(lua_State *L) __attribute__((weak));
+extern void zr_bind_handle(lua_State *L) __attribute__((weak));
 extern void zr_bind_checkpoint(lua_State *L) __attribute__((weak));
 extern void zr_bind_zero(lua_State *L) __attribute__((weak));
 extern void zr_bind_comm(lua_State *L) __attribute__((weak));
@@ -798,7 +770,7 @@ int luaopen_zrun_C(lua_State *L) {
     lua_newtable(L);
     ref_methods = luaL_ref(L, LUA_REGISTRYINDEX);
     luaL_newmetatable(L, ZR_TENSOR_MT);
-    lua_pushcfunction(L, l_gc);
+    lua_pushcfunction(L, zr_l_tensor_gc);
     lua_setfield(L, -2, "__gc");
     lua_pushcfunction(L, l_index);
     lua_setfield(L, -2, "__index");
@@ -822,5 +794,6 @@ int luaopen_zrun_C(lua_State *L) {
     CALL_FAMILY(zr_bind_zero);
     CALL_FAMILY(zr_bind_comm);
     CALL_FAMILY(zr_bind_linear_multi);
+    CALL_FAMILY(zr_bind_handle);
     return 1;
 }

@@ -555,10 +555,12 @@ function Engine:backward(loss)
   self.zero:backward_begin(boundary)
   if self.zenflow then self.zenflow:before_backward(self.micro_steps) end
   -- Lua does not see tensor memory: collect forward temporaries that nothing references any more
-  -- (only autograd's saved tensors stay), so they do not add to backward's peak.
-  -- A full collection costs host time (~0.2-1 ms, the whole Lua heap) at every micro-batch; the
-  -- per-op profile (bench_llama breakdown=2) shows it as its own entry, not as the next op's.
-  collectgarbage("collect")
+  -- (only autograd's saved tensors stay), so they do not add to backward's peak. A full collection
+  -- walks the whole Lua heap (0.2-1 ms; a tokenized dataset of 50k rows: ~130 ms), so it runs only
+  -- when it could free more than 1/256 of the device's live bytes: zrun's models free their own
+  -- temporaries when their forward returns (Module:temporaries_scope). The per-op profile
+  -- (bench_llama breakdown=2) shows it as its own entry, not as the next op's.
+  C.collect_tensor_garbage(self.device)
   C.autograd_profile_mark("lua gc (engine:backward)", self.device)
   local l = scale ~= 1 and loss * scale or loss
   self.in_backward = true

@@ -285,13 +285,19 @@ local function build(o, s, counted)
 
   -- activations
   local act
+  local function states_bytes(st, h) -- what the device holds besides the step's own tensors
+    local n = st.params + st.grads + st.optimizer + st.comm
+    if h then n = n + h.params + h.grads + h.optimizer + h.comm end -- a CPU run: the same memory
+    return n
+  end
   if o.param_numels then -- model states only (zr.initialize's host check: any nn.Module)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
-      dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace })
+      dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
+      states_bytes = states_bytes(states, s.device == "cpu" and host) })
     dev.activations = act.activations
     dev.grads = dev.grads + act.leaf_grads
     dev.workspace = act.workspace
@@ -316,8 +322,9 @@ local function build(o, s, counted)
       "recomputed and the discarded activations stay until a collection (gc = \"none\")"
   end
   if s.gc ~= M.DEFAULT_GC then
-    notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun collects before backward and around checkpointed " ..
-      "segments (gc = \"backward\")", s.gc)
+    notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun's models and checkpointed segments free their " ..
+      "temporaries when they return, and a collection runs before backward when it could free more than 1/256 " ..
+      "of the device's bytes (gc = \"backward\")", s.gc)
   end
 
   local function sum(t)

@@ -68,10 +68,29 @@ function Sim:raw(v)
 end
 
 -- An op output handed to Lua: a local of the running function (its userdata keeps it alive).
+-- Its serial orders the handles as lua/bind_handle.c does (Sim:end_scope).
 function Sim:lua(v)
   local f = self.frames[#self.frames]
   f[#f + 1] = v
+  if not v.serial then
+    self.serial = (self.serial or 0) + 1
+    v.serial = self.serial
+  end
   return v
+end
+-- The serial the next handle gets (C.handle_serial) and the release of a scope's handles
+-- (C.release_since: zr.checkpoint's segments, the models' forwards): every Lua value made since,
+-- in a frame or garbage, except keep[v], is freed now.
+function Sim:scope() return (self.serial or 0) + 1 end
+function Sim:end_scope(serial, keep)
+  keep = keep or {}
+  local function gone(v) return v.serial and v.serial >= serial and not keep[v] end
+  local g = {}
+  for _, v in ipairs(self.garbage) do if gone(v) then self:drop(v) else g[#g + 1] = v end end
+  self.garbage = g
+  for _, f in ipairs(self.frames) do
+    for i = #f, 1, -1 do if gone(f[i]) then self:drop(table.remove(f, i)) end end
+  end
 end
 -- A value nothing in Lua references any more: freed now ("ideal") or at the next collection.
 function Sim:unref(v)
@@ -103,10 +122,20 @@ function Sim:collect()
   for _, v in ipairs(self.garbage) do self:drop(v) end
   self.garbage = {}
 end
--- The places where zrun collects (engine:backward; zr.checkpoint after a segment's forward and
--- after its backward); with gc = "none" nothing collects during a step.
+-- engine:backward's C.collect_tensor_garbage (gc = "backward"; "none": nothing collects during a
+-- step): a full collection when it could free more than 1/256 of the bytes live on the device
+-- (o.states_bytes: the model states the plan adds to the simulated bytes): the bytes of storages
+-- that only Lua values (live or garbage) hold.
 function Sim:gc_point()
-  if self.o.gc == "backward" then self:collect() end
+  if self.o.gc ~= "backward" then return end
+  local holders, seen, bytes = {}, {}, 0
+  local function count(v) holders[v.s] = (holders[v.s] or 0) + 1 end
+  for _, v in ipairs(self.garbage) do count(v) end
+  for _, f in ipairs(self.frames) do for _, v in ipairs(f) do count(v) end end
+  for st, n in pairs(holders) do
+    if n == st.refs and not seen[st] then seen[st] = true; bytes = bytes + st.bytes end
+  end
+  if bytes > (self.total + (self.o.states_bytes or 0)) / 256 then self:collect() end
 end
 
 -- ZeRO-3: a module's parameters are gathered (16-bit, full size) while it runs and during its
@@ -602,20 +631,22 @@ end
 
 -- zr.checkpoint(fn, x): fn runs without recording; backward reruns it with grad on, backward
 -- through the recomputed graph, and hands x's gradient (a leaf gradient, category grads) back.
--- lua/bind_checkpoint.c collects fully right after the no-grad forward (only the segment's
--- inputs and output survive) and right after each segment's recomputation + backward.
+-- lua/bind_checkpoint.c frees every handle the segment made right after the no-grad forward (only
+-- its inputs and a fresh header over the output survive) and right after each segment's
+-- recomputation + backward.
 function Sim:checkpoint(x, fn)
   local saved_tape, saved_grad = self.tape, self.grad_on
   self.tape, self.grad_on = {}, false
+  local serial = self:scope()
   local out = fn(x)
   self.tape, self.grad_on = saved_tape, saved_grad
-  self:gc_point()
-  local res = self:lua({ s = out.s, n = out.n, c = out.c }) -- a fresh header over out's storage
   self:retain(out.s)
-  self:forget(out)
+  self:end_scope(serial)
+  local res = self:lua({ s = out.s, n = out.n, c = out.c }) -- a fresh header over out's storage
   return self:record(res, { x }, { x }, function(S, _, g)
     local outer = S.tape
     S.tape = {}
+    local rserial = S:scope()
     S:push() -- the arguments and result of the Lua call made from C
     local leaf = { bytes = x.n, pending = 0 }
     local xs = S:lua({ s = x.s, n = x.n, c = x.c, leaf = leaf }) -- detached input, handed to Lua
@@ -629,7 +660,7 @@ function Sim:checkpoint(x, fn)
     -- the input's userdata holds its .grad until collected; the node hands on its own reference
     if gx then S:lua(S:share(gx)) end
     S:pop()
-    S:gc_point()
+    S:end_scope(rserial)
     return { gx }
   end)
 end
@@ -742,7 +773,11 @@ function M.llama_activations(cfg, o)
     return S:pop(S:add(h, m))
   end
 
+  -- both forwards free the handles they made and do not return when they return
+  -- (Module:temporaries_scope)
+  local causal_scope = S:scope()
   S:push() -- LlamaForCausalLM.forward
+  local model_scope = S:scope()
   S:push() -- LlamaModel.forward
   local h = S:embedding(ids, embedW, N * H * b, b)
   local pending
@@ -767,6 +802,7 @@ function M.llama_activations(cfg, o)
     hn = S:rms_norm(h, normW, N)
   end
   hn = S:pop(hn)
+  S:end_scope(model_scope, { [hn] = true })
   -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
   -- and stays gathered until backward ends
   if cfg.tie_word_embeddings then S:gather(headW, false, true); headW.leaf.keep = true end -- Module.fetch
@@ -791,8 +827,9 @@ function M.llama_activations(cfg, o)
   S:drop(lse)
   S:pop(loss)
   -- {loss=} is held by the caller through backward, with the final hidden states (for a lazy
-  -- out.logits); the logits tensor itself is garbage, kept alive by the loss's node only
+  -- out.logits); the logits tensor itself is freed with the scope, kept alive by the loss's node only
   S:pop(hn, loss)
+  S:end_scope(causal_scope, { [hn] = true, [loss] = true })
   local fwd_act = S.cur.act
   S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)

@@ -811,9 +811,10 @@ function Trainer:evaluate(ds, prefix)
         end
       end
       -- a forward's temporaries are garbage once its loss is read; Lua does not see their memory, so the next
-      -- batches (and, after the evaluation, the next training forward) would run beside them: free them
+      -- batches (and, after the evaluation, the next training forward) would run beside them: free them (a
+      -- full collection when they are worth one: the models free their own when their forward returns)
       out = nil
-      collectgarbage("collect")
+      C.collect_tensor_garbage(e.device)
       bar:update(1)
     end
   end)

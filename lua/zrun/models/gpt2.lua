@@ -38,7 +38,7 @@ local function future_mask(T, device)
       for j = 1, T do r[j] = j > i and 1 or 0 end
       rows[i] = r
     end
-    m = zr.tensor(rows):to("u8"):to(device)
+    m = zr.persist(zr.tensor(rows):to("u8"):to(device)) -- built inside a forward: kept by its scope
     future_masks[key] = m
   end
   return m
@@ -157,8 +157,9 @@ function Transformer:forward(ids)
   if T > self.cfg.n_positions then
     error(("gpt2: sequence length %d exceeds n_positions %d"):format(T, self.cfg.n_positions), 0)
   end
+  local scope = self:temporaries_scope()
   local pos = rawget(self, "pos_" .. T)
-  if not pos then pos = zr.arange(T, { device = self.cfg.device }); rawset(self, "pos_" .. T, pos) end
+  if not pos then pos = zr.persist(zr.arange(T, { device = self.cfg.device })); rawset(self, "pos_" .. T, pos) end
   local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
@@ -170,8 +171,8 @@ function Transformer:forward(ids)
       if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
     end
   end
-  if pending then return select(2, add_norm(x, pending, self.ln_f)) end
-  return self.ln_f(x)
+  if pending then x = select(2, add_norm(x, pending, self.ln_f)) else x = self.ln_f(x) end
+  return (Module.end_scope(scope, x))
 end
 
 local LM = Module:extend("GPT2LMHeadModel")
@@ -200,6 +201,7 @@ end
 -- LlamaForCausalLM's: a loss that will be recorded takes the logits over for its gradient, and
 -- out.logits is then made again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
+  local scope = self:temporaries_scope()
   local h = self.transformer(ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
@@ -219,14 +221,14 @@ function LM:forward(ids, labels, opts)
     w = zr.cat({ w, zr.zeros({ Vp - V, C }, { dtype = w:dtype(), device = w:device() }) }, 1)
     local pb = rawget(self, "_pad_bias")
     if not pb or pb:dtype() ~= w:dtype() or pb:device() ~= w:device() or pb:numel() ~= Vp then
-      pb = zr.cat({ zr.zeros({ V }), zr.full({ Vp - V }, -1e30) }):to(w:dtype()):to(w:device())
+      pb = zr.persist(zr.cat({ zr.zeros({ V }), zr.full({ Vp - V }, -1e30) }):to(w:dtype()):to(w:device()))
       rawset(self, "_pad_bias", pb)
     end
     local full = zr.linear(h, w, pb)
     return full:narrow(3, 1, V), full
   end
   local logits, full = head()
-  if not labels then return { logits = logits } end
+  if not labels then return (Module.end_scope(scope, { logits = logits })) end
   local llama = require "zrun.models.llama"
   local recorded = zr.is_grad_enabled() and full.requires_grad
   local eps = opts and opts.label_smoothing
@@ -234,9 +236,10 @@ function LM:forward(ids, labels, opts)
   -- so the loss then takes the V-column view (copied; its gradient scattered back: no in-place pass)
   local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps)
     or llama.causal_lm_loss(full, labels, recorded, eps) }
-  if recorded then return llama.lazy_logits(out, function() return (head()) end) end
+  -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
+  if recorded then return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end), h)) end
   out.logits = logits
-  return out
+  return (Module.end_scope(scope, out))
 end
 -- A Hugging Face model folder (config.json + model.safetensors) that transformers loads.
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end

@@ -160,7 +160,7 @@ function Model:rope(T, dtype, device)
       local dt = dtype == "f64" and "f64" or "f32"
       cos, sin = cos:to(device, dt), sin:to(device, dt)
     end
-    c = { cos, sin }
+    c = { zr.persist(cos), zr.persist(sin) } -- built inside a forward: kept by its scope
     self.rope_cache[key] = c
   end
   return c[1], c[2]
@@ -172,6 +172,7 @@ end
 -- called as a module on the summed h (as gpt2.lua's blocks).
 local layer_forward = Layer.forward
 function Model:forward(input_ids)
+  local scope = self:temporaries_scope()
   local T = input_ids:size(2)
   local h = self.embed_tokens(input_ids)
   local cos, sin = self:rope(T, h:dtype(), h:device())
@@ -189,8 +190,8 @@ function Model:forward(input_ids)
       end
     end
   end
-  if pending then return select(2, add_norm(h, pending, self.norm)) end
-  return self.norm(h)
+  if pending then h = select(2, add_norm(h, pending, self.norm)) else h = self.norm(h) end
+  return (Module.end_scope(scope, h))
 end
 
 -- Causal LM ---------------------------------------------------------------------------------
@@ -244,6 +245,7 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
+  local scope = self:temporaries_scope()
   local h = self.model(input_ids)
   local function head()
     if self.lm_head then return self.lm_head(h) end
@@ -252,12 +254,13 @@ function CausalLM:forward(input_ids, labels, opts)
     return zr.linear(h, fetch(self.model.embed_tokens.weight))
   end
   local logits = head()
-  if not labels then return { logits = logits } end
+  if not labels then return (Module.end_scope(scope, { logits = logits })) end
   local recorded = zr.is_grad_enabled() and logits.requires_grad
   local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing) }
-  if recorded then return M.lazy_logits(out, head) end
+  -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
+  if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head), h)) end
   out.logits = logits
-  return out
+  return (Module.end_scope(scope, out))
 end
 
 -- out (a forward's result table) whose out.logits is made by make() on first read, then kept:
