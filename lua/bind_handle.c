@@ -124,10 +124,11 @@ static int *pc_slot(ptr_count *m, const void *k) {
     return &m->val[i];
 }
 
-/* Bytes on device dev (any device when dev_type < 0) of storages that only live handles hold
- * (caches marked with zr.persist aside): an upper bound on what a full collection would free now,
- * short of the graph a dead handle's tensor may own (its saved tensors are freed by the backward
- * that runs it). Reachable handles count too: a collection then runs that frees nothing. */
+/* Bytes on device dev (any device when dev_type < 0) of storages that only live handles hold,
+ * caches marked with zr.persist and model states aside: an upper bound on what a full collection
+ * would free now of a forward's tensors, short of the graph a dead handle's tensor may own (its
+ * saved tensors are freed by the backward that runs it). Reachable handles count too: a
+ * collection then runs that frees nothing. */
 int64_t zr_l_collectable_bytes(int dev_type, int dev_index) {
     size_t n = 0;
     for (handle *h = head; h; h = h->next) n++;
@@ -154,6 +155,9 @@ int64_t zr_l_collectable_bytes(int dev_type, int dev_index) {
         if (*c <= 0 || *c != s->refcount || s->external) continue;
         *c = 0; /* once per storage */
         if (h->pinned) continue;
+        /* model states held only from Lua (a frozen reference model, a previous engine's) are
+         * not a forward's leftovers: counting them would collect every step and free nothing */
+        if (s->category == ZR_MEM_PARAMS || s->category == ZR_MEM_GRADS || s->category == ZR_MEM_OPTIMIZER) continue;
         if (dev_type >= 0 && ((int)s->device.type != dev_type || s->device.index != dev_index)) continue;
         bytes += (int64_t)s->nbytes;
     }
@@ -220,6 +224,12 @@ static int l_collect_tensor_garbage(lua_State *L) {
     lua_pushboolean(L, run);
     return 1;
 }
+/* C.collectable_bytes(device) -> what a full collection could free there (zr_l_collectable_bytes) */
+static int l_collectable_bytes(lua_State *L) {
+    zr_device dev = zr_l_checkdevice(L, 1);
+    lua_pushnumber(L, (lua_Number)zr_l_collectable_bytes(dev.type, dev.index));
+    return 1;
+}
 /* C.tensor_gc_counts() -> collections run, collections skipped by collect_tensor_garbage */
 static int l_tensor_gc_counts(lua_State *L) {
     lua_pushinteger(L, collections);
@@ -241,5 +251,6 @@ static const luaL_Reg fns[] = {{"handle_serial", l_handle_serial},
                                {"release_since", l_release_since},
                                {"collect_tensor_garbage", l_collect_tensor_garbage},
                                {"tensor_gc_counts", l_tensor_gc_counts},
+                               {"collectable_bytes", l_collectable_bytes},
                                {NULL, NULL}};
 void zr_bind_handle(lua_State *L) { zr_l_register_functions(L, fns); }

@@ -296,11 +296,11 @@ function M.prepare(ds, tok, opts)
   return res
 end
 
--- TRL's SFTConfig defaults where they differ from TrainingArguments' (bf16 = not fp16 besides). Not
--- TRL's gradient_checkpointing = true: zrun's checkpointing collects Lua's garbage twice a layer to free
--- each segment's activations, which makes a step host-bound (1.9x the time on packed 4 x 512 blocks, 5.4x on
--- the chat rows of RESULTS.md session 26); set it where memory needs it.
-M.TRAINER_DEFAULTS = { learning_rate = 2e-5, logging_steps = 10 }
+-- TRL's SFTConfig defaults where they differ from TrainingArguments' (bf16 = not fp16 besides), its
+-- gradient_checkpointing = true included: each layer recomputed in backward, ~1.25x a step's time on the
+-- chat rows of RESULTS.md session 27 for a fraction of the activations; gradient_checkpointing = false when
+-- memory allows.
+M.TRAINER_DEFAULTS = { learning_rate = 2e-5, logging_steps = 10, gradient_checkpointing = true }
 
 -- Fills TRL's defaults into args where unset, except what a DeepSpeed config (args.deepspeed) fixes
 -- itself: a numeric optimizer lr, or bf16 / fp16 sections with "enabled" true or false.
@@ -323,7 +323,7 @@ local function trl_defaults(args)
 end
 
 -- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
--- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16; not its gradient checkpointing) and
+-- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
 -- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
 -- {skip_prepare_dataset = true}, formatting_func as opts.formatting_func) beside the Trainer's.

@@ -97,6 +97,7 @@ HF_EXTRA= HF_SMOOTH_FP32=
 # (tests/bench/make_chat_data.lua), a Zephyr-style chat template with {% generation %} around the assistant turns and
 # assistant_only_loss (TRL's SFTTrainer): only the assistant tokens are learned; the HF Trainer + DeepSpeed trains
 # on the same rows and labels (the recipe's dump_blocks) with a collator padding the labels with -100, as TRL's.
+# Neither side recomputes activations (TRL's gradient_checkpointing default is turned off: hf_finetune.py's Trainer).
 # (rows of 20 to 700 tokens: the recipe's tokens/s is not compared with bench_llama's packed blocks)
 if want sft_chat_deepspeed && python3 -c "import deepspeed" 2>/dev/null; then
   $Z tests/bench/make_chat_data.lua "$data" "$W/chat.jsonl" 3000
@@ -104,7 +105,7 @@ if want sft_chat_deepspeed && python3 -c "import deepspeed" 2>/dev/null; then
   RECIPE=recipes/sft_llama.lua DATA="$W/chat.jsonl" BENCH_LOG=/dev/null \
     run sft_chat_deepspeed "$W/ds_auto.json" 1e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=1e-4 \
     warmup_ratio=0.1 lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8 \
-    chat_template_path="$W/chat.jinja" assistant_only_loss=true max_length=1024
+    chat_template_path="$W/chat.jinja" assistant_only_loss=true max_length=1024 gradient_checkpointing=false
 fi
 want lr3e-4 && run lr3e-4 "$W/ds_auto.json" 3e-4 0.1 constant_with_warmup 0.02 precision=bf16 learning_rate=3e-4 warmup_ratio=0.1 \
   lr_scheduler_type=constant_with_warmup per_device_train_batch_size=4 gradient_accumulation_steps=8

@@ -253,7 +253,7 @@ T.test("SFTTrainer saves and resumes bit for bit (random sampling, assistant_onl
     "the checkpoint's tokenizer renders with the SFT template")
 end)
 
-T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, bf16) where the config leaves them", function()
+T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, bf16, checkpointing) where the config leaves them", function()
   zr.manual_seed(7)
   local function args(a, extra)
     local o = { model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")),
@@ -264,7 +264,8 @@ T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, bf16) where the co
   end
   local a = args { output_dir = tmp .. "/d" }
   T.eq(a.learning_rate, 2e-5); T.eq(a.logging_steps, 10); T.eq(a.bf16, true)
-  T.eq(a.gradient_checkpointing, false, "not TRL's gradient checkpointing (see zr.sft.TRAINER_DEFAULTS)")
+  T.eq(a.gradient_checkpointing, true, "TRL's gradient checkpointing")
+  T.eq(args({ output_dir = tmp .. "/d", gradient_checkpointing = false }).gradient_checkpointing, false)
   T.eq(args({ output_dir = tmp .. "/d", fp16 = true }).bf16, false, "fp16 given: no bf16")
   local b = args { output_dir = tmp .. "/d", learning_rate = 1e-3, gradient_checkpointing = true }
   T.eq(b.learning_rate, 1e-3); T.eq(b.gradient_checkpointing, true)
