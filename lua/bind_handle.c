@@ -32,8 +32,9 @@ static void unlink_handle(handle *h) {
 }
 
 static void released_error(lua_State *L, int idx) {
-    luaL_error(L, "bad argument #%d: this tensor was freed when the zr.checkpoint function or model forward that made it returned "
-                  "(a checkpointed function or a model's forward must return what it makes, or mark a cache it keeps with zr.persist(t))", idx);
+    luaL_error(L, "bad argument #%d: this tensor was freed (zr.release, or the zr.checkpoint function or model forward that made "
+                  "it returned: a checkpointed function or a model's forward must return what it makes, or mark a cache it keeps with "
+                  "zr.persist(t))", idx);
 }
 
 /* A released handle is an error wherever it is used, type tests included. */
@@ -246,7 +247,24 @@ static int l_persist(lua_State *L) {
     return 1;
 }
 
+/* zr.release(t1, t2, ...): frees these handles' tensors now, as `del t` does in PyTorch (their
+ * memory goes when nothing else holds it); using one afterwards is an error that says so. Values
+ * that are not tensors, and handles freed already, are skipped. */
+static int l_release(lua_State *L) {
+    int top = lua_gettop(L);
+    for (int i = 1; i <= top; i++) {
+        handle *h = luaL_testudata(L, i, ZR_TENSOR_MT);
+        if (!h || !h->t || h->pinned) continue;
+        unlink_handle(h);
+        zr_tensor_release(h->t);
+        h->t = NULL;
+        h->released = 1;
+    }
+    return 0;
+}
+
 static const luaL_Reg fns[] = {{"handle_serial", l_handle_serial},
+                               {"release", l_release},
                                {"persist", l_persist},
                                {"release_since", l_release_since},
                                {"collect_tensor_garbage", l_collect_tensor_garbage},

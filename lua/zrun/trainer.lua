@@ -19,6 +19,7 @@ local cjson = require "cjson"
 local metrics_file = require "zrun.metrics"
 local json_line = require("zrun.hf").encode_json_line
 local progress = require "zrun.progress"
+local release_outputs = require("zrun.models.llama").release_outputs
 
 local Trainer = {}
 Trainer.__index = Trainer
@@ -527,6 +528,10 @@ function Trainer:train(resume)
           seen_local = seen_local + (count_seen == "non_padding" and batch.attention_mask and
             batch.attention_mask:to("f64"):sum():item() or ids:numel())
         end
+        -- the micro-batch's tensors and outputs go now, not at the next full Lua collection (which walks the
+        -- whole heap, the dataset's rows included): engine:backward then need not run one for them
+        release_outputs(out)
+        zr.release(ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
         local ended = e:step()
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end

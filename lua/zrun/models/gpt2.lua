@@ -237,7 +237,7 @@ function LM:forward(ids, labels, opts)
   local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps)
     or llama.causal_lm_loss(full, labels, recorded, eps) }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
-  if recorded then return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end), h)) end
+  if recorded then return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end, h), h)) end
   out.logits = logits
   return (Module.end_scope(scope, out))
 end

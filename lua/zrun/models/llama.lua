@@ -258,20 +258,30 @@ function CausalLM:forward(input_ids, labels, opts)
   local recorded = zr.is_grad_enabled() and logits.requires_grad
   local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing) }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
-  if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head), h)) end
+  if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head, h), h)) end
   out.logits = logits
   return (Module.end_scope(scope, out))
 end
 
 -- out (a forward's result table) whose out.logits is made by make() on first read, then kept:
--- the logits of a training forward whose loss took them over for its gradient.
-function M.lazy_logits(out, make)
-  return setmetatable(out, { __index = function(t, k)
+-- the logits of a training forward whose loss took them over for its gradient. hidden: the final
+-- hidden states make() reads (M.release_outputs frees them).
+function M.lazy_logits(out, make, hidden)
+  return setmetatable(out, { hidden = hidden, __index = function(t, k)
     if k ~= "logits" then return nil end
     local lg = make()
     rawset(t, "logits", lg)
     return lg
   end })
+end
+
+-- Frees a training forward's result now (zr.release): its loss and, for lazy logits, the hidden
+-- states kept to make them (logits a model returned as such are left to the collector: the model
+-- may hold them). For a training loop that has read what it needs (the Trainer): the next
+-- collection need not run for them. out.loss is unusable after.
+function M.release_outputs(out)
+  local mt = getmetatable(out)
+  zr.release(rawget(out, "loss"), type(mt) == "table" and mt.hidden or nil)
 end
 
 -- Mean cross-entropy of logits (B, T, V) against labels (B, T) shifted by one (position t scores
