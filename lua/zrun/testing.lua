@@ -77,6 +77,18 @@ function M.rank_batch(step, micro, o)
   return o.device and ids:to(o.device) or ids
 end
 
+-- A causal-LM batch as a collator builds it: B rows of Tn ids below 251 that vary with s (a tensor
+-- made from a Lua table, i64, category "other").
+function M.token_batch(B, Tn, s)
+  local rows = {}
+  for i = 1, B do
+    local r = {}
+    for j = 1, Tn do r[j] = (i * 37 + j * 11 + s * 5) % 251 end
+    rows[i] = r
+  end
+  return C.tensor(rows, { dtype = "i64" })
+end
+
 local function flat(x)
   if C.is_tensor(x) then return x:flat_table() end
   if type(x) == "number" then return { x } end

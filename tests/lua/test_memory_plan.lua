@@ -15,16 +15,7 @@ local mem = zr.memory
 local CATS = { "params", "grads", "optimizer", "activations" }
 local STEPS = 3 -- steps 2.. see the previous step's batch, logits and loss as uncollected garbage
 
--- A causal-LM batch as a collator builds it (a tensor made from a Lua table, category "other").
-local function batch(B, Tn, s)
-  local rows = {}
-  for i = 1, B do
-    local r = {}
-    for j = 1, Tn do r[j] = (i * 37 + j * 11 + s * 5) % 251 end
-    rows[i] = r
-  end
-  return zr.tensor(rows, { dtype = "i64" })
-end
+local batch = T.token_batch -- a causal-LM batch as a collator builds it (category "other")
 
 -- Builds the model and the engine, then trains STEPS steps. Returns the peak of each category
 -- during setup (construction + zr.initialize) and during training, above the baseline, and the plan.

@@ -15,15 +15,7 @@ local function tiny(ckpt)
   if ckpt then model:gradient_checkpointing_enable() end
   return model
 end
-local function batch(s, B, Tn)
-  local rows = {}
-  for i = 1, B do
-    local r = {}
-    for j = 1, Tn do r[j] = (i * 37 + j * 11 + s * 5) % 251 end
-    rows[i] = r
-  end
-  return zr.tensor(rows, { dtype = "i64" })
-end
+local function batch(s, B, Tn) return T.token_batch(B, Tn, s) end
 
 T.test("C.release_since frees the handles made since a serial, except those kept and zr.persist's", function()
   local a = zr.ones({ 4 })
