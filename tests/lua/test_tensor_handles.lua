@@ -94,7 +94,7 @@ T.test("a loop that leaves its outputs to Lua: a collection once they pass 1/256
   end
 end)
 
-T.test("the Trainer frees each micro-batch's tensors: no full collection while it trains", function()
+T.test("the Trainer frees each micro-batch's tensors: no full collection while it trains or evaluates", function()
   local rows = {}
   for i = 1, 64 do
     local r = {}
@@ -104,13 +104,18 @@ T.test("the Trainer frees each micro-batch's tensors: no full collection while i
   local tmp = os.tmpname(); os.remove(tmp)
   local tr = zr.Trainer { model = tiny(true), train_dataset = zr.datasets.Dataset.from_rows(rows),
     args = { output_dir = tmp, per_device_train_batch_size = 2, gradient_accumulation_steps = 2, max_steps = 12,
-      learning_rate = 1e-3, logging_steps = 4, save_strategy = "no", report_to = "none" } }
+      learning_rate = 1e-3, logging_steps = 4, save_strategy = "no" } }
   tr:setup()
   collectgarbage(); collectgarbage() -- (the earlier tests' leftovers)
   local c0 = C.tensor_gc_counts()
   local m = tr:train()
   T.eq(C.tensor_gc_counts() - c0, 0, "no collection in 48 micro-batches (gradient checkpointing on)")
   T.eq(m.train_loss > 0, true)
+  tr.token_accuracy = true -- (zr.SFTTrainer's: the evaluation's argmax over the logits too)
+  c0 = C.tensor_gc_counts()
+  local ev = tr:evaluate(zr.datasets.Dataset.from_rows(rows))
+  T.eq(C.tensor_gc_counts() - c0, 0, "no collection in the evaluation's 8 batches")
+  T.eq(ev.eval_loss > 0 and ev.eval_mean_token_accuracy >= 0, true)
   os.execute("rm -rf " .. tmp)
 end)
 
