@@ -133,7 +133,7 @@ function Trainer:activate_neftune(alpha)
     local mag = alpha / math.sqrt(out:size(2) * out:size(3))
     local noise = zr.rand(out:shape(), { dtype = out:dtype(), device = out:device() })
     return out + (noise * (2 * mag) - mag)
-  end)
+  end, { keeps_tensors = false })
 end
 
 -- Builds the engine (zr.initialize with args.deepspeed or a stage-0 config from the arguments), the

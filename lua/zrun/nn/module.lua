@@ -311,14 +311,20 @@ local function add_hook(list, fn)
   end }
 end
 
--- Hooks on this module only (see above); each returns a handle with :remove().
-function Module:register_forward_pre_hook(fn)
+-- Hooks on this module only (see above); each returns a handle with :remove(). opts.keeps_tensors
+-- = false (zrun's): the hook keeps no tensor past its call (it may return one), so the model's
+-- forward still frees its temporaries when it returns (Module:temporaries_scope); any other hook
+-- could keep one, and the forward then leaves them to the collector.
+local keeps_nothing = setmetatable({}, { __mode = "k" })
+function Module:register_forward_pre_hook(fn, opts)
+  if opts and opts.keeps_tensors == false then keeps_nothing[fn] = true end
   local l = rawget(self, "_pre_hooks") or {}
   rawset(self, "_pre_hooks", l)
   return add_hook(l, fn)
 end
 
-function Module:register_forward_hook(fn)
+function Module:register_forward_hook(fn, opts)
+  if opts and opts.keeps_tensors == false then keeps_nothing[fn] = true end
   local l = rawget(self, "_post_hooks") or {}
   rawset(self, "_post_hooks", l)
   return add_hook(l, fn)
@@ -376,10 +382,18 @@ end
 -- module (ZeRO-3's act on parameters only). Models with caches built inside forward pass them to
 -- end_scope.
 local scope_ok = setmetatable({}, { __mode = "k" }) -- model -> hook generation it was checked at
+local function may_keep(list)
+  for _, h in ipairs(list or {}) do if not keeps_nothing[h] then return true end end
+  return false
+end
 function Module:temporaries_scope()
   if scope_ok[self] ~= hook_generation then
-    if not self:groupable() then return nil end
-    for _, m in ipairs(self:modules()) do if own_hooks(m) then return nil end end
+    for _, list in ipairs { global_pre, global_post } do
+      for _, h in ipairs(list) do if not own_params[h] then return nil end end
+    end
+    for _, m in ipairs(self:modules()) do
+      if may_keep(rawget(m, "_pre_hooks")) or may_keep(rawget(m, "_post_hooks")) then return nil end
+    end
     scope_ok[self] = hook_generation
   end
   return C.handle_serial()
