@@ -247,24 +247,34 @@ static int l_persist(lua_State *L) {
     return 1;
 }
 
-/* zr.release(t1, t2, ...): frees these handles' tensors now, as `del t` does in PyTorch (their
- * memory goes when nothing else holds it); using one afterwards is an error that says so. Values
- * that are not tensors, and handles freed already, are skipped. */
-static int l_release(lua_State *L) {
+static void release_args(lua_State *L, int first, uint64_t since) {
     int top = lua_gettop(L);
-    for (int i = 1; i <= top; i++) {
+    for (int i = first; i <= top; i++) {
         handle *h = luaL_testudata(L, i, ZR_TENSOR_MT);
-        if (!h || !h->t || h->pinned) continue;
+        if (!h || !h->t || h->pinned || h->serial < since) continue;
         unlink_handle(h);
         zr_tensor_release(h->t);
         h->t = NULL;
         h->released = 1;
     }
+}
+/* zr.release(t1, t2, ...): frees these handles' tensors now, as `del t` does in PyTorch (their
+ * memory goes when nothing else holds it); using one afterwards is an error that says so. Values
+ * that are not tensors, and handles freed already, are skipped. */
+static int l_release(lua_State *L) {
+    release_args(L, 1, 0);
+    return 0;
+}
+/* C.release_made_since(serial, t1, t2, ...): zr.release of those among t1, ... made since serial
+ * (C.handle_serial): what a collator or a model made for this batch, not a tensor it keeps. */
+static int l_release_made_since(lua_State *L) {
+    release_args(L, 2, (uint64_t)luaL_checknumber(L, 1));
     return 0;
 }
 
 static const luaL_Reg fns[] = {{"handle_serial", l_handle_serial},
                                {"release", l_release},
+                               {"release_made_since", l_release_made_since},
                                {"persist", l_persist},
                                {"release_since", l_release_since},
                                {"collect_tensor_garbage", l_collect_tensor_garbage},

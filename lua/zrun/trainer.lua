@@ -407,6 +407,7 @@ function Trainer:train(resume)
   local fwd_opts = a.label_smoothing_factor ~= 0 and { label_smoothing = a.label_smoothing_factor } or nil
   local ranks = a.average_tokens_across_devices and W or 1
   local window = {} -- micro-batch index -> { batch =, w = }, for the accumulation window being trained
+  local window_serial -- C.handle_serial() before the window was collated
   local function collate_window(idx, mb0)
     local tot, last = 0, math.min(mb0 + gas - 1, micro_per_epoch - 1)
     for m = mb0, last do
@@ -500,7 +501,7 @@ function Trainer:train(resume)
       self:callback("on_epoch_begin")
       for mb = skip, micro_per_epoch - 1 do
         if not in_step then in_step = true; self:callback("on_step_begin") end
-        if not window[mb] then collate_window(idx, mb) end
+        if not window[mb] then window_serial = C.handle_serial(); collate_window(idx, mb) end
         local batch, w = window[mb].batch, window[mb].w
         window[mb] = nil
         local ids, labels = batch.input_ids, batch.labels
@@ -529,9 +530,10 @@ function Trainer:train(resume)
             batch.attention_mask:to("f64"):sum():item() or ids:numel())
         end
         -- the micro-batch's tensors and outputs go now, not at the next full Lua collection (which walks the
-        -- whole heap, the dataset's rows included): engine:backward then need not run one for them
+        -- whole heap, the dataset's rows included): engine:backward then need not run one for them (the
+        -- collator's only if it made them for this window, not a tensor it keeps)
         release_outputs(out)
-        zr.release(ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
+        C.release_made_since(window_serial, ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
         local ended = e:step()
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
@@ -798,6 +800,7 @@ function Trainer:evaluate(ds, prefix)
         batch_rows[#batch_rows + 1] = rows[i] or rows[1]
         if not rows[i] then padding[#padding + 1] = #batch_rows end
       end
+      local made = C.handle_serial()
       local batch = self.collator(batch_rows)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
@@ -824,7 +827,8 @@ function Trainer:evaluate(ds, prefix)
       -- (the full-vocabulary logits included; the models free their own temporaries when their forward
       -- returns): a full collection walks the whole Lua heap, the datasets' rows included (with 50k chat rows,
       -- ~190 ms a batch). What is left (a model of the user's) is collected when it is worth it.
-      zr.release(out.loss, rawget(out, "logits"), ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
+      C.release_made_since(made, out.loss, rawget(out, "logits"), ids, labels, batch.input_ids, batch.labels,
+        batch.attention_mask)
       out = nil
       C.collect_tensor_garbage(e.device)
       bar:update(1)

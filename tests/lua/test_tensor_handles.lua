@@ -119,6 +119,30 @@ T.test("the Trainer frees each micro-batch's tensors: no full collection while i
   os.execute("rm -rf " .. tmp)
 end)
 
+T.test("the Trainer frees what its collator made for a batch, not a tensor the collator keeps", function()
+  local rows = {}
+  for i = 1, 16 do
+    local r = {}
+    for j = 1, 8 do r[j] = (i * 7 + j * 3) % 251 end
+    rows[i] = { input_ids = r }
+  end
+  local mask = zr.ones({ 2, 8 }, { dtype = "i64" }) -- kept across batches by the collator
+  local function collator(b)
+    local ids = {}
+    for i, r in ipairs(b) do ids[i] = r.input_ids end
+    local t = zr.tensor(ids, { dtype = "i64" })
+    return { input_ids = t, labels = t, attention_mask = mask }
+  end
+  local tmp = os.tmpname(); os.remove(tmp)
+  local tr = zr.Trainer { model = tiny(false), train_dataset = zr.datasets.Dataset.from_rows(rows), data_collator = collator,
+    args = { output_dir = tmp, per_device_train_batch_size = 2, max_steps = 6, learning_rate = 1e-3, save_strategy = "no",
+      logging_steps = 3 } }
+  tr:train()
+  tr:evaluate(zr.datasets.Dataset.from_rows(rows))
+  T.eq(mask:to("f64"):sum():item(), 16, "the collator's own mask is alive after training and evaluating")
+  os.execute("rm -rf " .. tmp)
+end)
+
 T.test("with a hook of the user's on a module, a forward keeps its tensors (the collector frees them)", function()
   local model = tiny(false)
   local kept
