@@ -191,11 +191,15 @@ function Parser:postfix(e)
       elseif t[1] == "int" then e = { k = "item", o = e, key = { k = "const", v = t[2] } }
       else self.i = self.i - 1; self:fail("expected an attribute name after '.', got " .. describe(t)) end
     elseif self:accept("op", "[") then e = self:subscript(e)
-    elseif self:accept("op", "(") then
-      local args, kw = self:args()
-      e = { k = "call", f = e, args = args, kw = kw }
+    elseif self:accept("op", "(") then e = self:call(e)
     else return e end
   end
+end
+
+-- e(...) after its "(": the call node
+function Parser:call(e)
+  local args, kw = self:args()
+  return { k = "call", f = e, args = args, kw = kw }
 end
 
 function Parser:filters(e)
@@ -217,9 +221,7 @@ function Parser:filters(e)
         args[1] = self:postfix(self:primary()) -- `x is divisibleby 3`
       end
       e = { k = "test", name = name, o = e, args = args, kw = kw, neg = neg, soft = self.soft > 0, line = line }
-    elseif self:accept("op", "(") then
-      local args, kw = self:args()
-      e = { k = "call", f = e, args = args, kw = kw }
+    elseif self:accept("op", "(") then e = self:call(e)
     else return e end
   end
 end
