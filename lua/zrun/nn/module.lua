@@ -379,8 +379,7 @@ end
 -- whole Lua heap (a tokenized dataset of 50k rows: ~130 ms), and the engine would otherwise pay
 -- one every micro-batch. The scope (a handle serial, for Module.end_scope) is nil when a hook
 -- could have kept one of them: one a user registered on a module of this model, or on every
--- module (ZeRO-3's act on parameters only). Models with caches built inside forward pass them to
--- end_scope.
+-- module (ZeRO-3's act on parameters only). A cache built inside forward is marked zr.persist(t).
 local scope_ok = setmetatable({}, { __mode = "k" }) -- model -> hook generation it was checked at
 local function may_keep(list)
   for _, h in ipairs(list or {}) do if not keeps_nothing[h] then return true end end
