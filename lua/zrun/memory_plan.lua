@@ -13,16 +13,17 @@ local M = {}
 local fmt, floor, ceil, max, min, concat = string.format, math.floor, math.ceil, math.max, math.min, table.concat
 
 -- When Lua collects the tensors a step leaves behind. LuaJIT's collector does not see tensor
--- memory, so an op's output lives until a collection, not until its last use:
---   "backward" what zrun does: engine:backward collects right before loss:backward(), so only
---              what autograd saved survives into backward; zr.checkpoint collects right after a
---              segment's no-grad forward and after each segment's recomputation + backward, so
---              a checkpointed model holds the segment inputs plus one segment's activations;
---   "none"     a what-if with no collection during a step (zrun before those collections);
+-- memory, so an op's output lives until it is freed, not until its last use. In every mode the
+-- Llama forward frees what it made and does not return when it returns, and zr.checkpoint a
+-- segment's tensors right after its no-grad forward and after its recomputation + backward (a
+-- checkpointed model holds the segment inputs plus one segment's activations); then:
+--   "backward" what zrun does: engine:backward collects right before loss:backward() when that
+--              could free more than 1/256 of the device's live bytes;
+--   "none"     a what-if with no collection during a step;
 --   "ideal"    a what-if where tensors die with their last Lua reference (as with refcounting).
 -- The step modelled is a plain loop (out = engine(ids, ids); engine:backward(out.loss);
--- engine:step()), so the previous step's batch, logits and loss are garbage until the first
--- collection of the next step.
+-- engine:step()), so the previous step's batch, hidden states and loss are garbage until a
+-- collection (the Trainer frees its own at once).
 M.DEFAULT_GC = "backward"
 
 local DTYPE_BYTES = { f32 = 4, float32 = 4, bf16 = 2, bfloat16 = 2, f16 = 2, fp16 = 2, float16 = 2 }
@@ -316,10 +317,6 @@ local function build(o, s, counted)
   -- GPU, an OpenMP reduction on the host): no temporary
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
-  end
-  if s.gradient_checkpointing and s.gc == "none" then
-    notes[#notes + 1] = "checkpointing frees nothing while Lua does not collect during the step: the " ..
-      "recomputed and the discarded activations stay until a collection (gc = \"none\")"
   end
   if s.gc ~= M.DEFAULT_GC then
     notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun's models and checkpointed segments free their " ..
@@ -643,9 +640,9 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
         what --gpu-memory (or the GPU this process sees) leaves free after the weights
   --grad-accum-dtype: data_types.grad_accum_dtype, the gradients' dtype (fp32 by default)
   --host-memory: says what does not fit this much host memory per node and what fixes it
-  --gc: when Lua's collector frees forward temporaries; the default, backward, is what zrun
-        does (it collects before backward and around checkpointed segments); none and ideal
-        are what-ifs]==]
+  --gc: when Lua's collector frees what a step leaves; the default, backward, is what zrun
+        does (it collects before backward when that frees more than 1/256 of the device's
+        bytes); none and ideal are what-ifs]==]
 
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
