@@ -6,6 +6,7 @@
  * frees. Lua states are single-threaded and zrun runs one, so the list needs no lock. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bind.h"
 
@@ -212,6 +213,12 @@ static int l_release_since(lua_State *L) {
 /* C.collect_tensor_garbage(device): a full Lua collection when it could free more than 1/256 of
  * the bytes live on device (or the count is unknown); otherwise none. Returns whether it ran. */
 static int collections, skipped;
+static double collect_seconds;
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 static int l_collect_tensor_garbage(lua_State *L) {
     zr_device dev = zr_l_checkdevice(L, 1);
     int64_t b = zr_l_collectable_bytes(dev.type, dev.index);
@@ -219,7 +226,9 @@ static int l_collect_tensor_garbage(lua_State *L) {
     zr_mem_get_stats(dev, &st);
     int run = b < 0 || b > st.total_current / 256;
     if (run) {
+        double t0 = now_s();
         lua_gc(L, LUA_GCCOLLECT, 0);
+        collect_seconds += now_s() - t0;
         collections++;
     } else skipped++;
     lua_pushboolean(L, run);
@@ -231,11 +240,13 @@ static int l_collectable_bytes(lua_State *L) {
     lua_pushnumber(L, (lua_Number)zr_l_collectable_bytes(dev.type, dev.index));
     return 1;
 }
-/* C.tensor_gc_counts() -> collections run, collections skipped by collect_tensor_garbage */
+/* C.tensor_gc_counts() -> collections run, collections skipped by collect_tensor_garbage, and the
+ * seconds the ones run took */
 static int l_tensor_gc_counts(lua_State *L) {
     lua_pushinteger(L, collections);
     lua_pushinteger(L, skipped);
-    return 2;
+    lua_pushnumber(L, collect_seconds);
+    return 3;
 }
 
 /* zr.persist(t) -> t: t outlives the forward or checkpointed function that made it (a cache

@@ -442,6 +442,25 @@ function Trainer:train(resume)
     dist.all_reduce(t, "sum")
     st.num_input_tokens_seen, seen_local = st.num_input_tokens_seen + floor(t:item() + 0.5), 0
   end
+  -- Full Lua collections before backward (C.collect_tensor_garbage) walk the whole heap, the datasets'
+  -- rows included; zrun's models and this loop free their tensors so none runs. Where they take more
+  -- than 10% of the training time (a model zrun does not scope, a hook that may keep tensors), say so once.
+  local gc0, _, gc_s0 = C.tensor_gc_counts()
+  local gc_warned = false
+  local function check_gc(now)
+    if gc_warned then return end
+    local n, _, secs = C.tensor_gc_counts()
+    secs = secs - gc_s0
+    if secs > 0.2 and secs > 0.1 * (now - t_start) then
+      gc_warned = true
+      dist.print0(fmt("[zrun] full Lua collections took %.1f s of the %.1f s trained (%d of them, %.0f ms each): " ..
+        "the model's forward leaves its tensors to Lua's collector, which walks the whole Lua heap, the datasets' rows " ..
+        "included. zrun's Llama and GPT-2 free their own unless a forward hook could keep a tensor (declare one that " ..
+        "does not: register_forward_hook(fn, {keeps_tensors = false})); a model of yours can free its temporaries with " ..
+        "zr.release or Module:temporaries_scope (docs/memory_tour.md)", secs, now - t_start, n - gc0,
+        1000 * secs / math.max(n - gc0, 1)))
+    end
+  end
   local function log_train(s)
     drain()
     sync_seen()
@@ -451,6 +470,7 @@ function Trainer:train(resume)
     first_loss = first_loss or avg
     last_loss, n_logged = avg, n_logged + 1
     local now = C.now()
+    check_gc(now)
     local tps = tokens / math.max(now - t_log, 1e-9)
     local mem = zr.memory.stats(e.device)
     local eta = (now - t_start) / math.max(s - start_step, 1) * (self.total_steps - s)

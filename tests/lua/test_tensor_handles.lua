@@ -143,6 +143,31 @@ T.test("the Trainer frees what its collator made for a batch, not a tensor the c
   os.execute("rm -rf " .. tmp)
 end)
 
+T.test("the Trainer says when full collections take its time (a hook that may keep tensors, a large Lua heap)", function()
+  local dir = T.tmpdir()
+  local f = assert(io.open(dir .. "/run.lua", "w"))
+  f:write([[
+local zr = require "zrun"
+local heap = {} -- a tokenized dataset's worth of Lua tables
+for i = 1, 50000 do local r = {} for j = 1, 300 do r[j] = j end heap[i] = r end
+local rows = {}
+for i = 1, 32 do local r = {} for j = 1, 8 do r[j] = (i * 7 + j * 3) % 251 end rows[i] = { input_ids = r, labels = r } end
+local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+local seen
+model.model.layers[1]:register_forward_hook(function(_, out) seen = out end) -- may keep a tensor
+local tr = zr.Trainer { model = model, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = "]] ..
+    dir .. [[/out", per_device_train_batch_size = 2, max_steps = 16, logging_steps = 4, save_strategy = "no" } }
+tr:train()
+assert(#heap == 50000 and seen)
+]])
+  f:close()
+  local out, rc = T.run((os.getenv("ZRUN_BIN") or "./zrun") .. " " .. dir .. "/run.lua")
+  T.eq(rc, 0, out)
+  T.eq(select(2, out:gsub("full Lua collections took", "")), 1, "said once: " .. out)
+  T.eq(out:find("keeps_tensors = false", 1, true) ~= nil, true)
+  os.execute("rm -rf " .. dir)
+end)
+
 T.test("with a hook of the user's on a module, a forward keeps its tensors (the collector frees them)", function()
   local model = tiny(false)
   local kept
