@@ -23,6 +23,7 @@ int zr_l_tensor_gc(lua_State *L); /* the handles' __gc */
 uint64_t zr_l_handle_serial(void);
 int zr_l_release_since(uint64_t serial, zr_tensor *const *keep, int nkeep);
 int64_t zr_l_collectable_bytes(int dev_type, int dev_index);
+double zr_l_now(void); /* monotonic wall clock, seconds (C.now) */
 /* Raises zr_last_error() as a Lua error (never returns). */
 int zr_l_error(lua_State *L);
 /* 1-based (or negative) Lua dim at idx -> 0-based (or negative) C dim; 0 is an error. */

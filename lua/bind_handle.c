@@ -6,7 +6,6 @@
  * frees. Lua states are single-threaded and zrun runs one, so the list needs no lock. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bind.h"
 
@@ -30,6 +29,15 @@ static void unlink_handle(handle *h) {
     else tail = h->prev;
     h->prev = h->next = NULL;
     h->linked = 0;
+}
+
+/* Drops the handle's reference now (a collection's __gc, or a release: then using it is an error
+ * that says why). */
+static void free_handle(handle *h, int released) {
+    unlink_handle(h);
+    zr_tensor_release(h->t);
+    h->t = NULL;
+    h->released = released;
 }
 
 static void released_error(lua_State *L, int idx) {
@@ -68,10 +76,7 @@ int zr_l_pushtensor(lua_State *L, zr_tensor *t) {
 }
 
 int zr_l_tensor_gc(lua_State *L) {
-    handle *h = luaL_checkudata(L, 1, ZR_TENSOR_MT);
-    unlink_handle(h);
-    zr_tensor_release(h->t);
-    h->t = NULL;
+    free_handle(luaL_checkudata(L, 1, ZR_TENSOR_MT), 0);
     return 0;
 }
 
@@ -88,10 +93,7 @@ int zr_l_release_since(uint64_t serial, zr_tensor *const *keep, int nkeep) {
         int kept = h->pinned;
         for (int i = 0; i < nkeep && !kept; i++) kept = keep[i] && h->t == keep[i];
         if (!kept) {
-            unlink_handle(h);
-            zr_tensor_release(h->t);
-            h->t = NULL;
-            h->released = 1;
+            free_handle(h, 1);
             n++;
         }
         h = prev;
@@ -179,34 +181,27 @@ static int l_handle_serial(lua_State *L) {
  * tensors among ... (tensors, or tables of tensors one level deep). Returns how many it freed. */
 static int l_release_since(lua_State *L) {
     uint64_t serial = (uint64_t)luaL_checknumber(L, 1);
-    int top = lua_gettop(L), nkeep = 0, cap = 16;
-    zr_tensor **keep = malloc((size_t)cap * sizeof *keep);
-    if (!keep) return luaL_error(L, "release_since: out of host memory");
-#define KEEP(t)                                                                      \
-    do {                                                                             \
-        if (nkeep == cap) {                                                          \
-            zr_tensor **k2 = realloc(keep, (size_t)(cap *= 2) * sizeof *keep);       \
-            if (!k2) { free(keep); return luaL_error(L, "release_since: out of host memory"); } \
-            keep = k2;                                                               \
-        }                                                                            \
-        keep[nkeep++] = (t);                                                         \
-    } while (0)
-    for (int i = 2; i <= top; i++) {
-        zr_tensor *t = zr_l_totensor(L, i);
-        if (t) KEEP(t);
-        else if (lua_istable(L, i)) {
-            lua_pushnil(L);
-            while (lua_next(L, i)) {
-                zr_tensor *v = zr_l_totensor(L, -1);
-                if (v) KEEP(v);
-                lua_pop(L, 1);
+    int top = lua_gettop(L), n = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        zr_tensor **keep = pass ? lua_newuserdata(L, (size_t)(n ? n : 1) * sizeof *keep) : NULL;
+        n = 0;
+        for (int i = 2; i <= top; i++) {
+            zr_tensor *t = zr_l_totensor(L, i);
+            if (t) {
+                if (keep) keep[n] = t;
+                n++;
+            } else if (lua_istable(L, i)) {
+                lua_pushnil(L);
+                while (lua_next(L, i)) {
+                    zr_tensor *v = zr_l_totensor(L, -1);
+                    if (v && keep) keep[n] = v;
+                    n += v != NULL;
+                    lua_pop(L, 1);
+                }
             }
         }
+        if (keep) lua_pushinteger(L, zr_l_release_since(serial, keep, n));
     }
-#undef KEEP
-    int n = zr_l_release_since(serial, keep, nkeep);
-    free(keep);
-    lua_pushinteger(L, n);
     return 1;
 }
 
@@ -214,11 +209,6 @@ static int l_release_since(lua_State *L) {
  * the bytes live on device (or the count is unknown); otherwise none. Returns whether it ran. */
 static int collections, skipped;
 static double collect_seconds;
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static int l_collect_tensor_garbage(lua_State *L) {
     zr_device dev = zr_l_checkdevice(L, 1);
     int64_t b = zr_l_collectable_bytes(dev.type, dev.index);
@@ -226,9 +216,9 @@ static int l_collect_tensor_garbage(lua_State *L) {
     zr_mem_get_stats(dev, &st);
     int run = b < 0 || b > st.total_current / 256;
     if (run) {
-        double t0 = now_s();
+        double t0 = zr_l_now();
         lua_gc(L, LUA_GCCOLLECT, 0);
-        collect_seconds += now_s() - t0;
+        collect_seconds += zr_l_now() - t0;
         collections++;
     } else skipped++;
     lua_pushboolean(L, run);
@@ -263,10 +253,7 @@ static void release_args(lua_State *L, int first, uint64_t since) {
     for (int i = first; i <= top; i++) {
         handle *h = luaL_testudata(L, i, ZR_TENSOR_MT);
         if (!h || !h->t || h->pinned || h->serial < since) continue;
-        unlink_handle(h);
-        zr_tensor_release(h->t);
-        h->t = NULL;
-        h->released = 1;
+        free_handle(h, 1);
     }
 }
 /* zr.release(t1, t2, ...): frees these handles' tensors now, as `del t` does in PyTorch (their

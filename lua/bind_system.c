@@ -112,11 +112,14 @@ static int l_build_info(lua_State *L) {
     return 1;
 }
 
-/* Monotonic wall clock in seconds (for timing in recipes and benchmarks). */
-static int l_now(lua_State *L) {
+double zr_l_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    lua_pushnumber(L, (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+/* Monotonic wall clock in seconds (for timing in recipes and benchmarks). */
+static int l_now(lua_State *L) {
+    lua_pushnumber(L, zr_l_now());
     return 1;
 }
 

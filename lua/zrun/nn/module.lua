@@ -385,11 +385,18 @@ local function may_keep(list)
   for _, h in ipairs(list or {}) do if not keeps_nothing[h] then return true end end
   return false
 end
+-- Whether every global hook acts on a module's own parameters only (none, or ZeRO-3's).
+local function global_hooks_own_params()
+  for _, list in ipairs { global_pre, global_post } do
+    for _, h in ipairs(list) do
+      if not own_params[h] then return false end
+    end
+  end
+  return true
+end
 function Module:temporaries_scope()
   if scope_ok[self] ~= hook_generation then
-    for _, list in ipairs { global_pre, global_post } do
-      for _, h in ipairs(list) do if not own_params[h] then return nil end end
-    end
+    if not global_hooks_own_params() then return nil end
     for _, m in ipairs(self:modules()) do
       if may_keep(rawget(m, "_pre_hooks")) or may_keep(rawget(m, "_post_hooks")) then return nil end
     end
@@ -414,13 +421,7 @@ end
 -- own, and every global hook acts on a module's own parameters only (none, or ZeRO-3's on several
 -- ranks). Models fuse such modules (llama.lua's projections and norms, gpt2.lua's MLP and norms).
 function Module:groupable()
-  if own_hooks(self) then return false end
-  for _, list in ipairs { global_pre, global_post } do
-    for _, h in ipairs(list) do
-      if not own_params[h] then return false end
-    end
-  end
-  return true
+  return not own_hooks(self) and global_hooks_own_params()
 end
 
 -- Whether m:forward(...) may run in place of m(...): a plain call, or a groupable module holding
