@@ -392,6 +392,7 @@ function Trainer:train(resume)
     for k, l in ipairs(pending) do
       local w = pending_w[k]
       local v = w == 0 and 0 or l:item() * w
+      zr.release(l)
       -- logging_nan_inf_filter (HF's default): a NaN or inf micro-batch loss counts as HF's tr_loss / (1 +
       -- steps since the last log), in micro-batch units: the interval's sum over its completed steps (0 at its start)
       if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + floor(n / gas)) end
@@ -415,7 +416,9 @@ function Trainer:train(resume)
       for k = m * bs + 1, m * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
       local batch = self.collator(batch_rows)
       local L = batch.labels
+      local scope = C.handle_serial() -- (the count's temporaries: freed once read)
       local c = weigh and L:narrow(2, 2, L:size(2) - 1):ne(-100):to("f64"):sum():item() or 1
+      C.release_since(scope)
       window[m], tot = { batch = batch, w = c }, tot + c
     end
     if weigh and ranks > 1 then
@@ -467,6 +470,7 @@ function Trainer:train(resume)
     local t = zr.tensor({ sum / n }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
+    zr.release(t)
     first_loss = first_loss or avg
     last_loss, n_logged = avg, n_logged + 1
     local now = C.now()
