@@ -10,7 +10,12 @@ local zr = require "zrun"
 local C = zr._C
 local counts = C.tensor_gc_counts or function() return 0, 0 end -- (older builds: not counted)
 local o = {}
-for _, a in ipairs(arg or {}) do local k, v = a:match("^([%w_]+)=(.*)$"); if k then o[k] = v end end
+local known = { rows = 1, steps = 1, device = 1, layers = 1, T = 1, B = 1, config = 1 }
+for _, a in ipairs(arg or {}) do
+  local k, v = a:match("^([%w_]+)=(.*)$")
+  if not k or not known[k] then error("bench_lua_heap: unknown argument '" .. a .. "' (rows= steps= device= layers= T= B= config=)", 0) end
+  o[k] = v
+end
 local rows_n, steps = tonumber(o.rows or 50000), tonumber(o.steps or 20)
 local device = o.device or "cpu"
 local B, T = tonumber(o.B or 1), tonumber(o.T or 64)

@@ -182,6 +182,8 @@ T.test("with a hook of the user's on a module, a forward keeps its tensors (the 
   h = model.model.embed_tokens:register_forward_hook(function(_, o) return o * 1 end, { keeps_tensors = false })
   T.eq(model.model:temporaries_scope() ~= nil, true, "a hook that keeps nothing (NEFTune's) leaves the scope on")
   h.remove()
+  T.raises(function() model.model:register_forward_hook(function() end, { keep_tensors = false }) end,
+    "unknown option 'keep_tensors' (keeps_tensors)")
   out = model(batch(1, 2, 8), batch(1, 2, 8))
   T.eq(out.logits:size(3), model.config.vocab_size, "lazy logits from the kept hidden states")
 end)

@@ -311,20 +311,26 @@ local function add_hook(list, fn)
   end }
 end
 
+local keeps_nothing = setmetatable({}, { __mode = "k" }) -- hooks registered with keeps_tensors = false
+local function hook_opts(fn, opts)
+  for k in pairs(opts or {}) do
+    if k ~= "keeps_tensors" then error(fmt("register_forward_hook: unknown option '%s' (keeps_tensors)", tostring(k)), 3) end
+  end
+  if opts and opts.keeps_tensors == false then keeps_nothing[fn] = true end
+end
 -- Hooks on this module only (see above); each returns a handle with :remove(). opts.keeps_tensors
 -- = false (zrun's): the hook keeps no tensor past its call (it may return one), so the model's
 -- forward still frees its temporaries when it returns (Module:temporaries_scope); any other hook
 -- could keep one, and the forward then leaves them to the collector.
-local keeps_nothing = setmetatable({}, { __mode = "k" })
 function Module:register_forward_pre_hook(fn, opts)
-  if opts and opts.keeps_tensors == false then keeps_nothing[fn] = true end
+  hook_opts(fn, opts)
   local l = rawget(self, "_pre_hooks") or {}
   rawset(self, "_pre_hooks", l)
   return add_hook(l, fn)
 end
 
 function Module:register_forward_hook(fn, opts)
-  if opts and opts.keeps_tensors == false then keeps_nothing[fn] = true end
+  hook_opts(fn, opts)
   local l = rawget(self, "_post_hooks") or {}
   rawset(self, "_post_hooks", l)
   return add_hook(l, fn)
