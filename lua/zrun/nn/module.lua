@@ -329,6 +329,8 @@ function Module:register_forward_pre_hook(fn, opts)
   return add_hook(l, fn)
 end
 
+-- The post hook on this module only: fn(module, output, ...) after forward, its return (if not
+-- nil) replacing the output; opts as register_forward_pre_hook's. Returns a handle with :remove().
 function Module:register_forward_hook(fn, opts)
   hook_opts(fn, opts)
   local l = rawget(self, "_post_hooks") or {}
@@ -380,12 +382,6 @@ local function own_hooks(m)
   return (pre and #pre > 0) or (post and #post > 0)
 end
 
--- A model's forward frees the tensors it made and does not return when it returns, as PyTorch's
--- reference counting does, instead of leaving them to Lua's collector: a full collection walks the
--- whole Lua heap (a tokenized dataset of 50k rows: ~130 ms), and the engine would otherwise pay
--- one every micro-batch. The scope (a handle serial, for Module.end_scope) is nil when a hook
--- could have kept one of them: one a user registered on a module of this model, or on every
--- module (ZeRO-3's act on parameters only). A cache built inside forward is marked zr.persist(t).
 local scope_ok = setmetatable({}, { __mode = "k" }) -- model -> hook generation it was checked at
 local function may_keep(list)
   for _, h in ipairs(list or {}) do if not keeps_nothing[h] then return true end end
@@ -400,6 +396,12 @@ local function global_hooks_own_params()
   end
   return true
 end
+-- A model's forward frees the tensors it made and does not return when it returns, as PyTorch's
+-- reference counting does, instead of leaving them to Lua's collector: a full collection walks the
+-- whole Lua heap (a tokenized dataset of 50k rows: ~130 ms), and the engine would otherwise pay
+-- one every micro-batch. The scope (a handle serial, for Module.end_scope) is nil when a hook
+-- could have kept one of them: one a user registered on a module of this model, or on every
+-- module (ZeRO-3's act on parameters only). A cache built inside forward is marked zr.persist(t).
 function Module:temporaries_scope()
   if scope_ok[self] ~= hook_generation then
     if not global_hooks_own_params() then return nil end
