@@ -202,18 +202,20 @@ __global__ void __launch_bounds__(GM_THR, 1)
         for (int kb = 0; kb < kt; ++kb, r.next()) {
             const uint32_t s = r.s;
             mbar_wait(&full[s], r.ph);
-            const uint32_t a = a_base + s * SM::T, b = b_base + s * SM::T;
+            /* descriptors as a base and offsets (sdesc: one add a product, not a mask, shift and
+             * or: the loop's instructions were 16 a wgmma, cuBLASLt's ~8) */
+            const sdesc sa(a_base + s * SM::T);
+            const sdesc sb = TB == 0 ? sdesc(b_base + s * SM::T) : sdesc(b_base + s * SM::T, 8192);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 /* B: [n][k] steps 32 bytes a k16 along its rows; [k][n] 16 rows (2048 bytes),
                  * its two 64-wide n atoms 8 KB apart */
-                const uint64_t db = TB == 0 ? desc128(b + kk * 32) : desc128_lbo(b + kk * 2048, 8192);
+                const uint64_t db = sb.at(TB == 0 ? kk * 32 : kk * 2048);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     /* A: [m][k]: rows 64h.. at 8 KB each half; [k][m]: box h */
-                    const uint64_t da = TA == 0 ? desc128(a + h * 8192 + kk * 32)
-                                                : desc128(a + h * 8192 + kk * 2048);
+                    const uint64_t da = sa.at(h * 8192 + (TA == 0 ? kk * 32 : kk * 2048));
                     wg_ss128<__nv_bfloat16, TA, TB>(acc[h], da, db, start || kb > 0 || kk > 0);
                 }
             }

@@ -35,13 +35,6 @@ struct gm_args {
 
 namespace sm90 {
 
-/* The 128-byte-swizzle descriptor of an MN-major operand two 64-wide atoms across (N = 128): the
- * leading byte offset is the distance between the atoms (PTX ISA, "Leading Dimension Byte
- * Offset": MN-major, swizzled). */
-static __device__ __forceinline__ uint64_t desc128_lbo(uint32_t a, uint32_t lbo) {
-    return (desc128(a) & ~((uint64_t)0x3FFF << 16)) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16);
-}
-
 /* d (64×256, f32: 128 a thread) (+)= A (64×16 from descriptor a) · B (16×256 from descriptor b),
  * bf16: the widest wgmma. TA, TB, acc as wg_ss128's (attention_sm90.cuh). */
 template <int TA, int TB>

@@ -194,15 +194,16 @@ __global__ void __launch_bounds__(GW_THR, 1)
         for (int kb = 0; kb < kt; ++kb, r.next()) {
             const uint32_t s = r.s;
             mbar_wait(&full[s], r.ph);
-            const uint32_t a = a_base + s * gw_smem::TA, b = b_base + s * gw_smem::TB;
+            const sdesc sa(a_base + s * gw_smem::TA); /* as gemm_sm90.cu's: one add a product */
+            const sdesc sb = TB == 0 ? sdesc(b_base + s * gw_smem::TB) : sdesc(b_base + s * gw_smem::TB, 8192);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 /* A: [m][k] steps 32 bytes a k16 along its rows (this warpgroup's 64 rows 8 KB in);
                  * [k][m] 16 rows (2048 bytes) of box wg. B: [n][k] 32 bytes along its 256 rows;
                  * [k][n] 16 rows, its four 64-wide n atoms 8 KB apart */
-                const uint64_t da = TA == 0 ? desc128(a + kk * 32) : desc128(a + kk * 2048);
-                const uint64_t db = TB == 0 ? desc128(b + kk * 32) : desc128_lbo(b + kk * 2048, 8192);
+                const uint64_t da = sa.at(TA == 0 ? kk * 32 : kk * 2048);
+                const uint64_t db = sb.at(TB == 0 ? kk * 32 : kk * 2048);
                 wg_ss256<TA, TB>(acc[0], da, db, start || kb > 0 || kk > 0);
             }
             wg_commit();
