@@ -59,11 +59,11 @@ static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
 struct sdesc {
     uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset */
     /* a & 0x3FFFF as desc128's: in a cluster launch a shared address carries the CTA's rank above
-     * bit 24 (the shared::cluster window), which must not reach the offset fields */
-    __device__ __forceinline__ explicit sdesc(uint32_t a) : lo(((a & 0x3FFFF) >> 4) | ZR_DESC128_LO) {}
-    /* an MN-major operand two 64-wide atoms across: lbo, the distance between them (PTX ISA,
-     * "Leading Dimension Byte Offset": MN-major, swizzled) */
-    __device__ __forceinline__ sdesc(uint32_t a, uint32_t lbo) : lo(((a & 0x3FFFF) >> 4) | ((lbo >> 4) << 16)) {}
+     * bit 24 (the shared::cluster window), which must not reach the offset fields. lbo: the leading
+     * byte offset, desc128's 1024, or for an MN-major operand two 64-wide atoms across the distance
+     * between them (PTX ISA, "Leading Dimension Byte Offset": MN-major, swizzled) */
+    __device__ __forceinline__ explicit sdesc(uint32_t a, uint32_t lbo = 1024)
+        : lo(((a & 0x3FFFF) >> 4) | ((lbo >> 4) << 16)) {}
     __device__ __forceinline__ uint64_t at(uint32_t off) const {
         uint64_t d;
         asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(lo + (off >> 4)), "r"(ZR_DESC128_HI));

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
             /* descriptors as a base and offsets (sdesc: one add a product, not a mask, shift and
              * or: the loop's instructions were 16 a wgmma, cuBLASLt's ~8) */
             const sdesc sa(a_base + s * SM::T);
-            const sdesc sb = TB == 0 ? sdesc(b_base + s * SM::T) : sdesc(b_base + s * SM::T, 8192);
+            const sdesc sb(b_base + s * SM::T, TB == 0 ? 1024 : 8192); /* [k][n]: atoms 8 KB apart */
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {

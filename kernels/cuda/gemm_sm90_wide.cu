@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(GW_THR, 1)
             const uint32_t s = r.s;
             mbar_wait(&full[s], r.ph);
             const sdesc sa(a_base + s * gw_smem::TA); /* as gemm_sm90.cu's: one add a product */
-            const sdesc sb = TB == 0 ? sdesc(b_base + s * gw_smem::TB) : sdesc(b_base + s * gw_smem::TB, 8192);
+            const sdesc sb(b_base + s * gw_smem::TB, TB == 0 ? 1024 : 8192); /* [k][n]: atoms 8 KB apart */
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
