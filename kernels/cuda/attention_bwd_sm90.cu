@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + WS_ST,
              *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
 
-    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
 
     if (tid == 0) {
         mbar_init(kvfull, 1);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     reg_alloc<232>();
 
     /* consumers */
-    const int wg = tid >> 7, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK);
     int c = 0; /* the block's step */
     for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {

@@ -31,6 +31,13 @@ static __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* x, the same in every lane of the warp, as the warp's one value (lane 0's): ptxas then keeps what
+ * derives from it (a warp's role, its ring position, the shared-memory descriptors of its wgmma)
+ * in uniform registers, where each warp computes it once, instead of in every lane and moved to
+ * uniform registers (R2UR) before each wgmma (CUTLASS's canonical_warp_idx_sync). Every lane of
+ * the warp must call it. */
+static __device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
+
 /* The first 1024-byte boundary at or after p (the alignment of 128-byte-swizzled tiles). */
 static __device__ __forceinline__ uint16_t *align1024(uint8_t *p) {
     return (uint16_t *)(p + ((1024 - (smem_u32(p) & 1023)) & 1023));

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(GW_THR, 1)
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + gw_smem::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + gw_smem::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + gw_smem::BAR), *empty = full + GW_ST;
-    const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
     int b0, G, rank; /* the unit (block or cluster), the units in the grid, the block's rank in it */
     gm_unit<CL>(b0, G, rank);
     if (b0 >= p.items) return; /* the whole block (cluster): no item, no barrier used */
