@@ -36,7 +36,7 @@ struct ws_smem {
     static constexpr int DQ = DS + 2 * WS_BN * WS_BM * 2; /* two dS^T buffers */
     static constexpr int L = DQ + 2 * 64 * 64 * 4;        /* dQ: 64×64 f32 per warpgroup */
     static constexpr int D = L + WS_ST * WS_BM * 4, BAR = D + WS_ST * WS_BM * 4;
-    static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4) + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4);
 };
 static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    ZR_SMEM_1024(smem_raw);
+    uint8_t *base = smem_raw;
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + ws_smem::Q);

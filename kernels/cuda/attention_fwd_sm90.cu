@@ -38,7 +38,7 @@ static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the co
 struct f2_smem {
     static constexpr int QT = F2_BM * 64 * 2, KV = F2_BN * 64 * 2; /* bytes of a Q, a K tile */
     static constexpr int Q = 0, K = Q + 2 * QT, V = K + F2_ST * KV, BAR = V + F2_ST * KV;
-    static constexpr int BYTES = BAR + 8 * (4 + 2 * F2_ST) + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * (4 + 2 * F2_ST);
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int B,
                         int Hq, int G, float scale_log2) {
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    ZR_SMEM_1024(smem_raw);
+    uint8_t *base = smem_raw;
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);

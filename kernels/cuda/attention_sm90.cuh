@@ -38,10 +38,11 @@ static __device__ __forceinline__ void fence_proxy_async() {
  * the warp must call it. */
 static __device__ __forceinline__ int warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 
-/* The first 1024-byte boundary at or after p (the alignment of 128-byte-swizzled tiles). */
-static __device__ __forceinline__ uint16_t *align1024(uint8_t *p) {
-    return (uint16_t *)(p + ((1024 - (smem_u32(p) & 1023)) & 1023));
-}
+/* A Hopper kernel's dynamic shared memory, 1024-byte aligned (the 128-byte swizzle's atom, which
+ * every TMA tile and wgmma operand needs): declared so, it starts on the boundary and its address
+ * is a constant. Aligned at run time instead (up to session 28) it cost ~11 instructions a use,
+ * which ptxas recomputed in every main-loop step rather than keep in a register. */
+#define ZR_SMEM_1024(name) extern __shared__ __align__(1024) uint8_t name[]
 
 /* Tiles are R rows × 64 columns of 16-bit elements (128 bytes a row), 1024-byte aligned, the
  * 16-byte chunk index of each row XORed with row % 8: the 128-byte swizzle atom of wgmma. */

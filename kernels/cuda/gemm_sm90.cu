@@ -36,7 +36,7 @@ template <int ST>
 struct gm_smem {
     static constexpr int T = GM_BM * GM_BK * 2; /* bytes of an A (or B) stage: 16 KB */
     static constexpr int A = 0, B = A + ST * T, BAR = B + ST * T;
-    static constexpr int BYTES = BAR + 8 * 2 * ST + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * 2 * ST;
     static_assert(BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 };
 
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(GM_THR, 1)
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
     static_assert(ST >= 3, "a warpgroup holds 2 stages (the k block it issues, the one it waits on)");
     using SM = gm_smem<ST>;
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    ZR_SMEM_1024(smem_raw);
+    uint8_t *base = smem_raw;
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + SM::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + SM::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + SM::BAR), *empty = full + ST;

@@ -34,7 +34,7 @@ using namespace sm90;
 struct gw_smem {
     static constexpr int TA = GW_BM * GM_BK * 2, TB = GW_BN * GM_BK * 2; /* bytes a stage: 16, 32 KB */
     static constexpr int A = 0, B = A + GW_ST * TA, BAR = B + GW_ST * TB;
-    static constexpr int BYTES = BAR + 8 * 2 * GW_ST + 1024; /* + alignment slack */
+    static constexpr int BYTES = BAR + 8 * 2 * GW_ST;
 };
 static_assert(gw_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(GW_THR, 1)
     gemm_sm90_wide_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                           const gm_args p) {
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t *base = reinterpret_cast<uint8_t *>(align1024(smem_raw));
+    ZR_SMEM_1024(smem_raw);
+    uint8_t *base = smem_raw;
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + gw_smem::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + gw_smem::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + gw_smem::BAR), *empty = full + GW_ST;
