@@ -24,7 +24,7 @@ using namespace sm90;
  * SM's 65536 registers (ptxas -v, CUDA 13: 168 registers a thread at launch, 0 bytes spilled, for
  * all 48 instantiations: clusters of 1 and 2, 4 and 6 stages). Shared memory: ST stages of A and B
  * (ST · 32 KB: 128 KB for 4, 192 KB for 6; 7 would be 224 KB, at the 227 KB limit with the
- * barriers and alignment) + 2 ST mbarriers, one block an SM. */
+ * barriers) + 2 ST mbarriers, one block an SM. */
 #define GM_BM 128
 #define GM_BN 128
 #define GM_CONS 256
