@@ -12,6 +12,9 @@ local P = {}
 P.__index = P
 local fmt, concat = string.format, table.concat
 
+-- A parser for `script` (its path, shown in the usage; errors name it by its file name without
+-- ".lua") and `description` (a line under the usage in --help, optional). Returns the parser:
+-- add options with p:option, then p:parse(arg).
 function M.new(script, description)
   -- errors name the script without ".lua:" (which zrun's error printer takes for a code position)
   return setmetatable({ script = script, name = script:match("([^/]+)%.lua$") or script, description = description, list = {}, by = {}, aliases = {},

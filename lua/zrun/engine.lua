@@ -284,10 +284,11 @@ function M.grad_accum_dtype(cfg)
 end
 
 -- The ZeRO master partition's dtype: "bf16" with DeepSpeed's bf16.bf16_master_weights_and_grads,
--- else nil (f32). AdamW's moments: "bf16" with bf16.bf16_optimizer_states, else nil (f32).
+-- else nil (f32).
 function M.master_dtype(cfg)
   return cfg.bf16 and cfg.bf16.bf16_master_weights_and_grads == true and "bf16" or nil
 end
+-- The dtype of AdamW's moments: "bf16" with DeepSpeed's bf16.bf16_optimizer_states, else nil (f32).
 function M.state_dtype(cfg)
   return cfg.bf16 and cfg.bf16.bf16_optimizer_states == true and "bf16" or nil
 end

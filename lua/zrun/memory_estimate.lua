@@ -316,6 +316,9 @@ local function posint(s, what)
   return n
 end
 
+-- `zrun estimate`: args, the words after it (USAGE above). Prints DeepSpeed's ZeRO-2 and ZeRO-3
+-- model-state tables for MODEL (--stage 2|3: one of them) and returns the exit status: 0, or 1
+-- after the usage without exactly one MODEL (0 with --help). Raises for a bad option or value.
 function M.main_estimate(args)
   local o, pos = M.parse_args(args or {}, { help = true }, M.usage_options(USAGE, "gpus"), "estimate", USAGE)
   if o.help or #pos ~= 1 then

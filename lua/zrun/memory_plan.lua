@@ -475,6 +475,9 @@ function M.host_check(p, o, avail, memlock, avail_note)
   return Off.check_lines(p, avail, memlock, plan_with, avail_note)
 end
 
+-- Plan p (from M.plan) as text, tostring(p): the model and its parameter count, the settings, each
+-- category's peak on the device and the host, the peak totals and where they fall, the host memory
+-- per node (several ranks per node, with host memory in use) and the plan's notes.
 function M.format(p)
   local s = p.settings
   local lines = {}
@@ -644,6 +647,10 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
         does (it collects before backward when that frees more than 1/256 of the device's
         bytes); none and ideal are what-ifs]==]
 
+-- `zrun plan`: args, the words after it (USAGE above). Prints the plan; with --gpu-memory (no --fit)
+-- whether it fits, with --host-memory what does not fit there and what fixes it, with --fit the fit
+-- advice (M.fit). Returns the exit status: 0, or 1 after the usage without exactly one MODEL (0 with
+-- --help). Raises for a bad option or value (--fit without --gpu-memory too).
 function M.main_plan(args)
   local flags = { help = true, fit = true, ["gradient-checkpointing"] = true, ["offload-optimizer"] = true,
     ["offload-param"] = true }

@@ -157,6 +157,8 @@ function M.show(x, opts)
   end
 end
 
+-- Writes text to the file path (replacing it); raises "zrun plot: cannot write ..." when it
+-- cannot be opened.
 function M.write(path, text)
   local f, err = io.open(path, "wb")
   if not f then error(fmt("zrun plot: cannot write %s (%s): pass --out to a writable place", path, err), 0) end

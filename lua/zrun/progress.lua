@@ -154,6 +154,9 @@ function Bar:line()
     M.hms(el), M.hms(eta), rate_text(rate, self.unit), pf ~= "" and ", " .. pf or "")
 end
 
+-- Redraws the bar in place: in bar mode, for the innermost open bar only, not before `delay`
+-- seconds have passed since it started, and (unless force) at most every 0.1 s. Width: opts.width
+-- or the terminal's (80 when unknown), less one column (at least 20).
 function Bar:draw(force)
   if self.mode ~= "bar" or self.closed or active[#active] ~= self then return end
   local now = self.clock()
@@ -180,6 +183,9 @@ function Bar:update(k, postfix)
   end
 end
 
+-- Replaces the postfix shown after the rate (a table as sorted k=v, numbers %.4g; another value
+-- by tostring); a bar is redrawn (as draw() does, at most every 0.1 s), in lines mode the next
+-- plain line shows it.
 function Bar:set_postfix(p) self.postfix = p; self:draw() end
 
 -- Prints a line above the bar (the bar stays at the bottom).

@@ -101,6 +101,10 @@ function M.eval(src, env)
   return true, res
 end
 
+-- The REPL loop (what `zrun` runs without a script): reads chunks at "zr> " (">> " while one is
+-- incomplete), evaluates each with `zr` defined (new globals go to _G) and prints its results
+-- (strings as text, other values pretty-printed) or "error: ...". History is read from and saved
+-- to $HOME/.zrun_history; returns at the end of input (Ctrl-D).
 function M.run()
   local zr = require "zrun"
   local env = setmetatable({ zr = zr }, { __index = _G, __newindex = function(t, k, v) rawset(_G, k, v) end })

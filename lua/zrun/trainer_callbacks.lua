@@ -70,6 +70,10 @@ end
 local ES = { name = "EarlyStoppingCallback" }
 ES.__index = ES
 
+-- EarlyStoppingCallback{early_stopping_patience = 1, early_stopping_threshold = 0.0}, for
+-- zr.Trainer's callbacks. Raises for a patience that is not an integer >= 1, a negative threshold
+-- or another option; at the start of training, without metric_for_best_model or with eval_strategy
+-- "no".
 function M.EarlyStoppingCallback(o)
   o = o or {}
   local p, th = o.early_stopping_patience or 1, o.early_stopping_threshold or 0.0

@@ -285,6 +285,10 @@ end
 -- same tanh formula 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); "gelu" is the exact erf form.
 local GPT2_ACTS = { gelu_new = "tanh", gelu_fast = "tanh", gelu_pytorch_tanh = "tanh", gelu = "none" }
 
+-- A GPT-2 config (a config.json table or zrun's own) checked and normalised: defaults filled as
+-- transformers' GPT2Config fills them, except the dropouts (0: none), and gelu_approximate set
+-- from activation_function. Raises "gpt2 config: ..." for a missing or bad field or one zrun does
+-- not implement (an untied head, unscaled attention, cross-attention, another family's fields).
 function M.gpt2(cfg)
   local F = "gpt2"
   local c = copy(cfg)

@@ -19,6 +19,8 @@ local function join(dir, name)
   if dir == "" or name:sub(1, 1) == "/" then return name end
   return (dir:gsub("/+$", "")) .. "/" .. name
 end
+-- The directory a tensorboard or csv_monitor config section writes to: its output_path joined with
+-- its job_name (job_name alone when output_path is "" or job_name starts with "/").
 M.log_dir = function(section) return join(section.output_path, section.job_name) end
 
 -- The monitor for a resolved config on this rank, or nil when nothing is enabled or rank ~= 0.

@@ -16,8 +16,11 @@ function Embedding:__init(num_embeddings, embedding_dim, opts)
   self.weight = Module.Parameter(init.normal_(w, 0, 1))
 end
 
+-- The rows of weight at ids (an integer tensor of any shape): a tensor of shape ids' shape +
+-- (embedding_dim).
 function Embedding:forward(ids) return zr.embedding(self.weight, ids) end
 
+-- "num_embeddings, embedding_dim", e.g. "50257, 768".
 function Embedding:extra_repr() return ("%d, %d"):format(self.num_embeddings, self.embedding_dim) end
 
 return Embedding

@@ -20,8 +20,11 @@ function LayerNorm:__init(dim, eps, opts)
   end
 end
 
+-- zr.layer_norm(x, weight, bias, eps) over x's last dim (of size dim); nil weight and bias without
+-- elementwise_affine. Returns a tensor of x's shape.
 function LayerNorm:forward(x) return zr.layer_norm(x, self.weight, self.bias, self.eps) end
 
+-- "(dim,), eps=..., elementwise_affine=...", e.g. "(768,), eps=1e-05, elementwise_affine=true".
 function LayerNorm:extra_repr()
   return ("(%d,), eps=%g, elementwise_affine=%s"):format(self.dim, self.eps, tostring(self.elementwise_affine))
 end

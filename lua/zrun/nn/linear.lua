@@ -23,8 +23,10 @@ function Linear:__init(in_features, out_features, opts)
   end
 end
 
+-- x W^T + b (zr.linear; no b without a bias): x (..., in_features) -> (..., out_features).
 function Linear:forward(x) return zr.linear(x, self.weight, self.bias) end
 
+-- "in_features=..., out_features=..., bias=true|false", e.g. "in_features=4, out_features=3, bias=true".
 function Linear:extra_repr()
   return ("in_features=%d, out_features=%d, bias=%s"):format(self.in_features, self.out_features,
     tostring(self.bias ~= nil))

@@ -22,12 +22,16 @@ function CrossEntropyLoss:__init(opts)
   end
 end
 
+-- zr.cross_entropy(logits, targets) with this module's ignore_index, reduction and
+-- label_smoothing: a scalar for "mean" and "sum", one loss per target for "none".
 function CrossEntropyLoss:forward(logits, targets)
   return zr.cross_entropy(logits, targets, {
     ignore_index = self.ignore_index, reduction = self.reduction, label_smoothing = self.label_smoothing,
   })
 end
 
+-- The options that differ from their defaults, e.g. "ignore_index=0, reduction='sum',
+-- label_smoothing=0.1"; "" when all are the defaults.
 function CrossEntropyLoss:extra_repr()
   local parts = {}
   if self.ignore_index ~= -100 then parts[#parts + 1] = "ignore_index=" .. self.ignore_index end

@@ -105,6 +105,8 @@ end
 Module.__mt = make_mt(Module)
 setmetatable(Module, class_mt)
 
+-- Module(): a bare module with no parameters or children, to assign them to; a subclass's own
+-- __init replaces this one (which does nothing).
 function Module:__init() end
 
 -- Subclasses define forward(...); module(...) runs the hooks around it.
@@ -141,6 +143,9 @@ function Module:register_buffer(name, t, persistent)
   self._nonpersistent[name] = persistent == false or nil
 end
 
+-- Registers module m as child `name`, as self.name = m does (m = nil removes the child); also
+-- Module:register_module. Raises for a name that is not a non-empty string without dots, for m
+-- not a module, or for a name that is already a parameter. Returns m.
 function Module:add_module(name, m)
   if type(name) ~= "string" or name == "" or name:find(".", 1, true) then
     error(fmt("add_module: bad name '%s' (a non-empty string without dots)", tostring(name)), 2)
@@ -199,6 +204,7 @@ function Module:named_modules(prefix)
   return list_iter(out)
 end
 
+-- List of self and every submodule, pre-order, each once (named_modules without the names).
 function Module:modules()
   local out = {}
   collect_modules(self, "", {}, out)
@@ -242,6 +248,7 @@ function Module:named_buffers(recurse)
   return list_iter(collect_tensors(self, "_buffers", "_buffer_order", recurse))
 end
 
+-- List of buffers (each once), in module pre-order; recurse = false: this module's own only.
 function Module:buffers(recurse)
   local l = collect_tensors(self, "_buffers", "_buffer_order", recurse)
   for i = 1, #l do l[i] = l[i][2] end
@@ -266,6 +273,7 @@ function Module:train(mode)
   return self
 end
 
+-- Sets evaluation mode (training = false) on self and every submodule: train(false). Returns self.
 function Module:eval() return self:train(false) end
 
 -- Sets requires_grad on every parameter (default true; false freezes them). Returns self.

@@ -18,8 +18,11 @@ function RMSNorm:__init(dim, eps, opts)
   end
 end
 
+-- zr.rms_norm(x, weight, eps) over x's last dim (of size dim); nil weight without
+-- elementwise_affine. Returns a tensor of x's shape.
 function RMSNorm:forward(x) return zr.rms_norm(x, self.weight, self.eps) end
 
+-- "(dim,), eps=..., elementwise_affine=...", e.g. "(2048,), eps=1e-06, elementwise_affine=true".
 function RMSNorm:extra_repr()
   return ("(%d,), eps=%g, elementwise_affine=%s"):format(self.dim, self.eps, tostring(self.elementwise_affine))
 end

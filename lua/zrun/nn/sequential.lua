@@ -11,6 +11,8 @@ function Sequential:__init(...)
   for _, m in ipairs(mods) do self:append(m) end
 end
 
+-- Adds module m as the next child (named "0", "1", ...; also Sequential:add); raises for anything
+-- that is not a module. Returns self.
 function Sequential:append(m)
   if not Module.is_module(m) then error("Sequential:append: expected a module, got " .. type(m), 2) end
   self[#self + 1] = m
@@ -18,8 +20,11 @@ function Sequential:append(m)
 end
 Sequential.add = Sequential.append
 
+-- The number of children.
 function Sequential:len() return #self end
 
+-- Feeds x through the children in order (the extra arguments go to the first child only) and
+-- returns the last child's output; x itself when there are no children.
 function Sequential:forward(x, ...)
   for i = 1, #self do
     if i == 1 then x = self[i](x, ...) else x = self[i](x) end
