@@ -50,25 +50,19 @@ static __device__ __forceinline__ int swz(int row, int col) {
     return row * 64 + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-/* Shared-memory matrix descriptor of a 128-byte-swizzled operand starting at byte address a.
- * Leading and stride byte offsets are both 1024 (8 rows of 128 bytes): the distance between
- * 8-row groups, which is the one stride these operands use (their swizzled extent is one atom
- * wide); swizzle mode 1 = 128 bytes. */
-#define ZR_DESC128_LO ((1024u >> 4) << 16)            /* low word: leading byte offset */
+/* Shared-memory matrix descriptor of a 128-byte-swizzled operand, as a base and byte offsets.
+ * Stride byte offset 1024 (8 rows of 128 bytes: the distance between 8-row groups, the one stride
+ * these operands use, their swizzled extent one atom wide), swizzle mode 1 = 128 bytes: the high
+ * word, the same for every operand. Shared addresses are below 2^18 (228 KB a block), so the start
+ * address field is a / 16 and a tile's offsets (multiples of 16 bytes) add to it with no carry:
+ * made once outside a loop, at(off) is one add where building the descriptor is a mask, a shift
+ * and an or per product. */
 #define ZR_DESC128_HI ((1024u >> 4) | (1u << (62 - 32))) /* high word: stride offset, swizzle */
-static __device__ __forceinline__ uint64_t desc128(uint32_t a) {
-    return (uint64_t)(((a & 0x3FFFF) >> 4) | ZR_DESC128_LO) | ((uint64_t)ZR_DESC128_HI << 32);
-}
-
-/* The same descriptor as a base and byte offsets: shared addresses are below 2^18 (228 KB a block),
- * so the start address field is a / 16 and a tile's offsets (multiples of 16 bytes) add to it with
- * no carry. Made once outside a loop, at(off) is one add where desc128 is a mask, a shift and an or
- * per product. */
 struct sdesc {
     uint32_t lo; /* the descriptor's low word: start address / 16 | leading byte offset */
-    /* a & 0x3FFFF as desc128's: in a cluster launch a shared address carries the CTA's rank above
-     * bit 24 (the shared::cluster window), which must not reach the offset fields. lbo: the leading
-     * byte offset, desc128's 1024, or for an MN-major operand two 64-wide atoms across the distance
+    /* a & 0x3FFFF: in a cluster launch a shared address carries the CTA's rank above bit 24 (the
+     * shared::cluster window), which must not reach the offset fields. lbo: the leading byte
+     * offset, 1024 as the stride, or for an MN-major operand two 64-wide atoms across the distance
      * between them (PTX ISA, "Leading Dimension Byte Offset": MN-major, swizzled) */
     __device__ __forceinline__ explicit sdesc(uint32_t a, uint32_t lbo = 1024)
         : lo(((a & 0x3FFFF) >> 4) | ((lbo >> 4) << 16)) {}
