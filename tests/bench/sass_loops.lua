@@ -17,6 +17,10 @@ cli:option("kernel", "", "substring of the mangled kernel names"):option("top", 
 cli:option("list", 0, "1: print the innermost wgmma loop's instructions")
 local a = cli:parse(arg)
 if a.sass == "" then io.stderr:write(cli:help_text()); os.exit(2) end
+if a.list ~= 0 and a.list ~= 1 then
+  io.stderr:write("sass_loops: list=" .. tostring(a.list) .. "; use 1 (print the innermost loop) or 0\n"); os.exit(2)
+end
+if a.top < 1 then io.stderr:write("sass_loops: top=" .. tostring(a.top) .. "; list at least 1 opcode\n"); os.exit(2) end
 local f = io.open(a.sass)
 if not f then io.stderr:write("sass_loops: cannot open " .. a.sass .. "\n"); os.exit(2) end
 
