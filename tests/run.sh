@@ -3,17 +3,20 @@
 # twins tests/ops/test_*_cuda.lua are tests/run_cuda.sh's), Lua test (tests/lua/test_*.lua), TCP
 # launch test (tests/tcp/test_*.sh: ranks started as torchrun starts them) and MPI test from the
 # repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test program
-# that exits non-zero without reporting a failure counts as one failure.
+# that exits non-zero without reporting a failure counts as one failure. The FAIL lines are repeated,
+# each with its test's name, just above the count, so that a log's tail (CI shows only the tail) says
+# which test failed.
 cd "$(dirname "$0")/.." || exit 1
-out=$(mktemp); trap 'rm -f "$out"' EXIT
+out=$(mktemp) failed=$(mktemp); trap 'rm -f "$out" "$failed"' EXIT
 pass=0; fail=0; skip=0
 run_one() { # name, command...
   name=$1; shift
   "$@" >"$out" 2>&1; rc=$?
-  cat "$out"
   p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out"); s=$(grep -c '^SKIP ' "$out")
-  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name: exited with status $rc"; f=1; fi
-  if [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ]; then echo "FAIL $name: reported no test"; f=1; fi
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name: exited with status $rc" >>"$out"; f=1; fi
+  if [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ]; then echo "FAIL $name: reported no test" >>"$out"; f=1; fi
+  cat "$out"
+  grep '^FAIL ' "$out" | cut -c1-400 | sed "s|^|  $name: |" >>"$failed"
   pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
 }
 data=${ZRUN_TEST_DATA:-../shared/data}
@@ -32,5 +35,6 @@ for t in tests/tcp/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 if [ -n "$ZRUN_MPI_TESTS" ] || command -v mpirun >/dev/null 2>&1; then
   for t in tests/mpi/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 fi
+if [ -s "$failed" ]; then echo "the failures again, each after its test:"; cat "$failed"; fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
