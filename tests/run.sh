@@ -5,13 +5,15 @@
 # repo root, echoes their PASS/FAIL/SKIP lines and ends with "N passed, N failed". A test program
 # that exits non-zero without reporting a failure counts as one failure. The FAIL lines are repeated,
 # each with its test's name, just above the count, so that a log's tail (CI shows only the tail) says
-# which test failed.
+# which test failed; above them, the five slowest test programs (for keeping CI's time in hand).
 cd "$(dirname "$0")/.." || exit 1
-out=$(mktemp) failed=$(mktemp); trap 'rm -f "$out" "$failed"' EXIT
+out=$(mktemp) failed=$(mktemp) times=$(mktemp); trap 'rm -f "$out" "$failed" "$times"' EXIT
 pass=0; fail=0; skip=0
 run_one() { # name, command...
   name=$1; shift
+  t0=$(date +%s)
   "$@" >"$out" 2>&1; rc=$?
+  echo "$(($(date +%s) - t0)) $name" >>"$times"
   p=$(grep -c '^PASS ' "$out"); f=$(grep -c '^FAIL ' "$out"); s=$(grep -c '^SKIP ' "$out")
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "FAIL $name: exited with status $rc" >>"$out"; f=1; fi
   if [ "$p" -eq 0 ] && [ "$f" -eq 0 ] && [ "$s" -eq 0 ]; then echo "FAIL $name: reported no test" >>"$out"; f=1; fi
@@ -35,6 +37,7 @@ for t in tests/tcp/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 if [ -n "$ZRUN_MPI_TESTS" ] || command -v mpirun >/dev/null 2>&1; then
   for t in tests/mpi/test_*.sh; do [ -f "$t" ] && run_one "$t" sh "$t"; done
 fi
+echo "slowest: $(sort -rn "$times" | head -5 | awk '{printf "%s%s (%d s)", (NR > 1 ? ", " : ""), $2, $1}')"
 if [ -s "$failed" ]; then echo "the failures again, each after its test:"; cat "$failed"; fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
