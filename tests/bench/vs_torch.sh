@@ -10,7 +10,8 @@
 # columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape). VS_TORCH_ROUNDS
 # (default 1) runs each row's zrun and PyTorch measurements that many times, alternating, and prints
 # the medians with every round's figures below the row: a ratio target near its bound needs it, as
-# either side moves by about 1% from one process to the next.
+# either side moves by about 1% from one process to the next. VS_TORCH_SHAPES=none: the attention
+# table alone.
 C=${1:-}; C=${C:-${ZRUN_TEST_DATA:-../shared/data}/models/llama-3.2-1b/config.json}; Z=${2:-./zrun}; BD=${3:-build/bench}
 PY=${PYTHON:-python3}
 have_torch=0
@@ -24,8 +25,10 @@ median() { # the median of the numbers among the arguments ("-" where none)
     for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
     print (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 }'
 }
-printf '%-30s %12s %12s %12s %10s %10s\n' "Llama training (tokens/s)" zrun "torch eager" "torch.compile" "× eager" "× compile"
-for shape in $(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' '); do
+shapes=$(echo "${VS_TORCH_SHAPES:-4x512x8,16x512x8,4x2048x8}" | tr ',' ' ')
+[ "$shapes" = none ] && shapes=
+[ -n "$shapes" ] && printf '%-30s %12s %12s %12s %10s %10s\n' "Llama training (tokens/s)" zrun "torch eager" "torch.compile" "× eager" "× compile"
+for shape in $shapes; do
   set -- $(echo "$shape" | tr 'x' ' ')
   [ $# = 3 ] || { echo "vs_torch.sh: VS_TORCH_SHAPES entry '$shape' is not BATCHxSEQxGAS (e.g. 16x512x8)" >&2; exit 1; }
   zs= es= cs= i=0
