@@ -36,6 +36,22 @@ function M.without_gc(fn)
   return finish(pcall(fn))
 end
 
+-- Frees all earlier garbage that holds zrun memory, for a test that measures memory across a call
+-- that itself collects (zr.initialize does, so the collector stopped would not keep an earlier
+-- engine's tensors from being freed inside the measurement). LuaJIT's compiled traces can keep an
+-- object reachable (as trace constants) until they are flushed at some later, unpredictable moment,
+-- and finalizers free tensors that other finalized objects held: so the traces are flushed, then
+-- the collector runs until zrun's live bytes stop changing.
+function M.collect_all()
+  if jit and jit.flush then jit.flush() end
+  local stats = require("zrun").memory.stats
+  local last
+  repeat
+    last = stats().total_current
+    collectgarbage()
+  until stats().total_current == last
+end
+
 -- Reports a test as skipped (a SKIP line, counted by tests/run.sh).
 function M.skip(name, why) print("SKIP " .. name .. ": " .. why) end
 

@@ -23,17 +23,10 @@ local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.num_hidden_layers = c.layers
   cfg.tie_word_embeddings = c.tied or false
-  -- the baseline: earlier cases' memory freed (not a measured run). LuaJIT's compiled traces can
-  -- keep an earlier engine reachable (as trace constants) until they are flushed at some later,
-  -- unpredictable moment, and finalizers free tensors that other finalized objects held: flush,
-  -- then collect until nothing more is freed, or a late free during this case would lower its
-  -- measured peaks.
-  if jit and jit.flush then jit.flush() end
-  local last
-  repeat
-    last = mem.stats().total_current
-    collectgarbage()
-  until mem.stats().total_current == last
+  -- the baseline: earlier cases' memory freed (not a measured run), or a late free during this case
+  -- would lower its measured peaks (T.collect_all: compiled traces flushed, then collections until
+  -- nothing more is freed)
+  T.collect_all()
   local base = mem.stats()
   mem.reset_peak()
   zr.manual_seed(7)
