@@ -286,8 +286,9 @@ T.test("memory plan and the engine: the optimizer category counts only the optim
     local p = P.plan { model = "zrun/tiny-llama", world_size = 3, stage = 2, micro_batch = 1, seq_len = 8,
       device = "cpu", dtype = "f32", config = cfg }
     T.eq(p.device.optimizer, case[3] * 41888 * 4, case[1] .. " plan")
-    -- the previous case's engine freed now, not inside zr.initialize's own collection (two plain
-    -- collections left it to a compiled trace at times: "got 0" in CI, one run in about ten)
+    -- the previous cases' engines freed now, not inside zr.initialize's own collection (after two
+    -- plain collections an earlier engine was at times still held, and freed there: "got 0", once
+    -- in seven full-suite runs)
     T.collect_all()
     local before = mem.stats().optimizer.current
     local e = llama(case[1], case[2], 2)
