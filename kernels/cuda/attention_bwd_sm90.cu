@@ -110,8 +110,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
-    ZR_SMEM_1024(smem_raw);
-    uint8_t *base = smem_raw;
+    ZR_SMEM_1024(base);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + ws_smem::Q);

@@ -110,8 +110,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int B,
                         int Hq, int G, float scale_log2) {
-    ZR_SMEM_1024(smem_raw);
-    uint8_t *base = smem_raw;
+    ZR_SMEM_1024(base);
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);

@@ -119,8 +119,7 @@ __global__ void __launch_bounds__(GM_THR, 1)
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
     static_assert(ST >= 3, "a warpgroup holds 2 stages (the k block it issues, the one it waits on)");
     using SM = gm_smem<ST>;
-    ZR_SMEM_1024(smem_raw);
-    uint8_t *base = smem_raw;
+    ZR_SMEM_1024(base);
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + SM::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + SM::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + SM::BAR), *empty = full + ST;

@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(GW_THR, 1)
     gemm_sm90_wide_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                           const gm_args p) {
     static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
-    ZR_SMEM_1024(smem_raw);
-    uint8_t *base = smem_raw;
+    ZR_SMEM_1024(base);
     uint16_t *sA = reinterpret_cast<uint16_t *>(base + gw_smem::A);
     uint16_t *sB = reinterpret_cast<uint16_t *>(base + gw_smem::B);
     uint64_t *full = reinterpret_cast<uint64_t *>(base + gw_smem::BAR), *empty = full + GW_ST;
