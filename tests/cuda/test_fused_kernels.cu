@@ -985,6 +985,32 @@ TEST(attention_forward_persistent) {
     attn_sm90_grid(0, 0);
 }
 
+/* The forward's online softmax keeps a row's running maximum until a key tile's exceeds it by more
+ * than 2^8 in P (attention_sm90.cuh, softmax_step): keys 0..15 made to score high against every
+ * query (q = u + noise, k = 4u + noise there, u = 0.5 everywhere: ~11 in log2 units above the other
+ * keys' ~1.6), and the forward takes key tiles from the diagonal back to 0, so a query tile past the
+ * first meets them last: steps that keep the maximum, then one that must raise it and rescale. */
+TEST(attention_forward_late_maximum) {
+    const int64_t B = 1, Hq = 2, Hkv = 1, T = 600, Dh = 64;
+    const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+    for (zr_dtype t : {ZR_BF16, ZR_F16}) {
+        vec q = randv(nq), k = randv(nk), v = randv(nk), dO = randv(nq);
+        for (auto &x : q) x += 0.5;
+        for (int64_t j = 0; j < 16; ++j)
+            for (int64_t d = 0; d < Dh; ++d) k[j * Dh + d] = 2.0 + 0.3 * k[j * Dh + d];
+        dbuf q_(nq, t), k_(nk, t), v_(nk, t), o_(nq, t), lse_(B * Hq * T, ZR_F32);
+        q_.up(q), k_.up(k), v_.up(v);
+        vec o, lse, dq, dk, dv;
+        attn_ref(q_.down(), k_.down(), v_.down(), dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
+        CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T, Dh,
+                                        0.f, t, 0));
+        char what[96];
+        snprintf(what, sizeof what, "attention forward, a late maximum, %s B1 Hq2 Hkv1 T600", tn(t));
+        CHECK_CLOSE(o_.down(), o, tol_of(t), what);
+        CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
+    }
+}
+
 int main(void) {
     int dev = 0;
     cudaDeviceProp prop;
@@ -1003,6 +1029,7 @@ int main(void) {
     RUN(optim_step);
     RUN(attention_forward_backward);
     RUN(attention_forward_persistent);
+    RUN(attention_forward_late_maximum);
     RUN(attention_backward_rope);
     printf("%d passed, %d failed\n", test_n_pass, test_n_fail);
     return test_summary();
