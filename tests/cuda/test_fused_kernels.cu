@@ -985,11 +985,11 @@ TEST(attention_forward_persistent) {
     attn_sm90_grid(0, 0);
 }
 
-/* The forward's online softmax keeps a row's running maximum until a key tile's exceeds it by more
- * than 2^8 in P (attention_sm90.cuh, softmax_step): keys 0..15 made to score high against every
- * query (q = u + noise, k = 4u + noise there, u = 0.5 everywhere: ~11 in log2 units above the other
- * keys' ~1.6), and the forward takes key tiles from the diagonal back to 0, so a query tile past the
- * first meets them last: steps that keep the maximum, then one that must raise it and rescale. */
+/* A row's running maximum that grows at the last key tile the forward takes: keys 0..15 made to
+ * score high against every query (q = u + noise, k = 4u + noise there, u = 0.5 everywhere: ~11 in
+ * log2 units above the other keys' ~1.6), and the forward takes key tiles from the diagonal back to
+ * 0, so a query tile past the first meets them last: O and l, summed under a lower maximum, must be
+ * rescaled (an online softmax that skips small rises of the maximum must still take this one). */
 TEST(attention_forward_late_maximum) {
     const int64_t B = 1, Hq = 2, Hkv = 1, T = 600, Dh = 64;
     const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
