@@ -5,7 +5,8 @@
 # (bench_fused's attention rows vs PyTorch SDPA's best backend). Without torch only zrun's side runs.
 #   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
-# defaults to shared/data's Llama-3.2-1B config.json. VS_TORCH_SHAPES picks the rows (default
+# defaults to shared/data's Llama-3.2-1B config.json; where that file is absent, zrun's built-in
+# config is written out for PyTorch (lua/zrun/models/configs.lua). VS_TORCH_SHAPES picks the rows (default
 # "4x512x8,16x512x8,4x2048x8": batch x seq x micro-batches per step), VS_TORCH_MODES the PyTorch
 # columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape). VS_TORCH_ROUNDS
 # (default 1) runs each row's zrun and PyTorch measurements that many times, alternating, and prints
@@ -17,6 +18,12 @@ PY=${PYTHON:-python3}
 have_torch=0
 $PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && have_torch=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+if [ $have_torch = 1 ] && [ "${VS_TORCH_SHAPES:-}" != none ] && [ ! -f "$C" ]; then
+  $Z -e 'io.write(require("cjson").encode(require("zrun.models.configs")["meta-llama/Llama-3.2-1B"]))' >"$tmp/config.json" ||
+    { echo "vs_torch.sh: no config at $C, and zrun could not write its built-in one" >&2; exit 1; }
+  echo "(PyTorch's model: no $C here, so zrun's built-in meta-llama/Llama-3.2-1B config)"
+  C=$tmp/config.json
+fi
 rounds=${VS_TORCH_ROUNDS:-1}
 case $rounds in ''|*[!0-9]*|0) echo "vs_torch.sh: VS_TORCH_ROUNDS=$rounds: use a count of 1 or more" >&2; exit 1 ;; esac
 median() { # the median of the numbers among the arguments ("-" where none)
@@ -39,6 +46,7 @@ for shape in $shapes; do
       $PY tests/bench/llama_torch.py "$C" --batch $1 --seq $2 --gas $3 --steps 4 --modes "${VS_TORCH_MODES:-eager,compile}" >"$tmp/t" 2>&1
       e=$(awk '$2 == "eager" && $3 == "tokens/s" { print $4 }' "$tmp/t"); c=$(awk '$2 == "compile" && $3 == "tokens/s" { print $4 }' "$tmp/t")
       grep "failed" "$tmp/t" >&2
+      [ -z "$e$c" ] && echo "vs_torch.sh: tests/bench/llama_torch.py gave no tokens/s for $shape: $(tail -n 1 "$tmp/t")" >&2
     fi
     zs="$zs ${z:--}" es="$es ${e:--}" cs="$cs ${c:--}" i=$((i + 1))
   done
