@@ -4,7 +4,8 @@
  * backward 2.5× forward, the FlashAttention convention; compare bench_attention_torch.py).
  * Times are medians of 20 event-timed runs after 3 warm-ups, on random (not zero) data. Each
  * memory-bound row also gives its rate against a copy of the same number of bytes.
- * `bench_fused attention` runs the attention rows alone.
+ * `bench_fused attention` runs the attention rows alone, `bench_fused cross_entropy` the copy
+ * ceiling and the cross-entropy rows.
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -159,9 +160,49 @@ static void attention_rows() {
     attn_sm90_grid(0, 0);
 }
 
+/* Cross-entropy rows: Llama 3's vocabulary (N=8192 tokens, V=128256: rows past the register
+ * kernel), GPT-2's padded one (a 64 x 1024 batch, V=50304) and a 32k one (Llama 2, Mistral,
+ * TinyLlama; N=16384): forward, backward to a buffer, and loss + gradient in place. Bytes: the
+ * logits read once (+ the gradient written once). */
+static void cross_entropy_rows() {
+    const int64_t shapes[][2] = {{8192, 128256}, {65536, 50304}, {16384, 32000}};
+    for (auto &sh : shapes) {
+        const int64_t N = sh[0], V = sh[1];
+        char d[48];
+        snprintf(d, sizeof d, "bf16 N=%lld V=%lld", (long long)N, (long long)V);
+        void *x = bf(N * V, 8), *dl = bf(N * V);
+        float *loss = f32(N), *lse = f32(N), *mean = f32(1), *nv = f32(1), *g = f32(1, 0, 1e-4f);
+        std::vector<int64_t> tg(N);
+        for (int64_t i = 0; i < N; ++i) tg[i] = (i * 7919) % V;
+        int64_t *tg_;
+        CU(cudaMalloc(&tg_, N * 8));
+        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
+        const double e = 2.0 * N * V;
+        row("cross_entropy fwd", d, e, time_ms([&] {
+                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, 0.f, BF, 0));
+            }));
+        row("cross_entropy bwd", d, 2 * e, time_ms([&] {
+                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, 0.f, BF, 0));
+            }));
+        unsigned *cnt;
+        CU(cudaMalloc(&cnt, sizeof *cnt));
+        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice)); /* logits the fused pass overwrites */
+        row("cross_entropy fused in place", d, 2 * e, time_ms([&] {
+                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.f, BF, 0));
+            }));
+        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice));
+        row("  the same, label smoothing 0.1", d, 2 * e, time_ms([&] {
+                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.1f, BF, 0));
+            }));
+        cudaFree(cnt);
+        cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);
+        cudaFree(g), cudaFree(tg_);
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0)) {
-        fprintf(stderr, "usage: bench_fused [attention] (got '%s')\n", argv[1]);
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention | cross_entropy] (got '%s')\n", argv[1]);
         return 2;
     }
     int ndev = 0;
@@ -173,7 +214,7 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
-    if (argc > 1) { /* `bench_fused attention`: the attention rows alone */
+    if (argc > 1 && strcmp(argv[1], "attention") == 0) { /* `bench_fused attention`: those rows alone */
         attention_rows();
         return 0;
     }
@@ -189,6 +230,10 @@ int main(int argc, char **argv) {
         printf("%-28s %-34s %9.3f ms %8.0f GB/s\n", "copy (D2D)", "4 GiB", ms, copy_gbs);
         CU(cudaFree(a));
         CU(cudaFree(b));
+    }
+    if (argc > 1) { /* `bench_fused cross_entropy`: the copy ceiling, then those rows alone */
+        cross_entropy_rows();
+        return 0;
     }
     /* norms: N=16384 tokens (B=8, T=2048), D=2048; then N=65536, D=4096 (512 MB each way: the
      * kernels' steady-state rate, where a copy of the same size reaches the 4 GiB rate) */
@@ -302,37 +347,7 @@ int main(int argc, char **argv) {
             time_ms([&] { OK(swiglu_backward_cuda(dg, du, dh, g, u, M, F, F, BF, 0)); }));
         for (void *p : {g, u, hh, dh, dg, du}) cudaFree(p);
     }
-    { /* cross entropy: N=8192 tokens, V=128256 (Llama 3) */
-        const int64_t N = 8192, V = 128256;
-        void *x = bf(N * V, 8), *dl = bf(N * V);
-        float *loss = f32(N), *lse = f32(N), *mean = f32(1), *nv = f32(1), *g = f32(1, 0, 1e-4f);
-        std::vector<int64_t> tg(N);
-        for (int64_t i = 0; i < N; ++i) tg[i] = (i * 7919) % V;
-        int64_t *tg_;
-        CU(cudaMalloc(&tg_, N * 8));
-        CU(cudaMemcpy(tg_, tg.data(), N * 8, cudaMemcpyHostToDevice));
-        const double e = 2.0 * N * V;
-        row("cross_entropy fwd", "bf16 N=8192 V=128256", e, time_ms([&] {
-                OK(cross_entropy_forward_cuda(loss, lse, mean, nv, x, tg_, N, V, -100, 0.f, BF, 0));
-            }));
-        row("cross_entropy bwd", "bf16 N=8192 V=128256 (to buffer)", 2 * e, time_ms([&] {
-                OK(cross_entropy_backward_cuda(dl, x, tg_, lse, g, 0, N, V, -100, 0.f, BF, 0));
-            }));
-        unsigned *cnt;
-        CU(cudaMalloc(&cnt, sizeof *cnt));
-        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice)); /* logits the fused pass overwrites */
-        row("cross_entropy fused", "bf16 N=8192 V=128256 (loss + grad in place)", 2 * e, time_ms([&] {
-                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.f, BF, 0));
-            }));
-        CU(cudaMemcpy(dl, x, N * V * 2, cudaMemcpyDeviceToDevice));
-        row("cross_entropy fused, label smoothing 0.1", "bf16 N=8192 V=128256 (loss + grad in place)", 2 * e,
-            time_ms([&] {
-                OK(cross_entropy_fused_cuda(loss, lse, mean, nv, dl, dl, tg_, cnt, 1.f, N, V, -100, 0.1f, BF, 0));
-            }));
-        cudaFree(cnt);
-        cudaFree(x), cudaFree(dl), cudaFree(loss), cudaFree(lse), cudaFree(mean), cudaFree(nv);
-        cudaFree(g), cudaFree(tg_);
-    }
+    cross_entropy_rows();
     /* embedding: N=16384 ids into V=128256 × D=2048, then N=65536 × D=4096 (steady state) */
     auto embedding = [&](int64_t N, int64_t D) {
         const int64_t V = 128256;

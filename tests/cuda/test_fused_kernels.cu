@@ -404,7 +404,8 @@ TEST(swiglu_forward_backward) {
  * reference loss is lse - (1 - eps) x[t] - eps/V sum_j x[j] and the gradient subtracts
  * (1 - eps) onehot + eps/V; its losses (at V = 1: 0 up to rounding) are judged against at least 1. */
 TEST(cross_entropy_forward_backward) {
-    const int64_t shapes[][2] = {{1, 1}, {5, 7}, {6, 1000}, {3, 128256}};
+    /* vocabularies: Llama 2 / Mistral (32000), GPT-2 padded (50304), Llama 3 (128256) */
+    const int64_t shapes[][2] = {{1, 1}, {5, 7}, {6, 1000}, {3, 32000}, {3, 50304}, {3, 128256}};
     for (auto &s : shapes)
         for (zr_dtype t : DT) {
             const int64_t N = s[0], V = s[1];
