@@ -19,11 +19,15 @@ if "$Z" -e 'os.exit(require("zrun").cuda.is_available() and 0 or 1)' 2>/dev/null
   if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo; echo "== tests/bench/gemm_sustained.py (cuBLAS under sustained load, through torch)"
     python3 tests/bench/gemm_sustained.py 3 || echo "(tests/bench/gemm_sustained.py failed)"
+  else
+    echo; echo "== tests/bench/gemm_sustained.py: SKIP, python3 here has no torch with CUDA"
   fi
   # zrun next to llm.c (GPT-2 124M), where the llm.c bundle is here (sh tests/bench/llmc_bundle.sh)
   if [ -f .llmc/SOURCES ]; then
     echo; echo "== tests/bench/vs_llmc.sh (zrun and llm.c in the same run)"
     sh tests/bench/vs_llmc.sh "$Z" .llmc || echo "(tests/bench/vs_llmc.sh failed)"
+  else
+    echo; echo "== tests/bench/vs_llmc.sh: SKIP, no llm.c bundle in .llmc/ (sh tests/bench/llmc_bundle.sh makes it)"
   fi
 fi
 for b in tests/bench/bench_*.lua; do
