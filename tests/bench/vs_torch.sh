@@ -18,6 +18,7 @@ PY=${PYTHON:-python3}
 have_torch=0
 $PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && have_torch=1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+[ $have_torch = 0 ] && echo "(no torch + transformers with CUDA for $PY here: zrun's side only)"
 if [ $have_torch = 1 ] && [ "${VS_TORCH_SHAPES:-}" != none ] && [ ! -f "$C" ]; then
   $Z -e 'io.write(require("cjson").encode(require("zrun.models.configs")["meta-llama/Llama-3.2-1B"]))' >"$tmp/config.json" ||
     { echo "vs_torch.sh: no config at $C, and zrun could not write its built-in one" >&2; exit 1; }
