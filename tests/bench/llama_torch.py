@@ -64,11 +64,6 @@ def main():
         raw = json.load(f)
     for k in ("torch_dtype", "dtype"):
         raw.pop(k, None)
-    # the rope factors as floats, as in Hugging Face's files (a writer that drops ".0", such as the
-    # built-in config vs_torch.sh has zrun write, gives ints there)
-    for k, v in (raw.get("rope_scaling") or {}).items():
-        if isinstance(v, int) and k != "original_max_position_embeddings":
-            raw["rope_scaling"][k] = float(v)
     cfg = LlamaConfig(**raw)
     cfg._attn_implementation = "sdpa"
     torch.backends.cuda.matmul.allow_tf32 = True

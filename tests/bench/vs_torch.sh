@@ -6,7 +6,7 @@
 #   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
 # defaults to shared/data's Llama-3.2-1B config.json; where that file is absent, zrun's built-in
-# config is written out for PyTorch (lua/zrun/models/configs.lua). VS_TORCH_SHAPES picks the rows (default
+# config is written out for PyTorch (hf.save_config of lua/zrun/models/configs.lua's entry). VS_TORCH_SHAPES picks the rows (default
 # "4x512x8,16x512x8,4x2048x8": batch x seq x micro-batches per step), VS_TORCH_MODES the PyTorch
 # columns (default "eager,compile"; torch.compile's warm-up takes minutes per shape). VS_TORCH_ROUNDS
 # (default 1) runs each row's zrun and PyTorch measurements that many times, alternating, and prints
@@ -20,7 +20,7 @@ $PY -c "import torch, transformers, sys; sys.exit(0 if torch.cuda.is_available()
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 [ $have_torch = 0 ] && echo "(no torch + transformers with CUDA for $PY here: zrun's side only)"
 if [ $have_torch = 1 ] && [ "${VS_TORCH_SHAPES:-}" != none ] && [ ! -f "$C" ]; then
-  $Z -e 'io.write(require("cjson").encode(require("zrun.models.configs")["meta-llama/Llama-3.2-1B"]))' >"$tmp/config.json" ||
+  $Z -e 'require("zrun.hf").save_config(arg[1], require("zrun.models.configs")["meta-llama/Llama-3.2-1B"])' "$tmp" ||
     { echo "vs_torch.sh: no config at $C, and zrun could not write its built-in one" >&2; exit 1; }
   echo "(PyTorch's model: no $C here, so zrun's built-in meta-llama/Llama-3.2-1B config)"
   C=$tmp/config.json
