@@ -133,16 +133,13 @@ if opt.dump_blocks then -- for a side-by-side run elsewhere (HF Trainer) on the 
     end
     return zr.tensor(t, { dtype = "i64" })
   end
-  local order = trainer:data_order()
-  for k, v in ipairs(order) do order[k] = v - 1 end
-  if dist.rank() == 0 then
-    zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = blocks(train_dataset), eval_input_ids = blocks(eval_dataset),
-      train_order = zr.tensor(order, { dtype = "i64" }) }, { format = "pt", per_device_train_batch_size =
-      tostring(trainer.args.per_device_train_batch_size), gradient_accumulation_steps = tostring(trainer.args.gradient_accumulation_steps),
-      max_steps = tostring(trainer.total_steps), pad_token_id = tostring(pad_id) })
-  end
-  say("wrote %s: train_input_ids, eval_input_ids and train_order (0-based rows, micro-batches of %d, %d per step; " ..
-    "rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps)
+  local tensors, meta = trainer:order_tensors()
+  tensors.train_input_ids, tensors.eval_input_ids = blocks(train_dataset), blocks(eval_dataset)
+  meta.format, meta.pad_token_id = "pt", tostring(pad_id)
+  if dist.rank() == 0 then zr._C.save_safetensors(opt.dump_blocks, tensors, meta) end
+  say("wrote %s: train_input_ids, eval_input_ids, train_order and train_epoch_order (0-based rows, micro-batches of " ..
+    "%d, %d per step; rank 0's order)", opt.dump_blocks, trainer.args.per_device_train_batch_size,
+    trainer.args.gradient_accumulation_steps)
 end
 -- (resume_from_checkpoint=true or =output_dir/checkpoint-<step> continues a run: no "before" then)
 -- (with eval_on_start the Trainer evaluates first itself: its metrics are the "before")

@@ -95,18 +95,14 @@ if opt.dump_blocks then -- for a side-by-side run elsewhere (tests/bench/hf_fine
     end
     return zr.tensor(t, { dtype = "i64" })
   end
-  local order = trainer:data_order()
-  for k, v in ipairs(order) do order[k] = v - 1 end
-  local a = trainer.args
-  if dist.rank() == 0 then
-    zr._C.save_safetensors(opt.dump_blocks, { train_input_ids = padded(trainer.train_dataset, "input_ids", -1),
-      train_labels = padded(trainer.train_dataset, "labels", -100), eval_input_ids = padded(trainer.eval_dataset, "input_ids", -1),
-      eval_labels = padded(trainer.eval_dataset, "labels", -100), train_order = zr.tensor(order, { dtype = "i64" }) },
-      { format = "pt", per_device_train_batch_size = tostring(a.per_device_train_batch_size), gradient_accumulation_steps =
-      tostring(a.gradient_accumulation_steps), max_steps = tostring(trainer.total_steps),
-      pad_token_id = tostring(tok:pad_id() or tok:eos_id()) })
-  end
-  say("wrote %s: the rows (input_ids ending in -1s, labels in -100s) and train_order", opt.dump_blocks)
+  local tensors, meta = trainer:order_tensors()
+  tensors.train_input_ids, tensors.train_labels = padded(trainer.train_dataset, "input_ids", -1),
+    padded(trainer.train_dataset, "labels", -100)
+  tensors.eval_input_ids, tensors.eval_labels = padded(trainer.eval_dataset, "input_ids", -1),
+    padded(trainer.eval_dataset, "labels", -100)
+  meta.format, meta.pad_token_id = "pt", tostring(tok:pad_id() or tok:eos_id())
+  if dist.rank() == 0 then zr._C.save_safetensors(opt.dump_blocks, tensors, meta) end
+  say("wrote %s: the rows (input_ids ending in -1s, labels in -100s), train_order and train_epoch_order", opt.dump_blocks)
 end
 local before = trainer:evaluate()
 local res = trainer:train()

@@ -16,7 +16,7 @@ local fmt, concat, sort = string.format, table.concat, table.sort
 local type, pairs, ipairs, tostring, tonumber = type, pairs, ipairs, tostring, tonumber
 
 -- Values, dotted paths and message lists (config_util.lua); "auto" and the Trainer's step arithmetic
--- (config_auto.lua: its steps_per_epoch, warmup_steps and ARG_DEFAULTS are config.* too); the checks
+-- (config_auto.lua: its steps_per_epoch, micro_batches_per_epoch, warmup_steps and ARG_DEFAULTS are config.* too); the checks
 -- across keys (config_check.lua).
 local U = require "zrun.config_util"
 local A = require "zrun.config_auto"
@@ -25,7 +25,7 @@ local fmtnum, is_array, is_object, show, deepcopy = U.fmtnum, U.is_array, U.is_o
 local join, split, get, set, add_error, add_warning = U.join, U.split, U.get, U.set, U.add_error, U.add_warning
 local AUTO, resolve_autos, batch_rule, cross_checks = A.AUTO, A.resolve_autos, C.batch_rule, C.cross_checks
 M.show, M.ARG_DEFAULTS = show, A.ARG_DEFAULTS
-M.steps_per_epoch, M.warmup_steps = A.steps_per_epoch, A.warmup_steps
+M.steps_per_epoch, M.micro_batches_per_epoch, M.warmup_steps = A.steps_per_epoch, A.micro_batches_per_epoch, A.warmup_steps
 
 -- "Did you mean" -------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 -- collator and a rank-sharded sampler. Rows are Lua tables ({text = ...}, {input_ids = {...}}).
 local C = require "zrun._C"
 local M = {}
+local floor, ceil = math.floor, math.ceil
 
 local Dataset = {}
 Dataset.__index = Dataset
@@ -374,6 +375,35 @@ function Sampler:indices()
   end
   local out = {}
   for i = self.rank + 1, total, self.world_size do out[#out + 1] = order[i] end
+  return out
+end
+
+-- accelerate's BatchSamplerShard (split_batches false, even_batches true): order (row indices) cut into
+-- micro-batches of bs rows (the last one shorter, or dropped with drop_last), dealt to the ranks in
+-- turn; rank takes its own (0-based rank). With one rank that is all of them. With several, every rank
+-- gets as many, all full: the last round's shorter micro-batch is filled, and its missing ones made,
+-- from the rows of the first world_size micro-batches taken in order (cycling where there are fewer);
+-- drop_last drops an incomplete last round instead. Returns this rank's rows, micro-batch after
+-- micro-batch.
+function M.deal_batches(order, bs, world_size, rank, drop_last)
+  local n, out = #order, {}
+  local nb = drop_last and floor(n / bs) or ceil(n / bs)
+  if world_size == 1 then
+    for k = 1, math.min(n, nb * bs) do out[k] = order[k] end
+    return out
+  end
+  local rounds = drop_last and floor(nb / world_size) or ceil(nb / world_size)
+  local head = math.min(n, world_size * bs) -- the first world_size micro-batches' rows
+  local tail = n - (nb - 1) * bs -- rows of the last micro-batch
+  for b = rank, rounds * world_size - 1, world_size do
+    local first = b * bs + 1
+    for k = first, math.min(first + bs - 1, n) do out[#out + 1] = order[k] end
+    if b >= nb - 1 and not drop_last then -- fill from the head: after the last micro-batch's gap, bs a micro-batch
+      local have = b == nb - 1 and tail or 0
+      local off = b == nb - 1 and 0 or (bs - tail) + (b - nb) * bs
+      for j = 0, bs - have - 1 do out[#out + 1] = order[(off + j) % head + 1] end
+    end
+  end
   return out
 end
 

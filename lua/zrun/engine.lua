@@ -540,10 +540,28 @@ function Engine:forward(...)
   return unpack(out)
 end
 
--- Whether the next engine:step() ends an accumulation window (and steps the optimizer).
+-- Whether the next engine:step() ends an accumulation window (and steps the optimizer): every
+-- gradient_accumulation_steps micro-batches, unless set_gradient_accumulation_boundary says.
 function Engine:is_gradient_accumulation_boundary()
   if self.zenflow then return self.zenflow:is_boundary(self.micro_steps) end
+  if self.forced_boundary ~= nil then return self.forced_boundary end
   return (self.micro_steps + 1) % self.gas == 0
+end
+
+-- DeepSpeed's engine.set_gradient_accumulation_boundary: true or false decides whether the next
+-- micro-batch ends its accumulation window (set it before that micro-batch's forward), until set
+-- again; nil goes back to every gradient_accumulation_steps micro-batches. The Trainer sets it for
+-- every micro-batch, as accelerate does, so that an epoch's last window may be shorter. A shorter
+-- window's gradient is its micro-batches' sum / gradient_accumulation_steps: weigh the losses
+-- (set_loss_weight) for the mean you want.
+function Engine:set_gradient_accumulation_boundary(is_boundary)
+  if is_boundary ~= nil and type(is_boundary) ~= "boolean" then
+    error("engine:set_gradient_accumulation_boundary: expected true, false or nil, got " .. tostring(is_boundary), 2)
+  end
+  if self.zenflow and is_boundary ~= nil then
+    error("engine:set_gradient_accumulation_boundary: ZenFlow sets its own update windows (zenflow.update_interval)", 2)
+  end
+  self.forced_boundary = is_boundary
 end
 
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.

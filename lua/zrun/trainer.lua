@@ -167,15 +167,27 @@ function Trainer:setup()
   if per_micro then a.gradient_accumulation_steps = per_micro end
   if zf and zf.update_interval == "auto" then per_micro, self.count_micro = a.gradient_accumulation_steps,
     a.gradient_accumulation_steps end
+  -- An epoch as transformers 5 runs it: micro-batches of the rows (the last one shorter unless
+  -- dataloader_drop_last), an optimizer step every gradient_accumulation_steps of them and one more for
+  -- the epoch's last few (a shorter window). ZenFlow's update windows stay whole: there the last few
+  -- micro-batches of an epoch are left out (said below).
   local n = self.train_dataset and #self.train_dataset.rows or 0
-  local per_epoch = require("zrun.config").steps_per_epoch(n, W, a.per_device_train_batch_size,
-    a.gradient_accumulation_steps)
+  local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
+  local mbs = require("zrun.config").micro_batches_per_epoch(n, W, bs, a.dataloader_drop_last,
+    a.train_sampling_strategy == "random")
+  local per_epoch = zf and floor(mbs / gas) or ceil(mbs / gas)
   if self.train_dataset and per_epoch < 1 then
-    error(fmt("Trainer: %d training rows are too few for one step (%d per device x %d ranks x %d accumulation): " ..
-      "use more data or a smaller per_device_train_batch_size / gradient_accumulation_steps",
-      n, a.per_device_train_batch_size, W, a.gradient_accumulation_steps), 0)
+    error(fmt("Trainer: %d training rows are too few for one %s (%d per device x %d ranks%s%s): use more data or a " ..
+      "smaller per_device_train_batch_size%s", n, zf and "ZenFlow update window" or "micro-batch", bs, W,
+      zf and fmt(" x %d micro-batches", gas) or "", a.dataloader_drop_last and ", dataloader_drop_last" or "",
+      zf and " / update_interval" or ""), 0)
+  end
+  if self.train_dataset and zf and mbs % gas ~= 0 then
+    dist.print0(fmt("[zrun] Trainer: ZenFlow updates every %d micro-batches: the last %d of each epoch's %d are left " ..
+      "out", gas, mbs % gas, mbs))
   end
   self.steps_per_epoch = math.max(per_epoch, 1)
+  self.micro_per_epoch = zf and self.steps_per_epoch * gas or math.max(mbs, 1)
   self.total_steps = a.max_steps > 0 and a.max_steps or ceil(self.steps_per_epoch * a.num_train_epochs)
   hf_args.max_steps = self.total_steps * (per_micro or 1)
   if a.gradient_checkpointing and self.model.gradient_checkpointing_enable then self.model:gradient_checkpointing_enable() end
@@ -379,47 +391,53 @@ function Trainer:train(resume)
   end
   local W = dist.world_size()
   local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
-  local micro_per_epoch = self.steps_per_epoch * gas
+  local micro_per_epoch = self.micro_per_epoch
   local rows = self.train_dataset.rows
   e:train()
   local t_start, t_log, tokens = C.now(), C.now(), 0
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
-  -- pending_w: each loss's token weight (below); a micro-batch with no label to predict counts 0, as in HF
-  local pending, pending_w, sum, n, run_sum, run_n, first_loss, last_loss, n_logged = {}, {}, 0, 0, 0, 0, nil, nil, 0
+  -- pending_w: each loss's weight (below; a micro-batch with no label to predict counts 0, as in HF),
+  -- pending_s: the steps this logging interval had completed before it. A micro-batch adds loss x weight /
+  -- accumulation to sum, HF's tr_loss: over a step, the step's loss (the token mean of its window);
+  -- logged is sum / the interval's steps (isteps), and the run's train_loss run_sum / its steps.
+  local pending, pending_w, pending_s, sum, n, isteps, run_sum, run_steps = {}, {}, {}, 0, 0, 0, 0, 0
+  local first_loss, last_loss, n_logged = nil, nil, 0
   local nan_inf_filter = a.logging_nan_inf_filter
-  local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's totals
+  local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's total
     for k, l in ipairs(pending) do
       local w = pending_w[k]
-      local v = w == 0 and 0 or l:item() * w
+      local v = w == 0 and 0 or l:item() * w / gas
       zr.release(l)
       -- logging_nan_inf_filter (HF's default): a NaN or inf micro-batch loss counts as HF's tr_loss / (1 +
-      -- steps since the last log), in micro-batch units: the interval's sum over its completed steps (0 at its start)
-      if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + floor(n / gas)) end
-      sum, n, run_sum, run_n, pending[k], pending_w[k] = sum + v, n + 1, run_sum + v, run_n + 1, nil, nil
+      -- steps since the last log): the interval's sum so far over its completed steps + 1
+      if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + pending_s[k]) end
+      sum, n, run_sum, pending[k], pending_w[k], pending_s[k] = sum + v, n + 1, run_sum + v, nil, nil, nil
     end
   end
   -- transformers' num_items_in_batch: a step's micro-batches are collated before its first forward and
   -- their labels that count (after the shift) summed, over the ranks with average_tokens_across_devices;
   -- a micro-batch's mean loss is then weighted by count x accumulation x ranks / that sum, so the step's
   -- gradient is the mean over every counted token of the step (not the mean of micro-batch means, which
-  -- weighs the tokens of short micro-batches more). Packed rows: every weight is exactly 1.
+  -- weighs the tokens of short micro-batches more). Packed rows: every weight is exactly 1, but in a
+  -- shorter last window (k micro-batches) accumulation / k, as without token counts, where HF divides
+  -- each loss by the window's k (its current_gradient_accumulation_steps).
   local weigh = self.model.token_mean_loss
   local fwd_opts = a.label_smoothing_factor ~= 0 and { label_smoothing = a.label_smoothing_factor } or nil
   local ranks = a.average_tokens_across_devices and W or 1
-  local window = {} -- micro-batch index -> { batch =, w = }, for the accumulation window being trained
+  local window = {} -- micro-batch index -> { batch =, w =, last = }, for the accumulation window being trained
   local window_serial -- C.handle_serial() before the window was collated
   local function collate_window(idx, mb0)
     local tot, last = 0, math.min(mb0 + gas - 1, micro_per_epoch - 1)
     for m = mb0, last do
       local batch_rows = {}
-      for k = m * bs + 1, m * bs + bs do batch_rows[#batch_rows + 1] = rows[idx[k]] end
+      for k = m * bs + 1, math.min(m * bs + bs, #idx) do batch_rows[#batch_rows + 1] = rows[idx[k]] end
       local batch = self.collator(batch_rows)
       local L = batch.labels
       local scope = C.handle_serial() -- (the count's temporaries: freed once read)
       local c = weigh and L:narrow(2, 2, L:size(2) - 1):ne(-100):to("f64"):sum():item() or 1
       C.release_since(scope)
-      window[m], tot = { batch = batch, w = c }, tot + c
+      window[m], tot = { batch = batch, w = c, last = last }, tot + c
     end
     if weigh and ranks > 1 then
       local t = zr.tensor({ tot }, { dtype = "f64" })
@@ -428,7 +446,8 @@ function Trainer:train(resume)
     end
     for m = mb0, last do
       local c = window[m].w
-      window[m].w = (not weigh or tot == 0) and 1 or c * gas * ranks / tot -- (no label in the step: 0/0, NaN as in HF)
+      window[m].w = not weigh and gas / (last - mb0 + 1) or tot == 0 and 1 or -- (no label in the step: 0/0, NaN as in HF)
+        c * gas * ranks / tot
     end
   end
   local start_step = self:step_count()
@@ -467,7 +486,7 @@ function Trainer:train(resume)
   local function log_train(s)
     drain()
     sync_seen()
-    local t = zr.tensor({ sum / n }, { dtype = "f64" })
+    local t = zr.tensor({ sum / math.max(isteps, 1) }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
     zr.release(t)
@@ -489,7 +508,7 @@ function Trainer:train(resume)
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
       zr.memory.human(mem.total_current), hms(eta)))
     self:log(rec)
-    t_log, tokens, sum, n = now, 0, 0, 0
+    t_log, tokens, sum, n, isteps = now, 0, 0, 0, 0
   end
   local function save_due(s, epoch_end) -- ("best" saves at a new best evaluation instead, below)
     return (due(a.save_strategy, st.save_steps, s, epoch_end) or
@@ -526,8 +545,9 @@ function Trainer:train(resume)
       for mb = skip, micro_per_epoch - 1 do
         if not in_step then in_step = true; self:callback("on_step_begin") end
         if not window[mb] then window_serial = C.handle_serial(); collate_window(idx, mb) end
-        local batch, w = window[mb].batch, window[mb].w
+        local batch, w, boundary = window[mb].batch, window[mb].w, window[mb].last == mb
         window[mb] = nil
+        if not e.zenflow then e:set_gradient_accumulation_boundary(boundary) end
         local ids, labels = batch.input_ids, batch.labels
         if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
         local cm = self.count_micro
@@ -546,7 +566,7 @@ function Trainer:train(resume)
           return o
         end)
         if not okstep then error(self:explain_oom(out, ids), 0) end
-        pending[#pending + 1], pending_w[#pending + 1] = out.loss:detach(), w
+        pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
         if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
@@ -562,6 +582,7 @@ function Trainer:train(resume)
         local ended = e:step()
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
         if ended then
+          isteps, run_steps = isteps + 1, run_steps + 1
           local s = self:step_count()
           st.global_step, st.epoch, in_step = s, epoch + (mb + 1) / micro_per_epoch, false
           self:callback("on_step_end")
@@ -583,7 +604,7 @@ function Trainer:train(resume)
   end)
   drain()
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
-  local t = zr.tensor({ run_sum / math.max(run_n, 1) }, { dtype = "f64" })
+  local t = zr.tensor({ run_sum / math.max(run_steps, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
   local steps = self:step_count()
@@ -596,12 +617,16 @@ function Trainer:train(resume)
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
 
--- The training rows this rank reads in an epoch (1-based, in order), cut to the epoch's full steps.
--- train_sampling_strategy "random": the shuffled, rank-sharded sampler's indices (seed data_seed or
--- seed, plus the epoch); "sequential": the rows in order; "group_by_length": transformers'
--- LengthGroupedSampler over micro-batch x accumulation rows (shuffled as "random" is, then sorted by
--- length within mega-batches, the longest row first). The last two deal micro-batches to the ranks
--- in turn, as accelerate shards a sampler's batches.
+-- The training rows this rank reads in an epoch (1-based, in order): micro-batch m (0-based) is rows
+-- m x per_device_train_batch_size + 1 .. (the last one shorter where the rows run out). Orders:
+-- train_sampling_strategy "random": the shuffled sampler's rows for this rank (torch's DistributedSampler:
+-- seed data_seed or seed, plus the epoch; padded by wrapping to a multiple of the ranks, or cut with
+-- dataloader_drop_last), in micro-batches; "sequential": the rows in order; "group_by_length":
+-- transformers' LengthGroupedSampler over micro-batch x accumulation rows (shuffled as "random" is, then
+-- sorted by length within mega-batches, the longest row first). The last two cut the whole order into
+-- micro-batches and deal them to the ranks in turn, as accelerate shards a sampler's batches: with
+-- several ranks the last round is completed from the first rows (every rank's micro-batches full), or
+-- dropped with dataloader_drop_last.
 function Trainer:epoch_order(epoch)
   self:setup()
   local a = self.args
@@ -609,7 +634,8 @@ function Trainer:epoch_order(epoch)
   local seed = a.data_seed or a.seed
   local idx
   if a.train_sampling_strategy == "random" then
-    local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W, seed = seed, drop_last = true })
+    local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W, seed = seed,
+      drop_last = a.dataloader_drop_last })
     sampler:set_epoch(epoch)
     idx = sampler:indices()
   else
@@ -626,32 +652,54 @@ function Trainer:epoch_order(epoch)
       order = datasets.length_grouped_indices(self.row_lengths, bs * a.gradient_accumulation_steps,
         C.randperm(#rows, seed * 1000003 + epoch):flat_table())
     end
-    idx = {}
-    for b = rank, floor(#order / bs) - 1, W do
-      for k = b * bs + 1, b * bs + bs do idx[#idx + 1] = order[k] end
-    end
+    idx = datasets.deal_batches(order, bs, W, rank, a.dataloader_drop_last)
   end
-  local n = self.steps_per_epoch * a.gradient_accumulation_steps * bs
-  for k = #idx, n + 1, -1 do idx[k] = nil end
+  for k = #idx, self.micro_per_epoch * bs + 1, -1 do idx[k] = nil end -- (dropped rows; ZenFlow's whole windows)
   return idx
 end
 
--- Every training row this rank reads over the whole run, in order (per_device_train_batch_size
--- rows per micro-batch, gradient_accumulation_steps micro-batches per step): to feed another
--- trainer the same data in the same order.
+-- Every training row this rank reads over the whole run, in order, and the rows of each micro-batch
+-- (per_device_train_batch_size but an epoch's last one; gradient_accumulation_steps micro-batches per
+-- step, but an epoch's last step): to feed another trainer the same data in the same order.
 function Trainer:data_order()
   self:setup()
-  local a, out = self.args, {}
-  local per_step = a.gradient_accumulation_steps * a.per_device_train_batch_size
-  local epoch = 0
-  while #out < self.total_steps * per_step do
-    for _, i in ipairs(self:epoch_order(epoch)) do
-      if #out == self.total_steps * per_step then break end
-      out[#out + 1] = i
+  local a, out, sizes = self.args, {}, {}
+  local bs, gas, M = a.per_device_train_batch_size, a.gradient_accumulation_steps, self.micro_per_epoch
+  local steps, epoch = 0, 0
+  while steps < self.total_steps do
+    local idx = self:epoch_order(epoch)
+    for m = 0, M - 1 do
+      local first, last = m * bs + 1, math.min(m * bs + bs, #idx)
+      for k = first, last do out[#out + 1] = idx[k] end
+      sizes[#sizes + 1] = last - first + 1
+      if (m + 1) % gas == 0 or m == M - 1 then
+        steps = steps + 1
+        if steps == self.total_steps then break end
+      end
     end
     epoch = epoch + 1
   end
-  return out
+  return out, sizes
+end
+
+-- What a side-by-side run elsewhere needs to read the same rows the same way (the recipes'
+-- dump_blocks, tests/bench/hf_finetune.py): tensors train_order (every row of the run, 0-based, in
+-- order) and train_epoch_order (each epoch's rows, one epoch a row, as many epochs as the run starts),
+-- and the arguments that cut them into micro-batches and steps, as strings (safetensors metadata).
+function Trainer:order_tensors()
+  local order = self:data_order()
+  for k, v in ipairs(order) do order[k] = v - 1 end
+  local epochs = {}
+  for e = 0, ceil(self.total_steps / self.steps_per_epoch) - 1 do
+    local idx = self:epoch_order(e)
+    for k, v in ipairs(idx) do idx[k] = v - 1 end
+    epochs[e + 1] = idx
+  end
+  local a = self.args
+  return { train_order = zr.tensor(order, { dtype = "i64" }), train_epoch_order = zr.tensor(epochs, { dtype = "i64" }) },
+    { per_device_train_batch_size = tostring(a.per_device_train_batch_size), max_steps = tostring(self.total_steps),
+      gradient_accumulation_steps = tostring(a.gradient_accumulation_steps),
+      dataloader_drop_last = tostring(a.dataloader_drop_last) }
 end
 
 -- Restores the engine (weights, optimizer, scheduler, RNG) and the trainer state from a

@@ -18,7 +18,7 @@ M.DEFAULTS = {
   resume_from_checkpoint = false, eval_on_start = false, save_only_model = false, neftune_noise_alpha = false, include_num_input_tokens_seen = "no",
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
   label_smoothing_factor = 0, average_tokens_across_devices = true, train_sampling_strategy = "random",
-  length_column_name = "length", auto_find_batch_size = false,
+  length_column_name = "length", auto_find_batch_size = false, dataloader_drop_last = false,
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -37,7 +37,6 @@ M.NO_EFFECT = {
   ddp_bucket_cap_mb = "there is no DDP wrapper: the config's reduce_bucket_size sizes the buckets",
   push_to_hub = "zrun does not upload", hub_model_id = "zrun does not upload", hub_strategy = "zrun does not upload",
   hub_private_repo = "zrun does not upload",
-  dataloader_drop_last = "zrun's Trainer drops a last partial micro-batch, as dataloader_drop_last = true does",
   prediction_loss_only = "zrun's evaluation computes the loss only (there is no compute_metrics)",
   eval_accumulation_steps = "zrun's evaluation keeps no predictions to move off the device",
   ignore_data_skip = "a resumed run skips the data already trained on, as ignore_data_skip = false does",
@@ -50,8 +49,6 @@ M.NO_EFFECT = {
 M.REFUSED_VALUES = {
   save_safetensors = { [false] = "save_safetensors = false: zrun writes safetensors only" },
   push_to_hub = { [true] = "push_to_hub = true: zrun does not upload; run `huggingface-cli upload REPO OUTPUT_DIR` after training" },
-  dataloader_drop_last = { [false] = "dataloader_drop_last = false: zrun's Trainer always drops a last partial " ..
-    "micro-batch (remove the argument)" },
   ignore_data_skip = { [true] = "ignore_data_skip = true: a resumed run always continues at the data position it " ..
     "stopped at (remove the argument)" },
 }
@@ -163,7 +160,7 @@ function M.resolve(user, quiet)
       "strategy or drop length_column_name", config.show(tss))
   end
   for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices",
-    "auto_find_batch_size" } do
+    "auto_find_batch_size", "dataloader_drop_last" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   check_int(a, "seed", 0)

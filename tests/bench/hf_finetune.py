@@ -5,8 +5,11 @@ same hyperparameters, and writes per-step loss / grad norm / lr and the eval los
 as JSON.
     python3 tests/bench/hf_finetune.py MODEL_DIR BLOCKS.safetensors OUT_JSON LR WARMUP_RATIO SCHEDULER [DS_CONFIG [SCHED_KWARGS]]
 BLOCKS.safetensors (zrun's dump_blocks): train_input_ids (N, T), eval_input_ids (M, T), train_order
-(0-based rows in the order zrun read them, max_steps x micro-batch x accumulation); its metadata holds
-per_device_train_batch_size, gradient_accumulation_steps and max_steps. Weight decay 0, betas
+(0-based rows of the whole run in the order zrun read them) and train_epoch_order (each epoch's rows, an
+epoch a row: the Trainer reads epoch e's in its e-th epoch, so that it cuts them into micro-batches and
+steps as zrun did, an epoch's last micro-batch and accumulation window shorter where the rows run out);
+its metadata holds per_device_train_batch_size, gradient_accumulation_steps, max_steps and
+dataloader_drop_last. Weight decay 0, betas
 (0.9, 0.999), eps 1e-8 and clipping at 1.0, as configs/ds_config.json and the recipe set them.
 SCHEDULER: any lr_scheduler_type (used where the DeepSpeed config has no scheduler), with SCHED_KWARGS
 its lr_scheduler_kwargs as a JSON object ("-" or absent: none).
@@ -102,24 +105,30 @@ def token_loss(model, rows, pad, bf16, labels=None):
     return tot / cnt
 
 
-class Fixed(Sampler):
-    """zrun's order, as one long sequence (epoch boundaries included)."""
+class Epochs(Sampler):
+    """zrun's rows of each epoch: epoch e (set_epoch, which the Trainer calls through accelerate's loader,
+    else the count of epochs begun) reads epochs[e]."""
 
-    def __init__(self, order):
-        self.order = order
+    def __init__(self, epochs):
+        self.epochs, self.epoch = epochs, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
 
     def __iter__(self):
-        return iter(self.order)
+        e = self.epoch
+        self.epoch += 1
+        return iter(self.epochs[e])
 
     def __len__(self):
-        return len(self.order)
+        return len(self.epochs[0])
 
 
 class InOrder(Trainer):
-    order = None
+    epochs = None
 
     def _get_train_sampler(self, *args, **kwargs):
-        return Fixed(self.order)
+        return Epochs(self.epochs)
 
 
 class Record(TrainerCallback):
@@ -149,6 +158,7 @@ def main():
     with safe_open(blocks_path, "pt") as f:
         meta = f.metadata()
         train, evals, order = f.get_tensor("train_input_ids"), f.get_tensor("eval_input_ids"), f.get_tensor("train_order")
+        epochs = f.get_tensor("train_epoch_order").tolist()
         keys = f.keys()
         train_labels = f.get_tensor("train_labels").tolist() if "train_labels" in keys else None
         eval_labels = f.get_tensor("eval_labels").tolist() if "eval_labels" in keys else None
@@ -164,17 +174,18 @@ def main():
     by_hand = ragged or bool(extra) or train_labels is not None
     mbs, gas, steps = int(meta["per_device_train_batch_size"]), int(meta["gradient_accumulation_steps"]), int(meta["max_steps"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").cuda()
+    drop_last = meta["dataloader_drop_last"] == "true"
     args = TrainingArguments(
-        # eval batches of 1: dataloader_drop_last (the recipe drops a last partial micro-batch in training) applies
-        # to the eval loader too, and would leave out the last len % mbs blocks that zrun's evaluation counts
+        # eval batches of 1: dataloader_drop_last (where the recipe drops a last partial micro-batch in training)
+        # applies to the eval loader too, and would leave out the last len % mbs blocks that zrun's evaluation counts
         output_dir="/tmp/hf_finetune_out", per_device_train_batch_size=mbs, per_device_eval_batch_size=1,
         gradient_accumulation_steps=gas, learning_rate=lr, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, max_grad_norm=1.0, max_steps=steps, warmup_steps=math.ceil(warmup_ratio * steps), lr_scheduler_type=sched,
         lr_scheduler_kwargs=kwargs,
-        bf16=not fp16, fp16=fp16, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=True,
+        bf16=not fp16, fp16=fp16, logging_steps=1, save_strategy="no", eval_strategy="no", report_to=[], dataloader_drop_last=drop_last,
         seed=42, disable_tqdm=True, deepspeed=ds, **extra)
     rec = Record()
-    InOrder.order = order.tolist()
+    InOrder.epochs = epochs
     collator = None
     if ragged:
         tok = PreTrainedTokenizerFast(tokenizer_file=model_dir + "/tokenizer.json")
@@ -207,7 +218,7 @@ def main():
     skipped = getattr(tr.model_wrapped, "skipped_steps", None)  # DeepSpeed's engine: fp16 overflow steps
     if skipped is not None:
         print(f"hf: DeepSpeed skipped {skipped} steps")
-    tokens = sum(len(train_rows[i]) for i in InOrder.order[: steps * mbs * gas])
+    tokens = sum(len(train_rows[i]) for i in order.tolist())
     res = {"steps": rec.steps, "eval_loss_before": before, "eval_loss_after": after,
            "perplexity_before": math.exp(before), "perplexity_after": math.exp(after),
            "train_seconds": secs, "tokens_per_s": tokens / secs, "skipped_steps": skipped}

@@ -188,10 +188,10 @@ T.test("auto resolved from training arguments", function()
 end)
 
 T.test("auto: steps from epochs and dataset size, pending, finalize", function()
-  -- 2000 rows on 2 ranks: 1000 per rank, 250 micro-batches of 4, 31 updates of 8, × 3 epochs
+  -- 2000 rows on 2 ranks: 1000 per rank, 250 micro-batches of 4, 31 updates of 8 and one of 2, × 3 epochs
   local c = load("configs/ds_config.json", { world_size = 2, args = { train_dataset_size = 2000, warmup_steps = 7 } })
   T.eq(c.train_batch_size, 64)
-  T.eq(c.scheduler.params.total_num_steps, 93)
+  T.eq(c.scheduler.params.total_num_steps, 96)
   T.eq(c.scheduler.params.warmup_num_steps, 7)
   T.eq(c.scheduler.params.warmup_max_lr, 2e-5, "follows the optimizer lr when args has none")
   local p = load("configs/ds_config.json", { args = { warmup_ratio = 0.25 } })

@@ -1,0 +1,123 @@
+-- The end of an epoch as transformers 5.17's Trainer runs it, against its own runs
+-- (tests/golden/trainer_epochs.json, written by tests/golden/make_trainer_golden.py): a last micro-batch
+-- of fewer rows (dataloader_drop_last = false, HF's default), a last accumulation window of fewer
+-- micro-batches (an optimizer step of its own, its loss the token mean of that window), the steps per
+-- epoch and in all, the epoch counter, the learning rates, the logged losses and gradient norms and
+-- where the weights end. llama_tiny's weights, fp32 on the CPU, rows of 6 to 16 tokens taken in order
+-- and padded on the right (labels -100 there), so every micro-batch weighs by its tokens, not its rows.
+-- Also how the rows are dealt to several ranks (accelerate's even batches), worked by hand.
+local zr = require "zrun"
+local T = zr.testing
+local cjson = require "cjson"
+
+local GOLDEN = (ZRUN_HOME or ".") .. "/tests/golden/"
+local tmp = T.tmpdir()
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local golden = cjson.decode(read(GOLDEN .. "trainer_epochs.json"))
+local weights, meta = zr.load_safetensors(GOLDEN .. "llama_tiny.safetensors")
+local cfg = cjson.decode(meta.config)
+
+local function model()
+  local m = zr.models.llama.LlamaForCausalLM(cfg)
+  local sd = {}
+  for n in m:named_parameters() do sd[n] = weights[n] end
+  m:load_state_dict(sd, true)
+  return m
+end
+
+local rows = {}
+for i, r in ipairs(golden.rows) do rows[i] = { input_ids = r, idx = i - 1 } end
+local dataset = zr.datasets.Dataset.from_rows(rows)
+
+local function trained(case)
+  local seen, inner = {}, zr.datasets.causal_lm_collator { pad_token_id = golden.pad }
+  local function recording(batch_rows) -- the rows of each micro-batch, 0-based as the golden file has them
+    local b = {}
+    for k, r in ipairs(batch_rows) do b[k] = r.idx end
+    seen[#seen + 1] = b
+    return inner(batch_rows)
+  end
+  local m = model()
+  local before = {}
+  for n, p in m:named_parameters() do before[n] = p:clone() end
+  local t = zr.Trainer { model = m, train_dataset = dataset, data_collator = recording,
+    args = { output_dir = tmp .. "/" .. case.name, per_device_train_batch_size = case.per_device_train_batch_size,
+      gradient_accumulation_steps = case.gradient_accumulation_steps, num_train_epochs = case.num_train_epochs,
+      max_steps = case.max_steps, dataloader_drop_last = case.dataloader_drop_last, learning_rate = golden.learning_rate,
+      lr_scheduler_type = "linear", warmup_steps = golden.warmup_steps, weight_decay = golden.weight_decay,
+      max_grad_norm = golden.max_grad_norm, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential",
+      seed = 0 } }
+  local res = t:train()
+  local moved = 0
+  for n, p in m:named_parameters() do moved = moved + ((p - before[n]) ^ 2):sum():item() end
+  local steps = {}
+  for _, r in ipairs(t.state.log_history) do if r.loss and r.grad_norm then steps[#steps + 1] = r end end
+  return t, res, steps, seen, moved
+end
+
+for _, case in ipairs(golden.cases) do
+  T.test(("%s: %d rows, micro-batch %d, accumulation %d, %s, as transformers %s trains them"):format(case.name,
+    #rows, case.per_device_train_batch_size, case.gradient_accumulation_steps, case.max_steps > 0 and
+    ("max_steps %d"):format(case.max_steps) or ("%d epochs"):format(case.num_train_epochs), golden.transformers), function()
+    local t, res, steps, seen, moved = trained(case)
+    T.eq(res.global_step, case.global_step, "optimizer steps")
+    T.eq(t.state.max_steps, case.state_max_steps, "max_steps")
+    T.eq(#seen, #case.micro_batches, "micro-batches read")
+    for k, b in ipairs(case.micro_batches) do
+      T.eq(table.concat(seen[k], ","), table.concat(b, ","), ("rows of micro-batch %d"):format(k))
+    end
+    T.eq(#steps, case.global_step, "a logged step each")
+    for s, r in ipairs(steps) do
+      local at = (" at step %d"):format(s)
+      T.eq(r.step, s, "step" .. at)
+      T.near(r.epoch, case.epoch[s], 1e-12, 1e-12, "epoch" .. at)
+      T.near(r.learning_rate, case.learning_rate[s], 1e-15, 1e-12, "learning rate" .. at)
+      T.near(r.loss, case.loss[s], 1e-5, 2e-5, "loss" .. at)
+      T.near(r.grad_norm, case.grad_norm[s], 1e-5, 1e-4, "grad norm" .. at)
+    end
+    T.near(res.train_loss, case.train_loss, 1e-5, 2e-5, "train_loss")
+    T.near(moved, case.moved, 0, 1e-4, "sum of squared weight changes")
+  end)
+end
+
+T.test("several ranks: micro-batches dealt in turn, the last round filled from the first rows (accelerate)", function()
+  local deal = zr.datasets.deal_batches
+  local order = {}
+  for i = 1, 10 do order[i] = 100 + i end
+  local function dealt(bs, W, rank, drop)
+    return table.concat(deal(order, bs, W, rank, drop), ",")
+  end
+  -- 10 rows in micro-batches of 3: 101-103, 104-106, 107-109, 110; two ranks take 0 and 2, 1 and 3
+  T.eq(dealt(3, 1, 0, false), "101,102,103,104,105,106,107,108,109,110", "one rank: every row, the last micro-batch of one")
+  T.eq(dealt(3, 1, 0, true), "101,102,103,104,105,106,107,108,109", "drop_last: the short micro-batch goes")
+  T.eq(dealt(3, 2, 0, false), "101,102,103,107,108,109")
+  T.eq(dealt(3, 2, 1, false), "104,105,106,110,101,102", "the short one filled with the first rows")
+  T.eq(dealt(3, 2, 1, true), "104,105,106", "drop_last: only whole rounds")
+  -- three ranks: micro-batches 3 (110 + 2 rows) and 4, 5 (made from the first rows, continuing) go to ranks 0, 1, 2
+  T.eq(dealt(3, 3, 0, false), "101,102,103,110,101,102")
+  T.eq(dealt(3, 3, 1, false), "104,105,106,103,104,105")
+  T.eq(dealt(3, 3, 2, false), "107,108,109,106,107,108")
+  -- fewer rows than one round: the first rows again, cycling
+  T.eq(table.concat(deal({ 1, 2, 3 }, 2, 3, 2, false), ","), "2,3", "rank 2 of 3, 3 rows in micro-batches of 2")
+  T.eq(table.concat(deal({ 1, 2, 3 }, 2, 3, 1, false), ","), "3,1")
+  -- the step arithmetic agrees with what the ranks read
+  for _, c in ipairs { { 10, 3, 2 }, { 10, 3, 3 }, { 3, 2, 3 }, { 12, 3, 2 }, { 13, 4, 4 } } do
+    local n, bs, W = c[1], c[2], c[3]
+    for _, drop in ipairs { false, true } do
+      local o = {}
+      for i = 1, n do o[i] = i end
+      T.eq(#deal(o, bs, W, W - 1, drop) / bs, require("zrun.config").micro_batches_per_epoch(n, W, bs, drop, false),
+        ("micro-batches a rank reads: %d rows, %d a micro-batch, %d ranks, drop_last %s"):format(n, bs, W, tostring(drop)))
+    end
+  end
+end)
+
+os.execute("rm -rf '" .. tmp .. "'")
+T.done()
