@@ -11,6 +11,10 @@
 --                       the losses and gradient norms of one process with micro-batches of 2 (run
 --                       first as `zrun trainer_check.lua tokens_ref STAGE WORK`, without mpirun), as
 --                       average_tokens_across_devices makes them; without it they differ
+--   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
+--                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
+--                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
+--                       rows 1-9 and 1 in micro-batches of 2 (epoch_end_ref, without mpirun)
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
@@ -135,7 +139,44 @@ elseif mode == "tokens" or mode == "tokens_ref" then
         ("per-rank normalisation gives another gradient: %.6f vs %.6f"):format(per_rank[1][2], ref[1][2]))
     end)
   end
+elseif mode == "epoch_end" or mode == "epoch_end_ref" then
+  local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
+  local function run(rs, bs)
+    local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rs),
+      data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
+      args = { output_dir = work .. "/epoch_end", per_device_train_batch_size = bs, gradient_accumulation_steps = 2,
+        num_train_epochs = 2, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential",
+        learning_rate = 3e-3, warmup_steps = 1, deepspeed = { train_micro_batch_size_per_gpu = "auto",
+          gradient_accumulation_steps = "auto", gradient_clipping = 1.0, zero_optimization = { stage = stage } } } }
+    local r = t:train()
+    local out = { steps = r.global_step, per_epoch = t.steps_per_epoch, log = {} }
+    for _, l in ipairs(t.state.log_history) do if l.loss then out.log[#out.log + 1] = { l.loss, l.grad_norm } end end
+    return out
+  end
+  local ref_file = ("%s/epoch_end_ref%d.json"):format(work, stage)
+  if mode == "epoch_end_ref" then -- one process: the rows both ranks read, in micro-batches of their two rows
+    local rs = {}
+    for i = 1, 9 do rs[i] = rows[i] end
+    rs[10] = rows[1]
+    local f = assert(io.open(ref_file, "w"))
+    f:write(require("cjson").encode(run(rs, 2)))
+    f:close()
+  else
+    test("an epoch's last round and shorter step on " .. name .. ": the losses and gradient norms of one process", function()
+      local ref = require("cjson").decode(T.read_file(ref_file))
+      local got = run(rows, 1)
+      T.eq(ref.per_epoch, 3, "one process: 5 micro-batches of 2 an epoch, steps of 2, 2 and 1")
+      T.eq(got.per_epoch, 3, "each rank: 5 micro-batches of 1 an epoch")
+      T.eq(got.steps, 6)
+      T.eq(#got.log, 6)
+      for s = 1, 6 do
+        T.near(got.log[s][1], ref.log[s][1], 1e-5, 1e-5, "loss at step " .. s)
+        T.near(got.log[s][2], ref.log[s][2], 1e-5, 1e-5, "grad_norm at step " .. s)
+      end
+    end)
+  end
 else
-  error("trainer_check.lua: mode must be full, resume, eval, early, tokens or tokens_ref, got " .. tostring(mode), 0)
+  error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end or epoch_end_ref, got " ..
+    tostring(mode), 0)
 end
 T.done()
