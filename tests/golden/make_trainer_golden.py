@@ -10,9 +10,14 @@ float32, eager attention. The data: 18 rows of 6 to 16 token ids (written into t
 order (a SequentialSampler), padded on the right by the collator with labels -100 at the pads, so a
 micro-batch's share of a step's tokens is not its share of the rows. Each case is one Trainer run
 from the same weights (AdamW, linear schedule with 2 warmup steps, clipping at 1.0, logging every
-step); the file keeps, per optimizer step, the logged loss, grad_norm, learning_rate and epoch (the
-unrounded TrainerState.epoch), the rows of every micro-batch in the order the Trainer read them, the
-final train_loss and how far the weights moved (sum of squared differences from the start).
+step); the file keeps, per optimizer step, the loss (the sum of its micro-batches' training_step
+values: what HF logs, unrounded), grad_norm, learning_rate and epoch (the unrounded TrainerState.epoch),
+the rows of every micro-batch in the order the Trainer read them (the collator also sees the one
+accelerate's loader reads ahead at the end: cut), the final train_loss and how far the weights moved
+(sum of squared differences from the start).
+Also "dealt": how accelerate's BatchSamplerShard (what the Trainer's loader becomes on several processes;
+even_batches, its default) deals the micro-batches of rows 0..n-1 to each process, with and without
+drop_last, for a few row counts, micro-batch sizes and process counts.
 """
 import json
 import os
@@ -159,6 +164,17 @@ def main():
                 "micro_batches": col.seen[: cb.ends[-1]], "step_ends": cb.ends, "train_loss": res.training_loss, "moved": moved})
             print(name, "steps", tr.state.global_step, "micro-batches", [len(b) for b in col.seen[: cb.ends[-1]]],
                   "loss", ["%.4f" % v for v in result["cases"][-1]["loss"]])
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+    import accelerate
+    result["accelerate"] = accelerate.__version__
+    result["dealt"] = []
+    for n, bs, world in [(10, 3, 2), (10, 3, 3), (3, 2, 3), (12, 3, 2), (13, 4, 4), (9, 1, 2), (7, 2, 4)]:
+        for drop_last in (False, True):
+            ranks = [list(BatchSamplerShard(BatchSampler(range(n), bs, drop_last), num_processes=world, process_index=r))
+                     for r in range(world)]
+            result["dealt"].append({"rows": n, "batch_size": bs, "processes": world, "drop_last": drop_last,
+                                    "ranks": ranks})
     with open(os.path.join(out_dir, "trainer_epochs.json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
