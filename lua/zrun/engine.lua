@@ -235,7 +235,7 @@ function M.initialize(opts)
   local loader
   if opts.training_data then
     loader = M.dataloader(opts.training_data, { batch_size = self.micro_batch, rank = rank, world_size = W,
-      collate_fn = opts.collate_fn, seed = opts.seed or 42, shuffle = opts.shuffle })
+      collate_fn = opts.collate_fn, seed = opts.seed or 42, shuffle = opts.shuffle, drop_last = cfg.dataloader_drop_last })
     self.training_dataloader = loader
   end
   if zc.zenflow then -- DeepSpeed replaces gradient_accumulation_steps by update_interval
@@ -382,17 +382,21 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
   if #lines > 0 then error(table.concat(lines, "\n"), 0) end
 end
 
--- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples.
+-- A rank-sharded loader over a dataset of rows (zrun.datasets) or a list of samples, as DeepSpeed's
+-- deepspeed_io builds it: torch's DistributedSampler (every rank the same number of rows, padded by
+-- wrapping), micro-batches of o.batch_size, a last shorter one unless o.drop_last (the config's
+-- dataloader_drop_last).
 function M.dataloader(data, o)
   local D = require "zrun.datasets"
   local rows = data.rows or data
   local sampler = D.DistributedSampler.new(#rows, { rank = o.rank, world_size = o.world_size, seed = o.seed,
-    shuffle = o.shuffle, drop_last = true })
+    shuffle = o.shuffle })
   local collate = o.collate_fn or D.causal_lm_collator()
   local class = { __name = "DataLoader" }
+  local cut = o.drop_last and math.floor or math.ceil
   function class:set_epoch(e) sampler:set_epoch(e) end
-  function class:len() return math.floor(sampler.num_samples / o.batch_size) end -- also #loader
-  function class:iter() return D.batches({ rows = rows }, sampler, o.batch_size, collate, true) end
+  function class:len() return cut(sampler.num_samples / o.batch_size) end -- also #loader
+  function class:iter() return D.batches({ rows = rows }, sampler, o.batch_size, collate, o.drop_last) end
   return require("zrun.data").sized({ sampler = sampler, batch_size = o.batch_size }, class)
 end
 

@@ -5,7 +5,7 @@
 -- epoch and in all, the epoch counter, the learning rates, the logged losses and gradient norms and
 -- where the weights end. llama_tiny's weights, fp32 on the CPU, rows of 6 to 16 tokens taken in order
 -- and padded on the right (labels -100 there), so every micro-batch weighs by its tokens, not its rows.
--- Also how the rows are dealt to several ranks (accelerate's even batches), worked by hand.
+-- Also how the micro-batches are dealt to several ranks, against accelerate's BatchSamplerShard.
 local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
@@ -87,36 +87,27 @@ for _, case in ipairs(golden.cases) do
   end)
 end
 
-T.test("several ranks: micro-batches dealt in turn, the last round filled from the first rows (accelerate)", function()
-  local deal = zr.datasets.deal_batches
-  local order = {}
-  for i = 1, 10 do order[i] = 100 + i end
-  local function dealt(bs, W, rank, drop)
-    return table.concat(deal(order, bs, W, rank, drop), ",")
-  end
-  -- 10 rows in micro-batches of 3: 101-103, 104-106, 107-109, 110; two ranks take 0 and 2, 1 and 3
-  T.eq(dealt(3, 1, 0, false), "101,102,103,104,105,106,107,108,109,110", "one rank: every row, the last micro-batch of one")
-  T.eq(dealt(3, 1, 0, true), "101,102,103,104,105,106,107,108,109", "drop_last: the short micro-batch goes")
-  T.eq(dealt(3, 2, 0, false), "101,102,103,107,108,109")
-  T.eq(dealt(3, 2, 1, false), "104,105,106,110,101,102", "the short one filled with the first rows")
-  T.eq(dealt(3, 2, 1, true), "104,105,106", "drop_last: only whole rounds")
-  -- three ranks: micro-batches 3 (110 + 2 rows) and 4, 5 (made from the first rows, continuing) go to ranks 0, 1, 2
-  T.eq(dealt(3, 3, 0, false), "101,102,103,110,101,102")
-  T.eq(dealt(3, 3, 1, false), "104,105,106,103,104,105")
-  T.eq(dealt(3, 3, 2, false), "107,108,109,106,107,108")
-  -- fewer rows than one round: the first rows again, cycling
-  T.eq(table.concat(deal({ 1, 2, 3 }, 2, 3, 2, false), ","), "2,3", "rank 2 of 3, 3 rows in micro-batches of 2")
-  T.eq(table.concat(deal({ 1, 2, 3 }, 2, 3, 1, false), ","), "3,1")
-  -- the step arithmetic agrees with what the ranks read
-  for _, c in ipairs { { 10, 3, 2 }, { 10, 3, 3 }, { 3, 2, 3 }, { 12, 3, 2 }, { 13, 4, 4 } } do
-    local n, bs, W = c[1], c[2], c[3]
-    for _, drop in ipairs { false, true } do
-      local o = {}
-      for i = 1, n do o[i] = i end
-      T.eq(#deal(o, bs, W, W - 1, drop) / bs, require("zrun.config").micro_batches_per_epoch(n, W, bs, drop, false),
-        ("micro-batches a rank reads: %d rows, %d a micro-batch, %d ranks, drop_last %s"):format(n, bs, W, tostring(drop)))
+T.test(("several ranks: micro-batches dealt as accelerate %s's BatchSamplerShard deals them"):format(golden.accelerate),
+  function()
+  for _, c in ipairs(golden.dealt) do
+    local order = {}
+    for i = 1, c.rows do order[i] = i - 1 end
+    for r, want in ipairs(c.ranks) do
+      local flat = {}
+      for _, b in ipairs(want) do for _, i in ipairs(b) do flat[#flat + 1] = i end end
+      local what = ("%d rows, micro-batches of %d, rank %d of %d, drop_last %s"):format(c.rows, c.batch_size, r - 1,
+        c.processes, tostring(c.drop_last))
+      local got = zr.datasets.deal_batches(order, c.batch_size, c.processes, r - 1, c.drop_last)
+      T.eq(table.concat(got, ","), table.concat(flat, ","), what)
+      -- every micro-batch full, as many as the step arithmetic counts
+      for _, b in ipairs(want) do T.eq(#b, c.batch_size, what .. ": a full micro-batch") end
+      T.eq(#want, require("zrun.config").micro_batches_per_epoch(c.rows, c.processes, c.batch_size, c.drop_last, false),
+        what .. ": micro-batches an epoch")
     end
   end
+  -- one process: no dealing, the last micro-batch shorter (accelerate leaves a single process's loader alone)
+  T.eq(table.concat(zr.datasets.deal_batches({ 1, 2, 3, 4, 5 }, 2, 1, 0, false), ","), "1,2,3,4,5")
+  T.eq(table.concat(zr.datasets.deal_batches({ 1, 2, 3, 4, 5 }, 2, 1, 0, true), ","), "1,2,3,4")
 end)
 
 os.execute("rm -rf '" .. tmp .. "'")

@@ -88,4 +88,21 @@ T.test("Trainer and direct API (with and without model_parameters): same loss cu
   T.near(et.last_grad_norm, ea.last_grad_norm, 1e-5, 1e-6, "last gradient norm")
 end)
 
+T.test("the engine's training dataloader keeps a last shorter micro-batch unless dataloader_drop_last, as DeepSpeed's", function()
+  local rows = {}
+  for i = 1, 7 do rows[i] = { input_ids = { i + 2, i + 3, i + 4 } } end
+  for _, drop in ipairs { false, true } do
+    local c = ds_config()
+    c.dataloader_drop_last = drop
+    local _, _, loader = zr.initialize({ model = model(), config = c, training_data = D.Dataset.from_rows(rows), seed = 1 })
+    local sizes, seen = {}, 0
+    for batch in loader:iter() do
+      sizes[#sizes + 1] = batch.input_ids:size(1)
+      seen = seen + batch.input_ids:size(1)
+    end
+    T.eq(table.concat(sizes, ","), drop and "2,2,2" or "2,2,2,1", "micro-batch rows, dataloader_drop_last " .. tostring(drop))
+    T.eq(loader:len(), #sizes, "len()")
+  end
+end)
+
 T.done()
