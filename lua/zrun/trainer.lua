@@ -177,10 +177,10 @@ function Trainer:setup()
     a.train_sampling_strategy == "random")
   local per_epoch = zf and floor(mbs / gas) or ceil(mbs / gas)
   if self.train_dataset and per_epoch < 1 then
-    error(fmt("Trainer: %d training rows are too few for one %s (%d per device x %d ranks%s%s): use more data or a " ..
-      "smaller per_device_train_batch_size%s", n, zf and "ZenFlow update window" or "micro-batch", bs, W,
+    error(fmt("Trainer: %d training rows are too few for one %s (%d per device x %d ranks%s%s): use more data, a " ..
+      "smaller per_device_train_batch_size%s%s", n, zf and "ZenFlow update window" or "micro-batch", bs, W,
       zf and fmt(" x %d micro-batches", gas) or "", a.dataloader_drop_last and ", dataloader_drop_last" or "",
-      zf and " / update_interval" or ""), 0)
+      zf and " / update_interval" or "", a.dataloader_drop_last and " or dataloader_drop_last = false" or ""), 0)
   end
   if self.train_dataset and zf and mbs % gas ~= 0 then
     dist.print0(fmt("[zrun] Trainer: ZenFlow updates every %d micro-batches: the last %d of each epoch's %d are left " ..

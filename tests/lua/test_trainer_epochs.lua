@@ -110,5 +110,19 @@ T.test(("several ranks: micro-batches dealt as accelerate %s's BatchSamplerShard
   T.eq(table.concat(zr.datasets.deal_batches({ 1, 2, 3, 4, 5 }, 2, 1, 0, true), ","), "1,2,3,4")
 end)
 
+T.test("fewer rows than a micro-batch: one shorter step an epoch, or with dataloader_drop_last one line saying so", function()
+  local few = zr.datasets.Dataset.from_rows({ rows[1], rows[2], rows[3] })
+  local function trainer(drop)
+    return zr.Trainer { model = model(), train_dataset = few, data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
+      args = { output_dir = tmp .. "/few", per_device_train_batch_size = 4, gradient_accumulation_steps = 8,
+        num_train_epochs = 2, dataloader_drop_last = drop, save_strategy = "no", logging_steps = 1 } }
+  end
+  local r = trainer(false):train()
+  T.eq(r.global_step, 2, "an epoch of one micro-batch of 3 rows is one step")
+  T.raises(function() trainer(true):train() end,
+    "Trainer: 3 training rows are too few for one micro-batch (4 per device x 1 ranks, dataloader_drop_last): use more " ..
+    "data, a smaller per_device_train_batch_size or dataloader_drop_last = false")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()
