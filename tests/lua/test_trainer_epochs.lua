@@ -13,14 +13,7 @@ local cjson = require "cjson"
 local GOLDEN = (ZRUN_HOME or ".") .. "/tests/golden/"
 local tmp = T.tmpdir()
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local golden = cjson.decode(read(GOLDEN .. "trainer_epochs.json"))
+local golden = cjson.decode(T.read_file(GOLDEN .. "trainer_epochs.json"))
 local weights, meta = zr.load_safetensors(GOLDEN .. "llama_tiny.safetensors")
 local cfg = cjson.decode(meta.config)
 

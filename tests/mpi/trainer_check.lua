@@ -47,6 +47,23 @@ local name = ("stage %d, %d ranks"):format(stage, dist.world_size())
 -- rank 0 reports; an error on another rank ends that process, and mpirun with it
 local function test(what, fn) if dist.rank() == 0 then T.test(what, fn) else fn() end end
 
+-- The Trainer on padded rows of different lengths (sequential order, accumulation 2, ZeRO `stage`),
+-- micro-batches of bs rows, more arguments in extra: its step count, steps an epoch and per-step
+-- { loss, grad_norm }.
+local function padded_run(rs, bs, extra)
+  local a = { output_dir = work .. "/padded", per_device_train_batch_size = bs, gradient_accumulation_steps = 2,
+    logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential",
+    deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto", gradient_clipping = "auto",
+      zero_optimization = { stage = stage } } }
+  for k, v in pairs(extra) do a[k] = v end
+  local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rs),
+    data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 }, args = a }
+  local r = t:train()
+  local out = { steps = r.global_step, per_epoch = t.steps_per_epoch, log = {} }
+  for _, l in ipairs(t.state.log_history) do if l.loss then out.log[#out.log + 1] = { l.loss, l.grad_norm } end end
+  return out
+end
+
 if mode == "full" then
   test("Trainer learns on " .. name, function()
     local t = zr.Trainer { model = model(), train_dataset = blocks, args = args(work .. "/s" .. stage) }
@@ -109,17 +126,8 @@ elseif mode == "early" then
 elseif mode == "tokens" or mode == "tokens_ref" then
   local rows = T.varied_rows(tok, 12, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(bs, avg)
-    local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rows),
-      data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
-      args = { output_dir = work .. "/tokens", per_device_train_batch_size = bs, gradient_accumulation_steps = 2,
-        max_steps = 3, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential", optim = "sgd",
-        learning_rate = 0.5, lr_scheduler_type = "constant", max_grad_norm = 0, average_tokens_across_devices = avg,
-        deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
-          zero_optimization = { stage = stage } } } }
-    t:train()
-    local out = {}
-    for _, r in ipairs(t.state.log_history) do if r.loss then out[#out + 1] = { r.loss, r.grad_norm } end end
-    return out
+    return padded_run(rows, bs, { max_steps = 3, optim = "sgd", learning_rate = 0.5, lr_scheduler_type = "constant",
+      max_grad_norm = 0, average_tokens_across_devices = avg }).log
   end
   local ref_file = ("%s/tokens_ref%d.json"):format(work, stage)
   if mode == "tokens_ref" then -- one process, the 2 ranks' rows in each micro-batch
@@ -142,16 +150,7 @@ elseif mode == "tokens" or mode == "tokens_ref" then
 elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(rs, bs)
-    local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rs),
-      data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
-      args = { output_dir = work .. "/epoch_end", per_device_train_batch_size = bs, gradient_accumulation_steps = 2,
-        num_train_epochs = 2, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential",
-        learning_rate = 3e-3, warmup_steps = 1, deepspeed = { train_micro_batch_size_per_gpu = "auto",
-          gradient_accumulation_steps = "auto", gradient_clipping = 1.0, zero_optimization = { stage = stage } } } }
-    local r = t:train()
-    local out = { steps = r.global_step, per_epoch = t.steps_per_epoch, log = {} }
-    for _, l in ipairs(t.state.log_history) do if l.loss then out.log[#out.log + 1] = { l.loss, l.grad_norm } end end
-    return out
+    return padded_run(rs, bs, { num_train_epochs = 2, learning_rate = 3e-3, warmup_steps = 1 })
   end
   local ref_file = ("%s/epoch_end_ref%d.json"):format(work, stage)
   if mode == "epoch_end_ref" then -- one process: the rows both ranks read, in micro-batches of their two rows
