@@ -252,7 +252,9 @@ local ZERO = section({
   { "reduce_bucket_size", int(5e8, { min = 0, auto = true }) },
   { "contiguous_gradients", bool(true) },
   { "use_multi_rank_bucket_allreduce", bool(true) },
-  { "load_from_fp32_weights", bool(true) },
+  -- false: DeepSpeed rebuilds the fp32 master weights from the 16-bit ones on load (a resumed run then
+  -- differs from the uninterrupted one); zrun always loads the saved fp32 masters
+  { "load_from_fp32_weights", refuse_unless(true, bool(true)) },
   { "elastic_checkpoint", bool(false) },
   { "offload_param", OFFLOAD_PARAM },
   { "offload_optimizer", OFFLOAD_OPTIMIZER },
