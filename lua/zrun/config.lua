@@ -317,7 +317,7 @@ local function unimplemented(ctx, node, p, v)
   local allowed = node.off == nil and "unset (null)" or show(node.off)
   if node.effect == "error" then
     add_error(ctx, "%s = %s: zrun does not implement this and the results would differ from DeepSpeed's; " ..
-      "allowed: %s", p, show(v), allowed)
+      "allowed: %s%s", p, show(v), allowed, node.hint and "; " .. node.hint or "")
   else
     add_warning(ctx, "%s = %s: zrun does not implement this (DeepSpeed would train the same); it has no " ..
       "effect here", p, show(v))

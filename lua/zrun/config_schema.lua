@@ -51,7 +51,7 @@ local function section(entries, o)
 end
 -- Marks a feature zrun does not implement: `off` is the value that leaves training unchanged.
 local function warn_unless(off, node) node.off, node.effect = off, "warn"; return node end
-local function refuse_unless(off, node) node.off, node.effect = off, "error"; return node end
+local function refuse_unless(off, node, hint) node.off, node.effect, node.hint = off, "error", hint; return node end
 local function variant(types, o)
   o = o or {}
   o.kind, o.types, o.names = "variant", {}, {}
@@ -333,7 +333,9 @@ local SCHEMA = section {
   { "zero_allow_untested_optimizer", bool(false) },
   { "zero_force_ds_cpu_optimizer", bool(true) },
   { "dataloader_drop_last", bool(false) },
-  { "managed_gradient_accumulation", bool(true) },
+  -- false (DeepSpeed 0.19): every engine.step() ends an accumulation window, however many backward() came before
+  { "managed_gradient_accumulation", refuse_unless(true, bool(true), "zrun's engine ends a window every " ..
+    "gradient_accumulation_steps micro-batches, or where engine:set_gradient_accumulation_boundary(true) says") },
   { "graph_harvesting", warn_unless(false, bool(false)) },
   { "use_data_before_expert_parallelism", bool(false) },
   { "vocabulary_size", int(nil, { nullable = true }) },

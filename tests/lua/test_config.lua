@@ -440,6 +440,9 @@ T.test("what zrun does not implement: a warning when DeepSpeed trains the same, 
     { { optimizer = { type = "Adam", params = { bias_correction = false } } }, "optimizer.params.bias_correction = false" },
     { { optimizer = { type = "Adam", params = { adam_w_mode = false } } }, "optimizer.params.adam_w_mode = false" },
     { { optimizer = { type = "AdamW", params = { amsgrad = true } } }, "optimizer.params.amsgrad = true" },
+    { { managed_gradient_accumulation = false }, "managed_gradient_accumulation = false: zrun does not implement " ..
+      "this and the results would differ from DeepSpeed's; allowed: true; zrun's engine ends a window every " ..
+      "gradient_accumulation_steps micro-batches, or where engine:set_gradient_accumulation_boundary(true) says" },
     { { zero_optimization = { stage = 2, load_from_fp32_weights = false } },
       "zero_optimization.load_from_fp32_weights = false: zrun does not implement this and the results would differ" },
     { { progressive_layer_drop = { enabled = true } }, '"progressive_layer_drop" is set' },
