@@ -4,6 +4,9 @@ tests/lua/test_trainer_epochs.lua.
 
 Run on a machine with torch + transformers 5 (the GPU machine; the runs themselves are on the CPU):
     python3 tests/golden/make_trainer_golden.py tests/golden
+    python3 -m torch.distributed.run --nproc_per_node 2 tests/golden/make_trainer_golden.py tests/golden
+The second writes trainer_epochs_2ranks.json: RANK_CASES on two processes (gloo), each case's micro-batches
+one list a process, the logged loss (the mean over the processes, as HF logs it) per step.
 
 The model is llama_tiny (tests/golden/llama_tiny.{config.json,safetensors}: make_golden.py's weights),
 float32, eager attention. The data: 18 rows of 6 to 16 token ids (written into the file), taken in
@@ -117,12 +120,58 @@ CASES = [
     ("drop_last", 4, 2, 2, -1, True),              # 4 micro-batches an epoch, 2 steps
     ("max_steps", 3, 4, 1, 5, False),              # 6 micro-batches: windows 4, 2; 5 steps over 3 epochs
 ]
+# Under torchrun with 2 processes (trainer_epochs_2ranks.json; gloo on the CPU): micro-batches dealt to the
+# processes, the last round completed from the first rows, the step's token count summed over both.
+RANK_CASES = [
+    ("two_ranks_window", 1, 2, 2, -1, False),      # 18 micro-batches of 1: 9 a rank, windows 2, 2, 2, 2, 1
+    ("two_ranks_round", 4, 2, 2, -1, False),       # 5 micro-batches of 4, the last of 2 rows: 3 a rank, the
+                                                   # last round filled from rows 0-5; windows 2, 1
+    ("two_ranks_drop_last", 4, 2, 2, -1, True),    # 4 micro-batches: 2 a rank, one step an epoch
+]
+
+
+def train_case(cfg_dir, rs, name, bs, gas, epochs, max_steps, drop_last):
+    m = model(cfg_dir)
+    p0 = [p.detach().clone() for p in m.parameters()]
+    col, ref = Collate(), []
+    cb = Steps(ref)
+    with tempfile.TemporaryDirectory() as od:
+        args = TrainingArguments(output_dir=od, per_device_train_batch_size=bs, gradient_accumulation_steps=gas,
+                                 num_train_epochs=epochs, max_steps=max_steps, dataloader_drop_last=drop_last,
+                                 learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=2,
+                                 weight_decay=0.1, max_grad_norm=1.0, logging_steps=1, save_strategy="no",
+                                 report_to=[], use_cpu=True, seed=0, remove_unused_columns=False,
+                                 optim="adamw_torch", dataloader_num_workers=0,
+                                 ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None)
+        tr = InOrder(model=m, args=args, train_dataset=Rows(rs), data_collator=col, callbacks=[cb])
+        tr.mb_losses = []
+        ref.append(tr)
+        res = tr.train()
+    steps = [h for h in tr.state.log_history if "loss" in h and "grad_norm" in h]
+    assert len(steps) == tr.state.global_step == len(cb.ends), (len(steps), tr.state.global_step, len(cb.ends))
+    step_loss, a = [], 0
+    for b in cb.ends:
+        step_loss.append(sum(tr.mb_losses[a:b]))
+        a = b
+    moved = sum(float(((p.detach() - q) ** 2).sum()) for p, q in zip(m.parameters(), p0))
+    case = {"name": name, "per_device_train_batch_size": bs, "gradient_accumulation_steps": gas,
+            "num_train_epochs": epochs, "max_steps": max_steps, "dataloader_drop_last": drop_last,
+            "global_step": tr.state.global_step, "state_max_steps": tr.state.max_steps,
+            "loss": step_loss, "logged_loss": [h["loss"] for h in steps],
+            "grad_norm": [float(h["grad_norm"]) for h in steps],
+            "learning_rate": [h["learning_rate"] for h in steps], "epoch": cb.epochs,
+            "micro_batches": col.seen[: cb.ends[-1]], "step_ends": cb.ends, "train_loss": res.training_loss,
+            "moved": moved}
+    print(name, "steps", tr.state.global_step, "micro-batches", [len(b) for b in case["micro_batches"]],
+          "loss", ["%.4f" % v for v in case["logged_loss"]])
+    return case
 
 
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else "tests/golden"
     torch.manual_seed(0)
     rs = rows()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     with tempfile.TemporaryDirectory() as cfg_dir:
         with open(os.path.join(out_dir, "llama_tiny.config.json")) as f:
             cfg = json.load(f)
@@ -132,38 +181,23 @@ def main():
         shutil.copy(os.path.join(out_dir, "llama_tiny.safetensors"), cfg_dir)
         result = {"transformers": transformers.__version__, "torch": torch.__version__, "rows": rs, "pad": PAD,
                   "learning_rate": 5e-3, "warmup_steps": 2, "weight_decay": 0.1, "max_grad_norm": 1.0, "cases": []}
-        for name, bs, gas, epochs, max_steps, drop_last in CASES:
-            m = model(cfg_dir)
-            p0 = [p.detach().clone() for p in m.parameters()]
-            col, ref = Collate(), []
-            cb = Steps(ref)
-            with tempfile.TemporaryDirectory() as od:
-                args = TrainingArguments(output_dir=od, per_device_train_batch_size=bs, gradient_accumulation_steps=gas,
-                                         num_train_epochs=epochs, max_steps=max_steps, dataloader_drop_last=drop_last,
-                                         learning_rate=5e-3, lr_scheduler_type="linear", warmup_steps=2,
-                                         weight_decay=0.1, max_grad_norm=1.0, logging_steps=1, save_strategy="no",
-                                         report_to=[], use_cpu=True, seed=0, remove_unused_columns=False,
-                                         optim="adamw_torch", dataloader_num_workers=0)
-                tr = InOrder(model=m, args=args, train_dataset=Rows(rs), data_collator=col, callbacks=[cb])
-                tr.mb_losses = []
-                ref.append(tr)
-                res = tr.train()
-            steps = [h for h in tr.state.log_history if "loss" in h and "grad_norm" in h]
-            assert len(steps) == tr.state.global_step == len(cb.ends), (len(steps), tr.state.global_step, len(cb.ends))
-            step_loss, a = [], 0
-            for b in cb.ends:
-                step_loss.append(sum(tr.mb_losses[a:b]))
-                a = b
-            moved = sum(float(((p.detach() - q) ** 2).sum()) for p, q in zip(m.parameters(), p0))
-            result["cases"].append({
-                "name": name, "per_device_train_batch_size": bs, "gradient_accumulation_steps": gas,
-                "num_train_epochs": epochs, "max_steps": max_steps, "dataloader_drop_last": drop_last,
-                "global_step": tr.state.global_step, "state_max_steps": tr.state.max_steps,
-                "loss": step_loss, "logged_loss": [h["loss"] for h in steps], "grad_norm": [float(h["grad_norm"]) for h in steps],
-                "learning_rate": [h["learning_rate"] for h in steps], "epoch": cb.epochs,
-                "micro_batches": col.seen[: cb.ends[-1]], "step_ends": cb.ends, "train_loss": res.training_loss, "moved": moved})
-            print(name, "steps", tr.state.global_step, "micro-batches", [len(b) for b in col.seen[: cb.ends[-1]]],
-                  "loss", ["%.4f" % v for v in result["cases"][-1]["loss"]])
+        if world > 1:
+            import torch.distributed as dist
+            for c in RANK_CASES:
+                case = train_case(cfg_dir, rs, *c)
+                every = [None] * world
+                dist.all_gather_object(every, case["micro_batches"])
+                case["micro_batches"] = every  # one list a rank
+                del case["loss"]  # (this process's share; logged_loss is the mean over the processes, as HF logs it)
+                result["cases"].append(case)
+            result["processes"] = world
+            if dist.get_rank() == 0:
+                with open(os.path.join(out_dir, "trainer_epochs_%dranks.json" % world), "w") as f:
+                    json.dump(result, f, indent=1)
+                    f.write("\n")
+            return
+        for c in CASES:
+            result["cases"].append(train_case(cfg_dir, rs, *c))
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler
     import accelerate

@@ -8,75 +8,17 @@
 -- Also how the micro-batches are dealt to several ranks, against accelerate's BatchSamplerShard.
 local zr = require "zrun"
 local T = zr.testing
-local cjson = require "cjson"
+local TG = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "trainer_golden.lua")
 
-local GOLDEN = (ZRUN_HOME or ".") .. "/tests/golden/"
 local tmp = T.tmpdir()
-
-local golden = cjson.decode(T.read_file(GOLDEN .. "trainer_epochs.json"))
-local weights, meta = zr.load_safetensors(GOLDEN .. "llama_tiny.safetensors")
-local cfg = cjson.decode(meta.config)
-
-local function model()
-  local m = zr.models.llama.LlamaForCausalLM(cfg)
-  local sd = {}
-  for n in m:named_parameters() do sd[n] = weights[n] end
-  m:load_state_dict(sd, true)
-  return m
-end
-
-local rows = {}
-for i, r in ipairs(golden.rows) do rows[i] = { input_ids = r, idx = i - 1 } end
-local dataset = zr.datasets.Dataset.from_rows(rows)
-
-local function trained(case)
-  local seen, inner = {}, zr.datasets.causal_lm_collator { pad_token_id = golden.pad }
-  local function recording(batch_rows) -- the rows of each micro-batch, 0-based as the golden file has them
-    local b = {}
-    for k, r in ipairs(batch_rows) do b[k] = r.idx end
-    seen[#seen + 1] = b
-    return inner(batch_rows)
-  end
-  local m = model()
-  local before = {}
-  for n, p in m:named_parameters() do before[n] = p:clone() end
-  local t = zr.Trainer { model = m, train_dataset = dataset, data_collator = recording,
-    args = { output_dir = tmp .. "/" .. case.name, per_device_train_batch_size = case.per_device_train_batch_size,
-      gradient_accumulation_steps = case.gradient_accumulation_steps, num_train_epochs = case.num_train_epochs,
-      max_steps = case.max_steps, dataloader_drop_last = case.dataloader_drop_last, learning_rate = golden.learning_rate,
-      lr_scheduler_type = "linear", warmup_steps = golden.warmup_steps, weight_decay = golden.weight_decay,
-      max_grad_norm = golden.max_grad_norm, logging_steps = 1, save_strategy = "no", train_sampling_strategy = "sequential",
-      seed = 0 } }
-  local res = t:train()
-  local moved = 0
-  for n, p in m:named_parameters() do moved = moved + ((p - before[n]) ^ 2):sum():item() end
-  local steps = {}
-  for _, r in ipairs(t.state.log_history) do if r.loss and r.grad_norm then steps[#steps + 1] = r end end
-  return t, res, steps, seen, moved
-end
+local golden = TG.load("trainer_epochs.json")
+local rows = golden.dataset.rows
 
 for _, case in ipairs(golden.cases) do
   T.test(("%s: %d rows, micro-batch %d, accumulation %d, %s, as transformers %s trains them"):format(case.name,
     #rows, case.per_device_train_batch_size, case.gradient_accumulation_steps, case.max_steps > 0 and
     ("max_steps %d"):format(case.max_steps) or ("%d epochs"):format(case.num_train_epochs), golden.transformers), function()
-    local t, res, steps, seen, moved = trained(case)
-    T.eq(res.global_step, case.global_step, "optimizer steps")
-    T.eq(t.state.max_steps, case.state_max_steps, "max_steps")
-    T.eq(#seen, #case.micro_batches, "micro-batches read")
-    for k, b in ipairs(case.micro_batches) do
-      T.eq(table.concat(seen[k], ","), table.concat(b, ","), ("rows of micro-batch %d"):format(k))
-    end
-    T.eq(#steps, case.global_step, "a logged step each")
-    for s, r in ipairs(steps) do
-      local at = (" at step %d"):format(s)
-      T.eq(r.step, s, "step" .. at)
-      T.near(r.epoch, case.epoch[s], 1e-12, 1e-12, "epoch" .. at)
-      T.near(r.learning_rate, case.learning_rate[s], 1e-15, 1e-12, "learning rate" .. at)
-      T.near(r.loss, case.loss[s], 1e-5, 2e-5, "loss" .. at)
-      T.near(r.grad_norm, case.grad_norm[s], 1e-5, 1e-4, "grad norm" .. at)
-    end
-    T.near(res.train_loss, case.train_loss, 1e-5, 2e-5, "train_loss")
-    T.near(moved, case.moved, 0, 1e-4, "sum of squared weight changes")
+    TG.check(golden, case, tmp .. "/" .. case.name)
   end)
 end
 
@@ -106,7 +48,7 @@ end)
 T.test("fewer rows than a micro-batch: one shorter step an epoch, or with dataloader_drop_last one line saying so", function()
   local few = zr.datasets.Dataset.from_rows({ rows[1], rows[2], rows[3] })
   local function trainer(drop)
-    return zr.Trainer { model = model(), train_dataset = few, data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
+    return zr.Trainer { model = golden.model(), train_dataset = few, data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
       args = { output_dir = tmp .. "/few", per_device_train_batch_size = 4, gradient_accumulation_steps = 8,
         num_train_epochs = 2, dataloader_drop_last = drop, save_strategy = "no", logging_steps = 1 } }
   end

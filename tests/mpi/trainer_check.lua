@@ -11,6 +11,9 @@
 --                       the losses and gradient norms of one process with micro-batches of 2 (run
 --                       first as `zrun trainer_check.lua tokens_ref STAGE WORK`, without mpirun), as
 --                       average_tokens_across_devices makes them; without it they differ
+--   hf_epochs 0 WORK    transformers' own Trainer on 2 processes (tests/golden/trainer_epochs_2ranks.json):
+--                       each rank's micro-batches, the logged losses, grad norms, learning rates, epochs,
+--                       train_loss and the weights' movement, case by case (tests/lua/trainer_golden.lua)
 --   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
 --                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
 --                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
@@ -147,6 +150,13 @@ elseif mode == "tokens" or mode == "tokens_ref" then
         ("per-rank normalisation gives another gradient: %.6f vs %.6f"):format(per_rank[1][2], ref[1][2]))
     end)
   end
+elseif mode == "hf_epochs" then
+  local TG = dofile((ZRUN_HOME or ".") .. "/tests/lua/trainer_golden.lua")
+  local g = TG.load("trainer_epochs_2ranks.json")
+  for _, case in ipairs(g.cases) do
+    test(("%s on %d ranks: as transformers %s's Trainer on %d processes"):format(case.name, dist.world_size(),
+      g.transformers, g.processes), function() TG.check(g, case, work .. "/" .. case.name) end)
+  end
 elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(rs, bs)
@@ -175,7 +185,8 @@ elseif mode == "epoch_end" or mode == "epoch_end_ref" then
     end)
   end
 else
-  error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end or epoch_end_ref, got " ..
+  error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end, epoch_end_ref or " ..
+    "hf_epochs, got " ..
     tostring(mode), 0)
 end
 T.done()
