@@ -17,20 +17,18 @@ local ARG_DEFAULTS = {
 M.ARG_DEFAULTS = ARG_DEFAULTS
 
 -- Micro-batches of mb rows each rank reads in an epoch of n rows, as transformers' Trainer over
--- accelerate reads them: the rows cut into micro-batches (a last partial one kept, or dropped with
+-- accelerate reads them: the rows cut into micro-batches (a last shorter one kept, or dropped with
 -- dataloader_drop_last), dealt to the ranks in turn, the last round completed (even_batches) or, with
--- drop_last, dropped. shard_rows: each rank first takes its share of the rows (torch's
--- DistributedSampler, padded by wrapping or cut with drop_last), then cuts it into micro-batches.
-function M.micro_batches_per_epoch(n, world, mb, drop_last, shard_rows)
+-- drop_last, dropped. (The same count as torch's DistributedSampler, which shards the rows first.)
+function M.micro_batches_per_epoch(n, world, mb, drop_last)
   local cut = drop_last and floor or ceil
-  if shard_rows then return cut(cut(n / world) / mb) end
   return cut(cut(n / mb) / world)
 end
 
 -- Optimizer steps per epoch as transformers 5's Trainer runs them: every ga micro-batches, and once
 -- more for the epoch's last ga - 1 or fewer (a shorter last accumulation window).
-function M.steps_per_epoch(n, world, mb, ga, drop_last, shard_rows)
-  return ceil(M.micro_batches_per_epoch(n, world, mb, drop_last, shard_rows) / ga)
+function M.steps_per_epoch(n, world, mb, ga, drop_last)
+  return ceil(M.micro_batches_per_epoch(n, world, mb, drop_last) / ga)
 end
 
 -- Warmup steps as TrainingArguments.get_warmup_steps: warmup_steps when >= 1 (its integer part);
@@ -141,8 +139,7 @@ local function num_training_steps(ctx, vals)
   local n = ctx.args.train_dataset_size
   local mb, ga = vals.train_micro_batch_size_per_gpu, vals.gradient_accumulation_steps
   if n and type(mb) == "number" and type(ga) == "number" then
-    local per_epoch = math.max(M.steps_per_epoch(n, ctx.world_size, mb, ga, ctx.args.dataloader_drop_last,
-      (ctx.args.train_sampling_strategy or "random") == "random"), 1)
+    local per_epoch = math.max(M.steps_per_epoch(n, ctx.world_size, mb, ga, ctx.args.dataloader_drop_last), 1)
     local epochs = arg(ctx, "num_train_epochs")
     return ceil(epochs * per_epoch), fmt("%s epochs × %d updates per epoch", fmtnum(epochs), per_epoch), true
   end

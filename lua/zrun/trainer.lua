@@ -173,8 +173,7 @@ function Trainer:setup()
   -- micro-batches of an epoch are left out (said below).
   local n = self.train_dataset and #self.train_dataset.rows or 0
   local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
-  local mbs = require("zrun.config").micro_batches_per_epoch(n, W, bs, a.dataloader_drop_last,
-    a.train_sampling_strategy == "random")
+  local mbs = require("zrun.config").micro_batches_per_epoch(n, W, bs, a.dataloader_drop_last)
   local per_epoch = zf and floor(mbs / gas) or ceil(mbs / gas)
   if self.train_dataset and per_epoch < 1 then
     error(fmt("Trainer: %d training rows are too few for one %s (%d per device x %d ranks%s%s): use more data, a " ..
@@ -618,43 +617,36 @@ function Trainer:train(resume)
 end
 
 -- The training rows this rank reads in an epoch (1-based, in order): micro-batch m (0-based) is rows
--- m x per_device_train_batch_size + 1 .. (the last one shorter where the rows run out). Orders:
--- train_sampling_strategy "random": the shuffled sampler's rows for this rank (torch's DistributedSampler:
--- seed data_seed or seed, plus the epoch; padded by wrapping to a multiple of the ranks, or cut with
--- dataloader_drop_last), in micro-batches; "sequential": the rows in order; "group_by_length":
--- transformers' LengthGroupedSampler over micro-batch x accumulation rows (shuffled as "random" is, then
--- sorted by length within mega-batches, the longest row first). The last two cut the whole order into
--- micro-batches and deal them to the ranks in turn, as accelerate shards a sampler's batches: with
--- several ranks the last round is completed from the first rows (every rank's micro-batches full), or
--- dropped with dataloader_drop_last.
+-- m x per_device_train_batch_size + 1 .. (the last one shorter where the rows run out). The epoch's
+-- order: train_sampling_strategy "random": a permutation (seed data_seed or seed, plus the epoch);
+-- "sequential": the rows in order; "group_by_length": transformers' LengthGroupedSampler over micro-batch
+-- x accumulation rows (shuffled as "random" is, then sorted by length within mega-batches, the longest
+-- row first). It is cut into micro-batches dealt to the ranks in turn, as accelerate shards the
+-- Trainer's loader (datasets.deal_batches): with several ranks the last round is completed from the
+-- first rows (every rank's micro-batches full), or dropped with dataloader_drop_last.
 function Trainer:epoch_order(epoch)
   self:setup()
   local a = self.args
   local rows, W, rank, bs = self.train_dataset.rows, dist.world_size(), dist.rank(), a.per_device_train_batch_size
   local seed = a.data_seed or a.seed
-  local idx
-  if a.train_sampling_strategy == "random" then
-    local sampler = datasets.DistributedSampler.new(#rows, { rank = rank, world_size = W, seed = seed,
-      drop_last = a.dataloader_drop_last })
-    sampler:set_epoch(epoch)
-    idx = sampler:indices()
+  local order
+  if a.train_sampling_strategy == "sequential" then
+    order = {}
+    for i = 1, #rows do order[i] = i end
   else
-    local order
-    if a.train_sampling_strategy == "sequential" then
-      order = {}
-      for i = 1, #rows do order[i] = i end
+    local perm = C.randperm(#rows, seed * 1000003 + epoch):flat_table()
+    if a.train_sampling_strategy == "random" then order = perm
     else
       if not self.row_lengths then -- the length column when the rows have one, else the input_ids' length
         local col, len = a.length_column_name, {}
         for i, r in ipairs(rows) do len[i] = type(r[col]) == "number" and r[col] or #r.input_ids end
         self.row_lengths = len
       end
-      order = datasets.length_grouped_indices(self.row_lengths, bs * a.gradient_accumulation_steps,
-        C.randperm(#rows, seed * 1000003 + epoch):flat_table())
+      order = datasets.length_grouped_indices(self.row_lengths, bs * a.gradient_accumulation_steps, perm)
     end
-    idx = datasets.deal_batches(order, bs, W, rank, a.dataloader_drop_last)
   end
-  for k = #idx, self.micro_per_epoch * bs + 1, -1 do idx[k] = nil end -- (dropped rows; ZenFlow's whole windows)
+  local idx = datasets.deal_batches(order, bs, W, rank, a.dataloader_drop_last)
+  for k = #idx, self.micro_per_epoch * bs + 1, -1 do idx[k] = nil end -- (ZenFlow's whole windows)
   return idx
 end
 

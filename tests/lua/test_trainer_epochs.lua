@@ -36,7 +36,7 @@ T.test(("several ranks: micro-batches dealt as accelerate %s's BatchSamplerShard
       T.eq(table.concat(got, ","), table.concat(flat, ","), what)
       -- every micro-batch full, as many as the step arithmetic counts
       for _, b in ipairs(want) do T.eq(#b, c.batch_size, what .. ": a full micro-batch") end
-      T.eq(#want, require("zrun.config").micro_batches_per_epoch(c.rows, c.processes, c.batch_size, c.drop_last, false),
+      T.eq(#want, require("zrun.config").micro_batches_per_epoch(c.rows, c.processes, c.batch_size, c.drop_last),
         what .. ": micro-batches an epoch")
     end
   end
