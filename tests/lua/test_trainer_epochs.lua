@@ -45,6 +45,36 @@ T.test(("several ranks: micro-batches dealt as accelerate %s's BatchSamplerShard
   T.eq(table.concat(zr.datasets.deal_batches({ 1, 2, 3, 4, 5 }, 2, 1, 0, true), ","), "1,2,3,4")
 end)
 
+T.test("save and eval strategy \"epoch\" end on the shorter step; resuming after it gives transformers' steps", function()
+  local case = golden.cases[2] -- partial_window: 3 steps an epoch, the 3rd of one micro-batch
+  assert(case.name == "partial_window")
+  local out = tmp .. "/epoch_strategy"
+  local a = TG.args(golden, case, out)
+  a.save_strategy, a.eval_strategy = "epoch", "epoch"
+  local collator = zr.datasets.causal_lm_collator { pad_token_id = golden.pad }
+  local t = zr.Trainer { model = golden.model(), train_dataset = golden.dataset, eval_dataset = golden.dataset,
+    data_collator = collator, args = a }
+  t:train()
+  local kept, evals = {}, {}
+  for _, e in ipairs(require("zrun.trainer_checkpoint").list(out)) do kept[#kept + 1] = e.step end
+  for _, h in ipairs(t.state.log_history) do if h.eval_loss then evals[#evals + 1] = h.step end end
+  T.eq(table.concat(kept, ","), "3,6", "checkpoints at the epochs' ends")
+  T.eq(table.concat(evals, ","), "3,6", "evaluations at the epochs' ends")
+  local b = TG.args(golden, case, out)
+  b.save_strategy = "no"
+  local t2 = zr.Trainer { model = golden.model(), train_dataset = golden.dataset, data_collator = collator, args = b }
+  t2:train { resume_from_checkpoint = out .. "/checkpoint-3" }
+  local n = 0
+  for _, h in ipairs(t2.state.log_history) do
+    if h.loss and h.grad_norm then
+      n = n + 1
+      T.near(h.loss, case.logged_loss[h.step], 1e-5, 2e-5, ("loss at step %d"):format(h.step))
+    end
+  end
+  T.eq(n, 6, "steps 1-3 from checkpoint-3's trainer_state.json, then 4-6 trained")
+  T.eq(t2.state.global_step, 6)
+end)
+
 T.test("fewer rows than a micro-batch: one shorter step an epoch, or with dataloader_drop_last one line saying so", function()
   local few = zr.datasets.Dataset.from_rows({ rows[1], rows[2], rows[3] })
   local function trainer(drop)
