@@ -652,14 +652,16 @@ end
 
 -- Every training row this rank reads over the whole run, in order, and the rows of each micro-batch
 -- (per_device_train_batch_size but an epoch's last one; gradient_accumulation_steps micro-batches per
--- step, but an epoch's last step): to feed another trainer the same data in the same order.
+-- step, but an epoch's last step): to feed another trainer the same data in the same order. Third:
+-- the whole order of each epoch the run starts (epoch_order's, one list an epoch).
 function Trainer:data_order()
   self:setup()
-  local a, out, sizes = self.args, {}, {}
+  local a, out, sizes, epochs = self.args, {}, {}, {}
   local bs, gas, M = a.per_device_train_batch_size, a.gradient_accumulation_steps, self.micro_per_epoch
   local steps, epoch = 0, 0
   while steps < self.total_steps do
     local idx = self:epoch_order(epoch)
+    epochs[epoch + 1] = idx
     for m = 0, M - 1 do
       local first, last = m * bs + 1, math.min(m * bs + bs, #idx)
       for k = first, last do out[#out + 1] = idx[k] end
@@ -671,7 +673,7 @@ function Trainer:data_order()
     end
     epoch = epoch + 1
   end
-  return out, sizes
+  return out, sizes, epochs
 end
 
 -- What a side-by-side run elsewhere needs to read the same rows the same way (the recipes'
@@ -679,13 +681,9 @@ end
 -- order) and train_epoch_order (each epoch's rows, one epoch a row, as many epochs as the run starts),
 -- and the arguments that cut them into micro-batches and steps, as strings (safetensors metadata).
 function Trainer:order_tensors()
-  local order = self:data_order()
-  for k, v in ipairs(order) do order[k] = v - 1 end
-  local epochs = {}
-  for e = 0, ceil(self.total_steps / self.steps_per_epoch) - 1 do
-    local idx = self:epoch_order(e)
-    for k, v in ipairs(idx) do idx[k] = v - 1 end
-    epochs[e + 1] = idx
+  local order, _, epochs = self:data_order()
+  for _, t in ipairs { order, unpack(epochs) } do
+    for k, v in ipairs(t) do t[k] = v - 1 end
   end
   local a = self.args
   return { train_order = zr.tensor(order, { dtype = "i64" }), train_epoch_order = zr.tensor(epochs, { dtype = "i64" }) },

@@ -24,6 +24,7 @@ drop_last, for a few row counts, micro-batch sizes and process counts.
 """
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -177,7 +178,6 @@ def main():
             cfg = json.load(f)
         with open(os.path.join(cfg_dir, "config.json"), "w") as f:
             json.dump(cfg, f)
-        import shutil
         shutil.copy(os.path.join(out_dir, "llama_tiny.safetensors"), cfg_dir)
         result = {"transformers": transformers.__version__, "torch": torch.__version__, "rows": rs, "pad": PAD,
                   "learning_rate": 5e-3, "warmup_steps": 2, "weight_decay": 0.1, "max_grad_norm": 1.0, "cases": []}
@@ -203,11 +203,11 @@ def main():
     import accelerate
     result["accelerate"] = accelerate.__version__
     result["dealt"] = []
-    for n, bs, world in [(10, 3, 2), (10, 3, 3), (3, 2, 3), (12, 3, 2), (13, 4, 4), (9, 1, 2), (7, 2, 4)]:
+    for n, bs, procs in [(10, 3, 2), (10, 3, 3), (3, 2, 3), (12, 3, 2), (13, 4, 4), (9, 1, 2), (7, 2, 4)]:
         for drop_last in (False, True):
-            ranks = [list(BatchSamplerShard(BatchSampler(range(n), bs, drop_last), num_processes=world, process_index=r))
-                     for r in range(world)]
-            result["dealt"].append({"rows": n, "batch_size": bs, "processes": world, "drop_last": drop_last,
+            ranks = [list(BatchSamplerShard(BatchSampler(range(n), bs, drop_last), num_processes=procs, process_index=r))
+                     for r in range(procs)]
+            result["dealt"].append({"rows": n, "batch_size": bs, "processes": procs, "drop_last": drop_last,
                                     "ranks": ranks})
     with open(os.path.join(out_dir, "trainer_epochs.json"), "w") as f:
         json.dump(result, f, indent=1)
