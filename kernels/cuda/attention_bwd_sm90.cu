@@ -46,14 +46,13 @@ static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
 struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
 };
-/* Item w (0 .. nbh·nT − 1, nbh = B·Hkv·nsplit) at position w of sched_pos/sched_rank's order
- * (attention_bwd_sm90.cuh): (b·Hkv + hk)·nsplit + split = w / nT, key tile j = its rank (rank 0, the
- * heaviest, is key tile 0: nT query tiles). Item counts fit an int: 2^31 items would be 2^31 × 128
- * query rows, terabytes of Q. */
-static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int G, int nsplit) {
+/* Item code x·nT + j (ws_sched_item, attention_bwd_sm90.cuh): x = (b·Hkv + hk)·nsplit + split,
+ * key tile j (weight rank j: key tile 0, the heaviest, has nT query tiles). Item counts fit an int:
+ * 2^31 items would be 2^31 × 128 query rows, terabytes of Q. */
+static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, int G, int nsplit) {
     ws_item t;
-    const int x = w / nT;
-    t.j = sched_rank(w % nT, x, nT);
+    const int x = code / nT;
+    t.j = code - x * nT;
     t.split = x % nsplit;
     t.bhk = x / nsplit;
     t.b = t.bhk / Hkv;
@@ -66,12 +65,13 @@ static __device__ __forceinline__ ws_item ws_decode(int w, int nT, int Hkv, int 
 }
 
 /* Persistent: grid = attn_sm90_blocks(1, items) blocks (one per SM, at most one per pair of items),
- * block blk runs items sched_pos(r, nitems), r = 0, 1, ... (pairs of equal cost, neighbouring heads
- * at one time: see attention_bwd_sm90.cuh; against heaviest-first over all heads dealt in rounds,
- * session 12 measured GPT-2's MHA backward 1.29 -> 1.04-1.07 ms and T = 8192 6.84 -> 6.60, the rest
- * alike); every role walks the same item sequence and keeps running counters across items: the
- * block's step c (all items' steps in order) picks ring stage c % WS_ST with phase (c / WS_ST) & 1,
- * dQ buffer phase c & 1 and dS^T buffer c & 1; the item count r gives the K/V barriers' phase r & 1.
+ * block blk runs items ws_sched_item(sc, r), r = 0, 1, ... (pairs of equal cost, neighbouring
+ * heads at one time, then single tiles heaviest first: see attention_bwd_sm90.cuh; against
+ * heaviest-first over all heads dealt in rounds, session 12 measured GPT-2's MHA backward 1.29 ->
+ * 1.04-1.07 ms and T = 8192 6.84 -> 6.60, the rest alike); every role walks the same item
+ * sequence and keeps running counters across items: the block's step c (all items' steps in
+ * order) picks ring stage c % WS_ST with phase (c / WS_ST) & 1, dQ buffer phase c & 1 and dS^T
+ * buffer c & 1; the item count r gives the K/V barriers' phase r & 1.
  *   producer warp: per item, K and V (TMA, barrier kvfull; r > 0: after the item's first ring
  *     stage, once kvempty says the previous item's products have read K and V), and an L2 prefetch
  *     of the next item's K and V (each K/V tile is read by one item per split: from HBM); per step
@@ -108,8 +108,9 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tv,
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
-                       int T_, int nT, int nitems, int Hq, int Hkv, int G, int nsplit,
+                       int T_, const ws_sched sc, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
+    const int nT = sc.nT;
     ZR_SMEM_1024(base);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
     uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
@@ -153,11 +154,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
             };
             int c = 0; /* the block's step */
-            for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+            for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
                 const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 if (r == 0 && lane == 0) load_kv(t);
-                const int wn = sched_pos(r + 1, nitems);
-                if (wn < nitems && lane == 0) {
+                const int wn = ws_sched_item(sc, r + 1);
+                if (wn >= 0 && lane == 0) {
                     const ws_item u = ws_decode(wn, nT, Hkv, G, nsplit);
                     tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
                     tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             cp_async_wait<0>(); /* no copy of this thread outlives it */
         } else if (warp_id == WS_DQWARP) {
             int c = 0;
-            for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+            for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
                 const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 for (int it = 0; it < t.niter; ++it, ++c) {
                     const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
@@ -226,7 +227,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK);
     int c = 0; /* the block's step */
-    for (int r = 0, w; (w = sched_pos(r, nitems)) < nitems; ++r) {
+    for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
         const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
@@ -344,8 +345,8 @@ extern "C" int attn_sm90_blocks(int bwd, int64_t tiles) {
     const int n = cap > 0 ? cap : num_sms();
     if (tiles <= n) return (int)tiles; /* a block per tile */
     if (!bwd) return n;
-    /* the backward's blocks run pairs of items (sched_pos): every block has one while there are no
-     * more blocks than pairs */
+    /* the backward's blocks run pairs of items (ws_sched_item): every block has one while there are
+     * no more blocks than pairs */
     return (int)((tiles + 1) / 2 < n ? (tiles + 1) / 2 : n);
 }
 
@@ -404,6 +405,29 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
                : 0;
 }
 
+/* The schedule's phases (attention_bwd_sm90.cuh) for nbh heads of nT tiles on nblk blocks: the
+ * tail takes about WS_TAIL rounds of single tiles (whole heads, one more when nT is odd to keep the
+ * pair phase's positions even). The busiest block against the mean, modelled in tile steps on 132
+ * blocks: B4 H32/8 T8192 +3.1% -> +0.7%, T4096 +3.1% -> +0.8%, B64 H12 T1024 +3.1% -> +0.7%.
+ * Measured (tests/bench/RESULTS.md, session 34; medians of 10 alternating rounds) with 2 rounds:
+ * backward -2.2% at T8192, -1.5% at GPT-2's shape, -0.9% at T2048; 4 and 6 rounds model better
+ * but measured worse (-1.1% / +0.2% at T8192: more heads at once in the tail, fewer of their
+ * operands in L2). */
+#define WS_TAIL 2
+static ws_sched ws_schedule(int nbh, int nT, int nblk) {
+    int ht = (int)(((int64_t)WS_TAIL * nblk + nT - 1) / nT);
+    if (ht > nbh) ht = nbh;
+    if ((nT & 1) && ((nbh - ht) & 1)) ++ht; /* nbh - ht odd and >= 1, so ht < nbh before */
+    ws_sched s;
+    s.nT = nT;
+    s.nitems = nbh * nT;
+    s.ht = ht;
+    s.hp = nbh - ht;
+    s.u1 = (s.hp * nT + 1) / 2;
+    s.start = s.u1 % nblk;
+    return s;
+}
+
 template <typename T>
 static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                        const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
@@ -413,11 +437,12 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
     /* the tile and item counts as arguments, not derived in the kernel: a value computed before the
      * roles part is live across setmaxnreg, where ptxas spills it */
-    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nitems = (int)(B * Hkv * ns) * nT;
-    const int blocks = attn_sm90_blocks(1, nitems);
+    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nbh = (int)(B * Hkv * ns);
+    const int blocks = attn_sm90_blocks(1, (int64_t)nbh * nT);
+    const ws_sched sc = ws_schedule(nbh, nT, blocks);
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
-        (int)T_, nT, nitems, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
+        (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
         scale * 1.4426950408889634f);
 }
 
