@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bind.h"
+#include "cuda/device.h"
 #include "zero/comm.h"
 
 int luaopen_cjson(lua_State *L);
@@ -82,8 +83,15 @@ static void find_home(char *out, size_t len, const char *argv0) {
     }
 }
 
+/* The CUDA allocator's last resort before "out of memory": a full collection, so that tensors no
+ * longer reached from Lua (a loop's earlier results, awaiting the collector) are freed first. */
+static void collect_for_cuda(void *L) {
+    lua_gc((lua_State *)L, LUA_GCCOLLECT, 0);
+}
+
 static void setup(lua_State *L, const char *home, int argc, char **argv, int script_idx) {
     luaL_openlibs(L);
+    zr_cuda_set_oom_hook(collect_for_cuda, L);
     lua_getglobal(L, "package");
     lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;./?.lua", home, home);
     lua_setfield(L, -2, "path");
@@ -191,6 +199,7 @@ int main(int argc, char **argv) {
         usage();
         status = 1;
     }
+    zr_cuda_set_oom_hook(NULL, NULL);
     lua_close(L);
     zr_comm_finalize();
     return status ? 1 : 0;

@@ -300,6 +300,32 @@ T.test("out of memory names the device, its free memory and the categories", fun
   T.eq(zr.ones({ 5 }, { device = "cuda" }):sum():item(), 5, "after OOM")
 end)
 
+T.test("a failed allocation collects Lua's garbage and tries again; held tensors still run out", function()
+  collectgarbage(); collectgarbage()
+  local s0 = zr.cuda.memory_summary(0)
+  local n = math.floor(s0.device_total / 6 / 2) -- bf16 elements: a sixth of the device
+  collectgarbage("stop") -- no collection but the allocator's
+  local ok, err = pcall(function()
+    for _ = 1, 20 do -- over three devices' worth, none kept
+      local t = zr.empty({ n }, { device = "cuda", dtype = "bf16" })
+    end
+  end)
+  collectgarbage("restart")
+  assert(ok, "unreached tensors made an out-of-memory error: " .. tostring(err))
+  local s1 = zr.cuda.memory_summary(0)
+  assert(s1.oom_collections >= s0.oom_collections + 2,
+    ("collections on failed allocations: %d -> %d"):format(s0.oom_collections, s1.oom_collections))
+  local held = {}
+  T.raises(function()
+    for i = 1, 20 do held[i] = zr.empty({ n }, { device = "cuda", dtype = "bf16" }) end
+  end, "out of memory on cuda:0")
+  assert(#held >= 3 and #held < 6, "tensors held before the error: " .. #held)
+  held = nil
+  collectgarbage(); collectgarbage()
+  zr.cuda.empty_cache()
+  T.eq(zr.ones({ 5 }, { device = "cuda" }):sum():item(), 5, "after the error")
+end)
+
 T.test("caching allocator: steady state needs no cudaMalloc; empty_cache; summary", function()
   local function step()
     local x = zr.randn({ 3000, 257 }, { device = "cuda" })
