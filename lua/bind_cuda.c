@@ -53,8 +53,8 @@ static void setnum(lua_State *L, const char *k, double v) {
  *   reserved, cached, peak_reserved, peak_blocks, n_cuda_malloc, n_cuda_free, n_alloc, n_cache_hits,
  *   device_free, device_total, oom_collections }  (bytes; allocated/peak: tensors, as asked;
  *   peak_blocks: the caching allocator's blocks in use at most since the start, rounded, the
- *   cuBLASLt workspace included; oom_collections: full Lua collections run because an allocation
- *   failed, on any device: zr_cuda_set_oom_hook) */
+ *   cuBLASLt workspace included; oom_collections: full Lua collections run because a device
+ *   allocation failed, on any device: zr_mem_collect) */
 static int l_memory_summary(lua_State *L) {
     int idx = (int)luaL_optinteger(L, 1, zr_cuda_current_device());
     zr_device dev = {ZR_CUDA, (int8_t)idx};
@@ -87,7 +87,9 @@ static int l_memory_summary(lua_State *L) {
     setnum(L, "n_cache_hits", (double)c.n_cache_hits);
     setnum(L, "device_free", (double)c.device_free);
     setnum(L, "device_total", (double)c.device_total);
-    setnum(L, "oom_collections", (double)zr_cuda_oom_hook_runs());
+    int64_t host_runs, device_runs;
+    zr_mem_collections(&host_runs, &device_runs);
+    setnum(L, "oom_collections", (double)device_runs);
     return 1;
 }
 

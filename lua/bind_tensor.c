@@ -669,6 +669,10 @@ static int l_memory_stats(lua_State *L) {
     lua_setfield(L, -2, "total_peak");
     lua_pushnumber(L, (lua_Number)s.n_allocs);
     lua_setfield(L, -2, "n_allocs");
+    int64_t host_runs, device_runs;
+    zr_mem_collections(&host_runs, &device_runs);
+    lua_pushnumber(L, (lua_Number)(dev.type == ZR_CPU ? host_runs : device_runs));
+    lua_setfield(L, -2, "collections");
     return 1;
 }
 static int l_memory_reset_peak(lua_State *L) {

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "bind.h"
-#include "cuda/device.h"
+#include "core/alloc.h"
 #include "zero/comm.h"
 
 int luaopen_cjson(lua_State *L);
@@ -83,15 +83,31 @@ static void find_home(char *out, size_t len, const char *argv0) {
     }
 }
 
-/* The CUDA allocator's last resort before "out of memory": a full collection, so that tensors no
- * longer reached from Lua (a loop's earlier results, awaiting the collector) are freed first. */
-static void collect_for_cuda(void *L) {
+/* The allocators' collector (zr_mem_set_collector): a full collection, so that tensors no longer
+ * reached from Lua (a loop's earlier results, awaiting the collector) are freed. */
+static void collect_garbage(void *L) {
     lua_gc((lua_State *)L, LUA_GCCOLLECT, 0);
+}
+
+/* ZRUN_COLLECT_FLOOR_MB: how many MiB of host tensors may pile up past the live ones before the
+ * collector runs (core/alloc.h; default 256). Anything but a positive integer is refused. */
+static int collect_floor_from_env(void) {
+    const char *e = getenv("ZRUN_COLLECT_FLOOR_MB");
+    if (!e) return 0;
+    char *end;
+    long long mb = strtoll(e, &end, 10);
+    if (end == e || *end || mb <= 0 || mb > ((long long)1 << 40)) {
+        fprintf(stderr, "zrun: ZRUN_COLLECT_FLOOR_MB=%s: use a positive whole number of MiB (default %d)\n",
+                e, (int)(ZR_MEM_COLLECT_FLOOR >> 20));
+        return -1;
+    }
+    zr_mem_set_collect_floor((int64_t)mb << 20);
+    return 0;
 }
 
 static void setup(lua_State *L, const char *home, int argc, char **argv, int script_idx) {
     luaL_openlibs(L);
-    zr_cuda_set_oom_hook(collect_for_cuda, L);
+    zr_mem_set_collector(collect_garbage, L);
     lua_getglobal(L, "package");
     lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;./?.lua", home, home);
     lua_setfield(L, -2, "path");
@@ -136,6 +152,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     int status = 0;
+    if (collect_floor_from_env()) return 1;
     const char *a1 = argc > 1 ? argv[1] : NULL;
     if (a1 && (!strcmp(a1, "--version") || !strcmp(a1, "-v"))) {
         printf("zrun %s (%s)\n", ZR_VERSION, ZR_GIT_REV);
@@ -199,7 +216,7 @@ int main(int argc, char **argv) {
         usage();
         status = 1;
     }
-    zr_cuda_set_oom_hook(NULL, NULL);
+    zr_mem_set_collector(NULL, NULL);
     lua_close(L);
     zr_comm_finalize();
     return status ? 1 : 0;

@@ -83,6 +83,58 @@ static void malloc_tune(void) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+static void (*collector)(void *);
+static void *collector_ctx;
+static pthread_t collector_thread;
+static _Thread_local int in_collector;
+static int64_t collections[2];                    /* host, device */
+static int64_t collect_floor = ZR_MEM_COLLECT_FLOOR;
+static int64_t host_limit = ZR_MEM_COLLECT_FLOOR; /* the soft limit on the CPU's tensor bytes */
+
+static int64_t cpu_tensor_bytes(void) {
+    pthread_mutex_lock(&stats_lock);
+    int64_t b = stats[zr_device_slot(zr_cpu())].total_current;
+    pthread_mutex_unlock(&stats_lock);
+    return b;
+}
+
+void zr_mem_set_collector(void (*fn)(void *ctx), void *ctx) {
+    collector = fn;
+    collector_ctx = ctx;
+    collector_thread = pthread_self();
+}
+
+void zr_mem_set_collect_floor(int64_t bytes) {
+    collect_floor = bytes > 0 ? bytes : ZR_MEM_COLLECT_FLOOR;
+    host_limit = cpu_tensor_bytes() + collect_floor;
+}
+
+int zr_mem_collect(zr_device dev) {
+    if (!collector || in_collector || !pthread_equal(pthread_self(), collector_thread)) return 0;
+    in_collector = 1;
+    collector(collector_ctx);
+    in_collector = 0;
+    __atomic_add_fetch(&collections[dev.type != ZR_CPU], 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+void zr_mem_collections(int64_t *host, int64_t *device) {
+    *host = __atomic_load_n(&collections[0], __ATOMIC_RELAXED);
+    *device = __atomic_load_n(&collections[1], __ATOMIC_RELAXED);
+}
+
+/* Before n more host bytes: the collector when they would pass the soft limit, which then moves to
+ * the bytes left (n included) plus a quarter, at least the floor. One unlocked read on the way (the
+ * limit is only a trigger). */
+static void host_pressure(size_t n) {
+    if (!collector || in_collector) return;
+    const int64_t now = __atomic_load_n(&stats[zr_device_slot(zr_cpu())].total_current, __ATOMIC_RELAXED);
+    if (now + (int64_t)n <= host_limit) return;
+    if (!zr_mem_collect(zr_cpu())) return;
+    const int64_t left = cpu_tensor_bytes() + (int64_t)n;
+    host_limit = left + (left / 4 > collect_floor ? left / 4 : collect_floor);
+}
+
 zr_storage *zr_storage_new(zr_device dev, size_t nbytes, zr_mem_category cat, int zero) {
     zr_storage *s = calloc(1, sizeof *s);
     if (!s) return zr_error_null("out of host memory allocating a storage header");
@@ -90,6 +142,7 @@ zr_storage *zr_storage_new(zr_device dev, size_t nbytes, zr_mem_category cat, in
     void *p = NULL;
     if (dev.type == ZR_CPU) {
         pthread_once(&malloc_once, malloc_tune);
+        host_pressure(n);
         p = aligned_alloc(64, (n + 63) & ~(size_t)63);
         if (!p) {
             char d[512], h[32];

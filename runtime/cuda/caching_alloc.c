@@ -115,21 +115,6 @@ static void track_peaks(dev_pool *p) {
     if (p->st.allocated > p->st.peak_allocated) p->st.peak_allocated = p->st.allocated;
 }
 
-/* zr_cuda_set_oom_hook's: the function, its argument, the thread it runs on, and a flag against
- * running inside itself (an allocation its finalizers make). */
-static void (*oom_hook)(void *);
-static void *oom_ctx;
-static pthread_t oom_thread;
-static __thread int in_oom_hook;
-static int64_t oom_hook_runs;
-
-void zr_cuda_set_oom_hook(void (*fn)(void *ctx), void *ctx) {
-    oom_hook = fn;
-    oom_ctx = ctx;
-    oom_thread = pthread_self();
-}
-int64_t zr_cuda_oom_hook_runs(void) { return __atomic_load_n(&oom_hook_runs, __ATOMIC_RELAXED); }
-
 void *zr_cuda_malloc(zr_device dev, size_t nbytes, cudaStream_t stream) {
     if (zr_cuda_check_device(dev, "cuda alloc") || zr_cuda_use(dev.index)) return NULL;
     pthread_once(&pools_once, pools_init);
@@ -163,18 +148,17 @@ void *zr_cuda_malloc(zr_device dev, size_t nbytes, cudaStream_t stream) {
         release_cached(p);
         e = cudaMalloc(&ptr, need);
     }
-    if (e == cudaErrorMemoryAllocation && oom_hook && !in_oom_hook &&
-        pthread_equal(pthread_self(), oom_thread)) {
-        /* unlocked: the hook's finalizers free blocks (zr_cuda_free takes the lock) */
+    if (e == cudaErrorMemoryAllocation) {
+        /* the tensors Lua no longer reaches, freed by a collection (zr_mem_collect; unlocked: its
+         * finalizers free blocks, and zr_cuda_free takes the lock), then once more */
         cudaGetLastError();
         pthread_mutex_unlock(&p->lock);
-        in_oom_hook = 1;
-        oom_hook(oom_ctx);
-        in_oom_hook = 0;
-        __atomic_add_fetch(&oom_hook_runs, 1, __ATOMIC_RELAXED);
+        const int ran = zr_mem_collect(dev);
         pthread_mutex_lock(&p->lock);
-        release_cached(p);
-        e = cudaMalloc(&ptr, need);
+        if (ran) {
+            release_cached(p);
+            e = cudaMalloc(&ptr, need);
+        }
     }
     if (e != cudaSuccess) {
         int64_t cached = p->st.cached, reserved = p->st.reserved;

@@ -176,11 +176,6 @@ zr_status zr_cuda_device_info(int index, char *name, int *sm_count, int64_t *tot
 void zr_cuda_install(void) {}
 void zr_cuda_mem_get_stats(int index, zr_cuda_mem_stats *out) { memset(out, 0, sizeof *out); }
 void zr_cuda_empty_cache(int index) { (void)index; }
-void zr_cuda_set_oom_hook(void (*fn)(void *ctx), void *ctx) {
-    (void)fn;
-    (void)ctx;
-}
-int64_t zr_cuda_oom_hook_runs(void) { return 0; }
 
 #endif
 

@@ -58,13 +58,6 @@ typedef struct {
 void zr_cuda_mem_get_stats(int index, zr_cuda_mem_stats *out);
 /* Returns every cached (free) block of device index (-1: all devices) to the driver. */
 void zr_cuda_empty_cache(int index);
-/* A function that may free device memory, run when a device allocation fails even after the cache
- * was handed back, then the allocation tried once more: the Lua binding's runs a full collection,
- * whose finalizers free the tensors nothing reaches (Lua frees them late; PyTorch's reference
- * counts at once). Runs only on the thread that set it (fn NULL: none) and never inside itself. */
-void zr_cuda_set_oom_hook(void (*fn)(void *ctx), void *ctx);
-/* How many times the hook ran, over all devices. */
-int64_t zr_cuda_oom_hook_runs(void);
 
 #ifdef ZR_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -2,9 +2,11 @@
 -- frees the model's parameters as they were before its bf16 cast, and the Trainer's evaluation frees
 -- each forward's temporaries, so the first training forward after either runs with what the memory
 -- plan counts, not beside dead copies (an out-of-memory error at 32 x 2048 on the H200: RESULTS.md,
--- session 25).
+-- session 25). A plain loop's unreached tensors are collected once host tensors pass a soft limit
+-- (core/alloc.h; without it the loop grew until the kernel killed the process: RESULTS.md, session 34).
 local zr = require "zrun"
 local T = zr.testing
+local z = os.getenv("ZRUN_BIN") or "./zrun"
 
 local cfg = zr.models.llama.config("zrun/tiny-llama")
 local function cur(cat) return zr.memory.stats("cpu")[cat].current end
@@ -36,6 +38,36 @@ T.test("Trainer:evaluate frees its forwards' temporaries", function()
   collectgarbage("restart")
   assert(ok, err)
   assert(after - before < 64 * 1024, ("activations left by the evaluation: %d bytes"):format(after - before))
+end)
+
+-- A child zrun runs a loop of n tensors of mb MiB, none kept, with Lua's own collector stopped; it
+-- prints the host's tensor peak above the start (MiB) and the allocator's collections.
+local function loop(env, n, mb)
+  local out = T.run(env .. " " .. z .. [[ -e 'local zr = require "zrun"; collectgarbage("collect")
+    local s0 = zr.memory.stats("cpu"); collectgarbage("stop")
+    for i = 1, ]] .. n .. [[ do local t = zr.empty({ ]] .. mb .. [[ * 262144 }) end
+    local s1 = zr.memory.stats("cpu")
+    print("peak", (s1.total_peak - s0.total_current) / 2^20, "collections", s1.collections - s0.collections)']])
+  local peak, runs = out:match("peak%s+([%d.]+)%s+collections%s+(%d+)")
+  assert(peak, "no figures from the child: " .. out)
+  return tonumber(peak), tonumber(runs)
+end
+
+T.test("a plain loop's unreached host tensors are collected past the soft limit", function()
+  local peak, runs = loop("ZRUN_COLLECT_FLOOR_MB=16", 100, 4) -- 400 MiB made, 4 at a time live
+  assert(peak <= 24, ("peak %.1f MiB with a 16 MiB floor"):format(peak))
+  assert(runs >= 15, "collections: " .. runs)
+  peak, runs = loop("", 24, 32) -- the default floor, 256 MiB: 768 MiB made
+  assert(peak <= 256 + 64, ("peak %.1f MiB with the default floor"):format(peak))
+  assert(runs >= 2, "collections: " .. runs)
+end)
+
+T.test("ZRUN_COLLECT_FLOOR_MB takes a positive whole number only", function()
+  for _, v in ipairs { "0", "-4", "1.5", "lots" } do
+    local out, rc = T.run("ZRUN_COLLECT_FLOOR_MB=" .. v .. " " .. z .. " -e 'print(1)'")
+    assert(out:find("ZRUN_COLLECT_FLOOR_MB=" .. v .. ": use a positive whole number", 1, true), out)
+    T.eq(rc, 1, "exit status")
+  end
 end)
 
 T.done()
