@@ -83,7 +83,7 @@ static void malloc_tune(void) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-static void (*collector)(void *);
+static int (*collector)(void *, zr_device, int);
 static void *collector_ctx;
 static pthread_t collector_thread;
 static _Thread_local int in_collector;
@@ -98,7 +98,7 @@ static int64_t cpu_tensor_bytes(void) {
     return b;
 }
 
-void zr_mem_set_collector(void (*fn)(void *ctx), void *ctx) {
+void zr_mem_set_collector(int (*fn)(void *ctx, zr_device dev, int failed), void *ctx) {
     collector = fn;
     collector_ctx = ctx;
     collector_thread = pthread_self();
@@ -109,13 +109,15 @@ void zr_mem_set_collect_floor(int64_t bytes) {
     host_limit = cpu_tensor_bytes() + collect_floor;
 }
 
-int zr_mem_collect(zr_device dev) {
-    if (!collector || in_collector || !pthread_equal(pthread_self(), collector_thread)) return 0;
+int64_t zr_mem_collect_floor(void) { return collect_floor; }
+
+int zr_mem_collect(zr_device dev, int failed) {
+    if (!collector || in_collector || !pthread_equal(pthread_self(), collector_thread)) return -1;
     in_collector = 1;
-    collector(collector_ctx);
+    const int ran = collector(collector_ctx, dev, failed);
     in_collector = 0;
-    __atomic_add_fetch(&collections[dev.type != ZR_CPU], 1, __ATOMIC_RELAXED);
-    return 1;
+    if (ran) __atomic_add_fetch(&collections[dev.type != ZR_CPU], 1, __ATOMIC_RELAXED);
+    return ran;
 }
 
 void zr_mem_collections(int64_t *host, int64_t *device) {
@@ -123,14 +125,14 @@ void zr_mem_collections(int64_t *host, int64_t *device) {
     *device = __atomic_load_n(&collections[1], __ATOMIC_RELAXED);
 }
 
-/* Before n more host bytes: the collector when they would pass the soft limit, which then moves to
- * the bytes left (n included) plus a quarter, at least the floor. One unlocked read on the way (the
- * limit is only a trigger). */
+/* Before n more host bytes: the collector asked when they would pass the soft limit, which then
+ * moves to the bytes left (n included) plus a quarter, at least the floor, whether it collected or
+ * declined. One unlocked read on the way (the limit is only a trigger). */
 static void host_pressure(size_t n) {
     if (!collector || in_collector) return;
     const int64_t now = __atomic_load_n(&stats[zr_device_slot(zr_cpu())].total_current, __ATOMIC_RELAXED);
     if (now + (int64_t)n <= host_limit) return;
-    if (!zr_mem_collect(zr_cpu())) return;
+    if (zr_mem_collect(zr_cpu(), 0) < 0) return;
     const int64_t left = cpu_tensor_bytes() + (int64_t)n;
     host_limit = left + (left / 4 > collect_floor ? left / 4 : collect_floor);
 }

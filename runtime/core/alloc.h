@@ -68,18 +68,20 @@ void zr_alloc_set_backend(zr_device_type t, const zr_alloc_backend *b);
 /* The embedding language's garbage collector (main.c: a full Lua collection, whose finalizers free
  * the tensors nothing reaches). Lua frees a tensor only when its collector reaches the handle,
  * which a loop that allocates little on the Lua heap seldom triggers: its garbage tensors pile up
- * (PyTorch's reference counts free them at once). So it runs before a host allocation takes the
- * CPU's tensor bytes past a soft limit, the bytes after its last run plus a quarter, at least
+ * (PyTorch's reference counts free them at once). So it is asked before a host allocation takes
+ * the CPU's tensor bytes past a soft limit, the bytes after the last time plus a quarter, at least
  * ZR_MEM_COLLECT_FLOOR more (malloc does not fail on Linux: the kernel would kill the process),
- * and when a device allocation fails (zr_mem_collect, from the CUDA allocator). Only on the
- * thread that set it (fn NULL: none), never inside itself. */
+ * and when a device allocation fails (zr_mem_collect, from the CUDA allocator). fn(ctx, dev,
+ * failed) returns whether it collected (it may decline when little could be freed and nothing
+ * failed). Only on the thread that set it (fn NULL: none), never inside itself. */
 #define ZR_MEM_COLLECT_FLOOR ((int64_t)256 << 20)
-void zr_mem_set_collector(void (*fn)(void *ctx), void *ctx);
-/* Another floor than ZR_MEM_COLLECT_FLOOR (bytes, > 0; main.c: ZRUN_COLLECT_FLOOR_MB). */
+void zr_mem_set_collector(int (*fn)(void *ctx, zr_device dev, int failed), void *ctx);
+/* Another floor than ZR_MEM_COLLECT_FLOOR (bytes, > 0; main.c: ZRUN_COLLECT_FLOOR_MB); the floor. */
 void zr_mem_set_collect_floor(int64_t bytes);
-/* Runs the collector now if one is set and this thread may; counts the run for dev's type (host
- * pressure for a CPU device, an allocation failure for another). Returns whether it ran. */
-int zr_mem_collect(zr_device dev);
+int64_t zr_mem_collect_floor(void);
+/* Asks the collector now, for dev (failed: an allocation there failed). Returns -1 when it may not
+ * run (none set, another thread, inside itself), else whether it collected (counted per kind). */
+int zr_mem_collect(zr_device dev, int failed);
 /* Runs so far: for the host's soft limit, and for failed device allocations. */
 void zr_mem_collections(int64_t *host, int64_t *device);
 

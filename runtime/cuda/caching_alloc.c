@@ -153,9 +153,9 @@ void *zr_cuda_malloc(zr_device dev, size_t nbytes, cudaStream_t stream) {
          * finalizers free blocks, and zr_cuda_free takes the lock), then once more */
         cudaGetLastError();
         pthread_mutex_unlock(&p->lock);
-        const int ran = zr_mem_collect(dev);
+        const int ran = zr_mem_collect(dev, 1);
         pthread_mutex_lock(&p->lock);
-        if (ran) {
+        if (ran > 0) {
             release_cached(p);
             e = cudaMalloc(&ptr, need);
         }
