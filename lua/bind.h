@@ -22,7 +22,7 @@ int zr_l_tensor_gc(lua_State *L); /* the handles' __gc */
  * except those holding keep[]; bytes a full collection could free (-1: unknown). */
 uint64_t zr_l_handle_serial(void);
 int zr_l_release_since(uint64_t serial, zr_tensor *const *keep, int nkeep);
-int64_t zr_l_collectable_bytes(int dev_type, int dev_index);
+int64_t zr_l_collectable_bytes(int dev_type, int dev_index, int model_states);
 double zr_l_now(void); /* monotonic wall clock, seconds (C.now) */
 /* Raises zr_last_error() as a Lua error (never returns). */
 int zr_l_error(lua_State *L);

@@ -129,11 +129,11 @@ static int *pc_slot(ptr_count *m, const void *k) {
 }
 
 /* Bytes on device dev (any device when dev_type < 0) of storages that only live handles hold,
- * caches marked with zr.persist and model states aside: an upper bound on what a full collection
- * would free now of a forward's tensors, short of the graph a dead handle's tensor may own (its
- * saved tensors are freed by the backward that runs it). Reachable handles count too: a
- * collection then runs that frees nothing. */
-int64_t zr_l_collectable_bytes(int dev_type, int dev_index) {
+ * caches marked with zr.persist and (unless model_states) parameters, gradients and optimizer
+ * states aside: an upper bound on what a full collection would free now of a forward's tensors,
+ * short of the graph a dead handle's tensor may own (its saved tensors are freed by the backward
+ * that runs it). Reachable handles count too: a collection then runs that frees nothing. */
+int64_t zr_l_collectable_bytes(int dev_type, int dev_index, int model_states) {
     size_t n = 0;
     for (handle *h = head; h; h = h->next) n++;
     ptr_count per_tensor = {0}, per_storage = {0};
@@ -161,7 +161,9 @@ int64_t zr_l_collectable_bytes(int dev_type, int dev_index) {
         if (h->pinned) continue;
         /* model states held only from Lua (a frozen reference model, a previous engine's) are
          * not a forward's leftovers: counting them would collect every step and free nothing */
-        if (s->category == ZR_MEM_PARAMS || s->category == ZR_MEM_GRADS || s->category == ZR_MEM_OPTIMIZER) continue;
+        if (!model_states && (s->category == ZR_MEM_PARAMS || s->category == ZR_MEM_GRADS ||
+                              s->category == ZR_MEM_OPTIMIZER))
+            continue;
         if (dev_type >= 0 && ((int)s->device.type != dev_type || s->device.index != dev_index)) continue;
         bytes += (int64_t)s->nbytes;
     }
@@ -211,7 +213,7 @@ static int collections, skipped;
 static double collect_seconds;
 static int l_collect_tensor_garbage(lua_State *L) {
     zr_device dev = zr_l_checkdevice(L, 1);
-    int64_t b = zr_l_collectable_bytes(dev.type, dev.index);
+    int64_t b = zr_l_collectable_bytes(dev.type, dev.index, 0);
     zr_mem_stats st;
     zr_mem_get_stats(dev, &st);
     int run = b < 0 || b > st.total_current / 256;
@@ -227,7 +229,7 @@ static int l_collect_tensor_garbage(lua_State *L) {
 /* C.collectable_bytes(device) -> what a full collection could free there (zr_l_collectable_bytes) */
 static int l_collectable_bytes(lua_State *L) {
     zr_device dev = zr_l_checkdevice(L, 1);
-    lua_pushnumber(L, (lua_Number)zr_l_collectable_bytes(dev.type, dev.index));
+    lua_pushnumber(L, (lua_Number)zr_l_collectable_bytes(dev.type, dev.index, 0));
     return 1;
 }
 /* C.tensor_gc_counts() -> collections run, collections skipped by collect_tensor_garbage, and the

@@ -84,14 +84,15 @@ static void find_home(char *out, size_t len, const char *argv0) {
 }
 
 /* The allocators' collector (zr_mem_set_collector): a full collection, so that tensors no longer
- * reached from Lua (a loop's earlier results, awaiting the collector) are freed. For the host's
- * soft limit it declines when the tensors only Lua holds (zr_l_collectable_bytes: an upper bound on
- * what it could free; model states and what C structures hold aside) are under a quarter of the
- * floor: host memory that grows by its owners' own allocations (ZeRO-Offload's optimizer states)
- * then costs no walks of the Lua heap (~130 ms with 50,000 tokenized rows). */
+ * reached from Lua (a loop's earlier results, awaiting the collector, replaced .grad tensors
+ * included) are freed. For the host's soft limit it declines when the tensors only Lua holds
+ * (zr_l_collectable_bytes: an upper bound on what it could free; what C structures hold aside) are
+ * under a quarter of the floor: host memory that grows by its owners' own allocations
+ * (ZeRO-Offload's optimizer states) then costs no walks of the Lua heap (~130 ms with 50,000
+ * tokenized rows). */
 static int collect_garbage(void *L, zr_device dev, int failed) {
     if (!failed) {
-        const int64_t b = zr_l_collectable_bytes(dev.type, dev.index);
+        const int64_t b = zr_l_collectable_bytes(dev.type, dev.index, 1);
         if (b >= 0 && b < zr_mem_collect_floor() / 4) return 0;
     }
     lua_gc((lua_State *)L, LUA_GCCOLLECT, 0);

@@ -40,12 +40,13 @@ T.test("Trainer:evaluate frees its forwards' temporaries", function()
   assert(after - before < 64 * 1024, ("activations left by the evaluation: %d bytes"):format(after - before))
 end)
 
--- A child zrun runs a loop of n tensors of mb MiB, none kept, with Lua's own collector stopped; it
--- prints the host's tensor peak above the start (MiB) and the allocator's collections.
-local function loop(env, n, mb)
-  local out = T.run(env .. " " .. z .. [[ -e 'local zr = require "zrun"; collectgarbage("collect")
+-- A child zrun runs body n times with x, a leaf of mb MiB, keeping nothing, Lua's own collector
+-- stopped; it prints the host's tensor peak above the start (MiB) and the allocator's collections.
+local function loop(env, n, mb, body)
+  local out = T.run(env .. " " .. z .. [[ -e 'local zr = require "zrun"
+    local x = zr.randn(]] .. mb .. [[ * 262144):requires_grad_(true); collectgarbage("collect")
     local s0 = zr.memory.stats("cpu"); collectgarbage("stop")
-    for i = 1, ]] .. n .. [[ do local t = zr.empty({ ]] .. mb .. [[ * 262144 }) end
+    for i = 1, ]] .. n .. " do " .. body .. [[ end
     local s1 = zr.memory.stats("cpu")
     print("peak", (s1.total_peak - s0.total_current) / 2^20, "collections", s1.collections - s0.collections)']])
   local peak, runs = out:match("peak%s+([%d.]+)%s+collections%s+(%d+)")
@@ -54,10 +55,15 @@ local function loop(env, n, mb)
 end
 
 T.test("a plain loop's unreached host tensors are collected past the soft limit", function()
-  local peak, runs = loop("ZRUN_COLLECT_FLOOR_MB=16", 100, 4) -- 400 MiB made, 4 at a time live
+  local fresh = "local t = zr.empty(x:numel())"
+  local peak, runs = loop("ZRUN_COLLECT_FLOOR_MB=16", 100, 4, fresh) -- 400 MiB made, 4 at a time live
   assert(peak <= 24, ("peak %.1f MiB with a 16 MiB floor"):format(peak))
   assert(runs >= 15, "collections: " .. runs)
-  peak, runs = loop("", 24, 32) -- the default floor, 256 MiB: 768 MiB made
+  -- forward and backward, the gradient set aside each time (gradients are collected too)
+  peak, runs = loop("ZRUN_COLLECT_FLOOR_MB=16", 50, 4, "x.grad = nil; (x * x):sum():backward()")
+  assert(peak <= 32, ("peak %.1f MiB of a forward and backward loop"):format(peak))
+  assert(runs >= 5, "collections: " .. runs)
+  peak, runs = loop("", 24, 32, fresh) -- the default floor, 256 MiB: 768 MiB made
   assert(peak <= 256 + 64, ("peak %.1f MiB with the default floor"):format(peak))
   assert(runs >= 2, "collections: " .. runs)
 end)
