@@ -107,8 +107,9 @@ static int collect_floor_from_env(void) {
     char *end;
     long long mb = strtoll(e, &end, 10);
     if (end == e || *end || mb <= 0 || mb > ((long long)1 << 40)) {
-        fprintf(stderr, "zrun: ZRUN_COLLECT_FLOOR_MB=%s: use a positive whole number of MiB (default %d)\n",
-                e, (int)(ZR_MEM_COLLECT_FLOOR >> 20));
+        fprintf(stderr,
+                "zrun: ZRUN_COLLECT_FLOOR_MB=%s: use a positive whole number of MiB (default %d)\n", e,
+                (int)(ZR_MEM_COLLECT_FLOOR >> 20));
         return -1;
     }
     zr_mem_set_collect_floor((int64_t)mb << 20);

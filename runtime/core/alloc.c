@@ -130,8 +130,8 @@ void zr_mem_collections(int64_t *host, int64_t *device) {
  * declined. One unlocked read on the way (the limit is only a trigger). */
 static void host_pressure(size_t n) {
     if (!collector || in_collector) return;
-    const int64_t now = __atomic_load_n(&stats[zr_device_slot(zr_cpu())].total_current, __ATOMIC_RELAXED);
-    if (now + (int64_t)n <= host_limit) return;
+    const int64_t *cur = &stats[zr_device_slot(zr_cpu())].total_current;
+    if (__atomic_load_n(cur, __ATOMIC_RELAXED) + (int64_t)n <= host_limit) return;
     if (zr_mem_collect(zr_cpu(), 0) < 0) return;
     const int64_t left = cpu_tensor_bytes() + (int64_t)n;
     host_limit = left + (left / 4 > collect_floor ? left / 4 : collect_floor);

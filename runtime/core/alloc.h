@@ -76,7 +76,8 @@ void zr_alloc_set_backend(zr_device_type t, const zr_alloc_backend *b);
  * failed). Only on the thread that set it (fn NULL: none), never inside itself. */
 #define ZR_MEM_COLLECT_FLOOR ((int64_t)256 << 20)
 void zr_mem_set_collector(int (*fn)(void *ctx, zr_device dev, int failed), void *ctx);
-/* Another floor than ZR_MEM_COLLECT_FLOOR (bytes, > 0; main.c: ZRUN_COLLECT_FLOOR_MB); the floor. */
+/* Sets another floor than ZR_MEM_COLLECT_FLOOR (bytes, > 0; main.c: ZRUN_COLLECT_FLOOR_MB); the
+ * floor in force. */
 void zr_mem_set_collect_floor(int64_t bytes);
 int64_t zr_mem_collect_floor(void);
 /* Asks the collector now, for dev (failed: an allocation there failed). Returns -1 when it may not
