@@ -6,6 +6,7 @@
 #include "attention_sm90.h"
 
 #include "attention_bwd_sm90.cuh"
+#include "attention_sched.h"
 #include "fused_common.cuh" /* num_sms */
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -46,7 +47,7 @@ static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
 struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
 };
-/* Item code x·nT + j (ws_sched_item, attention_bwd_sm90.cuh): x = (b·Hkv + hk)·nsplit + split,
+/* Item code x·nT + j (ws_sched_item, attention_sched.h): x = (b·Hkv + hk)·nsplit + split,
  * key tile j (weight rank j: key tile 0, the heaviest, has nT query tiles). Item counts fit an int:
  * 2^31 items would be 2^31 × 128 query rows, terabytes of Q. */
 static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, int G, int nsplit) {
@@ -66,7 +67,7 @@ static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, i
 
 /* Persistent: grid = attn_sm90_blocks(1, items) blocks (one per SM, at most one per pair of items),
  * block blk runs items ws_sched_item(sc, r), r = 0, 1, ... (pairs of equal cost, neighbouring
- * heads at one time, then single tiles heaviest first: see attention_bwd_sm90.cuh; against
+ * heads at one time, then single tiles heaviest first: see attention_sched.h; against
  * heaviest-first over all heads dealt in rounds, session 12 measured GPT-2's MHA backward 1.29 ->
  * 1.04-1.07 ms and T = 8192 6.84 -> 6.60, the rest alike); every role walks the same item
  * sequence and keeps running counters across items: the block's step c (all items' steps in
@@ -154,10 +155,10 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
             };
             int c = 0; /* the block's step */
-            for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
+            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
                 const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 if (r == 0 && lane == 0) load_kv(t);
-                const int wn = ws_sched_item(sc, r + 1);
+                const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
                 if (wn >= 0 && lane == 0) {
                     const ws_item u = ws_decode(wn, nT, Hkv, G, nsplit);
                     tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             cp_async_wait<0>(); /* no copy of this thread outlives it */
         } else if (warp_id == WS_DQWARP) {
             int c = 0;
-            for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
+            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
                 const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
                 for (int it = 0; it < t.niter; ++it, ++c) {
                     const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     const uint32_t aK = smem_u32(sK);
     int c = 0; /* the block's step */
-    for (int r = 0, w; (w = ws_sched_item(sc, r)) >= 0; ++r) {
+    for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
         const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
@@ -403,29 +404,6 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
                    attn_sm90_tmap(&m->dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dqacc, qd, qs, qb)
                ? -1
                : 0;
-}
-
-/* The schedule's phases (attention_bwd_sm90.cuh) for nbh heads of nT tiles on nblk blocks: the
- * tail takes about WS_TAIL rounds of single tiles (whole heads, one more when nT is odd to keep the
- * pair phase's positions even). The busiest block against the mean, modelled in tile steps on 132
- * blocks: B4 H32/8 T8192 +3.1% -> +0.7%, T4096 +3.1% -> +0.8%, B64 H12 T1024 +3.1% -> +0.7%.
- * Measured (tests/bench/RESULTS.md, session 34; medians of 10 alternating rounds) with 2 rounds:
- * backward -2.2% at T8192, -1.5% at GPT-2's shape, -0.9% at T2048; 4 and 6 rounds model better
- * but measured worse (-1.1% / +0.2% at T8192: more heads at once in the tail, fewer of their
- * operands in L2). */
-#define WS_TAIL 2
-static ws_sched ws_schedule(int nbh, int nT, int nblk) {
-    int ht = (int)(((int64_t)WS_TAIL * nblk + nT - 1) / nT);
-    if (ht > nbh) ht = nbh;
-    if ((nT & 1) && ((nbh - ht) & 1)) ++ht; /* nbh - ht odd and >= 1, so ht < nbh before */
-    ws_sched s;
-    s.nT = nT;
-    s.nitems = nbh * nT;
-    s.ht = ht;
-    s.hp = nbh - ht;
-    s.u1 = (s.hp * nT + 1) / 2;
-    s.start = s.u1 % nblk;
-    return s;
 }
 
 template <typename T>

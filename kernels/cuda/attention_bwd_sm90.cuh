@@ -1,8 +1,8 @@
 /* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and
  * lse, the causal mask of the diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK
  * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, the
- * dK/dV epilogue, and the persistent grid's order of the work items. Same build constraints as
- * attention_sm90.cuh. */
+ * dK/dV epilogue (the persistent grid's order of the work items: attention_sched.h). Same build
+ * constraints as attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
@@ -167,57 +167,6 @@ store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], con
             }
         }
     }
-}
-
-/* ---- the persistent backward's static schedule ----
- * Work is numbered by position: a head's tiles in consecutive positions (head x holds positions
- * x·n .. x·n + n − 1), ordered within the head heaviest, lightest, second heaviest, second
- * lightest, ..; a head with odd x reversed when n is odd. So every pair of positions (2u, 2u + 1)
- * costs the same, n + 1 tile steps (the k-th heaviest and k-th lightest of one head; for odd n the
- * two middle tiles of heads 2y and 2y + 1 meet in one pair). The blocks running at one time hold
- * neighbouring heads, whose operands stay in L2 between their tiles (GPT-2's MHA backward: 1.29 ->
- * 1.04-1.07 ms against heaviest-first over all heads, which reads each head's Q, dO and dQ from HBM
- * once per key tile).
- * Two phases (ws_sched): the first hp heads' pairs, dealt whole to the blocks in rounds (unit
- * u = blk, blk + nblk, ..); then the last ht heads' tiles one at a time, heaviest first over those
- * heads (tail item i: head hp + i % ht, key tile i / ht), dealt in rounds that go on from where
- * the pairs' last round stopped, every other round in reverse. Pairs alone leave the last round
- * part-full: T = 8192's 1024 pairs on 132 blocks are 8 rounds for 7.76 rounds of work (the
- * busiest block 3.1% over the mean); single tiles at the end, lighter and lighter, fill it (ht:
- * about WS_TAIL rounds of tiles, attention_bwd_sm90.cu). The forward keeps heaviest-first over
- * all its tiles (attention_fwd_sm90.cu): its tiles need no pairing. */
-struct ws_sched {
-    int nT;     /* key (and query) tiles of a head */
-    int nitems; /* nbh · nT */
-    int hp, ht; /* heads of the pair phase and of the tail: hp + ht = nbh, hp · nT even if ht > 0 */
-    int u1;     /* pair units: ceil(hp · nT / 2) */
-    int start;  /* u1 % gridDim.x: the block the tail's first item goes to */
-};
-
-/* Item code x · nT + j (head x, key tile j) of position w: j is its weight rank (0 = heaviest). */
-static __device__ __forceinline__ int ws_pos_code(int w, int n) {
-    const int x = w / n;
-    int q = w - x * n;
-    if ((n & 1) && (x & 1)) q = n - 1 - q;
-    return x * n + ((q & 1) ? n - 1 - (q >> 1) : (q >> 1));
-}
-
-/* The item code block blockIdx.x runs r-th (r = 0, 1, ..), −1 once past its last (and for every
- * later r); every role of the block walks the same sequence. One item a block when the grid has a
- * block for each. */
-static __device__ __forceinline__ int ws_sched_item(const ws_sched &s, int r) {
-    const int nblk = gridDim.x, blk = blockIdx.x;
-    if (nblk >= s.nitems) return r == 0 ? ws_pos_code(blk, s.nT) : -1;
-    const int n1 = blk < s.u1 ? (s.u1 - 1 - blk) / nblk + 1 : 0; /* this block's pair units */
-    if (r < 2 * n1) {
-        const int w = 2 * (blk + (r >> 1) * nblk) + (r & 1);
-        return w < s.hp * s.nT ? ws_pos_code(w, s.nT) : -1; /* odd hp · nT (ht = 0): one short */
-    }
-    const int rnd = r - 2 * n1 + (blk < s.start); /* round 0 holds blocks start .. nblk − 1 */
-    const int k = (rnd & 1) ? nblk - 1 - blk : blk;
-    const int i = rnd * nblk + k - s.start;
-    if (i >= s.ht * s.nT) return -1;
-    return (s.hp + i % s.ht) * s.nT + i / s.ht;
 }
 
 } /* namespace sm90 */
