@@ -153,7 +153,7 @@ TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
+	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -Itests/c -MMD -MP -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
