@@ -23,6 +23,8 @@ int zr_l_tensor_gc(lua_State *L); /* the handles' __gc */
 uint64_t zr_l_handle_serial(void);
 int zr_l_release_since(uint64_t serial, zr_tensor *const *keep, int nkeep);
 int64_t zr_l_collectable_bytes(int dev_type, int dev_index, int model_states);
+/* The allocators' collector (core/alloc.h zr_mem_set_collector): ctx is the main lua_State. */
+int zr_l_alloc_collect(void *L, zr_device dev, int failed);
 double zr_l_now(void); /* monotonic wall clock, seconds (C.now) */
 /* Raises zr_last_error() as a Lua error (never returns). */
 int zr_l_error(lua_State *L);

@@ -83,22 +83,6 @@ static void find_home(char *out, size_t len, const char *argv0) {
     }
 }
 
-/* The allocators' collector (zr_mem_set_collector): a full collection, so that tensors no longer
- * reached from Lua (a loop's earlier results, awaiting the collector, replaced .grad tensors
- * included) are freed. For the host's soft limit it declines when the tensors only Lua holds
- * (zr_l_collectable_bytes: an upper bound on what it could free; what C structures hold aside) are
- * under a quarter of the floor: host memory that grows by its owners' own allocations
- * (ZeRO-Offload's optimizer states) then costs no walks of the Lua heap (~130 ms with 50,000
- * tokenized rows). */
-static int collect_garbage(void *L, zr_device dev, int failed) {
-    if (!failed) {
-        const int64_t b = zr_l_collectable_bytes(dev.type, dev.index, 1);
-        if (b >= 0 && b < zr_mem_collect_floor() / 4) return 0;
-    }
-    lua_gc((lua_State *)L, LUA_GCCOLLECT, 0);
-    return 1;
-}
-
 /* ZRUN_COLLECT_FLOOR_MB: how many MiB of host tensors may pile up past the live ones before the
  * collector runs (core/alloc.h; default 256). Anything but a positive integer is refused. */
 static int collect_floor_from_env(void) {
@@ -118,7 +102,7 @@ static int collect_floor_from_env(void) {
 
 static void setup(lua_State *L, const char *home, int argc, char **argv, int script_idx) {
     luaL_openlibs(L);
-    zr_mem_set_collector(collect_garbage, L);
+    zr_mem_set_collector(zr_l_alloc_collect, L);
     lua_getglobal(L, "package");
     lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;./?.lua", home, home);
     lua_setfield(L, -2, "path");

@@ -92,10 +92,9 @@ static int64_t collect_floor = ZR_MEM_COLLECT_FLOOR;
 static int64_t host_limit = ZR_MEM_COLLECT_FLOOR; /* the soft limit on the CPU's tensor bytes */
 
 static int64_t cpu_tensor_bytes(void) {
-    pthread_mutex_lock(&stats_lock);
-    int64_t b = stats[zr_device_slot(zr_cpu())].total_current;
-    pthread_mutex_unlock(&stats_lock);
-    return b;
+    zr_mem_stats s;
+    zr_mem_get_stats(zr_cpu(), &s);
+    return s.total_current;
 }
 
 void zr_mem_set_collector(int (*fn)(void *ctx, zr_device dev, int failed), void *ctx) {
