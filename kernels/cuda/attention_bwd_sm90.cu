@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, const ws_sched sc, int Hq, int Hkv, int G, int nsplit,
-                       int64_t kv_elems, float scale, float scale_log2, int dkv_rows) {
+                       int64_t kv_elems, float scale, float scale_log2) {
     const int nT = sc.nT;
     ZR_SMEM_1024(base);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
@@ -319,14 +319,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             mbar_arrive(&dqfull[wg]);
         }
 
-        if (dkv_rows) { /* the warp's rows of the dS^T buffer no step uses until the next */
-            uint16_t *fb = sdS + (c & 1) * WS_BN * WS_BM;
-            store_dkv_rows<T>(dk, dv, dka, dva, sdk, sdv, t.b, t.hk, kv0 + wg * 64 + warp * 16,
-                              fb, fb + WS_BN * 64, wg * 64 + warp * 16, T_, scale, lane);
-        } else {
-            store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_,
-                         t.split, nsplit, kv_elems, scale);
-        }
+        store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_, t.split,
+                     nsplit, kv_elems, scale);
     }
 }
 
@@ -412,14 +406,6 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
                : 0;
 }
 
-/* store_dkv_rows takes the epilogue: unsplit, and dk, dv rows 16-byte aligned (their bases and
- * strides; the element stride within a row is 1, as for every Hopper operand) */
-static int dkv_rows(const void *dk, const void *dv, const zr_attn_layout &L, int ns) {
-    const uint64_t a = (uintptr_t)dk | (uintptr_t)dv | (uint64_t)(L.dk.sb | L.dk.sh | L.dk.st) * 2 |
-                       (uint64_t)(L.dv.sb | L.dv.sh | L.dv.st) * 2;
-    return ns == 1 && (a & 15) == 0;
-}
-
 template <typename T>
 static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                        const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
@@ -435,7 +421,7 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
-        scale * 1.4426950408889634f, dkv_rows(dk, dv, L, ns));
+        scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
