@@ -4,10 +4,6 @@
  * their dQ tiles from shared memory to the f32 accumulator with TMA reduce-adds. head_dim 64,
  * bf16/f16. Also the host-side checks the forward shares (which calls the Hopper kernels take). */
 #include "attention_sm90.h"
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-__device__ unsigned long long g_diag[8];
 
 #include "attention_bwd_sm90.cuh"
 #include "attention_sched.h"
@@ -114,7 +110,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                        int T_, const ws_sched sc, int Hq, int Hkv, int G, int nsplit,
-                       int64_t kv_elems, float scale, float scale_log2, int diag) {
+                       int64_t kv_elems, float scale, float scale_log2) {
     const int nT = sc.nT;
     ZR_SMEM_1024(base);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
@@ -240,27 +236,19 @@ __global__ void __launch_bounds__(WS_THR, 1)
 #pragma unroll
         for (int e = 0; e < 32; ++e)
             dka[e] = dva[e] = 0.f;
-        const bool rec = diag && (tid & 127) == 0;
-        long long t0 = clock64();
         mbar_wait(kvfull, r & 1);
-        long long t1 = clock64();
-        if (rec && r > 0) atomicAdd(&g_diag[0], (unsigned long long)(t1 - t0));
-        if (rec) atomicAdd(&g_diag[4], 1ull);
         /* this warpgroup's K and V rows as the register A operands of S^T and dP^T, the same for
          * every step of the item (from shared memory, the SS form read them again every step:
          * session 19 measured the backward 4-6% faster this way) */
         uint32_t kf[4][4], vf[4][4];
         a_frags_64(kf, sK, wg * 64, warp, lane);
         a_frags_64(vf, sV, wg * 64, warp, lane);
-        if (rec) atomicAdd(&g_diag[6], (unsigned long long)(clock64() - t1));
 
         /* iq: the step's query tile relative to the key tile (it % t.nq, counted: a division
          * a step cost more than the rest of the step's bookkeeping) */
         for (int it = 0, iq = 0; it < t.niter; ++it, ++c, iq = iq + 1 == t.nq ? 0 : iq + 1) {
             const int s = c % WS_ST;
-            long long tw = clock64();
             mbar_wait(&full[s], (c / WS_ST) & 1);
-            if (rec) atomicAdd(&g_diag[it == 0 ? 2 : 5], (unsigned long long)(clock64() - tw));
             const uint32_t aQ = smem_u32(sQ + s * WS_BM * 64),
                            adO = smem_u32(sdO + s * WS_BM * 64);
             const sdesc dQs(aQ), dOs(adO);
@@ -331,11 +319,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             mbar_arrive(&dqfull[wg]);
         }
 
-        long long ts = clock64();
-        if (rec) atomicAdd(&g_diag[3], (unsigned long long)(ts - t0));
         store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_, t.split,
                      nsplit, kv_elems, scale);
-        if (rec) atomicAdd(&g_diag[1], (unsigned long long)(clock64() - ts));
     }
 }
 
@@ -436,20 +421,7 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
-        scale * 1.4426950408889634f, getenv("ZRUN_ATT_DIAG") ? 1 : 0);
-    if (getenv("ZRUN_ATT_DIAG")) {
-        static int calls;
-        if (++calls % 20 == 0) {
-            unsigned long long h[8];
-            cudaDeviceSynchronize();
-            cudaMemcpyFromSymbol(h, g_diag, sizeof h);
-            const double n = (double)h[4];
-            fprintf(stderr, "DIAG B%lld Hq%lld T%lld items/wg %.0f: per item (cycles) kvfull %.0f frags %.0f first-stage %.0f item-body %.0f store %.0f | other stage waits per item %.0f\n",
-                    (long long)B, (long long)Hq, (long long)T_, n, h[0] / n, h[6] / n, h[2] / n, h[3] / n, h[1] / n, h[5] / n);
-            memset(h, 0, sizeof h);
-            cudaMemcpyToSymbol(g_diag, h, sizeof h);
-        }
-    }
+        scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
