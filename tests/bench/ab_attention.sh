@@ -4,9 +4,13 @@
 # alternating spreads it over every build), then per shape the median fwd / bwd / f+b ms of each
 # build and its f+b and bwd against the first build's (< 1: faster). The rows of the default grid
 # only (bench_fused's "tile/block" rows are left out).
-#   sh tests/bench/ab_attention.sh ROUNDS NAME=BENCH_FUSED NAME=BENCH_FUSED [...]
+#   sh tests/bench/ab_attention.sh [--sustained] ROUNDS NAME=BENCH_FUSED NAME=BENCH_FUSED [...]
 # e.g. sh tests/bench/ab_attention.sh 3 main=/tmp/m/bench_fused try=/tmp/t/bench_fused
+# --sustained: `bench_fused attention --sustained` (the rate at the power cap, which training runs at;
+# a change that only shortens stalls can win a short burst and lose nothing or gain nothing there).
 die() { echo "ab_attention.sh: $*" >&2; exit 1; }
+mode=
+if [ "${1:-}" = --sustained ]; then mode=--sustained; shift; fi
 rounds=$1
 case $rounds in ''|*[!0-9]*|0) die "ROUNDS='$rounds': give a count of 1 or more first, then two or more NAME=BENCH_FUSED" ;; esac
 shift
@@ -26,7 +30,7 @@ r=1
 while [ "$r" -le "$rounds" ]; do
   for a in "$@"; do
     n=${a%%=*}; b=${a#*=}
-    "$b" attention > "$tmp/out" 2>&1
+    "$b" attention $mode > "$tmp/out" 2>&1
     # shape (4 fields), then fwd, bwd, f+b ms
     awk -v n="$n" '/ Dh[0-9]+ / && !/tile\/block/ && $5 ~ /^[0-9.]+$/ && $6 ~ /^[0-9.]+$/ && $7 ~ /^[0-9.]+$/ {
       print n, $1 " " $2 " " $3 " " $4, $5, $6, $7 }' OFS='\t' "$tmp/out" > "$tmp/rows"
@@ -35,7 +39,7 @@ while [ "$r" -le "$rounds" ]; do
   done
   r=$((r + 1))
 done
-echo "attention (ms, median of $rounds alternating rounds; vs: against $(echo $names | cut -d' ' -f1))"
+echo "attention${mode:+ $mode} (ms, median of $rounds alternating rounds; vs: against $(echo $names | cut -d' ' -f1))"
 awk -F'\t' -v order="$names" '
   function median(s,   v, k, i, j, t) {
     k = split(s, v, " ")

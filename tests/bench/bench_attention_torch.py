@@ -2,7 +2,12 @@
 scaled_dot_product_attention (bf16, head_dim 64: 32 query / 8 kv heads at B=4, T=512, 2048 and 8192;
 GPT-2's 12 heads at B=64, T=1024) forward, backward and forward+backward, with CUDA events, median of 20 after 3 warm-ups.
 FLOPs as in bench_fused.cu: forward 4*B*Hq*T^2*Dh/2, backward 2.5x forward.
-Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py"""
+--sustained (as `bench_fused attention --sustained`): each shape after 2 s of forward + backward, each
+time the median of 3 windows of 0.25 s or more of back-to-back calls: the rate at the power cap, as in
+training (the default and cuDNN backends only).
+Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py [--sustained]"""
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -24,7 +29,32 @@ def med_ms(fn, warm=3, reps=20):
     return ts[len(ts) // 2]
 
 
-def run(B, Hq, Hkv, T, backend):
+def window_ms(fn, n):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def sustained_ms(fn):
+    n = 1
+    while window_ms(fn, n) < 250.0:
+        n *= 2
+    ts = sorted(window_ms(fn, n) / n for _ in range(3))
+    return ts[1]
+
+
+def heat(fn, ms=2000.0):
+    done, n = 0.0, 1
+    while done < ms:
+        done += window_ms(fn, n)
+        n *= 2
+
+
+def run(B, Hq, Hkv, T, backend, sustained=False):
     Dh = 64
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Hq, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
@@ -43,23 +73,31 @@ def run(B, Hq, Hkv, T, backend):
         def fb():
             out = fwd()
             torch.autograd.grad(out, (q, k, v), do)
-        tf, tb, tfb = med_ms(fwd), med_ms(bwd), med_ms(fb)
+        timed = sustained_ms if sustained else med_ms
+        if sustained:
+            heat(fb)
+        tf, tb, tfb = timed(fwd), timed(bwd), timed(fb)
     ff = 4.0 * B * Hq * T * T * Dh / 2
     fbw = 2.5 * ff
     return tf, tb, tfb, ff / tf / 1e9, fbw / tb / 1e9, (ff + fbw) / tfb / 1e9
 
 
 def main():
+    sustained = sys.argv[1:] == ["--sustained"]
+    if sys.argv[1:] and not sustained:
+        sys.exit(f"usage: bench_attention_torch.py [--sustained] (got {' '.join(sys.argv[1:])})")
     print("torch", torch.__version__, torch.cuda.get_device_name())
-    print(f"{'torch SDPA (causal, gqa, bf16)':34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
+    title = "torch SDPA (causal, gqa, bf16" + (", sustained)" if sustained else ")")
+    print(f"{title:34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
           f"{'fwd TF/s':>8s} {'bwd TF/s':>8s} {'f+b TF/s':>8s}")
     for B, Hq, Hkv, T in ((4, 32, 8, 512), (4, 32, 8, 2048), (4, 32, 8, 8192), (64, 12, 12, 1024)):
         shape = f"B{B} T{T} H{Hq}" + (f"/{Hkv}" if Hkv != Hq else "")
-        for name, be in (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
-                         ("cudnn", SDPBackend.CUDNN_ATTENTION),
-                         ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        backends = (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
+                    ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                    ("efficient", SDPBackend.EFFICIENT_ATTENTION))
+        for name, be in backends[::2] if sustained else backends:
             try:
-                r = run(B, Hq, Hkv, T, be)
+                r = run(B, Hq, Hkv, T, be, sustained)
             except Exception as e:  # a backend may not take GQA or these shapes
                 print(f"{shape} {name:10s}: unavailable ({str(e).splitlines()[0][:80]})")
                 continue

@@ -2,7 +2,8 @@
 # zrun next to PyTorch on the GPU machine, in one table with ratios (issue 18's comparisons):
 # Llama training throughput per shape (zrun bench_llama.lua vs tests/bench/llama_torch.py, eager
 # and torch.compile, same config, same accumulation, same run), and attention forward+backward
-# (bench_fused's attention rows vs PyTorch SDPA's best backend). Without torch only zrun's side runs.
+# (bench_fused's attention rows vs PyTorch SDPA's best backend, in bursts and --sustained at the power
+# cap). Without torch only zrun's side runs.
 #   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
 # defaults to shared/data's Llama-3.2-1B config.json; where that file is absent, zrun's built-in
@@ -58,10 +59,13 @@ for shape in $shapes; do
   if [ "$rounds" -gt 1 ]; then printf '  %s rounds, medians above: zrun%s; eager%s; compile%s\n' "$rounds" "$zs" "$es" "$cs"; fi
 done
 [ -x "$BD/bench_fused" ] || exit 0
-"$BD/bench_fused" attention | sed -n '/^attention/,$p' >"$tmp/za"
-[ $have_torch = 1 ] && $PY tests/bench/bench_attention_torch.py >"$tmp/ta" 2>/dev/null
+# attention f+b, zrun against SDPA's best backend: short bursts (the boost clock), then --sustained (each shape after
+# 2 s of f+b, timed over 0.25 s windows: the power cap's rate, which a training step runs at)
+attn_table() {
+"$BD/bench_fused" attention $1 | sed -n '/^attention/,$p' >"$tmp/za"
+[ $have_torch = 1 ] && $PY tests/bench/bench_attention_torch.py $1 >"$tmp/ta" 2>/dev/null
 echo
-printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)" zrun "torch best" "backend" "× best"
+printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)${1:+ $1}" zrun "torch best" "backend" "× best"
 # rows: the GQA shapes at B=4, then GPT-2 124M's (B=64, 12 heads, T=1024)
 for row in "B4 T512 |causal GQA B4 H32/8 Dh64 T=512" "B4 T2048 |causal GQA B4 H32/8 Dh64 T=2048" \
            "B4 T8192 |causal GQA B4 H32/8 Dh64 T=8192" "B64 T1024 |causal B64 H12 Dh64 T=1024"; do
@@ -72,3 +76,6 @@ for row in "B4 T512 |causal GQA B4 H32/8 Dh64 T=512" "B4 T2048 |causal GQA B4 H3
   awk -v n="$name" -v z="${z:--}" -v b="${1:--}" -v be="${2:--}" 'BEGIN {
     r = (z + 0 > 0 && b + 0 > 0) ? sprintf("%.2f", b / z) : "-"; printf "%-30s %12s %12s %12s %10s\n", n, z, b, be, r }'
 done
+}
+attn_table ""
+attn_table --sustained

@@ -15,7 +15,7 @@ local ROW = "%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n"
 -- a stand-in that prints, on its k-th call, shape rows with bwd = bwds[k] (fwd 0.18, f+b = fwd + bwd)
 -- and a tile/block row that must not count; it logs its name to dir/order
 local function stand_in(name, bwds)
-  local t = { "#!/bin/sh\n", ("echo %s >> %s/order\n"):format(name, dir),
+  local t = { "#!/bin/sh\n", ("echo %s >> %s/order\n"):format(name, dir), ('echo "$*" >> %s/args\n'):format(dir),
     ("n=$(cat %s/%s.n 2>/dev/null || echo 0); n=$((n + 1)); echo $n > %s/%s.n\n"):format(dir, name, dir, name),
     "echo 'device: stand-in'\n", "printf '\\n%-34s %10s\\n' 'attention (causal, bf16)' 'fwd ms'\n", "case $n in\n" }
   for k, b in ipairs(bwds) do
@@ -51,6 +51,20 @@ T.test("ab_attention.sh: alternating rounds, medians per build and shape, ratios
   T.eq(g, ("%8.3f %8.3f %8.3f %9.3f %9.3f"):format(0.32, 0.88, 1.2, 1.2 / 1.26, 0.88 / 0.94):gsub("^ +", ""), "GPT-2's row")
   assert(not out:find("tile/block", 1, true), "the tile/block rows are left out:\n" .. out)
   assert(out:find("median of 3 alternating rounds; vs: against main", 1, true), out)
+end)
+
+T.test("ab_attention.sh --sustained: the flag to every build, named in the header", function()
+  os.remove(dir .. "/args")
+  local a = stand_in("s1", { 0.47 })
+  local b = stand_in("s2", { 0.44 })
+  local out, rc = ab(("--sustained 1 main=%s try=%s"):format(a, b))
+  assert(rc == 0, out)
+  T.eq(read(dir .. "/args"), "attention --sustained\nattention --sustained\n", "each build ran sustained")
+  assert(out:find("attention --sustained (ms, median of 1 alternating rounds", 1, true), out)
+  os.remove(dir .. "/args")
+  out, rc = ab(("1 main=%s try=%s"):format(stand_in("s3", { 0.47 }), stand_in("s4", { 0.44 })))
+  assert(rc == 0, out)
+  T.eq(read(dir .. "/args"), "attention\nattention\n", "bursts without the flag")
 end)
 
 T.test("ab_attention.sh refuses a bad count, one build, a missing binary, a repeated name, no rows", function()

@@ -22,7 +22,7 @@ local rows = {
   { "B4 T512 H32/8 Dh64", 0.030, 0.060, 0.090 }, { "B4 T2048 H32/8 Dh64", 0.180, 0.420, 0.600 },
   { "B4 T8192 H32/8 Dh64", 2.400, 5.600, 8.000 }, { "B64 T1024 H12/12 Dh64", 0.350, 0.900, 1.250 },
 }
-local bench = { "#!/bin/sh", "cat <<'EOF'", "", fmt("%-34s %10s %10s %10s %8s %8s %8s", "attention (causal, bf16)",
+local bench = { "#!/bin/sh", fmt('echo "bench_fused $*" >> %s/calls', dir), "cat <<'EOF'", "", fmt("%-34s %10s %10s %10s %8s %8s %8s", "attention (causal, bf16)",
   "fwd ms", "bwd ms", "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s") }
 for pass = 1, 2 do -- the default grid, then a block per tile (slower here: must not be taken)
   for _, r in ipairs(rows) do
@@ -41,7 +41,7 @@ local torch = { { "B4 T512 H32/8", { default = 0.25, flash = false, cudnn = 0.19
   { "B4 T8192 H32/8", { default = 9.9, flash = false, cudnn = 9.323, efficient = 20 } },
   { "B64 T1024 H12", { default = 1.4, flash = 1.5, cudnn = 1.357, efficient = 2.5 } } }
 local py = { "#!/bin/sh", 'case "$1" in -c) exit 0 ;; tests/bench/bench_attention_torch.py) ;; *) exit 3 ;; esac',
-  "cat <<'EOF'", "torch 2.11 stand-in", fmt("%-34s %10s %10s %10s %8s %8s %8s", "torch SDPA (causal, gqa, bf16)", "fwd ms",
+  fmt('echo "python $*" >> %s/calls', dir), "cat <<'EOF'", "torch 2.11 stand-in", fmt("%-34s %10s %10s %10s %8s %8s %8s", "torch SDPA (causal, gqa, bf16)", "fwd ms",
   "bwd ms", "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s") }
 for _, s in ipairs(torch) do
   for _, be in ipairs { "default", "flash", "cudnn", "efficient" } do
@@ -83,6 +83,20 @@ T.test("vs_torch.sh: zrun's f+b from the default grid next to PyTorch's best bac
     T.eq(f[3], "cudnn", w[1] .. ": the best backend")
     T.eq(f[4], w[4], w[1] .. ": best / zrun")
   end
+end)
+
+T.test("vs_torch.sh: the attention table again at the power cap (--sustained to both sides)", function()
+  os.remove(dir .. "/calls")
+  local out, rc = run(fmt("VS_TORCH_SHAPES=none PYTHON=%s/python", dir))
+  assert(rc == 0, out)
+  local f = assert(io.open(dir .. "/calls")); local calls = f:read("*a"); f:close()
+  assert(calls:find("bench_fused attention\n", 1, true) and calls:find("bench_fused attention --sustained\n", 1, true),
+    "bench_fused in bursts and sustained:\n" .. calls)
+  assert(calls:find("python tests/bench/bench_attention_torch.py --sustained\n", 1, true), "torch sustained:\n" .. calls)
+  local rest = out:match("attention f%+b %(ms%) %-%-sustained[^\n]*\n(.*)$")
+  assert(rest, "no sustained table in:\n" .. out)
+  local r = row("\n" .. rest, "causal GQA B4 H32/8 Dh64 T=8192")
+  T.eq(r[1], "8.000"); T.eq(r[2], "9.323"); T.eq(r[4], "1.17")
 end)
 
 T.test("vs_torch.sh: without torch, zrun's column alone", function()
