@@ -77,49 +77,37 @@ static float *f32(size_t n, float scale = 1.f, float off = 0.f) {
 
 static const zr_dtype BF = ZR_BF16;
 
-/* Sustained time of f, ms a call (`bench_fused attention --sustained`): f back to back in windows
- * of at least 0.25 s (the call count doubled until one is), the median of 3 windows. After
- * heat(): the rate the GPU keeps at its power cap, as in training, instead of the boost clock's of a
- * short burst (session 35: a kernel change 10% faster in a burst was not faster end to end). */
-static float sustained_ms(const std::function<void()> &f) {
+/* GPU time of n back-to-back calls of f, ms (events around them). */
+static float window_ms(const std::function<void()> &f, int n) {
     cudaEvent_t a, b;
     CU(cudaEventCreate(&a));
     CU(cudaEventCreate(&b));
-    auto window = [&](int n) {
-        CU(cudaEventRecord(a));
-        for (int i = 0; i < n; ++i) f();
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        float ms;
-        CU(cudaEventElapsedTime(&ms, a, b));
-        return ms;
-    };
-    int n = 1;
-    while (window(n) < 250.f) n *= 2;
-    float t[3];
-    for (float &x : t) x = window(n) / n;
-    std::sort(t, t + 3);
+    CU(cudaEventRecord(a));
+    for (int i = 0; i < n; ++i) f();
+    CU(cudaEventRecord(b));
+    CU(cudaEventSynchronize(b));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, a, b));
     CU(cudaEventDestroy(a));
     CU(cudaEventDestroy(b));
+    return ms;
+}
+/* Sustained time of f, ms a call (`bench_fused attention --sustained`): f back to back in windows
+ * of at least 0.25 s (the call count doubled until one is), the median of 3 windows. After
+ * heat(): the rate the GPU keeps at its power cap, as in training, instead of the boost clock's of a
+ * short burst (session 35). */
+static float sustained_ms(const std::function<void()> &f) {
+    int n = 1;
+    while (window_ms(f, n) < 250.f) n *= 2;
+    float t[3];
+    for (float &x : t) x = window_ms(f, n) / n;
+    std::sort(t, t + 3);
     return t[1];
 }
 /* f back to back for about `ms` milliseconds: the GPU brought to the clock its power cap leaves. */
 static void heat(const std::function<void()> &f, float ms = 2000.f) {
     float done = 0.f;
-    for (int n = 1; done < ms; n *= 2) {
-        cudaEvent_t a, b;
-        CU(cudaEventCreate(&a));
-        CU(cudaEventCreate(&b));
-        CU(cudaEventRecord(a));
-        for (int i = 0; i < n; ++i) f();
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        float t;
-        CU(cudaEventElapsedTime(&t, a, b));
-        done += t;
-        CU(cudaEventDestroy(a));
-        CU(cudaEventDestroy(b));
-    }
+    for (int n = 1; done < ms; n *= 2) done += window_ms(f, n);
 }
 
 static float time_ms(const std::function<void()> &f, int warm = 3, int reps = 20) {
