@@ -330,21 +330,28 @@ static int l_listdir(lua_State *L) {
         return 2;
     }
     char **names = NULL;
-    int n = 0, cap = 0;
+    int n = 0, cap = 0, oom = 0;
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while (!oom && (e = readdir(d))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 32;
             char **nn = realloc(names, (size_t)cap * sizeof *nn);
-            if (!nn) break;
+            if (!nn) { oom = 1; break; }
             names = nn;
         }
-        if (!(names[n] = strdup(e->d_name))) break;
-        n++;
+        if (!(names[n] = strdup(e->d_name))) oom = 1;
+        else n++;
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    if (oom) { /* a partial listing would pass for the whole directory */
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: out of host memory listing the directory (%d names read)", path, n);
+        return 2;
+    }
+    if (n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str); /* names is NULL when n == 0 */
     lua_createtable(L, n, 0);
     for (int i = 0; i < n; i++) {
         lua_pushstring(L, names[i]);
