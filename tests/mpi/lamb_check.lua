@@ -4,9 +4,10 @@
 -- tensor however the ranks cut it (tests/lua/test_engine_optimizers.lua checks stage 0 against the
 -- formula). Usage: zrun lamb_check.lua STAGE OFFLOAD(0/1) FILE; 1 rank at stage 0 writes FILE (the
 -- reference), every other run compares with it. Tolerance: fp32 summed in another order moves the
--- losses by about 4e-5 here, and as in Adam, u = m / sqrt(v) turns the rounding noise of near-zero
+-- losses by about 4e-5 here (1.9e-4 in a build without fused multiply-adds: -O1, ASan), and as in Adam, u = m / sqrt(v) turns the rounding noise of near-zero
 -- gradients into whole steps, so about 0.15% of the weights differ by more than 1e-4; 1% may. A
--- trust ratio taken per piece moves the losses by 0.6 and nearly every weight.
+-- trust ratio taken per piece moves the losses by 0.6 and nearly every weight: the losses' 1e-3 keeps
+-- a 600x margin over it.
 local zr = require "zrun"
 local T = zr.testing
 local dist = zr.dist
@@ -72,7 +73,7 @@ local function check()
   local k, off, n = 0, 0, 0
   for s = 1, STEPS do
     k = k + 1
-    T.near(losses[s], vals[k], 1e-4, 0, "loss at step " .. s)
+    T.near(losses[s], vals[k], 1e-3, 0, "loss at step " .. s)
   end
   for _, w in ipairs(ws) do
     for _, x in ipairs(w) do
