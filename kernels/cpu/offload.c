@@ -22,7 +22,9 @@
 #define PAR_N 65536      /* below this, threads cost more than they save */
 #define MAX_THREADS 1024 /* per-thread partial sums live on the stack */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+/* (not under ThreadSanitizer: the clones' ifunc resolvers run, instrumented, before it starts) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #else
 #define CLONES
