@@ -6,8 +6,8 @@
 # only (bench_fused's "tile/block" rows are left out).
 #   sh tests/bench/ab_attention.sh [--sustained] ROUNDS NAME=BENCH_FUSED NAME=BENCH_FUSED [...]
 # e.g. sh tests/bench/ab_attention.sh 3 main=/tmp/m/bench_fused try=/tmp/t/bench_fused
-# --sustained: `bench_fused attention --sustained` (the rate at the power cap, which training runs at;
-# a change that only shortens stalls can win a short burst and lose nothing or gain nothing there).
+# --sustained: `bench_fused attention --sustained`, the rate at the power cap, which training runs at
+# (session 35: at T = 2048 ours ran 6% slower there than in bursts, and PyTorch's SDPA 5-10% faster).
 die() { echo "ab_attention.sh: $*" >&2; exit 1; }
 mode=
 if [ "${1:-}" = --sustained ]; then mode=--sustained; shift; fi
