@@ -186,6 +186,9 @@ bench: deps
 	@$(MAKE) --no-print-directory -j$(NPROC) all $(BENCH_BIN) $(if $(HAVE_NVCC),$(BUILD)/bench/bench_fused)
 	@BUILD=$(BUILD) ZRUN_BIN=$(abspath $(BIN)) sh tests/bench/run.sh
 
+# AddressSanitizer + UBSan, any report fatal: the fuzz targets' objects and `make test-asan`'s build.
+SAN_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+
 # Fuzzing (tests/fuzz/): the JSON, safetensors and tokenizer code in objects of their own, built
 # with AddressSanitizer + UBSan. Where clang has libFuzzer, `make fuzz` fuzzes each target for
 # FUZZ_SECONDS and `make test` for FUZZ_TEST_SECONDS; elsewhere the targets are linked to
@@ -200,8 +203,7 @@ FUZZ_FOUND = $(eval FUZZ_FOUND := $(shell command -v clang >/dev/null 2>&1 && \
 FUZZ_DIR    := $(BUILD)/fuzz/$(FUZZ_KIND)
 FUZZ_CC     := $(if $(filter libfuzzer,$(FUZZ_KIND)),clang,$(CC))
 # no -fopenmp (one thread is what a fuzzer wants); gcc's omp.h serves clang when libomp-dev is absent
-FUZZ_CFLAGS := -O1 -g -std=gnu11 -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow \
-               -fno-sanitize-recover=all $(PREFIX_INC) $(RUNTIME_INC) -idirafter $(shell $(CC) -print-file-name=include) \
+FUZZ_CFLAGS := $(SAN_CFLAGS) -std=gnu11 -fsanitize=float-cast-overflow $(PREFIX_INC) $(RUNTIME_INC) -idirafter $(shell $(CC) -print-file-name=include) \
                $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer-no-link)
 FUZZ_LIB_SRC := $(wildcard runtime/core/*.c runtime/ops/*.c runtime/io/*.c runtime/tokenizer/*.c kernels/base/*.c)
 FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f32.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f64.o)
@@ -269,7 +271,6 @@ test-cuda: all $(FUSED_TEST) $(GEMM_SM90_TEST)
 # an empty directory's NULL list given to qsort, and two tolerances that held only with fused
 # multiply-adds.
 ASAN_BUILD := $(BUILD)-asan
-SAN_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 test-asan: deps
 	@CFLAGS="$(SAN_CFLAGS)" $(MAKE) --no-print-directory -j$(NPROC) CUDA=0 BUILD=$(ASAN_BUILD) \
 	  BIN=$(ASAN_BUILD)/zrun $(ASAN_BUILD)/zrun $(TEST_SRC:tests/c/%.c=$(ASAN_BUILD)/tests/%)
