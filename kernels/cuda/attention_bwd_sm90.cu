@@ -100,7 +100,7 @@ static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, i
  * warpgroup, the named barrier keeps warps less than a step apart). With one block per item
  * (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V first, no
  * prefetch. */
-template <typename T>
+template <typename T, bool ROWS>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
                        float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
@@ -319,8 +319,14 @@ __global__ void __launch_bounds__(WS_THR, 1)
             mbar_arrive(&dqfull[wg]);
         }
 
-        store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_, t.split,
-                     nsplit, kv_elems, scale);
+        if constexpr (ROWS) { /* the warp's rows of the dS^T buffer no step uses until the next */
+            uint16_t *fb = sdS + (c & 1) * WS_BN * WS_BM;
+            store_dkv_rows<T>(dk, dv, dka, dva, sdk, sdv, t.b, t.hk, kv0 + wg * 64 + warp * 16,
+                              fb, fb + WS_BN * 64, wg * 64 + warp * 16, T_, scale, lane);
+        } else {
+            store_dkv<T>(dk, dv, ws_dkv, dka, dva, sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_,
+                         t.split, nsplit, kv_elems, scale);
+        }
     }
 }
 
@@ -406,12 +412,29 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
                : 0;
 }
 
+/* The kernel with store_dkv_rows as its epilogue runs when it can (unsplit items; dk, dv rows 16-byte
+ * aligned: their bases and strides, the element stride within a row being 1 as for every Hopper
+ * operand) and the items are short: T <= g_rows_max_t. Measured on the H200 at the power cap
+ * (`ab_attention.sh --sustained`, sessions 35-36): GPT-2's shape (T = 1024) backward -7%, T = 2048
+ * even; at T = 8192 this instance was +1.1-1.3% (its epilogue runs ~15 times an SM there, so its
+ * main loop's code is the likelier cause), so T = 8192 keeps the other. */
+static int64_t g_rows_max_t = 2048;
+
+extern "C" void attn_sm90_dkv_rows_max_t(int64_t t) { g_rows_max_t = t; }
+
+static bool dkv_rows(const void *dk, const void *dv, const zr_attn_layout &L, int ns, int64_t T_) {
+    const uint64_t a = (uintptr_t)dk | (uintptr_t)dv | (uint64_t)(L.dk.sb | L.dk.sh | L.dk.st) * 2 |
+                       (uint64_t)(L.dv.sb | L.dv.sh | L.dv.st) * 2;
+    return ns == 1 && (a & 15) == 0 && T_ <= g_rows_max_t;
+}
+
 template <typename T>
 static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                        const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
                        int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
                        cudaStream_t st) {
-    auto kern = attn_bwd_sm90_kernel<T>;
+    auto kern = dkv_rows(dk, dv, L, ns, T_) ? attn_bwd_sm90_kernel<T, true>
+                                            : attn_bwd_sm90_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
     /* the tile and item counts as arguments, not derived in the kernel: a value computed before the
      * roles part is live across setmaxnreg, where ptxas spills it */

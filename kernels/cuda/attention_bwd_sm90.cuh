@@ -46,6 +46,25 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
             if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
 }
 
+/* A warp's 16 rows wr .. wr + 15 (wr a multiple of 8) of a 64-column tile (accumulator layout,
+ * packed by pack_a<T, 4>) into the [row][column] tile at sS (128-byte rows, 128-byte swizzle: the
+ * 16-byte chunk k of row r at k ^ (r & 7)) by four stmatrix: the x4 form stores the four 8×8 blocks
+ * of a k-step (rows wr.. and wr + 8.., columns 16kc.. and 16kc + 8..) from exactly f[kc][0..3],
+ * lane l giving the address of row l % 8 of block l / 8. */
+static __device__ __forceinline__ void st_rows16(uint16_t *sS, const uint32_t (&f)[4][4], int wr,
+                                                 int lane) {
+    const int blk = lane >> 3, rr = lane & 7, row = wr + rr + (blk & 1) * 8;
+    /* the 16-byte chunk of columns 16kc + 8(blk >> 1) in row `row` is 2kc ^ x (row & 7 == rr) */
+    const int x = (blk >> 1) ^ rr;
+    const uint32_t a = smem_u32(sS + row * 64);
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         a + (((2 * kc) ^ x) << 4)),
+                     "r"(f[kc][0]), "r"(f[kc][1]), "r"(f[kc][2]), "r"(f[kc][3])
+                     : "memory");
+}
+
 /* dS^T = P^T ∘ (dP^T − D) in place of dP^T (d: D of this thread's columns, load_cols; layout as in
  * p_tile); then P^T and dS^T packed into the A fragments of the dV and dK products (pf[kc], sf[kc]:
  * the k-step of queries 16kc..16kc + 15), and dS^T stored for the dQ product into the half's
@@ -65,17 +84,9 @@ static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&s
             dpt[4 * nt + e] = st[4 * nt + e] * (dpt[4 * nt + e] - ((e & 1) ? d[nt].y : d[nt].x));
     pack_a<T, 4>(pf, st);
     pack_a<T, 4>(sf, dpt);
-    const int blk = lane >> 3, rr = lane & 7, row = wr + rr + (blk & 1) * 8;
-    /* the 16-byte chunk of queries 16kc + 8(blk >> 1) in row `row` is 2kc ^ x (row & 7 == rr) */
-    const int x = (blk >> 1) ^ rr;
-    const uint32_t a = smem_u32(sS + row * 64);
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc)
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         a + (((2 * kc) ^ x) << 4)),
-                     "r"(sf[kc][0]), "r"(sf[kc][1]), "r"(sf[kc][2]), "r"(sf[kc][3])
-                     : "memory");
+    st_rows16(sS, sf, wr, lane);
 }
+
 
 /* Issues dV += P^T·dO and dK += dS^T·Q over a half's 64 queries (aO, aQ: the half's first row of
  * the dO and Q tiles) as one commit group, left in flight. */
@@ -136,6 +147,45 @@ static __device__ __forceinline__ void tma_prefetch4(const void *map, int c0, in
                      reinterpret_cast<uint64_t>(map)),
                  "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
+}
+
+/* Epilogue of a warp's 16 keys wr .. wr + 15 of the item (kw = the first's index in the head), as
+ * store_dkv with nsplit == 1, through shared memory: dK (scaled) into the warp's rows of tile sk and
+ * dV of tile sv (st_rows16), then read back a 16-byte chunk a lane, 8 lanes a 128-byte row, and
+ * stored so (dk, dv: rows 16-byte aligned). store_dkv's 4-byte stores spread each warp instruction
+ * over 8 rows; on the H200 they kept the warp ~4,900 cycles an item (session 35: about a fifth of
+ * an item at GPT-2's shape). The warp's rows of sk and sv must be free; they are read back
+ * before it returns. */
+template <typename T>
+static __device__ __forceinline__ void
+store_dkv_rows(uint16_t *dk, uint16_t *dv, const float (&dka)[32], const float (&dva)[32],
+               const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int kw,
+               uint16_t *sk, uint16_t *sv, int wr, int T_, float scale, int lane) {
+    {
+        float ks[32];
+        uint32_t f[4][4];
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+            ks[e] = dka[e] * scale;
+        pack_a<T, 4>(f, ks);
+        st_rows16(sk, f, wr, lane);
+        pack_a<T, 4>(f, dva);
+        st_rows16(sv, f, wr, lane);
+    }
+    __syncwarp();
+    uint16_t *gk = dk + b * sdk.sb + hk * sdk.sh, *gv = dv + b * sdv.sb + hk * sdv.sh;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+        const int r = it * 4 + (lane >> 3), k = lane & 7, key = kw + r;
+        const int so = (wr + r) * 64 + ((k ^ (r & 7)) << 3); /* (wr + r) & 7 == r & 7 */
+        const uint4 xk = *reinterpret_cast<const uint4 *>(sk + so);
+        const uint4 xv = *reinterpret_cast<const uint4 *>(sv + so);
+        if (key < T_) {
+            *reinterpret_cast<uint4 *>(gk + key * sdk.st + k * 8) = xk;
+            *reinterpret_cast<uint4 *>(gv + key * sdv.st + k * 8) = xv;
+        }
+    }
+    __syncwarp(); /* every lane's reads done before the warp writes these rows again */
 }
 
 /* Epilogue of a warpgroup's 64 keys: this thread's rows key0, key0 + 8 (accumulator layout) of kv

@@ -800,6 +800,17 @@ TEST(attention_forward_backward) {
                    relerr(dv_.down(), dv));
             snprintf(w2, sizeof w2, "%s dv", what);
             CHECK_CLOSE(dv_.down(), dv, bt, w2);
+            if (!fallback) { /* the other backward instance (dK/dV epilogue): the same dk, dv
+                              * bits (dq's reduce-adds from several blocks may round in another order) */
+                dbuf dq3(nq, t), dk3(nk, t), dv3(nk, t);
+                attn_sm90_dkv_rows_max_t(0);
+                CHECK_OK(attention_backward_cuda(dq3.p, dk3.p, dv3.p, do_.p, q_.p, k_.p, v_.p,
+                                                 o_.p, lse_.f(), ws.p, NULL, B, Hq, Hkv, T, Dh,
+                                                 0.f, t, 0));
+                attn_sm90_dkv_rows_max_t(2048);
+                CHECK_MSG(dk3.down() == dk_.down() && dv3.down() == dv_.down(),
+                          "%s: the two dK/dV epilogues differ", what);
+            }
             if (!attention_strided_ok(Dh, t)) continue;
             /* Strided: q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (a fused
              * projection), o, dO, dq, dk, dv in (B, T, H, Dh) memory. */
