@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
  * the next row (x, dy, dres, rstd) before working on the current one, and dres with x and dy (not
  * after the reduction): one memory latency per row and two rows per group in flight (measured
  * 68% -> 80% of copy); LayerNorm does too with one chunk per lane (PF; its registers capped
- * for 3 blocks per SM), and loads only the current row with two (the prefetch registers cost
- * occupancy: 63% -> 61%). Each
+ * for 3 blocks per SM) and with three (a warp a row, GPT-2's width), and loads only the current
+ * row with two (the prefetch registers cost occupancy: 63% -> 61%). Each
  * thread keeps the weight-gradient sums of its own columns in registers, the block adds its
  * groups' sums in group order and writes one partial row: part[blockIdx.x] = (sum dy*xhat (D),
  * sum dy (D)). dx may alias dy or dres (a row is read before it is written; the prefetched row is

@@ -6,7 +6,8 @@
  * memory-bound row also gives its rate against a copy of the same number of bytes.
  * `bench_fused attention` runs the attention rows alone (`--sustained`: each shape after 2 s of
  * forward + backward, timed over windows of 0.25 s or more: the power cap's rate, as in training),
- * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows.
+ * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
+ * ceiling and the RMSNorm, LayerNorm and softmax rows.
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -236,11 +237,73 @@ static void cross_entropy_rows() {
     }
 }
 
+/* RMSNorm, LayerNorm and softmax rows of N rows of D (bf16). */
+static void norms(int64_t N, int64_t D) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "bf16 N=%lld D=%lld", (long long)N, (long long)D);
+    void *x = bf(N * D), *r = bf(N * D), *w = bf(D), *y = bf(N * D), *h = bf(N * D),
+         *dy = bf(N * D), *dx = bf(N * D), *dw = bf(D), *b = bf(D);
+    float *rstd = f32(N), *mean = f32(N);
+    void *ws;
+    CU(cudaMalloc(&ws, rmsnorm_backward_workspace_size(N, D)));
+    const double e = 2.0 * N * D;
+    row("rmsnorm fwd", sh,
+        2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
+    /* the residual add then the norm (Llama before zr.add_rms_norm: two kernels, h written
+     * then read back) against the fused kernel (x and r read once, h and y written) */
+    const int64_t one = 1, shp = N * D;
+    row("add + rmsnorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
+            OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
+            OK(rmsnorm_forward_cuda(y, rstd, h, w, N, D, 1e-5f, BF, 0));
+        }));
+    row("add_rmsnorm fwd (fused)", sh, 4 * e, time_ms([&] {
+            OK(add_rmsnorm_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
+        }));
+    row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
+            OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
+        }));
+    row("layernorm fwd", sh, 2 * e, time_ms([&] {
+            OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
+        }));
+    /* GPT-2's residual add then ln_1 / ln_2 / ln_f, and the fused kernel (zr.add_layer_norm) */
+    row("add + layernorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
+            OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
+            OK(layernorm_forward_cuda(y, mean, rstd, h, w, b, N, D, 1e-5f, BF, 0));
+        }));
+    row("add_layernorm fwd (fused)", sh, 4 * e, time_ms([&] {
+            OK(add_layernorm_forward_cuda(y, h, mean, rstd, x, r, w, b, N, D, 1e-5f, BF, 0));
+        }));
+    row("layernorm bwd (dw, db)", sh, 3 * e, time_ms([&] {
+            OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, NULL, ws, N, D, BF, 0));
+        }));
+    /* GPT-2's: the gradient arriving at the residual stream added (dres) */
+    row("layernorm bwd (+dres, dw, db)", sh, 4 * e, time_ms([&] {
+            OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, r, ws, N, D, BF, 0));
+        }));
+    row("softmax fwd", sh, 2 * e,
+        time_ms([&] { OK(softmax_forward_cuda(y, x, N, D, BF, 0)); }));
+    row("softmax bwd", sh, 3 * e,
+        time_ms([&] { OK(softmax_backward_cuda(dx, dy, y, N, D, BF, 0)); }));
+    for (void *p : {x, r, w, y, h, dy, dx, dw, b, ws}) cudaFree(p);
+    cudaFree(rstd), cudaFree(mean);
+}
+
+/* The norm rows: Llama-3.2-1B's micro-batch; N=16384 tokens (B=8, T=2048), D=2048; N=65536, D=4096
+ * (512 MB each way: the kernels' steady-state rate, where a copy of the same size reaches the 4 GiB
+ * rate); GPT-2 124M's. */
+static void norm_rows() {
+    norms(2048, 2048); /* Llama-3.2-1B's micro-batch (B=4, T=512): 8 MB tensors */
+    norms(16384, 2048);
+    norms(65536, 4096);
+    norms(65536, 768); /* GPT-2 124M at B=64 T=1024 */
+}
+
 int main(int argc, char **argv) {
     const bool sustained = argc == 3 && strcmp(argv[1], "attention") == 0 && strcmp(argv[2], "--sustained") == 0;
     if ((argc > 2 && !sustained) ||
-        (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0)) {
-        fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy] (got '%s%s%s')\n",
+        (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0 &&
+         strcmp(argv[1], "norm") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy | norm] (got '%s%s%s')\n",
                 argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
         return 2;
     }
@@ -270,61 +333,12 @@ int main(int argc, char **argv) {
         CU(cudaFree(a));
         CU(cudaFree(b));
     }
-    if (argc > 1 && strcmp(argv[1], "cross_entropy") == 0) { /* the copy ceiling, then those rows alone */
-        cross_entropy_rows();
+    if (argc > 1) { /* the copy ceiling, then those rows alone */
+        if (strcmp(argv[1], "cross_entropy") == 0) cross_entropy_rows();
+        else norm_rows();
         return 0;
     }
-    /* norms: N=16384 tokens (B=8, T=2048), D=2048; then N=65536, D=4096 (512 MB each way: the
-     * kernels' steady-state rate, where a copy of the same size reaches the 4 GiB rate) */
-    auto norms = [&](int64_t N, int64_t D) {
-        char sh[64];
-        snprintf(sh, sizeof sh, "bf16 N=%lld D=%lld", (long long)N, (long long)D);
-        void *x = bf(N * D), *r = bf(N * D), *w = bf(D), *y = bf(N * D), *h = bf(N * D),
-             *dy = bf(N * D), *dx = bf(N * D), *dw = bf(D), *b = bf(D);
-        float *rstd = f32(N), *mean = f32(N);
-        void *ws;
-        CU(cudaMalloc(&ws, rmsnorm_backward_workspace_size(N, D)));
-        const double e = 2.0 * N * D;
-        row("rmsnorm fwd", sh,
-            2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
-        /* the residual add then the norm (Llama before zr.add_rms_norm: two kernels, h written
-         * then read back) against the fused kernel (x and r read once, h and y written) */
-        const int64_t one = 1, shp = N * D;
-        row("add + rmsnorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
-                OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
-                OK(rmsnorm_forward_cuda(y, rstd, h, w, N, D, 1e-5f, BF, 0));
-            }));
-        row("add_rmsnorm fwd (fused)", sh, 4 * e, time_ms([&] {
-                OK(add_rmsnorm_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
-            }));
-        row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
-                OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
-            }));
-        row("layernorm fwd", sh, 2 * e, time_ms([&] {
-                OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));
-            }));
-        /* GPT-2's residual add then ln_1 / ln_2 / ln_f, and the fused kernel (zr.add_layer_norm) */
-        row("add + layernorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
-                OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
-                OK(layernorm_forward_cuda(y, mean, rstd, h, w, b, N, D, 1e-5f, BF, 0));
-            }));
-        row("add_layernorm fwd (fused)", sh, 4 * e, time_ms([&] {
-                OK(add_layernorm_forward_cuda(y, h, mean, rstd, x, r, w, b, N, D, 1e-5f, BF, 0));
-            }));
-        row("layernorm bwd (dw, db)", sh, 3 * e, time_ms([&] {
-                OK(layernorm_backward_cuda(dx, dw, b, dy, x, w, mean, rstd, NULL, ws, N, D, BF, 0));
-            }));
-        row("softmax fwd", sh, 2 * e,
-            time_ms([&] { OK(softmax_forward_cuda(y, x, N, D, BF, 0)); }));
-        row("softmax bwd", sh, 3 * e,
-            time_ms([&] { OK(softmax_backward_cuda(dx, dy, y, N, D, BF, 0)); }));
-        for (void *p : {x, r, w, y, h, dy, dx, dw, b, ws}) cudaFree(p);
-        cudaFree(rstd), cudaFree(mean);
-    };
-    norms(2048, 2048); /* Llama-3.2-1B's micro-batch (B=4, T=512): 8 MB tensors */
-    norms(16384, 2048);
-    norms(65536, 4096);
-    norms(65536, 768); /* GPT-2 124M at B=64 T=1024 */
+    norm_rows();
     /* rope: 32/8 heads, Dh=64, B=4 T=2048; then B=16 T=4096 (1.3 GB moved), where launch and
      * tail costs, which hold a copy of the 84 MB of the first shape to ~73% of the 4 GiB rate, no
      * longer dominate */
