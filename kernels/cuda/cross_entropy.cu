@@ -14,11 +14,6 @@ extern "C" {
 #include "fused_common.cuh"
 
 #define CE_THREADS 512
-/* Rows of at most this many bytes take ce_fused_smem_kernel: two blocks' rows fit an SM's 228 KB
- * (GPT-2's 50,304 bf16 logits: 98 KB; Llama 3's 128,256: 251 KB take the L2 re-read). */
-#ifndef CE_SMEM_ROW_MAX
-#define CE_SMEM_ROW_MAX (112 * 1024)
-#endif
 
 
 /* The row's logsumexp, returned to every thread of the block: a per-thread online (max, sum of
@@ -26,21 +21,13 @@ extern "C" {
  * *tot (every thread), a third accumulator reduced alongside. Callers pass nullptr without LS: a
  * local whose address is taken (or a returned pair) changes the eps = 0 kernels' code. */
 template <typename T, int V, bool LS>
-static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, float *tot, T *stage = nullptr) {
+static __device__ __forceinline__ float row_lse(const T *x, int64_t Vn, float *tot) {
     __shared__ float rm[32], rs[32], rt[32], zb, tb;
     float m = -INFINITY, s = 0.f, t = 0.f;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
-        if (stage) { /* the 16 bytes also kept in shared memory, for this thread's gradient pass */
-            const uint4 r = *reinterpret_cast<const uint4 *>(x + i);
-            *reinterpret_cast<uint4 *>(stage + i) = r;
-            const T *e = reinterpret_cast<const T *>(&r);
-#pragma unroll
-            for (int k = 0; k < V; ++k) f[k] = tof<T>(e[k]);
-        } else {
-            ldv<T, V>(f, x + i);
-        }
+        ldv<T, V>(f, x + i);
         float cm = f[0];
 #pragma unroll
         for (int k = 1; k < V; ++k) cm = fmaxf(cm, f[k]);
@@ -199,34 +186,6 @@ __global__ void __launch_bounds__(CE_THREADS)
     row_grad<T, V, LS>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn, eps);
 }
 
-/* ce_fused_kernel with the row kept in shared memory (V · sizeof(T) bytes of dynamic shared memory,
- * 16-byte chunks only): the gradient pass reads each thread's chunks back from there instead of
- * from L2 or memory, so the row crosses the memory bus once each way. Same chunks, same order: the
- * same floats as ce_fused_kernel. */
-template <typename T, int V, bool LS>
-__global__ void __launch_bounds__(CE_THREADS)
-    ce_fused_smem_kernel(float *__restrict__ loss, float *__restrict__ lse, T *dl, const T *logits,
-                         const int64_t *__restrict__ targets, const unsigned *__restrict__ count,
-                         float seed, int64_t Vn, int64_t ignore, float eps) {
-    static_assert(V * sizeof(T) == 16, "16-byte chunks");
-    extern __shared__ __align__(16) unsigned char ce_row[];
-    T *sx = reinterpret_cast<T *>(ce_row);
-    const int64_t row = blockIdx.x;
-    const int64_t tgt = targets[row];
-    const bool ign = tgt == ignore, inr = tgt >= 0 && tgt < Vn;
-    const T *x = logits + row * Vn;
-    const float xt = (threadIdx.x == 0 && !ign && inr) ? tof<T>(x[tgt]) : 0.f;
-    float z = 0.f, tot = 0.f;
-    if (!ign) z = row_lse<T, V, LS>(x, Vn, LS ? &tot : nullptr, sx);
-    if (threadIdx.x == 0) {
-        lse[row] = z;
-        const float l = row_loss<LS>(z, xt, tot, eps, Vn);
-        loss[row] = ign ? 0.f : inr ? l : NAN;
-    }
-    const float g = count ? seed / (float)*count : seed;
-    row_grad<T, V, LS>(dl + row * Vn, sx, z, tgt, ign ? 0.f : g, ign, Vn, eps);
-}
-
 /* d *= g / *baked unless g == *baked (then nothing is written). */
 template <typename T, int V>
 __global__ void ce_rescale_kernel(T *__restrict__ d, int64_t n, const float *__restrict__ g,
@@ -311,18 +270,8 @@ extern "C" int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mea
                                                                                  ignore_index);
     }
     ZR_FUSED_DISPATCH(fn, dtype, {
-        constexpr int VW = 16 / sizeof(T);
-        const bool vec = V % VW == 0 && al16(logits) && al16(dlogits);
-        const size_t row_bytes = (size_t)V * sizeof(T);
-        if (vec && row_bytes <= CE_SMEM_ROW_MAX) {
-            auto k = eps != 0 ? ce_fused_smem_kernel<T, VW, true> : ce_fused_smem_kernel<T, VW, false>;
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CE_SMEM_ROW_MAX);
-            k<<<(unsigned)N, CE_THREADS, row_bytes, stream>>>(loss, lse, (T *)dlogits, (const T *)logits,
-                                                              targets, count, seed, V, ignore_index, eps);
-        } else {
-            CE_LAUNCH(ce_fused_kernel, vec, loss, lse, (T *)dlogits, (const T *)logits, targets, count,
-                      seed, V, ignore_index, eps);
-        }
+        CE_LAUNCH(ce_fused_kernel, V % (16 / sizeof(T)) == 0 && al16(logits) && al16(dlogits), loss, lse,
+                  (T *)dlogits, (const T *)logits, targets, count, seed, V, ignore_index, eps);
     });
     if (loss_mean)
         ce_mean_kernel<<<1, 1024, 0, stream>>>(loss_mean, n_valid, loss, targets, N, ignore_index);
