@@ -420,7 +420,11 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
  * main loop's code is the likelier cause), so T = 8192 keeps the other. */
 static int64_t g_rows_max_t = 2048;
 
-extern "C" void attn_sm90_dkv_rows_max_t(int64_t t) { g_rows_max_t = t; }
+extern "C" int64_t attn_sm90_dkv_rows_max_t(int64_t t) {
+    const int64_t was = g_rows_max_t;
+    g_rows_max_t = t;
+    return was;
+}
 
 static bool dkv_rows(const void *dk, const void *dv, const zr_attn_layout &L, int ns, int64_t T_) {
     const uint64_t a = (uintptr_t)dk | (uintptr_t)dv | (uint64_t)(L.dk.sb | L.dk.sh | L.dk.st) * 2 |

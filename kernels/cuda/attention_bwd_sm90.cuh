@@ -87,7 +87,6 @@ static __device__ __forceinline__ void ds_pack(float (&dpt)[32], const float (&s
     st_rows16(sS, sf, wr, lane);
 }
 
-
 /* Issues dV += P^T·dO and dK += dS^T·Q over a half's 64 queries (aO, aQ: the half's first row of
  * the dO and Q tiles) as one commit group, left in flight. */
 template <typename T>

@@ -804,11 +804,11 @@ TEST(attention_forward_backward) {
             if (!fallback) { /* the other backward instance (dK/dV epilogue): the same dk, dv
                               * bits (dq's reduce-adds from several blocks may round in another order) */
                 dbuf dq3(nq, t), dk3(nk, t), dv3(nk, t);
-                attn_sm90_dkv_rows_max_t(0);
+                const int64_t rows_t = attn_sm90_dkv_rows_max_t(0);
                 CHECK_OK(attention_backward_cuda(dq3.p, dk3.p, dv3.p, do_.p, q_.p, k_.p, v_.p,
                                                  o_.p, lse_.f(), ws.p, NULL, B, Hq, Hkv, T, Dh,
                                                  0.f, t, 0));
-                attn_sm90_dkv_rows_max_t(2048);
+                attn_sm90_dkv_rows_max_t(rows_t);
                 CHECK_MSG(dk3.down() == dk_.down() && dv3.down() == dv_.down(),
                           "%s: the two dK/dV epilogues differ", what);
             }
