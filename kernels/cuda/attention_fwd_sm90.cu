@@ -159,85 +159,74 @@ __global__ void __launch_bounds__(F2_THR, 1)
     reg_alloc<240>();
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
-    float acc[32], sc[64];
-    uint32_t pf[8][4];
-    float m0, m1, l0, l1, al0, al1, rs0, rs1;
-    /* The products' descriptors, made ahead of their issue (ds, dv: Q with a stage's K, and a
-     * stage's V) as a base plus offsets: ptxas had interleaved ~90 instructions of descriptor
-     * arithmetic with the wgmma instructions (it still moves each into uniform registers right
-     * before use). */
-    uint64_t ds[8], dv[8];
-    auto desc_s = [&](uint32_t qa, uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
-        const sdesc dq0(qa), dk0(ka);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            ds[2 * kk] = dq0.at(kk * 32);
-            ds[2 * kk + 1] = dk0.at(kk * 32);
-        }
-        reg_fence(ds);
-    };
-    auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
-        const sdesc dv0(va);
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            dv[kc] = dv0.at(kc * 2048);
-        reg_fence(dv);
-    };
-    auto issue_s = [&]() { /* sc = Q·K^T (64×128) */
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
-        wg_commit();
-    };
-    auto issue_pv = [&]() { /* acc += P·V (64×64) */
-#pragma unroll
-        for (int kc = 0; kc < 8; ++kc)
-            wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
-        wg_commit();
-    };
-    /* this warpgroup's 64 rows of the Q buffer of the block's n-th tile */
-    auto q_addr = [&](int n) { return smem_u32(sQ + (n & 1) * F2_BM * 64 + wg * 64 * 64); };
-    auto k_addr = [&](unsigned j) { return smem_u32(sK + (j % F2_ST) * F2_BN * 64); };
-    auto v_addr = [&](unsigned j) { return smem_u32(sV + (j % F2_ST) * F2_BN * 64); };
-    /* the softmax of a tile's step 0 (its diagonal key tile, masked) on sc: m, l start there */
-    auto first_softmax = [&](const f2_tile &w) {
-        m0 = m1 = -INFINITY;
-        softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, w.qt * F2_BN + t4 * 2,
-                         w.qt * F2_BM + wg * 64 + warp * 16 + g, scale_log2);
-        l0 = rs0;
-        l1 = rs1;
-    };
-    auto zero_acc = [&]() {
+    unsigned kv = 0; /* the producer's j at this tile's first load */
+    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
+        const f2_tile w(t, BH, nQt, Hq);
+        const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
+        uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
+        const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+        const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
+        float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
+        float acc[32], sc[64];
+        uint32_t pf[8][4];
 #pragma unroll
         for (int i = 0; i < 32; ++i)
             acc[i] = 0.f;
-    };
+        /* The products' descriptors, made ahead of their issue (ds, dv: a stage's K and V) as a
+         * base plus offsets: ptxas had interleaved ~90 instructions of descriptor arithmetic with
+         * the wgmma instructions (it still moves each into uniform registers right before use). */
+        const sdesc dq0(qa);
+        uint64_t ds[8], dv[8];
+        auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
+            const sdesc dk0(ka);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                ds[2 * kk] = dq0.at(kk * 32);
+                ds[2 * kk + 1] = dk0.at(kk * 32);
+            }
+            reg_fence(ds);
+        };
+        auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
+            const sdesc dv0(va);
+#pragma unroll
+            for (int kc = 0; kc < 8; ++kc)
+                dv[kc] = dv0.at(kc * 2048);
+            reg_fence(dv);
+        };
+        auto issue_s = [&]() { /* sc = Q·K^T (64×128) */
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
+            wg_commit();
+        };
+        auto issue_pv = [&]() { /* acc += P·V (64×64) */
+#pragma unroll
+            for (int kc = 0; kc < 8; ++kc)
+                wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
+            wg_commit();
+        };
 
-    unsigned kv = 0; /* the producer's j at this tile's first load */
-    int n = 0, t = f2_tile_id(0);
-    { /* the block's first tile: step 0 alone (t < ntiles: blocks without a tile returned) */
-        const f2_tile w(t, BH, nQt, Hq);
-        mbar_wait(&qfull[0], 0);
-        mbar_wait(&full[0], 0);
-        desc_s(q_addr(0), k_addr(0));
-        wg_fence();
-        issue_s();
-        wg_wait<0>();
-        reg_fence(sc);
-        first_softmax(w);
-        pack_a<T, 8>(pf, sc);
-        zero_acc();
-    }
-    while (t < ntiles) { /* tile n: its step 0 done (P in pf, m and l set, O zero) */
-        const f2_tile w(t, BH, nQt, Hq);
-        const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
-        const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+        /* step 0: the diagonal tile (load kv) */
+        mbar_wait(&qfull[n & 1], (n >> 1) & 1);
+        mbar_wait(&full[kv % F2_ST], (kv / F2_ST) & 1);
+        {
+            desc_s(smem_u32(sK + (kv % F2_ST) * F2_BN * 64));
+            wg_fence();
+            issue_s();
+            wg_wait<0>();
+            reg_fence(sc);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
+                             scale_log2);
+            l0 = rs0;
+            l1 = rs1;
+            pack_a<T, 8>(pf, sc);
+        }
 
         for (int it = 1; it < nkv; ++it) {
-            const unsigned j = kv + it;
-            mbar_wait(&full[j % F2_ST], (j / F2_ST) & 1);
-            desc_s(q_addr(n), k_addr(j));
-            desc_pv(v_addr(j - 1));
+            const unsigned j = kv + it, s = j % F2_ST, sp = (j - 1) % F2_ST;
+            mbar_wait(&full[s], (j / F2_ST) & 1);
+            desc_s(smem_u32(sK + s * F2_BN * 64));
+            desc_pv(smem_u32(sV + sp * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
             wg_fence();
@@ -255,60 +244,35 @@ __global__ void __launch_bounds__(F2_THR, 1)
             wg_wait<0>();
             reg_fence(acc);
             reg_fence(pf);
-            if (lane == 0) mbar_arrive(&empty[(j - 1) % F2_ST]);
+            if (lane == 0) mbar_arrive(&empty[sp]);
             fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
             pack_a<T, 8>(pf, sc);
         }
 
-        /* P·V of the tile's last key tile, issued with the next tile's step 0 (Q of the other
-         * buffer against its diagonal K: the block's next load), whose softmax runs under it */
-        const unsigned jl = kv + nkv - 1;
-        const float em0 = m0, em1 = m1, el0 = l0, el1 = l1; /* this tile's, for its epilogue */
-        const int tn = f2_tile_id(n + 1);
-        desc_pv(v_addr(jl));
-        if (tn < ntiles) {
-            const f2_tile wn(tn, BH, nQt, Hq);
-            mbar_wait(&qfull[(n + 1) & 1], ((n + 1) >> 1) & 1);
-            mbar_wait(&full[(jl + 1) % F2_ST], ((jl + 1) / F2_ST) & 1);
-            desc_s(q_addr(n + 1), k_addr(jl + 1));
-            reg_fence(acc);
-            reg_fence(pf);
-            wg_fence();
-            issue_s();
-            issue_pv();
-            wg_wait<1>();
-            reg_fence(sc);
-            first_softmax(wn);
-            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap(); /* as above */
-            wg_wait<0>();
-            reg_fence(acc);
-            reg_fence(pf);
-            pack_a<T, 8>(pf, sc); /* the next tile's P (this tile's P·V has read pf) */
-        } else {
+        { /* P·V of the last tile */
+            const unsigned sl = (kv + nkv - 1) % F2_ST;
+            desc_pv(smem_u32(sV + sl * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
             wg_fence();
             issue_pv();
             wg_wait<0>();
             reg_fence(acc);
+            if (lane == 0) mbar_arrive(&empty[sl]);
         }
-        if (lane == 0) mbar_arrive(&empty[jl % F2_ST]);
 
         /* O through this warp's 16 rows of the Q buffer (only this warpgroup's S products read
          * them, and they are done), which goes back to the producer before O's global stores:
          * each lane orders its shared-memory accesses before the async proxy's (the TMA that
          * reloads the buffer), then one arrival for the warp */
-        fwd_epilogue<T>(acc, el0, el1, em0, em1, scale_log2, sQ + (n & 1) * F2_BM * 64,
-                        wg * 64 + warp * 16, q0, o + w.b * so.sb + w.h * so.sh, so.st,
+        fwd_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
+                        o + w.b * so.sb + w.h * so.sh, so.st,
                         lse + ((size_t)w.b * Hq + w.h) * T_, T_, lane, [&]() {
                             fence_proxy_async();
                             __syncwarp();
                             if (lane == 0) mbar_arrive(&qempty[n & 1]);
                         });
-        zero_acc();
         kv += nkv;
-        ++n;
-        t = tn;
     }
 }
 
