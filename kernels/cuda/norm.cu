@@ -331,10 +331,10 @@ static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const 
      * D=2048 bf16); rows too long for that take 2 without prefetch (its db sums double the
      * registers: the prefetch registers would cost occupancy) */
     /* LayerNorm rows of three chunks a lane (16-bit 512 < D <= 768, GPT-2's 768; f32 256 < D <= 384):
-     * a warp a row, the
-     * next row prefetched, instead of 4 warps a row with one chunk a lane and a quarter of the lanes
-     * idle. `bench_fused norm`, N=65536 D=768 on the H200: with dres 0.121 -> 0.118 ms (78 -> 80% of
-     * copy), without 0.112 -> 0.103 (session 36; two other layouts measured slower). */
+     * a warp a row with the next row prefetched, instead of 4 warps a row with one chunk a lane and
+     * a quarter of the lanes idle. `bench_fused norm`, N=65536 D=768 on the H200: with dres 0.121 ->
+     * 0.118 ms (78 -> 80% of copy), without 0.112 -> 0.103 (session 36; three other layouts were
+     * slower). */
     if (LN && (D + 32 * 16 / (int64_t)sizeof(T) - 1) / (32 * 16 / (int64_t)sizeof(T)) == 3)
         return bwd_reg_launch<T, 3, 1, LN, true>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D,
                                                  grid, st) ? -1 : 1;

@@ -1026,7 +1026,7 @@ TEST(attention_forward_late_maximum) {
     }
 }
 
-/* tests/test_fused_kernels [PART]: every test, or those whose name contains PART */
+/* test_fused_kernels [PART]: every test, or those whose name contains PART */
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
 #define RUN_IF(name)                                                                               \
