@@ -161,15 +161,15 @@ store_dkv_rows(uint16_t *dk, uint16_t *dv, const float (&dka)[32], const float (
                const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int kw,
                uint16_t *sk, uint16_t *sv, int wr, int T_, float scale, int lane) {
     {
+        float ks[32];
         uint32_t f[4][4];
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+            ks[e] = dka[e] * scale;
+        pack_a<T, 4>(f, ks);
+        st_rows16(sk, f, wr, lane);
         pack_a<T, 4>(f, dva);
         st_rows16(sv, f, wr, lane);
-#pragma unroll
-        for (int kc = 0; kc < 4; ++kc)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                f[kc][i] = cvt<T>::pack(dka[8 * kc + 2 * i] * scale, dka[8 * kc + 2 * i + 1] * scale);
-        st_rows16(sk, f, wr, lane);
     }
     __syncwarp();
     uint16_t *gk = dk + b * sdk.sb + hk * sdk.sh, *gv = dv + b * sdv.sb + hk * sdv.sh;
