@@ -13,22 +13,6 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def med_ms(fn, warm=3, reps=20):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
 def window_ms(fn, n):
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
@@ -37,6 +21,14 @@ def window_ms(fn, n):
     b.record()
     b.synchronize()
     return a.elapsed_time(b)
+
+
+def med_ms(fn, warm=3, reps=20):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = sorted(window_ms(fn, 1) for _ in range(reps))
+    return ts[len(ts) // 2]
 
 
 def sustained_ms(fn):

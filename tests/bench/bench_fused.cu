@@ -111,22 +111,12 @@ static void heat(const std::function<void()> &f, float ms = 2000.f) {
     for (int n = 1; done < ms; n *= 2) done += window_ms(f, n);
 }
 
+/* Median of reps event-timed calls of f, after warm untimed ones. */
 static float time_ms(const std::function<void()> &f, int warm = 3, int reps = 20) {
-    cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
     for (int i = 0; i < warm; ++i) f();
     CU(cudaDeviceSynchronize());
     std::vector<float> t;
-    for (int i = 0; i < reps; ++i) {
-        CU(cudaEventRecord(a));
-        f();
-        CU(cudaEventRecord(b));
-        CU(cudaEventSynchronize(b));
-        float ms;
-        CU(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
+    for (int i = 0; i < reps; ++i) t.push_back(window_ms(f, 1));
     CU(cudaGetLastError());
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
