@@ -9,7 +9,6 @@
 #include <cudaTypedefs.h>
 
 #include "attention_sm90.cuh"
-#include "fused_common.cuh" /* num_sms */
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_fwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -50,11 +49,10 @@ struct f2_tile {
     __device__ __forceinline__ f2_tile(int t, int BH, int nQt, int Hq)
         : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
 };
-/* The work unit unit i of g runs n-th: round n of g units, dealt in unit order in even rounds and
- * in reverse in odd ones (later rounds only grow). A unit is a block (CL 1) or a cluster of CL
- * blocks, whose rank r takes tile CL·u + r of unit u: with CL 2, query heads 2k and 2k + 1 of one
- * batch row at one query tile, which read the same K/V (Hq / Hkv even). */
-static __device__ __forceinline__ int f2_unit_id(int n, int g, int i) {
+/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
+ * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
+static __device__ __forceinline__ int f2_tile_id(int n) {
+    const int g = gridDim.x, i = blockIdx.x;
     return n * g + ((n & 1) ? g - 1 - i : i);
 }
 
@@ -105,7 +103,7 @@ static __device__ __forceinline__ int f2_unit_id(int n, int g, int i) {
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
  * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
  * attention_fwd_sm90.cu`.) */
-template <typename T, int CL>
+template <typename T>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
@@ -123,15 +121,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
     /* tid >> 5, not warp_uniform (the GEMMs' and the backward's): with it this kernel ran 4-5% slower
      * under load at the same cycles at the base clock (session 29, B4 H32/8 T2048/T8192, GPT-2's shape) */
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    /* CL 2: the host launches only clusters with a unit, and CL divides ntiles */
-    if (CL == 1 && (int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
-    const int nunits = ntiles / CL, ug = CL == 1 ? (int)gridDim.x : (int)cluster_count_x(),
-              ui = CL == 1 ? (int)blockIdx.x : (int)cluster_id_x(),
-              rank = CL == 1 ? 0 : (int)cluster_rank();
-    auto tile_id = [&](int n) { /* the tile this block runs n-th; ntiles once there is none */
-        const int u = f2_unit_id(n, ug, ui);
-        return u < nunits ? u * CL + rank : ntiles;
-    };
+    if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
         for (int i = 0; i < 2; ++i) {
             mbar_init(&qfull[i], 1);
@@ -139,22 +129,17 @@ __global__ void __launch_bounds__(F2_THR, 1)
         }
         for (int s = 0; s < F2_ST; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], CL * F2_CONS / 32); /* both blocks' consumers release a stage */
+            mbar_init(&empty[s], F2_CONS / 32);
         }
         mbar_init_fence();
     }
-    /* the last block-wide barrier: the roles part here and never merge again (CL 2: the inits
-     * visible to the peer before its first multicast or remote arrival) */
-    if (CL == 1)
-        __syncthreads();
-    else
-        cluster_sync();
+    __syncthreads(); /* the last block-wide barrier: the roles part here and never merge again */
 
     if (warp_id >= F2_PRODUCER) {
         reg_dealloc<24>();
         if (warp_id == F2_PRODUCER && lane == 0) {
             unsigned j = 0; /* ring loads so far */
-            for (int n = 0, t = tile_id(0); t < ntiles; t = tile_id(++n)) {
+            for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
                 const f2_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
@@ -164,35 +149,18 @@ __global__ void __launch_bounds__(F2_THR, 1)
                     const unsigned s = j % F2_ST;
                     if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
                     mbar_expect_tx(&full[s], 2 * f2_smem::KV);
-                    if (CL == 1) {
-                        tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, w.h / G, w.b);
-                        tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, w.h / G, w.b);
-                    } else if (rank == 0) { /* K into both blocks, the peer sends V */
-                        tma_load4_mc(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, w.h / G,
-                                     w.b, 3);
-                    } else {
-                        tma_load4_mc(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, w.h / G,
-                                     w.b, 3);
-                    }
+                    tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, w.h / G, w.b);
+                    tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, w.h / G, w.b);
                 }
             }
         }
-        if (CL > 1) cluster_sync(); /* one arrival and wait a thread (see the end) */
         return;
     }
     reg_alloc<240>();
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     unsigned kv = 0; /* the producer's j at this tile's first load */
-    /* a stage's release: lane r arrives on block r's empty barrier (CL 1: lane 0 on its own) */
-    auto release = [&](uint64_t *e) {
-        if (CL == 1) {
-            if (lane == 0) mbar_arrive(e);
-        } else if (lane < CL) {
-            mbar_arrive_remote(e, (uint32_t)lane);
-        }
-    };
-    for (int n = 0, t = tile_id(0); t < ntiles; t = tile_id(++n)) {
+    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
         const f2_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
@@ -276,7 +244,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
             wg_wait<0>();
             reg_fence(acc);
             reg_fence(pf);
-            release(&empty[sp]);
+            if (lane == 0) mbar_arrive(&empty[sp]);
             fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
             pack_a<T, 8>(pf, sc);
         }
@@ -290,7 +258,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
             issue_pv();
             wg_wait<0>();
             reg_fence(acc);
-            release(&empty[sl]);
+            if (lane == 0) mbar_arrive(&empty[sl]);
         }
 
         /* O through this warp's 16 rows of the Q buffer (only this warpgroup's S products read
@@ -306,9 +274,6 @@ __global__ void __launch_bounds__(F2_THR, 1)
                         });
         kv += nkv;
     }
-    /* CL 2: no block exits while its peer may still multicast into it or arrive on its barriers
-     * (every thread of both blocks, after its last load or release) */
-    if (CL > 1) cluster_sync();
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -356,62 +321,6 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
                           base, dims, strides, box);
 }
 
-/* Clusters of 2 (query heads 2k, 2k + 1 sharing each K/V load by multicast) whenever the group
- * Hq / Hkv is even, unless attn_sm90_fwd_cluster(1) (tests: both give the same bits). */
-static int g_fwd_cluster = 2;
-
-extern "C" int attn_sm90_fwd_cluster(int cl) {
-    const int was = g_fwd_cluster;
-    g_fwd_cluster = cl == 1 ? 1 : 2;
-    return was;
-}
-
-template <typename T, int CL>
-static int fwd_launch_cl(void *o, float *lse, const CUtensorMap &mq, const CUtensorMap &mk,
-                         const CUtensorMap &mv, const zr_attn_layout &L, int64_t B, int64_t Hq,
-                         int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
-    auto kern = attn_fwd_sm90_kernel<T, CL>;
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
-    /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
-    const int64_t tiles = B * Hq * ((T_ + F2_BM - 1) / F2_BM);
-    const float sl = scale * F2_LOG2E;
-    if (CL == 1) {
-        kern<<<attn_sm90_blocks(0, tiles), F2_THR, f2_smem::BYTES, st>>>(
-            (uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_, (int)B, (int)Hq, (int)(Hq / Hkv), sl);
-        return 0;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(F2_THR), cfg.dynamicSmemBytes = f2_smem::BYTES, cfg.stream = st;
-    cfg.attrs = at, cfg.numAttrs = 1;
-    static int fits[64]; /* clusters resident at once, per device */
-    int dev = 0;
-    cudaGetDevice(&dev);
-    int fit = dev >= 0 && dev < 64 ? fits[dev] : 0;
-    if (!fit) {
-        cfg.gridDim = dim3(CL * (num_sms() / CL));
-        if (cudaOccupancyMaxActiveClusters(&fit, kern, &cfg) != cudaSuccess || fit < 1) {
-            cudaGetLastError();
-            return -1; /* the caller runs the blocks alone */
-        }
-        if (dev >= 0 && dev < 64) fits[dev] = fit;
-    }
-    /* the grid knob counts blocks (CL divides tiles): units of CL blocks, at least one; a
-     * persistent grid no more than fit at once */
-    const int blocks = attn_sm90_blocks(0, tiles);
-    int u = blocks / CL < 1 ? 1 : blocks / CL;
-    if (blocks < tiles && u > fit) u = fit;
-    cfg.gridDim = dim3((unsigned)(CL * u));
-    if (cudaLaunchKernelEx(&cfg, kern, (uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_, (int)B, (int)Hq,
-                           (int)(Hq / Hkv), sl) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-    }
-    return 0;
-}
-
 template <typename T>
 static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
@@ -421,10 +330,13 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
         return -1;
-    if (g_fwd_cluster == 2 && (Hq / Hkv) % 2 == 0 &&
-        fwd_launch_cl<T, 2>(o, lse, mq, mk, mv, L, B, Hq, Hkv, T_, scale, st) == 0)
-        return 0;
-    return fwd_launch_cl<T, 1>(o, lse, mq, mk, mv, L, B, Hq, Hkv, T_, scale, st);
+    auto kern = attn_fwd_sm90_kernel<T>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
+    /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
+    const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+                                               (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+    return 0;
 }
 
 extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,

@@ -269,45 +269,6 @@ template <int N> static __device__ __forceinline__ void bulk_wait_read() {
 template <int N> static __device__ __forceinline__ void bulk_wait() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-/* ---- clusters (the GEMM's CTA pairs, the forward's query-head pairs): multicast loads ---- */
-static __device__ __forceinline__ uint32_t cluster_rank() { /* this CTA's rank in its cluster */
-    uint32_t r;
-    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ uint32_t cluster_id_x() {
-    uint32_t r;
-    asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-    return r;
-}
-static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in the grid along x */
-    uint32_t r;
-    asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-    return r;
-}
-/* Every thread of the cluster: arrive (release), then wait (acquire) for the cluster's others. */
-static __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-/* Arrives on the mbarrier at b's offset in CTA `cta` of the cluster, release at CTA scope (PTX's
- * default; CUTLASS's ClusterBarrier::arrive(cta_id, pred), which PipelineTmaAsync::consumer_release
- * uses): a ring release, whose stage only the async proxy touches (see gm_release). */
-static __device__ __forceinline__ void mbar_arrive_remote(uint64_t *b, uint32_t cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)), "r"(cta)
-                 : "memory");
-}
-/* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
- * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
-static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, uint64_t *bar, int c0,
-                                                    int c1, int c2, int c3, uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(dst)),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
-                 "r"(c3), "h"(mask)
-                 : "memory");
-}
-
 /* Named barrier id (1..15) over the first n threads that reach it (a multiple of 32). */
 static __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");

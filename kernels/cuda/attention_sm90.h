@@ -32,10 +32,6 @@ void attn_sm90_grid(int fwd, int bwd);
  * the dK/dV epilogue through shared memory (2048 by default; 0: never); returns the previous
  * setting. Both instances give the same dk, dv bits. */
 int64_t attn_sm90_dkv_rows_max_t(int64_t t);
-/* Test knob of the forward: 2 (the default) runs clusters of 2 blocks, query heads 2k and 2k + 1
- * sharing each K/V load, whenever Hq / Hkv is even; 1 never. Returns the previous setting. Both
- * give the same o, lse bits. */
-int attn_sm90_fwd_cluster(int cl);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
  * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
  * run. */

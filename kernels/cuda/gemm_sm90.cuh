@@ -314,6 +314,33 @@ static int gm_smem_limit(const void *kern, int *set, int bytes, const char *who)
 
 /* ---- clusters: a 2-CTA GEMM multicasting the operand its CTAs share ---- */
 namespace sm90 {
+static __device__ __forceinline__ uint32_t cluster_rank() { /* this CTA's rank in its cluster */
+    uint32_t r;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_id_x() {
+    uint32_t r;
+    asm("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ uint32_t cluster_count_x() { /* clusters in the grid along x */
+    uint32_t r;
+    asm("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
+    return r;
+}
+/* Every thread of the cluster: arrive (release), then wait (acquire) for the cluster's others. */
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* Arrives on the mbarrier at b's offset in CTA `cta` of the cluster, release at CTA scope (PTX's
+ * default; CUTLASS's ClusterBarrier::arrive(cta_id, pred), which PipelineTmaAsync::consumer_release
+ * uses): a ring release, whose stage only the async proxy touches (see gm_release). */
+static __device__ __forceinline__ void mbar_arrive_remote(uint64_t *b, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(b)), "r"(cta)
+                 : "memory");
+}
 /* Arrives (release, cluster scope) on the mbarrier at b's offset in CTA `cta` of the cluster: what
  * session 16's ring used (GEMM_SM90_DBG_CLUSTER_SCOPE brings it back); ptxas puts MEMBAR.ALL.CTA,
  * MEMBAR.ALL.GPU, ERRBAR and CGAERRBAR before the arrive. */
@@ -331,6 +358,17 @@ static __device__ __forceinline__ void mbar_wait_cluster(uint64_t *b, uint32_t p
                  "@!p bra GM_WAIT_%=;\n}\n" ::"r"(smem_u32(b)), "r"(parity)
                  : "memory");
 }
+/* tma_load4 multicast: the box lands at dst's offset in every CTA of the cluster whose bit is set
+ * in mask, and completes its bytes on the mbarrier at bar's offset in each of them. */
+static __device__ __forceinline__ void tma_load4_mc(void *dst, const void *map, uint64_t *bar, int c0,
+                                                    int c1, int c2, int c3, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%3, %4, %5, %6}], [%2], %7;\n" ::"r"(smem_u32(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
+                 "r"(c3), "h"(mask)
+                 : "memory");
+}
+
 /* A consumer warp's release of a ring stage, once its wgmma reading it are complete (after
  * wgmma.wait_group, which every lane passes): CL 1, lane 0 arrives on the block's empty barrier;
  * CL 2, lane r on block r's (its own and the peer's: either block's next fill of the stage writes
