@@ -25,6 +25,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
@@ -288,12 +289,28 @@ static void norm_rows() {
     norms(65536, 768); /* GPT-2 124M at B=64 T=1024 */
 }
 
+/* The bias gradients (column sums, sum_cols_cuda with its workspace) of GPT-2 124M at B=64 T=1024:
+ * c_attn (2304 columns), c_fc (3072) and the two projections (768), bf16. */
+static void bias_rows() {
+    const int64_t N = 65536;
+    for (int64_t C : {768, 2304, 3072}) {
+        char sh[64];
+        snprintf(sh, sizeof sh, "bf16 N=%lld C=%lld", (long long)N, (long long)C);
+        void *g = bf(N * C), *db = bf(C), *ws = NULL;
+        const size_t wsb = sum_cols_workspace_size(N, C);
+        if (wsb) CU(cudaMalloc(&ws, wsb));
+        row("bias grad (sum_cols)", sh, 2.0 * N * C,
+            time_ms([&] { OK(sum_cols_cuda(db, g, N, C, BF, ws, 0)); }));
+        for (void *p : {g, db, ws}) cudaFree(p);
+    }
+}
+
 int main(int argc, char **argv) {
     const bool sustained = argc == 3 && strcmp(argv[1], "attention") == 0 && strcmp(argv[2], "--sustained") == 0;
     if ((argc > 2 && !sustained) ||
         (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0 &&
-         strcmp(argv[1], "norm") != 0)) {
-        fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy | norm] (got '%s%s%s')\n",
+         strcmp(argv[1], "norm") != 0 && strcmp(argv[1], "bias") != 0)) {
+        fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy | norm | bias] (got '%s%s%s')\n",
                 argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
         return 2;
     }
@@ -325,10 +342,12 @@ int main(int argc, char **argv) {
     }
     if (argc > 1) { /* the copy ceiling, then those rows alone */
         if (strcmp(argv[1], "cross_entropy") == 0) cross_entropy_rows();
+        else if (strcmp(argv[1], "bias") == 0) bias_rows();
         else norm_rows();
         return 0;
     }
     norm_rows();
+    bias_rows();
     /* rope: 32/8 heads, Dh=64, B=4 T=2048; then B=16 T=4096 (1.3 GB moved), where launch and
      * tail costs, which hold a copy of the 84 MB of the first shape to ~73% of the 4 GiB rate, no
      * longer dominate */
