@@ -91,8 +91,7 @@ __global__ void sum_cols_kernel(T *out, const X *__restrict__ x, int64_t rows, i
 /* Long column sums (the bias gradient of a (B*T, out) activation): rows are cut into chunks, one
  * grid row of blocks per chunk, each writing an f64 partial per column; a second pass adds the
  * partials in chunk order, so the result stays deterministic while every SM has work. Each thread
- * reads V consecutive columns with one 16-byte load when the rows allow (V = 1 otherwise), four
- * rows at a time (four loads in flight before their adds), and adds its rows in order. */
+ * reads V consecutive columns with one 16-byte load when the rows allow (V = 1 otherwise). */
 template <typename T, int V>
 __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, int64_t rows, int64_t cols,
                                         int64_t rows_per) {
@@ -102,23 +101,12 @@ __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, i
     double s[V];
 #pragma unroll
     for (int k = 0; k < V; k++) s[k] = 0;
-    if (col < cols) {
-        int64_t r = r0 + threadIdx.y;
-        for (; r + 24 < r1; r += 32) {
-            pack<T, V> p[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) p[u] = *reinterpret_cast<const pack<T, V> *>(x + (r + 8 * u) * cols + col);
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-#pragma unroll
-                for (int k = 0; k < V; k++) s[k] += (double)to_acc(p[u].v[k]);
-        }
-        for (; r < r1; r += 8) {
+    if (col < cols)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
             const pack<T, V> p = *reinterpret_cast<const pack<T, V> *>(x + r * cols + col);
 #pragma unroll
             for (int k = 0; k < V; k++) s[k] += (double)to_acc(p.v[k]);
         }
-    }
 #pragma unroll
     for (int k = 0; k < V; k++) sh[threadIdx.y][threadIdx.x * V + k] = s[k];
     __syncthreads();
@@ -131,32 +119,16 @@ __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, i
         part[(int64_t)blockIdx.y * cols + gc] = t;
     }
 }
-/* Rows per chunk of the two-pass path (rows > 512): 512, or fewer (down to 64, a multiple of 32) where the
- * columns give few blocks a chunk, so that the grid has ~2048 blocks (about two waves of eight
- * 256-thread blocks an SM): GPT-2's 768-column bias gradients ran 3 blocks a chunk, 384 in all,
- * too few loads in flight for the memory. */
-static int64_t sum_cols_rows_per(int64_t rows, int64_t cols) {
-    const int64_t bx = (cols + 32 * 8 - 1) / (32 * 8), want = 2048; /* blocks a chunk (16-byte loads) */
-    int64_t per = 512;
-    if (bx * ((rows + per - 1) / per) < want) {
-        const int64_t chunks = (want + bx - 1) / bx;
-        per = (rows + chunks - 1) / chunks;
-        per = (per + 31) / 32 * 32;
-        if (per < 64) per = 64;
-        if (per > 512) per = 512;
-    }
-    return per;
-}
-int64_t sum_cols_chunks(int64_t rows, int64_t cols) {
-    if (rows <= 512) return 0; /* one pass */
-    const int64_t per = sum_cols_rows_per(rows, cols), chunks = (rows + per - 1) / per;
+const int64_t SUM_COLS_ROWS = 512; /* rows per chunk of the two-pass path */
+int64_t sum_cols_chunks(int64_t rows) {
+    int64_t chunks = (rows + SUM_COLS_ROWS - 1) / SUM_COLS_ROWS;
     return chunks <= 1 || chunks > 65535 ? 0 : chunks;
 }
 template <typename T>
 int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, void *workspace, cudaStream_t s) {
     int64_t blocks = (cols + 31) / 32;
     if (blocks > 0x7fffffff) return zr_error("sum_cols (cuda): too many columns");
-    const int64_t rows_per = sum_cols_rows_per(rows, cols), chunks = sum_cols_chunks(rows, cols);
+    const int64_t rows_per = SUM_COLS_ROWS, chunks = sum_cols_chunks(rows);
     if (!chunks) {
         sum_cols_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, (const T *)x, rows, cols);
         return launch_check("sum_cols (cuda)");
@@ -281,7 +253,7 @@ extern "C" int fill_rows_cuda(void *y, const void *bias, int64_t rows, int64_t c
 }
 
 extern "C" size_t sum_cols_workspace_size(int64_t rows, int64_t cols) {
-    return cols > 0 ? (size_t)(sum_cols_chunks(rows, cols) * cols) * sizeof(double) : 0;
+    return cols > 0 ? (size_t)(sum_cols_chunks(rows) * cols) * sizeof(double) : 0;
 }
 
 extern "C" int sum_cols_cuda(void *out, const void *x, int64_t rows, int64_t cols, zr_dtype dt, void *workspace,
