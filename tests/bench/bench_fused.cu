@@ -7,7 +7,8 @@
  * `bench_fused attention` runs the attention rows alone (`--sustained`: each shape after 2 s of
  * forward + backward, timed over windows of 0.25 s or more: the power cap's rate, as in training),
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
- * ceiling and the RMSNorm, LayerNorm and softmax rows.
+ * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
+ * bias-gradient column sums.
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
