@@ -26,8 +26,8 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/elementwise.h"
-#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/optim.h"
 #include "kernels/cuda/qkv_rope.h"
@@ -306,11 +306,19 @@ static void bias_rows() {
     }
 }
 
+/* The subcommands that run a group of rows alone (after the copy ceiling; attention without it). */
+static const struct {
+    const char *name;
+    void (*rows)();
+} parts[] = {{"cross_entropy", cross_entropy_rows}, {"norm", norm_rows}, {"bias", bias_rows}};
+
 int main(int argc, char **argv) {
-    const bool sustained = argc == 3 && strcmp(argv[1], "attention") == 0 && strcmp(argv[2], "--sustained") == 0;
-    if ((argc > 2 && !sustained) ||
-        (argc == 2 && strcmp(argv[1], "attention") != 0 && strcmp(argv[1], "cross_entropy") != 0 &&
-         strcmp(argv[1], "norm") != 0 && strcmp(argv[1], "bias") != 0)) {
+    const bool attention = argc > 1 && strcmp(argv[1], "attention") == 0,
+               sustained = attention && argc == 3 && strcmp(argv[2], "--sustained") == 0;
+    void (*part)() = NULL;
+    for (auto &p : parts)
+        if (argc == 2 && strcmp(argv[1], p.name) == 0) part = p.rows;
+    if (argc > 1 && !part && !(attention && (argc == 2 || sustained))) {
         fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy | norm | bias] (got '%s%s%s')\n",
                 argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
         return 2;
@@ -324,7 +332,7 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
-    if (argc > 1 && strcmp(argv[1], "attention") == 0) { /* `bench_fused attention`: those rows alone */
+    if (attention) { /* `bench_fused attention`: those rows alone */
         attention_rows(sustained);
         return 0;
     }
@@ -341,10 +349,8 @@ int main(int argc, char **argv) {
         CU(cudaFree(a));
         CU(cudaFree(b));
     }
-    if (argc > 1) { /* the copy ceiling, then those rows alone */
-        if (strcmp(argv[1], "cross_entropy") == 0) cross_entropy_rows();
-        else if (strcmp(argv[1], "bias") == 0) bias_rows();
-        else norm_rows();
+    if (part) { /* the copy ceiling, then those rows alone */
+        part();
         return 0;
     }
     norm_rows();
