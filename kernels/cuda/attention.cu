@@ -16,7 +16,6 @@ extern "C" {
 }
 
 #include "attention_mma.cuh"
-#include "pdl.cuh"
 
 /* ---- forward -------------------------------------------------------------------------------- */
 
@@ -184,7 +183,6 @@ __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__
                                      const uint16_t *__restrict__ o, zr_attn_strides sdo,
                                      zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
     typedef mma_t<T> M;
-    pdl_enter();
     const int per = D / 8;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
     const int ch = threadIdx.x % per;
@@ -259,7 +257,6 @@ struct cvt_seg {
 template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
     constexpr int P = D / 4; /* float4s a row */
-    pdl_enter();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
@@ -332,7 +329,6 @@ struct rope_cvt {
 template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a) {
     typedef mma_t<T> M;
     constexpr int HALF = D / 2, PER = HALF / 8; /* items per row */
-    pdl_enter();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
@@ -731,7 +727,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
         return -1;
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
-    pdl_launch(attn_bwd_prep_kernel<T, D>, dim3((unsigned)((rows + rpb - 1) / rpb)), dim3(256), 0, st,
+    attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, hopper ? nl2 : nullptr, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
     if (hopper) {
@@ -760,7 +756,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                       (int)T_,
                       (int)B,
                       rows32};
-        pdl_launch(attn_rope_convert_kernel<T, D>, dim3(132 * 8), dim3(256), 0, st, a);
+        attn_rope_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(a);
         return 0;
     }
     /* one launch converts dq, and dk/dv when they were split */
@@ -772,7 +768,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                       (int)Hkv, same(L.dv, dkv)}},
                     (int)T_,
                     rows32};
-    pdl_launch(attn_sum_convert_kernel<T, D>, dim3(132 * 8), dim3(256), 0, st, segs);
+    attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);
     return 0;
 }
 

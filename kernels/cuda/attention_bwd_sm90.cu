@@ -8,7 +8,6 @@
 #include "attention_bwd_sm90.cuh"
 #include "attention_sched.h"
 #include "fused_common.cuh" /* num_sms */
-#include "pdl.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_bwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -127,7 +126,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
              *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
 
     const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
-    pdl_enter();
 
     if (tid == 0) {
         mbar_init(kvfull, 1);
@@ -447,7 +445,7 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nbh = (int)(B * Hkv * ns);
     const int blocks = attn_sm90_blocks(1, (int64_t)nbh * nT);
     const ws_sched sc = ws_schedule(nbh, nT, blocks);
-    pdl_launch(kern, dim3(blocks), dim3(WS_THR), ws_smem::BYTES, st,
+    kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
         scale * 1.4426950408889634f);

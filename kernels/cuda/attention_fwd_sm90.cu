@@ -9,7 +9,6 @@
 #include <cudaTypedefs.h>
 
 #include "attention_sm90.cuh"
-#include "pdl.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_fwd_sm90.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
@@ -122,7 +121,6 @@ __global__ void __launch_bounds__(F2_THR, 1)
     /* tid >> 5, not warp_uniform (the GEMMs' and the backward's): with it this kernel ran 4-5% slower
      * under load at the same cycles at the base clock (session 29, B4 H32/8 T2048/T8192, GPT-2's shape) */
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
-    pdl_enter();
     if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
         for (int i = 0; i < 2; ++i) {
@@ -336,8 +334,8 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
-    pdl_launch(kern, dim3(grid), dim3(F2_THR), f2_smem::BYTES, st, (uint16_t *)o, lse, mq, mk, mv, L.o,
-               (int)T_, (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+                                               (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
     return 0;
 }
 

@@ -3,7 +3,6 @@
 // else walks a collapsed strided index (32-bit index math when every offset fits).
 #include "common.cuh"
 #include "copy.h"
-#include "pdl.cuh"
 
 using namespace zrk;
 
@@ -39,7 +38,6 @@ template <typename D, typename S> __device__ __forceinline__ D cvt(S x) { return
 
 template <typename D, typename S, int V>
 __global__ void cast_contig_kernel(D *__restrict__ dst, const S *__restrict__ src, int64_t n) {
-    pdl_enter();
     int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
     int64_t nv = n / V;
     for (int64_t i = tid; i < nv; i += step) {
@@ -136,11 +134,9 @@ int launch_copy(void *dst, const void *src, int ndim, int64_t *shape, int64_t (*
     if (ndim <= 1 && (ndim == 0 || (st[0][0] == 1 && st[1][0] == 1))) {
         enum { V = 16 / (sizeof(D) > sizeof(S) ? sizeof(D) : sizeof(S)) };
         if (((uintptr_t)dst % (sizeof(D) * V)) == 0 && ((uintptr_t)src % (sizeof(S) * V)) == 0)
-            pdl_launch(cast_contig_kernel<D, S, V>, dim3(grid_for(n / V + 1, THREADS)), dim3(THREADS), 0, stream, (D *)dst,
-                       (const S *)src, n);
+            cast_contig_kernel<D, S, V><<<grid_for(n / V + 1, THREADS), THREADS, 0, stream>>>((D *)dst, (const S *)src, n);
         else
-            pdl_launch(cast_contig_kernel<D, S, 1>, dim3(grid_for(n, THREADS)), dim3(THREADS), 0, stream, (D *)dst,
-                       (const S *)src, n);
+            cast_contig_kernel<D, S, 1><<<grid_for(n, THREADS), THREADS, 0, stream>>>((D *)dst, (const S *)src, n);
     } else if ((ndim == 2 || ndim == 3) && st[0][ndim - 1] == 1 && st[1][ndim - 2] == 1 && shape[ndim - 1] >= 16 &&
                shape[ndim - 2] >= 16 && (shape[ndim - 2] + 31) / 32 <= 65535 && (ndim == 2 || shape[0] <= 65535)) {
         int64_t R = shape[ndim - 2], C = shape[ndim - 1], B = ndim == 3 ? shape[0] : 1;

@@ -7,7 +7,6 @@
 
 #include "common.cuh"
 #include "matmul.h"
-#include "pdl.cuh"
 
 using namespace zrk;
 
@@ -76,7 +75,6 @@ template <typename T> int fill_rows(void *y, const void *bias, int64_t rows, int
 template <typename T, typename X = T>
 __global__ void sum_cols_kernel(T *out, const X *__restrict__ x, int64_t rows, int64_t cols) {
     __shared__ double part[8][33];
-    pdl_enter();
     int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double s = 0;
     if (col < cols)
@@ -98,7 +96,6 @@ template <typename T, int V>
 __global__ void sum_cols_partial_kernel(double *part, const T *__restrict__ x, int64_t rows, int64_t cols,
                                         int64_t rows_per) {
     __shared__ double sh[8][32 * V + 1];
-    pdl_enter();
     const int64_t col = ((int64_t)blockIdx.x * 32 + threadIdx.x) * V;
     const int64_t r0 = (int64_t)blockIdx.y * rows_per, r1 = r0 + rows_per < rows ? r0 + rows_per : rows;
     double s[V];
@@ -133,7 +130,7 @@ int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, void *workspa
     if (blocks > 0x7fffffff) return zr_error("sum_cols (cuda): too many columns");
     const int64_t rows_per = SUM_COLS_ROWS, chunks = sum_cols_chunks(rows);
     if (!chunks) {
-        pdl_launch(sum_cols_kernel<T>, dim3((unsigned)blocks), dim3(32, 8), 0, s, (T *)out, (const T *)x, rows, cols);
+        sum_cols_kernel<T><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, (const T *)x, rows, cols);
         return launch_check("sum_cols (cuda)");
     }
     double *part = (double *)workspace;
@@ -141,14 +138,14 @@ int sum_cols(void *out, const void *x, int64_t rows, int64_t cols, void *workspa
                                (long long)rows);
     const int V = vec_of<T>::n;
     if (cols % V == 0 && aligned16(x))
-        pdl_launch(sum_cols_partial_kernel<T, V>, dim3((unsigned)((cols / V + 31) / 32), (unsigned)chunks), dim3(32, 8), 0, s,
+        sum_cols_partial_kernel<T, V><<<dim3((unsigned)((cols / V + 31) / 32), (unsigned)chunks), dim3(32, 8), 0, s>>>(
             part, (const T *)x, rows, cols, rows_per);
     else
-        pdl_launch(sum_cols_partial_kernel<T, 1>, dim3((unsigned)blocks, (unsigned)chunks), dim3(32, 8), 0, s,
+        sum_cols_partial_kernel<T, 1><<<dim3((unsigned)blocks, (unsigned)chunks), dim3(32, 8), 0, s>>>(
             part, (const T *)x, rows, cols, rows_per);
     int rc = launch_check("sum_cols (cuda)");
     if (!rc) {
-        pdl_launch(sum_cols_kernel<T, double>, dim3((unsigned)blocks), dim3(32, 8), 0, s, (T *)out, (const double *)part, chunks, cols);
+        sum_cols_kernel<T, double><<<(unsigned)blocks, dim3(32, 8), 0, s>>>((T *)out, part, chunks, cols);
         rc = launch_check("sum_cols (cuda)");
     }
     return rc;

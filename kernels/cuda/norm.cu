@@ -16,7 +16,6 @@ extern "C" {
 }
 
 #include "fused_common.cuh"
-#include "pdl.cuh"
 #include "norm_reg.cuh" /* the register path's kernels */
 
 /* ---- kernels -------------------------------------------------------------------------------- */
@@ -38,7 +37,6 @@ __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ 
                                 const T *__restrict__ w, const T *__restrict__ b, int64_t D,
                                 float eps) {
     __shared__ float red[32];
-    pdl_enter();
     const int64_t row = blockIdx.x;
     const T *xr = (RES ? (const T *)hout : x) + row * D;
     const int64_t step = (int64_t)blockDim.x * V;
@@ -110,7 +108,6 @@ __global__ void norm_bwd_kernel(T *dx, float *__restrict__ part, const T *dy,
     /* 2*D when part != NULL, stored element-major ([k][chunk]) so that a warp's accesses for one
      * k hit 32 consecutive words instead of 8-way bank conflicts. */
     extern __shared__ float acc[];
-    pdl_enter();
     const int64_t step = (int64_t)blockDim.x * V;
     if (part)
         for (int64_t i = threadIdx.x * V; i < D; i += step)
@@ -177,7 +174,7 @@ __global__ void __launch_bounds__(1024)
     norm_wgrad2_kernel(O *__restrict__ dw, OB *__restrict__ db, const float *__restrict__ part, int G,
                        int64_t D, int64_t ncol, int acc) {
     __shared__ float sm[32][33];
-    pdl_wait();
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int64_t j = (int64_t)blockIdx.x * 32 + threadIdx.x;
     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
     if (j < ncol) {
@@ -214,8 +211,20 @@ __global__ void __launch_bounds__(1024)
 template <typename O, typename OB>
 static void wgrad2_launch(O *dw, OB *db, const float *part, int G, int64_t D, int64_t ncol, int acc,
                           cudaStream_t st) {
-    pdl_launch(norm_wgrad2_kernel<O, OB>, dim3((unsigned)((ncol + 31) / 32)), dim3(32, 32), 0, st, dw, db,
-               part, G, D, ncol, acc);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((ncol + 31) / 32));
+    cfg.blockDim = dim3(32, 32);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, norm_wgrad2_kernel<O, OB>, dw, db, part, G, D, ncol, acc) != cudaSuccess) {
+        (void)cudaGetLastError();
+        norm_wgrad2_kernel<O, OB><<<cfg.gridDim, cfg.blockDim, 0, st>>>(dw, db, part, G, D, ncol, acc);
+    }
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -265,8 +274,8 @@ static void fwd_reg_launch(void *y, void *h, float *mean, float *rstd, const voi
     int64_t g = (N + G - 1) / G; /* one row per group, unless more rows than fit at once */
     const int64_t cap = (int64_t)num_sms() * per_sm * NORM_FWD_WAVES;
     if (cap > 0 && g > cap) g = cap;
-    pdl_launch(k, dim3((unsigned)g), dim3(NW * 32), 0, st, (T *)y, (T *)h, mean, rstd, (const T *)x,
-               (const T *)res, (const T *)w, (const T *)b, N, D, eps);
+    k<<<(unsigned)g, NW * 32, 0, st>>>((T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res,
+                                       (const T *)w, (const T *)b, N, D, eps);
 }
 
 /* Launches the register path when it applies; false otherwise. */
@@ -306,8 +315,8 @@ static int bwd_reg_launch(const char *fn, void *dx, float *part, const void *dy,
     if (g > cap) g = cap;
     if (g > NORM_BWD_MAX_BLOCKS) g = NORM_BWD_MAX_BLOCKS;
     *grid = (unsigned)g;
-    pdl_launch(k, dim3(*grid), dim3(256), smem, st, (T *)dx, part, (const T *)dy, (const T *)x,
-               (const T *)w, mean, rstd, (const T *)dres, N, D);
+    k<<<*grid, 256, smem, st>>>((T *)dx, part, (const T *)dy, (const T *)x, (const T *)w, mean,
+                                rstd, (const T *)dres, N, D);
     return 0;
 }
 
@@ -369,11 +378,11 @@ static void fwd_launch(void *y, void *h, float *mean, float *rstd, const void *x
     /* RMSNorm forward (plain and residual) measured faster with the block-per-row kernel */
     if (vec && LN && fwd_reg<T, LN, RES>(y, h, mean, rstd, x, res, w, b, N, D, eps, st)) return;
     if (vec)
-        pdl_launch(norm_fwd_kernel<T, 16 / sizeof(T), LN, RES>, dim3((unsigned)N), dim3(row_threads(D, V)),
-            0, st, (T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res, (const T *)w, (const T *)b, D,
+        norm_fwd_kernel<T, 16 / sizeof(T), LN, RES><<<(unsigned)N, row_threads(D, V), 0, st>>>(
+            (T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res, (const T *)w, (const T *)b, D,
             eps);
     else
-        pdl_launch(norm_fwd_kernel<T, 1, LN, RES>, dim3((unsigned)N), dim3(row_threads(D, 1)), 0, st,
+        norm_fwd_kernel<T, 1, LN, RES><<<(unsigned)N, row_threads(D, 1), 0, st>>>(
             (T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res, (const T *)w, (const T *)b, D,
             eps);
 }
@@ -408,13 +417,15 @@ static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, in
     if (rc == 0 && vec) {
         auto k = norm_bwd_kernel<T, 16 / sizeof(T), LN>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        pdl_launch(k, dim3((unsigned)G), dim3(row_threads(D, V)), smem, st, (T *)dx, part,
-                   (const T *)dy, (const T *)x, (const T *)w, mean, rstd, (const T *)dres, N, D);
+        k<<<(unsigned)G, row_threads(D, V), smem, st>>>((T *)dx, part, (const T *)dy,
+                                                        (const T *)x, (const T *)w, mean, rstd,
+                                                        (const T *)dres, N, D);
     } else if (rc == 0) {
         auto k = norm_bwd_kernel<T, 1, LN>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        pdl_launch(k, dim3((unsigned)G), dim3(row_threads(D, 1)), smem, st, (T *)dx, part,
-                   (const T *)dy, (const T *)x, (const T *)w, mean, rstd, (const T *)dres, N, D);
+        k<<<(unsigned)G, row_threads(D, 1), smem, st>>>((T *)dx, part, (const T *)dy,
+                                                        (const T *)x, (const T *)w, mean, rstd,
+                                                        (const T *)dres, N, D);
     }
     if (want) {
         const int64_t ncol = db ? 2 * D : D;

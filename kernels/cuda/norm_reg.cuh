@@ -5,7 +5,6 @@
 #define ZR_CUDA_NORM_REG_CUH
 
 #include "fused_common.cuh"
-#include "pdl.cuh"
 
 /* ---- register-held rows (the fast path) ------------------------------------------------------
  * A row is handled by a group of WPR warps; lane l of warp k of the group owns the C chunks of V
@@ -63,7 +62,6 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
                         const T *__restrict__ w, const T *__restrict__ b, int64_t N, int64_t D,
                         float eps) {
     __shared__ float2 red[2 * 16];
-    pdl_enter();
     const int warp = threadIdx.x >> 5, G = (blockDim.x >> 5) / WPR, grp = warp / WPR;
     const int tig = threadIdx.x - grp * WPR * 32;
     const int64_t stride = (int64_t)gridDim.x * G;
@@ -162,7 +160,6 @@ __global__ void __launch_bounds__(256, LN && PF && C == 1 ? 3 : 1)
                         const float *__restrict__ rstd, const T *dres, int64_t N, int64_t D) {
     __shared__ float2 red[2 * 8];
     extern __shared__ float accs[]; /* 2*D floats when part != NULL */
-    pdl_wait(); /* its own dependent (the weight-gradient kernel) launches after the rows, below */
     const int warp = threadIdx.x >> 5, G = 8 / WPR, grp = warp / WPR;
     const int tig = threadIdx.x - grp * WPR * 32;
     int par = 0;

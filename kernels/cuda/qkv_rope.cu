@@ -13,7 +13,6 @@ extern "C" {
 }
 
 #include "fused_common.cuh"
-#include "pdl.cuh"
 
 struct qkv_args {
     void *packed;      /* forward: read (const); backward: written */
@@ -27,7 +26,6 @@ struct qkv_args {
 
 template <typename T, int V, bool FWD>
 __global__ void __launch_bounds__(256) qkv_rope_kernel(const qkv_args a) {
-    pdl_enter();
     const uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= a.n) return;
     const uint32_t c = (idx % a.nch) * V, r = idx / a.nch, j = r % a.nh, bt = r / a.nh,
@@ -117,10 +115,10 @@ static int qkv_run(const char *fn, qkv_args a, const void *const ptrs[4], int64_
         a.T = (uint32_t)Tn, a.H = (uint32_t)H, a.KV = (uint32_t)KV, a.nh = (uint32_t)nh;
         a.nch = (uint32_t)nch, a.n = (uint32_t)n;
         const unsigned grid = (unsigned)((n + 255) / 256);
-        if (fwd && vec) pdl_launch(qkv_rope_kernel<T, 16 / sizeof(T), true>, dim3(grid), dim3(256), 0, st, a);
-        else if (fwd) pdl_launch(qkv_rope_kernel<T, 1, true>, dim3(grid), dim3(256), 0, st, a);
-        else if (vec) pdl_launch(qkv_rope_kernel<T, 16 / sizeof(T), false>, dim3(grid), dim3(256), 0, st, a);
-        else pdl_launch(qkv_rope_kernel<T, 1, false>, dim3(grid), dim3(256), 0, st, a);
+        if (fwd && vec) qkv_rope_kernel<T, 16 / sizeof(T), true><<<grid, 256, 0, st>>>(a);
+        else if (fwd) qkv_rope_kernel<T, 1, true><<<grid, 256, 0, st>>>(a);
+        else if (vec) qkv_rope_kernel<T, 16 / sizeof(T), false><<<grid, 256, 0, st>>>(a);
+        else qkv_rope_kernel<T, 1, false><<<grid, 256, 0, st>>>(a);
     });
     return launch_check(fn);
 }

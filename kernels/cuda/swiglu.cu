@@ -10,12 +10,10 @@ extern "C" {
 }
 
 #include "fused_common.cuh"
-#include "pdl.cuh"
 
 template <typename T, int V, bool BWD>
 __global__ void swiglu_kernel(T *out0, T *out1, const T *dh, const T *gate, const T *up,
                               int64_t M, int64_t F, int64_t ld) {
-    pdl_enter();
     const int64_t nch = F / V, total = M * nch;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -53,10 +51,10 @@ static void swiglu_launch(void *o0, void *o1, const void *dh, const void *gate, 
     int64_t blocks = (n + 255) / 256;
     if (blocks > 132 * 32) blocks = 132 * 32;
     if (vec)
-        pdl_launch(swiglu_kernel<T, 16 / sizeof(T), BWD>, dim3((unsigned)blocks), dim3(256), 0, st,
+        swiglu_kernel<T, 16 / sizeof(T), BWD><<<(unsigned)blocks, 256, 0, st>>>(
             (T *)o0, (T *)o1, (const T *)dh, (const T *)gate, (const T *)up, M, F, ld);
     else
-        pdl_launch(swiglu_kernel<T, 1, BWD>, dim3((unsigned)blocks), dim3(256), 0, st,
+        swiglu_kernel<T, 1, BWD><<<(unsigned)blocks, 256, 0, st>>>(
             (T *)o0, (T *)o1, (const T *)dh, (const T *)gate, (const T *)up, M, F, ld);
 }
 
