@@ -67,6 +67,7 @@ static double opt_num(lua_State *L, int idx, const char *key, double dflt) {
 
 /* zero_new({stage=, reduce_bucket_size=, allgather_bucket_size=, persistence_threshold=,
  *           max_live_parameters= (all required), offload_optimizer=, offload_param=, pin_memory=,
+ *           param_pin_memory= (offload_param.pin_memory),
  *           offload_grads_on_device= (offload_optimizer: gradients on the GPU until the step),
  *           offload_ratio= (offload_optimizer: the host's share of the optimizer states; nil: 1),
  *           overlap_comm=, keep_grads= (stage 2: gradients stay until the next backward), comm_dtype= (nil: the parameters'), grad_dtype= (nil: f32),
@@ -86,6 +87,7 @@ static int l_new(lua_State *L) {
     c.offload_ratio = opt_num(L, 1, "offload_ratio", 1);
     c.persistence_threshold = (int64_t)required_num(L, 1, "persistence_threshold");
     c.pin_memory = zr_l_boolfield(L, 1, "pin_memory");
+    c.param_pin_memory = zr_l_boolfield(L, 1, "param_pin_memory");
     c.overlap_comm = zr_l_boolfield(L, 1, "overlap_comm");
     c.keep_grads = zr_l_boolfield(L, 1, "keep_grads");
     c.max_live_parameters = (int64_t)required_num(L, 1, "max_live_parameters");
@@ -301,6 +303,10 @@ static int l_live_numel(lua_State *L) {
     return 1;
 }
 static int l_release_all(lua_State *L) { return ok_or_error(L, zr_zero_release_all(check_zero(L, 1))); }
+static int l_shard_pinned(lua_State *L) {
+    lua_pushboolean(L, zr_zero_shard_pinned(check_zero(L, 1)));
+    return 1;
+}
 static int l_is_resident(lua_State *L) {
     lua_pushboolean(L, zr_zero_is_resident(check_zero(L, 1)));
     return 1;
@@ -370,7 +376,8 @@ static const luaL_Reg methods[] = {
     {"refresh_params", l_refresh}, {"partition_numel", l_partition_numel}, {"layout", l_layout},
     {"state", l_state}, {"set_state", l_set_state}, {"split", l_split}, {"num_states", l_num_states}, {"gather", l_gather}, {"release", l_release},
     {"prefetch", l_prefetch}, {"live_numel", l_live_numel}, {"release_all", l_release_all},
-    {"is_gathered", l_is_gathered}, {"is_resident", l_is_resident}, {"boundary", l_boundary}, {NULL, NULL}};
+    {"is_gathered", l_is_gathered}, {"is_resident", l_is_resident}, {"shard_pinned", l_shard_pinned},
+    {"boundary", l_boundary}, {NULL, NULL}};
 
 /* ===== zenflow (runtime/zero/zenflow.h): ZenFlow's selective column update ===== */
 /* zenflow_colsum(out, g) */

@@ -168,14 +168,16 @@ function M.initialize(opts)
   end
   local mdt, sdt = M.master_dtype(cfg), M.state_dtype(cfg) -- nil: f32
   self.master_dtype, self.state_dtype = mdt or "f32", sdt or "f32"
+  local on_gpu = C.cuda and params[1] and params[1]:device():match("^cuda") and true or false
+  -- offload_param.pin_memory (DeepSpeed's default true): the host parameter shard page-locked
+  self.param_pin_memory = self.offload_param and zc.offload_param.pin_memory ~= false and on_gpu
   if self.offload_optimizer or self.offload_param then
-    local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and C.cuda and
-      params[1] and params[1]:device():match("^cuda")
+    local pin = self.offload_optimizer and zc.offload_optimizer.pin_memory and on_gpu
     M.check_host_memory(params, W, stage, self.offload_param, pin, OPTIMIZER_STATES[self.optimizer_type](op),
       { offload_optimizer = self.offload_optimizer, device = self.device:match("^cuda") and "cuda" or "cpu",
         dtype = precision, grad_accum_dtype = cfg.data_types and cfg.data_types.grad_accum_dtype, ratio = self.offload_ratio,
         master_dtype = mdt, state_dtype = sdt,
-        reduce_bucket_size = zc.reduce_bucket_size,
+        reduce_bucket_size = zc.reduce_bucket_size, param_pin_memory = self.param_pin_memory,
         offload_grads = self.offload_grads }) -- where this engine keeps offloaded gradients
   end
   self.zero = C.zero_new({ stage = stage, reduce_bucket_size = zc.reduce_bucket_size,
@@ -184,7 +186,7 @@ function M.initialize(opts)
     offload_ratio = self.offload_ratio,
     keep_grads = zc.zenflow ~= nil and stage == 2 and W > 1, -- zrun.zenflow reads each micro-step's own gradient
     persistence_threshold = zc.stage3_param_persistence_threshold,
-    pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory,
+    pin_memory = zc.offload_optimizer and zc.offload_optimizer.pin_memory, param_pin_memory = self.param_pin_memory,
     overlap_comm = zc.overlap_comm, max_live_parameters = zc.stage3_max_live_parameters,
     comm_dtype = M.comm_dtype(cfg), grad_dtype = M.grad_accum_dtype(cfg), names = param_names(model, params),
     optimizer = self.optimizer_type, momentum = op.momentum, initial_accumulator_value = op.initial_accumulator_value,
@@ -349,7 +351,8 @@ end
 -- (zr.memory.plan's host column for these parameters: fp32 master, the optimizer's `states` (AdamW
 -- 2), the step's ring, and with gradients on the host their partition (fp32, or grad_accum_dtype)
 -- and staging bucket, or with offload_param the 16-bit shard) and, with pin_memory, that the
--- page-locked part (what DMA touches: the ring, staging and host gradients) is within
+-- page-locked part (what DMA touches: the ring, staging and host gradients; with
+-- o.param_pin_memory the host parameter shard too) is within
 -- the locked-memory limit (ulimit -l). Stops with what does not fit and each setting that fixes
 -- it, one line each. o (optional): offload_optimizer (default true), device, dtype,
 -- grad_accum_dtype and ratio (DeepSpeed's names), offload_grads ("device" | "host": where the
@@ -360,7 +363,8 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
   for i, p in ipairs(params) do numels[i] = p:numel() end
   local popts = { param_numels = numels, name = "the model", world_size = W, gpus_per_node = dist.local_size(),
     stage = stage, offload_optimizer = o.offload_optimizer ~= false, offload_param = offload_param or false, opt_states = states or 2,
-    pin_memory = pin_memory and true or false, device = o.device or (pin_memory and "cuda" or "cpu"),
+    pin_memory = pin_memory and true or false, param_pin_memory = o.param_pin_memory or false,
+    device = o.device or ((pin_memory or o.param_pin_memory) and "cuda" or "cpu"),
     dtype = o.dtype or "bf16", grad_accum_dtype = o.grad_accum_dtype, offload_ratio = o.ratio,
     offload_grads = o.offload_grads or "host", reduce_bucket_size = o.reduce_bucket_size,
     master_dtype = o.master_dtype, state_dtype = o.state_dtype }
@@ -376,7 +380,7 @@ function M.check_host_memory(params, W, stage, offload_param, pin_memory, states
     f:close()
   end
   local h = zr.memory.human
-  local lim = pin_memory and M.memlock_limit(M.limits_file)
+  local lim = (pin_memory or o.param_pin_memory) and M.memlock_limit(M.limits_file)
   local lines = plan.host_check(p, popts, avail and math.floor(avail * 0.9), lim or nil,
     avail and (" (90% of MemAvailable " .. h(avail) .. ")"))
   if #lines > 0 then error(table.concat(lines, "\n"), 0) end

@@ -172,9 +172,12 @@ function M.check_lines(p, avail, memlock, plan_with, avail_note)
     for _, f in ipairs(fixes(p, avail, plan_with)) do lines[#lines + 1] = "  - " .. f end
   end
   if memlock and p.pinned > memlock then
-    lines[#lines + 1] = fmt("offload_optimizer.pin_memory page-locks %s per rank but the locked-memory limit (ulimit -l) is %s: " ..
+    local who = {}
+    if s.offload_optimizer and s.pin_memory then who[#who + 1] = "offload_optimizer.pin_memory" end
+    if s.offload_param and s.param_pin_memory and s.stage == 3 then who[#who + 1] = "offload_param.pin_memory" end
+    lines[#lines + 1] = fmt("%s page-locks %s per rank but the locked-memory limit (ulimit -l) is %s: " ..
       "raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or set " ..
-      "\"pin_memory\": false (slower copies)", human(p.pinned), human(memlock))
+      "\"pin_memory\": false there (slower copies)", table.concat(who, " with "), human(p.pinned), human(memlock))
   end
   return lines
 end

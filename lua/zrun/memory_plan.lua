@@ -81,6 +81,11 @@ local function settings(o, cfg_model)
   -- ratio < 1 works at stages 1-3 (config.lua warns below stage 3, where DeepSpeed refuses it)
   s.pin_memory = o.pin_memory
   if s.pin_memory == nil then s.pin_memory = oo.pin_memory ~= false end
+  -- offload_param.pin_memory (DeepSpeed's default true): the host parameter shard page-locked on a GPU
+  s.param_pin_memory = o.param_pin_memory
+  if s.param_pin_memory == nil then
+    s.param_pin_memory = not zc.offload_param or zc.offload_param.pin_memory ~= false
+  end
   s.offload_grads = Off.grads_setting(o.offload_grads)
   s.device = o.device or "cuda"
   -- a CPU run keeps the gradients with the master unless told (engine.lua offload_grads_place)
@@ -263,6 +268,9 @@ local function build(o, s, counted)
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
     shard.params = shard.params + S * b
+    if s.offload_param and s.param_pin_memory and s.device ~= "cpu" then -- engine.c pin_shard
+      pinned = pinned + S * b
+    end
     -- parameters below stage3_param_persistence_threshold are never released (zero.c)
     for _, p in ipairs(list) do
       if p.numel < s.persistence_threshold then dev.params = dev.params + p.numel * b end
@@ -388,7 +396,8 @@ end
 
 -- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
 -- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, offload_ratio=,
--- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, gpu_memory=, gc=, device=}
+-- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, param_pin_memory=, gpu_memory=, gc=,
+-- device=} (pin_memory: offload_optimizer's; param_pin_memory: offload_param's)
 -- Returns {device = {<category> = peak bytes, total=, sum=}, host = {...}, timeline = {{phase=,
 -- device=, host=}}, settings=, notes=, ...}: each category's own peak, and as `total` the most
 -- live at once over setup and a training step (`sum` adds the categories' own peaks instead);

@@ -165,9 +165,44 @@ static zr_status pin(zr_zero *z) {
 #endif
     return ZR_OK;
 }
+/* offload_param.pin_memory on a GPU: page-locks the host parameter shard, so that each gathered
+ * slice goes up by DMA beside the compute (shard_upload) instead of through the driver's pageable
+ * staging, which waits for the compute stream and runs at a fraction of the link's rate. */
+static zr_status pin_shard(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    zr_tensor *t = z->pshard;
+    if (!zr_is_cpu(t) || !t->storage->nbytes || z->dev.type != ZR_CUDA) return ZR_OK;
+    cudaError_t e = cudaHostRegister(t->storage->data, t->storage->nbytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return zr_error("offload_param.pin_memory: page-locking the %.2f GiB parameter shard failed (%s); raise the "
+                        "locked-memory limit (ulimit -l) or set offload_param.pin_memory to false",
+                        (double)t->storage->nbytes / (1 << 30), cudaGetErrorString(e));
+    }
+    z->pshard_pinned = 1;
+    if (!(z->pshard_ev = zr_cuda_event_new(0))) return ZR_ERR;
+#endif
+    return ZR_OK;
+}
+
+zr_status zero_shard_idle(zr_zero *z) {
+#ifdef ZR_HAVE_CUDA
+    if (z->pshard_ev) return zr_cuda_event_sync((cudaEvent_t)z->pshard_ev);
+#endif
+    (void)z;
+    return ZR_OK;
+}
+
 static void unpin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     if (z->pinned) cudaHostUnregister(z->gpart->storage->data);
+    if (z->pshard_ev) {
+        zero_shard_idle(z); /* no DMA still reading the shard */
+        zr_cuda_event_free((cudaEvent_t)z->pshard_ev);
+    }
+    if (z->pshard_pinned) cudaHostUnregister(z->pshard->storage->data);
+    z->pshard_ev = NULL;
+    z->pshard_pinned = 0;
 #endif
     z->pinned = 0;
 }
@@ -428,6 +463,7 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
                            valid_len(q->numel, q->chunk, r)))
                 goto fail;
         }
+        if (cfg->offload_param && cfg->param_pin_memory && pin_shard(z)) goto fail;
         if (zr_zero_release_all(z)) goto fail;
     }
     return z;
@@ -781,11 +817,34 @@ int zr_zero_is_gathered(const zr_zero *z, int i) {
 }
 int64_t zr_zero_live_numel(const zr_zero *z) { return z->live; }
 int zr_zero_is_resident(const zr_zero *z) { return z->cfg.stage == 3 && z->direct; }
+int zr_zero_shard_pinned(const zr_zero *z) { return z->pshard_pinned; }
 
 static zr_status check_index(const zr_zero *z, int i) {
     if (i < 0 || i >= z->nparams)
         return zr_error("ZeRO gather: parameter index %d out of range (1..%d)", i + 1, z->nparams);
     return ZR_OK;
+}
+
+/* offload_param: shard elements [off, off+n) into the device buffer in. From the page-locked shard a
+ * DMA on the comm stream, queued after the compute work so far (in's memory may have been that
+ * work's), so that the all-gather after it on that stream reads it while compute goes on (a prefetch
+ * overlaps); its event lets the step wait before rewriting the shard. Pageable: the generic copy. */
+static zr_status shard_upload(zr_zero *z, zr_tensor *in, int64_t off, int64_t n) {
+#ifdef ZR_HAVE_CUDA
+    if (z->pshard_pinned) {
+        const char *op = "offload_param: parameter upload";
+        cudaStream_t cs = zr_cuda_stream(z->dev), ms = zr_cuda_comm_stream(z->dev);
+        cudaEvent_t ev = (cudaEvent_t)z->pshard_ev;
+        size_t es = zr_dtype_size(z->param_dtype);
+        ZR_CHECK(zr_cuda_event_record(ev, cs));
+        ZR_CHECK(zr_cuda_stream_wait(ms, ev));
+        ZR_CHECK(ZR_CUDA_CHECK(cudaMemcpyAsync(zr_tensor_data(in), (const char *)zr_tensor_data(z->pshard) + off * es,
+                                               (size_t)n * es, cudaMemcpyHostToDevice, ms),
+                               op));
+        return zr_cuda_event_record(ev, ms);
+    }
+#endif
+    return zero_copy_range(in, 0, z->pshard, off, n);
 }
 
 /* Starts the all-gather of parameter i's chunks straight into its new storage (`chunks` chunks
@@ -801,7 +860,7 @@ static zr_status start_gather(zr_zero *z, int i) {
         in = flat_range(z->pshard, q->offset, q->chunk); /* the shard's slice itself: no copy */
     } else { /* offload_param: the shard is on the host; stage the slice on the device */
         in = new_buf(z->param_dtype, z->dev, q->chunk, ZR_MEM_COMM);
-        if (in && zero_copy_range(in, 0, z->pshard, q->offset, q->chunk)) {
+        if (in && shard_upload(z, in, q->offset, q->chunk)) {
             zr_tensor_release(in);
             in = NULL;
         }

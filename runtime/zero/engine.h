@@ -44,6 +44,8 @@ typedef struct {
     int64_t max_live_parameters;   /* stage 3: prefetching stops at this many gathered elements (0: no bound) */
     int pin_memory;        /* what DMA touches on the host in page-locked memory: the offload ring and
                             * staging, a host gradient partition (CUDA builds) */
+    int param_pin_memory;  /* offload_param.pin_memory: the host parameter shard page-locked (CUDA builds),
+                            * each gathered slice uploaded by DMA on the comm stream */
     int overlap_comm;      /* a bucket's reduce-scatter runs while the next bucket fills */
     int keep_grads; /* stage 2 over several ranks (ZenFlow, lua/zrun/zenflow.lua): a gradient stays on its
                      * parameter after its bucket copy, until the next backward_begin drops it, so that
@@ -168,6 +170,8 @@ zr_status zr_zero_release_all(zr_zero *z);
 /* 1 when stage 3 runs with every parameter resident (one process, parameters on their device:
  * nothing to gather); gather/prefetch/release are then no-ops. */
 int zr_zero_is_resident(const zr_zero *z);
+/* offload_param: whether the host parameter shard is page-locked (offload_param.pin_memory on a GPU). */
+int zr_zero_shard_pinned(const zr_zero *z);
 int zr_zero_is_gathered(const zr_zero *z, int i);
 
 #endif

@@ -59,6 +59,10 @@ struct zr_zero {
     int direct;
     zr_tensor *pflat;
     int pinned; /* the host gradient partition is page-locked (host-gradient mode with pin_memory) */
+    /* offload_param with param_pin_memory on a GPU: pshard is page-locked; the event follows the last
+     * upload from it (the step waits for it before writing the shard) */
+    int pshard_pinned;
+    void *pshard_ev;
     zr_offload *host; /* master on the host: gradient intake, the step's chunk pipeline */
     /* optimizer offload with the gradient partition on the parameters' device (offload.h's device
      * mode): gpart is reduced into as without offload and zr_offload_run fetches it chunk by chunk */
@@ -105,6 +109,8 @@ static inline zr_tensor *flat_weights(const zr_zero *z) {
 /* engine.c */
 int zero_param_at(const zr_zero *z, int64_t off);
 void zero_label_params(const zr_zero *z, const char *what, int a, int b);
+/* offload_param: returns once no upload still reads the host parameter shard (before it is rewritten). */
+zr_status zero_shard_idle(zr_zero *z);
 zr_status zero_copy_range(zr_tensor *dst, int64_t doff, zr_tensor *src, int64_t soff, int64_t len);
 zr_status zero_state_get(zr_zero *z, int st, zr_tensor *dst, int64_t doff, int64_t off, int64_t len);
 zr_status zero_flush_stale(zr_zero *z);

@@ -88,6 +88,7 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
     int sink;
     weights_target(z, &out, &sink);
     if (!c && !out && !sink) return ZR_OK;
+    if (out) ZR_CHECK(zero_shard_idle(z)); /* the host shard is rewritten in place */
     zr_offload_pass pass = {z->grads_dev ? z->gpart : NULL, zr_tensor_data(z->master), state_data(z->m),
                             state_data(z->v), z->split, grad_scale, step, c, lr, out, sink ? put_weights : NULL,
                             z, z->split, z->part_numel, 0, NULL, NULL, z->master_dtype, z->state_dtype};
@@ -161,6 +162,7 @@ zr_status zr_zero_refresh_params(zr_zero *z) {
         if (out || sink) return host_pass(z, 1, 0, NULL, NULL);
     }
     if (z->cfg.stage == 3 && !z->direct) {
+        ZR_CHECK(zero_shard_idle(z));
         ZR_CHECK(zero_state_get(z, 0, z->pshard, 0, 0, z->part_numel));
         return regather_persistent(z);
     }

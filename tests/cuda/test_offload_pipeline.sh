@@ -5,7 +5,8 @@
 # parameters; bf16 gradient accumulation on the device; both places against the independent
 # reference of tests/mpi/zero_check.lua. Partial offload (offload_optimizer.ratio 0, 0.3, 1, 0.5):
 # the device part on the GPU's optimizer kernels while the host part runs the pipeline, against
-# ratio 1 and no offload, and checkpoints across ratios (tests/mpi/offload_ratio_check.lua). Run on
+# ratio 1 and no offload, and checkpoints across ratios (tests/mpi/offload_ratio_check.lua). Stage 3
+# offload_param, its shard pinned or pageable, prefetched or not (tests/cuda/offload_param_check.lua). Run on
 # the GPU machine:
 #   sh tests/cuda/test_offload_pipeline.sh        (ends with "N passed, N failed"; part of run_cuda.sh)
 export ZRUN_CHECK_DEVICE=cuda
@@ -28,6 +29,7 @@ for stage in 1 2 3; do
   ZRUN_OFFLOAD_CHUNK=777 run tests/mpi/offload_ratio_check.lua $stage 4 0.5 "$work" adamw bf16
 done
 for opt in lion adagrad sgd; do run tests/mpi/offload_ratio_check.lua 2 2 0.5 "$work" $opt; done
+run tests/cuda/offload_param_check.lua                                     # stage 3 offload_param: pinned vs pageable
 grep -E '^(PASS|FAIL)' "$out"
 grep -q '^FAIL' "$out" && { cat "$out" | grep -v '^PASS' | tail -40; }
 echo "$(grep -c '^PASS' "$out") passed, $(grep -c '^FAIL' "$out") failed"

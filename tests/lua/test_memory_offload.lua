@@ -195,12 +195,50 @@ T.test("the host check says what does not fit and each setting that fixes it, on
   T.eq(#lines, 1)
   T.eq(lines[1], "offload_optimizer.pin_memory page-locks 288.00 MiB per rank but the locked-memory limit (ulimit -l) is " ..
     "64.00 MiB: raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or " ..
-    "set \"pin_memory\": false (slower copies)")
+    "set \"pin_memory\": false there (slower copies)")
   T.eq(#P.host_check(pd, {}, 128 * GiB, 301989888), 0, "a limit of exactly what is pinned")
   T.eq(#P.host_check(pd, {}, 128 * GiB, 301989888 - 1), 1, "a byte less")
   local nopin = P.plan { model = "meta-llama/Meta-Llama-3-8B", stage = 2, dtype = "bf16", offload_optimizer = true,
     offload_grads = "device", pin_memory = false }
   T.eq(nopin.pinned, 0); T.eq(#P.host_check(nopin, {}, 128 * GiB, 64 * 2 ^ 20), 0, "pin_memory false: no limit")
+end)
+
+T.test("offload_param.pin_memory page-locks the host parameter shard (stage 3), and says so at the limit", function()
+  -- stage 3, optimizer and parameters offloaded, gradients on the GPU: the ring's in-slots 3 x 2^24 x 4 (the new
+  -- weights are written into the host shard in place: no out-slots) and the bf16 shard 2N, DeepSpeed's default
+  -- offload_param.pin_memory true
+  local o = { stage = 3, offload_param = true, offload_grads = "device" }
+  local p = plan8b(o)
+  T.eq(p.host.params, 2 * N, "the 16-bit shard on the host")
+  T.eq(p.pinned, 3 * C * 4 + 2 * N)
+  o.param_pin_memory = false
+  T.eq(plan8b(o).pinned, 3 * C * 4, "offload_param.pin_memory false: the shard stays pageable")
+  local cfg = { train_micro_batch_size_per_gpu = 4, bf16 = { enabled = true }, zero_optimization = { stage = 3,
+    offload_optimizer = { device = "cpu" }, offload_param = { device = "cpu", pin_memory = false } } }
+  T.eq(plan8b({ stage = 3, offload_grads = "device", config = cfg }).pinned, 3 * C * 4,
+    "read from the DeepSpeed config")
+  cfg.zero_optimization.offload_param.pin_memory = nil
+  T.eq(plan8b({ stage = 3, offload_grads = "device", config = cfg }).pinned, 3 * C * 4 + 2 * N, "default true")
+  T.eq(plan8b({ stage = 3, offload_param = true, offload_grads = "device", device = "cpu" }).pinned, 0,
+    "a CPU run pins nothing")
+  -- 3 x 2^24 x 4 + 2N = 16,261,849,088 B = 15.15 GiB, against a limit of 2N
+  local lines = P.host_check(p, {}, 1024 * GiB, 2 * N)
+  T.eq(#lines, 1)
+  local want = "^offload_optimizer.pin_memory with offload_param.pin_memory page%-locks 15.15 GiB per rank"
+  T.eq(lines[1]:find(want) ~= nil, true, lines[1])
+  -- the engine's check: 1e6 parameters at stage 3 with only the parameters offloaded: the shard, 2e6 B, against 1 MiB
+  local path = os.tmpname()
+  local f = io.open(path, "w")
+  f:write("Max locked memory         1048576              1048576              bytes\n")
+  f:close()
+  engine_mod.limits_file = path
+  local one = { numel = function() return 1e6 end }
+  local err = T.raises(function() engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda",
+    offload_optimizer = false, param_pin_memory = true }) end, "ulimit -l")
+  T.eq(err:find("^offload_param.pin_memory page%-locks 1.91 MiB per rank") ~= nil, true, err)
+  engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda", offload_optimizer = false })
+  engine_mod.limits_file = nil
+  os.remove(path)
 end)
 
 T.test("zr.initialize's check: the plan's host column for the engine's parameters", function()
