@@ -407,9 +407,10 @@ end
 -- ZeRO-3: parameters are whole only while their module runs (forward) and during its backward.
 -- Prefetch (stage3_prefetch_bucket_size): the first forward records the order in which modules
 -- run; afterwards each module, once its own parameters are gathered, starts the all-gathers of
--- the modules that follow it (in forward) or precede it (in backward) up to that many elements,
--- and within stage3_max_live_parameters, so the next module's parameters arrive while this one
--- computes. Recomputation inside backward (checkpointing) neither records nor prefetches.
+-- the modules that follow it (in forward) or precede it (in backward) while the elements started
+-- are below that many and below stage3_max_live_parameters minus the live ones (DeepSpeed's rule:
+-- the parameter crossing the bound starts too), so the next module's parameters arrive while this
+-- one computes. Recomputation inside backward (checkpointing) neither records nor prefetches.
 -- stage3_max_reuse_distance: after its forward a module keeps its parameters when their next use
 -- (its backward) comes within that many parameters — twice those of the modules after it — and
 -- the live ones stay within stage3_max_live_parameters, as DeepSpeed does.

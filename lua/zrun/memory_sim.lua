@@ -143,8 +143,9 @@ end
 -- outside its module) stays gathered until backward ends.
 -- Prefetch (engine.lua, zero.c): once a module's parameters are gathered, the all-gathers of
 -- the modules after it (in forward; before it in backward, from the module boundary nodes) start
--- straight into their storage, up to stage3_prefetch_bucket_size elements and while the live
--- elements stay within stage3_max_live_parameters; recomputation inside backward does not.
+-- straight into their storage while the elements started are below stage3_prefetch_bucket_size and
+-- below stage3_max_live_parameters minus the live ones (the one crossing starts too, as in
+-- DeepSpeed); recomputation inside backward does not.
 function Sim:gather(W, in_backward, no_prefetch)
   if not self.o.stage3 then return end
   if not W.leaf.gathered and not W.leaf.persistent then
@@ -162,10 +163,13 @@ function Sim:gather(W, in_backward, no_prefetch)
     total = total + order[k].numel
     k = k + step
   end
-  for _, leaf in ipairs(list) do -- zr_zero_prefetch
+  -- zr_zero_prefetch: while the elements started are below min(budget, max_live - live) (DeepSpeed's
+  -- rule: the one crossing the bound starts too)
+  local limit, started = math.min(budget, (self.o.max_live or 1e18) - self.live), 0
+  for _, leaf in ipairs(list) do
     if not leaf.gathered and not leaf.persistent then
-      if leaf.numel > budget or self.live + leaf.numel > (self.o.max_live or 1e18) then break end
-      budget = budget - leaf.numel
+      if started >= limit then break end
+      started = started + leaf.numel
       leaf.gathered = true
       self.live = self.live + leaf.numel
       self:count("params", leaf.bytes)

@@ -909,13 +909,19 @@ zr_status zr_zero_gather(zr_zero *z, int n, const int *idx) {
 
 zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget) {
     if (z->cfg.stage != 3) return ZR_OK;
-    int64_t max_live = z->cfg.max_live_parameters > 0 ? z->cfg.max_live_parameters : INT64_MAX;
+    /* DeepSpeed's rule (partitioned_param_coordinator.py fetch_sub_module): the parameters in order
+     * while the elements started so far are below min(budget, max_live - live), so the one that
+     * crosses the bound still starts: a parameter larger than the budget (HF's "auto" bucket,
+     * 0.9 hidden^2, is below one q/k/v or MLP weight) is prefetched alone. */
+    const int64_t room = z->cfg.max_live_parameters > 0 ? z->cfg.max_live_parameters - z->live : INT64_MAX;
+    const int64_t limit = budget < room ? budget : room;
+    int64_t started = 0;
     for (int k = 0; k < n; k++) {
         ZR_CHECK(check_index(z, idx[k]));
         zparam *q = &z->params[idx[k]];
         if (q->gathered || q->g_h) continue;
-        if (q->numel > budget || (!q->persistent && z->live + q->numel > max_live)) break;
-        budget -= q->numel;
+        if (started >= limit) break;
+        started += q->numel;
         ZR_CHECK(start_gather(z, idx[k]));
     }
     return ZR_OK;

@@ -159,9 +159,10 @@ zr_status zr_zero_refresh_params(zr_zero *z);
 
 /* Stage 3: gathers / releases whole parameters (by index). Released parameters have shape (0). */
 zr_status zr_zero_gather(zr_zero *z, int n, const int *idx);
-/* Stage 3: starts the all-gathers of the listed parameters (in order) without waiting, up to
- * `budget` elements and while the live total stays within max_live_parameters; a later
- * zr_zero_gather of them completes them. Every rank must prefetch the same list. */
+/* Stage 3: starts the all-gathers of the listed parameters (in order) without waiting while the
+ * elements started so far are below `budget` and below max_live_parameters minus the live total
+ * (DeepSpeed's rule: the parameter that crosses the bound starts too); a later zr_zero_gather of
+ * them completes them. Every rank must prefetch the same list. */
 zr_status zr_zero_prefetch(zr_zero *z, int n, const int *idx, int64_t budget);
 /* Stage 3: elements of (non-persistent) parameters gathered or being gathered now. */
 int64_t zr_zero_live_numel(const zr_zero *z);
