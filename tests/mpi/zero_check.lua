@@ -159,9 +159,14 @@ local function check()
       assert(extra > 0, ("prefetch: nothing in flight ahead (live max %d, own max %d)"):format(live_max, own_max))
     end
     if prefetch == 0 then assert(extra <= 0, ("prefetch off but %d elements ahead"):format(extra)) end
-    if max_live < 1e9 then
-      assert(live_max <= math.max(max_live, own_max + emb),
-        ("live %d elements, above stage3_max_live_parameters %d"):format(live_max, max_live))
+    if max_live < 1e9 then -- a prefetch starts parameters only while fewer than max_live are live
+      -- (DeepSpeed's rule: the one crossing the bound starts too, so up to the largest parameter above it)
+      local largest, total = 0, 0
+      for _, p in ipairs(ref:parameters()) do largest, total = math.max(largest, p:numel()), total + p:numel() end
+      assert(live_max < math.max(max_live, own_max + emb) + largest,
+        ("live %d elements, above stage3_max_live_parameters %d + the largest parameter %d"):format(live_max, max_live,
+          largest))
+      assert(live_max < total, ("max_live %d bounds nothing: all %d elements live"):format(max_live, live_max))
     end
   end
   local ps = engine:gather_parameters() -- stage 3 keeps them partitioned: whole, to compare
