@@ -121,6 +121,7 @@ local function settings(o, cfg_model)
   s.max_live_parameters = zero("max_live_parameters", "stage3_max_live_parameters")
   s.max_reuse_distance = zero("max_reuse_distance", "stage3_max_reuse_distance")
   s.reduce_bucket_size = zero("reduce_bucket_size", "reduce_bucket_size")
+  s.allgather_bucket_size = zero("allgather_bucket_size", "allgather_bucket_size")
   local dt = o.dtype
   if not dt then
     if ds.bf16 and ds.bf16.enabled == true then dt = "bf16"
@@ -202,6 +203,8 @@ local function build(o, s, counted)
   local cap = floor(s.reduce_bucket_size / Wc)
   if cap < max_c then cap = max_c end
   if cap > S then cap = S end
+  -- the stage 1-2 all-gather of the new weights (engine.c gather_cap): allgather_bucket_size elements
+  local gcap = min(max(floor(s.allgather_bucket_size / Wc), max_c), S)
   -- model states (zero.c: zr_zero_new)
   local pinned = 0
   if s.offload_optimizer then -- memory_offload.lua's table, by where the gradients live
@@ -287,7 +290,7 @@ local function build(o, s, counted)
   -- with offload_param the host shard's slice is staged on the device first (during forward and
   -- backward)
   local step_comm, fb_comm = 0, 0
-  if Wc > 1 and stage <= 2 then step_comm = cap * b + cap * Wc * b end
+  if Wc > 1 and stage <= 2 then step_comm = gcap * b + gcap * Wc * b end
   if stage == 3 and s.offload_param then fb_comm = ceil(maxn / Wc) * b end
   local states = { params = dev.params, grads = dev.grads, optimizer = dev.optimizer, comm = dev.comm }
   dev.comm = dev.comm + max(step_comm, fb_comm)

@@ -403,6 +403,11 @@ zr_zero *zr_zero_new(const zr_zero_config *cfg, int n, zr_tensor *const *params,
     z->bucket_cap = cfg->reduce_bucket_size / z->chunks;
     if (z->bucket_cap < z->max_chunk) z->bucket_cap = z->max_chunk;
     if (z->bucket_cap > z->part_numel) z->bucket_cap = z->part_numel;
+    /* the stage 1-2 all-gather of the new weights, allgather_bucket_size elements at a time (all ranks'
+     * segments together, as reduce_bucket_size), at least one parameter's chunk */
+    z->gather_cap = cfg->allgather_bucket_size / z->chunks;
+    if (z->gather_cap < z->max_chunk) z->gather_cap = z->max_chunk;
+    if (z->gather_cap > z->part_numel) z->gather_cap = z->part_numel;
     if (z->opt_dev.type == ZR_CPU) { /* gradients, norm, AdamW and weights back through zero/offload.c */
         zr_offload_segment *segs = malloc(sizeof *segs * (size_t)n);
         if (!segs) {

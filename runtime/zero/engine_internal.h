@@ -47,6 +47,7 @@ struct zr_zero {
     int nstates;        /* zr_optim_states(cfg.optimizer, cfg.momentum) */
     /* gradient bucket: `chunks` segments of bucket_cap elements each, filled to bucket_fill */
     int64_t bucket_cap, bucket_fill;
+    int64_t gather_cap; /* stages 1-2: the new weights' all-gather, per rank (allgather_bucket_size / chunks) */
     /* the bucket's pieces: parameter, offset in its chunk, length, place in the bucket */
     int *bucket_param;
     int64_t *bucket_off, *bucket_len, *bucket_place;

@@ -120,8 +120,8 @@ static zr_status host_pass(zr_zero *z, double grad_scale, int64_t step, const zr
  * by bucketed all-gather. w: the partition's weights (param dtype, partition layout), or NULL: the
  * master's. */
 zr_status zero_allgather_weights(zr_zero *z, zr_tensor *w) {
-    /* bucketed all-gather: send = my chunks (param dtype), recv = `chunks` segments */
-    int64_t cap = z->bucket_cap;
+    /* bucketed all-gather (allgather_bucket_size): send = my chunks (param dtype), recv = `chunks` segments */
+    int64_t cap = z->gather_cap;
     zr_tensor *send = new_buf(z->param_dtype, z->dev, cap, ZR_MEM_COMM);
     zr_tensor *recv = send ? new_buf(z->param_dtype, z->dev, cap * z->chunks, ZR_MEM_COMM) : NULL;
     zr_status st = recv ? ZR_OK : ZR_ERR;

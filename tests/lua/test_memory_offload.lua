@@ -75,6 +75,11 @@ T.test("gradients on the GPU (hand-computed): the host holds master + states (12
   -- step's all-gather of the new weights, send cap and receive 2 cap: 6 cap bytes
   local p2 = plan8b { offload_grads = "device", gpus_per_node = 2 }
   T.eq(p2.device.comm, 16 * 262668288)
+  -- allgather_bucket_size sizes that all-gather alone: 2e9 elements, 1e9 a rank: send 1e9 and receive 2e9 (2 bytes)
+  p2 = plan8b { offload_grads = "device", gpus_per_node = 2, config = { train_micro_batch_size_per_gpu = 4,
+    bf16 = { enabled = true }, zero_optimization = { stage = 2, offload_optimizer = { device = "cpu" },
+      allgather_bucket_size = 2e9 } } }
+  T.eq(p2.device.comm, 10 * 262668288 + 6 * 1e9)
   T.eq(p2.host.comm, 3 * C * 4, "the ring's in-slots: the weights come back by all-gather, not through out-slots")
 end)
 
