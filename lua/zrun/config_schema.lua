@@ -221,8 +221,8 @@ local OFFLOAD_OPTIMIZER = section({
   { "pipeline_write", bool(false) },
   { "fast_init", bool(false) },
   { "ratio", num(1.0, { min = 0, max = 1 }) },
-  { "super_offload", bool(false) },
-  { "cpuadam_cores_perc", num(0.8, { min = 0, max = 1 }) },
+  { "super_offload", warn_unless(false, bool(false)) },
+  { "cpuadam_cores_perc", warn_unless(0.8, num(0.8, { min = 0, max = 1 })) },
 }, { optional = true, strict = true })
 
 -- ZenFlow (zero_optimization.zenflow): the top-k gradient columns updated every micro-step, the rest
@@ -244,46 +244,50 @@ local ZENFLOW = section({
 -- the resolved config keeps the stage3_ spelling, which the rest of zrun reads.
 local ZERO = section({
   { "stage", int(0, { values = { 0, 1, 2, 3 } }) },
-  { "allgather_partitions", bool(true) },
+  -- DeepSpeed's implementation choices that zrun makes its own way (the results are the same): a value
+  -- other than the default is warned about as having no effect here
+  { "allgather_partitions", warn_unless(true, bool(true)) },
   { "allgather_bucket_size", int(5e8, NONNEG) },
   -- DeepSpeed's default depends on the stage: on for stage 3, off below.
   { "overlap_comm", bool(function(v) return v.zero_optimization.stage == 3 end) },
-  { "reduce_scatter", bool(true) },
+  { "reduce_scatter", warn_unless(true, bool(true)) },
   { "reduce_bucket_size", int(5e8, { min = 0, auto = true }) },
-  { "contiguous_gradients", bool(true) },
-  { "use_multi_rank_bucket_allreduce", bool(true) },
+  { "contiguous_gradients", warn_unless(true, bool(true)) },
+  { "use_multi_rank_bucket_allreduce", warn_unless(true, bool(true)) },
   -- false: DeepSpeed rebuilds the fp32 master weights from the 16-bit ones on load (a resumed run then
   -- differs from the uninterrupted one); zrun always loads the saved fp32 masters
   { "load_from_fp32_weights", refuse_unless(true, bool(true)) },
-  { "elastic_checkpoint", bool(false) },
+  { "elastic_checkpoint", warn_unless(false, bool(false)) }, -- zrun's checkpoints load at any world size
   { "offload_param", OFFLOAD_PARAM },
   { "offload_optimizer", OFFLOAD_OPTIMIZER },
   { "zenflow", ZENFLOW },
-  { "sub_group_size", int(1e9, NONNEG) },
+  { "sub_group_size", warn_unless(1e9, int(1e9, NONNEG)) }, -- zrun steps offloaded states in ZRUN_OFFLOAD_CHUNK chunks
   -- DeepSpeed's code default (5e7); its documentation table says 5e8.
   { "stage3_prefetch_bucket_size", int(5e7, { min = 0, auto = true, alias = "prefetch_bucket_size" }) },
   { "stage3_param_persistence_threshold", int(1e5, { min = 0, auto = true, alias = "param_persistence_threshold" }) },
-  { "stage3_model_persistence_threshold", int(2 ^ 63, { min = 0, alias = "model_persistence_threshold" }) }, -- sys.maxsize
+  { "stage3_model_persistence_threshold", -- sys.maxsize
+    warn_unless(2 ^ 63, int(2 ^ 63, { min = 0, alias = "model_persistence_threshold" })) },
   { "stage3_max_live_parameters", int(1e9, { min = 0, alias = "max_live_parameters" }) },
   { "stage3_max_reuse_distance", int(1e9, { min = 0, alias = "max_reuse_distance" }) },
   { "stage3_gather_16bit_weights_on_model_save", bool(false, { alias = "gather_16bit_weights_on_model_save" }) },
-  { "stage3_module_granularity_threshold", int(0, { alias = "module_granularity_threshold" }) },
-  { "stage3_use_all_reduce_for_fetch_params", bool(false, { alias = "use_all_reduce_for_fetch_params" }) },
-  { "stage3_allgather_sequential", bool(false, { alias = "allgather_sequential" }) },
-  { "ignore_unused_parameters", bool(true) },
+  { "stage3_module_granularity_threshold", warn_unless(0, int(0, { alias = "module_granularity_threshold" })) },
+  { "stage3_use_all_reduce_for_fetch_params", warn_unless(false, bool(false, { alias = "use_all_reduce_for_fetch_params" })) },
+  { "stage3_allgather_sequential", warn_unless(false, bool(false, { alias = "allgather_sequential" })) },
+  -- false: DeepSpeed stops when a parameter got no gradient; zrun trains on (its gradient stays 0)
+  { "ignore_unused_parameters", warn_unless(true, bool(true)) },
   { "legacy_stage1", bool(false) },
-  { "round_robin_gradients", bool(false) },
+  { "round_robin_gradients", warn_unless(false, bool(false)) },
   { "zero_hpz_partition_size", warn_unless(1, int(1, NONNEG)) },
   { "zero_quantized_weights", refuse_unless(false, bool(false)) },
   { "zero_quantized_nontrainable_weights", refuse_unless(false, bool(false)) },
   { "zero_quantized_gradients", refuse_unless(false, bool(false)) },
   { "mics_shard_size", warn_unless(-1, int(-1, { min = -1 })) },
   { "mics_hierarchical_params_gather", bool(false) },
-  { "memory_efficient_linear", bool(true) },
+  { "memory_efficient_linear", warn_unless(true, bool(true)) },
   { "pipeline_loading_checkpoint", bool(false) },
-  { "override_module_apply", bool(true) },
-  { "log_trace_cache_warnings", bool(false) },
-  { "enable_sanity_checks", bool(false) },
+  { "override_module_apply", warn_unless(true, bool(true)) },
+  { "log_trace_cache_warnings", warn_unless(false, bool(false)) },
+  { "enable_sanity_checks", warn_unless(false, bool(false)) },
   { "save_muon_momentum_buffer_in_memory", bool(false) },
   { "zeropp_loco_param", opaque() },
   { "leaf_module", opaque() },
@@ -353,9 +357,9 @@ local SCHEMA = section {
   }, { strict = true }) },
   { "bf16", section({
     { "enabled", bool(false, { auto = true }) },
-    { "immediate_grad_update", bool(false) },
-    -- DeepSpeed skips a step whose gradients overflow; zrun stops with an error instead
-    { "check_grad_overflow", bool(true) },
+    { "immediate_grad_update", warn_unless(false, bool(false)) },
+    -- DeepSpeed skips a step whose gradients overflow; zrun stops with an error instead (false: warned)
+    { "check_grad_overflow", warn_unless(true, bool(true)) },
     -- the ZeRO master partition (and its gradients) / AdamW's moments in bf16 (config_check.lua's
     -- bf16_lp_checks: which combinations DeepSpeed and zrun run)
     { "bf16_master_weights_and_grads", bool(false) },
@@ -416,7 +420,7 @@ local SCHEMA = section {
     { "prof_ops", opaque() },
   }, { strict = true }) },
   { "checkpoint", section {
-    { "tag_validation", enum({ "Ignore", "Warn", "Fail" }, "Warn", { ci = true }) },
+    { "tag_validation", warn_unless("Warn", enum({ "Ignore", "Warn", "Fail" }, "Warn", { ci = true })) },
     { "load_universal", warn_unless(false, bool(false)) },
     { "use_node_local_storage", warn_unless(false, bool(false)) },
     { "parallel_write", opaque() },
