@@ -208,6 +208,24 @@ T.test("the host check says what does not fit and each setting that fixes it, on
   T.eq(nopin.pinned, 0); T.eq(#P.host_check(nopin, {}, 128 * GiB, 64 * 2 ^ 20), 0, "pin_memory false: no limit")
 end)
 
+-- A limits file (/proc/self/limits' format) with a locked-memory limit of `bytes`; with_memlock runs fn
+-- with zr.initialize's check reading it.
+local function memlock_file(bytes)
+  local path = os.tmpname()
+  local f = io.open(path, "w")
+  f:write(("Max locked memory         %d              %d              bytes\n"):format(bytes, bytes))
+  f:close()
+  return path
+end
+local function with_memlock(bytes, fn)
+  local path = memlock_file(bytes)
+  engine_mod.limits_file = path
+  local ok, err = pcall(fn)
+  engine_mod.limits_file = nil
+  os.remove(path)
+  if not ok then error(err, 0) end
+end
+
 T.test("offload_param.pin_memory page-locks the host parameter shard (stage 3), and says so at the limit", function()
   -- stage 3, optimizer and parameters offloaded, gradients on the GPU: the ring's in-slots 3 x 2^24 x 4 (the new
   -- weights are written into the host shard in place: no out-slots) and the bf16 shard 2N, DeepSpeed's default
@@ -232,25 +250,17 @@ T.test("offload_param.pin_memory page-locks the host parameter shard (stage 3), 
   local want = "^offload_optimizer.pin_memory with offload_param.pin_memory page%-locks 15.15 GiB per rank"
   T.eq(lines[1]:find(want) ~= nil, true, lines[1])
   -- the engine's check: 1e6 parameters at stage 3 with only the parameters offloaded: the shard, 2e6 B, against 1 MiB
-  local path = os.tmpname()
-  local f = io.open(path, "w")
-  f:write("Max locked memory         1048576              1048576              bytes\n")
-  f:close()
-  engine_mod.limits_file = path
-  local one = { numel = function() return 1e6 end }
-  local err = T.raises(function() engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda",
-    offload_optimizer = false, param_pin_memory = true }) end, "ulimit -l")
-  T.eq(err:find("^offload_param.pin_memory page%-locks 1.91 MiB per rank") ~= nil, true, err)
-  engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda", offload_optimizer = false })
-  engine_mod.limits_file = nil
-  os.remove(path)
+  with_memlock(1048576, function()
+    local one = { numel = function() return 1e6 end }
+    local err = T.raises(function() engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda",
+      offload_optimizer = false, param_pin_memory = true }) end, "ulimit -l")
+    T.eq(err:find("^offload_param.pin_memory page%-locks 1.91 MiB per rank") ~= nil, true, err)
+    engine_mod.check_host_memory({ one }, 1, 3, true, false, 2, { device = "cuda", offload_optimizer = false })
+  end)
 end)
 
 T.test("zr.initialize's check: the plan's host column for the engine's parameters", function()
-  local path = os.tmpname()
-  local f = io.open(path, "w")
-  f:write("Max locked memory         8388608              8388608              bytes\n")
-  f:close()
+  local path = memlock_file(8388608)
   engine_mod.limits_file = path
   -- 1e6 parameters, bf16 on a GPU, gradients on the host: pinned are the gradients 4 MB, the
   -- staging bucket 4 MB (the bucket is the whole partition here) and the ring's out-slots
