@@ -127,6 +127,8 @@ function M.optimizer_section(raw, args)
   local sec, err = M.optimizer_from_args(args)
   if not sec then return err end
   raw.optimizer = sec
+  -- transformers' deepspeed_optim_sched voids ZeRO's optimizer check for the optimizer it builds
+  if raw.zero_allow_untested_optimizer == nil then raw.zero_allow_untested_optimizer = true end
   return nil, true
 end
 

@@ -85,6 +85,20 @@ local function lamb_checks(vals, ctx)
   end
 end
 
+-- DeepSpeed runs an optimizer type it does not define (SGD) as torch.optim's, and under ZeRO (stage >= 1)
+-- torch.optim.SGD is not in ZERO_SUPPORTED_OPTIMIZERS (zero/utils.py), so DeepSpeed stops unless
+-- zero_allow_untested_optimizer (HF's Trainer sets it for its own optimizers). zrun's ZeRO runs SGD at
+-- every stage with the stage 0 result: it says so instead of stopping.
+local function sgd_checks(vals, ctx)
+  local opt, stage = vals.optimizer, vals.zero_optimization.stage
+  if not (opt and opt.type == "SGD") or type(stage) ~= "number" or stage < 1 then return end
+  if vals.zero_allow_untested_optimizer ~= true then
+    add_warning(ctx, 'optimizer.type "SGD" at zero_optimization.stage %d: DeepSpeed stops here ("You are using an ' ..
+      'untested ZeRO Optimizer") unless "zero_allow_untested_optimizer": true; zrun runs it (the same updates as ' ..
+      "at stage 0)", stage)
+  end
+end
+
 -- DeepSpeed's bf16.bf16_master_weights_and_grads and bf16_optimizer_states (runtime/config.py,
 -- base_optimizer.py _configure_master_weights, stage_1_and_2.py at edaa72212): what DeepSpeed asserts
 -- against, and what zrun's engine does not run (it rounds AdamW's states once per step, as FusedAdam
@@ -142,6 +156,7 @@ local function cross_checks(vals, ctx, take)
   local zo = vals.zero_optimization
   local stage = zo.stage
   lamb_checks(vals, ctx)
+  sgd_checks(vals, ctx)
   -- torch.optim.SGD's own check (a ValueError in its constructor)
   local opt = vals.optimizer
   if opt and opt.type == "SGD" and opt.params and opt.params.nesterov == true then

@@ -133,6 +133,21 @@ T.test("an optimizer zrun does not implement: zr.initialize says what `zrun chec
   T.eq(not ok and out:find(msg, 1, true) ~= nil, true, "zrun check: " .. out .. "\nzr.initialize: " .. e)
 end)
 
+T.test("SGD under ZeRO: DeepSpeed stops without zero_allow_untested_optimizer; zrun runs it and says so", function()
+  local sgd = { type = "SGD", params = { lr = 1e-2 } }
+  local warn = 'optimizer.type "SGD" at zero_optimization.stage 2: DeepSpeed stops here ("You are using an untested ' ..
+    'ZeRO Optimizer") unless "zero_allow_untested_optimizer": true; zrun runs it'
+  local cfg = with({ optimizer = sgd, zero_optimization = { stage = 2 } })
+  local e = init(cfg)
+  T.eq(table.concat(e.config:warnings(), "\n"):find(warn, 1, true) ~= nil, true, "the engine's warnings")
+  local out, ok = zrun_check(cfg)
+  T.eq(ok and out:find("warning: " .. warn, 1, true) ~= nil, true, "zrun check: " .. out)
+  for _, c in ipairs { with({ optimizer = sgd, zero_optimization = { stage = 2 }, zero_allow_untested_optimizer = true }),
+    with({ optimizer = sgd, zero_optimization = { stage = 0 } }) } do
+    T.eq(table.concat(init(c).config:warnings(), "\n"):find("SGD", 1, true), nil, "no SGD warning")
+  end
+end)
+
 T.test("Lamb: zr.initialize and `zrun check` give DeepSpeed's verdict, in the same words", function()
   local lamb = { type = "Lamb", params = { lr = 1e-3 } }
   -- refused as DeepSpeed refuses: ZeRO without zero_allow_untested_optimizer, a static fp16 loss scale

@@ -251,6 +251,9 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
   T.eq(e.hp.betas[2], 0.95, "adam_beta2")
   e, lr = run { optim = "sgd", optim_args = "momentum=0.9, nesterov=True", learning_rate = 0.05 }
   T.eq(e.config.optimizer.type, "SGD")
+  -- transformers sets zero_allow_untested_optimizer for the optimizer it builds: no SGD-under-ZeRO warning
+  T.eq(e.config.zero_allow_untested_optimizer, true)
+  T.eq(table.concat(e.config:warnings(), "\n"):find("SGD", 1, true), nil, "warnings: " .. table.concat(e.config:warnings()))
   T.eq(lr, 0.05)
   T.eq(e.hp.extra.momentum, 0.9)
   T.eq(e.hp.extra.nesterov, true)
