@@ -206,6 +206,13 @@ function Trainer:setup()
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's optimizer (%s) is",
       self.user_args.optim and fmt("optim = \"%s\" is", a.optim) or "optim_args are", e.config.optimizer.type))
   end
+  -- the config's dataloader_drop_last is for DeepSpeed's own loader (deepspeed.initialize(training_data=));
+  -- transformers' Trainer batches with its own, by TrainingArguments.dataloader_drop_last
+  if e.config:source("dataloader_drop_last") == "file" and e.config.dataloader_drop_last ~= a.dataloader_drop_last then
+    dist.print0(fmt("[zrun] Trainer: the DeepSpeed config's dataloader_drop_last = %s not used: the Trainer's loader " ..
+      "follows dataloader_drop_last = %s (TrainingArguments), as transformers' does", tostring(e.config.dataloader_drop_last),
+      tostring(a.dataloader_drop_last)))
+  end
   if e.lr_scheduler and not self.hf_schedule and (self.user_args.lr_scheduler_type or self.user_args.lr_scheduler_kwargs) then
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's scheduler (%s) is",
       self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or

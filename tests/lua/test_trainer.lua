@@ -263,6 +263,27 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
   T.raises(function() run { optim = "sgd", optim_args = "momentum=x" } end, "optim_args: momentum must be a number")
 end)
 
+T.test("the config's dataloader_drop_last under the Trainer: not used (TrainingArguments' is), and said so", function()
+  local dist = require "zrun.dist"
+  local function run(cfg_drop, args_drop)
+    local lines, saved = {}, dist.print0
+    dist.print0 = function(m) lines[#lines + 1] = m end
+    local ok, err = pcall(function()
+      local t = zr.Trainer { model = model(), train_dataset = train_ds, args = { output_dir = tmp .. "/droplast",
+        per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no", dataloader_drop_last = args_drop,
+        deepspeed = { train_micro_batch_size_per_gpu = "auto", dataloader_drop_last = cfg_drop } } }
+      t:train()
+    end)
+    dist.print0 = saved
+    if not ok then error(err, 0) end
+    return table.concat(lines, "\n")
+  end
+  local said = "the DeepSpeed config's dataloader_drop_last = true not used: the Trainer's loader follows " ..
+    "dataloader_drop_last = false"
+  T.eq(run(true, false):find(said, 1, true) ~= nil, true)
+  T.eq(run(true, true):find("dataloader_drop_last", 1, true), nil, "the same value: nothing to say")
+end)
+
 T.test("eval_on_start evaluates once before the first step (and needs an eval_dataset)", function()
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, args = { output_dir = tmp .. "/eos",
     per_device_train_batch_size = 8, max_steps = 2, logging_steps = 1, save_strategy = "no", eval_on_start = true } }
