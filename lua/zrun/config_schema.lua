@@ -463,7 +463,11 @@ local SCHEMA = section {
   -- (DeepSpeed reads quantize_training and eigenvalue only for compression_training's weight
   -- quantization, which is refused above: alone they change nothing)
   { "quantize_training", feature("warn", function() return true end) },
-  { "weight_quantization", feature("error", function() return true end) }, { "timers", opaque() },
+  { "weight_quantization", feature("error", function() return true end) },
+  -- timers.throughput: DeepSpeed's samples/s line every steps_per_print (zrun's progress line shows tok/s)
+  { "timers", feature("warn", function(v)
+    return type(v) == "table" and type(v.throughput) == "table" and v.throughput.enabled == true
+  end) },
 }
 
 M.SCHEMA, M.OPTIMIZER, M.OFFLOAD_PARAM, M.OFFLOAD_OPTIMIZER = SCHEMA, OPTIMIZER, OFFLOAD_PARAM, OFFLOAD_OPTIMIZER

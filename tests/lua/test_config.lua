@@ -94,6 +94,35 @@ T.test("unknown keys name a suggestion", function()
   T.eq(config.distance("kitten", "sitting"), 3)
 end)
 
+T.test("DeepSpeed's tuning keys zrun does not apply: silent at their defaults, a warning naming each when changed", function()
+  local zo = { stage = 3, sub_group_size = 1e12, round_robin_gradients = true, contiguous_gradients = false,
+    reduce_scatter = false, allgather_partitions = false, use_multi_rank_bucket_allreduce = false,
+    elastic_checkpoint = true, stage3_model_persistence_threshold = 1e6, stage3_module_granularity_threshold = 10,
+    stage3_use_all_reduce_for_fetch_params = true, stage3_allgather_sequential = true,
+    ignore_unused_parameters = false, memory_efficient_linear = false, override_module_apply = false,
+    log_trace_cache_warnings = true, enable_sanity_checks = true,
+    offload_optimizer = { device = "cpu", super_offload = true, cpuadam_cores_perc = 0.5 } }
+  local w = warnings({ train_batch_size = 8, zero_optimization = zo, bf16 = { enabled = true,
+    immediate_grad_update = true, check_grad_overflow = false }, checkpoint = { tag_validation = "Fail" },
+    timers = { throughput = { enabled = true } } })
+  local all = w
+  for k in pairs(zo) do
+    if k ~= "stage" and k ~= "offload_optimizer" then
+      T.eq(all:find("zero_optimization." .. k .. " = ", 1, true) ~= nil, true, k .. " warned: " .. all)
+    end
+  end
+  for _, k in ipairs { "offload_optimizer.super_offload", "offload_optimizer.cpuadam_cores_perc", "bf16.immediate_grad_update",
+    "bf16.check_grad_overflow", "checkpoint.tag_validation", '"timers"' } do
+    T.eq(all:find(k, 1, true) ~= nil, true, k .. " warned: " .. all)
+  end
+  -- the same keys at DeepSpeed's defaults (as most configs write them): nothing to say
+  w = warnings({ train_batch_size = 8, zero_optimization = { stage = 3, sub_group_size = 1e9,
+    round_robin_gradients = false, contiguous_gradients = true, reduce_scatter = true, allgather_partitions = true,
+    ignore_unused_parameters = true }, bf16 = { enabled = true, check_grad_overflow = true },
+    checkpoint = { tag_validation = "warn" }, timers = { throughput = { enabled = false } } })
+  T.eq(w, "", "no warning")
+end)
+
 T.test("wrong types and values name the key, the value and what is allowed", function()
   T.raises(function() load({ train_batch_size = 8, zero_optimization = { stage = 4 } }) end,
     "zero_optimization.stage must be 0, 1, 2 or 3, got 4")
