@@ -218,6 +218,7 @@ function Trainer:setup()
       self.user_args.lr_scheduler_type and fmt("lr_scheduler_type = \"%s\" is", a.lr_scheduler_type) or
       "lr_scheduler_kwargs are", e.config.scheduler.type))
   end
+  self:say_unused_args()
   self.is_main = dist.rank() == 0
   local st = self.state
   st.max_steps, st.num_train_epochs = self.total_steps, ceil(self.total_steps / self.steps_per_epoch)
@@ -371,12 +372,56 @@ local function due(strategy, every, step, epoch_end)
   return strategy == "epoch" and epoch_end
 end
 
+-- Arguments the run does not read, given by the caller, each said in one line (transformers takes the
+-- same values and says nothing of most): warmup_ratio beside warmup_steps (warmup_steps wins, which
+-- transformers logs), Adam's arguments with optim sgd/adagrad, a model without gradient checkpointing,
+-- and arguments whose DeepSpeed key the config leaves out (neither set nor "auto": the config's
+-- value, or DeepSpeed's default, is what runs).
+local ARG_TARGETS = {
+  { "max_grad_norm", "gradient_clipping" }, { "learning_rate", "optimizer.params.lr" },
+  { "adam_beta1", "optimizer.params.betas" }, { "adam_beta2", "optimizer.params.betas" },
+  { "adam_epsilon", "optimizer.params.eps" }, { "weight_decay", "optimizer.params.weight_decay" },
+}
+function Trainer:say_unused_args()
+  local a, u, cfg = self.args, self.user_args, self.engine.config
+  local function say(...) dist.print0("[zrun] Trainer: " .. fmt(...)) end
+  if (a.warmup_steps or 0) > 0 and (u.warmup_ratio or 0) > 0 then
+    say("warmup_ratio = %s not used: warmup_steps = %s overrides it, as in transformers", tostring(a.warmup_ratio),
+      tostring(a.warmup_steps))
+  end
+  local otype = cfg.optimizer and cfg.optimizer.type
+  if cfg:source("optimizer") == "args" and otype ~= "AdamW" then
+    for _, k in ipairs { "adam_beta1", "adam_beta2", "adam_epsilon" } do
+      if u[k] ~= nil then say("%s not used: optim = \"%s\" (%s) takes no Adam arguments", k, a.optim, otype) end
+    end
+  end
+  if a.gradient_checkpointing and not self.model.gradient_checkpointing_enable then
+    say("gradient_checkpointing not used: this model has no gradient_checkpointing_enable (zrun's Llama and GPT-2 do)")
+  end
+  local file_opt = cfg:source("optimizer") == "file"
+  for _, t in ipairs(ARG_TARGETS) do
+    local k, path = t[1], t[2]
+    local src = cfg:source(path)
+    if u[k] ~= nil and (file_opt or path == "gradient_clipping") and src == "default" then
+      say("%s not used: the DeepSpeed config has no %s (set it to \"auto\" to take the argument)", k, path)
+    end
+  end
+end
+
 -- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
 -- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
 -- Returns {global_step=, train_loss= (mean over this run's steps), first_loss=, last_loss= (the first and
 -- last logged averages), n_logged= (how many were logged), metrics=}.
 function Trainer:train(resume)
-  if type(resume) == "table" then resume = resume.resume_from_checkpoint end
+  if type(resume) == "table" then -- keyword arguments: the one train() reads here (a misspelling would start over)
+    for k in pairs(resume) do
+      if k ~= "resume_from_checkpoint" then
+        error(fmt("Trainer:train: unknown argument %s (it takes resume_from_checkpoint = true or a checkpoint folder)",
+          tostring(k)), 2)
+      end
+    end
+    resume = resume.resume_from_checkpoint
+  end
   if resume == nil then resume = self.args.resume_from_checkpoint end
   if not self.train_dataset then error("Trainer:train: no train_dataset (pass zr.Trainer{train_dataset=})", 2) end
   local path

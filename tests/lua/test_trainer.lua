@@ -263,25 +263,55 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
   T.raises(function() run { optim = "sgd", optim_args = "momentum=x" } end, "optim_args: momentum must be a number")
 end)
 
-T.test("the config's dataloader_drop_last under the Trainer: not used (TrainingArguments' is), and said so", function()
+-- One step of a Trainer with `args` (and defaults for the rest); returns the "[zrun] Trainer:" lines it printed.
+local function trainer_lines(args)
   local dist = require "zrun.dist"
+  local lines, saved = {}, dist.print0
+  dist.print0 = function(m) if m:find("[zrun] Trainer:", 1, true) == 1 then lines[#lines + 1] = m end end
+  local ok, err = pcall(function()
+    local a = { output_dir = tmp .. "/said", per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no" }
+    for k, v in pairs(args) do a[k] = v end
+    zr.Trainer { model = model(), train_dataset = train_ds, args = a }:train()
+  end)
+  dist.print0 = saved
+  if not ok then error(err, 0) end
+  return table.concat(lines, "\n")
+end
+
+T.test("the config's dataloader_drop_last under the Trainer: not used (TrainingArguments' is), and said so", function()
   local function run(cfg_drop, args_drop)
-    local lines, saved = {}, dist.print0
-    dist.print0 = function(m) lines[#lines + 1] = m end
-    local ok, err = pcall(function()
-      local t = zr.Trainer { model = model(), train_dataset = train_ds, args = { output_dir = tmp .. "/droplast",
-        per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no", dataloader_drop_last = args_drop,
-        deepspeed = { train_micro_batch_size_per_gpu = "auto", dataloader_drop_last = cfg_drop } } }
-      t:train()
-    end)
-    dist.print0 = saved
-    if not ok then error(err, 0) end
-    return table.concat(lines, "\n")
+    return trainer_lines { dataloader_drop_last = args_drop,
+      deepspeed = { train_micro_batch_size_per_gpu = "auto", dataloader_drop_last = cfg_drop } }
   end
   local said = "the DeepSpeed config's dataloader_drop_last = true not used: the Trainer's loader follows " ..
     "dataloader_drop_last = false"
   T.eq(run(true, false):find(said, 1, true) ~= nil, true)
   T.eq(run(true, true):find("dataloader_drop_last", 1, true), nil, "the same value: nothing to say")
+end)
+
+T.test("arguments the run does not read are said, one line each; train{} refuses an unknown keyword", function()
+  local function has(out, s) T.eq(out:find(s, 1, true) ~= nil, true, "expected " .. s .. " in:\n" .. out) end
+  has(trainer_lines { warmup_steps = 1, warmup_ratio = 0.5 },
+    "warmup_ratio = 0.5 not used: warmup_steps = 1 overrides it, as in transformers")
+  has(trainer_lines { optim = "sgd", adam_beta1 = 0.5 }, 'adam_beta1 not used: optim = "sgd" (SGD) takes no Adam arguments')
+  -- a config whose optimizer and clipping leave out what the arguments set (neither given nor "auto")
+  local out = trainer_lines { max_grad_norm = 0.5, adam_beta2 = 0.9, deepspeed = { train_micro_batch_size_per_gpu = "auto",
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } } } }
+  has(out, 'max_grad_norm not used: the DeepSpeed config has no gradient_clipping (set it to "auto" to take the argument)')
+  has(out, "adam_beta2 not used: the DeepSpeed config has no optimizer.params.betas")
+  -- taken: no config, "auto" in the config, or the Trainer's own optimizer
+  for _, args in ipairs {
+    { max_grad_norm = 0.5, adam_beta2 = 0.9, learning_rate = 1e-3, weight_decay = 0.1, adam_epsilon = 1e-6 },
+    { max_grad_norm = 0.5, adam_beta2 = 0.9, deepspeed = { train_micro_batch_size_per_gpu = "auto",
+      gradient_clipping = "auto" } },
+    { warmup_steps = 1 },
+  } do
+    T.eq(trainer_lines(args), "", "nothing to say")
+  end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, args = { output_dir = tmp .. "/said",
+    per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no" } }
+  T.raises(function() t:train { resume_from_checkpont = true } end,
+    "Trainer:train: unknown argument resume_from_checkpont (it takes resume_from_checkpoint")
 end)
 
 T.test("eval_on_start evaluates once before the first step (and needs an eval_dataset)", function()
