@@ -372,16 +372,17 @@ local function due(strategy, every, step, epoch_end)
   return strategy == "epoch" and epoch_end
 end
 
--- Arguments the run does not read, given by the caller, each said in one line (transformers takes the
--- same values and says nothing of most): warmup_ratio beside warmup_steps (warmup_steps wins, which
--- transformers logs), Adam's arguments with optim sgd/adagrad, a model without gradient checkpointing,
--- and arguments whose DeepSpeed key the config leaves out (neither set nor "auto": the config's
--- value, or DeepSpeed's default, is what runs).
+-- TrainingArguments and the DeepSpeed key each fills where the config says "auto"
 local ARG_TARGETS = {
   { "max_grad_norm", "gradient_clipping" }, { "learning_rate", "optimizer.params.lr" },
   { "adam_beta1", "optimizer.params.betas" }, { "adam_beta2", "optimizer.params.betas" },
   { "adam_epsilon", "optimizer.params.eps" }, { "weight_decay", "optimizer.params.weight_decay" },
 }
+-- Arguments the run does not read, given by the caller, each said in one line (transformers takes the
+-- same values and says nothing of most): warmup_ratio beside warmup_steps (warmup_steps wins, which
+-- transformers logs), Adam's arguments with optim sgd/adagrad, a model without gradient checkpointing,
+-- and arguments whose DeepSpeed key the config leaves out (neither set nor "auto": the config's
+-- value, or DeepSpeed's default, is what runs).
 function Trainer:say_unused_args()
   local a, u, cfg = self.args, self.user_args, self.engine.config
   local function say(...) dist.print0("[zrun] Trainer: " .. fmt(...)) end
