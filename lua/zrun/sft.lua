@@ -339,6 +339,20 @@ function M.SFTTrainer(opts)
     error("SFTTrainer: dataset_kwargs takes {skip_prepare_dataset = true} only (rows already {input_ids, labels})", 2)
   end
   local skip = dk and dk.skip_prepare_dataset
+  if skip then -- (TRL takes the rows as given too: the preparation options do nothing then; say so)
+    for k, why in pairs(M.REFUSED) do -- (refused whatever the rows: they are the batches' and the loss's)
+      if sargs[k] ~= nil and sargs[k] ~= M.DEFAULTS[k] then error("SFTTrainer: " .. why, 2) end
+    end
+    local PREP = { max_length = true, completion_only_loss = true, assistant_only_loss = true, dataset_text_field = true,
+      truncation_mode = true, eos_token = true, packing = true, packing_strategy = true }
+    local names = {}
+    for k, v in pairs(sargs) do if PREP[k] and v ~= M.DEFAULTS[k] then names[#names + 1] = k end end
+    table.sort(names)
+    for _, k in ipairs(names) do
+      require("zrun.dist").print0(fmt("[zrun] SFTTrainer: %s not used: dataset_kwargs.skip_prepare_dataset takes the rows " ..
+        "as given", k))
+    end
+  end
   if sargs.dataset_num_proc then -- (a speed knob with nothing to speed up: say so rather than ignore it)
     require("zrun.dist").print0("[zrun] SFTTrainer: dataset_num_proc has no effect: rows are prepared in-process")
   end
@@ -364,6 +378,10 @@ function M.SFTTrainer(opts)
   for k, v in pairs(opts) do t[k] = v end
   t.formatting_func = nil
   t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset)
+  if not t.data_collator and not tok and (multiple or pad_token) then
+    error("SFTTrainer: pad_token and pad_to_multiple_of shape the default collator, which needs processing_class (the " ..
+      "tokenizer); pass it, or a data_collator of your own", 2)
+  end
   if not t.data_collator and tok then
     -- TRL's pad token: pad_token, else the tokenizer's, else its eos (the rows' own labels keep a real eos
     -- learned); on a GPU rows are padded to a multiple of 64 tokens as the Trainer's default collator does

@@ -283,8 +283,23 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
   T.raises(function() trainer(nil, { dataset_kwargs = { add_special_tokens = false } }) end, "dataset_kwargs takes {skip_prepare_dataset = true} only")
   T.raises(function() trainer({ data_collator = function() end }, { pad_token = "<pad>" }) end, "with data_collator given, set them there")
   local pre = zr.sft.prepare(qa_rows(), tok, { chat_template = TPL })
-  local sk = trainer({ train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true } })
+  local dist = require "zrun.dist"
+  local said, saved = {}, dist.print0
+  dist.print0 = function(m) said[#said + 1] = m end
+  local ok, sk = pcall(trainer, { train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true }, max_length = 20 })
+  dist.print0 = saved
+  assert(ok, sk)
   T.eq(sk.train_dataset, pre, "skip_prepare_dataset: the rows as given")
+  -- the preparation options set do nothing then (as in TRL), each said; the refused ones stay refused
+  said = table.concat(said, "\n")
+  for _, k in ipairs { "assistant_only_loss", "max_length" } do
+    T.eq(said:find("[zrun] SFTTrainer: " .. k .. " not used: dataset_kwargs.skip_prepare_dataset takes the rows as given",
+      1, true) ~= nil, true, k .. ": " .. said)
+  end
+  T.raises(function() trainer({ train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true },
+    padding_free = true }) end, "padding_free = true (one flattened sequence")
+  T.raises(function() trainer({ train_dataset = pre, processing_class = false }, { dataset_kwargs = {
+    skip_prepare_dataset = true }, pad_token = "<pad>" }) end, "needs processing_class")
   local t = trainer(nil, { max_length = 20, pad_token = "<pad>", pad_to_multiple_of = 8 })
   local b = t.collator { t.train_dataset[1], t.train_dataset[2] }
   T.eq(b.input_ids:size(2), 24, "pad_to_multiple_of = 8 (rows of 19 and 20 tokens)")
