@@ -271,5 +271,12 @@ local function resolve_autos(vals, meta, which)
   return mism
 end
 
+-- The TrainingArguments that AUTO's entries above read for a key of the user's config, by that key (the
+-- Trainer says which ones a config leaves out: neither set nor "auto")
+M.ARG_KEYS = {
+  { "max_grad_norm", "gradient_clipping" }, { "learning_rate", "optimizer.params.lr" },
+  { "adam_beta1", "optimizer.params.betas" }, { "adam_beta2", "optimizer.params.betas" },
+  { "adam_epsilon", "optimizer.params.eps" }, { "weight_decay", "optimizer.params.weight_decay" },
+}
 M.AUTO, M.resolve_autos = AUTO, resolve_autos
 return M

@@ -174,7 +174,7 @@ function M.check_lines(p, avail, memlock, plan_with, avail_note)
   if memlock and p.pinned > memlock then
     local who = {}
     if s.offload_optimizer and s.pin_memory then who[#who + 1] = "offload_optimizer.pin_memory" end
-    if s.offload_param and s.param_pin_memory and s.stage == 3 then who[#who + 1] = "offload_param.pin_memory" end
+    if s.offload_param and s.param_pin_memory then who[#who + 1] = "offload_param.pin_memory" end
     lines[#lines + 1] = fmt("%s page-locks %s per rank but the locked-memory limit (ulimit -l) is %s: " ..
       "raise it (`ulimit -l unlimited`; Docker `--ulimit memlock=-1`; memlock in /etc/security/limits.conf) or set " ..
       "\"pin_memory\": false there (slower copies)", #who > 0 and table.concat(who, " with ") or "pin_memory", human(p.pinned),

@@ -83,6 +83,18 @@ function M.train_steps(engine, batch, from, to, gas, avg_ranks)
   return losses
 end
 
+-- Runs fn(...) with zrun.dist.print0 captured (restored afterwards, also on an error, which is raised
+-- again); returns the lines printed, joined by newlines, then fn's first result.
+function M.printed(fn, ...)
+  local dist = require "zrun.dist"
+  local lines, saved = {}, dist.print0
+  dist.print0 = function(m) lines[#lines + 1] = m end
+  local ok, res = pcall(fn, ...)
+  dist.print0 = saved
+  if not ok then error(res, 0) end
+  return table.concat(lines, "\n"), res
+end
+
 -- Input ids for micro-batch `micro` of optimizer step `step`, seeded by both so that every run
 -- and world size sees the same global batch of world_size x mb rows of tlen ids below 250: this
 -- rank's mb rows (o = {rank=, world_size=, mb=, tlen=, device= (nil: the CPU)}).

@@ -372,12 +372,6 @@ local function due(strategy, every, step, epoch_end)
   return strategy == "epoch" and epoch_end
 end
 
--- TrainingArguments and the DeepSpeed key each fills where the config says "auto"
-local ARG_TARGETS = {
-  { "max_grad_norm", "gradient_clipping" }, { "learning_rate", "optimizer.params.lr" },
-  { "adam_beta1", "optimizer.params.betas" }, { "adam_beta2", "optimizer.params.betas" },
-  { "adam_epsilon", "optimizer.params.eps" }, { "weight_decay", "optimizer.params.weight_decay" },
-}
 -- Arguments the run does not read, given by the caller, each said in one line (transformers takes the
 -- same values and says nothing of most): warmup_ratio beside warmup_steps (warmup_steps wins, which
 -- transformers logs), Adam's arguments with optim sgd/adagrad, a model without gradient checkpointing,
@@ -400,7 +394,7 @@ function Trainer:say_unused_args()
     say("gradient_checkpointing not used: this model has no gradient_checkpointing_enable (zrun's Llama and GPT-2 do)")
   end
   local file_opt = cfg:source("optimizer") == "file"
-  for _, t in ipairs(ARG_TARGETS) do
+  for _, t in ipairs(require("zrun.config_auto").ARG_KEYS) do
     local k, path = t[1], t[2]
     local src = cfg:source(path)
     if u[k] ~= nil and (file_opt or path == "gradient_clipping") and src == "default" then

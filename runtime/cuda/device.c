@@ -56,6 +56,14 @@ zr_status zr_cuda_check(cudaError_t e, const char *op, const char *file, int lin
                            cudaGetErrorName(e));
 }
 
+zr_status zr_cuda_page_lock(void *p, size_t bytes, const char *setting, const char *what) {
+    cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (e == cudaSuccess) return ZR_OK;
+    cudaGetLastError();
+    return zr_error("%s: page-locking %s (%.2f GiB) failed (%s); raise the locked-memory limit (ulimit -l) or set %s "
+                    "to false", setting, what, (double)bytes / (1 << 30), cudaGetErrorString(e), setting);
+}
+
 zr_status zr_cuda_check_device(zr_device dev, const char *op) {
     int n = zr_cuda_device_count();
     if (dev.type != ZR_CUDA) return zr_error("%s: expected a CUDA device", op);

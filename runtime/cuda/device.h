@@ -91,6 +91,10 @@ void zr_cuda_event_free(cudaEvent_t ev);
 void *zr_cuda_malloc(zr_device dev, size_t nbytes, cudaStream_t stream);
 void zr_cuda_free(zr_device dev, void *p);
 
+/* Page-locks bytes of host memory at p for DMA (cudaHostRegister; undo with cudaHostUnregister). On
+ * failure one line: `setting` (the config key that asked for it), what, its size and the fix. */
+zr_status zr_cuda_page_lock(void *p, size_t bytes, const char *setting, const char *what);
+
 /* Queues a copy of bytes of host memory src (a small table: kernel descriptors) to device memory dst
  * on stream s and returns without waiting for the GPU; src may change at once (cuda/upload.c copies it
  * into one of four page-locked slots per device first, taken in turn, and reuses a slot once the copy

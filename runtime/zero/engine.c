@@ -156,11 +156,8 @@ static zr_status pin(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *g = z->gpart;
     if (!zr_is_cpu(g) || !g->storage->nbytes) return ZR_OK; /* device-gradient mode */
-    cudaError_t e = cudaHostRegister(g->storage->data, g->storage->nbytes, cudaHostRegisterDefault);
-    if (e != cudaSuccess)
-        return zr_error("offload_optimizer.pin_memory: page-locking %.2f GiB of host memory failed (%s); raise "
-                        "the locked-memory limit (ulimit -l) or set pin_memory to false",
-                        (double)g->storage->nbytes / (1 << 30), cudaGetErrorString(e));
+    ZR_CHECK(zr_cuda_page_lock(g->storage->data, g->storage->nbytes, "offload_optimizer.pin_memory",
+                               "the host gradient partition"));
     z->pinned = 1;
 #endif
     return ZR_OK;
@@ -172,13 +169,8 @@ static zr_status pin_shard(zr_zero *z) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *t = z->pshard;
     if (!zr_is_cpu(t) || !t->storage->nbytes || z->dev.type != ZR_CUDA) return ZR_OK;
-    cudaError_t e = cudaHostRegister(t->storage->data, t->storage->nbytes, cudaHostRegisterDefault);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return zr_error("offload_param.pin_memory: page-locking the %.2f GiB parameter shard failed (%s); raise the "
-                        "locked-memory limit (ulimit -l) or set offload_param.pin_memory to false",
-                        (double)t->storage->nbytes / (1 << 30), cudaGetErrorString(e));
-    }
+    ZR_CHECK(zr_cuda_page_lock(t->storage->data, t->storage->nbytes, "offload_param.pin_memory",
+                               "the host parameter shard"));
     z->pshard_pinned = 1;
     if (!(z->pshard_ev = zr_cuda_event_new(0))) return ZR_ERR;
 #endif

@@ -109,13 +109,8 @@ zr_status zr_zero_step_async(zr_zero *z, double grad_scale, int64_t step, const 
     if (!a->w && !(a->w = new_buf(z->param_dtype, zr_cpu(), z->part_numel, ZR_MEM_PARAMS))) return ZR_ERR;
 #ifdef ZR_HAVE_CUDA
     if (z->dev.type == ZR_CUDA && z->cfg.pin_memory && !a->w_pinned) { /* so that its upload is a DMA */
-        size_t bytes = (size_t)z->part_numel * zr_dtype_size(z->param_dtype);
-        if (cudaHostRegister(zr_tensor_data(a->w), bytes, cudaHostRegisterDefault) != cudaSuccess) {
-            cudaGetLastError();
-            return zr_error("offload_optimizer.pin_memory: page-locking the %.2f GiB of zenflow overlap_step's new "
-                            "weights failed; raise the locked-memory limit (ulimit -l) or set pin_memory to false",
-                            (double)bytes / (1 << 30));
-        }
+        ZR_CHECK(zr_cuda_page_lock(zr_tensor_data(a->w), (size_t)z->part_numel * zr_dtype_size(z->param_dtype),
+                                   "offload_optimizer.pin_memory", "zenflow overlap_step's new weights"));
         a->w_pinned = 1;
     }
 #endif

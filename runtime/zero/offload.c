@@ -81,13 +81,10 @@ static zr_tensor *host_buf(zr_dtype dt, int64_t n, zr_mem_category cat, int pin,
     *pinned = 0;
 #ifdef ZR_HAVE_CUDA
     if (t && pin && t->storage->nbytes) {
-        cudaError_t e = cudaHostRegister(t->storage->data, t->storage->nbytes, cudaHostRegisterDefault);
-        if (e != cudaSuccess) {
-            size_t nb = t->storage->nbytes;
+        if (zr_cuda_page_lock(t->storage->data, t->storage->nbytes, "offload_optimizer.pin_memory",
+                              "an offload buffer")) {
             zr_tensor_release(t);
-            return zr_error_null("ZeRO offload: page-locking a %.2f GiB host buffer failed (%s); raise the "
-                                 "locked-memory limit (ulimit -l) or set offload_optimizer.pin_memory to false",
-                                 (double)nb / (1 << 30), cudaGetErrorString(e));
+            return NULL;
         }
         *pinned = 1;
     }
