@@ -322,6 +322,18 @@ local function trl_defaults(args)
   if args.bf16 == nil and not args.fp16 and not fixed.precision then args.bf16 = true end
 end
 
+-- Under skip_prepare_dataset the rows go to the collator as given, and it reads labels (else input_ids):
+-- a row with completion_mask or assistant_masks but no labels would be trained on every token.
+local function no_masks_without_labels(name, ds)
+  for i, row in ipairs(ds and ds.rows or ds or {}) do
+    if row.labels == nil and (row.completion_mask ~= nil or row.assistant_masks ~= nil) then
+      error(fmt("SFTTrainer: %s row %d has %s but no labels, and dataset_kwargs.skip_prepare_dataset skips building " ..
+        "labels from it, so it would train on every token; add labels (-100 on the tokens not learned) or drop " ..
+        "skip_prepare_dataset", name, i, row.completion_mask ~= nil and "completion_mask" or "assistant_masks"), 0)
+    end
+  end
+end
+
 -- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
 -- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
@@ -394,6 +406,16 @@ function M.SFTTrainer(opts)
   end
   local trainer = require("zrun.trainer")(t)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
+  if skip and not opts.data_collator then -- (the default collator reads labels only: masks without them would
+    -- train on every token; TRL refuses such rows too, at init and in evaluate)
+    no_masks_without_labels("train", t.train_dataset)
+    no_masks_without_labels("eval", t.eval_dataset)
+    local evaluate = trainer.evaluate
+    trainer.evaluate = function(self, ds, ...)
+      no_masks_without_labels("eval", ds)
+      return evaluate(self, ds, ...)
+    end
+  end
   return trainer
 end
 

@@ -293,6 +293,19 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
   end
   T.raises(function() trainer({ train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true },
     padding_free = true }) end, "padding_free = true (one flattened sequence")
+  -- rows with a mask but no labels would train on every token under skip: refused (as TRL), at init and in evaluate
+  local masked = { { input_ids = { 5, 6, 7 }, labels = { -100, 6, 7 } }, { input_ids = { 5, 6, 7 }, completion_mask = { 0, 1, 1 } } }
+  local skip = { dataset_kwargs = { skip_prepare_dataset = true }, assistant_only_loss = false }
+  T.raises(function() trainer({ train_dataset = masked }, skip) end,
+    "train row 2 has completion_mask but no labels")
+  masked[2] = { input_ids = { 5, 6, 7 }, assistant_masks = { 0, 1, 1 } }
+  T.raises(function() trainer({ eval_dataset = masked }, skip) end, "eval row 2 has assistant_masks but no labels")
+  local st = trainer({ train_dataset = pre }, skip)
+  T.raises(function() st:evaluate(masked) end, "eval row 2 has assistant_masks but no labels")
+  T.eq(trainer({ eval_dataset = masked, data_collator = function() end }, skip).eval_dataset, masked,
+    "a collator of the user's own reads the masks itself: no refusal")
+  masked[2].labels = { -100, 6, 7 }
+  T.eq(trainer({ train_dataset = masked }, skip).train_dataset, masked, "rows with labels and masks: taken as given")
   T.raises(function() trainer({ train_dataset = pre, processing_class = false }, { dataset_kwargs = {
     skip_prepare_dataset = true }, pad_token = "<pad>" }) end, "needs processing_class")
   local t = trainer(nil, { max_length = 20, pad_token = "<pad>", pad_to_multiple_of = 8 })
