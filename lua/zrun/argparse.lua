@@ -134,6 +134,18 @@ local function unknown(self, k)
     self.targs and ", or any TrainingArguments key the Trainer implements" or "")
 end
 
+-- DeepSpeed's launcher appends --local_rank=N to each process's command line (as torch.distributed.launch
+-- did, spelt --local-rank): the rank it also puts in LOCAL_RANK, where zrun takes the process's GPU
+-- from. Taken when the two agree (transformers' TrainingArguments.local_rank, which the environment
+-- overrides there too); without a launcher only 0 or -1 (one process, as zrun runs it).
+local function launcher_local_rank(self, v)
+  local n, env = tonumber(v), require("zrun.dist").env_local_rank()
+  if n and (n == (env or 0) or (n == -1 and not env)) then return end
+  error(fmt("%s: --local_rank=%s %s; zrun takes each process's GPU from the launcher's LOCAL_RANK (run under " ..
+    "deepspeed, torchrun or mpirun, or pick the GPU with CUDA_VISIBLE_DEVICES)", self.name, v,
+    env and fmt("disagrees with the launcher's LOCAL_RANK=%d", env) or "without a launcher"), 0)
+end
+
 -- Parses argv (the script's `arg`): returns opt (every option, defaults filled in), given (the
 -- names the command line set) and, with training_arguments, the args table updated in place.
 -- --help / -h prints help_text() and exits.
@@ -169,10 +181,17 @@ function P:parse(argv)
     end
     local k, v = a:match("^%-%-([%w_%-]+)=(.*)$")
     if not k then k, v = a:match("^([%w_]+)=(.*)$") end
-    if k then
+    if k and k:gsub("-", "_") == "local_rank" and not known("local_rank") then
+      launcher_local_rank(self, v)
+    elseif k then
       set((k:gsub("-", "_")), v)
     elseif a:match("^%-%-[%w_%-]+$") then
       k = (a:sub(3):gsub("-", "_"))
+      if k == "local_rank" and not known(k) and argv[i + 1] then
+        launcher_local_rank(self, argv[i + 1])
+        i = i + 2
+        goto next
+      end
       if not known(k) then error(unknown(self, k), 0) end
       local nxt = argv[i + 1]
       local o = self.by[self.aliases[k] or k]
@@ -193,6 +212,7 @@ function P:parse(argv)
         self.by.config and " or --config FILE" or ""), 0)
     end
     i = i + 1
+    ::next::
   end
   return opt, given, self.targs
 end

@@ -53,6 +53,18 @@ function M.mpirun_command(n, o)
   return table.concat(words, " ")
 end
 
+-- The local rank the launcher set (LOCAL_RANK, else the MPI launcher's), read without joining the job;
+-- nil without a launcher. getenv as check_launch's.
+function M.env_local_rank(getenv)
+  getenv = getenv or os.getenv
+  local v = tonumber(getenv("LOCAL_RANK") or "")
+  if v then return v end
+  for _, m in ipairs(MPI_VARS) do
+    if getenv(m[2]) then return tonumber(getenv(m[4]) or "") end
+  end
+  return nil
+end
+
 -- Checks the launch environment before any rank joins: nil when it is consistent (no launcher, MPI,
 -- or torchrun's RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT), else the one-line reason naming the fix. getenv: a function name -> value (default os.getenv), for tests.
 function M.check_launch(getenv)

@@ -86,4 +86,25 @@ T.test("the recipes refuse a misspelt option before loading anything", function(
   assert(out:find("train_mlp: epochs must be a number, got 'x'", 1, true) and out:find("rc=1", 1, true), out)
 end)
 
+T.test("--local_rank as DeepSpeed's launcher appends it: taken when it matches the launcher's local rank", function()
+  if require("zrun.dist").env_local_rank() then return T.skip("--local_rank without a launcher", "LOCAL_RANK is set") end
+  local p = parser({ output_dir = "o" })
+  for _, argv in ipairs { { "--local_rank=0" }, { "--local-rank=0", "block_size=8" }, { "--local_rank", "0", "block_size=8" },
+    { "--local_rank=-1" } } do
+    local opt, given, targs = p:parse(argv)
+    T.eq(opt.local_rank == nil and given.local_rank == nil and targs.local_rank == nil, true, table.concat(argv, " "))
+  end
+  T.eq(p:parse({ "--local_rank", "0", "block_size=8" }).block_size, 8, "the value after it is its own, not an option's")
+  T.raises(function() p:parse { "--local_rank=2" } end, "demo: --local_rank=2 without a launcher; zrun takes each process's GPU")
+end)
+
+T.test("dist.env_local_rank: LOCAL_RANK, else the MPI launcher's, without joining the job", function()
+  local dist = require "zrun.dist"
+  local function env(t) return function(k) return t[k] end end
+  T.eq(dist.env_local_rank(env {}), nil)
+  T.eq(dist.env_local_rank(env { LOCAL_RANK = "3" }), 3)
+  T.eq(dist.env_local_rank(env { OMPI_COMM_WORLD_RANK = "5", OMPI_COMM_WORLD_LOCAL_RANK = "1" }), 1)
+  T.eq(dist.env_local_rank(env { SLURM_PROCID = "9", SLURM_LOCALID = "2" }), 2)
+end)
+
 T.done()

@@ -11,7 +11,7 @@ losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl" | tr '\n' ' '; }
 for stage in 0 1 2 3; do
   c=configs/zero$stage.json
   tcp_launch 2 "$tmp" $Z recipes/finetune_llama.lua --config $c $ARGS output_dir="$tmp/tcp$stage"; rc=$?
-  if [ $rc -ne 0 ]; then echo "FAIL stage $stage over TCP: exit $rc: $(tail -2 "$tmp"/0.log "$tmp"/1.log)"; continue; fi
+  if [ $rc -ne 0 ]; then echo "FAIL stage $stage over TCP: exit $rc: $(tail -n 2 "$tmp"/0.log "$tmp"/1.log)"; continue; fi
   $Z tests/mpi/learn_check.lua "$tmp/tcp$stage/metrics.jsonl" "recipe learns over TCP: zero$stage np=2" 0.5
   if ! command -v mpirun >/dev/null 2>&1; then echo "SKIP stage $stage: TCP vs mpirun (no mpirun here)"; continue; fi
   . tests/mpi/mpi_env.sh
