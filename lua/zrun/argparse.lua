@@ -31,8 +31,14 @@ function P:option(name, default, help)
   return self
 end
 
--- Another name for an option (`deepspeed` for `config`); `--name VALUE` works for both.
-function P:alias(name, target) self.aliases[name] = target; return self end
+-- Another name for an option (`deepspeed` for `config`); `--name VALUE` works for both. bare: the
+-- alias may also stand alone (`--deepspeed --deepspeed_config ds.json`, DeepSpeed's own switch that
+-- turns it on, with nothing to do here), leaving the option as it is.
+function P:alias(name, target, bare)
+  self.aliases[name] = target
+  if bare then self.bare = self.bare or {}; self.bare[name] = true end
+  return self
+end
 
 -- Names that bare values fill in order (`zrun train_mlp.lua 5 8`).
 function P:positional(...) self.pos = { ... }; return self end
@@ -196,7 +202,9 @@ function P:parse(argv)
       local nxt = argv[i + 1]
       local o = self.by[self.aliases[k] or k]
       local boolish = (o and type(o.default) == "boolean") or (not o and type(ta.DEFAULTS[k]) == "boolean")
-      if boolish and (nxt == nil or nxt:match("^%-%-") or nxt:find("=", 1, true)) then
+      local alone = nxt == nil or nxt:match("^%-%-") or nxt:find("=", 1, true)
+      if self.bare and self.bare[k] and alone then -- (DeepSpeed's switch on: the option stays as it is)
+      elseif boolish and alone then
         set(k, true, true) -- a bare --flag is true, as in HF's scripts
       elseif nxt == nil then
         error(fmt("%s: %s needs a value (%s VALUE or %s=VALUE)", self.name, a, a, a), 0)

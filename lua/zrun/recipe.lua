@@ -6,10 +6,13 @@ local M = {}
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 
--- The options both recipes take for the DeepSpeed side: config (alias deepspeed), precision, device.
+-- The options both recipes take for the DeepSpeed side: config (alias deepspeed, as HF's scripts take
+-- it, and deepspeed_config, as deepspeed.add_config_arguments does; a bare --deepspeed is that
+-- function's switch), precision, device.
 function M.deepspeed_options(cli)
   cli:option("config", "configs/ds_config.json", "DeepSpeed config (bf16, ZeRO-2, 8 micro-batches of 4)")
-  cli:alias("deepspeed", "config")
+  cli:alias("deepspeed", "config", true)
+  cli:alias("deepspeed_config", "config")
   cli:option("precision", false, "bf16 | fp16 | fp32: sets args.bf16/fp16 (for configs whose \"enabled\" is \"auto\" or that have no such section)")
   cli:option("device", "auto", "cpu | cuda | auto")
   return cli

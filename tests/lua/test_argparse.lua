@@ -98,6 +98,18 @@ T.test("--local_rank as DeepSpeed's launcher appends it: taken when it matches t
   T.raises(function() p:parse { "--local_rank=2" } end, "demo: --local_rank=2 without a launcher; zrun takes each process's GPU")
 end)
 
+T.test("DeepSpeed's own arguments: --deepspeed_config FILE, and --deepspeed alone as its switch", function()
+  local p = argparse.new("recipes/demo.lua"):option("config", "c.json", "DeepSpeed config"):option("block_size", 512, "tokens")
+  p:alias("deepspeed", "config", true):alias("deepspeed_config", "config")
+  T.eq(p:parse({ "--deepspeed", "--deepspeed_config", "z1.json" }).config, "z1.json")
+  T.eq(p:parse({ "--deepspeed_config=z1.json", "--deepspeed" }).config, "z1.json")
+  T.eq(p:parse({ "--deepspeed", "block_size=8" }).config, "c.json", "the switch alone: the default config")
+  T.eq(p:parse({ "--deepspeed", "z2.json" }).config, "z2.json", "HF's --deepspeed FILE")
+  T.raises(function() p:parse { "--deepspeed_config" } end, "--deepspeed_config needs a value")
+  T.raises(function() argparse.new("recipes/demo.lua"):option("config", "c.json"):alias("deepspeed", "config"):parse { "--deepspeed" } end,
+    "--deepspeed needs a value")
+end)
+
 T.test("dist.env_local_rank: LOCAL_RANK, else the MPI launcher's, without joining the job", function()
   local dist = require "zrun.dist"
   local function env(t) return function(k) return t[k] end end
