@@ -142,6 +142,9 @@ function Trainer:setup()
   if self.engine then return end
   local a = self.args
   local W = dist.world_size()
+  -- transformers' ddp_timeout: the deadline of every collective from here on (as init_process_group's
+  -- timeout; zrun's ranks have met already, under ZRUN_COMM_TIMEOUT)
+  if a.ddp_timeout then dist.set_timeout(a.ddp_timeout) end
   local hf_args = {}
   for k, v in pairs(self.user_args) do hf_args[k] = v end
   hf_args.optim, hf_args.optim_args = a.optim, a.optim_args or nil -- HF's optimizer when the config has none

@@ -19,6 +19,7 @@ M.DEFAULTS = {
   seed = 42, data_seed = false, bf16 = false, fp16 = false, gradient_checkpointing = false, deepspeed = false,
   label_smoothing_factor = 0, average_tokens_across_devices = true, train_sampling_strategy = "random",
   length_column_name = "length", auto_find_batch_size = false, dataloader_drop_last = false,
+  ddp_timeout = false, -- (false: ZRUN_COMM_TIMEOUT / DEEPSPEED_TIMEOUT, else 1800 s, transformers' default too)
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -163,6 +164,7 @@ function M.resolve(user, quiet)
     "auto_find_batch_size", "dataloader_drop_last" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
+  if a.ddp_timeout then check_int(a, "ddp_timeout", 1) end -- (seconds every collective may take; the Trainer sets it)
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end
   if a.save_total_limit then check_int(a, "save_total_limit", 1) end

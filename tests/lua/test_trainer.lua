@@ -264,6 +264,21 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
 end)
 
 -- One step of a Trainer with `args` (and defaults for the rest); returns the "[zrun] Trainer:" lines it printed.
+T.test("ddp_timeout (transformers' collective deadline, seconds) sets zrun's from the Trainer's set-up on", function()
+  local function new(a) return zr.Trainer { model = model(), train_dataset = train_ds, args = a } end
+  T.raises(function() new { ddp_timeout = 0 } end, "ddp_timeout must be an integer >= 1, got 0")
+  T.raises(function() new { ddp_timeout = "long" } end, "ddp_timeout must be an integer >= 1, got long")
+  local before = zr.dist.timeout()
+  new({ max_steps = 1 }):setup()
+  T.eq(zr.dist.timeout(), before, "unset: ZRUN_COMM_TIMEOUT's (or 1800 s) stays")
+  local ok, err = pcall(function()
+    new({ max_steps = 1, ddp_timeout = 180000000 }):setup() -- (LLaMA-Factory's value)
+    T.eq(zr.dist.timeout(), 180000000)
+  end)
+  zr.dist.set_timeout(before)
+  assert(ok, err)
+end)
+
 local function trainer_lines(args)
   local out = T.printed(function()
     local a = { output_dir = tmp .. "/said", per_device_train_batch_size = 8, max_steps = 1, save_strategy = "no" }
