@@ -634,6 +634,8 @@ function Trainer:train(resume)
           isteps, run_steps = isteps + 1, run_steps + 1
           local s = self:step_count()
           st.global_step, st.epoch, in_step = s, epoch + (mb + 1) / micro_per_epoch, false
+          -- torch_empty_cache_steps: the device's cached free blocks back to the driver every that many steps
+          if a.torch_empty_cache_steps and s % a.torch_empty_cache_steps == 0 and e.device ~= "cpu" then zr.cuda.empty_cache() end
           self:callback("on_step_end")
           checkpoints(s, false)
           bar:update(1, last_loss and { loss = last_loss })

@@ -20,6 +20,7 @@ M.DEFAULTS = {
   label_smoothing_factor = 0, average_tokens_across_devices = true, train_sampling_strategy = "random",
   length_column_name = "length", auto_find_batch_size = false, dataloader_drop_last = false,
   ddp_timeout = false, -- (false: ZRUN_COMM_TIMEOUT / DEEPSPEED_TIMEOUT, else 1800 s, transformers' default too)
+  torch_empty_cache_steps = false,
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -29,7 +30,10 @@ M.NO_EFFECT = {
   report_to = "zrun writes metrics.jsonl in output_dir; there are no reporting integrations",
   run_name = "used only by reporting integrations", disable_tqdm = "zrun prints one line per logging step",
   logging_dir = "metrics go to output_dir/metrics.jsonl", dataloader_num_workers = "batches are built in-process",
-  dataloader_pin_memory = "batches are built in-process", remove_unused_columns = "the collator reads input_ids/labels only",
+  dataloader_pin_memory = "batches are built in-process", dataloader_persistent_workers = "batches are built in-process",
+  dataloader_prefetch_factor = "batches are built in-process",
+  use_liger_kernel = "zrun's Llama runs fused kernels of its own (RMSNorm, rope, SwiGLU; the cross-entropy writes its " ..
+    "gradient over the logits)", remove_unused_columns = "the collator reads input_ids/labels only",
   overwrite_output_dir = "checkpoints are written to new checkpoint-<step> folders", do_train = "a script flag",
   do_eval = "a script flag", save_safetensors = "zrun always writes safetensors",
   gradient_checkpointing_kwargs = "zr.checkpoint recomputes each layer in backward; there is no reentrant variant",
@@ -164,6 +168,7 @@ function M.resolve(user, quiet)
     "auto_find_batch_size", "dataloader_drop_last" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
+  if a.torch_empty_cache_steps then check_int(a, "torch_empty_cache_steps", 1) end
   if a.ddp_timeout then check_int(a, "ddp_timeout", 1) end -- (seconds every collective may take; the Trainer sets it)
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end

@@ -56,6 +56,17 @@ T.test("bf16 on a GPU learns over padded rows: loss falls, gradient norm > 0, wi
   end
 end)
 
+T.test("torch_empty_cache_steps = 4: the cache emptied after steps 4, 8 and 12, the losses unchanged", function()
+  local plain = run("cuda")
+  local empty, calls = zr.cuda.empty_cache, {}
+  zr.cuda.empty_cache = function(...) calls[#calls + 1] = true; return empty(...) end
+  local ok, l = pcall(run, "cuda", { torch_empty_cache_steps = 4 })
+  zr.cuda.empty_cache = empty
+  assert(ok, l)
+  T.eq(#calls, 3, "three times in 12 steps")
+  T.near(l, plain, 0, 0, "the same losses")
+end)
+
 T.test("SFTTrainer's evaluation on a GPU: loss and mean token accuracy (the CUDA argmax) as on the CPU", function()
   local TPL = "{% for m in messages %}{{ m.role + ': ' }}{% if m.role == 'assistant' %}{% generation %}" ..
     "{{ m.content + eos_token }}{% endgeneration %}{% else %}{{ m.content + '\\n' }}{% endif %}{% endfor %}"

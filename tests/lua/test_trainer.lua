@@ -267,6 +267,7 @@ end)
 T.test("ddp_timeout (transformers' collective deadline, seconds) sets zrun's from the Trainer's set-up on", function()
   local function new(a) return zr.Trainer { model = model(), train_dataset = train_ds, args = a } end
   T.raises(function() new { ddp_timeout = 0 } end, "ddp_timeout must be an integer >= 1, got 0")
+  T.raises(function() new { torch_empty_cache_steps = 0.5 } end, "torch_empty_cache_steps must be an integer >= 1, got 0.5")
   T.raises(function() new { ddp_timeout = "long" } end, "ddp_timeout must be an integer >= 1, got long")
   local before = zr.dist.timeout()
   new({ max_steps = 1 }):setup()
