@@ -38,7 +38,7 @@ local resolved = require("zrun.trainer_args").resolve(args, true) -- a bad argum
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."
-opt.config = R.config_path(opt.config)
+opt.config = R.config_path(opt.config, given)
 local device = R.device(opt.device)
 local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...)) end
 

@@ -32,7 +32,7 @@ local opt, given = cli:training_arguments(args):parse(arg)
 for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
 
 local home = ZRUN_HOME or "."
-opt.config = R.config_path(opt.config)
+opt.config = R.config_path(opt.config, given)
 local device = R.device(opt.device)
 local function say(fmt, ...) dist.print0(("[sft_llama] " .. fmt):format(...)) end
 

@@ -24,8 +24,11 @@ function M.device(name)
   return name
 end
 
--- The DeepSpeed config's path, also looked up under ZRUN_HOME (configs/... from any folder).
-function M.config_path(path)
+-- The DeepSpeed config's path, also looked up under ZRUN_HOME (configs/... from any folder); false
+-- under `accelerate launch` with DeepSpeed when the command line names no config: the Trainer then
+-- takes accelerate's (zrun.accelerate_env), as transformers' does.
+function M.config_path(path, given)
+  if given and not given.config and require("zrun.accelerate_env").deepspeed_config() then return false end
   local home = ZRUN_HOME or "."
   if not exists(path) and exists(home .. "/" .. path) then path = home .. "/" .. path end
   if not exists(path) then error("DeepSpeed config " .. path .. " not found (pass --config FILE)", 0) end
@@ -63,7 +66,7 @@ end
 -- --config was given, a small ZeRO-2 config (with the warmup-decay schedule when schedule is true).
 function M.tiny_settings(args, opt, given, small, schedule)
   for k, v in pairs(small) do if not given[k] then args[k] = v end end
-  if given.config then return end
+  if given.config or opt.config == false then return end
   opt.config = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = "auto",
     gradient_clipping = 1.0, steps_per_print = 1000,
     optimizer = { type = "AdamW", params = { lr = "auto", betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = "auto" } },

@@ -176,6 +176,25 @@ function M.eq_list(a, b, what)
   end
 end
 
+-- Asserts two values are equal, tables key by key at every depth, naming the first path that differs.
+function M.same(a, b, what)
+  local function walk(x, y, path)
+    if type(x) == "table" and type(y) == "table" then
+      for k, v in pairs(x) do
+        local d = walk(v, y[k], path .. "." .. tostring(k))
+        if d then return d end
+      end
+      for k, v in pairs(y) do
+        if x[k] == nil then return ("%s.%s: missing, expected %s"):format(path, tostring(k), tostring(v)) end
+      end
+      return nil
+    end
+    if x ~= y then return ("%s: got %s, expected %s"):format(path, tostring(x), tostring(y)) end
+  end
+  local d = walk(a, b, "")
+  if d then error(("%s: %s"):format(what or "same", d), 2) end
+end
+
 -- A new empty temporary directory, for a test file's outputs.
 function M.tmpdir()
   local d = os.tmpname()

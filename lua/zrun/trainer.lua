@@ -148,7 +148,20 @@ function Trainer:setup()
   local hf_args = {}
   for k, v in pairs(self.user_args) do hf_args[k] = v end
   hf_args.optim, hf_args.optim_args = a.optim, a.optim_args or nil -- HF's optimizer when the config has none
-  local ds_cfg = a.deepspeed or default_config()
+  -- under `accelerate launch` with DeepSpeed: accelerate's config where TrainingArguments names none (as
+  -- transformers takes its DeepSpeedPlugin's), else it is unused
+  local acc = require "zrun.accelerate_env"
+  local acc_cfg, acc_what = acc.deepspeed_config(a)
+  if acc_cfg and a.deepspeed then
+    dist.print0(fmt("[zrun] Trainer: %s not used: TrainingArguments' deepspeed config is (as in transformers)", acc_what))
+  elseif acc_cfg then
+    dist.print0(fmt("[zrun] Trainer: DeepSpeed config from accelerate launch: %s", (acc_what:gsub("^accelerate's ", ""))))
+    if acc.zero3_init() then
+      dist.print0("[zrun] Trainer: zero3_init_flag: zrun builds each rank's model whole before the engine partitions it " ..
+        "(no deepspeed.zero.Init: the same weights, more memory while loading)")
+    end
+  end
+  local ds_cfg = a.deepspeed or acc_cfg or default_config()
   -- The config's micro-batch and accumulation drive the data (a number in the file that the
   -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
   local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,

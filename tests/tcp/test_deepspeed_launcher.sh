@@ -1,5 +1,5 @@
 #!/bin/sh
-# The README's `deepspeed --num_gpus N --no_python ./zrun recipe.lua`: DeepSpeed's launcher
+# The README's `deepspeed --num_gpus N --no_python ./zrun recipe.lua` (and accelerate's, below): DeepSpeed's launcher
 # (deepspeed/launcher/launch.py) sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK,
 # CROSS_SIZE, MASTER_ADDR and MASTER_PORT (no LOCAL_WORLD_SIZE) and appends --local_rank=<LOCAL_RANK>
 # right after the script. Two ranks started that way train the recipe and learn; a --local_rank that
@@ -24,6 +24,14 @@ ds_launch 2 "$tmp" recipes/finetune_llama.lua --config configs/zero2.json max_st
 if [ $rc -eq 0 ]; then
   $Z tests/mpi/learn_check.lua "$tmp/ds/metrics.jsonl" "recipe learns under DeepSpeed's launcher (--local_rank=N appended): zero2 np=2" 0.5
 else echo "FAIL DeepSpeed's launcher: exit $rc: $(tail -n 2 "$tmp"/0.log "$tmp"/1.log)"; fi
+# accelerate launch with a DeepSpeed accelerate config (TRL's deepspeed_zero3.yaml): torchrun's variables
+# and the plugin's; no --config: the recipe trains under accelerate's ZeRO-3 bf16 config
+ACCELERATE_USE_DEEPSPEED=true ACCELERATE_DEEPSPEED_ZERO_STAGE=3 ACCELERATE_MIXED_PRECISION=bf16 \
+  ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL=true tcp_launch 2 "$tmp" $Z recipes/finetune_llama.lua max_steps=6 \
+  logging_steps=1 gradient_accumulation_steps=2 learning_rate=3e-3 save_strategy=no output_dir="$tmp/acc"; rc=$?
+if [ $rc -eq 0 ] && grep -q "ZeRO stage 3, bf16" "$tmp/0.log"; then
+  $Z tests/mpi/learn_check.lua "$tmp/acc/metrics.jsonl" "recipe learns under accelerate launch's DeepSpeed settings: zero3 bf16 np=2" 0.5
+else echo "FAIL accelerate launch with DeepSpeed: exit $rc: $(tail -n 3 "$tmp"/0.log)"; fi
 out=$(RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) timeout 30 $Z recipes/finetune_llama.lua \
   --local_rank=0 max_steps=1 2>&1); rc=$?
 case "$out" in
