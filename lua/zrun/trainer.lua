@@ -122,6 +122,31 @@ local function default_config()
     bf16 = { enabled = "auto" }, fp16 = { enabled = "auto" }, steps_per_print = 1e9, zero_optimization = { stage = 0 } }
 end
 
+-- What `accelerate launch` hands the Trainer (zrun.accelerate_env): with DeepSpeed, its DeepSpeed config
+-- where TrainingArguments names none (as transformers takes its DeepSpeedPlugin's; beside one, it is
+-- said unused); without, its mixed_precision where the arguments set neither bf16 nor fp16 (as
+-- TrainingArguments keeps ACCELERATE_MIXED_PRECISION then), into hf_args for the default config's "auto".
+local function launch_config(a, hf_args)
+  local acc = require "zrun.accelerate_env"
+  local cfg, what = acc.deepspeed_config(a)
+  if cfg and a.deepspeed then
+    dist.print0(fmt("[zrun] Trainer: %s not used: TrainingArguments' deepspeed config is (as in transformers)", what))
+    return nil
+  elseif cfg then
+    dist.print0(fmt("[zrun] Trainer: DeepSpeed config from accelerate launch: %s", (what:gsub("^accelerate's ", ""))))
+    if acc.zero3_init() then
+      dist.print0("[zrun] Trainer: zero3_init_flag: zrun builds each rank's model whole before the engine partitions it " ..
+        "(no deepspeed.zero.Init: the same weights, more memory while loading)")
+    end
+    return cfg
+  end
+  local mp = os.getenv("ACCELERATE_MIXED_PRECISION")
+  if not a.deepspeed and not a.bf16 and not a.fp16 and (mp == "bf16" or mp == "fp16") then
+    hf_args[mp] = true
+    dist.print0(fmt("[zrun] Trainer: %s from accelerate launch's mixed_precision (ACCELERATE_MIXED_PRECISION=%s)", mp, mp))
+  end
+end
+
 -- NEFTune (transformers' neftune_noise_alpha): in training mode the token embeddings' output gets
 -- uniform noise in [-m, m], m = alpha / sqrt(T * hidden) (T: the batch's sequence length), as
 -- transformers' forward hook on get_input_embeddings() adds it; evaluation sees none.
@@ -148,20 +173,8 @@ function Trainer:setup()
   local hf_args = {}
   for k, v in pairs(self.user_args) do hf_args[k] = v end
   hf_args.optim, hf_args.optim_args = a.optim, a.optim_args or nil -- HF's optimizer when the config has none
-  -- under `accelerate launch` with DeepSpeed: accelerate's config where TrainingArguments names none (as
-  -- transformers takes its DeepSpeedPlugin's), else it is unused
-  local acc = require "zrun.accelerate_env"
-  local acc_cfg, acc_what = acc.deepspeed_config(a)
-  if acc_cfg and a.deepspeed then
-    dist.print0(fmt("[zrun] Trainer: %s not used: TrainingArguments' deepspeed config is (as in transformers)", acc_what))
-  elseif acc_cfg then
-    dist.print0(fmt("[zrun] Trainer: DeepSpeed config from accelerate launch: %s", (acc_what:gsub("^accelerate's ", ""))))
-    if acc.zero3_init() then
-      dist.print0("[zrun] Trainer: zero3_init_flag: zrun builds each rank's model whole before the engine partitions it " ..
-        "(no deepspeed.zero.Init: the same weights, more memory while loading)")
-    end
-  end
-  local ds_cfg = a.deepspeed or acc_cfg or default_config()
+  local launched = launch_config(a, hf_args)
+  local ds_cfg = a.deepspeed or launched or default_config()
   -- The config's micro-batch and accumulation drive the data (a number in the file that the
   -- arguments did not set wins, as the engine will use it; a conflicting argument is an error here).
   local pre = require("zrun.config").load(ds_cfg, { world_size = W, args = hf_args,

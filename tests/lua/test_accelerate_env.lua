@@ -100,4 +100,24 @@ T.test("the recipe under accelerate launch takes accelerate's DeepSpeed config u
   assert(out:find("accelerate launch: ACCELERATE_MIXED_PRECISION=fp8", 1, true) and out:find("rc=1", 1, true), out)
 end)
 
+T.test("accelerate launch without DeepSpeed: its mixed_precision where the arguments set neither bf16 nor fp16", function()
+  local code = "local zr = require 'zrun'; zr.manual_seed(1); local tok = zr.tokenizers.ByteTokenizer.new(); " ..
+    "local ds = zr.testing.sample_rows(tok):group_texts(32):select(1, 16); zr.Trainer { model = " ..
+    "zr.models.llama.LlamaForCausalLM(zr.models.llama.config('zrun/tiny-llama')), train_dataset = ds, args = { " ..
+    "max_steps = 1, save_strategy = 'no', output_dir = '" .. tmp .. "/mp', fp16 = FP16 } }:train()"
+  local function run(vars, fp16)
+    local f = write("mp.lua", (code:gsub("FP16", tostring(fp16))))
+    local p = io.popen(vars .. " " .. z .. " " .. f .. " 2>&1; echo rc=$?")
+    local out = p:read("*a"); p:close()
+    return out
+  end
+  local out = run("ACCELERATE_MIXED_PRECISION=bf16", false)
+  assert(out:find("[zrun] Trainer: bf16 from accelerate launch's mixed_precision (ACCELERATE_MIXED_PRECISION=bf16)", 1, true), out)
+  assert(out:find("ZeRO stage 0, bf16", 1, true) and out:find("rc=0", 1, true), out)
+  out = run("ACCELERATE_MIXED_PRECISION=bf16", true)
+  assert(out:find("ZeRO stage 0, f16", 1, true) and not out:find("mixed_precision", 1, true), "the arguments' fp16 wins: " .. out)
+  out = run("ACCELERATE_MIXED_PRECISION=no", false)
+  assert(out:find("ZeRO stage 0, f32", 1, true), out)
+end)
+
 T.done()
