@@ -17,6 +17,7 @@ local cli = require("zrun.argparse").new("recipes/finetune_llama.lua",
 cli:option("model", "meta-llama/Llama-3.2-1B", "a Hugging Face model directory or a hub id in the local cache")
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
 cli:option("data", os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw", "a WikiText folder or one text file")
+cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer"):alias("train_file", "data") -- (run_clm.py's names)
 cli:option("train_split", "train", "e.g. train[:2000]")
 cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)")
 cli:option("packing", true, "false: one row per line (at most block_size tokens), padded per micro-batch with the tokenizer's pad token (else eos) instead of packed blocks")

@@ -15,6 +15,7 @@ local cli = require("zrun.argparse").new("recipes/sft_llama.lua",
 cli:option("model", "meta-llama/Llama-3.2-1B-Instruct", "a Hugging Face model directory or a hub id in the local cache")
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
 cli:option("data", false, "a .jsonl file of chat / instruction rows (default: a built-in set for the tiny model)")
+cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer") -- (TRL's sft.py names)
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
 R.deepspeed_options(cli)
 cli:option("dump_blocks", false, "FILE.safetensors: the prepared rows (input_ids, labels) and the order training reads them")

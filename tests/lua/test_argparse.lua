@@ -82,6 +82,11 @@ T.test("the recipes refuse a misspelt option before loading anything", function(
   local out = sh(z .. " recipes/finetune_llama.lua learning_rte=1e-3")
   assert(out:find("zrun: finetune_llama: unknown option 'learning_rte' (did you mean 'learning_rate'?)", 1, true), out)
   assert(out:find("rc=1", 1, true) and not out:find("ZRUN_DEBUG", 1, true), out)
+  -- run_clm.py's and TRL's names for the model and tokenizer are the recipes' own
+  for _, r in ipairs { "finetune_llama", "sft_llama" } do
+    out = sh(z .. " recipes/" .. r .. ".lua --model_name_or_path /nonexistent/m max_steps=1")
+    assert(out:find("no model found at '/nonexistent/m'", 1, true) and out:find("rc=1", 1, true), out)
+  end
   out = sh(z .. " recipes/train_mlp.lua epochs=x")
   assert(out:find("train_mlp: epochs must be a number, got 'x'", 1, true) and out:find("rc=1", 1, true), out)
 end)
