@@ -27,8 +27,12 @@ local args = {
 }
 local sft_keys = {}
 for k in pairs(zr.sft.DEFAULTS) do sft_keys[#sft_keys + 1] = k end
+for k in pairs(zr.sft.NO_EFFECT) do sft_keys[#sft_keys + 1] = k end
 table.sort(sft_keys)
-for _, k in ipairs(sft_keys) do cli:option(k, false, ("SFTConfig's %s (default %s)"):format(k, tostring(zr.sft.DEFAULTS[k]))) end
+for _, k in ipairs(sft_keys) do
+  cli:option(k, false, zr.sft.NO_EFFECT[k] and ("SFTConfig's %s: no effect in zrun"):format(k) or
+    ("SFTConfig's %s (default %s)"):format(k, tostring(zr.sft.DEFAULTS[k])))
+end
 local opt, given = cli:training_arguments(args):parse(arg)
 for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
 

@@ -18,7 +18,13 @@ local fmt = string.format
 M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
   truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
   packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false,
-  dataset_kwargs = false }
+  dataset_kwargs = false, eval_packing = "auto" }
+-- SFTConfig arguments that change nothing in zrun (nor, for shuffle_dataset, in TRL's SFTTrainer): said, then dropped.
+M.NO_EFFECT = {
+  shuffle_dataset = "TRL's SFTTrainer does not read it either; train_sampling_strategy = \"random\" (the default) " ..
+    "shuffles the rows every epoch",
+  trust_remote_code = "zrun runs its own Llama and GPT-2 code, never a checkpoint's",
+}
 -- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
 M.REFUSED = {
   padding_free = "padding_free = true (one flattened sequence a micro-batch) needs attention that restarts at each " ..
@@ -173,7 +179,7 @@ end
 
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
 local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's",
-  dataset_kwargs = "SFTTrainer's", dataset_num_proc = "SFTTrainer's" }
+  dataset_kwargs = "SFTTrainer's", dataset_num_proc = "SFTTrainer's", eval_packing = "SFTTrainer's" }
 
 -- Checks SFTConfig-style options and fills their defaults. first: the dataset's first row.
 function M.options(opts, tok, first)
@@ -181,7 +187,7 @@ function M.options(opts, tok, first)
   for k, v in pairs(M.DEFAULTS) do o[k] = v end
   for k, v in pairs(opts or {}) do
     if M.DEFAULTS[k] == nil and k ~= "chat_template" then error(fmt("sft: unknown option '%s'", tostring(k)), 0) end
-    if TRAINER_ONLY[k] and v ~= false then
+    if TRAINER_ONLY[k] and v ~= M.DEFAULTS[k] then
       error(fmt("sft: %s is %s (an SFTTrainer argument), not a row preparation option", k, TRAINER_ONLY[k]), 0)
     end
     o[k] = v
@@ -338,12 +344,18 @@ end
 -- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
 -- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
--- {skip_prepare_dataset = true}, formatting_func as opts.formatting_func) beside the Trainer's.
+-- {skip_prepare_dataset = true}, eval_packing, formatting_func as opts.formatting_func) beside the Trainer's;
+-- M.NO_EFFECT's are said and dropped.
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
   for k, v in pairs(opts.args or {}) do
-    if M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end
+    if M.NO_EFFECT[k] then
+      require("zrun.dist").print0(fmt("[zrun] SFTTrainer: %s has no effect (%s)", k, M.NO_EFFECT[k]))
+    elseif M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end
+  end
+  if sargs.eval_packing ~= nil and sargs.eval_packing ~= "auto" and type(sargs.eval_packing) ~= "boolean" then
+    error(fmt("SFTTrainer: eval_packing must be true, false or \"auto\" (as packing), got %s", tostring(sargs.eval_packing)), 2)
   end
   trl_defaults(args)
   local dk = sargs.dataset_kwargs
@@ -356,7 +368,7 @@ function M.SFTTrainer(opts)
       if sargs[k] ~= nil and sargs[k] ~= M.DEFAULTS[k] then error("SFTTrainer: " .. why, 2) end
     end
     local PREP = { max_length = true, completion_only_loss = true, assistant_only_loss = true, dataset_text_field = true,
-      truncation_mode = true, eos_token = true, packing = true, packing_strategy = true }
+      truncation_mode = true, eos_token = true, packing = true, packing_strategy = true, eval_packing = true }
     local names = {}
     for k, v in pairs(sargs) do if PREP[k] and v ~= M.DEFAULTS[k] then names[#names + 1] = k end end
     table.sort(names)
@@ -379,17 +391,22 @@ function M.SFTTrainer(opts)
     tok:set_chat_template(M.read_template(sargs.chat_template_path))
     sargs.chat_template_path = nil
   end
-  local function prep(ds)
+  local function prep(ds, eval)
     if not ds or skip then return ds end
     if not tok then error("SFTTrainer: processing_class (the tokenizer) is required to prepare the datasets", 2) end
     local o = { formatting_func = opts.formatting_func }
     for k, v in pairs(sargs) do o[k] = v end
+    local ep = sargs.eval_packing
+    o.eval_packing = nil
+    if eval and ep ~= nil and ep ~= "auto" then o.packing = ep end -- (TRL: eval_packing, else packing)
+    -- packing_strategy is read by whichever of the two packs
+    if not o.packing and (sargs.packing or ep == true) then o.packing_strategy = nil end
     return M.prepare(ds, tok, o)
   end
   local t = {}
   for k, v in pairs(opts) do t[k] = v end
   t.formatting_func = nil
-  t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset)
+  t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), prep(opts.eval_dataset, true)
   if not t.data_collator and not tok and (multiple or pad_token) then
     error("SFTTrainer: pad_token and pad_to_multiple_of shape the default collator, which needs processing_class (the " ..
       "tokenizer); pass it, or a data_collator of your own", 2)

@@ -277,6 +277,30 @@ T.test("SFTTrainer takes TRL's defaults (lr 2e-5, logging 10, bf16, checkpointin
   T.eq(ct.engine.precision, "f32", "and its precision")
 end)
 
+T.test("eval_packing: the evaluation rows packed as the training rows unless it says otherwise (TRL)", function()
+  local ev = zr.datasets.Dataset.from_rows(qa_rows())
+  local base = { packing = true, packing_strategy = "wrapped", max_length = 64, assistant_only_loss = false }
+  local function with(extra)
+    local a = {}
+    for k, v in pairs(base) do a[k] = v end
+    for k, v in pairs(extra) do a[k] = v end
+    return trainer({ eval_dataset = ev }, a)
+  end
+  local packed, apart = with {}, with { eval_packing = false }
+  for _, r in ipairs(packed.eval_dataset) do T.eq(#r.input_ids <= 64, true, "a packed block") end
+  T.eq(#packed.eval_dataset < #ev, true, "packed: fewer rows than the 8 conversations")
+  T.eq(#apart.eval_dataset, #ev, "eval_packing = false: one row per conversation")
+  T.eq(#packed.train_dataset, #apart.train_dataset, "the training rows packed either way")
+  T.eq(#with({ eval_packing = true }).eval_dataset, #packed.eval_dataset)
+  local up = trainer({ eval_dataset = ev }, { eval_packing = true, packing_strategy = "wrapped", max_length = 64,
+    assistant_only_loss = false })
+  T.eq(#up.eval_dataset < #ev and #up.train_dataset == #qa_rows(), true, "eval_packing = true without packing: eval only")
+  T.raises(function() with { eval_packing = "yes" } end, 'eval_packing must be true, false or "auto"')
+  local said = T.printed(with, { shuffle_dataset = true, trust_remote_code = true })
+  assert(said:find("[zrun] SFTTrainer: shuffle_dataset has no effect (TRL's SFTTrainer does not read it either", 1, true), said)
+  assert(said:find("[zrun] SFTTrainer: trust_remote_code has no effect", 1, true), said)
+end)
+
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
   T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "learnig_rate")
   T.raises(function() trainer(nil, { packing = true }) end, 'use packing_strategy = "wrapped"')
