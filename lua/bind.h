@@ -35,6 +35,9 @@ int zr_l_optdim(lua_State *L, int idx, int def_c);
 int zr_l_checkshape(lua_State *L, int idx, int *ndim, int64_t *shape);
 /* Options table fields: dtype (string), device (string). Leaves defaults when absent. */
 void zr_l_opt_dtype_device(lua_State *L, int idx, zr_dtype *dt, zr_device *dev);
+/* An options table at idx (anything else: nothing to check) whose keys must be among `known`
+ * (space-separated names); another key raises "<who>: unknown option 'k'; it takes <known>". */
+void zr_l_check_keys(lua_State *L, int idx, const char *who, const char *known);
 zr_dtype zr_l_checkdtype(lua_State *L, int idx);
 zr_device zr_l_checkdevice(lua_State *L, int idx);
 /* Options-table fields of the table at idx: a number (def when absent; an error naming op and the

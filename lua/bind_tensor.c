@@ -100,6 +100,34 @@ void zr_l_opt_dtype_device(lua_State *L, int idx, zr_dtype *dt, zr_device *dev) 
     lua_pop(L, 1);
 }
 
+void zr_l_check_keys(lua_State *L, int idx, const char *who, const char *known) {
+    if (!lua_istable(L, idx)) return;
+    idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1); /* the value */
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        int found = 0;
+        size_t kl = k ? strlen(k) : 0;
+        for (const char *p = known; k && *p && !found;) {
+            const char *e = strchr(p, ' ');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            found = n == kl && !strncmp(p, k, n);
+            p += n + (e != NULL);
+        }
+        if (!found) {
+            char list[256];
+            size_t j = 0;
+            for (const char *p = known; *p && j + 3 < sizeof list; p++) {
+                if (*p == ' ') list[j++] = ',';
+                list[j++] = *p;
+            }
+            list[j] = 0;
+            luaL_error(L, "%s: unknown option '%s'; it takes %s", who, k ? k : luaL_typename(L, -1), list);
+        }
+    }
+}
+
 static void register_into(lua_State *L, int ref, const luaL_Reg *fns) {
     lua_rawgeti(L, LUA_REGISTRYINDEX, ref);
     for (; fns->name; fns++) {
@@ -140,9 +168,11 @@ static void opt_requires_grad(lua_State *L, int idx, zr_tensor *t) {
 typedef enum { C_EMPTY, C_ZEROS, C_ONES, C_RAND, C_RANDN } create_kind;
 
 static int create(lua_State *L, create_kind kind) {
+    static const char *names[] = {"zr.empty", "zr.zeros", "zr.ones", "zr.rand", "zr.randn"};
     int ndim;
     int64_t shape[ZR_MAX_DIMS];
     int oi = zr_l_checkshape(L, 1, &ndim, shape);
+    zr_l_check_keys(L, oi, names[kind], "dtype device requires_grad");
     zr_dtype dt = ZR_F32;
     zr_device dev = zr_cpu();
     zr_l_opt_dtype_device(L, oi, &dt, &dev);
@@ -173,6 +203,7 @@ static int l_full(lua_State *L) {
     double v = luaL_checknumber(L, 2);
     zr_dtype dt = ZR_F32;
     zr_device dev = zr_cpu();
+    zr_l_check_keys(L, 3, "zr.full", "dtype device requires_grad");
     zr_l_opt_dtype_device(L, 3, &dt, &dev);
     zr_tensor *t = zr_tensor_full(dt, dev, ndim, shape, v);
     if (t) opt_requires_grad(L, 3, t);
@@ -197,6 +228,7 @@ static int l_arange(lua_State *L) {
     zr_dtype dt = ZR_I64;
     zr_device dev = zr_cpu();
     if (a != (int64_t)a || b != (int64_t)b || step != (int64_t)step) dt = ZR_F32;
+    zr_l_check_keys(L, oi, "zr.arange", "dtype device");
     zr_l_opt_dtype_device(L, oi, &dt, &dev);
     return zr_l_pushtensor(L, zr_tensor_arange(a, b, step, dt, dev));
 }
@@ -256,6 +288,7 @@ static int l_tensor(lua_State *L) {
     nested_fill(L, 1, &p);
     zr_dtype dt = ZR_F32;
     zr_device dev = zr_cpu();
+    zr_l_check_keys(L, 2, "zr.tensor", "dtype device requires_grad");
     zr_l_opt_dtype_device(L, 2, &dt, &dev);
     zr_tensor *t = zr_tensor_new(dt, dev, ndim, shape);
     if (t && zr_tensor_copy_(t, h)) {
@@ -532,7 +565,10 @@ static int l_to(lua_State *L) {
     zr_dtype dt = t->dtype;
     zr_device dev = t->storage->device;
     for (int i = 2; i <= lua_gettop(L); i++) {
-        if (lua_istable(L, i)) zr_l_opt_dtype_device(L, i, &dt, &dev);
+        if (lua_istable(L, i)) {
+            zr_l_check_keys(L, i, "t:to", "dtype device");
+            zr_l_opt_dtype_device(L, i, &dt, &dev);
+        }
         else if (lua_isstring(L, i)) {
             const char *s = lua_tostring(L, i);
             int d = zr_dtype_parse(s);

@@ -25,6 +25,15 @@ static const char *check_text(lua_State *L, int idx, const char *usage, const ch
 }
 
 #define ENCODE_USAGE "tok:encode(text [, add_special_tokens [, max_length]])"
+/* A flag argument: nil (absent) gives dflt; true/false; anything else (an options table, as
+ * transformers' keyword arguments would be written) is refused rather than read as true. */
+static int check_flag(lua_State *L, int idx, int dflt, const char *usage, const char *what) {
+    if (lua_isnoneornil(L, idx)) return dflt;
+    if (!lua_isboolean(L, idx))
+        luaL_error(L, "%s: %s must be true or false, got a %s (the arguments are positional)", usage, what,
+                   luaL_typename(L, idx));
+    return lua_toboolean(L, idx);
+}
 #define DECODE_USAGE "tok:decode(ids [, skip_special_tokens])"
 
 /* An id must be an integer an int32 holds: 0.5 or 2^32 must not quietly become id 0. Ids
@@ -63,7 +72,7 @@ static int l_encode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
     size_t len;
     const char *s = check_text(L, 2, ENCODE_USAGE, "text", &len);
-    int add = lua_isnoneornil(L, 3) ? 1 : lua_toboolean(L, 3);
+    int add = check_flag(L, 3, 1, ENCODE_USAGE, "add_special_tokens");
     int64_t maxlen = -1;
     if (!lua_isnoneornil(L, 4)) {
         double m = lua_type(L, 4) == LUA_TNUMBER ? lua_tonumber(L, 4) : -1;
@@ -140,7 +149,7 @@ static int l_decode(lua_State *L) {
     }
     char *out;
     int64_t len;
-    int st = zr_tokenizer_decode_len(t, ids, n, lua_toboolean(L, 3), &out, &len);
+    int st = zr_tokenizer_decode_len(t, ids, n, check_flag(L, 3, 0, DECODE_USAGE, "skip_special_tokens"), &out, &len);
     free(ids);
     if (st) return zr_l_error(L);
     lua_pushlstring(L, out, (size_t)len);

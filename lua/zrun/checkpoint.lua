@@ -687,6 +687,7 @@ local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
 -- weights include the host update still in flight (DeepSpeed's are one host window behind).
 function M.save_16bit_model(engine, dir, opts)
   if type(dir) ~= "string" or dir == "" then error("save_16bit_model: expected a directory path", 2) end
+  require("zrun.kwargs").check("save_16bit_model", opts, { "max_shard_size", "metadata" }) -- (every rank, before the gather)
   local zc = engine.config and engine.config.zero_optimization or {}
   if engine.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save then
     dist.print0("[zrun] save_16bit_model: did not save the model because "

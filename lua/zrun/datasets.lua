@@ -2,6 +2,7 @@
 -- split slicing ("train[:2000]", "train[10%:20%]"), map/filter/select, group_texts, a causal-LM
 -- collator and a rank-sharded sampler. Rows are Lua tables ({text = ...}, {input_ids = {...}}).
 local C = require "zrun._C"
+local kw = require "zrun.kwargs"
 local M = {}
 local floor, ceil = math.floor, math.ceil
 
@@ -106,7 +107,7 @@ end
 -- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
 -- any length (so it can split or join rows, like group_texts).
 function Dataset:map(fn, opts)
-  opts = opts or {}
+  opts = kw.check("Dataset:map", opts, { "batched", "batch_size", "remove_columns", "keep", "desc" })
   local out = {}
   if opts.batched then
     local bs = opts.batch_size or 1000
@@ -259,7 +260,7 @@ end
 -- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl", text_field = "text"})
 -- path: a file, or a folder holding wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
 function M.load_dataset(path, opts)
-  opts = opts or {}
+  opts = kw.check("load_dataset", opts, { "split", "format", "text_field" })
   local split = opts.split or "train"
   local base = split:match("^([%w_%-]+)") or split
   local file = path
@@ -297,7 +298,7 @@ end
 -- Rows that carry their own labels (group_texts blocks, as HF's default_data_collator takes them)
 -- keep them, with -100 on the padding. Returns i64 tensors (B, T).
 function M.causal_lm_collator(opts)
-  opts = opts or {}
+  opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of" })
   local pad = opts.pad_token_id
   local multiple = opts.pad_to_multiple_of
   if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
@@ -349,7 +350,7 @@ M.DistributedSampler = Sampler
 
 -- zr.datasets.DistributedSampler.new(n, { rank, world_size, shuffle = true, seed = 0, drop_last = false }).
 function Sampler.new(n, opts)
-  opts = opts or {}
+  opts = kw.check("DistributedSampler.new", opts, { "rank", "world_size", "shuffle", "seed", "drop_last" })
   local self = require("zrun.data").sized({ n = n, rank = opts.rank or 0, world_size = opts.world_size or 1,
     shuffle = opts.shuffle ~= false, seed = opts.seed or 0, drop_last = opts.drop_last or false, epoch = 0 }, Sampler)
   if self.rank < 0 or self.rank >= self.world_size then

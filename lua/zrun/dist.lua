@@ -194,7 +194,10 @@ function M.is_main() return get().rank == 0 end
 -- The collectives work in place on contiguous tensors. With { async_op = true } as the last
 -- argument they return a handle instead; handle:wait() completes it (on a GPU: later kernels
 -- wait for it, the host does not), as torch.distributed's async_op does.
-local function async(o) return type(o) == "table" and o.async_op end
+local function async(o)
+  if type(o) ~= "table" then return false end
+  return require("zrun.kwargs").check("dist collective", o, { "async_op" }).async_op
+end
 function M.all_reduce(t, op, o)
   get()
   if async(op) then op, o = nil, op end

@@ -103,7 +103,8 @@ end
 -- or a zrun.datasets Dataset) with collate_fn, seed, shuffle, lr_scheduler (one of your own), device.
 -- Returns engine, optimizer, dataloader (nil without training_data), lr_scheduler (nil without one).
 function M.initialize(opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("zr.initialize", opts, { "model", "model_parameters", "config", "args",
+    "overrides", "num_training_steps", "training_data", "collate_fn", "seed", "shuffle", "lr_scheduler", "device" })
   local model = opts.model
   if not (type(model) == "table" and Module.is_module(model)) then
     error("zr.initialize: `model` must be an nn.Module", 2)

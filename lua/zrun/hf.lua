@@ -17,6 +17,11 @@ local floor, huge = math.floor, math.huge
 
 local DTYPE_BYTES = { f32 = 4, bf16 = 2, f16 = 2, f64 = 8, i32 = 4, i64 = 8, u8 = 1 }
 local INDEX_NAME, SINGLE_NAME = "model.safetensors.index.json", "model.safetensors"
+local kw = require "zrun.kwargs"
+-- the options each entry point takes (kw.check refuses others, naming the nearest)
+local HUB = { "revision", "cache_dir" }
+local PRETRAINED = { "dtype", "device", "config", "revision", "cache_dir", "threads" }
+local STATE_DICT = { "dtype", "device", "names", "revision", "cache_dir" }
 
 local function join(a, b)
   if a:sub(-1) == "/" then return a .. b end
@@ -157,7 +162,7 @@ end
 -- (models--org--name/refs/<revision> -> snapshots/<hash>). opts: revision (default "main";
 -- a 40-hex commit hash is used directly), cache_dir (default hf.cache_dir()).
 function hf.resolve(ref, opts)
-  opts = opts or {}
+  opts = kw.check("hf.resolve", opts, HUB)
   if type(ref) ~= "string" or ref == "" then
     error(fmt("hf: expected a model directory, a config.json path or a hub id like 'org/name', got %s",
       type(ref) == "string" and "an empty string" or type(ref)), 0)
@@ -212,7 +217,7 @@ end
 -- precision to build a model in, so the file's value is returned as torch_dtype (transformers
 -- keeps "dtype" when a file has both): metadata, as when transformers builds a model from a config.
 function hf.read_config(ref, opts)
-  local dir = hf.resolve(ref, opts)
+  local dir = hf.resolve(ref, kw.check("hf.read_config", opts, HUB))
   local p = join(dir, "config.json")
   if C.path_type(p) ~= "file" then
     error(fmt("%s: missing; a Hugging Face model directory needs a config.json", p), 0)
@@ -225,8 +230,8 @@ end
 -- from_pretrained's config: config.json with opts.config's fields over it (transformers'
 -- keyword arguments), to be built in opts.dtype (default "f32") on opts.device (default "cpu").
 function hf.pretrained_config(ref, opts)
-  opts = opts or {}
-  local cfg, dir = hf.read_config(ref, opts)
+  opts = kw.check("from_pretrained", opts, PRETRAINED)
+  local cfg, dir = hf.read_config(ref, kw.pick(opts, HUB))
   for k, v in pairs(opts.config or {}) do cfg[k] = v end
   cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
   return cfg, dir
@@ -279,8 +284,8 @@ end
 -- (default: as stored), device (default "cpu"), names (a list: load only these), revision,
 -- cache_dir. Returns the state dict and the directory.
 function hf.load_state_dict(ref, opts)
-  opts = opts or {}
-  local dir = hf.resolve(ref, opts)
+  opts = kw.check("hf.load_state_dict", opts, STATE_DICT)
+  local dir = hf.resolve(ref, kw.pick(opts, HUB))
   local files, map = hf.weight_files(dir)
   local lopt = { dtype = opts.dtype, device = opts.device }
   local want
@@ -329,8 +334,8 @@ end
 -- do not match. opts: rename(name) -> the model's key for a file tensor, or nil to skip it
 -- (default: the name itself); threads (default min(8, CPUs)). Returns the directory.
 function hf.load_weights(model, ref, opts)
-  opts = opts or {}
-  local dir = hf.resolve(ref, opts)
+  opts = kw.check("hf.load_weights", opts, { "rename", "threads", "revision", "cache_dir" })
+  local dir = hf.resolve(ref, kw.pick(opts, HUB))
   local files, map = hf.weight_files(dir)
   local rename = opts.rename or function(name) return name end
   local by_file = {}
@@ -368,7 +373,8 @@ end
 
 -- Model directory in one call: config, state dict, directory.
 function hf.load_pretrained(ref, opts)
-  local cfg, dir = hf.read_config(ref, opts)
+  kw.check("hf.load_pretrained", opts, STATE_DICT)
+  local cfg, dir = hf.read_config(ref, kw.pick(opts, HUB))
   local sd = hf.load_state_dict(dir, opts)
   return cfg, sd, dir
 end
@@ -403,7 +409,10 @@ end
 -- shard of its own. opts.metadata defaults to {format="pt"}, which transformers requires.
 -- Returns the list of files written (names relative to dir).
 function hf.save_state_dict(dir, sd, opts)
-  opts = opts or {}
+  opts = kw.check("save_pretrained", opts, { "max_shard_size", "metadata", "safe_serialization" })
+  if opts.safe_serialization == false then
+    error("save_pretrained: safe_serialization = false (pickle files): zrun writes safetensors only", 0)
+  end
   local max = hf.parse_size(opts.max_shard_size or "5GB")
   local meta = opts.metadata or { format = "pt" }
   C.makedirs(dir)

@@ -74,7 +74,8 @@ end
 -- loops stay quiet), out (a function writing a string), clock, width (columns; default the
 -- terminal's), utf8 (block characters; default from the locale).
 function M.new(opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("progress", opts, { "total", "desc", "unit", "initial", "mode", "interval", "lines",
+    "leave", "delay", "out", "clock", "width", "utf8" })
   local self = setmetatable({ total = opts.total, desc = opts.desc or "", unit = opts.unit or "it",
     n = opts.initial or 0, initial = opts.initial or 0, mode = opts.mode or M.mode(), interval = opts.interval or 10,
     lines = opts.lines ~= false, leave = opts.leave ~= false, delay = opts.delay or 0, out = opts.out or out_write,

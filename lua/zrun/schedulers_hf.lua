@@ -183,6 +183,7 @@ HFSchedule.kind = "HFSchedule"
 -- lr_scheduler_kwargs; the initial lr that polynomial and min_lr read is the first group's (HF:
 -- the optimizer's default lr, the Trainer's learning_rate), or o.lr without an optimizer.
 function M.new(name, optimizer, o)
+  o = require("zrun.kwargs").check("schedulers.hf", o, { "num_warmup_steps", "num_training_steps", "kwargs", "lr" })
   local sp = validate(name, o.kwargs)
   local groups, n = S.groups_of(optimizer)
   local self = setmetatable({ name = name, optimizer = optimizer, param_groups = groups, base_lrs = {},

@@ -79,10 +79,10 @@ end
 -- tokenizer_config.json (above); opts.pipeline = "tokenizer.json" keeps the file's pipeline regardless.
 -- tok:save_pretrained(dir) writes the files back.
 function M.load(ref, opts)
+  local pipeline = require("zrun.kwargs").check("tokenizers.load", opts, { "pipeline" }).pipeline or "transformers"
   local path = M.resolve(ref)
   local tok = C.tokenizer_load(path)
   sources[tok] = path
-  local pipeline = opts and opts.pipeline or "transformers"
   if pipeline ~= "transformers" and pipeline ~= "tokenizer.json" then
     error(('tokenizers.load: pipeline must be "transformers" or "tokenizer.json", got %s'):format(tostring(pipeline)), 2)
   end
@@ -149,6 +149,10 @@ local BYTE_SPECIAL = { ["<pad>"] = 0, ["<s>"] = 1, ["</s>"] = 2 }
 -- Hugging Face tokenizer save_pretrained writes, where they are added tokens): a chat template's
 -- eos_token ends a turn with id 2.
 function Byte:encode(text, add_special, max_length)
+  if add_special ~= nil and type(add_special) ~= "boolean" then
+    error(("tok:encode(text [, add_special_tokens [, max_length]]): add_special_tokens must be true or false, got a %s " ..
+      "(the arguments are positional)"):format(type(add_special)), 2)
+  end
   local ids = {}
   if add_special ~= false then ids[1] = 1 end
   local i, n = 1, #text

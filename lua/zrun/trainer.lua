@@ -856,7 +856,7 @@ end
 -- to consolidate the weights into dir/model.safetensors.
 function Trainer:save_model(dir, o)
   self:setup()
-  o = o or {}
+  o = require("zrun.kwargs").check("Trainer:save_model", o, { "in_checkpoint" })
   dir = dir or self.args.output_dir
   local e = self.engine
   local zc = e.config.zero_optimization or {}

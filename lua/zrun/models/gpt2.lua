@@ -250,7 +250,7 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 -- which are not parameters); the tied lm_head.weight is wte. opts as llama.from_pretrained.
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
-  local cfg, dir = hf.pretrained_config(ref, opts)
+  local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(LM, cfg) -- every weight comes from the files
   hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
     if name == "lm_head.weight" or name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$") then

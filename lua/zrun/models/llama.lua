@@ -354,7 +354,7 @@ end
 -- is then read from the files, once, straight into the parameter: hf.load_weights).
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
-  local cfg, dir = hf.pretrained_config(ref, opts)
+  local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(CausalLM, cfg)
   local tied = model.config.tie_word_embeddings
   hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)

@@ -8,7 +8,7 @@ local Embedding = Module:extend("Embedding")
 
 -- Embedding(num_embeddings, embedding_dim [, {dtype=, device=}])
 function Embedding:__init(num_embeddings, embedding_dim, opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("Embedding", opts, { "dtype", "device" })
   assert(type(num_embeddings) == "number" and type(embedding_dim) == "number",
     "Embedding(num_embeddings, embedding_dim [, opts]): sizes must be numbers")
   self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim

@@ -9,7 +9,7 @@ local LayerNorm = Module:extend("LayerNorm")
 -- LayerNorm(dim [, eps=1e-5 [, {elementwise_affine=true, bias=true, dtype=, device=}]])
 function LayerNorm:__init(dim, eps, opts)
   if type(eps) == "table" then opts, eps = eps, nil end
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("LayerNorm", opts, { "eps", "elementwise_affine", "bias", "dtype", "device" })
   assert(type(dim) == "number", "LayerNorm(dim [, eps]): dim must be a number (the last dim's size)")
   self.dim, self.eps = dim, eps or opts.eps or 1e-5
   self.elementwise_affine = opts.elementwise_affine ~= false

@@ -9,7 +9,7 @@ local Linear = Module:extend("Linear")
 -- Linear(in, out [, {bias=true, dtype="f32", device="cpu"}]) or Linear(in, out, false).
 function Linear:__init(in_features, out_features, opts)
   if type(opts) == "boolean" then opts = { bias = opts } end
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("Linear", opts, { "bias", "dtype", "device" })
   assert(type(in_features) == "number" and type(out_features) == "number",
     "Linear(in_features, out_features [, opts]): sizes must be numbers")
   self.in_features, self.out_features = in_features, out_features

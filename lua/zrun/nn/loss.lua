@@ -10,7 +10,7 @@ local reductions = { mean = true, sum = true, none = true }
 
 -- CrossEntropyLoss{ignore_index = -100, reduction = "mean", label_smoothing = 0}
 function CrossEntropyLoss:__init(opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("CrossEntropyLoss", opts, { "ignore_index", "reduction", "label_smoothing" })
   self.ignore_index = opts.ignore_index or -100
   self.reduction = opts.reduction or "mean"
   self.label_smoothing = opts.label_smoothing or 0

@@ -9,7 +9,7 @@ local RMSNorm = Module:extend("RMSNorm")
 -- RMSNorm(dim [, eps=1e-6 [, {elementwise_affine=true, dtype=, device=}]])
 function RMSNorm:__init(dim, eps, opts)
   if type(eps) == "table" then opts, eps = eps, nil end
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("RMSNorm", opts, { "eps", "elementwise_affine", "dtype", "device" })
   assert(type(dim) == "number", "RMSNorm(dim [, eps]): dim must be a number")
   self.dim, self.eps = dim, eps or opts.eps or 1e-6
   self.elementwise_affine = opts.elementwise_affine ~= false
