@@ -201,6 +201,7 @@ end
 -- LlamaForCausalLM's: a loss that will be recorded takes the logits over for its gradient, and
 -- out.logits is then made again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
+  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing" }) end
   local scope = self:temporaries_scope()
   local h = self.transformer(ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are

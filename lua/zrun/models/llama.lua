@@ -245,6 +245,7 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
+  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing" }) end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids)
   local function head()
