@@ -14,10 +14,11 @@
 #define ST_FILE_MT "zr.SafetensorsFile"
 
 /* opts: {dtype=, device=} at idx; dtype -1 means "as stored". */
-static void opt_load(lua_State *L, int idx, int *dt, zr_device *dev) {
+static void opt_load(lua_State *L, int idx, int *dt, zr_device *dev, const char *who, const char *known) {
     *dt = -1;
     *dev = zr_cpu();
     if (!lua_istable(L, idx)) return;
+    zr_l_check_keys(L, idx, who, known);
     lua_getfield(L, idx, "dtype");
     if (!lua_isnil(L, -1)) *dt = (int)zr_l_checkdtype(L, lua_gettop(L));
     lua_pop(L, 1);
@@ -132,7 +133,7 @@ static int f_get(lua_State *L) {
     const char *name = luaL_checkstring(L, 2);
     int dt;
     zr_device dev;
-    opt_load(L, 3, &dt, &dev);
+    opt_load(L, 3, &dt, &dev, "f:get", "dtype device");
     return zr_l_pushtensor(L, zr_safetensors_get(f, name, dt, dev));
 }
 /* f:get_slice(name, start, count [, {dtype=, device=}]) -> 1-D tensor of elements start ..
@@ -144,7 +145,7 @@ static int f_get_slice(lua_State *L) {
     int64_t start = (int64_t)luaL_checknumber(L, 3), count = (int64_t)luaL_checknumber(L, 4);
     int dt;
     zr_device dev;
-    opt_load(L, 5, &dt, &dev);
+    opt_load(L, 5, &dt, &dev, "f:get_slice", "dtype device");
     const zr_safetensors_entry *e = zr_safetensors_find(f, name);
     if (!e) return zr_l_pushtensor(L, zr_safetensors_get(f, name, dt, dev)); /* raises "no tensor named" */
     if (start < 1 || count < 0 || start - 1 + count > e->numel) {
@@ -187,7 +188,7 @@ static int l_load_safetensors(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
     int dt;
     zr_device dev;
-    opt_load(L, 2, &dt, &dev);
+    opt_load(L, 2, &dt, &dev, "load_safetensors", "dtype device names");
     int names_idx = 0;
     if (lua_istable(L, 2)) {
         lua_getfield(L, 2, "names");

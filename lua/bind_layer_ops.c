@@ -85,6 +85,7 @@ static int l_rope_tables(lua_State *L) {
     zr_dtype dt = ZR_F32;
     zr_device dev = zr_cpu();
     if (lua_istable(L, 3)) {
+        zr_l_check_keys(L, 3, "rope_tables", "theta rope_theta offset rope_scaling dtype device");
         c.theta = field_number(L, 3, "theta", "rope_theta", c.theta, 0);
         c.offset = (int64_t)field_number(L, 3, "offset", NULL, 0, 0);
         zr_l_opt_dtype_device(L, 3, &dt, &dev);
@@ -161,6 +162,7 @@ static int l_sdpa(lua_State *L) {
     double scale = 0;
     if (lua_type(L, 4) == LUA_TNUMBER) scale = lua_tonumber(L, 4);
     else if (lua_istable(L, 4)) {
+        zr_l_check_keys(L, 4, "scaled_dot_product_attention", "is_causal scale");
         lua_getfield(L, 4, "is_causal");
         if (!lua_isnil(L, -1) && !lua_toboolean(L, -1))
             luaL_error(L, "scaled_dot_product_attention: only causal attention is implemented (is_causal=false given)");

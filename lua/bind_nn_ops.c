@@ -83,6 +83,7 @@ static int l_cross_entropy(lua_State *L) {
     double ignore = -100, eps = 0;
     int red = ZR_LOSS_MEAN, inplace = 0;
     if (lua_istable(L, 3)) {
+        zr_l_check_keys(L, 3, "cross_entropy", "ignore_index reduction label_smoothing inplace");
         lua_getfield(L, 3, "ignore_index");
         ignore = luaL_optnumber(L, -1, -100);
         lua_getfield(L, 3, "reduction");

@@ -77,6 +77,14 @@ T.test("tensors, layers, schedules, progress bars and collectives", function()
   T.raises(function() model(ids, ids, { label_smoothin = 0.1 }) end,
     "LlamaForCausalLM:forward: unknown option 'label_smoothin' (did you mean 'label_smoothing'?)")
   T.eq(model(ids, ids, { label_smoothing = 0.1 }).loss:numel(), 1)
+  T.raises(function() zr.cross_entropy(zr.zeros({ 2, 4 }), zr.tensor({ 1, 2 }, { dtype = "i64" }), { ignore_idx = -1 }) end,
+    "cross_entropy: unknown option 'ignore_idx'; it takes ignore_index, reduction, label_smoothing, inplace")
+  T.raises(function() zr.rope_tables(4, 8, { base = 10000 }) end, "rope_tables: unknown option 'base'")
+  T.raises(function() local q = zr.zeros({ 1, 1, 2, 4 }); zr.scaled_dot_product_attention(q, q, q, { causal = true }) end,
+    "scaled_dot_product_attention: unknown option 'causal'")
+  zr.save_safetensors(tmp .. "/t.safetensors", { x = zr.ones({ 2 }) })
+  T.raises(function() zr.load_safetensors(tmp .. "/t.safetensors", { name = { "x" } }) end,
+    "load_safetensors: unknown option 'name'; it takes dtype, device, names")
   T.raises(function() zr.nn.Linear(2, 3, { bais = false }) end, "Linear: unknown option 'bais' (did you mean 'bias'?)")
   T.eq(zr.nn.Linear(2, 3, { bias = false }).bias, nil)
   T.raises(function() zr.nn.Embedding(4, 2, { padding_idx = 0 }) end, "Embedding: unknown option 'padding_idx'")
