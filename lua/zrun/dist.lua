@@ -191,13 +191,14 @@ function M.launcher() return get().launcher end
 -- Whether this is rank 0 (the one that prints and writes files, as print0 does).
 function M.is_main() return get().rank == 0 end
 
--- The collectives work in place on contiguous tensors. With { async_op = true } as the last
--- argument they return a handle instead; handle:wait() completes it (on a GPU: later kernels
--- wait for it, the host does not), as torch.distributed's async_op does.
-local function async(o)
+local function async(o) -- (the options table's async_op; another key is refused)
   if type(o) ~= "table" then return false end
   return require("zrun.kwargs").check("dist collective", o, { "async_op" }).async_op
 end
+
+-- The collectives work in place on contiguous tensors. With { async_op = true } as the last
+-- argument they return a handle instead; handle:wait() completes it (on a GPU: later kernels
+-- wait for it, the host does not), as torch.distributed's async_op does.
 function M.all_reduce(t, op, o)
   get()
   if async(op) then op, o = nil, op end
