@@ -35,6 +35,14 @@ local function hms(s)
   return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
 end
 
+-- transformers' default logging_dir: output_dir/runs/<Mon DD_HH-MM-SS>_<host>
+local function default_logging_dir(output_dir)
+  local f = io.open("/proc/sys/kernel/hostname", "rb")
+  local host = f and f:read("*l") or os.getenv("HOSTNAME") or "localhost"
+  if f then f:close() end
+  return fmt("%s/runs/%s_%s", output_dir, os.date("%b%d_%H-%M-%S"), host)
+end
+
 -- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
 -- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
@@ -75,6 +83,11 @@ function Trainer.new(opts)
   end or plain
   self.state = { global_step = 0, epoch = 0, log_history = {}, num_input_tokens_seen = 0 }
   self.callbacks, self.control = cbs.check(opts.callbacks), cbs.new_control() -- zrun.trainer_callbacks
+  if self.args.report_to[1] == "tensorboard" then -- (a copy: the caller's list stays as it was)
+    local list = { cbs.TensorBoardCallback(self.args.logging_dir or default_logging_dir(self.args.output_dir)) }
+    for _, cb in ipairs(self.callbacks) do list[#list + 1] = cb end
+    self.callbacks = list
+  end
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })

@@ -21,15 +21,15 @@ M.DEFAULTS = {
   length_column_name = "length", auto_find_batch_size = false, dataloader_drop_last = false,
   ddp_timeout = false, -- (false: ZRUN_COMM_TIMEOUT / DEEPSPEED_TIMEOUT, else 1800 s, transformers' default too)
   torch_empty_cache_steps = false,
+  report_to = "none", logging_dir = false, -- (TensorBoard: zrun.trainer_callbacks.TensorBoardCallback)
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
 
 -- Keys that change nothing in zrun (logging integrations, worker processes): accepted with a warning.
 M.NO_EFFECT = {
-  report_to = "zrun writes metrics.jsonl in output_dir; there are no reporting integrations",
   run_name = "used only by reporting integrations", disable_tqdm = "zrun prints one line per logging step",
-  logging_dir = "metrics go to output_dir/metrics.jsonl", dataloader_num_workers = "batches are built in-process",
+  dataloader_num_workers = "batches are built in-process",
   dataloader_pin_memory = "batches are built in-process", dataloader_persistent_workers = "batches are built in-process",
   dataloader_prefetch_factor = "batches are built in-process",
   use_liger_kernel = "zrun's Llama runs fused kernels of its own (RMSNorm, rope, SwiGLU; the cross-entropy writes its " ..
@@ -64,6 +64,7 @@ M.REPLACED = { group_by_length = 'train_sampling_strategy = "group_by_length"' }
 
 local STRATEGIES = { no = true, steps = true, epoch = true }
 
+
 local function sorted_keys(t)
   local out = {}
   for k in pairs(t) do out[#out + 1] = k end
@@ -72,6 +73,22 @@ local function sorted_keys(t)
 end
 
 local function bad(msg, ...) error("TrainingArguments: " .. fmt(msg, ...), 0) end
+
+-- report_to (a name, a list of names, "all" or "none") as the list of integrations to run: zrun has
+-- TensorBoard's ("all" is the ones installed: TensorBoard here); another is refused with what to do.
+function M.report_to(v)
+  local list = type(v) == "table" and v or { v }
+  local out = {}
+  for _, name in ipairs(list) do
+    if name == "tensorboard" or name == "all" then out[1] = "tensorboard"
+    elseif name ~= "none" and name ~= nil then
+      if type(name) ~= "string" then bad("report_to must be a name or a list of names, got %s", config.show(name)) end
+      bad("report_to = %s: zrun's Trainer reports to TensorBoard only (report_to = \"tensorboard\": event files in " ..
+        "logging_dir, which trackers such as wandb, mlflow or comet import) besides output_dir/metrics.jsonl", config.show(name))
+    end
+  end
+  return out
+end
 
 local function check_int(a, k, min)
   local v = a[k]
@@ -169,6 +186,12 @@ function M.resolve(user, quiet)
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   if a.torch_empty_cache_steps then check_int(a, "torch_empty_cache_steps", 1) end
+  a.report_to = M.report_to(a.report_to)
+  if a.logging_dir and type(a.logging_dir) ~= "string" then bad("logging_dir must be a directory path, got %s", config.show(a.logging_dir)) end
+  if given.logging_dir and #a.report_to == 0 and not quiet then
+    require("zrun.dist").print0("[zrun] Trainer: logging_dir not used: report_to is \"none\" (transformers 5's default); " ..
+      "report_to = \"tensorboard\" writes its event files there")
+  end
   if a.ddp_timeout then check_int(a, "ddp_timeout", 1) end -- (seconds every collective may take; the Trainer sets it)
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end

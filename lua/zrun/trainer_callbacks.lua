@@ -64,6 +64,32 @@ function M.call(list, event, args, state, control, extra, kw)
   end
 end
 
+-- transformers' TensorBoardCallback (report_to = "tensorboard"): on rank 0, every logged record as scalars
+-- at the global step, its keys as transformers' rewrite_logs names them (eval_x -> eval/x, test_x ->
+-- test/x, the others train/x; the step itself is the x axis), into an event file in log_dir (created at
+-- the first record), flushed each time; closed at the end of training.
+local TB = { name = "TensorBoardCallback" }
+TB.__index = TB
+
+function M.TensorBoardCallback(log_dir) return setmetatable({ log_dir = log_dir }, TB) end
+
+function TB:on_log(args, state, control, logs)
+  if dist.rank() ~= 0 or type(logs) ~= "table" then return end
+  self.writer = self.writer or require("zrun.monitor.tensorboard").new(self.log_dir)
+  local keys = {}
+  for k, v in pairs(logs) do if k ~= "step" and type(v) == "number" then keys[#keys + 1] = k end end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    local tag = k:match("^eval_(.+)") and "eval/" .. k:sub(6) or k:match("^test_(.+)") and "test/" .. k:sub(6) or "train/" .. k
+    self.writer:add_scalar(tag, logs[k], state.global_step)
+  end
+  self.writer:flush()
+end
+
+function TB:on_train_end()
+  if self.writer then self.writer:close(); self.writer = nil end
+end
+
 -- transformers' EarlyStoppingCallback: stops training once the evaluation's metric_for_best_model
 -- has not improved on the best so far (by more than early_stopping_threshold) early_stopping_patience
 -- evaluations in a row. Its counter is saved in trainer_state.json and restored on resume.

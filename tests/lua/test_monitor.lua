@@ -172,4 +172,47 @@ T.test("monitors off, or not rank 0: nothing is written", function()
   T.eq(require("zrun.monitor").log_dir({ output_path = "/a/b/", job_name = "j" }), "/a/b/j")
 end)
 
+T.test("the Trainer's report_to = \"tensorboard\": transformers' tags at the global step, in logging_dir", function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  local tok = zr.tokenizers.ByteTokenizer.new()
+  local ds = T.sample_rows(tok):group_texts(32)
+  local function trainer(a)
+    zr.manual_seed(3)
+    local args = { max_steps = 4, logging_steps = 1, eval_strategy = "steps", eval_steps = 2, save_strategy = "no",
+      output_dir = dir .. "/out", learning_rate = 3e-3 }
+    for k, v in pairs(a) do args[k] = v end
+    return zr.Trainer { model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")),
+      train_dataset = ds:select(1, 32), eval_dataset = ds:select(33, 40), args = args }
+  end
+  local t = trainer { report_to = { "tensorboard" }, logging_dir = dir .. "/tb" }
+  t:train()
+  local names = zr._C.listdir(dir .. "/tb")
+  T.eq(#names, 1, "one event file")
+  local seen = {}
+  for i, rec in ipairs(tfrecord.read(read_file(dir .. "/tb/" .. names[1]))) do
+    local ev = fields(rec)
+    if i > 1 then
+      local v = fields(fields(ev[5][1])[1][1])
+      local tag, step = v[1][1], ev[2] and ev[2][1] or 0
+      seen[tag] = seen[tag] or {}
+      seen[tag][step] = f32(v[2][1])
+    end
+  end
+  for _, r in ipairs(t.state.log_history) do
+    if r.loss then T.near(seen["train/loss"][r.step], r.loss, 1e-6, 1e-6, "train/loss at step " .. r.step) end
+    if r.learning_rate then T.near(seen["train/learning_rate"][r.step], r.learning_rate, 1e-9, 1e-6) end
+    if r.eval_loss then T.near(seen["eval/loss"][r.step], r.eval_loss, 1e-6, 1e-6, "eval/loss at step " .. r.step) end
+  end
+  T.eq(seen["eval/loss"][2] ~= nil and seen["eval/loss"][4] ~= nil and seen["train/loss"][4] ~= nil, true)
+  T.eq(seen["train/step"] == nil and seen["train/eval_loss"] == nil, true, "the step is the axis; eval_ keys under eval/")
+  -- the default directory: output_dir/runs/<Mon DD_HH-MM-SS>_<host>; other integrations refused
+  trainer({ report_to = "all", max_steps = 1, eval_strategy = "no" }):train()
+  local runs = zr._C.listdir(dir .. "/out/runs")
+  T.eq(#runs == 1 and runs[1]:match("^%u%l%l%d%d_%d%d%-%d%d%-%d%d_") ~= nil, true, tostring(runs[1]))
+  T.raises(function() trainer { report_to = "wandb" } end, 'report_to = "wandb": zrun\'s Trainer reports to TensorBoard only')
+  local said = T.printed(trainer, { logging_dir = dir .. "/x" })
+  assert(said:find("logging_dir not used: report_to is \"none\"", 1, true), said)
+end)
+
 T.done()
