@@ -150,6 +150,13 @@ if trainer.args.eval_on_start and not args.resume_from_checkpoint then before = 
 -- (eval_steps may have just evaluated the final weights)
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
 trainer:save_model()
+-- run_clm.py's reports: train_results.json, eval_results.json, all_results.json, trainer_state.json
+local train_metrics = { train_samples = #train_dataset.rows }
+for k, v in pairs(res.metrics) do train_metrics[k] = v end
+trainer:log_metrics("train", train_metrics); trainer:save_metrics("train", train_metrics); trainer:save_state()
+local eval_metrics = { eval_samples = #eval_dataset.rows, perplexity = after.eval_perplexity }
+for k, v in pairs(after) do if k:match("^eval_") or k == "epoch" then eval_metrics[k] = v end end
+trainer:log_metrics("eval", eval_metrics); trainer:save_metrics("eval", eval_metrics)
 -- the training loss as logged: first and last window, or the one window when only one was logged
 local loss = (res.n_logged or 0) > 1 and ("loss %.3f -> %.3f"):format(res.first_loss, res.last_loss)
   or ("loss %.3f (one logging window)"):format(res.last_loss or 0 / 0)

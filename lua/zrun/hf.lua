@@ -106,7 +106,7 @@ end
 -- to_json_string, or on one line (ind nil). Empty tables encode as {}. floats: key names whose
 -- whole-number values are written as floats ("1.0"), as Python writes a float field (Lua numbers
 -- do not say which they are).
-local function encode(v, ind, floats, key)
+local function encode(v, ind, floats, key, step)
   local tv = type(v)
   if v == nil or v == cjson.null then return "null" end
   if tv == "boolean" then return tostring(v) end
@@ -117,22 +117,23 @@ local function encode(v, ind, floats, key)
   end
   if tv == "string" then return json_string(v) end
   if tv ~= "table" then error("encode_json: cannot encode a " .. tv, 0) end
-  local inner = ind and ind .. "  "
+  local inner = ind and ind .. (step or "  ")
   local open, sep, close = "", ",", ""
   if ind then open, sep, close = "\n" .. inner, ",\n" .. inner, "\n" .. ind end
   local parts = {}
   if is_array(v) then
-    for i = 1, #v do parts[i] = encode(v[i], inner, floats, key) end
+    for i = 1, #v do parts[i] = encode(v[i], inner, floats, key, step) end
     return "[" .. open .. concat(parts, sep) .. close .. "]"
   end
   for _, k in ipairs(sorted_keys(v)) do
-    parts[#parts + 1] = json_string(tostring(k)) .. (ind and ": " or ":") .. encode(v[k], inner, floats, k)
+    parts[#parts + 1] = json_string(tostring(k)) .. (ind and ": " or ":") .. encode(v[k], inner, floats, k, step)
   end
   if #parts == 0 then return "{}" end
   return "{" .. open .. concat(parts, sep) .. close .. "}"
 end
--- encode (above) with a trailing newline: how transformers writes its config files.
-function hf.encode_json(v, floats) return encode(v, "", floats) .. "\n" end
+-- encode (above) with a trailing newline: how transformers writes its config files. indent: spaces a
+-- level (default 2; the Trainer's *_results.json files have 4).
+function hf.encode_json(v, floats, indent) return encode(v, "", floats, nil, indent and (" "):rep(indent)) .. "\n" end
 -- One line of JSON (a metrics.jsonl record): sorted keys, numbers as encode_json writes them
 -- (non-finite ones too, where cjson.encode refuses them).
 function hf.encode_json_line(v) return encode(v) end

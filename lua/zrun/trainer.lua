@@ -91,19 +91,13 @@ function Trainer.new(opts)
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
+require("zrun.trainer_report").install(Trainer) -- log_metrics, save_metrics, save_state, add/pop/remove_callback
 
 -- HF's grouping (get_decay_parameter_names): no weight decay for biases and for the parameters of
 -- normalisation layers, found by the module's class (LayerNorm, RMSNorm and their subclasses).
 local function is_norm(m)
   local nn = zr.nn
-  local mt = getmetatable(m)
-  if mt == nn.LayerNorm.__mt or mt == nn.RMSNorm.__mt then return true end
-  local c = m.__super
-  while c do
-    if c == nn.LayerNorm or c == nn.RMSNorm then return true end
-    c = c.__super
-  end
-  return false
+  return nn.Module.isinstance(m, nn.LayerNorm) or nn.Module.isinstance(m, nn.RMSNorm)
 end
 
 -- The optimizer's parameter groups as HF builds them: { params, weight_decay } for the weights that
@@ -483,6 +477,7 @@ function Trainer:train(resume)
   local rows = self.train_dataset.rows
   e:train()
   local t_start, t_log, tokens = C.now(), C.now(), 0
+  local flops_per_token = 6 * self.model:num_parameters(false, true) -- (transformers' 6 N per input token, N without embeddings)
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
   -- pending_w: each loss's weight (below; a micro-batch with no label to predict counts 0, as in HF),
@@ -657,6 +652,7 @@ function Trainer:train(resume)
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
+        st.total_flos = (st.total_flos or 0) + flops_per_token * ids:numel() * W -- (transformers' floating_point_ops)
         if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
           seen_local = seen_local + (count_seen == "non_padding" and batch.attention_mask and
             batch.attention_mask:to("f64"):sum():item() or ids:numel())
@@ -698,10 +694,12 @@ function Trainer:train(resume)
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
   local steps = self:step_count()
-  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, step = steps,
+  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, total_flos = st.total_flos or 0,
     train_steps_per_second = (steps - start_step) / math.max(runtime, 1e-9),
     train_samples_per_second = (steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
-  self:log(metrics)
+  local rec = { step = steps } -- (the log record has the step, as transformers' log_history; the metrics do not)
+  for k, v in pairs(metrics) do rec[k] = v end
+  self:log(rec)
   self:callback("on_train_end")
   return { global_step = steps, train_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
@@ -794,6 +792,7 @@ function Trainer:load_checkpoint(path)
   st.global_step, st.epoch = self:step_count(), saved.epoch or 0
   st.log_history = saved.log_history or {}
   st.num_input_tokens_seen = saved.num_input_tokens_seen or 0
+  st.total_flos = saved.total_flos or 0
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
   for _, cb in ipairs(self.callbacks) do
@@ -841,18 +840,7 @@ function Trainer:save_checkpoint()
     if C.path_type(best) == "dir" then st.best_model_checkpoint = best end
   end
   if self.is_main then
-    local out = {}
-    for k, v in pairs(st) do out[k] = v end
-    out.is_hyper_param_search, out.is_local_process_zero, out.is_world_process_zero = false, true, true
-    out.total_flos, out.num_input_tokens_seen = 0, st.num_input_tokens_seen or 0
-    -- what the data position after a resume depends on; HF ignores a callback it does not know
-    out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
-      per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
-      data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. step } } }
-    for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
-      if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
-    end
-    tckpt.write_state(dir, out)
+    tckpt.write_state(dir, self:state_json(step))
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
       print(fmt("[zrun] deleted older checkpoint %s (save_total_limit = %d)", p, a.save_total_limit))
@@ -898,6 +886,24 @@ function Trainer:save_model(dir, o)
   end
   dist.barrier()
   return gather and true or false
+end
+
+-- trainer_state.json's fields for a state at `step` (transformers' TrainerState.save_to_json): the
+-- state, the process flags, and the stateful callbacks (ZrunTrainer's: what the data position after a
+-- resume depends on; HF ignores a callback it does not know).
+function Trainer:state_json(step)
+  local a, st = self.args, self.state
+  local out = {}
+  for k, v in pairs(st) do out[k] = v end
+  out.is_hyper_param_search, out.is_local_process_zero, out.is_world_process_zero = false, true, true
+  out.total_flos, out.num_input_tokens_seen = st.total_flos or 0, st.num_input_tokens_seen or 0
+  out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
+    per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
+    data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. step } } }
+  for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
+    if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
+  end
+  return out
 end
 
 -- An out-of-memory error gets the predicted plan and the cheapest settings that fit beside the

@@ -255,11 +255,32 @@ function Module:buffers(recurse)
   return l
 end
 
--- Number of parameter elements (tied weights counted once); trainable_only skips frozen ones.
-function Module:num_parameters(trainable_only)
+-- Whether m is an instance of cls or of a class derived from it (Python's isinstance).
+function Module.isinstance(m, cls)
+  if type(m) ~= "table" then return false end
+  if getmetatable(m) == cls.__mt then return true end
+  local c = m.__super
+  while c do
+    if c == cls then return true end
+    c = c.__super
+  end
+  return false
+end
+
+-- Number of parameter elements (tied weights counted once); trainable_only skips frozen ones;
+-- exclude_embeddings the weights of Embedding modules (and a head tied to one), as transformers'
+-- num_parameters(exclude_embeddings=True) counts them for its FLOPs estimate.
+function Module:num_parameters(trainable_only, exclude_embeddings)
+  local skip = {}
+  if exclude_embeddings then
+    local Embedding = require("zrun.nn").Embedding
+    for _, m in ipairs(self:modules()) do
+      if Module.isinstance(m, Embedding) and m.weight then skip[m.weight] = true end
+    end
+  end
   local n = 0
   for _, p in ipairs(self:parameters()) do
-    if not trainable_only or p.requires_grad then n = n + p:numel() end
+    if (not trainable_only or p.requires_grad) and not skip[p] then n = n + p:numel() end
   end
   return n
 end
