@@ -477,7 +477,6 @@ function Trainer:train(resume)
   local rows = self.train_dataset.rows
   e:train()
   local t_start, t_log, tokens = C.now(), C.now(), 0
-  local flops_per_token = 6 * self.model:num_parameters(false, true) -- (transformers' 6 N per input token, N without embeddings)
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
   -- pending_w: each loss's weight (below; a micro-batch with no label to predict counts 0, as in HF),
@@ -540,12 +539,16 @@ function Trainer:train(resume)
     self.total_steps, self.steps_per_epoch, W, bs, gas, e.stage, e.precision, e.grad_dtype,
     path and fmt(", resumed from %s at step %d", path, start_step) or ""))
 
-  local count_seen, seen_local = a.include_num_input_tokens_seen ~= "no" and a.include_num_input_tokens_seen, 0
+  -- this rank's input tokens seen and training FLOPs (transformers' floating_point_ops: 6 x the non-embedding
+  -- parameters x the input tokens) since the last sync; summed over the ranks into the state at each log and save
+  local count_seen, seen_local, flos_local = a.include_num_input_tokens_seen ~= "no" and a.include_num_input_tokens_seen, 0, 0
+  local flops_per_token = 6 * self.model:num_parameters(false, true)
   local function sync_seen() -- collective: every rank logs and saves at the same steps
-    if not count_seen then return end
-    local t = zr.tensor({ seen_local }, { dtype = "f64" })
-    dist.all_reduce(t, "sum")
-    st.num_input_tokens_seen, seen_local = st.num_input_tokens_seen + floor(t:item() + 0.5), 0
+    local t = zr.tensor({ seen_local, flos_local }, { dtype = "f64" })
+    if W > 1 then dist.all_reduce(t, "sum") end
+    local sums = t:flat_table()
+    if count_seen then st.num_input_tokens_seen = st.num_input_tokens_seen + floor(sums[1] + 0.5) end
+    st.total_flos, seen_local, flos_local = (st.total_flos or 0) + sums[2], 0, 0
   end
   -- Full Lua collections before backward (C.collect_tensor_garbage) walk the whole heap, the datasets'
   -- rows included; zrun's models and this loop free their tensors so none runs. Where they take more
@@ -652,7 +655,7 @@ function Trainer:train(resume)
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
-        st.total_flos = (st.total_flos or 0) + flops_per_token * ids:numel() * W -- (transformers' floating_point_ops)
+        flos_local = flos_local + flops_per_token * ids:numel()
         if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
           seen_local = seen_local + (count_seen == "non_padding" and batch.attention_mask and
             batch.attention_mask:to("f64"):sum():item() or ids:numel())
@@ -689,6 +692,7 @@ function Trainer:train(resume)
     end
   end)
   drain()
+  sync_seen() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   local t = zr.tensor({ run_sum / math.max(run_steps, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")

@@ -75,6 +75,12 @@ if mode == "full" then
     assert(l[10] < l[1] - 0.5, ("loss %.4f -> %.4f"):format(l[1], l[10]))
     assert(t.engine.last_grad_norm > 0, "grad_norm 0")
     T.eq(#tckpt.list(work .. "/s" .. stage), 3)
+    -- total_flos: 6 x non-embedding parameters x every rank's input tokens (transformers sums the processes')
+    local a = t.args
+    local tokens = 10 * a.gradient_accumulation_steps * a.per_device_train_batch_size * 24 * dist.world_size()
+    T.eq(t.state.total_flos, 6 * t.model:num_parameters(false, true) * tokens, "total_flos")
+    T.eq(tckpt.read_state(work .. "/s" .. stage .. "/checkpoint-8").total_flos, t.state.total_flos * 8 / 10,
+      "total_flos at checkpoint-8")
   end)
 elseif mode == "resume" then
   test("resume on " .. name .. " gives the uninterrupted losses bit for bit", function()
@@ -84,6 +90,7 @@ elseif mode == "resume" then
     t:train { resume_from_checkpoint = dir .. "/checkpoint-4" }
     local got = losses(t.state.log_history)
     for s = 5, 10 do T.near(got[s], ref[s], 0, 0, "loss at step " .. s) end
+    T.eq(t.state.total_flos, tckpt.read_state(dir .. "/checkpoint-10").total_flos, "total_flos after the resume")
   end)
 elseif mode == "eval" then
   test("evaluate on " .. name .. ": every token once, weighted equally", function()
