@@ -441,8 +441,9 @@ end
 
 -- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
 -- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
--- Returns {global_step=, train_loss= (mean over this run's steps), first_loss=, last_loss= (the first and
--- last logged averages), n_logged= (how many were logged), metrics=}.
+-- Returns {global_step=, train_loss= (mean over this run's steps; also training_loss, TrainOutput's name),
+-- first_loss=, last_loss= (the first and last logged averages), n_logged= (how many were logged), metrics=
+-- (transformers': train_runtime, train_loss, total_flos, epoch, train_samples/steps_per_second)}.
 function Trainer:train(resume)
   if type(resume) == "table" then -- keyword arguments: the one train() reads here (a misspelling would start over)
     for k in pairs(resume) do
@@ -705,7 +706,7 @@ function Trainer:train(resume)
   for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)
   self:callback("on_train_end")
-  return { global_step = steps, train_loss = metrics.train_loss, first_loss = first_loss,
+  return { global_step = steps, train_loss = metrics.train_loss, training_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
 

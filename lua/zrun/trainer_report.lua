@@ -62,6 +62,8 @@ end
 function M.install(Trainer)
   -- Whether this process is rank 0 of the job (transformers' is_world_process_zero).
   function Trainer:is_world_process_zero() return dist.rank() == 0 end
+  -- Whether this process is the first on its node (transformers' is_local_process_zero).
+  function Trainer:is_local_process_zero() return dist.local_rank() == 0 end
 
   -- Prints "***** <split> metrics *****" and each metric (sorted, aligned, as metrics_format writes it),
   -- on rank 0, as transformers' log_metrics.

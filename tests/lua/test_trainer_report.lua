@@ -53,6 +53,8 @@ T.test("train() returns transformers' metrics; total_flos is 6 x non-embedding p
   local tokens = 2 * 2 * 32 -- two steps of two 32-token rows
   T.eq(r.metrics.total_flos, 6 * n * tokens)
   T.eq(r.metrics.step, nil, "the metrics have no step (transformers' do not)")
+  T.eq(r.global_step, 2); T.eq(r.training_loss, r.metrics.train_loss, "TrainOutput's training_loss")
+  T.eq(t:is_world_process_zero() and t:is_local_process_zero(), true)
   T.eq(t.state.log_history[#t.state.log_history].step, 2, "the log record has it")
   for _, k in ipairs { "train_runtime", "train_loss", "epoch", "train_steps_per_second", "train_samples_per_second" } do
     T.eq(type(r.metrics[k]), "number", k)
