@@ -102,8 +102,8 @@ local function from_fields(f)
     zero_optimization = z }
 end
 
--- DeepSpeedPlugin.set_mixed_precision: the precision's section where the config has none (fp16 with
--- auto_cast), a config that enables the other one refused, absent sections disabled
+-- DeepSpeedPlugin.set_mixed_precision: the precision's section where the config has none, a config that
+-- enables the other one refused, absent sections disabled
 local function mixed_precision(cfg, mp, where)
   if mp == nil or mp == "" or mp == "no" then mp = "no"
   elseif mp == "fp8" then
@@ -111,7 +111,9 @@ local function mixed_precision(cfg, mp, where)
   elseif mp ~= "bf16" and mp ~= "fp16" then
     bad("ACCELERATE_MIXED_PRECISION=%s is not no, fp16 or bf16", mp)
   end
-  if mp == "fp16" and cfg.fp16 == nil then cfg.fp16 = { enabled = true, auto_cast = true } end
+  -- (accelerate's fp16 section also has auto_cast = true, DeepSpeed's cast of floating inputs to fp16: a
+  -- language model's inputs are token ids, and zrun would only warn that it has no effect)
+  if mp == "fp16" and cfg.fp16 == nil then cfg.fp16 = { enabled = true } end
   if mp == "bf16" and cfg.bf16 == nil then cfg.bf16 = { enabled = true } end
   if mp ~= "no" then
     local other = mp == "fp16" and "bf16" or "fp16"

@@ -544,7 +544,7 @@ function Trainer:train(resume)
   -- parameters x the input tokens) since the last sync; summed over the ranks into the state at each log and save
   local count_seen, seen_local, flos_local = a.include_num_input_tokens_seen ~= "no" and a.include_num_input_tokens_seen, 0, 0
   local flops_per_token = 6 * self.model:num_parameters(false, true)
-  local function sync_seen() -- collective: every rank logs and saves at the same steps
+  local function sync_counts() -- collective: every rank logs and saves at the same steps
     local t = zr.tensor({ seen_local, flos_local }, { dtype = "f64" })
     if W > 1 then dist.all_reduce(t, "sum") end
     local sums = t:flat_table()
@@ -572,7 +572,7 @@ function Trainer:train(resume)
   end
   local function log_train(s)
     drain()
-    sync_seen()
+    sync_counts()
     local t = zr.tensor({ sum / math.max(isteps, 1) }, { dtype = "f64" })
     dist.all_reduce(t, "avg")
     local avg = t:item()
@@ -614,7 +614,7 @@ function Trainer:train(resume)
       new_best = self:update_best(self:evaluate())
     end
     if save_due(s, epoch_end) or ((ctl.should_save or (a.save_strategy == "best" and new_best)) and self.last_save ~= s) then
-      sync_seen(); self:save_checkpoint()
+      sync_counts(); self:save_checkpoint()
     end
     ctl.should_log, ctl.should_evaluate, ctl.should_save = false, false, false
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
@@ -693,7 +693,7 @@ function Trainer:train(resume)
     end
   end)
   drain()
-  sync_seen() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
+  sync_counts() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   local t = zr.tensor({ run_sum / math.max(run_steps, 1) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")

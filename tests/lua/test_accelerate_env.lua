@@ -33,12 +33,12 @@ T.test("the accelerate config's fields (TRL's deepspeed_zero3.yaml): the plugin'
     zero_optimization = { stage = 3, offload_optimizer = { device = "none" }, offload_param = { device = "none" },
       stage3_gather_16bit_weights_on_model_save = true } })
   T.eq(what, "accelerate's deepspeed_config (ZeRO stage 3, offload optimizer none, param none)")
-  -- defaults: stage 2; numbers for accumulation and clipping; fp16 with auto_cast; the arguments' precision wins
+  -- defaults: stage 2; numbers for accumulation and clipping; fp16; the arguments' precision wins
   cfg = A.deepspeed_config(nil, env { ACCELERATE_USE_DEEPSPEED = "1", ACCELERATE_GRADIENT_ACCUMULATION_STEPS = "4",
     ACCELERATE_GRADIENT_CLIPPING = "0.5", ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE = "cpu", ACCELERATE_MIXED_PRECISION = "fp16" })
   T.eq(cfg.zero_optimization.stage, 2); T.eq(cfg.gradient_accumulation_steps, 4); T.eq(cfg.gradient_clipping, 0.5)
   T.eq(cfg.zero_optimization.offload_optimizer.device, "cpu")
-  T.same(cfg.fp16, { enabled = true, auto_cast = true }); T.same(cfg.bf16, { enabled = false })
+  T.same(cfg.fp16, { enabled = true }); T.same(cfg.bf16, { enabled = false })
   cfg = A.deepspeed_config({ bf16 = true }, env { ACCELERATE_USE_DEEPSPEED = "true", ACCELERATE_MIXED_PRECISION = "no" })
   T.same(cfg.bf16, { enabled = true }, "TrainingArguments' bf16 replaces the launcher's mixed precision, as in transformers")
   T.same(A.deepspeed_config(nil, env { ACCELERATE_USE_DEEPSPEED = "true" }).bf16, { enabled = false })
