@@ -64,7 +64,6 @@ M.REPLACED = { group_by_length = 'train_sampling_strategy = "group_by_length"' }
 
 local STRATEGIES = { no = true, steps = true, epoch = true }
 
-
 local function sorted_keys(t)
   local out = {}
   for k in pairs(t) do out[#out + 1] = k end
