@@ -12,6 +12,7 @@ local ARG_DEFAULTS = {
   per_device_train_batch_size = 8, gradient_accumulation_steps = 1, learning_rate = 5e-5,
   adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8, weight_decay = 0.0,
   warmup_steps = 0, warmup_ratio = 0.0, max_grad_norm = 1.0, bf16 = false, fp16 = false,
+  bf16_full_eval = false, fp16_full_eval = false,
   max_steps = -1, num_train_epochs = 3.0,
 }
 M.ARG_DEFAULTS = ARG_DEFAULTS
@@ -44,6 +45,14 @@ local function arg(ctx, name)
   local v = ctx.args[name]
   if v ~= nil then return v, "args." .. name, true end
   return ARG_DEFAULTS[name], fmt("TrainingArguments default %s=%s", name, show(ARG_DEFAULTS[name])), false
+end
+
+-- "bf16.enabled" / "fp16.enabled": the argument, or its *_full_eval one (transformers fills the section
+-- from args.bf16 or args.bf16_full_eval: under DeepSpeed the engine that trains also evaluates).
+local function precision_arg(ctx, name)
+  local v, note, explicit = arg(ctx, name)
+  if v ~= true and ctx.args[name .. "_full_eval"] == true then return true, "args." .. name .. "_full_eval", true end
+  return v, note, explicit
 end
 
 -- args.bf16 / args.fp16 true and the file has no such section: the Hugging Face Trainer turns the
@@ -176,8 +185,8 @@ local AUTO = {
       e1 and e2
   end },
   { "gradient_clipping", function(ctx) return arg(ctx, "max_grad_norm") end },
-  { "fp16.enabled", function(ctx) return arg(ctx, "fp16") end },
-  { "bf16.enabled", function(ctx) return arg(ctx, "bf16") end },
+  { "fp16.enabled", function(ctx) return precision_arg(ctx, "fp16") end },
+  { "bf16.enabled", function(ctx) return precision_arg(ctx, "bf16") end },
   { "optimizer.params.lr", function(ctx) return arg(ctx, "learning_rate") end },
   { "optimizer.params.betas", function(ctx)
     local b1, _, e1 = arg(ctx, "adam_beta1")

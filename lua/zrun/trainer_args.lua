@@ -181,7 +181,7 @@ function M.resolve(user, quiet)
       "strategy or drop length_column_name", config.show(tss))
   end
   for _, k in ipairs { "logging_nan_inf_filter", "eval_on_start", "save_only_model", "average_tokens_across_devices",
-    "auto_find_batch_size", "dataloader_drop_last" } do
+    "auto_find_batch_size", "dataloader_drop_last", "bf16_full_eval", "fp16_full_eval" } do
     if type(a[k]) ~= "boolean" then bad("%s must be true or false, got %s", k, config.show(a[k])) end
   end
   if a.torch_empty_cache_steps then check_int(a, "torch_empty_cache_steps", 1) end

@@ -264,6 +264,21 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
 end)
 
 -- One step of a Trainer with `args` (and defaults for the rest); returns the "[zrun] Trainer:" lines it printed.
+T.test("bf16_full_eval / fp16_full_eval fill the config's \"auto\" precision, as transformers fills DeepSpeed's", function()
+  local function precision(a)
+    a.max_steps = 1
+    local t = zr.Trainer { model = model(), train_dataset = train_ds, args = a }
+    t:setup()
+    return t.engine.precision
+  end
+  T.eq(precision { bf16_full_eval = true }, "bf16")
+  T.eq(precision { fp16_full_eval = true }, "f16")
+  T.eq(precision { bf16_full_eval = false }, "f32")
+  T.raises(function() precision { bf16_full_eval = true, deepspeed = { train_micro_batch_size_per_gpu = "auto",
+    bf16 = { enabled = false } } } end, "bf16.enabled = false (file) but args.bf16_full_eval = true")
+  T.raises(function() precision { bf16_full_eval = "yes" } end, "bf16_full_eval must be true or false")
+end)
+
 T.test("ddp_timeout (transformers' collective deadline, seconds) sets zrun's from the Trainer's set-up on", function()
   local function new(a) return zr.Trainer { model = model(), train_dataset = train_ds, args = a } end
   T.raises(function() new { ddp_timeout = 0 } end, "ddp_timeout must be an integer >= 1, got 0")
