@@ -25,7 +25,7 @@ local gib = require("zrun.format").human
 -- Returns {rows = {{module=, shape=, params=, count=, total=}}, total=, largest_layer=, tied=, text=}
 -- and prints the table (opts.quiet to not print).
 function M.describe(x, opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("memory.describe", opts, { "quiet" })
   local total, largest, list, r = E.count(x)
   local rows, by = {}, {}
   for _, p in ipairs(list) do

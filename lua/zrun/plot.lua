@@ -148,7 +148,7 @@ end
 
 -- Draws x (see run_of): prints the text chart; opts.svg = path writes the SVG too; opts.ascii.
 function M.show(x, opts)
-  opts = opts or {}
+  opts = require("zrun.kwargs").check("plot", opts, { "svg", "width", "rows", "ascii" })
   local run = M.run_of(x)
   io.stdout:write(require("zrun.plot_text").render(run, opts))
   if opts.svg then

@@ -93,6 +93,8 @@ T.test("tensors, layers, schedules, progress bars and collectives", function()
   T.raises(function() zr.nn.CrossEntropyLoss { ignore_idx = 0 } end, "CrossEntropyLoss: unknown option 'ignore_idx'")
   T.raises(function() zr.schedulers.hf("linear", nil, { warmup_steps = 2, num_training_steps = 4, lr = 1 }) end,
     "schedulers.hf: unknown option 'warmup_steps'")
+  T.raises(function() zr.memory.describe(model, { quite = true }) end, "memory.describe: unknown option 'quite'")
+  T.raises(function() require("zrun.plot").show({ records = {} }, { svgs = "x.svg" }) end, "plot: unknown option 'svgs'")
   T.raises(function() zr.progress.new { totl = 3 } end, "progress: unknown option 'totl' (did you mean 'total'?)")
   T.raises(function() zr.dist.all_reduce(zr.ones({ 2 }), { async = true }) end,
     "dist collective: unknown option 'async' (did you mean 'async_op'?)")
