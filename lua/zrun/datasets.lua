@@ -236,6 +236,19 @@ end
 -- them needs no text field.
 local SFT_FIELDS = { "messages", "prompt", "completion", "conversations", "input_ids" }
 
+-- A row read from JSON: an object holding the text field (or a chat / instruction format's fields
+-- unless the text field was named); where: "path:line" or "path: row i" for the errors.
+local function check_row(where, obj, field, explicit)
+  if type(obj) ~= "table" or (next(obj) ~= nil and obj[1] ~= nil) then error(("%s: a row must be a JSON object"):format(where), 0) end
+  local sft = false
+  if not explicit then for _, k in ipairs(SFT_FIELDS) do sft = sft or obj[k] ~= nil end end
+  if field and not sft and obj[field] == nil then
+    error(("%s: no field '%s' in this row (rows hold text_field or a chat / instruction format's fields: %s)")
+      :format(where, field, table.concat(SFT_FIELDS, ", ")), 0)
+  end
+  return obj
+end
+
 local function read_jsonl(path, field, explicit)
   local cjson = require "cjson"
   local rows, ln = {}, 0
@@ -244,23 +257,44 @@ local function read_jsonl(path, field, explicit)
     if line:find("%S") then
       local ok, obj = pcall(cjson.decode, line)
       if not ok then error(("%s:%d: invalid JSON: %s"):format(path, ln, obj), 0) end
-      if type(obj) ~= "table" then error(("%s:%d: a row must be a JSON object"):format(path, ln), 0) end
-      local sft = false
-      if not explicit then for _, k in ipairs(SFT_FIELDS) do sft = sft or obj[k] ~= nil end end
-      if field and not sft and obj[field] == nil then
-        error(("%s:%d: no field '%s' in this row (rows hold text_field or a chat / instruction format's fields: %s)")
-          :format(path, ln, field, table.concat(SFT_FIELDS, ", ")), 0)
-      end
-      rows[#rows + 1] = obj
+      rows[#rows + 1] = check_row(("%s:%d"):format(path, ln), obj, field, explicit)
     end
   end
   return rows
 end
 
--- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl", text_field = "text"})
--- path: a file, or a folder holding wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
+-- A .json file as HF's json builder reads it: a list of row objects, the list under `key` of one object
+-- (load_dataset's field), or JSON Lines.
+local function read_json(path, field, explicit, key)
+  local f, err = io.open(path, "rb")
+  if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
+  local data = f:read("*a")
+  f:close()
+  local first = data:match("^%s*(.)")
+  local whole_ok, whole = pcall(require("cjson").decode, data)
+  if first ~= "[" and not key then
+    if whole_ok and type(whole) == "table" and first == "{" and data:find("}%s*{") == nil then
+      error(("%s holds one JSON object, not rows: pass field = the key of its list of rows (HF's load_dataset(\"json\", " ..
+        "field=...)), or write the rows as a list or as JSON Lines"):format(path), 0)
+    end
+    return read_jsonl(path, field, explicit)
+  end
+  if not whole_ok then error(("%s: invalid JSON: %s"):format(path, whole), 0) end
+  local list = key and type(whole) == "table" and whole[key] or whole
+  if key and type(whole) == "table" and whole[key] == nil then error(("%s: no field '%s' at the top level"):format(path, key), 0) end
+  if type(list) ~= "table" or (next(list) ~= nil and list[1] == nil) then
+    error(("%s%s is not a list of rows"):format(path, key and (": field '" .. key .. "'") or ""), 0)
+  end
+  for i, obj in ipairs(list) do check_row(("%s: row %d"):format(path, i), obj, field, explicit) end
+  return list
+end
+
+-- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json", text_field = "text",
+-- field = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list under that key
+-- of one object, as HF's json builder reads it; .raw: wikitext; else text lines), or a folder holding
+-- wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
 function M.load_dataset(path, opts)
-  opts = kw.check("load_dataset", opts, { "split", "format", "text_field" })
+  opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field" })
   local split = opts.split or "train"
   local base = split:match("^([%w_%-]+)") or split
   local file = path
@@ -277,13 +311,16 @@ function M.load_dataset(path, opts)
   elseif not exists(path) then
     error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(path), 0)
   end
-  local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.raw$") and "wikitext") or "text"
+  local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.json$") and "json")
+    or (file:match("%.raw$") and "wikitext") or "text"
+  if opts.field ~= nil and format ~= "json" then error("load_dataset: field is read from .json files (format = \"json\") only", 0) end
   local rows
   if format == "jsonl" then rows = read_jsonl(file, opts.text_field or "text", opts.text_field ~= nil)
+  elseif format == "json" then rows = read_json(file, opts.text_field or "text", opts.text_field ~= nil, opts.field)
   elseif format == "wikitext" then rows = read_lines(file, true)
   elseif format == "text" then rows = read_lines(file, false)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
-  else error(("unknown dataset format '%s' (wikitext, text or jsonl)"):format(format), 0) end
+  else error(("unknown dataset format '%s' (wikitext, text, jsonl or json)"):format(format), 0) end
   local _, first, last = M.parse_split(split, #rows)
   local ds = adopt(rows)
   if first ~= 1 or last ~= #rows then ds = ds:select(first, last) end

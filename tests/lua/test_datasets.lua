@@ -34,6 +34,26 @@ T.test("text and jsonl files", function()
 end)
 os.remove(tmp)
 
+T.test(".json files as HF's json builder reads them: a list of rows, field's list, or JSON Lines", function()
+  local function write(name, text) local p = tmp .. name; local f = io.open(p, "w"); f:write(text); f:close(); return p end
+  -- alpaca_data.json's shape: one list over several lines (it was read as one text row a line)
+  local a = write("a.json", '[\n {"instruction": "a", "output": "b"},\n {"instruction": "c", "output": "d"}\n]\n')
+  local da = D.load_dataset(a, { text_field = "output" })
+  T.eq(#da, 2); T.eq(da[2].instruction, "c")
+  T.raises(function() D.load_dataset(a) end, "a.json: row 1: no field 'text'")
+  local o = write("o.json", '{"version": 2, "data": [{"text": "x"}, {"text": "y"}, {"text": "z"}]}')
+  T.eq(#D.load_dataset(o, { field = "data" }), 3)
+  T.raises(function() D.load_dataset(o) end, "holds one JSON object, not rows: pass field")
+  T.raises(function() D.load_dataset(o, { field = "rows" }) end, "no field 'rows' at the top level")
+  T.raises(function() D.load_dataset(o, { field = "version" }) end, "field 'version' is not a list of rows")
+  local l = write("l.json", '{"text": "a"}\n{"text": "b"}\n')
+  T.eq(D.load_dataset(l)[2].text, "b", "JSON Lines in a .json file")
+  T.raises(function() D.load_dataset(write("n.json", "[1, 2]")) end, "row 1: a row must be a JSON object")
+  T.raises(function() D.load_dataset(l .. "x", { field = "data" }) end, "dataset not found")
+  T.raises(function() D.load_dataset(write("t.txt", "x\n"), { field = "data" }) end, "field is read from .json files")
+  for _, n in ipairs { "a.json", "o.json", "l.json", "n.json", "t.txt" } do os.remove(tmp .. n) end
+end)
+
 if io.open(wiki .. "/wiki.valid.raw") then
   T.test("wikitext validation rows", function()
     local ds = D.load_dataset(wiki, { split = "validation" })
