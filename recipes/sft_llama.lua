@@ -14,7 +14,7 @@ local cli = require("zrun.argparse").new("recipes/sft_llama.lua",
   "Supervised fine-tuning on chat / instruction rows (TRL's SFTTrainer + DeepSpeed).")
 cli:option("model", "meta-llama/Llama-3.2-1B-Instruct", "a Hugging Face model directory or a hub id in the local cache")
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
-cli:option("data", false, "a .jsonl (or .json list) file of chat / instruction rows (default: a built-in set for the tiny model)")
+cli:option("data", false, "a .jsonl (or .json list, or .csv) file of chat / instruction rows (default: a built-in set for the tiny model)")
 cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer") -- (TRL's sft.py names)
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
 R.deepspeed_options(cli)
@@ -52,7 +52,8 @@ end
 -- The rows: a .jsonl file, or (no data given, tiny model) the sample text's sentences as "continue" turns
 local rows
 if opt.data then
-  rows = zr.datasets.load_dataset(opt.data, { format = opt.data:match("%.json$") and "json" or "jsonl" }).rows
+  local ext = opt.data:match("%.(%w+)$")
+  rows = zr.datasets.load_dataset(opt.data, { format = (ext == "json" or ext == "csv") and ext or "jsonl" }).rows
 elseif fallback then
   rows = {}
   for line in io.lines(home .. "/recipes/data/sample.txt") do

@@ -289,9 +289,72 @@ local function read_json(path, field, explicit, key)
   return list
 end
 
--- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json", text_field = "text",
+-- A .csv file as HF's csv builder (pandas.read_csv) reads it: the first record names the columns; fields
+-- separated by commas, "quoted" where they hold commas, quotes ("" for one) or line breaks; a column
+-- whose every non-empty field is a number holds numbers, an empty field is absent (pandas' NaN).
+local function read_csv(path)
+  local f, err = io.open(path, "rb")
+  if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
+  local data = f:read("*a"):gsub("^\239\187\191", "") -- (a UTF-8 byte-order mark is not part of the first name)
+  f:close()
+  local records, rec, field, pos, n, quoted_field = {}, {}, {}, 1, #data, false
+  local function end_field() rec[#rec + 1] = { table.concat(field), quoted_field }; field, quoted_field = {}, false end
+  local function end_record()
+    end_field()
+    if not (#rec == 1 and rec[1][1] == "" and not rec[1][2]) then records[#records + 1] = rec end -- (blank lines skipped)
+    rec = {}
+  end
+  while pos <= n do
+    local c = data:sub(pos, pos)
+    if c == '"' and #field == 0 and not quoted_field then
+      quoted_field = true
+      local close
+      local q = pos + 1
+      while true do
+        close = data:find('"', q, true)
+        if not close then error(("%s: a quoted field opened at byte %d is never closed"):format(path, pos), 0) end
+        if data:sub(close + 1, close + 1) == '"' then q = close + 2 else break end
+      end
+      field[1] = data:sub(pos + 1, close - 1):gsub('""', '"')
+      pos = close + 1
+    elseif c == "," then end_field(); pos = pos + 1
+    elseif c == "\n" or c == "\r" then
+      end_record()
+      pos = pos + ((c == "\r" and data:sub(pos + 1, pos + 1) == "\n") and 2 or 1)
+    else
+      local stop = data:find('[,\r\n]', pos) or n + 1
+      field[#field + 1] = data:sub(pos, stop - 1)
+      pos = stop
+    end
+  end
+  if #field > 0 or #rec > 0 or quoted_field then end_record() end
+  if #records == 0 then error(("%s: no header row (a .csv file names its columns in the first line)"):format(path), 0) end
+  local header = records[1]
+  local numeric = {}
+  for j = 1, #header do numeric[j] = true end
+  for i = 2, #records do
+    if #records[i] ~= #header then
+      error(("%s: record %d has %d fields but the header names %d columns"):format(path, i, #records[i], #header), 0)
+    end
+    for j, fv in ipairs(records[i]) do
+      if fv[1] ~= "" and (fv[2] or not tonumber(fv[1])) then numeric[j] = false end
+    end
+  end
+  local rows = {}
+  for i = 2, #records do
+    local row = {}
+    for j, fv in ipairs(records[i]) do
+      if fv[1] ~= "" or fv[2] then row[header[j][1]] = numeric[j] and tonumber(fv[1]) or fv[1] end
+    end
+    rows[#rows + 1] = row
+  end
+  return rows
+end
+
+-- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json"|"csv", text_field = "text",
 -- field = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list under that key
--- of one object, as HF's json builder reads it; .raw: wikitext; else text lines), or a folder holding
+-- of one object, as HF's json builder reads it; .csv: a header row and records; .raw: wikitext; else text
+-- lines), or a folder holding
 -- wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
 function M.load_dataset(path, opts)
   opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field" })
@@ -312,15 +375,18 @@ function M.load_dataset(path, opts)
     error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(path), 0)
   end
   local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.json$") and "json")
-    or (file:match("%.raw$") and "wikitext") or "text"
+    or (file:match("%.csv$") and "csv") or (file:match("%.raw$") and "wikitext") or "text"
   if opts.field ~= nil and format ~= "json" then error("load_dataset: field is read from .json files (format = \"json\") only", 0) end
   local rows
   if format == "jsonl" then rows = read_jsonl(file, opts.text_field or "text", opts.text_field ~= nil)
   elseif format == "json" then rows = read_json(file, opts.text_field or "text", opts.text_field ~= nil, opts.field)
+  elseif format == "csv" then
+    rows = read_csv(file)
+    for i, r in ipairs(rows) do check_row(("%s: row %d"):format(file, i), r, opts.text_field or "text", opts.text_field ~= nil) end
   elseif format == "wikitext" then rows = read_lines(file, true)
   elseif format == "text" then rows = read_lines(file, false)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
-  else error(("unknown dataset format '%s' (wikitext, text, jsonl or json)"):format(format), 0) end
+  else error(("unknown dataset format '%s' (wikitext, text, jsonl, json or csv)"):format(format), 0) end
   local _, first, last = M.parse_split(split, #rows)
   local ds = adopt(rows)
   if first ~= 1 or last ~= #rows then ds = ds:select(first, last) end

@@ -54,6 +54,27 @@ T.test(".json files as HF's json builder reads them: a list of rows, field's lis
   for _, n in ipairs { "a.json", "o.json", "l.json", "n.json", "t.txt" } do os.remove(tmp .. n) end
 end)
 
+T.test(".csv files as HF's csv builder (pandas) reads them: quoting, line breaks, numeric columns, empty fields", function()
+  local p = tmp .. ".csv"
+  local f = io.open(p, "wb")
+  f:write('\239\187\191prompt,completion,n\r\n"Say ""hi"", please",hello,1\r\nmulti,"line\nvalue",2.5\n\nplain,x,\n')
+  f:close()
+  local ds = D.load_dataset(p)
+  T.eq(#ds, 3, "the blank line is no row")
+  T.eq(ds[1].prompt, 'Say "hi", please'); T.eq(ds[2].completion, "line\nvalue")
+  T.eq(ds[1].n, 1); T.eq(ds[2].n, 2.5, "a numeric column holds numbers"); T.eq(ds[3].n, nil, "an empty field is absent")
+  f = io.open(p, "wb"); f:write("text,id\nhello,a1\nworld,7\n"); f:close()
+  local dt = D.load_dataset(p)
+  T.eq(dt[2].id, "7", "a column with one non-number stays text"); T.eq(dt[1].text, "hello")
+  f = io.open(p, "wb"); f:write("text,id\nhello\n"); f:close()
+  T.raises(function() D.load_dataset(p) end, "record 2 has 1 fields but the header names 2 columns")
+  f = io.open(p, "wb"); f:write('text\n"open\n'); f:close()
+  T.raises(function() D.load_dataset(p) end, "is never closed")
+  f = io.open(p, "wb"); f:write("a,b\n1,2\n"); f:close()
+  T.raises(function() D.load_dataset(p) end, "row 1: no field 'text'")
+  os.remove(p)
+end)
+
 if io.open(wiki .. "/wiki.valid.raw") then
   T.test("wikitext validation rows", function()
     local ds = D.load_dataset(wiki, { split = "validation" })
