@@ -374,6 +374,12 @@ function M.load_dataset(path, opts)
   elseif not exists(path) then
     error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(path), 0)
   end
+  local ext = file:match("%.([%w]+)$")
+  local BINARY = { parquet = true, arrow = true, feather = true, gz = true, zst = true, bz2 = true, xz = true, zip = true }
+  if not opts.format and ext and BINARY[ext:lower()] then
+    error(("%s: zrun reads .txt/.raw text, .jsonl, .json and .csv datasets, not .%s; convert it first, e.g. " ..
+      "datasets.load_dataset(...).to_json(\"train.jsonl\") (or decompress it)"):format(file, ext), 0)
+  end
   local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.json$") and "json")
     or (file:match("%.csv$") and "csv") or (file:match("%.raw$") and "wikitext") or "text"
   if opts.field ~= nil and format ~= "json" then error("load_dataset: field is read from .json files (format = \"json\") only", 0) end

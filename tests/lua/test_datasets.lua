@@ -73,6 +73,9 @@ T.test(".csv files as HF's csv builder (pandas) reads them: quoting, line breaks
   f = io.open(p, "wb"); f:write("a,b\n1,2\n"); f:close()
   T.raises(function() D.load_dataset(p) end, "row 1: no field 'text'")
   os.remove(p)
+  f = io.open(tmp .. ".parquet", "wb"); f:write("PAR1\0\1"); f:close()
+  T.raises(function() D.load_dataset(tmp .. ".parquet") end, "not .parquet; convert it first") -- (it was read as text lines)
+  os.remove(tmp .. ".parquet")
 end)
 
 if io.open(wiki .. "/wiki.valid.raw") then
