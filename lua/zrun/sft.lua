@@ -24,7 +24,10 @@ M.NO_EFFECT = {
   shuffle_dataset = "TRL's SFTTrainer does not read it either; train_sampling_strategy = \"random\" (the default) " ..
     "shuffles the rows every epoch",
   trust_remote_code = "zrun runs its own Llama and GPT-2 code, never a checkpoint's",
+  dataset_batch_size = "a tokenization batch size, which TRL removed; rows are prepared in-process",
 }
+-- SFTConfig arguments TRL renamed: refused naming the new one.
+M.RENAMED = { max_seq_length = "max_length" }
 -- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
 M.REFUSED = {
   padding_free = "padding_free = true (one flattened sequence a micro-batch) needs attention that restarts at each " ..
@@ -349,7 +352,18 @@ end
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
+  local targs = require "zrun.trainer_args"
   for k, v in pairs(opts.args or {}) do
+    if M.RENAMED[k] then error(fmt("SFTTrainer: '%s' was renamed '%s' in TRL; use %s", k, M.RENAMED[k], M.RENAMED[k]), 2) end
+    if M.DEFAULTS[k] == nil and not M.NO_EFFECT[k] and targs.DEFAULTS[k] == nil and not targs.NO_EFFECT[k]
+      and not targs.RENAMED[k] and not targs.REPLACED[k] then -- (neither SFTConfig's nor TrainingArguments')
+      local names = {}
+      for n in pairs(M.DEFAULTS) do names[#names + 1] = n end
+      for n in pairs(targs.DEFAULTS) do names[#names + 1] = n end
+      local sug = type(k) == "string" and require("zrun.config").suggest(k, names)
+      error(fmt("SFTTrainer: '%s' is neither an SFTConfig nor a TrainingArguments key zrun implements%s", tostring(k),
+        sug and fmt(" (did you mean '%s'?)", sug) or ""), 2)
+    end
     if M.NO_EFFECT[k] then
       require("zrun.dist").print0(fmt("[zrun] SFTTrainer: %s has no effect (%s)", k, M.NO_EFFECT[k]))
     elseif M.DEFAULTS[k] ~= nil then sargs[k] = v else args[k] = v end

@@ -302,7 +302,9 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
 end)
 
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
-  T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "learnig_rate")
+  T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "'learnig_rate' is neither an SFTConfig nor a TrainingArguments key zrun implements (did you mean 'learning_rate'?)")
+  T.raises(function() trainer(nil, { dataset_text_feild = "text" }) end, "(did you mean 'dataset_text_field'?)")
+  T.raises(function() trainer(nil, { max_seq_length = 64 }) end, "'max_seq_length' was renamed 'max_length' in TRL")
   T.raises(function() trainer(nil, { packing = true }) end, 'use packing_strategy = "wrapped"')
   T.raises(function() trainer(nil, { dataset_kwargs = { add_special_tokens = false } }) end, "dataset_kwargs takes {skip_prepare_dataset = true} only")
   T.raises(function() trainer({ data_collator = function() end }, { pad_token = "<pad>" }) end, "with data_collator given, set them there")
