@@ -43,6 +43,26 @@ local function default_logging_dir(output_dir)
   return fmt("%s/runs/%s_%s", output_dir, os.date("%b%d_%H-%M-%S"), host)
 end
 
+-- A dataset as the Trainer reads it: a zrun Dataset, or a list of rows (made one); nil stays nil.
+local function as_dataset(ds, what)
+  if ds == nil or (type(ds) == "table" and ds.rows) then return ds end
+  if type(ds) == "table" and (ds[1] ~= nil or next(ds) == nil) then return datasets.Dataset.from_rows(ds) end
+  error(fmt("Trainer: %s must be a dataset (zr.datasets.Dataset or a list of rows), got %s", what,
+    type(ds) == "table" and "a table of named values" or type(ds)), 0)
+end
+-- eval_dataset: one dataset, or several by name ({name = dataset}, transformers' dict: each evaluated with
+-- the metrics prefix eval_<name>).
+local function as_datasets(ds)
+  if type(ds) ~= "table" or ds.rows or ds[1] ~= nil or next(ds) == nil then return as_dataset(ds, "eval_dataset") end
+  local named = {}
+  for name, d in pairs(ds) do
+    if type(name) ~= "string" then error("Trainer: eval_dataset's names must be strings", 0) end
+    named[name] = as_dataset(d, "eval_dataset." .. name)
+  end
+  return setmetatable(named, { __name = "named datasets" })
+end
+local function is_named(ds) return type(ds) == "table" and getmetatable(ds) and getmetatable(ds).__name == "named datasets" end
+
 -- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
 -- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
@@ -65,7 +85,7 @@ function Trainer.new(opts)
   if opts.model and opts.model_init then error("Trainer: pass model or model_init, not both", 2) end
   self.model = opts.model or (opts.model_init and opts.model_init())
   if not self.model then error("Trainer: model (or model_init, a function returning it) is required", 2) end
-  self.train_dataset, self.eval_dataset = opts.train_dataset, opts.eval_dataset
+  self.train_dataset, self.eval_dataset = as_dataset(opts.train_dataset, "train_dataset"), as_datasets(opts.eval_dataset)
   self.processing_class = opts.processing_class or opts.tokenizer
   if self.args.eval_strategy ~= "no" and not self.eval_dataset then
     error(fmt("Trainer: eval_strategy = \"%s\" needs an eval_dataset", self.args.eval_strategy), 2)
@@ -938,9 +958,19 @@ end
 -- run a padding row whose labels are all -100 so every rank runs the same forwards (stage 3).
 function Trainer:evaluate(ds, prefix)
   self:setup()
-  ds = ds or self.eval_dataset
+  ds = ds and as_datasets(ds) or self.eval_dataset
   prefix = prefix or "eval"
   if not ds then error("Trainer:evaluate: no eval_dataset (pass one to zr.Trainer{eval_dataset=} or to evaluate(ds))", 0) end
+  if is_named(ds) then -- each by name, in name order, with the prefix <prefix>_<name>; the metrics merged
+    local names, all, first = {}, {}, self.first_eval_metrics
+    for name in pairs(ds) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      for k, v in pairs(self:evaluate(ds[name], prefix .. "_" .. name)) do all[k] = v end
+    end
+    self.last_eval_metrics, self.first_eval_metrics = all, first or all
+    return all
+  end
   local e = self.engine
   local W, rank = dist.world_size(), dist.rank()
   local rows, bs = ds.rows, self.args.per_device_eval_batch_size

@@ -230,11 +230,15 @@ function M.resolve(user, quiet)
     local m = a.metric_for_best_model
     if type(m) ~= "string" then bad("metric_for_best_model must be a metric name like \"loss\", got %s", tostring(m)) end
     if m:sub(1, 5) ~= "eval_" then a.metric_for_best_model = "eval_" .. m end
-    local known = { eval_loss = true, eval_perplexity = true, eval_tokens = true, eval_runtime = true,
-      eval_samples_per_second = true } -- what Trainer:evaluate reports (there is no compute_metrics)
-    if not known[a.metric_for_best_model] then
-      bad("metric_for_best_model = %s: the evaluation reports loss, perplexity, tokens, runtime and " ..
-        "samples_per_second (there is no compute_metrics)", config.show(m))
+    -- what Trainer:evaluate reports (there is no compute_metrics), as eval_<metric> or, for an eval_dataset of
+    -- named datasets, eval_<name>_<metric>
+    local known = { "loss", "perplexity", "tokens", "runtime", "samples_per_second", "mean_token_accuracy" }
+    local base, ok = a.metric_for_best_model:sub(6), false
+    for _, k in ipairs(known) do ok = ok or base == k or base:sub(-#k - 1) == "_" .. k end
+    if not ok then
+      bad("metric_for_best_model = %s: the evaluation reports loss, perplexity, tokens, runtime, samples_per_second and " ..
+        "(SFTTrainer) mean_token_accuracy, as eval_<metric> or eval_<name>_<metric> for named eval datasets (there is " ..
+        "no compute_metrics)", config.show(m))
     end
     if given.greater_is_better == nil then a.greater_is_better = not m:match("loss$") end
     if a.eval_strategy == "no" then bad("metric_for_best_model = %s needs evaluation: set eval_strategy", config.show(m)) end

@@ -296,6 +296,8 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
     assistant_only_loss = false })
   T.eq(#up.eval_dataset < #ev and #up.train_dataset == #qa_rows(), true, "eval_packing = true without packing: eval only")
   T.raises(function() with { eval_packing = "yes" } end, 'eval_packing must be true, false or "auto"')
+  local named = trainer({ eval_dataset = { a = ev, b = ev } }, { eval_packing = false, assistant_only_loss = false })
+  T.eq(#named.eval_dataset.a == #ev and named.eval_dataset.b[1].input_ids ~= nil, true, "named eval datasets, each prepared")
   local said = T.printed(with, { shuffle_dataset = true, trust_remote_code = true })
   assert(said:find("[zrun] SFTTrainer: shuffle_dataset has no effect (TRL's SFTTrainer does not read it either", 1, true), said)
   assert(said:find("[zrun] SFTTrainer: trust_remote_code has no effect", 1, true), said)
@@ -328,10 +330,10 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
   T.raises(function() trainer({ eval_dataset = masked }, skip) end, "eval row 2 has assistant_masks but no labels")
   local st = trainer({ train_dataset = pre }, skip)
   T.raises(function() st:evaluate(masked) end, "eval row 2 has assistant_masks but no labels")
-  T.eq(trainer({ eval_dataset = masked, data_collator = function() end }, skip).eval_dataset, masked,
+  T.eq(trainer({ eval_dataset = masked, data_collator = function() end }, skip).eval_dataset[2], masked[2],
     "a collator of the user's own reads the masks itself: no refusal")
   masked[2].labels = { -100, 6, 7 }
-  T.eq(trainer({ train_dataset = masked }, skip).train_dataset, masked, "rows with labels and masks: taken as given")
+  T.eq(trainer({ train_dataset = masked }, skip).train_dataset[2], masked[2], "rows with labels and masks: taken as given")
   T.raises(function() trainer({ train_dataset = pre, processing_class = false }, { dataset_kwargs = {
     skip_prepare_dataset = true }, pad_token = "<pad>" }) end, "needs processing_class")
   local t = trainer(nil, { max_length = 20, pad_token = "<pad>", pad_to_multiple_of = 8 })

@@ -264,6 +264,31 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
 end)
 
 -- One step of a Trainer with `args` (and defaults for the rest); returns the "[zrun] Trainer:" lines it printed.
+T.test("eval_dataset by name (transformers' dict): each evaluated as eval_<name>, the best metric one of them", function()
+  local a_rows, b_rows = {}, {}
+  for i = 1, 4 do a_rows[i] = eval_ds[i]; b_rows[i] = eval_ds[#eval_ds - i + 1] end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = { wiki = a_rows, other = b_rows },
+    args = { max_steps = 2, eval_strategy = "steps", eval_steps = 1, save_strategy = "no", output_dir = tmp .. "/named",
+      metric_for_best_model = "wiki_loss" } }
+  t:train()
+  local m = t.last_eval_metrics
+  local best = math.huge
+  for _, r in ipairs(t.state.log_history) do if r.eval_wiki_loss then best = math.min(best, r.eval_wiki_loss) end end
+  T.eq(t.state.best_metric, best, "the best of eval_wiki_loss")
+  -- the same numbers as evaluating each alone (a list of rows is a dataset too)
+  T.near(t:evaluate(a_rows).eval_loss, m.eval_wiki_loss, 1e-12, 1e-12, "eval_wiki_loss")
+  T.near(t:evaluate(b_rows).eval_loss, m.eval_other_loss, 1e-12, 1e-12, "eval_other_loss")
+  local both = t:evaluate({ x = a_rows, y = b_rows }, "test")
+  T.near(both.test_x_loss, m.eval_wiki_loss, 1e-12, 1e-12); T.near(both.test_y_loss, m.eval_other_loss, 1e-12, 1e-12)
+  local names = {}
+  for _, r in ipairs(t.state.log_history) do if r.eval_wiki_loss then names[#names + 1] = r.step end end
+  T.eq(#names, 2, "one log record per named dataset and evaluation")
+  T.raises(function() zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = { wiki = 3 }, args = {} } end,
+    "eval_dataset.wiki must be a dataset")
+  T.raises(function() zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = { wiki = a_rows },
+    args = { eval_strategy = "steps", metric_for_best_model = "wiki_acc" } } end, 'metric_for_best_model = "wiki_acc"')
+end)
+
 T.test("bf16_full_eval / fp16_full_eval fill the config's \"auto\" precision, as transformers fills DeepSpeed's", function()
   local function precision(a)
     a.max_steps = 1
