@@ -602,6 +602,18 @@ function Engine:backward(loss)
   self.timers.backward = self.timers.backward + (timer() - t0)
 end
 
+-- DeepSpeed's engine accessors: the batch sizes and accumulation the config resolved, ZeRO's stage, the
+-- training precision, the last step's gradient norm (nil before the first) and whether that step was
+-- applied (false when an fp16 overflow skipped it, or before any step).
+function Engine:train_batch_size() return self.config.train_batch_size end
+function Engine:train_micro_batch_size_per_gpu() return self.micro_batch end
+function Engine:gradient_accumulation_steps() return self.gas end
+function Engine:zero_optimization_stage() return self.stage end
+function Engine:bfloat16_enabled() return self.precision == "bf16" end
+function Engine:fp16_enabled() return self.precision == "f16" end
+function Engine:get_global_grad_norm() return self.last_grad_norm end
+function Engine:was_step_applied() return self.step_applied == true end
+
 -- The learning rate of each optimizer param group, as the schedule last set it: {lr1, lr2, ...}.
 function Engine:get_lr()
   local out = {}
@@ -631,6 +643,7 @@ function Engine:step()
   local overflow = norm ~= norm or norm == math.huge
   if overflow and self.scaler then
     self.last_grad_norm = math.huge -- DeepSpeed's global norm of a skipped step, NaN gradients or not
+    self.step_applied = false
     self:update_scale(true)
     self.skipped_steps = self.skipped_steps + 1
     z:zero_grad()
@@ -647,7 +660,7 @@ function Engine:step()
     local c = self.clip / (norm + 1e-6)
     if c < 1 then coef = coef * c end
   end
-  self.opt_steps = (self.opt_steps or 0) + 1
+  self.opt_steps, self.step_applied = (self.opt_steps or 0) + 1, true
   -- ZenFlow's host update takes the micro-step count for its bias correction, as DeepSpeed's does
   if zf and zf.overlap then zf:host_step(coef, self.micro_steps - 1, self:param_lrs())
   else

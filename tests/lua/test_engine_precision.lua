@@ -113,6 +113,20 @@ T.test("fp16: a skipped step's gradient norm is inf, as DeepSpeed reports it (no
   local engine = run({ fp16 = { enabled = true, initial_scale_power = 60, hysteresis = 1, min_loss_scale = 1 } }, 1)
   T.eq(engine.skipped_steps, 1, "the first step overflows")
   T.eq(engine.last_grad_norm, math.huge, "the skipped step's gradient norm")
+  -- DeepSpeed's accessors
+  T.eq(engine:was_step_applied(), false); T.eq(engine:get_global_grad_norm(), math.huge)
+  T.eq(engine:fp16_enabled(), true); T.eq(engine:bfloat16_enabled(), false)
+end)
+
+T.test("DeepSpeed's engine accessors: batch sizes, accumulation, stage, precision, the last step", function()
+  local engine = run({ bf16 = { enabled = true }, gradient_accumulation_steps = 2, zero_optimization = { stage = 2 } }, 0)
+  T.eq(engine:was_step_applied(), false, "before any step")
+  T.eq(engine:get_global_grad_norm(), nil)
+  T.eq(engine:gradient_accumulation_steps(), 2); T.eq(engine:train_micro_batch_size_per_gpu(), engine.micro_batch)
+  T.eq(engine:train_batch_size(), engine.micro_batch * 2 * engine.world_size)
+  T.eq(engine:zero_optimization_stage(), 2); T.eq(engine:bfloat16_enabled(), true); T.eq(engine:fp16_enabled(), false)
+  engine = run({ bf16 = { enabled = true } }, 1)
+  T.eq(engine:was_step_applied(), true); T.eq(engine:get_global_grad_norm() > 0, true)
 end)
 
 T.test("fp16: the scale doubles on the good step after a window of good steps (DeepSpeed's stable interval)", function()
