@@ -108,6 +108,7 @@ function Trainer.new(opts)
     for _, cb in ipairs(self.callbacks) do list[#list + 1] = cb end
     self.callbacks = list
   end
+  self:callback("on_init_end")
   return self
 end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
@@ -393,10 +394,11 @@ end
 -- Calls event on the callbacks (zrun.trainer_callbacks) with the arguments, state and control.
 function Trainer:callback(event, extra)
   if #self.callbacks == 0 then return end
-  local e = self.engine -- (events come after setup: the engine and its schedule are final)
-  self.callback_kw = self.callback_kw or { model = self.model, optimizer = e.optimizer, lr_scheduler = e.lr_scheduler,
+  local e = self.engine -- (events after setup: the engine and its schedule are final; on_init_end comes before)
+  local kw = self.callback_kw or { model = self.model, optimizer = e and e.optimizer, lr_scheduler = e and e.lr_scheduler,
     processing_class = self.processing_class, trainer = self }
-  cbs.call(self.callbacks, event, self.args, self.state, self.control, extra, self.callback_kw)
+  if e then self.callback_kw = kw end
+  cbs.call(self.callbacks, event, self.args, self.state, self.control, extra, kw)
 end
 
 -- transformers 5's _determine_best_metric, after each evaluation the strategy runs in training:
@@ -487,6 +489,14 @@ function Trainer:train(resume)
   local a, e, st = self.args, self.engine, self.state
   if path then self:load_checkpoint(path) end
   self.control.should_training_stop = false
+  if e.zenflow then -- (its optimizer steps are split between the device and the host: no one step to call them around)
+    for i, cb in ipairs(self.callbacks) do
+      if cb.on_pre_optimizer_step or cb.on_optimizer_step then
+        error(fmt("Trainer: callbacks[%d] has on_pre_optimizer_step / on_optimizer_step, which the Trainer does not call " ..
+          "under ZenFlow (its optimizer steps are split between the device and the host)", i), 0)
+      end
+    end
+  end
   self:callback("on_train_begin")
   if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
     if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
@@ -687,8 +697,13 @@ function Trainer:train(resume)
         release_outputs(out)
         C.release_made_since(window_serial, ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
+        -- (the engine clips and steps inside engine:step, so the first is called before its clipping)
+        local opt_step = boundary and not e.zenflow
+        if opt_step then self:callback("on_pre_optimizer_step") end
         local ended = e:step()
+        if opt_step then self:callback("on_optimizer_step") end
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
+        if not ended then self:callback("on_substep_end") end
         if ended then
           isteps, run_steps = isteps + 1, run_steps + 1
           local s = self:step_count()

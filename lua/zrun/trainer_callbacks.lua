@@ -1,6 +1,9 @@
 -- The Trainer's callbacks, as transformers' TrainerCallback, TrainerControl and CallbackHandler:
 -- zr.Trainer{callbacks = {cb, ...}} calls cb:on_<event>(args, state, control, logs_or_metrics, kw)
--- for the events below, in list order (logs for on_log, metrics for on_evaluate, else nil; kw:
+-- for the events below (on_init_end at the end of zr.Trainer{}; each micro-batch but a step's last ends with
+-- on_substep_end, the last steps the optimizer between on_pre_optimizer_step and on_optimizer_step, both
+-- around engine:step, which clips and steps, and not called under ZenFlow), in list order (logs for
+-- on_log, metrics for on_evaluate, else nil; kw:
 -- transformers' keyword arguments {model=, optimizer=, lr_scheduler=, processing_class=, trainer=});
 -- a callback sets control's should_* flags to stop training (should_training_stop,
 -- should_epoch_stop) or to log, evaluate or save at the end of this step.
@@ -12,8 +15,8 @@ local dist = require "zrun.dist"
 local M = {}
 local fmt = string.format
 
-M.EVENTS = { "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin", "on_step_end",
-  "on_log", "on_evaluate", "on_save" }
+M.EVENTS = { "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
+  "on_substep_end", "on_pre_optimizer_step", "on_optimizer_step", "on_step_end", "on_log", "on_evaluate", "on_save" }
 local KNOWN = {}
 for _, e in ipairs(M.EVENTS) do KNOWN[e] = true end
 

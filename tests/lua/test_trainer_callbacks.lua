@@ -31,10 +31,15 @@ T.test("events in transformers' order: step end, then log, evaluate, save", func
   end
   zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { rec },
     args = args("order", { eval_strategy = "steps", eval_steps = 2, save_strategy = "steps", save_steps = 4 }) }:train()
-  T.eq(table.concat(seen, " "), table.concat({ "on_train_begin@0", "on_epoch_begin@0",
-    "on_step_begin@0", "on_step_end@1", "on_step_begin@1", "on_step_end@2", "on_log@2", "on_log@2", "on_evaluate@2",
-    "on_step_begin@2", "on_step_end@3", "on_step_begin@3", "on_step_end@4", "on_log@4", "on_log@4", "on_evaluate@4",
-    "on_save@4", "on_epoch_end@4", "on_log@4", "on_train_end@4" }, " "), "(max_steps ends the epoch too, as in transformers)")
+  -- each step of 2 micro-batches: the first ends a substep, the second steps the optimizer (the global step
+  -- counts it before on_step_end, as in transformers)
+  local function step(n) return "on_step_begin@" .. n, "on_substep_end@" .. n, "on_pre_optimizer_step@" .. n,
+    "on_optimizer_step@" .. n, "on_step_end@" .. (n + 1) end
+  local want = { "on_init_end@0", "on_train_begin@0", "on_epoch_begin@0" }
+  local function add(...) for _, v in ipairs { ... } do want[#want + 1] = v end end
+  add(step(0)); add(step(1)); add("on_log@2", "on_log@2", "on_evaluate@2")
+  add(step(2)); add(step(3)); add("on_log@4", "on_log@4", "on_evaluate@4", "on_save@4", "on_epoch_end@4", "on_log@4", "on_train_end@4")
+  T.eq(table.concat(seen, " "), table.concat(want, " "), "(max_steps ends the epoch too, as in transformers)")
 end)
 
 T.test("control: a callback stops training, or asks for a log, an evaluation or a save at this step", function()
@@ -60,9 +65,14 @@ T.test("control: a callback stops training, or asks for a log, an evaluation or 
 end)
 
 T.test("callbacks are tables of on_* events the Trainer calls; others are refused", function()
-  T.raises(function() zr.Trainer { model = model(), callbacks = { { on_substep_end = function() end } } } end,
-    "callbacks[1].on_substep_end is not an event zrun's Trainer calls")
+  T.raises(function() zr.Trainer { model = model(), callbacks = { { on_prediction_step = function() end } } } end,
+    "callbacks[1].on_prediction_step is not an event zrun's Trainer calls")
   T.raises(function() zr.Trainer { model = model(), callbacks = { print } } end, "callbacks[1] is a function")
+  -- under ZenFlow the optimizer steps are split between the device and the host: refused, not silently uncalled
+  T.raises(function()
+    zr.Trainer { model = model(), train_dataset = train_ds, callbacks = { { on_optimizer_step = function() end } },
+      args = args("zf", { deepspeed = (ZRUN_HOME or ".") .. "/configs/zero2_offload_zenflow.json" }) }:train()
+  end, "callbacks[1] has on_pre_optimizer_step / on_optimizer_step, which the Trainer does not call under ZenFlow")
   T.raises(function() zr.EarlyStoppingCallback { patience = 2 } end, "unknown option 'patience'")
   T.raises(function() zr.EarlyStoppingCallback { early_stopping_patience = 0 } end, "early_stopping_patience must be")
   T.raises(function()
