@@ -330,6 +330,9 @@ local function read_csv(path)
   if #field > 0 or #rec > 0 or quoted_field then end_record() end
   if #records == 0 then error(("%s: no header row (a .csv file names its columns in the first line)"):format(path), 0) end
   local header = records[1]
+  local function number(v) -- (a decimal number as pandas reads one: not Lua's 0x10 or inf)
+    return (v:match("^%s*[-+]?%d+%.?%d*[eE]?[-+]?%d*%s*$") or v:match("^%s*[-+]?%.%d+[eE]?[-+]?%d*%s*$")) and tonumber(v)
+  end
   local numeric = {}
   for j = 1, #header do numeric[j] = true end
   for i = 2, #records do
@@ -337,14 +340,14 @@ local function read_csv(path)
       error(("%s: record %d has %d fields but the header names %d columns"):format(path, i, #records[i], #header), 0)
     end
     for j, fv in ipairs(records[i]) do
-      if fv[1] ~= "" and (fv[2] or not tonumber(fv[1])) then numeric[j] = false end
+      if fv[1] ~= "" and (fv[2] or not number(fv[1])) then numeric[j] = false end
     end
   end
   local rows = {}
   for i = 2, #records do
     local row = {}
     for j, fv in ipairs(records[i]) do
-      if fv[1] ~= "" or fv[2] then row[header[j][1]] = numeric[j] and tonumber(fv[1]) or fv[1] end
+      if fv[1] ~= "" or fv[2] then row[header[j][1]] = numeric[j] and number(fv[1]) or fv[1] end
     end
     rows[#rows + 1] = row
   end
