@@ -396,7 +396,9 @@ local function tensor_bytes(t) return t:numel() * (DTYPE_BYTES[t:dtype()] or 4) 
 
 -- Removes earlier weight files that the new save does not overwrite, so a stale index or shard
 -- can never shadow the new weights (transformers prefers model.safetensors when both exist).
-local function remove_stale(dir, keep)
+-- Removes dir's weight files (model.safetensors, its shards and index) not named in keep (a set): a
+-- directory written again must not mix an old layout with the new one.
+function hf.remove_stale_weights(dir, keep)
   for _, n in ipairs(C.listdir(dir) or {}) do
     if (n == SINGLE_NAME or n == INDEX_NAME or n:find("^model%-%d+%-of%-%d+%.safetensors$")) and not keep[n] then
       os.remove(join(dir, n))
@@ -453,7 +455,7 @@ function hf.save_state_dict(dir, sd, opts)
   end
   local keep = {}
   for _, n in ipairs(written) do keep[n] = true end
-  remove_stale(dir, keep)
+  hf.remove_stale_weights(dir, keep)
   return written
 end
 

@@ -71,23 +71,64 @@ function M.get_fp32_state_dict_from_zero_checkpoint(dir, tag)
   return sd
 end
 
--- Writes the consolidated fp32 weights to out (one safetensors file), streaming parameter by
--- parameter. Returns the number of tensors and of elements written, and the master's saved dtype.
-function M.convert(dir, tag, out)
+-- Writes the consolidated fp32 weights, streaming parameter by parameter, to out: a .safetensors file, or
+-- (any other path) a directory, as DeepSpeed's zero_to_fp32.py writes one: model.safetensors, or
+-- model-0000k-of-0000n.safetensors and model.safetensors.index.json once the weights pass
+-- opts.max_shard_size (default "5GB"; shards filled in checkpoint order). opts.exclude_frozen_parameters
+-- leaves out the parameters without optimizer state. Returns the number of tensors and of elements
+-- written, and the master's saved dtype.
+function M.convert(dir, tag, out, opts)
+  opts = require("zrun.kwargs").check("zero_to_fp32", opts, { "max_shard_size", "exclude_frozen_parameters" })
+  local hf = require "zrun.hf"
   local r = M.open(dir, tag)
   local specs, total = {}, 0
-  for i, e in ipairs(r:params()) do
-    specs[i] = { name = e.name, dtype = "f32", shape = e.shape }
-    total = total + e.numel
+  for _, e in ipairs(r:params()) do
+    if not (opts.exclude_frozen_parameters and e.frozen) then
+      specs[#specs + 1] = { name = e.name, dtype = "f32", shape = e.shape, numel = e.numel }
+      total = total + e.numel
+    end
   end
-  local ok, err = pcall(C.save_safetensors_stream, out, specs, function(i)
-    collectgarbage() -- the previous tensor is no longer referenced: free it before building the next
-    return r:get(specs[i].name)
-  end, { format = "pt" })
+  local shards = { {} }
+  if out:match("%.safetensors$") then
+    for _, sp in ipairs(specs) do table.insert(shards[1], sp) end
+  else
+    local max, size = hf.parse_size(opts.max_shard_size or "5GB"), 0
+    for _, sp in ipairs(specs) do
+      local b = 4 * sp.numel
+      if #shards[#shards] > 0 and size + b > max then shards[#shards + 1], size = {}, 0 end
+      table.insert(shards[#shards], sp)
+      size = size + b
+    end
+    C.makedirs(out)
+  end
+  local names, wm = {}, {}
+  for k = 1, #shards do
+    names[k] = #shards == 1 and "model.safetensors" or fmt("model-%05d-of-%05d.safetensors", k, #shards)
+  end
+  local ok, err = pcall(function()
+    for k, shard in ipairs(shards) do
+      local path = #shards == 1 and out:match("%.safetensors$") and out or ckpt.join(out, names[k])
+      C.save_safetensors_stream(path, shard, function(i)
+        collectgarbage() -- the previous tensor is no longer referenced: free it before building the next
+        return r:get(shard[i].name)
+      end, { format = "pt" })
+      for _, sp in ipairs(shard) do wm[sp.name] = names[k] end
+    end
+  end)
   r:close()
   collectgarbage()
   if not ok then error(err, 0) end
-  return #specs, total, r.master_dtype
+  if not out:match("%.safetensors$") then
+    local keep = {}
+    for _, n in ipairs(names) do keep[n] = true end
+    if #shards > 1 then -- the index last: a failure before it leaves no index pointing at missing shards
+      C.write_file_atomic(ckpt.join(out, "model.safetensors.index.json"),
+        hf.encode_json({ metadata = { total_size = 4 * total }, weight_map = wm }))
+      keep["model.safetensors.index.json"] = true
+    end
+    hf.remove_stale_weights(out, keep)
+  end
+  return #specs, total, r.master_dtype, #shards
 end
 
 -- Loads the checkpoint's fp32 weights into model (cast to the model's dtype), one parameter at a
@@ -130,31 +171,38 @@ function M.load_state_dict_from_zero_checkpoint(model, dir, tag)
   return model
 end
 
-local USAGE = "usage: zrun zero-to-fp32 CHECKPOINT_DIR [--tag TAG] OUTPUT.safetensors"
+local USAGE = "usage: zrun zero-to-fp32 CHECKPOINT_DIR [--tag TAG] [--max_shard_size 5GB] [--exclude_frozen_parameters] " ..
+  "[--safe_serialization] OUTPUT_DIR | OUTPUT.safetensors"
 
 -- zrun zero-to-fp32 DIR [--tag T] OUT (args: a list of strings, or the strings themselves).
 function M.main(args, ...)
   if type(args) ~= "table" then args = { args, ... } end
-  local pos, tag = {}, nil
+  local pos, tag, opts = {}, nil, {}
   local i = 1
+  local function value(a, name)
+    local v = a:match("^%-%-" .. name .. "=(.*)$") or args[i + 1]
+    if not v then error(fmt("zero-to-fp32: --%s needs a value\n%s", name, USAGE), 0) end
+    if not a:find("=", 1, true) then i = i + 1 end
+    return v
+  end
   while i <= #args do
     local a = args[i]
     if a == "-h" or a == "--help" then print(USAGE); return 0
-    elseif a == "--tag" or a == "-t" then
-      tag = args[i + 1]
-      if not tag then error("zero-to-fp32: --tag needs a value\n" .. USAGE, 0) end
-      i = i + 1
-    elseif a:sub(1, 6) == "--tag=" then tag = a:sub(7)
+    elseif a == "--tag" or a == "-t" or a:sub(1, 6) == "--tag=" then tag = value(a, "tag")
+    elseif a == "--max_shard_size" or a:sub(1, 17) == "--max_shard_size=" then opts.max_shard_size = value(a, "max_shard_size")
+    elseif a == "--exclude_frozen_parameters" then opts.exclude_frozen_parameters = true
+    elseif a == "--safe_serialization" then -- (DeepSpeed's: safetensors instead of pickles; zrun writes nothing else)
     elseif a:sub(1, 1) == "-" and a ~= "-" then error(fmt("zero-to-fp32: unknown option '%s'\n%s", a, USAGE), 0)
     else pos[#pos + 1] = a end
     i = i + 1
   end
-  if #pos ~= 2 then error("zero-to-fp32: expected a checkpoint directory and an output file\n" .. USAGE, 0) end
+  if #pos ~= 2 then error("zero-to-fp32: expected a checkpoint directory and an output directory or file\n" .. USAGE, 0) end
   local dir, out = pos[1], pos[2]
-  if C.path_type(out) == "dir" then out = ckpt.join(out, "model.safetensors") end
-  local n, total, mdt = M.convert(dir, tag, out)
-  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values%s) to %s", n, total,
-    mdt ~= "f32" and ", widened from the checkpoint's " .. mdt .. " master" or "", out))
+  local n, total, mdt, nshards = M.convert(dir, tag, out, opts)
+  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values%s) to %s%s", n, total,
+    mdt ~= "f32" and ", widened from the checkpoint's " .. mdt .. " master" or "", out,
+    out:match("%.safetensors$") and "" or (nshards > 1 and fmt(" (%d shards and model.safetensors.index.json)", nshards)
+      or "/model.safetensors")))
   return 0
 end
 

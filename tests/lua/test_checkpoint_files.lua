@@ -296,6 +296,49 @@ T.test("zero-to-fp32 streams consolidated fp32 weights; --tag; usage errors", fu
   T.raises(function() z2f.main({ path("z"), "--tag", "third", path("o.safetensors") }) end, "no checkpoint 'third'")
 end)
 
+T.test("zero-to-fp32 as DeepSpeed's zero_to_fp32.py: an output directory, max_shard_size shards, frozen ones left out", function()
+  zr.manual_seed(77)
+  local m = zr.models.llama.LlamaForCausalLM(cfg)
+  local trained = {}
+  for name, p in m:named_parameters() do if name ~= "model.norm.weight" then trained[#trained + 1] = p end end
+  local e = zr.initialize({ model = m, model_parameters = trained, config = { train_micro_batch_size_per_gpu = 2,
+    steps_per_print = 1000000, optimizer = { type = "AdamW", params = { lr = 2e-3 } }, zero_optimization = { stage = 2 } } })
+  train(e, 1, 2)
+  e:save_checkpoint(path("zd"))
+  T.eq(z2f.main({ path("zd"), path("one.safetensors") }), 0)
+  local one = zr.load_safetensors(path("one.safetensors"))
+  -- a directory (created), one file under 5GB
+  T.eq(z2f.main({ path("zd"), path("out1"), "--safe_serialization" }), 0)
+  T.eq(zr._C.path_type(path("out1/model.safetensors")), "file")
+  -- shards of at most 40 kB, in checkpoint order, with the index transformers reads
+  T.eq(z2f.main({ path("zd"), "--max_shard_size", "40KB", path("out2") }), 0)
+  local idx = require("cjson").decode(T.read_file(path("out2/model.safetensors.index.json")))
+  local files = {}
+  for _, f in pairs(idx.weight_map) do files[f] = true end
+  local nfiles = 0
+  for f in pairs(files) do
+    nfiles = nfiles + 1
+    assert(f:match("^model%-%d%d%d%d%d%-of%-%d%d%d%d%d%.safetensors$"), f)
+  end
+  T.eq(nfiles > 1, true, "sharded")
+  T.eq(zr._C.path_type(path("out2/model.safetensors")), nil, "no single file beside the shards")
+  local sd = zr.hf.load_state_dict(path("out2"))
+  local n = 0
+  for name, t in pairs(one) do T.near(sd[name], t, 0, 0, name); n = n + 1 end
+  local total = 0
+  for _, t in pairs(one) do total = total + 4 * t:numel() end
+  T.eq(idx.metadata.total_size, total)
+  -- writing the directory again as one file removes the shards and the index
+  T.eq(z2f.main({ path("zd"), path("out2") }), 0)
+  T.eq(zr._C.path_type(path("out2/model.safetensors.index.json")), nil)
+  T.eq(zr.hf.load_state_dict(path("out2"))["lm_head.weight"] ~= nil, true)
+  -- --exclude_frozen_parameters: the norm (not in model_parameters) left out
+  T.eq(z2f.main({ path("zd"), "--exclude_frozen_parameters", path("ex.safetensors") }), 0)
+  local ex = zr.load_safetensors(path("ex.safetensors"))
+  T.eq(one["model.norm.weight"] ~= nil and ex["model.norm.weight"] == nil and ex["lm_head.weight"] ~= nil, true)
+  T.raises(function() z2f.main({ path("zd"), "--max_shard_size" }) end, "--max_shard_size needs a value")
+end)
+
 T.test("safetensors slices and streaming writes (bindings the checkpoints use)", function()
   local t = zr.arange(0, 24):float():reshape({ 4, 6 })
   zr.save_safetensors(path("s.safetensors"), { a = t, b = zr.tensor({ 1, 2, 3 }, { dtype = "f64" }) })
