@@ -684,10 +684,13 @@ local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16" }
 -- Writes a Hugging Face model directory (config.json + model.safetensors) from rank 0 with the
 -- weights in the training dtype. At stage 3 it needs stage3_gather_16bit_weights_on_model_save,
 -- as DeepSpeed does; returns false (with a message) when that is off. With ZenFlow's overlap_step the
--- weights include the host update still in flight (DeepSpeed's are one host window behind).
+-- weights include the host update still in flight (DeepSpeed's are one host window behind). opts:
+-- max_shard_size, metadata (as save_pretrained's), exclude_frozen_parameters (DeepSpeed's: the
+-- parameters the optimizer does not train left out).
 function M.save_16bit_model(engine, dir, opts)
   if type(dir) ~= "string" or dir == "" then error("save_16bit_model: expected a directory path", 2) end
-  require("zrun.kwargs").check("save_16bit_model", opts, { "max_shard_size", "metadata" }) -- (every rank, before the gather)
+  opts = require("zrun.kwargs").check("save_16bit_model", opts, { "max_shard_size", "metadata", "exclude_frozen_parameters" })
+  local hf_opts = { max_shard_size = opts.max_shard_size, metadata = opts.metadata } -- (checked on every rank, before the gather)
   local zc = engine.config and engine.config.zero_optimization or {}
   if engine.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save then
     dist.print0("[zrun] save_16bit_model: did not save the model because "
@@ -703,7 +706,15 @@ function M.save_16bit_model(engine, dir, opts)
       cfg.dtype, cfg.device = nil, nil
       cfg.torch_dtype = HF_DTYPE[engine.precision] or cfg.torch_dtype
       if cfg.architectures == nil and engine.module.__name then cfg.architectures = { engine.module.__name } end
-      hf.save_pretrained(dir, model_tensors(engine), cfg, opts)
+      local sd = model_tensors(engine)
+      if opts.exclude_frozen_parameters then -- (DeepSpeed's: the parameters the optimizer does not train left out)
+        local trained = {}
+        for _, p in ipairs(engine.params) do trained[p] = true end
+        for name, p in engine.module:named_parameters() do
+          if not trained[p] or not p.requires_grad then sd[name] = nil end
+        end
+      end
+      hf.save_pretrained(dir, sd, cfg, hf_opts)
     end)
   end
   -- ZenFlow overlap_step: with the host update in flight applied (zrun.zenflow: with_host_update)

@@ -332,6 +332,12 @@ T.test("zero-to-fp32 as DeepSpeed's zero_to_fp32.py: an output directory, max_sh
   T.eq(z2f.main({ path("zd"), path("out2") }), 0)
   T.eq(zr._C.path_type(path("out2/model.safetensors.index.json")), nil)
   T.eq(zr.hf.load_state_dict(path("out2"))["lm_head.weight"] ~= nil, true)
+  -- save_16bit_model{exclude_frozen_parameters = true}, as DeepSpeed's: the norm left out of the HF directory
+  T.eq(e:save_16bit_model(path("hf_ex"), { exclude_frozen_parameters = true }), true)
+  local hf_ex = zr.hf.load_state_dict(path("hf_ex"))
+  T.eq(hf_ex["model.norm.weight"] == nil and hf_ex["lm_head.weight"] ~= nil, true, "save_16bit_model without the frozen norm")
+  T.eq(e:save_16bit_model(path("hf_all")), true)
+  T.eq(zr.hf.load_state_dict(path("hf_all"))["model.norm.weight"] ~= nil, true)
   -- --exclude_frozen_parameters: the norm (not in model_parameters) left out
   T.eq(z2f.main({ path("zd"), "--exclude_frozen_parameters", path("ex.safetensors") }), 0)
   local ex = zr.load_safetensors(path("ex.safetensors"))

@@ -41,8 +41,8 @@ T.test("loading and saving models: from_pretrained, hf.*, save_pretrained, save_
     "save_pretrained: safe_serialization = false (pickle files): zrun writes safetensors only")
   model:save_pretrained(tmp .. "/m2", { safe_serialization = true, max_shard_size = "1GB" })
   local engine = zr.initialize { model = model, config = { train_micro_batch_size_per_gpu = 1 } }
-  T.raises(function() engine:save_16bit_model(tmp .. "/m3", { exclude_frozen_parameters = true }) end,
-    "save_16bit_model: unknown option 'exclude_frozen_parameters'")
+  T.raises(function() engine:save_16bit_model(tmp .. "/m3", { exclude_frozen = true }) end,
+    "save_16bit_model: unknown option 'exclude_frozen'; it takes exclude_frozen_parameters")
   T.raises(function() zr.initialize { model = model, config = {}, modle_parameters = {} } end,
     "zr.initialize: unknown option 'modle_parameters' (did you mean 'model_parameters'?)")
 end)
