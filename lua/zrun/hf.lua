@@ -234,7 +234,18 @@ function hf.pretrained_config(ref, opts)
   opts = kw.check("from_pretrained", opts, PRETRAINED)
   local cfg, dir = hf.read_config(ref, kw.pick(opts, HUB))
   for k, v in pairs(opts.config or {}) do cfg[k] = v end
-  cfg.dtype, cfg.device = opts.dtype or "f32", opts.device or "cpu"
+  local dtype = opts.dtype or "f32"
+  if dtype == "auto" then -- transformers' dtype="auto": config.json's dtype, else the first weight's in the files
+    dtype = type(cfg.torch_dtype) == "string" and cfg.torch_dtype:gsub("^torch%.", "") or nil
+    if not dtype then
+      local f = C.safetensors_open(hf.weight_files(dir)[1])
+      local info = f:info()
+      f:close()
+      local first = next(info) and sorted_keys(info)[1]
+      dtype = first and info[first].dtype or "f32"
+    end
+  end
+  cfg.dtype, cfg.device = dtype, opts.device or "cpu"
   return cfg, dir
 end
 

@@ -29,6 +29,14 @@ T.test("loading and saving models: from_pretrained, hf.*, save_pretrained, save_
   T.raises(function() zr.models.gpt2.from_pretrained(tmp .. "/m", { revison = "main" }) end,
     "from_pretrained: unknown option 'revison' (did you mean 'revision'?)")
   T.eq(zr.models.llama.from_pretrained(tmp .. "/m", { dtype = "bf16", threads = 2 }):parameters()[1]:dtype(), "bf16")
+  -- transformers' dtype = "auto": config.json's dtype, else the files' (here a bf16 copy whose config has none)
+  T.eq(zr.models.llama.from_pretrained(tmp .. "/m", { dtype = "auto" }):parameters()[1]:dtype(), "f32")
+  zr.models.llama.from_pretrained(tmp .. "/m", { dtype = "bfloat16" }):save_pretrained(tmp .. "/mb")
+  T.eq(zr.models.llama.from_pretrained(tmp .. "/mb", { dtype = "auto" }):parameters()[1]:dtype(), "bf16")
+  local c = require("cjson").decode(T.read_file(tmp .. "/mb/config.json"))
+  c.dtype, c.torch_dtype = nil, nil
+  local f = io.open(tmp .. "/mb/config.json", "w"); f:write(require("cjson").encode(c)); f:close()
+  T.eq(zr.models.llama.from_pretrained(tmp .. "/mb", { dtype = "auto" }):parameters()[1]:dtype(), "bf16", "the files' dtype")
   T.raises(function() zr.hf.load_state_dict(tmp .. "/m", { devic = "cpu" }) end, "hf.load_state_dict: unknown option 'devic'")
   T.raises(function() zr.hf.load_pretrained(tmp .. "/m", { nmes = {} }) end, "hf.load_pretrained: unknown option 'nmes'")
   T.raises(function() zr.hf.resolve(tmp .. "/m", { dtype = "f32" }) end, "hf.resolve: unknown option 'dtype'; it takes cache_dir, revision")

@@ -349,7 +349,8 @@ function M.config(name_or_path)
 end
 
 -- Builds the model and loads Hugging Face weights from a model directory or cached hub id.
--- opts: dtype (default "f32"), device (default "cpu"), config (fields that override config.json's,
+-- opts: dtype (default "f32"; "auto": config.json's, else the files', as transformers), device (default "cpu"),
+-- config (fields that override config.json's,
 -- as keyword arguments do in transformers' from_pretrained), revision, cache_dir, threads (reading
 -- the files; default min(8, CPUs)). The model is built without initialising its weights (each one
 -- is then read from the files, once, straight into the parameter: hf.load_weights).
