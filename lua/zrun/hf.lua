@@ -245,6 +245,10 @@ function hf.pretrained_config(ref, opts)
       dtype = first and info[first].dtype or "f32"
     end
   end
+  if not pcall(C.empty, { 0 }, { dtype = dtype }) then -- (said here, not from inside the first layer built)
+    error(fmt("from_pretrained: unknown dtype %s (f32, bf16, f16, f64 or transformers' names: float32, bfloat16, " ..
+      "float16, \"auto\")", tostring(dtype)), 0)
+  end
   cfg.dtype, cfg.device = dtype, opts.device or "cpu"
   return cfg, dir
 end

@@ -37,6 +37,8 @@ T.test("loading and saving models: from_pretrained, hf.*, save_pretrained, save_
   c.dtype, c.torch_dtype = nil, nil
   local f = io.open(tmp .. "/mb/config.json", "w"); f:write(require("cjson").encode(c)); f:close()
   T.eq(zr.models.llama.from_pretrained(tmp .. "/mb", { dtype = "auto" }):parameters()[1]:dtype(), "bf16", "the files' dtype")
+  T.raises(function() zr.models.llama.from_pretrained(tmp .. "/mb", { dtype = "bfloat" }) end,
+    "from_pretrained: unknown dtype bfloat (f32, bf16")
   T.raises(function() zr.hf.load_state_dict(tmp .. "/m", { devic = "cpu" }) end, "hf.load_state_dict: unknown option 'devic'")
   T.raises(function() zr.hf.load_pretrained(tmp .. "/m", { nmes = {} }) end, "hf.load_pretrained: unknown option 'nmes'")
   T.raises(function() zr.hf.resolve(tmp .. "/m", { dtype = "f32" }) end, "hf.resolve: unknown option 'dtype'; it takes cache_dir, revision")
