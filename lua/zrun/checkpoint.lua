@@ -571,10 +571,11 @@ end
 
 -- One state at a time: z:state(k) is the state itself, or with partial offload a host copy of
 -- both parts that set_state writes back (a no-op for the state itself).
-local function restore_partitions(engine, files, names)
+local function restore_partitions(engine, files, names, optimizer_states)
   local z = engine.zero
   local _, snames = M.engine_states(engine)
   for k, which in ipairs(snames) do
+    if which ~= "master" and not optimizer_states then break end -- (the weights only: the moments stay as they are)
     local dst = z:state(k - 1)
     read_partition(engine, files, names, which, dst)
     z:set_state(k - 1, dst)
@@ -583,29 +584,48 @@ local function restore_partitions(engine, files, names)
   end
 end
 
-local function restore_engine(engine, st)
+local function restore_engine(engine, st, o)
+  if o.module_only then return end -- (DeepSpeed's load_module_only: the weights, nothing of the run)
   engine.global_steps = st.global_steps or 0
   engine.micro_steps = st.micro_steps or 0
   engine.skipped_steps = st.skipped_steps or 0
-  engine.opt_steps = st.opt_steps or 0
-  if st.param_groups then
+  if o.optimizer_states then engine.opt_steps = st.opt_steps or 0 end -- (the moments' step count goes with them)
+  if st.param_groups and o.optimizer_states then -- (the optimizer's own state in DeepSpeed, the lr with it)
     for gi, g in ipairs(engine.optimizer.param_groups) do
       local sg = st.param_groups[gi]
       if sg then g.lr, g.weight_decay = sg.lr or g.lr, sg.weight_decay or g.weight_decay end
     end
   end
-  if engine.lr_scheduler and st.lr_scheduler then engine.lr_scheduler:load_state_dict(st.lr_scheduler)
+  if not o.scheduler then -- (load_lr_scheduler_states = false: the engine's schedule as it is)
+  elseif engine.lr_scheduler and st.lr_scheduler then engine.lr_scheduler:load_state_dict(st.lr_scheduler)
   elseif st.lr_scheduler and not engine.lr_scheduler then
     dist.print0("[zrun] load_checkpoint: the checkpoint has LR scheduler state but the engine has no scheduler; ignored")
   end
-  if engine.scaler and st.loss_scaler then
+  if engine.scaler and st.loss_scaler and o.optimizer_states then -- (DeepSpeed keeps the loss scaler in the optimizer's state)
     for k, v in pairs(st.loss_scaler) do engine.scaler[k] = v end
   end
   if st.rng and st.rng.seed then C.random_state(st.rng.seed, st.rng.offset or 0) end
 end
 
--- Returns client_state and the tag directory loaded from.
-function M.load(engine, dir, tag)
+-- Returns client_state and the tag directory loaded from. opts, DeepSpeed's load_checkpoint arguments:
+-- load_optimizer_states (default true; false: the weights without the optimizer's moments, their step
+-- count and the loss scaler, which stay as the engine has them, so another optimizer may load them),
+-- load_lr_scheduler_states (default true), load_module_only (default false; true: the weights alone, none
+-- of the run's counters or schedule), load_module_strict (true only: every parameter must match).
+function M.load(engine, dir, tag, opts)
+  opts = require("zrun.kwargs").check("load_checkpoint", opts, { "load_optimizer_states", "load_lr_scheduler_states",
+    "load_module_only", "load_module_strict" })
+  if opts.load_module_strict == false then
+    error("load_checkpoint: load_module_strict = false: zrun loads every parameter and refuses a checkpoint whose " ..
+      "parameters differ (names or shapes); load a subset into a model with zr.hf / zr.zero functions instead", 0)
+  end
+  local o = { module_only = opts.load_module_only == true }
+  o.optimizer_states = not o.module_only and opts.load_optimizer_states ~= false
+  o.scheduler = not o.module_only and opts.load_lr_scheduler_states ~= false
+  if engine.zenflow and not o.optimizer_states then
+    error("load_checkpoint: ZenFlow's state is its optimizer's (the selected columns' moments and the host update in " ..
+      "flight): load it with load_optimizer_states and without load_module_only", 0)
+  end
   local tdir
   local files, names
   if engine.global_rank == 0 and type(dir) == "string" and C.path_type(dir) == "dir" then
@@ -620,7 +640,8 @@ function M.load(engine, dir, tag)
   agree(ok, err, "load_checkpoint")
   names = param_names(engine)
   local shapes = full_shapes(engine)
-  ok, err = pcall(check_optimizer, engine, files)
+  ok, err = true, nil
+  if o.optimizer_states then ok, err = pcall(check_optimizer, engine, files) end
   if ok then ok, err = pcall(check_compat, files, names, shapes) end
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
@@ -639,12 +660,12 @@ function M.load(engine, dir, tag)
   -- overlap_step: a host update still in flight would write the master and moments being restored
   ok, err = pcall(function()
     if engine.zenflow and engine.zenflow.overlap then engine.zero:async_wait() end
-    restore_partitions(engine, files, names)
+    restore_partitions(engine, files, names, o.optimizer_states)
   end)
   if not ok then files:close() end
   agree(ok, err, "load_checkpoint")
   collectgarbage()
-  restore_engine(engine, own)
+  restore_engine(engine, own, o)
   engine.zero:zero_grad()
   engine.zero:refresh_params()
   -- overlap_step's host update (zrun.zenflow_state), after the parameters took the model

@@ -759,9 +759,10 @@ function Engine:save_checkpoint(dir, tag, client_state)
   return require("zrun.checkpoint").save(self, dir, tag, client_state)
 end
 -- Returns client_state and the tag folder it loaded (DeepSpeed returns them the other way round);
--- tag defaults to dir/latest. Collective: every rank calls it.
-function Engine:load_checkpoint(dir, tag)
-  return require("zrun.checkpoint").load(self, dir, tag)
+-- tag defaults to dir/latest; opts: DeepSpeed's load_optimizer_states, load_lr_scheduler_states,
+-- load_module_only, load_module_strict (zrun.checkpoint.load). Collective: every rank calls it.
+function Engine:load_checkpoint(dir, tag, opts)
+  return require("zrun.checkpoint").load(self, dir, tag, opts)
 end
 -- A Hugging Face model folder with the weights in the training dtype (zrun.checkpoint.save_16bit_model).
 function Engine:save_16bit_model(dir, opts)

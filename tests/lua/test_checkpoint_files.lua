@@ -345,6 +345,51 @@ T.test("zero-to-fp32 as DeepSpeed's zero_to_fp32.py: an output directory, max_sh
   T.raises(function() z2f.main({ path("zd"), "--max_shard_size" }) end, "--max_shard_size needs a value")
 end)
 
+T.test("load_checkpoint's DeepSpeed options: optimizer states, scheduler, module only, strict", function()
+  local e, m = make(2)
+  train(e, 1, 3)
+  e:save_checkpoint(path("lo"), "t")
+  local want = clone_params(m)
+  local function moments(x) return x.zero:state(1):abs():sum():item() end
+  local function fresh(extra) local x, xm = make(2, extra); return x, xm end
+  -- everything (the default): weights, moments, counters, schedule
+  local a, am = fresh()
+  a:load_checkpoint(path("lo"), "t")
+  T.eq(a.global_steps, 3); T.eq(a.opt_steps, 3); T.eq(moments(a) > 0, true); T.eq(a:get_lr()[1], e:get_lr()[1])
+  for n, p in am:named_parameters() do T.near(p, want[n], 0, 0, n) end
+  -- load_optimizer_states = false: the weights and the run's counters and schedule; the moments and their step stay fresh
+  local b, bm = fresh()
+  local lr_fresh = b:get_lr()[1]
+  b:load_checkpoint(path("lo"), "t", { load_optimizer_states = false })
+  for n, p in bm:named_parameters() do T.near(p, want[n], 0, 0, n) end
+  T.eq(b.global_steps, 3); T.eq(b.opt_steps or 0, 0); T.eq(moments(b), 0)
+  -- (the schedule's counter restored; the param groups' lr, the optimizer's state, as the engine had it until the
+  -- schedule's next step, as in DeepSpeed)
+  T.eq(b.lr_scheduler.last_batch_iteration, e.lr_scheduler.last_batch_iteration); T.eq(b:get_lr()[1], lr_fresh)
+  -- load_lr_scheduler_states = false: the schedule restarts (its counter as the engine has it); the param groups'
+  -- lr is the optimizer's state, loaded with it (as DeepSpeed's optimizer.load_state_dict does)
+  local c = fresh()
+  local lr0, it0 = c:get_lr()[1], c.lr_scheduler.last_batch_iteration
+  c:load_checkpoint(path("lo"), "t", { load_lr_scheduler_states = false })
+  T.eq(c.lr_scheduler.last_batch_iteration, it0); T.eq(e.lr_scheduler.last_batch_iteration ~= it0, true)
+  T.eq(c:get_lr()[1], e:get_lr()[1]); T.eq(c.global_steps, 3); T.eq(moments(c) > 0, true)
+  -- load_module_only: the weights alone
+  local d, dm = fresh()
+  d:load_checkpoint(path("lo"), "t", { load_module_only = true })
+  for n, p in dm:named_parameters() do T.near(p, want[n], 0, 0, n) end
+  T.eq(d.global_steps, 0); T.eq(moments(d), 0); T.eq(d:get_lr()[1], lr0)
+  -- another optimizer loads the weights only
+  local sgd = { optimizer = { type = "SGD", params = { lr = 1e-3 } }, zero_allow_untested_optimizer = true }
+  T.raises(function() fresh(sgd):load_checkpoint(path("lo"), "t") end, "load it with the optimizer.type it was saved with")
+  local g, gm = fresh(sgd)
+  g:load_checkpoint(path("lo"), "t", { load_optimizer_states = false })
+  for n, p in gm:named_parameters() do T.near(p, want[n], 0, 0, n) end
+  T.raises(function() fresh():load_checkpoint(path("lo"), "t", { load_module_strict = false }) end,
+    "load_module_strict = false: zrun loads every parameter")
+  T.raises(function() fresh():load_checkpoint(path("lo"), "t", { load_optimizer = false }) end,
+    "load_checkpoint: unknown option 'load_optimizer'")
+end)
+
 T.test("safetensors slices and streaming writes (bindings the checkpoints use)", function()
   local t = zr.arange(0, 24):float():reshape({ 4, 6 })
   zr.save_safetensors(path("s.safetensors"), { a = t, b = zr.tensor({ 1, 2, 3 }, { dtype = "f64" }) })
