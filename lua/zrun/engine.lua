@@ -755,7 +755,11 @@ function Engine:eval() self.module:eval(); return self end
 function Engine:parameters() return self.params end
 
 -- Checkpoints live in zrun.checkpoint (save/load, resharding, zero-to-fp32).
-function Engine:save_checkpoint(dir, tag, client_state)
+function Engine:save_checkpoint(dir, tag, client_state, ...)
+  if select("#", ...) > 0 then -- (DeepSpeed's save_latest and exclude_frozen_parameters: refused, not dropped)
+    error("save_checkpoint(dir, tag, client_state): DeepSpeed's further arguments (save_latest, " ..
+      "exclude_frozen_parameters) are not implemented: every save rewrites `latest` and holds every parameter", 2)
+  end
   return require("zrun.checkpoint").save(self, dir, tag, client_state)
 end
 -- Returns client_state and the tag folder it loaded (DeepSpeed returns them the other way round);

@@ -388,6 +388,7 @@ T.test("load_checkpoint's DeepSpeed options: optimizer states, scheduler, module
     "load_module_strict = false: zrun loads every parameter")
   T.raises(function() fresh():load_checkpoint(path("lo"), "t", { load_optimizer = false }) end,
     "load_checkpoint: unknown option 'load_optimizer'")
+  T.raises(function() e:save_checkpoint(path("lo"), "u", {}, false) end, "DeepSpeed's further arguments (save_latest")
 end)
 
 T.test("safetensors slices and streaming writes (bindings the checkpoints use)", function()
