@@ -83,6 +83,8 @@ local OPTIMS = {
   adagrad = { type = "Adagrad", auto = { "lr", "weight_decay" }, args = { lr_decay = "number", eps = "number" } },
 }
 OPTIMS.adamw_torch_fused = OPTIMS.adamw_torch -- torch's fused kernel: the same update
+OPTIMS.adamw_apex_fused = OPTIMS.adamw_torch -- apex's FusedAdam in AdamW mode: the same update
+OPTIMS.paged_adamw_32bit = OPTIMS.adamw_torch -- bitsandbytes' 32-bit AdamW (its paging moves memory, not the math)
 M.OPTIMS = OPTIMS
 
 -- optim_args as transformers parses it ("momentum=0.9,nesterov=True"): a table of the keys optim
@@ -120,7 +122,8 @@ function M.optimizer_from_args(args)
   local name = args.optim
   local o = OPTIMS[name]
   if not o then
-    return nil, fmt("optim = %s is not an optimizer zrun runs: adamw_torch, adamw_torch_fused, sgd, adagrad (or " ..
+    return nil, fmt("optim = %s is not an optimizer zrun runs: adamw_torch, adamw_torch_fused, adamw_apex_fused, " ..
+      "paged_adamw_32bit, sgd, adagrad (8-bit optimizers change the update; or " ..
       "DeepSpeed's Lion and Lamb through the config's \"optimizer\" section)", show(name))
   end
   local params, err = optim_args(name, args.optim_args, o.args)

@@ -260,6 +260,9 @@ T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, opti
   e = run { optim = "adagrad", learning_rate = 0.05 }
   T.eq(e.config.optimizer.type, "Adagrad")
   T.raises(function() run { optim = "adamw_8bit" } end, 'optim = "adamw_8bit" is not an optimizer zrun runs')
+  for _, name in ipairs { "adamw_torch_fused", "adamw_apex_fused", "paged_adamw_32bit" } do -- (AdamW's update, other kernels)
+    T.eq(run({ optim = name }).config.optimizer.type, "AdamW", name)
+  end
   T.raises(function() run { optim = "sgd", optim_args = "momentum=x" } end, "optim_args: momentum must be a number")
 end)
 
