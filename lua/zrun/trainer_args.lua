@@ -49,6 +49,9 @@ M.NO_EFFECT = {
   torch_compile_backend = "zrun's kernels are fused natively; there is nothing to compile",
   torch_compile_mode = "zrun's kernels are fused natively; there is nothing to compile",
   tf32 = "zrun's f32 products run in full f32 (bf16/fp16 training runs its products in 16 bits)",
+  save_on_each_node = "rank 0 writes the model and trainer files, every rank its own shards, as with DeepSpeed",
+  use_cpu = "the model's device decides where it trains",
+  skip_memory_metrics = "each log line has the memory in use and its peak (memory, peak_memory in metrics.jsonl)",
 }
 -- Values of those keys that would change training, and what to do instead
 M.REFUSED_VALUES = {
@@ -56,6 +59,11 @@ M.REFUSED_VALUES = {
   push_to_hub = { [true] = "push_to_hub = true: zrun does not upload; run `huggingface-cli upload REPO OUTPUT_DIR` after training" },
   ignore_data_skip = { [true] = "ignore_data_skip = true: a resumed run always continues at the data position it " ..
     "stopped at (remove the argument)" },
+  save_on_each_node = { [true] = "save_on_each_node = true: rank 0 alone writes the model and trainer files; give " ..
+    "the nodes a shared output_dir" },
+  use_cpu = { [true] = "use_cpu = true: the Trainer trains the model where it is; load it on the CPU (device = \"cpu\")" },
+  skip_memory_metrics = { [false] = "skip_memory_metrics = false: transformers' memory metrics are not reported; each " ..
+    "log line has memory and peak_memory instead" },
 }
 
 M.RENAMED = { evaluation_strategy = "eval_strategy" }

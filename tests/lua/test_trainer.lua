@@ -61,6 +61,10 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   new { gradient_checkpointing_kwargs = { use_reentrant = false }, push_to_hub = false, log_level = "info",
     ddp_find_unused_parameters = false, dataloader_drop_last = true, prediction_loss_only = true, ignore_data_skip = false }
   T.raises(function() new { ignore_data_skip = true } end, "ignore_data_skip = true: a resumed run always continues")
+  new { save_on_each_node = false, use_cpu = false, skip_memory_metrics = true } -- (their defaults: what zrun does)
+  T.raises(function() new { save_on_each_node = true } end, "save_on_each_node = true: rank 0 alone writes")
+  T.raises(function() new { use_cpu = true } end, "use_cpu = true: the Trainer trains the model where it is")
+  T.raises(function() new { skip_memory_metrics = false } end, "skip_memory_metrics = false: transformers' memory metrics")
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
   T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
