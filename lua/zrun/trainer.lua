@@ -640,7 +640,10 @@ function Trainer:train(resume)
     -- transformers 5 evaluates at the last step too when the "steps" strategy would not
     local last = s == self.total_steps and not epoch_end and a.eval_strategy == "steps"
     local new_best = false
-    if (due(a.eval_strategy, st.eval_steps, s, epoch_end) or last or ctl.should_evaluate) and self.last_eval ~= s then
+    -- eval_delay: the strategy evaluates from that step on (that epoch with "epoch"); a callback's request any time
+    local delayed = (a.eval_strategy == "epoch" and st.epoch or s) < a.eval_delay
+    if (((due(a.eval_strategy, st.eval_steps, s, epoch_end) or last) and not delayed) or ctl.should_evaluate)
+      and self.last_eval ~= s then
       new_best = self:update_best(self:evaluate())
     end
     if save_due(s, epoch_end) or ((ctl.should_save or (a.save_strategy == "best" and new_best)) and self.last_save ~= s) then

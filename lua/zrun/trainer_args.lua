@@ -22,6 +22,7 @@ M.DEFAULTS = {
   ddp_timeout = false, -- (false: ZRUN_COMM_TIMEOUT / DEEPSPEED_TIMEOUT, else 1800 s, transformers' default too)
   torch_empty_cache_steps = false,
   report_to = "none", logging_dir = false, -- (TensorBoard: zrun.trainer_callbacks.TensorBoardCallback)
+  eval_delay = 0,
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -199,7 +200,10 @@ function M.resolve(user, quiet)
     require("zrun.dist").print0("[zrun] Trainer: logging_dir not used: report_to is \"none\" (transformers 5's default); " ..
       "report_to = \"tensorboard\" writes its event files there")
   end
-  if a.ddp_timeout then check_int(a, "ddp_timeout", 1) end -- (seconds every collective may take; the Trainer sets it)
+  if a.ddp_timeout then check_int(a, "ddp_timeout", 1) end
+  if type(a.eval_delay) ~= "number" or a.eval_delay < 0 then
+    bad("eval_delay must be a number >= 0 (steps, or epochs with eval_strategy \"epoch\"), got %s", config.show(a.eval_delay))
+  end -- (seconds every collective may take; the Trainer sets it)
   check_int(a, "seed", 0)
   if a.data_seed then check_int(a, "data_seed", 0) end
   if a.save_total_limit then check_int(a, "save_total_limit", 1) end

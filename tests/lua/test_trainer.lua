@@ -296,6 +296,24 @@ T.test("eval_dataset by name (transformers' dict): each evaluated as eval_<name>
     args = { eval_strategy = "steps", metric_for_best_model = "wiki_acc" } } end, 'metric_for_best_model = "wiki_acc"')
 end)
 
+T.test("eval_delay: no evaluation by the strategy before that step (epoch with \"epoch\"), as transformers' flow", function()
+  local function evals(a)
+    local args = { max_steps = 4, eval_strategy = "steps", eval_steps = 1, save_strategy = "no", output_dir = tmp .. "/delay",
+      logging_steps = 100 }
+    for k, v in pairs(a) do args[k] = v end
+    local t = zr.Trainer { model = model(), train_dataset = train_ds:select(1, 16), eval_dataset = eval_ds:select(1, 4), args = args }
+    t:train()
+    local at = {}
+    for _, r in ipairs(t.state.log_history) do if r.eval_loss then at[#at + 1] = r.step end end
+    return table.concat(at, " ")
+  end
+  T.eq(evals {}, "1 2 3 4")
+  T.eq(evals { eval_delay = 3 }, "3 4")
+  -- 16 rows, micro-batch 8: 2 steps an epoch; evaluation at each epoch's end from epoch 2 on
+  T.eq(evals { eval_strategy = "epoch", eval_delay = 2, per_device_train_batch_size = 8 }, "4")
+  T.raises(function() evals { eval_delay = -1 } end, "eval_delay must be a number >= 0")
+end)
+
 T.test("bf16_full_eval / fp16_full_eval fill the config's \"auto\" precision, as transformers fills DeepSpeed's", function()
   local function precision(a)
     a.max_steps = 1
