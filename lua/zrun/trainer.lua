@@ -845,7 +845,7 @@ function Trainer:load_checkpoint(path)
   local z, a = sc and sc.args or {}, self.args
   local now = { world_size = dist.world_size(), per_device_train_batch_size = a.per_device_train_batch_size,
     gradient_accumulation_steps = a.gradient_accumulation_steps, data_seed = a.data_seed or a.seed,
-    train_rows = #self.train_dataset.rows }
+    train_rows = self.train_dataset and #self.train_dataset.rows or 0 }
   for k, v in pairs(now) do
     if z[k] ~= nil and z[k] ~= v then
       dist.print0(fmt("[zrun] resume_from_checkpoint: %s was %s and is now %s; the data order after step %d differs " ..
@@ -942,7 +942,7 @@ function Trainer:state_json(step)
   out.total_flos, out.num_input_tokens_seen = st.total_flos or 0, st.num_input_tokens_seen or 0
   out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
     per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
-    data_seed = a.data_seed or a.seed, train_rows = #self.train_dataset.rows, engine_tag = "global_step" .. step } } }
+    data_seed = a.data_seed or a.seed, train_rows = self.train_dataset and #self.train_dataset.rows or 0, engine_tag = "global_step" .. step } } }
   for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
     if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
   end

@@ -99,7 +99,7 @@ function M.install(Trainer)
   function Trainer:save_state()
     if dist.rank() ~= 0 then return end
     C.makedirs(self.args.output_dir)
-    require("zrun.trainer_checkpoint").write_state(self.args.output_dir, self:state_json(self:step_count()))
+    require("zrun.trainer_checkpoint").write_state(self.args.output_dir, self:state_json(self.state.global_step))
   end
 
   -- The callback list (zrun.trainer_callbacks), as transformers' add_callback / pop_callback /

@@ -62,6 +62,10 @@ T.test("train() returns transformers' metrics; total_flos is 6 x non-embedding p
   t:save_state()
   local st = cjson.decode(read(tmp .. "/flos/trainer_state.json"))
   T.eq(st.global_step, 2); T.eq(st.total_flos, 6 * n * tokens); T.eq(#st.log_history, #t.state.log_history)
+  -- a Trainer that never trained (no train_dataset): the initial state, as transformers writes it
+  local idle = zr.Trainer { model = t.model, args = { output_dir = tmp .. "/idle" } }
+  idle:save_state()
+  T.eq(cjson.decode(read(tmp .. "/idle/trainer_state.json")).global_step, 0)
 end)
 
 T.test("add_callback, pop_callback (by table or name), remove_callback", function()
