@@ -408,10 +408,21 @@ end
 -- input_ids with every position holding pad_token_id set to -100 (as HF does: when pad == eos, as
 -- GPT-2/Llama scripts set it, real eos tokens are ignored too; packed rows avoid the question).
 -- Rows that carry their own labels (group_texts blocks, as HF's default_data_collator takes them)
--- keep them, with -100 on the padding. Returns i64 tensors (B, T).
+-- keep them, with -100 on the padding. Returns i64 tensors (B, T). opts: pad_token_id (or tokenizer, whose
+-- pad token it takes, as transformers' does), pad_to_multiple_of, mlm (false only).
 function M.causal_lm_collator(opts)
-  opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of" })
+  opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of", "tokenizer", "mlm" })
+  if opts.mlm ~= nil and opts.mlm ~= false then -- (transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False))
+    error("collator: mlm = true (masked language modeling) is not implemented; mlm = false is the causal LM collator", 2)
+  end
   local pad = opts.pad_token_id
+  if pad == nil and opts.tokenizer ~= nil then -- (transformers: the tokenizer's pad token, which must exist)
+    pad = opts.tokenizer:pad_id()
+    if pad == nil then
+      error("collator: the tokenizer has no pad token; set one (HF scripts use the eos: pad_token_id = tok:eos_id()) " ..
+        "or pass pad_token_id", 2)
+    end
+  end
   local multiple = opts.pad_to_multiple_of
   if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
     error(("collator: pad_to_multiple_of must be a positive integer (e.g. 64), got %s"):format(tostring(multiple)), 2)

@@ -100,6 +100,17 @@ T.test("group_texts", function()
   T.near(g.rows[2].input_ids, { 4, 5, 6 }); T.near(g.rows[2].labels, { 4, 5, 6 })
 end)
 
+T.test("the collator as transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False)", function()
+  local tok = zr.tokenizers.ByteTokenizer.new()
+  local c = D.causal_lm_collator { tokenizer = tok, mlm = false }
+  local b = c { { input_ids = { 5, 6, 7 } }, { input_ids = { 5 } } }
+  T.eq(b.input_ids:flat_table()[5], tok:pad_id(), "padded with the tokenizer's pad token")
+  T.eq(b.labels:flat_table()[5], -100)
+  T.raises(function() D.causal_lm_collator { tokenizer = tok, mlm = true } end, "mlm = true (masked language modeling) is not implemented")
+  local nopad = setmetatable({}, { __index = { pad_id = function() return nil end } })
+  T.raises(function() D.causal_lm_collator { tokenizer = nopad } end, "the tokenizer has no pad token")
+end)
+
 T.test("causal LM collator pads and masks", function()
   local col = D.causal_lm_collator({ pad_token_id = 9 })
   local b = col({ { input_ids = { 1, 2, 3 } }, { input_ids = { 4 } } })
