@@ -103,29 +103,55 @@ function Dataset:train_test_split(o)
   return { train = adopt(train), test = adopt(test) }
 end
 
--- Applies fn(row, index) -> new row (or a table of columns added to the row when keep=true).
--- batched=true passes lists of rows (batch_size, default 1000) and fn returns a list of rows of
--- any length (so it can split or join rows, like group_texts).
+-- The input row's columns that map keeps: all of them (keep = true or remove_columns = false), all but a list
+-- (remove_columns = {names}, HF's: removed before fn's columns are added, so fn may set them again), or
+-- none (the default: fn's row replaces it). Returns the set of removed names, {} for all kept, nil for none.
+local function removed_columns(opts, first)
+  local rc = opts.remove_columns
+  if opts.keep or rc == false then return {} end
+  if rc == nil then return nil end
+  if type(rc) == "string" then rc = { rc } end
+  if type(rc) ~= "table" then error("Dataset:map: remove_columns must be a column name, a list of them, or false", 0) end
+  local set = {}
+  for _, c in ipairs(rc) do
+    if first and first[c] == nil then error(("Dataset:map: column to remove '%s' is not in the dataset"):format(tostring(c)), 0) end
+    set[c] = true
+  end
+  return set
+end
+local function merge(r, nr, removed)
+  local m = {}
+  for k, v in pairs(r) do if not removed[k] then m[k] = v end end
+  for k, v in pairs(nr) do m[k] = v end
+  return m
+end
+
+-- Applies fn(row, index) -> new row (keep = true or remove_columns = false: columns added to the row;
+-- remove_columns = {names}: the row less those, with fn's columns added, as HF's map). batched=true passes
+-- lists of rows (batch_size, default 1000) and fn returns a list of rows of any length (so it can split or
+-- join rows, like group_texts); kept columns need as many rows back as went in.
 function Dataset:map(fn, opts)
   opts = kw.check("Dataset:map", opts, { "batched", "batch_size", "remove_columns", "keep", "desc" })
+  local removed = removed_columns(opts, self.rows[1])
   local out = {}
   if opts.batched then
     local bs = opts.batch_size or 1000
     for s = 1, #self.rows, bs do
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
-      for _, r in ipairs(fn(batch, s)) do out[#out + 1] = r end
+      local res = fn(batch, s)
+      local keeps = false
+      if removed then for k in pairs(batch[1] or {}) do keeps = keeps or not removed[k] end end
+      if keeps and #res ~= #batch then
+        error(("Dataset:map: the batched function returned %d rows for %d and the input's columns are kept; to change " ..
+          "the number of rows remove them all (remove_columns) or leave remove_columns unset"):format(#res, #batch), 0)
+      end
+      for j, r in ipairs(res) do out[#out + 1] = keeps and merge(batch[j], r, removed) or r end
     end
   else
     for i, r in ipairs(self.rows) do
       local nr = fn(r, i)
-      if opts.remove_columns == false or opts.keep then
-        local merged = {}
-        for k, v in pairs(r) do merged[k] = v end
-        for k, v in pairs(nr) do merged[k] = v end
-        nr = merged
-      end
-      out[i] = nr
+      out[i] = removed and merge(r, nr, removed) or nr
     end
   end
   return adopt(out)

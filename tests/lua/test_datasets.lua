@@ -100,6 +100,26 @@ T.test("group_texts", function()
   T.near(g.rows[2].input_ids, { 4, 5, 6 }); T.near(g.rows[2].labels, { 4, 5, 6 })
 end)
 
+T.test("map's columns as HF's: replaced (default), kept, or all but remove_columns; batched too", function()
+  local ds = D.Dataset.from_rows { { text = "ab", id = 1 }, { text = "cde", id = 2 } }
+  local function n(r) return { n = #r.text } end
+  T.same(ds:map(n)[1], { n = 2 }, "the default: fn's row")
+  T.same(ds:map(n, { keep = true })[2], { text = "cde", id = 2, n = 3 })
+  T.same(ds:map(n, { remove_columns = false })[2], { text = "cde", id = 2, n = 3 })
+  T.same(ds:map(n, { remove_columns = { "text" } })[1], { id = 1, n = 2 }, "HF: the other columns stay")
+  T.same(ds:map(function(r) return { text = r.text:upper() } end, { remove_columns = "text" })[1], { id = 1, text = "AB" },
+    "removed before fn's columns are added")
+  T.raises(function() ds:map(n, { remove_columns = { "txt" } }) end, "column to remove 'txt' is not in the dataset")
+  -- batched: kept columns need one output row per input row
+  local function nb(rows) local o = {}; for i, r in ipairs(rows) do o[i] = n(r) end; return o end
+  T.same(ds:map(nb, { batched = true, keep = true })[1], { text = "ab", id = 1, n = 2 }, "batched keep (it was dropped)")
+  local function split(rows) return { { x = 1 }, { x = 2 }, { x = 3 } } end
+  T.eq(#ds:map(split, { batched = true }), 3)
+  T.eq(#ds:map(split, { batched = true, remove_columns = { "text", "id" } }), 3)
+  T.raises(function() ds:map(split, { batched = true, remove_columns = { "text" } }) end,
+    "returned 3 rows for 2 and the input's columns are kept")
+end)
+
 T.test("the collator as transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False)", function()
   local tok = zr.tokenizers.ByteTokenizer.new()
   local c = D.causal_lm_collator { tokenizer = tok, mlm = false }
