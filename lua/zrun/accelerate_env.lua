@@ -35,18 +35,6 @@ local MAP = {
   { "zero3_save_16bit_model", "zero_optimization.stage3_gather_16bit_weights_on_model_save" },
 }
 
--- The node holding a dotted key's last part, or nil when a parent is missing
-local function node(cfg, key)
-  local t = cfg
-  local parts = {}
-  for p in key:gmatch("[^.]+") do parts[#parts + 1] = p end
-  for i = 1, #parts - 1 do
-    t = t[parts[i]]
-    if type(t) ~= "table" then return nil end
-  end
-  return t, parts[#parts]
-end
-
 local function plugin_fields(getenv)
   local gas = getenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS") or "auto"
   local clip = getenv("ACCELERATE_GRADIENT_CLIPPING") or "auto"
@@ -85,9 +73,9 @@ local function from_file(path, f, getenv)
   if type(cfg.zero_optimization) ~= "table" then
     bad("%s has no zero_optimization section (accelerate requires one); add \"zero_optimization\": {\"stage\": N}", path)
   end
+  local U = require "zrun.config_util"
   for _, m in ipairs(MAP) do -- the plugin's values go where the file says "auto" (fill_match, must_match=False)
-    local t, k = node(cfg, m[2])
-    if t and t[k] == "auto" then t[k] = f[m[1]] end
+    if U.get(cfg, m[2]) == "auto" then U.set(cfg, m[2], f[m[1]]) end
   end
   return cfg
 end
@@ -131,9 +119,12 @@ end
 -- TrainingArguments, whose fp16 / bf16 replace ACCELERATE_MIXED_PRECISION as transformers' do; getenv: a
 -- function name -> value (default os.getenv), for tests. Raises "accelerate launch: ..." on what
 -- accelerate refuses.
+-- Whether this process was started by `accelerate launch` with DeepSpeed (ACCELERATE_USE_DEEPSPEED true).
+function M.active(getenv) return flag(getenv or os.getenv, "ACCELERATE_USE_DEEPSPEED", false) end
+
 function M.deepspeed_config(args, getenv)
   getenv, args = getenv or os.getenv, args or {}
-  if not flag(getenv, "ACCELERATE_USE_DEEPSPEED", false) then return nil end
+  if not M.active(getenv) then return nil end
   local f = plugin_fields(getenv)
   local file = getenv("ACCELERATE_DEEPSPEED_CONFIG_FILE")
   local cfg, what
@@ -151,7 +142,14 @@ end
 -- Whether accelerate's zero3_init_flag asks for the model to be built partitioned (deepspeed.zero.Init)
 function M.zero3_init(getenv)
   getenv = getenv or os.getenv
-  return flag(getenv, "ACCELERATE_USE_DEEPSPEED", false) and flag(getenv, "ACCELERATE_DEEPSPEED_ZERO3_INIT", false)
+  return M.active(getenv) and flag(getenv, "ACCELERATE_DEEPSPEED_ZERO3_INIT", false)
+end
+
+-- Without DeepSpeed: accelerate's mixed_precision ("bf16" or "fp16") where the arguments set neither bf16
+-- nor fp16 (TrainingArguments keeps ACCELERATE_MIXED_PRECISION then), else nil.
+function M.mixed_precision(args, getenv)
+  local mp = (getenv or os.getenv)("ACCELERATE_MIXED_PRECISION")
+  if not args.bf16 and not args.fp16 and (mp == "bf16" or mp == "fp16") then return mp end
 end
 
 return M

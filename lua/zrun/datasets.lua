@@ -16,6 +16,10 @@ local function adopt(rows)
   rows.rows = rows
   return setmetatable(rows, Dataset)
 end
+-- Whether ds is several datasets by name ({name = dataset}, transformers' dict of eval datasets) rather
+-- than one dataset or a list of rows.
+function M.is_named(ds) return type(ds) == "table" and not ds.rows and ds[1] == nil and next(ds) ~= nil end
+
 -- A dataset of a list of rows (copied: the list stays the caller's).
 function Dataset.from_rows(rows)
   local t = {}
@@ -241,12 +245,18 @@ local split_files = {
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local function is_dir(p) return exists(p .. "/.") end
 
--- Reads lines like HF's text/wikitext builders: each line keeps its "\n"; blank lines become "".
-local function read_lines(path, blank_as_empty)
+-- A dataset file's bytes, or one line saying why not.
+local function read_all(path)
   local f, err = io.open(path, "rb")
   if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
   local data = f:read("*a")
   f:close()
+  return data
+end
+
+-- Reads lines like HF's text/wikitext builders: each line keeps its "\n"; blank lines become "".
+local function read_lines(path, blank_as_empty)
+  local data = read_all(path)
   local rows, pos = {}, 1
   while pos <= #data do
     local nl = data:find("\n", pos, true)
@@ -292,10 +302,7 @@ end
 -- A .json file as HF's json builder reads it: a list of row objects, the list under `key` of one object
 -- (load_dataset's field), or JSON Lines.
 local function read_json(path, field, explicit, key)
-  local f, err = io.open(path, "rb")
-  if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
-  local data = f:read("*a")
-  f:close()
+  local data = read_all(path)
   local first = data:match("^%s*(.)")
   local whole_ok, whole = pcall(require("cjson").decode, data)
   if first ~= "[" and not key then
@@ -319,10 +326,7 @@ end
 -- separated by commas, "quoted" where they hold commas, quotes ("" for one) or line breaks; a column
 -- whose every non-empty field is a number holds numbers, an empty field is absent (pandas' NaN).
 local function read_csv(path)
-  local f, err = io.open(path, "rb")
-  if not f then error(("cannot read dataset file %s: %s"):format(path, err), 0) end
-  local data = f:read("*a"):gsub("^\239\187\191", "") -- (a UTF-8 byte-order mark is not part of the first name)
-  f:close()
+  local data = read_all(path):gsub("^\239\187\191", "") -- (a UTF-8 byte-order mark is not part of the first name)
   local records, rec, field, pos, n, quoted_field = {}, {}, {}, 1, #data, false
   local function end_field() rec[#rec + 1] = { table.concat(field), quoted_field }; field, quoted_field = {}, false end
   local function end_record()

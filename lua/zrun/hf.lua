@@ -426,6 +426,28 @@ end
 -- "5GB"). Tensors are assigned to shards greedily in name order; one bigger than the limit gets a
 -- shard of its own. opts.metadata defaults to {format="pt"}, which transformers requires.
 -- Returns the list of files written (names relative to dir).
+-- Shards of items ({name=, bytes=}, in their order) as huggingface_hub cuts them: a new shard when the next
+-- item would pass max bytes (one bigger than max gets a shard of its own). Returns the shards (lists of
+-- items) and their file names: model.safetensors alone, else model-0000k-of-0000n.safetensors.
+function hf.plan_shards(items, max)
+  local shards, size = { {} }, 0
+  for _, it in ipairs(items) do
+    if #shards[#shards] > 0 and size + it.bytes > max then shards[#shards + 1], size = {}, 0 end
+    table.insert(shards[#shards], it)
+    size = size + it.bytes
+  end
+  local names = {}
+  for k = 1, #shards do names[k] = #shards == 1 and SINGLE_NAME or fmt("model-%05d-of-%05d.safetensors", k, #shards) end
+  return shards, names
+end
+
+-- Writes dir/model.safetensors.index.json (weight_map: tensor name -> shard file; total_size in bytes), last
+-- after its shards: a crash before it leaves no index pointing at missing shards.
+function hf.write_index(dir, weight_map, total)
+  C.write_file_atomic(join(dir, INDEX_NAME), hf.encode_json({ metadata = { total_size = total }, weight_map = weight_map }))
+  return INDEX_NAME
+end
+
 function hf.save_state_dict(dir, sd, opts)
   opts = kw.check("save_pretrained", opts, { "max_shard_size", "metadata", "safe_serialization" })
   if opts.safe_serialization == false then
@@ -434,40 +456,23 @@ function hf.save_state_dict(dir, sd, opts)
   local max = hf.parse_size(opts.max_shard_size or "5GB")
   local meta = opts.metadata or { format = "pt" }
   C.makedirs(dir)
-  local names = sorted_keys(sd)
-  local shards, cur, cur_size, total = {}, {}, 0, 0
-  for _, name in ipairs(names) do
+  local items, total = {}, 0
+  for _, name in ipairs(sorted_keys(sd)) do
     local t = sd[name]
     if not C.is_tensor(t) then
       error(fmt("save_state_dict: '%s' is a %s, expected a tensor", tostring(name), type(t)), 0)
     end
-    local b = tensor_bytes(t)
-    if next(cur) and cur_size + b > max then
-      shards[#shards + 1] = cur
-      cur, cur_size = {}, 0
-    end
-    cur[name] = t
-    cur_size = cur_size + b
-    total = total + b
+    items[#items + 1] = { name = name, bytes = tensor_bytes(t) }
+    total = total + items[#items].bytes
   end
-  if next(cur) or #shards == 0 then shards[#shards + 1] = cur end
-  local written = {}
-  if #shards == 1 then
-    C.save_safetensors(join(dir, SINGLE_NAME), shards[1], meta)
-    written[1] = SINGLE_NAME
-  else
-    local wm = {}
-    for k, shard in ipairs(shards) do
-      local fname = fmt("model-%05d-of-%05d.safetensors", k, #shards)
-      C.save_safetensors(join(dir, fname), shard, meta)
-      for name in pairs(shard) do wm[name] = fname end
-      written[#written + 1] = fname
-    end
-    -- the index last: a crash mid-save leaves no index pointing at missing shards
-    C.write_file_atomic(join(dir, INDEX_NAME),
-      hf.encode_json({ metadata = { total_size = total }, weight_map = wm }))
-    written[#written + 1] = INDEX_NAME
+  local shards, written = hf.plan_shards(items, max)
+  local wm = {}
+  for k, shard in ipairs(shards) do
+    local tensors = {}
+    for _, it in ipairs(shard) do tensors[it.name], wm[it.name] = sd[it.name], written[k] end
+    C.save_safetensors(join(dir, written[k]), tensors, meta)
   end
+  if #shards > 1 then written[#written + 1] = hf.write_index(dir, wm, total) end
   local keep = {}
   for _, n in ipairs(written) do keep[n] = true end
   hf.remove_stale_weights(dir, keep)

@@ -28,7 +28,7 @@ end
 -- under `accelerate launch` with DeepSpeed when the command line names no config: the Trainer then
 -- takes accelerate's (zrun.accelerate_env), as transformers' does.
 function M.config_path(path, given)
-  if given and not given.config and require("zrun.accelerate_env").deepspeed_config() then return false end
+  if given and not given.config and require("zrun.accelerate_env").active() then return false end
   local home = ZRUN_HOME or "."
   if not exists(path) and exists(home .. "/" .. path) then path = home .. "/" .. path end
   if not exists(path) then error("DeepSpeed config " .. path .. " not found (pass --config FILE)", 0) end

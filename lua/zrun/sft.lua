@@ -421,10 +421,11 @@ function M.SFTTrainer(opts)
   for k, v in pairs(opts) do t[k] = v end
   t.formatting_func = nil
   local ev = opts.eval_dataset
-  if type(ev) == "table" and not ev.rows and ev[1] == nil and next(ev) ~= nil then -- named eval datasets, each prepared
-    local named = {}
-    for name, d in pairs(ev) do named[name] = prep(d, true) end
-    ev = named
+  local named = require("zrun.datasets").is_named
+  if named(ev) then -- named eval datasets, each prepared
+    local prepared = {}
+    for name, d in pairs(ev) do prepared[name] = prep(d, true) end
+    ev = prepared
   else ev = prep(ev, true) end
   t.args, t.train_dataset, t.eval_dataset = args, prep(opts.train_dataset), ev
   if not t.data_collator and not tok and (multiple or pad_token) then
@@ -446,10 +447,9 @@ function M.SFTTrainer(opts)
   if skip and not opts.data_collator then -- (the default collator reads labels only: masks without them would
     -- train on every token; TRL refuses such rows too, at init and in evaluate)
     no_masks_without_labels("train", t.train_dataset)
-    local ev_rows = t.eval_dataset
-    if type(ev_rows) == "table" and not ev_rows.rows and ev_rows[1] == nil then
-      for name, d in pairs(ev_rows) do no_masks_without_labels("eval " .. tostring(name), d) end
-    else no_masks_without_labels("eval", ev_rows) end
+    if named(t.eval_dataset) then
+      for name, d in pairs(t.eval_dataset) do no_masks_without_labels("eval " .. tostring(name), d) end
+    else no_masks_without_labels("eval", t.eval_dataset) end
     local evaluate = trainer.evaluate
     trainer.evaluate = function(self, ds, ...)
       no_masks_without_labels("eval", ds)

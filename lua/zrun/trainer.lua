@@ -37,10 +37,7 @@ end
 
 -- transformers' default logging_dir: output_dir/runs/<Mon DD_HH-MM-SS>_<host>
 local function default_logging_dir(output_dir)
-  local f = io.open("/proc/sys/kernel/hostname", "rb")
-  local host = f and f:read("*l") or os.getenv("HOSTNAME") or "localhost"
-  if f then f:close() end
-  return fmt("%s/runs/%s_%s", output_dir, os.date("%b%d_%H-%M-%S"), host)
+  return fmt("%s/runs/%s_%s", output_dir, os.date("%b%d_%H-%M-%S"), require("zrun.monitor.tensorboard").hostname())
 end
 
 -- A dataset as the Trainer reads it: a zrun Dataset, or a list of rows (made one); nil stays nil.
@@ -53,15 +50,14 @@ end
 -- eval_dataset: one dataset, or several by name ({name = dataset}, transformers' dict: each evaluated with
 -- the metrics prefix eval_<name>).
 local function as_datasets(ds)
-  if type(ds) ~= "table" or ds.rows or ds[1] ~= nil or next(ds) == nil then return as_dataset(ds, "eval_dataset") end
+  if not datasets.is_named(ds) then return as_dataset(ds, "eval_dataset") end
   local named = {}
   for name, d in pairs(ds) do
     if type(name) ~= "string" then error("Trainer: eval_dataset's names must be strings", 0) end
     named[name] = as_dataset(d, "eval_dataset." .. name)
   end
-  return setmetatable(named, { __name = "named datasets" })
+  return named
 end
-local function is_named(ds) return type(ds) == "table" and getmetatable(ds) and getmetatable(ds).__name == "named datasets" end
 
 -- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
@@ -168,8 +164,8 @@ local function launch_config(a, hf_args)
     end
     return cfg
   end
-  local mp = os.getenv("ACCELERATE_MIXED_PRECISION")
-  if not a.deepspeed and not a.bf16 and not a.fp16 and (mp == "bf16" or mp == "fp16") then
+  local mp = not a.deepspeed and acc.mixed_precision(a)
+  if mp then
     hf_args[mp] = true
     dist.print0(fmt("[zrun] Trainer: %s from accelerate launch's mixed_precision (ACCELERATE_MIXED_PRECISION=%s)", mp, mp))
   end
@@ -979,7 +975,7 @@ function Trainer:evaluate(ds, prefix)
   ds = ds and as_datasets(ds) or self.eval_dataset
   prefix = prefix or "eval"
   if not ds then error("Trainer:evaluate: no eval_dataset (pass one to zr.Trainer{eval_dataset=} or to evaluate(ds))", 0) end
-  if is_named(ds) then -- each by name, in name order, with the prefix <prefix>_<name>; the metrics merged
+  if datasets.is_named(ds) then -- each by name, in name order, with the prefix <prefix>_<name>; the metrics merged
     local names, all, first = {}, {}, self.first_eval_metrics
     for name in pairs(ds) do names[#names + 1] = name end
     table.sort(names)

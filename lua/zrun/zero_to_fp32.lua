@@ -84,30 +84,17 @@ function M.convert(dir, tag, out, opts)
   local specs, total = {}, 0
   for _, e in ipairs(r:params()) do
     if not (opts.exclude_frozen_parameters and e.frozen) then
-      specs[#specs + 1] = { name = e.name, dtype = "f32", shape = e.shape, numel = e.numel }
+      specs[#specs + 1] = { name = e.name, dtype = "f32", shape = e.shape, bytes = 4 * e.numel }
       total = total + e.numel
     end
   end
-  local shards = { {} }
-  if out:match("%.safetensors$") then
-    for _, sp in ipairs(specs) do table.insert(shards[1], sp) end
-  else
-    local max, size = hf.parse_size(opts.max_shard_size or "5GB"), 0
-    for _, sp in ipairs(specs) do
-      local b = 4 * sp.numel
-      if #shards[#shards] > 0 and size + b > max then shards[#shards + 1], size = {}, 0 end
-      table.insert(shards[#shards], sp)
-      size = size + b
-    end
-    C.makedirs(out)
-  end
-  local names, wm = {}, {}
-  for k = 1, #shards do
-    names[k] = #shards == 1 and "model.safetensors" or fmt("model-%05d-of-%05d.safetensors", k, #shards)
-  end
+  local file = out:match("%.safetensors$")
+  if not file then C.makedirs(out) end
+  local shards, names = hf.plan_shards(specs, file and math.huge or hf.parse_size(opts.max_shard_size or "5GB"))
+  local wm = {}
   local ok, err = pcall(function()
     for k, shard in ipairs(shards) do
-      local path = #shards == 1 and out:match("%.safetensors$") and out or ckpt.join(out, names[k])
+      local path = file and out or ckpt.join(out, names[k])
       C.save_safetensors_stream(path, shard, function(i)
         collectgarbage() -- the previous tensor is no longer referenced: free it before building the next
         return r:get(shard[i].name)
@@ -118,14 +105,10 @@ function M.convert(dir, tag, out, opts)
   r:close()
   collectgarbage()
   if not ok then error(err, 0) end
-  if not out:match("%.safetensors$") then
+  if not file then
     local keep = {}
     for _, n in ipairs(names) do keep[n] = true end
-    if #shards > 1 then -- the index last: a failure before it leaves no index pointing at missing shards
-      C.write_file_atomic(ckpt.join(out, "model.safetensors.index.json"),
-        hf.encode_json({ metadata = { total_size = 4 * total }, weight_map = wm }))
-      keep["model.safetensors.index.json"] = true
-    end
+    if #shards > 1 then keep[hf.write_index(out, wm, 4 * total)] = true end
     hf.remove_stale_weights(out, keep)
   end
   return #specs, total, r.master_dtype, #shards

@@ -71,13 +71,16 @@ local function first_line(path)
   return s
 end
 
+-- This machine's name (as the event files and transformers' default logging_dir carry it).
+function M.hostname() return first_line("/proc/sys/kernel/hostname") or os.getenv("HOSTNAME") or "localhost" end
+
 -- A writer whose file lives in log_dir (created); opts.now: a clock (seconds) for tests.
 function M.new(log_dir, opts)
   opts = opts or {}
   local C = require("zrun")._C
   C.makedirs(log_dir)
   local now = opts.now or wall_time
-  local host = first_line("/proc/sys/kernel/hostname") or os.getenv("HOSTNAME") or "localhost"
+  local host = M.hostname()
   local pid = (first_line("/proc/self/stat") or "0"):match("^(%d+)")
   uid = uid + 1
   local path = fmt("%s/events.out.tfevents.%010d.%s.%s.%d", log_dir, floor(now()), host, pid, uid)
