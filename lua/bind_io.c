@@ -103,6 +103,45 @@ static int l_safetensors_open(lua_State *L) {
     if (!(*p = zr_safetensors_open(path))) return zr_l_error(L);
     return 1;
 }
+/* zr.safetensors_open_view(path, {{name=, stored="BF16", shape={...}, offset=bytes}, ...}) -> an open
+ * file (the safetensors handle) over tensors stored raw at those byte offsets (io/safetensors.h). */
+static int l_safetensors_open_view(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    int n = (int)lua_objlen(L, 2);
+    zr_safetensors_view_entry *v = lua_newuserdata(L, ((size_t)n + 1) * sizeof *v);
+    for (int i = 0; i < n; i++) {
+        lua_rawgeti(L, 2, i + 1);
+        int t = lua_gettop(L);
+        if (!lua_istable(L, t)) luaL_error(L, "safetensors_open_view: entry %d is not a table", i + 1);
+        lua_getfield(L, t, "name");
+        lua_getfield(L, t, "stored");
+        lua_getfield(L, t, "offset");
+        lua_getfield(L, t, "shape");
+        v[i].name = luaL_checkstring(L, t + 1); /* kept alive by the argument table */
+        const char *st = luaL_checkstring(L, t + 2);
+        v[i].st_dtype = ZR_ST_NDTYPES;
+        for (int k = 0; k < ZR_ST_NDTYPES; k++)
+            if (strcmp(st, zr_st_dtype_name((zr_st_dtype)k)) == 0) v[i].st_dtype = (zr_st_dtype)k;
+        if (v[i].st_dtype == ZR_ST_NDTYPES) luaL_error(L, "safetensors_open_view: unknown stored dtype '%s'", st);
+        v[i].offset = (int64_t)luaL_checknumber(L, t + 3);
+        luaL_checktype(L, t + 4, LUA_TTABLE);
+        v[i].ndim = (int)lua_objlen(L, t + 4);
+        if (v[i].ndim > ZR_MAX_DIMS) luaL_error(L, "safetensors_open_view: '%s' has %d dimensions, at most %d", v[i].name, v[i].ndim, ZR_MAX_DIMS);
+        for (int d = 0; d < v[i].ndim; d++) {
+            lua_rawgeti(L, t + 4, d + 1);
+            v[i].shape[d] = (int64_t)luaL_checknumber(L, -1);
+            lua_pop(L, 1);
+        }
+        lua_settop(L, t - 1);
+    }
+    zr_safetensors **p = lua_newuserdata(L, sizeof *p);
+    *p = NULL;
+    luaL_getmetatable(L, ST_FILE_MT);
+    lua_setmetatable(L, -2);
+    if (!(*p = zr_safetensors_open_view(path, v, n))) return zr_l_error(L);
+    return 1;
+}
 static int f_keys(lua_State *L) {
     zr_safetensors *f = *check_file(L, 1);
     int64_t n = zr_safetensors_count(f);
@@ -501,6 +540,7 @@ void zr_bind_io(lua_State *L) {
         {"save_safetensors", l_save_safetensors},
         {"safetensors_info", l_safetensors_info},
         {"safetensors_open", l_safetensors_open},
+        {"safetensors_open_view", l_safetensors_open_view},
         {"safetensors_load_into", l_safetensors_load_into},
         {"path_type", l_path_type},
         {"listdir", l_listdir},

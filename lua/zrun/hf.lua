@@ -17,6 +17,7 @@ local floor, huge = math.floor, math.huge
 
 local DTYPE_BYTES = { f32 = 4, bf16 = 2, f16 = 2, f64 = 8, i32 = 4, i64 = 8, u8 = 1 }
 local INDEX_NAME, SINGLE_NAME = "model.safetensors.index.json", "model.safetensors"
+local PT_INDEX_NAME, PT_SINGLE_NAME = "pytorch_model.bin.index.json", "pytorch_model.bin" -- (torch.save's)
 local kw = require "zrun.kwargs"
 -- the options each entry point takes (kw.check refuses others, naming the nearest)
 local HUB = { "revision", "cache_dir" }
@@ -238,7 +239,7 @@ function hf.pretrained_config(ref, opts)
   if dtype == "auto" then -- transformers' dtype="auto": config.json's dtype, else the first weight's in the files
     dtype = type(cfg.torch_dtype) == "string" and cfg.torch_dtype:gsub("^torch%.", "") or nil
     if not dtype then
-      local f = C.safetensors_open(hf.weight_files(dir)[1])
+      local f = hf.open_weight_file(hf.weight_files(dir)[1])
       local info = f:info()
       f:close()
       local first = next(info) and sorted_keys(info)[1]
@@ -256,9 +257,14 @@ end
 -- ---------------------------------------------------------------- weights
 
 -- The weight files of a model directory (full paths, in shard order) and, when sharded, the
--- index's weight_map (tensor name -> full path).
+-- index's weight_map (tensor name -> full path) and the index's path. As transformers looks: model.safetensors's index or
+-- file, else PyTorch's pytorch_model.bin's index or file (read by zrun.torch_file).
 function hf.weight_files(dir)
   local idx = join(dir, INDEX_NAME)
+  if C.path_type(idx) ~= "file" and C.path_type(join(dir, SINGLE_NAME)) ~= "file"
+    and C.path_type(join(dir, PT_INDEX_NAME)) == "file" then
+    idx = join(dir, PT_INDEX_NAME)
+  end
   if C.path_type(idx) == "file" then
     local index = decode_json_file(idx, "the weight index")
     local wm = index.weight_map
@@ -280,10 +286,11 @@ function hf.weight_files(dir)
           idx, basename(p), counts[p]), 0)
       end
     end
-    return files, map
+    return files, map, idx
   end
   local single = join(dir, SINGLE_NAME)
   if C.path_type(single) == "file" then return { single }, nil end
+  if C.path_type(join(dir, PT_SINGLE_NAME)) == "file" then return { join(dir, PT_SINGLE_NAME) }, nil end
   local found = {}
   for _, n in ipairs(C.listdir(dir) or {}) do
     if n:find("%.safetensors$") or n:find("%.bin$") or n:find("%.pth?$") or n:find("%.gguf$")
@@ -291,9 +298,17 @@ function hf.weight_files(dir)
       found[#found + 1] = n
     end
   end
-  error(fmt("no weights in %s: looked for %s and %s%s", dir, SINGLE_NAME, INDEX_NAME,
-    #found > 0 and (" (found " .. concat(found, ", ") .. "; zrun reads model.safetensors or a sharded index only)")
+  error(fmt("no weights in %s: looked for %s, %s, %s and %s%s", dir, SINGLE_NAME, INDEX_NAME, PT_SINGLE_NAME,
+    PT_INDEX_NAME, #found > 0 and (" (found " .. concat(found, ", ") .. "; zrun reads model.safetensors, "
+    .. "pytorch_model.bin or their sharded indexes)")
     or ""), 0)
+end
+
+-- An open weight file (the safetensors handle: keys, info, get, load_into): a .safetensors file, or
+-- a PyTorch pickle (pytorch_model.bin and its shards) through zrun.torch_file.
+function hf.open_weight_file(p)
+  if p:find("%.safetensors$") then return C.safetensors_open(p) end
+  return (require("zrun.torch_file").open_state_dict(p))
 end
 
 -- Loads the model's weights as name -> tensor. ref: anything hf.resolve accepts. opts: dtype
@@ -302,7 +317,7 @@ end
 function hf.load_state_dict(ref, opts)
   opts = kw.check("hf.load_state_dict", opts, STATE_DICT)
   local dir = hf.resolve(ref, kw.pick(opts, HUB))
-  local files, map = hf.weight_files(dir)
+  local files, map, idx = hf.weight_files(dir)
   local lopt = { dtype = opts.dtype, device = opts.device }
   local want
   if opts.names then
@@ -320,14 +335,14 @@ function hf.load_state_dict(ref, opts)
     end
   end
   for _, p in ipairs(files) do
-    local f = C.safetensors_open(p)
+    local f = hf.open_weight_file(p)
     local names = map and (by_file[p] or {}) or f:keys()
     sort(names)
     for _, name in ipairs(names) do
       if not want or want[name] then
         if map and not f:info(name) then
           f:close()
-          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", join(dir, INDEX_NAME),
+          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", idx,
             name, basename(p)), 0)
         end
         sd[name] = f:get(name, lopt)
@@ -352,7 +367,7 @@ end
 function hf.load_weights(model, ref, opts)
   opts = kw.check("hf.load_weights", opts, { "rename", "threads", "revision", "cache_dir" })
   local dir = hf.resolve(ref, kw.pick(opts, HUB))
-  local files, map = hf.weight_files(dir)
+  local files, map, idx = hf.weight_files(dir)
   local rename = opts.rename or function(name) return name end
   local by_file = {}
   if map then
@@ -364,13 +379,13 @@ function hf.load_weights(model, ref, opts)
   local handles, desc = {}, {}
   local ok, err = pcall(function()
     for _, p in ipairs(files) do
-      local f = C.safetensors_open(p)
+      local f = hf.open_weight_file(p)
       handles[#handles + 1] = f
       local info = f:info()
       local names = by_file[p] or (not map and sorted_keys(info)) or {}
       for _, name in ipairs(names) do
         if not info[name] then
-          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", join(dir, INDEX_NAME),
+          error(fmt("%s: says '%s' is in %s, but that file has no such tensor", idx,
             name, basename(p)), 0)
         end
         local key = rename(name)

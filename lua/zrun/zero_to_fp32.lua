@@ -9,6 +9,7 @@ local ckpt = require "zrun.checkpoint"
 
 local M = {}
 local fmt, ipairs, type = string.format, ipairs, type
+local BYTES = { f32 = 4, i64 = 8, i32 = 4, u8 = 1 }
 
 -- Reader over one checkpoint: the parameter list and full fp32 tensors on request.
 local Reader = {}
@@ -18,6 +19,8 @@ Reader.__index = Reader
 -- r:get(name) returns one full fp32 tensor, r:close() closes the files.
 function M.open(dir, tag)
   local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
+  local ds = require "zrun.zero_to_fp32_ds"
+  if ds.is_deepspeed(tdir) then return ds.open(tdir) end -- DeepSpeed's own (torch pickles)
   local files = ckpt.files(tdir)
   -- the master's saved dtype (bf16 with bf16_master_weights_and_grads), widened exactly to fp32 here
   local self = setmetatable({ tdir = tdir, files = files, entries = {}, frozen = {},
@@ -81,11 +84,12 @@ function M.convert(dir, tag, out, opts)
   opts = require("zrun.kwargs").check("zero_to_fp32", opts, { "max_shard_size", "exclude_frozen_parameters" })
   local hf = require "zrun.hf"
   local r = M.open(dir, tag)
-  local specs, total = {}, 0
+  local specs, total, nbytes = {}, 0, 0
   for _, e in ipairs(r:params()) do
     if not (opts.exclude_frozen_parameters and e.frozen) then
-      specs[#specs + 1] = { name = e.name, dtype = "f32", shape = e.shape, bytes = 4 * e.numel }
-      total = total + e.numel
+      local dt = e.dtype or "f32" -- (a DeepSpeed checkpoint's integer buffers keep their dtype)
+      specs[#specs + 1] = { name = e.name, dtype = dt, shape = e.shape, bytes = (BYTES[dt] or 4) * e.numel }
+      total, nbytes = total + e.numel, nbytes + specs[#specs].bytes
     end
   end
   local file = out:match("%.safetensors$")
@@ -108,7 +112,7 @@ function M.convert(dir, tag, out, opts)
   if not file then
     local keep = {}
     for _, n in ipairs(names) do keep[n] = true end
-    if #shards > 1 then keep[hf.write_index(out, wm, 4 * total)] = true end
+    if #shards > 1 then keep[hf.write_index(out, wm, nbytes)] = true end
     hf.remove_stale_weights(out, keep)
   end
   return #specs, total, r.master_dtype, #shards
@@ -136,7 +140,10 @@ function M.load_state_dict_from_zero_checkpoint(model, dir, tag)
     else todo[#todo + 1] = { name, p } end
   end
   for _, e in ipairs(r:params()) do
-    if not used[e.name] then probs[#probs + 1] = fmt("the checkpoint's '%s' is not in the model", e.name) end
+    -- (a DeepSpeed checkpoint's buffers and tied names need no parameter)
+    if not used[e.name] and not e.buffer and not e.alias_of then
+      probs[#probs + 1] = fmt("the checkpoint's '%s' is not in the model", e.name)
+    end
   end
   if #probs > 0 then
     r:close()

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,7 @@ struct zr_safetensors {
     int64_t n;
     zr_safetensors_kv *meta;
     int64_t n_meta;
+    char *names; /* a view's entry names (zr_safetensors_open_view), one block */
 };
 
 static int cmp_entry_name(const void *a, const void *b) {
@@ -298,39 +300,95 @@ static zr_status parse_header(zr_safetensors *f) {
     return st;
 }
 
+/* Opens path, maps it whole into f->map (f->path and f->file_size set). */
+static zr_status map_file(zr_safetensors *f, const char *path, const char *what) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return zr_error("%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        if (S_ISDIR(sb.st_mode)) return zr_error("%s: is a directory, not a %s", path, what);
+        return zr_error("%s: not a regular file", path);
+    }
+    f->file_size = (int64_t)sb.st_size;
+    if (f->file_size > 0) {
+        void *m = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            close(fd);
+            return zr_error("%s: cannot map the file: %s", path, strerror(errno));
+        }
+        f->map = m;
+    }
+    close(fd); /* the mapping keeps the file */
+    return ZR_OK;
+}
+
+zr_safetensors *zr_safetensors_open_view(const char *path, const zr_safetensors_view_entry *v, int64_t n) {
+    zr_safetensors *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        return zr_error_null("%s: out of host memory", path);
+    }
+    size_t nbytes = 1;
+    for (int64_t i = 0; i < n; i++) nbytes += strlen(v[i].name) + 1;
+    if (map_file(f, path, "file of tensors")) {
+        zr_safetensors_close(f);
+        return NULL;
+    }
+    if (!(f->entries = calloc((size_t)(n ? n : 1), sizeof *f->entries)) || !(f->names = malloc(nbytes))) {
+        zr_safetensors_close(f);
+        return zr_error_null("%s: out of host memory", path);
+    }
+    char *w = f->names;
+    for (int64_t i = 0; i < n; i++) {
+        zr_safetensors_entry *e = &f->entries[i];
+        size_t len = strlen(v[i].name) + 1;
+        memcpy(w, v[i].name, len);
+        e->name = w;
+        w += len;
+        if ((unsigned)v[i].st_dtype >= ZR_ST_NDTYPES || v[i].ndim < 0 || v[i].ndim > ZR_MAX_DIMS) {
+            zr_error("%s: tensor '%s': bad dtype or rank", path, e->name);
+            zr_safetensors_close(f);
+            return NULL;
+        }
+        e->st_dtype = v[i].st_dtype;
+        e->dtype = zr_st_dtype_native(e->st_dtype);
+        e->ndim = v[i].ndim;
+        e->numel = 1;
+        int over = 0;
+        for (int d = 0; d < e->ndim; d++) {
+            e->shape[d] = v[i].shape[d];
+            if (e->shape[d] < 0 || (e->shape[d] && e->numel > INT64_MAX / 4 / e->shape[d])) over = 1;
+            else e->numel *= e->shape[d];
+        }
+        e->begin = v[i].offset;
+        e->end = over ? -1 : e->begin + e->numel * (int64_t)zr_st_dtype_size(e->st_dtype);
+        if (over || e->begin < 0 || e->end > f->file_size) {
+            zr_error("%s: tensor '%s' lies past the end of the file (bytes %lld..%lld of %lld): the file is "
+                     "truncated or its index is damaged",
+                     path, e->name, (long long)e->begin, (long long)e->end, (long long)f->file_size);
+            zr_safetensors_close(f);
+            return NULL;
+        }
+    }
+    f->n = n;
+    qsort(f->entries, (size_t)n, sizeof *f->entries, cmp_entry_name);
+    for (int64_t i = 1; i < n; i++)
+        if (strcmp(f->entries[i - 1].name, f->entries[i].name) == 0) {
+            zr_error("%s: tensor '%s' named twice", path, f->entries[i].name);
+            zr_safetensors_close(f);
+            return NULL;
+        }
+    return f;
+}
+
 zr_safetensors *zr_safetensors_open(const char *path) {
     zr_safetensors *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
         return zr_error_null("%s: out of host memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        zr_error("%s: cannot open: %s", path, strerror(errno));
-        zr_safetensors_close(f);
-        return NULL;
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        if (S_ISDIR(sb.st_mode)) zr_error("%s: is a directory, not a safetensors file", path);
-        else zr_error("%s: not a regular file", path);
-        close(fd);
-        zr_safetensors_close(f);
-        return NULL;
-    }
-    f->file_size = (int64_t)sb.st_size;
-    if (f->file_size > 0) {
-        void *m = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            zr_error("%s: cannot map the file: %s", path, strerror(errno));
-            close(fd);
-            zr_safetensors_close(f);
-            return NULL;
-        }
-        f->map = m;
-    }
-    close(fd); /* the mapping keeps the file */
-    if (parse_header(f)) {
+    if (map_file(f, path, "safetensors file") || parse_header(f)) {
         zr_safetensors_close(f);
         return NULL;
     }
@@ -343,6 +401,7 @@ void zr_safetensors_close(zr_safetensors *f) {
     zr_json_doc_free(f->doc);
     free(f->entries);
     free(f->meta);
+    free(f->names);
     free(f->path);
     free(f);
 }

@@ -59,6 +59,20 @@ typedef struct zr_safetensors zr_safetensors;
 zr_safetensors *zr_safetensors_open(const char *path);
 void zr_safetensors_close(zr_safetensors *f); /* NULL-safe */
 
+/* A view of any file whose tensors are stored raw (little-endian, contiguous) at known byte
+ * offsets: the records of a PyTorch zip checkpoint (lua/zrun/torch_file.lua finds them). The file
+ * is mapped; each entry is checked to lie inside it (entries may overlap: tensors sharing a
+ * storage); names must be unique. Then it reads, converts and bulk-loads (safetensors_load.h) as
+ * an opened safetensors file does; it has no metadata, and begin/end are file offsets. */
+typedef struct {
+    const char *name;
+    zr_st_dtype st_dtype;
+    int ndim;
+    int64_t shape[ZR_MAX_DIMS];
+    int64_t offset; /* file byte of the first element */
+} zr_safetensors_view_entry;
+zr_safetensors *zr_safetensors_open_view(const char *path, const zr_safetensors_view_entry *v, int64_t n);
+
 const char *zr_safetensors_path(const zr_safetensors *f);
 int64_t zr_safetensors_count(const zr_safetensors *f);
 const zr_safetensors_entry *zr_safetensors_entry_at(const zr_safetensors *f, int64_t i);

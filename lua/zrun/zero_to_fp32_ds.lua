@@ -1,0 +1,302 @@
+-- DeepSpeed's own ZeRO checkpoints (torch pickles: <tag>/*_model_states.pt and
+-- <tag>/*_optim_states.pt, stages 1-3, fp16/bf16/fp32) read for zrun.zero_to_fp32: the same
+-- consolidation as DeepSpeed's zero_to_fp32.py (deepspeed/utils/zero_to_fp32.py), without Python.
+-- A Reader here has zero_to_fp32's interface (params, get, close), so `zrun zero-to-fp32 DIR OUT`
+-- and zr.zero.load_state_dict_from_zero_checkpoint take either kind of checkpoint.
+--
+-- The layouts, as DeepSpeed 0.19.8 saves them:
+--   stage 1/2: each parameter group is one flat vector: the parameters in param_shapes' order,
+--     each followed by its param_alignment_paddings entry, the whole padded to 2 * world elements
+--     and cut into world equal partitions; rank r saves single_partition_of_fp32_groups[g], its
+--     partition less the group padding at the end (so the concatenation is the flat vector).
+--   stage 3: every parameter is cut into world pieces of ceil(n / world) elements (the last
+--     padded); rank r's fp32_flat_groups[g] holds its piece of each parameter of group g in order.
+--   frozen parameters (not in the optimizer): frozen_param_fragments in the model-states file(s),
+--     whole (stage 1/2) or rank r's piece (stage 3); buffers: from "module"; shared_params: a
+--     name -> the name that holds its data.
+local tf = require "zrun.torch_file"
+local P = require "zrun.torch_pickle"
+local zr = require "zrun"
+local C = zr._C
+
+local M = {}
+local fmt, ipairs, type, tostring, concat = string.format, ipairs, type, tostring, table.concat
+local ceil, max, min = math.ceil, math.max, math.min
+
+local function join(a, b) return (a:gsub("/+$", "")) .. "/" .. b end
+
+-- natural sort (DeepSpeed's natural_keys): rank 10 after rank 9
+local function natural_less(a, b)
+  local pa, pb = {}, {}
+  for s, d in a:gmatch("(%D*)(%d*)") do pa[#pa + 1] = s; if d ~= "" then pa[#pa + 1] = tonumber(d) end end
+  for s, d in b:gmatch("(%D*)(%d*)") do pb[#pb + 1] = s; if d ~= "" then pb[#pb + 1] = tonumber(d) end end
+  for i = 1, min(#pa, #pb) do
+    if pa[i] ~= pb[i] then
+      if type(pa[i]) == type(pb[i]) then return pa[i] < pb[i] end
+      return type(pa[i]) == "number"
+    end
+  end
+  return #pa < #pb
+end
+
+local function files_matching(tdir, suffix)
+  local out = {}
+  for _, n in ipairs(C.listdir(tdir) or {}) do
+    if n:sub(-#suffix) == suffix then out[#out + 1] = n end
+  end
+  table.sort(out, natural_less)
+  return out
+end
+
+-- Whether tag folder tdir holds DeepSpeed's pickled checkpoint files.
+function M.is_deepspeed(tdir)
+  return #files_matching(tdir, "_optim_states.pt") > 0 or #files_matching(tdir, "_model_states.pt") > 0
+end
+
+local function numel_of(shape)
+  local n = 1
+  for _, d in ipairs(shape) do n = n * d end
+  return n
+end
+local function shape_of(v, where, name)
+  if not P.is_list(v) then error(fmt("%s: the shape of '%s' is %s, not a torch.Size", where, name, P.repr(v)), 0) end
+  local s = {}
+  for i, d in ipairs(v) do s[i] = d end
+  return s
+end
+local function field(d, key, where)
+  local v = P.is_dict(d) and d[key] or nil
+  if v == nil then error(fmt("%s: has no '%s' (not a DeepSpeed ZeRO checkpoint file?)", where, key), 0) end
+  return v
+end
+local function is_none(v) return v == nil or v == P.None end
+
+local Reader = {}
+Reader.__index = Reader
+
+-- A Reader over DeepSpeed tag folder tdir. Reads only the pickles; tensors are read on :get.
+function M.open(tdir)
+  local self = setmetatable({ tdir = tdir, entries = {}, by_name = {}, files = {} }, Reader)
+  local ok, err = pcall(function() self:scan() end)
+  if not ok then self:close(); error(err, 0) end
+  return self
+end
+
+function Reader:load(name)
+  local path = join(self.tdir, name)
+  local obj, file = tf.load(path)
+  self.files[#self.files + 1] = file
+  return obj, path
+end
+
+function Reader:add(e)
+  if self.by_name[e.name] then return end
+  self.entries[#self.entries + 1] = e
+  self.by_name[e.name] = e
+end
+
+function Reader:scan()
+  local tdir = self.tdir
+  local optim = files_matching(tdir, "_optim_states.pt")
+  local models = files_matching(tdir, "_model_states.pt")
+  if #optim == 0 then
+    error(fmt("%s: no *_optim_states.pt files: a DeepSpeed checkpoint saved without ZeRO (stage 0) holds its "
+      .. "weights whole in %s; zero-to-fp32 is for ZeRO checkpoints", tdir, models[1] or "mp_rank_00_model_states.pt"), 0)
+  end
+  if #models == 0 then error(fmt("%s: no *_model_states.pt file (an incomplete checkpoint)", tdir), 0) end
+  -- the optimizer files: stage, world size, the fp32 flat groups
+  local osd, where = {}, {}
+  for r, n in ipairs(optim) do
+    local obj, path = self:load(n)
+    osd[r], where[r] = field(obj, "optimizer_state_dict", path), path
+  end
+  local stage = P.value(field(osd[1], "zero_stage", where[1]))
+  local world = P.value(field(osd[1], "partition_count", where[1]))
+  if P.is_list(world) then
+    local w = 0
+    for _, x in ipairs(world) do w = max(w, P.value(x)) end
+    world = w
+  end
+  if type(stage) ~= "number" or type(world) ~= "number" then
+    error(fmt("%s: zero_stage %s / partition_count %s are not numbers", where[1], P.repr(stage), P.repr(world)), 0)
+  end
+  if world ~= #optim then
+    error(fmt("%s: saved by %d ranks, but %d *_optim_states.pt files are there (an overwritten or incomplete "
+      .. "checkpoint: one or more ranks did not save)", tdir, world, #optim), 0)
+  end
+  self.stage, self.world = stage, world
+  local key = stage <= 2 and "single_partition_of_fp32_groups" or stage == 3 and "fp32_flat_groups"
+  if not key then error(fmt("%s: unknown ZeRO stage %s", where[1], tostring(stage)), 0) end
+  local groups = {}
+  for r = 1, world do
+    local g = field(osd[r], key, where[r])
+    if not P.is_list(g) then error(fmt("%s: %s is %s, not a list of tensors", where[r], key, P.repr(g)), 0) end
+    for gi, t in ipairs(g) do
+      if not P.is_tensor(t) then error(fmt("%s: %s[%d] is %s, not a tensor", where[r], key, gi - 1, P.repr(t)), 0) end
+      self.master_dtype = self.master_dtype or (t.dtype or "F32"):lower()
+    end
+    groups[r] = g
+  end
+  self.master_dtype = self.master_dtype or "f32"
+  -- the model-states files: param_shapes, buffers, frozen parameters, shared names
+  local ms, mwhere = {}, {}
+  for k, n in ipairs(models) do ms[k], mwhere[k] = self:load(n) end
+  local m0 = ms[1]
+  local shapes = field(m0, "param_shapes", mwhere[1])
+  if is_none(shapes) then error(fmt("%s: param_shapes is None: not saved by a ZeRO engine", mwhere[1]), 0) end
+  if P.is_dict(shapes) then shapes = { shapes } end
+  -- buffers first, as zero_to_fp32.py orders the state dict
+  local module, bnames = m0.module, m0.buffer_names
+  if P.is_dict(module) and P.is_list(bnames) then
+    for _, b in ipairs(bnames) do
+      local t = module[b]
+      if P.is_tensor(t) then
+        local float = t.dtype == "F32" or t.dtype == "BF16" or t.dtype == "F16" or t.dtype == "F64"
+        local native = ({ I64 = "i64", I32 = "i32", I16 = "i32", I8 = "i32", U8 = "u8", BOOL = "u8" })[t.dtype]
+        self:add({ name = b, shape = t.shape, numel = t:numel(), buffer = true, dtype = not float and native or nil,
+          read = function() return t:get({ dtype = float and "f32" or nil }) end })
+      end
+    end
+  end
+  -- frozen parameters
+  local fshapes = m0.frozen_param_shapes
+  if P.is_dict(fshapes) then
+    for _, name in ipairs(P.keys(fshapes)) do
+      local shape = shape_of(fshapes[name], mwhere[1], name)
+      local n = numel_of(shape)
+      local frags = {}
+      for k = 1, (stage == 3 and #ms or 1) do
+        local fr = P.is_dict(ms[k].frozen_param_fragments) and ms[k].frozen_param_fragments[name]
+        if not P.is_tensor(fr) then error(fmt("%s: frozen parameter '%s' has no fragment", mwhere[k], name), 0) end
+        frags[k] = fr
+      end
+      self:add({ name = name, shape = shape, numel = n, frozen = true, read = function()
+        local out = zr.zeros({ n })
+        local at = 0
+        for _, fr in ipairs(frags) do -- stage 3: the ranks' pieces in order, the padding cut
+          local len = min(fr:numel(), n - at)
+          if len > 0 then out:narrow(1, at + 1, len):copy_(fr:read(0, len, { dtype = "f32" })) end
+          at = at + len
+        end
+        if at < n then error(fmt("%s: frozen parameter '%s': its fragments hold %d of %d values", self.tdir, name, at, n), 0) end
+        return out
+      end })
+    end
+  end
+  if stage <= 2 then self:scan_zero2(shapes, groups, osd[1], mwhere[1], where[1])
+  else self:scan_zero3(shapes, groups, mwhere[1]) end
+  -- shared parameters: a name whose data another holds
+  local shared = m0.shared_params
+  if P.is_dict(shared) then
+    for _, alias in ipairs(P.keys(shared)) do
+      local e = self.by_name[shared[alias]]
+      if e then
+        self:add({ name = alias, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
+          read = function() return self:get(e.name) end })
+      end
+    end
+  end
+end
+
+-- Pieces [lo, hi) of a vector stored as consecutive tensors (the ranks' partitions, or a rank's
+-- groups): calls put(at, tensor part, len) for each overlap, at = position in [lo, hi).
+local function read_span(parts, lo, hi, put)
+  local base = 0
+  for _, t in ipairs(parts) do
+    local len = t:numel()
+    local a, b = max(lo, base), min(hi, base + len)
+    if b > a then put(a - lo, t, a - base, b - a) end
+    base = base + len
+    if base >= hi then break end
+  end
+end
+
+function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
+  local world, pads = self.world, osd0.param_alignment_paddings
+  for gi, gshapes in ipairs(shapes) do
+    local parts, avail = {}, 0
+    for r = 1, world do
+      local t = groups[r][gi]
+      if not t then error(fmt("%s: rank %d has no fp32 group %d", self.tdir, r - 1, gi - 1), 0) end
+      parts[r] = t
+      avail = avail + t:numel()
+    end
+    local gpads = P.is_list(pads) and pads[gi] or nil
+    local names = P.keys(gshapes)
+    if gpads and #gpads ~= #names then
+      error(fmt("%s: %d parameter alignment paddings for group %d, which has %d parameters", opath, #gpads, gi - 1, #names), 0)
+    end
+    local offset = 0
+    for k, name in ipairs(names) do
+      local shape = shape_of(gshapes[name], mpath, name)
+      local n, at = numel_of(shape), offset
+      self:add({ name = name, shape = shape, numel = n, read = function()
+        local out = zr.zeros({ n })
+        read_span(parts, at, at + n, function(o, t, s, len)
+          out:narrow(1, o + 1, len):copy_(t:read(s, len, { dtype = "f32" }))
+        end)
+        return out
+      end })
+      offset = offset + n + (gpads and gpads[k] or 0)
+    end
+    -- DeepSpeed's own check: both counts agree once aligned to 2 * world
+    local align = 2 * world
+    local function up(x) return align * ceil(x / align) end
+    if up(offset) ~= up(avail) then
+      error(fmt("%s: group %d: the parameters need %d values but the ranks' partitions hold %d (files from "
+        .. "different saves mixed, or a layout zrun does not know)", self.tdir, gi - 1, offset, avail), 0)
+    end
+  end
+end
+
+function Reader:scan_zero3(shapes, groups, mpath)
+  local world = self.world
+  local offset, avail = 0, 0
+  for _, t in ipairs(groups[1]) do avail = avail + t:numel() end
+  for _, gshapes in ipairs(shapes) do
+    for _, name in ipairs(P.keys(gshapes)) do
+      local shape = shape_of(gshapes[name], mpath, name)
+      local n = numel_of(shape)
+      local pn, at = ceil(n / world), offset
+      self:add({ name = name, shape = shape, numel = n, read = function()
+        local out = zr.zeros({ n })
+        for r = 1, world do -- rank r's piece: elements [r*pn, (r+1)*pn) of the parameter, less padding
+          local lo = (r - 1) * pn
+          local len = min(pn, n - lo)
+          if len > 0 then
+            read_span(groups[r], at, at + len, function(o, t, s, l)
+              out:narrow(1, lo + o + 1, l):copy_(t:read(s, l, { dtype = "f32" }))
+            end)
+          end
+        end
+        return out
+      end })
+      offset = offset + pn
+    end
+  end
+  if offset ~= avail then
+    error(fmt("%s: the parameters need %d values per rank but the ranks' flat groups hold %d (files from "
+      .. "different saves mixed?)", self.tdir, offset, avail), 0)
+  end
+end
+
+-- The parameters (and buffers, and shared names) in DeepSpeed's order: {name=, shape=, numel=,
+-- frozen=, buffer=, alias_of=, dtype= (non-float buffers)}.
+function Reader:params() return self.entries end
+
+-- The full tensor of `name` (fp32; a non-float buffer in its own dtype), in its saved shape.
+function Reader:get(name)
+  local e = self.by_name[name]
+  if not e then error(fmt("%s: no parameter named '%s' in the checkpoint", self.tdir, name), 0) end
+  local t = e.read()
+  if e.alias_of or e.buffer then return t end
+  if #e.shape == 0 then return t:reshape({}) end
+  return t:view(e.shape)
+end
+
+function Reader:close()
+  for _, f in ipairs(self.files) do f:close() end
+  self.files = {}
+end
+
+return M

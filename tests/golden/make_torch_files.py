@@ -1,0 +1,493 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/torch_files/: files in torch.save's format and DeepSpeed checkpoints, for
+tests/lua/test_torch_file.lua and test_zero_to_fp32_deepspeed.lua, with the standard library only.
+
+torch.save's format is reproduced from torch/serialization.py (_save, _legacy_save) and
+torch/_tensor.py (__reduce_ex__): Python's own pickle.Pickler at protocol 2 with torch's
+persistent ids ('storage', torch.<T>Storage, key, location, numel) and torch's rebuild functions
+as globals (stand-in modules named torch and torch._utils, so the pickler writes exactly the
+names torch's pickler writes); the zip archive stored, records <archive>/data.pkl,
+<archive>/byteorder, <archive>/data/<key>, <archive>/version. The DeepSpeed checkpoints follow
+DeepSpeed 0.19.8: engine._save_checkpoint / _save_zero_checkpoint (file names, the model-states
+dict), stage_1_and_2.DeepSpeedZeroOptimizer (flat groups, parameter alignment padding, the
+2*world alignment, equal partitions, groups_padding cut from the saved partitions) and
+stage3.DeepSpeedZeroOptimizer_Stage3 (each parameter cut into world ceil(n/world) pieces).
+
+Every tensor's values are also written to reference.safetensors (plain float32), which the tests
+compare against. On a machine with torch and DeepSpeed, tests/golden/check_torch_files.py checks
+these files against the real torch.load, and writes real ones for zrun to read.
+
+usage: python3 tests/golden/make_torch_files.py [OUT_DIR]   (default tests/golden/torch_files)
+"""
+import collections
+import copyreg
+import enum
+import io
+import json
+import math
+import os
+import pickle
+import random
+import struct
+import sys
+import types
+import zipfile
+
+# ---------------------------------------------------------------- stand-ins named as torch's
+
+torch = types.ModuleType("torch")
+torch_utils = types.ModuleType("torch._utils")
+torch._utils = torch_utils
+sys.modules["torch"], sys.modules["torch._utils"] = torch, torch_utils
+torch_tensor_mod = types.ModuleType("torch._tensor")
+sys.modules["torch._tensor"] = torch_tensor_mod
+
+
+def _fn(mod, name):
+    def f(*a):
+        raise RuntimeError("stand-in")
+    f.__module__, f.__name__, f.__qualname__ = mod.__name__, name, name
+    setattr(mod, name, f)
+    return f
+
+
+_rebuild_tensor_v2 = _fn(torch_utils, "_rebuild_tensor_v2")
+_rebuild_parameter = _fn(torch_utils, "_rebuild_parameter")
+_rebuild_from_type_v2 = _fn(torch_tensor_mod, "_rebuild_from_type_v2")
+
+STORAGE = {"F32": "FloatStorage", "BF16": "BFloat16Storage", "F16": "HalfStorage", "I64": "LongStorage",
+           "I32": "IntStorage", "U8": "ByteStorage", "BOOL": "BoolStorage"}
+SIZE = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1}
+for st in STORAGE.values():
+    cls = type(st, (), {"__module__": "torch"})
+    setattr(torch, st, cls)
+
+
+class Size(tuple):
+    pass
+
+
+Size.__module__, Size.__qualname__, Size.__name__ = "torch", "Size", "Size"
+torch.Size = Size
+copyreg.pickle(Size, lambda s: (Size, (tuple(s),)))
+
+
+class TensorBase:  # the stand-in for torch.Tensor, as a class name only
+    pass
+
+
+TensorBase.__module__, TensorBase.__qualname__, TensorBase.__name__ = "torch", "Tensor", "Tensor"
+torch.Tensor = TensorBase
+
+
+def bf16_round(x):
+    """x as the nearest float32 whose low 16 bits are zero (exactly representable in bf16)."""
+    b = struct.unpack("<I", struct.pack("<f", x))[0]
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+def encode(values, dt):
+    if dt == "F32":
+        return struct.pack("<%df" % len(values), *values)
+    if dt == "BF16":
+        return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", bf16_round(v)))[0])[2:] for v in values)
+    if dt == "I64":
+        return struct.pack("<%dq" % len(values), *values)
+    if dt == "I32":
+        return struct.pack("<%di" % len(values), *values)
+    if dt in ("U8", "BOOL"):
+        return bytes(int(v) for v in values)
+    raise ValueError(dt)
+
+
+class Storage:
+    def __init__(self, dt, values):
+        self.dt, self.values, self.numel = dt, list(values), len(values)
+
+    def data(self):
+        return encode(self.values, self.dt)
+
+
+class Tensor:
+    """A tensor: a storage, an element offset, a shape and strides (contiguous unless given)."""
+
+    def __init__(self, storage, shape, offset=0, stride=None, attrs=None, parameter=False):
+        self.storage, self.shape, self.offset = storage, tuple(shape), offset
+        if stride is None:
+            stride, s = [], 1
+            for d in reversed(self.shape):
+                stride.insert(0, s)
+                s *= d
+        self.stride, self.attrs, self.parameter = tuple(stride), attrs, parameter
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def values(self):  # in row-major order of the view
+        out = []
+
+        def rec(dim, base):
+            if dim == len(self.shape):
+                out.append(self.storage.values[base])
+                return
+            for i in range(self.shape[dim]):
+                rec(dim + 1, base + i * self.stride[dim])
+        rec(0, self.offset)
+        return out
+
+    def __reduce_ex__(self, proto):  # torch/_tensor.py: _reduce_ex_internal / _rebuild_from_type_v2
+        args = (self.storage, self.offset, tuple(self.shape), self.stride, False, collections.OrderedDict())
+        if self.parameter:
+            return (_rebuild_parameter, (Tensor(self.storage, self.shape, self.offset, self.stride), True,
+                                         collections.OrderedDict()))
+        if self.attrs:
+            return (_rebuild_from_type_v2, (_rebuild_tensor_v2, TensorBase, args, self.attrs))
+        return (_rebuild_tensor_v2, args)
+
+
+def tensor(values, shape, dt="F32", **kw):
+    return Tensor(Storage(dt, values), shape, **kw)
+
+
+def dumps(obj):
+    """The pickle torch.save writes and its storages by key, in the order keys are given."""
+    keys, storages = {}, {}
+
+    def persistent_id(o):
+        if isinstance(o, Storage):
+            k = keys.setdefault(id(o), str(len(keys)))
+            storages[k] = o
+            return ("storage", getattr(torch, STORAGE[o.dt]), k, "cpu", o.numel)
+        return None
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=2)
+    p.persistent_id = persistent_id
+    p.dump(obj)
+    return buf.getvalue(), storages
+
+
+def save(obj, path, archive="archive"):
+    """torch.save(obj, path) with the zip format (torch >= 1.6)."""
+    data, storages = dumps(obj)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(archive + "/data.pkl", data)
+        z.writestr(archive + "/byteorder", "little")
+        for k in sorted(storages, key=int):
+            z.writestr(archive + "/data/" + k, storages[k].data())
+        z.writestr(archive + "/version", "3\n")
+
+
+def save_legacy(obj, path):
+    """torch.save(obj, path, _use_new_zipfile_serialization=False): torch/serialization.py _legacy_save."""
+    keys, storages = {}, {}
+
+    def persistent_id(o):
+        if isinstance(o, Storage):
+            k = keys.setdefault(id(o), str(140000000000 + 64 * len(keys)))  # str(storage._cdata)
+            storages[k] = o
+            return ("storage", getattr(torch, STORAGE[o.dt]), k, "cpu", o.numel, None)
+        return None
+    f = io.BytesIO()
+    pickle.dump(0x1950a86a20f9469cfc6c, f, protocol=2)
+    pickle.dump(1001, f, protocol=2)
+    pickle.dump(dict(protocol_version=1001, little_endian=True, type_sizes=dict(short=2, int=4, long=4)), f,
+                protocol=2)
+    p = pickle.Pickler(f, protocol=2)
+    p.persistent_id = persistent_id
+    p.dump(obj)
+    skeys = sorted(storages)
+    pickle.dump(skeys, f, protocol=2)
+    for k in skeys:
+        s = storages[k]
+        f.write(struct.pack("<q", s.numel))
+        f.write(s.data())
+    with open(path, "wb") as out:
+        out.write(f.getvalue())
+
+
+def write_safetensors(path, named):
+    """named: list of (name, shape, float values) -> a plain float32 safetensors file."""
+    header, off, blobs = {}, 0, []
+    for name, shape, vals in sorted(named):
+        b = struct.pack("<%df" % len(vals), *vals)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+# ---------------------------------------------------------------- a micro Llama
+
+MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32, "hidden_size": 16,
+         "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+         "bos_token_id": 1, "eos_token_id": 2, "dtype": "float32"}
+
+
+def micro_params():
+    h, i, v, d, kv = 16, 24, 32, 8, 1
+    shapes = [("model.embed_tokens.weight", (v, h)),
+              ("model.layers.0.input_layernorm.weight", (h,)),
+              ("model.layers.0.self_attn.q_proj.weight", (2 * d, h)),
+              ("model.layers.0.self_attn.k_proj.weight", (kv * d, h)),
+              ("model.layers.0.self_attn.v_proj.weight", (kv * d, h)),
+              ("model.layers.0.self_attn.o_proj.weight", (h, 2 * d)),
+              ("model.layers.0.post_attention_layernorm.weight", (h,)),
+              ("model.layers.0.mlp.gate_proj.weight", (i, h)),
+              ("model.layers.0.mlp.up_proj.weight", (i, h)),
+              ("model.layers.0.mlp.down_proj.weight", (h, i)),
+              ("model.norm.weight", (h,)),
+              ("lm_head.weight", (v, h))]
+    rng = random.Random(40)
+    out = []
+    for name, shape in shapes:
+        n = math.prod(shape)
+        if name.endswith("norm.weight"):
+            vals = [bf16_round(1 + 0.1 * rng.uniform(-1, 1)) for _ in range(n)]
+        else:
+            vals = [bf16_round(0.2 * rng.uniform(-1, 1)) for _ in range(n)]
+        out.append((name, shape, vals))
+    return out
+
+
+def write_hf_dirs(root):
+    params = micro_params()
+    # 1. one pytorch_model.bin (zip, float32; the archive folder named as torch < 2.1 named it)
+    d = os.path.join(root, "llama_micro_bin")
+    os.makedirs(d, exist_ok=True)
+    sd = collections.OrderedDict((n, tensor(v, s)) for n, s, v in params)
+    save(sd, os.path.join(d, "pytorch_model.bin"), archive="pytorch_model")
+    json.dump(MICRO, open(os.path.join(d, "config.json"), "w"), indent=2)
+    write_safetensors(os.path.join(d, "reference.safetensors"), params)
+    # 2. sharded: shard 1 zip in bfloat16, shard 2 the legacy format in float32, with an index
+    d = os.path.join(root, "llama_micro_sharded")
+    os.makedirs(d, exist_ok=True)
+    cfg = dict(MICRO, dtype="bfloat16")
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
+    first, second = params[:6], params[6:]
+    save(collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in first),
+         os.path.join(d, "pytorch_model-00001-of-00002.bin"))
+    save_legacy(collections.OrderedDict((n, tensor(v, s)) for n, s, v in second),
+                os.path.join(d, "pytorch_model-00002-of-00002.bin"))
+    wm = {n: "pytorch_model-00001-of-00002.bin" for n, _, _ in first}
+    wm.update({n: "pytorch_model-00002-of-00002.bin" for n, _, _ in second})
+    total = sum(2 * math.prod(s) for _, s, _ in first) + sum(4 * math.prod(s) for _, s, _ in second)
+    json.dump({"metadata": {"total_size": total}, "weight_map": wm},
+              open(os.path.join(d, "pytorch_model.bin.index.json"), "w"), indent=2)
+    write_safetensors(os.path.join(d, "reference.safetensors"), params)
+
+
+# ---------------------------------------------------------------- assorted Python values
+
+class Color(enum.IntEnum):
+    red = 1
+    blue = 3
+
+
+Color.__module__ = "deepspeed.runtime.zero.config"
+
+
+class Scaler:  # an ordinary class: pickled as copyreg.__newobj__ + BUILD of its __dict__
+    def __init__(self):
+        self.cur_scale, self.dynamic = 65536.0, True
+
+
+def module(name):
+    """A stand-in module and its parents (pickle imports the module a class names)."""
+    parts = name.split(".")
+    for k in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:k]), types.ModuleType(".".join(parts[:k])))
+    return sys.modules[name]
+
+
+Scaler.__module__, Scaler.__qualname__ = "deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"
+module("deepspeed.runtime.fp16.loss_scaler").DynamicLossScaler = Scaler
+module("deepspeed.runtime.zero.config").Color = Color
+
+
+def write_values(root):
+    base = Storage("F32", [float(k) for k in range(12)])
+    obj = collections.OrderedDict()
+    obj["none"] = None
+    obj["flags"] = (True, False)
+    obj["ints"] = [0, 1, -1, 255, 256, 65535, 65536, -2 ** 31, 2 ** 31, 2 ** 40, -(2 ** 50)]
+    obj["floats"] = [0.5, -2.25, 1e-300, float("inf")]
+    obj["text"] = "héllo ✓"
+    obj["raw"] = b"\x00\xff\x80abc"
+    obj["nested"] = {"a": [1, (2, 3)], 7: "seven", (1, 2): "tuple key"}
+    obj["order"] = collections.OrderedDict((k, i) for i, k in enumerate(["z", "a", "m", "b"]))
+    obj["size"] = Size((3, 4))
+    obj["stage"] = Color.blue
+    obj["scaler"] = Scaler()
+    obj["whole"] = Tensor(base, (3, 4))
+    obj["row1"] = Tensor(base, (4,), offset=4)               # a view with an offset: shares the storage
+    obj["column"] = Tensor(base, (3,), offset=1, stride=(4,))  # not contiguous
+    obj["transposed"] = Tensor(base, (4, 3), stride=(1, 4))
+    obj["same"] = obj["whole"]                                 # one tensor, twice (pickle's memo)
+    obj["ids"] = tensor([5, -7, 2 ** 40], (3,), "I64")
+    obj["flat"] = tensor([0.25, 0.5, 0.75], (3,), attrs={"ds_id": 4})
+    obj["param"] = tensor([1.5, -1.5], (2,), parameter=True)
+    obj["bf16"] = tensor([1.0, -0.5, 3.0], (3,), "BF16")
+    obj["scalar"] = tensor([2.5], ())
+    obj["empty"] = tensor([], (0,))
+    save(obj, os.path.join(root, "values.pt"))
+    save_legacy(obj, os.path.join(root, "values_legacy.pt"))
+    save(collections.OrderedDict(a=1, b=[2, 3]), os.path.join(root, "no_tensors.pt"))
+
+
+# ---------------------------------------------------------------- DeepSpeed checkpoints
+
+class fragment_address:  # deepspeed.utils.tensor_fragment.fragment_address (a dataclass)
+    def __init__(self, numel, start):
+        self.numel, self.start = numel, start
+
+
+fragment_address.__module__ = "deepspeed.utils.tensor_fragment"
+module("deepspeed.utils.tensor_fragment").fragment_address = fragment_address
+
+
+class ZeroStageEnum(int, enum.Enum):
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+
+
+ZeroStageEnum.__module__ = "deepspeed.runtime.zero.config"
+module("deepspeed.runtime.zero.config").ZeroStageEnum = ZeroStageEnum
+
+DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+             "zero_optimization": {"stage": 2}}
+
+
+def scaler():
+    return Scaler()
+
+
+def model_states(params, module, stage, world, frozen=None, shared=None, frags=None, shapes=None, buffers=()):
+    return dict(module=module, buffer_names=list(buffers), optimizer=None,
+                param_shapes=shapes or [collections.OrderedDict((n, Size(s)) for n, s, _ in params)],
+                frozen_param_shapes=frozen, shared_params=shared or {}, frozen_param_fragments=frags,
+                lr_scheduler={"last_batch_iteration": 1, "warmup_num_steps": 10}, data_sampler=None,
+                random_ltd=None, sparse_tensor_module_names=set(), skipped_steps=0, global_steps=2,
+                global_samples=8, dp_world_size=world, mp_world_size=1,
+                ds_config=dict(DS_CONFIG, zero_optimization={"stage": stage}), ds_version="0.19.8")
+
+
+def write_zero2(root, world, param_alignment, name):
+    """ZeRO-2, bf16, one parameter group, the model's last parameter (lm_head) frozen, model.norm
+    a tied alias of nothing (shared_params: lm_head is not shared here), a buffer."""
+    params = micro_params()
+    trainable, frozen = params[:-1], params[-1:]
+    tag = os.path.join(root, name, "global_step2")
+    os.makedirs(tag, exist_ok=True)
+    with open(os.path.join(root, name, "latest"), "w") as f:
+        f.write("global_step2")
+    # flat group: each parameter then its alignment padding (none after the last), then padded to 2*world
+    flat, paddings = [], []
+    for k, (n, s, v) in enumerate(trainable):
+        flat += v
+        pad = 0 if k == len(trainable) - 1 else (-len(flat)) % param_alignment
+        paddings.append(pad)
+        flat += [0.0] * pad
+    used = len(flat)
+    flat += [0.0] * ((-len(flat)) % (2 * world))
+    part = len(flat) // world
+    buf = tensor([0.0, 1.0, 2.0, 3.0], (4,), "F32")  # a persistent buffer (model.rotary.scale, say)
+    module = collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in params)
+    module["model.extra_buffer"] = buf
+    frozen_shapes = collections.OrderedDict((n, Size(s)) for n, s, _ in frozen)
+    frozen_frags = collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in frozen)
+    save(model_states(trainable, module, 2, world, frozen_shapes, {}, frozen_frags,
+                      buffers=["model.extra_buffer"]), os.path.join(tag, "mp_rank_00_model_states.pt"))
+    for r in range(world):
+        left = r * part
+        padding = part if used <= left else (left + part - used if used < left + part else 0)
+        lean = flat[left:left + part - padding]
+        st = collections.OrderedDict()
+        st["loss_scaler"] = scaler()
+        st["dynamic_loss_scale"] = False
+        st["overflow"] = False
+        st["clip_grad"] = 1.0
+        st["base_optimizer_state"] = [{"exp_avg": tensor([0.01] * len(lean), (len(lean),)),
+                                       "exp_avg_sq": tensor([1e-4] * len(lean), (len(lean),)),
+                                       "step": tensor([2.0], ())}]
+        st["single_partition_of_fp32_groups"] = [tensor(lean, (len(lean),))]
+        st["zero_stage"] = ZeroStageEnum.gradients
+        st["group_paddings"] = [padding]
+        st["param_alignment_paddings"] = [paddings]
+        st["partition_count"] = [world]
+        st["ds_version"] = "0.19.8"
+        st["param_slice_mappings"] = [collections.OrderedDict((n, fragment_address(math.prod(s), 0))
+                                                              for n, s, _ in trainable)]
+        save(dict(optimizer_state_dict=st, ds_config=DS_CONFIG, ds_version="0.19.8"),
+             os.path.join(tag, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+    ref = list(params) + [("model.extra_buffer", (4,), [0.0, 1.0, 2.0, 3.0])]
+    write_safetensors(os.path.join(root, name, "reference.safetensors"), ref)
+
+
+def write_zero3(root, world, name):
+    """ZeRO-3, fp32 optimizer files (no bf16_ prefix), two parameter groups (norms apart), the
+    embedding frozen, lm_head tied to it through shared_params."""
+    params = micro_params()
+    by = {n: (s, v) for n, s, v in params}
+    frozen_name = "model.embed_tokens.weight"
+    groups = [[p for p in params if p[0] != frozen_name and p[0] != "lm_head.weight" and "norm" not in p[0]],
+              [p for p in params if "norm" in p[0]]]
+    tag = os.path.join(root, name, "global_step2")
+    os.makedirs(tag, exist_ok=True)
+    with open(os.path.join(root, name, "latest"), "w") as f:
+        f.write("global_step2")
+
+    def piece(vals, r):
+        c = math.ceil(len(vals) / world)
+        padded = vals + [0.0] * (c * world - len(vals))
+        return padded[r * c:(r + 1) * c]
+    shapes = [collections.OrderedDict((n, Size(s)) for n, s, _ in g) for g in groups]
+    fs, fv = by[frozen_name]
+    for r in range(world):
+        module = collections.OrderedDict((n, tensor([], (0,), "BF16")) for n, _, _ in params if n != "lm_head.weight")
+        frags = collections.OrderedDict([(frozen_name, tensor(piece(fv, r), (len(piece(fv, r)),), "BF16"))])
+        save(model_states(None, module, 3, world, collections.OrderedDict([(frozen_name, Size(fs))]),
+                          {"lm_head.weight": frozen_name}, frags, shapes=shapes),
+             os.path.join(tag, "zero_pp_rank_%d_mp_rank_00_model_states.pt" % r))
+        flat_groups = []
+        for gi, g in enumerate(groups):
+            vals = []
+            for _, _, v in g:
+                vals += piece(v, r)
+            flat_groups.append(tensor(vals, (len(vals),), attrs={"ds_id": gi}))
+        st = collections.OrderedDict()
+        st["zero_stage"] = ZeroStageEnum.weights
+        st["loss_scaler"] = scaler()
+        st["dynamic_loss_scale"] = True
+        st["overflow"] = False
+        st["partition_count"] = world
+        st["optimizer_state_dict"] = {"state": {0: {"step": 2}}, "param_groups": [{"lr": 1e-3, "params": [0]}]}
+        st["fp32_flat_groups"] = flat_groups
+        save(dict(optimizer_state_dict=st, ds_config=dict(DS_CONFIG, zero_optimization={"stage": 3}),
+                  ds_version="0.19.8"),
+             os.path.join(tag, "zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+    ref = list(params[:-1]) + [("lm_head.weight", fs, fv)]
+    write_safetensors(os.path.join(root, name, "reference.safetensors"), ref)
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                              "torch_files")
+    os.makedirs(root, exist_ok=True)
+    write_hf_dirs(root)
+    write_values(root)
+    write_zero2(root, 2, 1, "ds_zero2")
+    write_zero2(root, 3, 8, "ds_zero2_aligned")
+    write_zero3(root, 2, "ds_zero3")
+    print("wrote", root)
+
+
+if __name__ == "__main__":
+    main()
