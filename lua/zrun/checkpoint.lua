@@ -633,11 +633,26 @@ function M.load(engine, dir, tag, opts)
     if line then print("[zrun] load_checkpoint: " .. line) end
   end
   if dist.world_size() > 1 then dist.barrier() end -- no rank reads dir while rank 0 cleans it
+  local ds = require "zrun.checkpoint_ds"
   local ok, err = pcall(function()
     tdir = M.resolve(dir, tag)
-    files = M.files(tdir)
+    if ds.is_deepspeed(tdir) then -- DeepSpeed's own files (torch pickles): a DeepSpeed run continues here
+      if engine.zenflow then
+        error(tdir .. ": a DeepSpeed checkpoint: zrun reads its weights and Adam moments, not DeepSpeed's ZenFlow " ..
+          "state; load it without zero_optimization.zenflow", 0)
+      end
+      files = ds.files(tdir)
+    else
+      files = M.files(tdir)
+    end
   end)
   agree(ok, err, "load_checkpoint")
+  if files.reader then
+    local st = files.st[0]
+    dist.print0(fmt("[zrun] load_checkpoint: %s from %s: its fp32 weights%s, step %d", files.reader.kind, tdir,
+      o.optimizer_states and st.optimizer == "adamw" and fmt(", Adam moments (optimizer step %d)", st.opt_steps) or "",
+      st.global_steps))
+  end
   names = param_names(engine)
   local shapes = full_shapes(engine)
   ok, err = true, nil

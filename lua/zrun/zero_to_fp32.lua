@@ -79,7 +79,7 @@ end
 -- model-0000k-of-0000n.safetensors and model.safetensors.index.json once the weights pass
 -- opts.max_shard_size (default "5GB"; shards filled in checkpoint order). opts.exclude_frozen_parameters
 -- leaves out the parameters without optimizer state. Returns the number of tensors and of elements
--- written, and the master's saved dtype.
+-- written, the master's saved dtype, the number of files and (a DeepSpeed checkpoint) what it was.
 function M.convert(dir, tag, out, opts)
   opts = require("zrun.kwargs").check("zero_to_fp32", opts, { "max_shard_size", "exclude_frozen_parameters" })
   local hf = require "zrun.hf"
@@ -115,7 +115,7 @@ function M.convert(dir, tag, out, opts)
     if #shards > 1 then keep[hf.write_index(out, wm, nbytes)] = true end
     hf.remove_stale_weights(out, keep)
   end
-  return #specs, total, r.master_dtype, #shards
+  return #specs, total, r.master_dtype, #shards, r.kind
 end
 
 -- Loads the checkpoint's fp32 weights into model (cast to the model's dtype), one parameter at a
@@ -188,11 +188,11 @@ function M.main(args, ...)
   end
   if #pos ~= 2 then error("zero-to-fp32: expected a checkpoint directory and an output directory or file\n" .. USAGE, 0) end
   local dir, out = pos[1], pos[2]
-  local n, total, mdt, nshards = M.convert(dir, tag, out, opts)
-  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values%s) to %s%s", n, total,
+  local n, total, mdt, nshards, kind = M.convert(dir, tag, out, opts)
+  print(fmt("zero-to-fp32: wrote %d tensors (%d fp32 values%s) to %s%s%s", n, total,
     mdt ~= "f32" and ", widened from the checkpoint's " .. mdt .. " master" or "", out,
     out:match("%.safetensors$") and "" or (nshards > 1 and fmt(" (%d shards and model.safetensors.index.json)", nshards)
-      or "/model.safetensors")))
+      or "/model.safetensors"), kind and " from " .. kind or ""))
   return 0
 end
 

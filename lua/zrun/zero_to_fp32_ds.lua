@@ -124,7 +124,8 @@ function Reader:scan()
     error(fmt("%s: saved by %d ranks, but %d *_optim_states.pt files are there (an overwritten or incomplete "
       .. "checkpoint: one or more ranks did not save)", tdir, world, #optim), 0)
   end
-  self.stage, self.world = stage, world
+  self.stage, self.world, self.osd, self.where = stage, world, osd, where
+  self.kind = fmt("DeepSpeed's ZeRO-%d checkpoint of %d ranks", stage, world)
   local key = stage <= 2 and "single_partition_of_fp32_groups" or stage == 3 and "fp32_flat_groups"
   if not key then error(fmt("%s: unknown ZeRO stage %s", where[1], tostring(stage)), 0) end
   local groups = {}
@@ -137,11 +138,13 @@ function Reader:scan()
     end
     groups[r] = g
   end
+  self.groups = groups
   self.master_dtype = self.master_dtype or "f32"
   -- the model-states files: param_shapes, buffers, frozen parameters, shared names
   local ms, mwhere = {}, {}
   for k, n in ipairs(models) do ms[k], mwhere[k] = self:load(n) end
   local m0 = ms[1]
+  self.model0 = m0
   local shapes = field(m0, "param_shapes", mwhere[1])
   if is_none(shapes) then error(fmt("%s: param_shapes is None: not saved by a ZeRO engine", mwhere[1]), 0) end
   if P.is_dict(shapes) then shapes = { shapes } end
@@ -198,29 +201,79 @@ function Reader:scan()
   end
 end
 
--- Pieces [lo, hi) of a vector stored as consecutive tensors (the ranks' partitions, or a rank's
--- groups): calls put(at, tensor part, len) for each overlap, at = position in [lo, hi).
-local function read_span(parts, lo, hi, put)
+-- Pieces [lo, hi) of a vector stored as consecutive parts of the given lengths (the ranks'
+-- partitions, or a rank's groups): put(at, k, s, len) for each overlap with part k, at = position
+-- in [lo, hi), s = position in part k.
+local function read_span(lens, lo, hi, put)
   local base = 0
-  for _, t in ipairs(parts) do
-    local len = t:numel()
+  for k, len in ipairs(lens) do
     local a, b = max(lo, base), min(hi, base + len)
-    if b > a then put(a - lo, t, a - base, b - a) end
+    if b > a then put(a - lo, k, a - base, b - a) end
     base = base + len
     if base >= hi then break end
   end
 end
 
+-- Rank r's (1-based) tensor of state `which` for flat group gi (1-based): "master" is the fp32
+-- partition; "exp_avg", "exp_avg_sq", ... the optimizer's, as the stage saved them (ZeRO-1/2: a
+-- list of per-group states (elastic) or the torch optimizer's state dict (rigid); ZeRO-3: the
+-- torch optimizer's state dict). Its first elements line up with the master's.
+function Reader:state_part(r, which, gi)
+  if which == "master" then return self.groups[r][gi] end
+  local osd, t = self.osd[r], nil
+  local b = self.stage <= 2 and osd.base_optimizer_state or osd.optimizer_state_dict
+  if P.is_list(b) then t = P.is_dict(b[gi]) and b[gi][which] or nil
+  elseif P.is_dict(b) and P.is_dict(b.state) then
+    local st = b.state[gi - 1]
+    t = P.is_dict(st) and st[which] or nil
+  end
+  if not P.is_tensor(t) then
+    error(fmt("%s: rank %d has no optimizer state '%s' for group %d (an optimizer other than Adam/AdamW, or "
+      .. "a layout zrun does not know)", self.where[r], r - 1, which, gi - 1), 0)
+  end
+  return t
+end
+
+-- Elements [lo, hi) of parameter e's state `which`, flattened: put(at, tensor) for each piece
+-- (at: 0-based position in [lo, hi)), read from the files now.
+function Reader:read_range(e, which, lo, hi, put)
+  if e.gi then -- ZeRO-1/2: the parameter's span of its group's flat vector, across the ranks
+    read_span(self.lens[e.gi], e.at + lo, e.at + hi, function(o, r, s, len)
+      put(o, self:state_part(r, which, e.gi):read(s, len, { dtype = "f32" }))
+    end)
+    return
+  end
+  local pn, n = e.pn, e.numel -- ZeRO-3: rank r holds elements [r*pn, (r+1)*pn)
+  for r = 1, self.world do
+    local a, b = max(lo, (r - 1) * pn), min(hi, r * pn, n)
+    if b > a then
+      read_span(self.lens3[r], e.at + a - (r - 1) * pn, e.at + b - (r - 1) * pn, function(o, g, s, len)
+        put(a - lo + o, self:state_part(r, which, g):read(s, len, { dtype = "f32" }))
+      end)
+    end
+  end
+end
+
+local function full_read(self, e)
+  return function()
+    local out = zr.zeros({ e.numel })
+    self:read_range(e, "master", 0, e.numel, function(at, t) out:narrow(1, at + 1, t:numel()):copy_(t) end)
+    return out
+  end
+end
+
 function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
   local world, pads = self.world, osd0.param_alignment_paddings
+  self.lens = {}
   for gi, gshapes in ipairs(shapes) do
-    local parts, avail = {}, 0
+    local lens, avail = {}, 0
     for r = 1, world do
       local t = groups[r][gi]
       if not t then error(fmt("%s: rank %d has no fp32 group %d", self.tdir, r - 1, gi - 1), 0) end
-      parts[r] = t
-      avail = avail + t:numel()
+      lens[r] = t:numel()
+      avail = avail + lens[r]
     end
+    self.lens[gi] = lens
     local gpads = P.is_list(pads) and pads[gi] or nil
     local names = P.keys(gshapes)
     if gpads and #gpads ~= #names then
@@ -229,15 +282,10 @@ function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
     local offset = 0
     for k, name in ipairs(names) do
       local shape = shape_of(gshapes[name], mpath, name)
-      local n, at = numel_of(shape), offset
-      self:add({ name = name, shape = shape, numel = n, read = function()
-        local out = zr.zeros({ n })
-        read_span(parts, at, at + n, function(o, t, s, len)
-          out:narrow(1, o + 1, len):copy_(t:read(s, len, { dtype = "f32" }))
-        end)
-        return out
-      end })
-      offset = offset + n + (gpads and gpads[k] or 0)
+      local e = { name = name, shape = shape, numel = numel_of(shape), gi = gi, at = offset }
+      e.read = full_read(self, e)
+      self:add(e)
+      offset = offset + e.numel + (gpads and gpads[k] or 0)
     end
     -- DeepSpeed's own check: both counts agree once aligned to 2 * world
     local align = 2 * world
@@ -251,27 +299,22 @@ end
 
 function Reader:scan_zero3(shapes, groups, mpath)
   local world = self.world
+  self.lens3 = {}
+  for r = 1, world do
+    local lens = {}
+    for g, t in ipairs(groups[r]) do lens[g] = t:numel() end
+    self.lens3[r] = lens
+  end
   local offset, avail = 0, 0
-  for _, t in ipairs(groups[1]) do avail = avail + t:numel() end
+  for _, n in ipairs(self.lens3[1]) do avail = avail + n end
   for _, gshapes in ipairs(shapes) do
     for _, name in ipairs(P.keys(gshapes)) do
       local shape = shape_of(gshapes[name], mpath, name)
       local n = numel_of(shape)
-      local pn, at = ceil(n / world), offset
-      self:add({ name = name, shape = shape, numel = n, read = function()
-        local out = zr.zeros({ n })
-        for r = 1, world do -- rank r's piece: elements [r*pn, (r+1)*pn) of the parameter, less padding
-          local lo = (r - 1) * pn
-          local len = min(pn, n - lo)
-          if len > 0 then
-            read_span(groups[r], at, at + len, function(o, t, s, l)
-              out:narrow(1, lo + o + 1, l):copy_(t:read(s, l, { dtype = "f32" }))
-            end)
-          end
-        end
-        return out
-      end })
-      offset = offset + pn
+      local e = { name = name, shape = shape, numel = n, pn = ceil(n / world), at = offset }
+      e.read = full_read(self, e)
+      self:add(e)
+      offset = offset + e.pn
     end
   end
   if offset ~= avail then

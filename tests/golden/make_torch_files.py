@@ -379,7 +379,7 @@ def model_states(params, module, stage, world, frozen=None, shared=None, frags=N
                 ds_config=dict(DS_CONFIG, zero_optimization={"stage": stage}), ds_version="0.19.8")
 
 
-def write_zero2(root, world, param_alignment, name):
+def write_zero2(root, world, param_alignment, name, elastic):
     """ZeRO-2, bf16, one parameter group, the model's last parameter (lm_head) frozen, model.norm
     a tied alias of nothing (shared_params: lm_head is not shared here), a buffer."""
     params = micro_params()
@@ -414,9 +414,18 @@ def write_zero2(root, world, param_alignment, name):
         st["dynamic_loss_scale"] = False
         st["overflow"] = False
         st["clip_grad"] = 1.0
-        st["base_optimizer_state"] = [{"exp_avg": tensor([0.01] * len(lean), (len(lean),)),
-                                       "exp_avg_sq": tensor([1e-4] * len(lean), (len(lean),)),
-                                       "step": tensor([2.0], ())}]
+        full = flat[left:left + part]  # the moments keep the padding in a rigid checkpoint
+        if elastic:  # zero_optimization.elastic_checkpoint: per-group states without padding
+            st["base_optimizer_state"] = [{"exp_avg": tensor([0.5 * x for x in lean], (len(lean),)),
+                                           "exp_avg_sq": tensor([x * x for x in lean], (len(lean),)),
+                                           "step": 2}]
+            st["base_optimizer_state_step"] = 0  # FusedAdam's param_groups[0]["step"] (it counts in state)
+        else:  # the default: the torch optimizer's state_dict (FusedAdam: step in the state)
+            st["base_optimizer_state"] = {
+                "state": {0: {"step": 2, "exp_avg": tensor([0.5 * x for x in full], (len(full),)),
+                              "exp_avg_sq": tensor([x * x for x in full], (len(full),))}},
+                "param_groups": [{"lr": 1e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
+                                  "weight_decay": 0.01, "amsgrad": False, "step": 0, "params": [0]}]}
         st["single_partition_of_fp32_groups"] = [tensor(lean, (len(lean),))]
         st["zero_stage"] = ZeroStageEnum.gradients
         st["group_paddings"] = [padding]
@@ -468,7 +477,12 @@ def write_zero3(root, world, name):
         st["dynamic_loss_scale"] = True
         st["overflow"] = False
         st["partition_count"] = world
-        st["optimizer_state_dict"] = {"state": {0: {"step": 2}}, "param_groups": [{"lr": 1e-3, "params": [0]}]}
+        st["optimizer_state_dict"] = {
+            "state": {gi: {"step": 2, "exp_avg": tensor([0.5 * x for x in t.storage.values], (t.numel(),)),
+                           "exp_avg_sq": tensor([x * x for x in t.storage.values], (t.numel(),))}
+                      for gi, t in enumerate(flat_groups)},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "step": 0,
+                              "params": [gi]} for gi in range(len(flat_groups))]}
         st["fp32_flat_groups"] = flat_groups
         save(dict(optimizer_state_dict=st, ds_config=dict(DS_CONFIG, zero_optimization={"stage": 3}),
                   ds_version="0.19.8"),
@@ -483,8 +497,8 @@ def main():
     os.makedirs(root, exist_ok=True)
     write_hf_dirs(root)
     write_values(root)
-    write_zero2(root, 2, 1, "ds_zero2")
-    write_zero2(root, 3, 8, "ds_zero2_aligned")
+    write_zero2(root, 2, 1, "ds_zero2", False)
+    write_zero2(root, 3, 8, "ds_zero2_aligned", True)
     write_zero3(root, 2, "ds_zero3")
     print("wrote", root)
 

@@ -1,0 +1,128 @@
+-- DeepSpeed's own ZeRO checkpoints (torch pickles) in zrun: `zrun zero-to-fp32` consolidates them
+-- as DeepSpeed's zero_to_fp32.py does, zr.zero.load_state_dict_from_zero_checkpoint loads them into
+-- a model, and engine:load_checkpoint continues the DeepSpeed run (weights, Adam moments, step
+-- counts, schedule) at any stage. The checkpoints under tests/golden/torch_files were written by
+-- tests/golden/make_torch_files.py in DeepSpeed 0.19.8's layouts: ds_zero2 (bf16, 2 ranks, the
+-- default rigid optimizer state, lm_head frozen, a buffer), ds_zero2_aligned (3 ranks,
+-- parameter_alignment padding, elastic optimizer state), ds_zero3 (2 ranks, two flat groups, the
+-- embedding frozen and lm_head tied to it). Their weights are in reference.safetensors; the saved
+-- moments are exp_avg = w / 2 and exp_avg_sq = w^2 of the master w, so misplaced elements show.
+local zr = require "zrun"
+local T = zr.testing
+local Z = ZRUN_BIN or os.getenv("ZRUN_BIN") or "./zrun"
+local DIR = (ZRUN_HOME or ".") .. "/tests/golden/torch_files/"
+local tmp = T.tmpdir()
+local CASES = { ds_zero2 = { ranks = 2, stage = 2, frozen = "lm_head.weight", n = 13 },
+  ds_zero2_aligned = { ranks = 3, stage = 2, frozen = "lm_head.weight", n = 13 },
+  ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 } }
+local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3" }
+
+local function ref_of(name) return zr.load_safetensors(DIR .. name .. "/reference.safetensors") end
+local function max_diff(a, b) return (a:to({ dtype = "f32" }) - b:to({ dtype = "f32" })):abs():max():item() end
+
+-- The micro Llama the checkpoints were saved from (ds_zero3's ties lm_head to the embedding),
+-- with the checkpoint's frozen parameter frozen.
+local function model_for(name)
+  local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin",
+    name == "ds_zero3" and { config = { tie_word_embeddings = true } } or nil)
+  local frozen = CASES[name].frozen == "lm_head.weight" and m.lm_head.weight or m.model.embed_tokens.weight
+  frozen:requires_grad_(false)
+  return m
+end
+
+for _, name in ipairs(ORDER) do
+  local c = CASES[name]
+  T.test(name .. ": zrun zero-to-fp32 writes the consolidated weights", function()
+    local out = tmp .. "/" .. name
+    local text, rc = T.run(("%s zero-to-fp32 %s%s %s"):format(Z, DIR, name, out))
+    T.eq(rc, 0, "exit status (" .. text .. ")")
+    assert(text:find(("DeepSpeed's ZeRO-%d checkpoint of %d ranks"):format(c.stage, c.ranks), 1, true), text)
+    local got, ref = zr.load_safetensors(out .. "/model.safetensors"), ref_of(name)
+    local n = 0
+    for k, v in pairs(ref) do
+      n = n + 1
+      assert(got[k], "missing " .. k)
+      T.eq(got[k]:dtype(), "f32", k .. " dtype")
+      T.eq(max_diff(got[k], v), 0, k)
+    end
+    for k in pairs(got) do assert(ref[k], "unexpected " .. k) end
+    T.eq(n, c.n, "tensors")
+    -- --exclude_frozen_parameters leaves the frozen one out (and its tied name)
+    text, rc = T.run(("%s zero-to-fp32 %s%s %s.safetensors --exclude_frozen_parameters"):format(Z, DIR, name, out))
+    T.eq(rc, 0, "exit status (" .. text .. ")")
+    local ex = zr.load_safetensors(out .. ".safetensors")
+    assert(not ex[c.frozen], "the frozen parameter was written")
+    assert(ex["model.norm.weight"], "a trained parameter is missing")
+  end)
+end
+
+T.test("zr.zero.load_state_dict_from_zero_checkpoint loads a DeepSpeed checkpoint into a model", function()
+  local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config(DIR .. "llama_micro_bin"))
+  zr.zero.load_state_dict_from_zero_checkpoint(m, DIR .. "ds_zero2")
+  local ref = ref_of("ds_zero2")
+  for k, p in m:named_parameters() do T.eq(max_diff(p, ref[k]), 0, k) end
+end)
+
+for _, name in ipairs(ORDER) do
+  for _, stage in ipairs({ 0, 2, 3 }) do
+    T.test(("%s: engine:load_checkpoint at stage %d continues the run"):format(name, stage), function()
+      local m = model_for(name)
+      local engine, _, _, sched = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1,
+        optimizer = { type = "AdamW", params = { lr = 1e-2 } }, zero_optimization = { stage = stage },
+        scheduler = { type = "WarmupLR", params = { warmup_num_steps = 10, warmup_max_lr = 1e-2 } } } }
+      local _, path = engine:load_checkpoint(DIR .. name)
+      assert(path:find("global_step2", 1, true), path)
+      T.eq(engine.global_steps, 2, "global_steps")
+      T.eq(engine.opt_steps, 2, "the optimizer's step (bias correction)")
+      T.eq(sched.last_batch_iteration, 1, "the schedule's position")
+      local ref = ref_of(name)
+      for k, p in m:named_parameters() do
+        T.eq(max_diff(p, ref[k]), 0, k)
+      end
+      if stage == 0 then -- one partition holds everything: the moments at the master's positions
+        local z = engine.zero
+        for i, p in ipairs(engine.params) do
+          local off = z:layout(i)
+          local w = p:to({ dtype = "f32" }):reshape({ p:numel() })
+          T.eq(max_diff(z:state(1):narrow(1, off + 1, p:numel()), w * 0.5), 0, "exp_avg of parameter " .. i)
+          T.eq(max_diff(z:state(2):narrow(1, off + 1, p:numel()), w * w), 0, "exp_avg_sq of parameter " .. i)
+        end
+      end
+      -- and it trains on: the loss on a fixed batch falls
+      local ids = zr.tensor({ { 1, 5, 7, 9, 3, 11, 4, 8 } }, { dtype = "i64" })
+      local first, last
+      for _ = 1, 8 do
+        local loss = engine(ids, ids).loss
+        engine:backward(loss)
+        engine:step()
+        first = first or loss:item()
+        last = loss:item()
+      end
+      assert(last < first - 0.05, ("the loss did not fall: %.4f -> %.4f"):format(first, last))
+      T.eq(engine.global_steps, 10, "steps counted on from the checkpoint's")
+    end)
+  end
+end
+
+T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is refused in one line", function()
+  local d = tmp .. "/broken"
+  assert(os.execute(("mkdir -p '%s' && cp -r %sds_zero2/global_step2 %sds_zero2/latest '%s'/"):format(d, DIR, DIR, d)) == 0)
+  local rank1 = d .. "/global_step2/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+  assert(os.remove(rank1))
+  local z = require "zrun.zero_to_fp32"
+  T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(d) end, "saved by 2 ranks, but 1 *_optim_states.pt")
+  -- rank 1's file from the 3-rank save: its partitions do not add up
+  assert(os.execute(("cp %sds_zero2_aligned/global_step2/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt '%s'"):format(DIR, rank1)) == 0)
+  T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(d) end, "ranks' partitions hold")
+  -- another model: the engine's parameters are not the checkpoint's
+  local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin")
+  local engine = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1,
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } } } }
+  T.raises(function() engine:load_checkpoint(DIR .. "ds_zero2") end, "not in the checkpoint: 'lm_head.weight'")
+  -- a stage-0 DeepSpeed checkpoint (no optimizer files) is named as such
+  local s0 = tmp .. "/stage0/global_step1"
+  assert(os.execute(("mkdir -p '%s' && cp %sds_zero2/global_step2/mp_rank_00_model_states.pt '%s'/"):format(s0, DIR, s0)) == 0)
+  T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(tmp .. "/stage0", "global_step1") end, "without ZeRO")
+end)
+
+T.done()
