@@ -6,6 +6,8 @@
 -- zrun.zero_to_fp32_ds's.
 local P = require "zrun.torch_pickle"
 local ds = require "zrun.zero_to_fp32_ds"
+local tf = require "zrun.torch_file"
+local C = require("zrun")._C
 
 local M = {}
 local fmt, ipairs, type, pairs = string.format, ipairs, type, pairs
@@ -113,6 +115,16 @@ function M.files(tdir)
     st.micro_steps = st.global_steps * gas
     st.param_groups = param_groups(r)
     st.lr_scheduler = P.is_dict(m0.lr_scheduler) and plain(m0.lr_scheduler) or nil
+    -- transformers' Trainer keeps its own schedule (a torch LambdaLR) beside the engine's checkpoint,
+    -- in checkpoint-<step>/scheduler.pt, when the DeepSpeed config has none
+    local sched_pt = (tdir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/scheduler.pt"
+    if not st.lr_scheduler and C.path_type(sched_pt) == "file" then
+      local sd, f = tf.load(sched_pt)
+      f:close()
+      local last = P.is_dict(sd) and number(sd.last_epoch)
+      if not last then error(fmt("%s: holds %s, not a torch LR scheduler's state (no last_epoch)", sched_pt, P.repr(sd)), 0) end
+      st.lr_scheduler = { last_batch_iteration = last }
+    end
     local sc = r.osd[1].loss_scaler
     if P.is_object(sc) and P.is_dict(sc.state) and number(sc.state.cur_scale) then
       local s = sc.state

@@ -171,11 +171,13 @@ def save(obj, path, archive="archive"):
     """torch.save(obj, path) with the zip format (torch >= 1.6)."""
     data, storages = dumps(obj)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(archive + "/data.pkl", data)
-        z.writestr(archive + "/byteorder", "little")
+        def record(name, data):  # a fixed time stamp: the same bytes on every run
+            z.writestr(zipfile.ZipInfo(archive + "/" + name, date_time=(2020, 1, 1, 0, 0, 0)), data)
+        record("data.pkl", data)
+        record("byteorder", "little")
         for k in sorted(storages, key=int):
-            z.writestr(archive + "/data/" + k, storages[k].data())
-        z.writestr(archive + "/version", "3\n")
+            record("data/" + k, storages[k].data())
+        record("version", "3\n")
 
 
 def save_legacy(obj, path):
@@ -379,7 +381,7 @@ def model_states(params, module, stage, world, frozen=None, shared=None, frags=N
                 ds_config=dict(DS_CONFIG, zero_optimization={"stage": stage}), ds_version="0.19.8")
 
 
-def write_zero2(root, world, param_alignment, name, elastic):
+def write_zero2(root, world, param_alignment, name, elastic, lr_scheduler="warmup", lr=1e-3):
     """ZeRO-2, bf16, one parameter group, the model's last parameter (lm_head) frozen, model.norm
     a tied alias of nothing (shared_params: lm_head is not shared here), a buffer."""
     params = micro_params()
@@ -403,8 +405,10 @@ def write_zero2(root, world, param_alignment, name, elastic):
     module["model.extra_buffer"] = buf
     frozen_shapes = collections.OrderedDict((n, Size(s)) for n, s, _ in frozen)
     frozen_frags = collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in frozen)
-    save(model_states(trainable, module, 2, world, frozen_shapes, {}, frozen_frags,
-                      buffers=["model.extra_buffer"]), os.path.join(tag, "mp_rank_00_model_states.pt"))
+    ms = model_states(trainable, module, 2, world, frozen_shapes, {}, frozen_frags, buffers=["model.extra_buffer"])
+    if lr_scheduler is None:
+        ms["lr_scheduler"] = None
+    save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
     for r in range(world):
         left = r * part
         padding = part if used <= left else (left + part - used if used < left + part else 0)
@@ -424,7 +428,7 @@ def write_zero2(root, world, param_alignment, name, elastic):
             st["base_optimizer_state"] = {
                 "state": {0: {"step": 2, "exp_avg": tensor([0.5 * x for x in full], (len(full),)),
                               "exp_avg_sq": tensor([x * x for x in full], (len(full),))}},
-                "param_groups": [{"lr": 1e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
+                "param_groups": [{"lr": lr, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
                                   "weight_decay": 0.01, "amsgrad": False, "step": 0, "params": [0]}]}
         st["single_partition_of_fp32_groups"] = [tensor(lean, (len(lean),))]
         st["zero_stage"] = ZeroStageEnum.gradients
@@ -491,6 +495,33 @@ def write_zero3(root, world, name):
     write_safetensors(os.path.join(root, name, "reference.safetensors"), ref)
 
 
+def write_hf_trainer_checkpoint(root):
+    """output_dir/checkpoint-2 as transformers' Trainer with DeepSpeed writes it (Trainer._save_checkpoint):
+    the engine's checkpoint (global_step2, latest: ds_zero2's layout), trainer_state.json, the
+    Trainer's own LambdaLR in scheduler.pt (DeepSpeed's config has no scheduler, so the engine saved
+    none) and rng_state.pth."""
+    name = os.path.join("hf_trainer_out", "checkpoint-2")
+    # linear decay over 8 steps from 1e-3, after 2 steps: the optimizer's lr is 1e-3 * 6/8
+    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.00075)
+    d = os.path.join(root, name)
+    os.remove(os.path.join(d, "reference.safetensors"))
+    state = {"best_global_step": None, "best_metric": None, "best_model_checkpoint": None, "epoch": 0.5,
+             "eval_steps": 500, "global_step": 2, "is_hyper_param_search": False, "is_local_process_zero": True,
+             "is_world_process_zero": True,
+             "log_history": [{"epoch": 0.25, "grad_norm": 1.5, "learning_rate": 0.0005, "loss": 3.5, "step": 1},
+                             {"epoch": 0.5, "grad_norm": 1.25, "learning_rate": 0.001, "loss": 3.25, "step": 2}],
+             "logging_steps": 1, "max_steps": 8, "num_input_tokens_seen": 0, "num_train_epochs": 2,
+             "save_steps": 2, "stateful_callbacks": {"TrainerControl": {"args": {"should_save": True},
+                                                                        "attributes": {}}},
+             "total_flos": 123.0, "train_batch_size": 2, "trial_name": None, "trial_params": None}
+    json.dump(state, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
+    # torch.optim.lr_scheduler.LambdaLR.state_dict() after 2 steps (lr_lambdas: None for a function)
+    save({"base_lrs": [0.001], "last_epoch": 2, "verbose": False, "_step_count": 3,
+          "_get_lr_called_within_step": False, "_last_lr": [0.00075], "lr_lambdas": [None]},
+         os.path.join(d, "scheduler.pt"))
+    save({"python": (3, tuple(range(5)), None), "cpu": tensor([1, 2, 3], (3,), "U8")}, os.path.join(d, "rng_state.pth"))
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                               "torch_files")
@@ -500,6 +531,7 @@ def main():
     write_zero2(root, 2, 1, "ds_zero2", False)
     write_zero2(root, 3, 8, "ds_zero2_aligned", True)
     write_zero3(root, 2, "ds_zero3")
+    write_hf_trainer_checkpoint(root)
     print("wrote", root)
 
 

@@ -104,6 +104,33 @@ for _, name in ipairs(ORDER) do
   end
 end
 
+T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Trainer", function()
+  -- checkpoint-2 of an HF run: ds_zero2's engine files, trainer_state.json, the Trainer's LambdaLR in
+  -- scheduler.pt (linear over 8 steps: 2 done), rng_state.pth (not read)
+  local out = tmp .. "/hf_out"
+  assert(os.execute(("mkdir -p '%s' && cp -r %shf_trainer_out/checkpoint-2 '%s'/"):format(out, DIR, out)) == 0)
+  local m = model_for("ds_zero2")
+  local rows = {}
+  for i = 1, 16 do
+    local r = {}
+    for k = 1, 8 do r[k] = (i * 7 + k * 3) % 32 end
+    rows[i] = { input_ids = r }
+  end
+  local tr = zr.Trainer { model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out,
+    per_device_train_batch_size = 2, max_steps = 8, learning_rate = 1e-3, logging_steps = 1, save_steps = 100,
+    bf16 = true, deepspeed = { train_micro_batch_size_per_gpu = "auto", bf16 = { enabled = "auto" },
+      zero_optimization = { stage = 2 }, optimizer = { type = "AdamW", params = { lr = "auto" } } } } }
+  local r = tr:train { resume_from_checkpoint = out .. "/checkpoint-2" }
+  T.eq(r.global_step, 8, "steps")
+  local h = tr.state.log_history
+  T.eq(h[1].loss, 3.5, "the HF run's log history is kept")
+  T.eq(h[3].step, 3, "the run goes on at step 3")
+  T.near(h[3].learning_rate, 1e-3 * 6 / 8, 1e-12, 0, "the schedule goes on from scheduler.pt's position")
+  T.near(h[8].learning_rate, 1e-3 * 1 / 8, 1e-12, 0, "the schedule at the end")
+  assert(h[8].loss < h[3].loss, ("the loss did not fall: %.4f -> %.4f"):format(h[3].loss, h[8].loss))
+  assert(h[3].grad_norm > 0, "grad_norm")
+end)
+
 T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is refused in one line", function()
   local d = tmp .. "/broken"
   assert(os.execute(("mkdir -p '%s' && cp -r %sds_zero2/global_step2 %sds_zero2/latest '%s'/"):format(d, DIR, DIR, d)) == 0)
