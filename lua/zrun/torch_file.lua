@@ -16,6 +16,7 @@ local M = {}
 local fmt, byte, concat = string.format, string.byte, table.concat
 local ipairs, type, tostring, setmetatable = ipairs, type, tostring, setmetatable
 
+M.LEGACY_PREFIX = 1048576 -- bytes read first for an old-format file's pickles (more when they are longer)
 local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
 
 local function u(s, i, n)
@@ -146,6 +147,43 @@ function File:close()
   if self.handle then self.handle:close(); self.handle = nil end
 end
 
+-- The format before torch 1.6 (torch.save(..., _use_new_zipfile_serialization=False)): pickles of
+-- the magic number, protocol version, sys_info, the object and its storage keys, then each
+-- storage as an 8-byte element count and its bytes. all: a prefix of the file holding the pickles.
+-- Returns the object and data_of(key) -> offset, bytes.
+local function legacy(fh, path, size, all, storages, pick_opts)
+  local obj, data_of
+  local magic, p2 = P.loads(all, { where = path })
+  -- torch's magic number 0x1950a86a20f9469cfc6c, read as a float (it is past 2^53)
+  if type(magic) ~= "number" or math.abs(magic - 119547037146038801333356) > 2 ^ 30 then
+    error(fmt("%s: not a torch.save file (a pickle without torch's magic number)", path), 0)
+  end
+  local _, p3 = P.loads(all, { where = path }, p2)        -- protocol version
+  local sys, p4 = P.loads(all, { where = path }, p3)      -- sys_info
+  if P.is_dict(sys) and sys.little_endian == false then
+    error(fmt("%s: saved on a big-endian machine; zrun reads little-endian files", path), 0)
+  end
+  local p5
+  obj, p5 = P.loads(all, pick_opts, p4)
+  local keys, p6 = P.loads(all, { where = path }, p5)
+  local at, offsets = p6 - 1, {}
+  for _, key in ipairs(keys) do -- each storage: an 8-byte element count, then its bytes
+    key = tostring(key)
+    local s = storages[key]
+    local n = u(read_at(fh, path, at, 8), 1, 8)
+    local el = s and ELEMENT[s.dtype or ""] or 1
+    offsets[key] = { at + 8, n * el }
+    at = at + 8 + n * el
+  end
+  if at > size then error(fmt("%s: the storages end past the end of the file (truncated)", path), 0) end
+  data_of = function(key)
+    local o = offsets[key]
+    if not o then error(fmt("%s: storage %s is not in the file (damaged)", path, key), 0) end
+    return o[1], o[2]
+  end
+  return obj, data_of
+end
+
 -- Reads path (a torch.save file). Returns the object it holds (torch_pickle's values; each
 -- tensor's :get() reads it) and the File (file:close() releases its mapping; the tensors'
 -- :get() reopens it).
@@ -195,34 +233,14 @@ function M.load(path)
         return r.offset, r.size
       end
     elseif byte(head, 1) == 0x80 then -- the format before torch 1.6: pickles, then each storage
-      local all = read_at(fh, path, 0, size)
-      local magic, p2 = P.loads(all, { where = path })
-      -- torch's magic number 0x1950a86a20f9469cfc6c, read as a float (it is past 2^53)
-      if type(magic) ~= "number" or math.abs(magic - 119547037146038801333356) > 2 ^ 30 then
-        error(fmt("%s: not a torch.save file (a pickle without torch's magic number)", path), 0)
-      end
-      local _, p3 = P.loads(all, { where = path }, p2)        -- protocol version
-      local sys, p4 = P.loads(all, { where = path }, p3)      -- sys_info
-      if P.is_dict(sys) and sys.little_endian == false then
-        error(fmt("%s: saved on a big-endian machine; zrun reads little-endian files", path), 0)
-      end
-      local p5
-      obj, p5 = P.loads(all, pick_opts, p4)
-      local keys, p6 = P.loads(all, { where = path }, p5)
-      local at, offsets = p6 - 1, {}
-      for _, key in ipairs(keys) do -- each storage: an 8-byte element count, then its bytes
-        key = tostring(key)
-        local s = storages[key]
-        local n = u(read_at(fh, path, at, 8), 1, 8)
-        local el = s and ELEMENT[s.dtype or ""] or 1
-        offsets[key] = { at + 8, n * el }
-        at = at + 8 + n * el
-      end
-      if at > size then error(fmt("%s: the storages end past the end of the file (truncated)", path), 0) end
-      data_of = function(key)
-        local o = offsets[key]
-        if not o then error(fmt("%s: storage %s is not in the file (damaged)", path, key), 0) end
-        return o[1], o[2]
+      -- the pickles come first: read a prefix of the file, longer until they fit in it
+      local len = math.min(size, M.LEGACY_PREFIX)
+      while true do
+        local all = read_at(fh, path, 0, len)
+        local okp, e = pcall(function() obj, data_of = legacy(fh, path, size, all, storages, pick_opts) end)
+        if okp then break end
+        if len >= size or not tostring(e):find("ends early", 1, true) then error(e, 0) end
+        len = math.min(size, len * 8)
       end
     else
       error(fmt("%s: not a torch.save file (neither a zip archive nor a pickle)", path), 0)
