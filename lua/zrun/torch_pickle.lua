@@ -37,7 +37,9 @@ function M.keys(d)
   if not o then error("torch_pickle.keys: not a dict read from a pickle", 2) end
   return o
 end
+-- Whether v is a dict read from a pickle (M.keys gives its order).
 function M.is_dict(v) return type(v) == "table" and getmetatable(v) == Dict end
+-- Whether v is a list, tuple or set read from a pickle.
 function M.is_list(v) return type(v) == "table" and getmetatable(v) == List end
 M.new_dict, M.dict_set = new_dict, dict_set
 local function list(t) return setmetatable(t or {}, List) end
@@ -46,6 +48,7 @@ local function list(t) return setmetatable(t or {}, List) end
 local Object = { __name = "object" }
 Object.__index = Object
 M.Object = Object
+-- Whether v is an inert record of a class zrun does not know (of that class, when given).
 function M.is_object(v, class) return type(v) == "table" and getmetatable(v) == Object and (not class or v.class == class) end
 -- The value of an IntEnum-like object (its single constructor argument), or v itself.
 function M.value(v)
@@ -106,6 +109,7 @@ M.STORAGES = {
 local Tensor = { __name = "tensor" }
 Tensor.__index = Tensor
 M.Tensor = Tensor
+-- Whether v describes a tensor of the file (torch_file.lua gives it :get and :read).
 function M.is_tensor(v) return type(v) == "table" and getmetatable(v) == Tensor end
 function Tensor:__repr()
   local s = {}

@@ -104,6 +104,12 @@ function Reader:scan()
       .. "weights whole in %s; zero-to-fp32 is for ZeRO checkpoints", tdir, models[1] or "mp_rank_00_model_states.pt"), 0)
   end
   if #models == 0 then error(fmt("%s: no *_model_states.pt file (an incomplete checkpoint)", tdir), 0) end
+  for _, n in ipairs(optim) do
+    if not n:find("mp_rank_00_optim_states.pt", 1, true) or n:find("expp_rank", 1, true) then
+      error(fmt("%s: %s is a model-parallel or expert-parallel file: zrun reads data-parallel ZeRO checkpoints "
+        .. "(mp_rank_00 only); convert the checkpoint with DeepSpeed's ds_to_universal.py first", tdir, n), 0)
+    end
+  end
   -- the optimizer files: stage, world size, the fp32 flat groups
   local osd, where = {}, {}
   for r, n in ipairs(optim) do
