@@ -280,8 +280,10 @@ function M.loads(data, opts, pos)
     local full = cls_name(mod, name)
     local fn = (opts.globals and opts.globals[full]) or G[full]
     if fn then return global(full, fn) end
-    if mod == "torch" then
-      if M.STORAGES[name] then return { storage_type = name, torch_dtype = M.STORAGES[name] } end
+    if mod == "torch" or mod == "torch.storage" then
+      if name:find("Storage$") then -- (a dtype zrun has no name for keeps torch's: it is refused when read)
+        return { storage_type = name, torch_dtype = M.STORAGES[name] or name:gsub("Storage$", "") }
+      end
       if M.DTYPES[name] then return { torch_dtype = name, __repr = function() return "torch." .. name end } end
     end
     -- anything else: calling it makes an inert record

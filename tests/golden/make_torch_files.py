@@ -180,6 +180,35 @@ def save(obj, path, archive="archive"):
         record("version", "3\n")
 
 
+def rezip64(src, dst):
+    """src's records rewritten as torch's writer (miniz) writes a file past 4 GB: zip64 sizes and
+    offsets in every directory entry (the 32-bit fields 0xFFFFFFFF), a zip64 end record and
+    locator, and each record's data aligned to 64 bytes by a padding extra field ("FB")."""
+    with zipfile.ZipFile(src) as z:
+        recs = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    out, central = bytearray(), bytearray()
+    for name, data in recs:
+        nb = name.encode()
+        crc = zipfile.crc32(data) & 0xFFFFFFFF
+        z64 = struct.pack("<HHQQ", 1, 16, len(data), len(data))
+        off = len(out)
+        pad = (-(off + 30 + len(nb) + len(z64) + 4)) % 64
+        fb = struct.pack("<HH", 0x4246, pad) + b"Z" * pad
+        out += struct.pack("<IHHHHHIIIHH", 0x04034b50, 45, 0, 0, 0, 0, crc, 0xFFFFFFFF, 0xFFFFFFFF, len(nb),
+                           len(z64) + len(fb)) + nb + z64 + fb + data
+        cz64 = struct.pack("<HHQQQ", 1, 24, len(data), len(data), off)
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 45, 45, 0, 0, 0, 0, crc, 0xFFFFFFFF,
+                               0xFFFFFFFF, len(nb), len(cz64), 0, 0, 0, 0, 0xFFFFFFFF) + nb + cz64
+    cd_off = len(out)
+    out += central
+    z64_off = len(out)
+    out += struct.pack("<IQHHIIQQQQ", 0x06064b50, 44, 45, 45, 0, 0, len(recs), len(recs), len(central), cd_off)
+    out += struct.pack("<IIQI", 0x07064b50, 0, z64_off, 1)
+    out += struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    with open(dst, "wb") as f:
+        f.write(out)
+
+
 def save_legacy(obj, path):
     """torch.save(obj, path, _use_new_zipfile_serialization=False): torch/serialization.py _legacy_save."""
     keys, storages = {}, {}
@@ -339,6 +368,7 @@ def write_values(root):
     obj["empty"] = tensor([], (0,))
     save(obj, os.path.join(root, "values.pt"))
     save_legacy(obj, os.path.join(root, "values_legacy.pt"))
+    rezip64(os.path.join(root, "values.pt"), os.path.join(root, "values_zip64.pt"))
     save(collections.OrderedDict(a=1, b=[2, 3]), os.path.join(root, "no_tensors.pt"))
 
 

@@ -2,7 +2,7 @@
 -- tests/golden/torch_files were written by tests/golden/make_torch_files.py (torch.save's format:
 -- Python's pickler with torch's persistent ids and rebuild functions; the zip and the legacy
 -- layout), with every tensor's values also in reference.safetensors. Checked: Python values as
--- pickled (None, bools, ints past 2^31, floats, text, bytes, dict order and non-string keys,
+-- pickled (zip, zip64 with aligned records, legacy; None, bools, ints past 2^31, floats, text, bytes, dict order and non-string keys,
 -- torch.Size, IntEnum, class instances, shared and offset tensors), from_pretrained of a
 -- pytorch_model.bin and of sharded .bin files (zip bf16 + legacy f32) equal to the reference,
 -- non-contiguous tensors and damaged files refused in one line, never a crash on mutated bytes.
@@ -21,7 +21,7 @@ local function list_of(v)
   return out
 end
 
-for _, name in ipairs({ "values.pt", "values_legacy.pt" }) do
+for _, name in ipairs({ "values.pt", "values_legacy.pt", "values_zip64.pt" }) do
   T.test(name .. ": Python values as pickled", function()
     local obj, file = tf.load(DIR .. name)
     T.eq(obj.none, P.None, "None")
@@ -138,7 +138,7 @@ T.test("files that are not state dicts, or damaged, are refused in one line", fu
 end)
 
 T.test("mutated files give an error or a value, never a crash", function()
-  local seeds = { T.read_file(DIR .. "values.pt"), T.read_file(DIR .. "values_legacy.pt"),
+  local seeds = { T.read_file(DIR .. "values.pt"), T.read_file(DIR .. "values_legacy.pt"), T.read_file(DIR .. "values_zip64.pt"),
     T.read_file(DIR .. "llama_micro_sharded/pytorch_model-00002-of-00002.bin") }
   local rng = 12345
   local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n end
