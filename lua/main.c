@@ -1,5 +1,5 @@
 /* The zrun program: embeds LuaJIT, finds its Lua library next to the executable, and runs a
- * script, a -e chunk, a subcommand (report, check, estimate, plan, plot, zero-to-fp32) or the REPL.
+ * script, a -e chunk, a subcommand (report, check, estimate, plan, plot, zero-to-fp32, inspect) or the REPL.
  * Scripts run under lua_pcall; an error prints its message (and with ZRUN_DEBUG=1 the traceback)
  * and exits 1. */
 #include <lauxlib.h>
@@ -131,7 +131,8 @@ static void usage(void) {
            "       zrun -e 'code'                  run a chunk of Lua\n"
            "       zrun report                     versions, build flags, backends, devices\n"
            "       zrun check CONFIG.json          validate a DeepSpeed-style config\n"
-           "       zrun zero-to-fp32 DIR [--tag T] OUT.safetensors   consolidate a ZeRO checkpoint\n"
+           "       zrun zero-to-fp32 DIR [--tag T] OUT.safetensors   consolidate a ZeRO checkpoint (zrun's or DeepSpeed's)\n"
+           "       zrun inspect PATH [--depth N]                     what a .pt/.bin/.safetensors file or folder holds\n"
            "       zrun estimate MODEL --gpus-per-node N --nodes M   DeepSpeed's model-state estimates\n"
            "       zrun plan MODEL [--config ds.json] [--fit]        full per-rank memory plan\n"
            "       zrun plot RUN_DIR [--out F.svg]                   a run's curves: SVG and a text chart\n"
@@ -157,7 +158,7 @@ int main(int argc, char **argv) {
         usage();
         return 0;
     }
-    static const char *subcommands[] = {"report", "check", "zero-to-fp32", "estimate", "plan", "plot", NULL};
+    static const char *subcommands[] = {"report", "check", "zero-to-fp32", "inspect", "estimate", "plan", "plot", NULL};
     int sub = 0;
     for (int i = 0; a1 && subcommands[i]; i++)
         if (!strcmp(a1, subcommands[i])) sub = 1;

@@ -37,7 +37,7 @@ local function report()
   for _, r in ipairs(rows) do print(("%-" .. w .. "s  %s"):format(r[1], r[2])) end
 end
 
--- zrun SUBCOMMAND args...: report, check, estimate, plan, plot, zero-to-fp32.
+-- zrun SUBCOMMAND args...: report, check, estimate, plan, plot, zero-to-fp32, inspect.
 function M.main(cmd, ...)
   if cmd == "report" then
     local extra = ...
@@ -51,6 +51,7 @@ function M.main(cmd, ...)
   end
   if cmd == "plot" then os.exit(require("zrun.plot").main({ ... })) end
   if cmd == "zero-to-fp32" then os.exit(require("zrun.zero_to_fp32").main({ ... })) end
+  if cmd == "inspect" then os.exit(require("zrun.inspect_file").main({ ... })) end
   if cmd == "estimate" or cmd == "plan" then
     local ok, est = pcall(require, cmd == "estimate" and "zrun.memory_estimate" or "zrun.memory_plan")
     if not ok then error("zrun " .. cmd .. ": not available in this build: " .. tostring(est), 0) end
