@@ -438,6 +438,7 @@ def write_zero2(root, world, param_alignment, name, elastic, lr_scheduler="warmu
     ms = model_states(trainable, module, 2, world, frozen_shapes, {}, frozen_frags, buffers=["model.extra_buffer"])
     if lr_scheduler is None:
         ms["lr_scheduler"] = None
+    ms["epoch"], ms["note"] = 3, {"source": "deepspeed"}  # client_state: save_checkpoint's caller's keys
     save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
     for r in range(world):
         left = r * part

@@ -70,8 +70,13 @@ for _, name in ipairs(ORDER) do
       local engine, _, _, sched = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1,
         optimizer = { type = "AdamW", params = { lr = 1e-2 } }, zero_optimization = { stage = stage },
         scheduler = { type = "WarmupLR", params = { warmup_num_steps = 10, warmup_max_lr = 1e-2 } } } }
-      local _, path = engine:load_checkpoint(DIR .. name)
+      local cs, path = engine:load_checkpoint(DIR .. name)
       assert(path:find("global_step2", 1, true), path)
+      if name ~= "ds_zero3" then -- (its save had no client_state)
+        T.eq(cs.epoch, 3, "client_state")
+        T.eq(cs.note.source, "deepspeed", "client_state (a dict)")
+        T.eq(cs.buffer_names, nil, "DeepSpeed's own keys are not client_state")
+      end
       T.eq(engine.global_steps, 2, "global_steps")
       T.eq(engine.opt_steps, 2, "the optimizer's step (bias correction)")
       T.eq(sched.last_batch_iteration, 1, "the schedule's position")
@@ -103,6 +108,16 @@ for _, name in ipairs(ORDER) do
     end)
   end
 end
+
+T.test("fp16: the loss scale comes back from DeepSpeed's loss scaler", function()
+  local m = model_for("ds_zero2")
+  local engine = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1, fp16 = { enabled = true },
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } }, zero_optimization = { stage = 2 } } }
+  T.eq(engine.scaler.scale, 2 ^ 16, "the initial scale")
+  engine.scaler.scale = 8
+  engine:load_checkpoint(DIR .. "ds_zero2")
+  T.eq(engine.scaler.scale, 65536, "DynamicLossScaler.cur_scale")
+end)
 
 T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Trainer", function()
   -- checkpoint-2 of an HF run: ds_zero2's engine files, trainer_state.json, the Trainer's LambdaLR in
