@@ -126,7 +126,8 @@ function M.files(tdir)
       st.lr_scheduler = { last_batch_iteration = last }
     end
     local sc = r.osd[1].loss_scaler
-    if P.is_object(sc) and P.is_dict(sc.state) and number(sc.state.cur_scale) then
+    -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over)
+    if P.is_object(sc) and sc.class:find("DynamicLossScaler", 1, true) and P.is_dict(sc.state) and number(sc.state.cur_scale) then
       local s = sc.state
       st.loss_scaler = { scale = number(s.cur_scale), cur_hysteresis = number(s.cur_hysteresis) }
       local it, last, win = number(s.cur_iter), number(s.last_overflow_iter), number(s.scale_window)
