@@ -633,8 +633,13 @@ function M.load(engine, dir, tag, opts)
     if line then print("[zrun] load_checkpoint: " .. line) end
   end
   if dist.world_size() > 1 then dist.barrier() end -- no rank reads dir while rank 0 cleans it
-  local ds = require "zrun.checkpoint_ds"
+  local ds, hfck = require "zrun.checkpoint_ds", require "zrun.checkpoint_hf"
   local ok, err = pcall(function()
+    if tag == nil and hfck.is_hf(dir) then -- a transformers Trainer checkpoint without DeepSpeed
+      tdir = dir
+      files = hfck.files(dir, engine)
+      return
+    end
     tdir = M.resolve(dir, tag)
     if ds.is_deepspeed(tdir) then -- DeepSpeed's own files (torch pickles): a DeepSpeed run continues here
       if engine.zenflow then
@@ -647,9 +652,9 @@ function M.load(engine, dir, tag, opts)
     end
   end)
   agree(ok, err, "load_checkpoint")
-  if files.reader then
+  if files.kind then
     local st = files.st[0]
-    dist.print0(fmt("[zrun] load_checkpoint: %s from %s: its fp32 weights%s, step %d", files.reader.kind, tdir,
+    dist.print0(fmt("[zrun] load_checkpoint: %s from %s: its fp32 weights%s, step %d", files.kind, tdir,
       o.optimizer_states and st.optimizer == "adamw" and fmt(", Adam moments (optimizer step %d)", st.opt_steps) or "",
       st.global_steps))
   end

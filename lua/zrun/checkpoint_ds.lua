@@ -6,8 +6,7 @@
 -- zrun.zero_to_fp32_ds's.
 local P = require "zrun.torch_pickle"
 local ds = require "zrun.zero_to_fp32_ds"
-local tf = require "zrun.torch_file"
-local C = require("zrun")._C
+local hfck = require "zrun.checkpoint_hf"
 
 local M = {}
 local fmt, ipairs, type, pairs = string.format, ipairs, type, pairs
@@ -35,14 +34,7 @@ local function plain(v, seen)
 end
 M.plain = plain
 
-local function number(v)
-  v = P.value(v)
-  if P.is_tensor(v) then
-    local ok, t = pcall(v.get, v, { dtype = "f64" })
-    return ok and t:numel() == 1 and t:item() or nil
-  end
-  return type(v) == "number" and v or nil
-end
+local number = hfck.number
 
 -- The optimizer's step count (Adam's bias correction) as DeepSpeed's optimizers keep it.
 local function opt_step(r)
@@ -117,13 +109,8 @@ function M.files(tdir)
     st.lr_scheduler = P.is_dict(m0.lr_scheduler) and plain(m0.lr_scheduler) or nil
     -- transformers' Trainer keeps its own schedule (a torch LambdaLR) beside the engine's checkpoint,
     -- in checkpoint-<step>/scheduler.pt, when the DeepSpeed config has none
-    local sched_pt = (tdir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/scheduler.pt"
-    if not st.lr_scheduler and C.path_type(sched_pt) == "file" then
-      local sd, f = tf.load(sched_pt)
-      f:close()
-      local last = P.is_dict(sd) and number(sd.last_epoch)
-      if not last then error(fmt("%s: holds %s, not a torch LR scheduler's state (no last_epoch)", sched_pt, P.repr(sd)), 0) end
-      st.lr_scheduler = { last_batch_iteration = last }
+    if not st.lr_scheduler then
+      st.lr_scheduler = hfck.scheduler_state((tdir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/scheduler.pt")
     end
     local sc = r.osd[1].loss_scaler
     -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over)
@@ -139,7 +126,7 @@ function M.files(tdir)
       end
     end
     return setmetatable({ tdir = tdir, reader = r, by_name = by_name, st = { [0] = st }, W = r.world,
-      path0 = r.where[1] }, Files)
+      path0 = r.where[1], kind = r.kind }, Files)
   end)
   if not ok then r:close(); error(self, 0) end
   return self

@@ -45,7 +45,8 @@ end
 
 -- A complete checkpoint without the engine's state (save_only_model) cannot be resumed: one line saying so.
 local function check_resumable(p)
-  if C.path_type(join(p, M.STATE_FILE)) == "file" and C.path_type(join(p, "latest")) ~= "file" then
+  if C.path_type(join(p, M.STATE_FILE)) == "file" and C.path_type(join(p, "latest")) ~= "file"
+    and C.path_type(join(p, "optimizer.pt")) ~= "file" then -- (transformers' own, without DeepSpeed: zrun.checkpoint_hf)
     error(fmt("resume_from_checkpoint: %s holds the model but no optimizer state (saved with save_only_model = true), " ..
       "so training cannot go on from it; load the model with from_pretrained(\"%s\") and start a new run", p, p), 0)
   end

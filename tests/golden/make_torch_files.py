@@ -532,25 +532,69 @@ def write_hf_trainer_checkpoint(root):
     Trainer's own LambdaLR in scheduler.pt (DeepSpeed's config has no scheduler, so the engine saved
     none) and rng_state.pth."""
     name = os.path.join("hf_trainer_out", "checkpoint-2")
-    # linear decay over 8 steps from 1e-3, after 2 steps: the optimizer's lr is 1e-3 * 6/8
-    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.00075)
+    # linear decay over 8 steps from 2e-2, after 2 steps: the optimizer's lr is 2e-2 * 6/8
+    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.015)
     d = os.path.join(root, name)
     os.remove(os.path.join(d, "reference.safetensors"))
     state = {"best_global_step": None, "best_metric": None, "best_model_checkpoint": None, "epoch": 0.5,
              "eval_steps": 500, "global_step": 2, "is_hyper_param_search": False, "is_local_process_zero": True,
              "is_world_process_zero": True,
-             "log_history": [{"epoch": 0.25, "grad_norm": 1.5, "learning_rate": 0.0005, "loss": 3.5, "step": 1},
-                             {"epoch": 0.5, "grad_norm": 1.25, "learning_rate": 0.001, "loss": 3.25, "step": 2}],
+             "log_history": [{"epoch": 0.25, "grad_norm": 1.5, "learning_rate": 0.02, "loss": 3.5, "step": 1},
+                             {"epoch": 0.5, "grad_norm": 1.25, "learning_rate": 0.0175, "loss": 3.25, "step": 2}],
              "logging_steps": 1, "max_steps": 8, "num_input_tokens_seen": 0, "num_train_epochs": 2,
              "save_steps": 2, "stateful_callbacks": {"TrainerControl": {"args": {"should_save": True},
                                                                         "attributes": {}}},
              "total_flos": 123.0, "train_batch_size": 2, "trial_name": None, "trial_params": None}
     json.dump(state, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
     # torch.optim.lr_scheduler.LambdaLR.state_dict() after 2 steps (lr_lambdas: None for a function)
-    save({"base_lrs": [0.001], "last_epoch": 2, "verbose": False, "_step_count": 3,
-          "_get_lr_called_within_step": False, "_last_lr": [0.00075], "lr_lambdas": [None]},
+    save({"base_lrs": [0.02], "last_epoch": 2, "verbose": False, "_step_count": 3,
+          "_get_lr_called_within_step": False, "_last_lr": [0.015], "lr_lambdas": [None]},
          os.path.join(d, "scheduler.pt"))
     save({"python": (3, tuple(range(5)), None), "cpu": tensor([1, 2, 3], (3,), "U8")}, os.path.join(d, "rng_state.pth"))
+
+
+HF_ORDER = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+            "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+            "model.norm.weight", "lm_head.weight"]  # LlamaForCausalLM.named_parameters()' order
+
+
+def write_hf_plain_checkpoint(root):
+    """output_dir/checkpoint-3 as transformers' Trainer writes it without DeepSpeed
+    (Trainer._save_checkpoint): the model (model.safetensors + config.json), optimizer.pt (torch
+    AdamW's state_dict: parameters numbered through the Trainer's two groups, those that decay
+    then biases and norms (get_decay_parameter_names), each in named_parameters' order; the
+    moments in the parameter's shape), scheduler.pt, trainer_state.json, rng_state.pth."""
+    d = os.path.join(root, "hf_plain_out", "checkpoint-3")
+    os.makedirs(d, exist_ok=True)
+    params = {n: (s, v) for n, s, v in micro_params()}
+    write_safetensors(os.path.join(d, "model.safetensors"), [(n, s, v) for n, (s, v) in params.items()])
+    json.dump(MICRO, open(os.path.join(d, "config.json"), "w"), indent=2)
+    decay = [n for n in HF_ORDER if "norm" not in n]
+    no_decay = [n for n in HF_ORDER if "norm" in n]
+    state = {}
+    for i, n in enumerate(decay + no_decay):
+        sh, v = params[n]
+        state[i] = {"step": tensor([3.0], ()), "exp_avg": tensor([0.5 * x for x in v], sh),
+                    "exp_avg_sq": tensor([x * x for x in v], sh)}
+    common = {"lr": 2e-2 * 5 / 8, "betas": (0.9, 0.999), "eps": 1e-8, "amsgrad": False, "foreach": None,
+              "maximize": False, "capturable": False, "differentiable": False, "fused": None,
+              "decoupled_weight_decay": True, "initial_lr": 2e-2}
+    groups = [dict(common, weight_decay=0.01, params=list(range(len(decay)))),
+              dict(common, weight_decay=0.0, params=list(range(len(decay), len(HF_ORDER))))]
+    save({"state": state, "param_groups": groups}, os.path.join(d, "optimizer.pt"))
+    save({"base_lrs": [0.02, 0.02], "last_epoch": 3, "verbose": False, "_step_count": 4,
+          "_get_lr_called_within_step": False, "_last_lr": [2e-2 * 5 / 8] * 2, "lr_lambdas": [None, None]},
+         os.path.join(d, "scheduler.pt"))
+    save({"python": (3, tuple(range(5)), None), "cpu": tensor([1, 2, 3], (3,), "U8")}, os.path.join(d, "rng_state.pth"))
+    st = {"global_step": 3, "epoch": 0.75, "max_steps": 8, "logging_steps": 1, "save_steps": 3,
+          "log_history": [{"epoch": 0.25 * k, "learning_rate": 2e-2 * (9 - k) / 8, "loss": 3.6 - 0.05 * k, "step": k}
+                          for k in (1, 2, 3)],
+          "num_input_tokens_seen": 0, "total_flos": 100.0, "train_batch_size": 2, "best_metric": None,
+          "best_model_checkpoint": None, "is_world_process_zero": True}
+    json.dump(st, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
 
 
 def main():
@@ -563,6 +607,7 @@ def main():
     write_zero2(root, 3, 8, "ds_zero2_aligned", True)
     write_zero3(root, 2, "ds_zero3")
     write_hf_trainer_checkpoint(root)
+    write_hf_plain_checkpoint(root)
     print("wrote", root)
 
 

@@ -7,6 +7,8 @@
 -- parameter_alignment padding, elastic optimizer state), ds_zero3 (2 ranks, two flat groups, the
 -- embedding frozen and lm_head tied to it). Their weights are in reference.safetensors; the saved
 -- moments are exp_avg = w / 2 and exp_avg_sq = w^2 of the master w, so misplaced elements show.
+-- Also a transformers Trainer checkpoint written without DeepSpeed (hf_plain_out/checkpoint-3:
+-- optimizer.pt, scheduler.pt, trainer_state.json), resumed by zr.Trainer.
 local zr = require "zrun"
 local T = zr.testing
 local Z = ZRUN_BIN or os.getenv("ZRUN_BIN") or "./zrun"
@@ -121,7 +123,7 @@ end)
 
 T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Trainer", function()
   -- checkpoint-2 of an HF run: ds_zero2's engine files, trainer_state.json, the Trainer's LambdaLR in
-  -- scheduler.pt (linear over 8 steps: 2 done), rng_state.pth (not read)
+  -- scheduler.pt (linear from 2e-2 over 8 steps: 2 done), rng_state.pth (not read)
   local out = tmp .. "/hf_out"
   assert(os.execute(("mkdir -p '%s' && cp -r %shf_trainer_out/checkpoint-2 '%s'/"):format(out, DIR, out)) == 0)
   local m = model_for("ds_zero2")
@@ -132,18 +134,63 @@ T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Train
     rows[i] = { input_ids = r }
   end
   local tr = zr.Trainer { model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out,
-    per_device_train_batch_size = 2, max_steps = 8, learning_rate = 1e-3, logging_steps = 1, save_steps = 100,
+    per_device_train_batch_size = 2, max_steps = 8, learning_rate = 2e-2, logging_steps = 1, save_steps = 100,
     bf16 = true, deepspeed = { train_micro_batch_size_per_gpu = "auto", bf16 = { enabled = "auto" },
       zero_optimization = { stage = 2 }, optimizer = { type = "AdamW", params = { lr = "auto" } } } } }
+  tr:load_checkpoint(out .. "/checkpoint-2")
+  local before = tr:evaluate(tr.train_dataset).eval_loss
   local r = tr:train { resume_from_checkpoint = out .. "/checkpoint-2" }
   T.eq(r.global_step, 8, "steps")
   local h = tr.state.log_history
   T.eq(h[1].loss, 3.5, "the HF run's log history is kept")
   T.eq(h[3].step, 3, "the run goes on at step 3")
-  T.near(h[3].learning_rate, 1e-3 * 6 / 8, 1e-12, 0, "the schedule goes on from scheduler.pt's position")
-  T.near(h[8].learning_rate, 1e-3 * 1 / 8, 1e-12, 0, "the schedule at the end")
-  assert(h[8].loss < h[3].loss, ("the loss did not fall: %.4f -> %.4f"):format(h[3].loss, h[8].loss))
+  T.near(h[3].learning_rate, 2e-2 * 6 / 8, 1e-12, 0, "the schedule goes on from scheduler.pt's position")
+  T.near(h[8].learning_rate, 2e-2 * 1 / 8, 1e-12, 0, "the schedule at the end")
+  local after = tr:evaluate(tr.train_dataset).eval_loss
+  assert(after < before - 0.02, ("the loss on the training rows did not fall: %.4f -> %.4f"):format(before, after))
   assert(h[3].grad_norm > 0, "grad_norm")
+end)
+
+T.test("a transformers Trainer checkpoint without DeepSpeed (optimizer.pt) resumes in zr.Trainer", function()
+  -- checkpoint-3 of a plain HF run: model.safetensors, torch AdamW's optimizer.pt (parameters numbered
+  -- through the decay / no-decay groups), scheduler.pt (linear over 8 steps: 3 done), trainer_state.json
+  local out = tmp .. "/hf_plain"
+  assert(os.execute(("mkdir -p '%s' && cp -r %shf_plain_out/checkpoint-3 '%s'/"):format(out, DIR, out)) == 0)
+  local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config(DIR .. "llama_micro_bin"))
+  local rows = {}
+  for i = 1, 16 do
+    local r = {}
+    for k = 1, 8 do r[k] = (i * 5 + k * 3) % 32 end
+    rows[i] = { input_ids = r }
+  end
+  local tr = zr.Trainer { model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out,
+    per_device_train_batch_size = 2, max_steps = 8, learning_rate = 2e-2, weight_decay = 0.01, logging_steps = 1,
+    save_steps = 100 } }
+  tr:load_checkpoint(out .. "/checkpoint-3")
+  local e, ref = tr.engine, zr.load_safetensors(DIR .. "hf_plain_out/checkpoint-3/model.safetensors")
+  for k, p in m:named_parameters() do T.eq(max_diff(p, ref[k]), 0, k) end
+  T.eq(e.global_steps, 3, "global_steps from trainer_state.json")
+  T.eq(e.opt_steps, 3, "AdamW's step")
+  T.eq(e.lr_scheduler.last_batch_iteration, 3, "scheduler.pt's position")
+  for i, p in ipairs(e.params) do -- the moments land on their parameters through HF's numbering
+    local off = e.zero:layout(i)
+    local w = p:to({ dtype = "f32" }):reshape({ p:numel() })
+    T.eq(max_diff(e.zero:state(1):narrow(1, off + 1, p:numel()), w * 0.5), 0, "exp_avg of parameter " .. i)
+    T.eq(max_diff(e.zero:state(2):narrow(1, off + 1, p:numel()), w * w), 0, "exp_avg_sq of parameter " .. i)
+  end
+  local before = tr:evaluate(tr.train_dataset).eval_loss
+  local r = tr:train { resume_from_checkpoint = out .. "/checkpoint-3" }
+  T.eq(r.global_step, 8, "steps")
+  local h = tr.state.log_history
+  T.eq(h[3].loss, 3.45, "the HF run's log history is kept")
+  T.near(h[4].learning_rate, 2e-2 * 5 / 8, 1e-12, 0, "the schedule goes on (step k logs the lr it used: (9 - k) / 8)")
+  local after = tr:evaluate(tr.train_dataset).eval_loss
+  assert(after < before - 0.02, ("the loss on the training rows did not fall: %.4f -> %.4f"):format(before, after))
+  -- another model's checkpoint: refused, naming the mismatch
+  local g = zr.models.gpt2.GPT2LMHeadModel({ n_embd = 16, n_layer = 1, n_head = 2, vocab_size = 32, n_positions = 16 })
+  local tr2 = zr.Trainer { model = g, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out .. "/g",
+    per_device_train_batch_size = 2, max_steps = 8 } }
+  T.raises(function() tr2:load_checkpoint(out .. "/checkpoint-3") end, "a checkpoint of another model")
 end)
 
 T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is refused in one line", function()
