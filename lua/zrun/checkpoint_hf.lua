@@ -47,6 +47,7 @@ end
 local Files = {}
 Files.__index = Files
 
+-- The files of checkpoint folder dir as zrun.checkpoint.load reads its own, for engine's model.
 function M.files(dir, engine)
   local opath = join(dir, "optimizer.pt")
   local sd, ofile = tf.load(opath)
