@@ -14,7 +14,7 @@ local C = zr._C
 
 local M = {}
 local fmt, byte, concat = string.format, string.byte, table.concat
-local ipairs, type, tostring, setmetatable = ipairs, type, tostring, setmetatable
+local ipairs, type, tostring, tonumber, setmetatable = ipairs, type, tostring, tonumber, setmetatable
 
 M.LEGACY_PREFIX = 1048576 -- bytes read first for an old-format file's pickles (more when they are longer)
 local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
@@ -114,7 +114,7 @@ end
 function Tensor:get(opts)
   if not self.file or not self.name then
     error(fmt("%s: %s cannot be read (a storage of dtype %s)", self.where or "torch file", P.repr(self),
-      tostring(self.storage.torch_dtype)), 0)
+      tostring(self.dtype or self.storage.torch_dtype)), 0)
   end
   return self.file:view():get(self.name, opts)
 end
@@ -200,10 +200,13 @@ function M.load(path)
       if type(pid) ~= "table" or pid[1] ~= "storage" then ctx.fail("persistent id " .. P.repr(pid) .. " is not a storage") end
       local st, key, numel = pid[2], tostring(pid[3]), pid[5]
       if type(st) ~= "table" or not st.torch_dtype then ctx.fail("storage type " .. P.repr(st)) end
-      if storages[key] then return storages[key] end
+      local view = pid[6] -- (the old format's storage views: (view_key, offset, size) into storage key)
+      local vkey = P.is_list(view) and key .. "/" .. tostring(view[1]) or key
+      if storages[vkey] then return storages[vkey] end
       local s = { key = key, torch_dtype = st.torch_dtype, dtype = P.DTYPES[st.torch_dtype], numel = numel,
-        location = pid[4] }
-      storages[key] = s
+        location = pid[4], view_offset = P.is_list(view) and tonumber(view[2]) or 0 }
+      storages[vkey] = s
+      storages[key] = storages[key] or s
       return s
     end
     local pick_opts = { persistent_load = persistent_load, where = path }
@@ -256,16 +259,15 @@ function M.load(path)
     for k, t in ipairs(tensors) do
       t.where = path
       local s = t.storage
-      local el = ELEMENT[s.dtype or ""]
+      local el = ELEMENT[t.dtype or ""]
       if el and t:is_contiguous() then
         local off, len = data_of(s.key)
-        local nbytes = t:numel() * el
-        if (t.offset * el + nbytes > len) and t:numel() > 0 then
+        local first = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el)
+        if first + t:numel() * el > len and t:numel() > 0 then
           error(fmt("%s: tensor %s reaches past its storage %s (the file is damaged)", path, P.repr(t), s.key), 0)
         end
         t.file, t.name = file, tostring(k)
-        file.entries[#file.entries + 1] = { name = t.name, stored = s.dtype, shape = t.shape,
-          offset = off + t.offset * el }
+        file.entries[#file.entries + 1] = { name = t.name, stored = t.dtype, shape = t.shape, offset = off + first }
         file.by_name[t.name] = file.entries[#file.entries]
       end
     end
@@ -297,7 +299,7 @@ function M.open_state_dict(path)
       local e = t.name and by_name[t.name]
       if not e then
         error(fmt("%s: tensor '%s' (%s) cannot be read: %s", path, k, P.repr(t),
-          t:is_contiguous() and ("zrun has no dtype for torch." .. tostring(t.storage.torch_dtype))
+          t:is_contiguous() and ("zrun has no dtype for torch." .. tostring(t.dtype or t.storage.torch_dtype))
           or "it is not contiguous (save it with .contiguous())"), 0)
       end
       entries[#entries + 1] = { name = tostring(k), stored = e.stored, shape = e.shape, offset = e.offset }

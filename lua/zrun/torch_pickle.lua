@@ -105,7 +105,8 @@ M.STORAGES = {
 }
 
 -- A tensor as the file describes it: its storage (what persistent_load returned), the element
--- offset into it, shape and strides, and its dtype (the storage's). torch_file.lua gives it methods.
+-- offset into it (in elements of its dtype), shape and strides, and its dtype (the storage's, or
+-- _rebuild_tensor_v3's), as a stored-dtype name ("BF16"). torch_file.lua gives it methods.
 local Tensor = { __name = "tensor" }
 Tensor.__index = Tensor
 M.Tensor = Tensor
@@ -153,7 +154,8 @@ G["torch._utils._rebuild_tensor_v2"] = function(a, ctx)
 end
 G["torch._utils._rebuild_tensor_v3"] = function(a, ctx) -- (storage, offset, size, stride, requires_grad, hooks, dtype)
   local dt = a[7]
-  local t = rebuild_tensor(ctx, a[1], a[2], a[3], a[4], type(dt) == "table" and dt.torch_dtype or nil)
+  local t = rebuild_tensor(ctx, a[1], a[2], a[3], a[4], type(dt) == "table" and dt.torch_dtype
+    and (M.DTYPES[dt.torch_dtype] or dt.torch_dtype) or nil)
   t.requires_grad = a[5] == true
   return t
 end
