@@ -227,9 +227,14 @@ T.test("missing model: the message says what was looked for where", function()
   write(repo .. "/refs/main", "ffffffffffffffffffffffffffffffffffffffff\n")
   T.raises(function() hf.resolve("org/broken") end, "incomplete download?")
   -- a directory without weights
-  zr.makedirs(P("noweights")); write(P("noweights/config.json"), "{}"); write(P("noweights/pytorch_model.bin"), "x")
+  zr.makedirs(P("noweights")); write(P("noweights/config.json"), "{}"); write(P("noweights/model.gguf"), "x")
   T.raises(function() hf.load_state_dict(P("noweights")) end,
-    "no weights in " .. P("noweights") .. ": looked for model.safetensors and model.safetensors.index.json (found pytorch_model.bin")
+    "no weights in " .. P("noweights") .. ": looked for model.safetensors, model.safetensors.index.json, "
+    .. "pytorch_model.bin and pytorch_model.bin.index.json (found model.gguf")
+  -- a pytorch_model.bin that is not one: named as such
+  write(P("noweights/pytorch_model.bin"), "x")
+  T.raises(function() hf.load_state_dict(P("noweights")) end,
+    P("noweights/pytorch_model.bin") .. ": not a torch.save file")
   write(P("noweights/config.json"), "{bad json")
   T.raises(function() hf.read_config(P("noweights")) end, P("noweights") .. "/config.json: invalid JSON")
   T.raises(function() hf.read_config(P("atomic")) end, "config.json: missing")
