@@ -168,6 +168,7 @@ local function numel_of(shape)
   for _, d in ipairs(shape) do n = n * d end
   return n
 end
+M.numel_of = numel_of -- (the product of a shape's sizes)
 
 -- Everything a rank's optimizer file needs besides the tensors.
 local function engine_state(engine, names, client_state)

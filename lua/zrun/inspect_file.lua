@@ -12,12 +12,7 @@ local fmt, concat, ipairs, type, tostring = string.format, table.concat, ipairs,
 
 local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
 
-local function size_str(b)
-  if b >= 2 ^ 30 then return fmt("%.2f GiB", b / 2 ^ 30) end
-  if b >= 2 ^ 20 then return fmt("%.1f MiB", b / 2 ^ 20) end
-  if b >= 2 ^ 10 then return fmt("%.1f KiB", b / 2 ^ 10) end
-  return fmt("%d B", b)
-end
+local size_str = require("zrun.format").human
 
 local function tensor_str(t)
   local dims = {}

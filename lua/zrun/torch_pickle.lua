@@ -219,12 +219,7 @@ function utf8_codes(s, ctx) -- (the local declared at the top)
   end
 end
 
-local function utf8_char(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xC0 + floor(cp / 64), 0x80 + cp % 64) end
-  if cp < 0x10000 then return string.char(0xE0 + floor(cp / 4096), 0x80 + floor(cp / 64) % 64, 0x80 + cp % 64) end
-  return string.char(0xF0 + floor(cp / 262144), 0x80 + floor(cp / 4096) % 64, 0x80 + floor(cp / 64) % 64, 0x80 + cp % 64)
-end
+local utf8_char = require("zrun.jinja.strings").utf8 -- code point -> UTF-8 bytes
 
 local dbuf = ffi.new("union { double d; uint8_t b[8]; }")
 local function le_uint(s, i, n)

@@ -53,11 +53,7 @@ function M.is_deepspeed(tdir)
   return #files_matching(tdir, "_optim_states.pt") > 0 or #files_matching(tdir, "_model_states.pt") > 0
 end
 
-local function numel_of(shape)
-  local n = 1
-  for _, d in ipairs(shape) do n = n * d end
-  return n
-end
+local numel_of = require("zrun.checkpoint").numel_of
 local function shape_of(v, where, name)
   if not P.is_list(v) then error(fmt("%s: the shape of '%s' is %s, not a torch.Size", where, name, P.repr(v)), 0) end
   local s = {}

@@ -19,6 +19,17 @@ local CASES = { ds_zero2 = { ranks = 2, stage = 2, frozen = "lm_head.weight", n 
   ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 } }
 local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3" }
 
+-- 16 rows of 8 token ids below the micro vocabulary's 32, varied by a.
+local function token_rows(a)
+  local rows = {}
+  for i = 1, 16 do
+    local r = {}
+    for k = 1, 8 do r[k] = (i * a + k * 3) % 32 end
+    rows[i] = { input_ids = r }
+  end
+  return zr.datasets.Dataset.from_rows(rows)
+end
+
 local function ref_of(name) return zr.load_safetensors(DIR .. name .. "/reference.safetensors") end
 local function max_diff(a, b) return (a:to({ dtype = "f32" }) - b:to({ dtype = "f32" })):abs():max():item() end
 
@@ -127,13 +138,7 @@ T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Train
   local out = tmp .. "/hf_out"
   assert(os.execute(("mkdir -p '%s' && cp -r %shf_trainer_out/checkpoint-2 '%s'/"):format(out, DIR, out)) == 0)
   local m = model_for("ds_zero2")
-  local rows = {}
-  for i = 1, 16 do
-    local r = {}
-    for k = 1, 8 do r[k] = (i * 7 + k * 3) % 32 end
-    rows[i] = { input_ids = r }
-  end
-  local tr = zr.Trainer { model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out,
+  local tr = zr.Trainer { model = m, train_dataset = token_rows(7), args = { output_dir = out,
     per_device_train_batch_size = 2, max_steps = 8, learning_rate = 2e-2, logging_steps = 1, save_steps = 100,
     bf16 = true, deepspeed = { train_micro_batch_size_per_gpu = "auto", bf16 = { enabled = "auto" },
       zero_optimization = { stage = 2 }, optimizer = { type = "AdamW", params = { lr = "auto" } } } } }
@@ -157,13 +162,7 @@ T.test("a transformers Trainer checkpoint without DeepSpeed (optimizer.pt) resum
   local out = tmp .. "/hf_plain"
   assert(os.execute(("mkdir -p '%s' && cp -r %shf_plain_out/checkpoint-3 '%s'/"):format(out, DIR, out)) == 0)
   local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config(DIR .. "llama_micro_bin"))
-  local rows = {}
-  for i = 1, 16 do
-    local r = {}
-    for k = 1, 8 do r[k] = (i * 5 + k * 3) % 32 end
-    rows[i] = { input_ids = r }
-  end
-  local tr = zr.Trainer { model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out,
+  local tr = zr.Trainer { model = m, train_dataset = token_rows(5), args = { output_dir = out,
     per_device_train_batch_size = 2, max_steps = 8, learning_rate = 2e-2, weight_decay = 0.01, logging_steps = 1,
     save_steps = 100 } }
   tr:load_checkpoint(out .. "/checkpoint-3")
@@ -188,7 +187,7 @@ T.test("a transformers Trainer checkpoint without DeepSpeed (optimizer.pt) resum
   assert(after < before - 0.02, ("the loss on the training rows did not fall: %.4f -> %.4f"):format(before, after))
   -- another model's checkpoint: refused, naming the mismatch
   local g = zr.models.gpt2.GPT2LMHeadModel({ n_embd = 16, n_layer = 1, n_head = 2, vocab_size = 32, n_positions = 16 })
-  local tr2 = zr.Trainer { model = g, train_dataset = zr.datasets.Dataset.from_rows(rows), args = { output_dir = out .. "/g",
+  local tr2 = zr.Trainer { model = g, train_dataset = token_rows(5), args = { output_dir = out .. "/g",
     per_device_train_batch_size = 2, max_steps = 8 } }
   T.raises(function() tr2:load_checkpoint(out .. "/checkpoint-3") end, "a checkpoint of another model")
 end)

@@ -141,14 +141,14 @@ T.test("zrun inspect shows a pickle's tree, a safetensors file's tensors and a f
   local Z = ZRUN_BIN or os.getenv("ZRUN_BIN") or "./zrun"
   local out, rc = T.run(Z .. " inspect " .. DIR .. "ds_zero3/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt")
   T.eq(rc, 0, "exit status (" .. out .. ")")
-  for _, want in ipairs({ "torch.save, dict of 3, 6 tensors (11.5 KiB)", "zero_stage: <deepspeed.runtime.zero.config.ZeroStageEnum> (3)",
+  for _, want in ipairs({ "torch.save, dict of 3, 6 tensors", "zero_stage: <deepspeed.runtime.zero.config.ZeroStageEnum> (3)",
     "loss_scaler: <deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler> cur_scale=65536, dynamic=true",
     "fp32_flat_groups: list of 2", "0: tensor f32 [" }) do
     assert(out:find(want, 1, true), "missing '" .. want .. "' in:\n" .. out)
   end
   out, rc = T.run(Z .. " inspect --depth 1 " .. DIR .. "llama_micro_bin/reference.safetensors")
   T.eq(rc, 0, "exit status")
-  assert(out:find("safetensors, 12 tensors (12 F32; 11.7 KiB)", 1, true), out)
+  assert(out:find("safetensors, 12 tensors (12 F32; 11.69 KiB)", 1, true), out)
   assert(out:find("model.layers.0.mlp.down_proj.weight: f32 [16, 24]", 1, true), out)
   out, rc = T.run(Z .. " inspect " .. DIR .. "hf_trainer_out/checkpoint-2")
   T.eq(rc, 0, "exit status")
