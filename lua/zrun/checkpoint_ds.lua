@@ -7,32 +7,18 @@
 local P = require "zrun.torch_pickle"
 local ds = require "zrun.zero_to_fp32_ds"
 local hfck = require "zrun.checkpoint_hf"
+local tf = require "zrun.torch_file"
 
 local M = {}
 local fmt, ipairs, type, pairs = string.format, ipairs, type, pairs
 
 M.is_deepspeed = ds.is_deepspeed
 
--- A pickled value as plain Lua: dicts and lists as tables (None dropped), tensors read into zrun
--- tensors, other objects as {class=, args=, state=}.
-local function plain(v, seen)
-  if v == P.None then return nil end
-  if type(v) ~= "table" then return v end
-  seen = seen or {}
-  if seen[v] then return seen[v] end
-  if P.is_tensor(v) then local ok, t = pcall(v.get, v); return ok and t or nil end
-  local out = {}
-  seen[v] = out
-  if P.is_dict(v) then
-    for _, k in ipairs(P.keys(v)) do out[k] = plain(v[k], seen) end
-  elseif P.is_object(v) then
-    out.class, out.args, out.state = v.class, plain(v.args, seen), plain(v.state, seen)
-  else
-    for i, x in ipairs(v) do out[i] = plain(x, seen) end
-  end
-  return out
+-- A pickled value as plain Lua (tensors read; one that cannot be read is left out).
+local function plain(v)
+  local ok, out = pcall(tf.to_lua, v)
+  return ok and out or nil
 end
-M.plain = plain
 
 local number = hfck.number
 

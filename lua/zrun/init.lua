@@ -52,6 +52,10 @@ function zr.EarlyStoppingCallback(o) return require("zrun.trainer_callbacks").Ea
 -- tokenized with the chat template and masked as TRL does (zrun.sft).
 function zr.SFTTrainer(o) return require("zrun.sft").SFTTrainer(o) end
 
+-- torch.load's analogue: what a torch.save file (.pt, .bin, .pth) holds, as plain Lua tables with
+-- its tensors read as zrun tensors (opts: dtype, device); nothing the file names is run.
+function zr.torch_load(path, opts) return require("zrun.torch_file").torch_load(path, opts) end
+
 -- Submodules load on first use: zr.nn, zr.optim, zr.data, zr.memory, ...
 local lazy = {
   nn = "zrun.nn", optim = "zrun.optim", data = "zrun.data", memory = "zrun.memory",

@@ -17,6 +17,9 @@ local fmt, byte, concat = string.format, string.byte, table.concat
 local ipairs, type, tostring, tonumber, setmetatable = ipairs, type, tostring, tonumber, setmetatable
 
 M.LEGACY_PREFIX = 1048576 -- bytes read first for an old-format file's pickles (more when they are longer)
+-- the zrun dtype each stored dtype loads as by default (safetensors.c's rule)
+local NATIVE = { F32 = "f32", F64 = "f64", F16 = "f16", BF16 = "bf16", I64 = "i64", I32 = "i32", I16 = "i32", I8 = "i32",
+  U8 = "u8", BOOL = "u8" }
 local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
 
 local function u(s, i, n)
@@ -109,14 +112,72 @@ function Tensor:is_contiguous()
   end
   return true
 end
--- The tensor read from the file: a zrun tensor of its shape; opts {dtype=, device=} as
--- SafetensorsFile:get (default: the stored dtype, on the CPU).
-function Tensor:get(opts)
-  if not self.file or not self.name then
-    error(fmt("%s: %s cannot be read (a storage of dtype %s)", self.where or "torch file", P.repr(self),
-      tostring(self.dtype or self.storage.torch_dtype)), 0)
+-- The order of the dimensions in memory when the tensor is a permutation of a dense block (a
+-- transposed weight): a list of dimension numbers, outermost first; nil for any other layout.
+function Tensor:dense_order()
+  local order = {}
+  for d = 1, #self.shape do order[d] = d end
+  table.sort(order, function(a, b)
+    if self.stride[a] ~= self.stride[b] then return self.stride[a] > self.stride[b] end
+    return a < b
+  end)
+  local s = 1
+  for j = #order, 1, -1 do
+    local d = order[j]
+    if self.shape[d] ~= 1 and self.stride[d] ~= s then return nil end
+    s = s * self.shape[d]
   end
-  return self.file:view():get(self.name, opts)
+  return order
+end
+
+-- The tensor read from the file: a zrun tensor of its shape; opts {dtype=, device=} as
+-- SafetensorsFile:get (default: the stored dtype, on the CPU). A permuted (transposed) tensor is
+-- read as stored and made contiguous.
+M.STRIDED_MAX = 1048576 -- the most elements of a strided (non-dense) view that :get gathers
+
+-- A strided view (a column of a matrix, every other row, ...): the span of its storage it reaches,
+-- read as f64, and its elements picked in order (f64 holds every value of the dtypes zrun reads).
+local function gather_strided(self, opts)
+  local n = self:numel()
+  if n > M.STRIDED_MAX then
+    error(fmt("%s: %s is a strided view of %d elements (zrun gathers up to %d): save it with .contiguous()",
+      self.where, P.repr(self), n, M.STRIDED_MAX), 0)
+  end
+  local span = 1
+  for d = 1, #self.shape do span = span + (self.shape[d] - 1) * self.stride[d] end
+  local e = self.span
+  local v = C.safetensors_open_view(self.file.path, { { name = "span", stored = e.stored, shape = { n > 0 and span or 0 },
+    offset = e.offset } })
+  local ok, flat = pcall(v.get, v, "span", { dtype = "f64" })
+  v:close()
+  if not ok then error(flat, 0) end
+  local src, out, idx = flat:flat_table(), {}, {}
+  for d = 1, #self.shape do idx[d] = 0 end
+  for k = 1, n do
+    local at = 1
+    for d = 1, #self.shape do at = at + idx[d] * self.stride[d] end
+    out[k] = src[at]
+    for d = #self.shape, 1, -1 do -- the next index, last dimension fastest
+      idx[d] = idx[d] + 1
+      if idx[d] < self.shape[d] then break end
+      idx[d] = 0
+    end
+  end
+  local t = zr.tensor(out, { dtype = "f64" })
+  t = #self.shape == 0 and t:reshape({}) or t:reshape(self.shape)
+  return t:to({ dtype = opts and opts.dtype or NATIVE[e.stored], device = opts and opts.device or "cpu" })
+end
+
+function Tensor:get(opts)
+  if self.span then return gather_strided(self, opts) end
+  if not self.file or not self.name then
+    local why = not ELEMENT[self.dtype or ""] and fmt("zrun has no dtype for torch.%s", tostring(self.dtype or self.storage.torch_dtype))
+      or "it is a strided view, not a dense block (save it with .contiguous())"
+    error(fmt("%s: %s cannot be read: %s", self.where or "torch file", P.repr(self), why), 0)
+  end
+  local t = self.file:view():get(self.name, opts)
+  if self.perm then t = t:permute(self.perm):contiguous() end
+  return t
 end
 
 -- Elements [start, start + len) (0-based) of the tensor, flattened, as a 1-D zrun tensor read from
@@ -126,6 +187,7 @@ function Tensor:read(start, len, opts)
   if start < 0 or len < 0 or start + len > n then
     error(fmt("%s: elements %d..%d of %s, which has %d", self.where or "torch file", start, start + len, P.repr(self), n), 0)
   end
+  if self.perm or self.span then return self:get(opts):reshape({ n }):narrow(1, start + 1, len):contiguous() end
   if not self.file or not self.name then return self:get(opts) end -- (says why it cannot be read)
   local e = self.file.by_name[self.name]
   local v = C.safetensors_open_view(self.file.path, { { name = "part", stored = e.stored, shape = { len },
@@ -260,14 +322,31 @@ function M.load(path)
       t.where = path
       local s = t.storage
       local el = ELEMENT[t.dtype or ""]
-      if el and t:is_contiguous() then
+      local order = el and not t:is_contiguous() and t:dense_order()
+      if el and not t:is_contiguous() and not order then -- a strided view: :get gathers its elements
+        local off, len = data_of(s.key)
+        local first, last = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el), 0
+        for d = 1, #t.shape do
+          if t.stride[d] < 0 then error(fmt("%s: tensor %s has a negative stride (the file is damaged)", path, P.repr(t)), 0) end
+          last = last + (t.shape[d] - 1) * t.stride[d]
+        end
+        if t:numel() > 0 and first + (last + 1) * el > len then
+          error(fmt("%s: tensor %s reaches past its storage %s (the file is damaged)", path, P.repr(t), s.key), 0)
+        end
+        t.file, t.span = file, { stored = t.dtype, offset = off + first }
+      elseif el then
         local off, len = data_of(s.key)
         local first = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el)
         if first + t:numel() * el > len and t:numel() > 0 then
           error(fmt("%s: tensor %s reaches past its storage %s (the file is damaged)", path, P.repr(t), s.key), 0)
         end
         t.file, t.name = file, tostring(k)
-        file.entries[#file.entries + 1] = { name = t.name, stored = t.dtype, shape = t.shape, offset = off + first }
+        local shape = t.shape
+        if order then -- stored as the dense block; :get permutes it back
+          shape, t.perm = {}, {}
+          for j, d in ipairs(order) do shape[j] = t.shape[d]; t.perm[d] = j end
+        end
+        file.entries[#file.entries + 1] = { name = t.name, stored = t.dtype, shape = shape, offset = off + first }
         file.by_name[t.name] = file.entries[#file.entries]
       end
     end
@@ -280,6 +359,42 @@ function M.load(path)
     error(obj, 0)
   end
   return obj, file
+end
+
+-- v (torch_pickle's values) as plain Lua: dicts and lists as tables (None dropped), tensors read
+-- into zrun tensors (opts: dtype, device, as Tensor:get; a tensor that cannot be read raises),
+-- other objects as {class =, args =, state =}.
+function M.to_lua(v, opts, seen)
+  if v == P.None then return nil end
+  if type(v) ~= "table" then return v end
+  seen = seen or {}
+  if seen[v] ~= nil then return seen[v] end
+  if P.is_tensor(v) then
+    local t = v:get(opts)
+    seen[v] = t
+    return t
+  end
+  local out = {}
+  seen[v] = out
+  if P.is_dict(v) then
+    for _, k in ipairs(P.keys(v)) do out[k] = M.to_lua(v[k], opts, seen) end
+  elseif P.is_object(v) then
+    out.class, out.args, out.state = v.class, M.to_lua(v.args, opts, seen), M.to_lua(v.state, opts, seen)
+  else
+    for i, x in ipairs(v) do out[i] = M.to_lua(x, opts, seen) end
+  end
+  return out
+end
+
+-- torch.load's analogue (zr.torch_load): what a torch.save file holds, as plain Lua with every
+-- tensor read now (opts: dtype, device). Nothing the file names is run.
+function M.torch_load(path, opts)
+  opts = require("zrun.kwargs").check("torch_load", opts, { "dtype", "device" })
+  local obj, file = M.load(path)
+  local ok, v = pcall(M.to_lua, obj, opts)
+  file:close()
+  if not ok then error(v, 0) end
+  return v
 end
 
 -- A torch.save file holding a state dict (name -> tensor), as transformers' pytorch_model.bin:
@@ -296,11 +411,11 @@ function M.open_state_dict(path)
   for _, k in ipairs(P.keys(obj)) do
     local t = obj[k]
     if P.is_tensor(t) then
-      local e = t.name and by_name[t.name]
+      local e = t.name and not t.perm and by_name[t.name]
       if not e then
         error(fmt("%s: tensor '%s' (%s) cannot be read: %s", path, k, P.repr(t),
           t:is_contiguous() and ("zrun has no dtype for torch." .. tostring(t.dtype or t.storage.torch_dtype))
-          or "it is not contiguous (save it with .contiguous())"), 0)
+          or "it is not contiguous (load the state dict with zr.torch_load, or save it with .contiguous())"), 0)
       end
       entries[#entries + 1] = { name = tostring(k), stored = e.stored, shape = e.shape, offset = e.offset }
       names[#names + 1] = tostring(k)

@@ -5,7 +5,8 @@
 -- pickled (zip, zip64 with aligned records, legacy; None, bools, ints past 2^31, floats, text, bytes, dict order and non-string keys,
 -- torch.Size, IntEnum, class instances, shared and offset tensors), from_pretrained of a
 -- pytorch_model.bin and of sharded .bin files (zip bf16 + legacy f32) equal to the reference,
--- non-contiguous tensors and damaged files refused in one line, never a crash on mutated bytes.
+-- transposed and strided views made contiguous, damaged files refused in one line, never a crash on
+-- mutated bytes.
 local zr = require "zrun"
 local tf = require "zrun.torch_file"
 local P = require "zrun.torch_pickle"
@@ -58,10 +59,32 @@ for _, name in ipairs({ "values.pt", "values_legacy.pt", "values_zip64.pt" }) do
     T.eq(#obj.scalar:get():shape(), 0, "a 0-d tensor")
     T.eq(obj.scalar:get():item(), 2.5, "its value")
     T.eq(obj.empty:get():numel(), 0, "an empty tensor")
-    T.raises(function() obj.column:get() end, "cannot be read")
+    T.eq_list(T.flat(obj.transposed:get()), { 0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11 }, "a transposed view, made contiguous")
+    T.eq_list(obj.transposed:get():shape(), { 4, 3 }, "its shape")
+    T.eq_list(T.flat(obj.transposed:read(4, 3)), { 5, 9, 2 }, "a part of it")
+    T.eq_list(T.flat(obj.column:get()), { 1, 5, 9 }, "a strided view (a column), gathered")
+    T.eq_list(T.flat(obj.column:read(1, 2)), { 5, 9 }, "a part of it")
+    local keep = tf.STRIDED_MAX
+    tf.STRIDED_MAX = 2
+    T.raises(function() obj.column:get() end, "a strided view of 3 elements")
+    tf.STRIDED_MAX = keep
     file:close()
   end)
 end
+
+T.test("zr.torch_load: a file's values as plain Lua, its tensors read", function()
+  local o = zr.torch_load(DIR .. "hf_plain_out/checkpoint-3/optimizer.pt", { dtype = "bf16" })
+  T.eq(o.state[0].exp_avg:dtype(), "bf16", "dtype")
+  T.eq_list(o.state[0].exp_avg:shape(), { 32, 16 }, "the moment's shape")
+  T.eq(o.param_groups[2].weight_decay, 0, "a plain number")
+  T.eq_list(o.param_groups[1].betas, { 0.9, 0.999 }, "a tuple")
+  T.eq(o.param_groups[1].foreach, nil, "None")
+  local v = zr.torch_load(DIR .. "values_legacy.pt")
+  T.eq(v.same, v.whole, "one tensor, read once")
+  T.eq(v.scaler.class, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "an object's class")
+  T.eq(v.scaler.state.cur_scale, 65536, "its state")
+  T.raises(function() zr.torch_load(DIR .. "values.pt", { dtyp = "f32" }) end, "dtype")
+end)
 
 T.test("an old-format file whose pickles outrun the first read is read whole", function()
   local keep = tf.LEGACY_PREFIX
