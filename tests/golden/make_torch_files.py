@@ -411,64 +411,79 @@ def model_states(params, module, stage, world, frozen=None, shared=None, frags=N
                 ds_config=dict(DS_CONFIG, zero_optimization={"stage": stage}), ds_version="0.19.8")
 
 
-def write_zero2(root, world, param_alignment, name, elastic, lr_scheduler="warmup", lr=1e-3):
-    """ZeRO-2, bf16, one parameter group, the model's last parameter (lm_head) frozen, model.norm
-    a tied alias of nothing (shared_params: lm_head is not shared here), a buffer."""
+def write_zero2(root, world, param_alignment, name, elastic, lr_scheduler="warmup", lr=1e-3, split=False):
+    """ZeRO-2, bf16, the model's last parameter (lm_head) frozen, a buffer; one parameter group,
+    or (split) the Trainer's two in named_parameters' order: the weights that decay, then the norms."""
     params = micro_params()
     trainable, frozen = params[:-1], params[-1:]
+    if split:
+        by = {n: (n, s, v) for n, s, v in trainable}
+        groups = [[by[n] for n in HF_ORDER if n in by and "norm" not in n], [by[n] for n in HF_ORDER if "norm" in n]]
+    else:
+        groups = [trainable]
     tag = os.path.join(root, name, "global_step2")
     os.makedirs(tag, exist_ok=True)
     with open(os.path.join(root, name, "latest"), "w") as f:
         f.write("global_step2")
-    # flat group: each parameter then its alignment padding (none after the last), then padded to 2*world
-    flat, paddings = [], []
-    for k, (n, s, v) in enumerate(trainable):
-        flat += v
-        pad = 0 if k == len(trainable) - 1 else (-len(flat)) % param_alignment
-        paddings.append(pad)
-        flat += [0.0] * pad
-    used = len(flat)
-    flat += [0.0] * ((-len(flat)) % (2 * world))
-    part = len(flat) // world
+    # each group flat: each parameter then its alignment padding (none after the last), then padded to
+    # 2*world and cut into world equal partitions
+    flats = []
+    for g in groups:
+        flat, paddings = [], []
+        for k, (n, sh, v) in enumerate(g):
+            flat += v
+            pad = 0 if k == len(g) - 1 else (-len(flat)) % param_alignment
+            paddings.append(pad)
+            flat += [0.0] * pad
+        used = len(flat)
+        flat += [0.0] * ((-len(flat)) % (2 * world))
+        flats.append((flat, paddings, used, len(flat) // world))
     buf = tensor([0.0, 1.0, 2.0, 3.0], (4,), "F32")  # a persistent buffer (model.rotary.scale, say)
-    module = collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in params)
+    module = collections.OrderedDict((n, tensor(v, sh, "BF16")) for n, sh, v in params)
     module["model.extra_buffer"] = buf
-    frozen_shapes = collections.OrderedDict((n, Size(s)) for n, s, _ in frozen)
-    frozen_frags = collections.OrderedDict((n, tensor(v, s, "BF16")) for n, s, v in frozen)
-    ms = model_states(trainable, module, 2, world, frozen_shapes, {}, frozen_frags, buffers=["model.extra_buffer"])
+    frozen_shapes = collections.OrderedDict((n, Size(sh)) for n, sh, _ in frozen)
+    frozen_frags = collections.OrderedDict((n, tensor(v, sh, "BF16")) for n, sh, v in frozen)
+    shapes = [collections.OrderedDict((n, Size(sh)) for n, sh, _ in g) for g in groups]
+    ms = model_states(None, module, 2, world, frozen_shapes, {}, frozen_frags, shapes=shapes,
+                      buffers=["model.extra_buffer"])
     if lr_scheduler is None:
         ms["lr_scheduler"] = None
     ms["epoch"], ms["note"] = 3, {"source": "deepspeed"}  # client_state: save_checkpoint's caller's keys
     save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
     for r in range(world):
-        left = r * part
-        padding = part if used <= left else (left + part - used if used < left + part else 0)
-        lean = flat[left:left + part - padding]
+        leans, fulls, pads = [], [], []
+        for flat, paddings, used, part in flats:
+            left = r * part
+            padding = part if used <= left else (left + part - used if used < left + part else 0)
+            leans.append(flat[left:left + part - padding])
+            fulls.append(flat[left:left + part])  # the moments keep the padding in a rigid checkpoint
+            pads.append(padding)
         st = collections.OrderedDict()
         st["loss_scaler"] = scaler()
         st["dynamic_loss_scale"] = False
         st["overflow"] = False
         st["clip_grad"] = 1.0
-        full = flat[left:left + part]  # the moments keep the padding in a rigid checkpoint
         if elastic:  # zero_optimization.elastic_checkpoint: per-group states without padding
             st["base_optimizer_state"] = [{"exp_avg": tensor([0.5 * x for x in lean], (len(lean),)),
                                            "exp_avg_sq": tensor([x * x for x in lean], (len(lean),)),
-                                           "step": 2}]
+                                           "step": 2} for lean in leans]
             st["base_optimizer_state_step"] = 0  # FusedAdam's param_groups[0]["step"] (it counts in state)
         else:  # the default: the torch optimizer's state_dict (FusedAdam: step in the state)
             st["base_optimizer_state"] = {
-                "state": {0: {"step": 2, "exp_avg": tensor([0.5 * x for x in full], (len(full),)),
-                              "exp_avg_sq": tensor([x * x for x in full], (len(full),))}},
+                "state": {gi: {"step": 2, "exp_avg": tensor([0.5 * x for x in full], (len(full),)),
+                               "exp_avg_sq": tensor([x * x for x in full], (len(full),))}
+                          for gi, full in enumerate(fulls)},
                 "param_groups": [{"lr": lr, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8,
-                                  "weight_decay": 0.01, "amsgrad": False, "step": 0, "params": [0]}]}
-        st["single_partition_of_fp32_groups"] = [tensor(lean, (len(lean),))]
+                                  "weight_decay": 0.01 if gi == 0 else 0.0, "amsgrad": False, "step": 0,
+                                  "params": [gi]} for gi in range(len(fulls))]}
+        st["single_partition_of_fp32_groups"] = [tensor(lean, (len(lean),)) for lean in leans]
         st["zero_stage"] = ZeroStageEnum.gradients
-        st["group_paddings"] = [padding]
-        st["param_alignment_paddings"] = [paddings]
-        st["partition_count"] = [world]
+        st["group_paddings"] = pads
+        st["param_alignment_paddings"] = [f[1] for f in flats]
+        st["partition_count"] = [world] * len(flats)
         st["ds_version"] = "0.19.8"
-        st["param_slice_mappings"] = [collections.OrderedDict((n, fragment_address(math.prod(s), 0))
-                                                              for n, s, _ in trainable)]
+        st["param_slice_mappings"] = [collections.OrderedDict((n, fragment_address(math.prod(sh), 0))
+                                                              for n, sh, _ in g) for g in groups]
         save(dict(optimizer_state_dict=st, ds_config=DS_CONFIG, ds_version="0.19.8"),
              os.path.join(tag, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
     ref = list(params) + [("model.extra_buffer", (4,), [0.0, 1.0, 2.0, 3.0])]
@@ -533,7 +548,7 @@ def write_hf_trainer_checkpoint(root):
     none) and rng_state.pth."""
     name = os.path.join("hf_trainer_out", "checkpoint-2")
     # linear decay over 8 steps from 2e-2, after 2 steps: the optimizer's lr is 2e-2 * 6/8
-    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.015)
+    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.015, split=True)
     d = os.path.join(root, name)
     os.remove(os.path.join(d, "reference.safetensors"))
     state = {"best_global_step": None, "best_metric": None, "best_model_checkpoint": None, "epoch": 0.5,
@@ -604,7 +619,7 @@ def main():
     write_hf_dirs(root)
     write_values(root)
     write_zero2(root, 2, 1, "ds_zero2", False)
-    write_zero2(root, 3, 8, "ds_zero2_aligned", True)
+    write_zero2(root, 3, 8, "ds_zero2_aligned", True, split=True)
     write_zero3(root, 2, "ds_zero3")
     write_hf_trainer_checkpoint(root)
     write_hf_plain_checkpoint(root)

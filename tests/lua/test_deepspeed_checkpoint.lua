@@ -4,7 +4,7 @@
 -- counts, schedule) at any stage. The checkpoints under tests/golden/torch_files were written by
 -- tests/golden/make_torch_files.py in DeepSpeed 0.19.8's layouts: ds_zero2 (bf16, 2 ranks, the
 -- default rigid optimizer state, lm_head frozen, a buffer), ds_zero2_aligned (3 ranks,
--- parameter_alignment padding, elastic optimizer state), ds_zero3 (2 ranks, two flat groups, the
+-- parameter_alignment padding, elastic optimizer state, the Trainer's two groups), ds_zero3 (2 ranks, two flat groups, the
 -- embedding frozen and lm_head tied to it). Their weights are in reference.safetensors; the saved
 -- moments are exp_avg = w / 2 and exp_avg_sq = w^2 of the master w, so misplaced elements show.
 -- Also a transformers Trainer checkpoint written without DeepSpeed (hf_plain_out/checkpoint-3:
