@@ -12,6 +12,8 @@ DeepSpeed, where they are installed (the GPU machine; run from the repo root aft
      `zrun zero-to-fp32` equals DeepSpeed's get_fp32_state_dict_from_zero_checkpoint exactly, and
      a zrun engine that loads the checkpoint continues with the losses DeepSpeed's next 3 steps
      have (the same batches; relative tolerance 1e-4 in fp32, 1e-2 in bf16: different kernels).
+  4. (a figure, not a check) the load time of a 1B bf16 model from pytorch_model.bin next to
+     model.safetensors, zrun's and transformers'.
 
 usage: python3 tests/golden/check_torch_files.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -179,8 +181,53 @@ print()
                    f"zrun {got} deepspeed {after}: {out[-400:]}")
 
 
+def part4():
+    """Load time of a 1B bf16 model from pytorch_model.bin next to model.safetensors (the same
+    tensors), zrun's from_pretrained to cuda, warm page cache; and transformers' for the .bin."""
+    import time
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg_path = ".gpu/llama32_1b_config.json"
+    if not os.path.exists(cfg_path):
+        return
+    cfg = LlamaConfig.from_pretrained(cfg_path)
+    cfg.torch_dtype = torch.bfloat16
+    with torch.device("cuda"):
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    for name, safe in (("st", True), ("bin", False)):
+        d = f"{OUT}/big_{name}"
+        m.save_pretrained(d, safe_serialization=safe, max_shard_size="100GB")
+    del m
+    rows = []
+    for name in ("st", "bin"):
+        d = f"{OUT}/big_{name}"
+        rc, out = zrun_lua(f"""
+local zr = require "zrun"
+local best = math.huge
+for _ = 1, 3 do
+  local t0 = zr._C.now and zr._C.now() or os.clock()
+  local m = zr.models.llama.from_pretrained("{d}", {{ dtype = "bf16", device = "cuda" }})
+  zr.cuda.synchronize()
+  local t = (zr._C.now and zr._C.now() or os.clock()) - t0
+  if t < best then best = t end
+  m = nil; collectgarbage()
+end
+print(string.format("TIME %.3f", best))
+""")
+        t = [float(x.split()[1]) for x in out.splitlines() if x.startswith("TIME")]
+        rows.append((name, t[0] if t else None, out[-300:] if not t else ""))
+    best = None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        hm = LlamaForCausalLM.from_pretrained(f"{OUT}/big_bin", dtype=torch.bfloat16, device_map="cuda")
+        torch.cuda.synchronize()
+        best = min(best or 1e9, time.perf_counter() - t0)
+        del hm
+    print(f"| load 1B bf16 to cuda | zrun model.safetensors {rows[0][1]} s | zrun pytorch_model.bin {rows[1][1]} s "
+          f"| transformers pytorch_model.bin {best:.3f} s |", rows[0][2], rows[1][2], flush=True)
+
+
 if __name__ == "__main__":
-    for part in (part1, part2, part3):
+    for part in (part1, part2, part3, part4):
         try:
             if part is part3 and not torch.distributed.is_initialized():
                 os.environ.setdefault("RANK", "0")
