@@ -290,7 +290,11 @@ function M.loads(data, opts, pos)
     if type(f) ~= "table" or getmetatable(f) ~= Global then
       ctx.fail("calls " .. M.repr(f) .. ", which is not a function or class")
     end
-    return f.call(args, ctx)
+    if type(args) ~= "table" or getmetatable(args) ~= List then ctx.fail(fmt("calls %s with %s", f.name, M.repr(args))) end
+    local ok, v = pcall(f.call, args, ctx)
+    if ok then return v end
+    if type(v) == "string" and v:sub(1, #where + 1) == where .. ":" then error(v, 0) end -- (ctx.fail's own)
+    ctx.fail(fmt("%s%s cannot take these arguments (a damaged file?)", f.name, M.repr(args)))
   end
   local nmemo = 0
   local function memo_put(k)

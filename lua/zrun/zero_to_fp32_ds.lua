@@ -57,7 +57,10 @@ local numel_of = require("zrun.checkpoint").numel_of
 local function shape_of(v, where, name)
   if not P.is_list(v) then error(fmt("%s: the shape of '%s' is %s, not a torch.Size", where, name, P.repr(v)), 0) end
   local s = {}
-  for i, d in ipairs(v) do s[i] = d end
+  for i, d in ipairs(v) do
+    if type(d) ~= "number" or d < 0 then error(fmt("%s: the shape of '%s' is %s", where, name, P.repr(v)), 0) end
+    s[i] = d
+  end
   return s
 end
 local function field(d, key, where)
@@ -150,6 +153,12 @@ function Reader:scan()
   local shapes = field(m0, "param_shapes", mwhere[1])
   if is_none(shapes) then error(fmt("%s: param_shapes is None: not saved by a ZeRO engine", mwhere[1]), 0) end
   if P.is_dict(shapes) then shapes = { shapes } end
+  for k, d in ipairs(type(shapes) == "table" and shapes or {}) do
+    if not P.is_dict(d) then error(fmt("%s: param_shapes[%d] is %s, not a dict of shapes", mwhere[1], k - 1, P.repr(d)), 0) end
+  end
+  if not P.is_list(shapes) and type(shapes) ~= "table" then
+    error(fmt("%s: param_shapes is %s, not a list of dicts", mwhere[1], P.repr(shapes)), 0)
+  end
   -- buffers first, as zero_to_fp32.py orders the state dict
   local module, bnames = m0.module, m0.buffer_names
   if P.is_dict(module) and P.is_list(bnames) then
@@ -287,7 +296,9 @@ function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
       local e = { name = name, shape = shape, numel = numel_of(shape), gi = gi, at = offset }
       e.read = full_read(self, e)
       self:add(e)
-      offset = offset + e.numel + (gpads and gpads[k] or 0)
+      local pad = gpads and gpads[k] or 0
+      if type(pad) ~= "number" then error(fmt("%s: parameter alignment padding %s for '%s'", opath, P.repr(pad), name), 0) end
+      offset = offset + e.numel + pad
     end
     -- DeepSpeed's own check: both counts agree once aligned to 2 * world
     local align = 2 * world
