@@ -213,4 +213,37 @@ T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is
   T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(tmp .. "/stage0", "global_step1") end, "without ZeRO")
 end)
 
+T.test("mutated DeepSpeed checkpoint files give a one-line error naming the checkpoint, never a Lua error", function()
+  local z = require "zrun.zero_to_fp32"
+  local rng = 4242
+  local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n end
+  local d = tmp .. "/mutant"
+  local errors = 0
+  for k = 1, 150 do
+    local case = ORDER[k % #ORDER + 1]
+    assert(os.execute(("rm -rf '%s' && mkdir -p '%s' && cp -r %s%s/global_step2 %s%s/latest '%s'/"):format(d, d, DIR,
+      case, DIR, case, d)) == 0)
+    local names = zr._C.listdir(d .. "/global_step2")
+    local f = d .. "/global_step2/" .. names[1 + rand(#names)]
+    local s = T.read_file(f)
+    local bytes = {}
+    for i = 1, #s do bytes[i] = s:sub(i, i) end
+    for _ = 1, 1 + rand(3) do -- mostly in the pickle, at the start
+      local at = rand(3) == 0 and 1 + rand(#bytes) or 1 + rand(math.min(#bytes, 1600))
+      bytes[at] = string.char(rand(256))
+    end
+    local h = assert(io.open(f, "wb"))
+    h:write(table.concat(bytes))
+    h:close()
+    local ok, err = pcall(z.get_fp32_state_dict_from_zero_checkpoint, d)
+    if not ok then
+      errors = errors + 1
+      err = tostring(err)
+      assert(err:find(d, 1, true) and not err:find("attempt to", 1, true) and not err:find("\n", 1, true),
+        "not a one-line error naming the checkpoint: " .. err)
+    end
+  end
+  assert(errors > 0, "no mutant was refused")
+end)
+
 T.done()
