@@ -122,6 +122,24 @@ for _, name in ipairs(ORDER) do
   end
 end
 
+T.test("load_module_only / load_optimizer_states = false on a DeepSpeed checkpoint", function()
+  local ref = ref_of("ds_zero2")
+  local m = model_for("ds_zero2")
+  local engine = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1,
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } }, zero_optimization = { stage = 2 } } }
+  engine:load_checkpoint(DIR .. "ds_zero2", nil, { load_module_only = true })
+  for k, p in m:named_parameters() do T.eq(max_diff(p, ref[k]), 0, k) end
+  T.eq(engine.global_steps, 0, "the run's counters stay (module only)")
+  -- another optimizer takes the weights and counters, not Adam's moments
+  local m2 = model_for("ds_zero2")
+  local e2 = zr.initialize{ model = m2, config = { train_micro_batch_size_per_gpu = 1,
+    optimizer = { type = "Lion", params = { lr = 1e-4 } }, zero_optimization = { stage = 2 } } }
+  T.raises(function() e2:load_checkpoint(DIR .. "ds_zero2") end, "load it with the optimizer.type it was saved with")
+  e2:load_checkpoint(DIR .. "ds_zero2", nil, { load_optimizer_states = false })
+  for k, p in m2:named_parameters() do T.eq(max_diff(p, ref[k]), 0, k) end
+  T.eq(e2.global_steps, 2, "the counters")
+end)
+
 T.test("fp16: the loss scale comes back from DeepSpeed's loss scaler", function()
   local m = model_for("ds_zero2")
   local engine = zr.initialize{ model = m, config = { train_micro_batch_size_per_gpu = 1, fp16 = { enabled = true },
