@@ -358,15 +358,18 @@ zr_safetensors *zr_safetensors_open_view(const char *path, const zr_safetensors_
         int over = 0;
         for (int d = 0; d < e->ndim; d++) {
             e->shape[d] = v[i].shape[d];
-            if (e->shape[d] < 0 || (e->shape[d] && e->numel > INT64_MAX / 4 / e->shape[d])) over = 1;
+            if (e->shape[d] < 0 || (e->shape[d] && e->numel > INT64_MAX / 8 / e->shape[d])) over = 1;
             else e->numel *= e->shape[d];
         }
         e->begin = v[i].offset;
-        e->end = over ? -1 : e->begin + e->numel * (int64_t)zr_st_dtype_size(e->st_dtype);
-        if (over || e->begin < 0 || e->end > f->file_size) {
-            zr_error("%s: tensor '%s' lies past the end of the file (bytes %lld..%lld of %lld): the file is "
-                     "truncated or its index is damaged",
-                     path, e->name, (long long)e->begin, (long long)e->end, (long long)f->file_size);
+        int64_t nbytes = over ? 0 : e->numel * (int64_t)zr_st_dtype_size(e->st_dtype);
+        over = over || e->begin < 0 || e->begin > f->file_size || nbytes > f->file_size - e->begin;
+        e->end = over ? e->begin : e->begin + nbytes;
+        if (over) {
+            zr_error("%s: tensor '%s' lies past the end of the file (%lld elements of %d bytes at offset %lld of "
+                     "%lld bytes): the file is truncated or its index is damaged",
+                     path, e->name, (long long)e->numel, (int)zr_st_dtype_size(e->st_dtype), (long long)e->begin,
+                     (long long)f->file_size);
             zr_safetensors_close(f);
             return NULL;
         }

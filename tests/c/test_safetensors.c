@@ -2,6 +2,7 @@
  * the writer), byte-exact writer output, round trips of every dtype, 0-dim/empty tensors, layout
  * order, each corruption's specific error, and atomic-write hygiene. */
 #include <dirent.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -422,6 +423,40 @@ TEST(atomic_write_leaves_no_temp_file) {
     zr_tensor_release(a);
 }
 
+/* A view of raw tensors at file offsets (zr_safetensors_open_view, as torch_file.lua opens a
+ * pytorch_model.bin): overlapping entries share bytes, values read back, anything past the end
+ * of the file, a shape whose byte count overflows and a name given twice are refused. */
+TEST(view_of_raw_tensors) {
+    const char *p = tpath("raw.bin");
+    float vals[6] = {1, 2, 3, 4, 5, 6};
+    FILE *f = fopen(p, "wb");
+    fwrite("PAD!", 1, 4, f);
+    fwrite(vals, sizeof vals[0], 6, f);
+    fclose(f);
+    zr_safetensors_view_entry v[2] = {{"all", ZR_ST_F32, 2, {2, 3}, 4}, {"tail", ZR_ST_F32, 1, {2}, 4 + 16}};
+    zr_safetensors *st = zr_safetensors_open_view(p, v, 2);
+    CHECK(st != NULL);
+    if (!st) return;
+    CHECK(zr_safetensors_count(st) == 2);
+    zr_tensor *a = zr_safetensors_get(st, "all", -1, zr_cpu()), *t = zr_safetensors_get(st, "tail", -1, zr_cpu());
+    CHECK(a && t && a->shape[0] == 2 && a->shape[1] == 3);
+    if (a && t) {
+        const float *x = zr_tensor_data(a), *y = zr_tensor_data(t);
+        CHECK(x[0] == 1 && x[5] == 6 && y[0] == 5 && y[1] == 6);
+    }
+    zr_tensor_release(a);
+    zr_tensor_release(t);
+    zr_safetensors_close(st);
+    zr_safetensors_view_entry past = {"past", ZR_ST_F32, 1, {6}, 8};
+    CHECK(zr_safetensors_open_view(p, &past, 1) == NULL && strstr(zr_last_error_message(), "lies past the end"));
+    zr_safetensors_view_entry huge = {"huge", ZR_ST_F64, 2, {INT64_MAX / 4, 3}, 0};
+    CHECK(zr_safetensors_open_view(p, &huge, 1) == NULL && strstr(zr_last_error_message(), "lies past the end"));
+    zr_safetensors_view_entry neg = {"neg", ZR_ST_F32, 1, {1}, -4};
+    CHECK(zr_safetensors_open_view(p, &neg, 1) == NULL);
+    zr_safetensors_view_entry twice[2] = {{"x", ZR_ST_F32, 1, {1}, 4}, {"x", ZR_ST_F32, 1, {1}, 8}};
+    CHECK(zr_safetensors_open_view(p, twice, 2) == NULL && strstr(zr_last_error_message(), "named twice"));
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/zr_st_test_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -435,6 +470,7 @@ int main(void) {
     RUN(corrupt_files_give_specific_errors);
     RUN(refuses_what_the_rust_library_refuses);
     RUN(atomic_write_leaves_no_temp_file);
+    RUN(view_of_raw_tensors);
     DIR *d = opendir(tmpdir);
     struct dirent *e;
     while (d && (e = readdir(d)))
