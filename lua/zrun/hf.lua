@@ -257,8 +257,8 @@ end
 -- ---------------------------------------------------------------- weights
 
 -- The weight files of a model directory (full paths, in shard order) and, when sharded, the
--- index's weight_map (tensor name -> full path) and the index's path. As transformers looks: model.safetensors's index or
--- file, else PyTorch's pytorch_model.bin's index or file (read by zrun.torch_file).
+-- index's weight_map (tensor name -> full path) and the index's path. As transformers looks:
+-- model.safetensors's index or file, else pytorch_model.bin's index or file (zrun.torch_file).
 function hf.weight_files(dir)
   local idx = join(dir, INDEX_NAME)
   if C.path_type(idx) ~= "file" and C.path_type(join(dir, SINGLE_NAME)) ~= "file"

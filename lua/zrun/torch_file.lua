@@ -171,7 +171,8 @@ end
 function Tensor:get(opts)
   if self.span then return gather_strided(self, opts) end
   if not self.file or not self.name then
-    local why = not ELEMENT[self.dtype or ""] and fmt("zrun has no dtype for torch.%s", tostring(self.dtype or self.storage.torch_dtype))
+    local why = not ELEMENT[self.dtype or ""]
+      and fmt("zrun has no dtype for torch.%s", tostring(self.dtype or self.storage.torch_dtype))
       or "it is a strided view, not a dense block (save it with .contiguous())"
     error(fmt("%s: %s cannot be read: %s", self.where or "torch file", P.repr(self), why), 0)
   end
