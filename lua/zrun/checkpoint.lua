@@ -641,8 +641,11 @@ function M.load(engine, dir, tag, opts)
       files = hfck.files(dir, engine)
       return
     end
-    tdir = M.resolve(dir, tag)
-    if ds.is_deepspeed(tdir) then -- DeepSpeed's own files (torch pickles): a DeepSpeed run continues here
+    local uc = require "zrun.checkpoint_uc"
+    tdir = M.resolve(dir, tag == nil and uc.latest_tag(dir) or tag) -- (a folder with only latest_universal: its tag)
+    if uc.is_universal(tdir) then -- DeepSpeed's universal checkpoint (ds_to_universal.py)
+      files = uc.files(tdir)
+    elseif ds.is_deepspeed(tdir) then -- DeepSpeed's own files (torch pickles): a DeepSpeed run continues here
       if engine.zenflow then
         error(tdir .. ": a DeepSpeed checkpoint: zrun reads its weights and Adam moments, not DeepSpeed's ZenFlow " ..
           "state; load it without zero_optimization.zenflow", 0)
@@ -712,7 +715,7 @@ function M.load(engine, dir, tag, opts)
     dist.print0("[zrun] load_checkpoint: the checkpoint has ZenFlow state (selected columns' moments) but the " ..
       "engine runs without zero_optimization.zenflow; not used")
   end
-  if files.W ~= engine.world_size or (files.st[0].stage or 0) ~= engine.stage then
+  if files.reshard_note ~= false and (files.W ~= engine.world_size or (files.st[0].stage or 0) ~= engine.stage) then
     dist.print0(fmt("[zrun] load_checkpoint: resharded %s from %d ranks (stage %d) to %d ranks (stage %d)",
       tdir, files.W, files.st[0].stage or 0, engine.world_size, engine.stage))
   end

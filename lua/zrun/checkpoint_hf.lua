@@ -119,6 +119,7 @@ function M.files(dir, engine)
   end)
   if not ok then self:close(); error(err, 0) end
   self.kind = "a transformers Trainer checkpoint (optimizer.pt)"
+  self.reshard_note = false -- (one process's whole state: nothing was partitioned)
   return self
 end
 

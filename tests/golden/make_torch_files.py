@@ -612,6 +612,34 @@ def write_hf_plain_checkpoint(root):
     json.dump(st, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
 
 
+def write_universal(root):
+    """A universal checkpoint as DeepSpeed's ds_to_universal.py writes it (from a ZeRO-2 save):
+    <out>/zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt ({"param": full tensor}) and step.pt,
+    <out>/zero/optimizer_state.pt (the optimizer state less its partitions, with param_groups), the
+    model-states files copied, and latest_universal naming <out> beside it."""
+    name = "ds_universal"
+    out = os.path.join(root, name, "global_step2_universal")
+    os.makedirs(os.path.join(out, "zero"), exist_ok=True)
+    with open(os.path.join(root, name, "latest_universal"), "w") as f:
+        f.write("global_step2_universal")
+    params = micro_params()
+    for n, sh, v in params:
+        d = os.path.join(out, "zero", n)
+        os.makedirs(d, exist_ok=True)
+        save({"param": tensor(v, sh)}, os.path.join(d, "fp32.pt"))
+        save({"param": tensor([0.5 * x for x in v], sh)}, os.path.join(d, "exp_avg.pt"))
+        save({"param": tensor([x * x for x in v], sh)}, os.path.join(d, "exp_avg_sq.pt"))
+        save(tensor([2.0], ()), os.path.join(d, "step.pt"))
+    save({"loss_scaler": scaler(), "dynamic_loss_scale": False, "overflow": False, "clip_grad": 1.0,
+          "zero_stage": ZeroStageEnum.gradients, "group_paddings": [0], "partition_count": [2], "ds_version": "0.19.8",
+          "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "step": 0,
+                            "params": [0]}]}, os.path.join(out, "zero", "optimizer_state.pt"))
+    module = collections.OrderedDict((n, tensor(v, sh, "BF16")) for n, sh, v in params)
+    ms = model_states(params, module, 2, 2)
+    save(ms, os.path.join(out, "mp_rank_00_model_states.pt"))
+    write_safetensors(os.path.join(root, name, "reference.safetensors"), params)
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                               "torch_files")
@@ -623,6 +651,7 @@ def main():
     write_zero3(root, 2, "ds_zero3")
     write_hf_trainer_checkpoint(root)
     write_hf_plain_checkpoint(root)
+    write_universal(root)
     print("wrote", root)
 
 
