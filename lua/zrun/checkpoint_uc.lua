@@ -44,6 +44,7 @@ end
 local Files = {}
 Files.__index = Files
 
+-- The files of universal tag folder tdir as zrun.checkpoint.load reads its own.
 function M.files(tdir)
   local zdir = join(tdir, "zero")
   local self = setmetatable({ tdir = tdir, path0 = join(zdir, "optimizer_state.pt"), W = 1, by_name = {},
