@@ -18,12 +18,14 @@ function M.resolve(ref)
     local okr, dir = pcall(hf.resolve, ref)
     if okr and type(dir) == "string" and exists(dir .. "/tokenizer.json") then return dir .. "/tokenizer.json" end
   end
-  error(("no tokenizer.json for '%s': looked for the file itself, %s/tokenizer.json and the Hugging Face cache"):format(ref, ref), 0)
+  error(("no tokenizer.json for '%s': looked for the file itself, %s/tokenizer.json (or GPT-2's vocab.json + merges.txt) "
+    .. "and the Hugging Face cache"):format(ref, ref), 0)
 end
 
 -- Where each loaded tokenizer came from (weak keys), so save_pretrained can copy its files; and its
 -- chat settings (zrun.chat: the templates and special token strings of tokenizer_config.json).
 local sources = setmetatable({}, { __mode = "k" })
+local converted = setmetatable({}, { __mode = "k" }) -- tokenizer.json text built from vocab.json + merges.txt
 local chats = setmetatable({}, { __mode = "k" })
 local chat = require "zrun.chat"
 
@@ -80,8 +82,29 @@ end
 -- tok:save_pretrained(dir) writes the files back.
 function M.load(ref, opts)
   local pipeline = require("zrun.kwargs").check("tokenizers.load", opts, { "pipeline" }).pipeline or "transformers"
-  local path = M.resolve(ref)
-  local tok = C.tokenizer_load(path)
+  local bpe = require "zrun.tokenizer_bpe_files"
+  local dir -- (a model folder or cached hub id: where vocab.json + merges.txt may stand in for tokenizer.json)
+  if type(ref) == "string" then
+    if C.path_type(ref) == "dir" then dir = ref
+    else
+      local ok, d = pcall(require("zrun.hf").resolve, ref)
+      if ok then dir = d end
+    end
+  end
+  local path, tok
+  if type(dir) == "string" and bpe.applies(dir) then -- GPT-2's vocab.json + merges.txt: transformers' conversion
+    local text = bpe.tokenizer_json(dir)
+    local tmp = os.tmpname()
+    C.write_file_atomic(tmp, text)
+    local ok, t = pcall(C.tokenizer_load, tmp)
+    os.remove(tmp)
+    if not ok then error(dir .. ": vocab.json + merges.txt: " .. tostring(t), 0) end
+    path, tok = dir .. "/tokenizer.json", t
+    converted[tok] = text
+  else
+    path = M.resolve(ref)
+    tok = C.tokenizer_load(path)
+  end
   sources[tok] = path
   if pipeline ~= "transformers" and pipeline ~= "tokenizer.json" then
     error(('tokenizers.load: pipeline must be "transformers" or "tokenizer.json", got %s'):format(tostring(pipeline)), 2)
@@ -120,7 +143,10 @@ function M.save_pretrained(tok, dir)
   local set = chats[tok] and chats[tok].set
   for _, n in ipairs(M.FILES) do
     local p = n == "tokenizer.json" and src or (from .. "/" .. n)
-    if n == "chat_template.jinja" and set then
+    if n == "tokenizer.json" and converted[tok] then -- (built from vocab.json + merges.txt: written out)
+      C.write_file_atomic(dir .. "/" .. n, converted[tok])
+      out[#out + 1] = n
+    elseif n == "chat_template.jinja" and set then
       C.write_file_atomic(dir .. "/" .. n, chats[tok].templates.default)
       out[#out + 1] = n
     elseif exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
