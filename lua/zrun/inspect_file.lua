@@ -171,6 +171,7 @@ function M.main(args)
   end
   if kind ~= "dir" then error(fmt("inspect: %s: no such file or folder", path), 0) end
   -- a folder: its weight files (and a tag folder's, one level down), one line each
+  local shown = 0
   local function walk(dir, level)
     local names = C.listdir(dir) or {}
     for _, n in ipairs(names) do
@@ -179,6 +180,7 @@ function M.main(args)
       if t == "file" and is_weight_file(n) then
         local ok, lines = pcall(M.file_lines, p, depth or 0)
         print(ok and concat(lines, "\n") or ("  " .. tostring(lines)))
+        shown = shown + 1
       elseif t == "file" and (n == "latest" or n == "config.json" or n == "trainer_state.json") then
         local f = io.open(p, "rb")
         local s = f and f:read(200) or ""
@@ -190,6 +192,7 @@ function M.main(args)
     end
   end
   walk(path, 0)
+  if shown == 0 then print(fmt("%s: no .pt, .bin, .pth or .safetensors file here or one folder down", path)) end
   return 0
 end
 
