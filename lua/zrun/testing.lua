@@ -241,6 +241,31 @@ function M.truncate_file(path, n)
   f:close()
 end
 
+-- A random-number function of its own, rand(n) in [0, n), from seed (a linear congruential
+-- generator: the same sequence on every machine, whatever else draws numbers).
+function M.lcg(seed)
+  local r = seed
+  return function(n) r = (r * 1103515245 + 12345) % 2147483648; return r % n end
+end
+
+-- Writes to path the bytes s with 1 to `most` of them replaced at random (rand: M.lcg's), each in
+-- s's first `head` bytes (a pickle, a header), its last `tail` (a zip directory) or anywhere.
+function M.write_mutant(path, s, rand, most, head, tail)
+  local bytes = {}
+  for i = 1, #s do bytes[i] = s:sub(i, i) end
+  for _ = 1, 1 + rand(most) do
+    local where = rand(3)
+    local at = where == 0 and 1 + rand(#bytes) or where == 1 and #bytes - rand(tail) or 1 + rand(head)
+    bytes[math.max(1, math.min(#bytes, at))] = string.char(rand(256))
+  end
+  local f = assert(io.open(path, "wb"))
+  f:write(table.concat(bytes))
+  f:close()
+end
+
+-- How many mutants a test tries: its default n, or ZRUN_MUTANTS (a longer run, by hand).
+function M.mutants(n) return tonumber(os.getenv("ZRUN_MUTANTS")) or n end
+
 -- Expects fn to raise an error whose message contains `pattern` (plain text).
 function M.raises(fn, pattern)
   local ok, err = pcall(fn)

@@ -9,13 +9,7 @@ local cjson = require "cjson"
 local M = {}
 local fmt = string.format
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("zrun.checkpoint_store").read_all -- (a file's bytes, or nil)
 local function decode(path)
   local s = read(path)
   if not s then return nil end

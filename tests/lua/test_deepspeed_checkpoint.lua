@@ -236,26 +236,16 @@ end)
 
 T.test("mutated DeepSpeed checkpoint files give a one-line error naming the checkpoint, never a Lua error", function()
   local z = require "zrun.zero_to_fp32"
-  local rng = 4242
-  local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n end
+  local rand = T.lcg(4242)
   local d = tmp .. "/mutant"
   local errors = 0
-  for k = 1, 150 do
+  for k = 1, T.mutants(150) do -- (ZRUN_MUTANTS=300 for a longer run)
     local case = ORDER[k % #ORDER + 1]
     assert(os.execute(("rm -rf '%s' && mkdir -p '%s' && cp -r %s%s/global_step2 %s%s/latest '%s'/"):format(d, d, DIR,
       case, DIR, case, d)) == 0)
     local names = zr._C.listdir(d .. "/global_step2")
     local f = d .. "/global_step2/" .. names[1 + rand(#names)]
-    local s = T.read_file(f)
-    local bytes = {}
-    for i = 1, #s do bytes[i] = s:sub(i, i) end
-    for _ = 1, 1 + rand(3) do -- mostly in the pickle, at the start
-      local at = rand(3) == 0 and 1 + rand(#bytes) or 1 + rand(math.min(#bytes, 1600))
-      bytes[at] = string.char(rand(256))
-    end
-    local h = assert(io.open(f, "wb"))
-    h:write(table.concat(bytes))
-    h:close()
+    T.write_mutant(f, T.read_file(f), rand, 3, 1600, 1600)
     local ok, err = pcall(z.get_fp32_state_dict_from_zero_checkpoint, d)
     if not ok then
       errors = errors + 1

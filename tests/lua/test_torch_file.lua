@@ -184,23 +184,11 @@ end)
 T.test("mutated files give an error or a value, never a crash", function()
   local seeds = { T.read_file(DIR .. "values.pt"), T.read_file(DIR .. "values_legacy.pt"), T.read_file(DIR .. "values_zip64.pt"),
     T.read_file(DIR .. "llama_micro_sharded/pytorch_model-00002-of-00002.bin") }
-  local rng = 12345
-  local function rand(n) rng = (rng * 1103515245 + 12345) % 2147483648; return rng % n end
+  local rand = T.lcg(12345)
   local path = tmp .. "/mutant.pt"
   local errors = 0
-  for k = 1, 600 do
-    local s = seeds[k % #seeds + 1]
-    local bytes = {}
-    for i = 1, #s do bytes[i] = s:sub(i, i) end
-    for _ = 1, 1 + rand(4) do
-      -- anywhere, or in the zip directory at the end, or in the pickle at the start
-      local where = rand(3)
-      local at = where == 0 and 1 + rand(#bytes) or where == 1 and #bytes - rand(600) or 1 + rand(1500)
-      bytes[math.max(1, math.min(#bytes, at))] = string.char(rand(256))
-    end
-    local f = assert(io.open(path, "wb"))
-    f:write(table.concat(bytes))
-    f:close()
+  for k = 1, T.mutants(600) do -- (ZRUN_MUTANTS=3000 for a longer run)
+    T.write_mutant(path, seeds[k % #seeds + 1], rand, 4, 1500, 600)
     local ok, err = pcall(function()
       local obj, file = tf.load(path)
       local function walk(v, seen) -- read every tensor the mutant still describes
