@@ -233,6 +233,13 @@ function M.read_file(path)
   return s
 end
 
+-- Writes text to the file at path (raises when it cannot).
+function M.write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
 -- Cuts the last n bytes off the file at path (a truncated download or an interrupted copy).
 function M.truncate_file(path, n)
   local s = M.read_file(path)

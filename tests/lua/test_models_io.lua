@@ -36,11 +36,7 @@ local function read(path)
   f:close()
   return s
 end
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local write = T.write_file
 
 T.test("llama config.json is written as transformers 5 writes it, plus the legacy keys", function()
   local c = cjson.decode(read(dir .. "/config.json"))

@@ -10,11 +10,7 @@ local cjson = require "cjson"
 local data = os.getenv("ZRUN_TEST_DATA") or "../shared/data"
 local tmp = T.tmpdir()
 
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local write = T.write_file
 
 T.test("a hand-made vocab.json + merges.txt: byte-level BPE with its merges and special tokens", function()
   local d = tmp .. "/tiny"
