@@ -18,8 +18,10 @@ Reader.__index = Reader
 -- A Reader over checkpoint dir (tag: default dir/latest): r:params() lists {name=, shape=, numel=},
 -- r:get(name) returns one full fp32 tensor, r:close() closes the files.
 function M.open(dir, tag)
-  local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
   local ds = require "zrun.zero_to_fp32_ds"
+  -- (a DeepSpeed tag folder given itself, global_step100/, as users often do: its files are right there)
+  if tag == nil and type(dir) == "string" and C.path_type(dir) == "dir" and ds.is_deepspeed(dir) then return ds.open(dir) end
+  local tdir = ckpt.resolve(dir, tag, "zero_to_fp32")
   if ds.is_deepspeed(tdir) then return ds.open(tdir) end -- DeepSpeed's own (torch pickles)
   local files = ckpt.files(tdir)
   -- the master's saved dtype (bf16 with bf16_master_weights_and_grads), widened exactly to fp32 here

@@ -63,6 +63,10 @@ for _, name in ipairs(ORDER) do
     end
     for k in pairs(got) do assert(ref[k], "unexpected " .. k) end
     T.eq(n, c.n, "tensors")
+    -- the tag folder given itself (global_step2/) reads the same
+    text, rc = T.run(("%s zero-to-fp32 %s%s/global_step2 %s_tag.safetensors"):format(Z, DIR, name, out))
+    T.eq(rc, 0, "exit status (" .. text .. ")")
+    T.eq(max_diff(zr.load_safetensors(out .. "_tag.safetensors")["model.norm.weight"], ref["model.norm.weight"]), 0, "tag folder")
     -- --exclude_frozen_parameters leaves the frozen one out (and its tied name)
     text, rc = T.run(("%s zero-to-fp32 %s%s %s.safetensors --exclude_frozen_parameters"):format(Z, DIR, name, out))
     T.eq(rc, 0, "exit status (" .. text .. ")")
