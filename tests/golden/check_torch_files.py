@@ -66,7 +66,20 @@ print("OK", n)
 
 
 def part1():
+    import enum
+    import types
     from safetensors.torch import load_file
+    # values.pt's made-up IntEnum (deepspeed.runtime.zero.config.Color): give it a class to rebuild
+    try:
+        import deepspeed.runtime.zero.config as zc
+    except ImportError:
+        for name in ("deepspeed", "deepspeed.runtime", "deepspeed.runtime.zero", "deepspeed.runtime.zero.config",
+                     "deepspeed.runtime.fp16", "deepspeed.runtime.fp16.loss_scaler"):
+            sys.modules.setdefault(name, types.ModuleType(name))
+        zc = sys.modules["deepspeed.runtime.zero.config"]
+        sys.modules["deepspeed.runtime.fp16.loss_scaler"].DynamicLossScaler = type("DynamicLossScaler", (), {})
+    zc.Color = enum.IntEnum("Color", {"red": 1, "blue": 3})
+    zc.Color.__module__ = "deepspeed.runtime.zero.config"
     obj = torch.load(f"{GOLD}/values.pt", weights_only=False)
     ok = (obj["none"] is None and obj["text"] == "héllo ✓" and obj["raw"] == b"\x00\xff\x80abc"
           and list(obj["order"].keys()) == ["z", "a", "m", "b"] and obj["whole"].tolist()[1] == [4, 5, 6, 7]
