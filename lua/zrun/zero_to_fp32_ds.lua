@@ -99,8 +99,9 @@ function Reader:scan()
   local optim = files_matching(tdir, "_optim_states.pt")
   local models = files_matching(tdir, "_model_states.pt")
   if #optim == 0 then
-    error(fmt("%s: no *_optim_states.pt files: a DeepSpeed checkpoint saved without ZeRO (stage 0) holds its "
-      .. "weights whole in %s; zero-to-fp32 is for ZeRO checkpoints", tdir, models[1] or "mp_rank_00_model_states.pt"), 0)
+    error(fmt("%s: no *_optim_states.pt files: a DeepSpeed checkpoint saved without ZeRO in fp32 or fp16 holds its "
+      .. "weights whole in %s, with an optimizer state zrun does not read; take the weights with "
+      .. "zr.torch_load(that file).module", tdir, models[1] or "mp_rank_00_model_states.pt"), 0)
   end
   if #models == 0 then error(fmt("%s: no *_model_states.pt file (an incomplete checkpoint)", tdir), 0) end
   for _, n in ipairs(optim) do
@@ -115,7 +116,10 @@ function Reader:scan()
     local obj, path = self:load(n)
     osd[r], where[r] = field(obj, "optimizer_state_dict", path), path
   end
-  local stage = P.value(field(osd[1], "zero_stage", where[1]))
+  -- (DeepSpeed's BF16_Optimizer, bf16 without ZeRO: ZeRO-1's partitions, no zero_stage, no param_shapes)
+  local bf16_optimizer = P.is_dict(osd[1]) and osd[1].zero_stage == nil and osd[1].param_slice_mappings ~= nil
+    and osd[1].single_partition_of_fp32_groups ~= nil
+  local stage = bf16_optimizer and 0 or P.value(field(osd[1], "zero_stage", where[1]))
   local world = P.value(field(osd[1], "partition_count", where[1]))
   if P.is_list(world) then
     local w = 0
@@ -130,7 +134,8 @@ function Reader:scan()
       .. "checkpoint: one or more ranks did not save)", tdir, world, #optim), 0)
   end
   self.stage, self.world, self.osd, self.where = stage, world, osd, where
-  self.kind = fmt("DeepSpeed's ZeRO-%d checkpoint of %d ranks", stage, world)
+  self.kind = bf16_optimizer and fmt("DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of %d ranks", world)
+    or fmt("DeepSpeed's ZeRO-%d checkpoint of %d ranks", stage, world)
   local key = stage <= 2 and "single_partition_of_fp32_groups" or stage == 3 and "fp32_flat_groups"
   if not key then error(fmt("%s: unknown ZeRO stage %s", where[1], tostring(stage)), 0) end
   local groups = {}
@@ -150,7 +155,7 @@ function Reader:scan()
   for k, n in ipairs(models) do ms[k], mwhere[k] = self:load(n) end
   local m0 = ms[1]
   self.model0 = m0
-  local shapes = field(m0, "param_shapes", mwhere[1])
+  local shapes = bf16_optimizer and self:bf16_shapes(m0, mwhere[1]) or field(m0, "param_shapes", mwhere[1])
   if is_none(shapes) then error(fmt("%s: param_shapes is None: not saved by a ZeRO engine", mwhere[1]), 0) end
   if P.is_dict(shapes) then shapes = { shapes } end
   for k, d in ipairs(type(shapes) == "table" and shapes or {}) do
@@ -197,6 +202,7 @@ function Reader:scan()
       end })
     end
   end
+  if bf16_optimizer then self:bf16_frozen(m0, shapes) end
   if stage <= 2 then self:scan_zero2(shapes, groups, osd[1], mwhere[1], where[1])
   else self:scan_zero3(shapes, groups, mwhere[1]) end
   -- shared parameters: a name whose data another holds
@@ -208,6 +214,56 @@ function Reader:scan()
         self:add({ name = alias, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
           read = function() return self:get(e.name) end })
       end
+    end
+  end
+end
+
+-- BF16_Optimizer's parameter groups as param_shapes would list them: each group's parameters in
+-- the order their first fragments appear through the ranks' param_slice_mappings (name ->
+-- fragment_address(numel, start in that rank's partition)), shaped as the model-states file's
+-- "module" holds them; each first fragment must start where the parameters before it end.
+function Reader:bf16_shapes(m0, mpath)
+  local module = m0.module
+  if not P.is_dict(module) then error(fmt("%s: no module state dict to take the parameters' shapes from", mpath), 0) end
+  local out = {}
+  for gi in ipairs(self.groups[1]) do
+    local d, at, base = P.new_dict(), 0, 0
+    for r = 1, self.world do
+      local maps = self.osd[r].param_slice_mappings
+      local m = P.is_list(maps) and maps[gi]
+      if not P.is_dict(m) then error(fmt("%s: no param_slice_mappings for group %d", self.where[r], gi - 1), 0) end
+      for _, name in ipairs(P.keys(m)) do
+        if d[name] == nil then
+          local t, start = module[name], P.field(m[name], "start")
+          if not P.is_tensor(t) then error(fmt("%s: no weight '%s' in module to take its shape from", mpath, name), 0) end
+          if start ~= nil and base + start ~= at then
+            error(fmt("%s: '%s' starts at %s in rank %d's partition, where the parameters before it end at %d "
+              .. "(a layout zrun does not know)", self.where[r], name, tostring(start), r - 1, at - base), 0)
+          end
+          local dims = P.List and setmetatable({}, P.List)
+          for k, n in ipairs(t.shape) do dims[k] = n end
+          P.dict_set(d, name, dims)
+          at = at + t:numel()
+        end
+      end
+      base = base + self.groups[r][gi]:numel()
+    end
+    out[gi] = d
+  end
+  return out
+end
+
+-- BF16_Optimizer's frozen parameters: the module's weights that no group holds (nor buffers),
+-- read from the module (in its training dtype).
+function Reader:bf16_frozen(m0, shapes)
+  local held = {}
+  for _, d in ipairs(shapes) do for _, n in ipairs(P.keys(d)) do held[n] = true end end
+  for _, b in ipairs(P.is_list(m0.buffer_names) and m0.buffer_names or {}) do held[b] = true end
+  for _, name in ipairs(P.keys(m0.module)) do
+    local t = m0.module[name]
+    if not held[name] and P.is_tensor(t) then
+      self:add({ name = name, shape = t.shape, numel = t:numel(), frozen = true,
+        read = function() return t:get({ dtype = "f32" }):reshape({ t:numel() }) end })
     end
   end
 end

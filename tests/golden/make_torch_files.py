@@ -612,6 +612,63 @@ def write_hf_plain_checkpoint(root):
     json.dump(st, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
 
 
+def write_bf16_no_zero(root, world=2):
+    """bf16 without ZeRO (stage 0): DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py). Each
+    parameter group (the Trainer's two, lm_head frozen) flattened with no padding between
+    parameters, padded to 2*world and cut into equal partitions; rank r saves its whole fp32
+    partition (bf16_zero_pp_rank_r_...: single_partition_of_fp32_groups, group_paddings on the last
+    rank, param_slice_mappings: name -> fragment_address(numel, start in the partition)); the
+    model-states file has the module and no param_shapes."""
+    name = "ds_bf16_nozero"
+    params = micro_params()
+    by = {n: (n, sh, v) for n, sh, v in params}
+    groups = [[by[n] for n in HF_ORDER if n != "lm_head.weight" and "norm" not in n], [by[n] for n in HF_ORDER if "norm" in n]]
+    tag = os.path.join(root, name, "global_step2")
+    os.makedirs(tag, exist_ok=True)
+    with open(os.path.join(root, name, "latest"), "w") as f:
+        f.write("global_step2")
+    module = collections.OrderedDict((n, tensor(v, sh, "BF16")) for n, sh, v in params)
+    ms = model_states(None, module, 0, world, shapes=[{}])
+    ms["param_shapes"], ms["shared_params"], ms["frozen_param_shapes"], ms["frozen_param_fragments"] = None, None, None, None
+    save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
+    flats = []
+    for g in groups:
+        flat, offs = [], []
+        for n, sh, v in g:
+            offs.append((n, len(flat), len(v)))
+            flat += v
+        used = len(flat)
+        flat += [0.0] * ((-len(flat)) % (2 * world))
+        flats.append((flat, offs, used, len(flat) // world))
+    for r in range(world):
+        parts, pads, maps = [], [], []
+        for flat, offs, used, part in flats:
+            lo, hi = r * part, (r + 1) * part
+            parts.append(flat[lo:hi])
+            pads.append(len(flat) - used if r == world - 1 else 0)
+            m = collections.OrderedDict()
+            for n, o, k in offs:
+                a, b = max(o, lo), min(o + k, hi)
+                if a < b:
+                    m[n] = fragment_address(b - a, a - lo)
+            maps.append(m)
+        st = collections.OrderedDict()
+        st["clip_grad"] = 1.0
+        st["base_optimizer_state"] = {
+            "state": {gi: {"step": 2, "exp_avg": tensor([0.5 * x for x in p], (len(p),)),
+                           "exp_avg_sq": tensor([x * x for x in p], (len(p),))} for gi, p in enumerate(parts)},
+            "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01 if gi == 0 else 0.0,
+                              "step": 0, "params": [gi]} for gi in range(len(parts))]}
+        st["single_partition_of_fp32_groups"] = [tensor(p, (len(p),)) for p in parts]
+        st["group_paddings"] = pads
+        st["partition_count"] = [world] * len(parts)
+        st["ds_version"] = "0.19.8"
+        st["param_slice_mappings"] = maps
+        save(dict(optimizer_state_dict=st, ds_config=dict(DS_CONFIG, zero_optimization={"stage": 0}), ds_version="0.19.8"),
+             os.path.join(tag, "bf16_zero_pp_rank_%d_mp_rank_00_optim_states.pt" % r))
+    write_safetensors(os.path.join(root, name, "reference.safetensors"), params)
+
+
 def write_universal(root):
     """A universal checkpoint as DeepSpeed's ds_to_universal.py writes it (from a ZeRO-2 save):
     <out>/zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt ({"param": full tensor}) and step.pt,
@@ -652,6 +709,7 @@ def main():
     write_hf_trainer_checkpoint(root)
     write_hf_plain_checkpoint(root)
     write_universal(root)
+    write_bf16_no_zero(root)
     print("wrote", root)
 
 

@@ -5,7 +5,8 @@
 -- tests/golden/make_torch_files.py in DeepSpeed 0.19.8's layouts: ds_zero2 (bf16, 2 ranks, the
 -- default rigid optimizer state, lm_head frozen, a buffer), ds_zero2_aligned (3 ranks,
 -- parameter_alignment padding, elastic optimizer state, the Trainer's two groups), ds_zero3 (2 ranks, two flat groups, the
--- embedding frozen and lm_head tied to it). Their weights are in reference.safetensors; the saved
+-- embedding frozen and lm_head tied to it), ds_bf16_nozero (bf16 without ZeRO: BF16_Optimizer's partitions,
+-- its param_slice_mappings, no param_shapes). Their weights are in reference.safetensors; the saved
 -- moments are exp_avg = w / 2 and exp_avg_sq = w^2 of the master w, so misplaced elements show.
 -- Also a universal checkpoint (ds_universal: ds_to_universal.py's per-parameter files, found through
 -- latest_universal) and a transformers Trainer checkpoint written without DeepSpeed (hf_plain_out/checkpoint-3:
@@ -17,9 +18,12 @@ local DIR = (ZRUN_HOME or ".") .. "/tests/golden/torch_files/"
 local tmp = T.tmpdir()
 local CASES = { ds_zero2 = { ranks = 2, stage = 2, frozen = "lm_head.weight", n = 13 },
   ds_zero2_aligned = { ranks = 3, stage = 2, frozen = "lm_head.weight", n = 13 },
-  ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 } }
-local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3" }
-local LOADS = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_universal" } -- (ds_universal: ds_to_universal.py's, all trained)
+  ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 },
+  ds_bf16_nozero = { ranks = 2, frozen = "lm_head.weight", n = 12,
+    kind = "DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of 2 ranks" } }
+local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero" }
+-- (ds_universal: ds_to_universal.py's, every parameter trained)
+local LOADS = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero", "ds_universal" }
 
 -- 16 rows of 8 token ids below the micro vocabulary's 32, varied by a.
 local function token_rows(a)
@@ -52,7 +56,7 @@ for _, name in ipairs(ORDER) do
     local out = tmp .. "/" .. name
     local text, rc = T.run(("%s zero-to-fp32 %s%s %s"):format(Z, DIR, name, out))
     T.eq(rc, 0, "exit status (" .. text .. ")")
-    assert(text:find(("DeepSpeed's ZeRO-%d checkpoint of %d ranks"):format(c.stage, c.ranks), 1, true), text)
+    assert(text:find(c.kind or ("DeepSpeed's ZeRO-%d checkpoint of %d ranks"):format(c.stage, c.ranks), 1, true), text)
     local got, ref = zr.load_safetensors(out .. "/model.safetensors"), ref_of(name)
     local n = 0
     for k, v in pairs(ref) do
@@ -235,7 +239,8 @@ T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is
   -- a stage-0 DeepSpeed checkpoint (no optimizer files) is named as such
   local s0 = tmp .. "/stage0/global_step1"
   assert(os.execute(("mkdir -p '%s' && cp %sds_zero2/global_step2/mp_rank_00_model_states.pt '%s'/"):format(s0, DIR, s0)) == 0)
-  T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(tmp .. "/stage0", "global_step1") end, "without ZeRO")
+  T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(tmp .. "/stage0", "global_step1") end,
+    "without ZeRO in fp32 or fp16")
 end)
 
 T.test("mutated DeepSpeed checkpoint files give a one-line error naming the checkpoint, never a Lua error", function()
