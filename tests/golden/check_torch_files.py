@@ -182,8 +182,8 @@ def part3():
             # the same checkpoint made universal by DeepSpeed's ds_to_universal.py, loaded by tag below
             uc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
                                  f"{ck}/global_step3", "--output_folder", f"{ck}/global_step3_universal"],
-                                capture_output=True, text=True)
-            for load_tag in (["nil"] + (['"global_step3_universal"'] if uc.returncode == 0 else [])):
+                                capture_output=True, text=True) if stage > 0 else None
+            for load_tag in (["nil"] + (['"global_step3_universal"'] if uc and uc.returncode == 0 else [])):
               rc, out = zrun_lua(f"""
 local zr = require "zrun"
 local cjson = require "cjson"
@@ -206,7 +206,7 @@ print()
               what = "universal " if load_tag != "nil" else ""
               report(f"zrun continues a real ZeRO-{stage} run ({tag}) from its {what}checkpoint with DeepSpeed's losses",
                      ok, f"zrun {got} deepspeed {after}: {out[-400:]}")
-            if uc.returncode != 0:
+            if uc and uc.returncode != 0:
                 report(f"ds_to_universal.py on the ZeRO-{stage} checkpoint ({tag})", False, uc.stderr[-400:])
 
 
