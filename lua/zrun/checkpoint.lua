@@ -608,6 +608,27 @@ local function restore_engine(engine, st, o)
   if st.rng and st.rng.seed then C.random_state(st.rng.seed, st.rng.offset or 0) end
 end
 
+-- The checkpoint to load, found by its files: the tag folder and a view of its files with zrun's own
+-- interface (M.files; files.kind names a checkpoint zrun did not write): zrun's, DeepSpeed's own ZeRO
+-- files (zrun.checkpoint_ds), DeepSpeed's universal checkpoint (zrun.checkpoint_uc, its tag from
+-- latest_universal), or a transformers Trainer folder without DeepSpeed (zrun.checkpoint_hf).
+local function open_files(engine, dir, tag)
+  local hfck, uc, ds = require "zrun.checkpoint_hf", require "zrun.checkpoint_uc", require "zrun.checkpoint_ds"
+  local tdir, files
+  if tag == nil and hfck.is_hf(dir) then
+    tdir, files = dir, hfck.files(dir, engine)
+  else
+    tdir = M.resolve(dir, tag == nil and uc.latest_tag(dir) or tag)
+    files = uc.is_universal(tdir) and uc.files(tdir) or ds.is_deepspeed(tdir) and ds.files(tdir) or M.files(tdir)
+  end
+  if files.kind and engine.zenflow then
+    files:close()
+    error(fmt("%s: %s: zrun reads its weights and Adam moments, not ZenFlow's state; load it without "
+      .. "zero_optimization.zenflow", tdir, files.kind), 0)
+  end
+  return tdir, files
+end
+
 -- Returns client_state and the tag directory loaded from. opts, DeepSpeed's load_checkpoint arguments:
 -- load_optimizer_states (default true; false: the weights without the optimizer's moments, their step
 -- count and the loss scaler, which stay as the engine has them, so another optimizer may load them),
@@ -634,27 +655,7 @@ function M.load(engine, dir, tag, opts)
     if line then print("[zrun] load_checkpoint: " .. line) end
   end
   if dist.world_size() > 1 then dist.barrier() end -- no rank reads dir while rank 0 cleans it
-  local ds, hfck = require "zrun.checkpoint_ds", require "zrun.checkpoint_hf"
-  local ok, err = pcall(function()
-    if tag == nil and hfck.is_hf(dir) then -- a transformers Trainer checkpoint without DeepSpeed
-      tdir = dir
-      files = hfck.files(dir, engine)
-      return
-    end
-    local uc = require "zrun.checkpoint_uc"
-    tdir = M.resolve(dir, tag == nil and uc.latest_tag(dir) or tag) -- (a folder with only latest_universal: its tag)
-    if uc.is_universal(tdir) then -- DeepSpeed's universal checkpoint (ds_to_universal.py)
-      files = uc.files(tdir)
-    elseif ds.is_deepspeed(tdir) then -- DeepSpeed's own files (torch pickles): a DeepSpeed run continues here
-      if engine.zenflow then
-        error(tdir .. ": a DeepSpeed checkpoint: zrun reads its weights and Adam moments, not DeepSpeed's ZenFlow " ..
-          "state; load it without zero_optimization.zenflow", 0)
-      end
-      files = ds.files(tdir)
-    else
-      files = M.files(tdir)
-    end
-  end)
+  local ok, err = pcall(function() tdir, files = open_files(engine, dir, tag) end)
   agree(ok, err, "load_checkpoint")
   if files.kind then
     local st = files.st[0]

@@ -16,7 +16,7 @@ local C = zr._C
 local M = {}
 local fmt, ipairs, type, concat = string.format, ipairs, type, table.concat
 
-local function join(a, b) return (a:gsub("/+$", "")) .. "/" .. b end
+local join = require("zrun.checkpoint").join
 
 -- Whether dir is a transformers Trainer checkpoint without DeepSpeed's files (optimizer.pt, no latest).
 function M.is_hf(dir)

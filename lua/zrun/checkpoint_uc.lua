@@ -14,7 +14,7 @@ local M = {}
 local fmt, ipairs, type = string.format, ipairs, type
 local number = hfck.number
 
-local function join(a, b) return (a:gsub("/+$", "")) .. "/" .. b end
+local join = require("zrun.checkpoint").join
 
 -- Whether tag folder tdir is a universal checkpoint (a zero/ folder of per-parameter files).
 function M.is_universal(tdir)

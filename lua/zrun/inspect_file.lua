@@ -10,7 +10,6 @@ local C = zr._C
 local M = {}
 local fmt, concat, ipairs, type, tostring = string.format, table.concat, ipairs, type, tostring
 
-local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
 
 local size_str = require("zrun.format").human
 
@@ -80,16 +79,11 @@ local function tree(v, depth, indent, out, seen)
   end
 end
 
-local function tensors_of(v, acc, seen)
-  if type(v) ~= "table" or seen[v] then return acc end
-  seen[v] = true
-  if P.is_tensor(v) then
-    acc.n = acc.n + 1
-    acc.bytes = acc.bytes + v:numel() * (ELEMENT[v.dtype or ""] or 0)
-    return acc
-  end
-  for k, x in pairs(v) do tensors_of(k, acc, seen); tensors_of(x, acc, seen) end
-  return acc
+-- How many tensors v holds and their bytes.
+local function tensors_of(v)
+  local n, bytes = 0, 0
+  for _, t in ipairs(tf.tensors(v)) do n, bytes = n + 1, bytes + t:numel() * (tf.ELEMENT[t.dtype or ""] or 0) end
+  return n, bytes
 end
 
 local function is_safetensors(path)
@@ -132,8 +126,8 @@ function M.file_lines(path, depth)
   end
   local obj, file = tf.load(path)
   file:close()
-  local acc = tensors_of(obj, { n = 0, bytes = 0 }, {})
-  out[1] = fmt("%s: torch.save, %s, %d tensors (%s)", path, short(obj), acc.n, size_str(acc.bytes))
+  local n, bytes = tensors_of(obj)
+  out[1] = fmt("%s: torch.save, %s, %d tensors (%s)", path, short(obj), n, size_str(bytes))
   tree(obj, depth, "  ", out, {})
   return out
 end

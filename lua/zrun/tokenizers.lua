@@ -9,14 +9,25 @@ local M = {}
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 
--- Resolves a tokenizer.json from a file, a model directory or a hub id in the local cache.
+-- Resolves a tokenizer.json from a file, a model directory or a hub id in the local cache. A folder
+-- with GPT-2's vocab.json + merges.txt instead: its tokenizer.json path (not there) and the folder,
+-- for zrun.tokenizer_bpe_files to build the file's text.
 function M.resolve(ref)
   if exists(ref) and ref:match("%.json$") then return ref end
-  if exists(ref .. "/tokenizer.json") then return ref .. "/tokenizer.json" end
+  local bpe = require "zrun.tokenizer_bpe_files"
+  local function in_dir(dir)
+    if exists(dir .. "/tokenizer.json") then return dir .. "/tokenizer.json" end
+    if bpe.applies(dir) then return dir .. "/tokenizer.json", dir end
+  end
+  local path, bdir = in_dir(ref)
+  if path then return path, bdir end
   local ok, hf = pcall(require, "zrun.hf")
   if ok and hf.resolve then
     local okr, dir = pcall(hf.resolve, ref)
-    if okr and type(dir) == "string" and exists(dir .. "/tokenizer.json") then return dir .. "/tokenizer.json" end
+    if okr and type(dir) == "string" then
+      path, bdir = in_dir(dir)
+      if path then return path, bdir end
+    end
   end
   error(("no tokenizer.json for '%s': looked for the file itself, %s/tokenizer.json (or GPT-2's vocab.json + merges.txt) "
     .. "and the Hugging Face cache"):format(ref, ref), 0)
@@ -82,27 +93,18 @@ end
 -- tok:save_pretrained(dir) writes the files back.
 function M.load(ref, opts)
   local pipeline = require("zrun.kwargs").check("tokenizers.load", opts, { "pipeline" }).pipeline or "transformers"
-  local bpe = require "zrun.tokenizer_bpe_files"
-  local dir -- (a model folder or cached hub id: where vocab.json + merges.txt may stand in for tokenizer.json)
-  if type(ref) == "string" then
-    if C.path_type(ref) == "dir" then dir = ref
-    else
-      local ok, d = pcall(require("zrun.hf").resolve, ref)
-      if ok then dir = d end
-    end
-  end
-  local path, tok
-  if type(dir) == "string" and bpe.applies(dir) then -- GPT-2's vocab.json + merges.txt: transformers' conversion
-    local text = bpe.tokenizer_json(dir)
+  local path, bpe_dir = M.resolve(ref)
+  local tok
+  if bpe_dir then -- GPT-2's vocab.json + merges.txt: transformers' conversion, loaded from a temporary file
+    local text = require("zrun.tokenizer_bpe_files").tokenizer_json(bpe_dir)
     local tmp = os.tmpname()
     C.write_file_atomic(tmp, text)
     local ok, t = pcall(C.tokenizer_load, tmp)
     os.remove(tmp)
-    if not ok then error(dir .. ": vocab.json + merges.txt: " .. tostring(t), 0) end
-    path, tok = dir .. "/tokenizer.json", t
+    if not ok then error(bpe_dir .. ": vocab.json + merges.txt: " .. tostring(t), 0) end
+    tok = t
     converted[tok] = text
   else
-    path = M.resolve(ref)
     tok = C.tokenizer_load(path)
   end
   sources[tok] = path

@@ -21,6 +21,7 @@ M.LEGACY_PREFIX = 1048576 -- bytes read first for an old-format file's pickles (
 local NATIVE = { F32 = "f32", F64 = "f64", F16 = "f16", BF16 = "bf16", I64 = "i64", I32 = "i32", I16 = "i32", I8 = "i32",
   U8 = "u8", BOOL = "u8" }
 local ELEMENT = { F32 = 4, F64 = 8, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1 }
+M.ELEMENT = ELEMENT -- bytes per element, by stored dtype
 
 local function u(s, i, n)
   local v = 0
@@ -257,7 +258,7 @@ function M.load(path)
     local size = fh:seek("end")
     local head = read_at(fh, path, 0, math.min(size, 8))
     local file = setmetatable({ path = path, entries = {}, by_name = {} }, File)
-    local tensors, storages = {}, {}
+    local storages = {}
     local data_of -- key -> offset of the storage's first byte
     local function persistent_load(pid, ctx)
       if type(pid) ~= "table" or pid[1] ~= "storage" then ctx.fail("persistent id " .. P.repr(pid) .. " is not a storage") end
@@ -311,44 +312,34 @@ function M.load(path)
     else
       error(fmt("%s: not a torch.save file (neither a zip archive nor a pickle)", path), 0)
     end
-    -- every tensor in the object: a view entry named by its position
-    local function walk(v, seen)
-      if type(v) ~= "table" or seen[v] then return end
-      seen[v] = true
-      if P.is_tensor(v) then tensors[#tensors + 1] = v; return end
-      for k, x in pairs(v) do walk(k, seen); walk(x, seen) end
-    end
-    walk(obj, {})
-    for k, t in ipairs(tensors) do
+    -- every tensor in the object: a view entry named by its position (bounds checked against its storage)
+    for k, t in ipairs(M.tensors(obj)) do
       t.where = path
-      local s = t.storage
       local el = ELEMENT[t.dtype or ""]
-      local order = el and not t:is_contiguous() and t:dense_order()
-      if el and not t:is_contiguous() and not order then -- a strided view: :get gathers its elements
+      if el then -- (a dtype zrun has no name for stays unreadable: :get says so)
+        local s = t.storage
         local off, len = data_of(s.key)
-        local first, last = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el), 0
+        local first, reach = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el), 1
         for d = 1, #t.shape do
           if t.stride[d] < 0 then error(fmt("%s: tensor %s has a negative stride (the file is damaged)", path, P.repr(t)), 0) end
-          last = last + (t.shape[d] - 1) * t.stride[d]
+          reach = reach + (t.shape[d] - 1) * t.stride[d]
         end
-        if t:numel() > 0 and first + (last + 1) * el > len then
+        if t:numel() > 0 and first + reach * el > len then
           error(fmt("%s: tensor %s reaches past its storage %s (the file is damaged)", path, P.repr(t), s.key), 0)
         end
-        t.file, t.span = file, { stored = t.dtype, offset = off + first }
-      elseif el then
-        local off, len = data_of(s.key)
-        local first = t.offset * el + s.view_offset * (ELEMENT[s.dtype or ""] or el)
-        if first + t:numel() * el > len and t:numel() > 0 then
-          error(fmt("%s: tensor %s reaches past its storage %s (the file is damaged)", path, P.repr(t), s.key), 0)
+        local order = not t:is_contiguous() and t:dense_order()
+        if t:is_contiguous() or order then
+          t.file, t.name = file, tostring(k)
+          local shape = t.shape
+          if order then -- stored as the dense block; :get permutes it back
+            shape, t.perm = {}, {}
+            for j, d in ipairs(order) do shape[j] = t.shape[d]; t.perm[d] = j end
+          end
+          file.entries[#file.entries + 1] = { name = t.name, stored = t.dtype, shape = shape, offset = off + first }
+          file.by_name[t.name] = file.entries[#file.entries]
+        else -- a strided view: :get gathers its elements
+          t.file, t.span = file, { stored = t.dtype, offset = off + first }
         end
-        t.file, t.name = file, tostring(k)
-        local shape = t.shape
-        if order then -- stored as the dense block; :get permutes it back
-          shape, t.perm = {}, {}
-          for j, d in ipairs(order) do shape[j] = t.shape[d]; t.perm[d] = j end
-        end
-        file.entries[#file.entries + 1] = { name = t.name, stored = t.dtype, shape = shape, offset = off + first }
-        file.by_name[t.name] = file.entries[#file.entries]
       end
     end
     return obj, file
@@ -360,6 +351,20 @@ function M.load(path)
     error(obj, 0)
   end
   return obj, file
+end
+
+-- Every tensor in v (torch_pickle's values; each once, however often it is referred to), in the
+-- order a walk of the tables meets them.
+function M.tensors(v)
+  local out, seen = {}, {}
+  local function walk(x)
+    if type(x) ~= "table" or seen[x] then return end
+    seen[x] = true
+    if P.is_tensor(x) then out[#out + 1] = x; return end
+    for k, y in pairs(x) do walk(k); walk(y) end
+  end
+  walk(v)
+  return out
 end
 
 -- v (torch_pickle's values) as plain Lua: dicts and lists as tables (None dropped), tensors read

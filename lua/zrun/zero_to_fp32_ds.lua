@@ -23,7 +23,7 @@ local M = {}
 local fmt, ipairs, type, tostring, concat = string.format, ipairs, type, tostring, table.concat
 local ceil, max, min = math.ceil, math.max, math.min
 
-local function join(a, b) return (a:gsub("/+$", "")) .. "/" .. b end
+local join = require("zrun.checkpoint").join
 
 -- natural sort (DeepSpeed's natural_keys): rank 10 after rank 9
 local function natural_less(a, b)
