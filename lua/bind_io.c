@@ -94,12 +94,17 @@ static int f_gc(lua_State *L) {
     *p = NULL;
     return 0;
 }
-static int l_safetensors_open(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+/* An empty file handle on the stack (its __gc is safe before the file is opened into it). */
+static zr_safetensors **new_file_box(lua_State *L) {
     zr_safetensors **p = lua_newuserdata(L, sizeof *p);
     *p = NULL;
     luaL_getmetatable(L, ST_FILE_MT);
     lua_setmetatable(L, -2);
+    return p;
+}
+static int l_safetensors_open(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    zr_safetensors **p = new_file_box(L);
     if (!(*p = zr_safetensors_open(path))) return zr_l_error(L);
     return 1;
 }
@@ -135,10 +140,7 @@ static int l_safetensors_open_view(lua_State *L) {
         }
         lua_settop(L, t - 1);
     }
-    zr_safetensors **p = lua_newuserdata(L, sizeof *p);
-    *p = NULL;
-    luaL_getmetatable(L, ST_FILE_MT);
-    lua_setmetatable(L, -2);
+    zr_safetensors **p = new_file_box(L);
     if (!(*p = zr_safetensors_open_view(path, v, n))) return zr_l_error(L);
     return 1;
 }
