@@ -506,15 +506,15 @@ local function check_optimizer(engine, files)
   end
 end
 
--- Checks the checkpoint's parameters against the engine's (names, shapes); errors list the
--- differences and name the file.
+-- Checks the checkpoint's parameters against the engine's (names, shapes; a parameter a format keeps
+-- flattened (e.flat) by its number of elements); errors list the differences and name the file.
 local function check_compat(files, names, shapes)
   local missing, unexpected, shape, seen = {}, {}, {}, {}
   for i, n in ipairs(names) do
     local e = files.by_name[n]
     seen[n] = true
     if not e then missing[#missing + 1] = fmt("'%s' %s", n, shape_str(shapes[i]))
-    elseif shape_str(e.shape) ~= shape_str(shapes[i]) then
+    elseif shape_str(e.shape) ~= shape_str(shapes[i]) and not (e.flat and e.numel == M.numel_of(shapes[i])) then
       shape[#shape + 1] = fmt("'%s' has shape %s in the checkpoint but %s in the model", n, shape_str(e.shape),
         shape_str(shapes[i]))
     end
@@ -619,7 +619,7 @@ local function open_files(engine, dir, tag)
     tdir, files = dir, hfck.files(dir, engine)
   else
     tdir = M.resolve(dir, tag == nil and uc.latest_tag(dir) or tag)
-    files = uc.is_universal(tdir) and uc.files(tdir) or ds.is_deepspeed(tdir) and ds.files(tdir) or M.files(tdir)
+    files = uc.is_universal(tdir) and uc.files(tdir) or ds.is_deepspeed(tdir) and ds.files(tdir, engine) or M.files(tdir)
   end
   if files.kind and engine.zenflow then
     files:close()

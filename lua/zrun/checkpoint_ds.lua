@@ -63,9 +63,10 @@ for _, k in ipairs({ "module", "buffer_names", "optimizer", "param_shapes", "fro
 local Files = {}
 Files.__index = Files
 
--- The files of DeepSpeed tag folder tdir as zrun.checkpoint.load reads its own (see M.files there).
-function M.files(tdir)
-  local r = ds.open(tdir)
+-- The files of DeepSpeed tag folder tdir as zrun.checkpoint.load reads its own (see M.files there),
+-- for engine's model.
+function M.files(tdir, engine)
+  local r = ds.open(tdir, { model = engine and engine.module })
   local ok, self = pcall(function()
     local m0 = r.model0
     local st = { optimizer = "adamw", states = { "master", "exp_avg", "exp_avg_sq" }, params = {},
@@ -81,7 +82,7 @@ function M.files(tdir)
     local first = st.params[1] and by_name[st.params[1].name].entry
     if first then
       for _, which in ipairs({ "exp_avg", "exp_avg_sq" }) do
-        local okk = pcall(r.state_part, r, 1, which, first.gi or 1)
+        local okk = pcall(r.read_range, r, first, which, 0, math.min(1, first.numel), function() end)
         if not okk then st.optimizer, st.states = "unknown (no " .. which .. ")", { "master" } end
       end
     end
@@ -98,9 +99,13 @@ function M.files(tdir)
     if not st.lr_scheduler then
       st.lr_scheduler = hfck.scheduler_state((tdir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/scheduler.pt")
     end
-    local sc = r.osd[1].loss_scaler
-    -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over)
-    if P.is_object(sc) and sc.class:find("DynamicLossScaler", 1, true) and P.is_dict(sc.state) and number(sc.state.cur_scale) then
+    local o1 = r.osd[1]
+    local sc = o1.loss_scaler
+    -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over;
+    -- FP16_Optimizer, without ZeRO, keeps the scaler's fields in its own state)
+    if o1.dynamic_loss_scale == true then sc = { class = "DynamicLossScaler", state = o1 } end
+    if (P.is_object(sc) or o1.dynamic_loss_scale == true) and sc.class:find("DynamicLossScaler", 1, true)
+      and P.is_dict(sc.state) and number(sc.state.cur_scale) then
       local s = sc.state
       st.loss_scaler = { scale = number(s.cur_scale), cur_hysteresis = number(s.cur_hysteresis) }
       local it, last, win = number(s.cur_iter), number(s.last_overflow_iter), number(s.scale_window)

@@ -56,7 +56,8 @@ function M.files(tdir)
     if C.path_type(fp) == "file" then
       local t = load_param(fp)
       if not P.is_tensor(t) then error(fmt("%s: holds %s, not {\"param\": tensor}", fp, P.repr(t)), 0) end
-      local e = { name = name, shape = t.shape, numel = t:numel(), dir = join(zdir, name) }
+      -- (a ZeRO-3 checkpoint's conversion keeps each parameter flat, as its partitions were)
+      local e = { name = name, shape = t.shape, numel = t:numel(), dir = join(zdir, name), flat = #t.shape == 1 }
       e.chunk = math.max(e.numel, 1)
       st.params[#st.params + 1] = e
       self.by_name[name] = e

@@ -74,8 +74,10 @@ local Reader = {}
 Reader.__index = Reader
 
 -- A Reader over DeepSpeed tag folder tdir. Reads only the pickles; tensors are read on :get.
-function M.open(tdir)
-  local self = setmetatable({ tdir = tdir, entries = {}, by_name = {}, files = {} }, Reader)
+-- opts.model (a zrun module, optional): the model the checkpoint is loaded into, which tells a
+-- checkpoint without ZeRO's parameter groups (zrun.zero_to_fp32_ds_nozero).
+function M.open(tdir, opts)
+  local self = setmetatable({ tdir = tdir, entries = {}, by_name = {}, files = {}, opts = opts or {} }, Reader)
   local ok, err = pcall(function() self:scan() end)
   if not ok then self:close(); error(err, 0) end
   return self
@@ -90,6 +92,7 @@ end
 
 function Reader:add(e)
   if self.by_name[e.name] then return end
+  e.read = e.read or function() return self:full(e) end
   self.entries[#self.entries + 1] = e
   self.by_name[e.name] = e
 end
@@ -98,12 +101,18 @@ function Reader:scan()
   local tdir = self.tdir
   local optim = files_matching(tdir, "_optim_states.pt")
   local models = files_matching(tdir, "_model_states.pt")
-  if #optim == 0 then
-    error(fmt("%s: no *_optim_states.pt files: a DeepSpeed checkpoint saved without ZeRO in fp32 or fp16 holds its "
-      .. "weights whole in %s, with an optimizer state zrun does not read; take the weights with "
-      .. "zr.torch_load(that file).module", tdir, models[1] or "mp_rank_00_model_states.pt"), 0)
-  end
   if #models == 0 then error(fmt("%s: no *_model_states.pt file (an incomplete checkpoint)", tdir), 0) end
+  if #optim == 0 then -- saved without ZeRO: everything in the model-states file
+    if #models ~= 1 or models[1] ~= "mp_rank_00_model_states.pt" then
+      error(fmt("%s: no *_optim_states.pt files and model-states files %s: a model- or pipeline-parallel checkpoint "
+        .. "without ZeRO, which zrun does not read", tdir, concat(models, ", ")), 0)
+    end
+    local m0, mpath = self:load(models[1])
+    self.model0 = m0
+    self:add_buffers(m0)
+    require("zrun.zero_to_fp32_ds_nozero").scan(self, m0, mpath, self.opts)
+    return
+  end
   for _, n in ipairs(optim) do
     if not n:find("mp_rank_00_optim_states.pt", 1, true) or n:find("expp_rank", 1, true) then
       error(fmt("%s: %s is a model-parallel or expert-parallel file: zrun reads data-parallel ZeRO checkpoints "
@@ -164,19 +173,7 @@ function Reader:scan()
   if not P.is_list(shapes) and type(shapes) ~= "table" then
     error(fmt("%s: param_shapes is %s, not a list of dicts", mwhere[1], P.repr(shapes)), 0)
   end
-  -- buffers first, as zero_to_fp32.py orders the state dict
-  local module, bnames = m0.module, m0.buffer_names
-  if P.is_dict(module) and P.is_list(bnames) then
-    for _, b in ipairs(bnames) do
-      local t = module[b]
-      if P.is_tensor(t) then
-        local float = t.dtype == "F32" or t.dtype == "BF16" or t.dtype == "F16" or t.dtype == "F64"
-        local native = ({ I64 = "i64", I32 = "i32", I16 = "i32", I8 = "i32", U8 = "u8", BOOL = "u8" })[t.dtype]
-        self:add({ name = b, shape = t.shape, numel = t:numel(), buffer = true, dtype = not float and native or nil,
-          read = function() return t:get({ dtype = float and "f32" or nil }) end })
-      end
-    end
-  end
+  self:add_buffers(m0)
   -- frozen parameters
   local fshapes = m0.frozen_param_shapes
   if P.is_dict(fshapes) then
@@ -214,6 +211,22 @@ function Reader:scan()
         self:add({ name = alias, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
           read = function() return self:get(e.name) end })
       end
+    end
+  end
+end
+
+-- The buffers (model-states file m0's buffer_names, read from its module): first, as zero_to_fp32.py
+-- orders the state dict.
+function Reader:add_buffers(m0)
+  local module, bnames = m0.module, m0.buffer_names
+  if not (P.is_dict(module) and P.is_list(bnames)) then return end
+  for _, b in ipairs(bnames) do
+    local t = module[b]
+    if P.is_tensor(t) then
+      local float = t.dtype == "F32" or t.dtype == "BF16" or t.dtype == "F16" or t.dtype == "F64"
+      local native = ({ I64 = "i64", I32 = "i32", I16 = "i32", I8 = "i32", U8 = "u8", BOOL = "u8" })[t.dtype]
+      self:add({ name = b, shape = t.shape, numel = t:numel(), buffer = true, dtype = not float and native or nil,
+        read = function() return t:get({ dtype = float and "f32" or nil }) end })
     end
   end
 end
@@ -304,6 +317,7 @@ end
 -- Elements [lo, hi) of parameter e's state `which`, flattened: put(at, tensor) for each piece
 -- (at: 0-based position in [lo, hi)), read from the files now.
 function Reader:read_range(e, which, lo, hi, put)
+  if e.range then return e.range(which, lo, hi, put) end -- (without ZeRO: zrun.zero_to_fp32_ds_nozero)
   if e.gi then -- ZeRO-1/2: the parameter's span of its group's flat vector, across the ranks
     read_span(self.lens[e.gi], e.at + lo, e.at + hi, function(o, r, s, len)
       put(o, self:state_part(r, which, e.gi):read(s, len, { dtype = "f32" }))
@@ -321,12 +335,11 @@ function Reader:read_range(e, which, lo, hi, put)
   end
 end
 
-local function full_read(self, e)
-  return function()
-    local out = zr.zeros({ e.numel })
-    self:read_range(e, "master", 0, e.numel, function(at, t) out:narrow(1, at + 1, t:numel()):copy_(t) end)
-    return out
-  end
+-- The whole master of parameter e (fp32, flat), read from the files now.
+function Reader:full(e)
+  local out = zr.zeros({ e.numel })
+  self:read_range(e, "master", 0, e.numel, function(at, t) out:narrow(1, at + 1, t:numel()):copy_(t) end)
+  return out
 end
 
 function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
@@ -350,7 +363,6 @@ function Reader:scan_zero2(shapes, groups, osd0, mpath, opath)
     for k, name in ipairs(names) do
       local shape = shape_of(gshapes[name], mpath, name)
       local e = { name = name, shape = shape, numel = numel_of(shape), gi = gi, at = offset }
-      e.read = full_read(self, e)
       self:add(e)
       local pad = gpads and gpads[k] or 0
       if type(pad) ~= "number" then error(fmt("%s: parameter alignment padding %s for '%s'", opath, P.repr(pad), name), 0) end
@@ -381,7 +393,6 @@ function Reader:scan_zero3(shapes, groups, mpath)
       local shape = shape_of(gshapes[name], mpath, name)
       local n = numel_of(shape)
       local e = { name = name, shape = shape, numel = n, pn = ceil(n / world), at = offset }
-      e.read = full_read(self, e)
       self:add(e)
       offset = offset + e.pn
     end

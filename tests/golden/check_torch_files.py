@@ -47,8 +47,9 @@ def zrun_lua(code):
     return r.returncode, r.stdout + r.stderr
 
 
-def compare_in_zrun(name, load_expr, ref_path):
-    """zrun loads a state dict (load_expr, Lua) and compares it with the safetensors file ref_path."""
+def compare_in_zrun(name, load_expr, ref_path, ref_dtype="f32"):
+    """zrun loads a state dict (load_expr, Lua) and compares it with the safetensors file ref_path
+    (its values rounded to ref_dtype first: a file saved in bf16 from the same fp32 weights)."""
     rc, out = zrun_lua(f"""
 local zr = require "zrun"
 local sd = {load_expr}
@@ -57,7 +58,7 @@ local n = 0
 for k, v in pairs(ref) do
   n = n + 1
   assert(sd[k], "missing " .. k)
-  local d = (sd[k]:to({{dtype = "f32"}}) - v:to({{dtype = "f32"}})):abs():max():item()
+  local d = (sd[k]:to({{dtype = "f32"}}) - v:to({{dtype = "{ref_dtype}"}}):to({{dtype = "f32"}})):abs():max():item()
   assert(d == 0, k .. " differs by " .. d)
 end
 print("OK", n)
@@ -127,7 +128,7 @@ def part2():
         compare_in_zrun(f"zrun reads torch.save's {f}",
                         f'(function() local tf = require "zrun.torch_file"; local v = tf.open_state_dict("{OUT}/{f}"); '
                         f'local t = {{}}; for _, k in ipairs(v:keys()) do t[k] = v:get(k) end; return t end)()',
-                        f"{OUT}/ref.safetensors")
+                        f"{OUT}/ref.safetensors", "bf16" if f == "bf16.pt" else "f32")
     d = f"{OUT}/hf_bin"
     m.save_pretrained(d, safe_serialization=False, max_shard_size="100KB")
     compare_in_zrun("zrun's from_pretrained reads save_pretrained(safe_serialization=False) shards",
@@ -139,50 +140,96 @@ def part3():
     import deepspeed
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from safetensors.torch import save_file
-    for stage, bf16 in ((2, True), (3, True), (2, False), (3, False), (0, True)):  # (0, bf16: BF16_Optimizer)
+    # (stage 0: no ZeRO; in bf16 DeepSpeed wraps its FusedAdam in FP16_Optimizer, in fp32 saves the optimizer's
+    # own state; stage 1 in bf16 with fp32 gradient accumulation: BF16_Optimizer)
+    for stage, bf16, acc32 in ((2, True, False), (3, True, False), (2, False, False), (3, False, False),
+                               (0, True, False), (0, False, False), (1, True, True)):
         m = tiny_llama(1)
+        tag = f"{stage}{'bf16' if bf16 else 'fp32'}{'acc32' if acc32 else ''}"
+        m.save_pretrained(f"{OUT}/init{tag}")  # (zrun trains the same weights from the start: a reference curve)
         cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": bf16},
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
                "zero_optimization": {"stage": stage}, "steps_per_print": 1000}
+        if acc32:
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
         eng, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=cfg)
         g = torch.Generator().manual_seed(5)
         batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(6)]
+        before = []
         for b in batches[:3]:
             b = b.to(eng.device)
             loss = eng(input_ids=b, labels=b).loss
+            before.append(float(loss.detach()))
             eng.backward(loss)
             eng.step()
-        tag = f"{stage}{'bf16' if bf16 else 'fp32'}"
+        print(f"deepspeed {tag}: {type(eng.optimizer).__name__}", flush=True)
         ck = f"{OUT}/ds_stage{tag}"
         eng.save_checkpoint(ck)
         after = []
         for b in batches[3:]:
             b = b.to(eng.device)
             loss = eng(input_ids=b, labels=b).loss
-            after.append(float(loss))
+            after.append(float(loss.detach()))
             eng.backward(loss)
             eng.step()
         if torch.distributed.get_rank() == 0:
             subprocess.run([ZRUN, "zero-to-fp32", ck, f"{OUT}/zrun{tag}.safetensors"], check=False)
+            print(f"  files: {sorted(os.listdir(f'{ck}/global_step3'))}", flush=True)
             if stage > 0:
                 sd = get_fp32_state_dict_from_zero_checkpoint(ck)
                 save_file({k: v.contiguous().float() for k, v in sd.items()}, f"{OUT}/ds{tag}_ref.safetensors")
                 compare_in_zrun(f"zrun zero-to-fp32 equals DeepSpeed's on a real ZeRO-{stage} checkpoint ({tag})",
                                 f'require("zrun").load_safetensors("{OUT}/zrun{tag}.safetensors")',
                                 f"{OUT}/ds{tag}_ref.safetensors")
-            else:  # zero_to_fp32.py does not read BF16_Optimizer's files: the master, rounded, is the saved module
-                mod = torch.load(f"{ck}/global_step3/mp_rank_00_model_states.pt", weights_only=False)["module"]
+            else:  # zero_to_fp32.py does not read checkpoints without ZeRO: the master, rounded, is the saved module
+                ms = torch.load(f"{ck}/global_step3/mp_rank_00_model_states.pt", weights_only=False)
+                mod, opt = ms["module"], ms["optimizer"]
                 save_file({k: v.contiguous().float() for k, v in mod.items()}, f"{OUT}/ds{tag}_ref.safetensors")
-                compare_in_zrun(f"zrun zero-to-fp32 of a real bf16 checkpoint without ZeRO, rounded to bf16, is its module",
+                compare_in_zrun(f"zrun zero-to-fp32 of a real checkpoint without ZeRO ({tag}), rounded to the module's "
+                                f"dtype, is its module",
                                 f'(function() local t = require("zrun").load_safetensors("{OUT}/zrun{tag}.safetensors"); '
-                                f'for k, v in pairs(t) do t[k] = v:to({{ dtype = "bf16" }}) end; return t end)()',
-                                f"{OUT}/ds{tag}_ref.safetensors")
+                                f'for k, v in pairs(t) do t[k] = v:to({{ dtype = "{"bf16" if bf16 else "f32"}" }}) end; '
+                                f'return t end)()', f"{OUT}/ds{tag}_ref.safetensors")
+                if bf16 and isinstance(opt, dict) and "fp32_groups_flat" in opt:  # the master itself
+                    flat = torch.cat([t.float().flatten() for t in opt["fp32_groups_flat"]])
+                    rc, out = zrun_lua(f"""
+local zr = require "zrun"
+local t = zr.load_safetensors("{OUT}/zrun{tag}.safetensors")
+local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("{OUT}/init{tag}"))
+local s = 0
+for k, p in m:named_parameters() do s = s + t[k]:to({{ dtype = "f64" }}):sum():item() end
+print(string.format("SUM %.9e", s))
+""")
+                    got = [float(x.split()[1]) for x in out.splitlines() if x.startswith("SUM")]
+                    want = float(flat.double().sum())
+                    report(f"zrun's fp32 master of FP16_Optimizer's checkpoint ({tag}) sums as fp32_groups_flat",
+                           bool(got) and abs(got[0] - want) <= 1e-9 * max(1.0, abs(want)), f"{got} vs {want}: {out[-300:]}")
             m.config.save_pretrained(f"{OUT}/cfg{tag}")
             ids = json.dumps([b.tolist() for b in batches[3:]])
             # the same checkpoint made universal by DeepSpeed's ds_to_universal.py, loaded by tag below
             uc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                                 f"{ck}/global_step3", "--output_folder", f"{ck}/global_step3_universal"],
+                                 f"{ck}/global_step3", "--output_folder", f"{ck}/global_step3_universal"]
+                                + (["--inject_missing_state"] if stage <= 2 else []),
                                 capture_output=True, text=True) if stage > 0 else None
+            # zrun from the same initial weights through all six batches: how far zrun's own kernels and
+            # optimizer stray from DeepSpeed's in this precision (the tolerance below is judged against it)
+            rc, out = zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local m = zr.models.llama.from_pretrained("{OUT}/init{tag}", {{ dtype = "f32" }})
+local engine = zr.initialize{{ model = m, config = {{ train_micro_batch_size_per_gpu = 2, bf16 = {{ enabled = {'true' if bf16 else 'false'} }},
+  optimizer = {{ type = "AdamW", params = {{ lr = 1e-3, weight_decay = 0.0 }} }}, zero_optimization = {{ stage = {stage} }} }} }}
+for _, b in ipairs(cjson.decode('{json.dumps([b.tolist() for b in batches])}')) do
+  local t = zr.tensor(b, {{ dtype = "i64" }})
+  local loss = engine(t, t).loss
+  io.write(string.format("%.6f ", loss:item()))
+  engine:backward(loss)
+  engine:step()
+end
+print()
+""")
+            print(f"  {tag} deepspeed {[round(x, 6) for x in before + after]}\n  {tag} zrun from the start {out.strip()[-200:]}",
+                  flush=True)
             for load_tag in (["nil"] + (['"global_step3_universal"'] if uc and uc.returncode == 0 else [])):
               rc, out = zrun_lua(f"""
 local zr = require "zrun"
@@ -201,6 +248,7 @@ end
 print()
 """)
               got = [float(x) for x in out.split()[-3:]] if rc == 0 else []
+              print(f"  {tag} zrun resumed {got}", flush=True)
               tol = 1e-2 if bf16 else 1e-4
               ok = len(got) == 3 and all(abs(a - b) <= tol * abs(b) for a, b in zip(got, after))
               what = "universal " if load_tag != "nil" else ""

@@ -92,6 +92,8 @@ def encode(values, dt):
         return struct.pack("<%df" % len(values), *values)
     if dt == "BF16":
         return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", bf16_round(v)))[0])[2:] for v in values)
+    if dt == "F16":
+        return struct.pack("<%de" % len(values), *values)
     if dt == "I64":
         return struct.pack("<%dq" % len(values), *values)
     if dt == "I32":
@@ -669,12 +671,78 @@ def write_bf16_no_zero(root, world=2):
     write_safetensors(os.path.join(root, name, "reference.safetensors"), params)
 
 
-def write_universal(root):
+def write_no_zero(root, form):
+    """DeepSpeed without ZeRO (stage 0): everything in mp_rank_00_model_states.pt, its "optimizer"
+    the optimizer wrapper's state_dict (engine._save_checkpoint), in DeepSpeed 0.19.8's three forms:
+      fp16_optimizer (ds_nozero_bf16): bf16 with FusedAdam: FP16_Optimizer (runtime/fp16/fused_optimizer.py),
+        the Trainer's two groups each flattened into fp32_groups_flat[g], one flat state per group,
+        no loss scaling (bf16); lm_head tied to the embedding (one storage, two names);
+      unfused (ds_nozero_fp16): fp16 with torch's Adam: FP16_UnfusedOptimizer (unfused_optimizer.py),
+        one group, fp32_groups[0] the masters one by one, the state per parameter, a dynamic loss scale;
+      plain (ds_nozero_fp32): fp32, the optimizer's own state_dict (FusedAdam's: step per state),
+        one group, lm_head frozen (in no group), the module's weights the master."""
+    name = {"fp16_optimizer": "ds_nozero_bf16", "unfused": "ds_nozero_fp16", "plain": "ds_nozero_fp32"}[form]
+    params = micro_params()
+    by = {n: (n, sh, v) for n, sh, v in params}
+    tag = os.path.join(root, name, "global_step2")
+    os.makedirs(tag, exist_ok=True)
+    with open(os.path.join(root, name, "latest"), "w") as f:
+        f.write("global_step2")
+    dt = {"fp16_optimizer": "BF16", "unfused": "F16", "plain": "F32"}[form]
+    # (the module's state_dict and the parameters DeepSpeed was given: named_parameters' order)
+    module = collections.OrderedDict((n, tensor(by[n][2], by[n][1], dt)) for n in HF_ORDER)
+    order = HF_ORDER
+    if form == "fp16_optimizer":  # tied: lm_head.weight is the embedding's tensor (one storage)
+        module["lm_head.weight"] = module["model.embed_tokens.weight"]
+        groups = [[n for n in HF_ORDER if "norm" not in n and n != "lm_head.weight"], [n for n in HF_ORDER if "norm" in n]]
+    elif form == "unfused":
+        groups = [order]
+    else:
+        groups = [[n for n in order if n != "lm_head.weight"]]
+    common = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "bias_correction": True}
+    if form == "fp16_optimizer":
+        flats = [[x for n in g for x in by[n][2]] for g in groups]
+        opt = {"optimizer_state_dict": {
+            "state": {gi: {"step": 2, "exp_avg": tensor([0.5 * x for x in f], (len(f),)),
+                           "exp_avg_sq": tensor([x * x for x in f], (len(f),))} for gi, f in enumerate(flats)},
+            "param_groups": [dict(common, weight_decay=0.01 if gi == 0 else 0.0, step=0, params=[gi])
+                             for gi in range(len(groups))]},
+            "fp32_groups_flat": [tensor(f, (len(f),)) for f in flats], "clip_grad": 1.0}
+    else:
+        state, k, pgroups = {}, 0, []
+        for gi, g in enumerate(groups):
+            idx = []
+            for n in g:
+                _, sh, v = by[n]
+                state[k] = {"step": tensor([2.0], ()) if form == "unfused" else 2,
+                            "exp_avg": tensor([0.5 * x for x in v], sh), "exp_avg_sq": tensor([x * x for x in v], sh)}
+                idx.append(k)
+                k += 1
+            pgroups.append(dict(common, weight_decay=0.0, params=idx))
+        osd = {"state": state, "param_groups": pgroups}
+        if form == "unfused":
+            opt = {"dynamic_loss_scale": True, "cur_scale": 1024.0, "cur_iter": 7, "last_overflow_iter": 3,
+                   "scale_factor": 2.0, "scale_window": 1000, "optimizer_state_dict": osd,
+                   "fp32_groups": [[tensor(by[n][2], by[n][1]) for n in g] for g in groups]}
+        else:
+            opt = osd
+    ms = model_states(None, module, 0, 1, shapes=[{}])
+    ms["param_shapes"], ms["shared_params"], ms["frozen_param_shapes"], ms["frozen_param_fragments"] = None, None, None, None
+    ms["optimizer"] = opt
+    ms["ds_config"] = dict(DS_CONFIG, zero_optimization={"stage": 0}, bf16={"enabled": form == "fp16_optimizer"},
+                           fp16={"enabled": form == "unfused"})
+    save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
+    if form == "fp16_optimizer":  # (the tied name holds the embedding's values)
+        params = [(n, sh, by["model.embed_tokens.weight"][2] if n == "lm_head.weight" else v) for n, sh, v in params]
+    write_safetensors(os.path.join(root, name, "reference.safetensors"), params)
+
+
+def write_universal(root, name="ds_universal", flat=False):
     """A universal checkpoint as DeepSpeed's ds_to_universal.py writes it (from a ZeRO-2 save):
     <out>/zero/<name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt ({"param": full tensor}) and step.pt,
     <out>/zero/optimizer_state.pt (the optimizer state less its partitions, with param_groups), the
-    model-states files copied, and latest_universal naming <out> beside it."""
-    name = "ds_universal"
+    model-states files copied, and latest_universal naming <out> beside it. flat: from a ZeRO-3 save
+    (merge_zero3_slices), each tensor flat, as its partitions were."""
     out = os.path.join(root, name, "global_step2_universal")
     os.makedirs(os.path.join(out, "zero"), exist_ok=True)
     with open(os.path.join(root, name, "latest_universal"), "w") as f:
@@ -683,9 +751,10 @@ def write_universal(root):
     for n, sh, v in params:
         d = os.path.join(out, "zero", n)
         os.makedirs(d, exist_ok=True)
-        save({"param": tensor(v, sh)}, os.path.join(d, "fp32.pt"))
-        save({"param": tensor([0.5 * x for x in v], sh)}, os.path.join(d, "exp_avg.pt"))
-        save({"param": tensor([x * x for x in v], sh)}, os.path.join(d, "exp_avg_sq.pt"))
+        fsh = (len(v),) if flat else sh
+        save({"param": tensor(v, fsh)}, os.path.join(d, "fp32.pt"))
+        save({"param": tensor([0.5 * x for x in v], fsh)}, os.path.join(d, "exp_avg.pt"))
+        save({"param": tensor([x * x for x in v], fsh)}, os.path.join(d, "exp_avg_sq.pt"))
         save(tensor([2.0], ()), os.path.join(d, "step.pt"))
     save({"loss_scaler": scaler(), "dynamic_loss_scale": False, "overflow": False, "clip_grad": 1.0,
           "zero_stage": ZeroStageEnum.gradients, "group_paddings": [0], "partition_count": [2], "ds_version": "0.19.8",
@@ -709,7 +778,10 @@ def main():
     write_hf_trainer_checkpoint(root)
     write_hf_plain_checkpoint(root)
     write_universal(root)
+    write_universal(root, "ds_universal3", flat=True)
     write_bf16_no_zero(root)
+    for form in ("fp16_optimizer", "unfused", "plain"):
+        write_no_zero(root, form)
     print("wrote", root)
 
 

@@ -6,7 +6,10 @@
 -- default rigid optimizer state, lm_head frozen, a buffer), ds_zero2_aligned (3 ranks,
 -- parameter_alignment padding, elastic optimizer state, the Trainer's two groups), ds_zero3 (2 ranks, two flat groups, the
 -- embedding frozen and lm_head tied to it), ds_bf16_nozero (bf16 without ZeRO: BF16_Optimizer's partitions,
--- its param_slice_mappings, no param_shapes). Their weights are in reference.safetensors; the saved
+-- its param_slice_mappings, no param_shapes), and three saved without ZeRO, everything in the model-states
+-- file: ds_nozero_bf16 (FP16_Optimizer in bf16: the Trainer's two groups flattened, lm_head tied to the
+-- embedding), ds_nozero_fp16 (FP16_UnfusedOptimizer: the masters one by one, a dynamic loss scale),
+-- ds_nozero_fp32 (the optimizer's own state, lm_head frozen). Their weights are in reference.safetensors; the saved
 -- moments are exp_avg = w / 2 and exp_avg_sq = w^2 of the master w, so misplaced elements show.
 -- Also a universal checkpoint (ds_universal: ds_to_universal.py's per-parameter files, found through
 -- latest_universal) and a transformers Trainer checkpoint written without DeepSpeed (hf_plain_out/checkpoint-3:
@@ -20,10 +23,16 @@ local CASES = { ds_zero2 = { ranks = 2, stage = 2, frozen = "lm_head.weight", n 
   ds_zero2_aligned = { ranks = 3, stage = 2, frozen = "lm_head.weight", n = 13 },
   ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 },
   ds_bf16_nozero = { ranks = 2, frozen = "lm_head.weight", n = 12,
-    kind = "DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of 2 ranks" } }
-local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero" }
--- (ds_universal: ds_to_universal.py's, every parameter trained)
-local LOADS = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero", "ds_universal" }
+    kind = "DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of 2 ranks" },
+  ds_nozero_bf16 = { tied = true, n = 12, kind = "DeepSpeed's checkpoint without ZeRO (FP16_Optimizer)" },
+  ds_nozero_fp16 = { n = 12, kind = "DeepSpeed's checkpoint without ZeRO (FP16_UnfusedOptimizer)" },
+  ds_nozero_fp32 = { frozen = "lm_head.weight", n = 12, kind = "DeepSpeed's checkpoint without ZeRO (its optimizer)" } }
+local ORDER = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero", "ds_nozero_bf16", "ds_nozero_fp16",
+  "ds_nozero_fp32" }
+-- (ds_universal: ds_to_universal.py's, every parameter trained; ds_universal3: a ZeRO-3 one, every
+-- parameter flat)
+local LOADS = { "ds_zero2", "ds_zero2_aligned", "ds_zero3", "ds_bf16_nozero", "ds_universal", "ds_universal3",
+  "ds_nozero_bf16", "ds_nozero_fp16", "ds_nozero_fp32" }
 
 -- 16 rows of 8 token ids below the micro vocabulary's 32, varied by a.
 local function token_rows(a)
@@ -42,10 +51,11 @@ local function max_diff(a, b) return (a:to({ dtype = "f32" }) - b:to({ dtype = "
 -- The micro Llama the checkpoints were saved from (ds_zero3's ties lm_head to the embedding),
 -- with the checkpoint's frozen parameter frozen.
 local function model_for(name)
+  local c = CASES[name] or {}
   local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin",
-    name == "ds_zero3" and { config = { tie_word_embeddings = true } } or nil)
-  if name == "ds_universal" then return m end
-  local frozen = CASES[name].frozen == "lm_head.weight" and m.lm_head.weight or m.model.embed_tokens.weight
+    (name == "ds_zero3" or c.tied) and { config = { tie_word_embeddings = true } } or nil)
+  if not c.frozen then return m end
+  local frozen = c.frozen == "lm_head.weight" and m.lm_head.weight or m.model.embed_tokens.weight
   frozen:requires_grad_(false)
   return m
 end
@@ -57,6 +67,7 @@ for _, name in ipairs(ORDER) do
     local text, rc = T.run(("%s zero-to-fp32 %s%s %s"):format(Z, DIR, name, out))
     T.eq(rc, 0, "exit status (" .. text .. ")")
     assert(text:find(c.kind or ("DeepSpeed's ZeRO-%d checkpoint of %d ranks"):format(c.stage, c.ranks), 1, true), text)
+    assert(not text:find("tensors (0 fp32"), text)
     local got, ref = zr.load_safetensors(out .. "/model.safetensors"), ref_of(name)
     local n = 0
     for k, v in pairs(ref) do
@@ -75,7 +86,7 @@ for _, name in ipairs(ORDER) do
     text, rc = T.run(("%s zero-to-fp32 %s%s %s.safetensors --exclude_frozen_parameters"):format(Z, DIR, name, out))
     T.eq(rc, 0, "exit status (" .. text .. ")")
     local ex = zr.load_safetensors(out .. ".safetensors")
-    assert(not ex[c.frozen], "the frozen parameter was written")
+    if c.frozen then assert(not ex[c.frozen], "the frozen parameter was written") end
     assert(ex["model.norm.weight"], "a trained parameter is missing")
   end)
 end
@@ -159,6 +170,14 @@ T.test("fp16: the loss scale comes back from DeepSpeed's loss scaler", function(
   engine.scaler.scale = 8
   engine:load_checkpoint(DIR .. "ds_zero2")
   T.eq(engine.scaler.scale, 65536, "DynamicLossScaler.cur_scale")
+  -- without ZeRO, FP16_UnfusedOptimizer keeps the scaler's fields in its own state: scale 1024, the
+  -- last overflow at iteration 3 of 7 (3 good steps since)
+  local m2 = model_for("ds_nozero_fp16")
+  local e2 = zr.initialize{ model = m2, config = { train_micro_batch_size_per_gpu = 1, fp16 = { enabled = true },
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } } } }
+  e2:load_checkpoint(DIR .. "ds_nozero_fp16")
+  T.eq(e2.scaler.scale, 1024, "FP16_UnfusedOptimizer's cur_scale")
+  T.eq(e2.scaler.good, 3, "steps since the last overflow")
 end)
 
 T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Trainer", function()
@@ -240,7 +259,7 @@ T.test("a DeepSpeed checkpoint with a rank missing, mixed or of another model is
   local s0 = tmp .. "/stage0/global_step1"
   assert(os.execute(("mkdir -p '%s' && cp %sds_zero2/global_step2/mp_rank_00_model_states.pt '%s'/"):format(s0, DIR, s0)) == 0)
   T.raises(function() z.get_fp32_state_dict_from_zero_checkpoint(tmp .. "/stage0", "global_step1") end,
-    "without ZeRO in fp32 or fp16")
+    "saved without an optimizer state")
 end)
 
 T.test("mutated DeepSpeed checkpoint files give a one-line error naming the checkpoint, never a Lua error", function()

@@ -6,10 +6,12 @@ local zr = require "zrun"
 local dist = zr.dist
 local case, stage = arg[1], tonumber(arg[2])
 local DIR = (ZRUN_HOME or ".") .. "/tests/golden/torch_files/"
-local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin",
-  case == "ds_zero3" and { config = { tie_word_embeddings = true } } or nil)
+local tied = case == "ds_zero3" or case == "ds_nozero_bf16"
+local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin", tied and { config = { tie_word_embeddings = true } } or nil)
 if case == "ds_zero3" then m.model.embed_tokens.weight:requires_grad_(false)
-elseif case ~= "ds_universal" then m.lm_head.weight:requires_grad_(false) end
+elseif not (case:find("^ds_universal") or case == "ds_nozero_bf16" or case == "ds_nozero_fp16") then
+  m.lm_head.weight:requires_grad_(false)
+end
 local engine = zr.initialize { model = m, config = { train_micro_batch_size_per_gpu = 1,
   optimizer = { type = "AdamW", params = { lr = 1e-2 } }, zero_optimization = { stage = stage } } }
 engine:load_checkpoint(DIR .. case)
