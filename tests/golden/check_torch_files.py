@@ -66,6 +66,27 @@ print("OK", n)
     report(name, rc == 0 and "OK" in out, out[-600:])
 
 
+def zrun_train(model_expr, load_line, batches, bf16, stage):
+    """A zrun engine (AdamW lr 1e-3, the stage, bf16 or fp32) on model_expr (Lua), after load_line,
+    trains on the batches; prints each loss."""
+    return zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local m = {model_expr}
+local engine = zr.initialize{{ model = m, config = {{ train_micro_batch_size_per_gpu = 2, bf16 = {{ enabled = {'true' if bf16 else 'false'} }},
+  optimizer = {{ type = "AdamW", params = {{ lr = 1e-3, weight_decay = 0.0 }} }}, zero_optimization = {{ stage = {stage} }} }} }}
+{load_line}
+for _, b in ipairs(cjson.decode('{json.dumps([b.tolist() for b in batches])}')) do
+  local t = zr.tensor(b, {{ dtype = "i64" }})
+  local loss = engine(t, t).loss
+  io.write(string.format("%.6f ", loss:item()))
+  engine:backward(loss)
+  engine:step()
+end
+print()
+""")
+
+
 def part1():
     import enum
     import types
@@ -205,7 +226,6 @@ print(string.format("SUM %.9e", s))
                     report(f"zrun's fp32 master of FP16_Optimizer's checkpoint ({tag}) sums as fp32_groups_flat",
                            bool(got) and abs(got[0] - want) <= 1e-9 * max(1.0, abs(want)), f"{got} vs {want}: {out[-300:]}")
             m.config.save_pretrained(f"{OUT}/cfg{tag}")
-            ids = json.dumps([b.tolist() for b in batches[3:]])
             # the same checkpoint made universal by DeepSpeed's ds_to_universal.py, loaded by tag below
             uc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
                                  f"{ck}/global_step3", "--output_folder", f"{ck}/global_step3_universal"]
@@ -213,40 +233,13 @@ print(string.format("SUM %.9e", s))
                                 capture_output=True, text=True) if stage > 0 else None
             # zrun from the same initial weights through all six batches: how far zrun's own kernels and
             # optimizer stray from DeepSpeed's in this precision (the tolerance below is judged against it)
-            rc, out = zrun_lua(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local m = zr.models.llama.from_pretrained("{OUT}/init{tag}", {{ dtype = "f32" }})
-local engine = zr.initialize{{ model = m, config = {{ train_micro_batch_size_per_gpu = 2, bf16 = {{ enabled = {'true' if bf16 else 'false'} }},
-  optimizer = {{ type = "AdamW", params = {{ lr = 1e-3, weight_decay = 0.0 }} }}, zero_optimization = {{ stage = {stage} }} }} }}
-for _, b in ipairs(cjson.decode('{json.dumps([b.tolist() for b in batches])}')) do
-  local t = zr.tensor(b, {{ dtype = "i64" }})
-  local loss = engine(t, t).loss
-  io.write(string.format("%.6f ", loss:item()))
-  engine:backward(loss)
-  engine:step()
-end
-print()
-""")
+            rc, out = zrun_train(f'zr.models.llama.from_pretrained("{OUT}/init{tag}", {{ dtype = "f32" }})', "", batches,
+                                 bf16, stage)
             print(f"  {tag} deepspeed {[round(x, 6) for x in before + after]}\n  {tag} zrun from the start {out.strip()[-200:]}",
                   flush=True)
             for load_tag in (["nil"] + (['"global_step3_universal"'] if uc and uc.returncode == 0 else [])):
-              rc, out = zrun_lua(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("{OUT}/cfg{tag}"))
-local engine = zr.initialize{{ model = m, config = {{ train_micro_batch_size_per_gpu = 2, bf16 = {{ enabled = {'true' if bf16 else 'false'} }},
-  optimizer = {{ type = "AdamW", params = {{ lr = 1e-3, weight_decay = 0.0 }} }}, zero_optimization = {{ stage = {stage} }} }} }}
-engine:load_checkpoint("{ck}", {load_tag})
-for _, b in ipairs(cjson.decode('{ids}')) do
-  local t = zr.tensor(b, {{ dtype = "i64" }})
-  local loss = engine(t, t).loss
-  io.write(string.format("%.6f ", loss:item()))
-  engine:backward(loss)
-  engine:step()
-end
-print()
-""")
+              rc, out = zrun_train(f'zr.models.llama.LlamaForCausalLM(zr.models.llama.config("{OUT}/cfg{tag}"))',
+                                   f'engine:load_checkpoint("{ck}", {load_tag})', batches[3:], bf16, stage)
               got = [float(x) for x in out.split()[-3:]] if rc == 0 else []
               print(f"  {tag} zrun resumed {got}", flush=True)
               tol = 1e-2 if bf16 else 1e-4
