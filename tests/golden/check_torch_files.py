@@ -12,7 +12,9 @@ DeepSpeed, where they are installed (the GPU machine; run from the repo root aft
      `zrun zero-to-fp32` equals DeepSpeed's get_fp32_state_dict_from_zero_checkpoint exactly, and
      a zrun engine that loads the checkpoint continues with the losses DeepSpeed's next 3 steps
      have (the same batches; relative tolerance 1e-4 in fp32, 1e-2 in bf16: different kernels).
-  4. (a figure, not a check) the load time of a 1B bf16 model from pytorch_model.bin next to
+  4. transformers' Trainer saves a checkpoint (DeepSpeed ZeRO-2 bf16 inside, or none: optimizer.pt) and
+     zr.Trainer resumes it with the losses the HF run logged after it.
+  5. (a figure, not a check) the load time of a 1B bf16 model from pytorch_model.bin next to
      model.safetensors, zrun's and transformers'.
 
 usage: python3 tests/golden/check_torch_files.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
@@ -296,8 +298,58 @@ print(string.format("TIME %.3f", best))
           f"| transformers pytorch_model.bin {best:.3f} s |", rows[0][2], rows[1][2], flush=True)
 
 
+def part5():
+    """transformers' Trainer (a tiny Llama; every row the same, so the data order does not matter; linear
+    schedule; a loss logged every step) saves checkpoint-3 of 6 steps with DeepSpeed ZeRO-2 bf16 inside, and
+    again without DeepSpeed in fp32 (optimizer.pt); zr.Trainer resumes each and logs steps 4-6 with the
+    losses the HF run logged (relative tolerance 1e-2 in bf16, 1e-3 in fp32; HF rounds them to 4 digits)."""
+    from transformers import Trainer, TrainingArguments
+    row = [int(x) for x in torch.randint(0, 96, (16,), generator=torch.Generator().manual_seed(9))]
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return {"input_ids": torch.tensor(row), "labels": torch.tensor(row)}
+    ds_cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}}
+    for name, bf16, ds in (("hf_ds_zero2_bf16", True, ds_cfg), ("hf_plain_fp32", False, None)):
+        out = f"{OUT}/{name}"
+        m = tiny_llama(3)
+        m.config.save_pretrained(f"{OUT}/cfg_{name}")
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=6, learning_rate=1e-3,
+                                 weight_decay=0.0, logging_steps=1, save_steps=3, bf16=bf16, deepspeed=ds,
+                                 report_to=[], lr_scheduler_type="linear", warmup_steps=0, save_only_model=False)
+        tr = Trainer(model=m, args=args, train_dataset=Rows())
+        tr.train()
+        hf = {h["step"]: h["loss"] for h in tr.state.log_history if "loss" in h}
+        dsl = "" if ds is None else (', deepspeed = { train_micro_batch_size_per_gpu = "auto", gradient_accumulation_steps = '
+                                     '"auto", gradient_clipping = "auto", bf16 = { enabled = "auto" }, zero_optimization = '
+                                     '{ stage = 2 }, optimizer = { type = "AdamW", params = { lr = "auto", weight_decay = "auto" } } }')
+        rc, text = zrun_lua(f"""
+local zr = require "zrun"
+local rows = {{}}
+for i = 1, 64 do rows[i] = {{ input_ids = {{ {", ".join(map(str, row))} }} }} end
+local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("{OUT}/cfg_{name}"))
+local tr = zr.Trainer {{ model = m, train_dataset = zr.datasets.Dataset.from_rows(rows), args = {{ output_dir = "{out}_zrun",
+  per_device_train_batch_size = 2, max_steps = 6, learning_rate = 1e-3, weight_decay = 0.0, logging_steps = 1,
+  save_strategy = "no", bf16 = {'true' if bf16 else 'false'}, lr_scheduler_type = "linear"{dsl} }} }}
+tr:train {{ resume_from_checkpoint = "{out}/checkpoint-3" }}
+for _, h in ipairs(tr.state.log_history) do
+  if h.loss then print(string.format("STEP %d %.6f", h.step, h.loss)) end
+end
+""")
+        got = {int(x.split()[1]): float(x.split()[2]) for x in text.splitlines() if x.startswith("STEP")}
+        print(f"  {name}: transformers {hf}\n  {name}: zrun resumed {got}", flush=True)
+        tol = 1e-2 if bf16 else 1e-3
+        ok = rc == 0 and all(k in got and abs(got[k] - hf[k]) <= tol * abs(hf[k]) + 1e-4 for k in (4, 5, 6))
+        report(f"zr.Trainer resumes a real transformers Trainer checkpoint ({name}) with its losses", ok, text[-500:])
+
+
 if __name__ == "__main__":
-    for part in (part1, part2, part3, part4):
+    for part in (part1, part2, part3, part5, part4):
         try:
             if part is part3 and not torch.distributed.is_initialized():
                 os.environ.setdefault("RANK", "0")
