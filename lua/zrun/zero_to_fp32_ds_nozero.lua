@@ -153,7 +153,7 @@ function M.scan(r, m0, mpath, opts)
     if form == "FP16_Optimizer" then
       local t = groups_t[g]
       if not P.is_tensor(t) then error(fmt("%s: fp32_groups_flat[%d] is %s, not a tensor", mpath, g - 1, P.repr(t)), 0) end
-      saved[g] = { total = t:numel(), flat = t }
+      saved[g] = { total = t:numel(), flat = t, key = idx[1] } -- (its one parameter, the flat master)
     else
       -- each parameter's shape from its master (FP16_UnfusedOptimizer) or its state (exp_avg); a
       -- parameter never stepped (no state) leaves only the count to go by
@@ -212,7 +212,7 @@ function M.scan(r, m0, mpath, opts)
       local off = at
       e.range = function(which, lo, hi, put)
         if form == "FP16_Optimizer" then
-          local src = which == "master" and s.flat or M.state(base, g - 1, which, mpath)
+          local src = which == "master" and s.flat or M.state(base, s.key, which, mpath)
           put(0, src:read(off + lo, hi - lo, { dtype = "f32" }))
           return
         end
