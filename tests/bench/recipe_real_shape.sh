@@ -12,7 +12,9 @@ rm -rf "$W"; mkdir -p "$W"
 python3 tests/bench/make_random_llama.py "$cfg" "$tok" "$W/model" 0 2>&1 | grep -v Writing
 for c in "$@"; do
   echo "### recipe with $c"
+  t0=$(date +%s.%N)
   $Z recipes/finetune_llama.lua --config "$c" precision="${PRECISION:-bf16}" model="$W/model" data="$data" max_steps="$steps" logging_steps=1 \
-    eval_steps=100000 save_strategy=no output_dir="$W/out" > "$W/log" 2>&1; echo "exit $?"
+    eval_steps=100000 save_strategy=no output_dir="$W/out" > "$W/log" 2>&1; rc=$?
+  echo "exit $rc after $(echo "$t0 $(date +%s.%N)" | awk '{ printf "%.1f", $2 - $1 }') s (the whole run: start-up, load, steps, evaluation)"
   grep -E "training:|offload_optimizer|rror|perplexity" "$W/log" | head -5; grep -E "loss" "$W/log" | sed -n '1p;$p'
 done
