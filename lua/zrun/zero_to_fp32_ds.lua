@@ -125,7 +125,8 @@ function Reader:scan()
     local obj, path = self:load(n)
     osd[r], where[r] = field(obj, "optimizer_state_dict", path), path
   end
-  -- (DeepSpeed's BF16_Optimizer, bf16 without ZeRO: ZeRO-1's partitions, no zero_stage, no param_shapes)
+  -- (DeepSpeed's BF16_Optimizer: ZeRO-1 in bf16 with fp32 gradient accumulation, or pipeline parallelism: ZeRO-1's
+  -- partitions, no zero_stage; the parameters from its param_slice_mappings)
   local bf16_optimizer = P.is_dict(osd[1]) and osd[1].zero_stage == nil and osd[1].param_slice_mappings ~= nil
     and osd[1].single_partition_of_fp32_groups ~= nil
   local stage = bf16_optimizer and 0 or P.value(field(osd[1], "zero_stage", where[1]))
@@ -143,7 +144,7 @@ function Reader:scan()
       .. "checkpoint: one or more ranks did not save)", tdir, world, #optim), 0)
   end
   self.stage, self.world, self.osd, self.where = stage, world, osd, where
-  self.kind = bf16_optimizer and fmt("DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of %d ranks", world)
+  self.kind = bf16_optimizer and fmt("DeepSpeed's BF16_Optimizer checkpoint of %d ranks", world)
     or fmt("DeepSpeed's ZeRO-%d checkpoint of %d ranks", stage, world)
   local key = stage <= 2 and "single_partition_of_fp32_groups" or stage == 3 and "fp32_flat_groups"
   if not key then error(fmt("%s: unknown ZeRO stage %s", where[1], tostring(stage)), 0) end

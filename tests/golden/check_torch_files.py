@@ -198,13 +198,14 @@ def part3():
         if torch.distributed.get_rank() == 0:
             subprocess.run([ZRUN, "zero-to-fp32", ck, f"{OUT}/zrun{tag}.safetensors"], check=False)
             print(f"  files: {sorted(os.listdir(f'{ck}/global_step3'))}", flush=True)
-            if stage > 0:
+            if stage > 0 and not acc32:
                 sd = get_fp32_state_dict_from_zero_checkpoint(ck)
                 save_file({k: v.contiguous().float() for k, v in sd.items()}, f"{OUT}/ds{tag}_ref.safetensors")
                 compare_in_zrun(f"zrun zero-to-fp32 equals DeepSpeed's on a real ZeRO-{stage} checkpoint ({tag})",
                                 f'require("zrun").load_safetensors("{OUT}/zrun{tag}.safetensors")',
                                 f"{OUT}/ds{tag}_ref.safetensors")
-            else:  # zero_to_fp32.py does not read checkpoints without ZeRO: the master, rounded, is the saved module
+            else:  # zero_to_fp32.py reads neither checkpoints without ZeRO nor BF16_Optimizer's: the master, rounded,
+                # is the saved module
                 ms = torch.load(f"{ck}/global_step3/mp_rank_00_model_states.pt", weights_only=False)
                 mod, opt = ms["module"], ms["optimizer"]
                 save_file({k: v.contiguous().float() for k, v in mod.items()}, f"{OUT}/ds{tag}_ref.safetensors")

@@ -615,7 +615,8 @@ def write_hf_plain_checkpoint(root):
 
 
 def write_bf16_no_zero(root, world=2):
-    """bf16 without ZeRO (stage 0): DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py). Each
+    """DeepSpeed's BF16_Optimizer (runtime/bf16_optimizer.py: ZeRO-1 in bf16 with data_types.grad_accum_dtype
+    fp32, or pipeline parallelism; this fixture's model-states file, as a pipeline engine's, has no param_shapes). Each
     parameter group (the Trainer's two, lm_head frozen) flattened with no padding between
     parameters, padded to 2*world and cut into equal partitions; rank r saves its whole fp32
     partition (bf16_zero_pp_rank_r_...: single_partition_of_fp32_groups, group_paddings on the last

@@ -5,7 +5,7 @@
 -- tests/golden/make_torch_files.py in DeepSpeed 0.19.8's layouts: ds_zero2 (bf16, 2 ranks, the
 -- default rigid optimizer state, lm_head frozen, a buffer), ds_zero2_aligned (3 ranks,
 -- parameter_alignment padding, elastic optimizer state, the Trainer's two groups), ds_zero3 (2 ranks, two flat groups, the
--- embedding frozen and lm_head tied to it), ds_bf16_nozero (bf16 without ZeRO: BF16_Optimizer's partitions,
+-- embedding frozen and lm_head tied to it), ds_bf16_nozero (BF16_Optimizer: ZeRO-1 in bf16 with fp32 accumulation, its partitions,
 -- its param_slice_mappings, no param_shapes), and three saved without ZeRO, everything in the model-states
 -- file: ds_nozero_bf16 (FP16_Optimizer in bf16: the Trainer's two groups flattened, lm_head tied to the
 -- embedding), ds_nozero_fp16 (FP16_UnfusedOptimizer: the masters one by one, a dynamic loss scale),
@@ -23,7 +23,7 @@ local CASES = { ds_zero2 = { ranks = 2, stage = 2, frozen = "lm_head.weight", n 
   ds_zero2_aligned = { ranks = 3, stage = 2, frozen = "lm_head.weight", n = 13 },
   ds_zero3 = { ranks = 2, stage = 3, frozen = "model.embed_tokens.weight", n = 12 },
   ds_bf16_nozero = { ranks = 2, frozen = "lm_head.weight", n = 12,
-    kind = "DeepSpeed's bf16 checkpoint without ZeRO (BF16_Optimizer) of 2 ranks" },
+    kind = "DeepSpeed's BF16_Optimizer checkpoint of 2 ranks" },
   ds_nozero_bf16 = { tied = true, n = 12, kind = "DeepSpeed's checkpoint without ZeRO (FP16_Optimizer)" },
   ds_nozero_fp16 = { n = 12, kind = "DeepSpeed's checkpoint without ZeRO (FP16_UnfusedOptimizer)" },
   ds_nozero_fp32 = { frozen = "lm_head.weight", n = 12, kind = "DeepSpeed's checkpoint without ZeRO (its optimizer)" } }
