@@ -104,7 +104,7 @@ function M.files(tdir, engine)
     -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over;
     -- FP16_Optimizer, without ZeRO, keeps the scaler's fields in its own state)
     if o1.dynamic_loss_scale == true then sc = { class = "DynamicLossScaler", state = o1 } end
-    if (P.is_object(sc) or o1.dynamic_loss_scale == true) and sc.class:find("DynamicLossScaler", 1, true)
+    if (P.is_object(sc) or sc and sc.state == o1) and sc.class:find("DynamicLossScaler", 1, true)
       and P.is_dict(sc.state) and number(sc.state.cur_scale) then
       local s = sc.state
       st.loss_scaler = { scale = number(s.cur_scale), cur_hysteresis = number(s.cur_hysteresis) }
