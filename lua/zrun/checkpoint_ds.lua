@@ -93,7 +93,7 @@ function M.files(tdir, engine)
     local gas = P.is_dict(cfg) and number(cfg.gradient_accumulation_steps) or 1
     st.micro_steps = st.global_steps * gas
     st.param_groups = param_groups(r)
-    st.lr_scheduler = P.is_dict(m0.lr_scheduler) and plain(m0.lr_scheduler) or nil
+    st.lr_scheduler = hfck.schedule_of(m0.lr_scheduler, tdir)
     -- transformers' Trainer keeps its own schedule (a torch LambdaLR) beside the engine's checkpoint,
     -- in checkpoint-<step>/scheduler.pt, when the DeepSpeed config has none
     if not st.lr_scheduler then

@@ -34,14 +34,26 @@ local function number(v)
 end
 M.number = number
 
+-- A saved schedule's state as zrun's (a table with last_batch_iteration), or nil (none saved):
+-- DeepSpeed's own schedules (last_batch_iteration, ...: taken whole), or a torch LR scheduler's state
+-- (last_epoch: the transformers Trainer's LambdaLR, in scheduler.pt or handed to DeepSpeed, which then
+-- saves it in the model-states file). `where` names the file in the error.
+function M.schedule_of(sd, where)
+  if sd == nil or sd == P.None then return nil end
+  if P.is_dict(sd) and number(sd.last_batch_iteration) then return tf.to_lua(sd) end
+  local last = P.is_dict(sd) and number(sd.last_epoch)
+  if not last then
+    error(fmt("%s: the LR scheduler's state is %s (neither last_batch_iteration nor last_epoch)", where, P.repr(sd)), 0)
+  end
+  return { last_batch_iteration = last }
+end
+
 -- The position of a transformers LambdaLR (checkpoint-<step>/scheduler.pt) as zrun's schedule state, or nil.
 function M.scheduler_state(path)
   if C.path_type(path) ~= "file" then return nil end
   local sd, f = tf.load(path)
   f:close()
-  local last = P.is_dict(sd) and number(sd.last_epoch)
-  if not last then error(fmt("%s: holds %s, not a torch LR scheduler's state (no last_epoch)", path, P.repr(sd)), 0) end
-  return { last_batch_iteration = last }
+  return M.schedule_of(sd, path)
 end
 
 local Files = {}

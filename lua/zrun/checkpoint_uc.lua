@@ -86,7 +86,7 @@ function M.files(tdir)
       mf:close()
       st.global_steps = number(ms.global_steps)
       st.skipped_steps = number(ms.skipped_steps) or 0
-      st.lr_scheduler = P.is_dict(ms.lr_scheduler) and tf.to_lua(ms.lr_scheduler) or nil
+      st.lr_scheduler = hfck.schedule_of(ms.lr_scheduler, join(tdir, n))
       break
     end
   end

@@ -450,6 +450,8 @@ def write_zero2(root, world, param_alignment, name, elastic, lr_scheduler="warmu
                       buffers=["model.extra_buffer"])
     if lr_scheduler is None:
         ms["lr_scheduler"] = None
+    elif lr_scheduler == "lambda":  # the Trainer's LambdaLR, handed to deepspeed.initialize, saved by the engine
+        ms["lr_scheduler"] = LAMBDA_LR
     ms["epoch"], ms["note"] = 3, {"source": "deepspeed"}  # client_state: save_checkpoint's caller's keys
     save(ms, os.path.join(tag, "mp_rank_00_model_states.pt"))
     for r in range(world):
@@ -543,14 +545,20 @@ def write_zero3(root, world, name):
     write_safetensors(os.path.join(root, name, "reference.safetensors"), ref)
 
 
+# torch.optim.lr_scheduler.LambdaLR.state_dict() after 2 steps (lr_lambdas: None for a function)
+LAMBDA_LR = {"base_lrs": [0.02], "last_epoch": 2, "verbose": False, "_step_count": 3,
+             "_get_lr_called_within_step": False, "_last_lr": [0.015], "lr_lambdas": [None]}
+
+
 def write_hf_trainer_checkpoint(root):
     """output_dir/checkpoint-2 as transformers' Trainer with DeepSpeed writes it (Trainer._save_checkpoint):
     the engine's checkpoint (global_step2, latest: ds_zero2's layout), trainer_state.json, the
-    Trainer's own LambdaLR in scheduler.pt (DeepSpeed's config has no scheduler, so the engine saved
-    none) and rng_state.pth."""
+    Trainer's own LambdaLR in scheduler.pt and rng_state.pth. DeepSpeed's config has no scheduler, so
+    the Trainer handed its LambdaLR to deepspeed.initialize and the engine saved its state too (as a
+    real DeepSpeed 0.19.8 run does)."""
     name = os.path.join("hf_trainer_out", "checkpoint-2")
     # linear decay over 8 steps from 2e-2, after 2 steps: the optimizer's lr is 2e-2 * 6/8
-    write_zero2(root, 2, 1, name, False, lr_scheduler=None, lr=0.015, split=True)
+    write_zero2(root, 2, 1, name, False, lr_scheduler="lambda", lr=0.015, split=True)
     d = os.path.join(root, name)
     os.remove(os.path.join(d, "reference.safetensors"))
     state = {"best_global_step": None, "best_metric": None, "best_model_checkpoint": None, "epoch": 0.5,
@@ -563,10 +571,7 @@ def write_hf_trainer_checkpoint(root):
                                                                         "attributes": {}}},
              "total_flos": 123.0, "train_batch_size": 2, "trial_name": None, "trial_params": None}
     json.dump(state, open(os.path.join(d, "trainer_state.json"), "w"), indent=2)
-    # torch.optim.lr_scheduler.LambdaLR.state_dict() after 2 steps (lr_lambdas: None for a function)
-    save({"base_lrs": [0.02], "last_epoch": 2, "verbose": False, "_step_count": 3,
-          "_get_lr_called_within_step": False, "_last_lr": [0.015], "lr_lambdas": [None]},
-         os.path.join(d, "scheduler.pt"))
+    save(LAMBDA_LR, os.path.join(d, "scheduler.pt"))
     save({"python": (3, tuple(range(5)), None), "cpu": tensor([1, 2, 3], (3,), "U8")}, os.path.join(d, "rng_state.pth"))
 
 
