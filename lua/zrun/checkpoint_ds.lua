@@ -34,8 +34,17 @@ local function opt_step(r)
     return number(o.base_optimizer_state_step)
   end
   if P.is_dict(b) then
-    local st = P.is_dict(b.state) and b.state[0]
-    if P.is_dict(st) and number(st.step) then return number(st.step) end
+    -- DeepSpeed's FusedAdam counts in the state of the last parameter of each group it stepped (its
+    -- other states keep the count they started with): the largest count is the step
+    local best
+    if P.is_dict(b.state) then
+      for _, k in ipairs(P.keys(b.state)) do
+        local st = b.state[k]
+        local s = P.is_dict(st) and number(st.step)
+        if s and (not best or s > best) then best = s end
+      end
+    end
+    if best then return best end
     if P.is_list(b.param_groups) and P.is_dict(b.param_groups[1]) then return number(b.param_groups[1].step) end
   end
   return nil

@@ -720,7 +720,9 @@ def write_no_zero(root, form):
             idx = []
             for n in g:
                 _, sh, v = by[n]
-                state[k] = {"step": tensor([2.0], ()) if form == "unfused" else 2,
+                # (FusedAdam counts in its group's last state only: the others keep 0, as real files have it)
+                last = n == g[-1]
+                state[k] = {"step": tensor([2.0], ()) if form == "unfused" else (2 if last else 0),
                             "exp_avg": tensor([0.5 * x for x in v], sh), "exp_avg_sq": tensor([x * x for x in v], sh)}
                 idx.append(k)
                 k += 1
