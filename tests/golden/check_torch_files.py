@@ -179,6 +179,8 @@ def part3():
         g = torch.Generator().manual_seed(5)
         batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(6)]
         before = []
+        with open(f"{OUT}/batches{tag}.json", "w") as f:  # (to replay the run elsewhere, with the checkpoint)
+            json.dump([b.tolist() for b in batches], f)
         for b in batches[:3]:
             b = b.to(eng.device)
             loss = eng(input_ids=b, labels=b).loss
