@@ -108,14 +108,13 @@ function M.files(tdir, engine)
     if not st.lr_scheduler then
       st.lr_scheduler = hfck.scheduler_state((tdir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/scheduler.pt")
     end
+    -- fp16's dynamic scaler, its fields in ZeRO's DynamicLossScaler object or (FP16_Optimizer, without
+    -- ZeRO) in the optimizer's own state; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over
     local o1 = r.osd[1]
     local sc = o1.loss_scaler
-    -- (fp16's dynamic scaler; a bf16 or fp32 run keeps a static scale of 1, nothing to carry over;
-    -- FP16_Optimizer, without ZeRO, keeps the scaler's fields in its own state)
-    if o1.dynamic_loss_scale == true then sc = { class = "DynamicLossScaler", state = o1 } end
-    if (P.is_object(sc) or sc and sc.state == o1) and sc.class:find("DynamicLossScaler", 1, true)
-      and P.is_dict(sc.state) and number(sc.state.cur_scale) then
-      local s = sc.state
+    local s = P.is_object(sc) and sc.class:find("DynamicLossScaler", 1, true) and sc.state
+      or o1.dynamic_loss_scale == true and o1 or nil
+    if P.is_dict(s) and number(s.cur_scale) then
       st.loss_scaler = { scale = number(s.cur_scale), cur_hysteresis = number(s.cur_hysteresis) }
       local it, last, win = number(s.cur_iter), number(s.last_overflow_iter), number(s.scale_window)
       if it and last and win and win > 0 then st.loss_scaler.good = (it - last - 1) % win end

@@ -117,9 +117,9 @@ local function is_norm(m)
   return nn.Module.isinstance(m, nn.LayerNorm) or nn.Module.isinstance(m, nn.RMSNorm)
 end
 
--- The optimizer's parameter groups as HF builds them: { params, weight_decay } for the weights that
--- decay and { params, weight_decay = 0 } for biases and norm parameters (by the module's class).
-function Trainer.param_groups(model, weight_decay)
+-- The set of model's parameters HF does not decay (parameter -> true): biases, and the parameters of
+-- normalisation layers (by the module's class).
+function Trainer.no_decay_params(model)
   local no_decay = {}
   for _, nm in model:named_modules() do
     local norm = is_norm(nm)
@@ -127,6 +127,13 @@ function Trainer.param_groups(model, weight_decay)
       if norm or pname:lower():find("bias", 1, true) then no_decay[nm._parameters[pname]] = true end
     end
   end
+  return no_decay
+end
+
+-- The optimizer's parameter groups as HF builds them: { params, weight_decay } for the weights that
+-- decay and { params, weight_decay = 0 } for biases and norm parameters (by the module's class).
+function Trainer.param_groups(model, weight_decay)
+  local no_decay = Trainer.no_decay_params(model)
   local decay, nd = {}, {}
   for _, p in ipairs(model:parameters()) do
     if p.requires_grad then

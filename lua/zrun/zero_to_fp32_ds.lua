@@ -206,14 +206,16 @@ function Reader:scan()
   -- shared parameters: a name whose data another holds
   local shared = m0.shared_params
   if P.is_dict(shared) then
-    for _, alias in ipairs(P.keys(shared)) do
-      local e = self.by_name[shared[alias]]
-      if e then
-        self:add({ name = alias, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
-          read = function() return self:get(e.name) end })
-      end
-    end
+    for _, alias in ipairs(P.keys(shared)) do self:add_alias(alias, shared[alias]) end
   end
+end
+
+-- Name `alias` for the parameter `name` holds (tied weights), if the checkpoint has that parameter.
+function Reader:add_alias(alias, name)
+  local e = self.by_name[name]
+  if not e then return end
+  self:add({ name = alias, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
+    read = function() return self:get(e.name) end })
 end
 
 -- The buffers (model-states file m0's buffer_names, read from its module): first, as zero_to_fp32.py

@@ -26,8 +26,9 @@ local function no_decay_name(name)
     or n:find("%.norm%.") or n:find("_norm%.") or false
 end
 
--- The groupings DeepSpeed may have been given: lists of names per group.
-local function groupings(names, no_decay)
+-- The groupings DeepSpeed may have been given (names per group): `names` (the trainable parameters,
+-- in order) in one group, or split by no_decay(name) as transformers' Trainer groups them.
+local function groupings(names, no_decay, what)
   local decay, nd = {}, {}
   for _, n in ipairs(names) do
     if no_decay(n) then nd[#nd + 1] = n else decay[#decay + 1] = n end
@@ -35,7 +36,7 @@ local function groupings(names, no_decay)
   local two = {}
   if #decay > 0 then two[#two + 1] = decay end
   if #nd > 0 then two[#two + 1] = nd end
-  return { { label = "the trainable parameters in one group", groups = { names } },
+  return { { label = what .. " in one group", groups = { names } },
     { label = "transformers' Trainer's groups (weights that decay; biases and norms)", groups = two } }
 end
 
@@ -175,22 +176,18 @@ function M.scan(r, m0, mpath, opts)
   -- which grouping DeepSpeed was given
   local cands
   if opts and opts.model then
-    local model, mnames, seen = opts.model, {}, {}
+    local mnames, seen = {}, {}
     for n, p in opts.model:named_parameters() do
       if p.requires_grad and not seen[p] then seen[p] = n; mnames[#mnames + 1] = n end
     end
-    local two = {}
-    for g, grp in ipairs(require("zrun.trainer").param_groups(model, 0)) do
-      two[g] = {}
-      for j, p in ipairs(grp.params) do two[g][j] = seen[p] end
-    end
-    cands = { { label = "the model's trainable parameters in one group", groups = { mnames } },
-      { label = "transformers' Trainer's groups (weights that decay; biases and norms)", groups = two } }
     for _, n in ipairs(mnames) do
       if not numel[n] then error(fmt("%s: the module has no weight '%s' (a checkpoint of another model)", mpath, n), 0) end
     end
+    local nd = {}
+    for p in pairs(require("zrun.trainer").no_decay_params(opts.model)) do if seen[p] then nd[seen[p]] = true end end
+    cands = groupings(mnames, function(n) return nd[n] end, "the model's trainable parameters")
   else
-    cands = groupings(names, no_decay_name)
+    cands = groupings(names, no_decay_name, "the trainable parameters")
   end
   local pick
   for _, c in ipairs(cands) do
@@ -234,11 +231,7 @@ function M.scan(r, m0, mpath, opts)
     end
   end
   for _, n in ipairs(P.keys(module)) do
-    local e = alias[n] and r.by_name[alias[n]]
-    if e then
-      r:add({ name = n, shape = e.shape, numel = e.numel, alias_of = e.name, frozen = e.frozen,
-        read = function() return r:get(e.name) end })
-    end
+    if alias[n] then r:add_alias(n, alias[n]) end
   end
 end
 
