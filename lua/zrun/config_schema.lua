@@ -321,7 +321,8 @@ local SCHEMA = section {
   { "train_batch_size", int(nil, { min = 1, auto = true, nullable = true }) },
   { "train_micro_batch_size_per_gpu", int(nil, { min = 1, auto = true, nullable = true }) },
   { "gradient_accumulation_steps", int(nil, { min = 1, auto = true, nullable = true }) },
-  { "gradient_clipping", num(0.0, { min = 0, auto = true }) }, -- 0: no clipping (DeepSpeed's code default)
+  -- DeepSpeed clips at 1.0 unless told otherwise (its default since PR #8068, in 0.19.8); 0: no clipping
+  { "gradient_clipping", num(1.0, { min = 0, auto = true }) },
   { "steps_per_print", int(10, POS) },
   { "wall_clock_breakdown", bool(false) },
   { "memory_breakdown", warn_unless(false, bool(false)) },

@@ -76,6 +76,7 @@ local function compare(ty, params, stage, steps)
   end
   local e = zr.initialize({ model = m, model_parameters = groups, config = {
     train_micro_batch_size_per_gpu = 4, steps_per_print = 1000000, zero_allow_untested_optimizer = ty == "Lamb",
+    gradient_clipping = 0, -- (the references take the raw gradients)
     optimizer = { type = ty, params = params }, zero_optimization = { stage = stage } } })
   local hp = config.load({ train_batch_size = 4, optimizer = { type = ty, params = params } }).optimizer.params
   local pv, st = {}, {}

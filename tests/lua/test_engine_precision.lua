@@ -201,4 +201,33 @@ T.test("gradients after engine:step read as zeros; the next backward overwrites 
   T.eq(p.grad:abs():sum():item(), 0, "after the optimizer step the gradient reads as zero")
 end)
 
+
+-- DeepSpeed 0.19.8 clips at 1.0 when the config has no gradient_clipping (its PR #8068; zrun read
+-- 0 before session 42, and a run resumed from a real DeepSpeed checkpoint strayed from DeepSpeed's).
+-- SGD: the step is the gradient itself, so a clip shows in every weight.
+T.test("no gradient_clipping in the config: clipped at 1.0, as DeepSpeed 0.19.8; 0 turns it off", function()
+  local function train(clip) -- clip nil: the key left out
+    zr.manual_seed(11)
+    local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+    local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2,
+      steps_per_print = 1000000, gradient_clipping = clip, optimizer = { type = "SGD", params = { lr = 0.5 } } } })
+    zr.manual_seed(5)
+    local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
+    local losses, norms = {}, {}
+    for i = 1, 4 do
+      local out = engine(ids, ids)
+      engine:backward(out.loss)
+      engine:step()
+      losses[i], norms[i] = out.loss:item(), engine:get_global_grad_norm()
+    end
+    return losses, norms, engine.clip
+  end
+  local def, norms, clip = train(nil)
+  local one, off = train(1.0), train(0)
+  T.eq(clip, 1.0, "the engine's clip")
+  assert(norms[1] > 2, "the first gradient norm should be above 1 for the clip to show: " .. norms[1])
+  for i = 1, 4 do T.eq(def[i], one[i], "step " .. i .. ": left out = 1.0") end
+  assert(math.abs(def[4] - off[4]) > 1e-3, ("clipped and unclipped runs agree: %g vs %g"):format(def[4], off[4]))
+end)
+
 T.done()

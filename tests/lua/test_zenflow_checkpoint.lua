@@ -10,6 +10,7 @@ local T = zr.testing
 local ZF = { topk_ratio = 0.3, update_interval = 3, select_strategy = "step", select_interval = 12 }
 local function config(zf)
   return { train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 1, steps_per_print = 1000,
+    gradient_clipping = 0, -- (the "auto" cases' window lengths below are those of the unclipped gradients)
     optimizer = { type = "AdamW", params = { lr = 2e-2, betas = { 0.9, 0.99 }, eps = 1e-8, weight_decay = 0.05 } },
     -- a warm-up schedule: the rate changes at every micro-step (ZenFlow steps it there)
     scheduler = { type = "WarmupLR", params = { warmup_min_lr = 0, warmup_max_lr = 2e-2, warmup_num_steps = 30 } },
