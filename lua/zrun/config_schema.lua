@@ -156,7 +156,8 @@ local LAST = int(-1, { min = -1 })
 local SCHEDULER = variant({
   { "WarmupLR", section {
     { "warmup_min_lr", numlist(0.0, { auto = true }) },
-    { "warmup_max_lr", numlist(0.001, { auto = true }) },
+    -- left out: each param group's own lr (WarmupLR's None); WarmupDecayLR's default is 0.001
+    { "warmup_max_lr", numlist(nil, { auto = true, nullable = true }) },
     { "warmup_num_steps", int(1000, { min = 0, auto = true }) },
     { "warmup_type", WARMUP_TYPE },
     { "last_batch_iteration", LAST },

@@ -139,8 +139,13 @@ local function warmup_new(c, optimizer, params, kind)
   if kind == "WarmupDecayLR" then require_param(kind, p, "total_num_steps") end
   local groups, n = groups_of(optimizer)
   self.optimizer, self.param_groups = optimizer, groups
-  if p.warmup_max_lr == nil then
-    p.warmup_max_lr = groups and groups[1].lr or 0.001
+  if p.warmup_max_lr == nil then -- (WarmupLR's default: each group's own lr, as DeepSpeed's None)
+    if groups then
+      p.warmup_max_lr = {}
+      for i, g in ipairs(groups) do p.warmup_max_lr[i] = g.lr end
+    else
+      p.warmup_max_lr = 0.001
+    end
   end
   self.min_lrs = per_group(kind, p.warmup_min_lr, n, "warmup_min_lr")
   self.max_lrs = per_group(kind, p.warmup_max_lr, n, "warmup_max_lr")

@@ -48,7 +48,25 @@ T.test("defaults filled (DeepSpeed's values)", function()
   T.eq(c3.optimizer.params.lr, 1e-3); T.eq(c3.optimizer.params.eps, 1e-8); T.eq(c3.optimizer.params.weight_decay, 0)
   T.near(c3.optimizer.params.betas, { 0.9, 0.999 })
   local sp = c3.scheduler.params
-  T.eq(sp.warmup_min_lr, 0); T.eq(sp.warmup_max_lr, 0.001); T.eq(sp.warmup_num_steps, 1000); T.eq(sp.warmup_type, "log")
+  -- WarmupLR's warmup_max_lr left out: None in DeepSpeed 0.19.8 (each param group's own lr), not 0.001
+  T.eq(sp.warmup_min_lr, 0); T.eq(sp.warmup_max_lr, nil); T.eq(sp.warmup_num_steps, 1000); T.eq(sp.warmup_type, "log")
+  local cd = load({ train_batch_size = 8, scheduler = { type = "WarmupDecayLR", params = { total_num_steps = 10 } } })
+  T.eq(cd.scheduler.params.warmup_max_lr, 0.001, "WarmupDecayLR's own default")
+end)
+
+T.test("WarmupLR without warmup_max_lr warms each param group up to its own lr (engine)", function()
+  local m = zr.nn.Sequential(zr.nn.Linear(3, 4), zr.nn.Linear(4, 2))
+  local ps = m:parameters()
+  local e = zr.initialize({ model = m, model_parameters = { { params = { ps[1], ps[2] } }, { params = { ps[3], ps[4] }, lr = 0.5 } },
+    config = { train_batch_size = 2, optimizer = { type = "AdamW", params = { lr = 0.25 } },
+      scheduler = { type = "WarmupLR", params = { warmup_num_steps = 4, warmup_type = "linear" } } } })
+  for i = 1, 5 do
+    e:backward(m(zr.randn({ 2, 3 })):sum())
+    e:step()
+    -- the schedule's iteration i - 1 of 4 (DeepSpeed steps it after each optimizer step)
+    if i == 4 then T.near(e:get_lr(), { 0.25 * 3 / 4, 0.5 * 3 / 4 }, 1e-15, 0, "warming up") end
+  end
+  T.near(e:get_lr(), { 0.25, 0.5 }, 1e-15, 0, "after warmup")
 end)
 
 local function contains(text, part)

@@ -45,6 +45,11 @@ T.test("WarmupLR linear warmup and boundaries", function()
   -- no warmup_max_lr: the optimizer's lr is the target
   local s2 = S.WarmupLR.new(opt(0.25), { warmup_num_steps = 4, warmup_type = "linear" })
   T.near(lrs_at(s2, { 2, 4 }), { 0.125, 0.25 }, 1e-15)
+  -- ... each group's own (DeepSpeed: warmup_max_lr = [group['lr'] for group in param_groups])
+  local o3 = opt(0.25, 0.5)
+  local s3 = S.WarmupLR.new(o3, { warmup_num_steps = 4, warmup_type = "linear" })
+  lrs_at(s3, { 2 })
+  T.near({ o3.param_groups[1].lr, o3.param_groups[2].lr }, { 0.125, 0.25 }, 1e-15)
 end)
 
 T.test("WarmupDecayLR", function()
