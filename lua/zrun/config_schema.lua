@@ -73,12 +73,17 @@ local function adam_params(adamw)
     { "lr", num(1e-3, { min = 0, auto = true }) },
     { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
     { "eps", num(1e-8, { min = 0, auto = true }) },
-    { "weight_decay", num(0.0, { min = 0, auto = true }) },
+    -- with torch_adam DeepSpeed builds torch.optim.AdamW ("Adam" too: adam_w_mode), whose default is 0.01
+    { "weight_decay", num(function(v) return v.optimizer.params.torch_adam == true and 0.01 or 0.0 end,
+      { min = 0, auto = true }) },
     { "bias_correction", refuse_unless(true, bool(true)) },
     -- "AdamW" is decoupled whatever adam_w_mode says; "Adam" with false is L2-regularised Adam
     { "adam_w_mode", adamw and bool(true) or refuse_unless(true, bool(true)) },
-    { "torch_adam", bool(false) },
+    { "torch_adam", bool(false) }, -- (torch's AdamW and FusedAdam take the same step; zrun's is FusedAdam's)
     { "amsgrad", refuse_unless(false, bool(false)) },
+    { "set_grad_none", bool(true) }, -- FusedAdam's; zrun's engine clears the gradients after each step either way
+    -- DeepSpeedCPUAdam's (offload_optimizer): false keeps the moments in the parameters' dtype
+    { "fp32_optimizer_states", refuse_unless(true, bool(true), "bf16.bf16_optimizer_states keeps AdamW's moments in bf16") },
   }
 end
 local OPTIMIZER = variant({
@@ -255,6 +260,9 @@ local ZERO = section({
   { "reduce_bucket_size", int(5e8, { min = 0, auto = true }) },
   { "contiguous_gradients", warn_unless(true, bool(true)) },
   { "use_multi_rank_bucket_allreduce", warn_unless(true, bool(true)) },
+  -- false: DeepSpeed skips the norm when nothing reads it (gradient_clipping 0); zrun always takes it
+  { "compute_grad_norm", warn_unless(true, bool(true)) },
+  { "parameter_alignment", warn_unless(false, bool(false)) }, -- padding between parameters in the flat buffers
   -- false: DeepSpeed rebuilds the fp32 master weights from the 16-bit ones on load (a resumed run then
   -- differs from the uninterrupted one); zrun always loads the saved fp32 masters
   { "load_from_fp32_weights", refuse_unless(true, bool(true)) },

@@ -54,6 +54,34 @@ T.test("defaults filled (DeepSpeed's values)", function()
   T.eq(cd.scheduler.params.warmup_max_lr, 0.001, "WarmupDecayLR's own default")
 end)
 
+-- DeepSpeed 0.19.8 (engine.py get_optimizer_configuration): torch_adam builds torch.optim.AdamW, whose
+-- weight_decay defaults to 0.01; FusedAdam's (no torch_adam) to 0
+T.test("optimizer.params.torch_adam: weight_decay defaults to torch AdamW's 0.01", function()
+  for _, ty in ipairs { "Adam", "AdamW" } do
+    local c = load({ train_batch_size = 2, optimizer = { type = ty, params = { torch_adam = true } } })
+    T.eq(c.optimizer.params.weight_decay, 0.01, ty)
+    c = load({ train_batch_size = 2, optimizer = { type = ty, params = { torch_adam = true, weight_decay = 0 } } })
+    T.eq(c.optimizer.params.weight_decay, 0, ty .. " given 0")
+    T.eq(load({ train_batch_size = 2, optimizer = { type = ty } }).optimizer.params.weight_decay, 0, ty .. " FusedAdam")
+  end
+end)
+
+-- keys DeepSpeed 0.19.8 reads that change nothing zrun computes: accepted, a line when set away from
+-- the default; fp32_optimizer_states false (bf16 moments in DeepSpeedCPUAdam) refused with the key that does it
+T.test("compute_grad_norm, parameter_alignment, set_grad_none, fp32_optimizer_states", function()
+  local c = load({ train_batch_size = 2, zero_optimization = { stage = 2, compute_grad_norm = false,
+    parameter_alignment = true }, optimizer = { type = "AdamW", params = { set_grad_none = false, fp32_optimizer_states = true } } })
+  local w = table.concat(c:warnings(), "\n")
+  for _, part in ipairs { "zero_optimization.compute_grad_norm = false: zrun does not implement this (DeepSpeed would train the same)",
+    "zero_optimization.parameter_alignment = true: zrun does not implement this" } do
+    assert(w:find(part, 1, true), w)
+  end
+  T.eq(#c:warnings(), 2)
+  T.raises(function() load({ train_batch_size = 2, optimizer = { type = "AdamW", params = { fp32_optimizer_states = false } } }) end,
+    "optimizer.params.fp32_optimizer_states = false: zrun does not implement this and the results would differ " ..
+    "from DeepSpeed's; allowed: true; bf16.bf16_optimizer_states keeps AdamW's moments in bf16")
+end)
+
 T.test("WarmupLR without warmup_max_lr warms each param group up to its own lr (engine)", function()
   local m = zr.nn.Sequential(zr.nn.Linear(3, 4), zr.nn.Linear(4, 2))
   local ps = m:parameters()
