@@ -223,9 +223,11 @@ function M.initialize(opts)
   if precision == "f16" then
     local f = cfg.fp16
     local static = f.loss_scale > 0
+    -- without ZeRO DeepSpeed's FP16_Optimizer: no hysteresis, and at min_loss_scale it goes on skipping
+    local h = stage == 0 and 1 or f.hysteresis
     self.scaler = { scale = static and f.loss_scale or 2 ^ f.initial_scale_power, dynamic = not static,
-      window = f.loss_scale_window, hysteresis = f.hysteresis, cur_hysteresis = f.hysteresis,
-      min_scale = f.min_loss_scale, good = 0 }
+      window = f.loss_scale_window, hysteresis = h, cur_hysteresis = h,
+      min_scale = f.min_loss_scale, good = 0, no_zero = stage == 0 }
   end
 
   -- stage 3 in one process keeps every parameter resident (nothing to gather): no module hooks
@@ -700,7 +702,8 @@ end
 -- min_loss_scale; an overflow at min_loss_scale ends the run, as DeepSpeed's "Current loss scale
 -- already at minimum" does (the gradients are inf/NaN at any scale: training would only skip
 -- steps). A good step after loss_scale_window good steps since the last overflow (not counting
--- itself) doubles the scale and refills the hysteresis.
+-- itself) doubles the scale and refills the hysteresis. Without ZeRO (stage 0) DeepSpeed's
+-- FP16_Optimizer._update_scale instead: no hysteresis, and at min_loss_scale it skips on.
 function Engine:update_scale(overflow)
   local s = self.scaler
   if not s.dynamic then
@@ -713,10 +716,14 @@ function Engine:update_scale(overflow)
       dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, but hysteresis is %d. " ..
         "Reducing hysteresis to %d", self.global_rank, old, s.cur_hysteresis, s.cur_hysteresis - 1))
       s.cur_hysteresis = s.cur_hysteresis - 1
-    elseif old <= s.min_scale then
+    elseif old <= s.min_scale and not s.no_zero then
       error(fmt("fp16: the gradients overflow at step %d with the loss scale already at fp16.min_loss_scale (%g): " ..
         "they are inf/NaN at any scale, so the loss diverged (DeepSpeed stops here too); lower the learning rate, " ..
         "add gradient_clipping, or train in bf16", self.global_steps + 1, old), 0)
+    elseif old <= s.min_scale then
+      dist.print0(fmt("[zrun] OVERFLOW! Skipping step %d at fp16.min_loss_scale (%g): the gradients are inf/NaN at " ..
+        "any scale (DeepSpeed without ZeRO skips on too); lower the learning rate or train in bf16",
+        self.global_steps + 1, old))
     else
       s.scale = math.max(old / 2, s.min_scale)
       dist.print0(fmt("[zrun] OVERFLOW! Rank %d Skipping step. Attempted loss scale: %.0f, reducing to %.0f",

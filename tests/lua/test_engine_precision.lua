@@ -173,6 +173,32 @@ T.test("fp16 hysteresis delays the first reduction", function()
   T.eq(engine.scaler.cur_hysteresis, 1)
 end)
 
+-- Without ZeRO DeepSpeed 0.19.8 runs FP16_Optimizer, whose scaler has no hysteresis and skips on at
+-- min_loss_scale (fp16/fused_optimizer.py _update_scale); hysteresis 2 from the file is said to be unused.
+T.test("fp16 at stage 0: every overflow halves the scale, and at min_loss_scale steps are skipped (FP16_Optimizer)", function()
+  local engine = run({ fp16 = { enabled = true, initial_scale_power = 40, hysteresis = 2, loss_scale_window = 1000 },
+    zero_optimization = { stage = 0 } }, 1)
+  T.eq(engine.skipped_steps, 1)
+  T.eq(engine.scaler.scale, 2 ^ 39, "the first overflow halves the scale")
+  local w = table.concat(require("zrun.config").load({ train_batch_size = 2, fp16 = { enabled = true, hysteresis = 2 } },
+    { world_size = 1 }):warnings(), "\n")
+  assert(w:find("fp16.hysteresis = 2 is not used at zero_optimization.stage 0", 1, true), w)
+  -- logits past f16's range: every step overflows; at the minimum the run goes on skipping
+  zr.manual_seed(11)
+  local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  local e = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = 2, steps_per_print = 1e6,
+    fp16 = { enabled = true, initial_scale_power = 1, min_loss_scale = 1 }, optimizer = { type = "AdamW", params = { lr = 3e-3 } } } })
+  zr.no_grad(function() model.lm_head.weight:fill_(60000) end)
+  local ids = (zr.rand({ 2, 24 }) * 250):to("i64")
+  for _ = 1, 3 do
+    local out = e(ids, ids)
+    e:backward(out.loss)
+    T.eq(e:step(), true)
+  end
+  T.eq(e.skipped_steps, 3)
+  T.eq(e.scaler.scale, 1)
+end)
+
 -- Direct mode (one rank): zero_grad marks the fp32 gradient views stale instead of filling them;
 -- they must still read as zeros, and the next backward must overwrite, not add.
 T.test("gradients after engine:step read as zeros; the next backward overwrites them", function()
