@@ -332,7 +332,7 @@ local SCHEMA = section {
   { "gradient_accumulation_steps", int(nil, { min = 1, auto = true, nullable = true }) },
   -- DeepSpeed clips at 1.0 unless told otherwise (its default since PR #8068, in 0.19.8); 0: no clipping
   { "gradient_clipping", num(1.0, { min = 0, auto = true }) },
-  { "steps_per_print", int(10, POS) },
+  { "steps_per_print", int(nil, { min = 1, nullable = true }) }, -- left out: no step lines (DeepSpeed 0.19.8: None)
   { "wall_clock_breakdown", bool(false) },
   { "memory_breakdown", warn_unless(false, bool(false)) },
   { "dump_state", warn_unless(false, bool(false)) },
