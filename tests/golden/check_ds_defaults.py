@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Checks the DeepSpeed 0.19.8 defaults zrun follows against the real DeepSpeed (on the GPU machine,
+from the repo root after `make`): a real engine and a zrun engine train a tiny random Llama from the
+same weights on the same batches with the same config, and what each default decides must agree:
+
+  1. WarmupLR without warmup_max_lr: every param group warms up to its own lr (DeepSpeed's None),
+     the lrs of both runs equal at every step.
+  2. gradient_clipping left out: clipped at 1.0 (losses within 1e-4 over 6 steps, fp32).
+  3. torch_adam without weight_decay: torch.optim.AdamW's 0.01 (the weights' sum of squares after 6
+     steps at lr 1e-2 nearer DeepSpeed's than zrun's with weight_decay 0 is, by 10x).
+  4. fp16 without ZeRO (FP16_Optimizer: no hysteresis) and at stage 2 (DynamicLossScaler, hysteresis
+     2): the loss scale after every step and the skipped steps equal.
+
+usage: python3 tests/golden/check_ds_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+
+
+def groups_of(m, norm_lr):
+    """Two param groups by name, as the Lua side builds them: the norms at norm_lr, the rest at the
+    optimizer's lr."""
+    norm = [p for n, p in m.named_parameters() if "norm" in n]
+    rest = [p for n, p in m.named_parameters() if "norm" not in n]
+    return [{"params": rest}, {"params": norm, "lr": norm_lr}] if norm_lr else list(m.parameters())
+
+
+def ds_run(cfg, tag, steps=6, norm_lr=None, fp16=False):
+    """DeepSpeed trains tiny_llama(1) `steps` steps; returns per-step records and the init dir."""
+    import deepspeed
+    m = C.tiny_llama(1)
+    init = f"{C.OUT}/dinit_{tag}"
+    m.save_pretrained(init)
+    eng, _, _, _ = deepspeed.initialize(model=m, model_parameters=groups_of(m, norm_lr), config=cfg)
+    g = torch.Generator().manual_seed(5)
+    batches = [torch.randint(0, 96, (2, 16), generator=g) for _ in range(steps)]
+    recs = []
+    for b in batches:
+        b = b.to(eng.device)
+        loss = eng(input_ids=b, labels=b).loss
+        eng.backward(loss)
+        eng.step()
+        scale = getattr(eng.optimizer, "loss_scale", None) if fp16 else None  # (FP16_Optimizer's and ZeRO's)
+        recs.append({"loss": float(loss.detach().float()), "lr": [float(x) for x in eng.get_lr()],
+                     "scale": float(scale) if scale is not None else None, "skipped": int(eng.skipped_steps)})
+    sq = float(sum(p.detach().double().pow(2).sum() for p in m.parameters()))
+    if fp16:  # the fp32 master is what the optimizer keeps; the module's fp16 copy rounds it
+        sq = None
+    return recs, init, batches, sq
+
+
+def zrun_run(cfg, init, batches, norm_lr=None):
+    groups = ""
+    if norm_lr:
+        groups = (f', model_parameters = {{ {{ params = rest }}, {{ params = norm, lr = {norm_lr} }} }}')
+    rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local m = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }})
+local norm, rest = {{}}, {{}}
+for n, p in m:named_parameters() do if n:find("norm") then norm[#norm + 1] = p else rest[#rest + 1] = p end end
+local e = zr.initialize{{ model = m, config = cjson.decode([[{json.dumps(cfg)}]]){groups} }}
+local recs = {{}}
+for _, b in ipairs(cjson.decode('{json.dumps([b.tolist() for b in batches])}')) do
+  local t = zr.tensor(b, {{ dtype = "i64" }})
+  local loss = e(t, t).loss
+  e:backward(loss)
+  e:step()
+  recs[#recs + 1] = {{ loss = loss:to({{ dtype = "f32" }}):item(), lr = e:get_lr(), scale = e.scaler and e.scaler.scale or cjson.null,
+    skipped = e.skipped_steps }}
+end
+local sq = 0
+for _, p in ipairs(e:gather_parameters()) do local q = p:to({{ dtype = "f64" }}); sq = sq + (q * q):sum():item() end
+print("JSON " .. cjson.encode({{ recs = recs, sq = sq }}))
+""")
+    for line in out.splitlines():
+        if line.startswith("JSON "):
+            return json.loads(line[5:]), out
+    return None, out
+
+
+def base(**kw):
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}}}
+    cfg.update(kw)
+    return cfg
+
+
+def close(a, b, rtol):
+    return all(abs(x - y) <= rtol * max(abs(y), 1e-30) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def main():
+    # 1. WarmupLR without warmup_max_lr, two groups with their own lr
+    cfg = base(optimizer={"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.0}},
+               scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 4, "warmup_type": "linear"}})
+    d, init, batches, _ = ds_run(cfg, "warmup", norm_lr=5e-3)
+    z, out = zrun_run(cfg, init, batches, norm_lr=5e-3)
+    ok = z is not None and all(close(r["lr"], q["lr"], 1e-12) for r, q in zip(z["recs"], d))
+    C.report("WarmupLR without warmup_max_lr: each group warms to its own lr, as DeepSpeed's",
+             ok, f"zrun {[r['lr'] for r in z['recs']] if z else out[-400:]} deepspeed {[r['lr'] for r in d]}")
+    print(f"  lrs deepspeed {[r['lr'] for r in d]}", flush=True)
+
+    # 2. gradient_clipping left out (1.0 in 0.19.8)
+    cfg = base()
+    d, init, batches, _ = ds_run(cfg, "clip")
+    z, out = zrun_run(cfg, init, batches)
+    zl, dl = ([r["loss"] for r in z["recs"]] if z else []), [r["loss"] for r in d]
+    C.report("gradient_clipping left out: DeepSpeed's losses (clipped at 1.0)", close(zl, dl, 1e-4),
+             f"zrun {zl} deepspeed {dl}: {out[-300:]}")
+
+    # 3. torch_adam without weight_decay
+    cfg = base(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}})
+    d, init, batches, dsq = ds_run(cfg, "torch_adam")
+    z, out = zrun_run(cfg, init, batches)
+    cfg0 = base(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True, "weight_decay": 0.0}})
+    z0, _ = zrun_run(cfg0, init, batches)
+    ok = z is not None and z0 is not None and abs(z["sq"] - dsq) * 10 < abs(z0["sq"] - dsq)
+    C.report("torch_adam without weight_decay: torch AdamW's 0.01, as DeepSpeed", ok,
+             f"sum of squares zrun {z and z['sq']} (weight_decay 0: {z0 and z0['sq']}) deepspeed {dsq}: {out[-300:]}")
+    print(f"  sum of squares: deepspeed {dsq}, zrun {z and z['sq']}, zrun with weight_decay 0 {z0 and z0['sq']}",
+          flush=True)
+
+    # 4. fp16 loss scaling: stage 0 (FP16_Optimizer) and stage 2 (DynamicLossScaler)
+    for stage in (0, 2):
+        cfg = base(fp16={"enabled": True, "initial_scale_power": 24, "hysteresis": 2, "loss_scale_window": 3},
+                   zero_optimization={"stage": stage})
+        d, init, batches, _ = ds_run(cfg, f"fp16_{stage}", steps=10, fp16=True)
+        z, out = zrun_run(cfg, init, batches)
+        zs = [(r["scale"], r["skipped"]) for r in z["recs"]] if z else out[-400:]
+        ds = [(r["scale"], r["skipped"]) for r in d]
+        C.report(f"fp16 at stage {stage}: the loss scale and skipped steps of every step, as DeepSpeed's", zs == ds,
+                 f"zrun {zs} deepspeed {ds}")
+        print(f"  fp16 stage {stage} (scale, skipped): deepspeed {ds}", flush=True)
+    print(f"{C.failed} failed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
