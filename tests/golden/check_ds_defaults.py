@@ -9,7 +9,10 @@ same weights on the same batches with the same config, and what each default dec
   3. torch_adam without weight_decay: torch.optim.AdamW's 0.01 (the weights' sum of squares after 6
      steps at lr 1e-2 nearer DeepSpeed's than zrun's with weight_decay 0 is, by 10x).
   4. fp16 without ZeRO (FP16_Optimizer: no hysteresis) and at stage 2 (DynamicLossScaler, hysteresis
-     2): the loss scale after every step and the skipped steps equal.
+     2): the loss scale after every step and the skipped steps equal. DeepSpeed 0.19.8's engine.backward
+     does not scale the loss at stage 0 while FP16_Optimizer.step unscales the gradients (its PR #8393,
+     open: updates cur_scale times too small); the check scales the loss as that fix does, and prints
+     the unfixed run's losses beside it.
 
 usage: python3 tests/golden/check_ds_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -31,8 +34,9 @@ def groups_of(m, norm_lr):
     return [{"params": rest}, {"params": norm, "lr": norm_lr}] if norm_lr else list(m.parameters())
 
 
-def ds_run(cfg, tag, steps=6, norm_lr=None, fp16=False):
-    """DeepSpeed trains tiny_llama(1) `steps` steps; returns per-step records and the init dir."""
+def ds_run(cfg, tag, steps=6, norm_lr=None, fp16=False, scale_loss=False):
+    """DeepSpeed trains tiny_llama(1) `steps` steps; returns per-step records and the init dir.
+    scale_loss: the loss multiplied by the loss scale before engine.backward (PR #8393's stage-0 fix)."""
     import deepspeed
     m = C.tiny_llama(1)
     init = f"{C.OUT}/dinit_{tag}"
@@ -44,7 +48,7 @@ def ds_run(cfg, tag, steps=6, norm_lr=None, fp16=False):
     for b in batches:
         b = b.to(eng.device)
         loss = eng(input_ids=b, labels=b).loss
-        eng.backward(loss)
+        eng.backward(loss.float() * eng.optimizer.loss_scale if scale_loss else loss)
         eng.step()
         scale = getattr(eng.optimizer, "loss_scale", None) if fp16 else None  # (FP16_Optimizer's and ZeRO's)
         recs.append({"loss": float(loss.detach().float()), "lr": [float(x) for x in eng.get_lr()],
@@ -131,13 +135,19 @@ def main():
     for stage in (0, 2):
         cfg = base(fp16={"enabled": True, "initial_scale_power": 24, "hysteresis": 2, "loss_scale_window": 3},
                    zero_optimization={"stage": stage})
-        d, init, batches, _ = ds_run(cfg, f"fp16_{stage}", steps=10, fp16=True)
+        if stage == 0:
+            u, _, _, _ = ds_run(cfg, "fp16_0u", steps=10, fp16=True)
+            print(f"  fp16 stage 0, DeepSpeed 0.19.8 as released (loss, scale, skipped): "
+                  f"{[(round(r['loss'], 4), r['scale'], r['skipped']) for r in u]}", flush=True)
+        d, init, batches, _ = ds_run(cfg, f"fp16_{stage}", steps=10, fp16=True, scale_loss=stage == 0)
         z, out = zrun_run(cfg, init, batches)
         zs = [(r["scale"], r["skipped"]) for r in z["recs"]] if z else out[-400:]
         ds = [(r["scale"], r["skipped"]) for r in d]
         C.report(f"fp16 at stage {stage}: the loss scale and skipped steps of every step, as DeepSpeed's", zs == ds,
                  f"zrun {zs} deepspeed {ds}")
-        print(f"  fp16 stage {stage} (scale, skipped): deepspeed {ds}", flush=True)
+        print(f"  fp16 stage {stage} (loss, scale, skipped): deepspeed "
+              f"{[(round(r['loss'], 4), r['scale'], r['skipped']) for r in d]}, zrun "
+              f"{[(round(r['loss'], 4), r['scale'], r['skipped']) for r in z['recs']] if z else None}", flush=True)
     print(f"{C.failed} failed", flush=True)
 
 
