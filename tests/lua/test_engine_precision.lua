@@ -180,6 +180,11 @@ T.test("fp16 at stage 0: every overflow halves the scale, and at min_loss_scale 
     zero_optimization = { stage = 0 } }, 1)
   T.eq(engine.skipped_steps, 1)
   T.eq(engine.scaler.scale, 2 ^ 39, "the first overflow halves the scale")
+  -- and it learns (DeepSpeed 0.19.8 at stage 0 does not scale the loss but unscales the gradients: its
+  -- PR #8393; zrun scales it)
+  local e0, _, l0 = run({ fp16 = { enabled = true }, zero_optimization = { stage = 0 } }, 8)
+  assert(e0.last_grad_norm > 0, "gradient norm is " .. tostring(e0.last_grad_norm))
+  assert(l0[#l0] < l0[1] - 0.3, ("loss did not fall: %g -> %g"):format(l0[1], l0[#l0]))
   local w = table.concat(require("zrun.config").load({ train_batch_size = 2, fp16 = { enabled = true, hysteresis = 2 } },
     { world_size = 1 }):warnings(), "\n")
   assert(w:find("fp16.hysteresis = 2 is not used at zero_optimization.stage 0", 1, true), w)
