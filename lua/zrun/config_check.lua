@@ -149,9 +149,6 @@ local function bf16_lp_checks(vals, ctx, stage)
   end
 end
 
--- The rules that read several keys (offload and stage, precision, Lamb, SGD's nesterov, the
--- scheduler's steps, ZenFlow), and the deprecated spellings moved to their new keys (take: config.lua's
--- reader of a raw value against its schema node, which fills a section's defaults).
 -- fp16 without ZeRO: DeepSpeed 0.19.8 runs FP16_Optimizer (FP16_UnfusedOptimizer for optimizers other
 -- than FusedAdam), whose dynamic scaler has no hysteresis (fp16/fused_optimizer.py _update_scale): a
 -- hysteresis given in the file is said to be unused there, not dropped in silence.
@@ -161,10 +158,13 @@ local function fp16_stage0_checks(vals, ctx)
   local src = ctx.src["fp16.hysteresis"]
   if src and src.kind ~= "default" and f.hysteresis ~= 1 and (f.loss_scale or 0) == 0 then
     add_warning(ctx, "fp16.hysteresis = %s is not used at zero_optimization.stage 0: DeepSpeed's FP16_Optimizer " ..
-      "(no ZeRO) halves the loss scale at every overflow, and zrun does as it does", show(f.hysteresis))
+      "(no ZeRO) halves the loss scale at every overflow, and so does zrun", show(f.hysteresis))
   end
 end
 
+-- The rules that read several keys (offload and stage, precision, Lamb, SGD's nesterov, the
+-- scheduler's steps, ZenFlow), and the deprecated spellings moved to their new keys (take: config.lua's
+-- reader of a raw value against its schema node, which fills a section's defaults).
 local function cross_checks(vals, ctx, take)
   local zo = vals.zero_optimization
   local stage = zo.stage
