@@ -165,9 +165,14 @@ local function hidden_size(ctx)
   return nil, "needs the model's hidden_size (args.hidden_size or config.finalize)"
 end
 
+-- The schedule's peak: args.learning_rate, or, where the caller gave none, the lr the config file
+-- (or an override) writes (transformers would refuse that file for not matching the argument's
+-- default); never optimizer.params.lr's own default (DeepSpeed's 1e-3 when the file has no lr: the
+-- Hugging Face integration fills args.learning_rate, 5e-5, and the schedule overrides the group's lr).
 local function learning_rate(ctx, vals)
   local v, note, explicit = arg(ctx, "learning_rate")
-  if not explicit then
+  local src = ctx.src and ctx.src["optimizer.params.lr"]
+  if not explicit and src and (src.kind == "file" or src.kind == "override") then
     local lr = get(vals, "optimizer.params.lr")
     if type(lr) == "number" then return lr, "optimizer.params.lr", false end
   end
@@ -256,6 +261,7 @@ end
 -- compared: returns the disagreements, one line each.
 local function resolve_autos(vals, meta, which)
   local ctx = meta.ctx
+  ctx.src = meta.src -- (where each value came from: learning_rate reads it)
   local mism = {}
   for _, e in ipairs(AUTO) do
     local path, fn = e[1], e[2]

@@ -269,6 +269,11 @@ T.test("auto: steps from epochs and dataset size, pending, finalize", function()
   T.eq(c.scheduler.params.total_num_steps, 96)
   T.eq(c.scheduler.params.warmup_num_steps, 7)
   T.eq(c.scheduler.params.warmup_max_lr, 2e-5, "follows the optimizer lr when args has none")
+  -- ... the file's lr, not the schema's default (1e-3) when the file has none: then args.learning_rate's
+  -- default, 5e-5, as transformers' fill_match does
+  local nolr = load({ train_micro_batch_size_per_gpu = 2, optimizer = { type = "AdamW", params = {} },
+    scheduler = { type = "WarmupLR", params = { warmup_max_lr = "auto", warmup_num_steps = 2 } } }, { args = {} })
+  T.eq(nolr.scheduler.params.warmup_max_lr, 5e-5, "args.learning_rate's default")
   local p = load("configs/ds_config.json", { args = { warmup_ratio = 0.25 } })
   T.eq(p.scheduler.params.total_num_steps, "auto")
   T.eq(#p:pending(), 2)
