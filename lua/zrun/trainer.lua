@@ -630,9 +630,13 @@ function Trainer:train(resume)
     self:log(rec)
     t_log, tokens, sum, n, isteps = now, 0, 0, 0, 0
   end
-  local function save_due(s, epoch_end) -- ("best" saves at a new best evaluation instead, below)
+  -- again: step s was saved before an evaluation that has just run at s (the last step's save, then its
+  -- epoch's evaluation): with save_strategy "epoch" transformers saves that checkpoint again at the
+  -- epoch's end, so that it holds the evaluation and can be the best
+  local function save_due(s, epoch_end, again) -- ("best" saves at a new best evaluation instead, below)
     return (due(a.save_strategy, st.save_steps, s, epoch_end) or
-      (s == self.total_steps and (a.save_strategy == "steps" or a.save_strategy == "epoch"))) and self.last_save ~= s
+      (s == self.total_steps and (a.save_strategy == "steps" or a.save_strategy == "epoch"))) and
+      (self.last_save ~= s or again)
   end
   -- the strategies, or a callback's should_log / should_evaluate / should_save, at the end of step s
   local function checkpoints(s, epoch_end)
@@ -642,14 +646,15 @@ function Trainer:train(resume)
     local t0 = C.now()
     -- transformers 5 evaluates at the last step too when the "steps" strategy would not
     local last = s == self.total_steps and not epoch_end and a.eval_strategy == "steps"
-    local new_best = false
+    local new_best, evaluated = false, false
     -- eval_delay: the strategy evaluates from that step on (that epoch with "epoch"); a callback's request any time
     local delayed = (a.eval_strategy == "epoch" and st.epoch or s) < a.eval_delay
     if (((due(a.eval_strategy, st.eval_steps, s, epoch_end) or last) and not delayed) or ctl.should_evaluate)
       and self.last_eval ~= s then
-      new_best = self:update_best(self:evaluate())
+      new_best, evaluated = self:update_best(self:evaluate()), true
     end
-    if save_due(s, epoch_end) or ((ctl.should_save or (a.save_strategy == "best" and new_best)) and self.last_save ~= s) then
+    if save_due(s, epoch_end, evaluated and epoch_end and a.save_strategy == "epoch") or
+      ((ctl.should_save or (a.save_strategy == "best" and new_best)) and (self.last_save ~= s or evaluated)) then
       sync_counts(); self:save_checkpoint()
     end
     ctl.should_log, ctl.should_evaluate, ctl.should_save = false, false, false

@@ -209,6 +209,28 @@ T.test("bad resume input: one line naming it, nothing overwritten", function()
   T.eq(#tckpt.list(tmp .. "/other"), 0, "no checkpoint written by the refused run")
 end)
 
+-- save_strategy "epoch": the last step saves, then its epoch's evaluation runs, and transformers saves
+-- that checkpoint again (on_epoch_end), so a best last evaluation makes the last checkpoint the best
+T.test("save and eval by epoch: the last epoch's evaluation can make the last checkpoint the best", function()
+  local out = tmp .. "/byepoch"
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+    args = args(out, 0, false, { max_steps = -1, num_train_epochs = 2, save_strategy = "epoch", eval_strategy = "epoch",
+      load_best_model_at_end = true }) }
+  t:train()
+  T.eq(t.engine.global_steps, 14, "7 updates an epoch")
+  local evals = {}
+  for _, h in ipairs(t.state.log_history) do if h.eval_loss then evals[h.step] = h.eval_loss end end
+  assert(evals[14] < evals[7], ("the last evaluation is the best: %g then %g"):format(evals[7], evals[14]))
+  T.eq(t.state.best_model_checkpoint, out .. "/checkpoint-14")
+  local st = tckpt.read_state(out .. "/checkpoint-14")
+  T.eq(st.best_model_checkpoint, out .. "/checkpoint-14", "the saved state knows it")
+  local last = st.log_history[#st.log_history]
+  T.eq(last.step, 14); T.near(last.eval_loss, evals[14], 0, 0, "the checkpoint holds the last evaluation")
+  local best = zr.hf.load_state_dict(out .. "/checkpoint-14")
+  for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
+end)
+
 T.test("save_total_limit keeps the newest checkpoints and the best one; load_best_model_at_end loads it", function()
   -- greater_is_better with eval_loss, which training lowers: the first evaluation (step 2) stays the best
   local out = tmp .. "/rot"
