@@ -846,8 +846,11 @@ function Trainer:load_checkpoint(path)
   st.total_flos = saved.total_flos or 0
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
-  for _, cb in ipairs(self.callbacks) do
-    if cb.name and cb.load_state and saved.stateful_callbacks then cb:load_state(saved.stateful_callbacks[cb.name]) end
+  -- callbacks' states (EarlyStoppingCallback's counter) only when asked, as transformers' _load_callback_state
+  if self.args.restore_callback_states_from_checkpoint then
+    for _, cb in ipairs(self.callbacks) do
+      if cb.name and cb.load_state and saved.stateful_callbacks then cb:load_state(saved.stateful_callbacks[cb.name]) end
+    end
   end
   local sc = saved.stateful_callbacks and saved.stateful_callbacks.ZrunTrainer
   local z, a = sc and sc.args or {}, self.args

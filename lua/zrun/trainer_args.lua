@@ -22,7 +22,7 @@ M.DEFAULTS = {
   ddp_timeout = false, -- (false: ZRUN_COMM_TIMEOUT / DEEPSPEED_TIMEOUT, else 1800 s, transformers' default too)
   torch_empty_cache_steps = false,
   report_to = "none", logging_dir = false, -- (TensorBoard: zrun.trainer_callbacks.TensorBoardCallback)
-  eval_delay = 0,
+  eval_delay = 0, restore_callback_states_from_checkpoint = false,
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end

@@ -95,7 +95,8 @@ end
 
 -- transformers' EarlyStoppingCallback: stops training once the evaluation's metric_for_best_model
 -- has not improved on the best so far (by more than early_stopping_threshold) early_stopping_patience
--- evaluations in a row. Its counter is saved in trainer_state.json and restored on resume.
+-- evaluations in a row. Its counter is saved in trainer_state.json and restored on resume with
+-- restore_callback_states_from_checkpoint = true (transformers' default false starts it at 0).
 local ES = { name = "EarlyStoppingCallback" }
 ES.__index = ES
 

@@ -85,7 +85,8 @@ end)
 local function es_args(out, extra)
   return args(out, { max_steps = 10, eval_strategy = "steps", eval_steps = 1, save_strategy = "steps", save_steps = 1,
     logging_steps = 1, metric_for_best_model = "loss", greater_is_better = true, load_best_model_at_end = true,
-    resume_from_checkpoint = extra and extra.resume_from_checkpoint })
+    resume_from_checkpoint = extra and extra.resume_from_checkpoint,
+    restore_callback_states_from_checkpoint = extra and extra.restore })
 end
 
 T.test("EarlyStoppingCallback stops after patience evaluations without improvement; the best model is loaded", function()
@@ -104,11 +105,17 @@ T.test("EarlyStoppingCallback stops after patience evaluations without improveme
   local saved = tckpt.read_state(tmp .. "/es/checkpoint-2")
   T.eq(saved.stateful_callbacks.EarlyStoppingCallback.attributes.early_stopping_patience_counter, 1,
     "trainer_state.json keeps the counter, as transformers' stateful_callbacks does")
-  -- resumed from step 2 with a fresh callback: the counter comes back, so it stops at step 3 again
+  -- resumed from step 2 with a fresh callback and restore_callback_states_from_checkpoint: the counter
+  -- comes back, so it stops at step 3 again
   local es2 = zr.EarlyStoppingCallback { early_stopping_patience = 2 }
   local r2 = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { es2 },
-    args = es_args("es", { resume_from_checkpoint = tmp .. "/es/checkpoint-2" }) }:train()
+    args = es_args("es", { resume_from_checkpoint = tmp .. "/es/checkpoint-2", restore = true }) }:train()
   T.eq(r2.global_step, 3, "resumed: stopped at step 3")
+  -- without it (transformers' default) the counter starts at 0: two more evaluations without improvement
+  local r3 = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
+    callbacks = { zr.EarlyStoppingCallback { early_stopping_patience = 2 } },
+    args = es_args("es", { resume_from_checkpoint = tmp .. "/es/checkpoint-2" }) }:train()
+  T.eq(r3.global_step, 4, "resumed without the callbacks' states: stopped at step 4")
 end)
 
 sh("rm -rf '" .. tmp .. "'")
