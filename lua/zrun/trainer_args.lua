@@ -9,7 +9,7 @@ local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, 
 -- Implemented keys and TrainingArguments' defaults (nil: no default; false where HF has False).
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
-  output_dir = "output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear", lr_scheduler_kwargs = false,
+  output_dir = "trainer_output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear", lr_scheduler_kwargs = false,
   optim = "adamw_torch", optim_args = false,
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false, logging_nan_inf_filter = true,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
