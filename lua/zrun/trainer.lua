@@ -110,28 +110,30 @@ end
 setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end })
 require("zrun.trainer_report").install(Trainer) -- log_metrics, save_metrics, save_state, add/pop/remove_callback
 
--- HF's grouping (get_decay_parameter_names): no weight decay for biases and for the parameters of
--- normalisation layers, found by the module's class (LayerNorm, RMSNorm and their subclasses).
-local function is_norm(m)
-  local nn = zr.nn
-  return nn.Module.isinstance(m, nn.LayerNorm) or nn.Module.isinstance(m, nn.RMSNorm)
+-- HF's grouping (transformers 5.17 get_decay_parameter_names): no weight decay for the parameters of
+-- LayerNorm modules (by class) and for those whose full lower-cased dotted name matches bias,
+-- layernorm, rmsnorm, (^|.)norm($|.) or _norm($|.) (Llama's RMSNorms are found by their names).
+local NO_DECAY_NAMES = { "bias", "layernorm", "rmsnorm", "^norm$", "^norm%.", "%.norm$", "%.norm%.", "_norm$", "_norm%." }
+local function no_decay_name(full)
+  full = full:lower()
+  for _, pat in ipairs(NO_DECAY_NAMES) do if full:find(pat) then return true end end
+  return false
 end
 
--- The set of model's parameters HF does not decay (parameter -> true): biases, and the parameters of
--- normalisation layers (by the module's class).
+-- The set of model's parameters HF does not decay (parameter -> true).
 function Trainer.no_decay_params(model)
   local no_decay = {}
-  for _, nm in model:named_modules() do
-    local norm = is_norm(nm)
+  for mname, nm in model:named_modules() do
+    local ln = zr.nn.Module.isinstance(nm, zr.nn.LayerNorm)
     for _, pname in ipairs(nm._param_order) do
-      if norm or pname:lower():find("bias", 1, true) then no_decay[nm._parameters[pname]] = true end
+      if ln or no_decay_name(mname == "" and pname or mname .. "." .. pname) then no_decay[nm._parameters[pname]] = true end
     end
   end
   return no_decay
 end
 
 -- The optimizer's parameter groups as HF builds them: { params, weight_decay } for the weights that
--- decay and { params, weight_decay = 0 } for biases and norm parameters (by the module's class).
+-- decay and { params, weight_decay = 0 } for the others (Trainer.no_decay_params: transformers 5.17's rule).
 function Trainer.param_groups(model, weight_decay)
   local no_decay = Trainer.no_decay_params(model)
   local decay, nd = {}, {}

@@ -1,5 +1,5 @@
 -- The Trainer against what Hugging Face's Trainer does: argument checks, parameter groups for
--- weight decay (by module class), the causal-LM collator (DataCollatorForLanguageModeling), token-
+-- weight decay (LayerNorms by class, the rest by name), the causal-LM collator (DataCollatorForLanguageModeling), token-
 -- weighted evaluation, HF's lr schedules, the save/eval/log strategies and metrics.jsonl, and
 -- save_model's Hugging Face directory (at ZeRO stage 3 too). Resume: test_trainer_resume.lua.
 local zr = require "zrun"
@@ -89,15 +89,19 @@ T.test("seed decides the model's initial weights: model_init runs after set_seed
     "pass model or model_init, not both")
 end)
 
-T.test("weight decay groups follow HF: no decay for biases and norm layers (by class, not by name)", function()
+-- transformers 5.17's get_decay_parameter_names: nn.LayerNorm by class, everything else by the full
+-- lower-cased name (bias, layernorm, rmsnorm, (^|.)norm($|.), _norm($|.)), so an RMSNorm decays unless its
+-- name says norm, as Llama's input_layernorm / post_attention_layernorm / norm do
+T.test("weight decay groups follow transformers 5.17: LayerNorms by class, the rest by name", function()
   local Block = nn.Module:extend("Block")
   function Block:__init()
     self.proj = nn.Linear(4, 4)                 -- weight decays, bias not
-    self.ln_x = nn.LayerNorm(4)                 -- a norm whatever its name: weight and bias
-    self.normalizer = nn.Linear(4, 4, { bias = false }) -- "norm" in the name, but a Linear: decays
-    self.rms = nn.RMSNorm(4)
+    self.ln_x = nn.LayerNorm(4)                 -- a LayerNorm whatever its name: weight and bias
+    self.normalizer = nn.Linear(4, 4, { bias = false }) -- "norm" inside a word: decays
+    self.rms = nn.RMSNorm(4)                    -- an RMSNorm whose name says nothing: decays
+    self.post_norm = nn.RMSNorm(4)              -- _norm: not decayed
   end
-  local MyNorm = nn.RMSNorm:extend("MyNorm")   -- a subclass of a norm is a norm
+  local MyNorm = nn.LayerNorm:extend("MyNorm")  -- a subclass of LayerNorm is one
   local m = nn.Sequential(Block(), MyNorm(4))
   local names = {}
   for n, p in m:named_parameters() do names[p] = n end
@@ -110,9 +114,9 @@ T.test("weight decay groups follow HF: no decay for biases and norm layers (by c
   end
   T.eq(#groups, 2)
   T.eq(groups[1].weight_decay, 0.1)
-  T.eq(list(groups[1]), "0.normalizer.weight 0.proj.weight")
+  T.eq(list(groups[1]), "0.normalizer.weight 0.proj.weight 0.rms.weight")
   T.eq(groups[2].weight_decay, 0)
-  T.eq(list(groups[2]), "0.ln_x.bias 0.ln_x.weight 0.proj.bias 0.rms.weight 1.weight")
+  T.eq(list(groups[2]), "0.ln_x.bias 0.ln_x.weight 0.post_norm.weight 0.proj.bias 1.bias 1.weight")
   -- Llama: every RMSNorm weight is in the no-decay group, every projection in the decay group
   local lg = zr.Trainer.param_groups(model(), 0.1)
   local n_norm = 0
