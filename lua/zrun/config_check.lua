@@ -282,6 +282,13 @@ local function cross_checks(vals, ctx, take)
       add_warning(ctx, "scheduler.params.total_num_steps %d is less than warmup_num_steps %d",
         p.total_num_steps, p.warmup_num_steps)
     end
+    -- (lr_schedules.py 0.19.8 raises "warmup_num_steps must be a positive integer"; its earlier rule,
+    -- max(2, n), is what zrun runs: a first step at the minimum)
+    if p.warmup_num_steps == 0 then
+      add_warning(ctx, "scheduler.params.warmup_num_steps = 0: DeepSpeed 0.19.8's %s refuses it; zrun warms up over " ..
+        "2 steps as earlier DeepSpeed did (the first at its minimum lr); give warmup_num_steps >= 1 (the Trainer: " ..
+        "warmup_steps)", sch.type)
+    end
     if sch.type == "OneCycle" and p.cycle_momentum then
       add_error(ctx, "scheduler.params.cycle_momentum = true (OneCycle's default): DeepSpeed cycles Adam's beta1 " ..
         "with the learning rate, which zrun's engine does not do, so the results would differ; set it to false")

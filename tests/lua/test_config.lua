@@ -82,6 +82,15 @@ T.test("compute_grad_norm, parameter_alignment, set_grad_none, fp32_optimizer_st
     "from DeepSpeed's; allowed: true; bf16.bf16_optimizer_states keeps AdamW's moments in bf16")
 end)
 
+T.test("warmup_num_steps 0 (DeepSpeed 0.19.8 refuses it): runs DeepSpeed's earlier 2-step rule and says so", function()
+  local c = load({ train_batch_size = 2, scheduler = { type = "WarmupDecayLR", params = { warmup_num_steps = 0,
+    total_num_steps = 10 } } })
+  T.eq(c.scheduler.params.warmup_num_steps, 0)
+  local w = table.concat(c:warnings(), "\n")
+  assert(w:find("scheduler.params.warmup_num_steps = 0: DeepSpeed 0.19.8's WarmupDecayLR refuses it", 1, true), w)
+  T.eq(#load({ train_batch_size = 2, scheduler = { type = "WarmupLR", params = { warmup_num_steps = 1 } } }):warnings(), 0)
+end)
+
 T.test("WarmupLR without warmup_max_lr warms each param group up to its own lr (engine)", function()
   local m = zr.nn.Sequential(zr.nn.Linear(3, 4), zr.nn.Linear(4, 2))
   local ps = m:parameters()
