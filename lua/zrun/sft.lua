@@ -32,7 +32,8 @@ M.RENAMED = { max_seq_length = "max_length" }
 M.REFUSED = {
   padding_free = "padding_free = true (one flattened sequence a micro-batch) needs attention that restarts at each " ..
     "sequence; train padded rows (the default) or pack with packing_strategy = \"wrapped\"",
-  loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) is implemented",
+  loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) and \"chunked_nll\" (TRL's default: the same " ..
+    "loss, which TRL computes in chunks of tokens to save memory) are implemented",
 }
 
 local function is_messages(v) return type(v) == "table" and type(v[1]) == "table" and v[1].role ~= nil end
@@ -195,6 +196,7 @@ function M.options(opts, tok, first)
     end
     o[k] = v
   end
+  if o.loss_type == "chunked_nll" then o.loss_type = "nll" end -- (the same math, TRL's sft_config.py)
   for k, why in pairs(M.REFUSED) do
     if o[k] ~= M.DEFAULTS[k] then error("sft: " .. why, 0) end
   end

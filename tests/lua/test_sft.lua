@@ -140,6 +140,8 @@ T.test("refusals: one line each, naming the fix", function()
   T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = false }) end,
     "packing = true needs max_length")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
+  -- TRL's default when left unset: the same loss as "nll"
+  T.eq(#S.prepare({ { text = "a" } }, tok, { loss_type = "chunked_nll" }).rows, 1)
   T.raises(function() S.prepare({ { text = "a" } }, tok, { max_lenght = 3 }) end, "unknown option 'max_lenght'")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { completion_only_loss = true }) end, "needs prompt + completion rows")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { assistant_only_loss = true }) end, "needs conversational rows")
