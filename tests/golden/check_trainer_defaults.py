@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Checks what zr.Trainer does where the arguments are left out against transformers' Trainer itself
+(the GPU machine: torch, transformers 5.17, DeepSpeed 0.19.8; run from the repo root after `make`):
+
+  1. save_strategy and eval_strategy "epoch" with load_best_model_at_end: the checkpoint both Trainers
+     name best (and load) is the same step's, the last one included when its evaluation is the best.
+  2. A DeepSpeed config whose optimizer has no lr and whose WarmupLR peak is "auto", no learning_rate
+     given: the peak both log is args.learning_rate's default (5e-5).
+  3. The no-decay parameter names (get_decay_parameter_names) of a model with a LayerNorm, an RMSNorm
+     named without "norm", one named post_norm, biases: the same set in both.
+
+usage: python3 tests/golden/check_trainer_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+
+N, T = 48, 16
+
+
+def rows(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [[int(x) for x in torch.randint(0, 96, (T,), generator=g)] for _ in range(N)]
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, r):
+        self.r = r
+
+    def __len__(self):
+        return len(self.r)
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.tensor(self.r[i]), "labels": torch.tensor(self.r[i])}
+
+
+def zrun_trainer(cfg_dir, train, evalr, args_lua, tail):
+    return C.zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local out = {{}} for i, x in ipairs(r) do out[i] = {{ input_ids = x }} end
+  return zr.datasets.Dataset.from_rows(out) end
+local m = zr.models.llama.from_pretrained("{cfg_dir}", {{ dtype = "f32" }})
+local tr = zr.Trainer {{ model = m, train_dataset = ds(cjson.decode('{json.dumps(train)}')),
+  eval_dataset = ds(cjson.decode('{json.dumps(evalr)}')), args = {args_lua} }}
+tr:train()
+{tail}
+""")
+
+
+def part1():
+    from transformers import Trainer, TrainingArguments
+    m = C.tiny_llama(4)
+    init = f"{C.OUT}/tinit1"
+    m.save_pretrained(init)
+    train, evalr = rows(1), rows(2)[:8]
+    out = f"{C.OUT}/byepoch"
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=8, num_train_epochs=3, learning_rate=3e-3,
+                             eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True,
+                             logging_steps=1, report_to=[], use_cpu=True, seed=1)
+    tr = Trainer(model=m, args=args, train_dataset=Rows(train), eval_dataset=Rows(evalr))
+    tr.train()
+    hf_best = os.path.basename(tr.state.best_model_checkpoint or "")
+    hf_evals = {h["step"]: h["eval_loss"] for h in tr.state.log_history if "eval_loss" in h}
+    rc, text = zrun_trainer(init, train, evalr, f'{{ output_dir = "{out}_zrun", per_device_train_batch_size = 8, '
+                            'num_train_epochs = 3, learning_rate = 3e-3, eval_strategy = "epoch", save_strategy = "epoch", '
+                            'load_best_model_at_end = true, logging_steps = 1, seed = 1 }',
+                            'print("BEST " .. tostring(tr.state.best_model_checkpoint))\n'
+                            'for _, h in ipairs(tr.state.log_history) do if h.eval_loss then '
+                            'print(string.format("EVAL %d %.6f", h.step, h.eval_loss)) end end')
+    zb = [x.split()[1] for x in text.splitlines() if x.startswith("BEST ")]
+    z_best = os.path.basename(zb[0]) if zb else None
+    print(f"  epochs: transformers evals {hf_evals} best {hf_best}; zrun best {z_best}", flush=True)
+    C.report("save and eval by epoch with load_best_model_at_end: the same best checkpoint as transformers'",
+             rc == 0 and z_best == hf_best, text[-500:])
+
+
+def part2():
+    from transformers import Trainer, TrainingArguments
+    m = C.tiny_llama(5)
+    init = f"{C.OUT}/tinit2"
+    m.save_pretrained(init)
+    train = rows(3)
+    ds_cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "optimizer": {"type": "AdamW", "params": {}},
+              "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                           "warmup_num_steps": "auto"}},
+              "zero_optimization": {"stage": 0}}
+    args = TrainingArguments(output_dir=f"{C.OUT}/nolr", per_device_train_batch_size=8, max_steps=5, warmup_steps=2,
+                             logging_steps=1, report_to=[], deepspeed=ds_cfg, save_strategy="no")
+    tr = Trainer(model=m, args=args, train_dataset=Rows(train))
+    tr.train()
+    hf = max(h["learning_rate"] for h in tr.state.log_history if "learning_rate" in h)
+    rc, text = zrun_trainer(init, train, train[:8], f'{{ output_dir = "{C.OUT}/nolr_zrun", per_device_train_batch_size = 8, '
+                            f'max_steps = 5, warmup_steps = 2, logging_steps = 1, save_strategy = "no", '
+                            f'deepspeed = cjson.decode([[{json.dumps(ds_cfg)}]]) }}',
+                            'local mx = 0\nfor _, h in ipairs(tr.state.log_history) do '
+                            'if h.learning_rate then mx = math.max(mx, h.learning_rate) end end\nprint("PEAK " .. mx)')
+    zp = [float(x.split()[1]) for x in text.splitlines() if x.startswith("PEAK ")]
+    print(f"  peak lr: transformers {hf}, zrun {zp}", flush=True)
+    C.report("DeepSpeed optimizer without lr, WarmupLR peak \"auto\": args.learning_rate's default, as transformers",
+             rc == 0 and zp and abs(zp[0] - hf) <= 1e-12, text[-500:])
+
+
+def part3():
+    from torch import nn
+    from transformers import Trainer, TrainingArguments
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.ln_x = nn.LayerNorm(4)
+            self.normalizer = nn.Linear(4, 4, bias=False)
+            self.rms = nn.RMSNorm(4)
+            self.post_norm = nn.RMSNorm(4)
+
+    m = nn.Sequential(Block(), nn.LayerNorm(4))
+    tr = Trainer(model=m, args=TrainingArguments(output_dir=f"{C.OUT}/decay", report_to=[], use_cpu=True))
+    decay = set(tr.get_decay_parameter_names(m))
+    hf_no = sorted(n for n, _ in m.named_parameters() if n not in decay)
+    rc, text = C.zrun_lua("""
+local zr = require "zrun"
+local nn = zr.nn
+local Block = nn.Module:extend("Block")
+function Block:__init()
+  self.proj = nn.Linear(4, 4); self.ln_x = nn.LayerNorm(4); self.normalizer = nn.Linear(4, 4, { bias = false })
+  self.rms = nn.RMSNorm(4); self.post_norm = nn.RMSNorm(4)
+end
+local m = nn.Sequential(Block(), nn.LayerNorm(4))
+local no = zr.Trainer.no_decay_params(m)
+local out = {}
+for n, p in m:named_parameters() do if no[p] then out[#out + 1] = n end end
+table.sort(out)
+print("NODECAY " .. table.concat(out, " "))
+""")
+    z = [x.split()[1:] for x in text.splitlines() if x.startswith("NODECAY")]
+    print(f"  no decay: transformers {hf_no}, zrun {z}", flush=True)
+    C.report("the no-decay parameters are transformers' get_decay_parameter_names complement", rc == 0 and z and
+             sorted(z[0]) == hf_no, text[-400:])
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
+    for part in (part1, part3, part2):
+        try:
+            part()
+        except Exception as e:  # noqa: BLE001 (the check reports what failed)
+            C.report(f"{part.__name__} ran", False, repr(e)[:600])
+    print(f"{C.failed} failed", flush=True)
