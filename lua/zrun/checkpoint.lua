@@ -603,7 +603,14 @@ local function restore_engine(engine, st, o)
     dist.print0("[zrun] load_checkpoint: the checkpoint has LR scheduler state but the engine has no scheduler; ignored")
   end
   if engine.scaler and st.loss_scaler and o.optimizer_states then -- (DeepSpeed keeps the loss scaler in the optimizer's state)
-    for k, v in pairs(st.loss_scaler) do engine.scaler[k] = v end
+    local s = engine.scaler
+    local no_zero, h = s.no_zero, s.hysteresis
+    for k, v in pairs(st.loss_scaler) do s[k] = v end
+    -- the scaler's kind is the engine's stage's: a checkpoint resharded across stage 0 (FP16_Optimizer's scaler, no
+    -- hysteresis) and ZeRO (DynamicLossScaler's) keeps the scale and takes the engine's hysteresis
+    if (st.loss_scaler.no_zero or false) ~= (no_zero or false) then
+      s.no_zero, s.hysteresis, s.cur_hysteresis = no_zero, h, h
+    end
   end
   if st.rng and st.rng.seed then C.random_state(st.rng.seed, st.rng.offset or 0) end
 end

@@ -207,6 +207,24 @@ T.test("fp16 at stage 0: every overflow halves the scale, and at min_loss_scale 
   T.eq(e.scaler.scale, 1)
 end)
 
+T.test("fp16 loss scaler across stage 0 and ZeRO in a checkpoint: the scale comes back, the kind is the engine's", function()
+  local function eng(stage)
+    return run({ fp16 = { enabled = true, initial_scale_power = 40, hysteresis = 3 }, zero_optimization = { stage = stage } }, 1)
+  end
+  local dir = T.tmpdir()
+  local e2 = eng(2) -- one overflow: hysteresis 3 -> 2, the scale kept
+  T.eq(e2.scaler.cur_hysteresis, 2)
+  e2:save_checkpoint(dir, "z2")
+  local e0 = eng(0) -- one overflow: the scale halved (FP16_Optimizer)
+  e0:load_checkpoint(dir, "z2")
+  T.eq(e0.scaler.scale, 2 ^ 40, "the saved scale"); T.eq(e0.scaler.cur_hysteresis, 1); T.eq(e0.scaler.no_zero, true)
+  e0:save_checkpoint(dir, "z0")
+  local e3 = eng(2)
+  e3:load_checkpoint(dir, "z0")
+  T.eq(e3.scaler.scale, 2 ^ 40); T.eq(e3.scaler.hysteresis, 3, "the engine's hysteresis"); T.eq(e3.scaler.no_zero, false)
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
 -- Direct mode (one rank): zero_grad marks the fp32 gradient views stale instead of filling them;
 -- they must still read as zeros, and the next backward must overwrite, not add.
 T.test("gradients after engine:step read as zeros; the next backward overwrites them", function()
