@@ -263,6 +263,9 @@ function Trainer:setup()
       { num_warmup_steps = warm * (per_micro or 1), num_training_steps = self.total_steps * (per_micro or 1),
         kwargs = a.lr_scheduler_kwargs or nil })
     self.hf_schedule = true
+    -- a DeepSpeed file with an optimizer section: transformers hands this schedule to the engine
+    -- (DummyScheduler with its callable), which steps it inside the step, before the Trainer reads the rate
+    self.engine_steps_hf_schedule = (a.deepspeed or launched) and e.config:source("optimizer") == "file"
   end
   if (self.user_args.optim or self.user_args.optim_args) and e.config:source("optimizer") ~= "args" then
     dist.print0(fmt("[zrun] Trainer: %s not used: the DeepSpeed config's optimizer (%s) is",
@@ -619,9 +622,9 @@ function Trainer:train(resume)
     local tps = tokens / math.max(now - t_log, 1e-9)
     local mem = zr.memory.stats(e.device)
     local eta = (now - t_start) / math.max(s - start_step, 1) * (self.total_steps - s)
-    -- HF logs the rate its own schedule applied in this step, but under DeepSpeed (whose engine
-    -- steps the schedule inside optimizer.step) the one after it: zrun logs as HF does in each case
-    local lr = self.hf_schedule and self.step_lr or e:get_lr()[1]
+    -- HF logs the rate its own schedule applied in this step, but where DeepSpeed's engine steps the
+    -- schedule (the config's, or HF's handed to it) the one after it: zrun logs as HF does in each case
+    local lr = (self.hf_schedule and not self.engine_steps_hf_schedule) and self.step_lr or e:get_lr()[1]
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
       num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil }

@@ -236,6 +236,27 @@ T.test("lr_scheduler_type + lr_scheduler_kwargs (a JSON string, as on the comman
   assert(losses[6] < losses[1] - 0.2, ("loss %.4f -> %.4f"):format(losses[1], losses[6]))
 end)
 
+-- transformers 5.17 reads the rate after optimizer.step and before its own scheduler.step: the rate the
+-- step applied. Under a DeepSpeed file with an optimizer section but no scheduler it hands its schedule to
+-- the engine (DummyScheduler), which steps it inside the step: the logged rate is the next step's.
+T.test("the logged learning_rate: the step's own, or the next one where DeepSpeed's engine steps HF's schedule", function()
+  local function lrs(deepspeed)
+    local t = zr.Trainer { model = model(), train_dataset = train_ds, args = { output_dir = tmp .. "/lrlog",
+      per_device_train_batch_size = 8, max_steps = 4, warmup_steps = 2, learning_rate = 1e-3, logging_steps = 1,
+      save_strategy = "no", deepspeed = deepspeed } }
+    t:train()
+    local got = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then got[#got + 1] = r.learning_rate / 1e-3 end end
+    return got
+  end
+  -- linear, 2 of warm-up over 4 steps: factors 0, 0.5, 1, 0.5, then 0 at 4
+  T.near(lrs(nil), { 0, 0.5, 1, 0.5 }, 1e-12, 0, "no DeepSpeed file")
+  T.near(lrs({ train_micro_batch_size_per_gpu = "auto", optimizer = { type = "AdamW", params = { lr = "auto" } } }),
+    { 0.5, 1, 0.5, 0 }, 1e-12, 0, "a DeepSpeed optimizer, HF's schedule")
+  T.near(lrs({ train_micro_batch_size_per_gpu = "auto" }), { 0, 0.5, 1, 0.5 }, 1e-12, 0,
+    "neither section: HF's optimizer and schedule, the Trainer steps it")
+end)
+
 T.test("a DeepSpeed config without an optimizer: HF's optimizer from optim, optim_args and the arguments", function()
   -- transformers builds its own optimizer then (TrainingArguments.optim, default adamw_torch) with
   -- learning_rate, adam_beta1/2, adam_epsilon and weight_decay; zrun took DeepSpeed's AdamW defaults
