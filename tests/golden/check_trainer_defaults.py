@@ -8,6 +8,8 @@
      given: the peak both log is args.learning_rate's default (5e-5).
   3. The no-decay parameter names (get_decay_parameter_names) of a model with a LayerNorm, an RMSNorm
      named without "norm", one named post_norm, biases: the same set in both.
+  4. The learning_rate logged at each step under a DeepSpeed file with an optimizer and no scheduler (HF's
+     schedule stepped by the engine: the next step's rate) and without DeepSpeed (the step's own).
 
 usage: python3 tests/golden/check_trainer_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -145,10 +147,37 @@ print("NODECAY " .. table.concat(out, " "))
              sorted(z[0]) == hf_no, text[-400:])
 
 
+def part4():
+    from transformers import Trainer, TrainingArguments
+    train = rows(6)
+    for name, ds_cfg in (("ds_optimizer", {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                                           "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                                           "zero_optimization": {"stage": 0}}), ("plain", None)):
+        m = C.tiny_llama(6)
+        init = f"{C.OUT}/tinit4{name}"
+        m.save_pretrained(init)
+        args = TrainingArguments(output_dir=f"{C.OUT}/lr_{name}", per_device_train_batch_size=8, max_steps=4,
+                                 warmup_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[], deepspeed=ds_cfg,
+                                 save_strategy="no", use_cpu=ds_cfg is None)
+        tr = Trainer(model=m, args=args, train_dataset=Rows(train))
+        tr.train()
+        hf = [h["learning_rate"] for h in tr.state.log_history if "loss" in h]
+        dsl = "" if ds_cfg is None else f", deepspeed = cjson.decode([[{json.dumps(ds_cfg)}]])"
+        rc, text = zrun_trainer(init, train, train[:8], f'{{ output_dir = "{C.OUT}/lr_{name}_zrun", '
+                                f'per_device_train_batch_size = 8, max_steps = 4, warmup_steps = 2, learning_rate = 1e-3, '
+                                f'logging_steps = 1, save_strategy = "no"{dsl} }}',
+                                'for _, h in ipairs(tr.state.log_history) do if h.loss then '
+                                'print(string.format("LR %.17g", h.learning_rate)) end end')
+        z = [float(x.split()[1]) for x in text.splitlines() if x.startswith("LR ")]
+        print(f"  logged lr ({name}): transformers {hf}, zrun {z}", flush=True)
+        C.report(f"the logged learning_rate per step ({name}), as transformers'", rc == 0 and len(z) == len(hf) and
+                 all(abs(a - b) <= 1e-15 for a, b in zip(z, hf)), text[-400:])
+
+
 if __name__ == "__main__":
     os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
-    for part in (part1, part3, part2):
+    for part in (part1, part3, part2, part4):
         try:
             part()
         except Exception as e:  # noqa: BLE001 (the check reports what failed)
