@@ -197,8 +197,10 @@ T.test("a transformers Trainer checkpoint (DeepSpeed inside) resumes in zr.Train
   local h = tr.state.log_history
   T.eq(h[1].loss, 3.5, "the HF run's log history is kept")
   T.eq(h[3].step, 3, "the run goes on at step 3")
-  T.near(h[3].learning_rate, 2e-2 * 6 / 8, 1e-12, 0, "the schedule goes on from scheduler.pt's position")
-  T.near(h[8].learning_rate, 2e-2 * 1 / 8, 1e-12, 0, "the schedule at the end")
+  -- (the config's optimizer with HF's schedule: the engine steps it, and the rate logged at a step is the
+  -- one after it, as transformers logs it there)
+  T.near(h[3].learning_rate, 2e-2 * 5 / 8, 1e-12, 0, "the schedule goes on from scheduler.pt's position")
+  T.near(h[8].learning_rate, 0, 1e-12, 0, "the schedule at the end")
   local after = tr:evaluate(tr.train_dataset).eval_loss
   assert(after < before - 0.02, ("the loss on the training rows did not fall: %.4f -> %.4f"):format(before, after))
   assert(h[3].grad_norm > 0, "grad_norm")
