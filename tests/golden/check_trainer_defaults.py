@@ -82,31 +82,40 @@ def part1():
              rc == 0 and z_best == hf_best, text[-500:])
 
 
-def part2():
+def both_lrs(name, ds_cfg, seed, lr=None):
+    """transformers' Trainer and zr.Trainer, 4 steps from the same weights (2 of warm-up, a loss logged every
+    step, learning_rate left out where lr is None): the learning_rate each logged at each step."""
     from transformers import Trainer, TrainingArguments
-    m = C.tiny_llama(5)
-    init = f"{C.OUT}/tinit2"
+    m = C.tiny_llama(seed)
+    init = f"{C.OUT}/tinit_{name}"
     m.save_pretrained(init)
-    train = rows(3)
+    train = rows(seed)
+    args = TrainingArguments(output_dir=f"{C.OUT}/lr_{name}", per_device_train_batch_size=8, max_steps=4, warmup_steps=2,
+                             logging_steps=1, report_to=[], deepspeed=ds_cfg, save_strategy="no", use_cpu=ds_cfg is None,
+                             **({} if lr is None else {"learning_rate": lr}))
+    tr = Trainer(model=m, args=args, train_dataset=Rows(train))
+    tr.train()
+    hf = [h["learning_rate"] for h in tr.state.log_history if "loss" in h]
+    dsl = "" if ds_cfg is None else f", deepspeed = cjson.decode([[{json.dumps(ds_cfg)}]])"
+    rc, text = zrun_trainer(init, train, train[:8], f'{{ output_dir = "{C.OUT}/lr_{name}_zrun", per_device_train_batch_size = 8, '
+                            f'max_steps = 4, warmup_steps = 2, {"" if lr is None else f"learning_rate = {lr}, "}logging_steps = 1, '
+                            f'save_strategy = "no"{dsl} }}',
+                            'for _, h in ipairs(tr.state.log_history) do if h.loss then '
+                            'print(string.format("LR %.17g", h.learning_rate)) end end')
+    z = [float(x.split()[1]) for x in text.splitlines() if x.startswith("LR ")]
+    print(f"  logged lr ({name}): transformers {hf}, zrun {z}", flush=True)
+    return hf, (z if rc == 0 else []), text
+
+
+def part2():
     ds_cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
               "optimizer": {"type": "AdamW", "params": {}},
               "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
                                                            "warmup_num_steps": "auto"}},
               "zero_optimization": {"stage": 0}}
-    args = TrainingArguments(output_dir=f"{C.OUT}/nolr", per_device_train_batch_size=8, max_steps=5, warmup_steps=2,
-                             logging_steps=1, report_to=[], deepspeed=ds_cfg, save_strategy="no")
-    tr = Trainer(model=m, args=args, train_dataset=Rows(train))
-    tr.train()
-    hf = max(h["learning_rate"] for h in tr.state.log_history if "learning_rate" in h)
-    rc, text = zrun_trainer(init, train, train[:8], f'{{ output_dir = "{C.OUT}/nolr_zrun", per_device_train_batch_size = 8, '
-                            f'max_steps = 5, warmup_steps = 2, logging_steps = 1, save_strategy = "no", '
-                            f'deepspeed = cjson.decode([[{json.dumps(ds_cfg)}]]) }}',
-                            'local mx = 0\nfor _, h in ipairs(tr.state.log_history) do '
-                            'if h.learning_rate then mx = math.max(mx, h.learning_rate) end end\nprint("PEAK " .. mx)')
-    zp = [float(x.split()[1]) for x in text.splitlines() if x.startswith("PEAK ")]
-    print(f"  peak lr: transformers {hf}, zrun {zp}", flush=True)
+    hf, z, text = both_lrs("nolr", ds_cfg, 5)
     C.report("DeepSpeed optimizer without lr, WarmupLR peak \"auto\": args.learning_rate's default, as transformers",
-             rc == 0 and zp and abs(zp[0] - hf) <= 1e-12, text[-500:])
+             bool(z) and abs(max(z) - max(hf)) <= 1e-12, text[-500:])
 
 
 def part3():
@@ -148,29 +157,11 @@ print("NODECAY " .. table.concat(out, " "))
 
 
 def part4():
-    from transformers import Trainer, TrainingArguments
-    train = rows(6)
     for name, ds_cfg in (("ds_optimizer", {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                                            "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
                                            "zero_optimization": {"stage": 0}}), ("plain", None)):
-        m = C.tiny_llama(6)
-        init = f"{C.OUT}/tinit4{name}"
-        m.save_pretrained(init)
-        args = TrainingArguments(output_dir=f"{C.OUT}/lr_{name}", per_device_train_batch_size=8, max_steps=4,
-                                 warmup_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[], deepspeed=ds_cfg,
-                                 save_strategy="no", use_cpu=ds_cfg is None)
-        tr = Trainer(model=m, args=args, train_dataset=Rows(train))
-        tr.train()
-        hf = [h["learning_rate"] for h in tr.state.log_history if "loss" in h]
-        dsl = "" if ds_cfg is None else f", deepspeed = cjson.decode([[{json.dumps(ds_cfg)}]])"
-        rc, text = zrun_trainer(init, train, train[:8], f'{{ output_dir = "{C.OUT}/lr_{name}_zrun", '
-                                f'per_device_train_batch_size = 8, max_steps = 4, warmup_steps = 2, learning_rate = 1e-3, '
-                                f'logging_steps = 1, save_strategy = "no"{dsl} }}',
-                                'for _, h in ipairs(tr.state.log_history) do if h.loss then '
-                                'print(string.format("LR %.17g", h.learning_rate)) end end')
-        z = [float(x.split()[1]) for x in text.splitlines() if x.startswith("LR ")]
-        print(f"  logged lr ({name}): transformers {hf}, zrun {z}", flush=True)
-        C.report(f"the logged learning_rate per step ({name}), as transformers'", rc == 0 and len(z) == len(hf) and
+        hf, z, text = both_lrs(name, ds_cfg, 6, 1e-3)
+        C.report(f"the logged learning_rate per step ({name}), as transformers'", len(z) == len(hf) and
                  all(abs(a - b) <= 1e-15 for a, b in zip(z, hf)), text[-400:])
 
 
