@@ -756,6 +756,17 @@ function Trainer:train(resume)
   local rec = { step = steps } -- (the log record has the step, as transformers' log_history; the metrics do not)
   for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)
+  -- save_total_limit = 1 with a best checkpoint: at the end only the best is kept, as transformers does
+  -- (the newest was kept beside it while training)
+  if a.save_total_limit == 1 and st.best_model_checkpoint and self.is_main then
+    for _, e in ipairs(tckpt.list(a.output_dir)) do
+      if e.path ~= st.best_model_checkpoint then
+        tckpt.rmtree(e.path)
+        print(fmt("[zrun] deleted checkpoint %s (save_total_limit = 1 keeps the best at the end)", e.path))
+      end
+    end
+  end
+  dist.barrier()
   self:callback("on_train_end")
   return { global_step = steps, train_loss = metrics.train_loss, training_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }

@@ -261,6 +261,15 @@ T.test("save_total_limit keeps the newest checkpoints and the best one; load_bes
   T.eq(table.concat(kept, ","), "2,9")
   tckpt.rotate(out, 1, nil)
   T.eq(#tckpt.list(out), 1)
+  -- save_total_limit = 1: the newest is kept beside the best while training, and at the end only the best
+  -- (transformers 5.17's train(): "Delete the last checkpoint when save_total_limit=1 ...")
+  local out1 = tmp .. "/rot1"
+  zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4),
+    args = args(out1, 0, false, { max_steps = 9, save_steps = 2, save_total_limit = 1, eval_strategy = "steps",
+      eval_steps = 2, load_best_model_at_end = true, metric_for_best_model = "loss", greater_is_better = true }) }:train()
+  kept = {}
+  for _, e in ipairs(tckpt.list(out1)) do kept[#kept + 1] = e.step end
+  T.eq(table.concat(kept, ","), "2", "only the best at the end")
 end)
 
 T.test("save_strategy \"best\" saves at each new best evaluation only", function()
