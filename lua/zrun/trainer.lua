@@ -111,14 +111,14 @@ setmetatable(Trainer, { __call = function(_, opts) return Trainer.new(opts) end 
 require("zrun.trainer_report").install(Trainer) -- log_metrics, save_metrics, save_state, add/pop/remove_callback
 
 -- HF's grouping (transformers 5.17 get_decay_parameter_names): no weight decay for the parameters of
--- LayerNorm modules (by class) and for those whose full lower-cased dotted name matches bias,
--- layernorm, rmsnorm, (^|.)norm($|.) or _norm($|.) (Llama's RMSNorms are found by their names).
-local NO_DECAY_NAMES = { "bias", "layernorm", "rmsnorm", "^norm$", "^norm%.", "%.norm$", "%.norm%.", "_norm$", "_norm%." }
-local function no_decay_name(full)
-  full = full:lower()
-  for _, pat in ipairs(NO_DECAY_NAMES) do if full:find(pat) then return true end end
-  return false
+-- LayerNorm modules (by class) and for those whose full dotted name matches its forbidden_name_patterns
+-- (bias, layernorm, rmsnorm, (^|.)norm($|.), _norm($|.), lower-cased): Llama's RMSNorms by their names.
+function Trainer.no_decay_name(name)
+  local n = "." .. name:lower() .. "."
+  return n:find("bias", 1, true) or n:find("layernorm", 1, true) or n:find("rmsnorm", 1, true)
+    or n:find("%.norm%.") or n:find("_norm%.") or false
 end
+local no_decay_name = Trainer.no_decay_name
 
 -- The set of model's parameters HF does not decay (parameter -> true).
 function Trainer.no_decay_params(model)
@@ -759,11 +759,8 @@ function Trainer:train(resume)
   -- save_total_limit = 1 with a best checkpoint: at the end only the best is kept, as transformers does
   -- (the newest was kept beside it while training)
   if a.save_total_limit == 1 and st.best_model_checkpoint and self.is_main then
-    for _, e in ipairs(tckpt.list(a.output_dir)) do
-      if e.path ~= st.best_model_checkpoint then
-        tckpt.rmtree(e.path)
-        print(fmt("[zrun] deleted checkpoint %s (save_total_limit = 1 keeps the best at the end)", e.path))
-      end
+    for _, p in ipairs(tckpt.rotate(a.output_dir, 1, st.best_model_checkpoint, true)) do
+      print(fmt("[zrun] deleted checkpoint %s (save_total_limit = 1 keeps the best at the end)", p))
     end
   end
   dist.barrier()

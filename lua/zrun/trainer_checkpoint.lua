@@ -117,14 +117,15 @@ function M.rmtree(p)
 end
 
 -- Deletes the oldest checkpoints beyond `limit`, keeping the best one (HF's _rotate_checkpoints:
--- with limit 1 and a best checkpoint that is not the newest, two are kept). Returns the removed paths.
-function M.rotate(output_dir, limit, best)
+-- with limit 1 and a best checkpoint that is not the newest, two are kept, except at_end: the end of
+-- training, where transformers keeps the best alone). Returns the removed paths.
+function M.rotate(output_dir, limit, best, at_end)
   if not limit then return {} end
   local l = M.list(output_dir)
   local order = {}
   for _, e in ipairs(l) do if e.path ~= best then order[#order + 1] = e end end
   for _, e in ipairs(l) do if e.path == best then order[#order + 1] = e end end -- the best sorts last: kept
-  if best and limit == 1 and l[#l] and l[#l].path ~= best then limit = 2 end
+  if best and limit == 1 and not at_end and l[#l] and l[#l].path ~= best then limit = 2 end
   local removed = {}
   for i = 1, #order - limit do
     M.rmtree(order[i].path)

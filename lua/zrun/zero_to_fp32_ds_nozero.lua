@@ -18,14 +18,6 @@ local zr = require "zrun"
 local M = {}
 local fmt, ipairs, type, concat = string.format, ipairs, type, table.concat
 
--- transformers' get_decay_parameter_names by name (its forbidden_name_patterns), for a folder read
--- without the model: biases and normalisation weights do not decay.
-local function no_decay_name(name)
-  local n = "." .. name:lower() .. "."
-  return n:find("bias", 1, true) or n:find("layernorm", 1, true) or n:find("rmsnorm", 1, true)
-    or n:find("%.norm%.") or n:find("_norm%.") or false
-end
-
 -- The groupings DeepSpeed may have been given (names per group): `names` (the trainable parameters,
 -- in order) in one group, or split by no_decay(name) as transformers' Trainer groups them.
 local function groupings(names, no_decay, what)
@@ -187,7 +179,8 @@ function M.scan(r, m0, mpath, opts)
     for p in pairs(require("zrun.trainer").no_decay_params(opts.model)) do if seen[p] then nd[seen[p]] = true end end
     cands = groupings(mnames, function(n) return nd[n] end, "the model's trainable parameters")
   else
-    cands = groupings(names, no_decay_name, "the trainable parameters")
+    -- (a folder read without the model: transformers' rule by name alone)
+    cands = groupings(names, require("zrun.trainer").no_decay_name, "the trainable parameters")
   end
   local pick
   for _, c in ipairs(cands) do
