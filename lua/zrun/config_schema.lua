@@ -81,7 +81,8 @@ local function adam_params(adamw)
     { "adam_w_mode", adamw and bool(true) or refuse_unless(true, bool(true)) },
     { "torch_adam", bool(false) }, -- (torch's AdamW and FusedAdam take the same step; zrun's is FusedAdam's)
     { "amsgrad", refuse_unless(false, bool(false)) },
-    { "set_grad_none", bool(true) }, -- FusedAdam's; zrun's engine clears the gradients after each step either way
+    -- FusedAdam's: gradients set to None instead of zeroed; zrun's engine clears them either way (said when false)
+    { "set_grad_none", warn_unless(true, bool(true)) },
     -- DeepSpeedCPUAdam's (offload_optimizer): false keeps the moments in the parameters' dtype
     { "fp32_optimizer_states", refuse_unless(true, bool(true), "bf16.bf16_optimizer_states keeps AdamW's moments in bf16") },
   }
@@ -94,7 +95,7 @@ local OPTIMIZER = variant({
     { "lr", num(1e-3, { min = 0, auto = true }) },
     { "betas", list({ 0.9, 0.999 }, { len = 2, auto = true }) },
     { "weight_decay", num(0.0, { min = 0, auto = true }) },
-    { "set_grad_none", bool(true) },
+    { "set_grad_none", warn_unless(true, bool(true)) },
   } },
   -- torch.optim.Adagrad, which DeepSpeed builds for "Adagrad" (weight_decay is L2: added to the gradient)
   { "Adagrad", section {
