@@ -439,9 +439,11 @@ end
 -- GPT-2/Llama scripts set it, real eos tokens are ignored too; packed rows avoid the question).
 -- Rows that carry their own labels (group_texts blocks, as HF's default_data_collator takes them)
 -- keep them, with -100 on the padding. Returns i64 tensors (B, T). opts: pad_token_id (or tokenizer, whose
--- pad token it takes, as transformers' does), pad_to_multiple_of, mlm (false only).
+-- pad token it takes, as transformers' does), pad_to_multiple_of, mlm (false only), mask_pad_token (default
+-- true; false: only the padding is -100, tokens equal to the pad id are learned, as TRL's collator does).
 function M.causal_lm_collator(opts)
-  opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of", "tokenizer", "mlm" })
+  opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of", "tokenizer", "mlm", "mask_pad_token" })
+  local mask_pad = opts.mask_pad_token ~= false
   if opts.mlm ~= nil and opts.mlm ~= false then -- (transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False))
     error("collator: mlm = true (masked language modeling) is not implemented; mlm = false is the causal LM collator", 2)
   end
@@ -480,7 +482,7 @@ function M.causal_lm_collator(opts)
         if v then
           ri[t], rm[t] = v, 1
           if src_labels then rl[t] = src_labels[t] or -100
-          elseif v == pad then rl[t] = -100
+          elseif v == pad and mask_pad then rl[t] = -100
           else rl[t] = v end
         else
           ri[t], rm[t], rl[t] = pad, 0, -100

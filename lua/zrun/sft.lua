@@ -3,9 +3,9 @@
 -- prompt-completion row; with assistant_only_loss everything outside the chat template's
 -- {% generation %} blocks), then zr.Trainer trains on them (padded rows, transformers' token-mean
 -- loss). The dataset types, detected from the first row:
---   {text = "..."}                                      language modeling (eos appended if missing)
+--   {text = "..."}                                      language modeling (eos appended if missing, to a field named text only)
 --   {messages = {{role =, content =}, ...}}             conversational: the tokenizer's chat template
---   {prompt = "...", completion = "..."}                prompt-completion: the loss on the completion only
+--   {prompt = "...", completion = "..."}                prompt-completion: the loss after the prompt's tokens only
 --   {prompt = {messages...}, completion = {messages...}} conversational prompt-completion
 --   {conversations = {{from =, value =}, ...}}          ShareGPT: converted to messages (human -> user, gpt -> assistant)
 --   {input_ids = {...} [, labels = {...}]}             already tokenized: kept
@@ -18,11 +18,9 @@ local fmt = string.format
 M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
   truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
   packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false,
-  dataset_kwargs = false, eval_packing = "auto" }
--- SFTConfig arguments that change nothing in zrun (nor, for shuffle_dataset, in TRL's SFTTrainer): said, then dropped.
+  dataset_kwargs = false, eval_packing = "auto", shuffle_dataset = false }
+-- SFTConfig arguments that change nothing in zrun: said, then dropped.
 M.NO_EFFECT = {
-  shuffle_dataset = "TRL's SFTTrainer does not read it either; train_sampling_strategy = \"random\" (the default) " ..
-    "shuffles the rows every epoch",
   trust_remote_code = "zrun runs its own Llama and GPT-2 code, never a checkpoint's",
   dataset_batch_size = "a tokenization batch size, which TRL removed; rows are prepared in-process",
 }
@@ -35,6 +33,14 @@ M.REFUSED = {
   loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) and \"chunked_nll\" (TRL's default: the same " ..
     "loss, which TRL computes in chunks of tokens to save memory) are implemented",
 }
+
+-- A special token SFTConfig names (eos_token, pad_token): one token of the tokenizer's vocabulary, as TRL checks.
+function M.check_token(tok, what, s)
+  if type(s) ~= "string" or not (tok.token_to_id and tok:token_to_id(s)) then
+    error(fmt("sft: %s %s is not in the tokenizer's vocabulary (TRL refuses it too): name one of its tokens, or add " ..
+      "it to the tokenizer's added tokens first", what, type(s) == "string" and ("'" .. s .. "'") or tostring(s)), 0)
+  end
+end
 
 local function is_messages(v) return type(v) == "table" and type(v[1]) == "table" and v[1].role ~= nil end
 
@@ -54,19 +60,28 @@ function M.row_type(row, text_field)
     "prompt + completion, conversations or input_ids", table.concat(keys, ", "), text_field), 0)
 end
 
--- ShareGPT's speakers as chat templates name them (TRL renames the keys only and keeps "human" / "gpt",
--- which templates checking role == "user" / "assistant" do not recognise); other speakers stay as they are.
+-- ShareGPT's speakers as chat templates name them, as TRL's maintainers describe the format (human is
+-- user, gpt is assistant: TRL issue #2083); TRL 1.10 renames the keys only and keeps "human" / "gpt", which
+-- templates checking role == "user" / "assistant" do not recognise (said once). Other speakers stay.
 local SHAREGPT = { human = "user", gpt = "assistant" }
-local function from_sharegpt(conv, i)
+local function from_sharegpt(conv, i, warned)
   local out = {}
   for k, m in ipairs(conv) do
     if type(m) ~= "table" or m.from == nil or m.value == nil then
       error(fmt("sft: row %d, conversations[%d]: a ShareGPT turn is {from = ..., value = ...}", i, k), 0)
     end
     out[k] = { role = SHAREGPT[m.from] or m.from, content = m.value }
+    if SHAREGPT[m.from] and not warned.sharegpt then
+      warned.sharegpt = true
+      require("zrun.dist").print0("[zrun] sft: ShareGPT's speakers human / gpt are rendered as the roles user / " ..
+        "assistant (TRL 1.10 keeps \"human\" / \"gpt\" as roles, which most chat templates do not recognise; " ..
+        "rename them in the rows to keep them)")
+    end
   end
   return out
 end
+
+local function ends_with(s, e) return #e > 0 and s:sub(-#e) == e end
 
 local function concat(a, b)
   local out = {}
@@ -96,13 +111,19 @@ local function tokenize_row(row, i, kind, tok, o, warned)
     if o.template_eos then c.eos_token = o.template_eos end
     return tok:apply_chat_template(msgs, c)
   end
+  -- TRL's add_eos on rows that are not conversational: the eos ends a field named "text" (whatever
+  -- dataset_text_field says), else a string completion
+  local text, completion = row.text, row.completion
+  if o.eos_token and not o.chatty then
+    if type(text) == "string" and not ends_with(text, o.eos_token) then text = text .. o.eos_token
+    elseif type(completion) == "string" and not ends_with(completion, o.eos_token) then completion = completion .. o.eos_token end
+  end
   if kind == "text" then
-    local text = row[o.dataset_text_field]
+    if o.dataset_text_field ~= "text" then text = row[o.dataset_text_field] end
     if type(text) ~= "string" then error(fmt("sft: row %d: %s must be a string", i, o.dataset_text_field), 0) end
-    if o.eos_token and text:sub(-#o.eos_token) ~= o.eos_token then text = text .. o.eos_token end
     ids = tok:encode(text)
   elseif kind == "messages" or kind == "conversations" then
-    local msgs = kind == "messages" and row.messages or from_sharegpt(row.conversations, i)
+    local msgs = kind == "messages" and row.messages or from_sharegpt(row.conversations, i, warned)
     local out = template(msgs, { return_assistant_tokens_mask = o.assistant_only_loss })
     ids = out.input_ids
     if o.assistant_only_loss then masks[#masks + 1] = out.assistant_masks end
@@ -114,20 +135,21 @@ local function tokenize_row(row, i, kind, tok, o, warned)
       ids = out.input_ids
       if o.assistant_only_loss then masks[#masks + 1] = out.assistant_masks end
     else
-      local completion = row.completion
       if type(row.prompt) ~= "string" or type(completion) ~= "string" then
         error(fmt("sft: row %d: prompt and completion must both be strings or both lists of messages", i), 0)
       end
-      if o.eos_token and completion:sub(-#o.eos_token) ~= o.eos_token then completion = completion .. o.eos_token end
       prompt_ids, ids = tok:encode(row.prompt), tok:encode(row.prompt .. completion)
     end
-    -- the completion starts where the two encodings part (TRL): usually after the whole prompt
-    local n = common_prefix(prompt_ids, ids)
-    if n < #prompt_ids and not warned.prefix then
+    -- the completion's labels start after as many tokens as the prompt has alone (TRL's completion_mask),
+    -- even where the two encodings part earlier: then the first tokens of the completion are not learned
+    local n = #prompt_ids
+    local same = common_prefix(prompt_ids, ids)
+    if same < n and not warned.prefix then
       warned.prefix = true
       io.stderr:write(fmt("[zrun] sft: row %d: the tokenized prompt is not a prefix of the tokenized prompt + completion " ..
-        "(the template renders the prompt differently alone, or tokens merge across the boundary); the completion's " ..
-        "labels start where they part, at token %d of the prompt's %d (shown once)\n", i, n + 1, #prompt_ids))
+        "(the template renders the prompt differently alone, or tokens merge across the boundary, as a prompt ending " ..
+        "in a space does); as in TRL the labels start after the prompt's %d tokens, so %d token(s) of the completion " ..
+        "are not learned (shown once)\n", i, n, math.min(n, #ids) - same))
     end
     if o.completion_only_loss then
       local m = {}
@@ -172,25 +194,37 @@ local function tokenize_row(row, i, kind, tok, o, warned)
   return { input_ids = ids, labels = labels }
 end
 
--- The template in chat_template_path: a .jinja file, or a folder holding chat_template.jinja.
+-- The template in chat_template_path: a .jinja (or .j2) file, as TRL takes it. Anything else TRL takes
+-- for a tokenizer to clone (clone_chat_template: its template, added tokens and eos, the model's
+-- embeddings resized), which zrun does not do: refused, pointing to the template file.
 function M.read_template(p)
-  local f = io.open(p .. "/chat_template.jinja", "rb") or io.open(p, "rb")
+  local kind = require("zrun._C").path_type(p)
+  if kind == "dir" or not (p:match("%.jinja$") or p:match("%.j2$")) then
+    error(fmt("sft: chat_template_path %s is not a .jinja / .j2 file: TRL takes it for a tokenizer to clone (its " ..
+      "template, its added tokens and eos, the model's embeddings resized), which zrun does not do; pass the template " ..
+      "file alone (e.g. %s/chat_template.jinja)", p, kind == "dir" and p or "<tokenizer folder>"), 0)
+  end
+  local f = io.open(p, "rb")
   local src = f and f:read("*a")
   if f then f:close() end
-  if not src then error(fmt("sft: chat_template_path %s: no such file (a .jinja file or a folder holding chat_template.jinja)", p), 0) end
+  if not src then error(fmt("sft: chat_template_path %s: no such file", p), 0) end
   return src
 end
 
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
 local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's",
-  dataset_kwargs = "SFTTrainer's", dataset_num_proc = "SFTTrainer's", eval_packing = "SFTTrainer's" }
+  dataset_kwargs = "SFTTrainer's", eval_packing = "SFTTrainer's" }
+
+-- Options SFTTrainer hands prepare beside SFTConfig's: the template itself, completion_only_loss taken
+-- from the training set (inherited), the seed of shuffle_dataset.
+local PRIVATE = { chat_template = true, inherited = true, seed = true }
 
 -- Checks SFTConfig-style options and fills their defaults. first: the dataset's first row.
 function M.options(opts, tok, first)
   local o = {}
   for k, v in pairs(M.DEFAULTS) do o[k] = v end
   for k, v in pairs(opts or {}) do
-    if M.DEFAULTS[k] == nil and k ~= "chat_template" then error(fmt("sft: unknown option '%s'", tostring(k)), 0) end
+    if M.DEFAULTS[k] == nil and not PRIVATE[k] then error(fmt("sft: unknown option '%s'", tostring(k)), 0) end
     if TRAINER_ONLY[k] and v ~= M.DEFAULTS[k] then
       error(fmt("sft: %s is %s (an SFTTrainer argument), not a row preparation option", k, TRAINER_ONLY[k]), 0)
     end
@@ -210,14 +244,21 @@ function M.options(opts, tok, first)
       tostring(o.packing_strategy)), 0)
   end
   if o.packing and not o.max_length then error("sft: packing = true needs max_length (the packed block's length)", 0) end
+  local np = o.dataset_num_proc
+  if np ~= false and (type(np) ~= "number" or np < 1 or np % 1 ~= 0) then
+    error(fmt("sft: dataset_num_proc must be a positive integer, got %s", tostring(np)), 0)
+  end
+  if type(o.shuffle_dataset) ~= "boolean" then error("sft: shuffle_dataset must be true or false", 0) end
   if o.truncation_mode ~= "keep_start" and o.truncation_mode ~= "keep_end" then
     error(fmt("sft: truncation_mode must be \"keep_start\" or \"keep_end\", got %s", tostring(o.truncation_mode)), 0)
   end
   local kind = M.row_type(first, o.dataset_text_field)
-  if o.completion_only_loss == "auto" then o.completion_only_loss = kind == "prompt_completion"
+  -- "auto": rows with prompt and completion fields (tokenized ones too, whose completion_mask then counts),
+  -- TRL's rule on the training set's first row, which SFTTrainer keeps for its evaluation sets (inherited)
+  if o.completion_only_loss == "auto" then o.completion_only_loss = first.prompt ~= nil and first.completion ~= nil
   elseif type(o.completion_only_loss) ~= "boolean" then
     error("sft: completion_only_loss must be true, false or \"auto\" (true for prompt-completion rows)", 0)
-  elseif o.completion_only_loss and kind ~= "prompt_completion" and kind ~= "processed" then
+  elseif o.completion_only_loss and kind ~= "prompt_completion" and kind ~= "processed" and not o.inherited then
     error(fmt("sft: completion_only_loss = true needs prompt + completion rows; this dataset's rows are %s " ..
       "(for chat rows use assistant_only_loss = true)", kind), 0)
   end
@@ -226,6 +267,7 @@ function M.options(opts, tok, first)
   end
   -- options that would change nothing for these rows are refused, not ignored
   local chatty = kind == "messages" or kind == "conversations" or (kind == "prompt_completion" and is_messages(first.prompt))
+  o.chatty = chatty
   if (o.chat_template or o.chat_template_path) and not chatty then
     error(fmt("sft: a chat template is used by conversational rows only; this dataset's rows are %s", kind), 0)
   end
@@ -240,8 +282,13 @@ function M.options(opts, tok, first)
   end
   if o.chat_template_path then o.chat_template = M.read_template(o.chat_template_path) end
   -- an eos_token given: the token text / completions end with, and the template's eos_token (TRL sets the
-  -- tokenizer's eos_token to it)
+  -- tokenizer's eos_token to it, which must be one token of its vocabulary)
+  if o.eos_token ~= false then M.check_token(tok, "eos_token", o.eos_token) end
   o.template_eos = o.eos_token or nil
+  if kind == "text" and o.dataset_text_field ~= "text" then
+    require("zrun.dist").print0(fmt("[zrun] sft: no eos is appended to the rows' %s (TRL appends it to a field named " ..
+      "text only; end the rows with it to learn where they stop)", o.dataset_text_field))
+  end
   if o.eos_token == false then -- the tokenizer's eos token string
     local id = tok.eos_id and tok:eos_id()
     o.eos_token = id and id >= 0 and (tok.id_to_token and tok:id_to_token(id) or (id == 2 and "</s>")) or nil
@@ -249,17 +296,41 @@ function M.options(opts, tok, first)
   return o, kind
 end
 
+M.PACK_BATCH = 1000 -- (datasets.map's default batch size)
 -- TRL's "wrapped" packing: the rows' input_ids and labels joined end to end and cut into blocks of L
--- tokens (the last one shorter), attention running across the rows' boundaries.
-function M.pack_wrapped(rows, L)
-  local out, ids, labels = {}, {}, {}
-  for _, r in ipairs(rows) do
-    for k = 1, #r.input_ids do
-      ids[#ids + 1], labels[#labels + 1] = r.input_ids[k], r.labels[k]
-      if #ids == L then out[#out + 1], ids, labels = { input_ids = ids, labels = labels }, {}, {} end
+-- tokens, attention running across the rows' boundaries. As TRL runs it (a batched datasets.map), each
+-- batch of 1000 rows is joined and cut on its own, its last block shorter; with num_proc (SFTConfig's
+-- dataset_num_proc) the rows are first split into that many contiguous shards (datasets' shard rule),
+-- each cut in its own batches (M.PACK_BATCH rows).
+function M.pack_wrapped(rows, L, num_proc)
+  local out = {}
+  local function pack(first, last)
+    local ids, labels = {}, {}
+    for i = first, last do
+      local r = rows[i]
+      for k = 1, #r.input_ids do
+        ids[#ids + 1], labels[#labels + 1] = r.input_ids[k], r.labels[k]
+        if #ids == L then out[#out + 1], ids, labels = { input_ids = ids, labels = labels }, {}, {} end
+      end
     end
+    if #ids > 0 then out[#out + 1] = { input_ids = ids, labels = labels } end
   end
-  if #ids > 0 then out[#out + 1] = { input_ids = ids, labels = labels } end
+  local n = #rows
+  local P = math.min(num_proc or 1, n)
+  local div, mod = math.floor(n / P), n % P
+  for s = 0, P - 1 do
+    local first = div * s + math.min(s, mod) + 1
+    local last = first + div + (s < mod and 1 or 0) - 1
+    for b = first, last, M.PACK_BATCH do pack(b, math.min(b + M.PACK_BATCH - 1, last)) end
+  end
+  return out
+end
+
+-- shuffle_dataset: the rows in an order drawn from seed (zrun's generator, as Dataset:shuffle; TRL's is
+-- numpy's, so the order is another one)
+local function shuffled(rows, seed)
+  local out = {}
+  for i, k in ipairs(require("zrun._C").randperm(#rows, seed):flat_table()) do out[i] = rows[k] end
   return out
 end
 
@@ -269,26 +340,38 @@ function M.prepare(ds, tok, opts)
   local rows = ds.rows or ds
   if #rows == 0 then error("sft: the dataset is empty", 0) end
   local f = opts and opts.formatting_func
-  if f ~= nil then -- TRL's formatting_func(row) -> text: the rows become language-modeling rows
+  if f ~= nil then
     if type(f) ~= "function" then error("sft: formatting_func must be a function(row) returning the row's text", 0) end
-    if rows[1].input_ids then error("sft: formatting_func with rows that are already tokenized (input_ids): drop one of them", 0) end
-    local col = opts.completion_only_loss
-    if col == true or ((col == nil or col == "auto") and rows[1].prompt ~= nil and rows[1].completion ~= nil) then
+    local o2 = {}
+    for k, v in pairs(opts) do if k ~= "formatting_func" then o2[k] = v end end
+    opts = o2
+  end
+  local field = opts and opts.dataset_text_field or M.DEFAULTS.dataset_text_field
+  if f ~= nil and rows[1].input_ids then -- (TRL: a warning, and the function is not called)
+    require("zrun.dist").print0("[zrun] sft: formatting_func not used: the rows are already tokenized (input_ids)")
+  elseif f ~= nil then -- TRL's formatting_func(row) -> text: a field "text" beside the row's own
+    local col = opts and opts.completion_only_loss
+    if col == nil or col == "auto" then col = rows[1].prompt ~= nil and rows[1].completion ~= nil end
+    if col == true then
       error("sft: formatting_func turns the rows into plain text, which has no completion to learn alone: set " ..
         "completion_only_loss = false, or format the rows before (as TRL refuses the two together)", 0)
     end
-    local field = opts.dataset_text_field or M.DEFAULTS.dataset_text_field
     local texts = {}
     for i, r in ipairs(rows) do
       local t = f(r)
       if type(t) ~= "string" then error(fmt("sft: formatting_func returned %s for row %d, not a string", type(t), i), 0) end
-      texts[i] = { [field] = t }
+      local c = {}
+      for k, v in pairs(r) do c[k] = v end
+      c.text, texts[i] = t, c
     end
     rows = texts
-    local o2 = {}
-    for k, v in pairs(opts) do if k ~= "formatting_func" then o2[k] = v end end
-    if o2.completion_only_loss == "auto" or o2.completion_only_loss == nil then o2.completion_only_loss = false end
-    opts = o2
+    -- rows of another type keep being read from their own fields, as TRL reads them: the text is then unused
+    local kind = M.row_type(rows[1], field)
+    if kind ~= "text" or field ~= "text" then
+      require("zrun.dist").print0(fmt("[zrun] sft: formatting_func's text is not used: %s, which TRL reads from the " ..
+        "rows' own fields (format them into a text field before, to train on the formatted text)", kind ~= "text" and
+        ("these are " .. kind .. " rows") or ("dataset_text_field is " .. field)))
+    end
   end
   local o, kind = M.options(opts, tok, rows[1])
   local out, warned, dropped = {}, {}, 0
@@ -301,7 +384,12 @@ function M.prepare(ds, tok, opts)
     if any or not o.max_length or o.packing then out[#out + 1] = r else dropped = dropped + 1 end
   end
   if #out == 0 then error(fmt("sft: every row lost all its labels to truncation at max_length = %s", tostring(o.max_length)), 0) end
-  if o.packing then out = M.pack_wrapped(out, o.max_length) end
+  local seed = o.seed or 42 -- (TrainingArguments' seed)
+  if o.packing then -- (TRL shuffles before packing too, so that a block's rows are not neighbours)
+    if o.shuffle_dataset then out = shuffled(out, seed) end
+    out = M.pack_wrapped(out, o.max_length, o.dataset_num_proc or nil)
+  end
+  if o.shuffle_dataset then out = shuffled(out, seed) end
   local res = require("zrun.datasets").Dataset.from_rows(out)
   res.sft = { kind = kind, dropped = dropped, options = o }
   return res
@@ -349,8 +437,9 @@ end
 -- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
 -- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
--- {skip_prepare_dataset = true}, eval_packing, formatting_func as opts.formatting_func) beside the Trainer's;
--- M.NO_EFFECT's are said and dropped.
+-- {skip_prepare_dataset = true}, eval_packing, shuffle_dataset, dataset_num_proc, formatting_func as
+-- opts.formatting_func) beside the Trainer's; M.NO_EFFECT's are said and dropped. trainer:evaluate(rows)
+-- prepares rows given to it as the eval sets were.
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
@@ -384,7 +473,8 @@ function M.SFTTrainer(opts)
       if sargs[k] ~= nil and sargs[k] ~= M.DEFAULTS[k] then error("SFTTrainer: " .. why, 2) end
     end
     local PREP = { max_length = true, completion_only_loss = true, assistant_only_loss = true, dataset_text_field = true,
-      truncation_mode = true, eos_token = true, packing = true, packing_strategy = true, eval_packing = true }
+      truncation_mode = true, packing = true, packing_strategy = true, eval_packing = true, shuffle_dataset = true,
+      dataset_num_proc = true }
     local names = {}
     for k, v in pairs(sargs) do if PREP[k] and v ~= M.DEFAULTS[k] then names[#names + 1] = k end end
     table.sort(names)
@@ -393,10 +483,7 @@ function M.SFTTrainer(opts)
         "as given", k))
     end
   end
-  if sargs.dataset_num_proc then -- (a speed knob with nothing to speed up: say so rather than ignore it)
-    require("zrun.dist").print0("[zrun] SFTTrainer: dataset_num_proc has no effect: rows are prepared in-process")
-  end
-  sargs.dataset_kwargs, sargs.dataset_num_proc = nil, nil
+  sargs.dataset_kwargs = nil
   local multiple, pad_token = sargs.pad_to_multiple_of, sargs.pad_token
   sargs.pad_to_multiple_of, sargs.pad_token = nil, nil
   if opts.data_collator and (multiple or pad_token) then
@@ -407,11 +494,22 @@ function M.SFTTrainer(opts)
     tok:set_chat_template(M.read_template(sargs.chat_template_path))
     sargs.chat_template_path = nil
   end
+  -- eos_token (TRL: the tokenizer's eos from then on, in the collator's pad fallback and the saved files)
+  local eos_token = sargs.eos_token
+  if eos_token and eos_token ~= false and tok then
+    M.check_token(tok, "eos_token", eos_token)
+    require("zrun.tokenizers").set_special_tokens(tok, { eos_token = eos_token })
+  end
+  -- completion_only_loss "auto" is decided once, from the training set's first row, for every set (TRL)
+  local col = sargs.completion_only_loss
+  local first = opts.train_dataset and (opts.train_dataset.rows or opts.train_dataset)[1]
+  if (col == nil or col == "auto") and type(first) == "table" then col = first.prompt ~= nil and first.completion ~= nil end
   local function prep(ds, eval)
     if not ds or skip then return ds end
     if not tok then error("SFTTrainer: processing_class (the tokenizer) is required to prepare the datasets", 2) end
-    local o = { formatting_func = opts.formatting_func }
+    local o = { formatting_func = opts.formatting_func, seed = args.seed }
     for k, v in pairs(sargs) do o[k] = v end
+    if eval and type(col) == "boolean" then o.completion_only_loss, o.inherited = col, true end
     local ep = sargs.eval_packing
     o.eval_packing = nil
     if eval and ep ~= nil and ep ~= "auto" then o.packing = ep end -- (TRL: eval_packing, else packing)
@@ -439,13 +537,32 @@ function M.SFTTrainer(opts)
     -- learned); on a GPU rows are padded to a multiple of 64 tokens as the Trainer's default collator does
     local pad = pad_token and tok:token_to_id(pad_token)
     if pad_token and not pad then error(fmt("SFTTrainer: pad_token '%s' is not in the tokenizer's vocabulary", pad_token), 2) end
-    pad = pad or tok:pad_id() or tok:eos_id()
+    pad = pad or tok:pad_id() or (eos_token and tok:token_to_id(eos_token)) or tok:eos_id()
+    if pad ~= tok:pad_id() then -- (TRL sets the tokenizer's pad token: the saved tokenizer has it)
+      require("zrun.tokenizers").set_special_tokens(tok, { pad_token = tok:id_to_token(pad) })
+    end
     local p1 = opts.model and opts.model.parameters and opts.model:parameters()[1]
     if not multiple and p1 and p1:device() ~= "cpu" then multiple = 64 end
-    t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil }
+    -- (TRL's collator: labels are the row's, else its input_ids; only the padding is -100, so a token equal to
+    -- the pad, an eos that pads, is still learned)
+    t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil,
+      mask_pad_token = false }
   end
   local trainer = require("zrun.trainer")(t)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
+  if not skip then -- evaluate(rows) prepares rows given to it as the eval sets were (TRL); prepared sets pass
+    local evaluate = trainer.evaluate
+    trainer.evaluate = function(self, ds, ...)
+      if type(ds) == "table" and not ds.sft then
+        if named(ds) then
+          local prepared = {}
+          for name, d in pairs(ds) do prepared[name] = d.sft and d or prep(d, true) end
+          ds = prepared
+        else ds = prep(ds, true) end
+      end
+      return evaluate(self, ds, ...)
+    end
+  end
   if skip and not opts.data_collator then -- (the default collator reads labels only: masks without them would
     -- train on every token; TRL refuses such rows too, at init and in evaluate)
     no_masks_without_labels("train", t.train_dataset)

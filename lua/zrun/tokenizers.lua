@@ -38,6 +38,7 @@ end
 local sources = setmetatable({}, { __mode = "k" })
 local converted = setmetatable({}, { __mode = "k" }) -- tokenizer.json text built from vocab.json + merges.txt
 local chats = setmetatable({}, { __mode = "k" })
+local specials = setmetatable({}, { __mode = "k" }) -- special tokens set after loading: {eos_token =, pad_token =}
 local chat = require "zrun.chat"
 
 -- The chat settings of tok (its templates and special tokens), read from its files once.
@@ -133,6 +134,54 @@ local function copy(src, dst)
   C.write_file_atomic(dst, data)
 end
 
+-- Special tokens given to a loaded tokenizer, as a transformers tokenizer's tok.eos_token = "..." (what TRL's
+-- SFTTrainer does with eos_token and its pad token): save_pretrained writes them into tokenizer_config.json
+-- (and special_tokens_map.json when there is one). t: {eos_token =, pad_token =} strings of its vocabulary.
+function M.set_special_tokens(tok, t)
+  local s = specials[tok] or {}
+  for k, v in pairs(t) do
+    if k ~= "eos_token" and k ~= "pad_token" then error("set_special_tokens: eos_token and pad_token only, got " .. tostring(k), 2) end
+    if type(v) ~= "string" or not tok:token_to_id(v) then
+      error(("set_special_tokens: %s %s is not a token of the vocabulary"):format(k, tostring(v)), 2)
+    end
+    s[k] = v
+  end
+  specials[tok] = s
+end
+-- The special tokens set on tok with set_special_tokens ({} when none).
+function M.special_tokens(tok) return specials[tok] or {} end
+
+-- A config file's text with its top-level special token keys set to the strings in set: a string value
+-- (or an AddedToken mapping, written as a string then) replaced in place, an absent or null one added;
+-- the rest of the text is kept byte for byte.
+local function with_specials(text, set)
+  local cjson = require "cjson"
+  local ok, cfg = pcall(cjson.decode, text)
+  if not ok or type(cfg) ~= "table" then return text end
+  local enc = require("zrun.hf").encode_json_line
+  for _, k in ipairs { "eos_token", "pad_token" } do
+    local v = set[k]
+    local old = cfg[k]
+    local key = '"' .. k .. '"%s*:%s*'
+    if v == nil then -- (not set)
+    elseif type(old) == "string" then
+      local a, b = text:find(key .. enc(old):gsub("%p", "%%%0"))
+      if a then text = text:sub(1, a - 1) .. '"' .. k .. '": ' .. enc(v) .. text:sub(b + 1) end
+    elseif type(old) == "table" then -- {"content": ..., ...}: no braces nest inside
+      local a, e = text:find(key .. "{")
+      local b = e and text:find("}", e + 1, true)
+      if a and b then text = text:sub(1, a - 1) .. '"' .. k .. '": ' .. enc(v) .. text:sub(b + 1) end
+    elseif old == cjson.null then
+      local a, b = text:find(key .. "null")
+      if a then text = text:sub(1, a - 1) .. '"' .. k .. '": ' .. enc(v) .. text:sub(b + 1) end
+    else
+      local a = text:find("{", 1, true)
+      if a then text = text:sub(1, a) .. '\n  "' .. k .. '": ' .. enc(v) .. "," .. text:sub(a + 1) end
+    end
+  end
+  return text
+end
+
 -- Writes the tokenizer's files into dir (tokenizer.json and the config files found beside the one
 -- it was loaded from, or the byte tokenizer's own); returns the names written.
 function M.save_pretrained(tok, dir)
@@ -150,6 +199,12 @@ function M.save_pretrained(tok, dir)
       out[#out + 1] = n
     elseif n == "chat_template.jinja" and set then
       C.write_file_atomic(dir .. "/" .. n, chats[tok].templates.default)
+      out[#out + 1] = n
+    elseif specials[tok] and (n == "tokenizer_config.json" or n == "special_tokens_map.json") and exists(p) then
+      local f = assert(io.open(p, "rb"))
+      local text = f:read("*a")
+      f:close()
+      C.write_file_atomic(dir .. "/" .. n, with_specials(text, specials[tok]))
       out[#out + 1] = n
     elseif exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
   end
@@ -267,8 +322,10 @@ function Byte:save_pretrained(dir)
       end_of_word_suffix = null, fuse_unk = false, byte_fallback = true, vocab = vocab, merges = "\0merges" } }
   -- (encode_json writes an empty table as {}; merges is an empty list)
   C.write_file_atomic(dir .. "/tokenizer.json", (hf.encode_json(tj):gsub('"\\u0000merges"', "[]")))
+  local sp = specials[self] or {}
   C.write_file_atomic(dir .. "/tokenizer_config.json", hf.encode_json({ tokenizer_class = "PreTrainedTokenizerFast",
-    bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>", add_bos_token = true, model_max_length = 1e9 }))
+    bos_token = "<s>", eos_token = sp.eos_token or "</s>", pad_token = sp.pad_token or "<pad>", add_bos_token = true,
+    model_max_length = 1e9 }))
   local files = { "tokenizer.json", "tokenizer_config.json" }
   if self.chat and self.chat.templates then
     C.write_file_atomic(dir .. "/chat_template.jinja", self.chat.templates.default)

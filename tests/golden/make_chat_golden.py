@@ -1,8 +1,8 @@
 """Writes tests/golden/chat_tinyllama.json: what transformers' apply_chat_template gives for the TinyLlama
 chat tokenizer (its own template, and a template of ours with {% generation %} blocks), and the
-{input_ids, labels} rows TRL's SFTTrainer builds from each dataset type (its documented rules,
-restated here: eos appended to non-conversational text / completions, the completion's labels only for
-prompt-completion rows, the assistant tokens only with assistant_only_loss, truncation keep_start /
+{input_ids, labels} rows TRL's SFTTrainer builds from each dataset type (its rules restated here: eos
+appended to non-conversational text / completions, the labels of prompt-completion rows after as many tokens
+as the prompt has alone (TRL's completion_mask; tests/golden/make_sft_trl_golden.py runs TRL itself), the assistant tokens only with assistant_only_loss, truncation keep_start /
 keep_end); and AutoTokenizer's ids of the first 40 non-empty WikiText-2 validation lines (line numbers and
 ids only), which transformers 5 computes with its own LlamaTokenizer pipeline, not tokenizer.json's. Read by tests/lua/test_sft_golden.lua.
     python3 tests/golden/make_chat_golden.py [TOKENIZER_DIR]
@@ -32,13 +32,6 @@ CONVS = [
      {"role": "user", "content": "And grass, caf\u00e9 \u2615?"},
      {"role": "assistant", "content": " Green, 42 times\n\nnew lines."}],
 ]
-
-
-def common_prefix(a, b):
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def labels_from(ids, *masks):
@@ -90,7 +83,7 @@ def main():
             p_ids = list(tok.apply_chat_template(conv[:-1], chat_template=tpl, tokenize=True, return_dict=True,
                                                  add_generation_prompt=True)["input_ids"])
             ids = list(tok.apply_chat_template(conv, chat_template=tpl, tokenize=True, return_dict=True)["input_ids"])
-            n = common_prefix(p_ids, ids)
+            n = len(p_ids)
             out["sft"].append({"name": f"prompt-completion {ci} {name}", "row": {"prompt": conv[:-1], "completion": conv[-1:]},
                                "options": {"chat_template": name} if tpl else {},
                                "input_ids": ids, "labels": labels_from(ids, [0] * n + [1] * (len(ids) - n))})
@@ -99,7 +92,7 @@ def main():
     for k, (p, c) in enumerate(pc):
         cc = c if c.endswith(eos) else c + eos
         p_ids, ids = tok(p)["input_ids"], tok(p + cc)["input_ids"]
-        n = common_prefix(p_ids, ids)
+        n = len(p_ids)
         row = {"input_ids": ids, "labels": labels_from(ids, [0] * n + [1] * (len(ids) - n))}
         out["sft"].append({"name": f"text prompt-completion {k}", "row": {"prompt": p, "completion": c}, "options": {}, **row})
         out["sft"].append({"name": f"text prompt-completion {k}, completion_only_loss false", "row": {"prompt": p, "completion": c},

@@ -129,8 +129,12 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
   T.eq_list(ff.labels, cat(bytes("a=b", 1), { 2 }), "formatting_func: text + eos, every token learned")
   T.raises(function() S.prepare({ { prompt = "a", completion = "b" } }, tok, { formatting_func = function(r) return r.prompt end }) end,
     "set completion_only_loss = false")
-  T.eq(#S.prepare({ { prompt = "a", completion = "b" } }, tok,
-    { formatting_func = function(r) return r.prompt end, completion_only_loss = false })[1].input_ids, 3)
+  -- (TRL keeps reading prompt-completion rows from their fields: the formatted text unused, and the eos it
+  -- appends to that text, not to the completion)
+  T.eq_list(T.printed(S.prepare, { { prompt = "a", completion = "b" } }, tok,
+    { formatting_func = function(r) return r.prompt end, completion_only_loss = false }) and
+    S.prepare({ { prompt = "a", completion = "b" } }, tok, { formatting_func = function(r) return r.prompt end,
+      completion_only_loss = false })[1].input_ids, bytes("ab", 1), "formatting_func on prompt-completion rows")
 end)
 
 T.test("refusals: one line each, naming the fix", function()
@@ -300,9 +304,21 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
   T.raises(function() with { eval_packing = "yes" } end, 'eval_packing must be true, false or "auto"')
   local named = trainer({ eval_dataset = { a = ev, b = ev } }, { eval_packing = false, assistant_only_loss = false })
   T.eq(#named.eval_dataset.a == #ev and named.eval_dataset.b[1].input_ids ~= nil, true, "named eval datasets, each prepared")
-  local said = T.printed(with, { shuffle_dataset = true, trust_remote_code = true })
-  assert(said:find("[zrun] SFTTrainer: shuffle_dataset has no effect (TRL's SFTTrainer does not read it either", 1, true), said)
+  local said = T.printed(with, { trust_remote_code = true })
   assert(said:find("[zrun] SFTTrainer: trust_remote_code has no effect", 1, true), said)
+  -- shuffle_dataset (TRL): the prepared rows in an order drawn from args.seed, before packing and after it
+  local function order(a)
+    local out = {}
+    for i, r in ipairs(trainer(nil, a).train_dataset) do out[i] = #r.input_ids .. ":" .. r.input_ids[#r.input_ids - 1] end
+    return table.concat(out, " ")
+  end
+  local plain = order { assistant_only_loss = false }
+  local sh = order { assistant_only_loss = false, shuffle_dataset = true }
+  T.eq(sh == plain, false, "shuffled")
+  T.eq(order { assistant_only_loss = false, shuffle_dataset = true }, sh, "the same order again (args.seed)")
+  T.eq(order { assistant_only_loss = false, shuffle_dataset = true, seed = 7 } == sh, false, "another seed, another order")
+  local sorted = function(s) local t = {}; for w in s:gmatch("%S+") do t[#t + 1] = w end; table.sort(t); return table.concat(t, " ") end
+  T.eq(sorted(sh), sorted(plain), "the same rows")
 end)
 
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
