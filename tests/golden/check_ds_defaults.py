@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the DeepSpeed 0.19.8 defaults zrun follows against the real DeepSpeed (on the GPU machine,
+"""Checks the DeepSpeed 0.19.8 defaults zrun follows against the real DeepSpeed (on the GPU machine, or the CPU through tests/golden/reference.sh,
 from the repo root after `make`): a real engine and a zrun engine train a tiny random Llama from the
 same weights on the same batches with the same config, and what each default decides must agree:
 

@@ -1,5 +1,5 @@
 """Checks that model directories written by zrun's save_pretrained load in Hugging Face transformers
-and give zrun's logits. Run where transformers is installed (the GPU machine):
+and give zrun's logits. Run where transformers is installed (the GPU machine, or tests/golden/reference.sh on the CPU):
     ./zrun tests/golden/save_for_hf_check.lua DIR          # on the dev machine
     python3 tests/golden/check_hf_save.py DIR              # DIR holds <name>/ and expected.safetensors
 Prints PASS/FAIL lines (with the rope parameters transformers resolved) and "N passed, N failed"."""

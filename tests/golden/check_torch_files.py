@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks zrun's reading of torch.save files and DeepSpeed checkpoints against the real torch and
-DeepSpeed, where they are installed (the GPU machine; run from the repo root after `make`):
+DeepSpeed, where they are installed (the GPU machine, or the CPU through tests/golden/reference.sh; run from the repo root after `make`):
 
   1. torch.load reads tests/golden/torch_files (written by make_torch_files.py without torch) to
      the values the tests expect: the emulated format is torch's.
@@ -324,7 +324,8 @@ def part5():
         m.config.save_pretrained(f"{OUT}/cfg_{name}")
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=6, learning_rate=1e-3,
                                  weight_decay=0.0, logging_steps=1, save_steps=3, bf16=bf16, deepspeed=ds,
-                                 report_to=[], lr_scheduler_type="linear", warmup_steps=0, save_only_model=False)
+                                 report_to=[], lr_scheduler_type="linear", warmup_steps=0, save_only_model=False,
+                                 use_cpu=not torch.cuda.is_available())  # (a CPU venv serves too)
         tr = Trainer(model=m, args=args, train_dataset=Rows())
         tr.train()
         hf = {h["step"]: h["loss"] for h in tr.state.log_history if "loss" in h}

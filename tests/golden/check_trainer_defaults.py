@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks what zr.Trainer does where the arguments are left out against transformers' Trainer itself
-(the GPU machine: torch, transformers 5.17, DeepSpeed 0.19.8; run from the repo root after `make`):
+(torch, transformers 5.17, DeepSpeed 0.19.8: the GPU machine, or this CPU through tests/golden/reference.sh;
+run from the repo root after `make`):
 
   1. save_strategy and eval_strategy "epoch" with load_best_model_at_end: the checkpoint both Trainers
      name best (and load) is the same step's, the last one included when its evaluation is the best.
@@ -60,24 +61,28 @@ def part1():
     m = C.tiny_llama(4)
     init = f"{C.OUT}/tinit1"
     m.save_pretrained(init)
-    train, evalr = rows(1), rows(2)[:8]
+    train = rows(1)
+    evalr = train[:8]  # (rows it trains on: each epoch's evaluation better, the last the best)
     out = f"{C.OUT}/byepoch"
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=8, num_train_epochs=3, learning_rate=3e-3,
                              eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True,
-                             logging_steps=1, report_to=[], use_cpu=True, seed=1)
+                             logging_steps=1, report_to=[], use_cpu=True, seed=1,
+                             train_sampling_strategy="sequential")  # (the same rows in the same order: one curve)
     tr = Trainer(model=m, args=args, train_dataset=Rows(train), eval_dataset=Rows(evalr))
     tr.train()
     hf_best = os.path.basename(tr.state.best_model_checkpoint or "")
     hf_evals = {h["step"]: h["eval_loss"] for h in tr.state.log_history if "eval_loss" in h}
     rc, text = zrun_trainer(init, train, evalr, f'{{ output_dir = "{out}_zrun", per_device_train_batch_size = 8, '
                             'num_train_epochs = 3, learning_rate = 3e-3, eval_strategy = "epoch", save_strategy = "epoch", '
-                            'load_best_model_at_end = true, logging_steps = 1, seed = 1 }',
+                            'load_best_model_at_end = true, logging_steps = 1, seed = 1, '
+                            'train_sampling_strategy = "sequential" }',
                             'print("BEST " .. tostring(tr.state.best_model_checkpoint))\n'
                             'for _, h in ipairs(tr.state.log_history) do if h.eval_loss then '
                             'print(string.format("EVAL %d %.6f", h.step, h.eval_loss)) end end')
     zb = [x.split()[1] for x in text.splitlines() if x.startswith("BEST ")]
     z_best = os.path.basename(zb[0]) if zb else None
-    print(f"  epochs: transformers evals {hf_evals} best {hf_best}; zrun best {z_best}", flush=True)
+    z_evals = {int(x.split()[1]): float(x.split()[2]) for x in text.splitlines() if x.startswith("EVAL ")}
+    print(f"  epochs: transformers evals {hf_evals} best {hf_best}; zrun evals {z_evals} best {z_best}", flush=True)
     C.report("save and eval by epoch with load_best_model_at_end: the same best checkpoint as transformers'",
              rc == 0 and z_best == hf_best, text[-500:])
 

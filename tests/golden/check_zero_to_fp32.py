@@ -1,6 +1,6 @@
 """Checks that `zrun zero-to-fp32` output loads into Hugging Face transformers with
 load_state_dict(strict=True) (a tied head aside: transformers ties lm_head.weight to the
-embedding itself) and gives zrun's logits. Run where transformers is installed (the GPU machine):
+embedding itself) and gives zrun's logits. Run where transformers is installed (the GPU machine, or tests/golden/reference.sh on the CPU):
     ./zrun tests/golden/save_zero_for_hf_check.lua DIR
     python3 tests/golden/check_zero_to_fp32.py DIR
 Prints PASS/FAIL lines and "N passed, N failed"."""

@@ -1,0 +1,61 @@
+#!/bin/sh
+# zrun against the real libraries, on this machine's CPU: every check_*.py of tests/golden (torch.save files,
+# DeepSpeed's checkpoints, zero_to_fp32 and universal checkpoints, resumes of real DeepSpeed and transformers
+# runs, DeepSpeed's and the Trainer's defaults, save_pretrained read back by transformers) and the golden
+# writers' diff (TRL's SFT rows, chat templates). The GPU machine is not needed for these: torch 2.11,
+# transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10 and datasets run on
+# the CPU in a virtual environment made the first time (~5 GB: torch's wheel brings its CUDA libraries; pip
+# needs the network, which the GPU machine lacks). Not part of `make test` (no Python there).
+#     sh tests/golden/reference.sh [VENV]       (default /tmp/zrun-ref; prints each check's PASS / FAIL lines)
+# Run from the repository root after `make`. Ends with "reference: N checks failed" (0: all passed).
+set -u
+VENV=${1:-/tmp/zrun-ref}
+ROOT=$(pwd)
+[ -x ./zrun ] || { echo "reference.sh: ./zrun not built here; run make first (from the repository root)"; exit 2; }
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV" || { echo "reference.sh: python3 -m venv failed (apt-get install python3-venv)"; exit 2; }
+  "$VENV/bin/pip" install -q "torch==2.11.0" "transformers==5.17.0" "trl==1.10.0" datasets accelerate \
+    hjson py-cpuinfo msgpack ninja nvidia-ml-py einops pydantic wheel setuptools || exit 2
+  DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-deps --no-build-isolation "deepspeed==0.19.8" || exit 2
+fi
+PY="$VENV/bin/python"
+# one process as its own world (DeepSpeed looks for MPI otherwise)
+export ZRUN_HOME="$ROOT" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
+  MASTER_PORT=${MASTER_PORT:-29561} CHECK_NO_FIGURE=1 PYTHONWARNINGS=ignore HF_DATASETS_DISABLE_PROGRESS_BARS=1
+DATA=${ZRUN_TEST_DATA:-../shared/data}
+OUT=$(mktemp -d)
+failed=0
+run() { # name, command...: its PASS / FAIL lines; a failure when it exits non-zero or prints FAIL
+  name=$1
+  shift
+  "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  grep -a "^PASS\|^FAIL" "$OUT/$name.log" | cut -c1-300
+  if [ $rc -ne 0 ] || grep -aq "^FAIL" "$OUT/$name.log"; then
+    failed=$((failed + 1))
+    echo "reference: $name FAILED (rc $rc; log $OUT/$name.log)"
+  fi
+}
+run torch_files "$PY" tests/golden/check_torch_files.py "$OUT/tc" ./zrun
+run ds_defaults "$PY" tests/golden/check_ds_defaults.py "$OUT/dd" ./zrun
+run trainer_defaults "$PY" tests/golden/check_trainer_defaults.py "$OUT/td" ./zrun
+./zrun tests/golden/save_for_hf_check.lua "$OUT/hfsave" > "$OUT/save.log" 2>&1 &&
+  run hf_save "$PY" tests/golden/check_hf_save.py "$OUT/hfsave"
+./zrun tests/golden/save_zero_for_hf_check.lua "$OUT/zsave" > "$OUT/zsave.log" 2>&1 &&
+  run zero_to_fp32 "$PY" tests/golden/check_zero_to_fp32.py "$OUT/zsave"
+# the golden files TRL and transformers write must come out as committed (the libraries unchanged)
+if [ -d "$DATA/tokenizers" ]; then
+  for g in sft_trl chat_tinyllama; do
+    cp "tests/golden/$g.json" "$OUT/$g.committed.json"
+  done
+  "$PY" tests/golden/make_sft_trl_golden.py "$DATA" > "$OUT/sft_golden.log" 2>&1
+  "$PY" tests/golden/make_chat_golden.py "$DATA/tokenizers/tinyllama-1.1b-chat-v1.0" > "$OUT/chat_golden.log" 2>&1
+  for g in sft_trl chat_tinyllama; do
+    if cmp -s "tests/golden/$g.json" "$OUT/$g.committed.json"; then echo "PASS tests/golden/$g.json as the libraries write it"
+    else echo "FAIL tests/golden/$g.json differs from what the libraries write now (the new one is in the tree)"; failed=$((failed + 1)); fi
+  done
+else
+  echo "reference: $DATA/tokenizers not found: the golden files' check left out (set ZRUN_TEST_DATA)"
+fi
+echo "reference: $failed checks failed"
+[ $failed -eq 0 ]
