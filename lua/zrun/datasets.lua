@@ -522,7 +522,8 @@ function Sampler:len() return self.num_samples end
 -- This rank's row indices (1-based) for the current epoch.
 function Sampler:indices()
   local order
-  if self.shuffle then order = C.randperm(self.n, self.seed * 1000003 + self.epoch):flat_table()
+  -- (torch's own permutation: torch.randperm with a generator seeded seed + epoch, so the order is torch's)
+  if self.shuffle then order = C.randperm_torch(self.n, self.seed + self.epoch):flat_table()
   else order = {}; for i = 1, self.n do order[i] = i end end
   local total = self.num_samples * self.world_size
   if not self.drop_last then

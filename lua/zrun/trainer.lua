@@ -771,10 +771,12 @@ end
 
 -- The training rows this rank reads in an epoch (1-based, in order): micro-batch m (0-based) is rows
 -- m x per_device_train_batch_size + 1 .. (the last one shorter where the rows run out). The epoch's
--- order: train_sampling_strategy "random": a permutation (seed data_seed or seed, plus the epoch);
+-- order: train_sampling_strategy "random": torch.randperm with a generator seeded (data_seed or seed) + epoch,
+-- transformers' order under accelerate, row for row;
 -- "sequential": the rows in order; "group_by_length": transformers' LengthGroupedSampler over micro-batch
 -- x accumulation rows (shuffled as "random" is, then sorted by length within mega-batches, the longest
--- row first). It is cut into micro-batches dealt to the ranks in turn, as accelerate shards the
+-- row first; transformers draws that shuffle from torch's global generator, whose state no seed alone gives,
+-- so its order is another one). It is cut into micro-batches dealt to the ranks in turn, as accelerate shards the
 -- Trainer's loader (datasets.deal_batches): with several ranks the last round is completed from the
 -- first rows (every rank's micro-batches full), or dropped with dataloader_drop_last.
 function Trainer:epoch_order(epoch)
@@ -787,7 +789,8 @@ function Trainer:epoch_order(epoch)
     order = {}
     for i = 1, #rows do order[i] = i end
   else
-    local perm = C.randperm(#rows, seed * 1000003 + epoch):flat_table()
+    -- (torch.randperm with a generator seeded seed + epoch: transformers' order under accelerate)
+    local perm = C.randperm_torch(#rows, seed + epoch):flat_table()
     if a.train_sampling_strategy == "random" then order = perm
     else
       if not self.row_lengths then -- the length column when the rows have one, else the input_ids' length

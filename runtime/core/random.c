@@ -76,3 +76,47 @@ void zr_randperm(int64_t n, uint64_t seed, int64_t *out) {
         out[j] = t;
     }
 }
+
+/* torch.randperm(n, generator) on the CPU, for a generator seeded with torch.Generator().manual_seed(seed):
+ * the generator is the Mersenne Twister MT19937 initialised from the seed's low 32 bits (init_genrand, as
+ * at::mt19937 does), and the permutation is torch's randperm_cpu: 0..n-1, then for i = 0..n-2 position i
+ * swapped with i + random() % (n - i) (random64() for n of UINT32_MAX / 20 or more). The Trainer's random
+ * order (transformers' RandomSampler under accelerate: seed + epoch) comes out as torch's. */
+typedef struct {
+    uint32_t s[624];
+    int i;
+} mt19937;
+static void mt_seed(mt19937 *m, uint32_t seed) {
+    m->s[0] = seed;
+    for (int j = 1; j < 624; j++) m->s[j] = 1812433253u * (m->s[j - 1] ^ (m->s[j - 1] >> 30)) + (uint32_t)j;
+    m->i = 624;
+}
+static uint32_t mt_next(mt19937 *m) {
+    if (m->i >= 624) {
+        for (int k = 0; k < 624; k++) {
+            uint32_t y = (m->s[k] & 0x80000000u) | (m->s[(k + 1) % 624] & 0x7fffffffu);
+            m->s[k] = m->s[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        m->i = 0;
+    }
+    uint32_t y = m->s[m->i++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+void zr_randperm_torch(int64_t n, uint64_t seed, int64_t *out) {
+    mt19937 m;
+    mt_seed(&m, (uint32_t)(seed & 0xffffffffu));
+    for (int64_t i = 0; i < n; i++) out[i] = i;
+    int small = n < (int64_t)(UINT32_MAX / 20);
+    for (int64_t i = 0; i < n - 1; i++) {
+        uint64_t r = mt_next(&m);
+        if (!small) r = (r << 32) | mt_next(&m);
+        int64_t z = (int64_t)(r % (uint64_t)(n - i));
+        int64_t t = out[i];
+        out[i] = out[z + i];
+        out[z + i] = t;
+    }
+}

@@ -19,6 +19,8 @@ zr_status zr_tensor_bernoulli_(zr_tensor *t, double keep);
 /* Fisher-Yates permutation of 0..n-1 into out, from a Philox stream keyed by seed alone
  * (independent of the global generator), so every rank computes the same order. */
 void zr_randperm(int64_t n, uint64_t seed, int64_t *out);
+/* torch.randperm(n) with a CPU generator seeded `seed` (MT19937): the same permutation torch gives. */
+void zr_randperm_torch(int64_t n, uint64_t seed, int64_t *out);
 
 /* Installed by the CUDA backend: fill a contiguous device tensor (kind 0 uniform, 1 normal,
  * 2 bernoulli) from (seed, offset). */

@@ -11,6 +11,8 @@ run from the repo root after `make`):
      named without "norm", one named post_norm, biases: the same set in both.
   4. The learning_rate logged at each step under a DeepSpeed file with an optimizer and no scheduler (HF's
      schedule stepped by the engine: the next step's rate) and without DeepSpeed (the step's own).
+  5. The rows the Trainer reads, in its order (random sampling: torch.randperm seeded seed + epoch), with seed
+     and with data_seed.
 
 usage: python3 tests/golden/check_trainer_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -170,10 +172,55 @@ def part4():
                  all(abs(a - b) <= 1e-15 for a, b in zip(z, hf)), text[-400:])
 
 
+def part5():
+    """The rows transformers' Trainer reads, in its order (train_sampling_strategy "random": torch.randperm seeded
+    seed + epoch under accelerate), next to zr.Trainer's data_order, with seed and with data_seed."""
+    from transformers import Trainer, TrainingArguments
+    n, lens = 23, [3 + (i * 7) % 11 for i in range(23)]
+    seen = []
+
+    class Read(torch.utils.data.Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            seen.append(i)
+            return {"input_ids": torch.tensor([i % 90 + 1] * lens[i]), "labels": torch.tensor([i % 90 + 1] * lens[i])}
+
+    def pad(b):
+        t = max(len(x["input_ids"]) for x in b)
+        ids, lab = torch.zeros(len(b), t, dtype=torch.long), torch.full((len(b), t), -100)
+        for k, x in enumerate(b):
+            ids[k, :len(x["input_ids"])], lab[k, :len(x["labels"])] = x["input_ids"], x["labels"]
+        return {"input_ids": ids, "labels": lab}
+    for extra in ({}, {"data_seed": 7}):
+        seen.clear()
+        args = TrainingArguments(output_dir=f"{C.OUT}/order", per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                 num_train_epochs=2, report_to=[], use_cpu=True, seed=42, save_strategy="no",
+                                 logging_steps=100, **extra)
+        Trainer(model=C.tiny_llama(0), args=args, train_dataset=Read(), data_collator=pad).train()
+        lua_lens = "{" + ",".join(map(str, lens)) + "}"
+        rc, text = C.zrun_lua(f"""
+local zr = require "zrun"
+local lens, rows = {lua_lens}, {{}}
+for i = 0, {n - 1} do local ids = {{}}; for k = 1, lens[i + 1] do ids[k] = i % 90 + 1 end; rows[i + 1] = {{ input_ids = ids }} end
+local tr = zr.Trainer {{ model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")), train_dataset = rows,
+  args = {{ output_dir = "{C.OUT}/order_zrun", per_device_train_batch_size = 2, gradient_accumulation_steps = 2,
+    num_train_epochs = 2, seed = 42, save_strategy = "no"{", data_seed = 7" if extra else ""} }} }}
+local t = {{}}
+for i, v in ipairs((tr:data_order())) do t[i] = v - 1 end
+print("ORDER " .. table.concat(t, " "))
+""")
+        z = [int(x) for x in ([l for l in text.splitlines() if l.startswith("ORDER")] or ["ORDER"])[0].split()[1:]]
+        print(f"  order {extra}: transformers {seen}\n  order {extra}: zrun {z}", flush=True)
+        C.report(f"the rows in the order transformers' Trainer reads them ({extra or 'seed'})", rc == 0 and z == seen,
+                 text[-300:])
+
+
 if __name__ == "__main__":
     os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
-    for part in (part1, part3, part2, part4):
+    for part in (part1, part3, part2, part4, part5):
         try:
             part()
         except Exception as e:  # noqa: BLE001 (the check reports what failed)
