@@ -550,6 +550,7 @@ function M.SFTTrainer(opts)
   end
   local trainer = require("zrun.trainer")(t)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
+  trainer.log_num_tokens = true -- (TRL's num_tokens in the training logs, eval_num_tokens beside the evaluation's)
   if not skip then -- evaluate(rows) prepares rows given to it as the eval sets were (TRL); prepared sets pass
     local evaluate = trainer.evaluate
     trainer.evaluate = function(self, ds, ...)

@@ -582,12 +582,17 @@ function Trainer:train(resume)
   -- parameters x the input tokens) since the last sync; summed over the ranks into the state at each log and save
   local count_seen, seen_local, flos_local = a.include_num_input_tokens_seen ~= "no" and a.include_num_input_tokens_seen, 0, 0
   local flops_per_token = 6 * self.model:num_parameters(false, true)
+  -- self.log_num_tokens (SFTTrainer): TRL's num_tokens, the non-padding tokens trained on by every rank since
+  -- this process started (TRL keeps it outside the trainer state: a resumed run counts from 0 again)
+  local ntok_local = 0
+  self.num_tokens = self.num_tokens or 0
   local function sync_counts() -- collective: every rank logs and saves at the same steps
-    local t = zr.tensor({ seen_local, flos_local }, { dtype = "f64" })
+    local t = zr.tensor({ seen_local, flos_local, ntok_local }, { dtype = "f64" })
     if W > 1 then dist.all_reduce(t, "sum") end
     local sums = t:flat_table()
     if count_seen then st.num_input_tokens_seen = st.num_input_tokens_seen + floor(sums[1] + 0.5) end
-    st.total_flos, seen_local, flos_local = (st.total_flos or 0) + sums[2], 0, 0
+    self.num_tokens = self.num_tokens + floor(sums[3] + 0.5)
+    st.total_flos, seen_local, flos_local, ntok_local = (st.total_flos or 0) + sums[2], 0, 0, 0
   end
   -- Full Lua collections before backward (C.collect_tensor_garbage) walk the whole heap, the datasets'
   -- rows included; zrun's models and this loop free their tensors so none runs. Where they take more
@@ -627,7 +632,8 @@ function Trainer:train(resume)
     local lr = (self.hf_schedule and not self.engine_steps_hf_schedule) and self.step_lr or e:get_lr()[1]
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
-      num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil }
+      num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil,
+      num_tokens = self.log_num_tokens and self.num_tokens or nil }
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
@@ -703,9 +709,12 @@ function Trainer:train(resume)
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
         flos_local = flos_local + flops_per_token * ids:numel()
-        if count_seen then -- include_num_input_tokens_seen: this rank's, summed over the ranks when logged or saved
-          seen_local = seen_local + (count_seen == "non_padding" and batch.attention_mask and
-            batch.attention_mask:to("f64"):sum():item() or ids:numel())
+        if count_seen or self.log_num_tokens then -- this rank's, summed over the ranks when logged or saved
+          local all = ids:numel()
+          local nonpad = (count_seen == "non_padding" or self.log_num_tokens) and batch.attention_mask and
+            batch.attention_mask:to("f64"):sum():item() or all
+          if count_seen then seen_local = seen_local + (count_seen == "non_padding" and nonpad or all) end
+          if self.log_num_tokens then ntok_local = ntok_local + nonpad end
         end
         -- the micro-batch's tensors and outputs go now, not at the next full Lua collection (which walks the
         -- whole heap, the dataset's rows included): engine:backward then need not run one for them (the
@@ -1083,7 +1092,8 @@ function Trainer:evaluate(ds, prefix)
   local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
   local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
-    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = acc and t[4] / cnt or nil }
+    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = acc and t[4] / cnt or nil,
+    [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil } -- (TRL: the training total)
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
     fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "",
     acc and fmt(" | mean token accuracy %.4f", t[4] / cnt) or "", cnt))

@@ -220,6 +220,14 @@ T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teache
   local first, last = hist[1].loss, hist[#hist].loss
   assert(last < 0.2 * first, ("loss %.4f -> %.4f: not 80%% lower"):format(first, last))
   for _, r in ipairs(hist) do assert(r.grad_norm > 0, "gradient norm 0 at step " .. r.step) end
+  -- TRL's num_tokens: the non-padding tokens trained on so far (4 rows a step, in order, 8 rows an epoch)
+  local per = {}
+  for i, r in ipairs(t.train_dataset) do per[i] = #r.input_ids end
+  local want = 0
+  for k = 1, 4 do want = want + per[(k - 1) % 8 + 1] end
+  T.eq(hist[1].num_tokens, want, "num_tokens after step 1")
+  for k = 5, 8 do want = want + per[k] end
+  T.eq(hist[2].num_tokens, want, "num_tokens after step 2")
   local rows, right, total = t.train_dataset, 0, 0
   local b = zr.datasets.causal_lm_collator { pad_token_id = 0 } (rows)
   local logits = zr.no_grad(function() return t.model(b.input_ids).logits end):to("f64")
