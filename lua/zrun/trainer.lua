@@ -472,7 +472,8 @@ end
 -- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
 -- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
 -- Returns {global_step=, train_loss= (mean over this run's steps; also training_loss, TrainOutput's name),
--- first_loss=, last_loss= (the first and last logged averages), n_logged= (how many were logged), metrics=
+-- first_loss=, last_loss= (the first and last logged averages; the last also the final steps' when the last step is off
+-- the logging grid, which is printed but not recorded, as transformers logs none there), n_logged= (the records), metrics=
 -- (transformers': train_runtime, train_loss, total_flos, epoch, train_samples/steps_per_second)}.
 function Trainer:train(resume)
   if type(resume) == "table" then -- keyword arguments: the one train() reads here (a misspelling would start over)
@@ -613,7 +614,9 @@ function Trainer:train(resume)
         1000 * secs / math.max(n - gc0, 1)))
     end
   end
-  local function log_train(s)
+  -- unrecorded: the last step off the logging grid, which transformers does not log: its loss is printed and
+  -- becomes the result's last_loss, but no record goes to log_history, metrics.jsonl or the callbacks
+  local function log_train(s, unrecorded)
     drain()
     sync_counts()
     local t = zr.tensor({ sum / math.max(isteps, 1) }, { dtype = "f64" })
@@ -621,7 +624,7 @@ function Trainer:train(resume)
     local avg = t:item()
     zr.release(t)
     first_loss = first_loss or avg
-    last_loss, n_logged = avg, n_logged + 1
+    last_loss, n_logged = avg, n_logged + (unrecorded and 0 or 1)
     local now = C.now()
     check_gc(now)
     local tps = tokens / math.max(now - t_log, 1e-9)
@@ -638,7 +641,7 @@ function Trainer:train(resume)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
       zr.memory.human(mem.total_current), hms(eta)))
-    self:log(rec)
+    if not unrecorded then self:log(rec) end
     t_log, tokens, sum, n, isteps = now, 0, 0, 0, 0
   end
   -- again: step s was saved before an evaluation that has just run at s (the last step's save, then its
@@ -653,7 +656,7 @@ function Trainer:train(resume)
   local function checkpoints(s, epoch_end)
     local ctl = self.control
     if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
-      or (s == self.total_steps and not epoch_end and a.logging_strategy ~= "no") or ctl.should_log) then log_train(s) end
+      or ctl.should_log) then log_train(s) end
     local t0 = C.now()
     -- transformers 5 evaluates at the last step too when the "steps" strategy would not
     local last = s == self.total_steps and not epoch_end and a.eval_strategy == "steps"
@@ -752,6 +755,8 @@ function Trainer:train(resume)
       epoch = epoch + 1
     end
   end)
+  -- the steps after the last record (the last step off the logging grid): printed and the result's last_loss
+  if #pending + n > 0 and a.logging_strategy ~= "no" then log_train(self:step_count(), true) end
   drain()
   sync_counts() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end

@@ -498,6 +498,23 @@ T.test("neftune_noise_alpha: uniform noise on the token embeddings in training m
     "neftune_noise_alpha must be a positive number")
 end)
 
+T.test("the last step off the logging grid is printed and is last_loss, but not recorded (transformers logs none there)", function()
+  local out = tmp .. "/offgrid"
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, processing_class = tok,
+    args = { output_dir = out, per_device_train_batch_size = 8, max_steps = 5, logging_steps = 2, save_strategy = "no" } }
+  local said, r = T.printed(function() return t:train() end)
+  local steps = {}
+  for _, h in ipairs(t.state.log_history) do if h.loss then steps[#steps + 1] = h.step end end
+  T.eq(table.concat(steps, ","), "2,4", "records at the logging steps only")
+  local jl = {}
+  for _, rec in ipairs(read_jsonl(out .. "/metrics.jsonl")) do if rec.loss then jl[#jl + 1] = rec.step end end
+  T.eq(table.concat(jl, ","), "2,4", "metrics.jsonl the same")
+  T.eq(r.n_logged, 2, "two records")
+  assert(said:find("step 5/5 | loss", 1, true), said)
+  local five = tonumber(said:match("step 5/5 | loss (%d+%.%d+)"))
+  T.near(r.last_loss, five, 1e-4, 0, "last_loss: step 5's")
+end)
+
 T.test("training learns; epoch strategies log, evaluate and save; metrics.jsonl holds full-precision values", function()
   local out = tmp .. "/learn"
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, processing_class = tok,

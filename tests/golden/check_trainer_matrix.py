@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""zr.Trainer next to transformers' Trainer over a matrix of TrainingArguments (schedules, warm-up, accumulation,
+clipping, weight decay, optimizers, label smoothing, epochs and max_steps, evaluation and saving strategies,
+logging options, random sampling): from the same weights on the same rows, each logged step's loss, learning
+rate, gradient norm and epoch, each evaluation's loss, the checkpoints left in output_dir and the final
+train_loss must agree. A tiny Llama in float32 on the CPU (torch 2.11, transformers 5.17: tests/golden/reference.sh).
+
+usage: python3 tests/golden/check_trainer_matrix.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
+"""
+import json
+import os
+import shutil
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+
+warnings.filterwarnings("ignore")
+N, T = 40, 12
+
+BASE = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "num_train_epochs": 2, "learning_rate": 3e-3,
+        "logging_steps": 1, "save_strategy": "no", "seed": 5}
+CASES = [c for c in [
+    ("defaults (linear, random order)", {}),
+    ("cosine, warmup_steps 3, accumulation 2", {"lr_scheduler_type": "cosine", "warmup_steps": 3, "gradient_accumulation_steps": 2}),
+    ("cosine_with_restarts (2 cycles)", {"lr_scheduler_type": "cosine_with_restarts", "lr_scheduler_kwargs": {"num_cycles": 2}}),
+    ("polynomial power 2, lr_end 1e-4", {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"power": 2.0, "lr_end": 1e-4},
+                                         "warmup_steps": 2}),
+    ("constant_with_warmup, warmup_steps 0.25 (a ratio)", {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0.25}),
+    ("inverse_sqrt", {"lr_scheduler_type": "inverse_sqrt", "warmup_steps": 4}),
+    ("cosine_with_min_lr (min_lr_rate 0.1)", {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}),
+    ("warmup_stable_decay", {"lr_scheduler_type": "warmup_stable_decay", "warmup_steps": 2,
+                             "lr_scheduler_kwargs": {"num_decay_steps": 6, "num_stable_steps": 8}}),
+    ("weight_decay 0.1, max_grad_norm 0.5, betas and eps", {"weight_decay": 0.1, "max_grad_norm": 0.5, "adam_beta1": 0.8,
+                                                            "adam_beta2": 0.95, "adam_epsilon": 1e-6}),
+    ("no clipping (max_grad_norm 0)", {"max_grad_norm": 0.0}),
+    ("optim sgd", {"optim": "sgd", "learning_rate": 0.3}),
+    ("optim adagrad", {"optim": "adagrad", "learning_rate": 1e-2}),
+    ("label_smoothing_factor 0.1", {"label_smoothing_factor": 0.1}),
+    ("max_steps 13 past the epochs, logging_steps 3, logging_first_step", {"max_steps": 13, "logging_steps": 3,
+                                                                           "logging_first_step": True}),
+    ("num_train_epochs 1.5, accumulation 3", {"num_train_epochs": 1.5, "gradient_accumulation_steps": 3}),
+    ("eval and save every 4 steps, save_total_limit 2, best by eval_loss", {
+        "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps", "save_steps": 4, "save_total_limit": 2,
+        "load_best_model_at_end": True, "metric_for_best_model": "eval_loss"}),
+    ("eval and save by epoch, 3 epochs, save_total_limit 1", {"eval_strategy": "epoch", "save_strategy": "epoch",
+                                                             "num_train_epochs": 3, "save_total_limit": 1}),
+    ("data_seed 11, dataloader_drop_last, batch 3", {"data_seed": 11, "dataloader_drop_last": True,
+                                                    "per_device_train_batch_size": 3}),
+] if not os.environ.get("CHECK_ONLY") or os.environ["CHECK_ONLY"] in c[0]]
+
+
+def rows(seed, vary):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(N):
+        n = T - (i * 5) % 7 if vary else T
+        out.append([int(x) for x in torch.randint(0, 96, (n,), generator=g)])
+    return out
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, r):
+        self.r = r
+
+    def __len__(self):
+        return len(self.r)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.r[i]}
+
+
+def pad(batch):
+    t = max(len(x["input_ids"]) for x in batch)
+    ids = torch.zeros(len(batch), t, dtype=torch.long)
+    lab = torch.full((len(batch), t), -100, dtype=torch.long)
+    mask = torch.zeros(len(batch), t, dtype=torch.long)
+    for k, x in enumerate(batch):
+        n = len(x["input_ids"])
+        ids[k, :n] = lab[k, :n] = torch.tensor(x["input_ids"])
+        mask[k, :n] = 1
+    return {"input_ids": ids, "labels": lab, "attention_mask": mask}
+
+
+def lua(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {lua(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)
+
+
+def close(a, b, rel, absol=1e-12):
+    return a is not None and b is not None and abs(a - b) <= rel * abs(b) + absol
+
+
+def main():
+    from transformers import Trainer, TrainingArguments
+    os.makedirs(C.OUT, exist_ok=True)
+    for k, (name, extra) in enumerate(CASES):
+        args = dict(BASE, **extra)
+        vary = k % 2 == 1  # (every other case pads rows of varying length)
+        train, evalr = rows(2 * k, vary), rows(2 * k + 1, vary)[:8]
+        m = C.tiny_llama(k)
+        init = f"{C.OUT}/minit{k}"
+        m.save_pretrained(init)
+        out = f"{C.OUT}/m{k}_hf"
+        shutil.rmtree(out, ignore_errors=True)
+        tr = Trainer(model=m, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True, **args),
+                     train_dataset=Rows(train), eval_dataset=Rows(evalr), data_collator=pad)
+        res = tr.train()
+        hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm"), h["epoch"])
+                   for h in tr.state.log_history if "loss" in h]
+        hf_evals = [(h["step"], h["eval_loss"]) for h in tr.state.log_history if "eval_loss" in h]
+        hf_ckpts = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-")) if os.path.isdir(out) else []
+        zout = f"{C.OUT}/m{k}_zrun"
+        shutil.rmtree(zout, ignore_errors=True)
+        largs = ", ".join(f"{a} = {lua(v)}" for a, v in sorted(args.items()))
+        rc, text = C.zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
+local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
+  train_dataset = ds(cjson.decode('{json.dumps(train)}')), eval_dataset = ds(cjson.decode('{json.dumps(evalr)}')),
+  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
+  args = {{ output_dir = "{zout}", {largs} }} }}
+local r = tr:train()
+for _, h in ipairs(tr.state.log_history) do
+  if h.loss then print(string.format("LOG %d %.17g %.17g %s %.17g", h.step, h.loss, h.learning_rate,
+    h.grad_norm and string.format("%.17g", h.grad_norm) or "nil", h.epoch)) end
+  if h.eval_loss then print(string.format("EVAL %d %.17g", h.step, h.eval_loss)) end
+end
+print(string.format("TRAIN_LOSS %.17g", r.metrics.train_loss))
+""")
+        z_logs, z_evals, z_train = [], [], None
+        for line in text.splitlines():
+            p = line.split()
+            if p and p[0] == "LOG":
+                z_logs.append((int(p[1]), float(p[2]), float(p[3]), None if p[4] == "nil" else float(p[4]), float(p[5])))
+            elif p and p[0] == "EVAL":
+                z_evals.append((int(p[1]), float(p[2])))
+            elif p and p[0] == "TRAIN_LOSS":
+                z_train = float(p[1])
+        z_ckpts = sorted(d for d in os.listdir(zout) if d.startswith("checkpoint-")) if os.path.isdir(zout) else []
+        bad = []
+        if rc != 0:
+            bad.append("zrun failed: " + text[-300:])
+        if [s[0] for s in z_logs] != [s[0] for s in hf_logs]:
+            bad.append(f"logged steps zrun {[s[0] for s in z_logs]} transformers {[s[0] for s in hf_logs]}")
+        for a, b in zip(z_logs, hf_logs):
+            if not close(a[1], b[1], 2e-5):
+                bad.append(f"step {b[0]} loss zrun {a[1]} transformers {b[1]}")
+            if not close(a[2], b[2], 1e-9, 1e-15):
+                bad.append(f"step {b[0]} learning_rate zrun {a[2]} transformers {b[2]}")
+            if (a[3] is None) != (b[3] is None) or (b[3] is not None and not close(a[3], b[3], 2e-3)):
+                bad.append(f"step {b[0]} grad_norm zrun {a[3]} transformers {b[3]}")
+            if not close(a[4], b[4], 1e-9):
+                bad.append(f"step {b[0]} epoch zrun {a[4]} transformers {b[4]}")
+        if [e[0] for e in z_evals] != [e[0] for e in hf_evals] or not all(
+                close(a[1], b[1], 2e-5) for a, b in zip(z_evals, hf_evals)):
+            bad.append(f"evaluations zrun {z_evals} transformers {hf_evals}")
+        if z_ckpts != hf_ckpts:
+            bad.append(f"checkpoints left zrun {z_ckpts} transformers {hf_ckpts}")
+        if not close(z_train, res.training_loss, 2e-5):
+            bad.append(f"train_loss zrun {z_train} transformers {res.training_loss}")
+        C.report(f"zr.Trainer = transformers' Trainer: {name}", not bad, "; ".join(bad[:4]))
+        if bad and os.environ.get("CHECK_VERBOSE"):
+            for a, b in zip(z_logs, hf_logs):
+                print(f"    step {b[0]}: loss {a[1]:.9f} / {b[1]:.9f} ({(a[1] - b[1]) / b[1]:+.2e}), "
+                      f"grad_norm {a[3]} / {b[3]}", flush=True)
+    print(f"{C.failed} failed", flush=True)
+    sys.exit(1 if C.failed else 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29519")
+    main()
