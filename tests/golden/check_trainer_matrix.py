@@ -99,9 +99,72 @@ def close(a, b, rel, absol=1e-12):
     return a is not None and b is not None and abs(a - b) <= rel * abs(b) + absol
 
 
+RESUMES = [
+    ("random order, accumulation 2, cosine with warm-up, checkpoint mid-epoch",
+     {"gradient_accumulation_steps": 2, "lr_scheduler_type": "cosine", "warmup_steps": 2, "num_train_epochs": 3}, 7, None),
+    ("the same under a DeepSpeed ZeRO-2 file of autos", {"gradient_accumulation_steps": 2, "lr_scheduler_type": "cosine",
+                                                          "warmup_steps": 2, "num_train_epochs": 3}, 7,
+     {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+      "zero_optimization": {"stage": 2}, "bf16": {"enabled": False}}),
+]
+
+
+def resumes():
+    """transformers trains with a checkpoint mid-epoch; zr.Trainer resumes from that checkpoint (transformers' own
+    files: model, optimizer.pt or DeepSpeed's global_step folder, scheduler.pt, rng_state.pth, trainer_state.json) and
+    must log the steps after it as transformers' uninterrupted run logged them."""
+    from transformers import Trainer, TrainingArguments
+    for k, (name, extra, at, ds) in enumerate(RESUMES):
+        if os.environ.get("CHECK_ONLY") and os.environ["CHECK_ONLY"] not in name:
+            continue
+        args = dict(BASE, **extra, save_strategy="steps", save_steps=at)
+        train = rows(100 + k, True)
+        m = C.tiny_llama(50 + k)
+        init = f"{C.OUT}/rinit{k}"
+        m.save_pretrained(init)
+        out = f"{C.OUT}/r{k}_hf"
+        shutil.rmtree(out, ignore_errors=True)
+        ds_path = None
+        if ds:
+            ds_path = f"{C.OUT}/r{k}_ds.json"
+            with open(ds_path, "w") as f:
+                json.dump(ds, f)
+        tr = Trainer(model=m, args=TrainingArguments(output_dir=out, report_to=[], use_cpu=True, deepspeed=ds_path, **args),
+                     train_dataset=Rows(train), data_collator=pad)
+        tr.train()
+        hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm")) for h in tr.state.log_history
+                   if "loss" in h and h["step"] > at]
+        largs = ", ".join(f"{a} = {lua(v)}" for a, v in sorted(args.items()))
+        dsl = f', deepspeed = "{ds_path}"' if ds_path else ""
+        rc, text = C.zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
+local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
+  train_dataset = ds(cjson.decode('{json.dumps(train)}')),
+  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
+  args = {{ output_dir = "{C.OUT}/r{k}_zrun", {largs}{dsl} }} }}
+tr:train {{ resume_from_checkpoint = "{out}/checkpoint-{at}" }}
+for _, h in ipairs(tr.state.log_history) do
+  if h.loss and h.step > {at} then print(string.format("LOG %d %.17g %.17g %.17g", h.step, h.loss, h.learning_rate,
+    h.grad_norm or -1)) end
+end
+""")
+        z = [(int(p[1]), float(p[2]), float(p[3]), float(p[4])) for p in (x.split() for x in text.splitlines())
+             if p and p[0] == "LOG"]
+        ok = rc == 0 and [a[0] for a in z] == [b[0] for b in hf_logs] and all(
+            close(a[1], b[1], 2e-5) and close(a[2], b[2], 1e-9, 1e-15) and close(a[3], b[3], 2e-3)
+            for a, b in zip(z, hf_logs))
+        if not ok or os.environ.get("CHECK_VERBOSE"):
+            print(f"  resume {name}: transformers {[(b[0], round(b[1], 6)) for b in hf_logs]}\n"
+                  f"  resume {name}: zrun {[(a[0], round(a[1], 6)) for a in z]}", flush=True)
+        C.report(f"zr.Trainer resumes transformers' checkpoint-{at} and logs its next steps: {name}", ok, text[-400:])
+
+
 def main():
     from transformers import Trainer, TrainingArguments
     os.makedirs(C.OUT, exist_ok=True)
+    resumes()
     for k, (name, extra) in enumerate(CASES):
         args = dict(BASE, **extra)
         vary = k % 2 == 1  # (every other case pads rows of varying length)
