@@ -1,7 +1,8 @@
 #!/bin/sh
 # zrun against the real libraries, on this machine's CPU: every check_*.py of tests/golden (torch.save files,
 # DeepSpeed's checkpoints, zero_to_fp32 and universal checkpoints, resumes of real DeepSpeed and transformers
-# runs, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments, SFT curves next to TRL's SFTTrainer, save_pretrained read back
+# runs, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments and
+# on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, save_pretrained read back
 # by transformers) and the golden
 # writers' diff (TRL's SFT rows, chat templates). The GPU machine is not needed for these: torch 2.11,
 # transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10 and datasets run on
@@ -41,6 +42,7 @@ run torch_files "$PY" tests/golden/check_torch_files.py "$OUT/tc" ./zrun
 run ds_defaults "$PY" tests/golden/check_ds_defaults.py "$OUT/dd" ./zrun
 run trainer_defaults "$PY" tests/golden/check_trainer_defaults.py "$OUT/td" ./zrun
 run trainer_matrix "$PY" tests/golden/check_trainer_matrix.py "$OUT/tm" ./zrun
+command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trainer_ranks.py "$OUT/tr" ./zrun
 [ -d "$DATA/tokenizers" ] && run sft_trl "$PY" tests/golden/check_sft_trl.py "$OUT/st" ./zrun "$DATA"
 ./zrun tests/golden/save_for_hf_check.lua "$OUT/hfsave" > "$OUT/save.log" 2>&1 &&
   run hf_save "$PY" tests/golden/check_hf_save.py "$OUT/hfsave"

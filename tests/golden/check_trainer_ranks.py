@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""zr.Trainer on 2 MPI ranks next to transformers' Trainer on 2 torchrun processes (gloo, the CPU): the same weights,
+rows of varying length in transformers' random order dealt to the processes as accelerate deals them, the token
+counts of a step summed over the processes (average_tokens_across_devices), gradient accumulation, an epoch whose
+last round of micro-batches is short: each logged step's loss, learning rate, gradient norm and epoch, and the
+evaluation loss. Float32 (torch 2.11, transformers 5.17: tests/golden/reference.sh).
+
+usage: python3 tests/golden/check_trainer_ranks.py OUT_DIR [ZRUN]     (launches both itself; PASS/FAIL lines)
+"""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+import check_trainer_matrix as M  # noqa: E402 (rows, the collator, the comparisons)
+
+ARGS = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "num_train_epochs": 2, "learning_rate": 3e-3,
+        "logging_steps": 1, "save_strategy": "no", "seed": 9, "eval_strategy": "epoch", "per_device_eval_batch_size": 8,
+        "lr_scheduler_type": "cosine", "warmup_steps": 2}
+N_TRAIN = 37  # (not a multiple of 2 ranks x 3 rows: the last round is completed from the first rows)
+
+
+def hf_side():
+    """Under torchrun: transformers' Trainer on this process's share; rank 0 writes the logs."""
+    from transformers import Trainer, TrainingArguments
+    train = M.rows(1, True)[:N_TRAIN]
+    evalr = M.rows(2, True)[:16]
+    m = M.C.tiny_llama(3)
+    tr = Trainer(model=m, args=TrainingArguments(output_dir=f"{C.OUT}/ranks_hf", report_to=[], use_cpu=True,
+                                                 ddp_backend="gloo", **ARGS),
+                 train_dataset=M.Rows(train), eval_dataset=M.Rows(evalr), data_collator=M.pad)
+    tr.train()
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(f"{C.OUT}/ranks_hf.json", "w") as f:
+            json.dump(tr.state.log_history, f)
+
+
+def main():
+    os.makedirs(C.OUT, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                           "MASTER_ADDR", "MASTER_PORT")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29611",
+                        os.path.abspath(__file__), C.OUT, C.ZRUN, "hf"], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        C.report("transformers' Trainer on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+        return
+    with open(f"{C.OUT}/ranks_hf.json") as f:
+        hist = json.load(f)
+    hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm"), h["epoch"]) for h in hist if "loss" in h]
+    hf_evals = [(h["step"], h["eval_loss"]) for h in hist if "eval_loss" in h]
+    init = f"{C.OUT}/ranks_init"
+    M.C.tiny_llama(3).save_pretrained(init)
+    largs = ", ".join(f"{a} = {M.lua(v)}" for a, v in sorted(ARGS.items()))
+    script = f"{C.OUT}/ranks.lua"
+    with open(script, "w") as f:
+        f.write(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
+local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
+  train_dataset = ds(cjson.decode('{json.dumps(M.rows(1, True)[:N_TRAIN])}')),
+  eval_dataset = ds(cjson.decode('{json.dumps(M.rows(2, True)[:16])}')),
+  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
+  args = {{ output_dir = "{C.OUT}/ranks_zrun", {largs} }} }}
+tr:train()
+if zr.dist.rank() == 0 then
+  for _, h in ipairs(tr.state.log_history) do
+    if h.loss then print(string.format("LOG %d %.17g %.17g %.17g %.17g", h.step, h.loss, h.learning_rate, h.grad_norm, h.epoch)) end
+    if h.eval_loss then print(string.format("EVAL %d %.17g", h.step, h.eval_loss)) end
+  end
+end
+""")
+    r = subprocess.run(["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", C.ZRUN, script],
+                       env=env, capture_output=True, text=True)
+    z_logs, z_evals = [], []
+    for line in r.stdout.splitlines():
+        p = line.split()
+        if p and p[0] == "LOG":
+            z_logs.append((int(p[1]), float(p[2]), float(p[3]), float(p[4]), float(p[5])))
+        elif p and p[0] == "EVAL":
+            z_evals.append((int(p[1]), float(p[2])))
+    bad = [] if r.returncode == 0 else ["zrun failed: " + (r.stdout + r.stderr)[-400:]]
+    if [a[0] for a in z_logs] != [b[0] for b in hf_logs]:
+        bad.append(f"logged steps zrun {[a[0] for a in z_logs]} transformers {[b[0] for b in hf_logs]}")
+    for a, b in zip(z_logs, hf_logs):
+        if not (M.close(a[1], b[1], 2e-5) and M.close(a[2], b[2], 1e-9, 1e-15) and M.close(a[3], b[3], 2e-3)
+                and M.close(a[4], b[4], 1e-9)):
+            bad.append(f"step {b[0]}: zrun {a[1:]} transformers {b[1:]}")
+    print(f"  2 ranks: transformers {[(b[0], round(b[1], 6)) for b in hf_logs]} evals {hf_evals}\n"
+          f"  2 ranks: zrun {[(a[0], round(a[1], 6)) for a in z_logs]} evals {z_evals}", flush=True)
+    C.report("zr.Trainer on 2 MPI ranks logs what transformers' Trainer logs on 2 torchrun processes", not bad,
+             "; ".join(bad[:3]))
+    # (evaluation: transformers averages its batches' mean losses, zrun the tokens': equal here only when each
+    # process's evaluation rows form one batch, which per_device_eval_batch_size 8 with 16 rows on 2 ranks gives)
+    C.report("the evaluation loss on 2 ranks, as transformers'", [e[0] for e in z_evals] == [e[0] for e in hf_evals]
+             and all(M.close(a[1], b[1], 2e-5) for a, b in zip(z_evals, hf_evals)), f"zrun {z_evals} hf {hf_evals}")
+    print(f"{C.failed} failed", flush=True)
+    sys.exit(1 if C.failed else 0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 3 and sys.argv[3] == "hf":
+        hf_side()
+    else:
+        main()
