@@ -78,6 +78,7 @@ def main():
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from trl import SFTConfig, SFTTrainer
     os.makedirs(C.OUT, exist_ok=True)
+    saved_tokenizer()  # (first: a DeepSpeed run leaves accelerate's state in DeepSpeed's mode for the process)
     tpl = os.path.join(C.OUT, "gen.jinja")
     with open(tpl, "w") as f:
         f.write(GEN_TEMPLATE)
@@ -132,6 +133,44 @@ end
                  out[-600:])
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
+
+
+def saved_tokenizer():
+    """eos_token (and the pad token TRL sets) in the tokenizer save_model writes: what AutoTokenizer reads back from
+    TRL's output and from zrun's, for GPT-2 (no pad token: TRL pads with the new eos) and TinyLlama (its own pad)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+    for name, eos in (("gpt2", "!"), ("tinyllama-1.1b-chat-v1.0", "<unk>")):
+        d = f"{DATA}/tokenizers/{name}"
+        tok = AutoTokenizer.from_pretrained(d)
+        m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+        out = f"{C.OUT}/eos_{name}"
+        tr = SFTTrainer(model=m, processing_class=tok, train_dataset=Dataset.from_list([{"text": "a b"}]),
+                        args=SFTConfig(output_dir=out + "_trl", report_to="none", bf16=False, use_cpu=True, eos_token=eos,
+                                       max_steps=1, save_strategy="no"))
+        tr.save_model()
+        rc, text = C.zrun_lua(f"""
+local zr = require "zrun"
+local tok = zr.tokenizers.load("{d}")
+local cfg = zr.models.llama.config("zrun/tiny-llama")
+cfg.vocab_size = tok:vocab_size()
+local tr = zr.SFTTrainer {{ model = zr.models.llama.LlamaForCausalLM(cfg), processing_class = tok,
+  train_dataset = {{ {{ text = "a b" }} }},
+  args = {{ output_dir = "{out}_zrun", bf16 = false, save_strategy = "no", max_steps = 1, eos_token = "{eos}" }} }}
+tr:save_model()
+""")
+        got = []
+        for side in ("trl", "zrun"):
+            try:
+                t = AutoTokenizer.from_pretrained(f"{out}_{side}")
+                got.append((t.eos_token, t.pad_token))
+            except Exception as e:  # noqa: BLE001
+                got.append(repr(e)[:200])
+        print(f"  saved tokenizer {name}: TRL (eos, pad) {got[0]}, zrun {got[1]}", flush=True)
+        C.report(f"the tokenizer saved after eos_token = {eos!r} ({name}) reads back as TRL's", rc == 0 and got[0] == got[1],
+                 text[-300:])
 
 
 if __name__ == "__main__":
