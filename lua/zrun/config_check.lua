@@ -289,10 +289,6 @@ local function cross_checks(vals, ctx, take)
         "2 steps as earlier DeepSpeed did (the first at its minimum lr); give warmup_num_steps >= 1 (the Trainer: " ..
         "warmup_steps)", sch.type)
     end
-    if sch.type == "OneCycle" and p.cycle_momentum then
-      add_error(ctx, "scheduler.params.cycle_momentum = true (OneCycle's default): DeepSpeed cycles Adam's beta1 " ..
-        "with the learning rate, which zrun's engine does not do, so the results would differ; set it to false")
-    end
     if sch.type == "OneCycle" and type(p.cycle_min_lr) == "number" and type(p.cycle_max_lr) == "number" and
       p.cycle_max_lr < p.cycle_min_lr then
       add_warning(ctx, "scheduler.params.cycle_max_lr %s is below cycle_min_lr %s",

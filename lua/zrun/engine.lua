@@ -209,7 +209,11 @@ function M.initialize(opts)
 
   -- optimizer facade with param groups (the scheduler sets group.lr)
   local fgroups = {}
-  for gi, g in ipairs(groups) do fgroups[gi] = { lr = g.lr or self.hp.lr, weight_decay = g.weight_decay or self.hp.weight_decay } end
+  for gi, g in ipairs(groups) do
+    fgroups[gi] = { lr = g.lr or self.hp.lr, weight_decay = g.weight_decay or self.hp.weight_decay,
+      -- (the optimizers with betas hold them in each group, as torch's do: OneCycle's momentum cycle moves them)
+      betas = op.betas and { op.betas[1], op.betas[2] } or nil }
+  end
   self.group_of = gidx
   self.optimizer = setmetatable({ param_groups = fgroups, engine = self }, Facade)
 
@@ -664,10 +668,15 @@ function Engine:step()
   end
   self.opt_steps, self.step_applied = (self.opt_steps or 0) + 1, true
   -- ZenFlow's host update takes the micro-step count for its bias correction, as DeepSpeed's does
+  local pb = zf and self:param_betas()
+  if zf and (pb[1] ~= self.hp.betas[1] or pb[2] ~= self.hp.betas[2]) then
+    error("ZenFlow with a scheduler that moves the betas (OneCycle's cycle_momentum): ZenFlow's updates take the " ..
+      "config's betas; set scheduler.params.cycle_momentum = false", 0)
+  end
   if zf and zf.overlap then zf:host_step(coef, self.micro_steps - 1, self:param_lrs())
   else
-    z:step(coef, zf and self.micro_steps or self.opt_steps, self:param_lrs(), self.hp.betas[1], self.hp.betas[2],
-      self.hp.eps, self.hp.extra)
+    local b = self:param_betas()
+    z:step(coef, zf and self.micro_steps or self.opt_steps, self:param_lrs(), b[1], b[2], self.hp.eps, self.hp.extra)
   end
   if zf then zf:after_cpu_step(self.micro_steps - 1) end
   if self.scaler then self:update_scale(false) end
@@ -695,6 +704,21 @@ function Engine:param_lrs()
   local out = {}
   for i = 1, #gidx do out[i] = groups[gidx[i]].lr end
   return out
+end
+
+-- The optimizer's betas for this step: the config's, or the ones a scheduler set on the param groups
+-- (OneCycle's cycle_momentum moves beta1 each step, as DeepSpeed's does through its param groups), which
+-- every group must then share.
+function Engine:param_betas()
+  local groups = self.optimizer.param_groups
+  local b = groups[1].betas
+  if type(b) ~= "table" then return self.hp.betas end
+  for _, g in ipairs(groups) do
+    if type(g.betas) ~= "table" or g.betas[1] ~= b[1] or g.betas[2] ~= b[2] then
+      error("optimizer param groups with different betas: the engine steps every group with one pair", 0)
+    end
+  end
+  return b
 end
 
 -- fp16: DeepSpeed's dynamic loss scaling after a step (DynamicLossScaler.update_scale, 0.19.8).

@@ -356,6 +356,14 @@ function OneCycle:step(batch_iteration)
   end
 end
 
+-- (restored: the param groups' momentum for the restored iteration, as DeepSpeed's optimizer state holds it)
+function OneCycle:load_state_dict(sd)
+  Base.load_state_dict(self, sd)
+  if self.cycle_momentum and self.last_batch_iteration >= 0 then
+    for i, m in ipairs(self:get_mom()) do self.param_groups[i].betas = m end
+  end
+end
+
 -- LRRangeTest: min_lr × (1 + step_rate × interval), interval = (it+1)/step_size (floored if staircase).
 local LRRangeTest = class("LRRangeTest")
 

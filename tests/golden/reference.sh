@@ -4,7 +4,7 @@
 # runs, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments and
 # on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, save_pretrained read back
 # by transformers) and the golden
-# writers' diff (TRL's SFT rows, chat templates). The GPU machine is not needed for these: torch 2.11,
+# writers' diff (TRL's SFT rows, chat templates, DeepSpeed's engine runs). The GPU machine is not needed for these: torch 2.11,
 # transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10 and datasets run on
 # the CPU in a virtual environment made the first time (~5 GB: torch's wheel brings its CUDA libraries; pip
 # needs the network, which the GPU machine lacks). Not part of `make test` (no Python there).
@@ -40,6 +40,7 @@ run() { # name, command...: its PASS / FAIL lines; a failure when it exits non-z
 }
 run torch_files "$PY" tests/golden/check_torch_files.py "$OUT/tc" ./zrun
 run ds_defaults "$PY" tests/golden/check_ds_defaults.py "$OUT/dd" ./zrun
+run ds_matrix "$PY" tests/golden/check_ds_matrix.py "$OUT/dm" ./zrun
 run trainer_defaults "$PY" tests/golden/check_trainer_defaults.py "$OUT/td" ./zrun
 run trainer_matrix "$PY" tests/golden/check_trainer_matrix.py "$OUT/tm" ./zrun
 command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trainer_ranks.py "$OUT/tr" ./zrun
@@ -50,12 +51,13 @@ command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trai
   run zero_to_fp32 "$PY" tests/golden/check_zero_to_fp32.py "$OUT/zsave"
 # the golden files TRL and transformers write must come out as committed (the libraries unchanged)
 if [ -d "$DATA/tokenizers" ]; then
-  for g in sft_trl chat_tinyllama; do
+  for g in sft_trl chat_tinyllama ds_engine; do
     cp "tests/golden/$g.json" "$OUT/$g.committed.json"
   done
+  "$PY" tests/golden/make_ds_golden.py > "$OUT/ds_golden.log" 2>&1
   "$PY" tests/golden/make_sft_trl_golden.py "$DATA" > "$OUT/sft_golden.log" 2>&1
   "$PY" tests/golden/make_chat_golden.py "$DATA/tokenizers/tinyllama-1.1b-chat-v1.0" > "$OUT/chat_golden.log" 2>&1
-  for g in sft_trl chat_tinyllama; do
+  for g in sft_trl chat_tinyllama ds_engine; do
     if cmp -s "tests/golden/$g.json" "$OUT/$g.committed.json"; then echo "PASS tests/golden/$g.json as the libraries write it"
     else echo "FAIL tests/golden/$g.json differs from what the libraries write now (the new one is in the tree)"; failed=$((failed + 1)); fi
   done

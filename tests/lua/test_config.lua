@@ -538,8 +538,6 @@ T.test("what zrun does not implement: a warning when DeepSpeed trains the same, 
     { { progressive_layer_drop = { enabled = true } }, '"progressive_layer_drop" is set' },
     { { wandb = { enabled = true } }, "wandb.enabled = true: zrun cannot reach wandb" },
     { { comet = { enabled = true } }, "comet.enabled = true" },
-    { { scheduler = { type = "OneCycle", params = { cycle_min_lr = 0, cycle_max_lr = 1 } } },
-      "scheduler.params.cycle_momentum = true (OneCycle's default)" },
   }
   for _, c in ipairs(cases) do
     local t = c[1]
