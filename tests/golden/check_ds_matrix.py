@@ -49,6 +49,10 @@ CASES = [
      {"train_batch_size": 8, "gradient_accumulation_steps": None, "gradient_clipping": 0.3}),
     ("ZeRO-3, WarmupLR", dict(scheduler=WLR, zero_optimization={"stage": 3})),
     ("no ZeRO (stage 0), fp32", {"zero_optimization": {"stage": 0}}),
+    ("ZeRO-2, optimizer offloaded to the CPU (DeepSpeedCPUAdam)",
+     {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}),
+    ("ZeRO-3, parameters and optimizer offloaded, WarmupLR", dict(scheduler=WLR, zero_optimization={
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})),
     ("SGD with momentum (zero_allow_untested_optimizer)",
      {"optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.001}},
       "zero_allow_untested_optimizer": True}),
