@@ -164,7 +164,6 @@ end
 def main():
     from transformers import Trainer, TrainingArguments
     os.makedirs(C.OUT, exist_ok=True)
-    resumes()
     for k, (name, extra) in enumerate(CASES):
         args = dict(BASE, **extra)
         vary = k % 2 == 1  # (every other case pads rows of varying length)
@@ -236,6 +235,7 @@ print(string.format("TRAIN_LOSS %.17g", r.metrics.train_loss))
             for a, b in zip(z_logs, hf_logs):
                 print(f"    step {b[0]}: loss {a[1]:.9f} / {b[1]:.9f} ({(a[1] - b[1]) / b[1]:+.2e}), "
                       f"grad_norm {a[3]} / {b[3]}", flush=True)
+    resumes()  # (last: a DeepSpeed run leaves accelerate's state in DeepSpeed's mode for the process)
     print(f"{C.failed} failed", flush=True)
     sys.exit(1 if C.failed else 0)
 
