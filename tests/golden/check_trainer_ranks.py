@@ -39,6 +39,70 @@ def hf_side():
             json.dump(tr.state.log_history, f)
 
 
+DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+      "zero_optimization": {"stage": 2}}
+DS_ARGS = {"per_device_train_batch_size": 2, "max_steps": 6, "save_steps": 3, "logging_steps": 1, "seed": 4}
+
+
+def hf_ds_side():
+    """Under torchrun: transformers' Trainer + DeepSpeed ZeRO-2 on 2 processes, a checkpoint at step 3."""
+    from transformers import Trainer, TrainingArguments
+    m = M.C.tiny_llama(6)
+    tr = Trainer(model=m, args=TrainingArguments(output_dir=f"{C.OUT}/ds2_hf", report_to=[], use_cpu=True,
+                                                 deepspeed=f"{C.OUT}/ds2.json", ddp_backend="gloo", **DS_ARGS),
+                 train_dataset=M.Rows(M.rows(3, True)), data_collator=M.pad)
+    tr.train()
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(f"{C.OUT}/ds2_hf.json", "w") as f:
+            json.dump(tr.state.log_history, f)
+
+
+def ds_resume(env):
+    """transformers + DeepSpeed ZeRO-2 on 2 torchrun processes save checkpoint-3 (one optimizer shard a process);
+    zr.Trainer resumes it on 2 MPI ranks, and on 1 rank with 2 micro-batches a step (the same rows a step: the
+    checkpoint resharded), and logs steps 4-6 as transformers did."""
+    with open(f"{C.OUT}/ds2.json", "w") as f:
+        json.dump(DS, f)
+    M.C.tiny_llama(6).save_pretrained(f"{C.OUT}/ds2_init")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29613",
+                        os.path.abspath(__file__), C.OUT, C.ZRUN, "hf_ds"], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        C.report("transformers + DeepSpeed on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+        return
+    with open(f"{C.OUT}/ds2_hf.json") as f:
+        hf = [(h["step"], h["loss"]) for h in json.load(f) if "loss" in h and h["step"] > 3]
+    for ranks, gas in ((2, 1), (1, 2)):
+        args = dict(DS_ARGS, gradient_accumulation_steps=gas)
+        largs = ", ".join(f"{a} = {M.lua(v)}" for a, v in sorted(args.items()))
+        script = f"{C.OUT}/ds2_{ranks}.lua"
+        with open(script, "w") as f:
+            f.write(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
+local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{C.OUT}/ds2_init", {{ dtype = "f32" }}),
+  train_dataset = ds(cjson.decode('{json.dumps(M.rows(3, True))}')),
+  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
+  args = {{ output_dir = "{C.OUT}/ds2_zrun{ranks}", deepspeed = "{C.OUT}/ds2.json", {largs} }} }}
+tr:train {{ resume_from_checkpoint = "{C.OUT}/ds2_hf/checkpoint-3" }}
+if zr.dist.rank() == 0 then
+  for _, h in ipairs(tr.state.log_history) do
+    if h.loss and h.step > 3 then print(string.format("LOG %d %.17g", h.step, h.loss)) end
+  end
+end
+""")
+        cmd = ["mpirun", "-np", "2", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", C.ZRUN, script] \
+            if ranks == 2 else [C.ZRUN, script]
+        z = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        got = [(int(p[1]), float(p[2])) for p in (x.split() for x in z.stdout.splitlines()) if p and p[0] == "LOG"]
+        print(f"  resumed on {ranks} rank(s): transformers {[(a, round(b, 6)) for a, b in hf]}, zrun "
+              f"{[(a, round(b, 6)) for a, b in got]}", flush=True)
+        ok = z.returncode == 0 and [a for a, _ in got] == [a for a, _ in hf] and all(
+            M.close(b, d, 2e-5) for (_, b), (_, d) in zip(got, hf))
+        C.report(f"zr.Trainer on {ranks} rank(s) (accumulation {gas}) resumes transformers + DeepSpeed's 2-process "
+                 "ZeRO-2 checkpoint with its losses", ok, (z.stdout + z.stderr)[-400:])
+
+
 def main():
     os.makedirs(C.OUT, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -98,6 +162,7 @@ end
     # process's evaluation rows form one batch, which per_device_eval_batch_size 8 with 16 rows on 2 ranks gives)
     C.report("the evaluation loss on 2 ranks, as transformers'", [e[0] for e in z_evals] == [e[0] for e in hf_evals]
              and all(M.close(a[1], b[1], 2e-5) for a, b in zip(z_evals, hf_evals)), f"zrun {z_evals} hf {hf_evals}")
+    ds_resume(env)
     print(f"{C.failed} failed", flush=True)
     sys.exit(1 if C.failed else 0)
 
@@ -105,5 +170,7 @@ end
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[3] == "hf":
         hf_side()
+    elif len(sys.argv) > 3 and sys.argv[3] == "hf_ds":
+        hf_ds_side()
     else:
         main()
