@@ -16,17 +16,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+from make_chat_golden import GEN_TEMPLATE  # noqa: E402 (the generation-block template of the chat golden file)
 
 warnings.filterwarnings("ignore")
 DATA = sys.argv[3] if len(sys.argv) > 3 else "../shared/data"
 TOK = f"{DATA}/tokenizers/tinyllama-1.1b-chat-v1.0"
-GEN_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}\n"
-    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 WORDS = "the sky is blue and the grass is green while a river runs to the sea under old stone bridges".split()
 
 

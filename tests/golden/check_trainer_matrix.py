@@ -63,13 +63,17 @@ def rows(seed, vary):
 
 
 class Rows(torch.utils.data.Dataset):
-    def __init__(self, r):
-        self.r = r
+    """Rows of token ids as a torch Dataset: {"input_ids": list} for pad() below, or with tensors=True tensors of
+    input_ids and labels for transformers' default collator."""
+    def __init__(self, r, tensors=False):
+        self.r, self.tensors = r, tensors
 
     def __len__(self):
         return len(self.r)
 
     def __getitem__(self, i):
+        if self.tensors:
+            return {"input_ids": torch.tensor(self.r[i]), "labels": torch.tensor(self.r[i])}
         return {"input_ids": self.r[i]}
 
 
@@ -93,6 +97,22 @@ def lua(v):
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{k} = {lua(x)}" for k, x in v.items()) + " }"
     return json.dumps(v)
+
+
+def trainer_lua(init, train, args, out_dir, evalr=None, extra=""):
+    """Lua that builds `tr`, a zr.Trainer on the weights in init (float32), the rows train (and evalr) padded by the
+    collator these checks give transformers (labels kept where a token equals the pad), with the arguments args."""
+    largs = ", ".join(f"{a} = {lua(v)}" for a, v in sorted(args.items()))
+    ev = f"\n  eval_dataset = ds(cjson.decode('{json.dumps(evalr)}'))," if evalr else ""
+    return f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
+local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
+  train_dataset = ds(cjson.decode('{json.dumps(train)}')),{ev}
+  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
+  args = {{ output_dir = "{out_dir}", {largs}{extra} }} }}
+"""
 
 
 def close(a, b, rel, absol=1e-12):
@@ -134,16 +154,8 @@ def resumes():
         tr.train()
         hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm")) for h in tr.state.log_history
                    if "loss" in h and h["step"] > at]
-        largs = ", ".join(f"{a} = {lua(v)}" for a, v in sorted(args.items()))
         dsl = f', deepspeed = "{ds_path}"' if ds_path else ""
-        rc, text = C.zrun_lua(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
-local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
-  train_dataset = ds(cjson.decode('{json.dumps(train)}')),
-  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
-  args = {{ output_dir = "{C.OUT}/r{k}_zrun", {largs}{dsl} }} }}
+        rc, text = C.zrun_lua(trainer_lua(init, train, args, f"{C.OUT}/r{k}_zrun", extra=dsl) + f"""
 tr:train {{ resume_from_checkpoint = "{out}/checkpoint-{at}" }}
 for _, h in ipairs(tr.state.log_history) do
   if h.loss and h.step > {at} then print(string.format("LOG %d %.17g %.17g %.17g", h.step, h.loss, h.learning_rate,
@@ -182,15 +194,7 @@ def main():
         hf_ckpts = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-")) if os.path.isdir(out) else []
         zout = f"{C.OUT}/m{k}_zrun"
         shutil.rmtree(zout, ignore_errors=True)
-        largs = ", ".join(f"{a} = {lua(v)}" for a, v in sorted(args.items()))
-        rc, text = C.zrun_lua(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
-local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
-  train_dataset = ds(cjson.decode('{json.dumps(train)}')), eval_dataset = ds(cjson.decode('{json.dumps(evalr)}')),
-  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
-  args = {{ output_dir = "{zout}", {largs} }} }}
+        rc, text = C.zrun_lua(trainer_lua(init, train, args, zout, evalr) + """
 local r = tr:train()
 for _, h in ipairs(tr.state.log_history) do
   if h.loss then print(string.format("LOG %d %.17g %.17g %s %.17g", h.step, h.loss, h.learning_rate,

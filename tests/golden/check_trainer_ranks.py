@@ -57,6 +57,17 @@ def hf_ds_side():
             json.dump(tr.state.log_history, f)
 
 
+def torchrun(env, side, port, what):
+    """This file on 2 torchrun processes (side: "hf" or "hf_ds"); the log history rank 0 wrote, or None (reported)."""
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+                        os.path.abspath(__file__), C.OUT, C.ZRUN, side], env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        C.report(f"{what} on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+        return None
+    with open(f"{C.OUT}/{'ranks_hf' if side == 'hf' else 'ds2_hf'}.json") as f:
+        return json.load(f)
+
+
 def ds_resume(env):
     """transformers + DeepSpeed ZeRO-2 on 2 torchrun processes save checkpoint-3 (one optimizer shard a process);
     zr.Trainer resumes it on 2 MPI ranks, and on 1 rank with 2 micro-batches a step (the same rows a step: the
@@ -64,26 +75,16 @@ def ds_resume(env):
     with open(f"{C.OUT}/ds2.json", "w") as f:
         json.dump(DS, f)
     M.C.tiny_llama(6).save_pretrained(f"{C.OUT}/ds2_init")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29613",
-                        os.path.abspath(__file__), C.OUT, C.ZRUN, "hf_ds"], env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        C.report("transformers + DeepSpeed on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+    hist = torchrun(env, "hf_ds", 29613, "transformers + DeepSpeed")
+    if hist is None:
         return
-    with open(f"{C.OUT}/ds2_hf.json") as f:
-        hf = [(h["step"], h["loss"]) for h in json.load(f) if "loss" in h and h["step"] > 3]
+    hf = [(h["step"], h["loss"]) for h in hist if "loss" in h and h["step"] > 3]
     for ranks, gas in ((2, 1), (1, 2)):
         args = dict(DS_ARGS, gradient_accumulation_steps=gas)
-        largs = ", ".join(f"{a} = {M.lua(v)}" for a, v in sorted(args.items()))
         script = f"{C.OUT}/ds2_{ranks}.lua"
         with open(script, "w") as f:
-            f.write(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
-local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{C.OUT}/ds2_init", {{ dtype = "f32" }}),
-  train_dataset = ds(cjson.decode('{json.dumps(M.rows(3, True))}')),
-  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
-  args = {{ output_dir = "{C.OUT}/ds2_zrun{ranks}", deepspeed = "{C.OUT}/ds2.json", {largs} }} }}
+            f.write(M.trainer_lua(f"{C.OUT}/ds2_init", M.rows(3, True), args, f"{C.OUT}/ds2_zrun{ranks}",
+                                  extra=f', deepspeed = "{C.OUT}/ds2.json"') + f"""
 tr:train {{ resume_from_checkpoint = "{C.OUT}/ds2_hf/checkpoint-3" }}
 if zr.dist.rank() == 0 then
   for _, h in ipairs(tr.state.log_history) do
@@ -107,29 +108,16 @@ def main():
     os.makedirs(C.OUT, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                            "MASTER_ADDR", "MASTER_PORT")}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29611",
-                        os.path.abspath(__file__), C.OUT, C.ZRUN, "hf"], env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        C.report("transformers' Trainer on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+    hist = torchrun(env, "hf", 29611, "transformers' Trainer")
+    if hist is None:
         return
-    with open(f"{C.OUT}/ranks_hf.json") as f:
-        hist = json.load(f)
     hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm"), h["epoch"]) for h in hist if "loss" in h]
     hf_evals = [(h["step"], h["eval_loss"]) for h in hist if "eval_loss" in h]
     init = f"{C.OUT}/ranks_init"
     M.C.tiny_llama(3).save_pretrained(init)
-    largs = ", ".join(f"{a} = {M.lua(v)}" for a, v in sorted(ARGS.items()))
     script = f"{C.OUT}/ranks.lua"
     with open(script, "w") as f:
-        f.write(f"""
-local zr = require "zrun"
-local cjson = require "cjson"
-local function ds(r) local o = {{}}; for i, x in ipairs(r) do o[i] = {{ input_ids = x }} end; return o end
-local tr = zr.Trainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
-  train_dataset = ds(cjson.decode('{json.dumps(M.rows(1, True)[:N_TRAIN])}')),
-  eval_dataset = ds(cjson.decode('{json.dumps(M.rows(2, True)[:16])}')),
-  data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = 0, mask_pad_token = false }},
-  args = {{ output_dir = "{C.OUT}/ranks_zrun", {largs} }} }}
+        f.write(M.trainer_lua(init, M.rows(1, True)[:N_TRAIN], ARGS, f"{C.OUT}/ranks_zrun", M.rows(2, True)[:16]) + """
 tr:train()
 if zr.dist.rank() == 0 then
   for _, h in ipairs(tr.state.log_history) do

@@ -21,18 +21,14 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from trl import SFTConfig, SFTTrainer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_chat_golden import GEN_TEMPLATE  # noqa: E402 (the generation-block template of the chat golden file)
+
 warnings.filterwarnings("ignore")
 datasets.disable_progress_bars()
 
-# A template in the style of ChatML with {% generation %} blocks, and one whose generation prompt adds text the
-# rendered assistant turn lacks (as templates that open a thinking block do): the prompt is then no prefix.
-GEN_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'assistant' %}<|assistant|>\n{% generation %}{{ m['content'] }}{{ eos_token }}{% endgeneration %}\n"
-    "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+# GEN_TEMPLATE (ChatML style with {% generation %} blocks), and one whose generation prompt adds text the rendered
+# assistant turn lacks (as templates that open a thinking block do): the prompt is then no prefix.
 THINK_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n<think>\n{% endif %}"
