@@ -50,6 +50,16 @@ CASES = [c for c in [
                                                              "num_train_epochs": 3, "save_total_limit": 1}),
     ("data_seed 11, dataloader_drop_last, batch 3", {"data_seed": 11, "dataloader_drop_last": True,
                                                     "per_device_train_batch_size": 3}),
+    ("save_strategy best by eval_loss, eval every 3 steps", {"eval_strategy": "steps", "eval_steps": 3,
+                                                             "save_strategy": "best", "metric_for_best_model": "eval_loss"}),
+    ("eval_on_start, logging by epoch, eval by epoch with eval_delay 1", {
+        "eval_on_start": True, "logging_strategy": "epoch", "eval_strategy": "epoch", "eval_delay": 1}),
+    ("load_best_model_at_end with save_total_limit 1, eval and save every 5 steps", {
+        "eval_strategy": "steps", "eval_steps": 5, "save_strategy": "steps", "save_steps": 5, "save_total_limit": 1,
+        "load_best_model_at_end": True}),
+    ("metric_for_best_model \"loss\" (read as eval_loss), load_best, save_total_limit 2", {
+        "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps", "save_steps": 4,
+        "metric_for_best_model": "loss", "load_best_model_at_end": True, "save_total_limit": 2}),
 ] if not os.environ.get("CHECK_ONLY") or os.environ["CHECK_ONLY"] in c[0]]
 
 
