@@ -16,7 +16,7 @@ ROOT=$(pwd)
 [ -x ./zrun ] || { echo "reference.sh: ./zrun not built here; run make first (from the repository root)"; exit 2; }
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV" || { echo "reference.sh: python3 -m venv failed (apt-get install python3-venv)"; exit 2; }
-  "$VENV/bin/pip" install -q "torch==2.11.0" "transformers==5.17.0" "trl==1.10.0" datasets accelerate \
+  "$VENV/bin/pip" install -q "torch==2.11.0" "transformers==5.17.0" "trl==1.10.0" "datasets==5.2.0" "accelerate==1.16.0" \
     hjson py-cpuinfo msgpack ninja nvidia-ml-py einops pydantic wheel setuptools || exit 2
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-deps --no-build-isolation "deepspeed==0.19.8" || exit 2
 fi
