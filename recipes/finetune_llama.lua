@@ -76,8 +76,9 @@ if not okd then
 end
 
 -- Tokenize every line, then concatenate and cut into full blocks of block_size tokens (run_clm's
--- group_texts): every position of every batch is a real token, no padding. Empty lines are dropped
--- first (they would add a lone BOS each).
+-- group_texts, per batch of 1000 lines as its datasets.map runs it): every position of every batch is a
+-- real token, no padding. Blank lines are tokenized too, as run_clm does (a tokenizer that adds a BOS
+-- gives each a lone BOS; GPT-2's gives nothing).
 -- packing=false: each line is a row of its own (cut to block_size; a line of one token predicts nothing
 -- and is dropped), and the collator pads each micro-batch to its longest row, the padding's labels -100
 -- (HF scripts set the pad token to eos when the tokenizer has none, as here).
@@ -87,9 +88,11 @@ local function lm_dataset(raw)
     error(("%s holds chat / instruction rows (messages, prompt + completion): train them with recipes/sft_llama.lua data=%s")
       :format(opt.data, opt.data), 0)
   end
+  if opt.packing then -- (every line, a blank one too: with a tokenizer that adds a BOS it is a lone BOS, as in run_clm)
+    return raw:map(function(r) return { input_ids = tok:encode(r.text) } end):group_texts(opt.block_size)
+  end
   local ds = raw:filter(function(r) return r.text ~= "" end)
     :map(function(r) return { input_ids = tok:encode(r.text) } end)
-  if opt.packing then return ds:group_texts(opt.block_size) end
   return ds:map(function(r)
     local ids = r.input_ids
     for k = #ids, opt.block_size + 1, -1 do ids[k] = nil end

@@ -175,20 +175,32 @@ function Dataset:select(first, last)
   return adopt(out)
 end
 
--- Concatenates the token lists of all rows and cuts them into blocks of block_size; the tail
--- shorter than a block is dropped (as the Hugging Face run_clm example does). labels = input_ids.
-function Dataset:group_texts(block_size, column)
+-- Hugging Face run_clm's group_texts as its `map(group_texts, batched=True)` runs it: each batch of
+-- batch_size rows (default 1000, datasets' map; false: all rows as one batch) has its token lists
+-- concatenated and cut into blocks of block_size, the batch's tail shorter than a block dropped.
+-- labels = input_ids.
+function Dataset:group_texts(block_size, column, batch_size)
   column = column or "input_ids"
-  local out, buf, n = {}, {}, 0
-  for _, r in ipairs(self.rows) do
-    for _, id in ipairs(r[column]) do
-      n = n + 1
-      buf[n] = id
-      if n == block_size then
-        local labels = {}
-        for i = 1, n do labels[i] = buf[i] end
-        out[#out + 1] = { input_ids = buf, labels = labels }
-        buf, n = {}, 0
+  if batch_size == nil then batch_size = 1000 end
+  if batch_size ~= false and (type(batch_size) ~= "number" or batch_size < 1 or batch_size % 1 ~= 0) then
+    error("group_texts: batch_size must be a positive integer or false (all rows as one batch), got " ..
+      tostring(batch_size), 2)
+  end
+  local rows = self.rows
+  local step = batch_size or math.max(#rows, 1)
+  local out = {}
+  for first = 1, #rows, step do
+    local buf, n = {}, 0
+    for k = first, math.min(first + step - 1, #rows) do
+      for _, id in ipairs(rows[k][column]) do
+        n = n + 1
+        buf[n] = id
+        if n == block_size then
+          local labels = {}
+          for i = 1, n do labels[i] = buf[i] end
+          out[#out + 1] = { input_ids = buf, labels = labels }
+          buf, n = {}, 0
+        end
       end
     end
   end

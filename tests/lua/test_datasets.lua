@@ -98,6 +98,17 @@ T.test("group_texts", function()
   local g = ds:group_texts(3)
   T.eq(#g.rows, 2)
   T.near(g.rows[2].input_ids, { 4, 5, 6 }); T.near(g.rows[2].labels, { 4, 5, 6 })
+  -- as run_clm's map(group_texts, batched=True) runs it: each batch of 1000 rows cut on its own, its tail
+  -- dropped; 2,500 rows of 3 tokens in blocks of 7: 1000 x 3 = 3000 tokens -> 428 blocks (4 dropped), twice,
+  -- then 500 x 3 = 1500 -> 214 (2 dropped): 1070 blocks; one stream would give 7500 // 7 = 1071
+  local rows = {}
+  for i = 1, 2500 do rows[i] = { input_ids = { i, i, i } } end
+  local many = D.Dataset.from_rows(rows)
+  T.eq(#many:group_texts(7).rows, 1070, "per 1000-row batch")
+  T.eq(many:group_texts(7).rows[429].input_ids[1], 1001, "the second batch starts its own block")
+  T.eq(#many:group_texts(7, nil, false).rows, 1071, "batch_size false: one stream")
+  T.eq(#many:group_texts(7, nil, 500).rows, 5 * 214, "batch_size 500")
+  T.raises(function() many:group_texts(7, nil, 0) end, "batch_size must be a positive integer or false")
 end)
 
 T.test("map's columns as HF's: replaced (default), kept, or all but remove_columns; batched too", function()
