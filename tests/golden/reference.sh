@@ -46,6 +46,7 @@ run trainer_matrix "$PY" tests/golden/check_trainer_matrix.py "$OUT/tm" ./zrun
 [ -d "$DATA/wikitext-2-raw" ] && run recipe_clm "$PY" tests/golden/check_recipe_clm.py "$OUT/rc" ./zrun "$DATA"
 command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trainer_ranks.py "$OUT/tr" ./zrun
 [ -d "$DATA/tokenizers" ] && run sft_trl "$PY" tests/golden/check_sft_trl.py "$OUT/st" ./zrun "$DATA"
+[ -d "$DATA/tokenizers" ] && run sft_recipe "$PY" tests/golden/check_sft_recipe.py "$OUT/sr" ./zrun "$DATA"
 ./zrun tests/golden/save_for_hf_check.lua "$OUT/hfsave" > "$OUT/save.log" 2>&1 &&
   run hf_save "$PY" tests/golden/check_hf_save.py "$OUT/hfsave"
 ./zrun tests/golden/save_zero_for_hf_check.lua "$OUT/zsave" > "$OUT/zsave.log" 2>&1 &&
