@@ -78,16 +78,10 @@ def main():
            "precision=fp32"] + [f"{k}={v}" for k, v in ARGS.items()]
     r = subprocess.run(cmd, capture_output=True, text=True)
     text = r.stdout + r.stderr
-    z_logs = []
-    z_evals = []
+    z_logs, z_evals = C.printed_losses(text)
     n_blocks = None
     for line in text.splitlines():
-        pt = line.split()
-        if line.startswith("step ") and "| loss" in line:
-            z_logs.append((int(pt[1].split("/")[0]), float(line.split("| loss ")[1].split()[0])))
-        elif line.startswith("[zrun] eval at step"):
-            z_evals.append(float(line.split("loss ")[1].split()[0]))
-        elif "training blocks and" in line:
+        if "training blocks and" in line:
             n_blocks = int(line.split("] ")[1].split()[0])
     print(f"  blocks: transformers {len(blocks['train'])} train / {len(blocks['eval'])} eval, zrun {n_blocks} train\n"
           f"  losses: transformers {[(s, round(l, 4)) for s, l in hf_logs]}\n"
@@ -106,7 +100,5 @@ def main():
 
 
 if __name__ == "__main__":
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29535")):
-        os.environ.setdefault(k, v)
+    C.one_process_world(29535)
     main()

@@ -60,9 +60,7 @@ def main():
            "bf16=false"] + [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in ARGS.items()]
     r = subprocess.run(cmd, capture_output=True, text=True)
     text = r.stdout + r.stderr
-    z_logs = [(int(x.split()[1].split("/")[0]), float(x.split("| loss ")[1].split()[0])) for x in text.splitlines()
-              if x.startswith("step ") and "| loss" in x]
-    z_evals = [float(x.split("loss ")[1].split()[0]) for x in text.splitlines() if x.startswith("[zrun] eval at step")]
+    z_logs, z_evals = C.printed_losses(text)
     print(f"  losses: TRL {[(s, round(v, 4)) for s, v in hf_logs]}\n  losses: zrun {z_logs}\n"
           f"  evaluations: TRL {[round(x, 4) for x in hf_evals]}, zrun {z_evals}", flush=True)
     C.report("recipes/sft_llama.lua, as a user runs it, logs TRL's SFTTrainer losses on the same .jsonl",
@@ -75,7 +73,5 @@ def main():
 
 
 if __name__ == "__main__":
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29537")):
-        os.environ.setdefault(k, v)
+    C.one_process_world(29537)
     main()

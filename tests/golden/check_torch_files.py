@@ -41,6 +41,23 @@ def report(name, ok, detail=""):
     failed += 0 if ok else 1
 
 
+def one_process_world(port):
+    """The environment of one process that is its own world (torch.distributed, and DeepSpeed, which otherwise
+    looks for MPI): what is already set stays."""
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
+                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+        os.environ.setdefault(k, v)
+
+
+def printed_losses(text):
+    """What a zrun recipe printed: [(step, loss)] of its `step N/M | loss X` lines and [loss] of its
+    `[zrun] eval at step` lines."""
+    logs = [(int(x.split()[1].split("/")[0]), float(x.split("| loss ")[1].split()[0])) for x in text.splitlines()
+            if x.startswith("step ") and "| loss" in x]
+    evals = [float(x.split("loss ")[1].split()[0]) for x in text.splitlines() if x.startswith("[zrun] eval at step")]
+    return logs, evals
+
+
 def zrun_lua(code):
     path = os.path.join(OUT, "check.lua")
     with open(path, "w") as f:

@@ -212,8 +212,7 @@ print("ORDER " .. table.concat(t, " "))
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29517")
+    C.one_process_world(29517)
     for part in (part1, part3, part2, part4, part5):
         try:
             part()

@@ -255,6 +255,5 @@ print(string.format("TRAIN_LOSS %.17g", r.metrics.train_loss))
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RANK", "0"); os.environ.setdefault("WORLD_SIZE", "1"); os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29519")
+    C.one_process_world(29519)
     main()

@@ -8,12 +8,15 @@ betas and the global gradient norm. Read by tests/lua/test_ds_golden.lua.
 Not part of the build or the test suite."""
 import json
 import os
+import sys
 
 import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check_torch_files as C  # noqa: E402 (one_process_world)
 CONFIGS = {
     "onecycle_momentum": {
         "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000, "zero_optimization": {"stage": 2},
@@ -33,9 +36,7 @@ STEPS = 8
 
 def main():
     import deepspeed
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29531")):
-        os.environ.setdefault(k, v)
+    C.one_process_world(29531)
     with open(f"{HERE}/llama_tiny.config.json") as f:
         cfg = LlamaConfig(**{k: v for k, v in json.load(f).items() if k not in ("architectures", "dtype")})
     golden = load_file(f"{HERE}/llama_tiny.safetensors")
