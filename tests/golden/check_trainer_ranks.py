@@ -12,8 +12,6 @@ import os
 import subprocess
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
 import check_trainer_matrix as M  # noqa: E402 (rows, the collator, the comparisons)
