@@ -152,4 +152,5 @@ def main():
 
 
 if __name__ == "__main__":
+    C.one_process_world()
     main()

@@ -140,5 +140,5 @@ end
 
 
 if __name__ == "__main__":
-    C.one_process_world(29521)
+    C.one_process_world()
     main()

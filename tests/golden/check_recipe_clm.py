@@ -100,5 +100,5 @@ def main():
 
 
 if __name__ == "__main__":
-    C.one_process_world(29535)
+    C.one_process_world()
     main()

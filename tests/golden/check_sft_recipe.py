@@ -73,5 +73,5 @@ def main():
 
 
 if __name__ == "__main__":
-    C.one_process_world(29537)
+    C.one_process_world()
     main()

@@ -168,4 +168,5 @@ tr:save_model()
 
 
 if __name__ == "__main__":
+    C.one_process_world()
     main()

@@ -41,11 +41,19 @@ def report(name, ok, detail=""):
     failed += 0 if ok else 1
 
 
-def one_process_world(port):
+def free_port():
+    """A TCP port nothing listens on now (the system picks it): checks run beside other jobs."""
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def one_process_world(port=None):
     """The environment of one process that is its own world (torch.distributed, and DeepSpeed, which otherwise
-    looks for MPI): what is already set stays."""
+    looks for MPI): what is already set stays; the port, a free one unless given."""
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+                 ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port or free_port()))):
         os.environ.setdefault(k, v)
 
 
@@ -374,11 +382,7 @@ if __name__ == "__main__":
     for part in (part1, part2, part3, part5) + (() if os.environ.get("CHECK_NO_FIGURE") else (part4,)):
         try:
             if part is part3 and not torch.distributed.is_initialized():
-                os.environ.setdefault("RANK", "0")
-                os.environ.setdefault("WORLD_SIZE", "1")
-                os.environ.setdefault("LOCAL_RANK", "0")
-                os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-                os.environ.setdefault("MASTER_PORT", "29533")
+                one_process_world()
             part()
         except Exception as e:  # noqa: BLE001
             report(part.__name__, False, repr(e)[:600])

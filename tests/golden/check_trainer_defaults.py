@@ -212,7 +212,7 @@ print("ORDER " .. table.concat(t, " "))
 
 
 if __name__ == "__main__":
-    C.one_process_world(29517)
+    C.one_process_world()
     for part in (part1, part3, part2, part4, part5):
         try:
             part()

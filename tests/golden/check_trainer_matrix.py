@@ -255,5 +255,5 @@ print(string.format("TRAIN_LOSS %.17g", r.metrics.train_loss))
 
 
 if __name__ == "__main__":
-    C.one_process_world(29519)
+    C.one_process_world()
     main()

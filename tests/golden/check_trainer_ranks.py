@@ -55,9 +55,10 @@ def hf_ds_side():
             json.dump(tr.state.log_history, f)
 
 
-def torchrun(env, side, port, what):
+def torchrun(env, side, what):
     """This file on 2 torchrun processes (side: "hf" or "hf_ds"); the log history rank 0 wrote, or None (reported)."""
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(C.free_port()),
                         os.path.abspath(__file__), C.OUT, C.ZRUN, side], env=env, capture_output=True, text=True)
     if r.returncode != 0:
         C.report(f"{what} on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
@@ -73,7 +74,7 @@ def ds_resume(env):
     with open(f"{C.OUT}/ds2.json", "w") as f:
         json.dump(DS, f)
     M.C.tiny_llama(6).save_pretrained(f"{C.OUT}/ds2_init")
-    hist = torchrun(env, "hf_ds", 29613, "transformers + DeepSpeed")
+    hist = torchrun(env, "hf_ds", "transformers + DeepSpeed")
     if hist is None:
         return
     hf = [(h["step"], h["loss"]) for h in hist if "loss" in h and h["step"] > 3]
@@ -106,7 +107,7 @@ def main():
     os.makedirs(C.OUT, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                                            "MASTER_ADDR", "MASTER_PORT")}
-    hist = torchrun(env, "hf", 29611, "transformers' Trainer")
+    hist = torchrun(env, "hf", "transformers' Trainer")
     if hist is None:
         return
     hf_logs = [(h["step"], h["loss"], h["learning_rate"], h.get("grad_norm"), h["epoch"]) for h in hist if "loss" in h]

@@ -21,9 +21,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-deps --no-build-isolation "deepspeed==0.19.8" || exit 2
 fi
 PY="$VENV/bin/python"
-# one process as its own world (DeepSpeed looks for MPI otherwise)
-export ZRUN_HOME="$ROOT" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
-  MASTER_PORT=${MASTER_PORT:-29561} CHECK_NO_FIGURE=1 PYTHONWARNINGS=ignore HF_DATASETS_DISABLE_PROGRESS_BARS=1
+# (each check makes its one process its own world on a free port: check_torch_files.one_process_world)
+export ZRUN_HOME="$ROOT" CHECK_NO_FIGURE=1 PYTHONWARNINGS=ignore HF_DATASETS_DISABLE_PROGRESS_BARS=1
 DATA=${ZRUN_TEST_DATA:-../shared/data}
 OUT=$(mktemp -d)
 failed=0
