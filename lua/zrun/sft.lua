@@ -484,6 +484,11 @@ function M.SFTTrainer(opts)
     end
   end
   sargs.dataset_kwargs = nil
+  if sargs.dataset_num_proc and not skip and not sargs.packing and sargs.eval_packing ~= true then
+    -- (a speed knob in TRL that changes only where wrapped packing cuts its blocks: say so rather than ignore it)
+    require("zrun.dist").print0("[zrun] SFTTrainer: dataset_num_proc has no effect without packing: rows are prepared " ..
+      "in-process (with packing it decides where wrapped packing cuts its blocks, as in TRL)")
+  end
   local multiple, pad_token = sargs.pad_to_multiple_of, sargs.pad_token
   sargs.pad_to_multiple_of, sargs.pad_token = nil, nil
   if opts.data_collator and (multiple or pad_token) then
