@@ -28,8 +28,6 @@ M.NO_EFFECT = {
 M.RENAMED = { max_seq_length = "max_length" }
 -- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
 M.REFUSED = {
-  padding_free = "padding_free = true (one flattened sequence a micro-batch) needs attention that restarts at each " ..
-    "sequence; train padded rows (the default) or pack with packing_strategy = \"wrapped\"",
   loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) and \"chunked_nll\" (TRL's default: the same " ..
     "loss, which TRL computes in chunks of tokens to save memory) are implemented",
 }
@@ -212,7 +210,7 @@ function M.read_template(p)
 end
 
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
-local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's",
+local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's", padding_free = "the collator's",
   dataset_kwargs = "SFTTrainer's", eval_packing = "SFTTrainer's" }
 
 -- Options SFTTrainer hands prepare beside SFTConfig's: the template itself, completion_only_loss taken
@@ -237,11 +235,9 @@ function M.options(opts, tok, first)
   if o.max_length ~= false and (type(o.max_length) ~= "number" or o.max_length < 1 or o.max_length % 1 ~= 0) then
     error(fmt("sft: max_length must be a positive integer or false (no truncation), got %s", tostring(o.max_length)), 0)
   end
-  if o.packing and o.packing_strategy ~= "wrapped" then
-    error(fmt("sft: packing_strategy = \"%s\" (TRL's default with packing = true) keeps each row's attention to itself, " ..
-      "which needs attention that restarts at each packed sequence; use packing_strategy = \"wrapped\" (rows joined " ..
-      "and cut into max_length blocks, attention across their boundaries) or train padded rows (packing = false)",
-      tostring(o.packing_strategy)), 0)
+  if o.packing and not M.PACKERS[o.packing_strategy] then
+    error(fmt("sft: packing_strategy %s is not one of \"bfd\" (TRL's default: rows kept whole in blocks of max_length, " ..
+      "cut there), \"bfd_split\" (longer rows split into pieces) or \"wrapped\"", tostring(o.packing_strategy)), 0)
   end
   if o.packing and not o.max_length then error("sft: packing = true needs max_length (the packed block's length)", 0) end
   local np = o.dataset_num_proc
@@ -297,6 +293,18 @@ function M.options(opts, tok, first)
 end
 
 M.PACK_BATCH = 1000 -- (datasets.map's default batch size)
+-- n rows in TRL's contiguous dataset_num_proc shards (datasets' shard rule), each in batches of
+-- M.PACK_BATCH rows as a batched datasets.map hands them: pack(first, last) per batch.
+local function per_map_batch(n, num_proc, pack)
+  local P = math.min(num_proc or 1, n)
+  local div, mod = math.floor(n / P), n % P
+  for s = 0, P - 1 do
+    local first = div * s + math.min(s, mod) + 1
+    local last = first + div + (s < mod and 1 or 0) - 1
+    for b = first, last, M.PACK_BATCH do pack(b, math.min(b + M.PACK_BATCH - 1, last)) end
+  end
+end
+
 -- TRL's "wrapped" packing: the rows' input_ids and labels joined end to end and cut into blocks of L
 -- tokens, attention running across the rows' boundaries. As TRL runs it (a batched datasets.map), each
 -- batch of 1000 rows is joined and cut on its own, its last block shorter; with num_proc (SFTConfig's
@@ -315,16 +323,81 @@ function M.pack_wrapped(rows, L, num_proc)
     end
     if #ids > 0 then out[#out + 1] = { input_ids = ids, labels = labels } end
   end
-  local n = #rows
-  local P = math.min(num_proc or 1, n)
-  local div, mod = math.floor(n / P), n % P
-  for s = 0, P - 1 do
-    local first = div * s + math.min(s, mod) + 1
-    local last = first + div + (s < mod and 1 or 0) - 1
-    for b = first, last, M.PACK_BATCH do pack(b, math.min(b + M.PACK_BATCH - 1, last)) end
-  end
+  per_map_batch(#rows, num_proc, pack)
   return out
 end
+
+-- TRL's "bfd" packing (Best Fit Decreasing, data_utils._pack_bfd), per map batch as pack_wrapped: rows
+-- with no tokens dropped, each row cut to its first L tokens ("bfd") or split into pieces of L, the last
+-- shorter ("bfd_split"); then, longest first (ties in row order), each goes into the open block with the
+-- least room that fits it (of those, the one that reached that room first), else into a new block. A block
+-- is its rows joined in the order they went in, with seq_lengths = their lengths: the padding-free
+-- collator restarts position_ids there, and the model keeps each row's attention to itself.
+function M.pack_bfd(rows, L, num_proc, split)
+  local out = {}
+  local function pack(first, last)
+    local seqs = {}
+    for i = first, last do
+      local r = rows[i]
+      local n = #r.input_ids
+      local from = 1
+      while from <= n do
+        local len = math.min(L, n - from + 1)
+        seqs[#seqs + 1] = { r = r, from = from, len = len, id = #seqs }
+        from = from + len
+        if not split then break end
+      end
+    end
+    table.sort(seqs, function(a, b) if a.len ~= b.len then return a.len > b.len end return a.id < b.id end)
+    -- spaces[s]: the open blocks with s tokens of room, first come first; room: the sorted list of
+    -- the s < L that have one (a block of room L is always available: a new one)
+    local spaces, room, blocks = {}, {}, {}
+    local function find(len) -- the least room >= len (binary search over the sorted room list)
+      local lo, hi = 1, #room
+      while lo <= hi do
+        local mid = math.floor((lo + hi) / 2)
+        if room[mid] >= len then hi = mid - 1 else lo = mid + 1 end
+      end
+      return room[lo] or L, lo
+    end
+    for _, q in ipairs(seqs) do
+      local space, at = find(q.len)
+      local blk
+      if space < L then
+        local fifo = spaces[space]
+        blk = table.remove(fifo, 1)
+        if #fifo == 0 then table.remove(room, at) end
+      else
+        blk = { parts = {} }
+        blocks[#blocks + 1] = blk
+      end
+      blk.parts[#blk.parts + 1] = q
+      space = space - q.len
+      if space > 0 then
+        local fifo = spaces[space]
+        if not fifo or #fifo == 0 then
+          spaces[space] = { blk }
+          local _, pos = find(space)
+          table.insert(room, pos, space)
+        else fifo[#fifo + 1] = blk end
+      end
+    end
+    for _, blk in ipairs(blocks) do
+      local ids, labels, lens = {}, {}, {}
+      for k, q in ipairs(blk.parts) do
+        for t = q.from, q.from + q.len - 1 do ids[#ids + 1], labels[#labels + 1] = q.r.input_ids[t], q.r.labels[t] end
+        lens[k] = q.len
+      end
+      out[#out + 1] = { input_ids = ids, labels = labels, seq_lengths = lens }
+    end
+  end
+  per_map_batch(#rows, num_proc, pack)
+  return out
+end
+
+-- packing_strategy -> packer(rows, max_length, dataset_num_proc)
+M.PACKERS = { wrapped = M.pack_wrapped, bfd = M.pack_bfd,
+  bfd_split = function(rows, L, np) return M.pack_bfd(rows, L, np, true) end }
 
 -- shuffle_dataset: the rows in an order drawn from seed (zrun's generator, as Dataset:shuffle; TRL's is
 -- numpy's, so the order is another one)
@@ -387,7 +460,7 @@ function M.prepare(ds, tok, opts)
   local seed = o.seed or 42 -- (TrainingArguments' seed)
   if o.packing then -- (TRL shuffles before packing too, so that a block's rows are not neighbours)
     if o.shuffle_dataset then out = shuffled(out, seed) end
-    out = M.pack_wrapped(out, o.max_length, o.dataset_num_proc or nil)
+    out = M.PACKERS[o.packing_strategy](out, o.max_length, o.dataset_num_proc or nil)
   end
   if o.shuffle_dataset then out = shuffled(out, seed) end
   local res = require("zrun.datasets").Dataset.from_rows(out)
@@ -494,6 +567,31 @@ function M.SFTTrainer(opts)
   if opts.data_collator and (multiple or pad_token) then
     error("SFTTrainer: pad_token and pad_to_multiple_of shape the default collator; with data_collator given, set them there", 2)
   end
+  -- padding-free batches (TRL): asked for, or what bfd packing needs (its blocks' rows told apart by position_ids)
+  local pstrat = sargs.packing_strategy or M.DEFAULTS.packing_strategy
+  local padding_free = sargs.padding_free == true or (sargs.packing == true and pstrat ~= "wrapped")
+  if sargs.padding_free ~= nil and type(sargs.padding_free) ~= "boolean" then
+    error("SFTTrainer: padding_free must be true or false", 2)
+  end
+  sargs.padding_free = nil
+  if padding_free then
+    if opts.data_collator then
+      error("SFTTrainer: a data_collator of your own cannot be padding-free (padding_free = true, or packing with " ..
+        "packing_strategy \"" .. pstrat .. "\", which needs it); TRL refuses it too: drop the collator, or pack \"wrapped\"", 2)
+    end
+    if sargs.packing and pstrat == "wrapped" then
+      require("zrun.dist").print0("[zrun] SFTTrainer: padding_free = true with wrapped packing is not recommended (TRL " ..
+        "says so too): a wrapped block's rows are cut anywhere, so each block is one sequence and nothing changes")
+    end
+    if not sargs.packing and sargs.max_length ~= false and not skip then
+      error("SFTTrainer: padding_free = true without packing does not enforce max_length (TRL refuses it too): pack " ..
+        "(packing = true, packing_strategy = \"bfd\"), or set max_length = false with rows already short enough", 2)
+    end
+    if not sargs.packing and (args.per_device_train_batch_size or 8) == 1 then
+      require("zrun.dist").print0("[zrun] SFTTrainer: padding_free = true with per_device_train_batch_size 1 joins " ..
+        "nothing (one row a batch): use 2 or more")
+    end
+  end
   local tok = opts.processing_class or opts.tokenizer
   if sargs.chat_template_path and tok then -- (TRL: the tokenizer's template from then on; save_model writes it)
     tok:set_chat_template(M.read_template(sargs.chat_template_path))
@@ -547,11 +645,12 @@ function M.SFTTrainer(opts)
       require("zrun.tokenizers").set_special_tokens(tok, { pad_token = tok:id_to_token(pad) })
     end
     local p1 = opts.model and opts.model.parameters and opts.model:parameters()[1]
-    if not multiple and p1 and p1:device() ~= "cpu" then multiple = 64 end
+    -- (not padding-free: its padding, position 0 each, would be as many one-token sequences as pads)
+    if not multiple and p1 and p1:device() ~= "cpu" and not padding_free then multiple = 64 end
     -- (TRL's collator: labels are the row's, else its input_ids; only the padding is -100, so a token equal to
     -- the pad, an eos that pads, is still learned)
     t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil,
-      mask_pad_token = false }
+      mask_pad_token = false, padding_free = padding_free or nil }
   end
   local trainer = require("zrun.trainer")(t)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)

@@ -30,6 +30,16 @@ local fmt, floor, ceil, huge = string.format, math.floor, math.ceil, math.huge
 local OPTIONS = { model = true, model_init = true, args = true, train_dataset = true, eval_dataset = true, data_collator = true,
   tokenizer = true, processing_class = true, callbacks = true }
 
+-- The model's forward options for a batch: opts (label smoothing), plus the batch's position_ids when
+-- the collator gives them (a padding-free batch of packed sequences, TRL's: the model keeps attention
+-- inside each sequence), kept where the collator made them (the model reads them on the host).
+local function forward_options(opts, batch)
+  if not batch.position_ids then return opts end
+  local o = { position_ids = batch.position_ids }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  return o
+end
+
 local function hms(s)
   s = math.max(0, floor(s + 0.5))
   return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
@@ -703,7 +713,7 @@ function Trainer:train(resume)
         end
         local okstep, out = pcall(function()
           if w ~= 1 and w > 0 then e:set_loss_weight(w) end
-          local o = e(ids, labels, fwd_opts)
+          local o = e(ids, labels, forward_options(fwd_opts, batch))
           e:backward(o.loss)
           return o
         end)
@@ -723,7 +733,8 @@ function Trainer:train(resume)
         -- whole heap, the dataset's rows included): engine:backward then need not run one for them (the
         -- collator's only if it made them for this window, not a tensor it keeps)
         release_outputs(out)
-        C.release_made_since(window_serial, ids, labels, batch.input_ids, batch.labels, batch.attention_mask)
+        C.release_made_since(window_serial, ids, labels, batch.input_ids, batch.labels, batch.attention_mask,
+          batch.position_ids)
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
         -- (the engine clips and steps inside engine:step, so the first is called before its clipping)
         local opt_step = boundary and not e.zenflow
@@ -1053,15 +1064,25 @@ function Trainer:evaluate(ds, prefix)
         batch_rows[#batch_rows + 1] = rows[i] or rows[1]
         if not rows[i] then padding[#padding + 1] = #batch_rows end
       end
+      for _, r in ipairs(padding) do -- (a row repeated to keep the ranks in step counts nothing: its labels
+        -- -100 before collation, for a collator that flattens the batch into one row, and after, whatever the collator)
+        local c = {}
+        for k, v in pairs(batch_rows[r]) do c[k] = v end
+        c.labels = {}
+        for k = 1, #(c.input_ids or {}) do c.labels[k] = -100 end
+        batch_rows[r] = c
+      end
       local made = C.handle_serial()
       local batch = self.collator(batch_rows)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
-      for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end -- (whatever the collator)
+      if labels:size(1) == #batch_rows then
+        for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end
+      end
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       C.release_since(scope)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
-      local out = e(ids, labels, fwd_opts)
+      local out = e(ids, labels, forward_options(fwd_opts, batch))
       if n > 0 then
         scope = C.handle_serial()
         sum, count = sum + out.loss:item() * n, count + n
@@ -1081,7 +1102,7 @@ function Trainer:evaluate(ds, prefix)
       -- returns): a full collection walks the whole Lua heap, the datasets' rows included (with 50k chat rows,
       -- ~190 ms a batch). What is left (a model of the user's) is collected when it is worth it.
       C.release_made_since(made, out.loss, rawget(out, "logits"), ids, labels, batch.input_ids, batch.labels,
-        batch.attention_mask)
+        batch.attention_mask, batch.position_ids)
       out = nil
       C.collect_tensor_garbage(e.device)
       bar:update(1)

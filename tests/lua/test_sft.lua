@@ -139,8 +139,9 @@ end)
 
 T.test("refusals: one line each, naming the fix", function()
   local S = zr.sft
-  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true }) end, 'use packing_strategy = "wrapped"')
-  T.raises(function() S.prepare({ { text = "a" } }, tok, { padding_free = true }) end, "padding_free = true")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "ffd" }) end,
+    'packing_strategy ffd is not one of "bfd"')
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { padding_free = true }) end, "padding_free is the collator's")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = false }) end,
     "packing = true needs max_length")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
@@ -333,7 +334,11 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
   T.raises(function() trainer(nil, { learnig_rate = 1 }) end, "'learnig_rate' is neither an SFTConfig nor a TrainingArguments key zrun implements (did you mean 'learning_rate'?)")
   T.raises(function() trainer(nil, { dataset_text_feild = "text" }) end, "(did you mean 'dataset_text_field'?)")
   T.raises(function() trainer(nil, { max_seq_length = 64 }) end, "'max_seq_length' was renamed 'max_length' in TRL")
-  T.raises(function() trainer(nil, { packing = true }) end, 'use packing_strategy = "wrapped"')
+  T.raises(function() trainer(nil, { padding_free = true }) end, "padding_free = true without packing does not enforce max_length")
+  T.raises(function() trainer({ data_collator = function() end }, { packing = true }) end,
+    "a data_collator of your own cannot be padding-free")
+  T.eq(trainer(nil, { padding_free = true, max_length = false }).collator({ { input_ids = { 5, 6 } }, { input_ids = { 7 } } })
+    .position_ids:flat_table()[3], 0, "padding_free without packing: rows joined, positions restart")
   T.raises(function() trainer(nil, { dataset_kwargs = { add_special_tokens = false } }) end, "dataset_kwargs takes {skip_prepare_dataset = true} only")
   T.raises(function() trainer({ data_collator = function() end }, { pad_token = "<pad>" }) end, "with data_collator given, set them there")
   local pre = zr.sft.prepare(qa_rows(), tok, { chat_template = TPL })
@@ -345,8 +350,9 @@ T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", 
     T.eq(said:find("[zrun] SFTTrainer: " .. k .. " not used: dataset_kwargs.skip_prepare_dataset takes the rows as given",
       1, true) ~= nil, true, k .. ": " .. said)
   end
-  T.raises(function() trainer({ train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true },
-    padding_free = true }) end, "padding_free = true (one flattened sequence")
+  -- (padding_free under skip_prepare_dataset: the rows as given, joined by the collator, as TRL's)
+  local _, pf = T.printed(trainer, { train_dataset = pre }, { dataset_kwargs = { skip_prepare_dataset = true }, padding_free = true })
+  T.eq(pf.collator({ pre[1], pre[2] }).input_ids:size(2), #pre[1].input_ids + #pre[2].input_ids, "padding-free under skip")
   -- rows with a mask but no labels would train on every token under skip: refused (as TRL), at init and in evaluate
   local masked = { { input_ids = { 5, 6, 7 }, labels = { -100, 6, 7 } }, { input_ids = { 5, 6, 7 }, completion_mask = { 0, 1, 1 } } }
   local skip = { dataset_kwargs = { skip_prepare_dataset = true }, assistant_only_loss = false }

@@ -7,6 +7,7 @@ local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
 local hf_config = require "zrun.models.hf_config"
 local init = require "zrun.nn.init_fns"
+local packed = require "zrun.models.packed"
 
 local M = {}
 
@@ -63,18 +64,23 @@ function Attention:__init(cfg)
   self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
   self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
-function Attention:forward(x)
-  local B, T, C, H = x:size(1), x:size(2), self.n_embd, self.n_head
+-- segs (zrun.models.packed.segments): packed sequences, each attending to itself
+function Attention:forward(x, segs)
+  local C, H = self.n_embd, self.n_head
   -- one c_attn product (B, T, 3C), q, k, v in its columns: zr.sdpa_packed reads them in place and
   -- writes their gradients into one (B, T, 3C) buffer (the product's, whole)
-  local qkv, y = self.c_attn(x), nil
-  if self.training and self.attn_pdrop > 0 then
-    local q, k, v = unpack(zr.split(qkv, C, 3))
-    local function heads(t) return t:view(B, T, H, C / H):transpose(2, 3) end
-    y = M.eager_attention(heads(q), heads(k), heads(v), self.attn_pdrop):transpose(2, 3):reshape(B, T, C)
-  else
-    y = zr.sdpa_packed(qkv, H)
+  local qkv = self.c_attn(x)
+  local function attend(t)
+    if self.training and self.attn_pdrop > 0 then
+      local B, T = t:size(1), t:size(2)
+      local q, k, v = unpack(zr.split(t, C, 3))
+      local function heads(u) return u:view(B, T, H, C / H):transpose(2, 3) end
+      return M.eager_attention(heads(q), heads(k), heads(v), self.attn_pdrop):transpose(2, 3):reshape(B, T, C)
+    end
+    return zr.sdpa_packed(t, H)
   end
+  local y
+  if segs then y = packed.per_segment({ qkv }, segs, function(p) return attend(p[1]) end) else y = attend(qkv) end
   return dropout(self.c_proj(y), self.resid_pdrop, self.training)
 end
 
@@ -127,14 +133,14 @@ local function add_norm(x, r, ln)
 end
 -- The block as (h, m), its output h + m not yet summed: pending, the previous block's m, is added
 -- to x together with ln_1 (Transformer:forward passes it on; nil: x is the block's input as is).
-function Block:residual_forward(x, pending)
+function Block:residual_forward(x, pending, segs)
   local y
   if pending then x, y = add_norm(x, pending, self.ln_1) else y = self.ln_1(x) end
-  local h, y2 = add_norm(x, self.attn(y), self.ln_2)
+  local h, y2 = add_norm(x, self.attn(y, segs), self.ln_2)
   return h, self.mlp(y2)
 end
-function Block:forward(x)
-  local h, m = self:residual_forward(x)
+function Block:forward(x, segs)
+  local h, m = self:residual_forward(x, nil, segs)
   return h + m
 end
 
@@ -151,24 +157,34 @@ end
 -- Each block's last residual add runs with the next block's ln_1 (or ln_f) as one op: a block
 -- called as itself (a plain GPT2Block that Module:skippable() allows, no checkpointing) hands on its
 -- (h, m) and the next add_norm sums them; any other block is called as a module on the summed x.
+-- position_ids (B, T), optional: each token's learned position, and where they restart a new packed
+-- sequence begins (packed.lua).
 local block_forward = Block.forward
-function Transformer:forward(ids)
-  local T = ids:size(2)
-  if T > self.cfg.n_positions then
-    error(("gpt2: sequence length %d exceeds n_positions %d"):format(T, self.cfg.n_positions), 0)
+function Transformer:forward(ids, position_ids)
+  local B, T = ids:size(1), ids:size(2)
+  local segs = position_ids and packed.segments(position_ids, B, T)
+  local last = segs and segs.max_position + 1 or T
+  if last > self.cfg.n_positions then
+    error(("gpt2: %s %d exceeds n_positions %d"):format(segs and "position" or "sequence length", segs and last - 1 or T,
+      self.cfg.n_positions), 0)
   end
   local scope = self:temporaries_scope()
-  local pos = rawget(self, "pos_" .. T)
-  if not pos then pos = zr.persist(zr.arange(T, { device = self.cfg.device })); rawset(self, "pos_" .. T, pos) end
+  local pos
+  if segs then
+    pos = position_ids:to(self.wpe.weight:device(), "i64")
+  else
+    pos = rawget(self, "pos_" .. T)
+    if not pos then pos = zr.persist(zr.arange(T, { device = self.cfg.device })); rawset(self, "pos_" .. T, pos) end
+  end
   local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
     if not ckpt and block.forward == block_forward and block:skippable() then
-      x, pending = block:residual_forward(x, pending)
+      x, pending = block:residual_forward(x, pending, segs)
     else
       if pending then x, pending = x + pending, nil end
-      if ckpt then x = zr.checkpoint(function(v) return block(v) end, x) else x = block(x) end
+      if ckpt then x = zr.checkpoint(function(v) return block(v, segs) end, x) else x = block(x, segs) end
     end
   end
   if pending then x = select(2, add_norm(x, pending, self.ln_f)) else x = self.ln_f(x) end
@@ -197,13 +213,13 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps}]]) -> {logits=, loss=}, as
--- LlamaForCausalLM's: a loss that will be recorded takes the logits over for its gradient, and
+-- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =}]]) -> {logits=, loss=}, as
+-- LlamaForCausalLM's (position_ids: packed sequences, as there): a loss that will be recorded takes the logits over for its gradient, and
 -- out.logits is then made again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
-  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing" }) end
+  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids" }) end
   local scope = self:temporaries_scope()
-  local h = self.transformer(ids)
+  local h = self.transformer(ids, opts and opts.position_ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
   -- zero-padded copy of the matrix. The padding logits get a bias of -1e30 (the GEMM's bias

@@ -9,6 +9,7 @@ local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
 local hf_config = require "zrun.models.hf_config"
 local init = require "zrun.nn.init_fns"
+local packed = require "zrun.models.packed"
 
 local M = {}
 
@@ -59,7 +60,9 @@ function Attention:__init(cfg)
   self.v_proj = linear(cfg, cfg.hidden_size, KV * D, b)
   self.o_proj = linear(cfg, H * D, cfg.hidden_size, b)
 end
-function Attention:forward(x, cos, sin)
+-- segs (zrun.models.packed.segments): the batch holds packed sequences, each attending to itself
+-- with its own positions (cos, sin: tables long enough for the largest)
+function Attention:forward(x, cos, sin, segs)
   local B, T = x:size(1), x:size(2)
   local H, KV, D = self.n_heads, self.n_kv, self.hd
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
@@ -68,14 +71,27 @@ function Attention:forward(x, cos, sin)
     -- over them (read in place on the GPU), and in backward writes the product's gradient in one
     -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
     -- per operand; it returns (B, T, H D), o_proj's input
-    return self.o_proj(zr.qkv_rope_sdpa(project(x, qp, kp, vp), H, KV, cos, sin))
+    local qkv = project(x, qp, kp, vp)
+    if segs then
+      return self.o_proj(packed.per_segment({ qkv }, segs, function(p, s)
+        return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, s.p0 + 1, s.len), sin:narrow(1, s.p0 + 1, s.len))
+      end))
+    end
+    return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
   end
-  local q = qp(x):view(B, T, H, D):transpose(2, 3)
-  local k = kp(x):view(B, T, KV, D):transpose(2, 3)
-  local v = vp(x):view(B, T, KV, D):transpose(2, 3)
-  q, k = zr.rope(q, cos, sin), zr.rope(k, cos, sin)
-  local o = zr.scaled_dot_product_attention(q, k, v)
-  return self.o_proj(o:transpose(2, 3):reshape(B, T, H * D))
+  local function attend(q, k, v, c, s)
+    local b, t = q:size(1), q:size(2)
+    q, k, v = q:view(b, t, H, D):transpose(2, 3), k:view(b, t, KV, D):transpose(2, 3), v:view(b, t, KV, D):transpose(2, 3)
+    q, k = zr.rope(q, c, s), zr.rope(k, c, s)
+    return zr.scaled_dot_product_attention(q, k, v):transpose(2, 3):reshape(b, t, H * D)
+  end
+  local q, k, v = qp(x), kp(x), vp(x)
+  if segs then
+    return self.o_proj(packed.per_segment({ q, k, v }, segs, function(p, s)
+      return attend(p[1], p[2], p[3], cos:narrow(1, s.p0 + 1, s.len), sin:narrow(1, s.p0 + 1, s.len))
+    end))
+  end
+  return self.o_proj(attend(q, k, v, cos, sin))
 end
 
 -- MLP ---------------------------------------------------------------------------------------
@@ -122,14 +138,14 @@ local function add_norm(x, r, ln)
 end
 -- The layer as (h, m), its output h + m not yet summed: pending, the previous layer's m, is added
 -- to x together with input_layernorm (Model:forward passes it on; nil: x is the layer's input as is).
-function Layer:residual_forward(x, cos, sin, pending)
+function Layer:residual_forward(x, cos, sin, pending, segs)
   local y
   if pending then x, y = add_norm(x, pending, self.input_layernorm) else y = self.input_layernorm(x) end
-  local h, y2 = add_norm(x, self.self_attn(y, cos, sin), self.post_attention_layernorm)
+  local h, y2 = add_norm(x, self.self_attn(y, cos, sin, segs), self.post_attention_layernorm)
   return h, self.mlp(y2)
 end
-function Layer:forward(x, cos, sin)
-  local h, m = self:residual_forward(x, cos, sin)
+function Layer:forward(x, cos, sin, segs)
+  local h, m = self:residual_forward(x, cos, sin, nil, segs)
   return h + m
 end
 
@@ -170,23 +186,25 @@ end
 -- as one op: a layer called as itself (a plain LlamaDecoderLayer that Module:skippable() allows,
 -- no checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is
 -- called as a module on the summed h (as gpt2.lua's blocks).
+-- position_ids (B, T), optional: where they restart, a new packed sequence begins (packed.lua).
 local layer_forward = Layer.forward
-function Model:forward(input_ids)
+function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
-  local T = input_ids:size(2)
+  local B, T = input_ids:size(1), input_ids:size(2)
+  local segs = position_ids and packed.segments(position_ids, B, T)
   local h = self.embed_tokens(input_ids)
-  local cos, sin = self:rope(T, h:dtype(), h:device())
+  local cos, sin = self:rope(segs and math.max(T, segs.max_position + 1) or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
     if not ckpt and layer.forward == layer_forward and layer:skippable() then
-      h, pending = layer:residual_forward(h, cos, sin, pending)
+      h, pending = layer:residual_forward(h, cos, sin, pending, segs)
     else
       if pending then h, pending = h + pending, nil end
       if ckpt then
-        h = zr.checkpoint(function(x) return layer(x, cos, sin) end, h)
+        h = zr.checkpoint(function(x) return layer(x, cos, sin, segs) end, h)
       else
-        h = layer(h, cos, sin)
+        h = layer(h, cos, sin, segs)
       end
     end
   end
@@ -234,10 +252,14 @@ function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
 
--- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps}]]) -> {logits=, loss=}.
+-- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =}]]) -> {logits=, loss=}.
 -- labels are shifted inside (position t predicts token t+1); -100 is ignored; the loss is the mean
 -- over counted tokens (token_mean_loss: the Trainer weights it by the step's token count), with
 -- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor).
+-- position_ids (B,T) as transformers takes them without an attention mask: each token's position,
+-- a new packed sequence where they do not go up by one (zrun.models.packed); the labels of each
+-- sequence's first token should be -100 (TRL's padding-free collator sets them), else the last
+-- token of the sequence before is scored against it.
 -- When the loss will be recorded for backward (labels, grad mode on, trainable head), its
 -- gradient is written over the logits in the forward (causal_lm_loss's inplace: no second
 -- logits-sized buffer in backward), and out.logits is made again on first read from the final
@@ -245,9 +267,9 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
-  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing" }) end
+  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids" }) end
   local scope = self:temporaries_scope()
-  local h = self.model(input_ids)
+  local h = self.model(input_ids, opts and opts.position_ids)
   local function head()
     if self.lm_head then return self.lm_head(h) end
     -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
