@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Trains with TRL's SFTTrainer and with zr.SFTTrainer from the same weights on the same rows, in the same order,
 and compares the loss and gradient norm each logs at every step: TRL's own preparation of the rows (chat template,
-assistant masks, prompt-completion masks, wrapped packing), its collator, the token-mean loss across gradient
+assistant masks, prompt-completion masks, wrapped and bfd packing, padding-free batches whose sequences attend to
+themselves only: transformers' sdpa with position_ids), its collator, the token-mean loss across gradient
 accumulation, TRL's defaults (gradient checkpointing on) against zrun's. A tiny Llama with the TinyLlama chat
 tokenizer's vocabulary, fp32 on the CPU (TRL 1.10, transformers 5.17, torch 2.11: tests/golden/reference.sh).
 
@@ -47,6 +48,12 @@ CASES = [
     ("prompt-completion (completion_only_loss auto), max_length 24", pc_rows(48), {"max_length": 24}),
     ("text rows packed (wrapped, 64 tokens)", [{"text": r["prompt"] + r["completion"]} for r in pc_rows(96)],
      {"packing": True, "packing_strategy": "wrapped", "max_length": 64}),
+    ("text rows packed (bfd, TRL's default, 64 tokens)", [{"text": r["prompt"] + r["completion"]} for r in pc_rows(96)],
+     {"packing": True, "max_length": 64}),
+    ("prompt-completion packed (bfd_split, 24 tokens)", pc_rows(96),
+     {"packing": True, "packing_strategy": "bfd_split", "max_length": 24}),
+    ("messages, assistant_only_loss, padding_free", chat_rows(48),
+     {"assistant_only_loss": True, "chat_template_path": "gen", "padding_free": True, "max_length": None}),
     ("messages under a DeepSpeed ZeRO-2 file of \"auto\"s", chat_rows(48),
      {"assistant_only_loss": True, "chat_template_path": "gen", "deepspeed": "ds", "warmup_steps": 2}),
 ]
@@ -60,6 +67,8 @@ COMMON = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "m
 
 
 def lua_value(v):
+    if v is None:
+        return "false"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

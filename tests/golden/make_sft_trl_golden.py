@@ -3,7 +3,8 @@ prepares from small datasets of every type, with the options where zrun's SFT ha
 than its documentation: where a completion's labels start when the prompt's tokens are not a prefix, formatting_func
 on rows of each type, the eos added to a "text" field only, completion_only_loss decided from the train dataset
 (pre-tokenized rows with prompt / completion columns included) and kept for evaluation, wrapped packing cut per
-1000-row batch of each dataset_num_proc shard, eos_token, and the collator of skip_prepare_dataset rows. Each case:
+1000-row batch of each dataset_num_proc shard, bfd and bfd_split packing (TRL's default with packing), padding_free,
+eos_token, and the collators of skip_prepare_dataset rows and of bfd-packed rows (padding-free). Each case:
 its rows, its SFTConfig options, and TRL's prepared train / eval rows (or the error it raised). Read by
 tests/lua/test_sft_trl.lua.
     python3 tests/golden/make_sft_trl_golden.py [DATA_DIR]
@@ -57,6 +58,14 @@ def packing_rows():
 PACKING = packing_rows()
 
 
+def bfd_rows():
+    # 2,100 rows of 1 to 30 words: bfd packing fills blocks of max_length with whole rows, cut or split there
+    return [{"text": " ".join("w%d" % ((i * 7 + k) % 11) for k in range(1 + (i * 13) % 30))} for i in range(2100)]
+
+
+BFD = bfd_rows()
+
+
 CASES = [
     # (name, tokenizer, train rows, eval rows, options, formatting_func)
     ("text rows", "tinyllama", [{"text": "The sky is blue."}, {"text": "Ends with eos.</s>"}], None, {}, None),
@@ -100,6 +109,18 @@ CASES = [
      {"packing": True, "packing_strategy": "wrapped", "max_length": 1024}, None),
     ("wrapped packing, 2100 rows, dataset_num_proc 3", "tinyllama", PACKING, None,
      {"packing": True, "packing_strategy": "wrapped", "max_length": 1024, "dataset_num_proc": 3}, None),
+    ("bfd packing, 2100 rows", "tinyllama", BFD, None, {"packing": True, "max_length": 24}, None),
+    ("bfd_split packing, 2100 rows", "tinyllama", BFD, None,
+     {"packing": True, "packing_strategy": "bfd_split", "max_length": 24}, None),
+    ("bfd packing, 2100 rows, dataset_num_proc 3", "tinyllama", BFD, None,
+     {"packing": True, "max_length": 32, "dataset_num_proc": 3}, None),
+    ("bfd packing of prompt-completion rows", "tinyllama",
+     [{"prompt": "Is the sky blue? Answer:", "completion": " yes"}, {"prompt": "2+2=", "completion": "4"},
+      {"prompt": "Name a colour:", "completion": " green, or red"}], None, {"packing": True, "max_length": 16}, None),
+    ("padding_free without packing, max_length 1024", "tinyllama", [{"text": "The sky is blue."}], None,
+     {"padding_free": True}, None),
+    ("padding_free without packing, max_length None", "tinyllama", [{"text": "The sky is blue."}, {"text": "Green."}], None,
+     {"padding_free": True, "max_length": None}, None),
     ("eos_token <unk>", "tinyllama", [{"text": "The sky is blue."}], None,
      {"eos_token": "<unk>"}, None),
     ("eos_token not in the vocabulary", "tinyllama", [{"text": "The sky is blue."}], None,
@@ -108,7 +129,13 @@ CASES = [
 
 
 def rows_of(ds):
-    return [{"input_ids": list(r["input_ids"]), "labels": list(r["labels"])} for r in ds]
+    out = []
+    for r in ds:
+        row = {"input_ids": list(r["input_ids"]), "labels": list(r["labels"])}
+        if "seq_lengths" in r:
+            row["seq_lengths"] = list(r["seq_lengths"])
+        out.append(row)
+    return out
 
 
 def main():
@@ -137,6 +164,8 @@ def main():
         rows = train
         if train is PACKING:  # (generated on both sides: tests/lua/test_sft_trl.lua writes the same rows)
             rec["train"] = "packing_rows"
+        if train is BFD:
+            rec["train"] = "bfd_rows"
         if name.startswith("sharegpt"):  # zrun renames ShareGPT's speakers: its rows are TRL's with user / assistant
             rec["train"] = [{"conversations": SHAREGPT}]
         try:
@@ -159,6 +188,15 @@ def main():
     col = tr.data_collator(batch)
     out["skip_prepare_collator"] = {"rows": batch, "input_ids": col["input_ids"].tolist(),
                                     "labels": col["labels"].tolist(), "pad_token": tok.pad_token}
+    # the padding-free collator TRL uses with bfd packing, on two of its packed rows, padded to a multiple of 8
+    cfg = SFTConfig(output_dir=os.path.join(work, "out"), report_to="none", bf16=False, use_cpu=True, packing=True,
+                    max_length=24, pad_to_multiple_of=8)
+    tr = SFTTrainer(model=models["tinyllama"], args=cfg, train_dataset=Dataset.from_list(BFD[:40]), processing_class=tok)
+    batch = [dict(tr.train_dataset[k]) for k in (0, 5)]
+    col = tr.data_collator(batch)
+    out["padding_free_collator"] = {"rows": rows_of(batch), "input_ids": col["input_ids"].tolist(),
+                                    "labels": col["labels"].tolist(), "position_ids": col["position_ids"].tolist(),
+                                    "keys": sorted(col.keys())}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sft_trl.json")
     with open(path, "w") as f:
         json.dump(out, f, ensure_ascii=False, separators=(",", ":"))

@@ -40,12 +40,22 @@ local function packing_rows() -- (make_sft_trl_golden.py's packing_rows)
   return rows
 end
 
+local function bfd_rows() -- (make_sft_trl_golden.py's bfd_rows)
+  local rows = {}
+  for i = 0, 2099 do
+    local w = {}
+    for k = 0, (i * 13) % 30 do w[#w + 1] = "w" .. ((i * 7 + k) % 11) end
+    rows[i + 1] = { text = table.concat(w, " ") }
+  end
+  return rows
+end
+
 local model = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
 local function trainer_for(c, tok)
   local args = { output_dir = tmp .. "/out", report_to = "none", bf16 = false, save_strategy = "no" }
-  for k, v in pairs(c.options) do args[k] = v end
+  for k, v in pairs(c.options) do args[k] = v ~= cjson.null and v or false end -- (None: false)
   if args.chat_template_path then args.chat_template_path = templates[args.chat_template_path] end
-  local train = c.train == "packing_rows" and packing_rows() or c.train
+  local train = c.train == "packing_rows" and packing_rows() or c.train == "bfd_rows" and bfd_rows() or c.train
   return zr.SFTTrainer { model = model, processing_class = tok, args = args,
     train_dataset = zr.datasets.Dataset.from_rows(train),
     eval_dataset = c.eval ~= cjson.null and c.eval and zr.datasets.Dataset.from_rows(c.eval) or nil,
@@ -57,6 +67,7 @@ local function same_rows(got, want, what)
   for i = 1, #want do
     T.eq_list(got[i].input_ids, want[i].input_ids, ("%s: row %d input_ids"):format(what, i))
     T.eq_list(got[i].labels, want[i].labels, ("%s: row %d labels"):format(what, i))
+    T.eq_list(got[i].seq_lengths or {}, want[i].seq_lengths or {}, ("%s: row %d seq_lengths"):format(what, i))
   end
 end
 
@@ -67,7 +78,8 @@ T.test("zr.SFTTrainer prepares the rows TRL's SFTTrainer prepares, case by case 
     if c.error then
       -- TRL's refusals: zrun refuses the same configurations
       T.raises(function() T.printed(trainer_for, c, tok) end, c.name:match("formatting_func") and "formatting_func"
-        or c.name:match("eos_token") and "not in the tokenizer's vocabulary" or ".")
+        or c.name:match("eos_token") and "not in the tokenizer's vocabulary"
+        or c.name:match("padding_free") and "does not enforce max_length" or ".")
     else
       local tr
       T.printed(function() tr = trainer_for(c, tok) end)
@@ -76,7 +88,7 @@ T.test("zr.SFTTrainer prepares the rows TRL's SFTTrainer prepares, case by case 
     end
     n = n + 1
   end
-  T.eq(n, 24, "cases")
+  T.eq(n, 30, "cases")
 end)
 
 T.test("the notices where zrun's rows follow TRL's code: the prompt no prefix, formatting_func unused, no eos, ShareGPT", function()
@@ -108,6 +120,23 @@ T.test("skip_prepare_dataset rows without labels: the collator learns a token eq
   -- transformers' DataCollatorForLanguageModeling (the Trainer's) masks every token equal to the pad
   local hf = zr.datasets.causal_lm_collator { pad_token_id = tok:pad_id() }(g.rows)
   T.eq_list(hf.labels:tolist()[1], { 1, 100, 101, -100 }, "transformers' collator")
+end)
+
+T.test("bfd packing's batches: TRL's padding-free collator (one row, position_ids restarting, no attention_mask)", function()
+  local g = golden.padding_free_collator
+  local tok = zr.tokenizers.load(dirs.tinyllama)
+  local tr
+  T.printed(function()
+    tr = zr.SFTTrainer { model = model, processing_class = tok, train_dataset = zr.datasets.Dataset.from_rows(bfd_rows()),
+      args = { output_dir = tmp .. "/out", bf16 = false, save_strategy = "no", packing = true, max_length = 24,
+        pad_to_multiple_of = 8 } }
+  end)
+  T.eq_list(g.keys, { "input_ids", "labels", "position_ids" }, "TRL's keys")
+  local b = tr.collator(g.rows)
+  T.eq(b.attention_mask, nil, "no attention_mask")
+  T.eq_list(b.input_ids:tolist()[1], g.input_ids[1], "input_ids")
+  T.eq_list(b.labels:tolist()[1], g.labels[1], "labels")
+  T.eq_list(b.position_ids:tolist()[1], g.position_ids[1], "position_ids")
 end)
 
 T.test("eos_token: saved into the tokenizer's files with the pad token TRL sets; evaluate(rows) prepares them", function()
