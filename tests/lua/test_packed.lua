@@ -5,14 +5,15 @@
 -- and padding-free collator on the examples of TRL's documentation, and SFTTrainer with packing
 -- learning. TRL's own rows and curves: tests/golden/sft_trl.json (test_sft_trl.lua),
 -- tests/golden/check_sft_trl.py.
--- Also run on a GPU by tests/cuda/test_packed_cuda.lua (PACKED_DEVICE=cuda, bf16, head_dim 64).
+-- Also run on a GPU by tests/cuda/test_packed_cuda.lua (globals PACKED_DEVICE = "cuda", PACKED_DTYPE f32 or
+-- bf16: head_dim 64 there, the Hopper attention kernels).
 local zr = require "zrun"
 local T = zr.testing
 local packed = require "zrun.models.packed"
 
-local DEV = os.getenv("PACKED_DEVICE") or "cpu"
-local DT = DEV == "cpu" and "f64" or "f32"
-local TOL = DEV == "cpu" and 1e-10 or 2e-4
+local DEV = rawget(_G, "PACKED_DEVICE") or "cpu"
+local DT = rawget(_G, "PACKED_DTYPE") or (DEV == "cpu" and "f64" or "f32")
+local TOL = ({ f64 = 1e-10, f32 = 2e-4, bf16 = 5e-3 })[DT]
 
 local DOCS = { { 5, 6, 7, 8, 9, 10, 11 }, { 12, 13, 14 }, { 30 }, { 20, 21, 22, 23, 24 } }
 
@@ -205,14 +206,14 @@ T.test("SFTTrainer with packing = true (bfd, TRL's default) learns, on padding-f
   end
   zr.manual_seed(0)
   local cfg = llama_cfg()
-  cfg.dtype = DEV == "cpu" and "f32" or "bf16"
+  cfg.dtype = "f32"
   local widths, npos = {}, 0
   local tr
   T.printed(function()
     tr = zr.SFTTrainer { model = zr.models.llama.LlamaForCausalLM(cfg), processing_class = tok,
       train_dataset = zr.datasets.Dataset.from_rows(rows),
       args = { output_dir = T.tmpdir(), save_strategy = "no", packing = true, max_length = 64, per_device_train_batch_size = 2,
-        learning_rate = 3e-3, lr_scheduler_type = "constant", logging_steps = 1, max_steps = 16, bf16 = DEV ~= "cpu",
+        learning_rate = 3e-3, lr_scheduler_type = "constant", logging_steps = 1, max_steps = 16, bf16 = DT == "bf16",
         gradient_checkpointing = false, train_sampling_strategy = "sequential" } }
   end)
   for _, r in ipairs(tr.train_dataset.rows) do assert(#r.input_ids <= 64 and r.seq_lengths, "bfd blocks") end
