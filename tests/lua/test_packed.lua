@@ -60,8 +60,8 @@ local function gpt2_cfg()
 end
 
 -- the packed run's logits and gradients against each sequence run alone
-local function check_model(m, what)
-  local docs = DOCS
+local function check_model(m, what, docs)
+  docs = docs or DOCS
   local ids, pos, labels = flat_docs(docs)
   local out = m(t64({ ids }), t64({ labels }), { position_ids = t64({ pos }) })
   local count = 0 -- (the labels scored: each after the first of its sequence)
@@ -101,6 +101,29 @@ end
 T.test("Llama: packed sequences give each sequence's own logits and gradients (qkv_rope_sdpa path)", function()
   zr.manual_seed(0)
   check_model(zr.models.llama.LlamaForCausalLM(llama_cfg()), "llama")
+end)
+
+T.test("groups: sequences of about one length in one padded batch; each logit and gradient still its sequence's own", function()
+  -- lengths 200, 130, 70, 65, 3 (64-row tiles 4, 3, 2, 2, 1): groups {200, 130}, {70, 65}, {3}
+  local lens = { 70, 3, 200, 65, 130 }
+  local docs = {}
+  for i, n in ipairs(lens) do
+    local d = {}
+    for t = 1, n do d[t] = 3 + (i * 31 + t * 7) % 250 end
+    docs[i] = d
+  end
+  local _, pos = flat_docs(docs)
+  local segs = packed.segments(zr.tensor({ pos }, { dtype = "i64" }), 1, #pos)
+  local shape = {}
+  for k, g in ipairs(segs.groups) do shape[k] = #g.members .. "x" .. g.T end
+  T.eq(table.concat(shape, " "), "2x200 2x70 1x3", "groups")
+  -- a sequence that does not start at position 0 goes alone (its own rope positions)
+  segs = packed.segments(zr.tensor({ { 0, 1, 2, 5, 6, 0, 1 } }, { dtype = "i64" }), 1, 7)
+  shape = {}
+  for k, g in ipairs(segs.groups) do shape[k] = #g.members .. "x" .. g.T .. "@" .. g.p0 end
+  T.eq(table.concat(shape, " "), "1x3@0 1x2@5 1x2@0", "p0 alone")
+  zr.manual_seed(0)
+  check_model(zr.models.llama.LlamaForCausalLM(llama_cfg()), "llama, groups", docs)
 end)
 
 T.test("Llama: the same with q/k/v called one by one (rope + sdpa per sequence) and with gradient checkpointing", function()

@@ -80,7 +80,7 @@ function Attention:forward(x, segs)
     return zr.sdpa_packed(t, H)
   end
   local y
-  if segs then y = packed.per_segment({ qkv }, segs, function(p) return attend(p[1]) end) else y = attend(qkv) end
+  if segs then y = packed.attend({ qkv }, segs, function(p) return attend(p[1]) end) else y = attend(qkv) end
   return dropout(self.c_proj(y), self.resid_pdrop, self.training)
 end
 
@@ -162,7 +162,7 @@ end
 local block_forward = Block.forward
 function Transformer:forward(ids, position_ids)
   local B, T = ids:size(1), ids:size(2)
-  local segs = position_ids and packed.segments(position_ids, B, T)
+  local segs = position_ids and packed.segments(position_ids, B, T, ids:device())
   local last = segs and segs.max_position + 1 or T
   if last > self.cfg.n_positions then
     error(("gpt2: %s %d exceeds n_positions %d"):format(segs and "position" or "sequence length", segs and last - 1 or T,

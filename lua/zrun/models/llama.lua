@@ -73,8 +73,8 @@ function Attention:forward(x, cos, sin, segs)
     -- per operand; it returns (B, T, H D), o_proj's input
     local qkv = project(x, qp, kp, vp)
     if segs then
-      return self.o_proj(packed.per_segment({ qkv }, segs, function(p, s)
-        return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, s.p0 + 1, s.len), sin:narrow(1, s.p0 + 1, s.len))
+      return self.o_proj(packed.attend({ qkv }, segs, function(p, g)
+        return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
       end))
     end
     return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
@@ -87,8 +87,8 @@ function Attention:forward(x, cos, sin, segs)
   end
   local q, k, v = qp(x), kp(x), vp(x)
   if segs then
-    return self.o_proj(packed.per_segment({ q, k, v }, segs, function(p, s)
-      return attend(p[1], p[2], p[3], cos:narrow(1, s.p0 + 1, s.len), sin:narrow(1, s.p0 + 1, s.len))
+    return self.o_proj(packed.attend({ q, k, v }, segs, function(p, g)
+      return attend(p[1], p[2], p[3], cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
     end))
   end
   return self.o_proj(attend(q, k, v, cos, sin))
@@ -191,7 +191,7 @@ local layer_forward = Layer.forward
 function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
   local B, T = input_ids:size(1), input_ids:size(2)
-  local segs = position_ids and packed.segments(position_ids, B, T)
+  local segs = position_ids and packed.segments(position_ids, B, T, input_ids:device())
   local h = self.embed_tokens(input_ids)
   local cos, sin = self:rope(segs and math.max(T, segs.max_position + 1) or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training

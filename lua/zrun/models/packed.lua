@@ -2,18 +2,61 @@
 -- position_ids, as transformers reads a padding-free batch (TRL's packing = true with "bfd", or
 -- padding_free = true): where a row's position does not go up by one from the token before, a new
 -- sequence starts (masking_utils.find_packed_sequence_indices, used when no attention_mask is
--- passed), and attention stays inside each sequence. zrun runs the attention sequence by
--- sequence: the batch's tokens seen as one row (1, B·T, ...), split at the sequences' edges
--- (zr.split: one gradient buffer in backward), each part through the model's usual attention op
--- with its own positions, and the parts joined again. Everything else in a layer is per token.
+-- passed), and attention stays inside each sequence. Everything else in a layer is per token.
+-- zrun runs the attention over groups of sequences of about one length: each group gathered into
+-- a (sequences, longest, ...) batch, right-padded (zr.embedding as a row gather: its backward adds
+-- the gradients back), through the model's usual causal attention op, and the real rows gathered
+-- back in token order. Causal attention never lets a real token see the padding after it, and the
+-- padding's rows (copies of token 0, their outputs dropped) get zero gradient, so the result is
+-- each sequence's own, with one attention launch per group instead of one per sequence.
 local zr = require "zrun"
 
 local M = {}
 
+-- Groups of sequences, built once per forward: longest first, a sequence joins the group while
+-- its 64-row tiles are at least 3/4 of the group's (every sequence of one tile joins the first such
+-- group); a sequence not starting at position 0 goes alone (its own rope positions).
+local TILE = 64
+local function tiles(n) return math.ceil(n / TILE) end
+local function grouping(segs, device)
+  local order, start, at = {}, {}, 0
+  for i, s in ipairs(segs) do order[i], start[i], at = i, at, at + s.len end
+  table.sort(order, function(a, b)
+    if segs[a].len ~= segs[b].len then return segs[a].len > segs[b].len end
+    return a < b
+  end)
+  local groups, cur = {}, nil
+  for _, i in ipairs(order) do
+    local s = segs[i]
+    if s.p0 ~= 0 or not cur or tiles(s.len) * 4 < tiles(cur.T) * 3 then
+      cur = { T = s.len, p0 = s.p0, members = {} }
+      groups[#groups + 1] = cur
+    end
+    cur.members[#cur.members + 1] = i
+    if s.p0 ~= 0 then cur = nil end
+  end
+  -- the gather indices (0-based token rows; padding reads token 0) and each token's row in the groups' outputs
+  local inv, row = {}, 0
+  for _, g in ipairs(groups) do
+    local idx = {}
+    for b, i in ipairs(g.members) do
+      local r = {}
+      for t = 1, g.T do r[t] = t <= segs[i].len and start[i] + t - 1 or 0 end
+      idx[b] = r
+      for t = 1, segs[i].len do inv[start[i] + t] = row + (b - 1) * g.T + t - 1 end
+    end
+    -- (kept until the graph that reads them is gone: not a temporary of the forward or checkpoint that made them)
+    g.idx = zr.persist(zr.tensor(idx, { dtype = "i64" }):to(device))
+    row = row + #g.members * g.T
+  end
+  segs.groups, segs.inv = groups, zr.persist(zr.tensor(inv, { dtype = "i64" }):to(device))
+end
+
+
 -- The sequences of position_ids (B, T) integers: a list of {len =, p0 =} over the B·T tokens in
--- order (p0: the first token's position), with .max_position, or nil when each row is one sequence
--- from position 0 (the plain batch: nothing to split).
-function M.segments(position_ids, B, T)
+-- order (p0: the first token's position), with .max_position and the groups M.attend runs (their
+-- indices on device), or nil when each row is one sequence from position 0 (the plain batch).
+function M.segments(position_ids, B, T, device)
   if position_ids:dim() ~= 2 or position_ids:size(1) ~= B or position_ids:size(2) ~= T then
     error(("position_ids must be (batch, seq_len) = (%d, %d) as input_ids, got %s"):format(B, T,
       table.concat(position_ids:shape(), " x ")), 0)
@@ -35,31 +78,25 @@ function M.segments(position_ids, B, T)
   end
   if plain then return nil end
   segs.max_position = maxp
+  grouping(segs, device or "cpu")
   return segs
 end
 
--- fn(parts, seg) over each sequence: xs, a list of (B, T, ...) tensors, are seen as (1, B·T, ...)
--- and split at the sequences' edges; fn gets the sequence's (1, len, ...) part of each and returns
--- its (1, len, W) result; the results joined are returned as (B, T, W).
-function M.per_segment(xs, segs, fn)
+-- fn(parts, group) over each group of sequences: xs, a list of (B, T, W_k) tensors, are gathered
+-- into the group's (n, group.T, W_k) parts; fn returns the group's (n, group.T, W) result, its
+-- sequences starting at position group.p0; the results' real rows come back as (B, T, W).
+function M.attend(xs, segs, fn)
   local B, T = xs[1]:size(1), xs[1]:size(2)
-  local lens = {}
-  for i, s in ipairs(segs) do lens[i] = s.len end
-  local split = {}
-  for k, x in ipairs(xs) do
-    local shape = x:shape()
-    table.remove(shape, 1)
-    shape[1] = B * T
-    split[k] = zr.split(x:reshape(1, unpack(shape)), lens, 2)
-  end
   local outs = {}
-  for i, s in ipairs(segs) do
+  for k, g in ipairs(segs.groups) do
     local parts = {}
-    for k = 1, #xs do parts[k] = split[k][i] end
-    outs[i] = fn(parts, s)
+    for j, x in ipairs(xs) do parts[j] = zr.embedding(x:reshape(B * T, x:size(3)), g.idx) end
+    local y = fn(parts, g)
+    outs[k] = y:reshape(y:size(1) * y:size(2), y:size(3))
   end
-  local y = #outs == 1 and outs[1] or zr.cat(outs, 2)
-  return y:view(B, T, y:size(3))
+  local all = #outs == 1 and outs[1] or zr.cat(outs, 1)
+  local y = zr.embedding(all, segs.inv)
+  return y:view(B, T, y:size(2))
 end
 
 return M
