@@ -1,7 +1,8 @@
 #!/bin/sh
 # The Trainer on 2 MPI ranks (tests/mpi/trainer_check.lua): it learns at ZeRO stages 2 and 3,
 # resuming checkpoint-4 in a fresh process continues the uninterrupted loss curve bit for bit, and
-# evaluation over ranks weights every token once (odd row count, stage 3 gathering in lockstep), and
+# evaluation over ranks weights every token once (odd row count, stage 3 gathering in lockstep; padded rows and a
+# padding-free collator), and
 # early stopping with save_strategy "best" stops every rank at the same step, and padded rows give the
 # losses and gradients of one process (average_tokens_across_devices), also where an epoch ends in a
 # completed last round and a shorter step.

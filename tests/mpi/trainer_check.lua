@@ -109,6 +109,14 @@ elseif mode == "eval" then
     local r = t:evaluate()
     T.eq(r.eval_tokens, count)
     T.near(r.eval_loss, sum / count, 1e-6, 1e-6, "eval_loss")
+    -- a padding-free collator joins a batch into one row: the row repeated to keep the ranks in step must
+    -- still count nothing (its labels -100 before collation)
+    local pf = zr.Trainer { model = m, eval_dataset = zr.datasets.Dataset.from_rows(rows), processing_class = tok,
+      data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0, padding_free = true },
+      args = args(work .. "/eval_pf", { per_device_eval_batch_size = 2 }) }
+    local rp = pf:evaluate()
+    T.eq(rp.eval_tokens, count, "padding-free: eval_tokens")
+    T.near(rp.eval_loss, sum / count, 1e-6, 1e-6, "padding-free: eval_loss")
     T.eq(t:save_model(work .. "/eval/model"), true)
     if dist.rank() == 0 then
       local m2 = zr.models.llama.from_pretrained(work .. "/eval/model")
