@@ -509,10 +509,12 @@ end
 -- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
 -- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
--- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, dataset_kwargs =
--- {skip_prepare_dataset = true}, eval_packing, shuffle_dataset, dataset_num_proc, formatting_func as
--- opts.formatting_func) beside the Trainer's; M.NO_EFFECT's are said and dropped. trainer:evaluate(rows)
--- prepares rows given to it as the eval sets were.
+-- truncation_mode, eos_token, pad_token, chat_template_path, pad_to_multiple_of, packing, packing_strategy
+-- (bfd, bfd_split, wrapped), padding_free, dataset_kwargs = {skip_prepare_dataset = true}, eval_packing,
+-- shuffle_dataset, dataset_num_proc, formatting_func as opts.formatting_func) beside the Trainer's;
+-- M.NO_EFFECT's are said and dropped. With padding_free, or packing "bfd" / "bfd_split" (as TRL), the
+-- collator joins a micro-batch into one row, position_ids telling its sequences apart (the model attends
+-- within each). trainer:evaluate(rows) prepares rows given to it as the eval sets were.
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
