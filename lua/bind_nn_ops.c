@@ -114,12 +114,22 @@ static int l_embedding(lua_State *L) {
     return zr_l_pushtensor(L, zr_embedding(w, ids));
 }
 
+/* logits_stats(logits (..., C)) -> entropy (...), argmax (...) i64 (0-based), no gradient */
+static int l_logits_stats(lua_State *L) {
+    zr_tensor *x = zr_l_checktensor(L, 1), *e = NULL, *a = NULL;
+    if (zr_logits_stats(x, &e, &a)) return zr_l_error(L);
+    zr_l_pushtensor(L, e);
+    zr_l_pushtensor(L, a);
+    return 2;
+}
+
 /* ===== registration ===== */
 
 static const luaL_Reg methods[] = {
     {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"conv1d", l_conv1d}, {"linear_gelu", l_linear_gelu}, {"mlp_gelu", l_mlp_gelu},
     {"softmax", l_softmax},
     {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
+    {"logits_stats", l_logits_stats},
     {NULL, NULL}};
 
 void zr_bind_nn_ops(lua_State *L) { zr_l_register_methods(L, methods); }

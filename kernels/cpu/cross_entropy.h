@@ -13,3 +13,7 @@ void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const in
 void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt,
                                    const real *g, double scale, int64_t n, int64_t c,
                                    int64_t ignore_index, double eps);
+/* Per row of logits x (n, c) contiguous, c >= 1: entropy[i] = the entropy (natural log) of
+ * softmax(x[i]) = logsumexp - sum_j p_j x_j, and argmax[i] = the first index of the row's largest
+ * logit (torch.argmax's). For TRL's logged entropy and mean_token_accuracy. */
+void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t n, int64_t c);

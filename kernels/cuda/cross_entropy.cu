@@ -186,6 +186,75 @@ __global__ void __launch_bounds__(CE_THREADS)
     row_grad<T, V, LS>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn, eps);
 }
 
+/* Entropy and argmax of one row: (m, s, t) over the elements seen, s = sum exp(x - m) and t = sum exp(x - m) (x - m),
+ * so the entropy is log s - t / s (no cancellation of two large terms); merged with another's as the pair's max
+ * moves. (bv, bi): the largest value and its first index (a larger index wins only with a larger value). */
+struct ce_stats {
+    float m, s, t, bv;
+    long long bi;
+};
+static __device__ __forceinline__ void stats_merge(ce_stats &a, const ce_stats &b) {
+    const float mn = fmaxf(a.m, b.m);
+    float s = 0.f, t = 0.f;
+    if (a.s > 0.f) {
+        const float e = __expf(a.m - mn);
+        s += e * a.s, t += e * (a.t + (a.m - mn) * a.s);
+    }
+    if (b.s > 0.f) {
+        const float e = __expf(b.m - mn);
+        s += e * b.s, t += e * (b.t + (b.m - mn) * b.s);
+    }
+    a.m = mn, a.s = s, a.t = t;
+    if (b.bv > a.bv || (b.bv == a.bv && b.bi < a.bi)) a.bv = b.bv, a.bi = b.bi;
+}
+static __device__ __forceinline__ ce_stats stats_shfl(const ce_stats &a, int o) {
+    ce_stats b;
+    b.m = __shfl_xor_sync(0xffffffffu, a.m, o);
+    b.s = __shfl_xor_sync(0xffffffffu, a.s, o);
+    b.t = __shfl_xor_sync(0xffffffffu, a.t, o);
+    b.bv = __shfl_xor_sync(0xffffffffu, a.bv, o);
+    b.bi = __shfl_xor_sync(0xffffffffu, a.bi, o);
+    return b;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_stats_kernel(float *__restrict__ entropy, int64_t *__restrict__ argmax, const T *__restrict__ logits,
+                    int64_t Vn) {
+    __shared__ ce_stats red[32];
+    const T *x = logits + (int64_t)blockIdx.x * Vn;
+    ce_stats a = {-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
+    for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
+        float f[V];
+        ldv<T, V>(f, x + i);
+        ce_stats c = {f[0], 0.f, 0.f, f[0], (long long)i};
+#pragma unroll
+        for (int k = 1; k < V; ++k)
+            if (f[k] > c.bv) c.bv = f[k], c.bi = i + k;
+        c.m = c.bv;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float d = f[k] - c.m, e = __expf(d);
+            c.s += e, c.t += e * d;
+        }
+        stats_merge(a, c);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) red[w] = a;
+    __syncthreads();
+    if (w == 0) {
+        a = l < CE_THREADS / 32 ? red[l] : ce_stats{-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
+        if (l == 0) {
+            entropy[blockIdx.x] = logf(a.s) - a.t / a.s;
+            argmax[blockIdx.x] = a.bi;
+        }
+    }
+}
+
 /* d *= g / *baked unless g == *baked (then nothing is written). */
 template <typename T, int V>
 __global__ void ce_rescale_kernel(T *__restrict__ d, int64_t n, const float *__restrict__ g,
@@ -294,5 +363,20 @@ extern "C" int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, fl
         });
     }
     ce_set_kernel<<<1, 1, 0, stream>>>(baked, g);
+    return launch_check(fn);
+}
+
+extern "C" int logits_stats_cuda(float *entropy, int64_t *argmax, const void *logits, int64_t N, int64_t V,
+                                 zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "logits_stats_cuda";
+    if (check_nv(fn, N, V, 0.f)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        constexpr int VW = 16 / sizeof(T);
+        if (V % VW == 0 && al16(logits))
+            ce_stats_kernel<T, VW><<<(unsigned)N, CE_THREADS, 0, stream>>>(entropy, argmax, (const T *)logits, V);
+        else
+            ce_stats_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(entropy, argmax, (const T *)logits, V);
+    });
     return launch_check(fn);
 }

@@ -50,6 +50,12 @@ int cross_entropy_fused_cuda(float *loss, float *lse, float *loss_mean, float *n
 int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, float *baked, zr_dtype dtype,
                                cudaStream_t stream);
 
+/* Per row of logits (N, V) contiguous: entropy[r] (f32) = the entropy (natural log) of softmax(logits[r]),
+ * and argmax[r] = the first index of the row's largest logit (torch.argmax's), for TRL's logged entropy and
+ * mean_token_accuracy. The CPU twin: logits_stats_cpu. */
+int logits_stats_cuda(float *entropy, int64_t *argmax, const void *logits, int64_t N, int64_t V, zr_dtype dtype,
+                      cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

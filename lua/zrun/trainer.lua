@@ -33,11 +33,46 @@ local OPTIONS = { model = true, model_init = true, args = true, train_dataset = 
 -- The model's forward options for a batch: opts (label smoothing), plus the batch's position_ids when
 -- the collator gives them (a padding-free batch of packed sequences, TRL's: the model keeps attention
 -- inside each sequence), kept where the collator made them (the model reads them on the host).
-local function forward_options(opts, batch)
-  if not batch.position_ids then return opts end
-  local o = { position_ids = batch.position_ids }
+-- stats: the per-token entropy and argmax too (opts.token_stats, for token_sums).
+local function forward_options(opts, batch, stats)
+  if not batch.position_ids and not stats then return opts end
+  local o = { position_ids = batch.position_ids, token_stats = stats or nil }
   for k, v in pairs(opts or {}) do o[k] = v end
   return o
+end
+
+-- TRL's per-micro-batch sums over the labels that count after the shift, from a forward run with
+-- token_stats: {entropy of the softmax at the position before each, argmax hits, labels} as one (3)
+-- f32 tensor on the labels' device (nothing read back); the forward's entropy and argmax are released.
+local function token_sums(out, labels)
+  local scope = C.handle_serial() -- (its temporaries freed here, not left to a full collection)
+  local T_ = labels:size(2)
+  local tgt = labels:narrow(2, 2, T_ - 1):to("f32")
+  local mask = tgt:ne(-100):to("f32")
+  local ent, am = out.entropy:narrow(2, 1, T_ - 1), out.argmax:narrow(2, 1, T_ - 1):to("f32")
+  local r = zr.cat({ (ent * mask):sum():view(1), (am:eq(tgt):to("f32") * mask):sum():view(1), mask:sum():view(1) })
+  zr.release(out.entropy, out.argmax)
+  out.entropy, out.argmax = nil, nil
+  C.release_since(scope, r)
+  return r
+end
+
+-- TRL's logged entropy and mean_token_accuracy are means over micro-batches of each one's entropy sum /
+-- labels and hits / labels (0 without labels), its sums taken over the ranks. From a list of token_sums
+-- (emptied; one all-reduce, collective): the sums of those two ratios, and their count.
+local function token_ratios(list)
+  local c = zr.cat(list)
+  local t = c:to("cpu", "f64")
+  if t ~= c then zr.release(c) end
+  for i = #list, 1, -1 do zr.release(list[i]); list[i] = nil end
+  dist.all_reduce(t, "sum")
+  local v = t:flat_table()
+  zr.release(t)
+  local ent, acc = 0, 0
+  for i = 1, #v, 3 do
+    if v[i + 2] > 0 then ent, acc = ent + v[i] / v[i + 2], acc + v[i + 1] / v[i + 2] end
+  end
+  return ent, acc, #v / 3
 end
 
 local function hms(s)
@@ -534,6 +569,14 @@ function Trainer:train(resume)
   -- accumulation to sum, HF's tr_loss: over a step, the step's loss (the token mean of its window);
   -- logged is sum / the interval's steps (isteps), and the run's train_loss run_sum / its steps.
   local pending, pending_w, pending_s, sum, n, isteps, run_sum, run_steps = {}, {}, {}, 0, 0, 0, 0, 0
+  -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
+  -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
+  local pending_tok, tok = {}, { 0, 0, 0 }
+  local function fold_tok() -- (collective: every rank has as many micro-batches pending)
+    if #pending_tok == 0 then return end
+    local e_, a_, k_ = token_ratios(pending_tok)
+    tok[1], tok[2], tok[3] = tok[1] + e_, tok[2] + a_, tok[3] + k_
+  end
   local first_loss, last_loss, n_logged = nil, nil, 0
   local nan_inf_filter = a.logging_nan_inf_filter
   local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's total
@@ -643,10 +686,13 @@ function Trainer:train(resume)
     -- HF logs the rate its own schedule applied in this step, but where DeepSpeed's engine steps the
     -- schedule (the config's, or HF's handed to it) the one after it: zrun logs as HF does in each case
     local lr = (self.hf_schedule and not self.engine_steps_hf_schedule) and self.step_lr or e:get_lr()[1]
+    fold_tok()
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
       num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil,
-      num_tokens = self.log_num_tokens and self.num_tokens or nil }
+      num_tokens = self.log_num_tokens and self.num_tokens or nil,
+      entropy = tok[3] > 0 and tok[1] / tok[3] or nil, mean_token_accuracy = tok[3] > 0 and tok[2] / tok[3] or nil }
+    tok[1], tok[2], tok[3] = 0, 0, 0
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
@@ -713,12 +759,16 @@ function Trainer:train(resume)
         end
         local okstep, out = pcall(function()
           if w ~= 1 and w > 0 then e:set_loss_weight(w) end
-          local o = e(ids, labels, forward_options(fwd_opts, batch))
+          local o = e(ids, labels, forward_options(fwd_opts, batch, self.token_accuracy))
           e:backward(o.loss)
           return o
         end)
         if not okstep then error(self:explain_oom(out, ids), 0) end
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
+        if rawget(out, "entropy") then
+          pending_tok[#pending_tok + 1] = token_sums(out, labels)
+          if #pending_tok >= 256 then fold_tok() end
+        end
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
         flos_local = flos_local + flops_per_token * ids:numel()
@@ -1051,10 +1101,11 @@ function Trainer:evaluate(ds, prefix)
   local per_rank = ceil(#rows / W)
   local t0 = C.now()
   e:eval()
-  local sum, count, nll, correct = 0, 0, 0, 0
-  -- token_accuracy (zr.SFTTrainer sets it): TRL's mean_token_accuracy, the share of counted labels that are
-  -- the logits' argmax at the position before them
-  local acc = self.token_accuracy
+  local sum, count, nll = 0, 0, 0
+  -- token_accuracy (zr.SFTTrainer sets it): TRL's eval_entropy and eval_mean_token_accuracy, each batch's
+  -- (over the ranks) entropy and share of counted labels that are the argmax at the position before them,
+  -- averaged over the batches (token_ratios)
+  local acc, tok_list = self.token_accuracy, {}
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
@@ -1082,18 +1133,12 @@ function Trainer:evaluate(ds, prefix)
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       C.release_since(scope)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
-      local out = e(ids, labels, forward_options(fwd_opts, batch))
+      local out = e(ids, labels, forward_options(fwd_opts, batch, acc))
+      if acc then tok_list[#tok_list + 1] = token_sums(out, labels) end -- (every batch: the ranks' sums)
       if n > 0 then
         scope = C.handle_serial()
         sum, count = sum + out.loss:item() * n, count + n
         if fwd_opts then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
-        if acc then
-          local T_ = labels:size(2)
-          local _, idx = out.logits:max(3) -- 1-based argmax over the vocabulary
-          local tgt = labels:narrow(2, 2, T_ - 1):to("f64")
-          local hit = idx:narrow(2, 1, T_ - 1):to("f64"):eq(tgt + 1):to("f64") * tgt:ne(-100):to("f64")
-          correct = correct + hit:sum():item()
-        end
         C.release_since(scope)
       end
       -- a forward's tensors are garbage once its loss is read; Lua does not see their memory, so the next
@@ -1109,8 +1154,13 @@ function Trainer:evaluate(ds, prefix)
     end
   end)
   e:train()
-  local t = zr.tensor({ sum, count, nll, correct }, { dtype = "f64" })
+  local t = zr.tensor({ sum, count, nll }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
+  local ent, accuracy
+  if acc and #tok_list > 0 then
+    local e_, a_, k_ = token_ratios(tok_list)
+    ent, accuracy = e_ / k_, a_ / k_
+  end
   local tot, cnt = t[1], t[2]
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
   local loss = tot / cnt
@@ -1118,11 +1168,12 @@ function Trainer:evaluate(ds, prefix)
   local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
   local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
-    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = acc and t[4] / cnt or nil,
+    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
+    [prefix .. "_entropy"] = ent,
     [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil } -- (TRL: the training total)
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
     fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "",
-    acc and fmt(" | mean token accuracy %.4f", t[4] / cnt) or "", cnt))
+    accuracy and fmt(" | mean token accuracy %.4f", accuracy) or "", cnt))
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
   self.first_eval_metrics = self.first_eval_metrics or rec

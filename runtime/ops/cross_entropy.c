@@ -360,3 +360,52 @@ fail:
     zr_tensor_release(out);
     return NULL;
 }
+
+zr_status zr_logits_stats(zr_tensor *logits, zr_tensor **entropy, zr_tensor **argmax) {
+    *entropy = *argmax = NULL;
+    if (!logits) return zr_error("logits_stats: missing logits");
+    if (zr_check_float("logits_stats", logits)) return ZR_ERR;
+    if (logits->ndim < 1 || logits->shape[logits->ndim - 1] < 1)
+        return zr_error("logits_stats: logits need a last dimension of at least one class");
+    int64_t c = logits->shape[logits->ndim - 1], rows = zr_tensor_numel(logits) / c;
+    zr_device dev = zr_tensor_device(logits);
+    zr_dtype lt = loss_dtype(logits->dtype);
+    if (!zr_is_cpu(logits) && lt == ZR_F64) lt = ZR_F32; /* (f64 logits on a GPU: refused below) */
+    zr_tensor *xi = NULL, *o = NULL;
+    zr_tensor *e = zr_tensor_new_cat(lt, dev, logits->ndim - 1, logits->shape, ZR_MEM_WORKSPACE, 0);
+    zr_tensor *a = zr_tensor_new_cat(ZR_I64, dev, logits->ndim - 1, logits->shape, ZR_MEM_WORKSPACE, 0);
+    zr_status st = ZR_ERR;
+    if (!e || !a) goto done;
+    if (!zr_is_cpu(logits)) {
+#ifdef ZR_HAVE_CUDA
+        char dn[16];
+        if (logits->dtype == ZR_F64) {
+            zr_error("logits_stats on %s: f64 logits are not supported (use f32, bf16 or f16)", zr_device_name(dev, dn));
+            goto done;
+        }
+        if (!(xi = zr_tensor_contiguous_raw(logits))) goto done;
+        if (zr_dev_status(logits_stats_cuda(zr_tensor_data(e), zr_tensor_data(a), zr_tensor_data(xi), rows, c,
+                                            xi->dtype, zr_cuda_stream(dev)),
+                          "logits_stats", dev))
+            goto done;
+        st = ZR_OK;
+#else
+        zr_error("logits_stats: a device tensor in a build without CUDA");
+#endif
+        goto done;
+    }
+    zr_dtype ct = zr_cpu_compute_dtype(logits->dtype);
+    if (!(xi = zr_cpu_in(logits, ct)) || !(o = zr_cpu_out_begin(e, ct))) goto done;
+    ZR_CPU_CALL(ct, logits_stats_cpu, zr_tensor_data(o), zr_tensor_data(a), zr_tensor_data(xi), rows, c);
+    st = zr_cpu_out_end(e, o);
+    o = NULL;
+done:
+    zr_tensor_release(xi);
+    if (st) {
+        zr_tensor_release(e);
+        zr_tensor_release(a);
+        return st;
+    }
+    *entropy = e, *argmax = a;
+    return ZR_OK;
+}

@@ -29,4 +29,9 @@ int zr_loss_reduction_parse(const char *s);
 zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
                             zr_loss_reduction reduction, double label_smoothing, int inplace);
 
+/* TRL's per-token statistics of logits (..., C), no gradient: *entropy (...) the entropy (natural log) of
+ * softmax over the last dimension (f32; f64 for f64 logits on the CPU), *argmax (...) i64 the first index of
+ * the largest logit (torch.argmax's). One pass over the logits on CUDA. New references, or ZR_ERR. */
+zr_status zr_logits_stats(zr_tensor *logits, zr_tensor **entropy, zr_tensor **argmax);
+
 #endif

@@ -105,7 +105,8 @@ def main():
                         save_strategy="no", **args)
         tr = SFTTrainer(model=m, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
         tr.train()
-        trl_log = [(h["step"], h["loss"], h["grad_norm"], h.get("num_tokens")) for h in tr.state.log_history if "loss" in h]
+        trl_log = [(h["step"], h["loss"], h["grad_norm"], h.get("num_tokens"), h["entropy"], h["mean_token_accuracy"])
+                   for h in tr.state.log_history if "loss" in h]
         rows_path = f"{C.OUT}/sft_rows{k}.json"
         with open(rows_path, "w") as f:
             json.dump(rows, f)
@@ -119,20 +120,25 @@ local tr = zr.SFTTrainer {{ model = zr.models.llama.from_pretrained("{init}", {{
   args = {{ output_dir = "{C.OUT}/sft_zrun{k}", bf16 = false, save_strategy = "no", {lua_args} }} }}
 tr:train()
 for _, h in ipairs(tr.state.log_history) do
-  if h.loss and h.grad_norm then print(string.format("LOG %d %.7f %.7f %d", h.step, h.loss, h.grad_norm, h.num_tokens or -1)) end
+  if h.loss and h.grad_norm then
+    print(string.format("LOG %d %.7f %.7f %d %.7f %.7f", h.step, h.loss, h.grad_norm, h.num_tokens or -1, h.entropy or -1,
+      h.mean_token_accuracy or -1))
+  end
 end
 """)
-        z = [(int(x.split()[1]), float(x.split()[2]), float(x.split()[3]), int(x.split()[4])) for x in out.splitlines()
-             if x.startswith("LOG ")]
-        print(f"  {name}: TRL {[(s, round(l, 6), round(g, 6), t) for s, l, g, t in trl_log]}\n"
-              f"  {name}: zrun {[(s, round(l, 6), round(g, 6), t) for s, l, g, t in z]}", flush=True)
+        z = [(int(x.split()[1]), float(x.split()[2]), float(x.split()[3]), int(x.split()[4]), float(x.split()[5]),
+              float(x.split()[6])) for x in out.splitlines() if x.startswith("LOG ")]
+        print(f"  {name}: TRL {[(s, round(l, 6), round(g, 6), t, round(en, 6), round(ac, 4)) for s, l, g, t, en, ac in trl_log]}\n"
+              f"  {name}: zrun {[(s, round(l, 6), round(g, 6), t, round(en, 6), round(ac, 4)) for s, l, g, t, en, ac in z]}",
+              flush=True)
         # (the gradient norm within 5e-4: transformers' without DeepSpeed logs ~5e-5 to 1.5e-4 below the norm of the
         # same gradients in float64, which zrun's equals at step 1; under DeepSpeed both agree to 6 digits)
         ok = rc == 0 and len(z) == len(trl_log) and all(
             a[0] == b[0] and abs(a[1] - b[1]) <= 2e-4 * abs(b[1]) and abs(a[2] - b[2]) <= 5e-4 * abs(b[2]) + 1e-6
-            and a[3] == b[3]
+            and a[3] == b[3] and abs(a[4] - b[4]) <= 1e-4 * abs(b[4]) and abs(a[5] - b[5]) <= 1e-6
             for a, b in zip(z, trl_log))
-        C.report(f"zr.SFTTrainer logs TRL's SFTTrainer losses, gradient norms and num_tokens, step by step ({name})", ok,
+        C.report(f"zr.SFTTrainer logs TRL's SFTTrainer losses, gradient norms, num_tokens, entropy and mean_token_accuracy, "
+                 f"step by step ({name})", ok,
                  out[-600:])
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)

@@ -196,21 +196,27 @@ T.test("SFTTrainer: the first loss is the mean over the assistant tokens only (d
   local logits = zr.no_grad(function() return m(b.input_ids).logits end):to("f64")
   local V, L = logits:size(3), logits:size(2)
   local lg, lab = logits:flat_table(), b.labels:flat_table()
-  local tot, cnt = 0, 0
+  local tot, cnt, ent, hits = 0, 0, 0, 0
   for r = 1, 4 do
     for p = 1, L - 1 do
       local y = lab[(r - 1) * L + p + 1]
       if y ~= -100 then
-        local base, mx, s = ((r - 1) * L + p - 1) * V, -math.huge, 0
-        for j = 1, V do mx = math.max(mx, lg[base + j]) end
+        local base, mx, s, am, sx = ((r - 1) * L + p - 1) * V, -math.huge, 0, 0, 0
+        for j = 1, V do if lg[base + j] > mx then mx, am = lg[base + j], j - 1 end end
         for j = 1, V do s = s + math.exp(lg[base + j] - mx) end
+        for j = 1, V do sx = sx + math.exp(lg[base + j] - mx) / s * lg[base + j] end
         tot, cnt = tot + mx + math.log(s) - lg[base + y + 1], cnt + 1
+        ent, hits = ent + mx + math.log(s) - sx, hits + (am == y and 1 or 0)
       end
     end
   end
   T.eq(cnt, 20, "counted: each answer's bytes + its eos (red, blue, green, cyan)")
   t:train()
-  T.near(t.state.log_history[1].loss, tot / cnt, 1e-5, 1e-5, "logged loss = the token mean over the assistant tokens")
+  local rec = t.state.log_history[1]
+  T.near(rec.loss, tot / cnt, 1e-5, 1e-5, "logged loss = the token mean over the assistant tokens")
+  -- TRL's entropy and mean_token_accuracy: over the same tokens, of the softmax and argmax at the position before
+  T.near(rec.entropy, ent / cnt, 1e-5, 1e-5, "logged entropy")
+  T.near(rec.mean_token_accuracy, hits / cnt, 1e-12, 0, "logged mean_token_accuracy")
 end)
 
 T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teacher-forced answers right", function()

@@ -77,4 +77,26 @@ T.test("cross_entropy errors", function()
   T.raises(function() zr.cross_entropy(x, ids { 0, 1 }, { reduction = "avg" }) end, "reduction must be")
 end)
 
+T.test("logits_stats: each row's softmax entropy and first argmax, as softmax / log_softmax / max compute them", function()
+  zr.manual_seed(5)
+  for _, dt in ipairs { "f64", "f32", "bf16" } do
+    local x = (zr.randn({ 2, 3, 50 }, { dtype = "f64" }) * 4):to(dt)
+    local xr = x:to("f64")
+    local want = -(xr:softmax(3) * xr:log_softmax(3)):sum(3)
+    local e, a = zr.logits_stats(x)
+    T.eq(table.concat(e:shape(), "x"), "2x3", dt .. ": entropy shape")
+    T.eq(a:dtype(), "i64", dt .. ": argmax dtype")
+    T.near(e:to("f64"), want, dt == "f64" and 1e-12 or 1e-5, 0, dt .. ": entropy")
+    local _, idx = xr:max(3) -- (1-based)
+    T.eq_list(a:flat_table(), (idx:to("f64") - 1):flat_table(), dt .. ": argmax")
+  end
+  -- a tie: the first index (torch.argmax); a one-hot row: entropy 0; uniform: log C
+  local e, a = zr.logits_stats(zr.tensor({ { 1, 3, 3, 0 }, { -1e30, 0, -1e30, -1e30 }, { 2, 2, 2, 2 } }, { dtype = "f32" }))
+  T.eq_list(a:flat_table(), { 1, 1, 0 }, "ties: the first")
+  local S = math.exp(-2) + 2 + math.exp(-3) -- (row 1's sum of exp(x - 3)): H = lse - sum p x
+  T.near(e, { 3 + math.log(S) - (1 * math.exp(-2) + 3 * 2) / S, 0, math.log(4) }, 1e-5, 0,
+    "entropy of a tie, a one-hot, a uniform row")
+  T.raises(function() zr.logits_stats(zr.tensor({ 1, 2 }, { dtype = "i64" })) end, "logits_stats")
+end)
+
 T.done()

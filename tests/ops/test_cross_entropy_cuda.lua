@@ -161,4 +161,17 @@ T.test("gpt2 padded head on CUDA: in-place loss = unfused loss and gradients; la
   end
 end)
 
+T.test("logits_stats on CUDA as on the CPU: entropy and argmax per row, vectorised and not, f32 / bf16 / f16", function()
+  for _, dt in ipairs { "f32", "bf16", "f16" } do
+    for _, s in ipairs { { 3, 7 }, { 17, 1000 }, { 9, 32003 }, { 4, 128256 } } do
+      zr.manual_seed(s[1] + s[2])
+      local x = (zr.randn({ s[1], s[2] }) * 3):to(dt)
+      local ec, ac = zr.logits_stats(x)
+      local eg, ag = zr.logits_stats(x:cuda())
+      C.close(eg:cpu(), ec, "f32", ("logits_stats %s %dx%d entropy"):format(dt, s[1], s[2]), 4)
+      T.eq_list(ag:cpu():flat_table(), ac:flat_table(), ("logits_stats %s %dx%d argmax"):format(dt, s[1], s[2]))
+    end
+  end
+end)
+
 T.done()

@@ -213,11 +213,11 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =}]]) -> {logits=, loss=}, as
--- LlamaForCausalLM's (position_ids: packed sequences, as there): a loss that will be recorded takes the logits over for its gradient, and
+-- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =, token_stats =}]]) -> {logits=,
+-- loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats, as there): a loss that will be recorded takes the logits over for its gradient, and
 -- out.logits is then made again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
-  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids" }) end
+  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids", "token_stats" }) end
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
@@ -245,18 +245,22 @@ function LM:forward(ids, labels, opts)
     return full:narrow(3, 1, V), full
   end
   local logits, full = head()
-  if not labels then return (Module.end_scope(scope, { logits = logits })) end
   local llama = require "zrun.models.llama"
+  -- (over the padded head's rows: its extra columns, at -1e30, add nothing and are never the argmax)
+  local entropy, argmax = llama.token_stats(full, opts)
+  if not labels then return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax)) end
   local recorded = zr.is_grad_enabled() and full.requires_grad
   local eps = opts and opts.label_smoothing
   -- label smoothing spreads eps over the V real classes: the padded head's extra columns would count,
   -- so the loss then takes the V-column view (copied; its gradient scattered back: no in-place pass)
   local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps)
-    or llama.causal_lm_loss(full, labels, recorded, eps) }
+    or llama.causal_lm_loss(full, labels, recorded, eps), entropy = entropy, argmax = argmax }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
-  if recorded then return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end, h), h)) end
+  if recorded then
+    return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end, h), h, entropy, argmax))
+  end
   out.logits = logits
-  return (Module.end_scope(scope, out))
+  return (Module.end_scope(scope, out, entropy, argmax))
 end
 -- A Hugging Face model folder (config.json + model.safetensors) that transformers loads.
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end

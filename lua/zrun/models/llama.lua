@@ -252,7 +252,8 @@ function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
 
--- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =}]]) -> {logits=, loss=}.
+-- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =, token_stats =}]])
+-- -> {logits=, loss= [, entropy=, argmax=]}.
 -- labels are shifted inside (position t predicts token t+1); -100 is ignored; the loss is the mean
 -- over counted tokens (token_mean_loss: the Trainer weights it by the step's token count), with
 -- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor).
@@ -267,7 +268,7 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
-  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids" }) end
+  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids", "token_stats" }) end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids, opts and opts.position_ids)
   local function head()
@@ -277,13 +278,23 @@ function CausalLM:forward(input_ids, labels, opts)
     return zr.linear(h, fetch(self.model.embed_tokens.weight))
   end
   local logits = head()
-  if not labels then return (Module.end_scope(scope, { logits = logits })) end
+  local entropy, argmax = M.token_stats(logits, opts)
+  if not labels then return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax)) end
   local recorded = zr.is_grad_enabled() and logits.requires_grad
-  local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing) }
+  local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing), entropy = entropy,
+    argmax = argmax }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
-  if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head, h), h)) end
+  if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head, h), h, entropy, argmax)) end
   out.logits = logits
-  return (Module.end_scope(scope, out))
+  return (Module.end_scope(scope, out, entropy, argmax))
+end
+
+-- opts.token_stats: each position's entropy of the softmax (f32) and argmax (i64, 0-based) from the logits
+-- (B, T, V), read before the loss takes them over (zr.logits_stats, one pass, no gradient): TRL's logged
+-- entropy and mean_token_accuracy. nil, nil otherwise.
+function M.token_stats(logits, opts)
+  if not (opts and opts.token_stats) then return nil, nil end
+  return zr.no_grad(function() return zr.logits_stats(logits) end)
 end
 
 -- out (a forward's result table) whose out.logits is made by make() on first read, then kept:
