@@ -46,13 +46,10 @@ void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, con
 }
 
 void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t n, int64_t c) {
+    K(reduce_max_rows_cpu)(entropy, argmax, x, n, c); /* each row's max (torch's argmax), then its entropy */
 #pragma omp parallel for schedule(static) if (n * c > 32768)
     for (int64_t i = 0; i < n; i++) {
-        const real *xi = x + i * c;
-        real mx = xi[0];
-        int64_t am = 0;
-        for (int64_t j = 1; j < c; j++)
-            if (xi[j] > mx) mx = xi[j], am = j;
+        const real *xi = x + i * c, mx = entropy[i];
         real s = 0, t = 0;
         for (int64_t j = 0; j < c; j++) {
             real e = R_EXP(xi[j] - mx);
@@ -60,6 +57,5 @@ void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t 
             t += e * (xi[j] - mx);
         }
         entropy[i] = R_LOG(s) - t / s;
-        argmax[i] = am;
     }
 }
