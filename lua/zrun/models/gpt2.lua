@@ -214,10 +214,13 @@ function LM:__init(cfg)
   end)
 end
 -- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =, token_stats =}]]) -> {logits=,
--- loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats, as there): a loss that will be recorded takes the logits over for its gradient, and
--- out.logits is then made again on first read (one more LM-head product).
+-- loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats: TRL's
+-- statistics): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
+-- again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
-  if opts then require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids", "token_stats" }) end
+  if opts then
+    require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids", "token_stats" })
+  end
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
@@ -248,7 +251,9 @@ function LM:forward(ids, labels, opts)
   local llama = require "zrun.models.llama"
   -- (over the padded head's rows: its extra columns, at -1e30, add nothing and are never the argmax)
   local entropy, argmax = llama.token_stats(full, opts)
-  if not labels then return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax)) end
+  if not labels then
+    return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax))
+  end
   local recorded = zr.is_grad_enabled() and full.requires_grad
   local eps = opts and opts.label_smoothing
   -- label smoothing spreads eps over the V real classes: the padded head's extra columns would count,

@@ -63,7 +63,6 @@ end
 -- segs (zrun.models.packed.segments): the batch holds packed sequences, each attending to itself
 -- with its own positions (cos, sin: tables long enough for the largest)
 function Attention:forward(x, cos, sin, segs)
-  local B, T = x:size(1), x:size(2)
   local H, KV, D = self.n_heads, self.n_kv, self.hd
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
   if fusable(qp, kp, vp) then
@@ -268,7 +267,9 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
-  if opts then require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids", "token_stats" }) end
+  if opts then
+    require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids", "token_stats" })
+  end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids, opts and opts.position_ids)
   local function head()
@@ -279,7 +280,9 @@ function CausalLM:forward(input_ids, labels, opts)
   end
   local logits = head()
   local entropy, argmax = M.token_stats(logits, opts)
-  if not labels then return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax)) end
+  if not labels then
+    return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax))
+  end
   local recorded = zr.is_grad_enabled() and logits.requires_grad
   local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing), entropy = entropy,
     argmax = argmax }

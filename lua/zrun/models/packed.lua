@@ -66,7 +66,9 @@ function M.segments(position_ids, B, T, device)
   local cur
   for i = 1, B * T do
     local v = p[i]
-    if v < 0 or v ~= math.floor(v) then error(("position_ids: %s at token %d is not a position"):format(tostring(v), i), 0) end
+    if v < 0 or v ~= math.floor(v) then
+      error(("position_ids: %s at token %d is not a position"):format(tostring(v), i), 0)
+    end
     if v > maxp then maxp = v end
     if cur and (i - 1) % T ~= 0 and v == p[i - 1] + 1 then
       cur.len = cur.len + 1
