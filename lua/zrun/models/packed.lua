@@ -52,7 +52,6 @@ local function grouping(segs, device)
   segs.groups, segs.inv = groups, zr.persist(zr.tensor(inv, { dtype = "i64" }):to(device))
 end
 
-
 -- The sequences of position_ids (B, T) integers: a list of {len =, p0 =} over the B·T tokens in
 -- order (p0: the first token's position), with .max_position and the groups M.attend runs (their
 -- indices on device), or nil when each row is one sequence from position 0 (the plain batch).
@@ -61,7 +60,7 @@ function M.segments(position_ids, B, T, device)
     error(("position_ids must be (batch, seq_len) = (%d, %d) as input_ids, got %s"):format(B, T,
       table.concat(position_ids:shape(), " x ")), 0)
   end
-  local p = position_ids:flat_table()
+  local p = (position_ids:device() == "cpu" and position_ids or position_ids:to("cpu")):flat_table() -- (read on the host)
   local segs, maxp, plain = {}, 0, true
   local cur
   for i = 1, B * T do
