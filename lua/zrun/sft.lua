@@ -18,16 +18,22 @@ local fmt = string.format
 M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
   truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
   packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false,
-  dataset_kwargs = false, eval_packing = "auto", shuffle_dataset = false }
+  dataset_kwargs = false, eval_packing = "auto", shuffle_dataset = false, activation_offloading = false }
 -- SFTConfig arguments that change nothing in zrun: said, then dropped.
 M.NO_EFFECT = {
   trust_remote_code = "zrun runs its own Llama and GPT-2 code, never a checkpoint's",
   dataset_batch_size = "a tokenization batch size, which TRL removed; rows are prepared in-process",
+  model_init_kwargs = "TRL applies it to a model it loads by name and ignores it for a model object, which " ..
+    "zr.SFTTrainer always takes: pass dtype / device to zr.models.llama.from_pretrained",
+  router_aux_loss_coef = "the router loss of mixture-of-experts models; zrun's Llama and GPT-2 have no router",
 }
 -- SFTConfig arguments TRL renamed: refused naming the new one.
 M.RENAMED = { max_seq_length = "max_length" }
 -- SFTConfig arguments zrun does not implement: refused with what to do instead, never ignored.
 M.REFUSED = {
+  activation_offloading = "activation_offloading = true (TRL moves the saved activations to the CPU) is not " ..
+    "implemented; gradient_checkpointing = true (TRL's default) keeps one tensor a layer, and ZeRO's offload_optimizer / " ..
+    "offload_param move the largest states",
   loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) and \"chunked_nll\" (TRL's default: the same " ..
     "loss, which TRL computes in chunks of tokens to save memory) are implemented",
 }

@@ -145,6 +145,8 @@ T.test("refusals: one line each, naming the fix", function()
   T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = false }) end,
     "packing = true needs max_length")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { activation_offloading = true }) end,
+    "activation_offloading = true (TRL moves the saved activations to the CPU) is not implemented")
   -- TRL's default when left unset: the same loss as "nll"
   T.eq(#S.prepare({ { text = "a" } }, tok, { loss_type = "chunked_nll" }).rows, 1)
   T.raises(function() S.prepare({ { text = "a" } }, tok, { max_lenght = 3 }) end, "unknown option 'max_lenght'")
@@ -321,6 +323,10 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
   T.eq(#named.eval_dataset.a == #ev and named.eval_dataset.b[1].input_ids ~= nil, true, "named eval datasets, each prepared")
   local said = T.printed(with, { trust_remote_code = true })
   assert(said:find("[zrun] SFTTrainer: trust_remote_code has no effect", 1, true), said)
+  said = T.printed(with, { model_init_kwargs = { dtype = "bfloat16" }, router_aux_loss_coef = 0.01 })
+  assert(said:find("[zrun] SFTTrainer: model_init_kwargs has no effect (TRL applies it to a model it loads by name", 1, true), said)
+  assert(said:find("[zrun] SFTTrainer: router_aux_loss_coef has no effect", 1, true), said)
+  T.raises(function() with { activation_offloading = true } end, "activation_offloading = true")
   -- shuffle_dataset (TRL): the prepared rows in an order drawn from args.seed, before packing and after it
   local function order(a)
     local out = {}
