@@ -572,6 +572,7 @@ function Trainer:train(resume)
   -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
+  local token_stats = self.token_accuracy and self.model.supports_token_stats -- (zrun's Llama and GPT-2)
   local function fold_tok() -- (collective: every rank has as many micro-batches pending)
     if #pending_tok == 0 then return end
     local e_, a_, k_ = token_ratios(pending_tok)
@@ -759,7 +760,7 @@ function Trainer:train(resume)
         end
         local okstep, out = pcall(function()
           if w ~= 1 and w > 0 then e:set_loss_weight(w) end
-          local o = e(ids, labels, forward_options(fwd_opts, batch, self.token_accuracy))
+          local o = e(ids, labels, forward_options(fwd_opts, batch, token_stats))
           e:backward(o.loss)
           return o
         end)
@@ -1105,7 +1106,11 @@ function Trainer:evaluate(ds, prefix)
   -- token_accuracy (zr.SFTTrainer sets it): TRL's eval_entropy and eval_mean_token_accuracy, each batch's
   -- (over the ranks) entropy and share of counted labels that are the argmax at the position before them,
   -- averaged over the batches (token_ratios)
-  local acc, tok_list = self.token_accuracy, {}
+  local acc, tok_list, tok = self.token_accuracy and self.model.supports_token_stats, {}, { 0, 0, 0 }
+  local function fold_tok() -- (collective: every rank runs as many batches)
+    local e_, a_, k_ = token_ratios(tok_list)
+    tok[1], tok[2], tok[3] = tok[1] + e_, tok[2] + a_, tok[3] + k_
+  end
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
@@ -1134,7 +1139,10 @@ function Trainer:evaluate(ds, prefix)
       C.release_since(scope)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels, forward_options(fwd_opts, batch, acc))
-      if acc then tok_list[#tok_list + 1] = token_sums(out, labels) end -- (every batch: the ranks' sums)
+      if acc then -- (every batch: the ranks' sums)
+        tok_list[#tok_list + 1] = token_sums(out, labels)
+        if #tok_list >= 256 then fold_tok() end
+      end
       if n > 0 then
         scope = C.handle_serial()
         sum, count = sum + out.loss:item() * n, count + n
@@ -1157,9 +1165,9 @@ function Trainer:evaluate(ds, prefix)
   local t = zr.tensor({ sum, count, nll }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
   local ent, accuracy
-  if acc and #tok_list > 0 then
-    local e_, a_, k_ = token_ratios(tok_list)
-    ent, accuracy = e_ / k_, a_ / k_
+  if acc then
+    if #tok_list > 0 then fold_tok() end
+    if tok[3] > 0 then ent, accuracy = tok[1] / tok[3], tok[2] / tok[3] end
   end
   local tot, cnt = t[1], t[2]
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end

@@ -196,6 +196,7 @@ local LM = Module:extend("GPT2LMHeadModel")
 -- {label_smoothing=} third: the Trainer weights each micro-batch by its token count (transformers'
 -- num_items_in_batch) and passes label_smoothing_factor.
 LM.token_mean_loss = true
+LM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
 M.GPT2LMHeadModel = LM
 -- cfg: a Hugging Face config table (config.json fields) or a built-in name, plus optional
 -- dtype/device for the parameters.

@@ -218,6 +218,7 @@ M.LlamaForCausalLM = CausalLM
 -- {label_smoothing=} third: the Trainer weights each micro-batch by its token count (transformers'
 -- num_items_in_batch) and passes label_smoothing_factor.
 CausalLM.token_mean_loss = true
+CausalLM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
 
 -- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters.
 function CausalLM:__init(cfg)
