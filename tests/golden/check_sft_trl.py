@@ -63,7 +63,8 @@ DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "
                                                    "warmup_num_steps": "auto"}},
       "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2}}
 COMMON = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 6, "learning_rate": 1e-3,
-          "lr_scheduler_type": "constant", "logging_steps": 1, "train_sampling_strategy": "sequential", "seed": 3}
+          "lr_scheduler_type": "constant", "logging_steps": 1, "train_sampling_strategy": "sequential", "seed": 3,
+          "eval_strategy": "steps", "eval_steps": 3, "per_device_eval_batch_size": 3}
 
 
 def lua_value(v):
@@ -103,10 +104,13 @@ def main():
             args["deepspeed"] = ds
         cfg = SFTConfig(output_dir=f"{C.OUT}/sft_trl{k}", report_to="none", bf16=False, use_cpu=True,
                         save_strategy="no", **args)
-        tr = SFTTrainer(model=m, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
+        tr = SFTTrainer(model=m, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                        eval_dataset=Dataset.from_list(rows[:10]))
         tr.train()
         trl_log = [(h["step"], h["loss"], h["grad_norm"], h.get("num_tokens"), h["entropy"], h["mean_token_accuracy"])
                    for h in tr.state.log_history if "loss" in h]
+        trl_eval = [(h["step"], h["eval_entropy"], h["eval_mean_token_accuracy"]) for h in tr.state.log_history
+                    if "eval_entropy" in h]
         rows_path = f"{C.OUT}/sft_rows{k}.json"
         with open(rows_path, "w") as f:
             json.dump(rows, f)
@@ -115,8 +119,11 @@ def main():
 local zr = require "zrun"
 local cjson = require "cjson"
 local f = assert(io.open("{rows_path}")); local rows = cjson.decode(f:read("*a")); f:close()
+local ev = {{}}
+for i = 1, 10 do ev[i] = rows[i] end
 local tr = zr.SFTTrainer {{ model = zr.models.llama.from_pretrained("{init}", {{ dtype = "f32" }}),
   processing_class = zr.tokenizers.load("{TOK}"), train_dataset = zr.datasets.Dataset.from_rows(rows),
+  eval_dataset = zr.datasets.Dataset.from_rows(ev),
   args = {{ output_dir = "{C.OUT}/sft_zrun{k}", bf16 = false, save_strategy = "no", {lua_args} }} }}
 tr:train()
 for _, h in ipairs(tr.state.log_history) do
@@ -124,6 +131,7 @@ for _, h in ipairs(tr.state.log_history) do
     print(string.format("LOG %d %.7f %.7f %d %.7f %.7f", h.step, h.loss, h.grad_norm, h.num_tokens or -1, h.entropy or -1,
       h.mean_token_accuracy or -1))
   end
+  if h.eval_entropy then print(string.format("EVAL %d %.7f %.7f", h.step, h.eval_entropy, h.eval_mean_token_accuracy)) end
 end
 """)
         z = [(int(x.split()[1]), float(x.split()[2]), float(x.split()[3]), int(x.split()[4]), float(x.split()[5]),
@@ -140,6 +148,13 @@ end
         C.report(f"zr.SFTTrainer logs TRL's SFTTrainer losses, gradient norms, num_tokens, entropy and mean_token_accuracy, "
                  f"step by step ({name})", ok,
                  out[-600:])
+        # the evaluations' eval_entropy and eval_mean_token_accuracy: TRL's means over the evaluation batches
+        ze = [(int(x.split()[1]), float(x.split()[2]), float(x.split()[3])) for x in out.splitlines() if x.startswith("EVAL ")]
+        print(f"  {name}: TRL eval {[(s, round(en, 6), round(ac, 4)) for s, en, ac in trl_eval]}\n"
+              f"  {name}: zrun eval {[(s, round(en, 6), round(ac, 4)) for s, en, ac in ze]}", flush=True)
+        ok = rc == 0 and len(ze) == len(trl_eval) > 0 and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= 1e-4 * abs(b[1]) and abs(a[2] - b[2]) <= 1e-6 for a, b in zip(ze, trl_eval))
+        C.report(f"zr.SFTTrainer's evaluations log TRL's eval_entropy and eval_mean_token_accuracy ({name})", ok, out[-300:])
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
 
