@@ -575,27 +575,30 @@ function M.SFTTrainer(opts)
   if opts.data_collator and (multiple or pad_token) then
     error("SFTTrainer: pad_token and pad_to_multiple_of shape the default collator; with data_collator given, set them there", 2)
   end
-  -- padding-free batches (TRL): asked for, or what bfd packing needs (its blocks' rows told apart by position_ids)
+  -- padding-free batches (TRL): asked for, or what bfd packing needs (its blocks' rows told apart by position_ids);
+  -- also when only the evaluation rows are bfd-packed (eval_packing = true): TRL then pads them and their rows
+  -- attend to each other; zrun keeps them apart (the training rows, unpacked, train the same either way)
   local pstrat = sargs.packing_strategy or M.DEFAULTS.packing_strategy
-  local padding_free = sargs.padding_free == true or (sargs.packing == true and pstrat ~= "wrapped")
+  local asked = sargs.padding_free == true
+  local padding_free = asked or ((sargs.packing == true or sargs.eval_packing == true) and pstrat ~= "wrapped")
   if sargs.padding_free ~= nil and type(sargs.padding_free) ~= "boolean" then
     error("SFTTrainer: padding_free must be true or false", 2)
   end
   sargs.padding_free = nil
   if padding_free then
     if opts.data_collator then
-      error("SFTTrainer: a data_collator of your own cannot be padding-free (padding_free = true, or packing with " ..
+      error("SFTTrainer: a data_collator of your own cannot be padding-free (padding_free = true, or rows packed with " ..
         "packing_strategy \"" .. pstrat .. "\", which needs it); TRL refuses it too: drop the collator, or pack \"wrapped\"", 2)
     end
     if sargs.packing and pstrat == "wrapped" then
       require("zrun.dist").print0("[zrun] SFTTrainer: padding_free = true with wrapped packing is not recommended (TRL " ..
         "says so too): a wrapped block's rows are cut anywhere, so each block is one sequence and nothing changes")
     end
-    if not sargs.packing and sargs.max_length ~= false and not skip then
+    if asked and not sargs.packing and sargs.max_length ~= false and not skip then
       error("SFTTrainer: padding_free = true without packing does not enforce max_length (TRL refuses it too): pack " ..
         "(packing = true, packing_strategy = \"bfd\"), or set max_length = false with rows already short enough", 2)
     end
-    if not sargs.packing and (args.per_device_train_batch_size or 8) == 1 then
+    if asked and not sargs.packing and (args.per_device_train_batch_size or 8) == 1 then
       require("zrun.dist").print0("[zrun] SFTTrainer: padding_free = true with per_device_train_batch_size 1 joins " ..
         "nothing (one row a batch): use 2 or more")
     end

@@ -315,6 +315,14 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
   T.eq(#apart.eval_dataset, #ev, "eval_packing = false: one row per conversation")
   T.eq(#packed.train_dataset, #apart.train_dataset, "the training rows packed either way")
   T.eq(#with({ eval_packing = true }).eval_dataset, #packed.eval_dataset)
+  -- bfd-packed evaluation rows beside unpacked training rows: the batches padding-free (TRL pads them, and its
+  -- evaluation rows then attend to each other); the evaluation runs
+  local bfd_eval = trainer({ eval_dataset = ev }, { eval_packing = true, max_length = 64, assistant_only_loss = false })
+  T.eq(bfd_eval.eval_dataset[1].seq_lengths ~= nil and #bfd_eval.train_dataset == #qa_rows(), true, "bfd eval rows only")
+  T.eq(bfd_eval.collator(bfd_eval.eval_dataset.rows).position_ids ~= nil, true, "padding-free batches")
+  local m
+  T.printed(function() m = bfd_eval:evaluate() end)
+  T.eq(m.eval_loss == m.eval_loss and m.eval_loss > 0, true, "an evaluation over bfd blocks")
   local up = trainer({ eval_dataset = ev }, { eval_packing = true, packing_strategy = "wrapped", max_length = 64,
     assistant_only_loss = false })
   T.eq(#up.eval_dataset < #ev and #up.train_dataset == #qa_rows(), true, "eval_packing = true without packing: eval only")
