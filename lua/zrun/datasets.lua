@@ -445,6 +445,38 @@ function M.load_dataset(path, opts)
   return ds
 end
 
+-- causal_lm_collator{padding_free = true, ...}'s collate function (its options checked there).
+local function padding_free_collator(pad, multiple, mask_pad)
+  return function(rows)
+    local ids, labels, pos = {}, {}, {}
+    for i, r in ipairs(rows) do
+      local n, src = #r.input_ids, r.labels
+      local lens = r.seq_lengths or { n }
+      local t0, sum = #ids, 0
+      for _, l in ipairs(lens) do
+        for p = 0, l - 1 do pos[t0 + sum + p + 1] = p end
+        sum = sum + l
+      end
+      if sum ~= n then error(("collator: row %d's seq_lengths add up to %d for %d input_ids"):format(i, sum, n), 0) end
+      for k = 1, n do
+        local v, l = r.input_ids[k], nil
+        if src then l = src[k] or -100 elseif v == pad and mask_pad then l = -100 else l = v end
+        ids[t0 + k], labels[t0 + k] = v, pos[t0 + k] == 0 and -100 or l
+      end
+    end
+    if #ids == 0 then error("collator: every row in the batch is empty; filter empty rows first", 0) end
+    local N = #ids
+    if multiple and N % multiple ~= 0 then
+      for t = N + 1, N + multiple - N % multiple do ids[t], labels[t], pos[t] = pad, -100, 0 end
+    end
+    return {
+      input_ids = C.tensor({ ids }, { dtype = "i64" }),
+      labels = C.tensor({ labels }, { dtype = "i64" }),
+      position_ids = C.tensor({ pos }, { dtype = "i64" }),
+    }
+  end
+end
+
 -- Causal-LM collator, Hugging Face's DataCollatorForLanguageModeling(mlm=False): pads input_ids
 -- to the longest row (right padding, pad_to_multiple_of), builds attention_mask, and labels =
 -- input_ids with every position holding pad_token_id set to -100 (as HF does: when pad == eos, as
@@ -461,21 +493,25 @@ function M.causal_lm_collator(opts)
   opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of", "tokenizer", "mlm", "mask_pad_token",
     "padding_free" })
   local mask_pad = opts.mask_pad_token ~= false
-  if opts.padding_free then return M.padding_free_collator(opts) end
   if opts.mlm ~= nil and opts.mlm ~= false then -- (transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False))
     error("collator: mlm = true (masked language modeling) is not implemented; mlm = false is the causal LM collator", 2)
   end
+  local multiple = opts.pad_to_multiple_of
+  if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
+    error(("collator: pad_to_multiple_of must be a positive integer (e.g. 64), got %s"):format(tostring(multiple)), 2)
+  end
   local pad = opts.pad_token_id
-  if pad == nil and opts.tokenizer ~= nil then -- (transformers: the tokenizer's pad token, which must exist)
+  -- (transformers: the tokenizer's pad token, which must exist; padding-free rows are padded only to a multiple)
+  if pad == nil and opts.tokenizer ~= nil and (multiple or not opts.padding_free) then
     pad = opts.tokenizer:pad_id()
     if pad == nil then
       error("collator: the tokenizer has no pad token; set one (HF scripts use the eos: pad_token_id = tok:eos_id()) " ..
         "or pass pad_token_id", 2)
     end
   end
-  local multiple = opts.pad_to_multiple_of
-  if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
-    error(("collator: pad_to_multiple_of must be a positive integer (e.g. 64), got %s"):format(tostring(multiple)), 2)
+  if opts.padding_free then
+    if multiple and pad == nil then error("collator: padding_free with pad_to_multiple_of needs a pad_token_id", 2) end
+    return padding_free_collator(pad, multiple, mask_pad)
   end
   return function(rows)
     local B, T, Tmin = #rows, 0, math.huge
@@ -516,45 +552,6 @@ function M.causal_lm_collator(opts)
       input_ids = C.tensor(ids, { dtype = "i64" }),
       attention_mask = C.tensor(mask, { dtype = "i64" }),
       labels = C.tensor(labels, { dtype = "i64" }),
-    }
-  end
-end
-
--- causal_lm_collator{padding_free = true, ...}: see there.
-function M.padding_free_collator(opts)
-  local pad, multiple = opts.pad_token_id, opts.pad_to_multiple_of
-  if pad == nil and opts.tokenizer ~= nil then pad = opts.tokenizer:pad_id() end
-  if multiple ~= nil and (type(multiple) ~= "number" or multiple < 1 or multiple ~= math.floor(multiple)) then
-    error(("collator: pad_to_multiple_of must be a positive integer (e.g. 64), got %s"):format(tostring(multiple)), 2)
-  end
-  if multiple and pad == nil then error("collator: padding_free with pad_to_multiple_of needs a pad_token_id", 2) end
-  local mask_pad = opts.mask_pad_token ~= false
-  return function(rows)
-    local ids, labels, pos = {}, {}, {}
-    for i, r in ipairs(rows) do
-      local n, src = #r.input_ids, r.labels
-      local lens = r.seq_lengths or { n }
-      local t0, sum = #ids, 0
-      for _, l in ipairs(lens) do
-        for p = 0, l - 1 do pos[t0 + sum + p + 1] = p end
-        sum = sum + l
-      end
-      if sum ~= n then error(("collator: row %d's seq_lengths add up to %d for %d input_ids"):format(i, sum, n), 0) end
-      for k = 1, n do
-        local v, l = r.input_ids[k], nil
-        if src then l = src[k] or -100 elseif v == pad and mask_pad then l = -100 else l = v end
-        ids[t0 + k], labels[t0 + k] = v, pos[t0 + k] == 0 and -100 or l
-      end
-    end
-    if #ids == 0 then error("collator: every row in the batch is empty; filter empty rows first", 0) end
-    local N = #ids
-    if multiple and N % multiple ~= 0 then
-      for t = N + 1, N + multiple - N % multiple do ids[t], labels[t], pos[t] = pad, -100, 0 end
-    end
-    return {
-      input_ids = C.tensor({ ids }, { dtype = "i64" }),
-      labels = C.tensor({ labels }, { dtype = "i64" }),
-      position_ids = C.tensor({ pos }, { dtype = "i64" }),
     }
   end
 end

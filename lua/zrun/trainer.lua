@@ -58,9 +58,11 @@ local function token_sums(out, labels)
 end
 
 -- TRL's logged entropy and mean_token_accuracy are means over micro-batches of each one's entropy sum /
--- labels and hits / labels (0 without labels), its sums taken over the ranks. From a list of token_sums
--- (emptied; one all-reduce, collective): the sums of those two ratios, and their count.
-local function token_ratios(list)
+-- labels and hits / labels (0 without labels), its sums taken over the ranks. A list of token_sums (emptied;
+-- one all-reduce, collective: every rank holds as many) is folded into tok = {sum of entropies, sum of
+-- accuracies, micro-batches}; token_means(tok) then gives the two means (nil before any).
+local function fold_tokens(list, tok)
+  if #list == 0 then return end
   local c = zr.cat(list)
   local t = c:to("cpu", "f64")
   if t ~= c then zr.release(c) end
@@ -68,11 +70,14 @@ local function token_ratios(list)
   dist.all_reduce(t, "sum")
   local v = t:flat_table()
   zr.release(t)
-  local ent, acc = 0, 0
   for i = 1, #v, 3 do
-    if v[i + 2] > 0 then ent, acc = ent + v[i] / v[i + 2], acc + v[i + 1] / v[i + 2] end
+    if v[i + 2] > 0 then tok[1], tok[2] = tok[1] + v[i] / v[i + 2], tok[2] + v[i + 1] / v[i + 2] end
   end
-  return ent, acc, #v / 3
+  tok[3] = tok[3] + #v / 3
+end
+local function token_means(tok)
+  if tok[3] == 0 then return nil, nil end
+  return tok[1] / tok[3], tok[2] / tok[3]
 end
 
 local function hms(s)
@@ -573,11 +578,6 @@ function Trainer:train(resume)
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
   local token_stats = self.token_accuracy and self.model.supports_token_stats -- (zrun's Llama and GPT-2)
-  local function fold_tok() -- (collective: every rank has as many micro-batches pending)
-    if #pending_tok == 0 then return end
-    local e_, a_, k_ = token_ratios(pending_tok)
-    tok[1], tok[2], tok[3] = tok[1] + e_, tok[2] + a_, tok[3] + k_
-  end
   local first_loss, last_loss, n_logged = nil, nil, 0
   local nan_inf_filter = a.logging_nan_inf_filter
   local function drain() -- folds the pending losses into sum, n (this logging interval) and the run's total
@@ -687,12 +687,13 @@ function Trainer:train(resume)
     -- HF logs the rate its own schedule applied in this step, but where DeepSpeed's engine steps the
     -- schedule (the config's, or HF's handed to it) the one after it: zrun logs as HF does in each case
     local lr = (self.hf_schedule and not self.engine_steps_hf_schedule) and self.step_lr or e:get_lr()[1]
-    fold_tok()
+    fold_tokens(pending_tok, tok)
+    local entropy, accuracy = token_means(tok)
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
       num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil,
       num_tokens = self.log_num_tokens and self.num_tokens or nil,
-      entropy = tok[3] > 0 and tok[1] / tok[3] or nil, mean_token_accuracy = tok[3] > 0 and tok[2] / tok[3] or nil }
+      entropy = entropy, mean_token_accuracy = accuracy }
     tok[1], tok[2], tok[3] = 0, 0, 0
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
@@ -768,7 +769,7 @@ function Trainer:train(resume)
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
         if rawget(out, "entropy") then
           pending_tok[#pending_tok + 1] = token_sums(out, labels)
-          if #pending_tok >= 256 then fold_tok() end
+          if #pending_tok >= 256 then fold_tokens(pending_tok, tok) end
         end
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
@@ -1105,12 +1106,8 @@ function Trainer:evaluate(ds, prefix)
   local sum, count, nll = 0, 0, 0
   -- token_accuracy (zr.SFTTrainer sets it): TRL's eval_entropy and eval_mean_token_accuracy, each batch's
   -- (over the ranks) entropy and share of counted labels that are the argmax at the position before them,
-  -- averaged over the batches (token_ratios)
+  -- averaged over the batches (fold_tokens)
   local acc, tok_list, tok = self.token_accuracy and self.model.supports_token_stats, {}, { 0, 0, 0 }
-  local function fold_tok() -- (collective: every rank runs as many batches)
-    local e_, a_, k_ = token_ratios(tok_list)
-    tok[1], tok[2], tok[3] = tok[1] + e_, tok[2] + a_, tok[3] + k_
-  end
   local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
     for b = 1, per_rank, bs do
@@ -1141,7 +1138,7 @@ function Trainer:evaluate(ds, prefix)
       local out = e(ids, labels, forward_options(fwd_opts, batch, acc))
       if acc then -- (every batch: the ranks' sums)
         tok_list[#tok_list + 1] = token_sums(out, labels)
-        if #tok_list >= 256 then fold_tok() end
+        if #tok_list >= 256 then fold_tokens(tok_list, tok) end
       end
       if n > 0 then
         scope = C.handle_serial()
@@ -1164,11 +1161,8 @@ function Trainer:evaluate(ds, prefix)
   e:train()
   local t = zr.tensor({ sum, count, nll }, { dtype = "f64" })
   dist.all_reduce(t, "sum")
-  local ent, accuracy
-  if acc then
-    if #tok_list > 0 then fold_tok() end
-    if tok[3] > 0 then ent, accuracy = tok[1] / tok[3], tok[2] / tok[3] end
-  end
+  if acc then fold_tokens(tok_list, tok) end -- (every rank evaluates as many batches)
+  local ent, accuracy = token_means(tok)
   local tot, cnt = t[1], t[2]
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
   local loss = tot / cnt

@@ -192,7 +192,7 @@ function Model:forward(input_ids, position_ids)
   local B, T = input_ids:size(1), input_ids:size(2)
   local segs = position_ids and packed.segments(position_ids, B, T, input_ids:device())
   local h = self.embed_tokens(input_ids)
-  local cos, sin = self:rope(segs and math.max(T, segs.max_position + 1) or T, h:dtype(), h:device())
+  local cos, sin = self:rope(segs and segs.table_length or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
@@ -298,7 +298,7 @@ end
 -- entropy and mean_token_accuracy. nil, nil otherwise.
 function M.token_stats(logits, opts)
   if not (opts and opts.token_stats) then return nil, nil end
-  return zr.no_grad(function() return zr.logits_stats(logits) end)
+  return zr.logits_stats(logits)
 end
 
 -- out (a forward's result table) whose out.logits is made by make() on first read, then kept:

@@ -53,7 +53,7 @@ local function grouping(segs, device)
 end
 
 -- The sequences of position_ids (B, T) integers: a list of {len =, p0 =} over the B·T tokens in
--- order (p0: the first token's position), with .max_position and the groups M.attend runs (their
+-- order (p0: the first token's position), with .max_position, .table_length and the groups M.attend runs (their
 -- indices on device), or nil when each row is one sequence from position 0 (the plain batch).
 function M.segments(position_ids, B, T, device)
   if position_ids:dim() ~= 2 or position_ids:size(1) ~= B or position_ids:size(2) ~= T then
@@ -78,7 +78,9 @@ function M.segments(position_ids, B, T, device)
     end
   end
   if plain then return nil end
-  segs.max_position = maxp
+  -- rope tables hold this many positions (a power of two: a table's rows do not depend on its length, and the
+  -- model caches one per length; padding-free rows of every length would otherwise each add one)
+  segs.max_position, segs.table_length = maxp, 2 ^ math.ceil(math.log(maxp + 1) / math.log(2) - 1e-9)
   grouping(segs, device or "cpu")
   return segs
 end
