@@ -152,6 +152,10 @@ local function settings(o, cfg_model)
   s.micro_batch = type(mb) == "number" and mb or 1
   s.seq_len = o.seq_len or 1024
   s.gradient_checkpointing = o.gradient_checkpointing and true or false
+  if o.loss_type ~= nil and o.loss_type ~= "nll" and o.loss_type ~= "dft" then
+    error(fmt("memory plan: loss_type must be \"nll\" or \"dft\", got %s", tostring(o.loss_type)), 0)
+  end
+  s.loss_type = o.loss_type == "dft" and "dft" or nil
   s.gc = o.gc or M.DEFAULT_GC
   s.gas = type(ds.gradient_accumulation_steps) == "number" and ds.gradient_accumulation_steps or 1
   if s.stage < 0 or s.stage > 3 or s.stage ~= floor(s.stage) then
@@ -306,6 +310,7 @@ local function build(o, s, counted)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
+      loss_type = s.loss_type,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
@@ -397,7 +402,7 @@ local function build(o, s, counted)
   return setmetatable(plan, { __tostring = M.format })
 end
 
--- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, world_size= |
+-- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, loss_type=, world_size= |
 -- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, offload_ratio=,
 -- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, param_pin_memory=, gpu_memory=, gc=,
 -- device=} (pin_memory: offload_optimizer's; param_pin_memory: offload_param's)

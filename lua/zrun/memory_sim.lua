@@ -821,13 +821,38 @@ function M.llama_activations(cfg, o)
   S:lua(S:new(rows * 8))
   local lg = S:view(logits)
   local lse = S:new(rows * 4)
-  local loss = S:lua(S:new(4))
-  local lws = S:new(rows * 4, "ws")
-  S:drop(lws)
-  local baked = o.gpu and S:new(4) or nil
-  if o.gpu then S:drop(S:new(4, "ws")) end -- the count of counted targets (mean)
-  S:record(loss, { lg }, { lg, baked }, function(S2) return { S2:share(lg) } end)
-  S:drop(baked)
+  local loss
+  if o.loss_type == "dft" then
+    -- TRL's dft loss (causal_lm_loss): the plain per-token cross-entropy (reduction "none": no in-place
+    -- gradient; it saves the logits, lse and the i64 targets, and its backward makes a second logits-sized
+    -- gradient), then weights exp(-ce) taken as constants, their product, its sum and the count it is divided by
+    local lws = S:new(rows * 4, "ws")
+    local per = S:lua(S:new(rows * 4))
+    local tgt = S:new(rows * 8)
+    if o.gpu then S:drop(S:new(4)) end -- (the count of counted targets, on the device)
+    S:record(per, { lg }, { lg, lse, tgt }, function(S2) return { S2:new(N * V * b) } end)
+    S:drop(lws)
+    S:drop(tgt)
+    local w = S:lua(S:new(rows * 4)) -- per:detach():neg():exp() (the negation a temporary)
+    S:drop(S:new(rows * 4))
+    local wl = S:lua(S:new(rows * 4))
+    S:record(wl, { per }, { w }, function(S2) return { S2:new(rows * 4) } end)
+    S:lua(S:new(rows)) -- the counted mask (shifted:ne(-100)), then as f32 and summed
+    S:lua(S:new(rows * 4))
+    local cnt = S:lua(S:new(4))
+    local sum = S:lua(S:new(4))
+    S:record(sum, { wl }, nil, function(S2) return { S2:new(rows * 4) } end)
+    loss = S:lua(S:new(4))
+    S:record(loss, { sum }, { cnt }, function(S2) return { S2:new(4) } end)
+  else
+    loss = S:lua(S:new(4))
+    local lws = S:new(rows * 4, "ws")
+    S:drop(lws)
+    local baked = o.gpu and S:new(4) or nil
+    if o.gpu then S:drop(S:new(4, "ws")) end -- the count of counted targets (mean)
+    S:record(loss, { lg }, { lg, baked }, function(S2) return { S2:share(lg) } end)
+    S:drop(baked)
+  end
   S:drop(lse)
   S:pop(loss)
   -- {loss=} is held by the caller through backward, with the final hidden states (for a lazy

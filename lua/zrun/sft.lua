@@ -34,9 +34,11 @@ M.REFUSED = {
   activation_offloading = "activation_offloading = true (TRL moves the saved activations to the CPU) is not " ..
     "implemented; gradient_checkpointing = true (TRL's default) keeps one tensor a layer, and ZeRO's offload_optimizer / " ..
     "offload_param move the largest states",
-  loss_type = "only loss_type = \"nll\" (the token-mean cross-entropy) and \"chunked_nll\" (TRL's default: the same " ..
-    "loss, which TRL computes in chunks of tokens to save memory) are implemented",
 }
+-- TRL's loss_type values: "chunked_nll" (TRL's default) is "nll" computed in chunks of tokens to save memory (the
+-- same loss; zrun's fused loss keeps no second logits-sized buffer either); "dft" weights each token's loss by its
+-- probability (zrun.models.llama.causal_lm_loss).
+M.LOSS_TYPES = { nll = "nll", chunked_nll = "nll", dft = "dft" }
 
 -- A special token SFTConfig names (eos_token, pad_token): one token of the tokenizer's vocabulary, as TRL checks.
 function M.check_token(tok, what, s)
@@ -234,7 +236,13 @@ function M.options(opts, tok, first)
     end
     o[k] = v
   end
-  if o.loss_type == "chunked_nll" then o.loss_type = "nll" end -- (the same math, TRL's sft_config.py)
+  -- (the rows are the same for every loss: SFTTrainer hands loss_type to the model, prepare takes the plain one)
+  if o.loss_type ~= nil and M.LOSS_TYPES[o.loss_type] ~= "nll" then
+    error(fmt("sft: loss_type %s is %s", tostring(o.loss_type), M.LOSS_TYPES[o.loss_type] and "SFTTrainer's (the " ..
+      "model's loss), not a row preparation option: pass it in SFTTrainer's args" or "not one of \"nll\", " ..
+      "\"chunked_nll\" or \"dft\""), 0)
+  end
+  o.loss_type = nil
   for k, why in pairs(M.REFUSED) do
     if o[k] ~= M.DEFAULTS[k] then error("sft: " .. why, 0) end
   end
@@ -544,6 +552,26 @@ function M.SFTTrainer(opts)
     error(fmt("SFTTrainer: eval_packing must be true, false or \"auto\" (as packing), got %s", tostring(sargs.eval_packing)), 2)
   end
   trl_defaults(args)
+  -- loss_type (TRL's): the model's forward takes it (zrun's Llama and GPT-2); "dft" replaces the label smoother
+  local loss_type = sargs.loss_type == nil and "nll" or M.LOSS_TYPES[sargs.loss_type]
+  if not loss_type then
+    error(fmt("SFTTrainer: loss_type %s is not one of \"nll\", \"chunked_nll\" (TRL's default: the same loss) or " ..
+      "\"dft\" (each token's loss weighted by its probability)", type(sargs.loss_type) == "string" and
+      ("\"" .. sargs.loss_type .. "\"") or tostring(sargs.loss_type)), 2)
+  end
+  sargs.loss_type = nil
+  if loss_type == "dft" then
+    local m = opts.model
+    if m and not (m.supports_loss_type and m.supports_loss_type.dft) then
+      error("SFTTrainer: loss_type \"dft\" needs a model whose forward takes {loss_type = \"dft\"} (zrun's Llama and " ..
+        "GPT-2 do; this model does not declare supports_loss_type.dft)", 2)
+    end
+    if (args.label_smoothing_factor or 0) ~= 0 then -- (TRL's compute_loss_func comes before the label smoother)
+      require("zrun.dist").print0(fmt("[zrun] SFTTrainer: label_smoothing_factor = %g has no effect with loss_type = " ..
+        "\"dft\" (TRL's dft loss replaces the label smoother)", args.label_smoothing_factor))
+      args.label_smoothing_factor = 0
+    end
+  end
   local dk = sargs.dataset_kwargs
   if dk and (type(dk) ~= "table" or next(dk) == nil or (next(dk) ~= "skip_prepare_dataset" or next(dk, "skip_prepare_dataset"))) then
     error("SFTTrainer: dataset_kwargs takes {skip_prepare_dataset = true} only (rows already {input_ids, labels})", 2)
@@ -664,6 +692,7 @@ function M.SFTTrainer(opts)
       mask_pad_token = false, padding_free = padding_free or nil }
   end
   local trainer = require("zrun.trainer")(t)
+  if loss_type ~= "nll" then trainer.loss_type = loss_type end -- (the model's forward option, training and evaluation)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
   trainer.log_num_tokens = true -- (TRL's num_tokens in the training logs, eval_num_tokens beside the evaluation's)
   if not skip then -- evaluate(rows) prepares rows given to it as the eval sets were (TRL); prepared sets pass

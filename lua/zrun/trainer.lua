@@ -41,6 +41,14 @@ local function forward_options(opts, batch, stats)
   return o
 end
 
+-- The model's forward options for the loss: label_smoothing_factor, and the loss_type zr.SFTTrainer sets
+-- (TRL's "dft"); nil for the plain token-mean cross-entropy.
+local function loss_options(self)
+  local ls = self.args.label_smoothing_factor
+  if ls == 0 and not self.loss_type then return nil end
+  return { label_smoothing = ls ~= 0 and ls or nil, loss_type = self.loss_type }
+end
+
 -- TRL's per-micro-batch sums over the labels that count after the shift, from a forward run with
 -- token_stats: {entropy of the softmax at the position before each, argmax hits, labels} as one (3)
 -- f32 tensor on the labels' device (nothing read back); the forward's entropy and argmax are released.
@@ -357,7 +365,7 @@ local function pick_batch_size(o)
   local bs, p = o.start, nil
   while bs > 0 do
     p = plan.plan { model = o.model, config = o.config, micro_batch = bs, seq_len = o.seq_len, world_size = o.world_size,
-      gradient_checkpointing = o.gradient_checkpointing or nil }
+      gradient_checkpointing = o.gradient_checkpointing or nil, loss_type = o.loss_type }
     if p.device.total <= usable then return bs, p, usable end
     if bs == 1 then return 0, p, usable end
     bs = floor(bs * 0.9)
@@ -390,7 +398,8 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   local T = 0
   for _, r in ipairs(self.train_dataset and self.train_dataset.rows or {}) do T = math.max(T, #r.input_ids) end
   local bs, p, usable = pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
-    gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu }
+    gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu,
+    loss_type = self.loss_type }
   if bs == 0 then
     error(fmt("Trainer: auto_find_batch_size: even a micro-batch of 1 row of %d tokens needs %s of the GPU's %s " ..
       "usable (memory plan); run `zrun plan` with --fit for settings that fit (gradient_checkpointing, ZeRO " ..
@@ -599,7 +608,7 @@ function Trainer:train(resume)
   -- shorter last window (k micro-batches) accumulation / k, as without token counts, where HF divides
   -- each loss by the window's k (its current_gradient_accumulation_steps).
   local weigh = self.model.token_mean_loss
-  local fwd_opts = a.label_smoothing_factor ~= 0 and { label_smoothing = a.label_smoothing_factor } or nil
+  local fwd_opts = loss_options(self)
   local ranks = a.average_tokens_across_devices and W or 1
   local window = {} -- micro-batch index -> { batch =, w =, last = }, for the accumulation window being trained
   local window_serial -- C.handle_serial() before the window was collated
@@ -1068,7 +1077,8 @@ function Trainer:explain_oom(err, ids)
     local plan = require "zrun.memory_plan"
     local cfg = self.model.config
     return plan.fit({ model = cfg, config = e.config, micro_batch = ids:size(1), seq_len = ids:size(2),
-      world_size = e.world_size, gpu_memory = gpu or 0, gradient_checkpointing = self.args.gradient_checkpointing })
+      world_size = e.world_size, gpu_memory = gpu or 0, gradient_checkpointing = self.args.gradient_checkpointing,
+      loss_type = self.loss_type })
   end)
   if ok and res and res.text then return err .. "\n\nzrun plan for this run, and settings that fit:\n" .. res.text end
   return err .. "\n\n(run `zrun plan MODEL --fit --gpu-memory SIZE` for settings that fit: " .. tostring(res) .. ")"
@@ -1096,10 +1106,10 @@ function Trainer:evaluate(ds, prefix)
   local e = self.engine
   local W, rank = dist.world_size(), dist.rank()
   local rows, bs = ds.rows, self.args.per_device_eval_batch_size
-  -- label smoothing: the loss is the smoothed one (transformers evaluates through its LabelSmoother too),
-  -- the perplexity that of the plain cross-entropy over the same logits
-  local ls = self.args.label_smoothing_factor
-  local fwd_opts = ls ~= 0 and { label_smoothing = ls } or nil
+  -- label smoothing (or TRL's dft loss): the loss is the smoothed one (transformers evaluates through its
+  -- LabelSmoother, TRL through its compute_loss_func too), the perplexity that of the plain cross-entropy over
+  -- the same logits
+  local fwd_opts = loss_options(self)
   local per_rank = ceil(#rows / W)
   local t0 = C.now()
   e:eval()
@@ -1174,7 +1184,8 @@ function Trainer:evaluate(ds, prefix)
     [prefix .. "_entropy"] = ent,
     [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil } -- (TRL: the training total)
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
-    fwd_opts and fmt(" (label smoothing %g)", ls) or "", ppl, fwd_opts and " (unsmoothed)" or "",
+    fwd_opts and (fwd_opts.loss_type == "dft" and " (dft)" or fmt(" (label smoothing %g)", fwd_opts.label_smoothing)) or "",
+    ppl, fwd_opts and (fwd_opts.loss_type == "dft" and " (of the cross-entropy)" or " (unsmoothed)") or "",
     accuracy and fmt(" | mean token accuracy %.4f", accuracy) or "", cnt))
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec

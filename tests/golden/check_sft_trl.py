@@ -2,7 +2,7 @@
 """Trains with TRL's SFTTrainer and with zr.SFTTrainer from the same weights on the same rows, in the same order,
 and compares the loss and gradient norm each logs at every step: TRL's own preparation of the rows (chat template,
 assistant masks, prompt-completion masks, wrapped and bfd packing, padding-free batches whose sequences attend to
-themselves only: transformers' sdpa with position_ids), its collator, the token-mean loss across gradient
+themselves only: transformers' sdpa with position_ids), its collator, its loss_type "dft", the token-mean loss across gradient
 accumulation, TRL's defaults (gradient checkpointing on) against zrun's. A tiny Llama with the TinyLlama chat
 tokenizer's vocabulary, fp32 on the CPU (TRL 1.10, transformers 5.17, torch 2.11: tests/golden/reference.sh).
 
@@ -56,6 +56,9 @@ CASES = [
      {"assistant_only_loss": True, "chat_template_path": "gen", "padding_free": True, "max_length": None}),
     ("messages under a DeepSpeed ZeRO-2 file of \"auto\"s", chat_rows(48),
      {"assistant_only_loss": True, "chat_template_path": "gen", "deepspeed": "ds", "warmup_steps": 2}),
+    ("prompt-completion, loss_type dft", pc_rows(48), {"max_length": 24, "loss_type": "dft"}),
+    ("text rows packed (bfd, 64 tokens), loss_type dft", [{"text": r["prompt"] + r["completion"]} for r in pc_rows(96)],
+     {"packing": True, "max_length": 64, "loss_type": "dft"}),
 ]
 DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
       "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "betas": "auto", "eps": "auto"}},

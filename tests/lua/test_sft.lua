@@ -144,7 +144,10 @@ T.test("refusals: one line each, naming the fix", function()
   T.raises(function() S.prepare({ { text = "a" } }, tok, { padding_free = true }) end, "padding_free is the collator's")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "wrapped", max_length = false }) end,
     "packing = true needs max_length")
-  T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end, "only loss_type = \"nll\"")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "dft" }) end,
+    "loss_type dft is SFTTrainer's (the model's loss), not a row preparation option")
+  T.raises(function() S.prepare({ { text = "a" } }, tok, { loss_type = "focal" }) end,
+    "loss_type focal is not one of \"nll\", \"chunked_nll\" or \"dft\"")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { activation_offloading = true }) end,
     "activation_offloading = true (TRL moves the saved activations to the CPU) is not implemented")
   -- TRL's default when left unset: the same loss as "nll"
@@ -219,6 +222,82 @@ T.test("SFTTrainer: the first loss is the mean over the assistant tokens only (d
   -- TRL's entropy and mean_token_accuracy: over the same tokens, of the softmax and argmax at the position before
   T.near(rec.entropy, ent / cnt, 1e-5, 1e-5, "logged entropy")
   T.near(rec.mean_token_accuracy, hits / cnt, 1e-12, 0, "logged mean_token_accuracy")
+end)
+
+T.test("loss_type dft (TRL's): the first loss is the probability-weighted token mean (double, by hand)", function()
+  local t = trainer(nil, { max_steps = 1, optim = "sgd", learning_rate = 0, bf16 = false, loss_type = "dft" })
+  T.eq(t.loss_type, "dft")
+  local m = t.model
+  local b = zr.datasets.causal_lm_collator { pad_token_id = 0 } { t.train_dataset[1], t.train_dataset[2],
+    t.train_dataset[3], t.train_dataset[4] }
+  local logits = zr.no_grad(function() return m(b.input_ids).logits end):to("f64")
+  local V, L = logits:size(3), logits:size(2)
+  local lg, lab = logits:flat_table(), b.labels:flat_table()
+  local tot, plain, cnt = 0, 0, 0
+  for r = 1, 4 do
+    for p = 1, L - 1 do
+      local y = lab[(r - 1) * L + p + 1]
+      if y ~= -100 then
+        local base, mx, s = ((r - 1) * L + p - 1) * V, -math.huge, 0
+        for j = 1, V do mx = math.max(mx, lg[base + j]) end
+        for j = 1, V do s = s + math.exp(lg[base + j] - mx) end
+        local ce = mx + math.log(s) - lg[base + y + 1]
+        tot, plain, cnt = tot + math.exp(-ce) * ce, plain + ce, cnt + 1
+      end
+    end
+  end
+  t:train()
+  T.near(t.state.log_history[1].loss, tot / cnt, 1e-5, 1e-5, "logged loss = mean over the assistant tokens of p * ce")
+  -- evaluation: eval_loss the dft loss, the perplexity that of the plain cross-entropy
+  local ev = t:evaluate(zr.datasets.Dataset.from_rows { qa_rows()[1], qa_rows()[2], qa_rows()[3], qa_rows()[4] })
+  T.near(ev.eval_loss, tot / cnt, 1e-5, 1e-5, "eval_loss")
+  T.near(ev.eval_perplexity, math.exp(plain / cnt), 0, 1e-6, "eval_perplexity: of the plain cross-entropy")
+end)
+
+T.test("loss_type dft: the gradient is each counted row's softmax - onehot times its probability, over the count (by hand)", function()
+  zr.manual_seed(3)
+  local B, L, V = 2, 5, 7
+  local x = zr.randn({ B, L, V }, { dtype = "f64" }):requires_grad_()
+  local labels = zr.tensor({ { 1, 2, 3, -100, 4 }, { 0, 6, 5, 2, 1 } }, { dtype = "i64" })
+  local loss = zr.models.llama.causal_lm_loss(x, labels, false, nil, "dft")
+  loss:backward()
+  local lg, lab, g = x:detach():flat_table(), labels:flat_table(), x.grad:flat_table()
+  local want, tot, cnt = {}, 0, 0
+  for i = 1, B * L * V do want[i] = 0 end
+  for r = 1, B do
+    for p = 1, L - 1 do
+      local y = lab[(r - 1) * L + p + 1]
+      if y ~= -100 then
+        cnt = cnt + 1
+        local base, s = ((r - 1) * L + p - 1) * V, 0
+        for j = 1, V do s = s + math.exp(lg[base + j]) end
+        local py = math.exp(lg[base + y + 1]) / s
+        tot = tot - py * math.log(py)
+        for j = 1, V do want[base + j] = py * (math.exp(lg[base + j]) / s - (j - 1 == y and 1 or 0)) end
+      end
+    end
+  end
+  T.eq(cnt, 7)
+  T.near(loss:item(), tot / cnt, 1e-12, 1e-12, "loss")
+  for i = 1, B * L * V do T.near(g[i], want[i] / cnt, 1e-12, 1e-12, "gradient element " .. i) end
+  T.raises(function() zr.models.llama.causal_lm_loss(x, labels, false, 0.1, "dft") end, "takes no label smoothing")
+  T.raises(function() zr.models.llama.causal_lm_loss(x, labels, false, nil, "focal") end, "not one of")
+end)
+
+T.test("loss_type dft learns the answers too; label smoothing is said to do nothing beside it; bad values refused", function()
+  local t = trainer(nil, { loss_type = "dft", label_smoothing_factor = 0.1 })
+  T.eq(t.args.label_smoothing_factor, 0, "TRL's dft loss replaces the label smoother")
+  local before = t:evaluate(t.train_dataset)
+  t:train()
+  local after = t:evaluate(t.train_dataset)
+  for _, r in ipairs(t.state.log_history) do if r.loss then assert(r.grad_norm > 0, "gradient norm 0 at step " .. r.step) end end
+  assert(after.eval_perplexity < 0.2 * before.eval_perplexity, ("plain perplexity %.3f -> %.3f: not 80%% lower"):format(
+    before.eval_perplexity, after.eval_perplexity))
+  -- (fewer than nll's 100% in as many steps: each token's gradient is scaled by its probability, ~1/V at first, so
+  -- the tokens the model already favours learn first; chance is 1/259)
+  assert(after.eval_mean_token_accuracy >= 0.5, "teacher-forced answer tokens right: " .. after.eval_mean_token_accuracy)
+  T.raises(function() trainer(nil, { loss_type = "focal" }) end, "SFTTrainer: loss_type \"focal\" is not one of")
+  T.eq(trainer(nil, { loss_type = "chunked_nll" }).loss_type, nil, "chunked_nll: the plain loss")
 end)
 
 T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teacher-forced answers right", function()

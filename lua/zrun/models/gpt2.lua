@@ -197,6 +197,7 @@ local LM = Module:extend("GPT2LMHeadModel")
 -- num_items_in_batch) and passes label_smoothing_factor.
 LM.token_mean_loss = true
 LM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
+LM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
 M.GPT2LMHeadModel = LM
 -- cfg: a Hugging Face config table (config.json fields) or a built-in name, plus optional
 -- dtype/device for the parameters.
@@ -214,13 +215,14 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =, token_stats =}]]) -> {logits=,
--- loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats: TRL's
--- statistics): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
+-- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =}]]) ->
+-- {logits=, loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats: TRL's
+-- statistics; loss_type "dft": TRL's): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
 -- again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
   if opts then
-    require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts, { "label_smoothing", "position_ids", "token_stats" })
+    require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts,
+      { "label_smoothing", "position_ids", "token_stats", "loss_type" })
   end
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
@@ -259,8 +261,9 @@ function LM:forward(ids, labels, opts)
   local eps = opts and opts.label_smoothing
   -- label smoothing spreads eps over the V real classes: the padded head's extra columns would count,
   -- so the loss then takes the V-column view (copied; its gradient scattered back: no in-place pass)
-  local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps)
-    or llama.causal_lm_loss(full, labels, recorded, eps), entropy = entropy, argmax = argmax }
+  local lt = opts and opts.loss_type
+  local out = { loss = (eps and eps ~= 0 and full ~= logits) and llama.causal_lm_loss(logits, labels, false, eps, lt)
+    or llama.causal_lm_loss(full, labels, recorded, eps, lt), entropy = entropy, argmax = argmax }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
   if recorded then
     return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end, h), h, entropy, argmax))

@@ -219,6 +219,7 @@ M.LlamaForCausalLM = CausalLM
 -- num_items_in_batch) and passes label_smoothing_factor.
 CausalLM.token_mean_loss = true
 CausalLM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
+CausalLM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
 
 -- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters.
 function CausalLM:__init(cfg)
@@ -252,11 +253,12 @@ function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
 
--- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, position_ids =, token_stats =}]])
+-- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =}]])
 -- -> {logits=, loss= [, entropy=, argmax=]}.
 -- labels are shifted inside (position t predicts token t+1); -100 is ignored; the loss is the mean
 -- over counted tokens (token_mean_loss: the Trainer weights it by the step's token count), with
--- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor).
+-- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor), or
+-- loss_type "dft" (TRL's, causal_lm_loss).
 -- position_ids (B,T) as transformers takes them without an attention mask: each token's position,
 -- a new packed sequence where they do not go up by one (zrun.models.packed); the labels of each
 -- sequence's first token should be -100 (TRL's padding-free collator sets them), else the last
@@ -269,7 +271,8 @@ end
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
   if opts then
-    require("zrun.kwargs").check("LlamaForCausalLM:forward", opts, { "label_smoothing", "position_ids", "token_stats" })
+    require("zrun.kwargs").check("LlamaForCausalLM:forward", opts,
+      { "label_smoothing", "position_ids", "token_stats", "loss_type" })
   end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids, opts and opts.position_ids)
@@ -285,8 +288,8 @@ function CausalLM:forward(input_ids, labels, opts)
     return (Module.end_scope(scope, { logits = logits, entropy = entropy, argmax = argmax }, entropy, argmax))
   end
   local recorded = zr.is_grad_enabled() and logits.requires_grad
-  local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing), entropy = entropy,
-    argmax = argmax }
+  local out = { loss = M.causal_lm_loss(logits, labels, recorded, opts and opts.label_smoothing, opts and opts.loss_type),
+    entropy = entropy, argmax = argmax }
   -- h stays for the lazy logits; the logits the loss wrote its gradient over go with the scope
   if recorded then return (Module.end_scope(scope, M.lazy_logits(out, head, h), h, entropy, argmax)) end
   out.logits = logits
@@ -326,7 +329,11 @@ end
 -- token t+1); label -100 is ignored. inplace: the loss's gradient is written over the logits
 -- (zr.cross_entropy's inplace; the caller must not read them again) when it is recorded.
 -- label_smoothing (default 0): Hugging Face's LabelSmoother over the V classes.
-function M.causal_lm_loss(logits, labels, inplace, label_smoothing)
+-- loss_type "dft" (TRL's SFTConfig loss_type, its dft_loss): each counted token's cross-entropy
+-- weighted by the probability the model gives the label, exp(-ce), taken as a constant; the mean over
+-- the counted tokens (NaN when none counts, as TRL's 0 / 0). It runs the plain (not in-place)
+-- cross-entropy per token: the gradient is a second logits-sized tensor in backward.
+function M.causal_lm_loss(logits, labels, inplace, label_smoothing, loss_type)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
   if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
   -- Shift the labels, not the logits (as HF's ForCausalLMLoss does): position t is scored against
@@ -337,6 +344,16 @@ function M.causal_lm_loss(logits, labels, inplace, label_smoothing)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
+  if loss_type == "dft" then
+    if label_smoothing and label_smoothing ~= 0 then
+      error("causal LM loss: loss_type \"dft\" takes no label smoothing (TRL's dft_loss replaces the LabelSmoother)", 0)
+    end
+    local per = zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T), { ignore_index = -100, reduction = "none" })
+    local counted = shifted:ne(-100):to(per:dtype()):sum()
+    return (per * per:detach():neg():exp()):sum() / counted
+  elseif loss_type ~= nil and loss_type ~= "nll" then
+    error(("causal LM loss: loss_type %s is not one of \"nll\" or \"dft\""):format(tostring(loss_type)), 0)
+  end
   return zr.cross_entropy(logits:reshape(B * T, V), shifted:view(B * T),
     { ignore_index = -100, inplace = inplace or nil, label_smoothing = label_smoothing or nil })
 end
