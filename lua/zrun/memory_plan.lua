@@ -156,6 +156,14 @@ local function settings(o, cfg_model)
     error(fmt("memory plan: loss_type must be \"nll\" or \"dft\", got %s", tostring(o.loss_type)), 0)
   end
   s.loss_type = o.loss_type == "dft" and "dft" or nil
+  -- padding-free batches (packed sequences, TRL's bfd packing or padding_free): packed = the sequences' length
+  -- (true: seq_len), the attention's row gathers counted for sequences of that one length
+  s.packed = o.packed == true and s.seq_len or o.packed or nil
+  if s.packed and (type(s.packed) ~= "number" or s.packed < 1 or s.packed % 1 ~= 0 or
+      (s.micro_batch * s.seq_len) % s.packed ~= 0) then
+    error(fmt("memory plan: packed must be true or a sequence length dividing micro_batch x seq_len = %d, got %s",
+      s.micro_batch * s.seq_len, tostring(o.packed)), 0)
+  end
   s.gc = o.gc or M.DEFAULT_GC
   s.gas = type(ds.gradient_accumulation_steps) == "number" and ds.gradient_accumulation_steps or 1
   if s.stage < 0 or s.stage > 3 or s.stage ~= floor(s.stage) then
@@ -310,7 +318,7 @@ local function build(o, s, counted)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      loss_type = s.loss_type,
+      loss_type = s.loss_type, packed = s.packed,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
@@ -402,7 +410,7 @@ local function build(o, s, counted)
   return setmetatable(plan, { __tostring = M.format })
 end
 
--- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, loss_type=, world_size= |
+-- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, loss_type=, packed=, world_size= |
 -- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, offload_ratio=,
 -- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, param_pin_memory=, gpu_memory=, gc=,
 -- device=} (pin_memory: offload_optimizer's; param_pin_memory: offload_param's)
@@ -508,7 +516,8 @@ function M.format(p)
     s.stage, s.world_size, s.world_size > 1 and "s" or "", s.gpus_per_node, s.nodes, s.nodes > 1 and "s" or "",
     s.dtype, s.micro_batch, s.seq_len, (s.grad_bytes == 2 and ", 16-bit gradients" or "") ..
       (s.master_bytes == 2 and ", bf16 master" or "") .. (s.state_bytes == 2 and ", bf16 optimizer states" or ""),
-    s.gradient_checkpointing and ", activation checkpointing" or "", off, s.offload_param and ", params offloaded" or "")
+    s.gradient_checkpointing and ", activation checkpointing" or "", off, (s.offload_param and ", params offloaded" or "") ..
+      (s.packed and fmt(", packed sequences of %d", s.packed) or "") .. (s.loss_type and ", dft loss" or ""))
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
   for _, c in ipairs(CATS) do
     lines[#lines + 1] = fmt("  %-12s %14s %14s", c, human(p.device[c]), human(p.host[c]))
@@ -645,15 +654,18 @@ end
 --                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
 --                 [--offload-param] [--offload-ratio R] [--offload-grads device|host|auto]
 --                 [--grad-accum-dtype fp32|bf16|fp16] [--gc none|backward|ideal]
---                 [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
+--                 [--loss-type nll|dft] [--packed LEN] [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
 -- ---------------------------------------------------------------------------------------------
 local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
                  [--gpus-per-node N] [--nodes M] [--stage 0-3] [--dtype f32|bf16|f16]
                  [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
                  [--offload-ratio R] [--offload-grads device|host|auto]
                  [--grad-accum-dtype fp32|bf16|fp16] [--device cuda|cpu] [--gc none|backward|ideal]
+                 [--loss-type nll|dft] [--packed LEN]
                  [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
+  --loss-type: TRL's SFTConfig loss_type; dft keeps a second logits-sized gradient
+  --packed: padding-free batches (TRL's packing / padding_free) of sequences of LEN tokens
   --offload-ratio: offload_optimizer.ratio, the share of the optimizer states on the host
   --offload-grads: where offloaded training keeps the gradients; auto (the default, as the
         engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they take at most half of
@@ -679,7 +691,7 @@ function M.main_plan(args)
   local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
     dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
     fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1, ["offload-ratio"] = 1, ["offload-grads"] = 1,
-    ["grad-accum-dtype"] = 1 }
+    ["grad-accum-dtype"] = 1, ["loss-type"] = 1, packed = 1 }
   for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
   local function int(k, min) -- min: 1 for counts (a micro-batch of 0 planned zero), else 0
     if o[k] == nil then return nil end
@@ -711,7 +723,8 @@ function M.main_plan(args)
     dtype = o.dtype, gradient_checkpointing = o["gradient-checkpointing"] or nil,
     offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
     offload_ratio = ratio, offload_grads = o["offload-grads"], grad_accum_dtype = gad,
-    device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"] }
+    device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"],
+    loss_type = o["loss-type"], packed = int("packed", 1) }
   if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
   local p = M.plan(opts)
   print(tostring(p))

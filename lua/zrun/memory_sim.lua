@@ -577,6 +577,29 @@ function Sim:qkv_rope_sdpa(x, o_bytes, lse_bytes, shape)
   return out
 end
 
+-- zr.embedding(x, idx) over a tensor's rows (zrun.models.packed's gather of a padding-free batch's rows into
+-- a group, and back): a new (rows, W) output saving only the indices (persisted by the model: not counted
+-- here); backward scatters into a dense gradient of x's size (on the CPU in f32, then cast to x's dtype)
+function Sim:gather_rows(x, out_bytes)
+  local b = self.o.dtype_bytes
+  local out = self:lua(self:new(out_bytes))
+  return self:record(out, { x }, nil, function(S, _, g)
+    if S.o.gpu then
+      local gi = S:raw(g)
+      local gx = S:new(x.n)
+      S:drop(gi)
+      return { gx }
+    end
+    local gw = S:new(x.n / b * 4)
+    local gi = S:raw(g)
+    local c
+    if b ~= 4 then c = S:new(x.n) end
+    S:drop(gi)
+    if c then S:drop(gw); return { c } end
+    return { gw }
+  end)
+end
+
 function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
@@ -756,16 +779,24 @@ function M.llama_activations(cfg, o)
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
     local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
+    -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
+    -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
+    -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
+    -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
+    if o.packed then qkv = S:gather_rows(qkv, qkv.n) end
+    local aB, aT = B, T
+    if o.packed then aB, aT = N / o.packed, o.packed end
     if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
-      att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, B * Hq * T * 4, { B, Hq, KV, T, D })
+      att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D })
     else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
       local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
-      local o = S:sdpa(q, k, v, B * Hq * T * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
+      local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
       local ot = S:transpose(o)
       att = S:reshape(ot)
       -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
       for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
     end
+    if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
     local ao = S:linear(att, p.o, N * H * b)
     local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
     local act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))

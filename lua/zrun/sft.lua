@@ -693,6 +693,7 @@ function M.SFTTrainer(opts)
   end
   local trainer = require("zrun.trainer")(t)
   if loss_type ~= "nll" then trainer.loss_type = loss_type end -- (the model's forward option, training and evaluation)
+  trainer.packed_batches = padding_free or nil -- (auto_find_batch_size's memory plan: packed sequences' attention)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
   trainer.log_num_tokens = true -- (TRL's num_tokens in the training logs, eval_num_tokens beside the evaluation's)
   if not skip then -- evaluate(rows) prepares rows given to it as the eval sets were (TRL); prepared sets pass

@@ -50,7 +50,16 @@ local function measure(c)
   mem.reset_peak()
   for s = 1, STEPS do
     local ids = batch(c.B, c.T, s)
-    local out = engine(ids, ids, c.dft and { loss_type = "dft" } or nil)
+    local opts = c.dft and { loss_type = "dft" } or nil
+    if c.packed then -- each row c.T / c.packed sequences of c.packed tokens, told apart by their positions
+      local pos = {}
+      for r = 1, c.B do
+        pos[r] = {}
+        for t = 1, c.T do pos[r][t] = (t - 1) % c.packed end
+      end
+      opts = { position_ids = zr.tensor(pos, { dtype = "i64" }) }
+    end
+    local out = engine(ids, ids, opts)
     engine:backward(out.loss)
     engine:step()
   end
@@ -67,7 +76,7 @@ local function measure(c)
   local plan = P.plan { stage3_gather = c.stage == 3 and not c.solo, model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
     gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
     prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse, offload_optimizer = c.offload and true,
-    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil }
+    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil, packed = c.packed }
   return train, setup, plan, offload_grads
 end
 
@@ -121,6 +130,11 @@ local cases = {
   { stage = 0, B = 5, T = 67, layers = 2, V = 4096, dft = true },
   { stage = 2, B = 3, T = 89, layers = 3, V = 4096, ckpt = true },
   { stage = 2, B = 3, T = 89, layers = 3, V = 4096, ckpt = true, dft = true },
+  -- packed sequences (a padding-free batch: position_ids restarting every `packed` tokens), whose attention
+  -- gathers the rows by group and back (zrun.models.packed)
+  { stage = 0, B = 2, T = 128, layers = 2, packed = 32 },
+  { stage = 0, B = 2, T = 128, layers = 2, packed = 32, ckpt = true },
+  { stage = 2, B = 1, T = 256, layers = 3, packed = 64 },
 }
 local results = {}
 for i, c in ipairs(cases) do
@@ -128,7 +142,8 @@ for i, c in ipairs(cases) do
     c.layers, c.solo and ", resident (one process)" or "", c.tied and ", tied" or "", c.ckpt and ", checkpointing" or "",
     c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "",
     c.offload and (", optimizer offload, gradients in the " .. c.offload .. " partition") or "") ..
-    (c.V and (", vocabulary " .. c.V) or "") .. (c.dft and ", loss_type dft" or "")
+    (c.V and (", vocabulary " .. c.V) or "") .. (c.dft and ", loss_type dft" or "") ..
+    (c.packed and (", packed sequences of " .. c.packed) or "")
   T.test(name, function()
     local m, setup, plan, offload_grads = measure(c)
     results[i] = m
@@ -406,6 +421,17 @@ T.test("zrun plan refuses counts of zero and non-integers (issue 16: --micro-bat
   print = print0 -- luacheck: ignore
   T.eq(ok and rc, 0, "a micro-batch of 1 plans")
   T.eq(table.concat(out, "\n"):find("micro-batch 1 x 8 tokens", 1, true) ~= nil, true)
+  -- SFT's settings: TRL's loss_type and padding-free batches, said in the plan's settings line
+  out = {}
+  print = function(s) out[#out + 1] = s end -- luacheck: ignore
+  ok, rc = pcall(plan, "--micro-batch", "2", "--seq-len", "64", "--loss-type", "dft", "--packed", "32")
+  print = print0 -- luacheck: ignore
+  T.eq(ok and rc, 0, tostring(rc))
+  T.eq(table.concat(out, "\n"):find("micro-batch 2 x 64 tokens, packed sequences of 32, dft loss", 1, true) ~= nil, true)
+  T.raises(function() plan("--loss-type", "focal") end, 'memory plan: loss_type must be "nll" or "dft", got focal')
+  T.raises(function() plan("--packed", "0") end, "zrun plan: --packed must be at least 1, got 0")
+  T.raises(function() plan("--micro-batch", "1", "--seq-len", "100", "--packed", "7") end,
+    "packed must be true or a sequence length dividing micro_batch x seq_len = 100, got 7")
 end)
 
 T.done()

@@ -225,6 +225,17 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
   T.eq(run(gpu_for(need(10)) - 2 ^ 21), 9, "just below 10's plan: 9")
   assert(usable(gpu_for(need(10))) >= need(10) and usable(gpu_for(need(10)) - 2 ^ 21) < need(10))
   T.eq(run(gpu_for(need(1)) - 2 ^ 21), 0, "not even 1 row")
+  -- TRL's dft loss and packed sequences (padding-free batches) need more: the search plans with them
+  local function need_with(bs, o) return plan.plan { model = cfg1b, config = ds_cfg, micro_batch = bs, seq_len = 2048,
+    world_size = 1, loss_type = o.loss_type, packed = o.packed }.device.total end
+  for _, o in ipairs { { loss_type = "dft" }, { packed = true } } do
+    assert(need_with(10, o) > need(10) + 2 ^ 28, "more than 256 MiB more at 10 x 2048")
+    local got = pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
+      gpu_memory = gpu_for(need(10)), loss_type = o.loss_type, packed = o.packed }
+    T.eq(got < 10 and got > 0, true, "10 rows fit plainly, not with " .. next(o) .. ": got " .. got)
+    T.eq((pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
+      gpu_memory = gpu_for(need_with(10, o)), loss_type = o.loss_type, packed = o.packed }), 10)
+  end
   -- on the CPU nothing is searched; a config that fixes the micro-batch is refused
   local t = trainer { per_device_train_batch_size = 3, auto_find_batch_size = true, max_steps = 1 }
   t:setup()
