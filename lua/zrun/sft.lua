@@ -520,6 +520,21 @@ local function no_masks_without_labels(name, ds)
   end
 end
 
+-- TRL's peft_config: get_peft_model on the model before the Trainer sees it (TRL refuses a model that
+-- already has an adapter, and a config that is not a PEFT config).
+local function apply_peft(model, cfg)
+  local peft = require "zrun.peft"
+  if not peft.is_config(cfg) then
+    error(fmt("SFTTrainer: peft_config must be a zr.peft.LoraConfig{...} (PEFT's LoraConfig), got %s", type(cfg)), 3)
+  end
+  if type(model) ~= "table" then error("SFTTrainer: peft_config needs a model (a zrun causal LM) to adapt", 3) end
+  if peft.is_peft_model(model) then
+    error("SFTTrainer: the model already has a LoRA adapter and a peft_config was passed too (TRL refuses it too): " ..
+      "merge_and_unload the adapter, then pass that model with the new peft_config", 3)
+  end
+  peft.get_peft_model(model, cfg)
+end
+
 -- TRL's SFTTrainer: zr.Trainer on datasets prepared by M.prepare. opts as zr.Trainer's; args takes
 -- TRL's defaults (learning_rate 2e-5, logging_steps 10, bf16 unless fp16, gradient_checkpointing) and
 -- SFTConfig's own keys (max_length, completion_only_loss, assistant_only_loss, dataset_text_field,
@@ -528,7 +543,9 @@ end
 -- shuffle_dataset, dataset_num_proc, formatting_func as opts.formatting_func) beside the Trainer's;
 -- M.NO_EFFECT's are said and dropped. With padding_free, or packing "bfd" / "bfd_split" (as TRL), the
 -- collator joins a micro-batch into one row, position_ids telling its sequences apart (the model attends
--- within each). trainer:evaluate(rows) prepares rows given to it as the eval sets were.
+-- within each). trainer:evaluate(rows) prepares rows given to it as the eval sets were. opts.peft_config
+-- (TRL's): a zr.peft.LoraConfig applied to the model first (zr.peft.get_peft_model); only the adapter trains
+-- and save_model writes it (adapter_model.safetensors, adapter_config.json).
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
   local args, sargs = {}, {}
@@ -661,7 +678,8 @@ function M.SFTTrainer(opts)
   end
   local t = {}
   for k, v in pairs(opts) do t[k] = v end
-  t.formatting_func = nil
+  t.formatting_func, t.peft_config = nil, nil
+  if opts.peft_config ~= nil then apply_peft(opts.model, opts.peft_config) end
   local ev = opts.eval_dataset
   local named = require("zrun.datasets").is_named
   if named(ev) then -- named eval datasets, each prepared

@@ -1010,11 +1010,13 @@ end
 -- generation_config.json, the tokenizer's files) to dir (default output_dir); collective. At ZeRO
 -- stage 3 the weights are gathered when stage3_gather_16bit_weights_on_model_save is set;
 -- otherwise dir gets the sharded engine checkpoint and the other files, and the message says how
--- to consolidate the weights into dir/model.safetensors.
+-- to consolidate the weights into dir/model.safetensors. A model with a LoRA adapter (zr.peft) gets the
+-- adapter's files instead (Trainer:save_adapter).
 function Trainer:save_model(dir, o)
   self:setup()
   o = require("zrun.kwargs").check("Trainer:save_model", o, { "in_checkpoint" })
   dir = dir or self.args.output_dir
+  if require("zrun.peft").is_peft_model(self.model) then return self:save_adapter(dir, o) end
   local e = self.engine
   local zc = e.config.zero_optimization or {}
   local gather = e.stage < 3 or zc.stage3_gather_16bit_weights_on_model_save
@@ -1042,6 +1044,30 @@ function Trainer:save_model(dir, o)
   end
   dist.barrier()
   return gather and true or false
+end
+
+-- save_model of a model with a LoRA adapter (zr.peft), as transformers' Trainer saves a PEFT model: the
+-- adapter (adapter_model.safetensors, adapter_config.json: zr.peft.save_pretrained) and the tokenizer's
+-- files, not the frozen base. At ZeRO stage 3 the adapter is gathered for it (collective).
+function Trainer:save_adapter(dir, o)
+  local e, was = self.engine, {}
+  if e.stage == 3 then
+    for i = 1, #e.params do if not e.zero:is_gathered(i) then was[#was + 1] = i end end
+    e:gather_parameters()
+  end
+  local ok, err = true, nil
+  if self.is_main then
+    ok, err = pcall(function()
+      local files = require("zrun.peft").save_pretrained(self.model, dir)
+      local tf = self.processing_class and require("zrun.tokenizers").save_pretrained(self.processing_class, dir) or {}
+      for _, f in ipairs(tf) do files[#files + 1] = f end
+      if not o.in_checkpoint then print(fmt("[zrun] saved the adapter to %s (%s)", dir, table.concat(files, ", "))) end
+    end)
+  end
+  if #was > 0 then e.zero:release(was) end
+  dist.barrier()
+  if not ok then error(err, 0) end
+  return true
 end
 
 -- trainer_state.json's fields for a state at `step` (transformers' TrainerState.save_to_json): the
