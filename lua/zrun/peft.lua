@@ -173,7 +173,9 @@ M.DEFAULTS = {
   task_type = false, peft_type = "LORA", inference_mode = false, base_model_name_or_path = false, revision = false,
   auto_mapping = false, peft_version = PEFT_VERSION,
 }
--- (false above: Python's None; written as null.)
+-- (false above: Python's None, written as null, except for the boolean fields below.)
+local BOOLEAN = { fan_in_fan_out = true, use_rslora = true, use_dora = true, use_qalora = true, lora_bias = true,
+  ensure_weight_tying = true, inference_mode = true }
 
 -- Fields zrun refuses when set to anything but their default: what to do instead.
 M.REFUSED = {
@@ -308,7 +310,7 @@ function Config:to_dict()
   for k, d in pairs(M.DEFAULTS) do
     local v = self[k]
     if v == nil then v = d end
-    if v == false and d == false and k ~= "fan_in_fan_out" then v = cjson.null end
+    if v == false and not BOOLEAN[k] then v = cjson.null end
     out[k] = v
   end
   out.runtime_config = nil -- (PEFT leaves it out of the file)

@@ -2,7 +2,7 @@
 # zrun against the real libraries, on this machine's CPU: every check_*.py of tests/golden (torch.save files,
 # DeepSpeed's checkpoints, zero_to_fp32 and universal checkpoints, resumes of real DeepSpeed and transformers
 # runs, the README's recipe next to run_clm.py's pipeline, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments and
-# on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, save_pretrained read back
+# on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, LoRA adapters next to PEFT's, save_pretrained read back
 # by transformers) and the golden
 # writers' diff (TRL's SFT rows, chat templates, DeepSpeed's engine runs). The GPU machine is not needed for these: torch 2.11,
 # transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10 and datasets run on
@@ -46,6 +46,7 @@ run trainer_matrix "$PY" tests/golden/check_trainer_matrix.py "$OUT/tm" ./zrun
 command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trainer_ranks.py "$OUT/tr" ./zrun
 [ -d "$DATA/tokenizers" ] && run sft_trl "$PY" tests/golden/check_sft_trl.py "$OUT/st" ./zrun "$DATA"
 [ -d "$DATA/tokenizers" ] && run sft_recipe "$PY" tests/golden/check_sft_recipe.py "$OUT/sr" ./zrun "$DATA"
+[ -d "$DATA/tokenizers" ] && run peft "$PY" tests/golden/check_peft.py "$OUT/pf" ./zrun "$DATA"
 ./zrun tests/golden/save_for_hf_check.lua "$OUT/hfsave" > "$OUT/save.log" 2>&1 &&
   run hf_save "$PY" tests/golden/check_hf_save.py "$OUT/hfsave"
 ./zrun tests/golden/save_zero_for_hf_check.lua "$OUT/zsave" > "$OUT/zsave.log" 2>&1 &&

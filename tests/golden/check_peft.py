@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""zr.peft against the real PEFT (0.21) and TRL (1.10): a tiny LlamaForCausalLM and LoRA adapters made by PEFT's
+get_peft_model (q_proj + v_proj; "all-linear" with rslora), lora_B set random so the adapter is not a no-op.
+(a) zrun reads the base and PEFT's adapter directory and gives transformers + PEFT's logits; (b) the adapter zrun
+saves is read by PeftModel.from_pretrained and gives the same logits; (c) TRL's SFTTrainer with peft_config and
+zr.SFTTrainer with peft_config from the same base and adapter initialisation log the same losses and gradient norms
+step by step (gradient checkpointing on, TRL's default), and the adapters they save agree; (d) merge_and_unload's
+weights are PEFT's. fp32 on the CPU (tests/golden/reference.sh).
+
+usage: python3 tests/golden/check_peft.py OUT_DIR [ZRUN] [DATA_DIR]     (prints PASS/FAIL lines)
+"""
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same argv)
+from check_sft_trl import pc_rows  # noqa: E402 (prompt-completion rows a tiny model can learn)
+
+warnings.filterwarnings("ignore")
+DATA = sys.argv[3] if len(sys.argv) > 3 else "../shared/data"
+TOK = f"{DATA}/tokenizers/tinyllama-1.1b-chat-v1.0"
+IDS = [[1, 5, 9, 20, 30, 41, 7, 250], [3, 8, 100, 101, 2, 60, 61, 299]]
+ADAPTERS = [  # (name, LoraConfig kwargs, zrun's LoraConfig fields)
+    ("q_proj + v_proj, r 4, alpha 8", dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+     'r = 4, lora_alpha = 8, target_modules = { "q_proj", "v_proj" }'),
+    ("all-linear, r 4, alpha 8, rslora, CAUSAL_LM", dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
+                                                         task_type="CAUSAL_LM"),
+     'r = 4, lora_alpha = 8, target_modules = "all-linear", use_rslora = true, task_type = "CAUSAL_LM"'),
+]
+TRAIN = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 6, "learning_rate": 1e-2,
+         "lr_scheduler_type": "constant", "logging_steps": 1, "train_sampling_strategy": "sequential", "seed": 3,
+         "max_length": 24}
+
+
+def tiny_llama(vocab, seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                        tie_word_embeddings=False))
+
+
+def logits_of(m):
+    with torch.no_grad():
+        return m(torch.tensor(IDS)).logits.float()
+
+
+def zrun_logits(path):
+    from safetensors.torch import load_file
+    return load_file(path)["logits"]
+
+
+def main():
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+    os.makedirs(C.OUT, exist_ok=True)
+    for k, (name, kw, lua_cfg) in enumerate(ADAPTERS):
+        base_dir, ad_dir = f"{C.OUT}/base{k}", f"{C.OUT}/adapter{k}"
+        tiny_llama(320, k).save_pretrained(base_dir)
+        pm = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
+        torch.manual_seed(100 + k)
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn_like(p) * 0.1)
+        pm.eval()
+        want = logits_of(pm)
+        pm.save_pretrained(ad_dir)
+        zsave, zmerged = f"{C.OUT}/zrun_adapter{k}", f"{C.OUT}/zrun_merged{k}"
+        rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local m = zr.models.llama.from_pretrained("{base_dir}")
+zr.peft.from_pretrained(m, "{ad_dir}")
+local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
+local function logits() return zr.no_grad(function() return m(ids).logits end) end
+zr._C.save_safetensors("{C.OUT}/zrun_logits{k}.safetensors", {{ logits = logits() }}, {{ format = "pt" }})
+m:print_trainable_parameters()
+zr.peft.save_pretrained(m, "{zsave}")
+m:merge_and_unload()
+zr._C.save_safetensors("{C.OUT}/zrun_merged_logits{k}.safetensors", {{ logits = logits() }}, {{ format = "pt" }})
+m:save_pretrained("{zmerged}")
+""")
+        d = (zrun_logits(f"{C.OUT}/zrun_logits{k}.safetensors") - want).abs().max().item() if rc == 0 else None
+        print(f"  {name}: zrun's logits of PEFT's adapter differ by {d}", flush=True)
+        C.report(f"zrun reads PEFT's adapter ({name}) and gives transformers + PEFT's logits (1e-5)",
+                 rc == 0 and d < 1e-5 and d is not None, out[-600:])
+        if rc != 0:
+            continue
+        # PEFT's trainable-parameter count (a PeftModel in training mode) next to zrun's line
+        tr = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
+        t, a = tr.get_nb_trainable_parameters()
+        line = f"trainable params: {t:,d} || all params: {a:,d} || trainable%: {100 * t / a:.4f}"
+        C.report(f"print_trainable_parameters prints PEFT's line ({name}, from_pretrained's frozen adapter: 0 trainable)",
+                 f"trainable params: 0 || all params: {a:,d} || trainable%: 0.0000" in out, line + " / " + out[-300:])
+        # (b) PEFT reads zrun's adapter
+        back = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base_dir), zsave)
+        back.eval()
+        d = (logits_of(back) - want).abs().max().item()
+        with open(f"{zsave}/adapter_config.json") as f:
+            zc = json.load(f)
+        with open(f"{ad_dir}/adapter_config.json") as f:
+            pc = json.load(f)
+        diff = sorted(key for key in set(zc) | set(pc) if key != "base_model_name_or_path" and (
+            sorted(zc.get(key)) if key == "target_modules" and isinstance(zc.get(key), list) else zc.get(key)) != (
+            sorted(pc.get(key)) if key == "target_modules" and isinstance(pc.get(key), list) else pc.get(key)))
+        print(f"  {name}: PEFT's logits of zrun's adapter differ by {d}; adapter_config.json fields unlike PEFT's: {diff}",
+              flush=True)
+        C.report(f"PeftModel.from_pretrained reads zrun's save_pretrained ({name}): the same logits (1e-5)", d < 1e-5)
+        C.report(f"zrun's adapter_config.json holds PEFT's fields and values ({name})", diff == [], str(diff))
+        zk, pk = set(load_file(f"{zsave}/adapter_model.safetensors")), set(load_file(f"{ad_dir}/adapter_model.safetensors"))
+        C.report(f"adapter_model.safetensors keys are PEFT's ({name})", zk == pk, str(sorted(zk ^ pk))[:300])
+        # (d) merge_and_unload
+        merged = pm.merge_and_unload().state_dict()
+        zm = load_file(f"{zmerged}/model.safetensors")
+        worst = max((zm[n].float() - merged[n].float()).abs().max().item() for n in merged if n in zm)
+        missing = [n for n in merged if n not in zm]
+        dl = (zrun_logits(f"{C.OUT}/zrun_merged_logits{k}.safetensors") - want).abs().max().item()
+        print(f"  {name}: merged weights differ from PEFT's merge_and_unload by {worst} (missing {missing}); merged "
+              f"logits from the adapted ones by {dl}", flush=True)
+        C.report(f"merge_and_unload: PEFT's merged weights (1e-6) and the adapted logits (1e-5) ({name})",
+                 worst < 1e-6 and not missing and dl < 1e-5)
+    training()
+    print(f"{C.failed} failed")
+    sys.exit(1 if C.failed else 0)
+
+
+def training():
+    """(c) TRL's SFTTrainer(peft_config=...) and zr.SFTTrainer{peft_config=...}: the adapter TRL initialises is
+    copied into zrun's before training (the same base weights from one directory), then both train on the same rows
+    in the same order; every logged loss and gradient norm compared, and the trained adapters."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+    rows = pc_rows(48)
+    rows_path = f"{C.OUT}/peft_rows.json"
+    with open(rows_path, "w") as f:
+        json.dump(rows, f)
+    for k, (name, kw, lua_cfg) in enumerate(ADAPTERS):
+        tok = AutoTokenizer.from_pretrained(TOK)
+        base_dir = f"{C.OUT}/sft_base{k}"
+        tiny_llama(len(tok), 10 + k).save_pretrained(base_dir)
+        from transformers import LlamaForCausalLM
+        cfg = SFTConfig(output_dir=f"{C.OUT}/peft_trl{k}", report_to="none", bf16=False, use_cpu=True,
+                        save_strategy="no", **TRAIN)
+        tr = SFTTrainer(model=LlamaForCausalLM.from_pretrained(base_dir), args=cfg, train_dataset=Dataset.from_list(rows),
+                        processing_class=tok, peft_config=LoraConfig(**kw))
+        init_dir, trl_out = f"{C.OUT}/peft_init{k}", f"{C.OUT}/peft_trl_final{k}"
+        tr.model.save_pretrained(init_dir)
+        tr.train()
+        tr.save_model(trl_out)
+        trl_log = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]
+        lua_args = ", ".join(f"{a} = {json.dumps(v)}" for a, v in sorted(TRAIN.items()))
+        zrun_out = f"{C.OUT}/peft_zrun_final{k}"
+        rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local cjson = require "cjson"
+local f = assert(io.open("{rows_path}")); local rows = cjson.decode(f:read("*a")); f:close()
+local tr = zr.SFTTrainer {{ model = zr.models.llama.from_pretrained("{base_dir}", {{ dtype = "f32" }}),
+  processing_class = zr.tokenizers.load("{TOK}"), train_dataset = zr.datasets.Dataset.from_rows(rows),
+  peft_config = zr.peft.LoraConfig {{ {lua_cfg} }},
+  args = {{ output_dir = "{C.OUT}/peft_zrun{k}", bf16 = false, save_strategy = "no", {lua_args} }} }}
+-- TRL's initial adapter (its kaiming draw) into zrun's, by PEFT's names
+local own = zr.peft.adapter_state_dict(tr.model)
+local fh = zr._C.safetensors_open("{init_dir}/adapter_model.safetensors")
+local n, keys = 0, fh:keys()
+for _, key in ipairs(keys) do
+  assert(own[key], "no " .. key .. " in zrun's adapter")
+  zr.no_grad(function() own[key]:copy_(fh:get(key)) end)
+  n = n + 1
+end
+fh:close()
+assert(n == #keys and n > 0)
+tr:train()
+tr:save_model("{zrun_out}")
+for _, h in ipairs(tr.state.log_history) do
+  if h.loss and h.grad_norm then print(string.format("LOG %d %.7f %.7f", h.step, h.loss, h.grad_norm)) end
+end
+""")
+        z = [(int(x.split()[1]), float(x.split()[2]), float(x.split()[3])) for x in out.splitlines() if x.startswith("LOG ")]
+        print(f"  {name}: TRL  {[(s, round(l, 6), round(g, 6)) for s, l, g in trl_log]}\n"
+              f"  {name}: zrun {[(s, round(l, 6), round(g, 6)) for s, l, g in z]}", flush=True)
+        # (check_sft_trl.py's tolerances: the loss within 2e-4 relative, the gradient norm within 5e-4)
+        ok = rc == 0 and len(z) == len(trl_log) > 0 and all(
+            a[0] == b[0] and abs(a[1] - b[1]) <= 2e-4 * abs(b[1]) and abs(a[2] - b[2]) <= 5e-4 * abs(b[2]) + 1e-6
+            for a, b in zip(z, trl_log))
+        C.report(f"zr.SFTTrainer{{peft_config=}} logs TRL's SFTTrainer(peft_config=) losses and gradient norms, step by "
+                 f"step ({name})", ok, out[-600:])
+        if rc != 0:
+            continue
+        files = sorted(os.listdir(zrun_out))
+        zt, tt = load_file(f"{zrun_out}/adapter_model.safetensors"), load_file(f"{trl_out}/adapter_model.safetensors")
+        worst = max((zt[n] - tt[n]).abs().max().item() for n in tt) if set(zt) == set(tt) else None
+        scale = max(t.abs().max().item() for t in tt.values())
+        print(f"  {name}: zrun's save_model wrote {files}; trained adapters differ by {worst} (largest value {scale})",
+              flush=True)
+        C.report(f"Trainer:save_model writes the trained adapter, TRL's within 1e-4 of its largest value ({name})",
+                 "adapter_model.safetensors" in files and "model.safetensors" not in files and worst is not None
+                 and worst <= 1e-4 * scale)
+
+
+if __name__ == "__main__":
+    C.one_process_world()
+    main()
