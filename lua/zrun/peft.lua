@@ -331,6 +331,8 @@ end
 local Lora = Module:extend("LoraLayer")
 M.LoraLayer = Lora
 
+-- LoraLayer(base, conv1d, cfg): the adapter around base (an nn.Linear, or a Conv1D when conv1d) with cfg's r,
+-- lora_alpha, use_rslora, lora_dropout and init_lora_weights; lora_A / lora_B in the base weight's dtype and device.
 function Lora:__init(base, conv1d, cfg)
   local w = base.weight
   local nin, nout = w:size(conv1d and 1 or 2), w:size(conv1d and 2 or 1)
