@@ -294,6 +294,12 @@ function M.LoraConfig(o)
   if c.layers_pattern and not c.layers_to_transform then
     error("LoraConfig: layers_pattern is read with layers_to_transform only (PEFT refuses it too): set both", 2)
   end
+  for _, lp in ipairs(type(c.layers_pattern) == "table" and c.layers_pattern or { c.layers_pattern or nil }) do
+    if type(lp) ~= "string" or lp:find("[^%w_%.]") then
+      error(fmt("LoraConfig: layers_pattern %s: zrun takes the name of the layer list as it is (\"layers\", \"h\"), " ..
+        "not a regex; give that name", tostring(lp)), 2)
+    end
+  end
   if c.layers_to_transform and type(tm) == "string" then
     error("LoraConfig: layers_to_transform does not apply to a regex target_modules (PEFT refuses it too): put the " ..
       "layer numbers in the regex, or list module names", 2)

@@ -97,6 +97,10 @@ T.test("get_peft_model: targets as PEFT matches them; base names kept, frozen; P
   local lt = peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "o_proj" }, layers_to_transform = 1 })
   T.eq(peft.lora_layers(lt)[1][1], "model.layers.1.self_attn.o_proj")
   T.eq(#peft.lora_layers(lt), 1)
+  local lp = peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "o_proj" }, layers_to_transform = { 0 },
+    layers_pattern = "layers" })
+  T.eq(peft.lora_layers(lp)[1][1], "model.layers.0.self_attn.o_proj")
+  T.raises(function() peft.LoraConfig { layers_to_transform = 0, layers_pattern = "lay.*" } end, "not a regex")
 end)
 
 T.test("forward: = the base at init (B zero) exactly; with B random = base + scaling x A^T B^T (by hand, f64)", function()
