@@ -29,8 +29,10 @@ end
 
 local function compile(re)
   local pos = 1
-  local function bad(why) error(fmt("target_modules regex '%s': %s at position %d (zrun's matcher takes literals, ., " ..
-    "\\d \\w \\s, [...], ( ), (?: ), |, * + ? {m,n}, ^ and $); list module names instead", re, why, pos), 0) end
+  local function bad(why)
+    error(fmt("target_modules regex '%s': %s at position %d (zrun's matcher takes literals, ., " ..
+      "\\d \\w \\s, [...], ( ), (?: ), |, * + ? {m,n}, ^ and $); list module names instead", re, why, pos), 0)
+  end
   local function peek(n) return re:sub(pos, pos + (n or 1) - 1) end
   local parse_alt
   local function set(test) return { t = "set", test = test } end
@@ -71,7 +73,8 @@ local function compile(re)
     local c = peek()
     if c == "(" then
       pos = pos + 1
-      if peek(2) == "?:" then pos = pos + 2 elseif peek() == "?" then bad("the group form (?" .. re:sub(pos + 1, pos + 1)) end
+      if peek(2) == "?:" then pos = pos + 2
+      elseif peek() == "?" then bad("the group form (?" .. re:sub(pos + 1, pos + 1)) end
       local n = parse_alt()
       if peek() ~= ")" then bad("an unclosed (") end
       pos = pos + 1
@@ -164,7 +167,8 @@ end
 M.DEFAULTS = {
   r = 8, lora_alpha = 8, lora_dropout = 0.0, target_modules = false, exclude_modules = false, fan_in_fan_out = false,
   bias = "none", use_rslora = false, modules_to_save = false, init_lora_weights = true, layers_to_transform = false,
-  layers_pattern = false, rank_pattern = {}, alpha_pattern = {}, megatron_config = false, megatron_core = "megatron.core",
+  layers_pattern = false, rank_pattern = {}, alpha_pattern = {}, megatron_config = false,
+  megatron_core = "megatron.core",
   trainable_token_indices = false, loftq_config = {}, eva_config = false, corda_config = false, lora_ga_config = false,
   use_dora = false, velora_config = false, alora_invocation_tokens = false, use_qalora = false, qalora_group_size = 16,
   monteclora_config = false, layer_replication = false, runtime_config = false, lora_bias = false,
@@ -185,7 +189,8 @@ M.REFUSED = {
   trainable_token_indices = "trainable_token_indices is not implemented in zrun; leave it unset",
   megatron_config = "megatron_config (Megatron parallel layers) does not apply to zrun's models; leave it unset",
   loftq_config = "loftq_config (LoftQ initialisation of quantized bases) is not implemented in zrun; leave it empty",
-  eva_config = "eva_config (EVA initialisation) is not implemented in zrun; use init_lora_weights = true or \"gaussian\"",
+  eva_config = "eva_config (EVA initialisation) is not implemented in zrun; use init_lora_weights = true or " ..
+    "\"gaussian\"",
   corda_config = "corda_config (CorDA initialisation) is not implemented in zrun; use init_lora_weights = true",
   lora_ga_config = "lora_ga_config (LoRA-GA initialisation) is not implemented in zrun; use init_lora_weights = true",
   velora_config = "velora_config is not implemented in zrun; leave it unset",
@@ -206,7 +211,8 @@ M.NO_EFFECT = {
   megatron_core = "read only with megatron_config",
   qalora_group_size = "read only with use_qalora",
   runtime_config = "its ephemeral_gpu_offload moves adapters of offloaded layers, which zrun does not make",
-  ensure_weight_tying = "it ties modules_to_save / trainable_token_indices copies of tied embeddings; zrun refuses those",
+  ensure_weight_tying = "it ties modules_to_save / trainable_token_indices copies of tied embeddings; zrun " ..
+    "refuses those",
   revision = "zrun reads the base model you pass; revision is only written to adapter_config.json",
 }
 local TASK_TYPES = { CAUSAL_LM = true }
@@ -509,7 +515,9 @@ function M.get_peft_model(model, config, adapter_name)
     for _, n in ipairs(names) do if not seen[n] then seen[n] = true; uniq[#uniq + 1] = n end end
     sort(uniq)
     cfg.target_modules = uniq
-    if #uniq == 0 then error("get_peft_model: target_modules \"all-linear\": this model has no Linear or Conv1D module", 2) end
+    if #uniq == 0 then
+      error("get_peft_model: target_modules \"all-linear\": this model has no Linear or Conv1D module", 2)
+    end
     if head and seen[head:match("[^.]+$")] then
       error("get_peft_model: \"all-linear\" cannot leave out the output layer here (another module shares its name); " ..
         "list target_modules", 2)
@@ -595,14 +603,17 @@ function M.adapter_state_dict(model)
   return sd
 end
 
-local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama", gpt2 = "transformers.models.gpt2.modeling_gpt2" }
+local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama",
+  gpt2 = "transformers.models.gpt2.modeling_gpt2" }
 
 -- zr.peft.save_pretrained(model, dir): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
 -- adapter's tensors, adapter_state_dict's names and dtype) and dir/adapter_config.json (every LoraConfig
 -- field, inference_mode true, base_model_name_or_path when the model knows it, auto_mapping without a
 -- task_type). Returns the list of files written.
 function M.save_pretrained(model, dir)
-  if not M.is_peft_model(model) then error("peft.save_pretrained: the model has no LoRA adapter (get_peft_model first)", 2) end
+  if not M.is_peft_model(model) then
+    error("peft.save_pretrained: the model has no LoRA adapter (get_peft_model first)", 2)
+  end
   if type(dir) ~= "string" or dir == "" then error("peft.save_pretrained: expected a directory path", 2) end
   local C = zr._C
   C.makedirs(dir)
@@ -611,9 +622,12 @@ function M.save_pretrained(model, dir)
   local d = cfg:to_dict()
   d.inference_mode = true
   local mc = model.config or {}
-  if d.base_model_name_or_path == cjson.null then d.base_model_name_or_path = mc._name_or_path or mc.name_or_path or cjson.null end
+  if d.base_model_name_or_path == cjson.null then
+    d.base_model_name_or_path = mc._name_or_path or mc.name_or_path or cjson.null
+  end
   if not cfg.task_type then
-    d.auto_mapping = { base_model_class = model.__name, parent_library = PARENT_LIBRARY[mc.model_type] or "transformers" }
+    d.auto_mapping = { base_model_class = model.__name,
+      parent_library = PARENT_LIBRARY[mc.model_type] or "transformers" }
   end
   C.write_file_atomic(join(dir, "adapter_config.json"), require("zrun.hf").encode_json(d, { lora_dropout = true }, 2))
   return { "adapter_model.safetensors", "adapter_config.json" }
@@ -645,8 +659,8 @@ function M.from_pretrained(model, dir, opts)
   end
   if #dropped > 0 then -- (PEFT too drops the fields its version does not know, with a warning)
     sort(dropped)
-    require("zrun.dist").print0(fmt("[zrun] peft.from_pretrained: %s: fields zrun's LoraConfig does not know, not used: %s",
-      cpath, concat(dropped, ", ")))
+    require("zrun.dist").print0(fmt("[zrun] peft.from_pretrained: %s: fields zrun's LoraConfig does not know, " ..
+      "not used: %s", cpath, concat(dropped, ", ")))
   end
   o.peft_version, o.auto_mapping = nil, nil
   o.inference_mode = not opts.is_trainable
