@@ -2,6 +2,7 @@
 -- (SFTTrainer: the chat template, the loss on completions / assistant turns) in Lua.
 --   zrun recipes/sft_llama.lua                       # no model on disk: the built-in tiny Llama, a built-in chat set
 --   zrun recipes/sft_llama.lua model=DIR data=FILE.jsonl [--config FILE] [any SFTConfig / TrainingArguments key=value]
+--   zrun recipes/sft_llama.lua ... use_peft=true [lora_r=16 lora_alpha=32 lora_target_modules=all-linear]  # LoRA
 -- data: JSON lines of one dataset type (zr.sft): {"messages": [{"role": ..., "content": ...}, ...]},
 -- {"prompt": ..., "completion": ...} (strings or message lists), {"text": ...} or ShareGPT
 -- {"conversations": [{"from": ..., "value": ...}]}; the first validation_split_percentage % of the rows
@@ -18,6 +19,16 @@ cli:option("data", false, "a .jsonl (or .json list, or .csv) file of chat / inst
 cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer") -- (TRL's sft.py names)
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
 R.deepspeed_options(cli)
+-- TRL's ModelConfig (trl sft --use_peft ...): a LoRA adapter trained instead of the whole model (zr.peft)
+cli:option("use_peft", false, "train a LoRA adapter (PEFT's LoraConfig from the lora_* options) instead of the model")
+cli:option("lora_r", 16, "LoRA rank (TRL's default 16)")
+cli:option("lora_alpha", 32, "LoRA alpha: the adapter's scaling is lora_alpha / lora_r (TRL's default 32)")
+cli:option("lora_dropout", 0.05, "dropout on the adapter's input (TRL's default 0.05)")
+cli:option("lora_target_modules", false, "comma-separated module names, or all-linear (default: PEFT's for the model: q_proj,v_proj)")
+cli:option("lora_task_type", "CAUSAL_LM", "PEFT's task_type")
+cli:option("use_rslora", false, "rank-stabilized LoRA: scaling lora_alpha / sqrt(lora_r)")
+cli:option("use_dora", false, "DoRA (refused: not implemented)")
+cli:option("lora_modules_to_save", false, "modules trained whole beside the adapter (refused: not implemented)")
 cli:option("dump_blocks", false, "FILE.safetensors: the prepared rows (input_ids, labels) and the order training reads them")
 -- TrainingArguments and SFTConfig's keys (max_length, assistant_only_loss, completion_only_loss, ...)
 local args = {
@@ -81,15 +92,37 @@ if fallback then -- CPU-sized settings for the tiny model
 end
 R.deepspeed_args(args, opt, given)
 
+-- TRL's get_peft_config(model_args): the LoraConfig use_peft asks for; lora_* without it are said to do nothing
+local peft_config
+local LORA_KEYS = { "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_task_type", "use_rslora",
+  "use_dora", "lora_modules_to_save" }
+if opt.use_peft then
+  local tm = opt.lora_target_modules
+  if tm and tm ~= "all-linear" then
+    local list = {}
+    for name in tostring(tm):gmatch("[^,%s]+") do list[#list + 1] = name end
+    tm = list
+  end
+  local mts = opt.lora_modules_to_save
+  peft_config = zr.peft.LoraConfig { task_type = opt.lora_task_type, r = opt.lora_r, target_modules = tm or nil,
+    lora_alpha = opt.lora_alpha, lora_dropout = opt.lora_dropout, bias = "none", use_rslora = opt.use_rslora or false,
+    use_dora = opt.use_dora or false, modules_to_save = mts and { mts } or nil }
+else
+  for _, k in ipairs(LORA_KEYS) do
+    if given[k] then say("%s has no effect without use_peft=true (TRL's ModelConfig reads it only then)", k) end
+  end
+end
+
 local D = zr.datasets.Dataset
-local trainer = zr.SFTTrainer { model = model, processing_class = tok, args = args,
+local trainer = zr.SFTTrainer { model = model, processing_class = tok, args = args, peft_config = peft_config,
   train_dataset = D.from_rows(train_rows), eval_dataset = D.from_rows(eval_rows) }
 local prep = trainer.train_dataset.sft
 local learned = 0
 for _, r in ipairs(trainer.train_dataset.rows) do for _, l in ipairs(r.labels) do if l ~= -100 then learned = learned + 1 end end end
-say("%d training rows (%s; %d tokens learned%s) and %d evaluation rows, model %s (%d parameters), device %s",
+say("%d training rows (%s; %d tokens learned%s) and %d evaluation rows, model %s (%d parameters%s), device %s",
   #trainer.train_dataset, prep.kind, learned, prep.dropped > 0 and (", %d rows dropped by max_length"):format(prep.dropped) or "",
-  #trainer.eval_dataset, fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
+  #trainer.eval_dataset, fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(),
+  peft_config and (", %d of them trained: the LoRA adapter"):format(model:num_parameters(true)) or "", device)
 if opt.dump_blocks then -- for a side-by-side run elsewhere (tests/bench/hf_finetune.py) on the same rows, same order
   local function padded(ds, key, fill) -- rows of different lengths, filled up to the longest
     local t, T = {}, 0
@@ -114,6 +147,6 @@ local before = trainer:evaluate()
 local res = trainer:train()
 local after = trainer.last_eval == res.global_step and trainer.last_eval_metrics or trainer:evaluate()
 trainer:save_model()
-say("done: %d steps in %.1f s, loss %.3f -> %.3f, evaluation loss %.3f -> %.3f; model and tokenizer saved to %s",
+say("done: %d steps in %.1f s, loss %.3f -> %.3f, evaluation loss %.3f -> %.3f; %s and tokenizer saved to %s",
   res.global_step, res.train_runtime, res.first_loss or 0 / 0, res.last_loss or 0 / 0, before.eval_loss, after.eval_loss,
-  args.output_dir)
+  peft_config and "LoRA adapter" or "model", args.output_dir)

@@ -488,6 +488,22 @@ T.test("the recipes: sft_llama.lua trains a .jsonl of prompt-completion rows; fi
   out = p:read("*a")
   p:close()
   assert(out:find("train them with recipes/sft_llama.lua", 1, true), out)
+  -- TRL's `--use_peft`: a LoRA adapter trained and saved (PEFT's files), the base frozen; lora_* alone said unused
+  p = io.popen(("%s recipes/sft_llama.lua use_peft=true lora_r=8 lora_target_modules=q_proj,v_proj,o_proj,lm_head " ..
+    "learning_rate=2e-2 max_steps=20 logging_steps=5 save_strategy=no output_dir=%s/lora 2>&1"):format(bin, tmp))
+  out = p:read("*a")
+  p:close()
+  assert(out:find("of them trained: the LoRA adapter", 1, true), out)
+  first, last = out:match("done: 20 steps in [%d.]+ s, loss ([%d.]+) %-> ([%d.]+)")
+  assert(first and tonumber(last) < 0.8 * tonumber(first), "the loss falls 20%: " .. out)
+  for _, name in ipairs { "adapter_model.safetensors", "adapter_config.json" } do
+    assert(io.open(tmp .. "/lora/" .. name), name .. " not written: " .. out)
+  end
+  T.eq(io.open(tmp .. "/lora/model.safetensors"), nil, "the frozen base is not saved")
+  p = io.popen(("%s recipes/sft_llama.lua lora_r=8 max_steps=1 save_strategy=no output_dir=%s/nolora 2>&1"):format(bin, tmp))
+  out = p:read("*a")
+  p:close()
+  assert(out:find("lora_r has no effect without use_peft=true", 1, true), out)
 end)
 
 T.done()
