@@ -5,7 +5,7 @@
 # on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, LoRA adapters next to PEFT's, save_pretrained read back
 # by transformers) and the golden
 # writers' diff (TRL's SFT rows, chat templates, DeepSpeed's engine runs). The GPU machine is not needed for these: torch 2.11,
-# transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10 and datasets run on
+# transformers 5.17, DeepSpeed 0.19.8 (its CPU accelerator, ops built on demand), TRL 1.10, PEFT 0.21 and datasets run on
 # the CPU in a virtual environment made the first time (~5 GB: torch's wheel brings its CUDA libraries; pip
 # needs the network, which the GPU machine lacks). Not part of `make test` (no Python there).
 #     sh tests/golden/reference.sh [VENV]       (default /tmp/zrun-ref; prints each check's PASS / FAIL lines)
@@ -16,11 +16,13 @@ ROOT=$(pwd)
 [ -x ./zrun ] || { echo "reference.sh: ./zrun not built here; run make first (from the repository root)"; exit 2; }
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV" || { echo "reference.sh: python3 -m venv failed (apt-get install python3-venv)"; exit 2; }
-  "$VENV/bin/pip" install -q "torch==2.11.0" "transformers==5.17.0" "trl==1.10.0" "datasets==5.2.0" "accelerate==1.16.0" \
+  "$VENV/bin/pip" install -q "torch==2.11.0" "transformers==5.17.0" "trl==1.10.0" "datasets==5.2.0" "accelerate==1.16.0" "peft==0.21.2" \
     hjson py-cpuinfo msgpack ninja nvidia-ml-py einops pydantic wheel setuptools || exit 2
   DS_BUILD_OPS=0 "$VENV/bin/pip" install -q --no-deps --no-build-isolation "deepspeed==0.19.8" || exit 2
 fi
 PY="$VENV/bin/python"
+# (a venv made before the LoRA check: PEFT added to it)
+"$PY" -c "import peft" 2> /dev/null || "$VENV/bin/pip" install -q --no-deps "peft==0.21.2" || exit 2
 # (each check makes its one process its own world on a free port: check_torch_files.one_process_world)
 export ZRUN_HOME="$ROOT" CHECK_NO_FIGURE=1 PYTHONWARNINGS=ignore HF_DATASETS_DISABLE_PROGRESS_BARS=1
 DATA=${ZRUN_TEST_DATA:-../shared/data}
