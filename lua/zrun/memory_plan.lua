@@ -182,6 +182,83 @@ local function settings(o, cfg_model)
   return s
 end
 
+-- LoRA (zr.peft, PEFT's adapters): o.lora = { r =, target_modules = {...} | "all-linear" | a regex, lora_dropout = },
+-- or a zr.peft.LoraConfig. Returns nil without it, else { r =, dropout =, targets = {<module name> = {in, out}},
+-- names = (the adapted projections' last components, sorted), adapters = {{numel =, module =}} (lora_A then lora_B
+-- of each target, in the model's order: the trained parameters), trained =, frozen = (the base's elements) }.
+-- The base list is the config's (a live PEFT model lists its adapters among its parameters).
+local PROJ = { q_proj = "q", k_proj = "k", v_proj = "v", o_proj = "o", gate_proj = "g", up_proj = "u", down_proj = "d" }
+M.LORA_DEFAULT_TARGETS = { "q_proj", "v_proj" } -- (PEFT's for the Llama family)
+local function lora_setting(lo, cfg, name)
+  if lo == nil or lo == false then return nil end
+  if lo.adapters and lo.frozen then return lo end -- (a plan's settings.lora_plan, handed back by fit)
+  if type(lo) ~= "table" then
+    error(fmt("memory plan: lora must be a table { r =, target_modules =, lora_dropout = } or a zr.peft.LoraConfig, " ..
+      "got %s", type(lo)), 0)
+  end
+  if E.family(cfg) == "gpt2" then
+    error("memory plan: lora is planned for the Llama family only (gpt2's activations are not modelled); plan " ..
+      "without lora for its model states", 0)
+  end
+  local r, p, tm = lo.r, lo.lora_dropout or 0, lo.target_modules
+  if type(r) ~= "number" or r < 1 or r % 1 ~= 0 or r == math.huge then
+    error(fmt("memory plan: lora.r must be a positive integer (the adapters' rank, e.g. 16), got %s", tostring(r)), 0)
+  end
+  if type(p) ~= "number" or p < 0 or p >= 1 then
+    error(fmt("memory plan: lora.lora_dropout must be a number in [0, 1), got %s", tostring(p)), 0)
+  end
+  for _, k in ipairs { "layers_to_transform", "exclude_modules" } do
+    if lo[k] and not (type(lo[k]) == "table" and next(lo[k]) == nil) then
+      error(fmt("memory plan: lora.%s is not planned; give the adapted modules in target_modules (a regex selects " ..
+        "layers)", k), 0)
+    end
+  end
+  if tm == nil or tm == false then tm = M.LORA_DEFAULT_TARGETS end
+  local all = type(tm) == "string" and tm:lower() == "all-linear"
+  if type(tm) ~= "table" and type(tm) ~= "string" then
+    error(fmt("memory plan: lora.target_modules must be a list of module names, \"all-linear\" or a regex, got %s",
+      type(tm)), 0)
+  end
+  local function match(key) -- PEFT's check_target_module_exists: a name list by suffix, a string whole
+    if all then return PROJ[key:match("[^.]+$")] ~= nil end
+    if type(tm) == "string" then return require("zrun.peft").fullmatch(tm, key) end
+    for _, t in ipairs(tm) do
+      if type(t) ~= "string" then error("memory plan: lora.target_modules must list module names (strings)", 0) end
+      if key == t or key:sub(-#t - 1) == "." .. t then return true end
+    end
+    return false
+  end
+  local L = { r = r, dropout = p, targets = {}, adapters = {}, trained = 0, frozen = 0 }
+  local seen, names = {}, {}
+  for _, q in ipairs(E.param_list({ config = cfg, name = name })) do
+    L.frozen = L.frozen + q.numel
+    if q.name:match("%.weight$") and #q.shape == 2 and match(q.module) then
+      local last = q.module:match("[^.]+$")
+      if not PROJ[last] then
+        error(fmt("memory plan: lora target %s is not planned (the plan adapts the attention and MLP projections, " ..
+          "q_proj ... down_proj); leave it out of target_modules", q.module), 0)
+      end
+      local out, inn = q.shape[1], q.shape[2]
+      L.targets[q.module] = { inn, out }
+      for _, n in ipairs { r * inn, out * r } do
+        L.adapters[#L.adapters + 1] = { numel = n, module = q.module }
+        L.trained = L.trained + n
+      end
+      if not seen[last] then seen[last] = true; names[#names + 1] = last end
+    end
+  end
+  if #L.adapters == 0 then
+    error(fmt("memory plan: lora.target_modules {%s} matches no projection of this model (q_proj, k_proj, v_proj, " ..
+      "o_proj, gate_proj, up_proj, down_proj)", type(tm) == "table" and concat(tm, ", ") or tm), 0)
+  end
+  table.sort(names, function(a, b)
+    local order = { q_proj = 1, k_proj = 2, v_proj = 3, o_proj = 4, gate_proj = 5, up_proj = 6, down_proj = 7 }
+    return order[a] < order[b]
+  end)
+  L.names = names
+  return L
+end
+
 local CATS = { "params", "grads", "optimizer", "activations", "comm", "workspace" }
 M.categories = CATS
 
@@ -189,6 +266,15 @@ M.categories = CATS
 local function build(o, s, counted)
   local total, largest, list, r = unpack(counted)
   local cfg = r.config or {}
+  -- LoRA: the engine's partitions, gradients, master, optimizer states and buckets hold the adapters only
+  -- (engine.lua flatten_groups keeps frozen parameters out of ZeRO); the frozen base stays whole on every rank,
+  -- in the model's dtype (zr.initialize casts every parameter), with no gradient, at stage 3 too
+  local lora = s.lora_plan
+  local frozen = 0
+  if lora then
+    list, frozen, total = lora.adapters, lora.frozen, lora.frozen + lora.trained
+  end
+  local trained = total - frozen -- (the parameters ZeRO holds)
   local W, b = s.world_size, s.dtype_bytes
   local Wc = s.stage == 0 and 1 or W -- chunks per parameter (zero.c: stage 0 keeps W = 1)
   -- stage 3 in one process with the parameters on their device (zero.c: solo3): nothing to
@@ -246,8 +332,8 @@ local function build(o, s, counted)
       line = fmt("ZenFlow: the selected columns' moments and gradients, %s on the GPU", human(bytes))
     end
     if s.stage == 2 and W > 1 then -- engine.c's keep_grads: each micro-step's .grad stays until the next
-      dev.grads = dev.grads + total * s.grad_bytes
-      line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(total * s.grad_bytes))
+      dev.grads = dev.grads + trained * s.grad_bytes
+      line = line .. fmt("; the micro-step's whole gradient %s (read after backward)", human(trained * s.grad_bytes))
     end
     if zf.update_interval == nil or zf.update_interval == "auto" then -- zrun.zenflow's judge: each micro-step's
       -- own gradient mass; one rank keeps the last micro-step's sum of every measured weight (f32), several
@@ -277,12 +363,13 @@ local function build(o, s, counted)
   -- direct mode (zero.c): one chunk per parameter and the partition on the device: .grad are views
   -- into the partition, weights views into one flat buffer, no reduce buckets
   local direct = Wc == 1 and stage <= 2 and (not offload_gpu or s.offload_grads == "device")
-  if stage <= 1 and not direct then dev.grads = dev.grads + total * s.grad_bytes end -- full .grad per parameter
+  if stage <= 1 and not direct then dev.grads = dev.grads + trained * s.grad_bytes end -- full .grad per parameter
   if stage <= 2 then
     dev.params = total * b
   else -- the 16-bit shard; gathered parameters are added below (one module's at a time)
     local shard = s.offload_param and host or dev
     shard.params = shard.params + S * b
+    dev.params = dev.params + frozen * b -- (a frozen base is neither partitioned nor offloaded)
     if s.offload_param and s.param_pin_memory and s.device ~= "cpu" then -- engine.c pin_shard
       pinned = pinned + S * b
     end
@@ -318,7 +405,7 @@ local function build(o, s, counted)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      loss_type = s.loss_type, packed = s.packed,
+      loss_type = s.loss_type, packed = s.packed, lora = lora,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
@@ -440,6 +527,13 @@ function M.plan(o)
     counted = { E.count(o.model) }
   end
   local s = settings(o, counted[4].config or {})
+  -- LoRA: asked for, or the model passed is a PEFT model (its peft_config)
+  local lo = o.lora
+  if lo == nil and counted[4].module and require("zrun.peft").is_peft_model(counted[4].module) then
+    lo = counted[4].module.peft_config
+  end
+  if lo and o.param_numels then error("memory plan: lora needs the model's config (not param_numels)", 0) end
+  s.lora_plan = lora_setting(lo, counted[4].config or {}, counted[4].name)
   if not s.offload_optimizer or s.device == "cpu" then return build(o, s, counted) end
   local function with(grads)
     local t = {}

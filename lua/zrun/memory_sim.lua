@@ -191,10 +191,20 @@ function Sim:release_param(W, after_forward)
   self:count("params", -W.leaf.bytes)
 end
 
--- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil.
-function Sim:record(out, inputs, saved, bwd)
+-- Whether value v needs a gradient: made by a recorded node, or a trained parameter (a frozen one, LoRA's
+-- base, gets none).
+local function needs(v) return v and (v.node ~= nil or (v.leaf ~= nil and not v.leaf.frozen)) or false end
+M.needs = needs
+
+-- Records a node: out.node = node; inputs are values (with .node or .leaf) or nil. As zr_autograd_record,
+-- nothing is recorded (nor saved) when no input needs a gradient (a frozen base's ops before the first
+-- adapter), unless `always` (zr.checkpoint's zr_autograd_record_always).
+function Sim:record(out, inputs, saved, bwd, always)
   local name = self.ops[#self.ops] or "?"
   if self.grad_on == false then self:trace("nograd", name); return out end -- nothing recorded or saved
+  local any = always
+  for i = 1, #inputs do if needs(inputs[i]) then any = true end end
+  if not any then self:trace("nograd", name); return out end
   self:trace("fwd", name)
   local n = { inputs = inputs, saved = {}, bwd = bwd, name = name }
   for _, v in ipairs(saved or {}) do
@@ -226,6 +236,7 @@ end
 
 -- A parameter's gradient arriving (zr_accumulate_leaf_grad, then the ZeRO hook).
 function Sim:leaf_grad(leaf, g)
+  if leaf.frozen then self:drop(g); return end
   if g then
     if leaf.static then -- stages 0-1: fp32 .grad preallocated, added into in place
     elseif not leaf.grad then leaf.grad = self:alloc(leaf.bytes, "grads") end
@@ -241,10 +252,10 @@ end
 -- Runs backward over `tape` from root node with gradient g (zr_backward).
 function Sim:backward(tape, root, g)
   for _, n in ipairs(tape) do
-    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = 0 end end
+    for i = 1, #n.inputs do local v = n.inputs[i]; if v and v.leaf then v.leaf.pending = 0 end end
   end
   for _, n in ipairs(tape) do
-    for _, v in ipairs(n.inputs) do if v and v.leaf then v.leaf.pending = v.leaf.pending + 1 end end
+    for i = 1, #n.inputs do local v = n.inputs[i]; if v and v.leaf then v.leaf.pending = v.leaf.pending + 1 end end
   end
   root.slot = g
   local was = self.in_bwd
@@ -255,8 +266,8 @@ function Sim:backward(tape, root, g)
     n.slot = nil
     if gk then
       local gins = n.bwd(self, n, gk) or {}
-      for i, v in ipairs(n.inputs) do
-        local gi = gins[i]
+      for i = 1, #n.inputs do
+        local v, gi = n.inputs[i], gins[i]
         if v and v.node then
           if gi then self:accumulate(v.node, gi) end
         elseif v and v.leaf then self:leaf_grad(v.leaf, gi)
@@ -264,7 +275,7 @@ function Sim:backward(tape, root, g)
       end
       self:drop(gk)
     else
-      for _, v in ipairs(n.inputs) do if v and v.leaf then self:leaf_grad(v.leaf, nil) end end
+      for i = 1, #n.inputs do local v = n.inputs[i]; if v and v.leaf then self:leaf_grad(v.leaf, nil) end end
     end
     for _, s in ipairs(n.saved) do self:release(s) end
     n.saved = {}
@@ -285,11 +296,12 @@ function Sim:linear(x, W, o_bytes)
     S:gather(W, true)
     local gi = S:raw(g)
     -- on a GPU dX goes into x's pending gradient (ops/matmul.c: beta 1 when one is there)
+    -- (only the gradients needed: none for an input that needs none, nor for a frozen weight)
     local dx
-    if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
+    if not needs(x) then elseif S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     -- on a GPU with the gradients as views into the fp32 partition (ZeRO direct mode), dW is
     -- accumulated straight into it by the GEMM (ops/matmul.c): no 16-bit temporary
-    local dw = not S.o.dw_in_place and S:new(W.leaf.bytes) or nil
+    local dw = not S.o.dw_in_place and not W.leaf.frozen and S:new(W.leaf.bytes) or nil
     S:drop(gi)
     S:release_param(W)
     return { dx, dw }
@@ -311,8 +323,8 @@ function Sim:linear_multi(x, Ws, o_bytes)
   return self:record(out, inputs, { x }, function(S, _, g)
     for i = #Ws, 1, -1 do S:gather(Ws[i], true) end
     local gi = S:raw(g)
-    local gins = { S:new(x.n) }
-    for i, W in ipairs(Ws) do gins[i + 1] = not S.o.direct and S:new(W.leaf.bytes) or nil end
+    local gins = { needs(x) and S:new(x.n) or nil }
+    for i, W in ipairs(Ws) do gins[i + 1] = not S.o.direct and not W.leaf.frozen and S:new(W.leaf.bytes) or nil end
     S:drop(gi)
     for i = #Ws, 1, -1 do S:release_param(Ws[i]) end
     return gins
@@ -356,13 +368,14 @@ function Sim:rms_norm(x, w, rows)
     local gi = S:raw(g)
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
-    if S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
+    if not needs(x) then elseif S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
     -- the CUDA kernel's in the weight's dtype; with the gradients as views into the fp32
     -- partition (ZeRO direct mode) written into it by the kernel (ops/norm.c, as linear's dW)
-    local dw = not S.o.dw_in_place and S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) or nil
+    local frozen = w.leaf.frozen
+    local dw = not S.o.dw_in_place and not frozen and S:new(S.o.gpu and w.leaf.bytes or w.leaf.numel * 4) or nil
     -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
     -- rmsnorm_backward_workspace_size, at most 512 blocks)
-    if S.o.gpu then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
+    if S.o.gpu and not frozen then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
     S:drop(gi)
     S:release_param(w)
     return { dx, dw }
@@ -627,7 +640,12 @@ function Sim:swiglu(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, { a, b }, function(S, _, g)
     local gi = S:raw(g)
-    local da, db = S:new(a.n), S:new(b.n)
+    -- (ops/swiglu.c: the CPU makes only the gradients needed; CUDA both, one it does not hand on as workspace)
+    local function d(x)
+      if needs(x) then return S:new(x.n) end
+      if S.o.gpu then S:drop(S:new(x.n, "ws")) end
+    end
+    local da, db = d(a), d(b)
     S:drop(gi)
     return { da, db }
   end)
@@ -670,12 +688,13 @@ function Sim:checkpoint(x, fn)
   self:retain(out.s)
   self:end_scope(serial)
   local res = self:lua({ s = out.s, n = out.n, c = out.c }) -- a fresh header over out's storage
+  -- (recorded even when x needs no gradient, as below LoRA's frozen embedding: the adapters inside need theirs)
   return self:record(res, { x }, { x }, function(S, _, g)
     local outer = S.tape
     S.tape = {}
     local rserial = S:scope()
     S:push() -- the arguments and result of the Lua call made from C
-    local leaf = { bytes = x.n, pending = 0 }
+    local leaf = { bytes = x.n, pending = 0, frozen = not needs(x) } -- (layer 1's input under a frozen embedding)
     local xs = S:lua({ s = x.s, n = x.n, c = x.c, leaf = leaf }) -- detached input, handed to Lua
     S:retain(x.s)
     local y = fn(xs, true)
@@ -689,13 +708,63 @@ function Sim:checkpoint(x, fn)
     S:pop()
     S:end_scope(rserial)
     return { gx }
+  end, true)
+end
+
+-- zr.rope (ops/rope.c) on the CPU, x a (B, H, T, D) view: a new contiguous output, x read through
+-- zr_cpu_in (a transposed view: a contiguous copy, freed when the op returns); saves only the cos / sin
+-- tables (the model's); backward a new dx
+function Sim:rope(x)
+  local xi = not self.o.gpu and self:raw(x) or nil
+  local out = self:lua(self:new(x.n))
+  self:drop(xi)
+  return self:record(out, { x }, nil, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    S:drop(gi)
+    return { dx }
   end)
+end
+
+-- zr.dropout(x, p, true) (ops/dropout.c): a u8 mask and the output (x's size, x's dtype); the node saves
+-- the mask (none recorded when x needs no gradient: the mask goes at once); backward a new dx
+function Sim:dropout(x)
+  local mask = self:new(x.n / self.o.dtype_bytes)
+  local out = self:lua(self:new(x.n))
+  self:record(out, { x }, { mask }, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    S:drop(gi)
+    return { dx }
+  end)
+  self:drop(mask)
+  return out
+end
+
+-- x * s for a number s (zr_affine): a new output, nothing saved; backward a new g * s
+function Sim:scale(x)
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, nil, function(S, _, g) return { S:new(g.n) } end)
+end
+
+-- zr.peft's LoraLayer: base(x) + lora_B(lora_A(dropout(x))) * scaling, each a Lua value of the layer's
+-- forward (garbage when it returns, freed with the model's scope). The frozen base's product still saves
+-- x when x needs a gradient (linear saves its input whatever needs one) and gives dX, no dW; lora_A saves
+-- its input (x itself, or the dropped copy), lora_B the (N, r) product.
+function Sim:lora(x, ad, o_bytes, rows)
+  self:push()
+  local y = self:linear(x, ad.W, o_bytes)
+  local a = x
+  if ad.dropout > 0 then a = self:dropout(x) end
+  local h = self:linear(a, ad.A, rows * ad.r * self.o.dtype_bytes)
+  local z = self:add(y, self:scale(self:linear(h, ad.B, o_bytes)))
+  return self:pop(z)
 end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "sdpa",
   "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous",
-  "qkv_rope_sdpa" } do
+  "qkv_rope_sdpa", "rope", "dropout", "scale" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -727,25 +796,43 @@ function M.llama_activations(cfg, o)
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
   local persist = o.stage3 and (o.persistence_threshold or 0) or 0 -- smaller parameters stay whole
-  local function P(numel)
+  -- o.lora (memory_plan's lora setting): every base parameter frozen (no gradient, never gathered: ZeRO
+  -- holds the adapters only), and each target's lora_A (r, in) and lora_B (out, r) trained
+  local lora = o.lora
+  local function P(numel, trained)
+    local frozen = lora ~= nil and not trained
     return { leaf = { numel = numel, bytes = numel * b, static = static, param = true, pending = 0,
-      persistent = numel < persist } }
+      persistent = frozen or numel < persist, frozen = frozen } }
   end
   local embedW = P(V * H)
   local layers = {}
+  local PROJ = { q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj",
+    g = "mlp.gate_proj", u = "mlp.up_proj", d = "mlp.down_proj" }
   for l = 1, L do
-    layers[l] = { q = P(Hq * D * H), k = P(KV * D * H), v = P(KV * D * H), o = P(H * Hq * D), g = P(I * H),
-      u = P(I * H), d = P(H * I), n1 = P(H), n2 = P(H) }
+    local p = { q = P(Hq * D * H), k = P(KV * D * H), v = P(KV * D * H), o = P(H * Hq * D), g = P(I * H),
+      u = P(I * H), d = P(H * I), n1 = P(H), n2 = P(H), ad = {} }
+    for k, mod in pairs(lora and PROJ or {}) do
+      local t = lora.targets["model.layers." .. (l - 1) .. "." .. mod]
+      if t then p.ad[k] = { W = p[k], A = P(lora.r * t[1], true), B = P(t[2] * lora.r, true), r = lora.r,
+        dropout = lora.dropout } end
+    end
+    layers[l] = p
   end
   local normW = P(H)
   local headW = cfg.tie_word_embeddings and embedW or P(V * H)
-  -- the modules' parameters in forward order (the prefetch chain)
+  -- the modules' parameters in forward order (the prefetch chain; ZeRO's: the trained ones)
   local order = { pos = {} }
-  local function add(v) order[#order + 1] = v.leaf; order.pos[v.leaf] = #order end
+  local function add(v)
+    if v.leaf.frozen then return end
+    order[#order + 1] = v.leaf; order.pos[v.leaf] = #order
+  end
   add(embedW)
   for l = 1, L do
     local p = layers[l]
-    for _, v in ipairs { p.n1, p.q, p.k, p.v, p.o, p.n2, p.g, p.u, p.d } do add(v) end
+    for _, k in ipairs { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" } do
+      add(p[k])
+      if p.ad[k] then add(p.ad[k].A); add(p.ad[k].B) end
+    end
   end
   add(normW)
   if not cfg.tie_word_embeddings then add(headW) end
@@ -778,29 +865,58 @@ function M.llama_activations(cfg, o)
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
-    local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
-    -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
-    -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
-    -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
-    -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
-    if o.packed then qkv = S:gather_rows(qkv, qkv.n) end
-    local aB, aT = B, T
-    if o.packed then aB, aT = N / o.packed, o.packed end
-    if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
-      att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D })
-    else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
-      local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
-      local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
-      local ot = S:transpose(o)
-      att = S:reshape(ot)
-      -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
-      for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
+    local ad = p.ad
+    -- a projection as its module runs it: a LoraLayer where adapted, else a plain product
+    local function proj(x, k, o_bytes)
+      if ad[k] then return S:lora(x, ad[k], o_bytes, N) end
+      return S:linear(x, p[k], o_bytes)
     end
-    if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
-    local ao = S:linear(att, p.o, N * H * b)
+    if ad.q or ad.k or ad.v then
+      -- llama.lua's unfused attention (an adapted q/k/v is no plain Linear, so no fused product): q, k, v
+      -- one module call each, viewed (B, T, heads, D) and transposed, q and k through zr.rope, then
+      -- zr.scaled_dot_product_attention, its output transposed back and reshaped (a copy); each a Lua
+      -- value of the attention's forward (freed with the model's scope)
+      S:push()
+      local q = S:transpose(S:view(proj(a1, "q", N * Hq * D * b)))
+      local k = S:transpose(S:view(proj(a1, "k", N * KV * D * b)))
+      local v = S:transpose(S:view(proj(a1, "v", N * KV * D * b)))
+      if o.packed then
+        error("memory plan: packed sequences with LoRA on q/k/v are not modelled; plan without packed", 0)
+      end
+      q, k = S:rope(q), S:rope(k)
+      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { B, Hq, KV, T, D }, false)
+      att = S:pop(S:reshape(S:transpose(so)))
+    else
+      local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
+      -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
+      -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
+      -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
+      -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
+      if o.packed then qkv = S:gather_rows(qkv, qkv.n) end
+      local aB, aT = B, T
+      if o.packed then aB, aT = N / o.packed, o.packed end
+      if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
+        att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D })
+      else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
+        local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
+        local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
+        local ot = S:transpose(o)
+        att = S:reshape(ot)
+        -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
+        for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
+      end
+      if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+    end
+    local ao = proj(att, "o", N * H * b)
     local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
-    local act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
-    local m = S:linear(act, p.d, N * H * b)
+    local act
+    if ad.g or ad.u then -- gate and up one module call each, zr.swiglu's two-input form
+      local g = proj(a2, "g", N * I * b)
+      act = S:swiglu(g, proj(a2, "u", N * I * b))
+    else
+      act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
+    end
+    local m = proj(act, "d", N * H * b)
     if handoff then
       S:pop(h, m)
       return h, m

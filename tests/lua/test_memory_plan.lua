@@ -36,6 +36,10 @@ local function measure(c)
   zr.setenv("ZRUN_STAGE3_GATHER", c.stage == 3 and not c.solo and "1" or nil)
   zr.setenv("ZRUN_OFFLOAD_GRADS", c.offload) -- where offloaded gradients live: "device" or "host"
   local model = zr.models.llama.LlamaForCausalLM(cfg)
+  -- LoRA: the base frozen, adapters on the targets (PEFT's get_peft_model), before zr.initialize as in a script
+  local lcfg = c.lora and zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
+    lora_dropout = c.lora.lora_dropout, target_modules = c.lora.target_modules }
+  if lcfg then zr.peft.get_peft_model(model, lcfg) end
   if c.ckpt then model:gradient_checkpointing_enable() end
   local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = c.B, steps_per_print = 1e6,
     optimizer = { type = "AdamW", params = { lr = 1e-3 } },
@@ -73,11 +77,14 @@ local function measure(c)
   collectgarbage(); collectgarbage()
   zr.setenv("ZRUN_STAGE3_GATHER", nil)
   zr.setenv("ZRUN_OFFLOAD_GRADS", nil)
-  local plan = P.plan { stage3_gather = c.stage == 3 and not c.solo, model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage, world_size = 1,
+  local o = { stage3_gather = c.stage == 3 and not c.solo, model = cfg, micro_batch = c.B, seq_len = c.T, stage = c.stage,
+    world_size = 1,
     gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
     prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse, offload_optimizer = c.offload and true,
-    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil, packed = c.packed }
-  return train, setup, plan, offload_grads
+    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil, packed = c.packed, lora = lcfg }
+  local plan = P.plan(o)
+  o.lora = nil -- (what the plan said before it knew LoRA: every parameter trained, the fused projections)
+  return train, setup, plan, offload_grads, lcfg and P.plan(o)
 end
 
 local function within(name, measured, planned, report)
@@ -135,6 +142,17 @@ local cases = {
   { stage = 0, B = 2, T = 128, layers = 2, packed = 32 },
   { stage = 0, B = 2, T = 128, layers = 2, packed = 32, ckpt = true },
   { stage = 2, B = 1, T = 256, layers = 3, packed = 64 },
+  -- LoRA (zr.peft.get_peft_model before zr.initialize): the base frozen (no gradient, no optimizer state, whole),
+  -- the adapters trained; adapted projections run unfused, each adapter keeping its input and its (N, r) product
+  { stage = 0, B = 5, T = 67, layers = 2, lora = { r = 4 } }, -- PEFT's default targets: q_proj, v_proj
+  { stage = 0, B = 5, T = 67, layers = 2, lora = { r = 4 }, ckpt = true },
+  { stage = 2, B = 3, T = 89, layers = 3, lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
+  { stage = 2, B = 3, T = 89, layers = 3, lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 },
+    ckpt = true },
+  { stage = 0, B = 2, T = 128, layers = 2, lora = { r = 16, target_modules = { "k_proj", "o_proj", "up_proj" },
+    lora_dropout = 0.05 } },
+  { stage = 2, B = 1, T = 301, layers = 2, lora = { r = 2, target_modules = { "v_proj", "down_proj" } } },
+  { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0, lora = { r = 4, target_modules = "all-linear" } },
 }
 local results = {}
 for i, c in ipairs(cases) do
@@ -143,9 +161,11 @@ for i, c in ipairs(cases) do
     c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "",
     c.offload and (", optimizer offload, gradients in the " .. c.offload .. " partition") or "") ..
     (c.V and (", vocabulary " .. c.V) or "") .. (c.dft and ", loss_type dft" or "") ..
-    (c.packed and (", packed sequences of " .. c.packed) or "")
+    (c.packed and (", packed sequences of " .. c.packed) or "") .. (c.lora and (", LoRA r " .. c.lora.r .. " on " ..
+    (type(c.lora.target_modules) == "table" and table.concat(c.lora.target_modules, "/") or c.lora.target_modules or
+    "q_proj/v_proj") .. (c.lora.lora_dropout and (", dropout " .. c.lora.lora_dropout) or "")) or "")
   T.test(name, function()
-    local m, setup, plan, offload_grads = measure(c)
+    local m, setup, plan, offload_grads, plain = measure(c)
     results[i] = m
     local lines = {}
     for _, k in ipairs(CATS) do
@@ -156,7 +176,30 @@ for i, c in ipairs(cases) do
     print(report)
     for _, k in ipairs(CATS) do within(k, m[k], plan.device[k] + plan.host[k], report) end
     within("setup params", setup.params, plan.setup.params, report)
-    if c.offload then
+    if c.lora then
+      -- the plan that ignored LoRA (every parameter trained, fused projections) is far off: it fails here
+      local off = 0
+      for _, k in ipairs { "grads", "optimizer", "activations" } do
+        local r = (plain.device[k] + plain.host[k]) / m[k]
+        if r < 0.9 or r > 1.1 then off = off + 1 end
+      end
+      T.eq(off >= 2, true, "a plan without lora misses at least two categories by more than 10%")
+      local base, trained = total_params(c.layers, c.tied), plan.settings.lora_plan.trained
+      T.eq(plan.settings.lora_plan.frozen, base, "the frozen base: the model's parameters")
+      T.eq(plan.total_params, base + trained)
+      if c.stage == 3 then
+        -- the frozen base stays whole beside the adapters' shard (the whole adapter set on one rank), plus the
+        -- adapters gathered at once (the largest: gate's or up's lora_B, 176 x 4 = 704; measured: 64 more)
+        T.eq(plan.device.params, (base + trained + 704) * 4, "planned: base + adapter shard + one adapter")
+        T.eq(m.params >= (base + trained + 704) * 4 and m.params <= (base + trained + 2 * 704) * 4, true,
+          "measured: base + adapter shard + gathered adapters")
+      else
+        T.eq(m.params, (base + trained) * 4, "the frozen base and the adapters, once each")
+        T.eq(setup.params, (base + 2 * trained) * 4, "setup: + the adapters' flat copy (direct mode)")
+      end
+      T.eq(m.grads >= trained * 4, true)
+      T.eq(m.optimizer, 12 * trained, "master + exp_avg + exp_avg_sq of the adapters only")
+    elseif c.offload then
       -- by hand (f32, one rank: the partition is the model, n elements): direct mode keeps the
       -- model in one flat buffer, copied from the model as built (setup: both, 8n bytes), with
       -- .grad views into the f32 gradient partition (4n) and no buckets; master + exp_avg +
@@ -221,6 +264,7 @@ for i, c in ipairs(cases) do
       T.eq(nll ~= nil and m.activations - nll.activations >= c.B * c.T * c.V * 2, true,
         ("dft adds a logits-sized gradient: %d -> %d"):format(nll and nll.activations or -1, m.activations))
     elseif c.V then -- (the larger head's parameters outweigh the activations: the next case compares with this one)
+    elseif c.lora and c.stage == 3 then
     elseif not c.ckpt then
       -- activations dominate these runs, so a plan that ignored them would fail
       T.eq(m.activations > m.params + m.grads + m.optimizer, true, "activations are significant")
