@@ -611,7 +611,10 @@ function M.format(p)
     s.dtype, s.micro_batch, s.seq_len, (s.grad_bytes == 2 and ", 16-bit gradients" or "") ..
       (s.master_bytes == 2 and ", bf16 master" or "") .. (s.state_bytes == 2 and ", bf16 optimizer states" or ""),
     s.gradient_checkpointing and ", activation checkpointing" or "", off, (s.offload_param and ", params offloaded" or "") ..
-      (s.packed and fmt(", packed sequences of %d", s.packed) or "") .. (s.loss_type and ", dft loss" or ""))
+      (s.packed and fmt(", packed sequences of %d", s.packed) or "") .. (s.loss_type and ", dft loss" or "") ..
+      (s.lora_plan and fmt(", LoRA r %d on %s%s: %s trained", s.lora_plan.r, concat(s.lora_plan.names, ", "),
+        s.lora_plan.dropout > 0 and fmt(" (dropout %g)", s.lora_plan.dropout) or "",
+        require("zrun.memory_describe").commas(s.lora_plan.trained)) or ""))
   lines[#lines + 1] = fmt("  %-12s %14s %14s", "category", s.device == "cpu" and "device (cpu)" or "GPU", "host")
   for _, c in ipairs(CATS) do
     lines[#lines + 1] = fmt("  %-12s %14s %14s", c, human(p.device[c]), human(p.host[c]))
@@ -748,7 +751,8 @@ end
 --                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
 --                 [--offload-param] [--offload-ratio R] [--offload-grads device|host|auto]
 --                 [--grad-accum-dtype fp32|bf16|fp16] [--gc none|backward|ideal]
---                 [--loss-type nll|dft] [--packed LEN] [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
+--                 [--loss-type nll|dft] [--packed LEN] [--lora-r R [--lora-target-modules q_proj,v_proj|all-linear]
+--                 [--lora-dropout P]] [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
 -- ---------------------------------------------------------------------------------------------
 local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
                  [--gpus-per-node N] [--nodes M] [--stage 0-3] [--dtype f32|bf16|f16]
@@ -756,10 +760,15 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
                  [--offload-ratio R] [--offload-grads device|host|auto]
                  [--grad-accum-dtype fp32|bf16|fp16] [--device cuda|cpu] [--gc none|backward|ideal]
                  [--loss-type nll|dft] [--packed LEN]
+                 [--lora-r R [--lora-target-modules q_proj,v_proj|all-linear] [--lora-dropout P]]
                  [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
   --loss-type: TRL's SFTConfig loss_type; dft keeps a second logits-sized gradient
   --packed: padding-free batches (TRL's packing / padding_free) of sequences of LEN tokens
+  --lora-r: LoRA fine-tuning (zr.peft, PEFT's adapters) of rank R: the base frozen (16-bit,
+        whole on every rank, no gradient or optimizer state), the adapters trained;
+        --lora-target-modules: the adapted projections, comma-separated, or all-linear
+        (default q_proj,v_proj, PEFT's for Llama); --lora-dropout: LoraConfig's lora_dropout
   --offload-ratio: offload_optimizer.ratio, the share of the optimizer states on the host
   --offload-grads: where offloaded training keeps the gradients; auto (the default, as the
         engine, unless ZRUN_OFFLOAD_GRADS is set): on the GPU when they take at most half of
@@ -785,7 +794,8 @@ function M.main_plan(args)
   local known = { config = 1, ["micro-batch"] = 1, ["seq-len"] = 1, ["gpus-per-node"] = 1, gpus = 1, nodes = 1, stage = 1,
     dtype = 1, ["gradient-checkpointing"] = 1, ["offload-optimizer"] = 1, ["offload-param"] = 1, device = 1, gc = 1,
     fit = 1, ["gpu-memory"] = 1, ["host-memory"] = 1, help = 1, ["offload-ratio"] = 1, ["offload-grads"] = 1,
-    ["grad-accum-dtype"] = 1, ["loss-type"] = 1, packed = 1 }
+    ["grad-accum-dtype"] = 1, ["loss-type"] = 1, packed = 1, ["lora-r"] = 1, ["lora-target-modules"] = 1,
+    ["lora-dropout"] = 1 }
   for k in pairs(o) do if not known[k] then error(fmt("zrun plan: unknown option --%s\n%s", k, USAGE), 0) end end
   local function int(k, min) -- min: 1 for counts (a micro-batch of 0 planned zero), else 0
     if o[k] == nil then return nil end
@@ -809,6 +819,33 @@ function M.main_plan(args)
   if gad ~= nil and gad ~= "fp32" and gad ~= "bf16" and gad ~= "fp16" then
     error(fmt("zrun plan: --grad-accum-dtype must be fp32, bf16 or fp16, got '%s'", gad), 0)
   end
+  -- LoRA: --lora-r turns it on; the other two refine it
+  local lora
+  if o["lora-r"] then
+    lora = { r = int("lora-r", 1), target_modules = o["lora-target-modules"] }
+    local tm = lora.target_modules
+    if tm and tm ~= "all-linear" then
+      local l = {}
+      for name in (tm .. ","):gmatch("([^,]*),") do
+        name = name:match("^%s*(.-)%s*$")
+        if name == "" or not PROJ[name] then
+          error(fmt("zrun plan: --lora-target-modules takes q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, " ..
+            "down_proj (comma-separated) or all-linear, got '%s'", tm), 0)
+        end
+        l[#l + 1] = name
+      end
+      lora.target_modules = l
+    end
+    local p = o["lora-dropout"]
+    if p ~= nil then
+      lora.lora_dropout = tonumber(p)
+      if not lora.lora_dropout or lora.lora_dropout < 0 or lora.lora_dropout >= 1 then
+        error(fmt("zrun plan: --lora-dropout must be a number from 0 to below 1 (e.g. 0.05), got '%s'", p), 0)
+      end
+    end
+  elseif o["lora-target-modules"] or o["lora-dropout"] then
+    error("zrun plan: --lora-target-modules and --lora-dropout need --lora-r (the adapters' rank, e.g. --lora-r 16)", 0)
+  end
   if (ratio or o["offload-grads"]) and not o["offload-optimizer"] and not o.config then
     error("zrun plan: --offload-ratio and --offload-grads need --offload-optimizer (or a config that offloads)", 0)
   end
@@ -818,7 +855,7 @@ function M.main_plan(args)
     offload_optimizer = o["offload-optimizer"] or nil, offload_param = o["offload-param"] or nil,
     offload_ratio = ratio, offload_grads = o["offload-grads"], grad_accum_dtype = gad,
     device = o.device, gc = gc, gpu_memory = o["gpu-memory"], host_memory = o["host-memory"],
-    loss_type = o["loss-type"], packed = int("packed", 1) }
+    loss_type = o["loss-type"], packed = int("packed", 1), lora = lora }
   if opts.dtype == nil and not opts.config and (opts.device or "cuda") ~= "cpu" then opts.dtype = "bf16" end
   local p = M.plan(opts)
   print(tostring(p))

@@ -147,7 +147,7 @@ end
 -- below stage3_max_live_parameters minus the live ones (the one crossing starts too, as in
 -- DeepSpeed); recomputation inside backward does not.
 function Sim:gather(W, in_backward, no_prefetch)
-  if not self.o.stage3 then return end
+  if not self.o.stage3 or W.leaf.frozen then return end -- (a frozen base is no ZeRO parameter: nothing to gather)
   if not W.leaf.gathered and not W.leaf.persistent then
     W.leaf.gathered = true
     self.live = self.live + W.leaf.numel
@@ -884,7 +884,7 @@ function M.llama_activations(cfg, o)
         error("memory plan: packed sequences with LoRA on q/k/v are not modelled; plan without packed", 0)
       end
       q, k = S:rope(q), S:rope(k)
-      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { B, Hq, KV, T, D }, false)
+      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
       att = S:pop(S:reshape(S:transpose(so)))
     else
       local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)

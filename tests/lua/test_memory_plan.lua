@@ -476,6 +476,81 @@ T.test("zrun plan refuses counts of zero and non-integers (issue 16: --micro-bat
   T.raises(function() plan("--packed", "0") end, "zrun plan: --packed must be at least 1, got 0")
   T.raises(function() plan("--micro-batch", "1", "--seq-len", "100", "--packed", "7") end,
     "packed must be true or a sequence length dividing micro_batch x seq_len = 100, got 7")
+  -- LoRA: --lora-r on, said in the settings line with the adapted projections and the trained count
+  -- (tiny-llama, r 4 on all seven projections of 2 layers: q, o 2 x 256; k, v 256 + 128; gate, up, down 256 + 704
+  -- -> 4,672 a layer, 9,344)
+  out = {}
+  print = function(s) out[#out + 1] = s end -- luacheck: ignore
+  ok, rc = pcall(plan, "--micro-batch", "2", "--seq-len", "16", "--lora-r", "4", "--lora-target-modules", "all-linear",
+    "--lora-dropout", "0.05")
+  print = print0 -- luacheck: ignore
+  T.eq(ok and rc, 0, tostring(rc))
+  local text = table.concat(out, "\n")
+  T.eq(text:find("micro-batch 2 x 16 tokens, LoRA r 4 on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, " ..
+    "down_proj (dropout 0.05): 9,344 trained", 1, true) ~= nil, true, text)
+  out = {}
+  print = function(s) out[#out + 1] = s end -- luacheck: ignore
+  ok, rc = pcall(plan, "--seq-len", "16", "--lora-r", "2", "--lora-target-modules", "v_proj, down_proj")
+  print = print0 -- luacheck: ignore
+  T.eq(ok and rc, 0, tostring(rc))
+  -- v: 2 x 64 + 32 x 2; down: 2 x 176 + 64 x 2 -> 672 a layer
+  T.eq(table.concat(out, "\n"):find("LoRA r 2 on v_proj, down_proj: 1,344 trained", 1, true) ~= nil, true)
+  T.raises(function() plan("--lora-r", "0") end, "zrun plan: --lora-r must be at least 1, got 0")
+  T.raises(function() plan("--lora-r", "1.5") end, "zrun plan: --lora-r must be an integer, got '1.5'")
+  T.raises(function() plan("--lora-r", "8", "--lora-dropout", "1") end,
+    "zrun plan: --lora-dropout must be a number from 0 to below 1 (e.g. 0.05), got '1'")
+  T.raises(function() plan("--lora-r", "8", "--lora-target-modules", "q_proj,lm_head") end,
+    "zrun plan: --lora-target-modules takes q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj " ..
+    "(comma-separated) or all-linear, got 'q_proj,lm_head'")
+  T.raises(function() plan("--lora-dropout", "0.1") end,
+    "zrun plan: --lora-target-modules and --lora-dropout need --lora-r (the adapters' rank, e.g. --lora-r 16)")
+  T.raises(function() P.main_plan { "gpt2", "--lora-r", "8" } end,
+    "memory plan: lora is planned for the Llama family only")
+end)
+
+T.test("LoRA model states by hand (Llama-3-8B, r 16 on q_proj / v_proj, bf16, stage 2 on 8 ranks); fit keeps it", function()
+  -- per layer q: A 16 x 4,096 + B 4,096 x 16 = 131,072; v: 65,536 + 1,024 x 16 = 81,920 -> 212,992; x 32 layers
+  -- = 6,815,744 trained (PEFT's print_trainable_parameters says the same); every count divides by 8: S = 851,968
+  local o = { model = "meta-llama/Meta-Llama-3-8B", micro_batch = 1, seq_len = 1024, dtype = "bf16", stage = 2,
+    gpus_per_node = 8, lora = zr.peft.LoraConfig { r = 16, lora_alpha = 32 } }
+  local p = P.plan(o)
+  local base, trained, S = 8030261248, 6815744, 851968
+  T.eq(p.settings.lora_plan.trained, trained); T.eq(p.settings.lora_plan.frozen, base)
+  T.eq(p.partition_numel, S)
+  T.eq(p.device.params, (base + trained) * 2, "the frozen base and the adapters, 16-bit, whole on every rank")
+  T.eq(p.setup.grads, S * 4, "the fp32 gradient partition of the adapters")
+  T.eq(p.device.optimizer, S * 12, "master + exp_avg + exp_avg_sq of the adapters")
+  o.lora = nil
+  local full = P.plan(o)
+  T.eq(full.device.optimizer, math.ceil(base / 8) * 12, "(without LoRA: the whole model's)")
+  T.eq(full.device.total - p.device.total > 10 * 2 ^ 30, true, "LoRA saves more than 10 GiB per rank here")
+  -- stage 3: the base stays whole (not partitioned), the adapters' shard beside it; every adapter (65,536 elements at
+  -- most) is below DeepSpeed's persistence threshold (1e5), so all stay whole too; with the threshold 0 and no
+  -- prefetch or reuse, only the largest adapter (q's A or B, 65,536) is gathered at a time
+  o.lora, o.stage = { r = 16 }, 3
+  T.eq(P.plan(o).device.params, (base + S + trained) * 2, "stage 3: base + shard + persistent adapters")
+  o.persistence_threshold, o.prefetch_bucket_size, o.max_reuse_distance = 0, 0, 0
+  T.eq(P.plan(o).device.params, (base + S + 65536) * 2, "stage 3: base + shard + one adapter gathered")
+  o.persistence_threshold, o.prefetch_bucket_size, o.max_reuse_distance = nil, nil, nil
+  -- a PEFT model passed as the model is planned with its own peft_config
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.num_hidden_layers = 2
+  local m = zr.peft.get_peft_model(zr.models.llama.LlamaForCausalLM(cfg), zr.peft.LoraConfig { r = 4 })
+  local pm = P.plan { model = m, micro_batch = 2, seq_len = 16, device = "cpu", dtype = "f32" }
+  T.eq(pm.settings.lora_plan.trained, 1792); T.eq(pm.total_params, 125632 + 1792)
+  -- fit: every step plans with lora (Llama-3-8B with LoRA on one 24 GB GPU: activation checkpointing fits)
+  local f = P.fit { model = "meta-llama/Meta-Llama-3-8B", micro_batch = 4, seq_len = 1024, dtype = "bf16",
+    gpu_memory = "24GB", lora = { r = 16 } }
+  T.eq(f.fits, true)
+  for _, st in ipairs(f.steps) do T.eq(st.plan.settings.lora_plan.trained, trained, st.change) end
+  T.eq(f.settings.gradient_checkpointing, true)
+  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 0 } } end, "lora.r must be a positive integer")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, target_modules = { "lm_head" } } } end,
+    "lora target lm_head is not planned")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, lora_dropout = 1 } } end,
+    "lora.lora_dropout must be a number in [0, 1)")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, layers_to_transform = { 0 } } } end,
+    "lora.layers_to_transform is not planned")
 end)
 
 T.done()
