@@ -207,11 +207,11 @@ local function lora_setting(lo, cfg, name)
   if type(p) ~= "number" or p < 0 or p >= 1 then
     error(fmt("memory plan: lora.lora_dropout must be a number in [0, 1), got %s", tostring(p)), 0)
   end
-  for _, k in ipairs { "layers_to_transform", "exclude_modules" } do
-    if lo[k] and not (type(lo[k]) == "table" and next(lo[k]) == nil) then
-      error(fmt("memory plan: lora.%s is not planned; give the adapted modules in target_modules (a regex selects " ..
-        "layers)", k), 0)
-    end
+  local ex, lt = lo.exclude_modules, lo.layers_to_transform
+  if type(lt) == "number" then lt = { lt } end
+  if type(lt) == "table" and next(lt) == nil then lt = nil end
+  if lt and type(lt) ~= "table" or ex and type(ex) ~= "table" and type(ex) ~= "string" then
+    error("memory plan: lora.layers_to_transform must be layer numbers and exclude_modules names or a regex", 0)
   end
   if tm == nil or tm == false then tm = M.LORA_DEFAULT_TARGETS end
   local all = type(tm) == "string" and tm:lower() == "all-linear"
@@ -219,14 +219,27 @@ local function lora_setting(lo, cfg, name)
     error(fmt("memory plan: lora.target_modules must be a list of module names, \"all-linear\" or a regex, got %s",
       type(tm)), 0)
   end
-  local function match(key) -- PEFT's check_target_module_exists: a name list by suffix, a string whole
-    if all then return PROJ[key:match("[^.]+$")] ~= nil end
-    if type(tm) == "string" then return require("zrun.peft").fullmatch(tm, key) end
-    for _, t in ipairs(tm) do
+  local function listed(l, key)
+    for _, t in ipairs(l) do
       if type(t) ~= "string" then error("memory plan: lora.target_modules must list module names (strings)", 0) end
       if key == t or key:sub(-#t - 1) == "." .. t then return true end
     end
     return false
+  end
+  local function match(key) -- PEFT's check_target_module_exists: exclusions, a name list by suffix, a string whole,
+    -- then the layer numbers (the Llama family's layer list: model.layers.<i>)
+    if type(ex) == "string" and require("zrun.peft").fullmatch(ex, key) or type(ex) == "table" and listed(ex, key) then
+      return false
+    end
+    if lt then
+      local i = tonumber(key:match("^model%.layers%.(%d+)%."))
+      local hit = false
+      for _, v in ipairs(lt) do if v == i then hit = true end end
+      if not hit then return false end
+    end
+    if all then return PROJ[key:match("[^.]+$")] ~= nil end
+    if type(tm) == "string" then return require("zrun.peft").fullmatch(tm, key) end
+    return listed(tm, key)
   end
   local L = { r = r, dropout = p, targets = {}, adapters = {}, trained = 0, frozen = 0 }
   local seen, names = {}, {}

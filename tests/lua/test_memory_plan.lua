@@ -153,6 +153,8 @@ local cases = {
     lora_dropout = 0.05 } },
   { stage = 2, B = 1, T = 301, layers = 2, lora = { r = 2, target_modules = { "v_proj", "down_proj" } } },
   { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0, lora = { r = 4, target_modules = "all-linear" } },
+  -- a regex: layer 0 untouched (nothing recorded through it), q and gate adapted in layers 1 and 2
+  { stage = 0, B = 3, T = 64, layers = 3, lora = { r = 4, target_modules = ".*\\.layers\\.[12]\\..*(q|gate)_proj" } },
 }
 local results = {}
 for i, c in ipairs(cases) do
@@ -538,6 +540,17 @@ T.test("LoRA model states by hand (Llama-3-8B, r 16 on q_proj / v_proj, bf16, st
   local m = zr.peft.get_peft_model(zr.models.llama.LlamaForCausalLM(cfg), zr.peft.LoraConfig { r = 4 })
   local pm = P.plan { model = m, micro_batch = 2, seq_len = 16, device = "cpu", dtype = "f32" }
   T.eq(pm.settings.lora_plan.trained, 1792); T.eq(pm.total_params, 125632 + 1792)
+  -- the targets as PEFT picks them: the plan's trained count is the model's (exclude_modules, layers_to_transform,
+  -- a regex, all-linear)
+  cfg.num_hidden_layers = 3
+  for _, lc in ipairs { { r = 4, target_modules = { "q_proj", "o_proj", "up_proj" }, layers_to_transform = { 1 },
+    exclude_modules = { "o_proj" } }, { r = 4, target_modules = { "q_proj", "down_proj" }, layers_to_transform = 2,
+    exclude_modules = ".*down_proj" }, { r = 4, target_modules = ".*\\.layers\\.[02]\\..*_proj" },
+    { r = 4, target_modules = "all-linear" } } do
+    m = zr.peft.get_peft_model(zr.models.llama.LlamaForCausalLM(cfg), zr.peft.LoraConfig(lc))
+    pm = P.plan { model = m, micro_batch = 1, seq_len = 8, device = "cpu", dtype = "f32" }
+    T.eq(pm.settings.lora_plan.trained, (m:get_nb_trainable_parameters()))
+  end
   -- fit: every step plans with lora (Llama-3-8B with LoRA on one 24 GB GPU: activation checkpointing fits)
   local f = P.fit { model = "meta-llama/Meta-Llama-3-8B", micro_batch = 4, seq_len = 1024, dtype = "bf16",
     gpu_memory = "24GB", lora = { r = 16 } }
@@ -549,8 +562,8 @@ T.test("LoRA model states by hand (Llama-3-8B, r 16 on q_proj / v_proj, bf16, st
     "lora target lm_head is not planned")
   T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, lora_dropout = 1 } } end,
     "lora.lora_dropout must be a number in [0, 1)")
-  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, layers_to_transform = { 0 } } } end,
-    "lora.layers_to_transform is not planned")
+  T.raises(function() P.plan { model = "zrun/tiny-llama", lora = { r = 4, layers_to_transform = "0" } } end,
+    "lora.layers_to_transform must be layer numbers")
 end)
 
 T.done()
