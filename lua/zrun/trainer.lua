@@ -358,14 +358,15 @@ function Trainer:setup()
 end
 
 -- The search itself: o = { model = (its config), config =, seq_len =, world_size =, loss_type =, packed =, gradient_checkpointing =,
--- start =, gpu_memory = (bytes) }. Returns the micro-batch (0: not even 1 fits), its plan and the
--- usable bytes it was held to.
+-- lora = (a PEFT model's peft_config: the base frozen, the adapters trained), start =, gpu_memory = (bytes) }. Returns
+-- the micro-batch (0: not even 1 fits), its plan and the usable bytes it was held to.
 local function pick_batch_size(o)
   local plan, usable = require "zrun.memory_plan", require("zrun.memory_offload").usable(o.gpu_memory)
   local bs, p = o.start, nil
   while bs > 0 do
     p = plan.plan { model = o.model, config = o.config, micro_batch = bs, seq_len = o.seq_len, world_size = o.world_size,
-      gradient_checkpointing = o.gradient_checkpointing or nil, loss_type = o.loss_type, packed = o.packed }
+      gradient_checkpointing = o.gradient_checkpointing or nil, loss_type = o.loss_type, packed = o.packed,
+      lora = o.lora }
     if p.device.total <= usable then return bs, p, usable end
     if bs == 1 then return 0, p, usable end
     bs = floor(bs * 0.9)
@@ -397,9 +398,12 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   end
   local T = 0
   for _, r in ipairs(self.train_dataset and self.train_dataset.rows or {}) do T = math.max(T, #r.input_ids) end
-  local bs, p, usable = pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
+  -- a LoRA model (zr.peft) plans its frozen base and trained adapters (far less than a full fine-tune)
+  local peft = require "zrun.peft"
+  local bs, p, usable = Trainer.pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
     gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu,
-    loss_type = self.loss_type, packed = self.packed_batches }
+    loss_type = self.loss_type, packed = self.packed_batches,
+    lora = peft.is_peft_model(self.model) and self.model.peft_config or nil }
   if bs == 0 then
     error(fmt("Trainer: auto_find_batch_size: even a micro-batch of 1 row of %d tokens needs %s of the GPU's %s " ..
       "usable (memory plan); run `zrun plan` with --fit for settings that fit (gradient_checkpointing, ZeRO " ..
@@ -1102,9 +1106,11 @@ function Trainer:explain_oom(err, ids)
     end
     local plan = require "zrun.memory_plan"
     local cfg = self.model.config
+    local peft = require "zrun.peft"
     return plan.fit({ model = cfg, config = e.config, micro_batch = ids:size(1), seq_len = ids:size(2),
       world_size = e.world_size, gpu_memory = gpu or 0, gradient_checkpointing = self.args.gradient_checkpointing,
-      loss_type = self.loss_type, packed = ids:size(1) == 1 and self.packed_batches or nil })
+      loss_type = self.loss_type, packed = ids:size(1) == 1 and self.packed_batches or nil,
+      lora = peft.is_peft_model(self.model) and self.model.peft_config or nil })
   end)
   if ok and res and res.text then return err .. "\n\nzrun plan for this run, and settings that fit:\n" .. res.text end
   return err .. "\n\n(run `zrun plan MODEL --fit --gpu-memory SIZE` for settings that fit: " .. tostring(res) .. ")"

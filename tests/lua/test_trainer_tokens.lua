@@ -236,6 +236,38 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
     T.eq((pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
       gpu_memory = gpu_for(need_with(10, o)), loss_type = o.loss_type, packed = o.packed }), 10)
   end
+  -- LoRA (zr.peft): the frozen base has no gradient, master or optimizer state, so the GPU that takes 10 rows of a
+  -- full fine-tune takes 14 with r 16 on q_proj / v_proj (16 -> 14); the plan is given the model's peft_config
+  local lcfg = zr.peft.LoraConfig { r = 16, lora_alpha = 32 }
+  local function need_lora(bs) return plan.plan { model = cfg1b, config = ds_cfg, micro_batch = bs, seq_len = 2048,
+    world_size = 1, lora = lcfg }.device.total end
+  assert(need_lora(10) < need(10) - 2 ^ 33, "LoRA plans more than 8 GiB less at 10 x 2048")
+  T.eq((pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
+    gpu_memory = gpu_for(need(10)), lora = lcfg }), 14, "LoRA: a larger micro-batch on the same GPU")
+  -- Trainer:find_batch_size hands a PEFT model's peft_config to the search (a GPU of that size, faked; the search
+  -- stubbed to see what it is given)
+  local seen
+  local pick0, cuda0 = zr.Trainer.pick_batch_size, zr._C.cuda
+  zr.Trainer.pick_batch_size = function(o) seen = o; return o.start, { device = { total = 0 } }, 0 end
+  zr._C.cuda = { memory_summary = function() return { device_total = gpu_for(need(10)) } end }
+  local on_gpu = { { device = function() return "cuda:0" end } }
+  local fake = setmetatable({ args = { per_device_train_batch_size = 16, gradient_checkpointing = false },
+    train_dataset = { rows = { { input_ids = { 1, 2 } } } },
+    model = { config = cfg1b, peft_config = lcfg, parameters = function() return on_gpu end } },
+    { __index = zr.Trainer })
+  local ok, err = pcall(fake.find_batch_size, fake, { source = function() return "default" end }, {}, {}, 1)
+  zr.Trainer.pick_batch_size, zr._C.cuda = pick0, cuda0
+  T.eq(ok, true, tostring(err))
+  T.eq(seen and seen.lora, lcfg, "the model's peft_config")
+  -- and so does the out-of-memory report's fit advice (plan.fit stubbed the same way)
+  local mp = require "zrun.memory_plan"
+  local fit0 = mp.fit
+  mp.fit = function(o) seen = o; return { text = "advice" } end
+  fake.engine = { config = ds_cfg, world_size = 1, device = "cpu" }
+  local msg = fake:explain_oom("CUDA out of memory", zr.zeros({ 2, 8 }))
+  mp.fit = fit0
+  T.eq(msg:find("advice", 1, true) ~= nil, true, msg)
+  T.eq(seen.lora, lcfg, "explain_oom: the model's peft_config")
   -- on the CPU nothing is searched; a config that fixes the micro-batch is refused
   local t = trainer { per_device_train_batch_size = 3, auto_find_batch_size = true, max_steps = 1 }
   t:setup()
