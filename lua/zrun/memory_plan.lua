@@ -513,7 +513,9 @@ end
 -- zr.memory.plan{model=, config=, micro_batch=, seq_len=, gradient_checkpointing=, loss_type=, packed=, world_size= |
 -- gpus_per_node= + nodes=, dtype=, stage=, offload_optimizer=, offload_param=, offload_ratio=,
 -- offload_grads= ("device" | "host" | "auto"), grad_accum_dtype=, pin_memory=, param_pin_memory=, gpu_memory=, gc=,
--- device=} (pin_memory: offload_optimizer's; param_pin_memory: offload_param's)
+-- device=, lora=} (pin_memory: offload_optimizer's; param_pin_memory: offload_param's; lora: LoRA fine-tuning, a
+-- zr.peft.LoraConfig or {r =, target_modules = (names, "all-linear" or a regex; nil: q_proj, v_proj), lora_dropout =}:
+-- the base frozen, whole and 16-bit, the adapters trained; a PEFT model passed as model is planned with its peft_config)
 -- Returns {device = {<category> = peak bytes, total=, sum=}, host = {...}, timeline = {{phase=,
 -- device=, host=}}, settings=, notes=, ...}: each category's own peak, and as `total` the most
 -- live at once over setup and a training step (`sum` adds the categories' own peaks instead);

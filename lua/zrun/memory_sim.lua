@@ -821,24 +821,27 @@ function M.llama_activations(cfg, o)
   local normW = P(H)
   local headW = cfg.tie_word_embeddings and embedW or P(V * H)
   -- the modules' parameters in forward order (the prefetch chain; ZeRO's: the trained ones)
-  local order = { pos = {} }
-  local function add(v)
-    if v.leaf.frozen then return end
-    order[#order + 1] = v.leaf; order.pos[v.leaf] = #order
-  end
-  add(embedW)
+  local chain = { embedW }
   for l = 1, L do
     local p = layers[l]
     for _, k in ipairs { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" } do
-      add(p[k])
-      if p.ad[k] then add(p.ad[k].A); add(p.ad[k].B) end
+      chain[#chain + 1] = p[k]
+      local a = p.ad[k]
+      if a then chain[#chain + 1] = a.A; chain[#chain + 1] = a.B end
     end
   end
-  add(normW)
-  if not cfg.tie_word_embeddings then add(headW) end
+  chain[#chain + 1] = normW
+  if not cfg.tie_word_embeddings then chain[#chain + 1] = headW end
+  local order, n_order = { pos = {} }, 0
+  for _, v in ipairs(chain) do
+    if not v.leaf.frozen then
+      n_order = n_order + 1
+      order[n_order] = v.leaf; order.pos[v.leaf] = n_order
+    end
+  end
   order.after = {} -- parameters of the modules after each one
   local acc = 0
-  for i = #order, 1, -1 do order.after[i] = acc; acc = acc + order[i].numel end
+  for i = n_order, 1, -1 do order.after[i] = acc; acc = acc + order[i].numel end
   S.order = order
 
   -- A plain training loop (out = engine(ids, labels); engine:backward(out.loss); engine:step()):
@@ -1018,5 +1021,12 @@ function M.llama_activations(cfg, o)
     workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
     live_after_backward = S.total - S.cur.params, live_at_peak = S.at_peak, live_after = S.cur }
 end
+
+-- LuaJIT's compiled traces were seen to build the prefetch chain above wrong now and then (a stale table length,
+-- entries lost: a lookup of a parameter's place in it then failed) once LoRA's frozen parameters were skipped; the
+-- setup loops run a few hundred times per plan, so this function's own body runs interpreted (the ops and the
+-- layer replay, functions of their own, are still compiled)
+local ok_jit, jit = pcall(require, "jit")
+if ok_jit and jit then jit.off(M.llama_activations) end
 
 return M
