@@ -879,16 +879,20 @@ function M.llama_activations(cfg, o)
       -- one module call each, viewed (B, T, heads, D) and transposed, q and k through zr.rope, then
       -- zr.scaled_dot_product_attention, its output transposed back and reshaped (a copy); each a Lua
       -- value of the attention's forward (freed with the model's scope)
+      -- (packed sequences: packed.attend gathers each of q, k, v's rows into the group, and the output's back)
       S:push()
-      local q = S:transpose(S:view(proj(a1, "q", N * Hq * D * b)))
-      local k = S:transpose(S:view(proj(a1, "k", N * KV * D * b)))
-      local v = S:transpose(S:view(proj(a1, "v", N * KV * D * b)))
+      local q, k, v = proj(a1, "q", N * Hq * D * b), proj(a1, "k", N * KV * D * b), proj(a1, "v", N * KV * D * b)
+      local aB, aT = B, T
       if o.packed then
-        error("memory plan: packed sequences with LoRA on q/k/v are not modelled; plan without packed", 0)
+        aB, aT = N / o.packed, o.packed
+        q, k, v = S:gather_rows(q, q.n), S:gather_rows(k, k.n), S:gather_rows(v, v.n)
       end
+      q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
       q, k = S:rope(q), S:rope(k)
-      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { B, Hq, KV, T, D }, strided)
-      att = S:pop(S:reshape(S:transpose(so)))
+      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
+      att = S:reshape(S:transpose(so))
+      if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+      att = S:pop(att)
     else
       local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
       -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend

@@ -155,6 +155,9 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0, lora = { r = 4, target_modules = "all-linear" } },
   -- a regex: layer 0 untouched (nothing recorded through it), q and gate adapted in layers 1 and 2
   { stage = 0, B = 3, T = 64, layers = 3, lora = { r = 4, target_modules = ".*\\.layers\\.[12]\\..*(q|gate)_proj" } },
+  -- packed sequences (SFT's packing with LoRA): the unfused q, k, v gathered into the group one by one
+  { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 } },
+  { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 }, ckpt = true },
 }
 local results = {}
 for i, c in ipairs(cases) do
