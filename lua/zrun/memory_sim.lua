@@ -640,14 +640,17 @@ function Sim:swiglu(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, { a, b }, function(S, _, g)
     local gi = S:raw(g)
-    -- (ops/swiglu.c: the CPU makes only the gradients needed; CUDA both, one it does not hand on as workspace)
-    local function d(x)
-      if needs(x) then return S:new(x.n) end
-      if S.o.gpu then S:drop(S:new(x.n, "ws")) end
+    -- (ops/swiglu.c: the CPU makes only the gradients needed; CUDA both, one it does not hand on as workspace,
+    -- freed after the kernel)
+    local d = {}
+    for i, x in ipairs { a, b } do
+      if needs(x) then d[i] = S:new(x.n) elseif S.o.gpu then d[i] = S:new(x.n, "ws") end
     end
-    local da, db = d(a), d(b)
     S:drop(gi)
-    return { da, db }
+    for i, x in ipairs { a, b } do
+      if d[i] and not needs(x) then S:drop(d[i]); d[i] = nil end
+    end
+    return { d[1], d[2] }
   end)
 end
 -- At stage 3 the embedding's input (token ids) needs no gradient, so no node releases its
