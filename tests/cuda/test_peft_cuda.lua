@@ -70,7 +70,10 @@ T.test("SFTTrainer{peft_config=} learns in bf16 on the GPU: loss falls 50%, grad
       learning_rate = 2e-2, lr_scheduler_type = "constant", max_steps = 60, assistant_only_loss = true,
       train_sampling_strategy = "sequential", bf16 = true } }
   local base = {}
-  for n, p in model:named_parameters() do if not n:match("lora_") then base[n] = p:to("f32"):to("cpu"):flat_table() end end
+  -- (the engine casts the whole model to bf16 at setup, as DeepSpeed's bf16 does: the frozen base as rounded then)
+  for n, p in model:named_parameters() do
+    if not n:match("lora_") then base[n] = p:to("bf16"):to("f32"):to("cpu"):flat_table() end
+  end
   t:train()
   local h = {}
   for _, r in ipairs(t.state.log_history) do if r.loss then h[#h + 1] = r end end
