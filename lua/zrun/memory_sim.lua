@@ -751,17 +751,20 @@ function Sim:scale(x)
 end
 
 -- zr.peft's LoraLayer: base(x) + lora_B(lora_A(dropout(x))) * scaling, each a Lua value of the layer's
--- forward (garbage when it returns, freed with the model's scope). The frozen base's product still saves
--- x when x needs a gradient (linear saves its input whatever needs one) and gives dX, no dW; lora_A saves
--- its input (x itself, or the dropped copy), lora_B the (N, r) product.
+-- forward, freed when it returns (its temporaries_scope) but what the nodes saved. The frozen base's product
+-- still saves x when x needs a gradient (linear saves its input whatever needs one) and gives dX, no dW;
+-- lora_A saves its input (x itself, or the dropped copy), lora_B the (N, r) product.
 function Sim:lora(x, ad, o_bytes, rows)
+  local serial = self:scope()
   self:push()
   local y = self:linear(x, ad.W, o_bytes)
   local a = x
   if ad.dropout > 0 then a = self:dropout(x) end
   local h = self:linear(a, ad.A, rows * ad.r * self.o.dtype_bytes)
   local z = self:add(y, self:scale(self:linear(h, ad.B, o_bytes)))
-  return self:pop(z)
+  self:pop(z)
+  self:end_scope(serial, { [z] = true })
+  return z
 end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.

@@ -369,14 +369,18 @@ function Lora:__init(base, conv1d, cfg)
 end
 
 -- base(x) + lora_B(lora_A(dropout(x))) * scaling: x (..., in) -> (..., out). The adapter's input is
--- cast to its dtype (as PEFT's _cast_input_dtype).
+-- cast to its dtype (as PEFT's _cast_input_dtype). Its temporaries (the base's output, lora_B's, the scaled
+-- copy) are freed when it returns (what backward needs, the nodes keep): held until the model's forward
+-- returned, they made a LoRA forward's activations larger than a full fine-tune's (Llama-3-8B 4 x 1024: 25.4
+-- against 21.6 GiB planned).
 function Lora:forward(x)
+  local scope = self:temporaries_scope()
   local y
   if self.conv1d then y = zr.conv1d(x, self.weight, self.bias) else y = zr.linear(x, self.weight, self.bias) end
   local a = x
   if self.lora_dropout > 0 and self.training then a = zr.dropout(a, self.lora_dropout, true) end
   if a:dtype() ~= self.lora_A.weight:dtype() then a = a:to(self.lora_A.weight:dtype()) end
-  return y + self.lora_B(self.lora_A(a)) * self.scaling
+  return (Module.end_scope(scope, y + self.lora_B(self.lora_A(a)) * self.scaling))
 end
 
 -- "in_features=..., out_features=..., r=..., scaling=..."
