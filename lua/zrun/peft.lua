@@ -578,11 +578,7 @@ function M.get_nb_trainable_parameters(model)
   return model:num_parameters(true), model:num_parameters()
 end
 
-local function commas(n)
-  local s = fmt("%d", n)
-  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
-  return (out:gsub("^,", ""))
-end
+local commas = require("zrun.memory_describe").commas -- (1234567 -> "1,234,567")
 -- PEFT's print_trainable_parameters line: "trainable params: N || all params: M || trainable%: P"; also returns it.
 function M.print_trainable_parameters(model)
   local t, a = M.get_nb_trainable_parameters(model)
