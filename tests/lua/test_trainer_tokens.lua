@@ -237,13 +237,13 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
       gpu_memory = gpu_for(need_with(10, o)), loss_type = o.loss_type, packed = o.packed }), 10)
   end
   -- LoRA (zr.peft): the frozen base has no gradient, master or optimizer state, so the GPU that takes 10 rows of a
-  -- full fine-tune takes 14 with r 16 on q_proj / v_proj (16 -> 14); the plan is given the model's peft_config
+  -- full fine-tune takes 16 with r 16 on q_proj / v_proj (24 -> 21 -> 18 -> 16); the plan is given the model's peft_config
   local lcfg = zr.peft.LoraConfig { r = 16, lora_alpha = 32 }
   local function need_lora(bs) return plan.plan { model = cfg1b, config = ds_cfg, micro_batch = bs, seq_len = 2048,
     world_size = 1, lora = lcfg }.device.total end
   assert(need_lora(10) < need(10) - 2 ^ 33, "LoRA plans more than 8 GiB less at 10 x 2048")
-  T.eq((pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
-    gpu_memory = gpu_for(need(10)), lora = lcfg }), 14, "LoRA: a larger micro-batch on the same GPU")
+  T.eq((pick { model = cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 24,
+    gpu_memory = gpu_for(need(10)), lora = lcfg }), 16, "LoRA: a larger micro-batch on the same GPU")
   -- Trainer:find_batch_size hands a PEFT model's peft_config to the search (a GPU of that size, faked; the search
   -- stubbed to see what it is given)
   local seen
