@@ -398,12 +398,22 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   end
   local T = 0
   for _, r in ipairs(self.train_dataset and self.train_dataset.rows or {}) do T = math.max(T, #r.input_ids) end
-  -- a LoRA model (zr.peft) plans its frozen base and trained adapters (far less than a full fine-tune)
+  -- a LoRA model (zr.peft) plans its frozen base and trained adapters (far less than a full fine-tune); an adapter
+  -- the plan does not model (lm_head among its targets) is planned as a full fine-tune, an upper bound, and said so
   local peft = require "zrun.peft"
-  local bs, p, usable = Trainer.pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
-    gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu,
-    loss_type = self.loss_type, packed = self.packed_batches,
-    lora = peft.is_peft_model(self.model) and self.model.peft_config or nil }
+  local lora = peft.is_peft_model(self.model) and self.model.peft_config or nil
+  local function search(l)
+    return Trainer.pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
+      gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu,
+      loss_type = self.loss_type, packed = self.packed_batches, lora = l }
+  end
+  local ok, bs, p, usable = pcall(search, lora)
+  if not ok and lora then
+    dist.print0(fmt("[zrun] Trainer: auto_find_batch_size: %s; planning this LoRA model as a full fine-tune (more " ..
+      "memory than it needs: a smaller micro-batch may be chosen)", (tostring(bs):gsub("^memory plan: ", "the memory plan: "))))
+    ok, bs, p, usable = pcall(search, nil)
+  end
+  if not ok then error(bs, 0) end
   if bs == 0 then
     error(fmt("Trainer: auto_find_batch_size: even a micro-batch of 1 row of %d tokens needs %s of the GPU's %s " ..
       "usable (memory plan); run `zrun plan` with --fit for settings that fit (gradient_checkpointing, ZeRO " ..

@@ -259,6 +259,28 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
   zr.Trainer.pick_batch_size, zr._C.cuda = pick0, cuda0
   T.eq(ok, true, tostring(err))
   T.eq(seen and seen.lora, lcfg, "the model's peft_config")
+  -- an adapter the plan does not model (lm_head among the targets): planned as a full fine-tune, and said so
+  local head_cfg = zr.peft.LoraConfig { r = 8, target_modules = { "q_proj", "lm_head" } }
+  local untied = {}
+  for k, v in pairs(cfg1b) do untied[k] = v end
+  untied.tie_word_embeddings = false -- (an lm_head of its own)
+  local tried = {}
+  zr.Trainer.pick_batch_size = function(o)
+    tried[#tried + 1] = o.lora or false
+    if o.lora then plan.plan { model = untied, config = ds_cfg, micro_batch = 1, seq_len = 8, lora = o.lora } end
+    return o.start, { device = { total = 0 } }, 0
+  end
+  zr._C.cuda = { memory_summary = function() return { device_total = gpu_for(need(10)) } end }
+  fake.model.peft_config = head_cfg
+  local said = T.printed(function()
+    ok, err = pcall(fake.find_batch_size, fake, { source = function() return "default" end }, {}, {}, 1)
+  end)
+  zr.Trainer.pick_batch_size, zr._C.cuda = pick0, cuda0
+  fake.model.peft_config = lcfg
+  T.eq(ok, true, tostring(err))
+  T.eq(#tried == 2 and tried[1] == head_cfg and tried[2] == false, true, "with the adapter, then as a full fine-tune")
+  T.eq(said:find("lora target lm_head is not planned", 1, true) ~= nil and
+    said:find("planning this LoRA model as a full fine-tune", 1, true) ~= nil, true, said)
   -- and so does the out-of-memory report's fit advice (plan.fit stubbed the same way)
   local mp = require "zrun.memory_plan"
   local fit0 = mp.fit
