@@ -9,7 +9,9 @@ local W, rank = dist.world_size(), dist.rank()
 local gpu = os.getenv("ZRUN_CHECK_DEVICE") == "cuda"
 local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 
--- c = {stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=}: trains 3 x gas
+-- c = {stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+-- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
+-- LEN tokens)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
 local function measure(c)
@@ -28,6 +30,10 @@ local function measure(c)
   local base, hbase = b0.total_current, mem.stats("cpu").total_current
   zr.manual_seed(7)
   local model = zr.models.llama.LlamaForCausalLM(cfg)
+  if c.lora then
+    model = zr.peft.get_peft_model(model, zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
+      target_modules = c.lora.target_modules, lora_dropout = c.lora.lora_dropout })
+  end
   if c.ckpt then model:gradient_checkpointing_enable() end
   local ds = { train_micro_batch_size_per_gpu = c.B, gradient_accumulation_steps = c.gas or 1, steps_per_print = 1e6,
     optimizer = { type = "AdamW", params = { lr = 1e-3 } }, bf16 = { enabled = gpu },
@@ -47,7 +53,16 @@ local function measure(c)
     end
     local ids = zr.tensor(rows, { dtype = "i64" })
     if gpu then ids = ids:to("cuda") end
-    local out = engine(ids, ids)
+    local opts = c.dft and { loss_type = "dft" } or nil
+    if c.packed then -- each row c.T / c.packed sequences, told apart by their positions (read on the host)
+      local pos = {}
+      for i = 1, c.B do
+        pos[i] = {}
+        for j = 1, c.T do pos[i][j] = (j - 1) % c.packed end
+      end
+      opts = { position_ids = zr.tensor(pos, { dtype = "i64" }) }
+    end
+    local out = engine(ids, ids, opts)
     engine:backward(out.loss)
     engine:step()
   end
@@ -58,7 +73,8 @@ local function measure(c)
   for _, k in ipairs(mem.categories) do at[k] = st[k].at_peak - b0[k].current end
   -- offload: the gradients where the engine keeps them
   local plan = P.plan { model = cfg, config = ds, seq_len = c.T, world_size = W, device = gpu and "cuda" or "cpu",
-    dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt, offload_grads = c.offload and engine.offload_grads or nil }
+    dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt, offload_grads = c.offload and engine.offload_grads or nil,
+    lora = c.lora, loss_type = c.dft and "dft" or nil, packed = c.packed }
   if c.offload and engine.offload_grads ~= c.grads then error("the engine keeps the gradients on the " ..
     tostring(engine.offload_grads) .. ", not where ZRUN_OFFLOAD_GRADS=" .. c.grads .. " asked", 0) end
   for _, h in ipairs(engine.hook_handles or {}) do h.remove() end

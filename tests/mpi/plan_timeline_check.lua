@@ -35,11 +35,19 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 2, offload = true, grads = "host" },
   { stage = 2, B = 4, T = 97, layers = 2, offload = true, grads = "device" },
   { stage = 3, B = 4, T = 97, layers = 2, offload = true, grads = "device" },
+  -- SFT's settings (head_dim 64: the GPU's flash kernels): LoRA adapters (zr.peft), TRL's dft loss, padding-free rows
+  -- of packed sequences
+  { stage = 0, B = 4, T = 96, layers = 2, head_dim = 64, lora = { r = 8, target_modules = { "q_proj", "v_proj" } } },
+  { stage = 2, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true,
+    lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
+  { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, dft = true },
+  { stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
-    c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "")
+    c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
+    (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "")
   local function check()
     local m, plan, hm, at = measure(c)
     -- on the CPU the plan's device and host columns are the same memory; the setup is not in `m`
@@ -54,7 +62,8 @@ for _, c in ipairs(cases) do
       if rank == 0 then print(hmsg) end
       if math.abs(plan.host.total / hm - 1) > 0.01 then error(hmsg, 0) end
     end
-    if not gpu and W > 1 and (c.stage == 1 or c.stage == 2) and not c.overlap and not c.offload then
+    -- (not with LoRA: its buckets hold the adapters only, too small to move the peak)
+    if not gpu and W > 1 and (c.stage == 1 or c.stage == 2) and not c.overlap and not c.offload and not c.lora then
       local sum = plan.device.sum + plan.host.sum
       if sum / m < 1.05 then error("the sum of the categories' peaks should be >5% over here: " .. msg, 0) end
     end
