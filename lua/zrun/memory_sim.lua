@@ -717,16 +717,24 @@ end
 -- zr.rope (ops/rope.c) on the CPU, x a (B, H, T, D) view: a new contiguous output, x read through
 -- zr_cpu_in (a transposed view: a contiguous copy, freed when the op returns); saves only the cos / sin
 -- tables (the model's); backward a new dx
-function Sim:rope(x)
+-- (T, D: the tables' rows and head_dim. On a GPU the op converts the first halves of cos and sin to (T, D/2) f32
+-- tables of its own, made outside any op's output ("other") and saved by the node until its backward; the CPU
+-- saves the model's tables themselves.)
+function Sim:rope(x, T, D)
   local xi = not self.o.gpu and self:raw(x) or nil
+  local c = self.o.gpu and self:new(T * D / 2 * 4, "other") or nil
+  local sn = self.o.gpu and self:new(T * D / 2 * 4, "other") or nil
   local out = self:lua(self:new(x.n))
   self:drop(xi)
-  return self:record(out, { x }, nil, function(S, _, g)
+  self:record(out, { x }, { c, sn }, function(S, _, g)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     S:drop(gi)
     return { dx }
   end)
+  self:drop(c)
+  self:drop(sn)
+  return out
 end
 
 -- zr.dropout(x, p, true) (ops/dropout.c): a u8 mask and the output (x's size, x's dtype); the node saves
@@ -894,7 +902,7 @@ function M.llama_activations(cfg, o)
         q, k, v = S:gather_rows(q, q.n), S:gather_rows(k, k.n), S:gather_rows(v, v.n)
       end
       q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
-      q, k = S:rope(q), S:rope(k)
+      q, k = S:rope(q, aT, D), S:rope(k, aT, D)
       local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
       att = S:reshape(S:transpose(so))
       if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
