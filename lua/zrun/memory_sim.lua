@@ -717,6 +717,16 @@ end
 -- zr.rope (ops/rope.c) on the CPU, x a (B, H, T, D) view: a new contiguous output, x read through
 -- zr_cpu_in (a transposed view: a contiguous copy, freed when the op returns); saves only the cos / sin
 -- tables (the model's); backward a new dx
+-- A backward that reads its gradient (raw) and makes x's as a new buffer (elementwise ops: rope, dropout).
+local function new_input_grad(x)
+  return function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    S:drop(gi)
+    return { dx }
+  end
+end
+
 -- (T, D: the tables' rows and head_dim. On a GPU the op converts the first halves of cos and sin to (T, D/2) f32
 -- tables of its own, made outside any op's output ("other") and saved by the node until its backward; the CPU
 -- saves the model's tables themselves.)
@@ -726,12 +736,7 @@ function Sim:rope(x, T, D)
   local sn = self.o.gpu and self:new(T * D / 2 * 4, "other") or nil
   local out = self:lua(self:new(x.n))
   self:drop(xi)
-  self:record(out, { x }, { c, sn }, function(S, _, g)
-    local gi = S:raw(g)
-    local dx = S:new(x.n)
-    S:drop(gi)
-    return { dx }
-  end)
+  self:record(out, { x }, { c, sn }, new_input_grad(x))
   self:drop(c)
   self:drop(sn)
   return out
@@ -742,12 +747,7 @@ end
 function Sim:dropout(x)
   local mask = self:new(x.n / self.o.dtype_bytes)
   local out = self:lua(self:new(x.n))
-  self:record(out, { x }, { mask }, function(S, _, g)
-    local gi = S:raw(g)
-    local dx = S:new(x.n)
-    S:drop(gi)
-    return { dx }
-  end)
+  self:record(out, { x }, { mask }, new_input_grad(x))
   self:drop(mask)
   return out
 end

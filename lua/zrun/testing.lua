@@ -105,6 +105,17 @@ function M.rank_batch(step, micro, o)
   return o.device and ids:to(o.device) or ids
 end
 
+-- position_ids (B, T) i64 of rows that each hold T / len packed sequences of len tokens (positions restarting
+-- every len tokens): a padding-free batch as TRL's collator makes it.
+function M.packed_positions(B, T, len)
+  local pos = {}
+  for r = 1, B do
+    pos[r] = {}
+    for t = 1, T do pos[r][t] = (t - 1) % len end
+  end
+  return require("zrun").tensor(pos, { dtype = "i64" })
+end
+
 -- A causal-LM batch as a collator builds it: B rows of Tn ids below 251 that vary with s (a tensor
 -- made from a Lua table, i64, category "other").
 function M.token_batch(B, Tn, s)

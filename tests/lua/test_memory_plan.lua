@@ -56,12 +56,7 @@ local function measure(c)
     local ids = batch(c.B, c.T, s)
     local opts = c.dft and { loss_type = "dft" } or nil
     if c.packed then -- each row c.T / c.packed sequences of c.packed tokens, told apart by their positions
-      local pos = {}
-      for r = 1, c.B do
-        pos[r] = {}
-        for t = 1, c.T do pos[r][t] = (t - 1) % c.packed end
-      end
-      opts = { position_ids = zr.tensor(pos, { dtype = "i64" }) }
+      opts = { position_ids = T.packed_positions(c.B, c.T, c.packed) }
     end
     local out = engine(ids, ids, opts)
     engine:backward(out.loss)

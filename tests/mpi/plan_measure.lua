@@ -55,12 +55,7 @@ local function measure(c)
     if gpu then ids = ids:to("cuda") end
     local opts = c.dft and { loss_type = "dft" } or nil
     if c.packed then -- each row c.T / c.packed sequences, told apart by their positions (read on the host)
-      local pos = {}
-      for i = 1, c.B do
-        pos[i] = {}
-        for j = 1, c.T do pos[i][j] = (j - 1) % c.packed end
-      end
-      opts = { position_ids = zr.tensor(pos, { dtype = "i64" }) }
+      opts = { position_ids = zr.testing.packed_positions(c.B, c.T, c.packed) }
     end
     local out = engine(ids, ids, opts)
     engine:backward(out.loss)
