@@ -25,15 +25,24 @@ extern "C" {
 typedef struct {
     int64_t sb, sh, st;
 } zr_attn_strides;
-/* Every operand's strides (the forward reads q, k, v, o). */
+/* Every operand's strides (the forward reads q, k, v, o), and the batch's sequences: seg NULL is
+ * causal attention over each batch row; else each row holds packed sequences (a padding-free batch),
+ * seg pointing at 2·B·T int32 on the device, lo (B, T) then hi (B, T): token t of row b is in the
+ * sequence of that row's tokens lo .. hi − 1 (row-relative, lo <= t < hi, the same lo and hi for
+ * every token of a sequence); query t attends to keys lo .. t. Only the Hopper kernels take seg
+ * (attention_varlen_ok); elsewhere a call with it is an error. */
 typedef struct {
     zr_attn_strides q, k, v, o, dout, dq, dk, dv;
+    const int32_t *seg;
 } zr_attn_layout;
 
 /* 1 when strided layouts run on the current device for this head_dim/dtype (the Hopper kernels:
  * Dh 64, bf16/f16, compute capability 9.0); then every stride and base must be a multiple of 16
  * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
+/* 1 when the layout's seg (packed sequences) runs on the current device for this head_dim/dtype:
+ * the Hopper kernels, as attention_strided_ok. */
+int attention_varlen_ok(int64_t Dh, zr_dtype dtype);
 
 /* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. */
 int attention_forward_cuda(void *o, float *lse, const void *q, const void *k, const void *v,
