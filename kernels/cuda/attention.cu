@@ -669,6 +669,14 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
     return attn_sm90_fwd_ok(Dh, dtype) && attn_sm90_bwd_ok(Dh, dtype);
 }
 
+extern "C" int attention_varlen_ok(int64_t Dh, zr_dtype dtype) {
+    return attention_strided_ok(Dh, dtype);
+}
+
+#define VARLEN_ONLY_HOPPER                                                                         \
+    "packed sequences (seg) run only on the Hopper kernels (compute capability 9.0, bf16/f16, "    \
+    "head_dim 64; see attention_varlen_ok)"
+
 #define TMA_STRIDES                                                                                \
     "TMA cannot address these strided operands (each base and stride must be a multiple of 16 "   \
     "bytes); make q/k/v/o and the gradients contiguous"
@@ -683,10 +691,11 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
+    if (lay.seg && !attention_varlen_ok(Dh, dtype)) return zr_error("%s: %s", fn, VARLEN_ONLY_HOPPER);
     if (attn_sm90_fwd_ok(Dh, dtype)) {
         if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
             return launch_check(fn);
-        if (!dense_all) return zr_error("%s: %s", fn, TMA_STRIDES);
+        if (!dense_all || lay.seg) return zr_error("%s: %s", fn, TMA_STRIDES);
     }
     if (!dense_all)
         return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
@@ -723,7 +732,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
                         attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_,
                                                 mma_dtype<T>::value) == 0;
-    if (!hopper && !dense_all)
+    if (!hopper && (!dense_all || L.seg))
         return -1;
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
@@ -787,6 +796,7 @@ static int backward(const char *fn, void *dq, void *dk, void *dv, const void *do
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
+    if (lay.seg && !attention_varlen_ok(Dh, dtype)) return zr_error("%s: %s", fn, VARLEN_ONLY_HOPPER);
     int rc;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,

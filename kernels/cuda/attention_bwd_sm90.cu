@@ -43,14 +43,18 @@ static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
 
 /* A work item: key tile j (128 keys) of kv head hk of batch b, with split `split` of the kv head's
  * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
- * steps over the query tiles i >= j, step it is head h0 + it / nq, tile j + it % nq. */
+ * steps over the query tiles i >= j, step it is head h0 + it / nq, tile j + it % nq. With packed
+ * sequences (VL; hi: one past the last token of each token's sequence) nq stops at the tile holding
+ * the last query of the tile's last key's sequence. */
 struct ws_item {
     int j, split, bhk, b, hk, h0, nq, niter;
 };
 /* Item code x·nT + j (ws_sched_item, attention_sched.h): x = (b·Hkv + hk)·nsplit + split,
  * key tile j (weight rank j: key tile 0, the heaviest, has nT query tiles). Item counts fit an int:
  * 2^31 items would be 2^31 × 128 query rows, terabytes of Q. */
-static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, int G, int nsplit) {
+template <bool VL>
+static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, int G, int nsplit,
+                                                    const int32_t *hi, int T_) {
     ws_item t;
     const int x = code / nT;
     t.j = code - x * nT;
@@ -61,6 +65,11 @@ static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, i
     const int Gs = G / nsplit;
     t.h0 = t.hk * G + t.split * Gs;
     t.nq = nT - t.j;
+    if (VL) { /* packed sequences: the query tiles up to the end of the last key's sequence */
+        const int last = (t.j + 1) * WS_BN < T_ ? (t.j + 1) * WS_BN - 1 : T_ - 1;
+        const int qe = (hi[(size_t)t.b * T_ + last] + WS_BM - 1) / WS_BM;
+        if (qe - t.j < t.nq) t.nq = qe - t.j;
+    }
     t.niter = Gs * t.nq;
     return t;
 }
@@ -100,7 +109,7 @@ static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, i
  * warpgroup, the named barrier keeps warps less than a step apart). With one block per item
  * (attn_sm90_grid(.., -1)) this is the non-persistent kernel: item blockIdx.x, K/V first, no
  * prefetch. */
-template <typename T, bool ROWS>
+template <typename T, bool ROWS, bool VL>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
                        float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
@@ -109,7 +118,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        const __grid_constant__ CUtensorMap tv,
                        const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                        const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
-                       int T_, const ws_sched sc, int Hq, int Hkv, int G, int nsplit,
+                       const int32_t *__restrict__ hi, int T_, const ws_sched sc, int Hq, int Hkv, int G, int nsplit,
                        int64_t kv_elems, float scale, float scale_log2) {
     const int nT = sc.nT;
     ZR_SMEM_1024(base);
@@ -156,11 +165,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
             };
             int c = 0; /* the block's step */
             for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
+                const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
                 if (r == 0 && lane == 0) load_kv(t);
                 const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
                 if (wn >= 0 && lane == 0) {
-                    const ws_item u = ws_decode(wn, nT, Hkv, G, nsplit);
+                    const ws_item u = ws_decode<VL>(wn, nT, Hkv, G, nsplit, hi, T_);
                     tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
                     tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
                 }
@@ -198,7 +207,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
         } else if (warp_id == WS_DQWARP) {
             int c = 0;
             for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
+                const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
                 for (int it = 0; it < t.niter; ++it, ++c) {
                     const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
 #pragma unroll
@@ -229,9 +238,17 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const uint32_t aK = smem_u32(sK);
     int c = 0; /* the block's step */
     for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-        const ws_item t = ws_decode(w, nT, Hkv, G, nsplit);
+        const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+        /* packed sequences: one past the last query of each key's sequence (none past T) */
+        int hi0 = T_, hi1 = T_;
+        if (VL) {
+            const int32_t *hr = hi + (size_t)t.b * T_;
+            if (key0 < T_) hi0 = hr[key0];
+            if (key0 + 8 < T_) hi1 = hr[key0 + 8];
+        }
+        const int himin = hi0 < hi1 ? hi0 : hi1;
         float dka[32], dva[32];
 #pragma unroll
         for (int e = 0; e < 32; ++e)
@@ -285,6 +302,10 @@ __global__ void __launch_bounds__(WS_THR, 1)
                 }
                 p_tile(st, cols, scale_log2);
                 if (diag) mask_tile(st, key0 - kv0 - hh * 64 - t4 * 2);
+                if (VL) {
+                    const int qc = (t.j + iq) * WS_BM + hh * 64; /* the half's first query */
+                    if (qc + 64 > himin) mask_after(st, hi0 - qc - t4 * 2, hi1 - qc - t4 * 2);
+                }
                 load_cols(cols, cD + hh * 64 + t4 * 2);
                 wg_wait<0>();
                 reg_fence(dpt);
@@ -437,8 +458,9 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
                        const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
                        int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
                        cudaStream_t st) {
-    auto kern = dkv_rows(dk, dv, L, ns, T_) ? attn_bwd_sm90_kernel<T, true>
-                                            : attn_bwd_sm90_kernel<T, false>;
+    const bool rows = dkv_rows(dk, dv, L, ns, T_);
+    auto kern = L.seg ? (rows ? attn_bwd_sm90_kernel<T, true, true> : attn_bwd_sm90_kernel<T, false, true>)
+                      : (rows ? attn_bwd_sm90_kernel<T, true, false> : attn_bwd_sm90_kernel<T, false, false>);
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ws_smem::BYTES);
     /* the tile and item counts as arguments, not derived in the kernel: a value computed before the
      * roles part is live across setmaxnreg, where ptxas spills it */
@@ -447,7 +469,7 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
     const ws_sched sc = ws_schedule(nbh, nT, blocks);
     kern<<<blocks, WS_THR, ws_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
-        (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
+        L.seg ? L.seg + B * T_ : nullptr, (int)T_, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns, nkv, scale,
         scale * 1.4426950408889634f);
 }
 

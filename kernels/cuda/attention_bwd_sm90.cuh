@@ -46,6 +46,17 @@ static __device__ __forceinline__ void mask_tile(float (&st)[32], int d) {
             if (d + (e >> 1) * 8 > nt * 8 + (e & 1)) st[4 * nt + e] = 0.f;
 }
 
+/* Packed sequences: zeroes P^T where the query lies past the key's sequence: h0, h1 = one past the
+ * last query of the sequences of this thread's keys (key, key + 8), less its first query column;
+ * layout as mask_tile's. */
+static __device__ __forceinline__ void mask_after(float (&st)[32], int h0, int h1) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (nt * 8 + (e & 1) >= ((e >> 1) ? h1 : h0)) st[4 * nt + e] = 0.f;
+}
+
 /* A warp's 16 rows wr .. wr + 15 (wr a multiple of 8) of a 64-column tile (accumulator layout,
  * packed by pack_a<T, 4>) into the [row][column] tile at sS (128-byte rows, 128-byte swizzle: the
  * 16-byte chunk k of row r at k ^ (r & 7)) by four stmatrix: the x4 form stores the four 8×8 blocks

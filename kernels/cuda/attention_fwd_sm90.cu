@@ -55,6 +55,12 @@ static __device__ __forceinline__ int f2_tile_id(int n) {
     const int g = gridDim.x, i = blockIdx.x;
     return n * g + ((n & 1) ? g - 1 - i : i);
 }
+/* Packed sequences (seg: lo of each token, zr_attn_layout): the first key tile query tile qt of
+ * row b needs, the one holding the start of its first query's sequence (the earliest of its rows':
+ * lo never decreases along a row). */
+static __device__ __forceinline__ int f2_first_key_tile(const int32_t *seg, int b, int qt, int T_) {
+    return seg[(size_t)b * T_ + qt * F2_BM] / F2_BN;
+}
 
 /* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
  * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
@@ -103,13 +109,14 @@ static __device__ __forceinline__ int f2_tile_id(int n) {
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
  * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
  * attention_fwd_sm90.cu`.) */
-template <typename T>
+template <typename T, bool VL>
 __global__ void __launch_bounds__(F2_THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
-                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so, int T_, int B,
-                        int Hq, int G, float scale_log2) {
+                        const __grid_constant__ CUtensorMap tv, zr_attn_strides so,
+                        const int32_t *__restrict__ seg, int T_, int B, int Hq, int G,
+                        float scale_log2) {
     ZR_SMEM_1024(base);
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
     uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
@@ -145,7 +152,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
                 mbar_expect_tx(&qfull[qb], f2_smem::QT);
                 tma_load4(sQ + qb * F2_BM * 64, &tq, &qfull[qb], 0, w.qt * F2_BM, w.h, w.b);
-                for (int kt = w.qt; kt >= 0; --kt, ++j) {
+                const int kt0 = VL ? f2_first_key_tile(seg, w.b, w.qt, T_) : 0;
+                for (int kt = w.qt; kt >= kt0; --kt, ++j) {
                     const unsigned s = j % F2_ST;
                     if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
                     mbar_expect_tx(&full[s], 2 * f2_smem::KV);
@@ -162,9 +170,19 @@ __global__ void __launch_bounds__(F2_THR, 1)
     unsigned kv = 0; /* the producer's j at this tile's first load */
     for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
         const f2_tile w(t, BH, nQt, Hq);
-        const int qt = w.qt, q0 = qt * F2_BM, nkv = qt + 1;
+        const int qt = w.qt, q0 = qt * F2_BM;
+        const int nkv = qt + 1 - (VL ? f2_first_key_tile(seg, w.b, qt, T_) : 0);
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+        /* packed sequences: the first key of each of the rows' sequences (0 past T), and the key
+         * tiles before the last one that starts at or after the higher of them need no mask */
+        int lo0 = 0, lo1 = 0;
+        if (VL) {
+            const int32_t *lr = seg + (size_t)w.b * T_;
+            if (qrow < T_) lo0 = lr[qrow];
+            if (qrow + 8 < T_) lo1 = lr[qrow + 8];
+        }
+        const int lomax = lo0 > lo1 ? lo0 : lo1;
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
         float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
         float acc[32], sc[64];
@@ -215,6 +233,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
             issue_s();
             wg_wait<0>();
             reg_fence(sc);
+            if (VL && qt * F2_BN < lomax) mask_before<16>(sc, qt * F2_BN + t4 * 2, lo0, lo1);
             softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F2_BN + t4 * 2, qrow,
                              scale_log2);
             l0 = rs0;
@@ -234,6 +253,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
             issue_pv();
             wg_wait<1>(); /* S_it done; P·V of it − 1 may still run */
             reg_fence(sc);
+            if (VL && (qt - it) * F2_BN < lomax)
+                mask_before<16>(sc, (qt - it) * F2_BN + t4 * 2, lo0, lo1);
             softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
             /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
              * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
@@ -330,11 +351,11 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
         return -1;
-    auto kern = attn_fwd_sm90_kernel<T>;
+    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true> : attn_fwd_sm90_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
-    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, (int)T_,
+    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg, (int)T_,
                                                (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
     return 0;
 }

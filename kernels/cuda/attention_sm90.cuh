@@ -278,6 +278,17 @@ static __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* Packed sequences: masks the raw scores (layout as softmax_step's) of keys before each row's
+ * sequence, lo0 for row qrow and lo1 for row qrow + 8 (keys key0 + 8·nt + {0, 1}). */
+template <int NT>
+static __device__ __forceinline__ void mask_before(float (&s)[4 * NT], int key0, int lo0, int lo1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (key0 + nt * 8 + (e & 1) < ((e >> 1) ? lo1 : lo0)) s[4 * nt + e] = -INFINITY;
+}
+
 /* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
  * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
  * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
@@ -317,7 +328,9 @@ static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    /* finite: the first key of every processed tile is <= each row of the warpgroup */
+    /* finite: the first key of every processed tile is <= each row of the warpgroup (with packed
+     * sequences a tile may mask all of a row's keys, but the diagonal tile, processed first, holds
+     * the row's own key, so m0, m1 are finite from then on) */
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     al0 = ex2((m0 - mn0) * sl);
     al1 = ex2((m1 - mn1) * sl);

@@ -700,9 +700,10 @@ TEST(optim_step) {
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* lo: NULL (causal), or packed sequences: query i of row b attends to keys lo[b·T + i] .. i. */
 static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, int64_t B,
                      int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, vec &o, vec &lse, vec &dq,
-                     vec &dk, vec &dv) {
+                     vec &dk, vec &dv, const int32_t *lo = nullptr) {
     const double sc = 1 / std::sqrt((double)Dh);
     const int64_t G = Hq / Hkv;
     o.assign(B * Hq * T * Dh, 0), lse.assign(B * Hq * T, 0), dq.assign(o.size(), 0);
@@ -716,22 +717,23 @@ static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, in
             double *O = &o[(b * Hq + h) * T * Dh], *DQ = &dq[(b * Hq + h) * T * Dh],
                    *DK = &dk[(b * Hkv + kh) * T * Dh], *DV = &dv[(b * Hkv + kh) * T * Dh];
             for (int64_t i = 0; i < T; ++i) {
+                const int64_t j0 = lo ? lo[b * T + i] : 0;
                 double m = -INFINITY;
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = j0; j <= i; ++j) {
                     double s = 0;
                     for (int64_t d = 0; d < Dh; ++d) s += Q[i * Dh + d] * K[j * Dh + d];
                     p[j] = s * sc;
                     m = std::max(m, p[j]);
                 }
                 double z = 0;
-                for (int64_t j = 0; j <= i; ++j) z += (p[j] = std::exp(p[j] - m));
-                for (int64_t j = 0; j <= i; ++j) p[j] /= z;
+                for (int64_t j = j0; j <= i; ++j) z += (p[j] = std::exp(p[j] - m));
+                for (int64_t j = j0; j <= i; ++j) p[j] /= z;
                 lse[(b * Hq + h) * T + i] = m + std::log(z);
-                for (int64_t j = 0; j <= i; ++j)
+                for (int64_t j = j0; j <= i; ++j)
                     for (int64_t d = 0; d < Dh; ++d) O[i * Dh + d] += p[j] * Vv[j * Dh + d];
                 double Di = 0;
                 for (int64_t d = 0; d < Dh; ++d) Di += DO[i * Dh + d] * O[i * Dh + d];
-                for (int64_t j = 0; j <= i; ++j) {
+                for (int64_t j = j0; j <= i; ++j) {
                     double s = 0;
                     for (int64_t d = 0; d < Dh; ++d) s += DO[i * Dh + d] * Vv[j * Dh + d];
                     double ds = p[j] * (s - Di) * sc;
@@ -1026,6 +1028,134 @@ TEST(attention_forward_late_maximum) {
     }
 }
 
+/* Packed sequences (zr_attn_layout.seg, the Hopper kernels): rows of several sequences, each query
+ * attending to its own sequence's keys only, against the host reference with the same per-token
+ * bounds. q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (Llama's fused projection,
+ * the only layout the models hand this path). Sequences of 1 token, of exactly a tile, crossing
+ * 128-row tiles and shorter than one, a row that is one sequence; GQA (the backward split over
+ * the query group on small grids) and MHA (unsplit: the dK/dV epilogue through shared memory);
+ * grids of one block per SM, 3 blocks and a block per tile. The call without seg on the same
+ * operands must differ (the masks do something). */
+TEST(attention_varlen) {
+    if (!attention_varlen_ok(64, ZR_BF16)) {
+        printf("  (skipped: no Hopper kernels on this device)\n");
+        CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 64, 0.f,
+                                     ZR_BF16, 0) != 0);
+        return;
+    }
+    const int64_t Dh = 64;
+    /* each row's sequence lengths (summing to T) */
+    const std::vector<std::vector<int>> rows_a = {{1, 5, 130, 127, 128, 64, 200, 45},
+                                                  {700}};
+    const std::vector<std::vector<int>> rows_b = {{300, 1, 1, 129, 269}};
+    struct cfg { const std::vector<std::vector<int>> *rows; int64_t Hq, Hkv; };
+    const cfg cases[3] = {{&rows_a, 8, 2}, {&rows_a, 4, 4}, {&rows_b, 6, 2}};
+    const int grids[3] = {0, 3, -1};
+    for (const cfg &c : cases)
+        for (int gi = 0; gi < 3; ++gi)
+            for (zr_dtype t : {ZR_BF16, ZR_F16}) {
+                attn_sm90_grid(grids[gi], grids[gi]);
+                const int64_t B = (int64_t)c.rows->size(), Hq = c.Hq, Hkv = c.Hkv;
+                int64_t T = 0;
+                for (int n : (*c.rows)[0]) T += n;
+                std::vector<int32_t> seg(2 * B * T);
+                for (int64_t b = 0; b < B; ++b) {
+                    int64_t at = 0;
+                    for (int n : (*c.rows)[b]) {
+                        for (int64_t i = at; i < at + n; ++i)
+                            seg[b * T + i] = (int32_t)at, seg[B * T + b * T + i] = (int32_t)(at + n);
+                        at += n;
+                    }
+                    CHECK(at == T);
+                }
+                const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh, Hf = Hq + 2 * Hkv;
+                vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
+                vec o, lse, dq, dk, dv;
+                attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv, seg.data());
+                auto bthd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
+                    return ((b * T + i) * H + h) * Dh;
+                };
+                auto bhtd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
+                    return ((b * H + h) * T + i) * Dh;
+                };
+                vec f(B * T * Hf * Dh), dob(nq);
+                for (int64_t b = 0; b < B; ++b)
+                    for (int64_t i = 0; i < T; ++i)
+                        for (int64_t d = 0; d < Dh; ++d) {
+                            for (int64_t h = 0; h < Hq; ++h) {
+                                f[bthd(b, h, i, Hf) + d] = q[bhtd(b, h, i, Hq) + d];
+                                dob[bthd(b, h, i, Hq) + d] = dO[bhtd(b, h, i, Hq) + d];
+                            }
+                            for (int64_t h = 0; h < Hkv; ++h) {
+                                f[bthd(b, Hq + h, i, Hf) + d] = k[bhtd(b, h, i, Hkv) + d];
+                                f[bthd(b, Hq + Hkv + h, i, Hf) + d] = v[bhtd(b, h, i, Hkv) + d];
+                            }
+                        }
+                auto back = [&](const vec &x, int64_t H) { /* (B, T, H, Dh) -> (B, H, T, Dh) */
+                    vec y(x.size());
+                    for (int64_t b = 0; b < B; ++b)
+                        for (int64_t h = 0; h < H; ++h)
+                            for (int64_t i = 0; i < T; ++i)
+                                for (int64_t d = 0; d < Dh; ++d)
+                                    y[bhtd(b, h, i, H) + d] = x[bthd(b, h, i, H) + d];
+                    return y;
+                };
+                int32_t *segd = nullptr;
+                CU(cudaMalloc(&segd, seg.size() * 4));
+                CU(cudaMemcpy(segd, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+                dbuf f_(f.size(), t), o2(nq, t), do2(nq, t), dq2(nq, t), dk2(nk, t), dv2(nk, t),
+                    lse2(B * Hq * T, ZR_F32);
+                f_.up(f), do2.up(dob);
+                const zr_attn_strides sf = {T * Hf * Dh, Dh, Hf * Dh},
+                                      sq = {T * Hq * Dh, Dh, Hq * Dh},
+                                      sk = {T * Hkv * Dh, Dh, Hkv * Dh};
+                zr_attn_layout L = {sf, sf, sf, sq, sq, sq, sk, sk, segd};
+                const char *fp = (const char *)f_.p;
+                const void *qp = fp, *kp = fp + Hq * Dh * 2, *vp = fp + (Hq + Hkv) * Dh * 2;
+                char what[128], w2[160];
+                snprintf(what, sizeof what, "attention varlen, grid %d, %s B%lld Hq%lld Hkv%lld T%lld",
+                         grids[gi], tn(t), (long long)B, (long long)Hq, (long long)Hkv, (long long)T);
+                CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T, Dh,
+                                                0.f, t, 0));
+                CHECK_CLOSE(back(o2.down(), Hq), o, tol_of(t), what);
+                CHECK_CLOSE(lse2.down(), lse, 1e-5, what);
+                size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
+                dbuf ws(wsb / 4 + 4, ZR_F32);
+                CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, do2.p, qp, kp, vp, o2.p,
+                                                 lse2.f(), ws.p, &L, B, Hq, Hkv, T, Dh, 0.f, t, 0));
+                const double bt = t == ZR_BF16 ? 2.5e-2 : 6e-3;
+                double dvn = 0;
+                for (double x : dv) dvn += x * x;
+                dvn = 0.1 * std::sqrt(dvn);
+                const double e1 = relerr(back(dq2.down(), Hq), dq, dvn),
+                             e2 = relerr(back(dk2.down(), Hkv), dk, dvn);
+                CHECK_MSG(e1 <= bt, "%s dq: rel err %.3g > %.3g", what, e1, bt);
+                CHECK_MSG(e2 <= bt, "%s dk: rel err %.3g > %.3g", what, e2, bt);
+                snprintf(w2, sizeof w2, "%s dv", what);
+                CHECK_CLOSE(back(dv2.down(), Hkv), dv, bt, w2);
+                printf("  %s: o %.2g dq %.2g dk %.2g dv %.2g\n", what,
+                       relerr(back(o2.down(), Hq), o), e1, e2, relerr(back(dv2.down(), Hkv), dv));
+                /* without seg: plain causal attention over the rows, which must not match */
+                L.seg = nullptr;
+                CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T, Dh,
+                                                0.f, t, 0));
+                CHECK_MSG(relerr(back(o2.down(), Hq), o) > 0.1,
+                          "%s: causal attention without seg gives the packed result", what);
+                CU(cudaFree(segd));
+            }
+    attn_sm90_grid(0, 0);
+    /* seg on the mma.sync kernels: refused, naming the kernels that take it */
+    attn_sm90_force(0, 0);
+    int32_t one[2] = {0, 1};
+    zr_attn_layout L1 = {};
+    L1.q = L1.k = L1.v = L1.o = L1.dout = L1.dq = L1.dk = L1.dv = zr_attn_strides{64, 64, 64};
+    L1.seg = one;
+    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, &L1, 1, 1, 1, 1, 64, 0.f, ZR_BF16,
+                                 0) != 0);
+    CHECK(strstr(zr_last_error(), "Hopper") != NULL);
+    attn_sm90_force(-1, -1);
+}
+
 /* test_fused_kernels [PART]: every test, or those whose name contains PART */
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -1050,6 +1180,7 @@ int main(int argc, char **argv) {
     RUN_IF(attention_forward_persistent);
     RUN_IF(attention_forward_late_maximum);
     RUN_IF(attention_backward_rope);
+    RUN_IF(attention_varlen);
     if (only && test_n_pass + test_n_fail == 0) {
         fprintf(stderr, "test_fused_kernels: no test's name contains '%s'\n", only);
         return 2;
