@@ -1070,6 +1070,7 @@ TEST(attention_varlen) {
                 }
                 const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh, Hf = Hq + 2 * Hkv;
                 vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
+                roundv(q, t), roundv(k, t), roundv(v, t), roundv(dO, t); /* the operands the GPU reads */
                 vec o, lse, dq, dk, dv;
                 attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv, seg.data());
                 auto bthd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
