@@ -35,6 +35,24 @@ tune_at() { # a shape is autotuned at its ZRUN_GEMM_AUTOTUNE-th run (default 8),
   else echo "FAIL autotuning runs (AUTOTUNE=3: 2, 3, 9 runs; default: 7, 8; 0: 9; 1: 1): got $got, want 0 1 1 0 1 0 1"; fi
 }
 run_one tune_at
+family_tune() { # shapes a token count apart (m 1000..1020, one family) share one tuning: tuned at the family's 8th
+  # run, once, and the shapes after it run its winner with the right products
+  got=$(ZRUN_GEMM_TUNE_LOG=1 $zrun -e "local zr = require 'zrun'
+    local w = zr.randn({1024, 1024}):to('bf16')
+    local wc, wf, worst = w:to('cuda'), w:to('f32'), 0
+    for _, m in ipairs({1000, 1001, 1003, 1004, 1008, 1009, 1011, 1012, 1019, 1020}) do
+      local x = zr.randn({m, 1024}):to('bf16')
+      local ref = x:to('f32'):matmul(wf)
+      local y = x:to('cuda'):matmul(wc):to('cpu'):to('f32')
+      worst = math.max(worst, (y - ref):abs():max():item() / ref:abs():max():item())
+    end
+    print(('worst %.3g'):format(worst))" 2>&1)
+  n=$(printf '%s\n' "$got" | grep -c 'gemm tune:'); w=$(printf '%s\n' "$got" | sed -n 's/^worst //p')
+  if [ "$n" = 1 ] && awk "BEGIN { exit !($w < 0.01) }"; then
+    echo "PASS a GEMM family (one token count apart) is tuned once, at its 8th run; its later shapes right (worst $w)"
+  else echo "FAIL GEMM family tuning: $n tunings (want 1), worst relative error '$w' (want < 0.01): $got"; fi
+}
+run_one family_tune
 bad_env() { # VAR FIRST: VAR=bogus must be refused, naming the values it takes (FIRST the first)
   if env "$1=bogus" $zrun tests/ops/test_matmul_cuda.lua 2>&1 | grep -q "$1=bogus: use $2"; then
     echo "PASS $1=bogus is refused with the values it takes"

@@ -37,14 +37,31 @@ typedef struct {
 typedef struct {
     int used;
     int own; /* 0: cuBLASLt; else OWN_KERNELS[own - 1] (faster than every cuBLASLt candidate) */
-    int uses, ncand; /* ncand > 0: to be autotuned at the tune_after()-th use, over cand */
+    int ncand; /* ncand > 0: to be autotuned over cand at its family's tune_after()-th use */
     key k;
     zr_gemm_plan plan;
     cublasLtMatmulAlgo_t cand[TUNE_ALGOS];
 } entry;
 
+/* A family: the shapes that differ only in a token count (m or k, rounded up to FAMILY_ROUND), as a
+ * padding-free batch of packed sequences or padded rows of many lengths make one a micro-batch. Few
+ * of them recur often enough to be autotuned, and cuBLASLt's first choice for a new one is sometimes
+ * far off the tuned one (session 47, a packed SFT step on the H100: the LM head's product 4.3 ms for
+ * 2.8 ms). So uses count per family; the shape in use at the family's tune_after()-th use is tuned,
+ * and its winner, where cuBLASLt takes it for the shape (cublasLtMatmulAlgoCheck), serves every
+ * other shape of the family from then on, without timing. A family of one shape (a fixed-shape loop)
+ * is tuned at that shape's tune_after()-th run, as before. */
+#define FAMILIES 1024
+#define FAMILY_ROUND 256
+typedef struct {
+    int used, tuned, own, uses;
+    key k;
+    cublasLtMatmulAlgo_t algo;
+} family;
+
 static dev_ctx ctxs[MAX_DEV];
 static entry cache[CACHE];
+static family fams[FAMILIES];
 static pthread_mutex_t mtx = PTHREAD_MUTEX_INITIALIZER;
 
 static zr_device cuda_dev(int i) {
@@ -70,13 +87,34 @@ static uint64_t hash_key(const key *k) {
     return h;
 }
 
+static int64_t round_up(int64_t x, int64_t r) { return (x + r - 1) / r * r; }
+
+/* The family of an exact key (its slot, found or taken; evicts the home slot when the probe finds
+ * neither). */
+static family *family_of(const key *k) {
+    key f = *k;
+    f.m = round_up(k->m, FAMILY_ROUND), f.k = round_up(k->k, FAMILY_ROUND);
+    uint64_t h = hash_key(&f);
+    family *slot = NULL;
+    for (int p = 0; p < PROBE; p++) {
+        family *x = &fams[(h + p) % FAMILIES];
+        if (x->used && memcmp(&x->k, &f, sizeof f) == 0) return x;
+        if (!x->used && !slot) slot = x;
+    }
+    if (!slot) slot = &fams[h % FAMILIES];
+    memset(slot, 0, sizeof *slot);
+    slot->used = 1, slot->k = f;
+    return slot;
+}
+
 static void destroy_entry(entry *e) {
     if (!e->used) return;
     gemm_plan_destroy_cuda(&e->plan);
     e->used = 0;
 }
 
-// Autotuning: the 8th time a shape of at least 1 GFLOP is run (ZRUN_GEMM_AUTOTUNE=N: the N-th time;
+// Autotuning: the 8th time a shape of at least 1 GFLOP, or its family (shapes a token count apart, see
+// `family` below), is run (ZRUN_GEMM_AUTOTUNE=N: the N-th time;
 // 1: at once; 0: never), the heuristic's top candidates run on the real operands into a scratch
 // output and the fastest is kept from then on (cuBLASLt's first choice is often not the fastest for
 // skinny shapes); until then the heuristic's first choice runs. Timing a shape costs ~32 of its
@@ -275,7 +313,7 @@ static int build(entry *e, const key *k, const zr_gemm_desc *g, dev_ctx *c, int 
     if (env.own > 0 && gemm_sm90_check(g) == 0) e->own = env.own;
     else if (want > 1 && (nres > 1 || env.own == OWN_AUTO)) {
         for (int i = 0; i < nres; i++) e->cand[i] = res[i].algo;
-        e->ncand = nres, e->uses = 1;
+        e->ncand = nres;
         if (tune_after() <= 1) autotune(c, e, g, &env, dev, stream);
     }
     zr_clear_error(); /* gemm_sm90_check's refusal is an answer, not a failure */
@@ -346,14 +384,30 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
             return -1;
         }
         e = slot;
-    } else if (e->ncand && ++e->uses >= tune_after()) {
-        gemm_env env = {OWN_OFF, 0};
-        if (read_env(&env)) { /* read once already, when the entry was built */
-            pthread_mutex_unlock(&mtx);
-            return -1;
+    }
+    if (e->ncand) { /* not tuned yet: its family's winner, or its own tuning at the family's turn */
+        family *f = family_of(&k);
+        if (f->tuned) {
+            cublasLtMatmulHeuristicResult_t r;
+            if (f->own ? gemm_sm90_check(g) == 0
+                       : cublasLtMatmulAlgoCheck(c->h, e->plan.op, e->plan.la, e->plan.lb, e->plan.lc, e->plan.lc,
+                                                 &f->algo, &r) == CUBLAS_STATUS_SUCCESS &&
+                             r.workspaceSize <= WORKSPACE) {
+                if (f->own) e->own = f->own;
+                else e->plan.algo = f->algo;
+            }
+            zr_clear_error();
+            e->ncand = 0; /* else the heuristic's choice stays */
+        } else if (++f->uses >= tune_after()) { /* (each use of an untuned shape counts once) */
+            gemm_env env = {OWN_OFF, 0};
+            if (read_env(&env)) { /* read once already, when the entry was built */
+                pthread_mutex_unlock(&mtx);
+                return -1;
+            }
+            autotune(c, e, g, &env, dev, stream);
+            zr_clear_error();
+            f->tuned = 1, f->own = e->own, f->algo = e->plan.algo;
         }
-        autotune(c, e, g, &env, dev, stream);
-        zr_clear_error();
     }
     int rc;
     if (e->own && gemm_sm90_check(g) == 0) { /* the key does not hold the bias's alignment */
