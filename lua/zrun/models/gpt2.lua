@@ -175,6 +175,8 @@ function Transformer:forward(ids, position_ids)
   local flat = not (self.training and cfg.attn_pdrop > 0) and
     packed.flat_ok(ids:device(), self.wte.weight:dtype(), cfg.n_embd / cfg.n_head)
   local segs = position_ids and packed.segments(position_ids, B, T, ids:device(), flat)
+  local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  if segs and segs.seg and ckpt then zr.persist(segs.seg) end -- (the checkpointed blocks' recomputation reads it)
   local last = segs and segs.max_position + 1 or T
   if last > self.cfg.n_positions then
     error(("gpt2: %s %d exceeds n_positions %d"):format(segs and "position" or "sequence length", segs and last - 1 or T,
@@ -189,7 +191,6 @@ function Transformer:forward(ids, position_ids)
     if not pos then pos = zr.persist(zr.arange(T, { device = self.cfg.device })); rawset(self, "pos_" .. T, pos) end
   end
   local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
-  local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
     if not ckpt and block.forward == block_forward and block:skippable() then

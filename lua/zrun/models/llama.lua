@@ -211,12 +211,14 @@ function Model:forward(input_ids, position_ids)
   local segs = position_ids and packed.segments(position_ids, B, T, h:device(),
     packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)))
   local cos, sin = self:rope(segs and segs.table_length or T, h:dtype(), h:device())
+  local ckpt = rawget(self, "gradient_checkpointing") and self.training
   if segs and segs.seg then
     local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
-    -- (kept until the graph that reads them is gone: a checkpointed layer recomputes with them)
-    cos, sin = zr.persist(zr.embedding(cos, pos)), zr.persist(zr.embedding(sin, pos))
+    cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
+    -- them in backward, after this forward has returned (then freed when the collector finds them)
+    if ckpt then zr.persist(cos); zr.persist(sin); zr.persist(segs.seg) end
   end
-  local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
     if not ckpt and layer.forward == layer_forward and layer:skippable() then

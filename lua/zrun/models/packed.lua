@@ -102,8 +102,9 @@ function M.segments(position_ids, B, T, device, flat)
       for t = at + 1, at + s.len do sg[t], sg[N + t] = at, at + s.len end
       at = at + s.len
     end
-    -- (kept until the graph that reads it is gone: not a temporary of the forward or checkpoint that made it)
-    segs.seg = zr.persist(zr.tensor(sg, { dtype = "i32" }):view(2, 1, N):to(device or "cpu"))
+    -- (a temporary of the model's forward, which the attention's nodes keep; with checkpointing the model
+    -- persists it, for the layers' recomputation)
+    segs.seg = zr.tensor(sg, { dtype = "i32" }):view(2, 1, N):to(device or "cpu")
   else
     grouping(segs, device or "cpu")
   end
