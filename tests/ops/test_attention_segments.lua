@@ -61,64 +61,49 @@ local LAYOUTS = {
   { Tn = 5, rows = { { 1, 1, 1, 1, 1 }, { 2, 3 } } },
   { Tn = 9, rows = { { 4, 5 }, { 1, 6, 2 } } },
 }
-local HEADS = { { 2, 2, 3 }, { 4, 2, 5 } } -- Hq, Hkv, D (MHA; GQA)
+-- fn(c) for every case: c = {dt =, tol =, B =, Tn =, seg =, seqs =, Hq =, Hkv =, D =, name =} over f64 and
+-- f32, the layouts and the heads (Hq, Hkv, D: MHA; GQA; D even for the rope)
+local HEADS = { { 2, 2, 4 }, { 4, 2, 6 } }
+local function each_case(fn)
+  for _, dt in ipairs { "f64", "f32" } do
+    for _, L in ipairs(LAYOUTS) do
+      local seg, seqs = make_seg(L.rows, L.Tn)
+      for _, h in ipairs(HEADS) do
+        local Hq, Hkv, D = unpack(h)
+        fn { dt = dt, tol = dt == "f64" and 1e-12 or 2e-5, B = #L.rows, Tn = L.Tn, seg = seg, seqs = seqs, Hq = Hq,
+          Hkv = Hkv, D = D, name = ("%s T=%d Hq=%d Hkv=%d"):format(dt, L.Tn, Hq, Hkv) }
+      end
+    end
+  end
+end
 
 T.test("sdpa with segments = each sequence alone through the causal sdpa (output, dq, dk, dv), f64 and f32", function()
-  for _, dt in ipairs { "f64", "f32" } do
-    local tol = dt == "f64" and 1e-12 or 2e-5
-    for _, L in ipairs(LAYOUTS) do
-      local seg, seqs = make_seg(L.rows, L.Tn)
-      for _, h in ipairs(HEADS) do
-        local Hq, Hkv, D = unpack(h)
-        local B = #L.rows
-        local q = zr.randn({ B, Hq, L.Tn, D }, { dtype = dt })
-        local k, v = zr.randn({ B, Hkv, L.Tn, D }, { dtype = dt }), zr.randn({ B, Hkv, L.Tn, D }, { dtype = dt })
-        check(("sdpa %s T=%d Hq=%d Hkv=%d"):format(dt, L.Tn, Hq, Hkv),
-          function(a, b, c) return zr.scaled_dot_product_attention(a, b, c, { segments = seg }) end,
-          function(_, a, b, c) return zr.scaled_dot_product_attention(a, b, c) end, { q, k, v }, 3, seg, seqs, tol)
-        -- a given scale, and q, k, v as transposed views of (B, T, heads, D) projections
-        local function bthd(x) return x:transpose(2, 3):contiguous():transpose(2, 3) end
-        check(("sdpa %s T=%d Hq=%d Hkv=%d, scale 0.3, strided"):format(dt, L.Tn, Hq, Hkv),
-          function(a, b, c) return zr.scaled_dot_product_attention(bthd(a), bthd(b), bthd(c), { segments = seg, scale = 0.3 }) end,
-          function(_, a, b, c) return zr.scaled_dot_product_attention(a, b, c, 0.3) end, { q, k, v }, 3, seg, seqs, tol)
-      end
-    end
-  end
+  each_case(function(c)
+    local o = { dtype = c.dt }
+    local q, k, v = zr.randn({ c.B, c.Hq, c.Tn, c.D }, o), zr.randn({ c.B, c.Hkv, c.Tn, c.D }, o),
+      zr.randn({ c.B, c.Hkv, c.Tn, c.D }, o)
+    local seg = c.seg
+    check("sdpa " .. c.name, function(a, b, d) return zr.scaled_dot_product_attention(a, b, d, { segments = seg }) end,
+      function(_, a, b, d) return zr.scaled_dot_product_attention(a, b, d) end, { q, k, v }, 3, seg, c.seqs, c.tol)
+    -- a given scale, and q, k, v as transposed views of (B, T, heads, D) projections
+    local function bthd(x) return x:transpose(2, 3):contiguous():transpose(2, 3) end
+    check("sdpa " .. c.name .. ", scale 0.3, strided",
+      function(a, b, d) return zr.scaled_dot_product_attention(bthd(a), bthd(b), bthd(d), { segments = seg, scale = 0.3 }) end,
+      function(_, a, b, d) return zr.scaled_dot_product_attention(a, b, d, 0.3) end, { q, k, v }, 3, seg, c.seqs, c.tol)
+  end)
 end)
 
-T.test("sdpa_packed with segments = each sequence alone through sdpa_packed (output, dqkv), f64 and f32", function()
-  for _, dt in ipairs { "f64", "f32" } do
-    local tol = dt == "f64" and 1e-12 or 2e-5
-    for _, L in ipairs(LAYOUTS) do
-      local seg, seqs = make_seg(L.rows, L.Tn)
-      for _, h in ipairs(HEADS) do
-        local Hq, Hkv, D = unpack(h)
-        local x = zr.randn({ #L.rows, L.Tn, (Hq + 2 * Hkv) * D }, { dtype = dt })
-        check(("sdpa_packed %s T=%d Hq=%d Hkv=%d"):format(dt, L.Tn, Hq, Hkv),
-          function(a) return zr.sdpa_packed(a * 1, Hq, Hkv, { segments = seg }) end,
-          function(_, a) return zr.sdpa_packed(a * 1, Hq, Hkv) end, { x }, 2, seg, seqs, tol)
-      end
-    end
-  end
-end)
-
-T.test("qkv_rope_sdpa with segments = each sequence alone with its tokens' cos/sin rows (output, dqkv), f64 and f32", function()
-  for _, dt in ipairs { "f64", "f32" } do
-    local tol = dt == "f64" and 1e-12 or 2e-5
-    for _, L in ipairs(LAYOUTS) do
-      local seg, seqs = make_seg(L.rows, L.Tn)
-      for _, h in ipairs { { 2, 2, 4 }, { 4, 2, 6 } } do
-        local Hq, Hkv, D = unpack(h)
-        local cos, sin = zr.rope_tables(L.Tn, D, { dtype = dt })
-        local x = zr.randn({ #L.rows, L.Tn, (Hq + 2 * Hkv) * D }, { dtype = dt })
-        check(("qkv_rope_sdpa %s T=%d Hq=%d Hkv=%d"):format(dt, L.Tn, Hq, Hkv),
-          function(a) return zr.qkv_rope_sdpa(a * 1, Hq, Hkv, cos, sin, { segments = seg }) end,
-          function(q, a)
-            return zr.qkv_rope_sdpa(a * 1, Hq, Hkv, cos:narrow(1, q.s + 1, q.n), sin:narrow(1, q.s + 1, q.n))
-          end, { x }, 2, seg, seqs, tol)
-      end
-    end
-  end
+T.test("sdpa_packed and qkv_rope_sdpa with segments = each sequence alone (its tokens' cos/sin rows): output, dqkv", function()
+  each_case(function(c)
+    local x = zr.randn({ c.B, c.Tn, (c.Hq + 2 * c.Hkv) * c.D }, { dtype = c.dt })
+    local Hq, Hkv, seg = c.Hq, c.Hkv, c.seg
+    check("sdpa_packed " .. c.name, function(a) return zr.sdpa_packed(a * 1, Hq, Hkv, { segments = seg }) end,
+      function(_, a) return zr.sdpa_packed(a * 1, Hq, Hkv) end, { x }, 2, seg, c.seqs, c.tol)
+    local cos, sin = zr.rope_tables(c.Tn, c.D, { dtype = c.dt })
+    check("qkv_rope_sdpa " .. c.name, function(a) return zr.qkv_rope_sdpa(a * 1, Hq, Hkv, cos, sin, { segments = seg }) end,
+      function(q, a) return zr.qkv_rope_sdpa(a * 1, Hq, Hkv, cos:narrow(1, q.s + 1, q.n), sin:narrow(1, q.s + 1, q.n)) end,
+      { x }, 2, seg, c.seqs, c.tol)
+  end)
 end)
 
 T.test("segments: one sequence a row is the plain causal op; gradcheck in f64", function()
