@@ -156,38 +156,69 @@ static int l_swiglu(lua_State *L) {
 
 /* ===== attention (runtime/ops/attention.h) ===== */
 
-/* scaled_dot_product_attention(q, k, v [, scale | {scale=, is_causal=true}]); causal only. */
-static int l_sdpa(lua_State *L) {
-    zr_tensor *q = zr_l_checktensor(L, 1), *k = zr_l_checktensor(L, 2), *v = zr_l_checktensor(L, 3);
+/* The attention ops' options at idx: a number (the scale), or a table {scale =, segments =} (its
+ * other known keys: extra, for the caller to read); *seg the segments tensor or NULL. */
+static double attn_opts(lua_State *L, int idx, const char *who, const char *keys, zr_tensor **seg) {
     double scale = 0;
-    if (lua_type(L, 4) == LUA_TNUMBER) scale = lua_tonumber(L, 4);
-    else if (lua_istable(L, 4)) {
-        zr_l_check_keys(L, 4, "scaled_dot_product_attention", "is_causal scale");
+    *seg = NULL;
+    if (lua_type(L, idx) == LUA_TNUMBER) return lua_tonumber(L, idx);
+    if (lua_isnoneornil(L, idx)) return 0;
+    if (!lua_istable(L, idx)) luaL_error(L, "%s: argument %d must be a scale or an options table", who, idx);
+    zr_l_check_keys(L, idx, who, keys);
+    lua_getfield(L, idx, "scale");
+    if (!lua_isnil(L, -1)) scale = luaL_checknumber(L, -1);
+    lua_pop(L, 1);
+    lua_getfield(L, idx, "segments");
+    if (!lua_isnil(L, -1) && !(*seg = zr_l_totensor(L, -1)))
+        luaL_error(L, "%s: segments must be an i32 (2, B, T) tensor (lo then hi of each token's sequence), got %s",
+                   who, luaL_typename(L, -1));
+    lua_pop(L, 1); /* the options table keeps it alive */
+    return scale;
+}
+
+/* scaled_dot_product_attention(q, k, v [, scale | {scale=, is_causal=true, segments=}]); causal only.
+ * segments: packed sequences (a padding-free batch), an i32 (2, B, T) tensor, lo then hi of each
+ * token's sequence (0-based, row-relative, hi one past its last token): query t attends to keys
+ * lo .. t only (sdpa_segments_ok says where it runs) */
+static int l_sdpa(lua_State *L) {
+    zr_tensor *q = zr_l_checktensor(L, 1), *k = zr_l_checktensor(L, 2), *v = zr_l_checktensor(L, 3), *seg;
+    double scale = attn_opts(L, 4, "scaled_dot_product_attention", "is_causal scale segments", &seg);
+    if (lua_istable(L, 4)) {
         lua_getfield(L, 4, "is_causal");
         if (!lua_isnil(L, -1) && !lua_toboolean(L, -1))
             luaL_error(L, "scaled_dot_product_attention: only causal attention is implemented (is_causal=false given)");
         lua_pop(L, 1);
-        lua_getfield(L, 4, "scale");
-        if (!lua_isnil(L, -1)) scale = luaL_checknumber(L, -1);
-        lua_pop(L, 1);
     }
-    return zr_l_pushtensor(L, zr_sdpa_causal(q, k, v, scale));
+    return zr_l_pushtensor(L, zr_sdpa_causal(q, k, v, seg, scale));
 }
 
-/* sdpa_packed(qkv, n_head [, n_kv_head=n_head [, scale=1/sqrt(head_dim)]]) -> (B, T, n_head·head_dim):
- * causal attention over GPT-2's packed c_attn output (q, k, v columns in that order) */
+/* sdpa_packed(qkv, n_head [, n_kv_head=n_head [, scale | {scale=, segments=}]]) -> (B, T, n_head·head_dim):
+ * causal attention over GPT-2's packed c_attn output (q, k, v columns in that order); segments as
+ * scaled_dot_product_attention's, (2, B, T) */
 static int l_sdpa_packed(lua_State *L) {
-    zr_tensor *qkv = zr_l_checktensor(L, 1);
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *seg;
     lua_Number h = luaL_checknumber(L, 2);
-    return zr_l_pushtensor(L, zr_sdpa_packed(qkv, (int64_t)h, (int64_t)luaL_optnumber(L, 3, h), luaL_optnumber(L, 4, 0)));
+    double scale = attn_opts(L, 4, "sdpa_packed", "scale segments", &seg);
+    return zr_l_pushtensor(L, zr_sdpa_packed(qkv, (int64_t)h, (int64_t)luaL_optnumber(L, 3, h), seg, scale));
 }
 
-/* qkv_rope_sdpa(qkv, n_head, n_kv_head, cos, sin [, scale=1/sqrt(head_dim)]) -> (B, T, n_head·head_dim):
- * causal attention over Llama's packed q/k/v product with q and k rotated (qkv_rope + sdpa, one node) */
+/* qkv_rope_sdpa(qkv, n_head, n_kv_head, cos, sin [, scale | {scale=, segments=}]) -> (B, T, n_head·head_dim):
+ * causal attention over Llama's packed q/k/v product with q and k rotated (qkv_rope + sdpa, one node);
+ * segments as scaled_dot_product_attention's, (2, B, T) (cos, sin then hold each token's row) */
 static int l_qkv_rope_sdpa(lua_State *L) {
-    zr_tensor *qkv = zr_l_checktensor(L, 1), *cs = zr_l_checktensor(L, 4), *sn = zr_l_checktensor(L, 5);
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *cs = zr_l_checktensor(L, 4), *sn = zr_l_checktensor(L, 5), *seg;
+    double scale = attn_opts(L, 6, "qkv_rope_sdpa", "scale segments", &seg);
     return zr_l_pushtensor(L, zr_qkv_rope_sdpa(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
-                                               cs, sn, luaL_optnumber(L, 6, 0)));
+                                               cs, sn, seg, scale));
+}
+
+/* sdpa_segments_ok(device, dtype, head_dim) -> whether the attention ops take segments (packed
+ * sequences) there: the CPU, and CUDA where the Hopper kernels run (sm_90, bf16/f16, head_dim 64) */
+static int l_sdpa_segments_ok(lua_State *L) {
+    zr_device dev = zr_l_checkdevice(L, 1);
+    zr_dtype dt = zr_l_checkdtype(L, 2);
+    lua_pushboolean(L, zr_sdpa_segments_ok(dev, dt, (int64_t)luaL_checknumber(L, 3)));
+    return 1;
 }
 
 /* ===== dropout (runtime/ops/dropout.h) ===== */
@@ -258,7 +289,8 @@ static const luaL_Reg methods[] = {
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {"sdpa_packed", l_sdpa_packed}, {"qkv_rope_sdpa", l_qkv_rope_sdpa},
     {NULL, NULL}};
-static const luaL_Reg functions[] = {{"rope_tables", l_rope_tables}, {"cat", l_cat}, {NULL, NULL}};
+static const luaL_Reg functions[] = {
+    {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"sdpa_segments_ok", l_sdpa_segments_ok}, {NULL, NULL}};
 
 void zr_bind_layer_ops(lua_State *L) {
     zr_l_register_methods(L, methods);

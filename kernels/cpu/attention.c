@@ -11,8 +11,8 @@ static inline real dot(const real *a, const real *b, int64_t n) {
 }
 
 void K(sdpa_causal_forward_cpu)(real *o, real *lse, const real *q, const real *k, const real *v,
-                                real *work, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                                int64_t Dh, double scale) {
+                                const int32_t *seg, real *work, int64_t B, int64_t Hq, int64_t Hkv,
+                                int64_t T, int64_t Dh, double scale) {
     int64_t group = Hq / Hkv;
     real sc = (real)scale;
     _Pragma("omp parallel for schedule(dynamic, 1)")
@@ -23,18 +23,19 @@ void K(sdpa_causal_forward_cpu)(real *o, real *lse, const real *q, const real *k
         for (int64_t i = 0; i < T; i++) {
             const real *qi = q + (bh * T + i) * Dh;
             real *oi = o + (bh * T + i) * Dh;
+            int64_t j0 = seg ? seg[b * T + i] : 0; /* the first key of query i's sequence */
             real m = -REAL_MAX;
-            for (int64_t j = 0; j <= i; j++) {
+            for (int64_t j = j0; j <= i; j++) {
                 p[j] = sc * dot(qi, kb + j * Dh, Dh);
                 if (p[j] > m) m = p[j];
             }
             double sum = 0;
-            for (int64_t j = 0; j <= i; j++) {
+            for (int64_t j = j0; j <= i; j++) {
                 p[j] = R_EXP(p[j] - m);
                 sum += p[j];
             }
             for (int64_t d = 0; d < Dh; d++) oi[d] = 0;
-            for (int64_t j = 0; j <= i; j++) {
+            for (int64_t j = j0; j <= i; j++) {
                 const real *vj = vb + j * Dh;
                 real pj = p[j];
                 for (int64_t d = 0; d < Dh; d++) oi[d] += pj * vj[d];
@@ -50,8 +51,8 @@ void K(sdpa_causal_forward_cpu)(real *o, real *lse, const real *q, const real *k
  * ds_ij = p_ij (do_i . v_j - do_i . o_i),  dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i. */
 void K(sdpa_causal_backward_cpu)(real *dq, real *dk, real *dv, real *dk_work, real *dv_work,
                                  const real *dout, const real *q, const real *k, const real *v,
-                                 const real *o, const real *lse, int64_t B, int64_t Hq,
-                                 int64_t Hkv, int64_t T, int64_t Dh, double scale) {
+                                 const real *o, const real *lse, const int32_t *seg, int64_t B,
+                                 int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, double scale) {
     int64_t group = Hq / Hkv;
     real sc = (real)scale;
     /* per query head: its own dk/dv slice (in place when there is no sharing) */
@@ -67,7 +68,7 @@ void K(sdpa_causal_backward_cpu)(real *dq, real *dk, real *dv, real *dk_work, re
             real *dqi = dq + (bh * T + i) * Dh;
             real Di = dot(gi, o + (bh * T + i) * Dh, Dh), li = lse[bh * T + i];
             for (int64_t d = 0; d < Dh; d++) dqi[d] = 0;
-            for (int64_t j = 0; j <= i; j++) {
+            for (int64_t j = seg ? seg[b * T + i] : 0; j <= i; j++) {
                 const real *kj = kb + j * Dh, *vj = vb + j * Dh;
                 real p = R_EXP(sc * dot(qi, kj, Dh) - li);
                 real ds = p * (dot(gi, vj, Dh) - Di) * sc;

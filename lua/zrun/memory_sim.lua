@@ -80,11 +80,11 @@ function Sim:lua(v)
 end
 -- The serial the next handle gets (C.handle_serial) and the release of a scope's handles
 -- (C.release_since: zr.checkpoint's segments, the models' forwards): every Lua value made since,
--- in a frame or garbage, except keep[v], is freed now.
+-- in a frame or garbage, except keep[v] and the pinned ones (zr.persist), is freed now.
 function Sim:scope() return (self.serial or 0) + 1 end
 function Sim:end_scope(serial, keep)
   keep = keep or {}
-  local function gone(v) return v.serial and v.serial >= serial and not keep[v] end
+  local function gone(v) return v.serial and v.serial >= serial and not keep[v] and not v.pinned end
   local g = {}
   for _, v in ipairs(self.garbage) do if gone(v) then self:drop(v) else g[#g + 1] = v end end
   self.garbage = g
@@ -97,12 +97,13 @@ function Sim:unref(v)
   if self.o.gc == "ideal" then self:drop(v) else self.garbage[#self.garbage + 1] = v end
 end
 -- `local x = ...; x = other`: the old value leaves the running function's frame; now: it was
--- never Lua's (an intermediate an op made and released inside C), so it goes at once.
+-- never Lua's (an intermediate an op made and released inside C), so it goes at once; "keep": the caller moves it.
 function Sim:forget(v, now)
   local f = self.frames[#self.frames]
   for i = #f, 1, -1 do
     if f[i] == v then
       table.remove(f, i)
+      if now == "keep" then return end -- (moved elsewhere by the caller)
       if now then self:drop(v) else self:unref(v) end
       return
     end
@@ -125,15 +126,18 @@ end
 -- engine:backward's C.collect_tensor_garbage (gc = "backward"; "none": nothing collects during a
 -- step): a full collection when it could free more than 1/256 of the bytes live on the device
 -- (o.states_bytes: the model states the plan adds to the simulated bytes): the bytes of storages
--- that only Lua values (live or garbage) hold.
+-- that only Lua values (live or garbage) hold, pinned ones (zr.persist's caches) aside.
 function Sim:gc_point()
   if self.o.gc ~= "backward" then return end
-  local holders, seen, bytes = {}, {}, 0
-  local function count(v) holders[v.s] = (holders[v.s] or 0) + 1 end
+  local holders, seen, pinned, bytes = {}, {}, {}, 0
+  local function count(v)
+    holders[v.s] = (holders[v.s] or 0) + 1
+    if v.pinned then pinned[v.s] = true end
+  end
   for _, v in ipairs(self.garbage) do count(v) end
   for _, f in ipairs(self.frames) do for _, v in ipairs(f) do count(v) end end
   for st, n in pairs(holders) do
-    if n == st.refs and not seen[st] then seen[st] = true; bytes = bytes + st.bytes end
+    if n == st.refs and not seen[st] and not pinned[st] then seen[st] = true; bytes = bytes + st.bytes end
   end
   if bytes > (self.total + (self.o.states_bytes or 0)) / 256 then self:collect() end
 end
@@ -336,13 +340,15 @@ end
 -- D) buffer); the CPU kernel reads x through zr_cpu_in. In backward the first part whose gradient
 -- arrives creates x's one gradient buffer (the producer's pending gradient); the parts' gradients
 -- wait there until the producer's backward reads it, when one kernel writes the whole buffer.
-function Sim:qkv_rope(x, parts, strided)
+-- tabs: the cos / sin tables the group keeps until its nodes are gone (the per-token ones of packed
+-- sequences on the segments; nil: the model's cached tables, counted once)
+function Sim:qkv_rope(x, parts, strided, tabs)
   local xi = not self.o.gpu and self:raw(x) or nil
   local buf, outs, held = self:alloc(x.n), {}, {}
   for i, bytes in ipairs(parts) do
     self:retain(buf)
     local out = self:lua({ s = buf, n = bytes, c = not strided })
-    outs[i] = self:record(out, { x }, nil, function(S, _, g)
+    outs[i] = self:record(out, { x }, tabs, function(S, _, g)
       if not x.node.slot then x.node.slot = S:new(x.n) end
       S:retain(g.s)
       held[#held + 1] = g
@@ -503,7 +509,8 @@ function Sim:sdpa_composed(q, k, v, shape)
   return out
 end
 
-function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
+-- (seg: the segments of packed sequences, which the node keeps; nil: causal)
+function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
   if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128)) then
     return self:sdpa_composed(q, k, v, shape)
   end
@@ -521,7 +528,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
     local out = self:lua({ s = self:alloc(q.n), n = q.n, c = false })
     local lse = self:new(lse_bytes)
     local ins = { q, k, v }
-    self:record(out, ins, { saved[1], saved[2], saved[3], out, lse }, function(S, _, g)
+    self:record(out, ins, { saved[1], saved[2], saved[3], out, lse, seg }, function(S, _, g)
       local gi = S:share(g)
       local ws = S:new(attention_workspace(unpack(shape)), "ws")
       local d = {}
@@ -538,7 +545,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
     local ins = { self:raw(q), self:raw(k), self:raw(v) }
     local out = self:lua(self:new(q.n))
     local lse = self:new(lse_bytes)
-    self:record(out, { q, k, v }, { ins[1], ins[2], ins[3], out, lse }, function(S, _, g)
+    self:record(out, { q, k, v }, { ins[1], ins[2], ins[3], out, lse, seg }, function(S, _, g)
       local gi = S:raw(g)
       local ws = S:new(attention_workspace(unpack(shape)), "ws")
       local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
@@ -554,7 +561,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided)
   local out = self:lua(self:new(q.n))
   local lse = self:new(lse_bytes)
   for _, t in ipairs(ins) do self:drop(t) end
-  self:record(out, { q, k, v }, { q, k, v, out, lse }, function(S, _, g)
+  self:record(out, { q, k, v }, { q, k, v, out, lse, seg }, function(S, _, g)
     local tmp = { S:raw(q), S:raw(k), S:raw(v), S:raw(out), S:raw(g) }
     local dq, dk, dv = S:new(q.n), S:new(k.n), S:new(v.n)
     local wk, wv
@@ -573,11 +580,14 @@ end
 -- ((B, T, H·D), o_proj's input as it is) and lse. Backward: dO read in place, the workspace, and
 -- x's whole gradient as one new buffer (no q, k, v gradients of their own). Elsewhere
 -- llama.lua's fused call is qkv_rope + sdpa + transpose + reshape, which the caller replays.
-function Sim:qkv_rope_sdpa(x, o_bytes, lse_bytes, shape)
+-- (keep: what else the node keeps, packed sequences' per-token cos, sin and segments; nil: none)
+function Sim:qkv_rope_sdpa(x, o_bytes, lse_bytes, shape, keep)
   local r = self:new(x.n)
   local out = self:lua(self:new(o_bytes))
   local lse = self:new(lse_bytes)
-  self:record(out, { x }, { r, out, lse }, function(S, _, g)
+  local saved = { r, out, lse }
+  for _, t in ipairs(keep or {}) do saved[#saved + 1] = t end
+  self:record(out, { x }, saved, function(S, _, g)
     local gi = S:raw(g)
     local ws = S:new(attention_workspace(unpack(shape)), "ws")
     local d = S:new(x.n)
@@ -728,15 +738,18 @@ local function new_input_grad(x)
 end
 
 -- (T, D: the tables' rows and head_dim. On a GPU the op converts the first halves of cos and sin to (T, D/2) f32
--- tables of its own, made outside any op's output ("other") and saved by the node until its backward; the CPU
--- saves the model's tables themselves.)
-function Sim:rope(x, T, D)
+-- tables of its own, copies in the tables' category (the model's cached ones: "other") saved by the node until
+-- its backward; the CPU saves the model's tables themselves. tabs: packed sequences' per-token tables
+-- (activations, which the CPU's node keeps); nil: the model's cached ones, counted once.)
+function Sim:rope(x, T, D, tabs)
   local xi = not self.o.gpu and self:raw(x) or nil
-  local c = self.o.gpu and self:new(T * D / 2 * 4, "other") or nil
-  local sn = self.o.gpu and self:new(T * D / 2 * 4, "other") or nil
+  local cat = tabs and tabs[1].s.cat or "other"
+  local c = self.o.gpu and self:new(T * D / 2 * 4, cat) or nil
+  local sn = self.o.gpu and self:new(T * D / 2 * 4, cat) or nil
   local out = self:lua(self:new(x.n))
   self:drop(xi)
-  self:record(out, { x }, { c, sn }, new_input_grad(x))
+  local saved = self.o.gpu and { c, sn } or tabs
+  self:record(out, { x }, saved, new_input_grad(x))
   self:drop(c)
   self:drop(sn)
   return out
@@ -803,9 +816,16 @@ function M.llama_activations(cfg, o)
   local N = B * T
   local S = new_sim(o)
   S.tape = {}
+  local tb = b == 8 and 8 or 4 -- the rope tables' element: f32 (f64 for an f64 model)
   -- the model's cos/sin tables for this length, (T, D) each, kept in f32 (f64 for an f64 model;
-  -- llama.lua Model:rope, cached from the first step on; made outside any op: "other")
-  S:alloc(2 * T * D * (b == 8 and 8 or 4), "other")
+  -- llama.lua Model:rope, cached from the first step on; made outside any op: "other"); packed sequences:
+  -- the power of two above the longest's last position (zrun.models.packed's table_length)
+  local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
+  S:alloc(2 * TL * D * tb, "other")
+  -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
+  -- Hopper kernels at head_dim 64 in 16 bits): the attention runs once over the rows joined, (1, N), with
+  -- the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
+  local flat = o.packed and (not o.gpu or (D == 64 and b == 2))
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
@@ -865,10 +885,24 @@ function M.llama_activations(cfg, o)
   if o.gc ~= "ideal" then
     S.garbage[#S.garbage + 1] = S:new(N * 8, "other")
     for _, bytes in ipairs { N * H * b, 4 } do S.garbage[#S.garbage + 1] = S:new(bytes) end
+    -- on the segments with checkpointing, the last step's segments and per-token tables too: its
+    -- checkpointed layers' functions held them until its backward ended (after its collection)
+    if flat and o.gradient_checkpointing then
+      for _, v in ipairs { S:new(2 * N * 4, "other"), S:new(N * D * tb), S:new(N * D * tb) } do
+        v.pinned = true
+        S.garbage[#S.garbage + 1] = v
+      end
+    end
   end
   -- input ids (the labels are the same tensor in a causal LM batch): the collator's tensors are
   -- created outside any op, in category "other"
   local ids = S:lua(S:new(N * 8, "other"))
+  -- packed sequences: the collator's position_ids (N i64) beside them, made on the host (the device's memory
+  -- on CPU ranks; a GPU's forward copies them over, below); the last step's are garbage as its ids are
+  if o.packed and not o.gpu then
+    S:lua(S:new(N * 8, "other"))
+    if o.gc ~= "ideal" then S.garbage[#S.garbage + 1] = S:new(N * 8, "other") end
+  end
 
   -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), a residual add with
   -- the norm after it as one op, and hands (h, m) from layer to layer (at stage 3 too, the hooks
@@ -876,6 +910,8 @@ function M.llama_activations(cfg, o)
   -- their own runs them one by one, which this does not model
   -- handoff: llama.lua's Model:forward runs a plain layer as (h, m) and adds m to h with the next
   -- norm (zr.add_rms_norm); pending is the previous layer's m (nil: x is the layer's input as is)
+  local seg, tabs -- packed sequences on the segments: made in the model's forward (below), read by each layer
+  local closure_held = {} -- (what the checkpointed layers' functions hold until backward ends)
   local function layer(p, x, handoff, pending)
     S:push()
     local a1
@@ -894,18 +930,22 @@ function M.llama_activations(cfg, o)
       -- zr.scaled_dot_product_attention, its output transposed back and reshaped (a copy); each a Lua
       -- value of the attention's forward (freed with the model's scope)
       -- (packed sequences: packed.attend gathers each of q, k, v's rows into the group, and the output's back)
+      -- (on the segments: q, k, v viewed as one (1, N) row first, the per-token tables, the output viewed back)
       S:push()
       local q, k, v = proj(a1, "q", N * Hq * D * b), proj(a1, "k", N * KV * D * b), proj(a1, "v", N * KV * D * b)
       local aB, aT = B, T
-      if o.packed then
+      if flat then
+        aB, aT = 1, N
+        q, k, v = S:view(q), S:view(k), S:view(v)
+      elseif o.packed then
         aB, aT = N / o.packed, o.packed
         q, k, v = S:gather_rows(q, q.n), S:gather_rows(k, k.n), S:gather_rows(v, v.n)
       end
       q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
-      q, k = S:rope(q, aT, D), S:rope(k, aT, D)
-      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
+      q, k = S:rope(q, aT, D, tabs), S:rope(k, aT, D, tabs)
+      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
       att = S:reshape(S:transpose(so))
-      if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+      if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
       att = S:pop(att)
     else
       local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
@@ -913,20 +953,25 @@ function M.llama_activations(cfg, o)
       -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
       -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
       -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
-      if o.packed then qkv = S:gather_rows(qkv, qkv.n) end
+      -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
+      -- attention's nodes, the output viewed back (B, T, H·D))
       local aB, aT = B, T
-      if o.packed then aB, aT = N / o.packed, o.packed end
+      if flat then
+        qkv, aB, aT = S:view(qkv), 1, N
+      elseif o.packed then
+        qkv, aB, aT = S:gather_rows(qkv, qkv.n), N / o.packed, o.packed
+      end
       if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
-        att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D })
+        att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
       else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
-        local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false))
-        local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided)
+        local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false, tabs))
+        local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
         local ot = S:transpose(o)
         att = S:reshape(ot)
         -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
         for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
       end
-      if o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+      if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
     end
     local ao = proj(att, "o", N * H * b)
     local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
@@ -952,6 +997,24 @@ function M.llama_activations(cfg, o)
   local model_scope = S:scope()
   S:push() -- LlamaModel.forward
   local h = S:embedding(ids, embedW, N * H * b, b)
+  if flat then
+    -- packed.segments' (2, 1, N) i32 segments (made on the host: on a GPU a copy there, "other" as its source),
+    -- position_ids on the device (a GPU's copy of the collator's host tensor), and the per-token cos / sin
+    -- rows, zr.embedding row gathers of the model's tables (activations): temporaries of the forward that the
+    -- layers' nodes keep; with checkpointing zr.persist'ed, and the checkpointed layers' functions hold them
+    -- until backward ends (then garbage)
+    seg = S:lua(S:new(2 * N * 4, "other"))
+    if o.gpu then S:lua(S:new(N * 8, "other")) end
+    tabs = { S:lua(S:new(N * D * tb)), S:lua(S:new(N * D * tb)) }
+    if o.gradient_checkpointing then
+      for _, v in ipairs { seg, tabs[1], tabs[2] } do
+        v.pinned = true
+        S:forget(v, "keep") -- (out of the forward's frame: the layers' functions hold it)
+        table.insert(S.frames[1], v)
+        closure_held[#closure_held + 1] = v
+      end
+    end
+  end
   local pending
   for l = 1, L do
     local x, p = h, layers[l]
@@ -1031,6 +1094,10 @@ function M.llama_activations(cfg, o)
   S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)
   S:backward(S.tape, loss.node, g0)
+  for _, v in ipairs(closure_held) do -- the checkpointed layers' functions are gone: garbage now
+    for i, u in ipairs(S.frames[1]) do if u == v then table.remove(S.frames[1], i); break end end
+    S:unref(v)
+  end
   -- live_peak: the most the step has live at once (every category of the simulation, the batch
   -- included), live_at_peak its categories then (act, grads, ws, params, other); after_backward:
   -- what is still live when the optimizer step runs (live_after by category; stage 3 releases

@@ -4,11 +4,13 @@
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
- * with Llama's rope folded in) sit at the end. */
+ * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels and the
+ * Hopper ones; every other CUDA path refuses them (zr_sdpa_segments_ok says which run). */
 #include "ops/attention.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "ops/compare.h"
 #include "ops/elementwise.h"
@@ -18,7 +20,13 @@
 #include "ops/util.h"
 #include "ops/view.h"
 
-/* saved: q, k, v, out (input dtypes), lse (B, Hq, T) in the compute dtype; f[0] = scale */
+/* The seg a node saved at slot i (after its other tensors), or NULL: plain causal attention. */
+static const int32_t *saved_seg(const zr_node *n, int i) {
+    return n->n_saved > i && n->saved[i] ? (const int32_t *)zr_tensor_data(n->saved[i]) : NULL;
+}
+
+/* saved: q, k, v, out (input dtypes), lse (B, Hq, T) in the compute dtype, then seg when the batch
+ * holds packed sequences; f[0] = scale */
 static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *lse = n->saved[4];
     zr_dtype ct = lse->dtype;
@@ -42,8 +50,8 @@ static zr_status sdpa_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     ZR_CPU_CALL(ct, sdpa_causal_backward_cpu, zr_tensor_data(d[0]), zr_tensor_data(d[1]),
                 zr_tensor_data(d[2]), wk ? zr_tensor_data(wk) : NULL, wv ? zr_tensor_data(wv) : NULL,
                 zr_tensor_data(in[4]), zr_tensor_data(in[0]), zr_tensor_data(in[1]),
-                zr_tensor_data(in[2]), zr_tensor_data(in[3]), zr_tensor_data(lse), B, Hq, Hkv, T, Dh,
-                n->f[0]);
+                zr_tensor_data(in[2]), zr_tensor_data(in[3]), zr_tensor_data(lse), saved_seg(n, 5), B, Hq,
+                Hkv, T, Dh, n->f[0]);
     if (zr_give_grads(n, 3, d, gin)) goto done;
     st = ZR_OK;
 done:
@@ -75,16 +83,49 @@ static zr_status check_args(zr_tensor *q, zr_tensor *k, zr_tensor *v) {
     return ZR_OK;
 }
 
-/* Records the sdpa node (saving save[0..2], out and lse; f[0] = scale), then drops the caller's
- * references to tmp[0..2] and lse. Returns out, or NULL (out released) on failure. */
+/* seg for an attention over x's B rows of T tokens: i32 (2, B, T), contiguous, on x's device; on
+ * the CPU its values too: each token's lo and hi bound the sequence it is in (lo <= t < hi <= T,
+ * the same over a sequence, lo = t where one starts). On a GPU they are not read back. */
+static zr_status check_seg(const char *op, const zr_tensor *seg, const zr_tensor *x, int64_t B, int64_t T) {
+    char b1[128], d1[16], d2[16];
+    if (seg->dtype != ZR_I32)
+        return zr_error("%s: segments must be i32 (2, B, T), lo then hi of each token's sequence; got %s", op,
+                        zr_dtype_name(seg->dtype));
+    if (seg->ndim != 3 || seg->shape[0] != 2 || seg->shape[1] != B || seg->shape[2] != T)
+        return zr_error("%s: segments must be (2, B, T) = (2, %lld, %lld), lo then hi of each token's sequence; got %s",
+                        op, (long long)B, (long long)T, zr_tensor_shape_str(seg, b1));
+    if (!zr_tensor_is_contiguous(seg))
+        return zr_error("%s: segments must be a contiguous (2, B, T) tensor, got a strided view (use :contiguous())", op);
+    if (!zr_device_eq(zr_tensor_device(seg), zr_tensor_device(x)))
+        return zr_error("%s: segments are on %s but the attention's inputs on %s; move them there with :to()", op,
+                        zr_device_name(zr_tensor_device(seg), d1), zr_device_name(zr_tensor_device(x), d2));
+    if (!zr_is_cpu(seg)) return ZR_OK;
+    const int32_t *lo = zr_tensor_data((zr_tensor *)seg), *hi = lo + B * T;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int64_t x = b * T + t;
+            int start = t == 0 || hi[x - 1] == t; /* the token before ends its sequence here */
+            if (lo[x] <= t && t < hi[x] && hi[x] <= T &&
+                (start ? lo[x] == t : lo[x] == lo[x - 1] && hi[x] == hi[x - 1]))
+                continue;
+            return zr_error("%s: segments of row %lld, token %lld (0-based): lo %d, hi %d do not bound its sequence "
+                            "(expected lo <= t < hi <= T = %lld, the same lo and hi over a sequence, lo = t where "
+                            "one starts)",
+                            op, (long long)b, (long long)t, (int)lo[x], (int)hi[x], (long long)T);
+        }
+    return ZR_OK;
+}
+
+/* Records the sdpa node (saving save[0..2], out, lse and seg when given; f[0] = scale), then drops
+ * the caller's references to tmp[0..2] and lse. Returns out, or NULL (out released) on failure. */
 static zr_tensor *record_sdpa(zr_tensor *out, zr_tensor *lse, zr_backward_fn bwd, zr_tensor *q, zr_tensor *k,
-                              zr_tensor *v, zr_tensor *const *save, zr_tensor **tmp, double scale) {
+                              zr_tensor *v, zr_tensor *const *save, zr_tensor **tmp, zr_tensor *seg, double scale) {
     zr_node *n;
     zr_status st = zr_autograd_record(out, "sdpa", bwd, 3, (zr_tensor *[]){q, k, v}, &n);
     if (!st && n) {
         n->f[0] = scale;
         st = zr_node_save(n, save[0]) || zr_node_save(n, save[1]) || zr_node_save(n, save[2]) ||
-                     zr_node_save(n, out) || zr_node_save(n, lse)
+                     zr_node_save(n, out) || zr_node_save(n, lse) || (seg && zr_node_save(n, seg))
                  ? ZR_ERR
                  : ZR_OK;
     }
@@ -112,6 +153,23 @@ static zr_attn_strides strides_of(const zr_tensor *t) {
     return (zr_attn_strides){t->stride[0], t->stride[1], t->stride[2]};
 }
 
+/* OK where the Hopper kernels take packed sequences (seg) for q, k, v of dtype dt (same: k and v
+ * too) and head_dim Dh on dev, else the error that says why not. */
+static zr_status seg_cuda_check(const char *op, zr_device dev, zr_dtype dt, int same, int64_t Dh) {
+    char why[96];
+    zr_cuda_stream(dev); /* dev's GPU current: the check reads its arch */
+    if ((dt == ZR_BF16 || dt == ZR_F16) && same && attention_varlen_ok(Dh, dt)) return ZR_OK;
+    if (!(dt == ZR_BF16 || dt == ZR_F16) || !same)
+        snprintf(why, sizeof why, "the inputs are not all bf16 or all f16 (%s)", zr_dtype_name(dt));
+    else if (Dh != 64)
+        snprintf(why, sizeof why, "head_dim is %lld", (long long)Dh);
+    else
+        snprintf(why, sizeof why, "this GPU does not run them (not sm_90)");
+    return zr_error("%s: packed sequences (segments) run on the CPU and on the Hopper kernels (CUDA sm_90, bf16/f16, "
+                    "head_dim 64); here %s: use zr.sdpa_segments_ok first",
+                    op, why);
+}
+
 /* Whether a (B, H, T, Dh) operand lies in (B, T, H, Dh) order (a transposed view of a projection). */
 static int is_bthd(const zr_tensor *t) { return t->stride[1] < t->stride[2]; }
 
@@ -130,8 +188,8 @@ static zr_tensor *new_bhtd(int bthd, zr_dtype dt, zr_device dev, const int64_t *
 }
 
 /* saved: q, k, v, out (one dtype; contiguous, or strided when the strided kernels run), lse
- * (B, Hq, T) f32; f[0] = scale; i[0] = 1 for the strided kernels, i[1..3]: q, k, v were in
- * (B, T, H, Dh) order */
+ * (B, Hq, T) f32, then seg (packed sequences: the strided kernels) when given; f[0] = scale;
+ * i[0] = 1 for the strided kernels, i[1..3]: q, k, v were in (B, T, H, Dh) order */
 static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
     zr_device dev = zr_tensor_device(q);
@@ -147,8 +205,8 @@ static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     for (int i = 0; i < 3; i++) /* each gradient in its input's layout */
         if (!(d[i] = new_bhtd(strided && n->i[1 + i], dt, dev, i ? k->shape : q->shape)))
             goto done;
-    zr_attn_layout L = {strides_of(q),  strides_of(k),    strides_of(v),    strides_of(o),
-                        strides_of(gi), strides_of(d[0]), strides_of(d[1]), strides_of(d[2])};
+    zr_attn_layout L = {strides_of(q),    strides_of(k),    strides_of(v),    strides_of(o),   strides_of(gi),
+                        strides_of(d[0]), strides_of(d[1]), strides_of(d[2]), saved_seg(n, 5)};
     if (B * T > 0 &&
         zr_dev_status(attention_backward_cuda(zr_tensor_data(d[0]), zr_tensor_data(d[1]), zr_tensor_data(d[2]),
                                               zr_tensor_data(gi), zr_tensor_data(q), zr_tensor_data(k),
@@ -182,12 +240,17 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
 }
 
 /* The forward kernel: o (B, Hq, T, Dh) and lse (B, Hq, T) f32 from q, k, v (strided: as their
- * strides say, the Hopper kernels; else contiguous). */
+ * strides say, the Hopper kernels, which also take seg, the packed sequences, or NULL; else
+ * contiguous, and seg NULL). */
 static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_tensor *q, zr_tensor *k, zr_tensor *v,
-                           int strided, double scale) {
+                           zr_tensor *seg, int strided, double scale) {
     zr_device dev = zr_tensor_device(q);
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
-    zr_attn_layout L = {.q = strides_of(q), .k = strides_of(k), .v = strides_of(v), .o = strides_of(o)};
+    zr_attn_layout L = {.q = strides_of(q),
+                        .k = strides_of(k),
+                        .v = strides_of(v),
+                        .o = strides_of(o),
+                        .seg = seg ? (const int32_t *)zr_tensor_data(seg) : NULL};
     if (B * T == 0) return ZR_OK;
     return zr_dev_status(attention_forward_cuda(zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(q),
                                                 zr_tensor_data(k), zr_tensor_data(v), strided ? &L : NULL, B, Hq,
@@ -198,15 +261,18 @@ static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_te
 /* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
  * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
  * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
- * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. */
-static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+ * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. seg (packed sequences; the caller checked
+ * that the Hopper kernels run) always takes the strided kernels, over contiguous copies of q, k, v
+ * that they cannot read in place. */
+static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3];
     int64_t lshape[3] = {B, Hq, T};
-    int strided = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
+    int inplace = attention_strided_ok(Dh, dt) && strided_ok(q) && strided_ok(k) && strided_ok(v);
+    int strided = inplace || seg != NULL;
     zr_tensor *qi, *ki = NULL, *vi = NULL, *out = NULL, *lse = NULL, *save[3] = {NULL, NULL, NULL};
-    if (strided) {
+    if (inplace) {
         qi = zr_tensor_retain(q), ki = zr_tensor_retain(k), vi = zr_tensor_retain(v);
         out = new_bhtd(1, dt, dev, q->shape);
     } else {
@@ -215,18 +281,18 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, double sc
         out = vi ? zr_tensor_new_cat(dt, dev, 4, q->shape, ZR_MEM_ACTIVATIONS, 0) : NULL;
     }
     lse = out ? zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0) : NULL;
-    if (!lse || flash_run("sdpa", out, lse, qi, ki, vi, strided, scale)) goto fail;
+    if (!lse || flash_run("sdpa", out, lse, qi, ki, vi, seg, strided, scale)) goto fail;
     zr_tensor *ins[3] = {qi, ki, vi};
-    if (strided) {
+    if (inplace) {
         if (keep_for_backward(ins, save)) goto fail;
     } else
         for (int i = 0; i < 3; i++) save[i] = zr_tensor_retain(ins[i]);
     for (int i = 0; i < 3; i++) zr_tensor_release(ins[i]);
-    out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, scale);
+    out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, seg, scale);
     if (out && out->grad_fn) {
         zr_tensor *orig[3] = {q, k, v};
         out->grad_fn->i[0] = strided;
-        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = strided && is_bthd(orig[i]);
+        for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = inplace && is_bthd(orig[i]);
     }
     return out;
 fail:
@@ -259,8 +325,9 @@ static void release3(zr_tensor **t) {
 /* sdpa_packed's node: saved qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale;
  * i[0] = Hq, i[1] = Hkv; q, k, v are read as views of qkv. qkv_rope_sdpa's (i[2] = 1): saved q, k,
  * v (the rotated views zr_qkv_rope_forward made), out, lse, cos, sin (f32, 16-byte aligned); dq and
- * dk are turned back through the rope on their way into the gradient. Either way dq, dk, dv are
- * written through strided views of one new (B, T, W) gradient: the packed product's, whole. */
+ * dk are turned back through the rope on their way into the gradient. Either way seg (packed
+ * sequences) comes last when i[3] = 1, and dq, dk, dv are written through strided views of one new
+ * (B, T, W) gradient: the packed product's, whole. */
 static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     const int rope = (int)n->i[2];
     zr_tensor *out = n->saved[rope ? 3 : 1], *lse = n->saved[rope ? 4 : 2];
@@ -288,7 +355,8 @@ static zr_status packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         packed_views(dqkv, Hq, Hkv, Dh, d) || !(o = heads_view(out, 0, Hq, Dh)))
         goto done;
     zr_attn_layout L = {strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), strides_of(o),
-                        strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2])};
+                        strides_of(dout),  strides_of(d[0]),  strides_of(d[1]),  strides_of(d[2]),
+                        n->i[3] ? saved_seg(n, n->n_saved - 1) : NULL};
     void *a[9] = {zr_tensor_data(d[0]),  zr_tensor_data(d[1]),  zr_tensor_data(d[2]),
                   zr_tensor_data(dout),  zr_tensor_data(in[0]), zr_tensor_data(in[1]),
                   zr_tensor_data(in[2]), zr_tensor_data(o),     ws ? zr_tensor_data(ws) : NULL};
@@ -317,28 +385,29 @@ done:
 
 /* The attention over in[0..2] (strided views) into a new (B, T, Hq, Dh) output seen as
  * (B, T, Hq·Dh), recorded as one node over qkv (packed_backward) that saves keep[0..nkeep), the
- * output, lse, then tab[0..ntab) (the rope's tables: i[2] = 1). */
+ * output, lse, then tab[0..ntab) (the rope's tables: i[2] = 1), then seg when given (i[3] = 1). */
 static zr_tensor *packed_node(const char *name, zr_tensor *qkv, zr_tensor *const *in, zr_tensor *const *keep,
-                              int nkeep, zr_tensor *const *tab, int ntab, int64_t Hq, int64_t Hkv, int64_t Dh,
-                              double scale) {
+                              int nkeep, zr_tensor *const *tab, int ntab, zr_tensor *seg, int64_t Hq, int64_t Hkv,
+                              int64_t Dh, double scale) {
     zr_device dev = zr_tensor_device(qkv);
     int64_t B = qkv->shape[0], T = qkv->shape[1], oshape[3] = {B, T, Hq * Dh}, lshape[3] = {B, Hq, T};
     zr_tensor *out = NULL, *o = NULL, *lse = NULL;
     zr_status st = ZR_ERR;
     if (!(out = zr_tensor_new_cat(qkv->dtype, dev, 3, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
         !(o = heads_view(out, 0, Hq, Dh)) || !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
-        flash_run(name, o, lse, in[0], in[1], in[2], 1, scale))
+        flash_run(name, o, lse, in[0], in[1], in[2], seg, 1, scale))
         goto done;
     zr_node *n;
     if (zr_autograd_record(out, name, packed_backward, 1, &qkv, &n)) goto done;
     if (n) {
         n->f[0] = scale;
-        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = ntab > 0;
+        n->i[0] = Hq, n->i[1] = Hkv, n->i[2] = ntab > 0, n->i[3] = seg != NULL;
         for (int i = 0; i < nkeep; i++)
             if (zr_node_save(n, keep[i])) goto done;
         if (zr_node_save(n, out) || zr_node_save(n, lse)) goto done;
         for (int i = 0; i < ntab; i++)
             if (zr_node_save(n, tab[i])) goto done;
+        if (seg && zr_node_save(n, seg)) goto done;
     }
     st = ZR_OK;
 done:
@@ -353,11 +422,12 @@ done:
 
 /* The Hopper kernels over the packed projection: q, k, v read in place (views of qkv), which the
  * node keeps; NULL with *taken = 0 when they cannot take it. */
-static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, int *taken) {
+static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *seg, double scale,
+                               int *taken) {
     zr_tensor *in[3] = {NULL}, *out = NULL;
     *taken = qkv->stride[2] == 1 && !packed_views(qkv, Hq, Hkv, Dh, in) && strided_ok(in[0]) && strided_ok(in[1]) &&
              strided_ok(in[2]);
-    if (*taken) out = packed_node("sdpa_packed", qkv, in, &qkv, 1, NULL, 0, Hq, Hkv, Dh, scale);
+    if (*taken) out = packed_node("sdpa_packed", qkv, in, &qkv, 1, NULL, 0, seg, Hq, Hkv, Dh, scale);
     release3(in); /* else the composition takes it */
     return out;
 }
@@ -368,7 +438,7 @@ static zr_tensor *packed_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t 
  * NULL with *taken = 0 when the Hopper kernels cannot read the rotated views (the composition's
  * turn). */
 static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
-                             double scale, int *taken) {
+                             zr_tensor *seg, double scale, int *taken) {
     zr_tensor *p[3] = {NULL}, *tab[2] = {NULL}, *save[3] = {NULL}, *out = NULL;
     *taken = 1; /* from here on a failure is an error, not the composition's turn */
     if (zr_qkv_rope_forward(qkv, Hq, Hkv, cos, sin, p, tab)) goto done;
@@ -382,7 +452,8 @@ static zr_tensor *rope_flash(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh
             zr_tensor_release(tab[i]);
             if (!(tab[i] = c)) goto done;
         }
-    if (!keep_for_backward(p, save)) out = packed_node("qkv_rope_sdpa", qkv, p, save, 3, tab, 2, Hq, Hkv, Dh, scale);
+    if (!keep_for_backward(p, save))
+        out = packed_node("qkv_rope_sdpa", qkv, p, save, 3, tab, 2, seg, Hq, Hkv, Dh, scale);
 done:
     release3(p);
     release3(save);
@@ -435,15 +506,17 @@ done:
     return out;
 }
 
-zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale) {
     if (check_args(q, k, v)) return NULL;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
+    if (seg && check_seg("sdpa", seg, q, B, T)) return NULL;
     if (scale <= 0) scale = Dh > 0 ? 1.0 / sqrt((double)Dh) : 1.0;
     if (!zr_is_cpu(q)) {
 #ifdef ZR_HAVE_CUDA
         zr_dtype dt = q->dtype;
-        if ((dt == ZR_BF16 || dt == ZR_F16) && k->dtype == dt && v->dtype == dt && (Dh == 64 || Dh == 128))
-            return sdpa_flash(q, k, v, scale);
+        int same = k->dtype == dt && v->dtype == dt;
+        if (seg && seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh)) return NULL;
+        if ((dt == ZR_BF16 || dt == ZR_F16) && same && (Dh == 64 || Dh == 128)) return sdpa_flash(q, k, v, seg, scale);
 #endif
         return sdpa_composed(q, k, v, scale);
     }
@@ -458,13 +531,14 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale
     zr_tensor *vi = ki ? zr_cpu_in(v, ct) : NULL, *o = vi ? zr_cpu_out_begin(out, ct) : NULL;
     if (!o) goto fail;
     ZR_CPU_CALL(ct, sdpa_causal_forward_cpu, zr_tensor_data(o), zr_tensor_data(lse), zr_tensor_data(qi),
-                zr_tensor_data(ki), zr_tensor_data(vi), zr_tensor_data(work), B, Hq, Hkv, T, Dh, scale);
+                zr_tensor_data(ki), zr_tensor_data(vi), seg ? zr_tensor_data(seg) : NULL, zr_tensor_data(work), B, Hq,
+                Hkv, T, Dh, scale);
     zr_status st = zr_cpu_out_end(out, o);
     o = NULL;
     zr_tensor_release(work);
     work = NULL;
     if (st) goto fail;
-    return record_sdpa(out, lse, sdpa_backward, q, k, v, (zr_tensor *[]){q, k, v}, (zr_tensor *[]){qi, ki, vi},
+    return record_sdpa(out, lse, sdpa_backward, q, k, v, (zr_tensor *[]){q, k, v}, (zr_tensor *[]){qi, ki, vi}, seg,
                        scale);
 fail:
     zr_tensor_release(o);
@@ -480,27 +554,32 @@ fail:
 /* --- packed q/k/v (zr_sdpa_packed) --- */
 
 /* packed_flash (rope_flash with cos, sin) where the Hopper kernels can run (CUDA, bf16/f16, their
- * head_dim); elsewhere NULL with *taken = 0: the composition's turn. */
-static zr_tensor *packed_hopper(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale, zr_tensor *cos,
-                                zr_tensor *sin, int *taken) {
+ * head_dim); elsewhere NULL with *taken = 0: the composition's turn. seg (packed sequences) on a
+ * GPU where they cannot run: NULL with *taken = 1 and the error. */
+static zr_tensor *packed_hopper(const char *op, zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale,
+                                zr_tensor *cos, zr_tensor *sin, zr_tensor *seg, int *taken) {
     *taken = 0;
 #ifdef ZR_HAVE_CUDA
     zr_dtype dt = qkv->dtype;
+    if (!zr_is_cpu(qkv) && seg && seg_cuda_check(op, zr_tensor_device(qkv), dt, 1, Dh)) {
+        *taken = 1;
+        return NULL;
+    }
     if (!zr_is_cpu(qkv) && (dt == ZR_BF16 || dt == ZR_F16)) {
         zr_cuda_stream(zr_tensor_device(qkv)); /* qkv's GPU current: the kernels' check reads its arch */
         if (attention_strided_ok(Dh, dt))
-            return cos ? rope_flash(qkv, Hq, Hkv, Dh, cos, sin, scale, taken)
-                       : packed_flash(qkv, Hq, Hkv, Dh, scale, taken);
+            return cos ? rope_flash(qkv, Hq, Hkv, Dh, cos, sin, seg, scale, taken)
+                       : packed_flash(qkv, Hq, Hkv, Dh, seg, scale, taken);
     }
 #else
-    (void)qkv, (void)Hq, (void)Hkv, (void)Dh, (void)scale, (void)cos, (void)sin;
+    (void)op, (void)qkv, (void)Hq, (void)Hkv, (void)Dh, (void)scale, (void)cos, (void)sin, (void)seg;
 #endif
     return NULL;
 }
 
 /* split + view + transpose + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the
  * path wherever the Hopper kernels do not run; split's backward fills one gradient of qkv. */
-static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, double scale) {
+static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *seg, double scale) {
     int64_t B = qkv->shape[0], T = qkv->shape[1], heads[3] = {Hq, Hkv, Hkv};
     int64_t sizes[3] = {Hq * Dh, Hkv * Dh, Hkv * Dh}, oshape[3] = {B, T, Hq * Dh};
     zr_tensor *p[3] = {NULL}, *h[3] = {NULL}, *o = NULL, *ot = NULL, *out = NULL;
@@ -512,7 +591,8 @@ static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64
         zr_tensor_release(v);
         if (!h[i]) goto done;
     }
-    if ((o = zr_sdpa_causal(h[0], h[1], h[2], scale)) && (ot = zr_transpose(o, 1, 2))) out = zr_reshape(ot, 3, oshape);
+    if ((o = zr_sdpa_causal(h[0], h[1], h[2], seg, scale)) && (ot = zr_transpose(o, 1, 2)))
+        out = zr_reshape(ot, 3, oshape);
 done:
     for (int i = 0; i < 3; i++) {
         zr_tensor_release(p[i]);
@@ -523,7 +603,7 @@ done:
     return out;
 }
 
-zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale) {
+zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *seg, double scale) {
     char b1[128];
     if (zr_check_float("sdpa_packed", qkv)) return NULL;
     if (Hq < 1 || Hkv < 1 || Hq % Hkv)
@@ -535,10 +615,11 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
                              "%lld·head_dim), got %s",
                              (long long)nh, zr_tensor_shape_str(qkv, b1));
     int64_t Dh = qkv->shape[2] / nh;
+    if (seg && check_seg("sdpa_packed", seg, qkv, qkv->shape[0], qkv->shape[1])) return NULL;
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
     int taken;
-    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, NULL, NULL, &taken);
-    return taken ? out : packed_composed(qkv, Hq, Hkv, Dh, scale);
+    zr_tensor *out = packed_hopper("sdpa_packed", qkv, Hq, Hkv, Dh, scale, NULL, NULL, seg, &taken);
+    return taken ? out : packed_composed(qkv, Hq, Hkv, Dh, seg, scale);
 }
 
 /* --- packed q/k/v with the rope (zr_qkv_rope_sdpa) --- */
@@ -546,10 +627,10 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
 /* zr_qkv_rope + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the path wherever
  * the Hopper kernels do not run (the CPU one is the twin the CUDA tests compare with). */
 static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
-                                double scale) {
+                                zr_tensor *seg, double scale) {
     int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * Dh};
     zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
-    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p) && (o = zr_sdpa_causal(p[0], p[1], p[2], scale)) &&
+    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p) && (o = zr_sdpa_causal(p[0], p[1], p[2], seg, scale)) &&
         (ot = zr_transpose(o, 1, 2)))
         out = zr_reshape(ot, 3, oshape);
     for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
@@ -558,14 +639,28 @@ static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t
     return out;
 }
 
-zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, double scale) {
+zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *seg,
+                            double scale) {
     if (zr_qkv_rope_check(qkv, Hq, Hkv, cos, sin)) return NULL;
     if (Hq % Hkv)
         return zr_error_null("qkv_rope_sdpa: n_head %lld must be a multiple of n_kv_head %lld", (long long)Hq,
                              (long long)Hkv);
     int64_t Dh = qkv->shape[2] / (Hq + 2 * Hkv);
+    if (seg && check_seg("qkv_rope_sdpa", seg, qkv, qkv->shape[0], qkv->shape[1])) return NULL;
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
     int taken;
-    zr_tensor *out = packed_hopper(qkv, Hq, Hkv, Dh, scale, cos, sin, &taken);
-    return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, scale);
+    zr_tensor *out = packed_hopper("qkv_rope_sdpa", qkv, Hq, Hkv, Dh, scale, cos, sin, seg, &taken);
+    return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, seg, scale);
+}
+
+int zr_sdpa_segments_ok(zr_device dev, zr_dtype dt, int64_t Dh) {
+    if (dev.type == ZR_CPU) return zr_dtype_is_float(dt);
+#ifdef ZR_HAVE_CUDA
+    if (dt != ZR_BF16 && dt != ZR_F16) return 0;
+    zr_cuda_stream(dev); /* dev's GPU current: the check reads its arch */
+    return attention_varlen_ok(Dh, dt);
+#else
+    (void)Dh;
+    return 0;
+#endif
 }

@@ -8,8 +8,19 @@
 
 /* out = softmax(q k^T * scale + causal mask) v, per head. q (B, Hq, T, Dh), k and v
  * (B, Hkv, T, Dh) with Hq a multiple of Hkv: query head h uses kv head h / (Hq / Hkv).
- * scale <= 0 means 1/sqrt(Dh). Output (B, Hq, T, Dh) in q's dtype. */
-zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale);
+ * scale <= 0 means 1/sqrt(Dh). Output (B, Hq, T, Dh) in q's dtype.
+ * seg: NULL (each row one causal sequence) or the rows' packed sequences (a padding-free batch):
+ * an i32 (2, B, T) contiguous tensor on q's device, lo (B, T) then hi (B, T), token t of row b in
+ * the sequence of that row's tokens lo .. hi - 1 (row-relative; the same lo and hi for each of its
+ * tokens); query t attends to keys lo .. t only. The node keeps it for backward. On the CPU its
+ * values are checked; on CUDA only the Hopper kernels take it (zr_sdpa_segments_ok), elsewhere an
+ * error. */
+zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale);
+
+/* 1 where seg (packed sequences) runs for attention over dtype dt, head_dim Dh on dev: the CPU (any
+ * float dtype), and a CUDA device where the Hopper kernels take it (sm_90, bf16/f16, Dh 64; their
+ * q, k, v read through 16-byte aligned strides, as the models' projections give them). */
+int zr_sdpa_segments_ok(zr_device dev, zr_dtype dt, int64_t Dh);
 
 /* The same attention over one packed projection, as transformers' GPT-2 splits c_attn's output:
  * qkv (B, T, (Hq + 2 Hkv)·Dh) holds q (its first Hq·Dh columns), k (the next Hkv·Dh), v (the
@@ -17,8 +28,9 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale
  * o.transpose(1, 2).reshape(B, T, Hq·Dh), contiguous, in qkv's dtype; scale <= 0: 1/sqrt(Dh).
  * Where the Hopper kernels take it (CUDA, bf16/f16, Dh 64) q, k, v are read in place, the node
  * saves qkv itself and backward writes dq, dk, dv into ONE (B, T, W) gradient; elsewhere it is
- * split + view + transpose + zr_sdpa_causal (split's backward also fills one buffer). */
-zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale);
+ * split + view + transpose + zr_sdpa_causal (split's backward also fills one buffer). seg: as
+ * zr_sdpa_causal's, (2, B, T) for qkv's B and T. */
+zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *seg, double scale);
 
 /* Llama's attention over its packed q/k/v product: zr_sdpa_packed of zr_qkv_rope(qkv, Hq, Hkv, cos,
  * sin), q and k rotated (cos, sin (T, Dh) as zr_rope_tables gives them), returned as (B, T, Hq·Dh)
@@ -27,7 +39,9 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, double scale)
  * same buffers, the same tensors kept); its backward writes qkv's whole gradient, the rope's
  * transpose applied in the pass that turns the f32 dq accumulator (and dk, dv) into it: no rotated
  * dq, dk, dv are stored, and the qkv_rope backward's launch is gone. Elsewhere it is that
- * composition, op by op. */
-zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, double scale);
+ * composition, op by op. seg: as zr_sdpa_packed's (packed sequences: cos and sin then hold each
+ * token's own row, e.g. (B·T, Dh) for a (1, B·T, W) qkv, gathered at the tokens' positions). */
+zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *seg,
+                            double scale);
 
 #endif

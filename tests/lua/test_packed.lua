@@ -5,6 +5,9 @@
 -- and padding-free collator on the examples of TRL's documentation, and SFTTrainer with packing
 -- learning. TRL's own rows and curves: tests/golden/sft_trl.json (test_sft_trl.lua),
 -- tests/golden/check_sft_trl.py.
+-- The model checks run twice: on the segments (the attention op masks each token to its sequence over
+-- the rows joined, packed.use_segments, where zr.sdpa_segments_ok) and on the groups (gathered padded
+-- batches: packed.use_segments = false); each run checks which path ran.
 -- Also run on a GPU by tests/cuda/test_packed_cuda.lua (globals PACKED_DEVICE = "cuda", PACKED_DTYPE f32 or
 -- bf16: head_dim 64 there, the Hopper attention kernels).
 local zr = require "zrun"
@@ -43,6 +46,16 @@ T.test("segments: position_ids split where they do not go up by one (transformer
   T.eq(lens({ { 0, 2, 3 } }, 1, 3), "1@0 2@2")
   T.raises(function() packed.segments(zr.tensor({ { 0, 1 } }, { dtype = "i64" }), 1, 3) end, "position_ids must be")
   T.raises(function() packed.segments(zr.tensor({ { 0, -1 } }, { dtype = "i64" }), 1, 2) end, "is not a position")
+end)
+
+T.test("segments, flat: the rows joined as one, each token's first token and one past its last (i32 (2, 1, B·T))", function()
+  -- row 2 goes on from row 1's last position: a new sequence all the same (rows apart)
+  local s = packed.segments(zr.tensor({ { 0, 1, 2, 0, 1 }, { 2, 3, 0, 1, 2 } }, { dtype = "i64" }), 2, 5, "cpu", true)
+  T.eq(s.groups, nil, "no groups")
+  T.eq(s.seg:dtype(), "i32")
+  T.eq(table.concat(s.seg:shape(), ","), "2,1,10")
+  T.eq_list(s.seg:flat_table(), { 0, 0, 0, 3, 3, 5, 5, 7, 7, 7, 3, 3, 3, 5, 5, 7, 7, 10, 10, 10 })
+  T.eq(packed.segments(zr.tensor({ { 0, 1, 2 } }, { dtype = "i64" }), 1, 3, "cpu", true), nil, "plain")
 end)
 
 local function llama_cfg()
@@ -98,12 +111,35 @@ local function check_model(m, what, docs)
   end
 end
 
-T.test("Llama: packed sequences give each sequence's own logits and gradients (qkv_rope_sdpa path)", function()
+-- The grouped path's runs (packed.attend calls), counted while the model tests run.
+local attend, attends = packed.attend, 0
+packed.attend = function(...)
+  attends = attends + 1
+  return attend(...)
+end
+
+-- The model tests on the segments (segments = true, where they run) or on the groups.
+local function model_tests(segments)
+  packed.use_segments = segments
+  local cfg = llama_cfg()
+  local flat = packed.flat_ok(DEV, DT, cfg.head_dim or cfg.hidden_size / cfg.num_attention_heads)
+  local mode = flat and " [segments]" or " [groups]"
+  -- runs fn, then checks that the attention ran the path mode names
+  local function test(name, fn, grouped_anyway)
+    T.test(name .. mode, function()
+      attends = 0
+      fn()
+      if flat and not grouped_anyway then T.eq(attends, 0, "packed.attend calls on the segments")
+      else assert(attends > 0, "the groups ran") end
+    end)
+  end
+
+test("Llama: packed sequences give each sequence's own logits and gradients (qkv_rope_sdpa path)", function()
   zr.manual_seed(0)
   check_model(zr.models.llama.LlamaForCausalLM(llama_cfg()), "llama")
 end)
 
-T.test("groups: sequences of about one length in one padded batch; each logit and gradient still its sequence's own", function()
+test("groups: sequences of about one length in one padded batch; each logit and gradient still its sequence's own", function()
   -- lengths 200, 130, 70, 65, 3 (64-row tiles 4, 3, 2, 2, 1): groups {200, 130}, {70, 65}, {3}
   local lens = { 70, 3, 200, 65, 130 }
   local docs = {}
@@ -122,11 +158,12 @@ T.test("groups: sequences of about one length in one padded batch; each logit an
   shape = {}
   for k, g in ipairs(segs.groups) do shape[k] = #g.members .. "x" .. g.T .. "@" .. g.p0 end
   T.eq(table.concat(shape, " "), "1x3@0 1x2@5 1x2@0", "p0 alone")
+  attends = 0 -- (the model below runs the mode's path)
   zr.manual_seed(0)
   check_model(zr.models.llama.LlamaForCausalLM(llama_cfg()), "llama, groups", docs)
 end)
 
-T.test("Llama: the same with q/k/v called one by one (rope + sdpa per sequence) and with gradient checkpointing", function()
+test("Llama: the same with q/k/v called one by one (rope + sdpa) and with gradient checkpointing", function()
   zr.manual_seed(0)
   local m = zr.models.llama.LlamaForCausalLM(llama_cfg())
   for _, layer in ipairs(m.model.layers) do -- (a forward of its own: not fusable)
@@ -140,7 +177,7 @@ T.test("Llama: the same with q/k/v called one by one (rope + sdpa per sequence) 
   check_model(m2, "llama checkpointed")
 end)
 
-T.test("a sequence starting at position p: Llama's rotations are relative (its logits as from 0), GPT-2 reads wpe rows p..", function()
+test("a sequence starting at position p: Llama's rotations are relative (its logits as from 0), GPT-2 reads wpe rows p..", function()
   zr.manual_seed(0)
   local m = zr.models.llama.LlamaForCausalLM(llama_cfg())
   local ids = { 5, 6, 7, 8, 9, 40, 41, 42 }
@@ -158,7 +195,7 @@ T.test("a sequence starting at position p: Llama's rotations are relative (its l
   T.near(out, g(t64({ { 1, 2, 3 } })).logits:to("cpu", "f64"), TOL * 10, 0, "gpt2")
 end)
 
-T.test("Llama: two rows of packed sequences (B = 2) as each sequence alone", function()
+test("Llama: two rows of packed sequences (B = 2) as each sequence alone", function()
   zr.manual_seed(0)
   local m = zr.models.llama.LlamaForCausalLM(llama_cfg())
   local rows = { { 5, 6, 7, 8, 9, 10 }, { 20, 21, 22, 23, 24, 25 } }
@@ -171,14 +208,34 @@ T.test("Llama: two rows of packed sequences (B = 2) as each sequence alone", fun
   T.near(out:narrow(1, 2, 1):narrow(2, 5, 2), alone(2, 5, 6), TOL * 10, 0, "row 2, second")
 end)
 
-T.test("GPT-2: packed sequences give each sequence's own logits and gradients (learned positions restart)", function()
+test("GPT-2: packed sequences give each sequence's own logits and gradients (learned positions restart)", function()
   zr.manual_seed(0)
   local m = zr.models.gpt2.GPT2LMHeadModel(gpt2_cfg())
   m:eval() -- (no dropout)
   check_model(m, "gpt2")
   T.raises(function() m(t64({ { 1, 2, 3 } }), nil, { position_ids = t64({ { 0, 1, 16 } }) }) end,
     "position 16 exceeds n_positions 16")
+  -- checkpointed blocks, training without dropout (cfg's pdrop 0)
+  zr.manual_seed(0)
+  local m2 = zr.models.gpt2.GPT2LMHeadModel(gpt2_cfg())
+  m2:gradient_checkpointing_enable()
+  m2:train()
+  check_model(m2, "gpt2 checkpointed")
 end)
+
+test("GPT-2 with the attention dropout (its eager path) runs the groups", function()
+  zr.manual_seed(0)
+  local cfg = gpt2_cfg()
+  cfg.attn_pdrop, cfg.resid_pdrop, cfg.embd_pdrop = 1e-300, 0, 0 -- (the eager path, dropping nothing)
+  local m = zr.models.gpt2.GPT2LMHeadModel(cfg)
+  m:train()
+  check_model(m, "gpt2 eager")
+end, true)
+end
+
+model_tests(true)
+model_tests(false)
+packed.use_segments = true
 
 T.test("TRL's bfd packing on its documentation's example (bfd and bfd_split)", function()
   local rows = {}

@@ -42,6 +42,12 @@ local cases = {
     lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
   { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, dft = true },
   { stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
+  -- packed sequences with checkpointing, at stage 3, and under LoRA (its unfused attention: zr.rope + sdpa); on
+  -- the CPU the segments (one attention over the rows joined, per-token rope tables), on a GPU they or the groups
+  { stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32, ckpt = true, gas = 2 },
+  { stage = 2, B = 2, T = 96, layers = 2, head_dim = 64, packed = 24,
+    lora = { r = 4, target_modules = { "q_proj", "v_proj" } } },
+  { stage = 1, B = 4, T = 64, layers = 2, packed = 16 },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,

@@ -64,7 +64,8 @@ function Attention:__init(cfg)
   self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
   self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
--- segs (zrun.models.packed.segments): packed sequences, each attending to itself
+-- segs (zrun.models.packed.segments): packed sequences, each attending to itself (segs.seg, the
+-- segments: the rows joined into one (1, B·T) row; else the groups)
 function Attention:forward(x, segs)
   local C, H = self.n_embd, self.n_head
   -- one c_attn product (B, T, 3C), q, k, v in its columns: zr.sdpa_packed reads them in place and
@@ -80,7 +81,14 @@ function Attention:forward(x, segs)
     return zr.sdpa_packed(t, H)
   end
   local y
-  if segs then y = packed.attend({ qkv }, segs, function(p) return attend(p[1]) end) else y = attend(qkv) end
+  if segs and segs.seg then
+    local B, T = qkv:size(1), qkv:size(2)
+    y = zr.sdpa_packed(qkv:view(1, B * T, qkv:size(3)), H, H, { segments = segs.seg }):view(B, T, C)
+  elseif segs then
+    y = packed.attend({ qkv }, segs, function(p) return attend(p[1]) end)
+  else
+    y = attend(qkv)
+  end
   return dropout(self.c_proj(y), self.resid_pdrop, self.training)
 end
 
@@ -158,11 +166,17 @@ end
 -- called as itself (a plain GPT2Block that Module:skippable() allows, no checkpointing) hands on its
 -- (h, m) and the next add_norm sums them; any other block is called as a module on the summed x.
 -- position_ids (B, T), optional: each token's learned position, and where they restart a new packed
--- sequence begins (packed.lua).
+-- sequence begins (packed.lua; the segments where the attention takes them, not with the attention
+-- dropout's eager path).
 local block_forward = Block.forward
 function Transformer:forward(ids, position_ids)
   local B, T = ids:size(1), ids:size(2)
-  local segs = position_ids and packed.segments(position_ids, B, T, ids:device())
+  local cfg = self.cfg
+  local flat = not (self.training and cfg.attn_pdrop > 0) and
+    packed.flat_ok(ids:device(), self.wte.weight:dtype(), cfg.n_embd / cfg.n_head)
+  local segs = position_ids and packed.segments(position_ids, B, T, ids:device(), flat)
+  local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  if segs and segs.seg and ckpt then zr.persist(segs.seg) end -- (the checkpointed blocks' recomputation reads it)
   local last = segs and segs.max_position + 1 or T
   if last > self.cfg.n_positions then
     error(("gpt2: %s %d exceeds n_positions %d"):format(segs and "position" or "sequence length", segs and last - 1 or T,
@@ -177,7 +191,6 @@ function Transformer:forward(ids, position_ids)
     if not pos then pos = zr.persist(zr.arange(T, { device = self.cfg.device })); rawset(self, "pos_" .. T, pos) end
   end
   local x = dropout(self.wte(ids) + self.wpe(pos), self.cfg.embd_pdrop, self.training)
-  local ckpt = rawget(self, "gradient_checkpointing") and self.training
   local pending -- the last block's m, not yet added to x
   for _, block in ipairs(self.h) do
     if not ckpt and block.forward == block_forward and block:skippable() then

@@ -61,16 +61,24 @@ function Attention:__init(cfg)
   self.o_proj = linear(cfg, H * D, cfg.hidden_size, b)
 end
 -- segs (zrun.models.packed.segments): the batch holds packed sequences, each attending to itself
--- with its own positions (cos, sin: tables long enough for the largest)
+-- with its own positions: with segs.seg (the segments) the rows run joined as one (1, B·T) row and
+-- cos, sin hold each token's own (B·T, D) rows; else (the groups) cos, sin are tables long enough
+-- for the largest position
 function Attention:forward(x, cos, sin, segs)
   local H, KV, D = self.n_heads, self.n_kv, self.hd
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
+  local seg = segs and segs.seg
+  local B, T = x:size(1), x:size(2)
   if fusable(qp, kp, vp) then
     -- one (B, T, (H + 2 KV) D) product; qkv_rope_sdpa rotates q and k of it and runs the attention
     -- over them (read in place on the GPU), and in backward writes the product's gradient in one
     -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
     -- per operand; it returns (B, T, H D), o_proj's input
     local qkv = project(x, qp, kp, vp)
+    if seg then
+      local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
+      return self.o_proj(y:view(B, T, H * D))
+    end
     if segs then
       return self.o_proj(packed.attend({ qkv }, segs, function(p, g)
         return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
@@ -78,13 +86,19 @@ function Attention:forward(x, cos, sin, segs)
     end
     return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
   end
-  local function attend(q, k, v, c, s)
+  -- q, k, v (b, t, heads·D) as (b, heads, t, D) views, q and k rotated, the attention (opts: the
+  -- segments), back to (b, t, H·D)
+  local function attend(q, k, v, c, s, opts)
     local b, t = q:size(1), q:size(2)
     q, k, v = q:view(b, t, H, D):transpose(2, 3), k:view(b, t, KV, D):transpose(2, 3), v:view(b, t, KV, D):transpose(2, 3)
     q, k = zr.rope(q, c, s), zr.rope(k, c, s)
-    return zr.scaled_dot_product_attention(q, k, v):transpose(2, 3):reshape(b, t, H * D)
+    return zr.scaled_dot_product_attention(q, k, v, opts):transpose(2, 3):reshape(b, t, H * D)
   end
   local q, k, v = qp(x), kp(x), vp(x)
+  if seg then
+    local function row(u) return u:view(1, B * T, u:size(3)) end
+    return self.o_proj(attend(row(q), row(k), row(v), cos, sin, { segments = seg }):view(B, T, H * D))
+  end
   if segs then
     return self.o_proj(packed.attend({ q, k, v }, segs, function(p, g)
       return attend(p[1], p[2], p[3], cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
@@ -186,14 +200,25 @@ end
 -- no checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is
 -- called as a module on the summed h (as gpt2.lua's blocks).
 -- position_ids (B, T), optional: where they restart, a new packed sequence begins (packed.lua).
+-- Where the attention takes the segments (packed.flat_ok) each token's cos and sin rows are
+-- gathered here once (B·T, D), made outside the layers so that a checkpointed layer's recomputation
+-- and every layer read the same ones.
 local layer_forward = Layer.forward
 function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
   local B, T = input_ids:size(1), input_ids:size(2)
-  local segs = position_ids and packed.segments(position_ids, B, T, input_ids:device())
   local h = self.embed_tokens(input_ids)
+  local segs = position_ids and packed.segments(position_ids, B, T, h:device(),
+    packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)))
   local cos, sin = self:rope(segs and segs.table_length or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  if segs and segs.seg then
+    local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
+    cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
+    -- them in backward, after this forward has returned (then freed when the collector finds them)
+    if ckpt then zr.persist(cos); zr.persist(sin); zr.persist(segs.seg) end
+  end
   local pending -- the last layer's m, not yet added to h
   for _, layer in ipairs(self.layers) do
     if not ckpt and layer.forward == layer_forward and layer:skippable() then

@@ -3,7 +3,10 @@
 -- padding_free = true): where a row's position does not go up by one from the token before, a new
 -- sequence starts (masking_utils.find_packed_sequence_indices, used when no attention_mask is
 -- passed), and attention stays inside each sequence. Everything else in a layer is per token.
--- zrun runs the attention over groups of sequences of about one length: each group gathered into
+-- Where the attention op takes the sequences' bounds (zr.sdpa_segments_ok: the CPU, the Hopper
+-- kernels) zrun runs it once over the batch's rows joined into one (1, B·T) row, each query masked
+-- to its own sequence's keys (the segments), the rope tables gathered per token: no gathers. Elsewhere
+-- (CUDA f32, head_dim 128, other GPUs) it runs the attention over groups of sequences of about one length: each group gathered into
 -- a (sequences, longest, ...) batch, right-padded (zr.embedding as a row gather: its backward adds
 -- the gradients back), through the model's usual causal attention op, and the real rows gathered
 -- back in token order. Causal attention never lets a real token see the padding after it, and the
@@ -12,6 +15,14 @@
 local zr = require "zrun"
 
 local M = {}
+
+-- false: the grouped path everywhere (the tests run both paths); true: the segments where they run.
+M.use_segments = true
+
+-- Whether a model's attention over dtype, head_dim on device runs on the segments (M.segments' flat).
+function M.flat_ok(device, dtype, head_dim)
+  return M.use_segments and zr.sdpa_segments_ok(device, dtype, head_dim)
+end
 
 -- Groups of sequences, built once per forward: longest first, a sequence joins the group while
 -- its 64-row tiles are at least 3/4 of the group's (every sequence of one tile joins the first such
@@ -53,9 +64,12 @@ local function grouping(segs, device)
 end
 
 -- The sequences of position_ids (B, T) integers: a list of {len =, p0 =} over the B·T tokens in
--- order (p0: the first token's position), with .max_position, .table_length and the groups M.attend runs (their
--- indices on device), or nil when each row is one sequence from position 0 (the plain batch).
-function M.segments(position_ids, B, T, device)
+-- order (p0: the first token's position), with .max_position, .table_length and either (flat) .seg, the
+-- segments of the rows joined into one (1, B·T) row for the attention ops' {segments =} (i32 (2, 1, B·T)
+-- on device: each token's first token and one past its last, a new sequence at each row's start), or
+-- the groups M.attend runs (their indices on device); nil when each row is one sequence from position 0
+-- (the plain batch).
+function M.segments(position_ids, B, T, device, flat)
   if position_ids:dim() ~= 2 or position_ids:size(1) ~= B or position_ids:size(2) ~= T then
     error(("position_ids must be (batch, seq_len) = (%d, %d) as input_ids, got %s"):format(B, T,
       table.concat(position_ids:shape(), " x ")), 0)
@@ -81,7 +95,19 @@ function M.segments(position_ids, B, T, device)
   -- rope tables hold this many positions (a power of two: a table's rows do not depend on its length, and the
   -- model caches one per length; padding-free rows of every length would otherwise each add one)
   segs.max_position, segs.table_length = maxp, 2 ^ math.ceil(math.log(maxp + 1) / math.log(2) - 1e-9)
-  grouping(segs, device or "cpu")
+  if flat then
+    local N, at = B * T, 0
+    local sg = {}
+    for _, s in ipairs(segs) do
+      for t = at + 1, at + s.len do sg[t], sg[N + t] = at, at + s.len end
+      at = at + s.len
+    end
+    -- (a temporary of the model's forward, which the attention's nodes keep; with checkpointing the model
+    -- persists it, for the layers' recomputation)
+    segs.seg = zr.tensor(sg, { dtype = "i32" }):view(2, 1, N):to(device or "cpu")
+  else
+    grouping(segs, device or "cpu")
+  end
   return segs
 end
 
