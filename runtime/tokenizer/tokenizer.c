@@ -173,8 +173,10 @@ static int load_model(zr_tokenizer *tok, const zr_json *model) {
     tok->split_metaspace = !tok->ignore_merges && !tok->cont_prefix && !tok->eow_suffix &&
                            vocab_id(tok, "\xE2\x96\x81", 3) >= 0;
     for (int64_t e = 0; e < tok->vocab.n && tok->split_metaspace; e++) {
-        const char *s = tok_strmap_key(&tok->vocab, e);
-        for (const char *h = s; (h = strstr(h + 1, "\xE2\x96\x81"));)
+        /* within the key's own bytes (an empty key's terminator is the last byte it owns: a search
+         * from one past it read the next key, or past the pool at the last one) */
+        const char *s = tok_strmap_key(&tok->vocab, e), *end = s + tok->vocab.e[e].len;
+        for (const char *h = s + 1; h < end && (h = memmem(h, (size_t)(end - h), "\xE2\x96\x81", 3)); h++)
             if (h - s < 3 || memcmp(h - 3, "\xE2\x96\x81", 3)) {
                 tok->split_metaspace = 0;
                 break;
