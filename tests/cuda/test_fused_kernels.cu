@@ -747,6 +747,42 @@ static void attn_ref(const vec &q, const vec &k, const vec &v, const vec &dO, in
         }
 }
 
+/* q (B, Hq, T, Dh), k, v (B, Hkv, T, Dh) and dO as a fused projection's layout: f (B, T, Hq + 2 Hkv,
+ * Dh) holding q, k, v head slices side by side, dob (B, T, Hq, Dh); back() turns a (B, T, H, Dh)
+ * result into (B, H, T, Dh). */
+struct fused_qkv {
+    int64_t B, T, Dh;
+    vec f, dob;
+    int64_t bthd(int64_t b, int64_t h, int64_t i, int64_t H) const { return ((b * T + i) * H + h) * Dh; }
+    int64_t bhtd(int64_t b, int64_t h, int64_t i, int64_t H) const { return ((b * H + h) * T + i) * Dh; }
+    fused_qkv(const vec &q, const vec &k, const vec &v, const vec &dO, int64_t B_, int64_t Hq,
+              int64_t Hkv, int64_t T_, int64_t Dh_)
+        : B(B_), T(T_), Dh(Dh_), f(B_ * T_ * (Hq + 2 * Hkv) * Dh_), dob(dO.size()) {
+        const int64_t Hf = Hq + 2 * Hkv;
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t i = 0; i < T; ++i)
+                for (int64_t d = 0; d < Dh; ++d) {
+                    for (int64_t h = 0; h < Hq; ++h) {
+                        f[bthd(b, h, i, Hf) + d] = q[bhtd(b, h, i, Hq) + d];
+                        dob[bthd(b, h, i, Hq) + d] = dO[bhtd(b, h, i, Hq) + d];
+                    }
+                    for (int64_t h = 0; h < Hkv; ++h) {
+                        f[bthd(b, Hq + h, i, Hf) + d] = k[bhtd(b, h, i, Hkv) + d];
+                        f[bthd(b, Hq + Hkv + h, i, Hf) + d] = v[bhtd(b, h, i, Hkv) + d];
+                    }
+                }
+    }
+    vec back(const vec &x, int64_t H) const {
+        vec y(x.size());
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t i = 0; i < T; ++i)
+                    for (int64_t d = 0; d < Dh; ++d)
+                        y[bhtd(b, h, i, H) + d] = x[bthd(b, h, i, H) + d];
+        return y;
+    }
+};
+
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0, Dh 64) and on the
  * mma.sync fallback (attn_sm90_force(0, 0)). The Hq/Hkv = 3 shape is never split (odd group):
  * blocks of up to 9 iterations, so the backward's rings and buffers wrap several times and its
@@ -818,34 +854,9 @@ TEST(attention_forward_backward) {
             /* Strided: q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (a fused
              * projection), o, dO, dq, dk, dv in (B, T, H, Dh) memory. */
             const int64_t Hf = Hq + 2 * Hkv;
-            auto bthd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
-                return ((b * T + i) * H + h) * Dh;
-            };
-            auto bhtd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
-                return ((b * H + h) * T + i) * Dh;
-            };
-            vec f(B * T * Hf * Dh), dob(nq);
-            for (int64_t b = 0; b < B; ++b)
-                for (int64_t i = 0; i < T; ++i)
-                    for (int64_t d = 0; d < Dh; ++d) {
-                        for (int64_t h = 0; h < Hq; ++h) {
-                            f[bthd(b, h, i, Hf) + d] = q[bhtd(b, h, i, Hq) + d];
-                            dob[bthd(b, h, i, Hq) + d] = dO[bhtd(b, h, i, Hq) + d];
-                        }
-                        for (int64_t h = 0; h < Hkv; ++h) {
-                            f[bthd(b, Hq + h, i, Hf) + d] = k[bhtd(b, h, i, Hkv) + d];
-                            f[bthd(b, Hq + Hkv + h, i, Hf) + d] = v[bhtd(b, h, i, Hkv) + d];
-                        }
-                    }
-            auto back = [&](const vec &x, int64_t H) { /* (B, T, H, Dh) -> (B, H, T, Dh) */
-                vec y(x.size());
-                for (int64_t b = 0; b < B; ++b)
-                    for (int64_t h = 0; h < H; ++h)
-                        for (int64_t i = 0; i < T; ++i)
-                            for (int64_t d = 0; d < Dh; ++d)
-                                y[bhtd(b, h, i, H) + d] = x[bthd(b, h, i, H) + d];
-                return y;
-            };
+            fused_qkv fz(q, k, v, dO, B, Hq, Hkv, T, Dh);
+            vec &f = fz.f, &dob = fz.dob;
+            auto back = [&](const vec &x, int64_t H) { return fz.back(x, H); };
             dbuf f_(f.size(), t), o2(nq, t), do2(nq, t), dq2(nq, t), dk2(nk, t), dv2(nk, t),
                 lse2(B * Hq * T, ZR_F32);
             f_.up(f), do2.up(dob);
@@ -1073,34 +1084,9 @@ TEST(attention_varlen) {
                 roundv(q, t), roundv(k, t), roundv(v, t), roundv(dO, t); /* the operands the GPU reads */
                 vec o, lse, dq, dk, dv;
                 attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv, seg.data());
-                auto bthd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
-                    return ((b * T + i) * H + h) * Dh;
-                };
-                auto bhtd = [&](int64_t b, int64_t h, int64_t i, int64_t H) {
-                    return ((b * H + h) * T + i) * Dh;
-                };
-                vec f(B * T * Hf * Dh), dob(nq);
-                for (int64_t b = 0; b < B; ++b)
-                    for (int64_t i = 0; i < T; ++i)
-                        for (int64_t d = 0; d < Dh; ++d) {
-                            for (int64_t h = 0; h < Hq; ++h) {
-                                f[bthd(b, h, i, Hf) + d] = q[bhtd(b, h, i, Hq) + d];
-                                dob[bthd(b, h, i, Hq) + d] = dO[bhtd(b, h, i, Hq) + d];
-                            }
-                            for (int64_t h = 0; h < Hkv; ++h) {
-                                f[bthd(b, Hq + h, i, Hf) + d] = k[bhtd(b, h, i, Hkv) + d];
-                                f[bthd(b, Hq + Hkv + h, i, Hf) + d] = v[bhtd(b, h, i, Hkv) + d];
-                            }
-                        }
-                auto back = [&](const vec &x, int64_t H) { /* (B, T, H, Dh) -> (B, H, T, Dh) */
-                    vec y(x.size());
-                    for (int64_t b = 0; b < B; ++b)
-                        for (int64_t h = 0; h < H; ++h)
-                            for (int64_t i = 0; i < T; ++i)
-                                for (int64_t d = 0; d < Dh; ++d)
-                                    y[bhtd(b, h, i, H) + d] = x[bthd(b, h, i, H) + d];
-                    return y;
-                };
+                fused_qkv fz(q, k, v, dO, B, Hq, Hkv, T, Dh);
+                vec &f = fz.f, &dob = fz.dob;
+                auto back = [&](const vec &x, int64_t H) { return fz.back(x, H); };
                 int32_t *segd = nullptr;
                 CU(cudaMalloc(&segd, seg.size() * 4));
                 CU(cudaMemcpy(segd, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
