@@ -19,12 +19,15 @@ extern "C" {
 
 /* ---- forward -------------------------------------------------------------------------------- */
 
-/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). */
-template <typename T, int D>
+/* grid: x = b*Hq + h, y = query tile counted from the last (heaviest first). VL: packed sequences,
+ * lo (B, T) the first token of each token's sequence (zr_attn_layout.seg): the key tiles from the
+ * one holding the tile's first row's sequence start, keys before a row's start masked. */
+template <typename T, int D, bool VL>
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_fwd_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                     const uint16_t *__restrict__ q, const uint16_t *__restrict__ k,
-                    const uint16_t *__restrict__ v, int T_, int Hq, int G, float scale_log2) {
+                    const uint16_t *__restrict__ v, const int32_t *__restrict__ lo, int T_, int Hq,
+                    int G, float scale_log2) {
     typedef mma_t<T> M;
     extern __shared__ __align__(128) uint16_t smem[];
     uint16_t *sQ = smem, *sK = sQ + ATT_BLK * D, *sV = sK + 2 * ATT_BLK * D;
@@ -36,9 +39,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
+    const int j0 = VL ? lo[(size_t)b * T_ + qt * ATT_BLK] / ATT_BLK : 0;
     load_tile<D>(sQ, qb, qt * ATT_BLK, T_, tid);
-    load_tile<D>(sK, kb, 0, T_, tid);
-    load_tile<D>(sV, vb, 0, T_, tid);
+    load_tile<D>(sK, kb, j0 * ATT_BLK, T_, tid);
+    load_tile<D>(sV, vb, j0 * ATT_BLK, T_, tid);
     cp_async_commit();
 
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
@@ -48,22 +52,29 @@ __global__ void __launch_bounds__(ATT_THREADS)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     uint32_t qf[D / 16][4];
     const int qrow = qt * ATT_BLK + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+    int lo0 = 0, lo1 = 0; /* VL: the first key of each row's sequence (0 past T) */
+    if (VL) {
+        if (qrow < T_) lo0 = lo[(size_t)b * T_ + qrow];
+        if (qrow + 8 < T_) lo1 = lo[(size_t)b * T_ + qrow + 8];
+    }
+    const int lomax = lo0 > lo1 ? lo0 : lo1;
 
-    for (int j = 0; j <= qt; ++j) {
+    for (int j = j0; j <= qt; ++j) {
+        const int jb = j - j0; /* the tile's place in the double buffer's order */
         if (j < qt) {
-            const int nb = (j + 1) & 1;
+            const int nb = (jb + 1) & 1;
             load_tile<D>(sK + nb * ATT_BLK * D, kb, (j + 1) * ATT_BLK, T_, tid);
             load_tile<D>(sV + nb * ATT_BLK * D, vb, (j + 1) * ATT_BLK, T_, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (j == 0) {
+        if (jb == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
                 lds_a<D>(qf[kk], sQ, warp * 16, kk * 16, lane);
         }
-        const uint16_t *cK = sK + (j & 1) * ATT_BLK * D, *cV = sV + (j & 1) * ATT_BLK * D;
+        const uint16_t *cK = sK + (jb & 1) * ATT_BLK * D, *cV = sV + (jb & 1) * ATT_BLK * D;
 
         float s[8][4];
 #pragma unroll
@@ -80,16 +91,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
-        const bool diag = (j == qt);
+        const bool diag = (j == qt), before = VL && j * ATT_BLK < lomax;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float x = s[nt][e] * scale_log2;
-                if (diag) {
-                    int key = j * ATT_BLK + nt * 8 + t4 * 2 + (e & 1);
-                    if (key > qrow + (e >> 1) * 8) x = -INFINITY;
-                }
+                const int key = j * ATT_BLK + nt * 8 + t4 * 2 + (e & 1);
+                if (diag && key > qrow + (e >> 1) * 8) x = -INFINITY;
+                if (before && key < ((e >> 1) ? lo1 : lo0)) x = -INFINITY;
                 s[nt][e] = x;
             }
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
@@ -100,16 +110,19 @@ __global__ void __launch_bounds__(ATT_THREADS)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        /* VL: a row may have no key in its first tiles (they start before its sequence): its
+         * maximum is still -inf there, and everything of the tile counts 0 */
+        const float b0 = VL && mn0 == -INFINITY ? 0.f : mn0, b1 = VL && mn1 == -INFINITY ? 0.f : mn1;
+        const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
         m0 = mn0;
         m1 = mn1;
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - mn0);
-            s[nt][1] = exp2f(s[nt][1] - mn0);
-            s[nt][2] = exp2f(s[nt][2] - mn1);
-            s[nt][3] = exp2f(s[nt][3] - mn1);
+            s[nt][0] = exp2f(s[nt][0] - b0);
+            s[nt][1] = exp2f(s[nt][1] - b0);
+            s[nt][2] = exp2f(s[nt][2] - b1);
+            s[nt][3] = exp2f(s[nt][3] - b1);
             rs0 += s[nt][0] + s[nt][1];
             rs1 += s[nt][2] + s[nt][3];
         }
@@ -400,14 +413,15 @@ template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a
  * and loops over its share of the query group's heads and over query tiles i >= j; warp w owns
  * keys w*16..w*16+15 and accumulates their dK, dV in registers. dQ goes out through f32 atomics.
  * With nsplit > 1, dk/dv partials (f32, unscaled) go to ws_dkv for attn_sum_convert_kernel. */
-template <typename T, int D>
+template <typename T, int D, bool VL>
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_bwd_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
                     float *__restrict__ ws_dkv, float *__restrict__ dqacc,
                     const uint16_t *__restrict__ dout, const uint16_t *__restrict__ q,
                     const uint16_t *__restrict__ k, const uint16_t *__restrict__ v,
-                    const float *__restrict__ lse, const float *__restrict__ Dd, int T_, int Hq,
-                    int G, int nsplit, int64_t kv_elems, float scale, float scale_log2) {
+                    const float *__restrict__ lse, const float *__restrict__ Dd,
+                    const int32_t *__restrict__ hi, int T_, int Hq, int G, int nsplit,
+                    int64_t kv_elems, float scale, float scale_log2) {
     typedef mma_t<T> M;
     extern __shared__ __align__(128) uint16_t smem[];
     uint16_t *sK = smem, *sV = sK + ATT_BLK * D, *sQ = sV + ATT_BLK * D;
@@ -419,7 +433,15 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int split = blockIdx.x % nsplit, bhk = blockIdx.x / nsplit;
     const int Hkv = Hq / G, b = bhk / Hkv, hk = bhk % Hkv;
     const int Gs = G / nsplit, h0 = hk * G + split * Gs;
-    const int nq = nT - j, niter = Gs * nq;
+    /* VL (packed sequences; hi: one past the last token of each token's sequence): the query tiles
+     * up to the end of the last key's sequence */
+    int nq = nT - j;
+    if (VL) {
+        const int last = (j + 1) * ATT_BLK < T_ ? (j + 1) * ATT_BLK - 1 : T_ - 1;
+        const int qe = (hi[(size_t)b * T_ + last] + ATT_BLK - 1) / ATT_BLK;
+        if (qe - j < nq) nq = qe - j;
+    }
+    const int niter = Gs * nq;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -450,6 +472,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
         for (int e = 0; e < 4; ++e)
             dka[i][e] = dva[i][e] = 0.f;
     const int key0 = j * ATT_BLK + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+    int hi0 = T_, hi1 = T_; /* VL: one past the last query of each key's sequence (none past T) */
+    if (VL) {
+        if (key0 < T_) hi0 = hi[(size_t)b * T_ + key0];
+        if (key0 + 8 < T_) hi1 = hi[(size_t)b * T_ + key0 + 8];
+    }
 
     for (int it = 0; it < niter; ++it) {
         if (it + 1 < niter) prefetch(it + 1);
@@ -492,6 +519,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
                 const int ql = n * 8 + t4 * 2 + (e & 1);
                 float p = exp2f(st[n][e] * scale_log2 - cL[ql]);
                 if (diag && key0 + (e >> 1) * 8 > i * ATT_BLK + ql) p = 0.f;
+                if (VL && i * ATT_BLK + ql >= ((e >> 1) ? hi1 : hi0)) p = 0.f;
                 st[n][e] = p;
                 dpt[n][e] = p * (dpt[n][e] - cD[ql]);
             }
@@ -634,14 +662,16 @@ static int check_args(const char *fn, int64_t B, int64_t Hq, int64_t Hkv, int64_
 }
 
 template <typename T, int D>
-static void fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v, int64_t B,
-                       int64_t Hq, int64_t Hkv, int64_t T_, float scale, cudaStream_t st) {
+static void fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
+                       const int32_t *seg, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                       float scale, cudaStream_t st) {
     const int smem = 5 * ATT_BLK * D * 2;
-    cudaFuncSetAttribute(attn_fwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    auto kern = seg ? attn_fwd_kernel<T, D, true> : attn_fwd_kernel<T, D, false>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     dim3 grid((unsigned)(B * Hq), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
-    attn_fwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
-        (uint16_t *)o, lse, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, (int)T_,
-        (int)Hq, (int)(Hq / Hkv), scale * ATT_LOG2E);
+    kern<<<grid, ATT_THREADS, smem, st>>>((uint16_t *)o, lse, (const uint16_t *)q,
+                                          (const uint16_t *)k, (const uint16_t *)v, seg, (int)T_,
+                                          (int)Hq, (int)(Hq / Hkv), scale * ATT_LOG2E);
 }
 
 /* (B, H, T, Dh) contiguous */
@@ -670,12 +700,14 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
 }
 
 extern "C" int attention_varlen_ok(int64_t Dh, zr_dtype dtype) {
-    return attention_strided_ok(Dh, dtype);
+    if (!((Dh == 64 || Dh == 128) && (dtype == ZR_BF16 || dtype == ZR_F16))) return 0;
+    int dev = 0, major = 0; /* a device the sm_90 code runs on */
+    const int ok = cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                   major >= 9;
+    if (!ok) cudaGetLastError(); /* no device: an answer, not an error left behind */
+    return ok;
 }
-
-#define VARLEN_ONLY_HOPPER                                                                         \
-    "packed sequences (seg) run only on the Hopper kernels (compute capability 9.0, bf16/f16, "    \
-    "head_dim 64; see attention_varlen_ok)"
 
 #define TMA_STRIDES                                                                                \
     "TMA cannot address these strided operands (each base and stride must be a multiple of 16 "   \
@@ -691,25 +723,24 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
-    if (lay.seg && !attention_varlen_ok(Dh, dtype)) return zr_error("%s: %s", fn, VARLEN_ONLY_HOPPER);
     if (attn_sm90_fwd_ok(Dh, dtype)) {
         if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
             return launch_check(fn);
-        if (!dense_all || lay.seg) return zr_error("%s: %s", fn, TMA_STRIDES);
+        if (!dense_all) return zr_error("%s: %s", fn, TMA_STRIDES);
     }
     if (!dense_all)
         return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
                         fn);
     if (dtype == ZR_BF16) {
         if (Dh == 64)
-            fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+            fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
         else
-            fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+            fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
     } else {
         if (Dh == 64)
-            fwd_launch<__half, 64>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+            fwd_launch<__half, 64>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
         else
-            fwd_launch<__half, 128>(o, lse, q, k, v, B, Hq, Hkv, T, scale, stream);
+            fwd_launch<__half, 128>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
     }
     return launch_check(fn);
 }
@@ -732,7 +763,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
                         attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_,
                                                 mma_dtype<T>::value) == 0;
-    if (!hopper && (!dense_all || L.seg))
+    if (!hopper && !dense_all)
         return -1;
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
@@ -744,13 +775,13 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                            mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
-        cudaFuncSetAttribute(attn_bwd_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem);
+        auto kern = L.seg ? attn_bwd_kernel<T, D, true> : attn_bwd_kernel<T, D, false>;
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
-        attn_bwd_kernel<T, D><<<grid, ATT_THREADS, smem, st>>>(
+        kern<<<grid, ATT_THREADS, smem, st>>>(
             (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout, (const uint16_t *)q,
-            (const uint16_t *)k, (const uint16_t *)v, lse, Dd, (int)T_, (int)Hq, G, ns, nkv, scale,
-            scale * ATT_LOG2E);
+            (const uint16_t *)k, (const uint16_t *)v, lse, Dd, L.seg ? L.seg + B * T_ : nullptr,
+            (int)T_, (int)Hq, G, ns, nkv, scale, scale * ATT_LOG2E);
     }
     const int rows32 = rows < ((int64_t)1 << 31);
     if (cos) { /* one launch: dq and dk rotated back (dk in place when unsplit), dv when split */
@@ -796,7 +827,6 @@ static int backward(const char *fn, void *dq, void *dk, void *dv, const void *do
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
-    if (lay.seg && !attention_varlen_ok(Dh, dtype)) return zr_error("%s: %s", fn, VARLEN_ONLY_HOPPER);
     int rc;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,

@@ -29,8 +29,8 @@ typedef struct {
  * causal attention over each batch row; else each row holds packed sequences (a padding-free batch),
  * seg pointing at 2·B·T int32 on the device, lo (B, T) then hi (B, T): token t of row b is in the
  * sequence of that row's tokens lo .. hi − 1 (row-relative, lo <= t < hi, the same lo and hi for
- * every token of a sequence); query t attends to keys lo .. t. Only the Hopper kernels take seg
- * (attention_varlen_ok); elsewhere a call with it is an error. */
+ * every token of a sequence); query t attends to keys lo .. t. Both kernel families take seg (the
+ * Hopper ones with any layout they take, the mma.sync ones with dense operands; attention_varlen_ok). */
 typedef struct {
     zr_attn_strides q, k, v, o, dout, dq, dk, dv;
     const int32_t *seg;
@@ -41,7 +41,8 @@ typedef struct {
  * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 /* 1 when the layout's seg (packed sequences) runs on the current device for this head_dim/dtype:
- * the Hopper kernels, as attention_strided_ok. */
+ * bf16/f16 at head_dim 64 or 128 (the mma.sync kernels where the Hopper ones do not run), on a
+ * device of compute capability 9.0 or above. */
 int attention_varlen_ok(int64_t Dh, zr_dtype dtype);
 
 /* o = softmax(q k^T * scale + causal mask) v; lse saved for backward. L: NULL or the layout. */

@@ -157,7 +157,7 @@ local function settings(o, cfg_model)
   end
   s.loss_type = o.loss_type == "dft" and "dft" or nil
   -- padding-free batches (packed sequences, TRL's bfd packing or padding_free): packed = the sequences' length
-  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64 in 16 bits) the per-token rope rows and the
+  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64 or 128 in 16 bits) the per-token rope rows and the
   -- segments, elsewhere the attention's row gathers, counted for sequences of that one length
   s.packed = o.packed == true and s.seq_len or o.packed or nil
   if s.packed and (type(s.packed) ~= "number" or s.packed < 1 or s.packed % 1 ~= 0 or

@@ -823,9 +823,9 @@ function M.llama_activations(cfg, o)
   local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
   S:alloc(2 * TL * D * tb, "other")
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
-  -- Hopper kernels at head_dim 64 in 16 bits): the attention runs once over the rows joined, (1, N), with
-  -- the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
-  local flat = o.packed and (not o.gpu or (D == 64 and b == 2))
+  -- flash kernels at head_dim 64 or 128 in 16 bits): the attention runs once over the rows joined, (1, N),
+  -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
+  local flat = o.packed and (not o.gpu or ((D == 64 or D == 128) and b == 2))
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition

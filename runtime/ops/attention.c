@@ -5,7 +5,8 @@
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
  * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels and the
- * Hopper ones; every other CUDA path refuses them (zr_sdpa_segments_ok says which run). */
+ * flash ones (bf16/f16, head_dim 64 or 128); every other CUDA path refuses them (zr_sdpa_segments_ok
+ * says which run). */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -153,7 +154,7 @@ static zr_attn_strides strides_of(const zr_tensor *t) {
     return (zr_attn_strides){t->stride[0], t->stride[1], t->stride[2]};
 }
 
-/* OK where the Hopper kernels take packed sequences (seg) for q, k, v of dtype dt (same: k and v
+/* OK where the flash kernels take packed sequences (seg) for q, k, v of dtype dt (same: k and v
  * too) and head_dim Dh on dev, else the error that says why not. */
 static zr_status seg_cuda_check(const char *op, zr_device dev, zr_dtype dt, int same, int64_t Dh) {
     char why[96];
@@ -161,12 +162,12 @@ static zr_status seg_cuda_check(const char *op, zr_device dev, zr_dtype dt, int 
     if ((dt == ZR_BF16 || dt == ZR_F16) && same && attention_varlen_ok(Dh, dt)) return ZR_OK;
     if (!(dt == ZR_BF16 || dt == ZR_F16) || !same)
         snprintf(why, sizeof why, "the inputs are not all bf16 or all f16 (%s)", zr_dtype_name(dt));
-    else if (Dh != 64)
+    else if (Dh != 64 && Dh != 128)
         snprintf(why, sizeof why, "head_dim is %lld", (long long)Dh);
     else
-        snprintf(why, sizeof why, "this GPU does not run them (not sm_90)");
-    return zr_error("%s: packed sequences (segments) run on the CPU and on the Hopper kernels (CUDA sm_90, bf16/f16, "
-                    "head_dim 64); here %s: use zr.sdpa_segments_ok first",
+        snprintf(why, sizeof why, "this GPU is below compute capability 9.0");
+    return zr_error("%s: packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in "
+                    "bf16/f16 at head_dim 64 or 128 (the flash kernels); here %s: use zr.sdpa_segments_ok first",
                     op, why);
 }
 
@@ -239,9 +240,9 @@ static zr_status keep_for_backward(zr_tensor *const *in, zr_tensor **save) {
     return ZR_OK;
 }
 
-/* The forward kernel: o (B, Hq, T, Dh) and lse (B, Hq, T) f32 from q, k, v (strided: as their
- * strides say, the Hopper kernels, which also take seg, the packed sequences, or NULL; else
- * contiguous, and seg NULL). */
+/* The forward kernel: o (B, Hq, T, Dh) and lse (B, Hq, T) f32 from q, k, v (strided: through a
+ * layout, as their strides say, with seg, the packed sequences, or NULL; else contiguous without a
+ * layout, and seg NULL). */
 static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_tensor *q, zr_tensor *k, zr_tensor *v,
                            zr_tensor *seg, int strided, double scale) {
     zr_device dev = zr_tensor_device(q);
@@ -262,8 +263,8 @@ static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_te
  * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
  * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
  * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. seg (packed sequences; the caller checked
- * that the Hopper kernels run) always takes the strided kernels, over contiguous copies of q, k, v
- * that they cannot read in place. */
+ * that the flash kernels take it) always goes in a layout (attention_forward_cuda's L), over
+ * contiguous copies of q, k, v that the kernels cannot read in place (the mma.sync kernels: always). */
 static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;

@@ -13,13 +13,14 @@
  * an i32 (2, B, T) contiguous tensor on q's device, lo (B, T) then hi (B, T), token t of row b in
  * the sequence of that row's tokens lo .. hi - 1 (row-relative; the same lo and hi for each of its
  * tokens); query t attends to keys lo .. t only. The node keeps it for backward. On the CPU its
- * values are checked; on CUDA only the Hopper kernels take it (zr_sdpa_segments_ok), elsewhere an
- * error. */
+ * values are checked; on CUDA the flash kernels take it (bf16/f16, head_dim 64 or 128:
+ * zr_sdpa_segments_ok), elsewhere an error. */
 zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale);
 
 /* 1 where seg (packed sequences) runs for attention over dtype dt, head_dim Dh on dev: the CPU (any
- * float dtype), and a CUDA device where the Hopper kernels take it (sm_90, bf16/f16, Dh 64; their
- * q, k, v read through 16-byte aligned strides, as the models' projections give them). */
+ * float dtype), and CUDA in bf16/f16 at Dh 64 (the Hopper kernels, q, k, v read in place through
+ * 16-byte aligned strides, as the models' projections give them) or 128 (the mma.sync kernels, over
+ * contiguous copies). */
 int zr_sdpa_segments_ok(zr_device dev, zr_dtype dt, int64_t Dh);
 
 /* The same attention over one packed projection, as transformers' GPT-2 splits c_attn's output:

@@ -1039,33 +1039,36 @@ TEST(attention_forward_late_maximum) {
     }
 }
 
-/* Packed sequences (zr_attn_layout.seg, the Hopper kernels): rows of several sequences, each query
- * attending to its own sequence's keys only, against the host reference with the same per-token
- * bounds. q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (Llama's fused projection,
- * the only layout the models hand this path). Sequences of 1 token, of exactly a tile, crossing
- * 128-row tiles and shorter than one, a row that is one sequence; GQA (the backward split over
- * the query group on small grids) and MHA (unsplit: the dK/dV epilogue through shared memory);
- * grids of one block per SM, 3 blocks and a block per tile. The call without seg on the same
- * operands must differ (the masks do something). */
+/* Packed sequences (zr_attn_layout.seg): rows of several sequences, each query attending to its own
+ * sequence's keys only, against the host reference with the same per-token bounds. On the Hopper
+ * kernels (head_dim 64) q, k, v as head slices of one (B, T, Hq + 2 Hkv, Dh) buffer (Llama's fused
+ * projection, the layout the models hand them), on the mma.sync kernels (head_dim 128, and 64 with
+ * the Hopper ones switched off) contiguous with seg in a dense layout, as the op layer passes them.
+ * Sequences of 1 token, of exactly a tile, crossing tiles and shorter than one, a row that is one
+ * sequence; GQA (the backward split over the query group on small grids) and MHA (unsplit: the
+ * Hopper dK/dV epilogue through shared memory); the Hopper grids of one block per SM, 3 blocks
+ * and a block per tile. The call without seg on the same operands must differ (the masks do
+ * something). */
 TEST(attention_varlen) {
-    if (!attention_varlen_ok(64, ZR_BF16)) {
-        printf("  (skipped: no Hopper kernels on this device)\n");
-        CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 64, 0.f,
-                                     ZR_BF16, 0) != 0);
-        return;
-    }
-    const int64_t Dh = 64;
+    CHECK(attention_varlen_ok(64, ZR_BF16) && attention_varlen_ok(128, ZR_F16) &&
+          !attention_varlen_ok(80, ZR_BF16) && !attention_varlen_ok(64, ZR_F32));
     /* each row's sequence lengths (summing to T) */
     const std::vector<std::vector<int>> rows_a = {{1, 5, 130, 127, 128, 64, 200, 45},
                                                   {700}};
     const std::vector<std::vector<int>> rows_b = {{300, 1, 1, 129, 269}};
     struct cfg { const std::vector<std::vector<int>> *rows; int64_t Hq, Hkv; };
     const cfg cases[3] = {{&rows_a, 8, 2}, {&rows_a, 4, 4}, {&rows_b, 6, 2}};
+    /* modes: the Hopper kernels on grids 0, 3, -1 (head_dim 64; where they run); the mma.sync
+     * kernels at head_dim 64 and 128 */
     const int grids[3] = {0, 3, -1};
     for (const cfg &c : cases)
-        for (int gi = 0; gi < 3; ++gi)
+        for (int mode = 0; mode < 5; ++mode)
             for (zr_dtype t : {ZR_BF16, ZR_F16}) {
-                attn_sm90_grid(grids[gi], grids[gi]);
+                const bool mma = mode >= 3;
+                const int64_t Dh = mode == 4 ? 128 : 64;
+                if (!mma && !attention_strided_ok(64, t)) continue;
+                attn_sm90_force(mma ? 0 : -1, mma ? 0 : -1);
+                attn_sm90_grid(mma ? 0 : grids[mode], mma ? 0 : grids[mode]);
                 const int64_t B = (int64_t)c.rows->size(), Hq = c.Hq, Hkv = c.Hkv;
                 int64_t T = 0;
                 for (int n : (*c.rows)[0]) T += n;
@@ -1099,47 +1102,49 @@ TEST(attention_varlen) {
                 zr_attn_layout L = {sf, sf, sf, sq, sq, sq, sk, sk, segd};
                 const char *fp = (const char *)f_.p;
                 const void *qp = fp, *kp = fp + Hq * Dh * 2, *vp = fp + (Hq + Hkv) * Dh * 2;
+                /* the mma.sync kernels: contiguous (B, H, T, Dh) operands, the layout dense */
+                dbuf qc(nq, t), kc(nk, t), vc(nk, t), doc(nq, t);
+                if (mma) {
+                    qc.up(q), kc.up(k), vc.up(v), doc.up(dO);
+                    const zr_attn_strides dq_ = {Hq * T * Dh, T * Dh, Dh}, dk_ = {Hkv * T * Dh, T * Dh, Dh};
+                    L = {dq_, dk_, dk_, dq_, dq_, dq_, dk_, dk_, segd};
+                    qp = qc.p, kp = kc.p, vp = vc.p;
+                }
+                auto out = [&](const vec &x, int64_t H) { return mma ? x : back(x, H); };
                 char what[128], w2[160];
-                snprintf(what, sizeof what, "attention varlen, grid %d, %s B%lld Hq%lld Hkv%lld T%lld",
-                         grids[gi], tn(t), (long long)B, (long long)Hq, (long long)Hkv, (long long)T);
+                snprintf(what, sizeof what, "attention varlen, %s %d, %s B%lld Hq%lld Hkv%lld T%lld Dh%lld",
+                         mma ? "mma.sync" : "grid", mma ? 0 : grids[mode], tn(t), (long long)B,
+                         (long long)Hq, (long long)Hkv, (long long)T, (long long)Dh);
                 CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T, Dh,
                                                 0.f, t, 0));
-                CHECK_CLOSE(back(o2.down(), Hq), o, tol_of(t), what);
+                CHECK_CLOSE(out(o2.down(), Hq), o, tol_of(t), what);
                 CHECK_CLOSE(lse2.down(), lse, 1e-5, what);
                 size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
                 dbuf ws(wsb / 4 + 4, ZR_F32);
-                CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, do2.p, qp, kp, vp, o2.p,
-                                                 lse2.f(), ws.p, &L, B, Hq, Hkv, T, Dh, 0.f, t, 0));
+                CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, mma ? doc.p : do2.p, qp, kp, vp,
+                                                 o2.p, lse2.f(), ws.p, &L, B, Hq, Hkv, T, Dh, 0.f, t,
+                                                 0));
                 const double bt = t == ZR_BF16 ? 2.5e-2 : 6e-3;
                 double dvn = 0;
                 for (double x : dv) dvn += x * x;
                 dvn = 0.1 * std::sqrt(dvn);
-                const double e1 = relerr(back(dq2.down(), Hq), dq, dvn),
-                             e2 = relerr(back(dk2.down(), Hkv), dk, dvn);
+                const double e1 = relerr(out(dq2.down(), Hq), dq, dvn),
+                             e2 = relerr(out(dk2.down(), Hkv), dk, dvn);
                 CHECK_MSG(e1 <= bt, "%s dq: rel err %.3g > %.3g", what, e1, bt);
                 CHECK_MSG(e2 <= bt, "%s dk: rel err %.3g > %.3g", what, e2, bt);
                 snprintf(w2, sizeof w2, "%s dv", what);
-                CHECK_CLOSE(back(dv2.down(), Hkv), dv, bt, w2);
+                CHECK_CLOSE(out(dv2.down(), Hkv), dv, bt, w2);
                 printf("  %s: o %.2g dq %.2g dk %.2g dv %.2g\n", what,
-                       relerr(back(o2.down(), Hq), o), e1, e2, relerr(back(dv2.down(), Hkv), dv));
+                       relerr(out(o2.down(), Hq), o), e1, e2, relerr(out(dv2.down(), Hkv), dv));
                 /* without seg: plain causal attention over the rows, which must not match */
                 L.seg = nullptr;
                 CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T, Dh,
                                                 0.f, t, 0));
-                CHECK_MSG(relerr(back(o2.down(), Hq), o) > 0.1,
+                CHECK_MSG(relerr(out(o2.down(), Hq), o) > 0.1,
                           "%s: causal attention without seg gives the packed result", what);
                 CU(cudaFree(segd));
             }
     attn_sm90_grid(0, 0);
-    /* seg on the mma.sync kernels: refused, naming the kernels that take it */
-    attn_sm90_force(0, 0);
-    int32_t one[2] = {0, 1};
-    zr_attn_layout L1 = {};
-    L1.q = L1.k = L1.v = L1.o = L1.dout = L1.dq = L1.dk = L1.dv = zr_attn_strides{64, 64, 64};
-    L1.seg = one;
-    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, &L1, 1, 1, 1, 1, 64, 0.f, ZR_BF16,
-                                 0) != 0);
-    CHECK(strstr(zr_last_error(), "Hopper") != NULL);
     attn_sm90_force(-1, -1);
 }
 

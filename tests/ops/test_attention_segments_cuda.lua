@@ -1,9 +1,9 @@
 -- The attention ops over packed sequences ({segments = seg}) on CUDA vs the CPU (test_attention_segments.lua
--- checks the CPU against each sequence alone): the Hopper kernels (bf16/f16, head_dim 64) for
--- scaled_dot_product_attention (contiguous and transposed projections), sdpa_packed and qkv_rope_sdpa
--- (per-token cos/sin rows over the rows joined, as the models run them), GQA, sequences of length 1,
--- across 64-row tiles and spanning a row; elsewhere (f32, head_dim 128, another GPU) the error that
--- says to ask zr.sdpa_segments_ok. SKIP without a GPU, and the Hopper part without a Hopper GPU.
+-- checks the CPU against each sequence alone): bf16/f16 at head_dim 64 (the Hopper kernels where they run)
+-- and 128 (the mma.sync kernels, over contiguous copies) for scaled_dot_product_attention (contiguous and
+-- transposed projections), sdpa_packed and qkv_rope_sdpa (per-token cos/sin rows over the rows joined, as the
+-- models run them), GQA, sequences of length 1, across 64-row tiles and spanning a row; elsewhere (f32,
+-- head_dim 80) the error that says to ask zr.sdpa_segments_ok. SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention segments") then return end
 local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
@@ -22,7 +22,7 @@ local function make_seg(rows, Tn)
   return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
 end
 
-local why = "packed sequences (segments) run on the CPU and on the Hopper kernels"
+local why = "packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in bf16/f16 at head_dim 64 or 128"
 T.test("segments where the CUDA kernels do not take them: the error names why and zr.sdpa_segments_ok", function()
   local seg = make_seg({ { 3, 4 } }, 7):cuda()
   local function sdpa(dt, D)
@@ -32,24 +32,17 @@ T.test("segments where the CUDA kernels do not take them: the error names why an
   T.eq(zr.sdpa_segments_ok("cuda", "f32", 64), false, "f32")
   T.raises(function() sdpa("f32", 64) end, why)
   T.raises(function() sdpa("f32", 64) end, "use zr.sdpa_segments_ok first")
-  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), false, "head_dim 128")
-  T.raises(function() sdpa("bf16", 128) end, "here head_dim is 128")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), true, "head_dim 128 (the mma.sync kernels)")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 80), false, "head_dim 80")
+  T.raises(function() sdpa("bf16", 80) end, "here head_dim is 80")
   T.raises(function() zr.sdpa_packed(zr.randn({ 1, 7, 3 * 32 }, { device = "cuda" }), 1, 1, { segments = seg }) end,
     "sdpa_packed: " .. why)
-  if not zr.sdpa_segments_ok("cuda", "bf16", 64) then T.raises(function() sdpa("bf16", 64) end, why) end
   -- seg on another device than q
-  if zr.sdpa_segments_ok("cuda", "bf16", 64) then
-    local q = zr.randn({ 1, 2, 7, 64 }, { dtype = "bf16", device = "cuda" })
-    T.raises(function() zr.scaled_dot_product_attention(q, q, q, { segments = seg:cpu() }) end,
-      "sdpa: segments are on cpu but the attention's inputs on cuda:0")
-  end
+  local q = zr.randn({ 1, 2, 7, 64 }, { dtype = "bf16", device = "cuda" })
+  T.raises(function() zr.scaled_dot_product_attention(q, q, q, { segments = seg:cpu() }) end,
+    "sdpa: segments are on cpu but the attention's inputs on cuda:0")
 end)
 
-if not zr.sdpa_segments_ok("cuda", "bf16", 64) then
-  T.skip("segments on the Hopper kernels", "this GPU does not run them (zr.sdpa_segments_ok('cuda', 'bf16', 64) is false)")
-  T.done()
-  return
-end
 
 -- B rows of T tokens each split as given: several sequences, length 1, across 64-row tiles, a whole row
 local LAYOUTS = {
@@ -59,40 +52,40 @@ local LAYOUTS = {
   { Tn = 257, rows = { { 1, 128, 63, 65 } } },
 }
 
-T.test("sdpa with segments: CUDA (the Hopper kernels) vs CPU, bf16/f16, GQA, contiguous and transposed projections", function()
+T.test("sdpa with segments: CUDA (head_dim 64: the Hopper kernels; 128: mma.sync) vs CPU, bf16/f16, GQA, contiguous and transposed projections", function()
   local function heads(t, B, Tn, H, D) return t:view(B, Tn, H, D):transpose(2, 3) end
-  for _, dt in ipairs { "bf16", "f16" } do
+  for _, D in ipairs { 64, 128 } do for _, dt in ipairs { "bf16", "f16" } do
     for _, L in ipairs(LAYOUTS) do
       local B, Tn, seg = #L.rows, L.Tn, make_seg(L.rows, L.Tn)
       for _, h in ipairs { { 2, 2 }, { 4, 1 } } do
         local Hq, Hkv = unpack(h)
-        local what = ("sdpa segments %s T=%d B=%d Hq=%d Hkv=%d"):format(dt, Tn, B, Hq, Hkv)
-        both(what, dt, { randn({ B, Hq, Tn, 64 }), randn({ B, Hkv, Tn, 64 }), randn({ B, Hkv, Tn, 64 }), seg },
+        local what = ("sdpa segments %s D=%d T=%d B=%d Hq=%d Hkv=%d"):format(dt, D, Tn, B, Hq, Hkv)
+        both(what, dt, { randn({ B, Hq, Tn, D }), randn({ B, Hkv, Tn, D }), randn({ B, Hkv, Tn, D }), seg },
           function(q, k, v, s) return zr.scaled_dot_product_attention(q, k, v, { segments = s }) end, 2)
         both(what .. " transposed projections", dt,
-          { randn({ B, Tn, Hq * 64 }), randn({ B, Tn, Hkv * 64 }), randn({ B, Tn, Hkv * 64 }), seg },
+          { randn({ B, Tn, Hq * D }), randn({ B, Tn, Hkv * D }), randn({ B, Tn, Hkv * D }), seg },
           function(q, k, v, s)
-            local o = zr.scaled_dot_product_attention(heads(q * 1, B, Tn, Hq, 64), heads(k * 1, B, Tn, Hkv, 64),
-              heads(v * 1, B, Tn, Hkv, 64), { segments = s })
-            return o:transpose(2, 3):reshape(B, Tn, Hq * 64)
+            local o = zr.scaled_dot_product_attention(heads(q * 1, B, Tn, Hq, D), heads(k * 1, B, Tn, Hkv, D),
+              heads(v * 1, B, Tn, Hkv, D), { segments = s })
+            return o:transpose(2, 3):reshape(B, Tn, Hq * D)
           end, 2)
       end
     end
-  end
+  end end
 end)
 
 T.test("sdpa_packed and qkv_rope_sdpa with segments: CUDA vs CPU, bf16/f16, GQA, the rows joined with per-token tables", function()
-  for _, dt in ipairs { "bf16", "f16" } do
+  for _, D in ipairs { 64, 128 } do for _, dt in ipairs { "bf16", "f16" } do
     for _, L in ipairs(LAYOUTS) do
       local B, Tn, seg = #L.rows, L.Tn, make_seg(L.rows, L.Tn)
       for _, h in ipairs { { 2, 2 }, { 4, 2 } } do
         local Hq, Hkv = unpack(h)
-        local W = (Hq + 2 * Hkv) * 64
-        local what = ("%s T=%d B=%d Hq=%d Hkv=%d"):format(dt, Tn, B, Hq, Hkv)
+        local W = (Hq + 2 * Hkv) * D
+        local what = ("%s D=%d T=%d B=%d Hq=%d Hkv=%d"):format(dt, D, Tn, B, Hq, Hkv)
         both("sdpa_packed segments " .. what, dt, { randn({ B, Tn, W }), seg },
           function(x, s) return zr.sdpa_packed(x * 1, Hq, Hkv, { segments = s }) end, 2)
-        -- the rows' tables shared (T, 64), as for B rows of one layout
-        local cos, sin = zr.rope_tables(Tn, 64)
+        -- the rows' tables shared (T, D), as for B rows of one layout
+        local cos, sin = zr.rope_tables(Tn, D)
         local tabs = { cpu = { cos, sin }, cuda = { cos:cuda(), sin:cuda() } }
         local function tab(x) return unpack(tabs[x:device() == "cpu" and "cpu" or "cuda"]) end
         both("qkv_rope_sdpa segments " .. what, dt, { randn({ B, Tn, W }), seg }, function(x, s)
@@ -113,7 +106,7 @@ T.test("sdpa_packed and qkv_rope_sdpa with segments: CUDA vs CPU, bf16/f16, GQA,
         end, 2)
       end
     end
-  end
+  end end
 end)
 
 T.done()

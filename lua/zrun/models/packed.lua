@@ -3,10 +3,11 @@
 -- padding_free = true): where a row's position does not go up by one from the token before, a new
 -- sequence starts (masking_utils.find_packed_sequence_indices, used when no attention_mask is
 -- passed), and attention stays inside each sequence. Everything else in a layer is per token.
--- Where the attention op takes the sequences' bounds (zr.sdpa_segments_ok: the CPU, the Hopper
--- kernels) zrun runs it once over the batch's rows joined into one (1, B·T) row, each query masked
--- to its own sequence's keys (the segments), the rope tables gathered per token: no gathers. Elsewhere
--- (CUDA f32, head_dim 128, other GPUs) it runs the attention over groups of sequences of about one length: each group gathered into
+-- Where the attention op takes the sequences' bounds (zr.sdpa_segments_ok: the CPU, CUDA's flash
+-- kernels in 16 bits at head_dim 64 or 128) zrun runs it once over the batch's rows joined into one
+-- (1, B·T) row, each query masked to its own sequence's keys (the segments), the rope tables gathered
+-- per token: no gathers. Elsewhere (CUDA f32, other head_dims) it runs the attention over groups of
+-- sequences of about one length: each group gathered into
 -- a (sequences, longest, ...) batch, right-padded (zr.embedding as a row gather: its backward adds
 -- the gradients back), through the model's usual causal attention op, and the real rows gathered
 -- back in token order. Causal attention never lets a real token see the padding after it, and the
