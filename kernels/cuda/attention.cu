@@ -723,6 +723,9 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
+    /* the forward reads q, k, v, o only: the gradients' strides (unset in a forward's layout) do not count */
+    dense_all = same(lay.q, dense(Hq, T, Dh)) && same(lay.k, dense(Hkv, T, Dh)) &&
+                same(lay.v, dense(Hkv, T, Dh)) && same(lay.o, dense(Hq, T, Dh));
     if (attn_sm90_fwd_ok(Dh, dtype)) {
         if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
             return launch_check(fn);

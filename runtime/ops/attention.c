@@ -196,9 +196,9 @@ static zr_status sdpa_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_device dev = zr_tensor_device(q);
     zr_dtype dt = q->dtype;
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
-    int strided = (int)n->i[0];
+    int strided = (int)n->i[0], inplace = (int)n->i[4]; /* i[4]: q, k, v were read in place */
     size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
-    zr_tensor *gi = strided && g->dtype == dt && strided_ok(g) ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *gi = inplace && g->dtype == dt && strided_ok(g) ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
     zr_tensor *ws = NULL, *d[3] = {NULL, NULL, NULL};
     zr_status st = ZR_ERR;
     if (!gi) goto done;
@@ -292,7 +292,7 @@ static zr_tensor *sdpa_flash(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor
     out = record_sdpa(out, lse, sdpa_backward_dev, q, k, v, save, save, seg, scale);
     if (out && out->grad_fn) {
         zr_tensor *orig[3] = {q, k, v};
-        out->grad_fn->i[0] = strided;
+        out->grad_fn->i[0] = strided, out->grad_fn->i[4] = inplace;
         for (int i = 0; i < 3; i++) out->grad_fn->i[1 + i] = inplace && is_bthd(orig[i]);
     }
     return out;
