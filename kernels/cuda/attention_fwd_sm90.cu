@@ -74,7 +74,10 @@ static __device__ __forceinline__ int f2_first_key_tile(const int32_t *seg, int 
  * +0.3%; dealt in block order every round, T8192 +1.5% and T1024 +1.6%; an atomic tile counter
  * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id. A tile
  * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
- * (the diagonal first, so the running maxima start finite and no later tile needs a mask).
+ * (the diagonal first, so the running maxima start finite and no later tile needs a mask). With
+ * packed sequences (VL: seg) the key tiles stop at the one holding the start of the first query's
+ * sequence (f2_first_key_tile), and a tile before a row's own start masks those keys (mask_before;
+ * the diagonal, first, holds each row's own key, so the maxima still start finite).
  * Counters that run across a block's tiles, computed identically by every role: n, the block's
  * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of its earlier tiles (key step
  * it of the tile is ring load j = kv + it: stage j % F2_ST, its j / F2_ST-th use).
