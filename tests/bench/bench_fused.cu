@@ -6,6 +6,7 @@
  * memory-bound row also gives its rate against a copy of the same number of bytes.
  * `bench_fused attention` runs the attention rows alone (`--sustained`: each shape after 2 s of
  * forward + backward, timed over windows of 0.25 s or more: the power cap's rate, as in training),
+ * `bench_fused varlen` attention over packed sequences against the same tokens in causal rows,
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
  * bias-gradient column sums.
@@ -189,6 +190,67 @@ static void attention_rows(bool sustained) {
     attn_sm90_grid(0, 0);
 }
 
+/* Packed-sequence rows (zr_attn_layout.seg): 8192 tokens as one row of sequences of 20..619 tokens
+ * (a fixed pseudo-random draw, the last cut to fit: WikiText paragraphs' range, what TRL's bfd blocks
+ * hold), against the same tokens as 8 causal rows of 1024 (wrapped blocks) and as one causal row;
+ * B H32/8 at head_dim 64 (the Hopper kernels) and 128 (mma.sync). TFLOP/s count the attention each
+ * layout computes: the sequences' own causal products (sum of L²/2), the rows' for the others. */
+static void varlen_rows() {
+    const int64_t N = 8192, Hq = 32, Hkv = 8;
+    std::vector<int32_t> lens;
+    uint32_t x = 12345;
+    for (int64_t at = 0; at < N;) {
+        x = x * 1664525u + 1013904223u;
+        int32_t n = 20 + (int32_t)((x >> 8) % 600);
+        if (at + n > N) n = (int32_t)(N - at);
+        lens.push_back(n);
+        at += n;
+    }
+    std::vector<int32_t> seg(2 * N);
+    double pairs = 0;
+    for (int64_t at = 0, i = 0; i < (int64_t)lens.size(); at += lens[i++]) {
+        for (int64_t t = at; t < at + lens[i]; ++t) seg[t] = (int32_t)at, seg[N + t] = (int32_t)(at + lens[i]);
+        pairs += (double)lens[i] * lens[i] / 2;
+    }
+    int32_t *segd;
+    CU(cudaMalloc(&segd, seg.size() * 4));
+    CU(cudaMemcpy(segd, seg.data(), seg.size() * 4, cudaMemcpyHostToDevice));
+    printf("\n%-44s %10s %10s %10s %8s\n", "attention over 8192 tokens (bf16)", "fwd ms", "bwd ms", "f+b ms",
+           "f+b TF/s");
+    for (int64_t Dh : {64, 128}) {
+        const struct {
+            const char *name;
+            int64_t B, T;
+            bool packed;
+        } cases[] = {{"packed (%zu sequences)", 1, N, true}, {"wrapped (8 x 1024)", 8, 1024, false},
+                     {"one causal row", 1, N, false}};
+        for (auto &c : cases) {
+            const int64_t B = c.B, T = c.T, nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+            void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
+                 *dk = bf(nk), *dv = bf(nk);
+            float *lse = f32(B * Hq * T);
+            void *ws;
+            CU(cudaMalloc(&ws, attention_backward_workspace_size(B, Hq, Hkv, T, Dh)));
+            const zr_attn_strides sq = {Hq * T * Dh, T * Dh, Dh}, sk = {Hkv * T * Dh, T * Dh, Dh};
+            const zr_attn_layout L = {sq, sk, sk, sq, sq, sq, sk, sk, c.packed ? segd : nullptr};
+            auto fwd = [&] { OK(attention_forward_cuda(o, lse, q, k, v, &L, B, Hq, Hkv, T, Dh, 0.f, BF, 0)); };
+            auto bwd = [&] {
+                OK(attention_backward_cuda(dq, dk, dv, dO, q, k, v, o, lse, ws, &L, B, Hq, Hkv, T, Dh, 0.f, BF, 0));
+            };
+            const float f = time_ms(fwd), bw = time_ms(bwd), fb = time_ms([&] { fwd(), bwd(); });
+            const double work = c.packed ? pairs : (double)B * T * T / 2;
+            const double flops = 3.5 * 4.0 * Hq * work * Dh; /* forward 4·pairs·Dh a head, backward 2.5× */
+            char name[64], label[96];
+            snprintf(name, sizeof name, c.name, lens.size());
+            snprintf(label, sizeof label, "%s, Dh%lld", name, (long long)Dh);
+            printf("%-44s %10.3f %10.3f %10.3f %8.1f\n", label, f, bw, fb, flops / (fb * 1e-3) / 1e12);
+            for (void *p : {q, k, v, o, dO, dq, dk, dv, ws}) cudaFree(p);
+            cudaFree(lse);
+        }
+    }
+    cudaFree(segd);
+}
+
 /* Cross-entropy rows: Llama 3's vocabulary (N=8192 tokens, V=128256), GPT-2's padded one (a
  * 64 x 1024 batch, V=50304) and a 32k one (Llama 2, Mistral, TinyLlama; N=16384): forward,
  * backward to a buffer, and loss + gradient in place. Bytes: the logits read once (+ the gradient
@@ -314,12 +376,13 @@ static const struct {
 
 int main(int argc, char **argv) {
     const bool attention = argc > 1 && strcmp(argv[1], "attention") == 0,
-               sustained = attention && argc == 3 && strcmp(argv[2], "--sustained") == 0;
+               sustained = attention && argc == 3 && strcmp(argv[2], "--sustained") == 0,
+               varlen = argc == 2 && strcmp(argv[1], "varlen") == 0;
     void (*part)() = NULL;
     for (auto &p : parts)
         if (argc == 2 && strcmp(argv[1], p.name) == 0) part = p.rows;
-    if (argc > 1 && !part && !(attention && (argc == 2 || sustained))) {
-        fprintf(stderr, "usage: bench_fused [attention [--sustained] | cross_entropy | norm | bias] (got '%s%s%s')\n",
+    if (argc > 1 && !part && !varlen && !(attention && (argc == 2 || sustained))) {
+        fprintf(stderr, "usage: bench_fused [attention [--sustained] | varlen | cross_entropy | norm | bias] (got '%s%s%s')\n",
                 argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
         return 2;
     }
@@ -334,6 +397,10 @@ int main(int argc, char **argv) {
            prop.l2CacheSize >> 20);
     if (attention) { /* `bench_fused attention`: those rows alone */
         attention_rows(sustained);
+        return 0;
+    }
+    if (varlen) { /* `bench_fused varlen`: the packed-sequence rows alone */
+        varlen_rows();
         return 0;
     }
 
