@@ -17,6 +17,8 @@ local M = {}
 local fmt, ipairs, type, concat = string.format, ipairs, type, table.concat
 
 local join = require("zrun.checkpoint").join
+-- (a constant, not a literal in the parameter loop below: LuaJIT issue #994, see memory_sim.lua's LAYER_MODULES)
+local ADAM_STATES = { "exp_avg", "exp_avg_sq" }
 
 -- Whether dir is a transformers Trainer checkpoint without DeepSpeed's files (optimizer.pt, no latest).
 function M.is_hf(dir)
@@ -101,7 +103,7 @@ function M.files(dir, engine)
         local numel = p:numel()
         local s = sd.state[k]
         if P.is_dict(s) then
-          for _, which in ipairs({ "exp_avg", "exp_avg_sq" }) do
+          for _, which in ipairs(ADAM_STATES) do
             local t = s[which]
             if not P.is_tensor(t) then
               error(fmt("%s: parameter %s (%s) has no %s: not Adam's state", opath, tostring(k), name, which), 0)

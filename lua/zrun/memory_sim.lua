@@ -804,6 +804,18 @@ for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "n
   end
 end
 
+-- A layer's modules in forward order (the prefetch chain). A constant kept out of the layer loop on purpose:
+-- `for _, k in ipairs { "n1", ... }` inside it made a LuaJIT trace (the 2.1 snapshot Debian ships, before upstream's
+-- c42c62e7 "Simplify handling of instable types in TNEW/TDUP load forwarding", LuaJIT issue #994) skip the rest of
+-- each layer's list: the looping side trace recorded the list's end (a nil load) and, unrolled, forwarded that nil to
+-- the next layer's fresh copy of the literal at index 2, so only each layer's first name was visited (chain entries
+-- lost at random, 'arithmetic on k' in gather). The smallest case, 2 instead of 20 with traces, 20 interpreted:
+--   jit.opt.start("hotloop=1", "hotexit=1")
+--   local set, n = { b = true }, 0
+--   for _ = 1, 20 do for _, k in ipairs { "a", "b", "c" } do if set[k] then n = n + 1 end end end
+-- (tests/lua/test_memory_plan_jit.lua checks both; an upvalue list is loaded, never folded from the literal)
+local LAYER_MODULES = { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" }
+
 -- ---------------------------------------------------------------------------------------------
 -- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
 -- ---------------------------------------------------------------------------------------------
@@ -858,7 +870,7 @@ function M.llama_activations(cfg, o)
   local chain = { embedW }
   for l = 1, L do
     local p = layers[l]
-    for _, k in ipairs { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" } do
+    for _, k in ipairs(LAYER_MODULES) do
       chain[#chain + 1] = p[k]
       local a = p.ad[k]
       if a then chain[#chain + 1] = a.A; chain[#chain + 1] = a.B end
@@ -1106,12 +1118,5 @@ function M.llama_activations(cfg, o)
     workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
     live_after_backward = S.total - S.cur.params, live_at_peak = S.at_peak, live_after = S.cur }
 end
-
--- LuaJIT's compiled traces were seen to build the prefetch chain above wrong now and then (a stale table length,
--- entries lost: a lookup of a parameter's place in it then failed) once LoRA's frozen parameters were skipped; the
--- setup loops run a few hundred times per plan, so this function's own body runs interpreted (the ops and the
--- layer replay, functions of their own, are still compiled)
-local ok_jit, jit = pcall(require, "jit")
-if ok_jit and jit then jit.off(M.llama_activations) end
 
 return M
