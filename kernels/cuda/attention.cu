@@ -681,9 +681,10 @@ static zr_attn_strides dense(int64_t H, int64_t T, int64_t Dh) {
 static bool same(const zr_attn_strides &a, const zr_attn_strides &b) {
     return a.sb == b.sb && a.sh == b.sh && a.st == b.st;
 }
-/* L, or the contiguous layout when NULL; *dense_all tells whether every operand is contiguous. */
+/* L, or the contiguous layout when NULL; *dense_all tells whether every operand the call reads or
+ * writes is contiguous (fwd: q, k, v, o only; a forward's layout leaves the gradients' unset). */
 static zr_attn_layout resolve(const zr_attn_layout *L, int64_t Hq, int64_t Hkv, int64_t T,
-                              int64_t Dh, bool *dense_all) {
+                              int64_t Dh, bool fwd, bool *dense_all) {
     const zr_attn_strides a = dense(Hq, T, Dh), c = dense(Hkv, T, Dh);
     const zr_attn_layout d = {a, c, c, a, a, a, c, c};
     if (!L) {
@@ -691,7 +692,7 @@ static zr_attn_layout resolve(const zr_attn_layout *L, int64_t Hq, int64_t Hkv, 
         return d;
     }
     *dense_all = same(L->q, a) && same(L->k, c) && same(L->v, c) && same(L->o, a) &&
-                 same(L->dout, a) && same(L->dq, a) && same(L->dk, c) && same(L->dv, c);
+                 (fwd || (same(L->dout, a) && same(L->dq, a) && same(L->dk, c) && same(L->dv, c)));
     return *L;
 }
 
@@ -722,10 +723,7 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (B == 0 || T == 0) return 0;
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
-    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
-    /* the forward reads q, k, v, o only: the gradients' strides (unset in a forward's layout) do not count */
-    dense_all = same(lay.q, dense(Hq, T, Dh)) && same(lay.k, dense(Hkv, T, Dh)) &&
-                same(lay.v, dense(Hkv, T, Dh)) && same(lay.o, dense(Hq, T, Dh));
+    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, true, &dense_all);
     if (attn_sm90_fwd_ok(Dh, dtype)) {
         if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
             return launch_check(fn);
@@ -826,7 +824,7 @@ static int backward(const char *fn, void *dq, void *dk, void *dv, const void *do
     if (!workspace) return zr_error("%s: workspace is NULL", fn);
     if (scale <= 0.f) scale = 1.f / sqrtf((float)Dh);
     bool dense_all;
-    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, &dense_all);
+    const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, false, &dense_all);
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
