@@ -15,7 +15,7 @@
 
 #include "core/tensor.h"
 
-#define ZR_NODE_MAX_SAVED 8
+#define ZR_NODE_MAX_SAVED 12
 
 typedef zr_status (*zr_backward_fn)(zr_node *n, zr_tensor *grad_out, zr_tensor **grad_in);
 

@@ -16,15 +16,13 @@
 #include "cuda/device.h"
 #endif
 
-/* C (m,n; row stride ldc; dtype cdt) = op(A) · op(B) + beta C (+ bias (n), CUDA only) with A and
- * B of dtype dt, row-major as in gemm_cpu. On the CPU cdt must be dt (f32 or f64). */
-static zr_status mm(zr_device dev, zr_dtype dt, zr_dtype cdt, int ta, int tb, int64_t m, int64_t n,
-                    int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-                    void *c, int64_t ldc, const void *bias) {
+zr_status zr_gemm_rows(zr_device dev, zr_dtype dt, zr_dtype cdt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                       int64_t ldc, const void *bias) {
     if (m == 0 || n == 0) return ZR_OK;
     if (dev.type == ZR_CPU) {
         (void)cdt, (void)bias;
-        ZR_CPU_CALL(dt, gemm_cpu, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
+        ZR_CPU_CALL(dt, gemm_cpu, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return ZR_OK;
     }
 #ifdef ZR_HAVE_CUDA
@@ -32,13 +30,20 @@ static zr_status mm(zr_device dev, zr_dtype dt, zr_dtype cdt, int ta, int tb, in
     memset(&g, 0, sizeof g);
     g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k;
     g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.c = c, g.ldc = ldc, g.batch = 1, g.bias = bias;
-    g.alpha = 1, g.beta = beta, g.ab_dtype = dt, g.c_dtype = cdt;
+    g.alpha = alpha, g.beta = beta, g.ab_dtype = dt, g.c_dtype = cdt;
     return zr_dev_status(gemm_ex_cuda(&g, zr_cuda_stream(dev)), "linear_multi", dev);
 #else
-    (void)cdt, (void)ta, (void)tb, (void)k, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
+    (void)cdt, (void)ta, (void)tb, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta,
         (void)c, (void)ldc, (void)bias;
     return zr_no_cuda("linear_multi");
 #endif
+}
+
+/* C = op(A) · op(B) + beta C: zr_gemm_rows with alpha 1. */
+static zr_status mm(zr_device dev, zr_dtype dt, zr_dtype cdt, int ta, int tb, int64_t m, int64_t n,
+                    int64_t k, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                    void *c, int64_t ldc, const void *bias) {
+    return zr_gemm_rows(dev, dt, cdt, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc, bias);
 }
 
 static void *at(zr_tensor *t, int64_t elems) {
@@ -94,6 +99,62 @@ static zr_tensor *concat_biases(zr_tensor *const *b, int n, const int64_t *off, 
 
 /* --- linear_multi --- */
 
+zr_status zr_linear_multi_into(zr_device dev, zr_dtype ct, void *y, int64_t ldy, const void *x, int n,
+                               zr_tensor *const *w, int64_t rows, int64_t in, const int64_t *off, double alpha,
+                               double beta, const void *bias) {
+    int starts[ZR_LINEAR_MULTI_MAX + 1], nr = weight_runs(n, w, starts);
+    size_t es = zr_dtype_size(ct);
+    for (int r = 0; r < nr; r++) {
+        int s = starts[r], e = starts[r + 1];
+        zr_tensor *wv = run_view(w, s, e, in);
+        zr_tensor *wt = wv ? zr_tensor_transpose_raw(wv, 0, 1) : NULL; /* (in, n_run) */
+        zr_gemm_operand W = {0};
+        zr_status st = wt ? zr_gemm_operand_prepare(wt, ct, &W) : ZR_ERR;
+        if (!st)
+            st = zr_gemm_rows(dev, ct, ct, 0, W.trans, rows, off[e] - off[s], in, alpha, x, in,
+                              zr_tensor_data(W.t), W.ld, beta, (char *)y + off[s] * es, ldy,
+                              bias ? (const char *)bias + off[s] * es : NULL);
+        zr_tensor_release(W.t);
+        zr_tensor_release(wt);
+        zr_tensor_release(wv);
+        if (st) return st;
+    }
+    return ZR_OK;
+}
+
+zr_status zr_linear_multi_dx_into(zr_device dev, zr_dtype ct, void *dx, const void *g, int64_t ldg, int n,
+                                  zr_tensor *const *w, int64_t rows, int64_t in, const int64_t *off,
+                                  double beta) {
+    int starts[ZR_LINEAR_MULTI_MAX + 1], nr = weight_runs(n, w, starts);
+    size_t es = zr_dtype_size(ct);
+    for (int k = 0; k < nr; k++) {
+        int s = starts[k], t = starts[k + 1];
+        zr_tensor *wv = run_view(w, s, t, in);
+        zr_gemm_operand W = {0};
+        zr_status st = wv ? zr_gemm_operand_prepare(wv, ct, &W) : ZR_ERR;
+        if (!st)
+            st = zr_gemm_rows(dev, ct, ct, 0, W.trans, rows, in, off[t] - off[s], 1.0, (const char *)g + off[s] * es,
+                              ldg, zr_tensor_data(W.t), W.ld, k ? 1.0 : beta, dx, in, NULL);
+        zr_tensor_release(W.t);
+        zr_tensor_release(wv);
+        if (st) return st;
+    }
+    return ZR_OK;
+}
+
+zr_status zr_linear_multi_rows(zr_tensor *o, zr_tensor *xi, int n, zr_tensor *const *w, zr_tensor *bc,
+                               int64_t rows, int64_t in, int64_t N, const int64_t *off) {
+    zr_device dev = zr_tensor_device(o);
+    int cpu = dev.type == ZR_CPU;
+    if (cpu && bc) ZR_CPU_CALL(o->dtype, fill_rows_cpu, zr_tensor_data(o), zr_tensor_data(bc), rows, N);
+    return zr_linear_multi_into(dev, o->dtype, zr_tensor_data(o), N, zr_tensor_data(xi), n, w, rows, in, off, 1.0,
+                                cpu && bc ? 1.0 : 0.0, !cpu && bc ? zr_tensor_data(bc) : NULL);
+}
+
+zr_tensor *zr_linear_multi_biases(zr_tensor *const *b, int n, const int64_t *off, zr_dtype ct, zr_device dev) {
+    return concat_biases(b, n, off, off[n], ct, dev);
+}
+
 /* out (rows, N) contiguous = x · Wᵀ (+ biases): one GEMM per run of adjacent weights, each into
  * its column block. CPU: computed in f32/f64 (the biases are filled in first, the GEMMs add);
  * CUDA: in out's dtype, each run's biases through the GEMM epilogue. */
@@ -113,23 +174,7 @@ static zr_status lm_forward(zr_tensor *out, zr_tensor *x, int n, zr_tensor *cons
     }
     if (!(xi = zr_tensor_to_raw(x, ct, dev))) goto done;
     if (!(o = cpu ? zr_cpu_out_begin(out, ct) : zr_tensor_retain(out))) goto done;
-    if (cpu && bc) ZR_CPU_CALL(ct, fill_rows_cpu, zr_tensor_data(o), zr_tensor_data(bc), rows, N);
-    int starts[ZR_LINEAR_MULTI_MAX + 1], nr = weight_runs(n, w, starts);
-    for (int r = 0; r < nr; r++) {
-        int s = starts[r], e = starts[r + 1];
-        zr_tensor *wv = run_view(w, s, e, in);
-        zr_tensor *wt = wv ? zr_tensor_transpose_raw(wv, 0, 1) : NULL; /* (in, n_run) */
-        zr_gemm_operand W = {0};
-        zr_status s2 = wt ? zr_gemm_operand_prepare(wt, ct, &W) : ZR_ERR;
-        if (!s2)
-            s2 = mm(dev, ct, ct, 0, W.trans, rows, off[e] - off[s], in, zr_tensor_data(xi), in,
-                    zr_tensor_data(W.t), W.ld, cpu && bc ? 1.0 : 0.0, at(o, off[s]), N,
-                    !cpu && bc ? at(bc, off[s]) : NULL);
-        zr_tensor_release(W.t);
-        zr_tensor_release(wt);
-        zr_tensor_release(wv);
-        if (s2) goto done;
-    }
+    if (zr_linear_multi_rows(o, xi, n, w, bc, rows, in, N, off)) goto done;
     st = cpu ? zr_cpu_out_end(out, o) : ZR_OK;
     if (cpu) o = NULL;
 done:
@@ -140,7 +185,7 @@ done:
 }
 
 /* True when a leaf gradient lg can be the output of the dW GEMM computed in dtype ct on dev. */
-static int gemm_writable(const zr_tensor *lg, zr_dtype ct, int cpu) {
+int zr_gemm_grad_writable(const zr_tensor *lg, zr_dtype ct, int cpu) {
     if (!lg) return 0;
     if (cpu) return lg->dtype == ct;
     return (lg->dtype == ZR_F32 || lg->dtype == ct) && (ct == ZR_BF16 || ct == ZR_F16 || ct == ZR_F32);
@@ -157,7 +202,7 @@ static zr_status lm_backward_dw(zr_node *nd, int n, zr_tensor *const *w, zr_tens
     int all = 1;
     for (int i = 0; i < n; i++) {
         lg[i] = zr_node_needs_grad(nd, 1 + i) ? zr_node_leaf_grad(nd, 1 + i) : NULL;
-        if (!gemm_writable(lg[i], ct, cpu)) lg[i] = NULL;
+        if (!zr_gemm_grad_writable(lg[i], ct, cpu)) lg[i] = NULL;
         if (!lg[i] || (i > 0 && (!lg[i - 1] || !follows(lg[i - 1], lg[i]) ||
                                  nd->edges[i].leaf->grad_stale != nd->edges[1 + i].leaf->grad_stale)))
             all = 0;
@@ -222,19 +267,8 @@ static zr_status linear_multi_backward(zr_node *nd, zr_tensor *g, zr_tensor **gi
     if (zr_node_needs_grad(nd, 0)) { /* dx (rows, in) = Σ runs gy[:, run] · W_run */
         zr_edge *e = &nd->edges[0];
         if (!(r = zr_tensor_new_cat(ct, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-        int starts[ZR_LINEAR_MULTI_MAX + 1], nr = weight_runs(n, w, starts);
-        for (int k = 0; k < nr; k++) {
-            int s = starts[k], t = starts[k + 1];
-            zr_tensor *wv = run_view(w, s, t, in);
-            zr_gemm_operand W = {0};
-            zr_status s2 = wv ? zr_gemm_operand_prepare(wv, ct, &W) : ZR_ERR;
-            if (!s2)
-                s2 = mm(dev, ct, ct, 0, W.trans, rows, in, off[t] - off[s], at(gi, off[s]), N,
-                        zr_tensor_data(W.t), W.ld, k ? 1.0 : 0.0, zr_tensor_data(r), in, NULL);
-            zr_tensor_release(W.t);
-            zr_tensor_release(wv);
-            if (s2) goto done;
-        }
+        if (zr_linear_multi_dx_into(dev, ct, zr_tensor_data(r), zr_tensor_data(gi), N, n, w, rows, in, off, 0.0))
+            goto done;
         if (!(gin[0] = zr_take_as(r, e->dtype))) goto done;
         r = NULL;
     }

@@ -34,4 +34,30 @@ zr_tensor *zr_linear_multi(zr_tensor *x, int n, zr_tensor *const *w, zr_tensor *
  * they sit back to back. For tests and diagnostics. */
 int zr_linear_multi_runs(int n, zr_tensor *const *w);
 
+
+/* --- For ops/lora.c (internal; row-major matrices as in kernels/cpu/matmul.h) --- */
+/* C (m, n; row stride ldc; dtype cdt) = alpha op(A) · op(B) + beta C (+ bias (n), CUDA only), A and B
+ * of dtype dt on dev: OpenBLAS (cdt must be dt, f32 or f64) or cuBLASLt. */
+zr_status zr_gemm_rows(zr_device dev, zr_dtype dt, zr_dtype cdt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                       double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                       int64_t ldc, const void *bias);
+/* y[:, off[i] .. off[i+1]) = alpha x · w_iᵀ + beta y (+ bias[off[i] ..], CUDA only) for the n weights,
+ * one GEMM per run of adjacent ones: x (rows, in) contiguous and y (row stride ldy) in ct. */
+zr_status zr_linear_multi_into(zr_device dev, zr_dtype ct, void *y, int64_t ldy, const void *x, int n,
+                               zr_tensor *const *w, int64_t rows, int64_t in, const int64_t *off, double alpha,
+                               double beta, const void *bias);
+/* dx (rows, in, contiguous) = Σ g[:, off[i] .. off[i+1]) · w_i + beta dx (g's row stride ldg), per run. */
+zr_status zr_linear_multi_dx_into(zr_device dev, zr_dtype ct, void *dx, const void *g, int64_t ldg, int n,
+                                  zr_tensor *const *w, int64_t rows, int64_t in, const int64_t *off,
+                                  double beta);
+/* o (rows, N) = xi · [w]ᵀ + biases (bc: zr_linear_multi_biases, or NULL), o and xi contiguous in o's
+ * dtype (the compute dtype). */
+zr_status zr_linear_multi_rows(zr_tensor *o, zr_tensor *xi, int n, zr_tensor *const *w, zr_tensor *bc,
+                               int64_t rows, int64_t in, int64_t N, const int64_t *off);
+/* The n biases end to end, (off[n]) in ct on dev (workspace). */
+zr_tensor *zr_linear_multi_biases(zr_tensor *const *b, int n, const int64_t *off, zr_dtype ct, zr_device dev);
+/* True when a leaf gradient lg can be the output of a GEMM computed in ct (CPU: lg in ct; CUDA:
+ * f32 or ct, ct a float dtype cuBLASLt takes). */
+int zr_gemm_grad_writable(const zr_tensor *lg, zr_dtype ct, int cpu);
+
 #endif
