@@ -368,19 +368,64 @@ function Lora:__init(base, conv1d, cfg)
   rawset(self, "lora_dropout", cfg.lora_dropout)
 end
 
--- base(x) + lora_B(lora_A(dropout(x))) * scaling: x (..., in) -> (..., out). The adapter's input is
--- cast to its dtype (as PEFT's _cast_input_dtype). Its temporaries (the base's output, lora_B's, the scaled
--- copy) are freed when it returns (what backward needs, the nodes keep): held until the model's forward
--- returned, they made a LoRA forward's activations larger than a full fine-tune's (Llama-3-8B 4 x 1024: 25.4
--- against 21.6 GiB planned).
+-- base(x) + lora_B(lora_A(dropout(x))) * scaling: x (..., in) -> (..., out). With the base frozen (as
+-- get_peft_model leaves it) and one dtype throughout, one zr.lora_multi: the base product, the adapter's two
+-- written into its output in place, the dropout mask made where it is applied (M.project). Otherwise PEFT's
+-- composition: the adapter's input cast to its dtype (as PEFT's _cast_input_dtype), and its temporaries (the
+-- base's output, lora_B's, the scaled copy) freed when it returns (what backward needs, the nodes keep): held
+-- until the model's forward returned, they made a LoRA forward's activations larger than a full fine-tune's
+-- (Llama-3-8B 4 x 1024: 25.4 against 21.6 GiB planned).
 function Lora:forward(x)
+  local y = M.project(x, { self })
+  if y then return y end
   local scope = self:temporaries_scope()
-  local y
   if self.conv1d then y = zr.conv1d(x, self.weight, self.bias) else y = zr.linear(x, self.weight, self.bias) end
   local a = x
   if self.lora_dropout > 0 and self.training then a = zr.dropout(a, self.lora_dropout, true) end
   if a:dtype() ~= self.lora_A.weight:dtype() then a = a:to(self.lora_A.weight:dtype()) end
   return (Module.end_scope(scope, y + self.lora_B(self.lora_A(a)) * self.scaling))
+end
+
+local linear_forward = nn.Linear.forward
+-- Whether m (a LoraLayer, or a plain nn.Linear beside them) can run inside zr.lora_multi reading x: its base
+-- frozen, its adapter's modules plain Linears without a bias, no hooks of their own, one dtype throughout.
+local function fusable_part(m, x)
+  local w, b, dt = m.weight, m.bias, x:dtype()
+  if not w or w.requires_grad or (b and b.requires_grad) or w:dtype() ~= dt or not m:groupable() then return false end
+  if not Module.isinstance(m, Lora) then return Module.isinstance(m, nn.Linear) and m.forward == linear_forward end
+  local A, B = m.lora_A, m.lora_B
+  return m.forward == Lora.forward and A.forward == linear_forward and B.forward == linear_forward and
+    A.bias == nil and B.bias == nil and A:groupable() and B:groupable() and A.weight:dtype() == dt and
+    B.weight:dtype() == dt
+end
+
+-- mods (LoraLayers, and plain frozen Linears among them: k_proj beside adapted q_proj and v_proj) over x as
+-- ONE zr.lora_multi, their outputs side by side (..., Σ out): the frozen bases one product when their weights
+-- sit back to back, each adapter's products into its column block; ZeRO-3's hooks run for every module
+-- around it (Module.call_group). nil when they cannot (a base trained, hooks of their own, dtypes that
+-- differ, adapters with other dropout rates or training modes, no adapter at all, more than 3 modules).
+function M.project(x, mods)
+  if #mods > 3 then return nil end
+  local ws, bs, As, Bs, ss, group = {}, {}, {}, {}, {}, {}
+  local p, training
+  for i, m in ipairs(mods) do
+    if not fusable_part(m, x) or (m.bias == nil) ~= (mods[1].bias == nil) then return nil end
+    ws[i], bs[i] = m.conv1d and m.weight:transpose(1, 2) or m.weight, m.bias
+    group[#group + 1] = m
+    if Module.isinstance(m, Lora) then
+      local pi, ti = m.training and m.lora_dropout or 0, m.training
+      if p and (pi ~= p or ti ~= training) then return nil end
+      p, training = pi, ti
+      As[i], Bs[i], ss[i] = m.lora_A.weight, m.lora_B.weight, m.scaling
+      group[#group + 1], group[#group + 2] = m.lora_A, m.lora_B
+    else
+      As[i], Bs[i], ss[i] = false, false, 0
+    end
+  end
+  if p == nil then return nil end
+  return Module.call_group(group, function(y)
+    return zr.lora_multi(y, ws, mods[1].bias and bs or nil, As, Bs, ss, p, training)
+  end, x)
 end
 
 -- "in_features=..., out_features=..., r=..., scaling=..."

@@ -49,6 +49,14 @@ local function project(x, ...)
   return Module.call_group(mods, function(y) return zr.linear_multi(y, weights(unpack(mods))) end, x)
 end
 
+-- zr.peft's LoraLayers (bases frozen) and frozen plain projections beside them as one zr.lora_multi,
+-- their outputs side by side as project's; nil when they cannot (zr.peft.project says when)
+local function project_lora(x, ...)
+  for i = 1, select("#", ...) do
+    if (select(i, ...)).lora_A then return require("zrun.peft").project(x, { ... }) end
+  end
+end
+
 -- Attention ---------------------------------------------------------------------------------
 local Attention = Module:extend("LlamaAttention")
 function Attention:__init(cfg)
@@ -69,12 +77,13 @@ function Attention:forward(x, cos, sin, segs)
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
   local seg = segs and segs.seg
   local B, T = x:size(1), x:size(2)
-  if fusable(qp, kp, vp) then
-    -- one (B, T, (H + 2 KV) D) product; qkv_rope_sdpa rotates q and k of it and runs the attention
-    -- over them (read in place on the GPU), and in backward writes the product's gradient in one
-    -- pass (the rope's transpose folded into the attention's last pass) for its one backward GEMM
-    -- per operand; it returns (B, T, H D), o_proj's input
-    local qkv = project(x, qp, kp, vp)
+  local qkv = fusable(qp, kp, vp) and project(x, qp, kp, vp) or project_lora(x, qp, kp, vp)
+  if qkv then
+    -- one (B, T, (H + 2 KV) D) product (LoRA adapters' products written into it: project_lora);
+    -- qkv_rope_sdpa rotates q and k of it and runs the attention over them (read in place on the
+    -- GPU), and in backward writes the product's gradient in one pass (the rope's transpose folded
+    -- into the attention's last pass) for its one backward GEMM per operand; it returns (B, T, H D),
+    -- o_proj's input
     if seg then
       local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
       return self.o_proj(y:view(B, T, H * D))
@@ -117,9 +126,9 @@ function MLP:__init(cfg)
 end
 function MLP:forward(x)
   local g, u = self.gate_proj, self.up_proj
-  if fusable(g, u) then -- one (.., 2I) product, gate then up, read packed by swiglu (no split)
-    return self.down_proj(zr.swiglu(project(x, g, u)))
-  end
+  -- one (.., 2I) product, gate then up (adapters' products written into it), read packed by swiglu
+  local gu = fusable(g, u) and project(x, g, u) or project_lora(x, g, u)
+  if gu then return self.down_proj(zr.swiglu(gu)) end
   return self.down_proj(zr.swiglu(g(x), u(x))) -- silu(gate) * up, fused
 end
 
