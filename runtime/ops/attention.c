@@ -150,8 +150,15 @@ static int strided_ok(const zr_tensor *t) {
            t->stride[0] >= 0 && t->stride[1] >= 0 && t->stride[2] >= 0 &&
            ((uintptr_t)zr_tensor_data((zr_tensor *)t) & 15) == 0;
 }
+/* t's (B, H, T) strides, a dim of size 1 given its contiguous stride (never stepped; a view can carry any,
+ * e.g. a single K/V head of a transposed projection, which contiguous copies keep as it is). */
 static zr_attn_strides strides_of(const zr_tensor *t) {
-    return (zr_attn_strides){t->stride[0], t->stride[1], t->stride[2]};
+    int64_t s[3], dense = t->shape[3];
+    for (int i = 2; i >= 0; i--) {
+        s[i] = t->shape[i] == 1 ? dense : t->stride[i];
+        dense *= t->shape[i];
+    }
+    return (zr_attn_strides){s[0], s[1], s[2]};
 }
 
 /* OK where the flash kernels take packed sequences (seg) for q, k, v of dtype dt (same: k and v
