@@ -727,7 +727,7 @@ end
 -- zr.rope (ops/rope.c) on the CPU, x a (B, H, T, D) view: a new contiguous output, x read through
 -- zr_cpu_in (a transposed view: a contiguous copy, freed when the op returns); saves only the cos / sin
 -- tables (the model's); backward a new dx
--- A backward that reads its gradient (raw) and makes x's as a new buffer (elementwise ops: rope, dropout).
+-- A backward that reads its gradient (raw) and makes x's as a new buffer (elementwise ops: rope).
 local function new_input_grad(x)
   return function(S, _, g)
     local gi = S:raw(g)
@@ -755,43 +755,97 @@ function Sim:rope(x, T, D, tabs)
   return out
 end
 
--- zr.dropout(x, p, true) (ops/dropout.c): a u8 mask and the output (x's size, x's dtype); the node saves
--- the mask (none recorded when x needs no gradient: the mask goes at once); backward a new dx
-function Sim:dropout(x)
-  local mask = self:new(x.n / self.o.dtype_bytes)
-  local out = self:lua(self:new(x.n))
-  self:record(out, { x }, { mask }, new_input_grad(x))
-  self:drop(mask)
+-- zr.lora_multi (ops/lora.c): frozen projections reading one x, each with its LoRA adapter or none (zr.peft's
+-- LoraLayers, and plain frozen projections beside them: llama.lua's project_lora, q/k/v or gate/up as one op, o_proj
+-- or down_proj alone), as ONE op: the output (rows, Σ out_i) in the model's dtype, the bases' product and each
+-- adapter's two written into it in place. projs: {W =, ad = (an adapter: A, B, r, dropout) or nil} in order.
+-- ct, the compute dtype: the model's on a GPU (and for f32/f64), f32 for 16 bits on the CPU, where x is read as an f32
+-- copy (in its category), the output computed in a workspace buffer, and h = [D_i(x) A_iᵀ] (rows, Σ r_i) made in a
+-- workspace buffer and kept as a copy in the model's dtype; elsewhere h is made as the saved tensor itself. With
+-- dropout (training, p > 0) one (rows, in) workspace buffer holds each adapter's dropped copy of x in turn; no mask
+-- is kept (backward makes them again). The node saves x and h (and the weights: parameters).
+-- Backward: g, h and x read in ct (copies only where ct differs), dh (rows, Σ r_i) workspace; dB_i then dx (when x
+-- needs a gradient: a new buffer handed on, never written into its producer's pending one), then dA_i (with
+-- dropout one (rows, in) workspace buffer for the masks made again); dA_i and dB_i go straight into the leaves'
+-- gradients when they have one (stages 0-1, direct mode: leaf.static), else new tensors handed on (cast to the
+-- parameter's dtype where ct differs, as dx to x's).
+-- At stage 3 Module.call_group runs the hooks of every module of the group around the op: each adapter's lora_A
+-- then lora_B gathered in order before it (each gather starting its prefetch) and released in order after it; in
+-- backward the output's boundary nodes gather them last first, the input's release them after the op's backward,
+-- unless x needs no gradient (no boundary node is recorded on it: they stay gathered until backward ends).
+function Sim:lora_multi(x, projs, o_bytes, rows)
+  local b = self.o.dtype_bytes
+  local cb = (not self.o.gpu and b == 2) and 4 or b -- ct's element size
+  local conv = cb ~= b
+  local n, R, drop, ads = #projs, 0, false, {}
+  for _, pr in ipairs(projs) do
+    local a = pr.ad
+    if a then
+      ads[#ads + 1] = a
+      R = R + a.r
+      if a.dropout > 0 then drop = true end
+    end
+  end
+  local xin = x.n / rows -- bytes of a row of x
+  -- zr_tensor_to_raw(v, ct): v itself when contiguous in ct, else a copy in v's category
+  local function in_ct(S, v) if conv then return S:new(v.n / b * cb, v.s.cat) end return S:raw(v) end
+  for _, a in ipairs(ads) do self:gather(a.A); self:gather(a.B) end
+  local out = self:lua(self:new(o_bytes))
+  local xi = in_ct(self, x)
+  local o = conv and self:new(o_bytes / b * cb, "ws") or nil -- zr_cpu_out_begin
+  local hc = self:new(rows * R * cb, conv and "ws" or "act")
+  if drop then self:drop(self:new(xin / b * cb, "ws")) end -- the dropped copies of x, adapter by adapter
+  local h = hc
+  if conv then h = self:new(rows * R * b) end
+  self:drop(o) -- zr_cpu_out_end
+  -- inputs as the C node's edges: x, w_i, b_i (none here), A_i, B_i (false where absent)
+  local inputs = { x }
+  for i, pr in ipairs(projs) do
+    inputs[1 + i], inputs[1 + n + i] = pr.W, false
+    inputs[1 + 2 * n + i], inputs[1 + 3 * n + i] = pr.ad and pr.ad.A or false, pr.ad and pr.ad.B or false
+  end
+  self:record(out, inputs, { x, h }, function(S, _, g)
+    for k = #ads, 1, -1 do S:gather(ads[k].B, true); S:gather(ads[k].A, true) end
+    local gi, hi, xc = in_ct(S, g), in_ct(S, h), in_ct(S, x)
+    local dh = S:new(rows * R * cb, "ws")
+    local gins = {}
+    -- grad_product: into the leaf's gradient where it has one, else a new one in ct (zr_take_as: cast to its dtype)
+    local function grad(W, e)
+      local leaf = W.leaf
+      if leaf.frozen or leaf.static then return end
+      local d = S:new(leaf.numel * cb)
+      if conv then
+        local c = S:new(leaf.bytes)
+        S:drop(d)
+        d = c
+      end
+      gins[e] = d
+    end
+    for i, pr in ipairs(projs) do if pr.ad then grad(pr.ad.B, 1 + 3 * n + i) end end
+    local dx = needs(x) and S:new(x.n / b * cb) or nil
+    local tmp = drop and S:new(xin / b * cb, "ws") or nil
+    for i, pr in ipairs(projs) do if pr.ad then grad(pr.ad.A, 1 + 2 * n + i) end end
+    if dx and conv then
+      local c = S:new(x.n)
+      S:drop(dx)
+      dx = c
+    end
+    gins[1] = dx
+    S:drop(tmp); S:drop(dh); S:drop(xc); S:drop(hi); S:drop(gi)
+    if needs(x) then for k = #ads, 1, -1 do S:release_param(ads[k].B); S:release_param(ads[k].A) end end
+    return gins
+  end)
+  self:drop(h)
+  if conv then self:drop(hc) end
+  self:drop(xi)
+  for _, a in ipairs(ads) do self:release_param(a.A, true); self:release_param(a.B, true) end
   return out
-end
-
--- x * s for a number s (zr_affine): a new output, nothing saved; backward a new g * s
-function Sim:scale(x)
-  local out = self:lua(self:new(x.n))
-  return self:record(out, { x }, nil, function(S, _, g) return { S:new(g.n) } end)
-end
-
--- zr.peft's LoraLayer: base(x) + lora_B(lora_A(dropout(x))) * scaling, each a Lua value of the layer's
--- forward, freed when it returns (its temporaries_scope) but what the nodes saved. The frozen base's product
--- still saves x when x needs a gradient (linear saves its input whatever needs one) and gives dX, no dW;
--- lora_A saves its input (x itself, or the dropped copy), lora_B the (N, r) product.
-function Sim:lora(x, ad, o_bytes, rows)
-  local serial = self:scope()
-  self:push()
-  local y = self:linear(x, ad.W, o_bytes)
-  local a = x
-  if ad.dropout > 0 then a = self:dropout(x) end
-  local h = self:linear(a, ad.A, rows * ad.r * self.o.dtype_bytes)
-  local z = self:add(y, self:scale(self:linear(h, ad.B, o_bytes)))
-  self:pop(z)
-  self:end_scope(serial, { [z] = true })
-  return z
 end
 
 -- Each op's name on a stack while it runs, for the trace lines of the node it records.
 for _, name in ipairs { "linear", "rms_norm", "view", "reshape", "transpose", "narrow", "cast", "sdpa",
   "add", "add_rms_norm", "swiglu", "embedding", "checkpoint", "cross_entropy", "linear_multi", "split", "contiguous",
-  "qkv_rope_sdpa", "rope", "dropout", "scale" } do
+  "qkv_rope_sdpa", "rope", "lora_multi" } do
   local f = Sim[name]
   if f then
     Sim[name] = function(self, ...)
@@ -815,6 +869,8 @@ end
 --   for _ = 1, 20 do for _, k in ipairs { "a", "b", "c" } do if set[k] then n = n + 1 end end end
 -- (tests/lua/test_memory_plan_jit.lua checks both; an upvalue list is loaded, never folded from the literal)
 local LAYER_MODULES = { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" }
+-- llama.lua's projection groups (the same rule: constants, never literals in the layer loop)
+local QKV, O_PROJ, GATE_UP, DOWN_PROJ = { "q", "k", "v" }, { "o" }, { "g", "u" }, { "d" }
 
 -- ---------------------------------------------------------------------------------------------
 -- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
@@ -930,71 +986,51 @@ function M.llama_activations(cfg, o)
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
     local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
+    -- projections as llama.lua runs them: a group (q/k/v, gate/up) with an adapter as one zr.lora_multi (project_lora;
+    -- a plain frozen projection among them without one), an adapted o_proj or down_proj as one of its own; else the
+    -- plain product (one zr.linear_multi for a group)
     local ad = p.ad
-    -- a projection as its module runs it: a LoraLayer where adapted, else a plain product
-    local function proj(x, k, o_bytes)
-      if ad[k] then return S:lora(x, ad[k], o_bytes, N) end
-      return S:linear(x, p[k], o_bytes)
+    local function adapted(ks) -- ks: a module constant (LAYER_MODULES' note)
+      local projs, any = {}, false
+      for i, k in ipairs(ks) do
+        projs[i] = { W = p[k], ad = ad[k] }
+        if ad[k] then any = true end
+      end
+      return any and projs or nil
     end
-    if ad.q or ad.k or ad.v then
-      -- llama.lua's unfused attention (an adapted q/k/v is no plain Linear, so no fused product): q, k, v
-      -- one module call each, viewed (B, T, heads, D) and transposed, q and k through zr.rope, then
-      -- zr.scaled_dot_product_attention, its output transposed back and reshaped (a copy); each a Lua
-      -- value of the attention's forward (freed with the model's scope)
-      -- (packed sequences: packed.attend gathers each of q, k, v's rows into the group, and the output's back)
-      -- (on the segments: q, k, v viewed as one (1, N) row first, the per-token tables, the output viewed back)
-      S:push()
-      local q, k, v = proj(a1, "q", N * Hq * D * b), proj(a1, "k", N * KV * D * b), proj(a1, "v", N * KV * D * b)
-      local aB, aT = B, T
-      if flat then
-        aB, aT = 1, N
-        q, k, v = S:view(q), S:view(k), S:view(v)
-      elseif o.packed then
-        aB, aT = N / o.packed, o.packed
-        q, k, v = S:gather_rows(q, q.n), S:gather_rows(k, k.n), S:gather_rows(v, v.n)
-      end
-      q, k, v = S:transpose(S:view(q)), S:transpose(S:view(k)), S:transpose(S:view(v))
-      q, k = S:rope(q, aT, D, tabs), S:rope(k, aT, D, tabs)
-      local so = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
-      att = S:reshape(S:transpose(so))
-      if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
-      att = S:pop(att)
-    else
-      local qkv = S:linear_multi(a1, { p.q, p.k, p.v }, N * (Hq + 2 * KV) * D * b)
-      -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
-      -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
-      -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
-      -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
-      -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
-      -- attention's nodes, the output viewed back (B, T, H·D))
-      local aB, aT = B, T
-      if flat then
-        qkv, aB, aT = S:view(qkv), 1, N
-      elseif o.packed then
-        qkv, aB, aT = S:gather_rows(qkv, qkv.n), N / o.packed, o.packed
-      end
-      if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
-        att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
-      else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
-        local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false, tabs))
-        local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
-        local ot = S:transpose(o)
-        att = S:reshape(ot)
-        -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
-        for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
-      end
-      if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+    local lqkv, qkv_bytes = adapted(QKV), N * (Hq + 2 * KV) * D * b
+    local qkv = lqkv and S:lora_multi(a1, lqkv, qkv_bytes, N) or S:linear_multi(a1, { p.q, p.k, p.v }, qkv_bytes)
+    -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
+    -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
+    -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
+    -- (o.packed: the sequences' length; the attention runs over N / o.packed of them)
+    -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
+    -- attention's nodes, the output viewed back (B, T, H·D))
+    local aB, aT = B, T
+    if flat then
+      qkv, aB, aT = S:view(qkv), 1, N
+    elseif o.packed then
+      qkv, aB, aT = S:gather_rows(qkv, qkv.n), N / o.packed, o.packed
     end
-    local ao = proj(att, "o", N * H * b)
+    if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
+      att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
+    else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
+      local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false, tabs))
+      local o = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
+      local ot = S:transpose(o)
+      att = S:reshape(ot)
+      -- the composition runs in C (ops/attention.c): its q, k, v, o and transpose go as att is made
+      for _, t in ipairs { q, k, v, o, ot } do S:forget(t, true) end
+    end
+    if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
+    local lo = adapted(O_PROJ)
+    local ao = lo and S:lora_multi(att, lo, N * H * b, N) or S:linear(att, p.o, N * H * b)
     local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
-    local act
-    if ad.g or ad.u then -- gate and up one module call each, zr.swiglu's two-input form
-      local g = proj(a2, "g", N * I * b)
-      act = S:swiglu(g, proj(a2, "u", N * I * b))
-    else
-      act = S:swiglu(S:linear_multi(a2, { p.g, p.u }, N * 2 * I * b))
-    end
-    local m = proj(act, "d", N * H * b)
+    local lgu, gu_bytes = adapted(GATE_UP), N * 2 * I * b
+    -- gate then up side by side, read packed by zr.swiglu
+    local act = S:swiglu(lgu and S:lora_multi(a2, lgu, gu_bytes, N) or S:linear_multi(a2, { p.g, p.u }, gu_bytes))
+    local ld = adapted(DOWN_PROJ)
+    local m = ld and S:lora_multi(act, ld, N * H * b, N) or S:linear(act, p.d, N * H * b)
     if handoff then
       S:pop(h, m)
       return h, m

@@ -138,7 +138,8 @@ local cases = {
   { stage = 0, B = 2, T = 128, layers = 2, packed = 32, ckpt = true },
   { stage = 2, B = 1, T = 256, layers = 3, packed = 64 },
   -- LoRA (zr.peft.get_peft_model before zr.initialize): the base frozen (no gradient, no optimizer state, whole),
-  -- the adapters trained; adapted projections run unfused, each adapter keeping its input and its (N, r) product
+  -- the adapters trained; adapted projections run as zr.lora_multi (q/k/v and gate/up one op each when one of them is
+  -- adapted), each op keeping its input and its (N, Σ r) product
   { stage = 0, B = 5, T = 67, layers = 2, lora = { r = 4 } }, -- PEFT's default targets: q_proj, v_proj
   { stage = 0, B = 5, T = 67, layers = 2, lora = { r = 4 }, ckpt = true },
   { stage = 2, B = 3, T = 89, layers = 3, lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
@@ -150,7 +151,7 @@ local cases = {
   { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0, lora = { r = 4, target_modules = "all-linear" } },
   -- a regex: layer 0 untouched (nothing recorded through it), q and gate adapted in layers 1 and 2
   { stage = 0, B = 3, T = 64, layers = 3, lora = { r = 4, target_modules = ".*\\.layers\\.[12]\\..*(q|gate)_proj" } },
-  -- packed sequences (SFT's packing with LoRA): the unfused q, k, v gathered into the group one by one
+  -- packed sequences (SFT's packing with LoRA): the lora_multi q/k/v product gathered into the group as the plain one
   { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 } },
   { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 }, ckpt = true },
 }
@@ -189,10 +190,11 @@ for i, c in ipairs(cases) do
       T.eq(plan.total_params, base + trained)
       if c.stage == 3 then
         -- the frozen base stays whole beside the adapters' shard (the whole adapter set on one rank), plus the
-        -- adapters gathered at once (the largest: gate's or up's lora_B, 176 x 4 = 704; measured: 64 more)
-        T.eq(plan.device.params, (base + trained + 704) * 4, "planned: base + adapter shard + one adapter")
-        T.eq(m.params >= (base + trained + 704) * 4 and m.params <= (base + trained + 2 * 704) * 4, true,
-          "measured: base + adapter shard + gathered adapters")
+        -- adapters gathered at once: a group's (q/k/v, gate/up: one zr.lora_multi, Module.call_group running the
+        -- hooks of every lora_A and lora_B of the group around it), the largest gate/up's: 2 x (A 4 x 64 + B 176 x 4)
+        -- = 1,920 (q/k/v's 1,280; o's 512; down's 960)
+        T.eq(plan.device.params, (base + trained + 1920) * 4, "planned: base + adapter shard + gate/up's adapters")
+        T.eq(m.params, (base + trained + 1920) * 4, "measured: base + adapter shard + gate/up's adapters")
       else
         T.eq(m.params, (base + trained) * 4, "the frozen base and the adapters, once each")
         T.eq(setup.params, (base + 2 * trained) * 4, "setup: + the adapters' flat copy (direct mode)")
@@ -526,11 +528,12 @@ T.test("LoRA model states by hand (Llama-3-8B, r 16 on q_proj / v_proj, bf16, st
   T.eq(full.device.total - p.device.total > 10 * 2 ^ 30, true, "LoRA saves more than 10 GiB per rank here")
   -- stage 3: the base stays whole (not partitioned), the adapters' shard beside it; every adapter (65,536 elements at
   -- most) is below DeepSpeed's persistence threshold (1e5), so all stay whole too; with the threshold 0 and no
-  -- prefetch or reuse, only the largest adapter (q's A or B, 65,536) is gathered at a time
+  -- prefetch or reuse, one layer's q/k/v adapters are gathered at a time (q, k, v run as one zr.lora_multi, the hooks
+  -- of q's and v's lora_A and lora_B around it: 131,072 + 81,920 = 212,992)
   o.lora, o.stage = { r = 16 }, 3
   T.eq(P.plan(o).device.params, (base + S + trained) * 2, "stage 3: base + shard + persistent adapters")
   o.persistence_threshold, o.prefetch_bucket_size, o.max_reuse_distance = 0, 0, 0
-  T.eq(P.plan(o).device.params, (base + S + 65536) * 2, "stage 3: base + shard + one adapter gathered")
+  T.eq(P.plan(o).device.params, (base + S + 212992) * 2, "stage 3: base + shard + one layer's q/v adapters gathered")
   o.persistence_threshold, o.prefetch_bucket_size, o.max_reuse_distance = nil, nil, nil
   -- a PEFT model passed as the model is planned with its own peft_config
   local cfg = zr.models.llama.config("zrun/tiny-llama")
