@@ -786,7 +786,6 @@ function Sim:lora_multi(x, projs, o_bytes, rows)
       if a.dropout > 0 then drop = true end
     end
   end
-  local xin = x.n / rows -- bytes of a row of x
   -- zr_tensor_to_raw(v, ct): v itself when contiguous in ct, else a copy in v's category
   local function in_ct(S, v) if conv then return S:new(v.n / b * cb, v.s.cat) end return S:raw(v) end
   for _, a in ipairs(ads) do self:gather(a.A); self:gather(a.B) end
@@ -794,7 +793,7 @@ function Sim:lora_multi(x, projs, o_bytes, rows)
   local xi = in_ct(self, x)
   local o = conv and self:new(o_bytes / b * cb, "ws") or nil -- zr_cpu_out_begin
   local hc = self:new(rows * R * cb, conv and "ws" or "act")
-  if drop then self:drop(self:new(xin / b * cb, "ws")) end -- the dropped copies of x, adapter by adapter
+  if drop then self:drop(self:new(x.n / b * cb, "ws")) end -- the dropped copies of x, adapter by adapter
   local h = hc
   if conv then h = self:new(rows * R * b) end
   self:drop(o) -- zr_cpu_out_end
@@ -823,7 +822,7 @@ function Sim:lora_multi(x, projs, o_bytes, rows)
     end
     for i, pr in ipairs(projs) do if pr.ad then grad(pr.ad.B, 1 + 3 * n + i) end end
     local dx = needs(x) and S:new(x.n / b * cb) or nil
-    local tmp = drop and S:new(xin / b * cb, "ws") or nil
+    local tmp = drop and S:new(x.n / b * cb, "ws") or nil
     for i, pr in ipairs(projs) do if pr.ad then grad(pr.ad.A, 1 + 2 * n + i) end end
     if dx and conv then
       local c = S:new(x.n)

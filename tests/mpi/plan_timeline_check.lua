@@ -42,8 +42,15 @@ local cases = {
     lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
   { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, dft = true },
   { stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
-  -- packed sequences with checkpointing, at stage 3, and under LoRA (its unfused attention: zr.rope + sdpa); on
-  -- the CPU the segments (one attention over the rows joined, per-token rope tables), on a GPU they or the groups
+  -- LoRA's zr.lora_multi without checkpointing: with dropout the peak is in forward, in down_proj's (rows, in) buffer
+  -- for the dropped copies (workspace); at stage 1 over several ranks the adapters' gradients go into their .grad
+  -- (no new tensor); at stage 3 a group's adapters (q/k/v, gate/up) gathered around one op
+  { stage = 1, B = 4, T = 96, layers = 2, head_dim = 64, lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
+  { stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2,
+    lora = { r = 4, target_modules = { "k_proj", "o_proj", "up_proj" } } },
+  -- packed sequences with checkpointing, at stage 3, and under LoRA (q/k/v one zr.lora_multi, then the plain model's
+  -- attention); on the CPU the segments (one attention over the rows joined, per-token rope tables), on a GPU they or
+  -- the groups
   { stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32, ckpt = true, gas = 2 },
   { stage = 2, B = 2, T = 96, layers = 2, head_dim = 64, packed = 24,
     lora = { r = 4, target_modules = { "q_proj", "v_proj" } } },
