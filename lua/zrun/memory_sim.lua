@@ -971,10 +971,11 @@ function M.llama_activations(cfg, o)
     if o.gc ~= "ideal" then S.garbage[#S.garbage + 1] = S:new(N * 8, "other") end
   end
 
-  -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi), a residual add with
-  -- the norm after it as one op, and hands (h, m) from layer to layer (at stage 3 too, the hooks
-  -- of the modules run around each op: Module.call_group); a model whose modules have hooks of
-  -- their own runs them one by one, which this does not model
+  -- llama.lua runs q/k/v and gate/up as one product each (zr.linear_multi; with a LoRA adapter on
+  -- one of them, one zr.lora_multi), a residual add with the norm after it as one op, and hands
+  -- (h, m) from layer to layer (at stage 3 too, the hooks of the modules run around each op:
+  -- Module.call_group); a model whose modules have hooks of their own runs them one by one, which
+  -- this does not model
   -- handoff: llama.lua's Model:forward runs a plain layer as (h, m) and adds m to h with the next
   -- norm (zr.add_rms_norm); pending is the previous layer's m (nil: x is the layer's input as is)
   local seg, tabs -- packed sequences on the segments: made in the model's forward (below), read by each layer
