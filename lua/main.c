@@ -102,6 +102,11 @@ static int collect_floor_from_env(void) {
 
 static void setup(lua_State *L, const char *home, int argc, char **argv, int script_idx) {
     luaL_openlibs(L);
+    /* Load forwarding off in compiled traces: Debian's LuaJIT 2.1 snapshot (git20220320) forwards loads from
+     * table constructors wrongly (TDUP/TNEW; upstream fix c42c62e7, LuaJIT issue #994): a looping trace visited
+     * only the first entries of a list literal, and the memory plan lost whole layers' parameters. Off, no
+     * shape of that bug can reach zrun's Lua; measured (CONTRIBUTING.md): no cost in the training loop. */
+    if (luaL_dostring(L, "if jit and jit.opt then jit.opt.start('-fwd') end")) lua_pop(L, 1);
     zr_mem_set_collector(zr_l_alloc_collect, L);
     lua_getglobal(L, "package");
     lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;./?.lua", home, home);
