@@ -375,8 +375,9 @@ end
 -- base's output, lora_B's, the scaled copy) freed when it returns (what backward needs, the nodes keep): held
 -- until the model's forward returned, they made a LoRA forward's activations larger than a full fine-tune's
 -- (Llama-3-8B 4 x 1024: 25.4 against 21.6 GiB planned).
+local project
 function Lora:forward(x)
-  local y = M.project(x, { self })
+  local y = project(x, { self }, true)
   if y then return y end
   local scope = self:temporaries_scope()
   if self.conv1d then y = zr.conv1d(x, self.weight, self.bias) else y = zr.linear(x, self.weight, self.bias) end
@@ -404,14 +405,15 @@ end
 -- sit back to back, each adapter's products into its column block; ZeRO-3's hooks run for every module
 -- around it (Module.call_group). nil when they cannot (a base trained, hooks of their own, dtypes that
 -- differ, adapters with other dropout rates or training modes, no adapter at all, more than 3 modules).
-function M.project(x, mods)
+-- (called: the modules' own forward hooks have run already, as from Lora:forward; only their adapters' run here)
+function project(x, mods, called)
   if #mods > 3 then return nil end
   local ws, bs, As, Bs, ss, group = {}, {}, {}, {}, {}, {}
   local p, training
   for i, m in ipairs(mods) do
     if not fusable_part(m, x) or (m.bias == nil) ~= (mods[1].bias == nil) then return nil end
     ws[i], bs[i] = m.conv1d and m.weight:transpose(1, 2) or m.weight, m.bias
-    group[#group + 1] = m
+    if not called then group[#group + 1] = m end
     if Module.isinstance(m, Lora) then
       local pi, ti = m.training and m.lora_dropout or 0, m.training
       if p and (pi ~= p or ti ~= training) then return nil end
@@ -427,6 +429,7 @@ function M.project(x, mods)
     return zr.lora_multi(y, ws, mods[1].bias and bs or nil, As, Bs, ss, p, training)
   end, x)
 end
+function M.project(x, mods) return project(x, mods, false) end
 
 -- "in_features=..., out_features=..., r=..., scaling=..."
 function Lora:extra_repr()
