@@ -22,6 +22,9 @@ if "$Z" -e 'os.exit(require("zrun").cuda.is_available() and 0 or 1)' 2>/dev/null
   else
     echo; echo "== tests/bench/gemm_sustained.py: SKIP, python3 here has no torch with CUDA"
   fi
+  # zrun's LoRA next to Hugging Face PEFT's (where python3 imports peft; it says SKIP otherwise)
+  echo; echo "== tests/bench/vs_peft.sh (zrun's LoRA and PEFT's in the same run)"
+  sh tests/bench/vs_peft.sh "$Z" || echo "(tests/bench/vs_peft.sh failed)"
   # zrun next to llm.c (GPT-2 124M), where the llm.c bundle is here (sh tests/bench/llmc_bundle.sh)
   if [ -f .llmc/SOURCES ]; then
     echo; echo "== tests/bench/vs_llmc.sh (zrun and llm.c in the same run)"
