@@ -114,6 +114,26 @@ T.test("lora_multi adds into existing adapter gradients in place", function()
   T.near(a3.grad, want.A3, 1e-12, 1e-12, "A3 fresh")
 end)
 
+T.test("lora_multi with frozen adapters (PEFT's inference_mode): x's gradient only, or no node at all", function()
+  local ws, bs, As, Bs, ss = make("f64", false, false)
+  local fa, fb = { As[1]:detach(), false, As[3]:detach() }, { Bs[1]:detach(), false, Bs[3]:detach() }
+  local x0, gy = f64({ 3, IN }), f64({ 3, 12 })
+  local function grads(fn)
+    local x = leaf(x0)
+    zr.manual_seed(5)
+    local y = fn(x, ws, nil, fa, fb, ss, 0.25, true)
+    ;(y * gy):sum():backward()
+    return y, x.grad
+  end
+  local yw, gw = grads(reference)
+  local yg, gg = grads(zr.lora_multi)
+  T.near(yg, yw, 1e-12, 1e-12, "y")
+  T.near(gg, gw, 1e-12, 1e-12, "x's gradient through frozen adapters")
+  T.eq(fa[1].grad == nil and fb[3].grad == nil, true, "no gradient for a frozen adapter")
+  local y = zr.lora_multi(x0, ws, nil, fa, fb, ss, 0, true)
+  T.eq(y.requires_grad, false, "nothing needs a gradient: no node")
+end)
+
 T.test("lora_multi refuses what it does not take, saying why", function()
   local ws, bs, As, Bs, ss = make("f32", false, false)
   local x = zr.randn({ 2, IN })
