@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "bind.h"
+#include "kernels/cpu/kernels.h"
 
 #ifdef ZR_HAVE_OPENBLAS
 char *openblas_get_config(void);
@@ -42,6 +43,8 @@ static int l_build_info(lua_State *L) {
     setstr(L, "built", __DATE__ " " __TIME__);
 #ifdef ZR_HAVE_OPENBLAS
     setbool(L, "openblas", 1);
+    const char *core_note = zr_blas_core(); /* (before the config: it names the kernels in use) */
+    if (core_note) setstr(L, "openblas_core_note", core_note);
     setstr(L, "openblas_config", openblas_get_config());
     lua_pushinteger(L, openblas_get_num_threads());
     lua_setfield(L, -2, "openblas_threads");

@@ -66,6 +66,7 @@ void K(gemm_cpu)(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha, 
 #ifdef ZR_HAVE_OPENBLAS
     if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
         ldc <= INT_MAX) {
+        zr_blas_core(); /* (once: OpenBLAS's kernels for this CPU) */
 #ifdef ZR_REAL_F64
         cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);

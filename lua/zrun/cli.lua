@@ -11,7 +11,8 @@ local function report()
     { "compiler", b.compiler .. ", built " .. b.built },
     { "LuaJIT", jit and jit.version or "?" },
     { "OpenMP threads", ("%d (of %d CPUs; set OMP_NUM_THREADS to change)"):format(b.omp_threads, b.cpus) },
-    { "BLAS", b.openblas and ((b.openblas_config or "") .. ", " .. b.openblas_threads .. " threads") or "none (built-in matmul kernel)" },
+    { "BLAS", b.openblas and ((b.openblas_config or "") .. ", " .. b.openblas_threads .. " threads" ..
+      (b.openblas_core_note and ("; " .. b.openblas_core_note) or "")) or "none (built-in matmul kernel)" },
     { "MPI", b.mpi and b.mpi_version or "no (single process only)" },
     { "launch N ranks here", b.mpi and zr.dist.mpirun_command("N", { argv = { "recipe.lua" } }) or "-" },
     { "PCRE2 (tokenizers)", b.pcre2 and b.pcre2_version or "no" },
