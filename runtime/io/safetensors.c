@@ -180,6 +180,7 @@ static zr_status parse_metadata(zr_safetensors *f, const zr_json *m) {
     if (!zr_json_is(m, ZR_JSON_OBJECT))
         return zr_error("%s: \"__metadata__\" must be an object of strings, got %s", f->path,
                         zr_json_type_name(m));
+    if (f->meta) return zr_error("%s: the header has the key \"__metadata__\" twice", f->path);
     int64_t n = zr_json_len(m);
     f->meta = calloc((size_t)n + 1, sizeof *f->meta);
     if (!f->meta) return zr_error("%s: out of host memory", f->path);
