@@ -23,7 +23,7 @@ CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-format-truncatio
 # kernels from the root ("kernels/cuda/norm.h"); only lua/ sees Lua and itself.
 RUNTIME_INC := -Iruntime -I.
 LUA_INC     := $(RUNTIME_INC) -Ilua -I/usr/include/luajit-2.1
-LDLIBS   := -lm -ldl -lpthread
+LDLIBS   := -lmvec -lm -ldl -lpthread
 
 # --- feature detection (one line per feature) ---
 LUAJIT_A := $(call findlib,libluajit-5.1.a)
@@ -222,7 +222,7 @@ $(FUZZ_DIR)/libzrun_fuzz.a: $(FUZZ_OBJ)
 	$(call quiet,AR,$@)ar rcs $@ $^
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DIR)/libzrun_fuzz.a
 	$(call quiet,CC,$<)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer,tests/fuzz/replay.c) \
-	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) -lgomp -lm -lpthread
+	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) -lgomp -lmvec -lm -lpthread
 fuzz-build: $(FUZZ_BIN)
 fuzz: DEB_PKGS += clang
 fuzz: deps
