@@ -40,6 +40,7 @@ void K(sdpa_causal_forward_cpu)(real *o, real *lse, const real *q, const real *k
             for (int64_t j = j0; j <= i; j++) {
                 const real *vj = vb + j * Dh;
                 real pj = p[j];
+                _Pragma("omp simd")
                 for (int64_t d = 0; d < Dh; d++) oi[d] += pj * vj[d];
             }
             real inv = (real)(1.0 / sum);
@@ -75,6 +76,7 @@ void K(sdpa_causal_backward_cpu)(real *dq, real *dk, real *dv, real *dk_work, re
                 real p = R_EXP(sc * dot(qi, kj, Dh) - li);
                 real ds = p * (dot(gi, vj, Dh) - Di) * sc;
                 real *dkj = dkb + j * Dh, *dvj = dvb + j * Dh;
+                _Pragma("omp simd") /* (the gradients' rows overlap none of the inputs) */
                 for (int64_t d = 0; d < Dh; d++) {
                     dvj[d] += p * gi[d];
                     dkj[d] += ds * qi[d];
