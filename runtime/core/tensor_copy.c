@@ -106,11 +106,23 @@ static zr_status copy_cpu(zr_tensor *dst, const zr_tensor *src, int bcast) {
                            src->dtype, n);
         return ZR_OK;
     }
+    /* Row by row over the last dim (src has dst's shape here: the same, or expanded to it): the offsets
+     * once a row, a row of contiguous elements of one dtype in one memcpy */
+    int nd = dst->ndim;
+    int64_t inner = nd > 0 ? dst->shape[nd - 1] : 1, rows = inner > 0 ? n / inner : 0;
+    int64_t dst_s = nd > 0 ? dst->stride[nd - 1] : 1, src_s = nd > 0 ? src->stride[nd - 1] : 1;
+    int same = dst->dtype == src->dtype;
 #pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        int64_t so = elem_offset(src, i), dof = elem_offset(dst, i);
-        if (dst->dtype == src->dtype) memcpy(dp + dof * (int64_t)ds, sp + so * (int64_t)ss, ds);
-        else store(dp + dof * (int64_t)ds, dst->dtype, load(sp + so * (int64_t)ss, src->dtype));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t so = elem_offset(src, r * inner), dof = elem_offset(dst, r * inner);
+        if (same && dst_s == 1 && src_s == 1) {
+            memcpy(dp + dof * (int64_t)ds, sp + so * (int64_t)ss, (size_t)inner * ds);
+            continue;
+        }
+        for (int64_t j = 0; j < inner; j++, so += src_s, dof += dst_s) {
+            if (same) memcpy(dp + dof * (int64_t)ds, sp + so * (int64_t)ss, ds);
+            else store(dp + dof * (int64_t)ds, dst->dtype, load(sp + so * (int64_t)ss, src->dtype));
+        }
     }
     return ZR_OK;
 }
