@@ -61,7 +61,11 @@ def torchrun(env, side, what):
                         str(C.free_port()),
                         os.path.abspath(__file__), C.OUT, C.ZRUN, side], env=env, capture_output=True, text=True)
     if r.returncode != 0:
-        C.report(f"{what} on 2 torchrun processes ran", False, (r.stdout + r.stderr)[-800:])
+        out = r.stdout + r.stderr
+        # (the first lines that say why a process died, then the tail: torchrun's summary alone names only the signal)
+        why = [l for l in out.splitlines() if any(k in l for k in ("Error", "error:", "what():", "terminate", "Abort",
+                                                                   "Traceback", "Gloo", "gloo"))][:12]
+        C.report(f"{what} on 2 torchrun processes ran", False, "\n".join(why) + "\n...\n" + out[-800:])
         return None
     with open(f"{C.OUT}/{'ranks_hf' if side == 'hf' else 'ds2_hf'}.json") as f:
         return json.load(f)
