@@ -99,6 +99,19 @@ static zr_tensor *concat_biases(zr_tensor *const *b, int n, const int64_t *off, 
 
 /* --- linear_multi --- */
 
+zr_status zr_gemm_right(zr_device dev, zr_dtype ct, zr_tensor *t, int transpose, int64_t m, int64_t n, int64_t k,
+                        double alpha, const void *a, int64_t lda, double beta, void *c, int64_t ldc, const void *bias) {
+    zr_tensor *v = transpose ? zr_tensor_transpose_raw(t, 0, 1) : zr_tensor_retain(t);
+    zr_gemm_operand op = {0};
+    zr_status st = v ? zr_gemm_operand_prepare(v, ct, &op) : ZR_ERR;
+    if (!st)
+        st = zr_gemm_rows(dev, ct, ct, 0, op.trans, m, n, k, alpha, a, lda, zr_tensor_data(op.t), op.ld, beta, c, ldc,
+                          bias);
+    zr_tensor_release(op.t);
+    zr_tensor_release(v);
+    return st;
+}
+
 zr_status zr_linear_multi_into(zr_device dev, zr_dtype ct, void *y, int64_t ldy, const void *x, int n,
                                zr_tensor *const *w, int64_t rows, int64_t in, const int64_t *off, double alpha,
                                double beta, const void *bias) {
@@ -107,15 +120,9 @@ zr_status zr_linear_multi_into(zr_device dev, zr_dtype ct, void *y, int64_t ldy,
     for (int r = 0; r < nr; r++) {
         int s = starts[r], e = starts[r + 1];
         zr_tensor *wv = run_view(w, s, e, in);
-        zr_tensor *wt = wv ? zr_tensor_transpose_raw(wv, 0, 1) : NULL; /* (in, n_run) */
-        zr_gemm_operand W = {0};
-        zr_status st = wt ? zr_gemm_operand_prepare(wt, ct, &W) : ZR_ERR;
-        if (!st)
-            st = zr_gemm_rows(dev, ct, ct, 0, W.trans, rows, off[e] - off[s], in, alpha, x, in,
-                              zr_tensor_data(W.t), W.ld, beta, (char *)y + off[s] * es, ldy,
-                              bias ? (const char *)bias + off[s] * es : NULL);
-        zr_tensor_release(W.t);
-        zr_tensor_release(wt);
+        zr_status st = wv ? zr_gemm_right(dev, ct, wv, 1, rows, off[e] - off[s], in, alpha, x, in, beta,
+                                          (char *)y + off[s] * es, ldy, bias ? (const char *)bias + off[s] * es : NULL)
+                          : ZR_ERR;
         zr_tensor_release(wv);
         if (st) return st;
     }
@@ -130,12 +137,9 @@ zr_status zr_linear_multi_dx_into(zr_device dev, zr_dtype ct, void *dx, const vo
     for (int k = 0; k < nr; k++) {
         int s = starts[k], t = starts[k + 1];
         zr_tensor *wv = run_view(w, s, t, in);
-        zr_gemm_operand W = {0};
-        zr_status st = wv ? zr_gemm_operand_prepare(wv, ct, &W) : ZR_ERR;
-        if (!st)
-            st = zr_gemm_rows(dev, ct, ct, 0, W.trans, rows, in, off[t] - off[s], 1.0, (const char *)g + off[s] * es,
-                              ldg, zr_tensor_data(W.t), W.ld, k ? 1.0 : beta, dx, in, NULL);
-        zr_tensor_release(W.t);
+        zr_status st = wv ? zr_gemm_right(dev, ct, wv, 0, rows, in, off[t] - off[s], 1.0, (const char *)g + off[s] * es,
+                                          ldg, k ? 1.0 : beta, dx, in, NULL)
+                          : ZR_ERR;
         zr_tensor_release(wv);
         if (st) return st;
     }
@@ -185,10 +189,31 @@ done:
 }
 
 /* True when a leaf gradient lg can be the output of the dW GEMM computed in dtype ct on dev. */
-int zr_gemm_grad_writable(const zr_tensor *lg, zr_dtype ct, int cpu) {
+static int gemm_writable(const zr_tensor *lg, zr_dtype ct, int cpu) {
     if (!lg) return 0;
     if (cpu) return lg->dtype == ct;
     return (lg->dtype == ZR_F32 || lg->dtype == ct) && (ct == ZR_BF16 || ct == ZR_F16 || ct == ZR_F32);
+}
+
+zr_status zr_grad_product(zr_node *nd, int e, zr_device dev, zr_dtype ct, int64_t m, int64_t n, int64_t k,
+                          double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, zr_tensor **gin) {
+    if (!zr_node_needs_grad(nd, e)) return ZR_OK;
+    zr_tensor *lg = zr_node_leaf_grad(nd, e);
+    if (gemm_writable(lg, ct, dev.type == ZR_CPU)) { /* straight into it; a stale one is overwritten */
+        zr_tensor *leaf = nd->edges[e].leaf;
+        if (zr_gemm_rows(dev, ct, lg->dtype, 1, 0, m, n, k, alpha, a, lda, b, ldb, leaf->grad_stale ? 0.0 : 1.0,
+                         zr_tensor_data(lg), n, NULL))
+            return ZR_ERR;
+        leaf->grad_stale = 0;
+        return ZR_OK;
+    }
+    zr_tensor *d = zr_tensor_new_cat(ct, dev, 2, (int64_t[]){m, n}, ZR_MEM_ACTIVATIONS, 0);
+    if (!d) return ZR_ERR;
+    if (zr_gemm_rows(dev, ct, ct, 1, 0, m, n, k, alpha, a, lda, b, ldb, 0.0, zr_tensor_data(d), n, NULL)) {
+        zr_tensor_release(d);
+        return ZR_ERR;
+    }
+    return (gin[e] = zr_take_as(d, nd->edges[e].dtype)) ? ZR_OK : ZR_ERR;
 }
 
 /* dW for every weight that needs it, from gi (rows, N) and xi (rows, in), both contiguous in ct:
@@ -202,7 +227,7 @@ static zr_status lm_backward_dw(zr_node *nd, int n, zr_tensor *const *w, zr_tens
     int all = 1;
     for (int i = 0; i < n; i++) {
         lg[i] = zr_node_needs_grad(nd, 1 + i) ? zr_node_leaf_grad(nd, 1 + i) : NULL;
-        if (!zr_gemm_grad_writable(lg[i], ct, cpu)) lg[i] = NULL;
+        if (!gemm_writable(lg[i], ct, cpu)) lg[i] = NULL;
         if (!lg[i] || (i > 0 && (!lg[i - 1] || !follows(lg[i - 1], lg[i]) ||
                                  nd->edges[i].leaf->grad_stale != nd->edges[1 + i].leaf->grad_stale)))
             all = 0;
@@ -215,26 +240,10 @@ static zr_status lm_backward_dw(zr_node *nd, int n, zr_tensor *const *w, zr_tens
         for (int i = 0; i < n; i++) nd->edges[1 + i].leaf->grad_stale = 0;
         return ZR_OK;
     }
-    for (int i = 0; i < n; i++) {
-        if (!zr_node_needs_grad(nd, 1 + i)) continue;
-        int64_t m = w[i]->shape[0];
-        if (lg[i]) { /* straight into this weight's gradient; a stale one is overwritten */
-            zr_tensor *leaf = nd->edges[1 + i].leaf;
-            if (mm(dev, ct, lg[i]->dtype, 1, 0, m, in, rows, at(gi, off[i]), N, zr_tensor_data(xi), in,
-                   leaf->grad_stale ? 0.0 : 1.0, zr_tensor_data(lg[i]), in, NULL))
-                return ZR_ERR;
-            leaf->grad_stale = 0;
-            continue;
-        }
-        zr_tensor *d = zr_tensor_new_cat(ct, dev, 2, w[i]->shape, ZR_MEM_ACTIVATIONS, 0);
-        if (!d) return ZR_ERR;
-        if (mm(dev, ct, ct, 1, 0, m, in, rows, at(gi, off[i]), N, zr_tensor_data(xi), in, 0.0,
-               zr_tensor_data(d), in, NULL)) {
-            zr_tensor_release(d);
+    for (int i = 0; i < n; i++) /* per weight: into its gradient where it can be, else returned */
+        if (zr_grad_product(nd, 1 + i, dev, ct, w[i]->shape[0], in, rows, 1.0, at(gi, off[i]), N, zr_tensor_data(xi),
+                            in, gin))
             return ZR_ERR;
-        }
-        if (!(gin[1 + i] = zr_take_as(d, nd->edges[1 + i].dtype))) return ZR_ERR;
-    }
     return ZR_OK;
 }
 

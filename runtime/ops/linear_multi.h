@@ -56,8 +56,13 @@ zr_status zr_linear_multi_rows(zr_tensor *o, zr_tensor *xi, int n, zr_tensor *co
                                int64_t rows, int64_t in, int64_t N, const int64_t *off);
 /* The n biases end to end, (off[n]) in ct on dev (workspace). */
 zr_tensor *zr_linear_multi_biases(zr_tensor *const *b, int n, const int64_t *off, zr_dtype ct, zr_device dev);
-/* True when a leaf gradient lg can be the output of a GEMM computed in ct (CPU: lg in ct; CUDA:
- * f32 or ct, ct a float dtype cuBLASLt takes). */
-int zr_gemm_grad_writable(const zr_tensor *lg, zr_dtype ct, int cpu);
-
+/* c (m, n; ldc) = alpha a (m, k; lda) · t + beta c (+ bias (n), CUDA only), for t (k, n), or tᵀ when transpose
+ * (t (n, k)): t read in place where its layout allows (zr_gemm_operand_prepare). */
+zr_status zr_gemm_right(zr_device dev, zr_dtype ct, zr_tensor *t, int transpose, int64_t m, int64_t n, int64_t k,
+                        double alpha, const void *a, int64_t lda, double beta, void *c, int64_t ldc, const void *bias);
+/* Input e's gradient (m, n) = alpha aᵀ · b for a (k, m; lda) and b (k, n; ldb) in ct: straight into its leaf
+ * gradient where a GEMM can write it (CPU: of dtype ct; CUDA: f32 or ct; a stale one overwritten), else a new
+ * tensor handed back in gin[e] (in the input's dtype). Nothing when input e needs no gradient. */
+zr_status zr_grad_product(zr_node *nd, int e, zr_device dev, zr_dtype ct, int64_t m, int64_t n, int64_t k,
+                          double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, zr_tensor **gin);
 #endif
