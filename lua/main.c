@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include "bind.h"
-#include "kernels/cpu/kernels.h"
 #include "core/alloc.h"
 #include "zero/comm.h"
 
@@ -148,7 +147,6 @@ static void usage(void) {
 int main(int argc, char **argv) {
     char home[PATH_MAX];
     find_home(home, sizeof home, argv[0]);
-    zr_blas_core(); /* OpenBLAS's kernels for this CPU, before any product (kernels/cpu/kernels.h) */
     lua_State *L = luaL_newstate();
     if (!L) {
         fprintf(stderr, "zrun: cannot create Lua state (out of memory)\n");

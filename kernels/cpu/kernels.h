@@ -46,7 +46,7 @@
 #undef K
 #undef ZR_KERNELS_DECLARE
 
-/* OpenBLAS's kernels for this CPU, chosen once (gemm_cpu's first call does it; zrun's start-up too): where
+/* OpenBLAS's kernels for this CPU, chosen once (by gemm_cpu's first call, or `zrun report`'s): where
  * OpenBLAS's DYNAMIC_ARCH fell back to kernels without AVX because it did not know the CPU's model (Debian's
  * 0.3.21 on Sapphire Rapids; a virtual machine's generic model) and OPENBLAS_CORETYPE is unset, the kernels
  * the CPU's features allow (SkylakeX for AVX-512, Haswell for AVX2 + FMA, Sandybridge for AVX). Returns a
