@@ -677,6 +677,12 @@ function Sim:embedding(ids, W, out_bytes, dt)
       S:drop(gi)
       return { nil, gw }
     end
+    -- into the gradient the table has in the compute dtype (f32): the stages' preallocated .grad, or a
+    -- tied head's dW already there at stage 2
+    if W.leaf.static or (W.leaf.grad and dt == 4) then
+      S:drop(S:raw(g))
+      return { nil, nil }
+    end
     local gw = S:new(W.leaf.numel * 4)
     local gi = S:raw(g)
     local c

@@ -100,14 +100,30 @@ static zr_status embedding_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_edge *e = &n->edges[0];
     if (!zr_is_cpu(g)) return embedding_backward_dev(n, g, gin);
     zr_dtype ct = zr_cpu_compute_dtype(e->dtype);
+    const int64_t *idp = (const int64_t *)zr_tensor_data(ids);
+    int64_t N = zr_tensor_numel(ids), D = e->shape[1];
+    /* A gradient the table has already, in the compute dtype: the rows the ids name added straight
+     * into it (a stale one zeroed first), as the GPU path does. A dense (V, D) gradient would be
+     * a table-sized allocation, its zeroing and the engine's add into .grad at every backward. */
+    zr_tensor *lg = zr_node_leaf_grad(n, 0);
+    if (lg && lg->dtype == ct) {
+        zr_tensor *leaf = e->leaf, *gi = zr_cpu_in(g, ct);
+        if (!gi || (leaf->grad_stale && zr_tensor_fill_(lg, 0))) {
+            zr_tensor_release(gi);
+            return ZR_ERR;
+        }
+        leaf->grad_stale = 0;
+        ZR_CPU_CALL(ct, embedding_backward_cpu, zr_tensor_data(lg), zr_tensor_data(gi), idp, N, D);
+        zr_tensor_release(gi);
+        return ZR_OK;
+    }
     zr_tensor *gw = zr_tensor_new_cat(ct, zr_tensor_device(g), 2, e->shape, ZR_MEM_ACTIVATIONS, 1);
     zr_tensor *gi = gw ? zr_cpu_in(g, ct) : NULL;
     if (!gi) {
         zr_tensor_release(gw);
         return ZR_ERR;
     }
-    ZR_CPU_CALL(ct, embedding_backward_cpu, zr_tensor_data(gw), zr_tensor_data(gi),
-                (const int64_t *)zr_tensor_data(ids), zr_tensor_numel(ids), e->shape[1]);
+    ZR_CPU_CALL(ct, embedding_backward_cpu, zr_tensor_data(gw), zr_tensor_data(gi), idp, N, D);
     zr_tensor_release(gi);
     if (gw->dtype != e->dtype) {
         zr_tensor *c = zr_tensor_to_raw(gw, e->dtype, zr_tensor_device(gw));
