@@ -18,8 +18,9 @@ void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const in
     for (int64_t i = 0; i < n; i++) {
         const real *xi = x + i * c;
         real mx = -REAL_MAX, sum = 0, tot = 0;
-        for (int64_t j = 0; j < c; j++)
-            if (xi[j] > mx) mx = xi[j];
+        /* (in vector lanes: max is exact in any order; a NaN logit makes the loss NaN either way) */
+        _Pragma("omp simd reduction(max : mx)")
+        for (int64_t j = 0; j < c; j++) mx = xi[j] > mx ? xi[j] : mx;
         if (mx == -REAL_MAX) mx = 0;
         _Pragma("omp simd reduction(+ : sum)")
         for (int64_t j = 0; j < c; j++) sum += R_EXP(xi[j] - mx);
@@ -29,8 +30,10 @@ void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const in
             loss[i] = 0;
             continue;
         }
-        if (re != 0)
+        if (re != 0) {
+            _Pragma("omp simd reduction(+ : tot)")
             for (int64_t j = 0; j < c; j++) tot += xi[j];
+        }
         loss[i] = l - ((real)1 - re) * xi[tgt[i]] - re / (real)c * tot;
     }
 }
@@ -60,6 +63,7 @@ void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t 
     for (int64_t i = 0; i < n; i++) {
         const real *xi = x + i * c, mx = entropy[i];
         real s = 0, t = 0;
+        _Pragma("omp simd reduction(+ : s, t)")
         for (int64_t j = 0; j < c; j++) {
             real e = R_EXP(xi[j] - mx);
             s += e;
