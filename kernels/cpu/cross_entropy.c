@@ -4,13 +4,6 @@
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
-/* glibc's vector exp (libmvec: AVX2 lanes, within 4 ulp) for the loops over a row's classes; math.h declares
- * it for `omp simd` loops only under -ffast-math. */
-#pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
-double exp(double);
-
 void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const int64_t *tgt,
                                   int64_t n, int64_t c, int64_t ignore_index, double eps) {
     real re = (real)eps;
