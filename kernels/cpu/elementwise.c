@@ -4,6 +4,8 @@
 #include "real.h"
 
 #define PAR _Pragma("omp parallel for schedule(static) if (n > 32768)")
+/* The unary ops: y[i] from x[i] alone (in place too), so in vector lanes (libmvec for exp, log, tanh, erf) */
+#define PAR_SIMD _Pragma("omp parallel for simd schedule(static) if (n > 32768)")
 
 static inline real gelu_tanh(real x) {
     const real c = (real)0.7978845608028654; /* sqrt(2/pi) */
@@ -20,24 +22,24 @@ static inline real sigmoid(real x) { return (real)1 / ((real)1 + R_EXP(-x)); }
 void K(unary_forward_cpu)(real *y, const real *x, int64_t n, int op, double p) {
     real rp = (real)p;
     switch (op) {
-    case ZR_UN_NEG: PAR for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;
-    case ZR_UN_EXP: PAR for (int64_t i = 0; i < n; i++) y[i] = R_EXP(x[i]); break;
-    case ZR_UN_LOG: PAR for (int64_t i = 0; i < n; i++) y[i] = R_LOG(x[i]); break;
-    case ZR_UN_SQRT: PAR for (int64_t i = 0; i < n; i++) y[i] = R_SQRT(x[i]); break;
-    case ZR_UN_RSQRT: PAR for (int64_t i = 0; i < n; i++) y[i] = (real)1 / R_SQRT(x[i]); break;
-    case ZR_UN_RELU: PAR for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0; break;
-    case ZR_UN_GELU_TANH: PAR for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(x[i]); break;
+    case ZR_UN_NEG: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = -x[i]; break;
+    case ZR_UN_EXP: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_EXP(x[i]); break;
+    case ZR_UN_LOG: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_LOG(x[i]); break;
+    case ZR_UN_SQRT: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_SQRT(x[i]); break;
+    case ZR_UN_RSQRT: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = (real)1 / R_SQRT(x[i]); break;
+    case ZR_UN_RELU: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0; break;
+    case ZR_UN_GELU_TANH: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = gelu_tanh(x[i]); break;
     case ZR_UN_GELU_ERF:
-        PAR for (int64_t i = 0; i < n; i++) y[i] =
+        PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] =
             (real)0.5 * x[i] * ((real)1 + R_ERF(x[i] * (real)0.7071067811865476));
         break;
-    case ZR_UN_SILU: PAR for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoid(x[i]); break;
-    case ZR_UN_SIGMOID: PAR for (int64_t i = 0; i < n; i++) y[i] = sigmoid(x[i]); break;
-    case ZR_UN_TANH: PAR for (int64_t i = 0; i < n; i++) y[i] = R_TANH(x[i]); break;
-    case ZR_UN_POW: PAR for (int64_t i = 0; i < n; i++) y[i] = R_POW(x[i], rp); break;
-    case ZR_UN_ABS: PAR for (int64_t i = 0; i < n; i++) y[i] = R_FABS(x[i]); break;
-    case ZR_UN_SQUARE: PAR for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i]; break;
-    case ZR_UN_RECIPROCAL: PAR for (int64_t i = 0; i < n; i++) y[i] = (real)1 / x[i]; break;
+    case ZR_UN_SILU: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] * sigmoid(x[i]); break;
+    case ZR_UN_SIGMOID: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = sigmoid(x[i]); break;
+    case ZR_UN_TANH: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_TANH(x[i]); break;
+    case ZR_UN_POW: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_POW(x[i], rp); break;
+    case ZR_UN_ABS: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = R_FABS(x[i]); break;
+    case ZR_UN_SQUARE: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = x[i] * x[i]; break;
+    case ZR_UN_RECIPROCAL: PAR_SIMD for (int64_t i = 0; i < n; i++) y[i] = (real)1 / x[i]; break;
     default: break;
     }
 }
@@ -46,38 +48,38 @@ void K(unary_backward_cpu)(real *gx, const real *gy, const real *x, const real *
                            double p) {
     real rp = (real)p;
     switch (op) {
-    case ZR_UN_NEG: PAR for (int64_t i = 0; i < n; i++) gx[i] = -gy[i]; break;
-    case ZR_UN_EXP: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * y[i]; break;
-    case ZR_UN_LOG: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] / x[i]; break;
-    case ZR_UN_SQRT: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)0.5 / y[i]; break;
+    case ZR_UN_NEG: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = -gy[i]; break;
+    case ZR_UN_EXP: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * y[i]; break;
+    case ZR_UN_LOG: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] / x[i]; break;
+    case ZR_UN_SQRT: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)0.5 / y[i]; break;
     case ZR_UN_RSQRT:
-        PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)-0.5 * y[i] * y[i] * y[i];
+        PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)-0.5 * y[i] * y[i] * y[i];
         break;
-    case ZR_UN_RELU: PAR for (int64_t i = 0; i < n; i++) gx[i] = x[i] > 0 ? gy[i] : 0; break;
-    case ZR_UN_GELU_TANH: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * gelu_tanh_grad(x[i]); break;
+    case ZR_UN_RELU: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = x[i] > 0 ? gy[i] : 0; break;
+    case ZR_UN_GELU_TANH: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * gelu_tanh_grad(x[i]); break;
     case ZR_UN_GELU_ERF:
-        PAR for (int64_t i = 0; i < n; i++) {
+        PAR_SIMD for (int64_t i = 0; i < n; i++) {
             real cdf = (real)0.5 * ((real)1 + R_ERF(x[i] * (real)0.7071067811865476));
             real pdf = R_EXP((real)-0.5 * x[i] * x[i]) * (real)0.3989422804014327;
             gx[i] = gy[i] * (cdf + x[i] * pdf);
         }
         break;
     case ZR_UN_SILU:
-        PAR for (int64_t i = 0; i < n; i++) {
+        PAR_SIMD for (int64_t i = 0; i < n; i++) {
             real s = sigmoid(x[i]);
             gx[i] = gy[i] * s * ((real)1 + x[i] * ((real)1 - s));
         }
         break;
-    case ZR_UN_SIGMOID: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * y[i] * ((real)1 - y[i]); break;
-    case ZR_UN_TANH: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * ((real)1 - y[i] * y[i]); break;
+    case ZR_UN_SIGMOID: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * y[i] * ((real)1 - y[i]); break;
+    case ZR_UN_TANH: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * ((real)1 - y[i] * y[i]); break;
     case ZR_UN_POW:
-        PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * rp * R_POW(x[i], rp - (real)1);
+        PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * rp * R_POW(x[i], rp - (real)1);
         break;
     case ZR_UN_ABS:
-        PAR for (int64_t i = 0; i < n; i++) gx[i] = x[i] > 0 ? gy[i] : x[i] < 0 ? -gy[i] : 0;
+        PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = x[i] > 0 ? gy[i] : x[i] < 0 ? -gy[i] : 0;
         break;
-    case ZR_UN_SQUARE: PAR for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)2 * x[i]; break;
-    case ZR_UN_RECIPROCAL: PAR for (int64_t i = 0; i < n; i++) gx[i] = -gy[i] * y[i] * y[i]; break;
+    case ZR_UN_SQUARE: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = gy[i] * (real)2 * x[i]; break;
+    case ZR_UN_RECIPROCAL: PAR_SIMD for (int64_t i = 0; i < n; i++) gx[i] = -gy[i] * y[i] * y[i]; break;
     default: break;
     }
 }

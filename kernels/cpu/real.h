@@ -36,11 +36,24 @@ typedef float real;
 #define REAL_MAX 3.402823466e38f
 #endif
 
-/* glibc's vector exp (libmvec: AVX2 lanes, within 4 ulp) for `omp simd` loops that call R_EXP;
- * math.h declares the vector variants only under -ffast-math. */
+/* glibc's vector exp, log, tanh and erf (libmvec: AVX2 lanes, within 4 ulp; tanh and erf since glibc
+ * 2.35) for `omp simd` loops that call R_EXP, R_LOG, R_TANH, R_ERF; math.h declares the vector
+ * variants only under -ffast-math. */
 #pragma omp declare simd notinbranch
 float expf(float);
 #pragma omp declare simd notinbranch
 double exp(double);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+double erf(double);
 
 #endif
