@@ -6,7 +6,7 @@
  * only (lo <= i, row-relative; hi is not read here, the CUDA kernels' tiles use it). */
 
 /* o = softmax(scale q k^T + causal mask) v, and lse = logsumexp of each score row.
- * work: B*Hq*T reals of scratch (one score row per (b, h) task). */
+ * work: B*Hq*T reals of scratch (each query row's running softmax sum). */
 void K(sdpa_causal_forward_cpu)(real *o, real *lse, const real *q, const real *k, const real *v,
                                 const int32_t *seg, real *work, int64_t B, int64_t Hq, int64_t Hkv,
                                 int64_t T, int64_t Dh, double scale);
