@@ -83,6 +83,66 @@ static void malloc_tune(void) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+/* Host blocks of 32 MiB or more are past glibc's mmap threshold: a fresh mapping at every malloc,
+ * unmapped at free, so a training step's logits, LM-head gradient and the like are faulted in a
+ * 4 KiB page at a time at every step, the kernel zeroing each (40K faults a step for a 44M Llama
+ * on the CPU, 8% of its step on a VM). Freed ones are kept (zr_mem_host_kept), their size rounded
+ * to 2 MiB, for the next request of that rounded size: at most BIG_SLOTS blocks and BIG_KEEP bytes. */
+#define BIG_FROM ((size_t)32 << 20)
+#define BIG_ROUND ((size_t)2 << 20)
+#define BIG_SLOTS 8
+#define BIG_KEEP ((size_t)1 << 30)
+static struct {
+    void *p;
+    size_t n;
+} big[BIG_SLOTS];
+static size_t big_kept;
+static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t big_size(size_t n) { return (n + BIG_ROUND - 1) & ~(BIG_ROUND - 1); }
+
+static void *big_take(size_t n) {
+    void *p = NULL;
+    pthread_mutex_lock(&big_lock);
+    for (int i = 0; i < BIG_SLOTS && !p; i++)
+        if (big[i].p && big[i].n == n) {
+            p = big[i].p;
+            big[i].p = NULL;
+            big_kept -= n;
+        }
+    pthread_mutex_unlock(&big_lock);
+    return p;
+}
+
+static void big_give(void *p, size_t n) {
+    pthread_mutex_lock(&big_lock);
+    for (int i = 0; i < BIG_SLOTS && p; i++)
+        if (!big[i].p && big_kept + n <= BIG_KEEP) {
+            big[i].p = p, big[i].n = n;
+            big_kept += n;
+            p = NULL;
+        }
+    pthread_mutex_unlock(&big_lock);
+    free(p);
+}
+
+size_t zr_mem_host_kept(void) {
+    pthread_mutex_lock(&big_lock);
+    size_t n = big_kept;
+    pthread_mutex_unlock(&big_lock);
+    return n;
+}
+
+void zr_mem_host_trim(void) {
+    pthread_mutex_lock(&big_lock);
+    for (int i = 0; i < BIG_SLOTS; i++) {
+        free(big[i].p);
+        big[i].p = NULL;
+    }
+    big_kept = 0;
+    pthread_mutex_unlock(&big_lock);
+}
+
 static int (*collector)(void *, zr_device, int);
 static void *collector_ctx;
 static pthread_t collector_thread;
@@ -131,6 +191,7 @@ static void host_pressure(size_t n) {
     if (!collector || in_collector) return;
     const int64_t *cur = &stats[zr_device_slot(zr_cpu())].total_current;
     if (__atomic_load_n(cur, __ATOMIC_RELAXED) + (int64_t)n <= host_limit) return;
+    zr_mem_host_trim();
     if (zr_mem_collect(zr_cpu(), 0) < 0) return;
     const int64_t left = cpu_tensor_bytes() + (int64_t)n;
     host_limit = left + (left / 4 > collect_floor ? left / 4 : collect_floor);
@@ -144,7 +205,14 @@ zr_storage *zr_storage_new(zr_device dev, size_t nbytes, zr_mem_category cat, in
     if (dev.type == ZR_CPU) {
         pthread_once(&malloc_once, malloc_tune);
         host_pressure(n);
-        p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+        if (n >= BIG_FROM) {
+            n = big_size(n);
+            p = big_take(n);
+        }
+        if (!p && !(p = aligned_alloc(64, (n + 63) & ~(size_t)63))) {
+            zr_mem_host_trim(); /* (what was kept, tried once more) */
+            p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+        }
         if (!p) {
             char d[512], h[32];
             zr_mem_describe(dev, d, sizeof d);
@@ -197,7 +265,11 @@ void zr_storage_release(zr_storage *s) {
     if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
     if (!s->external) {
         account(s->device, s->category, -(int64_t)s->nbytes);
-        if (s->device.type == ZR_CPU) free(s->data);
+        if (s->device.type == ZR_CPU) {
+            size_t n = s->nbytes ? s->nbytes : 1;
+            if (n >= BIG_FROM) big_give(s->data, big_size(n));
+            else free(s->data);
+        }
         else backends[s->device.type]->free(s->device, s->data, s->nbytes ? s->nbytes : 1);
     }
     free(s);

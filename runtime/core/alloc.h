@@ -63,6 +63,13 @@ void zr_mem_window_reset(zr_device dev);
 /* Writes a one-line per-category breakdown ("params 1.2 GiB, grads ...") into buf. */
 void zr_mem_describe(zr_device dev, char *buf, size_t len);
 
+/* Host blocks of 32 MiB or more that were freed are kept (at most 8 blocks, 1 GiB) for the next request
+ * of their size, rounded to 2 MiB, instead of being unmapped and faulted in again at every step:
+ * the bytes kept now (no tensor's: not in zr_mem_get_stats), and their release to the OS (done
+ * also under host memory pressure and before an allocation that would fail). */
+size_t zr_mem_host_kept(void);
+void zr_mem_host_trim(void);
+
 void zr_alloc_set_backend(zr_device_type t, const zr_alloc_backend *b);
 
 /* The embedding language's garbage collector (main.c: a full Lua collection, whose finalizers free
