@@ -53,36 +53,33 @@ static inline int64_t elem_offset(const zr_tensor *t, int64_t i) {
     return off;
 }
 
-/* Contiguous cast loops for the common pairs; returns 0 when the pair is not special-cased. */
-static int fast_cast(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64_t n) {
+/* n contiguous elements cast, on this thread: the common pairs as typed loops the compiler vectorises,
+ * the rest through double. */
+static void cast_run(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64_t n) {
     if (dt == ZR_F32 && st == ZR_BF16) {
         float *d = dst;
         const uint16_t *s = src;
-#pragma omp parallel for if (n > 65536)
         for (int64_t i = 0; i < n; i++) d[i] = zr_bf16_to_f32(s[i]);
-        return 1;
-    }
-    if (dt == ZR_BF16 && st == ZR_F32) {
+    } else if (dt == ZR_BF16 && st == ZR_F32) {
         uint16_t *d = dst;
         const float *s = src;
-#pragma omp parallel for if (n > 65536)
         for (int64_t i = 0; i < n; i++) d[i] = zr_f32_to_bf16(s[i]);
-        return 1;
-    }
-    if (dt == ZR_F64 && st == ZR_F32) {
+    } else if (dt == ZR_F64 && st == ZR_F32) {
         double *d = dst;
         const float *s = src;
         for (int64_t i = 0; i < n; i++) d[i] = s[i];
-        return 1;
-    }
-    if (dt == ZR_F32 && st == ZR_F64) {
+    } else if (dt == ZR_F32 && st == ZR_F64) {
         float *d = dst;
         const double *s = src;
         for (int64_t i = 0; i < n; i++) d[i] = (float)s[i];
-        return 1;
+    } else {
+        size_t ds = zr_dtype_size(dt), ss = zr_dtype_size(st);
+        for (int64_t i = 0; i < n; i++)
+            store((char *)dst + i * (int64_t)ds, dt, load((const char *)src + i * (int64_t)ss, st));
     }
-    return 0;
 }
+
+#define CAST_CHUNK 16384 /* elements a task */
 
 void zr_cast_contiguous(void *dst, zr_dtype dt, const void *src, zr_dtype st, int64_t n) {
     size_t ds = zr_dtype_size(dt), ss = zr_dtype_size(st);
@@ -90,10 +87,12 @@ void zr_cast_contiguous(void *dst, zr_dtype dt, const void *src, zr_dtype st, in
         if (dst != src) memmove(dst, src, (size_t)n * ds);
         return;
     }
-    if (fast_cast(dst, dt, src, st, n)) return;
+    int64_t chunks = (n + CAST_CHUNK - 1) / CAST_CHUNK;
 #pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; i++)
-        store((char *)dst + i * (int64_t)ds, dt, load((const char *)src + i * (int64_t)ss, st));
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i = c * CAST_CHUNK, m = n - i < CAST_CHUNK ? n - i : CAST_CHUNK;
+        cast_run((char *)dst + i * (int64_t)ds, dt, (const char *)src + i * (int64_t)ss, st, m);
+    }
 }
 
 static zr_status copy_cpu(zr_tensor *dst, const zr_tensor *src, int bcast) {
@@ -115,8 +114,9 @@ static zr_status copy_cpu(zr_tensor *dst, const zr_tensor *src, int bcast) {
 #pragma omp parallel for if (n > 65536)
     for (int64_t r = 0; r < rows; r++) {
         int64_t so = elem_offset(src, r * inner), dof = elem_offset(dst, r * inner);
-        if (same && dst_s == 1 && src_s == 1) {
-            memcpy(dp + dof * (int64_t)ds, sp + so * (int64_t)ss, (size_t)inner * ds);
+        if (dst_s == 1 && src_s == 1) { /* a row of each: one memcpy, or one cast run */
+            if (same) memcpy(dp + dof * (int64_t)ds, sp + so * (int64_t)ss, (size_t)inner * ds);
+            else cast_run(dp + dof * (int64_t)ds, dst->dtype, sp + so * (int64_t)ss, src->dtype, inner);
             continue;
         }
         for (int64_t j = 0; j < inner; j++, so += src_s, dof += dst_s) {

@@ -45,15 +45,26 @@ static zr_status operand_prepare(zr_tensor *t, zr_dtype ct, gemm_operand *op) {
         op->t = zr_tensor_retain(t);
         return ZR_OK;
     }
-    zr_tensor *c = zr_tensor_new_cat(ct, zr_tensor_device(t), nd, t->shape, ZR_MEM_WORKSPACE, 0);
-    if (!c) return ZR_ERR;
-    if (zr_tensor_copy_(c, t)) {
+    /* A matrix that is a transposed view (a weight read as Wᵀ) in another dtype: cast in its own
+     * layout, row by row, and read transposed (a cast into the view's order walks a column a
+     * row) */
+    zr_tensor *tt = NULL;
+    int trans = 0;
+    if (nd == 2 && t->shape[0] > 1 && t->shape[1] > 1 &&
+        gemm_layout(t->shape[0], t->shape[1], t->stride[0], t->stride[1], &trans, &op->ld) && trans &&
+        !(tt = zr_tensor_transpose_raw(t, 0, 1)))
+        return ZR_ERR;
+    zr_tensor *src = tt ? tt : t;
+    zr_tensor *c = zr_tensor_new_cat(ct, zr_tensor_device(t), nd, src->shape, ZR_MEM_WORKSPACE, 0);
+    zr_status st = c && !zr_tensor_copy_(c, src) ? ZR_OK : ZR_ERR;
+    zr_tensor_release(tt);
+    if (st) {
         zr_tensor_release(c);
         return ZR_ERR;
     }
     op->t = c;
-    op->trans = 0;
-    op->ld = t->shape[nd - 1] > 1 ? t->shape[nd - 1] : 1;
+    op->trans = tt != NULL;
+    op->ld = c->shape[nd - 1] > 1 ? c->shape[nd - 1] : 1;
     return ZR_OK;
 }
 
