@@ -49,13 +49,28 @@ ZR_HD float zr_philox_uniform(uint64_t seed, uint64_t off, uint64_t i) {
     zr_philox4 r = zr_philox(seed, off + i / 4);
     return zr_u01(r.x[i % 4]);
 }
-ZR_HD double zr_philox_normal(uint64_t seed, uint64_t off, uint64_t i) {
-    zr_philox4 r = zr_philox(seed, off + i / 4);
-    int lane = (int)(i % 4), base = lane & 2;
+/* The Box-Muller pair of lanes (base, base + 1) of block r: their radius and angle. */
+ZR_HD void zr_philox_polar(zr_philox4 r, int base, double *rad, double *th) {
     double u1 = ((double)(r.x[base] >> 8) + 1.0) / 16777217.0; /* (0, 1] avoids log(0) */
     double u2 = (double)(r.x[base + 1] >> 8) / 16777216.0;
-    double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+    *rad = sqrt(-2.0 * log(u1)), *th = 6.283185307179586 * u2;
+}
+ZR_HD double zr_philox_normal(uint64_t seed, uint64_t off, uint64_t i) {
+    zr_philox4 r = zr_philox(seed, off + i / 4);
+    int lane = (int)(i % 4);
+    double rad, th;
+    zr_philox_polar(r, lane & 2, &rad, &th);
     return (lane & 1) ? rad * sin(th) : rad * cos(th);
+}
+/* Elements 4g .. 4g + 3 at once (what zr_philox_normal gives each, from one Philox block and two
+ * Box-Muller pairs instead of four blocks and four). */
+ZR_HD void zr_philox_normal4(uint64_t seed, uint64_t off, uint64_t g, double v[4]) {
+    zr_philox4 r = zr_philox(seed, off + g);
+    for (int base = 0; base < 4; base += 2) {
+        double rad, th;
+        zr_philox_polar(r, base, &rad, &th);
+        v[base] = rad * cos(th), v[base + 1] = rad * sin(th);
+    }
 }
 
 #endif

@@ -25,9 +25,23 @@ uint64_t zr_random_reserve(int64_t n) {
 }
 void zr_random_set_device_fill(zr_device_random_fn fn) { device_fill = fn; }
 
-/* kind: 0 uniform [a,b), 1 normal(a,b), 2 bernoulli(a) */
+/* Elements 4g .. 4g + 3 of a fill (kind: 0 uniform [a,b), 1 normal(a,b), 2 bernoulli(a)) from one
+ * Philox block: the values zr_philox_uniform / zr_philox_normal give element by element. */
+static void block4(int kind, double a, double b, uint64_t off, int64_t g, double v[4]) {
+    if (kind == 1) {
+        zr_philox_normal4(g_seed, off, (uint64_t)g, v);
+        for (int l = 0; l < 4; l++) v[l] = a + b * v[l];
+        return;
+    }
+    zr_philox4 r = zr_philox(g_seed, off + (uint64_t)g);
+    for (int l = 0; l < 4; l++) {
+        float u = zr_u01(r.x[l]);
+        v[l] = kind == 0 ? a + (b - a) * (double)u : (double)(u < a);
+    }
+}
+
 static zr_status fill(zr_tensor *t, int kind, double a, double b) {
-    int64_t n = zr_tensor_numel(t);
+    int64_t n = zr_tensor_numel(t), blocks = (n + 3) / 4;
     uint64_t off = zr_random_reserve(n);
     zr_tensor *dst = t;
     if (!zr_tensor_is_contiguous(t)) dst = zr_tensor_empty_like(t);
@@ -38,20 +52,22 @@ static zr_status fill(zr_tensor *t, int kind, double a, double b) {
     } else if (dst->dtype == ZR_F32) {
         float *p = zr_tensor_data(dst);
 #pragma omp parallel for if (n > 65536)
-        for (int64_t i = 0; i < n; i++)
-            p[i] = kind == 0   ? (float)(a + (b - a) * zr_philox_uniform(g_seed, off, (uint64_t)i))
-                   : kind == 1 ? (float)(a + b * zr_philox_normal(g_seed, off, (uint64_t)i))
-                               : (float)(zr_philox_uniform(g_seed, off, (uint64_t)i) < a);
+        for (int64_t g = 0; g < blocks; g++) {
+            double v[4];
+            block4(kind, a, b, off, g, v);
+            for (int l = 0; l < 4 && 4 * g + l < n; l++) p[4 * g + l] = (float)v[l];
+        }
     } else {
         zr_tensor *tmp = zr_tensor_new_cat(ZR_F64, zr_cpu(), dst->ndim, dst->shape, ZR_MEM_WORKSPACE, 0);
         if (!tmp) st = ZR_ERR;
         else {
             double *p = zr_tensor_data(tmp);
 #pragma omp parallel for if (n > 65536)
-            for (int64_t i = 0; i < n; i++)
-                p[i] = kind == 0   ? a + (b - a) * (double)zr_philox_uniform(g_seed, off, (uint64_t)i)
-                       : kind == 1 ? a + b * zr_philox_normal(g_seed, off, (uint64_t)i)
-                                   : (double)(zr_philox_uniform(g_seed, off, (uint64_t)i) < a);
+            for (int64_t g = 0; g < blocks; g++) {
+                double v[4];
+                block4(kind, a, b, off, g, v);
+                for (int l = 0; l < 4 && 4 * g + l < n; l++) p[4 * g + l] = v[l];
+            }
             st = zr_tensor_copy_(dst, tmp);
             zr_tensor_release(tmp);
         }
