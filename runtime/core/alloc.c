@@ -265,12 +265,10 @@ void zr_storage_release(zr_storage *s) {
     if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
     if (!s->external) {
         account(s->device, s->category, -(int64_t)s->nbytes);
-        if (s->device.type == ZR_CPU) {
-            size_t n = s->nbytes ? s->nbytes : 1;
-            if (n >= BIG_FROM) big_give(s->data, big_size(n));
-            else free(s->data);
-        }
-        else backends[s->device.type]->free(s->device, s->data, s->nbytes ? s->nbytes : 1);
+        size_t n = s->nbytes ? s->nbytes : 1;
+        if (s->device.type != ZR_CPU) backends[s->device.type]->free(s->device, s->data, n);
+        else if (n >= BIG_FROM) big_give(s->data, big_size(n));
+        else free(s->data);
     }
     free(s);
 }

@@ -46,8 +46,8 @@ static zr_status operand_prepare(zr_tensor *t, zr_dtype ct, gemm_operand *op) {
         return ZR_OK;
     }
     /* A matrix that is a transposed view (a weight read as Wᵀ) in another dtype: cast in its own
-     * layout, row by row, and read transposed (a cast into the view's order walks a column a
-     * row) */
+     * layout, row by row, and read transposed by the GEMM (cast in the view's order, the copy
+     * would read the source a column at a time) */
     zr_tensor *tt = NULL;
     int trans = 0;
     if (nd == 2 && t->shape[0] > 1 && t->shape[1] > 1 &&
