@@ -709,6 +709,10 @@ static int l_memory_stats(lua_State *L) {
     zr_mem_collections(&host_runs, &device_runs);
     lua_pushnumber(L, (lua_Number)(dev.type == ZR_CPU ? host_runs : device_runs));
     lua_setfield(L, -2, "collections");
+    if (dev.type == ZR_CPU) {
+        lua_pushnumber(L, (lua_Number)zr_mem_host_kept());
+        lua_setfield(L, -2, "host_kept");
+    }
     return 1;
 }
 static int l_memory_reset_peak(lua_State *L) {

@@ -12,7 +12,8 @@ M.human = require("zrun.format").human -- bytes as "1.50 GiB"
 -- Bytes now and at the peak per category on a device (default "cpu"), with total_current,
 -- total_peak and n_allocs; each category's at_peak is its bytes at the moment of total_peak.
 -- collections: full Lua collections the allocators ran to free unreached tensors (for "cpu": host
--- tensors past the soft limit; for a GPU: failed allocations, on any of them).
+-- tensors past the soft limit; for a GPU: failed allocations, on any of them). host_kept ("cpu" only):
+-- freed host blocks of 32 MiB or more kept for the next request of their size (no category's bytes).
 -- reset_peak starts the peaks again from the current values.
 function M.stats(device) return C.memory_stats(device or "cpu") end
 function M.reset_peak(device) C.memory_reset_peak(device or "cpu") end

@@ -76,4 +76,16 @@ T.test("ZRUN_COLLECT_FLOOR_MB takes a positive whole number only", function()
   end
 end)
 
+T.test("freed host blocks of 32 MiB or more are kept for their size: host_kept, and zeros where asked", function()
+  local MiB = 1024 * 1024
+  local x = zr.full({ 10 * MiB }, 7) -- 40 MiB
+  local before = zr.memory.stats().host_kept
+  zr.release(x)
+  T.eq(zr.memory.stats().host_kept, before + 40 * MiB, "kept after the release")
+  local y = zr.zeros({ 10 * MiB })
+  T.eq(zr.memory.stats().host_kept, before, "handed to the next request of its size")
+  T.eq(y:abs():max():item(), 0, "a kept block handed out as zeros")
+  zr.release(y)
+end)
+
 T.done()
