@@ -146,7 +146,9 @@ elseif opt.breakdown == 3 then -- nothing synced: when issuing nears the step's 
     "host time to issue, unsynced", f / k * 1e3, b / k * 1e3, st / k * 1e3, med / opt.gas * 1e3))
 end
 print(("%-40s %.0f"):format("tokens/s", toks))
-print(("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", 6 * n * toks / 1e12))
+local flops = 6 * n * toks -- (a CPU's rate in GFLOP/s: it would print as 0 TFLOP/s)
+print(flops >= 1e12 and ("%-40s %.0f TFLOP/s"):format("model FLOPs (6·N·tokens/s)", flops / 1e12)
+  or ("%-40s %.1f GFLOP/s"):format("model FLOPs (6·N·tokens/s)", flops / 1e9))
 local s = zr.memory.stats(opt.device)
 for _, c in ipairs(zr.memory.categories) do
   print(("peak %-35s %s"):format(c, zr.memory.human(s[c].peak)))
