@@ -39,18 +39,39 @@ void K(reduce_sum_rows_cpu)(real *out, const real *x, int64_t outer, int64_t r) 
     for (int64_t o = 0; o < outer; o++) out[o] = sum_blocked(x + o * r, r);
 }
 
+/* Each row's max and its first index, as torch's max(dim): the first of equal maxima, and a NaN
+ * wins (the first one). By chunks of MAX_CHUNK in vector lanes (each chunk's max and whether it holds
+ * a NaN), then the first index of the max inside the first chunk that has it. */
+#define MAX_CHUNK 64
+static int64_t row_argmax(const real *row, int64_t r) {
+    int64_t bc = 0;
+    real best = 0;
+    for (int64_t c0 = 0; c0 < r; c0 += MAX_CHUNK) {
+        int64_t n = r - c0 < MAX_CHUNK ? r - c0 : MAX_CHUNK;
+        const real *p = row + c0;
+        real m = p[0];
+        int nan = 0;
+        _Pragma("omp simd reduction(max : m) reduction(| : nan)")
+        for (int64_t j = 0; j < n; j++) {
+            m = p[j] > m ? p[j] : m;
+            nan |= p[j] != p[j];
+        }
+        if (nan)
+            for (int64_t j = 0;; j++)
+                if (p[j] != p[j]) return c0 + j;
+        if (c0 == 0 || m > best) best = m, bc = c0;
+    }
+    for (int64_t j = bc;; j++)
+        if (row[j] == best) return j;
+}
+
+/* (r > 0: the op refuses an empty dim) */
 void K(reduce_max_rows_cpu)(real *out, int64_t *idx, const real *x, int64_t outer, int64_t r) {
 #pragma omp parallel for schedule(static) if (outer * r > 32768)
     for (int64_t o = 0; o < outer; o++) {
         const real *row = x + o * r;
-        real m = row[0];
-        int64_t mi = 0;
-        for (int64_t i = 1; i < r && m == m; i++) /* a NaN wins and stops the scan, like torch */
-            if (row[i] > m || row[i] != row[i]) {
-                m = row[i];
-                mi = i;
-            }
-        out[o] = m;
+        int64_t mi = row_argmax(row, r);
+        out[o] = row[mi];
         if (idx) idx[o] = mi;
     }
 }
