@@ -14,6 +14,14 @@
 #include "kernels/cuda/embedding.h"
 #endif
 
+/* The table's gradient lg (its leaf's .grad), made ready for the rows to be added into it: a stale one
+ * (the engine's zero_grad left it unfilled) zeroed first. */
+static zr_status leaf_grad_ready(zr_tensor *leaf, zr_tensor *lg) {
+    if (leaf->grad_stale && zr_tensor_fill_(lg, 0)) return ZR_ERR;
+    leaf->grad_stale = 0;
+    return ZR_OK;
+}
+
 static zr_status embedding_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
 #ifdef ZR_HAVE_CUDA
     zr_tensor *ids = n->saved[0];
@@ -33,9 +41,7 @@ static zr_status embedding_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gi
      * straight into it, instead of a dense (V, D) gradient and a pass over the whole table. */
     zr_tensor *lg = (dt == ZR_BF16 || dt == ZR_F16) && V * D > 0 ? zr_node_leaf_grad(n, 0) : NULL;
     if (lg && (lg->dtype == ZR_F32 || lg->dtype == dt)) {
-        zr_tensor *leaf = e->leaf;
-        if (leaf->grad_stale && zr_tensor_fill_(lg, 0)) goto done; /* zero_grad left it unfilled */
-        leaf->grad_stale = 0;
+        if (leaf_grad_ready(e->leaf, lg)) goto done;
         int rc = lg->dtype == ZR_F32
                      ? embedding_backward_add_f32_cuda(zr_tensor_data(lg), zr_tensor_data(gi), zr_tensor_data(ids), wsp,
                                                        N, V, D, dt, zr_cuda_stream(dev))
@@ -107,12 +113,11 @@ static zr_status embedding_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
      * a table-sized allocation, its zeroing and the engine's add into .grad at every backward. */
     zr_tensor *lg = zr_node_leaf_grad(n, 0);
     if (lg && lg->dtype == ct) {
-        zr_tensor *leaf = e->leaf, *gi = zr_cpu_in(g, ct);
-        if (!gi || (leaf->grad_stale && zr_tensor_fill_(lg, 0))) {
+        zr_tensor *gi = zr_cpu_in(g, ct);
+        if (!gi || leaf_grad_ready(e->leaf, lg)) {
             zr_tensor_release(gi);
             return ZR_ERR;
         }
-        leaf->grad_stale = 0;
         ZR_CPU_CALL(ct, embedding_backward_cpu, zr_tensor_data(lg), zr_tensor_data(gi), idp, N, D);
         zr_tensor_release(gi);
         return ZR_OK;

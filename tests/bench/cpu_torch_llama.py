@@ -20,6 +20,8 @@ def main():
     o = dict(B=4, T=128, steps=5, bf16=0)
     for a in sys.argv[2:]:
         k, v = a.split("=", 1)
+        if k not in o:
+            sys.exit(f"cpu_torch_llama.py: unknown argument {k}= (takes {', '.join(f'{x}=' for x in o)})")
         o[k] = int(v)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     cfg = LlamaConfig(**json.load(open(os.path.join(d, "config.json"))))
