@@ -75,7 +75,8 @@ end
 -- Runs f on CPU and on CUDA with the same inputs (CPU tensors; float ones get requires_grad
 -- unless nograd[i]), weights the output(s) by fixed random tensors, backpropagates, and compares
 -- the outputs and every input gradient. dt: the dtype the inputs are cast to on both devices.
-function M.both(what, dt, inputs, f, slack, nograd)
+-- floor: the least scale the gradients are judged against (close's; 1e-3 unless given).
+function M.both(what, dt, inputs, f, slack, nograd, floor)
   nograd = nograd or {}
   local function run(dev)
     local xs = {}
@@ -102,7 +103,7 @@ function M.both(what, dt, inputs, f, slack, nograd)
   for i = 1, #xc do
     if xc[i].requires_grad then
       assert(xg[i].grad, what .. ": no CUDA gradient for input " .. i)
-      close(xg[i].grad:cpu(), xc[i].grad, dt, ("%s grad %d"):format(what, i), slack, 1e-3)
+      close(xg[i].grad:cpu(), xc[i].grad, dt, ("%s grad %d"):format(what, i), slack, floor or 1e-3)
     end
   end
 end
