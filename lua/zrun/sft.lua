@@ -50,6 +50,17 @@ end
 
 local function is_messages(v) return type(v) == "table" and type(v[1]) == "table" and v[1].role ~= nil end
 
+-- TRL's vision datasets: a first row with an image or images field (TRL's test, whatever the rest of the
+-- row). TRL refuses them for a model that is not a vision-language one, as all of zrun's are: refused, never
+-- trained on their text alone.
+function M.check_not_vision(row, where)
+  if type(row) == "table" and (row.image ~= nil or row.images ~= nil) then
+    error(fmt("%s: the rows have %s field, so they are a vision dataset (TRL's test): zrun's Llama and GPT-2 are " ..
+      "text-only, and TRL refuses a vision dataset for a text-only model too; drop the field to train on the text alone",
+      where, row.image ~= nil and "an image" or "an images"), 0)
+  end
+end
+
 -- The dataset type of a row: "text", "messages", "prompt_completion", "processed" (and whether
 -- prompt-completion rows are conversational).
 function M.row_type(row, text_field)
@@ -262,6 +273,7 @@ function M.options(opts, tok, first)
   if o.truncation_mode ~= "keep_start" and o.truncation_mode ~= "keep_end" then
     error(fmt("sft: truncation_mode must be \"keep_start\" or \"keep_end\", got %s", tostring(o.truncation_mode)), 0)
   end
+  M.check_not_vision(first, "sft")
   local kind = M.row_type(first, o.dataset_text_field)
   -- "auto": rows with prompt and completion fields (tokenized ones too, whose completion_mask then counts),
   -- TRL's rule on the training set's first row, which SFTTrainer keeps for its evaluation sets (inherited)
@@ -548,6 +560,8 @@ end
 -- and save_model writes it (adapter_model.safetensors, adapter_config.json).
 function M.SFTTrainer(opts)
   if type(opts) ~= "table" then error("SFTTrainer{...}: pass a table (model, train_dataset, processing_class, args)", 2) end
+  local train = opts.train_dataset -- (TRL: before anything else is read, skip_prepare_dataset included)
+  M.check_not_vision(type(train) == "table" and (train.rows or train)[1], "SFTTrainer")
   local args, sargs = {}, {}
   local targs = require "zrun.trainer_args"
   for k, v in pairs(opts.args or {}) do

@@ -125,6 +125,8 @@ CASES = [
      {"eos_token": "<unk>"}, None),
     ("eos_token not in the vocabulary", "tinyllama", [{"text": "The sky is blue."}], None,
      {"eos_token": "<|im_end|>"}, None),
+    ("vision rows (images) for a text-only model", "tinyllama", [{"messages": CONV, "images": ["a.png"]}], None, {}, None),
+    ("vision rows (image) for a text-only model", "tinyllama", [{"text": "The sky is blue.", "image": "a.png"}], None, {}, None),
 ]
 
 

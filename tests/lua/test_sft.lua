@@ -156,6 +156,12 @@ T.test("refusals: one line each, naming the fix", function()
   T.raises(function() S.prepare({ { text = "a" } }, tok, { completion_only_loss = true }) end, "needs prompt + completion rows")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { assistant_only_loss = true }) end, "needs conversational rows")
   T.raises(function() S.prepare({ { foo = 1 } }, tok) end, "cannot tell this dataset's type from its first row's fields (foo)")
+  -- vision rows (TRL's test: an image or images field) are refused, not trained on their text alone; by
+  -- SFTTrainer also under skip_prepare_dataset (TRL checks before reading it)
+  T.raises(function() S.prepare({ { text = "a", image = "x.png" } }, tok) end, "sft: the rows have an image field")
+  T.raises(function() zr.SFTTrainer { model = {}, processing_class = tok, args = { output_dir = tmp .. "/v",
+    dataset_kwargs = { skip_prepare_dataset = true } }, train_dataset = { { input_ids = { 1, 2 }, images = { "x.png" } } } }
+  end, "SFTTrainer: the rows have an images field, so they are a vision dataset")
   T.raises(function() S.prepare({ { text = "a" }, { prompt = "b", completion = "c" } }, tok) end, "row 2 is prompt_completion")
   T.raises(function()
     S.prepare({ { messages = { { role = "user", content = "a" } } } }, tok,
