@@ -297,13 +297,21 @@ local function check_row(where, obj, field, explicit)
   return obj
 end
 
+-- JSON text as Python's json.loads reads it for a chat template: objects keep their key order and an
+-- empty object stays a mapping (zrun.jinja.json_decode; cjson.decode sorts a tool schema's keys and
+-- turns "properties": {} into []); cjson.decode for what that refuses (NaN, Infinity), and its error.
+local function json_rows(text)
+  local ok, v = pcall(require("zrun.jinja").json_decode, text)
+  if ok then return ok, v end
+  return pcall(require("cjson").decode, text)
+end
+
 local function read_jsonl(path, field, explicit)
-  local cjson = require "cjson"
   local rows, ln = {}, 0
   for line in io.lines(path) do
     ln = ln + 1
     if line:find("%S") then
-      local ok, obj = pcall(cjson.decode, line)
+      local ok, obj = json_rows(line)
       if not ok then error(("%s:%d: invalid JSON: %s"):format(path, ln, obj), 0) end
       rows[#rows + 1] = check_row(("%s:%d"):format(path, ln), obj, field, explicit)
     end
@@ -316,7 +324,7 @@ end
 local function read_json(path, field, explicit, key)
   local data = read_all(path)
   local first = data:match("^%s*(.)")
-  local whole_ok, whole = pcall(require("cjson").decode, data)
+  local whole_ok, whole = json_rows(data)
   if first ~= "[" and not key then
     if whole_ok and type(whole) == "table" and first == "{" and data:find("}%s*{") == nil then
       error(("%s holds one JSON object, not rows: pass field = the key of its list of rows (HF's load_dataset(\"json\", " ..

@@ -113,8 +113,8 @@ local common_prefix = require("zrun.chat").common_prefix
 local function tokenize_row(row, i, kind, tok, o, warned)
   local ids, masks = nil, {}
   local tools = row.tools
-  if type(tools) == "string" then -- (TRL: a JSON string column)
-    local ok, v = pcall(require("cjson").decode, tools)
+  if type(tools) == "string" then -- (TRL: a JSON string column, json.loads'd: key order, {} and 1.0 kept)
+    local ok, v = pcall(require("zrun.jinja").json_decode, tools, true)
     if not ok then error(fmt("sft: row %d: tools is a string but not JSON (%s)", i, tostring(v)), 0) end
     tools = v
   end

@@ -34,7 +34,17 @@ THINK_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n<think>\n{% endif %}"
 )
-TEMPLATES = {"gen": GEN_TEMPLATE, "think": THINK_TEMPLATE}
+# A template that writes the tools and the tool calls with tojson (as Qwen's and Llama 3.1's do): their key order,
+# empty objects and floats as json.loads gave them.
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{% if m.tool_calls %}{% for tc in m.tool_calls %}"
+    "<call>{{ tc.function | tojson }}</call>{% endfor %}{% endif %}{{ eos_token }}\n{% endfor %}"
+)
+TEMPLATES = {"gen": GEN_TEMPLATE, "think": THINK_TEMPLATE, "tools": TOOLS_TEMPLATE}
+TOOLS = [{"type": "function", "function": {"name": "now", "description": "The time", "parameters": {
+    "type": "object", "properties": {}}}}, {"type": "function", "function": {"name": "scale", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number", "default": 1.0}}, "required": ["x"]}}}]
 
 CONV = [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "Paris."}]
 CONV2 = [{"role": "system", "content": "One word."}, {"role": "user", "content": "Sky?"},
@@ -125,6 +135,8 @@ CASES = [
      {"eos_token": "<unk>"}, None),
     ("eos_token not in the vocabulary", "tinyllama", [{"text": "The sky is blue."}], None,
      {"eos_token": "<|im_end|>"}, None),
+    ("tools as a JSON string: key order, empty objects and floats as json.loads keeps them", "tinyllama",
+     [{"messages": CONV, "tools": json.dumps(TOOLS)}], None, {"chat_template_path": "tools"}, None),
     ("vision rows (images) for a text-only model", "tinyllama", [{"messages": CONV, "images": ["a.png"]}], None, {}, None),
     ("vision rows (image) for a text-only model", "tinyllama", [{"text": "The sky is blue.", "image": "a.png"}], None, {}, None),
 ]

@@ -29,6 +29,18 @@ T.test("text and jsonl files", function()
   T.eq(#dj.rows, 2); T.eq(dj.rows[2].text, "y z")
   f = io.open(j, "w"); f:write('{"text": "x"}\n{"txt": 1}\n'); f:close()
   T.raises(function() D.load_dataset(j) end, ":2: no field 'text'")
+  -- a chat template sees the rows as json.loads gives them to TRL: objects in their key order, {} a mapping
+  local line = '{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", ' ..
+    '"function": {"name": "now", "arguments": {}}}]}], "z": {"b": 1, "a": 2}}'
+  for _, file in ipairs { { j, line .. "\n" }, { tmp .. ".json", "[" .. line .. "]" } } do
+    f = io.open(file[1], "w"); f:write(file[2]); f:close()
+    local r = D.load_dataset(file[1]).rows[1]
+    T.eq(zr.jinja.tojson(r.messages[1].tool_calls[1]), '{"type": "function", "function": {"name": "now", "arguments": {}}}')
+    T.eq(zr.jinja.tojson(r.z), '{"b": 1, "a": 2}')
+  end
+  os.remove(tmp .. ".json")
+  f = io.open(j, "w"); f:write('{"text": "x", "v": NaN}\n'); f:close()
+  T.eq(#D.load_dataset(j).rows, 1, "what only cjson reads (NaN) is still read")
   os.remove(j)
   T.raises(function() D.load_dataset("/nonexistent/wiki") end, "dataset not found: /nonexistent/wiki")
 end)

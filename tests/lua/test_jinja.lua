@@ -149,6 +149,14 @@ T.test("API: none is cjson.null or nil; a key left out is undefined", function()
     '{"type": "function", "function": {"name": "f", "parameters": {}}} {"function": {"name": "f", "parameters": {}}, "type": "function"} '
     .. "[('name', 'f'), ('parameters', {})]")
   T.raises(function() jinja.set_key_order({ a = 1 }, { "b" }) end, "key b is not in the table")
+  -- JSON decoded as json.loads gives it (a dataset's tools): key order, {} a mapping, 1.0 a float with floats
+  local src = '{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}, ' ..
+    '"x": [1.0, 2, 1e3, -0.5, null, true, "a\\u00e9\\n\\"q\\""], "b": 1, "b": 3}'
+  T.eq(jinja.tojson(jinja.json_decode(src, true)), '{"type": "function", "function": {"name": "f", "parameters": ' ..
+    '{"type": "object", "properties": {}}}, "x": [1.0, 2, 1000.0, -0.5, null, true, "a\195\169\\n\\"q\\""], "b": 3}')
+  T.eq(jinja.tojson(jinja.json_decode("[1.0, {}, []]")), "[1, {}, []]", "floats = false: Lua numbers")
+  T.raises(function() jinja.json_decode('{"a": 1,}') end, "json: expected a string key at byte 9")
+  T.raises(function() jinja.json_decode('{"a": 1} x') end, "json: extra data at byte 10")
 end)
 
 T.test("errors: one line, naming the template line", function()

@@ -89,7 +89,7 @@ T.test("zr.SFTTrainer prepares the rows TRL's SFTTrainer prepares, case by case 
     end
     n = n + 1
   end
-  T.eq(n, 32, "cases")
+  T.eq(n, 33, "cases")
 end)
 
 T.test("the notices where zrun's rows follow TRL's code: the prompt no prefix, formatting_func unused, no eos, ShareGPT", function()

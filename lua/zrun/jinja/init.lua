@@ -83,6 +83,86 @@ end
 -- 0-based byte offsets [s, e) into the text. The compiled template is cached by source (the last
 -- 64 sources). An error raises one line, "chat template line N: ..." ("chat template: msg" from
 -- raise_exception).
+-- JSON text decoded as Python's json.loads hands it to a template: each object keeps its key order (as
+-- set_key_order gives it: tojson, items() and iteration follow it) and an empty object stays a mapping,
+-- not an empty list; null is none; with floats, a number written with a fraction or an exponent is a
+-- float (1.0 prints "1.0"), else every number is a Lua number. cjson.decode loses all three: a tool
+-- schema's keys come out sorted, "properties": {} as [], 1.0 as 1. Raises "json: ..." on invalid JSON.
+function M.json_decode(text, floats)
+  local cjson = require "cjson"
+  local find, sub, byte = string.find, string.sub, string.byte
+  local pos = 1
+  local function bad(what) error(string.format("json: %s at byte %d", what, pos), 0) end
+  local function skip() pos = find(text, "[^ \t\r\n]", pos) or #text + 1 end
+  local value
+  local function str()
+    local q = pos + 1
+    while true do
+      local e = find(text, '["\\]', q)
+      if not e then bad("unterminated string") end
+      if byte(text, e) == 34 then -- (the closing quote)
+        local raw = sub(text, pos, e)
+        pos = e + 1
+        if find(raw, "\\", 1, true) then return cjson.decode(raw) end -- (escapes: cjson's rules)
+        return sub(raw, 2, -2)
+      end
+      q = e + 2 -- (a backslash and the character it escapes)
+    end
+  end
+  function value()
+    skip()
+    local c = byte(text, pos)
+    if c == 123 then -- {
+      pos = pos + 1
+      local t, keys = {}, {}
+      skip()
+      if byte(text, pos) == 125 then pos = pos + 1; ORDER[t] = keys; return t end
+      while true do
+        skip()
+        if byte(text, pos) ~= 34 then bad("expected a string key") end
+        local k = str()
+        skip()
+        if byte(text, pos) ~= 58 then bad("expected ':'") end
+        pos = pos + 1
+        if t[k] == nil then keys[#keys + 1] = k end -- (a repeated key: the last value, the first place, as Python)
+        t[k] = value()
+        skip()
+        local d = byte(text, pos)
+        pos = pos + 1
+        if d == 125 then ORDER[t] = keys; return t end
+        if d ~= 44 then pos = pos - 1; bad("expected ',' or '}'") end
+      end
+    elseif c == 91 then -- [
+      pos = pos + 1
+      local t = {}
+      skip()
+      if byte(text, pos) == 93 then pos = pos + 1; return t end
+      while true do
+        t[#t + 1] = value()
+        skip()
+        local d = byte(text, pos)
+        pos = pos + 1
+        if d == 93 then return t end
+        if d ~= 44 then pos = pos - 1; bad("expected ',' or ']'") end
+      end
+    elseif c == 34 then return str()
+    elseif c == 116 and sub(text, pos, pos + 3) == "true" then pos = pos + 4; return true
+    elseif c == 102 and sub(text, pos, pos + 4) == "false" then pos = pos + 5; return false
+    elseif c == 110 and sub(text, pos, pos + 3) == "null" then pos = pos + 4; return V.NONE
+    end
+    local s, e = find(text, "^-?%d+%.?%d*[eE]?[-+]?%d*", pos)
+    local n = s and tonumber(sub(text, s, e))
+    if not n then bad("unexpected character") end
+    pos = e + 1
+    if floats and find(text, "[.eE]", s) and find(text, "[.eE]", s) <= e then return V.mkfloat(n) end
+    return n
+  end
+  local v = value()
+  skip()
+  if pos <= #text then bad("extra data") end
+  return v
+end
+
 local cache, cached = {}, 0
 function M.render(source, ctx)
   local t = cache[source]
