@@ -39,6 +39,14 @@ T.test("text and jsonl files", function()
     T.eq(zr.jinja.tojson(r.z), '{"b": 1, "a": 2}')
   end
   os.remove(tmp .. ".json")
+  -- rows of plain messages are read by cjson alone (their fields are read by key); a tools list of flat
+  -- objects still keeps its order
+  f = io.open(j, "w")
+  f:write('{"messages": [{"role": "user", "content": "hi"}]}\n{"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "b", "description": "a"}]}\n')
+  f:close()
+  local dt2 = D.load_dataset(j)
+  T.eq(dt2.rows[1].messages[1].content, "hi")
+  T.eq(zr.jinja.tojson(dt2.rows[2].tools[1]), '{"name": "b", "description": "a"}')
   f = io.open(j, "w"); f:write('{"text": "x", "v": NaN}\n'); f:close()
   T.eq(#D.load_dataset(j).rows, 1, "what only cjson reads (NaN) is still read")
   os.remove(j)

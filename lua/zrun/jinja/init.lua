@@ -78,11 +78,6 @@ function M.set_key_order(t, keys)
   return t
 end
 
--- Renders the template text source with the variables of ctx (a table; a missing key is undefined,
--- the globals fill in what ctx lacks): returns the text and the {% generation %} spans, {{s, e}, ...}
--- 0-based byte offsets [s, e) into the text. The compiled template is cached by source (the last
--- 64 sources). An error raises one line, "chat template line N: ..." ("chat template: msg" from
--- raise_exception).
 -- JSON text decoded as Python's json.loads hands it to a template: each object keeps its key order (as
 -- set_key_order gives it: tojson, items() and iteration follow it) and an empty object stays a mapping,
 -- not an empty list; null is none; with floats, a number written with a fraction or an exponent is a
@@ -163,6 +158,12 @@ function M.json_decode(text, floats)
   return v
 end
 
+
+-- Renders the template text source with the variables of ctx (a table; a missing key is undefined,
+-- the globals fill in what ctx lacks): returns the text and the {% generation %} spans, {{s, e}, ...}
+-- 0-based byte offsets [s, e) into the text. The compiled template is cached by source (the last
+-- 64 sources). An error raises one line, "chat template line N: ..." ("chat template: msg" from
+-- raise_exception).
 local cache, cached = {}, 0
 function M.render(source, ctx)
   local t = cache[source]
