@@ -137,6 +137,17 @@ T.test("TRL's rows: text (+eos), prompt-completion (the completion learned), mes
       completion_only_loss = false })[1].input_ids, bytes("ab", 1), "formatting_func on prompt-completion rows")
 end)
 
+T.test("packing_strategy bfd-requeue: TRL 1.10's deprecated name of bfd_split, said once", function()
+  local S = zr.sft
+  local rows = { { text = "abcdefghij" }, { text = "abc" }, { text = "abcdef" } }
+  local want = S.prepare(rows, tok, { packing = true, packing_strategy = "bfd_split", max_length = 5 })
+  local got
+  T.printed(function() got = S.prepare(rows, tok, { packing = true, packing_strategy = "bfd-requeue", max_length = 5 }) end,
+    'renamed "bfd_split"')
+  T.eq(#got, #want)
+  for i = 1, #want do T.eq(table.concat(got[i].input_ids, ","), table.concat(want[i].input_ids, ","), "block " .. i) end
+end)
+
 T.test("refusals: one line each, naming the fix", function()
   local S = zr.sft
   T.raises(function() S.prepare({ { text = "a" } }, tok, { packing = true, packing_strategy = "ffd" }) end,
