@@ -656,8 +656,8 @@ local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama",
 
 -- zr.peft.save_pretrained(model, dir): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
 -- adapter's tensors, adapter_state_dict's names and dtype) and dir/adapter_config.json (every LoraConfig
--- field, inference_mode true, base_model_name_or_path when the model knows it, auto_mapping without a
--- task_type). Returns the list of files written.
+-- field, inference_mode true, base_model_name_or_path: the path or hub id from_pretrained read the base from,
+-- as PEFT, auto_mapping without a task_type). Returns the list of files written.
 function M.save_pretrained(model, dir)
   if not M.is_peft_model(model) then
     error("peft.save_pretrained: the model has no LoRA adapter (get_peft_model first)", 2)
@@ -671,7 +671,9 @@ function M.save_pretrained(model, dir)
   d.inference_mode = true
   local mc = model.config or {}
   if d.base_model_name_or_path == cjson.null then
-    d.base_model_name_or_path = mc._name_or_path or mc.name_or_path or cjson.null
+    -- (PEFT's: the base's name_or_path, the string from_pretrained was given; AutoPeftModelForCausalLM loads it)
+    local nop = rawget(model, "name_or_path")
+    d.base_model_name_or_path = type(nop) == "string" and nop or mc._name_or_path or mc.name_or_path or cjson.null
   end
   if not cfg.task_type then
     d.auto_mapping = { base_model_class = model.__name,

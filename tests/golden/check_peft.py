@@ -134,7 +134,7 @@ def training():
     copied into zrun's before training (the same base weights from one directory), then both train on the same rows
     in the same order; every logged loss and gradient norm compared, and the trained adapters."""
     from datasets import Dataset
-    from peft import LoraConfig
+    from peft import LoraConfig, PeftModel
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -203,6 +203,21 @@ end
         C.report(f"Trainer:save_model writes the trained adapter, TRL's within 1e-4 of its largest value ({name})",
                  "adapter_model.safetensors" in files and "model.safetensors" not in files and worst is not None
                  and worst <= 1e-4 * scale)
+        # base_model_name_or_path: TRL's (PEFT's) is the base's name_or_path, which AutoPeftModelForCausalLM loads
+        bases = []
+        for d in (zrun_out, trl_out):
+            with open(f"{d}/adapter_config.json") as f:
+                bases.append(json.load(f).get("base_model_name_or_path"))
+        try:
+            from peft import AutoPeftModelForCausalLM
+            auto = AutoPeftModelForCausalLM.from_pretrained(zrun_out).eval()
+            da = (logits_of(auto) - logits_of(PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base_dir),
+                                                                         zrun_out).eval())).abs().max().item()
+        except Exception as e:  # noqa: BLE001 (reported)
+            da = repr(e)[-300:]
+        C.report(f"zrun's adapter_config.json names the base as TRL's does ({bases[0]}) and AutoPeftModelForCausalLM "
+                 f"loads it: PeftModel.from_pretrained's logits ({name})", bases[0] == bases[1] and da == 0,
+                 f"zrun {bases[0]}, TRL {bases[1]}; {da}")
 
 
 if __name__ == "__main__":

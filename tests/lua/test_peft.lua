@@ -311,6 +311,23 @@ T.test("GPT-2's Conv1D (fan_in_fan_out): forward by hand, merge, round trip", fu
   assert(maxdiff(zr.no_grad(function() return g(gids).logits end), adapted) < 1e-5, "merged Conv1D")
 end)
 
+T.test("adapter_config.json's base_model_name_or_path: what from_pretrained read the base from, as PEFT", function()
+  -- (PEFT writes the base's name_or_path; AutoPeftModelForCausalLM.from_pretrained(adapter_dir) loads the base from it)
+  local base, gbase = tmp .. "/named_llama", tmp .. "/named_gpt2"
+  llama():save_pretrained(base)
+  zr.models.gpt2.GPT2LMHeadModel { n_embd = 12, n_layer = 1, n_head = 2, vocab_size = 29, n_positions = 16 }
+    :save_pretrained(gbase)
+  for dir, family in pairs { [base] = zr.models.llama, [gbase] = zr.models.gpt2 } do
+    local m = peft.get_peft_model(family.from_pretrained(dir), peft.LoraConfig { r = 2, target_modules = "all-linear" })
+    m:save_pretrained(tmp .. "/named")
+    T.eq(require("cjson").decode(T.read_file(tmp .. "/named/adapter_config.json")).base_model_name_or_path, dir)
+  end
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 2 })
+  m:save_pretrained(tmp .. "/unnamed")
+  T.eq(require("cjson").decode(T.read_file(tmp .. "/unnamed/adapter_config.json")).base_model_name_or_path,
+    require("cjson").null, "a model built from a config has no name: null, as PEFT")
+end)
+
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
   local out = tmp .. "/resume"
   local a = { output_dir = out .. "/full", save_strategy = "steps", save_steps = 3, max_steps = 6 }

@@ -451,6 +451,8 @@ function M.from_pretrained(ref, opts)
     if tied and name == "lm_head.weight" then return nil end
     return name
   end })
+  -- (transformers' model.name_or_path: what PEFT writes as adapter_config.json's base_model_name_or_path)
+  if type(ref) == "string" then rawset(model, "name_or_path", ref) end
   return model
 end
 
