@@ -654,15 +654,28 @@ end
 local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama",
   gpt2 = "transformers.models.gpt2.modeling_gpt2" }
 
--- zr.peft.save_pretrained(model, dir): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
+-- zr.peft.save_pretrained(model, dir [, opts]): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
 -- adapter's tensors, adapter_state_dict's names and dtype) and dir/adapter_config.json (every LoraConfig
 -- field, inference_mode true, base_model_name_or_path: the path or hub id from_pretrained read the base from,
--- as PEFT, auto_mapping without a task_type). Returns the list of files written.
-function M.save_pretrained(model, dir)
+-- as PEFT, auto_mapping without a task_type). Returns the list of files written. opts (PEFT's keyword
+-- arguments): is_main_process (false: nothing written, {} returned), selected_adapters (only {"default"}),
+-- safe_serialization (only true: zrun writes safetensors); any other key is refused.
+function M.save_pretrained(model, dir, opts)
+  opts = require("zrun.kwargs").check("peft.save_pretrained", opts,
+    { "is_main_process", "selected_adapters", "safe_serialization" })
   if not M.is_peft_model(model) then
     error("peft.save_pretrained: the model has no LoRA adapter (get_peft_model first)", 2)
   end
   if type(dir) ~= "string" or dir == "" then error("peft.save_pretrained: expected a directory path", 2) end
+  if opts.safe_serialization == false then
+    error("peft.save_pretrained: safe_serialization = false (adapter_model.bin): zrun writes safetensors only", 2)
+  end
+  local sel = opts.selected_adapters
+  if sel ~= nil and not (type(sel) == "table" and #sel == 1 and sel[1] == "default" and next(sel, 1) == nil) then
+    error("peft.save_pretrained: selected_adapters: zrun holds one adapter, named \"default\"; pass " ..
+      "{\"default\"} or leave it unset", 2)
+  end
+  if opts.is_main_process == false then return {} end
   local C = zr._C
   C.makedirs(dir)
   C.save_safetensors(join(dir, "adapter_model.safetensors"), M.adapter_state_dict(model), { format = "pt" })
@@ -752,18 +765,36 @@ function M.from_pretrained(model, dir, opts)
   return model
 end
 
--- zr.peft.merge_and_unload(model): folds each adapter into its base weight (W += scaling * B @ A, computed
+-- zr.peft.merge_and_unload(model [, opts]): folds each adapter into its base weight (W += scaling * B @ A, computed
 -- in f32 and cast back to W's dtype) and puts the plain modules back (the fused paths of zrun's models
 -- then run again, and model:save_pretrained writes a normal Hugging Face directory). The base parameters
--- stay frozen, as PEFT leaves them. Returns the model.
-function M.merge_and_unload(model)
+-- stay frozen, as PEFT leaves them. Returns the model. opts (PEFT's keyword arguments): safe_merge (true:
+-- PEFT's check, an error when a merged weight holds NaN or inf; zrun checks them all before merging any),
+-- adapter_names (only {"default"}), progressbar (no effect: no progress bar); any other key is refused.
+function M.merge_and_unload(model, opts)
+  opts = require("zrun.kwargs").check("merge_and_unload", opts, { "safe_merge", "adapter_names", "progressbar" })
   if not M.is_peft_model(model) then error("merge_and_unload: the model has no LoRA adapter", 2) end
-  for _, l in ipairs(M.lora_layers(model)) do
+  local an = opts.adapter_names
+  if an ~= nil and not (type(an) == "table" and #an == 1 and an[1] == "default" and next(an, 1) == nil) then
+    error("merge_and_unload: adapter_names: zrun holds one adapter, named \"default\"; pass {\"default\"} or " ..
+      "leave it unset", 2)
+  end
+  local layers = M.lora_layers(model)
+  local function merged(m)
+    return zr.no_grad(function() return (m.weight:to("f32") + m:delta_weight()):to(m.weight:dtype()) end)
+  end
+  if opts.safe_merge then -- (each checked before any is merged; x - x: 0 where x is finite, NaN where not)
+    for _, l in ipairs(layers) do
+      local w = merged(l[2])
+      if not zr.no_grad(function() return (w - w):sum():item() == 0 end) then
+        error(fmt("merge_and_unload: safe_merge: NaNs or infinities in %s's merged weight; the adapter seems to be " ..
+          "broken (nothing merged)", l[1]), 2)
+      end
+    end
+  end
+  for _, l in ipairs(layers) do
     local m = l[2]
-    zr.no_grad(function()
-      local w = m.weight
-      w:copy_((w:to("f32") + m:delta_weight()):to(w:dtype()))
-    end)
+    zr.no_grad(function() m.weight:copy_(merged(m)) end)
     replace(model, l[1], m.base_layer)
   end
   M.unload(model)

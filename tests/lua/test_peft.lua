@@ -328,6 +328,33 @@ T.test("adapter_config.json's base_model_name_or_path: what from_pretrained read
     require("cjson").null, "a model built from a config has no name: null, as PEFT")
 end)
 
+T.test("save_pretrained / merge_and_unload: PEFT's keyword arguments honoured or refused, none dropped", function()
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 2, target_modules = { "q_proj", "v_proj" } })
+  randomize_B(m)
+  local want = logits(m)
+  T.eq(#m:save_pretrained(tmp .. "/kw", { safe_serialization = true, selected_adapters = { "default" } }), 2)
+  T.eq(#m:save_pretrained(tmp .. "/kw_other_rank", { is_main_process = false }), 0)
+  T.eq(zr._C.path_type(tmp .. "/kw_other_rank"), nil, "is_main_process = false: nothing written")
+  T.raises(function() m:save_pretrained(tmp .. "/kw", { safe_serialization = false }) end, "safetensors only")
+  T.raises(function() m:save_pretrained(tmp .. "/kw", { selected_adapters = { "other" } }) end, "one adapter")
+  T.raises(function() m:save_pretrained(tmp .. "/kw", { save_embedding_layers = true }) end, "unknown option")
+  T.raises(function() m:merge_and_unload { adapter_names = { "other" } } end, "one adapter")
+  T.raises(function() m:merge_and_unload { safe_mrege = true } end, "did you mean 'safe_merge'")
+  -- safe_merge: an adapter holding a NaN is refused, nothing merged; a finite one merges as without it
+  local q = m.model.layers[1].self_attn.q_proj
+  local keep = q.lora_B.weight:clone()
+  zr.no_grad(function() q.lora_B.weight:fill_(0 / 0) end)
+  local w0 = m.model.layers[2].self_attn.v_proj.weight:clone()
+  T.raises(function() m:merge_and_unload { safe_merge = true } end, "safe_merge: NaNs or infinities in " ..
+    "model.layers.0.self_attn.q_proj")
+  assert(peft.is_peft_model(m), "still adapted")
+  T.eq(maxdiff(m.model.layers[2].self_attn.v_proj.weight, w0), 0, "nothing merged")
+  zr.no_grad(function() q.lora_B.weight:copy_(keep) end)
+  m:merge_and_unload { safe_merge = true, adapter_names = { "default" }, progressbar = true }
+  assert(not peft.is_peft_model(m))
+  assert(maxdiff(logits(m), want) < 1e-5, "merged")
+end)
+
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
   local out = tmp .. "/resume"
   local a = { output_dir = out .. "/full", save_strategy = "steps", save_steps = 3, max_steps = 6 }
