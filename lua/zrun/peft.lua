@@ -699,7 +699,9 @@ end
 -- zr.peft.from_pretrained(model, dir [, {is_trainable = false}]): PEFT's PeftModel.from_pretrained: reads
 -- dir/adapter_config.json (peft_type "LORA" only), applies get_peft_model with it and reads
 -- dir/adapter_model.safetensors into the adapter (every key must match a LoRA weight of the model, with its
--- shape). is_trainable false (PEFT's default): the adapter is frozen too (inference_mode). Returns the model.
+-- shape, or a base weight PEFT saved beside it, "lm_head.base_layer.weight" or "model.embed_tokens.weight",
+-- which is read into the base as PEFT does). is_trainable false (PEFT's default): the adapter is frozen too
+-- (inference_mode). Returns the model.
 function M.from_pretrained(model, dir, opts)
   opts = require("zrun.kwargs").check("peft.from_pretrained", opts, { "is_trainable" })
   local C = zr._C
@@ -737,13 +739,17 @@ function M.from_pretrained(model, dir, opts)
       "convert an adapter_model.bin with PEFT first)", dir), 2)
   end
   local own = M.adapter_state_dict(model)
+  -- base weights PEFT saves beside the adapter (save_embedding_layers, "auto" when lm_head / embed_tokens is a
+  -- target: "base_model.model.lm_head.base_layer.weight"): read into the model's own, as PEFT reads them
+  local base = {}
+  for name, p in model:named_parameters() do base["base_model.model." .. name] = p end
   local fh = C.safetensors_open(wpath)
   local info = fh:info()
   local missing, unexpected, items = {}, {}, {}
   for k in pairs(own) do if not info[k] then missing[#missing + 1] = k end end
   for k, i in pairs(info) do
     local key = k:gsub("%.default%.weight$", ".weight")
-    local t = own[key]
+    local t = own[key] or base[(k:gsub("%.base_layer%.", "."))]
     if not t then unexpected[#unexpected + 1] = k
     elseif concat(i.shape, ",") ~= concat(t:shape(), ",") then
       fh:close()

@@ -124,9 +124,49 @@ m:save_pretrained("{zmerged}")
               f"logits from the adapted ones by {dl}", flush=True)
         C.report(f"merge_and_unload: PEFT's merged weights (1e-6) and the adapted logits (1e-5) ({name})",
                  worst < 1e-6 and not missing and dl < 1e-5)
+    embedding_layers()
     training()
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
+
+
+def embedding_layers():
+    """Base weights PEFT saves beside the adapter (save_embedding_layers: "auto" when lm_head is a target, or
+    True): "base_model.model.lm_head.base_layer.weight", "base_model.model.model.embed_tokens.weight".
+    PeftModel.from_pretrained reads them into the base model; zrun's from_pretrained must too. The base weights
+    are changed before saving, so the logits tell whether they were read."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+    cases = [("lm_head targeted (save_embedding_layers \"auto\")",
+              dict(r=4, lora_alpha=8, target_modules=["lm_head", "q_proj"]), {}),
+             ("save_embedding_layers=True, q_proj targeted", dict(r=4, lora_alpha=8, target_modules=["q_proj"]),
+              dict(save_embedding_layers=True))]
+    for k, (name, kw, save_kw) in enumerate(cases):
+        base_dir, ad_dir = f"{C.OUT}/emb_base{k}", f"{C.OUT}/emb_adapter{k}"
+        tiny_llama(320, 20 + k).save_pretrained(base_dir)
+        pm = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
+        torch.manual_seed(200 + k)
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if "lora_B" in n or "lm_head" in n or ("embed_tokens" in n and save_kw):  # (what PEFT saves)
+                    p.add_(torch.randn_like(p) * 0.1)
+        pm.eval()
+        want = logits_of(pm)
+        pm.save_pretrained(ad_dir, **save_kw)
+        base_keys = sorted(n for n in load_file(f"{ad_dir}/adapter_model.safetensors") if "lora_" not in n)
+        rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local m = zr.models.llama.from_pretrained("{base_dir}")
+zr.peft.from_pretrained(m, "{ad_dir}")
+local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
+zr._C.save_safetensors("{C.OUT}/emb_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
+  {{ format = "pt" }})
+""")
+        d = (zrun_logits(f"{C.OUT}/emb_logits{k}.safetensors") - want).abs().max().item() if rc == 0 else None
+        print(f"  {name}: PEFT saved the base weights {base_keys}; zrun's logits differ by {d}", flush=True)
+        C.report(f"zrun reads the base weights PEFT saves beside the adapter ({name}): PEFT's logits (1e-5)",
+                 rc == 0 and base_keys and d < 1e-5, out[-600:])
 
 
 def training():

@@ -355,6 +355,30 @@ T.test("save_pretrained / merge_and_unload: PEFT's keyword arguments honoured or
   assert(maxdiff(logits(m), want) < 1e-5, "merged")
 end)
 
+T.test("from_pretrained reads the base weights PEFT saves beside the adapter (save_embedding_layers)", function()
+  -- (PEFT writes them when lm_head / embed_tokens is a target, "<module>.base_layer.weight", or with
+  -- save_embedding_layers = true, "model.embed_tokens.weight", and PeftModel.from_pretrained reads them into the base)
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 2, target_modules = { "q_proj" } })
+  randomize_B(m)
+  local d = tmp .. "/with_base"
+  m:save_pretrained(d)
+  local sd = peft.adapter_state_dict(m)
+  local q = m.model.layers[1].self_attn.q_proj
+  zr.manual_seed(5)
+  local qw, ew = q.weight + zr.randn(q.weight:shape()) * 0.1, m.model.embed_tokens.weight * 2
+  sd["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"] = qw
+  sd["base_model.model.model.embed_tokens.weight"] = ew
+  zr._C.save_safetensors(d .. "/adapter_model.safetensors", sd, { format = "pt" })
+  local back = peft.from_pretrained(llama(), d)
+  T.eq(maxdiff(back.model.layers[1].self_attn.q_proj.weight, qw), 0, "the targeted module's base weight")
+  T.eq(maxdiff(back.model.embed_tokens.weight, ew), 0, "a module that is not a target")
+  zr.no_grad(function() q.weight:copy_(qw); m.model.embed_tokens.weight:copy_(ew) end)
+  T.eq(maxdiff(logits(back), logits(m)), 0)
+  sd["base_model.model.model.no_such.weight"] = ew
+  zr._C.save_safetensors(d .. "/adapter_model.safetensors", sd, { format = "pt" })
+  T.raises(function() peft.from_pretrained(llama(), d) end, "unexpected base_model.model.model.no_such.weight")
+end)
+
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
   local out = tmp .. "/resume"
   local a = { output_dir = out .. "/full", save_strategy = "steps", save_steps = 3, max_steps = 6 }
