@@ -179,7 +179,7 @@ M.DEFAULTS = {
 }
 -- (false above: Python's None, written as null, except for the boolean fields below.)
 local BOOLEAN = { fan_in_fan_out = true, use_rslora = true, use_dora = true, use_qalora = true, lora_bias = true,
-  ensure_weight_tying = true, inference_mode = true }
+  ensure_weight_tying = true, inference_mode = true, init_lora_weights = true }
 
 -- Fields zrun refuses when set to anything but their default: what to do instead.
 M.REFUSED = {

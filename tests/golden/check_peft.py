@@ -124,10 +124,43 @@ m:save_pretrained("{zmerged}")
               f"logits from the adapted ones by {dl}", flush=True)
         C.report(f"merge_and_unload: PEFT's merged weights (1e-6) and the adapted logits (1e-5) ({name})",
                  worst < 1e-6 and not missing and dl < 1e-5)
+    config_fields()
     embedding_layers()
     training()
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
+
+
+def config_fields():
+    """zr.peft.LoraConfig{...}:to_dict() (what adapter_config.json holds) against PEFT's LoraConfig(...).to_dict() for
+    the same fields: every field and value (sets as sorted lists; runtime_config, which PEFT leaves out of the file,
+    dropped)."""
+    from peft import LoraConfig
+    cases = [dict(), dict(init_lora_weights=False), dict(init_lora_weights="gaussian", lora_dropout=0.05),
+             dict(r=16, lora_alpha=32, target_modules=["q_proj", "v_proj"], layers_to_transform=[0, 2],
+                  layers_pattern="layers"),
+             dict(target_modules=r".*\.q_proj", exclude_modules=["lm_head"], use_rslora=True, task_type="CAUSAL_LM"),
+             dict(layers_to_transform=1, target_modules=["k_proj"], fan_in_fan_out=True, inference_mode=True)]
+
+    def lua(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return "{" + ", ".join(map(lua, v)) + "}" if isinstance(v, list) else json.dumps(v)
+
+    def plain(d):
+        d = json.loads(json.dumps(d, default=lambda o: sorted(o) if isinstance(o, set) else getattr(o, "value", o)))
+        d.pop("runtime_config", None)
+        return {k: sorted(v) if isinstance(v, list) and all(isinstance(x, str) for x in v) else v for k, v in d.items()}
+    for kw in cases:
+        fields = ", ".join(f"{k} = {lua(v)}" for k, v in kw.items())
+        rc, out = C.zrun_lua(f'''local zr = require "zrun"
+print("CFG " .. require("zrun.hf").encode_json(zr.peft.LoraConfig {{ {fields} }}:to_dict(), {{ lora_dropout = true }})
+  :gsub("\\n", " "))''')
+        z = plain(json.loads(out.split("CFG ", 1)[1])) if rc == 0 and "CFG " in out else {}
+        p = plain(LoraConfig(**kw).to_dict())
+        diff = {k: (z.get(k, "-"), p.get(k, "-")) for k in set(z) | set(p) if z.get(k, "-") != p.get(k, "-")}
+        C.report(f"LoraConfig{{{', '.join(kw)}}}: adapter_config.json's fields and values are PEFT's",
+                 rc == 0 and not diff, f"(zrun, PEFT): {diff} {out[-300:] if rc else ''}")
 
 
 def embedding_layers():

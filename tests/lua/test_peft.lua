@@ -40,6 +40,10 @@ T.test("LoraConfig: PEFT's defaults; unknown keys and unimplemented fields refus
   local c = peft.LoraConfig {}
   T.eq(c.r, 8); T.eq(c.lora_alpha, 8); T.eq(c.lora_dropout, 0); T.eq(c.bias, "none"); T.eq(c.init_lora_weights, true)
   T.eq(c.task_type, nil, "PEFT's default task_type is None")
+  local cj = require "cjson"
+  T.eq(c:to_dict().init_lora_weights, true); T.eq(c:to_dict().task_type, cj.null, "None as null")
+  T.eq(peft.LoraConfig({ init_lora_weights = false }):to_dict().init_lora_weights, false, "written false (PEFT's)")
+  T.eq(peft.LoraConfig({ init_lora_weights = "gaussian" }):to_dict().init_lora_weights, "gaussian")
   T.raises(function() peft.LoraConfig { lora_alpa = 16 } end, "unknown field 'lora_alpa' (did you mean 'lora_alpha'?)")
   T.raises(function() peft.LoraConfig { use_dora = true } end, "use_dora (DoRA) is not implemented")
   T.raises(function() peft.LoraConfig { bias = "all" } end, "use bias = \"none\"")
