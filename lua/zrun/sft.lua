@@ -33,7 +33,7 @@ M.RENAMED = { max_seq_length = "max_length" }
 -- TRL 1.10's deprecated packing_strategy "bfd-requeue": what it is now called, said once (TRL: a warning,
 -- then bfd_split)
 local said_requeue = false
-function M.packing_strategy(v)
+local function packing_strategy(v)
   if v ~= "bfd-requeue" then return v end
   if not said_requeue then
     said_requeue = true
@@ -273,7 +273,7 @@ function M.options(opts, tok, first)
   if o.max_length ~= false and (type(o.max_length) ~= "number" or o.max_length < 1 or o.max_length % 1 ~= 0) then
     error(fmt("sft: max_length must be a positive integer or false (no truncation), got %s", tostring(o.max_length)), 0)
   end
-  o.packing_strategy = M.packing_strategy(o.packing_strategy)
+  o.packing_strategy = packing_strategy(o.packing_strategy)
   if o.packing and not M.PACKERS[o.packing_strategy] then
     error(fmt("sft: packing_strategy %s is not one of \"bfd\" (TRL's default: rows kept whole in blocks of max_length, " ..
       "cut there), \"bfd_split\" (longer rows split into pieces) or \"wrapped\"", tostring(o.packing_strategy)), 0)
@@ -579,7 +579,7 @@ function M.SFTTrainer(opts)
   local args, sargs = {}, {}
   local targs = require "zrun.trainer_args"
   for k, v in pairs(opts.args or {}) do
-    if k == "packing_strategy" then v = M.packing_strategy(v) end
+    if k == "packing_strategy" then v = packing_strategy(v) end
     if M.RENAMED[k] then error(fmt("SFTTrainer: '%s' was renamed '%s' in TRL; use %s", k, M.RENAMED[k], M.RENAMED[k]), 2) end
     if M.DEFAULTS[k] == nil and not M.NO_EFFECT[k] and targs.DEFAULTS[k] == nil and not targs.NO_EFFECT[k]
       and not targs.RENAMED[k] and not targs.REPLACED[k] then -- (neither SFTConfig's nor TrainingArguments')
