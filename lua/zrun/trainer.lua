@@ -962,6 +962,14 @@ function Trainer:load_checkpoint(path)
   st.total_flos = saved.total_flos or 0
   st.best_metric, st.best_model_checkpoint, st.best_global_step = saved.best_metric, saved.best_model_checkpoint,
     saved.best_global_step
+  -- a best checkpoint that is no longer there (deleted to save space, or the checkpoint copied to another
+  -- machine) is dropped with one line, as transformers' _init_training_state does: the run goes on, and
+  -- load_best_model_at_end loads only a best found after this point (not an error after the last step)
+  if st.best_model_checkpoint and C.path_type(st.best_model_checkpoint) ~= "dir" then
+    dist.print0(fmt("[zrun] resume_from_checkpoint: the best checkpoint %s recorded in %s does not exist anymore; " ..
+      "ignoring it for this run (as transformers does)", st.best_model_checkpoint, path))
+    st.best_model_checkpoint = nil
+  end
   -- callbacks' states (EarlyStoppingCallback's counter) only when asked, as transformers' _load_callback_state
   if self.args.restore_callback_states_from_checkpoint then
     for _, cb in ipairs(self.callbacks) do

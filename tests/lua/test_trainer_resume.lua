@@ -272,6 +272,32 @@ T.test("save_total_limit keeps the newest checkpoints and the best one; load_bes
   T.eq(table.concat(kept, ","), "2", "only the best at the end")
 end)
 
+T.test("a resumed run whose recorded best checkpoint is gone goes on without it, as transformers does", function()
+  -- greater_is_better with eval_loss: the first evaluation (step 2) stays the best; checkpoint-2 is then deleted
+  -- (to save space, or the run moved to another machine) and the run resumes from checkpoint-4
+  local out = tmp .. "/bestgone"
+  local function a(extra)
+    local t = args(out, 0, false, { max_steps = 6, save_steps = 2, eval_strategy = "steps", eval_steps = 2,
+      load_best_model_at_end = true, metric_for_best_model = "loss", greater_is_better = true })
+    for k, v in pairs(extra or {}) do t[k] = v end
+    return t
+  end
+  zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4), args = a() }:train()
+  T.eq(tckpt.read_state(out .. "/checkpoint-4").best_model_checkpoint, out .. "/checkpoint-2")
+  sh(("rm -rf %s/checkpoint-2 %s/checkpoint-6"):format(out, out))
+  local m = model()
+  local t = zr.Trainer { model = m, train_dataset = blocks, eval_dataset = blocks:select(1, 4), args = a() }
+  local r = t:train { resume_from_checkpoint = out .. "/checkpoint-4" } -- (was: an error after the last step)
+  T.eq(r.global_step, 6)
+  T.eq(t.state.best_model_checkpoint, nil, "dropped at the resume (transformers' _init_training_state)")
+  T.eq(t.state.best_global_step, 2, "the best metric and its step stay: later evaluations are not better")
+  local st = tckpt.read_state(out .. "/checkpoint-6")
+  T.eq(st.best_model_checkpoint, nil, "checkpoint-6 records no best checkpoint")
+  local last = zr.hf.load_state_dict(out .. "/checkpoint-6")
+  for n, p in m:named_parameters() do T.near(p, last[n], 0, 0, n .. ": the final weights, nothing loaded") end
+  T.eq(t.last_eval, 6)
+end)
+
 T.test("save_strategy \"best\" saves at each new best evaluation only", function()
   local out = tmp .. "/sbest"
   local t = zr.Trainer { model = model(), train_dataset = blocks, eval_dataset = blocks:select(1, 4),
