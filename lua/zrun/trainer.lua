@@ -1001,6 +1001,9 @@ function Trainer:load_best()
   local keep = { e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps }
   e:load_checkpoint(best)
   e.global_steps, e.micro_steps, e.skipped_steps, e.opt_steps = keep[1], keep[2], keep[3], keep[4]
+  -- the weights are now the best step's: an evaluation at the last step no longer describes them (a script
+  -- reusing last_eval_metrics when last_eval is the final step, as the recipes do, evaluates again)
+  if best ~= tckpt.dir_for(self.args.output_dir, self:step_count()) then self.last_eval, self.last_eval_metrics = nil, nil end
 end
 
 -- Writes output_dir/checkpoint-<step>: the engine checkpoint, the model (as save_model), then

@@ -229,6 +229,7 @@ T.test("save and eval by epoch: the last epoch's evaluation can make the last ch
   T.eq(last.step, 14); T.near(last.eval_loss, evals[14], 0, 0, "the checkpoint holds the last evaluation")
   local best = zr.hf.load_state_dict(out .. "/checkpoint-14")
   for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
+  T.eq(t.last_eval, 14, "the best is the last step's: its evaluation still describes the weights")
 end)
 
 T.test("save_total_limit keeps the newest checkpoints and the best one; load_best_model_at_end loads it", function()
@@ -243,6 +244,10 @@ T.test("save_total_limit keeps the newest checkpoints and the best one; load_bes
   local best = zr.hf.load_state_dict(out .. "/checkpoint-2")
   for n, p in m:named_parameters() do T.near(p, best[n], 0, 0, n) end
   T.eq(t.engine.global_steps, 9)
+  -- step 9's evaluation is not of these weights: a script reusing last_eval_metrics for the final weights (the
+  -- recipes) evaluates again, as run_clm.py's trainer.evaluate() after train() reports the best model
+  T.eq(t.last_eval, nil, "no last evaluation of the loaded weights")
+  T.eq(t.last_eval_metrics, nil)
   local evals = {}
   for _, h in ipairs(t.state.log_history) do if h.eval_loss and h.step > 0 then evals[#evals + 1] = h.step end end
   T.eq(table.concat(evals, ","), "2,4,6,8,9", "every eval_steps, and the last step (transformers 5)")
