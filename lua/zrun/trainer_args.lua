@@ -229,9 +229,16 @@ function M.resolve(user, quiet)
       bad("load_best_model_at_end needs save_strategy and eval_strategy to match, got %s and %s",
         config.show(a.save_strategy), config.show(a.eval_strategy))
     end
-    if a.save_strategy == "steps" and a.eval_steps and a.save_steps % a.eval_steps ~= 0 then
-      bad("load_best_model_at_end needs save_steps to be a multiple of eval_steps, got %s and %s", tostring(a.save_steps),
-        tostring(a.eval_steps))
+    local ss, es = a.save_steps, a.eval_steps
+    if a.save_strategy == "steps" and es and ss % es ~= 0 then -- (transformers' rule, fractions of the total included)
+      if (ss < 1) ~= (es < 1) then
+        bad("load_best_model_at_end needs save_steps to be a multiple of eval_steps, which a fraction of the total " ..
+          "steps beside a number of steps cannot guarantee: got %s and %s", tostring(ss), tostring(es))
+      elseif ss >= 1 or (ss * 1e6) % (es * 1e6) ~= 0 then -- (two fractions: compared in millionths, as transformers
+        -- does, so that 0.3 is a multiple of 0.1)
+        bad("load_best_model_at_end needs save_steps to be a multiple of eval_steps, got %s and %s", tostring(ss),
+          tostring(es))
+      end
     end
     if not a.metric_for_best_model then a.metric_for_best_model = "loss" end
   end

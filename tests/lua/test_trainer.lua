@@ -7,6 +7,7 @@ local T = zr.testing
 local nn = zr.nn
 local cjson = require "cjson"
 local tckpt = require "zrun.trainer_checkpoint"
+local targs = require "zrun.trainer_args"
 
 local tmp = T.tmpdir()
 local function sh(c) assert(os.execute(c) == 0, c) end
@@ -66,6 +67,21 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { use_cpu = true } end, "use_cpu = true: the Trainer trains the model where it is")
   T.raises(function() new { skip_memory_metrics = false } end, "skip_memory_metrics = false: transformers' memory metrics")
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
+  -- load_best_model_at_end's save_steps multiple of eval_steps, as transformers 5.17 checks it: two fractions of the
+  -- total compared in millionths (0.3 is a multiple of 0.1, which Lua's 0.3 % 0.1 is not), a fraction beside a number
+  -- of steps refused unless the modulo is exact (4 and 0.5)
+  local best = { eval_strategy = "steps", save_strategy = "steps", load_best_model_at_end = true }
+  local function with(ss, es)
+    local a = { save_steps = ss, eval_steps = es }
+    for k, v in pairs(best) do a[k] = v end
+    return a
+  end
+  for _, ok in ipairs { { 0.3, 0.1 }, { 0.6, 0.2 }, { 0.5, 0.25 }, { 4, 0.5 }, { 8, 4 } } do
+    targs.resolve(with(ok[1], ok[2]), true)
+  end
+  T.raises(function() targs.resolve(with(0.3, 0.2), true) end, "needs save_steps to be a multiple of eval_steps, got 0.3 and 0.2")
+  T.raises(function() targs.resolve(with(6, 4), true) end, "needs save_steps to be a multiple of eval_steps, got 6 and 4")
+  T.raises(function() targs.resolve(with(0.5, 2), true) end, "a fraction of the total steps beside a number of steps")
   T.raises(function() zr.Trainer { model = model(), args = {}, train_data = train_ds } end, "Trainer: unknown option 'train_data'")
   local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds,
     args = { report_to = "none", eval_steps = 0.5, eval_strategy = "steps", max_steps = 10 } }
