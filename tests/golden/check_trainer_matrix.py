@@ -3,7 +3,7 @@
 clipping, weight decay, optimizers, label smoothing, epochs and max_steps, evaluation and saving strategies,
 logging options, random sampling): from the same weights on the same rows, each logged step's loss, learning
 rate, gradient norm and epoch, each evaluation's loss, the checkpoints left in output_dir and the final
-train_loss must agree. A tiny Llama in float32 on the CPU (torch 2.11, transformers 5.17: tests/golden/reference.sh).
+train_loss must agree; a resume whose recorded best checkpoint was deleted must go on as transformers' does. A tiny Llama in float32 on the CPU (torch 2.11, transformers 5.17: tests/golden/reference.sh).
 
 usage: python3 tests/golden/check_trainer_matrix.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -183,6 +183,50 @@ end
         C.report(f"zr.Trainer resumes transformers' checkpoint-{at} and logs its next steps: {name}", ok, text[-400:])
 
 
+def best_gone():
+    """A run resumed from its own checkpoint whose recorded best checkpoint was deleted (to save space, or the
+    checkpoint copied to another machine): transformers drops best_model_checkpoint with a warning and trains on,
+    load_best_model_at_end loading nothing; zr.Trainer must do the same (it failed after the last step)."""
+    from transformers import Trainer, TrainingArguments
+    args = dict(BASE, eval_strategy="steps", eval_steps=5, save_strategy="steps", save_steps=5, learning_rate=1e-2,
+                load_best_model_at_end=True)  # (the eval loss rises after step 10 at this rate)
+    train, evalr = rows(300, False), rows(301, False)[:8]
+    init = f"{C.OUT}/binit"
+    C.tiny_llama(60).save_pretrained(init)
+    out, zout = f"{C.OUT}/bg_hf", f"{C.OUT}/bg_zrun"
+    got = {}
+    for side in ("hf", "zrun"):
+        d = out if side == "hf" else zout
+        shutil.rmtree(d, ignore_errors=True)
+        for attempt in (0, 1):
+            if side == "hf":
+                from transformers import LlamaForCausalLM
+                tr = Trainer(model=LlamaForCausalLM.from_pretrained(init), args=TrainingArguments(
+                    output_dir=d, report_to=[], use_cpu=True, disable_tqdm=True, **args),
+                    train_dataset=Rows(train), eval_dataset=Rows(evalr), data_collator=pad)
+                tr.train(resume_from_checkpoint=d + "/checkpoint-15" if attempt else None)
+                res = (tr.state.global_step, tr.state.best_global_step, tr.state.best_model_checkpoint)
+                rc = 0
+            else:
+                rc, text = C.zrun_lua(trainer_lua(init, train, args, d, evalr) + f"""
+tr:train {{ resume_from_checkpoint = {json.dumps(d + "/checkpoint-15") if attempt else "false"} }}
+print("RES " .. tr.state.global_step .. " " .. tostring(tr.state.best_global_step) .. " " .. tostring(tr.state.best_model_checkpoint))
+""")
+                line = [x.split() for x in text.splitlines() if x.startswith("RES ")]
+                res = (int(line[0][1]), int(line[0][2]), None if line[0][3] == "nil" else line[0][3]) if line else text[-300:]
+            if attempt == 0:  # the best (before step 15) and the checkpoint after the one resumed go
+                best = json.load(open(f"{d}/checkpoint-15/trainer_state.json"))["best_model_checkpoint"]
+                if best and not best.endswith("/checkpoint-15"):
+                    shutil.rmtree(best)
+                shutil.rmtree(f"{d}/checkpoint-20")
+        st = json.load(open(f"{d}/checkpoint-20/trainer_state.json")) if os.path.isdir(f"{d}/checkpoint-20") else {}
+        got[side] = (rc, res, st.get("best_model_checkpoint"), st.get("best_global_step"),
+                     sorted(x for x in os.listdir(d) if x.startswith("checkpoint-")))
+    ok = got["hf"][1:] == got["zrun"][1:] and got["zrun"][0] == 0 and got["hf"][1][0] == 20 and got["hf"][1][1] < 15 and got["hf"][1][2] is None
+    C.report("a resume whose recorded best checkpoint is gone drops it and trains on, as transformers does", ok,
+             f"transformers {got['hf']} zrun {got['zrun']}")
+
+
 def main():
     from transformers import Trainer, TrainingArguments
     os.makedirs(C.OUT, exist_ok=True)
@@ -249,6 +293,8 @@ print(string.format("TRAIN_LOSS %.17g", r.metrics.train_loss))
             for a, b in zip(z_logs, hf_logs):
                 print(f"    step {b[0]}: loss {a[1]:.9f} / {b[1]:.9f} ({(a[1] - b[1]) / b[1]:+.2e}), "
                       f"grad_norm {a[3]} / {b[3]}", flush=True)
+    if not os.environ.get("CHECK_ONLY") or os.environ["CHECK_ONLY"] in "best checkpoint gone":
+        best_gone()
     resumes()  # (last: a DeepSpeed run leaves accelerate's state in DeepSpeed's mode for the process)
     print(f"{C.failed} failed", flush=True)
     sys.exit(1 if C.failed else 0)
