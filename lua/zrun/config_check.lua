@@ -162,6 +162,23 @@ local function fp16_stage0_checks(vals, ctx)
   end
 end
 
+-- data_types.param_dtype must be the training precision (DeepSpeed's _assert_valid_mixed_precision_config);
+-- buffer_dtype is read only under fp16 / bf16 (engine._cast_module_mixed_precision).
+local function data_types_checks(vals, ctx)
+  local dt = vals.data_types
+  local f16, b16 = vals.fp16.enabled, vals.bf16.enabled
+  if type(f16) ~= "boolean" or type(b16) ~= "boolean" then return end
+  local prec = f16 and "fp16" or b16 and "bf16" or "fp32"
+  if dt.param_dtype ~= nil and dt.param_dtype ~= prec then
+    add_error(ctx, 'data_types.param_dtype = "%s" conflicts with the training precision (%s), as DeepSpeed asserts: ' ..
+      'set the matching fp16/bf16 "enabled" flag or remove data_types.param_dtype', dt.param_dtype, prec)
+  end
+  if dt.buffer_dtype ~= nil and prec == "fp32" then
+    add_warning(ctx, 'data_types.buffer_dtype = "%s" has no effect without fp16 or bf16: DeepSpeed casts buffers ' ..
+      "only in 16-bit training, and so does zrun", dt.buffer_dtype)
+  end
+end
+
 -- The rules that read several keys (offload and stage, precision, Lamb, SGD's nesterov, the
 -- scheduler's steps, ZenFlow), and the deprecated spellings moved to their new keys (take: config.lua's
 -- reader of a raw value against its schema node, which fills a section's defaults).
@@ -250,6 +267,7 @@ local function cross_checks(vals, ctx, take)
     end
   end
   bf16_lp_checks(vals, ctx, stage)
+  data_types_checks(vals, ctx)
   if vals.fp16.enabled == true and vals.bf16.enabled == true then
     add_error(ctx, "fp16.enabled and bf16.enabled are both true; enable one of them (bf16 needs no loss scaling)")
   end

@@ -438,8 +438,11 @@ local SCHEMA = section {
   } },
   { "data_types", section {
     { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
-    { "param_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
-    { "buffer_dtype", refuse_unless(nil, enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true })) },
+    -- must name the training precision, as DeepSpeed asserts (config_check.lua)
+    { "param_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
+    -- unset: under fp16 / bf16 floating buffers keep their dtype (DeepSpeed casts the parameters only);
+    -- set: they are cast to it (engine.cast_module)
+    { "buffer_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
   } },
   -- DeepSpeed's CompileConfig (pydantic; since DeepCompile it has no "backend" or "disable"): only
   -- deepcompile changes anything, and not the results.

@@ -134,7 +134,7 @@ function M.initialize(opts)
   -- device and precision of the model's parameters
   local p0 = model:parameters()[1]
   self.device = opts.device or (p0 and p0:device()) or "cpu"
-  if precision ~= "f32" and p0 and p0:dtype() ~= precision then model:to(precision) end
+  if precision ~= "f32" then M.cast_module(model, precision, cfg) end
 
   -- optimizer hyperparameters: AdamW ("Adam" too), Lion, Adagrad, SGD or Lamb (config.load refuses the
   -- optimizers zrun does not run, with the message `zrun check` prints); no optimizer section:
@@ -264,6 +264,27 @@ function M.initialize(opts)
   -- tensor memory; the first collection would come in the first backward)
   collectgarbage("collect")
   return self, self.optimizer, loader, self.lr_scheduler
+end
+
+-- DeepSpeed 0.19.8's cast of the model under fp16 / bf16 (engine._cast_module_mixed_precision): the
+-- parameters take the training dtype; floating buffers keep the dtype they came with (an fp32 buffer
+-- stays fp32, as DeepSpeed keeps rotary tables and routing biases), unless data_types.buffer_dtype
+-- names one. Integer buffers never change.
+local DTYPE_OF = { fp16 = "f16", bf16 = "bf16", fp32 = "f32" }
+local FLOAT = { f32 = true, f64 = true, bf16 = true, f16 = true }
+function M.cast_module(model, precision, cfg)
+  local dt = cfg.data_types and cfg.data_types.buffer_dtype
+  local buffers = {} -- {module, name, tensor} as they were before the parameters' cast
+  for _, m in ipairs(model:modules()) do
+    for _, n in ipairs(m._buffer_order) do buffers[#buffers + 1] = { m, n, m._buffers[n] } end
+  end
+  local p0 = model:parameters()[1]
+  if p0 and p0:dtype() ~= precision then model:to(precision) end
+  for _, b in ipairs(buffers) do
+    local t = b[3]
+    if dt and FLOAT[t:dtype()] and t:dtype() ~= DTYPE_OF[dt] then t = t:to(DTYPE_OF[dt]) end
+    b[1]._buffers[b[2]] = t
+  end
 end
 
 -- NCCL needs one GPU per process: more processes on a node than GPUs would share one (NCCL

@@ -272,4 +272,36 @@ T.test("no gradient_clipping in the config: clipped at 1.0, as DeepSpeed 0.19.8;
   assert(math.abs(def[4] - off[4]) > 1e-3, ("clipped and unclipped runs agree: %g vs %g"):format(def[4], off[4]))
 end)
 
+-- DeepSpeed 0.19.8 casts only the parameters under fp16 / bf16 (engine._cast_module_mixed_precision): a floating
+-- buffer keeps its dtype unless data_types.buffer_dtype names one; zrun cast it with the parameters before
+-- (a 1 + 2^-12 scale read 1 in bf16). param_dtype must be the training precision, as DeepSpeed asserts.
+T.test("16-bit training: buffers keep their dtype unless data_types.buffer_dtype, as DeepSpeed 0.19.8", function()
+  local function build(data_types, prec)
+    local m = zr.nn.Module()
+    m.lin = zr.nn.Linear(4, 4)
+    m:register_buffer("scale", zr.ones(4) * (1 + 2 ^ -12))
+    m:register_buffer("index", zr.tensor({ 1, 2 }, { dtype = "i64" }))
+    local cfg = { train_micro_batch_size_per_gpu = 1, zero_optimization = { stage = 2 }, data_types = data_types,
+      optimizer = { type = "AdamW", params = { lr = 1e-3 } } }
+    cfg[prec or "bf16"] = { enabled = true }
+    local e = zr.initialize({ model = m, config = cfg })
+    return m, e
+  end
+  for _, prec in ipairs { "bf16", "fp16" } do
+    local m = build(nil, prec)
+    T.eq(m.lin.weight:dtype(), prec == "bf16" and "bf16" or "f16")
+    T.eq(m.scale:dtype(), "f32", prec .. ": the buffer stays fp32")
+    T.eq(m.scale:max():item(), 1 + 2 ^ -12, prec .. ": its values unrounded")
+    T.eq(m.index:dtype(), "i64")
+  end
+  local m = build({ buffer_dtype = "bf16" })
+  T.eq(m.scale:dtype(), "bf16", "buffer_dtype casts the floating buffers")
+  T.eq(m.scale:to("f32"):max():item(), 1)
+  T.eq(m.index:dtype(), "i64", "integer buffers never change")
+  m = build({ param_dtype = "bf16" })
+  T.eq(m.lin.weight:dtype(), "bf16", "param_dtype equal to the precision: accepted")
+  T.raises(function() build({ param_dtype = "fp16" }) end,
+    'data_types.param_dtype = "fp16" conflicts with the training precision (bf16)')
+end)
+
 T.done()
