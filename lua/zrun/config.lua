@@ -149,6 +149,12 @@ local function check_leaf(node, v)
       return nil, one_of(node.values), s
     end
     return nil, one_of(node.values)
+  elseif t == "names" then -- "auto" or a list of strings (data_types.keep_in_fp32_modules)
+    local what = '"auto" or a list of name patterns'
+    if v == "auto" then return v end
+    if type(v) ~= "table" or (next(v) ~= nil and not is_array(v)) then return nil, what end
+    for _, x in ipairs(v) do if type(x) ~= "string" then return nil, what end end
+    return deepcopy(v)
   elseif t == "list" or t == "numlist" then
     if t == "numlist" and type(v) == "number" then return v end
     local what = t == "numlist" and "a number or a list of numbers" or
@@ -384,7 +390,8 @@ take = function(node, v, p, ctx, parent, name)
     add_error(ctx, "%s must be %s, got null", p, what or node.type)
     return nil
   end
-  if v == "auto" and (node.auto or node.drop_auto or (node.type ~= "string" and node.type ~= "enum")) then
+  if v == "auto" and (node.auto or node.drop_auto or (node.type ~= "string" and node.type ~= "enum" and
+    node.type ~= "names")) then
     if node.auto then
       set_source(ctx, p, "auto", "unresolved")
       return "auto"

@@ -173,6 +173,12 @@ local function data_types_checks(vals, ctx)
     add_error(ctx, 'data_types.param_dtype = "%s" conflicts with the training precision (%s), as DeepSpeed asserts: ' ..
       'set the matching fp16/bf16 "enabled" flag or remove data_types.param_dtype', dt.param_dtype, prec)
   end
+  if type(dt.keep_in_fp32_modules) == "table" then
+    for _, n in ipairs(dt.keep_in_fp32_modules) do
+      local ok, err = U.name_pattern(n)
+      if not ok then add_error(ctx, "data_types.keep_in_fp32_modules: %s", err) end
+    end
+  end
   if dt.buffer_dtype ~= nil and prec == "fp32" then
     add_warning(ctx, 'data_types.buffer_dtype = "%s" has no effect without fp16 or bf16: DeepSpeed casts buffers ' ..
       "only in 16-bit training, and so does zrun", dt.buffer_dtype)

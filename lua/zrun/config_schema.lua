@@ -337,6 +337,7 @@ local SCHEMA = section {
   { "wall_clock_breakdown", bool(false) },
   { "memory_breakdown", warn_unless(false, bool(false)) },
   { "dump_state", warn_unless(false, bool(false)) },
+  { "disable_python_gc", warn_unless(false, bool(false)) }, -- Python's cyclic garbage collector, off during training
   { "prescale_gradients", warn_unless(false, bool(false)) },
   { "gradient_predivide_factor", warn_unless(1, num(1.0, { min = 0, open_min = true })) },
   { "gradient_allreduce_op", refuse_unless("mean", enum({ "mean", "sum" }, "mean")) },
@@ -435,6 +436,9 @@ local SCHEMA = section {
     { "load_universal", warn_unless(false, bool(false)) },
     { "use_node_local_storage", warn_unless(false, bool(false)) },
     { "parallel_write", opaque() },
+    -- (DeepSpeed's torch.save format and its FastPersist checkpoint writer: the same checkpoint contents)
+    { "checkpoint_serialization", warn_unless(true, bool(true)) },
+    { "writer", feature("warn", function(v) return type(v) == "table" end) },
   } },
   { "data_types", section {
     { "grad_accum_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
@@ -443,11 +447,14 @@ local SCHEMA = section {
     -- unset: under fp16 / bf16 floating buffers keep their dtype (DeepSpeed casts the parameters only);
     -- set: they are cast to it (engine.cast_module)
     { "buffer_dtype", enum({ "fp32", "fp16", "bf16" }, nil, { nullable = true }) },
+    -- buffers kept (or made) fp32 under fp16 / bf16: "auto" (the modules' _keep_in_fp32_modules_strict, and
+    -- under fp16 _keep_in_fp32_modules, lists) or name patterns with * (engine.cast_module)
+    { "keep_in_fp32_modules", leaf("names", "auto") },
   } },
   -- DeepSpeed's CompileConfig (pydantic; since DeepCompile it has no "backend" or "disable"): only
   -- deepcompile changes anything, and not the results.
   { "compile", section({
-    { "deepcompile", warn_unless(false, bool(false)) },
+    { "deepcompile", warn_unless(false, bool(false)) }, { "autoep_non_moe", bool(false) },
     { "free_activation", bool(false) }, { "free_activation_threshold", int(10 * 1024 * 1024) },
     { "offload_activation", bool(false) }, { "offload_activation_pin_memory", bool(true) },
     { "offload_opt_states", bool(false) }, { "double_buffer", bool(true) }, { "symmetric_memory", bool(false) },
@@ -473,6 +480,8 @@ local SCHEMA = section {
   { "tensor_parallel", feature("error", function(v) return type(v) == "table" and (tonumber(v.autotp_size) or 1) > 1 end) },
   { "expert_parallel", feature("error", when_true("enabled")) }, { "nebula", feature("warn") },
   { "eigenvalue", feature("warn") },
+  -- DataStates-LLM asynchronous checkpointing (any value but false turns it on): the same checkpoints, written later
+  { "datastates_ckpt", feature("warn", function(v) return v ~= false end) },
   { "progressive_layer_drop", feature("error") },
   -- (DeepSpeed reads quantize_training and eigenvalue only for compression_training's weight
   -- quantization, which is refused above: alone they change nothing)

@@ -93,4 +93,14 @@ local function add_warning(ctx, ...) ctx.warnings[#ctx.warnings + 1] = fmt(...) 
 M.fmtnum, M.is_array, M.is_object, M.show, M.deepcopy = fmtnum, is_array, is_object, show, deepcopy
 M.join, M.split, M.get, M.set = join, split, get, set
 M.add_error, M.add_warning = add_error, add_warning
+-- A Lua pattern for one of DeepSpeed's data_types.keep_in_fp32_modules names (a regular expression once
+-- its "*" reads ".*", searched anywhere in a buffer's full name): names of letters, digits, "_", "-", "."
+-- (any character, as in the regular expression) and "*"; nil and a message for other characters.
+function M.name_pattern(name)
+  if type(name) ~= "string" or name:find("[^%w_%-%.%*]") then
+    return nil, string.format('%s: a name pattern takes letters, digits, "_", "-", "." and "*" only', M.show(name))
+  end
+  return (name:gsub("%-", "%%-"):gsub("%*", ".*"))
+end
+
 return M

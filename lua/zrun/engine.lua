@@ -269,20 +269,53 @@ end
 -- DeepSpeed 0.19.8's cast of the model under fp16 / bf16 (engine._cast_module_mixed_precision): the
 -- parameters take the training dtype; floating buffers keep the dtype they came with (an fp32 buffer
 -- stays fp32, as DeepSpeed keeps rotary tables and routing biases), unless data_types.buffer_dtype
--- names one. Integer buffers never change.
+-- names one. Integer buffers never change. The floating buffers data_types.keep_in_fp32_modules names
+-- (runtime/keep_in_fp32.py) are made fp32 and left out of buffer_dtype's cast.
 local DTYPE_OF = { fp16 = "f16", bf16 = "bf16", fp32 = "f32" }
 local FLOAT = { f32 = true, f64 = true, bf16 = true, f16 = true }
+
+-- The Lua patterns of the buffer names to keep in fp32: the setting's names, or for "auto" each module's
+-- _keep_in_fp32_modules_strict (and under fp16 _keep_in_fp32_modules) lists, under that module's name.
+local function keep_patterns(model, setting, precision)
+  local U, pats = require "zrun.config_util", {}
+  local function add(name, prefix)
+    local p, err = U.name_pattern(name)
+    if not p then error("data_types.keep_in_fp32_modules: " .. err, 0) end
+    pats[#pats + 1] = prefix ~= "" and ("^" .. prefix:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0") .. "%..*" .. p) or p
+  end
+  if type(setting) == "table" then
+    for _, n in ipairs(setting) do add(n, "") end
+    return pats
+  end
+  for prefix, m in model:named_modules() do
+    for _, attr in ipairs { "_keep_in_fp32_modules_strict", precision == "f16" and "_keep_in_fp32_modules" or nil } do
+      local names = m[attr]
+      if type(names) == "table" then for _, n in ipairs(names) do add(n, prefix) end end
+    end
+  end
+  return pats
+end
+
 function M.cast_module(model, precision, cfg)
-  local dt = cfg.data_types and cfg.data_types.buffer_dtype
-  local buffers = {} -- {module, name, tensor} as they were before the parameters' cast
-  for _, m in ipairs(model:modules()) do
-    for _, n in ipairs(m._buffer_order) do buffers[#buffers + 1] = { m, n, m._buffers[n] } end
+  local dts = cfg.data_types or {}
+  local dt = dts.buffer_dtype
+  local pats = keep_patterns(model, dts.keep_in_fp32_modules, precision)
+  local buffers = {} -- {module, name, tensor, kept} as they were before the parameters' cast
+  for prefix, m in model:named_modules() do
+    for _, n in ipairs(m._buffer_order) do
+      local full, kept = prefix == "" and n or (prefix .. "." .. n), false
+      for _, p in ipairs(pats) do kept = kept or full:find(p) ~= nil end
+      buffers[#buffers + 1] = { m, n, m._buffers[n], kept }
+    end
   end
   local p0 = model:parameters()[1]
   if p0 and p0:dtype() ~= precision then model:to(precision) end
   for _, b in ipairs(buffers) do
     local t = b[3]
-    if dt and FLOAT[t:dtype()] and t:dtype() ~= DTYPE_OF[dt] then t = t:to(DTYPE_OF[dt]) end
+    if FLOAT[t:dtype()] then
+      local want = b[4] and "f32" or (dt and DTYPE_OF[dt])
+      if want and t:dtype() ~= want then t = t:to(want) end
+    end
     b[1]._buffers[b[2]] = t
   end
 end

@@ -14,7 +14,8 @@ same weights on the same batches with the same config, and what each default dec
      open: updates cur_scale times too small); the check scales the loss as that fix does, and prints
      the unfixed run's losses beside it.
   5. bf16 and fp16: the parameters are cast, a floating buffer keeps its fp32 (and its value) unless
-     data_types.buffer_dtype names a dtype, an integer buffer never changes.
+     data_types.buffer_dtype names a dtype (and keep_in_fp32_modules does not name the buffer), an integer
+     buffer never changes.
 
 usage: python3 tests/golden/check_ds_defaults.py OUT_DIR [ZRUN]     (prints PASS/FAIL lines)
 """
@@ -155,39 +156,46 @@ def main():
 
 
 def buffers_check():
-    """5. What the 16-bit cast does to buffers: a Linear beside an fp32 buffer 1 + 2^-12 (bf16 rounds it to 1)
-    and an int64 one, on both sides: the dtypes and the fp32 buffer's value after initialize."""
+    """5. What the 16-bit cast does to buffers: a Linear beside an fp32 buffer 1 + 2^-12 (bf16 rounds it to 1), a
+    submodule's fp32 routing bias and an int64 buffer, on both sides: every dtype and the fp32 buffer's value
+    after initialize, with and without data_types.buffer_dtype and keep_in_fp32_modules."""
     import deepspeed
 
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(4, 4)
+            self.moe = torch.nn.Module()
+            self.moe.register_buffer("e_score_correction_bias", torch.ones(4))
             self.register_buffer("scale", torch.full((4,), 1.0 + 2 ** -12))
             self.register_buffer("index", torch.tensor([1, 2]))
 
     names = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "i64"}
-    for prec, data_types in (("bf16", None), ("fp16", None), ("bf16", {"buffer_dtype": "bf16"})):
+    for prec, data_types in (("bf16", None), ("fp16", None), ("bf16", {"buffer_dtype": "bf16"}),
+                             ("bf16", {"buffer_dtype": "fp16", "keep_in_fp32_modules": ["e_score*"]})):
         cfg = {"train_micro_batch_size_per_gpu": 1, prec: {"enabled": True}, "zero_optimization": {"stage": 2},
                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
         if data_types:
             cfg["data_types"] = data_types
         m = M()
         deepspeed.initialize(model=m, model_parameters=m.parameters(), config=json.loads(json.dumps(cfg)))
-        ds = [names[m.lin.weight.dtype], names[m.scale.dtype], float(m.scale.float().max()), names[m.index.dtype]]
+        ds = [names[m.lin.weight.dtype], names[m.scale.dtype], float(m.scale.float().max()), names[m.index.dtype],
+              names[m.moe.e_score_correction_bias.dtype]]
         rc, out = C.zrun_lua(f"""
 local zr = require "zrun"
 local cjson = require "cjson"
 local m = zr.nn.Module()
 m.lin = zr.nn.Linear(4, 4)
+m.moe = zr.nn.Module()
+m.moe:register_buffer("e_score_correction_bias", zr.ones(4))
 m:register_buffer("scale", zr.ones(4) * (1 + 2 ^ -12))
 m:register_buffer("index", zr.tensor({{ 1, 2 }}, {{ dtype = "i64" }}))
 zr.initialize{{ model = m, config = cjson.decode([[{json.dumps(cfg)}]]) }}
-print(string.format("BUF %s %s %.17g %s", m.lin.weight:dtype(), m.scale:dtype(), m.scale:to("f32"):max():item(),
-  m.index:dtype()))
+print(string.format("BUF %s %s %.17g %s %s", m.lin.weight:dtype(), m.scale:dtype(), m.scale:to("f32"):max():item(),
+  m.index:dtype(), m.moe.e_score_correction_bias:dtype()))
 """)
         line = next((x.split()[1:] for x in out.splitlines() if x.startswith("BUF ")), None)
-        z = line and [line[0], line[1], float(line[2]), line[3]]
+        z = line and [line[0], line[1], float(line[2]), line[3], line[4]]
         C.report(f"{prec}{' with data_types ' + json.dumps(data_types) if data_types else ''}: the parameters and "
                  "buffers in DeepSpeed's dtypes after initialize", z == ds, f"zrun {z or out[-300:]} deepspeed {ds}")
 

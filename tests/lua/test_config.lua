@@ -510,6 +510,23 @@ T.test("values DeepSpeed accepts: \"auto\" in pydantic sections, torch dtypes, n
   T.eq(load({ train_batch_size = 8 }).bf16.check_grad_overflow, true, "DeepSpeed's current default")
 end)
 
+-- Keys DeepSpeed 0.19.8 reads that zrun took for unknown ones ("ignored, as DeepSpeed ignores it")
+T.test("disable_python_gc, datastates_ckpt, checkpoint.writer, data_types.keep_in_fp32_modules: DeepSpeed's keys", function()
+  contains(warnings({ train_batch_size = 8, disable_python_gc = true }),
+    "disable_python_gc = true: zrun does not implement this (DeepSpeed would train the same)")
+  T.eq(#load({ train_batch_size = 8, disable_python_gc = false, datastates_ckpt = false,
+    compile = { autoep_non_moe = true } }):warnings(), 0)
+  contains(warnings({ train_batch_size = 8, datastates_ckpt = {} }), '"datastates_ckpt" is accepted for compatibility')
+  contains(warnings({ train_batch_size = 8, checkpoint = { writer = { type = "fast" } } }), '"checkpoint.writer" is accepted')
+  T.eq(load({ train_batch_size = 8 }).data_types.keep_in_fp32_modules, "auto")
+  T.eq(load({ train_batch_size = 8, data_types = { keep_in_fp32_modules = { "a.*b" } } }).data_types.keep_in_fp32_modules[1],
+    "a.*b")
+  T.raises(function() load({ train_batch_size = 8, data_types = { keep_in_fp32_modules = 5 } }) end,
+    'data_types.keep_in_fp32_modules must be "auto" or a list of name patterns, got 5')
+  T.raises(function() load({ train_batch_size = 8, data_types = { keep_in_fp32_modules = { "a(b" } } }) end,
+    'data_types.keep_in_fp32_modules: "a(b": a name pattern takes letters')
+end)
+
 T.test("what zrun does not implement: a warning when DeepSpeed trains the same, an error when results differ", function()
   contains(warnings({ train_batch_size = 8, prescale_gradients = true }),
     "prescale_gradients = true: zrun does not implement this (DeepSpeed would train the same)")

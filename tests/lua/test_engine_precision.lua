@@ -304,4 +304,32 @@ T.test("16-bit training: buffers keep their dtype unless data_types.buffer_dtype
     'data_types.param_dtype = "fp16" conflicts with the training precision (bf16)')
 end)
 
+-- data_types.keep_in_fp32_modules (DeepSpeed 0.19.8's runtime/keep_in_fp32.py): the buffers it names are made fp32
+-- and left out of buffer_dtype's cast; "auto" reads the modules' _keep_in_fp32_modules_strict lists (and under fp16
+-- _keep_in_fp32_modules). The verdicts are DeepSpeed's (tests/golden/check_ds_defaults.py runs both).
+T.test("data_types.keep_in_fp32_modules: the named buffers fp32, as DeepSpeed 0.19.8", function()
+  local function dtypes(prec, data_types, attr, loaded16)
+    local m, s = zr.nn.Module(), zr.nn.Module()
+    s.lin = zr.nn.Linear(4, 4)
+    s:register_buffer("e_score_correction_bias", zr.ones(4))
+    s:register_buffer("other", zr.ones(4))
+    if attr then rawset(s, attr, { "e_score*" }) end
+    m.moe = s
+    m:register_buffer("top", zr.ones(4))
+    if loaded16 then m:to("bf16") end
+    local cfg = { train_micro_batch_size_per_gpu = 1, zero_optimization = { stage = 2 }, data_types = data_types,
+      optimizer = { type = "AdamW", params = { lr = 1e-3 } } }
+    cfg[prec] = { enabled = true }
+    zr.initialize({ model = m, config = cfg })
+    return table.concat({ s.e_score_correction_bias:dtype(), s.other:dtype(), m.top:dtype() }, " ")
+  end
+  T.eq(dtypes("bf16", { buffer_dtype = "bf16", keep_in_fp32_modules = { "e_score_correction_bias" } }), "f32 bf16 bf16")
+  T.eq(dtypes("bf16", { buffer_dtype = "fp16", keep_in_fp32_modules = { "moe.*bias", "top" } }), "f32 f16 f32")
+  T.eq(dtypes("bf16", { buffer_dtype = "bf16" }, "_keep_in_fp32_modules_strict"), "f32 bf16 bf16", "auto: the strict list")
+  T.eq(dtypes("bf16", { buffer_dtype = "bf16" }, "_keep_in_fp32_modules"), "bf16 bf16 bf16", "auto: the plain list is fp16's")
+  T.eq(dtypes("fp16", { buffer_dtype = "fp16" }, "_keep_in_fp32_modules"), "f32 f16 f16", "auto under fp16")
+  T.eq(dtypes("bf16", { keep_in_fp32_modules = { "other" } }, nil, true), "bf16 f32 bf16", "a 16-bit buffer made fp32")
+  T.eq(dtypes("bf16", nil, nil, true), "bf16 bf16 bf16", "buffers that came in bf16 stay bf16")
+end)
+
 T.done()
