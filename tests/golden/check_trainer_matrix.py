@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """zr.Trainer next to transformers' Trainer over a matrix of TrainingArguments (schedules, warm-up, accumulation,
 clipping, weight decay, optimizers, label smoothing, epochs and max_steps, evaluation and saving strategies,
-logging options, random sampling): from the same weights on the same rows, each logged step's loss, learning
+logging options, random sampling, rows of one token): from the same weights on the same rows, each logged step's loss, learning
 rate, gradient norm and epoch, each evaluation's loss, the checkpoints left in output_dir and the final
 train_loss must agree; a resume whose recorded best checkpoint was deleted must go on as transformers' does. A tiny Llama in float32 on the CPU (torch 2.11, transformers 5.17: tests/golden/reference.sh).
 
@@ -20,6 +20,7 @@ import check_torch_files as C  # noqa: E402 (its OUT and ZRUN come from the same
 
 warnings.filterwarnings("ignore")
 N, T = 40, 12
+ONE_TOKEN = "one_token_rows"  # (a case's mark, not an argument: some of its training rows cut to their first token)
 
 BASE = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "num_train_epochs": 2, "learning_rate": 3e-3,
         "logging_steps": 1, "save_strategy": "no", "seed": 5}
@@ -60,6 +61,11 @@ CASES = [c for c in [
     ("metric_for_best_model \"loss\" (read as eval_loss), load_best, save_total_limit 2", {
         "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "steps", "save_steps": 4,
         "metric_for_best_model": "loss", "load_best_model_at_end": True, "save_total_limit": 2}),
+    # (ONE_TOKEN: rows of one token, an empty text with its BOS, that predict nothing: micro-batches of them only)
+    ("one-token rows, micro-batch 1, accumulation 2", {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 2,
+                                                       "num_train_epochs": 1, ONE_TOKEN: True}),
+    ("one-token rows, micro-batch 1, logging_steps 3", {"per_device_train_batch_size": 1, "num_train_epochs": 1,
+                                                        "logging_steps": 3, ONE_TOKEN: True}),
 ] if not os.environ.get("CHECK_ONLY") or os.environ["CHECK_ONLY"] in c[0]]
 
 
@@ -232,8 +238,11 @@ def main():
     os.makedirs(C.OUT, exist_ok=True)
     for k, (name, extra) in enumerate(CASES):
         args = dict(BASE, **extra)
+        one_token = args.pop(ONE_TOKEN, False)
         vary = k % 2 == 1  # (every other case pads rows of varying length)
         train, evalr = rows(2 * k, vary), rows(2 * k + 1, vary)[:8]
+        if one_token:  # (transformers trains through them: their micro-batches count no token)
+            train = [r[:1] if i % 5 in (0, 3) else r for i, r in enumerate(train)]
         m = C.tiny_llama(k)
         init = f"{C.OUT}/minit{k}"
         m.save_pretrained(init)

@@ -598,6 +598,38 @@ T.test("logging_nan_inf_filter (HF's default): a NaN micro-batch loss is logged 
     "a non-boolean is refused")
 end)
 
+T.test("micro-batches of one-token rows (an empty text with its BOS) predict nothing: training goes on, as in HF", function()
+  -- transformers' loss pads the shifted labels with -100: a row of one token counts no label, its micro-batch
+  -- adds nothing to the step (a step of them only: 0/0, NaN, logged as 0 by the filter, a zero gradient);
+  -- zrun's causal LM loss refused such a batch, stopping the run there
+  local rows = {}
+  for i = 1, 6 do
+    local ids = train_ds.rows[i].input_ids
+    rows[i] = { input_ids = (i == 2 or i == 5) and { ids[1] } or ids }
+  end
+  local t = zr.Trainer { model = model(), train_dataset = zr.datasets.Dataset.from_rows(rows), args = {
+    output_dir = tmp .. "/one_token", per_device_train_batch_size = 1, max_steps = 6, logging_steps = 1, learning_rate = 1e-3,
+    save_strategy = "no", train_sampling_strategy = "sequential" } }
+  t:train()
+  local logged = {}
+  for _, rec in ipairs(t.state.log_history) do if rec.loss then logged[rec.step] = rec end end
+  for s = 1, 6 do
+    local one = s == 2 or s == 5
+    T.eq(logged[s].loss == 0, one, ("step %d's loss %s"):format(s, tostring(logged[s].loss)))
+    T.eq(logged[s].grad_norm == 0, one, ("step %d's grad_norm %s"):format(s, tostring(logged[s].grad_norm)))
+  end
+  -- the loss itself, both models: no label counts, no gradient reaches the logits
+  local V = 11
+  local logits = zr.randn({ 2, 1, V }):requires_grad_()
+  local loss = zr.models.llama.causal_lm_loss(logits, zr.tensor({ { 3 }, { 4 } }, { dtype = "i64" }))
+  loss:backward()
+  T.eq(logits.grad:abs():sum():item(), 0)
+  local g2 = zr.models.gpt2.GPT2LMHeadModel({ vocab_size = 50, n_positions = 16, n_embd = 8, n_layer = 1, n_head = 2 })
+  local ids = zr.tensor({ { 7 }, { 9 } }, { dtype = "i64" })
+  local out = g2(ids, ids)
+  assert(out.loss:item() ~= nil, "GPT-2 takes a batch of one-token rows")
+end)
+
 T.test("data_order() is the order training reads the rows (accumulation, across epochs)", function()
   local pos, seen = {}, {}
   for i, r in ipairs(train_ds.rows) do pos[r] = i end

@@ -369,12 +369,14 @@ end
 -- cross-entropy per token: the gradient is a second logits-sized tensor in backward.
 function M.causal_lm_loss(logits, labels, inplace, label_smoothing, loss_type)
   local B, T, V = logits:size(1), logits:size(2), logits:size(3)
-  if T < 2 then error("causal LM loss needs sequences of at least 2 tokens, got " .. T, 0) end
   -- Shift the labels, not the logits (as HF's ForCausalLMLoss does): position t is scored against
   -- token t+1 and the last position against -100, so the full logits are used as they are, with
-  -- no (B, T-1, V) slice to copy forward and scatter back.
+  -- no (B, T-1, V) slice to copy forward and scatter back. Rows of one token (a micro-batch of them:
+  -- an empty text with its BOS) predict nothing: every label -100, as HF's padded shift gives, so the
+  -- loss counts no token there (0, no gradient) and training goes on, as transformers' does.
   local pad = zr.full({ B, 1 }, -100, { dtype = labels:dtype(), device = labels:device() })
-  local shifted = zr.cat({ labels:narrow(2, 2, T - 1), pad }, 2)
+  local shifted = T < 2 and zr.full({ B, T }, -100, { dtype = labels:dtype(), device = labels:device() })
+    or zr.cat({ labels:narrow(2, 2, T - 1), pad }, 2)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
