@@ -4,7 +4,7 @@
 local config = require "zrun.config"
 
 local M = {}
-local fmt, concat, sort, floor, ceil = string.format, table.concat, table.sort, math.floor, math.ceil
+local fmt, concat, sort, floor, ceil, huge = string.format, table.concat, table.sort, math.floor, math.ceil, math.huge
 
 -- Implemented keys and TrainingArguments' defaults (nil: no default; false where HF has False).
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
@@ -149,6 +149,23 @@ function M.resolve(user, quiet)
   if na ~= false and (type(na) ~= "number" or na <= 0) then
     bad("neftune_noise_alpha must be a positive number (NEFTune's alpha, e.g. 5), got %s", config.show(na))
   end
+  -- the optimizer's and the schedule's numbers (transformers refuses a negative warmup_steps, torch's optimizers
+  -- a negative lr or weight_decay and betas outside [0, 1); a string or a boolean stopped zrun later with a Lua error)
+  local function num(k, lo, hi, hi_open, what)
+    local v = a[k]
+    if type(v) ~= "number" or v ~= v or v < lo or (hi and (v > hi or (hi_open and v == hi))) then
+      bad("%s must be %s, got %s", k, what, config.show(v))
+    end
+  end
+  num("learning_rate", 0, nil, false, "a number >= 0")
+  num("weight_decay", 0, nil, false, "a number >= 0")
+  num("adam_beta1", 0, 1, true, "a number in [0, 1)")
+  num("adam_beta2", 0, 1, true, "a number in [0, 1)")
+  num("adam_epsilon", 0, nil, false, "a number >= 0")
+  num("warmup_steps", 0, nil, false, "a number >= 0 (steps, or a fraction < 1 of the total steps)")
+  num("warmup_ratio", 0, 1, false, "a number in [0, 1] (a fraction of the total steps; transformers 5 reads " ..
+    "warmup_steps < 1 so)")
+  if a.max_grad_norm ~= false then num("max_grad_norm", -huge, nil, false, "a number (0 or less: no clipping) or false") end
   local _, oerr = require("zrun.config_auto").optimizer_from_args(a)
   if oerr then bad("%s", oerr) end
   local kw = a.lr_scheduler_kwargs

@@ -67,6 +67,19 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { use_cpu = true } end, "use_cpu = true: the Trainer trains the model where it is")
   T.raises(function() new { skip_memory_metrics = false } end, "skip_memory_metrics = false: transformers' memory metrics")
   T.raises(function() new { save_steps = 2.5 } end, "save_steps must be a positive integer")
+  -- the optimizer's and the schedule's numbers: a negative warm-up (transformers refuses it) was read as none, a
+  -- warmup_ratio above 1 or below 0 bent the schedule, a string stopped the run at its first step with a Lua error
+  T.raises(function() new { warmup_steps = -1 } end, "warmup_steps must be a number >= 0 (steps, or a fraction < 1 of the total steps), got -1")
+  T.raises(function() new { warmup_ratio = -0.5 } end, "warmup_ratio must be a number in [0, 1]")
+  T.raises(function() new { warmup_ratio = 2 } end, "warmup_ratio must be a number in [0, 1]")
+  T.raises(function() new { warmup_steps = "10" } end, 'warmup_steps must be a number >= 0 (steps, or a fraction < 1 of the total steps), got "10"')
+  T.raises(function() new { learning_rate = "1e-4" } end, 'learning_rate must be a number >= 0, got "1e-4"')
+  T.raises(function() new { weight_decay = -0.1 } end, "weight_decay must be a number >= 0, got -0.1")
+  T.raises(function() new { adam_beta2 = 1 } end, "adam_beta2 must be a number in [0, 1), got 1")
+  T.raises(function() new { adam_epsilon = "x" } end, 'adam_epsilon must be a number >= 0, got "x"')
+  T.raises(function() new { max_grad_norm = "1.0" } end, 'max_grad_norm must be a number (0 or less: no clipping) or false')
+  new { warmup_steps = 0.1, warmup_ratio = 1, max_grad_norm = false, learning_rate = 0 } -- (false: no clipping)
+  new { max_grad_norm = -1, adam_beta1 = 0, warmup_steps = 2.5 } -- (-1: no clipping, as transformers)
   -- load_best_model_at_end's save_steps multiple of eval_steps, as transformers 5.17 checks it: two fractions of the
   -- total compared in millionths (0.3 is a multiple of 0.1, which Lua's 0.3 % 0.1 is not), a fraction beside a number
   -- of steps refused unless the modulo is exact (4 and 0.5)
