@@ -607,6 +607,15 @@ function M.load(source, opts)
     num_training_steps = opts.num_training_steps or args.num_training_steps,
     hidden_size = opts.hidden_size or args.hidden_size,
   }
+  -- DeepSpeed's deprecated "zero_optimization": true / false (read_zero_config_deprecated): stage 1 with
+  -- the top-level allgather_size (default 5e8) as its allgather bucket, or stage 0; with its warning
+  if type(raw.zero_optimization) == "boolean" then
+    local on = raw.zero_optimization
+    raw.zero_optimization = { stage = on and 1 or 0, allgather_bucket_size = on and (raw.allgather_size or 5e8) or nil }
+    raw.allgather_size = nil
+    add_warning(ctx, '"zero_optimization": %s is DeepSpeed\'s deprecated form, read as {"stage": %d} (write the ' ..
+      "section as an object)", tostring(on), on and 1 or 0)
+  end
   local okov, ov = pcall(apply_overrides, raw, opts.overrides)
   if not okov then error(name .. ": " .. ov, 0) end
   ctx.ov = ov

@@ -114,6 +114,16 @@ end
 -- the warnings of a config that loads
 local function warnings(t) return table.concat(load(t):warnings(), "\n") end
 
+T.test('"zero_optimization": true / false, DeepSpeed\'s deprecated form: stage 1 (allgather_size its bucket) / 0', function()
+  local c = load({ train_batch_size = 8, zero_optimization = true, allgather_size = 1e8 })
+  T.eq(c.zero_optimization.stage, 1)
+  T.eq(c.zero_optimization.allgather_bucket_size, 1e8)
+  contains(table.concat(c:warnings(), "\n"), "deprecated form, read as {\"stage\": 1}")
+  assert(not table.concat(c:warnings(), "\n"):find("allgather_size", 1, true), "allgather_size is read, not unknown")
+  T.eq(load({ train_batch_size = 8, zero_optimization = true }).zero_optimization.allgather_bucket_size, 5e8)
+  T.eq(load({ train_batch_size = 8, zero_optimization = false }).zero_optimization.stage, 0)
+end)
+
 T.test("unknown keys name a suggestion", function()
   -- top level: DeepSpeed ignores what it does not know, so zrun warns (once per key)
   contains(warnings({ train_batch_size = 8, zero_optimisation = { stage = 1 } }),
