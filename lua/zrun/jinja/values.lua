@@ -111,14 +111,39 @@ local function fmt_num(v)
   return fmt_float(v)
 end
 
+-- The code points >= 0x80 that Python's str.isprintable() rejects and repr() therefore escapes: the
+-- assigned ones of categories Cc, Cf, Cs, Co, Zl, Zp and Zs (Unicode 14, Python 3.11), as {first, last}
+-- ranges. (Unassigned code points, which Python escapes too, are left as they are.)
+local NONPRINT = { { 0x80, 0xa0 }, { 0xad, 0xad }, { 0x600, 0x605 }, { 0x61c, 0x61c }, { 0x6dd, 0x6dd }, { 0x70f, 0x70f },
+  { 0x890, 0x891 }, { 0x8e2, 0x8e2 }, { 0x1680, 0x1680 }, { 0x180e, 0x180e }, { 0x2000, 0x200f }, { 0x2028, 0x202f },
+  { 0x205f, 0x2064 }, { 0x2066, 0x206f }, { 0x3000, 0x3000 }, { 0xd800, 0xf8ff }, { 0xfeff, 0xfeff }, { 0xfff9, 0xfffb },
+  { 0x110bd, 0x110bd }, { 0x110cd, 0x110cd }, { 0x13430, 0x13438 }, { 0x1bca0, 0x1bca3 }, { 0x1d173, 0x1d17a },
+  { 0xe0001, 0xe0001 }, { 0xe0020, 0xe007f }, { 0xf0000, 0xffffd }, { 0x100000, 0x10fffd } }
+
+-- A UTF-8 sequence as repr writes it: itself, or \xhh, \uhhhh, \Uhhhhhhhh when it is not printable.
+local function repr_uchar(c)
+  local b1, n = c:byte(), #c
+  local cp = n == 2 and b1 % 32 or n == 3 and b1 % 16 or b1 % 8
+  for i = 2, n do cp = cp * 64 + c:byte(i) % 64 end
+  for _, r in ipairs(NONPRINT) do
+    if cp < r[1] then return c end
+    if cp <= r[2] then
+      return cp < 0x100 and fmt("\\x%02x", cp) or cp < 0x10000 and fmt("\\u%04x", cp) or fmt("\\U%08x", cp)
+    end
+  end
+  return c
+end
+
 -- Python's repr of a str: single quotes unless the text has ' and no ".
 local function repr_str(s)
   local q = (s:find("'", 1, true) and not s:find('"', 1, true)) and '"' or "'"
-  return q .. s:gsub("[%c\\'\"]", function(c)
+  s = s:gsub("[%c\\'\"]", function(c)
     if c == "\\" then return "\\\\" elseif c == "\n" then return "\\n" elseif c == "\r" then return "\\r"
     elseif c == "\t" then return "\\t" elseif c == q then return "\\" .. q elseif c == "'" or c == '"' then return c end
     return fmt("\\x%02x", c:byte())
-  end) .. q
+  end)
+  if s:find("[\128-\255]") then s = s:gsub("[\194-\244][\128-\191]+", repr_uchar) end
+  return q .. s .. q
 end
 
 local sorted_keys
