@@ -406,6 +406,8 @@ SMALL = [
     # a str inside a printed list/dict (or |string of one) is Python's repr: it escapes what str.isprintable()
     # rejects, non-ASCII too (NBSP, ZWJ, ideographic space, U+2028, BOM, soft hyphen, tag characters)
     ("repr_nonprintable_unicode", "{{ ['nbsp\u00a0x', 'zwj\u200d', 'ideo\u3000sp', 'ls\u2028', 'bom\ufeff', 'shy\u00ad', 'c1\u0085', 'ok é 你 🙂', 'tag\U000e0041'] }} {{ {'k\u00a0': 'v\u202f'} | string }} {{ ('pua\ue000',) }}"),
+    # x[] is x[()] in jinja2 (an empty tuple key: undefined here), not a parse error
+    ("subscript_empty", "[{{ lst[] }}][{{ d[] }}][{{ s[] is defined }}]"),
     ("filter_string_int_float", "{{ 3 | string }}{{ (3 | string) + 'x' }} {{ '42' | int + 1 }} {{ 'x' | int }} {{ 'x' | int(5) }} {{ 3.9 | int }} {{ '3.7' | int }} {{ '2' | float }} {{ 4 | float }} {{ 'x' | float }} {{ 2.25 | string }}"),
     ("filter_case", "{{ s | upper }} {{ s | lower }} {{ 'hello wORLD-foo(bar' | title }} {{ 'hELLO world' | capitalize }}"),
     ("filter_default", "[{{ undefined_v | default('dflt') }}][{{ e | default('dflt') }}][{{ e | default('dflt', true) }}][{{ none_v | d('x') }}][{{ none_v | default('x', boolean=true) }}][{{ undefined_v | d }}]"),

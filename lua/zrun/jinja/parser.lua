@@ -174,7 +174,7 @@ function Parser:subscript(e)
   local parts, cur = {}, nil
   local function item() if self:is("op", ":") or self:is("op", "]") then return nil end return self:expr() end
   cur = item()
-  if self:accept("op", "]") then return { k = "item", o = e, key = cur } end
+  if self:accept("op", "]") then return { k = "item", o = e, key = cur or { k = "tuple", items = {} } } end -- (a[]: a[()])
   parts[1] = cur
   self:expect("op", ":")
   parts[2] = item()
