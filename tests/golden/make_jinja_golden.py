@@ -403,6 +403,9 @@ SMALL = [
     ("filter_tojson_default", "{{ d | tojson }} {{ [1, 'a', none, true, 2.5] | tojson }} {{ 'é\"\\n' | tojson }} {{ {} | tojson }} {{ [] | tojson }}"),
     ("filter_tojson_indent", "{{ people | tojson(indent=2) }}\n{{ {'z': [1, {'y': []}], 'a': none} | tojson(indent=3) }}"),
     ("filter_tojson_separators", "{{ people[0] | tojson(separators=(',', ':')) }} {{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ d | tojson(indent='\\t', sort_keys=True) }}"),
+    # transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False): ensure_ascii
+    # (Reka-Edge's tojson(ensure_ascii=True)) writes \\uXXXX, surrogate pairs above U+FFFF, DEL as \\u007f
+    ("filter_tojson_ensure_ascii", "{{ {'\u00e9': 'Z\u00fcrich \u4f60 \U0001F642 \x7f', 'n': [1, 'a\\n']} | tojson(ensure_ascii=true) }} {{ ['\u00e9\x7f'] | tojson(ensure_ascii=false) }} {{ '\u00e9' | tojson(true) }} {{ ['\u00e9'] | tojson(false, 2) }}"),
     # a str inside a printed list/dict (or |string of one) is Python's repr: it escapes what str.isprintable()
     # rejects, non-ASCII too (NBSP, ZWJ, ideographic space, U+2028, BOM, soft hyphen, tag characters)
     ("repr_nonprintable_unicode", "{{ ['nbsp\u00a0x', 'zwj\u200d', 'ideo\u3000sp', 'ls\u2028', 'bom\ufeff', 'shy\u00ad', 'c1\u0085', 'ok é 你 🙂', 'tag\U000e0041'] }} {{ {'k\u00a0': 'v\u202f'} | string }} {{ ('pua\ue000',) }}"),

@@ -40,8 +40,8 @@ M._lex, M._parse = lexer.lex, parse
 M.filters, M.tests, M.globals = lib.filters, lib.tests, GLOBALS
 
 -- json.dumps(v, ensure_ascii=False) as the template's tojson filter writes it (mappings in their key
--- order, see set_key_order); opts: the filter's keyword arguments indent (a number or a string),
--- separators ({item_sep, key_sep}) and sort_keys. Returns the JSON text.
+-- order, see set_key_order); opts: the filter's keyword arguments ensure_ascii, indent (a number or a
+-- string), separators ({item_sep, key_sep}) and sort_keys. Returns the JSON text.
 M.tojson = function(v, opts) opts = opts or {}; return tojson(v, {}, opts) end
 
 local Template = {}

@@ -111,13 +111,24 @@ METHODS.list = {
 }
 METHODS.ns = {}
 
--- json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=...)
+-- json.dumps(x, ensure_ascii=..., indent=..., separators=..., sort_keys=...)
 local JSON_ESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\b"] = "\\b", ["\f"] = "\\f" }
-local function json_str(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    if c == "\127" then return c end
+-- A UTF-8 sequence as \uXXXX (a surrogate pair above U+FFFF), as ensure_ascii=True writes it.
+local function json_uescape(c)
+  local b1, n = c:byte(), #c
+  local cp = n == 2 and b1 % 32 or n == 3 and b1 % 16 or b1 % 8
+  for i = 2, n do cp = cp * 64 + c:byte(i) % 64 end
+  if cp < 0x10000 then return fmt("\\u%04x", cp) end
+  cp = cp - 0x10000
+  return fmt("\\u%04x\\u%04x", 0xd800 + floor(cp / 0x400), 0xdc00 + cp % 0x400)
+end
+local function json_str(s, ascii)
+  s = s:gsub('[%c"\\]', function(c)
+    if c == "\127" then return ascii and "\\u007f" or c end
     return JSON_ESC[c] or fmt("\\u%04x", c:byte())
-  end) .. '"'
+  end)
+  if ascii and s:find("[\128-\255]") then s = s:gsub("[\192-\247][\128-\191]*", json_uescape) end
+  return '"' .. s .. '"'
 end
 local function json_key(k)
   local t = kind(k)
@@ -127,7 +138,7 @@ local function json_key(k)
 end
 local function dumps(v, o, level)
   local k = kind(v)
-  if k == "str" then return json_str(v) elseif k == "none" then return "null"
+  if k == "str" then return json_str(v, o.ascii) elseif k == "none" then return "null"
   elseif k == "bool" then return v and "true" or "false"
   elseif k == "int" or k == "float" then
     local x = num(v)
@@ -145,15 +156,16 @@ local function dumps(v, o, level)
     local keys = dict_keys(v)
     if #keys == 0 then return "{}" end
     if o.sort_keys and ORDER[v] then keys = sorted_keys(v) end
-    for i, key in ipairs(keys) do parts[i] = json_str(json_key(key)) .. o.key_sep .. dumps(v[key], o, level + 1) end
+    for i, key in ipairs(keys) do parts[i] = json_str(json_key(key), o.ascii) .. o.key_sep .. dumps(v[key], o, level + 1) end
     return "{" .. nl_in .. concat(parts, o.item_sep .. nl_in) .. nl .. "}"
   end
   fail("Object of type " .. pytype(v) .. " is not JSON serializable")
 end
+-- transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
 local function tojson(v, args, kw)
-  local indent = opt(arg(args, kw, 1, "indent"))
+  local indent = opt(arg(args, kw, 2, "indent"))
   local seps = opt(arg(args, kw, 3, "separators"))
-  local o = { sort_keys = truthy(arg(args, kw, 4, "sort_keys", false)) }
+  local o = { sort_keys = truthy(arg(args, kw, 4, "sort_keys", false)), ascii = truthy(arg(args, kw, 1, "ensure_ascii", false)) }
   if indent ~= nil then
     o.indent = type(indent) == "string" and indent or (" "):rep(int_arg(indent, "tojson indent"))
   end
