@@ -421,6 +421,9 @@ SMALL = [
     ("filter_replace_reverse", "{{ s | replace('o', '0') }} {{ 'aaa' | replace('a', 'b', 2) }} {{ s | reverse }} {{ lst | reverse | list }}"),
     ("filter_map", "{{ people | map(attribute='name') | list }} {{ lst | map('string') | join('+') }} {{ people | map(attribute='nick', default='?') | list }}"),
     ("filter_select_reject", "{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content') | list }} {{ messages | rejectattr('role', 'eq', 'user') | list | length }} {{ people | selectattr('age', 'gt', 20) | map(attribute='name') | join(',') }} {{ [0, 1, '', 'a', none] | select | list }} {{ range(10) | select('odd') | list }} {{ range(10) | reject('divisibleby', 3) | list }} {{ people | selectattr('role') | list | length }}"),
+    # select/reject/selectattr/rejectattr/map give nothing for a false value without looking at their arguments
+    # (functionary-v3.1: tools | selectattr("type", "equalto", "code_interpreter") with tools = none)
+    ("filter_select_map_false_value", "{{ none_v | selectattr('type', 'equalto', 'x') | list }} {{ none_v | rejectattr('type') | list | length }} {{ none_v | map(attribute='name') | list }} {{ e | select | list }} {{ undefined_v | reject('odd') | list }} {{ none_v | map('no_such_filter') | list }} {{ [] | selectattr('a', 'no_such_test') | list }} {{ 0 | select('odd') | list }}"),
     ("filter_unique_sort", "{{ words | unique | list }} {{ words | unique(case_sensitive=true) | list }} {{ words | sort }} {{ words | sort(case_sensitive=true) }} {{ people | sort(attribute='age', reverse=true) | map(attribute='name') | list }}"),
     ("filter_safe_escape", "{{ '<a href=\"x\">&\\'</a>' | safe }} {{ '<a href=\"x\">&\\'</a>' | e }} {{ '<b>' | escape }}"),
     ("filter_indent", "[{{ 'a\\nb\\n\\nc' | indent }}][{{ 'a\\nb' | indent(2, true) }}][{{ 'a\\n\\nb\\n' | indent(2, blank=true) }}][{{ 'x\\ny' | indent('> ') }}]"),

@@ -225,8 +225,11 @@ local function attr_path(v, path)
   for part in tostring(path):gmatch("[^.]+") do v = getitem(v, tonumber(part) or part) end
   return v
 end
+-- (select, reject, selectattr, rejectattr and map give nothing for a false value -- none, "", [] --
+-- without looking at their arguments, as jinja2's do: `tools | selectattr(...)` with tools = none.)
 local function select_filter(keep, by_attr)
   return function(v, args)
+    if not truthy(v) then return {} end
     local a = by_attr and args[1]
     local i0 = by_attr and 2 or 1
     local extra = {}
@@ -343,6 +346,7 @@ FILTERS = {
     return r
   end,
   map = function(v, a, kw)
+    if not truthy(v) then return {} end
     local r, attr = {}, kw.attribute
     local f, extra
     if not attr then
