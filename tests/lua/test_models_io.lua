@@ -20,6 +20,23 @@ T.test("llama save_pretrained / from_pretrained round trip", function()
   T.eq(n, 21)
 end)
 
+T.test("llama from_pretrained skips the per-layer rotary_emb.inv_freq older checkpoints hold, as transformers", function()
+  -- (transformers 4.3x saved model.layers.N.self_attn.rotary_emb.inv_freq; transformers 5 drops the key on load)
+  local m = zr.models.llama.from_pretrained(dir)
+  local sd = {}
+  for name, p in m:named_parameters() do sd[name] = p end
+  for i = 0, 1 do sd[("model.layers.%d.self_attn.rotary_emb.inv_freq"):format(i)] = zr.ones({ 8 }) end
+  local old = dir .. "/inv_freq"
+  zr.hf.save_pretrained(old, sd, m.config)
+  local back = zr.models.llama.from_pretrained(old)
+  local ids = (zr.rand({ 1, 7 }) * 250):to("i64")
+  T.near(back(ids).logits, m(ids).logits, 0, 0, "same logits")
+  -- any other key the model lacks is still refused
+  sd["model.layers.0.self_attn.extra"] = zr.ones({ 2 })
+  zr.hf.save_pretrained(old, sd, m.config)
+  T.raises(function() zr.models.llama.from_pretrained(old) end, 'Unexpected key(s) in state_dict: "model.layers.0.self_attn.extra".')
+end)
+
 T.test("bf16 load converts stored dtype", function()
   local back = zr.models.llama.from_pretrained(dir, { dtype = "bf16" })
   T.eq(back:parameters()[1]:dtype(), "bf16")

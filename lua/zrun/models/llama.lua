@@ -443,7 +443,8 @@ end
 -- config (fields that override config.json's,
 -- as keyword arguments do in transformers' from_pretrained), revision, cache_dir, threads (reading
 -- the files; default min(8, CPUs)). The model is built without initialising its weights (each one
--- is then read from the files, once, straight into the parameter: hf.load_weights).
+-- is then read from the files, once, straight into the parameter: hf.load_weights). The rotary_emb.inv_freq
+-- buffers older checkpoints hold are skipped, as transformers skips them.
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
@@ -451,6 +452,9 @@ function M.from_pretrained(ref, opts)
   local tied = model.config.tie_word_embeddings
   hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
     if tied and name == "lm_head.weight" then return nil end
+    -- the rotary frequencies older transformers saved per layer (model.layers.N.self_attn.rotary_emb.inv_freq,
+    -- Llama 2 era checkpoints): a buffer computed from the config, which transformers 5 skips on load too
+    if name:match("rotary_emb%.inv_freq$") then return nil end
     return name
   end })
   -- (transformers' model.name_or_path: what PEFT writes as adapter_config.json's base_model_name_or_path)
