@@ -503,6 +503,32 @@ function hf.save_config(dir, config)
   C.write_file_atomic(join(dir, "config.json"), hf.encode_json(hc.to_hf(config), hc.FLOAT_FIELDS))
 end
 
+-- A model directory's generation_config.json as a table (JSON nulls dropped), or nil when it has none: what
+-- transformers' from_pretrained reads into model.generation_config (do_sample, temperature, max_length, eos ids...).
+function hf.read_generation_config(dir)
+  local p = join(dir, "generation_config.json")
+  if C.path_type(p) ~= "file" then return nil end
+  return decode_json_file(p, "the generation config")
+end
+
+-- GenerationConfig's float fields (written "1.0", as Python writes them).
+local GEN_FLOATS = { temperature = true, top_p = true, min_p = true, typical_p = true, top_h = true, repetition_penalty = true,
+  encoder_repetition_penalty = true, length_penalty = true, diversity_penalty = true, epsilon_cutoff = true,
+  eta_cutoff = true, guidance_scale = true }
+-- Writes dir/generation_config.json, as transformers' save_pretrained does beside a causal LM: gen (the table
+-- from_pretrained read, kept as the model's generation_config), else GenerationConfig.from_model_config's
+-- (the config's bos / eos / pad token ids). Returns the file's name.
+function hf.save_generation_config(dir, gen, config)
+  if type(gen) ~= "table" then
+    config = config or {}
+    gen = { _from_model_config = true, bos_token_id = config.bos_token_id, eos_token_id = config.eos_token_id,
+      pad_token_id = config.pad_token_id }
+  end
+  C.makedirs(dir)
+  C.write_file_atomic(join(dir, "generation_config.json"), hf.encode_json(gen, GEN_FLOATS))
+  return "generation_config.json"
+end
+
 -- A directory transformers' from_pretrained loads: weights plus config.json.
 function hf.save_pretrained(dir, sd, config, opts)
   local files = hf.save_state_dict(dir, sd, opts)

@@ -1054,9 +1054,8 @@ function Trainer:save_model(dir, o)
     cfg.architectures = cfg.architectures or { self.model.__name }
     cfg.torch_dtype = gather and ({ bf16 = "bfloat16", f16 = "float16" })[e.precision] or "float32"
     hf.save_config(dir, cfg)
-    local gen = { _from_model_config = true, bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
-      pad_token_id = cfg.pad_token_id }
-    C.write_file_atomic(tckpt.join(dir, "generation_config.json"), hf.encode_json(gen))
+    -- (the model's generation_config.json as from_pretrained read it, else the config's token ids)
+    hf.save_generation_config(dir, rawget(self.model, "generation_config"), cfg)
     local files = self.processing_class and require("zrun.tokenizers").save_pretrained(self.processing_class, dir) or {}
     local also = "config.json, generation_config.json" .. (#files > 0 and ", " .. table.concat(files, ", ") or "")
     if not gather then

@@ -3,6 +3,7 @@ and give zrun's logits. Run where transformers is installed (the GPU machine, or
     ./zrun tests/golden/save_for_hf_check.lua DIR          # on the dev machine
     python3 tests/golden/check_hf_save.py DIR              # DIR holds <name>/ and expected.safetensors
 Prints PASS/FAIL lines (with the rope parameters transformers resolved) and "N passed, N failed"."""
+import os
 import sys
 
 import torch
@@ -29,4 +30,21 @@ for name in names:
             print(f"FAIL {name}: max logit diff {diff:.3e} (rope {rope})")
     except Exception as e:  # noqa: BLE001 - report any loading failure as a test failure
         print(f"FAIL {name}: {type(e).__name__}: {e}")
-print(f"{ok} passed, {len(names) - ok} failed")
+# generation_config.json: a model directory's own generation settings survive zrun's from_pretrained -> save_pretrained
+# (transformers' save_pretrained writes model.generation_config back), as transformers reads them
+total = len(names)
+if os.path.isdir(f"{d}/generation"):
+    total += 1
+    try:
+        want, got = (AutoModelForCausalLM.from_pretrained(f"{d}/generation/{w}").generation_config.to_diff_dict()
+                     for w in ("src", "out"))
+        want.pop("transformers_version", None)
+        got.pop("transformers_version", None)
+        if want == got:
+            print(f"PASS transformers reads the generation_config.json zrun saves as the source's ({want})")
+            ok += 1
+        else:
+            print(f"FAIL generation_config: source {want}, zrun's save {got}")
+    except Exception as e:  # noqa: BLE001 - report any loading failure as a test failure
+        print(f"FAIL generation_config: {type(e).__name__}: {e}")
+print(f"{ok} passed, {total - ok} failed")

@@ -4,7 +4,8 @@
 --   python3 tests/golden/check_hf_save.py DIR
 -- DIR/<name>/ holds config.json + model.safetensors; DIR/expected.safetensors holds, per name,
 -- "<name>.input_ids" and zrun's "<name>.logits". The configs cover every rope type and option
--- zrun implements, so the check proves transformers reads zrun's config.json as zrun does.
+-- zrun implements, so the check proves transformers reads zrun's config.json as zrun does. DIR/generation/
+-- holds a model directory with its own generation_config.json (src) and zrun's save of it (out).
 local zr = require "zrun"
 local dir = assert(arg[1], "usage: zrun tests/golden/save_for_hf_check.lua DIR")
 
@@ -48,5 +49,12 @@ for name, m in pairs(models) do
   expected[name .. ".input_ids"] = ids
   expected[name .. ".logits"] = zr.no_grad(function() return model(ids).logits end):contiguous()
 end
+-- generation_config.json through from_pretrained -> save_pretrained: DIR/generation/src holds TinyLlama-chat's
+-- settings with sampling (as a hub model's), DIR/generation/out what zrun writes after loading it
+local gsrc = dir .. "/generation/src"
+zr.models.llama.LlamaForCausalLM(models.llama3[2]):save_pretrained(gsrc)
+zr.testing.write_file(gsrc .. "/generation_config.json", '{"bos_token_id": 1, "do_sample": true, "eos_token_id": [2, 5], ' ..
+  '"max_length": 2048, "pad_token_id": 0, "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.35.0"}')
+zr.models.llama.from_pretrained(gsrc):save_pretrained(dir .. "/generation/out")
 zr.save_safetensors(dir .. "/expected.safetensors", expected)
 print("wrote " .. dir)

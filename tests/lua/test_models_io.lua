@@ -1,10 +1,18 @@
 -- Models to and from Hugging Face directories: save_pretrained then from_pretrained gives the same
 -- weights and logits; config() reads a directory; config.json is written as transformers 5 writes
--- it; missing directories give a clear error.
+-- it; generation_config.json carries through; missing directories give a clear error.
 local zr = require "zrun"
 local T = zr.testing
 local dir = os.tmpname()
 os.remove(dir)
+local cjson = require "cjson"
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+local write = T.write_file
 
 T.test("llama save_pretrained / from_pretrained round trip", function()
   zr.manual_seed(4)
@@ -37,6 +45,31 @@ T.test("llama from_pretrained skips the per-layer rotary_emb.inv_freq older chec
   T.raises(function() zr.models.llama.from_pretrained(old) end, 'Unexpected key(s) in state_dict: "model.layers.0.self_attn.extra".')
 end)
 
+T.test("generation_config.json carries through from_pretrained -> save_pretrained, as transformers", function()
+  local src, out = dir .. "/gen_src", dir .. "/gen_out"
+  zr.models.llama.from_pretrained(dir):save_pretrained(src)
+  -- a model built from a config: GenerationConfig.from_model_config's file (the config's token ids)
+  local g = cjson.decode(read(src .. "/generation_config.json"))
+  T.eq(g._from_model_config, true)
+  -- a model directory's own settings (TinyLlama-chat's, with sampling) are kept, floats as floats
+  write(src .. "/generation_config.json", '{"bos_token_id": 1, "do_sample": true, "eos_token_id": [2, 5], ' ..
+    '"max_length": 2048, "pad_token_id": 0, "temperature": 1.0, "top_p": 0.9}')
+  local m = zr.models.llama.from_pretrained(src)
+  T.eq(m.generation_config.max_length, 2048)
+  local files = m:save_pretrained(out)
+  T.eq(files[#files], "generation_config.json")
+  g = cjson.decode(read(out .. "/generation_config.json"))
+  T.eq(g.do_sample, true); T.eq(g.max_length, 2048); T.eq(g.pad_token_id, 0); T.eq(g.top_p, 0.9)
+  T.eq(table.concat(g.eos_token_id, ","), "2,5"); T.eq(g._from_model_config, nil)
+  T.eq(read(out .. "/generation_config.json"):find('"temperature": 1.0', 1, true) ~= nil, true, "temperature a float")
+  -- GPT-2 too
+  local gm = zr.models.gpt2.GPT2LMHeadModel({ n_embd = 16, n_layer = 1, n_head = 2, vocab_size = 41, n_positions = 16 })
+  gm:save_pretrained(dir .. "/gen_gpt2")
+  write(dir .. "/gen_gpt2/generation_config.json", '{"max_new_tokens": 7}')
+  zr.models.gpt2.from_pretrained(dir .. "/gen_gpt2"):save_pretrained(dir .. "/gen_gpt2_out")
+  T.eq(cjson.decode(read(dir .. "/gen_gpt2_out/generation_config.json")).max_new_tokens, 7)
+end)
+
 T.test("bf16 load converts stored dtype", function()
   local back = zr.models.llama.from_pretrained(dir, { dtype = "bf16" })
   T.eq(back:parameters()[1]:dtype(), "bf16")
@@ -46,14 +79,6 @@ T.test("missing model directory is named", function()
   T.raises(function() zr.models.llama.from_pretrained(dir .. "/nope") end, "no model found")
 end)
 
-local cjson = require "cjson"
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-local write = T.write_file
 
 T.test("llama config.json is written as transformers 5 writes it, plus the legacy keys", function()
   local c = cjson.decode(read(dir .. "/config.json"))

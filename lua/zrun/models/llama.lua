@@ -399,9 +399,11 @@ end
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
 function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_checkpointing", false); return self end
 
--- Writes a Hugging Face model directory (config.json + model.safetensors) that transformers'
--- from_pretrained loads. Works for any zrun causal LM with HF parameter names.
--- The config is written as transformers 5 writes it (hf.save_config).
+-- Writes a Hugging Face model directory (config.json + model.safetensors + generation_config.json) that
+-- transformers' from_pretrained loads. Works for any zrun causal LM with HF parameter names.
+-- The config is written as transformers 5 writes it (hf.save_config); generation_config.json is the
+-- model's generation_config (the one from_pretrained read: sampling settings, max_length, eos ids carry
+-- through), else the config's token ids, as transformers writes it for a model built from a config.
 function M.save_pretrained(model, dir, opts)
   local cfg = {}
   for k, v in pairs(model.config) do if k ~= "dtype" and k ~= "device" then cfg[k] = v end end
@@ -409,7 +411,10 @@ function M.save_pretrained(model, dir, opts)
   local sd = {}
   for name, p in model:named_parameters() do sd[name] = p end
   cfg.torch_dtype = model:parameters()[1]:dtype()
-  return require("zrun.hf").save_pretrained(dir, sd, cfg, opts)
+  local hf = require "zrun.hf"
+  local files = hf.save_pretrained(dir, sd, cfg, opts)
+  files[#files + 1] = hf.save_generation_config(dir, rawget(model, "generation_config"), cfg)
+  return files
 end
 -- model:save_pretrained(dir): M.save_pretrained(model, dir) above.
 function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir, opts) end
@@ -459,6 +464,7 @@ function M.from_pretrained(ref, opts)
   end })
   -- (transformers' model.name_or_path: what PEFT writes as adapter_config.json's base_model_name_or_path)
   if type(ref) == "string" then rawset(model, "name_or_path", ref) end
+  rawset(model, "generation_config", hf.read_generation_config(dir)) -- (save_pretrained writes it back)
   return model
 end
 
