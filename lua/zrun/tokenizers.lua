@@ -182,8 +182,27 @@ local function with_specials(text, set)
   return text
 end
 
+-- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
+-- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
+-- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
+local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer" }
+-- The class to write into a saved tokenizer_config.json (text) whose source dir `from` relied on config.json
+-- for it, or nil: a folder holding the tokenizer alone has no config.json to say it.
+local function implied_class(text, from)
+  local cjson = require "cjson"
+  local ok, cfg = pcall(cjson.decode, text)
+  if not ok or type(cfg) ~= "table" or (cfg.tokenizer_class ~= nil and cfg.tokenizer_class ~= cjson.null) then return nil end
+  local f = io.open(from .. "/config.json", "rb")
+  if not f then return nil end
+  local ok2, mc = pcall(cjson.decode, f:read("*a"))
+  f:close()
+  return ok2 and type(mc) == "table" and CLASS_OF_MODEL_TYPE[mc.model_type] or nil
+end
+
 -- Writes the tokenizer's files into dir (tokenizer.json and the config files found beside the one
--- it was loaded from, or the byte tokenizer's own); returns the names written.
+-- it was loaded from, or the byte tokenizer's own); returns the names written. A tokenizer_config.json
+-- without tokenizer_class gets the class config.json beside it implied (transformers' lookup), so that
+-- the saved folder loads alone as the source did.
 function M.save_pretrained(tok, dir)
   C.makedirs(dir)
   if type(tok) == "table" and tok.save_pretrained then return tok:save_pretrained(dir) end
@@ -200,11 +219,17 @@ function M.save_pretrained(tok, dir)
     elseif n == "chat_template.jinja" and set then
       C.write_file_atomic(dir .. "/" .. n, chats[tok].templates.default)
       out[#out + 1] = n
-    elseif specials[tok] and (n == "tokenizer_config.json" or n == "special_tokens_map.json") and exists(p) then
+    elseif (specials[tok] and n == "special_tokens_map.json" or n == "tokenizer_config.json") and exists(p) then
       local f = assert(io.open(p, "rb"))
       local text = f:read("*a")
       f:close()
-      C.write_file_atomic(dir .. "/" .. n, with_specials(text, specials[tok]))
+      local cls = n == "tokenizer_config.json" and implied_class(text, from)
+      if cls then -- (added first, the rest of the text kept byte for byte)
+        local a = text:find("{", 1, true)
+        local rest = text:sub(a + 1)
+        text = text:sub(1, a) .. '"tokenizer_class": "' .. cls .. '"' .. (rest:find("^%s*}") and "" or ", ") .. rest
+      end
+      C.write_file_atomic(dir .. "/" .. n, specials[tok] and with_specials(text, specials[tok]) or text)
       out[#out + 1] = n
     elseif exists(p) then copy(p, dir .. "/" .. n); out[#out + 1] = n end
   end

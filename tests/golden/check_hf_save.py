@@ -47,4 +47,20 @@ if os.path.isdir(f"{d}/generation"):
             print(f"FAIL generation_config: source {want}, zrun's save {got}")
     except Exception as e:  # noqa: BLE001 - report any loading failure as a test failure
         print(f"FAIL generation_config: {type(e).__name__}: {e}")
+# a tokenizer saved alone: AutoTokenizer reads zrun's folder as the source (class, special tokens, ids)
+if os.path.isfile(f"{d}/tokenizer/source.txt"):
+    from transformers import AutoTokenizer
+    total += 1
+    try:
+        src = open(f"{d}/tokenizer/source.txt").read().strip()
+        text = "Hello world <|endoftext|> zrun's tokenizer: 1234 ünïcode"
+        want, got = ((type(t).__name__, t.bos_token, t.eos_token, t.unk_token, t.model_max_length, t(text).input_ids)
+                     for t in (AutoTokenizer.from_pretrained(w) for w in (src, f"{d}/tokenizer")))
+        if want == got:
+            print(f"PASS AutoTokenizer reads the tokenizer zrun saved as its source ({want[:5]})")
+            ok += 1
+        else:
+            print(f"FAIL tokenizer: source {want}, zrun's save {got}")
+    except Exception as e:  # noqa: BLE001 - report any loading failure as a test failure
+        print(f"FAIL tokenizer: {type(e).__name__}: {e}")
 print(f"{ok} passed, {total - ok} failed")

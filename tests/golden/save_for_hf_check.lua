@@ -56,5 +56,12 @@ zr.models.llama.LlamaForCausalLM(models.llama3[2]):save_pretrained(gsrc)
 zr.testing.write_file(gsrc .. "/generation_config.json", '{"bos_token_id": 1, "do_sample": true, "eos_token_id": [2, 5], ' ..
   '"max_length": 2048, "pad_token_id": 0, "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.35.0"}')
 zr.models.llama.from_pretrained(gsrc):save_pretrained(dir .. "/generation/out")
+-- GPT-2's tokenizer saved alone (its tokenizer_config.json names no class; config.json beside it does): DIR/tokenizer/
+-- holds zrun's save and source.txt the folder it came from (test data: ZRUN_TEST_DATA, default ../shared/data)
+local tokdir = (os.getenv("ZRUN_TEST_DATA") or "../shared/data") .. "/tokenizers/gpt2"
+if zr._C.path_type(tokdir .. "/tokenizer.json") == "file" then
+  zr.tokenizers.load(tokdir):save_pretrained(dir .. "/tokenizer")
+  zr.testing.write_file(dir .. "/tokenizer/source.txt", tokdir)
+end
 zr.save_safetensors(dir .. "/expected.safetensors", expected)
 print("wrote " .. dir)

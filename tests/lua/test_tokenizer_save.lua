@@ -41,5 +41,26 @@ else
   end)
 end
 
+local gpt2dir = data .. "/tokenizers/gpt2"
+if not exists(gpt2dir .. "/tokenizer.json") then
+  T.skip("GPT-2's tokenizer saved alone keeps its class", "data not found at " .. data)
+else
+  T.test("GPT-2's tokenizer saved alone keeps the class config.json gave it (transformers' AutoTokenizer lookup)", function()
+    -- openai-community/gpt2's tokenizer_config.json names no class: transformers takes GPT2Tokenizer (and its
+    -- <|endoftext|> bos / eos / unk) from config.json's model_type, which a tokenizer-only folder lacks
+    local tok = zr.tokenizers.load(gpt2dir)
+    tok:save_pretrained(tmp .. "/gpt2")
+    local c = require("cjson").decode(T.read_file(tmp .. "/gpt2/tokenizer_config.json"))
+    T.eq(c.tokenizer_class, "GPT2Tokenizer")
+    T.eq(c.model_max_length, 1024, "the source's keys kept")
+    T.eq(table.concat(zr.tokenizers.load(tmp .. "/gpt2"):encode(text), ","), table.concat(tok:encode(text), ","))
+    -- a tokenizer_config.json that names its class is copied as it is
+    local tl = zr.tokenizers.load(tokdir)
+    tl:save_pretrained(tmp .. "/tl")
+    T.eq(T.read_file(tmp .. "/tl/tokenizer_config.json") == T.read_file(tokdir .. "/tokenizer_config.json"), true,
+      "TinyLlama's tokenizer_config.json unchanged")
+  end)
+end
+
 os.execute("rm -rf " .. tmp)
 T.done()
