@@ -276,6 +276,7 @@ local FLOAT = { f32 = true, f64 = true, bf16 = true, f16 = true }
 
 -- The Lua patterns of the buffer names to keep in fp32: the setting's names, or for "auto" each module's
 -- _keep_in_fp32_modules_strict (and under fp16 _keep_in_fp32_modules) lists, under that module's name.
+local KEEP_ATTRS = { "_keep_in_fp32_modules_strict", "_keep_in_fp32_modules" } -- (the second under fp16 only)
 local function keep_patterns(model, setting, precision)
   local U, pats = require "zrun.config_util", {}
   local function add(name, prefix)
@@ -288,8 +289,8 @@ local function keep_patterns(model, setting, precision)
     return pats
   end
   for prefix, m in model:named_modules() do
-    for _, attr in ipairs { "_keep_in_fp32_modules_strict", precision == "f16" and "_keep_in_fp32_modules" or nil } do
-      local names = m[attr]
+    for i = 1, precision == "f16" and 2 or 1 do
+      local names = m[KEEP_ATTRS[i]]
       if type(names) == "table" then for _, n in ipairs(names) do add(n, prefix) end end
     end
   end
