@@ -161,10 +161,29 @@ function Dataset:map(fn, opts)
   return adopt(out)
 end
 
--- A new dataset of the rows for which fn(row, i) is true, in order (HF's Dataset.filter).
-function Dataset:filter(fn)
+-- A new dataset of the rows for which fn(row, i) is true, in order (HF's Dataset.filter). batched=true
+-- passes lists of rows (batch_size, default 1000) and the index of the first; fn returns one boolean a row.
+function Dataset:filter(fn, opts)
+  opts = kw.check("Dataset:filter", opts, { "batched", "batch_size" })
   local out = {}
-  for i, r in ipairs(self.rows) do if fn(r, i) then out[#out + 1] = r end end
+  if opts.batched then
+    local bs = opts.batch_size or 1000
+    if type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0 then
+      error("Dataset:filter: batch_size must be a positive integer, got " .. tostring(bs), 2)
+    end
+    for s = 1, #self.rows, bs do
+      local batch = {}
+      for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
+      local keep = fn(batch, s)
+      if type(keep) ~= "table" or #keep ~= #batch then
+        error(("Dataset:filter: the batched function must return a list of %d booleans (one a row), got %s"):format(
+          #batch, type(keep) == "table" and (#keep .. " values") or type(keep)), 2)
+      end
+      for j, r in ipairs(batch) do if keep[j] then out[#out + 1] = r end end
+    end
+  else
+    for i, r in ipairs(self.rows) do if fn(r, i) then out[#out + 1] = r end end
+  end
   return adopt(out)
 end
 

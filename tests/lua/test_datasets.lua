@@ -151,6 +151,21 @@ T.test("map's columns as HF's: replaced (default), kept, or all but remove_colum
     "returned 3 rows for 2 and the input's columns are kept")
 end)
 
+T.test("filter's options as HF's: batched passes lists of rows and takes a boolean a row; others refused", function()
+  local ds = D.Dataset.from_rows { { text = "ab" }, { text = "" }, { text = "cde" }, { text = "" }, { text = "f" } }
+  local function nonempty(rows) local o = {}; for i, r in ipairs(rows) do o[i] = #r.text > 0 end; return o end
+  -- HF: ds.filter(lambda b: [len(t) > 0 for t in b["text"]], batched=True) -> ['ab', 'cde', 'f'] (every row was kept)
+  local f = ds:filter(nonempty, { batched = true })
+  T.eq(#f, 3); T.eq(f[2].text, "cde"); T.eq(f[3].text, "f")
+  T.eq(#ds:filter(nonempty, { batched = true, batch_size = 2 }), 3, "batch_size")
+  local starts = {}
+  ds:filter(function(rows, s) starts[#starts + 1] = s; return nonempty(rows) end, { batched = true, batch_size = 2 })
+  T.eq(table.concat(starts, ","), "1,3,5", "the index of each batch's first row")
+  T.raises(function() ds:filter(function() return true end, { batched = true }) end, "must return a list of 5 booleans")
+  T.raises(function() ds:filter(function() return true end, { num_proc = 4 }) end, "Dataset:filter: unknown option 'num_proc'")
+  T.eq(#ds:filter(function(r, i) return i % 2 == 1 end), 3, "fn(row, i) without options")
+end)
+
 T.test("the collator as transformers' DataCollatorForLanguageModeling(tokenizer, mlm=False)", function()
   local tok = zr.tokenizers.ByteTokenizer.new()
   local c = D.causal_lm_collator { tokenizer = tok, mlm = false }
