@@ -243,7 +243,8 @@ do
 end
 
 -- "train[:2000]" -> "train", first, last over n rows (HF semantics: python-style half-open
--- ranges, negatives from the end, percentages rounded to the closest row).
+-- ranges, negatives from the end, percentages rounded to the closest row, a half to the even one as
+-- Python's round()).
 function M.parse_split(spec, n)
   local name, range = spec:match("^([%w_%-]+)%[(.*)%]$")
   if not name then return spec, 1, n end
@@ -254,8 +255,10 @@ function M.parse_split(spec, n)
     local pct = s:match("^(%-?[%d%.]+)%%$")
     local v
     if pct then
-      v = tonumber(pct) * n / 100
-      v = v >= 0 and math.floor(v + 0.5) or -math.floor(-v + 0.5)
+      v = tonumber(pct) * n / 100 -- (rounded as Python's round(): a half to the even row, 4.5 -> 4, 1.5 -> 2)
+      local r = math.floor(v + 0.5)
+      if r - v == 0.5 and r % 2 ~= 0 then r = r - 1 end
+      v = r
     else
       v = tonumber(s)
       if not v or v ~= math.floor(v) then error(("split '%s': '%s' is not an integer or a percentage"):format(spec, s), 0) end
