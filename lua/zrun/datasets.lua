@@ -288,9 +288,11 @@ local function read_all(path)
   return data
 end
 
--- Reads lines like HF's text/wikitext builders: each line keeps its "\n"; blank lines become "".
+-- Reads lines like HF's text/wikitext builders: each line keeps its "\n"; blank lines become "". The file
+-- is read as Python's open() in text mode reads it: universal newlines, "\r\n" and a lone "\r" end a line as "\n".
 local function read_lines(path, blank_as_empty)
   local data = read_all(path)
+  if data:find("\r", 1, true) then data = data:gsub("\r\n?", "\n") end
   local rows, pos = {}, 1
   while pos <= #data do
     local nl = data:find("\n", pos, true)

@@ -28,6 +28,12 @@ T.test("text and jsonl files", function()
   T.eq(#ds.rows, 3); T.eq(ds.rows[1].text, "a b\n"); T.eq(ds.rows[2].text, "")
   local dt = D.load_dataset(tmp, { format = "text" })
   T.eq(dt.rows[1].text, "a b")
+  -- HF reads in text mode (universal newlines): ["a b", "c", "", "d", "e"], no "\r" left in a row
+  f = io.open(tmp, "wb"); f:write("a b\r\nc\r\n\r\nd\re\r\n"); f:close()
+  local dc = D.load_dataset(tmp, { format = "text" })
+  T.eq(#dc, 5); T.eq(dc[1].text, "a b"); T.eq(dc[3].text, ""); T.eq(dc[4].text, "d"); T.eq(dc[5].text, "e")
+  local dw = D.load_dataset(tmp, { format = "wikitext" })
+  T.eq(dw[1].text, "a b\n"); T.eq(dw[3].text, ""); T.eq(#dw, 5)
   local j = tmp .. ".jsonl"
   f = io.open(j, "w"); f:write('{"text": "x"}\n{"text": "y z"}\n'); f:close()
   local dj = D.load_dataset(j)
