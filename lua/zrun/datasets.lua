@@ -133,7 +133,8 @@ end
 -- Applies fn(row, index) -> new row (keep = true or remove_columns = false: columns added to the row;
 -- remove_columns = {names}: the row less those, with fn's columns added, as HF's map). batched=true passes
 -- lists of rows (batch_size, default 1000) and fn returns a list of rows of any length (so it can split or
--- join rows, like group_texts); kept columns need as many rows back as went in.
+-- join rows, like group_texts); kept columns need as many rows back as went in. fn returning nothing (nil)
+-- leaves the row (the batch) as it is, less remove_columns, as HF's map.
 function Dataset:map(fn, opts)
   opts = kw.check("Dataset:map", opts, { "batched", "batch_size", "remove_columns", "keep", "desc" })
   local removed = removed_columns(opts, self.rows[1])
@@ -144,6 +145,11 @@ function Dataset:map(fn, opts)
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
       local res = fn(batch, s)
+      if res == nil then -- (HF: a function that returns nothing leaves the rows as they are)
+        res = {}
+        for j = 1, #batch do res[j] = {} end
+        removed = removed or {}
+      end
       local keeps = false
       if removed then for k in pairs(batch[1] or {}) do keeps = keeps or not removed[k] end end
       if keeps and #res ~= #batch then
@@ -155,7 +161,8 @@ function Dataset:map(fn, opts)
   else
     for i, r in ipairs(self.rows) do
       local nr = fn(r, i)
-      out[i] = removed and merge(r, nr, removed) or nr
+      if nr == nil then out[i] = merge(r, {}, removed or {}) -- (HF: returning nothing leaves the row as it is)
+      else out[i] = removed and merge(r, nr, removed) or nr end
     end
   end
   return adopt(out)

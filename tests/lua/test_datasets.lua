@@ -152,6 +152,12 @@ T.test("map's columns as HF's: replaced (default), kept, or all but remove_colum
   T.same(ds:map(function(r) return { text = r.text:upper() } end, { remove_columns = "text" })[1], { id = 1, text = "AB" },
     "removed before fn's columns are added")
   T.raises(function() ds:map(n, { remove_columns = { "txt" } }) end, "column to remove 'txt' is not in the dataset")
+  -- fn returning nothing (a function called for its side effects) leaves the rows as they are (HF); it emptied them
+  local seen = 0
+  local same = ds:map(function() seen = seen + 1 end)
+  T.eq(#same, 2); T.eq(seen, 2); T.same(same[2], { text = "cde", id = 2 })
+  T.same(ds:map(function() end, { remove_columns = { "id" } })[1], { text = "ab" })
+  T.same(ds:map(function() end, { batched = true })[2], { text = "cde", id = 2 }, "batched")
   -- batched: kept columns need one output row per input row
   local function nb(rows) local o = {}; for i, r in ipairs(rows) do o[i] = n(r) end; return o end
   T.same(ds:map(nb, { batched = true, keep = true })[1], { text = "ab", id = 1, n = 2 }, "batched keep (it was dropped)")
