@@ -20,14 +20,14 @@ cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer") --
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
 R.deepspeed_options(cli)
 -- TRL's ModelConfig (trl sft --use_peft ...): a LoRA adapter trained instead of the whole model (zr.peft)
-cli:option("use_peft", false, "train a LoRA adapter (PEFT's LoraConfig from the lora_* options) instead of the model")
+cli:flag("use_peft", false, "train a LoRA adapter (PEFT's LoraConfig from the lora_* options) instead of the model")
 cli:option("lora_r", 16, "LoRA rank (TRL's default 16)")
 cli:option("lora_alpha", 32, "LoRA alpha: the adapter's scaling is lora_alpha / lora_r (TRL's default 32)")
 cli:option("lora_dropout", 0.05, "dropout on the adapter's input (TRL's default 0.05)")
 cli:option("lora_target_modules", false, "comma-separated module names, or all-linear (default: PEFT's for the model: q_proj,v_proj)")
 cli:option("lora_task_type", "CAUSAL_LM", "PEFT's task_type")
-cli:option("use_rslora", false, "rank-stabilized LoRA: scaling lora_alpha / sqrt(lora_r)")
-cli:option("use_dora", false, "DoRA (refused: not implemented)")
+cli:flag("use_rslora", false, "rank-stabilized LoRA: scaling lora_alpha / sqrt(lora_r)")
+cli:flag("use_dora", false, "DoRA (refused: not implemented)")
 cli:option("lora_modules_to_save", false, "modules trained whole beside the adapter (refused: not implemented)")
 cli:option("dump_blocks", false, "FILE.safetensors: the prepared rows (input_ids, labels) and the order training reads them")
 -- TrainingArguments and SFTConfig's keys (max_length, assistant_only_loss, completion_only_loss, ...)
@@ -40,8 +40,10 @@ local sft_keys = {}
 for k in pairs(zr.sft.DEFAULTS) do sft_keys[#sft_keys + 1] = k end
 for k in pairs(zr.sft.NO_EFFECT) do sft_keys[#sft_keys + 1] = k end
 table.sort(sft_keys)
+local sft_bool = { activation_offloading = true, assistant_only_loss = true, packing = true, padding_free = true,
+  shuffle_dataset = true, trust_remote_code = true } -- (SFTConfig's bool fields: --packing False, --no_packing)
 for _, k in ipairs(sft_keys) do
-  cli:option(k, false, zr.sft.NO_EFFECT[k] and ("SFTConfig's %s: no effect in zrun"):format(k) or
+  cli[sft_bool[k] and "flag" or "option"](cli, k, false, zr.sft.NO_EFFECT[k] and ("SFTConfig's %s: no effect in zrun"):format(k) or
     ("SFTConfig's %s (default %s)"):format(k, tostring(zr.sft.DEFAULTS[k])))
 end
 local opt, given = cli:training_arguments(args):parse(arg)

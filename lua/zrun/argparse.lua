@@ -31,6 +31,15 @@ function P:option(name, default, help)
   return self
 end
 
+-- A boolean option whose default may be false (`use_peft`): its value is read as HF's
+-- string_to_bool reads it (true/false, yes/no, 1/0, t/f, y/n in any case), a bare --name is true and
+-- --no_name false, as HfArgumentParser takes a bool field.
+function P:flag(name, default, help)
+  self:option(name, default or false, help)
+  self.by[name].bool = true
+  return self
+end
+
 -- Another name for an option (`deepspeed` for `config`); `--name VALUE` works for both. bare: the
 -- alias may also stand alone (`--deepspeed --deepspeed_config ds.json`, DeepSpeed's own switch that
 -- turns it on, with nothing to do here), leaving the option as it is.
@@ -53,21 +62,39 @@ local function show(v)
   return tostring(v)
 end
 
+-- HfArgumentParser's string_to_bool: the words a bool field takes (else nil).
+local BOOL = { ["true"] = true, yes = true, t = true, y = true, ["1"] = true,
+  ["false"] = false, no = false, f = false, n = false, ["0"] = false }
+local function to_bool(v) return BOOL[v:lower()] end
+M.to_bool = to_bool
+
+-- A value without a known type: true/false in any case (Python's True/False too) are booleans, a
+-- number is a number, anything else text.
 local function generic(v)
-  if v == "true" then return true elseif v == "false" then return false end
+  local l = v:lower()
+  if l == "true" then return true elseif l == "false" then return false end
   return tonumber(v) or v
+end
+
+-- Whether option o (or, o nil, the TrainingArguments key name) is a boolean: a flag, an option whose
+-- default is true, or a key transformers declares bool.
+local function is_bool(self, name, o)
+  if o then return o.bool or o.default == true end
+  local ta = self.targs and require "zrun.trainer_args"
+  return ta and (ta.BOOLEAN[name] ~= nil or ta.DEFAULTS[name] == true) or false
 end
 
 -- Reads one value for option o (or a TrainingArguments key when o is nil).
 local function convert(self, name, o, v)
   local d = o and o.default
-  if type(d) == "number" then
+  if is_bool(self, name, o) then
+    local b = to_bool(v)
+    if b == nil then error(fmt("%s: %s must be true or false, got '%s'", self.name, name, v), 0) end
+    return b
+  elseif type(d) == "number" then
     local n = tonumber(v)
     if not n then error(fmt("%s: %s must be a number, got '%s'", self.name, name, v), 0) end
     return n
-  elseif type(d) == "boolean" and d then
-    if v == "true" or v == "1" then return true elseif v == "false" or v == "0" then return false end
-    error(fmt("%s: %s must be true or false, got '%s'", self.name, name, v), 0)
   elseif type(d) == "string" then
     return v
   end
@@ -164,9 +191,9 @@ function P:parse(argv)
     k = self.aliases[k] or k
     local o = self.by[k]
     if o then
-      opt[k] = raw and v or convert(self, k, o, v)
+      if raw then opt[k] = v else opt[k] = convert(self, k, o, v) end
     elseif ta and (ta.DEFAULTS[k] ~= nil or ta.NO_EFFECT[k] or ta.RENAMED[k]) then
-      self.targs[k] = raw and v or generic(v) -- zrun.trainer_args checks it (and names a renamed key)
+      if raw then self.targs[k] = v else self.targs[k] = convert(self, k, nil, v) end -- zrun.trainer_args checks it (and names a renamed key)
     else
       error(unknown(self, k), 0)
     end
@@ -198,15 +225,20 @@ function P:parse(argv)
         i = i + 2
         goto next
       end
-      if not known(k) then error(unknown(self, k), 0) end
       local nxt = argv[i + 1]
-      local o = self.by[self.aliases[k] or k]
-      local boolish = (o and type(o.default) == "boolean") or (not o and type(ta.DEFAULTS[k]) == "boolean")
       local alone = nxt == nil or nxt:match("^%-%-") or nxt:find("=", 1, true)
+      local neg = not known(k) and k:match("^no_(.+)$")
+      if neg and known(neg) and is_bool(self, self.aliases[neg] or neg, self.by[self.aliases[neg] or neg]) then
+        set(neg, false, true) -- HfArgumentParser's --no_<flag> for a boolean
+        goto continue
+      end
+      if not known(k) then error(unknown(self, k), 0) end
+      local o = self.by[self.aliases[k] or k]
+      local boolish = is_bool(self, k, o) or (o and type(o.default) == "boolean") or (not o and type(ta.DEFAULTS[k]) == "boolean")
       if self.bare and self.bare[k] and alone then -- (DeepSpeed's switch on: the option stays as it is)
       elseif boolish and alone then
         set(k, true, true) -- a bare --flag is true, as in HF's scripts
-      elseif nxt == nil then
+      elseif nxt == nil or nxt:match("^%-%-") then -- (never an option's name taken for a value)
         error(fmt("%s: %s needs a value (%s VALUE or %s=VALUE)", self.name, a, a, a), 0)
       else
         set(k, nxt)
@@ -219,6 +251,7 @@ function P:parse(argv)
       error(fmt("%s: unknown argument '%s' (use key=value%s; --help lists the options)", self.name, a,
         self.by.config and " or --config FILE" or ""), 0)
     end
+    ::continue::
     i = i + 1
     ::next::
   end

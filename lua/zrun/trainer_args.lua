@@ -67,6 +67,16 @@ M.REFUSED_VALUES = {
     "log line has memory and peak_memory instead" },
 }
 
+-- The keys transformers declares bool (HfArgumentParser reads their values with string_to_bool: true/false,
+-- yes/no, 1/0; a bare --key is true, --no_key false): the command line reads them so (zrun.argparse).
+M.BOOLEAN = {}
+for k in ([[auto_find_batch_size average_tokens_across_devices bf16 bf16_full_eval dataloader_drop_last
+  dataloader_persistent_workers dataloader_pin_memory ddp_find_unused_parameters disable_tqdm do_eval do_train
+  eval_on_start fp16 fp16_full_eval gradient_checkpointing greater_is_better hub_private_repo ignore_data_skip
+  load_best_model_at_end logging_first_step logging_nan_inf_filter overwrite_output_dir prediction_loss_only push_to_hub
+  remove_unused_columns restore_callback_states_from_checkpoint save_on_each_node save_only_model save_safetensors
+  skip_memory_metrics tf32 torch_compile use_cpu use_liger_kernel]]):gmatch("%S+") do M.BOOLEAN[k] = true end
+
 M.RENAMED = { evaluation_strategy = "eval_strategy" }
 -- Keys transformers 5 removed in favour of a value of another key: what to write instead
 M.REPLACED = { group_by_length = 'train_sampling_strategy = "group_by_length"' }

@@ -54,6 +54,39 @@ T.test("TrainingArguments keys go to the args table; others are refused with a s
   T.raises(function() parser():parse { "learning_rate=1" } end, "unknown option 'learning_rate'")
 end)
 
+T.test("booleans read as HfArgumentParser reads them: --bf16 False is false, --flag alone true, --no_flag false", function()
+  -- (transformers' string_to_bool: `--bf16 False`, `--use_peft 0`, `--packing no` are False there; a Lua string
+  -- "False" or the number 0 would be true)
+  local function p()
+    return parser({ output_dir = "o" }):flag("use_peft", false, "a LoRA adapter")
+  end
+  for _, c in ipairs { { "False", false }, { "false", false }, { "0", false }, { "no", false }, { "n", false },
+    { "True", true }, { "TRUE", true }, { "1", true }, { "yes", true }, { "t", true } } do
+    local opt, _, args = p():parse { "--use_peft", c[1], "--bf16", c[1], "--gradient_checkpointing=" .. c[1], "fast=" .. c[1] }
+    T.eq(opt.use_peft, c[2], "--use_peft " .. c[1]); T.eq(args.bf16, c[2], "--bf16 " .. c[1])
+    T.eq(args.gradient_checkpointing, c[2], "--gradient_checkpointing=" .. c[1]); T.eq(opt.fast, c[2], "fast=" .. c[1])
+  end
+  T.eq(p():parse({ "use_peft=False" }).use_peft, false, "key=value reads it the same")
+  local opt, given, args = p():parse { "--use_peft", "--do_train", "--do_eval", "--no_remove_unused_columns", "--no_fast",
+    "--no_logging_nan_inf_filter", "--output_dir", "x" }
+  T.eq(opt.use_peft, true); T.eq(args.do_train, true); T.eq(args.do_eval, true, "not taken as do_train's value")
+  T.eq(args.remove_unused_columns, false); T.eq(opt.fast, false); T.eq(given.fast, true)
+  T.eq(args.logging_nan_inf_filter, false); T.eq(args.output_dir, "x")
+  T.eq(select(3, p():parse { "--do_train" }).do_train, true, "a bare flag last on the line")
+  T.raises(function() p():parse { "--use_peft", "maybe" } end, "demo: use_peft must be true or false, got 'maybe'")
+  T.raises(function() p():parse { "--bf16=maybe" } end, "demo: bf16 must be true or false, got 'maybe'")
+  T.raises(function() p():parse { "--no_model" } end, "demo: unknown option 'no_model'")
+  T.raises(function() p():parse { "--model", "--bf16" } end, "demo: --model needs a value")
+  T.eq(p():parse({ "hidden=False" }).hidden, false, "an untyped option: Python's False is false too")
+  T.eq(p():parse({ "model=False" }).model, "False", "a string option keeps the text")
+end)
+
+T.test("sft_llama: --use_peft False trains the whole model, as TRL's ModelConfig reads it", function()
+  local out = sh(z .. " recipes/sft_llama.lua --use_peft False --packing False max_steps=1 eval_strategy=no save_strategy=no " ..
+    "output_dir=" .. T.tmpdir() .. "/o")
+  assert(out:find("rc=0", 1, true) and not out:find("LoRA", 1, true), out)
+end)
+
 T.test("positional values fill the named options in order", function()
   local p = argparse.new("recipes/p.lua"):option("epochs", 3, "e"):option("batch_size", 4, "b"):positional("epochs", "batch_size")
   local opt = p:parse { "5" }
