@@ -105,7 +105,8 @@ function M.resolve(x)
       f:close()
       local ok, cfg = pcall(require("cjson").decode, text)
       if not ok or type(cfg) ~= "table" then error(fmt("memory: %s is not a JSON model config: %s", x, tostring(cfg)), 0) end
-      return { config = cfg, name = x }
+      -- JSON null -> nil ("n_inner": null, "head_dim": null, as save_pretrained writes them), as for a model folder
+      return { config = require("zrun.hf").strip_nulls(cfg), name = x }
     end
   end
   if type(x) == "string" then

@@ -189,4 +189,16 @@ T.test("zrun estimate path/to/file.json reads that file, not its folder's config
   T.eq(n_other, E.count(other))
 end)
 
+T.test("zrun estimate config.json: JSON nulls are unset, as in a model folder (save_pretrained writes n_inner: null)", function()
+  -- gpt2_tiny.config.json has "n_inner": null (4 * n_embd), as every GPT-2 config transformers saves
+  local f = ZRUN_HOME and (ZRUN_HOME .. "/tests/golden/gpt2_tiny.config.json") or "tests/golden/gpt2_tiny.config.json"
+  local t_file, l_file = E.count(f)
+  local cfg = require("cjson").decode(io.open(f):read("*a"))
+  cfg.n_inner = nil
+  local t_tab, l_tab = E.count(cfg)
+  T.eq(t_file, t_tab); T.eq(l_file, l_tab)
+  local out, rc = T.run((os.getenv("ZRUN_BIN") or "./zrun") .. " estimate " .. f .. " --stage 2")
+  T.eq(rc, 0, out)
+end)
+
 T.done()
