@@ -567,6 +567,7 @@ local function read_json(path)
   if not is_object(v) then error(fmt("%s: the top level must be a JSON object {...}", path), 0) end
   return v
 end
+M.read_json = read_json -- (a JSON object from a file, or one line naming the file, the line and the column)
 
 local Config = {}
 Config.__index = Config

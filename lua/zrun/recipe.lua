@@ -32,6 +32,12 @@ function M.config_path(path, given)
   local home = ZRUN_HOME or "."
   if not exists(path) and exists(home .. "/" .. path) then path = home .. "/" .. path end
   if not exists(path) then error("DeepSpeed config " .. path .. " not found (pass --config FILE)", 0) end
+  if path:match("%.ya?ml$") then -- (TRL's `--config recipe.yaml` is an arguments file, not DeepSpeed's)
+    error(("--config %s: --config (--deepspeed) takes a DeepSpeed JSON config; an arguments file (TRL's " ..
+      "--config recipe.yaml, HfArgumentParser.parse_yaml_file) is not read: pass its keys on the command line as " ..
+      "key=value"):format(path), 0)
+  end
+  require("zrun.config").read_json(path) -- (not JSON: one line now, before the model and the data load)
   return path
 end
 
@@ -81,9 +87,7 @@ end
 -- "enabled" is "auto" or that have no such section.
 function M.deepspeed_args(args, opt, given)
   if type(opt.config) == "string" then
-    local f = assert(io.open(opt.config, "rb"))
-    local c = require("cjson").decode(f:read("*a"))
-    f:close()
+    local c = require("zrun.config").read_json(opt.config)
     local op = type(c.optimizer) == "table" and type(c.optimizer.params) == "table" and c.optimizer.params or {}
     local fixed = { learning_rate = op.lr, weight_decay = op.weight_decay, gradient_accumulation_steps =
       c.gradient_accumulation_steps, per_device_train_batch_size = c.train_micro_batch_size_per_gpu }

@@ -87,6 +87,18 @@ T.test("sft_llama: --use_peft False trains the whole model, as TRL's ModelConfig
   assert(out:find("rc=0", 1, true) and not out:find("LoRA", 1, true), out)
 end)
 
+T.test("--config takes DeepSpeed's JSON: a YAML arguments file or bad JSON is one line, before the model loads", function()
+  local d = T.tmpdir()
+  local f = io.open(d .. "/recipe.yaml", "w"); f:write("learning_rate: 2.0e-5\nuse_peft: true\n"); f:close()
+  f = io.open(d .. "/ds.json", "w"); f:write('{"train_micro_batch_size_per_gpu": "auto",}'); f:close()
+  local out = sh(z .. " recipes/sft_llama.lua --config " .. d .. "/recipe.yaml")
+  assert(out:find("takes a DeepSpeed JSON config; an arguments file (TRL's --config recipe.yaml", 1, true), out)
+  assert(out:find("rc=1", 1, true) and not out:find("recipe.lua:", 1, true) and not out:find("tiny Llama", 1, true), out)
+  out = sh(z .. " recipes/finetune_llama.lua --deepspeed " .. d .. "/ds.json")
+  assert(out:find("ds.json: not valid JSON (line 1, column 43)", 1, true), out)
+  assert(out:find("rc=1", 1, true) and not out:find("recipe.lua:", 1, true) and not out:find("tiny Llama", 1, true), out)
+end)
+
 T.test("positional values fill the named options in order", function()
   local p = argparse.new("recipes/p.lua"):option("epochs", 3, "e"):option("batch_size", 4, "b"):positional("epochs", "batch_size")
   local opt = p:parse { "5" }
