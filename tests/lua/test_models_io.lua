@@ -6,12 +6,7 @@ local T = zr.testing
 local dir = os.tmpname()
 os.remove(dir)
 local cjson = require "cjson"
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = T.read_file
 local write = T.write_file
 
 T.test("llama save_pretrained / from_pretrained round trip", function()
