@@ -248,6 +248,15 @@ function P:parse(argv)
       npos = npos + 1
       set(self.pos[npos], a)
     else
+      -- a second value after `--name VALUE` for a list option (HfArgumentParser's space-separated lists): say how
+      -- zrun takes a list
+      local prev, pv = argv[i - 2], argv[i - 1]
+      local pk = prev and pv and a:sub(1, 1) ~= "-" and not pv:find("=", 1, true) and prev:match("^%-%-([%w_%-]+)$")
+      local po = pk and self.by[self.aliases[pk] or pk]
+      if po and po.help:find("comma%-separated") then
+        error(fmt("%s: unknown argument '%s' after --%s %s: zrun takes a list as one comma-separated value " ..
+          "(--%s %s,%s)", self.name, a, pk, pv, pk, pv, a), 0)
+      end
       error(fmt("%s: unknown argument '%s' (use key=value%s; --help lists the options)", self.name, a,
         self.by.config and " or --config FILE" or ""), 0)
     end

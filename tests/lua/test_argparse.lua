@@ -170,3 +170,12 @@ T.test("dist.env_local_rank: LOCAL_RANK, else the MPI launcher's, without joinin
 end)
 
 T.done()
+
+T.test("a space-separated list (HfArgumentParser's nargs) is refused with the comma-separated form", function()
+  local p = argparse.new("r"):option("lora_target_modules", false, "comma-separated module names"):option("config", false, "a file")
+  T.raises(function() p:parse { "--lora_target_modules", "q_proj", "v_proj" } end,
+    "unknown argument 'v_proj' after --lora_target_modules q_proj: zrun takes a list as one comma-separated value " ..
+    "(--lora_target_modules q_proj,v_proj)")
+  T.raises(function() p:parse { "--config", "ds.json", "extra" } end, "unknown argument 'extra' (use key=value")
+  T.eq(p:parse({ "--lora_target_modules", "q_proj,v_proj" }).lora_target_modules, "q_proj,v_proj")
+end)
