@@ -654,6 +654,13 @@ end
 local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama",
   gpt2 = "transformers.models.gpt2.modeling_gpt2" }
 
+-- PEFT's list of adapter names (selected_adapters, adapter_names): unset or {"default"}, the one zrun holds.
+local function only_default(what, names)
+  if names ~= nil and not (type(names) == "table" and #names == 1 and names[1] == "default" and next(names, 1) == nil) then
+    error(what .. ': zrun holds one adapter, named "default"; pass {"default"} or leave it unset', 3)
+  end
+end
+
 -- zr.peft.save_pretrained(model, dir [, opts]): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
 -- adapter's tensors, adapter_state_dict's names and dtype) and dir/adapter_config.json (every LoraConfig
 -- field, inference_mode true, base_model_name_or_path: the path or hub id from_pretrained read the base from,
@@ -670,11 +677,7 @@ function M.save_pretrained(model, dir, opts)
   if opts.safe_serialization == false then
     error("peft.save_pretrained: safe_serialization = false (adapter_model.bin): zrun writes safetensors only", 2)
   end
-  local sel = opts.selected_adapters
-  if sel ~= nil and not (type(sel) == "table" and #sel == 1 and sel[1] == "default" and next(sel, 1) == nil) then
-    error("peft.save_pretrained: selected_adapters: zrun holds one adapter, named \"default\"; pass " ..
-      "{\"default\"} or leave it unset", 2)
-  end
+  only_default("peft.save_pretrained: selected_adapters", opts.selected_adapters)
   if opts.is_main_process == false then return {} end
   local C = zr._C
   C.makedirs(dir)
@@ -780,11 +783,7 @@ end
 function M.merge_and_unload(model, opts)
   opts = require("zrun.kwargs").check("merge_and_unload", opts, { "safe_merge", "adapter_names", "progressbar" })
   if not M.is_peft_model(model) then error("merge_and_unload: the model has no LoRA adapter", 2) end
-  local an = opts.adapter_names
-  if an ~= nil and not (type(an) == "table" and #an == 1 and an[1] == "default" and next(an, 1) == nil) then
-    error("merge_and_unload: adapter_names: zrun holds one adapter, named \"default\"; pass {\"default\"} or " ..
-      "leave it unset", 2)
-  end
+  only_default("merge_and_unload: adapter_names", opts.adapter_names)
   local layers = M.lora_layers(model)
   local function merged(m)
     return zr.no_grad(function() return (m.weight:to("f32") + m:delta_weight()):to(m.weight:dtype()) end)

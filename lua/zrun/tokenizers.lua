@@ -78,12 +78,18 @@ end
 -- prepends after every special token (a chat template's "</s>\n" becomes </s> ▁ \n) and before a leading
 -- space. The class comes from tokenizer_config.json beside the file.
 local METASPACE_CLASSES = { LlamaTokenizer = true, LlamaTokenizerFast = true }
-local function transformers_pipeline(tok, dir)
-  local f = io.open(dir .. "/tokenizer_config.json", "rb")
-  if not f then return end
-  local ok, cfg = pcall(require("cjson").decode, f:read("*a"))
+-- A JSON object read from an optional file (a table, or nil when it is absent or not a JSON object).
+local function optional_json(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local ok, v = pcall(require("cjson").decode, f:read("*a"))
   f:close()
-  if not ok or type(cfg) ~= "table" or not METASPACE_CLASSES[cfg.tokenizer_class] then return end
+  return ok and type(v) == "table" and v or nil
+end
+
+local function transformers_pipeline(tok, dir)
+  local cfg = optional_json(dir .. "/tokenizer_config.json")
+  if not cfg or not METASPACE_CLASSES[cfg.tokenizer_class] then return end
   tok:use_metaspace(cfg.add_prefix_space == false and "never" or cfg.legacy == true and "always" or "first")
 end
 
@@ -192,11 +198,8 @@ local function implied_class(text, from)
   local cjson = require "cjson"
   local ok, cfg = pcall(cjson.decode, text)
   if not ok or type(cfg) ~= "table" or (cfg.tokenizer_class ~= nil and cfg.tokenizer_class ~= cjson.null) then return nil end
-  local f = io.open(from .. "/config.json", "rb")
-  if not f then return nil end
-  local ok2, mc = pcall(cjson.decode, f:read("*a"))
-  f:close()
-  return ok2 and type(mc) == "table" and CLASS_OF_MODEL_TYPE[mc.model_type] or nil
+  local mc = optional_json(from .. "/config.json")
+  return mc and CLASS_OF_MODEL_TYPE[mc.model_type] or nil
 end
 
 -- Writes the tokenizer's files into dir (tokenizer.json and the config files found beside the one

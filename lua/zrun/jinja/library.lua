@@ -115,9 +115,7 @@ METHODS.ns = {}
 local JSON_ESC = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t", ["\b"] = "\\b", ["\f"] = "\\f" }
 -- A UTF-8 sequence as \uXXXX (a surrogate pair above U+FFFF), as ensure_ascii=True writes it.
 local function json_uescape(c)
-  local b1, n = c:byte(), #c
-  local cp = n == 2 and b1 % 32 or n == 3 and b1 % 16 or b1 % 8
-  for i = 2, n do cp = cp * 64 + c:byte(i) % 64 end
+  local cp = V.codepoint(c)
   if cp < 0x10000 then return fmt("\\u%04x", cp) end
   cp = cp - 0x10000
   return fmt("\\u%04x\\u%04x", 0xd800 + floor(cp / 0x400), 0xdc00 + cp % 0x400)

@@ -120,11 +120,17 @@ local NONPRINT = { { 0x80, 0xa0 }, { 0xad, 0xad }, { 0x600, 0x605 }, { 0x61c, 0x
   { 0x110bd, 0x110bd }, { 0x110cd, 0x110cd }, { 0x13430, 0x13438 }, { 0x1bca0, 0x1bca3 }, { 0x1d173, 0x1d17a },
   { 0xe0001, 0xe0001 }, { 0xe0020, 0xe007f }, { 0xf0000, 0xffffd }, { 0x100000, 0x10fffd } }
 
+-- The code point of one UTF-8 sequence c (a lead byte and its continuation bytes).
+local function codepoint(c)
+  local b1, n = c:byte(), #c
+  local cp = n == 1 and b1 or n == 2 and b1 % 32 or n == 3 and b1 % 16 or b1 % 8
+  for i = 2, n do cp = cp * 64 + c:byte(i) % 64 end
+  return cp
+end
+
 -- A UTF-8 sequence as repr writes it: itself, or \xhh, \uhhhh, \Uhhhhhhhh when it is not printable.
 local function repr_uchar(c)
-  local b1, n = c:byte(), #c
-  local cp = n == 2 and b1 % 32 or n == 3 and b1 % 16 or b1 % 8
-  for i = 2, n do cp = cp * 64 + c:byte(i) % 64 end
+  local cp = codepoint(c)
   for _, r in ipairs(NONPRINT) do
     if cp < r[1] then return c end
     if cp <= r[2] then
@@ -237,6 +243,6 @@ end
 return {
   NONE = NONE, FLOAT = FLOAT, UNDEF = UNDEF, NS = NS, TUPLE = TUPLE, CALL = CALL, LOOP = LOOP, ERR = ERR, ORDER = ORDER,
   fail = fail, undef = undef, undef_msg = undef_msg, mkfloat = mkfloat, mkdict = mkdict, callable = callable,
-  kind = kind, pytype = pytype, num = num, isfloat = isfloat, fmt_num = fmt_num, repr_str = repr_str,
+  kind = kind, pytype = pytype, num = num, isfloat = isfloat, fmt_num = fmt_num, repr_str = repr_str, codepoint = codepoint,
   dict_keys = dict_keys, sorted_keys = sorted_keys, repr = repr, tostr = tostr, truthy = truthy, eq = eq,
 }
