@@ -511,6 +511,14 @@ function hf.read_generation_config(dir)
   return decode_json_file(p, "the generation config")
 end
 
+-- What a model loaded by from_pretrained(ref) from dir keeps of its source, as transformers' does:
+-- model.name_or_path (ref, what PEFT writes as adapter_config.json's base_model_name_or_path) and
+-- model.generation_config (dir's generation_config.json, which save_pretrained writes back).
+function hf.keep_source(model, ref, dir)
+  if type(ref) == "string" then rawset(model, "name_or_path", ref) end
+  rawset(model, "generation_config", hf.read_generation_config(dir))
+end
+
 -- GenerationConfig's float fields (written "1.0", as Python writes them).
 local GEN_FLOATS = { temperature = true, top_p = true, min_p = true, typical_p = true, top_h = true, repetition_penalty = true,
   encoder_repetition_penalty = true, length_penalty = true, diversity_penalty = true, epsilon_cutoff = true,

@@ -301,9 +301,7 @@ function M.from_pretrained(ref, opts)
     end
     return name:match("^transformer%.") and name or "transformer." .. name
   end })
-  -- (transformers' model.name_or_path: what PEFT writes as adapter_config.json's base_model_name_or_path)
-  if type(ref) == "string" then rawset(model, "name_or_path", ref) end
-  rawset(model, "generation_config", hf.read_generation_config(dir)) -- (save_pretrained writes it back)
+  hf.keep_source(model, ref, dir)
   return model
 end
 -- Activation checkpointing per block in training mode (zr.checkpoint). Returns the model.

@@ -462,9 +462,7 @@ function M.from_pretrained(ref, opts)
     if name:match("rotary_emb%.inv_freq$") then return nil end
     return name
   end })
-  -- (transformers' model.name_or_path: what PEFT writes as adapter_config.json's base_model_name_or_path)
-  if type(ref) == "string" then rawset(model, "name_or_path", ref) end
-  rawset(model, "generation_config", hf.read_generation_config(dir)) -- (save_pretrained writes it back)
+  hf.keep_source(model, ref, dir)
   return model
 end
 
