@@ -438,7 +438,7 @@ end
 
 -- Saves name -> tensor into dir as model.safetensors, or as model-0000k-of-0000n.safetensors plus
 -- model.safetensors.index.json when the tensors add up to more than max_shard_size (default
--- "5GB"). Tensors are assigned to shards greedily in name order; one bigger than the limit gets a
+-- "50GB", transformers 5's). Tensors are assigned to shards greedily in name order; one bigger than the limit gets a
 -- shard of its own. opts.metadata defaults to {format="pt"}, which transformers requires.
 -- Returns the list of files written (names relative to dir).
 -- Shards of items ({name=, bytes=}, in their order) as huggingface_hub cuts them: a new shard when the next
@@ -456,10 +456,12 @@ function hf.plan_shards(items, max)
   return shards, names
 end
 
--- Writes dir/model.safetensors.index.json (weight_map: tensor name -> shard file; total_size in bytes), last
--- after its shards: a crash before it leaves no index pointing at missing shards.
-function hf.write_index(dir, weight_map, total)
-  C.write_file_atomic(join(dir, INDEX_NAME), hf.encode_json({ metadata = { total_size = total }, weight_map = weight_map }))
+-- Writes dir/model.safetensors.index.json (weight_map: tensor name -> shard file; metadata.total_size in bytes,
+-- and metadata.total_parameters where given, as transformers 5's save_pretrained writes; DeepSpeed's zero_to_fp32
+-- writes total_size alone), last after its shards: a crash before it leaves no index pointing at missing shards.
+function hf.write_index(dir, weight_map, total, nparams)
+  local meta = { total_size = total, total_parameters = nparams }
+  C.write_file_atomic(join(dir, INDEX_NAME), hf.encode_json({ metadata = meta, weight_map = weight_map }))
   return INDEX_NAME
 end
 
@@ -468,17 +470,17 @@ function hf.save_state_dict(dir, sd, opts)
   if opts.safe_serialization == false then
     error("save_pretrained: safe_serialization = false (pickle files): zrun writes safetensors only", 0)
   end
-  local max = hf.parse_size(opts.max_shard_size or "5GB")
+  local max = hf.parse_size(opts.max_shard_size or "50GB")
   local meta = opts.metadata or { format = "pt" }
   C.makedirs(dir)
-  local items, total = {}, 0
+  local items, total, nparams = {}, 0, 0
   for _, name in ipairs(sorted_keys(sd)) do
     local t = sd[name]
     if not C.is_tensor(t) then
       error(fmt("save_state_dict: '%s' is a %s, expected a tensor", tostring(name), type(t)), 0)
     end
     items[#items + 1] = { name = name, bytes = tensor_bytes(t) }
-    total = total + items[#items].bytes
+    total, nparams = total + items[#items].bytes, nparams + t:numel()
   end
   local shards, written = hf.plan_shards(items, max)
   local wm = {}
@@ -487,7 +489,7 @@ function hf.save_state_dict(dir, sd, opts)
     for _, it in ipairs(shard) do tensors[it.name], wm[it.name] = sd[it.name], written[k] end
     C.save_safetensors(join(dir, written[k]), tensors, meta)
   end
-  if #shards > 1 then written[#written + 1] = hf.write_index(dir, wm, total) end
+  if #shards > 1 then written[#written + 1] = hf.write_index(dir, wm, total, nparams) end
   local keep = {}
   for _, n in ipairs(written) do keep[n] = true end
   hf.remove_stale_weights(dir, keep)

@@ -282,6 +282,7 @@ T.test("save_pretrained shards past max_shard_size and loads back", function()
     .. "model-00003-of-00003.safetensors,model.safetensors.index.json,config.json")
   local index = cjson.decode(read(d .. "/model.safetensors.index.json"))
   T.eq(index.metadata.total_size, 216)
+  T.eq(index.metadata.total_parameters, 108) -- transformers 5.17's save_pretrained writes num_parameters() there
   T.eq(index.weight_map["lm_head.weight"], "model-00001-of-00003.safetensors")
   T.eq(index.weight_map["model.norm.weight"], "model-00003-of-00003.safetensors")
   T.eq(zr.safetensors_open(d .. "/model-00002-of-00003.safetensors"):metadata().format, "pt")
