@@ -234,9 +234,10 @@ function P:parse(argv)
       end
       if not known(k) then error(unknown(self, k), 0) end
       local o = self.by[self.aliases[k] or k]
-      local boolish = is_bool(self, k, o) or (o and type(o.default) == "boolean") or (not o and type(ta.DEFAULTS[k]) == "boolean")
+      -- (an option whose default is false for "unset", --tokenizer or --save_total_limit, is not a boolean: alone it
+      -- needs a value, as argparse's nargs=None field says)
       if self.bare and self.bare[k] and alone then -- (DeepSpeed's switch on: the option stays as it is)
-      elseif boolish and alone then
+      elseif is_bool(self, self.aliases[k] or k, o) and alone then
         set(k, true, true) -- a bare --flag is true, as in HF's scripts
       elseif nxt == nil or nxt:match("^%-%-") then -- (never an option's name taken for a value)
         error(fmt("%s: %s needs a value (%s VALUE or %s=VALUE)", self.name, a, a, a), 0)

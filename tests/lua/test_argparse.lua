@@ -77,6 +77,11 @@ T.test("booleans read as HfArgumentParser reads them: --bf16 False is false, --f
   T.raises(function() p():parse { "--bf16=maybe" } end, "demo: bf16 must be true or false, got 'maybe'")
   T.raises(function() p():parse { "--no_model" } end, "demo: unknown option 'no_model'")
   T.raises(function() p():parse { "--model", "--bf16" } end, "demo: --model needs a value")
+  -- an option whose false default means "unset" is no boolean: argparse (nargs=None) says "expected one argument"
+  T.raises(function() p():parse { "--tokenizer" } end, "demo: --tokenizer needs a value")
+  T.raises(function() p():parse { "--save_total_limit", "--bf16" } end, "demo: --save_total_limit needs a value")
+  T.raises(function() p():parse { "--resume_from_checkpoint" } end, "demo: --resume_from_checkpoint needs a value")
+  T.eq(p():parse({ "--fast" }).fast, true, "an option whose default is true is a boolean")
   T.eq(p():parse({ "hidden=False" }).hidden, false, "an untyped option: Python's False is false too")
   T.eq(p():parse({ "model=False" }).model, "False", "a string option keeps the text")
 end)
