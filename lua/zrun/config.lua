@@ -156,12 +156,15 @@ local function check_leaf(node, v)
     for _, x in ipairs(v) do if type(x) ~= "string" then return nil, what end end
     return deepcopy(v)
   elseif t == "list" or t == "numlist" then
-    if t == "numlist" and type(v) == "number" then return v end
-    local what = t == "numlist" and "a number or a list of numbers" or
+    local low = node.min and fmt(" (each >= %s)", node.min) or "" -- (numlist: cycle_min_lr's min 0)
+    if t == "numlist" and type(v) == "number" and not (node.min and v < node.min) then return v end
+    local what = t == "numlist" and "a number or a list of numbers" .. low or
       (node.len and fmt("a list of %d numbers", node.len) or "a list of numbers")
     if type(v) ~= "table" or not is_array(v) then return nil, what end
     if node.len and #v ~= node.len then return nil, what end
-    for _, x in ipairs(v) do if type(x) ~= "number" then return nil, what end end
+    for _, x in ipairs(v) do
+      if type(x) ~= "number" or (node.min and x < node.min) then return nil, what end
+    end
     return deepcopy(v)
   end
   return v

@@ -264,8 +264,8 @@ function OneCycle.new(optimizer, params)
   self.skip_lr_decay = self.decay_step_size == 0
   self.skip_mom_decay = self.decay_step_size == 0
   -- lr
-  self.min_lrs, self.max_lrs = {}, {}
-  for i = 1, n do self.min_lrs[i], self.max_lrs[i] = p.cycle_min_lr, p.cycle_max_lr end
+  self.min_lrs = per_group(kind, p.cycle_min_lr, n, "cycle_min_lr") -- (a number, or one a group: DeepSpeed's _format_param)
+  self.max_lrs = per_group(kind, p.cycle_max_lr, n, "cycle_max_lr")
   if p.last_batch_iteration == -1 and groups then
     for i, g in ipairs(groups) do g.lr = self.min_lrs[i] end
   end
@@ -277,8 +277,9 @@ function OneCycle.new(optimizer, params)
   if self.cycle_momentum and not has_betas then self.cycle_momentum = false end
   if self.cycle_momentum then
     self.decay_mom_rate = p.decay_mom_rate
+    local lo, hi = per_group(kind, p.cycle_min_mom, n, "cycle_min_mom"), per_group(kind, p.cycle_max_mom, n, "cycle_max_mom")
     self.min_moms, self.max_moms = {}, {}
-    for i = 1, n do self.min_moms[i], self.max_moms[i] = { p.cycle_min_mom, 0.99 }, { p.cycle_max_mom, 0.99 } end
+    for i = 1, n do self.min_moms[i], self.max_moms[i] = { lo[i], 0.99 }, { hi[i], 0.99 } end
     if p.last_batch_iteration == -1 then
       for i, g in ipairs(groups) do g.betas = { self.min_moms[i][1], 0.99 } end
     end

@@ -206,6 +206,14 @@ T.test("wrong types and values name the key, the value and what is allowed", fun
     "zero_optimization must be an object {...}, got 3")
   T.raises(function() load({ train_batch_size = 8, optimizer = { type = "Adam", params = { betas = { 0.9 } } } }) end,
     "optimizer.params.betas must be a list of 2 numbers, got [0.9]")
+  -- OneCycle's bounds: a number or one a param group (DeepSpeed's _format_param), never negative
+  local oc = load({ train_batch_size = 8, scheduler = { type = "OneCycle", params = { cycle_min_lr = { 1e-4, 2e-4 },
+    cycle_max_lr = 1e-3, cycle_min_mom = { 0.8, 0.85 } } } }).scheduler.params
+  T.eq(oc.cycle_min_lr[2], 2e-4); T.eq(oc.cycle_max_lr, 1e-3); T.eq(oc.cycle_min_mom[2], 0.85)
+  T.raises(function() load({ train_batch_size = 8, scheduler = { type = "OneCycle", params = { cycle_min_lr = { -1, 0 },
+    cycle_max_lr = 1 } } }) end, "scheduler.params.cycle_min_lr must be a number or a list of numbers (each >= 0), got [-1, 0]")
+  T.raises(function() load({ train_batch_size = 8, scheduler = { type = "OneCycle", params = { cycle_min_lr = -1,
+    cycle_max_lr = 1 } } }) end, "scheduler.params.cycle_min_lr must be a number or a list of numbers (each >= 0), got -1")
   T.raises(function() load({ train_batch_size = 8, steps_per_print = "auto" }) end,
     'steps_per_print does not accept "auto"; it must be a positive integer')
   T.raises(function() load({ train_batch_size = 8, scheduler = { type = "WarmupDecayLR" } }) end,

@@ -107,6 +107,24 @@ T.test("OneCycle: cycle, decay, momentum", function()
   T.eq(d:get_mom(), nil)
 end)
 
+T.test("OneCycle: a value per param group, as DeepSpeed's _format_param takes it", function()
+  -- DeepSpeed 0.19.8, two AdamW groups: OneCycle(o, cycle_min_lr=[0.01, 0.02], cycle_max_lr=[0.1, 0.3],
+  -- cycle_first_step_size=4, cycle_second_step_size=6, cycle_min_mom=[0.85, 0.8], cycle_max_mom=[0.95, 0.9])
+  local o = opt(0.5, 0.5)
+  local s = S.OneCycle.new(o, { cycle_min_lr = { 0.01, 0.02 }, cycle_max_lr = { 0.1, 0.3 }, cycle_first_step_size = 4,
+    cycle_second_step_size = 6, cycle_min_mom = { 0.85, 0.8 }, cycle_max_mom = { 0.95, 0.9 } })
+  T.near({ o.param_groups[1].lr, o.param_groups[2].lr }, { 0.01, 0.02 }, 0)
+  T.near(o.param_groups[2].betas, { 0.8, 0.99 }, 0)
+  local want = { { 0.0325, 0.09, 0.925, 0.875 }, { 0.055, 0.16, 0.9, 0.85 }, { 0.0775, 0.23, 0.875, 0.825 } }
+  for k = 1, 3 do
+    s:step()
+    local lr = s:get_last_lr()
+    T.near({ lr[1], lr[2], o.param_groups[1].betas[1], o.param_groups[2].betas[1] }, want[k], 1e-15, 0, "step " .. k)
+  end
+  T.raises(function() S.OneCycle.new(opt(0.5, 0.5), { cycle_min_lr = { 0.01 }, cycle_max_lr = 0.1 }) end,
+    "OneCycle: expected 2 values for cycle_min_lr (one per param group), got 1")
+end)
+
 T.test("OneCycle stairs", function()
   -- 2 stairs per half, up 4 / down 6: floor(b × 2 / 4) / 2 rising, floor((10 - b) × 2 / 6) / 2 falling
   local s = S.OneCycle.new(nil, { cycle_min_lr = 0.0, cycle_max_lr = 1.0, cycle_first_step_size = 4,
