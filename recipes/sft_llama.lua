@@ -40,8 +40,10 @@ local sft_keys = {}
 for k in pairs(zr.sft.DEFAULTS) do sft_keys[#sft_keys + 1] = k end
 for k in pairs(zr.sft.NO_EFFECT) do sft_keys[#sft_keys + 1] = k end
 table.sort(sft_keys)
-local sft_bool = { activation_offloading = true, assistant_only_loss = true, packing = true, padding_free = true,
-  shuffle_dataset = true, trust_remote_code = true } -- (SFTConfig's bool fields: --packing False, --no_packing)
+-- SFTConfig's bool fields (--packing False, --no_packing; a bare --completion_only_loss is true there too: HfArgumentParser
+-- gives bool | None fields nargs "?" and const True)
+local sft_bool = { activation_offloading = true, assistant_only_loss = true, completion_only_loss = true, eval_packing = true,
+  packing = true, padding_free = true, shuffle_dataset = true, trust_remote_code = true }
 for _, k in ipairs(sft_keys) do
   cli[sft_bool[k] and "flag" or "option"](cli, k, false, zr.sft.NO_EFFECT[k] and ("SFTConfig's %s: no effect in zrun"):format(k) or
     ("SFTConfig's %s (default %s)"):format(k, tostring(zr.sft.DEFAULTS[k])))

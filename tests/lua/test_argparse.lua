@@ -92,6 +92,12 @@ T.test("sft_llama: --use_peft False trains the whole model, as TRL's ModelConfig
   assert(out:find("rc=0", 1, true) and not out:find("LoRA", 1, true), out)
 end)
 
+T.test("sft_llama: SFTConfig's bool | None fields alone are true (HfArgumentParser: nargs '?', const True)", function()
+  local out = sh(z .. " recipes/sft_llama.lua --eval_packing --completion_only_loss False max_steps=1 eval_strategy=no " ..
+    "save_strategy=no output_dir=" .. T.tmpdir() .. "/o")
+  assert(out:find("rc=0", 1, true) and not out:find("needs a value", 1, true), out)
+end)
+
 T.test("--config takes DeepSpeed's JSON: a YAML arguments file or bad JSON is one line, before the model loads", function()
   local d = T.tmpdir()
   local f = io.open(d .. "/recipe.yaml", "w"); f:write("learning_rate: 2.0e-5\nuse_peft: true\n"); f:close()
