@@ -236,10 +236,11 @@ function P:parse(argv)
       local o = self.by[self.aliases[k] or k]
       -- (an option whose default is false for "unset", --tokenizer or --save_total_limit, is not a boolean: alone it
       -- needs a value, as argparse's nargs=None field says)
+      local kv = nxt and nxt:match("^([%w_]+)=") -- (a key=value after it: `--tokenizer max_steps=1` has no value)
       if self.bare and self.bare[k] and alone then -- (DeepSpeed's switch on: the option stays as it is)
-      elseif is_bool(self, self.aliases[k] or k, o) and alone then
+      elseif (is_bool(self, self.aliases[k] or k, o) or (not o and ta.BARE_TRUE[k])) and alone then
         set(k, true, true) -- a bare --flag is true, as in HF's scripts
-      elseif nxt == nil or nxt:match("^%-%-") then -- (never an option's name taken for a value)
+      elseif nxt == nil or nxt:match("^%-%-") or (kv and known(kv)) then -- (never an option's name taken for a value)
         error(fmt("%s: %s needs a value (%s VALUE or %s=VALUE)", self.name, a, a, a), 0)
       else
         set(k, nxt)

@@ -77,6 +77,10 @@ for k in ([[auto_find_batch_size average_tokens_across_devices bf16 bf16_full_ev
   remove_unused_columns restore_callback_states_from_checkpoint save_on_each_node save_only_model save_safetensors
   skip_memory_metrics tf32 torch_compile use_cpu use_liger_kernel]]):gmatch("%S+") do M.BOOLEAN[k] = true end
 
+-- Keys typed `str | bool` in TrainingArguments, which HfArgumentParser reads as bool: alone on the command line
+-- they are true (include_num_input_tokens_seen: "all"); zrun also takes their words ("non_padding").
+M.BARE_TRUE = { include_num_input_tokens_seen = true }
+
 M.RENAMED = { evaluation_strategy = "eval_strategy" }
 -- Keys transformers 5 removed in favour of a value of another key: what to write instead
 M.REPLACED = { group_by_length = 'train_sampling_strategy = "group_by_length"' }
