@@ -16,7 +16,7 @@ local cli = require("zrun.argparse").new("recipes/sft_llama.lua",
 cli:option("model", "meta-llama/Llama-3.2-1B-Instruct", "a Hugging Face model directory or a hub id in the local cache")
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
 cli:option("data", false, "a .jsonl (or .json list, or .csv) file of chat / instruction rows (default: a built-in set for the tiny model)")
-cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer") -- (TRL's sft.py names)
+cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer"):alias("dataset_name", "data") -- (TRL's sft.py names)
 cli:option("validation_split_percentage", 5, "share of the rows that evaluate")
 R.deepspeed_options(cli)
 -- TRL's ModelConfig (trl sft --use_peft ...): a LoRA adapter trained instead of the whole model (zr.peft)
@@ -54,6 +54,11 @@ for _, k in ipairs(sft_keys) do if given[k] then args[k] = opt[k] end end
 local home = ZRUN_HOME or "."
 opt.config = R.config_path(opt.config, given)
 local device = R.device(opt.device)
+if opt.data and not zr._C.path_type(opt.data) then -- (before the model loads; a hub id is TRL's --dataset_name)
+  error(("sft_llama: data: %s is not a file or folder here: zrun reads local .jsonl, .json or .csv rows and downloads nothing; for a hub " ..
+    "dataset, write it once with Python's datasets: load_dataset(%q, split=\"train\").to_json(\"rows.jsonl\"), then " ..
+    "data=rows.jsonl"):format(opt.data, opt.data), 0)
+end
 local function say(fmt, ...) dist.print0(("[sft_llama] " .. fmt):format(...)) end
 
 local model, tok, fallback = R.model_and_tokenizer(opt, given, device, say, 42,

@@ -103,6 +103,13 @@ T.test("sft_llama: SFTConfig's bool | None fields alone are true (HfArgumentPars
   assert(out:find("rc=0", 1, true) and not out:find("needs a value", 1, true), out)
 end)
 
+T.test("sft_llama: TRL's --dataset_name names the rows; a hub id is one line before the model loads", function()
+  local out = sh(z .. " recipes/sft_llama.lua --dataset_name trl-lib/Capybara max_steps=1")
+  assert(out:find("data: trl-lib/Capybara is not a file or folder here", 1, true) and out:find("rc=1", 1, true), out)
+  assert(out:find('load_dataset("trl-lib/Capybara", split="train").to_json("rows.jsonl")', 1, true), out)
+  assert(not out:find("tiny Llama", 1, true), out)
+end)
+
 T.test("--config takes DeepSpeed's JSON: a YAML arguments file or bad JSON is one line, before the model loads", function()
   local d = T.tmpdir()
   local f = io.open(d .. "/recipe.yaml", "w"); f:write("learning_rate: 2.0e-5\nuse_peft: true\n"); f:close()
