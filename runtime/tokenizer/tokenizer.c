@@ -491,6 +491,16 @@ int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok) {
     return tok->pad;
 }
 
+int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before) {
+    int64_t n = 0, b = -1;
+    for (int64_t i = 0; i < tok->n_tmpl; i++) {
+        if (!tok->tmpl[i].is_sequence) n += tok->tmpl[i].n;
+        else if (b < 0) b = n;
+    }
+    if (before) *before = b < 0 ? n : b;
+    return n;
+}
+
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id) {
     int32_t a = id >= 0 && id < tok->vocab_size ? tok->added_by_id[id] : -1;
     return a >= 0 && tok->added[a].special;
@@ -540,6 +550,10 @@ int32_t zr_tokenizer_eos_id(const zr_tokenizer *tok) {
 }
 int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok) {
     return (void)tok, -1;
+}
+int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before) {
+    if (before) *before = 0;
+    return (void)tok, 0;
 }
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id) {
     return (void)tok, (void)id, 0;

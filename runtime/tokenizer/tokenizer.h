@@ -59,6 +59,9 @@ const char *zr_tokenizer_id_to_token(const zr_tokenizer *tok, int32_t id, int64_
 int32_t zr_tokenizer_bos_id(const zr_tokenizer *tok);
 int32_t zr_tokenizer_eos_id(const zr_tokenizer *tok);
 int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok);
+/* The number of ids encoding with add_special_tokens puts around the text (the post-processor's
+ * special tokens), *before (when non-NULL) of them in front of it: what truncation keeps. */
+int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before);
 /* 1 if id is an added token marked "special". */
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id);
 
