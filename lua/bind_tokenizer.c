@@ -67,8 +67,8 @@ static int l_gc(lua_State *L) {
     return 0;
 }
 
-/* encode(text [, add_special_tokens=true [, max_length]]) -> {ids...}: at most max_length ids, the text's cut to
- * leave room for the special tokens (truncation=True, max_length=... of a transformers tokenizer) */
+/* encode(text [, add_special_tokens=true [, max_length]]) -> {ids...}: at most max_length ids, the text's cut
+ * (zr_tokenizer_truncate) as by a transformers tokenizer's truncation=True, max_length=... */
 static int l_encode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
     size_t len;
@@ -87,15 +87,9 @@ static int l_encode(lua_State *L) {
     int32_t *ids;
     int64_t n;
     if (zr_tokenizer_encode(t, s, len, add, &ids, &n)) return zr_l_error(L);
-    if (maxlen >= 0 && n > maxlen) { /* the text is cut, not the special tokens around it (HF's truncation) */
-        int64_t before, sp = add ? zr_tokenizer_num_special_tokens(t, &before) : 0;
-        if (maxlen < sp) {
-            free(ids);
-            return luaL_error(L, "%s: max_length %d is less than the %d special tokens the tokenizer adds", ENCODE_USAGE,
-                              (int)maxlen, (int)sp);
-        }
-        if (sp) memmove(ids + before + (maxlen - sp), ids + n - (sp - before), sizeof *ids * (size_t)(sp - before));
-        n = maxlen;
+    if (maxlen >= 0 && zr_tokenizer_truncate(t, ids, &n, maxlen, add)) {
+        free(ids);
+        return luaL_error(L, "%s: %s", ENCODE_USAGE, zr_last_error());
     }
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {

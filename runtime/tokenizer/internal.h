@@ -175,6 +175,7 @@ struct zr_tokenizer {
     int64_t n_dec;
     int has_decoder;
     int32_t bos, eos, pad;
+    int truncate_left; /* tokenizer_config.json's truncation_side "left" */
     int64_t vocab_size;
 };
 

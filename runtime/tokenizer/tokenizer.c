@@ -339,6 +339,7 @@ static void find_special_ids(zr_tokenizer *tok) {
                 tok->bos = config_token(tok, zr_json_root(d), "bos_token");
                 tok->eos = config_token(tok, zr_json_root(d), "eos_token");
                 tok->pad = config_token(tok, zr_json_root(d), "pad_token");
+                tok->truncate_left = !strcmp(zr_json_get_string(zr_json_root(d), "truncation_side", "right"), "left");
                 zr_json_doc_free(d);
             } else {
                 zr_clear_error(); /* a broken optional file only costs the guesses below */
@@ -491,14 +492,23 @@ int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok) {
     return tok->pad;
 }
 
-int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before) {
-    int64_t n = 0, b = -1;
-    for (int64_t i = 0; i < tok->n_tmpl; i++) {
-        if (!tok->tmpl[i].is_sequence) n += tok->tmpl[i].n;
-        else if (b < 0) b = n;
+int zr_tokenizer_truncate(const zr_tokenizer *tok, int32_t *ids, int64_t *n, int64_t max_length,
+                          int add_special_tokens) {
+    if (*n <= max_length) return ZR_OK;
+    int64_t sp = 0, before = -1; /* the post-processor's ids: sp in all, before of them ahead of the text */
+    for (int64_t i = 0; add_special_tokens && i < tok->n_tmpl; i++) {
+        if (!tok->tmpl[i].is_sequence) sp += tok->tmpl[i].n;
+        else if (before < 0) before = sp;
     }
-    if (before) *before = b < 0 ? n : b;
-    return n;
+    if (before < 0) before = sp;
+    if (max_length < sp)
+        return zr_error("max_length %lld is less than the %lld special tokens the tokenizer adds",
+                        (long long)max_length, (long long)sp);
+    int64_t after = sp - before, keep = max_length - sp, text = *n - sp;
+    if (tok->truncate_left) memmove(ids + before, ids + before + text - keep, sizeof *ids * (size_t)keep);
+    memmove(ids + before + keep, ids + *n - after, sizeof *ids * (size_t)after);
+    *n = max_length;
+    return ZR_OK;
 }
 
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id) {
@@ -551,9 +561,10 @@ int32_t zr_tokenizer_eos_id(const zr_tokenizer *tok) {
 int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok) {
     return (void)tok, -1;
 }
-int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before) {
-    if (before) *before = 0;
-    return (void)tok, 0;
+int zr_tokenizer_truncate(const zr_tokenizer *tok, int32_t *ids, int64_t *n, int64_t max_length,
+                          int add_special_tokens) {
+    (void)tok, (void)ids, (void)n, (void)max_length, (void)add_special_tokens;
+    return zr_error("tokenizer: zrun was built without PCRE2");
 }
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id) {
     return (void)tok, (void)id, 0;

@@ -59,9 +59,12 @@ const char *zr_tokenizer_id_to_token(const zr_tokenizer *tok, int32_t id, int64_
 int32_t zr_tokenizer_bos_id(const zr_tokenizer *tok);
 int32_t zr_tokenizer_eos_id(const zr_tokenizer *tok);
 int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok);
-/* The number of ids encoding with add_special_tokens puts around the text (the post-processor's
- * special tokens), *before (when non-NULL) of them in front of it: what truncation keeps. */
-int64_t zr_tokenizer_num_special_tokens(const zr_tokenizer *tok, int64_t *before);
+/* Cuts ids[0..*n), an encoding's ids, to max_length as the `tokenizers` library truncates: the text's
+ * ids, keeping the special tokens the post-processor put around them (add_special_tokens: as encoded),
+ * from the end or, with tokenizer_config.json's truncation_side "left", the start. An error when
+ * max_length cannot hold the special tokens. */
+int zr_tokenizer_truncate(const zr_tokenizer *tok, int32_t *ids, int64_t *n, int64_t max_length,
+                          int add_special_tokens);
 /* 1 if id is an added token marked "special". */
 int zr_tokenizer_is_special(const zr_tokenizer *tok, int32_t id);
 

@@ -45,16 +45,18 @@ T.test("decode refuses ids that are not integers", function()
   T.raises(function() byte:decode({ 3.5 }) end, "tok:decode(ids [, skip_special_tokens]): ids[1] must be an integer, got 3.5")
 end)
 
-T.test("encode's max_length cuts the text, keeping the special tokens the post-processor adds around it", function()
-  -- a post-processor that writes <s> before the text and </s> after it (a Llama with add_eos_token)
-  local d = T.tmpdir()
-  T.write_file(d .. "/tokenizer.json", [[{"added_tokens":[{"id":3,"content":"<s>","special":true},
+-- a post-processor that writes <s> before the text and </s> after it (a Llama with add_eos_token)
+local TEMPLATED = [[{"added_tokens":[{"id":3,"content":"<s>","special":true},
     {"id":4,"content":"</s>","special":true}],
     "post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},
       {"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"</s>","type_id":0}}],
       "pair":[{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],
       "special_tokens":{"<s>":{"id":"<s>","ids":[3],"tokens":["<s>"]},"</s>":{"id":"</s>","ids":[4],"tokens":["</s>"]}}},
-    "model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}]])
+    "model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}}]]
+
+T.test("encode's max_length cuts the text, keeping the special tokens the post-processor adds around it", function()
+  local d = T.tmpdir()
+  T.write_file(d .. "/tokenizer.json", TEMPLATED)
   local t = zr.tokenizers.load(d .. "/tokenizer.json")
   -- transformers 5.17 (PreTrainedTokenizerFast(tokenizer_file=...)): tok("ababa", truncation=True, max_length=m)
   T.eq_list(t:encode("ababa"), { 3, 2, 2, 0, 4 })
@@ -65,6 +67,18 @@ T.test("encode's max_length cuts the text, keeping the special tokens the post-p
   T.eq_list(t:encode("abab", true, 5), { 3, 2, 2, 4 }, "short enough: kept")
   -- transformers returns the whole sequence (logging an error) when max_length cannot hold the special tokens
   T.raises(function() t:encode("ababa", true, 1) end, "max_length 1 is less than the 2 special tokens the tokenizer adds")
+end)
+
+T.test("encode's max_length cuts from the start with tokenizer_config.json's truncation_side = \"left\"", function()
+  local d = T.tmpdir()
+  T.write_file(d .. "/tokenizer.json", TEMPLATED)
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast", "truncation_side": "left"}')
+  local t = zr.tokenizers.load(d)
+  -- transformers 5.17 (AutoTokenizer of this folder): tok(s, truncation=True, max_length=m)
+  T.eq_list(t:encode("babab"), { 3, 1, 2, 2, 4 })
+  T.eq_list(t:encode("babab", true, 4), { 3, 2, 2, 4 }, "max_length 4")
+  T.eq_list(t:encode("aab", true, 3), { 3, 2, 4 }, "max_length 3")
+  T.eq_list(t:encode("aab", false, 2), { 0, 2 }, "add_special_tokens=False")
 end)
 
 T.done()
