@@ -96,6 +96,45 @@ end
 local KNOWN = { tokenize = true, add_generation_prompt = true, return_dict = true, return_assistant_tokens_mask = true,
   chat_template = true, tools = true, documents = true, continue_final_message = true, max_length = true, truncation = true }
 
+-- transformers' continue_final_message (5.x): the final message's field (opts.continue_final_message, a
+-- field name or true for "content"; in a list of blocks, the last one with text) gets this tag appended,
+-- and the rendered text is cut where the tag is, keeping the field's trailing whitespace unless the
+-- template trimmed it.
+local CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+-- messages with the tag appended to the final message's field (copies; the caller's tables are kept), and
+-- the field's text before it.
+local function tag_final(messages, key, source)
+  local last = messages[#messages]
+  local final = type(last) == "table" and last[key] or nil
+  if final == nil then error(fmt('apply_chat_template: continue_final_message is set but the final message has no "%s" to continue', key), 0) end
+  if not source:find(key, 1, true) then
+    error(fmt('apply_chat_template: continue_final_message is set to "%s" but the chat template does not use that field', key), 0)
+  end
+  local function copy(t) local c = {} for k, v in pairs(t) do c[k] = v end return setmetatable(c, getmetatable(t)) end
+  local msg = copy(last)
+  if type(final) == "table" then
+    local blocks, found = copy(final), nil
+    for i = #blocks, 1, -1 do
+      if type(blocks[i]) == "table" and type(blocks[i].text) == "string" then
+        found, blocks[i] = blocks[i].text, copy(blocks[i])
+        blocks[i].text = found .. CONTINUE_TAG
+        break
+      end
+    end
+    if not found then error("apply_chat_template: continue_final_message is set but the final message has no text block to continue", 0) end
+    msg[key], final = blocks, found
+  elseif type(final) == "string" then
+    msg[key] = final .. CONTINUE_TAG
+  else
+    error(fmt('apply_chat_template: continue_final_message: the final message\'s "%s" must be a string or a list of blocks', key), 0)
+  end
+  local out = {}
+  for i = 1, #messages - 1 do out[i] = messages[i] end
+  out[#messages] = msg
+  return setmetatable(out, getmetatable(messages)), final
+end
+
 -- Rendered text of messages (and the {% generation %} spans, 0-based byte offsets [s, e)).
 function M.render(settings, messages, o)
   if type(messages) ~= "table" or #messages == 0 then
@@ -108,22 +147,28 @@ function M.render(settings, messages, o)
   local ctx = {}
   for k, v in pairs(settings and settings.special or {}) do ctx[k] = v end
   for k, v in pairs(o) do if not KNOWN[k] then ctx[k] = v end end -- extra template variables
+  local final
+  if o.continue_final_message then
+    local key = type(o.continue_final_message) == "string" and o.continue_final_message or "content"
+    messages, final = tag_final(messages, key, source)
+  end
   -- (transformers passes tools = None and documents = None when not given: defined, and none)
   ctx.messages, ctx.tools, ctx.documents = messages, o.tools or cjson.null, o.documents or cjson.null
   ctx.add_generation_prompt = o.add_generation_prompt and true or false
   local text, spans = require("zrun.jinja").render(source, ctx)
-  if o.continue_final_message then -- cut what the template writes after the final message's content
-    local last = messages[#messages].content
-    if type(last) ~= "string" then error("apply_chat_template: continue_final_message needs a string content in the last message", 0) end
-    local stripped = last:match("^%s*(.-)%s*$")
-    local at, found = 0, nil
+  if final then -- cut where the tag is
+    local tag = CONTINUE_TAG:sub(1, -2)
+    local at, s = nil, 0
     while true do
-      local s, e = text:find(stripped, at + 1, true)
+      s = text:find(tag, s + 1, true)
       if not s then break end
-      found, at = e, s
+      at = s
     end
-    if not found then error("apply_chat_template: continue_final_message: the last message's content is not in the rendered text", 0) end
-    text = text:sub(1, found)
+    if not at or not text:find(final:match("^%s*(.-)%s*$"), 1, true) then
+      error("apply_chat_template: continue_final_message: the final message is not in the text the chat template renders", 0)
+    end
+    if text:sub(at, at + #CONTINUE_TAG - 1) == CONTINUE_TAG then text = text:sub(1, at - 1)
+    else text = text:sub(1, at - 1):match("^(.-)%s*$") end -- (the template trimmed the message)
   end
   return text, spans or {}
 end
