@@ -62,7 +62,9 @@ function M.read_config(dir)
       if name then templates = templates or {}; templates[name] = read(extra .. "/" .. n) end
     end
   end
-  return { templates = templates, special = special }
+  -- (what truncation = true without max_length cuts to, as transformers: model_max_length under 1e20; and the side)
+  local mml = type(cfg.model_max_length) == "number" and cfg.model_max_length < 1e20 and cfg.model_max_length or nil
+  return { templates = templates, special = special, model_max_length = mml, truncation_side = cfg.truncation_side }
 end
 
 -- Raises (at the caller's level) unless source is a non-empty template that compiles: set_chat_template
@@ -94,7 +96,15 @@ function M.pick(settings, chat_template, tools)
 end
 
 local KNOWN = { tokenize = true, add_generation_prompt = true, return_dict = true, return_assistant_tokens_mask = true,
-  chat_template = true, tools = true, documents = true, continue_final_message = true, max_length = true, truncation = true }
+  chat_template = true, tools = true, documents = true, continue_final_message = true, max_length = true, truncation = true,
+  padding = true, return_tensors = true, tokenizer_kwargs = true }
+-- transformers' options for the tokenizer call that zrun does not take (else they would be template variables)
+local REFUSED = {
+  padding = "zrun pads in its data collators (zr.datasets.causal_lm_collator), not here",
+  return_tensors = "the ids are a Lua table; zr.tensor(ids, { dtype = \"i64\" }) makes a tensor",
+  tokenizer_kwargs = "tok:encode takes add_special_tokens and max_length only",
+}
+local TRUNCATE = { [true] = true, longest_first = true, only_first = true, [false] = false, do_not_truncate = false }
 
 -- transformers' continue_final_message (5.x): the final message's field (opts.continue_final_message, a
 -- field name or true for "content"; in a list of blocks, the last one with text) gets this tag appended,
@@ -203,10 +213,27 @@ function M.spans_to_mask(tok, text, ids, spans)
   return mask
 end
 
--- tok:apply_chat_template(messages [, opts]), transformers' signature as a table of options.
+-- tok:apply_chat_template(messages [, opts]), transformers' signature as a table of options. A list of
+-- conversations gives a list of results (a table of lists with return_dict), as transformers' batch.
 function M.apply(tok, settings, messages, opts)
   local o = opts or {}
   if type(o) ~= "table" then error("apply_chat_template(messages [, opts]): opts must be a table", 2) end
+  for k, why in pairs(REFUSED) do
+    if o[k] ~= nil and o[k] ~= false and o[k] ~= "do_not_pad" then error(fmt("apply_chat_template: %s is not supported (%s)", k, why), 0) end
+  end
+  if o.truncation ~= nil and TRUNCATE[o.truncation] == nil then
+    error(fmt("apply_chat_template: truncation must be true, false, \"longest_first\", \"only_first\" or \"do_not_truncate\", got %s",
+      tostring(o.truncation)), 0)
+  end
+  local first = type(messages) == "table" and messages[1]
+  if type(first) == "table" and first.role == nil and type(first[1]) == "table" then -- a batch of conversations
+    local outs = {}
+    for i, conv in ipairs(messages) do outs[i] = M.apply(tok, settings, conv, o) end
+    if type(outs[1]) ~= "table" or outs[1].input_ids == nil then return outs end
+    local out = {}
+    for i, r in ipairs(outs) do for k, v in pairs(r) do out[k] = out[k] or {}; out[k][i] = v end end
+    return out
+  end
   local tokenize = o.tokenize ~= false
   if o.return_assistant_tokens_mask and not (tokenize and o.return_dict) then
     error("apply_chat_template: return_assistant_tokens_mask = true needs return_dict = true and tokenize = true", 0)
@@ -216,10 +243,12 @@ function M.apply(tok, settings, messages, opts)
   end
   local text, spans = M.render(settings, messages, o)
   if not tokenize then return text end
-  local ids = tok:encode(text, false)
-  if o.truncation and o.max_length and #ids > o.max_length then
-    for i = #ids, o.max_length + 1, -1 do ids[i] = nil end
+  -- truncation without max_length: to the tokenizer's model_max_length (transformers), from the side it names
+  local limit = TRUNCATE[o.truncation or false] and (o.max_length or settings and settings.model_max_length) or nil
+  if limit and o.return_assistant_tokens_mask and settings and settings.truncation_side == "left" then
+    error("apply_chat_template: return_assistant_tokens_mask with truncation from the left (the tokenizer's truncation_side) is not supported", 0)
   end
+  local ids = tok:encode(text, false, limit)
   if not o.return_dict then return ids end
   local out = { input_ids = ids, attention_mask = {} }
   for i = 1, #ids do out.attention_mask[i] = 1 end
