@@ -101,13 +101,47 @@ static int l_encode(lua_State *L) {
 }
 
 
-/* decode({ids} or i32/i64 tensor [, skip_special_tokens=false]) -> string */
+/* The ids of a Lua table at idx (malloc'd; *n of them), or an error naming the bad element. */
+static int32_t *table_ids(lua_State *L, int idx, int64_t *n) {
+    *n = (int64_t)lua_objlen(L, idx);
+    int32_t *ids = malloc(sizeof *ids * (size_t)(*n ? *n : 1));
+    if (!ids) luaL_error(L, "%s: out of memory", DECODE_USAGE);
+    for (int64_t i = 0; i < *n; i++) {
+        lua_rawgeti(L, idx, (int)(i + 1));
+        double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : 0.5;
+        if (!id_ok(v)) {
+            char got[64];
+            describe_number(L, -1, got, sizeof got);
+            free(ids);
+            luaL_error(L, "%s: ids[%d] must be an integer from -2^31 to 2^31-1, got %s", DECODE_USAGE, (int)(i + 1), got);
+        }
+        ids[i] = (int32_t)v;
+        lua_pop(L, 1);
+    }
+    return ids;
+}
+
+/* Pushes the text of ids[0..n); nonzero (nothing pushed) when decoding fails. */
+static int push_decoded(lua_State *L, zr_tokenizer *t, const int32_t *ids, int64_t n, int skip) {
+    char *out;
+    int64_t len;
+    if (zr_tokenizer_decode_len(t, ids, n, skip, &out, &len)) return 1;
+    lua_pushlstring(L, out, (size_t)len);
+    free(out);
+    return 0;
+}
+
+/* decode({ids} or i32/i64 tensor or an id [, skip_special_tokens=false]) -> string; a batch (a table of
+ * tables, a 2-D tensor) -> a table of strings, one a row (transformers' decode of a batch) */
 static int l_decode(lua_State *L) {
     zr_tokenizer *t = check_tok(L, 1);
+    int skip = check_flag(L, 3, 0, DECODE_USAGE, "skip_special_tokens");
     int64_t n;
     int32_t *ids;
     zr_tensor *tt = zr_l_totensor(L, 2);
     if (tt) {
+        if (tt->ndim > 2)
+            return luaL_error(L, "%s: ids must be a 1-D tensor (or 2-D: a batch), got %d dimensions", DECODE_USAGE, tt->ndim);
         double *d = zr_tensor_to_doubles(tt);
         if (!d) return zr_l_error(L);
         n = zr_tensor_numel(tt);
@@ -130,35 +164,59 @@ static int l_decode(lua_State *L) {
             ids[i] = (int32_t)d[i];
         }
         free(d);
+        if (tt->ndim == 2) {
+            int64_t rows = tt->shape[0], cols = tt->shape[1];
+            lua_createtable(L, (int)rows, 0);
+            for (int64_t r = 0; r < rows; r++) {
+                if (push_decoded(L, t, ids + r * cols, cols, skip)) {
+                    free(ids);
+                    return zr_l_error(L);
+                }
+                lua_rawseti(L, -2, (int)(r + 1));
+            }
+            free(ids);
+            return 1;
+        }
+    } else if (lua_type(L, 2) == LUA_TNUMBER) { /* one id, as transformers' decode(int) */
+        if (!id_ok(lua_tonumber(L, 2))) {
+            char got[64];
+            describe_number(L, 2, got, sizeof got);
+            return luaL_error(L, "%s: an id must be an integer from -2^31 to 2^31-1, got %s", DECODE_USAGE, got);
+        }
+        n = 1;
+        ids = malloc(sizeof *ids);
+        if (!ids) return luaL_error(L, "%s: out of memory", DECODE_USAGE);
+        ids[0] = (int32_t)lua_tonumber(L, 2);
     } else {
         if (!lua_istable(L, 2))
-            return luaL_error(L, "%s: ids must be a table of integers or an integer tensor, got %s",
+            return luaL_error(L, "%s: ids must be a table of integers, an integer tensor or an id, got %s",
                               DECODE_USAGE, luaL_typename(L, 2));
-        n = (int64_t)lua_objlen(L, 2);
-        ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
-        if (!ids) return luaL_error(L, "%s: out of memory", DECODE_USAGE);
-        for (int64_t i = 0; i < n; i++) {
-            lua_rawgeti(L, 2, (int)(i + 1));
-            double v = lua_type(L, -1) == LUA_TNUMBER ? lua_tonumber(L, -1) : 0.5;
-            if (!id_ok(v)) {
-                char got[64];
-                describe_number(L, -1, got, sizeof got);
-                free(ids);
-                return luaL_error(L, "%s: ids[%d] must be an integer from -2^31 to 2^31-1, got %s",
-                                  DECODE_USAGE, (int)(i + 1), got);
+        lua_rawgeti(L, 2, 1);
+        int batch = lua_istable(L, -1);
+        lua_pop(L, 1);
+        if (batch) {
+            n = (int64_t)lua_objlen(L, 2);
+            lua_createtable(L, (int)n, 0);
+            for (int64_t r = 0; r < n; r++) {
+                lua_rawgeti(L, 2, (int)(r + 1));
+                if (!lua_istable(L, -1))
+                    return luaL_error(L, "%s: a batch's rows must be tables of ids, row %d is a %s", DECODE_USAGE,
+                                      (int)(r + 1), luaL_typename(L, -1));
+                int64_t m;
+                int32_t *row = table_ids(L, lua_gettop(L), &m);
+                lua_pop(L, 1);
+                int st = push_decoded(L, t, row, m, skip);
+                free(row);
+                if (st) return zr_l_error(L);
+                lua_rawseti(L, -2, (int)(r + 1));
             }
-            ids[i] = (int32_t)v;
-            lua_pop(L, 1);
+            return 1;
         }
+        ids = table_ids(L, 2, &n);
     }
-    char *out;
-    int64_t len;
-    int st = zr_tokenizer_decode_len(t, ids, n, check_flag(L, 3, 0, DECODE_USAGE, "skip_special_tokens"), &out, &len);
+    int st = push_decoded(L, t, ids, n, skip);
     free(ids);
-    if (st) return zr_l_error(L);
-    lua_pushlstring(L, out, (size_t)len);
-    free(out);
-    return 1;
+    return st ? zr_l_error(L) : 1;
 }
 
 static int l_vocab_size(lua_State *L) {

@@ -277,10 +277,16 @@ function Byte:encode(text, add_special, max_length)
   if max_length and #ids > max_length then for i = #ids, max_length + 1, -1 do ids[i] = nil end end
   return ids
 end
--- The bytes of ids (a table or a tensor) as a string; the special ids decode to nothing (skip_special
--- or not: they have no text).
+-- The bytes of ids (a table, a tensor or one id) as a string; the special ids decode to nothing (skip_special
+-- or not: they have no text). A batch (a table of tables, a 2-D tensor): a table of strings, one a row.
 function Byte:decode(ids, skip_special)
-  if C.is_tensor(ids) then ids = ids:flat_table() end
+  if C.is_tensor(ids) then ids = ids:dim() == 2 and ids:tolist() or ids:flat_table() end
+  if type(ids) == "number" then ids = { ids } end
+  if type(ids) == "table" and type(ids[1]) == "table" then
+    local out = {}
+    for i, row in ipairs(ids) do out[i] = self:decode(row, skip_special) end
+    return out
+  end
   local out = {}
   for i, id in ipairs(ids) do
     if type(id) ~= "number" or id ~= math.floor(id) then
