@@ -76,7 +76,8 @@ end
 -- pre-tokenizer that prepends "▁" to the text's first piece only (legacy = false, its default; "always"
 -- with legacy = true, none with add_prefix_space = false), where the file's Prepend normalizer also
 -- prepends after every special token (a chat template's "</s>\n" becomes </s> ▁ \n) and before a leading
--- space. The class comes from tokenizer_config.json beside the file.
+-- space; its decoder strips the first space unless add_prefix_space = false. The class comes from
+-- tokenizer_config.json beside the file.
 local METASPACE_CLASSES = { LlamaTokenizer = true, LlamaTokenizerFast = true }
 -- A JSON object read from an optional file (a table, or nil when it is absent or not a JSON object).
 local function optional_json(path)

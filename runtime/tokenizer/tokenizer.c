@@ -454,6 +454,20 @@ int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
     p->prepend_scheme = prepend_scheme;
     p->split = 0;
     tok->pre = p, tok->n_pre = 1;
+    /* and its decoder: "▁" -> " ", ByteFallback, Fuse, then the first space stripped unless none was prepended */
+    tok_decoder *d = calloc(4, sizeof *d);
+    char *a = strdup("\xE2\x96\x81"), *b = strdup(" ");
+    if (!d || !a || !b) {
+        free(d), free(a), free(b);
+        return zr_error("%s: out of memory", tok->path);
+    }
+    for (int64_t i = 0; i < tok->n_dec; i++)
+        free(tok->dec[i].a), free(tok->dec[i].b);
+    free(tok->dec);
+    d[0] = (tok_decoder){.kind = DEC_REPLACE, .a = a, .alen = 3, .b = b, .blen = 1};
+    d[1].kind = DEC_BYTEFALLBACK, d[2].kind = DEC_FUSE;
+    d[3] = (tok_decoder){.kind = DEC_STRIP, .strip_char = ' ', .start = 1};
+    tok->dec = d, tok->n_dec = prepend_scheme == ZR_PREPEND_NEVER ? 3 : 4, tok->has_decoder = 1;
     /* normalized added tokens were matched in normalized text: the tries follow the new normalizer */
     free(tok->trie_raw.nodes), free(tok->trie_norm.nodes);
     memset(&tok->trie_raw, 0, sizeof tok->trie_raw), memset(&tok->trie_norm, 0, sizeof tok->trie_norm);

@@ -45,7 +45,8 @@ int zr_tokenizer_decode_len(const zr_tokenizer *tok, const int32_t *ids, int64_t
 /* Replaces the tokenizer.json's normalizers and pre-tokenizers by one Metaspace pre-tokenizer ("▁",
  * no split, prepend_scheme ZR_PREPEND_ALWAYS / FIRST / NEVER): the pipeline transformers 5 builds for
  * its SentencePiece-BPE classes (LlamaTokenizer: "first", or "always" with legacy = true), whose ids
- * differ from the file's Prepend normalizer after special tokens and before a leading space. */
+ * differ from the file's Prepend normalizer after special tokens and before a leading space; and
+ * its decoder ("▁" -> " ", ByteFallback, Fuse, one leading space stripped unless NEVER). */
 enum { ZR_PREPEND_ALWAYS, ZR_PREPEND_FIRST, ZR_PREPEND_NEVER };
 int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme);
 

@@ -95,4 +95,28 @@ T.test("encode's max_length cuts from the start with tokenizer_config.json's tru
   T.eq_list(t:encode("aab", false, 2), { 0, 2 }, "add_special_tokens=False")
 end)
 
+T.test("LlamaTokenizer with add_prefix_space = false: transformers 5's decoder keeps the leading space", function()
+  -- a SentencePiece-style BPE (Prepend / Replace normalizers, a decoder that strips the first space)
+  local d = T.tmpdir()
+  T.write_file(d .. "/tokenizer.json", [[{"version":"1.0","truncation":null,"padding":null,
+ "added_tokens":[{"id":0,"content":"<unk>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+  {"id":1,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+ "normalizer":{"type":"Sequence","normalizers":[{"type":"Prepend","prepend":"▁"},{"type":"Replace","pattern":{"String":" "},"content":"▁"}]},
+ "pre_tokenizer":null,
+ "post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],
+   "pair":[{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],"special_tokens":{"<s>":{"id":"<s>","ids":[1],"tokens":["<s>"]}}},
+ "decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]},
+ "model":{"type":"BPE","dropout":null,"unk_token":"<unk>","continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":true,"byte_fallback":false,
+   "vocab":{"<unk>":0,"<s>":1,"▁":2,"a":3,"b":4,"▁a":5,"ab":6,"▁ab":7},"merges":["▁ a","a b","▁a b"]}}]])
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "LlamaTokenizer", "add_prefix_space": false, "bos_token": "<s>", "unk_token": "<unk>"}')
+  local t = zr.tokenizers.load(d)
+  -- transformers 5.17 (AutoTokenizer of this folder): ids, decode(ids), decode(ids, skip_special_tokens=True)
+  T.eq_list(t:encode(" ab a"), { 1, 7, 5 })
+  T.eq(t:decode({ 1, 7, 5 }), "<s> ab a")
+  T.eq(t:decode({ 1, 7, 5 }, true), " ab a")
+  T.eq(t:decode({ 1, 2 }, true), " ")
+  T.eq_list(t:encode("ab  b"), { 1, 6, 2, 2, 4 })
+  T.eq(t:decode({ 1, 6, 2, 2, 4 }, true), "ab  b")
+end)
+
 T.done()
