@@ -52,6 +52,7 @@ local function chat_settings(tok)
     for k, id in pairs { bos_token = tok:bos_id(), eos_token = tok:eos_id(), pad_token = tok:pad_id() } do
       if not s.special[k] and id then s.special[k] = tok:id_to_token(id) end
     end
+    for k, v in pairs(specials[tok] or {}) do s.special[k] = v end -- (set_special_tokens: they win)
     chats[tok] = s
   end
   return s
@@ -88,6 +89,7 @@ local function optional_json(path)
   return ok and type(v) == "table" and v or nil
 end
 
+local SET_IDS = { "eos", "pad" } -- (the special tokens set_special_tokens sets)
 local function transformers_pipeline(tok, dir)
   local cfg = optional_json(dir .. "/tokenizer_config.json")
   if not cfg or not METASPACE_CLASSES[cfg.tokenizer_class] then return end
@@ -126,6 +128,15 @@ function M.load(ref, opts)
     methods.save_pretrained = function(self, dir) return M.save_pretrained(self, dir) end
     methods.apply_chat_template = M.apply_chat_template
     methods.set_chat_template = M.set_chat_template
+    -- eos_id / pad_id: those set_special_tokens set, as tok.eos_token_id follows tok.eos_token in transformers
+    for _, k in ipairs(SET_IDS) do
+      local c_id, key = methods[k .. "_id"], k .. "_token"
+      methods[k .. "_id"] = function(self)
+        local v = specials[self] and specials[self][key]
+        if v then return self:token_to_id(v) end
+        return c_id(self)
+      end
+    end
   end
   return tok
 end
@@ -142,7 +153,8 @@ local function copy(src, dst)
 end
 
 -- Special tokens given to a loaded tokenizer, as a transformers tokenizer's tok.eos_token = "..." (what TRL's
--- SFTTrainer does with eos_token and its pad token): save_pretrained writes them into tokenizer_config.json
+-- SFTTrainer does with eos_token and its pad token): tok:eos_id() / tok:pad_id() and the chat template's
+-- eos_token / pad_token follow them; save_pretrained writes them into tokenizer_config.json
 -- (and special_tokens_map.json when there is one). t: {eos_token =, pad_token =} strings of its vocabulary.
 function M.set_special_tokens(tok, t)
   local s = specials[tok] or {}
@@ -152,6 +164,8 @@ function M.set_special_tokens(tok, t)
       error(("set_special_tokens: %s %s is not a token of the vocabulary"):format(k, tostring(v)), 2)
     end
     s[k] = v
+    local chat_special = type(tok) == "table" and tok.chat and tok.chat.special or chats[tok] and chats[tok].special
+    if chat_special then chat_special[k] = v end -- (a chat template renders it from then on)
   end
   specials[tok] = s
 end
@@ -313,23 +327,31 @@ end
 function Byte:vocab_size() return 259 end
 -- The special ids: bos 1, eos 2, pad 0.
 function Byte:bos_id() return 1 end
--- (see bos_id)
-function Byte:eos_id() return 2 end
--- (see bos_id)
-function Byte:pad_id() return 0 end
+-- (see bos_id; a token set_special_tokens set wins)
+function Byte:eos_id() local v = specials[self] and specials[self].eos_token return v and self:token_to_id(v) or 2 end
+-- (see eos_id)
+function Byte:pad_id() local v = specials[self] and specials[self].pad_token return v and self:token_to_id(v) or 0 end
+
+-- The byte tokenizer's chat settings (its special tokens, those set_special_tokens set winning).
+local function byte_chat(self)
+  if not self.chat then
+    self.chat = { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
+    for k, v in pairs(specials[self] or {}) do self.chat.special[k] = v end
+  end
+  return self.chat
+end
 
 -- tok:apply_chat_template(messages [, opts]) (zrun.chat.apply): the byte tokenizer has no template of
 -- its own; pass opts.chat_template or set one with tok:set_chat_template(source). Its bos_token,
 -- eos_token and pad_token are "<s>", "</s>" and "<pad>".
 function Byte:apply_chat_template(messages, opts)
-  self.chat = self.chat or { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
+  byte_chat(self)
   return chat.apply(self, self.chat, messages, opts)
 end
 -- (see apply_chat_template)
 function Byte:set_chat_template(source)
   chat.check_template(source)
-  self.chat = self.chat or { special = { bos_token = "<s>", eos_token = "</s>", pad_token = "<pad>" } }
-  self.chat.templates = { default = source }
+  byte_chat(self).templates = { default = source }
 end
 
 -- The same tokenizer in Hugging Face's format: a BPE with no merges whose vocabulary is the special

@@ -119,4 +119,32 @@ T.test("LlamaTokenizer with add_prefix_space = false: transformers 5's decoder k
   T.eq(t:decode({ 1, 6, 2, 2, 4 }, true), "ab  b")
 end)
 
+T.test("set_special_tokens is tok.eos_token = ...: eos_id / pad_id and the chat template's tokens follow", function()
+  local d = T.tmpdir()
+  T.write_file(d .. "/tokenizer.json", TEMPLATED)
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>"}')
+  local tmpl = "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}{{ pad_token }}"
+  local m = { { role = "user", content = "ab" } }
+  -- transformers 5.17 (AutoTokenizer of this folder): before, eos/pad ids 4 4, the template 'ab</s></s>' = [2, 4, 4];
+  -- after tok.eos_token = "<s>"; tok.pad_token = "a": 3 0, 'ab<s>a' = [2, 3, 0]
+  for _, first_chat in ipairs { true, false } do -- (the chat settings read before or after)
+    local t = zr.tokenizers.load(d)
+    if first_chat then
+      T.eq(t:eos_id(), 4)
+      T.eq(t:pad_id(), 4)
+      T.eq(t:apply_chat_template(m, { chat_template = tmpl, tokenize = false }), "ab</s></s>")
+    end
+    zr.tokenizers.set_special_tokens(t, { eos_token = "<s>", pad_token = "a" })
+    T.eq(t:eos_id(), 3, "eos_id")
+    T.eq(t:pad_id(), 0, "pad_id")
+    T.eq(t:apply_chat_template(m, { chat_template = tmpl, tokenize = false }), "ab<s>a", "the template's eos_token and pad_token")
+    T.eq_list(t:apply_chat_template(m, { chat_template = tmpl }), { 2, 3, 0 })
+  end
+  local byte = zr.tokenizers.ByteTokenizer.new()
+  zr.tokenizers.set_special_tokens(byte, { eos_token = "<s>", pad_token = "a" })
+  T.eq(byte:eos_id(), 1, "the byte tokenizer's eos_id")
+  T.eq(byte:pad_id(), 97 + 3, "the byte tokenizer's pad_id")
+  T.eq(byte:apply_chat_template(m, { chat_template = tmpl, tokenize = false }), "ab<s>a", "the byte tokenizer's template")
+end)
+
 T.done()
