@@ -289,7 +289,12 @@ function Byte:encode(text, add_special, max_length)
     if sp then ids[#ids + 1], i = BYTE_SPECIAL[sp], i + #sp
     else ids[#ids + 1], i = b + 3, i + 1 end
   end
-  if max_length and #ids > max_length then for i = #ids, max_length + 1, -1 do ids[i] = nil end end
+  if max_length and #ids > max_length then
+    if max_length < 1 and add_special ~= false then -- (as the C tokenizers: the text is cut, never bos)
+      error("tok:encode(text [, add_special_tokens [, max_length]]): max_length 0 is less than the 1 special tokens the tokenizer adds", 2)
+    end
+    for i = #ids, max_length + 1, -1 do ids[i] = nil end
+  end
   return ids
 end
 -- The bytes of ids (a table, a tensor or one id) as a string; the special ids decode to nothing (skip_special

@@ -81,6 +81,11 @@ T.test("encode's max_length cuts the text, keeping the special tokens the post-p
   T.eq_list(t:encode("abab", true, 5), { 3, 2, 2, 4 }, "short enough: kept")
   -- transformers returns the whole sequence (logging an error) when max_length cannot hold the special tokens
   T.raises(function() t:encode("ababa", true, 1) end, "max_length 1 is less than the 2 special tokens the tokenizer adds")
+  -- the byte tokenizer's saved form (<s> $A) in transformers 5.17: max_length 1 -> [1]; 2 -> [1, 107]; 0 the whole
+  local byte = zr.tokenizers.ByteTokenizer.new()
+  T.eq_list(byte:encode("hi", true, 1), { 1 })
+  T.eq_list(byte:encode("hi", true, 2), { 1, 107 })
+  T.raises(function() byte:encode("hi", true, 0) end, "max_length 0 is less than the 1 special tokens the tokenizer adds")
 end)
 
 T.test("encode's max_length cuts from the start with tokenizer_config.json's truncation_side = \"left\"", function()
