@@ -90,16 +90,32 @@ local function optional_json(path)
 end
 
 local SET_IDS = { "eos", "pad" } -- (the special tokens set_special_tokens sets)
+-- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
+-- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
+-- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
+local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer" }
+-- GPT2Tokenizer's ByteLevel pre-tokenizer adds a prefix space only when tokenizer_config.json's
+-- add_prefix_space is true, whatever tokenizer.json says.
+local BYTELEVEL_CLASSES = { GPT2Tokenizer = true, GPT2TokenizerFast = true }
 local function transformers_pipeline(tok, dir)
-  local cfg = optional_json(dir .. "/tokenizer_config.json")
-  if not cfg or not METASPACE_CLASSES[cfg.tokenizer_class] then return end
-  tok:use_metaspace(cfg.add_prefix_space == false and "never" or cfg.legacy == true and "always" or "first")
+  local cfg = optional_json(dir .. "/tokenizer_config.json") or {}
+  local cls = cfg.tokenizer_class
+  if type(cls) ~= "string" then
+    local mc = optional_json(dir .. "/config.json")
+    cls = mc and CLASS_OF_MODEL_TYPE[mc.model_type]
+  end
+  if METASPACE_CLASSES[cls] then
+    tok:use_metaspace(cfg.add_prefix_space == false and "never" or cfg.legacy == true and "always" or "first")
+  elseif BYTELEVEL_CLASSES[cls] then
+    tok:set_add_prefix_space(cfg.add_prefix_space == true)
+  end
 end
 
 -- Loads a Hugging Face tokenizer (ref: its tokenizer.json, a model directory or a hub id in the local
 -- cache, as resolve finds it) as transformers 5's AutoTokenizer does: the C tokenizer runs the file's
 -- pipeline (the `tokenizers` library's ids) except where transformers rebuilds it for the class named in
--- tokenizer_config.json (above); opts.pipeline = "tokenizer.json" keeps the file's pipeline regardless.
+-- tokenizer_config.json or implied by config.json (above: LlamaTokenizer's Metaspace, GPT2Tokenizer's
+-- add_prefix_space); opts.pipeline = "tokenizer.json" keeps the file's pipeline regardless.
 -- tok:save_pretrained(dir) writes the files back.
 function M.load(ref, opts)
   local pipeline = require("zrun.kwargs").check("tokenizers.load", opts, { "pipeline" }).pipeline or "transformers"
@@ -203,10 +219,6 @@ local function with_specials(text, set)
   return text
 end
 
--- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
--- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
--- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
-local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer" }
 -- The class to write into a saved tokenizer_config.json (text) whose source dir `from` relied on config.json
 -- for it, or nil: a folder holding the tokenizer alone has no config.json to say it.
 local function implied_class(text, from)

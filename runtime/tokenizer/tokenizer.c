@@ -474,6 +474,11 @@ int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
     return build_tries(tok);
 }
 
+void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on) {
+    for (int64_t i = 0; i < tok->n_pre; i++)
+        if (tok->pre[i].kind == PRE_BYTELEVEL) tok->pre[i].add_prefix_space = on;
+}
+
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok) {
     return tok->vocab_size;
 }
@@ -556,6 +561,9 @@ int zr_tokenizer_decode_len(const zr_tokenizer *tok, const int32_t *ids, int64_t
 int zr_tokenizer_decode(const zr_tokenizer *tok, const int32_t *ids, int64_t n,
                         int skip_special_tokens, char **out) {
     return zr_tokenizer_decode_len(tok, ids, n, skip_special_tokens, out, NULL);
+}
+void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on) {
+    (void)tok, (void)on;
 }
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok) {
     return (void)tok, 0;

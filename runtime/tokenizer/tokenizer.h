@@ -50,6 +50,10 @@ int zr_tokenizer_decode_len(const zr_tokenizer *tok, const int32_t *ids, int64_t
 enum { ZR_PREPEND_ALWAYS, ZR_PREPEND_FIRST, ZR_PREPEND_NEVER };
 int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme);
 
+/* Sets the ByteLevel pre-tokenizers' add_prefix_space (a space before text that starts without one): what
+ * transformers 5's GPT2Tokenizer builds from tokenizer_config.json's add_prefix_space (false when absent). */
+void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on);
+
 /* 1 + the largest id of the model vocabulary and the added tokens (the embedding rows needed). */
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok);
 /* -1 when absent. Added tokens are looked up first, as in Hugging Face. */

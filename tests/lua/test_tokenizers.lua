@@ -152,4 +152,28 @@ T.test("set_special_tokens is tok.eos_token = ...: eos_id / pad_id and the chat 
   T.eq(byte:apply_chat_template(m, { chat_template = tmpl, tokenize = false }), "ab<s>a", "the byte tokenizer's template")
 end)
 
+T.test("GPT2Tokenizer: tokenizer_config.json's add_prefix_space, as transformers 5 builds its ByteLevel pre-tokenizer", function()
+  -- a byte-level BPE whose tokenizer.json adds no prefix space ("Ġ" is the space byte)
+  local d = T.tmpdir()
+  T.write_file(d .. "/tokenizer.json", [[{"version":"1.0","truncation":null,"padding":null,"normalizer":null,
+ "added_tokens":[{"id":7,"content":"<|end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+ "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+ "post_processor":null,
+ "decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
+ "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
+   "vocab":{"a":0,"b":1,"c":2,"Ġ":3,"ab":4,"abc":5,"Ġa":6,"<|end|>":7},"merges":["a b","ab c","Ġ a"]}}]])
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": true, "eos_token": "<|end|>"}')
+  local t = zr.tokenizers.load(d)
+  -- transformers 5.17 (AutoTokenizer of this folder): ids and decode
+  T.eq_list(t:encode("abc"), { 3, 5 })
+  T.eq_list(t:encode(" ac"), { 6, 2 }, "a leading space: none added")
+  T.eq_list(t:encode("c<|end|>ab"), { 3, 2, 7, 3, 4 }, "after a special token too")
+  T.eq(t:decode({ 3, 2, 7, 3, 4 }), " c<|end|> ab")
+  T.eq_list(zr.tokenizers.load(d, { pipeline = "tokenizer.json" }):encode("abc"), { 5 }, "the file's pipeline: the tokenizers library")
+  -- the class from config.json's model_type (openai-community/gpt2's tokenizer_config.json names none)
+  T.write_file(d .. "/tokenizer_config.json", '{"add_prefix_space": true}')
+  T.write_file(d .. "/config.json", '{"model_type": "gpt2"}')
+  T.eq_list(zr.tokenizers.load(d):encode("abc ab"), { 3, 5, 3, 4 }, "GPT2Tokenizer from config.json")
+end)
+
 T.done()
