@@ -17,7 +17,8 @@ local function exists(p) return read(p) ~= nil end
 M.SPECIAL = { "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token" }
 
 -- The chat settings beside a tokenizer.json: { templates = {name = source} (nil when none),
--- special = {bos_token = "<s>", ...} }. A chat_template.jinja file (transformers >= 4.43 writes it)
+-- special = {bos_token = "<s>", ...} (tokenizer_config.json's; special_tokens_map.json's win where the config
+-- has no added_tokens_decoder, as transformers 5 reads them) }. A chat_template.jinja file (transformers >= 4.43 writes it)
 -- wins over tokenizer_config.json's "chat_template"; named templates come from its list form or from
 -- additional_chat_templates/<name>.jinja.
 function M.read_config(dir)
@@ -28,8 +29,11 @@ function M.read_config(dir)
     if not ok then error(fmt("%s: invalid JSON (%s)", p, tostring(v)), 0) end
     cfg = v
   end
+  -- special_tokens_map.json: read (after the config: its keys win) only where tokenizer_config.json has no
+  -- "added_tokens_decoder" (saved before transformers 4.34), as transformers 5 reads them
   local okm, map = pcall(function() return cjson.decode(read(dir .. "/special_tokens_map.json") or "{}") end)
-  for _, m in ipairs { okm and map or {}, cfg } do -- tokenizer_config.json last: it wins
+  local legacy = cfg.added_tokens_decoder == nil and okm and map or {}
+  for _, m in ipairs { cfg, legacy } do
     if type(m) == "table" then
       for _, k in ipairs(M.SPECIAL) do
         local v = m[k]

@@ -321,31 +321,48 @@ static int32_t first_known(const zr_tokenizer *tok, const char *const *names) {
     return -1;
 }
 
+/* A JSON file beside tok's tokenizer.json (NULL when absent; a broken optional file is NULL too). */
+static zr_json_doc *beside(const zr_tokenizer *tok, const char *name) {
+    const char *slash = strrchr(tok->path, '/');
+    char *p = NULL;
+    if (asprintf(&p, "%.*s%s", slash ? (int)(slash - tok->path + 1) : 0, tok->path, name) < 0) return NULL;
+    FILE *f = fopen(p, "rb");
+    zr_json_doc *d = NULL;
+    if (f) {
+        fclose(f);
+        if (!(d = zr_json_parse_file(p))) zr_clear_error();
+    }
+    free(p);
+    return d;
+}
+
+/* Each of bos/eos/pad given by a file's key (kept otherwise). */
+static void special_ids_from(zr_tokenizer *tok, const zr_json *cfg) {
+    int32_t id;
+    if ((id = config_token(tok, cfg, "bos_token")) >= 0) tok->bos = id;
+    if ((id = config_token(tok, cfg, "eos_token")) >= 0) tok->eos = id;
+    if ((id = config_token(tok, cfg, "pad_token")) >= 0) tok->pad = id;
+}
+
 static void find_special_ids(zr_tokenizer *tok) {
     static const char *const bos[] = {"<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>", NULL};
     static const char *const eos[] = {"</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", NULL};
     static const char *const pad[] = {"<pad>", "<|pad|>", "[PAD]", NULL};
     tok->bos = tok->eos = tok->pad = -1;
-    /* tokenizer_config.json (transformers) knows best; it is optional */
-    const char *slash = strrchr(tok->path, '/');
-    char *cfg_path = NULL;
-    if (asprintf(&cfg_path, "%.*stokenizer_config.json", slash ? (int)(slash - tok->path + 1) : 0,
-                 tok->path) >= 0) {
-        FILE *f = fopen(cfg_path, "rb");
-        if (f) {
-            fclose(f);
-            zr_json_doc *d = zr_json_parse_file(cfg_path);
-            if (d) {
-                tok->bos = config_token(tok, zr_json_root(d), "bos_token");
-                tok->eos = config_token(tok, zr_json_root(d), "eos_token");
-                tok->pad = config_token(tok, zr_json_root(d), "pad_token");
-                tok->truncate_left = !strcmp(zr_json_get_string(zr_json_root(d), "truncation_side", "right"), "left");
-                zr_json_doc_free(d);
-            } else {
-                zr_clear_error(); /* a broken optional file only costs the guesses below */
-            }
-        }
-        free(cfg_path);
+    /* tokenizer_config.json (transformers) knows best; it is optional. Without "added_tokens_decoder" (saved
+     * before transformers 4.34) transformers 5 reads special_tokens_map.json too, whose keys win. */
+    zr_json_doc *cfg = beside(tok, "tokenizer_config.json");
+    int configured = cfg != NULL, legacy = !cfg || !zr_json_get(zr_json_root(cfg), "added_tokens_decoder");
+    if (cfg) {
+        special_ids_from(tok, zr_json_root(cfg));
+        tok->truncate_left = !strcmp(zr_json_get_string(zr_json_root(cfg), "truncation_side", "right"), "left");
+        zr_json_doc_free(cfg);
+    }
+    zr_json_doc *map = legacy ? beside(tok, "special_tokens_map.json") : NULL;
+    if (map) {
+        configured = 1;
+        special_ids_from(tok, zr_json_root(map));
+        zr_json_doc_free(map);
     }
     int64_t seq = -1;
     for (int64_t i = 0; i < tok->n_tmpl; i++)
@@ -355,7 +372,7 @@ static void find_special_ids(zr_tokenizer *tok) {
         tok->eos = tok->tmpl[seq + 1].ids[0];
     if (tok->bos < 0) tok->bos = first_known(tok, bos);
     if (tok->eos < 0) tok->eos = first_known(tok, eos);
-    if (tok->pad < 0) tok->pad = first_known(tok, pad);
+    if (tok->pad < 0 && !configured) tok->pad = first_known(tok, pad); /* (transformers: none unless a file names it) */
 }
 
 /* ---- public ------------------------------------------------------------------------------ */

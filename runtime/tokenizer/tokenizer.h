@@ -22,8 +22,10 @@
 
 typedef struct zr_tokenizer zr_tokenizer;
 
-/* Loads a tokenizer.json. bos/eos/pad ids come from a tokenizer_config.json next to it when
- * there is one, else from the post-processor and well-known token names. */
+/* Loads a tokenizer.json. bos/eos/pad ids come from a tokenizer_config.json next to it (and, when that
+ * has no "added_tokens_decoder", a special_tokens_map.json, whose keys win: transformers 5's reading),
+ * else bos/eos from the post-processor and well-known token names; pad from a well-known name only when
+ * neither file is there (transformers: none). */
 zr_tokenizer *zr_tokenizer_load(const char *path);
 void zr_tokenizer_free(zr_tokenizer *tok);
 

@@ -176,4 +176,28 @@ T.test("GPT2Tokenizer: tokenizer_config.json's add_prefix_space, as transformers
   T.eq_list(zr.tokenizers.load(d):encode("abc ab"), { 3, 5, 3, 4 }, "GPT2Tokenizer from config.json")
 end)
 
+T.test("special tokens as transformers 5 reads them: special_tokens_map.json's win without added_tokens_decoder; no pad guessed", function()
+  local tj = TEMPLATED:gsub('"special":true}],', '"special":true},{"id":5,"content":"<pad>","special":true}],', 1)
+  local PTF = '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>"'
+  local MAP = '{"pad_token": "</s>", "eos_token": "<s>"}'
+  -- transformers 5.17 (AutoTokenizer of each folder): eos_token_id, pad_token_id, '{{ eos_token }}|{{ pad_token }}'
+  local cases = {
+    { "no pad_token anywhere: none (a <pad> in the vocabulary is not taken)", PTF .. "}", nil, 4, nil, "</s>|" },
+    { "a config without added_tokens_decoder: special_tokens_map.json wins", PTF .. ', "pad_token": "<s>"}', MAP, 3, 4, "<s>|</s>" },
+    { "a config with added_tokens_decoder: special_tokens_map.json is not read", PTF .. ', "pad_token": "<s>", "added_tokens_decoder": {}}', MAP, 4, 3, "</s>|<s>" },
+    { "the pad token in special_tokens_map.json only", PTF .. "}", '{"pad_token": {"content": "<s>", "lstrip": false, "normalized": false}}', 4, 3, "</s>|<s>" },
+  }
+  for _, c in ipairs(cases) do
+    local d = T.tmpdir()
+    T.write_file(d .. "/tokenizer.json", tj)
+    T.write_file(d .. "/tokenizer_config.json", c[2])
+    if c[3] then T.write_file(d .. "/special_tokens_map.json", c[3]) end
+    local t = zr.tokenizers.load(d)
+    T.eq(t:eos_id(), c[4], c[1] .. ": eos_id")
+    T.eq(t:pad_id(), c[5], c[1] .. ": pad_id")
+    T.eq(t:apply_chat_template({ { role = "user", content = "a" } }, { chat_template = "{{ eos_token }}|{{ pad_token }}", tokenize = false }), c[6],
+      c[1] .. ": the chat template's")
+  end
+end)
+
 T.done()
