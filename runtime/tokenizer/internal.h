@@ -175,7 +175,7 @@ struct zr_tokenizer {
     int64_t n_dec;
     int has_decoder;
     int32_t bos, eos, pad;
-    int truncate_left; /* tokenizer_config.json's truncation_side "left" */
+    int truncate_left; /* truncation_side "left" (tokenizer_config.json's, else tokenizer.json's direction) */
     int64_t vocab_size;
 };
 

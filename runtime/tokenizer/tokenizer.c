@@ -355,7 +355,8 @@ static void find_special_ids(zr_tokenizer *tok) {
     int configured = cfg != NULL, legacy = !cfg || !zr_json_get(zr_json_root(cfg), "added_tokens_decoder");
     if (cfg) {
         special_ids_from(tok, zr_json_root(cfg));
-        tok->truncate_left = !strcmp(zr_json_get_string(zr_json_root(cfg), "truncation_side", "right"), "left");
+        const char *side = zr_json_get_string(zr_json_root(cfg), "truncation_side", NULL);
+        if (side) tok->truncate_left = !strcmp(side, "left");
         zr_json_doc_free(cfg);
     }
     zr_json_doc *map = legacy ? beside(tok, "special_tokens_map.json") : NULL;
@@ -399,6 +400,8 @@ zr_tokenizer *zr_tokenizer_load(const char *path) {
              !tok_load_post(tok, zr_json_get(root, "post_processor")) &&
              !tok_load_decoder(tok, zr_json_get(root, "decoder")))
         rc = ZR_OK;
+    /* the side truncation cuts (tokenizer_config.json's truncation_side overrides it, as in transformers) */
+    tok->truncate_left = !strcmp(zr_json_get_string(zr_json_get(root, "truncation"), "direction", "Right"), "Left");
     zr_json_doc_free(doc);
     if (rc) {
         zr_tokenizer_free(tok);

@@ -68,7 +68,8 @@ int32_t zr_tokenizer_eos_id(const zr_tokenizer *tok);
 int32_t zr_tokenizer_pad_id(const zr_tokenizer *tok);
 /* Cuts ids[0..*n), an encoding's ids, to max_length as the `tokenizers` library truncates: the text's
  * ids, keeping the special tokens the post-processor put around them (add_special_tokens: as encoded),
- * from the end or, with tokenizer_config.json's truncation_side "left", the start. An error when
+ * from the end or, with tokenizer_config.json's truncation_side "left" (else tokenizer.json's truncation
+ * direction "Left"), the start. An error when
  * max_length cannot hold the special tokens. */
 int zr_tokenizer_truncate(const zr_tokenizer *tok, int32_t *ids, int64_t *n, int64_t max_length,
                           int add_special_tokens);

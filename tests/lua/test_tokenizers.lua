@@ -98,6 +98,13 @@ T.test("encode's max_length cuts from the start with tokenizer_config.json's tru
   T.eq_list(t:encode("babab", true, 4), { 3, 2, 2, 4 }, "max_length 4")
   T.eq_list(t:encode("aab", true, 3), { 3, 2, 4 }, "max_length 3")
   T.eq_list(t:encode("aab", false, 2), { 0, 2 }, "add_special_tokens=False")
+  -- tokenizer.json's own truncation direction "Left" is the default side; the config's truncation_side wins
+  local left = '{"truncation":{"direction":"Left","max_length":512,"strategy":"LongestFirst","stride":0},' .. TEMPLATED:sub(2)
+  T.write_file(d .. "/tokenizer.json", left)
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast"}')
+  T.eq_list(zr.tokenizers.load(d):encode("babab", true, 4), { 3, 2, 2, 4 }, "tokenizer.json's direction Left")
+  T.write_file(d .. "/tokenizer_config.json", '{"tokenizer_class": "PreTrainedTokenizerFast", "truncation_side": "right"}')
+  T.eq_list(zr.tokenizers.load(d):encode("babab", true, 4), { 3, 1, 2, 4 }, "the config's truncation_side right wins")
 end)
 
 T.test("LlamaTokenizer with add_prefix_space = false: transformers 5's decoder keeps the leading space", function()
