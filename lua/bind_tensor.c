@@ -769,6 +769,20 @@ static int l_randperm_torch(lua_State *L) {
     for (int64_t i = 0; i < n; i++) p[i] += 1;
     return zr_l_pushtensor(L, t);
 }
+/* randperm_numpy(n, seed) -> i64 tensor of 1..n in numpy.random.default_rng(seed).permutation(n)'s order
+ * (1-based for Lua): Hugging Face datasets' shuffle(seed=). */
+static int l_randperm_numpy(lua_State *L) {
+    int64_t n = (int64_t)luaL_checknumber(L, 1);
+    lua_Number s = luaL_checknumber(L, 2);
+    if (n < 0) luaL_error(L, "randperm_numpy: n must be >= 0");
+    if (s < 0 || s != (lua_Number)(int64_t)s) luaL_error(L, "randperm_numpy: seed must be a non-negative integer");
+    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
+    if (!t) return zr_l_error(L);
+    int64_t *p = zr_tensor_data(t);
+    zr_randperm_numpy(n, (uint64_t)s, p);
+    for (int64_t i = 0; i < n; i++) p[i] += 1;
+    return zr_l_pushtensor(L, t);
+}
 static int l_is_tensor(lua_State *L) {
     lua_pushboolean(L, zr_l_totensor(L, 1) != NULL);
     return 1;
@@ -790,7 +804,8 @@ static const luaL_Reg functions[] = {
     {"autograd_profile_mark", l_autograd_profile_mark},
     {"memory_trace", l_memory_trace}, {"memory_stats", l_memory_stats},
     {"memory_reset_peak", l_memory_reset_peak}, {"set_default_category", l_set_default_category},
-    {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"randperm_torch", l_randperm_torch}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
+    {"manual_seed", l_manual_seed}, {"randperm", l_randperm}, {"randperm_torch", l_randperm_torch},
+    {"randperm_numpy", l_randperm_numpy}, {"random_state", l_random_state}, {"is_tensor", l_is_tensor},
     {"tensor_metatable", l_metatable}, {"tensor_methods", l_methods}, {NULL, NULL}};
 
 static const luaL_Reg methods[] = {

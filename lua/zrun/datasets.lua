@@ -41,10 +41,17 @@ function Dataset:__tostring()
   return ("Dataset({\n    features: [%s],\n    num_rows: %d\n})"):format(table.concat(cols, ", "), #self)
 end
 
--- A new dataset with the rows in a random order: C.randperm seeded with seed (HF's
--- ds.shuffle(seed=...); the order is zrun's generator's, not numpy's). No seed: drawn from the
--- global generator, so zr.manual_seed (the Trainer's args.seed) makes it repeatable.
--- ds:shuffle(42) or ds:shuffle{ seed = 42 }.
+-- The order of n rows: with a seed, HF's (numpy.random.default_rng(seed).permutation(n), the rows
+-- Hugging Face datasets' shuffle(seed=) and train_test_split(seed=) pick); without one, drawn from
+-- zrun's global generator (zr.manual_seed makes it repeatable; HF draws from numpy's global state).
+local function permutation(n, seed)
+  if seed ~= nil then return C.randperm_numpy(n, seed):flat_table() end
+  return C.randperm(n):flat_table()
+end
+
+-- A new dataset with the rows in a random order: with a seed, the order HF's ds.shuffle(seed=...)
+-- gives (numpy's default_rng(seed).permutation). No seed: drawn from the global generator, so
+-- zr.manual_seed (the Trainer's args.seed) makes it repeatable. ds:shuffle(42) or ds:shuffle{ seed = 42 }.
 function Dataset:shuffle(seed)
   if type(seed) == "table" then seed = seed.seed end
   if seed ~= nil and (type(seed) ~= "number" or seed ~= math.floor(seed) or seed < 0) then
@@ -52,15 +59,16 @@ function Dataset:shuffle(seed)
   end
   local out = {}
   if #self > 0 then
-    for i, k in ipairs(C.randperm(#self, seed):flat_table()) do out[i] = self[k] end
+    for i, k in ipairs(permutation(#self, seed)) do out[i] = self[k] end
   end
   return adopt(out)
 end
 
 -- HF's train_test_split: { train = Dataset, test = Dataset }. test_size / train_size: a fraction in
 -- (0, 1) (test rounds up, train down) or a number of rows; neither: test_size = 0.25; one: the other
--- is the rest. shuffle (default true): the test rows are the first n_test of a permutation seeded
--- with seed, the train rows the next n_train (HF's order of operations); without it, train comes first.
+-- is the rest. shuffle (default true): the test rows are the first n_test of the permutation shuffle(seed)
+-- takes (HF's: with a seed, the same rows in the same order), the train rows the next n_train; without it,
+-- train comes first.
 -- ds:train_test_split{ test_size = 0.1, seed = 42 } or ds:train_test_split(0.1).
 function Dataset:train_test_split(o)
   if type(o) == "number" then o = { test_size = o } end
@@ -96,7 +104,7 @@ function Dataset:train_test_split(o)
       :format(n, tostring(o.test_size), tostring(o.train_size)), 2)
   end
   local order = {}
-  if o.shuffle ~= false then order = C.randperm(n, o.seed):flat_table()
+  if o.shuffle ~= false then order = permutation(n, o.seed)
   else for i = 1, n do order[i] = i end end
   local train, test = {}, {}
   local test_first = o.shuffle ~= false

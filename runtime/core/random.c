@@ -136,3 +136,85 @@ void zr_randperm_torch(int64_t n, uint64_t seed, int64_t *out) {
         out[z + i] = t;
     }
 }
+
+/* numpy.random.default_rng(seed).permutation(n), the order Hugging Face datasets' shuffle(seed=) and
+ * train_test_split(seed=) take: SeedSequence(seed) (the seed's 32-bit words hashed into a pool of four,
+ * four 64-bit words drawn from it) seeds PCG64 (XSL-RR 128/64: state and increment from those words), and
+ * Generator.shuffle swaps position i = n-1 .. 1 with random_interval(i): a 32-bit draw (the low half of a
+ * 64-bit output, then its high half) masked to the smallest all-ones mask >= i, redrawn while above i
+ * (64-bit draws for i >= 2^32). */
+#define SS_INIT_A 0x43b0d7e5u
+#define SS_MULT_A 0x931e8875u
+#define SS_INIT_B 0x8b51f9ddu
+#define SS_MULT_B 0x58f38dedu
+static uint32_t ss_hashmix(uint32_t v, uint32_t *h) {
+    v ^= *h;
+    *h *= SS_MULT_A;
+    v *= *h;
+    return v ^ (v >> 16);
+}
+static uint32_t ss_mix(uint32_t x, uint32_t y) {
+    uint32_t r = 0xca01f9ddu * x - 0x4973f715u * y;
+    return r ^ (r >> 16);
+}
+typedef struct {
+    unsigned __int128 state, inc;
+    int has32;
+    uint32_t buf32;
+} np_pcg64;
+static void pcg_step(np_pcg64 *g) {
+    const unsigned __int128 mult = ((unsigned __int128)2549297995355413924ull << 64) | 4865540595714422341ull;
+    g->state = g->state * mult + g->inc;
+}
+static uint64_t pcg_next64(np_pcg64 *g) {
+    pcg_step(g);
+    uint64_t hi = (uint64_t)(g->state >> 64), lo = (uint64_t)g->state;
+    unsigned rot = (unsigned)(hi >> 58);
+    uint64_t x = hi ^ lo;
+    return (x >> rot) | (x << ((64 - rot) & 63));
+}
+static uint32_t pcg_next32(np_pcg64 *g) {
+    if (g->has32) {
+        g->has32 = 0;
+        return g->buf32;
+    }
+    uint64_t v = pcg_next64(g);
+    g->has32 = 1;
+    g->buf32 = (uint32_t)(v >> 32);
+    return (uint32_t)v;
+}
+void zr_randperm_numpy(int64_t n, uint64_t seed, int64_t *out) {
+    uint32_t entropy[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, pool[4], h = SS_INIT_A;
+    int n_entropy = (seed >> 32) ? 2 : 1;
+    for (int i = 0; i < 4; i++) pool[i] = ss_hashmix(i < n_entropy ? entropy[i] : 0, &h);
+    for (int s = 0; s < 4; s++)
+        for (int d = 0; d < 4; d++)
+            if (s != d) pool[d] = ss_mix(pool[d], ss_hashmix(pool[s], &h));
+    uint32_t w[8], hb = SS_INIT_B;
+    for (int i = 0; i < 8; i++) {
+        uint32_t v = pool[i % 4] ^ hb;
+        hb *= SS_MULT_B;
+        v *= hb;
+        w[i] = v ^ (v >> 16);
+    }
+    uint64_t v64[4];
+    for (int i = 0; i < 4; i++) v64[i] = (uint64_t)w[2 * i] | ((uint64_t)w[2 * i + 1] << 32);
+    np_pcg64 g = {0, 0, 0, 0};
+    g.inc = ((((unsigned __int128)v64[2] << 64) | v64[3]) << 1) | 1u;
+    pcg_step(&g);
+    g.state += ((unsigned __int128)v64[0] << 64) | v64[1];
+    pcg_step(&g);
+    for (int64_t i = 0; i < n; i++) out[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint64_t max = (uint64_t)i, mask = max, j;
+        for (int b = 1; b < 64; b <<= 1) mask |= mask >> b;
+        if (max <= 0xffffffffu) {
+            while ((j = (pcg_next32(&g) & mask)) > max) {}
+        } else {
+            while ((j = (pcg_next64(&g) & mask)) > max) {}
+        }
+        int64_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}

@@ -21,6 +21,9 @@ zr_status zr_tensor_bernoulli_(zr_tensor *t, double keep);
 void zr_randperm(int64_t n, uint64_t seed, int64_t *out);
 /* torch.randperm(n) with a CPU generator seeded `seed` (MT19937): the same permutation torch gives. */
 void zr_randperm_torch(int64_t n, uint64_t seed, int64_t *out);
+/* numpy.random.default_rng(seed).permutation(n) (SeedSequence, PCG64): the order Hugging Face datasets'
+ * shuffle(seed=) and train_test_split(seed=) give. */
+void zr_randperm_numpy(int64_t n, uint64_t seed, int64_t *out);
 
 /* Installed by the CUDA backend: fill a contiguous device tensor (kind 0 uniform, 1 normal,
  * 2 bernoulli) from (seed, offset). */

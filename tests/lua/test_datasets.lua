@@ -259,6 +259,16 @@ T.test("shuffle(seed): a permutation of the rows, the same for the same seed", f
   zr.manual_seed(3); local x = ds:shuffle()[1].id
   zr.manual_seed(3); T.eq(ds:shuffle()[1].id, x, "no seed: the global generator, repeatable after manual_seed")
   T.raises(function() ds:shuffle(-1) end, "seed must be a non-negative integer")
+  -- HF's order (datasets 5.2: Dataset.from_dict({"id": range(1, 1001)}).shuffle(seed=...)["id"], numpy's
+  -- default_rng(seed).permutation); zrun's own generator gave another
+  rows = {}
+  for i = 1, 1000 do rows[i] = { id = i } end
+  local big = D.Dataset.from_rows(rows)
+  local function ids(d, i, j) local t = {}; for k = i, j do t[#t + 1] = d[k].id end; return table.concat(t, ",") end
+  T.eq(ids(big:shuffle(1234), 1, 8), "315,768,540,44,559,710,738,68")
+  T.eq(ids(big:shuffle(2 ^ 33 + 1), 996, 1000), "162,45,172,440,963", "a seed of two 32-bit words")
+  T.eq(ids(D.Dataset.from_rows { { id = 0 }, { id = 1 }, { id = 2 }, { id = 3 }, { id = 4 }, { id = 5 }, { id = 6 },
+    { id = 7 }, { id = 8 }, { id = 9 } }:shuffle(42), 1, 10), "5,6,0,7,3,2,4,9,1,8")
 end)
 
 T.test("train_test_split: HF's sizes (fraction rounds test up, train down) and order", function()
@@ -271,8 +281,14 @@ T.test("train_test_split: HF's sizes (fraction rounds test up, train down) and o
   local all = {}
   for _, d in ipairs { s.train, s.test } do for i = 1, #d do assert(not all[d[i].id]); all[d[i].id] = true end end
   T.eq(ids(ds:train_test_split { test_size = 0.25, seed = 1 }.test), ids(s.test), "the same seed, the same split")
-  local perm = zr.randperm(10, 1):flat_table()
-  T.eq(ids(s.test), ("%d,%d,%d"):format(perm[1], perm[2], perm[3]), "test = the first n_test of the permutation")
+  -- HF's rows (datasets 5.2: Dataset.from_dict({"id": range(1, 11)}).train_test_split(...)): the permutation is numpy's
+  T.eq(ids(s.train), "1,2,3,6,10,7,4"); T.eq(ids(s.test), "9,5,8", "test = the first n_test of the permutation")
+  s = ds:train_test_split { test_size = 3, seed = 0 }
+  T.eq(ids(s.train), "8,4,6,10,1,9,2"); T.eq(ids(s.test), "5,7,3")
+  s = ds:train_test_split { train_size = 0.33, seed = 1 }
+  T.eq(ids(s.train), "10,7,4"); T.eq(ids(s.test), "9,5,8,1,2,3,6")
+  s = ds:train_test_split { test_size = 0.5, train_size = 0.2, seed = 3 }
+  T.eq(ids(s.train), "5,8"); T.eq(ids(s.test), "10,7,1,3,2")
   T.eq(#ds:train_test_split().test, 3, "default test_size 0.25")
   T.eq(#ds:train_test_split(4).test, 4, "a count")
   s = ds:train_test_split { train_size = 0.55, shuffle = false }
