@@ -258,25 +258,33 @@ do
 end
 
 -- "train[:2000]" -> "train", first, last over n rows (HF semantics: python-style half-open
--- ranges, negatives from the end, percentages rounded to the closest row, a half to the even one as
--- Python's round()).
+-- ranges, negatives from the end, whole percentages within -100%..100% rounded to the closest row, a
+-- half to the even one as Python's round()). One part of a split: load_dataset joins "a+b".
 function M.parse_split(spec, n)
-  local name, range = spec:match("^([%w_%-]+)%[(.*)%]$")
-  if not name then return spec, 1, n end
+  local name, range = spec:match("^([%w_%-%.]+)%[(.*)%]$")
+  if not name then
+    if not spec:match("^[%w_%-%.]+$") then
+      error(("split '%s': expected a name or name[start:end], e.g. train, train[:2000], train[10%%:20%%] or " ..
+        "train+validation"):format(spec), 0)
+    end
+    return spec, 1, n
+  end
   local a, b = range:match("^%s*([^:]*)%s*:%s*([^:]*)%s*$")
   if not a then error(("split '%s': expected name[start:end], e.g. train[:2000] or train[10%%:20%%]"):format(spec), 0) end
   local function bound(s, default)
     if s == "" then return default end
-    local pct = s:match("^(%-?[%d%.]+)%%$")
+    local pct = s:match("^(%-?%d+)%%$")
     local v
     if pct then
-      v = tonumber(pct) * n / 100 -- (rounded as Python's round(): a half to the even row, 4.5 -> 4, 1.5 -> 2)
+      v = tonumber(pct) -- (HF: "Percent slice boundaries must be > -100 and < 100", 100 itself allowed)
+      if math.abs(v) > 100 then error(("split '%s': a percentage must be within -100%% and 100%%, got %s"):format(spec, s), 0) end
+      v = v * n / 100 -- (rounded as Python's round(): a half to the even row, 4.5 -> 4, 1.5 -> 2)
       local r = math.floor(v + 0.5)
       if r - v == 0.5 and r % 2 ~= 0 then r = r - 1 end
       v = r
     else
-      v = tonumber(s)
-      if not v or v ~= math.floor(v) then error(("split '%s': '%s' is not an integer or a percentage"):format(spec, s), 0) end
+      v = s:match("^%-?%d+$") and tonumber(s)
+      if not v then error(("split '%s': '%s' is not an integer or a whole percentage"):format(spec, s), 0) end
     end
     if v < 0 then v = n + v end
     return math.max(0, math.min(n, v))
@@ -470,15 +478,9 @@ local function read_csv(path)
   return rows
 end
 
--- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json"|"csv", text_field = "text",
--- field = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list under that key
--- of one object, as HF's json builder reads it; .csv: a header row and records; .raw: wikitext; else text
--- lines), or a folder holding
--- wiki.{train,valid,test}.raw (or train.txt/…/jsonl).
-function M.load_dataset(path, opts)
-  opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field" })
-  local split = opts.split or "train"
-  local base = split:match("^([%w_%-]+)") or split
+-- One part of load_dataset's split ("train[:10%]"): its rows and the file they come from.
+local function load_split(path, opts, split)
+  local base = M.parse_split(split, 0)
   local file = path
   if is_dir(path) then
     local tried = {}
@@ -513,8 +515,35 @@ function M.load_dataset(path, opts)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
   else error(("unknown dataset format '%s' (wikitext, text, jsonl, json or csv)"):format(format), 0) end
   local _, first, last = M.parse_split(split, #rows)
+  if first == 1 and last == #rows then return rows, file end
+  local out = {}
+  for i = first, last do out[#out + 1] = rows[i] end
+  return out, file
+end
+
+-- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json"|"csv", text_field = "text",
+-- field = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list under that key
+-- of one object, as HF's json builder reads it; .csv: a header row and records; .raw: wikitext; else text
+-- lines), or a folder holding
+-- wiki.{train,valid,test}.raw (or train.txt/…/jsonl). split: a name, a slice of it (parse_split) or several
+-- joined with "+" ("train[:10%]+validation", HF's: the rows of each in turn); a split that selects no rows
+-- is an error, as in HF.
+function M.load_dataset(path, opts)
+  opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field" })
+  local split = opts.split or "train"
+  if type(split) ~= "string" then error("load_dataset: split must be a string such as \"train[:10%]\"", 0) end
+  local parts, rows, file = {}, nil, nil
+  for part in (split .. "+"):gmatch("([^+]*)%+") do parts[#parts + 1] = part end
+  for _, part in ipairs(parts) do M.parse_split(part, 0) end -- (every part's form checked before reading)
+  for _, part in ipairs(parts) do
+    local p, f = load_split(path, opts, part)
+    file = file or f
+    if not rows then rows = p else for _, r in ipairs(p) do rows[#rows + 1] = r end end
+  end
+  if #rows == 0 then -- (HF: Instruction "train[10:5]" corresponds to no data!)
+    error(("split '%s' of %s has no rows"):format(split, file), 0)
+  end
   local ds = adopt(rows)
-  if first ~= 1 or last ~= #rows then ds = ds:select(first, last) end
   ds.source = file
   return ds
 end

@@ -110,6 +110,32 @@ T.test(".csv files as HF's csv builder (pandas) reads them: quoting, line breaks
   os.remove(tmp .. ".parquet")
 end)
 
+T.test("split strings as HF's: parts joined with +, whole percentages within 100%, no rows an error", function()
+  local p = tmp .. "s.txt"
+  local f = io.open(p, "w"); f:write("a b\n\nc\nd e f\n"); f:close()
+  local function texts(split)
+    local t = {}
+    for i, r in ipairs(D.load_dataset(p, { format = "text", split = split })) do t[i] = r.text end
+    return table.concat(t, "|")
+  end
+  -- datasets 5.2, load_dataset("text", data_files=p, split=...)["text"]
+  T.eq(texts("train+train"), "a b||c|d e f|a b||c|d e f") -- (was: the first part alone)
+  T.eq(texts("train[:1]+train[-1:]"), "a b|d e f")
+  T.eq(texts("train[10:5]+train"), "a b||c|d e f", "an empty part of a sum")
+  T.eq(texts("train[:100%]"), "a b||c|d e f"); T.eq(texts("train[-100%:]"), "a b||c|d e f")
+  -- HF: ValueError: Instruction "train[10:5]" corresponds to no data! (zrun returned no rows)
+  T.raises(function() texts("train[10:5]") end, "has no rows")
+  T.raises(function() texts("train[4:]") end, "has no rows")
+  T.raises(function() texts("train[:10%]") end, "has no rows")
+  -- HF: Percent slice boundaries must be > -100 and < 100 (zrun clamped to every row)
+  T.raises(function() texts("train[:200%]") end, "within -100% and 100%")
+  T.raises(function() texts("train[:-101%]") end, "within -100% and 100%")
+  -- HF: Unrecognized instruction format (zrun read 10.5% of 4 rows as none; the rounding suffix as every row)
+  T.raises(function() texts("train[:10.5%]") end, "not an integer or a whole percentage")
+  T.raises(function() texts("train[:50%](pct1_dropremainder)") end, "expected a name or name[start:end]")
+  os.remove(p)
+end)
+
 if io.open(wiki .. "/wiki.valid.raw") then
   T.test("wikitext validation rows", function()
     local ds = D.load_dataset(wiki, { split = "validation" })
@@ -119,6 +145,10 @@ if io.open(wiki .. "/wiki.valid.raw") then
     local part = D.load_dataset(wiki, { split = "validation[:2000]" })
     T.eq(#part.rows, 2000)
     T.raises(function() D.load_dataset(wiki, { split = "train" }) end, "looked for")
+    -- datasets 5.2 (text builder on wiki.valid.raw, split="validation[:2000]+validation[-5:]"): 2005 rows
+    local sum = D.load_dataset(wiki, { split = "validation[:2000]+validation[-5:]" })
+    T.eq(#sum, 2005); T.eq(sum[2001].text, ds[3756].text)
+    T.raises(function() D.load_dataset(wiki, { split = "validation+train" }) end, "no 'train' split")
   end)
 else
   T.skip("wikitext validation rows", "data not found at " .. wiki)
