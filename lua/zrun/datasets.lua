@@ -138,9 +138,20 @@ local function merge(r, nr, removed)
   return m
 end
 
+-- The rows a batch of map / filter holds: batch_size (default 1000); false, 0 or less: every row in one
+-- batch (HF's batch_size=None or <= 0).
+local function batch_rows(who, bs, n)
+  if bs == nil then return 1000 end
+  if bs ~= false and (type(bs) ~= "number" or bs % 1 ~= 0) then
+    error(("%s: batch_size must be an integer (false or <= 0: every row in one batch), got %s"):format(who, tostring(bs)), 0)
+  end
+  if bs == false or bs <= 0 then return math.max(n, 1) end
+  return bs
+end
+
 -- Applies fn(row, index) -> new row (keep = true or remove_columns = false: columns added to the row;
 -- remove_columns = {names}: the row less those, with fn's columns added, as HF's map). batched=true passes
--- lists of rows (batch_size, default 1000) and fn returns a list of rows of any length (so it can split or
+-- lists of rows (batch_size, default 1000; false or <= 0: all rows in one batch) and fn returns a list of rows of any length (so it can split or
 -- join rows, like group_texts); kept columns need as many rows back as went in. fn returning nothing (nil)
 -- leaves the row (the batch) as it is, less remove_columns, as HF's map.
 function Dataset:map(fn, opts)
@@ -148,7 +159,7 @@ function Dataset:map(fn, opts)
   local removed = removed_columns(opts, self.rows[1])
   local out = {}
   if opts.batched then
-    local bs = opts.batch_size or 1000
+    local bs = batch_rows("Dataset:map", opts.batch_size, #self.rows)
     for s = 1, #self.rows, bs do
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
@@ -177,15 +188,13 @@ function Dataset:map(fn, opts)
 end
 
 -- A new dataset of the rows for which fn(row, i) is true, in order (HF's Dataset.filter). batched=true
--- passes lists of rows (batch_size, default 1000) and the index of the first; fn returns one boolean a row.
+-- passes lists of rows (batch_size, default 1000; false or <= 0: all rows in one batch) and the index of the
+-- first; fn returns one boolean a row.
 function Dataset:filter(fn, opts)
   opts = kw.check("Dataset:filter", opts, { "batched", "batch_size" })
   local out = {}
   if opts.batched then
-    local bs = opts.batch_size or 1000
-    if type(bs) ~= "number" or bs < 1 or bs % 1 ~= 0 then
-      error("Dataset:filter: batch_size must be a positive integer, got " .. tostring(bs), 2)
-    end
+    local bs = batch_rows("Dataset:filter", opts.batch_size, #self.rows)
     for s = 1, #self.rows, bs do
       local batch = {}
       for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end

@@ -172,6 +172,7 @@ T.test("group_texts", function()
   T.raises(function() many:group_texts(7, nil, 0) end, "batch_size must be a positive integer or false")
 end)
 
+local BATCH_SIZES_ONE_BATCH = { -1, false, 0 } -- (0 last: before the fix it looped forever)
 T.test("map's columns as HF's: replaced (default), kept, or all but remove_columns; batched too", function()
   local ds = D.Dataset.from_rows { { text = "ab", id = 1 }, { text = "cde", id = 2 } }
   local function n(r) return { n = #r.text } end
@@ -196,6 +197,17 @@ T.test("map's columns as HF's: replaced (default), kept, or all but remove_colum
   T.eq(#ds:map(split, { batched = true, remove_columns = { "text", "id" } }), 3)
   T.raises(function() ds:map(split, { batched = true, remove_columns = { "text" } }) end,
     "returned 3 rows for 2 and the input's columns are kept")
+  -- datasets 5.2: batch_size=None, 0 or -1: one batch of every row (zrun: -1 gave no rows, false 1000 a batch, 0 looped forever)
+  local big = {}
+  for i = 1, 2500 do big[i] = { i = i } end
+  big = D.Dataset.from_rows(big)
+  local function count(rows) return { { j = #rows } } end
+  for _, bs in ipairs(BATCH_SIZES_ONE_BATCH) do
+    local m = big:map(count, { batched = true, batch_size = bs, remove_columns = { "i" } })
+    T.eq(#m, 1, "batch_size " .. tostring(bs)); T.eq(m[1].j, 2500)
+  end
+  T.eq(#big:map(count, { batched = true, remove_columns = { "i" } }), 3, "the default: 1000 rows a batch")
+  T.raises(function() big:map(count, { batched = true, batch_size = 2.5 }) end, "batch_size must be an integer")
 end)
 
 T.test("filter's options as HF's: batched passes lists of rows and takes a boolean a row; others refused", function()
@@ -209,6 +221,10 @@ T.test("filter's options as HF's: batched passes lists of rows and takes a boole
   ds:filter(function(rows, s) starts[#starts + 1] = s; return nonempty(rows) end, { batched = true, batch_size = 2 })
   T.eq(table.concat(starts, ","), "1,3,5", "the index of each batch's first row")
   T.raises(function() ds:filter(function() return true end, { batched = true }) end, "must return a list of 5 booleans")
+  -- datasets 5.2: batch_size=0 or None: every row in one batch (ds.filter(..., batched=True, batch_size=0) keeps 10 of 10)
+  starts = {}
+  T.eq(#ds:filter(function(rows, s) starts[#starts + 1] = s; return nonempty(rows) end, { batched = true, batch_size = 0 }), 3)
+  T.eq(table.concat(starts, ","), "1", "batch_size = 0: one batch (it was refused)")
   T.raises(function() ds:filter(function() return true end, { num_proc = 4 }) end, "Dataset:filter: unknown option 'num_proc'")
   T.eq(#ds:filter(function(r, i) return i % 2 == 1 end), 3, "fn(row, i) without options")
 end)
