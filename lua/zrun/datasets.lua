@@ -211,9 +211,22 @@ function Dataset:filter(fn, opts)
   return adopt(out)
 end
 
--- Rows first..last (1-based, inclusive).
+-- Rows first..last (1-based, inclusive), or the rows at a list of indices in its order, repeats kept (HF's
+-- ds.select(indices), 1-based: ds:select{ 4, 2, 2 }).
 function Dataset:select(first, last)
   local out = {}
+  if type(first) == "table" and last == nil then
+    for k, i in ipairs(first) do
+      if type(i) ~= "number" or i % 1 ~= 0 or i < 1 or i > #self.rows then
+        error(("Dataset:select: index %s out of range for dataset of size %d (indices are 1-based)"):format(tostring(i), #self.rows), 2)
+      end
+      out[k] = self.rows[i]
+    end
+    return adopt(out)
+  end
+  if type(first) ~= "number" or type(last) ~= "number" then
+    error("Dataset:select(first, last) takes two row numbers, or select{indices} a list of them", 2)
+  end
   for i = first, math.min(last, #self.rows) do out[#out + 1] = self.rows[i] end
   return adopt(out)
 end

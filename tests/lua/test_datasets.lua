@@ -275,6 +275,12 @@ T.test("#ds, ds[i] and tostring: one way to count rows, for every dataset and lo
   rows[11] = { text = "late" }
   T.eq(#ds, 10, "from_rows copies the list")
   T.eq(#ds:filter(function(r) return r.id % 2 == 0 end), 5)
+  -- datasets 5.2: Dataset.from_dict({"i": range(10)}).select([3, 1, 1])["i"] -> [3, 1, 1]; select([10]): IndexError
+  -- (zrun: "bad argument #1 to 'min'")
+  local picked = ds:select { 4, 2, 2 }
+  T.eq(#picked, 3); T.eq(picked[1].id, 4); T.eq(picked[3].id, 2)
+  T.raises(function() ds:select { 11 } end, "index 11 out of range for dataset of size 10")
+  T.raises(function() ds:select(3) end, "takes two row numbers, or select{indices}")
   T.eq(#ds:select(2, 4), 3); T.eq(#ds:map(function(r) return { n = r.id } end), 10)
   T.eq(tostring(ds), "Dataset({\n    features: ['id', 'text'],\n    num_rows: 10\n})")
   local td = zr.data.TensorDataset(zr.randn(7, 3), zr.zeros(7))
