@@ -438,9 +438,17 @@ local function read_json(path, field, explicit, key)
   return list
 end
 
+-- pandas.read_csv's missing values (its default na_values, quoted or not): the field is absent (None in HF).
+local CSV_NA = {}
+for _, v in ipairs { "", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
+  "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null" } do CSV_NA[v] = true end
+-- Its booleans: a column whose every present field is one of these holds true / false.
+local CSV_BOOL = { True = true, TRUE = true, ["true"] = true, False = false, FALSE = false, ["false"] = false }
+
 -- A .csv file as HF's csv builder (pandas.read_csv) reads it: the first record names the columns; fields
--- separated by commas, "quoted" where they hold commas, quotes ("" for one) or line breaks; a column
--- whose every non-empty field is a number holds numbers, an empty field is absent (pandas' NaN).
+-- separated by commas, "quoted" where they hold commas, quotes ("" for one) or line breaks; a missing value
+-- (empty, NA, null, NaN, None, ... quoted or not, pandas' NaN) is absent; a column whose every present field
+-- is a number holds numbers, one of True / False (true, TRUE, ...) booleans, quoted or not.
 local function read_csv(path)
   local data = read_all(path):gsub("^\239\187\191", "") -- (a UTF-8 byte-order mark is not part of the first name)
   local records, rec, field, pos, n, quoted_field = {}, {}, {}, 1, #data, false
@@ -479,21 +487,29 @@ local function read_csv(path)
   local function number(v) -- (a decimal number as pandas reads one: not Lua's 0x10 or inf)
     return (v:match("^%s*[-+]?%d+%.?%d*[eE]?[-+]?%d*%s*$") or v:match("^%s*[-+]?%.%d+[eE]?[-+]?%d*%s*$")) and tonumber(v)
   end
-  local numeric = {}
-  for j = 1, #header do numeric[j] = true end
+  local numeric, bool = {}, {}
+  for j = 1, #header do numeric[j], bool[j] = true, true end
   for i = 2, #records do
     if #records[i] ~= #header then
       error(("%s: record %d has %d fields but the header names %d columns"):format(path, i, #records[i], #header), 0)
     end
     for j, fv in ipairs(records[i]) do
-      if fv[1] ~= "" and (fv[2] or not number(fv[1])) then numeric[j] = false end
+      local v = fv[1]
+      if not CSV_NA[v] then
+        if not number(v) then numeric[j] = false end
+        if CSV_BOOL[v] == nil then bool[j] = false end
+      end
     end
   end
   local rows = {}
   for i = 2, #records do
     local row = {}
     for j, fv in ipairs(records[i]) do
-      if fv[1] ~= "" or fv[2] then row[header[j][1]] = numeric[j] and number(fv[1]) or fv[1] end
+      local v = fv[1]
+      if not CSV_NA[v] then
+        if numeric[j] then v = number(v) elseif bool[j] then v = CSV_BOOL[v] end
+        row[header[j][1]] = v
+      end
     end
     rows[#rows + 1] = row
   end

@@ -98,6 +98,15 @@ T.test(".csv files as HF's csv builder (pandas) reads them: quoting, line breaks
   local dt = D.load_dataset(p)
   T.eq(dt[2].id, "7", "a column with one non-number stays text"); T.eq(dt[1].text, "hello")
   T.eq(dt[1].h, "0x10", "hexadecimal is text to pandas")
+  -- datasets 5.2 (pandas 3.1): [{'text': 'x', 'n': 1.0, 'b': True, 'm': None, 'e': 'True'},
+  --   {'text': 'y', 'n': 2.0, 'b': None, 'm': 'a', 'e': '1'}, {'text': 'z', 'n': None, 'b': False, 'm': None, 'e': 'yes'}]
+  -- (zrun read True / False and quoted numbers as text, and a quoted "" or NA as a value)
+  f = io.open(p, "wb"); f:write('text,n,b,m,e\nx,"1",True,"",True\ny,2,,a,1\nz,NA,"false",null,yes\n'); f:close()
+  local dv = D.load_dataset(p)
+  T.eq(dv[1].n, 1, "a quoted number is a number"); T.eq(dv[2].n, 2); T.eq(dv[3].n, nil, "NA is missing")
+  T.eq(dv[1].b, true, "True / false: booleans"); T.eq(dv[2].b, nil); T.eq(dv[3].b, false)
+  T.eq(dv[1].m, nil, 'a quoted "" is missing'); T.eq(dv[2].m, "a"); T.eq(dv[3].m, nil, "null is missing")
+  T.eq(dv[1].e, "True", "a column with one non-boolean stays text"); T.eq(dv[2].e, "1")
   f = io.open(p, "wb"); f:write("text,id\nhello\n"); f:close()
   T.raises(function() D.load_dataset(p) end, "record 2 has 1 fields but the header names 2 columns")
   f = io.open(p, "wb"); f:write('text\n"open\n'); f:close()
