@@ -7,8 +7,8 @@ local M = {}
 local floor, ceil = math.floor, math.ceil
 
 local Dataset = {}
-Dataset.__index = Dataset
 M.Dataset = Dataset
+local column_set
 
 -- A Dataset's rows are its own array part, so #ds is the number of rows and ds[i] row i (HF's
 -- len(ds), ds[i]) natively: LuaJIT ignores __len on tables. ds.rows is the dataset itself (older code).
@@ -33,11 +33,32 @@ function Dataset:len() return #self end
 function Dataset:get(i) return self[i] end
 Dataset.__call = Dataset.get
 
--- HF's repr: Dataset({ features: ['text'], num_rows: 3 }) (the features of the first row).
+-- The names of the fields any row holds (HF's columns: a JSON row without a field has it as None).
+column_set = function(ds)
+  local set = {}
+  for _, r in ipairs(ds) do for k in pairs(r) do set[k] = true end end
+  return set
+end
+-- HF's ds.column_names and ds.num_rows (sorted: a row is a Lua table, its fields have no order).
+local PROPERTIES = {
+  column_names = function(ds)
+    local names = {}
+    for k in pairs(column_set(ds)) do names[#names + 1] = tostring(k) end
+    table.sort(names)
+    return names
+  end,
+  num_rows = function(ds) return #ds end,
+}
+function Dataset.__index(ds, k)
+  local m = Dataset[k]
+  if m == nil and PROPERTIES[k] then return PROPERTIES[k](ds) end
+  return m
+end
+
+-- HF's repr: Dataset({ features: ['text'], num_rows: 3 }) (column_names).
 function Dataset:__tostring()
   local cols = {}
-  for k in pairs(self[1] or {}) do cols[#cols + 1] = "'" .. tostring(k) .. "'" end
-  table.sort(cols)
+  for i, k in ipairs(self.column_names) do cols[i] = "'" .. k .. "'" end
   return ("Dataset({\n    features: [%s],\n    num_rows: %d\n})"):format(table.concat(cols, ", "), #self)
 end
 
@@ -115,18 +136,22 @@ function Dataset:train_test_split(o)
   return { train = adopt(train), test = adopt(test) }
 end
 
--- The input row's columns that map keeps: all of them (keep = true or remove_columns = false), all but a list
--- (remove_columns = {names}, HF's: removed before fn's columns are added, so fn may set them again), or
--- none (the default: fn's row replaces it). Returns the set of removed names, {} for all kept, nil for none.
-local function removed_columns(opts, first)
+-- The input row's columns that map keeps: all of them (the default, HF's; keep = true or remove_columns =
+-- false say it too), or all but a list (remove_columns = {names} or ds.column_names for none, HF's: removed
+-- before fn's columns are added, so fn may set them again). Returns the set of removed names.
+local function removed_columns(opts, ds)
   local rc = opts.remove_columns
-  if opts.keep or rc == false then return {} end
-  if rc == nil then return nil end
+  if rc == nil or rc == false then return {} end
+  if opts.keep then error("Dataset:map: keep = true and remove_columns contradict each other; pass one", 0) end
   if type(rc) == "string" then rc = { rc } end
   if type(rc) ~= "table" then error("Dataset:map: remove_columns must be a column name, a list of them, or false", 0) end
-  local set = {}
+  local set, have = {}, nil
   for _, c in ipairs(rc) do
-    if first and first[c] == nil then error(("Dataset:map: column to remove '%s' is not in the dataset"):format(tostring(c)), 0) end
+    have = have or column_set(ds)
+    if #ds > 0 and not have[c] then
+      error(("Dataset:map: column to remove '%s' is not in the dataset (its columns: %s)"):format(tostring(c),
+        table.concat(ds.column_names, ", ")), 0)
+    end
     set[c] = true
   end
   return set
@@ -149,14 +174,14 @@ local function batch_rows(who, bs, n)
   return bs
 end
 
--- Applies fn(row, index) -> new row (keep = true or remove_columns = false: columns added to the row;
--- remove_columns = {names}: the row less those, with fn's columns added, as HF's map). batched=true passes
--- lists of rows (batch_size, default 1000; false or <= 0: all rows in one batch) and fn returns a list of rows of any length (so it can split or
--- join rows, like group_texts); kept columns need as many rows back as went in. fn returning nothing (nil)
--- leaves the row (the batch) as it is, less remove_columns, as HF's map.
+-- Applies fn(row, index) -> new row, as HF's map: fn's columns are added to the row's (the default);
+-- remove_columns = {names} (ds.column_names: all) drops those first. batched=true passes lists of rows
+-- (batch_size, default 1000; false or <= 0: all rows in one batch) and fn returns a list of rows of any
+-- length (so it can split or join rows, like group_texts) when every input column is removed, else one
+-- row back for each. fn returning nothing (nil) leaves the row (the batch) as it is, less remove_columns.
 function Dataset:map(fn, opts)
   opts = kw.check("Dataset:map", opts, { "batched", "batch_size", "remove_columns", "keep", "desc" })
-  local removed = removed_columns(opts, self.rows[1])
+  local removed = removed_columns(opts, self)
   local out = {}
   if opts.batched then
     local bs = batch_rows("Dataset:map", opts.batch_size, #self.rows)
@@ -167,21 +192,19 @@ function Dataset:map(fn, opts)
       if res == nil then -- (HF: a function that returns nothing leaves the rows as they are)
         res = {}
         for j = 1, #batch do res[j] = {} end
-        removed = removed or {}
       end
       local keeps = false
-      if removed then for k in pairs(batch[1] or {}) do keeps = keeps or not removed[k] end end
+      for _, r in ipairs(batch) do for k in pairs(r) do keeps = keeps or not removed[k] end end
       if keeps and #res ~= #batch then
-        error(("Dataset:map: the batched function returned %d rows for %d and the input's columns are kept; to change " ..
-          "the number of rows remove them all (remove_columns) or leave remove_columns unset"):format(#res, #batch), 0)
+        error(("Dataset:map: the batched function returned %d rows for %d and the input's columns are kept (HF's " ..
+          "default); to change the number of rows remove them all: remove_columns = ds.column_names"):format(#res, #batch), 0)
       end
       for j, r in ipairs(res) do out[#out + 1] = keeps and merge(batch[j], r, removed) or r end
     end
   else
     for i, r in ipairs(self.rows) do
       local nr = fn(r, i)
-      if nr == nil then out[i] = merge(r, {}, removed or {}) -- (HF: returning nothing leaves the row as it is)
-      else out[i] = removed and merge(r, nr, removed) or nr end
+      out[i] = merge(r, nr or {}, removed) -- (HF: returning nothing leaves the row as it is)
     end
   end
   return adopt(out)
