@@ -539,30 +539,21 @@ local function read_csv(path)
   return rows
 end
 
--- One part of load_dataset's split ("train[:10%]"): its rows and the file they come from.
-local function load_split(path, opts, split)
-  local base = M.parse_split(split, 0)
-  local file = path
-  if is_dir(path) then
-    local tried = {}
-    file = nil
-    for _, cand in ipairs(split_files[base] or { base }) do
-      tried[#tried + 1] = path .. "/" .. cand
-      if exists(path .. "/" .. cand) then file = path .. "/" .. cand; break end
-    end
-    if not file then
-      error(("no '%s' split in %s: looked for %s"):format(base, path, table.concat(tried, ", ")), 0)
-    end
-  elseif not exists(path) then
-    error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(path), 0)
+-- HF's packaged builders, load_dataset(name, {data_files = ...}), and the format each reads.
+local BUILDERS = { json = "json", text = "text", csv = "csv" }
+local BINARY = { parquet = true, arrow = true, feather = true, gz = true, zst = true, bz2 = true, xz = true, zip = true }
+
+-- One dataset file's rows; format: nil for the file's extension's.
+local function read_file(file, opts, format)
+  if not exists(file) then
+    error(("dataset not found: %s (pass a wikitext folder, a .txt/.raw file or a .jsonl file)"):format(file), 0)
   end
   local ext = file:match("%.([%w]+)$")
-  local BINARY = { parquet = true, arrow = true, feather = true, gz = true, zst = true, bz2 = true, xz = true, zip = true }
-  if not opts.format and ext and BINARY[ext:lower()] then
+  if not format and ext and BINARY[ext:lower()] then
     error(("%s: zrun reads .txt/.raw text, .jsonl, .json and .csv datasets, not .%s; convert it first, e.g. " ..
       "datasets.load_dataset(...).to_json(\"train.jsonl\") (or decompress it)"):format(file, ext), 0)
   end
-  local format = opts.format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.json$") and "json")
+  format = format or (file:match("%.jsonl$") and "jsonl") or (file:match("%.json$") and "json")
     or (file:match("%.csv$") and "csv") or (file:match("%.raw$") and "wikitext") or "text"
   if opts.field ~= nil and format ~= "json" then error("load_dataset: field is read from .json files (format = \"json\") only", 0) end
   local rows
@@ -575,22 +566,75 @@ local function load_split(path, opts, split)
   elseif format == "text" then rows = read_lines(file, false)
     for _, r in ipairs(rows) do r.text = r.text:gsub("\n$", "") end
   else error(("unknown dataset format '%s' (wikitext, text, jsonl, json or csv)"):format(format), 0) end
+  return rows
+end
+
+-- data_files as HF takes it: a file, a list of files (both the train split) or {split = file or list}.
+local function data_files_by_split(df)
+  if type(df) == "string" then return { train = { df } } end
+  if type(df) ~= "table" or next(df) == nil then
+    error("load_dataset: data_files must be a file, a list of files or {split = files}, e.g. { train = \"train.jsonl\" }", 0)
+  end
+  if df[1] ~= nil then return { train = df } end
+  local out = {}
+  for k, v in pairs(df) do out[k] = type(v) == "string" and { v } or v end
+  return out
+end
+
+-- One part of load_dataset's split ("train[:10%]"): its rows and the file they come from.
+local function load_split(path, opts, split)
+  local base = M.parse_split(split, 0)
+  local files, format = nil, opts.format
+  if opts.data_files ~= nil then
+    local by_split = data_files_by_split(opts.data_files)
+    files = by_split[base]
+    if not files then
+      local names = {}
+      for k in pairs(by_split) do names[#names + 1] = "'" .. tostring(k) .. "'" end
+      table.sort(names)
+      error(('Unknown split "%s". Should be one of [%s] (data_files\'s)'):format(base, table.concat(names, ", ")), 0)
+    end
+    format = format or BUILDERS[path]
+  elseif is_dir(path) then
+    local tried = {}
+    for _, cand in ipairs(split_files[base] or { base }) do
+      tried[#tried + 1] = path .. "/" .. cand
+      if exists(path .. "/" .. cand) then files = { path .. "/" .. cand }; break end
+    end
+    if not files then
+      error(("no '%s' split in %s: looked for %s"):format(base, path, table.concat(tried, ", ")), 0)
+    end
+  elseif not exists(path) and (BUILDERS[path] or BINARY[path]) then
+    error(("load_dataset(\"%s\") names HF's %s builder: pass its files, load_dataset(\"%s\", { data_files = " ..
+      "\"train.%s\" }), or the file itself"):format(path, path, path, path == "text" and "txt" or path), 0)
+  else
+    files = { path }
+  end
+  local rows = {}
+  for _, f in ipairs(files) do
+    for _, r in ipairs(read_file(f, opts, format)) do rows[#rows + 1] = r end
+  end
   local _, first, last = M.parse_split(split, #rows)
-  if first == 1 and last == #rows then return rows, file end
+  if first == 1 and last == #rows then return rows, files[1] end
   local out = {}
   for i = first, last do out[#out + 1] = rows[i] end
-  return out, file
+  return out, files[1]
 end
 
 -- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json"|"csv", text_field = "text",
--- field = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list under that key
--- of one object, as HF's json builder reads it; .csv: a header row and records; .raw: wikitext; else text
--- lines), or a folder holding
--- wiki.{train,valid,test}.raw (or train.txt/…/jsonl). split: a name, a slice of it (parse_split) or several
+-- field = nil, data_files = nil}) path: a file (.jsonl, .json: a list of rows, JSON Lines, or with field the list
+-- under that key of one object, as HF's json builder reads it; .csv: a header row and records; .raw: wikitext; else
+-- text lines), or a folder holding
+-- wiki.{train,valid,test}.raw (or train.txt/…/jsonl), or HF's builder "json", "text" or "csv" with data_files: a
+-- file or a list of them (the train split) or {split = file or list}, each split's files read in turn. split: a name, a slice of it (parse_split) or several
 -- joined with "+" ("train[:10%]+validation", HF's: the rows of each in turn); a split that selects no rows
 -- is an error, as in HF.
 function M.load_dataset(path, opts)
-  opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field" })
+  opts = kw.check("load_dataset", opts, { "split", "format", "text_field", "field", "data_files" })
+  if opts.data_files ~= nil and not BUILDERS[path] then
+    error(("load_dataset: with data_files, the path names HF's builder: \"json\", \"text\" or \"csv\", got \"%s\"%s")
+      :format(tostring(path), BINARY[path] and " (zrun reads no " .. path .. " files; convert them to .jsonl)" or ""), 0)
+  end
   local split = opts.split or "train"
   if type(split) ~= "string" then error("load_dataset: split must be a string such as \"train[:10%]\"", 0) end
   local parts, rows, file = {}, nil, nil

@@ -142,7 +142,25 @@ T.test("split strings as HF's: parts joined with +, whole percentages within 100
   -- HF: Unrecognized instruction format (zrun read 10.5% of 4 rows as none; the rounding suffix as every row)
   T.raises(function() texts("train[:10.5%]") end, "not an integer or a whole percentage")
   T.raises(function() texts("train[:50%](pct1_dropremainder)") end, "expected a name or name[start:end]")
-  os.remove(p)
+  -- HF's builders with data_files (datasets 5.2: load_dataset("text", data_files=...)): a file or a list is the
+  -- train split, {split = files} names them; zrun refused data_files
+  local function rows_of(builder, o)
+    local t = {}
+    for i, r in ipairs(D.load_dataset(builder, o)) do t[i] = r.text end
+    return table.concat(t, "|")
+  end
+  T.eq(rows_of("text", { data_files = p }), "a b||c|d e f")
+  T.eq(rows_of("text", { data_files = { p, p } }), "a b||c|d e f|a b||c|d e f")
+  T.eq(rows_of("text", { data_files = { train = p, validation = { p, p } }, split = "validation[:5]" }), "a b||c|d e f|a b")
+  T.raises(function() rows_of("text", { data_files = p, split = "validation" }) end,
+    [=[Unknown split "validation". Should be one of ['train']]=])
+  local j = tmp .. "s.jsonl"
+  f = io.open(j, "w"); f:write('{"text": "x", "n": 1}\n{"text": "y", "n": 2}\n'); f:close()
+  T.eq(rows_of("json", { data_files = j }), "x|y")
+  T.raises(function() D.load_dataset("json") end, 'load_dataset("json", { data_files = "train.json" })')
+  T.raises(function() D.load_dataset("parquet", { data_files = j }) end, "zrun reads no parquet files")
+  T.raises(function() D.load_dataset("text", { data_files = j .. "x" }) end, "dataset not found")
+  os.remove(p); os.remove(j)
 end)
 
 if io.open(wiki .. "/wiki.valid.raw") then
