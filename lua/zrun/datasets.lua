@@ -254,6 +254,90 @@ function Dataset:select(first, last)
   return adopt(out)
 end
 
+-- The names as a list (one name or a list of them), each checked against the dataset's columns (HF's error).
+local function existing_columns(ds, names, who)
+  if type(names) == "string" then names = { names } end
+  if type(names) ~= "table" then error(("Dataset:%s: expected a column name or a list of them"):format(who), 3) end
+  local have = column_set(ds)
+  for _, c in ipairs(names) do
+    if not have[c] then
+      error(("Dataset:%s: column '%s' is not in the dataset; its columns: %s"):format(who, tostring(c),
+        table.concat(ds.column_names, ", ")), 3)
+    end
+  end
+  return names
+end
+-- A new dataset of each row's copy less the fields in `drop` (a set), renamed by `rename` ({old = new}).
+local function reshape(ds, drop, rename)
+  local out = {}
+  for i, r in ipairs(ds) do
+    local m = {}
+    for k, v in pairs(r) do if not drop[k] then m[rename[k] or k] = v end end
+    out[i] = m
+  end
+  return adopt(out)
+end
+
+-- HF's remove_columns: the rows without these columns (a name or a list).
+function Dataset:remove_columns(names)
+  local drop = {}
+  for _, c in ipairs(existing_columns(self, names, "remove_columns")) do drop[c] = true end
+  return reshape(self, drop, {})
+end
+-- HF's select_columns: the rows with only these columns (a name or a list).
+function Dataset:select_columns(names)
+  local keep, drop = {}, {}
+  for _, c in ipairs(existing_columns(self, names, "select_columns")) do keep[c] = true end
+  for c in pairs(column_set(self)) do if not keep[c] then drop[c] = true end end
+  return reshape(self, drop, {})
+end
+-- HF's rename_columns({old = new}): the new names must not be columns already (except a renamed one).
+function Dataset:rename_columns(map)
+  if type(map) ~= "table" then error("Dataset:rename_columns: expected {old_name = new_name}", 2) end
+  local old, after = {}, column_set(self)
+  for k, v in pairs(map) do
+    old[#old + 1] = k
+    if type(v) ~= "string" then error(("Dataset:rename_columns: the new name of '%s' must be a string"):format(tostring(k)), 2) end
+  end
+  existing_columns(self, old, "rename_columns")
+  for k in pairs(map) do after[k] = nil end
+  for k, v in pairs(map) do
+    if after[v] then
+      error(("Dataset:rename_columns: new column name '%s' is already in the dataset; its columns: %s"):format(v,
+        table.concat(self.column_names, ", ")), 2)
+    end
+    after[v] = true
+  end
+  return reshape(self, {}, map)
+end
+-- HF's rename_column(old, new).
+function Dataset:rename_column(old, new) return self:rename_columns { [old] = new } end
+-- HF's add_column(name, values): values[i] becomes row i's field (one value a row).
+function Dataset:add_column(name, values)
+  if type(values) ~= "table" or #values ~= #self then
+    error(("Dataset:add_column: '%s' needs one value for each of the %d rows, got %s"):format(tostring(name), #self,
+      type(values) == "table" and #values or type(values)), 2)
+  end
+  if column_set(self)[name] then error(("Dataset:add_column: column '%s' is already in the dataset"):format(tostring(name)), 2) end
+  local out = reshape(self, {}, {})
+  for i, r in ipairs(out) do r[name] = values[i] end
+  return out
+end
+-- HF's to_list: the rows as a plain list (the rows themselves, not copies).
+function Dataset:to_list()
+  local out = {}
+  for i, r in ipairs(self) do out[i] = r end
+  return out
+end
+
+-- HF's concatenate_datasets: the rows of each dataset (or list of rows) in turn.
+function M.concatenate_datasets(list)
+  if type(list) ~= "table" then error("concatenate_datasets: expected a list of datasets", 2) end
+  local out = {}
+  for _, d in ipairs(list) do for _, r in ipairs(d) do out[#out + 1] = r end end
+  return adopt(out)
+end
+
 -- Hugging Face run_clm's group_texts as its `map(group_texts, batched=True)` runs it: each batch of
 -- batch_size rows (default 1000, datasets' map; false: all rows as one batch) has its token lists
 -- concatenated and cut into blocks of block_size, the batch's tail shorter than a block dropped.

@@ -243,6 +243,25 @@ T.test("map's columns as HF's: kept (default), or all but remove_columns; batche
   T.raises(function() big:map(count, { batched = true, batch_size = 2.5 }) end, "batch_size must be an integer")
 end)
 
+T.test("HF's column methods: remove_columns, select_columns, rename_column(s), add_column, to_list, concatenate_datasets", function()
+  local ds = D.Dataset.from_rows { { text = "ab", id = 1 }, { text = "cde", id = 2 } }
+  -- datasets 5.2 on Dataset.from_dict({"text": ["ab", "cde"], "id": [1, 2]}) (zrun had none of these methods)
+  T.same(ds:remove_columns("id"):to_list(), { { text = "ab" }, { text = "cde" } })
+  T.same(ds:select_columns { "id" }[2], { id = 2 })
+  T.same(ds:rename_column("id", "k")[1], { text = "ab", k = 1 })
+  T.same(ds:rename_columns { id = "text", text = "id" }[1], { id = "ab", text = 1 }, "a swap")
+  T.same(ds:add_column("n", { 5, 6 })[2], { text = "cde", id = 2, n = 6 })
+  T.same(ds[1], { text = "ab", id = 1 }, "the dataset itself is unchanged")
+  local c = D.concatenate_datasets { ds, ds:select { 1 } }
+  T.eq(#c, 3); T.eq(c[3].id, 1)
+  -- HF: ValueError "Column name ['x'] not in the dataset", "New column name text already in the dataset"
+  T.raises(function() ds:remove_columns { "x" } end, "column 'x' is not in the dataset; its columns: id, text")
+  T.raises(function() ds:select_columns { "x" } end, "column 'x' is not in the dataset")
+  T.raises(function() ds:rename_column("x", "k") end, "column 'x' is not in the dataset")
+  T.raises(function() ds:rename_column("id", "text") end, "new column name 'text' is already in the dataset")
+  T.raises(function() ds:add_column("n", { 5 }) end, "needs one value for each of the 2 rows")
+end)
+
 T.test("filter's options as HF's: batched passes lists of rows and takes a boolean a row; others refused", function()
   local ds = D.Dataset.from_rows { { text = "ab" }, { text = "" }, { text = "cde" }, { text = "" }, { text = "f" } }
   local function nonempty(rows) local o = {}; for i, r in ipairs(rows) do o[i] = #r.text > 0 end; return o end
