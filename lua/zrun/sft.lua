@@ -439,11 +439,11 @@ end
 M.PACKERS = { wrapped = M.pack_wrapped, bfd = M.pack_bfd,
   bfd_split = function(rows, L, np) return M.pack_bfd(rows, L, np, true) end }
 
--- shuffle_dataset: the rows in an order drawn from seed (zrun's generator, as Dataset:shuffle; TRL's is
--- numpy's, so the order is another one)
+-- shuffle_dataset: the rows in TRL's order, dataset.shuffle(seed=args.seed) (numpy's default_rng(seed).permutation,
+-- as Dataset:shuffle)
 local function shuffled(rows, seed)
   local out = {}
-  for i, k in ipairs(require("zrun._C").randperm(#rows, seed):flat_table()) do out[i] = rows[k] end
+  for i, k in ipairs(require("zrun._C").randperm_numpy(#rows, seed):flat_table()) do out[i] = rows[k] end
   return out
 end
 

@@ -444,6 +444,11 @@ T.test("eval_packing: the evaluation rows packed as the training rows unless it 
   T.eq(order { assistant_only_loss = false, shuffle_dataset = true, seed = 7 } == sh, false, "another seed, another order")
   local sorted = function(s) local t = {}; for w in s:gmatch("%S+") do t[#t + 1] = w end; table.sort(t); return table.concat(t, " ") end
   T.eq(sorted(sh), sorted(plain), "the same rows")
+  -- TRL's dataset.shuffle(seed=42) of these 8 rows: numpy.random.default_rng(42).permutation(8) + 1
+  local rows, want = {}, {}
+  for w in plain:gmatch("%S+") do rows[#rows + 1] = w end
+  for i, k in ipairs { 4, 5, 3, 8, 7, 2, 6, 1 } do want[i] = rows[k] end
+  T.eq(sh, table.concat(want, " "), "HF datasets' shuffle(seed=42) order")
 end)
 
 T.test("SFTTrainer passes the Trainer's arguments on and refuses unknown ones", function()
