@@ -88,6 +88,23 @@ local function token_means(tok)
   return tok[1] / tok[3], tok[2] / tok[3]
 end
 
+-- Python's round(x, n), as transformers' speed_metrics rounds runtimes (4 places) and rates (3).
+local function round(x, n)
+  local m = 10 ^ n
+  return floor(x * m + 0.5) / m
+end
+
+-- transformers' speed_metrics(split, start_time, ...): <split>_runtime (seconds, rounded to 4 places) and,
+-- unless it is 0, <split>_samples/steps/tokens_per_second (counts over the runtime, rounded to 3) into rec.
+local function speed_metrics(rec, split, runtime, samples, steps, tokens)
+  rec[split .. "_runtime"] = round(runtime, 4)
+  if runtime == 0 then return rec end
+  if samples then rec[split .. "_samples_per_second"] = round(samples / runtime, 3) end
+  if steps then rec[split .. "_steps_per_second"] = round(steps / runtime, 3) end
+  if tokens then rec[split .. "_tokens_per_second"] = round(tokens / runtime, 3) end
+  return rec
+end
+
 local function hms(s)
   s = math.max(0, floor(s + 0.5))
   return fmt("%02d:%02d:%02d", floor(s / 3600), floor(s / 60) % 60, s % 60)
@@ -462,7 +479,9 @@ function Trainer:plot(opts) return require("zrun.plot").show(self, opts) end
 
 -- Appends a record to log_history and metrics.jsonl (rank 0). A non-finite value (an fp16 step
 -- whose gradients overflowed logs grad_norm inf) is written as Python's json writes it (Infinity).
+-- With include_num_input_tokens_seen every record gets num_input_tokens_seen, as transformers' log() adds it.
 function Trainer:log(rec)
+  if self.args.include_num_input_tokens_seen ~= "no" then rec.num_input_tokens_seen = self.state.num_input_tokens_seen end
   local h = self.state.log_history
   h[#h + 1] = rec
   if self.is_main and self.metrics then
@@ -544,10 +563,12 @@ end
 
 -- Trains for max_steps (or num_train_epochs). resume: true (the latest checkpoint in output_dir) or
 -- a checkpoint-<step> folder, or {resume_from_checkpoint = ...}; default args.resume_from_checkpoint.
--- Returns {global_step=, train_loss= (mean over this run's steps; also training_loss, TrainOutput's name),
+-- Returns {global_step=, train_loss= (transformers': this run's step losses summed over the global step, their mean
+-- but after a resume, whose earlier steps it does not sum; also training_loss, TrainOutput's name),
 -- first_loss=, last_loss= (the first and last logged averages; the last also the final steps' when the last step is off
 -- the logging grid, which is printed but not recorded, as transformers logs none there), n_logged= (the records), metrics=
--- (transformers': train_runtime, train_loss, total_flos, epoch, train_samples/steps_per_second)}.
+-- (transformers': train_runtime, train_loss, total_flos, epoch, train_samples/steps_per_second, rounded as its
+-- speed_metrics and over the planned run: max_steps)}.
 function Trainer:train(resume)
   if type(resume) == "table" then -- keyword arguments: the one train() reads here (a misspelling would start over)
     for k in pairs(resume) do
@@ -590,13 +611,14 @@ function Trainer:train(resume)
   local rows = self.train_dataset.rows
   e:train()
   local t_start, t_log, tokens = C.now(), C.now(), 0
+  local seen0 = st.num_input_tokens_seen -- (the inputs seen before this run: a resumed checkpoint's)
   -- Micro-batch losses stay tensors until they are logged (reading one back each micro-batch would
   -- stall the GPU, as HF's tr_loss avoids too); then they are summed in double.
   -- pending_w: each loss's weight (below; a micro-batch with no label to predict counts 0, as in HF),
   -- pending_s: the steps this logging interval had completed before it. A micro-batch adds loss x weight /
   -- accumulation to sum, HF's tr_loss: over a step, the step's loss (the token mean of its window);
-  -- logged is sum / the interval's steps (isteps), and the run's train_loss run_sum / its steps.
-  local pending, pending_w, pending_s, sum, n, isteps, run_sum, run_steps = {}, {}, {}, 0, 0, 0, 0, 0
+  -- logged is sum / the interval's steps (isteps), and the run's train_loss run_sum / the global step.
+  local pending, pending_w, pending_s, sum, n, isteps, run_sum = {}, {}, {}, 0, 0, 0, 0
   -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
@@ -714,10 +736,11 @@ function Trainer:train(resume)
     local entropy, accuracy = token_means(tok)
     local rec = { step = s, epoch = st.epoch, loss = avg, learning_rate = lr, grad_norm = e.last_grad_norm,
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
-      num_input_tokens_seen = count_seen and st.num_input_tokens_seen or nil,
       num_tokens = self.log_num_tokens and self.num_tokens or nil,
       entropy = entropy, mean_token_accuracy = accuracy }
     tok[1], tok[2], tok[3] = 0, 0, 0
+    -- include_num_input_tokens_seen: transformers' training logs have speed_metrics("train") since train() began
+    if count_seen then speed_metrics(rec, "train", now - t_start, nil, nil, st.num_input_tokens_seen - seen0) end
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
     dist.print0(fmt("step %d/%d | loss %.4f%s | lr %.3e | %.0f tok/s | mem %s | ETA %s", s, self.total_steps, avg,
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
@@ -746,6 +769,7 @@ function Trainer:train(resume)
     local delayed = (a.eval_strategy == "epoch" and st.epoch or s) < a.eval_delay
     if (((due(a.eval_strategy, st.eval_steps, s, epoch_end) or last) and not delayed) or ctl.should_evaluate)
       and self.last_eval ~= s then
+      if count_seen then sync_counts() end -- (the evaluation's record has the inputs seen so far)
       new_best, evaluated = self:update_best(self:evaluate()), true
     end
     if save_due(s, epoch_end, evaluated and epoch_end and a.save_strategy == "epoch") or
@@ -819,7 +843,7 @@ function Trainer:train(resume)
         if self.count_micro then ended = e.micro_steps % self.count_micro == 0 end
         if not ended then self:callback("on_substep_end") end
         if ended then
-          isteps, run_steps = isteps + 1, run_steps + 1
+          isteps = isteps + 1
           local s = self:step_count()
           st.global_step, st.epoch, in_step = s, epoch + (mb + 1) / micro_per_epoch, false
           -- torch_empty_cache_steps: the device's cached free blocks back to the driver every that many steps
@@ -846,16 +870,21 @@ function Trainer:train(resume)
   drain()
   sync_counts() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
   if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
-  local t = zr.tensor({ run_sum / math.max(run_steps, 1) }, { dtype = "f64" })
+  -- transformers' train_loss: this run's step losses summed over the global step (max 0.001), so after a resume
+  -- (whose steps before it this run did not see) lower than their mean
+  local steps = self:step_count()
+  local t = zr.tensor({ run_sum / math.max(steps, 0.001) }, { dtype = "f64" })
   dist.all_reduce(t, "avg")
   local runtime = C.now() - t_start
-  local steps = self:step_count()
-  local metrics = { train_runtime = runtime, train_loss = t:item(), epoch = st.epoch, total_flos = st.total_flos or 0,
-    train_steps_per_second = (steps - start_step) / math.max(runtime, 1e-9),
-    train_samples_per_second = (steps - start_step) * bs * gas * W / math.max(runtime, 1e-9) }
+  -- its rates count the whole run as planned (max_steps; the samples of max_steps x the total batch, or of the
+  -- epochs over every row), not the steps trained since a resume or before an early stop
+  local samples = a.max_steps > 0 and self.total_steps * bs * gas * W or #rows * a.num_train_epochs
+  local metrics = speed_metrics({ train_loss = t:item(), epoch = st.epoch, total_flos = st.total_flos or 0 }, "train",
+    runtime, samples, self.total_steps)
   local rec = { step = steps } -- (the log record has the step, as transformers' log_history; the metrics do not)
   for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)
+  metrics.num_input_tokens_seen = rec.num_input_tokens_seen -- (transformers' log() adds it to the metrics too)
   -- save_total_limit = 1 with a best checkpoint: at the end only the best is kept, as transformers does
   -- (the newest was kept beside it while training)
   if a.save_total_limit == 1 and st.best_model_checkpoint and self.is_main then
@@ -1230,11 +1259,12 @@ function Trainer:evaluate(ds, prefix)
   local loss = tot / cnt
   local rt = C.now() - t0
   local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
-  local rec = { [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
-    [prefix .. "_runtime"] = rt, [prefix .. "_samples_per_second"] = #rows / math.max(rt, 1e-9),
+  -- (transformers' speed_metrics: rows and batches of per_device_eval_batch_size x ranks over the runtime)
+  local rec = speed_metrics({ [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
     [prefix .. "_entropy"] = ent,
-    [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil } -- (TRL: the training total)
+    [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil }, -- (TRL: the training total)
+    prefix, rt, #rows, ceil(#rows / (bs * W)))
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
     fwd_opts and (fwd_opts.loss_type == "dft" and " (dft)" or fmt(" (label smoothing %g)", fwd_opts.label_smoothing)) or "",
     ppl, fwd_opts and (fwd_opts.loss_type == "dft" and " (of the cross-entropy)" or " (unsmoothed)") or "",

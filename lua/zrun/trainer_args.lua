@@ -282,13 +282,13 @@ function M.resolve(user, quiet)
     if m:sub(1, 5) ~= "eval_" then a.metric_for_best_model = "eval_" .. m end
     -- what Trainer:evaluate reports (there is no compute_metrics), as eval_<metric> or, for an eval_dataset of
     -- named datasets, eval_<name>_<metric>
-    local known = { "loss", "perplexity", "tokens", "runtime", "samples_per_second", "mean_token_accuracy" }
+    local known = { "loss", "perplexity", "tokens", "runtime", "samples_per_second", "steps_per_second", "mean_token_accuracy" }
     local base, ok = a.metric_for_best_model:sub(6), false
     for _, k in ipairs(known) do ok = ok or base == k or base:sub(-#k - 1) == "_" .. k end
     if not ok then
-      bad("metric_for_best_model = %s: the evaluation reports loss, perplexity, tokens, runtime, samples_per_second and " ..
-        "(SFTTrainer) mean_token_accuracy, as eval_<metric> or eval_<name>_<metric> for named eval datasets (there is " ..
-        "no compute_metrics)", config.show(m))
+      bad("metric_for_best_model = %s: the evaluation reports loss, perplexity, tokens, runtime, samples_per_second, " ..
+        "steps_per_second and (SFTTrainer) mean_token_accuracy, as eval_<metric> or eval_<name>_<metric> for named eval " ..
+        "datasets (there is no compute_metrics)", config.show(m))
     end
     if given.greater_is_better == nil then a.greater_is_better = not m:match("loss$") end
     if a.eval_strategy == "no" then bad("metric_for_best_model = %s needs evaluation: set eval_strategy", config.show(m)) end

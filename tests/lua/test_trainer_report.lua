@@ -68,6 +68,67 @@ T.test("train() returns transformers' metrics; total_flos is 6 x non-embedding p
   T.eq(cjson.decode(read(tmp .. "/idle/trainer_state.json")).global_step, 0)
 end)
 
+-- x has at most n decimals (Python's round(x, n), transformers' speed_metrics)
+local function rounded(x, n) local m = 10 ^ n; return math.abs(x * m - math.floor(x * m + 0.5)) < 1e-6 end
+-- a rate of k over the runtime rt (both as speed_metrics rounds them: rt to 4 decimals)
+local function rate(v, k, rt, what) T.near(v * rt, k, k * (6e-5 / rt + 2e-3), 0, what) end
+
+T.test("speed metrics as transformers 5.17's speed_metrics: rounded, rates over the planned run", function()
+  -- transformers 5.17, a callback stopping training after 2 of max_steps 4 (EarlyStoppingCallback there): its
+  -- train_steps_per_second is max_steps / train_runtime and train_samples_per_second max_steps x total batch /
+  -- train_runtime (here 4 and 8 over the runtime, not the 2 steps trained); runtime to 4 decimals, rates to 3
+  local stop = { on_step_end = function(_, _, state, control) if state.global_step == 2 then control.should_training_stop = true end end }
+  local t = trainer({ output_dir = tmp .. "/speed", max_steps = 4 }, { callbacks = { stop } })
+  local m = t:train().metrics
+  T.eq(t.state.global_step, 2)
+  T.eq(rounded(m.train_runtime, 4) and rounded(m.train_steps_per_second, 3) and rounded(m.train_samples_per_second, 3), true,
+    "rounded as speed_metrics")
+  rate(m.train_steps_per_second, 4, m.train_runtime, "max_steps / runtime")
+  rate(m.train_samples_per_second, 8, m.train_runtime, "max_steps x 2 rows / runtime")
+  -- by epochs: the rows x num_train_epochs (8 x 1.5 = 12 samples; 6 steps)
+  m = trainer({ output_dir = tmp .. "/speed_ep", max_steps = -1, num_train_epochs = 1.5 }):train().metrics
+  rate(m.train_samples_per_second, 12, m.train_runtime, "rows x epochs / runtime")
+  rate(m.train_steps_per_second, 6, m.train_runtime, "steps / runtime")
+  -- evaluate: eval_steps_per_second (transformers 5.17 reports it: ceil(rows / (eval batch x ranks)) batches)
+  local ev = trainer({ output_dir = tmp .. "/speed_ev", per_device_eval_batch_size = 3 }):evaluate()
+  T.eq(rounded(ev.eval_runtime, 4) and rounded(ev.eval_samples_per_second, 3) and rounded(ev.eval_steps_per_second, 3), true)
+  rate(ev.eval_steps_per_second, 2, ev.eval_runtime, "2 batches of the 4 rows / runtime")
+  rate(ev.eval_samples_per_second, 4, ev.eval_runtime, "4 rows / runtime")
+end)
+
+T.test("train_loss after a resume is transformers 5.17's: this run's step losses over the global step", function()
+  -- transformers 5.17 (_finalize_training: _total_loss_scalar / global_step) resumed at step 2 of 4 reports
+  -- (loss3 + loss4) / 4, not their mean (max_steps 12 resumed at 4: 3.0096 where the steps' mean is 4.5144)
+  trainer({ output_dir = tmp .. "/res", max_steps = 4, save_strategy = "steps", save_steps = 2 }):train()
+  local t = trainer({ output_dir = tmp .. "/res", max_steps = 4, save_strategy = "no" })
+  local r = t:train { resume_from_checkpoint = tmp .. "/res/checkpoint-2" }
+  local l = {}
+  for _, h in ipairs(t.state.log_history) do if h.loss then l[h.step] = h.loss end end
+  T.near(r.metrics.train_loss, (l[3] + l[4]) / 4, 1e-9, 1e-9, "train_loss")
+  T.eq(r.training_loss, r.metrics.train_loss)
+end)
+
+T.test("include_num_input_tokens_seen: every record has the inputs seen, training logs train_runtime and tokens/s", function()
+  -- transformers 5.17's log(): num_input_tokens_seen in every record (training logs, evaluations, the final
+  -- metrics), the count at that step (an evaluation between two logs too), and in the training logs
+  -- speed_metrics("train", start_time, num_tokens = the tokens seen since train() began)
+  local t = trainer { output_dir = tmp .. "/seen", max_steps = 4, logging_steps = 2, eval_strategy = "steps", eval_steps = 3,
+    include_num_input_tokens_seen = true }
+  local r = t:train()
+  local h = t.state.log_history
+  local kinds = {}
+  for _, rec in ipairs(h) do
+    T.eq(rec.num_input_tokens_seen, rec.step * 2 * 32, "step " .. rec.step) -- (two rows of 32 tokens a step)
+    if rec.loss then
+      T.eq(rounded(rec.train_runtime, 4) and rounded(rec.train_tokens_per_second, 3), true)
+      rate(rec.train_tokens_per_second, rec.num_input_tokens_seen, rec.train_runtime, "tokens / runtime")
+    end
+    kinds[#kinds + 1] = (rec.loss and "log" or rec.eval_loss and "eval" or "end") .. "@" .. rec.step
+  end
+  T.eq(table.concat(kinds, " "), "log@2 eval@3 log@4 eval@4 end@4")
+  T.eq(r.metrics.num_input_tokens_seen, 4 * 64, "the final metrics")
+end)
+
 T.test("add_callback, pop_callback (by table or name), remove_callback", function()
   local t = trainer()
   local seen = {}
