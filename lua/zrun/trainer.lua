@@ -364,7 +364,8 @@ function Trainer:setup()
   st.max_steps, st.num_train_epochs = self.total_steps, ceil(self.total_steps / self.steps_per_epoch)
   st.logging_steps = targs.interval(a.logging_steps, self.total_steps)
   st.save_steps = targs.interval(a.save_steps, self.total_steps)
-  st.eval_steps = a.eval_steps and targs.interval(a.eval_steps, self.total_steps) or st.logging_steps
+  -- (eval_steps: TrainerState's default 500 where the arguments have none: eval_strategy "no" or "epoch")
+  st.eval_steps = a.eval_steps and targs.interval(a.eval_steps, self.total_steps) or 500
   st.train_batch_size = a.per_device_train_batch_size
   if self.is_main and a.output_dir then
     C.makedirs(a.output_dir)
@@ -1050,7 +1051,7 @@ function Trainer:save_checkpoint()
     if C.path_type(best) == "dir" then st.best_model_checkpoint = best end
   end
   if self.is_main then
-    tckpt.write_state(dir, self:state_json(step))
+    tckpt.write_state(dir, self:state_json(step, true))
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
       print(fmt("[zrun] deleted older checkpoint %s (save_total_limit = %d)", p, a.save_total_limit))
@@ -1125,8 +1126,11 @@ end
 
 -- trainer_state.json's fields for a state at `step` (transformers' TrainerState.save_to_json): the
 -- state, the process flags, and the stateful callbacks (ZrunTrainer's: what the data position after a
--- resume depends on; HF ignores a callback it does not know).
-function Trainer:state_json(step)
+-- resume depends on; HF ignores a callback it does not know; TrainerControl's flags as transformers' are in
+-- a checkpoint's save: should_save, and should_training_stop at the last step or once a callback stops).
+-- saving: for a checkpoint (else the last checkpoint's flags, or all false before one, as transformers'
+-- save_state writes them).
+function Trainer:state_json(step, saving)
   local a, st = self.args, self.state
   local out = {}
   for k, v in pairs(st) do out[k] = v end
@@ -1135,6 +1139,13 @@ function Trainer:state_json(step)
   out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
     per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
     data_seed = a.data_seed or a.seed, train_rows = self.train_dataset and #self.train_dataset.rows or 0, engine_tag = "global_step" .. step } } }
+  local ctl = self.control
+  if saving then
+    self.saved_control = { should_training_stop = ctl.should_training_stop or st.global_step >= (st.max_steps or huge),
+      should_epoch_stop = ctl.should_epoch_stop, should_save = true, should_evaluate = false, should_log = false }
+  end
+  out.stateful_callbacks.TrainerControl = { attributes = {}, args = self.saved_control or { should_training_stop = false,
+    should_epoch_stop = false, should_save = false, should_evaluate = false, should_log = false } }
   for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
     if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
   end

@@ -97,14 +97,28 @@ end
 
 local function nullable(v) if v == nil then return cjson.null end return v end
 
--- Writes trainer_state.json atomically with HF's fields (sorted keys, two-space indent).
+-- The keys whose values transformers holds as Python floats, written "2.0" where whole (Lua numbers do not say
+-- which they are): the state's epoch, total_flos and best_metric, the logs' losses, rates, runtimes and
+-- metrics, EarlyStoppingCallback's threshold. Counts (steps, tokens, batch sizes) stay integers.
+local FLOAT_KEYS = { epoch = true, total_flos = true, best_metric = true, loss = true, grad_norm = true, learning_rate = true,
+  entropy = true, mean_token_accuracy = true, early_stopping_threshold = true }
+local FLOAT_SUFFIXES = { "_loss", "_runtime", "_per_second", "_perplexity", "_entropy", "_mean_token_accuracy",
+  "_preparation_time" }
+M.STATE_FLOATS = setmetatable({}, { __index = function(_, k)
+  if type(k) ~= "string" then return nil end
+  if FLOAT_KEYS[k] then return true end
+  for _, suf in ipairs(FLOAT_SUFFIXES) do if k:sub(-#suf) == suf then return true end end
+  return nil
+end })
+
+-- Writes trainer_state.json atomically with HF's fields (sorted keys, two-space indent, floats as Python's).
 function M.write_state(dir, st)
   local out = {}
   for k, v in pairs(st) do out[k] = v end
   for _, k in ipairs { "best_metric", "best_model_checkpoint", "best_global_step", "trial_name", "trial_params" } do
     out[k] = nullable(st[k])
   end
-  C.write_file_atomic(join(dir, M.STATE_FILE), require("zrun.hf").encode_json(out))
+  C.write_file_atomic(join(dir, M.STATE_FILE), require("zrun.hf").encode_json(out, M.STATE_FLOATS))
 end
 
 -- Removes a folder and everything inside it.

@@ -129,6 +129,25 @@ T.test("include_num_input_tokens_seen: every record has the inputs seen, trainin
   T.eq(r.metrics.num_input_tokens_seen, 4 * 64, "the final metrics")
 end)
 
+T.test("trainer_state.json as transformers 5.17 writes it: floats, eval_steps, TrainerControl", function()
+  -- transformers 5.17, 2 epochs with a checkpoint each: "epoch": 1.0 and "total_flos": N.0 (Python floats),
+  -- eval_steps 500 (TrainerState's default) without an eval_steps argument, and stateful_callbacks.TrainerControl
+  -- with should_save true, should_training_stop true only in the last step's checkpoint
+  local t = trainer { output_dir = tmp .. "/state", max_steps = -1, num_train_epochs = 2, save_strategy = "epoch",
+    per_device_train_batch_size = 4, learning_rate = 0 }
+  t:train()
+  local text1 = read(tmp .. "/state/checkpoint-2/trainer_state.json")
+  T.eq(text1:find('\n  "epoch": 1.0,', 1, true) ~= nil, true, "epoch as a float")
+  T.eq(text1:find('\n  "total_flos": %d+%.0,') ~= nil, true, "total_flos as a float")
+  T.eq(text1:find('"learning_rate": 0.0,', 1, true) ~= nil, true, "a whole learning rate as a float")
+  T.eq(text1:find('"step": 2[,\n]') ~= nil and text1:find('"global_step": 2,', 1, true) ~= nil, true, "counts as integers")
+  local s1, s2 = cjson.decode(text1), cjson.decode(read(tmp .. "/state/checkpoint-4/trainer_state.json"))
+  T.eq(s1.eval_steps, 500); T.eq(s1.logging_steps, 1); T.eq(s1.save_steps, 500)
+  T.same(s1.stateful_callbacks.TrainerControl, { args = { should_training_stop = false, should_epoch_stop = false,
+    should_save = true, should_evaluate = false, should_log = false }, attributes = {} })
+  T.eq(s2.stateful_callbacks.TrainerControl.args.should_training_stop, true, "the last step's checkpoint")
+end)
+
 T.test("add_callback, pop_callback (by table or name), remove_callback", function()
   local t = trainer()
   local seen = {}
