@@ -489,6 +489,7 @@ function Trainer:log(rec)
     self.metrics:write(json_line(rec), "\n")
     self.metrics:flush()
   end
+  self.control.should_log = false -- (transformers' CallbackHandler.on_log)
   self:callback("on_log", rec)
 end
 
@@ -749,34 +750,47 @@ function Trainer:train(resume)
     if not unrecorded then self:log(rec) end
     t_log, tokens, sum, n, isteps = now, 0, 0, 0, 0
   end
-  -- again: step s was saved before an evaluation that has just run at s (the last step's save, then its
-  -- epoch's evaluation): with save_strategy "epoch" transformers saves that checkpoint again at the
-  -- epoch's end, so that it holds the evaluation and can be the best
-  local function save_due(s, epoch_end, again) -- ("best" saves at a new best evaluation instead, below)
+  -- whether a checkpoint will be saved at the end of step s (or of its epoch), for ZenFlow's windows below
+  local function save_due(s, epoch_end) -- ("best" saves at a new best evaluation instead)
     return (due(a.save_strategy, st.save_steps, s, epoch_end) or
-      (s == self.total_steps and (a.save_strategy == "steps" or a.save_strategy == "epoch"))) and
-      (self.last_save ~= s or again)
+      (s == self.total_steps and (a.save_strategy == "steps" or a.save_strategy == "epoch"))) and self.last_save ~= s
   end
-  -- the strategies, or a callback's should_log / should_evaluate / should_save, at the end of step s
-  local function checkpoints(s, epoch_end)
+  -- transformers' DefaultFlowCallback: the strategies' decisions at the end of step s (epoch_end: of its epoch)
+  -- set as the control's flags before the callbacks' on_step_end / on_epoch_end, which see them and may change
+  -- them. The "steps" strategies also act at the last step (transformers 5 evaluates there when the steps would
+  -- not); eval_delay: they evaluate from that step on (that epoch with "epoch"); "epoch" saves at an epoch's
+  -- end, which training stopping inside an epoch ends too.
+  local function default_flow(s, epoch_end)
     local ctl = self.control
-    if #pending + n > 0 and (due(a.logging_strategy, st.logging_steps, s, epoch_end) or (s == 1 and a.logging_first_step)
-      or ctl.should_log) then log_train(s) end
+    if epoch_end then
+      ctl.should_log = ctl.should_log or a.logging_strategy == "epoch"
+      ctl.should_evaluate = ctl.should_evaluate or (a.eval_strategy == "epoch" and a.eval_delay <= st.epoch)
+      ctl.should_save = ctl.should_save or a.save_strategy == "epoch"
+      return
+    end
+    local last = s >= self.total_steps
+    ctl.should_log = ctl.should_log or (s == 1 and a.logging_first_step) or
+      (a.logging_strategy == "steps" and s % st.logging_steps == 0)
+    ctl.should_evaluate = ctl.should_evaluate or (a.eval_strategy == "steps" and a.eval_delay <= s and
+      (s % st.eval_steps == 0 or last))
+    ctl.should_save = ctl.should_save or (a.save_strategy == "steps" and (s % st.save_steps == 0 or last))
+    if last then ctl.should_training_stop = true end
+  end
+  -- what the control's flags ask for at the end of step s: log, evaluate (once a step), save
+  local function checkpoints(s)
+    local ctl = self.control
+    if ctl.should_log and #pending + n > 0 then log_train(s) end
     local t0 = C.now()
-    -- transformers 5 evaluates at the last step too when the "steps" strategy would not
-    local last = s == self.total_steps and not epoch_end and a.eval_strategy == "steps"
     local new_best, evaluated = false, false
-    -- eval_delay: the strategy evaluates from that step on (that epoch with "epoch"); a callback's request any time
-    local delayed = (a.eval_strategy == "epoch" and st.epoch or s) < a.eval_delay
-    if (((due(a.eval_strategy, st.eval_steps, s, epoch_end) or last) and not delayed) or ctl.should_evaluate)
-      and self.last_eval ~= s then
+    if ctl.should_evaluate and self.last_eval ~= s then
       if count_seen then sync_counts() end -- (the evaluation's record has the inputs seen so far)
       new_best, evaluated = self:update_best(self:evaluate()), true
     end
-    if save_due(s, epoch_end, evaluated and epoch_end and a.save_strategy == "epoch") or
-      ((ctl.should_save or (a.save_strategy == "best" and new_best)) and (self.last_save ~= s or evaluated)) then
-      sync_counts(); self:save_checkpoint()
-    end
+    -- save_strategy "best": an evaluation decides (transformers sets should_save = is_new_best); a step saved
+    -- already is saved again after an evaluation (the last step's, then its epoch's), to hold it and be the best
+    local save = ctl.should_save
+    if evaluated and a.save_strategy == "best" then save = new_best end
+    if save and (self.last_save ~= s or evaluated) then sync_counts(); self:save_checkpoint() end
     ctl.should_log, ctl.should_evaluate, ctl.should_save = false, false, false
     t_log = t_log + (C.now() - t0) -- tokens/s counts training time only
   end
@@ -849,8 +863,9 @@ function Trainer:train(resume)
           st.global_step, st.epoch, in_step = s, epoch + (mb + 1) / micro_per_epoch, false
           -- torch_empty_cache_steps: the device's cached free blocks back to the driver every that many steps
           if a.torch_empty_cache_steps and s % a.torch_empty_cache_steps == 0 and e.device ~= "cpu" then zr.cuda.empty_cache() end
+          default_flow(s, false)
           self:callback("on_step_end")
-          checkpoints(s, false)
+          checkpoints(s)
           bar:update(1, last_loss and { loss = last_loss })
           if s >= self.total_steps or ctl.should_training_stop or ctl.should_epoch_stop then break end
         end
@@ -860,8 +875,9 @@ function Trainer:train(resume)
       -- strategies and on_epoch_end run there too
       local s = self:step_count()
       if s % self.steps_per_epoch == 0 or s >= self.total_steps or ctl.should_training_stop or ctl.should_epoch_stop then
+        default_flow(s, true)
         self:callback("on_epoch_end")
-        checkpoints(s, true)
+        checkpoints(s)
       end
       epoch = epoch + 1
     end
@@ -1058,6 +1074,7 @@ function Trainer:save_checkpoint()
     end
   end
   dist.barrier()
+  self.control.should_save = false -- (transformers' CallbackHandler.on_save)
   self:callback("on_save")
 end
 
@@ -1283,6 +1300,7 @@ function Trainer:evaluate(ds, prefix)
   self:log(rec)
   self.last_eval, self.last_eval_metrics = self:step_count(), rec
   self.first_eval_metrics = self.first_eval_metrics or rec
+  self.control.should_evaluate = false -- (transformers' CallbackHandler.on_evaluate)
   self:callback("on_evaluate", rec)
   return rec
 end

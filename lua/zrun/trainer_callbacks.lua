@@ -6,7 +6,10 @@
 -- on_log, metrics for on_evaluate, else nil; kw:
 -- transformers' keyword arguments {model=, optimizer=, lr_scheduler=, processing_class=, trainer=});
 -- a callback sets control's should_* flags to stop training (should_training_stop,
--- should_epoch_stop) or to log, evaluate or save at the end of this step.
+-- should_epoch_stop) or to log, evaluate or save at the end of this step. As transformers'
+-- DefaultFlowCallback, the Trainer sets the strategies' own should_log / should_evaluate / should_save (and
+-- should_training_stop at the last step) before on_step_end and on_epoch_end, so a callback sees them and
+-- may clear them; each is cleared as its event (on_log, on_evaluate, on_save) runs.
 -- Also transformers' EarlyStoppingCallback.
 --
 --   local cb = { on_log = function(self, args, state, control, logs) print(state.global_step, logs.loss) end }

@@ -42,6 +42,37 @@ T.test("events in transformers' order: step end, then log, evaluate, save", func
   T.eq(table.concat(seen, " "), table.concat(want, " "), "(max_steps ends the epoch too, as in transformers)")
 end)
 
+T.test("the strategies' decisions are control flags the callbacks see and may cancel (DefaultFlowCallback)", function()
+  -- transformers 5.17 (a recording callback, then one clearing should_log at step 2; 4 steps of 2 micro-batches,
+  -- logging_first_step, logging_steps 2, eval_steps 3, save_strategy "epoch"): each event with the flags
+  -- should_log/evaluate/save/training_stop as that callback saw them. The flags are set before on_step_end /
+  -- on_epoch_end (the step-2 log cancelled), each cleared as its event runs; "epoch" saves after on_epoch_end.
+  local want = "on_train_begin@0:0000 on_epoch_begin@0:0000 on_step_begin@0:0000 on_substep_end@0:0000 " ..
+    "on_pre_optimizer_step@0:0000 on_optimizer_step@0:0000 on_step_end@1:1000 on_log@1:0000 on_step_begin@1:0000 " ..
+    "on_substep_end@1:0000 on_pre_optimizer_step@1:0000 on_optimizer_step@1:0000 on_step_end@2:1000 " ..
+    "on_step_begin@2:0000 on_substep_end@2:0000 on_pre_optimizer_step@2:0000 on_optimizer_step@2:0000 " ..
+    "on_step_end@3:0100 on_log@3:0100 on_evaluate@3:0000 on_step_begin@3:0000 on_substep_end@3:0000 " ..
+    "on_pre_optimizer_step@3:0000 on_optimizer_step@3:0000 on_step_end@4:1101 on_log@4:0101 on_log@4:0101 " ..
+    "on_evaluate@4:0001 on_epoch_end@4:0011 on_save@4:0001 on_log@4:0001 on_train_end@4:0001"
+  local seen, rec = {}, {}
+  local function b(v) return v and "1" or "0" end
+  for _, ev in ipairs(require("zrun.trainer_callbacks").EVENTS) do
+    rec[ev] = function(_, _, state, c)
+      seen[#seen + 1] = ("%s@%d:%s%s%s%s"):format(ev, state.global_step, b(c.should_log), b(c.should_evaluate),
+        b(c.should_save), b(c.should_training_stop))
+    end
+  end
+  rec.on_init_end = nil
+  local cancel = { on_step_end = function(_, _, state, c) if state.global_step == 2 then c.should_log = false end end }
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { rec, cancel },
+    args = args("flow", { logging_first_step = true, eval_strategy = "steps", eval_steps = 3, save_strategy = "epoch" }) }
+  t:train()
+  T.eq(table.concat(seen, " "), want)
+  local logged = {}
+  for _, h in ipairs(t.state.log_history) do if h.loss then logged[#logged + 1] = h.step end end
+  T.eq(table.concat(logged, " "), "1 4", "the step-2 log cancelled")
+end)
+
 T.test("control: a callback stops training, or asks for a log, an evaluation or a save at this step", function()
   local kws = {}
   local cb = { on_step_end = function(_, _, state, control, _, kw)
