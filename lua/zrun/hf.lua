@@ -103,8 +103,11 @@ local function is_array(t)
   return count == n
 end
 
+-- A table with this metatable is a JSON array even when empty ([], where an empty table encodes as {}).
+hf.array_mt = {}
+
 -- JSON with sorted keys: pretty with two-space indent (ind, the current indent), like transformers'
--- to_json_string, or on one line (ind nil). Empty tables encode as {}. floats: key names whose
+-- to_json_string, or on one line (ind nil). Empty tables encode as {} (as [] with hf.array_mt). floats: key names whose
 -- whole-number values are written as floats ("1.0"), as Python writes a float field (Lua numbers
 -- do not say which they are).
 local function encode(v, ind, floats, key, step)
@@ -122,6 +125,7 @@ local function encode(v, ind, floats, key, step)
   local open, sep, close = "", ",", ""
   if ind then open, sep, close = "\n" .. inner, ",\n" .. inner, "\n" .. ind end
   local parts = {}
+  if getmetatable(v) == hf.array_mt and #v == 0 then return "[]" end
   if is_array(v) then
     for i = 1, #v do parts[i] = encode(v[i], inner, floats, key, step) end
     return "[" .. open .. concat(parts, sep) .. close .. "]"

@@ -118,7 +118,9 @@ function M.write_state(dir, st)
   for _, k in ipairs { "best_metric", "best_model_checkpoint", "best_global_step", "trial_name", "trial_params" } do
     out[k] = nullable(st[k])
   end
-  C.write_file_atomic(join(dir, M.STATE_FILE), require("zrun.hf").encode_json(out, M.STATE_FLOATS))
+  local hf = require "zrun.hf"
+  if out.log_history and #out.log_history == 0 then out.log_history = setmetatable({}, hf.array_mt) end -- ([], not {})
+  C.write_file_atomic(join(dir, M.STATE_FILE), hf.encode_json(out, M.STATE_FLOATS))
 end
 
 -- Removes a folder and everything inside it.

@@ -1,7 +1,7 @@
 #!/bin/sh
 # zrun against the real libraries, on this machine's CPU: every check_*.py of tests/golden (torch.save files,
 # DeepSpeed's checkpoints, zero_to_fp32 and universal checkpoints, resumes of real DeepSpeed and transformers
-# runs, the README's recipe next to run_clm.py's pipeline, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments and
+# runs, the README's recipe next to run_clm.py's pipeline, DeepSpeed's and the Trainer's defaults, the Trainer over a matrix of arguments, what it writes (trainer_state.json, metrics, callback events) and
 # on 2 ranks (mpirun next to torchrun), SFT curves next to TRL's SFTTrainer, LoRA adapters next to PEFT's, save_pretrained read back
 # by transformers) and the golden
 # writers' diff (TRL's SFT rows, chat templates, DeepSpeed's engine runs). The GPU machine is not needed for these: torch 2.11,
@@ -44,6 +44,7 @@ run ds_defaults "$PY" tests/golden/check_ds_defaults.py "$OUT/dd" ./zrun
 run ds_matrix "$PY" tests/golden/check_ds_matrix.py "$OUT/dm" ./zrun
 run trainer_defaults "$PY" tests/golden/check_trainer_defaults.py "$OUT/td" ./zrun
 run trainer_matrix "$PY" tests/golden/check_trainer_matrix.py "$OUT/tm" ./zrun
+run trainer_state "$PY" tests/golden/check_trainer_state.py "$OUT/ts" ./zrun
 [ -d "$DATA/wikitext-2-raw" ] && run recipe_clm "$PY" tests/golden/check_recipe_clm.py "$OUT/rc" ./zrun "$DATA"
 command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trainer_ranks.py "$OUT/tr" ./zrun
 [ -d "$DATA/tokenizers" ] && run sft_trl "$PY" tests/golden/check_sft_trl.py "$OUT/st" ./zrun "$DATA"

@@ -146,6 +146,10 @@ T.test("trainer_state.json as transformers 5.17 writes it: floats, eval_steps, T
   T.same(s1.stateful_callbacks.TrainerControl, { args = { should_training_stop = false, should_epoch_stop = false,
     should_save = true, should_evaluate = false, should_log = false }, attributes = {} })
   T.eq(s2.stateful_callbacks.TrainerControl.args.should_training_stop, true, "the last step's checkpoint")
+  -- no record yet (a checkpoint before the first log, or a state never trained): "log_history": [], a list
+  local idle = zr.Trainer { model = t.model, args = { output_dir = tmp .. "/state_idle" } }
+  idle:save_state()
+  T.eq(read(tmp .. "/state_idle/trainer_state.json"):find('\n  "log_history": [],', 1, true) ~= nil, true, "an empty list")
 end)
 
 T.test("add_callback, pop_callback (by table or name), remove_callback", function()
