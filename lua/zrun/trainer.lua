@@ -783,7 +783,7 @@ function Trainer:train(resume)
     local t0 = C.now()
     local new_best, evaluated = false, false
     if ctl.should_evaluate and self.last_eval ~= s then
-      if count_seen then sync_counts() end -- (the evaluation's record has the inputs seen so far)
+      sync_counts() -- (the evaluation's record has the inputs seen so far, and TRL's num_tokens)
       new_best, evaluated = self:update_best(self:evaluate()), true
     end
     -- save_strategy "best": an evaluation decides (transformers sets should_save = is_new_best); a step saved

@@ -99,11 +99,12 @@ local function nullable(v) if v == nil then return cjson.null end return v end
 
 -- The keys whose values transformers holds as Python floats, written "2.0" where whole (Lua numbers do not say
 -- which they are): the state's epoch, total_flos and best_metric, the logs' losses, rates, runtimes and
--- metrics, EarlyStoppingCallback's threshold. Counts (steps, tokens, batch sizes) stay integers.
+-- metrics, EarlyStoppingCallback's threshold, TRL's num_tokens (a mean of its metric lists). Other counts (steps,
+-- input tokens, batch sizes) stay integers.
 local FLOAT_KEYS = { epoch = true, total_flos = true, best_metric = true, loss = true, grad_norm = true, learning_rate = true,
-  entropy = true, mean_token_accuracy = true, early_stopping_threshold = true }
+  entropy = true, mean_token_accuracy = true, num_tokens = true, early_stopping_threshold = true }
 local FLOAT_SUFFIXES = { "_loss", "_runtime", "_per_second", "_perplexity", "_entropy", "_mean_token_accuracy",
-  "_preparation_time" }
+  "_num_tokens", "_preparation_time" }
 M.STATE_FLOATS = setmetatable({}, { __index = function(_, k)
   if type(k) ~= "string" then return nil end
   if FLOAT_KEYS[k] then return true end

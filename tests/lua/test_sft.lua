@@ -317,6 +317,24 @@ T.test("loss_type dft learns the answers too; label smoothing is said to do noth
   T.eq(trainer(nil, { loss_type = "chunked_nll" }).loss_type, nil, "chunked_nll: the plain loss")
 end)
 
+T.test("eval_num_tokens is TRL's count at the evaluation's step; trainer_state.json writes num_tokens as TRL (floats)", function()
+  -- TRL 1.10 (logging_steps 4, eval_steps 3, max_steps 6): eval_num_tokens at step 3 is the tokens of steps 1-3
+  -- (TRL counts every micro-batch; zrun had 0, the count of the last log), at step 6 those of steps 1-6 (zrun had
+  -- steps 1-4's); TRL averages its metric lists, so num_tokens and eval_num_tokens are floats ("300.0")
+  local t = trainer({ eval_dataset = zr.datasets.Dataset.from_rows(qa_rows()) }, { max_steps = 6, logging_steps = 4,
+    eval_strategy = "steps", eval_steps = 3, save_strategy = "steps", save_steps = 6, output_dir = tmp .. "/sft_ntok" })
+  t:train()
+  local per = {}
+  for i, r in ipairs(t.train_dataset) do per[i] = #r.input_ids end
+  local function upto(steps) local n = 0; for k = 1, 4 * steps do n = n + per[(k - 1) % 8 + 1] end; return n end
+  local evals = {}
+  for _, r in ipairs(t.state.log_history) do if r.eval_num_tokens then evals[r.step] = r.eval_num_tokens end end
+  T.eq(evals[3], upto(3), "eval_num_tokens at step 3"); T.eq(evals[6], upto(6), "eval_num_tokens at step 6")
+  local f = assert(io.open(tmp .. "/sft_ntok/checkpoint-6/trainer_state.json")); local text = f:read("*a"); f:close()
+  T.eq(text:find(('"eval_num_tokens": %d.0,'):format(upto(3)), 1, true) ~= nil, true, "eval_num_tokens a float")
+  T.eq(text:find(('"num_tokens": %d.0,'):format(upto(4)), 1, true) ~= nil, true, "num_tokens a float")
+end)
+
 T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teacher-forced answers right", function()
   local t = trainer()
   t:train()
