@@ -109,14 +109,14 @@ hf.array_mt = {}
 -- JSON with sorted keys: pretty with two-space indent (ind, the current indent), like transformers'
 -- to_json_string, or on one line (ind nil). Empty tables encode as {} (as [] with hf.array_mt). floats: key names whose
 -- whole-number values are written as floats ("1.0"), as Python writes a float field (Lua numbers
--- do not say which they are).
+-- do not say which they are); a function value decides for each value.
 local function encode(v, ind, floats, key, step)
   local tv = type(v)
   if v == nil or v == cjson.null then return "null" end
   if tv == "boolean" then return tostring(v) end
   if tv == "number" then
-    local s = json_number(v)
-    if floats and floats[key] and s:find("^%-?%d+$") then s = s .. ".0" end
+    local s, f = json_number(v), floats and floats[key]
+    if f and (f == true or f(v)) and s:find("^%-?%d+$") then s = s .. ".0" end
     return s
   end
   if tv == "string" then return json_string(v) end

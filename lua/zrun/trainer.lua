@@ -592,7 +592,9 @@ function Trainer:train(resume)
   self.resume_path = path
   self:setup()
   local a, e, st = self.args, self.engine, self.state
-  if path then self:load_checkpoint(path) end
+  -- transformers' train() starts a new TrainerState (a checkpoint's when resuming): an evaluation before it is in
+  -- no log_history of the run (nor in its trainer_state.json); metrics.jsonl keeps it
+  if path then self:load_checkpoint(path) else st.log_history = {} end
   self.control.should_training_stop = false
   if e.zenflow then -- (its optimizer steps are split between the device and the host: no one step to call them around)
     for i, cb in ipairs(self.callbacks) do
@@ -605,7 +607,7 @@ function Trainer:train(resume)
   self:callback("on_train_begin")
   if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
     if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
-    if self.last_eval ~= self:step_count() then self:evaluate() end
+    self:evaluate()
   end
   local W = dist.world_size()
   local bs, gas = a.per_device_train_batch_size, a.gradient_accumulation_steps
@@ -1198,7 +1200,12 @@ end
 -- shift: a row's first label predicts nothing). Rows are dealt round-robin; ranks with fewer rows
 -- run a padding row whose labels are all -100 so every rank runs the same forwards (stage 3).
 function Trainer:evaluate(ds, prefix)
-  self:setup()
+  if not self.engine then -- transformers' model_preparation_time: an evaluation before training prepares the model
+    -- (here the engine); this and every later evaluation report how long that took, as <prefix>_model_preparation_time
+    local t = C.now()
+    self:setup()
+    self.model_preparation_time = round(C.now() - t, 4)
+  end
   ds = ds and as_datasets(ds) or self.eval_dataset
   prefix = prefix or "eval"
   if not ds then error("Trainer:evaluate: no eval_dataset (pass one to zr.Trainer{eval_dataset=} or to evaluate(ds))", 0) end
@@ -1290,6 +1297,7 @@ function Trainer:evaluate(ds, prefix)
   -- (transformers' speed_metrics: rows and batches of per_device_eval_batch_size x ranks over the runtime)
   local rec = speed_metrics({ [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
+    [prefix .. "_model_preparation_time"] = self.model_preparation_time,
     [prefix .. "_entropy"] = ent,
     [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil }, -- (TRL: the training total)
     prefix, rt, #rows, ceil(#rows / (bs * W)))

@@ -98,16 +98,17 @@ end
 local function nullable(v) if v == nil then return cjson.null end return v end
 
 -- The keys whose values transformers holds as Python floats, written "2.0" where whole (Lua numbers do not say
--- which they are): the state's epoch, total_flos and best_metric, the logs' losses, rates, runtimes and
+-- which they are): the state's epoch (but its starting 0, an int, before any step: an evaluation before training),
+-- total_flos and best_metric, the logs' losses, rates, runtimes and
 -- metrics, EarlyStoppingCallback's threshold, TRL's num_tokens (a mean of its metric lists). Other counts (steps,
 -- input tokens, batch sizes) stay integers.
-local FLOAT_KEYS = { epoch = true, total_flos = true, best_metric = true, loss = true, grad_norm = true, learning_rate = true,
+local FLOAT_KEYS = { epoch = function(v) return v ~= 0 end, total_flos = true, best_metric = true, loss = true, grad_norm = true, learning_rate = true,
   entropy = true, mean_token_accuracy = true, num_tokens = true, early_stopping_threshold = true }
 local FLOAT_SUFFIXES = { "_loss", "_runtime", "_per_second", "_perplexity", "_entropy", "_mean_token_accuracy",
   "_num_tokens", "_preparation_time" }
 M.STATE_FLOATS = setmetatable({}, { __index = function(_, k)
   if type(k) ~= "string" then return nil end
-  if FLOAT_KEYS[k] then return true end
+  if FLOAT_KEYS[k] then return FLOAT_KEYS[k] end
   for _, suf in ipairs(FLOAT_SUFFIXES) do if k:sub(-#suf) == suf then return true end end
   return nil
 end })

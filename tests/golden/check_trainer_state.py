@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What zr.Trainer writes and reports next to transformers 5.17's Trainer: trainer_state.json (every field, its
 log_history records' keys and values, ints and floats as Python writes them, stateful_callbacks' TrainerControl and
-EarlyStoppingCallback), the final train metrics and evaluate()'s (keys, rounding), a resume's train_loss, and every
-callback event in order with the control's flags as a callback sees them. A tiny Llama in float32 on the CPU.
+EarlyStoppingCallback), the final train metrics and evaluate()'s (keys, rounding; one evaluation before training), a
+resume's train_loss, and every callback event in order with the control's flags as a callback sees them. A tiny Llama
+in float32 on the CPU.
 Timings are compared by their rounding only; zrun's own extra keys (memory, tokens_per_s, eval_perplexity,
 eval_tokens, the ZrunTrainer callback state) are allowed.
 
@@ -19,15 +20,15 @@ import check_torch_files as C  # noqa: E402
 import check_trainer_matrix as M  # noqa: E402
 
 warnings.filterwarnings("ignore")
-TIMED = ("_runtime", "_per_second")  # (values that differ run to run: their rounding is compared)
+TIMED = ("_runtime", "_per_second", "_preparation_time")  # (values that differ run to run: their rounding is compared)
 ZRUN_ONLY = {"memory", "peak_memory", "tokens_per_s", "eval_perplexity", "eval_tokens", "step"}
 
 SETUPS = [
     ("logging_first_step, logs every 2, eval and save every 3, best by loss, input tokens counted",
      dict(logging_steps=2, logging_first_step=True, eval_strategy="steps", eval_steps=3, save_strategy="steps",
           save_steps=3, save_total_limit=2, metric_for_best_model="loss", include_num_input_tokens_seen=True), {}),
-    ("logging, evaluation and saving by epoch", dict(logging_strategy="epoch", eval_strategy="epoch",
-                                                     save_strategy="epoch"), {}),
+    ("logging, evaluation and saving by epoch, an evaluation before training",
+     dict(logging_strategy="epoch", eval_strategy="epoch", save_strategy="epoch"), {"eval_first": True}),
     ("max_steps 12 resumed at checkpoint-4", dict(max_steps=12, logging_steps=5, save_strategy="steps", save_steps=4),
      {"resume_at": 4}),
     ("EarlyStoppingCallback patience 2 threshold 0.01, load_best_model_at_end",
@@ -69,7 +70,7 @@ def compare(path, a, b, bad):
         return
     key = path.rsplit(".", 1)[-1]
     if isinstance(a, float) and key.endswith(TIMED):
-        if not decimals_ok(b, 4 if key.endswith("_runtime") else 3):
+        if not decimals_ok(b, 3 if key.endswith("_per_second") else 4):
             bad.append(f"{path}: zrun {b!r} not rounded as speed_metrics")
     elif isinstance(a, str) and path.endswith("best_model_checkpoint"):
         if os.path.basename(a) != os.path.basename(b):
@@ -81,7 +82,7 @@ def compare(path, a, b, bad):
         bad.append(f"{path}: {a!r} vs zrun {b!r}")
 
 
-def run(k, name, extra, resume_at=None, es=None):
+def run(k, name, extra, resume_at=None, es=None, eval_first=False):
     from transformers import EarlyStoppingCallback, LlamaForCausalLM, Trainer, TrainingArguments
     args = dict(M.BASE, **extra)
     train, evalr = M.rows(700 + k, True), M.rows(800 + k, True)[:8]
@@ -100,19 +101,20 @@ def run(k, name, extra, resume_at=None, es=None):
     if resume_at:
         tr.train()
         tr = hf_trainer()
+    before = tr.evaluate() if eval_first else {}
     res = tr.train(resume_from_checkpoint=f"{out}/checkpoint-{resume_at}" if resume_at else None)
-    hf = {"metrics": dict(res.metrics), "evaluate": tr.evaluate(), "log_history": tr.state.log_history}
+    hf = {"metrics": dict(res.metrics), "evaluate": tr.evaluate(), "before": before}
     code = M.trainer_lua(init, train, args, zout, evalr)
     if es:
         code = code.replace("  args = {", "  callbacks = { zr.EarlyStoppingCallback{ " +
                             ", ".join(f"{a} = {M.lua(v)}" for a, v in es.items()) + " } },\n  args = {")
     if resume_at:
-        code += "tr:train()\n" + code + f'local r = tr:train {{ resume_from_checkpoint = "{zout}/checkpoint-{resume_at}" }}\n'
+        code += "tr:train()\n" + code + f'local before, r = {{}}, tr:train {{ resume_from_checkpoint = "{zout}/checkpoint-{resume_at}" }}\n'
     else:
-        code += "local r = tr:train()\n"
+        code += ("local before = tr:evaluate()\n" if eval_first else "local before = {}\n") + "local r = tr:train()\n"
     code += """local ev = tr:evaluate()
 tr:save_state()
-io.write("ZJSON ", cjson.encode({ metrics = r.metrics, evaluate = ev }), "\\n")
+io.write("ZJSON ", cjson.encode({ metrics = r.metrics, evaluate = ev, before = before }), "\\n")
 """
     rc, text = C.zrun_lua(code)
     z = [json.loads(x[6:]) for x in text.splitlines() if x.startswith("ZJSON ")]
@@ -142,8 +144,8 @@ io.write("ZJSON ", cjson.encode({ metrics = r.metrics, evaluate = ev }), "\\n")
     hm, zm = hf["metrics"], z["metrics"]
     zm.pop("total_flos", None)  # (transformers' printing callbacks pop it from the returned metrics; logged above)
     compare("metrics", hm, {k: float(v) if k == "epoch" else v for k, v in zm.items()}, bad)
-    he, ze = hf["evaluate"], z["evaluate"]
-    compare("evaluate", he, {k: float(v) if k == "epoch" else v for k, v in ze.items()}, bad)
+    for key in ("evaluate", "before"):
+        compare(key, hf[key], {k: float(v) if k == "epoch" and v else v for k, v in z[key].items()}, bad)
     C.report(f"zr.Trainer writes and reports as transformers: {name}", not bad, "; ".join(bad[:6]))
 
 

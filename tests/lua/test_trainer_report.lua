@@ -129,6 +129,31 @@ T.test("include_num_input_tokens_seen: every record has the inputs seen, trainin
   T.eq(r.metrics.num_input_tokens_seen, 4 * 64, "the final metrics")
 end)
 
+T.test("an evaluation before train(): its preparation time in every later evaluation, no record in the run's history", function()
+  -- transformers 5.17 (evaluate(), then train() with eval_on_start, max_steps 2, eval_steps 2): evaluate() before
+  -- training prepares the model and adds eval_model_preparation_time (rounded to 4 places) to its metrics and to
+  -- every later evaluation's; train() starts a new TrainerState, so that evaluation is in no log_history, and
+  -- eval_on_start evaluates again (its record's epoch TrainerState's starting 0, a Python int: "epoch": 0). A
+  -- Trainer that trains first reports no preparation time.
+  local t = trainer { output_dir = tmp .. "/prep", max_steps = 2, eval_strategy = "steps", eval_steps = 2,
+    eval_on_start = true }
+  local before = t:evaluate()
+  T.eq(type(before.eval_model_preparation_time), "number")
+  T.eq(rounded(before.eval_model_preparation_time, 4), true)
+  t:train()
+  local kinds = {}
+  for _, h in ipairs(t.state.log_history) do
+    if h.eval_loss then T.eq(h.eval_model_preparation_time, before.eval_model_preparation_time) end
+    kinds[#kinds + 1] = (h.loss and "log" or h.eval_loss and "eval" or "end") .. "@" .. h.step
+  end
+  T.eq(table.concat(kinds, " "), "eval@0 log@1 log@2 eval@2 end@2")
+  t:save_state()
+  T.eq(read(tmp .. "/prep/trainer_state.json"):find('\n      "epoch": 0,\n', 1, true) ~= nil, true, "epoch 0 an int")
+  local t2 = trainer { output_dir = tmp .. "/prep2", max_steps = 2 }
+  t2:train()
+  T.eq(t2:evaluate().eval_model_preparation_time, nil, "trained first: none")
+end)
+
 T.test("trainer_state.json as transformers 5.17 writes it: floats, eval_steps, TrainerControl", function()
   -- transformers 5.17, 2 epochs with a checkpoint each: "epoch": 1.0 and "total_flos": N.0 (Python floats),
   -- eval_steps 500 (TrainerState's default) without an eval_steps argument, and stateful_callbacks.TrainerControl
