@@ -604,6 +604,7 @@ function Trainer:train(resume)
       end
     end
   end
+  self:snapshot_callbacks() -- (transformers' new TrainerState holds its callbacks' states from here)
   self:callback("on_train_begin")
   if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
     if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
@@ -1143,12 +1144,23 @@ function Trainer:save_adapter(dir, o)
   return true
 end
 
+-- The stateful callbacks' states as transformers' TrainerState keeps them: TrainerControl's flags and each
+-- ExportableState callback's (EarlyStoppingCallback), taken as train() starts and at each checkpoint's save
+-- (saving: should_save true, should_training_stop at the last step or once a callback stopped training), so
+-- that save_state() writes the last checkpoint's, as transformers' does.
+function Trainer:snapshot_callbacks(saving)
+  local ctl, st = self.control, self.state
+  local s = { TrainerControl = { attributes = {}, args = { should_save = saving or false,
+    should_training_stop = saving and (ctl.should_training_stop or st.global_step >= (st.max_steps or huge)) or false,
+    should_epoch_stop = saving and ctl.should_epoch_stop or false, should_evaluate = false, should_log = false } } }
+  for _, cb in ipairs(self.callbacks) do if cb.name and cb.state then s[cb.name] = cb:state() end end
+  self.callback_states = s
+end
+
 -- trainer_state.json's fields for a state at `step` (transformers' TrainerState.save_to_json): the
 -- state, the process flags, and the stateful callbacks (ZrunTrainer's: what the data position after a
--- resume depends on; HF ignores a callback it does not know; TrainerControl's flags as transformers' are in
--- a checkpoint's save: should_save, and should_training_stop at the last step or once a callback stops).
--- saving: for a checkpoint (else the last checkpoint's flags, or all false before one, as transformers'
--- save_state writes them).
+-- resume depends on; HF ignores a callback it does not know; the others Trainer:snapshot_callbacks's,
+-- taken now when saving a checkpoint).
 function Trainer:state_json(step, saving)
   local a, st = self.args, self.state
   local out = {}
@@ -1158,16 +1170,8 @@ function Trainer:state_json(step, saving)
   out.stateful_callbacks = { ZrunTrainer = { attributes = {}, args = { world_size = dist.world_size(),
     per_device_train_batch_size = a.per_device_train_batch_size, gradient_accumulation_steps = a.gradient_accumulation_steps,
     data_seed = a.data_seed or a.seed, train_rows = self.train_dataset and #self.train_dataset.rows or 0, engine_tag = "global_step" .. step } } }
-  local ctl = self.control
-  if saving then
-    self.saved_control = { should_training_stop = ctl.should_training_stop or st.global_step >= (st.max_steps or huge),
-      should_epoch_stop = ctl.should_epoch_stop, should_save = true, should_evaluate = false, should_log = false }
-  end
-  out.stateful_callbacks.TrainerControl = { attributes = {}, args = self.saved_control or { should_training_stop = false,
-    should_epoch_stop = false, should_save = false, should_evaluate = false, should_log = false } }
-  for _, cb in ipairs(self.callbacks) do -- transformers' ExportableState callbacks (EarlyStoppingCallback)
-    if cb.name and cb.state then out.stateful_callbacks[cb.name] = cb:state() end
-  end
+  if saving or not self.callback_states then self:snapshot_callbacks(saving) end
+  for k, v in pairs(self.callback_states) do out.stateful_callbacks[k] = v end
   return out
 end
 

@@ -130,7 +130,7 @@ io.write("ZJSON ", cjson.encode({ metrics = r.metrics, evaluate = ev, before = b
     for label, hp, zp in [("final", out, zout)] + [(c, f"{out}/{c}", f"{zout}/{c}") for c in hc if c in zc]:
         hs, zs = (json.load(open(f"{p}/trainer_state.json")) for p in (hp, zp))
         zs["stateful_callbacks"].pop("ZrunTrainer", None)
-        if label != "final" and set(zs["stateful_callbacks"]) != set(hs["stateful_callbacks"]):
+        if set(zs["stateful_callbacks"]) != set(hs["stateful_callbacks"]):
             bad.append(f"{label} stateful_callbacks {sorted(hs['stateful_callbacks'])} vs {sorted(zs['stateful_callbacks'])}")
         for h, zr_ in zip(hs["log_history"], zs["log_history"]):  # (zrun's own keys aside)
             for key in [x for x in zr_ if x not in h and x in ZRUN_ONLY]:
@@ -138,8 +138,6 @@ io.write("ZJSON ", cjson.encode({ metrics = r.metrics, evaluate = ev, before = b
             extra = set(zr_) - set(h)
             if extra:
                 bad.append(f"{label} log step {h.get('step')}: keys zrun only {sorted(extra)}")
-        if label == "final":
-            hs.pop("stateful_callbacks"), zs.pop("stateful_callbacks")  # (save_state after train: the last save's)
         compare(label, hs, zs, bad)
     hm, zm = hf["metrics"], z["metrics"]
     zm.pop("total_flos", None)  # (transformers' printing callbacks pop it from the returned metrics; logged above)

@@ -95,6 +95,26 @@ T.test("control: a callback stops training, or asks for a log, an evaluation or 
   T.eq(table.concat(at, " "), "loss@1 eval@1", "logged and evaluated at step 1 on request")
 end)
 
+T.test("save_state() writes the stateful callbacks as the last checkpoint saved them (transformers 5.17)", function()
+  -- transformers 5.17 keeps stateful_callbacks in its TrainerState as of the last checkpoint's save (or the start
+  -- of train()): EarlyStoppingCallback evaluated once more after training (its counter 3) is saved by save_state()
+  -- with the counter of the last checkpoint (2). Here a stateful callback counting evaluations, eval and save every
+  -- 2 steps of 4, then one evaluation more.
+  local counter = { name = "Counter", n = 0 }
+  function counter.on_evaluate(self) self.n = self.n + 1 end
+  function counter.state(self) return { args = {}, attributes = { n = self.n } } end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { counter },
+    args = args("snap", { eval_strategy = "steps", eval_steps = 2, save_strategy = "steps", save_steps = 2 }) }
+  t:train()
+  t:evaluate()
+  T.eq(counter.n, 3)
+  t:save_state()
+  local function n_in(dir) return tckpt.read_state(dir).stateful_callbacks.Counter.attributes.n end
+  T.eq(n_in(tmp .. "/snap/checkpoint-4"), 2, "at the last checkpoint"); T.eq(n_in(tmp .. "/snap"), 2, "save_state()")
+  local ctl = tckpt.read_state(tmp .. "/snap").stateful_callbacks.TrainerControl.args
+  T.eq(ctl.should_save and ctl.should_training_stop, true, "the last checkpoint's flags")
+end)
+
 T.test("callbacks are tables of on_* events the Trainer calls; others are refused", function()
   T.raises(function() zr.Trainer { model = model(), callbacks = { { on_prediction_step = function() end } } } end,
     "callbacks[1].on_prediction_step is not an event zrun's Trainer calls")
