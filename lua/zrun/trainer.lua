@@ -889,7 +889,6 @@ function Trainer:train(resume)
   if #pending + n > 0 and a.logging_strategy ~= "no" then log_train(self:step_count(), true) end
   drain()
   sync_counts() -- (the last steps' tokens and FLOPs, as transformers' store_flos at the end)
-  if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   -- transformers' train_loss: this run's step losses summed over the global step (max 0.001), so after a resume
   -- (whose steps before it this run did not see) lower than their mean
   local steps = self:step_count()
@@ -905,6 +904,9 @@ function Trainer:train(resume)
   for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)
   metrics.num_input_tokens_seen = rec.num_input_tokens_seen -- (transformers' log() adds it to the metrics too)
+  -- load_best_model_at_end: after the metrics' record, as transformers loads it (its on_log sees the last weights;
+  -- the runtime does not count the loading)
+  if a.load_best_model_at_end and st.best_model_checkpoint then self:load_best() end
   -- save_total_limit = 1 with a best checkpoint: at the end only the best is kept, as transformers does
   -- (the newest was kept beside it while training)
   if a.save_total_limit == 1 and st.best_model_checkpoint and self.is_main then

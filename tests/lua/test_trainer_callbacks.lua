@@ -115,6 +115,23 @@ T.test("save_state() writes the stateful callbacks as the last checkpoint saved 
   T.eq(ctl.should_save and ctl.should_training_stop, true, "the last checkpoint's flags")
 end)
 
+T.test("load_best_model_at_end loads after the final metrics' record (transformers 5.17): on_log sees the last weights", function()
+  -- transformers 5.17's _finalize_training logs the train metrics (on_log) and then loads the best checkpoint
+  -- (here step 2's: greater_is_better with the loss makes the first evaluation the best)
+  local function sum(m) return m:parameters()[1]:to("f64"):sum():item() end
+  local at_end, at_log
+  local cb = {}
+  function cb.on_step_end(_, _, state, _, _, kw) if state.global_step == 4 then at_end = sum(kw.model) end end
+  function cb.on_log(_, _, _, _, logs, kw) if logs.train_loss then at_log = sum(kw.model) end end
+  local t = zr.Trainer { model = model(), train_dataset = train_ds, eval_dataset = eval_ds, callbacks = { cb },
+    args = args("bestlast", { eval_strategy = "steps", eval_steps = 2, save_strategy = "steps", save_steps = 2,
+      load_best_model_at_end = true, metric_for_best_model = "loss", greater_is_better = true }) }
+  t:train()
+  T.eq(t.state.best_global_step, 2)
+  T.eq(at_log, at_end, "the final record: the last weights")
+  assert(sum(t.model) ~= at_end, "then the best checkpoint's weights")
+end)
+
 T.test("callbacks are tables of on_* events the Trainer calls; others are refused", function()
   T.raises(function() zr.Trainer { model = model(), callbacks = { { on_prediction_step = function() end } } } end,
     "callbacks[1].on_prediction_step is not an event zrun's Trainer calls")
