@@ -627,6 +627,7 @@ function Trainer:train(resume)
   -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
+  local unlogged = 0 -- micro-batches trained since the last record of the training logs
   local token_stats = self.token_accuracy and self.model.supports_token_stats -- (zrun's Llama and GPT-2)
   local first_loss, last_loss, n_logged = nil, nil, 0
   local nan_inf_filter = a.logging_nan_inf_filter
@@ -743,7 +744,7 @@ function Trainer:train(resume)
       tokens_per_s = tps, memory = mem.total_current, peak_memory = mem.total_peak,
       num_tokens = self.log_num_tokens and self.num_tokens or nil,
       entropy = entropy, mean_token_accuracy = accuracy }
-    tok[1], tok[2], tok[3] = 0, 0, 0
+    if not unrecorded then tok[1], tok[2], tok[3], unlogged = 0, 0, 0, 0 end -- (TRL's final metrics take them)
     -- include_num_input_tokens_seen: transformers' training logs have speed_metrics("train") since train() began
     if count_seen then speed_metrics(rec, "train", now - t_start, nil, nil, st.num_input_tokens_seen - seen0) end
     -- (no grad_norm before the first optimizer step, as HF logs none: ZenFlow "auto"'s first window may span steps)
@@ -832,6 +833,7 @@ function Trainer:train(resume)
         end)
         if not okstep then error(self:explain_oom(out, ids), 0) end
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
+        unlogged = unlogged + 1
         if rawget(out, "entropy") then
           pending_tok[#pending_tok + 1] = token_sums(out, labels)
           if #pending_tok >= 256 then fold_tokens(pending_tok, tok) end
@@ -900,6 +902,14 @@ function Trainer:train(resume)
   local samples = a.max_steps > 0 and self.total_steps * bs * gas * W or #rows * a.num_train_epochs
   local metrics = speed_metrics({ train_loss = t:item(), epoch = st.epoch, total_flos = st.total_flos or 0 }, "train",
     runtime, samples, self.total_steps)
+  -- TRL's SFTTrainer adds its training metrics of the micro-batches after the last record (entropy,
+  -- mean_token_accuracy, num_tokens) to the final metrics, unless an evaluation at the last step left its model
+  -- in evaluation mode
+  fold_tokens(pending_tok, tok)
+  if unlogged > 0 and self.last_eval ~= steps then
+    metrics.entropy, metrics.mean_token_accuracy = token_means(tok)
+    metrics.num_tokens = self.log_num_tokens and self.num_tokens or nil
+  end
   local rec = { step = steps } -- (the log record has the step, as transformers' log_history; the metrics do not)
   for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)

@@ -335,6 +335,31 @@ T.test("eval_num_tokens is TRL's count at the evaluation's step; trainer_state.j
   T.eq(text:find(('"num_tokens": %d.0,'):format(upto(4)), 1, true) ~= nil, true, "num_tokens a float")
 end)
 
+T.test("the final metrics carry TRL's training metrics of the steps after the last log", function()
+  -- TRL 1.10 (logging_steps 4, max_steps 6, no evaluation): its log() in training mode adds entropy,
+  -- mean_token_accuracy (means over steps 5-6's micro-batches) and num_tokens (the run's total) to the final
+  -- metrics and their record; an evaluation at the last step (its model then in evaluation mode) or a log there adds none
+  local function run(extra, a)
+    local o = { max_steps = 6, logging_steps = 4, output_dir = tmp .. "/sft_final" }
+    for k, v in pairs(a or {}) do o[k] = v end
+    local t = trainer(extra, o)
+    return t, t:train().metrics
+  end
+  local t, m = run()
+  local per = {}
+  for i, r in ipairs(t.train_dataset) do per[i] = #r.input_ids end
+  local total = 0
+  for k = 1, 24 do total = total + per[(k - 1) % 8 + 1] end
+  T.eq(m.num_tokens, total, "num_tokens")
+  T.eq(type(m.entropy) == "number" and m.mean_token_accuracy >= 0 and m.mean_token_accuracy <= 1, true)
+  local last = t.state.log_history[#t.state.log_history]
+  T.eq(last.train_loss ~= nil and last.num_tokens == total and last.entropy == m.entropy, true, "in the final record")
+  _, m = run({ eval_dataset = zr.datasets.Dataset.from_rows(qa_rows()) }, { eval_strategy = "steps", eval_steps = 3 })
+  T.eq(m.entropy == nil and m.num_tokens == nil and m.mean_token_accuracy == nil, true, "evaluated at the last step: none")
+  _, m = run(nil, { logging_steps = 3 })
+  T.eq(m.entropy == nil and m.num_tokens == nil, true, "logged at the last step: none")
+end)
+
 T.test("SFTTrainer learns the answers: loss falls 80%, gradient norm > 0, teacher-forced answers right", function()
   local t = trainer()
   t:train()
