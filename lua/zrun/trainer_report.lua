@@ -17,10 +17,10 @@ local function timedelta(s)
 end
 
 -- Keys whose values are counts (Python ints); every other number is a float, as Python would write it
--- (Lua numbers do not say which they are).
+-- (Lua numbers do not say which they are). TRL's num_tokens / eval_num_tokens are floats (means of its lists).
 local function is_count(k)
   return k == "step" or k == "global_step" or k:match("_samples$") ~= nil or k:match("tokens") ~= nil and
-    not k:match("per_second$")
+    not k:match("per_second$") and not k:match("num_tokens$")
 end
 
 -- transformers' metrics_format: memory as MB, runtimes as h:mm:ss.cc, total_flos as GF, floats rounded

@@ -39,6 +39,11 @@ T.test("log_metrics prints transformers' block; save_metrics writes <split>_resu
   T.eq(read(tmp .. "/out/train_results.json"), '{\n    "epoch": 1.0,\n    "train_loss": 2.5\n}')
   t:save_metrics("eval", { eval_loss = 3.25, epoch = 1 })
   T.same(cjson.decode(read(tmp .. "/out/all_results.json")), { epoch = 1, train_loss = 2.5, eval_loss = 3.25 })
+  -- (TRL 1.10's num_tokens and eval_num_tokens are floats, the means of its metric lists: 600.0; transformers'
+  -- num_input_tokens_seen an int)
+  t:save_metrics("sft", { num_tokens = 600, eval_num_tokens = 600, num_input_tokens_seen = 640 }, false)
+  T.eq(read(tmp .. "/out/sft_results.json"),
+    '{\n    "eval_num_tokens": 600.0,\n    "num_input_tokens_seen": 640,\n    "num_tokens": 600.0\n}')
   t:save_metrics("test", { test_loss = 1.5 }, false)
   T.eq(cjson.decode(read(tmp .. "/out/all_results.json")).test_loss, nil, "combined = false: all_results.json as it was")
   T.raises(function() t:log_metrics(nil, {}) end, "log_metrics(split, metrics): split must be a name")
