@@ -118,6 +118,7 @@ local refused = {
   { "odd head_dim", cfg { head_dim = 7 }, "head_dim %(7%) must be even" },
   { "eps", cfg { rms_norm_eps = 0 }, "rms_norm_eps must be a positive number, got 0" },
   { "bias flag", cfg { attention_bias = "yes" }, 'attention_bias must be true or false, got "yes"' },
+  { "pad_token_id outside the table", cfg { pad_token_id = 50 }, "pad_token_id must be an integer in %[%-50, 50%)" },
 }
 for _, r in ipairs(refused) do
   T.test("llama config refuses: " .. r[1], function()
@@ -144,6 +145,43 @@ T.test("llama config: fields with no effect on training pass", function()
     rope_scaling = { rope_type = "llama3", factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, attention_factor = 1.0 } })
   T.eq(m:parameters()[1]:dtype(), "f32", "torch_dtype is metadata: built in f32")
   T.eq(m.config.rope_parameters.original_max_position_embeddings, 8, "llama3 default from max_position_embeddings")
+end)
+
+-- pad_token_id is transformers' padding_idx (LlamaModel: nn.Embedding(vocab, hidden, config.pad_token_id)):
+-- transformers 5.17, pad_token_id=3, f32, ids holding 3 at positions the loss counts: the gradient of
+-- embed_tokens.weight[3] is exactly 0 with an untied head, and only the head's part when tied; the row
+-- starts at 0. Without it zrun gave that row the lookup's gradient (|g| ~ 60 for a zero row under RMSNorm).
+T.test("llama: pad_token_id's embedding row gets no gradient from the lookup (transformers' padding_idx)", function()
+  zr.manual_seed(21)
+  local c = cfg { pad_token_id = 3, num_hidden_layers = 2, initializer_range = 0.3 }
+  local untied = llama.LlamaForCausalLM(c)
+  T.eq(untied.model.embed_tokens.weight:narrow(1, 4, 1):abs():sum():item(), 0, "initialised to zero")
+  local ids = (zr.rand({ 2, 12 }) * 49):to("i64")
+  ids:narrow(2, 3, 2):fill_(3)
+  ids:narrow(2, 6, 1):fill_(7)
+  local function grads(m)
+    m:zero_grad()
+    m(ids, ids).loss:backward()
+    return m.model.embed_tokens.weight.grad
+  end
+  local g = grads(untied)
+  T.eq(g:narrow(1, 4, 1):abs():sum():item(), 0, "untied: pad row")
+  if not (g:narrow(1, 8, 1):abs():sum():item() > 0) then error("untied: the other rows must have gradients") end
+  -- tied: the pad row's gradient is the head's alone, what the untied twin's lm_head gets there
+  local tied = llama.LlamaForCausalLM(cfg({ tie_word_embeddings = true }, c))
+  local sd = untied:state_dict()
+  zr.no_grad(function() sd["model.embed_tokens.weight"]:narrow(1, 4, 1):copy_(sd["lm_head.weight"]:narrow(1, 4, 1)) end)
+  sd["lm_head.weight"] = nil
+  tied:load_state_dict(sd, true)
+  zr.no_grad(function() untied.lm_head.weight:copy_(tied.model.embed_tokens.weight) end)
+  local gt = grads(tied)
+  grads(untied)
+  T.near(gt:narrow(1, 4, 1), untied.lm_head.weight.grad:narrow(1, 4, 1), 1e-6, 1e-5, "tied: pad row = head's part")
+  -- no pad_token_id: every row the ids name gets the lookup's gradient
+  local nopad = cfg({}, c)
+  nopad.pad_token_id = nil
+  local plain = llama.LlamaForCausalLM(nopad)
+  if not (grads(plain):narrow(1, 4, 1):abs():sum():item() > 0) then error("no pad_token_id: row 3 must have a gradient") end
 end)
 
 local refused_gpt2 = {

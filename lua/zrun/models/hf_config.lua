@@ -273,6 +273,12 @@ function M.llama(cfg)
   -- pretraining_tp > 1 made transformers split each projection into that many slices and add
   -- the partial products: the same sum, rounded differently; zrun does one product.
   if c.pretraining_tp ~= nil then pos_int(F, "pretraining_tp", c.pretraining_tp) end
+  -- pad_token_id is the embedding's padding_idx (transformers: nn.Embedding(..., config.pad_token_id)):
+  -- that row gets no gradient from the lookup and starts at zero; torch refuses one outside the table
+  local pad, V = c.pad_token_id, c.vocab_size
+  if pad ~= nil and (not is_int(pad) or pad < -V or pad >= V) then
+    fail(F, "pad_token_id must be an integer in [%d, %d) (the embedding's padding_idx) or null, got %s", -V, V, show(pad))
+  end
   refuse_foreign(F, c, "full causal attention with rotary embeddings")
   c.rope_parameters = M.rope_parameters(F, c)
   c.rope_theta, c.rope_scaling = nil, nil

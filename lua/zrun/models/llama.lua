@@ -174,7 +174,9 @@ end
 -- Model -------------------------------------------------------------------------------------
 local Model = Module:extend("LlamaModel")
 function Model:__init(cfg)
-  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device })
+  -- pad_token_id: transformers' padding_idx (no gradient from the lookup for that row)
+  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device,
+    padding_idx = cfg.pad_token_id })
   self.layers = nn.ModuleList()
   for _ = 1, cfg.num_hidden_layers do self.layers:append(Layer(cfg)) end
   self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
@@ -266,8 +268,8 @@ function CausalLM:__init(cfg)
   self:init_weights()
 end
 
--- Hugging Face's _init_weights: N(0, initializer_range) for Linear and Embedding weights, zero
--- biases, ones for RMSNorm.
+-- Hugging Face's _init_weights: N(0, initializer_range) for Linear and Embedding weights (the
+-- pad_token_id row zero), zero biases, ones for RMSNorm.
 function CausalLM:init_weights()
   local std = self.config.initializer_range
   zr.no_grad(function()
@@ -276,6 +278,7 @@ function CausalLM:init_weights()
       elseif name:match("%.bias$") then init.zeros_(p)
       else init.normal_(p, 0, std) end
     end
+    self.model.embed_tokens:zero_padding_row()
   end)
 end
 
