@@ -293,6 +293,21 @@ T.test("gpt2: with dropout, gradient checkpointing replays the same masks (same 
   for n, g in pairs(plain) do T.near(ckpt[n], g, 1e-6, 1e-5, n) end
 end)
 
+-- transformers 5.17's GPT2PreTrainedModel._init_weights (GPT-2's scheme): c_proj weights (attention and
+-- MLP) from N(0, initializer_range / sqrt(2 n_layer)), the other Conv1Ds and the embeddings from
+-- N(0, initializer_range); there, n_layer 8: c_proj std 0.0049-0.0050, c_attn/c_fc/wte 0.020. zrun drew
+-- c_proj from N(0, 0.02) too.
+T.test("gpt2: init as transformers' (c_proj scaled by 1/sqrt(2 n_layer))", function()
+  zr.manual_seed(5)
+  local m = gpt2.GPT2LMHeadModel(cfg({ n_embd = 64, n_layer = 8, n_head = 4, vocab_size = 100 }, gbase))
+  local function rms(p) return (p * p):mean():item() ^ 0.5 end
+  for n, p in m:named_parameters() do
+    local want = n:match("c_proj%.weight$") and 0.02 / 4 or (n:match("c_attn%.weight$") or n:match("c_fc%.weight$")
+      or n:match("wte") or n:match("wpe")) and 0.02 or nil
+    if want then T.near(rms(p), want, 0, 0.1, n) end
+  end
+end)
+
 T.test("gpt2: exact gelu for activation_function \"gelu\", tanh form for gelu_new", function()
   zr.manual_seed(4)
   local tanh = gpt2.GPT2LMHeadModel(cfg({}, gbase))

@@ -13,13 +13,18 @@ local M = {}
 
 -- HF's Conv1D: y = x W + b with W (in, out). zr.conv1d reads W as stored (no transposed copy on a
 -- GPU) and makes its gradient (in, out), straight into an existing one (the engine's fp32 partition).
+-- std: the weight's init (default initializer_range).
 local Conv1D = Module:extend("Conv1D")
-function Conv1D:__init(nx, nf, cfg)
+function Conv1D:__init(nx, nf, cfg, std)
   local td = { dtype = cfg.dtype, device = cfg.device }
-  self.weight = nn.Parameter(init.normal_(zr.empty({ nx, nf }, td), 0, cfg.initializer_range))
+  self.weight = nn.Parameter(init.normal_(zr.empty({ nx, nf }, td), 0, std or cfg.initializer_range))
   self.bias = nn.Parameter(init.zeros_(zr.empty({ nf }, td)))
 end
 function Conv1D:forward(x) return zr.conv1d(x, self.weight, self.bias) end
+
+-- The c_proj weights' init (transformers' GPT2PreTrainedModel._init_weights, GPT-2's scheme):
+-- initializer_range / sqrt(2 n_layer), the residual branches' outputs scaled down with depth.
+local function proj_std(cfg) return cfg.initializer_range / math.sqrt(2 * cfg.n_layer) end
 
 -- transformers' nn.Dropout: active while training, p = 0 costs nothing.
 local function dropout(x, p, training)
@@ -61,7 +66,7 @@ local Attention = Module:extend("GPT2Attention")
 function Attention:__init(cfg)
   self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
   self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd, cfg)
-  self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg)
+  self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg, proj_std(cfg))
   self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
 end
 -- segs (zrun.models.packed.segments): packed sequences, each attending to itself (segs.seg, the
@@ -96,7 +101,7 @@ local MLP = Module:extend("GPT2MLP")
 function MLP:__init(cfg)
   local inner = cfg.n_inner or 4 * cfg.n_embd
   self.c_fc = Conv1D(cfg.n_embd, inner, cfg)
-  self.c_proj = Conv1D(inner, cfg.n_embd, cfg)
+  self.c_proj = Conv1D(inner, cfg.n_embd, cfg, proj_std(cfg))
   self.approximate, self.resid_pdrop = cfg.gelu_approximate, cfg.resid_pdrop
 end
 -- c_fc, the tanh GELU and c_proj run as one op (zr.mlp_gelu: on a GPU the c_fc GEMM's epilogue
