@@ -190,5 +190,34 @@ T.test("saving through the staged writer: tensors split across its 64 MB buffers
   T.eq(n, 23, "tensors read back")
 end)
 
+-- tie_word_embeddings with a lm_head.weight in the files: transformers 5.17 (PreTrainedModel.tie_weights)
+-- ties the two when they are equal (torch .bin files always hold both) and otherwise warns and keeps
+-- them apart (untied: a llama with a random lm_head in the file gave loss 13.42 there, 5.79 tied).
+-- zrun used to drop the file's head silently and tie: equal loads, different is refused in one line.
+T.test("tied head: a lm_head.weight equal to the embedding loads, one that differs is refused", function()
+  zr.manual_seed(9)
+  local lc = { model_type = "llama", hidden_size = 16, intermediate_size = 32, num_hidden_layers = 1,
+    num_attention_heads = 2, vocab_size = 40, tie_word_embeddings = true }
+  local gc = { model_type = "gpt2", n_embd = 16, n_layer = 1, n_head = 2, vocab_size = 40, n_positions = 16 }
+  local cases = { { llama, llama.LlamaForCausalLM, lc, "model.embed_tokens.weight" },
+    { zr.models.gpt2, zr.models.gpt2.GPT2LMHeadModel, gc, "transformer.wte.weight" } }
+  for _, c in ipairs(cases) do
+    local family, m = c[1], c[2](c[3])
+    local sd = m:state_dict()
+    local dir = P("tied_" .. c[3].model_type)
+    sd["lm_head.weight"] = sd[c[4]]:clone()
+    hf.save_pretrained(dir, sd, c[3])
+    local ok, err = pcall(family.from_pretrained, dir)
+    if not ok then error("equal head refused: " .. tostring(err)) end
+    sd["lm_head.weight"] = sd[c[4]] * 2
+    hf.save_pretrained(dir, sd, c[3])
+    T.raises(function() family.from_pretrained(dir) end,
+      c[3].model_type .. ": tie_word_embeddings is true but the checkpoint's lm_head.weight differs from " .. c[4])
+  end
+  -- the way out for a llama: untied, both read
+  local m = llama.from_pretrained(P("tied_llama"), { config = { tie_word_embeddings = false } })
+  T.near(m.lm_head.weight, m.model.embed_tokens.weight * 2, 0, 0, "untied head read from the file")
+end)
+
 os.execute("rm -rf " .. tmp)
 T.done()

@@ -295,17 +295,22 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 -- Builds the model from a Hugging Face model directory (or cached hub id) and loads its weights.
 -- Names are taken as transformers saves them ("transformer.h.0...") or as the original OpenAI
 -- checkpoints store them ("h.0...", with the attention-mask buffers "attn.bias"/"attn.masked_bias",
--- which are not parameters); the tied lm_head.weight is wte. opts as llama.from_pretrained.
+-- which are not parameters); the tied lm_head.weight is wte (one in the files that differs from it is
+-- refused: transformers 5 would untie them). opts as llama.from_pretrained.
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(LM, cfg) -- every weight comes from the files
+  local head = false
   hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
-    if name == "lm_head.weight" or name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$") then
-      return nil
-    end
+    if name == "lm_head.weight" then head = true; return nil end
+    if name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$") then return nil end
     return name:match("^transformer%.") and name or "transformer." .. name
   end })
+  if head then
+    require("zrun.models.llama").check_tied_head(dir, model.transformer.wte.weight, "gpt2", "transformer.wte.weight",
+      "zrun's GPT-2 implements the tied head only")
+  end
   hf.keep_source(model, ref, dir)
   return model
 end

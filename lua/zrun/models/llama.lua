@@ -452,21 +452,41 @@ end
 -- as keyword arguments do in transformers' from_pretrained), revision, cache_dir, threads (reading
 -- the files; default min(8, CPUs)). The model is built without initialising its weights (each one
 -- is then read from the files, once, straight into the parameter: hf.load_weights). The rotary_emb.inv_freq
--- buffers older checkpoints hold are skipped, as transformers skips them.
+-- buffers older checkpoints hold are skipped, as transformers skips them; with tie_word_embeddings a
+-- lm_head.weight in the files must equal the embedding (M.check_tied_head).
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(CausalLM, cfg)
-  local tied = model.config.tie_word_embeddings
+  local tied, head = model.config.tie_word_embeddings, false
   hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
-    if tied and name == "lm_head.weight" then return nil end
+    if tied and name == "lm_head.weight" then head = true; return nil end
     -- the rotary frequencies older transformers saved per layer (model.layers.N.self_attn.rotary_emb.inv_freq,
     -- Llama 2 era checkpoints): a buffer computed from the config, which transformers 5 skips on load too
     if name:match("rotary_emb%.inv_freq$") then return nil end
     return name
   end })
+  if head then
+    M.check_tied_head(dir, model.model.embed_tokens.weight, "llama", "model.embed_tokens.weight",
+      "load with { config = { tie_word_embeddings = false } } to keep both")
+  end
   hf.keep_source(model, ref, dir)
   return model
+end
+
+-- A tied model's checkpoint that holds lm_head.weight too (torch .bin files always do): transformers
+-- 5 ties the head to the embedding only when the two are equal (PreTrainedModel.tie_weights; else it
+-- warns and keeps them apart, untied), so one that differs is refused here, naming both and what to
+-- do (hint). emb: the loaded embedding parameter.
+function M.check_tied_head(dir, emb, family, emb_name, hint)
+  local hf = require "zrun.hf"
+  local h = hf.load_state_dict(dir, { names = { "lm_head.weight" }, dtype = emb:dtype(), device = emb:device() })["lm_head.weight"]
+  local same = h:dim() == 2 and h:size(1) == emb:size(1) and h:size(2) == emb:size(2)
+    and h:ne(emb):to("f32"):sum():item() == 0
+  if not same then
+    error(("%s: tie_word_embeddings is true but the checkpoint's lm_head.weight differs from %s; "
+      .. "transformers 5 then keeps them apart (untied): %s"):format(family, emb_name, hint), 0)
+  end
 end
 
 return M
