@@ -52,8 +52,19 @@ local function max_diff(a, b) return (a:to({ dtype = "f32" }) - b:to({ dtype = "
 -- with the checkpoint's frozen parameter frozen.
 local function model_for(name)
   local c = CASES[name] or {}
-  local m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin",
-    (name == "ds_zero3" or c.tied) and { config = { tie_word_embeddings = true } } or nil)
+  local m
+  if name == "ds_zero3" or c.tied then
+    -- tied: built so, with the file's (untied) lm_head.weight left out; from_pretrained refuses a tied
+    -- model whose files hold a different head (transformers 5 would untie them)
+    local cfg = zr.models.llama.config(DIR .. "llama_micro_bin")
+    cfg.tie_word_embeddings = true
+    m = zr.models.llama.LlamaForCausalLM(cfg)
+    local sd = zr.hf.load_state_dict(DIR .. "llama_micro_bin")
+    sd["lm_head.weight"] = nil
+    m:load_state_dict(sd, true)
+  else
+    m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin")
+  end
   if not c.frozen then return m end
   local frozen = c.frozen == "lm_head.weight" and m.lm_head.weight or m.model.embed_tokens.weight
   frozen:requires_grad_(false)
