@@ -774,9 +774,11 @@ end
 -- input_ids with every position holding pad_token_id set to -100 (as HF does: when pad == eos, as
 -- GPT-2/Llama scripts set it, real eos tokens are ignored too; packed rows avoid the question).
 -- Rows that carry their own labels (group_texts blocks, as HF's default_data_collator takes them)
--- keep them, with -100 on the padding. Returns i64 tensors (B, T). opts: pad_token_id (or tokenizer, whose
--- pad token it takes, as transformers' does), pad_to_multiple_of, mlm (false only), mask_pad_token (default
--- true; false: only the padding is -100, tokens equal to the pad id are learned, as TRL's collator does),
+-- keep them, with -100 on the padding; a row's own attention_mask (rows tokenized with padding) is kept,
+-- padded with 0, as transformers' tokenizer.pad keeps it. Returns i64 tensors (B, T). opts: pad_token_id (or
+-- tokenizer, whose pad token it takes, as transformers' does), pad_to_multiple_of, mlm (false only),
+-- mask_pad_token (default true; false: TRL's collator: only the padding is -100, tokens equal to the pad id
+-- are learned, and the attention_mask is 1 on every token of a row, its own not read),
 -- padding_free (TRL's DataCollatorForLanguageModeling(padding_free=True): the rows joined into one (1, N)
 -- row with position_ids restarting at each row, or at each packed sequence of a row's seq_lengths; the
 -- label at each position 0 is -100; no attention_mask; padded, when pad_to_multiple_of says, with
@@ -826,11 +828,11 @@ function M.causal_lm_collator(opts)
     local ids, mask, labels = {}, {}, {}
     for b, r in ipairs(rows) do
       local ri, rm, rl = {}, {}, {}
-      local src_labels = r.labels
+      local src_labels, src_mask = r.labels, mask_pad and r.attention_mask
       for t = 1, T do
         local v = r.input_ids[t]
         if v then
-          ri[t], rm[t] = v, 1
+          ri[t], rm[t] = v, src_mask and src_mask[t] or 1
           if src_labels then rl[t] = src_labels[t] or -100
           elseif v == pad and mask_pad then rl[t] = -100
           else rl[t] = v end

@@ -41,6 +41,24 @@ local function forward_options(opts, batch, stats)
   return o
 end
 
+-- zrun's models attend causally and read no attention_mask: a row's padding after its tokens changes nothing
+-- they see, but padding before a token (left padding: transformers' tokenizer padding_side "left", rows
+-- tokenized so) would be attended to where transformers masks it. Such a batch is refused.
+local function check_right_padded(batch)
+  local m = batch.attention_mask
+  if not m then return end
+  local B, T_, f = m:size(1), m:size(2), m:flat_table()
+  for b = 0, B - 1 do
+    for t = b * T_ + 2, (b + 1) * T_ do
+      if f[t - 1] == 0 and f[t] ~= 0 then
+        error(fmt("Trainer: row %d of a batch has padding before a token (attention_mask 0 at position %d, 1 at %d): " ..
+          "zrun's models read no attention_mask and attend causally, so only right padding is masked; pad on the " ..
+          "right (tokenizer padding_side \"right\", as the default collator does)", b + 1, t - 1 - b * T_, t - b * T_), 0)
+      end
+    end
+  end
+end
+
 -- The model's forward options for the loss: label_smoothing_factor, and the loss_type zr.SFTTrainer sets
 -- (TRL's "dft"); nil for the plain token-mean cross-entropy.
 local function loss_options(self)
@@ -660,6 +678,7 @@ function Trainer:train(resume)
       local batch_rows = {}
       for k = m * bs + 1, math.min(m * bs + bs, #idx) do batch_rows[#batch_rows + 1] = rows[idx[k]] end
       local batch = self.collator(batch_rows)
+      check_right_padded(batch)
       local L = batch.labels
       local scope = C.handle_serial() -- (the count's temporaries: freed once read)
       local c = weigh and L:narrow(2, 2, L:size(2) - 1):ne(-100):to("f64"):sum():item() or 1
@@ -843,10 +862,15 @@ function Trainer:train(resume)
         flos_local = flos_local + flops_per_token * ids:numel()
         if count_seen or self.log_num_tokens then -- this rank's, summed over the ranks when logged or saved
           local all = ids:numel()
-          local nonpad = (count_seen == "non_padding" or self.log_num_tokens) and batch.attention_mask and
-            batch.attention_mask:to("f64"):sum():item() or all
-          if count_seen then seen_local = seen_local + (count_seen == "non_padding" and nonpad or all) end
-          if self.log_num_tokens then ntok_local = ntok_local + nonpad end
+          local masked = (count_seen == "non_padding" or self.log_num_tokens) and batch.attention_mask and
+            batch.attention_mask:to("f64"):sum():item()
+          if count_seen == "non_padding" then -- (transformers: the attention_mask's ones, else the tokens that are
+            -- not processing_class's pad token, a padding-free batch's included, else every token)
+            local pc = self.processing_class
+            local pad = not masked and pc and pc.pad_id and pc:pad_id()
+            seen_local = seen_local + (masked or pad and batch.input_ids:ne(pad):to("f64"):sum():item() or all)
+          elseif count_seen then seen_local = seen_local + all end
+          if self.log_num_tokens then ntok_local = ntok_local + (masked or all) end -- (TRL's num_tokens)
         end
         -- the micro-batch's tensors and outputs go now, not at the next full Lua collection (which walks the
         -- whole heap, the dataset's rows included): engine:backward then need not run one for them (the
@@ -1269,6 +1293,7 @@ function Trainer:evaluate(ds, prefix)
       end
       local made = C.handle_serial()
       local batch = self.collator(batch_rows)
+      check_right_padded(batch)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
       if labels:size(1) == #batch_rows then

@@ -292,6 +292,18 @@ T.test("the collator as transformers' DataCollatorForLanguageModeling(tokenizer,
   T.raises(function() D.causal_lm_collator { tokenizer = nopad } end, "the tokenizer has no pad token")
 end)
 
+T.test("the collator keeps rows' own attention_mask as transformers' tokenizer.pad does; TRL's (mask_pad_token false) not", function()
+  -- rows tokenized with padding: transformers 5.17's DataCollatorForLanguageModeling(tokenizer, mlm=False) gives
+  -- attention_mask [[1,1,0,0],[1,1,1,0]], labels [[5,6,-100,-100],[3,4,5,-100]]; TRL 1.10's DataCollatorForLanguageModeling
+  -- builds its mask from ones: [[1,1,1,1],[1,1,1,1]]
+  local rows = { { input_ids = { 5, 6, 0, 0 }, attention_mask = { 1, 1, 0, 0 } }, { input_ids = { 3, 4, 5 }, attention_mask = { 1, 1, 1 } } }
+  local b = D.causal_lm_collator { pad_token_id = 0 }(rows)
+  T.eq(table.concat(b.attention_mask:flat_table(), ","), "1,1,0,0,1,1,1,0")
+  T.eq(table.concat(b.labels:flat_table(), ","), "5,6,-100,-100,3,4,5,-100")
+  local trl = D.causal_lm_collator { pad_token_id = 0, mask_pad_token = false }(rows)
+  T.eq(table.concat(trl.attention_mask:flat_table(), ","), "1,1,1,1,1,1,1,0")
+end)
+
 T.test("causal LM collator pads and masks", function()
   local col = D.causal_lm_collator({ pad_token_id = 9 })
   local b = col({ { input_ids = { 1, 2, 3 } }, { input_ids = { 4 } } })

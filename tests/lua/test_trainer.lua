@@ -504,6 +504,45 @@ T.test("include_num_input_tokens_seen counts the inputs (all, or non-padding), s
     'include_num_input_tokens_seen must be "all", "non_padding", "no", true or false')
 end)
 
+T.test("non_padding counts and padding sides as transformers 5.17's Trainer (rows' own attention_mask, padding-free)", function()
+  -- 8 rows, 4 a step, in order; their last token is the pad (0). Expected: transformers 5.17's state.num_input_tokens_seen
+  -- at steps 1 and 2 on these rows (include_num_input_tokens_seen = "non_padding")
+  local ids = { { 13, 59, 42, 17, 0 }, { 40, 16, 86, 68, 77, 0 }, { 90, 5, 21, 76, 8, 82, 0 }, { 6, 42, 84, 56, 61, 42, 48, 0 },
+    { 26, 19, 54, 45, 40, 14, 14, 37, 0 }, { 17, 92, 75, 51, 0 }, { 67, 60, 83, 81, 65, 0 }, { 32, 15, 8, 83, 47, 84, 0 } }
+  local function run(rows, collator)
+    local tt = zr.Trainer { model = model(), train_dataset = rows, processing_class = tok, data_collator = collator,
+      args = { output_dir = tmp .. "/seen3", per_device_train_batch_size = 4, max_steps = 2, logging_steps = 1,
+        save_strategy = "no", train_sampling_strategy = "sequential", include_num_input_tokens_seen = "non_padding" } }
+    tt:train()
+    local out = {}
+    for _, r in ipairs(tt.state.log_history) do if r.loss then out[#out + 1] = r.num_input_tokens_seen end end
+    return table.concat(out, ",")
+  end
+  -- a padding-free batch (no attention_mask): the tokens that are not processing_class's pad token (transformers 5.17
+  -- with TRL 1.10's DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=16): 22,45)
+  local rows = {}
+  for i, r in ipairs(ids) do rows[i] = { input_ids = r } end
+  T.eq(run(rows, zr.datasets.causal_lm_collator { pad_token_id = 0, mask_pad_token = false, padding_free = true,
+    pad_to_multiple_of = 16 }), "22,45", "padding-free: the tokens that are not the pad")
+  -- rows tokenized with padding to 9 tokens, their attention_mask with them (transformers 5.17,
+  -- DataCollatorForLanguageModeling(tokenizer, mlm=False): 22,45, the masks' ones)
+  local function padded(left)
+    local out = {}
+    for i, r in ipairs(ids) do
+      local n, x, m = #r - 1, {}, {}
+      for t = 1, 9 do
+        local real = left and t > 9 - n or not left and t <= n
+        x[t], m[t] = real and r[left and t - (9 - n) or t] or 0, real and 1 or 0
+      end
+      out[i] = { input_ids = x, attention_mask = m }
+    end
+    return out
+  end
+  T.eq(run(padded(false)), "22,45", "right-padded rows: their attention_mask's ones")
+  -- left padding: transformers masks it, zrun's models would attend to it
+  T.raises(function() run(padded(true)) end, "row 1 of a batch has padding before a token")
+end)
+
 T.test("neftune_noise_alpha: uniform noise on the token embeddings in training mode only (transformers' NEFTune)", function()
   local m = model()
   local t = zr.Trainer { model = m, train_dataset = train_ds, args = { output_dir = tmp .. "/neft", max_steps = 4,
