@@ -1237,7 +1237,9 @@ end
 
 -- Loss over every predicted token of the evaluation set (all ranks, each row once) and its
 -- perplexity: the sum of per-token losses over the count of labels that are not -100 (after the
--- shift: a row's first label predicts nothing). Rows are dealt round-robin; ranks with fewer rows
+-- shift: a row's first label predicts nothing). Rows are read in order (train_sampling_strategy
+-- "group_by_length": in transformers' LengthGroupedSampler order of per_device_eval_batch_size rows, shuffled
+-- with data_seed or seed, as transformers 5.17 evaluates) and dealt round-robin; ranks with fewer rows
 -- run a padding row whose labels are all -100 so every rank runs the same forwards (stage 3).
 function Trainer:evaluate(ds, prefix)
   if not self.engine then -- transformers' model_preparation_time: an evaluation before training prepares the model
@@ -1262,6 +1264,14 @@ function Trainer:evaluate(ds, prefix)
   local e = self.engine
   local W, rank = dist.world_size(), dist.rank()
   local rows, bs = ds.rows, self.args.per_device_eval_batch_size
+  if self.args.train_sampling_strategy == "group_by_length" then -- (transformers 5.17 evaluates in a
+    -- LengthGroupedSampler's order too, of per_device_eval_batch_size rows, its shuffle seeded data_seed or seed)
+    local col, len, by_len = self.args.length_column_name, {}, {}
+    for i, r in ipairs(rows) do len[i] = type(r[col]) == "number" and r[col] or #r.input_ids end
+    local perm = C.randperm_torch(#rows, self.args.data_seed or self.args.seed):flat_table()
+    for k, i in ipairs(datasets.length_grouped_indices(len, bs, perm)) do by_len[k] = rows[i] end
+    rows = by_len
+  end
   -- label smoothing (or TRL's dft loss): the loss is the smoothed one (transformers evaluates through its
   -- LabelSmoother, TRL through its compute_loss_func too), the perplexity that of the plain cross-entropy over
   -- the same logits

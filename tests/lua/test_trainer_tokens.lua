@@ -314,3 +314,30 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
 end)
 
 T.done()
+
+T.test("group_by_length evaluates in transformers 5.17's order: LengthGroupedSampler of eval batches, seeded data_seed", function()
+  -- 30 rows, row i of 3 + (i-1)*7 % 11 tokens, all equal to i; per_device_eval_batch_size 2, data_seed 5. Expected:
+  -- list(LengthGroupedSampler(2, lengths, generator=torch.Generator().manual_seed(5))) (transformers 5.17's
+  -- _get_eval_sampler), 1-based
+  local expected = "26,29,7,16,3,12,21,13,19,30,14,23,18,2,8,11,25,28,4,24,5,22,17,1,15,10,27,6,20,9"
+  local ev = {}
+  for i = 1, 30 do
+    local ids = {}
+    for t = 1, 3 + ((i - 1) * 7) % 11 do ids[t] = i end
+    ev[i] = { input_ids = ids }
+  end
+  local seen = {}
+  local t = zr.Trainer { model = model(), train_dataset = ds, eval_dataset = ev,
+    data_collator = function(b)
+      for _, r in ipairs(b) do seen[#seen + 1] = r.input_ids[1] end
+      return collator(b)
+    end,
+    args = { output_dir = tmp .. "/evgl", save_strategy = "no", per_device_eval_batch_size = 2, data_seed = 5,
+      train_sampling_strategy = "group_by_length" } }
+  t:evaluate()
+  T.eq(table.concat(seen, ","), expected)
+  seen = {}
+  t.args.train_sampling_strategy = "sequential"
+  t:evaluate()
+  T.eq(seen[1] .. "," .. seen[30], "1,30", "sequential: the rows in order")
+end)
