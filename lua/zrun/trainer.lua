@@ -43,8 +43,17 @@ end
 
 -- zrun's models attend causally and read no attention_mask: a row's padding after its tokens changes nothing
 -- they see, but padding before a token (left padding: transformers' tokenizer padding_side "left", rows
--- tokenized so) would be attended to where transformers masks it. Such a batch is refused.
-local function check_right_padded(batch)
+-- tokenized so) would be attended to where transformers masks it. Such a batch is refused, and one without
+-- input_ids or labels (transformers' model returns no loss then, and its Trainer stops).
+local function check_batch(batch)
+  if type(batch) ~= "table" or not batch.input_ids or not batch.labels then
+    local keys = {}
+    for k in pairs(type(batch) == "table" and batch or {}) do keys[#keys + 1] = tostring(k) end
+    table.sort(keys)
+    error(fmt("Trainer: the data collator's batch has no %s (it has: %s); the loss needs input_ids and labels " ..
+      "(zr.datasets.causal_lm_collator makes labels from input_ids)", type(batch) ~= "table" and "input_ids or labels" or
+      not batch.input_ids and "input_ids" or "labels", type(batch) == "table" and table.concat(keys, ", ") or type(batch)), 0)
+  end
   local m = batch.attention_mask
   if not m then return end
   local B, T_, f = m:size(1), m:size(2), m:flat_table()
@@ -678,7 +687,7 @@ function Trainer:train(resume)
       local batch_rows = {}
       for k = m * bs + 1, math.min(m * bs + bs, #idx) do batch_rows[#batch_rows + 1] = rows[idx[k]] end
       local batch = self.collator(batch_rows)
-      check_right_padded(batch)
+      check_batch(batch)
       local L = batch.labels
       local scope = C.handle_serial() -- (the count's temporaries: freed once read)
       local c = weigh and L:narrow(2, 2, L:size(2) - 1):ne(-100):to("f64"):sum():item() or 1
@@ -1303,7 +1312,7 @@ function Trainer:evaluate(ds, prefix)
       end
       local made = C.handle_serial()
       local batch = self.collator(batch_rows)
-      check_right_padded(batch)
+      check_batch(batch)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
       if labels:size(1) == #batch_rows then

@@ -541,6 +541,10 @@ T.test("non_padding counts and padding sides as transformers 5.17's Trainer (row
   T.eq(run(padded(false)), "22,45", "right-padded rows: their attention_mask's ones")
   -- left padding: transformers masks it, zrun's models would attend to it
   T.raises(function() run(padded(true)) end, "row 1 of a batch has padding before a token")
+  -- a collator without labels: transformers' model returns no loss and its Trainer stops (ValueError); one line here
+  T.raises(function()
+    run(rows, function(b) local x = zr.datasets.causal_lm_collator { pad_token_id = 0 }(b); x.labels = nil; return x end)
+  end, "the data collator's batch has no labels (it has: attention_mask, input_ids)")
 end)
 
 T.test("neftune_noise_alpha: uniform noise on the token embeddings in training mode only (transformers' NEFTune)", function()
