@@ -738,7 +738,7 @@ function M.load_dataset(path, opts)
 end
 
 -- causal_lm_collator{padding_free = true, ...}'s collate function (its options checked there).
-local function padding_free_collator(pad, multiple, mask_pad)
+local function padding_free_collator(pad, multiple)
   return function(rows)
     local ids, labels, pos = {}, {}, {}
     for i, r in ipairs(rows) do
@@ -752,7 +752,7 @@ local function padding_free_collator(pad, multiple, mask_pad)
       if sum ~= n then error(("collator: row %d's seq_lengths add up to %d for %d input_ids"):format(i, sum, n), 0) end
       for k = 1, n do
         local v, l = r.input_ids[k], nil
-        if src then l = src[k] or -100 elseif v == pad and mask_pad then l = -100 else l = v end
+        if src then l = src[k] or -100 else l = v end -- (no padding inside: a token equal to the pad is learned)
         ids[t0 + k], labels[t0 + k] = v, pos[t0 + k] == 0 and -100 or l
       end
     end
@@ -782,7 +782,8 @@ end
 -- padding_free (TRL's DataCollatorForLanguageModeling(padding_free=True): the rows joined into one (1, N)
 -- row with position_ids restarting at each row, or at each packed sequence of a row's seq_lengths; the
 -- label at each position 0 is -100; no attention_mask; padded, when pad_to_multiple_of says, with
--- position 0).
+-- position 0; a token equal to the pad is learned whatever mask_pad_token says, as transformers'
+-- DataCollatorWithFlattening and TRL's collator learn it).
 function M.causal_lm_collator(opts)
   opts = kw.check("causal_lm_collator", opts, { "pad_token_id", "pad_to_multiple_of", "tokenizer", "mlm", "mask_pad_token",
     "padding_free" })
@@ -805,7 +806,7 @@ function M.causal_lm_collator(opts)
   end
   if opts.padding_free then
     if multiple and pad == nil then error("collator: padding_free with pad_to_multiple_of needs a pad_token_id", 2) end
-    return padding_free_collator(pad, multiple, mask_pad)
+    return padding_free_collator(pad, multiple)
   end
   return function(rows)
     local B, T, Tmin = #rows, 0, math.huge

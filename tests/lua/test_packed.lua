@@ -271,6 +271,9 @@ T.test("the padding-free collator: TRL's example; seq_lengths; padding at positi
   T.eq_list(b.position_ids:flat_table(), { 0, 1, 0, 0 })
   T.eq_list(b.labels:flat_table(), { -100, 2, -100, -100 })
   T.raises(function() c { { input_ids = { 1, 2 }, seq_lengths = { 1 } } } end, "seq_lengths add up to 1 for 2")
+  -- a token equal to the pad is learned (no padding inside the row): [[5,0,7],[3,4]] with pad 0 -> labels
+  -- [[-100,0,7,-100,4]] from transformers 5.17's DataCollatorWithFlattening() and TRL 1.10's collator (padding_free=True)
+  T.eq_list(c({ { input_ids = { 5, 0, 7 } }, { input_ids = { 3, 4 } } }).labels:flat_table(), { -100, 0, 7, -100, 4 })
   T.raises(function() zr.datasets.causal_lm_collator { pad_token_id = 0 } { { input_ids = { 1, 2 }, seq_lengths = { 1, 1 } } } end,
     "causal_lm_collator{padding_free = true}")
 end)
