@@ -236,6 +236,20 @@ function M.varied_rows(tok, n, len)
   return require("zrun.datasets").Dataset.from_rows(rows)
 end
 
+-- A Llama built tied from the HF directory dir, its weights loaded but the file's own lm_head.weight left out
+-- (from_pretrained refuses a tied config whose files hold a different head: transformers 5 unties them). The
+-- DeepSpeed checkpoint tests' micro Llama, whose DeepSpeed runs trained it tied.
+function M.tied_llama(dir)
+  local llama, hf = require("zrun.models.llama"), require("zrun.hf")
+  local cfg = llama.config(dir)
+  cfg.tie_word_embeddings = true
+  local m = llama.LlamaForCausalLM(cfg)
+  local sd = hf.load_state_dict(dir)
+  sd["lm_head.weight"] = nil
+  m:load_state_dict(sd, true)
+  return m
+end
+
 -- The bytes of the file at path (raises when it cannot be read).
 function M.read_file(path)
   local f = assert(io.open(path, "rb"))

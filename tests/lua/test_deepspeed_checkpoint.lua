@@ -54,14 +54,7 @@ local function model_for(name)
   local c = CASES[name] or {}
   local m
   if name == "ds_zero3" or c.tied then
-    -- tied: built so, with the file's (untied) lm_head.weight left out; from_pretrained refuses a tied
-    -- model whose files hold a different head (transformers 5 would untie them)
-    local cfg = zr.models.llama.config(DIR .. "llama_micro_bin")
-    cfg.tie_word_embeddings = true
-    m = zr.models.llama.LlamaForCausalLM(cfg)
-    local sd = zr.hf.load_state_dict(DIR .. "llama_micro_bin")
-    sd["lm_head.weight"] = nil
-    m:load_state_dict(sd, true)
+    m = T.tied_llama(DIR .. "llama_micro_bin") -- (built tied, the file's untied lm_head.weight left out)
   else
     m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin")
   end

@@ -9,12 +9,7 @@ local DIR = (ZRUN_HOME or ".") .. "/tests/golden/torch_files/"
 local tied = case == "ds_zero3" or case == "ds_nozero_bf16"
 local m
 if tied then -- built tied, the file's untied lm_head.weight left out (from_pretrained refuses it: transformers unties)
-  local cfg = zr.models.llama.config(DIR .. "llama_micro_bin")
-  cfg.tie_word_embeddings = true
-  m = zr.models.llama.LlamaForCausalLM(cfg)
-  local sd = zr.hf.load_state_dict(DIR .. "llama_micro_bin")
-  sd["lm_head.weight"] = nil
-  m:load_state_dict(sd, true)
+  m = zr.testing.tied_llama(DIR .. "llama_micro_bin")
 else
   m = zr.models.llama.from_pretrained(DIR .. "llama_micro_bin")
 end
