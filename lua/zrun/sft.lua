@@ -732,11 +732,14 @@ function M.SFTTrainer(opts)
     end
     local p1 = opts.model and opts.model.parameters and opts.model:parameters()[1]
     -- (not padding-free: its padding, position 0 each, would be as many one-token sequences as pads)
-    if not multiple and p1 and p1:device() ~= "cpu" and not padding_free then multiple = 64 end
+    local auto = not multiple and p1 and p1:device() ~= "cpu" and not padding_free
+    if auto then multiple = 64 end
     -- (TRL's collator: labels are the row's, else its input_ids; only the padding is -100, so a token equal to
     -- the pad, an eos that pads, is still learned)
     t.data_collator = require("zrun.datasets").causal_lm_collator { pad_token_id = pad, pad_to_multiple_of = multiple or nil,
       mask_pad_token = false, padding_free = padding_free or nil }
+    -- (zrun's own rounding is not counted in num_input_tokens_seen / total_flos: TRL pads to the longest row)
+    if auto then t.data_collator = require("zrun.trainer").counted_unrounded(t.data_collator) end
   end
   local trainer = require("zrun.trainer")(t)
   if loss_type ~= "nll" then trainer.loss_type = loss_type end -- (the model's forward option, training and evaluation)

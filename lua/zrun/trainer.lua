@@ -194,7 +194,8 @@ function Trainer.new(opts)
   -- with -100 labels changes nothing the real tokens see. Rows of one length stay as they are.)
   local plain = datasets.causal_lm_collator({ pad_token_id = pad })
   local p1 = self.model.parameters and self.model:parameters()[1]
-  local rounded = p1 and p1:device() ~= "cpu" and datasets.causal_lm_collator({ pad_token_id = pad, pad_to_multiple_of = 64 })
+  local rounded = p1 and p1:device() ~= "cpu" and
+    Trainer.counted_unrounded(datasets.causal_lm_collator({ pad_token_id = pad, pad_to_multiple_of = 64 }))
   self.collator = opts.data_collator or rounded and function(rows)
     for _, r in ipairs(rows) do if #r.input_ids ~= #rows[1].input_ids then return rounded(rows) end end
     return plain(rows)
@@ -215,6 +216,18 @@ require("zrun.trainer_report").install(Trainer) -- log_metrics, save_metrics, sa
 -- HF's grouping (transformers 5.17 get_decay_parameter_names): no weight decay for the parameters of
 -- LayerNorm modules (by class) and for those whose full dotted name matches its forbidden_name_patterns
 -- (bias, layernorm, rmsnorm, (^|.)norm($|.), _norm($|.), lower-cased): Llama's RMSNorms by their names.
+-- A collator whose batches zrun pads further than the user asked (to a multiple of 64 tokens on a GPU, for fewer
+-- shapes): each batch notes counted_numel, its rows x the longest row, the input_ids.numel() transformers' collator
+-- (padding to the longest) gives, which num_input_tokens_seen and total_flos count as transformers does.
+function Trainer.counted_unrounded(collate)
+  return function(rows)
+    local b, longest = collate(rows), 0
+    for _, r in ipairs(rows) do longest = math.max(longest, #r.input_ids) end
+    b.counted_numel = #rows * longest
+    return b
+  end
+end
+
 function Trainer.no_decay_name(name)
   local n = "." .. name:lower() .. "."
   return n:find("bias", 1, true) or n:find("layernorm", 1, true) or n:find("rmsnorm", 1, true)
@@ -868,9 +881,10 @@ function Trainer:train(resume)
         end
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
         tokens = tokens + ids:numel() * W
-        flos_local = flos_local + flops_per_token * ids:numel()
+        local counted = batch.counted_numel or ids:numel() -- (transformers': padded to the longest row)
+        flos_local = flos_local + flops_per_token * counted
         if count_seen or self.log_num_tokens then -- this rank's, summed over the ranks when logged or saved
-          local all = ids:numel()
+          local all = counted
           local masked = (count_seen == "non_padding" or self.log_num_tokens) and batch.attention_mask and
             batch.attention_mask:to("f64"):sum():item()
           if count_seen == "non_padding" then -- (transformers: the attention_mask's ones, else the tokens that are

@@ -179,7 +179,21 @@ T.test("the default collator for a model on a GPU pads rows of different lengths
   local b = g.collator { rows[1], rows[2] }
   T.eq(b.input_ids:size(2), 64, "rows of 42 and 23 tokens padded to 64")
   T.eq(b.labels:narrow(2, 43, 22):eq(-100):to("f64"):sum():item(), 44, "positions 43-64 of both rows are -100")
+  -- transformers' collator pads to the longest row: num_input_tokens_seen and total_flos count 2 x 42, not 2 x 64
+  T.eq(b.counted_numel, 2 * #rows[1].input_ids, "counted as transformers' batch")
   T.eq(g.collator({ rows[1], rows[1] }).input_ids:size(2), #rows[1].input_ids, "rows of one length stay")
+  local r64 = zr.Trainer.counted_unrounded(zr.datasets.causal_lm_collator { pad_token_id = 0, pad_to_multiple_of = 64 })
+  local t = zr.Trainer { model = model(), train_dataset = ds, data_collator = r64, args = { output_dir = tmp .. "/r64",
+    save_strategy = "no", max_steps = 2, per_device_train_batch_size = 4, train_sampling_strategy = "sequential",
+    include_num_input_tokens_seen = "all", logging_steps = 1 } }
+  t:train()
+  local want = 0
+  for s = 0, 1 do
+    local longest = 0
+    for i = 4 * s + 1, 4 * s + 4 do longest = math.max(longest, #rows[i].input_ids) end
+    want = want + 4 * longest
+  end
+  T.eq(t.state.num_input_tokens_seen, want, "the inputs seen: each batch's rows x its longest row")
   local c = zr.Trainer { model = model(), processing_class = tokz, args = { output_dir = tmp .. "/c" } }
   T.eq(c.collator({ rows[1], rows[2] }).input_ids:size(2), #rows[1].input_ids, "on the CPU: the longest row")
 end)
