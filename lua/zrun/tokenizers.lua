@@ -90,6 +90,27 @@ local function optional_json(path)
 end
 
 local SET_IDS = { "eos", "pad" } -- (the special tokens set_special_tokens sets)
+
+-- transformers tokenizer names zrun's tokenizers lack, and what to write instead: reading one (tok:add_tokens(...),
+-- tok.pad_token_id) raises this one line at the caller's, not "attempt to call a nil value".
+local NEW_TOKENS = "adding tokens to the vocabulary is not supported (the embedding would need new rows); a token " ..
+  "already in it becomes eos or pad with zr.tokenizers.set_special_tokens(tok, { pad_token = \"...\" })"
+local HF_NAMES = {
+  add_tokens = NEW_TOKENS, add_special_tokens = NEW_TOKENS,
+  encode_plus = "tok:encode(text [, add_special_tokens [, max_length]]), one text a call; the collators pad batches",
+  batch_encode_plus = "tok:encode(text [, add_special_tokens [, max_length]]) for each text; the collators pad batches",
+  batch_decode = "tok:decode(batch [, skip_special_tokens]): a table of id lists or a 2-D tensor gives a string a row",
+  convert_ids_to_tokens = "tok:id_to_token(id)", convert_tokens_to_ids = "tok:token_to_id(token)",
+  tokenize = "tok:encode(text, false), then tok:id_to_token(id) for each id",
+  get_vocab = "tok:vocab_size(), tok:token_to_id(token) and tok:id_to_token(id)",
+  pad = "zr.datasets.causal_lm_collator{ pad_token_id = tok:pad_id() }",
+  eos_token_id = "tok:eos_id()", pad_token_id = "tok:pad_id()", bos_token_id = "tok:bos_id()",
+  resize_token_embeddings = NEW_TOKENS,
+}
+local function hf_name(_, k)
+  local instead = HF_NAMES[k]
+  if instead then error(("tokenizer: no %s here (transformers' name); zrun's: %s"):format(k, instead), 2) end
+end
 -- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
 -- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
 -- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
@@ -141,6 +162,7 @@ function M.load(ref, opts)
   -- tok:save_pretrained(dir), as on a transformers tokenizer (the C class's methods table, once)
   local methods = getmetatable(tok).__index
   if type(methods) == "table" and not methods.save_pretrained then
+    setmetatable(methods, { __index = hf_name })
     methods.save_pretrained = function(self, dir) return M.save_pretrained(self, dir) end
     methods.apply_chat_template = M.apply_chat_template
     methods.set_chat_template = M.set_chat_template
@@ -276,7 +298,7 @@ end
 
 -- Byte-level tokenizer: ids 0 pad, 1 bos, 2 eos, 3..258 the bytes 0..255 (vocab 259, the size
 -- of the built-in tiny Llama's vocabulary).
-local Byte = {}
+local Byte = setmetatable({}, { __index = hf_name })
 Byte.__index = Byte
 M.ByteTokenizer = Byte
 -- A byte tokenizer (no state).

@@ -207,4 +207,14 @@ T.test("special tokens as transformers 5 reads them: special_tokens_map.json's w
   end
 end)
 
+T.test("transformers' tokenizer names zrun lacks say what to write instead, in one line", function()
+  for _, t in ipairs { tok, zr.tokenizers.ByteTokenizer.new() } do
+    T.raises(function() t:add_special_tokens { pad_token = "<pad>" } end,
+      "tokenizer: no add_special_tokens here (transformers' name); zrun's: adding tokens to the vocabulary is not supported")
+    T.raises(function() return t.pad_token_id end, "tokenizer: no pad_token_id here (transformers' name); zrun's: tok:pad_id()")
+    T.raises(function() t:batch_decode { { 3 } } end, "zrun's: tok:decode(batch [, skip_special_tokens])")
+    T.eq(t.no_such_field, nil, "other missing fields stay nil (a field test is no error)")
+  end
+end)
+
 T.done()
