@@ -217,6 +217,19 @@ T.test("tied head: a lm_head.weight equal to the embedding loads, one that diffe
   -- the way out for a llama: untied, both read
   local m = llama.from_pretrained(P("tied_llama"), { config = { tie_word_embeddings = false } })
   T.near(m.lm_head.weight, m.model.embed_tokens.weight * 2, 0, 0, "untied head read from the file")
+  -- untied config, no lm_head.weight in the files: transformers 5.17 starts a random head (a warning); one line here
+  local sd = m:state_dict()
+  sd["lm_head.weight"] = nil
+  local cfg = {}
+  for k, v in pairs(lc) do cfg[k] = v end
+  cfg.tie_word_embeddings = false
+  hf.save_pretrained(P("no_head"), sd, cfg)
+  local err = T.raises(function() llama.from_pretrained(P("no_head")) end,
+    "has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would be random; " ..
+    "if the head is the embedding, load with { config = { tie_word_embeddings = true } }")
+  assert(not err:find("\n", 1, true), "one line: " .. err)
+  T.near(llama.from_pretrained(P("no_head"), { config = { tie_word_embeddings = true } }).model.embed_tokens.weight,
+    m.model.embed_tokens.weight, 0, 0, "tied: the embedding read")
 end)
 
 os.execute("rm -rf " .. tmp)

@@ -459,14 +459,21 @@ function M.from_pretrained(ref, opts)
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(CausalLM, cfg)
   local tied, head = model.config.tie_word_embeddings, false
-  hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
-    if tied and name == "lm_head.weight" then head = true; return nil end
+  local ok, err = pcall(hf.load_weights, model, dir, { threads = opts and opts.threads, rename = function(name)
+    if name == "lm_head.weight" then head = true; if tied then return nil end end
     -- the rotary frequencies older transformers saved per layer (model.layers.N.self_attn.rotary_emb.inv_freq,
     -- Llama 2 era checkpoints): a buffer computed from the config, which transformers 5 skips on load too
     if name:match("rotary_emb%.inv_freq$") then return nil end
     return name
   end })
-  if head then
+  if not ok and not tied and not head and tostring(err):find('"lm_head.weight"', 1, true) then -- (missing: transformers
+    -- would start the head from random weights, with a warning)
+    error(("llama: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
+      "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(dir), 0)
+  elseif not ok then
+    error(err, 0)
+  end
+  if head and tied then
     M.check_tied_head(dir, model.model.embed_tokens.weight, "llama", "model.embed_tokens.weight",
       "load with { config = { tie_word_embeddings = false } } to keep both")
   end
