@@ -174,6 +174,13 @@ local function batch_rows(who, bs, n)
   return bs
 end
 
+-- rows[s .. s + bs - 1] (fewer at the end): the batch a batched map or filter passes.
+local function slice(rows, s, bs)
+  local batch = {}
+  for i = s, math.min(s + bs - 1, #rows) do batch[#batch + 1] = rows[i] end
+  return batch
+end
+
 -- Applies fn(row, index) -> new row, as HF's map: fn's columns are added to the row's (the default);
 -- remove_columns = {names} (ds.column_names: all) drops those first. batched=true passes lists of rows
 -- (batch_size, default 1000; false or <= 0: all rows in one batch) and fn returns a list of rows of any
@@ -186,8 +193,7 @@ function Dataset:map(fn, opts)
   if opts.batched then
     local bs = batch_rows("Dataset:map", opts.batch_size, #self.rows)
     for s = 1, #self.rows, bs do
-      local batch = {}
-      for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
+      local batch = slice(self.rows, s, bs)
       local res = fn(batch, s)
       if res == nil then -- (HF: a function that returns nothing leaves the rows as they are)
         res = {}
@@ -219,8 +225,7 @@ function Dataset:filter(fn, opts)
   if opts.batched then
     local bs = batch_rows("Dataset:filter", opts.batch_size, #self.rows)
     for s = 1, #self.rows, bs do
-      local batch = {}
-      for i = s, math.min(s + bs - 1, #self.rows) do batch[#batch + 1] = self.rows[i] end
+      local batch = slice(self.rows, s, bs)
       local keep = fn(batch, s)
       if type(keep) ~= "table" or #keep ~= #batch then
         error(("Dataset:filter: the batched function must return a list of %d booleans (one a row), got %s"):format(
