@@ -175,6 +175,41 @@ T.test("tiny Llama and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and
     end
   end
   end
+
+-- pad_token_id is the embedding's padding_idx (transformers' nn.Embedding(..., pad_token_id)), on
+-- the GPU as on the CPU: the pad row's gradient exactly 0 (f32 and bf16: the mask is eq + where on
+-- the ids), the other rows' and the loss as the CPU's run of the same weights.
+T.test("Llama pad_token_id on CUDA: the pad row gets no gradient from the lookup; loss and grads as the CPU's", function()
+  local base = { hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+    vocab_size = 50, pad_token_id = 3, initializer_range = 0.3 }
+  zr.manual_seed(21)
+  local ref = zr.models.llama.LlamaForCausalLM(base)
+  local sd = ref:state_dict()
+  local ids = (zr.rand({ 2, 12 }) * 49):to("i64")
+  ids:narrow(2, 3, 2):fill_(3)
+  local out = ref(ids, ids)
+  out.loss:backward()
+  local want = ref.model.embed_tokens.weight.grad
+  T.eq(want:narrow(1, 4, 1):abs():sum():item(), 0, "cpu pad row")
+  for _, dt in ipairs { "f32", "bf16" } do
+    local c = {}
+    for k, v in pairs(base) do c[k] = v end
+    c.dtype, c.device = dt, "cuda"
+    local m = zr.models.llama.LlamaForCausalLM(c)
+    m:load_state_dict(sd, true)
+    local o = m(ids:cuda(), ids:cuda())
+    o.loss:backward()
+    local g = m.model.embed_tokens.weight.grad:float():cpu()
+    T.eq(g:narrow(1, 4, 1):abs():sum():item(), 0, dt .. " pad row on cuda")
+    if dt == "f32" then
+      T.near(o.loss:cpu(), out.loss, 1e-5, 1e-5, "f32 loss on cuda")
+      T.near(g, want, 1e-4, 1e-3, "f32 embedding grad on cuda")
+    else
+      close(o.loss:float():cpu(), out.loss, "bf16", "bf16 loss on cuda", 2)
+      close(g, want, "bf16", "bf16 embedding grad on cuda", 4)
+    end
+  end
+end)
 end)
 
 T.test("NCCL async collectives (world size 1): the compute stream waits for the result", function()
