@@ -72,6 +72,7 @@ local function gpt2_params(c)
     wb(p .. ".mlp.c_proj", { inner, E }, E)
   end
   wb("transformer.ln_f", { E }, E)
+  if c.tie_word_embeddings == false then add("lm_head", "weight", { V, E }) end
   return out
 end
 

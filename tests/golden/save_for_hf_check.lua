@@ -32,6 +32,10 @@ local models = {
     vocab_size = 61, n_positions = 64 } },
   gpt2_exact_gelu = { zr.models.gpt2.GPT2LMHeadModel, { n_embd = 32, n_layer = 2, n_head = 4,
     vocab_size = 61, n_positions = 64, activation_function = "gelu", n_inner = 48 } },
+  -- the other GPT2Config fields zrun implements: an untied head, unscaled and layer-scaled attention, quick_gelu
+  gpt2_untied = { zr.models.gpt2.GPT2LMHeadModel, { n_embd = 32, n_layer = 2, n_head = 4, vocab_size = 61,
+    n_positions = 64, tie_word_embeddings = false, scale_attn_weights = false, scale_attn_by_inverse_layer_idx = true,
+    activation_function = "quick_gelu", layer_norm_epsilon = 1e-3 } },
 }
 
 local expected = {}

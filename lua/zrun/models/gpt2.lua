@@ -1,6 +1,7 @@
 -- GPT-2 (GPT2LMHeadModel) with Hugging Face semantics and names: learned positions, pre-LayerNorm
--- blocks, GELU (tanh approximation, or exact for activation_function "gelu"), Conv1D projections
--- (weights stored (in, out)), tied head, and transformers' embedding, residual and attention
+-- blocks, GELU (tanh approximation, or exact for activation_function "gelu"; also ReLU, SiLU and
+-- quick_gelu), Conv1D projections (weights stored (in, out)), the head tied to wte (or a separate
+-- lm_head with tie_word_embeddings false), and transformers' embedding, residual and attention
 -- dropout while training. The config is checked by zrun.models.hf_config.
 local zr = require "zrun"
 local nn = require "zrun.nn"
@@ -50,21 +51,31 @@ local function future_mask(T, device)
   return m
 end
 
--- transformers' eager GPT-2 attention: softmax(q k^T / sqrt(D) over the past) with dropout p on
+-- transformers' eager GPT-2 attention: softmax(q k^T · scale over the past) with dropout p on
 -- the probabilities, times v. q, k, v: (B, H, T, D). It materialises the (B, H, T, T)
 -- probabilities, so it runs only while training with attn_pdrop > 0 (the fused kernel has no
--- dropout); otherwise the fused causal attention computes the same without them.
-function M.eager_attention(q, k, v, p)
+-- dropout); otherwise the fused causal attention computes the same without them. scale: default
+-- 1/sqrt(D).
+function M.eager_attention(q, k, v, p, scale)
   local T, D = q:size(3), q:size(4)
-  local scores = zr.matmul(q, k:transpose(3, 4)) * (1 / math.sqrt(D))
+  local scores = zr.matmul(q, k:transpose(3, 4)) * (scale or 1 / math.sqrt(D))
   local probs = zr.softmax(scores:masked_fill(future_mask(T, q:device()), -1e30), -1)
   if p > 0 then probs = zr.dropout(probs, p, true) end
   return zr.matmul(probs, v)
 end
 
+-- The attention's scale, as GPT2Attention.scaling: 1/sqrt(head_dim) unless scale_attn_weights is false,
+-- divided by layer_idx + 1 (0-based) with scale_attn_by_inverse_layer_idx. (reorder_and_upcast_attn
+-- computes the same scores in fp32, which zrun's attention does in every dtype.)
+local function attention_scale(cfg, layer_idx)
+  local s = cfg.scale_attn_weights and 1 / math.sqrt(cfg.n_embd / cfg.n_head) or 1
+  if cfg.scale_attn_by_inverse_layer_idx then s = s / (layer_idx + 1) end
+  return s
+end
+
 local Attention = Module:extend("GPT2Attention")
-function Attention:__init(cfg)
-  self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+function Attention:__init(cfg, layer_idx)
+  self.n_head, self.n_embd, self.scale = cfg.n_head, cfg.n_embd, attention_scale(cfg, layer_idx)
   self.c_attn = Conv1D(cfg.n_embd, 3 * cfg.n_embd, cfg)
   self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd, cfg, proj_std(cfg))
   self.resid_pdrop, self.attn_pdrop = cfg.resid_pdrop, cfg.attn_pdrop
@@ -81,14 +92,14 @@ function Attention:forward(x, segs)
       local B, T = t:size(1), t:size(2)
       local q, k, v = unpack(zr.split(t, C, 3))
       local function heads(u) return u:view(B, T, H, C / H):transpose(2, 3) end
-      return M.eager_attention(heads(q), heads(k), heads(v), self.attn_pdrop):transpose(2, 3):reshape(B, T, C)
+      return M.eager_attention(heads(q), heads(k), heads(v), self.attn_pdrop, self.scale):transpose(2, 3):reshape(B, T, C)
     end
-    return zr.sdpa_packed(t, H)
+    return zr.sdpa_packed(t, H, H, self.scale)
   end
   local y
   if segs and segs.seg then
     local B, T = qkv:size(1), qkv:size(2)
-    y = zr.sdpa_packed(qkv:view(1, B * T, qkv:size(3)), H, H, { segments = segs.seg }):view(B, T, C)
+    y = zr.sdpa_packed(qkv:view(1, B * T, qkv:size(3)), H, H, { segments = segs.seg, scale = self.scale }):view(B, T, C)
   elseif segs then
     y = packed.attend({ qkv }, segs, function(p) return attend(p[1]) end)
   else
@@ -97,12 +108,21 @@ function Attention:forward(x, segs)
   return dropout(self.c_proj(y), self.resid_pdrop, self.training)
 end
 
+-- The activations other than the GELUs (transformers' ACT2FN; hf_config lists the names it accepts).
+local ACTIVATIONS = {
+  relu = function(x) return x:relu() end,
+  silu = function(x) return x:silu() end,
+  swish = function(x) return x:silu() end,
+  quick_gelu = function(x) return x * (x * 1.702):sigmoid() end, -- QuickGELUActivation
+}
+
 local MLP = Module:extend("GPT2MLP")
 function MLP:__init(cfg)
   local inner = cfg.n_inner or 4 * cfg.n_embd
   self.c_fc = Conv1D(cfg.n_embd, inner, cfg)
   self.c_proj = Conv1D(inner, cfg.n_embd, cfg, proj_std(cfg))
   self.approximate, self.resid_pdrop = cfg.gelu_approximate, cfg.resid_pdrop
+  self.act = not cfg.gelu_approximate and ACTIVATIONS[cfg.activation_function] or nil
 end
 -- c_fc, the tanh GELU and c_proj run as one op (zr.mlp_gelu: on a GPU the c_fc GEMM's epilogue
 -- applies the GELU and keeps its input; in backward c_proj's dX GEMM applies the GELU's derivative)
@@ -114,6 +134,8 @@ function MLP:forward(x)
   local fc, proj, y = self.c_fc, self.c_proj, nil
   if self.approximate == "tanh" and fusable(fc) and fusable(proj) then
     y = Module.call_group({ fc, proj }, mlp_gelu, x, fc, proj)
+  elseif self.act then
+    y = proj(self.act(fc(x)))
   else
     y = proj(fc(x):gelu(self.approximate))
   end
@@ -121,10 +143,10 @@ function MLP:forward(x)
 end
 
 local Block = Module:extend("GPT2Block")
-function Block:__init(cfg)
+function Block:__init(cfg, layer_idx)
   local o = { eps = cfg.layer_norm_epsilon or 1e-5, dtype = cfg.dtype, device = cfg.device }
   self.ln_1 = nn.LayerNorm(cfg.n_embd, o)
-  self.attn = Attention(cfg)
+  self.attn = Attention(cfg, layer_idx)
   self.ln_2 = nn.LayerNorm(cfg.n_embd, o)
   self.mlp = MLP(cfg)
 end
@@ -163,7 +185,7 @@ function Transformer:__init(cfg)
   self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd, td)
   self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd, td)
   self.h = nn.ModuleList()
-  for _ = 1, cfg.n_layer do self.h:append(Block(cfg)) end
+  for i = 1, cfg.n_layer do self.h:append(Block(cfg, i - 1)) end
   self.ln_f = nn.LayerNorm(cfg.n_embd, { eps = cfg.layer_norm_epsilon or 1e-5, dtype = cfg.dtype, device = cfg.device })
   rawset(self, "cfg", cfg)
 end
@@ -225,11 +247,14 @@ function LM:__init(cfg)
   c.dtype, c.device = c.dtype or "f32", c.device or "cpu"
   rawset(self, "config", c)
   self.transformer = Transformer(c)
+  if not c.tie_word_embeddings then -- transformers' lm_head: nn.Linear without bias, init normal(0, initializer_range)
+    self.lm_head = nn.Linear(c.n_embd, c.vocab_size, { bias = false, dtype = c.dtype, device = c.device })
+  end
   zr.no_grad(function()
     for name, p in self:named_parameters() do
       if name:match("ln_%w+%.weight$") then init.ones_(p)
       elseif name:match("ln_%w+%.bias$") then init.zeros_(p)
-      elseif name:match("wte") or name:match("wpe") then init.normal_(p, 0, c.initializer_range) end
+      elseif name:match("wte") or name:match("wpe") or name == "lm_head.weight" then init.normal_(p, 0, c.initializer_range) end
     end
   end)
 end
@@ -251,8 +276,8 @@ function LM:forward(ids, labels, opts)
   -- logits forward, no scatter back), the padding adds exp(-1e30) = 0 to every softmax and gets
   -- zero gradient; the caller sees the first V logits (a view).
   local function head()
-    local fetch = Module.fetch or function(p) return p end -- tied head: ZeRO-3 gathers wte here
-    local w = fetch(self.transformer.wte.weight)
+    local fetch = Module.fetch or function(p) return p end -- ZeRO-3 gathers wte (tied head) or lm_head here
+    local w = fetch(self.lm_head and self.lm_head.weight or self.transformer.wte.weight)
     local V, C = w:size(1), w:size(2)
     local Vp = w:device() ~= "cpu" and math.ceil(V / 64) * 64 or V
     if Vp == V then
@@ -295,21 +320,29 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 -- Builds the model from a Hugging Face model directory (or cached hub id) and loads its weights.
 -- Names are taken as transformers saves them ("transformer.h.0...") or as the original OpenAI
 -- checkpoints store them ("h.0...", with the attention-mask buffers "attn.bias"/"attn.masked_bias",
--- which are not parameters); the tied lm_head.weight is wte (one in the files that differs from it is
--- refused: transformers 5 would untie them). opts as llama.from_pretrained.
+-- which are not parameters); with tie_word_embeddings a lm_head.weight in the files must equal wte
+-- (one that differs is refused: transformers 5 would untie them), without it the files' lm_head.weight
+-- is the head. opts as llama.from_pretrained.
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local model = init.no_init(LM, cfg) -- every weight comes from the files
-  local head = false
-  hf.load_weights(model, dir, { threads = opts and opts.threads, rename = function(name)
-    if name == "lm_head.weight" then head = true; return nil end
+  local tied, head = model.config.tie_word_embeddings, false
+  local ok, err = pcall(hf.load_weights, model, dir, { threads = opts and opts.threads, rename = function(name)
+    if name == "lm_head.weight" then head = true; return not tied and name or nil end
     if name:match("%.attn%.bias$") or name:match("%.attn%.masked_bias$") then return nil end
     return name:match("^transformer%.") and name or "transformer." .. name
   end })
-  if head then
+  if not ok and not tied and not head and tostring(err):find('"lm_head.weight"', 1, true) then -- (missing: transformers
+    -- would start the head from random weights, with a warning)
+    error(("gpt2: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
+      "be random; if the head is wte, load with { config = { tie_word_embeddings = true } }"):format(dir), 0)
+  elseif not ok then
+    error(err, 0)
+  end
+  if head and tied then
     require("zrun.models.llama").check_tied_head(dir, model.transformer.wte.weight, "gpt2", "transformer.wte.weight",
-      "zrun's GPT-2 implements the tied head only")
+      "load with { config = { tie_word_embeddings = false } } to keep both")
   end
   hf.keep_source(model, ref, dir)
   return model

@@ -287,14 +287,19 @@ end
 
 -- ---------------------------------------------------------------- gpt2
 
--- activation_function -> zr gelu approximation. gelu_new, gelu_fast and gelu_pytorch_tanh are the
--- same tanh formula 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); "gelu" is the exact erf form.
-local GPT2_ACTS = { gelu_new = "tanh", gelu_fast = "tanh", gelu_pytorch_tanh = "tanh", gelu = "none" }
+-- activation_function -> zr gelu approximation, or false for the other activations (gpt2.lua's
+-- ACTIVATIONS). gelu_new, gelu_fast, gelu_accurate, gelu_pytorch_tanh and gelu_python_tanh are the same tanh formula
+-- 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); "gelu" and gelu_python are the exact erf form.
+-- (transformers' ACT2FN names.)
+local GPT2_ACTS = { gelu_new = "tanh", gelu_fast = "tanh", gelu_accurate = "tanh", gelu_pytorch_tanh = "tanh",
+  gelu_python_tanh = "tanh",   gelu = "none", gelu_python = "none", relu = false, silu = false, swish = false, quick_gelu = false }
+M.GPT2_ACTIVATIONS = '"gelu_new", "gelu", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "gelu_python", ' ..
+  '"gelu_python_tanh", "relu", "silu", "swish" and "quick_gelu"'
 
 -- A GPT-2 config (a config.json table or zrun's own) checked and normalised: defaults filled as
 -- transformers' GPT2Config fills them, except the dropouts (0: none), and gelu_approximate set
--- from activation_function. Raises "gpt2 config: ..." for a missing or bad field or one zrun does
--- not implement (an untied head, unscaled attention, cross-attention, another family's fields).
+-- from activation_function (for the GELUs). Raises "gpt2 config: ..." for a missing or bad field or
+-- one zrun does not implement (another activation, cross-attention, another family's fields).
 function M.gpt2(cfg)
   local F = "gpt2"
   local c = copy(cfg)
@@ -307,9 +312,8 @@ function M.gpt2(cfg)
   c.layer_norm_epsilon = pos_num(F, "layer_norm_epsilon", c.layer_norm_epsilon or 1e-5)
   c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
   c.activation_function = c.activation_function or "gelu_new"
-  if not GPT2_ACTS[c.activation_function] then
-    fail(F, "activation_function is %s; zrun's GPT-2 implements \"gelu_new\" (also gelu_fast, gelu_pytorch_tanh) and \"gelu\"",
-      show(c.activation_function))
+  if GPT2_ACTS[c.activation_function] == nil then
+    fail(F, "activation_function is %s; zrun's GPT-2 implements %s", show(c.activation_function), M.GPT2_ACTIVATIONS)
   end
   -- Dropout: zrun's default is none (transformers' GPT2Config defaults to 0.1, and writes the keys
   -- into every config.json it saves, so a file is read as transformers reads it). attn_pdrop > 0
@@ -320,25 +324,26 @@ function M.gpt2(cfg)
       fail(F, "%s must be a probability in [0, 1), got %s", k, show(c[k]))
     end
   end
+  -- transformers 5 builds a separate lm_head (nn.Linear, no bias) when tie_word_embeddings is false
   if c.tie_word_embeddings == nil then c.tie_word_embeddings = true end
   bool(F, "tie_word_embeddings", c.tie_word_embeddings)
-  if not c.tie_word_embeddings then
-    fail(F, "tie_word_embeddings is false; zrun's GPT-2 implements the tied head (lm_head = wte)")
+  -- scale_attn_weights (1/sqrt(head_dim)) and scale_attn_by_inverse_layer_idx (1/(layer + 1)) set
+  -- the attention's scale (gpt2.lua's Attention, as GPT2Attention.scaling)
+  for k, v in pairs { scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false } do
+    if c[k] == nil then c[k] = v end
+    bool(F, k, c[k])
   end
-  local neutral = { scale_attn_weights = true, scale_attn_by_inverse_layer_idx = false, add_cross_attention = false }
-  local what = { scale_attn_weights = "unscaled attention scores", scale_attn_by_inverse_layer_idx =
-    "attention scaled by 1/layer", add_cross_attention = "cross-attention layers" }
-  for k, v in pairs(neutral) do
-    if c[k] ~= nil then
-      bool(F, k, c[k])
-      if c[k] ~= v then fail(F, "%s is %s (%s); zrun's GPT-2 implements %s = %s", k, show(c[k]), what[k], k, show(v)) end
+  if c.add_cross_attention ~= nil then
+    bool(F, "add_cross_attention", c.add_cross_attention)
+    if c.add_cross_attention then
+      fail(F, "add_cross_attention is true (cross-attention layers); zrun's GPT-2 implements add_cross_attention = false")
     end
   end
   -- reorder_and_upcast_attn only changes the rounding of 16-bit attention scores (transformers
   -- upcasts them to fp32); zrun's attention accumulates in fp32 already.
   if c.reorder_and_upcast_attn ~= nil then bool(F, "reorder_and_upcast_attn", c.reorder_and_upcast_attn) end
   refuse_foreign(F, c, "full causal attention with learned positions")
-  c.gelu_approximate = GPT2_ACTS[c.activation_function]
+  c.gelu_approximate = GPT2_ACTS[c.activation_function] or nil
   return c
 end
 

@@ -1,0 +1,79 @@
+-- GPT2Config fields that change the computation, each next to transformers 5.17's GPT2LMHeadModel
+-- (tests/golden/make_gpt2_variants.py: float32, eager attention, training mode, dropout 0, weights at
+-- initializer_range 0.5 so that every field moves the loss): activation_function (gelu, the tanh
+-- forms, relu, silu, quick_gelu), n_inner, scale_attn_weights false, scale_attn_by_inverse_layer_idx
+-- (with and without reorder_and_upcast_attn), layer_norm_epsilon and an untied head. Each variant is
+-- built from its config table and through from_pretrained, and checked for logits, loss and every
+-- gradient.
+local zr = require "zrun"
+local T = zr.testing
+local cjson = require "cjson"
+local hf = require "zrun.hf"
+local gpt2 = zr.models.gpt2
+
+local g, meta = zr.load_safetensors("tests/golden/gpt2_variants.safetensors")
+local tmp = os.tmpname()
+os.remove(tmp)
+
+-- variant name's weights under the model's parameter names (every one of them in the file)
+local function weights(name, model)
+  local sd = {}
+  for n in model:named_parameters() do
+    sd[n] = g[name .. "." .. n] or error(("golden variant %s has no tensor %s"):format(name, n))
+  end
+  return sd
+end
+
+local function check(name, model)
+  model:train()
+  local out = model(g.input_ids, g.labels)
+  T.near(out.logits, g[name .. ".logits"], 2e-5, 1e-4, name .. " logits")
+  T.near(out.loss, g[name .. ".loss"], 1e-5, 0, name .. " loss")
+  out.loss:backward()
+  local n = 0
+  for pn, p in model:named_parameters() do
+    T.near(p.grad, g[name .. ".grad." .. pn], 1e-5, 1e-4, name .. " grad of " .. pn)
+    n = n + 1
+  end
+  local want = 0
+  for k in pairs(g) do if k:find("^" .. name:gsub("%p", "%%%0") .. "%.grad%.") then want = want + 1 end end
+  T.eq(n, want, name .. ": parameters with a gradient (transformers' named_parameters)")
+end
+
+local names = {}
+for k in pairs(meta) do if k ~= "transformers" and k ~= "torch" and k ~= "format" then names[#names + 1] = k end end
+table.sort(names)
+T.test("the golden file holds the variants", function() T.eq(#names, 11) end)
+
+for _, name in ipairs(names) do
+  local cfg = cjson.decode(meta[name])
+  T.test("gpt2 " .. name .. " (config table) matches transformers", function()
+    local m = gpt2.GPT2LMHeadModel(cfg)
+    m:load_state_dict(weights(name, m), true)
+    check(name, m)
+  end)
+  T.test("gpt2 " .. name .. " (from_pretrained) matches transformers", function()
+    local m = gpt2.GPT2LMHeadModel(cfg)
+    local dir = tmp .. "/" .. name
+    hf.save_state_dict(dir, weights(name, m))
+    local f = assert(io.open(dir .. "/config.json", "wb"))
+    f:write(cjson.encode(cfg))
+    f:close()
+    check(name, gpt2.from_pretrained(dir))
+  end)
+end
+
+-- attention dropout runs transformers' eager attention instead of the fused kernel: the same scale there
+-- (p = 1e-12 drops nothing, its 1/(1-p) rounds to 1 in fp32)
+for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
+  T.test("gpt2 " .. name .. ": the eager attention (attn_pdrop > 0) takes the same scale", function()
+    local cfg = cjson.decode(meta[name])
+    cfg.attn_pdrop = 1e-12
+    local m = gpt2.GPT2LMHeadModel(cfg)
+    m:load_state_dict(weights(name, m), true)
+    check(name, m)
+  end)
+end
+
+os.execute("rm -rf '" .. tmp .. "'")
+T.done()
