@@ -4,6 +4,7 @@
 --   zrun recipes/finetune_llama.lua model=DIR [tokenizer=DIR|tokenizer.json] data=DIR|FILE [--config FILE]
 --        [any TrainingArguments key=value: max_steps=50 learning_rate=3e-4 eval_steps=10 save_strategy=no ...]
 --   mpirun -np 4 zrun recipes/finetune_llama.lua --config configs/zero3_offload.json
+-- model: a Llama or a GPT-2 directory (config.json's model_type picks the class, as AutoModelForCausalLM).
 -- data: a folder with wiki.train.raw and wiki.valid.raw, or only wiki.valid.raw (or one text file),
 -- which is then split: the first validation_split_percentage % of its lines evaluate, the rest
 -- train (run_clm's rule for a dataset without a validation split).

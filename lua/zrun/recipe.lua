@@ -41,7 +41,7 @@ function M.config_path(path, given)
   return path
 end
 
--- model, tok, fallback: the model directory's (or hub id's) Llama in f32 on device and its tokenizer
+-- model, tok, fallback: the model directory's (or hub id's) Llama or GPT-2 in f32 on device and its tokenizer
 -- (opt.tokenizer overrides it). Only when neither was named on the command line and the default is
 -- not on disk: the built-in tiny Llama (zrun/tiny-llama, built after zr.manual_seed(seed)) with a
 -- byte-level tokenizer, so the recipe always trains something visibly; say(fmt, ...) reports it.
@@ -50,7 +50,7 @@ function M.model_and_tokenizer(opt, given, device, say, seed, what)
   local ok, err = pcall(function()
     local dir = zr.hf.resolve(opt.model)
     tok = zr.tokenizers.load(opt.tokenizer or dir)
-    model = zr.models.llama.from_pretrained(dir, { dtype = "f32", device = device })
+    model = zr.models.from_pretrained(dir, { dtype = "f32", device = device }) -- (llama or gpt2, by config.json)
   end)
   if not ok and (given.model or given.tokenizer) then error(tostring(err), 0) end
   if ok then

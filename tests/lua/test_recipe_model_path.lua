@@ -37,5 +37,39 @@ T.test("finetune_llama.lua trains a model directory on WikiText with ds_config.j
   m:close()
 end)
 
+-- A GPT-2 directory (config.json's model_type "gpt2", GPT-2's tokenizer): loaded as GPT-2, as
+-- transformers' AutoModelForCausalLM in run_clm.py does (zrun before: "llama config: model_type is
+-- \"gpt2\", not \"llama\"").
+local gpt2tok = data .. "/tokenizers/gpt2"
+T.test("finetune_llama.lua trains a GPT-2 directory (model_type gpt2)", function()
+  if not io.open(gpt2tok .. "/tokenizer.json") then return T.skip("gpt2 recipe", "no " .. gpt2tok) end
+  zr.manual_seed(3)
+  zr.models.gpt2.GPT2LMHeadModel({ n_embd = 8, n_layer = 1, n_head = 2, vocab_size = 50257, n_positions = 64 })
+    :save_pretrained(dir .. "/gpt2")
+  assert(os.execute(("cp %s/tokenizer.json %s/tokenizer_config.json %s/gpt2/"):format(gpt2tok, gpt2tok, dir)) == 0)
+  local z = os.getenv("ZRUN_BIN") or "./zrun"
+  local cmd = ("%s recipes/finetune_llama.lua model=%s/gpt2 data=%s max_steps=1 block_size=32 eval_steps=1 " ..
+    "validation_split_percentage=1 --config configs/zero2.json per_device_train_batch_size=2 gradient_accumulation_steps=1 " ..
+    "output_dir=%s/gout 2>&1"):format(z, dir, wiki, dir)
+  local p = io.popen(cmd)
+  local out = p:read("*a")
+  p:close()
+  assert(out:find("done: 1 steps", 1, true), out)
+  assert(not out:find("falling back", 1, true), "the recipe fell back to the built-in model:\n" .. out)
+  local m = zr.models.from_pretrained(dir .. "/gout")
+  T.eq(m.__name, "GPT2LMHeadModel")
+end)
+
+T.test("zr.models.from_pretrained: the family config.json's model_type names, another refused in one line", function()
+  T.eq(zr.models.from_pretrained(dir .. "/model").__name, "LlamaForCausalLM")
+  local f = assert(io.open(dir .. "/model/config.json", "rb"))
+  local c = require("cjson").decode(f:read("*a"))
+  f:close()
+  c.model_type = "mistral"
+  T.write_file(dir .. "/model/config.json", require("cjson").encode(c))
+  T.raises(function() zr.models.from_pretrained(dir .. "/model") end,
+    'from_pretrained: model_type "mistral" is not implemented; zrun loads the model types llama and gpt2')
+end)
+
 os.execute("rm -rf '" .. dir .. "'")
 T.done()
