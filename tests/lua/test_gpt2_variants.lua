@@ -75,5 +75,13 @@ for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
   end)
 end
 
+-- transformers 5.17 raises "IndexError: index out of range in self" (wpe) for a row longer than n_positions;
+-- zrun names the limit and the fix in one line
+T.test("gpt2: a row longer than n_positions is refused naming the limit and the fix", function()
+  local m = gpt2.GPT2LMHeadModel(cjson.decode(meta.gelu))
+  T.raises(function() m(zr.zeros({ 1, 13 }):to("i64")) end,
+    "gpt2: sequence length 13 exceeds n_positions 12 (GPT-2's learned positions end there: cut rows to at most 12 tokens")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()

@@ -205,9 +205,10 @@ function Transformer:forward(ids, position_ids)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   if segs and segs.seg and ckpt then zr.persist(segs.seg) end -- (the checkpointed blocks' recomputation reads it)
   local last = segs and segs.max_position + 1 or T
-  if last > self.cfg.n_positions then
-    error(("gpt2: %s %d exceeds n_positions %d"):format(segs and "position" or "sequence length", segs and last - 1 or T,
-      self.cfg.n_positions), 0)
+  if last > self.cfg.n_positions then -- (transformers: "IndexError: index out of range in self" from wpe)
+    error(("gpt2: %s %d exceeds n_positions %d (GPT-2's learned positions end there: cut rows to at most %d tokens, "
+      .. "e.g. block_size= or max_length=)"):format(segs and "position" or "sequence length", segs and last - 1 or T,
+      self.cfg.n_positions, self.cfg.n_positions), 0)
   end
   local scope = self:temporaries_scope()
   local pos
