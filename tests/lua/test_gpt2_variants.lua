@@ -75,6 +75,26 @@ for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
   end)
 end
 
+-- a config.json without resid_pdrop / embd_pdrop / attn_pdrop: transformers 5.17's GPT2Config fills 0.1
+-- (AutoConfig on {"model_type": "gpt2", "n_embd": 8, ...} gives 0.1 0.1 0.1), so dropout acts while training
+T.test("gpt2 from_pretrained: dropout keys missing from config.json are GPT2Config's 0.1", function()
+  local cfg = cjson.decode(meta.gelu)
+  cfg.resid_pdrop, cfg.embd_pdrop, cfg.attn_pdrop = nil, nil, nil
+  local m = gpt2.GPT2LMHeadModel(cfg)
+  T.eq(m.config.resid_pdrop, 0, "a config table's default: none")
+  local dir = tmp .. "/no_dropout_keys"
+  hf.save_state_dict(dir, weights("gelu", m))
+  T.write_file(dir .. "/config.json", cjson.encode(cfg))
+  local l = gpt2.from_pretrained(dir)
+  T.eq(l.config.resid_pdrop, 0.1); T.eq(l.config.embd_pdrop, 0.1); T.eq(l.config.attn_pdrop, 0.1)
+  T.eq(gpt2.from_pretrained(dir, { config = { attn_pdrop = 0 } }).config.attn_pdrop, 0, "an override still wins")
+  l:train()
+  local a = zr.no_grad(function() return l(g.input_ids).logits end)
+  assert((a - g["gelu.logits"]):abs():max():item() > 1e-3, "dropout acts while training")
+  l:eval()
+  T.near(zr.no_grad(function() return l(g.input_ids).logits end), g["gelu.logits"], 2e-5, 1e-4, "eval: no dropout")
+end)
+
 -- transformers 5.17 raises "IndexError: index out of range in self" (wpe) for a row longer than n_positions;
 -- zrun names the limit and the fix in one line
 T.test("gpt2: a row longer than n_positions is refused naming the limit and the fix", function()

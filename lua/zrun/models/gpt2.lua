@@ -323,10 +323,13 @@ function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_
 -- checkpoints store them ("h.0...", with the attention-mask buffers "attn.bias"/"attn.masked_bias",
 -- which are not parameters); with tie_word_embeddings a lm_head.weight in the files must equal wte
 -- (one that differs is refused: transformers 5 would untie them), without it the files' lm_head.weight
--- is the head. opts as llama.from_pretrained.
+-- is the head. A dropout key config.json lacks is GPT2Config's default, 0.1. opts as llama.from_pretrained.
 function M.from_pretrained(ref, opts)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
+  -- a config.json without the dropout keys (hand-written, or trimmed) gets GPT2Config's defaults, as
+  -- transformers reads it; zrun's own default (none) is for config tables
+  for _, k in ipairs { "resid_pdrop", "embd_pdrop", "attn_pdrop" } do if cfg[k] == nil then cfg[k] = 0.1 end end
   local model = init.no_init(LM, cfg) -- every weight comes from the files
   local tied, head = model.config.tie_word_embeddings, false
   local ok, err = pcall(hf.load_weights, model, dir, { threads = opts and opts.threads, rename = function(name)
