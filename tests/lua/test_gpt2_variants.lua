@@ -75,6 +75,14 @@ for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
   end)
 end
 
+-- zrun estimate / plan count parameters from the config alone: the untied head's lm_head.weight too
+T.test("gpt2 untied: the memory estimate counts transformers' parameters (lm_head.weight too)", function()
+  local want = 0
+  for k, v in pairs(g) do if k:find("^untied%.") and not k:find("^untied%.grad%.") and k ~= "untied.logits"
+    and k ~= "untied.loss" then want = want + v:numel() end end
+  T.eq((require("zrun.memory_estimate").count(cjson.decode(meta.untied))), want)
+end)
+
 -- openai-community/gpt2's layout: pytorch_model.bin (torch.save) with no "transformer." prefix, no lm_head and
 -- the causal-mask buffers attn.bias (float, bool) / attn.masked_bias, config.json as transformers 4 wrote it
 T.test("gpt2 from_pretrained: OpenAI's pytorch_model.bin layout gives transformers' logits", function()
