@@ -75,6 +75,27 @@ for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
   end)
 end
 
+-- packed rows (position_ids restarting, TRL's padding-free batches) attend within each sequence with the
+-- variant's scale too, on both packed paths (the segmented kernel where it runs, else groups)
+T.test("gpt2 unscaled / inverse_layer_idx: packed sequences take the same scale", function()
+  local packed = require "zrun.models.packed"
+  for _, name in ipairs { "unscaled", "inverse_layer_idx" } do
+    local m = gpt2.GPT2LMHeadModel(cjson.decode(meta[name]))
+    m:load_state_dict(weights(name, m), true)
+    m:eval()
+    local row = zr.cat({ g.input_ids[1]:view(1, 9), g.input_ids[2]:view(1, 9) }, 2) -- (1, 18)
+    local pos = zr.cat({ zr.arange(9), zr.arange(9) }):view(1, 18):to("i64")
+    local keep = packed.use_segments
+    for _, seg in ipairs { true, false } do
+      packed.use_segments = seg
+      local lg = zr.no_grad(function() return m(row, nil, { position_ids = pos }).logits end)
+      T.near(lg:narrow(2, 1, 9), g[name .. ".logits"]:narrow(1, 1, 1), 2e-5, 1e-4, name .. " first sequence")
+      T.near(lg:narrow(2, 10, 9), g[name .. ".logits"]:narrow(1, 2, 1), 2e-5, 1e-4, name .. " second sequence")
+    end
+    packed.use_segments = keep
+  end
+end)
+
 -- zrun estimate / plan count parameters from the config alone: the untied head's lm_head.weight too
 T.test("gpt2 untied: the memory estimate counts transformers' parameters (lm_head.weight too)", function()
   local want = 0
