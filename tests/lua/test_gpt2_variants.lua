@@ -104,6 +104,21 @@ T.test("gpt2 untied: the memory estimate counts transformers' parameters (lm_hea
   T.eq((require("zrun.memory_estimate").count(cjson.decode(meta.untied))), want)
 end)
 
+-- tie_word_embeddings false with no lm_head.weight in the files: transformers would start the head at random
+-- (with a warning); zrun refuses in one line naming the fix
+T.test("gpt2 untied from_pretrained: files without lm_head.weight are refused naming the fix", function()
+  local cfg = cjson.decode(meta.untied)
+  local m = gpt2.GPT2LMHeadModel(cfg)
+  local sd = weights("untied", m)
+  sd["lm_head.weight"] = nil
+  local dir = tmp .. "/untied_no_head"
+  hf.save_state_dict(dir, sd)
+  T.write_file(dir .. "/config.json", cjson.encode(cfg))
+  T.raises(function() gpt2.from_pretrained(dir) end, "has no lm_head.weight and config.json's tie_word_embeddings is " ..
+    "false, so the output head would be random; if the head is wte, load with { config = { tie_word_embeddings = true } }")
+  T.eq(gpt2.from_pretrained(dir, { config = { tie_word_embeddings = true } }).lm_head, nil)
+end)
+
 -- openai-community/gpt2's layout: pytorch_model.bin (torch.save) with no "transformer." prefix, no lm_head and
 -- the causal-mask buffers attn.bias (float, bool) / attn.masked_bias, config.json as transformers 4 wrote it
 T.test("gpt2 from_pretrained: OpenAI's pytorch_model.bin layout gives transformers' logits", function()
