@@ -53,6 +53,38 @@ T.test("GPT-2 with head_dim 64 (the packed path) on CUDA bf16 vs the CPU in f32:
   C.model_cpu_vs_gpu(zr.models.gpt2.GPT2LMHeadModel, cfg, (zr.rand({ 2, 70 }) * 63):to("i64"))
 end)
 
+-- GPT-2's scale_attn_weights false / scale_attn_by_inverse_layer_idx hand the kernels a scale other
+-- than 1/sqrt(Dh): the packed op with it on CUDA against the CPU, plain and over segments
+T.test("sdpa_packed with a given scale: CUDA vs CPU (bf16, Dh 64; segments too)", function()
+  for _, sc in ipairs { 1.0, 0.0625, 0.02 } do
+    for _, s in ipairs { { 2, 67, 4, 4, 64 }, { 1, 130, 4, 2, 64 } } do
+      local B, Tn, Hq, Hkv, D = unpack(s)
+      both(("sdpa_packed scale %g %s"):format(sc, table.concat(s, ",")), "bf16", { randn({ B, Tn, (Hq + 2 * Hkv) * D }) },
+        function(x) return zr.sdpa_packed(x * 1, Hq, Hkv, sc) end, 2)
+    end
+    local flat = {} -- (2, 1, 32) i32: each token's segment start and end, lengths 5, 8, 19
+    for t = 0, 31 do
+      local a, b = t < 5 and 0 or t < 13 and 5 or 13, t < 5 and 5 or t < 13 and 13 or 32
+      flat[t + 1], flat[33 + t] = a, b
+    end
+    local seg = zr.tensor(flat, { dtype = "i32" }):view(2, 1, 32)
+    both(("sdpa_packed scale %g segments"):format(sc), "bf16", { randn({ 1, 32, 3 * 2 * 64 }), seg },
+      function(x, s) return zr.sdpa_packed(x * 1, 2, 2, { scale = sc, segments = s }) end, 2)
+  end
+end)
+
+T.test("GPT-2 variants on CUDA bf16 vs the CPU in f32: unscaled, 1/layer, untied head, ReLU and quick_gelu", function()
+  for _, extra in ipairs {
+    { scale_attn_weights = false, activation_function = "relu" },
+    { scale_attn_by_inverse_layer_idx = true, tie_word_embeddings = false, activation_function = "quick_gelu" },
+  } do
+    local cfg = { vocab_size = 64, n_positions = 128, n_embd = 128, n_layer = 2, n_head = 2, dtype = "f32" }
+    for k, v in pairs(extra) do cfg[k] = v end
+    zr.manual_seed(5)
+    C.model_cpu_vs_gpu(zr.models.gpt2.GPT2LMHeadModel, cfg, (zr.rand({ 2, 70 }) * 63):to("i64"))
+  end
+end)
+
 T.test("sdpa_packed on Hopper: one node over qkv, nothing saved but the output and lse", function()
   if not zr.cuda.device_name():match("H[12]00") then print("SKIP not a Hopper GPU"); return end
   local B, Tn, Hq, D = 4, 257, 12, 64
