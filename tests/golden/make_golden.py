@@ -77,9 +77,10 @@ def legacy_layout(cfg):
     return old
 
 
-def write_configs(model, outdir, name, input_ids, logits):
-    """Saves the model with save_pretrained, keeps its config.json, writes the legacy variant, and
-    checks that transformers loads both (with the saved weights) to the logits of the original."""
+def write_configs(model, outdir, name, input_ids, logits, legacy=legacy_layout):
+    """Saves the model with save_pretrained, keeps its config.json, writes the legacy variant
+    (legacy(config)), and checks that transformers loads both (with the saved weights) to the
+    logits of the original."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as d:
@@ -89,7 +90,7 @@ def write_configs(model, outdir, name, input_ids, logits):
         new = json.loads(text)
         with open(f"{outdir}/{name}.config.json", "w") as f:
             f.write(text)
-        old = legacy_layout(new)
+        old = legacy(new)
         with open(f"{outdir}/{name}.legacy_config.json", "w") as f:
             f.write(json.dumps(old, indent=2, sort_keys=True) + "\n")
         for label, cfg in (("transformers-5 config.json", new), ("legacy config.json", old)):
