@@ -63,12 +63,14 @@ local function strip_nulls(v)
 end
 hf.strip_nulls = strip_nulls
 
-local function decode_json_file(path, what)
+-- keep_nulls(v), optional: sees the decoded table before its nulls go (to keep those that mean something)
+local function decode_json_file(path, what, keep_nulls)
   local s, err = read_file(path)
   if not s then error(fmt("%s: cannot read %s: %s", path, what, tostring(err)), 0) end
   local ok, v = pcall(cjson.decode, s)
   if not ok then error(fmt("%s: invalid JSON: %s", path, tostring(v)), 0) end
   if type(v) ~= "table" then error(fmt("%s: expected a JSON object, got %s", path, type(v)), 0) end
+  if keep_nulls then keep_nulls(v) end
   return strip_nulls(v)
 end
 
@@ -218,7 +220,7 @@ function hf.file(dir, name)
   return nil
 end
 
--- config.json as a Lua table (JSON nulls dropped), and the resolved directory. transformers 5
+-- config.json as a Lua table (JSON nulls dropped, but those hf_config.keep_nulls keeps as false), and the resolved directory. transformers 5
 -- names the stored precision "dtype" (4.x: "torch_dtype"); in zrun's config tables `dtype` is the
 -- precision to build a model in, so the file's value is returned as torch_dtype (transformers
 -- keeps "dtype" when a file has both): metadata, as when transformers builds a model from a config.
@@ -228,7 +230,8 @@ function hf.read_config(ref, opts)
   if C.path_type(p) ~= "file" then
     error(fmt("%s: missing; a Hugging Face model directory needs a config.json", p), 0)
   end
-  local cfg = decode_json_file(p, "the model config")
+  -- (a null that is not the field's default, e.g. Mistral's sliding_window: kept as false)
+  local cfg = decode_json_file(p, "the model config", require("zrun.models.hf_config").keep_nulls)
   if cfg.dtype ~= nil then cfg.torch_dtype, cfg.dtype = cfg.dtype, nil end
   return cfg, dir
 end

@@ -1,8 +1,9 @@
--- Hugging Face config.json fields for zrun's model families (llama, gpt2). Reads a config as
--- transformers 4 writes it (rope_theta / rope_scaling at the top level) and as transformers 5
--- writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks every field
--- that LlamaForCausalLM / GPT2LMHeadModel read, and refuses -- one line naming the field, the value
--- and what zrun supports -- a value that changes the computation in a way zrun does not implement.
+-- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, gpt2). Reads a
+-- config as transformers 4 writes it (rope_theta / rope_scaling at the top level) and as
+-- transformers 5 writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks
+-- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel
+-- read, and refuses -- one line naming the field, the value and what zrun supports -- a value that
+-- changes the computation in a way zrun does not implement.
 -- Fields that do not change training (ids, use_cache, architectures, ...) pass untouched.
 -- Also gives the config.json layout to write back. Not here: files (hf.lua), modules (llama.lua).
 local M = {}
@@ -86,14 +87,15 @@ local FOREIGN = {
   qk_layernorm = { false, "query/key normalisation" },
   partial_rotary_factor = { 1, "partial rotary embeddings" },
 }
-local function refuse_foreign(family, c, supported)
+-- own: keys the family reads itself (mistral's and qwen2's sliding_window), not checked here.
+local function refuse_foreign(family, c, supported, own)
   for k, spec in pairs(FOREIGN) do
     local v = c[k]
-    if v ~= nil and v ~= spec[1] then
+    if v ~= nil and v ~= spec[1] and not (own and own[k]) then
       fail(family, "%s is %s (%s); zrun's %s implements %s", k, show(v), spec[2], family, supported)
     end
   end
-  if c.layer_types ~= nil then
+  if c.layer_types ~= nil and not (own and own.layer_types) then
     if type(c.layer_types) ~= "table" then fail(family, "layer_types must be a list, got %s", show(c.layer_types)) end
     for i, t in ipairs(c.layer_types) do
       if t ~= "full_attention" then
@@ -105,7 +107,8 @@ end
 
 local function model_type(family, c)
   if c.model_type ~= nil and c.model_type ~= family then
-    fail(family, "model_type is %s, not %s; zrun implements the model types llama and gpt2", show(c.model_type), show(family))
+    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2 and gpt2",
+      show(c.model_type), show(family))
   end
 end
 
@@ -223,24 +226,139 @@ function M.rope_tables_options(r)
   return o
 end
 
--- ---------------------------------------------------------------- llama
+-- ---------------------------------------------------------------- llama, mistral, qwen2
 
 local LLAMA_ACTS = { silu = true, swish = true } -- transformers' ACT2FN: "swish" is SiLU
 
--- A Llama config (a config.json table or zrun's own) checked and normalised: defaults filled as
--- transformers' LlamaConfig fills them, the rope resolved into rope_parameters (rope_theta and
--- rope_scaling removed: one source of truth), dtype/device left to the caller.
-function M.llama(cfg)
-  local F = "llama"
+-- The Llama architecture's model types and what each fills where config.json is silent, as
+-- transformers' LlamaConfig / MistralConfig / Qwen2Config do (the sizes stay required, as zrun's
+-- Llama always required them). num_key_value_heads: a number, or "heads" (num_attention_heads).
+local FAMILY = {
+  llama = { num_key_value_heads = "heads", max_position_embeddings = 2048 },
+  mistral = { num_key_value_heads = 8, max_position_embeddings = 4096 * 32, sliding_window = 4096 },
+  qwen2 = { num_key_value_heads = 32, max_position_embeddings = 32768, sliding_window = 4096, max_window_layers = 28 },
+}
+M.LLAMA_FAMILY = { "llama", "mistral", "qwen2" }
+
+-- Fields whose JSON null is not their absence: null is None, absence the default (MistralConfig's
+-- sliding_window 4096, num_key_value_heads 8). Kept as false (hf.read_config: nulls are dropped
+-- elsewhere), and written back as null (M.to_hf).
+M.NULL_IS_NOT_DEFAULT = { mistral = { sliding_window = true, num_key_value_heads = true },
+  qwen2 = { sliding_window = true, num_key_value_heads = true } }
+-- In a decoded config.json (cjson.null values), those fields' nulls as false; the table, changed.
+function M.keep_nulls(t)
+  local keys = type(t) == "table" and M.NULL_IS_NOT_DEFAULT[t.model_type]
+  for k in pairs(keys or {}) do
+    if t[k] == null then t[k] = false end
+  end
+  return t
+end
+
+-- attention_bias / mlp_bias in a mistral or qwen2 config: transformers' classes hard-code their
+-- biases (Mistral none; Qwen2 q/k/v only) and never read these fields, so a true one asks for a
+-- model neither computes.
+local function fixed_biases(F, c, what)
+  for _, k in ipairs { "attention_bias", "mlp_bias" } do
+    if c[k] ~= nil and bool(F, k, c[k]) then
+      fail(F, "%s is true, but transformers' %s does not read it (%s); for other biases use model_type \"llama\"",
+        k, F == "mistral" and "MistralForCausalLM" or "Qwen2ForCausalLM", what)
+    end
+  end
+end
+
+-- A sliding_window value: false (None: no window) or a positive integer; nil: the family's default.
+local function window(F, c, d)
+  local w = c.sliding_window
+  if w == nil then w = d.sliding_window end
+  if w ~= false then pos_int(F, "sliding_window", w) end
+  return w
+end
+
+-- Mistral's window (MistralModel: sliding-window masks in every layer unless sliding_window is None).
+-- layer_types is no MistralConfig field (transformers warns and reads it nowhere): accepted only
+-- when it says what Mistral does anyway, full attention in each layer (the window aside).
+local function mistral_fields(F, c, d)
+  fixed_biases(F, c, "MistralForCausalLM has no biases")
+  c.sliding_window = window(F, c, d)
+  if c.layer_types ~= nil then
+    if type(c.layer_types) ~= "table" then fail(F, "layer_types must be a list, got %s", show(c.layer_types)) end
+    for i, t in ipairs(c.layer_types) do
+      if t ~= "full_attention" then
+        fail(F, "layer_types[%d] is %s; transformers' MistralForCausalLM ignores layer_types (sliding_window "
+          .. "applies to every layer): a per-layer pattern is model_type \"ministral\", which zrun does not implement", i, show(t))
+      end
+    end
+  end
+end
+
+-- Qwen2Config.__post_init__: the window only with use_sliding_window, in the layers from
+-- max_window_layers on (0-based) unless layer_types says which; Qwen2Attention slides exactly the
+-- "sliding_attention" layers. Fills layer_types as transformers does (and writes it).
+local function qwen2_fields(F, c, d)
+  fixed_biases(F, c, "Qwen2ForCausalLM has biases on q_proj, k_proj and v_proj only")
+  if c.use_sliding_window == nil then c.use_sliding_window = false end
+  bool(F, "use_sliding_window", c.use_sliding_window)
+  local w = window(F, c, d)
+  c.sliding_window = c.use_sliding_window and w or false
+  c.max_window_layers = c.max_window_layers or d.max_window_layers
+  if not is_int(c.max_window_layers) or c.max_window_layers < 0 then
+    fail(F, "max_window_layers must be an integer >= 0, got %s", show(c.max_window_layers))
+  end
+  local L, lt = c.num_hidden_layers, c.layer_types
+  if lt == nil then
+    lt = {}
+    for i = 1, L do lt[i] = (c.sliding_window and i - 1 >= c.max_window_layers) and "sliding_attention" or "full_attention" end
+  elseif type(lt) ~= "table" or #lt ~= L then
+    fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", L, show(lt))
+  end
+  for i, t in ipairs(lt) do
+    if t ~= "full_attention" and t ~= "sliding_attention" then
+      fail(F, "layer_types[%d] is %s; zrun's qwen2 implements \"full_attention\" and \"sliding_attention\"", i, show(t))
+    end
+    if t == "sliding_attention" and not c.sliding_window then -- (transformers' forward raises there)
+      fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null (use_sliding_window is %s)", i,
+        show(c.use_sliding_window))
+    end
+  end
+  c.layer_types = lt
+end
+
+-- The attention window of a normalised llama-family config: keys more than this many positions
+-- before the query are masked (transformers' sliding_window_overlay: kept while q - k < window) in
+-- some layer, or nil when no layer has one. Sequences no longer than it attend causally.
+function M.attention_window(c)
+  if c.model_type == "mistral" then return c.sliding_window or nil end
+  if c.model_type == "qwen2" and c.sliding_window then
+    for _, t in ipairs(c.layer_types) do
+      if t == "sliding_attention" then return c.sliding_window end
+    end
+  end
+  return nil
+end
+
+-- A Llama-architecture config (a config.json table or zrun's own) of model type F checked and
+-- normalised: defaults filled as transformers' config class of F fills them, the rope resolved into
+-- rope_parameters (rope_theta and rope_scaling removed: one source of truth), dtype/device left to
+-- the caller.
+local function llama_arch(F, cfg)
+  local d = FAMILY[F]
+  for k in pairs(M.NULL_IS_NOT_DEFAULT[F] or {}) do -- (a table decoded with cjson: its nulls)
+    if cfg[k] == null then cfg = copy(cfg); cfg[k] = false end
+  end
   local c = copy(cfg)
   model_type(F, c)
   for _, k in ipairs { "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size" } do
     required_int(F, c, k)
   end
   local H = c.num_attention_heads
-  c.num_key_value_heads = pos_int(F, "num_key_value_heads", c.num_key_value_heads or H)
+  local kv = c.num_key_value_heads
+  if kv == nil then kv = d.num_key_value_heads end
+  if kv == "heads" or kv == false then kv = H end -- (false: JSON null, None: one per query head)
+  c.num_key_value_heads = pos_int(F, "num_key_value_heads", kv)
   if H % c.num_key_value_heads ~= 0 then
-    fail(F, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", H, c.num_key_value_heads)
+    fail(F, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d%s)", H, c.num_key_value_heads,
+      cfg.num_key_value_heads == nil and d.num_key_value_heads ~= "heads"
+        and fmt(", %sConfig's default where config.json has none", F == "qwen2" and "Qwen2" or "Mistral") or "")
   end
   if c.head_dim == nil then
     if c.hidden_size % H ~= 0 then
@@ -252,15 +370,19 @@ function M.llama(cfg)
   end
   local hd = c.head_dim or c.hidden_size / H
   if hd % 2 ~= 0 then fail(F, "head_dim (%d) must be even: rotary embeddings rotate pairs of channels", hd) end
-  -- no limit on zrun's sequence length; transformers' default 2048 matters as llama3's default
+  -- no limit on zrun's sequence length; transformers' default matters as llama3's default
   -- original_max_position_embeddings
-  c.max_position_embeddings = pos_int(F, "max_position_embeddings", c.max_position_embeddings or 2048)
+  c.max_position_embeddings = pos_int(F, "max_position_embeddings", c.max_position_embeddings or d.max_position_embeddings)
   c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or 1e-6)
   c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
-  for _, k in ipairs { "attention_bias", "mlp_bias", "tie_word_embeddings" } do
-    if c[k] == nil then c[k] = false end
-    bool(F, k, c[k])
+  if F == "llama" then
+    for _, k in ipairs { "attention_bias", "mlp_bias" } do
+      if c[k] == nil then c[k] = false end
+      bool(F, k, c[k])
+    end
   end
+  if c.tie_word_embeddings == nil then c.tie_word_embeddings = false end
+  bool(F, "tie_word_embeddings", c.tie_word_embeddings)
   c.model_type = F
   c.hidden_act = c.hidden_act or "silu"
   if not LLAMA_ACTS[c.hidden_act] then
@@ -279,10 +401,33 @@ function M.llama(cfg)
   if pad ~= nil and (not is_int(pad) or pad < -V or pad >= V) then
     fail(F, "pad_token_id must be an integer in [%d, %d) (the embedding's padding_idx) or null, got %s", -V, V, show(pad))
   end
-  refuse_foreign(F, c, "full causal attention with rotary embeddings")
+  local own
+  if F == "mistral" then
+    mistral_fields(F, c, d)
+    own = { sliding_window = true, layer_types = true }
+  elseif F == "qwen2" then
+    qwen2_fields(F, c, d)
+    own = { sliding_window = true, use_sliding_window = true, layer_types = true }
+  end
+  refuse_foreign(F, c, "full causal attention with rotary embeddings", own)
   c.rope_parameters = M.rope_parameters(F, c)
   c.rope_theta, c.rope_scaling = nil, nil
   return c
+end
+
+-- A Llama config checked and normalised (llama_arch above).
+function M.llama(cfg) return llama_arch("llama", cfg) end
+-- A Mistral config: Llama's architecture without biases, and a sliding window (MistralConfig's
+-- default 4096; false or JSON null: none) that M.attention_window reports.
+function M.mistral(cfg) return llama_arch("mistral", cfg) end
+-- A Qwen2 config: Llama's architecture with biases on q/k/v, and Qwen2's sliding-window fields.
+function M.qwen2(cfg) return llama_arch("qwen2", cfg) end
+
+-- A config of any Llama-architecture model type, by its model_type (none: llama).
+function M.llama_family(cfg)
+  local t = cfg.model_type
+  if t ~= nil and not FAMILY[t] then model_type("llama", cfg) end -- (refused: names the supported types)
+  return llama_arch(t or "llama", cfg)
 end
 
 -- ---------------------------------------------------------------- gpt2
@@ -367,6 +512,9 @@ end
 function M.to_hf(cfg)
   local c = copy(cfg)
   c.dtype, c.device, c.gelu_approximate = nil, nil, nil -- what zrun builds in, not the file's
+  for k in pairs(M.NULL_IS_NOT_DEFAULT[c.model_type] or {}) do -- (None, kept as false: M.keep_nulls)
+    if c[k] == false then c[k] = null end
+  end
   if c.torch_dtype ~= nil then
     c.torch_dtype = HF_DTYPE[c.torch_dtype] or c.torch_dtype
     c.dtype = c.torch_dtype

@@ -2,6 +2,9 @@
 -- "llama3" or "linear" scaling; either config.json layout, resolved by zrun.models.hf_config),
 -- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
 -- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
+-- The same architecture computes Mistral (MistralForCausalLM: no biases, a sliding window) and
+-- Qwen2 (Qwen2ForCausalLM: biases on q/k/v only), by the config's model_type; their attention
+-- window is refused, at forward time, for sequences long enough that it would mask a key.
 -- Padding is expected on the right (the collator's layout), where causal attention alone gives
 -- HF's results for every real token.
 local zr = require "zrun"
@@ -14,6 +17,15 @@ local packed = require "zrun.models.packed"
 local M = {}
 
 local function head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size / cfg.num_attention_heads) end
+
+-- Which projections carry a bias (q/k/v, o, MLP): Llama's attention_bias and mlp_bias; Qwen2's
+-- q/k/v always, o and the MLP never (Qwen2Attention); Mistral's none (hf_config refuses the fields
+-- for those two, which transformers does not read).
+local function biases(cfg)
+  if cfg.model_type == "qwen2" then return true, false, false end
+  if cfg.model_type == "mistral" then return false, false, false end
+  return cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias
+end
 
 local function linear(cfg, i, o, bias)
   return nn.Linear(i, o, { bias = bias or false, dtype = cfg.dtype, device = cfg.device })
@@ -62,11 +74,11 @@ local Attention = Module:extend("LlamaAttention")
 function Attention:__init(cfg)
   local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
   self.n_heads, self.n_kv, self.hd = H, KV, D
-  local b = cfg.attention_bias
+  local b, ob = biases(cfg)
   self.q_proj = linear(cfg, cfg.hidden_size, H * D, b)
   self.k_proj = linear(cfg, cfg.hidden_size, KV * D, b)
   self.v_proj = linear(cfg, cfg.hidden_size, KV * D, b)
-  self.o_proj = linear(cfg, H * D, cfg.hidden_size, b)
+  self.o_proj = linear(cfg, H * D, cfg.hidden_size, ob)
 end
 -- segs (zrun.models.packed.segments): the batch holds packed sequences, each attending to itself
 -- with its own positions: with segs.seg (the segments) the rows run joined as one (1, B·T) row and
@@ -119,7 +131,7 @@ end
 -- MLP ---------------------------------------------------------------------------------------
 local MLP = Module:extend("LlamaMLP")
 function MLP:__init(cfg)
-  local b = cfg.mlp_bias
+  local b = select(3, biases(cfg))
   self.gate_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size, b)
   self.up_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size, b)
   self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size, b)
@@ -182,6 +194,25 @@ function Model:__init(cfg)
   self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
   rawset(self, "cfg", cfg)
   rawset(self, "rope_cache", {})
+  rawset(self, "window", hf_config.attention_window(cfg))
+end
+
+-- Mistral's and Qwen2's sliding window (transformers masks keys window or more positions before the
+-- query): no key is that far back in a sequence of at most window tokens, where the attention is
+-- plain causal attention; a longer sequence is refused (zrun's attention ops take no window) rather
+-- than computed with full attention. segs: the packed sequences (each attends to itself), else rows of T.
+local function check_window(self, T, segs)
+  local w = rawget(self, "window")
+  if not w then return end
+  local longest = T
+  if segs then
+    longest = 0
+    for _, s in ipairs(segs) do if s.len > longest then longest = s.len end end
+  end
+  if longest > w then
+    error(("%s: a sequence of %d tokens is longer than sliding_window (%d); zrun's attention has no window, " ..
+      "so train on sequences of at most %d tokens"):format(self.cfg.model_type, longest, w, w), 0)
+  end
 end
 
 -- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
@@ -221,6 +252,7 @@ function Model:forward(input_ids, position_ids)
   local h = self.embed_tokens(input_ids)
   local segs = position_ids and packed.segments(position_ids, B, T, h:device(),
     packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)))
+  check_window(self, T, segs)
   local cos, sin = self:rope(segs and segs.table_length or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   if segs and segs.seg then
@@ -257,9 +289,20 @@ CausalLM.token_mean_loss = true
 CausalLM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
 CausalLM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
 
--- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters.
+CausalLM.family = "llama" -- (the model type its configs must have)
+
+-- The same architecture under transformers' class names for Mistral and Qwen2 (the names their
+-- config.json's architectures carry); each takes configs of its model type only.
+M.MistralForCausalLM = CausalLM:extend("MistralForCausalLM")
+M.MistralForCausalLM.family = "mistral"
+M.Qwen2ForCausalLM = CausalLM:extend("Qwen2ForCausalLM")
+M.Qwen2ForCausalLM.family = "qwen2"
+local CLASS_OF = { llama = CausalLM, mistral = M.MistralForCausalLM, qwen2 = M.Qwen2ForCausalLM }
+
+-- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters; its
+-- model_type (none: the class's) must be the class's (from_pretrained picks the class by it).
 function CausalLM:__init(cfg)
-  cfg = M.normalize_config(cfg)
+  cfg = M.normalize_config(cfg, self.family)
   rawset(self, "config", cfg)
   self.model = Model(cfg)
   if not cfg.tie_word_embeddings then
@@ -308,7 +351,7 @@ end
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
   if opts then
-    require("zrun.kwargs").check("LlamaForCausalLM:forward", opts,
+    require("zrun.kwargs").check(self.__name .. ":forward", opts,
       { "label_smoothing", "position_ids", "token_stats", "loss_type" })
   end
   local scope = self:temporaries_scope()
@@ -425,10 +468,11 @@ function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir,
 -- Config ------------------------------------------------------------------------------------
 -- A config table (config.json fields, either rope format) checked and normalised by
 -- zrun.models.hf_config; a value zrun does not implement is refused there, naming the field.
--- dtype/device: what to build the parameters in (default f32 on the CPU).
-function M.normalize_config(cfg)
+-- dtype/device: what to build the parameters in (default f32 on the CPU). family: the model type
+-- it must have (llama, mistral, qwen2); nil: any of them, by its model_type (none: llama).
+function M.normalize_config(cfg, family)
   if type(cfg) == "string" then cfg = M.config(cfg) end
-  local c = hf_config.llama(cfg)
+  local c = family and hf_config[family](cfg) or hf_config.llama_family(cfg)
   c.dtype = c.dtype or "f32"
   c.device = c.device or "cpu"
   return c
@@ -454,10 +498,13 @@ end
 -- is then read from the files, once, straight into the parameter: hf.load_weights). The rotary_emb.inv_freq
 -- buffers older checkpoints hold are skipped, as transformers skips them; with tie_word_embeddings a
 -- lm_head.weight in the files must equal the embedding (M.check_tied_head).
-function M.from_pretrained(ref, opts)
+-- The class is config.json's model_type's (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM);
+-- family (zr.models.mistral's and qwen2's from_pretrained): the one model type to accept.
+function M.from_pretrained(ref, opts, family)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
-  local model = init.no_init(CausalLM, cfg)
+  local model = init.no_init(CLASS_OF[family or cfg.model_type] or CausalLM, cfg)
+  local F = model.config.model_type
   local tied, head = model.config.tie_word_embeddings, false
   local ok, err = pcall(hf.load_weights, model, dir, { threads = opts and opts.threads, rename = function(name)
     if name == "lm_head.weight" then head = true; if tied then return nil end end
@@ -468,13 +515,13 @@ function M.from_pretrained(ref, opts)
   end })
   if not ok and not tied and not head and tostring(err):find('"lm_head.weight"', 1, true) then -- (missing: transformers
     -- would start the head from random weights, with a warning)
-    error(("llama: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
-      "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(dir), 0)
+    error(("%s: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
+      "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(F, dir), 0)
   elseif not ok then
     error(err, 0)
   end
   if head and tied then
-    M.check_tied_head(dir, model.model.embed_tokens.weight, "llama", "model.embed_tokens.weight",
+    M.check_tied_head(dir, model.model.embed_tokens.weight, F, "model.embed_tokens.weight",
       "load with { config = { tie_word_embeddings = false } } to keep both")
   end
   hf.keep_source(model, ref, dir)
