@@ -56,7 +56,8 @@ def window_matters(model, ids):
 def defaults(outdir):
     from transformers import AutoConfig
 
-    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+    # 32 heads: a multiple of both defaults of num_key_value_heads (Mistral 8, Qwen2 32)
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=32, vocab_size=100)
     cases = {
         "mistral": dict(model_type="mistral", **sizes),
         "mistral_sliding_window_null": dict(model_type="mistral", sliding_window=None, **sizes),

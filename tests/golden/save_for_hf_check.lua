@@ -28,6 +28,15 @@ local models = {
     rope_parameters = { rope_type = "default", rope_theta = 250000.0 } }) },
   llama_linear_bias = { zr.models.llama.LlamaForCausalLM, with(llama, { attention_bias = true, mlp_bias = true,
     rope_parameters = { rope_type = "linear", factor = 4.0, rope_theta = 10000.0 } }) },
+  -- Mistral v0.3 style: no window (sliding_window null), theta 1e6, GQA; and a window longer than the rows
+  mistral_no_window = { zr.models.mistral.MistralForCausalLM, with(llama, { model_type = "mistral",
+    num_key_value_heads = 2, sliding_window = false, rope_parameters = { rope_type = "default", rope_theta = 1e6 } }) },
+  mistral_window = { zr.models.mistral.MistralForCausalLM, with(llama, { model_type = "mistral",
+    num_key_value_heads = 2, head_dim = 12, sliding_window = 64 }) },
+  -- Qwen2.5 style: q/k/v biases, tied head, the window fields off
+  qwen2 = { zr.models.qwen2.Qwen2ForCausalLM, with(llama, { model_type = "qwen2", num_key_value_heads = 2,
+    tie_word_embeddings = true, use_sliding_window = false, sliding_window = 32768, max_window_layers = 21,
+    rope_theta = 1e6 }) },
   gpt2 = { zr.models.gpt2.GPT2LMHeadModel, { model_type = "gpt2", n_embd = 32, n_layer = 2, n_head = 4,
     vocab_size = 61, n_positions = 64 } },
   gpt2_exact_gelu = { zr.models.gpt2.GPT2LMHeadModel, { n_embd = 32, n_layer = 2, n_head = 4,
