@@ -246,7 +246,7 @@ end
 -- defaults (r 8, lora_alpha 8, dropout 0, bias "none", init_lora_weights true, task_type nil) and meaning.
 -- target_modules: a list of module names (matched against the end of each module's dotted name), a Python
 -- regex string (matched whole), "all-linear" (every Linear / Conv1D except the output layer), or nil (the
--- model's PEFT default: q_proj, v_proj for Llama, c_attn for GPT-2). Also implemented: exclude_modules,
+-- model's PEFT default: q_proj, v_proj for Llama, Mistral and Qwen2, c_attn for GPT-2). Also implemented: exclude_modules,
 -- use_rslora (scaling lora_alpha / sqrt(r)), init_lora_weights (true, false or "gaussian"),
 -- layers_to_transform / layers_pattern, fan_in_fan_out (set for Conv1D, as PEFT), inference_mode,
 -- task_type (nil or "CAUSAL_LM"). Fields zrun does not implement (use_dora, modules_to_save, bias other than

@@ -415,12 +415,15 @@ local function llama_arch(F, cfg)
   return c
 end
 
--- A Llama config checked and normalised (llama_arch above).
+-- A Llama config (a config.json table or zrun's own) checked and normalised: defaults filled as
+-- transformers' LlamaConfig fills them, the rope resolved into rope_parameters (rope_theta and
+-- rope_scaling removed: one source of truth), dtype/device left to the caller.
 function M.llama(cfg) return llama_arch("llama", cfg) end
--- A Mistral config: Llama's architecture without biases, and a sliding window (MistralConfig's
--- default 4096; false or JSON null: none) that M.attention_window reports.
+-- A Mistral config, as M.llama with MistralConfig's defaults: Llama's architecture without biases,
+-- and a sliding window (default 4096; false or JSON null: none) that M.attention_window reports.
 function M.mistral(cfg) return llama_arch("mistral", cfg) end
--- A Qwen2 config: Llama's architecture with biases on q/k/v, and Qwen2's sliding-window fields.
+-- A Qwen2 config, as M.llama with Qwen2Config's defaults: Llama's architecture with biases on
+-- q/k/v, and Qwen2's sliding-window fields (filled as Qwen2Config.__post_init__ does).
 function M.qwen2(cfg) return llama_arch("qwen2", cfg) end
 
 -- A config of any Llama-architecture model type, by its model_type (none: llama).
