@@ -180,5 +180,48 @@ T.test("each class takes its own model type; from_pretrained picks the class by 
     'model_type is "gemma", not "llama"; zrun implements the model types llama, mistral, qwen2 and gpt2')
 end)
 
+-- The published config.json files (their text as on the hub; what transformers 5.17's AutoConfig reads
+-- from them is in the comments), through a model directory as from_pretrained reads them.
+T.test("published configs: Mistral-7B-v0.3 (sliding_window null) and Qwen2.5-0.5B (tied, window off)", function()
+  -- transformers: sliding_window None, num_key_value_heads 8, head_dim 128, rope_theta 1e6
+  local m = llama.normalize_config((llama.config(config_dir([[
+{"architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+ "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+ "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+ "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0", "use_cache": true,
+ "vocab_size": 32768}]]))))
+  T.eq(m.model_type, "mistral")
+  T.eq(hf_config.attention_window(m), nil, "no window")
+  T.eq(m.num_key_value_heads, 8)
+  T.eq(m.hidden_size / m.num_attention_heads, 128)
+  T.eq(m.rope_parameters.rope_theta, 1e6)
+  T.eq(m.tie_word_embeddings, false)
+  local count = function(c)
+    local n = 0
+    for _, p in ipairs(require("zrun.memory_estimate").param_list(c)) do n = n + p.numel end
+    return n
+  end
+  T.eq(count(m), 7248023552, "Mistral-7B-v0.3's parameters (no biases)")
+  -- transformers: sliding_window None (use_sliding_window false), 24 full_attention layers, tied
+  local q = llama.normalize_config((llama.config(config_dir([[
+{"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+ "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+ "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+ "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+ "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+ "use_cache": true, "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936}]]))))
+  T.eq(q.model_type, "qwen2")
+  T.eq(hf_config.attention_window(q), nil, "no window")
+  T.eq(q.sliding_window, false, "None")
+  T.eq(#q.layer_types, 24)
+  for _, t in ipairs(q.layer_types) do T.eq(t, "full_attention") end
+  T.eq(q.num_key_value_heads, 2)
+  T.eq(q.tie_word_embeddings, true)
+  T.eq(q.rope_parameters.rope_theta, 1e6)
+  -- zr.memory's count (q/k/v biases) is the published 494,032,768 (the embedding counted once: tied)
+  T.eq(count(q), 494032768, "Qwen2.5-0.5B's parameters")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()
