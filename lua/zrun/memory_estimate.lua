@@ -9,6 +9,8 @@ local floor, max, fmt = math.floor, math.max, string.format
 -- ---------- parameter lists from configs ----------
 
 local function head_dim(c) return c.head_dim or floor(c.hidden_size / c.num_attention_heads) end
+-- num_key_value_heads where config.json has none: MistralConfig's and Qwen2Config's defaults (Llama's: one per head)
+local KV_DEFAULT = { mistral = 8, qwen2 = 32 }
 
 -- add(module, param_name, shape): appends one parameter entry to list
 local function adder(list)
@@ -22,7 +24,9 @@ end
 -- Ordered list of {name=, numel=, module=, shape=} in the order model:parameters() gives them.
 local function llama_params(c)
   local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
-  local Hq, KV = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+  local Hq, KV = c.num_attention_heads, c.num_key_value_heads
+  if KV == nil then KV = KV_DEFAULT[c.model_type] end -- (false: JSON null, None, as none given)
+  KV = KV or Hq
   local D = head_dim(c)
   -- qwen2 has biases on q, k, v (not o) without saying so in its config
   local qkv_bias = c.attention_bias or c.model_type == "qwen2"
