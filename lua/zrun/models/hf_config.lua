@@ -238,7 +238,6 @@ local FAMILY = {
   mistral = { num_key_value_heads = 8, max_position_embeddings = 4096 * 32, sliding_window = 4096 },
   qwen2 = { num_key_value_heads = 32, max_position_embeddings = 32768, sliding_window = 4096, max_window_layers = 28 },
 }
-M.LLAMA_FAMILY = { "llama", "mistral", "qwen2" }
 
 -- Fields whose JSON null is not their absence: null is None, absence the default (MistralConfig's
 -- sliding_window 4096, num_key_value_heads 8). Kept as false (hf.read_config: nulls are dropped
