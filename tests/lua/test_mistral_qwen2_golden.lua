@@ -7,9 +7,10 @@
 -- from_pretrained from the config.json transformers 5 wrote and from the transformers 4 layout,
 -- and checked as test_llama_golden.lua checks Llama, with its tolerances: logits 2e-5 abs + 1e-4
 -- rel, loss 1e-5, gradients 1e-5 + 1e-4 rel, 5 AdamW steps' losses 1e-4 and norms 1e-4 + 5e-4 rel.
--- Then: the same model built from a biased qwen2 and the unfused projections (q/k/v one by one) agree,
--- a sequence one token past the window is refused, save_pretrained's files load back, and LoRA
--- (zr.peft, PEFT's default q_proj/v_proj and all-linear) runs on both.
+-- Then: Qwen2's fused q/k/v product with its biases equals the projections called one by one; a
+-- sequence one token past Mistral's window is refused (packed shorter ones run); save_pretrained's
+-- files carry transformers' model_type, architectures and window fields and load back; LoRA (zr.peft,
+-- PEFT's default q_proj/v_proj and all-linear) trains the adapters only and merges to the same logits.
 local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
