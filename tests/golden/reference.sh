@@ -69,5 +69,16 @@ if [ -d "$DATA/tokenizers" ]; then
 else
   echo "reference: $DATA/tokenizers not found: the golden files' check left out (set ZRUN_TEST_DATA)"
 fi
+# Mistral's and Qwen2's golden configs and the defaults transformers fills, as transformers writes them now (the
+# script also checks that transformers loads its configs back and that Mistral's window masks past its length)
+if "$PY" tests/golden/make_golden_models.py "$OUT/models" > "$OUT/models.log" 2>&1; then
+  for g in hf_model_defaults.json mistral_tiny.config.json mistral_tiny.legacy_config.json qwen2_tiny.config.json \
+    qwen2_tiny.legacy_config.json; do
+    if cmp -s "tests/golden/$g" "$OUT/models/$g"; then echo "PASS tests/golden/$g as transformers writes it"
+    else echo "FAIL tests/golden/$g differs from what transformers writes now ($OUT/models/$g)"; failed=$((failed + 1)); fi
+  done
+else
+  echo "FAIL tests/golden/make_golden_models.py (log $OUT/models.log)"; failed=$((failed + 1))
+fi
 echo "reference: $failed checks failed"
 [ $failed -eq 0 ]
