@@ -223,5 +223,16 @@ T.test("published configs: Mistral-7B-v0.3 (sliding_window null) and Qwen2.5-0.5
   T.eq(count(q), 494032768, "Qwen2.5-0.5B's parameters")
 end)
 
+T.test("built-in configs: Mistral-7B-v0.3 and Qwen2.5 read as their config.json files do", function()
+  local m = llama.normalize_config("mistralai/Mistral-7B-v0.3")
+  T.eq(m.model_type, "mistral")
+  T.eq(hf_config.attention_window(m), nil, "no window")
+  for _, n in ipairs { "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B" } do
+    local q = llama.normalize_config(n)
+    T.eq(q.model_type, "qwen2", n)
+    T.eq(hf_config.attention_window(q), nil, n .. ": no window")
+  end
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()

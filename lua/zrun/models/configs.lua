@@ -27,6 +27,22 @@ C["meta-llama/Meta-Llama-3-70B"] = { model_type = "llama", hidden_size = 8192, i
 C["TinyLlama/TinyLlama-1.1B-Chat-v1.0"] = { model_type = "llama", hidden_size = 2048, intermediate_size = 5632,
   num_hidden_layers = 22, num_attention_heads = 32, num_key_value_heads = 4, vocab_size = 32000,
   rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = false, max_position_embeddings = 2048 }
+-- Mistral v0.3: no sliding window (config.json's "sliding_window": null, false here: MistralConfig's default is 4096)
+C["mistralai/Mistral-7B-v0.3"] = { model_type = "mistral", hidden_size = 4096, intermediate_size = 14336,
+  num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 8, vocab_size = 32768,
+  rms_norm_eps = 1e-5, rope_theta = 1000000.0, sliding_window = false, tie_word_embeddings = false,
+  max_position_embeddings = 32768, bos_token_id = 1, eos_token_id = 2 }
+-- Qwen2.5: q/k/v biases (implied by model_type), the window off (use_sliding_window false)
+C["Qwen/Qwen2.5-0.5B"] = { model_type = "qwen2", hidden_size = 896, intermediate_size = 4864,
+  num_hidden_layers = 24, num_attention_heads = 14, num_key_value_heads = 2, vocab_size = 151936,
+  rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = true, max_position_embeddings = 32768,
+  use_sliding_window = false, sliding_window = 32768, max_window_layers = 24, bos_token_id = 151643,
+  eos_token_id = 151643 }
+C["Qwen/Qwen2.5-7B"] = { model_type = "qwen2", hidden_size = 3584, intermediate_size = 18944,
+  num_hidden_layers = 28, num_attention_heads = 28, num_key_value_heads = 4, vocab_size = 152064,
+  rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = false, max_position_embeddings = 131072,
+  use_sliding_window = false, sliding_window = 131072, max_window_layers = 28, bos_token_id = 151643,
+  eos_token_id = 151643 }
 -- A tiny Llama for CPU runs and tests: GQA, llama3 rope scaling, untied embeddings.
 C["zrun/tiny-llama"] = { model_type = "llama", hidden_size = 64, intermediate_size = 176,
   num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16,
