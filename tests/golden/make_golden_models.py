@@ -8,7 +8,7 @@ untied head, rope_theta 1e6 (Mistral v0.3's), sliding_window 24 over rows of exa
 longest rows the window leaves causal (transformers masks a key when q - k >= sliding_window), so the
 golden logits are plain causal attention's; the script checks that 25 tokens would be masked.
 qwen2_tiny: Qwen2ForCausalLM, biases on q/k/v (drawn at random, not zero, so they matter), none on
-o_proj or the MLP, tied head, rope_theta 1e6, Qwen2.5's sliding-window fields (use_sliding_window
+o_proj or the MLP, 7 query heads per kv head (as Qwen2.5-0.5B's 14/2 and 7B's 28/4), tied head, rope_theta 1e6, Qwen2.5's sliding-window fields (use_sliding_window
 false: the window is off). NAME.legacy_config.json is the config in transformers 4's layout; for
 qwen2 as Qwen2.5's files hold it (sliding_window 32768, max_window_layers, no layer_types).
 
@@ -105,8 +105,8 @@ def main(outdir):
     write_configs(model, outdir, "mistral_tiny", ids, t["logits"])
 
     torch.manual_seed(4)
-    qcfg = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=67, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    qcfg = dict(hidden_size=56, intermediate_size=48, num_hidden_layers=2, num_attention_heads=7,
+                num_key_value_heads=1, vocab_size=67, rms_norm_eps=1e-6, tie_word_embeddings=True,
                 max_position_embeddings=128, use_sliding_window=False, sliding_window=32768, max_window_layers=21,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
     model = Qwen2ForCausalLM(Qwen2Config(**qcfg, attn_implementation="eager")).float()

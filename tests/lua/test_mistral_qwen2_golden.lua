@@ -2,8 +2,8 @@
 -- tests/golden/make_golden_models.py (transformers 5.17, float32, eager attention): mistral_tiny
 -- (MistralForCausalLM: no biases, GQA 4/2, head_dim 12 given apart from hidden_size, rope_theta 1e6,
 -- sliding_window 24 over rows of 24 tokens, which the window leaves causal) and qwen2_tiny
--- (Qwen2ForCausalLM: random biases on q/k/v, none on o_proj, tied head, Qwen2.5's window fields
--- with use_sliding_window false). Each is built from the config table and loaded with
+-- (Qwen2ForCausalLM: random biases on q/k/v, none on o_proj, 7 query heads per kv head, tied head,
+-- Qwen2.5's window fields with use_sliding_window false). Each is built from the config table and loaded with
 -- from_pretrained from the config.json transformers 5 wrote and from the transformers 4 layout,
 -- and checked as test_llama_golden.lua checks Llama, with its tolerances: logits 2e-5 abs + 1e-4
 -- rel, loss 1e-5, gradients 1e-5 + 1e-4 rel, 5 AdamW steps' losses 1e-4 and norms 1e-4 + 5e-4 rel.
