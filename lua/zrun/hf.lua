@@ -220,8 +220,8 @@ function hf.file(dir, name)
   return nil
 end
 
--- config.json as a Lua table (JSON nulls dropped, but those hf_config.keep_nulls keeps as false), and the resolved directory. transformers 5
--- names the stored precision "dtype" (4.x: "torch_dtype"); in zrun's config tables `dtype` is the
+-- config.json as a Lua table (JSON nulls dropped, but those hf_config.keep_nulls keeps as false), and
+-- the resolved directory. transformers 5 names the stored precision "dtype" (4.x: "torch_dtype"); in zrun's config tables `dtype` is the
 -- precision to build a model in, so the file's value is returned as torch_dtype (transformers
 -- keeps "dtype" when a file has both): metadata, as when transformers builds a model from a config.
 function hf.read_config(ref, opts)

@@ -246,8 +246,8 @@ end
 -- defaults (r 8, lora_alpha 8, dropout 0, bias "none", init_lora_weights true, task_type nil) and meaning.
 -- target_modules: a list of module names (matched against the end of each module's dotted name), a Python
 -- regex string (matched whole), "all-linear" (every Linear / Conv1D except the output layer), or nil (the
--- model's PEFT default: q_proj, v_proj for Llama, Mistral and Qwen2, c_attn for GPT-2). Also implemented: exclude_modules,
--- use_rslora (scaling lora_alpha / sqrt(r)), init_lora_weights (true, false or "gaussian"),
+-- model's PEFT default: q_proj, v_proj for Llama, Mistral and Qwen2, c_attn for GPT-2). Also implemented:
+-- exclude_modules, use_rslora (scaling lora_alpha / sqrt(r)), init_lora_weights (true, false or "gaussian"),
 -- layers_to_transform / layers_pattern, fan_in_fan_out (set for Conv1D, as PEFT), inference_mode,
 -- task_type (nil or "CAUSAL_LM"). Fields zrun does not implement (use_dora, modules_to_save, bias other than
 -- "none", rank_pattern, ...) are refused with what to do instead; unknown keys are refused.
@@ -448,8 +448,8 @@ end
 
 -- ---------- get_peft_model ----------
 
-local DEFAULT_TARGETS = { llama = { "q_proj", "v_proj" }, mistral = { "q_proj", "v_proj" }, qwen2 = { "q_proj", "v_proj" },
-  gpt2 = { "c_attn" } } -- (PEFT's mapping)
+local DEFAULT_TARGETS = { llama = { "q_proj", "v_proj" }, mistral = { "q_proj", "v_proj" },
+  qwen2 = { "q_proj", "v_proj" }, gpt2 = { "c_attn" } } -- (PEFT's mapping)
 
 local function is_conv1d(m) return m.__name == "Conv1D" and m.weight ~= nil and #m.weight:shape() == 2 end
 local function is_linear(m) return Module.isinstance(m, nn.Linear) end

@@ -283,8 +283,9 @@ local function mistral_fields(F, c, d)
     if type(c.layer_types) ~= "table" then fail(F, "layer_types must be a list, got %s", show(c.layer_types)) end
     for i, t in ipairs(c.layer_types) do
       if t ~= "full_attention" then
-        fail(F, "layer_types[%d] is %s; transformers' MistralForCausalLM ignores layer_types (sliding_window "
-          .. "applies to every layer): a per-layer pattern is model_type \"ministral\", which zrun does not implement", i, show(t))
+        fail(F, "layer_types[%d] is %s; transformers' MistralForCausalLM ignores layer_types (sliding_window applies "
+          .. "to every layer): a per-layer pattern is model_type \"ministral\", which zrun does not implement", i,
+          show(t))
       end
     end
   end
@@ -306,7 +307,9 @@ local function qwen2_fields(F, c, d)
   local L, lt = c.num_hidden_layers, c.layer_types
   if lt == nil then
     lt = {}
-    for i = 1, L do lt[i] = (c.sliding_window and i - 1 >= c.max_window_layers) and "sliding_attention" or "full_attention" end
+    for i = 1, L do
+      lt[i] = (c.sliding_window and i - 1 >= c.max_window_layers) and "sliding_attention" or "full_attention"
+    end
   elseif type(lt) ~= "table" or #lt ~= L then
     fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", L, show(lt))
   end
@@ -371,7 +374,8 @@ local function llama_arch(F, cfg)
   if hd % 2 ~= 0 then fail(F, "head_dim (%d) must be even: rotary embeddings rotate pairs of channels", hd) end
   -- no limit on zrun's sequence length; transformers' default matters as llama3's default
   -- original_max_position_embeddings
-  c.max_position_embeddings = pos_int(F, "max_position_embeddings", c.max_position_embeddings or d.max_position_embeddings)
+  c.max_position_embeddings = pos_int(F, "max_position_embeddings",
+    c.max_position_embeddings or d.max_position_embeddings)
   c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or 1e-6)
   c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
   if F == "llama" then

@@ -516,7 +516,8 @@ function M.from_pretrained(ref, opts, family)
   if not ok and not tied and not head and tostring(err):find('"lm_head.weight"', 1, true) then -- (missing: transformers
     -- would start the head from random weights, with a warning)
     error(("%s: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
-      "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(F, dir), 0)
+      "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(F, dir),
+      0)
   elseif not ok then
     error(err, 0)
   end
