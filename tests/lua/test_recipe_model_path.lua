@@ -65,10 +65,13 @@ T.test("zr.models.from_pretrained: the family config.json's model_type names, an
   local f = assert(io.open(dir .. "/model/config.json", "rb"))
   local c = require("cjson").decode(f:read("*a"))
   f:close()
-  c.model_type = "mistral"
+  c.model_type = "mistral" -- (Llama's code, its own class)
+  T.write_file(dir .. "/model/config.json", require("cjson").encode(c))
+  T.eq(zr.models.from_pretrained(dir .. "/model").__name, "MistralForCausalLM")
+  c.model_type = "gemma"
   T.write_file(dir .. "/model/config.json", require("cjson").encode(c))
   T.raises(function() zr.models.from_pretrained(dir .. "/model") end,
-    'from_pretrained: model_type "mistral" is not implemented; zrun loads the model types llama and gpt2')
+    'from_pretrained: model_type "gemma" is not implemented; zrun loads the model types llama, mistral, qwen2 and gpt2')
 end)
 
 os.execute("rm -rf '" .. dir .. "'")
