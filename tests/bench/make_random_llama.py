@@ -1,6 +1,7 @@
-"""Writes a random-init Hugging Face Llama model directory, as transformers saves it today (the
-GPU machine has transformers 5.x): config.json from a given config (e.g. Llama-3.2-1B's from
-shared/data), bf16 safetensors, and a tokenizer.json copied beside it.
+"""Writes a random-init Hugging Face Llama model directory (or Mistral / Qwen2: the config's model_type picks
+the class, as AutoModelForCausalLM), as transformers saves it today (the GPU machine has transformers 5.x):
+config.json from a given config (e.g. Llama-3.2-1B's from shared/data), bf16 safetensors, and a tokenizer.json
+copied beside it.
     python3 tests/bench/make_random_llama.py CONFIG_JSON TOKENIZER_JSON OUT_DIR [seed]
 Used by tests/bench/finetune_vs_hf.sh; not part of the build or the test suite."""
 import json
@@ -8,7 +9,7 @@ import shutil
 import sys
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def main():
@@ -18,9 +19,9 @@ def main():
         raw = json.load(f)
     raw.pop("torch_dtype", None)
     raw.pop("dtype", None)
-    cfg = LlamaConfig(**raw)
+    cfg = AutoConfig.for_model(raw.pop("model_type", "llama"), **raw)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     shutil.copy(tok_path, out + "/tokenizer.json")
     n = sum(p.numel() for p in model.parameters())
