@@ -184,8 +184,6 @@ local BOOLEAN = { fan_in_fan_out = true, use_rslora = true, use_dora = true, use
 -- Fields zrun refuses when set to anything but their default: what to do instead.
 M.REFUSED = {
   use_dora = "use_dora (DoRA) is not implemented in zrun; train plain LoRA (use_dora = false)",
-  modules_to_save = "modules_to_save (fully trained copies of whole modules) is not implemented in zrun; adapt those " ..
-    "modules with LoRA (target_modules) or train without PEFT",
   trainable_token_indices = "trainable_token_indices is not implemented in zrun; leave it unset",
   megatron_config = "megatron_config (Megatron parallel layers) does not apply to zrun's models; leave it unset",
   loftq_config = "loftq_config (LoftQ initialisation of quantized bases) is not implemented in zrun; leave it empty",
@@ -203,8 +201,6 @@ M.REFUSED = {
   use_bdlora = "use_bdlora (block-diagonal LoRA) is not implemented in zrun; leave it unset",
   arrow_config = "arrow_config (Arrow routing over several adapters) is not implemented in zrun; leave it unset",
   kasa_config = "kasa_config is not implemented in zrun; leave it unset",
-  rank_pattern = "rank_pattern (a rank per module) is not implemented in zrun; use one r for every target",
-  alpha_pattern = "alpha_pattern (an alpha per module) is not implemented in zrun; use one lora_alpha for every target",
 }
 -- Fields that change nothing in zrun when set: said once, then kept (and written back as given).
 M.NO_EFFECT = {
@@ -212,7 +208,7 @@ M.NO_EFFECT = {
   qalora_group_size = "read only with use_qalora",
   runtime_config = "its ephemeral_gpu_offload moves adapters of offloaded layers, which zrun does not make",
   ensure_weight_tying = "it ties modules_to_save / trainable_token_indices copies of tied embeddings; zrun " ..
-    "refuses those",
+    "refuses modules_to_save on a tied embedding",
   revision = "zrun reads the base model you pass; revision is only written to adapter_config.json",
 }
 local TASK_TYPES = { CAUSAL_LM = true }
@@ -242,6 +238,30 @@ local function check_number(k, v, int, lo)
   end
 end
 
+local function is_name_list(v)
+  if type(v) ~= "table" then return false end
+  for k, n in pairs(v) do if type(k) ~= "number" or type(n) ~= "string" then return false end end
+  return true
+end
+
+-- rank_pattern / alpha_pattern: {<regex> = number}, PEFT's per-module r and lora_alpha.
+local function check_patterns(c)
+  for _, k in ipairs { "rank_pattern", "alpha_pattern" } do
+    local v = c[k]
+    if v ~= nil and type(v) ~= "table" then
+      error(fmt("LoraConfig: %s must be a table { [\"<module name regex>\"] = number }, got %s", k, type(v)), 3)
+    end
+    for key, n in pairs(v or {}) do
+      if type(key) ~= "string" then error(fmt("LoraConfig: %s's keys must be module name regexes (strings)", k), 3) end
+      M.fullmatch(key, "") -- (a regex zrun's matcher refuses, refused here)
+      if type(n) ~= "number" or k == "rank_pattern" and (n % 1 ~= 0 or n < 1) or n < 0 then
+        error(fmt("LoraConfig: %s[\"%s\"] must be %s, got %s", k, key,
+          k == "rank_pattern" and "an integer >= 1" or "a number >= 0", tostring(n)), 3)
+      end
+    end
+  end
+end
+
 -- zr.peft.LoraConfig{r =, lora_alpha =, lora_dropout =, target_modules =, ...}: PEFT's LoraConfig, its
 -- defaults (r 8, lora_alpha 8, dropout 0, bias "none", init_lora_weights true, task_type nil) and meaning.
 -- target_modules: a list of module names (matched against the end of each module's dotted name), a Python
@@ -249,8 +269,10 @@ end
 -- model's PEFT default: q_proj, v_proj for Llama, Mistral and Qwen2, c_attn for GPT-2). Also implemented:
 -- exclude_modules, use_rslora (scaling lora_alpha / sqrt(r)), init_lora_weights (true, false or "gaussian"),
 -- layers_to_transform / layers_pattern, fan_in_fan_out (set for Conv1D, as PEFT), inference_mode,
--- task_type (nil or "CAUSAL_LM"). Fields zrun does not implement (use_dora, modules_to_save, bias other than
--- "none", rank_pattern, ...) are refused with what to do instead; unknown keys are refused.
+-- task_type (nil or "CAUSAL_LM"), rank_pattern / alpha_pattern ({<regex> = r or alpha}: PEFT's per-module
+-- values), modules_to_save (modules trained whole and saved in the adapter file, e.g. {"lm_head"}) and bias
+-- ("all" / "lora_only": those biases trained and saved). Fields zrun does not implement (use_dora,
+-- trainable_token_indices, lora_bias, ...) are refused with what to do instead; unknown keys are refused.
 function M.LoraConfig(o)
   if o ~= nil and type(o) ~= "table" then error("LoraConfig{...}: pass a table of PEFT's LoraConfig fields", 2) end
   local c = setmetatable({}, Config)
@@ -274,9 +296,8 @@ function M.LoraConfig(o)
   if c.peft_type ~= nil and c.peft_type ~= "LORA" then
     error(fmt("LoraConfig: peft_type %s: zrun implements LoRA only (peft_type \"LORA\")", tostring(c.peft_type)), 2)
   end
-  if c.bias ~= nil and c.bias ~= "none" then
-    error(fmt("LoraConfig: bias = \"%s\" (training the base model's biases) is not implemented in zrun; use bias = " ..
-      "\"none\"", tostring(c.bias)), 2)
+  if c.bias ~= nil and c.bias ~= "none" and c.bias ~= "all" and c.bias ~= "lora_only" then
+    error(fmt("LoraConfig: bias must be \"none\", \"all\" or \"lora_only\" (PEFT's), got %s", tostring(c.bias)), 2)
   end
   if c.task_type and not TASK_TYPES[c.task_type] then
     error(fmt("LoraConfig: task_type \"%s\" is not implemented in zrun (causal LMs only): use task_type = \"CAUSAL_LM\" " ..
@@ -296,6 +317,10 @@ function M.LoraConfig(o)
   local tm = c.target_modules
   if tm ~= nil and type(tm) ~= "string" and type(tm) ~= "table" then
     error("LoraConfig: target_modules must be a list of module names, a regex string or \"all-linear\"", 2)
+  end
+  check_patterns(c)
+  if c.modules_to_save and not is_name_list(c.modules_to_save) then
+    error("LoraConfig: modules_to_save must be a list of module names (e.g. { \"lm_head\" })", 2)
   end
   if c.layers_pattern and not c.layers_to_transform then
     error("LoraConfig: layers_pattern is read with layers_to_transform only (PEFT refuses it too): set both", 2)
@@ -343,28 +368,30 @@ end
 local Lora = Module:extend("LoraLayer")
 M.LoraLayer = Lora
 
--- LoraLayer(base, conv1d, cfg): the adapter around base (an nn.Linear, or a Conv1D when conv1d) with cfg's r,
--- lora_alpha, use_rslora, lora_dropout and init_lora_weights; lora_A / lora_B in the base weight's dtype and device.
-function Lora:__init(base, conv1d, cfg)
+-- LoraLayer(base, conv1d, cfg [, r, alpha]): the adapter around base (an nn.Linear, or a Conv1D when conv1d) with
+-- rank r and lora_alpha alpha (default cfg's: rank_pattern / alpha_pattern give others), cfg's use_rslora,
+-- lora_dropout and init_lora_weights; lora_A / lora_B in the base weight's dtype and device.
+function Lora:__init(base, conv1d, cfg, r, alpha)
+  r, alpha = r or cfg.r, alpha or cfg.lora_alpha
   local w = base.weight
   local nin, nout = w:size(conv1d and 1 or 2), w:size(conv1d and 2 or 1)
   self.weight = w
   if base.bias then self.bias = base.bias end
   local td = { bias = false, dtype = w:dtype(), device = w:device() }
-  self.lora_A = nn.Linear(nin, cfg.r, td)
-  self.lora_B = nn.Linear(cfg.r, nout, td)
+  self.lora_A = nn.Linear(nin, r, td)
+  self.lora_B = nn.Linear(r, nout, td)
   zr.no_grad(function()
     if cfg.init_lora_weights == true then init.kaiming_uniform_(self.lora_A.weight, math.sqrt(5))
-    elseif cfg.init_lora_weights == "gaussian" then init.normal_(self.lora_A.weight, 0, 1 / cfg.r) end
+    elseif cfg.init_lora_weights == "gaussian" then init.normal_(self.lora_A.weight, 0, 1 / r) end
     if cfg.init_lora_weights ~= false then init.zeros_(self.lora_B.weight) end
   end)
   rawset(self, "base_layer", base)
   rawset(self, "conv1d", conv1d)
   rawset(self, "in_features", nin)
   rawset(self, "out_features", nout)
-  rawset(self, "r", cfg.r)
-  rawset(self, "lora_alpha", cfg.lora_alpha)
-  rawset(self, "scaling", cfg.use_rslora and cfg.lora_alpha / math.sqrt(cfg.r) or cfg.lora_alpha / cfg.r)
+  rawset(self, "r", r)
+  rawset(self, "lora_alpha", alpha)
+  rawset(self, "scaling", cfg.use_rslora and alpha / math.sqrt(r) or alpha / r)
   rawset(self, "lora_dropout", cfg.lora_dropout)
 end
 
@@ -472,6 +499,10 @@ local function matches(cfg, key)
   elseif type(ex) == "table" then
     for _, e in ipairs(ex) do if key == e or key:sub(-#e - 1) == "." .. e then return false end end
   end
+  -- (PEFT never adapts a module of modules_to_save, nor one inside it)
+  for _, m in ipairs(cfg.modules_to_save or {}) do
+    if M.fullmatch("(^|.*\\.)" .. m .. "($|\\..*)", key) then return false end
+  end
   local tm = cfg.target_modules
   if type(tm) == "string" then return M.fullmatch(tm, key) end
   local found = false
@@ -494,6 +525,73 @@ local function matches(cfg, key)
   if type(lt) == "number" then return idx == lt end
   for _, v in ipairs(lt) do if v == idx then return true end end
   return false
+end
+
+-- PEFT's get_pattern_key for module name: the value of the key of cfg[field] (rank_pattern or alpha_pattern) that
+-- re.match(rf"(.*\.)?({key})$", name) accepts, or nil (the config's r / lora_alpha). PEFT takes the first such key
+-- in the dict's order, which a Lua table does not keep: two keys giving one module different values are refused.
+local function pattern_value(cfg, field, name)
+  local value, by
+  for key, v in pairs(cfg[field] or {}) do
+    if M.fullmatch("(.*\\.)?(" .. key .. ")", name) then
+      if value ~= nil and value ~= v then
+        error(fmt("get_peft_model: %s keys \"%s\" and \"%s\" both match %s with different values (PEFT takes the " ..
+          "first in its dict's order); make the keys match apart", field, by, key, name), 3)
+      end
+      value, by = v, key
+    end
+  end
+  return value
+end
+
+-- PEFT's _set_trainable for modules_to_save: {name, module} of every module whose dotted name ends with one of the
+-- names (a plain suffix, as PEFT's key.endswith), trained whole and saved in the adapter file. PEFT trains a copy
+-- beside the frozen original, which merge_and_unload and unload put in its place; zrun trains the module itself,
+-- which ends the same. A name that matches nothing is refused (PEFT skips it). A tied embedding is refused: PEFT
+-- unties it (a trained copy on one side), which zrun's tied models cannot hold.
+local function saved_modules(model, cfg)
+  local out, names = {}, cfg.modules_to_save or {}
+  if #names == 0 then return out end
+  local found = {}
+  for name, m in model:named_modules() do
+    for _, n in ipairs(names) do
+      if name ~= "" and name:sub(-#n) == n then
+        found[n] = true
+        out[#out + 1] = { name, m }
+        break
+      end
+    end
+  end
+  local emb = model.get_input_embeddings and model:get_input_embeddings()
+  local tied = emb and not rawget(model._modules, "lm_head") -- (a tied head: no lm_head module in zrun's models)
+  for _, n in ipairs(names) do
+    if not found[n] then
+      error(fmt("get_peft_model: modules_to_save \"%s\" matches no module of the model%s", n, tied and
+        n:match("lm_head$") and " (its output head is the tied embedding: zrun has no lm_head to copy; load it with " ..
+        "{ config = { tie_word_embeddings = false } } or leave lm_head out)" or "; check the name"), 3)
+    end
+  end
+  for _, sm in ipairs(out) do
+    if tied and sm[2] == emb then
+      error(fmt("get_peft_model: modules_to_save %s: the embedding is tied to the output head; PEFT would train an " ..
+        "untied copy of one side, which zrun does not make: train without modules_to_save or untie the model", sm[1]), 3)
+    end
+  end
+  return out
+end
+
+-- {name, parameter} of the biases bias = "all" / "lora_only" trains (PEFT's _mark_only_adapters_as_trainable:
+-- every parameter whose name holds "bias", or the LoRA layers' base biases), in module order.
+local function trained_biases(model, cfg)
+  local out = {}
+  if cfg.bias == "all" then
+    for name, p in model:named_parameters() do if name:find("bias", 1, true) then out[#out + 1] = { name, p } end end
+  elseif cfg.bias == "lora_only" then
+    for _, l in ipairs(M.lora_layers(model)) do
+      if l[2].bias then out[#out + 1] = { l[1] .. ".bias", l[2].bias } end
+    end
+  end
+  return out
 end
 
 -- Puts module m in place of the child at dotted name (its parent's field, or a ModuleList entry).
@@ -591,6 +689,7 @@ function M.get_peft_model(model, config, adapter_name)
     error(fmt("get_peft_model: target modules {%s} not found in the base model; check the names (e.g. " ..
       "model.layers.0.self_attn.q_proj matches \"q_proj\")", tostring(shown)), 2)
   end
+  local saved = saved_modules(model, cfg)
   model:requires_grad_(false)
   for _, t in ipairs(targets) do
     -- (PEFT sets fan_in_fan_out for each target as its weight lies, Conv1D's (in, out), with a warning when it
@@ -602,12 +701,18 @@ function M.get_peft_model(model, config, adapter_name)
         conv and "(in, out)" or "(out, in)"))
       cfg.fan_in_fan_out = conv
     end
-    replace(model, t[1], Lora(t[2], conv, cfg))
+    replace(model, t[1], Lora(t[2], conv, cfg, pattern_value(cfg, "rank_pattern", t[1]),
+      pattern_value(cfg, "alpha_pattern", t[1])))
   end
   if cfg.inference_mode then
     for _, l in ipairs(M.lora_layers(model)) do l[2]:requires_grad_(false) end
+  else
+    for _, sm in ipairs(saved) do sm[2]:requires_grad_(true) end
   end
+  -- (PEFT's _mark_only_adapters_as_trainable; inference_mode does not freeze these biases in PEFT either)
+  for _, b in ipairs(trained_biases(model, cfg)) do b[2].requires_grad = true end
   rawset(model, "peft_config", cfg)
+  rawset(model, "peft_modules_to_save", saved)
   rawset(model, "print_trainable_parameters", M.print_trainable_parameters)
   rawset(model, "get_nb_trainable_parameters", M.get_nb_trainable_parameters)
   rawset(model, "save_pretrained", M.save_pretrained)
@@ -623,8 +728,11 @@ function M.lora_layers(model)
 end
 
 -- trainable, all: the parameter element counts (tied weights once), as PEFT's get_nb_trainable_parameters.
+-- modules_to_save count twice in all, as in PEFT, which keeps each frozen original beside its trained copy.
 function M.get_nb_trainable_parameters(model)
-  return model:num_parameters(true), model:num_parameters()
+  local originals = 0
+  for _, sm in ipairs(rawget(model, "peft_modules_to_save") or {}) do originals = originals + sm[2]:num_parameters() end
+  return model:num_parameters(true), model:num_parameters() + originals
 end
 
 local commas = require("zrun.memory_describe").commas -- (1234567 -> "1,234,567")
@@ -641,13 +749,23 @@ end
 local function join(a, b) return (a:gsub("/+$", "")) .. "/" .. b end
 
 -- name -> tensor of the adapter as PEFT saves it: "base_model.model.<module>.lora_A.weight" (the adapter
--- name "default" left out), detached, in the parameters' dtype.
+-- name "default" left out), detached, in the parameters' dtype; the modules of modules_to_save under their
+-- own names ("base_model.model.lm_head.weight") and the biases bias = "all" / "lora_only" trains (a LoRA
+-- layer's as "<module>.base_layer.bias", PEFT's name for it).
 function M.adapter_state_dict(model)
   local sd = {}
+  local lora = {}
   for _, l in ipairs(M.lora_layers(model)) do
     local pre = "base_model.model." .. l[1]
     sd[pre .. ".lora_A.weight"] = l[2].lora_A.weight:detach()
     sd[pre .. ".lora_B.weight"] = l[2].lora_B.weight:detach()
+    lora[l[1] .. ".bias"] = l[1] .. ".base_layer.bias"
+  end
+  for _, sm in ipairs(rawget(model, "peft_modules_to_save") or {}) do
+    for n, p in sm[2]:named_parameters() do sd["base_model.model." .. sm[1] .. "." .. n] = p:detach() end
+  end
+  for _, b in ipairs(trained_biases(model, model.peft_config)) do
+    sd["base_model.model." .. (lora[b[1]] or b[1])] = b[2]:detach()
   end
   return sd
 end
@@ -811,7 +929,7 @@ end
 -- zr.peft.unload(model): the plain modules back without merging (the adapter dropped). Returns the model.
 function M.unload(model)
   for _, l in ipairs(M.lora_layers(model)) do replace(model, l[1], l[2].base_layer) end
-  for _, k in ipairs { "peft_config", "print_trainable_parameters", "get_nb_trainable_parameters", "save_pretrained",
+  for _, k in ipairs { "peft_config", "peft_modules_to_save", "print_trainable_parameters", "get_nb_trainable_parameters", "save_pretrained",
     "merge_and_unload" } do rawset(model, k, nil) end
   return model
 end

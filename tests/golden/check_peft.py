@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """zr.peft against the real PEFT (0.21) and TRL (1.10): a tiny LlamaForCausalLM and LoRA adapters made by PEFT's
-get_peft_model (q_proj + v_proj; "all-linear" with rslora), lora_B set random so the adapter is not a no-op.
+get_peft_model (q_proj + v_proj; "all-linear" with rslora; rank_pattern / alpha_pattern with modules_to_save lm_head;
+GPT-2 with bias "all" / "lora_only"), lora_B set random so the adapter is not a no-op.
 (a) zrun reads the base and PEFT's adapter directory and gives transformers + PEFT's logits; (b) the adapter zrun
 saves is read by PeftModel.from_pretrained and gives the same logits; (c) TRL's SFTTrainer with peft_config and
 zr.SFTTrainer with peft_config from the same base and adapter initialisation log the same losses and gradient norms
@@ -30,6 +31,13 @@ ADAPTERS = [  # (name, LoraConfig kwargs, zrun's LoraConfig fields)
     ("all-linear, r 4, alpha 8, rslora, CAUSAL_LM", dict(r=4, lora_alpha=8, target_modules="all-linear", use_rslora=True,
                                                          task_type="CAUSAL_LM"),
      'r = 4, lora_alpha = 8, target_modules = "all-linear", use_rslora = true, task_type = "CAUSAL_LM"'),
+    ("q/v/o_proj, rank_pattern + alpha_pattern, modules_to_save lm_head",
+     dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"],
+          rank_pattern={"q_proj": 2, "layers.1.self_attn.v_proj": 6}, alpha_pattern={"o_proj": 3, r"model\.layers\.0.*q_proj": 5},
+          modules_to_save=["lm_head"]),
+     r'r = 4, lora_alpha = 8, target_modules = { "q_proj", "v_proj", "o_proj" }, rank_pattern = { q_proj = 2, '
+     r'["layers.1.self_attn.v_proj"] = 6 }, alpha_pattern = { o_proj = 3, ["model\\.layers\\.0.*q_proj"] = 5 }, '
+     r'modules_to_save = { "lm_head" }'),
 ]
 TRAIN = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 6, "learning_rate": 1e-2,
          "lr_scheduler_type": "constant", "logging_steps": 1, "train_sampling_strategy": "sequential", "seed": 3,
@@ -68,6 +76,8 @@ def main():
             for n, p in pm.named_parameters():
                 if "lora_B" in n:
                     p.copy_(torch.randn_like(p) * 0.1)
+                elif "modules_to_save" in n:  # (the trained copy unlike the base, so the logits tell it was read)
+                    p.add_(torch.randn_like(p) * 0.1)
         pm.eval()
         want = logits_of(pm)
         pm.save_pretrained(ad_dir)
@@ -126,6 +136,7 @@ m:save_pretrained("{zmerged}")
                  worst < 1e-6 and not missing and dl < 1e-5)
     config_fields()
     embedding_layers()
+    trained_biases()
     training()
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
@@ -200,6 +211,51 @@ zr._C.save_safetensors("{C.OUT}/emb_logits{k}.safetensors", {{ logits = zr.no_gr
         print(f"  {name}: PEFT saved the base weights {base_keys}; zrun's logits differ by {d}", flush=True)
         C.report(f"zrun reads the base weights PEFT saves beside the adapter ({name}): PEFT's logits (1e-5)",
                  rc == 0 and base_keys and d < 1e-5, out[-600:])
+
+
+def trained_biases():
+    """bias="all" / "lora_only" on a tiny GPT-2 (PEFT's default target c_attn, Conv1D): the biases PEFT trains, counted
+    and saved under PEFT's names ("...c_attn.base_layer.bias"); zrun reads PEFT's adapter (the biases changed, so the
+    logits tell whether they were read), PEFT reads zrun's, and the trainable-parameter lines agree."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+    for k, bias in enumerate(["all", "lora_only"]):
+        base_dir, ad_dir, zsave = f"{C.OUT}/bias_base{k}", f"{C.OUT}/bias_adapter{k}", f"{C.OUT}/bias_zrun{k}"
+        torch.manual_seed(30 + k)
+        GPT2LMHeadModel(GPT2Config(vocab_size=320, n_embd=16, n_layer=2, n_head=2, n_positions=32)).save_pretrained(base_dir)
+        pm = get_peft_model(GPT2LMHeadModel.from_pretrained(base_dir), LoraConfig(r=4, bias=bias))
+        t, a = pm.get_nb_trainable_parameters()
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        pm.eval()
+        want = logits_of(pm)
+        pm.save_pretrained(ad_dir)
+        rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local m = zr.models.gpt2.from_pretrained("{base_dir}")
+zr.peft.from_pretrained(m, "{ad_dir}", {{ is_trainable = true }})
+m:eval() -- (GPT-2 has dropout)
+local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
+zr._C.save_safetensors("{C.OUT}/bias_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
+  {{ format = "pt" }})
+m:print_trainable_parameters()
+zr.peft.save_pretrained(m, "{zsave}")
+""")
+        d = (zrun_logits(f"{C.OUT}/bias_logits{k}.safetensors") - want).abs().max().item() if rc == 0 else None
+        line = f"trainable params: {t:,d} || all params: {a:,d} || trainable%: {100 * t / a:.4f}"
+        C.report(f"bias=\"{bias}\": zrun reads PEFT's adapter and its biases, PEFT's logits (1e-5)",
+                 rc == 0 and d < 1e-5, f"{d} {out[-600:]}")
+        C.report(f"bias=\"{bias}\": print_trainable_parameters prints PEFT's line ({line})", line in out, out[-300:])
+        if rc != 0:
+            continue
+        zk, pk = set(load_file(f"{zsave}/adapter_model.safetensors")), set(load_file(f"{ad_dir}/adapter_model.safetensors"))
+        back = PeftModel.from_pretrained(GPT2LMHeadModel.from_pretrained(base_dir), zsave).eval()
+        d = (logits_of(back) - want).abs().max().item()
+        C.report(f"bias=\"{bias}\": zrun's adapter file holds PEFT's keys, and PEFT reads it back to the same logits",
+                 zk == pk and d < 1e-5, f"{sorted(zk ^ pk)} {d}")
 
 
 def training():

@@ -46,9 +46,10 @@ T.test("LoraConfig: PEFT's defaults; unknown keys and unimplemented fields refus
   T.eq(peft.LoraConfig({ init_lora_weights = "gaussian" }):to_dict().init_lora_weights, "gaussian")
   T.raises(function() peft.LoraConfig { lora_alpa = 16 } end, "unknown field 'lora_alpa' (did you mean 'lora_alpha'?)")
   T.raises(function() peft.LoraConfig { use_dora = true } end, "use_dora (DoRA) is not implemented")
-  T.raises(function() peft.LoraConfig { bias = "all" } end, "use bias = \"none\"")
-  T.raises(function() peft.LoraConfig { modules_to_save = { "lm_head" } } end, "modules_to_save")
-  T.raises(function() peft.LoraConfig { rank_pattern = { q_proj = 4 } } end, "rank_pattern")
+  T.raises(function() peft.LoraConfig { bias = "some" } end, "bias must be \"none\", \"all\" or \"lora_only\"")
+  T.raises(function() peft.LoraConfig { modules_to_save = "lm_head" } end, "modules_to_save must be a list")
+  T.raises(function() peft.LoraConfig { rank_pattern = { q_proj = 1.5 } } end,
+    "rank_pattern[\"q_proj\"] must be an integer >= 1")
   T.raises(function() peft.LoraConfig { lora_bias = true } end, "lora_bias")
   T.raises(function() peft.LoraConfig { init_lora_weights = "pissa" } end, "init_lora_weights \"pissa\" is not implemented")
   T.raises(function() peft.LoraConfig { task_type = "SEQ_CLS" } end, "task_type \"SEQ_CLS\" is not implemented")
@@ -381,6 +382,75 @@ T.test("from_pretrained reads the base weights PEFT saves beside the adapter (sa
   sd["base_model.model.model.no_such.weight"] = ew
   zr._C.save_safetensors(d .. "/adapter_model.safetensors", sd, { format = "pt" })
   T.raises(function() peft.from_pretrained(llama(), d) end, "unexpected base_model.model.model.no_such.weight")
+end)
+
+-- (the numbers below are PEFT 0.21.2's, printed by get_peft_model on transformers 5.17's LlamaForCausalLM /
+-- GPT2LMHeadModel of the same shapes; tests/golden/check_peft.py compares the rest with PEFT itself)
+T.test("rank_pattern / alpha_pattern: PEFT's r and scaling per module (its get_pattern_key)", function()
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 4, lora_alpha = 8, target_modules = { "q_proj", "v_proj",
+    "o_proj" }, rank_pattern = { q_proj = 2, ["layers.1.self_attn.v_proj"] = 6 },
+    alpha_pattern = { o_proj = 3, ["model\\.layers\\.0.*q_proj"] = 5 }, modules_to_save = { "lm_head", "embed_tokens" } })
+  local got = {}
+  for _, l in ipairs(peft.lora_layers(m)) do got[#got + 1] = ("%s %d %.6g"):format(l[1]:gsub("^model%.", ""), l[2].r, l[2].scaling) end
+  T.eq(table.concat(got, "; "), "layers.0.self_attn.q_proj 2 2.5; layers.0.self_attn.v_proj 4 2; " ..
+    "layers.0.self_attn.o_proj 4 0.75; layers.1.self_attn.q_proj 2 4; layers.1.self_attn.v_proj 6 1.33333; " ..
+    "layers.1.self_attn.o_proj 4 0.75")
+  -- (PEFT's all params count the frozen originals of modules_to_save beside their trained copies)
+  T.eq(T.printed(function() m:print_trainable_parameters() end),
+    "trainable params: 35,648 || all params: 161,280 || trainable%: 22.1032")
+  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "q_proj" },
+    rank_pattern = { q_proj = 2, ["self_attn.q_proj"] = 3 } }) end, "both match model.layers.0.self_attn.q_proj")
+end)
+
+T.test("modules_to_save: trained whole, saved under PEFT's names, read back, kept by merge_and_unload", function()
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 4, target_modules = { "q_proj", "lm_head" },
+    modules_to_save = { "lm_head" } })
+  T.eq(#peft.lora_layers(m), 2, "a module of modules_to_save is not adapted (PEFT excludes it)")
+  T.eq(m.lm_head.weight.requires_grad, true)
+  T.eq(m.model.embed_tokens.weight.requires_grad, false)
+  local out = m(ids, ids)
+  out.loss:backward()
+  assert(m.lm_head.weight.grad and m.lm_head.weight.grad:abs():sum():item() > 0, "lm_head gets a gradient")
+  randomize_B(m)
+  zr.no_grad(function() m.lm_head.weight:add_(zr.randn(m.lm_head.weight:shape()) * 0.1) end)
+  local sd = peft.adapter_state_dict(m)
+  assert(sd["base_model.model.lm_head.weight"], "PEFT's key for the trained copy")
+  m:save_pretrained(tmp .. "/mts")
+  local back = peft.from_pretrained(llama(), tmp .. "/mts")
+  T.eq(maxdiff(logits(back), logits(m)), 0, "the trained lm_head read back")
+  T.eq(back.lm_head.weight.requires_grad, false, "is_trainable false: frozen, as PEFT")
+  local want = logits(m)
+  m:merge_and_unload()
+  T.near(maxdiff(logits(m), want), 0, 1e-5, 0, "merged: the trained lm_head stays")
+  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { modules_to_save = { "no_such" } }) end,
+    "modules_to_save \"no_such\" matches no module")
+  local tcfg = zr.models.llama.config("zrun/tiny-llama")
+  tcfg.tie_word_embeddings = true
+  local tied = zr.models.llama.LlamaForCausalLM(tcfg)
+  T.raises(function() peft.get_peft_model(tied, peft.LoraConfig { modules_to_save = { "lm_head" } }) end,
+    "its output head is the tied embedding")
+  T.raises(function() peft.get_peft_model(tied, peft.LoraConfig { modules_to_save = { "embed_tokens" } }) end,
+    "the embedding is tied to the output head")
+end)
+
+T.test("bias \"all\" / \"lora_only\": PEFT's trained biases, counts and adapter keys (GPT-2)", function()
+  local want = { all = "trainable params: 660 || all params: 4,716 || trainable%: 13.9949",
+    lora_only = "trainable params: 456 || all params: 4,716 || trainable%: 9.6692" }
+  for _, b in ipairs { "all", "lora_only" } do
+    local g = zr.models.gpt2.GPT2LMHeadModel { n_embd = 12, n_layer = 2, n_head = 2, vocab_size = 29, n_positions = 16 }
+    peft.get_peft_model(g, peft.LoraConfig { r = 4, bias = b })
+    T.eq(T.printed(function() g:print_trainable_parameters() end), want[b], b)
+    local keys = {}
+    for k in pairs(peft.adapter_state_dict(g)) do if not k:find("lora_") then keys[#keys + 1] = k end end
+    table.sort(keys)
+    T.eq(#keys, b == "all" and 13 or 2, b)
+    T.eq(keys[1], "base_model.model.transformer.h.0.attn.c_attn.base_layer.bias", b .. ": PEFT's name")
+    zr.no_grad(function() g.transformer.h[1].attn.c_attn.bias:add_(1) end)
+    g:save_pretrained(tmp .. "/bias_" .. b)
+    local g2 = zr.models.gpt2.GPT2LMHeadModel { n_embd = 12, n_layer = 2, n_head = 2, vocab_size = 29, n_positions = 16 }
+    peft.from_pretrained(g2, tmp .. "/bias_" .. b)
+    T.eq(maxdiff(g2.transformer.h[1].attn.c_attn.bias, g.transformer.h[1].attn.c_attn.bias), 0, b .. ": read back")
+  end
 end)
 
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
