@@ -214,7 +214,8 @@ M.NO_EFFECT = {
 local TASK_TYPES = { CAUSAL_LM = true }
 
 local Config = {}
-Config.__index = Config
+-- (PEFT's model.peft_config is a dict by adapter name: model.peft_config["default"] is the one config zrun holds)
+Config.__index = function(c, k) if k == "default" then return c end return Config[k] end
 M.LoraConfig_mt = Config
 
 -- Prints "[zrun] LoraConfig: <key> has no effect in zrun (<why>)", or line when given, once a process.
@@ -404,6 +405,10 @@ end
 -- (Llama-3-8B 4 x 1024: 25.4 against 21.6 GiB planned).
 local project
 function Lora:forward(x)
+  if rawget(self, "disabled") then -- (M.disable_adapter: the base alone)
+    if self.conv1d then return zr.conv1d(x, self.weight, self.bias) end
+    return zr.linear(x, self.weight, self.bias)
+  end
   local y = project(x, { self }, true)
   if y then return y end
   local scope = self:temporaries_scope()
@@ -422,7 +427,7 @@ local function fusable_part(m, x)
   if not w or w.requires_grad or (b and b.requires_grad) or w:dtype() ~= dt or not m:groupable() then return false end
   if not Module.isinstance(m, Lora) then return Module.isinstance(m, nn.Linear) and m.forward == linear_forward end
   local A, B = m.lora_A, m.lora_B
-  return m.forward == Lora.forward and A.forward == linear_forward and B.forward == linear_forward and
+  return not rawget(m, "disabled") and m.forward == Lora.forward and A.forward == linear_forward and B.forward == linear_forward and
     A.bias == nil and B.bias == nil and A:groupable() and B:groupable() and A.weight:dtype() == dt and
     B.weight:dtype() == dt
 end
@@ -631,7 +636,8 @@ end
 -- LoraLayer adds lora_A and lora_B (trainable unless config.inference_mode). Returns the same model, with
 -- model.peft_config (the config, target_modules resolved to the matched names' last components when
 -- "all-linear"), model:print_trainable_parameters(), model:get_nb_trainable_parameters(),
--- model:save_pretrained(dir) (the adapter, as PEFT) and model:merge_and_unload().
+-- model:save_pretrained(dir) (the adapter, as PEFT), model:merge_and_unload(), model:unload(),
+-- model:disable_adapter(fn) and model:get_base_model().
 function M.get_peft_model(model, config, adapter_name)
   if not (type(model) == "table" and Module.is_module(model)) then
     error("get_peft_model: model must be an nn.Module (a zrun causal LM)", 2)
@@ -717,6 +723,9 @@ function M.get_peft_model(model, config, adapter_name)
   rawset(model, "get_nb_trainable_parameters", M.get_nb_trainable_parameters)
   rawset(model, "save_pretrained", M.save_pretrained)
   rawset(model, "merge_and_unload", M.merge_and_unload)
+  rawset(model, "unload", M.unload)
+  rawset(model, "disable_adapter", M.disable_adapter)
+  rawset(model, "get_base_model", M.get_base_model)
   return model
 end
 
@@ -926,11 +935,43 @@ function M.merge_and_unload(model, opts)
   return model
 end
 
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- zr.peft.disable_adapter(model, fn) (model:disable_adapter(fn)): PEFT's `with model.disable_adapter():` block:
+-- fn() runs with every LoRA layer computing its base alone (the base model's outputs), the adapter on again
+-- after it returns or raises; returns fn's results. Refused with modules_to_save: zrun trains those modules in
+-- place, where PEFT switches back to the frozen originals. With bias "all" / "lora_only" the trained biases stay
+-- (PEFT warns so too).
+function M.disable_adapter(model, fn)
+  if not M.is_peft_model(model) then error("disable_adapter: the model has no LoRA adapter", 2) end
+  if type(fn) ~= "function" then
+    error("disable_adapter(model, fn): pass the block as a function (PEFT's `with model.disable_adapter():`)", 2)
+  end
+  if #(rawget(model, "peft_modules_to_save") or {}) > 0 then
+    error("disable_adapter: the model has modules_to_save, which zrun trains in place (PEFT keeps the originals): " ..
+      "no base model to switch back to; load the base again for its outputs", 2)
+  end
+  if model.peft_config.bias ~= "none" then
+    said_once("disable_adapter_bias", nil, fmt("[zrun] disable_adapter: bias = \"%s\": the trained biases stay, so " ..
+      "the outputs are not the base model's (PEFT warns the same)", model.peft_config.bias))
+  end
+  local layers = M.lora_layers(model)
+  for _, l in ipairs(layers) do rawset(l[2], "disabled", true) end
+  local r = pack(pcall(fn))
+  for _, l in ipairs(layers) do rawset(l[2], "disabled", nil) end
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, r.n)
+end
+
+-- zr.peft.get_base_model(model): PEFT's get_base_model; zrun's adapted model is the base itself (its LoRA layers in
+-- place), so it returns model.
+function M.get_base_model(model) return model end
+
 -- zr.peft.unload(model): the plain modules back without merging (the adapter dropped). Returns the model.
 function M.unload(model)
   for _, l in ipairs(M.lora_layers(model)) do replace(model, l[1], l[2].base_layer) end
-  for _, k in ipairs { "peft_config", "peft_modules_to_save", "print_trainable_parameters", "get_nb_trainable_parameters", "save_pretrained",
-    "merge_and_unload" } do rawset(model, k, nil) end
+  for _, k in ipairs { "peft_config", "peft_modules_to_save", "print_trainable_parameters", "get_nb_trainable_parameters",
+    "save_pretrained", "merge_and_unload", "unload", "disable_adapter", "get_base_model" } do rawset(model, k, nil) end
   return model
 end
 

@@ -80,7 +80,12 @@ def main():
                     p.add_(torch.randn_like(p) * 0.1)
         pm.eval()
         want = logits_of(pm)
+        with pm.disable_adapter():
+            want_off = logits_of(pm)
         pm.save_pretrained(ad_dir)
+        # (disable_adapter: refused by zrun with modules_to_save, which it trains in place)
+        off = "" if "modules_to_save" in kw else (f'zr._C.save_safetensors("{C.OUT}/zrun_off_logits{k}.safetensors", '
+                                                  '{ logits = m:disable_adapter(logits) }, { format = "pt" })')
         zsave, zmerged = f"{C.OUT}/zrun_adapter{k}", f"{C.OUT}/zrun_merged{k}"
         rc, out = C.zrun_lua(f"""
 local zr = require "zrun"
@@ -90,6 +95,7 @@ local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to(
 local function logits() return zr.no_grad(function() return m(ids).logits end) end
 zr._C.save_safetensors("{C.OUT}/zrun_logits{k}.safetensors", {{ logits = logits() }}, {{ format = "pt" }})
 m:print_trainable_parameters()
+{off}
 zr.peft.save_pretrained(m, "{zsave}")
 m:merge_and_unload()
 zr._C.save_safetensors("{C.OUT}/zrun_merged_logits{k}.safetensors", {{ logits = logits() }}, {{ format = "pt" }})
@@ -101,6 +107,10 @@ m:save_pretrained("{zmerged}")
                  rc == 0 and d < 1e-5 and d is not None, out[-600:])
         if rc != 0:
             continue
+        if off:
+            d = (zrun_logits(f"{C.OUT}/zrun_off_logits{k}.safetensors") - want_off).abs().max().item()
+            C.report(f"model:disable_adapter(fn) gives PEFT's `with disable_adapter():` logits, the base's (1e-5) ({name})",
+                     d < 1e-5, str(d))
         # PEFT's trainable-parameter count (a PeftModel in training mode) next to zrun's line
         tr = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
         t, a = tr.get_nb_trainable_parameters()

@@ -453,6 +453,27 @@ T.test("bias \"all\" / \"lora_only\": PEFT's trained biases, counts and adapter 
   end
 end)
 
+T.test("PEFT's model methods: disable_adapter (the base's logits), unload, get_base_model, peft_config.default",
+  function()
+  local base = llama()
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { target_modules = "all-linear" })
+  randomize_B(m)
+  local adapted = logits(m)
+  local off, extra = m:disable_adapter(function() return logits(m), 5 end)
+  T.eq(maxdiff(off, logits(base)), 0, "adapter off: the base's logits")
+  T.eq(extra, 5, "fn's results returned")
+  T.eq(maxdiff(logits(m), adapted), 0, "on again after")
+  T.raises(function() m:disable_adapter(function() error("inside") end) end, "inside")
+  T.eq(maxdiff(logits(m), adapted), 0, "on again after an error")
+  T.eq(m.peft_config.default.r, 8, "PEFT's peft_config[\"default\"]")
+  T.eq(m:get_base_model(), m)
+  local saved = peft.get_peft_model(llama(), peft.LoraConfig { modules_to_save = { "lm_head" } })
+  T.raises(function() saved:disable_adapter(function() end) end, "disable_adapter: the model has modules_to_save")
+  m:unload()
+  T.eq(maxdiff(logits(m), logits(base)), 0, "unload: the base back, the adapter dropped")
+  T.eq(m.disable_adapter, nil)
+end)
+
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
   local out = tmp .. "/resume"
   local a = { output_dir = out .. "/full", save_strategy = "steps", save_steps = 3, max_steps = 6 }
