@@ -355,5 +355,10 @@ end
 -- The token embedding module (transformers' get_input_embeddings): wte.
 function LM:get_input_embeddings() return self.transformer.wte end
 function LM:gradient_checkpointing_enable() rawset(self.transformer, "gradient_checkpointing", true); return self end
+-- transformers' enable_input_require_grads / disable_input_require_grads (called before LoRA with gradient
+-- checkpointing, so that the checkpointed layers' input needs a gradient): nothing to do in zrun, whose
+-- checkpoint re-runs a layer whose parameters need gradients even when its input does not. Return the model.
+function LM:enable_input_require_grads() return self end
+function LM:disable_input_require_grads() return self end
 
 return M

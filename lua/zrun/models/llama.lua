@@ -444,6 +444,11 @@ end
 -- recomputes the layer in backward (zr.checkpoint). Returns the model.
 function CausalLM:gradient_checkpointing_enable() rawset(self.model, "gradient_checkpointing", true); return self end
 function CausalLM:gradient_checkpointing_disable() rawset(self.model, "gradient_checkpointing", false); return self end
+-- transformers' enable_input_require_grads / disable_input_require_grads (called before LoRA with gradient
+-- checkpointing, so that the checkpointed layers' input needs a gradient): nothing to do in zrun, whose
+-- checkpoint re-runs a layer whose parameters need gradients even when its input does not. Return the model.
+function CausalLM:enable_input_require_grads() return self end
+function CausalLM:disable_input_require_grads() return self end
 
 -- Writes a Hugging Face model directory (config.json + model.safetensors + generation_config.json) that
 -- transformers' from_pretrained loads. Works for any zrun causal LM with HF parameter names.
