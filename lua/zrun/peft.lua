@@ -1,5 +1,5 @@
 -- LoRA adapters as Hugging Face PEFT (0.17+) makes them: LoraConfig with PEFT's fields and defaults,
--- get_peft_model (frozen base, LoRA modules in place of the targeted Linear / Conv1D modules), the
+-- get_peft_model (frozen base, LoRA modules in place of the targeted Linear / Conv1D / Embedding modules), the
 -- adapter files PEFT writes and reads (adapter_model.safetensors, adapter_config.json), merge_and_unload.
 -- Not here: other PEFT methods (prefix tuning, IA3, ...), DoRA, quantized bases, several adapters.
 local zr = require "zrun"
@@ -478,6 +478,63 @@ function Lora:delta_weight()
   end)
 end
 
+-- ---------- LoRA on an embedding (PEFT's lora.Embedding) ----------
+
+-- LoraEmbedding: an nn.Embedding (weight (V, d), frozen, kept under its name) plus trainable lora_embedding_A
+-- (r, V) and lora_embedding_B (d, r), PEFT's layout and names: forward(ids) = base(ids) + A^T[ids] B^T * scaling,
+-- without dropout (PEFT applies none to embeddings). A tied output head keeps reading the base weight, as in PEFT.
+local LoraEmbedding = Lora:extend("LoraEmbedding")
+M.LoraEmbedding = LoraEmbedding
+
+-- LoraEmbedding(base, cfg [, r, alpha]): PEFT's init: A zero, B N(0, 1) (init_lora_weights true or "gaussian":
+-- PEFT's embeddings have one init), both N(0, 1) for false.
+function LoraEmbedding:__init(base, cfg, r, alpha)
+  r, alpha = r or cfg.r, alpha or cfg.lora_alpha
+  local w = base.weight
+  local V, d = w:size(1), w:size(2)
+  self.weight = w
+  local td = { dtype = w:dtype(), device = w:device() }
+  self.lora_embedding_A = Module.Parameter(zr.empty({ r, V }, td))
+  self.lora_embedding_B = Module.Parameter(zr.empty({ d, r }, td))
+  zr.no_grad(function()
+    if cfg.init_lora_weights == false then init.normal_(self.lora_embedding_A, 0, 1)
+    else init.zeros_(self.lora_embedding_A) end
+    init.normal_(self.lora_embedding_B, 0, 1)
+  end)
+  rawset(self, "base_layer", base)
+  rawset(self, "conv1d", false)
+  rawset(self, "in_features", V)
+  rawset(self, "out_features", d)
+  rawset(self, "r", r)
+  rawset(self, "lora_alpha", alpha)
+  rawset(self, "scaling", cfg.use_rslora and alpha / math.sqrt(r) or alpha / r)
+  rawset(self, "lora_dropout", 0)
+end
+
+function LoraEmbedding:forward(ids)
+  local y = zr.embedding(self.weight, ids)
+  if rawget(self, "disabled") then return y end -- (M.disable_adapter)
+  local a = zr.embedding(self.lora_embedding_A:transpose(1, 2):contiguous(), ids)
+  local pad = rawget(self.base_layer, "padding_idx")
+  -- (PEFT looks A^T up with the base's padding_idx: that row gets no gradient)
+  if pad and a.requires_grad then a = zr.where(ids:eq(pad):unsqueeze(-1), a:detach(), a) end
+  return y + zr.linear(a, self.lora_embedding_B) * self.scaling
+end
+
+-- "num_embeddings=..., embedding_dim=..., r=..., scaling=..."
+function LoraEmbedding:extra_repr()
+  return fmt("num_embeddings=%d, embedding_dim=%d, r=%d, scaling=%g", self.in_features, self.out_features, self.r,
+    self.scaling)
+end
+
+-- scaling * (B @ A)^T in f32: (V, d), as the embedding's weight.
+function LoraEmbedding:delta_weight()
+  return zr.no_grad(function()
+    return (zr.matmul(self.lora_embedding_B:to("f32"), self.lora_embedding_A:to("f32")) * self.scaling)
+      :transpose(1, 2):contiguous()
+  end)
+end
+
 -- ---------- get_peft_model ----------
 
 local DEFAULT_TARGETS = { llama = { "q_proj", "v_proj" }, mistral = { "q_proj", "v_proj" },
@@ -632,8 +689,9 @@ end
 
 -- zr.peft.get_peft_model(model, config): PEFT's get_peft_model on a zrun causal LM. Freezes every
 -- parameter, then puts a LoraLayer in place of each module config.target_modules names (nn.Linear, or
--- GPT-2's Conv1D); the base weights keep their names ("model.layers.0.self_attn.q_proj.weight") and each
--- LoraLayer adds lora_A and lora_B (trainable unless config.inference_mode). Returns the same model, with
+-- GPT-2's Conv1D; a LoraEmbedding for an nn.Embedding); the base weights keep their names
+-- ("model.layers.0.self_attn.q_proj.weight") and each LoraLayer adds lora_A and lora_B (trainable unless
+-- config.inference_mode). Returns the same model, with
 -- model.peft_config (the config, target_modules resolved to the matched names' last components when
 -- "all-linear"), model:print_trainable_parameters(), model:get_nb_trainable_parameters(),
 -- model:save_pretrained(dir) (the adapter, as PEFT), model:merge_and_unload(), model:unload(),
@@ -683,9 +741,9 @@ function M.get_peft_model(model, config, adapter_name)
   local targets = {}
   for name, m in model:named_modules() do
     if name ~= "" and matches(cfg, name) then
-      if not (is_linear(m) or is_conv1d(m)) then
-        error(fmt("get_peft_model: target module %s is a %s: zrun's LoRA adapts nn.Linear and Conv1D modules only " ..
-          "(not embeddings or norms); leave it out of target_modules", name, tostring(m.__name)), 2)
+      if not (is_linear(m) or is_conv1d(m) or Module.isinstance(m, nn.Embedding)) then
+        error(fmt("get_peft_model: target module %s is a %s: zrun's LoRA adapts nn.Linear, Conv1D and Embedding " ..
+          "modules only (not norms); leave it out of target_modules", name, tostring(m.__name)), 2)
       end
       targets[#targets + 1] = { name, m }
     end
@@ -698,17 +756,20 @@ function M.get_peft_model(model, config, adapter_name)
   local saved = saved_modules(model, cfg)
   model:requires_grad_(false)
   for _, t in ipairs(targets) do
-    -- (PEFT sets fan_in_fan_out for each target as its weight lies, Conv1D's (in, out), with a warning when it
-    -- changes it; the config keeps the last one's)
-    local conv = is_conv1d(t[2])
-    if (cfg.fan_in_fan_out and true or false) ~= conv then
-      said_once("fan_in_fan_out=" .. tostring(conv), nil, fmt("[zrun] get_peft_model: fan_in_fan_out set to %s for " ..
-        "%s modules (as PEFT does: their weight is stored %s)", tostring(conv), conv and "Conv1D" or "Linear",
-        conv and "(in, out)" or "(out, in)"))
-      cfg.fan_in_fan_out = conv
+    local r, alpha = pattern_value(cfg, "rank_pattern", t[1]), pattern_value(cfg, "alpha_pattern", t[1])
+    if Module.isinstance(t[2], nn.Embedding) then replace(model, t[1], LoraEmbedding(t[2], cfg, r, alpha))
+    else
+      -- (PEFT sets fan_in_fan_out for each target as its weight lies, Conv1D's (in, out), with a warning when it
+      -- changes it; the config keeps the last one's)
+      local conv = is_conv1d(t[2])
+      if (cfg.fan_in_fan_out and true or false) ~= conv then
+        said_once("fan_in_fan_out=" .. tostring(conv), nil, fmt("[zrun] get_peft_model: fan_in_fan_out set to %s " ..
+          "for %s modules (as PEFT does: their weight is stored %s)", tostring(conv), conv and "Conv1D" or "Linear",
+          conv and "(in, out)" or "(out, in)"))
+        cfg.fan_in_fan_out = conv
+      end
+      replace(model, t[1], Lora(t[2], conv, cfg, r, alpha))
     end
-    replace(model, t[1], Lora(t[2], conv, cfg, pattern_value(cfg, "rank_pattern", t[1]),
-      pattern_value(cfg, "alpha_pattern", t[1])))
   end
   if cfg.inference_mode then
     for _, l in ipairs(M.lora_layers(model)) do l[2]:requires_grad_(false) end
@@ -766,8 +827,13 @@ function M.adapter_state_dict(model)
   local lora = {}
   for _, l in ipairs(M.lora_layers(model)) do
     local pre = "base_model.model." .. l[1]
-    sd[pre .. ".lora_A.weight"] = l[2].lora_A.weight:detach()
-    sd[pre .. ".lora_B.weight"] = l[2].lora_B.weight:detach()
+    if Module.isinstance(l[2], LoraEmbedding) then -- (PEFT's names: bare parameters, no ".weight")
+      sd[pre .. ".lora_embedding_A"] = l[2].lora_embedding_A:detach()
+      sd[pre .. ".lora_embedding_B"] = l[2].lora_embedding_B:detach()
+    else
+      sd[pre .. ".lora_A.weight"] = l[2].lora_A.weight:detach()
+      sd[pre .. ".lora_B.weight"] = l[2].lora_B.weight:detach()
+    end
     lora[l[1] .. ".bias"] = l[1] .. ".base_layer.bias"
   end
   for _, sm in ipairs(rawget(model, "peft_modules_to_save") or {}) do
@@ -790,15 +856,58 @@ local function only_default(what, names)
   end
 end
 
+local EMBEDDING_NAMES = { "embed_tokens", "lm_head" } -- (PEFT's EMBEDDING_LAYER_NAMES)
+
+-- Whether the config targets an embedding layer as PEFT's get_peft_model_state_dict decides it: a list naming
+-- "embed_tokens" or "lm_head", or a regex matching a module so named.
+local function embedding_targeted(model, cfg)
+  local tm = cfg.target_modules
+  if type(tm) == "table" then
+    for _, t in ipairs(tm) do for _, e in ipairs(EMBEDDING_NAMES) do if t == e then return true end end end
+    return false
+  end
+  for name in model:named_modules() do
+    for _, e in ipairs(EMBEDDING_NAMES) do
+      if (name == e or name:sub(-#e - 1) == "." .. e) and M.fullmatch(tm, name) then return true end
+    end
+  end
+  return false
+end
+
+-- The base weights PEFT's save_embedding_layers adds to the adapter file (true, or "auto" when an embedding layer
+-- is targeted; zrun never resizes the vocabulary, PEFT's other "auto" case): of the input and output embeddings,
+-- the LoRA-adapted ones' "<name>.base_layer.weight" when an embedding is targeted, else their weights as named.
+local function embedding_layers(model, sd, mode)
+  local targeted = embedding_targeted(model, model.peft_config)
+  if mode == "auto" then mode = targeted end
+  if not mode then return end
+  local emb = model.get_input_embeddings and model:get_input_embeddings()
+  local layers = { [emb or false] = true, [rawget(model._modules, "lm_head") or false] = true }
+  for name, m in model:named_modules() do
+    if layers[m] then
+      if Module.isinstance(m, Lora) then sd["base_model.model." .. name .. ".base_layer.weight"] = m.weight:detach()
+      elseif not targeted then
+        for n, p in m:named_parameters() do sd["base_model.model." .. name .. "." .. n] = p:detach() end
+      end
+    end
+  end
+end
+
 -- zr.peft.save_pretrained(model, dir [, opts]): PEFT's PeftModel.save_pretrained: dir/adapter_model.safetensors (the
 -- adapter's tensors, adapter_state_dict's names and dtype) and dir/adapter_config.json (every LoraConfig
 -- field, inference_mode true, base_model_name_or_path: the path or hub id from_pretrained read the base from,
 -- as PEFT, auto_mapping without a task_type). Returns the list of files written. opts (PEFT's keyword
 -- arguments): is_main_process (false: nothing written, {} returned), selected_adapters (only {"default"}),
--- safe_serialization (only true: zrun writes safetensors); any other key is refused.
+-- safe_serialization (only true: zrun writes safetensors), save_embedding_layers ("auto", PEFT's default: the
+-- base weights of the embedding layers LoRA adapts written too, as PEFT; true; false); any other key is refused.
 function M.save_pretrained(model, dir, opts)
   opts = require("zrun.kwargs").check("peft.save_pretrained", opts,
-    { "is_main_process", "selected_adapters", "safe_serialization" })
+    { "is_main_process", "selected_adapters", "safe_serialization", "save_embedding_layers" })
+  local sel = opts.save_embedding_layers
+  if sel == nil then sel = "auto" end
+  if sel ~= "auto" and type(sel) ~= "boolean" then
+    error("peft.save_pretrained: save_embedding_layers must be \"auto\", true or false (PEFT's)", 2)
+  end
   if not M.is_peft_model(model) then
     error("peft.save_pretrained: the model has no LoRA adapter (get_peft_model first)", 2)
   end
@@ -810,7 +919,9 @@ function M.save_pretrained(model, dir, opts)
   if opts.is_main_process == false then return {} end
   local C = zr._C
   C.makedirs(dir)
-  C.save_safetensors(join(dir, "adapter_model.safetensors"), M.adapter_state_dict(model), { format = "pt" })
+  local sd = M.adapter_state_dict(model)
+  embedding_layers(model, sd, sel)
+  C.save_safetensors(join(dir, "adapter_model.safetensors"), sd, { format = "pt" })
   local cfg = model.peft_config
   local d = cfg:to_dict()
   d.inference_mode = true

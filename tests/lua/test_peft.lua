@@ -60,8 +60,8 @@ T.test("LoraConfig: PEFT's defaults; unknown keys and unimplemented fields refus
     "layers_to_transform does not apply to a regex")
   local out = T.printed(function() peft.LoraConfig { megatron_core = "x" } end)
   assert(out:find("megatron_core has no effect in zrun", 1, true), out)
-  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "embed_tokens" } }) end,
-    "target module model.embed_tokens is a Embedding: zrun's LoRA adapts nn.Linear and Conv1D modules only")
+  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "norm" } }) end,
+    "target module model.norm is a RMSNorm: zrun's LoRA adapts nn.Linear, Conv1D and Embedding modules only")
   T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "qproj" } }) end,
     "target modules {qproj} not found in the base model")
   local m = peft.get_peft_model(llama(), peft.LoraConfig {})
@@ -344,7 +344,15 @@ T.test("save_pretrained / merge_and_unload: PEFT's keyword arguments honoured or
   T.eq(zr._C.path_type(tmp .. "/kw_other_rank"), nil, "is_main_process = false: nothing written")
   T.raises(function() m:save_pretrained(tmp .. "/kw", { safe_serialization = false }) end, "safetensors only")
   T.raises(function() m:save_pretrained(tmp .. "/kw", { selected_adapters = { "other" } }) end, "one adapter")
-  T.raises(function() m:save_pretrained(tmp .. "/kw", { save_embedding_layers = true }) end, "unknown option")
+  T.raises(function() m:save_pretrained(tmp .. "/kw", { save_embedding_layers = "yes" }) end,
+    "save_embedding_layers must be \"auto\", true or false")
+  T.raises(function() m:save_pretrained(tmp .. "/kw", { max_shard_size = "1GB" }) end, "unknown option")
+  -- save_embedding_layers = true with no embedding targeted: the embeddings' weights as named (PEFT's keys)
+  m:save_pretrained(tmp .. "/kw_emb", { save_embedding_layers = true })
+  local fh = zr._C.safetensors_open(tmp .. "/kw_emb/adapter_model.safetensors")
+  local info = fh:info()
+  fh:close()
+  assert(info["base_model.model.model.embed_tokens.weight"] and info["base_model.model.lm_head.weight"], "both saved")
   T.raises(function() m:merge_and_unload { adapter_names = { "other" } } end, "one adapter")
   T.raises(function() m:merge_and_unload { safe_mrege = true } end, "did you mean 'safe_merge'")
   -- safe_merge: an adapter holding a NaN is refused, nothing merged; a finite one merges as without it
@@ -474,6 +482,44 @@ T.test("PEFT's model methods: disable_adapter (the base's logits), unload, get_b
   m:unload()
   T.eq(maxdiff(logits(m), logits(base)), 0, "unload: the base back, the adapter dropped")
   T.eq(m.disable_adapter, nil)
+end)
+
+T.test("LoRA on embed_tokens: PEFT's init, forward by hand, gradients, PEFT's file (base weight beside), merge", function()
+  local m = peft.get_peft_model(llama(), peft.LoraConfig { r = 4, lora_alpha = 8, target_modules = { "embed_tokens",
+    "q_proj" } })
+  T.eq(T.printed(function() m:print_trainable_parameters() end), -- (PEFT 0.21.2's line for these shapes)
+    "trainable params: 2,316 || all params: 127,948 || trainable%: 1.8101")
+  local e = m.model.embed_tokens
+  T.eq(e.lora_embedding_A:abs():max():item(), 0, "PEFT's init: A zero")
+  assert(e.lora_embedding_B:abs():max():item() > 0.5, "PEFT's init: B N(0, 1)")
+  zr.manual_seed(5)
+  zr.no_grad(function() e.lora_embedding_A:copy_(zr.randn(e.lora_embedding_A:shape())) end)
+  local x = zr.tensor({ { 3, 0, 258 } }):to("i64")
+  local got = zr.no_grad(function() return e(x) end)
+  local W, A, B = e.weight:to("f64"), e.lora_embedding_A:to("f64"), e.lora_embedding_B:to("f64")
+  for j, id in ipairs { 3, 0, 258 } do
+    local want = W:narrow(1, id + 1, 1) + zr.matmul(A:narrow(2, id + 1, 1):transpose(1, 2), B:transpose(1, 2)) * 2
+    T.near(maxdiff(got:narrow(2, j, 1):reshape(want:shape()), want), 0, 1e-5, 0, "row of id " .. id)
+  end
+  m(ids, ids).loss:backward()
+  assert(e.lora_embedding_A.grad and e.lora_embedding_B.grad, "gradients reach A and B")
+  T.eq(e.weight.grad, nil, "the base embedding stays frozen")
+  m:save_pretrained(tmp .. "/emb_lora")
+  local fh = zr._C.safetensors_open(tmp .. "/emb_lora/adapter_model.safetensors")
+  local keys = fh:keys()
+  fh:close()
+  table.sort(keys)
+  T.eq(table.concat(keys, " "):gsub("base_model%.model%.", ""), "model.embed_tokens.base_layer.weight " ..
+    "model.embed_tokens.lora_embedding_A model.embed_tokens.lora_embedding_B " ..
+    "model.layers.0.self_attn.q_proj.lora_A.weight model.layers.0.self_attn.q_proj.lora_B.weight " ..
+    "model.layers.1.self_attn.q_proj.lora_A.weight model.layers.1.self_attn.q_proj.lora_B.weight",
+    "PEFT's keys, the base embedding beside (save_embedding_layers \"auto\")")
+  local back = peft.from_pretrained(llama(), tmp .. "/emb_lora")
+  T.eq(maxdiff(logits(back), logits(m)), 0, "read back")
+  local want = logits(m)
+  m:merge_and_unload()
+  T.near(maxdiff(logits(m), want), 0, 1e-5, 0, "merged")
+  T.eq(m.model.embed_tokens.__name, "Embedding", "the plain embedding back")
 end)
 
 T.test("Trainer: save_model writes the adapter (not the base); checkpoints resume bit for bit", function()
