@@ -748,6 +748,11 @@ function M.get_peft_model(model, config, adapter_name)
       targets[#targets + 1] = { name, m }
     end
   end
+  if #targets == 0 and type(cfg.target_modules) == "string" then
+    error(fmt("get_peft_model: target_modules \"%s\" matches no module: a string is a regex matched against the whole " ..
+      "dotted name (PEFT's re.fullmatch); pass a list { \"%s\" } to match names by their end, or a regex like \".*%s\"",
+      cfg.target_modules, cfg.target_modules, cfg.target_modules), 2)
+  end
   if #targets == 0 then
     local shown = type(cfg.target_modules) == "table" and concat(cfg.target_modules, ", ") or cfg.target_modules
     error(fmt("get_peft_model: target modules {%s} not found in the base model; check the names (e.g. " ..

@@ -64,6 +64,8 @@ T.test("LoraConfig: PEFT's defaults; unknown keys and unimplemented fields refus
     "target module model.norm is a RMSNorm: zrun's LoRA adapts nn.Linear, Conv1D and Embedding modules only")
   T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "qproj" } }) end,
     "target modules {qproj} not found in the base model")
+  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = "q_proj" }) end,
+    "a string is a regex matched against the whole dotted name (PEFT's re.fullmatch); pass a list { \"q_proj\" }")
   local m = peft.get_peft_model(llama(), peft.LoraConfig {})
   T.raises(function() peft.get_peft_model(m, peft.LoraConfig {}) end, "already has a LoRA adapter")
 end)
