@@ -208,6 +208,18 @@ local function lora_setting(lo, cfg, name)
   if type(p) ~= "number" or p < 0 or p >= 1 then
     error(fmt("memory plan: lora.lora_dropout must be a number in [0, 1), got %s", tostring(p)), 0)
   end
+  -- (what the plan does not model: whole modules and biases trained beside the adapters, ranks per module; the
+  -- Trainer then plans a full fine-tune, an upper bound, and says so)
+  for _, k in ipairs { "modules_to_save", "rank_pattern" } do
+    if type(lo[k]) == "table" and next(lo[k]) ~= nil then
+      error(fmt("memory plan: lora.%s is not planned (the plan knows adapters of one rank r only); plan without " ..
+        "lora for an upper bound (a full fine-tune)", k), 0)
+    end
+  end
+  if lo.bias ~= nil and lo.bias ~= "none" then
+    error(fmt("memory plan: lora.bias = \"%s\" is not planned (trained biases); plan without lora for an upper " ..
+      "bound (a full fine-tune)", tostring(lo.bias)), 0)
+  end
   local ex, lt = lo.exclude_modules, lo.layers_to_transform
   if type(lt) == "number" then lt = { lt } end
   if type(lt) == "table" and next(lt) == nil then lt = nil end

@@ -568,7 +568,10 @@ local function matches(cfg, key)
   local tm = cfg.target_modules
   if type(tm) == "string" then return M.fullmatch(tm, key) end
   local found = false
-  for _, t in ipairs(tm) do if key == t or key:sub(-#t - 1) == "." .. t then found = true; break end end
+  for _, t in ipairs(tm) do
+    if key == t then return true end -- (a full name: PEFT adapts it whatever layers_to_transform says)
+    if key:sub(-#t - 1) == "." .. t then found = true end
+  end
   local lt = cfg.layers_to_transform
   if not found or not lt or (type(lt) == "table" and #lt == 0) then return found end
   local idx

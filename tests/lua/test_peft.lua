@@ -107,6 +107,12 @@ T.test("get_peft_model: targets as PEFT matches them; base names kept, frozen; P
   local lp = peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "o_proj" }, layers_to_transform = { 0 },
     layers_pattern = "layers" })
   T.eq(peft.lora_layers(lp)[1][1], "model.layers.0.self_attn.o_proj")
+  -- a full name in the list is adapted whatever layers_to_transform says (PEFT 0.21's check_target_module_exists)
+  local full = peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "model.layers.0.self_attn.o_proj",
+    "q_proj" }, layers_to_transform = { 1 } })
+  local fl = {}
+  for _, l in ipairs(peft.lora_layers(full)) do fl[#fl + 1] = l[1] end
+  T.eq(table.concat(fl, " "), "model.layers.0.self_attn.o_proj model.layers.1.self_attn.q_proj")
   T.raises(function() peft.LoraConfig { layers_to_transform = 0, layers_pattern = "lay.*" } end, "not a regex")
 end)
 
@@ -412,6 +418,15 @@ T.test("rank_pattern / alpha_pattern: PEFT's r and scaling per module (its get_p
     "trainable params: 35,648 || all params: 161,280 || trainable%: 22.1032")
   T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { target_modules = { "q_proj" },
     rank_pattern = { q_proj = 2, ["self_attn.q_proj"] = 3 } }) end, "both match model.layers.0.self_attn.q_proj")
+end)
+
+T.test("the memory plan refuses what it does not model (the Trainer then plans a full fine-tune)", function()
+  local P = require "zrun.memory_plan"
+  for _, c in ipairs { { { modules_to_save = { "lm_head" } }, "lora.modules_to_save is not planned" },
+    { { rank_pattern = { q_proj = 16 } }, "lora.rank_pattern is not planned" },
+    { { bias = "all" }, "lora.bias = \"all\" is not planned" } } do
+    T.raises(function() P.plan { model = "zrun/tiny-llama", lora = peft.LoraConfig(c[1]) } end, c[2])
+  end
 end)
 
 T.test("modules_to_save: trained whole, saved under PEFT's names, read back, kept by merge_and_unload", function()
