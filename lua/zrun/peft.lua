@@ -952,9 +952,14 @@ end
 -- dir/adapter_model.safetensors into the adapter (every key must match a LoRA weight of the model, with its
 -- shape, or a base weight PEFT saved beside it, "lm_head.base_layer.weight" or "model.embed_tokens.weight",
 -- which is read into the base as PEFT does). is_trainable false (PEFT's default): the adapter is frozen too
--- (inference_mode). Returns the model.
+-- (inference_mode). Also PEFT's adapter_name (only "default") and low_cpu_mem_usage (no effect: zrun reads the
+-- file into the adapter made for it either way). Returns the model.
 function M.from_pretrained(model, dir, opts)
-  opts = require("zrun.kwargs").check("peft.from_pretrained", opts, { "is_trainable" })
+  opts = require("zrun.kwargs").check("peft.from_pretrained", opts, { "is_trainable", "adapter_name", "low_cpu_mem_usage" })
+  if opts.adapter_name ~= nil and opts.adapter_name ~= "default" then
+    error(fmt("peft.from_pretrained: adapter_name \"%s\": zrun holds one adapter, named \"default\"; leave it unset",
+      tostring(opts.adapter_name)), 2)
+  end
   local C = zr._C
   local cpath, wpath = join(dir, "adapter_config.json"), join(dir, "adapter_model.safetensors")
   if C.path_type(cpath) ~= "file" then

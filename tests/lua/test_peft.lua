@@ -355,6 +355,10 @@ T.test("save_pretrained / merge_and_unload: PEFT's keyword arguments honoured or
   T.raises(function() m:save_pretrained(tmp .. "/kw", { save_embedding_layers = "yes" }) end,
     "save_embedding_layers must be \"auto\", true or false")
   T.raises(function() m:save_pretrained(tmp .. "/kw", { max_shard_size = "1GB" }) end, "unknown option")
+  local back = peft.from_pretrained(llama(), tmp .. "/kw", { adapter_name = "default", low_cpu_mem_usage = true })
+  T.eq(maxdiff(logits(back), want), 0, "from_pretrained's adapter_name / low_cpu_mem_usage")
+  T.raises(function() peft.from_pretrained(llama(), tmp .. "/kw", { adapter_name = "sql" }) end,
+    "adapter_name \"sql\": zrun holds one adapter")
   -- save_embedding_layers = true with no embedding targeted: the embeddings' weights as named (PEFT's keys)
   m:save_pretrained(tmp .. "/kw_emb", { save_embedding_layers = true })
   local fh = zr._C.safetensors_open(tmp .. "/kw_emb/adapter_model.safetensors")
