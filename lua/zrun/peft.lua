@@ -759,7 +759,8 @@ function M.get_peft_model(model, config, adapter_name)
   if #targets == 0 then
     local shown = type(cfg.target_modules) == "table" and concat(cfg.target_modules, ", ") or cfg.target_modules
     error(fmt("get_peft_model: target modules {%s} not found in the base model; check the names (e.g. " ..
-      "model.layers.0.self_attn.q_proj matches \"q_proj\")", tostring(shown)), 2)
+      "model.layers.0.self_attn.q_proj matches \"q_proj\")%s", tostring(shown), cfg.modules_to_save and
+      " and modules_to_save (PEFT adapts no module inside one of them)" or ""), 2)
   end
   local saved = saved_modules(model, cfg)
   model:requires_grad_(false)

@@ -453,6 +453,8 @@ T.test("modules_to_save: trained whole, saved under PEFT's names, read back, kep
   local want = logits(m)
   m:merge_and_unload()
   T.near(maxdiff(logits(m), want), 0, 1e-5, 0, "merged: the trained lm_head stays")
+  T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { modules_to_save = { "self_attn" } }) end,
+    "and modules_to_save (PEFT adapts no module inside one of them)")
   T.raises(function() peft.get_peft_model(llama(), peft.LoraConfig { modules_to_save = { "no_such" } }) end,
     "modules_to_save \"no_such\" matches no module")
   local tcfg = zr.models.llama.config("zrun/tiny-llama")
