@@ -207,8 +207,6 @@ M.NO_EFFECT = {
   megatron_core = "read only with megatron_config",
   qalora_group_size = "read only with use_qalora",
   runtime_config = "its ephemeral_gpu_offload moves adapters of offloaded layers, which zrun does not make",
-  ensure_weight_tying = "it ties modules_to_save / trainable_token_indices copies of tied embeddings; zrun " ..
-    "refuses modules_to_save on a tied embedding",
   revision = "zrun reads the base model you pass; revision is only written to adapter_config.json",
 }
 local TASK_TYPES = { CAUSAL_LM = true }
@@ -609,40 +607,85 @@ local function pattern_value(cfg, field, name)
   return value
 end
 
+-- Whether model's output head is its input embedding (zrun's tied models have no lm_head module); and the embedding.
+local function tied_embedding(model)
+  local emb = model.get_input_embeddings and model:get_input_embeddings()
+  return emb and not rawget(model._modules, "lm_head") and true or false, emb
+end
+
+-- PEFT's _add_modules_to_save_to_tie, for ensure_weight_tying on a tied model whose modules_to_save names an
+-- embedding layer (last component embed_tokens or lm_head, PEFT's EMBEDDING_LAYER_NAMES): the embedding's full
+-- name added, the names matching the tied head ("lm_head") taken out, in cfg itself as PEFT changes its config
+-- (adapter_config.json shows it). The embedding then trains in place, the head with it. Returns whether it applied.
+local function tie_saved(model, cfg, emb)
+  local is_emb = false
+  for _, n in ipairs(cfg.modules_to_save) do
+    local last = n:match("[^.]+$")
+    if last == "embed_tokens" or last == "lm_head" then is_emb = true end
+  end
+  if not is_emb then return false end
+  local l, ename, has = {}, nil, false
+  for name, m in model:named_modules() do if m == emb then ename = name; break end end
+  for _, n in ipairs(cfg.modules_to_save) do l[#l + 1] = n; has = has or n == ename end
+  if not has then l[#l + 1] = ename end
+  for i, n in ipairs(l) do -- (PEFT removes the first name matching each tied key)
+    if M.fullmatch("(^|.*\\.)" .. n .. "($|\\..*)", "lm_head") then table.remove(l, i); break end
+  end
+  cfg.modules_to_save = l
+  return true
+end
+
 -- PEFT's _set_trainable for modules_to_save: {name, module} of every module whose dotted name ends with one of the
--- names (a plain suffix, as PEFT's key.endswith), trained whole and saved in the adapter file. PEFT trains a copy
--- beside the frozen original, which merge_and_unload and unload put in its place; zrun trains the module itself,
--- which ends the same. A name that matches nothing is refused (PEFT skips it). A tied embedding is refused: PEFT
--- unties it (a trained copy on one side), which zrun's tied models cannot hold.
+-- names (a plain suffix, as PEFT's key.endswith), trained whole and saved in the adapter file, and whether a tied
+-- head trains with the embedding (tie_saved). PEFT trains a copy beside the frozen original, which
+-- merge_and_unload and unload put in its place; zrun trains the module itself, which ends the same. A name that
+-- matches nothing is refused (PEFT skips it). A tied embedding without ensure_weight_tying is refused: PEFT unties
+-- it (a trained copy on one side), which zrun's tied models cannot hold.
 local function saved_modules(model, cfg)
-  local out, names = {}, cfg.modules_to_save or {}
-  if #names == 0 then return out end
+  local out = {}
+  if #(cfg.modules_to_save or {}) == 0 then return out, false end
+  local tied, emb = tied_embedding(model)
+  local tied_head = tied and cfg.ensure_weight_tying and tie_saved(model, cfg, emb)
   local found = {}
   for name, m in model:named_modules() do
-    for _, n in ipairs(names) do
-      if name ~= "" and name:sub(-#n) == n then
-        found[n] = true
-        out[#out + 1] = { name, m }
-        break
-      end
+    local hit = false
+    for _, n in ipairs(cfg.modules_to_save) do
+      if name ~= "" and name:sub(-#n) == n then found[n], hit = true, true end
     end
+    if hit then out[#out + 1] = { name, m } end
   end
-  local emb = model.get_input_embeddings and model:get_input_embeddings()
-  local tied = emb and not rawget(model._modules, "lm_head") -- (a tied head: no lm_head module in zrun's models)
-  for _, n in ipairs(names) do
+  for _, n in ipairs(cfg.modules_to_save) do
     if not found[n] then
       error(fmt("get_peft_model: modules_to_save \"%s\" matches no module of the model%s", n, tied and
-        n:match("lm_head$") and " (its output head is the tied embedding: zrun has no lm_head to copy; load it with " ..
-        "{ config = { tie_word_embeddings = false } } or leave lm_head out)" or "; check the name"), 3)
+        n:match("lm_head$") and " (its output head is the tied embedding: zrun has no lm_head module; set " ..
+        "ensure_weight_tying = true to train the embedding and the head as one, or leave lm_head out)" or
+        "; check the name"), 3)
     end
   end
   for _, sm in ipairs(out) do
-    if tied and sm[2] == emb then
+    if tied and sm[2] == emb and not tied_head then
       error(fmt("get_peft_model: modules_to_save %s: the embedding is tied to the output head; PEFT would train an " ..
-        "untied copy of one side, which zrun does not make: train without modules_to_save or untie the model", sm[1]), 3)
+        "untied copy of one side, which zrun does not make: set ensure_weight_tying = true (PEFT's option: the " ..
+        "embedding and the head trained as one) or train without modules_to_save", sm[1]), 3)
     end
   end
-  return out
+  return out, tied_head
+end
+
+-- ensure_weight_tying where it does not apply: a LoRA on a tied embedding (PEFT adapts the tied head with the same
+-- adapter, which zrun does not) refused; nothing tied to keep, said (PEFT warns).
+local function check_weight_tying(model, cfg, targets, tied_head)
+  if not cfg.ensure_weight_tying or tied_head then return end
+  local tied, emb = tied_embedding(model)
+  for _, t in ipairs(targets) do
+    if tied and t[2] == emb then
+      error(fmt("get_peft_model: ensure_weight_tying with a LoRA on the tied embedding %s (PEFT adapts the output head " ..
+        "with the same adapter) is not implemented in zrun; leave ensure_weight_tying false (the head keeps the base " ..
+        "weight) or target the embedding through modules_to_save", t[1]), 3)
+    end
+  end
+  said_once("ensure_weight_tying", nil, "[zrun] get_peft_model: ensure_weight_tying has no effect here: no tied " ..
+    "embedding in modules_to_save (PEFT warns the same)")
 end
 
 -- {name, parameter} of the biases bias = "all" / "lora_only" trains (PEFT's _mark_only_adapters_as_trainable:
@@ -741,6 +784,7 @@ function M.get_peft_model(model, config, adapter_name)
         "list target_modules", 2)
     end
   end
+  local saved, tied_head = saved_modules(model, cfg) -- (first: ensure_weight_tying may add to modules_to_save)
   local targets = {}
   for name, m in model:named_modules() do
     if name ~= "" and matches(cfg, name) then
@@ -762,7 +806,7 @@ function M.get_peft_model(model, config, adapter_name)
       "model.layers.0.self_attn.q_proj matches \"q_proj\")%s", tostring(shown), cfg.modules_to_save and
       " and modules_to_save (PEFT adapts no module inside one of them)" or ""), 2)
   end
-  local saved = saved_modules(model, cfg)
+  check_weight_tying(model, cfg, targets, tied_head)
   model:requires_grad_(false)
   for _, t in ipairs(targets) do
     local r, alpha = pattern_value(cfg, "rank_pattern", t[1]), pattern_value(cfg, "alpha_pattern", t[1])
@@ -789,6 +833,7 @@ function M.get_peft_model(model, config, adapter_name)
   for _, b in ipairs(trained_biases(model, cfg)) do b[2].requires_grad = true end
   rawset(model, "peft_config", cfg)
   rawset(model, "peft_modules_to_save", saved)
+  rawset(model, "peft_tied_head", tied_head or nil)
   rawset(model, "print_trainable_parameters", M.print_trainable_parameters)
   rawset(model, "get_nb_trainable_parameters", M.get_nb_trainable_parameters)
   rawset(model, "save_pretrained", M.save_pretrained)
@@ -847,6 +892,9 @@ function M.adapter_state_dict(model)
   end
   for _, sm in ipairs(rawget(model, "peft_modules_to_save") or {}) do
     for n, p in sm[2]:named_parameters() do sd["base_model.model." .. sm[1] .. "." .. n] = p:detach() end
+  end
+  if rawget(model, "peft_tied_head") then -- (PEFT saves the tied head's copy too: the same tensor)
+    sd["base_model.model.lm_head.weight"] = model:get_input_embeddings().weight:detach()
   end
   for _, b in ipairs(trained_biases(model, model.peft_config)) do
     sd["base_model.model." .. (lora[b[1]] or b[1])] = b[2]:detach()
@@ -1095,7 +1143,7 @@ function M.get_base_model(model) return model end
 -- zr.peft.unload(model): the plain modules back without merging (the adapter dropped). Returns the model.
 function M.unload(model)
   for _, l in ipairs(M.lora_layers(model)) do replace(model, l[1], l[2].base_layer) end
-  for _, k in ipairs { "peft_config", "peft_modules_to_save", "print_trainable_parameters", "get_nb_trainable_parameters",
+  for _, k in ipairs { "peft_config", "peft_modules_to_save", "peft_tied_head", "print_trainable_parameters", "get_nb_trainable_parameters",
     "save_pretrained", "merge_and_unload", "unload", "disable_adapter", "get_base_model" } do rawset(model, k, nil) end
   return model
 end

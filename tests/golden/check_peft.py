@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """zr.peft against the real PEFT (0.21) and TRL (1.10): a tiny LlamaForCausalLM and LoRA adapters made by PEFT's
 get_peft_model (q_proj + v_proj; "all-linear" with rslora; rank_pattern / alpha_pattern with modules_to_save lm_head;
-LoRA on embed_tokens; GPT-2 with bias "all" / "lora_only"), lora_B set random so the adapter is not a no-op.
+LoRA on embed_tokens; GPT-2 with bias "all" / "lora_only"; a tied embedding in modules_to_save with
+ensure_weight_tying), lora_B set random so the adapter is not a no-op.
 (a) zrun reads the base and PEFT's adapter directory and gives transformers + PEFT's logits; (b) the adapter zrun
 saves is read by PeftModel.from_pretrained and gives the same logits; (c) TRL's SFTTrainer with peft_config and
 zr.SFTTrainer with peft_config from the same base and adapter initialisation log the same losses and gradient norms
@@ -149,6 +150,7 @@ m:save_pretrained("{zmerged}")
     config_fields()
     embedding_layers()
     trained_biases()
+    tied_embedding()
     training()
     print(f"{C.failed} failed")
     sys.exit(1 if C.failed else 0)
@@ -272,6 +274,62 @@ zr.peft.save_pretrained(m, "{zsave}")
         d = (logits_of(back) - want).abs().max().item()
         C.report(f"bias=\"{bias}\": zrun's adapter file holds PEFT's keys, and PEFT reads it back to the same logits",
                  zk == pk and d < 1e-5, f"{sorted(zk ^ pk)} {d}")
+
+
+def tied_embedding():
+    """modules_to_save of a tied embedding with ensure_weight_tying=True (PEFT trains the embedding and the head as one
+    copy; its config gains the embedding's full name): zrun reads PEFT's adapter (the copy changed, so the logits tell
+    it was read), PEFT reads zrun's, the keys, adapter_config.json and the trainable-parameter lines agree."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    for k, mts in enumerate([["embed_tokens"], ["lm_head"]]):
+        base_dir, ad_dir, zsave = f"{C.OUT}/tied_base{k}", f"{C.OUT}/tied_adapter{k}", f"{C.OUT}/tied_zrun{k}"
+        torch.manual_seed(40 + k)
+        LlamaForCausalLM(LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+                         ).save_pretrained(base_dir)
+        kw = dict(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=list(mts), ensure_weight_tying=True)
+        pm = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
+        t, a = pm.get_nb_trainable_parameters()
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.1)
+        pm.eval()
+        want = logits_of(pm)
+        pm.save_pretrained(ad_dir)
+        lua_mts = "{ " + ", ".join(json.dumps(x) for x in mts) + " }"
+        rc, out = C.zrun_lua(f"""
+local zr = require "zrun"
+local m = zr.models.llama.from_pretrained("{base_dir}")
+zr.peft.from_pretrained(m, "{ad_dir}")
+local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
+zr._C.save_safetensors("{C.OUT}/tied_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
+  {{ format = "pt" }})
+zr.peft.save_pretrained(m, "{zsave}")
+local fresh = zr.peft.get_peft_model(zr.models.llama.from_pretrained("{base_dir}"), zr.peft.LoraConfig {{ r = 4,
+  lora_alpha = 8, target_modules = {{ "q_proj" }}, modules_to_save = {lua_mts}, ensure_weight_tying = true }})
+fresh:print_trainable_parameters()
+""")
+        d = (zrun_logits(f"{C.OUT}/tied_logits{k}.safetensors") - want).abs().max().item() if rc == 0 else None
+        line = f"trainable params: {t:,d} || all params: {a:,d} || trainable%: {100 * t / a:.4f}"
+        name = f"tied embedding, modules_to_save {mts}, ensure_weight_tying"
+        C.report(f"{name}: zrun reads PEFT's adapter, PEFT's logits (1e-5)", rc == 0 and d < 1e-5, f"{d} {out[-600:]}")
+        C.report(f"{name}: print_trainable_parameters prints PEFT's line ({line})", line in out, out[-300:])
+        if rc != 0:
+            continue
+        zk, pk = set(load_file(f"{zsave}/adapter_model.safetensors")), set(load_file(f"{ad_dir}/adapter_model.safetensors"))
+        back = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base_dir), zsave).eval()
+        d = (logits_of(back) - want).abs().max().item()
+        with open(f"{zsave}/adapter_config.json") as f:
+            zc = json.load(f)
+        with open(f"{ad_dir}/adapter_config.json") as f:
+            pc = json.load(f)
+        diff = {key: (zc.get(key), pc.get(key)) for key in set(zc) | set(pc)
+                if key != "base_model_name_or_path" and zc.get(key) != pc.get(key)}
+        C.report(f"{name}: zrun's adapter file holds PEFT's keys, its config PEFT's fields, and PEFT reads it back to the "
+                 f"same logits", zk == pk and not diff and d < 1e-5, f"{sorted(zk ^ pk)} {diff} {d}")
 
 
 def training():

@@ -461,9 +461,36 @@ T.test("modules_to_save: trained whole, saved under PEFT's names, read back, kep
   tcfg.tie_word_embeddings = true
   local tied = zr.models.llama.LlamaForCausalLM(tcfg)
   T.raises(function() peft.get_peft_model(tied, peft.LoraConfig { modules_to_save = { "lm_head" } }) end,
-    "its output head is the tied embedding")
+    "its output head is the tied embedding: zrun has no lm_head module; set ensure_weight_tying = true")
   T.raises(function() peft.get_peft_model(tied, peft.LoraConfig { modules_to_save = { "embed_tokens" } }) end,
-    "the embedding is tied to the output head")
+    "the embedding is tied to the output head; PEFT would train an untied copy")
+  T.raises(function() peft.get_peft_model(tied, peft.LoraConfig { target_modules = { "embed_tokens" },
+    ensure_weight_tying = true }) end, "ensure_weight_tying with a LoRA on the tied embedding model.embed_tokens")
+end)
+
+T.test("a tied embedding in modules_to_save with ensure_weight_tying: embedding and head trained as one, as PEFT", function()
+  local tcfg = zr.models.llama.config("zrun/tiny-llama")
+  tcfg.tie_word_embeddings = true
+  -- (PEFT 0.21.2's numbers, keys and rewritten modules_to_save for these shapes; check_peft.py compares the logits)
+  for _, c in ipairs { { { "embed_tokens" }, "embed_tokens,model.embed_tokens" }, { { "lm_head" }, "model.embed_tokens" } } do
+    zr.manual_seed(7)
+    local m = peft.get_peft_model(zr.models.llama.LlamaForCausalLM(tcfg), peft.LoraConfig { r = 4,
+      target_modules = { "q_proj" }, modules_to_save = c[1], ensure_weight_tying = true })
+    T.eq(T.printed(function() m:print_trainable_parameters() end),
+      "trainable params: 17,600 || all params: 126,656 || trainable%: 13.8959")
+    T.eq(table.concat(m.peft_config.modules_to_save, ","), c[2], "PEFT's modules_to_save after tying")
+    local keys = {}
+    for k in pairs(peft.adapter_state_dict(m)) do if not k:find("lora_") then keys[#keys + 1] = k end end
+    table.sort(keys)
+    T.eq(table.concat(keys, " "), "base_model.model.lm_head.weight base_model.model.model.embed_tokens.weight")
+    m(ids, ids).loss:backward()
+    assert(m.model.embed_tokens.weight.grad, "the embedding (and with it the head) trains")
+    zr.no_grad(function() m.model.embed_tokens.weight:add_(0.1) end) -- (so that the read-back shows it)
+    m:save_pretrained(tmp .. "/tied_mts")
+    zr.manual_seed(7)
+    local back = peft.from_pretrained(zr.models.llama.LlamaForCausalLM(tcfg), tmp .. "/tied_mts")
+    T.eq(maxdiff(logits(back), logits(m)), 0, "read back")
+  end
 end)
 
 T.test("bias \"all\" / \"lora_only\": PEFT's trained biases, counts and adapter keys (GPT-2)", function()
