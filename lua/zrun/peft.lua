@@ -672,13 +672,15 @@ local function saved_modules(model, cfg)
   return out, tied_head
 end
 
--- ensure_weight_tying where it does not apply: a LoRA on a tied embedding (PEFT adapts the tied head with the same
--- adapter, which zrun does not) refused; nothing tied to keep, said (PEFT warns).
+-- ensure_weight_tying where it does not apply: a LoRA on a tied embedding named as PEFT recognises embeddings
+-- (embed_tokens; PEFT then adapts the tied head with the same adapter, which zrun does not) refused; nothing
+-- tied to keep, said (PEFT warns; GPT-2's wte is not such a name, so PEFT ties nothing for it either).
 local function check_weight_tying(model, cfg, targets, tied_head)
   if not cfg.ensure_weight_tying or tied_head then return end
   local tied, emb = tied_embedding(model)
   for _, t in ipairs(targets) do
-    if tied and t[2] == emb then
+    local last = t[1]:match("[^.]+$")
+    if tied and t[2] == emb and (last == "embed_tokens" or last == "lm_head") then
       error(fmt("get_peft_model: ensure_weight_tying with a LoRA on the tied embedding %s (PEFT adapts the output head " ..
         "with the same adapter) is not implemented in zrun; leave ensure_weight_tying false (the head keeps the base " ..
         "weight) or target the embedding through modules_to_save", t[1]), 3)

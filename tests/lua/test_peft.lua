@@ -491,6 +491,17 @@ T.test("a tied embedding in modules_to_save with ensure_weight_tying: embedding 
     local back = peft.from_pretrained(zr.models.llama.LlamaForCausalLM(tcfg), tmp .. "/tied_mts")
     T.eq(maxdiff(logits(back), logits(m)), 0, "read back")
   end
+  -- GPT-2 (tied wte): lm_head in modules_to_save ties to wte; a LoRA on wte is not tied (PEFT does not know the name)
+  local function gpt2() return zr.models.gpt2.GPT2LMHeadModel { n_embd = 12, n_layer = 2, n_head = 2, vocab_size = 29,
+    n_positions = 16 } end
+  local g = peft.get_peft_model(gpt2(), peft.LoraConfig { r = 4, modules_to_save = { "lm_head" }, ensure_weight_tying = true })
+  T.eq(T.printed(function() g:print_trainable_parameters() end),
+    "trainable params: 732 || all params: 5,064 || trainable%: 14.4550")
+  T.eq(table.concat(g.peft_config.modules_to_save, ","), "transformer.wte")
+  local gl = peft.get_peft_model(gpt2(), peft.LoraConfig { r = 4, target_modules = { "wte", "c_attn" },
+    ensure_weight_tying = true })
+  T.eq(T.printed(function() gl:print_trainable_parameters() end),
+    "trainable params: 548 || all params: 4,880 || trainable%: 11.2295")
 end)
 
 T.test("bias \"all\" / \"lora_only\": PEFT's trained biases, counts and adapter keys (GPT-2)", function()
