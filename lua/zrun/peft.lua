@@ -425,9 +425,9 @@ local function fusable_part(m, x)
   if not w or w.requires_grad or (b and b.requires_grad) or w:dtype() ~= dt or not m:groupable() then return false end
   if not Module.isinstance(m, Lora) then return Module.isinstance(m, nn.Linear) and m.forward == linear_forward end
   local A, B = m.lora_A, m.lora_B
-  return not rawget(m, "disabled") and m.forward == Lora.forward and A.forward == linear_forward and B.forward == linear_forward and
-    A.bias == nil and B.bias == nil and A:groupable() and B:groupable() and A.weight:dtype() == dt and
-    B.weight:dtype() == dt
+  return not rawget(m, "disabled") and m.forward == Lora.forward and A.forward == linear_forward and
+    B.forward == linear_forward and A.bias == nil and B.bias == nil and A:groupable() and B:groupable() and
+    A.weight:dtype() == dt and B.weight:dtype() == dt
 end
 
 -- mods (LoraLayers, and plain frozen Linears among them: k_proj beside adapted q_proj and v_proj) over x as
