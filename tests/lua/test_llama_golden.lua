@@ -14,79 +14,19 @@
 local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
-local hf = require "zrun.hf"
-local clip = require("zrun.nn.utils").clip_grad_norm_
+local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
+local weights, check, read = GP.weights, GP.check, T.read_file
 
 local GOLDEN = "tests/golden/"
 local tmp = os.tmpname()
 os.remove(tmp)
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function model_dir(name, config_text, sd) return GP.model_dir(tmp, name, config_text, sd) end
 
 local families = {
   llama_tiny = zr.models.llama, llama_linear = zr.models.llama, gpt2_tiny = zr.models.gpt2,
 }
 local function build(family, cfg)
   return family == zr.models.llama and family.LlamaForCausalLM(cfg) or family.GPT2LMHeadModel(cfg)
-end
-
--- The golden weights under the model's parameter names.
-local function weights(g, model)
-  local sd = {}
-  for n in model:named_parameters() do
-    if not g[n] then error("golden file has no tensor " .. n) end
-    sd[n] = g[n]
-  end
-  return sd
-end
-
--- A model directory: the given config.json text plus the golden weights.
-local function model_dir(name, config_text, sd)
-  local dir = tmp .. "/" .. name
-  hf.save_state_dict(dir, sd) -- makes the directory
-  local f = assert(io.open(dir .. "/config.json", "wb"))
-  f:write(config_text)
-  f:close()
-  return dir
-end
-
-local function check(label, model, g, sd)
-  T.test(label .. " forward matches transformers", function()
-    local out = model(g.input_ids, g.labels)
-    T.near(out.logits, g.logits, 2e-5, 1e-4, "logits")
-    T.near(out.loss, g.loss, 1e-5, 0, "loss")
-  end)
-
-  T.test(label .. " gradients match transformers", function()
-    model:zero_grad()
-    local out = model(g.input_ids, g.labels)
-    out.loss:backward()
-    for n, p in model:named_parameters() do
-      T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n)
-    end
-  end)
-
-  T.test(label .. " 5 AdamW steps with clipping match", function()
-    model:load_state_dict(sd, true)
-    local params = {}
-    for _, p in model:named_parameters() do params[#params + 1] = p end
-    local opt = zr.optim.AdamW(params, { lr = 1e-2, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
-    local want, norms = g.adamw_losses:flat_table(), g.adamw_grad_norms:flat_table()
-    for step = 1, 5 do
-      opt:zero_grad()
-      local loss = model(g.input_ids, g.labels).loss
-      loss:backward()
-      local norm = clip(params, 1.0)
-      opt:step()
-      T.near(loss, want[step], 1e-4, 0, "loss at step " .. step)
-      T.near(norm, norms[step], 1e-4, 5e-4, "grad norm at step " .. step)
-    end
-  end)
 end
 
 local golden = {}

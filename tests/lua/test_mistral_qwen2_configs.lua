@@ -14,12 +14,7 @@ local llama = zr.models.llama
 local tmp = os.tmpname()
 os.remove(tmp)
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = T.read_file
 
 -- A model directory holding config.json (text) only: what from_pretrained and llama.config read.
 local n_dirs = 0

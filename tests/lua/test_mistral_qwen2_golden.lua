@@ -14,83 +14,18 @@
 local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
-local hf = require "zrun.hf"
-local clip = require("zrun.nn.utils").clip_grad_norm_
+local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
+local weights, check, read = GP.weights, GP.check, T.read_file
 
 local GOLDEN = "tests/golden/"
 local tmp = os.tmpname()
 os.remove(tmp)
-
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function model_dir(name, config_text, sd) return GP.model_dir(tmp, name, config_text, sd) end
 
 local MODELS = {
   mistral_tiny = { module = zr.models.mistral, class = zr.models.mistral.MistralForCausalLM, arch = "MistralForCausalLM" },
   qwen2_tiny = { module = zr.models.qwen2, class = zr.models.qwen2.Qwen2ForCausalLM, arch = "Qwen2ForCausalLM" },
 }
-
-local function weights(g, model)
-  local sd = {}
-  for n in model:named_parameters() do
-    if not g[n] then error("golden file has no tensor " .. n) end
-    sd[n] = g[n]
-  end
-  return sd
-end
-
-local function model_dir(name, config_text, sd)
-  local dir = tmp .. "/" .. name
-  hf.save_state_dict(dir, sd)
-  local f = assert(io.open(dir .. "/config.json", "wb"))
-  f:write(config_text)
-  f:close()
-  return dir
-end
-
--- The largest |a - b| (for the report).
-local function maxdiff(a, b) return (a:to("f64") - b:to("f64")):abs():max():item() end
-
-local function check(label, model, g, sd)
-  T.test(label .. " forward matches transformers", function()
-    local out = zr.no_grad(function() return model(g.input_ids, g.labels) end)
-    T.near(out.logits, g.logits, 2e-5, 1e-4, "logits")
-    T.near(out.loss, g.loss, 1e-5, 0, "loss")
-    print(("  %s: max logit diff %.2e, loss diff %.2e"):format(label, maxdiff(out.logits, g.logits),
-      maxdiff(out.loss:reshape(1), g.loss)))
-  end)
-  T.test(label .. " gradients match transformers", function()
-    model:zero_grad()
-    model(g.input_ids, g.labels).loss:backward()
-    local worst, at = 0, nil
-    for n, p in model:named_parameters() do
-      T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n)
-      local d = maxdiff(p.grad, g["grad." .. n])
-      if d > worst then worst, at = d, n end
-    end
-    print(("  %s: max grad diff %.2e (%s)"):format(label, worst, at))
-  end)
-  T.test(label .. " 5 AdamW steps with clipping match", function()
-    model:load_state_dict(sd, true)
-    local params = {}
-    for _, p in model:named_parameters() do params[#params + 1] = p end
-    local opt = zr.optim.AdamW(params, { lr = 1e-2, betas = { 0.9, 0.95 }, eps = 1e-8, weight_decay = 0.1 })
-    local want, norms = g.adamw_losses:flat_table(), g.adamw_grad_norms:flat_table()
-    for step = 1, 5 do
-      opt:zero_grad()
-      local loss = model(g.input_ids, g.labels).loss
-      loss:backward()
-      local norm = clip(params, 1.0)
-      opt:step()
-      T.near(loss, want[step], 1e-4, 0, "loss at step " .. step)
-      T.near(norm, norms[step], 1e-4, 5e-4, "grad norm at step " .. step)
-    end
-    model:load_state_dict(sd, true)
-  end)
-end
 
 local golden, built = {}, {}
 for _, name in ipairs { "mistral_tiny", "qwen2_tiny" } do
