@@ -662,8 +662,11 @@ function Trainer:train(resume)
   -- pending_w: each loss's weight (below; a micro-batch with no label to predict counts 0, as in HF),
   -- pending_s: the steps this logging interval had completed before it. A micro-batch adds loss x weight /
   -- accumulation to sum, HF's tr_loss: over a step, the step's loss (the token mean of its window);
-  -- logged is sum / the interval's steps (isteps), and the run's train_loss run_sum / the global step.
-  local pending, pending_w, pending_s, sum, n, isteps, run_sum = {}, {}, {}, 0, 0, 0, 0
+  -- logged is sum / the interval's steps (isteps), and the run's train_loss (logged_sum + tail_sum) / the global step:
+  -- logged_sum the recorded intervals' sums, each the mean over the ranks (transformers' _total_loss_scalar gathers
+  -- tr_loss at each log), tail_sum this rank's own sum of the steps after the last record (transformers adds its
+  -- process's remaining tr_loss unreduced: with several ranks each reports its own train_loss, rank 0's is logged)
+  local pending, pending_w, pending_s, sum, n, isteps, logged_sum, tail_sum = {}, {}, {}, 0, 0, 0, 0, 0
   -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
@@ -679,7 +682,7 @@ function Trainer:train(resume)
       -- logging_nan_inf_filter (HF's default): a NaN or inf micro-batch loss counts as HF's tr_loss / (1 +
       -- steps since the last log): the interval's sum so far over its completed steps + 1
       if nan_inf_filter and (v ~= v or v == huge or v == -huge) then v = sum / (1 + pending_s[k]) end
-      sum, n, run_sum, pending[k], pending_w[k], pending_s[k] = sum + v, n + 1, run_sum + v, nil, nil, nil
+      sum, n, pending[k], pending_w[k], pending_s[k] = sum + v, n + 1, nil, nil, nil
     end
   end
   -- transformers' num_items_in_batch: a step's micro-batches are collated before its first forward and
@@ -793,6 +796,7 @@ function Trainer:train(resume)
       e.last_grad_norm and fmt(" | grad_norm %.4f", e.last_grad_norm) or "", rec.learning_rate, tps,
       zr.memory.human(mem.total_current), hms(eta)))
     if not unrecorded then self:log(rec) end
+    if unrecorded then tail_sum = tail_sum + sum else logged_sum = logged_sum + avg * isteps end
     t_log, tokens, sum, n, isteps = now, 0, 0, 0, 0
   end
   -- whether a checkpoint will be saved at the end of step s (or of its epoch), for ZenFlow's windows below
@@ -941,13 +945,12 @@ function Trainer:train(resume)
   -- transformers' train_loss: this run's step losses summed over the global step (max 0.001), so after a resume
   -- (whose steps before it this run did not see) lower than their mean
   local steps = self:step_count()
-  local t = zr.tensor({ run_sum / math.max(steps, 0.001) }, { dtype = "f64" })
-  dist.all_reduce(t, "avg")
+  local train_loss = (logged_sum + tail_sum + sum) / math.max(steps, 0.001) -- (sum: logging_strategy "no"'s steps)
   local runtime = C.now() - t_start
   -- its rates count the whole run as planned (max_steps; the samples of max_steps x the total batch, or of the
   -- epochs over every row), not the steps trained since a resume or before an early stop
   local samples = a.max_steps > 0 and self.total_steps * bs * gas * W or #rows * a.num_train_epochs
-  local metrics = speed_metrics({ train_loss = t:item(), epoch = st.epoch, total_flos = st.total_flos or 0 }, "train",
+  local metrics = speed_metrics({ train_loss = train_loss, epoch = st.epoch, total_flos = st.total_flos or 0 }, "train",
     runtime, samples, self.total_steps)
   -- TRL's SFTTrainer adds its training metrics of the micro-batches after the last record (entropy,
   -- mean_token_accuracy, num_tokens) to the final metrics, unless an evaluation at the last step left its model

@@ -14,6 +14,9 @@
 --   hf_epochs 0 WORK    transformers' own Trainer on 2 processes (tests/golden/trainer_epochs_2ranks.json):
 --                       each rank's micro-batches, the logged losses, grad norms, learning rates, epochs,
 --                       train_loss and the weights' movement, case by case (tests/lua/trainer_golden.lua)
+--   train_loss 0 WORK   the final train_loss where steps follow the last logged one (logging_steps 2 with max_steps 5;
+--                       logging_strategy "no"): transformers adds each process's own loss of those steps, not the
+--                       mean over the processes, so each rank reports its own train_loss (hard-coded from torchrun)
 --   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
 --                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
 --                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
@@ -172,6 +175,30 @@ elseif mode == "hf_epochs" then
     test(("%s on %d ranks: as transformers %s's Trainer on %d processes"):format(case.name, dist.world_size(),
       g.transformers, g.processes), function() TG.check(g, case, work .. "/" .. case.name) end)
   end
+elseif mode == "train_loss" then
+  local TG = dofile((ZRUN_HOME or ".") .. "/tests/lua/trainer_golden.lua")
+  local g = TG.load("trainer_epochs_2ranks.json")
+  -- transformers 5.17 / torch 2.11 on 2 torchrun processes (gloo), the golden model and rows in order, micro-batch 2:
+  -- res.training_loss on process 0 and 1 (its _finalize_training adds the process's own tr_loss after the last log)
+  local cases = {
+    { "max_steps 5, logging_steps 2 (step 5 not logged)", { max_steps = 5, logging_steps = 2 },
+      { 5.684676933288574, 5.361337566375733 } },
+    { "logging_strategy \"no\"", { logging_strategy = "no" }, { 5.409259033203125, 5.63675537109375 } },
+    { "logging_strategy \"no\", average_tokens_across_devices = false",
+      { logging_strategy = "no", average_tokens_across_devices = false }, { 5.595022201538086, 5.437699890136718 } },
+  }
+  for _, c in ipairs(cases) do
+    test(("train_loss on %d ranks, %s: each rank's own, as transformers 5.17's processes"):format(dist.world_size(), c[1]),
+      function()
+        local a = TG.args(g, { per_device_train_batch_size = 2, gradient_accumulation_steps = 1, num_train_epochs = 1,
+          max_steps = -1 }, work .. "/train_loss")
+        for k, v in pairs(c[2]) do a[k] = v end
+        local t = zr.Trainer { model = g.model(), train_dataset = g.dataset,
+          data_collator = zr.datasets.causal_lm_collator { pad_token_id = g.pad }, args = a }
+        local r = t:train()
+        T.near(r.train_loss, c[3][dist.rank() + 1], 1e-6, 1e-6, "train_loss of rank " .. dist.rank())
+      end)
+  end
 elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(rs, bs)
@@ -200,8 +227,7 @@ elseif mode == "epoch_end" or mode == "epoch_end_ref" then
     end)
   end
 else
-  error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end, epoch_end_ref or " ..
-    "hf_epochs, got " ..
-    tostring(mode), 0)
+  error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end, epoch_end_ref, " ..
+    "hf_epochs or train_loss, got " .. tostring(mode), 0)
 end
 T.done()
