@@ -1261,12 +1261,27 @@ function Trainer:explain_oom(err, ids)
   return err .. "\n\n(run `zrun plan MODEL --fit --gpu-memory SIZE` for settings that fit: " .. tostring(res) .. ")"
 end
 
+-- This rank's share of n evaluation rows in batches of bs, as accelerate shards transformers' evaluation loader
+-- (datasets.deal_batches: batches dealt to the ranks in turn, the last round completed from the first rows, so
+-- every rank runs as many forwards: stage 3 gathers in lockstep): the row indices, and per index whether it is a
+-- row of that round (false: a repeat, which gather_for_metrics drops from the per-row losses).
+local function eval_share(n, bs, W, rank)
+  local idx, real = {}, {}
+  for i = 1, n do idx[i] = i end
+  local mine = datasets.deal_batches(idx, bs, W, rank, false)
+  for k = 1, #mine do -- (with several ranks every batch has bs rows: the k-th row is in global batch b)
+    local b = W == 1 and 0 or rank + floor((k - 1) / bs) * W
+    real[k] = W == 1 or b * bs + (k - 1) % bs < n
+  end
+  return mine, real
+end
+
 -- Loss over every predicted token of the evaluation set (all ranks, each row once) and its
 -- perplexity: the sum of per-token losses over the count of labels that are not -100 (after the
 -- shift: a row's first label predicts nothing). Rows are read in order (train_sampling_strategy
 -- "group_by_length": in transformers' LengthGroupedSampler order of per_device_eval_batch_size rows, shuffled
--- with data_seed or seed, as transformers 5.17 evaluates) and dealt round-robin; ranks with fewer rows
--- run a padding row whose labels are all -100 so every rank runs the same forwards (stage 3).
+-- with data_seed or seed, as transformers 5.17 evaluates) and dealt as accelerate deals them (eval_share); a
+-- repeated row counts nothing in the loss (its labels -100).
 function Trainer:evaluate(ds, prefix)
   if not self.engine then -- transformers' model_preparation_time: an evaluation before training prepares the model
     -- (here the engine); this and every later evaluation report how long that took, as <prefix>_model_preparation_time
@@ -1302,7 +1317,10 @@ function Trainer:evaluate(ds, prefix)
   -- LabelSmoother, TRL through its compute_loss_func too), the perplexity that of the plain cross-entropy over
   -- the same logits
   local fwd_opts = loss_options(self)
-  local per_rank = ceil(#rows / W)
+  local mine, real = eval_share(#rows, bs, W, rank)
+  -- TRL's eval_entropy / eval_mean_token_accuracy gather each rank's sums of a batch with gather_for_metrics, which
+  -- in the last round keeps the first n mod (bs x ranks) ranks' (a rank's repeated rows counted): the others' are 0
+  local cut = #rows % (bs * W)
   local t0 = C.now()
   e:eval()
   local sum, count, nll = 0, 0, 0
@@ -1310,15 +1328,15 @@ function Trainer:evaluate(ds, prefix)
   -- (over the ranks) entropy and share of counted labels that are the argmax at the position before them,
   -- averaged over the batches (fold_tokens)
   local acc, tok_list, tok = self.token_accuracy and self.model.supports_token_stats, {}, { 0, 0, 0 }
-  local bar = progress.new { total = ceil(per_rank / bs), desc = prefix, leave = false }
+  local bar = progress.new { total = ceil(#mine / bs), desc = prefix, leave = false }
   bar:run(zr.no_grad, function()
-    for b = 1, per_rank, bs do
-      local batch_rows, padding = {}, {}
-      for k = b, math.min(b + bs - 1, per_rank) do
-        local i = (k - 1) * W + rank + 1
-        batch_rows[#batch_rows + 1] = rows[i] or rows[1]
-        if not rows[i] then padding[#padding + 1] = #batch_rows end
+    for b = 1, #mine, bs do
+      local batch_rows, padding, last = {}, {}, b + bs > #mine
+      for k = b, math.min(b + bs - 1, #mine) do
+        batch_rows[#batch_rows + 1] = rows[mine[k]]
+        if not real[k] then padding[#padding + 1] = #batch_rows end
       end
+      local as_read = acc and #padding > 0 and { unpack(batch_rows) } -- (the rows before the repeats lose their labels)
       for _, r in ipairs(padding) do -- (a row repeated to keep the ranks in step counts nothing: its labels
         -- -100 before collation, for a collator that flattens the batch into one row, and after, whatever the collator)
         local c = {}
@@ -1330,6 +1348,9 @@ function Trainer:evaluate(ds, prefix)
       local made = C.handle_serial()
       local batch = self.collator(batch_rows)
       check_batch(batch)
+      -- (TRL's batch statistics count a repeated row, with its labels as they are)
+      local stat = as_read and (cut == 0 or rank < cut) and self.collator(as_read)
+      local stat_labels = stat and (e.device ~= "cpu" and stat.labels:to(e.device) or stat.labels)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
       if labels:size(1) == #batch_rows then
@@ -1340,7 +1361,9 @@ function Trainer:evaluate(ds, prefix)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       local out = e(ids, labels, forward_options(fwd_opts, batch, acc))
       if acc then -- (every batch: the ranks' sums)
-        tok_list[#tok_list + 1] = token_sums(out, labels)
+        local sums = token_sums(out, stat_labels or labels)
+        if last and cut > 0 and rank >= cut then sums:zero_() end
+        tok_list[#tok_list + 1] = sums
         if #tok_list >= 256 then fold_tokens(tok_list, tok) end
       end
       if n > 0 then
@@ -1355,7 +1378,8 @@ function Trainer:evaluate(ds, prefix)
       -- returns): a full collection walks the whole Lua heap, the datasets' rows included (with 50k chat rows,
       -- ~190 ms a batch). What is left (a model of the user's) is collected when it is worth it.
       C.release_made_since(made, out.loss, rawget(out, "logits"), ids, labels, batch.input_ids, batch.labels,
-        batch.attention_mask, batch.position_ids)
+        batch.attention_mask, batch.position_ids, stat_labels, stat and stat.input_ids, stat and stat.labels,
+        stat and stat.attention_mask, stat and stat.position_ids)
       out = nil
       C.collect_tensor_garbage(e.device)
       bar:update(1)

@@ -17,6 +17,10 @@
 --   train_loss 0 WORK   the final train_loss where steps follow the last logged one (logging_steps 2 with max_steps 5;
 --                       logging_strategy "no"): transformers adds each process's own loss of those steps, not the
 --                       mean over the processes, so each rank reports its own train_loss (hard-coded from torchrun)
+--   sft_eval 0 WORK     zr.SFTTrainer's evaluations on 2 ranks (eval_mean_token_accuracy, eval_entropy) as TRL's on 2
+--                       processes (hard-coded): accelerate deals evaluation batches, not rows, completing the last
+--                       round from the first rows, and TRL's gather_for_metrics keeps in that round the first
+--                       n mod (batch x ranks) processes' sums, their repeated rows counted
 --   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
 --                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
 --                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
@@ -199,6 +203,40 @@ elseif mode == "train_loss" then
         T.near(r.train_loss, c[3][dist.rank() + 1], 1e-6, 1e-6, "train_loss of rank " .. dist.rank())
       end)
   end
+elseif mode == "sft_eval" then
+  local TG = dofile((ZRUN_HOME or ".") .. "/tests/lua/trainer_golden.lua")
+  local g = TG.load("trainer_epochs_2ranks.json")
+  local rows = {}
+  for i, r in ipairs(g.rows) do rows[i] = { input_ids = r } end
+  -- TRL 1.10 / transformers 5.17 / torch 2.11, SFTTrainer on 2 torchrun processes (gloo), the golden model and rows
+  -- pre-tokenized, in order, micro-batch 2, 6 steps at a constant 5e-3; then evaluate() on the first n rows in
+  -- batches of bs: { n, bs, eval_mean_token_accuracy, eval_entropy }
+  local trl_losses = { 5.537783622741699, 5.597387313842773, 5.547009468078613, 5.582597255706787, 5.4267168045043945,
+    5.094573020935059 }
+  local trl_evals = { { 7, 3, 0.41546161472797394, 5.517402410507202 }, { 13, 4, 0.2635888531804085, 5.5185792446136475 },
+    { 3, 4, 0.5074626803398132, 5.514588356018066 }, { 9, 2, 0.3218614806731542, 5.520425796508789 },
+    { 5, 1, 0.3597612877686818, 5.518411795298259 } }
+  local t = zr.SFTTrainer { model = g.model(), processing_class = tok, train_dataset = zr.datasets.Dataset.from_rows(rows),
+    args = { output_dir = work .. "/sft_eval", bf16 = false, save_strategy = "no", per_device_train_batch_size = 2,
+      max_steps = 6, learning_rate = 5e-3, logging_steps = 1, lr_scheduler_type = "constant", seed = 0,
+      train_sampling_strategy = "sequential" } }
+  test(("SFTTrainer on %d ranks trains as TRL 1.10's SFTTrainer on 2 processes"):format(dist.world_size()), function()
+    t:train()
+    for _, h in ipairs(t.state.log_history) do
+      if h.loss then T.near(h.loss, trl_losses[h.step], 1e-5, 2e-5, "loss at step " .. h.step) end
+    end
+  end)
+  for _, c in ipairs(trl_evals) do
+    test(("SFTTrainer's evaluation of %d rows in batches of %d on %d ranks: TRL's eval_mean_token_accuracy and " ..
+      "eval_entropy"):format(c[1], c[2], dist.world_size()), function()
+      local ev = {}
+      for i = 1, c[1] do ev[i] = rows[i] end
+      t.args.per_device_eval_batch_size = c[2]
+      local r = t:evaluate(zr.datasets.Dataset.from_rows(ev))
+      T.near(r.eval_mean_token_accuracy, c[3], 1e-6, 1e-6, "eval_mean_token_accuracy")
+      T.near(r.eval_entropy, c[4], 1e-5, 1e-5, "eval_entropy")
+    end)
+  end
 elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(rs, bs)
@@ -228,6 +266,6 @@ elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   end
 else
   error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end, epoch_end_ref, " ..
-    "hf_epochs or train_loss, got " .. tostring(mode), 0)
+    "hf_epochs, train_loss or sft_eval, got " .. tostring(mode), 0)
 end
 T.done()
