@@ -670,6 +670,9 @@ function Trainer:train(resume)
   -- token_accuracy (zr.SFTTrainer sets it): TRL's entropy and mean_token_accuracy in the training logs; the
   -- micro-batches' token_sums wait in pending_tok, folded into tok (sums of ratios, count) at 256 and at a log
   local pending_tok, tok = {}, { 0, 0, 0 }
+  -- TRL gathers those and num_tokens with gather_for_metrics, which at the end of an epoch's loader (rows not a
+  -- multiple of micro-batch x ranks, no dataloader_drop_last) keeps the first n mod (micro-batch x ranks) ranks' only
+  local cut = not a.dataloader_drop_last and #rows % (bs * W) or 0
   local unlogged = 0 -- micro-batches trained since the last record of the training logs
   local token_stats = self.token_accuracy and self.model.supports_token_stats -- (zrun's Llama and GPT-2)
   local first_loss, last_loss, n_logged = nil, nil, 0
@@ -857,6 +860,9 @@ function Trainer:train(resume)
         if not in_step then in_step = true; self:callback("on_step_begin") end
         if not window[mb] then window_serial = C.handle_serial(); collate_window(idx, mb) end
         local batch, w, boundary = window[mb].batch, window[mb].w, window[mb].last == mb
+        -- (TRL's metrics, above: transformers reads a step's micro-batches before its first forward, so the whole
+        -- step that reads an epoch's last micro-batch sees accelerate's end of the loader)
+        local uncounted = cut > 0 and window[mb].last == micro_per_epoch - 1 and dist.rank() >= cut
         window[mb] = nil
         if not e.zenflow then e:set_gradient_accumulation_boundary(boundary) end
         local ids, labels = batch.input_ids, batch.labels
@@ -881,6 +887,7 @@ function Trainer:train(resume)
         unlogged = unlogged + 1
         if rawget(out, "entropy") then
           pending_tok[#pending_tok + 1] = token_sums(out, labels)
+          if uncounted then pending_tok[#pending_tok]:zero_() end
           if #pending_tok >= 256 then fold_tokens(pending_tok, tok) end
         end
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
@@ -897,7 +904,7 @@ function Trainer:train(resume)
             local pad = not masked and pc and pc.pad_id and pc:pad_id()
             seen_local = seen_local + (masked or pad and batch.input_ids:ne(pad):to("f64"):sum():item() or all)
           elseif count_seen then seen_local = seen_local + all end
-          if self.log_num_tokens then ntok_local = ntok_local + (masked or all) end -- (TRL's num_tokens)
+          if self.log_num_tokens and not uncounted then ntok_local = ntok_local + (masked or all) end -- (TRL's num_tokens)
         end
         -- the micro-batch's tensors and outputs go now, not at the next full Lua collection (which walks the
         -- whole heap, the dataset's rows included): engine:backward then need not run one for them (the

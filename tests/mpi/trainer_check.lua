@@ -17,10 +17,12 @@
 --   train_loss 0 WORK   the final train_loss where steps follow the last logged one (logging_steps 2 with max_steps 5;
 --                       logging_strategy "no"): transformers adds each process's own loss of those steps, not the
 --                       mean over the processes, so each rank reports its own train_loss (hard-coded from torchrun)
---   sft_eval 0 WORK     zr.SFTTrainer's evaluations on 2 ranks (eval_mean_token_accuracy, eval_entropy) as TRL's on 2
---                       processes (hard-coded): accelerate deals evaluation batches, not rows, completing the last
---                       round from the first rows, and TRL's gather_for_metrics keeps in that round the first
---                       n mod (batch x ranks) processes' sums, their repeated rows counted
+--   sft_eval 0 WORK     zr.SFTTrainer on 2 ranks as TRL's on 2 processes (hard-coded): the training logs' num_tokens,
+--                       mean_token_accuracy and entropy, and the evaluations' eval_mean_token_accuracy and eval_entropy:
+--                       accelerate deals evaluation batches, not rows, completing the last round from the first rows,
+--                       and TRL's gather_for_metrics keeps at the end of a loader (the step reading an epoch's last
+--                       micro-batch; an evaluation's last round) the first n mod (batch x ranks) processes' sums only,
+--                       their repeated rows counted
 --   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
 --                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
 --                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
@@ -216,6 +218,38 @@ elseif mode == "sft_eval" then
   local trl_evals = { { 7, 3, 0.41546161472797394, 5.517402410507202 }, { 13, 4, 0.2635888531804085, 5.5185792446136475 },
     { 3, 4, 0.5074626803398132, 5.514588356018066 }, { 9, 2, 0.3218614806731542, 5.520425796508789 },
     { 5, 1, 0.3597612877686818, 5.518411795298259 } }
+  -- and trained on the first 13 rows (4 micro-batches of 2 a process an epoch, the last round completed from rows 1-3),
+  -- accumulation 2, 3 epochs: each step's { loss, num_tokens, mean_token_accuracy, entropy }, which count the last step
+  -- of an epoch as TRL's gather_for_metrics keeps it (process 0's sums only: 13 mod (2 x 2) = 1)
+  local trl_steps = { { 5.556494235992432, 90, 0.02440476231276989, 5.544672727584839 },
+    { 5.368154048919678, 130, 0.11764705926179886, 5.543526887893677 },
+    { 4.855888843536377, 220, 0.8071428537368774, 5.5386974811553955 },
+    { 4.7592573165893555, 260, 0.43188855051994324, 5.536384344100952 },
+    { 4.427676677703857, 350, 0.7958333492279053, 5.515902996063232 },
+    { 4.268691062927246, 390, 0.6424148678779602, 5.502220153808594 } }
+  local sft_args = { output_dir = work .. "/sft_train", bf16 = false, save_strategy = "no", per_device_train_batch_size = 2,
+    gradient_accumulation_steps = 2, num_train_epochs = 3, learning_rate = 5e-3, logging_steps = 1,
+    lr_scheduler_type = "constant", seed = 0, train_sampling_strategy = "sequential" }
+  test(("SFTTrainer on %d ranks logs TRL's num_tokens, mean_token_accuracy and entropy where an epoch's last round is " ..
+    "completed"):format(dist.world_size()), function()
+    local first = {}
+    for i = 1, 13 do first[i] = rows[i] end
+    local t = zr.SFTTrainer { model = g.model(), processing_class = tok, train_dataset = zr.datasets.Dataset.from_rows(first),
+      args = sft_args }
+    t:train()
+    local n = 0
+    for _, h in ipairs(t.state.log_history) do
+      if h.loss then
+        n = n + 1
+        local want, at = trl_steps[h.step], " at step " .. h.step
+        T.near(h.loss, want[1], 1e-5, 2e-5, "loss" .. at)
+        T.eq(h.num_tokens, want[2], "num_tokens" .. at)
+        T.near(h.mean_token_accuracy, want[3], 1e-6, 1e-6, "mean_token_accuracy" .. at)
+        T.near(h.entropy, want[4], 1e-5, 1e-5, "entropy" .. at)
+      end
+    end
+    T.eq(n, 6, "logged steps")
+  end)
   local t = zr.SFTTrainer { model = g.model(), processing_class = tok, train_dataset = zr.datasets.Dataset.from_rows(rows),
     args = { output_dir = work .. "/sft_eval", bf16 = false, save_strategy = "no", per_device_train_batch_size = 2,
       max_steps = 6, learning_rate = 5e-3, logging_steps = 1, lr_scheduler_type = "constant", seed = 0,
