@@ -1270,12 +1270,13 @@ end
 
 -- This rank's share of n evaluation rows in batches of bs, as accelerate shards transformers' evaluation loader
 -- (datasets.deal_batches: batches dealt to the ranks in turn, the last round completed from the first rows, so
--- every rank runs as many forwards: stage 3 gathers in lockstep): the row indices, and per index whether it is a
--- row of that round (false: a repeat, which gather_for_metrics drops from the per-row losses).
-local function eval_share(n, bs, W, rank)
+-- every rank runs as many forwards: stage 3 gathers in lockstep; drop_last: a shorter last batch, and then an
+-- incomplete last round, dropped): the row indices, and per index whether it is a row of that round (false: a
+-- repeat, which gather_for_metrics drops from the per-row losses).
+local function eval_share(n, bs, W, rank, drop_last)
   local idx, real = {}, {}
   for i = 1, n do idx[i] = i end
-  local mine = datasets.deal_batches(idx, bs, W, rank, false)
+  local mine = datasets.deal_batches(idx, bs, W, rank, drop_last)
   for k = 1, #mine do -- (with several ranks every batch has bs rows: the k-th row is in global batch b)
     local b = W == 1 and 0 or rank + floor((k - 1) / bs) * W
     real[k] = W == 1 or b * bs + (k - 1) % bs < n
@@ -1288,7 +1289,8 @@ end
 -- shift: a row's first label predicts nothing). Rows are read in order (train_sampling_strategy
 -- "group_by_length": in transformers' LengthGroupedSampler order of per_device_eval_batch_size rows, shuffled
 -- with data_seed or seed, as transformers 5.17 evaluates) and dealt as accelerate deals them (eval_share); a
--- repeated row counts nothing in the loss (its labels -100).
+-- repeated row counts nothing in the loss (its labels -100). dataloader_drop_last drops a last shorter batch (an
+-- incomplete last round), as transformers' evaluation loader does.
 function Trainer:evaluate(ds, prefix)
   if not self.engine then -- transformers' model_preparation_time: an evaluation before training prepares the model
     -- (here the engine); this and every later evaluation report how long that took, as <prefix>_model_preparation_time
@@ -1324,10 +1326,17 @@ function Trainer:evaluate(ds, prefix)
   -- LabelSmoother, TRL through its compute_loss_func too), the perplexity that of the plain cross-entropy over
   -- the same logits
   local fwd_opts = loss_options(self)
-  local mine, real = eval_share(#rows, bs, W, rank)
+  local drop = self.args.dataloader_drop_last -- (transformers' evaluation loader drops as its training loader does)
+  local mine, real = eval_share(#rows, bs, W, rank, drop)
+  if #mine == 0 and #rows > 0 then
+    error(fmt("Trainer:evaluate: dataloader_drop_last = true drops all %d evaluation rows (fewer than " ..
+      "per_device_eval_batch_size %d x %d ranks: transformers reports no %s_loss then); lower per_device_eval_batch_size",
+      #rows, bs, W, prefix), 0)
+  end
   -- TRL's eval_entropy / eval_mean_token_accuracy gather each rank's sums of a batch with gather_for_metrics, which
   -- in the last round keeps the first n mod (bs x ranks) ranks' (a rank's repeated rows counted): the others' are 0
-  local cut = #rows % (bs * W)
+  -- (nothing is cut where dataloader_drop_last drops that round)
+  local cut = not drop and #rows % (bs * W) or 0
   local t0 = C.now()
   e:eval()
   local sum, count, nll = 0, 0, 0

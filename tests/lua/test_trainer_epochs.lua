@@ -89,5 +89,20 @@ T.test("fewer rows than a micro-batch: one shorter step an epoch, or with datalo
     "data, a smaller per_device_train_batch_size or dataloader_drop_last = false")
 end)
 
+-- transformers 5.17 / torch 2.11, Trainer.evaluate() in one process on the golden model, per_device_eval_batch_size 4,
+-- dataloader_drop_last: 7 rows read as one batch of 4 (eval_loss 5.537783622741699), 3 rows as none (no eval_loss)
+T.test("evaluate with dataloader_drop_last drops the last shorter batch, as transformers 5.17 evaluates", function()
+  local function evaluate(n)
+    local ev = {}
+    for i = 1, n do ev[i] = rows[i] end
+    local t = zr.Trainer { model = golden.model(), data_collator = zr.datasets.causal_lm_collator { pad_token_id = 0 },
+      args = { output_dir = tmp .. "/eval_drop", per_device_eval_batch_size = 4, dataloader_drop_last = true } }
+    return t:evaluate(zr.datasets.Dataset.from_rows(ev))
+  end
+  T.near(evaluate(7).eval_loss, 5.537783622741699, 1e-6, 1e-6, "eval_loss of rows 1-4")
+  T.raises(function() evaluate(3) end, "Trainer:evaluate: dataloader_drop_last = true drops all 3 evaluation rows (fewer " ..
+    "than per_device_eval_batch_size 4 x 1 ranks: transformers reports no eval_loss then); lower per_device_eval_batch_size")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()

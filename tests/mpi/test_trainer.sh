@@ -21,8 +21,9 @@ for stage in 2 3; do
   done
 done
 # transformers' Trainer on 2 processes (tests/golden/trainer_epochs_2ranks.json): the same steps, rows and losses;
-# train_loss with steps after the last log (each process's own); TRL's SFTTrainer: its evaluations' batch statistics
-for mode in hf_epochs train_loss sft_eval; do
+# train_loss with steps after the last log (each process's own); TRL's SFTTrainer: its evaluations' batch statistics;
+# the rows an evaluation reads with dataloader_drop_last
+for mode in hf_epochs train_loss sft_eval hf_eval; do
   if mpirun $MPI_FLAGS -np 2 $Z $CK $mode 0 "$W" >"$W/out" 2>&1; then grep '^PASS \|^FAIL ' "$W/out"
   else grep '^FAIL ' "$W/out" || echo "FAIL trainer_check $mode: mpirun exited with an error: $(grep -v '^step ' "$W/out" | tail -3)"; fi
 done

@@ -23,6 +23,8 @@
 --                       and TRL's gather_for_metrics keeps at the end of a loader (the step reading an epoch's last
 --                       micro-batch; an evaluation's last round) the first n mod (batch x ranks) processes' sums only,
 --                       their repeated rows counted
+--   hf_eval 0 WORK      Trainer:evaluate with dataloader_drop_last on 2 ranks: the rows transformers' evaluation reads
+--                       (an incomplete last round dropped; its eval_loss, hard-coded), and one line where it drops them all
 --   epoch_end STAGE WORK 9 padded rows, micro-batch 1 x accumulation 2, 2 epochs: each rank reads 5 micro-batches
 --                       an epoch (rank 1's last one row 1 again, as accelerate completes the last round) in
 --                       steps of 2, 2 and 1 micro-batches; the losses and gradient norms of one process reading
@@ -271,6 +273,27 @@ elseif mode == "sft_eval" then
       T.near(r.eval_entropy, c[4], 1e-5, 1e-5, "eval_entropy")
     end)
   end
+elseif mode == "hf_eval" then
+  local TG = dofile((ZRUN_HOME or ".") .. "/tests/lua/trainer_golden.lua")
+  local g = TG.load("trainer_epochs_2ranks.json")
+  local function evaluate(n, bs)
+    local rows = {}
+    for i = 1, n do rows[i] = { input_ids = g.rows[i] } end
+    local t = zr.Trainer { model = g.model(), data_collator = zr.datasets.causal_lm_collator { pad_token_id = g.pad },
+      args = { output_dir = work .. "/hf_eval", per_device_eval_batch_size = bs, dataloader_drop_last = true } }
+    return t:evaluate(zr.datasets.Dataset.from_rows(rows))
+  end
+  test(("evaluate with dataloader_drop_last on %d ranks reads the rows transformers 5.17 reads"):format(dist.world_size()),
+    function()
+      -- transformers 5.17 / torch 2.11, Trainer.evaluate() on 2 torchrun processes (gloo), the golden model, its first 13
+      -- rows in batches of 4, dataloader_drop_last: one round of 2 batches (rows 1-8), the last round dropped
+      local r = evaluate(13, 4)
+      T.near(r.eval_loss, 5.556494235992432, 1e-6, 1e-6, "eval_loss")
+      T.near(r.eval_samples_per_second / r.eval_steps_per_second, 6.5, 0, 1e-4, "rows a step (transformers: all 13, 2 steps)")
+      -- 3 rows in batches of 4: transformers evaluates nothing and reports no eval_loss
+      local ok, err = pcall(evaluate, 3, 4)
+      assert(not ok and err:find("dataloader_drop_last = true drops all 3 evaluation rows", 1, true), tostring(err))
+    end)
 elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   local rows = T.varied_rows(tok, 9, function(i) return 4 + (i * 29) % 41 end).rows
   local function run(rs, bs)
@@ -300,6 +323,6 @@ elseif mode == "epoch_end" or mode == "epoch_end_ref" then
   end
 else
   error("trainer_check.lua: mode must be full, resume, eval, early, tokens, tokens_ref, epoch_end, epoch_end_ref, " ..
-    "hf_epochs, train_loss or sft_eval, got " .. tostring(mode), 0)
+    "hf_epochs, train_loss, sft_eval or hf_eval, got " .. tostring(mode), 0)
 end
 T.done()
