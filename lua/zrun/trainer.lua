@@ -1412,8 +1412,8 @@ function Trainer:evaluate(ds, prefix)
   local rt = C.now() - t0
   local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
   -- (transformers' speed_metrics: rows and batches of per_device_eval_batch_size x ranks over the runtime)
-  local rec = speed_metrics({ [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
-    step = self:step_count(), epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
+  local metrics = speed_metrics({ [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
+    epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
     [prefix .. "_model_preparation_time"] = self.model_preparation_time,
     [prefix .. "_entropy"] = ent,
     [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil }, -- (TRL: the training total)
@@ -1422,12 +1422,17 @@ function Trainer:evaluate(ds, prefix)
     fwd_opts and (fwd_opts.loss_type == "dft" and " (dft)" or fmt(" (label smoothing %g)", fwd_opts.label_smoothing)) or "",
     ppl, fwd_opts and (fwd_opts.loss_type == "dft" and " (of the cross-entropy)" or " (unsmoothed)") or "",
     accuracy and fmt(" | mean token accuracy %.4f", accuracy) or "", cnt))
+  -- (the log record has the step, as transformers' log_history; the metrics returned, saved by save_metrics and given
+  -- to on_evaluate do not, but num_input_tokens_seen, which transformers' log() adds to them)
+  local rec = { step = self:step_count() }
+  for k, v in pairs(metrics) do rec[k] = v end
   self:log(rec)
-  self.last_eval, self.last_eval_metrics = self:step_count(), rec
-  self.first_eval_metrics = self.first_eval_metrics or rec
+  metrics.num_input_tokens_seen = rec.num_input_tokens_seen
+  self.last_eval, self.last_eval_metrics = self:step_count(), metrics
+  self.first_eval_metrics = self.first_eval_metrics or metrics
   self.control.should_evaluate = false -- (transformers' CallbackHandler.on_evaluate)
-  self:callback("on_evaluate", rec)
-  return rec
+  self:callback("on_evaluate", metrics)
+  return metrics
 end
 
 return Trainer
