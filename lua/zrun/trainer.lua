@@ -1352,7 +1352,7 @@ function Trainer:evaluate(ds, prefix)
         batch_rows[#batch_rows + 1] = rows[mine[k]]
         if not real[k] then padding[#padding + 1] = #batch_rows end
       end
-      local as_read = acc and #padding > 0 and { unpack(batch_rows) } -- (the rows before the repeats lose their labels)
+      local as_read = acc and #padding > 0 and { unpack(batch_rows) } -- (the rows as read: the repeats lose their labels)
       for _, r in ipairs(padding) do -- (a row repeated to keep the ranks in step counts nothing: its labels
         -- -100 before collation, for a collator that flattens the batch into one row, and after, whatever the collator)
         local c = {}
