@@ -41,6 +41,8 @@ M.NO_EFFECT = {
   log_level = "zrun prints its own lines on rank 0", log_level_replica = "zrun prints its own lines on rank 0",
   ddp_find_unused_parameters = "there is no DDP wrapper: the ZeRO engine reduces every gradient",
   ddp_bucket_cap_mb = "there is no DDP wrapper: the config's reduce_bucket_size sizes the buckets",
+  ddp_backend = "zrun joins its ranks itself: NCCL between GPUs, MPI (under mpirun) or TCP (torchrun's variables) between " ..
+    "CPU ranks", ddp_broadcast_buffers = "there is no DDP wrapper: every rank builds the same buffers",
   push_to_hub = "zrun does not upload", hub_model_id = "zrun does not upload", hub_strategy = "zrun does not upload",
   hub_private_repo = "zrun does not upload",
   prediction_loss_only = "zrun's evaluation computes the loss only (there is no compute_metrics)",

@@ -60,7 +60,8 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.raises(function() new { save_safetensors = false } end, "save_safetensors = false: zrun writes safetensors only")
   T.raises(function() new { dataloader_drop_last = "yes" } end, "dataloader_drop_last must be true or false")
   new { gradient_checkpointing_kwargs = { use_reentrant = false }, push_to_hub = false, log_level = "info",
-    ddp_find_unused_parameters = false, dataloader_drop_last = true, prediction_loss_only = true, ignore_data_skip = false }
+    ddp_find_unused_parameters = false, dataloader_drop_last = true, prediction_loss_only = true, ignore_data_skip = false,
+    ddp_backend = "gloo", ddp_broadcast_buffers = false } -- (the last two: TrainingArguments of a multi-process run)
   T.raises(function() new { ignore_data_skip = true } end, "ignore_data_skip = true: a resumed run always continues")
   new { save_on_each_node = false, use_cpu = false, skip_memory_metrics = true } -- (their defaults: what zrun does)
   T.raises(function() new { save_on_each_node = true } end, "save_on_each_node = true: rank 0 alone writes")
