@@ -5,7 +5,8 @@
 # padding-free collator), and
 # early stopping with save_strategy "best" stops every rank at the same step, and padded rows give the
 # losses and gradients of one process (average_tokens_across_devices), also where an epoch ends in a
-# completed last round and a shorter step.
+# completed last round and a shorter step; and, against transformers' and TRL's runs on 2 processes, each rank's
+# train_loss, SFTTrainer's metrics where a loader ends in a completed round, and evaluation with dataloader_drop_last.
 . "$(dirname "$0")/mpi_env.sh"
 Z=${ZRUN_BIN:-./zrun}
 CK=tests/mpi/trainer_check.lua
