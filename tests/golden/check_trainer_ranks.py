@@ -5,9 +5,9 @@ counts of a step summed over the processes (average_tokens_across_devices), grad
 last round of micro-batches is short: each logged step's loss, learning rate, gradient norm and epoch, and the
 evaluation loss. Float32 (torch 2.11, transformers 5.17: tests/golden/reference.sh).
 Also, on the golden llama_tiny and rows in order (make_trainer_golden.py): the final train_loss of each process where
-steps follow the last log, and TRL 1.10's SFTTrainer's training metrics (num_tokens, mean_token_accuracy, entropy)
+steps follow the last log, an evaluation with dataloader_drop_last, and TRL 1.10's SFTTrainer's training metrics (num_tokens, mean_token_accuracy, entropy)
 where an epoch's last round is completed and its evaluations' batch statistics (tests/mpi/trainer_check.lua holds these
-values: modes train_loss and sft_eval).
+values: modes train_loss, hf_eval and sft_eval).
 
 usage: python3 tests/golden/check_trainer_ranks.py OUT_DIR [ZRUN]     (launches both itself; PASS/FAIL lines)
 """
@@ -89,12 +89,12 @@ def golden_model():
 
 
 def golden_side():
-    """Under torchrun: transformers' train_loss of each process (TL_CASES), then TRL's SFTTrainer (SFT_TRAIN's logs,
-    SFT_EVALS' evaluations); rank 0 writes them."""
+    """Under torchrun: transformers' train_loss of each process (TL_CASES) and an evaluate() with dataloader_drop_last,
+    then TRL's SFTTrainer (SFT_TRAIN's logs, SFT_EVALS' evaluations); rank 0 writes them."""
     import torch
     import torch.distributed as dist
     import make_trainer_golden as G
-    from transformers import TrainingArguments
+    from transformers import Trainer, TrainingArguments
     out = {"train_loss": {}}
     for name, kw in TL_CASES:
         m, rs = golden_model()
@@ -107,6 +107,12 @@ def golden_side():
             every = [None] * dist.get_world_size()
             dist.all_gather_object(every, tr.train().training_loss)
         out["train_loss"][name] = every
+    m, rs = golden_model()  # evaluate() with dataloader_drop_last: 13 rows in batches of 4, the last round dropped
+    with tempfile.TemporaryDirectory() as od:
+        tr = Trainer(model=m, args=TrainingArguments(output_dir=od, report_to=[], use_cpu=True, per_device_eval_batch_size=4,
+                                                     dataloader_drop_last=True, remove_unused_columns=False,
+                                                     ddp_backend="gloo"), eval_dataset=G.Rows(rs[:13]), data_collator=G.Collate())
+        out["eval_drop_last"] = tr.evaluate()["eval_loss"]
     if os.path.isdir(TOK):
         from datasets import Dataset
         from transformers import AutoTokenizer
@@ -174,10 +180,19 @@ for _, c in ipairs(cjson.decode('{json.dumps([[n, kw] for n, kw in TL_CASES])}')
   for k, v in pairs(c[2]) do a[k] = v end
   local t = zr.Trainer {{ model = g.model(), train_dataset = g.dataset,
     data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = g.pad }}, args = a }}
-  print(string.format("TL %d %.17g %s", rank, t:train().train_loss, c[1]))
+  local both = zr.tensor({{ 0, 0 }}, {{ dtype = "f64" }}) -- (each rank's, printed by rank 0: lines of two ranks interleave)
+  both[rank + 1] = t:train().train_loss
+  zr.dist.all_reduce(both, "sum")
+  if rank == 0 then print(string.format("TL %.17g %.17g %s", both[1], both[2], c[1])) end
 end
 local rows = {{}}
 for i, r in ipairs(g.rows) do rows[i] = {{ input_ids = r }} end
+local ev = {{}}
+for i = 1, 13 do ev[i] = rows[i] end
+local r = zr.Trainer {{ model = g.model(), data_collator = zr.datasets.causal_lm_collator {{ pad_token_id = g.pad }},
+  args = {{ output_dir = "{C.OUT}/golden_ev", per_device_eval_batch_size = 4, dataloader_drop_last = true }} }}:evaluate(
+  zr.datasets.Dataset.from_rows(ev))
+if rank == 0 then print(string.format("EVDROP %.17g", r.eval_loss)) end
 local function sft(n, kw)
   local a = cjson.decode(kw)
   a.output_dir, a.bf16, a.save_strategy, a.train_sampling_strategy = "{C.OUT}/golden_sft", false, "no", "sequential"
@@ -210,12 +225,16 @@ end
     tl = {}
     for p in lines:
         if p and p[0] == "TL":
-            tl.setdefault(" ".join(p[3:]), [None, None])[int(p[1])] = float(p[2])
+            tl[" ".join(p[3:])] = [float(p[1]), float(p[2])]
     for name, _ in TL_CASES:
         got, want = tl.get(name), ref["train_loss"][name]
         print(f"  train_loss ({name}): transformers' processes {want}, zrun's ranks {got}", flush=True)
         C.report(f"train_loss on 2 ranks ({name}): each rank's own, as transformers' processes", rc == 0 and got is not None
                  and all(M.close(a, b, 2e-6) for a, b in zip(got, want)), out[-400:])
+    ev = [float(p[1]) for p in lines if p and p[0] == "EVDROP"]
+    print(f"  evaluate() with dataloader_drop_last: transformers {ref['eval_drop_last']}, zrun {ev}", flush=True)
+    C.report("evaluate() with dataloader_drop_last on 2 ranks reads the rows transformers' does (its eval_loss)",
+             rc == 0 and len(ev) == 1 and M.close(ev[0], ref["eval_drop_last"], 1e-6), out[-400:])
     if "sft_logs" not in ref:
         print(f"SKIP TRL's SFTTrainer on 2 processes: no tokenizer at {TOK} (set ZRUN_TEST_DATA)")
         return
