@@ -5,8 +5,8 @@ counts of a step summed over the processes (average_tokens_across_devices), grad
 last round of micro-batches is short: each logged step's loss, learning rate, gradient norm and epoch, and the
 evaluation loss. Float32 (torch 2.11, transformers 5.17: tests/golden/reference.sh).
 Also, on the golden llama_tiny and rows in order (make_trainer_golden.py): the final train_loss of each process where
-steps follow the last log, an evaluation with dataloader_drop_last, and TRL 1.10's SFTTrainer's training metrics (num_tokens, mean_token_accuracy, entropy)
-where an epoch's last round is completed and its evaluations' batch statistics (tests/mpi/trainer_check.lua holds these
+steps follow the last log, an evaluation with dataloader_drop_last, and TRL 1.10's SFTTrainer's training metrics
+(num_tokens, mean_token_accuracy, entropy) where an epoch's last round is completed and its evaluations' batch statistics (tests/mpi/trainer_check.lua holds these
 values: modes train_loss, hf_eval and sft_eval).
 
 usage: python3 tests/golden/check_trainer_ranks.py OUT_DIR [ZRUN]     (launches both itself; PASS/FAIL lines)
@@ -68,8 +68,8 @@ TL_CASES = [("max_steps 5, logging_steps 2", {"max_steps": 5, "logging_steps": 2
              {"logging_strategy": "no", "average_tokens_across_devices": False})]
 # TRL: trained on the first 13 rows (13 mod (2 x 2) = 1: the step reading an epoch's last micro-batch keeps process 0's
 # metrics), and on all 18 for 6 steps, then evaluated on the first n rows in batches of bs
-SFT_TRAIN = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "num_train_epochs": 3, "learning_rate": 5e-3,
-             "logging_steps": 1, "lr_scheduler_type": "constant", "seed": 0}
+SFT_TRAIN = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "num_train_epochs": 3,
+             "learning_rate": 5e-3, "logging_steps": 1, "lr_scheduler_type": "constant", "seed": 0}
 SFT_EVAL_TRAIN = {"per_device_train_batch_size": 2, "max_steps": 6, "learning_rate": 5e-3, "logging_steps": 1,
                   "lr_scheduler_type": "constant", "seed": 0}
 SFT_EVALS = [(7, 3), (13, 4), (3, 4), (9, 2), (5, 1)]
@@ -109,9 +109,9 @@ def golden_side():
         out["train_loss"][name] = every
     m, rs = golden_model()  # evaluate() with dataloader_drop_last: 13 rows in batches of 4, the last round dropped
     with tempfile.TemporaryDirectory() as od:
-        tr = Trainer(model=m, args=TrainingArguments(output_dir=od, report_to=[], use_cpu=True, per_device_eval_batch_size=4,
-                                                     dataloader_drop_last=True, remove_unused_columns=False,
-                                                     ddp_backend="gloo"), eval_dataset=G.Rows(rs[:13]), data_collator=G.Collate())
+        args = TrainingArguments(output_dir=od, report_to=[], use_cpu=True, per_device_eval_batch_size=4,
+                                 dataloader_drop_last=True, remove_unused_columns=False, ddp_backend="gloo")
+        tr = Trainer(model=m, args=args, eval_dataset=G.Rows(rs[:13]), data_collator=G.Collate())
         out["eval_drop_last"] = tr.evaluate()["eval_loss"]
     if os.path.isdir(TOK):
         from datasets import Dataset
@@ -124,8 +124,8 @@ def golden_side():
 
         def sft(n_rows, kw, od):
             m, rs = golden_model()
-            cfg = SFTConfig(output_dir=od, report_to="none", bf16=False, use_cpu=True, save_strategy="no", ddp_backend="gloo",
-                            **kw)
+            cfg = SFTConfig(output_dir=od, report_to="none", bf16=False, use_cpu=True, save_strategy="no",
+                            ddp_backend="gloo", **kw)
             tr = InOrder(model=m, args=cfg, train_dataset=Dataset.from_list([{"input_ids": r} for r in rs[:n_rows]]),
                          processing_class=AutoTokenizer.from_pretrained(TOK))
             tr.train()
