@@ -315,6 +315,31 @@ function LM:forward(ids, labels, opts)
   out.logits = logits
   return (Module.end_scope(scope, out, entropy, argmax))
 end
+-- model:generate(input_ids [, opts]): transformers' generate (zrun.generation.generate says its options).
+function LM:generate(input_ids, opts) return require("zrun.generation").generate(self, input_ids, opts) end
+
+-- One generation step: the logits (B, 1, V) of the last of the new tokens ids (B, Tq) after the tokens
+-- in cache (zrun.generation's Cache: keys and values appended per block, the new tokens' learned
+-- positions and attention masks), as llama.lua's generation_step; the projections called as modules.
+function LM:generation_step(ids, cache)
+  local t, cfg = self.transformer, self.config
+  if cache.max_position >= cfg.n_positions then
+    error(("gpt2: generating position %d exceeds n_positions %d (GPT-2's learned positions end there): ask for " ..
+      "fewer new tokens"):format(cache.max_position, cfg.n_positions), 0)
+  end
+  local B, T, C, H = ids:size(1), ids:size(2), cfg.n_embd, cfg.n_head
+  local x = t.wte(ids) + t.wpe(cache.positions)
+  local function heads(u) return u:view(B, T, H, C / H):transpose(2, 3) end
+  for i, block in ipairs(t.h) do
+    local a = block.attn
+    local q, k, v = unpack(zr.split(a.c_attn(block.ln_1(x)), C, 3))
+    local y = cache:attend(i, heads(q), heads(k), heads(v), a.scale)
+    x = x + a.c_proj(y:transpose(2, 3):reshape(B, T, C))
+    x = x + block.mlp(block.ln_2(x))
+  end
+  x = t.ln_f(x:narrow(2, T, 1))
+  return zr.linear(x, self.lm_head and self.lm_head.weight or t.wte.weight)
+end
 -- A Hugging Face model folder (config.json + model.safetensors) that transformers loads.
 function LM:save_pretrained(dir, opts) return require("zrun.models.llama").save_pretrained(self, dir, opts) end
 

@@ -376,6 +376,47 @@ function CausalLM:forward(input_ids, labels, opts)
   return (Module.end_scope(scope, out, entropy, argmax))
 end
 
+-- Generation (zrun.generation) --------------------------------------------------------------
+-- model:generate(input_ids [, opts]): transformers' generate (zrun.generation.generate says its options).
+function CausalLM:generate(input_ids, opts) return require("zrun.generation").generate(self, input_ids, opts) end
+
+-- The attention of layer i's new tokens x (B, Tq, C) over the cache (zrun.generation's): the projections
+-- called as modules (LoRA layers as they stand), q and k rotated at the step's positions.
+local function cached_attention(a, x, cos, sin, cache, i, window)
+  local B, T, H, KV, D = x:size(1), x:size(2), a.n_heads, a.n_kv, a.hd
+  local q = a.q_proj(x):view(B, T, H, D):transpose(2, 3)
+  local k = a.k_proj(x):view(B, T, KV, D):transpose(2, 3)
+  local v = a.v_proj(x):view(B, T, KV, D):transpose(2, 3)
+  q, k = cache:rope(q, cos, sin), cache:rope(k, cos, sin)
+  return a.o_proj(cache:attend(i, q, k, v, 1 / math.sqrt(D), window):transpose(2, 3):reshape(B, T, H * D))
+end
+
+-- Layer i's attention window for generation: Mistral's in every layer, Qwen2's where layer_types
+-- says "sliding_attention" (masked in the step's attention, which the training forward refuses instead).
+local function layer_window(cfg, i)
+  if cfg.model_type == "mistral" then return cfg.sliding_window or nil end
+  if cfg.model_type == "qwen2" and cfg.sliding_window and cfg.layer_types[i] == "sliding_attention" then
+    return cfg.sliding_window
+  end
+  return nil
+end
+
+-- One generation step: the logits (B, 1, V) of the last of the new tokens ids (B, Tq) after the
+-- tokens in cache (zrun.generation's Cache: their keys and values, appended to here; the new tokens'
+-- positions and attention masks). Eval mode, no gradients (generate runs it so).
+function CausalLM:generation_step(ids, cache)
+  local m, cfg = self.model, self.config
+  local h = m.embed_tokens(ids)
+  local cos, sin = m:rope(cache.max_position + 1, h:dtype(), h:device())
+  for i, layer in ipairs(m.layers) do
+    h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, layer_window(cfg, i))
+    h = h + layer.mlp(layer.post_attention_layernorm(h))
+  end
+  h = m.norm(h:narrow(2, h:size(2), 1))
+  if self.lm_head then return self.lm_head(h) end
+  return zr.linear(h, m.embed_tokens.weight)
+end
+
 -- opts.token_stats: each position's entropy of the softmax (f32) and argmax (i64, 0-based) from the logits
 -- (B, T, V), read before the loss takes them over (zr.logits_stats, one pass, no gradient): TRL's logged
 -- entropy and mean_token_accuracy. nil, nil otherwise.
