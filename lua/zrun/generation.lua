@@ -13,6 +13,13 @@ local kwargs = require "zrun.kwargs"
 local M = {}
 local NEG_INF = -math.huge
 local huge = math.huge
+
+-- A copy of the array a (unpack stops at LuaJIT's limit of a few thousand values: a vocabulary is more).
+local function copy(a)
+  local out = {}
+  for i = 1, #a do out[i] = a[i] end
+  return out
+end
 -- what a masked score becomes: torch.finfo(float32).min, as transformers' masks
 local MASKED = -3.4028234663852886e38
 
@@ -23,7 +30,7 @@ local MASKED = -3.4028234663852886e38
 -- RepetitionPenaltyLogitsProcessor: the score of every id in ids (the row so far, prompt and padding
 -- included, as transformers' input_ids) divided by penalty where positive, multiplied where negative.
 function M.repetition_penalty(scores, ids, penalty)
-  local out, seen = { unpack(scores) }, {}
+  local out, seen = copy(scores), {}
   for _, id in ipairs(ids) do
     if not seen[id] then
       seen[id] = true
@@ -45,7 +52,7 @@ end
 -- (default 1), at most the vocabulary.
 function M.top_k(scores, k, min_keep)
   k = math.min(math.max(k, min_keep or 1), #scores)
-  local sorted = { unpack(scores) }
+  local sorted = copy(scores)
   table.sort(sorted, function(a, b) return a > b end)
   local kth, out = sorted[k], {}
   for i = 1, #scores do out[i] = scores[i] < kth and NEG_INF or scores[i] end
@@ -74,7 +81,7 @@ end
 -- at least min_keep (default 1) of them.
 function M.top_p(scores, p, min_keep)
   local order, probs = sorted_probs(scores)
-  local out, cum, n = { unpack(scores) }, 0, #order
+  local out, cum, n = copy(scores), 0, #order
   for j = 1, n - (min_keep or 1) do
     cum = cum + probs[j]
     if cum <= 1 - p then out[order[j]] = NEG_INF end
@@ -243,7 +250,7 @@ local function rows_of(x, what)
   local rows = {} -- (copies: generate appends to them)
   for b, r in ipairs(x) do
     if type(r) ~= "table" then error(("generate: %s row %d is not a list of ids"):format(what, b), 0) end
-    rows[b] = { unpack(r) }
+    rows[b] = copy(r)
   end
   return rows
 end

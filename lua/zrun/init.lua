@@ -62,7 +62,7 @@ local lazy = {
   testing = "zrun.testing", models = "zrun.models", config = "zrun.config", dist = "zrun.dist",
   tokenizers = "zrun.tokenizers", datasets = "zrun.datasets", sft = "zrun.sft", chat = "zrun.chat", jinja = "zrun.jinja", zero = "zrun.zero_to_fp32",
   schedulers = "zrun.schedulers", hf = "zrun.hf", engine = "zrun.engine", Trainer = "zrun.trainer", checkpoint_module = "zrun.checkpoint",
-  plot = "zrun.plot", progress = "zrun.progress", peft = "zrun.peft",
+  plot = "zrun.plot", progress = "zrun.progress", peft = "zrun.peft", generation = "zrun.generation",
 }
 -- Names of the lazily loaded submodules (the REPL completes them before they are loaded).
 function zr.__lazy_names()
