@@ -293,6 +293,8 @@ end
 local Cache = {}
 Cache.__index = Cache
 
+-- A new cache for rows on device whose attention mask rows are masks (Lua arrays of 0/1, extended by
+-- generate as tokens are added).
 function M.new_cache(device, masks)
   return setmetatable({ device = device, layers = {}, keymask = masks, len = 0, masks = {} }, Cache)
 end
