@@ -188,7 +188,10 @@ function M.settings(model, opts)
   end
   local s = {}
   for k, v in pairs(DEFAULTS) do s[k] = v end
-  for k, v in pairs(model_settings(model, gc == false and {} or gc)) do s[k] = v end
+  local from_model = model_settings(model, gc == false and {} or gc)
+  for k, v in pairs(from_model) do s[k] = v end
+  -- (transformers' has_default_max_length: neither the call nor the generation config set max_length)
+  s.max_length_given = opts.max_length ~= nil or from_model.max_length ~= nil
   for _, k in ipairs(M.OPTIONS) do if opts[k] ~= nil and k ~= "generation_config" then s[k] = opts[k] end end
   if opts.max_new_tokens ~= nil and opts.max_length ~= nil then
     error("generate: give max_new_tokens or max_length, not both (transformers takes max_new_tokens and warns)", 0)
@@ -389,7 +392,7 @@ end
 -- at max_position_embeddings.
 local function total_length(model, s, T)
   if s.max_new_tokens then return T + s.max_new_tokens end
-  if s.max_length ~= DEFAULTS.max_length or (rawget(model, "generation_config") or {}).max_length then
+  if s.max_length_given then
     if s.max_length <= T then
       error(("generate: max_length %d leaves no room after the prompt's %d tokens; pass max_new_tokens"):format(s.max_length, T), 0)
     end

@@ -407,7 +407,11 @@ end
 function CausalLM:generation_step(ids, cache)
   local m, cfg = self.model, self.config
   local h = m.embed_tokens(ids)
-  local cos, sin = m:rope(cache.max_position + 1, h:dtype(), h:device())
+  -- (tables for a power of two of positions: each step's one more position would else build and keep a
+  -- table per length; the rope types zrun takes give each position's row whatever the table's length)
+  local P = 64
+  while P <= cache.max_position do P = P * 2 end
+  local cos, sin = m:rope(P, h:dtype(), h:device())
   for i, layer in ipairs(m.layers) do
     h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, layer_window(cfg, i))
     h = h + layer.mlp(layer.post_attention_layernorm(h))
