@@ -190,5 +190,35 @@ T.test("refused in one line: unknown options, sampling options with greedy, righ
     "n_positions 64")
 end)
 
+-- The recipe: a model folder with TinyLlama's tokenizer and chat template, a LoRA adapter, chat=true; the
+-- text printed is the decoded continuation of the same generate call made here.
+local data = os.getenv("ZRUN_TEST_DATA") or "../shared/data"
+local tokdir = data .. "/tokenizers/tinyllama-1.1b-chat-v1.0"
+T.test("recipes/generate.lua: model, adapter, chat template; prints the continuation", function()
+  if not io.open(tokdir .. "/tokenizer.json") then return T.skip("generate recipe", "no " .. tokdir) end
+  local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.vocab_size = 32000
+  zr.manual_seed(2)
+  local m = zr.models.llama.LlamaForCausalLM(cfg)
+  m:save_pretrained(tmp .. "/rmodel")
+  assert(os.execute(("cp %s/tokenizer.json %s/tokenizer_config.json %s/special_tokens_map.json %s/rmodel/"):format(
+    tokdir, tokdir, tokdir, tmp)) == 0)
+  zr.peft.get_peft_model(m, zr.peft.LoraConfig { r = 4, target_modules = "all-linear" })
+  zr.no_grad(function()
+    for n, p in m:named_parameters() do if n:match("lora_B") then p:copy_(zr.randn(p:shape()) * 0.5) end end
+  end)
+  zr.peft.save_pretrained(m, tmp .. "/radapter")
+  local tok = zr.tokenizers.load(tmp .. "/rmodel")
+  local ids = tok:apply_chat_template({ { role = "user", content = "Hi there" } }, { add_generation_prompt = true })
+  local out = m:generate(ids, { max_new_tokens = 6, eos_token_id = false }):tolist()[1]
+  local want = tok:decode({ unpack(out, #ids + 1) }, true)
+  local p = io.popen(("%s recipes/generate.lua model=%s/rmodel adapter=%s/radapter chat=true prompt='Hi there' " ..
+    "max_new_tokens=6 2>&1"):format(os.getenv("ZRUN_BIN") or "./zrun", tmp, tmp))
+  local printed = p:read("*a")
+  p:close()
+  assert(printed:find(want, 1, true), ("expected %q in:\n%s"):format(want, printed))
+  assert(printed:find(("%d prompt tokens, 6 new"):format(#ids), 1, true), printed)
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()
