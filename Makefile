@@ -31,6 +31,9 @@ CJSON_A  := $(call findlib,liblua5.1-cjson.a)
 # The OpenMP build of OpenBLAS shares zrun's OpenMP thread pool (the pthreads build competes with it).
 BLAS_A   := $(firstword $(call findlib,openblas-openmp/libopenblas.a) $(call findlib,libopenblas.a))
 PCRE2_A  := $(call findlib,libpcre2-8.a)
+UTF8PROC_A := $(call findlib,libutf8proc.a)
+# (the fuzz targets' objects take the same flag: their CFLAGS are their own)
+UTF8PROC_FLAGS := $(if $(UTF8PROC_A),-DZR_HAVE_UTF8PROC -DUTF8PROC_STATIC,)
 READLINE_A := $(call findlib,libreadline.a)
 NCURSES_A  := $(firstword $(call findlib,libtinfo.a) $(call findlib,libncurses.a))
 HAVE_NVCC := $(if $(filter 0,$(CUDA)),,$(shell command -v $(NVCC) 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
@@ -46,6 +49,10 @@ endif
 ifneq ($(PCRE2_A),)
   CFLAGS += -DZR_HAVE_PCRE2
   LDLIBS += $(PCRE2_A)
+endif
+ifneq ($(UTF8PROC_A),)
+  CFLAGS += $(UTF8PROC_FLAGS)
+  LDLIBS += $(UTF8PROC_A)
 endif
 ifneq ($(READLINE_A),)
   CFLAGS += -DZR_HAVE_READLINE
@@ -112,6 +119,7 @@ features:
 	@echo "  cjson     $(or $(CJSON_A),MISSING (lua-cjson-dev))"
 	@echo "  openblas  $(or $(BLAS_A),missing: matmul uses the built-in kernel (libopenblas-dev))"
 	@echo "  pcre2     $(or $(PCRE2_A),missing: tokenizers unavailable (libpcre2-dev))"
+	@echo "  utf8proc  $(or $(UTF8PROC_A),missing: tokenizers with NFC/NFKC/Lowercase normalizers refused (libutf8proc-dev))"
 	@echo "  readline  $(or $(READLINE_A),missing: plain REPL (libreadline-dev))"
 	@echo "  mpi       $(or $(HAVE_MPI),missing: single process only (libopenmpi-dev))"
 	@echo "  cuda      $(or $(HAVE_NVCC),off)"
@@ -161,7 +169,7 @@ $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libzrun.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(call quiet,CC,$<)$(CC) $(CFLAGS) $(RUNTIME_INC) -o $@ $< $(BUILD)/libzrun.a $(LDLIBS)
 
-DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
+DEB_PKGS := luajit libluajit-5.1-dev lua-cjson-dev libopenmpi-dev openmpi-bin libpcre2-dev libutf8proc-dev libreadline-dev libopenblas-dev libopenblas-openmp-dev
 test: DEB_PKGS += clang
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -203,7 +211,7 @@ FUZZ_FOUND = $(eval FUZZ_FOUND := $(shell command -v clang >/dev/null 2>&1 && \
 FUZZ_DIR    := $(BUILD)/fuzz/$(FUZZ_KIND)
 FUZZ_CC     := $(if $(filter libfuzzer,$(FUZZ_KIND)),clang,$(CC))
 # no -fopenmp (one thread is what a fuzzer wants); gcc's omp.h serves clang when libomp-dev is absent
-FUZZ_CFLAGS := $(SAN_CFLAGS) -std=gnu11 -fsanitize=float-cast-overflow $(PREFIX_INC) $(RUNTIME_INC) -idirafter $(shell $(CC) -print-file-name=include) \
+FUZZ_CFLAGS := $(SAN_CFLAGS) -std=gnu11 -fsanitize=float-cast-overflow $(PREFIX_INC) $(UTF8PROC_FLAGS) $(RUNTIME_INC) -idirafter $(shell $(CC) -print-file-name=include) \
                $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer-no-link)
 FUZZ_LIB_SRC := $(wildcard runtime/core/*.c runtime/ops/*.c runtime/io/*.c runtime/tokenizer/*.c kernels/base/*.c)
 FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/%.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f32.o) $(KCPU_SRC:%.c=$(FUZZ_DIR)/%_f64.o)
@@ -222,7 +230,7 @@ $(FUZZ_DIR)/libzrun_fuzz.a: $(FUZZ_OBJ)
 	$(call quiet,AR,$@)ar rcs $@ $^
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(FUZZ_DIR)/libzrun_fuzz.a
 	$(call quiet,CC,$<)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(if $(filter libfuzzer,$(FUZZ_KIND)),-fsanitize=fuzzer,tests/fuzz/replay.c) \
-	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) -lgomp -lmvec -lm -lpthread
+	  $(FUZZ_DIR)/libzrun_fuzz.a $(or $(PCRE2_A),-lpcre2-8) $(UTF8PROC_A) -lgomp -lmvec -lm -lpthread
 fuzz-build: $(FUZZ_BIN)
 fuzz: DEB_PKGS += clang
 fuzz: deps

@@ -25,6 +25,9 @@ const char *zr_nccl_version(char *buf);
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #endif
+#ifdef ZR_HAVE_UTF8PROC
+#include <utf8proc.h>
+#endif
 
 static void setbool(lua_State *L, const char *k, int v) {
     lua_pushboolean(L, v);
@@ -102,6 +105,13 @@ static int l_build_info(lua_State *L) {
     }
 #else
     setbool(L, "pcre2", 0);
+#endif
+#ifdef ZR_HAVE_UTF8PROC
+    setbool(L, "utf8proc", 1);
+    setstr(L, "utf8proc_version", utf8proc_version());
+    setstr(L, "unicode_version", utf8proc_unicode_version());
+#else
+    setbool(L, "utf8proc", 0);
 #endif
 #ifdef ZR_HAVE_READLINE
     setbool(L, "readline", 1);

@@ -16,6 +16,7 @@ local function report()
     { "MPI", b.mpi and b.mpi_version or "no (single process only)" },
     { "launch N ranks here", b.mpi and zr.dist.mpirun_command("N", { argv = { "recipe.lua" } }) or "-" },
     { "PCRE2 (tokenizers)", b.pcre2 and b.pcre2_version or "no" },
+    { "utf8proc (normalizers)", b.utf8proc and (b.utf8proc_version .. ", Unicode " .. b.unicode_version) or "no" },
     { "readline (REPL)", yn(b.readline) },
     { "CUDA backend", b.cuda and "compiled in" or "not compiled in (rebuild where nvcc is available)" },
     { "NCCL", b.nccl and "compiled in" or "no" },

@@ -60,7 +60,9 @@ int tok_normalize(const zr_tokenizer *tok, const char *s, int64_t n, tok_buf *ou
         if (nm->kind == NORM_PREPEND) {
             if (cur_n == 0) continue; /* HF prepends only to non-empty text */
             rc = tok_buf_append(dst, nm->a, nm->alen) || tok_buf_append(dst, cur, cur_n);
-        } else { /* NORM_REPLACE: non-overlapping, left to right */
+        } else if (nm->kind != NORM_REPLACE) {
+            rc = tok_normalize_unicode(nm, cur, cur_n, dst);
+        } else { /* non-overlapping, left to right */
             int64_t i = 0, last = 0;
             rc = tok_buf_reserve(dst, cur_n + 1);
             while (!rc && i + nm->alen <= cur_n) {

@@ -85,11 +85,13 @@ int tok_is_whitespace(uint32_t cp); /* Unicode White_Space, as Rust's char::is_w
 
 /* ---- pipeline pieces --------------------------------------------------------------------- */
 
-enum { NORM_PREPEND, NORM_REPLACE };
+enum { NORM_PREPEND, NORM_REPLACE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_LOWERCASE,
+       NORM_STRIP, NORM_STRIP_ACCENTS };
 typedef struct {
     int kind;
     char *a, *b; /* prepend: a; replace: a -> b */
     int64_t alen, blen;
+    int strip_left, strip_right; /* Strip */
 } tok_normalizer;
 
 enum { PRE_BYTELEVEL, PRE_SPLIT, PRE_METASPACE };
@@ -187,6 +189,11 @@ int tok_load_post(zr_tokenizer *tok, const struct zr_json *o);
 int tok_load_decoder(zr_tokenizer *tok, const struct zr_json *o);
 /* encode.c: runs the normalizers over s[0..n), appending to out */
 int tok_normalize(const zr_tokenizer *tok, const char *s, int64_t n, tok_buf *out);
+/* normalize.c: the Unicode normalizers (NORM_NFC .. NORM_STRIP_ACCENTS) over s[0..n), appending
+ * to out (-1: out of memory); tok_have_unicode() is 0 in a build without utf8proc, which has
+ * only Strip */
+int tok_normalize_unicode(const tok_normalizer *nm, const char *s, int64_t n, tok_buf *out);
+int tok_have_unicode(void);
 /* bpe.c */
 int tok_bpe_word(const zr_tokenizer *tok, const char *w, int64_t n, tok_ids *out);
 /* util.c: byte <-> char tables of the ByteLevel pre-tokenizer and decoder */

@@ -55,6 +55,30 @@ static int prepend_scheme(const zr_json *o) {
                                  : PREPEND_ALWAYS;
 }
 
+/* The normalizers of normalize.c: NFC, NFD, NFKC, NFKD, Lowercase, StripAccents (utf8proc's), Strip. */
+static int load_unicode_normalizer(zr_tokenizer *tok, tok_normalizer *n, const zr_json *o,
+                                   const char *type, const char *where) {
+    static const char *names[] = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents"};
+    static const int kinds[] = {NORM_NFC,       NORM_NFD,   NORM_NFKC,         NORM_NFKD,
+                                NORM_LOWERCASE, NORM_STRIP, NORM_STRIP_ACCENTS};
+    n->kind = -1;
+    for (int i = 0; i < 7; i++)
+        if (!strcmp(type, names[i])) n->kind = kinds[i];
+    if (n->kind < 0)
+        return zr_error("%s: %s type \"%s\" is not supported (Sequence, Prepend, Replace, NFC, NFD, "
+                        "NFKC, NFKD, Lowercase, Strip, StripAccents are)",
+                        tok->path, where, type);
+    if (n->kind == NORM_STRIP) {
+        n->strip_left = zr_json_get_bool(o, "strip_left", 1);
+        n->strip_right = zr_json_get_bool(o, "strip_right", 1);
+    } else if (!tok_have_unicode()) {
+        return zr_error("%s: %s type \"%s\" needs utf8proc, which this zrun was built without "
+                        "(install libutf8proc-dev, or unpack it into DEPS_PREFIX, and rebuild)",
+                        tok->path, where, type);
+    }
+    return 0;
+}
+
 int tok_load_normalizer(zr_tokenizer *tok, const zr_json *o, const char *where) {
     if (zr_json_is_null(o)) return 0;
     const char *type = zr_json_get_string(o, "type", "");
@@ -84,9 +108,8 @@ int tok_load_normalizer(zr_tokenizer *tok, const zr_json *o, const char *where) 
         n->kind = NORM_REPLACE;
         n->a = strdup(pat), n->alen = (int64_t)strlen(pat);
         n->b = strdup(content), n->blen = (int64_t)strlen(content);
-    } else {
-        return zr_error("%s: %s type \"%s\" is not supported (Sequence, Prepend, Replace are)",
-                        tok->path, where, type);
+    } else if (load_unicode_normalizer(tok, n, o, type, where)) {
+        return ZR_ERR;
     }
     tok->n_norm++;
     return 0;
