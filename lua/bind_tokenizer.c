@@ -263,6 +263,15 @@ static int l_set_add_prefix_space(lua_State *L) {
     zr_tokenizer_set_add_prefix_space(check_tok(L, 1), check_flag(L, 2, 0, "tok:set_add_prefix_space(on)", "on"));
     return 0;
 }
+/* tok:set_pipeline(json): parts of the pipeline replaced by tokenizer.json's "normalizer", "pre_tokenizer",
+ * "decoder" of a JSON object (zr_tokenizer_set_pipeline). */
+static int l_set_pipeline(lua_State *L) {
+    size_t len;
+    zr_tokenizer *t = check_tok(L, 1);
+    const char *s = check_text(L, 2, "tok:set_pipeline(json)", "json", &len);
+    if (zr_tokenizer_set_pipeline(t, s, len)) return luaL_error(L, "%s", zr_last_error());
+    return 0;
+}
 static int l_bos(lua_State *L) { return push_id(L, zr_tokenizer_bos_id(check_tok(L, 1))); }
 static int l_eos(lua_State *L) { return push_id(L, zr_tokenizer_eos_id(check_tok(L, 1))); }
 static int l_pad(lua_State *L) { return push_id(L, zr_tokenizer_pad_id(check_tok(L, 1))); }
@@ -271,7 +280,8 @@ static const luaL_Reg methods[] = {{"encode", l_encode}, {"decode", l_decode}, {
                                    {"token_to_id", l_token_to_id}, {"id_to_token", l_id_to_token},
                                    {"bos_id", l_bos}, {"eos_id", l_eos}, {"pad_id", l_pad},
                                    {"use_metaspace", l_use_metaspace},
-                                   {"set_add_prefix_space", l_set_add_prefix_space}, {NULL, NULL}};
+                                   {"set_add_prefix_space", l_set_add_prefix_space},
+                                   {"set_pipeline", l_set_pipeline}, {NULL, NULL}};
 static const luaL_Reg fns[] = {{"tokenizer_load", l_load}, {NULL, NULL}};
 
 void zr_bind_tokenizer(lua_State *L) {

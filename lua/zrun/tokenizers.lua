@@ -114,10 +114,25 @@ end
 -- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
 -- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
 -- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
-local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer" }
+local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer", qwen2 = "Qwen2Tokenizer", qwen2_moe = "Qwen2Tokenizer" }
 -- GPT2Tokenizer's ByteLevel pre-tokenizer adds a prefix space only when tokenizer_config.json's
 -- add_prefix_space is true, whatever tokenizer.json says.
 local BYTELEVEL_CLASSES = { GPT2Tokenizer = true, GPT2TokenizerFast = true }
+-- Qwen2Tokenizer (Qwen2, Qwen2.5, QwQ, ...: transformers 5's tokenization_qwen2.py) gets its own pipeline, whatever
+-- tokenizer.json says: the NFC normalizer, a Split on Qwen2's regex (isolated), then ByteLevel without its regex
+-- (a space before the text only with tokenizer_config.json's add_prefix_space true); the ByteLevel decoder. The
+-- vocabulary, merges, added tokens and post-processor stay the file's.
+local QWEN2_CLASSES = { Qwen2Tokenizer = true, Qwen2TokenizerFast = true }
+local QWEN2_REGEX = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]]
+local function qwen2_pipeline(add_prefix_space)
+  return require("cjson").encode({
+    normalizer = { type = "NFC" },
+    pre_tokenizer = { type = "Sequence", pretokenizers = {
+      { type = "Split", pattern = { Regex = QWEN2_REGEX }, behavior = "Isolated", invert = false },
+      { type = "ByteLevel", add_prefix_space = add_prefix_space, trim_offsets = true, use_regex = false } } },
+    decoder = { type = "ByteLevel", add_prefix_space = true, trim_offsets = true, use_regex = true },
+  })
+end
 local function transformers_pipeline(tok, dir)
   local cfg = optional_json(dir .. "/tokenizer_config.json") or {}
   local cls = cfg.tokenizer_class
@@ -129,6 +144,8 @@ local function transformers_pipeline(tok, dir)
     tok:use_metaspace(cfg.add_prefix_space == false and "never" or cfg.legacy == true and "always" or "first")
   elseif BYTELEVEL_CLASSES[cls] then
     tok:set_add_prefix_space(cfg.add_prefix_space == true)
+  elseif QWEN2_CLASSES[cls] then
+    tok:set_pipeline(qwen2_pipeline(cfg.add_prefix_space == true))
   end
 end
 
@@ -136,8 +153,8 @@ end
 -- cache, as resolve finds it) as transformers 5's AutoTokenizer does: the C tokenizer runs the file's
 -- pipeline (the `tokenizers` library's ids) except where transformers rebuilds it for the class named in
 -- tokenizer_config.json or implied by config.json (above: LlamaTokenizer's Metaspace, GPT2Tokenizer's
--- add_prefix_space); opts.pipeline = "tokenizer.json" keeps the file's pipeline regardless.
--- tok:save_pretrained(dir) writes the files back.
+-- add_prefix_space, Qwen2Tokenizer's NFC + Split + ByteLevel); opts.pipeline = "tokenizer.json" keeps the file's
+-- pipeline regardless. tok:save_pretrained(dir) writes the files back.
 function M.load(ref, opts)
   local pipeline = require("zrun.kwargs").check("tokenizers.load", opts, { "pipeline" }).pipeline or "transformers"
   local path, bpe_dir = M.resolve(ref)

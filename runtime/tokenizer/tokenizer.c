@@ -376,6 +376,33 @@ static void find_special_ids(zr_tokenizer *tok) {
     if (tok->pad < 0 && !configured) tok->pad = first_known(tok, pad); /* (transformers: none unless a file names it) */
 }
 
+/* Each frees one part of the pipeline, leaving it empty. */
+static void free_normalizers(zr_tokenizer *tok) {
+    for (int64_t i = 0; i < tok->n_norm; i++)
+        free(tok->norm[i].a), free(tok->norm[i].b);
+    free(tok->norm);
+    tok->norm = NULL, tok->n_norm = 0;
+}
+static void free_pretoks(zr_tokenizer *tok) {
+    for (int64_t i = 0; i < tok->n_pre; i++)
+        pcre2_code_free(tok->pre[i].re);
+    free(tok->pre);
+    tok->pre = NULL, tok->n_pre = 0;
+}
+static void free_decoders(zr_tokenizer *tok) {
+    for (int64_t i = 0; i < tok->n_dec; i++)
+        free(tok->dec[i].a), free(tok->dec[i].b);
+    free(tok->dec);
+    tok->dec = NULL, tok->n_dec = 0, tok->has_decoder = 0;
+}
+
+/* Normalized added tokens are matched in normalized text: the tries follow a new normalizer. */
+static int rebuild_tries(zr_tokenizer *tok) {
+    free(tok->trie_raw.nodes), free(tok->trie_norm.nodes);
+    memset(&tok->trie_raw, 0, sizeof tok->trie_raw), memset(&tok->trie_norm, 0, sizeof tok->trie_norm);
+    return build_tries(tok);
+}
+
 /* ---- public ------------------------------------------------------------------------------ */
 
 zr_tokenizer *zr_tokenizer_load(const char *path) {
@@ -436,18 +463,12 @@ void zr_tokenizer_free(zr_tokenizer *tok) {
     tok_strmap_free(&tok->added_map);
     free(tok->trie_raw.nodes), free(tok->trie_norm.nodes);
     pcre2_code_free(tok->re_word);
-    for (int64_t i = 0; i < tok->n_norm; i++)
-        free(tok->norm[i].a), free(tok->norm[i].b);
-    free(tok->norm);
-    for (int64_t i = 0; i < tok->n_pre; i++)
-        pcre2_code_free(tok->pre[i].re);
-    free(tok->pre);
+    free_normalizers(tok);
+    free_pretoks(tok);
     for (int64_t i = 0; i < tok->n_tmpl; i++)
         free(tok->tmpl[i].ids);
     free(tok->tmpl);
-    for (int64_t i = 0; i < tok->n_dec; i++)
-        free(tok->dec[i].a), free(tok->dec[i].b);
-    free(tok->dec);
+    free_decoders(tok);
     free(tok);
 }
 
@@ -459,15 +480,10 @@ int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
     if (prepend_scheme < ZR_PREPEND_ALWAYS || prepend_scheme > ZR_PREPEND_NEVER)
         return zr_error("%s: prepend scheme %d is not always (0), first (1) or never (2)", tok->path,
                         prepend_scheme);
-    tok_pretok *p = tok->n_pre ? tok->pre : malloc(sizeof *p);
+    tok_pretok *p = calloc(1, sizeof *p);
     if (!p) return zr_error("%s: out of memory", tok->path);
-    for (int64_t i = 0; i < tok->n_norm; i++)
-        free(tok->norm[i].a), free(tok->norm[i].b);
-    free(tok->norm);
-    tok->norm = NULL, tok->n_norm = 0;
-    for (int64_t i = 0; i < tok->n_pre; i++)
-        pcre2_code_free(tok->pre[i].re);
-    memset(p, 0, sizeof *p);
+    free_normalizers(tok);
+    free_pretoks(tok);
     p->kind = PRE_METASPACE;
     memcpy(p->repl, "\xE2\x96\x81", 3);
     p->repl_len = 3;
@@ -481,17 +497,55 @@ int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme) {
         free(d), free(a), free(b);
         return zr_error("%s: out of memory", tok->path);
     }
-    for (int64_t i = 0; i < tok->n_dec; i++)
-        free(tok->dec[i].a), free(tok->dec[i].b);
-    free(tok->dec);
+    free_decoders(tok);
     d[0] = (tok_decoder){.kind = DEC_REPLACE, .a = a, .alen = 3, .b = b, .blen = 1};
     d[1].kind = DEC_BYTEFALLBACK, d[2].kind = DEC_FUSE;
     d[3] = (tok_decoder){.kind = DEC_STRIP, .strip_char = ' ', .start = 1};
     tok->dec = d, tok->n_dec = prepend_scheme == ZR_PREPEND_NEVER ? 3 : 4, tok->has_decoder = 1;
-    /* normalized added tokens were matched in normalized text: the tries follow the new normalizer */
-    free(tok->trie_raw.nodes), free(tok->trie_norm.nodes);
-    memset(&tok->trie_raw, 0, sizeof tok->trie_raw), memset(&tok->trie_norm, 0, sizeof tok->trie_norm);
-    return build_tries(tok);
+    return rebuild_tries(tok);
+}
+
+/* Moves the parts src loaded (those named in the pipeline object: has[0..2] for normalizer,
+ * pre-tokenizer, decoder) into tok, freeing tok's. */
+static void move_pipeline(zr_tokenizer *tok, zr_tokenizer *src, const int has[3]) {
+    if (has[0]) free_normalizers(tok), tok->norm = src->norm, tok->n_norm = src->n_norm;
+    if (has[1]) free_pretoks(tok), tok->pre = src->pre, tok->n_pre = src->n_pre;
+    if (has[2]) {
+        free_decoders(tok);
+        tok->dec = src->dec, tok->n_dec = src->n_dec, tok->has_decoder = src->has_decoder;
+    }
+}
+
+int zr_tokenizer_set_pipeline(zr_tokenizer *tok, const char *json, size_t len) {
+    zr_json_doc *doc = zr_json_parse(json, (int64_t)len, "tokenizer pipeline");
+    if (!doc) return ZR_ERR;
+    const zr_json *root = zr_json_root(doc), *norm = zr_json_get(root, "normalizer"),
+                  *pre = zr_json_get(root, "pre_tokenizer"), *dec = zr_json_get(root, "decoder");
+    /* loaded into a scratch tokenizer first: a part it refuses leaves tok as it was */
+    zr_tokenizer *src = calloc(1, sizeof *src);
+    int rc = ZR_ERR, has[3] = {norm != NULL, pre != NULL, dec != NULL};
+    if (!src)
+        zr_error("%s: out of memory", tok->path);
+    else if (!zr_json_is(root, ZR_JSON_OBJECT))
+        zr_error("%s: a pipeline must be a JSON object with \"normalizer\", \"pre_tokenizer\" and/or "
+                 "\"decoder\" (as in tokenizer.json), got %s",
+                 tok->path, zr_json_type_name(root));
+    else {
+        src->path = tok->path; /* (borrowed: the parts' messages name the file) */
+        rc = tok_load_normalizer(src, norm, "normalizer") || tok_load_pretok(src, pre) ||
+                     tok_load_decoder(src, dec)
+                 ? ZR_ERR
+                 : ZR_OK;
+    }
+    zr_json_doc_free(doc);
+    if (rc) {
+        if (src) free_normalizers(src), free_pretoks(src), free_decoders(src);
+        free(src);
+        return ZR_ERR;
+    }
+    move_pipeline(tok, src, has);
+    free(src);
+    return has[0] ? rebuild_tries(tok) : ZR_OK;
 }
 
 void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on) {
@@ -584,6 +638,10 @@ int zr_tokenizer_decode(const zr_tokenizer *tok, const int32_t *ids, int64_t n,
 }
 void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on) {
     (void)tok, (void)on;
+}
+int zr_tokenizer_set_pipeline(zr_tokenizer *tok, const char *json, size_t len) {
+    (void)tok, (void)json, (void)len;
+    return zr_error("tokenizer: zrun was built without PCRE2");
 }
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok) {
     return (void)tok, 0;

@@ -56,6 +56,12 @@ int zr_tokenizer_use_metaspace(zr_tokenizer *tok, int prepend_scheme);
  * transformers 5's GPT2Tokenizer builds from tokenizer_config.json's add_prefix_space (false when absent). */
 void zr_tokenizer_set_add_prefix_space(zr_tokenizer *tok, int on);
 
+/* Replaces parts of the pipeline by those of json[0..len), an object with any of tokenizer.json's
+ * "normalizer", "pre_tokenizer" and "decoder" (null: none; an absent key keeps the tokenizer's part):
+ * the pipeline transformers 5 builds for a class (Qwen2Tokenizer: NFC, its Split regex, ByteLevel).
+ * A part that does not load leaves the tokenizer unchanged. */
+int zr_tokenizer_set_pipeline(zr_tokenizer *tok, const char *json, size_t len);
+
 /* 1 + the largest id of the model vocabulary and the added tokens (the embedding rows needed). */
 int64_t zr_tokenizer_vocab_size(const zr_tokenizer *tok);
 /* -1 when absent. Added tokens are looked up first, as in Hugging Face. */

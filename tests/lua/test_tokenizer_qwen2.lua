@@ -70,6 +70,45 @@ T.test("the NFC normalizer is what makes decomposed and precomposed text the sam
   T.eq_list(tok:encode("\225\132\146\225\133\161\225\134\171"), tok:encode("\237\149\156"), "Hangul jamo = 한")
 end)
 
+T.test("Qwen2Tokenizer: transformers 5 rebuilds the pipeline from the class, whatever tokenizer.json says", function()
+  T.eq(#golden.auto, 5, "variants in the golden file")
+  local shipped = golden.auto[1]
+  for _, a in ipairs(golden.auto) do
+    T.eq(a.class, "Qwen2Tokenizer", a.name .. ": AutoTokenizer's class")
+    local cfg = cjson.decode(CONFIG_JSON)
+    for k, v in pairs(a.config) do cfg[k] = v end
+    local text = with_field(with_field(TOKENIZER_JSON, "normalizer", a.normalizer), "pre_tokenizer", a.pre_tokenizer)
+    local files = { ["tokenizer.json"] = text, ["tokenizer_config.json"] = cjson.encode(cfg) }
+    local tok, raw = load_files(files), load_files(files, { pipeline = "tokenizer.json" })
+    local differ = 0
+    for i, s in ipairs(golden.unicode) do
+      local what = ("%s, string %d (%q)"):format(a.name, i, s)
+      T.eq_list(tok:encode(s), a.ids[i], what .. ": AutoTokenizer's ids")
+      T.eq_list(raw:encode(s), a.tokenizer_json_ids[i], what .. ": tokenizer.json's ids")
+      if table.concat(a.ids[i], ",") ~= table.concat(a.tokenizer_json_ids[i], ",") then differ = differ + 1 end
+    end
+    if a ~= shipped then T.eq(differ > 0, true, a.name .. ": some strings where the two pipelines differ") end
+  end
+end)
+
+T.test("tok:set_pipeline: parts replaced, absent keys kept, a refused part leaves the tokenizer as it was", function()
+  local tok = zr.tokenizers.load(gdir, { pipeline = "tokenizer.json" })
+  local s, nfc = golden.unicode[1], golden.normalizers[1].ids[1]
+  T.raises(function() tok:set_pipeline('{"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "Whitespace"}}') end,
+    'pre_tokenizer type "Whitespace" is not supported')
+  T.raises(function() tok:set_pipeline("[1]") end, "a pipeline must be a JSON object")
+  T.raises(function() tok:set_pipeline("{") end, "tokenizer pipeline")
+  T.eq_list(tok:encode(s), nfc, "unchanged after the refusals")
+  tok:set_pipeline('{"normalizer": {"type": "NFD"}}')
+  T.eq_list(tok:encode(s), golden.normalizers[2].ids[1], "NFD in place of NFC, the rest kept")
+  tok:set_pipeline('{"normalizer": null, "decoder": null}')
+  local ids = tok:encode("zq zq")
+  local toks = {}
+  for i, id in ipairs(ids) do toks[i] = tok:id_to_token(id) end
+  T.eq(#ids > 1, true, "several tokens")
+  T.eq(tok:decode(ids), table.concat(toks, " "), "no decoder: the tokens joined by spaces")
+end)
+
 local data = os.getenv("ZRUN_TEST_DATA") or "../shared/data"
 local wiki = data .. "/wikitext-2-raw/wiki.valid.raw"
 local wf = io.open(wiki, "rb")
