@@ -506,10 +506,16 @@ TEST(tokenizer_load_errors) {
         strstr(zr_last_error_message(), "model.merges[0] uses \"b\", which is not in model.vocab"));
     CHECK(load_text("{\"model\":{\"vocab\":{\"a\":0},\"merges\":[7]}}") == NULL &&
           strstr(zr_last_error_message(), "model.merges[0] is not a string or pair"));
-    CHECK(
-        load_text("{\"normalizer\":{\"type\":\"NFKC\"},\"model\":{\"vocab\":{},\"merges\":[]}}") ==
-            NULL &&
-        strstr(zr_last_error_message(), "normalizer type \"NFKC\" is not supported"));
+    CHECK(load_text("{\"normalizer\":{\"type\":\"Precompiled\"},\"model\":{\"vocab\":{},\"merges\":[]}}") ==
+              NULL &&
+          strstr(zr_last_error_message(), "normalizer type \"Precompiled\" is not supported (Sequence, Prepend"));
+    zr_tokenizer *nfkc = load_text("{\"normalizer\":{\"type\":\"NFKC\"},\"model\":{\"vocab\":{},\"merges\":[]}}");
+#ifdef ZR_HAVE_UTF8PROC
+    CHECK(nfkc != NULL);
+#else
+    CHECK(nfkc == NULL && strstr(zr_last_error_message(), "needs utf8proc, which this zrun was built without"));
+#endif
+    zr_tokenizer_free(nfkc);
     CHECK(load_text("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
                     "\"behavior\":\"Isolated\"},\"model\":{\"vocab\":{},\"merges\":[]}}") == NULL &&
           strstr(zr_last_error_message(), "pre_tokenizer Split.pattern does not compile"));
