@@ -14,7 +14,8 @@ byte-level BPE of 1000 tokens trained on the first 300 non-empty lines of WikiTe
              Sequence) the `tokenizers` library's ids with that normalizer in place of NFC (and its decode);
   auto       AutoTokenizer's ids of the unicode strings, on the directory as shipped and with a tokenizer.json
              whose pipeline differs (transformers 5 rebuilds Qwen2Tokenizer's from the class);
-  chat       apply_chat_template's text and ids (with and without a system message, add_generation_prompt).
+  chat       apply_chat_template's text and ids (with and without a system message, add_generation_prompt; with
+             tools, tool calls and tool results).
     python3 tests/golden/make_qwen2_tok_golden.py [WIKITEXT_DIR]
 (default ../shared/data/wikitext-2-raw; needs tokenizers and transformers, not torch). Not part of the build or
 the test suite."""
@@ -127,6 +128,18 @@ CONVS = [
 ]
 
 
+# Qwen2.5's tool-calling branch: a tool given as a JSON schema, an assistant turn with tool_calls, tool results.
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+TOOL_CONV = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [
+                 {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+             {"role": "tool", "content": "22 C, sunny"},
+             {"role": "tool", "content": "no rain"},
+             {"role": "assistant", "content": "Sunny, 22 C."}]
+
+
 def wikitext_lines(d):
     with open(os.path.join(d, "wiki.valid.raw"), encoding="utf-8") as f:
         lines = [(i, l.rstrip("\n")) for i, l in enumerate(f) if l.strip()]
@@ -224,6 +237,12 @@ def main():
             text = at.apply_chat_template(msgs, tokenize=False, add_generation_prompt=agp)
             ids = at.apply_chat_template(msgs, tokenize=True, return_dict=True, add_generation_prompt=agp)["input_ids"]
             out["chat"].append({"messages": msgs, "add_generation_prompt": agp, "text": text, "input_ids": list(ids)})
+    for agp in (False, True):
+        msgs = TOOL_CONV[:-1] if agp else TOOL_CONV
+        text = at.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=agp)
+        ids = at.apply_chat_template(msgs, tools=TOOLS, tokenize=True, return_dict=True, add_generation_prompt=agp)
+        out["chat"].append({"messages": msgs, "tools": TOOLS, "add_generation_prompt": agp, "text": text,
+                            "input_ids": list(ids["input_ids"])})
     out["decode"] = {"ids": out["wikitext"][0]["ids"][:20] + [tok.token_to_id("<|im_end|>")] + [200, 201],
                      "text": None}
     out["decode"]["text"] = at.decode(out["decode"]["ids"])

@@ -109,6 +109,25 @@ T.test("tok:set_pipeline: parts replaced, absent keys kept, a refused part leave
   T.eq(tok:decode(ids), table.concat(toks, " "), "no decoder: the tokens joined by spaces")
 end)
 
+T.test("Qwen2.5's chat template = transformers' apply_chat_template (system message or the default one, tools, add_generation_prompt)", function()
+  local tok = zr.tokenizers.load(gdir)
+  -- (decoded keeping each object's key order, as json.loads: the tool schema's tojson prints in that order)
+  local chat = require("zrun.jinja").json_decode(T.read_file(home .. "tests/golden/qwen2_tok.json")).chat
+  T.eq(#chat, 6, "renders in the golden file")
+  for i, c in ipairs(chat) do
+    local what = ("render %d (%d messages, add_generation_prompt %s%s)"):format(i, #c.messages,
+      tostring(c.add_generation_prompt), c.tools and ", tools" or "")
+    local o = { add_generation_prompt = c.add_generation_prompt, tokenize = false, tools = c.tools }
+    T.eq(tok:apply_chat_template(c.messages, o), c.text, what .. ": text")
+    o.tokenize = nil
+    T.eq_list(tok:apply_chat_template(c.messages, o), c.input_ids, what .. ": ids")
+  end
+  T.eq(golden.chat[1].text:find("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.", 1, true), 1,
+    "the default system message")
+  T.eq(tok:eos_id(), tok:token_to_id("<|im_end|>"), "eos from tokenizer_config.json")
+  T.eq(tok:pad_id(), tok:token_to_id("<|endoftext|>"), "pad from tokenizer_config.json")
+end)
+
 local data = os.getenv("ZRUN_TEST_DATA") or "../shared/data"
 local wiki = data .. "/wikitext-2-raw/wiki.valid.raw"
 local wf = io.open(wiki, "rb")
