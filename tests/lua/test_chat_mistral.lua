@@ -6,6 +6,10 @@ local zr = require "zrun"
 local T = zr.testing
 
 local home = (ZRUN_HOME or ".") .. "/"
+if zr._C.build_info().utf8proc == false then -- (the tokenizer's NFC normalizer)
+  T.skip("Mistral v0.3's chat template", "zrun was built without utf8proc (libutf8proc-dev), which tests/golden/qwen2_tok needs")
+  return T.done()
+end
 -- (decoded keeping each object's key order, as json.loads: tool.items() and tojson follow it)
 local golden = require("zrun.jinja").json_decode(T.read_file(home .. "tests/golden/mistral_v3_chat.json"))
 local tok = zr.tokenizers.load(home .. "tests/golden/qwen2_tok")
