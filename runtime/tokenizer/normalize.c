@@ -21,7 +21,15 @@ static int form_options(int kind) {
     return o;
 }
 
+/* ASCII text is the same in the four normalization forms (most lines of most corpora): copied as is. */
+static int all_ascii(const char *s, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] >= 0x80) return 0;
+    return 1;
+}
+
 static int norm_form(int kind, const char *s, int64_t n, tok_buf *out) {
+    if (all_ascii(s, n)) return tok_buf_append(out, s, n) ? -1 : 0;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t m = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
                                       (utf8proc_option_t)form_options(kind));
