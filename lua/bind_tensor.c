@@ -15,7 +15,18 @@ static int ref_C = LUA_NOREF, ref_methods = LUA_NOREF;
 
 /* ---------- helpers shared by all bindings ---------- */
 
-int zr_l_error(lua_State *L) { return luaL_error(L, "%s", zr_last_error_message()); }
+/* The runtime's message names its file, tensor or option already. A script's own call gets its
+ * "script.lua:N:" in front (the line to fix); a call from zrun's library (lua/zrun/) does not: that
+ * position would point a user at zrun's source for a mistake in their files or arguments (a truncated
+ * .safetensors, an output_dir in the way) and reads as a bug. */
+int zr_l_error(lua_State *L) {
+    lua_Debug ar;
+    if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "S", &ar) && strstr(ar.source, "/lua/zrun/")) {
+        lua_pushstring(L, zr_last_error_message());
+        return lua_error(L);
+    }
+    return luaL_error(L, "%s", zr_last_error_message());
+}
 
 int zr_l_checkdim(lua_State *L, int idx) {
     int d = (int)luaL_checkinteger(L, idx);

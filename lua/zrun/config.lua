@@ -554,8 +554,9 @@ end
 local function read_json(path)
   local f, err = io.open(path, "rb")
   if not f then error(fmt("config: cannot open %s", err), 0) end
-  local text = f:read("*a")
+  local text, rerr = f:read("*a") -- (a folder opens on Linux; reading it is what fails)
   f:close()
+  if not text then error(fmt("%s: cannot read it (%s): name a DeepSpeed JSON config file", path, tostring(rerr)), 0) end
   local ok, v = pcall(cjson.decode, text)
   if not ok then
     local at = tonumber(tostring(v):match("at character (%d+)"))

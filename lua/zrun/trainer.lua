@@ -408,7 +408,9 @@ function Trainer:setup()
   st.eval_steps = a.eval_steps and targs.interval(a.eval_steps, self.total_steps) or 500
   st.train_batch_size = a.per_device_train_batch_size
   if self.is_main and a.output_dir then
-    C.makedirs(a.output_dir)
+    -- (called through pcall, so the message carries no position inside zrun: the fix is the argument)
+    local ok, err = pcall(C.makedirs, a.output_dir)
+    if not ok then error(fmt("output_dir: %s; pass output_dir= a folder you can write to", tostring(err)), 0) end
     self:open_metrics()
   end
   -- zr.plot() draws the latest run: this trainer while it lives (weak: it holds the model), else its file

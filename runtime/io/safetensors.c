@@ -164,7 +164,7 @@ static zr_status parse_entry(zr_safetensors *f, const char *name, const zr_json 
     int64_t data_len = f->file_size - f->data_start;
     if (e->end > data_len)
         return zr_error("%s: tensor '%s': data_offsets end %lld (byte %lld of the file) is past the end "
-                        "of the file (%lld bytes); the file looks truncated",
+                        "of the file (%lld bytes); the file looks truncated (an interrupted download or copy: fetch it again)",
                         path, name, (long long)e->end, (long long)(f->data_start + e->end),
                         (long long)f->file_size);
     if (e->end - e->begin != nbytes)

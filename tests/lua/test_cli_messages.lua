@@ -87,5 +87,42 @@ e:save_checkpoint(arg[1], arg[2])
   one_line(fmt("'%s' ''", script), "zrun: save_checkpoint: expected a directory path, got ''")
 end)
 
+-- A tiny model folder as the Trainer saves one (config.json, model.safetensors, tokenizer.json).
+local function tiny_model(dir)
+  zr.manual_seed(1)
+  zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama")):save_pretrained(dir)
+  zr.tokenizers.ByteTokenizer.new():save_pretrained(dir)
+  return dir
+end
+local RECIPE = (ZRUN_HOME or ".") .. "/recipes/finetune_llama.lua"
+-- zrun recipes/finetune_llama.lua ARGS (a few steps on the tiny model): one line, no position inside zrun
+-- (the recipe's own progress lines come first: the error is the last line)
+local function recipe_error(args, want)
+  local cmd = fmt("'%s' max_steps=1 eval_strategy=no save_strategy=no %s", RECIPE, args)
+  local s, rc = run(cmd)
+  T.eq(rc ~= 0, true, cmd .. ": exit status")
+  local last = s:match("([^\n]*)\n?$")
+  T.eq(last:find(want, 1, true) ~= nil, true, fmt("zrun %s: '%s' does not contain '%s'", cmd, last, want))
+  T.eq(s:find("traceback", 1, true), nil, "no traceback in: " .. s)
+  T.eq(last:find("/lua/zrun/", 1, true), nil, "no position inside zrun's library: " .. last)
+  T.eq(s:find("ZRUN_DEBUG=1 shows", 1, true), nil, "not reported as an internal error: " .. s)
+  return s
+end
+
+T.test("a user's files: a truncated model, a broken tokenizer.json, a folder as --config, output_dir in the way", function()
+  local m = tiny_model(root .. "/m")
+  recipe_error(fmt("--config '%s'", root), "zrun: " .. root .. ": cannot read it (Is a directory): name a DeepSpeed JSON config file")
+  one_line(fmt("check '%s'", root), "cannot read it (Is a directory)")
+  os.execute(fmt("cp -r '%s' '%s/trunc'", m, root))
+  T.truncate_file(root .. "/trunc/model.safetensors", 100)
+  recipe_error(fmt("model='%s/trunc'", root), "the file looks truncated (an interrupted download or copy: fetch it again)")
+  os.execute(fmt("cp -r '%s' '%s/badtok'", m, root))
+  T.write_file(root .. "/badtok/tokenizer.json", '{"version": "1.0", "model": ')
+  recipe_error(fmt("model='%s/badtok'", root), "zrun: " .. root .. "/badtok/tokenizer.json:1:")
+  T.write_file(root .. "/afile", "x")
+  recipe_error(fmt("model='%s' output_dir='%s/afile/out'", m, root), "zrun: output_dir: cannot create directory " .. root ..
+    "/afile: a file of that name is in the way; pass output_dir= a folder you can write to")
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()
