@@ -64,7 +64,13 @@ okd, derr = pcall(function()
       opt.data, 100 - p, raw_eval.source, p)
   end
 end)
-if not okd and given.data then error(tostring(derr), 0) end
+if not okd and given.data then
+  derr = tostring(derr)
+  if derr:find("selects none of the file's", 1, true) then -- (the slice is this script's, not one the user wrote)
+    derr = derr .. (" (validation_split_percentage=%s makes that slice)"):format(opt.validation_split_percentage)
+  end
+  error(derr, 0)
+end
 if not okd then
   say("dataset not available: %s", tostring(derr))
   local sample = home .. "/recipes/data/sample.txt"

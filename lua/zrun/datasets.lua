@@ -691,7 +691,8 @@ local function load_split(path, opts, split)
       if exists(path .. "/" .. cand) then files = { path .. "/" .. cand }; break end
     end
     if not files then
-      error(("no '%s' split in %s: looked for %s"):format(base, path, table.concat(tried, ", ")), 0)
+      error(("no '%s' split in %s: looked for %s; add one of them, or pass the file itself"):format(base, path,
+        table.concat(tried, ", ")), 0)
     end
   elseif not exists(path) and (BUILDERS[path] or BINARY[path]) then
     error(("load_dataset(\"%s\") names HF's %s builder: pass its files, load_dataset(\"%s\", { data_files = " ..
@@ -704,10 +705,10 @@ local function load_split(path, opts, split)
     for _, r in ipairs(read_file(f, opts, format)) do rows[#rows + 1] = r end
   end
   local _, first, last = M.parse_split(split, #rows)
-  if first == 1 and last == #rows then return rows, files[1] end
+  if first == 1 and last == #rows then return rows, files[1], #rows end
   local out = {}
   for i = first, last do out[#out + 1] = rows[i] end
-  return out, files[1]
+  return out, files[1], #rows
 end
 
 -- load_dataset(path, {split = "train[:2000]", format = "wikitext"|"text"|"jsonl"|"json"|"csv", text_field = "text",
@@ -726,16 +727,19 @@ function M.load_dataset(path, opts)
   end
   local split = opts.split or "train"
   if type(split) ~= "string" then error("load_dataset: split must be a string such as \"train[:10%]\"", 0) end
-  local parts, rows, file = {}, nil, nil
+  local parts, rows, file, total = {}, nil, nil, 0
   for part in (split .. "+"):gmatch("([^+]*)%+") do parts[#parts + 1] = part end
   for _, part in ipairs(parts) do M.parse_split(part, 0) end -- (every part's form checked before reading)
   for _, part in ipairs(parts) do
-    local p, f = load_split(path, opts, part)
-    file = file or f
+    local p, f, n = load_split(path, opts, part)
+    file, total = file or f, total + n
     if not rows then rows = p else for _, r in ipairs(p) do rows[#rows + 1] = r end end
   end
-  if #rows == 0 then -- (HF: Instruction "train[10:5]" corresponds to no data!)
-    error(("split '%s' of %s has no rows"):format(split, file), 0)
+  if #rows == 0 then -- (HF: Instruction "train[10:5]" corresponds to no data!) An empty file and a slice that
+    -- keeps none of a small file's rows have different fixes: say which it is.
+    if total == 0 then error(("%s has no rows (an empty file?): pass a dataset file that holds some"):format(file), 0) end
+    error(("split '%s' of %s has no rows: it selects none of the file's %d rows; widen the slice or pass more rows")
+      :format(split, file, total), 0)
   end
   local ds = adopt(rows)
   ds.source = file

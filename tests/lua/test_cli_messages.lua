@@ -124,5 +124,16 @@ T.test("a user's files: a truncated model, a broken tokenizer.json, a folder as 
     "/afile: a file of that name is in the way; pass output_dir= a folder you can write to")
 end)
 
+T.test("a user's data: an empty file, a file too small for the evaluation slice, a folder without splits", function()
+  local m = root .. "/m" -- (the previous test's model)
+  T.write_file(root .. "/empty.txt", "")
+  recipe_error(fmt("model='%s' data='%s/empty.txt'", m, root), root .. "/empty.txt has no rows (an empty file?)")
+  T.write_file(root .. "/two.csv", "text,label\nhello world,1\nfoo bar,0\n")
+  recipe_error(fmt("model='%s' data='%s/two.csv'", m, root), "selects none of the file's 2 rows; widen the slice or pass " ..
+    "more rows (validation_split_percentage=5 makes that slice)")
+  zr.makedirs(root .. "/nosplits")
+  recipe_error(fmt("model='%s' data='%s/nosplits'", m, root), "; add one of them, or pass the file itself")
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()

@@ -135,7 +135,11 @@ T.test("split strings as HF's: parts joined with +, whole percentages within 100
   -- HF: ValueError: Instruction "train[10:5]" corresponds to no data! (zrun returned no rows)
   T.raises(function() texts("train[10:5]") end, "has no rows")
   T.raises(function() texts("train[4:]") end, "has no rows")
-  T.raises(function() texts("train[:10%]") end, "has no rows")
+  T.raises(function() texts("train[:10%]") end, "has no rows: it selects none of the file's 4 rows; widen the slice")
+  -- an empty file is said to be one (no slice would help)
+  local e = tmp .. "empty.jsonl"
+  f = io.open(e, "w"); f:close()
+  T.raises(function() D.load_dataset(e, { split = "train[:5%]" }) end, e .. " has no rows (an empty file?): pass a dataset file")
   -- HF: Percent slice boundaries must be > -100 and < 100 (zrun clamped to every row)
   T.raises(function() texts("train[:200%]") end, "within -100% and 100%")
   T.raises(function() texts("train[:-101%]") end, "within -100% and 100%")
