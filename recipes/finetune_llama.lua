@@ -48,6 +48,7 @@ local function say(fmt, ...) dist.print0(("[finetune_llama] " .. fmt):format(...
 -- tiny Llama with a byte-level tokenizer (zr.manual_seed(seed) first, run_clm's set_seed), so `make
 -- run` always trains something visibly.
 local model, tok, fallback = R.model_and_tokenizer(opt, given, device, say, resolved.seed)
+local model_name = fallback and "zrun/tiny-llama" or opt.model -- (fallback also turns on below when only the data falls back)
 if fallback then opt.block_size = math.min(opt.block_size, 64) end
 
 -- Raw text: train and validation splits, or one file split by lines.
@@ -121,7 +122,7 @@ say("%d training %s and %d evaluation %s, model %s (%d parameters), device %s", 
   opt.packing and "blocks" or "rows", #eval_dataset, opt.packing and ("blocks of %d tokens"):format(opt.block_size) or
   ("rows (lines of at most %d tokens, padded with token %s%s)"):format(opt.block_size, tostring(pad_id),
   multiple and multiple ~= 1 and (" to a multiple of %s"):format(multiple) or ""),
-  fallback and "zrun/tiny-llama" or opt.model, model:num_parameters(), device)
+  model_name, model:num_parameters(), device)
 
 if fallback then -- CPU-sized settings for the tiny model
   R.tiny_settings(args, opt, given, { gradient_accumulation_steps = 1, learning_rate = 3e-3, max_steps = 60,

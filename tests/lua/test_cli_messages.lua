@@ -135,5 +135,10 @@ T.test("a user's data: an empty file, a file too small for the evaluation slice,
   recipe_error(fmt("model='%s' data='%s/nosplits'", m, root), "; add one of them, or pass the file itself")
 end)
 
+T.test("model=DIR without data=: the sample text is used and the model named is the user's, not the tiny fallback", function()
+  local s = run(fmt("'%s' model='%s/m' max_steps=1 eval_strategy=no save_strategy=no output_dir='%s/o'", RECIPE, root, root))
+  T.eq(s:find("model " .. root .. "/m (", 1, true) ~= nil, true, "the model's name: " .. s)
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()
