@@ -53,6 +53,9 @@ void zr_l_register_methods(lua_State *L, const luaL_Reg *fns);
 /* Creates the metatable `name` for a userdata class: __gc and an __index table of methods. */
 void zr_l_newclass(lua_State *L, const char *name, lua_CFunction gc, const luaL_Reg *methods);
 
+/* The note main.c's Ctrl-C handler prints after "interrupted" (bind_system.c; "" for none). */
+const char *zr_l_interrupt_note(void);
+
 /* Family registration entry points (weak: a family that is not linked in is skipped). */
 void zr_bind_ops(lua_State *L);
 void zr_bind_nn_ops(lua_State *L);

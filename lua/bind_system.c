@@ -145,8 +145,28 @@ static int l_terminal_width(lua_State *L) {
     return 1;
 }
 
+/* What a Ctrl-C adds after "interrupted" (main.c's handler): the Trainer keeps it current (the checkpoint
+ * a resume would continue from). A fixed buffer, as the handler may only write(2) it; its first byte is
+ * set last, so that a signal during an update prints nothing rather than half a note. */
+static char interrupt_note[1024];
+const char *zr_l_interrupt_note(void) { return interrupt_note; }
+
+/* set_interrupt_note([text]): the note, or none without text. */
+static int l_set_interrupt_note(lua_State *L) {
+    size_t n;
+    const char *s = luaL_optlstring(L, 1, "", &n);
+    if (n >= sizeof interrupt_note) n = sizeof interrupt_note - 1;
+    interrupt_note[0] = 0;
+    if (n == 0) return 0;
+    memcpy(interrupt_note + 1, s + 1, n - 1);
+    interrupt_note[n] = 0;
+    interrupt_note[0] = s[0];
+    return 0;
+}
+
 static const luaL_Reg fns[] = {{"build_info", l_build_info},
                                {"now", l_now},
                                {"terminal_width", l_terminal_width},
+                               {"set_interrupt_note", l_set_interrupt_note},
                                {NULL, NULL}};
 void zr_bind_system(lua_State *L) { zr_l_register_functions(L, fns); }

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <lua.h>
 #include <lualib.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,46 @@ static int docall(lua_State *L, int nargs) {
     return st;
 }
 
+/* Ctrl-C while a script or subcommand runs: one line (rank 0's) saying so and, from the Trainer, which
+ * checkpoint a resume would continue from; then the default action, so that the shell and a launcher see
+ * the signal (status 130). Only write(2) in here: nothing else is safe inside a handler. (SIGTERM keeps
+ * its default: mpirun sends it to every rank after one fails, and that rank has said why.) */
+static void on_interrupt(int sig) {
+    if (zr_comm_get()->rank == 0) {
+        static const char head[] = "\nzrun: interrupted (Ctrl-C)";
+        const char *note = zr_l_interrupt_note();
+        int nl = isatty(2); /* (on a terminal the newline ends a progress bar's line; a log needs none) */
+        ssize_t r = write(2, head + !nl, sizeof head - 1 - !nl);
+        if (*note) {
+            r = write(2, "; ", 2);
+            r = write(2, note, strlen(note));
+        }
+        r = write(2, "\n", 1);
+        (void)r;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* `zrun PATH` where PATH is no file: zrun.cli's one line (a close name, zrun's own recipe) replaces
+ * luaL_loadfile's message on top of the stack. */
+static void missing_script(lua_State *L, const char *path) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "zrun.cli");
+    if (lua_pcall(L, 1, 1, 0)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_getfield(L, -1, "missing_script");
+    lua_remove(L, -2);
+    lua_pushstring(L, path);
+    if (lua_pcall(L, 1, 1, 0) || !lua_isstring(L, -1)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_replace(L, -2);
+}
+
 /* Directory holding lua/zrun: next to the executable, or $ZRUN_HOME. */
 static void find_home(char *out, size_t len, const char *argv0) {
     const char *env = getenv("ZRUN_HOME");
@@ -81,6 +122,22 @@ static void find_home(char *out, size_t len, const char *argv0) {
         snprintf(alt, sizeof alt, "%s/../share/zrun", out);
         snprintf(out, len, "%s", alt);
     }
+}
+
+/* zrun cannot run without its Lua library (lua/zrun/init.lua under home): one line naming where it
+ * looked and the fix, instead of Lua's multi-line "module 'zrun' not found". */
+static int home_missing(const char *home) {
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s/lua/zrun/init.lua", home);
+    if (access(probe, R_OK) == 0) return 0;
+    const char *env = getenv("ZRUN_HOME");
+    if (env && *env)
+        fprintf(stderr, "zrun: ZRUN_HOME=%s holds no lua/zrun/init.lua: point it at zrun's folder (the one with lua/ "
+                        "and recipes/), or unset it to use the library next to the zrun executable\n", env);
+    else
+        fprintf(stderr, "zrun: zrun's Lua library is not at %s: keep the zrun executable next to its lua/ folder "
+                        "(or install share/zrun beside bin/), or set ZRUN_HOME to zrun's folder\n", probe);
+    return 1;
 }
 
 /* ZRUN_COLLECT_FLOOR_MB: how many MiB of host tensors may pile up past the live ones before the
@@ -163,6 +220,11 @@ int main(int argc, char **argv) {
         usage();
         return 0;
     }
+    if (home_missing(home)) return 1;
+    if (a1) signal(SIGINT, on_interrupt); /* (not in the REPL: readline handles Ctrl-C at its prompt) */
+    /* A log file or a pipe gets each line as it is printed (as a terminal does): a run stopped by Ctrl-C
+     * or a kill, which flushes nothing, keeps its log up to the last line. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     static const char *subcommands[] = {"report", "check", "zero-to-fp32", "inspect", "estimate", "plan", "plot", NULL};
     int sub = 0;
     for (int i = 0; a1 && subcommands[i]; i++)
@@ -194,6 +256,7 @@ int main(int argc, char **argv) {
     } else if (a1 && a1[0] != '-') {
         setup(L, home, argc, argv, 1);
         if (luaL_loadfile(L, a1)) {
+            if (access(a1, F_OK) != 0) missing_script(L, a1);
             fprintf(stderr, "zrun: %s\n", lua_tostring(L, -1));
             status = 1;
         } else {

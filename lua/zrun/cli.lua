@@ -39,6 +39,42 @@ local function report()
   for _, r in ipairs(rows) do print(("%-" .. w .. "s  %s"):format(r[1], r[2])) end
 end
 
+local SUBCOMMANDS = { "report", "check", "estimate", "plan", "plot", "zero-to-fp32", "inspect" }
+
+-- Names in folder dir (nil when it cannot be listed).
+local function names_in(dir)
+  local ok, list = pcall(require("zrun._C").listdir, dir)
+  return ok and type(list) == "table" and list or nil
+end
+
+-- The one line `zrun PATH` prints when PATH is no file (main.c): a recipe named relative to zrun's folder from
+-- another one gets the full path, a typo in a script's or a subcommand's name the name it was likely meant to be.
+function M.missing_script(path)
+  local suggest = require("zrun.config").suggest
+  local home = ZRUN_HOME or "."
+  local relative = path:sub(1, 1) ~= "/"
+  local function is_file(p) return require("zrun._C").path_type(p) == "file" end
+  if relative and is_file(home .. "/" .. path) then
+    return ("cannot open %s: no such file in this folder; zrun's own is %s/%s"):format(path, home, path)
+  end
+  if not path:find("/", 1, true) and not path:find("%.lua$") then
+    local s = suggest(path, SUBCOMMANDS)
+    if s then return ("'%s' is neither a script nor a subcommand (did you mean 'zrun %s'?)"):format(path, s) end
+  end
+  local dir, base = path:match("^(.-)([^/]*)$")
+  local where = { dir == "" and "." or dir }
+  if relative then where[2] = home .. "/" .. dir end
+  for _, d in ipairs(where) do
+    local names = names_in(d)
+    local s = names and suggest(base, names)
+    if s then
+      local p = (d == where[1] and dir or home .. "/" .. dir) .. s
+      return ("cannot open %s: no such file (did you mean %s?)"):format(path, p)
+    end
+  end
+  return ("cannot open %s: no such file (zrun SCRIPT.lua runs a Lua script; zrun --help lists the subcommands)"):format(path)
+end
+
 -- zrun SUBCOMMAND args...: report, check, estimate, plan, plot, zero-to-fp32, inspect.
 function M.main(cmd, ...)
   if cmd == "report" then

@@ -647,6 +647,9 @@ function Trainer:train(resume)
     end
   end
   self:snapshot_callbacks() -- (transformers' new TrainerState holds its callbacks' states from here)
+  -- what a Ctrl-C says after "interrupted" (lua/main.c): which checkpoint a resume continues from
+  C.set_interrupt_note(path and fmt("no checkpoint saved since resuming from %s, which resume_from_checkpoint=true " ..
+    "continues from again", path) or "no checkpoint saved in this run yet")
   self:callback("on_train_begin")
   if a.eval_on_start then -- HF: one evaluation before the first step, a check of the evaluation path
     if not self.eval_dataset then error("Trainer: eval_on_start = true needs an eval_dataset", 0) end
@@ -985,6 +988,7 @@ function Trainer:train(resume)
   end
   dist.barrier()
   self:callback("on_train_end")
+  C.set_interrupt_note()
   return { global_step = steps, train_loss = metrics.train_loss, training_loss = metrics.train_loss, first_loss = first_loss,
     last_loss = last_loss, n_logged = n_logged, train_runtime = runtime, metrics = metrics }
 end
@@ -1142,6 +1146,7 @@ function Trainer:save_checkpoint()
   end
   if self.is_main then
     tckpt.write_state(dir, self:state_json(step, true))
+    C.set_interrupt_note(fmt("the last checkpoint is %s: resume_from_checkpoint=true continues from it", dir))
     print(fmt("[zrun] saved checkpoint %s", dir))
     for _, p in ipairs(tckpt.rotate(a.output_dir, a.save_total_limit or nil, st.best_model_checkpoint)) do
       print(fmt("[zrun] deleted older checkpoint %s (save_total_limit = %d)", p, a.save_total_limit))

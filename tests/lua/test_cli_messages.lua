@@ -140,5 +140,36 @@ T.test("model=DIR without data=: the sample text is used and the model named is 
   T.eq(s:find("model " .. root .. "/m (", 1, true) ~= nil, true, "the model's name: " .. s)
 end)
 
+T.test("a script that is not there: a close name, zrun's own recipe, a subcommand; ZRUN_HOME without the library", function()
+  local home = ZRUN_HOME or "."
+  one_line(fmt("'%s/recipes/finetune_lama.lua'", home),
+    fmt("zrun: cannot open %s/recipes/finetune_lama.lua: no such file (did you mean %s/recipes/finetune_llama.lua?)", home, home))
+  one_line("reprot", "zrun: 'reprot' is neither a script nor a subcommand (did you mean 'zrun report'?)")
+  one_line(fmt("'%s/zzzqqqxx.lua'", root), "zrun: cannot open " .. root .. "/zzzqqqxx.lua: no such file (zrun SCRIPT.lua runs")
+  local abs = ZRUN:sub(1, 1) == "/" and ZRUN or os.getenv("PWD") .. "/" .. ZRUN
+  local rc = os.execute(fmt("cd '%s' && '%s' recipes/finetune_llama.lua >'%s/out.txt' 2>&1", root, abs, root))
+  local s = T.read_file(root .. "/out.txt")
+  T.eq(rc ~= 0 and s:find("zrun: cannot open recipes/finetune_llama.lua: no such file in this folder; zrun's own is " ..
+    home .. "/recipes/finetune_llama.lua", 1, true) ~= nil, true, "from another folder: " .. s)
+  s = run("report", "ZRUN_HOME='" .. root .. "/nohome'")
+  T.eq(s, "zrun: ZRUN_HOME=" .. root .. "/nohome holds no lua/zrun/init.lua: point it at zrun's folder (the one with lua/ " ..
+    "and recipes/), or unset it to use the library next to the zrun executable\n")
+end)
+
+T.test("Ctrl-C during training: one line naming the last checkpoint, status 130, the log kept up to it", function()
+  local out, dir = root .. "/int.txt", root .. "/int"
+  -- (waits for the first checkpoint, then sends SIGINT as a terminal's Ctrl-C does)
+  T.write_file(root .. "/int.sh", fmt("'%s' '%s' max_steps=100000 eval_strategy=no save_steps=5 logging_steps=1 " ..
+    "output_dir='%s' >'%s' 2>&1 & p=$!\ni=0\nwhile ! grep -q 'saved checkpoint' '%s' && [ $i -lt 300 ]; do sleep 0.1; " ..
+    "i=$((i+1)); done\nkill -INT $p\nwait $p\necho \"rc=$?\" >>'%s'\n", ZRUN, RECIPE, dir, out, out, out))
+  os.execute("sh '" .. root .. "/int.sh'")
+  local s = T.read_file(out)
+  T.eq(s:find("\nrc=130\n$") ~= nil, true, "killed by SIGINT: " .. s:sub(-300))
+  local line = s:match("\n(zrun: [^\n]*)\nrc=130\n$") or ""
+  T.eq(line:gsub("checkpoint%-%d+", "checkpoint-N"), "zrun: interrupted (Ctrl-C); the last checkpoint is " .. dir ..
+    "/checkpoint-N: resume_from_checkpoint=true continues from it", "the line: " .. s:sub(-300))
+  T.eq(s:find("%[zrun%] saved checkpoint") ~= nil, true, "the log up to the interrupt is kept")
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()
