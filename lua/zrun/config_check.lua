@@ -33,7 +33,7 @@ local function batch_rule(vals, ctx, meta)
       -- the usual cause: the file was written for another number of GPUs
       local n = tb / (mb * ga)
       local hint = (n >= 1 and n == floor(n)) and fmt("; it holds for a world size of %d (%d processes, or " ..
-        "zrun check --world-size %d)", n, n, n) or ""
+        "zrun check --world-size %d)", n, n, n) or fmt('; set train_batch_size to %d, or "auto" to derive it', mb * ga * ws)
       add_error(ctx, "train_batch_size must equal train_micro_batch_size_per_gpu × gradient_accumulation_steps × " ..
         "world size: %d ≠ %d × %d × %d = %d%s", tb, mb, ga, ws, mb * ga * ws, hint)
     end

@@ -622,7 +622,7 @@ T.test("a batch size that holds at another world size says which", function()
   T.raises(function() load({ train_batch_size = 32, train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 2 }) end,
     "32 ≠ 4 × 2 × 1 = 8; it holds for a world size of 4 (4 processes, or zrun check --world-size 4)")
   local e = T.raises(function() load({ train_batch_size = 30, train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 2 }) end,
-    "30 ≠ 4 × 2 × 1 = 8")
+    "30 ≠ 4 × 2 × 1 = 8; set train_batch_size to 8, or \"auto\" to derive it")
   assert(not e:find("holds for"), e)
   load({ train_batch_size = 32, train_micro_batch_size_per_gpu = 4, gradient_accumulation_steps = 2 }, { world_size = 4 })
 end)
