@@ -642,7 +642,10 @@ function M.load(source, opts)
     local rest = {}
     for _, e in ipairs(AUTO) do if not batch[e[1]] then rest[e[1]] = true end end
     for _, m in ipairs(resolve_autos(vals, meta, rest)) do mism[#mism + 1] = m end
-    if #mism > 0 then
+    if #mism == 1 then -- (one line; several are listed one a line, as transformers lists them)
+      add_error(ctx, 'the config disagrees with the training arguments: %s; set them equal, or set the config value to "auto"',
+        mism[1])
+    elseif #mism > 1 then
       add_error(ctx, "the config disagrees with the training arguments (set them equal, or set the " ..
         'config value to "auto"):\n      %s', concat(mism, "\n      "))
     end

@@ -155,6 +155,11 @@ function M.resolve(user, quiet)
       a[k], given[k] = v, v
     end
   end
+  -- (an empty one is a shell variable left unset: checkpoint-<step> would land in the file system's root)
+  if a.output_dir == "" or (a.output_dir and type(a.output_dir) ~= "string") then
+    bad("output_dir must name a folder, got %s (output_dir=$VAR with VAR unset?)", a.output_dir == "" and "an empty string" or
+      config.show(a.output_dir))
+  end
   for _, k in ipairs { "logging_strategy", "eval_strategy" } do
     if not STRATEGIES[a[k]] then bad("%s must be \"no\", \"steps\" or \"epoch\", got %s", k, config.show(a[k])) end
   end

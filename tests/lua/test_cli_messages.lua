@@ -124,6 +124,13 @@ T.test("a user's files: a truncated model, a broken tokenizer.json, a folder as 
     "/afile: a file of that name is in the way; pass output_dir= a folder you can write to")
 end)
 
+T.test("output_dir= empty (a variable left unset) is refused, not turned into the file system's root", function()
+  -- (checked in this process: a zrun without the check would write checkpoint-1 and metrics.jsonl into /)
+  T.raises(function() require("zrun.trainer_args").resolve({ output_dir = "" }, true) end, "TrainingArguments: output_dir " ..
+    "must name a folder, got an empty string (output_dir=$VAR with VAR unset?)")
+  T.raises(function() require("zrun.trainer_args").resolve({ output_dir = 3 }, true) end, "output_dir must name a folder, got 3")
+end)
+
 T.test("a user's data: an empty file, a file too small for the evaluation slice, a folder without splits", function()
   local m = root .. "/m" -- (the previous test's model)
   T.write_file(root .. "/empty.txt", "")

@@ -351,6 +351,13 @@ T.test("file values that disagree with explicit arguments are errors", function(
     "optimizer.params.lr = 2e-05 (file) but args.learning_rate = 0.0001")
   T.raises(function() load("configs/ds_config.json", { args = { per_device_train_batch_size = 2, max_steps = 10 } }) end,
     "train_micro_batch_size_per_gpu = 4 (file) but args.per_device_train_batch_size = 2")
+  -- one disagreement is one line, with the fix; several are listed a line each
+  T.raises(function() load("configs/ds_config.json", { args = { per_device_train_batch_size = 2, max_steps = 10 } }) end,
+    'configs/ds_config.json: the config disagrees with the training arguments: train_micro_batch_size_per_gpu = 4 (file) ' ..
+    'but args.per_device_train_batch_size = 2; set them equal, or set the config value to "auto"')
+  local e = T.raises(function() load("configs/ds_config.json", { args = { per_device_train_batch_size = 2,
+    learning_rate = 1e-4, max_steps = 10 } }) end, "the config disagrees with the training arguments (set them equal")
+  T.eq(select(2, e:gsub("\n", "")), 2, "a line each: " .. e)
   -- equal values are fine
   load("configs/ds_config.json", { args = { learning_rate = 2e-5, per_device_train_batch_size = 4, bf16 = true } })
 end)
