@@ -366,6 +366,21 @@ local function list_tags(dir, except)
   return #out > 0 and concat(out, ", ") or "none"
 end
 
+-- dir's folders that are checkpoint directories themselves (the Trainer's checkpoint-<step>, each with its
+-- own `latest`), by step: the Trainer's output_dir passed where one of them was meant.
+local function nested_checkpoints(dir)
+  local out = {}
+  for _, n in ipairs(C.listdir(dir) or {}) do
+    if C.path_type(join(join(dir, n), "latest")) == "file" then out[#out + 1] = n end
+  end
+  table.sort(out, function(a, b)
+    local x, y = tonumber(a:match("%d+$")), tonumber(b:match("%d+$"))
+    if x and y and x ~= y then return x < y end
+    return a < b
+  end)
+  return out
+end
+
 -- Resolves (dir, tag or nil) to the tag directory, with errors that say what is missing.
 function M.resolve(dir, tag, who)
   who = who or "load_checkpoint"
@@ -375,6 +390,11 @@ function M.resolve(dir, tag, who)
     local p = join(dir, "latest")
     local s = read_file(p)
     if not s then
+      local nested = nested_checkpoints(dir)
+      if #nested > 0 then
+        error(fmt("%s: %s holds checkpoint folders (%s), each a checkpoint directory of its own: pass one of them, e.g. %s",
+          who, dir, concat(nested, ", "), join(dir, nested[#nested])), 0)
+      end
       error(fmt("%s: %s is missing, so there is no tag to load; pass a tag explicitly (tags in %s: %s)",
         who, p, dir, list_tags(dir)), 0)
     end
@@ -383,6 +403,10 @@ function M.resolve(dir, tag, who)
   end
   tag = tostring(tag)
   local tdir = join(dir, tag)
+  if C.path_type(join(tdir, "latest")) == "file" then
+    error(fmt("%s: %s is a checkpoint directory of its own (it has a latest file), not a tag: pass it as the directory, " ..
+      "without the tag", who, tdir), 0)
+  end
   if C.path_type(tdir) ~= "dir" then
     error(fmt("%s: no checkpoint '%s' in %s (%s does not exist; tags there: %s)", who, tag, dir, tdir, list_tags(dir)), 0)
   end

@@ -807,6 +807,8 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
         does (it collects before backward when that frees more than 1/256 of the device's
         bytes); none and ideal are what-ifs]==]
 
+local MEMORY_OPTIONS = { "gpu-memory", "host-memory" }
+
 -- `zrun plan`: args, the words after it (USAGE above). Prints the plan; with --gpu-memory (no --fit)
 -- whether it fits, with --host-memory what does not fit there and what fixes it, with --fit the fit
 -- advice (M.fit). Returns the exit status: 0, or 1 after the usage without exactly one MODEL (0 with
@@ -873,6 +875,9 @@ function M.main_plan(args)
     end
   elseif o["lora-target-modules"] or o["lora-dropout"] then
     error("zrun plan: --lora-target-modules and --lora-dropout need --lora-r (the adapters' rank, e.g. --lora-r 16)", 0)
+  end
+  for _, k in ipairs(MEMORY_OPTIONS) do -- (a bad size stops here, not after the plan is printed)
+    if o[k] then parse_bytes(o[k]) end
   end
   if (ratio or o["offload-grads"]) and not o["offload-optimizer"] and not o.config then
     error("zrun plan: --offload-ratio and --offload-grads need --offload-optimizer (or a config that offloads)", 0)

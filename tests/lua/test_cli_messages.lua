@@ -178,5 +178,17 @@ T.test("Ctrl-C during training: one line naming the last checkpoint, status 130,
   T.eq(s:find("%[zrun%] saved checkpoint") ~= nil, true, "the log up to the interrupt is kept")
 end)
 
+T.test("zero-to-fp32 on a Trainer's output_dir names its checkpoint folders; plan checks a memory size before planning", function()
+  local out = root .. "/tr"
+  run(fmt("'%s' max_steps=2 save_steps=1 eval_strategy=no output_dir='%s'", RECIPE, out))
+  local s = one_line(fmt("zero-to-fp32 '%s' '%s/o.safetensors'", out, root), fmt("zrun: zero_to_fp32: %s holds checkpoint folders " ..
+    "(checkpoint-1, checkpoint-2), each a checkpoint directory of its own: pass one of them, e.g. %s/checkpoint-2", out, out))
+  T.eq(select(2, s:gsub("\n", "")), 1, "one line: " .. s)
+  one_line(fmt("zero-to-fp32 --tag checkpoint-2 '%s' '%s/o.safetensors'", out, root), fmt("zrun: zero_to_fp32: %s/checkpoint-2 " ..
+    "is a checkpoint directory of its own (it has a latest file), not a tag: pass it as the directory, without the tag", out))
+  s = one_line("plan zrun/tiny-llama --gpu-memory 24XB --fit", "zrun: unknown memory unit 'xb' in '24XB' (use GB, GiB, MB, ...)")
+  T.eq(select(2, s:gsub("\n", "")), 1, "no plan printed before the error: " .. s)
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()
