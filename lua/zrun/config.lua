@@ -553,7 +553,7 @@ end
 
 local function read_json(path)
   local f, err = io.open(path, "rb")
-  if not f then error(fmt("config: cannot open %s", err), 0) end
+  if not f then error(fmt("config: cannot open %s: name a DeepSpeed JSON config file", err), 0) end
   local text, rerr = f:read("*a") -- (a folder opens on Linux; reading it is what fails)
   f:close()
   if not text then error(fmt("%s: cannot read it (%s): name a DeepSpeed JSON config file", path, tostring(rerr)), 0) end

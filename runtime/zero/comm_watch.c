@@ -481,8 +481,10 @@ static zr_status read_env(void) {
     if (v && *v) {
         char *end;
         double x = strtod(v, &end);
-        if (end == v || *end || x != x)
-            return zr_error("%s must be a number of %s (0: no deadline), got '%s'", name, scale == 1 ? "seconds" : "minutes", v);
+        /* (a negative number would silently mean no deadline, as 0 does: refused, so a sign typo is seen) */
+        if (end == v || *end || x != x || x < 0)
+            return zr_error("%s must be a number of %s >= 0 (0: no deadline), got '%s'", name,
+                            scale == 1 ? "seconds" : "minutes", v);
         timeout_s = x * scale;
     }
     const char *dbg = getenv("ZRUN_COMM_DEBUG");

@@ -113,6 +113,8 @@ T.test("a user's files: a truncated model, a broken tokenizer.json, a folder as 
   local m = tiny_model(root .. "/m")
   recipe_error(fmt("--config '%s'", root), "zrun: " .. root .. ": cannot read it (Is a directory): name a DeepSpeed JSON config file")
   one_line(fmt("check '%s'", root), "cannot read it (Is a directory)")
+  one_line(fmt("plan zrun/tiny-llama --config '%s/none.json'", root), "zrun: config: cannot open " .. root ..
+    "/none.json: No such file or directory: name a DeepSpeed JSON config file")
   os.execute(fmt("cp -r '%s' '%s/trunc'", m, root))
   T.truncate_file(root .. "/trunc/model.safetensors", 100)
   recipe_error(fmt("model='%s/trunc'", root), "the file looks truncated (an interrupted download or copy: fetch it again)")

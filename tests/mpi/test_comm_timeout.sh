@@ -66,6 +66,11 @@ else echo "FAIL debug mode must be the same on every rank: exit $rc: $(echo "$ou
 unset ZRUN_COMM_DEBUG
 expect_ok "a rank 1 s late, inside the 2 s deadline, is no fault" -np 2 $Z $H late
 out=$(ZRUN_COMM_TIMEOUT=soon $Z $H ok 2>&1)
-if echo "$out" | grep -q "ZRUN_COMM_TIMEOUT must be a number of seconds (0: no deadline), got 'soon'"; then
+if echo "$out" | grep -q "ZRUN_COMM_TIMEOUT must be a number of seconds >= 0 (0: no deadline), got 'soon'"; then
   echo "PASS a malformed ZRUN_COMM_TIMEOUT is refused"
 else echo "FAIL a malformed ZRUN_COMM_TIMEOUT is refused: $out"; fi
+# (a negative one meant no deadline, silently, as 0 does)
+out=$(ZRUN_COMM_TIMEOUT=-5 $Z $H ok 2>&1)
+if echo "$out" | grep -q "ZRUN_COMM_TIMEOUT must be a number of seconds >= 0 (0: no deadline), got '-5'"; then
+  echo "PASS a negative ZRUN_COMM_TIMEOUT is refused"
+else echo "FAIL a negative ZRUN_COMM_TIMEOUT is refused: $out"; fi
