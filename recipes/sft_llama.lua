@@ -123,8 +123,12 @@ else
 end
 
 local D = zr.datasets.Dataset
+local train_ds, eval_ds = D.from_rows(train_rows), D.from_rows(eval_rows)
+if opt.data then -- (a row that fails to prepare is then named by its place in the file)
+  train_ds.source, train_ds.row_offset, eval_ds.source, eval_ds.row_offset = opt.data, n_eval, opt.data, 0
+end
 local trainer = zr.SFTTrainer { model = model, processing_class = tok, args = args, peft_config = peft_config,
-  train_dataset = D.from_rows(train_rows), eval_dataset = D.from_rows(eval_rows) }
+  train_dataset = train_ds, eval_dataset = eval_ds }
 local prep = trainer.train_dataset.sft
 local learned = 0
 for _, r in ipairs(trainer.train_dataset.rows) do for _, l in ipairs(r.labels) do if l ~= -100 then learned = learned + 1 end end end

@@ -449,6 +449,21 @@ end
 
 -- TRL's dataset preparation: a Dataset of {input_ids, labels} from rows of any of the types above;
 -- rows that truncation leaves with no label to learn are dropped (as TRL does).
+-- A row that the chat template or the tokenizer refuses: the error with the row it came from (the file's
+-- row when ds says which file and where its rows start: ds.source, ds.row_offset, as recipes/sft_llama.lua sets).
+local function raise_for_row(ds, i, err)
+  err = tostring(err)
+  if err:find("row %d") then error(err, 0) end -- (tokenize_row's own errors name it already)
+  if err:find("this tokenizer has no chat template", 1, true) then -- (the fix is SFTConfig's option, not the API's)
+    error("sft: the rows are conversational but the tokenizer has no chat template (no \"chat_template\" in its " ..
+      "tokenizer_config.json and no chat_template.jinja): set chat_template_path to a .jinja file, or use a tokenizer " ..
+      "that has one", 0)
+  end
+  -- (row_offset says the rows are the file's in order, from that row on: a sliced or filtered set is not)
+  local where = ds.source and ds.row_offset and fmt("row %d of %s", i + ds.row_offset, ds.source) or fmt("row %d", i)
+  error(fmt("sft: %s: %s", where, err:gsub("^sft: ", "")), 0)
+end
+
 function M.prepare(ds, tok, opts)
   local rows = ds.rows or ds
   if #rows == 0 then error("sft: the dataset is empty", 0) end
@@ -491,7 +506,8 @@ function M.prepare(ds, tok, opts)
   for i, row in ipairs(rows) do
     local k = M.row_type(row, o.dataset_text_field)
     if k ~= kind then error(fmt("sft: row %d is %s but the first row is %s: one dataset holds one type of row", i, k, kind), 0) end
-    local r = tokenize_row(row, i, kind, tok, o, warned)
+    local ok, r = pcall(tokenize_row, row, i, kind, tok, o, warned)
+    if not ok then raise_for_row(ds, i, r) end
     local any = false
     for _, l in ipairs(r.labels) do any = any or l ~= -100 end
     if any or not o.max_length or o.packing then out[#out + 1] = r else dropped = dropped + 1 end

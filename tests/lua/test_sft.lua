@@ -163,6 +163,18 @@ T.test("refusals: one line each, naming the fix", function()
     "activation_offloading = true (TRL moves the saved activations to the CPU) is not implemented")
   -- TRL's default when left unset: the same loss as "nll"
   T.eq(#S.prepare({ { text = "a" } }, tok, { loss_type = "chunked_nll" }).rows, 1)
+  -- a row the template refuses is named, by its file's row where the dataset says which file
+  local chat = { { role = "user", content = "hi" }, { role = "assistant", content = "hello" } }
+  local bare = zr.tokenizers.ByteTokenizer.new() -- (no template)
+  T.raises(function() S.prepare({ { messages = chat } }, bare, {}) end, "sft: the rows are conversational but the " ..
+    "tokenizer has no chat template (no \"chat_template\" in its tokenizer_config.json and no chat_template.jinja): " ..
+    "set chat_template_path to a .jinja file")
+  local ds = zr.datasets.Dataset.from_rows({ { messages = chat }, { messages = "oops" } })
+  T.raises(function() S.prepare(ds, tok, { chat_template = "{{ messages[0].content }}" }) end,
+    "sft: row 2: apply_chat_template: messages must be a non-empty list")
+  ds.source, ds.row_offset = "rows.jsonl", 10
+  T.raises(function() S.prepare(ds, tok, { chat_template = "{{ messages[0].content }}" }) end,
+    "sft: row 12 of rows.jsonl: apply_chat_template: messages must be a non-empty list")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { max_lenght = 3 }) end, "unknown option 'max_lenght'")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { completion_only_loss = true }) end, "needs prompt + completion rows")
   T.raises(function() S.prepare({ { text = "a" } }, tok, { assistant_only_loss = true }) end, "needs conversational rows")
