@@ -55,14 +55,18 @@ if fallback then opt.block_size = math.min(opt.block_size, 64) end
 local function load(split) return zr.datasets.load_dataset(opt.data, { split = split }) end
 local is_dir = exists(opt.data .. "/.")
 local raw_train, raw_eval, okd, derr
+-- (an option the data's layout leaves unread is said, not silently ignored)
+local function unread(key, why) if given[key] then say("%s=%s has no effect: %s", key, tostring(opt[key]), why) end end
 okd, derr = pcall(function()
   if is_dir and (exists(opt.data .. "/wiki.train.raw") or exists(opt.data .. "/train.txt")) then
     raw_train, raw_eval = load(opt.train_split), load("validation")
+    unread("validation_split_percentage", opt.data .. " has a validation split of its own")
   else
     local p = opt.validation_split_percentage
     raw_eval, raw_train = load(("validation[:%d%%]"):format(p)), load(("validation[%d%%:]"):format(p))
     say("no train split in %s: training on the last %d%% of %s's lines, evaluating on the first %d%%",
       opt.data, 100 - p, raw_eval.source, p)
+    unread("train_split", opt.data .. " has no train split (its lines are split by validation_split_percentage)")
   end
 end)
 if not okd and given.data then
@@ -80,6 +84,8 @@ if not okd then
     sample, 100 - p, p)
   raw_eval = zr.datasets.load_dataset(sample, { format = "wikitext", split = ("train[:%d%%]"):format(p) })
   raw_train = zr.datasets.load_dataset(sample, { format = "wikitext", split = ("train[%d%%:]"):format(p) })
+  unread("train_split", "the built-in sample is split as said above")
+  unread("validation_split_percentage", "the built-in sample is split as said above")
   fallback = true
 end
 
@@ -108,6 +114,12 @@ local function lm_dataset(raw)
   end):filter(function(r) return #r.input_ids >= 2 end)
 end
 local train_dataset, eval_dataset = lm_dataset(raw_train), lm_dataset(raw_eval)
+for _, d in ipairs { { train_dataset, "training" }, { eval_dataset, "evaluation" } } do
+  if #d[1] == 0 and opt.packing then -- (the Trainer would blame the batch size; the cut is block_size's)
+    error(("the %s text of %s makes no full block of block_size=%d tokens (group_texts drops the rest, as run_clm does): " ..
+      "pass more text or a smaller block_size"):format(d[2], fallback and "the sample" or opt.data, opt.block_size), 0)
+  end
+end
 local pad_id = tok:pad_id() or tok:eos_id()
 -- (on a GPU every new row length is a new set of product shapes to plan; rounding to 64 keeps them few:
 -- half the time on WikiText's lines at the same losses, RESULTS.md session 25. Right padding with -100

@@ -21,6 +21,10 @@ end
 -- "cpu" | "cuda" from device = "auto" | "cpu" | "cuda".
 function M.device(name)
   if name == "auto" then return zr.cuda.device_count() > 0 and "cuda" or "cpu" end
+  -- (checked here: a bad name otherwise stops inside the first layer the model builds)
+  if type(name) ~= "string" or not (name == "cpu" or name == "cuda" or name:match("^cuda:%d+$")) then
+    error(("device must be cpu, cuda, cuda:N or auto, got '%s'"):format(tostring(name)), 0)
+  end
   return name
 end
 

@@ -144,6 +144,24 @@ T.test("a user's data: an empty file, a file too small for the evaluation slice,
   recipe_error(fmt("model='%s' data='%s/nosplits'", m, root), "; add one of them, or pass the file itself")
 end)
 
+T.test("finetune_llama: a bad device, text too short for one block, options the data leaves unread are said", function()
+  local m = root .. "/m"
+  recipe_error(fmt("model='%s' device=gpu", m), "zrun: device must be cpu, cuda, cuda:N or auto, got 'gpu'")
+  zr.makedirs(root .. "/wt")
+  T.write_file(root .. "/wt/wiki.train.raw", "a b c\nd e f\n")
+  T.write_file(root .. "/wt/wiki.valid.raw", "g h\ni j\n")
+  recipe_error(fmt("model='%s' data='%s/wt'", m, root), "zrun: the training text of " .. root .. "/wt makes no full block " ..
+    "of block_size=512 tokens (group_texts drops the rest, as run_clm does): pass more text or a smaller block_size")
+  local s = run(fmt("'%s' model='%s' data='%s/wt' block_size=4 validation_split_percentage=50 max_steps=1 eval_strategy=no " ..
+    "save_strategy=no output_dir='%s/o'", RECIPE, m, root, root))
+  T.eq(s:find("validation_split_percentage=50 has no effect: " .. root .. "/wt has a validation split of its own", 1, true) ~= nil,
+    true, "said: " .. s)
+  s = run(fmt("'%s' model='%s' data='%s/wt/wiki.valid.raw' block_size=2 train_split=train[:1] max_steps=1 eval_strategy=no " ..
+    "save_strategy=no output_dir='%s/o' validation_split_percentage=50", RECIPE, m, root, root))
+  T.eq(s:find("train_split=train[:1] has no effect: " .. root .. "/wt/wiki.valid.raw has no train split", 1, true) ~= nil,
+    true, "said: " .. s)
+end)
+
 T.test("model=DIR without data=: the sample text is used and the model named is the user's, not the tiny fallback", function()
   local s = run(fmt("'%s' model='%s/m' max_steps=1 eval_strategy=no save_strategy=no output_dir='%s/o'", RECIPE, root, root))
   T.eq(s:find("model " .. root .. "/m (", 1, true) ~= nil, true, "the model's name: " .. s)
