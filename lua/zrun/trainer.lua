@@ -161,6 +161,25 @@ local function as_datasets(ds)
   return named
 end
 
+-- The default collator's rows: tables with input_ids (token ids). Text rows or bare values stop here, with
+-- the fix, not inside the collator at the first step (a data_collator of one's own reads what it likes).
+local function check_rows(ds, what)
+  local r = ds and ds.rows and ds.rows[1]
+  if r == nil then return end
+  if type(r) ~= "table" then
+    error(fmt("Trainer: %s's row 1 is a %s, not a row (a table such as { input_ids = {...} })", what, type(r)), 0)
+  end
+  local t = type(r.input_ids)
+  if t == "table" or t == "userdata" then return end
+  local has = {}
+  for k in pairs(r) do has[#has + 1] = tostring(k) end
+  table.sort(has)
+  error(fmt("Trainer: %s's rows need input_ids (token ids), row 1 has %s: tokenize them first, e.g. " ..
+    "ds:map(function(r) return { input_ids = tok:encode(r.text) } end)%s", what, #has > 0 and table.concat(has, ", ")
+    or "no fields", (r.messages or r.prompt or r.conversations) and " (chat / instruction rows: zr.SFTTrainer prepares them)"
+    or ""), 0)
+end
+
 -- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
 -- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
@@ -184,6 +203,14 @@ function Trainer.new(opts)
   self.model = opts.model or (opts.model_init and opts.model_init())
   if not self.model then error("Trainer: model (or model_init, a function returning it) is required", 2) end
   self.train_dataset, self.eval_dataset = as_dataset(opts.train_dataset, "train_dataset"), as_datasets(opts.eval_dataset)
+  if not opts.data_collator then
+    check_rows(self.train_dataset, "train_dataset")
+    if datasets.is_named(self.eval_dataset) then
+      for name, d in pairs(self.eval_dataset) do check_rows(d, "eval_dataset." .. name) end
+    else
+      check_rows(self.eval_dataset, "eval_dataset")
+    end
+  end
   self.processing_class = opts.processing_class or opts.tokenizer
   if self.args.eval_strategy ~= "no" and not self.eval_dataset then
     error(fmt("Trainer: eval_strategy = \"%s\" needs an eval_dataset", self.args.eval_strategy), 2)

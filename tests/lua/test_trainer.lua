@@ -103,6 +103,22 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.eq(t.state.eval_steps, 5, "a fraction < 1 is a share of the total steps")
 end)
 
+T.test("datasets the default collator cannot read stop at zr.Trainer{}, with the fix", function()
+  local function new(ds, extra)
+    local o = { model = model(), train_dataset = ds, args = { output_dir = tmp .. "/rows" } }
+    for k, v in pairs(extra or {}) do o[k] = v end
+    return zr.Trainer(o)
+  end
+  -- (was: datasets.lua:823 "attempt to index local 'r' (a number value)" at the first step)
+  T.raises(function() new { 1, 2, 3 } end, "Trainer: train_dataset's row 1 is a number, not a row (a table such as { input_ids = {...} })")
+  T.raises(function() new { { text = "abc", label = 1 } } end, "Trainer: train_dataset's rows need input_ids (token ids), row 1 " ..
+    "has label, text: tokenize them first, e.g. ds:map(function(r) return { input_ids = tok:encode(r.text) } end)")
+  T.raises(function() new { { messages = {} } } end, "(chat / instruction rows: zr.SFTTrainer prepares them)")
+  T.raises(function() new(train_ds, { eval_dataset = { a = { { text = "x" } } }, args = { eval_strategy = "steps",
+    output_dir = tmp .. "/rows" } }) end, "Trainer: eval_dataset.a's rows need input_ids")
+  new({ { text = "abc" } }, { data_collator = function(rows) return rows end }) -- (a collator of one's own reads any rows)
+end)
+
 T.test("seed decides the model's initial weights: model_init runs after set_seed(args.seed), as in HF", function()
   local function first_weight(seed)
     local t = zr.Trainer { model_init = function() return zr.models.llama.LlamaForCausalLM(cfg) end,
