@@ -447,8 +447,6 @@ local function shuffled(rows, seed)
   return out
 end
 
--- TRL's dataset preparation: a Dataset of {input_ids, labels} from rows of any of the types above;
--- rows that truncation leaves with no label to learn are dropped (as TRL does).
 -- A row that the chat template or the tokenizer refuses: the error with the row it came from (the file's
 -- row when ds says which file and where its rows start: ds.source, ds.row_offset, as recipes/sft_llama.lua sets).
 local function raise_for_row(ds, i, err)
@@ -464,6 +462,8 @@ local function raise_for_row(ds, i, err)
   error(fmt("sft: %s: %s", where, err:gsub("^sft: ", "")), 0)
 end
 
+-- TRL's dataset preparation: a Dataset of {input_ids, labels} from rows of any of the types above;
+-- rows that truncation leaves with no label to learn are dropped (as TRL does).
 function M.prepare(ds, tok, opts)
   local rows = ds.rows or ds
   if #rows == 0 then error("sft: the dataset is empty", 0) end
