@@ -259,6 +259,9 @@ function P:parse(argv)
         error(fmt("%s: unknown argument '%s' after --%s %s: zrun takes a list as one comma-separated value " ..
           "(--%s %s,%s)", self.name, a, pk, pv, pk, pv, a), 0)
       end
+      if a:match("^[%w_]+$") and known(a) then -- (`max_steps 10` or `max_steps = 10`: the shell split one word)
+        error(fmt("%s: %s needs its value in the same word: %s=VALUE, with no spaces around the =", self.name, a, a), 0)
+      end
       error(fmt("%s: unknown argument '%s' (use key=value%s; --help lists the options)", self.name, a,
         self.by.config and " or --config FILE" or ""), 0)
     end
