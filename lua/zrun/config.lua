@@ -558,16 +558,7 @@ local function read_json(path)
   f:close()
   if not text then error(fmt("%s: cannot read it (%s): name a DeepSpeed JSON config file", path, tostring(rerr)), 0) end
   local ok, v = pcall(cjson.decode, text)
-  if not ok then
-    local at = tonumber(tostring(v):match("at character (%d+)"))
-    local where = ""
-    if at then
-      local line, col = 1, at
-      for nl in text:sub(1, at - 1):gmatch("()\n") do line, col = line + 1, at - nl end
-      where = fmt(" (line %d, column %d)", line, col)
-    end
-    error(fmt("%s: not valid JSON%s: %s", path, where, tostring(v)), 0)
-  end
+  if not ok then error(fmt("%s: not valid JSON%s: %s", path, U.json_where(text, v), tostring(v)), 0) end
   if not is_object(v) then error(fmt("%s: the top level must be a JSON object {...}", path), 0) end
   return v
 end

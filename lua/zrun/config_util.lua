@@ -103,4 +103,14 @@ function M.name_pattern(name)
   return (name:gsub("%-", "%%-"):gsub("%*", ".*"))
 end
 
+-- " (line L, column C)" of cjson's error about text ("... at character N"), or "" when it names no place:
+-- a hand-edited JSON file's mistake is found by its line, not its byte.
+function M.json_where(text, err)
+  local at = tonumber(tostring(err):match("at character (%d+)"))
+  if not at then return "" end
+  local line, col = 1, at
+  for nl in text:sub(1, at - 1):gmatch("()\n") do line, col = line + 1, at - nl end
+  return fmt(" (line %d, column %d)", line, col)
+end
+
 return M

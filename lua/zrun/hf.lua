@@ -68,7 +68,10 @@ local function decode_json_file(path, what, keep_nulls)
   local s, err = read_file(path)
   if not s then error(fmt("%s: cannot read %s: %s", path, what, tostring(err)), 0) end
   local ok, v = pcall(cjson.decode, s)
-  if not ok then error(fmt("%s: invalid JSON: %s", path, tostring(v)), 0) end
+  if not ok then
+    error(fmt("%s: invalid JSON%s: %s (a broken download? fetch the file again)", path,
+      require("zrun.config_util").json_where(s, v), tostring(v)), 0)
+  end
   if type(v) ~= "table" then error(fmt("%s: expected a JSON object, got %s", path, type(v)), 0) end
   if keep_nulls then keep_nulls(v) end
   return strip_nulls(v)

@@ -121,6 +121,15 @@ T.test("a user's files: a truncated model, a broken tokenizer.json, a folder as 
   os.execute(fmt("cp -r '%s' '%s/badtok'", m, root))
   T.write_file(root .. "/badtok/tokenizer.json", '{"version": "1.0", "model": ')
   recipe_error(fmt("model='%s/badtok'", root), "zrun: " .. root .. "/badtok/tokenizer.json:1:")
+  os.execute(fmt("cp -r '%s' '%s/badconf'", m, root))
+  T.write_file(root .. "/badconf/config.json", '{"model_type": "llama",\n  "hidden_size": 64,,\n}')
+  recipe_error(fmt("model='%s/badconf'", root), "zrun: " .. root .. "/badconf/config.json: invalid JSON (line 2, column 21): ")
+  os.execute(fmt("cp -r '%s' '%s/nonorm'", m, root)) -- (the weights of a model without its final norm)
+  local sd = zr.hf.load_state_dict(root .. "/nonorm")
+  sd["model.norm.weight"] = nil
+  zr._C.save_safetensors(root .. "/nonorm/model.safetensors", sd, { format = "pt" })
+  recipe_error(fmt("model='%s/nonorm'", root), "zrun: llama: " .. root .. "/nonorm: the weights do not fit config.json's model: " ..
+    "Error(s) in loading state_dict for LlamaForCausalLM: Missing key(s) in state_dict: \"model.norm.weight\". (a checkpoint")
   T.write_file(root .. "/afile", "x")
   recipe_error(fmt("model='%s' output_dir='%s/afile/out'", m, root), "zrun: output_dir: cannot create directory " .. root ..
     "/afile: a file of that name is in the way; pass output_dir= a folder you can write to")
