@@ -1099,13 +1099,29 @@ function Trainer:order_tensors()
       dataloader_drop_last = tostring(a.dataloader_drop_last) }
 end
 
+-- A checkpoint the engine refuses (truncated, changed after its save): the engine's hint names tags inside the
+-- folder; a Trainer's fix is another checkpoint-<step> beside it, which is named instead.
+function Trainer:raise_resume(path, err)
+  local msg = tostring(err):gsub("; load another tag %(tags in [^)]*%) or save this one again$", "")
+  local others = {}
+  for _, c in ipairs(tckpt.list(path:match("^(.*)/[^/]+/*$") or ".")) do
+    if c.complete and c.path ~= path then others[#others + 1] = c.path end
+  end
+  local hint = #others > 0 and fmt("; resume from an earlier one (resume_from_checkpoint=%s) or start over",
+    others[#others]) or "; start over without resume_from_checkpoint"
+  if msg:find("checkpoint of a different model", 1, true) then -- (no earlier checkpoint of it would fit either)
+    hint = "; resume with the model it was saved from, or start over without resume_from_checkpoint"
+  end
+  error(fmt("resume_from_checkpoint %s: %s%s", path, msg, hint), 0)
+end
+
 -- Restores the engine (weights, optimizer, scheduler, RNG) and the trainer state from a
 -- checkpoint-<step> folder; a checkpoint of another model is refused before anything changes.
 function Trainer:load_checkpoint(path)
   self:setup()
   local saved = tckpt.read_state(path)
   local ok, err = pcall(self.engine.load_checkpoint, self.engine, path)
-  if not ok then error("resume_from_checkpoint " .. path .. ": " .. tostring(err), 0) end
+  if not ok then self:raise_resume(path, err) end
   local st = self.state
   st.global_step, st.epoch = self:step_count(), saved.epoch or 0
   st.log_history = saved.log_history or {}

@@ -204,9 +204,22 @@ T.test("bad resume input: one line naming it, nothing overwritten", function()
   end, "checkpoint of a different model")
   assert(not tostring(err):find("\n"), "one line: " .. tostring(err))
   assert(tostring(err):find("up_proj.weight' has shape", 1, true), err)
+  assert(tostring(err):find("; resume with the model it was saved from, or start over without resume_from_checkpoint$"), err)
   T.near(m2.model.layers[1].mlp.up_proj.weight, w, 0, 0, "weights untouched")
   T.eq(io.open(src .. "/trainer_state.json"):read("*a"), before, "the checkpoint is unchanged")
   T.eq(#tckpt.list(tmp .. "/other"), 0, "no checkpoint written by the refused run")
+end)
+
+T.test("a truncated newest checkpoint names the one before it to resume from (not tags inside its folder)", function()
+  local out = tmp .. "/trunc"
+  zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 2, false, { max_steps = 2, save_steps = 1 }) }:train()
+  T.truncate_file(out .. "/checkpoint-2/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.safetensors", 1000)
+  local err = T.raises(function()
+    zr.Trainer { model = model(), train_dataset = blocks, args = args(out, 2, false, { max_steps = 3 }) }:train { resume_from_checkpoint = true }
+  end, "resume_from_checkpoint " .. out .. "/checkpoint-2: ")
+  assert(tostring(err):find("the file was changed or truncated after the save; resume from an earlier one " ..
+    "(resume_from_checkpoint=" .. out .. "/checkpoint-1) or start over", 1, true), err)
+  assert(not tostring(err):find("load another tag", 1, true), err)
 end)
 
 -- save_strategy "epoch": the last step saves, then its epoch's evaluation runs, and transformers saves
