@@ -1101,7 +1101,7 @@ end
 
 -- A checkpoint the engine refuses (truncated, changed after its save): the engine's hint names tags inside the
 -- folder; a Trainer's fix is another checkpoint-<step> beside it, which is named instead.
-function Trainer:raise_resume(path, err)
+local function raise_resume(path, err)
   local msg = tostring(err):gsub("; load another tag %(tags in [^)]*%) or save this one again$", "")
   local others = {}
   for _, c in ipairs(tckpt.list(path:match("^(.*)/[^/]+/*$") or ".")) do
@@ -1121,7 +1121,7 @@ function Trainer:load_checkpoint(path)
   self:setup()
   local saved = tckpt.read_state(path)
   local ok, err = pcall(self.engine.load_checkpoint, self.engine, path)
-  if not ok then self:raise_resume(path, err) end
+  if not ok then raise_resume(path, err) end
   local st = self.state
   st.global_step, st.epoch = self:step_count(), saved.epoch or 0
   st.log_history = saved.log_history or {}
