@@ -37,6 +37,14 @@ local args = {
 local opt, given = cli:training_arguments(args):parse(arg)
 
 local resolved = require("zrun.trainer_args").resolve(args, true) -- a bad argument value stops here, before the data is read
+-- (the script's own numbers too: a fraction or a block of one token would be cut or predict nothing, silently)
+if opt.block_size ~= math.floor(opt.block_size) or opt.block_size < 2 then
+  error(("finetune_llama: block_size must be a whole number of tokens >= 2, got %s"):format(tostring(opt.block_size)), 0)
+end
+local vsp = opt.validation_split_percentage
+if vsp ~= math.floor(vsp) or vsp < 1 or vsp > 99 then
+  error(("finetune_llama: validation_split_percentage must be a whole percentage from 1 to 99, got %s"):format(tostring(vsp)), 0)
+end
 
 local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return true end return false end
 local home = ZRUN_HOME or "."

@@ -156,6 +156,9 @@ end)
 T.test("finetune_llama: a bad device, text too short for one block, options the data leaves unread are said", function()
   local m = root .. "/m"
   recipe_error(fmt("model='%s' device=gpu", m), "zrun: device must be cpu, cuda, cuda:N or auto, got 'gpu'")
+  recipe_error(fmt("model='%s' block_size=2.5", m), "zrun: finetune_llama: block_size must be a whole number of tokens >= 2, got 2.5")
+  recipe_error(fmt("model='%s' validation_split_percentage=0", m),
+    "zrun: finetune_llama: validation_split_percentage must be a whole percentage from 1 to 99, got 0")
   zr.makedirs(root .. "/wt")
   T.write_file(root .. "/wt/wiki.train.raw", "a b c\nd e f\n")
   T.write_file(root .. "/wt/wiki.valid.raw", "g h\ni j\n")
