@@ -854,6 +854,10 @@ function M.check_main(argv)
     i = i + 1
   end
   if not path then io.stderr:write(usage); return 2 end
+  -- (the Trainer's own check of args.NAME=VALUE: a misspelt name or a value of the wrong type is said, not resolved into
+  -- the config as it came)
+  local aok, aerr = pcall(require("zrun.trainer_args").resolve, args, true)
+  if not aok then io.stderr:write("zrun check: ", tostring(aerr), "\n"); return 2 end
   local ok, cfg = pcall(M.load, path, { world_size = world, args = args, overrides = overrides })
   if not ok then
     io.stderr:write("zrun check: ", tostring(cfg), "\n")
