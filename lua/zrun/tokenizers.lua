@@ -13,6 +13,10 @@ local function exists(p) local f = io.open(p, "rb"); if f then f:close(); return
 -- with GPT-2's vocab.json + merges.txt instead: its tokenizer.json path (not there) and the folder,
 -- for zrun.tokenizer_bpe_files to build the file's text.
 function M.resolve(ref)
+  if type(ref) ~= "string" or ref == "" then
+    error(("tokenizers.load: expected a tokenizer.json path, a model folder or a hub id in the local cache, got %s")
+      :format(ref == "" and "an empty string" or tostring(ref)), 0)
+  end
   if exists(ref) and ref:match("%.json$") then return ref end
   local bpe = require "zrun.tokenizer_bpe_files"
   local function in_dir(dir)

@@ -66,6 +66,9 @@ T.test("tokenizer methods name themselves and what they take", function()
   T.raises(function() tok.encode("ab") end, "tokenizer method called on a string instead of a tokenizer (call methods with a colon")
   T.raises(function() tok:token_to_id() end, "tok:token_to_id(token): token must be a string, got no value")
   T.raises(function() tok:id_to_token("a") end, "tok:id_to_token(id): id must be an integer, got string")
+  -- (was: tokenizers.lua:10: bad argument #1 to 'open' (string expected, got nil))
+  T.raises(function() zr.tokenizers.load(nil) end,
+    "tokenizers.load: expected a tokenizer.json path, a model folder or a hub id in the local cache, got nil")
 end)
 
 T.test("save_checkpoint errors: one line naming the checkpoint, from a script too", function()
