@@ -22,6 +22,7 @@ function M.is_named(ds) return type(ds) == "table" and not ds.rows and ds[1] == 
 
 -- A dataset of a list of rows (copied: the list stays the caller's).
 function Dataset.from_rows(rows)
+  if type(rows) ~= "table" then error("Dataset.from_rows(rows): rows must be a list of rows (tables), got " .. type(rows), 2) end
   local t = {}
   for i = 1, #rows do t[i] = rows[i] end
   return adopt(t)
@@ -220,6 +221,7 @@ end
 -- passes lists of rows (batch_size, default 1000; false or <= 0: all rows in one batch) and the index of the
 -- first; fn returns one boolean a row.
 function Dataset:filter(fn, opts)
+  if type(fn) ~= "function" then error("Dataset:filter(fn [, opts]): fn must be a function(row) returning true to keep it, got " .. type(fn), 2) end
   opts = kw.check("Dataset:filter", opts, { "batched", "batch_size" })
   local out = {}
   if opts.batched then
@@ -348,6 +350,10 @@ end
 -- concatenated and cut into blocks of block_size, the batch's tail shorter than a block dropped.
 -- labels = input_ids.
 function Dataset:group_texts(block_size, column, batch_size)
+  if type(block_size) ~= "number" or block_size < 1 or block_size % 1 ~= 0 then
+    error("group_texts(block_size [, column [, batch_size]]): block_size must be a positive integer (tokens a block), got " ..
+      tostring(block_size), 2)
+  end
   column = column or "input_ids"
   if batch_size == nil then batch_size = 1000 end
   if batch_size ~= false and (type(batch_size) ~= "number" or batch_size < 1 or batch_size % 1 ~= 0) then
@@ -380,6 +386,7 @@ end
 do
   local plain_map = Dataset.map
   function Dataset:map(fn, opts)
+    if type(fn) ~= "function" then error("Dataset:map(fn [, opts]): fn must be a function(row), got " .. type(fn), 2) end
     local bar = require("zrun.progress").new { total = #self.rows, desc = opts and opts.desc or "Map", unit = "rows",
       delay = 0.5 }
     local batched = opts and opts.batched

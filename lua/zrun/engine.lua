@@ -637,6 +637,7 @@ end
 
 -- Scales the loss for accumulation (and fp16 loss scale) and runs backward through the engine.
 function Engine:backward(loss)
+  if not C.is_tensor(loss) then error("engine:backward(loss): loss must be the forward's scalar loss tensor, got " .. type(loss), 2) end
   local t0 = timer()
   dist.set_step(self.global_steps + 1)
   local scale = loss_grad_scale(self)

@@ -482,6 +482,7 @@ function hf.save_state_dict(dir, sd, opts)
   end
   local max = hf.parse_size(opts.max_shard_size or "50GB")
   local meta = opts.metadata or { format = "pt" }
+  if type(dir) ~= "string" or dir == "" then error("save_pretrained(dir): dir must be a folder path, got " .. tostring(dir), 0) end
   C.makedirs(dir)
   local items, total, nparams = {}, 0, 0
   for _, name in ipairs(sorted_keys(sd)) do

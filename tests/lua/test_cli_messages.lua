@@ -225,5 +225,23 @@ T.test("zero-to-fp32 on a Trainer's output_dir names its checkpoint folders; pla
   T.eq(select(2, s:gsub("\n", "")), 1, "no plan printed before the error: " .. s)
 end)
 
+T.test("API calls with a missing or wrong argument name it, not a line inside zrun", function()
+  local D = zr.datasets.Dataset
+  local ds = D.from_rows({ { text = "a" } })
+  -- (were: datasets.lua:394 attempt to call upvalue 'fn', datasets.lua:363 bad argument to 'ipairs', datasets.lua:26 ...)
+  T.raises(function() ds:map(nil) end, "Dataset:map(fn [, opts]): fn must be a function(row), got nil")
+  T.raises(function() ds:filter(5) end, "Dataset:filter(fn [, opts]): fn must be a function(row) returning true")
+  T.raises(function() ds:group_texts(nil) end, "group_texts(block_size [, column [, batch_size]]): block_size must be a positive integer")
+  T.raises(function() D.from_rows(nil) end, "Dataset.from_rows(rows): rows must be a list of rows (tables), got nil")
+  local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
+  T.raises(function() m:save_pretrained(nil) end, "save_pretrained(dir): dir must be a folder path, got nil")
+  -- (was: llama.lua:220 attempt to call method 'size'; transformers' model(**batch) habit)
+  T.raises(function() m({ input_ids = zr.tensor({ { 1, 2 } }, { dtype = "i64" }) }) end, "input_ids must be a tensor of token " ..
+    "ids (B, T), got table (zrun takes the tensors as arguments: model(batch.input_ids, batch.labels)")
+  local e = zr.initialize({ model = zr.nn.Linear(2, 2), config = { train_batch_size = 1,
+    optimizer = { type = "AdamW", params = { lr = 1e-3 } } } })
+  T.raises(function() e:backward(nil) end, "engine:backward(loss): loss must be the forward's scalar loss tensor, got nil")
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()

@@ -350,6 +350,11 @@ end
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 function CausalLM:forward(input_ids, labels, opts)
+  if not zr._C.is_tensor(input_ids) then -- (a transformers habit, model(**batch), or a missing argument: said, not indexed)
+    error(("LlamaForCausalLM:forward(input_ids [, labels [, opts]]): input_ids must be a tensor of token ids (B, T), got %s%s")
+      :format(type(input_ids), type(input_ids) == "table" and " (zrun takes the tensors as arguments: model(batch.input_ids, " ..
+      "batch.labels), not transformers' model(**batch))" or ""), 2)
+  end
   if opts then
     require("zrun.kwargs").check(self.__name .. ":forward", opts,
       { "label_smoothing", "position_ids", "token_stats", "loss_type" })
