@@ -17,7 +17,7 @@ local cli = require("zrun.argparse").new("recipes/finetune_llama.lua",
   "Fine-tunes a Llama on WikiText-2 with a DeepSpeed config (Hugging Face's run_clm.py + DeepSpeed).")
 cli:option("model", "meta-llama/Llama-3.2-1B", "a Hugging Face model directory or a hub id in the local cache")
 cli:option("tokenizer", false, "a directory or tokenizer.json (default: the model's own)")
-cli:option("data", os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw", "a WikiText folder or one text file")
+cli:option("data", os.getenv("ZRUN_WIKITEXT") or "wikitext-2-raw", "a WikiText folder or one text file (default: $ZRUN_WIKITEXT when set)")
 cli:alias("model_name_or_path", "model"):alias("tokenizer_name", "tokenizer"):alias("train_file", "data") -- (run_clm.py's names)
 cli:option("train_split", "train", "e.g. train[:2000]")
 cli:option("block_size", 512, "tokens per training block (run_clm's group_texts)")
@@ -77,8 +77,9 @@ okd, derr = pcall(function()
     unread("train_split", opt.data .. " has no train split (its lines are split by validation_split_percentage)")
   end
 end)
-if not okd and given.data then
-  derr = tostring(derr)
+local env_data = not given.data and os.getenv("ZRUN_WIKITEXT") or "" -- (named data too: no silent fallback from it)
+if not okd and (given.data or env_data ~= "") then
+  derr = tostring(derr) .. (env_data ~= "" and (" (data comes from ZRUN_WIKITEXT=%s)"):format(env_data) or "")
   if derr:find("selects none of the file's", 1, true) then -- (the slice is this script's, not one the user wrote)
     derr = derr .. (" (validation_split_percentage=%s makes that slice)"):format(opt.validation_split_percentage)
   end

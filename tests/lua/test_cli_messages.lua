@@ -152,6 +152,10 @@ T.test("a user's data: an empty file, a file too small for the evaluation slice,
   T.write_file(root .. "/two.csv", "text,label\nhello world,1\nfoo bar,0\n")
   recipe_error(fmt("model='%s' data='%s/two.csv'", m, root), "selects none of the file's 2 rows; widen the slice or pass " ..
     "more rows (validation_split_percentage=5 makes that slice)")
+  -- (ZRUN_WIKITEXT names the data as data= does: a path that is not there is an error, not the sample)
+  local s, rc = run(fmt("'%s' model='%s' max_steps=1 output_dir='%s/o'", RECIPE, m, root), "ZRUN_WIKITEXT='" .. root .. "/none'")
+  T.eq(rc ~= 0 and s:find("zrun: dataset not found: " .. root .. "/none (pass a wikitext folder, a .txt/.raw file or a .jsonl " ..
+    "file) (data comes from ZRUN_WIKITEXT=" .. root .. "/none)", 1, true) ~= nil, true, s)
   zr.makedirs(root .. "/nosplits")
   recipe_error(fmt("model='%s' data='%s/nosplits'", m, root), "; add one of them, or pass the file itself")
 end)
