@@ -73,6 +73,10 @@ end
 local rows
 if opt.data then
   local ext = opt.data:match("%.(%w+)$")
+  if ext == "txt" or ext == "raw" then -- (read as JSON lines it fails at its first character)
+    error(("sft_llama: data: %s is plain text; this recipe reads rows from .jsonl, .json or .csv (messages, prompt + " ..
+      "completion, or text fields); to train on plain text: zrun recipes/finetune_llama.lua data=%s"):format(opt.data, opt.data), 0)
+  end
   rows = zr.datasets.load_dataset(opt.data, { format = (ext == "json" or ext == "csv") and ext or "jsonl" }).rows
 elseif fallback then
   rows = {}

@@ -247,5 +247,14 @@ T.test("API calls with a missing or wrong argument name it, not a line inside zr
   T.raises(function() e:backward(nil) end, "engine:backward(loss): loss must be the forward's scalar loss tensor, got nil")
 end)
 
+T.test("sft_llama: a plain text file is sent to finetune_llama (was: 'plain.txt:1: invalid JSON')", function()
+  T.write_file(root .. "/plain.txt", "hello world\nfoo bar\n")
+  local s, rc = run(fmt("'%s/recipes/sft_llama.lua' model='%s/m' data='%s/plain.txt'", ZRUN_HOME or ".", root, root))
+  T.eq(rc ~= 0, true, s)
+  T.eq(s:match("([^\n]*)\n?$"), fmt("zrun: sft_llama: data: %s/plain.txt is plain text; this recipe reads rows from .jsonl, " ..
+    ".json or .csv (messages, prompt + completion, or text fields); to train on plain text: zrun recipes/finetune_llama.lua " ..
+    "data=%s/plain.txt", root, root))
+end)
+
 os.execute("rm -rf '" .. root .. "'")
 T.done()
