@@ -112,6 +112,8 @@ end
 function M.load(path)
   local dir = path
   if path:match("%.jsonl$") then dir = path:match("^(.*)/[^/]*$") or "."
+  elseif require("zrun._C").path_type(path) == "file" then -- (not a folder: naming path/metrics.jsonl would mislead)
+    error(fmt("zrun plot: %s is a file, not a run: pass the run's output_dir or its metrics.jsonl", path), 0)
   else path = join(path, "metrics.jsonl") end
   local header, recs = M.read(path)
   if type(recs) ~= "table" then

@@ -177,7 +177,11 @@ function M.main(args)
     if a == "--out" or a == "-o" then out, i = args[i + 1], i + 1
     elseif a == "--ascii" then ascii = true
     elseif a == "--no-text" then text = false
-    elseif a == "--width" then width, i = tonumber(args[i + 1]), i + 1
+    elseif a == "--width" then
+      width, i = tonumber(args[i + 1]), i + 1
+      if not width or width < 20 or width % 1 ~= 0 then -- (was: a bad value drew at the default width, silently)
+        error(fmt("zrun plot: --width must be a whole number of columns >= 20, got %s", tostring(args[i])), 0)
+      end
     elseif a == "-h" or a == "--help" then print(USAGE); return 0
     elseif a:sub(1, 1) == "-" then error(fmt("zrun plot: unknown option %s (%s)", a, USAGE), 0)
     elseif path then error(fmt("zrun plot: one run at a time, got %s and %s (%s)", path, a, USAGE), 0)

@@ -213,6 +213,8 @@ T.test("zrun plot DIR and zr.plot(): the SVG beside the metrics, the chart, one-
     [" /nowhere/run"] = "no metrics file /nowhere/run/metrics.jsonl",
     [" " .. dir .. " --bogus"] = "unknown option --bogus",
     [" a b"] = "one run at a time",
+    [" " .. dir .. " --width abc"] = "zrun plot: --width must be a whole number of columns >= 20, got abc",
+    [" " .. dir .. "/metrics.svg"] = "zrun plot: " .. dir .. "/metrics.svg is a file, not a run: pass the run's output_dir",
   } do
     local o, c = sh(bin .. " plot" .. cmd)
     T.eq(c, 1, cmd)
