@@ -276,8 +276,8 @@ int main(int argc, char **argv) {
             status = docall(L, 0);
         }
     } else {
-        fprintf(stderr, "zrun: unknown option '%s'\n", a1);
-        usage();
+        fprintf(stderr, "zrun: unknown option '%s' (zrun --help lists what zrun takes; a script's options go after it: "
+                        "zrun SCRIPT.lua %s)\n", a1, a1);
         status = 1;
     }
     zr_mem_set_collector(NULL, NULL);

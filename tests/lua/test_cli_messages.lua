@@ -191,6 +191,10 @@ T.test("a script that is not there: a close name, zrun's own recipe, a subcomman
   one_line(fmt("'%s/recipes/finetune_lama.lua'", home),
     fmt("zrun: cannot open %s/recipes/finetune_lama.lua: no such file (did you mean %s/recipes/finetune_llama.lua?)", home, home))
   one_line("reprot", "zrun: 'reprot' is neither a script nor a subcommand (did you mean 'zrun report'?)")
+  -- (a script's option put before the script: was the line and the whole usage, 12 lines)
+  local u = one_line("--config x.json", "zrun: unknown option '--config' (zrun --help lists what zrun takes; a script's " ..
+    "options go after it: zrun SCRIPT.lua --config)")
+  T.eq(select(2, u:gsub("\n", "")), 1, "one line: " .. u)
   one_line(fmt("'%s/zzzqqqxx.lua'", root), "zrun: cannot open " .. root .. "/zzzqqqxx.lua: no such file (zrun SCRIPT.lua runs")
   local abs = ZRUN:sub(1, 1) == "/" and ZRUN or os.getenv("PWD") .. "/" .. ZRUN
   local rc = os.execute(fmt("cd '%s' && '%s' recipes/finetune_llama.lua >'%s/out.txt' 2>&1", root, abs, root))
