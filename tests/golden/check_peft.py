@@ -67,6 +67,17 @@ def logits_of(m):
         return m(torch.tensor(IDS)).logits.float()
 
 
+def nudged(pm, which):
+    """PEFT model pm with randn * 0.1 added to the parameters which(name, param) picks (so the logits tell whether
+    they were read), in eval mode; returns its logits."""
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if which(n, p):
+                p.add_(torch.randn_like(p) * 0.1)
+    pm.eval()
+    return logits_of(pm)
+
+
 def zrun_logits(path):
     from safetensors.torch import load_file
     return load_file(path)["logits"]
@@ -212,12 +223,8 @@ def embedding_layers():
         tiny_llama(320, 20 + k).save_pretrained(base_dir)
         pm = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
         torch.manual_seed(200 + k)
-        with torch.no_grad():
-            for n, p in pm.named_parameters():
-                if "lora_B" in n or "lm_head" in n or ("embed_tokens" in n and save_kw):  # (what PEFT saves)
-                    p.add_(torch.randn_like(p) * 0.1)
-        pm.eval()
-        want = logits_of(pm)
+        # (what PEFT saves)
+        want = nudged(pm, lambda n, p: "lora_B" in n or "lm_head" in n or ("embed_tokens" in n and save_kw))
         pm.save_pretrained(ad_dir, **save_kw)
         base_keys = sorted(n for n in load_file(f"{ad_dir}/adapter_model.safetensors") if "lora_" not in n)
         rc, out = C.zrun_lua(f"""
@@ -251,12 +258,7 @@ def trained_biases():
         GPT2LMHeadModel(GPT2Config(vocab_size=320, n_embd=16, n_layer=2, n_head=2, n_positions=32)).save_pretrained(base_dir)
         pm = get_peft_model(GPT2LMHeadModel.from_pretrained(base_dir), LoraConfig(r=4, bias=bias))
         t, a = pm.get_nb_trainable_parameters()
-        with torch.no_grad():
-            for n, p in pm.named_parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p) * 0.1)
-        pm.eval()
-        want = logits_of(pm)
+        want = nudged(pm, lambda n, p: p.requires_grad)
         pm.save_pretrained(ad_dir)
         rc, out = C.zrun_lua(f"""
 local zr = require "zrun"
@@ -299,12 +301,7 @@ def tied_embedding():
         kw = dict(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=list(mts), ensure_weight_tying=True)
         pm = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir), LoraConfig(**kw))
         t, a = pm.get_nb_trainable_parameters()
-        with torch.no_grad():
-            for n, p in pm.named_parameters():
-                if p.requires_grad:
-                    p.add_(torch.randn_like(p) * 0.1)
-        pm.eval()
-        want = logits_of(pm)
+        want = nudged(pm, lambda n, p: p.requires_grad)
         pm.save_pretrained(ad_dir)
         lua_mts = "{ " + ", ".join(json.dumps(x) for x in mts) + " }"
         rc, out = C.zrun_lua(f"""
