@@ -524,6 +524,18 @@ function hf.read_generation_config(dir)
   return decode_json_file(p, "the generation config")
 end
 
+-- A from_pretrained's load_weights error err, raised again: torch's two-line "Error(s) in loading state_dict"
+-- (the weights do not fit the config's model) on one line saying what to use instead; any other as it is.
+-- family: the model type that names the message ("llama", "gpt2", ...).
+function hf.raise_load_error(family, dir, err)
+  err = tostring(err)
+  if err:find("Error(s) in loading state_dict", 1, true) then
+    error(fmt("%s: %s: the weights do not fit config.json's model: %s (a checkpoint of another model, or an " ..
+      "incomplete one: use the folder's own files)", family, dir, (err:gsub("\n\t", " "))), 0)
+  end
+  error(err, 0)
+end
+
 -- What a model loaded by from_pretrained(ref) from dir keeps of its source, as transformers' does:
 -- model.name_or_path (ref, what PEFT writes as adapter_config.json's base_model_name_or_path) and
 -- model.generation_config (dir's generation_config.json, which save_pretrained writes back).

@@ -155,5 +155,18 @@ T.test("gpt2: a row longer than n_positions is refused naming the limit and the 
     "gpt2: sequence length 13 exceeds n_positions 12 (GPT-2's learned positions end there: cut rows to at most 12 tokens")
 end)
 
+-- weights that do not fit the config's model (here ln_f's missing): one line naming the folder and the fix, as Llama's
+T.test("gpt2: a directory whose weights do not fit config.json's model is one line", function()
+  local m = gpt2.GPT2LMHeadModel(cjson.decode(meta.gelu))
+  local sd = weights("gelu", m)
+  sd["transformer.ln_f.weight"] = nil
+  local dir = tmp .. "/no_ln_f"
+  hf.save_state_dict(dir, sd)
+  T.write_file(dir .. "/config.json", meta.gelu)
+  local err = T.raises(function() gpt2.from_pretrained(dir) end, "gpt2: " .. dir .. ": the weights do not fit config.json's " ..
+    "model: Error(s) in loading state_dict for GPT2LMHeadModel: Missing key(s) in state_dict: \"transformer.ln_f.weight\".")
+  T.eq(tostring(err):find("\n"), nil, "one line")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()

@@ -367,7 +367,7 @@ function M.from_pretrained(ref, opts)
     error(("gpt2: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
       "be random; if the head is wte, load with { config = { tie_word_embeddings = true } }"):format(dir), 0)
   elseif not ok then
-    error(err, 0)
+    hf.raise_load_error("gpt2", dir, err)
   end
   if head and tied then
     require("zrun.models.llama").check_tied_head(dir, model.transformer.wte.weight, "gpt2", "transformer.wte.weight",

@@ -573,11 +573,8 @@ function M.from_pretrained(ref, opts, family)
     error(("%s: %s has no lm_head.weight and config.json's tie_word_embeddings is false, so the output head would " ..
       "be random; if the head is the embedding, load with { config = { tie_word_embeddings = true } }"):format(F, dir),
       0)
-  elseif not ok and tostring(err):find("Error(s) in loading state_dict", 1, true) then -- (torch's two-line text, on one)
-    error(("%s: %s: the weights do not fit config.json's model: %s (a checkpoint of another model, or an incomplete " ..
-      "one: use the folder's own files)"):format(F, dir, (tostring(err):gsub("\n\t", " "))), 0)
   elseif not ok then
-    error(err, 0)
+    hf.raise_load_error(F, dir, err)
   end
   if head and tied then
     M.check_tied_head(dir, model.model.embed_tokens.weight, F, "model.embed_tokens.weight",
