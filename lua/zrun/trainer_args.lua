@@ -10,6 +10,7 @@ local fmt, concat, sort, floor, ceil, huge = string.format, table.concat, table.
 -- The ones the DeepSpeed config's "auto" values read live in config.ARG_DEFAULTS (one home).
 M.DEFAULTS = {
   output_dir = "trainer_output", per_device_eval_batch_size = 8, lr_scheduler_type = "linear", lr_scheduler_kwargs = false,
+  accelerator_config = false,
   optim = "adamw_torch", optim_args = false,
   logging_strategy = "steps", logging_steps = 500, logging_first_step = false, logging_nan_inf_filter = true,
   save_strategy = "steps", save_steps = 500, save_total_limit = false,
@@ -127,6 +128,50 @@ function M.interval(v, total)
   return floor(v)
 end
 
+-- transformers' AcceleratorConfig (accelerate's data loading across ranks), its fields' defaults, and what zrun
+-- does: each rank reads its own per_device batches (split_batches false, dispatch_batches none), the evaluation's
+-- last round completed from the first rows (even_batches true), transformers' seeded sampler order
+-- (use_seedable_sampler true); non_blocking (asynchronous host -> device copies) changes no result.
+local ACCELERATOR = { split_batches = false, dispatch_batches = false, even_batches = true, use_seedable_sampler = true,
+  non_blocking = "any", gradient_accumulation_kwargs = false, use_configured_state = false }
+
+-- accelerator_config (a table, or the command line's JSON object / JSON file, as TrainingArguments reads it): the
+-- defaults accepted, non_blocking either way; a value zrun does not run refused, an unknown field refused as
+-- AcceleratorConfig refuses it.
+function M.check_accelerator_config(a)
+  local v = a.accelerator_config
+  if v == false or v == nil then return end
+  if type(v) == "string" then
+    local text = v
+    if not v:match("^%s*{") then
+      local f = io.open(v, "rb")
+      if not f then bad("accelerator_config must be a JSON object or a JSON file, got %s (no such file)", v) end
+      text = f:read("*a")
+      f:close()
+    end
+    local ok, t = pcall(require("cjson").decode, text)
+    if not ok or type(t) ~= "table" then bad("accelerator_config must be a JSON object like '{\"even_batches\": true}', got %s", v) end
+    v = t
+  end
+  if type(v) ~= "table" then bad("accelerator_config must be a table of AcceleratorConfig's fields, got %s", config.show(v)) end
+  for _, k in ipairs(sorted_keys(v)) do
+    local want, got = ACCELERATOR[k], v[k]
+    if want == nil then
+      bad("accelerator_config: unexpected field '%s' (AcceleratorConfig's fields: %s)", tostring(k),
+        concat(sorted_keys(ACCELERATOR), ", "))
+    end
+    if got == require("cjson").null then got = false end -- (JSON null: None)
+    if want == "any" then
+      if type(got) ~= "boolean" then bad("accelerator_config.%s must be true or false, got %s", k, config.show(got)) end
+    elseif got ~= want then
+      bad("accelerator_config.%s = %s is not what zrun runs (%s: each rank reads its own per-device batches in " ..
+        "transformers' seeded order, the evaluation's last round completed); leave it out", k, config.show(got),
+        want == false and "false / None" or config.show(want))
+    end
+  end
+  a.accelerator_config = v
+end
+
 -- Returns the arguments with defaults filled, after checking every key and value. `given` keeps
 -- only what the caller set (the DeepSpeed config compares those with its own values). quiet: no
 -- warnings (a script checking its arguments early, before the Trainer checks them again).
@@ -201,6 +246,7 @@ function M.resolve(user, quiet)
     require("zrun.dist").print0(fmt("[zrun] Trainer: lr_scheduler_kwargs has no effect on lr_scheduler_type %s " ..
       "(transformers drops them too)", a.lr_scheduler_type))
   end
+  M.check_accelerator_config(a)
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
   end

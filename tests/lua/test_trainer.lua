@@ -103,6 +103,22 @@ T.test("TrainingArguments: misspelled values and keys are one line naming what i
   T.eq(t.state.eval_steps, 5, "a fraction < 1 is a share of the total steps")
 end)
 
+-- accelerator_config (transformers 5.17's AcceleratorConfig): its defaults are what zrun runs (accepted, as a table or
+-- the command line's JSON), non_blocking either way; another value, or a field AcceleratorConfig does not have
+-- (transformers: TypeError "unexpected keyword argument"), one line. (Was refused as an unknown argument.)
+T.test("TrainingArguments: accelerator_config's defaults accepted, other values and unknown fields one line", function()
+  local TA = require "zrun.trainer_args"
+  local function resolve(v) return TA.resolve({ output_dir = "/tmp/zrun_acc", accelerator_config = v }, true) end
+  resolve { even_batches = true, use_seedable_sampler = true, split_batches = false, non_blocking = true }
+  resolve '{"dispatch_batches": null, "use_configured_state": false}'
+  T.raises(function() resolve '{"split_batches": true}' end, "accelerator_config.split_batches = true is not what zrun runs")
+  T.raises(function() resolve { even_batches = false } end, "accelerator_config.even_batches = false is not what zrun runs")
+  T.raises(function() resolve { dispatch_batches = true } end, "accelerator_config.dispatch_batches = true is not")
+  T.raises(function() resolve '{"bogus": 1}' end, "accelerator_config: unexpected field 'bogus' (AcceleratorConfig's fields: ")
+  T.raises(function() resolve "/nonexistent/acc.json" end, "accelerator_config must be a JSON object or a JSON file, got " ..
+    "/nonexistent/acc.json (no such file)")
+end)
+
 T.test("datasets the default collator cannot read stop at zr.Trainer{}, with the fix", function()
   local function new(ds, extra)
     local o = { model = model(), train_dataset = ds, args = { output_dir = tmp .. "/rows" } }
