@@ -180,18 +180,36 @@ local function check_rows(ds, what)
     or ""), 0)
 end
 
+-- transformers' Trainer options zrun does not take, and what to do instead (they were "unknown option")
+local NOT_TAKEN = {
+  compute_metrics = "zrun's evaluation keeps no predictions; it reports eval_loss and eval_perplexity (SFTTrainer also " ..
+    "eval_mean_token_accuracy and eval_entropy): compute other metrics after training from model:generate or the " ..
+    "model's forward over the evaluation rows",
+  preprocess_logits_for_metrics = "zrun's evaluation keeps no logits (there is no compute_metrics); it reports " ..
+    "eval_loss and eval_perplexity",
+  optimizers = "the optimizer and its schedule come from args (optim, learning_rate, weight_decay, lr_scheduler_type, " ..
+    "...) or the DeepSpeed config's optimizer / scheduler sections",
+  optimizer_cls_and_kwargs = "the optimizer comes from args.optim and its arguments (adam_beta1, ..., optim_args) or " ..
+    "the DeepSpeed config's optimizer section",
+  compute_loss_func = "the loss is the model's own: the token-mean cross-entropy (label_smoothing_factor; SFTTrainer's " ..
+    "loss_type \"dft\")",
+}
+
 -- zr.Trainer{ model =, args =, train_dataset =, eval_dataset =, data_collator =, processing_class =, callbacks = }
 -- (also model_init, a function returning the model, and tokenizer, processing_class's old name), as
 -- transformers' Trainer: args are TrainingArguments (zrun.trainer_args checks every key), with
 -- args.deepspeed a DeepSpeed config path or table. Unknown options are refused. Sets args.seed first.
 function Trainer.new(opts)
   if type(opts) ~= "table" then error("Trainer{model=, args=, train_dataset=, ...}: expected a table", 2) end
+  -- (a user's script gets its line in front; zrun's own caller, SFTTrainer, none: the mistake is the user's)
+  local level = (debug.getinfo(2, "S").source or ""):find("/lua/zrun/", 1, true) and 0 or 2
   for k in pairs(opts) do
+    if NOT_TAKEN[k] then error(fmt("Trainer: %s is not supported: %s", k, NOT_TAKEN[k]), level) end
     if not OPTIONS[k] then
       local names = {}
       for n in pairs(OPTIONS) do names[#names + 1] = n end
       table.sort(names)
-      error(fmt("Trainer: unknown option '%s' (options: %s)", tostring(k), table.concat(names, ", ")), 2)
+      error(fmt("Trainer: unknown option '%s' (options: %s)", tostring(k), table.concat(names, ", ")), level)
     end
   end
   local self = setmetatable({}, Trainer)
