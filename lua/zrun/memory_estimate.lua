@@ -21,6 +21,14 @@ local function adder(list)
   end
 end
 
+-- Which projections carry a bias (q/k/v, o, MLP), as llama.lua builds them: qwen2 has biases on q, k, v (not o)
+-- without saying so in its config; mistral none; llama its attention_bias and mlp_bias.
+function M.biases(c)
+  if c.model_type == "qwen2" then return true, false, false end
+  if c.model_type == "mistral" then return false, false, false end
+  return c.attention_bias or false, c.attention_bias or false, c.mlp_bias or false
+end
+
 -- Ordered list of {name=, numel=, module=, shape=} in the order model:parameters() gives them.
 local function llama_params(c)
   local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
@@ -28,9 +36,7 @@ local function llama_params(c)
   if KV == nil then KV = KV_DEFAULT[c.model_type] end -- (false: JSON null, None, as none given)
   KV = KV or Hq
   local D = head_dim(c)
-  -- qwen2 has biases on q, k, v (not o) without saying so in its config
-  local qkv_bias = c.attention_bias or c.model_type == "qwen2"
-  local o_bias, mlp_bias = c.attention_bias and c.model_type ~= "qwen2", c.mlp_bias
+  local qkv_bias, o_bias, mlp_bias = M.biases(c)
   local out = {}
   local add = adder(out)
   local function linear(mod, i, o, bias)

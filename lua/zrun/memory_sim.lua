@@ -150,16 +150,21 @@ end
 -- straight into their storage while the elements started are below stage3_prefetch_bucket_size and
 -- below stage3_max_live_parameters minus the live ones (the one crossing starts too, as in
 -- DeepSpeed); recomputation inside backward does not.
+-- A module's bias (W.bias, a leaf of its own: persistent by its own size) is gathered and released with its weight;
+-- the chain runs from the module's last parameter on (first one back).
 function Sim:gather(W, in_backward, no_prefetch)
   if not self.o.stage3 or W.leaf.frozen then return end -- (a frozen base is no ZeRO parameter: nothing to gather)
-  if not W.leaf.gathered and not W.leaf.persistent then
-    W.leaf.gathered = true
-    self.live = self.live + W.leaf.numel
-    self:count("params", W.leaf.bytes)
+  for _, leaf in ipairs { W.leaf, W.bias and W.bias.leaf } do
+    if not leaf.gathered and not leaf.persistent then
+      leaf.gathered = true
+      self.live = self.live + leaf.numel
+      self:count("params", leaf.bytes)
+    end
   end
   local order, budget = self.order, self.o.prefetch or 0
   if no_prefetch or budget <= 0 or not order or (self.in_bwd and not in_backward) then return end
-  local k, step = order.pos[W.leaf], in_backward and -1 or 1
+  local step = in_backward and -1 or 1
+  local k = order.pos[in_backward and W.leaf or (W.bias or W).leaf]
   local list, total = {}, 0 -- the modules along the chain, up to the budget (engine.lua's chain)
   k = k + step
   while order[k] and total < budget do
@@ -184,15 +189,19 @@ end
 -- comes within stage3_max_reuse_distance (twice the parameters of the modules after it) and the
 -- live ones are within stage3_max_live_parameters; its backward releases them.
 function Sim:release_param(W, after_forward)
-  if not self.o.stage3 or not W.leaf.gathered or W.leaf.keep or W.leaf.persistent then return end
+  if not self.o.stage3 or W.leaf.frozen or W.leaf.keep then return end
   local order = self.order
   if after_forward and order and not self.in_bwd and self.grad_on ~= false and
-    2 * order.after[order.pos[W.leaf]] < (self.o.max_reuse or 0) and self.live <= (self.o.max_live or 1e18) then
+    2 * order.after[order.pos[(W.bias or W).leaf]] < (self.o.max_reuse or 0) and self.live <= (self.o.max_live or 1e18) then
     return
   end
-  W.leaf.gathered = false
-  self.live = self.live - W.leaf.numel
-  self:count("params", -W.leaf.bytes)
+  for _, leaf in ipairs { W.leaf, W.bias and W.bias.leaf } do
+    if leaf.gathered and not leaf.persistent then
+      leaf.gathered = false
+      self.live = self.live - leaf.numel
+      self:count("params", -leaf.bytes)
+    end
+  end
 end
 
 -- Whether value v needs a gradient: made by a recorded node, or a trained parameter (a frozen one, LoRA's
@@ -915,9 +924,17 @@ function M.llama_activations(cfg, o)
   local layers = {}
   local PROJ = { q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj",
     g = "mlp.gate_proj", u = "mlp.up_proj", d = "mlp.down_proj" }
+  -- a projection's weight (out, in), and its bias (out) as W.bias where the model has one (Qwen2's q/k/v)
+  local qkv_bias, o_bias, mlp_bias = require("zrun.memory_estimate").biases(cfg)
+  local function Lin(out, inp, bias)
+    local W = P(out * inp)
+    if bias then W.bias = P(out) end
+    return W
+  end
   for l = 1, L do
-    local p = { q = P(Hq * D * H), k = P(KV * D * H), v = P(KV * D * H), o = P(H * Hq * D), g = P(I * H),
-      u = P(I * H), d = P(H * I), n1 = P(H), n2 = P(H), ad = {} }
+    local p = { q = Lin(Hq * D, H, qkv_bias), k = Lin(KV * D, H, qkv_bias), v = Lin(KV * D, H, qkv_bias),
+      o = Lin(H, Hq * D, o_bias), g = Lin(I, H, mlp_bias), u = Lin(I, H, mlp_bias), d = Lin(H, I, mlp_bias), n1 = P(H),
+      n2 = P(H), ad = {} }
     for k, mod in pairs(lora and PROJ or {}) do
       local t = lora.targets["model.layers." .. (l - 1) .. "." .. mod]
       if t then p.ad[k] = { W = p[k], A = P(lora.r * t[1], true), B = P(t[2] * lora.r, true), r = lora.r,
@@ -933,6 +950,7 @@ function M.llama_activations(cfg, o)
     local p = layers[l]
     for _, k in ipairs(LAYER_MODULES) do
       chain[#chain + 1] = p[k]
+      if p[k].bias then chain[#chain + 1] = p[k].bias end
       local a = p.ad[k]
       if a then chain[#chain + 1] = a.A; chain[#chain + 1] = a.B end
     end

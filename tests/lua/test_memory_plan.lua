@@ -15,12 +15,14 @@ local mem = zr.memory
 local CATS = { "params", "grads", "optimizer", "activations" }
 local STEPS = 3 -- steps 2.. see the previous step's batch, logits and loss as uncollected garbage
 
+local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM" }
 local batch = T.token_batch -- a causal-LM batch as a collator builds it (category "other")
 
 -- Builds the model and the engine, then trains STEPS steps. Returns the peak of each category
 -- during setup (construction + zr.initialize) and during training, above the baseline, and the plan.
 local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
   cfg.tie_word_embeddings = c.tied or false
   cfg.vocab_size = c.V or cfg.vocab_size
@@ -35,7 +37,7 @@ local function measure(c)
   -- the partitioned path a rank of a multi-rank run takes (what most cases here measure)
   zr.setenv("ZRUN_STAGE3_GATHER", c.stage == 3 and not c.solo and "1" or nil)
   zr.setenv("ZRUN_OFFLOAD_GRADS", c.offload) -- where offloaded gradients live: "device" or "host"
-  local model = zr.models.llama.LlamaForCausalLM(cfg)
+  local model = zr.models.llama[CLASS[cfg.model_type]](cfg)
   -- LoRA: the base frozen, adapters on the targets (PEFT's get_peft_model), before zr.initialize as in a script
   local lcfg = c.lora and zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
     lora_dropout = c.lora.lora_dropout, target_modules = c.lora.target_modules }
@@ -91,9 +93,10 @@ local function within(name, measured, planned, report)
 end
 
 -- tiny-llama, f32, one rank: per layer q, o 4,096; k, v 2,048; gate/up/down 11,264; norms 64
--- -> 46,208; embed and lm_head 259 x 64 = 16,576 each; final norm 64.
-local function total_params(layers, tied, V)
-  return layers * 46208 + (V or 259) * 64 * (tied and 1 or 2) + 64
+-- -> 46,208; embed and lm_head 259 x 64 = 16,576 each; final norm 64. As Qwen2: + the q, k, v
+-- biases, 64 + 32 + 32 = 128 per layer.
+local function total_params(layers, tied, V, model_type)
+  return layers * (46208 + (model_type == "qwen2" and 128 or 0)) + (V or 259) * 64 * (tied and 1 or 2) + 64
 end
 
 local cases = {
@@ -157,6 +160,28 @@ local cases = {
   { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 } },
   { stage = 2, B = 2, T = 128, layers = 2, packed = 32, lora = { r = 8, lora_dropout = 0.1 }, ckpt = true },
 }
+-- Mistral and Qwen2 (llama.lua's model types): Qwen2's q/k/v biases are parameters of their own (a bias in the
+-- fused q/k/v product, zr.linear_multi), gathered at stage 3 with their weights, prefetched after them, and kept
+-- whole below the persistence threshold by their own size
+for _, mt in ipairs { "qwen2", "mistral" } do
+  for _, c in ipairs {
+    { stage = 0, B = 5, T = 67, layers = 2 },
+    { stage = 1, B = 3, T = 89, layers = 3, ckpt = true },
+    { stage = 2, B = 1, T = 301, layers = 2 },
+    { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0 },
+    { stage = 3, B = 4, T = 97, layers = 3 },
+    { stage = 3, B = 2, T = 131, layers = 2, tied = true, ckpt = true },
+    { stage = 3, B = 4, T = 97, layers = 3, prefetch = 20000, reuse = 0 },
+    { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 60000 },
+    { stage = 0, B = 5, T = 67, layers = 2, lora = { r = 4 } },
+    { stage = 2, B = 3, T = 89, layers = 3, lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 },
+      ckpt = true },
+    { stage = 3, B = 4, T = 97, layers = 3, prefetch = 0, reuse = 0, lora = { r = 4, target_modules = "all-linear" } },
+  } do
+    c.model_type = mt
+    cases[#cases + 1] = c
+  end
+end
 local results = {}
 for i, c in ipairs(cases) do
   local name = ("plan within 10%% of measured peaks: stage %d, B=%d T=%d, %d layers%s%s%s%s%s%s"):format(c.stage, c.B, c.T,
@@ -167,6 +192,7 @@ for i, c in ipairs(cases) do
     (c.packed and (", packed sequences of " .. c.packed) or "") .. (c.lora and (", LoRA r " .. c.lora.r .. " on " ..
     (type(c.lora.target_modules) == "table" and table.concat(c.lora.target_modules, "/") or c.lora.target_modules or
     "q_proj/v_proj") .. (c.lora.lora_dropout and (", dropout " .. c.lora.lora_dropout) or "")) or "")
+  if c.model_type then name = c.model_type .. ": " .. name end
   T.test(name, function()
     local m, setup, plan, offload_grads, plain = measure(c)
     results[i] = m
@@ -187,7 +213,7 @@ for i, c in ipairs(cases) do
         if r < 0.9 or r > 1.1 then off = off + 1 end
       end
       T.eq(off >= 2, true, "a plan without lora misses at least two categories by more than 10%")
-      local base, trained = total_params(c.layers, c.tied), plan.settings.lora_plan.trained
+      local base, trained = total_params(c.layers, c.tied, nil, c.model_type), plan.settings.lora_plan.trained
       T.eq(plan.settings.lora_plan.frozen, base, "the frozen base: the model's parameters")
       T.eq(plan.total_params, base + trained)
       if c.stage == 3 then
@@ -217,7 +243,7 @@ for i, c in ipairs(cases) do
       -- elements, each an f32 in-slot (3 x n x 4 bytes), made when the gradients come from the
       -- device partition (with them in the host partition the step reads them in place); no
       -- out-slots: on the CPU the new weights are written into the flat buffer in place.
-      local n = total_params(c.layers, c.tied)
+      local n = total_params(c.layers, c.tied, nil, c.model_type)
       T.eq(offload_grads, c.offload, "the engine's placement")
       T.eq(m.params, 4 * n, "offload: the model once"); T.eq(setup.params, 8 * n, "offload setup: model + flat copy")
       T.eq(m.grads, 4 * n, "offload: the gradient partition, no .grad besides")
@@ -236,20 +262,21 @@ for i, c in ipairs(cases) do
       end
     elseif c.solo then
       -- the model once (no shard beside it, nothing gathered), and no gradient buckets
-      T.eq(m.params, total_params(c.layers, c.tied) * 4, "stage 3 in one process: the model once")
+      T.eq(m.params, total_params(c.layers, c.tied, nil, c.model_type) * 4, "stage 3 in one process: the model once")
       T.eq(plan.device.comm, 0, "stage 3 in one process: no buckets planned")
     elseif c.stage == 3 and c.persist then
       -- persistent parameters are never released: the whole model stays beside its shard
       -- (+ the largest parameter: refreshing a persistent parameter after the step gathers its new
       -- copy before the old one is freed)
-      T.eq(m.params, (2 * total_params(c.layers, c.tied) + 16576) * 4, "stage 3 persistent params = model + shard")
+      T.eq(m.params, (2 * total_params(c.layers, c.tied, nil, c.model_type) + 16576) * 4, "stage 3 persistent params = model + shard")
     elseif c.stage == 3 and c.prefetch == nil then
       -- by hand: the shard plus the whole model (everything prefetched at once)
-      local n = total_params(c.layers, c.tied)
+      local n = total_params(c.layers, c.tied, nil, c.model_type)
       T.eq(m.params, 2 * n * 4, "stage 3 params with prefetch = shard + whole model")
+      T.eq(plan.device.params, 2 * n * 4, "planned stage 3 params with prefetch (Qwen2: the biases prefetched too)")
     elseif c.stage == 3 and (c.prefetch > 0 or c.reuse > 0) then
       -- more than one module, less than the model: the bucket bounds what is ahead
-      local n = total_params(c.layers, c.tied)
+      local n = total_params(c.layers, c.tied, nil, c.model_type)
       T.eq(m.params > (n + 16576) * 4 and m.params < 2 * n * 4, true, "stage 3 params with a small bucket / reuse")
       T.eq(plan.device.params, m.params, "planned stage 3 params with a small bucket / reuse")
     elseif c.stage == 3 then
@@ -257,14 +284,14 @@ for i, c in ipairs(cases) do
       -- once: the parameters of one op, gate/up (2 x 176 x 64 = 22,528: llama.lua runs them as one
       -- product, their modules' hooks around it), and with a tied head the embedding (259 x 64,
       -- kept until backward ends) too
-      local n = total_params(c.layers, c.tied)
+      local n = total_params(c.layers, c.tied, nil, c.model_type)
       local gathered = c.tied and (16576 + 22528) or 22528
       T.eq(m.params, (n + gathered) * 4, "stage 3 params = shard + gathered")
       T.eq(plan.device.params, (n + gathered) * 4, "planned stage 3 params")
       -- setup: the whole model, built before zr.initialize partitions it, plus its shard
       T.eq(setup.params, 2 * n * 4, "stage 3 setup params = model + shard")
     else
-      T.eq(m.params, total_params(c.layers, c.tied, c.V) * 4, "stages 0-2 keep the whole model")
+      T.eq(m.params, total_params(c.layers, c.tied, c.V, c.model_type) * 4, "stages 0-2 keep the whole model")
     end
     if c.dft then
       -- the peak of the same run without (the one before) + at least half a logits-sized f32 tensor (B x T x V x 4
