@@ -9,13 +9,16 @@ local W, rank = dist.world_size(), dist.rank()
 local gpu = os.getenv("ZRUN_CHECK_DEVICE") == "cuda"
 local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 
--- c = {stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM" }
+
+-- c = {model_type = "mistral" or "qwen2" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
 -- LEN tokens)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
 local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
+  cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
   cfg.head_dim = c.head_dim or cfg.head_dim -- 16: CUDA runs the f32 attention composition; 64: the flash kernel
   if gpu then cfg.device, cfg.dtype = "cuda", "bf16" end
@@ -29,7 +32,7 @@ local function measure(c)
   local b0 = mem.stats(dev)
   local base, hbase = b0.total_current, mem.stats("cpu").total_current
   zr.manual_seed(7)
-  local model = zr.models.llama.LlamaForCausalLM(cfg)
+  local model = zr.models.llama[CLASS[cfg.model_type]](cfg)
   if c.lora then
     model = zr.peft.get_peft_model(model, zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
       target_modules = c.lora.target_modules, lora_dropout = c.lora.lora_dropout })

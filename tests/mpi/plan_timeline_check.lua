@@ -55,12 +55,25 @@ local cases = {
   { stage = 2, B = 2, T = 96, layers = 2, head_dim = 64, packed = 24,
     lora = { r = 4, target_modules = { "q_proj", "v_proj" } } },
   { stage = 1, B = 4, T = 64, layers = 2, packed = 16 },
+  -- Qwen2 (q/k/v biases in the fused q/k/v product, gathered with their weights at stage 3) and Mistral
+  { model_type = "qwen2", stage = 0, B = 4, T = 97, layers = 2 },
+  { model_type = "qwen2", stage = 2, B = 3, T = 61, layers = 3, gas = 2 },
+  { model_type = "qwen2", stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true },
+  { model_type = "qwen2", stage = 1, B = 4, T = 96, layers = 2, head_dim = 64,
+    lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
+  { model_type = "qwen2", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2,
+    lora = { r = 4, target_modules = { "q_proj", "v_proj" } } },
+  { model_type = "mistral", stage = 2, B = 4, T = 97, layers = 2 },
+  { model_type = "mistral", stage = 3, B = 4, T = 97, layers = 2 },
+  { model_type = "mistral", stage = 2, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true,
+    lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
     c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
     (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "")
+  if c.model_type then name = c.model_type .. ": " .. name end
   local function check()
     local m, plan, hm, at = measure(c)
     -- on the CPU the plan's device and host columns are the same memory; the setup is not in `m`
