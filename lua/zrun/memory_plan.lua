@@ -455,6 +455,17 @@ local function build(o, s, counted)
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end
+  -- Mistral's and Qwen2's sliding window: llama.lua's forward refuses a sequence longer than it (its attention has
+  -- no window), so the planned step would not run
+  local ok, nc = pcall(function()
+    return (cfg.model_type == "mistral" or cfg.model_type == "qwen2") and require("zrun.models.llama").normalize_config(cfg)
+  end)
+  local window = ok and nc and require("zrun.models.hf_config").attention_window(nc)
+  local longest = s.packed or s.seq_len
+  if window and longest > window then
+    notes[#notes + 1] = fmt("%s: a sequence of %d tokens is longer than sliding_window (%d); zrun's attention has no " ..
+      "window, so training refuses it: plan sequences of at most %d tokens", cfg.model_type, longest, window, window)
+  end
   if s.gc ~= M.DEFAULT_GC then
     notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun's models and checkpointed segments free their " ..
       "temporaries when they return, and a collection runs before backward when it could free more than 1/256 " ..

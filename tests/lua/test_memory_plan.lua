@@ -481,6 +481,28 @@ T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", func
   T.raises(function() P.parse_bytes("lots") end, "memory size")
 end)
 
+T.test("Mistral's and Qwen2's sliding window: a longer sequence, which training refuses, is noted", function()
+  local function has_note(p) return tostring(p):find("longer than sliding_window", 1, true) ~= nil end
+  local o = { model = { model_type = "mistral", hidden_size = 64, intermediate_size = 176, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 259, sliding_window = 64 }, micro_batch = 1,
+    seq_len = 65, stage = 0, device = "cpu", dtype = "f32" }
+  local p = P.plan(o)
+  T.eq(has_note(p), true, "65 tokens past a window of 64")
+  T.eq(tostring(p):find("mistral: a sequence of 65 tokens is longer than sliding_window (64)", 1, true) ~= nil, true)
+  o.seq_len = 64
+  T.eq(has_note(P.plan(o)), false, "64 tokens fit")
+  o.seq_len, o.packed = 256, 32 -- packed sequences: each attends to itself
+  T.eq(has_note(P.plan(o)), false, "packed sequences of 32 fit")
+  o.model.sliding_window, o.packed = false, nil -- (Mistral v0.3: none)
+  T.eq(has_note(P.plan(o)), false, "no window")
+  o.model = { model_type = "qwen2", hidden_size = 64, intermediate_size = 176, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 259, use_sliding_window = true, sliding_window = 64,
+    max_window_layers = 1 }
+  T.eq(has_note(P.plan(o)), true, "Qwen2: layer 1 slides")
+  o.model.use_sliding_window = false
+  T.eq(has_note(P.plan(o)), false, "Qwen2: use_sliding_window false")
+end)
+
 T.test("zrun plan refuses counts of zero and non-integers (issue 16: --micro-batch 0 planned zero)", function()
   local function plan(...) return P.main_plan({ "zrun/tiny-llama", "--device", "cpu", ... }) end
   T.raises(function() plan("--micro-batch", "0") end, "zrun plan: --micro-batch must be at least 1, got 0")
