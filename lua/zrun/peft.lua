@@ -367,6 +367,19 @@ end
 local Lora = Module:extend("LoraLayer")
 M.LoraLayer = Lora
 
+-- A LoRA layer's plain fields (not parameters): the module it wraps, its shape, rank, alpha, PEFT's scaling
+-- (lora_alpha / r, or / sqrt(r) with use_rslora) and dropout.
+local function set_fields(self, base, conv1d, nin, nout, r, alpha, cfg, dropout)
+  rawset(self, "base_layer", base)
+  rawset(self, "conv1d", conv1d)
+  rawset(self, "in_features", nin)
+  rawset(self, "out_features", nout)
+  rawset(self, "r", r)
+  rawset(self, "lora_alpha", alpha)
+  rawset(self, "scaling", cfg.use_rslora and alpha / math.sqrt(r) or alpha / r)
+  rawset(self, "lora_dropout", dropout)
+end
+
 -- LoraLayer(base, conv1d, cfg [, r, alpha]): the adapter around base (an nn.Linear, or a Conv1D when conv1d) with
 -- rank r and lora_alpha alpha (default cfg's: rank_pattern / alpha_pattern give others), cfg's use_rslora,
 -- lora_dropout and init_lora_weights; lora_A / lora_B in the base weight's dtype and device.
@@ -384,14 +397,7 @@ function Lora:__init(base, conv1d, cfg, r, alpha)
     elseif cfg.init_lora_weights == "gaussian" then init.normal_(self.lora_A.weight, 0, 1 / r) end
     if cfg.init_lora_weights ~= false then init.zeros_(self.lora_B.weight) end
   end)
-  rawset(self, "base_layer", base)
-  rawset(self, "conv1d", conv1d)
-  rawset(self, "in_features", nin)
-  rawset(self, "out_features", nout)
-  rawset(self, "r", r)
-  rawset(self, "lora_alpha", alpha)
-  rawset(self, "scaling", cfg.use_rslora and alpha / math.sqrt(r) or alpha / r)
-  rawset(self, "lora_dropout", cfg.lora_dropout)
+  set_fields(self, base, conv1d, nin, nout, r, alpha, cfg, cfg.lora_dropout)
 end
 
 -- base(x) + lora_B(lora_A(dropout(x))) * scaling: x (..., in) -> (..., out). With the base frozen (as
@@ -499,14 +505,7 @@ function LoraEmbedding:__init(base, cfg, r, alpha)
     else init.zeros_(self.lora_embedding_A) end
     init.normal_(self.lora_embedding_B, 0, 1)
   end)
-  rawset(self, "base_layer", base)
-  rawset(self, "conv1d", false)
-  rawset(self, "in_features", V)
-  rawset(self, "out_features", d)
-  rawset(self, "r", r)
-  rawset(self, "lora_alpha", alpha)
-  rawset(self, "scaling", cfg.use_rslora and alpha / math.sqrt(r) or alpha / r)
-  rawset(self, "lora_dropout", 0)
+  set_fields(self, base, false, V, d, r, alpha, cfg, 0)
 end
 
 function LoraEmbedding:forward(ids)
