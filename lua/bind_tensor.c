@@ -752,6 +752,15 @@ static int l_random_state(lua_State *L) {
     lua_pushnumber(L, (lua_Number)o);
     return 2;
 }
+/* An i64 tensor of 1..n (1-based for Lua) in the order perm(n, seed) writes 0..n-1. */
+static int push_perm(lua_State *L, int64_t n, uint64_t seed, void (*perm)(int64_t, uint64_t, int64_t *)) {
+    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
+    if (!t) return zr_l_error(L);
+    int64_t *p = zr_tensor_data(t);
+    perm(n, seed, p);
+    for (int64_t i = 0; i < n; i++) p[i] += 1;
+    return zr_l_pushtensor(L, t);
+}
 /* randperm(n [, seed]) -> i64 tensor of 1..n in random order (1-based for Lua). */
 static int l_randperm(lua_State *L) {
     int64_t n = (int64_t)luaL_checknumber(L, 1);
@@ -759,40 +768,30 @@ static int l_randperm(lua_State *L) {
     uint64_t seed;
     if (lua_isnoneornil(L, 2)) seed = zr_random_reserve(1) * 0x9E3779B97F4A7C15ull + 1;
     else seed = (uint64_t)luaL_checknumber(L, 2);
-    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
-    if (!t) return zr_l_error(L);
-    int64_t *p = zr_tensor_data(t);
-    zr_randperm(n, seed, p);
-    for (int64_t i = 0; i < n; i++) p[i] += 1;
-    return zr_l_pushtensor(L, t);
+    return push_perm(L, n, seed, zr_randperm);
+}
+/* n and a seed that must be a non-negative integer (randperm_torch, randperm_numpy: the libraries' seeds). */
+static int64_t perm_args(lua_State *L, const char *name, uint64_t *seed) {
+    int64_t n = (int64_t)luaL_checknumber(L, 1);
+    lua_Number s = luaL_checknumber(L, 2);
+    if (n < 0) luaL_error(L, "%s: n must be >= 0", name);
+    if (s < 0 || s != (lua_Number)(int64_t)s) luaL_error(L, "%s: seed must be a non-negative integer", name);
+    *seed = (uint64_t)s;
+    return n;
 }
 /* randperm_torch(n, seed) -> i64 tensor of 1..n in torch.randperm(n, torch.Generator().manual_seed(seed))'s
  * order (1-based for Lua). */
 static int l_randperm_torch(lua_State *L) {
-    int64_t n = (int64_t)luaL_checknumber(L, 1);
-    lua_Number s = luaL_checknumber(L, 2);
-    if (n < 0) luaL_error(L, "randperm_torch: n must be >= 0");
-    if (s < 0 || s != (lua_Number)(int64_t)s) luaL_error(L, "randperm_torch: seed must be a non-negative integer");
-    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
-    if (!t) return zr_l_error(L);
-    int64_t *p = zr_tensor_data(t);
-    zr_randperm_torch(n, (uint64_t)s, p);
-    for (int64_t i = 0; i < n; i++) p[i] += 1;
-    return zr_l_pushtensor(L, t);
+    uint64_t seed;
+    int64_t n = perm_args(L, "randperm_torch", &seed);
+    return push_perm(L, n, seed, zr_randperm_torch);
 }
 /* randperm_numpy(n, seed) -> i64 tensor of 1..n in numpy.random.default_rng(seed).permutation(n)'s order
  * (1-based for Lua): Hugging Face datasets' shuffle(seed=). */
 static int l_randperm_numpy(lua_State *L) {
-    int64_t n = (int64_t)luaL_checknumber(L, 1);
-    lua_Number s = luaL_checknumber(L, 2);
-    if (n < 0) luaL_error(L, "randperm_numpy: n must be >= 0");
-    if (s < 0 || s != (lua_Number)(int64_t)s) luaL_error(L, "randperm_numpy: seed must be a non-negative integer");
-    zr_tensor *t = zr_tensor_new(ZR_I64, zr_cpu(), 1, &n);
-    if (!t) return zr_l_error(L);
-    int64_t *p = zr_tensor_data(t);
-    zr_randperm_numpy(n, (uint64_t)s, p);
-    for (int64_t i = 0; i < n; i++) p[i] += 1;
-    return zr_l_pushtensor(L, t);
+    uint64_t seed;
+    int64_t n = perm_args(L, "randperm_numpy", &seed);
+    return push_perm(L, n, seed, zr_randperm_numpy);
 }
 static int l_is_tensor(lua_State *L) {
     lua_pushboolean(L, zr_l_totensor(L, 1) != NULL);
