@@ -78,6 +78,14 @@ def nudged(pm, which):
     return logits_of(pm)
 
 
+def lua_logits(path):
+    """Lua lines for a zrun_lua script: IDS through its model m, the logits saved to path (read by zrun_logits)."""
+    ids = json.dumps(IDS).replace("[", "{").replace("]", "}")
+    return (f'local ids = zr.tensor({ids}):to("i64")\n'
+            f'zr._C.save_safetensors("{path}", {{ logits = zr.no_grad(function() return m(ids).logits end) }}, '
+            '{ format = "pt" })')
+
+
 def zrun_logits(path):
     from safetensors.torch import load_file
     return load_file(path)["logits"]
@@ -231,9 +239,7 @@ def embedding_layers():
 local zr = require "zrun"
 local m = zr.models.llama.from_pretrained("{base_dir}")
 zr.peft.from_pretrained(m, "{ad_dir}")
-local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
-zr._C.save_safetensors("{C.OUT}/emb_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
-  {{ format = "pt" }})
+{lua_logits(f"{C.OUT}/emb_logits{k}.safetensors")}
 zr.peft.save_pretrained(m, "{C.OUT}/emb_zrun{k}", {{ {"save_embedding_layers = true" if save_kw else ""} }})
 """)
         d = (zrun_logits(f"{C.OUT}/emb_logits{k}.safetensors") - want).abs().max().item() if rc == 0 else None
@@ -265,9 +271,7 @@ local zr = require "zrun"
 local m = zr.models.gpt2.from_pretrained("{base_dir}")
 zr.peft.from_pretrained(m, "{ad_dir}", {{ is_trainable = true }})
 m:eval() -- (GPT-2 has dropout)
-local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
-zr._C.save_safetensors("{C.OUT}/bias_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
-  {{ format = "pt" }})
+{lua_logits(f"{C.OUT}/bias_logits{k}.safetensors")}
 m:print_trainable_parameters()
 zr.peft.save_pretrained(m, "{zsave}")
 """)
@@ -308,9 +312,7 @@ def tied_embedding():
 local zr = require "zrun"
 local m = zr.models.llama.from_pretrained("{base_dir}")
 zr.peft.from_pretrained(m, "{ad_dir}")
-local ids = zr.tensor({json.dumps(IDS).replace("[", "{").replace("]", "}")}):to("i64")
-zr._C.save_safetensors("{C.OUT}/tied_logits{k}.safetensors", {{ logits = zr.no_grad(function() return m(ids).logits end) }},
-  {{ format = "pt" }})
+{lua_logits(f"{C.OUT}/tied_logits{k}.safetensors")}
 zr.peft.save_pretrained(m, "{zsave}")
 local fresh = zr.peft.get_peft_model(zr.models.llama.from_pretrained("{base_dir}"), zr.peft.LoraConfig {{ r = 4,
   lora_alpha = 8, target_modules = {{ "q_proj" }}, modules_to_save = {lua_mts}, ensure_weight_tying = true }})
