@@ -138,7 +138,7 @@ local ACCELERATOR = { split_batches = false, dispatch_batches = false, even_batc
 -- accelerator_config (a table, or the command line's JSON object / JSON file, as TrainingArguments reads it): the
 -- defaults accepted, non_blocking either way; a value zrun does not run refused, an unknown field refused as
 -- AcceleratorConfig refuses it.
-function M.check_accelerator_config(a)
+function M.check_accelerator_config(a, quiet)
   local v = a.accelerator_config
   if v == false or v == nil then return end
   if type(v) == "string" then
@@ -163,6 +163,10 @@ function M.check_accelerator_config(a)
     if got == require("cjson").null then got = false end -- (JSON null: None)
     if want == "any" then
       if type(got) ~= "boolean" then bad("accelerator_config.%s must be true or false, got %s", k, config.show(got)) end
+      if got and not quiet then -- (said, as NO_EFFECT's keys are)
+        require("zrun.dist").print0(fmt("[zrun] Trainer: accelerator_config.%s has no effect in zrun (its host -> device " ..
+          "copies are ordered on the device's stream already)", k))
+      end
     elseif got ~= want then
       bad("accelerator_config.%s = %s is not what zrun runs (%s: each rank reads its own per-device batches in " ..
         "transformers' seeded order, the evaluation's last round completed); leave it out", k, config.show(got),
@@ -246,7 +250,7 @@ function M.resolve(user, quiet)
     require("zrun.dist").print0(fmt("[zrun] Trainer: lr_scheduler_kwargs has no effect on lr_scheduler_type %s " ..
       "(transformers drops them too)", a.lr_scheduler_type))
   end
-  M.check_accelerator_config(a)
+  M.check_accelerator_config(a, quiet)
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
   end

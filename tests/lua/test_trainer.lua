@@ -111,6 +111,8 @@ T.test("TrainingArguments: accelerator_config's defaults accepted, other values 
   local function resolve(v) return TA.resolve({ output_dir = "/tmp/zrun_acc", accelerator_config = v }, true) end
   resolve { even_batches = true, use_seedable_sampler = true, split_batches = false, non_blocking = true }
   resolve '{"dispatch_batches": null, "use_configured_state": false}'
+  local said = T.printed(TA.resolve, { output_dir = "/tmp/zrun_acc", accelerator_config = { non_blocking = true } })
+  assert(said:find("accelerator_config.non_blocking has no effect in zrun", 1, true), said) -- (said, not ignored)
   T.raises(function() resolve '{"split_batches": true}' end, "accelerator_config.split_batches = true is not what zrun runs")
   T.raises(function() resolve { even_batches = false } end, "accelerator_config.even_batches = false is not what zrun runs")
   T.raises(function() resolve { dispatch_batches = true } end, "accelerator_config.dispatch_batches = true is not")
