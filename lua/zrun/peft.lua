@@ -1010,6 +1010,10 @@ function M.from_pretrained(model, dir, opts)
     error(fmt("peft.from_pretrained: adapter_name \"%s\": zrun holds one adapter, named \"default\"; leave it unset",
       tostring(opts.adapter_name)), 2)
   end
+  if opts.low_cpu_mem_usage then -- (said, not taken in silence)
+    require("zrun.dist").print0("[zrun] peft.from_pretrained: low_cpu_mem_usage has no effect in zrun (the file is read " ..
+      "into the adapter made for it, without a second copy)")
+  end
   local C = zr._C
   local cpath, wpath = join(dir, "adapter_config.json"), join(dir, "adapter_model.safetensors")
   if C.path_type(cpath) ~= "file" then
