@@ -221,6 +221,16 @@ static int l_sdpa_segments_ok(lua_State *L) {
     return 1;
 }
 
+/* sdpa_window_segments(B, T, window [, segments]) -> i32 (2, B, T) on the CPU: the segments of a
+ * sliding window of `window` keys (transformers' sliding_window: query t sees keys t - window + 1 ..
+ * t) over the packed sequences given (a CPU (2, B, T) tensor; none: each row one sequence); pass it
+ * as the attention ops' segments (moved to their device) */
+static int l_sdpa_window_segments(lua_State *L) {
+    zr_tensor *seg = lua_isnoneornil(L, 4) ? NULL : zr_l_checktensor(L, 4);
+    return zr_l_pushtensor(L, zr_sdpa_window_segments(seg, (int64_t)luaL_checknumber(L, 1),
+                                                      (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3)));
+}
+
 /* ===== dropout (runtime/ops/dropout.h) ===== */
 
 /* dropout(x [, p=0.5 [, training=true]]) */
@@ -290,7 +300,8 @@ static const luaL_Reg methods[] = {
     {"sdpa_packed", l_sdpa_packed}, {"qkv_rope_sdpa", l_qkv_rope_sdpa},
     {NULL, NULL}};
 static const luaL_Reg functions[] = {
-    {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"sdpa_segments_ok", l_sdpa_segments_ok}, {NULL, NULL}};
+    {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"sdpa_segments_ok", l_sdpa_segments_ok},
+    {"sdpa_window_segments", l_sdpa_window_segments}, {NULL, NULL}};
 
 void zr_bind_layer_ops(lua_State *L) {
     zr_l_register_methods(L, methods);

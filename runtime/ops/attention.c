@@ -84,9 +84,37 @@ static zr_status check_args(zr_tensor *q, zr_tensor *k, zr_tensor *v) {
     return ZR_OK;
 }
 
+/* Whether lo (B, T) then hi (B, T) give each row one causal mask that the kernels read both ways:
+ * query t sees keys lo[t] .. t (the forward's and the CPU's reading), key j is seen by queries
+ * j .. hi[j] - 1 (the CUDA backward's); so 0 <= lo[t] <= t, lo never decreases along a row (a query
+ * tile's first row has the tile's earliest key), and hi[j] is one past the last query whose lo is at
+ * or before j (it never decreases either). Packed sequences (lo, hi: the bounds of each token's
+ * sequence) and a sliding window over them (zr_sdpa_window_segments) are such masks. */
+static zr_status seg_mask_ok(const char *op, const int32_t *lo, int64_t B, int64_t T) {
+    const int32_t *hi = lo + B * T;
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *l = lo + b * T, *h = hi + b * T;
+        for (int64_t j = 0; j < T; j++)
+            if (l[j] < 0 || l[j] > j || (j > 0 && l[j] < l[j - 1]))
+                return zr_error("%s: segments of row %lld, token %lld (0-based): lo %d (expected 0 <= lo <= t and never "
+                                "below the token before's: the first key each query sees, as packed sequences or "
+                                "zr.sdpa_window_segments give it)",
+                                op, (long long)b, (long long)j, (int)l[j]);
+        int64_t q = 0; /* one past the last query whose lo <= j */
+        for (int64_t j = 0; j < T; j++) {
+            while (q < T && l[q] <= j) q++;
+            if (h[j] != q)
+                return zr_error("%s: segments of row %lld, token %lld (0-based): hi %d, but the queries that see this key "
+                                "end at %lld (hi: one past the last query whose lo is at or before the token, e.g. the "
+                                "end of its sequence; lo %d)",
+                                op, (long long)b, (long long)j, (int)h[j], (long long)q, (int)l[j]);
+        }
+    }
+    return ZR_OK;
+}
+
 /* seg for an attention over x's B rows of T tokens: i32 (2, B, T), contiguous, on x's device; on
- * the CPU its values too: each token's lo and hi bound the sequence it is in (lo <= t < hi <= T,
- * the same over a sequence, lo = t where one starts). On a GPU they are not read back. */
+ * the CPU its values too (seg_mask_ok). On a GPU they are not read back. */
 static zr_status check_seg(const char *op, const zr_tensor *seg, const zr_tensor *x, int64_t B, int64_t T) {
     char b1[128], d1[16], d2[16];
     if (seg->dtype != ZR_I32)
@@ -101,20 +129,40 @@ static zr_status check_seg(const char *op, const zr_tensor *seg, const zr_tensor
         return zr_error("%s: segments are on %s but the attention's inputs on %s; move them there with :to()", op,
                         zr_device_name(zr_tensor_device(seg), d1), zr_device_name(zr_tensor_device(x), d2));
     if (!zr_is_cpu(seg)) return ZR_OK;
-    const int32_t *lo = zr_tensor_data((zr_tensor *)seg), *hi = lo + B * T;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            int64_t x = b * T + t;
-            int start = t == 0 || hi[x - 1] == t; /* the token before ends its sequence here */
-            if (lo[x] <= t && t < hi[x] && hi[x] <= T &&
-                (start ? lo[x] == t : lo[x] == lo[x - 1] && hi[x] == hi[x - 1]))
-                continue;
-            return zr_error("%s: segments of row %lld, token %lld (0-based): lo %d, hi %d do not bound its sequence "
-                            "(expected lo <= t < hi <= T = %lld, the same lo and hi over a sequence, lo = t where "
-                            "one starts)",
-                            op, (long long)b, (long long)t, (int)lo[x], (int)hi[x], (long long)T);
-        }
-    return ZR_OK;
+    return seg_mask_ok(op, zr_tensor_data((zr_tensor *)seg), B, T);
+}
+
+zr_tensor *zr_sdpa_window_segments(const zr_tensor *seg, int64_t B, int64_t T, int64_t window) {
+    if (window < 1) {
+        zr_error("sdpa_window_segments: window must be at least 1 (the keys a query sees, itself included), got %lld",
+                 (long long)window);
+        return NULL;
+    }
+    if (B < 1 || T < 1 || T > INT32_MAX) {
+        zr_error("sdpa_window_segments: B and T must be at least 1 (T at most 2^31 - 1), got B %lld, T %lld",
+                 (long long)B, (long long)T);
+        return NULL;
+    }
+    if (seg && !zr_is_cpu(seg)) {
+        zr_error("sdpa_window_segments: the segments to narrow must be on the CPU (pass seg:to(\"cpu\"))");
+        return NULL;
+    }
+    int64_t shape[3] = {2, B, T};
+    zr_tensor *cpu_x = zr_tensor_new(ZR_I32, zr_cpu(), 3, shape); /* (a stand-in with seg's B, T, device) */
+    if (!cpu_x) return NULL;
+    if (seg && check_seg("sdpa_window_segments", seg, cpu_x, B, T)) {
+        zr_tensor_release(cpu_x);
+        return NULL;
+    }
+    const int32_t *in = seg ? zr_tensor_data((zr_tensor *)seg) : NULL;
+    int32_t *lo = zr_tensor_data(cpu_x), *hi = lo + B * T;
+    for (int64_t x = 0; x < B * T; x++) {
+        int64_t t = x % T, a = t - window + 1, z = t + window;
+        int64_t l = in ? in[x] : 0, h = in ? in[B * T + x] : T;
+        lo[x] = (int32_t)(a > l ? a : l);
+        hi[x] = (int32_t)(z < h ? z : h);
+    }
+    return cpu_x;
 }
 
 /* Records the sdpa node (saving save[0..2], out, lse and seg when given; f[0] = scale), then drops

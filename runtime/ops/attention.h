@@ -10,12 +10,19 @@
  * (B, Hkv, T, Dh) with Hq a multiple of Hkv: query head h uses kv head h / (Hq / Hkv).
  * scale <= 0 means 1/sqrt(Dh). Output (B, Hq, T, Dh) in q's dtype.
  * seg: NULL (each row one causal sequence) or the rows' packed sequences (a padding-free batch):
- * an i32 (2, B, T) contiguous tensor on q's device, lo (B, T) then hi (B, T), token t of row b in
- * the sequence of that row's tokens lo .. hi - 1 (row-relative; the same lo and hi for each of its
- * tokens); query t attends to keys lo .. t only. The node keeps it for backward. On the CPU its
- * values are checked; on CUDA the flash kernels take it (bf16/f16, head_dim 64 or 128:
- * zr_sdpa_segments_ok), elsewhere an error. */
+ * an i32 (2, B, T) contiguous tensor on q's device, lo (B, T) then hi (B, T): query t attends to
+ * keys lo[t] .. t, key j is seen by queries j .. hi[j] - 1 (for packed sequences the bounds of each
+ * token's sequence, row-relative; a sliding window narrows them: zr_sdpa_window_segments). The node
+ * keeps it for backward. On the CPU its values are checked; on CUDA the flash kernels take it
+ * (bf16/f16, head_dim 64 or 128: zr_sdpa_segments_ok), elsewhere an error. */
 zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale);
+
+/* Segments (2, B, T) i32 on the CPU for a sliding window of `window` keys over seg's packed
+ * sequences (seg NULL: each row one sequence; else a CPU (2, B, T) as zr_sdpa_causal takes): query t
+ * sees keys t - window + 1 .. t of its sequence, as transformers' sliding_window masks (a key window
+ * or more positions back is masked): lo[t] = max(lo, t - window + 1), hi[t] = min(hi, t + window).
+ * The attention ops take it as their seg, wherever they take packed sequences. */
+zr_tensor *zr_sdpa_window_segments(const zr_tensor *seg, int64_t B, int64_t T, int64_t window);
 
 /* 1 where seg (packed sequences) runs for attention over dtype dt, head_dim Dh on dev: the CPU (any
  * float dtype), and CUDA in bf16/f16 at Dh 64 (the Hopper kernels, q, k, v read in place through

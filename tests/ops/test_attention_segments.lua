@@ -145,15 +145,18 @@ T.test("segments: errors name what was wrong and what is expected", function()
     f[i] = x
     return zr.tensor(f, { dtype = "i32" }):view(2, 2, 4)
   end
-  -- token 2 of row 0 (flat 3): lo 1 -> 0 (not its sequence's first token)
+  -- token 2 of row 0 (flat 3): lo 1 -> 0, below the token before's (lo never decreases along a row)
   T.raises(function() sdpa(bad(3, 0)) end,
-    "sdpa: segments of row 0, token 2 (0-based): lo 0, hi 4 do not bound its sequence (expected lo <= t < hi <= T = 4")
+    "sdpa: segments of row 0, token 2 (0-based): lo 0 (expected 0 <= lo <= t and never below the token before's")
   -- token 0 of row 1 (flat 5): lo -1
-  T.raises(function() sdpa(bad(5, -1)) end, "segments of row 1, token 0 (0-based): lo -1, hi 4")
+  T.raises(function() sdpa(bad(5, -1)) end, "segments of row 1, token 0 (0-based): lo -1 (expected 0 <= lo <= t")
+  -- token 1 of row 0 (flat 2): lo 1 -> 2, past itself (it would see no key)
+  T.raises(function() sdpa(bad(2, 2)) end, "segments of row 0, token 1 (0-based): lo 2 (expected")
   -- token 3 of row 1 (flat 8 + 8): hi 5 > T
-  T.raises(function() sdpa(bad(16, 5)) end, "segments of row 1, token 3 (0-based): lo 0, hi 5")
-  -- a sequence's first token whose lo is not itself: token 1 of row 0 starts a sequence (hi of token 0 is 1)
-  T.raises(function() sdpa(bad(2, 0)) end, "segments of row 0, token 1 (0-based): lo 0, hi 4")
+  T.raises(function() sdpa(bad(16, 5)) end,
+    "segments of row 1, token 3 (0-based): hi 5, but the queries that see this key end at 4 (hi: one past the last query")
+  -- lo and hi disagree: token 1 of row 0 sees token 0 by its lo (0), but hi of token 0 is still 1
+  T.raises(function() sdpa(bad(2, 0)) end, "segments of row 0, token 0 (0-based): hi 1, but the queries that see this key end at 2")
   local x = zr.randn({ 2, 4, 3 * 3 })
   T.raises(function() zr.sdpa_packed(x, 1, 1, { segments = seg:to("f32") }) end, "sdpa_packed: segments must be i32")
   T.raises(function() zr.sdpa_packed(x, 1, 1, { segments = bad(3, 0) }) end, "sdpa_packed: segments of row 0, token 2")
