@@ -3,7 +3,7 @@
 -- make_golden_models.py) read the same in zrun; a JSON null sliding_window is None (no window), not
 -- the default 4096; Qwen2's window fields act as Qwen2Config.__post_init__ sets them (only with
 -- use_sliding_window, only in the layers from max_window_layers on); a window shorter than a
--- sequence is refused at forward time in one line; fields zrun does not implement (or that
+-- sequence masks (refused in one line where the attention's segments do not run); fields zrun does not implement (or that
 -- transformers' classes do not read, such as attention_bias) are refused in one line naming them.
 local zr = require "zrun"
 local T = zr.testing
@@ -99,14 +99,27 @@ T.test("qwen2: use_sliding_window with every layer below max_window_layers chang
   zr.no_grad(function() T.near(on(ids).logits, off(ids).logits, 0, 0, "same logits over 20 tokens") end)
 end)
 
-T.test("qwen2: a sliding layer's window refuses longer sequences at forward time, in one line", function()
+T.test("qwen2: a sliding layer's window masks longer sequences; where the segments do not run, refused in one line", function()
   local c = cfg(qbase, { use_sliding_window = true, sliding_window = 8, max_window_layers = 1 })
   local n = zr.models.qwen2.normalize_config(c)
   T.eq(cjson.encode(n.layer_types), '["full_attention","sliding_attention"]')
   local m = zr.models.qwen2.Qwen2ForCausalLM(c)
-  m(zr.zeros({ 2, 8 }, { dtype = "i64" })) -- at the window: causal attention, runs
-  local err = T.raises(function() m(zr.zeros({ 2, 9 }, { dtype = "i64" })) end,
-    "qwen2: a sequence of 9 tokens is longer than sliding_window (8)")
+  local full = zr.models.qwen2.Qwen2ForCausalLM(cfg(qbase))
+  full:load_state_dict(m:state_dict(), true)
+  local ids = (zr.rand({ 2, 12 }) * 49):to("i64")
+  zr.no_grad(function()
+    local a, b = m(ids).logits, full(ids).logits
+    T.near(a:narrow(2, 1, 8), b:narrow(2, 1, 8), 1e-6, 1e-5, "at the window: causal attention")
+    T.raises(function() T.near(a, b, 1e-4, 1e-4) end) -- (past it the window masks: test_window_golden.lua)
+  end)
+  -- the grouped path (CUDA in f32, other head_dims) has no window
+  local packed = require "zrun.models.packed"
+  packed.use_segments = false
+  local ok, err = pcall(m, ids)
+  packed.use_segments = true
+  T.eq(ok, false)
+  T.eq(tostring(err):find("sliding_window 8 masks keys of a sequence of 12 tokens, and zrun's attention takes a window only " ..
+    "where it takes packed sequences", 1, true) ~= nil, true, tostring(err))
   T.eq(tostring(err):find("\n"), nil, "one line")
   -- explicit layer_types decide, as in transformers
   local m2 = zr.models.qwen2.Qwen2ForCausalLM(cfg(qbase, { use_sliding_window = true, sliding_window = 8,

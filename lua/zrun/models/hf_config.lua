@@ -325,17 +325,28 @@ local function qwen2_fields(F, c, d)
   c.layer_types = lt
 end
 
--- The attention window of a normalised llama-family config: keys more than this many positions
--- before the query are masked (transformers' sliding_window_overlay: kept while q - k < window) in
--- some layer, or nil when no layer has one. Sequences no longer than it attend causally.
-function M.attention_window(c)
+-- Layer i's (1-based) attention window in a normalised llama-family config: keys this many positions
+-- or more before the query are masked (transformers' sliding_window_overlay: kept while q - k <
+-- window): Mistral's in every layer, Qwen2's where layer_types says "sliding_attention"; nil: full
+-- causal attention.
+function M.layer_window(c, i)
   if c.model_type == "mistral" then return c.sliding_window or nil end
-  if c.model_type == "qwen2" and c.sliding_window then
-    for _, t in ipairs(c.layer_types) do
-      if t == "sliding_attention" then return c.sliding_window end
-    end
+  if c.model_type == "qwen2" and c.sliding_window and c.layer_types[i] == "sliding_attention" then
+    return c.sliding_window
   end
   return nil
+end
+
+-- The attention window of a normalised llama-family config (M.layer_window's, the same in every layer
+-- that has one) and whether other layers attend fully: nil when no layer has a window. Sequences no
+-- longer than it attend causally.
+function M.attention_window(c)
+  local w, full = nil, false
+  for i = 1, c.num_hidden_layers do
+    local lw = M.layer_window(c, i)
+    if lw then w = lw else full = true end
+  end
+  return w, w ~= nil and full
 end
 
 -- A Llama-architecture config (a config.json table or zrun's own) of model type F checked and

@@ -3,8 +3,8 @@
 -- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
 -- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
 -- The same architecture computes Mistral (MistralForCausalLM: no biases, a sliding window) and
--- Qwen2 (Qwen2ForCausalLM: biases on q/k/v only), by the config's model_type; their attention
--- window is refused, at forward time, for sequences long enough that it would mask a key.
+-- Qwen2 (Qwen2ForCausalLM: biases on q/k/v only), by the config's model_type; their sliding window
+-- masks keys through the attention's segments (zrun.models.packed) where a sequence is longer than it.
 -- Padding is expected on the right (the collator's layout), where causal attention alone gives
 -- HF's results for every real token.
 local zr = require "zrun"
@@ -194,25 +194,10 @@ function Model:__init(cfg)
   self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
   rawset(self, "cfg", cfg)
   rawset(self, "rope_cache", {})
-  rawset(self, "window", hf_config.attention_window(cfg))
-end
-
--- Mistral's and Qwen2's sliding window (transformers masks keys window or more positions before the
--- query): no key is that far back in a sequence of at most window tokens, where the attention is
--- plain causal attention; a longer sequence is refused (zrun's attention ops take no window) rather
--- than computed with full attention. segs: the packed sequences (each attends to itself), else rows of T.
-local function check_window(self, T, segs)
-  local w = rawget(self, "window")
-  if not w then return end
-  local longest = T
-  if segs then
-    longest = 0
-    for _, s in ipairs(segs) do if s.len > longest then longest = s.len end end
-  end
-  if longest > w then
-    error(("%s: a sequence of %d tokens is longer than sliding_window (%d); zrun's attention has no window, " ..
-      "so train on sequences of at most %d tokens"):format(self.cfg.model_type, longest, w, w), 0)
-  end
+  -- the sliding window (some layers' or every layer's: hf_config.layer_window), and whether other layers
+  -- attend fully
+  local window, full = hf_config.attention_window(cfg)
+  rawset(self, "window", window and { size = window, full = full } or false)
 end
 
 -- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
@@ -250,28 +235,41 @@ function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
   local B, T = input_ids:size(1), input_ids:size(2)
   local h = self.embed_tokens(input_ids)
-  local segs = position_ids and packed.segments(position_ids, B, T, h:device(),
-    packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)))
-  check_window(self, T, segs)
-  local cos, sin = self:rope(segs and segs.table_length or T, h:dtype(), h:device())
+  -- a sliding window that masks a key (a sequence longer than it) runs on the segments, plain rows too
+  -- (packed.segments: the windowed .seg; .full_seg for the layers without a window)
+  local win = rawget(self, "window")
+  local segs = (position_ids or (win and T > win.size)) and packed.segments(position_ids, B, T, h:device(),
+    packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)), win or nil)
+  local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device())
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   if segs and segs.seg then
-    local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
-    cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
+      local function rows(t) return t:view(1, T, t:size(2)):expand(B, T, t:size(2)):reshape(B * T, t:size(2)) end
+      cos, sin = rows(cos), rows(sin)
+    else
+      local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
+      cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    end
     -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
     -- them in backward, after this forward has returned (then freed when the collector finds them)
-    if ckpt then zr.persist(cos); zr.persist(sin); zr.persist(segs.seg) end
+    if ckpt then
+      zr.persist(cos); zr.persist(sin); zr.persist(segs.seg)
+      if segs.full_seg then zr.persist(segs.full_seg) end
+    end
   end
+  -- the layers without the window read the whole sequences' segments
+  local full_segs = segs and segs.full_seg and setmetatable({ seg = segs.full_seg }, { __index = segs }) or segs
   local pending -- the last layer's m, not yet added to h
-  for _, layer in ipairs(self.layers) do
+  for i, layer in ipairs(self.layers) do
+    local ls = (segs and segs.window and not hf_config.layer_window(self.cfg, i)) and full_segs or segs
     if not ckpt and layer.forward == layer_forward and layer:skippable() then
-      h, pending = layer:residual_forward(h, cos, sin, pending, segs)
+      h, pending = layer:residual_forward(h, cos, sin, pending, ls)
     else
       if pending then h, pending = h + pending, nil end
       if ckpt then
-        h = zr.checkpoint(function(x) return layer(x, cos, sin, segs) end, h)
+        h = zr.checkpoint(function(x) return layer(x, cos, sin, ls) end, h)
       else
-        h = layer(h, cos, sin, segs)
+        h = layer(h, cos, sin, ls)
       end
     end
   end
@@ -396,16 +394,6 @@ local function cached_attention(a, x, cos, sin, cache, i, window)
   return a.o_proj(cache:attend(i, q, k, v, 1 / math.sqrt(D), window):transpose(2, 3):reshape(B, T, H * D))
 end
 
--- Layer i's attention window for generation: Mistral's in every layer, Qwen2's where layer_types
--- says "sliding_attention" (masked in the step's attention, which the training forward refuses instead).
-local function layer_window(cfg, i)
-  if cfg.model_type == "mistral" then return cfg.sliding_window or nil end
-  if cfg.model_type == "qwen2" and cfg.sliding_window and cfg.layer_types[i] == "sliding_attention" then
-    return cfg.sliding_window
-  end
-  return nil
-end
-
 -- One generation step: the logits (B, 1, V) of the last of the new tokens ids (B, Tq) after the
 -- tokens in cache (zrun.generation's Cache: their keys and values, appended to here; the new tokens'
 -- positions and attention masks). Eval mode, no gradients (generate runs it so).
@@ -418,7 +406,7 @@ function CausalLM:generation_step(ids, cache)
   while P <= cache.max_position do P = P * 2 end
   local cos, sin = m:rope(P, h:dtype(), h:device())
   for i, layer in ipairs(m.layers) do
-    h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, layer_window(cfg, i))
+    h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, hf_config.layer_window(cfg, i))
     h = h + layer.mlp(layer.post_attention_layernorm(h))
   end
   h = m.norm(h:narrow(2, h:size(2), 1))

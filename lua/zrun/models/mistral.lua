@@ -2,7 +2,8 @@
 -- MistralConfig's defaults (num_key_value_heads 8, max_position_embeddings 131072, sliding_window
 -- 4096: a JSON null or false is none).
 -- zrun.models.llama computes it (by the config's model_type); this module names it. A window
--- shorter than a sequence is refused at forward time, naming sliding_window and the length.
+-- shorter than a sequence masks through the attention's segments (the CPU, CUDA in bf16/f16 at
+-- head_dim 64 or 128; elsewhere refused in one line naming sliding_window and the length).
 local llama = require "zrun.models.llama"
 
 local M = {}

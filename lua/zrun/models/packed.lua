@@ -69,13 +69,24 @@ end
 -- segments of the rows joined into one (1, B·T) row for the attention ops' {segments =} (i32 (2, 1, B·T)
 -- on device: each token's first token and one past its last, a new sequence at each row's start), or
 -- the groups M.attend runs (their indices on device); nil when each row is one sequence from position 0
--- (the plain batch).
-function M.segments(position_ids, B, T, device, flat)
-  if position_ids:dim() ~= 2 or position_ids:size(1) ~= B or position_ids:size(2) ~= T then
+-- (the plain batch) and no window masks a key.
+-- window (optional): {size = W, full = true when some layers attend without it}, the model's sliding
+-- window (transformers' sliding_window: query t sees keys t - W + 1 .. t of its sequence). Where it masks
+-- a key (a sequence longer than W) the batch takes the flat path, plain rows too (position_ids nil: each
+-- row 0 .. T - 1; .plain is true then): .seg holds the windowed segments (as zr.sdpa_window_segments
+-- makes them), and with window.full the layers that attend fully read .full_seg; .window is W then. The
+-- grouped path has no window: an error says where it runs.
+function M.segments(position_ids, B, T, device, flat, window)
+  local p
+  if position_ids == nil then
+    p = {}
+    for i = 1, B * T do p[i] = (i - 1) % T end
+  elseif position_ids:dim() ~= 2 or position_ids:size(1) ~= B or position_ids:size(2) ~= T then
     error(("position_ids must be (batch, seq_len) = (%d, %d) as input_ids, got %s"):format(B, T,
       table.concat(position_ids:shape(), " x ")), 0)
+  else
+    p = (position_ids:device() == "cpu" and position_ids or position_ids:to("cpu")):flat_table() -- (read on the host)
   end
-  local p = (position_ids:device() == "cpu" and position_ids or position_ids:to("cpu")):flat_table() -- (read on the host)
   local segs, maxp, plain = {}, 0, true
   local cur
   for i = 1, B * T do
@@ -92,20 +103,39 @@ function M.segments(position_ids, B, T, device, flat)
       if (i - 1) % T ~= 0 or v ~= 0 then plain = false end
     end
   end
-  if plain then return nil end
+  local longest = 0
+  for _, sq in ipairs(segs) do if sq.len > longest then longest = sq.len end end
+  local W = window and longest > window.size and window.size or nil
+  if plain and not W then return nil end
   -- rope tables hold this many positions (a power of two: a table's rows do not depend on its length, and the
   -- model caches one per length; padding-free rows of every length would otherwise each add one)
   segs.max_position, segs.table_length = maxp, 2 ^ math.ceil(math.log(maxp + 1) / math.log(2) - 1e-9)
+  if W and not flat then
+    error(("sliding_window %d masks keys of a sequence of %d tokens, and zrun's attention takes a window only where " ..
+      "it takes packed sequences: the CPU, or CUDA in bf16/f16 at head_dim 64 or 128 (zr.sdpa_segments_ok); train " ..
+      "in bf16 there or on sequences of at most %d tokens"):format(W, longest, W), 0)
+  end
   if flat then
+    -- (each a temporary of the model's forward, which the attention's nodes keep; with checkpointing the
+    -- model persists it, for the layers' recomputation)
+    local function upload(sg) return zr.tensor(sg, { dtype = "i32" }):view(2, 1, B * T):to(device or "cpu") end
     local N, at = B * T, 0
-    local sg = {}
+    local sg, wg = {}, W and {}
     for _, s in ipairs(segs) do
-      for t = at + 1, at + s.len do sg[t], sg[N + t] = at, at + s.len end
+      for t = at + 1, at + s.len do
+        sg[t], sg[N + t] = at, at + s.len
+        -- the window (zr.sdpa_window_segments' rule): keys t - W + 1 .. t, queries t .. t + W - 1, in the sequence
+        if W then wg[t], wg[N + t] = math.max(at, t - W), math.min(at + s.len, t - 1 + W) end
+      end
       at = at + s.len
     end
-    -- (a temporary of the model's forward, which the attention's nodes keep; with checkpointing the model
-    -- persists it, for the layers' recomputation)
-    segs.seg = zr.tensor(sg, { dtype = "i32" }):view(2, 1, N):to(device or "cpu")
+    if W then
+      segs.window, segs.plain = W, plain
+      if window.full then segs.full_seg = upload(sg) end
+      segs.seg = upload(wg)
+    else
+      segs.seg = upload(sg)
+    end
   else
     grouping(segs, device or "cpu")
   end

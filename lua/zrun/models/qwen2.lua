@@ -3,7 +3,8 @@
 -- 32, max_position_embeddings 32768) and its window fields (use_sliding_window, sliding_window,
 -- max_window_layers, layer_types).
 -- zrun.models.llama computes it (by the config's model_type); this module names it. A window
--- shorter than a sequence is refused at forward time, naming sliding_window and the length.
+-- shorter than a sequence masks through the attention's segments (the CPU, CUDA in bf16/f16 at
+-- head_dim 64 or 128; elsewhere refused in one line naming sliding_window and the length).
 local llama = require "zrun.models.llama"
 
 local M = {}

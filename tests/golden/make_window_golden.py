@@ -1,0 +1,105 @@
+"""Writes the golden files for zrun's sliding-window attention from Hugging Face transformers (5.17,
+float32, eager attention): models whose sliding_window is shorter than the sequences, so the window
+masks keys (the script asserts that the logits differ from full causal attention's).
+
+    python3 tests/golden/make_window_golden.py tests/golden
+
+mistral_window: MistralForCausalLM (GQA 4/2, head_dim 16), sliding_window 5, rows of 19 tokens; its
+packed form (position_ids restarting inside each row, as TRL's padding-free batches: transformers masks
+each sequence to itself and the window inside it when no cache is made, use_cache=False, as in training
+with TRL; the script asserts each sequence alone gives the same logits) in mistral_window_packed.
+qwen2_window: Qwen2ForCausalLM with use_sliding_window true, sliding_window 6 and max_window_layers 1:
+layer 0 attends fully, layer 1 through the window (Qwen2Config's layer_types), rows of 17 tokens.
+Each file: the weights, input_ids (and position_ids), labels, logits, loss, every parameter's gradient
+and 5 AdamW steps' losses and norms (make_golden.run).
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_golden import run  # noqa: E402
+
+
+def differs_from_causal(model, ids, position_ids=None):
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        a = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+        cfg = model.config.to_dict()
+        cfg["sliding_window"] = None
+        cfg.pop("layer_types", None)
+        cfg["use_sliding_window"] = False
+        full = AutoModelForCausalLM.from_config(type(model.config).from_dict(cfg), attn_implementation="eager").float()
+        full.load_state_dict(model.state_dict())
+        b = full.eval()(input_ids=ids, position_ids=position_ids, use_cache=False).logits
+    d = (a - b).abs().max().item()
+    print(f"window vs full causal attention: max logit difference {d:.3e}")
+    assert d > 1e-3
+
+
+def main(outdir):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    os.makedirs(outdir, exist_ok=True)
+    torch.manual_seed(53)
+    mcfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=61, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                max_position_embeddings=64, sliding_window=5,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = MistralForCausalLM(MistralConfig(**mcfg, attn_implementation="eager")).float()
+    ids = torch.randint(0, 61, (2, 19))
+    labels = ids.clone()
+    labels[1, -3:] = -100
+    run(model, ids, labels, f"{outdir}/mistral_window.safetensors", {"config": mcfg})
+    model.eval()
+    differs_from_causal(model, ids)
+
+    # packed: row 0 holds sequences of 11 and 8 tokens, row 1 of 3 and 16 (positions restart at each)
+    lens = [[11, 8], [3, 16]]
+    pos = torch.tensor([[p for n in row for p in range(n)] for row in lens])
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        for b, row in enumerate(lens):
+            at = 0
+            for n in row:
+                alone = model(input_ids=ids[b:b + 1, at:at + n]).logits
+                dd = (alone - packed[b:b + 1, at:at + n]).abs().max().item()
+                assert dd < 1e-5, "transformers packs"
+                at += n
+    differs_from_causal(model, ids, pos)
+    model.train()
+    out = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
+    model.zero_grad()
+    out.loss.backward()
+    t = {"input_ids": ids, "position_ids": pos, "labels": labels, "logits": out.logits.detach(),
+         "loss": out.loss.detach().reshape(1)}
+    t.update({"grad." + n: p.grad.detach().clone() for n, p in model.named_parameters()})
+    save_file({k: v.contiguous() for k, v in t.items()}, f"{outdir}/mistral_window_packed.safetensors",
+              metadata={"transformers": __import__("transformers").__version__})
+    print("mistral_window_packed loss", float(out.loss))
+
+    torch.manual_seed(54)
+    qcfg = dict(hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
+                num_key_value_heads=2, vocab_size=67, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                max_position_embeddings=64, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    model = Qwen2ForCausalLM(Qwen2Config(**qcfg, attn_implementation="eager")).float()
+    assert model.config.layer_types == ["full_attention", "sliding_attention"], model.config.layer_types
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.normal_(0, 0.1)
+    ids = torch.randint(0, 67, (2, 17))
+    labels = ids.clone()
+    labels[0, :2] = -100
+    run(model, ids, labels, f"{outdir}/qwen2_window.safetensors", {"config": qcfg})
+    model.eval()
+    differs_from_causal(model, ids)
+    assert load_file(f"{outdir}/qwen2_window.safetensors")["logits"].shape == (2, 17, 67)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/golden")
