@@ -427,11 +427,28 @@ local function build(o, s, counted)
     if h then n = n + h.params + h.grads + h.optimizer + h.comm end -- a CPU run: the same memory
     return n
   end
+  -- a sliding window that masks keys (a sequence longer than it) runs on the segments (llama.lua), where they
+  -- run: the CPU, a GPU's flash kernels at head_dim 64 or 128 in 16 bits; elsewhere training refuses it (noted below)
+  local window, window_refused
+  if not o.param_numels and E.family(cfg) ~= "gpt2" then
+    local ok, nc = pcall(function() return require("zrun.models.llama").normalize_config(cfg) end)
+    local w, full
+    if ok and nc then w, full = require("zrun.models.hf_config").attention_window(nc) end
+    if w and (s.packed or s.seq_len) > w then
+      local D = cfg.head_dim or floor(cfg.hidden_size / cfg.num_attention_heads)
+      if s.device == "cpu" or ((D == 64 or D == 128) and b == 2) then
+        window = { size = w, full = full, sliding = {} }
+        for l = 1, nc.num_hidden_layers do
+          window.sliding[l] = require("zrun.models.hf_config").layer_window(nc, l) ~= nil
+        end
+      else window_refused = w end
+    end
+  end
   if o.param_numels then -- model states only (zr.initialize's host check: any nn.Module)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      loss_type = s.loss_type, packed = s.packed, lora = lora,
+      loss_type = s.loss_type, packed = s.packed, lora = lora, window = window,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
@@ -455,16 +472,10 @@ local function build(o, s, counted)
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end
-  -- Mistral's and Qwen2's sliding window: llama.lua's forward refuses a sequence longer than it (its attention has
-  -- no window), so the planned step would not run
-  local ok, nc = pcall(function()
-    return (cfg.model_type == "mistral" or cfg.model_type == "qwen2") and require("zrun.models.llama").normalize_config(cfg)
-  end)
-  local window = ok and nc and require("zrun.models.hf_config").attention_window(nc)
-  local longest = s.packed or s.seq_len
-  if window and longest > window then
-    notes[#notes + 1] = fmt("%s: a sequence of %d tokens is longer than sliding_window (%d); zrun's attention has no " ..
-      "window, so training refuses it: plan sequences of at most %d tokens", cfg.model_type, longest, window, window)
+  if window_refused then
+    notes[#notes + 1] = fmt("%s: a sequence of %d tokens is longer than sliding_window (%d), and zrun's attention takes " ..
+      "a window only on the CPU or a GPU in bf16/f16 at head_dim 64 or 128, so training refuses it here", cfg.model_type,
+      s.packed or s.seq_len, window_refused)
   end
   if s.gc ~= M.DEFAULT_GC then
     notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun's models and checkpointed segments free their " ..

@@ -907,7 +907,8 @@ function M.llama_activations(cfg, o)
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
   -- flash kernels at head_dim 64 or 128 in 16 bits): the attention runs once over the rows joined, (1, N),
   -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
-  local flat = o.packed and (not o.gpu or ((D == 64 or D == 128) and b == 2))
+  -- a sliding window that masks keys (o.window: {full =, sliding = {per layer}}) runs there too, plain rows included
+  local flat = (o.packed or o.window) and (not o.gpu or ((D == 64 or D == 128) and b == 2))
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition
@@ -940,6 +941,7 @@ function M.llama_activations(cfg, o)
       if t then p.ad[k] = { W = p[k], A = P(lora.r * t[1], true), B = P(t[2] * lora.r, true), r = lora.r,
         dropout = lora.dropout } end
     end
+    p.sliding = o.window and o.window.sliding[l] or false
     layers[l] = p
   end
   local normW = P(H)
@@ -1003,8 +1005,10 @@ function M.llama_activations(cfg, o)
   -- handoff: llama.lua's Model:forward runs a plain layer as (h, m) and adds m to h with the next
   -- norm (zr.add_rms_norm); pending is the previous layer's m (nil: x is the layer's input as is)
   local seg, tabs -- packed sequences on the segments: made in the model's forward (below), read by each layer
+  local full_seg -- (a window in some layers only: the whole sequences' segments, read by the others)
   local closure_held = {} -- (what the checkpointed layers' functions hold until backward ends)
   local function layer(p, x, handoff, pending)
+    local seg = full_seg and not p.sliding and full_seg or seg
     S:push()
     local a1
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
@@ -1075,11 +1079,14 @@ function M.llama_activations(cfg, o)
     -- rows, zr.embedding row gathers of the model's tables (activations): temporaries of the forward that the
     -- layers' nodes keep; with checkpointing zr.persist'ed, and the checkpointed layers' functions hold them
     -- until backward ends (then garbage)
+    -- a window in some layers only: the whole sequences' segments first, then the windowed ones (packed.segments);
+    -- plain rows under a window have no position_ids (their cos / sin rows are the table's, repeated: a copy each)
+    if o.window and o.window.full then full_seg = S:lua(S:new(2 * N * 4, "other")) end
     seg = S:lua(S:new(2 * N * 4, "other"))
-    if o.gpu then S:lua(S:new(N * 8, "other")) end
+    if o.gpu and o.packed then S:lua(S:new(N * 8, "other")) end
     tabs = { S:lua(S:new(N * D * tb)), S:lua(S:new(N * D * tb)) }
     if o.gradient_checkpointing then
-      for _, v in ipairs { seg, tabs[1], tabs[2] } do
+      for _, v in ipairs { seg, tabs[1], tabs[2], full_seg } do
         v.pinned = true
         S:forget(v, "keep") -- (out of the forward's frame: the layers' functions hold it)
         table.insert(S.frames[1], v)

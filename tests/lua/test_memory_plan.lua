@@ -481,24 +481,32 @@ T.test("fit follows stage 2, stage 3, offload, checkpointing, micro-batch", func
   T.raises(function() P.parse_bytes("lots") end, "memory size")
 end)
 
-T.test("Mistral's and Qwen2's sliding window: a longer sequence, which training refuses, is noted", function()
+T.test("Mistral's and Qwen2's sliding window: a longer sequence runs where the window does, else the refusal is noted", function()
   local function has_note(p) return tostring(p):find("longer than sliding_window", 1, true) ~= nil end
   local o = { model = { model_type = "mistral", hidden_size = 64, intermediate_size = 176, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 259, sliding_window = 64 }, micro_batch = 1,
     seq_len = 65, stage = 0, device = "cpu", dtype = "f32" }
+  T.eq(has_note(P.plan(o)), false, "the CPU masks 65 tokens with a window of 64")
+  o.device = "cuda"
   local p = P.plan(o)
-  T.eq(has_note(p), true, "65 tokens past a window of 64")
-  T.eq(tostring(p):find("mistral: a sequence of 65 tokens is longer than sliding_window (64)", 1, true) ~= nil, true)
+  T.eq(has_note(p), true, "a GPU in f32")
+  T.eq(tostring(p):find("mistral: a sequence of 65 tokens is longer than sliding_window (64), and zrun's attention takes a " ..
+    "window only on the CPU or a GPU in bf16/f16 at head_dim 64 or 128, so training refuses it here", 1, true) ~= nil, true)
+  o.dtype = "bf16"
+  T.eq(has_note(P.plan(o)), true, "a GPU in bf16 at head_dim 16")
+  o.model.head_dim = 64
+  T.eq(has_note(P.plan(o)), false, "a GPU in bf16 at head_dim 64: the flash kernels take the window")
+  o.model.head_dim, o.dtype = nil, "f32"
   o.seq_len = 64
-  T.eq(has_note(P.plan(o)), false, "64 tokens fit")
+  T.eq(has_note(P.plan(o)), false, "64 tokens: causal")
   o.seq_len, o.packed = 256, 32 -- packed sequences: each attends to itself
   T.eq(has_note(P.plan(o)), false, "packed sequences of 32 fit")
-  o.model.sliding_window, o.packed = false, nil -- (Mistral v0.3: none)
+  o.model.sliding_window, o.packed, o.seq_len = false, nil, 65 -- (Mistral v0.3: none)
   T.eq(has_note(P.plan(o)), false, "no window")
   o.model = { model_type = "qwen2", hidden_size = 64, intermediate_size = 176, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 259, use_sliding_window = true, sliding_window = 64,
     max_window_layers = 1 }
-  T.eq(has_note(P.plan(o)), true, "Qwen2: layer 1 slides")
+  T.eq(has_note(P.plan(o)), true, "Qwen2 on a GPU in f32: layer 1 slides")
   o.model.use_sliding_window = false
   T.eq(has_note(P.plan(o)), false, "Qwen2: use_sliding_window false")
 end)

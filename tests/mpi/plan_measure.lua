@@ -13,13 +13,17 @@ local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen
 
 -- c = {model_type = "mistral" or "qwen2" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
--- LEN tokens)}: trains 3 x gas
+-- LEN tokens), window = W (a sliding window of W keys)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
 local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
+  if c.window then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
+    if cfg.model_type == "qwen2" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end
+    cfg.sliding_window = c.window
+  end
   cfg.head_dim = c.head_dim or cfg.head_dim -- 16: CUDA runs the f32 attention composition; 64: the flash kernel
   if gpu then cfg.device, cfg.dtype = "cuda", "bf16" end
   if jit and jit.flush then jit.flush() end -- compiled traces can keep the last case's engine alive

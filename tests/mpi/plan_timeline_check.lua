@@ -67,12 +67,20 @@ local cases = {
   { model_type = "mistral", stage = 3, B = 4, T = 97, layers = 2 },
   { model_type = "mistral", stage = 2, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true,
     lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
+  -- a sliding window shorter than the sequences (the windowed segments, plain rows too; Qwen2: layer 0 attends fully;
+  -- head_dim 64: where a GPU's flash kernels take the window)
+  { model_type = "mistral", stage = 2, B = 4, T = 97, layers = 2, head_dim = 64, window = 40 },
+  { model_type = "mistral", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2, window = 50 },
+  { model_type = "mistral", stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 64, window = 20 },
+  { model_type = "qwen2", stage = 2, B = 3, T = 96, layers = 2, head_dim = 64, window = 30 },
+  { model_type = "qwen2", stage = 1, B = 2, T = 131, layers = 3, head_dim = 64, ckpt = true, window = 33 },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
     c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
-    (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "")
+    (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "") ..
+    (c.window and (" window " .. c.window) or "")
   if c.model_type then name = c.model_type .. ": " .. name end
   local function check()
     local m, plan, hm, at = measure(c)
