@@ -157,7 +157,7 @@ local function settings(o, cfg_model)
   end
   s.loss_type = o.loss_type == "dft" and "dft" or nil
   -- padding-free batches (packed sequences, TRL's bfd packing or padding_free): packed = the sequences' length
-  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64 or 128 in 16 bits) the per-token rope rows and the
+  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64, 128 or padded between, in 16 bits) the per-token rope rows and the
   -- segments, elsewhere the attention's row gathers, counted for sequences of that one length
   s.packed = o.packed == true and s.seq_len or o.packed or nil
   if s.packed and (type(s.packed) ~= "number" or s.packed < 1 or s.packed % 1 ~= 0 or
@@ -428,7 +428,7 @@ local function build(o, s, counted)
     return n
   end
   -- a sliding window that masks keys (a sequence longer than it) runs on the segments (llama.lua), where they
-  -- run: the CPU, a GPU's flash kernels at head_dim 64 or 128 in 16 bits; elsewhere training refuses it (noted below)
+  -- run: the CPU, a GPU's flash kernels at head_dim 64, 128 or padded between, in 16 bits; elsewhere training refuses it (noted below)
   local window, window_refused
   if not o.param_numels and E.family(cfg) ~= "gpt2" then
     local ok, nc = pcall(function() return require("zrun.models.llama").normalize_config(cfg) end)
@@ -436,7 +436,7 @@ local function build(o, s, counted)
     if ok and nc then w, full = require("zrun.models.hf_config").attention_window(nc) end
     if w and (s.packed or s.seq_len) > w then
       local D = cfg.head_dim or floor(cfg.hidden_size / cfg.num_attention_heads)
-      if s.device == "cpu" or ((D == 64 or D == 128) and b == 2) then
+      if s.device == "cpu" or (require("zrun.memory_sim").flash_dim(D) and b == 2) then
         window = { size = w, full = full, sliding = {} }
         for l = 1, nc.num_hidden_layers do
           window.sliding[l] = require("zrun.models.hf_config").layer_window(nc, l) ~= nil
@@ -474,7 +474,8 @@ local function build(o, s, counted)
   end
   if window_refused then
     notes[#notes + 1] = fmt("%s: a sequence of %d tokens is longer than sliding_window (%d), and zrun's attention takes " ..
-      "a window only on the CPU or a GPU in bf16/f16 at head_dim 64 or 128, so training refuses it here", cfg.model_type,
+      "a window only on the CPU or a GPU in bf16/f16 at head_dim 64, 128 or a multiple of 8 between, so training " ..
+      "refuses it here", cfg.model_type,
       s.packed or s.seq_len, window_refused)
   end
   if s.gc ~= M.DEFAULT_GC then

@@ -518,8 +518,47 @@ function Sim:sdpa_composed(q, k, v, shape)
   return out
 end
 
+-- A head_dim the flash kernels run on a GPU in 16 bits: 64, 128, or a multiple of 8 between them (zero-padded
+-- to 128: ops/attention.c sdpa_padded). M.padded_dim: the padded ones.
+function M.padded_dim(D) return D > 64 and D < 128 and D % 8 == 0 end
+function M.flash_dim(D) return D == 64 or D == 128 or M.padded_dim(D) end
+
+-- ops/attention.c sdpa_padded: q, k, v copied into zero-padded (.., 128) tensors (kept), the 128-wide output (kept
+-- whole: the op's output is a (.., D) view of it) and lse; backward pads dO (a copy), writes padded dq, dk, dv
+-- beside the workspace, then each gradient is a compact copy of its first D columns.
+function Sim:sdpa_padded(q, k, v, lse_bytes, shape, seg)
+  local B, Hq, KV, T, D = unpack(shape)
+  local pad = function(x) return x.n / D * 128 end
+  local ins = { q, k, v }
+  local p = { self:new(pad(q)), self:new(pad(k)), self:new(pad(v)) }
+  local op = self:new(pad(q))
+  local lse = self:new(lse_bytes)
+  local out = self:lua({ s = op.s, n = q.n, c = false })
+  self:retain(op.s)
+  self:record(out, ins, { p[1], p[2], p[3], op, lse, seg }, function(S, _, g)
+    local gp = S:new(pad(q))
+    local ws = S:new(attention_workspace(B, Hq, KV, T, 128), "ws")
+    local dp = { S:new(pad(q)), S:new(pad(k)), S:new(pad(v)) }
+    S:drop(gp)
+    S:drop(ws)
+    local d = {}
+    for i, x in ipairs(ins) do
+      d[i] = S:new(x.n)
+      S:drop(dp[i])
+    end
+    return d
+  end)
+  for _, t in ipairs(p) do self:drop(t) end
+  self:drop(op)
+  self:drop(lse)
+  return out
+end
+
 -- (seg: the segments of packed sequences, which the node keeps; nil: causal)
 function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
+  if self.o.gpu and self.o.dtype_bytes == 2 and M.padded_dim(shape[5]) then
+    return self:sdpa_padded(q, k, v, lse_bytes, shape, seg)
+  end
   if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128)) then
     return self:sdpa_composed(q, k, v, shape)
   end
@@ -905,10 +944,10 @@ function M.llama_activations(cfg, o)
   local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
   S:alloc(2 * TL * D * tb, "other")
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
-  -- flash kernels at head_dim 64 or 128 in 16 bits): the attention runs once over the rows joined, (1, N),
+  -- flash kernels at head_dim 64, 128 or padded between, in 16 bits): the attention runs once over the rows joined, (1, N),
   -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
   -- a sliding window that masks keys (o.window: {full =, sliding = {per layer}}) runs there too, plain rows included
-  local flat = (o.packed or o.window) and (not o.gpu or ((D == 64 or D == 128) and b == 2))
+  local flat = (o.packed or o.window) and (not o.gpu or (M.flash_dim(D) and b == 2))
 
   -- parameters as leaves (stages 0-1: fp32 grads exist already; 2-3: allocated per backward)
   local static = o.stage <= 1 or o.direct -- direct mode: .grad are views into the partition

@@ -1,11 +1,12 @@
 /* Causal grouped-query attention: forward and backward side by side (see ops/attention.h).
  * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
- * the flash kernel (kernels/cuda/attention.h: no T×T tensor); every other case (f32, other head
+ * the flash kernel (kernels/cuda/attention.h: no T×T tensor), a multiple of 8 between them the 128
+ * kernel over zero-padded copies (sdpa_padded); every other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
  * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels and the
- * flash ones (bf16/f16, head_dim 64 or 128); every other CUDA path refuses them (zr_sdpa_segments_ok
+ * flash ones (bf16/f16, head_dim 64, 128 or padded between); every other CUDA path refuses them (zr_sdpa_segments_ok
  * says which run). */
 #include "ops/attention.h"
 
@@ -209,20 +210,30 @@ static zr_attn_strides strides_of(const zr_tensor *t) {
     return (zr_attn_strides){s[0], s[1], s[2]};
 }
 
+/* A head_dim between 64 and 128 (a multiple of 8: Phi-3's 96) runs the 128-wide kernels over zero-padded
+ * copies (sdpa_padded): the padding adds nothing to q·k, the output's padded columns (P times V's zero
+ * ones) are dropped, and the scale stays the real head_dim's. */
+static int padded_dim(int64_t Dh) { return Dh > 64 && Dh < 128 && Dh % 8 == 0; }
+/* 1 where the flash kernels run head_dim Dh in dt (with packed sequences too), padded or not. */
+static int flash_dim_ok(int64_t Dh, zr_dtype dt) {
+    return attention_varlen_ok(Dh, dt) || (padded_dim(Dh) && attention_varlen_ok(128, dt));
+}
+
 /* OK where the flash kernels take packed sequences (seg) for q, k, v of dtype dt (same: k and v
  * too) and head_dim Dh on dev, else the error that says why not. */
 static zr_status seg_cuda_check(const char *op, zr_device dev, zr_dtype dt, int same, int64_t Dh) {
     char why[96];
     zr_cuda_stream(dev); /* dev's GPU current: the check reads its arch */
-    if ((dt == ZR_BF16 || dt == ZR_F16) && same && attention_varlen_ok(Dh, dt)) return ZR_OK;
+    if ((dt == ZR_BF16 || dt == ZR_F16) && same && flash_dim_ok(Dh, dt)) return ZR_OK;
     if (!(dt == ZR_BF16 || dt == ZR_F16) || !same)
         snprintf(why, sizeof why, "the inputs are not all bf16 or all f16 (%s)", zr_dtype_name(dt));
-    else if (Dh != 64 && Dh != 128)
+    else if (Dh != 64 && Dh != 128 && !padded_dim(Dh))
         snprintf(why, sizeof why, "head_dim is %lld", (long long)Dh);
     else
         snprintf(why, sizeof why, "this GPU is below compute capability 9.0");
     return zr_error("%s: packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in "
-                    "bf16/f16 at head_dim 64 or 128 (the flash kernels); here %s: use zr.sdpa_segments_ok first",
+                    "bf16/f16 at head_dim 64, 128 or a multiple of 8 between (the flash kernels); here %s: use "
+                    "zr.sdpa_segments_ok first",
                     op, why);
 }
 
@@ -377,6 +388,108 @@ static zr_status packed_views(zr_tensor *t, int64_t Hq, int64_t Hkv, int64_t Dh,
 static void release3(zr_tensor **t) {
     for (int i = 0; i < 3; i++) zr_tensor_release(t[i]);
 }
+
+/* x (B, H, T, Dh) into a new zero-padded (B, H, T, 128) tensor of category cat. */
+static zr_tensor *pad128(zr_tensor *x, zr_mem_category cat) {
+    int64_t shape[4] = {x->shape[0], x->shape[1], x->shape[2], 128};
+    zr_tensor *p = zr_tensor_new_cat(x->dtype, zr_tensor_device(x), 4, shape, cat, 1);
+    zr_tensor *w = p ? zr_tensor_narrow_raw(p, 3, 0, x->shape[3]) : NULL;
+    zr_status st = w ? zr_tensor_copy_(w, x) : ZR_ERR;
+    zr_tensor_release(w);
+    if (st) {
+        zr_tensor_release(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* saved: q, k, v, out padded to 128 (contiguous), lse, then seg when given; f[0] = scale, i[0] = Dh.
+ * dO is padded too, the kernels write padded dq, dk, dv, and each gradient is their first Dh columns. */
+static zr_status sdpa_padded_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+    zr_device dev = zr_tensor_device(q);
+    zr_dtype dt = q->dtype;
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Hkv = k->shape[1], Dh = n->i[0];
+    const int32_t *seg = saved_seg(n, 5);
+    size_t wsz = attention_backward_workspace_size(B, Hq, Hkv, T, 128);
+    /* (dO copied into the padded buffer as it comes, any strides; cast first only from another dtype) */
+    zr_tensor *gc = g->dtype == dt ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev);
+    zr_tensor *gp = gc ? pad128(gc, ZR_MEM_ACTIVATIONS) : NULL;
+    zr_tensor *ws = NULL, *dp[3] = {NULL, NULL, NULL}, *d[3] = {NULL, NULL, NULL};
+    zr_status st = ZR_ERR;
+    zr_tensor_release(gc);
+    if (!gp) goto done;
+    if (wsz && !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0))) goto done;
+    for (int i = 0; i < 3; i++)
+        if (!(dp[i] = zr_tensor_new_cat(dt, dev, 4, (i ? k : q)->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
+    zr_attn_layout L = {strides_of(q),     strides_of(k),     strides_of(v),     strides_of(o),  strides_of(gp),
+                        strides_of(dp[0]), strides_of(dp[1]), strides_of(dp[2]), seg};
+    if (B * T > 0 &&
+        zr_dev_status(attention_backward_cuda(zr_tensor_data(dp[0]), zr_tensor_data(dp[1]), zr_tensor_data(dp[2]),
+                                              zr_tensor_data(gp), zr_tensor_data(q), zr_tensor_data(k),
+                                              zr_tensor_data(v), zr_tensor_data(o), zr_tensor_data(lse),
+                                              ws ? zr_tensor_data(ws) : NULL, seg ? &L : NULL, B, Hq, Hkv, T, 128,
+                                              (float)n->f[0], dt, zr_cuda_stream(dev)),
+                      "sdpa backward", dev))
+        goto done;
+    zr_tensor_release(gp);
+    zr_tensor_release(ws);
+    gp = ws = NULL;
+    for (int i = 0; i < 3; i++) {
+        zr_tensor *w = zr_tensor_narrow_raw(dp[i], 3, 0, Dh);
+        d[i] = w ? zr_tensor_contiguous_raw(w) : NULL;
+        zr_tensor_release(w);
+        zr_tensor_release(dp[i]);
+        dp[i] = NULL;
+        if (!d[i]) goto done;
+    }
+    if (zr_give_grads(n, 3, d, gin)) goto done;
+    st = ZR_OK;
+done:
+    for (int i = 0; i < 3; i++) {
+        zr_tensor_release(dp[i]);
+        zr_tensor_release(d[i]);
+    }
+    zr_tensor_release(gp);
+    zr_tensor_release(ws);
+    return st;
+}
+
+/* The flash kernels at a padded_dim head_dim: q, k, v copied into zero-padded (.., 128) tensors, the
+ * 128-wide kernels (contiguous operands; seg through a layout), the output the first Dh columns of the
+ * padded one (a (B, Hq, T, Dh) view of it, which the node keeps whole). */
+static zr_tensor *sdpa_padded(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale) {
+    zr_device dev = zr_tensor_device(q);
+    int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3];
+    int64_t lshape[3] = {B, Hq, T}, oshape[4] = {B, Hq, T, 128};
+    zr_tensor *in[3] = {q, k, v}, *p[3] = {NULL, NULL, NULL}, *op = NULL, *lse = NULL, *out = NULL;
+    zr_node *n;
+    for (int i = 0; i < 3; i++)
+        if (!(p[i] = pad128(in[i], ZR_MEM_ACTIVATIONS))) goto fail;
+    if (!(op = zr_tensor_new_cat(q->dtype, dev, 4, oshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        !(lse = zr_tensor_new_cat(ZR_F32, dev, 3, lshape, ZR_MEM_ACTIVATIONS, 0)) ||
+        flash_run("sdpa", op, lse, p[0], p[1], p[2], seg, seg != NULL, scale) ||
+        !(out = zr_tensor_narrow_raw(op, 3, 0, Dh)))
+        goto fail;
+    if (zr_autograd_record(out, "sdpa", sdpa_padded_backward, 3, in, &n)) goto fail;
+    if (n) {
+        n->f[0] = scale, n->i[0] = Dh;
+        if (zr_node_save(n, p[0]) || zr_node_save(n, p[1]) || zr_node_save(n, p[2]) || zr_node_save(n, op) ||
+            zr_node_save(n, lse) || (seg && zr_node_save(n, seg)))
+            goto fail;
+    }
+    release3(p);
+    zr_tensor_release(op);
+    zr_tensor_release(lse);
+    return out;
+fail:
+    release3(p);
+    zr_tensor_release(op);
+    zr_tensor_release(lse);
+    zr_tensor_release(out);
+    return NULL;
+}
+
 
 /* sdpa_packed's node: saved qkv (B, T, W), out (B, T, Hq·Dh), lse (B, Hq, T) f32; f[0] = scale;
  * i[0] = Hq, i[1] = Hkv; q, k, v are read as views of qkv. qkv_rope_sdpa's (i[2] = 1): saved q, k,
@@ -573,6 +686,8 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *s
         int same = k->dtype == dt && v->dtype == dt;
         if (seg && seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh)) return NULL;
         if ((dt == ZR_BF16 || dt == ZR_F16) && same && (Dh == 64 || Dh == 128)) return sdpa_flash(q, k, v, seg, scale);
+        if ((dt == ZR_BF16 || dt == ZR_F16) && same && padded_dim(Dh) && flash_dim_ok(Dh, dt))
+            return sdpa_padded(q, k, v, seg, scale);
 #endif
         return sdpa_composed(q, k, v, scale);
     }
@@ -714,7 +829,7 @@ int zr_sdpa_segments_ok(zr_device dev, zr_dtype dt, int64_t Dh) {
 #ifdef ZR_HAVE_CUDA
     if (dt != ZR_BF16 && dt != ZR_F16) return 0;
     zr_cuda_stream(dev); /* dev's GPU current: the check reads its arch */
-    return attention_varlen_ok(Dh, dt);
+    return flash_dim_ok(Dh, dt);
 #else
     (void)Dh;
     return 0;

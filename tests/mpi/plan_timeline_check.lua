@@ -74,6 +74,10 @@ local cases = {
   { model_type = "mistral", stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 64, window = 20 },
   { model_type = "qwen2", stage = 2, B = 3, T = 96, layers = 2, head_dim = 64, window = 30 },
   { model_type = "qwen2", stage = 1, B = 2, T = 131, layers = 3, head_dim = 64, ckpt = true, window = 33 },
+  -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
+  { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
+  { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
+  { model_type = "mistral", stage = 0, B = 2, T = 128, layers = 2, head_dim = 96, packed = 64, window = 20 },
 }
 for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,

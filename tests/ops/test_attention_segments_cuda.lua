@@ -3,7 +3,8 @@
 -- and 128 (the mma.sync kernels, over contiguous copies) for scaled_dot_product_attention (contiguous and
 -- transposed projections), sdpa_packed and qkv_rope_sdpa (per-token cos/sin rows over the rows joined, as the
 -- models run them), GQA, sequences of length 1, across 64-row tiles and spanning a row; elsewhere (f32,
--- head_dim 80) the error that says to ask zr.sdpa_segments_ok. SKIP without a GPU.
+-- head_dim 48, 100) the error that says to ask zr.sdpa_segments_ok (80, 96: padded to 128, test_attention_padded_cuda.lua).
+-- SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention segments") then return end
 local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
@@ -22,7 +23,7 @@ local function make_seg(rows, Tn)
   return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
 end
 
-local why = "packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in bf16/f16 at head_dim 64 or 128"
+local why = "packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in bf16/f16 at head_dim 64, 128 or a multiple of 8 between"
 T.test("segments where the CUDA kernels do not take them: the error names why and zr.sdpa_segments_ok", function()
   local seg = make_seg({ { 3, 4 } }, 7):cuda()
   local function sdpa(dt, D)
@@ -33,8 +34,10 @@ T.test("segments where the CUDA kernels do not take them: the error names why an
   T.raises(function() sdpa("f32", 64) end, why)
   T.raises(function() sdpa("f32", 64) end, "use zr.sdpa_segments_ok first")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), true, "head_dim 128 (the mma.sync kernels)")
-  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 80), false, "head_dim 80")
-  T.raises(function() sdpa("bf16", 80) end, "here head_dim is 80")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 48), false, "head_dim 48")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 100), false, "head_dim 100")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 96), true, "head_dim 96 (padded to 128)")
+  T.raises(function() sdpa("bf16", 48) end, "here head_dim is 48")
   T.raises(function() zr.sdpa_packed(zr.randn({ 1, 7, 3 * 32 }, { device = "cuda" }), 1, 1, { segments = seg }) end,
     "sdpa_packed: " .. why)
   -- seg on another device than q

@@ -4,7 +4,7 @@
 -- sequence starts (masking_utils.find_packed_sequence_indices, used when no attention_mask is
 -- passed), and attention stays inside each sequence. Everything else in a layer is per token.
 -- Where the attention op takes the sequences' bounds (zr.sdpa_segments_ok: the CPU, CUDA's flash
--- kernels in 16 bits at head_dim 64 or 128) zrun runs it once over the batch's rows joined into one
+-- kernels in 16 bits at head_dim 64, 128 or a multiple of 8 between) zrun runs it once over the batch's rows joined into one
 -- (1, B·T) row, each query masked to its own sequence's keys (the segments), the rope tables gathered
 -- per token: no gathers. Elsewhere (CUDA f32, other head_dims) it runs the attention over groups of
 -- sequences of about one length: each group gathered into
@@ -112,7 +112,8 @@ function M.segments(position_ids, B, T, device, flat, window)
   segs.max_position, segs.table_length = maxp, 2 ^ math.ceil(math.log(maxp + 1) / math.log(2) - 1e-9)
   if W and not flat then
     error(("sliding_window %d masks keys of a sequence of %d tokens, and zrun's attention takes a window only where " ..
-      "it takes packed sequences: the CPU, or CUDA in bf16/f16 at head_dim 64 or 128 (zr.sdpa_segments_ok); train " ..
+      "it takes packed sequences: the CPU, or CUDA in bf16/f16 at head_dim 64, 128 or a multiple of 8 between " ..
+      "(zr.sdpa_segments_ok); train " ..
       "in bf16 there or on sequences of at most %d tokens"):format(W, longest, W), 0)
   end
   if flat then
