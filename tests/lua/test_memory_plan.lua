@@ -491,11 +491,14 @@ T.test("Mistral's and Qwen2's sliding window: a longer sequence runs where the w
   local p = P.plan(o)
   T.eq(has_note(p), true, "a GPU in f32")
   T.eq(tostring(p):find("mistral: a sequence of 65 tokens is longer than sliding_window (64), and zrun's attention takes a " ..
-    "window only on the CPU or a GPU in bf16/f16 at head_dim 64 or 128, so training refuses it here", 1, true) ~= nil, true)
+    "window only on the CPU or a GPU in bf16/f16 at head_dim 64, 128 or a multiple of 8 between, so training refuses it here",
+    1, true) ~= nil, true)
   o.dtype = "bf16"
   T.eq(has_note(P.plan(o)), true, "a GPU in bf16 at head_dim 16")
   o.model.head_dim = 64
   T.eq(has_note(P.plan(o)), false, "a GPU in bf16 at head_dim 64: the flash kernels take the window")
+  o.model.head_dim = 96
+  T.eq(has_note(P.plan(o)), false, "head_dim 96: padded to 128")
   o.model.head_dim, o.dtype = nil, "f32"
   o.seq_len = 64
   T.eq(has_note(P.plan(o)), false, "64 tokens: causal")
