@@ -6,17 +6,7 @@ local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cud
 if C.skip_without_gpu("attention padded") then return end
 local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 
-local function make_seg(rows, Tn)
-  local B, flat = #rows, {}
-  for b, lens in ipairs(rows) do
-    local at = 0
-    for _, n in ipairs(lens) do
-      for t = at, at + n - 1 do flat[(b - 1) * Tn + t + 1], flat[B * Tn + (b - 1) * Tn + t + 1] = at, at + n end
-      at = at + n
-    end
-  end
-  return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
-end
+local make_seg = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
 
 T.test("sdpa at head_dim 72, 80, 96, 120 on CUDA (zero-padded to 128) vs CPU, bf16/f16, GQA", function()
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 96), true)

@@ -8,21 +8,7 @@ local T = zr.testing
 local unpack = table.unpack or unpack
 zr.manual_seed(31)
 
--- seg (2, B, T) i32 from each row's sequence lengths, and the sequences {b =, s =, n =} (1-based row,
--- 0-based start)
-local function make_seg(rows, Tn)
-  local B, flat, seqs = #rows, {}, {}
-  for b, lens in ipairs(rows) do
-    local at = 0
-    for _, n in ipairs(lens) do
-      for t = at, at + n - 1 do flat[(b - 1) * Tn + t + 1], flat[B * Tn + (b - 1) * Tn + t + 1] = at, at + n end
-      seqs[#seqs + 1] = { b = b, s = at, n = n }
-      at = at + n
-    end
-    assert(at == Tn, "a row's lengths add up to T")
-  end
-  return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn), seqs
-end
+local make_seg = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
 
 -- f's output and the gradients of sum(out * w) wrt fresh leaves copied from xs (w: nil, made here)
 local function run(f, xs, w)

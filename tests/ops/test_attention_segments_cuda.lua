@@ -9,19 +9,7 @@ local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cud
 if C.skip_without_gpu("attention segments") then return end
 local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 
--- seg (2, B, T) i32 on the CPU from each row's sequence lengths
-local function make_seg(rows, Tn)
-  local B, flat = #rows, {}
-  for b, lens in ipairs(rows) do
-    local at = 0
-    for _, n in ipairs(lens) do
-      for t = at, at + n - 1 do flat[(b - 1) * Tn + t + 1], flat[B * Tn + (b - 1) * Tn + t + 1] = at, at + n end
-      at = at + n
-    end
-    assert(at == Tn, "a row's lengths add up to T")
-  end
-  return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
-end
+local make_seg = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
 
 local why = "packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in bf16/f16 at head_dim 64, 128 or a multiple of 8 between"
 T.test("segments where the CUDA kernels do not take them: the error names why and zr.sdpa_segments_ok", function()

@@ -9,19 +9,8 @@ local T = zr.testing
 local unpack = table.unpack or unpack
 zr.manual_seed(53)
 
--- seg (2, B, T) i32 from each row's sequence lengths (nil: none, each row one sequence)
-local function make_seg(rows, Tn)
-  if not rows then return nil end
-  local B, flat = #rows, {}
-  for b, lens in ipairs(rows) do
-    local at = 0
-    for _, n in ipairs(lens) do
-      for t = at, at + n - 1 do flat[(b - 1) * Tn + t + 1], flat[B * Tn + (b - 1) * Tn + t + 1] = at, at + n end
-      at = at + n
-    end
-  end
-  return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
-end
+local segments_of = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
+local function make_seg(rows, Tn) return rows and (segments_of(rows, Tn)) or nil end
 
 -- The visible (query, key) pairs by the definition: the same sequence, key <= query, query - key < window.
 local function mask(rows, B, Tn, W)

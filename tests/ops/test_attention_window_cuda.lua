@@ -7,18 +7,7 @@ local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cud
 if C.skip_without_gpu("attention window") then return end
 local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 
--- seg (2, B, T) i32 on the CPU from each row's sequence lengths
-local function make_seg(rows, Tn)
-  local B, flat = #rows, {}
-  for b, lens in ipairs(rows) do
-    local at = 0
-    for _, n in ipairs(lens) do
-      for t = at, at + n - 1 do flat[(b - 1) * Tn + t + 1], flat[B * Tn + (b - 1) * Tn + t + 1] = at, at + n end
-      at = at + n
-    end
-  end
-  return zr.tensor(flat, { dtype = "i32" }):view(2, B, Tn)
-end
+local make_seg = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
 
 local CASES = { -- rows (nil: B one-sequence rows), T, windows
   { B = 2, Tn = 300, windows = { 1, 64, 65, 127, 128, 129, 200, 400 } },
