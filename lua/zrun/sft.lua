@@ -241,6 +241,29 @@ function M.read_template(p)
   return src
 end
 
+-- assistant_only_loss's template, as SFTTrainer picks it: the template (chat_template_path's, else the
+-- tokenizer's own) when it has {% generation %} blocks; else, where TRL 1.10 swaps in a training copy of it and
+-- zrun knows the template (zrun.sft_templates: Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, recognised byte for
+-- byte), zrun's training copy, which renders as TRL's does and then renders every row (its thinking blocks and
+-- masks); else refused, as TRL refuses a template it cannot patch.
+function M.training_template(source, tok)
+  local own = source == nil
+  if own then
+    local ok, t = pcall(function() return tok:get_chat_template() end)
+    if not ok then return nil end -- (no template: the rows' own error says so)
+    source = t
+  end
+  local ST = require "zrun.sft_templates"
+  if ST.has_generation_markers(source) then return not own and source or nil end
+  local patched = ST.training(source)
+  if patched then return patched end
+  error("sft: assistant_only_loss = true: the chat template has no {% generation %} blocks and is not one whose " ..
+    "training copy TRL 1.10 swaps in that zrun makes (Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, byte for byte); " ..
+    "TRL raises \"not training-compatible\" for it (or patches its Llama 3, Gemma, Phi-3, ... ones, which zrun does not " ..
+    "know): pass chat_template_path = a template with {% generation %} ... {% endgeneration %} around the assistant's " ..
+    "turns (trl/chat_templates/*_training.jinja are such)", 0)
+end
+
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.
 local TRAINER_ONLY = { pad_token = "the collator's", pad_to_multiple_of = "the collator's", padding_free = "the collator's",
   dataset_kwargs = "SFTTrainer's", eval_packing = "SFTTrainer's" }
@@ -317,6 +340,7 @@ function M.options(opts, tok, first)
     error("sft: truncation_mode is read when rows are truncated to max_length (without packing, which cuts blocks instead)", 0)
   end
   if o.chat_template_path then o.chat_template = M.read_template(o.chat_template_path) end
+  if o.assistant_only_loss then o.chat_template = M.training_template(o.chat_template, tok) end
   -- an eos_token given: the token text / completions end with, and the template's eos_token (TRL sets the
   -- tokenizer's eos_token to it, which must be one token of its vocabulary)
   if o.eos_token ~= false then M.check_token(tok, "eos_token", o.eos_token) end

@@ -67,6 +67,11 @@ end
 -- opts.return_dict (+ return_assistant_tokens_mask) a table with input_ids, attention_mask, assistant_masks.
 function M.apply_chat_template(tok, messages, opts) return chat.apply(tok, chat_settings(tok), messages, opts) end
 
+-- tok:get_chat_template([chat_template [, tools]]) (transformers' method): the template source apply_chat_template
+-- would render with: chat_template (a name of the tokenizer's templates, or a template), else "tool_use" when tools
+-- are given and the tokenizer has it, else its default template; raises when it has none.
+function M.get_chat_template(tok, chat_template, tools) return chat.pick(chat_settings(tok), chat_template, tools) end
+
 -- tok:set_chat_template(source): use this Jinja chat template (as `tokenizer.chat_template = ...` in
 -- transformers); save_pretrained writes it to chat_template.jinja.
 function M.set_chat_template(tok, source)
@@ -187,6 +192,7 @@ function M.load(ref, opts)
     methods.save_pretrained = function(self, dir) return M.save_pretrained(self, dir) end
     methods.apply_chat_template = M.apply_chat_template
     methods.set_chat_template = M.set_chat_template
+    methods.get_chat_template = M.get_chat_template
     -- eos_id / pad_id: those set_special_tokens set, as tok.eos_token_id follows tok.eos_token in transformers
     for _, k in ipairs(SET_IDS) do
       local c_id, key = methods[k .. "_id"], k .. "_token"
