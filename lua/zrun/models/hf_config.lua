@@ -253,7 +253,7 @@ local FAMILY = {
 -- elsewhere), and written back as null (M.to_hf).
 M.NULL_IS_NOT_DEFAULT = { mistral = { sliding_window = true, num_key_value_heads = true },
   qwen2 = { sliding_window = true, num_key_value_heads = true },
-  phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true } }
+  phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true, sliding_window = true } }
 -- In a decoded config.json (cjson.null values), those fields' nulls as false; the table, changed.
 function M.keep_nulls(t)
   local keys = type(t) == "table" and M.NULL_IS_NOT_DEFAULT[t.model_type]
