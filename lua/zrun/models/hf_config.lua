@@ -354,8 +354,13 @@ end
 -- the caller.
 local function llama_arch(F, cfg)
   local d = FAMILY[F]
+  local nulls = {}
   for k in pairs(M.NULL_IS_NOT_DEFAULT[F] or {}) do -- (a table decoded with cjson: its nulls)
-    if cfg[k] == null then cfg = copy(cfg); cfg[k] = false end
+    if cfg[k] == null then nulls[#nulls + 1] = k end
+  end
+  if #nulls > 0 then -- (one copy: copy drops every null)
+    cfg = copy(cfg)
+    for _, k in ipairs(nulls) do cfg[k] = false end
   end
   local c = copy(cfg)
   model_type(F, c)
