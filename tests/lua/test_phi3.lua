@@ -120,6 +120,13 @@ T.test("phi3 longrope: the factors follow the forward's largest position (packed
   T.near(out.logits:narrow(2, 13, 28), alone.logits, 2e-5, 1e-4, "the second sequence as its own row")
 end)
 
+T.test("phi3: the built-in microsoft/Phi-3-mini-4k-instruct has 3,821,079,552 parameters (transformers' count)", function()
+  local total = require("zrun.memory_estimate").count("microsoft/Phi-3-mini-4k-instruct")
+  T.eq(type(total) == "table" and total.total or total, 3821079552)
+  local c = zr.models.phi3.normalize_config(zr.models.phi3.config("microsoft/Phi-3-mini-4k-instruct"))
+  T.eq(hf_config.attention_window(c), 2047)
+end)
+
 -- Generation ------------------------------------------------------------------------------------
 local G = cjson.decode(read(GOLDEN .. "phi3_generate.json"))
 for _, name in ipairs { "phi3_tiny", "phi3_partial", "phi3_longrope" } do
