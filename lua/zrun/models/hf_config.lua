@@ -1,4 +1,4 @@
--- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, gpt2). Reads a
+-- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, phi3, gpt2). Reads a
 -- config as transformers 4 writes it (rope_theta / rope_scaling at the top level) and as
 -- transformers 5 writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks
 -- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel
