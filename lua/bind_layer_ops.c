@@ -78,10 +78,12 @@ static double field_number(lua_State *L, int idx, const char *key, const char *a
 }
 
 /* rope_tables(T, head_dim [, {theta=, rope_scaling={rope_type="llama3", factor=, low_freq_factor=,
- * high_freq_factor=, original_max_position_embeddings=}, offset=, dtype=, device=}]) -> cos, sin */
+ * high_freq_factor=, original_max_position_embeddings=} | {rope_type="longrope", ext_factors={head_dim/2
+ * numbers}, attention_factor=}, offset=, dtype=, device=}]) -> cos, sin. head_dim: the rotary dim. */
 static int l_rope_tables(lua_State *L) {
     int64_t T = (int64_t)luaL_checknumber(L, 1), hd = (int64_t)luaL_checknumber(L, 2);
     zr_rope_config c = zr_rope_config_default();
+    double ext[1024];
     zr_dtype dt = ZR_F32;
     zr_device dev = zr_cpu();
     if (lua_istable(L, 3)) {
@@ -105,8 +107,25 @@ static int l_rope_tables(lua_State *L) {
                 c.high_freq_factor = field_number(L, s, "high_freq_factor", NULL, 0, 1);
                 c.original_max_position_embeddings =
                     field_number(L, s, "original_max_position_embeddings", NULL, 0, 1);
+            } else if (strcmp(type, "longrope") == 0) {
+                /* the factors of the sequence's regime (short or long), chosen by the caller */
+                lua_getfield(L, s, "ext_factors");
+                if (!lua_istable(L, -1)) luaL_error(L, "rope_tables: rope_scaling.ext_factors (a list) is required for rope_type 'longrope'");
+                int64_t n = (int64_t)lua_objlen(L, -1);
+                if (n != hd / 2 || n > 1024)
+                    luaL_error(L, "rope_tables: rope_scaling.ext_factors must hold head_dim/2 = %d numbers (at most 1024), got %d",
+                               (int)(hd / 2), (int)n);
+                for (int64_t i = 0; i < n; i++) {
+                    lua_rawgeti(L, -1, (int)i + 1);
+                    if (!lua_isnumber(L, -1)) luaL_error(L, "rope_tables: rope_scaling.ext_factors[%d] must be a number", (int)i + 1);
+                    ext[i] = lua_tonumber(L, -1);
+                    lua_pop(L, 1);
+                }
+                lua_pop(L, 1);
+                c.ext_factors = ext;
+                c.attention_scale = field_number(L, s, "attention_factor", NULL, 1.0, 0);
             } else if (strcmp(type, "default") != 0)
-                luaL_error(L, "rope_tables: rope_scaling type '%s' is not supported (expected 'default' or 'llama3')", type);
+                luaL_error(L, "rope_tables: rope_scaling type '%s' is not supported (expected 'default', 'llama3' or 'longrope')", type);
             lua_pop(L, 1);
         } else if (!lua_isnil(L, -1))
             luaL_error(L, "rope_tables: rope_scaling must be a table");

@@ -5,41 +5,46 @@
 #include "real.h"
 
 void K(rope_forward_cpu)(real *y, const real *x, const real *cos, const real *sin, int64_t BH,
-                         int64_t T, int64_t Dh) {
-    int64_t h = Dh / 2;
+                         int64_t T, int64_t Dh, int64_t R) {
+    int64_t h = R / 2;
     _Pragma("omp parallel for schedule(static) if (BH * T * Dh > 32768)")
     for (int64_t bt = 0; bt < BH * T; bt++) {
         int64_t t = bt % T;
-        const real *xr = x + bt * Dh, *c = cos + t * Dh, *s = sin + t * Dh;
+        const real *xr = x + bt * Dh, *c = cos + t * R, *s = sin + t * R;
         real *yr = y + bt * Dh;
         for (int64_t i = 0; i < h; i++) {
             yr[i] = xr[i] * c[i] - xr[i + h] * s[i];
             yr[i + h] = xr[i + h] * c[i + h] + xr[i] * s[i + h];
         }
+        for (int64_t i = R; i < Dh; i++) yr[i] = xr[i]; /* not rotated (partial rotary) */
     }
 }
 
 void K(rope_backward_cpu)(real *dx, const real *dy, const real *cos, const real *sin, int64_t BH,
-                          int64_t T, int64_t Dh) {
-    int64_t h = Dh / 2;
+                          int64_t T, int64_t Dh, int64_t R) {
+    int64_t h = R / 2;
     _Pragma("omp parallel for schedule(static) if (BH * T * Dh > 32768)")
     for (int64_t bt = 0; bt < BH * T; bt++) {
         int64_t t = bt % T;
-        const real *g = dy + bt * Dh, *c = cos + t * Dh, *s = sin + t * Dh;
+        const real *g = dy + bt * Dh, *c = cos + t * R, *s = sin + t * R;
         real *d = dx + bt * Dh;
         for (int64_t i = 0; i < h; i++) {
             d[i] = g[i] * c[i] + g[i + h] * s[i + h];
             d[i + h] = g[i + h] * c[i + h] - g[i] * s[i];
         }
+        for (int64_t i = R; i < Dh; i++) d[i] = g[i];
     }
 }
 
 void K(rope_inv_freq_cpu)(real *inv_freq, int64_t Dh, double theta, int llama3, double factor,
-                          double low_freq_factor, double high_freq_factor, double original_max_pos) {
+                          double low_freq_factor, double high_freq_factor, double original_max_pos,
+                          const double *ext) {
     int64_t h = Dh / 2;
     for (int64_t i = 0; i < h; i++) {
-        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)) */
-        real f = (real)1 / R_POW((real)theta, (real)(2 * i) / (real)Dh);
+        /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)); longrope:
+         * 1.0 / (ext_factors * base ** (...)), the product rounded to float first */
+        real p = R_POW((real)theta, (real)(2 * i) / (real)Dh);
+        real f = ext ? (real)1 / ((real)ext[i] * p) : (real)1 / p;
         if (llama3) {
             /* transformers _compute_llama3_parameters: long wavelengths are divided by factor,
              * short ones kept, and the band in between interpolated smoothly. */

@@ -200,3 +200,35 @@ extern "C" int rope_backward_cuda(void *dq, void *dk, const void *dq_out, const 
     return rope_run("rope_backward_cuda", dq, (void *)dq_out, dk, (void *)dk_out, cos, sin, B, Hq,
                     Hkv, T, Dh, layout, dtype, stream, false);
 }
+
+/* One thread per (row, pair i < R/2) of x (BH, T, Dh), in place: channels R..Dh-1 untouched. */
+template <typename T>
+__global__ void rope_partial_kernel(T *x, const float *__restrict__ cosb,
+                                    const float *__restrict__ sinb, int64_t n, int64_t T_,
+                                    int64_t Dh, int64_t half, float sign) {
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const int64_t row = idx / half, i = idx - row * half, t = row % T_;
+    T *p = x + row * Dh;
+    const float c = cosb[t * half + i], sn = sign * sinb[t * half + i];
+    const float x1 = tof<T>(p[i]), x2 = tof<T>(p[i + half]);
+    p[i] = fromf<T>(x1 * c - x2 * sn);
+    p[i + half] = fromf<T>(x2 * c + x1 * sn);
+}
+
+extern "C" int rope_partial_cuda(void *x, const float *cos, const float *sin, int64_t BH,
+                                 int64_t Tn, int64_t Dh, int64_t R, int backward, zr_dtype dtype,
+                                 cudaStream_t stream) {
+    const char *fn = "rope_partial_cuda";
+    if (BH < 0 || Tn < 0 || Dh <= 0 || R <= 0 || R % 2 || R > Dh)
+        return zr_error("%s: bad shape BH=%lld T=%lld Dh=%lld R=%lld (R even, 0 < R <= Dh)", fn,
+                        (long long)BH, (long long)Tn, (long long)Dh, (long long)R);
+    const int64_t n = BH * Tn * (R / 2);
+    if (n == 0) return 0;
+    const float sign = backward ? -1.f : 1.f;
+    const unsigned grid = (unsigned)((n + 255) / 256);
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        rope_partial_kernel<T><<<grid, 256, 0, stream>>>((T *)x, cos, sin, n, Tn, Dh, R / 2, sign);
+    });
+    return launch_check(fn);
+}

@@ -31,6 +31,13 @@ int rope_backward_cuda(void *dq, void *dk, const void *dq_out, const void *dk_ou
                        const float *cos, const float *sin, int64_t B, int64_t Hq, int64_t Hkv,
                        int64_t T, int64_t Dh, int layout, zr_dtype dtype, cudaStream_t stream);
 
+/* Partial rotary embedding (transformers' partial_rotary_factor), in place: x (BH, T, Dh)
+ * contiguous, its first R channels of each row rotated (pairs i, i + R/2; R even, 0 < R <= Dh),
+ * channels R..Dh-1 left as they are; cos/sin (T, R/2) f32. backward != 0: the inverse rotation
+ * (sin negated), the gradient's map. */
+int rope_partial_cuda(void *x, const float *cos, const float *sin, int64_t BH, int64_t T,
+                      int64_t Dh, int64_t R, int backward, zr_dtype dtype, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

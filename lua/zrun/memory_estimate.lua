@@ -61,6 +61,29 @@ local function llama_params(c)
   return out
 end
 
+-- Phi-3: Llama's layer with the fused checkpoint modules (qkv_proj: (Hq + 2 KV)·D rows; gate_up_proj: 2·I), no biases
+local function phi3_params(c)
+  local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+  local Hq = c.num_attention_heads
+  local KV = c.num_key_value_heads or Hq -- (Phi3Config: None is num_attention_heads)
+  local D = head_dim(c)
+  local out = {}
+  local add = adder(out)
+  add("model.embed_tokens", "weight", { V, H })
+  for l = 0, L - 1 do
+    local p = "model.layers." .. l
+    add(p .. ".self_attn.qkv_proj", "weight", { (Hq + 2 * KV) * D, H })
+    add(p .. ".self_attn.o_proj", "weight", { H, Hq * D })
+    add(p .. ".mlp.gate_up_proj", "weight", { 2 * I, H })
+    add(p .. ".mlp.down_proj", "weight", { H, I })
+    add(p .. ".input_layernorm", "weight", { H })
+    add(p .. ".post_attention_layernorm", "weight", { H })
+  end
+  add("model.norm", "weight", { H })
+  if not c.tie_word_embeddings then add("lm_head", "weight", { V, H }) end
+  return out
+end
+
 local function gpt2_params(c)
   local E, L, V, P = c.n_embd, c.n_layer, c.vocab_size, c.n_positions or 1024
   local inner = c.n_inner or 4 * E
@@ -87,7 +110,7 @@ local function gpt2_params(c)
 end
 
 local families = {
-  llama = llama_params, mistral = llama_params, qwen2 = llama_params, gpt2 = gpt2_params,
+  llama = llama_params, mistral = llama_params, qwen2 = llama_params, phi3 = phi3_params, gpt2 = gpt2_params,
 }
 
 -- Which family a config belongs to (llama when the fields say so and model_type is absent).
@@ -97,7 +120,7 @@ function M.family(c)
     if c.n_embd then t = "gpt2" elseif c.hidden_size and c.num_hidden_layers then t = "llama" end
   end
   if not families[t] then
-    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, gpt2)", tostring(t)), 0)
+    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, phi3, gpt2)", tostring(t)), 0)
   end
   return t
 end

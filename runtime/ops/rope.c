@@ -16,7 +16,7 @@ static zr_status rope_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     }
     int64_t T = e->shape[2], Dh = e->shape[3];
     ZR_CPU_CALL(ct, rope_backward_cpu, zr_tensor_data(dx), zr_tensor_data(gi), zr_tensor_data(c),
-                zr_tensor_data(s), e->shape[0] * e->shape[1], T, Dh);
+                zr_tensor_data(s), e->shape[0] * e->shape[1], T, Dh, c->shape[1]);
     zr_tensor_release(gi);
     if (e->dtype != ct) {
         zr_tensor *r = zr_tensor_to_raw(dx, e->dtype, zr_tensor_device(dx));
@@ -83,12 +83,60 @@ static zr_status rope_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
 }
 #endif
 
+#ifdef ZR_HAVE_CUDA
+/* Partial rotary (tables narrower than the head): a contiguous copy of the input rotated in place
+ * (the channels past the tables' width stay copied), and so the gradient. saved: cos, sin halves
+ * (T, R/2) f32. */
+static zr_status rope_partial_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    zr_tensor *c = n->saved[0], *sn = n->saved[1];
+    zr_edge *e = &n->edges[0];
+    zr_device dev = zr_tensor_device(g);
+    zr_tensor *dx = zr_tensor_clone_raw(g);
+    zr_tensor *dc = dx && dx->dtype != e->dtype ? zr_tensor_to_raw(dx, e->dtype, dev) : NULL;
+    if (dc) {
+        zr_tensor_release(dx);
+        dx = dc;
+    }
+    zr_status st = dx ? ZR_OK : ZR_ERR;
+    if (!st)
+        st = zr_dev_status(rope_partial_cuda(zr_tensor_data(dx), zr_tensor_data(c), zr_tensor_data(sn),
+                                             e->shape[0] * e->shape[1], e->shape[2], e->shape[3],
+                                             2 * c->shape[1], 1, e->dtype, zr_cuda_stream(dev)),
+                           "rope backward", dev);
+    return zr_give_grad(gin, dx, st);
+}
+
+static zr_tensor *rope_partial_dev(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
+    zr_device dev = zr_tensor_device(x);
+    zr_tensor *out = zr_tensor_clone_raw(x);
+    zr_tensor *c = out ? half_table(cos) : NULL, *sn = c ? half_table(sin) : NULL;
+    zr_node *n;
+    if (!sn) goto fail;
+    if (zr_dev_status(rope_partial_cuda(zr_tensor_data(out), zr_tensor_data(c), zr_tensor_data(sn),
+                                        x->shape[0] * x->shape[1], x->shape[2], x->shape[3], cos->shape[1], 0,
+                                        x->dtype, zr_cuda_stream(dev)),
+                      "rope", dev))
+        goto fail;
+    if (zr_autograd_record(out, "rope", rope_partial_backward_dev, 1, &x, &n)) goto fail;
+    if (n && (zr_node_save(n, c) || zr_node_save(n, sn))) goto fail;
+    zr_tensor_release(c);
+    zr_tensor_release(sn);
+    return out;
+fail:
+    zr_tensor_release(c);
+    zr_tensor_release(sn);
+    zr_tensor_release(out);
+    return NULL;
+}
+#endif
+
 static zr_tensor *rope_dev(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(x);
     char dn[16];
     if (x->dtype == ZR_F64)
         return zr_error_null("rope on %s: f64 is not supported (use f32, bf16 or f16)", zr_device_name(dev, dn));
+    if (cos->shape[1] < x->shape[3]) return rope_partial_dev(x, cos, sin);
     int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], Dh = x->shape[3];
     int layout = zr_tensor_is_contiguous(x) ? ZR_ROPE_BHTD : is_bthd(x) ? ZR_ROPE_BTHD : -1;
     zr_tensor *xi = layout >= 0 ? zr_tensor_retain(x) : zr_tensor_contiguous_raw(x);
@@ -130,14 +178,15 @@ zr_tensor *zr_rope(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
     if (x->ndim != 4)
         return zr_error_null("rope: x must be (B, H, T, head_dim), got %s", zr_tensor_shape_str(x, b1));
     int64_t T = x->shape[2], Dh = x->shape[3];
-    if (Dh % 2)
-        return zr_error_null("rope: head_dim must be even (rotate_half pairs i with i + head_dim/2), "
-                             "x is %s", zr_tensor_shape_str(x, b1));
-    if (cos->ndim != 2 || sin->ndim != 2 || cos->shape[0] != T || cos->shape[1] != Dh ||
+    if (cos->ndim != 2 || sin->ndim != 2 || cos->shape[0] != T || cos->shape[1] > Dh || cos->shape[1] < 1 ||
         !zr_tensor_same_shape(cos, sin))
-        return zr_error_null("rope: cos %s and sin %s must both be (T, head_dim) = (%lld,%lld) for x %s",
+        return zr_error_null("rope: cos %s and sin %s must both be (T, rotary_dim) = (%lld, <= %lld) for x %s",
                              zr_tensor_shape_str(cos, b1), zr_tensor_shape_str(sin, b2), (long long)T,
                              (long long)Dh, zr_tensor_shape_str(x, b3));
+    int64_t R = cos->shape[1];
+    if (R % 2)
+        return zr_error_null("rope: the rotary dim (the tables' width) must be even (rotate_half pairs i with "
+                             "i + rotary_dim/2), cos is %s", zr_tensor_shape_str(cos, b1));
     if (!zr_is_cpu(x)) return rope_dev(x, cos, sin);
     zr_dtype ct = zr_cpu_compute_dtype(x->dtype);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, zr_tensor_device(x), 4, x->shape, ZR_MEM_ACTIVATIONS, 0);
@@ -146,7 +195,7 @@ zr_tensor *zr_rope(zr_tensor *x, zr_tensor *cos, zr_tensor *sin) {
     zr_tensor *o = si ? zr_cpu_out_begin(out, ct) : NULL;
     if (!o) goto fail;
     ZR_CPU_CALL(ct, rope_forward_cpu, zr_tensor_data(o), zr_tensor_data(xi), zr_tensor_data(ci),
-                zr_tensor_data(si), x->shape[0] * x->shape[1], T, Dh);
+                zr_tensor_data(si), x->shape[0] * x->shape[1], T, Dh, R);
     zr_status st = zr_cpu_out_end(out, o);
     o = NULL;
     if (st) goto fail;
@@ -177,6 +226,10 @@ static zr_status check_config(int64_t head_dim, const zr_rope_config *c) {
     if (head_dim <= 0 || head_dim % 2)
         return zr_error("rope_tables: head_dim must be a positive even number, got %lld", (long long)head_dim);
     if (!(c->theta > 0)) return zr_error("rope_tables: theta must be > 0, got %g", c->theta);
+    for (int64_t i = 0; c->ext_factors && i < head_dim / 2; i++)
+        if (!(c->ext_factors[i] > 0))
+            return zr_error("rope_tables: longrope factor %lld must be > 0, got %g", (long long)(i + 1),
+                            c->ext_factors[i]);
     if (c->llama3) {
         if (!(c->factor > 0)) return zr_error("rope_tables: llama3 rope_scaling.factor must be > 0, got %g", c->factor);
         if (!(c->original_max_position_embeddings > 0))
@@ -196,7 +249,7 @@ zr_tensor *zr_rope_inv_freq(int64_t head_dim, const zr_rope_config *c, zr_dtype 
     zr_tensor *inv = zr_tensor_new(ct, zr_cpu(), 1, &h);
     if (!inv) return NULL;
     ZR_CPU_CALL(ct, rope_inv_freq_cpu, zr_tensor_data(inv), head_dim, c->theta, c->llama3, c->factor,
-                c->low_freq_factor, c->high_freq_factor, c->original_max_position_embeddings);
+                c->low_freq_factor, c->high_freq_factor, c->original_max_position_embeddings, c->ext_factors);
     return inv;
 }
 

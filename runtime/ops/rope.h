@@ -6,7 +6,9 @@
 
 #include "core/tensor.h"
 
-/* y = x * cos + rotate_half(x) * sin. x (B, H, T, Dh) with Dh even; cos, sin (T, Dh). The output
+/* y = x * cos + rotate_half(x) * sin. x (B, H, T, Dh); cos, sin (T, R) with R even, R <= Dh: the
+ * first R channels of each head are rotated (pairs i, i + R/2), the rest passed through
+ * (transformers' partial_rotary_factor: R = Dh · factor, the tables built for R). The output
  * has x's dtype (computed in f32 for bf16/f16, rounded once). Gradients flow to x only: the
  * tables are constants (backward is the transposed, i.e. inverse, rotation). */
 zr_tensor *zr_rope(zr_tensor *x, zr_tensor *cos, zr_tensor *sin);
@@ -17,6 +19,7 @@ typedef struct {
     double factor, low_freq_factor, high_freq_factor, original_max_position_embeddings;
     double attention_scale; /* multiplies cos and sin; 1 for "default" and "llama3" */
     int64_t offset;         /* first position (positions are offset .. offset+T-1) */
+    const double *ext_factors; /* longrope: head_dim/2 factors dividing the frequencies, or NULL */
 } zr_rope_config;
 
 /* Defaults: theta 10000, no scaling, attention_scale 1, offset 0. */

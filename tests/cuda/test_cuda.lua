@@ -143,11 +143,16 @@ end)
 -- and bf16 against the same f32 golden values with a bf16 tolerance.
 -- GPT-2 (vocabulary 257) runs its head on a padded, -1e30-biased copy on the GPU. Mistral (head_dim
 -- 12, rows as long as its sliding_window) and Qwen2 (q/k/v biases in the fused product) as Llama.
-T.test("tiny Llama, Mistral, Qwen2 and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
+T.test("tiny Llama, Mistral, Qwen2, Phi-3 and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
   local cjson = require "cjson"
   for _, m in ipairs { { "tests/golden/llama_tiny.safetensors", zr.models.llama.LlamaForCausalLM },
                        { "tests/golden/mistral_tiny.safetensors", zr.models.mistral.MistralForCausalLM },
                        { "tests/golden/qwen2_tiny.safetensors", zr.models.qwen2.Qwen2ForCausalLM },
+                       -- Phi-3: fused qkv_proj / gate_up_proj; partial rotary (zr.rope's partial CUDA path) with
+                       -- longrope's long factors; the whole head with longrope
+                       { "tests/golden/phi3_tiny.safetensors", zr.models.phi3.Phi3ForCausalLM },
+                       { "tests/golden/phi3_partial.safetensors", zr.models.phi3.Phi3ForCausalLM },
+                       { "tests/golden/phi3_longrope.safetensors", zr.models.phi3.Phi3ForCausalLM },
                        { "tests/golden/gpt2_tiny.safetensors", zr.models.gpt2.GPT2LMHeadModel } } do
   local g, meta = zr.load_safetensors(m[1])
   local cfg = cjson.decode(meta.config)

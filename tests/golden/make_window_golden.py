@@ -10,6 +10,8 @@ each sequence to itself and the window inside it when no cache is made, use_cach
 with TRL; the script asserts each sequence alone gives the same logits) in mistral_window_packed.
 qwen2_window: Qwen2ForCausalLM with use_sliding_window true, sliding_window 6 and max_window_layers 1:
 layer 0 attends fully, layer 1 through the window (Qwen2Config's layer_types), rows of 17 tokens.
+phi3_window: Phi3ForCausalLM (fused qkv_proj / gate_up_proj, partial_rotary_factor 0.75: the unfused path),
+sliding_window 7 over rows of 21 tokens.
 Each file: the weights, input_ids (and position_ids), labels, logits, loss, every parameter's gradient
 and 5 AdamW steps' losses and norms (make_golden.run).
 """
@@ -99,6 +101,22 @@ def main(outdir):
     model.eval()
     differs_from_causal(model, ids)
     assert load_file(f"{outdir}/qwen2_window.safetensors")["logits"].shape == (2, 17, 67)
+
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(55)
+    pcfg = dict(hidden_size=64, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=53, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                max_position_embeddings=64, original_max_position_embeddings=64, sliding_window=7,
+                partial_rotary_factor=0.75, pad_token_id=50, bos_token_id=1, eos_token_id=51,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = Phi3ForCausalLM(Phi3Config(**pcfg, attn_implementation="eager")).float()
+    ids = torch.randint(0, 50, (2, 21))
+    labels = ids.clone()
+    labels[1, :4] = -100
+    run(model, ids, labels, f"{outdir}/phi3_window.safetensors", {"config": pcfg})
+    model.eval()
+    differs_from_causal(model, ids)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ command -v mpirun > /dev/null && run trainer_ranks "$PY" tests/golden/check_trai
 [ -d "$DATA/tokenizers" ] && run peft "$PY" tests/golden/check_peft.py "$OUT/pf" ./zrun "$DATA"
 ./zrun tests/golden/save_for_hf_check.lua "$OUT/hfsave" > "$OUT/save.log" 2>&1 &&
   run hf_save "$PY" tests/golden/check_hf_save.py "$OUT/hfsave"
+run phi3 "$PY" tests/golden/check_phi3.py "$OUT/phi3" ./zrun
 ./zrun tests/golden/save_zero_for_hf_check.lua "$OUT/zsave" > "$OUT/zsave.log" 2>&1 &&
   run zero_to_fp32 "$PY" tests/golden/check_zero_to_fp32.py "$OUT/zsave"
 # the golden files TRL and transformers write must come out as committed (the libraries unchanged)
@@ -88,5 +89,15 @@ for g in qwen3_chat sft_qwen3; do
     echo "PASS tests/golden/$g.json as the libraries write it"
   else echo "FAIL tests/golden/$g.json differs from what the libraries write now (the new one is in the tree; log $OUT/$g.log)"; failed=$((failed + 1)); fi
 done
+# Phi-3's golden files, generation golden and Phi3Config's defaults, as transformers writes them now
+if "$PY" tests/golden/make_phi3_golden.py "$OUT/phi3_golden" > "$OUT/phi3_golden.log" 2>&1; then
+  for g in phi3_defaults.json phi3_generate.json phi3_tiny.config.json phi3_partial.config.json phi3_longrope.config.json \
+    phi3_longrope_short.legacy_config.json; do
+    if cmp -s "tests/golden/$g" "$OUT/phi3_golden/$g"; then echo "PASS tests/golden/$g as transformers writes it"
+    else echo "FAIL tests/golden/$g differs from what transformers writes now ($OUT/phi3_golden/$g)"; failed=$((failed + 1)); fi
+  done
+else
+  echo "FAIL tests/golden/make_phi3_golden.py (log $OUT/phi3_golden.log)"; failed=$((failed + 1))
+fi
 echo "reference: $failed checks failed"
 [ $failed -eq 0 ]

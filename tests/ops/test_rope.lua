@@ -60,8 +60,60 @@ T.test("rope on a transposed view, bf16, and errors", function()
   local yb = xt:bfloat16():rope(cs, sn)
   T.eq(yb:dtype(), "bf16")
   T.near(yb:float(), xt:rope(cs, sn), 0.05, 0.02)
-  T.raises(function() zr.randn(1, 1, 5, 7):rope(zr.randn(5, 7), zr.randn(5, 7)) end, "head_dim must be even")
-  T.raises(function() zr.randn(1, 1, 5, 8):rope(zr.randn(4, 8), zr.randn(4, 8)) end, "must both be (T, head_dim) = (5,8)")
+  T.raises(function() zr.randn(1, 1, 5, 7):rope(zr.randn(5, 7), zr.randn(5, 7)) end, "rotary dim (the tables' width) must be even")
+  T.raises(function() zr.randn(1, 1, 5, 8):rope(zr.randn(4, 8), zr.randn(4, 8)) end,
+    "must both be (T, rotary_dim) = (5, <= 8)")
+  T.raises(function() zr.randn(1, 1, 5, 8):rope(zr.randn(5, 10), zr.randn(5, 10)) end,
+    "must both be (T, rotary_dim) = (5, <= 8)")
+end)
+
+-- ---------------------------------------------------------------- partial rotary, longrope
+
+T.test("partial rotary: the first R channels rotated (pairs i, i+R/2), the rest passed through", function()
+  -- head_dim 6, rotary dim 4 (transformers' partial_rotary_factor 2/3): channels 5, 6 untouched
+  local Tn = 3
+  local cs, sn = zr.rope_tables(Tn, 4, { theta = 10000, dtype = "f64" })
+  local x = c(2, 1, Tn, 6)
+  local y = x:rope(cs, sn)
+  local xs, ys = x:contiguous(), y:contiguous()
+  for b = 1, 2 do
+    for t = 0, Tn - 1 do
+      local row = {}
+      for i = 1, 6 do row[i] = xs[b][1][t + 1][i] end
+      local f0, f1 = t * 1, t * 0.01
+      local expect = { row[1] * cos(f0) - row[3] * sin(f0), row[2] * cos(f1) - row[4] * sin(f1),
+        row[3] * cos(f0) + row[1] * sin(f0), row[4] * cos(f1) + row[2] * sin(f1), row[5], row[6] }
+      T.near(ys[b][1][t + 1], expect, 1e-14)
+    end
+  end
+  -- the full-width rope of the first R channels, and the rest as they were
+  T.near(y:narrow(4, 1, 4), x:narrow(4, 1, 4):contiguous():rope(cs, sn), 0)
+  T.near(y:narrow(4, 5, 2), x:narrow(4, 5, 2), 0)
+  T.gradcheck(function(a) return a:rope(cs, sn) end, { r(2, 3, Tn, 6) })
+  local cr, sr = c(5, 6), c(5, 6) -- arbitrary tables: the transposed map
+  T.gradcheck(function(a) return a:rope(cr, sr) end, { r(1, 2, 5, 10) })
+  -- bf16 and a transposed view
+  local xb = zr.randn(2, Tn, 3, 6):transpose(2, 3)
+  local cf, sf = zr.rope_tables(Tn, 4)
+  T.near(xb:bfloat16():rope(cf, sf):float(), xb:rope(cf, sf), 0.05, 0.02)
+end)
+
+T.test("longrope tables by hand: 1 / (ext_i theta^(2i/D)), cos and sin times attention_factor", function()
+  local ext = { 1.5, 3.25 }
+  local att = 1.1902380714238083
+  local cs, sn = zr.rope_tables(3, 4, { theta = 100, dtype = "f64",
+    rope_scaling = { rope_type = "longrope", ext_factors = ext, attention_factor = att } })
+  local inv = { 1 / (1.5 * 1), 1 / (3.25 * 100 ^ 0.5) }
+  for t = 0, 2 do
+    T.near(cs[t + 1], { att * cos(t * inv[1]), att * cos(t * inv[2]), att * cos(t * inv[1]), att * cos(t * inv[2]) }, 1e-14)
+    T.near(sn[t + 1], { att * sin(t * inv[1]), att * sin(t * inv[2]), att * sin(t * inv[1]), att * sin(t * inv[2]) }, 1e-14)
+  end
+  T.raises(function() zr.rope_tables(3, 4, { rope_scaling = { rope_type = "longrope", ext_factors = { 1 } } }) end,
+    "ext_factors must hold head_dim/2 = 2 numbers")
+  T.raises(function() zr.rope_tables(3, 4, { rope_scaling = { rope_type = "longrope" } }) end,
+    "ext_factors (a list) is required")
+  T.raises(function() zr.rope_tables(3, 4, { rope_scaling = { rope_type = "longrope", ext_factors = { 1, 0 } } }) end,
+    "longrope factor 2 must be > 0")
 end)
 
 T.test("llama3 rope frequencies by hand", function()

@@ -17,4 +17,18 @@ T.test("rope: contiguous and (B,T,H,D)-transposed inputs, T=1 and primes", funct
   end
 end)
 
+T.test("rope, partial rotary (tables narrower than the head): contiguous and transposed, T=1 and primes", function()
+  for _, dt in ipairs { "f32", "bf16", "f16" } do
+    for _, s in ipairs { { 1, 1, 1, 4, 2 }, { 2, 3, 7, 8, 6 }, { 1, 4, 33, 96, 72 }, { 2, 2, 5, 128, 96 } } do
+      local B, H, Tn, Dh, R = s[1], s[2], s[3], s[4], s[5]
+      local cos, sin = zr.rope_tables(Tn, R, { theta = 10000, dtype = "f32" })
+      local what = table.concat(s, ",")
+      both("rope partial " .. what, dt, { randn({ B, H, Tn, Dh }), cos:to(dt), sin:to(dt) },
+        function(x, c, sn) return zr.rope(x, c, sn) end, 1, { false, true, true })
+      both("rope partial transposed " .. what, dt, { randn({ B, Tn, H, Dh }), cos:to(dt), sin:to(dt) },
+        function(x, c, sn) return zr.rope(x:transpose(2, 3), c, sn) end, 1, { false, true, true })
+    end
+  end
+end)
+
 T.done()

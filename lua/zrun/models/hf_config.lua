@@ -1,4 +1,4 @@
--- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, gpt2). Reads a
+-- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, phi3, gpt2). Reads a
 -- config as transformers 4 writes it (rope_theta / rope_scaling at the top level) and as
 -- transformers 5 writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks
 -- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel
@@ -107,7 +107,7 @@ end
 
 local function model_type(family, c)
   if c.model_type ~= nil and c.model_type ~= family then
-    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2 and gpt2",
+    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2, phi3 and gpt2",
       show(c.model_type), show(family))
   end
 end
@@ -214,8 +214,16 @@ end
 -- frequency by factor (transformers: inv_freq /= factor); that is llama3 scaling whose
 -- low-frequency band (wavelengths above original_max / low_freq_factor = 2^-100) holds every
 -- frequency, so the same kernel computes it.
-function M.rope_tables_options(r)
+-- longrope (Phi-3) needs c (the normalised config) and seq_len, the largest position + 1 of the forward
+-- (transformers' longrope_frequency_update): long_factor beyond original_max_position_embeddings, short_factor
+-- within.
+function M.rope_tables_options(r, c, seq_len)
   local o = { theta = r.rope_theta }
+  if r.rope_type == "longrope" then
+    local long = seq_len and seq_len > r.original_max_position_embeddings
+    o.rope_scaling = { rope_type = "longrope", ext_factors = long and r.long_factor or r.short_factor,
+      attention_factor = M.longrope_attention_factor(c) }
+  end
   if r.rope_type == "llama3" then
     o.rope_scaling = { rope_type = "llama3", factor = r.factor, low_freq_factor = r.low_freq_factor,
       high_freq_factor = r.high_freq_factor, original_max_position_embeddings = r.original_max_position_embeddings }
@@ -237,13 +245,15 @@ local FAMILY = {
   llama = { num_key_value_heads = "heads", max_position_embeddings = 2048 },
   mistral = { num_key_value_heads = 8, max_position_embeddings = 4096 * 32, sliding_window = 4096 },
   qwen2 = { num_key_value_heads = 32, max_position_embeddings = 32768, sliding_window = 4096, max_window_layers = 28 },
+  phi3 = { num_key_value_heads = "heads", max_position_embeddings = 4096, sliding_window = false, rms_norm_eps = 1e-5 },
 }
 
 -- Fields whose JSON null is not their absence: null is None, absence the default (MistralConfig's
 -- sliding_window 4096, num_key_value_heads 8). Kept as false (hf.read_config: nulls are dropped
 -- elsewhere), and written back as null (M.to_hf).
 M.NULL_IS_NOT_DEFAULT = { mistral = { sliding_window = true, num_key_value_heads = true },
-  qwen2 = { sliding_window = true, num_key_value_heads = true } }
+  qwen2 = { sliding_window = true, num_key_value_heads = true },
+  phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true, sliding_window = true } }
 -- In a decoded config.json (cjson.null values), those fields' nulls as false; the table, changed.
 function M.keep_nulls(t)
   local keys = type(t) == "table" and M.NULL_IS_NOT_DEFAULT[t.model_type]
@@ -327,10 +337,10 @@ end
 
 -- Layer i's (1-based) attention window in a normalised llama-family config: keys this many positions
 -- or more before the query are masked (transformers' sliding_window_overlay: kept while q - k <
--- window): Mistral's in every layer, Qwen2's where layer_types says "sliding_attention"; nil: full
--- causal attention.
+-- window): Mistral's and Phi-3's in every layer, Qwen2's where layer_types says "sliding_attention"; nil:
+-- full causal attention.
 function M.layer_window(c, i)
-  if c.model_type == "mistral" then return c.sliding_window or nil end
+  if c.model_type == "mistral" or c.model_type == "phi3" then return c.sliding_window or nil end
   if c.model_type == "qwen2" and c.sliding_window and c.layer_types[i] == "sliding_attention" then
     return c.sliding_window
   end
@@ -355,8 +365,13 @@ end
 -- the caller.
 local function llama_arch(F, cfg)
   local d = FAMILY[F]
+  local nulls = {}
   for k in pairs(M.NULL_IS_NOT_DEFAULT[F] or {}) do -- (a table decoded with cjson: its nulls)
-    if cfg[k] == null then cfg = copy(cfg); cfg[k] = false end
+    if cfg[k] == null then nulls[#nulls + 1] = k end
+  end
+  if #nulls > 0 then -- (one copy: copy drops every null)
+    cfg = copy(cfg)
+    for _, k in ipairs(nulls) do cfg[k] = false end
   end
   local c = copy(cfg)
   model_type(F, c)
@@ -387,7 +402,7 @@ local function llama_arch(F, cfg)
   -- original_max_position_embeddings
   c.max_position_embeddings = pos_int(F, "max_position_embeddings",
     c.max_position_embeddings or d.max_position_embeddings)
-  c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or 1e-6)
+  c.rms_norm_eps = pos_num(F, "rms_norm_eps", c.rms_norm_eps or d.rms_norm_eps or 1e-6)
   c.initializer_range = nonneg_num(F, "initializer_range", c.initializer_range or 0.02)
   if F == "llama" then
     for _, k in ipairs { "attention_bias", "mlp_bias" } do
@@ -412,7 +427,7 @@ local function llama_arch(F, cfg)
   -- pad_token_id is the embedding's padding_idx (transformers: nn.Embedding(..., config.pad_token_id)):
   -- that row gets no gradient from the lookup and starts at zero; torch refuses one outside the table
   local pad, V = c.pad_token_id, c.vocab_size
-  if pad ~= nil and (not is_int(pad) or pad < -V or pad >= V) then
+  if pad ~= nil and pad ~= false and (not is_int(pad) or pad < -V or pad >= V) then
     fail(F, "pad_token_id must be an integer in [%d, %d) (the embedding's padding_idx) or null, got %s", -V, V, show(pad))
   end
   local own
@@ -422,10 +437,14 @@ local function llama_arch(F, cfg)
   elseif F == "qwen2" then
     qwen2_fields(F, c, d)
     own = { sliding_window = true, use_sliding_window = true, layer_types = true }
+  elseif F == "phi3" then
+    M.phi3_fields(F, c, d)
+    own = { sliding_window = true, partial_rotary_factor = true }
   end
   refuse_foreign(F, c, "full causal attention with rotary embeddings", own)
-  c.rope_parameters = M.rope_parameters(F, c)
+  c.rope_parameters = F == "phi3" and M.phi3_rope(F, c) or M.rope_parameters(F, c)
   c.rope_theta, c.rope_scaling = nil, nil
+  if F == "phi3" then c.partial_rotary_factor = nil end -- (inside rope_parameters)
   return c
 end
 
@@ -439,6 +458,128 @@ function M.mistral(cfg) return llama_arch("mistral", cfg) end
 -- A Qwen2 config, as M.llama with Qwen2Config's defaults: Llama's architecture with biases on
 -- q/k/v, and Qwen2's sliding-window fields (filled as Qwen2Config.__post_init__ does).
 function M.qwen2(cfg) return llama_arch("qwen2", cfg) end
+
+-- A Phi-3 config (Phi3ForCausalLM: microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini, Phi-4-mini), as M.llama
+-- with Phi3Config's defaults: rms_norm_eps 1e-5, max_position_embeddings and original_max_position_embeddings
+-- 4096, bos 1, eos and pad 32000 (a JSON null: none), no window (sliding_window: M.attention_window), the
+-- rope "default" or "longrope" with partial_rotary_factor (M.phi3_rope). Its fused qkv_proj / gate_up_proj are
+-- zrun.models.phi3's business.
+function M.phi3(cfg) return llama_arch("phi3", cfg) end
+
+-- Phi3Config's own fields on c (normalised in place): no biases, the window (None by default),
+-- the dropouts (transformers applies resid_pdrop and attention_dropout in training: zrun refuses a
+-- non-zero one; embd_pdrop is read by no Phi-3 module of transformers 5.17, so any value is kept
+-- and means nothing), the special ids' defaults.
+function M.phi3_fields(F, c, d)
+  for _, k in ipairs { "attention_bias", "mlp_bias" } do
+    if c[k] ~= nil and bool(F, k, c[k]) then
+      fail(F, "%s is true, but transformers' Phi3ForCausalLM has no biases and does not read it", k)
+    end
+  end
+  c.sliding_window = window(F, c, d)
+  if c.layer_types ~= nil then fail(F, "layer_types is given; transformers' Phi3ForCausalLM does not read it (one "
+    .. "attention in every layer): remove it") end
+  for _, k in ipairs { "resid_pdrop", "embd_pdrop", "attention_dropout" } do
+    if c[k] == nil then c[k] = 0.0 end
+    if type(c[k]) ~= "number" or not (c[k] >= 0 and c[k] < 1) then
+      fail(F, "%s must be a probability in [0, 1), got %s", k, show(c[k]))
+    end
+  end
+  if c.resid_pdrop ~= 0 then refuse_dropout(F, "resid_pdrop", c.resid_pdrop, "residual dropout") end
+  if c.original_max_position_embeddings == nil then c.original_max_position_embeddings = 4096 end
+  pos_int(F, "original_max_position_embeddings", c.original_max_position_embeddings)
+  for k, v in pairs { bos_token_id = 1, eos_token_id = 32000, pad_token_id = 32000 } do
+    if c[k] == nil then c[k] = v end -- (false: JSON null, None, written back as null)
+  end
+  local pad, V = c.pad_token_id, c.vocab_size
+  if pad and (not is_int(pad) or pad < -V or pad >= V) then
+    fail(F, "pad_token_id %s is outside the vocabulary (%d; the embedding's padding_idx%s); set pad_token_id in "
+      .. "[0, %d) or null", show(pad), V, c.pad_token_id == 32000 and ", Phi3Config's default 32000" or "", V)
+  end
+end
+
+-- Phi-3's rope (Phi3Config.convert_rope_params_to_dict / validate_rope and transformers'
+-- _compute_longrope_parameters): rope_scaling (or rope_parameters) of type "default" or "longrope"
+-- ("su" and "yarn" read as "longrope", as Phi3Config does); partial_rotary_factor from the rope table or
+-- the top level (default 1.0); longrope's short_factor and long_factor of rotary_dim/2 numbers each, and
+-- original_max_position_embeddings from the top level (transformers gives it priority). Canonical:
+-- { rope_type=, rope_theta=, partial_rotary_factor= [, short_factor=, long_factor=,
+-- original_max_position_embeddings= [, factor=, attention_factor=]] }.
+function M.phi3_rope(F, c)
+  for _, k in ipairs { "rope_scaling", "rope_parameters" } do
+    if c[k] ~= nil and type(c[k]) ~= "table" then fail(F, "%s must be an object, got %s", k, show(c[k])) end
+  end
+  local scaling, params = c.rope_scaling, c.rope_parameters
+  if scaling and next(scaling) == nil then scaling = nil end
+  local name = scaling and "rope_scaling" or "rope_parameters"
+  local r = copy(scaling or params or {})
+  if r.rope_type == nil then r.rope_type = r.type end
+  r.type = nil
+  if r.rope_type == nil then r.rope_type = "default" end
+  if r.rope_type == "su" or r.rope_type == "yarn" then r.rope_type = "longrope" end
+  if r.rope_type ~= "default" and r.rope_type ~= "longrope" then
+    fail(F, "%s.rope_type is %s; Phi3Config takes \"default\" or \"longrope\" (transformers raises for others)", name,
+      show(r.rope_type))
+  end
+  if r.rope_theta == nil then r.rope_theta = (params or {}).rope_theta end
+  if r.rope_theta == nil then r.rope_theta = c.rope_theta end
+  if r.rope_theta == nil then r.rope_theta = 10000.0 end
+  pos_num(F, name .. ".rope_theta", r.rope_theta)
+  if r.partial_rotary_factor == nil then r.partial_rotary_factor = (params or {}).partial_rotary_factor end
+  if r.partial_rotary_factor == nil then r.partial_rotary_factor = c.partial_rotary_factor end
+  if r.partial_rotary_factor == nil then r.partial_rotary_factor = 1.0 end
+  local prf = r.partial_rotary_factor
+  if type(prf) ~= "number" or not (prf > 0 and prf <= 1) then
+    fail(F, "partial_rotary_factor must be a number in (0, 1], got %s", show(prf))
+  end
+  local D = c.head_dim or c.hidden_size / c.num_attention_heads
+  local R = floor(D * prf)
+  if R < 2 or R % 2 ~= 0 then
+    fail(F, "head_dim (%d) x partial_rotary_factor (%s) = %d rotary channels; rotary embeddings need an even number", D,
+      show(prf), R)
+  end
+  if r.rope_type == "default" then
+    for k in pairs(r) do
+      if k ~= "rope_type" and k ~= "rope_theta" and k ~= "partial_rotary_factor" then r[k] = nil end
+    end
+    return r
+  end
+  r.original_max_position_embeddings = c.original_max_position_embeddings
+  for _, k in ipairs { "short_factor", "long_factor" } do
+    local f = r[k]
+    if type(f) ~= "table" or #f ~= R / 2 then
+      fail(F, "%s.%s must be a list of rotary_dim/2 = %d numbers, got %s", name, k, R / 2,
+        type(f) == "table" and fmt("%d", #f) .. " entries" or show(f))
+    end
+    for i, v in ipairs(f) do pos_num(F, fmt("%s.%s[%d]", name, k, i), v) end
+  end
+  if r.factor ~= nil then pos_num(F, name .. ".factor", r.factor) end
+  if r.attention_factor ~= nil then nonneg_num(F, name .. ".attention_factor", r.attention_factor) end
+  for k in pairs(r) do
+    if not ({ rope_type = 1, rope_theta = 1, partial_rotary_factor = 1, short_factor = 1, long_factor = 1,
+      original_max_position_embeddings = 1, factor = 1, attention_factor = 1 })[k] then
+      r[k] = nil -- (keys longrope does not read)
+    end
+  end
+  return r
+end
+
+-- The number of channels of each head the rope rotates (transformers: int(head_dim * partial_rotary_factor)).
+function M.rotary_dim(c)
+  local D = c.head_dim or floor(c.hidden_size / c.num_attention_heads)
+  return floor(D * ((c.rope_parameters or {}).partial_rotary_factor or 1))
+end
+
+-- longrope's attention factor (cos and sin multiplied by it): attention_factor, else from factor (else
+-- max_position_embeddings / original_max_position_embeddings) as _compute_longrope_parameters.
+function M.longrope_attention_factor(c)
+  local r = c.rope_parameters
+  if r.attention_factor then return r.attention_factor end
+  local omp = r.original_max_position_embeddings
+  local factor = r.factor or c.max_position_embeddings / omp
+  if factor <= 1 then return 1.0 end
+  return math.sqrt(1 + math.log(factor) / math.log(omp))
+end
 
 -- A config of any Llama-architecture model type, by its model_type (none: llama).
 function M.llama_family(cfg)

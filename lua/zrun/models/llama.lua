@@ -146,10 +146,14 @@ end
 
 -- Decoder layer -----------------------------------------------------------------------------
 local Layer = Module:extend("LlamaDecoderLayer")
+-- Attention and MLP classes of model types whose modules differ from Llama's (zrun.models.phi3's fused
+-- qkv_proj / gate_up_proj register theirs here): model_type -> { attention =, mlp = }
+M.LAYER_PARTS = {}
 function Layer:__init(cfg)
   local eps = cfg.rms_norm_eps
-  self.self_attn = Attention(cfg)
-  self.mlp = MLP(cfg)
+  local parts = M.LAYER_PARTS[cfg.model_type] or {}
+  self.self_attn = (parts.attention or Attention)(cfg)
+  self.mlp = (parts.mlp or MLP)(cfg)
   self.input_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
   self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, { eps = eps, dtype = cfg.dtype, device = cfg.device })
 end
@@ -188,7 +192,7 @@ local Model = Module:extend("LlamaModel")
 function Model:__init(cfg)
   -- pad_token_id: transformers' padding_idx (no gradient from the lookup for that row)
   self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device,
-    padding_idx = cfg.pad_token_id })
+    padding_idx = cfg.pad_token_id or nil }) -- (false: Phi-3's JSON null, None)
   self.layers = nn.ModuleList()
   for _ = 1, cfg.num_hidden_layers do self.layers:append(Layer(cfg)) end
   self.norm = nn.RMSNorm(cfg.hidden_size, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
@@ -202,15 +206,19 @@ end
 
 -- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
 -- to dtype (as transformers casts them to the activations' dtype); 16-bit ones are kept in f32,
--- which the rope kernels compute in, so no call converts them again.
-function Model:rope(T, dtype, device)
-  local key = T .. dtype .. device
+-- which the rope kernels compute in, so no call converts them again. Their width is the rotary dim
+-- (Phi-3's partial_rotary_factor: narrower than the head). seq_len (default T): the forward's largest
+-- position + 1, which picks longrope's short or long factors (Phi-3).
+function Model:rope(T, dtype, device, seq_len)
+  local cfg = self.cfg
+  local r = cfg.rope_parameters
+  local long = r.rope_type == "longrope" and (seq_len or T) > r.original_max_position_embeddings
+  local key = T .. dtype .. device .. (long and "long" or "")
   local c = self.rope_cache[key]
   if not c then
-    local cfg = self.cfg
-    local o = hf_config.rope_tables_options(cfg.rope_parameters)
+    local o = hf_config.rope_tables_options(r, cfg, seq_len or T)
     o.dtype = "f32"
-    local cos, sin = zr.rope_tables(T, head_dim(cfg), o)
+    local cos, sin = zr.rope_tables(T, hf_config.rotary_dim(cfg), o)
     if dtype ~= "f32" and dtype ~= "f64" then cos, sin = cos:to(dtype):to("f32"), sin:to(dtype):to("f32") end
     if dtype == "f64" or device ~= "cpu" then
       local dt = dtype == "f64" and "f64" or "f32"
@@ -240,7 +248,8 @@ function Model:forward(input_ids, position_ids)
   local win = rawget(self, "window")
   local segs = (position_ids or (win and T > win.size)) and packed.segments(position_ids, B, T, h:device(),
     packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)), win or nil)
-  local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device())
+  local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device(),
+    segs and segs.max_position + 1)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   if segs and segs.seg then
     if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
@@ -296,6 +305,7 @@ M.MistralForCausalLM.family = "mistral"
 M.Qwen2ForCausalLM = CausalLM:extend("Qwen2ForCausalLM")
 M.Qwen2ForCausalLM.family = "qwen2"
 local CLASS_OF = { llama = CausalLM, mistral = M.MistralForCausalLM, qwen2 = M.Qwen2ForCausalLM }
+M.CLASS_OF = CLASS_OF -- (zrun.models.phi3 adds its class; from_pretrained loads it for model_type "phi3")
 
 -- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters; its
 -- model_type (none: the class's) must be the class's (from_pretrained picks the class by it).
@@ -546,7 +556,9 @@ end
 function M.from_pretrained(ref, opts, family)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
-  local model = init.no_init(CLASS_OF[family or cfg.model_type] or CausalLM, cfg)
+  local t = family or cfg.model_type
+  if t == "phi3" then require "zrun.models.phi3" end -- (registers Phi3ForCausalLM)
+  local model = init.no_init(CLASS_OF[t] or CausalLM, cfg)
   local F = model.config.model_type
   local tied, head = model.config.tie_word_embeddings, false
   local ok, err = pcall(hf.load_weights, model, dir, { threads = opts and opts.threads, rename = function(name)
