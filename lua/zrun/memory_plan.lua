@@ -455,10 +455,10 @@ local function build(o, s, counted)
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end
-  -- Mistral's and Qwen2's sliding window: llama.lua's forward refuses a sequence longer than it (its attention has
+  -- Mistral's, Qwen2's and Qwen3's sliding window: llama.lua's forward refuses a sequence longer than it (its attention has
   -- no window), so the planned step would not run
   local ok, nc = pcall(function()
-    return (cfg.model_type == "mistral" or cfg.model_type == "qwen2") and require("zrun.models.llama").normalize_config(cfg)
+    return (cfg.model_type == "mistral" or cfg.model_type == "qwen2" or cfg.model_type == "qwen3") and require("zrun.models.llama").normalize_config(cfg)
   end)
   local window = ok and nc and require("zrun.models.hf_config").attention_window(nc)
   local longest = s.packed or s.seq_len
