@@ -124,10 +124,11 @@ function Attention:forward(x, cos, sin, segs)
     return zr.scaled_dot_product_attention(q, k, v, opts):transpose(2, 3):reshape(b, t, H * D)
   end
   -- (Qwen3: the norms sit between the product and the rope, which zr.qkv_rope_sdpa fuses: the one
-  -- product's q, k, v parts, (B, T, heads·D) views of it, take this path)
+  -- product's q, k, v parts, (B, T, heads·D) views of it (zr.split: their gradients written into one
+  -- buffer of the product's size), take this path)
   local q, k, v
   if qkv then
-    q, k, v = qkv:narrow(3, 1, H * D), qkv:narrow(3, H * D + 1, KV * D), qkv:narrow(3, (H + KV) * D + 1, KV * D)
+    q, k, v = unpack(zr.split(qkv, { H * D, KV * D, KV * D }, 3))
   else
     q, k, v = qp(x), kp(x), vp(x)
   end
