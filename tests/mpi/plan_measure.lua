@@ -9,9 +9,10 @@ local W, rank = dist.world_size(), dist.rank()
 local gpu = os.getenv("ZRUN_CHECK_DEVICE") == "cuda"
 local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 
-local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM" }
+local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM",
+  qwen3 = "Qwen3ForCausalLM" }
 
--- c = {model_type = "mistral" or "qwen2" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+-- c = {model_type = "mistral", "qwen2" or "qwen3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
 -- LEN tokens)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
