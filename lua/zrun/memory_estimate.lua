@@ -8,9 +8,14 @@ local floor, max, fmt = math.floor, math.max, string.format
 
 -- ---------- parameter lists from configs ----------
 
-local function head_dim(c) return c.head_dim or floor(c.hidden_size / c.num_attention_heads) end
--- num_key_value_heads where config.json has none: MistralConfig's and Qwen2Config's defaults (Llama's: one per head)
-local KV_DEFAULT = { mistral = 8, qwen2 = 32 }
+-- (Qwen3Config's head_dim is 128 where config.json has none)
+local function head_dim(c)
+  return c.head_dim or (c.model_type == "qwen3" and 128) or floor(c.hidden_size / c.num_attention_heads)
+end
+M.head_dim = head_dim
+-- num_key_value_heads where config.json has none: MistralConfig's, Qwen2Config's and Qwen3Config's defaults
+-- (Llama's: one per head)
+local KV_DEFAULT = { mistral = 8, qwen2 = 32, qwen3 = 32 }
 
 -- add(module, param_name, shape): appends one parameter entry to list
 local function adder(list)
@@ -22,9 +27,11 @@ local function adder(list)
 end
 
 -- Which projections carry a bias (q/k/v, o, MLP), as llama.lua builds them: qwen2 has biases on q, k, v (not o)
--- without saying so in its config; mistral none; llama its attention_bias and mlp_bias.
+-- without saying so in its config; mistral none; llama its attention_bias and mlp_bias; qwen3 its
+-- attention_bias (q/k/v/o), the MLP none.
 function M.biases(c)
   if c.model_type == "qwen2" then return true, false, false end
+  if c.model_type == "qwen3" then return c.attention_bias or false, c.attention_bias or false, false end
   if c.model_type == "mistral" then return false, false, false end
   return c.attention_bias or false, c.attention_bias or false, c.mlp_bias or false
 end
@@ -50,6 +57,10 @@ local function llama_params(c)
     linear(p .. ".self_attn.k_proj", H, KV * D, qkv_bias)
     linear(p .. ".self_attn.v_proj", H, KV * D, qkv_bias)
     linear(p .. ".self_attn.o_proj", Hq * D, H, o_bias)
+    if c.model_type == "qwen3" then -- Qwen3Attention's per-head RMSNorms
+      add(p .. ".self_attn.q_norm", "weight", { D })
+      add(p .. ".self_attn.k_norm", "weight", { D })
+    end
     linear(p .. ".mlp.gate_proj", H, I, mlp_bias)
     linear(p .. ".mlp.up_proj", H, I, mlp_bias)
     linear(p .. ".mlp.down_proj", I, H, mlp_bias)
@@ -110,7 +121,7 @@ local function gpt2_params(c)
 end
 
 local families = {
-  llama = llama_params, mistral = llama_params, qwen2 = llama_params, phi3 = phi3_params, gpt2 = gpt2_params,
+  llama = llama_params, mistral = llama_params, qwen2 = llama_params, qwen3 = llama_params, phi3 = phi3_params, gpt2 = gpt2_params,
 }
 
 -- Which family a config belongs to (llama when the fields say so and model_type is absent).
@@ -120,7 +131,7 @@ function M.family(c)
     if c.n_embd then t = "gpt2" elseif c.hidden_size and c.num_hidden_layers then t = "llama" end
   end
   if not families[t] then
-    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, phi3, gpt2)", tostring(t)), 0)
+    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, qwen3, phi3, gpt2)", tostring(t)), 0)
   end
   return t
 end

@@ -373,14 +373,18 @@ function Sim:qkv_rope(x, parts, strided, tabs)
   return outs
 end
 
+-- (x non-contiguous, Qwen3's q and k heads in the q/k/v product: read through a contiguous copy, made after
+-- the output and the statistics and freed when the op returns, in forward and again in backward)
 function Sim:rms_norm(x, w, rows)
   self:gather(w)
   local out = self:lua(self:new(x.n))
   local rstd = self:new(rows * 4)
+  self:drop(self:raw(x))
   self:release_param(w, true)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
     S:gather(w, true)
     local gi = S:raw(g)
+    local xi = S:raw(x)
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if not needs(x) then elseif S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
@@ -391,6 +395,7 @@ function Sim:rms_norm(x, w, rows)
     -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
     -- rmsnorm_backward_workspace_size, at most 512 blocks)
     if S.o.gpu and not frozen then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
+    S:drop(xi)
     S:drop(gi)
     S:release_param(w)
     return { dx, dw }
@@ -423,6 +428,19 @@ function Sim:narrow(x, bytes, contig)
     S:drop(gc)
     return { z }
   end)
+end
+-- zr.split (ops/view.c): views of x (not contiguous: parts of the last dim); in backward the first part whose
+-- gradient arrives makes x's producer's one gradient buffer, each part's gradient copied into its slice
+function Sim:split(x, parts)
+  local outs = {}
+  for i, bytes in ipairs(parts) do
+    self:retain(x.s)
+    outs[i] = self:record(self:lua({ s = x.s, n = bytes, c = false }), { x }, nil, function(S)
+      if x.node and not x.node.slot then x.node.slot = S:new(x.n) end
+      return {}
+    end)
+  end
+  return outs
 end
 function Sim:cast(x, bytes) -- x:float(): a copy; backward casts the gradient back
   local out = self:lua(self:new(bytes))
@@ -924,6 +942,8 @@ end
 local LAYER_MODULES = { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" }
 -- llama.lua's projection groups (the same rule: constants, never literals in the layer loop)
 local QKV, O_PROJ, GATE_UP, DOWN_PROJ = { "q", "k", "v" }, { "o" }, { "g", "u" }, { "d" }
+-- Qwen3's: q_norm and k_norm run after the q/k/v product, before o_proj (the order engine.lua records)
+local QWEN3_LAYER_MODULES = { "n1", "q", "k", "v", "qn", "kn", "o", "n2", "g", "u", "d" }
 
 -- ---------------------------------------------------------------------------------------------
 -- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
@@ -933,8 +953,9 @@ function M.llama_activations(cfg, o)
   local b = o.dtype_bytes
   local H, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local Hq, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
-  local D = cfg.head_dim or floor(H / Hq)
+  local D = require("zrun.memory_estimate").head_dim(cfg)
   local N = B * T
+  local qk_norm = cfg.model_type == "qwen3" -- Qwen3: q_norm / k_norm (RMSNorm over D) between the product and the rope
   local S = new_sim(o)
   S.tape = {}
   local tb = b == 8 and 8 or 4 -- the rope tables' element: f32 (f64 for an f64 model)
@@ -975,6 +996,7 @@ function M.llama_activations(cfg, o)
     local p = { q = Lin(Hq * D, H, qkv_bias), k = Lin(KV * D, H, qkv_bias), v = Lin(KV * D, H, qkv_bias),
       o = Lin(H, Hq * D, o_bias), g = Lin(I, H, mlp_bias), u = Lin(I, H, mlp_bias), d = Lin(H, I, mlp_bias), n1 = P(H),
       n2 = P(H), ad = {} }
+    if qk_norm then p.qn, p.kn = P(D), P(D) end
     for k, mod in pairs(lora and PROJ or {}) do
       local t = lora.targets["model.layers." .. (l - 1) .. "." .. mod]
       if t then p.ad[k] = { W = p[k], A = P(lora.r * t[1], true), B = P(t[2] * lora.r, true), r = lora.r,
@@ -989,7 +1011,7 @@ function M.llama_activations(cfg, o)
   local chain = { embedW }
   for l = 1, L do
     local p = layers[l]
-    for _, k in ipairs(LAYER_MODULES) do
+    for _, k in ipairs(qk_norm and QWEN3_LAYER_MODULES or LAYER_MODULES) do
       chain[#chain + 1] = p[k]
       if p[k].bias then chain[#chain + 1] = p[k].bias end
       local a = p.ad[k]
@@ -1074,12 +1096,32 @@ function M.llama_activations(cfg, o)
     -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
     -- attention's nodes, the output viewed back (B, T, H·D))
     local aB, aT = B, T
-    if flat then
+    if flat and qk_norm then
+      aB, aT = 1, N -- (Qwen3: each part of the product viewed as one row, below)
+    elseif flat then
       qkv, aB, aT = S:view(qkv), 1, N
     elseif o.packed then
       qkv, aB, aT = S:gather_rows(qkv, qkv.n), N / o.packed, o.packed
     end
-    if o.gpu and strided then -- zr.qkv_rope_sdpa, one node
+    if qk_norm and (flat or not o.packed) then
+      -- llama.lua's unfused path for Qwen3: the product split into q, k, v views; q and k viewed (b, t, heads, D)
+      -- and normed (a contiguous copy read), transposed and rotated; v viewed and transposed; the attention;
+      -- its output transposed back and reshaped (a copy), o_proj's input. (Lua values of the layer: garbage
+      -- when it returns, freed with the model's scope.)
+      local parts = S:split(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b })
+      if flat then -- (packed sequences on the segments: each part viewed as the (1, B·T) row)
+        for i = 1, 3 do parts[i] = S:view(parts[i]) end
+      end
+      local q4, k4, v4 = S:view(parts[1]), S:view(parts[2]), S:view(parts[3])
+      local vt = S:transpose(v4)
+      vt.c = false
+      local qn = S:rms_norm(q4, p.qn, N * Hq)
+      local kn = S:rms_norm(k4, p.kn, N * KV)
+      local q = S:rope(S:transpose(qn), T, D, tabs)
+      local k = S:rope(S:transpose(kn), T, D, tabs)
+      local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, false, seg)
+      att = S:reshape(S:transpose(ao))
+    elseif o.gpu and strided then -- zr.qkv_rope_sdpa, one node
       att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
     else -- zr.qkv_rope_sdpa's composition: qkv_rope, sdpa, transpose, reshape
       local q, k, v = unpack(S:qkv_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, false, tabs))

@@ -123,7 +123,8 @@ end
 -- transformers' AutoTokenizer class of a model type (TOKENIZER_MAPPING_NAMES), for a tokenizer_config.json that
 -- names none: transformers then takes the class from config.json beside it (openai-community/gpt2's
 -- tokenizer_config.json is {"model_max_length": 1024}; GPT2Tokenizer gives it its <|endoftext|> tokens).
-local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer", qwen2 = "Qwen2Tokenizer", qwen2_moe = "Qwen2Tokenizer" }
+local CLASS_OF_MODEL_TYPE = { gpt2 = "GPT2Tokenizer", qwen2 = "Qwen2Tokenizer", qwen2_moe = "Qwen2Tokenizer",
+  qwen3 = "Qwen2Tokenizer" }
 -- GPT2Tokenizer's ByteLevel pre-tokenizer adds a prefix space only when tokenizer_config.json's
 -- add_prefix_space is true, whatever tokenizer.json says.
 local BYTELEVEL_CLASSES = { GPT2Tokenizer = true, GPT2TokenizerFast = true }

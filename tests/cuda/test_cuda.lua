@@ -142,12 +142,16 @@ end)
 -- Golden tiny Llama (transformers, f32) on the GPU: f32 to near-fp32 tolerance (every gradient),
 -- and bf16 against the same f32 golden values with a bf16 tolerance.
 -- GPT-2 (vocabulary 257) runs its head on a padded, -1e30-biased copy on the GPU. Mistral (head_dim
--- 12, rows as long as its sliding_window) and Qwen2 (q/k/v biases in the fused product) as Llama.
-T.test("tiny Llama, Mistral, Qwen2, Phi-3 and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
+-- 12, rows as long as its sliding_window) and Qwen2 (q/k/v biases in the fused product) as Llama; Qwen3 (q_norm /
+-- k_norm between the one q/k/v product's views and the rope: the unfused path; qwen3_bias with biases on q/k/v/o,
+-- untied, rows as long as its window) too.
+T.test("tiny Llama, Mistral, Qwen2, Qwen3, Phi-3 and GPT-2 golden files on CUDA: f32 (logits, loss, grads) and bf16 (logits, loss)", function()
   local cjson = require "cjson"
   for _, m in ipairs { { "tests/golden/llama_tiny.safetensors", zr.models.llama.LlamaForCausalLM },
                        { "tests/golden/mistral_tiny.safetensors", zr.models.mistral.MistralForCausalLM },
                        { "tests/golden/qwen2_tiny.safetensors", zr.models.qwen2.Qwen2ForCausalLM },
+                       { "tests/golden/qwen3_tiny.safetensors", zr.models.qwen3.Qwen3ForCausalLM },
+                       { "tests/golden/qwen3_bias.safetensors", zr.models.qwen3.Qwen3ForCausalLM },
                        -- Phi-3: fused qkv_proj / gate_up_proj; partial rotary (zr.rope's partial CUDA path) with
                        -- longrope's long factors; the whole head with longrope
                        { "tests/golden/phi3_tiny.safetensors", zr.models.phi3.Phi3ForCausalLM },

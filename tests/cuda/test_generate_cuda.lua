@@ -1,5 +1,5 @@
 -- model:generate on a GPU: greedy ids on CUDA in f32 equal the CPU's and transformers' (tests/golden/generate.json,
--- the tiny Llama, Qwen2 and GPT-2, one prompt and a left-padded batch), with the cache and without it; a LoRA
+-- the tiny Llama, Qwen2, Qwen3 and GPT-2, one prompt and a left-padded batch), with the cache and without it; a LoRA
 -- model's too; bf16 generates the asked number of tokens, in the vocabulary, reproducibly under one seed.
 -- `./zrun tests/cuda/test_generate_cuda.lua`; prints SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../ops/cuda_common.lua")
@@ -35,7 +35,7 @@ local function options(c, extra)
 end
 local function ids(t) return cjson.encode(t:to("cpu"):tolist()) end
 
-for _, name in ipairs { "llama_tiny", "qwen2_tiny", "gpt2_tiny" } do
+for _, name in ipairs { "llama_tiny", "qwen2_tiny", "qwen3_tiny", "gpt2_tiny" } do
   T.test(name .. ": greedy on CUDA f32 equals the CPU's and transformers' ids", function()
     local gpu, cpu = load(name, "cuda"), load(name, "cpu")
     for _, case in ipairs { "long", "batch", "penalty" } do

@@ -3,7 +3,7 @@ tests/lua/test_generate.lua (zrun's model:generate).
 
     /tmp/zrun-ref/bin/python tests/golden/make_generate_golden.py tests/golden
 
-Each model (llama_tiny, mistral_tiny, qwen2_tiny, gpt2_tiny) is built from NAME.config.json with the
+Each model (llama_tiny, mistral_tiny, qwen2_tiny, qwen3_tiny, gpt2_tiny) is built from NAME.config.json with the
 weights of NAME.safetensors, every 2-D weight times WEIGHT_SCALE (below), float32 on the CPU, transformers' default attention (what a user's
 generate() runs), and generates greedily (do_sample=False):
   single:  one prompt, max_new_tokens 24, the config's eos_token_id (transformers' default);
@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-MODELS = ["llama_tiny", "mistral_tiny", "qwen2_tiny", "gpt2_tiny"]
+MODELS = ["llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny", "gpt2_tiny"]
 # Every 2-D weight (projections, embeddings, heads) times this: at the golden files' init (std 0.02) the
 # tiny models repeat one token within a few steps, with top-2 logit margins of 1e-4 to 1e-2; times 16
 # they wander through the vocabulary with margins near 1, a test of every step rather than of one.

@@ -10,6 +10,8 @@ each sequence to itself and the window inside it when no cache is made, use_cach
 with TRL; the script asserts each sequence alone gives the same logits) in mistral_window_packed.
 qwen2_window: Qwen2ForCausalLM with use_sliding_window true, sliding_window 6 and max_window_layers 1:
 layer 0 attends fully, layer 1 through the window (Qwen2Config's layer_types), rows of 17 tokens.
+qwen3_window: Qwen3ForCausalLM (q_norm / k_norm: the unfused path), use_sliding_window with max_window_layers 1
+and a window of 6 over rows of 18.
 phi3_window: Phi3ForCausalLM (fused qkv_proj / gate_up_proj, partial_rotary_factor 0.75: the unfused path),
 sliding_window 7 over rows of 21 tokens.
 Each file: the weights, input_ids (and position_ids), labels, logits, loss, every parameter's gradient
@@ -101,6 +103,25 @@ def main(outdir):
     model.eval()
     differs_from_causal(model, ids)
     assert load_file(f"{outdir}/qwen2_window.safetensors")["logits"].shape == (2, 17, 67)
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(56)
+    q3cfg = dict(hidden_size=40, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=59, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                 max_position_embeddings=64, use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    model = Qwen3ForCausalLM(Qwen3Config(**q3cfg, attn_implementation="eager")).float()
+    assert model.config.layer_types == ["full_attention", "sliding_attention"], model.config.layer_types
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("_norm.weight"):
+                p.normal_(1.0, 0.2)
+    ids = torch.randint(0, 59, (2, 18))
+    labels = ids.clone()
+    run(model, ids, labels, f"{outdir}/qwen3_window.safetensors", {"config": q3cfg})
+    model.eval()
+    differs_from_causal(model, ids)
 
     from transformers import Phi3Config, Phi3ForCausalLM
 

@@ -99,5 +99,16 @@ if "$PY" tests/golden/make_phi3_golden.py "$OUT/phi3_golden" > "$OUT/phi3_golden
 else
   echo "FAIL tests/golden/make_phi3_golden.py (log $OUT/phi3_golden.log)"; failed=$((failed + 1))
 fi
+# Qwen3's golden configs and the defaults transformers fills, as transformers writes them now (the script also checks
+# that transformers loads its configs back and that qwen3_bias's window masks past its length)
+if "$PY" tests/golden/make_golden_qwen3.py "$OUT/qwen3" > "$OUT/qwen3.log" 2>&1; then
+  for g in qwen3_defaults.json qwen3_tiny.config.json qwen3_tiny.legacy_config.json qwen3_bias.config.json \
+    qwen3_bias.legacy_config.json; do
+    if cmp -s "tests/golden/$g" "$OUT/qwen3/$g"; then echo "PASS tests/golden/$g as transformers writes it"
+    else echo "FAIL tests/golden/$g differs from what transformers writes now ($OUT/qwen3/$g)"; failed=$((failed + 1)); fi
+  done
+else
+  echo "FAIL tests/golden/make_golden_qwen3.py (log $OUT/qwen3.log)"; failed=$((failed + 1))
+fi
 echo "reference: $failed checks failed"
 [ $failed -eq 0 ]

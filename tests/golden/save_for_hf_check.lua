@@ -37,6 +37,13 @@ local models = {
   qwen2 = { zr.models.qwen2.Qwen2ForCausalLM, with(llama, { model_type = "qwen2", num_key_value_heads = 2,
     tie_word_embeddings = true, use_sliding_window = false, sliding_window = 32768, max_window_layers = 21,
     rope_theta = 1e6 }) },
+  -- Qwen3-0.6B style: q_norm / k_norm, head_dim 16 (not hidden_size / heads = 8), GQA, tied, the window off; and
+  -- biases on q/k/v/o with an untied head and the window on from layer 1 (longer than the rows)
+  qwen3 = { zr.models.qwen3.Qwen3ForCausalLM, with(llama, { model_type = "qwen3", num_key_value_heads = 2, head_dim = 16,
+    tie_word_embeddings = true, use_sliding_window = false, sliding_window = false, max_window_layers = 28,
+    rope_theta = 1e6 }) },
+  qwen3_bias_window = { zr.models.qwen3.Qwen3ForCausalLM, with(llama, { model_type = "qwen3", num_key_value_heads = 2,
+    head_dim = 8, attention_bias = true, use_sliding_window = true, sliding_window = 64, max_window_layers = 1 }) },
   gpt2 = { zr.models.gpt2.GPT2LMHeadModel, { model_type = "gpt2", n_embd = 32, n_layer = 2, n_head = 4,
     vocab_size = 61, n_positions = 64 } },
   gpt2_exact_gelu = { zr.models.gpt2.GPT2LMHeadModel, { n_embd = 32, n_layer = 2, n_head = 4,
@@ -54,6 +61,7 @@ for name, m in pairs(models) do
   zr.no_grad(function()
     for n, p in model:named_parameters() do
       if n:match("%.bias$") then p:normal_(0, 0.05) end -- biases start at zero; make them matter
+      if n:match("[qk]_norm%.weight$") then p:normal_(1, 0.3) end -- (Qwen3's start at ones)
     end
   end)
   model:eval()

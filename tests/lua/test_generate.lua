@@ -1,6 +1,6 @@
 -- model:generate (zrun.generation) against transformers' generate, from tests/golden/generate.json
 -- (tests/golden/make_generate_golden.py, transformers 5.17, f32): greedy ids equal, token for token, on
--- the tiny Llama, Mistral, Qwen2 and GPT-2 (their golden weights, every 2-D weight times the file's
+-- the tiny Llama, Mistral, Qwen2, Qwen3 and GPT-2 (their golden weights, every 2-D weight times the file's
 -- weight_scale) for one prompt (the config's eos; transformers 5's default of 20 new tokens; 30 tokens
 -- with no eos, past Mistral's sliding window; repetition_penalty) and a left-padded batch with an
 -- attention_mask whose first row stops at eos and is padded. The logits processors against
@@ -16,7 +16,7 @@ local gen = require "zrun.generation"
 local GOLDEN = "tests/golden/"
 local G = cjson.decode(T.read_file(GOLDEN .. "generate.json"))
 local tmp = T.tmpdir()
-local NAMES = { "llama_tiny", "mistral_tiny", "qwen2_tiny", "gpt2_tiny" }
+local NAMES = { "llama_tiny", "mistral_tiny", "qwen2_tiny", "qwen3_tiny", "gpt2_tiny" }
 local CASES = { "single", "default", "long", "batch", "penalty" }
 
 -- NAME's model loaded with from_pretrained from a folder of its config.json (transformers') and its
@@ -94,8 +94,10 @@ T.test("top_p keeps the smallest set of ids whose probability reaches top_p", fu
 end)
 
 -- The cache ---------------------------------------------------------------------------------------
+-- (qwen3_tiny: the cached step's own q_norm / k_norm calls against the training forward's)
+local CACHE_NAMES = { "llama_tiny", "qwen3_tiny", "gpt2_tiny" }
 T.test("the cache gives the whole rows' forward's ids (use_cache = false), and the speed-up", function()
-  for _, name in ipairs { "llama_tiny", "gpt2_tiny" } do
+  for _, name in ipairs(CACHE_NAMES) do
     local c = G[name].long
     local t0 = os.clock()
     local a = models[name]:generate(c.input_ids, options(c))
@@ -111,7 +113,7 @@ end)
 
 T.test("a LoRA model generates through its adapters: the cache equals its forward and the merged model", function()
   local peft = zr.peft
-  for _, name in ipairs { "llama_tiny", "gpt2_tiny" } do
+  for _, name in ipairs(CACHE_NAMES) do
     local m = load(name)
     peft.get_peft_model(m, peft.LoraConfig { r = 4, lora_alpha = 8, target_modules = "all-linear" })
     zr.manual_seed(5)

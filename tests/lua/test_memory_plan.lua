@@ -15,7 +15,8 @@ local mem = zr.memory
 local CATS = { "params", "grads", "optimizer", "activations" }
 local STEPS = 3 -- steps 2.. see the previous step's batch, logits and loss as uncollected garbage
 
-local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM" }
+local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM",
+  qwen3 = "Qwen3ForCausalLM" }
 local batch = T.token_batch -- a causal-LM batch as a collator builds it (category "other")
 
 -- Builds the model and the engine, then trains STEPS steps. Returns the peak of each category
@@ -94,9 +95,10 @@ end
 
 -- tiny-llama, f32, one rank: per layer q, o 4,096; k, v 2,048; gate/up/down 11,264; norms 64
 -- -> 46,208; embed and lm_head 259 x 64 = 16,576 each; final norm 64. As Qwen2: + the q, k, v
--- biases, 64 + 32 + 32 = 128 per layer.
+-- biases, 64 + 32 + 32 = 128 per layer; as Qwen3: + q_norm and k_norm, 16 + 16 = 32 per layer.
+local EXTRA = { qwen2 = 128, qwen3 = 32 }
 local function total_params(layers, tied, V, model_type)
-  return layers * (46208 + (model_type == "qwen2" and 128 or 0)) + (V or 259) * 64 * (tied and 1 or 2) + 64
+  return layers * (46208 + (EXTRA[model_type] or 0)) + (V or 259) * 64 * (tied and 1 or 2) + 64
 end
 
 local cases = {
@@ -163,7 +165,11 @@ local cases = {
 -- Mistral and Qwen2 (llama.lua's model types): Qwen2's q/k/v biases are parameters of their own (a bias in the
 -- fused q/k/v product, zr.linear_multi), gathered at stage 3 with their weights, prefetched after them, and kept
 -- whole below the persistence threshold by their own size
-for _, mt in ipairs { "qwen2", "mistral" } do
+-- Qwen3: the q/k/v product split into views, q_norm / k_norm (small parameters of their own, gathered at stage 3
+-- between the product and o_proj) and the unfused attention path (llama.lua), byte-exact on the time-line
+-- (tests/mpi/plan_timeline_check.lua) and within these tolerances here
+local PLAN_TYPES = { "qwen2", "mistral", "qwen3" }
+for _, mt in ipairs(PLAN_TYPES) do
   for _, c in ipairs {
     { stage = 0, B = 5, T = 67, layers = 2 },
     { stage = 1, B = 3, T = 89, layers = 3, ckpt = true },

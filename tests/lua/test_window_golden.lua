@@ -2,7 +2,8 @@
 -- tests/golden/make_window_golden.py (transformers 5.17, float32, eager attention), where the window masks
 -- keys (the script asserts the logits differ from full causal attention's): mistral_window (sliding_window
 -- 5 over rows of 19 tokens) and qwen2_window (use_sliding_window with max_window_layers 1: layer 0 attends
--- fully, layer 1 through a window of 6; rows of 17) and phi3_window (fused modules, partial rotary 0.75: the
+-- fully, layer 1 through a window of 6; rows of 17), qwen3_window (q_norm / k_norm, the same layers, rows of 18)
+-- and phi3_window (fused modules, partial rotary 0.75: the
 -- unfused attention path; window 7 over rows of 21) checked as test_llama_golden.lua checks Llama (forward,
 -- every gradient, 5 AdamW steps; tests/lua/golden_parity.lua's tolerances), with gradient checkpointing
 -- too; mistral_window_packed: the same Mistral over packed rows (position_ids restarting: each sequence
@@ -14,7 +15,7 @@ local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "go
 
 local GOLDEN = "tests/golden/"
 local CLASS = { mistral_window = zr.models.mistral.MistralForCausalLM, qwen2_window = zr.models.qwen2.Qwen2ForCausalLM,
-  phi3_window = zr.models.phi3.Phi3ForCausalLM }
+  qwen3_window = zr.models.qwen3.Qwen3ForCausalLM, phi3_window = zr.models.phi3.Phi3ForCausalLM }
 
 local function build(name)
   local g, meta = zr.load_safetensors(GOLDEN .. name .. ".safetensors")
@@ -24,7 +25,7 @@ local function build(name)
   return model, g, sd
 end
 
-for _, name in ipairs { "mistral_window", "qwen2_window", "phi3_window" } do
+for _, name in ipairs { "mistral_window", "qwen2_window", "qwen3_window", "phi3_window" } do
   local model, g, sd = build(name)
   GP.check(name, model, g, sd)
   T.test(name .. ": gradient checkpointing gives the same loss and gradients", function()

@@ -9,9 +9,10 @@ local W, rank = dist.world_size(), dist.rank()
 local gpu = os.getenv("ZRUN_CHECK_DEVICE") == "cuda"
 local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 
-local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM" }
+local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM",
+  qwen3 = "Qwen3ForCausalLM" }
 
--- c = {model_type = "mistral" or "qwen2" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+-- c = {model_type = "mistral", "qwen2" or "qwen3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
 -- LEN tokens), window = W (a sliding window of W keys)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
@@ -21,7 +22,7 @@ local function measure(c)
   cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
   if c.window then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
-    if cfg.model_type == "qwen2" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end
+    if cfg.model_type == "qwen2" or cfg.model_type == "qwen3" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end
     cfg.sliding_window = c.window
   end
   cfg.head_dim = c.head_dim or cfg.head_dim -- 16: CUDA runs the f32 attention composition; 64: the flash kernel

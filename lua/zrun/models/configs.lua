@@ -43,13 +43,23 @@ C["Qwen/Qwen2.5-7B"] = { model_type = "qwen2", hidden_size = 3584, intermediate_
   rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = false, max_position_embeddings = 131072,
   use_sliding_window = false, sliding_window = 131072, max_window_layers = 28, bos_token_id = 151643,
   eos_token_id = 151643 }
--- Phi-3-mini-4k: fused qkv_proj / gate_up_proj (3,821,079,552 parameters), sliding_window 2047 (sequences of
--- at most 2047 tokens train: zrun refuses longer ones, which transformers would mask)
+-- Phi-3-mini-4k: fused qkv_proj / gate_up_proj (3,821,079,552 parameters), sliding_window 2047 (masked in longer
+-- sequences, as transformers masks them)
 C["microsoft/Phi-3-mini-4k-instruct"] = { model_type = "phi3", hidden_size = 3072, intermediate_size = 8192,
   num_hidden_layers = 32, num_attention_heads = 32, num_key_value_heads = 32, vocab_size = 32064,
   rms_norm_eps = 1e-5, rope_theta = 10000.0, tie_word_embeddings = false, max_position_embeddings = 4096,
   original_max_position_embeddings = 4096, sliding_window = 2047, bos_token_id = 1, eos_token_id = 32000,
   pad_token_id = 32000 }
+-- Qwen3 (the published config.json files: q_norm / k_norm implied by model_type, head_dim 128, no biases, the
+-- window off: "sliding_window": null); 0.6B, 1.7B and 4B tie the head to the embedding, 8B does not
+for name, d in pairs { ["0.6B"] = { 1024, 3072, 28, 16, true }, ["1.7B"] = { 2048, 6144, 28, 16, true },
+  ["4B"] = { 2560, 9728, 36, 32, true }, ["8B"] = { 4096, 12288, 36, 32, false } } do
+  C["Qwen/Qwen3-" .. name] = { model_type = "qwen3", hidden_size = d[1], intermediate_size = d[2],
+    num_hidden_layers = d[3], num_attention_heads = d[4], num_key_value_heads = 8, head_dim = 128,
+    vocab_size = 151936, rms_norm_eps = 1e-6, rope_theta = 1000000.0, tie_word_embeddings = d[5],
+    max_position_embeddings = 40960, use_sliding_window = false, sliding_window = false, max_window_layers = d[3],
+    attention_bias = false, bos_token_id = 151643, eos_token_id = 151645 }
+end
 -- A tiny Llama for CPU runs and tests: GQA, llama3 rope scaling, untied embeddings.
 C["zrun/tiny-llama"] = { model_type = "llama", hidden_size = 64, intermediate_size = 176,
   num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16,

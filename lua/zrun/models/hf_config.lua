@@ -1,8 +1,8 @@
--- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, phi3, gpt2). Reads a
+-- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, qwen3, phi3, gpt2). Reads a
 -- config as transformers 4 writes it (rope_theta / rope_scaling at the top level) and as
 -- transformers 5 writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks
--- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / GPT2LMHeadModel
--- read, and refuses -- one line naming the field, the value and what zrun supports -- a value that
+-- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+-- GPT2LMHeadModel read, and refuses -- one line naming the field, the value and what zrun supports -- a value that
 -- changes the computation in a way zrun does not implement.
 -- Fields that do not change training (ids, use_cache, architectures, ...) pass untouched.
 -- Also gives the config.json layout to write back. Not here: files (hf.lua), modules (llama.lua).
@@ -107,7 +107,7 @@ end
 
 local function model_type(family, c)
   if c.model_type ~= nil and c.model_type ~= family then
-    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2, phi3 and gpt2",
+    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2, qwen3, phi3 and gpt2",
       show(c.model_type), show(family))
   end
 end
@@ -234,17 +234,21 @@ function M.rope_tables_options(r, c, seq_len)
   return o
 end
 
--- ---------------------------------------------------------------- llama, mistral, qwen2
+-- ---------------------------------------------------------------- llama, mistral, qwen2, qwen3
 
 local LLAMA_ACTS = { silu = true, swish = true } -- transformers' ACT2FN: "swish" is SiLU
+local CONFIG_CLASS = { llama = "Llama", mistral = "Mistral", qwen2 = "Qwen2", qwen3 = "Qwen3" }
 
 -- The Llama architecture's model types and what each fills where config.json is silent, as
--- transformers' LlamaConfig / MistralConfig / Qwen2Config do (the sizes stay required, as zrun's
--- Llama always required them). num_key_value_heads: a number, or "heads" (num_attention_heads).
+-- transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config do (the sizes stay required, as
+-- zrun's Llama always required them). num_key_value_heads: a number, or "heads" (num_attention_heads);
+-- head_dim: Qwen3Config's 128 (not hidden_size / num_attention_heads) where config.json has none.
 local FAMILY = {
   llama = { num_key_value_heads = "heads", max_position_embeddings = 2048 },
   mistral = { num_key_value_heads = 8, max_position_embeddings = 4096 * 32, sliding_window = 4096 },
   qwen2 = { num_key_value_heads = 32, max_position_embeddings = 32768, sliding_window = 4096, max_window_layers = 28 },
+  qwen3 = { num_key_value_heads = 32, max_position_embeddings = 32768, sliding_window = 4096, max_window_layers = 28,
+    head_dim = 128 },
   phi3 = { num_key_value_heads = "heads", max_position_embeddings = 4096, sliding_window = false, rms_norm_eps = 1e-5 },
 }
 
@@ -252,7 +256,7 @@ local FAMILY = {
 -- sliding_window 4096, num_key_value_heads 8). Kept as false (hf.read_config: nulls are dropped
 -- elsewhere), and written back as null (M.to_hf).
 M.NULL_IS_NOT_DEFAULT = { mistral = { sliding_window = true, num_key_value_heads = true },
-  qwen2 = { sliding_window = true, num_key_value_heads = true },
+  qwen2 = { sliding_window = true, num_key_value_heads = true }, qwen3 = { sliding_window = true, num_key_value_heads = true },
   phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true, sliding_window = true } }
 -- In a decoded config.json (cjson.null values), those fields' nulls as false; the table, changed.
 function M.keep_nulls(t)
@@ -301,11 +305,20 @@ local function mistral_fields(F, c, d)
   end
 end
 
--- Qwen2Config.__post_init__: the window only with use_sliding_window, in the layers from
--- max_window_layers on (0-based) unless layer_types says which; Qwen2Attention slides exactly the
--- "sliding_attention" layers. Fills layer_types as transformers does (and writes it).
+-- Qwen2Config.__post_init__ (Qwen3Config's is the same): the window only with use_sliding_window, in the
+-- layers from max_window_layers on (0-based) unless layer_types says which; Qwen2Attention slides exactly
+-- the "sliding_attention" layers. Fills layer_types as transformers does (and writes it).
 local function qwen2_fields(F, c, d)
-  fixed_biases(F, c, "Qwen2ForCausalLM has biases on q_proj, k_proj and v_proj only")
+  if F == "qwen2" then
+    fixed_biases(F, c, "Qwen2ForCausalLM has biases on q_proj, k_proj and v_proj only")
+  else -- Qwen3Attention reads attention_bias (q/k/v/o); Qwen3MLP has no bias and reads no mlp_bias
+    if c.attention_bias == nil then c.attention_bias = false end
+    bool(F, "attention_bias", c.attention_bias)
+    if c.mlp_bias ~= nil and bool(F, "mlp_bias", c.mlp_bias) then
+      fail(F, "mlp_bias is true, but transformers' Qwen3ForCausalLM does not read it (its MLP has no biases); "
+        .. "for MLP biases use model_type \"llama\"")
+    end
+  end
   if c.use_sliding_window == nil then c.use_sliding_window = false end
   bool(F, "use_sliding_window", c.use_sliding_window)
   local w = window(F, c, d)
@@ -325,7 +338,7 @@ local function qwen2_fields(F, c, d)
   end
   for i, t in ipairs(lt) do
     if t ~= "full_attention" and t ~= "sliding_attention" then
-      fail(F, "layer_types[%d] is %s; zrun's qwen2 implements \"full_attention\" and \"sliding_attention\"", i, show(t))
+      fail(F, "layer_types[%d] is %s; zrun's %s implements \"full_attention\" and \"sliding_attention\"", i, show(t), F)
     end
     if t == "sliding_attention" and not c.sliding_window then -- (transformers' forward raises there)
       fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null (use_sliding_window is %s)", i,
@@ -337,11 +350,11 @@ end
 
 -- Layer i's (1-based) attention window in a normalised llama-family config: keys this many positions
 -- or more before the query are masked (transformers' sliding_window_overlay: kept while q - k <
--- window): Mistral's and Phi-3's in every layer, Qwen2's where layer_types says "sliding_attention"; nil:
--- full causal attention.
+-- window): Mistral's and Phi-3's in every layer, Qwen2's and Qwen3's where layer_types says
+-- "sliding_attention"; nil: full causal attention.
 function M.layer_window(c, i)
   if c.model_type == "mistral" or c.model_type == "phi3" then return c.sliding_window or nil end
-  if c.model_type == "qwen2" and c.sliding_window and c.layer_types[i] == "sliding_attention" then
+  if (c.model_type == "qwen2" or c.model_type == "qwen3") and c.sliding_window and c.layer_types[i] == "sliding_attention" then
     return c.sliding_window
   end
   return nil
@@ -386,8 +399,9 @@ local function llama_arch(F, cfg)
   if H % c.num_key_value_heads ~= 0 then
     fail(F, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d%s)", H, c.num_key_value_heads,
       cfg.num_key_value_heads == nil and d.num_key_value_heads ~= "heads"
-        and fmt(", %sConfig's default where config.json has none", F == "qwen2" and "Qwen2" or "Mistral") or "")
+        and fmt(", %sConfig's default where config.json has none", CONFIG_CLASS[F]) or "")
   end
+  if c.head_dim == nil then c.head_dim = d.head_dim end -- (Qwen3Config's 128)
   if c.head_dim == nil then
     if c.hidden_size % H ~= 0 then
       fail(F, "hidden_size (%d) must be a multiple of num_attention_heads (%d), or head_dim must be given",
@@ -434,9 +448,11 @@ local function llama_arch(F, cfg)
   if F == "mistral" then
     mistral_fields(F, c, d)
     own = { sliding_window = true, layer_types = true }
-  elseif F == "qwen2" then
+  elseif F == "qwen2" or F == "qwen3" then
     qwen2_fields(F, c, d)
     own = { sliding_window = true, use_sliding_window = true, layer_types = true }
+    -- (Qwen3 normalises q and k whatever these say: transformers' Qwen3Attention reads neither)
+    if F == "qwen3" then own.use_qk_norm, own.qk_layernorm = true, true end
   elseif F == "phi3" then
     M.phi3_fields(F, c, d)
     own = { sliding_window = true, partial_rotary_factor = true }
@@ -458,6 +474,10 @@ function M.mistral(cfg) return llama_arch("mistral", cfg) end
 -- A Qwen2 config, as M.llama with Qwen2Config's defaults: Llama's architecture with biases on
 -- q/k/v, and Qwen2's sliding-window fields (filled as Qwen2Config.__post_init__ does).
 function M.qwen2(cfg) return llama_arch("qwen2", cfg) end
+-- A Qwen3 config, as M.qwen2 with Qwen3Config's defaults: Llama's architecture with q_norm / k_norm
+-- (RMSNorm over each head), head_dim 128 where none is given, attention_bias (q/k/v/o, default false)
+-- and Qwen2's sliding-window fields.
+function M.qwen3(cfg) return llama_arch("qwen3", cfg) end
 
 -- A Phi-3 config (Phi3ForCausalLM: microsoft/Phi-3-mini-4k-instruct, Phi-3.5-mini, Phi-4-mini), as M.llama
 -- with Phi3Config's defaults: rms_norm_eps 1e-5, max_position_embeddings and original_max_position_embeddings

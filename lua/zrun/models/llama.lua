@@ -2,9 +2,10 @@
 -- "llama3" or "linear" scaling; either config.json layout, resolved by zrun.models.hf_config),
 -- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
 -- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
--- The same architecture computes Mistral (MistralForCausalLM: no biases, a sliding window) and
--- Qwen2 (Qwen2ForCausalLM: biases on q/k/v only), by the config's model_type; their sliding window
--- masks keys through the attention's segments (zrun.models.packed) where a sequence is longer than it.
+-- The same architecture computes Mistral (MistralForCausalLM: no biases, a sliding window),
+-- Qwen2 (Qwen2ForCausalLM: biases on q/k/v only) and Qwen3 (Qwen3ForCausalLM: an RMSNorm over each
+-- head of q and k before the rope), by the config's model_type; their sliding window masks keys
+-- through the attention's segments (zrun.models.packed) where a sequence is longer than it.
 -- Padding is expected on the right (the collator's layout), where causal attention alone gives
 -- HF's results for every real token.
 local zr = require "zrun"
@@ -20,9 +21,10 @@ local function head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size /
 
 -- Which projections carry a bias (q/k/v, o, MLP): Llama's attention_bias and mlp_bias; Qwen2's
 -- q/k/v always, o and the MLP never (Qwen2Attention); Mistral's none (hf_config refuses the fields
--- for those two, which transformers does not read).
+-- for those two, which transformers does not read); Qwen3's attention_bias on q/k/v/o, the MLP none.
 local function biases(cfg)
   if cfg.model_type == "qwen2" then return true, false, false end
+  if cfg.model_type == "qwen3" then return cfg.attention_bias, cfg.attention_bias, false end
   if cfg.model_type == "mistral" then return false, false, false end
   return cfg.attention_bias, cfg.attention_bias, cfg.mlp_bias
 end
@@ -79,6 +81,10 @@ function Attention:__init(cfg)
   self.k_proj = linear(cfg, cfg.hidden_size, KV * D, b)
   self.v_proj = linear(cfg, cfg.hidden_size, KV * D, b)
   self.o_proj = linear(cfg, H * D, cfg.hidden_size, ob)
+  if cfg.model_type == "qwen3" then -- Qwen3Attention's q_norm / k_norm: RMSNorm over head_dim, weights ones
+    self.q_norm = nn.RMSNorm(D, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
+    self.k_norm = nn.RMSNorm(D, { eps = cfg.rms_norm_eps, dtype = cfg.dtype, device = cfg.device })
+  end
 end
 -- segs (zrun.models.packed.segments): the batch holds packed sequences, each attending to itself
 -- with its own positions: with segs.seg (the segments) the rows run joined as one (1, B·T) row and
@@ -89,8 +95,9 @@ function Attention:forward(x, cos, sin, segs)
   local qp, kp, vp = self.q_proj, self.k_proj, self.v_proj
   local seg = segs and segs.seg
   local B, T = x:size(1), x:size(2)
+  local qn, kn = self.q_norm, self.k_norm
   local qkv = fusable(qp, kp, vp) and project(x, qp, kp, vp) or project_lora(x, qp, kp, vp)
-  if qkv then
+  if qkv and not qn then
     -- one (B, T, (H + 2 KV) D) product (LoRA adapters' products written into it: project_lora);
     -- qkv_rope_sdpa rotates q and k of it and runs the attention over them (read in place on the
     -- GPU), and in backward writes the product's gradient in one pass (the rope's transpose folded
@@ -107,15 +114,24 @@ function Attention:forward(x, cos, sin, segs)
     end
     return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
   end
-  -- q, k, v (b, t, heads·D) as (b, heads, t, D) views, q and k rotated, the attention (opts: the
-  -- segments), back to (b, t, H·D)
+  -- q, k, v (b, t, heads·D) as (b, heads, t, D) views, q and k rotated (Qwen3: each head of q and k
+  -- through q_norm / k_norm first), the attention (opts: the segments), back to (b, t, H·D)
   local function attend(q, k, v, c, s, opts)
     local b, t = q:size(1), q:size(2)
-    q, k, v = q:view(b, t, H, D):transpose(2, 3), k:view(b, t, KV, D):transpose(2, 3), v:view(b, t, KV, D):transpose(2, 3)
-    q, k = zr.rope(q, c, s), zr.rope(k, c, s)
+    q, k, v = q:view(b, t, H, D), k:view(b, t, KV, D), v:view(b, t, KV, D):transpose(2, 3)
+    if qn then q, k = qn(q), kn(k) end
+    q, k = zr.rope(q:transpose(2, 3), c, s), zr.rope(k:transpose(2, 3), c, s)
     return zr.scaled_dot_product_attention(q, k, v, opts):transpose(2, 3):reshape(b, t, H * D)
   end
-  local q, k, v = qp(x), kp(x), vp(x)
+  -- (Qwen3: the norms sit between the product and the rope, which zr.qkv_rope_sdpa fuses: the one
+  -- product's q, k, v parts, (B, T, heads·D) views of it (zr.split: their gradients written into one
+  -- buffer of the product's size), take this path)
+  local q, k, v
+  if qkv then
+    q, k, v = unpack(zr.split(qkv, { H * D, KV * D, KV * D }, 3))
+  else
+    q, k, v = qp(x), kp(x), vp(x)
+  end
   if seg then
     local function row(u) return u:view(1, B * T, u:size(3)) end
     return self.o_proj(attend(row(q), row(k), row(v), cos, sin, { segments = seg }):view(B, T, H * D))
@@ -298,13 +314,16 @@ CausalLM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type
 
 CausalLM.family = "llama" -- (the model type its configs must have)
 
--- The same architecture under transformers' class names for Mistral and Qwen2 (the names their
+-- The same architecture under transformers' class names for Mistral, Qwen2 and Qwen3 (the names their
 -- config.json's architectures carry); each takes configs of its model type only.
 M.MistralForCausalLM = CausalLM:extend("MistralForCausalLM")
 M.MistralForCausalLM.family = "mistral"
 M.Qwen2ForCausalLM = CausalLM:extend("Qwen2ForCausalLM")
 M.Qwen2ForCausalLM.family = "qwen2"
-local CLASS_OF = { llama = CausalLM, mistral = M.MistralForCausalLM, qwen2 = M.Qwen2ForCausalLM }
+M.Qwen3ForCausalLM = CausalLM:extend("Qwen3ForCausalLM")
+M.Qwen3ForCausalLM.family = "qwen3"
+local CLASS_OF = { llama = CausalLM, mistral = M.MistralForCausalLM, qwen2 = M.Qwen2ForCausalLM,
+  qwen3 = M.Qwen3ForCausalLM }
 M.CLASS_OF = CLASS_OF -- (zrun.models.phi3 adds its class; from_pretrained loads it for model_type "phi3")
 
 -- cfg: a Hugging Face config table (config.json), plus optional dtype/device for parameters; its
@@ -394,11 +413,14 @@ end
 function CausalLM:generate(input_ids, opts) return require("zrun.generation").generate(self, input_ids, opts) end
 
 -- The attention of layer i's new tokens x (B, Tq, C) over the cache (zrun.generation's): the projections
--- called as modules (LoRA layers as they stand), q and k rotated at the step's positions.
+-- called as modules (LoRA layers as they stand), q and k rotated at the step's positions (Qwen3: after
+-- q_norm / k_norm).
 local function cached_attention(a, x, cos, sin, cache, i, window)
   local B, T, H, KV, D = x:size(1), x:size(2), a.n_heads, a.n_kv, a.hd
-  local q = a.q_proj(x):view(B, T, H, D):transpose(2, 3)
-  local k = a.k_proj(x):view(B, T, KV, D):transpose(2, 3)
+  local q = a.q_proj(x):view(B, T, H, D)
+  local k = a.k_proj(x):view(B, T, KV, D)
+  if a.q_norm then q, k = a.q_norm(q), a.k_norm(k) end
+  q, k = q:transpose(2, 3), k:transpose(2, 3)
   local v = a.v_proj(x):view(B, T, KV, D):transpose(2, 3)
   q, k = cache:rope(q, cos, sin), cache:rope(k, cos, sin)
   return a.o_proj(cache:attend(i, q, k, v, 1 / math.sqrt(D), window):transpose(2, 3):reshape(B, T, H * D))
@@ -522,7 +544,7 @@ function CausalLM:save_pretrained(dir, opts) return M.save_pretrained(self, dir,
 -- A config table (config.json fields, either rope format) checked and normalised by
 -- zrun.models.hf_config; a value zrun does not implement is refused there, naming the field.
 -- dtype/device: what to build the parameters in (default f32 on the CPU). family: the model type
--- it must have (llama, mistral, qwen2); nil: any of them, by its model_type (none: llama).
+-- it must have (llama, mistral, qwen2, qwen3); nil: any of them, by its model_type (none: llama).
 function M.normalize_config(cfg, family)
   if type(cfg) == "string" then cfg = M.config(cfg) end
   local c = family and hf_config[family](cfg) or hf_config.llama_family(cfg)
@@ -551,8 +573,9 @@ end
 -- is then read from the files, once, straight into the parameter: hf.load_weights). The rotary_emb.inv_freq
 -- buffers older checkpoints hold are skipped, as transformers skips them; with tie_word_embeddings a
 -- lm_head.weight in the files must equal the embedding (M.check_tied_head).
--- The class is config.json's model_type's (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM);
--- family (zr.models.mistral's and qwen2's from_pretrained): the one model type to accept.
+-- The class is config.json's model_type's (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+-- Qwen3ForCausalLM); family (zr.models.mistral's, qwen2's and qwen3's from_pretrained): the one model
+-- type to accept.
 function M.from_pretrained(ref, opts, family)
   local hf = require "zrun.hf"
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
