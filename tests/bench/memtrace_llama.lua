@@ -15,14 +15,17 @@ cli:option("layers", 1, "decoder layers"):option("stage", 0, "ZeRO stage"):optio
 cli:option("prefetch", nil, "stage3_prefetch_bucket_size"):option("persist", nil, "stage3_param_persistence_threshold")
 cli:option("offload", 0, "1: optimizer states on the CPU"):option("model", "meta-llama/Llama-3.2-1B", "a model config")
 cli:option("hidden", nil, "hidden_size (intermediate 4x)"):option("vocab", nil, "vocab_size")
+cli:option("head_dim", nil, "head_dim"):option("model_type", nil, "model_type (llama, mistral, qwen2, qwen3)")
 local opt = cli:parse(arg)
 local dev = opt.device == "cpu" and "cpu" or "cuda:0"
 local cfg = zr.models.llama.config(opt.model)
 cfg.num_hidden_layers, cfg.dtype, cfg.device = opt.layers, opt.dtype, opt.device
 if opt.vocab then cfg.vocab_size = opt.vocab end
 if opt.hidden then cfg.hidden_size, cfg.intermediate_size = opt.hidden, 4 * opt.hidden end
+if opt.head_dim then cfg.head_dim = opt.head_dim end
+if opt.model_type then cfg.model_type = opt.model_type end
 zr.manual_seed(0)
-local model = zr.models.llama.LlamaForCausalLM(cfg)
+local model = zr.models.llama.CLASS_OF[cfg.model_type or "llama"](cfg)
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end
 local engine = zr.initialize({ model = model, config = { train_micro_batch_size_per_gpu = opt.batch,
   steps_per_print = 1e9, bf16 = { enabled = opt.dtype == "bf16" }, optimizer = { type = "AdamW", params = { lr = 1e-4 } },
