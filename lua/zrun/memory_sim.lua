@@ -551,7 +551,9 @@ function Sim:sdpa_padded(q, k, v, lse_bytes, shape, seg)
   local p = { self:new(pad(q)), self:new(pad(k)), self:new(pad(v)) }
   local op = self:new(pad(q))
   local lse = self:new(lse_bytes)
-  local out = self:lua({ s = op.s, n = q.n, c = false })
+  -- (a narrow view of the padded output: not contiguous either way round, so the transpose after it stays
+  -- strided and the reshape copies)
+  local out = self:lua({ s = op.s, n = q.n, c = false, strided = true })
   self:retain(op.s)
   self:record(out, ins, { p[1], p[2], p[3], op, lse, seg }, function(S, _, g)
     local gp = S:new(pad(q))
@@ -821,7 +823,16 @@ function Sim:rope(x, T, D, tabs)
   local out = self:lua(self:new(x.n))
   self:drop(xi)
   local saved = self.o.gpu and { c, sn } or tabs
-  self:record(out, { x }, saved, new_input_grad(x))
+  -- (CUDA: x the transpose of a contiguous (B, T, H, D) tensor, read in place, gets its gradient in that
+  -- layout, so the transpose's backward hands on a contiguous one: ops/rope.c rope_backward_dev)
+  local bthd = self.o.gpu and not x.c and not x.strided
+  self:record(out, { x }, saved, function(S, _, g)
+    local gi = S:raw(g)
+    local dx = S:new(x.n)
+    if bthd then dx.c = false end
+    S:drop(gi)
+    return { dx }
+  end)
   self:drop(c)
   self:drop(sn)
   return out
@@ -1119,7 +1130,8 @@ function M.llama_activations(cfg, o)
       local kn = S:rms_norm(k4, p.kn, N * KV)
       local q = S:rope(S:transpose(qn), T, D, tabs)
       local k = S:rope(S:transpose(kn), T, D, tabs)
-      local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, false, seg)
+      -- (head_dim 64 in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
+      local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
       att = S:reshape(S:transpose(ao))
     elseif o.gpu and strided then -- zr.qkv_rope_sdpa, one node
       att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
