@@ -240,17 +240,18 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
   assert(usable(gpu_for(need(10))) >= need(10) and usable(gpu_for(need(10)) - 2 ^ 21) < need(10))
   T.eq(run(gpu_for(need(1)) - 2 ^ 21), 0, "not even 1 row")
   -- TRL's dft loss and packed sequences (padding-free batches) where the attention runs them over groups of
-  -- sequences (head_dim 96: not the flash kernels' segments) need more: the search plans with them
+  -- sequences (head_dim 100: not the flash kernels' segments, which take 64, 128 and the multiples of 8 between) need
+  -- more: the search plans with them
   local function with_head_dim(hd)
     local c = {}
     for k, v in pairs(cfg1b) do c[k] = v end
     c.num_attention_heads, c.num_key_value_heads, c.head_dim = 16, 4, hd
     return c
   end
-  local cfg96, cfg128 = with_head_dim(96), with_head_dim(128)
+  local cfg100, cfg128 = with_head_dim(100), with_head_dim(128)
   local function need_with(bs, o) return plan.plan { model = o.model or cfg1b, config = ds_cfg, micro_batch = bs,
     seq_len = 2048, world_size = 1, loss_type = o.loss_type, packed = o.packed }.device.total end
-  for _, o in ipairs { { loss_type = "dft" }, { packed = true, model = cfg96 } } do
+  for _, o in ipairs { { loss_type = "dft" }, { packed = true, model = cfg100 } } do
     local plain = need_with(10, { model = o.model })
     assert(need_with(10, o) > plain + 2 ^ 28, "more than 256 MiB more at 10 x 2048")
     local got = pick { model = o.model or cfg1b, config = ds_cfg, seq_len = 2048, world_size = 1, start = 16,
@@ -265,6 +266,10 @@ T.test("auto_find_batch_size: accelerate's x0.9 steps down to the largest micro-
   -- (head_dim 128: the mma.sync kernels' segments, the same)
   T.eq(need_with(10, { packed = true, model = cfg128 }) - need_with(10, { model = cfg128 }),
     10 * 2048 * (2 * 128 * 4 + 2 * 4), "packed on the segments, head_dim 128")
+  -- (head_dim 96: the 128 kernels over zero-padded copies, on the segments too)
+  local cfg96 = with_head_dim(96)
+  T.eq(need_with(10, { packed = true, model = cfg96 }) - need_with(10, { model = cfg96 }),
+    10 * 2048 * (2 * 96 * 4 + 2 * 4), "packed on the segments, head_dim 96")
   -- LoRA (zr.peft): the frozen base has no gradient, master or optimizer state, so the GPU that takes 10 rows of a
   -- full fine-tune takes 16 with r 16 on q_proj / v_proj (24 -> 21 -> 18 -> 16); the plan is given the model's peft_config
   local lcfg = zr.peft.LoraConfig { r = 16, lora_alpha = 32 }
