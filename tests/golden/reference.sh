@@ -80,16 +80,16 @@ if "$PY" tests/golden/make_golden_models.py "$OUT/models" > "$OUT/models.log" 2>
 else
   echo "FAIL tests/golden/make_golden_models.py (log $OUT/models.log)"; failed=$((failed + 1))
 fi
-# Qwen3's chat templates rendered by transformers and Qwen3 rows prepared by TRL's SFTTrainer (committed tokenizer and
-# templates: no data folder needed), as the libraries write them now
-for g in qwen3_chat sft_qwen3; do
+# Qwen3's chat templates rendered by transformers, Qwen3 rows and Llama 3 / Phi-3 rows prepared by TRL's SFTTrainer
+# (committed tokenizers and templates: no data folder needed), as the libraries write them now
+for g in qwen3_chat sft_qwen3 sft_llama3_phi3; do
   cp "tests/golden/$g.json" "$OUT/$g.committed.json"
   if "$PY" "tests/golden/make_$g""_golden.py" > "$OUT/$g.log" 2>&1 && cmp -s "tests/golden/$g.json" "$OUT/$g.committed.json"; then
     echo "PASS tests/golden/$g.json as the libraries write it"
   else echo "FAIL tests/golden/$g.json differs from what the libraries write now (the new one is in the tree; log $OUT/$g.log)"; failed=$((failed + 1)); fi
 done
 # Llama 3.x's and Phi-3's templates rendered by transformers (the Phi-3 tokenizer cut from TinyLlama's in the data
-# folder) and their rows prepared by TRL's SFTTrainer, as the libraries write them now
+# folder), as transformers writes them now
 if [ -d "$DATA/tokenizers" ]; then
   for g in llama3_phi3_chat; do
     cp "tests/golden/$g.json" "$OUT/$g.committed.json"
