@@ -199,14 +199,27 @@ local common_prefix = M.common_prefix
 -- transformers marks them (char_to_token of each span's first and last character). The tokens at a
 -- span's edges are found by encoding the text up to each edge: the ids agree with the full encoding up
 -- to the edge when it is a token boundary (a template's blocks end on special tokens and newlines), and
--- otherwise the first token that differs is the one across the edge.
+-- otherwise the first token that differs is the one across the edge. An added token that strips the
+-- whitespace after it (rstrip: Phi-3's <|assistant|>, <|end|>) holds a span's first bytes when they are that
+-- whitespace: then it is the span's first token, as its offsets hold them in transformers' encoding; it shows
+-- as the encoding up to the edge unchanged by the span's first character.
 function M.spans_to_mask(tok, text, ids, spans)
   local mask = {}
   for i = 1, #ids do mask[i] = 0 end
   for _, sp in ipairs(spans) do
     local s, e = sp[1], sp[2]
     if e > s then
-      local first = s == 0 and 0 or common_prefix(tok:encode(text:sub(1, s), false), ids)
+      local first = 0
+      if s > 0 then
+        local pre = tok:encode(text:sub(1, s), false)
+        first = common_prefix(pre, ids)
+        local c = text:byte(s + 1)
+        local n = c < 0x80 and 1 or c < 0xE0 and 2 or c < 0xF0 and 3 or 4 -- (the UTF-8 character at the edge)
+        if first > 0 and first == #pre then
+          local more = tok:encode(text:sub(1, s + n), false)
+          if #more == #pre and common_prefix(more, pre) == #pre then first = first - 1 end
+        end
+      end
       local upto = tok:encode(text:sub(1, e), false)
       local last = common_prefix(upto, ids) -- tokens wholly before e
       if last < #upto then last = last + 1 end -- the token across e holds byte e - 1

@@ -243,9 +243,10 @@ end
 
 -- assistant_only_loss's template, as SFTTrainer picks it: the template (chat_template_path's, else the
 -- tokenizer's own) when it has {% generation %} blocks; else, where TRL 1.10 swaps in a training copy of it and
--- zrun knows the template (zrun.sft_templates: Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, recognised byte for
--- byte), zrun's training copy, which renders as TRL's does and then renders every row (its thinking blocks and
--- masks); else refused, as TRL refuses a template it cannot patch.
+-- zrun knows the template (zrun.sft_templates: Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, Meta-Llama-3's,
+-- Phi-3's, Phi-3.5's, recognised byte for byte), zrun's training copy, which renders as TRL's does and then
+-- renders every row (its thinking blocks and masks); else refused, as TRL refuses a template it cannot patch
+-- (Llama 3.1's and 3.2's among them).
 function M.training_template(source, tok)
   local own = source == nil
   if own then
@@ -258,10 +259,10 @@ function M.training_template(source, tok)
   local patched = ST.training(source)
   if patched then return patched end
   error("sft: assistant_only_loss = true: the chat template has no {% generation %} blocks and is not one whose " ..
-    "training copy TRL 1.10 swaps in that zrun makes (Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, byte for byte); " ..
-    "TRL raises \"not training-compatible\" for it (or patches its Llama 3, Gemma, Phi-3, ... ones, which zrun does not " ..
-    "know): pass chat_template_path = a template with {% generation %} ... {% endgeneration %} around the assistant's " ..
-    "turns (trl/chat_templates/*_training.jinja are such)", 0)
+    "training copy TRL 1.10 swaps in that zrun makes (Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, Meta-Llama-3's, " ..
+    "Phi-3's, Phi-3.5's, byte for byte); TRL raises \"not training-compatible\" for it (Llama 3.1's and 3.2's among them; " ..
+    "or patches its Gemma, GLM, ... ones, models zrun does not load): pass chat_template_path = a template with " ..
+    "{% generation %} ... {% endgeneration %} around the assistant's turns (trl/chat_templates/*_training.jinja are such)", 0)
 end
 
 -- SFTConfig's keys that shape the trainer, not the rows: SFTTrainer reads them, prepare refuses them.

@@ -2,11 +2,13 @@
 -- needs a template that marks them with {% generation %} ... {% endgeneration %}; TRL 1.10 takes a template
 -- without such blocks only when it is, to the byte, one it knows, and then renders every row with a training copy
 -- of it; any other template is an error. zrun does the same for the Qwen ones: Qwen2.5's, Qwen3's (Qwen3-0.6B's as
--- shipped now) and Qwen3-Instruct-2507's. No template text is held here: a template is recognised by its length
--- and its FNV-1a 64-bit digest (M.digest), and its copy is made by a few edits at short snippets of it (anchors,
--- each found exactly once), which render what TRL's copies render: the same text, with the same generation
--- blocks (tests/lua/test_sft_qwen3.lua compares both over every conversation of its golden data). The other
--- families TRL patches (Llama 3, Gemma, Phi-3, GLM, ...) are not here: zrun refuses them.
+-- shipped now) and Qwen3-Instruct-2507's; and for Meta-Llama-3-Instruct's, Phi-3-mini's and Phi-3.5-mini's. No
+-- template text is held here: a template is recognised by its length and its FNV-1a 64-bit digest (M.digest),
+-- and its copy is made by a few edits at short snippets of it (anchors, each found exactly once), which render
+-- what TRL's copies render: the same text, with the same generation blocks (tests/lua/test_sft_qwen3.lua and
+-- test_sft_llama3_phi3.lua compare both over every conversation of their golden data). TRL patches no
+-- Llama 3.1 / 3.2 template (it raises for them, and so does zrun); the other families it patches (Gemma, GLM,
+-- DeepSeek-V3, GPT-OSS, Cohere, ...) are models zrun does not load: refused too.
 local bit = require "bit"
 local M = {}
 
@@ -58,7 +60,27 @@ local KNOWN = {
     { at = [==[+ '\n' + content }}]==], with = [==[+ '\n' }}]==] .. GEN .. [==[{{- content }}]==] },
     { at = [==[{%- elif message.role == "tool" %}]==], before = END },
   } },
+  -- Meta-Llama-3-Instruct's (Llama 3.0): a message's text, set once for every role, is cut in two, the header (with
+  -- the bos before the first message) and the body (its content trimmed, then "<|eot_id|>"); an assistant's body is
+  -- printed in a block.
+  { name = "llama3", length = 389, digest = "0e60067a5537498e", edits = {
+    { at = [==['+ message['content'] | trim + '<|eot_id|>' %}]==],
+      with = [==[' %}{% set body = message['content'] | trim + '<|eot_id|>' %}]==] },
+    { at = [==[{{ content }}]==], after = [==[{% if message['role'] == 'assistant' %}{% generation %}{{ body }}]==] ..
+      [==[{% endgeneration %}{% else %}{{ body }}{% endif %}]==] },
+  } },
 }
+-- Phi-3-mini's and Phi-3.5-mini's (they differ in the system branch only): an assistant turn's block from after its
+-- "<|assistant|>\n" to its "<|end|>\n" included, and the eos that ends a conversation whose last message is the
+-- assistant's in a block of its own (the model learns to stop).
+local PHI3 = {
+  { at = "'<|assistant|>\n' + message['content'] + '<|end|>\n'}}",
+    with = "'<|assistant|>\n'}}{% generation %}{{message['content'] + '<|end|>\n'}}{% endgeneration %}" },
+  { at = [==[{% else %}{{ eos_token }}]==], before = [==[{% elif messages[-1]['role'] == 'assistant' %}]==] ..
+    [==[{% generation %}{{ eos_token }}{% endgeneration %}]==] },
+}
+KNOWN[#KNOWN + 1] = { name = "phi3", length = 407, digest = "ecebdb26677c663d", edits = PHI3 }
+KNOWN[#KNOWN + 1] = { name = "phi3_5", length = 430, digest = "cf278cde387a54c8", edits = PHI3 }
 M.NAMES = {}
 for i, k in ipairs(KNOWN) do M.NAMES[i] = k.name end
 

@@ -81,9 +81,9 @@ if "$PY" tests/golden/make_golden_models.py "$OUT/models" > "$OUT/models.log" 2>
 else
   echo "FAIL tests/golden/make_golden_models.py (log $OUT/models.log)"; failed=$((failed + 1))
 fi
-# Qwen3's chat templates rendered by transformers and Qwen3 rows prepared by TRL's SFTTrainer (committed tokenizer and
-# templates: no data folder needed), as the libraries write them now
-for g in qwen3_chat sft_qwen3; do
+# Qwen3's chat templates rendered by transformers, Qwen3 rows and Llama 3 / Phi-3 rows prepared by TRL's SFTTrainer
+# (committed tokenizers and templates: no data folder needed), as the libraries write them now
+for g in qwen3_chat sft_qwen3 sft_llama3_phi3; do
   cp "tests/golden/$g.json" "$OUT/$g.committed.json"
   if "$PY" "tests/golden/make_$g""_golden.py" > "$OUT/$g.log" 2>&1 && cmp -s "tests/golden/$g.json" "$OUT/$g.committed.json"; then
     echo "PASS tests/golden/$g.json as the libraries write it"
@@ -109,6 +109,17 @@ if "$PY" tests/golden/make_golden_qwen3.py "$OUT/qwen3" > "$OUT/qwen3.log" 2>&1;
   done
 else
   echo "FAIL tests/golden/make_golden_qwen3.py (log $OUT/qwen3.log)"; failed=$((failed + 1))
+fi
+# Llama 3.x's and Phi-3's templates rendered by transformers (the Phi-3 tokenizer cut from TinyLlama's in the data
+# folder), as transformers writes them now
+if [ -d "$DATA/tokenizers" ]; then
+  for g in llama3_phi3_chat; do
+    cp "tests/golden/$g.json" "$OUT/$g.committed.json"
+    if "$PY" "tests/golden/make_$g""_golden.py" "$DATA/tokenizers/tinyllama-1.1b-chat-v1.0" > "$OUT/$g.log" 2>&1 &&
+      cmp -s "tests/golden/$g.json" "$OUT/$g.committed.json"; then
+      echo "PASS tests/golden/$g.json as the libraries write it"
+    else echo "FAIL tests/golden/$g.json differs from what the libraries write now (the new one is in the tree; log $OUT/$g.log)"; failed=$((failed + 1)); fi
+  done
 fi
 echo "reference: $failed checks failed"
 [ $failed -eq 0 ]
