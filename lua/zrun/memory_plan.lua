@@ -188,7 +188,8 @@ end
 -- names = (the adapted projections' last components, sorted), adapters = {{numel =, module =}} (lora_A then lora_B
 -- of each target, in the model's order: the trained parameters), trained =, frozen = (the base's elements) }.
 -- The base list is the config's (a live PEFT model lists its adapters among its parameters).
-local PROJ = { q_proj = "q", k_proj = "k", v_proj = "v", o_proj = "o", gate_proj = "g", up_proj = "u", down_proj = "d" }
+local PROJ = { q_proj = "q", k_proj = "k", v_proj = "v", o_proj = "o", gate_proj = "g", up_proj = "u", down_proj = "d",
+  qkv_proj = "qkv", gate_up_proj = "gu" } -- (Phi-3's fused modules)
 M.LORA_DEFAULT_TARGETS = { "q_proj", "v_proj" } -- (PEFT's for the Llama family)
 local function lora_setting(lo, cfg, name)
   if lo == nil or lo == false then return nil end
@@ -262,7 +263,7 @@ local function lora_setting(lo, cfg, name)
       local last = q.module:match("[^.]+$")
       if not PROJ[last] then
         error(fmt("memory plan: lora target %s is not planned (the plan adapts the attention and MLP projections, " ..
-          "q_proj ... down_proj); leave it out of target_modules", q.module), 0)
+          "q_proj ... down_proj, Phi-3's qkv_proj and gate_up_proj); leave it out of target_modules", q.module), 0)
       end
       local out, inn = q.shape[1], q.shape[2]
       L.targets[q.module] = { inn, out }
@@ -275,10 +276,11 @@ local function lora_setting(lo, cfg, name)
   end
   if #L.adapters == 0 then
     error(fmt("memory plan: lora.target_modules {%s} matches no projection of this model (q_proj, k_proj, v_proj, " ..
-      "o_proj, gate_proj, up_proj, down_proj)", type(tm) == "table" and concat(tm, ", ") or tm), 0)
+      "o_proj, gate_proj, up_proj, down_proj; Phi-3's qkv_proj, gate_up_proj)", type(tm) == "table" and concat(tm, ", ") or tm), 0)
   end
   table.sort(names, function(a, b)
-    local order = { q_proj = 1, k_proj = 2, v_proj = 3, o_proj = 4, gate_proj = 5, up_proj = 6, down_proj = 7 }
+    local order = { q_proj = 1, k_proj = 2, v_proj = 3, qkv_proj = 3.5, o_proj = 4, gate_proj = 5, up_proj = 6,
+      gate_up_proj = 6.5, down_proj = 7 }
     return order[a] < order[b]
   end)
   L.names = names
@@ -577,9 +579,14 @@ function M.plan(o)
   else
     counted = { E.count(o.model) }
   end
-  if (counted[4].config or {}).model_type == "phi3" then -- (its fused modules' activations are not modelled yet)
-    error("memory plan: model_type phi3 is not planned yet (its activations were never measured against the plan); " ..
-      "use `zrun estimate` for its model states, or zr.memory's live report while training", 0)
+  local c4 = counted[4].config or {}
+  if c4.model_type == "phi3" then -- (Phi-4-mini's partial rotary: q, k, v split off the product, not modelled)
+    local f = c4.partial_rotary_factor or (type(c4.rope_parameters) == "table" and c4.rope_parameters.partial_rotary_factor)
+    if f and f < 1 then
+      error(fmt("memory plan: Phi-3 with partial_rotary_factor %s is not planned yet (its attention splits q, k and v " ..
+        "off the product, which the plan does not model); use `zrun estimate` for its model states, or zr.memory's " ..
+        "live report while training", tostring(f)), 0)
+    end
   end
   local s = settings(o, counted[4].config or {})
   -- LoRA: asked for, or the model passed is a PEFT model (its peft_config)

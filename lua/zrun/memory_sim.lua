@@ -955,6 +955,9 @@ local LAYER_MODULES = { "n1", "q", "k", "v", "o", "n2", "g", "u", "d" }
 local QKV, O_PROJ, GATE_UP, DOWN_PROJ = { "q", "k", "v" }, { "o" }, { "g", "u" }, { "d" }
 -- Qwen3's: q_norm and k_norm run after the q/k/v product, before o_proj (the order engine.lua records)
 local QWEN3_LAYER_MODULES = { "n1", "q", "k", "v", "qn", "kn", "o", "n2", "g", "u", "d" }
+-- Phi-3's: qkv_proj and gate_up_proj one module each (zrun.models.phi3)
+local PHI3_LAYER_MODULES = { "n1", "qkv", "o", "n2", "gu", "d" }
+local PHI3_QKV, PHI3_GATE_UP = { "qkv" }, { "gu" }
 
 -- ---------------------------------------------------------------------------------------------
 -- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
@@ -967,6 +970,7 @@ function M.llama_activations(cfg, o)
   local D = require("zrun.memory_estimate").head_dim(cfg)
   local N = B * T
   local qk_norm = cfg.model_type == "qwen3" -- Qwen3: q_norm / k_norm (RMSNorm over D) between the product and the rope
+  local fused = cfg.model_type == "phi3" -- Phi-3: one qkv_proj, one gate_up_proj (zr.linear each; the same ops after)
   local S = new_sim(o)
   S.tape = {}
   local tb = b == 8 and 8 or 4 -- the rope tables' element: f32 (f64 for an f64 model)
@@ -994,8 +998,9 @@ function M.llama_activations(cfg, o)
   end
   local embedW = P(V * H)
   local layers = {}
-  local PROJ = { q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj",
-    g = "mlp.gate_proj", u = "mlp.up_proj", d = "mlp.down_proj" }
+  local PROJ = fused and { qkv = "self_attn.qkv_proj", o = "self_attn.o_proj", gu = "mlp.gate_up_proj", d = "mlp.down_proj" }
+    or { q = "self_attn.q_proj", k = "self_attn.k_proj", v = "self_attn.v_proj", o = "self_attn.o_proj",
+      g = "mlp.gate_proj", u = "mlp.up_proj", d = "mlp.down_proj" }
   -- a projection's weight (out, in), and its bias (out) as W.bias where the model has one (Qwen2's q/k/v)
   local qkv_bias, o_bias, mlp_bias = require("zrun.memory_estimate").biases(cfg)
   local function Lin(out, inp, bias)
@@ -1004,9 +1009,15 @@ function M.llama_activations(cfg, o)
     return W
   end
   for l = 1, L do
-    local p = { q = Lin(Hq * D, H, qkv_bias), k = Lin(KV * D, H, qkv_bias), v = Lin(KV * D, H, qkv_bias),
-      o = Lin(H, Hq * D, o_bias), g = Lin(I, H, mlp_bias), u = Lin(I, H, mlp_bias), d = Lin(H, I, mlp_bias), n1 = P(H),
-      n2 = P(H), ad = {} }
+    local p
+    if fused then
+      p = { qkv = Lin((Hq + 2 * KV) * D, H), o = Lin(H, Hq * D), gu = Lin(2 * I, H), d = Lin(H, I), n1 = P(H), n2 = P(H),
+        ad = {} }
+    else
+      p = { q = Lin(Hq * D, H, qkv_bias), k = Lin(KV * D, H, qkv_bias), v = Lin(KV * D, H, qkv_bias),
+        o = Lin(H, Hq * D, o_bias), g = Lin(I, H, mlp_bias), u = Lin(I, H, mlp_bias), d = Lin(H, I, mlp_bias), n1 = P(H),
+        n2 = P(H), ad = {} }
+    end
     if qk_norm then p.qn, p.kn = P(D), P(D) end
     for k, mod in pairs(lora and PROJ or {}) do
       local t = lora.targets["model.layers." .. (l - 1) .. "." .. mod]
@@ -1022,7 +1033,7 @@ function M.llama_activations(cfg, o)
   local chain = { embedW }
   for l = 1, L do
     local p = layers[l]
-    for _, k in ipairs(qk_norm and QWEN3_LAYER_MODULES or LAYER_MODULES) do
+    for _, k in ipairs(fused and PHI3_LAYER_MODULES or qk_norm and QWEN3_LAYER_MODULES or LAYER_MODULES) do
       chain[#chain + 1] = p[k]
       if p[k].bias then chain[#chain + 1] = p[k].bias end
       local a = p.ad[k]
@@ -1098,8 +1109,9 @@ function M.llama_activations(cfg, o)
       end
       return any and projs or nil
     end
-    local lqkv, qkv_bytes = adapted(QKV), N * (Hq + 2 * KV) * D * b
-    local qkv = lqkv and S:lora_multi(a1, lqkv, qkv_bytes, N) or S:linear_multi(a1, { p.q, p.k, p.v }, qkv_bytes)
+    local lqkv, qkv_bytes = adapted(fused and PHI3_QKV or QKV), N * (Hq + 2 * KV) * D * b
+    local qkv = lqkv and S:lora_multi(a1, lqkv, qkv_bytes, N)
+      or fused and S:linear(a1, p.qkv, qkv_bytes) or S:linear_multi(a1, { p.q, p.k, p.v }, qkv_bytes)
     -- packed sequences (o.packed: a padding-free batch, position_ids telling its sequences apart): packed.attend
     -- gathers the rows into groups of about one length and the outputs back; modelled as one group without
     -- padding (sequences of one length: padding rows, where lengths differ, depend on the data)
@@ -1147,9 +1159,10 @@ function M.llama_activations(cfg, o)
     local lo = adapted(O_PROJ)
     local ao = lo and S:lora_multi(att, lo, N * H * b, N) or S:linear(att, p.o, N * H * b)
     local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
-    local lgu, gu_bytes = adapted(GATE_UP), N * 2 * I * b
+    local lgu, gu_bytes = adapted(fused and PHI3_GATE_UP or GATE_UP), N * 2 * I * b
     -- gate then up side by side, read packed by zr.swiglu
-    local act = S:swiglu(lgu and S:lora_multi(a2, lgu, gu_bytes, N) or S:linear_multi(a2, { p.g, p.u }, gu_bytes))
+    local act = S:swiglu(lgu and S:lora_multi(a2, lgu, gu_bytes, N)
+      or fused and S:linear(a2, p.gu, gu_bytes) or S:linear_multi(a2, { p.g, p.u }, gu_bytes))
     local ld = adapted(DOWN_PROJ)
     local m = ld and S:lora_multi(act, ld, N * H * b, N) or S:linear(act, p.d, N * H * b)
     if handoff then

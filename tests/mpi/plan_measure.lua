@@ -11,8 +11,9 @@ local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 
 local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM",
   qwen3 = "Qwen3ForCausalLM" }
+local phi3 = zr.models.phi3 -- (Phi-3: fused qkv_proj / gate_up_proj; its class registers with zr.models.llama)
 
--- c = {model_type = "mistral", "qwen2" or "qwen3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+-- c = {model_type = "mistral", "qwen2", "qwen3" or "phi3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
 -- LEN tokens), window = W (a sliding window of W keys)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
@@ -21,6 +22,9 @@ local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
   cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
+  if cfg.model_type == "phi3" then -- (ids in the vocabulary; Phi3Config takes no llama3 rope)
+    cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id, cfg.rope_scaling = false, 1, 2, nil
+  end
   if c.window then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
     if cfg.model_type == "qwen2" or cfg.model_type == "qwen3" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end
     cfg.sliding_window = c.window
@@ -37,7 +41,7 @@ local function measure(c)
   local b0 = mem.stats(dev)
   local base, hbase = b0.total_current, mem.stats("cpu").total_current
   zr.manual_seed(7)
-  local model = zr.models.llama[CLASS[cfg.model_type]](cfg)
+  local model = cfg.model_type == "phi3" and phi3.Phi3ForCausalLM(cfg) or zr.models.llama[CLASS[cfg.model_type]](cfg)
   if c.lora then
     model = zr.peft.get_peft_model(model, zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
       target_modules = c.lora.target_modules, lora_dropout = c.lora.lora_dropout })

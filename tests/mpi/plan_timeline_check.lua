@@ -87,6 +87,11 @@ local cases = {
   { model_type = "qwen2", stage = 1, B = 2, T = 131, layers = 3, head_dim = 64, ckpt = true, window = 33 },
   { model_type = "qwen3", stage = 2, B = 2, T = 100, layers = 2, head_dim = 64, window = 30 },
   { model_type = "qwen3", stage = 3, B = 2, T = 128, layers = 2, head_dim = 128, ckpt = true, packed = 64, window = 40 },
+  -- Phi-3: fused qkv_proj / gate_up_proj (one product each), head_dim 96 as Phi-3-mini's; LoRA over the fused modules
+  { model_type = "phi3", stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
+  { model_type = "phi3", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2, window = 50 },
+  { model_type = "phi3", stage = 1, B = 2, T = 96, layers = 2, head_dim = 64, packed = 32,
+    lora = { r = 4, target_modules = { "qkv_proj", "o_proj", "gate_up_proj", "down_proj" } } },
   -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
   { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
   { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
