@@ -72,6 +72,24 @@ local function project_lora(x, ...)
 end
 
 -- Attention ---------------------------------------------------------------------------------
+-- zr.qkv_rope_sdpa over one (B, T, (H + 2 KV)·D) q/k/v product with the rows as segs has them (zrun.models.packed:
+-- nil, the plain rows; .seg, the rows joined with per-token cos, sin; else its groups): (B, T, H·D), o_proj's input.
+-- (zrun.models.phi3's fused qkv_proj takes it too.)
+function M.qkv_attention(qkv, H, KV, cos, sin, segs)
+  local B, T = qkv:size(1), qkv:size(2)
+  local seg = segs and segs.seg
+  if seg then
+    local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
+    return y:view(B, T, y:size(3))
+  end
+  if segs then
+    return packed.attend({ qkv }, segs, function(p, g)
+      return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
+    end)
+  end
+  return zr.qkv_rope_sdpa(qkv, H, KV, cos, sin)
+end
+
 local Attention = Module:extend("LlamaAttention")
 function Attention:__init(cfg)
   local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
@@ -103,16 +121,7 @@ function Attention:forward(x, cos, sin, segs)
     -- GPU), and in backward writes the product's gradient in one pass (the rope's transpose folded
     -- into the attention's last pass) for its one backward GEMM per operand; it returns (B, T, H D),
     -- o_proj's input
-    if seg then
-      local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
-      return self.o_proj(y:view(B, T, H * D))
-    end
-    if segs then
-      return self.o_proj(packed.attend({ qkv }, segs, function(p, g)
-        return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
-      end))
-    end
-    return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
+    return self.o_proj(M.qkv_attention(qkv, H, KV, cos, sin, segs))
   end
   -- q, k, v (b, t, heads·D) as (b, heads, t, D) views, q and k rotated (Qwen3: each head of q and k
   -- through q_norm / k_norm first), the attention (opts: the segments), back to (b, t, H·D)

@@ -48,18 +48,7 @@ function Attention:forward(x, cos, sin, segs)
   local B, T = x:size(1), x:size(2)
   local seg = segs and segs.seg
   local qkv = self.qkv_proj(x) -- (a LoRA layer over the fused product when adapted, as PEFT's)
-  if self.rotary == D then
-    if seg then
-      local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
-      return self.o_proj(y:view(B, T, H * D))
-    end
-    if segs then
-      return self.o_proj(packed.attend({ qkv }, segs, function(p, g)
-        return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
-      end))
-    end
-    return self.o_proj(zr.qkv_rope_sdpa(qkv, H, KV, cos, sin))
-  end
+  if self.rotary == D then return self.o_proj(llama.qkv_attention(qkv, H, KV, cos, sin, segs)) end
   local function attend(p, c, s, opts)
     local b, t = p:size(1), p:size(2)
     local q, k, v = split(p, H, KV, D)
