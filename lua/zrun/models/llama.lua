@@ -17,7 +17,9 @@ local packed = require "zrun.models.packed"
 
 local M = {}
 
-local function head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size / cfg.num_attention_heads) end
+-- A normalised config's head_dim: its own, else hidden_size / num_attention_heads.
+function M.head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size / cfg.num_attention_heads) end
+local head_dim = M.head_dim
 
 -- Which projections carry a bias (q/k/v, o, MLP): Llama's attention_bias and mlp_bias; Qwen2's
 -- q/k/v always, o and the MLP never (Qwen2Attention); Mistral's none (hf_config refuses the fields

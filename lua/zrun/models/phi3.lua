@@ -15,7 +15,7 @@ local packed = require "zrun.models.packed"
 
 local M = {}
 
-local function head_dim(cfg) return cfg.head_dim or math.floor(cfg.hidden_size / cfg.num_attention_heads) end
+local head_dim = llama.head_dim
 local function linear(cfg, i, o)
   return nn.Linear(i, o, { bias = false, dtype = cfg.dtype, device = cfg.device })
 end
