@@ -579,15 +579,6 @@ function M.plan(o)
   else
     counted = { E.count(o.model) }
   end
-  local c4 = counted[4].config or {}
-  if c4.model_type == "phi3" then -- (Phi-4-mini's partial rotary: q, k, v split off the product, not modelled)
-    local f = c4.partial_rotary_factor or (type(c4.rope_parameters) == "table" and c4.rope_parameters.partial_rotary_factor)
-    if f and f < 1 then
-      error(fmt("memory plan: Phi-3 with partial_rotary_factor %s is not planned yet (its attention splits q, k and v " ..
-        "off the product, which the plan does not model); use `zrun estimate` for its model states, or zr.memory's " ..
-        "live report while training", tostring(f)), 0)
-    end
-  end
   local s = settings(o, counted[4].config or {})
   -- LoRA: asked for, or the model passed is a PEFT model (its peft_config)
   local lo = o.lora

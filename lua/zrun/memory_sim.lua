@@ -815,18 +815,22 @@ end
 -- tables of its own, copies in the tables' category (the model's cached ones: "other") saved by the node until
 -- its backward; the CPU saves the model's tables themselves. tabs: packed sequences' per-token tables
 -- (activations, which the CPU's node keeps); nil: the model's cached ones, counted once.)
-function Sim:rope(x, T, D, tabs)
+function Sim:rope(x, T, D, tabs, R)
+  R = R or D
+  local partial = R < D
+  -- (a partial rotary on a GPU: x cloned, contiguous, and rotated in place: the output)
   local xi = not self.o.gpu and self:raw(x) or nil
   local cat = tabs and tabs[1].s.cat or "other"
-  local c = self.o.gpu and self:new(T * D / 2 * 4, cat) or nil
-  local sn = self.o.gpu and self:new(T * D / 2 * 4, cat) or nil
+  local c = self.o.gpu and self:new(T * R / 2 * 4, cat) or nil
+  local sn = self.o.gpu and self:new(T * R / 2 * 4, cat) or nil
   local out = self:lua(self:new(x.n))
   self:drop(xi)
   local saved = self.o.gpu and { c, sn } or tabs
   -- (CUDA: x the transpose of a contiguous (B, T, H, D) tensor, read in place, gets its gradient in that
   -- layout, so the transpose's backward hands on a contiguous one: ops/rope.c rope_backward_dev)
-  local bthd = self.o.gpu and not x.c and not x.strided
+  local bthd = self.o.gpu and not partial and not x.c and not x.strided
   self:record(out, { x }, saved, function(S, _, g)
+    if S.o.gpu and partial then return { S:new(x.n) } end -- (the gradient cloned and rotated back in place)
     local gi = S:raw(g)
     local dx = S:new(x.n)
     if bthd then dx.c = false end
@@ -971,6 +975,10 @@ function M.llama_activations(cfg, o)
   local N = B * T
   local qk_norm = cfg.model_type == "qwen3" -- Qwen3: q_norm / k_norm (RMSNorm over D) between the product and the rope
   local fused = cfg.model_type == "phi3" -- Phi-3: one qkv_proj, one gate_up_proj (zr.linear each; the same ops after)
+  -- Phi-3's partial_rotary_factor (Phi-4-mini's 0.75): the rope tables R wide, and the attention on the split path
+  local prf = cfg.partial_rotary_factor or (type(cfg.rope_parameters) == "table" and cfg.rope_parameters.partial_rotary_factor)
+  local R = fused and prf and floor(D * prf) or D
+  local partial = R < D
   local S = new_sim(o)
   S.tape = {}
   local tb = b == 8 and 8 or 4 -- the rope tables' element: f32 (f64 for an f64 model)
@@ -978,7 +986,7 @@ function M.llama_activations(cfg, o)
   -- llama.lua Model:rope, cached from the first step on; made outside any op: "other"); packed sequences:
   -- the power of two above the longest's last position (zrun.models.packed's table_length)
   local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
-  S:alloc(2 * TL * D * tb, "other")
+  S:alloc(2 * TL * R * tb, "other")
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
   -- flash kernels at head_dim 64, 128 or padded between, in 16 bits): the attention runs once over the rows joined, (1, N),
   -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
@@ -1064,7 +1072,7 @@ function M.llama_activations(cfg, o)
     -- on the segments with checkpointing, the last step's segments and per-token tables too: its
     -- checkpointed layers' functions held them until its backward ended (after its collection)
     if flat and o.gradient_checkpointing then
-      for _, v in ipairs { S:new(2 * N * 4, "other"), S:new(N * D * tb), S:new(N * D * tb) } do
+      for _, v in ipairs { S:new(2 * N * 4, "other"), S:new(N * R * tb), S:new(N * R * tb) } do
         v.pinned = true
         S.garbage[#S.garbage + 1] = v
       end
@@ -1119,8 +1127,8 @@ function M.llama_activations(cfg, o)
     -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
     -- attention's nodes, the output viewed back (B, T, H·D))
     local aB, aT = B, T
-    if flat and qk_norm then
-      aB, aT = 1, N -- (Qwen3: each part of the product viewed as one row, below)
+    if flat and (qk_norm or partial) then
+      aB, aT = 1, N -- (Qwen3, Phi-3's partial rotary: each part of the product viewed as one row, below)
     elseif flat then
       qkv, aB, aT = S:view(qkv), 1, N
     elseif o.packed then
@@ -1145,6 +1153,21 @@ function M.llama_activations(cfg, o)
       local k = S:rope(S:transpose(kn), flat and N or T, D, tabs)
       -- (head_dim 64 in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
       local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
+      att = S:reshape(S:transpose(ao))
+    elseif partial then
+      -- zrun.models.phi3's partial rotary: the product split into q, k, v views (zr.split), each viewed (b, t, heads,
+      -- D) and transposed (strided views), q and k through zr.rope with R-wide tables (on a GPU a contiguous copy
+      -- rotated in place, its gradient a copy too), the attention, its output transposed back and reshaped
+      local parts = S:split(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b })
+      if flat then for i = 1, 3 do parts[i] = S:view(parts[i]) end end
+      local ts = {}
+      for i = 1, 3 do
+        ts[i] = S:transpose(S:view(parts[i]))
+        ts[i].c = false
+      end
+      local q = S:rope(ts[1], flat and N or T, D, tabs, R)
+      local k = S:rope(ts[2], flat and N or T, D, tabs, R)
+      local ao = S:sdpa(q, k, ts[3], N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
       att = S:reshape(S:transpose(ao))
     elseif o.gpu and strided then -- zr.qkv_rope_sdpa, one node
       att = S:qkv_rope_sdpa(qkv, N * Hq * D * b, N * Hq * 4, { aB, Hq, KV, aT, D }, flat and { tabs[1], tabs[2], seg })
@@ -1191,7 +1214,7 @@ function M.llama_activations(cfg, o)
     if o.window and o.window.full then full_seg = S:lua(S:new(2 * N * 4, "other")) end
     seg = S:lua(S:new(2 * N * 4, "other"))
     if o.gpu and o.packed then S:lua(S:new(N * 8, "other")) end
-    tabs = { S:lua(S:new(N * D * tb)), S:lua(S:new(N * D * tb)) }
+    tabs = { S:lua(S:new(N * R * tb)), S:lua(S:new(N * R * tb)) }
     if o.gradient_checkpointing then
       for _, v in ipairs { seg, tabs[1], tabs[2], full_seg } do
         v.pinned = true

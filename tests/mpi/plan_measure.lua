@@ -15,7 +15,7 @@ local phi3 = zr.models.phi3 -- (Phi-3: fused qkv_proj / gate_up_proj; its class 
 
 -- c = {model_type = "mistral", "qwen2", "qwen3" or "phi3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
--- LEN tokens), window = W (a sliding window of W keys)}: trains 3 x gas
+-- LEN tokens), window = W (a sliding window of W keys), partial = F (Phi-3's partial_rotary_factor)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
 local function measure(c)
@@ -24,6 +24,7 @@ local function measure(c)
   cfg.num_hidden_layers = c.layers
   if cfg.model_type == "phi3" then -- (ids in the vocabulary; Phi3Config takes no llama3 rope)
     cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id, cfg.rope_scaling = false, 1, 2, nil
+    cfg.partial_rotary_factor = c.partial -- (nil: the whole head)
   end
   if c.window then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
     if cfg.model_type == "qwen2" or cfg.model_type == "qwen3" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end

@@ -92,6 +92,10 @@ local cases = {
   { model_type = "phi3", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2, window = 50 },
   { model_type = "phi3", stage = 1, B = 2, T = 96, layers = 2, head_dim = 64, packed = 32,
     lora = { r = 4, target_modules = { "qkv_proj", "o_proj", "gate_up_proj", "down_proj" } } },
+  -- Phi-4-mini's partial rotary (0.75): q, k, v split off the product, zr.rope with narrower tables
+  { model_type = "phi3", stage = 2, B = 2, T = 100, layers = 2, head_dim = 64, partial = 0.75 },
+  { model_type = "phi3", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, partial = 0.75, ckpt = true, packed = 32 },
+  { model_type = "phi3", stage = 0, B = 2, T = 96, layers = 2, head_dim = 96, partial = 0.5, window = 40 },
   -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
   { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
   { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
@@ -102,7 +106,7 @@ for _, c in ipairs(cases) do
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
     c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
     (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "") ..
-    (c.window and (" window " .. c.window) or "")
+    (c.window and (" window " .. c.window) or "") .. (c.partial and (" partial rotary " .. c.partial) or "")
   if c.model_type then name = c.model_type .. ": " .. name end
   local function check()
     local m, plan, hm, at = measure(c)

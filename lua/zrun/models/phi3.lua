@@ -14,6 +14,7 @@ local hf_config = require "zrun.models.hf_config"
 local packed = require "zrun.models.packed"
 
 local M = {}
+local unpack = table.unpack or unpack
 
 local head_dim = llama.head_dim
 local function linear(cfg, i, o)
@@ -30,13 +31,12 @@ function Attention:__init(cfg)
   self.o_proj = linear(cfg, H * D, cfg.hidden_size)
 end
 
--- q, k, v of the product qkv (b, t, (H + 2 KV)·D) as (b, heads, t, D)
+-- q, k, v of the product qkv (b, t, (H + 2 KV)·D) as (b, heads, t, D) views (zr.split: their gradients are
+-- written into one buffer of the product's size, not one zero-filled product-sized buffer each)
 local function split(qkv, H, KV, D)
   local b, t = qkv:size(1), qkv:size(2)
-  local q = qkv:narrow(3, 1, H * D):reshape(b, t, H, D):transpose(2, 3)
-  local k = qkv:narrow(3, H * D + 1, KV * D):reshape(b, t, KV, D):transpose(2, 3)
-  local v = qkv:narrow(3, (H + KV) * D + 1, KV * D):reshape(b, t, KV, D):transpose(2, 3)
-  return q, k, v
+  local q, k, v = unpack(zr.split(qkv, { H * D, KV * D, KV * D }, 3))
+  return q:view(b, t, H, D):transpose(2, 3), k:view(b, t, KV, D):transpose(2, 3), v:view(b, t, KV, D):transpose(2, 3)
 end
 
 -- x (B, T, C) -> (B, T, C); cos, sin (positions, rotary_dim); segs as LlamaAttention's (zrun.models.packed).
