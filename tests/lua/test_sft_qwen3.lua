@@ -5,7 +5,7 @@
 -- Qwen3-Instruct-2507's, Qwen2.5's: zrun.sft_templates) and refuses a template it does not. Needs only committed files.
 local zr = require "zrun"
 local T = zr.testing
-local check_rows = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "sft_trl_rows.lua")
+local R = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "sft_trl_rows.lua")
 
 local home = (ZRUN_HOME or ".") .. "/"
 if zr._C.build_info().utf8proc == false then -- (the tokenizer's NFC normalizer)
@@ -35,7 +35,7 @@ end
 
 T.test("zr.SFTTrainer prepares the rows TRL's SFTTrainer prepares from Qwen3 conversations (or refuses where TRL raises)", function()
   T.eq(#golden.cases, 15, "cases in the golden file")
-  check_rows(golden.cases, trainer_for)
+  R.check_rows(golden.cases, trainer_for)
 end)
 
 -- the templates zrun.sft_templates knows, as their publishers ship them
@@ -62,16 +62,7 @@ T.test("zrun.sft_templates' training copies render what TRL's render: text and a
     local o = { chat_template = copies[r.template], add_generation_prompt = r.add_generation_prompt,
       tools = conv.tools ~= null and conv.tools or nil }
     if r.enable_thinking ~= "absent" then o.enable_thinking = r.enable_thinking end
-    if r.error then
-      o.tokenize = false
-      T.eq(pcall(tok.apply_chat_template, tok, conv.messages, o), false, what .. ": raises, as TRL's copy does")
-    else
-      o.tokenize = false
-      T.eq(tok:apply_chat_template(conv.messages, o), r.text, what .. ": text")
-      o.tokenize, o.return_dict, o.return_assistant_tokens_mask = nil, true, true
-      local got = tok:apply_chat_template(conv.messages, o)
-      T.eq(table.concat(got.assistant_masks), r.assistant_masks, what .. ": assistant mask")
-    end
+    R.check_render(tok, conv.messages, o, r, what)
     seen[r.template] = (seen[r.template] or 0) + 1
   end
   T.eq(seen.qwen3, 172, "renders of Qwen3's")
