@@ -72,4 +72,23 @@ function M.check(label, model, g, sd)
   end)
 end
 
+-- model's loss and gradients on g with its q/k/v projections called one by one (a forward hook on each layer's
+-- k_proj makes them unfusable) against its own fused run: the golden loss, and the fused run's gradients.
+function M.check_unfused(model, g, label)
+  model:zero_grad()
+  model(g.input_ids, g.labels).loss:backward()
+  local fused = {}
+  for n, p in model:named_parameters() do fused[n] = p.grad:clone() end
+  local hooks = {}
+  for _, layer in ipairs(model.model.layers) do
+    hooks[#hooks + 1] = layer.self_attn.k_proj:register_forward_hook(function() end)
+  end
+  model:zero_grad()
+  local out = model(g.input_ids, g.labels)
+  out.loss:backward()
+  for _, h in ipairs(hooks) do h:remove() end
+  T.near(out.loss, g.loss, 1e-5, 0, label .. "unfused loss")
+  for n, p in model:named_parameters() do T.near(p.grad, fused[n], 1e-6, 1e-5, label .. "grad of " .. n) end
+end
+
 return M

@@ -59,22 +59,7 @@ end)
 -- The fused q/k/v product (one GEMM with the three biases, zr.qkv_rope_sdpa) against the projections
 -- one by one (a hook on k_proj makes them unfusable): the same logits and gradients.
 T.test("qwen2: the fused biased q/k/v product equals the projections called one by one", function()
-  local g = golden.qwen2_tiny
-  local model = built.qwen2_tiny
-  model:zero_grad()
-  model(g.input_ids, g.labels).loss:backward()
-  local fused = {}
-  for n, p in model:named_parameters() do fused[n] = p.grad:clone() end
-  local hooks = {}
-  for _, layer in ipairs(model.model.layers) do
-    hooks[#hooks + 1] = layer.self_attn.k_proj:register_forward_hook(function() end)
-  end
-  model:zero_grad()
-  local out = model(g.input_ids, g.labels)
-  out.loss:backward()
-  for _, h in ipairs(hooks) do h:remove() end
-  T.near(out.loss, g.loss, 1e-5, 0, "unfused loss")
-  for n, p in model:named_parameters() do T.near(p.grad, fused[n], 1e-6, 1e-5, "grad of " .. n) end
+  GP.check_unfused(built.qwen2_tiny, golden.qwen2_tiny, "")
 end)
 
 T.test("mistral: a sequence past sliding_window is masked, not refused (test_window_golden.lua: transformers' logits)", function()

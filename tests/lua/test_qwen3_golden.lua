@@ -75,21 +75,7 @@ end)
 -- projections called one by one (a hook on k_proj makes them unfusable): the same logits and gradients.
 T.test("qwen3: the one q/k/v product's views equal the projections called one by one", function()
   for _, name in ipairs(NAMES) do
-    local g, model = golden[name], built[name]
-    model:zero_grad()
-    model(g.input_ids, g.labels).loss:backward()
-    local fused = {}
-    for n, p in model:named_parameters() do fused[n] = p.grad:clone() end
-    local hooks = {}
-    for _, layer in ipairs(model.model.layers) do
-      hooks[#hooks + 1] = layer.self_attn.k_proj:register_forward_hook(function() end)
-    end
-    model:zero_grad()
-    local out = model(g.input_ids, g.labels)
-    out.loss:backward()
-    for _, h in ipairs(hooks) do h:remove() end
-    T.near(out.loss, g.loss, 1e-5, 0, name .. ": unfused loss")
-    for n, p in model:named_parameters() do T.near(p.grad, fused[n], 1e-6, 1e-5, name .. ": grad of " .. n) end
+    GP.check_unfused(built[name], golden[name], name .. ": ")
   end
 end)
 
