@@ -21,7 +21,7 @@ import os
 import sys
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_golden import run  # noqa: E402
@@ -44,22 +44,39 @@ def differs_from_causal(model, ids, position_ids=None):
     assert d > 1e-3
 
 
+def window_model(outdir, name, cls, config_cls, cfg, seed, shape, id_max, masked, layer_types=None, nudge=None):
+    """NAME's golden file: a random model (torch seed SEED) of config CFG, input ids of SHAPE below ID_MAX, labels
+    -100 at MASKED (a (row, slice) pair), make_golden.run's numbers; the window asserted to change the logits.
+    nudge(name, p): draws parameters away from transformers' init (biases, norm weights) so they matter."""
+    torch.manual_seed(seed)
+    model = cls(config_cls(**cfg, attn_implementation="eager")).float()
+    if layer_types:
+        assert model.config.layer_types == layer_types, model.config.layer_types
+    if nudge:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                nudge(n, p)
+    ids = torch.randint(0, id_max, shape)
+    labels = ids.clone()
+    if masked:
+        labels[masked[0], masked[1]] = -100
+    run(model, ids, labels, f"{outdir}/{name}.safetensors", {"config": cfg})
+    model.eval()
+    differs_from_causal(model, ids)
+    return model, ids, labels
+
+
 def main(outdir):
-    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     os.makedirs(outdir, exist_ok=True)
-    torch.manual_seed(53)
     mcfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, vocab_size=61, rms_norm_eps=1e-5, tie_word_embeddings=False,
                 max_position_embeddings=64, sliding_window=5,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    model = MistralForCausalLM(MistralConfig(**mcfg, attn_implementation="eager")).float()
-    ids = torch.randint(0, 61, (2, 19))
-    labels = ids.clone()
-    labels[1, -3:] = -100
-    run(model, ids, labels, f"{outdir}/mistral_window.safetensors", {"config": mcfg})
-    model.eval()
-    differs_from_causal(model, ids)
+    model, ids, labels = window_model(outdir, "mistral_window", MistralForCausalLM, MistralConfig, mcfg, 53, (2, 19),
+                                      61, (1, slice(-3, None)))
 
     # packed: row 0 holds sequences of 11 and 8 tokens, row 1 of 3 and 16 (positions restart at each)
     lens = [[11, 8], [3, 16]]
@@ -85,59 +102,32 @@ def main(outdir):
               metadata={"transformers": __import__("transformers").__version__})
     print("mistral_window_packed loss", float(out.loss))
 
-    torch.manual_seed(54)
+    def biases(n, p):
+        if n.endswith(".bias"):
+            p.normal_(0, 0.1)
+
+    def norms(n, p):
+        if n.endswith("_norm.weight"):
+            p.normal_(1.0, 0.2)
+
+    mixed = ["full_attention", "sliding_attention"]
     qcfg = dict(hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
                 num_key_value_heads=2, vocab_size=67, rms_norm_eps=1e-6, tie_word_embeddings=True,
                 max_position_embeddings=64, use_sliding_window=True, sliding_window=6, max_window_layers=1,
                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    model = Qwen2ForCausalLM(Qwen2Config(**qcfg, attn_implementation="eager")).float()
-    assert model.config.layer_types == ["full_attention", "sliding_attention"], model.config.layer_types
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith(".bias"):
-                p.normal_(0, 0.1)
-    ids = torch.randint(0, 67, (2, 17))
-    labels = ids.clone()
-    labels[0, :2] = -100
-    run(model, ids, labels, f"{outdir}/qwen2_window.safetensors", {"config": qcfg})
-    model.eval()
-    differs_from_causal(model, ids)
-    assert load_file(f"{outdir}/qwen2_window.safetensors")["logits"].shape == (2, 17, 67)
-
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(56)
+    window_model(outdir, "qwen2_window", Qwen2ForCausalLM, Qwen2Config, qcfg, 54, (2, 17), 67, (0, slice(None, 2)),
+                 mixed, biases)
     q3cfg = dict(hidden_size=40, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=59, rms_norm_eps=1e-6, tie_word_embeddings=True,
                  max_position_embeddings=64, use_sliding_window=True, sliding_window=6, max_window_layers=1,
                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
-    model = Qwen3ForCausalLM(Qwen3Config(**q3cfg, attn_implementation="eager")).float()
-    assert model.config.layer_types == ["full_attention", "sliding_attention"], model.config.layer_types
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("_norm.weight"):
-                p.normal_(1.0, 0.2)
-    ids = torch.randint(0, 59, (2, 18))
-    labels = ids.clone()
-    run(model, ids, labels, f"{outdir}/qwen3_window.safetensors", {"config": q3cfg})
-    model.eval()
-    differs_from_causal(model, ids)
-
-    from transformers import Phi3Config, Phi3ForCausalLM
-
-    torch.manual_seed(55)
+    window_model(outdir, "qwen3_window", Qwen3ForCausalLM, Qwen3Config, q3cfg, 56, (2, 18), 59, None, mixed, norms)
     pcfg = dict(hidden_size=64, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=53, rms_norm_eps=1e-5, tie_word_embeddings=False,
                 max_position_embeddings=64, original_max_position_embeddings=64, sliding_window=7,
                 partial_rotary_factor=0.75, pad_token_id=50, bos_token_id=1, eos_token_id=51,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    model = Phi3ForCausalLM(Phi3Config(**pcfg, attn_implementation="eager")).float()
-    ids = torch.randint(0, 50, (2, 21))
-    labels = ids.clone()
-    labels[1, :4] = -100
-    run(model, ids, labels, f"{outdir}/phi3_window.safetensors", {"config": pcfg})
-    model.eval()
-    differs_from_causal(model, ids)
+    window_model(outdir, "phi3_window", Phi3ForCausalLM, Phi3Config, pcfg, 55, (2, 21), 50, (1, slice(None, 4)))
 
 
 if __name__ == "__main__":
