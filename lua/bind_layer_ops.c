@@ -164,6 +164,21 @@ static int l_qkv_rope(lua_State *L) {
     return 3;
 }
 
+/* qkv_norm_rope(qkv, n_head, n_kv_head, q_norm_weight, k_norm_weight, eps, cos, sin [, layout]) -> q, k, v:
+ * qkv_rope with each head of q and k first through an RMSNorm over head_dim (Qwen3's q_norm / k_norm);
+ * fused kernels where qkv_norm_rope_fused says so, else op by op ((B, heads, T, head_dim) views) */
+static int l_qkv_norm_rope(lua_State *L) {
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *wq = zr_l_checktensor(L, 4), *wk = zr_l_checktensor(L, 5);
+    zr_tensor *cs = zr_l_checktensor(L, 7), *sn = zr_l_checktensor(L, 8), *out[3];
+    static const char *const names[] = {"bhtd", "bthd", NULL};
+    int layout = lua_isnoneornil(L, 9) ? ZR_QKV_AUTO : luaL_checkoption(L, 9, NULL, names);
+    if (zr_qkv_norm_rope(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3), wq, wk,
+                         luaL_checknumber(L, 6), cs, sn, layout, out))
+        return zr_l_error(L);
+    for (int i = 0; i < 3; i++) zr_l_pushtensor(L, out[i]);
+    return 3;
+}
+
 /* ===== swiglu (runtime/ops/swiglu.h) ===== */
 
 /* swiglu(gate, up) = silu(gate) * up, fused; swiglu(gu): gate and up packed in gu's last dim */
@@ -229,6 +244,26 @@ static int l_qkv_rope_sdpa(lua_State *L) {
     double scale = attn_opts(L, 6, "qkv_rope_sdpa", "scale segments", &seg);
     return zr_l_pushtensor(L, zr_qkv_rope_sdpa(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
                                                cs, sn, seg, scale));
+}
+
+/* qkv_norm_rope_sdpa(qkv, n_head, n_kv_head, q_norm_weight, k_norm_weight, eps, cos, sin [, scale |
+ * {scale=, segments=}]) -> (B, T, n_head·head_dim): qkv_rope_sdpa with each head of q and k first through
+ * an RMSNorm over head_dim (Qwen3's q_norm / k_norm); the norms and the rope in fused kernels where
+ * qkv_norm_rope_fused says so, else op by op */
+static int l_qkv_norm_rope_sdpa(lua_State *L) {
+    zr_tensor *qkv = zr_l_checktensor(L, 1), *wq = zr_l_checktensor(L, 4), *wk = zr_l_checktensor(L, 5);
+    zr_tensor *cs = zr_l_checktensor(L, 7), *sn = zr_l_checktensor(L, 8), *seg;
+    double scale = attn_opts(L, 9, "qkv_norm_rope_sdpa", "scale segments", &seg);
+    return zr_l_pushtensor(L, zr_qkv_norm_rope_sdpa(qkv, (int64_t)luaL_checknumber(L, 2), (int64_t)luaL_checknumber(L, 3),
+                                                    wq, wk, luaL_checknumber(L, 6), cs, sn, seg, scale));
+}
+
+/* qkv_norm_rope_fused(device, dtype, head_dim) -> whether qkv_norm_rope_sdpa runs its norms and rope in
+ * fused kernels there (CUDA, f32/bf16/f16, head_dim 64 or 128) */
+static int l_qkv_norm_rope_fused(lua_State *L) {
+    lua_pushboolean(L, zr_qkv_norm_rope_fused(zr_l_checkdevice(L, 1), zr_l_checkdtype(L, 2),
+                                              (int64_t)luaL_checknumber(L, 3)));
+    return 1;
 }
 
 /* sdpa_segments_ok(device, dtype, head_dim) -> whether the attention ops take segments (packed
@@ -317,10 +352,10 @@ static const luaL_Reg methods[] = {
     {"add_layer_norm", l_add_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {"sdpa_packed", l_sdpa_packed}, {"qkv_rope_sdpa", l_qkv_rope_sdpa},
-    {NULL, NULL}};
+    {"qkv_norm_rope", l_qkv_norm_rope}, {"qkv_norm_rope_sdpa", l_qkv_norm_rope_sdpa}, {NULL, NULL}};
 static const luaL_Reg functions[] = {
     {"rope_tables", l_rope_tables}, {"cat", l_cat}, {"sdpa_segments_ok", l_sdpa_segments_ok},
-    {"sdpa_window_segments", l_sdpa_window_segments}, {NULL, NULL}};
+    {"sdpa_window_segments", l_sdpa_window_segments}, {"qkv_norm_rope_fused", l_qkv_norm_rope_fused}, {NULL, NULL}};
 
 void zr_bind_layer_ops(lua_State *L) {
     zr_l_register_methods(L, methods);

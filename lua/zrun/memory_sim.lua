@@ -373,6 +373,37 @@ function Sim:qkv_rope(x, parts, strided, tabs)
   return outs
 end
 
+-- zr.qkv_norm_rope on a GPU (ops/qkv_rope.c's fused kernels, head_dim 64 or 128): qkv_rope's one buffer and
+-- three nodes, which keep x (the norms' backward reads it again; the group's one reference), (q, k) the
+-- norm's weight and, on the segments, the per-token tables; backward: each part's columns written straight
+-- into x's gradient buffer (made by the first part to arrive), for q and k the weight's gradient (its dtype)
+-- and the kernel's per-block fp32 partial sums (kernels/cuda/qk_norm_rope.cu: at most 512 blocks of 8 rows)
+function Sim:qkv_norm_rope(x, parts, heads, strided, tabs, ws, N, D)
+  local buf, outs = self:alloc(x.n), {}
+  for i, bytes in ipairs(parts) do
+    self:retain(buf)
+    local out = self:lua({ s = buf, n = bytes, c = not strided })
+    local w = ws[i]
+    local saved = { x }
+    if tabs then saved[2], saved[3] = tabs[1], tabs[2] end
+    outs[i] = self:record(out, { x, w }, saved, function(S, _, g)
+      if w then S:gather(w, true) end
+      if needs(x) then S:grad_into(x.node, x.n) end
+      local gi = S:share(g)
+      local dw
+      if w and not w.leaf.frozen then
+        dw = S:new(w.leaf.bytes)
+        S:drop(S:new(math.min(ceil(N * heads[i] / 8), 512) * D * 4, "ws"))
+      end
+      S:drop(gi)
+      if w then S:release_param(w) end
+      return { nil, dw }
+    end)
+  end
+  self:release(buf)
+  return outs
+end
+
 -- (x non-contiguous, Qwen3's q and k heads in the q/k/v product: read through a contiguous copy, made after
 -- the output and the statistics and freed when the op returns, in forward and again in backward)
 function Sim:rms_norm(x, w, rows)
@@ -1127,14 +1158,31 @@ function M.llama_activations(cfg, o)
     -- (on the segments: qkv viewed as one (1, N) row, the per-token tables and the segments kept by the
     -- attention's nodes, the output viewed back (B, T, H·D))
     local aB, aT = B, T
-    if flat and (qk_norm or partial) then
+    -- Qwen3 on a GPU at head_dim 64 or 128 (zr.qkv_norm_rope_fused): the norms fused with the rope, llama.lua's
+    -- qkv_attention as Llama's (one op over the product, viewed or gathered as Llama's)
+    local qk_fused = qk_norm and o.gpu and (D == 64 or D == 128) and b <= 4
+    if flat and ((qk_norm and not qk_fused) or partial) then
       aB, aT = 1, N -- (Qwen3, Phi-3's partial rotary: each part of the product viewed as one row, below)
     elseif flat then
       qkv, aB, aT = S:view(qkv), 1, N
     elseif o.packed then
       qkv, aB, aT = S:gather_rows(qkv, qkv.n), N / o.packed, o.packed
     end
-    if qk_norm and (flat or not o.packed) then
+    if qk_fused then
+      -- zr.qkv_norm_rope_sdpa (ops/attention.c): zr.qkv_norm_rope, the attention, its output transposed back and
+      -- reshaped (a copy), in C (its q, k, v, o and transpose go as att is made); the norms' weights gathered
+      -- around it at stage 3 (Module.call_group)
+      S:gather(p.qn)
+      S:gather(p.kn)
+      local q, k, v = unpack(S:qkv_norm_rope(qkv, { N * Hq * D * b, N * KV * D * b, N * KV * D * b }, { Hq, KV, KV },
+        strided, flat and tabs, { p.qn, p.kn }, N, D))
+      local ao = S:sdpa(q, k, v, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
+      local ot = S:transpose(ao)
+      att = S:reshape(ot)
+      for _, t in ipairs { q, k, v, ao, ot } do S:forget(t, true) end
+      S:release_param(p.qn, true)
+      S:release_param(p.kn, true)
+    elseif qk_norm and (flat or not o.packed) then
       -- llama.lua's unfused path for Qwen3: the product split into q, k, v views; q and k viewed (b, t, heads, D)
       -- and normed (a contiguous copy read), transposed and rotated; v viewed and transposed; the attention;
       -- its output transposed back and reshaped (a copy), o_proj's input. (Lua values of the layer: garbage

@@ -824,6 +824,24 @@ zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *
     return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, seg, scale);
 }
 
+zr_tensor *zr_qkv_norm_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *wq, zr_tensor *wk, double eps,
+                                 zr_tensor *cos, zr_tensor *sin, zr_tensor *seg, double scale) {
+    if (zr_qkv_rope_check(qkv, Hq, Hkv, cos, sin)) return NULL;
+    if (Hq % Hkv)
+        return zr_error_null("qkv_norm_rope_sdpa: n_head %lld must be a multiple of n_kv_head %lld", (long long)Hq,
+                             (long long)Hkv);
+    if (seg && check_seg("qkv_norm_rope_sdpa", seg, qkv, qkv->shape[0], qkv->shape[1])) return NULL;
+    int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * (qkv->shape[2] / (Hq + 2 * Hkv))};
+    zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
+    if (!zr_qkv_norm_rope(qkv, Hq, Hkv, wq, wk, eps, cos, sin, ZR_QKV_AUTO, p) &&
+        (o = zr_sdpa_causal(p[0], p[1], p[2], seg, scale)) && (ot = zr_transpose(o, 1, 2)))
+        out = zr_reshape(ot, 3, oshape);
+    for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
+    zr_tensor_release(o);
+    zr_tensor_release(ot);
+    return out;
+}
+
 int zr_sdpa_segments_ok(zr_device dev, zr_dtype dt, int64_t Dh) {
     if (dev.type == ZR_CPU) return zr_dtype_is_float(dt);
 #ifdef ZR_HAVE_CUDA

@@ -53,4 +53,10 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *se
 zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *seg,
                             double scale);
 
+/* Qwen3's attention over its packed q/k/v product: zr_qkv_norm_rope (each head of q and k through
+ * an RMSNorm over head_dim, weights wq, wk, then the rope; fused kernels on CUDA) + zr_sdpa_causal,
+ * returned as (B, T, Hq·Dh) in qkv's dtype; the rest as zr_qkv_rope_sdpa's. */
+zr_tensor *zr_qkv_norm_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *wq, zr_tensor *wk, double eps,
+                                 zr_tensor *cos, zr_tensor *sin, zr_tensor *seg, double scale);
+
 #endif

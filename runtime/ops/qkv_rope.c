@@ -292,3 +292,228 @@ zr_status zr_qkv_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_
         }
     return st;
 }
+
+/* --- with Qwen3's q/k norms (zr_qkv_norm_rope) ------------------------------------------------ */
+
+#ifdef ZR_HAVE_CUDA
+#include "kernels/cuda/qk_norm_rope.h"
+#endif
+#include "ops/norm.h"
+#include "ops/rope.h"
+#include "ops/view.h"
+
+int zr_qkv_norm_rope_fused(zr_device dev, zr_dtype dt, int64_t Dh) {
+#ifdef ZR_HAVE_CUDA
+    return dev.type != ZR_CPU && (dt == ZR_F32 || dt == ZR_BF16 || dt == ZR_F16) && qk_norm_rope_ok(Dh);
+#else
+    (void)dev, (void)dt, (void)Dh;
+    return 0;
+#endif
+}
+
+/* split + view (B, T, heads, Dh) + zr_rmsnorm (q, k) + transpose + zr_rope (q, k): Qwen3's layer op
+ * by op (zrun.models.llama's unfused path), where the fused kernels do not run. */
+static zr_status norm_rope_composed(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *wq, zr_tensor *wk, double eps,
+                                    zr_tensor *cos, zr_tensor *sin, zr_tensor **out) {
+    int64_t B = qkv->shape[0], T = qkv->shape[1], Dh = qkv->shape[2] / (H + 2 * KV), heads[3] = {H, KV, KV};
+    int64_t sizes[3] = {H * Dh, KV * Dh, KV * Dh};
+    zr_tensor *p[3] = {NULL, NULL, NULL};
+    zr_status st = zr_split_sizes(qkv, 3, sizes, 2, p);
+    for (int i = 0; i < 3 && !st; i++) {
+        int64_t s4[4] = {B, T, heads[i], Dh};
+        zr_tensor *v = zr_view(p[i], 4, s4), *nv = v && i < 2 ? zr_rmsnorm(v, i ? wk : wq, eps) : NULL;
+        zr_tensor *t = i < 2 ? (nv ? zr_transpose(nv, 1, 2) : NULL) : (v ? zr_transpose(v, 1, 2) : NULL);
+        out[i] = t && i < 2 ? zr_rope(t, cos, sin) : t;
+        if (i < 2) zr_tensor_release(t);
+        zr_tensor_release(v);
+        zr_tensor_release(nv);
+        if (!out[i]) st = ZR_ERR;
+    }
+    for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
+    return st;
+}
+
+#ifdef ZR_HAVE_CUDA
+/* What the three outputs of one fused call share: qkv as the kernel read it, the weights in its
+ * dtype, the f32 tables, and which parts this group has written into the product's gradient
+ * buffer under its current mark (the others are zeroed when the mark ends). */
+typedef struct {
+    int refcount;
+    int64_t H, KV;
+    double eps;
+    zr_tensor *x, *w[2], *cos, *sin;
+    int written[3];
+} norm_group;
+
+static void norm_group_release(void *p) {
+    norm_group *G = p;
+    if (!G || --G->refcount > 0) return;
+    zr_tensor *t[6] = {G->x, G->w[0], G->w[1], G->cos, G->sin, NULL};
+    for (int i = 0; i < 5; i++) zr_tensor_release(t[i]);
+    free(G);
+}
+
+/* Part p's gradient g (NULL: zeros) into dst (qkv's shape, contiguous): written, or added with
+ * accumulate; for q and k with dw given, *dw = a new gradient of the part's weight (dtype wdt). */
+static zr_status norm_part_into(norm_group *G, zr_tensor *dst, zr_tensor *g, int p, int accumulate, zr_tensor **dw,
+                                zr_dtype wdt) {
+    int64_t B = dst->shape[0], T = dst->shape[1], H = G->H, KV = G->KV, Dh = dst->shape[2] / (H + 2 * KV);
+    zr_device dev = zr_tensor_device(dst);
+    zr_dtype dt = dst->dtype;
+    zr_tensor *gi = NULL, *ws = NULL;
+    zr_status st = ZR_ERR;
+    if (g && !(gi = g->dtype == dt && g->stride[3] == 1 ? zr_tensor_retain(g) : zr_tensor_to_raw(g, dt, dev))) goto done;
+    if (dw) {
+        int64_t nb = (int64_t)qk_norm_rope_backward_workspace(B, T, p ? KV : H, Dh);
+        if (!(*dw = zr_tensor_new_cat(wdt, dev, 1, &Dh, ZR_MEM_ACTIVATIONS, 0)) ||
+            !(ws = zr_tensor_new_cat(ZR_U8, dev, 1, &nb, ZR_MEM_WORKSPACE, 0)))
+            goto done;
+    }
+    zr_qkv_layout L = {dst->stride[0], dst->stride[1], {{0}}};
+    if (gi)
+        for (int d = 0; d < 3; d++) L.part[p][d] = gi->stride[d];
+    st = zr_dev_status(qk_norm_rope_backward_cuda(zr_tensor_data(dst), gi ? zr_tensor_data(gi) : NULL, &L, p,
+                                                  zr_tensor_data(G->x), G->x->stride[0], G->x->stride[1],
+                                                  p < 2 ? zr_tensor_data(G->w[p]) : NULL, (float)G->eps,
+                                                  zr_tensor_data(G->cos), zr_tensor_data(G->sin),
+                                                  dw ? zr_tensor_data(*dw) : NULL, wdt,
+                                                  ws ? (float *)zr_tensor_data(ws) : NULL, accumulate, B, T, H, KV,
+                                                  Dh, dt, zr_cuda_stream(dev)),
+                       "qkv_norm_rope backward", dev);
+done:
+    zr_tensor_release(gi);
+    zr_tensor_release(ws);
+    return st;
+}
+
+/* End of the group's mark on the product's gradient buffer: the parts no gradient reached are
+ * zeros; then the mark's reference goes. */
+static zr_status norm_finish(const void *owner, zr_tensor *buf) {
+    norm_group *G = (norm_group *)owner;
+    zr_status st = ZR_OK;
+    for (int p = 0; p < 3; p++) {
+        if (buf && !G->written[p] && !st) st = norm_part_into(G, buf, NULL, p, 0, NULL, ZR_F32);
+        G->written[p] = 0;
+    }
+    norm_group_release(G);
+    return st;
+}
+
+/* i[0] = which output (0 q, 1 k, 2 v); inputs qkv and (q, k) the part's norm weight; ctx = the
+ * group. The part's columns of qkv's gradient are computed now, straight into the product's
+ * gradient buffer (its other parts by their own nodes, or zeroed when the mark ends). */
+static zr_status norm_part_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
+    norm_group *G = n->ctx;
+    int p = (int)n->i[0];
+    zr_edge *e = &n->edges[0];
+    zr_dtype dt = G->x->dtype;
+    zr_tensor *dw = NULL, **pdw = p < 2 && zr_node_needs_grad(n, 1) ? &dw : NULL, *z = NULL;
+    zr_dtype wdt = pdw && n->edges[1].dtype != dt ? ZR_F32 : dt;
+    zr_status st = ZR_ERR;
+    if (zr_node_needs_grad(n, 0) && e->fn) {
+        zr_tensor *buf;
+        int state;
+        if (zr_node_input_grad_buffer(n, 0, G, norm_finish, &buf, &state)) goto done;
+        if (state == ZR_GRADBUF_NEW) G->refcount++; /* the mark's reference, dropped by norm_finish */
+        if (norm_part_into(G, buf, g, p, state == ZR_GRADBUF_SHARED || G->written[p], pdw, wdt)) goto done;
+        if (state != ZR_GRADBUF_SHARED) G->written[p] = 1;
+    } else {
+        /* a leaf qkv (or none wanting a gradient, the weight's only): into its .grad or a zeroed tensor */
+        zr_tensor *lg = zr_node_needs_grad(n, 0) ? zr_node_leaf_grad(n, 0) : NULL;
+        if (!(lg && !e->leaf->grad_stale && lg->dtype == dt && zr_tensor_is_contiguous(lg))) {
+            lg = z = zr_tensor_new_cat(dt, zr_tensor_device(g), e->ndim, e->shape,
+                                       zr_node_needs_grad(n, 0) ? ZR_MEM_ACTIVATIONS : ZR_MEM_WORKSPACE, 1);
+            if (!z) goto done;
+        }
+        if (norm_part_into(G, lg, g, p, 1, pdw, wdt)) goto done;
+        if (z && zr_node_needs_grad(n, 0)) {
+            gin[0] = z;
+            z = NULL;
+        }
+    }
+    if (dw && !(gin[1] = zr_take_as(dw, n->edges[1].dtype))) {
+        dw = NULL;
+        goto done;
+    }
+    dw = NULL;
+    st = ZR_OK;
+done:
+    zr_tensor_release(dw);
+    zr_tensor_release(z);
+    return st;
+}
+
+/* The fused forward into a new buffer (zr_qkv_rope's layouts), one node an output. */
+static zr_status norm_rope_fused(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *wq, zr_tensor *wk, double eps,
+                                 zr_tensor *cos, zr_tensor *sin, int layout, zr_tensor **out) {
+    int64_t B = qkv->shape[0], T = qkv->shape[1], nh = H + 2 * KV, Dh = qkv->shape[2] / nh;
+    zr_device dev = zr_tensor_device(qkv);
+    zr_dtype dt = qkv->dtype;
+    zr_tensor *buf = NULL;
+    zr_status st = ZR_ERR;
+    norm_group *G = calloc(1, sizeof *G);
+    if (!G) return zr_error("qkv_norm_rope: out of host memory");
+    G->refcount = 1; /* this function's, dropped at the end */
+    G->H = H, G->KV = KV, G->eps = eps;
+    if (layout == ZR_QKV_AUTO) /* strided q/k/v are read in place by the Hopper attention kernels only */
+        layout = (zr_cuda_stream(dev), attention_strided_ok(Dh, dt)) ? ZR_QKV_BTHD : ZR_QKV_BHTD;
+    int64_t bthd[4] = {B, T, nh, Dh}, flat = B * T * nh * Dh;
+    if (!(G->x = qkv->stride[2] == 1 ? zr_tensor_retain(qkv) : zr_tensor_contiguous_raw(qkv)) ||
+        !(G->w[0] = zr_tensor_to_raw(wq, dt, dev)) || !(G->w[1] = zr_tensor_to_raw(wk, dt, dev)) ||
+        !(G->cos = zr_tensor_to_raw(cos, ZR_F32, dev)) || !(G->sin = zr_tensor_to_raw(sin, ZR_F32, dev)) ||
+        !(buf = layout == ZR_QKV_BTHD ? zr_tensor_new_cat(dt, dev, 4, bthd, ZR_MEM_ACTIVATIONS, 0)
+                                      : zr_tensor_new_cat(dt, dev, 1, &flat, ZR_MEM_ACTIVATIONS, 0)) ||
+        part_views(buf, layout, B, T, H, KV, Dh, out))
+        goto done;
+    zr_qkv_layout L = layout_of(G->x, out);
+    if (zr_dev_status(qk_norm_rope_forward_cuda(zr_tensor_data(out[0]), zr_tensor_data(out[1]), zr_tensor_data(out[2]),
+                                                zr_tensor_data(G->x), zr_tensor_data(G->w[0]), zr_tensor_data(G->w[1]),
+                                                (float)eps, zr_tensor_data(G->cos), zr_tensor_data(G->sin), &L, B, T,
+                                                H, KV, Dh, dt, zr_cuda_stream(dev)),
+                      "qkv_norm_rope", dev))
+        goto done;
+    st = ZR_OK;
+    for (int p = 0; p < 3 && !st; p++) {
+        zr_node *nd;
+        zr_tensor *in[2] = {qkv, p == 0 ? wq : wk};
+        if (zr_autograd_record(out[p], "qkv_norm_rope", norm_part_backward, p < 2 ? 2 : 1, in, &nd)) st = ZR_ERR;
+        else if (nd) {
+            nd->i[0] = p;
+            nd->ctx = G;
+            nd->ctx_free = norm_group_release;
+            G->refcount++;
+        }
+    }
+done:
+    zr_tensor_release(buf);
+    norm_group_release(G);
+    return st;
+}
+#endif
+
+zr_status zr_qkv_norm_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *wq, zr_tensor *wk, double eps,
+                           zr_tensor *cos, zr_tensor *sin, int layout, zr_tensor **out) {
+    char b1[64], b2[64];
+    for (int p = 0; p < 3; p++) out[p] = NULL;
+    if (check_args(qkv, H, KV, cos, sin, layout)) return ZR_ERR;
+    int64_t Dh = qkv->shape[2] / (H + 2 * KV);
+    if (!wq || !wk || wq->ndim != 1 || wk->ndim != 1 || wq->shape[0] != Dh || wk->shape[0] != Dh)
+        return zr_error("qkv_norm_rope: the q and k norms' weights must both be (head_dim,) = (%lld,), got %s and %s",
+                        (long long)Dh, wq ? zr_tensor_shape_str(wq, b1) : "none", wk ? zr_tensor_shape_str(wk, b2) : "none");
+    if (zr_check_float("qkv_norm_rope", wq) || zr_check_float("qkv_norm_rope", wk) ||
+        zr_check_same_device("qkv_norm_rope", 3, (zr_tensor *[]){qkv, wq, wk}))
+        return ZR_ERR;
+    zr_status st;
+#ifdef ZR_HAVE_CUDA
+    if (zr_qkv_norm_rope_fused(zr_tensor_device(qkv), qkv->dtype, Dh))
+        st = norm_rope_fused(qkv, H, KV, wq, wk, eps, cos, sin, layout, out);
+    else
+#endif
+        st = norm_rope_composed(qkv, H, KV, wq, wk, eps, cos, sin, out);
+    if (st)
+        for (int p = 0; p < 3; p++) {
+            zr_tensor_release(out[p]);
+            out[p] = NULL;
+        }
+    return st;
+}

@@ -32,4 +32,18 @@ zr_status zr_qkv_rope_check(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *co
 zr_status zr_qkv_rope_forward(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *cos, zr_tensor *sin,
                               zr_tensor **out, zr_tensor **tab);
 
+/* Qwen3's q/k/v: zr_qkv_rope with each head of q and k first through an RMSNorm over head_dim
+ * (weights wq, wk of Dh, eps: Qwen3Attention's q_norm / k_norm, as zr_rmsnorm computes them). On
+ * CUDA (zr_qkv_norm_rope_fused) one kernel writes q, k, v into one buffer as zr_qkv_rope does
+ * (layout the same), and each output's backward writes its columns of qkv's gradient in one kernel,
+ * back through the rope and the norm (with the norm weight's gradient); elsewhere the composition
+ * split + view + zr_rmsnorm + transpose + zr_rope (q, k; v viewed and transposed), op by op, whose
+ * outputs are (B, heads, T, Dh) views (layout then unused). */
+zr_status zr_qkv_norm_rope(zr_tensor *qkv, int64_t H, int64_t KV, zr_tensor *wq, zr_tensor *wk, double eps,
+                           zr_tensor *cos, zr_tensor *sin, int layout, zr_tensor **out);
+
+/* 1 where zr_qkv_norm_rope runs its fused kernels for a qkv of dtype dt on dev with head_dim Dh
+ * (CUDA, f32/bf16/f16, head_dim 64 or 128), 0 where it runs the composition. */
+int zr_qkv_norm_rope_fused(zr_device dev, zr_dtype dt, int64_t Dh);
+
 #endif

@@ -76,20 +76,34 @@ end
 -- Attention ---------------------------------------------------------------------------------
 -- zr.qkv_rope_sdpa over one (B, T, (H + 2 KV)·D) q/k/v product with the rows as segs has them (zrun.models.packed:
 -- nil, the plain rows; .seg, the rows joined with per-token cos, sin; else its groups): (B, T, H·D), o_proj's input.
--- (zrun.models.phi3's fused qkv_proj takes it too.)
-function M.qkv_attention(qkv, H, KV, cos, sin, segs)
+-- (zrun.models.phi3's fused qkv_proj takes it too.) norm: Qwen3's q_norm / k_norm as { q weight, k weight, eps }
+-- (zr.qkv_norm_rope_sdpa: each head of q and k through them before the rope).
+function M.qkv_attention(qkv, H, KV, cos, sin, segs, norm)
   local B, T = qkv:size(1), qkv:size(2)
   local seg = segs and segs.seg
+  local function attend(x, c, s, opts)
+    if norm then return zr.qkv_norm_rope_sdpa(x, H, KV, norm[1], norm[2], norm[3], c, s, opts) end
+    return zr.qkv_rope_sdpa(x, H, KV, c, s, opts)
+  end
   if seg then
-    local y = zr.qkv_rope_sdpa(qkv:view(1, B * T, qkv:size(3)), H, KV, cos, sin, { segments = seg })
+    local y = attend(qkv:view(1, B * T, qkv:size(3)), cos, sin, { segments = seg })
     return y:view(B, T, y:size(3))
   end
   if segs then
     return packed.attend({ qkv }, segs, function(p, g)
-      return zr.qkv_rope_sdpa(p[1], H, KV, cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
+      return attend(p[1], cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
     end)
   end
-  return zr.qkv_rope_sdpa(qkv, H, KV, cos, sin)
+  return attend(qkv, cos, sin)
+end
+
+-- Qwen3's q_norm and k_norm run inside zr.qkv_norm_rope_sdpa (one node, fused kernels) when both are plain
+-- nn.RMSNorm modules without hooks of their own (ZeRO-3's run around the op: Module.call_group) with one eps
+-- and the op fuses them on qkv's device; else the layer runs them as modules (the unfused path below).
+local function fused_qk_norms(qn, kn, qkv, D)
+  local f = nn.RMSNorm.forward
+  return qn.forward == f and kn.forward == f and qn:groupable() and kn:groupable() and qn.eps == kn.eps and
+    qn.weight ~= nil and kn.weight ~= nil and zr.qkv_norm_rope_fused(qkv:device(), qkv:dtype(), D)
 end
 
 local Attention = Module:extend("LlamaAttention")
@@ -117,6 +131,11 @@ function Attention:forward(x, cos, sin, segs)
   local B, T = x:size(1), x:size(2)
   local qn, kn = self.q_norm, self.k_norm
   local qkv = fusable(qp, kp, vp) and project(x, qp, kp, vp) or project_lora(x, qp, kp, vp)
+  if qkv and qn and fused_qk_norms(qn, kn, qkv, D) then
+    return self.o_proj(Module.call_group({ qn, kn }, function(y)
+      return M.qkv_attention(y, H, KV, cos, sin, segs, { qn.weight, kn.weight, qn.eps })
+    end, qkv))
+  end
   if qkv and not qn then
     -- one (B, T, (H + 2 KV) D) product (LoRA adapters' products written into it: project_lora);
     -- qkv_rope_sdpa rotates q and k of it and runs the attention over them (read in place on the
