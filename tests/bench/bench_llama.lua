@@ -35,11 +35,13 @@ cli:option("update_interval", "gas", "zenflow update_interval: gas, a number of 
 cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
 cli:option("overlap_step", 0, "zenflow: 1 runs the host update in the background, applied one window late")
 cli:option("pt_reserved", 0.5, "zenflow pt_reserved_cores_perc: the cores' share left to training with overlap_step")
+cli:option("fuse_qk_norm", 1, "Qwen3: 1 runs q_norm / k_norm fused with the rope where zr.qkv_norm_rope_fused says so, 0 as modules")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return
 end
+if opt.fuse_qk_norm == 0 then zr.qkv_norm_rope_fused = function() return false end end -- (llama.lua asks it each layer)
 local cfg = zr.models.llama.config(opt.model)
 cfg.dtype, cfg.device = opt.dtype, opt.device
 zr.manual_seed(0)

@@ -23,12 +23,15 @@ T.test("qkv_norm_rope_sdpa: CUDA vs CPU, leaf and through a product, bf16/f16, r
       local W = (H + 2 * KV) * D
       for _, tb in ipairs { { "rope", cos, sin }, { "arbitrary", randn({ Tn, D }) * 0.7, randn({ Tn, D }) * 0.7 } } do
         local what = ("qkv_norm_rope_sdpa %s %s %s tables"):format(table.concat(s, ","), dt, tb[1])
+        -- (T = 1: the one key's softmax is 1, so q's gradient and q_norm's are 0 up to rounding: judged against
+        -- a floor of 0.01, as close's floor says)
+        local floor = Tn == 1 and 1e-2 or nil
         both(what .. " leaf", dt, { randn({ B, Tn, W }) * 3, wq, wk, tb[2], tb[3] },
           function(x, a, b, c, sn) return zr.qkv_norm_rope_sdpa(x, H, KV, a, b, 1e-6, c, sn) end, 2,
-          { false, false, false, true, true })
+          { false, false, false, true, true }, floor)
         both(what .. " product", dt, { randn({ B, Tn, W }), wq, wk, tb[2], tb[3] },
           function(x, a, b, c, sn) return zr.qkv_norm_rope_sdpa(x * 1, H, KV, a, b, 1e-6, c, sn) end, 2,
-          { false, false, false, true, true })
+          { false, false, false, true, true }, floor)
       end
     end
   end
@@ -186,10 +189,10 @@ end
 T.test("Qwen3 trains in bf16 through the fused op as through the unfused ops (loss falls by 40%, grad norm > 0)", function()
   local lf, nf = train(true)
   local lu = train(false)
-  T.ok(lf[12] < 0.6 * lf[1], ("fused: loss %.4f -> %.4f"):format(lf[1], lf[12]))
-  T.ok(nf[1] > 0 and nf[12] > 0, "fused: gradient norm not zero")
+  assert(lf[12] < 0.6 * lf[1], ("fused: loss %.4f -> %.4f"):format(lf[1], lf[12]))
+  assert(nf[1] > 0 and nf[12] > 0, "fused: gradient norm zero")
   for i = 1, 12 do
-    T.ok(math.abs(lf[i] - lu[i]) <= 0.02 * lu[i], ("step %d: fused %.4f vs unfused %.4f"):format(i, lf[i], lu[i]))
+    assert(math.abs(lf[i] - lu[i]) <= 0.02 * lu[i], ("step %d: fused %.4f vs unfused %.4f"):format(i, lf[i], lu[i]))
   end
 end)
 
