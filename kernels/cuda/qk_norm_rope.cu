@@ -227,14 +227,23 @@ __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bwd_kernel(const 
     }
 }
 
-/* dw = column sums of ws's G rows of D, in row order. */
+/* dw = column sums of ws's G rows of D: block (32, 32) owns 32 columns, row group ty sums rows ty,
+ * ty + 32, .., then the 32 group sums are added in order (the same bits every run). */
 template <typename O>
-__global__ void qk_norm_wgrad_kernel(O *dw, const float *__restrict__ ws, int G, int D) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= D) return;
+__global__ void __launch_bounds__(1024) qk_norm_wgrad_kernel(O *dw, const float *__restrict__ ws, int G, int D) {
+    __shared__ float sm[32][33];
+    const int j = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    for (int g = 0; g < G; ++g) s += ws[(int64_t)g * D + i];
-    dw[i] = fromf<O>(s);
+    if (j < D)
+        for (int g = threadIdx.y; g < G; g += 32) s += ws[(int64_t)g * D + j];
+    sm[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        float t = sm[0][threadIdx.x];
+#pragma unroll
+        for (int k = 1; k < 32; ++k) t += sm[k][threadIdx.x];
+        dw[j] = fromf<O>(t);
+    }
 }
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -330,9 +339,9 @@ extern "C" int qk_norm_rope_backward_cuda(void *dqkv, const void *g, const zr_qk
             return zr_error("%s: cudaMemsetAsync failed", fn);
         }
         if (dw) {
-            const unsigned g2 = (unsigned)((D + 127) / 128);
-            if (wdtype == ZR_F32) qk_norm_wgrad_kernel<float><<<g2, 128, 0, st>>>((float *)dw, ws, G, D);
-            else qk_norm_wgrad_kernel<T><<<g2, 128, 0, st>>>((T *)dw, ws, G, D);
+            const dim3 g2((unsigned)((D + 31) / 32)), b2(32, 32);
+            if (wdtype == ZR_F32) qk_norm_wgrad_kernel<float><<<g2, b2, 0, st>>>((float *)dw, ws, G, D);
+            else qk_norm_wgrad_kernel<T><<<g2, b2, 0, st>>>((T *)dw, ws, G, D);
         }
     });
 #undef QKN_BWD

@@ -157,9 +157,10 @@ T.test("Qwen3 on CUDA bf16 (qkv_norm_rope_sdpa) vs the CPU in f32: logits and ev
   T.eq(calls, 2, "the fused op ran in every layer on the GPU (the CPU runs the norms as modules)")
 end)
 
--- 12 steps of AdamW on one batch, bf16 weights (fp32 master), ZeRO 2, on the GPU: the fused op or
--- (fused = false) the norms as modules.
-local function train(fused)
+-- 12 steps of AdamW on one batch, bf16 weights (fp32 master), ZeRO stage `stage` on the GPU (3: the
+-- norms' weights gathered around the fused op by Module.call_group): the fused op or (fused = false)
+-- the norms as modules.
+local function train(fused, stage)
   local orig = zr.qkv_norm_rope_fused
   if not fused then zr.qkv_norm_rope_fused = function() return false end end
   local ok, res = pcall(function()
@@ -169,7 +170,7 @@ local function train(fused)
     zr.manual_seed(7)
     local engine = zr.initialize({ model = zr.models.qwen3.Qwen3ForCausalLM(cfg), config = {
       train_micro_batch_size_per_gpu = 4, gradient_clipping = 1.0, steps_per_print = 1000000, bf16 = { enabled = true },
-      optimizer = { type = "AdamW", params = { lr = 3e-3, weight_decay = 0.0 } }, zero_optimization = { stage = 2 } } })
+      optimizer = { type = "AdamW", params = { lr = 3e-3, weight_decay = 0.0 } }, zero_optimization = { stage = stage } } })
     zr.manual_seed(8)
     local ids = (zr.rand({ 4, 96 }) * 63):to("i64"):cuda()
     local losses, norms = {}, {}
@@ -186,13 +187,16 @@ local function train(fused)
   return res[1], res[2]
 end
 
-T.test("Qwen3 trains in bf16 through the fused op as through the unfused ops (loss falls by 40%, grad norm > 0)", function()
-  local lf, nf = train(true)
-  local lu = train(false)
-  assert(lf[12] < 0.6 * lf[1], ("fused: loss %.4f -> %.4f"):format(lf[1], lf[12]))
-  assert(nf[1] > 0 and nf[12] > 0, "fused: gradient norm zero")
-  for i = 1, 12 do
-    assert(math.abs(lf[i] - lu[i]) <= 0.02 * lu[i], ("step %d: fused %.4f vs unfused %.4f"):format(i, lf[i], lu[i]))
+T.test("Qwen3 trains in bf16 through the fused op as through the unfused ops, ZeRO 2 and 3 (loss falls by 40%)", function()
+  for _, stage in ipairs { 2, 3 } do
+    local lf, nf = train(true, stage)
+    local lu = train(false, stage)
+    assert(lf[12] < 0.6 * lf[1], ("stage %d fused: loss %.4f -> %.4f"):format(stage, lf[1], lf[12]))
+    assert(nf[1] > 0 and nf[12] > 0, "fused: gradient norm zero")
+    for i = 1, 12 do
+      assert(math.abs(lf[i] - lu[i]) <= 0.02 * lu[i], ("stage %d step %d: fused %.4f vs unfused %.4f"):format(stage, i,
+        lf[i], lu[i]))
+    end
   end
 end)
 
