@@ -5,7 +5,9 @@ FLOPs as in bench_fused.cu: forward 4*B*Hq*T^2*Dh/2, backward 2.5x forward.
 --sustained (as `bench_fused attention --sustained`): each shape after 2 s of forward + backward, each
 time the median of 3 windows of 0.25 s or more of back-to-back calls: the rate at the power cap, as in
 training (the default and cuDNN backends only).
-Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py [--sustained]"""
+--dh 128: head_dim 128 instead (Llama-3-8B's 32 / 8 heads at B=1 T=8192 and B=4 T=2048, Qwen3-0.6B's 16 / 8 at
+B=4 T=512), next to `zrun tests/bench/bench_attention_window.lua D=128 B=.. T=.. H=.. KV=.. windows=`.
+Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py [--sustained] [--dh 128]"""
 import sys
 
 import torch
@@ -46,8 +48,7 @@ def heat(fn, ms=2000.0):
         n *= 2
 
 
-def run(B, Hq, Hkv, T, backend, sustained=False):
-    Dh = 64
+def run(B, Hq, Hkv, T, backend, sustained=False, Dh=64):
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Hq, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     k = torch.randn(B, Hkv, T, Dh, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
@@ -75,14 +76,21 @@ def run(B, Hq, Hkv, T, backend, sustained=False):
 
 
 def main():
-    sustained = sys.argv[1:] == ["--sustained"]
-    if sys.argv[1:] and not sustained:
-        sys.exit(f"usage: bench_attention_torch.py [--sustained] (got {' '.join(sys.argv[1:])})")
+    args = sys.argv[1:]
+    sustained = "--sustained" in args
+    dh = 64
+    if "--dh" in args and args.index("--dh") + 1 < len(args):
+        dh = int(args[args.index("--dh") + 1])
+    if any(a not in ("--sustained", "--dh", str(dh)) for a in args) or dh not in (64, 128):
+        sys.exit(f"usage: bench_attention_torch.py [--sustained] [--dh 64|128] (got {' '.join(args)})")
     print("torch", torch.__version__, torch.cuda.get_device_name())
     title = "torch SDPA (causal, gqa, bf16" + (", sustained)" if sustained else ")")
     print(f"{title:34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
           f"{'fwd TF/s':>8s} {'bwd TF/s':>8s} {'f+b TF/s':>8s}")
-    for B, Hq, Hkv, T in ((4, 32, 8, 512), (4, 32, 8, 2048), (4, 32, 8, 8192), (64, 12, 12, 1024)):
+    shapes = ((4, 32, 8, 512), (4, 32, 8, 2048), (4, 32, 8, 8192), (64, 12, 12, 1024))
+    if dh == 128:
+        shapes = ((4, 16, 8, 512), (4, 32, 8, 2048), (1, 32, 8, 8192))
+    for B, Hq, Hkv, T in shapes:
         shape = f"B{B} T{T} H{Hq}" + (f"/{Hkv}" if Hkv != Hq else "")
         backends = (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),
                     ("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -90,11 +98,11 @@ def main():
         # sustained: the default and cuDNN backends only (the two that are PyTorch's best at these shapes)
         for name, be in [b for b in backends if not sustained or b[0] in ("default", "cudnn")]:
             try:
-                r = run(B, Hq, Hkv, T, be, sustained)
+                r = run(B, Hq, Hkv, T, be, sustained, dh)
             except Exception as e:  # a backend may not take GQA or these shapes
                 print(f"{shape} {name:10s}: unavailable ({str(e).splitlines()[0][:80]})")
                 continue
-            print(f"{shape + ' Dh64 ' + name:34s} {r[0]:10.3f} {r[1]:10.3f} {r[2]:10.3f} "
+            print(f"{shape + f' Dh{dh} ' + name:34s} {r[0]:10.3f} {r[1]:10.3f} {r[2]:10.3f} "
                   f"{r[3]:8.1f} {r[4]:8.1f} {r[5]:8.1f}")
 
 
