@@ -1,8 +1,8 @@
 /* Qwen3's q/k norms fused with the rope (see qk_norm_rope.h). A head row of Dh elements is held by
  * LPR = Dh/16 lanes: lane l of the row holds the 8 elements at 8l of each half (16-byte vectors in
  * 16 bits; the rope's pairs (i, i + Dh/2) in one thread), so a warp takes RPW = 32/LPR rows at once
- * and a row's sums are reductions over its LPR lanes. Every lane of a warp runs the reductions (rows
- * past the end, and v's rows, compute on what they hold and store nothing), as the shuffles need.
+ * and a row's sums are reductions over its LPR lanes. Every lane of a warp runs the reductions, as
+ * the shuffles need: rows past the end on zeros, storing nothing; v's rows a sum they do not use.
  * The backward walks one part's head rows with a row-major grid of warps, each lane summing its
  * columns' dy·xhat for the weight's gradient; the blocks' sums go to a workspace that a second kernel
  * adds in block order (the same bits every run). */

@@ -377,7 +377,8 @@ end
 -- three nodes, which keep x (the norms' backward reads it again; the group's one reference), (q, k) the
 -- norm's weight and, on the segments, the per-token tables; backward: each part's columns written straight
 -- into x's gradient buffer (made by the first part to arrive), for q and k the weight's gradient (its dtype)
--- and the kernel's per-block fp32 partial sums (kernels/cuda/qk_norm_rope.cu: at most 512 blocks of 8 rows)
+-- and the kernel's per-block fp32 partial sums (kernels/cuda/qk_norm_rope.cu: at most 512 blocks of 8 warps, a warp
+-- 512 / D head rows)
 function Sim:qkv_norm_rope(x, parts, heads, strided, tabs, ws, N, D)
   local buf, outs = self:alloc(x.n), {}
   for i, bytes in ipairs(parts) do
@@ -393,7 +394,7 @@ function Sim:qkv_norm_rope(x, parts, heads, strided, tabs, ws, N, D)
       local dw
       if w and not w.leaf.frozen then
         dw = S:new(w.leaf.bytes)
-        S:drop(S:new(math.min(ceil(N * heads[i] / 8), 512) * D * 4, "ws"))
+        S:drop(S:new(math.min(ceil(N * heads[i] / (8 * 512 / D)), 512) * D * 4, "ws"))
       end
       S:drop(gi)
       if w then S:release_param(w) end
