@@ -61,6 +61,18 @@ template <typename T, bool VEC> static __device__ __forceinline__ void st8(T *p,
         for (int e = 0; e < 8; ++e) p[e] = fromf<T>(f[e]);
 }
 
+/* The 8 elements at p and the 8 at p + half (a lane's share of a head row), or zeros (p NULL). */
+template <typename T, bool VEC>
+static __device__ __forceinline__ void ld_pairs(float (&a)[8], float (&b)[8], const T *p, int half) {
+    if (p) {
+        ld8<T, VEC>(a, p);
+        ld8<T, VEC>(b, p + half);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a[e] = b[e] = 0.f;
+    }
+}
+
 template <typename T, int D, bool VEC>
 __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_fwd_kernel(const qkn_fwd_args a) {
     constexpr int HALF = D / 2, LPR = D / 16, RPW = 32 / LPR;
@@ -69,6 +81,7 @@ __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_fwd_kernel(const 
     const bool valid = r < a.rows;
     float x1[8], x2[8];
     int p = 2;
+    const T *xp = nullptr;
     T *yp = nullptr;
     int64_t t = 0;
     if (valid) {
@@ -81,14 +94,10 @@ __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_fwd_kernel(const 
         const int64_t psb = p == 0 ? a.L.part[0][0] : p == 1 ? a.L.part[1][0] : a.L.part[2][0];
         const int64_t psh = p == 0 ? a.L.part[0][1] : p == 1 ? a.L.part[1][1] : a.L.part[2][1];
         const int64_t pst = p == 0 ? a.L.part[0][2] : p == 1 ? a.L.part[1][2] : a.L.part[2][2];
-        const T *xp = (const T *)a.qkv + b * a.L.sb + t * a.L.st + (int64_t)j * D + c;
+        xp = (const T *)a.qkv + b * a.L.sb + t * a.L.st + (int64_t)j * D + c;
         yp = (T *)(p == 0 ? a.part[0] : p == 1 ? a.part[1] : a.part[2]) + b * psb + h * psh + t * pst + c;
-        ld8<T, VEC>(x1, xp);
-        ld8<T, VEC>(x2, xp + HALF);
-    } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x1[e] = x2[e] = 0.f;
     }
+    ld_pairs<T, VEC>(x1, x2, xp, HALF);
     const float rs = row_rstd<LPR, D>(x1, x2, a.eps);
     if (!valid) return;
     if (p == 2) {
@@ -151,16 +160,10 @@ __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bwd_kernel(const 
         const int64_t h = r % a.heads, bt = r / a.heads, t = bt % a.T, b = bt / a.T;
         T *dp = (T *)a.dqkv + b * a.dsb + t * a.dst + (a.j0 + h) * D + c;
         float d1[8], d2[8];
-        if (valid && a.g) {
-            const T *gp = (const T *)a.g + b * a.gsb + h * a.gsh + t * a.gst + c;
-            ld8<T, VEC>(d1, gp);
-            ld8<T, VEC>(d2, gp + HALF);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) d1[e] = d2[e] = 0.f;
-        }
+        ld_pairs<T, VEC>(d1, d2, valid && a.g ? (const T *)a.g + b * a.gsb + h * a.gsh + t * a.gst + c : nullptr, HALF);
         if (NORM) {
             float x1[8], x2[8];
+            ld_pairs<T, VEC>(x1, x2, valid ? (const T *)a.x + b * a.xsb + t * a.xst + (a.j0 + h) * D + c : nullptr, HALF);
             if (valid) {
                 const float *cs = a.cos + t * D + c, *sn = a.sin + t * D + c;
 #pragma unroll
@@ -169,12 +172,6 @@ __global__ void __launch_bounds__(QKN_WARPS * 32) qk_norm_rope_bwd_kernel(const 
                     const float u2 = d2[e] * __ldg(cs + HALF + e) - d1[e] * __ldg(sn + e);
                     d1[e] = tof<T>(fromf<T>(u1)), d2[e] = tof<T>(fromf<T>(u2));
                 }
-                const T *xp = (const T *)a.x + b * a.xsb + t * a.xst + (a.j0 + h) * D + c;
-                ld8<T, VEC>(x1, xp);
-                ld8<T, VEC>(x2, xp + HALF);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) x1[e] = x2[e] = 0.f;
             }
             const float rs = row_rstd<LPR, D>(x1, x2, a.eps);
             float dot = 0.f;

@@ -431,12 +431,10 @@ static zr_status norm_part_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
             z = NULL;
         }
     }
-    if (dw && !(gin[1] = zr_take_as(dw, n->edges[1].dtype))) {
-        dw = NULL;
-        goto done;
-    }
+    zr_tensor *d[2] = {NULL, dw};
     dw = NULL;
-    st = ZR_OK;
+    st = zr_give_grads(n, p < 2 ? 2 : 1, d, gin);
+    zr_tensor_release(d[1]);
 done:
     zr_tensor_release(dw);
     zr_tensor_release(z);
