@@ -725,7 +725,8 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, true, &dense_all);
     if (attn_sm90_fwd_ok(Dh, dtype)) {
-        if (attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream) == 0)
+        if ((Dh == 128 ? attn_sm90_forward128 : attn_sm90_forward)(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale,
+                                                                   dtype, stream) == 0)
             return launch_check(fn);
         if (!dense_all) return zr_error("%s: %s", fn, TMA_STRIDES);
     }

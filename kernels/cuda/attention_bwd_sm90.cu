@@ -396,8 +396,10 @@ static int supported(int64_t Dh, zr_dtype dt) {
     return Dh == 64 && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok();
 }
 
+/* the forwards: head_dim 64 (attention_fwd_sm90.cu) and 128 (attention_fwd_sm90_d128.cu) */
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
+    return g_force_fwd != 0 && (Dh == 64 || Dh == 128) && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok() &&
+           attn_sm90_tma_ready();
 }
 extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();

@@ -23,8 +23,8 @@ using namespace sm90;
  * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
  * K of j + 1), so the ring needs three to keep a load ahead; four fit next to two Q buffers
  * (2 · 16 + 128 KB). */
-#define F2_BM 128
-#define F2_BN 128
+#define F2_BM SM90_FWD_TILE
+#define F2_BN SM90_FWD_TILE
 #define F2_ST 4
 #define F2_CONS 256              /* two consumer warpgroups */
 #define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
@@ -42,30 +42,10 @@ struct f2_smem {
 };
 static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
-/* Work tile t (0 .. B·Hq·nQt − 1), numbered heaviest first: bh = b·Hq + h = t % BH, query tile
- * qt = nQt − 1 − t / BH (every head's last tile before any shorter one). */
-struct f2_tile {
-    int qt, b, h;
-    __device__ __forceinline__ f2_tile(int t, int BH, int nQt, int Hq)
-        : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
-};
-/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
- * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
-static __device__ __forceinline__ int f2_tile_id(int n) {
-    const int g = gridDim.x, i = blockIdx.x;
-    return n * g + ((n & 1) ? g - 1 - i : i);
-}
-/* Packed sequences (seg: lo of each token, zr_attn_layout): the first key tile query tile qt of
- * row b needs, the one holding the start of its first query's sequence (the earliest of its rows':
- * lo never decreases along a row). */
-static __device__ __forceinline__ int f2_first_key_tile(const int32_t *seg, int b, int qt, int T_) {
-    return seg[(size_t)b * T_ + qt * F2_BM] / F2_BN;
-}
-
 /* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
  * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
  * which is the non-persistent kernel (each block's round 0 only, in today's order). Block i runs
- * the tiles f2_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
+ * the tiles fwd_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
  * every other round in reverse): a static schedule every role computes alike. It balances well
  * enough: tile costs (qt + 1 key steps) never increase with t, so within a round a block's tile
  * costs at most its neighbour's before it; dealing every other round backwards pairs the heavier
@@ -76,7 +56,7 @@ static __device__ __forceinline__ int f2_first_key_tile(const int32_t *seg, int 
  * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
  * (the diagonal first, so the running maxima start finite and no later tile needs a mask). With
  * packed sequences (VL: seg) the key tiles stop at the one holding the start of the first query's
- * sequence (f2_first_key_tile), and a tile before a row's own start masks those keys (mask_before;
+ * sequence (fwd_first_key_tile), and a tile before a row's own start masks those keys (mask_before;
  * the diagonal, first, holds each row's own key, so the maxima still start finite).
  * Counters that run across a block's tiles, computed identically by every role: n, the block's
  * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of its earlier tiles (key step
@@ -149,13 +129,13 @@ __global__ void __launch_bounds__(F2_THR, 1)
         reg_dealloc<24>();
         if (warp_id == F2_PRODUCER && lane == 0) {
             unsigned j = 0; /* ring loads so far */
-            for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
-                const f2_tile w(t, BH, nQt, Hq);
+            for (int n = 0, t = fwd_tile_id(0); t < ntiles; t = fwd_tile_id(++n)) {
+                const fwd_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
                 mbar_expect_tx(&qfull[qb], f2_smem::QT);
                 tma_load4(sQ + qb * F2_BM * 64, &tq, &qfull[qb], 0, w.qt * F2_BM, w.h, w.b);
-                const int kt0 = VL ? f2_first_key_tile(seg, w.b, w.qt, T_) : 0;
+                const int kt0 = VL ? fwd_first_key_tile(seg, w.b, w.qt, T_) : 0;
                 for (int kt = w.qt; kt >= kt0; --kt, ++j) {
                     const unsigned s = j % F2_ST;
                     if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
@@ -171,10 +151,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     unsigned kv = 0; /* the producer's j at this tile's first load */
-    for (int n = 0, t = f2_tile_id(0); t < ntiles; t = f2_tile_id(++n)) {
-        const f2_tile w(t, BH, nQt, Hq);
+    for (int n = 0, t = fwd_tile_id(0); t < ntiles; t = fwd_tile_id(++n)) {
+        const fwd_tile w(t, BH, nQt, Hq);
         const int qt = w.qt, q0 = qt * F2_BM;
-        const int nkv = qt + 1 - (VL ? f2_first_key_tile(seg, w.b, qt, T_) : 0);
+        const int nkv = qt + 1 - (VL ? fwd_first_key_tile(seg, w.b, qt, T_) : 0);
         uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
         const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         /* packed sequences: the first key of each of the rows' sequences (0 past T), and the key

@@ -278,6 +278,28 @@ static __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* The forwards' tiles (attention_fwd_sm90.cu, head_dim 64; attention_fwd_sm90_d128.cu, 128): 128
+ * queries by 128 keys. Work tile t (0 .. B·Hq·nQt − 1), numbered heaviest first: bh = b·Hq + h =
+ * t % BH, query tile qt = nQt − 1 − t / BH (every head's last tile before any shorter one). */
+#define SM90_FWD_TILE 128
+struct fwd_tile {
+    int qt, b, h;
+    __device__ __forceinline__ fwd_tile(int t, int BH, int nQt, int Hq)
+        : qt(nQt - 1 - t / BH), b(t % BH / Hq), h(t % BH % Hq) {}
+};
+/* The work tile a block runs n-th: round n of gridDim.x tiles, dealt in block order in even rounds
+ * and in reverse in odd ones. Past the last tile once past B·Hq·nQt (later rounds only grow). */
+static __device__ __forceinline__ int fwd_tile_id(int n) {
+    const int g = gridDim.x, i = blockIdx.x;
+    return n * g + ((n & 1) ? g - 1 - i : i);
+}
+/* Packed sequences (seg: lo of each token, zr_attn_layout): the first key tile query tile qt of
+ * row b needs, the one holding the start of its first query's sequence (the earliest of its rows':
+ * lo never decreases along a row). */
+static __device__ __forceinline__ int fwd_first_key_tile(const int32_t *seg, int b, int qt, int T_) {
+    return seg[(size_t)b * T_ + qt * SM90_FWD_TILE] / SM90_FWD_TILE;
+}
+
 /* Packed sequences: masks the raw scores (layout as softmax_step's) of keys before each row's
  * sequence, lo0 for row qrow and lo1 for row qrow + 8 (keys key0 + 8·nt + {0, 1}). */
 template <int NT>

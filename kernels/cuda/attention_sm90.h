@@ -57,6 +57,11 @@ int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const v
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
 
+/* The same at head_dim 128 (attention_fwd_sm90_d128.cu). */
+int attn_sm90_forward128(void *o, float *lse, const void *q, const void *k, const void *v,
+                         const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
+                         float scale, zr_dtype dt, cudaStream_t st);
+
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
 

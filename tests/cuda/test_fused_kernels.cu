@@ -783,8 +783,9 @@ struct fused_qkv {
     }
 };
 
-/* Every case runs on the Hopper kernels where they run (compute capability 9.0, Dh 64) and on the
- * mma.sync fallback (attn_sm90_force(0, 0)). The Hq/Hkv = 3 shape is never split (odd group):
+/* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
+ * at Dh 64, the forward at 128 with the mma.sync backward) and on the mma.sync fallback
+ * (attn_sm90_force(0, 0)). At Dh 128, T = 300 and 550 wrap the forward's two-stage K and V rings. The Hq/Hkv = 3 shape is never split (odd group):
  * blocks of up to 9 iterations, so the backward's rings and buffers wrap several times and its
  * query head changes within a block; T = 550 gives the forward 5 key tiles, so its 4-stage ring
  * wraps, and a last query tile whose second warpgroup has no row before T. B2 H8/2 T550 on 3
@@ -794,7 +795,8 @@ TEST(attention_forward_backward) {
     const int64_t shapes[][5] = {/* B, Hq, Hkv, T, Dh */
                                  {1, 1, 1, 1, 64},   {2, 4, 2, 37, 64},  {1, 2, 2, 64, 64},
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
-                                 {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}, {2, 8, 2, 550, 64}};
+                                 {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}, {2, 8, 2, 550, 64},
+                                 {1, 8, 2, 300, 128}, {2, 4, 1, 550, 128}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
     /* modes: the Hopper kernels with their default grid (one block per SM), with 3 blocks (each
      * runs many tiles: rings, barriers and the ping-pong carry over tiles), with a block per tile;
