@@ -1,5 +1,6 @@
-/* Causal flash attention on CUDA (sm_90, bf16/f16 tensor cores through mma.sync m16n8k16) with
- * grouped-query heads. No T×T tensor ever reaches device memory: scores live in registers, tiles
+/* Causal flash attention on CUDA (sm_90, bf16/f16 tensor cores through mma.sync m16n8k16; on
+ * compute capability 9.0 the Hopper kernels, wgmma and TMA, at head_dim 64 and the forward at 128:
+ * attention_sm90.h) with grouped-query heads. No T×T tensor ever reaches device memory: scores live in registers, tiles
  * of q/k/v in shared memory, softmax is computed online; backward recomputes P from q, k and lse.
  *
  * Layouts: q, o, dq, do: (B, Hq, T, Dh); k, v, dk, dv: (B, Hkv, T, Dh), contiguous when the

@@ -1,6 +1,6 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_fwd_sm90.cu and attention_bwd_sm90.cu: head_dim 64, bf16/f16, compute capability 9.0
- * only. attention.cu keeps
+ * attention_fwd_sm90.cu and attention_bwd_sm90.cu (head_dim 64) and attention_fwd_sm90_d128.cu (the
+ * forward at 128), bf16/f16, compute capability 9.0 only. attention.cu keeps
  * the public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
@@ -17,7 +17,8 @@ extern "C" {
 
 #include "../base/dtype.h"
 
-/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device. */
+/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device (the forward:
+ * head_dim 64 and 128; the backward: 64). */
 int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt);
 int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 

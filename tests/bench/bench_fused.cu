@@ -146,18 +146,26 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 }
 
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
- * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA). */
+ * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA) at head_dim 64; then head_dim 128
+ * (Qwen3-0.6B's 16 / 8 heads at B4 T512, Llama-3-8B's 32 / 8 at B4 T2048 and B1 T8192) with the
+ * Hopper forward and with the mma.sync one (attn_sm90_force(0, ..): the backward is mma.sync's at
+ * 128 either way). */
 static void attention_rows(bool sustained) {
     const char *title = sustained ? "attention (causal, bf16, sustained)" : "attention (causal, bf16)";
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
            "bwd TF/s", "f+b TF/s");
-    const int64_t shapes[][4] = {{4, 32, 8, 512}, {4, 32, 8, 2048}, {4, 32, 8, 8192}, {64, 12, 12, 1024}};
-    /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile */
-    for (int grid : {0, -1})
+    const int64_t shapes[][5] = {{4, 32, 8, 512, 64},   {4, 32, 8, 2048, 64},  {4, 32, 8, 8192, 64},
+                                 {64, 12, 12, 1024, 64}, {4, 16, 8, 512, 128}, {4, 32, 8, 2048, 128},
+                                 {1, 32, 8, 8192, 128}};
+    /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile;
+     * mode 2: head_dim 128 with the mma.sync forward */
+    for (int mode : {0, 1, 2})
     for (auto &s : shapes) {
-        if (sustained && grid) break; /* the default grid only */
+        const int grid = mode == 1 ? -1 : 0;
+        if ((sustained && mode == 1) || (mode == 2 && s[4] != 128)) continue;
         attn_sm90_grid(grid, grid);
-        const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = 64;
+        attn_sm90_force(mode == 2 ? 0 : -1, -1);
+        const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
         void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
              *dk = bf(nk), *dv = bf(nk);
@@ -180,7 +188,8 @@ static void attention_rows(bool sustained) {
         const double ff = 4.0 * B * Hq * T * T * Dh / 2, fbw = 2.5 * ff;
         char shape[64];
         snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld%s", (long long)B, (long long)T,
-                 (long long)Hq, (long long)Hkv, (long long)Dh, grid ? " tile/block" : "");
+                 (long long)Hq, (long long)Hkv, (long long)Dh,
+                 mode == 1 ? " tile/block" : mode == 2 ? " mma.sync fwd" : "");
         printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
                ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
                (ff + fbw) / (fb * 1e-3) / 1e12);
@@ -188,6 +197,7 @@ static void attention_rows(bool sustained) {
         cudaFree(lse);
     }
     attn_sm90_grid(0, 0);
+    attn_sm90_force(-1, -1);
 }
 
 /* Packed-sequence rows (zr_attn_layout.seg): 8192 tokens as one row of sequences of 20..619 tokens
