@@ -113,14 +113,8 @@ __global__ void __launch_bounds__(F2_THR, 1)
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
     if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
-        for (int i = 0; i < 2; ++i) {
-            mbar_init(&qfull[i], 1);
-            mbar_init(&qempty[i], F2_CONS / 32);
-        }
-        for (int s = 0; s < F2_ST; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], F2_CONS / 32);
-        }
+        mbar_init_ring(qfull, qempty, 2, F2_CONS / 32);
+        mbar_init_ring(full, empty, F2_ST, F2_CONS / 32);
         mbar_init_fence();
     }
     __syncthreads(); /* the last block-wide barrier: the roles part here and never merge again */

@@ -49,10 +49,7 @@ static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], fl
                                                    uint16_t *ob, int64_t ost, float *lrow, int T_, int lane,
                                                    F &&release) {
     const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    quad_sums(l0, l1);
     const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -83,11 +80,7 @@ static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], fl
                          "r"(v[i].x), "r"(v[i].y), "r"(v[i].z), "r"(v[i].w)
                          : "memory");
     }
-    const float ln2 = 0.6931471805599453f;
-    if (t4 == 0) {
-        if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
-        if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
-    }
+    store_lse(lrow, qrow, T_, t4, m0, m1, l0, l1, sl);
 }
 
 /* Roles and counters as attention_fwd_sm90.cu's kernel (its comment): n the block's tile count (Q
@@ -120,16 +113,9 @@ __global__ void __launch_bounds__(F8_THR, 1)
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
     if ((int)blockIdx.x >= ntiles) return;
     if (tid == 0) {
-        for (int i = 0; i < 2; ++i) {
-            mbar_init(&qfull[i], 1);
-            mbar_init(&qempty[i], F8_CONS / 32);
-        }
-        for (int s = 0; s < F8_ST; ++s) {
-            mbar_init(&kfull[s], 1);
-            mbar_init(&kempty[s], F8_CONS / 32);
-            mbar_init(&vfull[s], 1);
-            mbar_init(&vempty[s], F8_CONS / 32);
-        }
+        mbar_init_ring(qfull, qempty, 2, F8_CONS / 32);
+        mbar_init_ring(kfull, kempty, F8_ST, F8_CONS / 32);
+        mbar_init_ring(vfull, vempty, F8_ST, F8_CONS / 32);
         mbar_init_fence();
     }
     __syncthreads();

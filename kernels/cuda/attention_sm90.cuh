@@ -206,6 +206,14 @@ static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count)
                  : "memory");
 }
+/* n full / empty pairs of a ring: full[i] completed by one arrival (with the bytes its TMA loads
+ * announce), empty[i] by `arrivals` (the consumers' warps). */
+static __device__ __forceinline__ void mbar_init_ring(uint64_t *full, uint64_t *empty, int n, int arrivals) {
+    for (int i = 0; i < n; ++i) {
+        mbar_init(&full[i], 1);
+        mbar_init(&empty[i], arrivals);
+    }
+}
 /* Makes the initialisations visible to the other threads and to the TMA unit. */
 static __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -419,16 +427,30 @@ static __device__ __forceinline__ void pack_a(uint32_t (&pf)[KC][4], const float
  * before T with 16-byte stores to ob (tile row r is query q0 + r, rows ost elements apart), and
  * lse = (m·sl + log2 l)·ln 2 to lrow (the head's T values). Calls release() once the warp no
  * longer touches st (its last reads are in registers), before the global stores of O. */
+/* The forwards' row sums of this thread's rows completed over the quad (the row's four lanes). */
+static __device__ __forceinline__ void quad_sums(float &l0, float &l1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+}
+/* lse = (m·sl + log2 l)·ln 2 of rows qrow and qrow + 8 (those before T), from the quad's first lane. */
+static __device__ __forceinline__ void store_lse(float *lrow, int qrow, int T_, int t4, float m0, float m1,
+                                                 float l0, float l1, float sl) {
+    const float ln2 = 0.6931471805599453f;
+    if (t4 == 0) {
+        if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
+        if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
+    }
+}
+
 template <typename T, typename F>
 static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], float l0, float l1,
                                                     float m0, float m1, float sl, uint16_t *st,
                                                     int wr, int q0, uint16_t *ob, int64_t ost,
                                                     float *lrow, int T_, int lane, F &&release) {
     const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    quad_sums(l0, l1);
     const float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -454,11 +476,7 @@ static __device__ __forceinline__ void fwd_epilogue(const float (&acc)[32], floa
                          "r"(v[i].x), "r"(v[i].y), "r"(v[i].z), "r"(v[i].w)
                          : "memory");
     }
-    const float ln2 = 0.6931471805599453f;
-    if (t4 == 0) {
-        if (qrow < T_) lrow[qrow] = (m0 * sl + log2f(l0)) * ln2;
-        if (qrow + 8 < T_) lrow[qrow + 8] = (m1 * sl + log2f(l1)) * ln2;
-    }
+    store_lse(lrow, qrow, T_, t4, m0, m1, l0, l1, sl);
 }
 
 } /* namespace sm90 */
