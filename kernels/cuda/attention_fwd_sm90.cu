@@ -154,11 +154,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         /* packed sequences: the first key of each of the rows' sequences (0 past T), and the key
          * tiles before the last one that starts at or after the higher of them need no mask */
         int lo0 = 0, lo1 = 0;
-        if (VL) {
-            const int32_t *lr = seg + (size_t)w.b * T_;
-            if (qrow < T_) lo0 = lr[qrow];
-            if (qrow + 8 < T_) lo1 = lr[qrow + 8];
-        }
+        if (VL) rows_lo(seg, w.b, qrow, T_, lo0, lo1);
         const int lomax = lo0 > lo1 ? lo0 : lo1;
         const uint32_t qa = smem_u32(sQb + wg * 64 * 64);
         float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;

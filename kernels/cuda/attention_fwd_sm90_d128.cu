@@ -158,11 +158,7 @@ __global__ void __launch_bounds__(F8_THR, 1)
         uint16_t *sQb = sQ + (n & 1) * TE;
         const int qrow = q0 + wg * 64 + warp * 16 + g;
         int lo0 = 0, lo1 = 0;
-        if (VL) {
-            const int32_t *lr = seg + (size_t)w.b * T_;
-            if (qrow < T_) lo0 = lr[qrow];
-            if (qrow + 8 < T_) lo1 = lr[qrow + 8];
-        }
+        if (VL) rows_lo(seg, w.b, qrow, T_, lo0, lo1);
         const int lomax = lo0 > lo1 ? lo0 : lo1;
         /* this warpgroup's 64 rows of each Q atom */
         const sdesc dq0(smem_u32(sQb + wg * 64 * 64));

@@ -308,6 +308,14 @@ static __device__ __forceinline__ int fwd_first_key_tile(const int32_t *seg, int
     return seg[(size_t)b * T_ + qt * SM90_FWD_TILE] / SM90_FWD_TILE;
 }
 
+/* Packed sequences: the first key of the sequence of each of this thread's rows qrow, qrow + 8 of
+ * batch row b (0 past T; seg: lo of each token). */
+static __device__ __forceinline__ void rows_lo(const int32_t *seg, int b, int qrow, int T_, int &lo0, int &lo1) {
+    const int32_t *lr = seg + (size_t)b * T_;
+    lo0 = qrow < T_ ? lr[qrow] : 0;
+    lo1 = qrow + 8 < T_ ? lr[qrow + 8] : 0;
+}
+
 /* Packed sequences: masks the raw scores (layout as softmax_step's) of keys before each row's
  * sequence, lo0 for row qrow and lo1 for row qrow + 8 (keys key0 + 8·nt + {0, 1}). */
 template <int NT>
