@@ -4,9 +4,9 @@
  * held as two 64-column atoms of the 128-byte swizzle (two TMA boxes a tile). A consumer step runs
  * S = Q·K^T (eight k = 16 steps), its softmax, then O += P·V (two m64n64 products a k-step, one an
  * atom of V): without the head_dim-64 kernel's overlap of one step's softmax with the previous
- * step's P·V, which needs S, P and O in registers at once (64 + 32 + 64 a thread) where the 384-thread
- * launch bound gives ptxas 168; the two warpgroups still overlap each other's products and
- * softmax. K and V have rings of their own, K's slot released as soon as S is done, so each load is
+ * step's P·V, which holds S, P and O at once (64 + 32 + 64 registers a thread and the rest: about
+ * 200, within the consumers' setmaxnreg 240, which ptxas honours — not measured yet); the two
+ * warpgroups still overlap each other's products and softmax. K and V have rings of their own, K's slot released as soon as S is done, so each load is
  * issued a step or more before it is needed. Shared memory: two Q tiles (64 KB), two K and two V
  * stages (128 KB). bf16/f16; output and lse as the head_dim-64 kernel's (and the mma.sync
  * backward's) conventions. */
