@@ -750,10 +750,22 @@ static zr_tensor *packed_hopper(const char *op, zr_tensor *qkv, int64_t Hq, int6
 
 /* split + view + transpose + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the
  * path wherever the Hopper kernels do not run; split's backward fills one gradient of qkv. */
+/* zr_sdpa_causal over q, k, v = h[0..2] (B, heads, T, Dh), its output transposed back and reshaped to
+ * (B, T, Hq·Dh): the last steps of the packed ops' compositions. */
+static zr_tensor *sdpa_bthd(zr_tensor *const *h, zr_tensor *seg, double scale) {
+    int64_t oshape[3] = {h[0]->shape[0], h[0]->shape[2], h[0]->shape[1] * h[0]->shape[3]};
+    zr_tensor *o = NULL, *ot = NULL, *out = NULL;
+    if ((o = zr_sdpa_causal(h[0], h[1], h[2], seg, scale)) && (ot = zr_transpose(o, 1, 2)))
+        out = zr_reshape(ot, 3, oshape);
+    zr_tensor_release(o);
+    zr_tensor_release(ot);
+    return out;
+}
+
 static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *seg, double scale) {
     int64_t B = qkv->shape[0], T = qkv->shape[1], heads[3] = {Hq, Hkv, Hkv};
-    int64_t sizes[3] = {Hq * Dh, Hkv * Dh, Hkv * Dh}, oshape[3] = {B, T, Hq * Dh};
-    zr_tensor *p[3] = {NULL}, *h[3] = {NULL}, *o = NULL, *ot = NULL, *out = NULL;
+    int64_t sizes[3] = {Hq * Dh, Hkv * Dh, Hkv * Dh};
+    zr_tensor *p[3] = {NULL}, *h[3] = {NULL}, *out = NULL;
     if (zr_split_sizes(qkv, 3, sizes, 2, p)) goto done;
     for (int i = 0; i < 3; i++) {
         int64_t s[4] = {B, T, heads[i], Dh};
@@ -762,15 +774,12 @@ static zr_tensor *packed_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64
         zr_tensor_release(v);
         if (!h[i]) goto done;
     }
-    if ((o = zr_sdpa_causal(h[0], h[1], h[2], seg, scale)) && (ot = zr_transpose(o, 1, 2)))
-        out = zr_reshape(ot, 3, oshape);
+    out = sdpa_bthd(h, seg, scale);
 done:
     for (int i = 0; i < 3; i++) {
         zr_tensor_release(p[i]);
         zr_tensor_release(h[i]);
     }
-    zr_tensor_release(o);
-    zr_tensor_release(ot);
     return out;
 }
 
@@ -797,16 +806,11 @@ zr_tensor *zr_sdpa_packed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *se
 
 /* zr_qkv_rope + zr_sdpa_causal, then o.transpose(1, 2).reshape(B, T, Hq·Dh): the path wherever
  * the Hopper kernels do not run (the CPU one is the twin the CUDA tests compare with). */
-static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, int64_t Dh, zr_tensor *cos, zr_tensor *sin,
-                                zr_tensor *seg, double scale) {
-    int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * Dh};
-    zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
-    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p) && (o = zr_sdpa_causal(p[0], p[1], p[2], seg, scale)) &&
-        (ot = zr_transpose(o, 1, 2)))
-        out = zr_reshape(ot, 3, oshape);
+static zr_tensor *rope_composed(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *cos, zr_tensor *sin, zr_tensor *seg,
+                                double scale) {
+    zr_tensor *p[3] = {NULL, NULL, NULL}, *out = NULL;
+    if (!zr_qkv_rope(qkv, Hq, Hkv, cos, sin, ZR_QKV_AUTO, p)) out = sdpa_bthd(p, seg, scale);
     for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
-    zr_tensor_release(o);
-    zr_tensor_release(ot);
     return out;
 }
 
@@ -821,7 +825,7 @@ zr_tensor *zr_qkv_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *
     if (scale <= 0) scale = 1.0 / sqrt((double)Dh);
     int taken;
     zr_tensor *out = packed_hopper("qkv_rope_sdpa", qkv, Hq, Hkv, Dh, scale, cos, sin, seg, &taken);
-    return taken ? out : rope_composed(qkv, Hq, Hkv, Dh, cos, sin, seg, scale);
+    return taken ? out : rope_composed(qkv, Hq, Hkv, cos, sin, seg, scale);
 }
 
 zr_tensor *zr_qkv_norm_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_tensor *wq, zr_tensor *wk, double eps,
@@ -831,14 +835,9 @@ zr_tensor *zr_qkv_norm_rope_sdpa(zr_tensor *qkv, int64_t Hq, int64_t Hkv, zr_ten
         return zr_error_null("qkv_norm_rope_sdpa: n_head %lld must be a multiple of n_kv_head %lld", (long long)Hq,
                              (long long)Hkv);
     if (seg && check_seg("qkv_norm_rope_sdpa", seg, qkv, qkv->shape[0], qkv->shape[1])) return NULL;
-    int64_t oshape[3] = {qkv->shape[0], qkv->shape[1], Hq * (qkv->shape[2] / (Hq + 2 * Hkv))};
-    zr_tensor *p[3] = {NULL, NULL, NULL}, *o = NULL, *ot = NULL, *out = NULL;
-    if (!zr_qkv_norm_rope(qkv, Hq, Hkv, wq, wk, eps, cos, sin, ZR_QKV_AUTO, p) &&
-        (o = zr_sdpa_causal(p[0], p[1], p[2], seg, scale)) && (ot = zr_transpose(o, 1, 2)))
-        out = zr_reshape(ot, 3, oshape);
+    zr_tensor *p[3] = {NULL, NULL, NULL}, *out = NULL;
+    if (!zr_qkv_norm_rope(qkv, Hq, Hkv, wq, wk, eps, cos, sin, ZR_QKV_AUTO, p)) out = sdpa_bthd(p, seg, scale);
     for (int i = 0; i < 3; i++) zr_tensor_release(p[i]);
-    zr_tensor_release(o);
-    zr_tensor_release(ot);
     return out;
 }
 
