@@ -41,8 +41,15 @@ if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
   print("bench_llama: no GPU visible; pass device=cpu (slow) to run on the CPU")
   return
 end
-if opt.fuse_qk_norm == 0 then zr.qkv_norm_rope_fused = function() return false end end -- (llama.lua asks it each layer)
 local cfg = zr.models.llama.config(opt.model)
+if opt.fuse_qk_norm ~= 0 and opt.fuse_qk_norm ~= 1 then
+  error(("bench_llama: fuse_qk_norm=%s: give 1 (the default) or 0"):format(tostring(opt.fuse_qk_norm)), 0)
+elseif opt.fuse_qk_norm == 0 and cfg.model_type ~= "qwen3" then
+  error(("bench_llama: fuse_qk_norm=0: only Qwen3 has q/k norms to run unfused (this config's model_type is %s)"):format(
+    tostring(cfg.model_type or "llama")), 0)
+elseif opt.fuse_qk_norm == 0 then
+  zr.qkv_norm_rope_fused = function() return false end -- (llama.lua asks it each layer)
+end
 cfg.dtype, cfg.device = opt.dtype, opt.device
 zr.manual_seed(0)
 local model
