@@ -2,11 +2,11 @@
  * design (a producer warp loading Q and rings of K and V tiles by TMA, two consumer warpgroups of 64
  * queries each, a persistent schedule of 128 x 128 tiles, heaviest first) with every 128-wide row
  * held as two 64-column atoms of the 128-byte swizzle (two TMA boxes a tile). A consumer step runs
- * S = Q·K^T (eight k = 16 steps), its softmax, then O += P·V (two m64n64 products a k-step, one an
- * atom of V): without the head_dim-64 kernel's overlap of one step's softmax with the previous
- * step's P·V, which holds S, P and O at once (64 + 32 + 64 registers a thread and the rest: about
- * 200, within the consumers' setmaxnreg 240, which ptxas honours — not measured yet); the two
- * warpgroups still overlap each other's products and softmax. K and V have rings of their own, K's slot released as soon as S is done, so each load is
+ * S = Q·K^T (eight k = 16 steps) issued with the previous step's O += P·V (two m64n64 products a
+ * k-step, one an atom of V), and its softmax run while P·V runs: the head_dim-64 kernel's overlap,
+ * S, P and O in registers at once (186 a thread, within the consumers' setmaxnreg 240).
+ * BRANCH d128-fwd-overlap: compiled (no spill, no serialisation, the SASS has the 66 exponentials
+ * between the two waits), NOT RUN ON A GPU: main's kernel runs each step's S, softmax, P·V in turn. K and V have rings of their own, K's slot released as soon as S is done, so each load is
  * issued a step or more before it is needed. Shared memory: two Q tiles (64 KB), two K and two V
  * stages (128 KB). bf16/f16; output and lse as the head_dim-64 kernel's (and the mma.sync
  * backward's) conventions. */
@@ -162,31 +162,30 @@ __global__ void __launch_bounds__(F8_THR, 1)
         const int lomax = lo0 > lo1 ? lo0 : lo1;
         /* this warpgroup's 64 rows of each Q atom */
         const sdesc dq0(smem_u32(sQb + wg * 64 * 64));
-        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, al0, al1, rs0, rs1;
+        float m0 = -INFINITY, m1 = -INFINITY, l0, l1, al0, al1, rs0, rs1;
         float acc[2][32], sc[64];
         uint32_t pf[8][4];
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[0][i] = acc[1][i] = 0.f;
-        mbar_wait(&qfull[n & 1], (n >> 1) & 1);
-        for (int it = 0; it < nkv; ++it) {
-            const unsigned j = kv + it, s = j % F8_ST, ph = (j / F8_ST) & 1;
-            mbar_wait(&kfull[s], ph);
-            {
-                const sdesc dk0(smem_u32(sK + s * TE));
-                wg_fence();
+        auto issue_s = [&](unsigned st_) { /* sc = Q·K^T over the eight k-steps, K of stage st_ */
+            const sdesc dk0(smem_u32(sK + st_ * TE));
 #pragma unroll
-                for (int kk = 0; kk < 8; ++kk) { /* k-step kk: columns 16kk.. of Q and K, atom kk / 4 */
-                    const uint32_t off = (kk >> 2) * f8_smem::ATOM + (kk & 3) * 32;
-                    wg_ss128<T>(sc, dq0.at(off), dk0.at(off), kk);
-                }
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(sc);
+            for (int kk = 0; kk < 8; ++kk) { /* k-step kk: columns 16kk.. of Q and K, atom kk / 4 */
+                const uint32_t off = (kk >> 2) * f8_smem::ATOM + (kk & 3) * 32;
+                wg_ss128<T>(sc, dq0.at(off), dk0.at(off), kk);
             }
-            if (lane == 0) mbar_arrive(&kempty[s]);
-            const int key0 = (qt - it) * F8_B;
-            if (VL && key0 < lomax) mask_before<16>(sc, key0 + t4 * 2, lo0, lo1);
-            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, it == 0, key0 + t4 * 2, qrow, scale_log2);
+            wg_commit();
+        };
+        auto issue_pv = [&](unsigned st_) { /* acc += P·V, V of stage st_: each atom's 64 columns */
+            const sdesc dv0(smem_u32(sV + st_ * TE));
+#pragma unroll
+            for (int kc = 0; kc < 8; ++kc) {
+                wg_rs64<T, 1>(acc[0], pf[kc], dv0.at(kc * 2048), 1);
+                wg_rs64<T, 1>(acc[1], pf[kc], dv0.at(f8_smem::ATOM + kc * 2048), 1);
+            }
+            wg_commit();
+        };
+        auto rescale = [&]() { /* O and l by the step's factors, then l += the step's row sums */
             fwd_rescale(acc[0], l0, l1, al0, al1, rs0, rs1);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
@@ -195,25 +194,63 @@ __global__ void __launch_bounds__(F8_THR, 1)
                 acc[1][4 * i + 2] *= al1;
                 acc[1][4 * i + 3] *= al1;
             }
+        };
+        mbar_wait(&qfull[n & 1], (n >> 1) & 1);
+        { /* step 0: the diagonal tile (load kv) */
+            const unsigned s0 = kv % F8_ST;
+            mbar_wait(&kfull[s0], (kv / F8_ST) & 1);
+            wg_fence();
+            issue_s(s0);
+            wg_wait<0>();
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(&kempty[s0]);
+            if (VL && qt * F8_B < lomax) mask_before<16>(sc, qt * F8_B + t4 * 2, lo0, lo1);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, true, qt * F8_B + t4 * 2, qrow, scale_log2);
+            l0 = rs0;
+            l1 = rs1;
             pack_a<T, 8>(pf, sc);
-            mbar_wait(&vfull[s], ph);
-            {
-                const sdesc dv0(smem_u32(sV + s * TE));
-                reg_fence(acc[0]);
-                reg_fence(acc[1]);
-                reg_fence(pf);
-                wg_fence();
-#pragma unroll
-                for (int kc = 0; kc < 8; ++kc) { /* keys 16kc..: rows of V, each atom's 64 columns */
-                    wg_rs64<T, 1>(acc[0], pf[kc], dv0.at(kc * 2048), 1);
-                    wg_rs64<T, 1>(acc[1], pf[kc], dv0.at(f8_smem::ATOM + kc * 2048), 1);
-                }
-                wg_commit();
-                wg_wait<0>();
-                reg_fence(acc[0]);
-                reg_fence(acc[1]);
-            }
-            if (lane == 0) mbar_arrive(&vempty[s]);
+        }
+        /* step it: S of load j = kv + it under the previous load's P·V, its softmax while P·V runs */
+        for (int it = 1; it < nkv; ++it) {
+            const unsigned j = kv + it, s = j % F8_ST, sp = (j - 1) % F8_ST;
+            mbar_wait(&kfull[s], (j / F8_ST) & 1);
+            mbar_wait(&vfull[sp], ((j - 1) / F8_ST) & 1);
+            reg_fence(acc[0]);
+            reg_fence(acc[1]);
+            reg_fence(pf);
+            wg_fence();
+            issue_s(s);
+            issue_pv(sp);
+            wg_wait<1>(); /* S done; P·V may still run */
+            reg_fence(sc);
+            if (lane == 0) mbar_arrive(&kempty[s]);
+            const int key0 = (qt - it) * F8_B;
+            if (VL && key0 < lomax) mask_before<16>(sc, key0 + t4 * 2, lo0, lo1);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+            /* the head_dim-64 kernel's pin (the softmax before the P·V wait: row sums are never negative),
+             * with a sleep in place of its trap: a trap's exit block made ptxas spill 200 bytes and serialise
+             * the wgmma here (C7512), the sleep neither (186 registers under setmaxnreg 240) */
+            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) asm volatile("nanosleep.u32 0;");
+            wg_wait<0>();
+            reg_fence(acc[0]);
+            reg_fence(acc[1]);
+            reg_fence(pf);
+            if (lane == 0) mbar_arrive(&vempty[sp]);
+            rescale();
+            pack_a<T, 8>(pf, sc);
+        }
+        { /* P·V of the last load */
+            const unsigned jl = kv + nkv - 1, sl = jl % F8_ST;
+            mbar_wait(&vfull[sl], (jl / F8_ST) & 1);
+            reg_fence(acc[0]);
+            reg_fence(acc[1]);
+            reg_fence(pf);
+            wg_fence();
+            issue_pv(sl);
+            wg_wait<0>();
+            reg_fence(acc[0]);
+            reg_fence(acc[1]);
+            if (lane == 0) mbar_arrive(&vempty[sl]);
         }
         f8_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
                        o + w.b * so.sb + w.h * so.sh, so.st, lse + ((size_t)w.b * Hq + w.h) * T_, T_, lane,
