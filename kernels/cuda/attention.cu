@@ -763,7 +763,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int G = (int)(Hq / Hkv);
     attn_sm90_bwd_maps maps;
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
-                        attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_,
+                        attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_, D,
                                                 mma_dtype<T>::value) == 0;
     if (!hopper && !dense_all)
         return -1;
@@ -773,7 +773,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
         Dd, hopper ? nl2 : nullptr, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
         same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
     if (hopper) {
-        attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, ns, nkv, scale,
+        attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, D, ns, nkv, scale,
                            mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;

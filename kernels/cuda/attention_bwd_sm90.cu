@@ -20,7 +20,6 @@ using namespace sm90;
  * FA3 uses the same 128×128 for head_dim 64. Shared memory: K, V 32 KB; Q, dO 2 × 32 KB; dS^T 2 ×
  * 32 KB; dQ 32 KB = 192 KB, which leaves no room for a third Q/dO stage nor a second K/V buffer
  * (227 KB per block). */
-#define WS_BN 128              /* keys per work item */
 #define WS_BM 128              /* queries per step */
 #define WS_ST 2                /* Q/dO/lse/D stages */
 #define WS_CONS 256            /* two consumer warpgroups */
@@ -40,39 +39,6 @@ struct ws_smem {
     static constexpr int BYTES = BAR + 8 * (2 + 2 * WS_ST + 4);
 };
 static_assert(ws_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
-
-/* A work item: key tile j (128 keys) of kv head hk of batch b, with split `split` of the kv head's
- * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
- * steps over the query tiles i >= j, step it is head h0 + it / nq, tile j + it % nq. With packed
- * sequences (VL; hi: one past the last token of each token's sequence) nq stops at the tile holding
- * the last query of the tile's last key's sequence. */
-struct ws_item {
-    int j, split, bhk, b, hk, h0, nq, niter;
-};
-/* Item code x·nT + j (ws_sched_item, attention_sched.h): x = (b·Hkv + hk)·nsplit + split,
- * key tile j (weight rank j: key tile 0, the heaviest, has nT query tiles). Item counts fit an int:
- * 2^31 items would be 2^31 × 128 query rows, terabytes of Q. */
-template <bool VL>
-static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int Hkv, int G, int nsplit,
-                                                    const int32_t *hi, int T_) {
-    ws_item t;
-    const int x = code / nT;
-    t.j = code - x * nT;
-    t.split = x % nsplit;
-    t.bhk = x / nsplit;
-    t.b = t.bhk / Hkv;
-    t.hk = t.bhk % Hkv;
-    const int Gs = G / nsplit;
-    t.h0 = t.hk * G + t.split * Gs;
-    t.nq = nT - t.j;
-    if (VL) { /* packed sequences: the query tiles up to the end of the last key's sequence */
-        const int last = (t.j + 1) * WS_BN < T_ ? (t.j + 1) * WS_BN - 1 : T_ - 1;
-        const int qe = (hi[(size_t)t.b * T_ + last] + WS_BM - 1) / WS_BM;
-        if (qe - t.j < t.nq) t.nq = qe - t.j;
-    }
-    t.niter = Gs * t.nq;
-    return t;
-}
 
 /* Persistent: grid = attn_sm90_blocks(1, items) blocks (one per SM, at most one per pair of items),
  * block blk runs items ws_sched_item(sc, r), r = 0, 1, ... (pairs of equal cost, neighbouring
@@ -165,11 +131,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
             };
             int c = 0; /* the block's step */
             for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
+                const ws_item t = ws_decode<VL, WS_BM>(w, nT, nT, Hkv, G, nsplit, hi, T_);
                 if (r == 0 && lane == 0) load_kv(t);
                 const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
                 if (wn >= 0 && lane == 0) {
-                    const ws_item u = ws_decode<VL>(wn, nT, Hkv, G, nsplit, hi, T_);
+                    const ws_item u = ws_decode<VL, WS_BM>(wn, nT, nT, Hkv, G, nsplit, hi, T_);
                     tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
                     tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
                 }
@@ -207,7 +173,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
         } else if (warp_id == WS_DQWARP) {
             int c = 0;
             for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
+                const ws_item t = ws_decode<VL, WS_BM>(w, nT, nT, Hkv, G, nsplit, hi, T_);
                 for (int it = 0; it < t.niter; ++it, ++c) {
                     const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
 #pragma unroll
@@ -238,7 +204,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const uint32_t aK = smem_u32(sK);
     int c = 0; /* the block's step */
     for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-        const ws_item t = ws_decode<VL>(w, nT, Hkv, G, nsplit, hi, T_);
+        const ws_item t = ws_decode<VL, WS_BM>(w, nT, nT, Hkv, G, nsplit, hi, T_);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
         /* packed sequences: one past the last query of each key's sequence (none past T) */
@@ -393,13 +359,13 @@ extern "C" int attn_sm90_device_ok(void) {
 }
 
 static int supported(int64_t Dh, zr_dtype dt) {
-    return Dh == 64 && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok();
+    return (Dh == 64 || Dh == 128) && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok();
 }
 
-/* the forwards: head_dim 64 (attention_fwd_sm90.cu) and 128 (attention_fwd_sm90_d128.cu) */
+/* the forwards: head_dim 64 (attention_fwd_sm90.cu) and 128 (attention_fwd_sm90_d128.cu); the
+ * backwards: 64 (here) and 128 (attention_bwd_sm90_d128.cu) */
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
-    return g_force_fwd != 0 && (Dh == 64 || Dh == 128) && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok() &&
-           attn_sm90_tma_ready();
+    return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
 extern "C" int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_bwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
@@ -421,15 +387,17 @@ extern "C" int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T
 extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dout,
                                        const void *q, const void *k, const void *v,
                                        const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv,
-                                       int64_t T_, zr_dtype dt) {
-    /* dqacc: (B, Hq, T, 64) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
-    const uint64_t qd[4] = {64, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
-    const uint64_t qs[3] = {64 * 4, (uint64_t)T_ * 64 * 4, (uint64_t)(Hq * T_) * 64 * 4};
+                                       int64_t T_, int64_t Dh, zr_dtype dt) {
+    /* dqacc: (B, Hq, T, Dh) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
+    const uint64_t qd[4] = {(uint64_t)Dh, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
+    const uint64_t qs[3] = {(uint64_t)Dh * 4, (uint64_t)(T_ * Dh) * 4, (uint64_t)(Hq * T_ * Dh) * 4};
     const uint32_t qb[4] = {32, 64, 1, 1};
-    return attn_sm90_head_map(&m->q, q, &L->q, B, Hq, T_, WS_BM, dt) ||
-                   attn_sm90_head_map(&m->dout, dout, &L->dout, B, Hq, T_, WS_BM, dt) ||
-                   attn_sm90_head_map(&m->k, k, &L->k, B, Hkv, T_, WS_BN, dt) ||
-                   attn_sm90_head_map(&m->v, v, &L->v, B, Hkv, T_, WS_BN, dt) ||
+    /* queries a step, keys an item: head_dim 64's kernel 128 and 128, 128's 64 and 128 */
+    const int bm = Dh == 64 ? WS_BM : attn_sm90_bwd128_queries(), bn = WS_BN;
+    return attn_sm90_head_map(&m->q, q, &L->q, B, Hq, T_, Dh, bm, dt) ||
+                   attn_sm90_head_map(&m->dout, dout, &L->dout, B, Hq, T_, Dh, bm, dt) ||
+                   attn_sm90_head_map(&m->k, k, &L->k, B, Hkv, T_, Dh, bn, dt) ||
+                   attn_sm90_head_map(&m->v, v, &L->v, B, Hkv, T_, Dh, bn, dt) ||
                    attn_sm90_tmap(&m->dq, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, dqacc, qd, qs, qb)
                ? -1
                : 0;
@@ -477,9 +445,11 @@ static void bwd_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *w
 
 extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                                    const float *nl2, const float *Dd, const zr_attn_layout *L,
-                                   int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                                   int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns,
                                    int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
-    if (dt == ZR_BF16)
+    if (Dh == 128)
+        attn_sm90_backward128(m, dk, dv, wkv, nl2, Dd, L, B, Hq, Hkv, T, ns, nkv, scale, dt, st);
+    else if (dt == ZR_BF16)
         bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else
         bwd_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);

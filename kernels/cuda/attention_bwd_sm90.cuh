@@ -11,6 +11,45 @@
 
 namespace sm90 {
 
+#define WS_BN 128 /* keys per work item (head_dim 64 and 128) */
+
+/* A work item: key tile j (WS_BN keys) of kv head hk of batch b, with split `split` of the kv head's
+ * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
+ * steps over the query tiles of BM rows from the key tile's first query on, step it is head
+ * h0 + it / nq, query tile (WS_BN / BM)·j + it % nq. With packed sequences (VL; hi: one past the
+ * last token of each token's sequence) nq stops at the tile holding the last query of the tile's
+ * last key's sequence. */
+struct ws_item {
+    int j, split, bhk, b, hk, h0, nq, niter;
+};
+/* Item code x·nT + j (ws_sched_item, attention_sched.h): x = (b·Hkv + hk)·nsplit + split,
+ * key tile j (weight rank j: key tile 0, the heaviest, has the most query tiles); nQ: query tiles
+ * of BM rows in T. Item counts fit an int: 2^31 items would be 2^31 × 128 query rows, terabytes
+ * of Q. */
+template <bool VL, int BM>
+static __device__ __forceinline__ ws_item ws_decode(int code, int nT, int nQ, int Hkv, int G,
+                                                    int nsplit, const int32_t *hi, int T_) {
+    static_assert(WS_BN % BM == 0, "query tiles must divide the key tile");
+    constexpr int R = WS_BN / BM;
+    ws_item t;
+    const int x = code / nT;
+    t.j = code - x * nT;
+    t.split = x % nsplit;
+    t.bhk = x / nsplit;
+    t.b = t.bhk / Hkv;
+    t.hk = t.bhk % Hkv;
+    const int Gs = G / nsplit;
+    t.h0 = t.hk * G + t.split * Gs;
+    t.nq = nQ - R * t.j;
+    if (VL) { /* packed sequences: the query tiles up to the end of the last key's sequence */
+        const int last = (t.j + 1) * WS_BN < T_ ? (t.j + 1) * WS_BN - 1 : T_ - 1;
+        const int qe = (hi[(size_t)t.b * T_ + last] + BM - 1) / BM;
+        if (qe - R * t.j < t.nq) t.nq = qe - R * t.j;
+    }
+    t.niter = Gs * t.nq;
+    return t;
+}
+
 /* A per-query row vector's values (lse, D) at this thread's 16 query columns of a half (8nt + 2t4
  * and + 1, accumulator layout), from p = the half's first column + 2t4 in shared memory: eight 8-byte
  * loads, issued ahead of the wgmma wait that precedes their use. */
@@ -198,22 +237,23 @@ store_dkv_rows(uint16_t *dk, uint16_t *dv, const float (&dka)[32], const float (
     __syncwarp(); /* every lane's reads done before the warp writes these rows again */
 }
 
-/* Epilogue of a warpgroup's 64 keys: this thread's rows key0, key0 + 8 (accumulator layout) of kv
- * head hk of batch b. nsplit == 1: dk (scaled) and dv into their strided outputs; else f32
- * partials (dk unscaled) at split's slot of ws_dkv, contiguous (B·Hkv, T, 64) each. */
-template <typename T>
+/* Epilogue of a warpgroup's 64 keys, columns col0 .. col0 + 63 of DH: this thread's rows key0,
+ * key0 + 8 (accumulator layout) of kv head hk of batch b. nsplit == 1: dk (scaled) and dv into
+ * their strided outputs; else f32 partials (dk unscaled) at split's slot of ws_dkv, contiguous
+ * (B·Hkv, T, DH) each. */
+template <typename T, int DH = 64>
 static __device__ __forceinline__ void
 store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], const float (&dva)[32],
           const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int bhk, int key0,
-          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale) {
+          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale, int col0 = 0) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-        const int c = nt * 8 + t4 * 2;
+        const int c = col0 + nt * 8 + t4 * 2;
 #pragma unroll
         for (int hlf = 0; hlf < 2; ++hlf) {
             const int key = key0 + hlf * 8;
             if (key >= T_) continue;
-            const size_t off = ((size_t)bhk * T_ + key) * 64 + c; /* contiguous partials */
+            const size_t off = ((size_t)bhk * T_ + key) * DH + c; /* contiguous partials */
             const int e = 4 * nt + 2 * hlf;
             if (nsplit == 1) {
                 *reinterpret_cast<uint32_t *>(dk + b * sdk.sb + hk * sdk.sh + key * sdk.st + c) =

@@ -306,8 +306,8 @@ extern "C" int attn_sm90_tmap(CUtensorMap *m, CUtensorMapDataType ty, const void
 }
 
 extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_attn_strides *sd,
-                                  int64_t B, int64_t H, int64_t T_, int rows, zr_dtype dt) {
-    const uint64_t dims[4] = {64, (uint64_t)T_, (uint64_t)H, (uint64_t)B};
+                                  int64_t B, int64_t H, int64_t T_, int64_t Dh, int rows, zr_dtype dt) {
+    const uint64_t dims[4] = {(uint64_t)Dh, (uint64_t)T_, (uint64_t)H, (uint64_t)B};
     const uint64_t strides[3] = {(uint64_t)sd->st * 2, (uint64_t)sd->sh * 2, (uint64_t)sd->sb * 2};
     const uint32_t box[4] = {64, (uint32_t)rows, 1, 1};
     return attn_sm90_tmap(m, dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -320,9 +320,9 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                       float scale, zr_dtype dt, cudaStream_t st) {
     CUtensorMap mq, mk, mv;
-    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, F2_BM, dt) ||
-        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, F2_BN, dt) ||
-        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, F2_BN, dt))
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 64, F2_BM, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 64, F2_BN, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 64, F2_BN, dt))
         return -1;
     auto kern = L.seg ? attn_fwd_sm90_kernel<T, true> : attn_fwd_sm90_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);

@@ -5,8 +5,7 @@
  * S = Q·K^T (eight k = 16 steps) issued with the previous step's O += P·V (two m64n64 products a
  * k-step, one an atom of V), and its softmax run while P·V runs: the head_dim-64 kernel's overlap,
  * S, P and O in registers at once (186 a thread, within the consumers' setmaxnreg 240).
- * BRANCH d128-fwd-overlap: compiled (no spill, no serialisation, the SASS has the 66 exponentials
- * between the two waits), NOT RUN ON A GPU: main's kernel runs each step's S, softmax, P·V in turn. K and V have rings of their own, K's slot released as soon as S is done, so each load is
+ * K and V have rings of their own, K's slot released as soon as S is done, so each load is
  * issued a step or more before it is needed. Shared memory: two Q tiles (64 KB), two K and two V
  * stages (128 KB). bf16/f16; output and lse as the head_dim-64 kernel's (and the mma.sync
  * backward's) conventions. */
@@ -265,23 +264,13 @@ __global__ void __launch_bounds__(F8_THR, 1)
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-/* The map of a (B, H, T, 128) 16-bit operand with element strides sd, in boxes of rows x 64 (one
- * atom: two boxes a tile row). */
-static int head_map128(CUtensorMap *m, const void *base, const zr_attn_strides *sd, int64_t B, int64_t H,
-                       int64_t T_, int rows, zr_dtype dt) {
-    const uint64_t dims[4] = {128, (uint64_t)T_, (uint64_t)H, (uint64_t)B};
-    const uint64_t strides[3] = {(uint64_t)sd->st * 2, (uint64_t)sd->sh * 2, (uint64_t)sd->sb * 2};
-    const uint32_t box[4] = {64, (uint32_t)rows, 1, 1};
-    return attn_sm90_tmap(m, dt == ZR_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, base,
-                          dims, strides, box);
-}
-
 template <typename T>
 static int fwd128_launch(void *o, float *lse, const void *q, const void *k, const void *v, const zr_attn_layout &L,
                          int64_t B, int64_t Hq, int64_t Hkv, int64_t T_, float scale, zr_dtype dt, cudaStream_t st) {
     CUtensorMap mq, mk, mv;
-    if (head_map128(&mq, q, &L.q, B, Hq, T_, F8_B, dt) || head_map128(&mk, k, &L.k, B, Hkv, T_, F8_B, dt) ||
-        head_map128(&mv, v, &L.v, B, Hkv, T_, F8_B, dt))
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 128, F8_B, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 128, F8_B, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 128, F8_B, dt))
         return -1;
     auto kern = L.seg ? attn_fwd_sm90_d128_kernel<T, true> : attn_fwd_sm90_d128_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f8_smem::BYTES);

@@ -17,8 +17,8 @@ extern "C" {
 
 #include "../base/dtype.h"
 
-/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device (the forward:
- * head_dim 64 and 128; the backward: 64). */
+/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device (head_dim 64
+ * and 128, forward and backward). */
 int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt);
 int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 
@@ -48,9 +48,10 @@ int attn_sm90_device_ok(void);
  * the 128-byte swizzle and zero fill out of bounds; -1 when the driver cannot. */
 int attn_sm90_tmap(CUtensorMap *m, CUtensorMapDataType ty, const void *base, const uint64_t dims[4],
                    const uint64_t strides[3], const uint32_t box[4]);
-/* The map of a (B, H, T, 64) 16-bit operand with element strides sd, in boxes of rows × 64. */
+/* The map of a (B, H, T, Dh) 16-bit operand with element strides sd, in boxes of rows × 64 (one
+ * swizzle atom: Dh / 64 boxes a tile row). */
 int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_attn_strides *sd, int64_t B,
-                       int64_t H, int64_t T, int rows, zr_dtype dt);
+                       int64_t H, int64_t T, int64_t Dh, int rows, zr_dtype dt);
 
 /* Forward: o, lse as in attention_forward_cuda (scale already resolved). Returns -1 (nothing
  * launched) when a tensor map cannot be encoded. */
@@ -74,15 +75,22 @@ typedef struct {
 /* -1 when a map cannot be encoded (nothing launched). */
 int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dout, const void *q,
                             const void *k, const void *v, const zr_attn_layout *L, int64_t B,
-                            int64_t Hq, int64_t Hkv, int64_t T, zr_dtype dt);
+                            int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, zr_dtype dt);
 /* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's), which
  * must be zeroed; nl2 = −lse·log2 e and Dd = rowsum(dO∘O) per query row (attention.cu's prep
  * kernel); with ns > 1 f32 partials of dk (unscaled) and dv go to wkv (ns·nkv each) for
  * attention.cu's reduction, else dk (scaled) and dv are written directly. */
 void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                         const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
-                        int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
-                        zr_dtype dt, cudaStream_t st);
+                        int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns, int64_t nkv,
+                        float scale, zr_dtype dt, cudaStream_t st);
+/* The same at head_dim 128 (attention_bwd_sm90_d128.cu), and the queries a step of its kernel (the
+ * rows of its Q and dO maps' boxes). */
+void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                           const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
+                           int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
+                           zr_dtype dt, cudaStream_t st);
+int attn_sm90_bwd128_queries(void);
 
 #ifdef __cplusplus
 }

@@ -1135,7 +1135,7 @@ function M.llama_activations(cfg, o)
     S:push()
     local a1
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
-    local strided = D == 64 and b == 2 -- the Hopper attention kernels read strided q, k, v
+    local strided = (D == 64 or D == 128) and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
     -- projections as llama.lua runs them: a group (q/k/v, gate/up) with an adapter as one zr.lora_multi (project_lora;
     -- a plain frozen projection among them without one), an adapted o_proj or down_proj as one of its own; else the

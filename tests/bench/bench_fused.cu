@@ -148,8 +148,7 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
  * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA) at head_dim 64; then head_dim 128
  * (Qwen3-0.6B's 16 / 8 heads at B4 T512, Llama-3-8B's 32 / 8 at B4 T2048 and B1 T8192) with the
- * Hopper forward and with the mma.sync one (attn_sm90_force(0, ..): the backward is mma.sync's at
- * 128 either way). */
+ * Hopper kernels and with the mma.sync ones (attn_sm90_force(0, 0)). */
 static void attention_rows(bool sustained) {
     const char *title = sustained ? "attention (causal, bf16, sustained)" : "attention (causal, bf16)";
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
@@ -158,13 +157,13 @@ static void attention_rows(bool sustained) {
                                  {64, 12, 12, 1024, 64}, {4, 16, 8, 512, 128}, {4, 32, 8, 2048, 128},
                                  {1, 32, 8, 8192, 128}};
     /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile;
-     * mode 2: head_dim 128 with the mma.sync forward */
+     * mode 2: head_dim 128 on the mma.sync kernels */
     for (int mode : {0, 1, 2})
     for (auto &s : shapes) {
         const int grid = mode == 1 ? -1 : 0;
         if ((sustained && mode == 1) || (mode == 2 && s[4] != 128)) continue;
         attn_sm90_grid(grid, grid);
-        attn_sm90_force(mode == 2 ? 0 : -1, -1);
+        attn_sm90_force(mode == 2 ? 0 : -1, mode == 2 ? 0 : -1);
         const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
         const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
         void *q = bf(nq), *k = bf(nk), *v = bf(nk), *o = bf(nq), *dO = bf(nq), *dq = bf(nq),
@@ -189,7 +188,7 @@ static void attention_rows(bool sustained) {
         char shape[64];
         snprintf(shape, sizeof shape, "B%lld T%lld H%lld/%lld Dh%lld%s", (long long)B, (long long)T,
                  (long long)Hq, (long long)Hkv, (long long)Dh,
-                 mode == 1 ? " tile/block" : mode == 2 ? " mma.sync fwd" : "");
+                 mode == 1 ? " tile/block" : mode == 2 ? " mma.sync" : "");
         printf("%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\n", shape, f, bw, fb,
                ff / (f * 1e-3) / 1e12, fbw / (bw * 1e-3) / 1e12,
                (ff + fbw) / (fb * 1e-3) / 1e12);
@@ -203,7 +202,7 @@ static void attention_rows(bool sustained) {
 /* Packed-sequence rows (zr_attn_layout.seg): 8192 tokens as one row of sequences of 20..619 tokens
  * (a fixed pseudo-random draw, the last cut to fit: WikiText paragraphs' range, what TRL's bfd blocks
  * hold), against the same tokens as 8 causal rows of 1024 (wrapped blocks) and as one causal row;
- * B H32/8 at head_dim 64 (the Hopper kernels) and 128 (mma.sync). TFLOP/s count the attention each
+ * B H32/8 at head_dim 64 and 128 (the Hopper kernels). TFLOP/s count the attention each
  * layout computes: the sequences' own causal products (sum of L²/2), the rows' for the others. */
 static void varlen_rows() {
     const int64_t N = 8192, Hq = 32, Hkv = 8;

@@ -784,8 +784,10 @@ struct fused_qkv {
 };
 
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
- * at Dh 64, the forward at 128 with the mma.sync backward) and on the mma.sync fallback
- * (attn_sm90_force(0, 0)). At Dh 128, T = 300 and 550 wrap the forward's two-stage K and V rings. The Hq/Hkv = 3 shape is never split (odd group):
+ * at Dh 64 and 128) and on the mma.sync fallback (attn_sm90_force(0, 0)). At Dh 128, T = 300 and
+ * 550 wrap the forward's two-stage K and V rings and the backward's (64 queries a step: up to 18
+ * steps an item at T = 550, its query head changing within the item for Hq/Hkv 3 and 4; T = 192
+ * ends on a half key tile, its last query tile whole). The Hq/Hkv = 3 shapes are never split (odd group):
  * blocks of up to 9 iterations, so the backward's rings and buffers wrap several times and its
  * query head changes within a block; T = 550 gives the forward 5 key tiles, so its 4-stage ring
  * wraps, and a last query tile whose second warpgroup has no row before T. B2 H8/2 T550 on 3
@@ -796,7 +798,8 @@ TEST(attention_forward_backward) {
                                  {1, 1, 1, 1, 64},   {2, 4, 2, 37, 64},  {1, 2, 2, 64, 64},
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}, {2, 8, 2, 550, 64},
-                                 {1, 8, 2, 300, 128}, {2, 4, 1, 550, 128}};
+                                 {1, 8, 2, 300, 128}, {2, 4, 1, 550, 128}, {1, 3, 1, 550, 128},
+                                 {1, 2, 2, 192, 128}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
     /* modes: the Hopper kernels with their default grid (one block per SM), with 3 blocks (each
      * runs many tiles: rings, barriers and the ping-pong carry over tiles), with a block per tile;

@@ -1,0 +1,328 @@
+/* Causal GQA flash attention backward for Hopper (sm_90a) at head_dim 128: attention_bwd_sm90.cu's
+ * design (a producer warp filling a ring of Q, dO, lse and D; two consumer warpgroups of 64 keys
+ * each holding their keys' dK and dV in registers; a dQ warp reduce-adding dQ tiles; the same
+ * persistent schedule of 128-key work items) with 64 queries a step instead of 128, as
+ * FlashAttention-3 takes at this head_dim: dK and dV of 64 keys x 128 are 128 registers a thread,
+ * which leaves room for S^T and dP^T of 64 keys x 64 queries (32 each) and no more. Every 128-wide
+ * row is two 64-column atoms of the 128-byte swizzle (two TMA boxes a tile row), as in the forward
+ * (attention_fwd_sm90_d128.cu).
+ * A consumer step (warpgroup w, keys kv0 + 64w ..; one query tile of 64):
+ *   S^T = K_w Q^T and dP^T = V_w dO^T, eight k = 16 steps each with both operands in shared memory
+ *     (K_w and V_w as registers would take 64 more);
+ *   P^T and dS^T = P^T o (dP^T - D) in registers; dS^T also into shared memory;
+ *   dV += P^T dO and dK += dS^T Q (A from registers, two m64n64 products a k-step, one an atom);
+ *   after a named barrier (the other warpgroup's dS^T rows), dQ for columns 64w .. 64w + 63 =
+ *     dS K[:, 64w ..] over all 128 keys, staged for the dQ warp's reduce-add (two 64 x 32 boxes).
+ * Barriers, phases and the release order are the head_dim-64 kernel's (its comment); the query
+ * tiles of item j start at tile 2j (the key tile's first query), and the first two carry the
+ * causal mask (the second only for warpgroup 1). */
+#include "attention_sm90.h"
+
+#include "attention_bwd_sm90.cuh"
+#include "attention_sched.h"
+#include "fused_common.cuh" /* num_sms */
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_bwd_sm90_d128.cu needs -gencode arch=compute_90a,code=sm_90a (wgmma)"
+#endif
+
+using namespace sm90;
+
+#define B8_BM 64               /* queries per step */
+#define B8_ST 2                /* Q/dO/lse/D stages */
+#define B8_CONS 256            /* two consumer warpgroups */
+#define B8_THR (B8_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
+#define B8_PRODUCER (B8_CONS / 32)
+#define B8_DQWARP (B8_PRODUCER + 1)
+#define B8_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
+
+/* Shared memory from a 1024-byte boundary: K and V tiles [2 atoms][128 keys][64]; B8_ST stages of Q
+ * and of dO [2][64 queries][64]; two dS^T buffers [128 keys][64 queries]; the two warpgroups' dQ
+ * tiles (64 x 64 f32, two 64 x 32 boxes each); lse, D rows; the mbarriers (kvfull, kvempty,
+ * full[B8_ST], empty[B8_ST], dqfull[2], dqempty[2]). */
+struct b8_smem {
+    static constexpr int KATOM = WS_BN * 64 * 2, QATOM = B8_BM * 64 * 2; /* bytes */
+    static constexpr int DSB = WS_BN * B8_BM * 2;
+    static constexpr int K = 0, V = K + 2 * KATOM, Q = V + 2 * KATOM, DO = Q + B8_ST * 2 * QATOM;
+    static constexpr int DS = DO + B8_ST * 2 * QATOM, DQ = DS + 2 * DSB;
+    static constexpr int L = DQ + 2 * 64 * 64 * 4, D = L + B8_ST * B8_BM * 4;
+    static constexpr int BAR = D + B8_ST * B8_BM * 4;
+    static constexpr int BYTES = BAR + 8 * (2 + 2 * B8_ST + 4);
+};
+static_assert(b8_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
+
+/* Issues dV += P^T·dO and dK += dS^T·Q over the step's 64 queries (dO, Q: the stage's tiles; each
+ * 128-wide accumulator as two 64-column halves, one an atom) as one commit group, left in flight. */
+template <typename T>
+static __device__ __forceinline__ void dvdk_issue128(float (&dva)[2][32], float (&dka)[2][32],
+                                                     const uint32_t (&pf)[4][4],
+                                                     const uint32_t (&sf)[4][4], const sdesc &dO,
+                                                     const sdesc &dQ) {
+    reg_fence(dva[0]);
+    reg_fence(dva[1]);
+    reg_fence(dka[0]);
+    reg_fence(dka[1]);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        wg_rs64<T, 1>(dva[0], pf[kc], dO.at(kc * 2048), 1);
+        wg_rs64<T, 1>(dva[1], pf[kc], dO.at(b8_smem::QATOM + kc * 2048), 1);
+    }
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+        wg_rs64<T, 1>(dka[0], sf[kc], dQ.at(kc * 2048), 1);
+        wg_rs64<T, 1>(dka[1], sf[kc], dQ.at(b8_smem::QATOM + kc * 2048), 1);
+    }
+    wg_commit();
+}
+
+/* Issues d = A_w·B^T over head_dim 128 (eight k-steps, atom kk / 4) as one commit group: A_w this
+ * warpgroup's 64 rows of a 128-row tile (a: their first row), B the stage's 64-row tile. */
+template <typename T>
+static __device__ __forceinline__ void sdp_issue(float (&d)[32], const sdesc &a, const sdesc &b) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+        wg_ss64<T, 0, 0>(d, a.at((kk >> 2) * b8_smem::KATOM + (kk & 3) * 32),
+                         b.at((kk >> 2) * b8_smem::QATOM + (kk & 3) * 32), kk);
+    wg_commit();
+}
+
+template <typename T, bool VL>
+__global__ void __launch_bounds__(B8_THR, 1)
+    attn_bwd_sm90_d128_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
+                              float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
+                              const __grid_constant__ CUtensorMap tdo,
+                              const __grid_constant__ CUtensorMap tk,
+                              const __grid_constant__ CUtensorMap tv,
+                              const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
+                              const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
+                              const int32_t *__restrict__ hi, int T_, int nQ, const ws_sched sc,
+                              int Hq, int Hkv, int G, int nsplit, int64_t kv_elems, float scale,
+                              float scale_log2) {
+    const int nT = sc.nT;
+    constexpr int KAE = b8_smem::KATOM / 2, QAE = b8_smem::QATOM / 2; /* elements of an atom */
+    ZR_SMEM_1024(base);
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + b8_smem::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + b8_smem::V);
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + b8_smem::Q);
+    uint16_t *sdO = reinterpret_cast<uint16_t *>(base + b8_smem::DO);
+    uint16_t *sdS = reinterpret_cast<uint16_t *>(base + b8_smem::DS);
+    float *sdQ = reinterpret_cast<float *>(base + b8_smem::DQ);
+    float *sL = reinterpret_cast<float *>(base + b8_smem::L);
+    float *sD = reinterpret_cast<float *>(base + b8_smem::D);
+    uint64_t *kvfull = reinterpret_cast<uint64_t *>(base + b8_smem::BAR);
+    uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + B8_ST,
+             *dqfull = empty + B8_ST, *dqempty = dqfull + 2;
+
+    const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
+
+    if (tid == 0) {
+        mbar_init(kvfull, 1);
+        mbar_init(kvempty, B8_CONS / 32);
+        for (int s = 0; s < B8_ST; ++s) {
+            mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
+            mbar_init(&empty[s], B8_CONS / 32);
+        }
+        for (int w = 0; w < 2; ++w) {
+            mbar_init(&dqfull[w], 128);
+            mbar_init(&dqempty[w], 1);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads(); /* the last block-wide barrier: the roles part here */
+
+    /* 24 + 2 · 240 = 504 registers a sub-partition */
+    if (warp_id >= B8_PRODUCER) {
+        reg_dealloc<24>();
+        if (warp_id == B8_PRODUCER) {
+            auto load_kv = [&](const ws_item &t) { /* lane 0 */
+                mbar_expect_tx(kvfull, 4 * b8_smem::KATOM);
+                for (int h = 0; h < 2; ++h) {
+                    tma_load4(sK + h * KAE, &tk, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
+                    tma_load4(sV + h * KAE, &tv, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
+                }
+            };
+            int c = 0; /* the block's step */
+            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
+                const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
+                if (r == 0 && lane == 0) load_kv(t);
+                const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
+                if (wn >= 0 && lane == 0) {
+                    const ws_item u = ws_decode<VL, B8_BM>(wn, nT, nQ, Hkv, G, nsplit, hi, T_);
+                    for (int h = 0; h < 2; ++h) {
+                        tma_prefetch4(&tk, 64 * h, u.j * WS_BN, u.hk, u.b);
+                        tma_prefetch4(&tv, 64 * h, u.j * WS_BN, u.hk, u.b);
+                    }
+                }
+                for (int it = 0; it < t.niter; ++it, ++c) {
+                    const int s = c % B8_ST, h = t.h0 + it / t.nq, i = 2 * t.j + it % t.nq;
+                    if (c >= B8_ST) mbar_wait(&empty[s], ((c / B8_ST) - 1) & 1);
+                    if (lane == 0) {
+                        mbar_expect_tx(&full[s], 4 * b8_smem::QATOM);
+                        for (int a = 0; a < 2; ++a) {
+                            tma_load4(sQ + (2 * s + a) * QAE, &tq, &full[s], 64 * a, i * B8_BM, h, t.b);
+                            tma_load4(sdO + (2 * s + a) * QAE, &tdo, &full[s], 64 * a, i * B8_BM, h,
+                                      t.b);
+                        }
+                    }
+                    /* −lse·log2 e and D, zero past T (P = 1 there, but dO = D = 0: adds 0) */
+                    const size_t roff = ((size_t)t.b * Hq + h) * T_;
+#pragma unroll
+                    for (int m = 0; m < B8_BM / 32; ++m) {
+                        const int cc = lane + 32 * m, row = i * B8_BM + cc, ok = row < T_;
+                        cp_async4(sL + s * B8_BM + cc, nl2 + roff + (ok ? row : 0), ok ? 4 : 0);
+                        cp_async4(sD + s * B8_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
+                    }
+                    cp_async_mbar_arrive(&full[s]);
+                    if (r > 0 && it == 0) { /* as the head_dim-64 kernel: lane 0 alone waits */
+                        if (lane == 0) {
+                            mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
+                            load_kv(t);
+                        }
+                        __syncwarp();
+                    }
+                }
+            }
+            cp_async_wait<0>(); /* no copy of this thread outlives it */
+        } else if (warp_id == B8_DQWARP) {
+            int c = 0;
+            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
+                const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
+                for (int it = 0; it < t.niter; ++it, ++c) {
+                    const int h = t.h0 + it / t.nq, row0 = (2 * t.j + it % t.nq) * B8_BM;
+#pragma unroll
+                    for (int wg = 0; wg < 2; ++wg) {
+                        mbar_wait(&dqfull[wg], c & 1);
+                        if (lane == 0) {
+                            if (row0 < T_) { /* columns 64wg .. of dQ */
+                                tma_reduce_add4(&tdq, sdQ + wg * 4096, 64 * wg, row0, h, t.b);
+                                tma_reduce_add4(&tdq, sdQ + wg * 4096 + 2048, 64 * wg + 32, row0, h,
+                                                t.b);
+                            }
+                            bulk_commit();
+                            bulk_wait_read<0>();
+                            mbar_arrive(&dqempty[wg]);
+                        }
+                        __syncwarp();
+                    }
+                }
+            }
+            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
+        }
+        return;
+    }
+    reg_alloc<240>();
+
+    /* consumers */
+    const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
+    /* S^T's and dP^T's A: this warpgroup's 64 rows of each K / V atom; dQ's B: K's atom wg */
+    const sdesc dKw(smem_u32(sK + wg * 64 * 64)), dVw(smem_u32(sV + wg * 64 * 64));
+    const uint32_t aKd = smem_u32(sK + wg * KAE);
+    int c = 0; /* the block's step */
+    for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
+        const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
+        const int kv0 = t.j * WS_BN;
+        const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
+        int hi0 = T_, hi1 = T_; /* packed sequences: one past the last query of each key's */
+        if (VL) {
+            const int32_t *hr = hi + (size_t)t.b * T_;
+            if (key0 < T_) hi0 = hr[key0];
+            if (key0 + 8 < T_) hi1 = hr[key0 + 8];
+        }
+        const int himin = hi0 < hi1 ? hi0 : hi1;
+        float dka[2][32], dva[2][32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+            dka[0][e] = dka[1][e] = dva[0][e] = dva[1][e] = 0.f;
+        mbar_wait(kvfull, r & 1);
+
+        for (int it = 0, iq = 0; it < t.niter; ++it, ++c, iq = iq + 1 == t.nq ? 0 : iq + 1) {
+            const int s = c % B8_ST;
+            mbar_wait(&full[s], (c / B8_ST) & 1);
+            const sdesc dQs(smem_u32(sQ + 2 * s * QAE)), dOs(smem_u32(sdO + 2 * s * QAE));
+            const float *cL = sL + s * B8_BM, *cD = sD + s * B8_BM;
+            uint16_t *cdS = sdS + (c & 1) * (b8_smem::DSB / 2); /* [key][query] */
+            const int qc = (2 * t.j + iq) * B8_BM;               /* the step's first query */
+
+            float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
+            reg_fence(st);
+            reg_fence(dpt);
+            wg_fence();
+            sdp_issue<T>(st, dKw, dQs);
+            sdp_issue<T>(dpt, dVw, dOs);
+            float2 cols[8]; /* −lse·log2 e, then D, of this thread's query columns */
+            load_cols(cols, cL + t4 * 2);
+            wg_wait<1>(); /* S^T done, dP^T may still run */
+            reg_fence(st);
+            p_tile(st, cols, scale_log2);
+            if (iq < 2) mask_tile(st, key0 - qc - t4 * 2);
+            if (VL && qc + B8_BM > himin) mask_after(st, hi0 - qc - t4 * 2, hi1 - qc - t4 * 2);
+            load_cols(cols, cD + t4 * 2);
+            wg_wait<0>();
+            reg_fence(dpt);
+            uint32_t pf[4][4], sf[4][4];
+            ds_pack<T>(dpt, st, cols, pf, sf, cdS, wg * 64 + warp * 16, lane);
+            dvdk_issue128<T>(dva, dka, pf, sf, dOs, dQs);
+            fence_proxy_async();
+            bar_sync(B8_BAR_DS, B8_CONS); /* the other warpgroup's dS^T rows are written too */
+
+            float dq[32]; /* dQ[:, 64wg ..] = dS (64 queries × 128 keys) · K[:, 64wg ..] */
+            dq_issue<T>(dq, smem_u32(cdS), aKd);
+            wg_wait<1>(); /* dV/dK products done: Q, dO, lse, D of stage s are read */
+            reg_fence(dva[0]);
+            reg_fence(dva[1]);
+            reg_fence(dka[0]);
+            reg_fence(dka[1]);
+            reg_fence(pf);
+            reg_fence(sf);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+            if (c > 0) mbar_wait(&dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
+            wg_wait<0>();
+            reg_fence(dq);
+            if (it == t.niter - 1) { /* the item's last read of K (and V, earlier) is done */
+                __syncwarp();
+                if (lane == 0) mbar_arrive(kvempty);
+            }
+            dq_stage(sdQ + wg * 4096, dq, warp, g, t4);
+            fence_proxy_async(); /* visible to the TMA unit's reads */
+            mbar_arrive(&dqfull[wg]);
+        }
+
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+            store_dkv<T, 128>(dk, dv, ws_dkv, dka[a], dva[a], sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_,
+                              t.split, nsplit, kv_elems, scale, 64 * a);
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+extern "C" int attn_sm90_bwd128_queries(void) { return B8_BM; }
+
+template <typename T>
+static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
+                          const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
+                          int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
+                          cudaStream_t st) {
+    auto kern = L.seg ? attn_bwd_sm90_d128_kernel<T, true> : attn_bwd_sm90_d128_kernel<T, false>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, b8_smem::BYTES);
+    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + B8_BM - 1) / B8_BM);
+    const int nbh = (int)(B * Hkv * ns);
+    const int blocks = attn_sm90_blocks(1, (int64_t)nbh * nT);
+    const ws_sched sc = ws_schedule(nbh, nT, blocks);
+    kern<<<blocks, B8_THR, b8_smem::BYTES, st>>>(
+        (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
+        L.seg ? L.seg + B * T_ : nullptr, (int)T_, nQ, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns,
+        nkv, scale, scale * 1.4426950408889634f);
+}
+
+extern "C" void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
+                                      const float *nl2, const float *Dd, const zr_attn_layout *L,
+                                      int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                                      int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
+    if (dt == ZR_BF16)
+        bwd128_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+    else
+        bwd128_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+}
