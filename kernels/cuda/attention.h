@@ -1,5 +1,5 @@
 /* Causal flash attention on CUDA (sm_90, bf16/f16 tensor cores through mma.sync m16n8k16; on
- * compute capability 9.0 the Hopper kernels, wgmma and TMA, at head_dim 64 and the forward at 128:
+ * compute capability 9.0 the Hopper kernels, wgmma and TMA, at head_dim 64 and 128:
  * attention_sm90.h) with grouped-query heads. No T×T tensor ever reaches device memory: scores live in registers, tiles
  * of q/k/v in shared memory, softmax is computed online; backward recomputes P from q, k and lse.
  *
@@ -38,7 +38,7 @@ typedef struct {
 } zr_attn_layout;
 
 /* 1 when strided layouts run on the current device for this head_dim/dtype (the Hopper kernels:
- * Dh 64, bf16/f16, compute capability 9.0); then every stride and base must be a multiple of 16
+ * Dh 64 or 128, bf16/f16, compute capability 9.0); then every stride and base must be a multiple of 16
  * bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 /* 1 when the layout's seg (packed sequences) runs on the current device for this head_dim/dtype:

@@ -615,7 +615,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
     return self:sdpa_composed(q, k, v, shape)
   end
   if self.o.gpu and strided then
-    -- the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): q, k, v read in place and kept
+    -- the Hopper kernels (ops/attention.c, head_dim 64 or 128, 16-bit): q, k, v read in place and kept
     -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
     -- output is (B, T, H, D) memory seen transposed, each gradient in its input's layout, dO read
     -- in place; q, k, v that are views of one buffer (qkv_rope's) are judged together
@@ -674,7 +674,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
   return out
 end
 
--- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64, 16-bit): qkv_rope's forward
+-- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64 or 128, 16-bit): qkv_rope's forward
 -- (q, k rotated, v copied into one new (B, T, H + 2 KV, D) buffer, x's size) and the attention
 -- reading q, k, v there; the node keeps what qkv_rope + sdpa keep: that buffer, the output
 -- ((B, T, H·D), o_proj's input as it is) and lse. Backward: dO read in place, the workspace, and
@@ -1200,7 +1200,7 @@ function M.llama_activations(cfg, o)
       -- (the tables' rows: on the segments each token's own, B·T of them, whose first halves the GPU op copies)
       local q = S:rope(S:transpose(qn), flat and N or T, D, tabs)
       local k = S:rope(S:transpose(kn), flat and N or T, D, tabs)
-      -- (head_dim 64 in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
+      -- (head_dim 64 or 128 in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
       local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
       att = S:reshape(S:transpose(ao))
     elseif partial then
