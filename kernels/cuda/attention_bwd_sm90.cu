@@ -448,8 +448,7 @@ extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *
                                    int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns,
                                    int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (Dh == 128)
-        attn_sm90_backward128(m, dk, dv, wkv, nl2, Dd, L, B, Hq, Hkv, T, ns, nkv, scale,
-                              dkv_rows(dk, dv, *L, ns, T), dt, st);
+        attn_sm90_backward128(m, dk, dv, wkv, nl2, Dd, L, B, Hq, Hkv, T, ns, nkv, scale, dt, st);
     else if (dt == ZR_BF16)
         bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else

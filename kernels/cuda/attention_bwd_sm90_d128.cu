@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(B8_THR, 1)
                               const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                               const int32_t *__restrict__ hi, int T_, int nQ, const ws_sched sc,
                               int Hq, int Hkv, int G, int nsplit, int64_t kv_elems, float scale,
-                              float scale_log2, int rows) {
+                              float scale_log2) {
     const int nT = sc.nT;
     constexpr int KAE = b8_smem::KATOM / 2, QAE = b8_smem::QATOM / 2; /* elements of an atom */
     ZR_SMEM_1024(base);
@@ -289,23 +289,10 @@ __global__ void __launch_bounds__(B8_THR, 1)
             mbar_arrive(&dqfull[wg]);
         }
 
-        if (rows) {
-            /* through this warp's rows of its warpgroup's dQ buffer (two 2 KB tiles: its own
-             * rows of the two 64 x 32 boxes, which it writes again only after the next step's
-             * named barrier, which every warp reaches after this), once the dQ warp has read the
-             * last step's tile: 16-byte stores of whole rows (store_dkv_rows), an atom at a time */
-            mbar_wait(&dqempty[wg], (c - 1) & 1);
-            uint16_t *sk = reinterpret_cast<uint16_t *>(sdQ + wg * 4096 + warp * 512);
 #pragma unroll
-            for (int a = 0; a < 2; ++a)
-                store_dkv_rows<T>(dk + 64 * a, dv + 64 * a, dka[a], dva[a], sdk, sdv, t.b, t.hk,
-                                  kv0 + wg * 64 + warp * 16, sk, sk + 4096, 0, T_, scale, lane);
-        } else {
-#pragma unroll
-            for (int a = 0; a < 2; ++a)
-                store_dkv<T, 128>(dk, dv, ws_dkv, dka[a], dva[a], sdk, sdv, t.b, t.hk, t.bhk, key0,
-                                  t4, T_, t.split, nsplit, kv_elems, scale, 64 * a);
-        }
+        for (int a = 0; a < 2; ++a)
+            store_dkv<T, 128>(dk, dv, ws_dkv, dka[a], dva[a], sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_,
+                              t.split, nsplit, kv_elems, scale, 64 * a);
     }
 }
 
@@ -317,7 +304,7 @@ template <typename T>
 static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                           const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
                           int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
-                          int rows, cudaStream_t st) {
+                          cudaStream_t st) {
     auto kern = L.seg ? attn_bwd_sm90_d128_kernel<T, true> : attn_bwd_sm90_d128_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, b8_smem::BYTES);
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + B8_BM - 1) / B8_BM);
@@ -327,17 +314,15 @@ static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float
     kern<<<blocks, B8_THR, b8_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         L.seg ? L.seg + B * T_ : nullptr, (int)T_, nQ, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns,
-        nkv, scale, scale * 1.4426950408889634f, rows);
+        nkv, scale, scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                                       const float *nl2, const float *Dd, const zr_attn_layout *L,
                                       int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
-                                      int64_t nkv, float scale, int rows, zr_dtype dt,
-                                      cudaStream_t st) {
+                                      int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd128_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, rows,
-                                     st);
+        bwd128_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else
-        bwd128_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, rows, st);
+        bwd128_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
 }
