@@ -29,9 +29,10 @@ void attn_sm90_force(int fwd, int bwd);
  * blocks a launch may have. 0: one per SM (the default); -1: one block per tile (no block runs two);
  * n > 0: at most n (tests: every block runs many tiles, so the rings and barriers carry across). */
 void attn_sm90_grid(int fwd, int bwd);
-/* Test and benchmark knob of the backward: the longest T whose launch takes the kernel instance with
- * the dK/dV epilogue through shared memory (2048 by default; 0: never); returns the previous
- * setting. Both instances give the same dk, dv bits. */
+/* Test and benchmark knob of the head_dim-64 backward: the longest T whose launch takes the kernel
+ * instance with the dK/dV epilogue through shared memory (2048 by default; 0: never); returns the
+ * previous setting. Both instances give the same dk, dv bits. (The head_dim-128 kernel has one
+ * epilogue: session 55 measured a staged one no faster.) */
 int64_t attn_sm90_dkv_rows_max_t(int64_t t);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
  * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
