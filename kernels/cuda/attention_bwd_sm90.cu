@@ -22,11 +22,6 @@ using namespace sm90;
  * (227 KB per block). */
 #define WS_BM 128              /* queries per step */
 #define WS_ST 2                /* Q/dO/lse/D stages */
-#define WS_CONS 256            /* two consumer warpgroups */
-#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
-#define WS_PRODUCER (WS_CONS / 32)
-#define WS_DQWARP (WS_PRODUCER + 1)
-#define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
 static_assert(WS_BM == WS_BN, "the diagonal tile's mask assumes square tiles");
 
 /* Shared memory, in this order from a 1024-byte boundary (every tile a multiple of 1 KB). */
@@ -88,33 +83,15 @@ __global__ void __launch_bounds__(WS_THR, 1)
                        int64_t kv_elems, float scale, float scale_log2) {
     const int nT = sc.nT;
     ZR_SMEM_1024(base);
-    uint16_t *sK = reinterpret_cast<uint16_t *>(base + ws_smem::K);
-    uint16_t *sV = reinterpret_cast<uint16_t *>(base + ws_smem::V);
-    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + ws_smem::Q);
-    uint16_t *sdO = reinterpret_cast<uint16_t *>(base + ws_smem::DO);
-    uint16_t *sdS = reinterpret_cast<uint16_t *>(base + ws_smem::DS);
-    float *sdQ = reinterpret_cast<float *>(base + ws_smem::DQ);
-    float *sL = reinterpret_cast<float *>(base + ws_smem::L);
-    float *sD = reinterpret_cast<float *>(base + ws_smem::D);
-    uint64_t *kvfull = reinterpret_cast<uint64_t *>(base + ws_smem::BAR);
-    uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + WS_ST,
-             *dqfull = empty + WS_ST, *dqempty = dqfull + 2;
+    const ws_bufs m = ws_carve<ws_smem, WS_ST>(base);
+    uint16_t *const sK = m.sK, *const sV = m.sV, *const sQ = m.sQ, *const sdO = m.sdO, *const sdS = m.sdS;
+    float *const sdQ = m.sdQ, *const sL = m.sL, *const sD = m.sD;
+    uint64_t *const kvfull = m.kvfull, *const kvempty = m.kvempty, *const full = m.full,
+                    *const empty = m.empty, *const dqfull = m.dqfull, *const dqempty = m.dqempty;
 
     const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
 
-    if (tid == 0) {
-        mbar_init(kvfull, 1);
-        mbar_init(kvempty, WS_CONS / 32);
-        for (int s = 0; s < WS_ST; ++s) {
-            mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
-            mbar_init(&empty[s], WS_CONS / 32);
-        }
-        for (int w = 0; w < 2; ++w) {
-            mbar_init(&dqfull[w], 128);
-            mbar_init(&dqempty[w], 1);
-        }
-        mbar_init_fence();
-    }
+    if (tid == 0) ws_init_bars<WS_ST>(kvfull);
     __syncthreads(); /* the last block-wide barrier: the roles part here */
 
     /* Registers: ptxas budgets 168 a thread for 12 warps (3 per SM sub-partition of 16,384);
@@ -123,78 +100,11 @@ __global__ void __launch_bounds__(WS_THR, 1)
      * branches do not merge again (the producer warpgroup returns). */
     if (warp_id >= WS_PRODUCER) {
         reg_dealloc<40>();
-        if (warp_id == WS_PRODUCER) {
-            auto load_kv = [&](const ws_item &t) { /* lane 0 */
-                mbar_expect_tx(kvfull, 2 * WS_BN * 64 * 2);
-                tma_load4(sK, &tk, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-                tma_load4(sV, &tv, kvfull, 0, t.j * WS_BN, t.hk, t.b);
-            };
-            int c = 0; /* the block's step */
-            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL, WS_BM>(w, nT, nT, Hkv, G, nsplit, hi, T_);
-                if (r == 0 && lane == 0) load_kv(t);
-                const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
-                if (wn >= 0 && lane == 0) {
-                    const ws_item u = ws_decode<VL, WS_BM>(wn, nT, nT, Hkv, G, nsplit, hi, T_);
-                    tma_prefetch4(&tk, 0, u.j * WS_BN, u.hk, u.b);
-                    tma_prefetch4(&tv, 0, u.j * WS_BN, u.hk, u.b);
-                }
-                for (int it = 0; it < t.niter; ++it, ++c) {
-                    const int s = c % WS_ST, h = t.h0 + it / t.nq, i = t.j + it % t.nq;
-                    if (c >= WS_ST) mbar_wait(&empty[s], ((c / WS_ST) - 1) & 1);
-                    if (lane == 0) {
-                        mbar_expect_tx(&full[s], 2 * WS_BM * 64 * 2);
-                        tma_load4(sQ + s * WS_BM * 64, &tq, &full[s], 0, i * WS_BM, h, t.b);
-                        tma_load4(sdO + s * WS_BM * 64, &tdo, &full[s], 0, i * WS_BM, h, t.b);
-                    }
-                    /* −lse·log2 e and D, zero past T: P = 1 there, but dO = D = 0 so it
-                     * adds 0 */
-                    const size_t roff = ((size_t)t.b * Hq + h) * T_;
-#pragma unroll
-                    for (int m = 0; m < WS_BM / 32; ++m) {
-                        const int cc = lane + 32 * m, row = i * WS_BM + cc, ok = row < T_;
-                        cp_async4(sL + s * WS_BM + cc, nl2 + roff + (ok ? row : 0), ok ? 4 : 0);
-                        cp_async4(sD + s * WS_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
-                    }
-                    cp_async_mbar_arrive(&full[s]);
-                    if (r > 0 && it == 0) {
-                        /* lane 0 alone waits: lanes 1-31 waiting apart from it could miss a phase
-                         * (an item of one step completes kvempty's next phase without them, and a
-                         * parity wait two phases behind never returns), then wait at __syncwarp */
-                        if (lane == 0) {
-                            mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
-                            load_kv(t);
-                        }
-                        __syncwarp();
-                    }
-                }
-            }
-            cp_async_wait<0>(); /* no copy of this thread outlives it */
-        } else if (warp_id == WS_DQWARP) {
-            int c = 0;
-            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL, WS_BM>(w, nT, nT, Hkv, G, nsplit, hi, T_);
-                for (int it = 0; it < t.niter; ++it, ++c) {
-                    const int h = t.h0 + it / t.nq, i = t.j + it % t.nq;
-#pragma unroll
-                    for (int wg = 0; wg < 2; ++wg) {
-                        mbar_wait(&dqfull[wg], c & 1);
-                        if (lane == 0) {
-                            const int row0 = i * WS_BM + 64 * wg;
-                            if (row0 < T_) {
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096, 0, row0, h, t.b);
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096 + 2048, 32, row0, h, t.b);
-                            }
-                            bulk_commit();
-                            bulk_wait_read<0>();
-                            mbar_arrive(&dqempty[wg]);
-                        }
-                        __syncwarp();
-                    }
-                }
-            }
-            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
-        }
+        const ws_roles ro = {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nT, Hq, Hkv, G, nsplit};
+        if (warp_id == WS_PRODUCER)
+            ws_producer<VL, WS_BM, 1, WS_ST>(ro, sc, m, lane);
+        else if (warp_id == WS_DQWARP)
+            ws_dq_role<VL, WS_BM>(ro, sc, sdQ, dqfull, lane);
         return; /* the two other warps of the producer warpgroup have nothing to do */
     }
     reg_alloc<232>();

@@ -6,12 +6,20 @@
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
+#include <cuda.h>
+
 #include "attention.h"
+#include "attention_sched.h"
 #include "attention_sm90.cuh"
 
 namespace sm90 {
 
-#define WS_BN 128 /* keys per work item (head_dim 64 and 128) */
+#define WS_BN 128              /* keys per work item (head_dim 64 and 128) */
+#define WS_CONS 256            /* two consumer warpgroups */
+#define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
+#define WS_PRODUCER (WS_CONS / 32)
+#define WS_DQWARP (WS_PRODUCER + 1)
+#define WS_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
 
 /* A work item: key tile j (WS_BN keys) of kv head hk of batch b, with split `split` of the kv head's
  * query group (query heads h0 .. h0 + Gs − 1; nsplit > 1 when items would be few): niter = Gs·nq
@@ -267,6 +275,161 @@ store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], con
             }
         }
     }
+}
+
+/* A backward kernel's shared memory carved by its layout S (offsets K, V, Q, DO, DS, DQ, L, D, BAR
+ * from a 1024-byte boundary) with ST ring stages: the tiles, then the mbarriers consecutive from
+ * kvfull (ws_init_bars' order). */
+struct ws_bufs {
+    uint16_t *sK, *sV, *sQ, *sdO, *sdS;
+    float *sdQ, *sL, *sD;
+    uint64_t *kvfull, *kvempty, *full, *empty, *dqfull, *dqempty;
+};
+template <class S, int ST> static __device__ __forceinline__ ws_bufs ws_carve(uint8_t *base) {
+    ws_bufs m;
+    m.sK = reinterpret_cast<uint16_t *>(base + S::K);
+    m.sV = reinterpret_cast<uint16_t *>(base + S::V);
+    m.sQ = reinterpret_cast<uint16_t *>(base + S::Q);
+    m.sdO = reinterpret_cast<uint16_t *>(base + S::DO);
+    m.sdS = reinterpret_cast<uint16_t *>(base + S::DS);
+    m.sdQ = reinterpret_cast<float *>(base + S::DQ);
+    m.sL = reinterpret_cast<float *>(base + S::L);
+    m.sD = reinterpret_cast<float *>(base + S::D);
+    m.kvfull = reinterpret_cast<uint64_t *>(base + S::BAR);
+    m.kvempty = m.kvfull + 1;
+    m.full = m.kvempty + 1;
+    m.empty = m.full + ST;
+    m.dqfull = m.empty + ST;
+    m.dqempty = m.dqfull + 2;
+    return m;
+}
+
+/* The backward kernels' mbarriers, consecutive from kvfull: kvfull, kvempty, full[ST], empty[ST],
+ * dqfull[2], dqempty[2] (their roles: attention_bwd_sm90.cu's kernel comment). Thread 0 alone. */
+template <int ST> static __device__ __forceinline__ void ws_init_bars(uint64_t *kvfull) {
+    uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + ST, *dqfull = empty + ST,
+             *dqempty = dqfull + 2;
+    mbar_init(kvfull, 1);
+    mbar_init(kvempty, WS_CONS / 32);
+    for (int s = 0; s < ST; ++s) {
+        mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
+        mbar_init(&empty[s], WS_CONS / 32);
+    }
+    for (int w = 0; w < 2; ++w) {
+        mbar_init(&dqfull[w], 128);
+        mbar_init(&dqempty[w], 1);
+    }
+    mbar_init_fence();
+}
+
+/* Operands of the backward kernels' producer and dQ warps: the tensor maps (kernel parameters),
+ * −lse·log2 e and D by query row, packed sequences' hi, the schedule and the shape (nQ: query tiles
+ * of the kernel's BM rows). */
+struct ws_roles {
+    const CUtensorMap *tq, *tdo, *tk, *tv, *tdq;
+    const float *nl2, *Dd;
+    const int32_t *hi;
+    int T_, nT, nQ, Hq, Hkv, G, nsplit;
+};
+
+/* The producer warp (attention_bwd_sm90.cu's kernel comment) of a kernel with NA 64-column atoms a
+ * row (head_dim 64·NA), BM queries a step and ST ring stages: per item K and V (NA boxes each) and
+ * an L2 prefetch of the next item's, per step Q and dO (NA boxes each) by TMA and the step's lse and
+ * D rows by cp.async. K, V: [NA][WS_BN][64] tiles; Q, dO: ST stages of [NA][BM][64]; lse, D: ST
+ * stages of BM floats. */
+template <bool VL, int BM, int NA, int ST>
+static __device__ __forceinline__ void ws_producer(const ws_roles &a, const ws_sched &sc,
+                                                   const ws_bufs &m, int lane) {
+    constexpr int R = WS_BN / BM;
+    uint16_t *sK = m.sK, *sV = m.sV, *sQ = m.sQ, *sdO = m.sdO;
+    float *sL = m.sL, *sD = m.sD;
+    uint64_t *kvfull = m.kvfull, *kvempty = m.kvempty, *full = m.full, *empty = m.empty;
+    auto load_kv = [&](const ws_item &t) { /* lane 0 */
+        mbar_expect_tx(kvfull, 2 * NA * WS_BN * 64 * 2);
+        for (int h = 0; h < NA; ++h) {
+            tma_load4(sK + h * WS_BN * 64, a.tk, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
+            tma_load4(sV + h * WS_BN * 64, a.tv, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
+        }
+    };
+    int c = 0; /* the block's step */
+    for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
+        const ws_item t = ws_decode<VL, BM>(w, a.nT, a.nQ, a.Hkv, a.G, a.nsplit, a.hi, a.T_);
+        if (r == 0 && lane == 0) load_kv(t);
+        const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
+        if (wn >= 0 && lane == 0) {
+            const ws_item u = ws_decode<VL, BM>(wn, a.nT, a.nQ, a.Hkv, a.G, a.nsplit, a.hi, a.T_);
+            for (int h = 0; h < NA; ++h) {
+                tma_prefetch4(a.tk, 64 * h, u.j * WS_BN, u.hk, u.b);
+                tma_prefetch4(a.tv, 64 * h, u.j * WS_BN, u.hk, u.b);
+            }
+        }
+        for (int it = 0; it < t.niter; ++it, ++c) {
+            const int s = c % ST, h = t.h0 + it / t.nq, i = R * t.j + it % t.nq;
+            if (c >= ST) mbar_wait(&empty[s], ((c / ST) - 1) & 1);
+            if (lane == 0) {
+                mbar_expect_tx(&full[s], 2 * NA * BM * 64 * 2);
+                for (int x = 0; x < NA; ++x) {
+                    tma_load4(sQ + (s * NA + x) * BM * 64, a.tq, &full[s], 64 * x, i * BM, h, t.b);
+                    tma_load4(sdO + (s * NA + x) * BM * 64, a.tdo, &full[s], 64 * x, i * BM, h, t.b);
+                }
+            }
+            /* −lse·log2 e and D, zero past T: P = 1 there, but dO = D = 0 so it adds 0 */
+            const size_t roff = ((size_t)t.b * a.Hq + h) * a.T_;
+#pragma unroll
+            for (int m = 0; m < BM / 32; ++m) {
+                const int cc = lane + 32 * m, row = i * BM + cc, ok = row < a.T_;
+                cp_async4(sL + s * BM + cc, a.nl2 + roff + (ok ? row : 0), ok ? 4 : 0);
+                cp_async4(sD + s * BM + cc, a.Dd + roff + (ok ? row : 0), ok ? 4 : 0);
+            }
+            cp_async_mbar_arrive(&full[s]);
+            if (r > 0 && it == 0) {
+                /* lane 0 alone waits: lanes 1-31 waiting apart from it could miss a phase (an
+                 * item of one step completes kvempty's next phase without them, and a parity wait
+                 * two phases behind never returns), then wait at __syncwarp */
+                if (lane == 0) {
+                    mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
+                    load_kv(t);
+                }
+                __syncwarp();
+            }
+        }
+    }
+    cp_async_wait<0>(); /* no copy of this thread outlives it */
+}
+
+/* The dQ warp: per step and consumer warpgroup, waits dqfull[wg], reduce-adds the warpgroup's
+ * 64 x 64 f32 tile at sdQ + 4096·wg (two 64 x 32 boxes) into the accumulator and releases it
+ * (dqempty[wg]) once read. BM 128 (head_dim 64): the warpgroups' tiles are the step's two 64-query
+ * halves; BM 64 (head_dim 128): its query rows' two 64-column halves. Rows past T are skipped by
+ * the map. */
+template <bool VL, int BM>
+static __device__ __forceinline__ void ws_dq_role(const ws_roles &a, const ws_sched &sc,
+                                                  const float *sdQ, uint64_t *dqfull, int lane) {
+    constexpr int R = WS_BN / BM;
+    uint64_t *dqempty = dqfull + 2;
+    int c = 0;
+    for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
+        const ws_item t = ws_decode<VL, BM>(w, a.nT, a.nQ, a.Hkv, a.G, a.nsplit, a.hi, a.T_);
+        for (int it = 0; it < t.niter; ++it, ++c) {
+            const int h = t.h0 + it / t.nq, i = R * t.j + it % t.nq;
+#pragma unroll
+            for (int wg = 0; wg < 2; ++wg) {
+                mbar_wait(&dqfull[wg], c & 1);
+                if (lane == 0) {
+                    const int row0 = i * BM + (BM == 128 ? 64 * wg : 0), col0 = BM == 128 ? 0 : 64 * wg;
+                    if (row0 < a.T_) {
+                        tma_reduce_add4(a.tdq, sdQ + wg * 4096, col0, row0, h, t.b);
+                        tma_reduce_add4(a.tdq, sdQ + wg * 4096 + 2048, col0 + 32, row0, h, t.b);
+                    }
+                    bulk_commit();
+                    bulk_wait_read<0>();
+                    mbar_arrive(&dqempty[wg]);
+                }
+                __syncwarp();
+            }
+        }
+    }
+    if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
 }
 
 } /* namespace sm90 */

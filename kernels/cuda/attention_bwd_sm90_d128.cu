@@ -28,13 +28,8 @@
 
 using namespace sm90;
 
-#define B8_BM 64               /* queries per step */
-#define B8_ST 2                /* Q/dO/lse/D stages */
-#define B8_CONS 256            /* two consumer warpgroups */
-#define B8_THR (B8_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
-#define B8_PRODUCER (B8_CONS / 32)
-#define B8_DQWARP (B8_PRODUCER + 1)
-#define B8_BAR_DS 1 /* named barrier: both warpgroups' dS^T written */
+#define B8_BM 64 /* queries per step */
+#define B8_ST 2  /* Q/dO/lse/D stages (three measured slower: tests/bench/RESULTS.md, session 55) */
 
 /* Shared memory from a 1024-byte boundary: K and V tiles [2 atoms][128 keys][64]; B8_ST stages of Q
  * and of dO [2][64 queries][64]; two dS^T buffers [128 keys][64 queries]; the two warpgroups' dQ
@@ -88,7 +83,7 @@ static __device__ __forceinline__ void sdp_issue(float (&d)[32], const sdesc &a,
 }
 
 template <typename T, bool VL>
-__global__ void __launch_bounds__(B8_THR, 1)
+__global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_d128_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
                               float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
                               const __grid_constant__ CUtensorMap tdo,
@@ -102,113 +97,25 @@ __global__ void __launch_bounds__(B8_THR, 1)
     const int nT = sc.nT;
     constexpr int KAE = b8_smem::KATOM / 2, QAE = b8_smem::QATOM / 2; /* elements of an atom */
     ZR_SMEM_1024(base);
-    uint16_t *sK = reinterpret_cast<uint16_t *>(base + b8_smem::K);
-    uint16_t *sV = reinterpret_cast<uint16_t *>(base + b8_smem::V);
-    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + b8_smem::Q);
-    uint16_t *sdO = reinterpret_cast<uint16_t *>(base + b8_smem::DO);
-    uint16_t *sdS = reinterpret_cast<uint16_t *>(base + b8_smem::DS);
-    float *sdQ = reinterpret_cast<float *>(base + b8_smem::DQ);
-    float *sL = reinterpret_cast<float *>(base + b8_smem::L);
-    float *sD = reinterpret_cast<float *>(base + b8_smem::D);
-    uint64_t *kvfull = reinterpret_cast<uint64_t *>(base + b8_smem::BAR);
-    uint64_t *kvempty = kvfull + 1, *full = kvempty + 1, *empty = full + B8_ST,
-             *dqfull = empty + B8_ST, *dqempty = dqfull + 2;
+    const ws_bufs m = ws_carve<b8_smem, B8_ST>(base);
+    uint16_t *const sK = m.sK, *const sV = m.sV, *const sQ = m.sQ, *const sdO = m.sdO, *const sdS = m.sdS;
+    float *const sdQ = m.sdQ, *const sL = m.sL, *const sD = m.sD;
+    uint64_t *const kvfull = m.kvfull, *const kvempty = m.kvempty, *const full = m.full,
+                    *const empty = m.empty, *const dqfull = m.dqfull, *const dqempty = m.dqempty;
 
     const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
 
-    if (tid == 0) {
-        mbar_init(kvfull, 1);
-        mbar_init(kvempty, B8_CONS / 32);
-        for (int s = 0; s < B8_ST; ++s) {
-            mbar_init(&full[s], 1 + 32); /* the expect_tx arrival + one cp.async arrival a lane */
-            mbar_init(&empty[s], B8_CONS / 32);
-        }
-        for (int w = 0; w < 2; ++w) {
-            mbar_init(&dqfull[w], 128);
-            mbar_init(&dqempty[w], 1);
-        }
-        mbar_init_fence();
-    }
+    if (tid == 0) ws_init_bars<B8_ST>(kvfull);
     __syncthreads(); /* the last block-wide barrier: the roles part here */
 
     /* 24 + 2 · 240 = 504 registers a sub-partition */
-    if (warp_id >= B8_PRODUCER) {
+    if (warp_id >= WS_PRODUCER) {
         reg_dealloc<24>();
-        if (warp_id == B8_PRODUCER) {
-            auto load_kv = [&](const ws_item &t) { /* lane 0 */
-                mbar_expect_tx(kvfull, 4 * b8_smem::KATOM);
-                for (int h = 0; h < 2; ++h) {
-                    tma_load4(sK + h * KAE, &tk, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
-                    tma_load4(sV + h * KAE, &tv, kvfull, 64 * h, t.j * WS_BN, t.hk, t.b);
-                }
-            };
-            int c = 0; /* the block's step */
-            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
-                if (r == 0 && lane == 0) load_kv(t);
-                const int wn = ws_sched_item(sc, r + 1, gridDim.x, blockIdx.x);
-                if (wn >= 0 && lane == 0) {
-                    const ws_item u = ws_decode<VL, B8_BM>(wn, nT, nQ, Hkv, G, nsplit, hi, T_);
-                    for (int h = 0; h < 2; ++h) {
-                        tma_prefetch4(&tk, 64 * h, u.j * WS_BN, u.hk, u.b);
-                        tma_prefetch4(&tv, 64 * h, u.j * WS_BN, u.hk, u.b);
-                    }
-                }
-                for (int it = 0; it < t.niter; ++it, ++c) {
-                    const int s = c % B8_ST, h = t.h0 + it / t.nq, i = 2 * t.j + it % t.nq;
-                    if (c >= B8_ST) mbar_wait(&empty[s], ((c / B8_ST) - 1) & 1);
-                    if (lane == 0) {
-                        mbar_expect_tx(&full[s], 4 * b8_smem::QATOM);
-                        for (int a = 0; a < 2; ++a) {
-                            tma_load4(sQ + (2 * s + a) * QAE, &tq, &full[s], 64 * a, i * B8_BM, h, t.b);
-                            tma_load4(sdO + (2 * s + a) * QAE, &tdo, &full[s], 64 * a, i * B8_BM, h,
-                                      t.b);
-                        }
-                    }
-                    /* −lse·log2 e and D, zero past T (P = 1 there, but dO = D = 0: adds 0) */
-                    const size_t roff = ((size_t)t.b * Hq + h) * T_;
-#pragma unroll
-                    for (int m = 0; m < B8_BM / 32; ++m) {
-                        const int cc = lane + 32 * m, row = i * B8_BM + cc, ok = row < T_;
-                        cp_async4(sL + s * B8_BM + cc, nl2 + roff + (ok ? row : 0), ok ? 4 : 0);
-                        cp_async4(sD + s * B8_BM + cc, Dd + roff + (ok ? row : 0), ok ? 4 : 0);
-                    }
-                    cp_async_mbar_arrive(&full[s]);
-                    if (r > 0 && it == 0) { /* as the head_dim-64 kernel: lane 0 alone waits */
-                        if (lane == 0) {
-                            mbar_wait(kvempty, (r - 1) & 1); /* item r − 1 has read K and V */
-                            load_kv(t);
-                        }
-                        __syncwarp();
-                    }
-                }
-            }
-            cp_async_wait<0>(); /* no copy of this thread outlives it */
-        } else if (warp_id == B8_DQWARP) {
-            int c = 0;
-            for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-                const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
-                for (int it = 0; it < t.niter; ++it, ++c) {
-                    const int h = t.h0 + it / t.nq, row0 = (2 * t.j + it % t.nq) * B8_BM;
-#pragma unroll
-                    for (int wg = 0; wg < 2; ++wg) {
-                        mbar_wait(&dqfull[wg], c & 1);
-                        if (lane == 0) {
-                            if (row0 < T_) { /* columns 64wg .. of dQ */
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096, 64 * wg, row0, h, t.b);
-                                tma_reduce_add4(&tdq, sdQ + wg * 4096 + 2048, 64 * wg + 32, row0, h,
-                                                t.b);
-                            }
-                            bulk_commit();
-                            bulk_wait_read<0>();
-                            mbar_arrive(&dqempty[wg]);
-                        }
-                        __syncwarp();
-                    }
-                }
-            }
-            if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
-        }
+        const ws_roles ro = {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nQ, Hq, Hkv, G, nsplit};
+        if (warp_id == WS_PRODUCER)
+            ws_producer<VL, B8_BM, 2, B8_ST>(ro, sc, m, lane);
+        else if (warp_id == WS_DQWARP)
+            ws_dq_role<VL, B8_BM>(ro, sc, sdQ, dqfull, lane);
         return;
     }
     reg_alloc<240>();
@@ -264,7 +171,7 @@ __global__ void __launch_bounds__(B8_THR, 1)
             ds_pack<T>(dpt, st, cols, pf, sf, cdS, wg * 64 + warp * 16, lane);
             dvdk_issue128<T>(dva, dka, pf, sf, dOs, dQs);
             fence_proxy_async();
-            bar_sync(B8_BAR_DS, B8_CONS); /* the other warpgroup's dS^T rows are written too */
+            bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
             float dq[32]; /* dQ[:, 64wg ..] = dS (64 queries × 128 keys) · K[:, 64wg ..] */
             dq_issue<T>(dq, smem_u32(cdS), aKd);
@@ -311,7 +218,7 @@ static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float
     const int nbh = (int)(B * Hkv * ns);
     const int blocks = attn_sm90_blocks(1, (int64_t)nbh * nT);
     const ws_sched sc = ws_schedule(nbh, nT, blocks);
-    kern<<<blocks, B8_THR, b8_smem::BYTES, st>>>(
+    kern<<<blocks, WS_THR, b8_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         L.seg ? L.seg + B * T_ : nullptr, (int)T_, nQ, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns,
         nkv, scale, scale * 1.4426950408889634f);
