@@ -785,8 +785,8 @@ struct fused_qkv {
 
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
  * at Dh 64 and 128) and on the mma.sync fallback (attn_sm90_force(0, 0)). At Dh 128, T = 300 and
- * 550 wrap the forward's two-stage K and V rings and the backward's (64 queries a step: up to 18
- * steps an item at T = 550, its query head changing within the item for Hq/Hkv 3 and 4; T = 192
+ * 550 wrap the forward's two-stage K and V rings and the backward's (64 queries a step: up to 27
+ * steps an item at T = 550 with Hq/Hkv 3, unsplit, its query head changing within the item; T = 192
  * ends on a half key tile, its last query tile whole). The Hq/Hkv = 3 shapes are never split (odd group):
  * blocks of up to 9 iterations, so the backward's rings and buffers wrap several times and its
  * query head changes within a block; T = 550 gives the forward 5 key tiles, so its 4-stage ring
