@@ -85,9 +85,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
     ZR_SMEM_1024(base);
     const ws_bufs m = ws_carve<ws_smem, WS_ST>(base);
     uint16_t *const sK = m.sK, *const sV = m.sV, *const sQ = m.sQ, *const sdO = m.sdO, *const sdS = m.sdS;
-    float *const sdQ = m.sdQ, *const sL = m.sL, *const sD = m.sD;
-    uint64_t *const kvfull = m.kvfull, *const kvempty = m.kvempty, *const full = m.full,
-                    *const empty = m.empty, *const dqfull = m.dqfull, *const dqempty = m.dqempty;
+    float *const sL = m.sL, *const sD = m.sD;
+    uint64_t *const kvfull = m.kvfull, *const full = m.full;
 
     const int tid = threadIdx.x, warp_id = warp_uniform(tid >> 5), lane = tid & 31;
 
@@ -99,13 +98,9 @@ __global__ void __launch_bounds__(WS_THR, 1)
      * 504 per sub-partition). ptxas allocates each branch for its setmaxnreg as long as the
      * branches do not merge again (the producer warpgroup returns). */
     if (warp_id >= WS_PRODUCER) {
-        reg_dealloc<40>();
-        const ws_roles ro = {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nT, Hq, Hkv, G, nsplit};
-        if (warp_id == WS_PRODUCER)
-            ws_producer<VL, WS_BM, 1, WS_ST>(ro, sc, m, lane);
-        else if (warp_id == WS_DQWARP)
-            ws_dq_role<VL, WS_BM>(ro, sc, sdQ, dqfull, lane);
-        return; /* the two other warps of the producer warpgroup have nothing to do */
+        ws_side_roles<VL, WS_BM, 1, WS_ST, 40>(
+            warp_id, {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nT, Hq, Hkv, G, nsplit}, sc, m, lane);
+        return;
     }
     reg_alloc<232>();
 
@@ -202,18 +197,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(dka);
             reg_fence(pf);
             reg_fence(sf);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
-            if (c > 0) mbar_wait(&dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
-            wg_wait<0>();
-            reg_fence(dq);
-            if (it == t.niter - 1) { /* the item's last read of K (and V, earlier) is done */
-                __syncwarp();
-                if (lane == 0) mbar_arrive(kvempty);
-            }
-            dq_stage(sdQ + wg * 4096, dq, warp, g, t4);
-            fence_proxy_async(); /* visible to the TMA unit's reads */
-            mbar_arrive(&dqfull[wg]);
+            ws_step_end(dq, m, s, c, it == t.niter - 1, wg, warp, lane);
         }
 
         if constexpr (ROWS) { /* the warp's rows of the dS^T buffer no step uses until the next */

@@ -432,6 +432,40 @@ static __device__ __forceinline__ void ws_dq_role(const ws_roles &a, const ws_sc
     if (lane == 0) bulk_wait<0>(); /* every reduce-add written */
 }
 
+/* The producer warpgroup's part of a backward kernel (warps WS_PRODUCER ..): its registers handed
+ * back down to NREG a thread (setmaxnreg), then the producer warp's role and the dQ warp's; the two
+ * other warps have nothing to do. The caller returns after it. */
+template <bool VL, int BM, int NA, int ST, int NREG>
+static __device__ __forceinline__ void ws_side_roles(int warp_id, const ws_roles &ro,
+                                                     const ws_sched &sc, const ws_bufs &m, int lane) {
+    reg_dealloc<NREG>();
+    if (warp_id == WS_PRODUCER)
+        ws_producer<VL, BM, NA, ST>(ro, sc, m, lane);
+    else if (warp_id == WS_DQWARP)
+        ws_dq_role<VL, BM>(ro, sc, m.sdQ, m.dqfull, lane);
+}
+
+/* The end of a consumer warp's step c (ring stage s) once its dV/dK products are done, the dQ
+ * product's group the one left in flight: the stage released (empty[s], one arrival a warp), the
+ * dQ warp's read of this warpgroup's buffer and the dQ product waited for, K and V released after
+ * the item's last step (last: the dQ product is the last reader of K), dQ staged in the buffer for
+ * the dQ warp (dqfull[wg]). */
+static __device__ __forceinline__ void ws_step_end(float (&dq)[32], const ws_bufs &m, int s, int c,
+                                                   bool last, int wg, int warp, int lane) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&m.empty[s]);
+    if (c > 0) mbar_wait(&m.dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
+    wg_wait<0>();
+    reg_fence(dq);
+    if (last) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(m.kvempty);
+    }
+    dq_stage(m.sdQ + wg * 4096, dq, warp, lane >> 2, lane & 3);
+    fence_proxy_async(); /* visible to the TMA unit's reads */
+    mbar_arrive(&m.dqfull[wg]);
+}
+
 } /* namespace sm90 */
 
 #endif
