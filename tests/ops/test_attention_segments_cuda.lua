@@ -1,6 +1,6 @@
 -- The attention ops over packed sequences ({segments = seg}) on CUDA vs the CPU (test_attention_segments.lua
 -- checks the CPU against each sequence alone): bf16/f16 at head_dim 64 (the Hopper kernels where they run)
--- and 128 (the Hopper forward and the mma.sync backward, over contiguous copies) for scaled_dot_product_attention (contiguous and
+-- and 128 (the Hopper kernels too) for scaled_dot_product_attention (contiguous and
 -- transposed projections), sdpa_packed and qkv_rope_sdpa (per-token cos/sin rows over the rows joined, as the
 -- models run them), GQA, sequences of length 1, across 64-row tiles and spanning a row; elsewhere (f32,
 -- head_dim 48, 100) the error that says to ask zr.sdpa_segments_ok (80, 96: padded to 128, test_attention_padded_cuda.lua).
@@ -21,7 +21,7 @@ T.test("segments where the CUDA kernels do not take them: the error names why an
   T.eq(zr.sdpa_segments_ok("cuda", "f32", 64), false, "f32")
   T.raises(function() sdpa("f32", 64) end, why)
   T.raises(function() sdpa("f32", 64) end, "use zr.sdpa_segments_ok first")
-  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), true, "head_dim 128 (the Hopper forward, the mma.sync backward)")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), true, "head_dim 128 (the Hopper kernels)")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 48), false, "head_dim 48")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 100), false, "head_dim 100")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 96), true, "head_dim 96 (padded to 128)")
@@ -43,7 +43,7 @@ local LAYOUTS = {
   { Tn = 257, rows = { { 1, 128, 63, 65 } } },
 }
 
-T.test("sdpa with segments: CUDA (head_dim 64: the Hopper kernels; 128: the Hopper forward, the mma.sync backward) vs CPU, bf16/f16, GQA, contiguous and transposed projections", function()
+T.test("sdpa with segments: CUDA (head_dim 64 and 128: the Hopper kernels) vs CPU, bf16/f16, GQA, contiguous and transposed projections", function()
   local function heads(t, B, Tn, H, D) return t:view(B, Tn, H, D):transpose(2, 3) end
   for _, D in ipairs { 64, 128 } do for _, dt in ipairs { "bf16", "f16" } do
     for _, L in ipairs(LAYOUTS) do

@@ -1,7 +1,7 @@
 -- Sliding-window attention on CUDA vs the CPU (test_attention_window.lua checks the CPU against the masked
 -- composition): the segments zr.sdpa_window_segments builds, through the flash kernels in bf16/f16 at
 -- head_dim 64 (the Hopper kernels: 128-query tiles, key tiles skipped before a tile's first window) and 128
--- (the Hopper forward as at 64, the mma.sync backward's 64-row tiles), for scaled_dot_product_attention, sdpa_packed and qkv_rope_sdpa; windows of 1,
+-- (the Hopper kernels: the forward's tiles as at 64, the backward's 64-query steps), for scaled_dot_product_attention, sdpa_packed and qkv_rope_sdpa; windows of 1,
 -- at and around the tile sizes, and past T; plain rows and packed sequences; GQA. SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention window") then return end
