@@ -29,6 +29,10 @@ local cases = {
   -- head_dim 64: on a GPU the flash kernel (16 above: the f32 composition with its T x T scores)
   { stage = 0, B = 4, T = 97, layers = 2, head_dim = 64 },
   { stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true, head_dim = 64 },
+  -- head_dim 128 (Llama-3-8B's, Mistral's, Qwen's): on a GPU the Hopper kernels read q, k, v in place as at 64
+  { stage = 2, B = 4, T = 97, layers = 2, head_dim = 128 },
+  { stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true, head_dim = 128 },
+  { model_type = "qwen3", stage = 2, B = 4, T = 97, layers = 2, head_dim = 128 },
   -- optimizer offload with the gradients in the host partition, or in the device one (then the
   -- step copies them through the ring: memcpy on CPU ranks)
   { stage = 2, B = 4, T = 97, layers = 2, offload = true, grads = "host" },
