@@ -1,8 +1,10 @@
-/* Device code of the Hopper attention backward (attention_bwd_sm90.cu): P^T from raw scores and
- * lse, the causal mask of the diagonal tile, dS^T and the dV/dK products' A fragments, the dV/dK
- * and dQ products, the dQ tile's staging for its reduce-add, an L2 prefetch of a TMA box, the
- * dK/dV epilogue (the persistent grid's order of the work items: attention_sched.h). Same build
- * constraints as attention_sm90.cuh. */
+/* Device code of the Hopper attention backwards (attention_bwd_sm90.cu at head_dim 64,
+ * attention_bwd_sm90_d128.cu at 128): the work item and its decoding, P^T from raw scores and lse,
+ * the causal mask, dS^T and the dV/dK products' A fragments, the dV/dK and dQ products, the dQ
+ * tile's staging for its reduce-add, an L2 prefetch of a TMA box, the dK/dV epilogues; the roles
+ * both kernels share (shared memory carving, mbarriers, the producer and dQ warps, a consumer step's
+ * end). The persistent grid's order of the work items: attention_sched.h. Same build constraints
+ * as attention_sm90.cuh. */
 #ifndef ZR_CUDA_ATTENTION_BWD_SM90_CUH
 #define ZR_CUDA_ATTENTION_BWD_SM90_CUH
 
