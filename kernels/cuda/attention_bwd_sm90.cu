@@ -287,7 +287,7 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
     const uint64_t qs[3] = {(uint64_t)Dh * 4, (uint64_t)(T_ * Dh) * 4, (uint64_t)(Hq * T_ * Dh) * 4};
     const uint32_t qb[4] = {32, 64, 1, 1};
     /* queries a step, keys an item: head_dim 64's kernel 128 and 128, 128's 64 and 128 */
-    const int bm = Dh == 64 ? WS_BM : attn_sm90_bwd128_queries(), bn = WS_BN;
+    const int bm = Dh == 64 ? WS_BM : WS_BM128, bn = WS_BN;
     return attn_sm90_head_map(&m->q, q, &L->q, B, Hq, T_, Dh, bm, dt) ||
                    attn_sm90_head_map(&m->dout, dout, &L->dout, B, Hq, T_, Dh, bm, dt) ||
                    attn_sm90_head_map(&m->k, k, &L->k, B, Hkv, T_, Dh, bn, dt) ||

@@ -17,6 +17,7 @@
 namespace sm90 {
 
 #define WS_BN 128              /* keys per work item (head_dim 64 and 128) */
+#define WS_BM128 64            /* queries per step of the head_dim-128 kernel (64's: WS_BM, 128) */
 #define WS_CONS 256            /* two consumer warpgroups */
 #define WS_THR (WS_CONS + 128) /* + the producer warpgroup: producer warp, dQ warp, 2 idle */
 #define WS_PRODUCER (WS_CONS / 32)

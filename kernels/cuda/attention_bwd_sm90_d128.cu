@@ -28,7 +28,6 @@
 
 using namespace sm90;
 
-#define B8_BM 64 /* queries per step */
 #define B8_ST 2  /* Q/dO/lse/D stages (three measured slower: tests/bench/RESULTS.md, session 55) */
 
 /* Shared memory from a 1024-byte boundary: K and V tiles [2 atoms][128 keys][64]; B8_ST stages of Q
@@ -36,12 +35,12 @@ using namespace sm90;
  * tiles (64 x 64 f32, two 64 x 32 boxes each); lse, D rows; the mbarriers (kvfull, kvempty,
  * full[B8_ST], empty[B8_ST], dqfull[2], dqempty[2]). */
 struct b8_smem {
-    static constexpr int KATOM = WS_BN * 64 * 2, QATOM = B8_BM * 64 * 2; /* bytes */
-    static constexpr int DSB = WS_BN * B8_BM * 2;
+    static constexpr int KATOM = WS_BN * 64 * 2, QATOM = WS_BM128 * 64 * 2; /* bytes */
+    static constexpr int DSB = WS_BN * WS_BM128 * 2;
     static constexpr int K = 0, V = K + 2 * KATOM, Q = V + 2 * KATOM, DO = Q + B8_ST * 2 * QATOM;
     static constexpr int DS = DO + B8_ST * 2 * QATOM, DQ = DS + 2 * DSB;
-    static constexpr int L = DQ + 2 * 64 * 64 * 4, D = L + B8_ST * B8_BM * 4;
-    static constexpr int BAR = D + B8_ST * B8_BM * 4;
+    static constexpr int L = DQ + 2 * 64 * 64 * 4, D = L + B8_ST * WS_BM128 * 4;
+    static constexpr int BAR = D + B8_ST * WS_BM128 * 4;
     static constexpr int BYTES = BAR + 8 * (2 + 2 * B8_ST + 4);
 };
 static_assert(b8_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
 
     /* 24 + 2 · 240 = 504 registers a sub-partition */
     if (warp_id >= WS_PRODUCER) {
-        ws_side_roles<VL, B8_BM, 2, B8_ST, 24>(
+        ws_side_roles<VL, WS_BM128, 2, B8_ST, 24>(
             warp_id, {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nQ, Hq, Hkv, G, nsplit}, sc, m, lane);
         return;
     }
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
     const uint32_t aKd = smem_u32(sK + wg * KAE);
     int c = 0; /* the block's step */
     for (int r = 0, w; (w = ws_sched_item(sc, r, gridDim.x, blockIdx.x)) >= 0; ++r) {
-        const ws_item t = ws_decode<VL, B8_BM>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
+        const ws_item t = ws_decode<VL, WS_BM128>(w, nT, nQ, Hkv, G, nsplit, hi, T_);
         const int kv0 = t.j * WS_BN;
         const int key0 = kv0 + wg * 64 + warp * 16 + g; /* this thread's keys: key0, key0 + 8 */
         int hi0 = T_, hi1 = T_; /* packed sequences: one past the last query of each key's */
@@ -142,9 +141,9 @@ __global__ void __launch_bounds__(WS_THR, 1)
             const int s = c % B8_ST;
             mbar_wait(&full[s], (c / B8_ST) & 1);
             const sdesc dQs(smem_u32(sQ + 2 * s * QAE)), dOs(smem_u32(sdO + 2 * s * QAE));
-            const float *cL = sL + s * B8_BM, *cD = sD + s * B8_BM;
+            const float *cL = sL + s * WS_BM128, *cD = sD + s * WS_BM128;
             uint16_t *cdS = sdS + (c & 1) * (b8_smem::DSB / 2); /* [key][query] */
-            const int qc = (2 * t.j + iq) * B8_BM;               /* the step's first query */
+            const int qc = (2 * t.j + iq) * WS_BM128;               /* the step's first query */
 
             float st[32], dpt[32]; /* overwritten by the first k-step (acc = 0) */
             reg_fence(st);
@@ -158,7 +157,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(st);
             p_tile(st, cols, scale_log2);
             if (iq < 2) mask_tile(st, key0 - qc - t4 * 2);
-            if (VL && qc + B8_BM > himin) mask_after(st, hi0 - qc - t4 * 2, hi1 - qc - t4 * 2);
+            if (VL && qc + WS_BM128 > himin) mask_after(st, hi0 - qc - t4 * 2, hi1 - qc - t4 * 2);
             load_cols(cols, cD + t4 * 2);
             wg_wait<0>();
             reg_fence(dpt);
@@ -189,8 +188,6 @@ __global__ void __launch_bounds__(WS_THR, 1)
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-extern "C" int attn_sm90_bwd128_queries(void) { return B8_BM; }
-
 template <typename T>
 static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                           const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
@@ -198,7 +195,7 @@ static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float
                           cudaStream_t st) {
     auto kern = L.seg ? attn_bwd_sm90_d128_kernel<T, true> : attn_bwd_sm90_d128_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, b8_smem::BYTES);
-    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + B8_BM - 1) / B8_BM);
+    const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + WS_BM128 - 1) / WS_BM128);
     const int nbh = (int)(B * Hkv * ns);
     const int blocks = attn_sm90_blocks(1, (int64_t)nbh * nT);
     const ws_sched sc = ws_schedule(nbh, nT, blocks);

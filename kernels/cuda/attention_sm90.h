@@ -85,13 +85,11 @@ void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *
                         const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
                         int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns, int64_t nkv,
                         float scale, zr_dtype dt, cudaStream_t st);
-/* The same at head_dim 128 (attention_bwd_sm90_d128.cu), and the queries a step of its kernel (the
- * rows of its Q and dO maps' boxes). */
+/* The same at head_dim 128 (attention_bwd_sm90_d128.cu). */
 void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                            const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
                            int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
                            zr_dtype dt, cudaStream_t st);
-int attn_sm90_bwd128_queries(void);
 
 #ifdef __cplusplus
 }
