@@ -1,8 +1,9 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
- * with Dh 64 the wgmma kernels of attention_fwd_sm90.cu / attention_bwd_sm90.cu run instead;
- * these are the fallback. Not here: dropout, non-causal masks, Dh other than 64/128.
+ * the wgmma kernels (attention_sm90.h) run instead; these are the fallback. Here too: the backward's
+ * prep and last passes, which both families share (a narrow head_dim's, attn_sm90_narrow, with its
+ * accumulators 128 wide). Not here: dropout, non-causal masks, Dh other than 64/128.
  * See attention.h for the contract; the tiles and device helpers are attention_mma.cuh. */
 #include "attention.h"
 #include "attention_sm90.h"
@@ -188,31 +189,35 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 /* Dd[row] = sum_d dO[row, d] * O[row, d] for every (b, h, t) row (D/8 threads per row), and, when
  * nl2 is given (the Hopper backward's form of lse), nl2[row] = −lse[row]·log2 e; the same threads
- * zero that row of the dq accumulator (instead of a separate memset pass). */
+ * zero that row of the dq accumulator (instead of a separate memset pass). dO and O rows are W <= D
+ * wide (a narrow head_dim: the threads past W read nothing), the accumulator's D. */
 template <typename T, int D>
 __global__ void attn_bwd_prep_kernel(float *__restrict__ Dd, float *__restrict__ nl2,
                                      float *__restrict__ dqacc, const float *__restrict__ lse,
                                      const uint16_t *__restrict__ dout,
                                      const uint16_t *__restrict__ o, zr_attn_strides sdo,
-                                     zr_attn_strides so, int dense, int Hq, int T_, int64_t rows) {
+                                     zr_attn_strides so, int dense, int Hq, int T_, int W,
+                                     int64_t rows) {
     typedef mma_t<T> M;
     const int per = D / 8;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x / per) + threadIdx.x / per;
     const int ch = threadIdx.x % per;
     float s = 0.f;
     if (row < rows) {
-        int64_t ad = row * D, ao = row * D; /* dense: (B, Hq, T, D) */
+        int64_t ad = row * W, ao = row * W; /* dense: (B, Hq, T, W) */
         if (!dense) {
             const int64_t bh = row / T_, t = row % T_, b = bh / Hq, h = bh % Hq;
             ad = b * sdo.sb + h * sdo.sh + t * sdo.st, ao = b * so.sb + h * so.sh + t * so.st;
         }
-        uint4 a = *reinterpret_cast<const uint4 *>(dout + ad + ch * 8);
-        uint4 c = *reinterpret_cast<const uint4 *>(o + ao + ch * 8);
-        const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
-        const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
+        if (ch * 8 < W) {
+            uint4 a = *reinterpret_cast<const uint4 *>(dout + ad + ch * 8);
+            uint4 c = *reinterpret_cast<const uint4 *>(o + ao + ch * 8);
+            const uint16_t *pa = reinterpret_cast<const uint16_t *>(&a);
+            const uint16_t *pc = reinterpret_cast<const uint16_t *>(&c);
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-            s += M::to_f(pa[e]) * M::to_f(pc[e]);
+            for (int e = 0; e < 8; ++e)
+                s += M::to_f(pa[e]) * M::to_f(pc[e]);
+        }
         float4 *z = reinterpret_cast<float4 *>(dqacc + row * D + ch * 8);
         z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -245,8 +250,9 @@ static __device__ __forceinline__ pm_row pos_major(int64_t r, int64_t BH, int H,
 }
 
 /* Up to three conversions in one launch: dst[i] = T(scale * sum over nsplit partial buffers
- * (spaced n4 float4s apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
- * contiguous too); n4 counts float4s, 0 skips the segment. rows32: every row index fits 32 bits
+ * (spaced split floats apart) of src[i]); src is contiguous (.., H, T, D), dst strided as sd (dense:
+ * contiguous too); n4 counts dst's float4s, 0 skips the segment. NW (a narrow head_dim): dst rows
+ * are W < D wide (strided, never dense), src's still D. rows32: every row index fits 32 bits
  * (the strided addresses then take 32-bit divisions). A strided dst (the (B, T, H, D) memory of a
  * projection's gradient) is taken position-major, (t, b·H + h, float4), as
  * attn_rope_convert_kernel does: a warp's stores are adjacent heads of one position. */
@@ -254,22 +260,22 @@ struct cvt_seg {
     struct {
         uint16_t *dst;
         const float *src;
-        int64_t n4;
+        int64_t n4, split;
         int nsplit;
         float scale;
         zr_attn_strides sd;
         int H, dense;
     } s[3];
-    int T, rows32;
+    int T, W, rows32;
 };
 
 /* Each thread converts ATT_CVT_U float4s a pass (a grid stride apart: each load still coalesced
  * across the warp), all loads issued before the first store, so that a resident grid keeps enough
  * bytes in flight to run at the memory's rate. */
 #define ATT_CVT_U 4
-template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
+template <typename T, int D, bool NW> __global__ void attn_sum_convert_kernel(cvt_seg segs) {
     typedef mma_t<T> M;
-    constexpr int P = D / 4; /* float4s a row */
+    const int P = NW ? segs.W / 4 : D / 4; /* float4s a dst row */
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
@@ -285,15 +291,15 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
                 if (i >= sg.n4) break;
                 int64_t e = i * 4; /* src element */
                 dst[u] = sg.dst + e;
-                if (!sg.dense) {
+                if (NW || !sg.dense) {
                     const int col = (int)(i % P) * 4;
-                    const pm_row w = pos_major(i / P, BH, sg.H, segs.rows32); /* P: a shift */
+                    const pm_row w = pos_major(i / P, BH, sg.H, segs.rows32); /* P: a shift unless NW */
                     e = (w.bh * segs.T + w.t) * D + col;
                     dst[u] = sg.dst + w.b * sg.sd.sb + w.h * sg.sd.sh + w.t * sg.sd.st + col;
                 }
                 a[u] = *reinterpret_cast<const float4 *>(sg.src + e);
                 for (int p = 1; p < sg.nsplit; ++p) {
-                    const float4 c = *reinterpret_cast<const float4 *>(sg.src + e + p * 4 * sg.n4);
+                    const float4 c = *reinterpret_cast<const float4 *>(sg.src + e + p * sg.split);
                     a[u].x += c.x;
                     a[u].y += c.y;
                     a[u].z += c.z;
@@ -321,14 +327,15 @@ template <typename T, int D> __global__ void attn_sum_convert_kernel(cvt_seg seg
  * contiguous (.., H, T, D) accumulator or nsplit partials spaced split elements apart, times
  * scale) or, with src NULL, as the 16-bit values dst already holds (dk that the attention kernel
  * wrote unsplit, scaled: turned in place), rotates them back or not (rotate 0: dv) and writes
- * them to dst (strided as sd) in 16-byte vectors. cos, sin: (T, D) f32, 16-byte aligned. Items
+ * them to dst (strided as sd) in 16-byte vectors. cos, sin: (T, W) f32, 16-byte aligned; W = D,
+ * or with NW a narrow head_dim's (rows of W values out of src's D, pairs (i, i + W/2)). Items
  * run position-major, (t, b·H + h, chunk): a warp's rows share one or two positions, so their
  * table rows are the same few lines (read once per warp, not once per row), and in a packed
  * gradient (B, T, heads, D) its stores are adjacent heads of one position. */
 struct rope_seg {
     uint16_t *dst;
     const float *src;
-    int64_t n, split; /* n: items (rows × D/16), 0 skips the segment */
+    int64_t n, split; /* n: items (rows × W/16), 0 skips the segment */
     int nsplit, rotate, H;
     float scale;
     zr_attn_strides sd;
@@ -336,19 +343,19 @@ struct rope_seg {
 struct rope_cvt {
     rope_seg s[3];
     const float *cos, *sin;
-    int T, B, rows32;
+    int T, B, W, rows32;
 };
 
-template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a) {
+template <typename T, int D, bool NW> __global__ void attn_rope_convert_kernel(rope_cvt a) {
     typedef mma_t<T> M;
-    constexpr int HALF = D / 2, PER = HALF / 8; /* items per row */
+    const int W = NW ? a.W : D, HALF = W / 2, PER = HALF / 8; /* items per row */
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
 #pragma unroll 1
     for (int k = 0; k < 3; ++k) {
         const rope_seg sg = a.s[k];
         for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < sg.n; i += stride) {
             const int col = (int)(i % PER) * 8;
-            const pm_row w = pos_major(i / PER, (int64_t)a.B * sg.H, sg.H, a.rows32); /* PER: a shift */
+            const pm_row w = pos_major(i / PER, (int64_t)a.B * sg.H, sg.H, a.rows32); /* PER: a shift unless NW */
             const int64_t t = w.t, row = w.bh * a.T + t;
             uint16_t *dst = sg.dst + w.b * sg.sd.sb + w.h * sg.sd.sh + t * sg.sd.st + col;
             float x1[8], x2[8];
@@ -378,7 +385,7 @@ template <typename T, int D> __global__ void attn_rope_convert_kernel(rope_cvt a
             uint4 o1, o2;
             uint32_t *w1 = reinterpret_cast<uint32_t *>(&o1), *w2 = reinterpret_cast<uint32_t *>(&o2);
             if (sg.rotate) { /* the transpose of y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2 */
-                const float *cs = a.cos + t * D + col, *sn = a.sin + t * D + col;
+                const float *cs = a.cos + t * W + col, *sn = a.sin + t * W + col;
                 float c1[8], c2[8], s1[8], s2[8];
 #pragma unroll
                 for (int v = 0; v < 2; ++v) {
@@ -634,8 +641,9 @@ extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64
     const int ns0 = bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns1 = attn_sm90_bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns = ns0 > ns1 ? ns0 : ns1; /* enough for either kernel */
-    size_t n = align16((size_t)(B * Hq * T * Dh) * 4) + 2 * align16((size_t)(B * Hq * T) * 4);
-    if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dh * 4;
+    const int64_t Dc = attn_sm90_width(Dh); /* the accumulators' width: 128 at a narrow head_dim */
+    size_t n = align16((size_t)(B * Hq * T * Dc) * 4) + 2 * align16((size_t)(B * Hq * T) * 4);
+    if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dc * 4;
     return n;
 }
 
@@ -643,8 +651,10 @@ static int check_args(const char *fn, int64_t B, int64_t Hq, int64_t Hkv, int64_
                       zr_dtype dt) {
     if (dt != ZR_BF16 && dt != ZR_F16)
         return zr_error("%s: dtype %s not supported (bf16 or f16 expected)", fn, zr_dtype_name(dt));
-    if (Dh != 64 && Dh != 128)
-        return zr_error("%s: head_dim %lld not supported (64 or 128 expected)", fn, (long long)Dh);
+    if (Dh != 64 && Dh != 128 && !(attn_sm90_narrow(Dh) && attention_strided_ok(Dh, dt)))
+        return zr_error("%s: head_dim %lld not supported (64 or 128; 80, 96 or 112 on the Hopper kernels, "
+                        "compute capability 9.0: attention_strided_ok)",
+                        fn, (long long)Dh);
     if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv)
         return zr_error("%s: bad shape B=%lld Hq=%lld Hkv=%lld T=%lld (Hq must be a multiple of "
                         "Hkv)",
@@ -701,6 +711,7 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
 }
 
 extern "C" int attention_varlen_ok(int64_t Dh, zr_dtype dtype) {
+    if (attn_sm90_narrow(Dh)) return attention_strided_ok(Dh, dtype); /* the Hopper kernels only */
     if (!((Dh == 64 || Dh == 128) && (dtype == ZR_BF16 || dtype == ZR_F16))) return 0;
     int dev = 0, major = 0; /* a device the sm_90 code runs on */
     const int ok = cudaGetDevice(&dev) == cudaSuccess &&
@@ -725,10 +736,10 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     bool dense_all;
     const zr_attn_layout lay = resolve(L, Hq, Hkv, T, Dh, true, &dense_all);
     if (attn_sm90_fwd_ok(Dh, dtype)) {
-        if ((Dh == 128 ? attn_sm90_forward128 : attn_sm90_forward)(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale,
-                                                                   dtype, stream) == 0)
+        if ((Dh == 64 ? attn_sm90_forward(o, lse, q, k, v, &lay, B, Hq, Hkv, T, scale, dtype, stream)
+                      : attn_sm90_forward128(o, lse, q, k, v, &lay, B, Hq, Hkv, T, Dh, scale, dtype, stream)) == 0)
             return launch_check(fn);
-        if (!dense_all) return zr_error("%s: %s", fn, TMA_STRIDES);
+        if (!dense_all || attn_sm90_narrow(Dh)) return zr_error("%s: %s", fn, TMA_STRIDES);
     }
     if (!dense_all)
         return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
@@ -753,8 +764,9 @@ template <typename T, int D>
 static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                       const void *v, const void *o, const float *lse, void *ws,
                       const zr_attn_layout &L, bool dense_all, int64_t B, int64_t Hq, int64_t Hkv,
-                      int64_t T_, float scale, const float *cos, const float *sin,
+                      int64_t T_, int W, float scale, const float *cos, const float *sin,
                       cudaStream_t st) {
+    /* D: the kernels' width (their accumulators'); W <= D: the operands' (a narrow head_dim's) */
     const int64_t rows = B * Hq * T_, nq = rows * D, nkv = B * Hkv * T_ * D;
     float *dqacc = (float *)ws;
     float *Dd = (float *)((char *)ws + align16((size_t)nq * 4));
@@ -763,17 +775,17 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
     const int G = (int)(Hq / Hkv);
     attn_sm90_bwd_maps maps;
     const bool hopper = attn_sm90_bwd_ok(D, mma_dtype<T>::value) &&
-                        attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_, D,
+                        attn_sm90_backward_maps(&maps, dqacc, dout, q, k, v, &L, B, Hq, Hkv, T_, W,
                                                 mma_dtype<T>::value) == 0;
-    if (!hopper && !dense_all)
+    if (!hopper && (!dense_all || W != D))
         return -1;
     const int ns = hopper ? attn_sm90_bwd_nsplit(B, Hkv, G, T_) : bwd_nsplit(B, Hkv, G, T_);
     const int per = D / 8, rpb = 256 / per;
     attn_bwd_prep_kernel<T, D><<<(unsigned)((rows + rpb - 1) / rpb), 256, 0, st>>>(
         Dd, hopper ? nl2 : nullptr, dqacc, lse, (const uint16_t *)dout, (const uint16_t *)o, L.dout, L.o,
-        same(L.dout, dense(Hq, T_, D)) && same(L.o, dense(Hq, T_, D)), (int)Hq, (int)T_, rows);
+        same(L.dout, dense(Hq, T_, W)) && same(L.o, dense(Hq, T_, W)), (int)Hq, (int)T_, W, rows);
     if (hopper) {
-        attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, D, ns, nkv, scale,
+        attn_sm90_backward(&maps, dk, dv, wkv, nl2, Dd, &L, B, Hq, Hkv, T_, W, ns, nkv, scale,
                            mma_dtype<T>::value, st);
     } else {
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
@@ -786,8 +798,9 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
             (int)T_, (int)Hq, G, ns, nkv, scale, scale * ATT_LOG2E);
     }
     const int rows32 = rows < ((int64_t)1 << 31);
+    const bool nw = W != D;
     if (cos) { /* one launch: dq and dk rotated back (dk in place when unsplit), dv when split */
-        const int64_t per = D / 16;
+        const int64_t per = W / 16;
         rope_cvt a = {{{(uint16_t *)dq, dqacc, rows * per, 0, 1, 1, (int)Hq, scale, L.dq},
                        {(uint16_t *)dk, ns > 1 ? wkv : nullptr, B * Hkv * T_ * per, nkv, ns, 1,
                         (int)Hkv, scale, L.dk},
@@ -797,20 +810,22 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
                       sin,
                       (int)T_,
                       (int)B,
+                      W,
                       rows32};
-        attn_rope_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(a);
+        (nw ? attn_rope_convert_kernel<T, D, true> : attn_rope_convert_kernel<T, D, false>)<<<132 * 8, 256, 0, st>>>(a);
         return 0;
     }
-    /* one launch converts dq, and dk/dv when they were split */
-    const zr_attn_strides dq_ = dense(Hq, T_, D), dkv = dense(Hkv, T_, D);
-    cvt_seg segs = {{{(uint16_t *)dq, dqacc, nq / 4, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
-                     {(uint16_t *)dk, wkv, ns > 1 ? nkv / 4 : 0, ns, scale, L.dk, (int)Hkv,
-                      same(L.dk, dkv)},
-                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? nkv / 4 : 0, ns, 1.f, L.dv,
-                      (int)Hkv, same(L.dv, dkv)}},
+    /* one launch converts dq, and dk/dv when they were split (n4: float4s of the W-wide outputs) */
+    const zr_attn_strides dq_ = dense(Hq, T_, W), dkv = dense(Hkv, T_, W);
+    const int64_t q4 = rows * W / 4, kv4 = B * Hkv * T_ * W / 4;
+    cvt_seg segs = {{{(uint16_t *)dq, dqacc, q4, nq, 1, scale, L.dq, (int)Hq, same(L.dq, dq_)},
+                     {(uint16_t *)dk, wkv, ns > 1 ? kv4 : 0, nkv, ns, scale, L.dk, (int)Hkv, same(L.dk, dkv)},
+                     {(uint16_t *)dv, wkv + (size_t)ns * nkv, ns > 1 ? kv4 : 0, nkv, ns, 1.f, L.dv, (int)Hkv,
+                      same(L.dv, dkv)}},
                     (int)T_,
+                    W,
                     rows32};
-    attn_sum_convert_kernel<T, D><<<132 * 8, 256, 0, st>>>(segs);
+    (nw ? attn_sum_convert_kernel<T, D, true> : attn_sum_convert_kernel<T, D, false>)<<<132 * 8, 256, 0, st>>>(segs);
     return 0;
 }
 
@@ -830,18 +845,19 @@ static int backward(const char *fn, void *dq, void *dk, void *dv, const void *do
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
     int rc;
+    const int W = (int)Dh;
     if (dtype == ZR_BF16)
         rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                      lay, dense_all, B, Hq, Hkv, T, scale, cos,
+                                                      lay, dense_all, B, Hq, Hkv, T, W, scale, cos,
                                                       sin, stream)
                       : bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                       lay, dense_all, B, Hq, Hkv, T, scale, cos,
+                                                       lay, dense_all, B, Hq, Hkv, T, W, scale, cos,
                                                        sin, stream);
     else
         rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                               dense_all, B, Hq, Hkv, T, scale, cos, sin, stream)
+                                               dense_all, B, Hq, Hkv, T, W, scale, cos, sin, stream)
                       : bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                                dense_all, B, Hq, Hkv, T, scale, cos, sin, stream);
+                                                dense_all, B, Hq, Hkv, T, W, scale, cos, sin, stream);
     if (rc)
         return zr_error("%s: %s", fn, TMA_STRIDES);
     return launch_check(fn);

@@ -253,11 +253,12 @@ extern "C" int attn_sm90_device_ok(void) {
 }
 
 static int supported(int64_t Dh, zr_dtype dt) {
-    return (Dh == 64 || Dh == 128) && (dt == ZR_BF16 || dt == ZR_F16) && attn_sm90_device_ok();
+    return (Dh == 64 || Dh == 128 || attn_sm90_narrow(Dh)) && (dt == ZR_BF16 || dt == ZR_F16) &&
+           attn_sm90_device_ok();
 }
 
-/* the forwards: head_dim 64 (attention_fwd_sm90.cu) and 128 (attention_fwd_sm90_d128.cu); the
- * backwards: 64 (here) and 128 (attention_bwd_sm90_d128.cu) */
+/* the forwards: head_dim 64 (attention_fwd_sm90.cu) and 128 or narrow (attention_fwd_sm90_d128.cu);
+ * the backwards: 64 (here) and 128 or narrow (attention_bwd_sm90_d128.cu) */
 extern "C" int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt) {
     return g_force_fwd != 0 && supported(Dh, dt) && attn_sm90_tma_ready();
 }
@@ -282,12 +283,13 @@ extern "C" int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, cons
                                        const void *q, const void *k, const void *v,
                                        const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv,
                                        int64_t T_, int64_t Dh, zr_dtype dt) {
-    /* dqacc: (B, Hq, T, Dh) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
-    const uint64_t qd[4] = {(uint64_t)Dh, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
-    const uint64_t qs[3] = {(uint64_t)Dh * 4, (uint64_t)(T_ * Dh) * 4, (uint64_t)(Hq * T_ * Dh) * 4};
+    /* dqacc: (B, Hq, T, 64 or 128) f32 contiguous, reduce-added in boxes of 64 rows × 32 columns */
+    const int64_t Dc = attn_sm90_width(Dh); /* a narrow head_dim's accumulator: 128 wide */
+    const uint64_t qd[4] = {(uint64_t)Dc, (uint64_t)T_, (uint64_t)Hq, (uint64_t)B};
+    const uint64_t qs[3] = {(uint64_t)Dc * 4, (uint64_t)(T_ * Dc) * 4, (uint64_t)(Hq * T_ * Dc) * 4};
     const uint32_t qb[4] = {32, 64, 1, 1};
     /* queries a step, keys an item: head_dim 64's kernel 128 and 128, 128's 64 and 128 */
-    const int bm = Dh == 64 ? WS_BM : WS_BM128, bn = WS_BN;
+    const int bm = Dc == 64 ? WS_BM : WS_BM128, bn = WS_BN;
     return attn_sm90_head_map(&m->q, q, &L->q, B, Hq, T_, Dh, bm, dt) ||
                    attn_sm90_head_map(&m->dout, dout, &L->dout, B, Hq, T_, Dh, bm, dt) ||
                    attn_sm90_head_map(&m->k, k, &L->k, B, Hkv, T_, Dh, bn, dt) ||
@@ -341,8 +343,8 @@ extern "C" void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *
                                    const float *nl2, const float *Dd, const zr_attn_layout *L,
                                    int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns,
                                    int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
-    if (Dh == 128)
-        attn_sm90_backward128(m, dk, dv, wkv, nl2, Dd, L, B, Hq, Hkv, T, ns, nkv, scale, dt, st);
+    if (Dh > 64)
+        attn_sm90_backward128(m, dk, dv, wkv, nl2, Dd, L, B, Hq, Hkv, T, Dh, ns, nkv, scale, dt, st);
     else if (dt == ZR_BF16)
         bwd_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
     else

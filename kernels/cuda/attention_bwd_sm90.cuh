@@ -250,13 +250,14 @@ store_dkv_rows(uint16_t *dk, uint16_t *dv, const float (&dka)[32], const float (
 
 /* Epilogue of a warpgroup's 64 keys, columns col0 .. col0 + 63 of DH: this thread's rows key0,
  * key0 + 8 (accumulator layout) of kv head hk of batch b. nsplit == 1: dk (scaled) and dv into
- * their strided outputs; else f32 partials (dk unscaled) at split's slot of ws_dkv, contiguous
- * (B·Hkv, T, DH) each. */
+ * their strided outputs, columns below W (a narrow head_dim's rows are W wide); else f32 partials
+ * (dk unscaled) at split's slot of ws_dkv, contiguous (B·Hkv, T, DH) each. */
 template <typename T, int DH = 64>
 static __device__ __forceinline__ void
 store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], const float (&dva)[32],
           const zr_attn_strides &sdk, const zr_attn_strides &sdv, int b, int hk, int bhk, int key0,
-          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale, int col0 = 0) {
+          int t4, int T_, int split, int nsplit, int64_t kv_elems, float scale, int col0 = 0,
+          int W = DH) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
         const int c = col0 + nt * 8 + t4 * 2;
@@ -267,6 +268,7 @@ store_dkv(uint16_t *dk, uint16_t *dv, float *ws_dkv, const float (&dka)[32], con
             const size_t off = ((size_t)bhk * T_ + key) * DH + c; /* contiguous partials */
             const int e = 4 * nt + 2 * hlf;
             if (nsplit == 1) {
+                if (c >= W) continue;
                 *reinterpret_cast<uint32_t *>(dk + b * sdk.sb + hk * sdk.sh + key * sdk.st + c) =
                     cvt<T>::pack(dka[e] * scale, dka[e + 1] * scale);
                 *reinterpret_cast<uint32_t *>(dv + b * sdv.sb + hk * sdv.sh + key * sdv.st + c) =

@@ -15,7 +15,10 @@
  *     dS K[:, 64w ..] over all 128 keys, staged for the dQ warp's reduce-add (two 64 x 32 boxes).
  * Barriers, phases and the release order are the head_dim-64 kernel's (its comment); the query
  * tiles of item j start at tile 2j (the key tile's first query), and the first two carry the
- * causal mask (the second only for warpgroup 1). */
+ * causal mask (the second only for warpgroup 1). A narrow head_dim W (attn_sm90_narrow) runs the
+ * same tiles over W-wide maps (TMA's zero fill past W: those columns of S^T, dP^T add nothing and
+ * those of dK, dV, dQ come out 0); dK, dV are stored W columns a row, the f32 dQ and dK/dV partials
+ * stay 128 wide (attention.cu's last pass converts W of them). */
 #include "attention_sm90.h"
 
 #include "attention_bwd_sm90.cuh"
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
                               const __grid_constant__ CUtensorMap tdq, const float *__restrict__ nl2,
                               const float *__restrict__ Dd, zr_attn_strides sdk, zr_attn_strides sdv,
                               const int32_t *__restrict__ hi, int T_, int nQ, const ws_sched sc,
-                              int Hq, int Hkv, int G, int nsplit, int64_t kv_elems, float scale,
+                              int Hq, int Hkv, int G, int nsplit, int64_t kv_elems, int W, float scale,
                               float scale_log2) {
     const int nT = sc.nT;
     constexpr int KAE = b8_smem::KATOM / 2, QAE = b8_smem::QATOM / 2; /* elements of an atom */
@@ -182,7 +185,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
 #pragma unroll
         for (int a = 0; a < 2; ++a)
             store_dkv<T, 128>(dk, dv, ws_dkv, dka[a], dva[a], sdk, sdv, t.b, t.hk, t.bhk, key0, t4, T_,
-                              t.split, nsplit, kv_elems, scale, 64 * a);
+                              t.split, nsplit, kv_elems, scale, 64 * a, W);
     }
 }
 
@@ -191,8 +194,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
 template <typename T>
 static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float *wkv,
                           const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
-                          int64_t Hq, int64_t Hkv, int64_t T_, int ns, int64_t nkv, float scale,
-                          cudaStream_t st) {
+                          int64_t Hq, int64_t Hkv, int64_t T_, int64_t Dh, int ns, int64_t nkv,
+                          float scale, cudaStream_t st) {
     auto kern = L.seg ? attn_bwd_sm90_d128_kernel<T, true> : attn_bwd_sm90_d128_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, b8_smem::BYTES);
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + WS_BM128 - 1) / WS_BM128);
@@ -202,15 +205,15 @@ static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float
     kern<<<blocks, WS_THR, b8_smem::BYTES, st>>>(
         (uint16_t *)dk, (uint16_t *)dv, wkv, m.q, m.dout, m.k, m.v, m.dq, nl2, Dd, L.dk, L.dv,
         L.seg ? L.seg + B * T_ : nullptr, (int)T_, nQ, sc, (int)Hq, (int)Hkv, (int)(Hq / Hkv), ns,
-        nkv, scale, scale * 1.4426950408889634f);
+        nkv, (int)Dh, scale, scale * 1.4426950408889634f);
 }
 
 extern "C" void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                                       const float *nl2, const float *Dd, const zr_attn_layout *L,
-                                      int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int ns,
+                                      int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns,
                                       int64_t nkv, float scale, zr_dtype dt, cudaStream_t st) {
     if (dt == ZR_BF16)
-        bwd128_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+        bwd128_launch<__nv_bfloat16>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, Dh, ns, nkv, scale, st);
     else
-        bwd128_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, ns, nkv, scale, st);
+        bwd128_launch<__half>(*m, dk, dv, wkv, nl2, Dd, *L, B, Hq, Hkv, T, Dh, ns, nkv, scale, st);
 }

@@ -8,7 +8,9 @@
  * K and V have rings of their own, K's slot released as soon as S is done, so each load is
  * issued a step or more before it is needed. Shared memory: two Q tiles (64 KB), two K and two V
  * stages (128 KB). bf16/f16; output and lse as the head_dim-64 kernel's (and the mma.sync
- * backward's) conventions. */
+ * backward's) conventions. A narrow head_dim W (attn_sm90_narrow: Phi-3's 96) runs the same tiles:
+ * its maps are W wide, so TMA fills the second atom's columns past W with zeros (nothing added to
+ * q·k; O's columns past W are P times V's zeros), and the epilogue stores W columns a row. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
@@ -41,12 +43,12 @@ static_assert(f8_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
 /* The epilogue, per warp: O = acc / l for this thread's rows wr + g, wr + g + 8 (acc[h]: columns
  * 64h.. of the 64 x 128 accumulator) through rows wr.. of the Q tile st (both atoms; no product reads
  * it any more), release() once the warp is done with st, then 16-byte stores to ob (tile row r is
- * query q0 + r, rows ost elements apart) and lse = (m·sl + log2 l)·ln 2 to lrow. */
+ * query q0 + r, rows ost elements apart; the W columns of a row) and lse = (m·sl + log2 l)·ln 2 to lrow. */
 template <typename T, typename F>
 static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], float l0, float l1, float m0,
                                                    float m1, float sl, uint16_t *st, int wr, int q0,
-                                                   uint16_t *ob, int64_t ost, float *lrow, int T_, int lane,
-                                                   F &&release) {
+                                                   uint16_t *ob, int64_t ost, float *lrow, int T_, int W,
+                                                   int lane, F &&release) {
     const int g = lane >> 2, t4 = lane & 3, r0 = wr + g, qrow = q0 + r0;
     quad_sums(l0, l1);
     const float i0 = 1.f / l0, i1 = 1.f / l1;
@@ -74,7 +76,7 @@ static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], fl
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int c = lane + 32 * i, row = wr + (c >> 4), ch = c & 15, gr = q0 + row;
-        if (gr < T_)
+        if (gr < T_ && ch * 8 < W) /* a narrow head_dim's chunks past W: zeros, never stored */
             asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ob + gr * ost + ch * 8),
                          "r"(v[i].x), "r"(v[i].y), "r"(v[i].z), "r"(v[i].w)
                          : "memory");
@@ -98,7 +100,8 @@ __global__ void __launch_bounds__(F8_THR, 1)
     attn_fwd_sm90_d128_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                               const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                               const __grid_constant__ CUtensorMap tv, zr_attn_strides so,
-                              const int32_t *__restrict__ seg, int T_, int B, int Hq, int G, float scale_log2) {
+                              const int32_t *__restrict__ seg, int T_, int B, int Hq, int G, int W,
+                              float scale_log2) {
     ZR_SMEM_1024(base);
     constexpr int AE = f8_smem::ATOM / 2, TE = f8_smem::TILE / 2; /* elements of an atom, a tile */
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f8_smem::Q);
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(F8_THR, 1)
             if (lane == 0) mbar_arrive(&vempty[sl]);
         }
         f8_epilogue<T>(acc, l0, l1, m0, m1, scale_log2, sQb, wg * 64 + warp * 16, q0,
-                       o + w.b * so.sb + w.h * so.sh, so.st, lse + ((size_t)w.b * Hq + w.h) * T_, T_, lane,
+                       o + w.b * so.sb + w.h * so.sh, so.st, lse + ((size_t)w.b * Hq + w.h) * T_, T_, W, lane,
                        [&]() {
                            fence_proxy_async();
                            __syncwarp();
@@ -266,24 +269,25 @@ __global__ void __launch_bounds__(F8_THR, 1)
 
 template <typename T>
 static int fwd128_launch(void *o, float *lse, const void *q, const void *k, const void *v, const zr_attn_layout &L,
-                         int64_t B, int64_t Hq, int64_t Hkv, int64_t T_, float scale, zr_dtype dt, cudaStream_t st) {
-    CUtensorMap mq, mk, mv;
-    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 128, F8_B, dt) ||
-        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 128, F8_B, dt) ||
-        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 128, F8_B, dt))
+                         int64_t B, int64_t Hq, int64_t Hkv, int64_t T_, int64_t Dh, float scale, zr_dtype dt,
+                         cudaStream_t st) {
+    CUtensorMap mq, mk, mv; /* Dh wide: a narrow head_dim's second box zero-filled past Dh */
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, Dh, F8_B, dt) ||
+        attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, Dh, F8_B, dt) ||
+        attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, Dh, F8_B, dt))
         return -1;
     auto kern = L.seg ? attn_fwd_sm90_d128_kernel<T, true> : attn_fwd_sm90_d128_kernel<T, false>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f8_smem::BYTES);
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F8_B - 1) / F8_B));
     kern<<<grid, F8_THR, f8_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg, (int)T_, (int)B, (int)Hq,
-                                               (int)(Hq / Hkv), scale * F8_LOG2E);
+                                               (int)(Hq / Hkv), (int)Dh, scale * F8_LOG2E);
     return 0;
 }
 
 extern "C" int attn_sm90_forward128(void *o, float *lse, const void *q, const void *k, const void *v,
                                     const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                                    float scale, zr_dtype dt, cudaStream_t st) {
+                                    int64_t Dh, float scale, zr_dtype dt, cudaStream_t st) {
     if (!attn_sm90_tma_ready()) return -1;
-    if (dt == ZR_BF16) return fwd128_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
-    return fwd128_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+    if (dt == ZR_BF16) return fwd128_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, Dh, scale, dt, st);
+    return fwd128_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, Dh, scale, dt, st);
 }

@@ -1,6 +1,7 @@
 /* Private interface between attention.cu and the Hopper (sm_90a, wgmma) attention kernels in
- * attention_fwd_sm90.cu and attention_bwd_sm90.cu (head_dim 64) and attention_fwd_sm90_d128.cu (the
- * forward at 128), bf16/f16, compute capability 9.0 only. attention.cu keeps
+ * attention_fwd_sm90.cu and attention_bwd_sm90.cu (head_dim 64), attention_fwd_sm90_d128.cu and
+ * attention_bwd_sm90_d128.cu (128, and the narrow head_dims read in place by the 128-wide tiles),
+ * bf16/f16, compute capability 9.0 only. attention.cu keeps
  * the public contract (attention.h), the argument checks and the mma.sync fallback for the rest. */
 #ifndef ZR_CUDA_ATTENTION_SM90_H
 #define ZR_CUDA_ATTENTION_SM90_H
@@ -17,8 +18,16 @@ extern "C" {
 
 #include "../base/dtype.h"
 
-/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device (head_dim 64
- * and 128, forward and backward). */
+/* A head_dim the 128-wide kernels read in place though narrower than their tiles (Phi-3's 96): a
+ * multiple of 16 between 64 and 128. TMA zero-fills a tile's columns past it (so q·k and the products
+ * gain nothing from them), and the epilogues store none of them; the f32 accumulators (dq, the dk/dv
+ * partials) stay 128 wide. */
+static inline int attn_sm90_narrow(int64_t Dh) { return Dh > 64 && Dh < 128 && Dh % 16 == 0; }
+/* The kernels' tile width for head_dim Dh: 64, else 128 (128 and the narrow ones). */
+static inline int64_t attn_sm90_width(int64_t Dh) { return Dh <= 64 ? 64 : 128; }
+
+/* 1 when the Hopper kernels take a call of this head_dim/dtype on the current device (head_dim 64,
+ * 128 and the narrow ones, forward and backward). */
 int attn_sm90_fwd_ok(int64_t Dh, zr_dtype dt);
 int attn_sm90_bwd_ok(int64_t Dh, zr_dtype dt);
 
@@ -60,16 +69,17 @@ int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const v
                       const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
                       float scale, zr_dtype dt, cudaStream_t st);
 
-/* The same at head_dim 128 (attention_fwd_sm90_d128.cu). */
+/* The same at head_dim Dh 128 or narrow (attention_fwd_sm90_d128.cu). */
 int attn_sm90_forward128(void *o, float *lse, const void *q, const void *k, const void *v,
                          const zr_attn_layout *L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                         float scale, zr_dtype dt, cudaStream_t st);
+                         int64_t Dh, float scale, zr_dtype dt, cudaStream_t st);
 
 /* Splits of each kv head's query group in the backward kernel (more blocks for small grids). */
 int attn_sm90_bwd_nsplit(int64_t B, int64_t Hkv, int64_t G, int64_t T);
 
-/* The backward's tensor maps (Q, dO, K, V by head; the f32 dQ accumulator), encoded before anything
- * is launched so that a layout TMA cannot address falls back to the mma.sync kernel whole. */
+/* The backward's tensor maps (Q, dO, K, V by head, Dh wide; the f32 dQ accumulator, (B, Hq, T,
+ * attn_sm90_width(Dh))), encoded before anything is launched so that a layout TMA cannot address
+ * falls back to the mma.sync kernel whole. */
 typedef struct {
     CUtensorMap q, dout, k, v, dq;
 } attn_sm90_bwd_maps;
@@ -79,17 +89,18 @@ int attn_sm90_backward_maps(attn_sm90_bwd_maps *m, float *dqacc, const void *dou
                             int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, zr_dtype dt);
 /* Backward main kernel: dq accumulated (unscaled, f32 reduce-adds) into dqacc (the map's), which
  * must be zeroed; nl2 = −lse·log2 e and Dd = rowsum(dO∘O) per query row (attention.cu's prep
- * kernel); with ns > 1 f32 partials of dk (unscaled) and dv go to wkv (ns·nkv each) for
- * attention.cu's reduction, else dk (scaled) and dv are written directly. */
+ * kernel); with ns > 1 f32 partials of dk (unscaled) and dv go to wkv (ns·nkv each, rows
+ * attn_sm90_width(Dh) wide) for attention.cu's reduction, else dk (scaled) and dv are written
+ * directly (Dh columns a row). */
 void attn_sm90_backward(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                         const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
                         int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns, int64_t nkv,
                         float scale, zr_dtype dt, cudaStream_t st);
-/* The same at head_dim 128 (attention_bwd_sm90_d128.cu). */
+/* The same at head_dim Dh 128 or narrow (attention_bwd_sm90_d128.cu). */
 void attn_sm90_backward128(const attn_sm90_bwd_maps *m, void *dk, void *dv, float *wkv,
                            const float *nl2, const float *Dd, const zr_attn_layout *L, int64_t B,
-                           int64_t Hq, int64_t Hkv, int64_t T, int ns, int64_t nkv, float scale,
-                           zr_dtype dt, cudaStream_t st);
+                           int64_t Hq, int64_t Hkv, int64_t T, int64_t Dh, int ns, int64_t nkv,
+                           float scale, zr_dtype dt, cudaStream_t st);
 
 #ifdef __cplusplus
 }

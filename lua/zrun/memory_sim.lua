@@ -491,8 +491,9 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   local G = Hq / Hkv
   local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
   local a16 = function(n) return ceil(n / 16) * 16 end
-  local n = a16(B * Hq * T * Dh * 4) + 2 * a16(B * Hq * T * 4)
-  if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dh * 4 end
+  local Dc = Dh <= 64 and 64 or 128 -- the accumulators' width (128 at a narrow head_dim)
+  local n = a16(B * Hq * T * Dc * 4) + 2 * a16(B * Hq * T * 4)
+  if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dc * 4 end
   return n
 end
 
@@ -568,10 +569,12 @@ function Sim:sdpa_composed(q, k, v, shape)
   return out
 end
 
--- A head_dim the flash kernels run on a GPU in 16 bits: 64, 128, or a multiple of 8 between them (zero-padded
--- to 128: ops/attention.c sdpa_padded). M.padded_dim: the padded ones.
-function M.padded_dim(D) return D > 64 and D < 128 and D % 8 == 0 end
-function M.flash_dim(D) return D == 64 or D == 128 or M.padded_dim(D) end
+-- A head_dim the flash kernels run on a GPU in 16 bits: 64, 128, or a multiple of 8 between them: a multiple of 16
+-- read in place by the Hopper kernels' 128-wide tiles (M.narrow_dim; attn_sm90_narrow), the others zero-padded to
+-- 128 (M.padded_dim: ops/attention.c sdpa_padded). The plan models a Hopper GPU.
+function M.narrow_dim(D) return D > 64 and D < 128 and D % 16 == 0 end
+function M.padded_dim(D) return D > 64 and D < 128 and D % 8 == 0 and not M.narrow_dim(D) end
+function M.flash_dim(D) return D == 64 or D == 128 or M.narrow_dim(D) or M.padded_dim(D) end
 
 -- ops/attention.c sdpa_padded: q, k, v copied into zero-padded (.., 128) tensors (kept), the 128-wide output (kept
 -- whole: the op's output is a (.., D) view of it) and lse; backward pads dO (a copy), writes padded dq, dk, dv
@@ -611,11 +614,11 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
   if self.o.gpu and self.o.dtype_bytes == 2 and M.padded_dim(shape[5]) then
     return self:sdpa_padded(q, k, v, lse_bytes, shape, seg)
   end
-  if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128)) then
+  if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128 or M.narrow_dim(shape[5]))) then
     return self:sdpa_composed(q, k, v, shape)
   end
   if self.o.gpu and strided then
-    -- the Hopper kernels (ops/attention.c, head_dim 64 or 128, 16-bit): q, k, v read in place and kept
+    -- the Hopper kernels (ops/attention.c, head_dim 64, 128 or narrow, 16-bit): q, k, v read in place and kept
     -- as they are, unless a view pins a much larger buffer (a compact copy is kept then); the
     -- output is (B, T, H, D) memory seen transposed, each gradient in its input's layout, dO read
     -- in place; q, k, v that are views of one buffer (qkv_rope's) are judged together
@@ -674,7 +677,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
   return out
 end
 
--- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64 or 128, 16-bit): qkv_rope's forward
+-- zr.qkv_rope_sdpa on the Hopper kernels (ops/attention.c, head_dim 64, 128 or narrow, 16-bit): qkv_rope's forward
 -- (q, k rotated, v copied into one new (B, T, H + 2 KV, D) buffer, x's size) and the attention
 -- reading q, k, v there; the node keeps what qkv_rope + sdpa keep: that buffer, the output
 -- ((B, T, H·D), o_proj's input as it is) and lse. Backward: dO read in place, the workspace, and
@@ -1135,7 +1138,7 @@ function M.llama_activations(cfg, o)
     S:push()
     local a1
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
-    local strided = (D == 64 or D == 128) and b == 2 -- the Hopper attention kernels read strided q, k, v
+    local strided = (D == 64 or D == 128 or M.narrow_dim(D)) and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
     -- projections as llama.lua runs them: a group (q/k/v, gate/up) with an adapter as one zr.lora_multi (project_lora;
     -- a plain frozen projection among them without one), an adapted o_proj or down_proj as one of its own; else the

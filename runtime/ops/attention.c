@@ -1,7 +1,8 @@
 /* Causal grouped-query attention: forward and backward side by side (see ops/attention.h).
  * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
  * the flash kernel (kernels/cuda/attention.h: no T×T tensor), a multiple of 8 between them the 128
- * kernel over zero-padded copies (sdpa_padded); every other case (f32, other head
+ * kernels (in place on Hopper at a multiple of 16, else over zero-padded copies: sdpa_padded); every
+ * other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
@@ -210,9 +211,11 @@ static zr_attn_strides strides_of(const zr_tensor *t) {
     return (zr_attn_strides){s[0], s[1], s[2]};
 }
 
-/* A head_dim between 64 and 128 (a multiple of 8: Phi-3's 96) runs the 128-wide kernels over zero-padded
- * copies (sdpa_padded): the padding adds nothing to q·k, the output's padded columns (P times V's zero
- * ones) are dropped, and the scale stays the real head_dim's. */
+/* A head_dim between 64 and 128 (a multiple of 8: Phi-3's 96) runs the 128-wide kernels: in place on the
+ * Hopper kernels where they read it (attention_strided_ok: a multiple of 16, TMA filling the tiles' columns
+ * past it with zeros), else over zero-padded copies (sdpa_padded). Either way the padding adds nothing to
+ * q·k, the output's padded columns (P times V's zero ones) are dropped, and the scale stays the real
+ * head_dim's. */
 static int padded_dim(int64_t Dh) { return Dh > 64 && Dh < 128 && Dh % 8 == 0; }
 /* 1 where the flash kernels run head_dim Dh in dt (with packed sequences too), padded or not. */
 static int flash_dim_ok(int64_t Dh, zr_dtype dt) {
@@ -325,7 +328,8 @@ static zr_status flash_run(const char *name, zr_tensor *o, zr_tensor *lse, zr_te
                          name, dev);
 }
 
-/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128. On the Hopper kernels
+/* The flash kernel: q, k, v of one bf16/f16 dtype, head_dim 64 or 128 (or a narrow one the Hopper kernels
+ * take: attention_strided_ok). On the Hopper kernels
  * q, k, v are read in whatever (B, H, T, Dh)-strided layout they come (e.g. transposed views of
  * (B, T, H, Dh) projections) and the output is (B, T, Hq, Dh) memory seen as (B, Hq, T, Dh), so
  * that o.transpose(2, 3).reshape(B, T, Hq·Dh) is a view. seg (packed sequences; the caller checked
@@ -685,7 +689,9 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *s
         zr_dtype dt = q->dtype;
         int same = k->dtype == dt && v->dtype == dt;
         if (seg && seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh)) return NULL;
-        if ((dt == ZR_BF16 || dt == ZR_F16) && same && (Dh == 64 || Dh == 128)) return sdpa_flash(q, k, v, seg, scale);
+        if ((dt == ZR_BF16 || dt == ZR_F16) && same &&
+            (Dh == 64 || Dh == 128 || (padded_dim(Dh) && attention_strided_ok(Dh, dt))))
+            return sdpa_flash(q, k, v, seg, scale);
         if ((dt == ZR_BF16 || dt == ZR_F16) && same && padded_dim(Dh) && flash_dim_ok(Dh, dt))
             return sdpa_padded(q, k, v, seg, scale);
 #endif

@@ -784,7 +784,10 @@ struct fused_qkv {
 };
 
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
- * at Dh 64 and 128) and on the mma.sync fallback (attn_sm90_force(0, 0)). At Dh 128, T = 300 and
+ * at Dh 64, 128 and the narrow 80, 96, 112, read in place by the 128-wide tiles) and on the mma.sync
+ * fallback (attn_sm90_force(0, 0); a narrow Dh refused there). The narrow shapes run split (GQA on
+ * small grids: dk, dv from 128-wide f32 partials) and unsplit (stored W columns a row; in the strided
+ * layout a column past W would land in the next head's slice). At Dh 128, T = 300 and
  * 550 wrap the forward's two-stage K and V rings and the backward's (64 queries a step: up to 27
  * steps an item at T = 550 with Hq/Hkv 3, unsplit, its query head changing within the item; T = 192
  * ends on a half key tile, its last query tile whole). The Hq/Hkv = 3 shapes are never split (odd group):
@@ -799,7 +802,8 @@ TEST(attention_forward_backward) {
                                  {1, 8, 2, 130, 64}, {2, 2, 1, 77, 128}, {1, 4, 1, 200, 64},
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}, {2, 8, 2, 550, 64},
                                  {1, 8, 2, 300, 128}, {2, 4, 1, 550, 128}, {1, 3, 1, 550, 128},
-                                 {1, 2, 2, 192, 128}};
+                                 {1, 2, 2, 192, 128}, {2, 4, 2, 200, 96},  {1, 3, 1, 300, 80},
+                                 {1, 2, 2, 130, 112}, {2, 8, 2, 550, 96}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
     /* modes: the Hopper kernels with their default grid (one block per SM), with 3 blocks (each
      * runs many tiles: rings, barriers and the ping-pong carry over tiles), with a block per tile;
@@ -814,6 +818,14 @@ TEST(attention_forward_backward) {
             attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
             const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
             const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+            if (Dh != 64 && Dh != 128 && (fallback || !attention_strided_ok(Dh, t))) {
+                /* a narrow head_dim (80, 96, 112) is the Hopper kernels' alone: refused elsewhere,
+                 * in one line naming the head_dims that run */
+                CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, B, Hq, Hkv, T, Dh,
+                                             0.f, t, 0) != 0);
+                CHECK(strstr(zr_last_error(), "compute capability 9.0") != NULL);
+                continue;
+            }
             vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
             dbuf q_(nq, t), k_(nk, t), v_(nk, t), do_(nq, t), o_(nq, t), lse_(B * Hq * T, ZR_F32),
                 dq_(nq, t), dk_(nk, t), dv_(nk, t);
@@ -888,7 +900,7 @@ TEST(attention_forward_backward) {
     /* argument checks */
     CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 3, 2, 8, 64, 0.f, ZR_BF16,
                                  0) != 0);
-    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 80, 0.f, ZR_BF16,
+    CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 8, 72, 0.f, ZR_BF16,
                                  0) != 0);
     CHECK(strstr(zr_last_error(), "attention_forward_cuda") != NULL);
 }
@@ -902,7 +914,8 @@ TEST(attention_forward_backward) {
 TEST(attention_backward_rope) {
     const int64_t shapes[][5] = {/* B, Hq, Hkv, T, Dh */
                                  {1, 8, 2, 57, 64}, {3, 4, 4, 200, 64}, {1, 3, 1, 130, 64},
-                                 {3, 8, 2, 200, 64}, {1, 1, 1, 1, 64},  {2, 2, 1, 77, 128}};
+                                 {3, 8, 2, 200, 64}, {1, 1, 1, 1, 64},  {2, 2, 1, 77, 128},
+                                 {3, 8, 2, 200, 96}, {1, 3, 1, 130, 96}, {2, 4, 4, 77, 80}};
     const int grids[2] = {0, 3};
     for (int mode = 0; mode < 3; ++mode) /* Hopper (default grid, 3 blocks), then mma.sync */
         for (auto &s : shapes)
@@ -912,6 +925,7 @@ TEST(attention_backward_rope) {
                 attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
                 const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4], half = Dh / 2;
                 const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
+                if (Dh != 64 && Dh != 128 && (fallback || !attention_strided_ok(Dh, t))) continue;
                 vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
                 vec cs = randv(T * Dh), sn = randv(T * Dh);
                 dbuf q_(nq, t), k_(nk, t), v_(nk, t), do_(nq, t), o_(nq, t),
@@ -1056,7 +1070,12 @@ TEST(attention_forward_late_maximum) {
  * something). */
 TEST(attention_varlen) {
     CHECK(attention_varlen_ok(64, ZR_BF16) && attention_varlen_ok(128, ZR_F16) &&
-          !attention_varlen_ok(80, ZR_BF16) && !attention_varlen_ok(64, ZR_F32));
+          !attention_varlen_ok(72, ZR_BF16) && !attention_varlen_ok(64, ZR_F32));
+    /* a narrow head_dim (80, 96, 112) where the Hopper kernels read it, and nowhere else */
+    CHECK(attention_varlen_ok(96, ZR_BF16) == attention_strided_ok(96, ZR_BF16));
+    attn_sm90_force(0, 0);
+    CHECK(!attention_varlen_ok(96, ZR_BF16));
+    attn_sm90_force(-1, -1);
     /* each row's sequence lengths (summing to T) */
     const std::vector<std::vector<int>> rows_a = {{1, 5, 130, 127, 128, 64, 200, 45},
                                                   {700}};
