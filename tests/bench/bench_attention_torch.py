@@ -7,7 +7,8 @@ time the median of 3 windows of 0.25 s or more of back-to-back calls: the rate a
 training (the default and cuDNN backends only).
 --dh 128: head_dim 128 instead (Llama-3-8B's 32 / 8 heads at B=1 T=8192 and B=4 T=2048, Qwen3-0.6B's 16 / 8 at
 B=4 T=512), next to `zrun tests/bench/bench_attention_window.lua D=128 B=.. T=.. H=.. KV=.. windows=`.
-Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py [--sustained] [--dh 128]"""
+--dh 96: Phi-3-mini's heads (32, MHA) at B=2 T=4096.
+Runs on the GPU machine only (not part of the build or tests): python3 bench_attention_torch.py [--sustained] [--dh 64|96|128]"""
 import sys
 
 import torch
@@ -81,8 +82,8 @@ def main():
     dh = 64
     if "--dh" in args and args.index("--dh") + 1 < len(args):
         dh = int(args[args.index("--dh") + 1])
-    if any(a not in ("--sustained", "--dh", str(dh)) for a in args) or dh not in (64, 128):
-        sys.exit(f"usage: bench_attention_torch.py [--sustained] [--dh 64|128] (got {' '.join(args)})")
+    if any(a not in ("--sustained", "--dh", str(dh)) for a in args) or dh not in (64, 96, 128):
+        sys.exit(f"usage: bench_attention_torch.py [--sustained] [--dh 64|96|128] (got {' '.join(args)})")
     print("torch", torch.__version__, torch.cuda.get_device_name())
     title = "torch SDPA (causal, gqa, bf16" + (", sustained)" if sustained else ")")
     print(f"{title:34s} {'fwd ms':>10s} {'bwd ms':>10s} {'f+b ms':>10s} "
@@ -90,6 +91,8 @@ def main():
     shapes = ((4, 32, 8, 512), (4, 32, 8, 2048), (4, 32, 8, 8192), (64, 12, 12, 1024))
     if dh == 128:
         shapes = ((4, 16, 8, 512), (4, 32, 8, 2048), (1, 32, 8, 8192))
+    if dh == 96:  # Phi-3-mini's heads (32, MHA) at its 4k context
+        shapes = ((2, 32, 32, 4096),)
     for B, Hq, Hkv, T in shapes:
         shape = f"B{B} T{T} H{Hq}" + (f"/{Hkv}" if Hkv != Hq else "")
         backends = (("default", None), ("flash", SDPBackend.FLASH_ATTENTION),

@@ -148,14 +148,15 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
  * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA) at head_dim 64; then head_dim 128
  * (Qwen3-0.6B's 16 / 8 heads at B4 T512, Llama-3-8B's 32 / 8 at B4 T2048 and B1 T8192) with the
- * Hopper kernels and with the mma.sync ones (attn_sm90_force(0, 0)). */
+ * Hopper kernels and with the mma.sync ones (attn_sm90_force(0, 0)); then Phi-3-mini's head_dim 96
+ * (32 heads, MHA, its 4k context at B2; the 128-wide Hopper kernels reading it in place). */
 static void attention_rows(bool sustained) {
     const char *title = sustained ? "attention (causal, bf16, sustained)" : "attention (causal, bf16)";
     printf("\n%-34s %10s %10s %10s %8s %8s %8s\n", title, "fwd ms", "bwd ms", "f+b ms", "fwd TF/s",
            "bwd TF/s", "f+b TF/s");
     const int64_t shapes[][5] = {{4, 32, 8, 512, 64},   {4, 32, 8, 2048, 64},  {4, 32, 8, 8192, 64},
                                  {64, 12, 12, 1024, 64}, {4, 16, 8, 512, 128}, {4, 32, 8, 2048, 128},
-                                 {1, 32, 8, 8192, 128}};
+                                 {1, 32, 8, 8192, 128}, {2, 32, 32, 4096, 96}};
     /* the Hopper kernels' default grid (a block per SM, looping over tiles), then a block per tile;
      * mode 2: head_dim 128 on the mma.sync kernels */
     for (int mode : {0, 1, 2})

@@ -3,7 +3,8 @@
 # Llama training throughput per shape (zrun bench_llama.lua vs tests/bench/llama_torch.py, eager
 # and torch.compile, same config, same accumulation, same run), and attention forward+backward
 # (bench_fused's attention rows vs PyTorch SDPA's best backend, in bursts and --sustained at the power
-# cap; head_dim 64, issue 18's shapes, and 128, Qwen3-0.6B's and Llama-3-8B's heads). Without torch only zrun's side runs.
+# cap; head_dim 64, issue 18's shapes, 128, Qwen3-0.6B's and Llama-3-8B's heads, and 96, Phi-3-mini's). Without torch
+# only zrun's side runs.
 #   sh tests/bench/vs_torch.sh [CONFIG_JSON] [ZRUN] [BENCH_DIR]
 # CONFIG_JSON (for PyTorch; zrun uses its built-in meta-llama/Llama-3.2-1B, the same fields)
 # defaults to shared/data's Llama-3.2-1B config.json; where that file is absent, zrun's built-in
@@ -63,15 +64,17 @@ done
 # 2 s of f+b, timed over 0.25 s windows: the power cap's rate, which a training step runs at)
 attn_table() {
 "$BD/bench_fused" attention $1 | sed -n '/^attention/,$p' >"$tmp/za"
-[ $have_torch = 1 ] && { $PY tests/bench/bench_attention_torch.py $1 && $PY tests/bench/bench_attention_torch.py $1 --dh 128; } >"$tmp/ta" 2>/dev/null
+[ $have_torch = 1 ] && { $PY tests/bench/bench_attention_torch.py $1 && $PY tests/bench/bench_attention_torch.py $1 --dh 128 &&
+  $PY tests/bench/bench_attention_torch.py $1 --dh 96; } >"$tmp/ta" 2>/dev/null
 echo
 printf '%-30s %12s %12s %12s %10s\n' "attention f+b (ms)${1:+ $1}" zrun "torch best" "backend" "× best"
 # rows: the GQA shapes at B=4, then GPT-2 124M's (B=64, 12 heads, T=1024), then head_dim 128 (Qwen3-0.6B's heads,
-# Llama-3-8B's); a key is the start of both scripts' row (the first such row: bench_fused's default grid)
+# Llama-3-8B's), then Phi-3-mini's head_dim 96; a key is the start of both scripts' row (the first such row:
+# bench_fused's default grid)
 for row in "B4 T512 H32/8 Dh64|causal GQA B4 H32/8 Dh64 T=512" "B4 T2048 H32/8 Dh64|causal GQA B4 H32/8 Dh64 T=2048" \
            "B4 T8192 H32/8 Dh64|causal GQA B4 H32/8 Dh64 T=8192" "B64 T1024 H12|causal B64 H12 Dh64 T=1024" \
            "B4 T512 H16/8 Dh128|causal GQA B4 H16/8 Dh128 T=512" "B4 T2048 H32/8 Dh128|causal GQA B4 H32/8 Dh128 T=2048" \
-           "B1 T8192 H32/8 Dh128|causal GQA B1 H32/8 Dh128 T=8192"; do
+           "B1 T8192 H32/8 Dh128|causal GQA B1 H32/8 Dh128 T=8192" "B2 T4096 H32|causal B2 H32 Dh96 T=4096"; do
   key=${row%%|*}; name=${row#*|}
   z=$(awk -v t="$key" 'index($0, t) == 1 { k = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) n[++k] = $i; if (k >= 3) { print n[3]; exit } }' "$tmp/za")
   b=$(awk -v t="$key" 'index($0, t) == 1 && NF == 11 && $8 ~ /^[0-9.]+$/ { if (best == "" || $8 + 0 < best + 0) { best = $8; be = $5 } } END { print best, be }' "$tmp/ta" 2>/dev/null)

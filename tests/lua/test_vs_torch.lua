@@ -1,8 +1,8 @@
 -- tests/bench/vs_torch.sh's attention table without a GPU: stand-ins print what `bench_fused
 -- attention` and tests/bench/bench_attention_torch.py print (their printf formats: the default grid's
 -- rows, then the "tile/block" ones and head_dim 128's "mma.sync fwd" ones; per backend, with one "unavailable";
--- head_dim 128's with --dh 128), and the table must take zrun's f+b from the default grid, PyTorch's best
--- backend per shape (head_dim 64 and 128), and their ratio; without
+-- head_dim 128's with --dh 128, 96's with --dh 96), and the table must take zrun's f+b from the default grid,
+-- PyTorch's best backend per shape (head_dim 64, 128 and 96), and their ratio; without
 -- torch, zrun's column alone; VS_TORCH_SHAPES=none skips the training rows; bad settings refused.
 local zr = require "zrun"
 local T = zr.testing
@@ -23,7 +23,7 @@ local rows = {
   { "B4 T512 H32/8 Dh64", 0.030, 0.060, 0.090 }, { "B4 T2048 H32/8 Dh64", 0.180, 0.420, 0.600 },
   { "B4 T8192 H32/8 Dh64", 2.400, 5.600, 8.000 }, { "B64 T1024 H12/12 Dh64", 0.350, 0.900, 1.250 },
   { "B4 T512 H16/8 Dh128", 0.024, 0.118, 0.142 }, { "B4 T2048 H32/8 Dh128", 0.279, 1.837, 2.116 },
-  { "B1 T8192 H32/8 Dh128", 0.909, 7.623, 8.532 },
+  { "B1 T8192 H32/8 Dh128", 0.909, 7.623, 8.532 }, { "B2 T4096 H32/32 Dh96", 0.650, 2.100, 2.750 },
 }
 local bench = { "#!/bin/sh", fmt('echo "bench_fused $*" >> %s/calls', dir), "cat <<'EOF'", "", fmt("%-34s %10s %10s %10s %8s %8s %8s", "attention (causal, bf16)",
   "fwd ms", "bwd ms", "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s") }
@@ -49,11 +49,13 @@ local torch = { { "B4 T512 H32/8", { default = 0.25, flash = false, cudnn = 0.19
 local torch128 = { { "B4 T512 H16/8", { default = 0.238, flash = 0.3, cudnn = 0.220, efficient = false } },
   { "B4 T2048 H32/8", { default = 1.290, flash = 2.2, cudnn = 1.289, efficient = false } },
   { "B1 T8192 H32/8", { default = 4.031, flash = 6.8, cudnn = 3.949, efficient = false } } }
+-- (with --dh 96: MHA, so no "/Hkv")
+local torch96 = { { "B2 T4096 H32", { default = 3.1, flash = 3.6, cudnn = 3.025, efficient = 6.0 } } }
 local py = { "#!/bin/sh", 'case "$1" in -c) exit 0 ;; tests/bench/bench_attention_torch.py) ;; *) exit 3 ;; esac',
-  fmt('echo "python $*" >> %s/calls', dir), 'case "$*" in *"--dh 128"*) dh=128 ;; *) dh=64 ;; esac',
+  fmt('echo "python $*" >> %s/calls', dir), 'case "$*" in *"--dh 128"*) dh=128 ;; *"--dh 96"*) dh=96 ;; *) dh=64 ;; esac',
   "echo 'torch 2.11 stand-in'", fmt("echo '%-34s %10s %10s %10s %8s %8s %8s'", "torch SDPA (causal, gqa, bf16)", "fwd ms",
   "bwd ms", "f+b ms", "fwd TF/s", "bwd TF/s", "f+b TF/s") }
-for _, t in ipairs { { 64, torch }, { 128, torch128 } } do
+for _, t in ipairs { { 64, torch }, { 128, torch128 }, { 96, torch96 } } do
   py[#py + 1] = fmt('[ "$dh" = %d ] && cat <<\'EOF\'', t[1])
   for _, s in ipairs(t[2]) do
     for _, be in ipairs { "default", "flash", "cudnn", "efficient" } do
@@ -93,7 +95,8 @@ T.test("vs_torch.sh: zrun's f+b from the default grid next to PyTorch's best bac
     { "causal B64 H12 Dh64 T=1024", "1.250", "1.357", "1.09" },
     { "causal GQA B4 H16/8 Dh128 T=512", "0.142", "0.220", "1.55" },
     { "causal GQA B4 H32/8 Dh128 T=2048", "2.116", "1.289", "0.61" },
-    { "causal GQA B1 H32/8 Dh128 T=8192", "8.532", "3.949", "0.46" } }
+    { "causal GQA B1 H32/8 Dh128 T=8192", "8.532", "3.949", "0.46" },
+    { "causal B2 H32 Dh96 T=4096", "2.750", "3.025", "1.10" } }
   for _, w in ipairs(want) do
     local f = row(out, w[1])
     T.eq(f[1], w[2], w[1] .. ": zrun's f+b (the default grid's row)")
