@@ -1203,7 +1203,7 @@ function M.llama_activations(cfg, o)
       -- (the tables' rows: on the segments each token's own, B·T of them, whose first halves the GPU op copies)
       local q = S:rope(S:transpose(qn), flat and N or T, D, tabs)
       local k = S:rope(S:transpose(kn), flat and N or T, D, tabs)
-      -- (head_dim 64 or 128 in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
+      -- (head_dim 64, 128 or narrow in 16 bits on a GPU: the Hopper kernels read q, k and v where they are)
       local ao = S:sdpa(q, k, vt, N * Hq * 4, Hq ~= KV, { aB, Hq, KV, aT, D }, strided, seg)
       att = S:reshape(S:transpose(ao))
     elseif partial then
