@@ -88,14 +88,7 @@ T.test("qwen3: the fused-norms branch trains as the modules do through zr.initia
       local engine = zr.initialize({ model = model_of(CFG), config = { train_micro_batch_size_per_gpu = 2,
         steps_per_print = 1000000, optimizer = { type = "AdamW", params = { lr = 1e-2 } },
         zero_optimization = { stage = stage } } })
-      local l = {}
-      for i = 1, 3 do
-        local out = engine(ids, ids)
-        engine:backward(out.loss)
-        engine:step()
-        l[i] = out.loss:item()
-      end
-      return l
+      return T.train_steps(engine, function() return ids end, 1, 3, 1)
     end
     local want = with_fused(false, losses)
     local got, calls = with_fused(true, losses)
