@@ -73,18 +73,20 @@ static __device__ __forceinline__ void dvdk_issue128(float (&dva)[2][32], float 
     wg_commit();
 }
 
-/* Issues d = A_w·B^T over head_dim 128 (eight k-steps, atom kk / 4) as one commit group: A_w this
- * warpgroup's 64 rows of a 128-row tile (a: their first row), B the stage's 64-row tile. */
-template <typename T>
+/* Issues d = A_w·B^T over head_dim 128 (KS k-steps, atom kk / 4: eight, or ceil(W / 16) where the
+ * rest are TMA's zero columns) as one commit group: A_w this warpgroup's 64 rows of a 128-row tile
+ * (a: their first row), B the stage's 64-row tile. */
+template <typename T, int KS>
 static __device__ __forceinline__ void sdp_issue(float (&d)[32], const sdesc &a, const sdesc &b) {
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
+    for (int kk = 0; kk < KS; ++kk)
         wg_ss64<T, 0, 0>(d, a.at((kk >> 2) * b8_smem::KATOM + (kk & 3) * 32),
                          b.at((kk >> 2) * b8_smem::QATOM + (kk & 3) * 32), kk);
     wg_commit();
 }
 
-template <typename T, bool VL>
+/* KS: the k-steps of S^T and dP^T that carry data (8; 6 at Phi-3's 96) */
+template <typename T, bool VL, int KS>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_d128_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
                               float *__restrict__ ws_dkv, const __grid_constant__ CUtensorMap tq,
@@ -152,8 +154,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(st);
             reg_fence(dpt);
             wg_fence();
-            sdp_issue<T>(st, dKw, dQs);
-            sdp_issue<T>(dpt, dVw, dOs);
+            sdp_issue<T, KS>(st, dKw, dQs);
+            sdp_issue<T, KS>(dpt, dVw, dOs);
             float2 cols[8]; /* −lse·log2 e, then D, of this thread's query columns */
             load_cols(cols, cL + t4 * 2);
             wg_wait<1>(); /* S^T done, dP^T may still run */
@@ -196,7 +198,8 @@ static void bwd128_launch(const attn_sm90_bwd_maps &m, void *dk, void *dv, float
                           const float *nl2, const float *Dd, const zr_attn_layout &L, int64_t B,
                           int64_t Hq, int64_t Hkv, int64_t T_, int64_t Dh, int ns, int64_t nkv,
                           float scale, cudaStream_t st) {
-    auto kern = L.seg ? attn_bwd_sm90_d128_kernel<T, true> : attn_bwd_sm90_d128_kernel<T, false>;
+    auto kern = Dh == 96 ? (L.seg ? attn_bwd_sm90_d128_kernel<T, true, 6> : attn_bwd_sm90_d128_kernel<T, false, 6>)
+                         : (L.seg ? attn_bwd_sm90_d128_kernel<T, true, 8> : attn_bwd_sm90_d128_kernel<T, false, 8>);
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, b8_smem::BYTES);
     const int nT = (int)((T_ + WS_BN - 1) / WS_BN), nQ = (int)((T_ + WS_BM128 - 1) / WS_BM128);
     const int nbh = (int)(B * Hkv * ns);

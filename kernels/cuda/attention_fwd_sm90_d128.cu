@@ -95,7 +95,9 @@ static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], fl
  *     buffer, which goes back to the producer (qempty) before O's global stores.
  * No deadlock: the producer's waits need only releases of loads two or more behind the one it
  * issues, which the consumers make without waiting for anything later in the producer's order. */
-template <typename T, bool VL>
+/* KS: the k-steps of S = Q·K^T that carry data, ceil(W / 16) (8 at 128; 6 at Phi-3's 96, whose last two
+ * k-steps are TMA's zero columns) */
+template <typename T, bool VL, int KS>
 __global__ void __launch_bounds__(F8_THR, 1)
     attn_fwd_sm90_d128_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                               const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
@@ -169,10 +171,10 @@ __global__ void __launch_bounds__(F8_THR, 1)
         uint32_t pf[8][4];
 #pragma unroll
         for (int i = 0; i < 32; ++i) acc[0][i] = acc[1][i] = 0.f;
-        auto issue_s = [&](unsigned st_) { /* sc = Q·K^T over the eight k-steps, K of stage st_ */
+        auto issue_s = [&](unsigned st_) { /* sc = Q·K^T over the KS k-steps, K of stage st_ */
             const sdesc dk0(smem_u32(sK + st_ * TE));
 #pragma unroll
-            for (int kk = 0; kk < 8; ++kk) { /* k-step kk: columns 16kk.. of Q and K, atom kk / 4 */
+            for (int kk = 0; kk < KS; ++kk) { /* k-step kk: columns 16kk.. of Q and K, atom kk / 4 */
                 const uint32_t off = (kk >> 2) * f8_smem::ATOM + (kk & 3) * 32;
                 wg_ss128<T>(sc, dq0.at(off), dk0.at(off), kk);
             }
@@ -276,7 +278,8 @@ static int fwd128_launch(void *o, float *lse, const void *q, const void *k, cons
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, Dh, F8_B, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, Dh, F8_B, dt))
         return -1;
-    auto kern = L.seg ? attn_fwd_sm90_d128_kernel<T, true> : attn_fwd_sm90_d128_kernel<T, false>;
+    auto kern = Dh == 96 ? (L.seg ? attn_fwd_sm90_d128_kernel<T, true, 6> : attn_fwd_sm90_d128_kernel<T, false, 6>)
+                         : (L.seg ? attn_fwd_sm90_d128_kernel<T, true, 8> : attn_fwd_sm90_d128_kernel<T, false, 8>);
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f8_smem::BYTES);
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F8_B - 1) / F8_B));
     kern<<<grid, F8_THR, f8_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg, (int)T_, (int)B, (int)Hq,
