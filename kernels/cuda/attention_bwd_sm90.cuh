@@ -168,26 +168,31 @@ static __device__ __forceinline__ void dvdk_issue(float (&dva)[32], float (&dka)
     wg_commit();
 }
 
-/* Issues dQ (64 queries × 64, overwritten) = dS · K over the block's 128 keys as one commit
- * group: aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
-template <typename T>
+/* Issues dQ (64 queries × N, overwritten; N 64, or 32 where a narrow head_dim's last 32 columns
+ * are TMA's zeros: dq[16..31] left alone) = dS · K over the block's 128 keys as one commit group:
+ * aS, the [key][query] half of dS^T holding these queries; aK, the K tile. */
+template <typename T, int N = 64>
 static __device__ __forceinline__ void dq_issue(float (&dq)[32], uint32_t aS, uint32_t aK) {
+    static_assert(N == 64 || N == 32, "dQ products are 64 or 32 columns wide");
     const sdesc dS(aS), dK(aK);
     reg_fence(dq);
     wg_fence();
 #pragma unroll
-    for (int kc = 0; kc < 8; ++kc)
-        wg_ss64<T, 1, 1>(dq, dS.at(kc * 2048), dK.at(kc * 2048), kc);
+    for (int kc = 0; kc < 8; ++kc) {
+        if constexpr (N == 64) wg_ss64<T, 1, 1>(dq, dS.at(kc * 2048), dK.at(kc * 2048), kc);
+        else wg_ss32<T, 1, 1>(dq, dS.at(kc * 2048), dK.at(kc * 2048), kc);
+    }
     wg_commit();
 }
 
 /* A warpgroup's dQ tile (64×64 f32, accumulator layout; this thread's rows warp·16 + g, + 8) into
  * q4 as two 64×32 boxes in the dQ map's 128-byte swizzle (16-byte chunk ^ row % 8) for the TMA
- * reduce-add. */
+ * reduce-add; one = the first box alone (an n32 product's: dq[16..31] hold nothing). */
 static __device__ __forceinline__ void dq_stage(float *q4, const float (&dq)[32], int warp, int g,
-                                                int t4) {
+                                                int t4, bool one) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
+        if (nt >= 4 && one) break;
         const int chunk = (nt & 3) * 2 + (t4 >> 1);
 #pragma unroll
         for (int hlf = 0; hlf < 2; ++hlf) {
@@ -406,8 +411,8 @@ static __device__ __forceinline__ void ws_producer(const ws_roles &a, const ws_s
  * 64 x 64 f32 tile at sdQ + 4096·wg (two 64 x 32 boxes) into the accumulator and releases it
  * (dqempty[wg]) once read. BM 128 (head_dim 64): the warpgroups' tiles are the step's two 64-query
  * halves; BM 64 (head_dim 128): its query rows' two 64-column halves. Rows past T are skipped by
- * the map. */
-template <bool VL, int BM>
+ * the map; boxes at columns DQW and past (a narrow head_dim's zeros) are not added. */
+template <bool VL, int BM, int DQW>
 static __device__ __forceinline__ void ws_dq_role(const ws_roles &a, const ws_sched &sc,
                                                   const float *sdQ, uint64_t *dqfull, int lane) {
     constexpr int R = WS_BN / BM;
@@ -424,7 +429,8 @@ static __device__ __forceinline__ void ws_dq_role(const ws_roles &a, const ws_sc
                     const int row0 = i * BM + (BM == 128 ? 64 * wg : 0), col0 = BM == 128 ? 0 : 64 * wg;
                     if (row0 < a.T_) {
                         tma_reduce_add4(a.tdq, sdQ + wg * 4096, col0, row0, h, t.b);
-                        tma_reduce_add4(a.tdq, sdQ + wg * 4096 + 2048, col0 + 32, row0, h, t.b);
+                        if (col0 + 32 < DQW) /* a narrow head_dim's last box is all zeros */
+                            tma_reduce_add4(a.tdq, sdQ + wg * 4096 + 2048, col0 + 32, row0, h, t.b);
                     }
                     bulk_commit();
                     bulk_wait_read<0>();
@@ -440,23 +446,24 @@ static __device__ __forceinline__ void ws_dq_role(const ws_roles &a, const ws_sc
 /* The producer warpgroup's part of a backward kernel (warps WS_PRODUCER ..): its registers handed
  * back down to NREG a thread (setmaxnreg), then the producer warp's role and the dQ warp's; the two
  * other warps have nothing to do. The caller returns after it. */
-template <bool VL, int BM, int NA, int ST, int NREG>
+template <bool VL, int BM, int NA, int ST, int NREG, int DQW = 128>
 static __device__ __forceinline__ void ws_side_roles(int warp_id, const ws_roles &ro,
                                                      const ws_sched &sc, const ws_bufs &m, int lane) {
     reg_dealloc<NREG>();
     if (warp_id == WS_PRODUCER)
         ws_producer<VL, BM, NA, ST>(ro, sc, m, lane);
     else if (warp_id == WS_DQWARP)
-        ws_dq_role<VL, BM>(ro, sc, m.sdQ, m.dqfull, lane);
+        ws_dq_role<VL, BM, DQW>(ro, sc, m.sdQ, m.dqfull, lane);
 }
 
 /* The end of a consumer warp's step c (ring stage s) once its dV/dK products are done, the dQ
  * product's group the one left in flight: the stage released (empty[s], one arrival a warp), the
  * dQ warp's read of this warpgroup's buffer and the dQ product waited for, K and V released after
  * the item's last step (last: the dQ product is the last reader of K), dQ staged in the buffer for
- * the dQ warp (dqfull[wg]). */
+ * the dQ warp (dqfull[wg]; one: its first box alone, dq_stage). */
 static __device__ __forceinline__ void ws_step_end(float (&dq)[32], const ws_bufs &m, int s, int c,
-                                                   bool last, int wg, int warp, int lane) {
+                                                   bool last, int wg, int warp, int lane,
+                                                   bool one = false) {
     __syncwarp();
     if (lane == 0) mbar_arrive(&m.empty[s]);
     if (c > 0) mbar_wait(&m.dqempty[wg], (c - 1) & 1); /* the dQ warp has read our buffer */
@@ -466,7 +473,7 @@ static __device__ __forceinline__ void ws_step_end(float (&dq)[32], const ws_buf
         __syncwarp();
         if (lane == 0) mbar_arrive(m.kvempty);
     }
-    dq_stage(m.sdQ + wg * 4096, dq, warp, lane >> 2, lane & 3);
+    dq_stage(m.sdQ + wg * 4096, dq, warp, lane >> 2, lane & 3, one);
     fence_proxy_async(); /* visible to the TMA unit's reads */
     mbar_arrive(&m.dqfull[wg]);
 }

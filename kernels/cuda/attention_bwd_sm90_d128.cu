@@ -49,8 +49,9 @@ struct b8_smem {
 static_assert(b8_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 /* Issues dV += P^T·dO and dK += dS^T·Q over the step's 64 queries (dO, Q: the stage's tiles; each
- * 128-wide accumulator as two 64-column halves, one an atom) as one commit group, left in flight. */
-template <typename T>
+ * 128-wide accumulator as two 64-column halves, one an atom; N2 = 32: the second half's first 32
+ * columns alone, a narrow head_dim's data) as one commit group, left in flight. */
+template <typename T, int N2>
 static __device__ __forceinline__ void dvdk_issue128(float (&dva)[2][32], float (&dka)[2][32],
                                                      const uint32_t (&pf)[4][4],
                                                      const uint32_t (&sf)[4][4], const sdesc &dO,
@@ -60,15 +61,18 @@ static __device__ __forceinline__ void dvdk_issue128(float (&dva)[2][32], float 
     reg_fence(dka[0]);
     reg_fence(dka[1]);
     wg_fence();
+    static_assert(N2 == 64 || N2 == 32, "the second half is 64 or 32 columns");
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) {
         wg_rs64<T, 1>(dva[0], pf[kc], dO.at(kc * 2048), 1);
-        wg_rs64<T, 1>(dva[1], pf[kc], dO.at(b8_smem::QATOM + kc * 2048), 1);
+        if constexpr (N2 == 64) wg_rs64<T, 1>(dva[1], pf[kc], dO.at(b8_smem::QATOM + kc * 2048), 1);
+        else wg_rs32<T, 1>(dva[1], pf[kc], dO.at(b8_smem::QATOM + kc * 2048), 1);
     }
 #pragma unroll
     for (int kc = 0; kc < 4; ++kc) {
         wg_rs64<T, 1>(dka[0], sf[kc], dQ.at(kc * 2048), 1);
-        wg_rs64<T, 1>(dka[1], sf[kc], dQ.at(b8_smem::QATOM + kc * 2048), 1);
+        if constexpr (N2 == 64) wg_rs64<T, 1>(dka[1], sf[kc], dQ.at(b8_smem::QATOM + kc * 2048), 1);
+        else wg_rs32<T, 1>(dka[1], sf[kc], dQ.at(b8_smem::QATOM + kc * 2048), 1);
     }
     wg_commit();
 }
@@ -85,7 +89,8 @@ static __device__ __forceinline__ void sdp_issue(float (&d)[32], const sdesc &a,
     wg_commit();
 }
 
-/* KS: the k-steps of S^T and dP^T that carry data (8; 6 at Phi-3's 96) */
+/* KS: the k-steps of S^T and dP^T that carry data (8; 6 at Phi-3's 96), 16·KS the columns of dK,
+ * dV, dQ that do (the second 64-column halves' products n32 at 96) */
 template <typename T, bool VL, int KS>
 __global__ void __launch_bounds__(WS_THR, 1)
     attn_bwd_sm90_d128_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
@@ -98,6 +103,8 @@ __global__ void __launch_bounds__(WS_THR, 1)
                               const int32_t *__restrict__ hi, int T_, int nQ, const ws_sched sc,
                               int Hq, int Hkv, int G, int nsplit, int64_t kv_elems, int W, float scale,
                               float scale_log2) {
+    static_assert(KS == 8 || KS == 6, "head_dim 128, or 96's six k-steps");
+    constexpr int N2 = 16 * KS - 64; /* the columns of the second half that carry data */
     const int nT = sc.nT;
     constexpr int KAE = b8_smem::KATOM / 2, QAE = b8_smem::QATOM / 2; /* elements of an atom */
     ZR_SMEM_1024(base);
@@ -113,7 +120,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
 
     /* 24 + 2 · 240 = 504 registers a sub-partition */
     if (warp_id >= WS_PRODUCER) {
-        ws_side_roles<VL, WS_BM128, 2, B8_ST, 24>(
+        ws_side_roles<VL, WS_BM128, 2, B8_ST, 24, 16 * KS>(
             warp_id, {&tq, &tdo, &tk, &tv, &tdq, nl2, Dd, hi, T_, nT, nQ, Hq, Hkv, G, nsplit}, sc, m, lane);
         return;
     }
@@ -168,12 +175,16 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(dpt);
             uint32_t pf[4][4], sf[4][4];
             ds_pack<T>(dpt, st, cols, pf, sf, cdS, wg * 64 + warp * 16, lane);
-            dvdk_issue128<T>(dva, dka, pf, sf, dOs, dQs);
+            dvdk_issue128<T, N2>(dva, dka, pf, sf, dOs, dQs);
             fence_proxy_async();
             bar_sync(WS_BAR_DS, WS_CONS); /* the other warpgroup's dS^T rows are written too */
 
             float dq[32]; /* dQ[:, 64wg ..] = dS (64 queries × 128 keys) · K[:, 64wg ..] */
-            dq_issue<T>(dq, smem_u32(cdS), aKd);
+            /* columns 64.. of which 32 carry data (not with packed sequences: there ptxas serialises
+             * the wgmma for want of registers, C7511, where the two shapes meet) */
+            const bool dq32 = !VL && N2 < 64 && wg == 1;
+            if (dq32) dq_issue<T, N2>(dq, smem_u32(cdS), aKd);
+            else dq_issue<T>(dq, smem_u32(cdS), aKd);
             wg_wait<1>(); /* dV/dK products done: Q, dO, lse, D of stage s are read */
             reg_fence(dva[0]);
             reg_fence(dva[1]);
@@ -181,7 +192,7 @@ __global__ void __launch_bounds__(WS_THR, 1)
             reg_fence(dka[1]);
             reg_fence(pf);
             reg_fence(sf);
-            ws_step_end(dq, m, s, c, it == t.niter - 1, wg, warp, lane);
+            ws_step_end(dq, m, s, c, it == t.niter - 1, wg, warp, lane, dq32);
         }
 
 #pragma unroll

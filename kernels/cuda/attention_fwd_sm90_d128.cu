@@ -96,7 +96,7 @@ static __device__ __forceinline__ void f8_epilogue(const float (&acc)[2][32], fl
  * No deadlock: the producer's waits need only releases of loads two or more behind the one it
  * issues, which the consumers make without waiting for anything later in the producer's order. */
 /* KS: the k-steps of S = Q·K^T that carry data, ceil(W / 16) (8 at 128; 6 at Phi-3's 96, whose last two
- * k-steps are TMA's zero columns) */
+ * k-steps are TMA's zero columns); 16·KS the columns of O that do (P·V's second atom n32 at 96) */
 template <typename T, bool VL, int KS>
 __global__ void __launch_bounds__(F8_THR, 1)
     attn_fwd_sm90_d128_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
@@ -104,6 +104,8 @@ __global__ void __launch_bounds__(F8_THR, 1)
                               const __grid_constant__ CUtensorMap tv, zr_attn_strides so,
                               const int32_t *__restrict__ seg, int T_, int B, int Hq, int G, int W,
                               float scale_log2) {
+    static_assert(KS == 8 || KS == 6, "head_dim 128, or 96's six k-steps");
+    constexpr int N2 = 16 * KS - 64; /* the columns of V's second atom that carry data */
     ZR_SMEM_1024(base);
     constexpr int AE = f8_smem::ATOM / 2, TE = f8_smem::TILE / 2; /* elements of an atom, a tile */
     uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f8_smem::Q);
@@ -180,19 +182,21 @@ __global__ void __launch_bounds__(F8_THR, 1)
             }
             wg_commit();
         };
-        auto issue_pv = [&](unsigned st_) { /* acc += P·V, V of stage st_: each atom's 64 columns */
+        auto issue_pv = [&](unsigned st_) { /* acc += P·V, V of stage st_: each atom's 64 columns
+                                              * (the second's first N2) */
             const sdesc dv0(smem_u32(sV + st_ * TE));
 #pragma unroll
             for (int kc = 0; kc < 8; ++kc) {
                 wg_rs64<T, 1>(acc[0], pf[kc], dv0.at(kc * 2048), 1);
-                wg_rs64<T, 1>(acc[1], pf[kc], dv0.at(f8_smem::ATOM + kc * 2048), 1);
+                if constexpr (N2 == 64) wg_rs64<T, 1>(acc[1], pf[kc], dv0.at(f8_smem::ATOM + kc * 2048), 1);
+                else wg_rs32<T, 1>(acc[1], pf[kc], dv0.at(f8_smem::ATOM + kc * 2048), 1);
             }
             wg_commit();
         };
         auto rescale = [&]() { /* O and l by the step's factors, then l += the step's row sums */
             fwd_rescale(acc[0], l0, l1, al0, al1, rs0, rs1);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < N2 / 8; ++i) { /* past N2: zeros */
                 acc[1][4 * i] *= al0;
                 acc[1][4 * i + 1] *= al0;
                 acc[1][4 * i + 2] *= al1;

@@ -152,6 +152,40 @@ static __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t a, uint6
     else ZR_WG_SS64("f16");
 }
 
+/* The m64n32k16 twins of wg_rs64 / wg_ss64 (a narrow head_dim's last atom: 32 of its 64 columns
+ * carry data): d's first 16 floats, which are the accumulator layout of a 64×64 tile's first 32
+ * columns; d[16..31] are left alone. B's descriptor the same as for n64 (the 128-byte swizzle applies
+ * to the addresses, so the atom's first 32 columns are read in place). */
+#define ZR_WG_D16                                                                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define ZR_WG_OUT16(d)                                                                             \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15])
+#define ZR_WG_RS32(TY)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " ZR_WG_D16             \
+                 ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                                  \
+                 : ZR_WG_OUT16(d)                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc), "n"(TB))
+template <typename T, int TB>
+static __device__ __forceinline__ void wg_rs32(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
+                                               int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_RS32("bf16");
+    else ZR_WG_RS32("f16");
+}
+#define ZR_WG_SS32(TY)                                                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                      \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " " ZR_WG_D16             \
+                 ", %16, %17, p, 1, 1, %19, %20;\n}\n"                                              \
+                 : ZR_WG_OUT16(d)                                                                  \
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB))
+template <typename T, int TA, int TB>
+static __device__ __forceinline__ void wg_ss32(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) ZR_WG_SS32("bf16");
+    else ZR_WG_SS32("f16");
+}
+
 #define ZR_WG_D64                                                                                  \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
     "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "   \
