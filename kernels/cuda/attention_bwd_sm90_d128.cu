@@ -18,7 +18,9 @@
  * causal mask (the second only for warpgroup 1). A narrow head_dim W (attn_sm90_narrow) runs the
  * same tiles over W-wide maps (TMA's zero fill past W: those columns of S^T, dP^T add nothing and
  * those of dK, dV, dQ come out 0); dK, dV are stored W columns a row, the f32 dQ and dK/dV partials
- * stay 128 wide (attention.cu's last pass converts W of them). */
+ * stay 128 wide (attention.cu's last pass converts W of them). At 96 (KS = 6) the products skip those
+ * columns: S^T, dP^T over six k-steps, dV's, dK's second halves and the second warpgroup's dQ n32
+ * (n64 with packed sequences), whose zero box the dQ warp does not add. */
 #include "attention_sm90.h"
 
 #include "attention_bwd_sm90.cuh"

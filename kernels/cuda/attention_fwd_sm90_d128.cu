@@ -10,7 +10,8 @@
  * stages (128 KB). bf16/f16; output and lse as the head_dim-64 kernel's (and the mma.sync
  * backward's) conventions. A narrow head_dim W (attn_sm90_narrow: Phi-3's 96) runs the same tiles:
  * its maps are W wide, so TMA fills the second atom's columns past W with zeros (nothing added to
- * q·k; O's columns past W are P times V's zeros), and the epilogue stores W columns a row. */
+ * q·k; O's columns past W are P times V's zeros), and the epilogue stores W columns a row. At 96
+ * (KS = 6) the products skip those columns: S over six k-steps, P·V's second atom n32. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
