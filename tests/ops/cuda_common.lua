@@ -23,6 +23,9 @@ function M.skip_without_gpu(what)
   return true
 end
 
+-- True on a Hopper GPU (H100 / H200 by name: the sm_90a kernels' tests; elsewhere they print SKIP).
+function M.hopper() return zr.cuda.device_name():match("H[12]00") ~= nil end
+
 -- |a - b| <= atol * scale + rtol * |b|, scale = max |b| (so values near zero are judged against
 -- the tensor's magnitude, not their own), with the first offending element in the message.
 -- floor: the least scale (for gradients that are 0 up to rounding, e.g. rms_norm with D = 1 or

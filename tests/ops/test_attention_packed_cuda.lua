@@ -100,7 +100,7 @@ T.test("GPT-2 variants on CUDA vs the CPU: unscaled + ReLU in f32; 1/layer, unti
 end)
 
 T.test("sdpa_packed on Hopper: one node over qkv, nothing saved but the output and lse", function()
-  if not zr.cuda.device_name():match("H[12]00") then print("SKIP not a Hopper GPU"); return end
+  if not C.hopper() then print("SKIP not a Hopper GPU"); return end
   local B, Tn, Hq, D = 4, 257, 12, 64
   local x = randn({ B, Tn, 3 * Hq * D }, "bf16"):cuda(); x.requires_grad = true
   local y = x * 1

@@ -58,7 +58,7 @@ T.test("head_dim 96 on CUDA: packed sequences and a sliding window (the segments
 end)
 
 T.test("qkv_rope_sdpa at head_dim 96 on Hopper: q, k, v read in place, no padded copies kept", function()
-  if not zr.cuda.device_name():match("H[12]00") then print("SKIP not a Hopper GPU"); return end
+  if not C.hopper() then print("SKIP not a Hopper GPU"); return end
   local B, Tn, Hq, Hkv, D = 2, 300, 8, 4, 96
   local x = randn({ B, Tn, (Hq + 2 * Hkv) * D }, "bf16"):cuda(); x.requires_grad = true
   local cos, sin = zr.rope_tables(Tn, D)

@@ -3,7 +3,7 @@
 -- and 128 (the Hopper kernels too) for scaled_dot_product_attention (contiguous and
 -- transposed projections), sdpa_packed and qkv_rope_sdpa (per-token cos/sin rows over the rows joined, as the
 -- models run them), GQA, sequences of length 1, across 64-row tiles and spanning a row; elsewhere (f32,
--- head_dim 48, 100) the error that says to ask zr.sdpa_segments_ok (80, 96: padded to 128, test_attention_padded_cuda.lua).
+-- head_dim 48, 100) the error that says to ask zr.sdpa_segments_ok (80, 96: in place on Hopper, else padded to 128; test_attention_padded_cuda.lua).
 -- SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention segments") then return end
@@ -24,7 +24,7 @@ T.test("segments where the CUDA kernels do not take them: the error names why an
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 128), true, "head_dim 128 (the Hopper kernels)")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 48), false, "head_dim 48")
   T.eq(zr.sdpa_segments_ok("cuda", "bf16", 100), false, "head_dim 100")
-  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 96), true, "head_dim 96 (padded to 128)")
+  T.eq(zr.sdpa_segments_ok("cuda", "bf16", 96), true, "head_dim 96 (in place on Hopper, else padded to 128)")
   T.raises(function() sdpa("bf16", 48) end, "here head_dim is 48")
   T.raises(function() zr.sdpa_packed(zr.randn({ 1, 7, 3 * 32 }, { device = "cuda" }), 1, 1, { segments = seg }) end,
     "sdpa_packed: " .. why)

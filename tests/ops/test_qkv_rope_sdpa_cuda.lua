@@ -8,7 +8,7 @@
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("qkv_rope_sdpa") then return end
 local zr, T, randn, both, close, unpack = C.zr, C.T, C.randn, C.both, C.close, C.unpack
-local hopper = zr.cuda.device_name():match("H[12]00") ~= nil
+local hopper = C.hopper()
 
 -- B, T, H, KV, D. On Hopper (attn_sm90_bwd_nsplit: split while B·KV·ceil(T/128) < 200 and the
 -- group allows): 1,57,8,2 and 3,200,8,2 split 4 ways, MHA never splits.
