@@ -1,6 +1,7 @@
 /* Lua bindings for the transformer layer ops, one banner per op family: norm, rope, qkv_rope,
  * swiglu, attention, dropout, and cat/split (runtime/ops/view.h). Comparisons and where are bind_ops.c. */
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "bind.h"
@@ -68,7 +69,7 @@ static double field_number(lua_State *L, int idx, const char *key, const char *a
     }
     if (lua_isnil(L, -1)) {
         lua_pop(L, 1);
-        if (required) luaL_error(L, "rope_tables: rope_scaling.%s is required for rope_type 'llama3'", key);
+        if (required) luaL_error(L, "rope_tables: rope_scaling.%s is required for its rope_type", key);
         return def;
     }
     if (!lua_isnumber(L, -1)) luaL_error(L, "rope_tables: %s must be a number", key);
@@ -77,9 +78,54 @@ static double field_number(lua_State *L, int idx, const char *key, const char *a
     return v;
 }
 
+/* YaRN's rope_scaling fields (at index s) into c, as transformers' _compute_yarn_parameters reads them:
+ * factor and original_max_position_embeddings required; beta_fast 32 and beta_slow 1 where absent (or
+ * 0, Python's `or`); truncate (default true) floors / ceils the correction range, which is clamped to
+ * 0 .. dim − 1 (and widened by 0.001 where empty); attention_factor where absent: 0.1·ln(factor) + 1
+ * (1 for factor <= 1), or with mscale and mscale_all_dim both given (non-zero) the ratio of
+ * 0.1·m·ln(factor) + 1 for the two. dim: the rotary dim. Python's double arithmetic throughout. */
+static void yarn_config(lua_State *L, int s, int64_t dim, zr_rope_config *c) {
+    const double base = c->theta;
+    const double factor = field_number(L, s, "factor", NULL, 0, 1);
+    const double orig = field_number(L, s, "original_max_position_embeddings", NULL, 0, 1);
+    double beta_fast = field_number(L, s, "beta_fast", NULL, 0, 0), beta_slow = field_number(L, s, "beta_slow", NULL, 0, 0);
+    if (beta_fast == 0) beta_fast = 32;
+    if (beta_slow == 0) beta_slow = 1;
+    lua_getfield(L, s, "truncate");
+    const int truncate = lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (!(factor > 0) || !(orig > 0) || !(base > 1))
+        luaL_error(L, "rope_tables: yarn needs factor > 0, original_max_position_embeddings > 0 and theta > 1");
+    const double pi = 3.14159265358979323846;
+    double low = ((double)dim * log(orig / (beta_fast * 2 * pi))) / (2 * log(base));
+    double high = ((double)dim * log(orig / (beta_slow * 2 * pi))) / (2 * log(base));
+    if (truncate) low = floor(low), high = ceil(high);
+    if (low < 0) low = 0;
+    if (high > (double)(dim - 1)) high = (double)(dim - 1);
+    if (low == high) high += 0.001;
+    c->yarn = 1;
+    c->factor = factor;
+    c->original_max_position_embeddings = orig;
+    c->yarn_low = low;
+    c->yarn_high = high;
+    lua_getfield(L, s, "attention_factor");
+    const int given = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (given) {
+        c->attention_scale = field_number(L, s, "attention_factor", NULL, 1.0, 1);
+    } else {
+        const double ms = field_number(L, s, "mscale", NULL, 0, 0), msa = field_number(L, s, "mscale_all_dim", NULL, 0, 0);
+#define YARN_MSCALE(m) (factor <= 1 ? 1.0 : 0.1 * (m) * log(factor) + 1.0)
+        c->attention_scale = ms != 0 && msa != 0 ? YARN_MSCALE(ms) / YARN_MSCALE(msa) : YARN_MSCALE(1.0);
+#undef YARN_MSCALE
+    }
+}
+
 /* rope_tables(T, head_dim [, {theta=, rope_scaling={rope_type="llama3", factor=, low_freq_factor=,
  * high_freq_factor=, original_max_position_embeddings=} | {rope_type="longrope", ext_factors={head_dim/2
- * numbers}, attention_factor=}, offset=, dtype=, device=}]) -> cos, sin. head_dim: the rotary dim. */
+ * numbers}, attention_factor=} | {rope_type="yarn", factor=, original_max_position_embeddings= [,
+ * beta_fast=, beta_slow=, truncate=, attention_factor=, mscale=, mscale_all_dim=]}, offset=, dtype=,
+ * device=}]) -> cos, sin. head_dim: the rotary dim. */
 static int l_rope_tables(lua_State *L) {
     int64_t T = (int64_t)luaL_checknumber(L, 1), hd = (int64_t)luaL_checknumber(L, 2);
     zr_rope_config c = zr_rope_config_default();
@@ -124,8 +170,11 @@ static int l_rope_tables(lua_State *L) {
                 lua_pop(L, 1);
                 c.ext_factors = ext;
                 c.attention_scale = field_number(L, s, "attention_factor", NULL, 1.0, 0);
+            } else if (strcmp(type, "yarn") == 0) {
+                yarn_config(L, s, hd, &c);
             } else if (strcmp(type, "default") != 0)
-                luaL_error(L, "rope_tables: rope_scaling type '%s' is not supported (expected 'default', 'llama3' or 'longrope')", type);
+                luaL_error(L, "rope_tables: rope_scaling type '%s' is not supported (expected 'default', 'llama3', "
+                           "'longrope' or 'yarn')", type);
             lua_pop(L, 1);
         } else if (!lua_isnil(L, -1))
             luaL_error(L, "rope_tables: rope_scaling must be a table");

@@ -38,13 +38,23 @@ void K(rope_backward_cpu)(real *dx, const real *dy, const real *cos, const real 
 
 void K(rope_inv_freq_cpu)(real *inv_freq, int64_t Dh, double theta, int llama3, double factor,
                           double low_freq_factor, double high_freq_factor, double original_max_pos,
-                          const double *ext) {
+                          const double *ext, int yarn, double yarn_low, double yarn_high) {
     int64_t h = Dh / 2;
     for (int64_t i = 0; i < h; i++) {
         /* transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)); longrope:
          * 1.0 / (ext_factors * base ** (...)), the product rounded to float first */
         real p = R_POW((real)theta, (real)(2 * i) / (real)Dh);
         real f = ext ? (real)1 / ((real)ext[i] * p) : (real)1 / p;
+        if (yarn) {
+            /* transformers, in float32: ramp = clamp((i - low) / (high - low), 0, 1) (high - low
+             * a Python float), e = 1 - ramp, inv = 1 / (factor · p) · (1 − e) + 1 / p · e */
+            real ramp = ((real)i - (real)yarn_low) / (real)(yarn_high - yarn_low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            const real e = (real)1 - ramp;
+            /* each product rounded apart, as torch's separate ops (no fused multiply-add) */
+            volatile real a = (real)1 / ((real)factor * p) * ((real)1 - e), b = f * e;
+            f = a + b;
+        }
         if (llama3) {
             /* transformers _compute_llama3_parameters: long wavelengths are divided by factor,
              * short ones kept, and the band in between interpolated smoothly. */

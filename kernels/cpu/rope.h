@@ -12,10 +12,12 @@ void K(rope_backward_cpu)(real *dx, const real *dy, const real *cos, const real 
                           int64_t T, int64_t Dh, int64_t R);
 /* inv_freq (Dh/2) as Hugging Face computes it: 1 / theta^(2i/Dh); with llama3 != 0 the
  * rope_scaling "llama3" rule (_compute_llama3_parameters) is applied on top; ext (Dh/2, or NULL):
- * longrope's factors (_compute_longrope_parameters: 1 / (ext[i] * theta^(2i/Dh))). */
+ * longrope's factors (_compute_longrope_parameters: 1 / (ext[i] * theta^(2i/Dh))); with yarn != 0
+ * YaRN's blend (_compute_yarn_parameters) of 1 / p and 1 / (factor · p) by a linear ramp over the
+ * frequency index from yarn_low to yarn_high (its correction range). */
 void K(rope_inv_freq_cpu)(real *inv_freq, int64_t Dh, double theta, int llama3, double factor,
                           double low_freq_factor, double high_freq_factor, double original_max_pos,
-                          const double *ext);
+                          const double *ext, int yarn, double yarn_low, double yarn_high);
 /* cos/sin (T, Dh): angle[t, i] = (offset + t) * inv_freq[i mod Dh/2], times attention_scale. */
 void K(rope_tables_cpu)(real *cos_t, real *sin_t, const real *inv_freq, int64_t T, int64_t Dh,
                         int64_t offset, double attention_scale);

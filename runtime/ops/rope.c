@@ -230,6 +230,9 @@ static zr_status check_config(int64_t head_dim, const zr_rope_config *c) {
         if (!(c->ext_factors[i] > 0))
             return zr_error("rope_tables: longrope factor %lld must be > 0, got %g", (long long)(i + 1),
                             c->ext_factors[i]);
+    if (c->yarn && (!(c->factor > 0) || !(c->yarn_high > c->yarn_low)))
+        return zr_error("rope_tables: yarn needs factor > 0 and a correction range low < high, got factor %g, "
+                        "range %g .. %g", c->factor, c->yarn_low, c->yarn_high);
     if (c->llama3) {
         if (!(c->factor > 0)) return zr_error("rope_tables: llama3 rope_scaling.factor must be > 0, got %g", c->factor);
         if (!(c->original_max_position_embeddings > 0))
@@ -249,7 +252,8 @@ zr_tensor *zr_rope_inv_freq(int64_t head_dim, const zr_rope_config *c, zr_dtype 
     zr_tensor *inv = zr_tensor_new(ct, zr_cpu(), 1, &h);
     if (!inv) return NULL;
     ZR_CPU_CALL(ct, rope_inv_freq_cpu, zr_tensor_data(inv), head_dim, c->theta, c->llama3, c->factor,
-                c->low_freq_factor, c->high_freq_factor, c->original_max_position_embeddings, c->ext_factors);
+                c->low_freq_factor, c->high_freq_factor, c->original_max_position_embeddings, c->ext_factors,
+                c->yarn, c->yarn_low, c->yarn_high);
     return inv;
 }
 

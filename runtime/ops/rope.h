@@ -1,6 +1,6 @@
 /* Rotary position embeddings with autograd (Hugging Face `apply_rotary_pos_emb` with rotate_half:
  * pairs are (i, i + Dh/2)), and the cos/sin tables of LlamaRotaryEmbedding including the
- * rope_scaling type "llama3". */
+ * rope_scaling types "llama3", "longrope" and "yarn". */
 #ifndef ZR_OPS_ROPE_H
 #define ZR_OPS_ROPE_H
 
@@ -20,6 +20,8 @@ typedef struct {
     double attention_scale; /* multiplies cos and sin; 1 for "default" and "llama3" */
     int64_t offset;         /* first position (positions are offset .. offset+T-1) */
     const double *ext_factors; /* longrope: head_dim/2 factors dividing the frequencies, or NULL */
+    int yarn;                  /* rope_type "yarn": factor, and the correction range below */
+    double yarn_low, yarn_high; /* the ramp's bounds in frequency index (find_correction_range's) */
 } zr_rope_config;
 
 /* Defaults: theta 10000, no scaling, attention_scale 1, offset 0. */

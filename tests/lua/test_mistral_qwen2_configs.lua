@@ -135,7 +135,7 @@ local refused = {
   { "mistral", "zero window", cfg(mbase, { sliding_window = 0 }), "sliding_window must be a positive integer, got 0" },
   { "mistral", "string window", cfg(mbase, { sliding_window = "4096" }), 'sliding_window must be a positive integer, got "4096"' },
   { "mistral", "attention dropout", cfg(mbase, { attention_dropout = 0.1 }), "attention_dropout is 0.1: attention dropout is not implemented" },
-  { "mistral", "yarn rope", cfg(mbase, { rope_parameters = { rope_type = "yarn", factor = 4.0 } }), 'rope_parameters.rope_type is "yarn"' },
+  { "mistral", "dynamic rope", cfg(mbase, { rope_parameters = { rope_type = "dynamic", factor = 4.0 } }), 'rope_parameters.rope_type is "dynamic"' },
   { "mistral", "soft-capping", cfg(mbase, { attn_logit_softcapping = 50 }), "attn_logit_softcapping is 50" },
   { "qwen2", "attention_bias", cfg(qbase, { attention_bias = true }), "attention_bias is true, but transformers' Qwen2ForCausalLM does not read it" },
   { "qwen2", "layer_types length", cfg(qbase, { layer_types = { "full_attention" } }), "layer_types must be a list of num_hidden_layers (2) entries" },

@@ -81,8 +81,10 @@ end)
 
 -- Refusals: one line that names the field (and, where it helps, the value and what zrun does).
 local refused = {
-  { "rope type yarn", cfg { rope_parameters = { rope_type = "yarn", factor = 4.0, original_max_position_embeddings = 64 } },
-    'rope_parameters.rope_type is "yarn"; zrun implements the rope types "default", "linear" and "llama3"' },
+  { "rope type dynamic", cfg { rope_parameters = { rope_type = "dynamic", factor = 4.0, original_max_position_embeddings = 64 } },
+    'rope_parameters.rope_type is "dynamic"; zrun implements the rope types "default", "linear", "llama3" and "yarn"' },
+  { "yarn without factor", cfg { rope_parameters = { rope_type = "yarn", original_max_position_embeddings = 64 } },
+    'rope_parameters.factor is missing %(required by rope_type "yarn"%)' },
   { "rope type dynamic (legacy)", cfg { rope_scaling = { type = "dynamic", factor = 2.0 } }, 'rope_scaling.rope_type is "dynamic"' },
   { "rope type longrope", cfg { rope_parameters = { rope_type = "longrope", short_factor = { 1 }, long_factor = { 1 } } },
     'rope_type is "longrope"' },

@@ -80,7 +80,7 @@ local REFUSED = {
     'layer_types[2] is "sliding_attention" but sliding_window is null (use_sliding_window is false)' },
   { "odd head_dim", cfg { head_dim = 7 }, "head_dim (7) must be even" },
   { "attention dropout", cfg { attention_dropout = 0.1 }, "attention_dropout is 0.1: attention dropout is not implemented" },
-  { "yarn rope", cfg { rope_parameters = { rope_type = "yarn", factor = 4.0 } }, 'rope_parameters.rope_type is "yarn"' },
+  { "dynamic rope", cfg { rope_parameters = { rope_type = "dynamic", factor = 4.0 } }, 'rope_parameters.rope_type is "dynamic"' },
   { "another model type", cfg { model_type = "qwen2" }, 'qwen3 config: model_type is "qwen2", not "qwen3"' },
 }
 for _, r in ipairs(REFUSED) do

@@ -120,7 +120,7 @@ end
 
 -- ---------------------------------------------------------------- rotary embeddings
 
-local ROPE_TYPES = '"default", "linear" and "llama3"'
+local ROPE_TYPES = '"default", "linear", "llama3" and "yarn"'
 
 -- The rope parameters as transformers 5 resolves them (RotaryEmbeddingConfigMixin): a non-empty
 -- rope_scaling wins over rope_parameters, rope_type falls back to the legacy "type" and then
@@ -151,6 +151,19 @@ function M.rope_parameters(family, c)
     if r.rope_theta == nil then r.rope_theta = 10000.0 end
     pos_num(family, from, r.rope_theta)
     local t = r.rope_type
+    -- llama3's and yarn's pretraining length: the top-level key first (transformers' standardize_rope_params
+    -- gives it priority), then the rope table's, then max_position_embeddings
+    local function original_max()
+      if c.original_max_position_embeddings ~= nil then
+        r.original_max_position_embeddings = c.original_max_position_embeddings
+      elseif r.original_max_position_embeddings == nil then
+        r.original_max_position_embeddings = c.max_position_embeddings
+      end
+      if r.original_max_position_embeddings == nil then
+        fail(family, "%s.original_max_position_embeddings is missing (required by rope_type %s)", name, show(t))
+      end
+      pos_num(family, name .. ".original_max_position_embeddings", r.original_max_position_embeddings)
+    end
     if t == "default" then
       for _, k in ipairs { "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings" } do
         r[k] = nil -- transformers' default rope reads none of them
@@ -163,18 +176,21 @@ function M.rope_parameters(family, c)
         if r[k] == nil then fail(family, "%s.%s is missing (required by rope_type \"llama3\")", name, k) end
         pos_num(family, name .. "." .. k, r[k])
       end
-      if c.original_max_position_embeddings ~= nil then -- transformers gives the top-level key priority
-        r.original_max_position_embeddings = c.original_max_position_embeddings
-      elseif r.original_max_position_embeddings == nil then
-        r.original_max_position_embeddings = c.max_position_embeddings
-      end
-      if r.original_max_position_embeddings == nil then
-        fail(family, "%s.original_max_position_embeddings is missing (required by rope_type \"llama3\")", name)
-      end
-      pos_num(family, name .. ".original_max_position_embeddings", r.original_max_position_embeddings)
+      original_max()
       if not (r.high_freq_factor > r.low_freq_factor) then
         fail(family, "%s.high_freq_factor (%s) must be greater than low_freq_factor (%s)", name,
           show(r.high_freq_factor), show(r.low_freq_factor))
+      end
+    elseif t == "yarn" then
+      -- transformers' _compute_yarn_parameters (factor required by its validation; the others optional)
+      if r.factor == nil then fail(family, "%s.factor is missing (required by rope_type \"yarn\")", name) end
+      pos_num(family, name .. ".factor", r.factor)
+      original_max()
+      for _, k in ipairs { "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim" } do
+        if r[k] ~= nil and type(r[k]) ~= "number" then fail(family, "%s.%s must be a number, got %s", name, k, show(r[k])) end
+      end
+      if r.truncate ~= nil and type(r.truncate) ~= "boolean" then
+        fail(family, "%s.truncate must be true or false, got %s", name, show(r.truncate))
       end
     else
       fail(family, "%s.rope_type is %s; zrun implements the rope types %s", name, show(t), ROPE_TYPES)
@@ -184,12 +200,15 @@ function M.rope_parameters(family, c)
     end
     r.partial_rotary_factor = nil
     -- keys transformers reads only for other rope types (attention_factor, beta_fast, ...) are
-    -- ignored by it for these three, and so by zrun
-    for _, k in ipairs { "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
-      "short_factor", "long_factor" } do
-      r[k] = nil
+    -- ignored by it for the others, and so by zrun
+    if t ~= "yarn" then
+      for _, k in ipairs { "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate" } do
+        r[k] = nil
+      end
     end
-    if t ~= "llama3" then r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings = nil, nil, nil end
+    r.short_factor, r.long_factor = nil, nil
+    if t ~= "llama3" then r.low_freq_factor, r.high_freq_factor = nil, nil end
+    if t ~= "llama3" and t ~= "yarn" then r.original_max_position_embeddings = nil end
     return r
   end
   local r = resolve(scaling or params, scaling and "rope_scaling" or "rope_parameters")
@@ -216,7 +235,8 @@ end
 -- frequency, so the same kernel computes it.
 -- longrope (Phi-3) needs c (the normalised config) and seq_len, the largest position + 1 of the forward
 -- (transformers' longrope_frequency_update): long_factor beyond original_max_position_embeddings, short_factor
--- within.
+-- within. "yarn" (Qwen2.5's and Qwen3's long-context setting, DeepSeek's mscale form) hands its fields to
+-- zr.rope_tables, which computes _compute_yarn_parameters' blend and attention factor.
 function M.rope_tables_options(r, c, seq_len)
   local o = { theta = r.rope_theta }
   if r.rope_type == "longrope" then
@@ -230,6 +250,10 @@ function M.rope_tables_options(r, c, seq_len)
   elseif r.rope_type == "linear" then
     o.rope_scaling = { rope_type = "llama3", factor = r.factor, low_freq_factor = 2 ^ 100,
       high_freq_factor = 2 ^ 101, original_max_position_embeddings = 1 }
+  elseif r.rope_type == "yarn" then
+    o.rope_scaling = { rope_type = "yarn", factor = r.factor, original_max_position_embeddings =
+      r.original_max_position_embeddings, beta_fast = r.beta_fast, beta_slow = r.beta_slow, truncate = r.truncate,
+      attention_factor = r.attention_factor, mscale = r.mscale, mscale_all_dim = r.mscale_all_dim }
   end
   return o
 end

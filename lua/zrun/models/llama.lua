@@ -1,5 +1,5 @@
 -- Llama (LlamaForCausalLM) with Hugging Face semantics: RMSNorm, rotary embeddings (rope_theta,
--- "llama3" or "linear" scaling; either config.json layout, resolved by zrun.models.hf_config),
+-- "llama3", "linear" or "yarn" scaling; either config.json layout, resolved by zrun.models.hf_config),
 -- grouped-query attention with explicit head_dim, optional attention/MLP biases, SwiGLU MLP, tied
 -- or untied embeddings, and HF parameter names ("model.layers.0.self_attn.q_proj.weight").
 -- The same architecture computes Mistral (MistralForCausalLM: no biases, a sliding window),
