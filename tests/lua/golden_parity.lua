@@ -1,6 +1,7 @@
--- What the golden-file parity tests (test_llama_golden.lua, test_mistral_qwen2_golden.lua) share: the
--- golden weights under a model's parameter names, a model directory from a config.json text and those
--- weights, and the three checks against transformers' numbers -- forward (logits 2e-5 abs + 1e-4 rel,
+-- What the golden-file parity tests (test_llama_golden.lua, test_mistral_qwen2_golden.lua,
+-- test_yarn_golden.lua) share: the golden weights under a model's parameter names, a model directory from
+-- a config.json text and those weights, a golden file's parity from its config table and both config.json
+-- layouts, and the three checks against transformers' numbers -- forward (logits 2e-5 abs + 1e-4 rel,
 -- loss 1e-5), every gradient (1e-5 abs + 1e-4 rel) and 5 AdamW steps with clipping (losses 1e-4, norms
 -- 1e-4 abs + 5e-4 rel; the test files say why these tolerances).
 --   local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
@@ -27,6 +28,27 @@ function M.model_dir(root, name, config_text, sd)
   hf.save_state_dict(dir, sd) -- makes the directory
   T.write_file(dir .. "/config.json", config_text)
   return dir
+end
+
+-- The parity of golden file NAME (tests/golden/NAME.safetensors, its config table in the metadata, and
+-- NAME.config.json / NAME.legacy_config.json, transformers 5's and 4's layouts): the model build(config)
+-- makes with the golden weights, then load(dir, layout) of a directory holding each config.json and
+-- those weights (after_load(model, layout), optional, runs first), each through M.check. root: where the
+-- directories go. Returns the golden tensors, the built model and its weights.
+function M.parity(root, name, build, load, after_load)
+  local cjson = require "cjson"
+  local g, meta = zr.load_safetensors("tests/golden/" .. name .. ".safetensors")
+  local model = build(cjson.decode(meta.config))
+  local sd = M.weights(g, model)
+  model:load_state_dict(sd, true)
+  M.check(name .. " (config table)", model, g, sd)
+  for _, layout in ipairs { "config", "legacy_config" } do
+    local dir = M.model_dir(root, name .. "_" .. layout, T.read_file("tests/golden/" .. name .. "." .. layout .. ".json"), sd)
+    local loaded = load(dir, layout)
+    if after_load then after_load(loaded, layout) end
+    M.check(name .. " (from_pretrained, " .. layout .. ".json)", loaded, g, sd)
+  end
+  return g, model, sd
 end
 
 -- The largest |a - b| (for the report lines).

@@ -15,12 +15,11 @@ local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
 local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
-local weights, check, read = GP.weights, GP.check, T.read_file
+local weights, read = GP.weights, T.read_file
 
 local GOLDEN = "tests/golden/"
 local tmp = os.tmpname()
 os.remove(tmp)
-local function model_dir(name, config_text, sd) return GP.model_dir(tmp, name, config_text, sd) end
 
 local families = {
   llama_tiny = zr.models.llama, llama_linear = zr.models.llama, gpt2_tiny = zr.models.gpt2,
@@ -32,17 +31,8 @@ end
 local golden = {}
 for _, name in ipairs { "llama_tiny", "llama_linear", "gpt2_tiny" } do
   local family = families[name]
-  local g, meta = zr.load_safetensors(GOLDEN .. name .. ".safetensors")
-  golden[name] = g
-  local model = build(family, cjson.decode(meta.config))
-  local sd = weights(g, model)
-  model:load_state_dict(sd, true)
-  check(name .. " (config table)", model, g, sd)
-  for _, layout in ipairs { "config", "legacy_config" } do
-    local dir = model_dir(name .. "_" .. layout, read(GOLDEN .. name .. "." .. layout .. ".json"), sd)
-    local loaded = family.from_pretrained(dir)
-    check(name .. " (from_pretrained, " .. layout .. ".json)", loaded, g, sd)
-  end
+  golden[name] = GP.parity(tmp, name, function(cfg) return build(family, cfg) end,
+    function(dir) return family.from_pretrained(dir) end)
 end
 
 T.test("the two config.json layouts hold the same rope, as transformers wrote them", function()

@@ -15,12 +15,11 @@ local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
 local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
-local weights, check, read = GP.weights, GP.check, T.read_file
+local weights, read = GP.weights, T.read_file
 
 local GOLDEN = "tests/golden/"
 local tmp = os.tmpname()
 os.remove(tmp)
-local function model_dir(name, config_text, sd) return GP.model_dir(tmp, name, config_text, sd) end
 
 local MODELS = {
   mistral_tiny = { module = zr.models.mistral, class = zr.models.mistral.MistralForCausalLM, arch = "MistralForCausalLM" },
@@ -30,22 +29,14 @@ local MODELS = {
 local golden, built = {}, {}
 for _, name in ipairs { "mistral_tiny", "qwen2_tiny" } do
   local m = MODELS[name]
-  local g, meta = zr.load_safetensors(GOLDEN .. name .. ".safetensors")
-  golden[name] = g
-  local model = m.class(cjson.decode(meta.config))
-  local sd = weights(g, model)
-  model:load_state_dict(sd, true)
-  built[name] = model
-  check(name .. " (config table)", model, g, sd)
-  for _, layout in ipairs { "config", "legacy_config" } do
-    local dir = model_dir(name .. "_" .. layout, read(GOLDEN .. name .. "." .. layout .. ".json"), sd)
-    -- zr.models.llama.from_pretrained picks the class by model_type (what the recipes call)
-    local loaded = (layout == "config" and m.module or zr.models.llama).from_pretrained(dir)
-    T.test(name .. " (from_pretrained, " .. layout .. ".json) is a " .. m.arch, function()
-      T.eq(loaded.__name, m.arch)
+  -- zr.models.llama.from_pretrained picks the class by model_type (what the recipes call)
+  golden[name], built[name] = GP.parity(tmp, name, m.class,
+    function(dir, layout) return (layout == "config" and m.module or zr.models.llama).from_pretrained(dir) end,
+    function(loaded, layout)
+      T.test(name .. " (from_pretrained, " .. layout .. ".json) is a " .. m.arch, function()
+        T.eq(loaded.__name, m.arch)
+      end)
     end)
-    check(name .. " (from_pretrained, " .. layout .. ".json)", loaded, g, sd)
-  end
 end
 
 T.test("qwen2: q/k/v carry biases, o_proj and the MLP none (Qwen2Attention); mistral none", function()

@@ -11,7 +11,7 @@ local zr = require "zrun"
 local T = zr.testing
 local cjson = require "cjson"
 local GP = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "golden_parity.lua")
-local weights, check, read = GP.weights, GP.check, T.read_file
+local weights, read = GP.weights, T.read_file
 
 local GOLDEN = "tests/golden/"
 local tmp = os.tmpname()
@@ -24,16 +24,7 @@ local MODELS = {
 local golden = {}
 for _, name in ipairs { "qwen2_yarn", "llama_yarn" } do
   local m = MODELS[name]
-  local g, meta = zr.load_safetensors(GOLDEN .. name .. ".safetensors")
-  golden[name] = g
-  local model = m.class(cjson.decode(meta.config))
-  local sd = weights(g, model)
-  model:load_state_dict(sd, true)
-  check(name .. " (config table)", model, g, sd)
-  for _, layout in ipairs { "config", "legacy_config" } do
-    local dir = GP.model_dir(tmp, name .. "_" .. layout, read(GOLDEN .. name .. "." .. layout .. ".json"), sd)
-    check(name .. " (from_pretrained, " .. layout .. ".json)", m.module.from_pretrained(dir), g, sd)
-  end
+  golden[name] = GP.parity(tmp, name, m.class, function(dir) return m.module.from_pretrained(dir) end)
 end
 
 -- The parity must be able to fail on what it exists for: the frequencies' blend or the attention factor
