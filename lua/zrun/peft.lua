@@ -535,7 +535,7 @@ end
 -- ---------- get_peft_model ----------
 
 local DEFAULT_TARGETS = { llama = { "q_proj", "v_proj" }, mistral = { "q_proj", "v_proj" },
-  qwen2 = { "q_proj", "v_proj" }, qwen3 = { "q_proj", "v_proj" }, gpt2 = { "c_attn" } } -- (PEFT's mapping; phi3 has none in PEFT 0.21, which asks for target_modules)
+  qwen2 = { "q_proj", "v_proj" }, qwen3 = { "q_proj", "v_proj" }, gemma3_text = { "q_proj", "v_proj" }, gpt2 = { "c_attn" } } -- (PEFT's mapping; phi3 has none in PEFT 0.21, which asks for target_modules)
 
 local function is_conv1d(m) return m.__name == "Conv1D" and m.weight ~= nil and #m.weight:shape() == 2 end
 local function is_linear(m) return Module.isinstance(m, nn.Linear) end
@@ -907,6 +907,7 @@ local PARENT_LIBRARY = { llama = "transformers.models.llama.modeling_llama",
   mistral = "transformers.models.mistral.modeling_mistral", qwen2 = "transformers.models.qwen2.modeling_qwen2",
   phi3 = "transformers.models.phi3.modeling_phi3",
   qwen3 = "transformers.models.qwen3.modeling_qwen3",
+  gemma3_text = "transformers.models.gemma3.modeling_gemma3",
   gpt2 = "transformers.models.gpt2.modeling_gpt2" }
 
 -- PEFT's list of adapter names (selected_adapters, adapter_names): unset or {"default"}, the one zrun holds.

@@ -185,7 +185,7 @@ T.test("each class takes its own model type; from_pretrained picks the class by 
   c.model_type = "gemma"
   zr.testing.write_file(g .. "/config.json", cjson.encode(c))
   T.raises(function() llama.from_pretrained(g) end,
-    'model_type is "gemma", not "llama"; zrun implements the model types llama, mistral, qwen2, qwen3, phi3 and gpt2')
+    'model_type is "gemma", not "llama"; zrun implements the model types llama, mistral, qwen2, qwen3, phi3, gemma3_text and gpt2')
 end)
 
 -- The published config.json files (their text as on the hub; what transformers 5.17's AutoConfig reads

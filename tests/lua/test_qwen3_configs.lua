@@ -113,7 +113,7 @@ T.test("qwen3: each class takes its own model type; from_pretrained picks Qwen3F
   c.model_type = "qwen3_moe"
   T.write_file(d .. "/config.json", cjson.encode(c))
   T.raises(function() zr.models.from_pretrained(d) end,
-    'model_type "qwen3_moe" is not implemented; zrun loads the model types llama, mistral, qwen2, qwen3, phi3 and gpt2')
+    'model_type "qwen3_moe" is not implemented; zrun loads the model types llama, mistral, qwen2, qwen3, phi3, gemma3_text and gpt2')
 end)
 
 -- Qwen/Qwen3-0.6B's config.json as on the hub; transformers 5.17 reads sliding_window None (use_sliding_window

@@ -71,7 +71,7 @@ T.test("zr.models.from_pretrained: the family config.json's model_type names, an
   c.model_type = "gemma"
   T.write_file(dir .. "/model/config.json", require("cjson").encode(c))
   T.raises(function() zr.models.from_pretrained(dir .. "/model") end,
-    'from_pretrained: model_type "gemma" is not implemented; zrun loads the model types llama, mistral, qwen2, qwen3, phi3 and gpt2')
+    'from_pretrained: model_type "gemma" is not implemented; zrun loads the model types llama, mistral, qwen2, qwen3, phi3, gemma3_text and gpt2')
 end)
 
 os.execute("rm -rf '" .. dir .. "'")

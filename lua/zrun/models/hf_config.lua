@@ -1,4 +1,4 @@
--- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, qwen3, phi3, gpt2). Reads a
+-- Hugging Face config.json fields for zrun's model families (llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2). Reads a
 -- config as transformers 4 writes it (rope_theta / rope_scaling at the top level) and as
 -- transformers 5 writes it (rope_parameters, with rope_theta inside; dtype for torch_dtype), checks
 -- every field that LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
@@ -45,6 +45,9 @@ end
 M.show = show
 
 local function fail(family, msg, ...) error(fmt("%s config: " .. msg, family, ...), 0) end
+
+-- The model types zrun implements, as error messages list them.
+M.MODEL_TYPES = "llama, mistral, qwen2, qwen3, phi3, gemma3_text and gpt2"
 
 -- Field checks. `name` is what the message calls the field (e.g. "rope_parameters.factor").
 local function is_int(v) return type(v) == "number" and v == floor(v) and v > -huge and v < huge end
@@ -107,8 +110,8 @@ end
 
 local function model_type(family, c)
   if c.model_type ~= nil and c.model_type ~= family then
-    fail(family, "model_type is %s, not %s; zrun implements the model types llama, mistral, qwen2, qwen3, phi3 and gpt2",
-      show(c.model_type), show(family))
+    fail(family, "model_type is %s, not %s; zrun implements the model types %s",
+      show(c.model_type), show(family), M.MODEL_TYPES)
   end
 end
 
@@ -281,7 +284,8 @@ local FAMILY = {
 -- elsewhere), and written back as null (M.to_hf).
 M.NULL_IS_NOT_DEFAULT = { mistral = { sliding_window = true, num_key_value_heads = true },
   qwen2 = { sliding_window = true, num_key_value_heads = true }, qwen3 = { sliding_window = true, num_key_value_heads = true },
-  phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true, sliding_window = true } }
+  phi3 = { pad_token_id = true, bos_token_id = true, eos_token_id = true, sliding_window = true },
+  gemma3_text = { sliding_window = true, pad_token_id = true, bos_token_id = true, eos_token_id = true } }
 -- In a decoded config.json (cjson.null values), those fields' nulls as false; the table, changed.
 function M.keep_nulls(t)
   local keys = type(t) == "table" and M.NULL_IS_NOT_DEFAULT[t.model_type]
@@ -374,11 +378,12 @@ end
 
 -- Layer i's (1-based) attention window in a normalised llama-family config: keys this many positions
 -- or more before the query are masked (transformers' sliding_window_overlay: kept while q - k <
--- window): Mistral's and Phi-3's in every layer, Qwen2's and Qwen3's where layer_types says
+-- window): Mistral's and Phi-3's in every layer, Qwen2's, Qwen3's and Gemma 3's where layer_types says
 -- "sliding_attention"; nil: full causal attention.
 function M.layer_window(c, i)
   if c.model_type == "mistral" or c.model_type == "phi3" then return c.sliding_window or nil end
-  if (c.model_type == "qwen2" or c.model_type == "qwen3") and c.sliding_window and c.layer_types[i] == "sliding_attention" then
+  local t = c.model_type
+  if (t == "qwen2" or t == "qwen3" or t == "gemma3_text") and c.sliding_window and c.layer_types[i] == "sliding_attention" then
     return c.sliding_window
   end
   return nil
@@ -632,6 +637,125 @@ function M.llama_family(cfg)
   return llama_arch(t or "llama", cfg)
 end
 
+-- ---------------------------------------------------------------- gemma3_text
+
+-- Gemma3TextConfig's defaults (transformers 5.17) where config.json is silent; sliding_window_pattern: every
+-- sixth layer attends fully where layer_types is absent.
+local GEMMA3 = { vocab_size = 262208, hidden_size = 2304, intermediate_size = 9216, num_hidden_layers = 26,
+  num_attention_heads = 8, num_key_value_heads = 4, head_dim = 256, max_position_embeddings = 131072,
+  rms_norm_eps = 1e-6, initializer_range = 0.02, query_pre_attn_scalar = 256, sliding_window = 4096,
+  pad_token_id = 0, eos_token_id = 1, bos_token_id = 2, tie_word_embeddings = true, attention_bias = false,
+  hidden_activation = "gelu_pytorch_tanh", sliding_window_pattern = 6 }
+-- hidden_activation -> zr.gelu's approximation (transformers' ACT2FN: the tanh formula or the exact erf one)
+local GEMMA3_ACTS = { gelu_pytorch_tanh = "tanh", gelu_new = "tanh", gelu_fast = "tanh", gelu_python_tanh = "tanh",
+  gelu_accurate = "tanh", gelu = "none", gelu_python = "none" }
+
+-- Gemma 3's rope parameters per layer type, as Gemma3TextConfig.convert_rope_params_to_dict resolves them:
+-- rope_parameters { full_attention = {...}, sliding_attention = {...} } (transformers 5's layout), each
+-- missing one "default"; a legacy rope_scaling updates full_attention's; rope_theta (default 1e6) is
+-- full_attention's theta and rope_local_base_freq (default 1e4) sliding_attention's where their tables
+-- have none. Each table is then checked and made canonical as M.rope_parameters does for one rope.
+function M.gemma3_rope(F, c)
+  local params, scaling = c.rope_parameters, c.rope_scaling
+  for _, k in ipairs { "rope_parameters", "rope_scaling" } do
+    if c[k] ~= nil and type(c[k]) ~= "table" then fail(F, "%s must be an object, got %s", k, show(c[k])) end
+  end
+  params = params or {}
+  for k, v in pairs(params) do
+    if k ~= "full_attention" and k ~= "sliding_attention" then
+      fail(F, "rope_parameters.%s: Gemma 3's rope_parameters holds one table per layer type (full_attention, "
+        .. "sliding_attention), got %s", tostring(k), show(params))
+    end
+    if type(v) ~= "table" then fail(F, "rope_parameters.%s must be an object, got %s", k, show(v)) end
+  end
+  local full, slide = copy(params.full_attention or {}), copy(params.sliding_attention or {})
+  if scaling and next(scaling) ~= nil then for k, v in pairs(scaling) do full[k] = v end end
+  if full.rope_theta == nil then full.rope_theta = c.rope_theta or 1000000.0 end
+  if slide.rope_theta == nil then slide.rope_theta = c.rope_local_base_freq or 10000.0 end
+  local function one(t, name)
+    local ok, r = pcall(M.rope_parameters, F, { rope_parameters = t, max_position_embeddings = c.max_position_embeddings })
+    if not ok then error((tostring(r):gsub("rope_parameters", "rope_parameters." .. name, 1)), 0) end
+    return r
+  end
+  return { full_attention = one(full, "full_attention"), sliding_attention = one(slide, "sliding_attention") }
+end
+
+-- A Gemma 3 text config (Gemma3ForCausalLM: google/gemma-3-270m, gemma-3-1b-pt / -it; model_type
+-- "gemma3_text") checked and normalised: Gemma3TextConfig's defaults, layer_types filled from
+-- sliding_window_pattern as __post_init__ fills it, the rope per layer type (M.gemma3_rope), gelu_approximate
+-- from hidden_activation. Refused in one line: attention or final logit soft-capping (Gemma 2's; null in Gemma 3),
+-- bidirectional attention, dropout, an MLP bias, the multimodal "gemma3" config (Gemma3ForConditionalGeneration).
+function M.gemma3_text(cfg)
+  local F = "gemma3_text"
+  if cfg.model_type == "gemma3" then
+    fail(F, 'model_type is "gemma3" (Gemma3ForConditionalGeneration, text and vision: gemma-3-4b and larger); zrun '
+      .. 'trains the text-only Gemma3ForCausalLM checkpoints, model_type "gemma3_text" (gemma-3-270m, gemma-3-1b)')
+  end
+  local nulls = {}
+  for k in pairs(M.NULL_IS_NOT_DEFAULT[F]) do if cfg[k] == null then nulls[#nulls + 1] = k end end
+  local c = copy(cfg)
+  for _, k in ipairs(nulls) do c[k] = false end
+  model_type(F, c)
+  for k, v in pairs(GEMMA3) do if c[k] == nil then c[k] = v end end
+  for _, k in ipairs { "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings" } do
+    pos_int(F, k, c[k])
+  end
+  if c.num_attention_heads % c.num_key_value_heads ~= 0 then
+    fail(F, "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", c.num_attention_heads,
+      c.num_key_value_heads)
+  end
+  if c.head_dim % 2 ~= 0 then fail(F, "head_dim (%d) must be even: rotary embeddings rotate pairs of channels", c.head_dim) end
+  pos_num(F, "rms_norm_eps", c.rms_norm_eps)
+  nonneg_num(F, "initializer_range", c.initializer_range)
+  pos_num(F, "query_pre_attn_scalar", c.query_pre_attn_scalar) -- (the attention's scale: its -1/2 power)
+  bool(F, "tie_word_embeddings", c.tie_word_embeddings)
+  bool(F, "attention_bias", c.attention_bias) -- (q/k/v/o, as Gemma3Attention reads it)
+  if c.mlp_bias ~= nil and bool(F, "mlp_bias", c.mlp_bias) then
+    fail(F, "mlp_bias is true, but transformers' Gemma3ForCausalLM does not read it (its MLP has no biases)")
+  end
+  c.gelu_approximate = GEMMA3_ACTS[c.hidden_activation]
+  if not c.gelu_approximate then
+    fail(F, "hidden_activation is %s; zrun's Gemma 3 MLP implements the GELUs (\"gelu_pytorch_tanh\", \"gelu\", ...)",
+      show(c.hidden_activation))
+  end
+  if c.attention_dropout ~= nil and nonneg_num(F, "attention_dropout", c.attention_dropout) ~= 0 then
+    refuse_dropout(F, "attention_dropout", c.attention_dropout, "attention dropout")
+  end
+  for k, what in pairs { attn_logit_softcapping = "attention logit soft-capping (Gemma 2's)",
+    final_logit_softcapping = "final logit soft-capping (Gemma 2's)" } do
+    if c[k] ~= nil then fail(F, "%s is %s: %s is not implemented in zrun (Gemma 3 has none: null)", k, show(c[k]), what) end
+  end
+  if c.use_bidirectional_attention ~= nil and bool(F, "use_bidirectional_attention", c.use_bidirectional_attention) then
+    fail(F, "use_bidirectional_attention is true; zrun implements causal attention only")
+  end
+  if c.sliding_window ~= false then pos_int(F, "sliding_window", c.sliding_window) end
+  local L, lt = c.num_hidden_layers, c.layer_types
+  if lt == nil then -- Gemma3TextConfig.__post_init__: every pattern-th layer full, the others sliding
+    local p = pos_int(F, "sliding_window_pattern", c.sliding_window_pattern)
+    lt = {}
+    for i = 1, L do lt[i] = i % p ~= 0 and "sliding_attention" or "full_attention" end
+  elseif type(lt) ~= "table" or #lt ~= L then
+    fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", L, show(lt))
+  end
+  for i, t in ipairs(lt) do
+    if t ~= "full_attention" and t ~= "sliding_attention" then
+      fail(F, "layer_types[%d] is %s; zrun's %s implements \"full_attention\" and \"sliding_attention\"", i, show(t), F)
+    end
+    if t == "sliding_attention" and not c.sliding_window then
+      fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null", i)
+    end
+  end
+  c.layer_types = lt
+  refuse_foreign(F, c, "causal attention with rotary embeddings, full or sliding per layer", { sliding_window = true,
+    layer_types = true, attn_logit_softcapping = true, final_logit_softcapping = true, use_qk_norm = true,
+    qk_layernorm = true }) -- (Gemma 3 normalises q and k whatever those two say)
+  c.rope_parameters = M.gemma3_rope(F, c)
+  c.rope_theta, c.rope_scaling, c.rope_local_base_freq = nil, nil, nil
+  c.model_type = F
+  return c
+end
+
 -- ---------------------------------------------------------------- gpt2
 
 -- activation_function -> zr gelu approximation, or false for the other activations (gpt2.lua's
@@ -702,7 +826,7 @@ local HF_DTYPE = { f32 = "float32", bf16 = "bfloat16", f16 = "float16", f64 = "f
 M.FLOAT_FIELDS = {}
 for _, k in ipairs { "rope_theta", "factor", "low_freq_factor", "high_freq_factor", "rms_norm_eps",
   "layer_norm_epsilon", "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-  "summary_first_dropout", "attention_factor", "beta_fast", "beta_slow" } do
+  "summary_first_dropout", "attention_factor", "beta_fast", "beta_slow", "rope_local_base_freq" } do
   M.FLOAT_FIELDS[k] = true
 end
 
@@ -721,7 +845,17 @@ function M.to_hf(cfg)
     c.torch_dtype = HF_DTYPE[c.torch_dtype] or c.torch_dtype
     c.dtype = c.torch_dtype
   end
-  if type(c.rope_parameters) == "table" or c.rope_theta ~= nil or type(c.rope_scaling) == "table" then
+  if c.model_type == "gemma3_text" and type(c.rope_parameters) == "table" and c.rope_parameters.full_attention then
+    -- Gemma 3's per-layer-type tables (transformers 5's layout), and for transformers 4's Gemma3TextConfig
+    -- rope_theta, rope_local_base_freq and rope_scaling (full_attention's), which transformers 5 resolves the same
+    local full, slide = c.rope_parameters.full_attention, c.rope_parameters.sliding_attention
+    c.rope_theta, c.rope_local_base_freq = full.rope_theta, slide and slide.rope_theta
+    c.rope_scaling = nil
+    if full.rope_type ~= "default" then
+      c.rope_scaling = copy(full)
+      c.rope_scaling.rope_theta = nil
+    end
+  elseif type(c.rope_parameters) == "table" or c.rope_theta ~= nil or type(c.rope_scaling) == "table" then
     -- the layout only, values as given (checking them is the reader's job): transformers 5's
     -- precedence, a non-empty rope_scaling first
     local src = c.rope_scaling

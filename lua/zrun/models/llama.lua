@@ -107,6 +107,7 @@ local function fused_qk_norms(qn, kn, qkv, D)
 end
 
 local Attention = Module:extend("LlamaAttention")
+M.Attention = Attention -- (zrun.models.gemma3's extends it)
 function Attention:__init(cfg)
   local H, KV, D = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
   self.n_heads, self.n_kv, self.hd = H, KV, D
@@ -136,7 +137,7 @@ function Attention:forward(x, cos, sin, segs)
       return M.qkv_attention(y, H, KV, cos, sin, segs, { qn.weight, kn.weight, qn.eps })
     end, qkv))
   end
-  if qkv and not qn then
+  if qkv and not qn and not self.scale then
     -- one (B, T, (H + 2 KV) D) product (LoRA adapters' products written into it: project_lora);
     -- qkv_rope_sdpa rotates q and k of it and runs the attention over them (read in place on the
     -- GPU), and in backward writes the product's gradient in one pass (the rope's transpose folded
@@ -145,9 +146,12 @@ function Attention:forward(x, cos, sin, segs)
     return self.o_proj(M.qkv_attention(qkv, H, KV, cos, sin, segs))
   end
   -- q, k, v (b, t, heads·D) as (b, heads, t, D) views, q and k rotated (Qwen3: each head of q and k
-  -- through q_norm / k_norm first), the attention (opts: the segments), back to (b, t, H·D)
+  -- through q_norm / k_norm first), the attention (opts: the segments; self.scale, Gemma 3's, for
+  -- 1/sqrt(D)), back to (b, t, H·D)
+  local scale = self.scale
   local function attend(q, k, v, c, s, opts)
     local b, t = q:size(1), q:size(2)
+    if scale then opts = opts or {}; opts.scale = scale end
     q, k, v = q:view(b, t, H, D), k:view(b, t, KV, D), v:view(b, t, KV, D):transpose(2, 3)
     if qn then q, k = qn(q), kn(k) end
     q, k = zr.rope(q:transpose(2, 3), c, s), zr.rope(k:transpose(2, 3), c, s)
@@ -235,6 +239,7 @@ end
 
 -- Model -------------------------------------------------------------------------------------
 local Model = Module:extend("LlamaModel")
+M.Model = Model -- (zrun.models.gemma3's extends it)
 function Model:__init(cfg)
   -- pad_token_id: transformers' padding_idx (no gradient from the lookup for that row)
   self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device,
@@ -250,16 +255,17 @@ function Model:__init(cfg)
   rawset(self, "window", window and { size = window, full = full } or false)
 end
 
--- cos/sin tables for T positions (cached per length, device and dtype). Their values are rounded
+-- cos/sin tables for T positions (cached per length, device, dtype and tag). Their values are rounded
 -- to dtype (as transformers casts them to the activations' dtype); 16-bit ones are kept in f32,
 -- which the rope kernels compute in, so no call converts them again. Their width is the rotary dim
 -- (Phi-3's partial_rotary_factor: narrower than the head). seq_len (default T): the forward's largest
--- position + 1, which picks longrope's short or long factors (Phi-3).
-function Model:rope(T, dtype, device, seq_len)
+-- position + 1, which picks longrope's short or long factors (Phi-3). r, tag: other rope parameters than
+-- the config's and the name they are cached under (Model:layer_rope's).
+function Model:rope(T, dtype, device, seq_len, r, tag)
   local cfg = self.cfg
-  local r = cfg.rope_parameters
+  r = r or cfg.rope_parameters
   local long = r.rope_type == "longrope" and (seq_len or T) > r.original_max_position_embeddings
-  local key = T .. dtype .. device .. (long and "long" or "")
+  local key = T .. dtype .. device .. (long and "long" or "") .. (tag or "")
   local c = self.rope_cache[key]
   if not c then
     local o = hf_config.rope_tables_options(r, cfg, seq_len or T)
@@ -276,6 +282,12 @@ function Model:rope(T, dtype, device, seq_len)
   return c[1], c[2]
 end
 
+-- The token embeddings of input_ids (Gemma 3's scaled: zrun.models.gemma3).
+function Model:embed(input_ids) return self.embed_tokens(input_ids) end
+-- The rope parameters layer i rotates with and the tag its tables are cached under: nil, nil, the config's
+-- rope in every layer (Gemma 3's per layer type: zrun.models.gemma3).
+function Model:layer_rope(_) return nil, nil end
+
 -- Each layer's last residual add runs with the next layer's input_layernorm (or the final norm)
 -- as one op: a layer called as itself (a plain LlamaDecoderLayer that Module:skippable() allows,
 -- no checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is
@@ -288,35 +300,47 @@ local layer_forward = Layer.forward
 function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
   local B, T = input_ids:size(1), input_ids:size(2)
-  local h = self.embed_tokens(input_ids)
+  local h = self:embed(input_ids)
   -- a sliding window that masks a key (a sequence longer than it) runs on the segments, plain rows too
   -- (packed.segments: the windowed .seg; .full_seg for the layers without a window)
   local win = rawget(self, "window")
   local segs = (position_ids or (win and T > win.size)) and packed.segments(position_ids, B, T, h:device(),
     packed.flat_ok(h:device(), h:dtype(), head_dim(self.cfg)), win or nil)
-  local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device(),
-    segs and segs.max_position + 1)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
+  -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
+  -- them in backward, after this forward has returned (then freed when the collector finds them)
+  local function keep(t) if ckpt then zr.persist(t) end end
   if segs and segs.seg then
-    if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
-      local function rows(t) return t:view(1, T, t:size(2)):expand(B, T, t:size(2)):reshape(B * T, t:size(2)) end
-      cos, sin = rows(cos), rows(sin)
-    else
-      local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
-      cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    keep(segs.seg)
+    if segs.full_seg then keep(segs.full_seg) end
+  end
+  -- layer i's cos, sin (Model:layer_rope: the config's rope in every layer but Gemma 3's), made once a forward
+  local tables = {}
+  local function rope_of(i)
+    local r, tag = self:layer_rope(i)
+    local t = tables[tag or ""]
+    if t then return t[1], t[2] end
+    local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device(),
+      segs and segs.max_position + 1, r, tag)
+    if segs and segs.seg then
+      if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
+        local function rows(u) return u:view(1, T, u:size(2)):expand(B, T, u:size(2)):reshape(B * T, u:size(2)) end
+        cos, sin = rows(cos), rows(sin)
+      else
+        local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
+        cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+      end
+      keep(cos); keep(sin)
     end
-    -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
-    -- them in backward, after this forward has returned (then freed when the collector finds them)
-    if ckpt then
-      zr.persist(cos); zr.persist(sin); zr.persist(segs.seg)
-      if segs.full_seg then zr.persist(segs.full_seg) end
-    end
+    tables[tag or ""] = { cos, sin }
+    return cos, sin
   end
   -- the layers without the window read the whole sequences' segments
   local full_segs = segs and segs.full_seg and setmetatable({ seg = segs.full_seg }, { __index = segs }) or segs
   local pending -- the last layer's m, not yet added to h
   for i, layer in ipairs(self.layers) do
     local ls = (segs and segs.window and not hf_config.layer_window(self.cfg, i)) and full_segs or segs
+    local cos, sin = rope_of(i)
     if not ckpt and layer.forward == layer_forward and layer:skippable() then
       h, pending = layer:residual_forward(h, cos, sin, pending, ls)
     else
@@ -443,8 +467,8 @@ end
 function CausalLM:generate(input_ids, opts) return require("zrun.generation").generate(self, input_ids, opts) end
 
 -- The attention of layer i's new tokens x (B, Tq, C) over the cache (zrun.generation's): the projections
--- called as modules (LoRA layers as they stand), q and k rotated at the step's positions (Qwen3: after
--- q_norm / k_norm).
+-- called as modules (LoRA layers as they stand), q and k rotated at the step's positions (Qwen3, Gemma 3:
+-- after q_norm / k_norm), scaled by a.scale (Gemma 3's) or 1/sqrt(head_dim).
 local function cached_attention(a, x, cos, sin, cache, i, window)
   local B, T, H, KV, D = x:size(1), x:size(2), a.n_heads, a.n_kv, a.hd
   local q = a.q_proj(x):view(B, T, H, D)
@@ -453,8 +477,9 @@ local function cached_attention(a, x, cos, sin, cache, i, window)
   q, k = q:transpose(2, 3), k:transpose(2, 3)
   local v = a.v_proj(x):view(B, T, KV, D):transpose(2, 3)
   q, k = cache:rope(q, cos, sin), cache:rope(k, cos, sin)
-  return a.o_proj(cache:attend(i, q, k, v, 1 / math.sqrt(D), window):transpose(2, 3):reshape(B, T, H * D))
+  return a.o_proj(cache:attend(i, q, k, v, a.scale or 1 / math.sqrt(D), window):transpose(2, 3):reshape(B, T, H * D))
 end
+M.cached_attention = cached_attention -- (zrun.models.gemma3's generation step)
 
 -- One generation step: the logits (B, 1, V) of the last of the new tokens ids (B, Tq) after the
 -- tokens in cache (zrun.generation's Cache: their keys and values, appended to here; the new tokens'
@@ -611,6 +636,7 @@ function M.from_pretrained(ref, opts, family)
   local cfg, dir = hf.pretrained_config(ref, opts) -- (checks opts: dtype, device, config, revision, cache_dir, threads)
   local t = family or cfg.model_type
   if t == "phi3" then require "zrun.models.phi3" end -- (registers Phi3ForCausalLM)
+  if t == "gemma3_text" then require "zrun.models.gemma3" end -- (registers Gemma3ForCausalLM)
   local model = init.no_init(CLASS_OF[t] or CausalLM, cfg)
   local F = model.config.model_type
   local tied, head = model.config.tie_word_embeddings, false

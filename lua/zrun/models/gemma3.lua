@@ -1,0 +1,167 @@
+-- Gemma 3 text models (Gemma3ForCausalLM: google/gemma-3-270m, gemma-3-1b-pt / -it; model_type "gemma3_text")
+-- with Hugging Face semantics: Llama's attention and model (zrun.models.llama) with Gemma's differences --
+-- RMSNorms that multiply by (1 + weight) in f32 and round once (weights start at zero), q_norm / k_norm over
+-- each head before the rope, the attention scaled by query_pre_attn_scalar^-1/2, a norm after the attention
+-- and around the MLP (four per layer), a GELU-gated MLP (hidden_activation), the token embeddings times
+-- sqrt(hidden_size) rounded to their dtype, and per layer type its own rope (sliding_attention: the local
+-- base, full_attention: the global one, scaled) and window (sliding layers only). Parameter names, state
+-- dicts, save_pretrained's files and LoRA targets are transformers' and PEFT's. The config's checks:
+-- zrun.models.hf_config.gemma3_text. On a GPU, head_dim 256 runs the attention's f32 composition (no flash
+-- kernel at that width), which takes no packed sequences and no window masking: sequences up to
+-- sliding_window tokens, one to a row.
+local zr = require "zrun"
+local nn = require "zrun.nn"
+local Module = require "zrun.nn.module"
+local llama = require "zrun.models.llama"
+local hf_config = require "zrun.models.hf_config"
+local init = require "zrun.nn.init_fns"
+
+local M = {}
+
+local function linear(cfg, i, o, bias)
+  return nn.Linear(i, o, { bias = bias or false, dtype = cfg.dtype, device = cfg.device })
+end
+
+-- Gemma3RMSNorm ------------------------------------------------------------------------------
+local RMSNorm = Module:extend("Gemma3RMSNorm")
+M.Gemma3RMSNorm = RMSNorm
+-- Gemma3RMSNorm(dim, eps, {dtype=, device=}): over the last dim, its weight (dim) starting at zero.
+function RMSNorm:__init(dim, eps, cfg)
+  self.dim, self.eps = dim, eps
+  self.weight = Module.Parameter(init.zeros_(zr.empty({ dim }, { dtype = cfg.dtype or "f32", device = cfg.device or "cpu" })))
+end
+-- x normalised in f32 (f64 stays f64) and multiplied by (1 + weight) in f32, rounded once to x's dtype
+-- (Llama's norm rounds the normalised x first, then multiplies by the weight in the activations' dtype).
+function RMSNorm:forward(x)
+  local dt = x:dtype()
+  local ct = dt == "f64" and "f64" or "f32"
+  local y = zr.rms_norm(x:to(ct), self.weight:to(ct) + 1, self.eps)
+  return dt == ct and y or y:to(dt)
+end
+-- "(dim,), eps=..."
+function RMSNorm:extra_repr() return ("(%d,), eps=%g"):format(self.dim, self.eps) end
+
+-- Attention: Llama's (zrun.models.llama.Attention: q, k, v split off one product, q_norm / k_norm over each
+-- head, the rope, the attention) with Gemma's norms and scale --------------------------------------
+local Attention = llama.Attention:extend("Gemma3Attention")
+function Attention:__init(cfg)
+  llama.Attention.__init(self, cfg)
+  self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg)
+  self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps, cfg)
+  self.scale = cfg.query_pre_attn_scalar ^ -0.5 -- (Gemma3Attention.scaling)
+end
+
+-- MLP: down_proj(act(gate_proj(x)) * up_proj(x)), act the config's GELU ------------------------
+local MLP = Module:extend("Gemma3MLP")
+function MLP:__init(cfg)
+  self.gate_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size)
+  self.up_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size)
+  self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size)
+  rawset(self, "approximate", cfg.gelu_approximate)
+end
+function MLP:forward(x)
+  return self.down_proj(self.gate_proj(x):gelu(self.approximate) * self.up_proj(x))
+end
+
+-- Decoder layer: each sub-block's output normalised before the residual add -----------------
+local Layer = Module:extend("Gemma3DecoderLayer")
+function Layer:__init(cfg)
+  self.self_attn = Attention(cfg)
+  self.mlp = MLP(cfg)
+  for _, n in ipairs { "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+    "post_feedforward_layernorm" } do
+    self[n] = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+  end
+end
+function Layer:forward(x, cos, sin, segs)
+  local h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, segs))
+  return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+end
+
+-- Model: Llama's forward (zrun.models.llama.Model) over Gemma's layers ----------------------
+local Model = llama.Model:extend("Gemma3TextModel")
+function Model:__init(cfg)
+  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, { dtype = cfg.dtype, device = cfg.device,
+    padding_idx = cfg.pad_token_id or nil })
+  self.layers = nn.ModuleList()
+  for _ = 1, cfg.num_hidden_layers do self.layers:append(Layer(cfg)) end
+  self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+  rawset(self, "cfg", cfg)
+  rawset(self, "rope_cache", {})
+  local window, full = hf_config.attention_window(cfg)
+  rawset(self, "window", window and { size = window, full = full } or false)
+end
+-- Gemma3TextScaledWordEmbedding: the embeddings times sqrt(hidden_size) rounded to their dtype (bf16: 34
+-- for 1152's 33.94)
+function Model:embed(input_ids)
+  local e = self.embed_tokens(input_ids)
+  return e * zr.tensor({ math.sqrt(self.cfg.hidden_size) }):to(e:dtype()):item()
+end
+-- Layer i's rope: its layer type's parameters, cached under the type's name
+function Model:layer_rope(i)
+  local t = self.cfg.layer_types[i]
+  return self.cfg.rope_parameters[t], t
+end
+
+-- Causal LM ---------------------------------------------------------------------------------
+local CausalLM = llama.LlamaForCausalLM:extend("Gemma3ForCausalLM")
+M.Gemma3ForCausalLM = CausalLM
+CausalLM.family = "gemma3_text"
+llama.CLASS_OF.gemma3_text = CausalLM
+
+-- cfg: a Hugging Face config table (config.json) of model_type "gemma3_text" (none: taken as one), plus
+-- optional dtype/device for the parameters.
+function CausalLM:__init(cfg)
+  cfg = llama.normalize_config(cfg, "gemma3_text")
+  rawset(self, "config", cfg)
+  self.model = Model(cfg)
+  if not cfg.tie_word_embeddings then self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size) end
+  self:init_weights()
+end
+
+-- Gemma3PreTrainedModel._init_weights: N(0, initializer_range) for Linear and Embedding weights (the
+-- pad_token_id row zero), zero biases, and zero RMSNorm weights (the norms multiply by 1 + weight).
+function CausalLM:init_weights()
+  local std = self.config.initializer_range
+  zr.no_grad(function()
+    for name, p in self:named_parameters() do
+      if name:match("norm%.weight$") or name:match("%.bias$") then init.zeros_(p)
+      else init.normal_(p, 0, std) end
+    end
+    self.model.embed_tokens:zero_padding_row()
+  end)
+end
+
+-- One generation step (zrun.generation's Cache), as LlamaForCausalLM:generation_step with Gemma's layer:
+-- the scaled embeddings, each layer type's rope and window, the four norms.
+function CausalLM:generation_step(ids, cache)
+  local m, cfg = self.model, self.config
+  local h = m:embed(ids)
+  local P = 64
+  while P <= cache.max_position do P = P * 2 end
+  local tables = {}
+  for i, layer in ipairs(m.layers) do
+    local r, tag = m:layer_rope(i)
+    tables[tag] = tables[tag] or { m:rope(P, h:dtype(), h:device(), nil, r, tag) }
+    local cs = tables[tag]
+    local a = llama.cached_attention(layer.self_attn, layer.input_layernorm(h), cs[1], cs[2], cache, i,
+      hf_config.layer_window(cfg, i))
+    h = h + layer.post_attention_layernorm(a)
+    h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+  end
+  h = m.norm(h:narrow(2, h:size(2), 1))
+  if self.lm_head then return self.lm_head(h) end
+  return zr.linear(h, m.embed_tokens.weight)
+end
+
+-- A config table checked and normalised as transformers' Gemma3TextConfig fills it (model_type "gemma3_text").
+function M.normalize_config(cfg) return llama.normalize_config(cfg, "gemma3_text") end
+
+-- A config from a config.json path, a HF model directory or a built-in name (as zr.models.llama.config).
+M.config = llama.config
+
+-- Builds the model and loads its Hugging Face weights (zr.models.llama.from_pretrained's options);
+-- config.json's model_type must be "gemma3_text".
+function M.from_pretrained(ref, opts) return llama.from_pretrained(ref, opts, "gemma3_text") end
+
+return M
