@@ -6,9 +6,9 @@
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
- * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels and the
- * flash ones (bf16/f16, head_dim 64, 128 or padded between); every other CUDA path refuses them (zr_sdpa_segments_ok
- * says which run). */
+ * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels, the
+ * flash ones (bf16/f16, head_dim 64, 128 or padded between; zr_sdpa_segments_ok says which run) and, in
+ * zr_sdpa_causal, the composition (masked by them); the packed ops' other CUDA paths refuse them. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -637,11 +637,13 @@ done:
 #endif
 
 /* The f32 composition: softmax(mask(q kᵀ · scale)) v with differentiable ops (their backward
- * gives the gradients), k and v repeated over each query group; the result in q's dtype. */
-static zr_tensor *sdpa_composed(zr_tensor *q, zr_tensor *k, zr_tensor *v, double scale) {
+ * gives the gradients), k and v repeated over each query group; the result in q's dtype. seg (2, B, T)
+ * on q's device, or NULL: the keys before each query's lo (seg's first half) are masked too (packed
+ * sequences and windows; each query's keys end at itself, which the causal mask gives). */
+static zr_tensor *sdpa_composed(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale) {
     zr_device dev = zr_tensor_device(q);
     int64_t B = q->shape[0], Hq = q->shape[1], T = q->shape[2], Dh = q->shape[3], Hkv = k->shape[1];
-    enum { QF, KF, VF, KR, VR, KT, S, SS, R, C, M, SM, P, O, NT };
+    enum { QF, KF, VF, KR, VR, KT, S, SS, R, C, M, SM, LO, LF, LR, LM, SW, P, O, NT };
     zr_tensor *t[NT] = {NULL}, *out = NULL;
     if (!(t[QF] = zr_to(q, ZR_F32, dev)) || !(t[KF] = zr_to(k, ZR_F32, dev)) || !(t[VF] = zr_to(v, ZR_F32, dev)))
         goto done;
@@ -667,12 +669,19 @@ static zr_tensor *sdpa_composed(zr_tensor *q, zr_tensor *k, zr_tensor *v, double
     zr_tensor *ar = zr_tensor_arange(0, (double)T, 1, ZR_F32, dev);
     zr_tensor *rv = ar ? zr_tensor_view_raw(ar, 2, rs) : NULL, *cv = ar ? zr_tensor_view_raw(ar, 2, cs) : NULL;
     t[M] = rv && cv ? zr_compare(ZR_CMP_GT, cv, rv) : NULL;
+    int ok = t[M] && (t[SM] = zr_masked_fill(t[SS], t[M], -INFINITY));
+    zr_tensor *sm = t[SM];
+    if (ok && seg) { /* mask[b, i, j] = j < lo[b, i], (B, 1, T, T) */
+        int64_t ls[4] = {B, 1, T, 1};
+        ok = (t[LO] = zr_select(seg, 0, 0)) && (t[LF] = zr_to(t[LO], ZR_F32, dev)) &&
+             (t[LR] = zr_reshape(t[LF], 4, ls)) && (t[LM] = zr_compare(ZR_CMP_LT, cv, t[LR])) &&
+             (t[SW] = zr_masked_fill(t[SM], t[LM], -INFINITY));
+        sm = t[SW];
+    }
     zr_tensor_release(ar);
     zr_tensor_release(rv);
     zr_tensor_release(cv);
-    if (!t[M] || !(t[SM] = zr_masked_fill(t[SS], t[M], -INFINITY)) || !(t[P] = zr_softmax(t[SM], -1)) ||
-        !(t[O] = zr_matmul(t[P], t[VR])))
-        goto done;
+    if (!ok || !(t[P] = zr_softmax(sm, -1)) || !(t[O] = zr_matmul(t[P], t[VR]))) goto done;
     out = zr_to(t[O], q->dtype, dev);
 done:
     for (int i = 0; i < NT; i++) zr_tensor_release(t[i]);
@@ -688,14 +697,16 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *s
 #ifdef ZR_HAVE_CUDA
         zr_dtype dt = q->dtype;
         int same = k->dtype == dt && v->dtype == dt;
-        if (seg && seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh)) return NULL;
-        if ((dt == ZR_BF16 || dt == ZR_F16) && same &&
-            (Dh == 64 || Dh == 128 || (padded_dim(Dh) && attention_strided_ok(Dh, dt))))
+        int low = (dt == ZR_BF16 || dt == ZR_F16) && same;
+        /* (the composition below masks by the segments itself: the check is the flash kernels') */
+        if (seg && low && (Dh == 64 || Dh == 128 || padded_dim(Dh)) &&
+            seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh))
+            return NULL;
+        if (low && (Dh == 64 || Dh == 128 || (padded_dim(Dh) && attention_strided_ok(Dh, dt))))
             return sdpa_flash(q, k, v, seg, scale);
-        if ((dt == ZR_BF16 || dt == ZR_F16) && same && padded_dim(Dh) && flash_dim_ok(Dh, dt))
-            return sdpa_padded(q, k, v, seg, scale);
+        if (low && padded_dim(Dh) && flash_dim_ok(Dh, dt)) return sdpa_padded(q, k, v, seg, scale);
 #endif
-        return sdpa_composed(q, k, v, scale);
+        return sdpa_composed(q, k, v, seg, scale);
     }
     int f64 = q->dtype == ZR_F64 || k->dtype == ZR_F64 || v->dtype == ZR_F64;
     zr_dtype ct = f64 ? ZR_F64 : ZR_F32;

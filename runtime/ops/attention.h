@@ -15,7 +15,8 @@
  * token's sequence, row-relative; a sliding window narrows them: zr_sdpa_window_segments). The node
  * keeps it for backward. On the CPU its values are checked; on CUDA the flash kernels take it
  * (bf16/f16, head_dim 64 or 128, or a multiple of 8 between: on Hopper a multiple of 16 read in
- * place by the 128-wide kernels, else zero-padded to 128; zr_sdpa_segments_ok), elsewhere an error. */
+ * place by the 128-wide kernels, else zero-padded to 128; zr_sdpa_segments_ok), and the f32
+ * composition that runs every other case masks by it ((B, Hq, T, T) scores: memory quadratic in T). */
 zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *seg, double scale);
 
 /* Segments (2, B, T) i32 on the CPU for a sliding window of `window` keys over seg's packed

@@ -69,6 +69,20 @@ T.test("gemma3_a: the padding row (pad_token_id 0, in the batch) takes no gradie
   print(("  without padding_idx: row 0's gradient differs by %.2e (the tied head's part alone in transformers')"):format(d))
 end)
 
+T.test("gemma3_a: the rows unjoined (CUDA's composition: each row's windowed segments, .rows) as joined", function()
+  local g = golden.gemma3_a
+  local packed = require "zrun.models.packed"
+  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
+  model:load_state_dict(weights(g, model), true)
+  packed.use_segments = false
+  local ok, out = pcall(model, g.input_ids, g.labels)
+  packed.use_segments = true
+  T.eq(ok, true, tostring(out))
+  T.near(out.logits, g.logits, 2e-5, 1e-4, "logits")
+  out.loss:backward()
+  for n, p in model:named_parameters() do T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n) end
+end)
+
 -- One Gemma3RMSNorm in bf16: transformers rounds x_hat * (1 + w) once (computed in f32); Llama's norm rounds x_hat
 -- to bf16 first, then multiplies. zrun's must give transformers' bits (the reduction's order aside: at most one
 -- bf16 ulp, in few elements), and the two-rounding form must be told apart from it.

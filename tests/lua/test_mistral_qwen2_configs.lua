@@ -99,7 +99,7 @@ T.test("qwen2: use_sliding_window with every layer below max_window_layers chang
   zr.no_grad(function() T.near(on(ids).logits, off(ids).logits, 0, 0, "same logits over 20 tokens") end)
 end)
 
-T.test("qwen2: a sliding layer's window masks longer sequences; where the segments do not run, refused in one line", function()
+T.test("qwen2: a sliding layer's window masks longer sequences; on unjoined rows too (.rows); packed ones there refused", function()
   local c = cfg(qbase, { use_sliding_window = true, sliding_window = 8, max_window_layers = 1 })
   local n = zr.models.qwen2.normalize_config(c)
   T.eq(cjson.encode(n.layer_types), '["full_attention","sliding_attention"]')
@@ -112,14 +112,29 @@ T.test("qwen2: a sliding layer's window masks longer sequences; where the segmen
     T.near(a:narrow(2, 1, 8), b:narrow(2, 1, 8), 1e-6, 1e-5, "at the window: causal attention")
     T.raises(function() T.near(a, b, 1e-4, 1e-4) end) -- (past it the window masks: test_window_golden.lua)
   end)
-  -- the grouped path (CUDA in f32, other head_dims) has no window
+  -- where the rows are not joined (CUDA in f32, other head_dims; packed.use_segments = false here) plain rows take
+  -- each row's own windowed segments (.rows): the same logits and gradients; packed sequences are refused in one line
   local packed = require "zrun.models.packed"
+  local function run(flat)
+    packed.use_segments = flat
+    m:zero_grad()
+    local ok, out = pcall(m, ids, ids)
+    packed.use_segments = true
+    T.eq(ok, true, tostring(out))
+    out.loss:backward()
+    return out.logits, m.model.layers[2].self_attn.q_proj.weight.grad:clone()
+  end
+  local la, ga = run(true)
+  local lb, gb = run(false)
+  T.near(lb, la, 1e-6, 1e-5, "rows: logits")
+  T.near(gb, ga, 1e-6, 1e-5, "rows: a sliding layer's gradient")
+  local pos = zr.tensor({ { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 }, { 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1 } }, { dtype = "i64" })
   packed.use_segments = false
-  local ok, err = pcall(m, ids)
+  local ok, err = pcall(m, ids, nil, { position_ids = pos })
   packed.use_segments = true
   T.eq(ok, false)
-  T.eq(tostring(err):find("sliding_window 8 masks keys of a sequence of 12 tokens, and zrun's attention takes a window only " ..
-    "where it takes packed sequences", 1, true) ~= nil, true, tostring(err))
+  T.eq(tostring(err):find("sliding_window 8 masks keys of a sequence of 12 tokens in a batch of packed sequences", 1,
+    true) ~= nil, true, tostring(err))
   T.eq(tostring(err):find("\n"), nil, "one line")
   -- explicit layer_types decide, as in transformers
   local m2 = zr.models.qwen2.Qwen2ForCausalLM(cfg(qbase, { use_sliding_window = true, sliding_window = 8,

@@ -89,6 +89,15 @@ function M.qkv_attention(qkv, H, KV, cos, sin, segs, norm)
     local y = attend(qkv:view(1, B * T, qkv:size(3)), cos, sin, { segments = seg })
     return y:view(B, T, y:size(3))
   end
+  if segs and segs.rows then -- (plain rows windowed where the attention is a composition, which the packed ops do not
+    -- run over segments: q, k, v views of the product, q and k normalised (norm) and rotated, the attention)
+    local D = qkv:size(3) / (H + 2 * KV)
+    local q, k, v = unpack(zr.split(qkv, { H * D, KV * D, KV * D }, 3))
+    q, k, v = q:view(B, T, H, D), k:view(B, T, KV, D), v:view(B, T, KV, D):transpose(2, 3)
+    if norm then q, k = zr.rms_norm(q, norm[1], norm[3]), zr.rms_norm(k, norm[2], norm[3]) end
+    q, k = zr.rope(q:transpose(2, 3), cos, sin), zr.rope(k:transpose(2, 3), cos, sin)
+    return zr.scaled_dot_product_attention(q, k, v, { segments = segs.rows }):transpose(2, 3):reshape(B, T, H * D)
+  end
   if segs then
     return packed.attend({ qkv }, segs, function(p, g)
       return attend(p[1], cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
@@ -166,6 +175,7 @@ function Attention:forward(x, cos, sin, segs)
   else
     q, k, v = qp(x), kp(x), vp(x)
   end
+  if segs and segs.rows then return self.o_proj(attend(q, k, v, cos, sin, { segments = segs.rows })) end
   if seg then
     local function row(u) return u:view(1, B * T, u:size(3)) end
     return self.o_proj(attend(row(q), row(k), row(v), cos, sin, { segments = seg }):view(B, T, H * D))
@@ -336,10 +346,14 @@ function Model:forward(input_ids, position_ids)
     return cos, sin
   end
   -- the layers without the window read the whole sequences' segments
-  local full_segs = segs and segs.full_seg and setmetatable({ seg = segs.full_seg }, { __index = segs }) or segs
+  -- (plain rows windowed by .rows: those layers attend causally, no segments)
+  local full_segs = segs
+  if segs and segs.full_seg then full_segs = setmetatable({ seg = segs.full_seg }, { __index = segs })
+  elseif segs and segs.rows then full_segs = nil end
   local pending -- the last layer's m, not yet added to h
   for i, layer in ipairs(self.layers) do
-    local ls = (segs and segs.window and not hf_config.layer_window(self.cfg, i)) and full_segs or segs
+    local ls = segs
+    if segs and segs.window and not hf_config.layer_window(self.cfg, i) then ls = full_segs end
     local cos, sin = rope_of(i)
     if not ckpt and layer.forward == layer_forward and layer:skippable() then
       h, pending = layer:residual_forward(h, cos, sin, pending, ls)

@@ -74,8 +74,9 @@ end
 -- window (transformers' sliding_window: query t sees keys t - W + 1 .. t of its sequence). Where it masks
 -- a key (a sequence longer than W) the batch takes the flat path, plain rows too (position_ids nil: each
 -- row 0 .. T - 1; .plain is true then): .seg holds the windowed segments (as zr.sdpa_window_segments
--- makes them), and with window.full the layers that attend fully read .full_seg; .window is W then. The
--- grouped path has no window: an error says where it runs.
+-- makes them), and with window.full the layers that attend fully read .full_seg; .window is W then. Plain rows
+-- whose attention does not take the flat path get .rows instead, each row's windowed segments (2, B, T) on device
+-- (the layers without the window attend causally). The grouped path has no window: an error says where it runs.
 function M.segments(position_ids, B, T, device, flat, window)
   local p
   if position_ids == nil then
@@ -110,11 +111,17 @@ function M.segments(position_ids, B, T, device, flat, window)
   -- rope tables hold this many positions (a power of two: a table's rows do not depend on its length, and the
   -- model caches one per length; padding-free rows of every length would otherwise each add one)
   segs.max_position, segs.table_length = maxp, 2 ^ math.ceil(math.log(maxp + 1) / math.log(2) - 1e-9)
-  if W and not flat then
-    error(("sliding_window %d masks keys of a sequence of %d tokens, and zrun's attention takes a window only where " ..
-      "it takes packed sequences: the CPU, or CUDA in bf16/f16 at head_dim 64, 128 or a multiple of 8 between " ..
-      "(zr.sdpa_segments_ok); train " ..
-      "in bf16 there or on sequences of at most %d tokens"):format(W, longest, W), 0)
+  if W and not flat and plain then
+    -- plain rows where the attention runs a composition (CUDA f32, head_dims the flash kernels do not take): each
+    -- row's own windowed segments, (2, B, T), which zr.scaled_dot_product_attention masks by (.rows)
+    segs.window, segs.plain = W, true
+    segs.rows = zr.sdpa_window_segments(B, T, W):to(device or "cpu")
+    return segs
+  elseif W and not flat then
+    error(("sliding_window %d masks keys of a sequence of %d tokens in a batch of packed sequences, which zrun's " ..
+      "attention windows only where it joins them into one row: the CPU, or CUDA in bf16/f16 at head_dim 64, 128 or " ..
+      "a multiple of 8 between (zr.sdpa_segments_ok); train there, without packing, or on sequences of at most %d " ..
+      "tokens"):format(W, longest, W), 0)
   end
   if flat then
     -- (each a temporary of the model's forward, which the attention's nodes keep; with checkpointing the

@@ -58,6 +58,7 @@ function Attention:forward(x, cos, sin, segs)
   if seg then
     return self.o_proj(attend(qkv:view(1, B * T, qkv:size(3)), cos, sin, { segments = seg }):view(B, T, H * D))
   end
+  if segs and segs.rows then return self.o_proj(attend(qkv, cos, sin, { segments = segs.rows })) end
   if segs then
     return self.o_proj(packed.attend({ qkv }, segs, function(p, g)
       return attend(p[1], cos:narrow(1, g.p0 + 1, g.T), sin:narrow(1, g.p0 + 1, g.T))
