@@ -10,10 +10,12 @@ and up_proj's large enough that the GELU's form matters:
     over 24 tokens in every other layer (sliding_window_pattern 2), the full layers' rope "linear" (factor 4) on
     theta 1e6 and the sliding ones' the local base 1e4, GELU-tanh gating, pad_token_id 0;
   gemma3_b: untied, attention_bias, the exact (erf) GELU, layer_types given, both ropes' thetas given.
-and gemma3_norm: one Gemma3RMSNorm in bfloat16 (x (64, 256), weight ~ N(0, 0.5)): its output and, for a given dy, the
+gemma3_generate.json: gemma3_a's greedy continuation of a 5-token prompt by 14 tokens (past its window), and
+gemma3_norm: one Gemma3RMSNorm in bfloat16 (x (64, 256), weight ~ N(0, 0.5)): its output and, for a given dy, the
 gradients of x and the weight, which tell Gemma's one rounding ((x_hat * (1 + w)) in f32, then bf16) from Llama's two.
 """
 import copy
+import json
 import os
 import sys
 
@@ -70,6 +72,14 @@ def main(outdir):
     t = run(model, ids, labels, f"{outdir}/gemma3_a.safetensors", {"config": acfg})
     model.eval()
     write_configs(model, outdir, "gemma3_a", ids, t["logits"], legacy=legacy_gemma3)
+    # greedy generation past the window (8): a 5-token prompt and 14 new tokens, no eos
+    model.generation_config.eos_token_id = None
+    prompt = ids[0:1, :5]
+    with torch.no_grad():
+        gen = model.generate(prompt, max_new_tokens=14, do_sample=False)
+    with open(f"{outdir}/gemma3_generate.json", "w") as f:
+        json.dump({"prompt": prompt[0].tolist(), "ids": gen[0].tolist()}, f)
+    print("gemma3_a greedy", gen[0].tolist())
 
     torch.manual_seed(8)
     bcfg = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=2,

@@ -83,6 +83,19 @@ T.test("gemma3_a: the rows unjoined (CUDA's composition: each row's windowed seg
   for n, p in model:named_parameters() do T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n) end
 end)
 
+T.test("gemma3_a: greedy generation past the window as transformers' generate, with the cache and without", function()
+  local g = golden.gemma3_a
+  local want = cjson.decode(read(GOLDEN .. "gemma3_generate.json"))
+  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
+  model:load_state_dict(weights(g, model), true)
+  model:eval()
+  local prompt = zr.tensor({ want.prompt }, { dtype = "i64" })
+  for _, cache in ipairs { true, false } do
+    local ids = model:generate(prompt, { max_new_tokens = 14, eos_token_id = false, use_cache = cache })
+    T.eq(table.concat(ids:flat_table(), " "), table.concat(want.ids, " "), "use_cache " .. tostring(cache))
+  end
+end)
+
 -- One Gemma3RMSNorm in bf16: transformers rounds x_hat * (1 + w) once (computed in f32); Llama's norm rounds x_hat
 -- to bf16 first, then multiplies. zrun's must give transformers' bits (the reduction's order aside: at most one
 -- bf16 ulp, in few elements), and the two-rounding form must be told apart from it.

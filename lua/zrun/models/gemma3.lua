@@ -106,31 +106,11 @@ end
 -- Causal LM ---------------------------------------------------------------------------------
 local CausalLM = llama.LlamaForCausalLM:extend("Gemma3ForCausalLM")
 M.Gemma3ForCausalLM = CausalLM
-CausalLM.family = "gemma3_text"
+CausalLM.family = "gemma3_text" -- (Gemma3ForCausalLM(cfg): a config table of that model_type, none taken as one)
+CausalLM.Model = Model
+-- Gemma3PreTrainedModel._init_weights: Llama's, but the RMSNorm weights zero (the norms multiply by 1 + weight)
+CausalLM.NORM_INIT = 0
 llama.CLASS_OF.gemma3_text = CausalLM
-
--- cfg: a Hugging Face config table (config.json) of model_type "gemma3_text" (none: taken as one), plus
--- optional dtype/device for the parameters.
-function CausalLM:__init(cfg)
-  cfg = llama.normalize_config(cfg, "gemma3_text")
-  rawset(self, "config", cfg)
-  self.model = Model(cfg)
-  if not cfg.tie_word_embeddings then self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size) end
-  self:init_weights()
-end
-
--- Gemma3PreTrainedModel._init_weights: N(0, initializer_range) for Linear and Embedding weights (the
--- pad_token_id row zero), zero biases, and zero RMSNorm weights (the norms multiply by 1 + weight).
-function CausalLM:init_weights()
-  local std = self.config.initializer_range
-  zr.no_grad(function()
-    for name, p in self:named_parameters() do
-      if name:match("norm%.weight$") or name:match("%.bias$") then init.zeros_(p)
-      else init.normal_(p, 0, std) end
-    end
-    self.model.embed_tokens:zero_padding_row()
-  end)
-end
 
 -- One generation step (zrun.generation's Cache), as LlamaForCausalLM:generation_step with Gemma's layer:
 -- the scaled embeddings, each layer type's rope and window, the four norms.
@@ -149,9 +129,7 @@ function CausalLM:generation_step(ids, cache)
     h = h + layer.post_attention_layernorm(a)
     h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
   end
-  h = m.norm(h:narrow(2, h:size(2), 1))
-  if self.lm_head then return self.lm_head(h) end
-  return zr.linear(h, m.embed_tokens.weight)
+  return self:last_logits(h)
 end
 
 -- A config table checked and normalised as transformers' Gemma3TextConfig fills it (model_type "gemma3_text").

@@ -333,6 +333,24 @@ local function mistral_fields(F, c, d)
   end
 end
 
+-- A config's layer_types lt checked (nil: filled by the caller first): num_hidden_layers entries, each
+-- "full_attention" or "sliding_attention", the latter only with a sliding_window (transformers' forward raises
+-- without one; why: what the message adds). Returns lt.
+local function layer_types(F, c, lt, why)
+  if type(lt) ~= "table" or #lt ~= c.num_hidden_layers then
+    fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", c.num_hidden_layers, show(lt))
+  end
+  for i, t in ipairs(lt) do
+    if t ~= "full_attention" and t ~= "sliding_attention" then
+      fail(F, "layer_types[%d] is %s; zrun's %s implements \"full_attention\" and \"sliding_attention\"", i, show(t), F)
+    end
+    if t == "sliding_attention" and not c.sliding_window then
+      fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null%s", i, why)
+    end
+  end
+  return lt
+end
+
 -- Qwen2Config.__post_init__ (Qwen3Config's is the same): the window only with use_sliding_window, in the
 -- layers from max_window_layers on (0-based) unless layer_types says which; Qwen2Attention slides exactly
 -- the "sliding_attention" layers. Fills layer_types as transformers does (and writes it).
@@ -361,19 +379,8 @@ local function qwen2_fields(F, c, d)
     for i = 1, L do
       lt[i] = (c.sliding_window and i - 1 >= c.max_window_layers) and "sliding_attention" or "full_attention"
     end
-  elseif type(lt) ~= "table" or #lt ~= L then
-    fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", L, show(lt))
   end
-  for i, t in ipairs(lt) do
-    if t ~= "full_attention" and t ~= "sliding_attention" then
-      fail(F, "layer_types[%d] is %s; zrun's %s implements \"full_attention\" and \"sliding_attention\"", i, show(t), F)
-    end
-    if t == "sliding_attention" and not c.sliding_window then -- (transformers' forward raises there)
-      fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null (use_sliding_window is %s)", i,
-        show(c.use_sliding_window))
-    end
-  end
-  c.layer_types = lt
+  c.layer_types = layer_types(F, c, lt, fmt(" (use_sliding_window is %s)", show(c.use_sliding_window)))
 end
 
 -- Layer i's (1-based) attention window in a normalised llama-family config: keys this many positions
@@ -735,18 +742,8 @@ function M.gemma3_text(cfg)
     local p = pos_int(F, "sliding_window_pattern", c.sliding_window_pattern)
     lt = {}
     for i = 1, L do lt[i] = i % p ~= 0 and "sliding_attention" or "full_attention" end
-  elseif type(lt) ~= "table" or #lt ~= L then
-    fail(F, "layer_types must be a list of num_hidden_layers (%d) entries, got %s", L, show(lt))
   end
-  for i, t in ipairs(lt) do
-    if t ~= "full_attention" and t ~= "sliding_attention" then
-      fail(F, "layer_types[%d] is %s; zrun's %s implements \"full_attention\" and \"sliding_attention\"", i, show(t), F)
-    end
-    if t == "sliding_attention" and not c.sliding_window then
-      fail(F, "layer_types[%d] is \"sliding_attention\" but sliding_window is null", i)
-    end
-  end
-  c.layer_types = lt
+  c.layer_types = layer_types(F, c, lt, "")
   refuse_foreign(F, c, "causal attention with rotary embeddings, full or sliding per layer", { sliding_window = true,
     layer_types = true, attn_logit_softcapping = true, final_logit_softcapping = true, use_qk_norm = true,
     qk_layernorm = true }) -- (Gemma 3 normalises q and k whatever those two say)

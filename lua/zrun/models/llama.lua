@@ -381,6 +381,8 @@ CausalLM.supports_token_stats = true -- (forward's token_stats: the Trainer asks
 CausalLM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
 
 CausalLM.family = "llama" -- (the model type its configs must have)
+CausalLM.Model = Model -- (the decoder stack it builds; Gemma 3's extends it)
+CausalLM.NORM_INIT = 1 -- (RMSNorm weights' initial value)
 
 -- The same architecture under transformers' class names for Mistral, Qwen2 and Qwen3 (the names their
 -- config.json's architectures carry); each takes configs of its model type only.
@@ -399,7 +401,7 @@ M.CLASS_OF = CLASS_OF -- (zrun.models.phi3 adds its class; from_pretrained loads
 function CausalLM:__init(cfg)
   cfg = M.normalize_config(cfg, self.family)
   rawset(self, "config", cfg)
-  self.model = Model(cfg)
+  self.model = self.Model(cfg)
   if not cfg.tie_word_embeddings then
     self.lm_head = linear(cfg, cfg.hidden_size, cfg.vocab_size, false)
   end
@@ -407,12 +409,12 @@ function CausalLM:__init(cfg)
 end
 
 -- Hugging Face's _init_weights: N(0, initializer_range) for Linear and Embedding weights (the
--- pad_token_id row zero), zero biases, ones for RMSNorm.
+-- pad_token_id row zero), zero biases, the class's NORM_INIT for RMSNorm weights (ones; Gemma's zeros).
 function CausalLM:init_weights()
   local std = self.config.initializer_range
   zr.no_grad(function()
     for name, p in self:named_parameters() do
-      if name:match("norm%.weight$") then init.ones_(p)
+      if name:match("norm%.weight$") then init.constant_(p, self.NORM_INIT)
       elseif name:match("%.bias$") then init.zeros_(p)
       else init.normal_(p, 0, std) end
     end
@@ -510,6 +512,12 @@ function CausalLM:generation_step(ids, cache)
     h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, hf_config.layer_window(cfg, i))
     h = h + layer.mlp(layer.post_attention_layernorm(h))
   end
+  return self:last_logits(h)
+end
+
+-- The logits (B, 1, V) of h's last position after the final norm (the generation steps' end).
+function CausalLM:last_logits(h)
+  local m = self.model
   h = m.norm(h:narrow(2, h:size(2), 1))
   if self.lm_head then return self.lm_head(h) end
   return zr.linear(h, m.embed_tokens.weight)

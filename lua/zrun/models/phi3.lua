@@ -125,9 +125,7 @@ function M.Phi3ForCausalLM:generation_step(ids, cache)
     h = h + a.o_proj(y:transpose(2, 3):reshape(x:size(1), x:size(2), a.n_heads * a.hd))
     h = h + layer.mlp(layer.post_attention_layernorm(h))
   end
-  h = m.norm(h:narrow(2, h:size(2), 1))
-  if self.lm_head then return self.lm_head(h) end
-  return zr.linear(h, m.embed_tokens.weight)
+  return self:last_logits(h)
 end
 
 -- A config table checked and normalised as transformers' Phi3Config fills it (model_type "phi3").
