@@ -430,7 +430,8 @@ local function build(o, s, counted)
     return n
   end
   -- a sliding window that masks keys (a sequence longer than it) runs on the segments (llama.lua), where they
-  -- run: the CPU, a GPU's flash kernels at head_dim 64, 128 or padded between, in 16 bits; elsewhere training refuses it (noted below)
+  -- run: the CPU, a GPU's flash kernels at head_dim 64, 128 or padded between, in 16 bits; elsewhere plain rows run the
+  -- composition masked by each row's window and packed ones are refused (noted below)
   local window, window_refused
   if not o.param_numels and E.family(cfg) ~= "gpt2" then
     local ok, nc = pcall(function() return require("zrun.models.llama").normalize_config(cfg) end)
@@ -474,11 +475,14 @@ local function build(o, s, counted)
   if s.device == "cpu" and b ~= 4 then
     notes[#notes + 1] = "16-bit on the CPU: ops widen inputs to fp32 copies that this plan does not count"
   end
-  if window_refused then
-    notes[#notes + 1] = fmt("%s: a sequence of %d tokens is longer than sliding_window (%d), and zrun's attention takes " ..
-      "a window only on the CPU or a GPU in bf16/f16 at head_dim 64, 128 or a multiple of 8 between, so training " ..
-      "refuses it here", cfg.model_type,
-      s.packed or s.seq_len, window_refused)
+  if window_refused and s.packed then
+    notes[#notes + 1] = fmt("%s: a packed sequence of %d tokens is longer than sliding_window (%d), and zrun's attention " ..
+      "windows packed sequences only on the CPU or a GPU in bf16/f16 at head_dim 64, 128 or a multiple of 8 between, " ..
+      "so training refuses it here", cfg.model_type, s.packed, window_refused)
+  elseif window_refused then
+    notes[#notes + 1] = fmt("%s: rows of %d tokens are longer than sliding_window (%d): the attention runs its f32 " ..
+      "composition masked by each row's window, planned here without the masks ((B, T, T) bytes a sliding layer more)",
+      cfg.model_type, s.seq_len, window_refused)
   end
   if s.gc ~= M.DEFAULT_GC then
     notes[#notes + 1] = fmt("gc = \"%s\" is a what-if: zrun's models and checkpointed segments free their " ..
