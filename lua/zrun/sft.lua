@@ -260,8 +260,8 @@ function M.training_template(source, tok)
   if patched then return patched end
   error("sft: assistant_only_loss = true: the chat template has no {% generation %} blocks and is not one whose " ..
     "training copy TRL 1.10 swaps in that zrun makes (Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, Meta-Llama-3's, " ..
-    "Phi-3's, Phi-3.5's, byte for byte); TRL raises \"not training-compatible\" for it (Llama 3.1's and 3.2's among them; " ..
-    "or patches its Gemma, GLM, ... ones, models zrun does not load): pass chat_template_path = a template with " ..
+    "Phi-3's, Phi-3.5's, Gemma 3's, byte for byte); TRL raises \"not training-compatible\" for it (Llama 3.1's and 3.2's " ..
+    "among them; or patches its Gemma 1 / 2, GLM, ... ones, models zrun does not load): pass chat_template_path = a template with " ..
     "{% generation %} ... {% endgeneration %} around the assistant's turns (trl/chat_templates/*_training.jinja are such)", 0)
 end
 

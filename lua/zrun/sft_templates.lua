@@ -2,13 +2,13 @@
 -- needs a template that marks them with {% generation %} ... {% endgeneration %}; TRL 1.10 takes a template
 -- without such blocks only when it is, to the byte, one it knows, and then renders every row with a training copy
 -- of it; any other template is an error. zrun does the same for the Qwen ones: Qwen2.5's, Qwen3's (Qwen3-0.6B's as
--- shipped now) and Qwen3-Instruct-2507's; and for Meta-Llama-3-Instruct's, Phi-3-mini's and Phi-3.5-mini's. No
+-- shipped now) and Qwen3-Instruct-2507's; and for Meta-Llama-3-Instruct's, Phi-3-mini's, Phi-3.5-mini's and Gemma 3's. No
 -- template text is held here: a template is recognised by its length and its FNV-1a 64-bit digest (M.digest),
 -- and its copy is made by a few edits at short snippets of it (anchors, each found exactly once), which render
 -- what TRL's copies render: the same text, with the same generation blocks (tests/lua/test_sft_qwen3.lua and
--- test_sft_llama3_phi3.lua compare both over every conversation of their golden data). TRL patches no
--- Llama 3.1 / 3.2 template (it raises for them, and so does zrun); the other families it patches (Gemma, GLM,
--- DeepSeek-V3, GPT-OSS, Cohere, ...) are models zrun does not load: refused too.
+-- test_sft_llama3_phi3.lua, test_sft_gemma3.lua compare both over every conversation of their golden data). TRL
+-- patches no Llama 3.1 / 3.2 template (it raises for them, and so does zrun); the other families it patches (Gemma 1
+-- and 2, GLM, DeepSeek-V3, GPT-OSS, Cohere, ...) are models zrun does not load: refused too.
 local bit = require "bit"
 local M = {}
 
@@ -81,6 +81,14 @@ local PHI3 = {
 }
 KNOWN[#KNOWN + 1] = { name = "phi3", length = 407, digest = "ecebdb26677c663d", edits = PHI3 }
 KNOWN[#KNOWN + 1] = { name = "phi3_5", length = 430, digest = "cf278cde387a54c8", edits = PHI3 }
+-- Gemma 3's (google/gemma-3-*-it): a turn's body (its content trimmed, then "<end_of_turn>\n") is captured after
+-- its "<start_of_turn>ROLE\n" header, and a model turn's body printed in a block.
+KNOWN[#KNOWN + 1] = { name = "gemma3", length = 1532, digest = "c90dea00b85c935d", edits = {
+  { at = [==[    {%- if message['content'] is string -%}]==], before = "{%- set body -%}" },
+  { at = [==[{{ '<end_of_turn>
+' }}]==], after = [==[{%- endset -%}{%- if role == "model" -%}{% generation %}{{ body }}{% endgeneration %}]==] ..
+    [==[{%- else -%}{{ body }}{%- endif -%}]==] },
+} }
 M.NAMES = {}
 for i, k in ipairs(KNOWN) do M.NAMES[i] = k.name end
 
