@@ -244,7 +244,7 @@ end
 -- assistant_only_loss's template, as SFTTrainer picks it: the template (chat_template_path's, else the
 -- tokenizer's own) when it has {% generation %} blocks; else, where TRL 1.10 swaps in a training copy of it and
 -- zrun knows the template (zrun.sft_templates: Qwen2.5's, Qwen3's, Qwen3-Instruct-2507's, Meta-Llama-3's,
--- Phi-3's, Phi-3.5's, recognised byte for byte), zrun's training copy, which renders as TRL's does and then
+-- Phi-3's, Phi-3.5's, Gemma 3's, recognised byte for byte), zrun's training copy, which renders as TRL's does and then
 -- renders every row (its thinking blocks and masks); else refused, as TRL refuses a template it cannot patch
 -- (Llama 3.1's and 3.2's among them).
 function M.training_template(source, tok)
