@@ -96,6 +96,37 @@ T.test("gemma3_a: greedy generation past the window as transformers' generate, w
   end
 end)
 
+T.test("gemma3_a: packed sequences (position_ids restarting) as each sequence alone: both ropes, the window", function()
+  local g = golden.gemma3_a
+  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
+  model:load_state_dict(weights(g, model), true)
+  local ids = g.input_ids:narrow(1, 1, 1):flat_table() -- 24 tokens: sequences of 14 (past the window of 8) and 10
+  local a, b = {}, {}
+  for i = 1, 14 do a[i] = ids[i] end
+  for i = 15, 24 do b[i - 14] = ids[i] end
+  local pos = {}
+  for i = 1, 24 do pos[i] = i <= 14 and i - 1 or i - 15 end
+  local function t(r) return zr.tensor({ r }, { dtype = "i64" }) end
+  for _, flat in ipairs { true, false } do
+    require("zrun.models.packed").use_segments = flat
+    local ok, err = pcall(function()
+      local lp = zr.no_grad(function() return model(t(ids), nil, { position_ids = t(pos) }).logits end)
+      local la = zr.no_grad(function() return model(t(a)).logits end)
+      local lb = zr.no_grad(function() return model(t(b)).logits end)
+      T.near(lp:narrow(2, 1, 14), la, 1e-5, 1e-4, "the first sequence")
+      T.near(lp:narrow(2, 15, 10), lb, 1e-5, 1e-4, "the second sequence")
+    end)
+    require("zrun.models.packed").use_segments = true
+    if flat then
+      T.eq(ok, true, tostring(err))
+    else -- (the grouped path, where the rows are not joined, takes no window: a packed sequence past it is refused)
+      T.eq(ok, false)
+      T.eq(tostring(err):find("sliding_window 8 masks keys of a sequence of 14 tokens in a batch of packed sequences", 1,
+        true) ~= nil, true, tostring(err))
+    end
+  end
+end)
+
 -- One Gemma3RMSNorm in bf16: transformers rounds x_hat * (1 + w) once (computed in f32); Llama's norm rounds x_hat
 -- to bf16 first, then multiplies. zrun's must give transformers' bits (the reduction's order aside: at most one
 -- bf16 ulp, in few elements), and the two-rounding form must be told apart from it.
