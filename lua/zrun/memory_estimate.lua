@@ -95,6 +95,40 @@ local function phi3_params(c)
   return out
 end
 
+-- Gemma 3 (Gemma3ForCausalLM, zrun.models.gemma3): Llama's projections, q_norm / k_norm over head_dim and four norms a
+-- layer; the config's defaults as transformers' Gemma3TextConfig fills them (head_dim 256, ...)
+local function gemma3_params(c)
+  c = require("zrun.models.hf_config").gemma3_text(c)
+  local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+  local Hq, KV, D, bias = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.attention_bias
+  local out = {}
+  local add = adder(out)
+  local function linear(mod, i, o, b)
+    add(mod, "weight", { o, i })
+    if b then add(mod, "bias", { o }) end
+  end
+  add("model.embed_tokens", "weight", { V, H })
+  for l = 0, L - 1 do
+    local p = "model.layers." .. l
+    linear(p .. ".self_attn.q_proj", H, Hq * D, bias)
+    linear(p .. ".self_attn.k_proj", H, KV * D, bias)
+    linear(p .. ".self_attn.v_proj", H, KV * D, bias)
+    linear(p .. ".self_attn.o_proj", Hq * D, H, bias)
+    add(p .. ".self_attn.q_norm", "weight", { D })
+    add(p .. ".self_attn.k_norm", "weight", { D })
+    linear(p .. ".mlp.gate_proj", H, I)
+    linear(p .. ".mlp.up_proj", H, I)
+    linear(p .. ".mlp.down_proj", I, H)
+    for _, n in ipairs { "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+      "post_feedforward_layernorm" } do
+      add(p .. "." .. n, "weight", { H })
+    end
+  end
+  add("model.norm", "weight", { H })
+  if not c.tie_word_embeddings then linear("lm_head", H, V) end
+  return out
+end
+
 local function gpt2_params(c)
   local E, L, V, P = c.n_embd, c.n_layer, c.vocab_size, c.n_positions or 1024
   local inner = c.n_inner or 4 * E
@@ -122,6 +156,7 @@ end
 
 local families = {
   llama = llama_params, mistral = llama_params, qwen2 = llama_params, qwen3 = llama_params, phi3 = phi3_params, gpt2 = gpt2_params,
+  gemma3_text = gemma3_params,
 }
 
 -- Which family a config belongs to (llama when the fields say so and model_type is absent).
@@ -131,7 +166,8 @@ function M.family(c)
     if c.n_embd then t = "gpt2" elseif c.hidden_size and c.num_hidden_layers then t = "llama" end
   end
   if not families[t] then
-    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, qwen3, phi3, gpt2)", tostring(t)), 0)
+    error(fmt("memory: model_type '%s' is not known (supported: llama, mistral, qwen2, qwen3, phi3, gemma3_text, gpt2)",
+      tostring(t)), 0)
   end
   return t
 end
@@ -375,7 +411,7 @@ function M.main_estimate(args)
     num_nodes = posint(o.nodes or 1, "--nodes"), additional_buffer_factor = tonumber(o["buffer-factor"] or 1.5) }
   local stage = o.stage and tonumber(o.stage)
   if o.stage and stage ~= 2 and stage ~= 3 then error("zrun estimate: --stage must be 2 or 3, got " .. o.stage, 0) end
-  local total, largest = M.count(pos[1])
+  local total, largest, _, r = M.count(pos[1])
   opts.total_params, opts.largest_layer_params = total, largest
   if stage ~= 3 then
     print("ZeRO-2 (DeepSpeed's estimate_zero2_model_states_mem_needs_all_live):")
@@ -385,6 +421,10 @@ function M.main_estimate(args)
   if stage ~= 2 then
     print("ZeRO-3 (DeepSpeed's estimate_zero3_model_states_mem_needs_all_live):")
     M.estimate_zero3(pos[1], opts)
+  end
+  if M.family(r.config) == "gemma3_text" then -- (zrun plan does not model its activations yet)
+    print("\nModel states only (DeepSpeed's estimator); zrun plan does not model Gemma 3's activations yet.")
+    return 0
   end
   print("\nModel states only (DeepSpeed's estimator). Activations, buffers and zrun's exact layout:\n" ..
     "  zrun plan " .. pos[1] .. " --micro-batch B --seq-len T --gpus-per-node N --nodes M")

@@ -294,6 +294,10 @@ M.categories = CATS
 local function build(o, s, counted)
   local total, largest, list, r = unpack(counted)
   local cfg = r.config or {}
+  if not o.param_numels and E.family(cfg) == "gemma3_text" then
+    error("memory plan: Gemma 3's activations are not modelled yet; `zrun estimate MODEL` (DeepSpeed's model-state " ..
+      "estimates) counts its parameters", 0)
+  end
   -- LoRA: the engine's partitions, gradients, master, optimizer states and buckets hold the adapters only
   -- (engine.lua flatten_groups keeps frozen parameters out of ZeRO); the frozen base stays whole on every rank,
   -- in the model's dtype (zr.initialize casts every parameter), with no gradient, at stage 3 too

@@ -218,5 +218,22 @@ T.test("gemma3_a: save_pretrained writes a config.json that reads back the same,
   T.near(a, g.logits, 2e-5, 1e-4, "logits after save and load")
 end)
 
+T.test("gemma3_text: zrun estimate's parameter list is the model's, in order; zrun plan says what it does not model", function()
+  local E = require "zrun.memory_estimate"
+  for _, name in ipairs { "gemma3_a", "gemma3_b" } do
+    local cfg = cjson.decode(read(GOLDEN .. name .. ".config.json"))
+    local list, i = E.param_list(cfg), 0
+    for n, p in gemma3.Gemma3ForCausalLM(cfg):named_parameters() do
+      i = i + 1
+      T.eq(list[i] and list[i].name, n, name .. ": parameter " .. i)
+      T.eq(list[i].numel, p:numel(), name .. ": " .. n .. " numel")
+    end
+    T.eq(#list, i, name .. ": parameters")
+  end
+  local cfg = cjson.decode(read(GOLDEN .. "gemma3_a.config.json"))
+  T.raises(function() require("zrun.memory_plan").plan { model = cfg, micro_batch = 1, seq_len = 16 } end,
+    "memory plan: Gemma 3's activations are not modelled yet")
+end)
+
 os.execute("rm -rf '" .. tmp .. "'")
 T.done()
