@@ -36,6 +36,9 @@ function M.biases(c)
   return c.attention_bias or false, c.attention_bias or false, c.mlp_bias or false
 end
 
+local LLAMA_NORMS = { "input_layernorm", "post_attention_layernorm" }
+local GEMMA3_NORMS = { "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm" }
+
 -- Ordered list of {name=, numel=, module=, shape=} in the order model:parameters() gives them.
 local function llama_params(c)
   local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
@@ -57,15 +60,14 @@ local function llama_params(c)
     linear(p .. ".self_attn.k_proj", H, KV * D, qkv_bias)
     linear(p .. ".self_attn.v_proj", H, KV * D, qkv_bias)
     linear(p .. ".self_attn.o_proj", Hq * D, H, o_bias)
-    if c.model_type == "qwen3" then -- Qwen3Attention's per-head RMSNorms
+    if c.model_type == "qwen3" or c.model_type == "gemma3_text" then -- per-head RMSNorms of q and k
       add(p .. ".self_attn.q_norm", "weight", { D })
       add(p .. ".self_attn.k_norm", "weight", { D })
     end
     linear(p .. ".mlp.gate_proj", H, I, mlp_bias)
     linear(p .. ".mlp.up_proj", H, I, mlp_bias)
     linear(p .. ".mlp.down_proj", I, H, mlp_bias)
-    add(p .. ".input_layernorm", "weight", { H })
-    add(p .. ".post_attention_layernorm", "weight", { H })
+    for _, n in ipairs(c.model_type == "gemma3_text" and GEMMA3_NORMS or LLAMA_NORMS) do add(p .. "." .. n, "weight", { H }) end
   end
   add("model.norm", "weight", { H })
   if not c.tie_word_embeddings then linear("lm_head", H, V, false) end
@@ -95,39 +97,9 @@ local function phi3_params(c)
   return out
 end
 
--- Gemma 3 (Gemma3ForCausalLM, zrun.models.gemma3): Llama's projections, q_norm / k_norm over head_dim and four norms a
--- layer; the config's defaults as transformers' Gemma3TextConfig fills them (head_dim 256, ...)
-local function gemma3_params(c)
-  c = require("zrun.models.hf_config").gemma3_text(c)
-  local H, I, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
-  local Hq, KV, D, bias = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.attention_bias
-  local out = {}
-  local add = adder(out)
-  local function linear(mod, i, o, b)
-    add(mod, "weight", { o, i })
-    if b then add(mod, "bias", { o }) end
-  end
-  add("model.embed_tokens", "weight", { V, H })
-  for l = 0, L - 1 do
-    local p = "model.layers." .. l
-    linear(p .. ".self_attn.q_proj", H, Hq * D, bias)
-    linear(p .. ".self_attn.k_proj", H, KV * D, bias)
-    linear(p .. ".self_attn.v_proj", H, KV * D, bias)
-    linear(p .. ".self_attn.o_proj", Hq * D, H, bias)
-    add(p .. ".self_attn.q_norm", "weight", { D })
-    add(p .. ".self_attn.k_norm", "weight", { D })
-    linear(p .. ".mlp.gate_proj", H, I)
-    linear(p .. ".mlp.up_proj", H, I)
-    linear(p .. ".mlp.down_proj", I, H)
-    for _, n in ipairs { "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-      "post_feedforward_layernorm" } do
-      add(p .. "." .. n, "weight", { H })
-    end
-  end
-  add("model.norm", "weight", { H })
-  if not c.tie_word_embeddings then linear("lm_head", H, V) end
-  return out
-end
+-- Gemma 3 (Gemma3ForCausalLM, zrun.models.gemma3): Llama's list with q_norm / k_norm and four norms a layer, the
+-- config's defaults as transformers' Gemma3TextConfig fills them (head_dim 256, ...)
+local function gemma3_params(c) return llama_params(require("zrun.models.hf_config").gemma3_text(c)) end
 
 local function gpt2_params(c)
   local E, L, V, P = c.n_embd, c.n_layer, c.vocab_size, c.n_positions or 1024
