@@ -127,6 +127,15 @@ T.test("gemma3_a: packed sequences (position_ids restarting) as each sequence al
   end
 end)
 
+T.test("gemma3_a: gradient checkpointing gives transformers' gradients (each layer recomputed with its type's rope)", function()
+  local g = golden.gemma3_a
+  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
+  model:load_state_dict(weights(g, model), true)
+  model:gradient_checkpointing_enable()
+  model(g.input_ids, g.labels).loss:backward()
+  for n, p in model:named_parameters() do T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n) end
+end)
+
 -- One Gemma3RMSNorm in bf16: transformers rounds x_hat * (1 + w) once (computed in f32); Llama's norm rounds x_hat
 -- to bf16 first, then multiplies. zrun's must give transformers' bits (the reduction's order aside: at most one
 -- bf16 ulp, in few elements), and the two-rounding form must be told apart from it.

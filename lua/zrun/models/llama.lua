@@ -298,6 +298,25 @@ function Model:embed(input_ids) return self.embed_tokens(input_ids) end
 -- rope in every layer (Gemma 3's per layer type: zrun.models.gemma3).
 function Model:layer_rope(_) return nil, nil end
 
+-- A forward's cos, sin for rope parameters r (nil: the config's; tag: their cache name): the table of its length
+-- (Model:rope), and where the attention runs on the segments (segs.seg) each token's rows gathered once, outside
+-- the layers, so that a checkpointed layer's recomputation and every layer read the same ones (kept with ckpt).
+function Model:forward_rope(r, tag, segs, B, T, h, position_ids, ckpt)
+  local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device(),
+    segs and segs.max_position + 1, r, tag)
+  if segs and segs.seg then
+    if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
+      local function rows(u) return u:view(1, T, u:size(2)):expand(B, T, u:size(2)):reshape(B * T, u:size(2)) end
+      cos, sin = rows(cos), rows(sin)
+    else
+      local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
+      cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
+    end
+    if ckpt then zr.persist(cos); zr.persist(sin) end
+  end
+  return cos, sin
+end
+
 -- Each layer's last residual add runs with the next layer's input_layernorm (or the final norm)
 -- as one op: a layer called as itself (a plain LlamaDecoderLayer that Module:skippable() allows,
 -- no checkpointing) hands on its (h, m) and the next add_norm sums them; any other layer is
@@ -319,32 +338,15 @@ function Model:forward(input_ids, position_ids)
   local ckpt = rawget(self, "gradient_checkpointing") and self.training
   -- temporaries of this forward, which the attention's nodes keep; a checkpointed layer recomputes with
   -- them in backward, after this forward has returned (then freed when the collector finds them)
-  local function keep(t) if ckpt then zr.persist(t) end end
-  if segs and segs.seg then
-    keep(segs.seg)
-    if segs.full_seg then keep(segs.full_seg) end
+  if ckpt and segs and segs.seg then
+    zr.persist(segs.seg)
+    if segs.full_seg then zr.persist(segs.full_seg) end
   end
-  -- layer i's cos, sin (Model:layer_rope: the config's rope in every layer but Gemma 3's), made once a forward
-  local tables = {}
-  local function rope_of(i)
-    local r, tag = self:layer_rope(i)
-    local t = tables[tag or ""]
-    if t then return t[1], t[2] end
-    local cos, sin = self:rope(segs and not segs.plain and segs.table_length or T, h:dtype(), h:device(),
-      segs and segs.max_position + 1, r, tag)
-    if segs and segs.seg then
-      if segs.plain then -- plain rows under the window: each row's positions 0 .. T - 1, the table's rows repeated
-        local function rows(u) return u:view(1, T, u:size(2)):expand(B, T, u:size(2)):reshape(B * T, u:size(2)) end
-        cos, sin = rows(cos), rows(sin)
-      else
-        local pos = position_ids:to(h:device(), "i64"):reshape(B * T)
-        cos, sin = zr.embedding(cos, pos), zr.embedding(sin, pos)
-      end
-      keep(cos); keep(sin)
-    end
-    tables[tag or ""] = { cos, sin }
-    return cos, sin
-  end
+  -- the rope tables: the config's, the same in every layer; per layer type where Model:layer_rope says (Gemma 3),
+  -- made on a layer type's first layer
+  local per_type = self.layer_rope ~= Model.layer_rope and {}
+  local cos, sin
+  if not per_type then cos, sin = self:forward_rope(nil, nil, segs, B, T, h, position_ids, ckpt) end
   -- the layers without the window read the whole sequences' segments
   -- (plain rows windowed by .rows: those layers attend causally, no segments)
   local full_segs = segs
@@ -354,15 +356,24 @@ function Model:forward(input_ids, position_ids)
   for i, layer in ipairs(self.layers) do
     local ls = segs
     if segs and segs.window and not hf_config.layer_window(self.cfg, i) then ls = full_segs end
-    local cos, sin = rope_of(i)
+    local c, s = cos, sin -- (this layer's: a checkpointed layer's recomputation reads them after the loop)
+    if per_type then
+      local r, tag = self:layer_rope(i)
+      local t = per_type[tag]
+      if not t then
+        t = { self:forward_rope(r, tag, segs, B, T, h, position_ids, ckpt) }
+        per_type[tag] = t
+      end
+      c, s = t[1], t[2]
+    end
     if not ckpt and layer.forward == layer_forward and layer:skippable() then
-      h, pending = layer:residual_forward(h, cos, sin, pending, ls)
+      h, pending = layer:residual_forward(h, c, s, pending, ls)
     else
       if pending then h, pending = h + pending, nil end
       if ckpt then
-        h = zr.checkpoint(function(x) return layer(x, cos, sin, ls) end, h)
+        h = zr.checkpoint(function(x) return layer(x, c, s, ls) end, h)
       else
-        h = layer(h, cos, sin, ls)
+        h = layer(h, c, s, ls)
       end
     end
   end
