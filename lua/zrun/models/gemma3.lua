@@ -7,8 +7,8 @@
 -- base, full_attention: the global one, scaled) and window (sliding layers only). Parameter names, state
 -- dicts, save_pretrained's files and LoRA targets are transformers' and PEFT's. The config's checks:
 -- zrun.models.hf_config.gemma3_text. On a GPU, head_dim 256 runs the attention's f32 composition (no flash
--- kernel at that width), which takes no packed sequences and no window masking: sequences up to
--- sliding_window tokens, one to a row.
+-- kernel at that width: (B, heads, T, T) scores), which masks plain rows by the window; a batch of packed
+-- sequences longer than the window is refused there.
 local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"
