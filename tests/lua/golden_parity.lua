@@ -1,5 +1,5 @@
 -- What the golden-file parity tests (test_llama_golden.lua, test_mistral_qwen2_golden.lua,
--- test_yarn_golden.lua) share: the golden weights under a model's parameter names, a model directory from
+-- test_yarn_golden.lua, test_gemma3_golden.lua) share: the golden weights under a model's parameter names, a model directory from
 -- a config.json text and those weights, a golden file's parity from its config table and both config.json
 -- layouts, and the three checks against transformers' numbers -- forward (logits 2e-5 abs + 1e-4 rel,
 -- loss 1e-5), every gradient (1e-5 abs + 1e-4 rel) and 5 AdamW steps with clipping (losses 1e-4, norms
@@ -91,6 +91,19 @@ function M.check(label, model, g, sd)
       T.near(norm, norms[step], 1e-4, 5e-4, "grad norm at step " .. step)
     end
     model:load_state_dict(sd, true)
+  end)
+end
+
+-- A test that the forward comparison with golden file g (name) fails, by more than 20x its tolerance, for the
+-- model make() returns (the golden weights loaded, with what = the thing it gets wrong): the parity can fail on
+-- what it exists for. Prints the difference.
+function M.fails_with(name, what, g, make)
+  T.test(name .. ": the forward comparison fails with " .. what, function()
+    local model = make()
+    local logits = zr.no_grad(function() return model(g.input_ids).logits end)
+    local d = (logits - g.logits):abs():max():item()
+    if not (d > 20 * 2e-5) then error(("max logit difference %.2e is within 20x the tolerance"):format(d)) end
+    print(("  %s, %s: max logit difference %.2e"):format(name, what, d))
   end)
 end
 

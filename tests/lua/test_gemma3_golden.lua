@@ -27,18 +27,19 @@ end
 
 -- The parity must be able to fail on what it exists for: each of Gemma's differences from Llama taken away
 -- moves the logits far past the tolerance.
+-- golden file NAME's model from its config.json (edit(cfg) first, when given) with the golden weights
+local function golden_model(name, edit)
+  local cfg = cjson.decode(read(GOLDEN .. name .. ".config.json"))
+  if edit then edit(cfg) end
+  local model = gemma3.Gemma3ForCausalLM(cfg)
+  model:load_state_dict(weights(golden[name], model), true)
+  return model
+end
 local function wrong(name, what, edit, edit_model)
-  T.test(name .. ": the forward comparison fails with " .. what, function()
-    local g = golden[name]
-    local cfg = cjson.decode(read(GOLDEN .. name .. ".config.json"))
-    if edit then edit(cfg) end
-    local model = gemma3.Gemma3ForCausalLM(cfg)
-    model:load_state_dict(weights(g, model), true)
+  GP.fails_with(name, what, golden[name], function()
+    local model = golden_model(name, edit)
     if edit_model then edit_model(model) end
-    local logits = zr.no_grad(function() return model(g.input_ids).logits end)
-    local d = (logits - g.logits):abs():max():item()
-    if not (d > 20 * 2e-5) then error(("max logit difference %.2e is within 20x the tolerance"):format(d)) end
-    print(("  %s, %s: max logit difference %.2e"):format(name, what, d))
+    return model
   end)
 end
 wrong("gemma3_a", "the scale 1/sqrt(head_dim)", function(c) c.query_pre_attn_scalar = 32 end)
@@ -58,10 +59,7 @@ end)
 
 T.test("gemma3_a: the padding row (pad_token_id 0, in the batch) takes no gradient from the lookup", function()
   local g = golden.gemma3_a
-  local cfg = cjson.decode(read(GOLDEN .. "gemma3_a.config.json"))
-  cfg.pad_token_id = cjson.null -- (None: no padding_idx)
-  local model = gemma3.Gemma3ForCausalLM(cfg)
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a", function(c) c.pad_token_id = cjson.null end) -- (None: no padding_idx)
   model(g.input_ids, g.labels).loss:backward()
   local row = function(t) return t:narrow(1, 1, 1) end
   local d = (row(model.model.embed_tokens.weight.grad) - row(g["grad.model.embed_tokens.weight"])):abs():max():item()
@@ -72,8 +70,7 @@ end)
 T.test("gemma3_a: the rows unjoined (CUDA's composition: each row's windowed segments, .rows) as joined", function()
   local g = golden.gemma3_a
   local packed = require "zrun.models.packed"
-  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a")
   packed.use_segments = false
   local ok, out = pcall(model, g.input_ids, g.labels)
   packed.use_segments = true
@@ -86,8 +83,7 @@ end)
 T.test("gemma3_a: greedy generation past the window as transformers' generate, with the cache and without", function()
   local g = golden.gemma3_a
   local want = cjson.decode(read(GOLDEN .. "gemma3_generate.json"))
-  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a")
   model:eval()
   local prompt = zr.tensor({ want.prompt }, { dtype = "i64" })
   for _, cache in ipairs { true, false } do
@@ -98,8 +94,7 @@ end)
 
 T.test("gemma3_a: packed sequences (position_ids restarting) as each sequence alone: both ropes, the window", function()
   local g = golden.gemma3_a
-  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a")
   local ids = g.input_ids:narrow(1, 1, 1):flat_table() -- 24 tokens: sequences of 14 (past the window of 8) and 10
   local a, b = {}, {}
   for i = 1, 14 do a[i] = ids[i] end
@@ -129,8 +124,7 @@ end)
 
 T.test("gemma3_a: gradient checkpointing gives transformers' gradients (each layer recomputed with its type's rope)", function()
   local g = golden.gemma3_a
-  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a")
   model:gradient_checkpointing_enable()
   model(g.input_ids, g.labels).loss:backward()
   for n, p in model:named_parameters() do T.near(p.grad, g["grad." .. n], 1e-5, 1e-4, "grad of " .. n) end
@@ -212,8 +206,7 @@ end)
 
 T.test("gemma3_a: save_pretrained writes a config.json that reads back the same, in both layouts", function()
   local g = golden.gemma3_a
-  local model = gemma3.Gemma3ForCausalLM(cjson.decode(read(GOLDEN .. "gemma3_a.config.json")))
-  model:load_state_dict(weights(g, model), true)
+  local model = golden_model("gemma3_a")
   local dir = tmp .. "/saved"
   model:save_pretrained(dir)
   local written = cjson.decode(read(dir .. "/config.json"))
