@@ -95,7 +95,14 @@ end
 -- for 1152's 33.94)
 function Model:embed(input_ids)
   local e = self.embed_tokens(input_ids)
-  return e * zr.tensor({ math.sqrt(self.cfg.hidden_size) }):to(e:dtype()):item()
+  local scales = rawget(self, "embed_scales") -- (per dtype, made once)
+  if not scales then scales = {}; rawset(self, "embed_scales", scales) end
+  local s = scales[e:dtype()]
+  if not s then
+    s = zr.tensor({ math.sqrt(self.cfg.hidden_size) }):to(e:dtype()):item()
+    scales[e:dtype()] = s
+  end
+  return e * s
 end
 -- Layer i's rope: its layer type's parameters, cached under the type's name
 function Model:layer_rope(i)
@@ -117,8 +124,7 @@ llama.CLASS_OF.gemma3_text = CausalLM
 function CausalLM:generation_step(ids, cache)
   local m, cfg = self.model, self.config
   local h = m:embed(ids)
-  local P = 64
-  while P <= cache.max_position do P = P * 2 end
+  local P = llama.step_table_length(cache)
   local tables = {}
   for i, layer in ipairs(m.layers) do
     local r, tag = m:layer_rope(i)

@@ -508,17 +508,22 @@ local function cached_attention(a, x, cos, sin, cache, i, window)
 end
 M.cached_attention = cached_attention -- (zrun.models.gemma3's generation step)
 
+-- The rope tables' length for a generation step over cache: a power of two of positions (64 at least) past its
+-- largest (each step's one more position would else build and keep a table per length; the rope types zrun takes
+-- give each position's row whatever the table's length).
+function M.step_table_length(cache)
+  local P = 64
+  while P <= cache.max_position do P = P * 2 end
+  return P
+end
+
 -- One generation step: the logits (B, 1, V) of the last of the new tokens ids (B, Tq) after the
 -- tokens in cache (zrun.generation's Cache: their keys and values, appended to here; the new tokens'
 -- positions and attention masks). Eval mode, no gradients (generate runs it so).
 function CausalLM:generation_step(ids, cache)
   local m, cfg = self.model, self.config
   local h = m.embed_tokens(ids)
-  -- (tables for a power of two of positions: each step's one more position would else build and keep a
-  -- table per length; the rope types zrun takes give each position's row whatever the table's length)
-  local P = 64
-  while P <= cache.max_position do P = P * 2 end
-  local cos, sin = m:rope(P, h:dtype(), h:device())
+  local cos, sin = m:rope(M.step_table_length(cache), h:dtype(), h:device())
   for i, layer in ipairs(m.layers) do
     h = h + cached_attention(layer.self_attn, layer.input_layernorm(h), cos, sin, cache, i, hf_config.layer_window(cfg, i))
     h = h + layer.mlp(layer.post_attention_layernorm(h))

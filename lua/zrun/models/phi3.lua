@@ -112,9 +112,7 @@ function M.Phi3ForCausalLM:generation_step(ids, cache)
     st.short = not long
   end
   local h = m.embed_tokens(ids)
-  local P = 64
-  while P <= cache.max_position do P = P * 2 end
-  local cos, sin = m:rope(P, h:dtype(), h:device(), cache.max_position + 1)
+  local cos, sin = m:rope(llama.step_table_length(cache), h:dtype(), h:device(), cache.max_position + 1)
   local window = cfg.sliding_window or nil
   for i, layer in ipairs(m.layers) do
     local a = layer.self_attn
