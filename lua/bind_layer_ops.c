@@ -316,7 +316,8 @@ static int l_qkv_norm_rope_fused(lua_State *L) {
 }
 
 /* sdpa_segments_ok(device, dtype, head_dim) -> whether the attention ops take segments (packed
- * sequences) there: the CPU, and CUDA in bf16/f16 at head_dim 64 or 128 (the flash kernels) */
+ * sequences) there: the CPU, and CUDA in bf16/f16 at head_dim 64, 128, 256 or a multiple of 8 between 64 and 128
+ * (the flash kernels) */
 static int l_sdpa_segments_ok(lua_State *L) {
     zr_device dev = zr_l_checkdevice(L, 1);
     zr_dtype dt = zr_l_checkdtype(L, 2);

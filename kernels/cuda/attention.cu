@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
         acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    uint32_t qf[D / 16][4];
+    /* Q's fragments stay in registers up to D = 128; at 256 (with the 128 registers of acc) they
+     * would spill, so each k-step reads its fragment from sQ again */
+    constexpr bool QREG = D <= 128;
+    uint32_t qf[QREG ? D / 16 : 1][4];
     const int qrow = qt * ATT_BLK + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
     int lo0 = 0, lo1 = 0; /* VL: the first key of each row's sequence (0 past T) */
     if (VL) {
@@ -70,7 +73,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        if (jb == 0) {
+        if (QREG && jb == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
                 lds_a<D>(qf[kk], sQ, warp * 16, kk * 16, lane);
@@ -83,12 +86,14 @@ __global__ void __launch_bounds__(ATT_THREADS)
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
+            const int qk = QREG ? kk : 0;
+            if (!QREG) lds_a<D>(qf[0], sQ, warp * 16, kk * 16, lane);
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 uint32_t bf[4];
                 lds_b_nk<D>(bf, cK, np * 16, kk * 16, lane);
-                M::mma(s[2 * np], qf[kk], bf[0], bf[1]);
-                M::mma(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+                M::mma(s[2 * np], qf[qk], bf[0], bf[1]);
+                M::mma(s[2 * np + 1], qf[qk], bf[2], bf[3]);
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -416,10 +421,16 @@ template <typename T, int D, bool NW> __global__ void attn_rope_convert_kernel(r
     }
 }
 
-/* grid: x = (b*Hkv + hk)*nsplit + split, y = kv tile j. Each block owns 64 keys of one kv head
- * and loops over its share of the query group's heads and over query tiles i >= j; warp w owns
- * keys w*16..w*16+15 and accumulates their dK, dV in registers. dQ goes out through f32 atomics.
- * With nsplit > 1, dk/dv partials (f32, unscaled) go to ws_dkv for attn_sum_convert_kernel. */
+/* grid: x = (b*Hkv + hk)*nsplit + split, y = kv tile j, z = column slice. Each block owns 64 keys of
+ * one kv head and loops over its share of the query group's heads and over query tiles i >= j; warp
+ * w owns keys w*16..w*16+15 and accumulates their dK, dV in registers. dQ goes out through f32
+ * atomics. With nsplit > 1, dk/dv partials (f32, unscaled) go to ws_dkv for attn_sum_convert_kernel.
+ * D = 256: the dK, dV and dQ accumulators of a whole row would not fit in registers, so each block
+ * owns DC = 128 of the columns (blockIdx.z the slice): the scores and dP over all D are computed by
+ * both slices' blocks (7 products' work where one block would do 5), the rest for its columns. */
+template <int D> struct bwd_cols {
+    static constexpr int DC = D > 128 ? 128 : D;
+};
 template <typename T, int D, bool VL>
 __global__ void __launch_bounds__(ATT_THREADS)
     attn_bwd_kernel(uint16_t *__restrict__ dk, uint16_t *__restrict__ dv,
@@ -449,6 +460,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         if (qe - j < nq) nq = qe - j;
     }
     const int niter = Gs * nq;
+    constexpr int DC = bwd_cols<D>::DC;
+    const int c0 = blockIdx.z * DC; /* this block's columns of dK, dV, dQ: c0 .. c0 + DC - 1 */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -472,9 +485,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch(0);
     cp_async_commit();
 
-    float dka[D / 8][4], dva[D / 8][4];
+    float dka[DC / 8][4], dva[DC / 8][4];
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
+    for (int i = 0; i < DC / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
             dka[i][e] = dva[i][e] = 0.f;
@@ -550,10 +563,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
             *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r, c0 + 8)) = sf[2];
             *reinterpret_cast<uint32_t *>(sdS + swz<ATT_BLK>(r + 8, c0 + 8)) = sf[3];
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
+            for (int dp = 0; dp < DC / 16; ++dp) {
                 uint32_t bo[4], bq[4];
-                lds_b_kn<D>(bo, cdO, kc * 16, dp * 16, lane);
-                lds_b_kn<D>(bq, cQ, kc * 16, dp * 16, lane);
+                lds_b_kn<D>(bo, cdO, kc * 16, c0 + dp * 16, lane);
+                lds_b_kn<D>(bq, cQ, kc * 16, c0 + dp * 16, lane);
                 M::mma(dva[2 * dp], pf, bo[0], bo[1]);
                 M::mma(dva[2 * dp + 1], pf, bo[2], bo[3]);
                 M::mma(dka[2 * dp], sf, bq[0], bq[1]);
@@ -562,9 +575,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
         }
         __syncthreads();
         /* dQ rows warp*16.. of this query tile = dS (16 × 64 keys) K (64 × D). */
-        float dq[D / 8][4];
+        float dq[DC / 8][4];
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n)
+        for (int n = 0; n < DC / 8; ++n)
             dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) {
@@ -573,9 +586,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
             ldsm_x4_t(af, sdS + swz<ATT_BLK>(kc * 16 + (lane & 7) + (mi >> 1) * 8,
                                              warp * 16 + (mi & 1) * 8));
 #pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
+            for (int dp = 0; dp < DC / 16; ++dp) {
                 uint32_t bk[4];
-                lds_b_kn<D>(bk, sK, kc * 16, dp * 16, lane);
+                lds_b_kn<D>(bk, sK, kc * 16, c0 + dp * 16, lane);
                 M::mma(dq[2 * dp], af, bk[0], bk[1]);
                 M::mma(dq[2 * dp + 1], af, bk[2], bk[3]);
             }
@@ -583,8 +596,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const int qr = i * ATT_BLK + warp * 16 + g;
         float *dqb = dqacc + ((size_t)b * Hq + h) * T_ * D;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            const int c = n * 8 + t4 * 2;
+        for (int n = 0; n < DC / 8; ++n) {
+            const int c = c0 + n * 8 + t4 * 2;
             if (qr < T_)
                 atomicAdd(reinterpret_cast<float2 *>(dqb + (size_t)qr * D + c),
                           make_float2(dq[n][0], dq[n][1]));
@@ -597,8 +610,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
     /* Epilogue: rows key0, key0 + 8 of this kv head. */
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-        const int c = n * 8 + t4 * 2;
+    for (int n = 0; n < DC / 8; ++n) {
+        const int c = c0 + n * 8 + t4 * 2;
 #pragma unroll
         for (int hlf = 0; hlf < 2; ++hlf) {
             const int key = key0 + hlf * 8;
@@ -641,7 +654,8 @@ extern "C" size_t attention_backward_workspace_size(int64_t B, int64_t Hq, int64
     const int ns0 = bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns1 = attn_sm90_bwd_nsplit(B, Hkv, Hq / Hkv, T);
     const int ns = ns0 > ns1 ? ns0 : ns1; /* enough for either kernel */
-    const int64_t Dc = attn_sm90_width(Dh); /* the accumulators' width: 128 at a narrow head_dim */
+    /* the accumulators' width: 128 at a narrow head_dim, 256 at 256 (the mma.sync kernels only) */
+    const int64_t Dc = Dh == 256 ? 256 : attn_sm90_width(Dh);
     size_t n = align16((size_t)(B * Hq * T * Dc) * 4) + 2 * align16((size_t)(B * Hq * T) * 4);
     if (ns > 1) n += (size_t)2 * ns * B * Hkv * T * Dc * 4;
     return n;
@@ -651,8 +665,8 @@ static int check_args(const char *fn, int64_t B, int64_t Hq, int64_t Hkv, int64_
                       zr_dtype dt) {
     if (dt != ZR_BF16 && dt != ZR_F16)
         return zr_error("%s: dtype %s not supported (bf16 or f16 expected)", fn, zr_dtype_name(dt));
-    if (Dh != 64 && Dh != 128 && !(attn_sm90_narrow(Dh) && attention_strided_ok(Dh, dt)))
-        return zr_error("%s: head_dim %lld not supported (64 or 128; 80, 96 or 112 on the Hopper kernels, "
+    if (Dh != 64 && Dh != 128 && Dh != 256 && !(attn_sm90_narrow(Dh) && attention_strided_ok(Dh, dt)))
+        return zr_error("%s: head_dim %lld not supported (64, 128 or 256; 80, 96 or 112 on the Hopper kernels, "
                         "compute capability 9.0: attention_strided_ok)",
                         fn, (long long)Dh);
     if (B < 0 || T < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv)
@@ -684,6 +698,14 @@ static void fwd_launch(void *o, float *lse, const void *q, const void *k, const 
                                           (int)Hq, (int)(Hq / Hkv), scale * ATT_LOG2E);
 }
 
+/* The mma.sync forward at head_dim 64, 128 or 256. */
+template <typename T>
+static void fwd_any(void *o, float *lse, const void *q, const void *k, const void *v, const int32_t *seg,
+                    int64_t B, int64_t Hq, int64_t Hkv, int64_t T_, int64_t Dh, float scale, cudaStream_t st) {
+    auto f = Dh == 64 ? fwd_launch<T, 64> : Dh == 128 ? fwd_launch<T, 128> : fwd_launch<T, 256>;
+    f(o, lse, q, k, v, seg, B, Hq, Hkv, T_, scale, st);
+}
+
 /* (B, H, T, Dh) contiguous */
 static zr_attn_strides dense(int64_t H, int64_t T, int64_t Dh) {
     return zr_attn_strides{H * T * Dh, T * Dh, Dh};
@@ -712,7 +734,7 @@ extern "C" int attention_strided_ok(int64_t Dh, zr_dtype dtype) {
 
 extern "C" int attention_varlen_ok(int64_t Dh, zr_dtype dtype) {
     if (attn_sm90_narrow(Dh)) return attention_strided_ok(Dh, dtype); /* the Hopper kernels only */
-    if (!((Dh == 64 || Dh == 128) && (dtype == ZR_BF16 || dtype == ZR_F16))) return 0;
+    if (!((Dh == 64 || Dh == 128 || Dh == 256) && (dtype == ZR_BF16 || dtype == ZR_F16))) return 0;
     int dev = 0, major = 0; /* a device the sm_90 code runs on */
     const int ok = cudaGetDevice(&dev) == cudaSuccess &&
                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -744,17 +766,10 @@ extern "C" int attention_forward_cuda(void *o, float *lse, const void *q, const 
     if (!dense_all)
         return zr_error("%s: strided q/k/v/o need the Hopper kernels (see attention_strided_ok)",
                         fn);
-    if (dtype == ZR_BF16) {
-        if (Dh == 64)
-            fwd_launch<__nv_bfloat16, 64>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
-        else
-            fwd_launch<__nv_bfloat16, 128>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
-    } else {
-        if (Dh == 64)
-            fwd_launch<__half, 64>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
-        else
-            fwd_launch<__half, 128>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, scale, stream);
-    }
+    if (dtype == ZR_BF16)
+        fwd_any<__nv_bfloat16>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, Dh, scale, stream);
+    else
+        fwd_any<__half>(o, lse, q, k, v, lay.seg, B, Hq, Hkv, T, Dh, scale, stream);
     return launch_check(fn);
 }
 
@@ -791,7 +806,7 @@ static int bwd_launch(void *dq, void *dk, void *dv, const void *dout, const void
         const int smem = (ATT_BLK * D * 6 + ATT_BLK * ATT_BLK) * 2 + 4 * ATT_BLK * 4;
         auto kern = L.seg ? attn_bwd_kernel<T, D, true> : attn_bwd_kernel<T, D, false>;
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK));
+        dim3 grid((unsigned)(B * Hkv * ns), (unsigned)((T_ + ATT_BLK - 1) / ATT_BLK), D / bwd_cols<D>::DC);
         kern<<<grid, ATT_THREADS, smem, st>>>(
             (uint16_t *)dk, (uint16_t *)dv, wkv, dqacc, (const uint16_t *)dout, (const uint16_t *)q,
             (const uint16_t *)k, (const uint16_t *)v, lse, Dd, L.seg ? L.seg + B * T_ : nullptr,
@@ -844,20 +859,12 @@ static int backward(const char *fn, void *dq, void *dk, void *dv, const void *do
     if (!dense_all && !attn_sm90_bwd_ok(Dh, dtype))
         return zr_error("%s: strided operands need the Hopper kernels (see attention_strided_ok)",
                         fn);
-    int rc;
     const int W = (int)Dh;
-    if (dtype == ZR_BF16)
-        rc = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                      lay, dense_all, B, Hq, Hkv, T, W, scale, cos,
-                                                      sin, stream)
-                      : bwd_launch<__nv_bfloat16, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace,
-                                                       lay, dense_all, B, Hq, Hkv, T, W, scale, cos,
-                                                       sin, stream);
-    else
-        rc = Dh == 64 ? bwd_launch<__half, 64>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                               dense_all, B, Hq, Hkv, T, W, scale, cos, sin, stream)
-                      : bwd_launch<__half, 128>(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay,
-                                                dense_all, B, Hq, Hkv, T, W, scale, cos, sin, stream);
+    auto b16 = Dh == 64 ? bwd_launch<__nv_bfloat16, 64>
+                        : Dh == 256 ? bwd_launch<__nv_bfloat16, 256> : bwd_launch<__nv_bfloat16, 128>;
+    auto f16 = Dh == 64 ? bwd_launch<__half, 64> : Dh == 256 ? bwd_launch<__half, 256> : bwd_launch<__half, 128>;
+    const int rc = (dtype == ZR_BF16 ? b16 : f16)(dq, dk, dv, dout, q, k, v, o, lse, workspace, lay, dense_all, B,
+                                                  Hq, Hkv, T, W, scale, cos, sin, stream);
     if (rc)
         return zr_error("%s: %s", fn, TMA_STRIDES);
     return launch_check(fn);

@@ -157,7 +157,7 @@ local function settings(o, cfg_model)
   end
   s.loss_type = o.loss_type == "dft" and "dft" or nil
   -- padding-free batches (packed sequences, TRL's bfd packing or padding_free): packed = the sequences' length
-  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64, 128 or padded between, in 16 bits) the per-token rope rows and the
+  -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64, 128, 256 or padded between 64 and 128, in 16 bits) the per-token rope rows and the
   -- segments, elsewhere the attention's row gathers, counted for sequences of that one length
   s.packed = o.packed == true and s.seq_len or o.packed or nil
   if s.packed and (type(s.packed) ~= "number" or s.packed < 1 or s.packed % 1 ~= 0 or
@@ -434,7 +434,7 @@ local function build(o, s, counted)
     return n
   end
   -- a sliding window that masks keys (a sequence longer than it) runs on the segments (llama.lua), where they
-  -- run: the CPU, a GPU's flash kernels at head_dim 64, 128 or padded between, in 16 bits; elsewhere plain rows run the
+  -- run: the CPU, a GPU's flash kernels at head_dim 64, 128, 256 or padded between 64 and 128, in 16 bits; elsewhere plain rows run the
   -- composition masked by each row's window and packed ones are refused (noted below)
   local window, window_refused
   if not o.param_numels and E.family(cfg) ~= "gpt2" then
@@ -481,7 +481,7 @@ local function build(o, s, counted)
   end
   if window_refused and s.packed then
     notes[#notes + 1] = fmt("%s: a packed sequence of %d tokens is longer than sliding_window (%d), and zrun's attention " ..
-      "windows packed sequences only on the CPU or a GPU in bf16/f16 at head_dim 64, 128 or a multiple of 8 between, " ..
+      "windows packed sequences only on the CPU or a GPU in bf16/f16 at head_dim 64, 128, 256 or a multiple of 8 between 64 and 128, " ..
       "so training refuses it here", cfg.model_type, s.packed, window_refused)
   elseif window_refused then
     notes[#notes + 1] = fmt("%s: rows of %d tokens are longer than sliding_window (%d): the attention runs its f32 " ..

@@ -491,14 +491,14 @@ local function attention_workspace(B, Hq, Hkv, T, Dh)
   local G = Hq / Hkv
   local ns = max(split(B * Hkv * ceil(T / 64), G, 512), split(B * Hkv * ceil(T / 128), G, 200))
   local a16 = function(n) return ceil(n / 16) * 16 end
-  local Dc = Dh <= 64 and 64 or 128 -- the accumulators' width (128 at a narrow head_dim)
+  local Dc = Dh <= 64 and 64 or Dh == 256 and 256 or 128 -- the accumulators' width (128 at a narrow head_dim)
   local n = a16(B * Hq * T * Dc * 4) + 2 * a16(B * Hq * T * 4)
   if ns > 1 then n = n + 2 * ns * B * Hkv * T * Dc * 4 end
   return n
 end
 
 -- The f32 composition that CUDA runs where the flash kernel does not take the shape (ops/attention.c
--- sdpa_composed: f32, or a head_dim other than 64 and 128): differentiable ops (to f32, GQA
+-- sdpa_composed: f32, or a head_dim the flash kernels do not run, M.flash_dim): differentiable ops (to f32, GQA
 -- repeat, matmul, scale, causal mask, softmax, matmul, back to the input dtype) that materialise
 -- the (B, Hq, T, T) scores; every intermediate is held until the op returns.
 function Sim:sdpa_composed(q, k, v, shape)
@@ -569,12 +569,13 @@ function Sim:sdpa_composed(q, k, v, shape)
   return out
 end
 
--- A head_dim the flash kernels run on a GPU in 16 bits: 64, 128, or a multiple of 8 between them: a multiple of 16
--- read in place by the Hopper kernels' 128-wide tiles (M.narrow_dim; attn_sm90_narrow), the others zero-padded to
--- 128 (M.padded_dim: ops/attention.c sdpa_padded). The plan models a Hopper GPU.
+-- A head_dim the flash kernels run on a GPU in 16 bits: 64, 128, 256 (the mma.sync kernels, contiguous operands),
+-- or a multiple of 8 between 64 and 128: a multiple of 16 read in place by the Hopper kernels' 128-wide tiles
+-- (M.narrow_dim; attn_sm90_narrow), the others zero-padded to 128 (M.padded_dim: ops/attention.c sdpa_padded). The
+-- plan models a Hopper GPU.
 function M.narrow_dim(D) return D > 64 and D < 128 and D % 16 == 0 end
 function M.padded_dim(D) return D > 64 and D < 128 and D % 8 == 0 and not M.narrow_dim(D) end
-function M.flash_dim(D) return D == 64 or D == 128 or M.narrow_dim(D) or M.padded_dim(D) end
+function M.flash_dim(D) return D == 64 or D == 128 or D == 256 or M.narrow_dim(D) or M.padded_dim(D) end
 
 -- ops/attention.c sdpa_padded: q, k, v copied into zero-padded (.., 128) tensors (kept), the 128-wide output (kept
 -- whole: the op's output is a (.., D) view of it) and lse; backward pads dO (a copy), writes padded dq, dk, dv
@@ -614,7 +615,7 @@ function Sim:sdpa(q, k, v, lse_bytes, gqa, shape, strided, seg)
   if self.o.gpu and self.o.dtype_bytes == 2 and M.padded_dim(shape[5]) then
     return self:sdpa_padded(q, k, v, lse_bytes, shape, seg)
   end
-  if self.o.gpu and not (self.o.dtype_bytes == 2 and (shape[5] == 64 or shape[5] == 128 or M.narrow_dim(shape[5]))) then
+  if self.o.gpu and not (self.o.dtype_bytes == 2 and M.flash_dim(shape[5])) then
     return self:sdpa_composed(q, k, v, shape)
   end
   if self.o.gpu and strided then
@@ -1023,7 +1024,7 @@ function M.llama_activations(cfg, o)
   local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
   S:alloc(2 * TL * R * tb, "other")
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
-  -- flash kernels at head_dim 64, 128 or padded between, in 16 bits): the attention runs once over the rows joined, (1, N),
+  -- flash kernels at head_dim 64, 128, 256 or padded between 64 and 128, in 16 bits): the attention runs once over the rows joined, (1, N),
   -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
   -- a sliding window that masks keys (o.window: {full =, sliding = {per layer}}) runs there too, plain rows included
   local flat = (o.packed or o.window) and (not o.gpu or (M.flash_dim(D) and b == 2))

@@ -1,13 +1,13 @@
 /* Causal grouped-query attention: forward and backward side by side (see ops/attention.h).
- * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64 or 128 run
- * the flash kernel (kernels/cuda/attention.h: no T×T tensor), a multiple of 8 between them the 128
+ * CPU: bf16/f16 are widened to f32 and narrowed back. CUDA: bf16/f16 with head_dim 64, 128 or 256 run
+ * the flash kernel (kernels/cuda/attention.h: no T×T tensor), a multiple of 8 between 64 and 128 the 128
  * kernels (in place on Hopper at a multiple of 16, else over zero-padded copies: sdpa_padded); every
  * other case (f32, other head
  * dims) runs a plain f32 composition of differentiable CUDA ops (matmul, masked softmax,
  * matmul) that materialises the (B, Hq, T, T) scores: correct and exact in f32, not fast. f64 on
  * CUDA is an error. zr_sdpa_packed (a packed (B, T, 3C) projection) and zr_qkv_rope_sdpa (the same
  * with Llama's rope folded in) sit at the end. Packed sequences (seg) run on the CPU kernels, the
- * flash ones (bf16/f16, head_dim 64, 128 or padded between; zr_sdpa_segments_ok says which run) and, in
+ * flash ones (bf16/f16, head_dim 64, 128, 256 or padded between 64 and 128; zr_sdpa_segments_ok says which run) and, in
  * zr_sdpa_causal, the composition (masked by them); the packed ops' other CUDA paths refuse them. */
 #include "ops/attention.h"
 
@@ -217,6 +217,8 @@ static zr_attn_strides strides_of(const zr_tensor *t) {
  * q·k, the output's padded columns (P times V's zero ones) are dropped, and the scale stays the real
  * head_dim's. */
 static int padded_dim(int64_t Dh) { return Dh > 64 && Dh < 128 && Dh % 8 == 0; }
+/* The flash kernels' own widths (256: the mma.sync kernels, contiguous operands, on every sm_90 GPU). */
+static int flash_width(int64_t Dh) { return Dh == 64 || Dh == 128 || Dh == 256; }
 /* 1 where the flash kernels run head_dim Dh in dt (with packed sequences too), padded or not. */
 static int flash_dim_ok(int64_t Dh, zr_dtype dt) {
     return attention_varlen_ok(Dh, dt) || (padded_dim(Dh) && attention_varlen_ok(128, dt));
@@ -230,13 +232,13 @@ static zr_status seg_cuda_check(const char *op, zr_device dev, zr_dtype dt, int 
     if ((dt == ZR_BF16 || dt == ZR_F16) && same && flash_dim_ok(Dh, dt)) return ZR_OK;
     if (!(dt == ZR_BF16 || dt == ZR_F16) || !same)
         snprintf(why, sizeof why, "the inputs are not all bf16 or all f16 (%s)", zr_dtype_name(dt));
-    else if (Dh != 64 && Dh != 128 && !padded_dim(Dh))
+    else if (!flash_width(Dh) && !padded_dim(Dh))
         snprintf(why, sizeof why, "head_dim is %lld", (long long)Dh);
     else
         snprintf(why, sizeof why, "this GPU is below compute capability 9.0");
     return zr_error("%s: packed sequences (segments) run on the CPU and on CUDA (compute capability 9.0 or above) in "
-                    "bf16/f16 at head_dim 64, 128 or a multiple of 8 between (the flash kernels); here %s: use "
-                    "zr.sdpa_segments_ok first",
+                    "bf16/f16 at head_dim 64, 128, 256 or a multiple of 8 between 64 and 128 (the flash kernels); "
+                    "here %s: use zr.sdpa_segments_ok first",
                     op, why);
 }
 
@@ -699,10 +701,9 @@ zr_tensor *zr_sdpa_causal(zr_tensor *q, zr_tensor *k, zr_tensor *v, zr_tensor *s
         int same = k->dtype == dt && v->dtype == dt;
         int low = (dt == ZR_BF16 || dt == ZR_F16) && same;
         /* (the composition below masks by the segments itself: the check is the flash kernels') */
-        if (seg && low && (Dh == 64 || Dh == 128 || padded_dim(Dh)) &&
-            seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh))
+        if (seg && low && (flash_width(Dh) || padded_dim(Dh)) && seg_cuda_check("sdpa", zr_tensor_device(q), dt, same, Dh))
             return NULL;
-        if (low && (Dh == 64 || Dh == 128 || (padded_dim(Dh) && attention_strided_ok(Dh, dt))))
+        if (low && (flash_width(Dh) || (padded_dim(Dh) && attention_strided_ok(Dh, dt))))
             return sdpa_flash(q, k, v, seg, scale);
         if (low && padded_dim(Dh) && flash_dim_ok(Dh, dt)) return sdpa_padded(q, k, v, seg, scale);
 #endif

@@ -20,7 +20,7 @@ local zr = require "zrun"
 local C = zr._C
 local cli = require("zrun.argparse").new("tests/bench/bench_llama.lua",
   "Training throughput of a Llama-shaped model through zr.initialize (random weights and tokens).")
-cli:option("model", "meta-llama/Llama-3.2-1B", "a model config (hub id, directory or zrun/tiny-llama; Llama, Mistral, Qwen2, Qwen3, Phi-3 or GPT-2)")
+cli:option("model", "meta-llama/Llama-3.2-1B", "a model config (hub id, directory or zrun/tiny-llama; Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3 or GPT-2)")
 cli:option("batch", 4, "micro-batch size"):option("seq", 512, "sequence length")
 cli:option("stage", 0, "ZeRO stage"):option("steps", 10, "measured steps"):option("warmup", 3, "steps not measured")
 cli:option("dtype", "bf16", "parameter dtype"):option("device", "cuda", "cuda | cpu")
@@ -56,6 +56,7 @@ local model
 if cfg.model_type == "gpt2" then model = zr.models.gpt2.GPT2LMHeadModel(cfg)
 else -- the class of the config's model_type (Mistral, Qwen2, Qwen3, Phi-3: Llama's code)
   if cfg.model_type == "phi3" then require "zrun.models.phi3" end -- (registers its class)
+  if cfg.model_type == "gemma3_text" then require "zrun.models.gemma3" end -- (registers its class)
   model = (zr.models.llama.CLASS_OF[cfg.model_type or "llama"] or zr.models.llama.LlamaForCausalLM)(cfg)
 end
 if opt.ckpt == 1 then model:gradient_checkpointing_enable() end

@@ -803,7 +803,8 @@ TEST(attention_forward_backward) {
                                  {1, 6, 2, 300, 64}, {1, 3, 1, 550, 64}, {2, 8, 2, 550, 64},
                                  {1, 8, 2, 300, 128}, {2, 4, 1, 550, 128}, {1, 3, 1, 550, 128},
                                  {1, 2, 2, 192, 128}, {2, 4, 2, 200, 96},  {1, 3, 1, 300, 80},
-                                 {1, 2, 2, 130, 112}, {2, 8, 2, 550, 96}};
+                                 {1, 2, 2, 130, 112}, {2, 8, 2, 550, 96},  {2, 4, 1, 200, 256},
+                                 {1, 2, 2, 130, 256}, {1, 3, 1, 300, 256}};
     const zr_dtype dts[2] = {ZR_BF16, ZR_F16};
     /* modes: the Hopper kernels with their default grid (one block per SM), with 3 blocks (each
      * runs many tiles: rings, barriers and the ping-pong carry over tiles), with a block per tile;
@@ -818,7 +819,7 @@ TEST(attention_forward_backward) {
             attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
             const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
             const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
-            if (Dh != 64 && Dh != 128 && (fallback || !attention_strided_ok(Dh, t))) {
+            if (Dh != 64 && Dh != 128 && Dh != 256 && (fallback || !attention_strided_ok(Dh, t))) {
                 /* a narrow head_dim (80, 96, 112) is the Hopper kernels' alone: refused elsewhere,
                  * in one line naming the head_dims that run */
                 CHECK(attention_forward_cuda(NULL, NULL, NULL, NULL, NULL, NULL, B, Hq, Hkv, T, Dh,
@@ -915,7 +916,8 @@ TEST(attention_backward_rope) {
     const int64_t shapes[][5] = {/* B, Hq, Hkv, T, Dh */
                                  {1, 8, 2, 57, 64}, {3, 4, 4, 200, 64}, {1, 3, 1, 130, 64},
                                  {3, 8, 2, 200, 64}, {1, 1, 1, 1, 64},  {2, 2, 1, 77, 128},
-                                 {3, 8, 2, 200, 96}, {1, 3, 1, 130, 96}, {2, 4, 4, 77, 80}};
+                                 {3, 8, 2, 200, 96}, {1, 3, 1, 130, 96}, {2, 4, 4, 77, 80},
+                                 {2, 4, 1, 130, 256}};
     const int grids[2] = {0, 3};
     for (int mode = 0; mode < 3; ++mode) /* Hopper (default grid, 3 blocks), then mma.sync */
         for (auto &s : shapes)
@@ -925,7 +927,7 @@ TEST(attention_backward_rope) {
                 attn_sm90_grid(fallback ? 0 : grids[mode], fallback ? 0 : grids[mode]);
                 const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4], half = Dh / 2;
                 const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
-                if (Dh != 64 && Dh != 128 && (fallback || !attention_strided_ok(Dh, t))) continue;
+                if (Dh != 64 && Dh != 128 && Dh != 256 && (fallback || !attention_strided_ok(Dh, t))) continue;
                 vec q = randv(nq, 1.5), k = randv(nk, 1.5), v = randv(nk), dO = randv(nq);
                 vec cs = randv(T * Dh), sn = randv(T * Dh);
                 dbuf q_(nq, t), k_(nk, t), v_(nk, t), do_(nq, t), o_(nq, t),
@@ -1069,8 +1071,8 @@ TEST(attention_forward_late_maximum) {
  * and a block per tile. The call without seg on the same operands must differ (the masks do
  * something). */
 TEST(attention_varlen) {
-    CHECK(attention_varlen_ok(64, ZR_BF16) && attention_varlen_ok(128, ZR_F16) &&
-          !attention_varlen_ok(72, ZR_BF16) && !attention_varlen_ok(64, ZR_F32));
+    CHECK(attention_varlen_ok(64, ZR_BF16) && attention_varlen_ok(128, ZR_F16) && attention_varlen_ok(256, ZR_BF16) &&
+          !attention_varlen_ok(72, ZR_BF16) && !attention_varlen_ok(64, ZR_F32) && !attention_varlen_ok(192, ZR_BF16));
     /* a narrow head_dim (80, 96, 112) where the Hopper kernels read it, and nowhere else */
     CHECK(attention_varlen_ok(96, ZR_BF16) == attention_strided_ok(96, ZR_BF16));
     attn_sm90_force(0, 0);
@@ -1083,13 +1085,13 @@ TEST(attention_varlen) {
     struct cfg { const std::vector<std::vector<int>> *rows; int64_t Hq, Hkv; };
     const cfg cases[3] = {{&rows_a, 8, 2}, {&rows_a, 4, 4}, {&rows_b, 6, 2}};
     /* modes: the Hopper kernels on grids 0, 3, -1 (head_dim 64; where they run); the mma.sync
-     * kernels at head_dim 64 and 128 */
+     * kernels at head_dim 64, 128 and 256 */
     const int grids[3] = {0, 3, -1};
     for (const cfg &c : cases)
-        for (int mode = 0; mode < 5; ++mode)
+        for (int mode = 0; mode < 6; ++mode)
             for (zr_dtype t : {ZR_BF16, ZR_F16}) {
                 const bool mma = mode >= 3;
-                const int64_t Dh = mode == 4 ? 128 : 64;
+                const int64_t Dh = mode == 5 ? 256 : mode == 4 ? 128 : 64;
                 if (!mma && !attention_strided_ok(64, t)) continue;
                 attn_sm90_force(mma ? 0 : -1, mma ? 0 : -1);
                 attn_sm90_grid(mma ? 0 : grids[mode], mma ? 0 : grids[mode]);

@@ -1,7 +1,8 @@
 -- Sliding-window attention on CUDA vs the CPU (test_attention_window.lua checks the CPU against the masked
 -- composition): the segments zr.sdpa_window_segments builds, through the flash kernels in bf16/f16 at
 -- head_dim 64 (the Hopper kernels: 128-query tiles, key tiles skipped before a tile's first window) and 128
--- (the Hopper kernels: the forward's tiles as at 64, the backward's 64-query steps), for scaled_dot_product_attention, sdpa_packed and qkv_rope_sdpa; windows of 1,
+-- (the Hopper kernels: the forward's tiles as at 64, the backward's 64-query steps) and 256 (the mma.sync kernels, the
+-- backward's columns over two blocks), for scaled_dot_product_attention, sdpa_packed and qkv_rope_sdpa; windows of 1,
 -- at and around the tile sizes, and past T; plain rows and packed sequences; GQA. SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("attention window") then return end
@@ -15,8 +16,8 @@ local CASES = { -- rows (nil: B one-sequence rows), T, windows
   { Tn = 330, rows = { { 200, 130 }, { 1, 329 } }, windows = { 3, 64, 150 } },
 }
 
-T.test("sdpa with window segments: CUDA (head_dim 64: the Hopper kernels; 128: mma.sync) vs CPU, bf16/f16, GQA", function()
-  for _, D in ipairs { 64, 128 } do for _, dt in ipairs { "bf16", "f16" } do
+T.test("sdpa with window segments: CUDA (head_dim 64, 128: the Hopper kernels; 256: mma.sync) vs CPU, bf16/f16, GQA", function()
+  for _, D in ipairs { 64, 128, 256 } do for _, dt in ipairs { "bf16", "f16" } do
     for _, c in ipairs(CASES) do
       local B = c.rows and #c.rows or c.B
       local seg = c.rows and make_seg(c.rows, c.Tn) or nil
@@ -35,7 +36,7 @@ T.test("sdpa with window segments: CUDA (head_dim 64: the Hopper kernels; 128: m
 end)
 
 T.test("sdpa_packed and qkv_rope_sdpa with window segments: CUDA vs CPU, bf16, GQA (the models' ops)", function()
-  for _, D in ipairs { 64, 128 } do
+  for _, D in ipairs { 64, 128, 256 } do
     for _, c in ipairs(CASES) do
       local B = c.rows and #c.rows or c.B
       local seg = c.rows and make_seg(c.rows, c.Tn) or nil

@@ -6,9 +6,8 @@
 -- sqrt(hidden_size) rounded to their dtype, and per layer type its own rope (sliding_attention: the local
 -- base, full_attention: the global one, scaled) and window (sliding layers only). Parameter names, state
 -- dicts, save_pretrained's files and LoRA targets are transformers' and PEFT's. The config's checks:
--- zrun.models.hf_config.gemma3_text. On a GPU, head_dim 256 runs the attention's f32 composition (no flash
--- kernel at that width: (B, heads, T, T) scores), which masks plain rows by the window; a batch of packed
--- sequences longer than the window is refused there.
+-- zrun.models.hf_config.gemma3_text. On a GPU in bf16/f16, head_dim 256 runs the mma.sync flash kernels (packed
+-- sequences and the window through the segments, as at other widths); in f32 the attention's composition.
 local zr = require "zrun"
 local nn = require "zrun.nn"
 local Module = require "zrun.nn.module"

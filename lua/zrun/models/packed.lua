@@ -4,7 +4,7 @@
 -- sequence starts (masking_utils.find_packed_sequence_indices, used when no attention_mask is
 -- passed), and attention stays inside each sequence. Everything else in a layer is per token.
 -- Where the attention op takes the sequences' bounds (zr.sdpa_segments_ok: the CPU, CUDA's flash
--- kernels in 16 bits at head_dim 64, 128 or a multiple of 8 between) zrun runs it once over the batch's rows joined into one
+-- kernels in 16 bits at head_dim 64, 128, 256 or a multiple of 8 between 64 and 128) zrun runs it once over the batch's rows joined into one
 -- (1, B·T) row, each query masked to its own sequence's keys (the segments), the rope tables gathered
 -- per token: no gathers. Elsewhere (CUDA f32, other head_dims) it runs the attention over groups of
 -- sequences of about one length: each group gathered into
@@ -119,8 +119,8 @@ function M.segments(position_ids, B, T, device, flat, window)
     return segs
   elseif W and not flat then
     error(("sliding_window %d masks keys of a sequence of %d tokens in a batch of packed sequences, which zrun's " ..
-      "attention windows only where it joins them into one row: the CPU, or CUDA in bf16/f16 at head_dim 64, 128 or " ..
-      "a multiple of 8 between (zr.sdpa_segments_ok); train there, without packing, or on sequences of at most %d " ..
+      "attention windows only where it joins them into one row: the CPU, or CUDA in bf16/f16 at head_dim 64, 128, 256 " ..
+      "or a multiple of 8 between 64 and 128 (zr.sdpa_segments_ok); train there, without packing, or on sequences of at most %d " ..
       "tokens"):format(W, longest, W), 0)
   end
   if flat then

@@ -4,7 +4,7 @@
 -- max_window_layers, layer_types).
 -- zrun.models.llama computes it (by the config's model_type); this module names it. A window
 -- shorter than a sequence masks through the attention's segments (the CPU, CUDA in bf16/f16 at
--- head_dim 64, 128 or a multiple of 8 between; elsewhere refused in one line naming sliding_window and the length).
+-- head_dim 64, 128, 256 or a multiple of 8 between 64 and 128; elsewhere refused in one line naming sliding_window and the length).
 local llama = require "zrun.models.llama"
 
 local M = {}
