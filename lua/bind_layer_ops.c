@@ -15,18 +15,19 @@
 
 /* ===== norm (runtime/ops/norm.h) ===== */
 
-/* rms_norm(x [, weight [, eps=1e-6]]) */
+/* rms_norm(x [, weight [, eps=1e-6 [, unit_offset=false]]]): unit_offset true is Gemma's norm, x normalised
+ * times (1 + weight) in f32, rounded once (ops/norm.h zr_rmsnorm_ex) */
 static int l_rms_norm(lua_State *L) {
     zr_tensor *x = zr_l_checktensor(L, 1), *w = lua_isnoneornil(L, 2) ? NULL : zr_l_checktensor(L, 2);
-    return zr_l_pushtensor(L, zr_rmsnorm(x, w, luaL_optnumber(L, 3, 1e-6)));
+    return zr_l_pushtensor(L, zr_rmsnorm_ex(x, w, luaL_optnumber(L, 3, 1e-6), lua_toboolean(L, 4)));
 }
-/* add_rms_norm(x, r [, weight [, eps=1e-6]]) -> h, y: h = x + r and y = rms_norm(h, weight, eps)
- * (a pre-norm block's residual add and the next norm; one kernel on a GPU for x and r of one shape
- * and dtype) */
+/* add_rms_norm(x, r [, weight [, eps=1e-6 [, unit_offset=false]]]) -> h, y: h = x + r and
+ * y = rms_norm(h, weight, eps, unit_offset) (a pre-norm block's residual add and the next norm; one kernel on
+ * a GPU for x and r of one shape and dtype) */
 static int l_add_rms_norm(lua_State *L) {
     zr_tensor *x = zr_l_checktensor(L, 1), *r = zr_l_checktensor(L, 2), *h;
     zr_tensor *w = lua_isnoneornil(L, 3) ? NULL : zr_l_checktensor(L, 3);
-    zr_tensor *y = zr_add_rmsnorm(x, r, w, luaL_optnumber(L, 4, 1e-6), &h);
+    zr_tensor *y = zr_add_rmsnorm_ex(x, r, w, luaL_optnumber(L, 4, 1e-6), lua_toboolean(L, 5), &h);
     if (!y) return zr_l_error(L);
     zr_l_pushtensor(L, h);
     zr_l_pushtensor(L, y);

@@ -27,15 +27,15 @@ extern "C" {
 #endif
 
 
-/* One block per row. LN: y = (x-mean)*rstd*w + b; else y = w * T(x*rstd) (Hugging Face's
- * LlamaRMSNorm: the normalised row is rounded to the dtype before the weight; one pass). RES:
- * x := x + res first, rounded to T and written to hout (hout may alias x or res, so no
- * __restrict__ on those). */
+/* One block per row. LN: y = (x-mean)*rstd*w + b; else, woff 0: y = w * T(x*rstd) (Hugging Face's
+ * LlamaRMSNorm: the normalised row is rounded to the dtype before the weight; one pass), woff 1:
+ * y = T(x*rstd * (1 + w)) (Gemma's RMSNorm: in f32, rounded once). RES: x := x + res first,
+ * rounded to T and written to hout (hout may alias x or res, so no __restrict__ on those). */
 template <typename T, int V, bool LN, bool RES>
 __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ mean_out,
                                 float *__restrict__ rstd_out, const T *x, const T *res,
                                 const T *__restrict__ w, const T *__restrict__ b, int64_t D,
-                                float eps) {
+                                float eps, float woff) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     const T *xr = (RES ? (const T *)hout : x) + row * D;
@@ -87,8 +87,8 @@ __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ 
 #pragma unroll
         for (int k = 0; k < V; ++k) {
             float o = (f[k] - mu) * r;
-            if (!LN) o = tof<T>(fromf<T>(o)); /* a no-op for f32 */
-            if (w) o *= wv[k];
+            if (!LN && woff == 0.f) o = tof<T>(fromf<T>(o)); /* a no-op for f32 */
+            if (w) o *= LN ? wv[k] : wv[k] + woff;
             if (LN && b) o += bv[k];
             f[k] = o;
         }
@@ -96,14 +96,14 @@ __global__ void norm_fwd_kernel(T *__restrict__ y, T *hout, float *__restrict__ 
     }
 }
 
-/* Row-striding backward; dx may alias dy or dres (each element is read before it is written). part (gridDim.x × 2D f32, NULL when no weight gradient is wanted):
+/* Row-striding backward (woff: RMSNorm's weight offset, as the forward's); dx may alias dy or dres (each element is read before it is written). part (gridDim.x × 2D f32, NULL when no weight gradient is wanted):
  * this block's sums of dy*xhat (first D) and dy (next D). */
 template <typename T, int V, bool LN>
 __global__ void norm_bwd_kernel(T *dx, float *__restrict__ part, const T *dy,
                                 const T *__restrict__ x,
                                 const T *__restrict__ w, const float *__restrict__ mean,
                                 const float *__restrict__ rstd, const T *dres,
-                                int64_t N, int64_t D) {
+                                int64_t N, int64_t D, float woff) {
     __shared__ float red[32];
     /* 2*D when part != NULL, stored element-major ([k][chunk]) so that a warp's accesses for one
      * k hit 32 consecutive words instead of 8-way bank conflicts. */
@@ -127,7 +127,7 @@ __global__ void norm_bwd_kernel(T *dx, float *__restrict__ part, const T *dy,
             if (w) ldv<T, V>(wv, w + i);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                const float g = w ? d[k] * wv[k] : d[k];
+                const float g = w ? d[k] * (LN ? wv[k] : wv[k] + woff) : d[k];
                 sg += g;
                 sgx += g * (f[k] - mu) * r;
             }
@@ -142,7 +142,7 @@ __global__ void norm_bwd_kernel(T *dx, float *__restrict__ part, const T *dy,
             if (dres) ldv<T, V>(o, dres + row * D + i);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                const float xh = (f[k] - mu) * r, g = w ? d[k] * wv[k] : d[k];
+                const float xh = (f[k] - mu) * r, g = w ? d[k] * (LN ? wv[k] : wv[k] + woff) : d[k];
                 const float v = r * (g - (LN ? sg : 0.f) - xh * sgx);
                 o[k] = dres ? o[k] + v : v;
                 if (part) {
@@ -299,7 +299,7 @@ static bool fwd_reg(void *y, void *h, float *mean, float *rstd, const void *x, c
 template <typename T, int C, int WPR, bool LN, bool PF = !LN>
 static int bwd_reg_launch(const char *fn, void *dx, float *part, const void *dy, const void *x,
                           const void *w, const float *mean, const float *rstd, const void *dres,
-                          int64_t N, int64_t D, unsigned *grid, cudaStream_t st) {
+                          int64_t N, int64_t D, float woff, unsigned *grid, cudaStream_t st) {
     auto k = norm_bwd_reg_kernel<T, 16 / sizeof(T), C, WPR, LN, PF>;
     const size_t smem = part && WPR < 8 ? (size_t)(LN ? 2 : 1) * D * 4 : 0; /* G = 1: none */
     static int per_sm = 0; /* blocks per SM at smem_seen bytes (racy but idempotent) */
@@ -316,7 +316,7 @@ static int bwd_reg_launch(const char *fn, void *dx, float *part, const void *dy,
     if (g > NORM_BWD_MAX_BLOCKS) g = NORM_BWD_MAX_BLOCKS;
     *grid = (unsigned)g;
     k<<<*grid, 256, smem, st>>>((T *)dx, part, (const T *)dy, (const T *)x, (const T *)w, mean,
-                                rstd, (const T *)dres, N, D);
+                                rstd, (const T *)dres, N, D, woff);
     return 0;
 }
 
@@ -324,7 +324,7 @@ static int bwd_reg_launch(const char *fn, void *dx, float *part, const void *dy,
 template <typename T, bool LN>
 static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const void *x,
                    const void *w, const float *mean, const float *rstd, const void *dres,
-                   int64_t N, int64_t D, unsigned *grid, cudaStream_t st) {
+                   int64_t N, int64_t D, float woff, unsigned *grid, cudaStream_t st) {
     int wpr, c;
     /* chunks per lane: RMSNorm 1 (more warps per row, fewer registers). LayerNorm 1 with the next
      * row prefetched and registers capped at 80 (3 blocks per SM; measured 60% -> 65% of copy at
@@ -337,12 +337,12 @@ static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const 
      * slower). */
     if (LN && (D + 32 * 16 / (int64_t)sizeof(T) - 1) / (32 * 16 / (int64_t)sizeof(T)) == 3)
         return bwd_reg_launch<T, 3, 1, LN, true>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D,
-                                                 grid, st) ? -1 : 1;
+                                                 woff, grid, st) ? -1 : 1;
     if (LN && reg_config(D, 16 / sizeof(T), 1, &wpr, &c)) {
 #define BWDP_CASE(W_, C_)                                                                          \
     if (wpr == W_ && c == C_)                                                                      \
         return bwd_reg_launch<T, C_, W_, LN, true>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, \
-                                                   grid, st) ? -1 : 1;
+                                                   woff, grid, st) ? -1 : 1;
         BWDP_CASE(1, 1) BWDP_CASE(2, 1) BWDP_CASE(4, 1) BWDP_CASE(8, 1)
 #undef BWDP_CASE
         return 0;
@@ -353,12 +353,12 @@ static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const 
          * N=65536 D=4096 */
         if (LN || !reg_config(D, 16 / sizeof(T), 2, &wpr, &c) || wpr != 8 || c != 2) return 0;
         return bwd_reg_launch<T, 2, 8, false, false>(fn, dx, part, dy, x, w, mean, rstd, dres, N,
-                                                     D, grid, st) ? -1 : 1;
+                                                     D, woff, grid, st) ? -1 : 1;
     }
 #define BWD_CASE(W_, C_)                                                                           \
     if (wpr == W_ && c == C_)                                                                      \
-        return bwd_reg_launch<T, C_, W_, LN>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, grid, \
-                                             st) ? -1 : 1;
+        return bwd_reg_launch<T, C_, W_, LN>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, woff, \
+                                             grid, st) ? -1 : 1;
     if (LN) {
         BWD_CASE(1, 1) BWD_CASE(1, 2) BWD_CASE(2, 2) BWD_CASE(4, 2) BWD_CASE(8, 2)
     } else {
@@ -370,7 +370,7 @@ static int bwd_reg(const char *fn, void *dx, float *part, const void *dy, const 
 
 template <typename T, bool LN, bool RES>
 static void fwd_launch(void *y, void *h, float *mean, float *rstd, const void *x, const void *res,
-                       const void *w, const void *b, int64_t N, int64_t D, float eps,
+                       const void *w, const void *b, int64_t N, int64_t D, float eps, float woff,
                        cudaStream_t st) {
     const int V = 16 / sizeof(T);
     const bool vec = D % V == 0 && al16(y) && al16(x) && (!RES || (al16(h) && al16(res))) &&
@@ -380,11 +380,11 @@ static void fwd_launch(void *y, void *h, float *mean, float *rstd, const void *x
     if (vec)
         norm_fwd_kernel<T, 16 / sizeof(T), LN, RES><<<(unsigned)N, row_threads(D, V), 0, st>>>(
             (T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res, (const T *)w, (const T *)b, D,
-            eps);
+            eps, woff);
     else
         norm_fwd_kernel<T, 1, LN, RES><<<(unsigned)N, row_threads(D, 1), 0, st>>>(
             (T *)y, (T *)h, mean, rstd, (const T *)x, (const T *)res, (const T *)w, (const T *)b, D,
-            eps);
+            eps, woff);
 }
 
 extern "C" size_t rmsnorm_backward_workspace_size(int64_t N, int64_t D) {
@@ -398,7 +398,7 @@ extern "C" size_t layernorm_backward_workspace_size(int64_t N, int64_t D) {
 template <typename T, bool LN>
 static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, int db32, int acc, const void *dy,
                       const void *x, const void *w, const float *mean, const float *rstd,
-                      const void *dres, void *ws, int64_t N, int64_t D, cudaStream_t st) {
+                      const void *dres, void *ws, int64_t N, int64_t D, float woff, cudaStream_t st) {
     const int V = 16 / sizeof(T);
     const bool want = dw || db;
     if (want && !ws) return zr_error("%s: workspace is NULL but a weight gradient was asked", fn);
@@ -411,7 +411,7 @@ static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, in
     const bool vec = D % V == 0 && al16(dx) && al16(dy) && al16(x) && (!w || al16(w)) &&
                      (!dres || al16(dres));
     unsigned grid = (unsigned)G;
-    const int rc = vec ? bwd_reg<T, LN>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, &grid, st)
+    const int rc = vec ? bwd_reg<T, LN>(fn, dx, part, dy, x, w, mean, rstd, dres, N, D, woff, &grid, st)
                        : 0;
     if (rc < 0) return ZR_ERR;
     if (rc == 0 && vec) {
@@ -419,13 +419,13 @@ static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, in
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         k<<<(unsigned)G, row_threads(D, V), smem, st>>>((T *)dx, part, (const T *)dy,
                                                         (const T *)x, (const T *)w, mean, rstd,
-                                                        (const T *)dres, N, D);
+                                                        (const T *)dres, N, D, woff);
     } else if (rc == 0) {
         auto k = norm_bwd_kernel<T, 1, LN>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         k<<<(unsigned)G, row_threads(D, 1), smem, st>>>((T *)dx, part, (const T *)dy,
                                                         (const T *)x, (const T *)w, mean, rstd,
-                                                        (const T *)dres, N, D);
+                                                        (const T *)dres, N, D, woff);
     }
     if (want) {
         const int64_t ncol = db ? 2 * D : D;
@@ -441,50 +441,57 @@ static int bwd_launch(const char *fn, void *dx, void *dw, int dw32, void *db, in
     return 0;
 }
 
+static int check_woff(const char *fn, const void *w, float woff) {
+    if (woff != 0.f && (woff != 1.f || !w))
+        return zr_error("%s: w_offset must be 0, or 1 with a weight (got %g%s)", fn, (double)woff, w ? "" : ", no weight");
+    return 0;
+}
+
 extern "C" int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const void *w, int64_t N,
-                                    int64_t D, float eps, zr_dtype dtype, cudaStream_t stream) {
+                                    int64_t D, float eps, float w_offset, zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "rmsnorm_forward_cuda";
-    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (check_nd(fn, N, D) || check_woff(fn, w, w_offset)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
                       fwd_launch<T, false, false>(y, NULL, NULL, rstd, x, NULL, w, NULL, N, D,
-                                                  eps, stream));
+                                                  eps, w_offset, stream));
     return launch_check(fn);
 }
 
 extern "C" int add_rmsnorm_forward_cuda(void *y, void *h, float *rstd, const void *x,
                                         const void *res, const void *w, int64_t N, int64_t D,
-                                        float eps, zr_dtype dtype, cudaStream_t stream) {
+                                        float eps, float w_offset, zr_dtype dtype, cudaStream_t stream) {
     const char *fn = "add_rmsnorm_forward_cuda";
-    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (check_nd(fn, N, D) || check_woff(fn, w, w_offset)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
                       fwd_launch<T, false, true>(y, h, NULL, rstd, x, res, w, NULL, N, D, eps,
-                                                 stream));
+                                                 w_offset, stream));
     return launch_check(fn);
 }
 
 extern "C" int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc,
                                          const void *dy, const void *x, const void *w,
                                          const float *rstd, const void *dres, void *workspace,
-                                         int64_t N, int64_t D, zr_dtype dtype, cudaStream_t stream) {
+                                         int64_t N, int64_t D, float w_offset, zr_dtype dtype,
+                                         cudaStream_t stream) {
     const char *fn = "rmsnorm_backward_cuda";
-    if (check_nd(fn, N, D)) return ZR_ERR;
+    if (check_nd(fn, N, D) || check_woff(fn, w, w_offset)) return ZR_ERR;
     if (dw && dw_dtype != dtype && dw_dtype != ZR_F32)
         return zr_error("%s: the weight gradient must be f32 or x's dtype, got dtype %d", fn, (int)dw_dtype);
     if (N == 0) return 0; /* dw untouched */
     ZR_FUSED_DISPATCH(fn, dtype,
                       if (bwd_launch<T, false>(fn, dx, dw, dw && dw_dtype == ZR_F32 && dtype != ZR_F32, NULL, 0, acc ? 1 : 0,
-                                               dy, x, w, NULL, rstd, dres, workspace, N, D, stream))
+                                               dy, x, w, NULL, rstd, dres, workspace, N, D, w_offset, stream))
                           return ZR_ERR);
     return launch_check(fn);
 }
 
 extern "C" int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x,
                                      const void *w, const float *rstd, const void *dres,
-                                     void *workspace, int64_t N, int64_t D, zr_dtype dtype,
+                                     void *workspace, int64_t N, int64_t D, float w_offset, zr_dtype dtype,
                                      cudaStream_t stream) {
-    return rmsnorm_backward_acc_cuda(dx, dw, dtype, 0, dy, x, w, rstd, dres, workspace, N, D, dtype,
+    return rmsnorm_backward_acc_cuda(dx, dw, dtype, 0, dy, x, w, rstd, dres, workspace, N, D, w_offset, dtype,
                                      stream);
 }
 
@@ -495,7 +502,7 @@ extern "C" int layernorm_forward_cuda(void *y, float *mean, float *rstd, const v
     if (check_nd(fn, N, D)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
-                      fwd_launch<T, true, false>(y, NULL, mean, rstd, x, NULL, w, b, N, D, eps,
+                      fwd_launch<T, true, false>(y, NULL, mean, rstd, x, NULL, w, b, N, D, eps, 0.f,
                                                  stream));
     return launch_check(fn);
 }
@@ -508,7 +515,7 @@ extern "C" int add_layernorm_forward_cuda(void *y, void *h, float *mean, float *
     if (check_nd(fn, N, D)) return ZR_ERR;
     if (N == 0) return 0;
     ZR_FUSED_DISPATCH(fn, dtype,
-                      fwd_launch<T, true, true>(y, h, mean, rstd, x, res, w, b, N, D, eps,
+                      fwd_launch<T, true, true>(y, h, mean, rstd, x, res, w, b, N, D, eps, 0.f,
                                                 stream));
     return launch_check(fn);
 }
@@ -527,7 +534,7 @@ extern "C" int layernorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype
     const int dw32 = dw && dw_dtype == ZR_F32 && dtype != ZR_F32, db32 = db && db_dtype == ZR_F32 && dtype != ZR_F32;
     ZR_FUSED_DISPATCH(fn, dtype,
                       if (bwd_launch<T, true>(fn, dx, dw, dw32, db, db32, (acc_w ? 1 : 0) | (acc_b ? 2 : 0), dy,
-                                              x, w, mean, rstd, dres, workspace, N, D, stream)) return ZR_ERR);
+                                              x, w, mean, rstd, dres, workspace, N, D, 0.f, stream)) return ZR_ERR);
     return launch_check(fn);
 }
 

@@ -16,32 +16,34 @@ extern "C" {
 
 #include "../base/dtype.h" /* C header: inside the extern "C" block */
 
-/* y = w * (x * rsqrt(mean(x^2) + eps)), the normalised row rounded to the dtype before the weight
- * (Hugging Face LlamaRMSNorm). rstd (N) may be NULL (inference). */
+/* w_offset 0: y = w * (x * rsqrt(mean(x^2) + eps)), the normalised row rounded to the dtype before
+ * the weight (Hugging Face LlamaRMSNorm); 1 (with a weight): y = (x * rsqrt(..)) * (1 + w) in f32,
+ * rounded once (Gemma's RMSNorm, whose weights start at zero). rstd (N) may be NULL (inference). */
 int rmsnorm_forward_cuda(void *y, float *rstd, const void *x, const void *w, int64_t N, int64_t D,
-                         float eps, zr_dtype dtype, cudaStream_t stream);
+                         float eps, float w_offset, zr_dtype dtype, cudaStream_t stream);
 /* The residual add fused in: h = x + res (rounded to the dtype, written to h), then y = rmsnorm(h)
  * as rmsnorm_forward_cuda; one read of x and res. h may alias x or res; rstd (N) may be NULL.
  * Its backward is rmsnorm_backward_cuda on h (with dres: the gradient of x and res alike). */
 int add_rmsnorm_forward_cuda(void *y, void *h, float *rstd, const void *x, const void *res,
-                             const void *w, int64_t N, int64_t D, float eps, zr_dtype dtype,
-                             cudaStream_t stream);
+                             const void *w, int64_t N, int64_t D, float eps, float w_offset,
+                             zr_dtype dtype, cudaStream_t stream);
 /* Bytes of workspace rmsnorm_backward_cuda and layernorm_backward_cuda need. */
 size_t rmsnorm_backward_workspace_size(int64_t N, int64_t D);
 size_t layernorm_backward_workspace_size(int64_t N, int64_t D);
 /* dx = d rmsnorm / dx · dy (+ dres when non-NULL: the residual stream's gradient, which makes dx
  * the gradient of both x and res of the fused forward). dw (D) is overwritten; NULL skips it.
- * x is the normalised input (h for the fused forward); rstd from the forward. */
+ * x is the normalised input (h for the fused forward); rstd and w_offset as the forward's (dw is
+ * the gradient of w either way). */
 int rmsnorm_backward_cuda(void *dx, void *dw, const void *dy, const void *x, const void *w,
                           const float *rstd, const void *dres, void *workspace, int64_t N,
-                          int64_t D, zr_dtype dtype, cudaStream_t stream);
+                          int64_t D, float w_offset, zr_dtype dtype, cudaStream_t stream);
 
 /* As rmsnorm_backward_cuda, with dw of dtype dw_dtype (dtype, or ZR_F32: a ZeRO fp32 gradient) and
  * acc 1: dw += the weight gradient, 0: dw = it; no 16-bit dw and no cast or add kernel after.
  * N = 0 leaves dw untouched. */
 int rmsnorm_backward_acc_cuda(void *dx, void *dw, zr_dtype dw_dtype, int acc, const void *dy,
                               const void *x, const void *w, const float *rstd, const void *dres,
-                              void *workspace, int64_t N, int64_t D, zr_dtype dtype,
+                              void *workspace, int64_t N, int64_t D, float w_offset, zr_dtype dtype,
                               cudaStream_t stream);
 
 /* y = (x - mean) * rstd * w + b; w and b may be NULL (1 and 0); mean, rstd (N) may be NULL. */

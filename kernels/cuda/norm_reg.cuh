@@ -152,12 +152,12 @@ __global__ void __launch_bounds__(128 > WPR * 32 ? 128 : WPR * 32)
  * thread keeps the weight-gradient sums of its own columns in registers, the block adds its
  * groups' sums in group order and writes one partial row: part[blockIdx.x] = (sum dy*xhat (D),
  * sum dy (D)). dx may alias dy or dres (a row is read before it is written; the prefetched row is
- * another one). */
+ * another one). RMSNorm's weight is w + woff (0, or Gemma's 1). */
 template <typename T, int V, int C, int WPR, bool LN, bool PF = !LN>
 __global__ void __launch_bounds__(256, LN && PF && C == 1 ? 3 : 1)
     norm_bwd_reg_kernel(T *dx, float *__restrict__ part, const T *dy, const T *__restrict__ x,
                         const T *__restrict__ w, const float *__restrict__ mean,
-                        const float *__restrict__ rstd, const T *dres, int64_t N, int64_t D) {
+                        const float *__restrict__ rstd, const T *dres, int64_t N, int64_t D, float woff) {
     __shared__ float2 red[2 * 8];
     extern __shared__ float accs[]; /* 2*D floats when part != NULL */
     const int warp = threadIdx.x >> 5, G = 8 / WPR, grp = warp / WPR;
@@ -169,7 +169,12 @@ __global__ void __launch_bounds__(256, LN && PF && C == 1 ? 3 : 1)
         const int64_t i = ((int64_t)c * WPR * 32 + tig) * V;
 #pragma unroll
         for (int k = 0; k < V; ++k) aw[c][k] = ab[c][k] = 0.f, wv[c][k] = 1.f;
-        if (w && i < D) ldv<T, V>(wv[c], w + i);
+        if (w && i < D) {
+            ldv<T, V>(wv[c], w + i);
+            if (!LN)
+#pragma unroll
+                for (int k = 0; k < V; ++k) wv[c][k] += woff; /* Gemma's (1 + w) */
+        }
     }
     const int64_t stride = (int64_t)gridDim.x * G;
     int64_t row = (int64_t)blockIdx.x * G + grp;

@@ -44,8 +44,9 @@ static zr_dtype compute_dtype(zr_tensor *x, zr_tensor *w, zr_tensor *b) {
 #include "kernels/cuda/norm.h"
 #endif
 
-/* ln 0: rms_norm (b, mean unused); 1: layer_norm. out, mean, rstd allocated by the caller. */
-static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_tensor *rstd, zr_tensor *x,
+/* ln 0: rms_norm (b, mean unused; unit: Gemma's (1 + w)); 1: layer_norm. out, mean, rstd allocated by the
+ * caller. */
+static zr_status norm_forward_dev(int ln, int unit, zr_tensor *out, zr_tensor *mean, zr_tensor *rstd, zr_tensor *x,
                                   zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
 #ifdef ZR_HAVE_CUDA
     const char *op = ln ? "layer_norm" : "rms_norm";
@@ -61,9 +62,9 @@ static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_te
             rc = layernorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(mean), zr_tensor_data(rstd),
                                         zr_tensor_data(xi), wi ? zr_tensor_data(wi) : NULL,
                                         bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s);
-        else /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype), in one pass */
+        else /* LlamaRMSNorm, as on the CPU: weight * (x * rstd).to(input_dtype), in one pass (unit: Gemma's) */
             rc = rmsnorm_forward_cuda(zr_tensor_data(out), zr_tensor_data(rstd), zr_tensor_data(xi),
-                                      wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, dt, s);
+                                      wi ? zr_tensor_data(wi) : NULL, N, D, (float)eps, unit ? 1.f : 0.f, dt, s);
         st = zr_dev_status(rc, op, dev);
     }
     zr_tensor_release(xi);
@@ -71,7 +72,7 @@ static zr_status norm_forward_dev(int ln, zr_tensor *out, zr_tensor *mean, zr_te
     zr_tensor_release(bi);
     return st;
 #else
-    (void)out, (void)mean, (void)rstd, (void)x, (void)w, (void)b, (void)N, (void)D, (void)eps;
+    (void)unit, (void)out, (void)mean, (void)rstd, (void)x, (void)w, (void)b, (void)N, (void)D, (void)eps;
     return zr_no_cuda(ln ? "layer_norm" : "rms_norm");
 #endif
 }
@@ -127,7 +128,7 @@ static zr_status norm_backward_dev(int ln, zr_node *n, zr_tensor *g, zr_tensor *
                                               ws ? zr_tensor_data(ws) : NULL, N, D, dt, s)
                 : rmsnorm_backward_acc_cuda(p[0], p[1], pt[1], acc[1], zr_tensor_data(gi), zr_tensor_data(xi),
                                             wi ? zr_tensor_data(wi) : NULL, zr_tensor_data(rstd), dres,
-                                            ws ? zr_tensor_data(ws) : NULL, N, D, dt, s);
+                                            ws ? zr_tensor_data(ws) : NULL, N, D, n->i[0] ? 1.f : 0.f, dt, s);
     if (zr_dev_status(rc, op, dev)) goto done;
     for (int i = 1; i < 3; i++) /* d[i] NULL: the leaf counts as done, its hook fires */
         if (lg[i]) n->edges[i].leaf->grad_stale = 0;
@@ -149,20 +150,21 @@ done:
 static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
 static zr_status layernorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin);
 
-/* The whole op on a GPU: output, f32 statistics (mean only for layer_norm), the node. */
-static zr_tensor *norm_dev(int ln, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t N, int64_t D, double eps) {
+/* The whole op on a GPU: output, f32 statistics (mean only for layer_norm), the node (i[0] = unit). */
+static zr_tensor *norm_dev(int ln, int unit, zr_tensor *x, zr_tensor *w, zr_tensor *b, int64_t N, int64_t D,
+                           double eps) {
     zr_device dev = zr_tensor_device(x);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *rstd = out ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *mean = rstd && ln ? zr_tensor_new_cat(ZR_F32, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_node *n;
-    if (!rstd || (ln && !mean) || norm_forward_dev(ln, out, mean, rstd, x, w, b, N, D, eps)) goto fail;
+    if (!rstd || (ln && !mean) || norm_forward_dev(ln, unit, out, mean, rstd, x, w, b, N, D, eps)) goto fail;
     if (ln) {
         if (zr_autograd_record(out, "layer_norm", layernorm_backward, 3, (zr_tensor *[]){x, w, b}, &n)) goto fail;
     } else if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, w}, &n))
         goto fail;
     if (n) {
-        n->f[0] = eps;
+        n->f[0] = eps, n->i[0] = unit;
         if (zr_node_save(n, x) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
             goto fail;
     }
@@ -178,13 +180,29 @@ fail:
 
 /* --- RMSNorm --- */
 
-/* saved: x, weight (or NULL), rstd (N, compute dtype) */
+/* The weight as the CPU kernels take it, in ct: (1 + w) for Gemma's norm (unit), a new tensor, else w. */
+static zr_tensor *cpu_weight(zr_tensor *w, zr_dtype ct, int unit) {
+    zr_tensor *wi = w ? zr_cpu_in(w, ct) : NULL;
+    if (!wi || !unit) return wi;
+    zr_tensor *u = zr_tensor_new_cat(ct, zr_tensor_device(w), 1, wi->shape, ZR_MEM_WORKSPACE, 0);
+    if (u) {
+        int64_t D = wi->shape[0];
+        if (ct == ZR_F64)
+            for (int64_t j = 0; j < D; j++) ((double *)zr_tensor_data(u))[j] = 1.0 + ((const double *)zr_tensor_data(wi))[j];
+        else
+            for (int64_t j = 0; j < D; j++) ((float *)zr_tensor_data(u))[j] = 1.0f + ((const float *)zr_tensor_data(wi))[j];
+    }
+    zr_tensor_release(wi);
+    return u;
+}
+
+/* saved: x, weight (or NULL), rstd (N, compute dtype); i[0]: Gemma's (1 + w) */
 static zr_status rmsnorm_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *x = n->saved[0], *w = n->saved[1], *rstd = n->saved[2];
     if (!zr_is_cpu(x)) return norm_backward_dev(0, n, g, x, w, NULL, rstd, gin);
     zr_dtype ct = rstd->dtype;
     int64_t D = x->shape[x->ndim - 1], N = zr_tensor_numel(x) / D;
-    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = w ? zr_cpu_in(w, ct) : NULL;
+    zr_tensor *gi = zr_cpu_in(g, ct), *xi = zr_cpu_in(x, ct), *wi = cpu_weight(w, ct, (int)n->i[0]);
     zr_tensor *dx = NULL, *dw = NULL;
     zr_status st = ZR_ERR;
     if (!gi || !xi || (w && !wi)) goto done;
@@ -217,19 +235,32 @@ done:
     return st;
 }
 
-zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) {
+/* Gemma's norm (unit) takes a weight, on CUDA one no wider than x (read in x's dtype there). */
+static zr_status check_unit(const char *op, zr_tensor *x, zr_tensor *w, int unit) {
+    if (!unit) return ZR_OK;
+    if (!w) return zr_error("%s: unit_offset (Gemma's 1 + weight) needs a weight", op);
+    if (!zr_is_cpu(x) && zr_dtype_size(w->dtype) > zr_dtype_size(x->dtype))
+        return zr_error("%s: unit_offset on cuda reads the weight in x's dtype (%s), so a %s weight would be rounded "
+                        "first; give x in the weight's dtype or the weight in x's",
+                        op, zr_dtype_name(x->dtype), zr_dtype_name(w->dtype));
+    return ZR_OK;
+}
+
+zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) { return zr_rmsnorm_ex(x, weight, eps, 0); }
+
+zr_tensor *zr_rmsnorm_ex(zr_tensor *x, zr_tensor *weight, double eps, int unit) {
     int64_t D, N;
-    if (check_args("rms_norm", x, weight, NULL, &D, &N)) return NULL;
-    if (!zr_is_cpu(x)) return norm_dev(0, x, weight, NULL, N, D, eps);
+    if (check_args("rms_norm", x, weight, NULL, &D, &N) || check_unit("rms_norm", x, weight, unit)) return NULL;
+    if (!zr_is_cpu(x)) return norm_dev(0, unit, x, weight, NULL, N, D, eps);
     zr_dtype ct = compute_dtype(x, weight, NULL);
     zr_device dev = zr_tensor_device(x);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);
     zr_tensor *rstd = out ? zr_tensor_new_cat(ct, dev, 1, &N, ZR_MEM_ACTIVATIONS, 0) : NULL;
     zr_tensor *xi = rstd ? zr_cpu_in(x, ct) : NULL;
-    zr_tensor *wi = xi && weight ? zr_cpu_in(weight, ct) : NULL;
+    zr_tensor *wi = xi && weight ? cpu_weight(weight, ct, unit) : NULL;
     zr_tensor *o = NULL;
     if (!xi || (weight && !wi)) goto fail;
-    if (is_low(x->dtype) && weight) {
+    if (is_low(x->dtype) && weight && !unit) {
         /* LlamaRMSNorm: weight * (x * rstd).to(input_dtype): round, then scale, then round. */
         zr_tensor *h = zr_tensor_new_cat(ZR_F32, dev, x->ndim, x->shape, ZR_MEM_WORKSPACE, 0);
         if (!h) goto fail;
@@ -254,7 +285,7 @@ zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps) {
     zr_node *n;
     if (zr_autograd_record(out, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){x, weight}, &n)) goto fail;
     if (n) {
-        n->f[0] = eps;
+        n->f[0] = eps, n->i[0] = unit;
         if (zr_node_save(n, x) || zr_node_save(n, weight) || zr_node_save(n, rstd)) goto fail;
     }
     zr_tensor_release(xi);
@@ -286,8 +317,8 @@ static zr_status residual_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
  * plan's Sim:add_rms_norm is Sim:add then Sim:rms_norm; the nodes are the composition's too (an
  * add on h, the norm on y saving h), so backward is the plain norm's, whose dx kernel adds the
  * gradient already pending at h in the same pass. */
-static zr_tensor *add_norm_dev(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *w, zr_tensor *b, int64_t N,
-                               int64_t D, double eps, zr_tensor **hp) {
+static zr_tensor *add_norm_dev(int ln, int unit, zr_tensor *x, zr_tensor *r, zr_tensor *w, zr_tensor *b,
+                               int64_t N, int64_t D, double eps, zr_tensor **hp) {
     const char *op = ln ? "add_layer_norm" : "add_rms_norm";
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(x);
@@ -307,7 +338,8 @@ static zr_tensor *add_norm_dev(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *w,
                                                  zr_tensor_data(rstd), zr_tensor_data(xi), zr_tensor_data(ri), pw,
                                                  bi ? zr_tensor_data(bi) : NULL, N, D, (float)eps, dt, s)
                     : add_rmsnorm_forward_cuda(zr_tensor_data(y), zr_tensor_data(h), zr_tensor_data(rstd),
-                                               zr_tensor_data(xi), zr_tensor_data(ri), pw, N, D, (float)eps, dt, s);
+                                               zr_tensor_data(xi), zr_tensor_data(ri), pw, N, D, (float)eps,
+                                               unit ? 1.f : 0.f, dt, s);
         st = zr_dev_status(rc, op, dev);
     }
     zr_tensor_release(xi);
@@ -320,7 +352,7 @@ static zr_tensor *add_norm_dev(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *w,
            : zr_autograd_record(y, "rms_norm", rmsnorm_backward, 2, (zr_tensor *[]){h, w}, &n))
         goto fail;
     if (n) {
-        n->f[0] = eps;
+        n->f[0] = eps, n->i[0] = unit;
         if (zr_node_save(n, h) || zr_node_save(n, w) || (ln && zr_node_save(n, mean)) || zr_node_save(n, rstd))
             goto fail;
     }
@@ -335,7 +367,7 @@ fail:
     zr_tensor_release(h);
     return NULL;
 #else
-    (void)ln, (void)x, (void)r, (void)w, (void)b, (void)N, (void)D, (void)eps, (void)hp;
+    (void)ln, (void)unit, (void)x, (void)r, (void)w, (void)b, (void)N, (void)D, (void)eps, (void)hp;
     zr_no_cuda(op);
     return NULL;
 #endif
@@ -343,18 +375,18 @@ fail:
 
 /* Both ops' front: checks, then one kernel on a GPU for x and r of one shape and dtype, else the
  * composition (zr_add, then the norm). */
-static zr_tensor *add_norm(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
-                           zr_tensor **h) {
+static zr_tensor *add_norm(int ln, int unit, zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias,
+                           double eps, zr_tensor **h) {
     const char *op = ln ? "add_layer_norm" : "add_rms_norm";
     int64_t D, N;
     *h = NULL;
     if (zr_check_float(op, r) || zr_check_same_device(op, 2, (zr_tensor *[]){x, r}) ||
-        check_args(op, x, weight, bias, &D, &N))
+        check_args(op, x, weight, bias, &D, &N) || check_unit(op, x, weight, unit))
         return NULL;
     if (!zr_is_cpu(x) && r->dtype == x->dtype && zr_tensor_same_shape(x, r))
-        return add_norm_dev(ln, x, r, weight, bias, N, D, eps, h);
+        return add_norm_dev(ln, unit, x, r, weight, bias, N, D, eps, h);
     zr_tensor *s = zr_add(x, r);
-    zr_tensor *y = !s ? NULL : ln ? zr_layernorm(s, weight, bias, eps) : zr_rmsnorm(s, weight, eps);
+    zr_tensor *y = !s ? NULL : ln ? zr_layernorm(s, weight, bias, eps) : zr_rmsnorm_ex(s, weight, eps, unit);
     if (!y) {
         zr_tensor_release(s);
         return NULL;
@@ -364,12 +396,17 @@ static zr_tensor *add_norm(int ln, zr_tensor *x, zr_tensor *r, zr_tensor *weight
 }
 
 zr_tensor *zr_add_rmsnorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, zr_tensor **h) {
-    return add_norm(0, x, r, weight, NULL, eps, h);
+    return add_norm(0, 0, x, r, weight, NULL, eps, h);
+}
+
+zr_tensor *zr_add_rmsnorm_ex(zr_tensor *x, zr_tensor *r, zr_tensor *weight, double eps, int unit_offset,
+                             zr_tensor **h) {
+    return add_norm(0, unit_offset != 0, x, r, weight, NULL, eps, h);
 }
 
 zr_tensor *zr_add_layernorm(zr_tensor *x, zr_tensor *r, zr_tensor *weight, zr_tensor *bias, double eps,
                             zr_tensor **h) {
-    return add_norm(1, x, r, weight, bias, eps, h);
+    return add_norm(1, 0, x, r, weight, bias, eps, h);
 }
 
 /* --- LayerNorm --- */
@@ -408,7 +445,7 @@ done:
 zr_tensor *zr_layernorm(zr_tensor *x, zr_tensor *weight, zr_tensor *bias, double eps) {
     int64_t D, N;
     if (check_args("layer_norm", x, weight, bias, &D, &N)) return NULL;
-    if (!zr_is_cpu(x)) return norm_dev(1, x, weight, bias, N, D, eps);
+    if (!zr_is_cpu(x)) return norm_dev(1, 0, x, weight, bias, N, D, eps);
     zr_dtype ct = compute_dtype(x, weight, bias);
     zr_device dev = zr_tensor_device(x);
     zr_tensor *out = zr_tensor_new_cat(x->dtype, dev, x->ndim, x->shape, ZR_MEM_ACTIVATIONS, 0);

@@ -312,19 +312,19 @@ static void norms(int64_t N, int64_t D) {
     CU(cudaMalloc(&ws, rmsnorm_backward_workspace_size(N, D)));
     const double e = 2.0 * N * D;
     row("rmsnorm fwd", sh,
-        2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, BF, 0)); }));
+        2 * e, time_ms([&] { OK(rmsnorm_forward_cuda(y, rstd, x, w, N, D, 1e-5f, 0.f, BF, 0)); }));
     /* the residual add then the norm (Llama before zr.add_rms_norm: two kernels, h written
      * then read back) against the fused kernel (x and r read once, h and y written) */
     const int64_t one = 1, shp = N * D;
     row("add + rmsnorm fwd (2 kernels)", sh, 5 * e, time_ms([&] {
             OK(binary_forward_cuda(h, x, &one, r, &one, 1, &shp, ZR_BIN_ADD, BF, 0));
-            OK(rmsnorm_forward_cuda(y, rstd, h, w, N, D, 1e-5f, BF, 0));
+            OK(rmsnorm_forward_cuda(y, rstd, h, w, N, D, 1e-5f, 0.f, BF, 0));
         }));
     row("add_rmsnorm fwd (fused)", sh, 4 * e, time_ms([&] {
-            OK(add_rmsnorm_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, BF, 0));
+            OK(add_rmsnorm_forward_cuda(y, h, rstd, x, r, w, N, D, 1e-5f, 0.f, BF, 0));
         }));
     row("rmsnorm bwd (+dres, dw)", sh, 4 * e, time_ms([&] {
-            OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, BF, 0));
+            OK(rmsnorm_backward_cuda(dx, dw, dy, x, w, rstd, r, ws, N, D, 0.f, BF, 0));
         }));
     row("layernorm fwd", sh, 2 * e, time_ms([&] {
             OK(layernorm_forward_cuda(y, mean, rstd, x, w, b, N, D, 1e-5f, BF, 0));

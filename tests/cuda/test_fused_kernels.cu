@@ -186,23 +186,39 @@ TEST(rmsnorm_forward_backward) {
                      (long long)D);
             vec y, mean, rstd;
             norm_ref(false, x, w, vec(), N, D, eps, y, mean, rstd);
-            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), dx_.p, dw_.p, N, D, eps, t, 0));
+            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), dx_.p, dw_.p, N, D, eps, 0.f, t, 0));
             CHECK_CLOSE(y_.down(), y, tol_of(t), what);
             CHECK_CLOSE(rstd_.down(), rstd, 1e-5, what);
             /* backward with dres, dw, at the residual stream h = round(x + res) */
             vec h(N * D);
             for (int64_t i = 0; i < N * D; ++i) h[i] = round_to(x[i] + res[i], t);
             h_.up(h);
-            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), h_.p, dw_.p, N, D, eps, t, 0));
+            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), h_.p, dw_.p, N, D, eps, 0.f, t, 0));
             vec dxr, dwr, dbr;
             norm_bwd_ref(false, dy, h, w, N, D, eps, dxr, dwr, dbr);
             for (int64_t i = 0; i < N * D; ++i) dxr[i] += dres[i];
             dbuf ws(rmsnorm_backward_workspace_size(N, D) / 4 + 1, ZR_F32);
             CHECK_OK(rmsnorm_backward_cuda(g_.p, gw_.p, dy_.p, h_.p, dw_.p, rstd_.f(), dres_.p,
-                                           ws.p, N, D, t, 0));
+                                           ws.p, N, D, 0.f, t, 0));
+            CHECK_CLOSE(g_.down(), dxr, tol_of(t) * 1.5, what);
+            CHECK_CLOSE(gw_.down(), dwr, tol_of(t) * 1.5 + 1e-5, what);
+            /* Gemma's norm (w_offset 1): the weight 1 + w; dw is still the gradient of w */
+            vec w1(D);
+            for (int64_t i = 0; i < D; ++i) w1[i] = 1 + round_to(w[i], t);
+            snprintf(what, sizeof what, "rmsnorm (1 + w) %s N=%lld D=%lld", tn(t), (long long)N, (long long)D);
+            norm_ref(false, x, w1, vec(), N, D, eps, y, mean, rstd);
+            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), dx_.p, dw_.p, N, D, eps, 1.f, t, 0));
+            CHECK_CLOSE(y_.down(), y, tol_of(t), what);
+            CHECK_OK(rmsnorm_forward_cuda(y_.p, rstd_.f(), h_.p, dw_.p, N, D, eps, 1.f, t, 0));
+            norm_bwd_ref(false, dy, h, w1, N, D, eps, dxr, dwr, dbr);
+            for (int64_t i = 0; i < N * D; ++i) dxr[i] += dres[i];
+            CHECK_OK(rmsnorm_backward_cuda(g_.p, gw_.p, dy_.p, h_.p, dw_.p, rstd_.f(), dres_.p,
+                                           ws.p, N, D, 1.f, t, 0));
             CHECK_CLOSE(g_.down(), dxr, tol_of(t) * 1.5, what);
             CHECK_CLOSE(gw_.down(), dwr, tol_of(t) * 1.5 + 1e-5, what);
         }
+    CHECK(rmsnorm_forward_cuda(NULL, NULL, NULL, NULL, 2, 4, 1e-5f, 1.f, ZR_BF16, 0) != 0); /* (1 + w) needs w */
+    CHECK(strstr(zr_last_error(), "w_offset") != NULL);
 }
 
 TEST(layernorm_forward_backward) { /* 300 x 768 (GPT-2's width) and 40 x 320 (f32): the register

@@ -41,6 +41,34 @@ T.test("rms_norm bf16 rounds like LlamaRMSNorm", function()
   T.near(y:float(), (h * w:float()):bfloat16():float(), 0)
 end)
 
+-- Gemma's RMSNorm (Gemma3RMSNorm): x normalised in f32 times (1 + weight) in f32, rounded to x's dtype once
+T.test("rms_norm unit_offset (Gemma's 1 + weight): by hand, gradcheck, rounded once in bf16", function()
+  local x = zr.tensor({ { 1, 2, 3, 4 }, { -2, 0, 0, 0 } }, { dtype = "f64" })
+  local w = zr.tensor({ 0, -0.5, 1, -2 }, { dtype = "f64" })
+  local r1, r2 = 1 / sqrt(7.5 + 1e-6), 1 / sqrt(1 + 1e-6)
+  T.near(zr.rms_norm(x, w, 1e-6, true), { r1, 2 * 0.5 * r1, 3 * 2 * r1, -4 * r1, -2 * r2, 0, 0, 0 }, 1e-14)
+  T.gradcheck(function(a, v) return zr.rms_norm(a, v, 1e-5, true) end, { r(2, 7, 5), r(5) })
+  T.gradcheck(function(a, b, v)
+    local h, y = zr.add_rms_norm(a, b, v, 1e-5, true)
+    return y + h * 0.5
+  end, { r(3, 6), r(3, 6), r(6) })
+  -- bf16: the reference rounds once (transformers: (x.float() normalised * (1 + w.float())).type_as(x)); the
+  -- weights near zero, as Gemma's start
+  local xb = zr.randn(5, 33):bfloat16()
+  for _, wd in ipairs { "bf16", "f32" } do
+    local wb = (zr.randn(33) * 0.05):to(wd)
+    local want = (xb:float():rms_norm(nil, 1e-6) * (wb:float() + 1)):bfloat16()
+    T.near(zr.rms_norm(xb, wb, 1e-6, true):float(), want:float(), 0, 0, "bf16 x, " .. wd .. " weight")
+    local h, y = zr.add_rms_norm(xb, xb * 0.5, wb, 1e-6, true)
+    T.near(y:float(), zr.rms_norm(h, wb, 1e-6, true):float(), 0, 0, "add_rms_norm unit_offset")
+  end
+  -- Llama's norm rounds the normalised x first: the two differ somewhere in bf16
+  local wb = (zr.randn(33) * 0.05 + 1):bfloat16()
+  local one = zr.rms_norm(xb, wb - 1, 1e-6, true):float()
+  assert(((one - zr.rms_norm(xb, wb, 1e-6):float()):abs():max():item()) > 0, "one rounding vs two")
+  T.raises(function() zr.rms_norm(xb, nil, 1e-6, true) end, "unit_offset (Gemma's 1 + weight) needs a weight")
+end)
+
 T.test("rms_norm errors", function()
   T.raises(function() zr.randn(2, 6):rms_norm(zr.ones(5)) end, "weight has shape (5) but x is (2,6); expected (6)")
   T.raises(function() zr.zeros(2, 3, { dtype = "i64" }):rms_norm() end, "floating-point")

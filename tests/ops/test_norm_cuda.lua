@@ -1,5 +1,5 @@
 -- rms_norm, layer_norm and their residual-add forms (add_rms_norm, add_layer_norm) on CUDA vs the
--- CPU, with and without affine parameters.
+-- CPU, with and without affine parameters; rms_norm's unit_offset (Gemma's 1 + weight, rounded once).
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("norm") then return end
 local zr, T, randn, both, close_big = C.zr, C.T, C.randn, C.both, C.close_big
@@ -15,6 +15,8 @@ T.test("rms_norm and layer_norm, with and without affine parameters", function()
       local sl = D == 1 and 2000 or 2
       both("rms_norm " .. what, dt, { randn(sh), randn({ D }) }, function(x, w) return zr.rms_norm(x, w, 1e-6) end, sl)
       both("rms_norm no weight " .. what, dt, { randn(sh) }, function(x) return zr.rms_norm(x, nil, 1e-5) end, sl)
+      both("rms_norm unit_offset (Gemma's) " .. what, dt, { randn(sh), randn({ D }) },
+        function(x, w) return zr.rms_norm(x, w * 0.1, 1e-6, true) end, sl)
       both("layer_norm " .. what, dt, { randn(sh), randn({ D }), randn({ D }) },
         function(x, w, b) return zr.layer_norm(x, w, b, 1e-5) end, sl)
       both("layer_norm no affine " .. what, dt, { randn(sh) }, function(x) return zr.layer_norm(x) end, sl)
@@ -39,6 +41,10 @@ T.test("add_rms_norm: h and y, gradients of x, r and the weight", function()
       end, sl)
       both(what .. " no weight, h", dt, { randn(sh), randn(sh) },
         function(x, r) return zr.add_rms_norm(x, r, nil, 1e-5) end, sl)
+      both(what .. " unit_offset (Gemma's), y + h/2", dt, { randn(sh), randn(sh), randn({ D }) }, function(x, r, w)
+        local h, y = zr.add_rms_norm(x, r, w * 0.1, 1e-6, true)
+        return y + h * 0.5
+      end, sl)
     end
   end
   -- shapes the kernel does not take: the composition, the same values
@@ -55,6 +61,13 @@ T.test("add_rms_norm on the GPU records the composition's nodes (add, rms_norm)"
   T.eq(h.grad_fn, "add")
   T.eq(y.grad_fn, "rms_norm")
   T.near(h:cpu(), x:detach():cpu() + r:cpu(), 0)
+end)
+
+T.test("rms_norm unit_offset on the GPU refuses a weight wider than x (it would be rounded first)", function()
+  local x = randn({ 3, 8 }):cuda():bfloat16()
+  T.raises(function() zr.rms_norm(x, randn({ 8 }):cuda(), 1e-6, true) end,
+    "rms_norm: unit_offset on cuda reads the weight in x's dtype (bf16), so a f32 weight would be rounded first")
+  T.raises(function() zr.add_rms_norm(x, x, randn({ 8 }):cuda(), 1e-6, true) end, "add_rms_norm: unit_offset on cuda")
 end)
 
 -- The LayerNorm twin, with each output used: y alone, h alone (the norm's parameters get no

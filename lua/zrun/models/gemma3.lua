@@ -29,13 +29,37 @@ function RMSNorm:__init(dim, eps, cfg)
   self.dim, self.eps = dim, eps
   self.weight = Module.Parameter(init.zeros_(zr.empty({ dim }, { dtype = cfg.dtype or "f32", device = cfg.device or "cpu" })))
 end
+-- Whether zr.rms_norm's unit_offset (one op: one kernel on a GPU each way) computes this norm of x exactly:
+-- on the CPU always (f32, f64 for f64), on a GPU where the weight is no wider than x (the kernels read it in
+-- x's dtype; 16-bit weights widen to f32 exactly).
+local function fused_ok(x, w)
+  local xd, wd = x:dtype(), w:dtype()
+  return x:device() == "cpu" or xd == wd or (xd == "f32" and (wd == "bf16" or wd == "f16"))
+end
 -- x normalised in f32 (f64 stays f64) and multiplied by (1 + weight) in f32, rounded once to x's dtype
--- (Llama's norm rounds the normalised x first, then multiplies by the weight in the activations' dtype).
+-- (Llama's norm rounds the normalised x first, then multiplies by the weight in the activations' dtype):
+-- zr.rms_norm with unit_offset, else its composition (a wider weight on a GPU: f32 copies, one rounding).
 function RMSNorm:forward(x)
+  if fused_ok(x, self.weight) then return zr.rms_norm(x, self.weight, self.eps, true) end
   local dt = x:dtype()
   local ct = dt == "f64" and "f64" or "f32"
   local y = zr.rms_norm(x:to(ct), self.weight:to(ct) + 1, self.eps)
   return dt == ct and y or y:to(dt)
+end
+local function add_norm_yh(x, r, ln)
+  local h, y = zr.add_rms_norm(x, r, ln.weight, ln.eps, true)
+  return y, h
+end
+-- h = x + r and this norm of h, as one op (zr.add_rms_norm with unit_offset: one kernel on a GPU) where
+-- RMSNorm:forward's op runs and the module has no hooks of its own (ZeRO-3's run around the op, as llama.lua's
+-- add_norm); else the add, then the module.
+function RMSNorm:add(x, r)
+  if fused_ok(x, self.weight) and self:groupable() then
+    local y, h = Module.call_group({ self }, add_norm_yh, x, r, self)
+    return h, y
+  end
+  local h = x + r
+  return h, self(h)
 end
 -- "(dim,), eps=..."
 function RMSNorm:extra_repr() return ("(%d,), eps=%g"):format(self.dim, self.eps) end
@@ -73,8 +97,9 @@ function Layer:__init(cfg)
   end
 end
 function Layer:forward(x, cos, sin, segs)
-  local h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, segs))
-  return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+  local a = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, segs))
+  local h, y = self.pre_feedforward_layernorm:add(x, a) -- h = x + a and its norm, one op
+  return h + self.post_feedforward_layernorm(self.mlp(y))
 end
 
 -- Model: Llama's forward (zrun.models.llama.Model) over Gemma's layers ----------------------
