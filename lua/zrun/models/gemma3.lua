@@ -52,8 +52,8 @@ local function add_norm_yh(x, r, ln)
 end
 -- h = x + r and this norm of h, as one op (zr.add_rms_norm with unit_offset: one kernel on a GPU) where
 -- RMSNorm:forward's op runs and the module has no hooks of its own (ZeRO-3's run around the op, as llama.lua's
--- add_norm); else the add, then the module.
-function RMSNorm:add(x, r)
+-- add_norm, which calls this); else the add, then the module.
+function RMSNorm:add_forward(x, r)
   if fused_ok(x, self.weight) and self:groupable() then
     local y, h = Module.call_group({ self }, add_norm_yh, x, r, self)
     return h, y
@@ -96,11 +96,21 @@ function Layer:__init(cfg)
     self[n] = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
   end
 end
-function Layer:forward(x, cos, sin, segs)
-  local a = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, segs))
-  local h, y = self.pre_feedforward_layernorm:add(x, a) -- h = x + a and its norm, one op
-  return h + self.post_feedforward_layernorm(self.mlp(y))
+-- The layer as (h, m), its output h + m not yet summed (as Llama's: Model:forward adds m with the next layer's
+-- input_layernorm, or the final norm, as one op); pending, the previous layer's m, is added to x with this
+-- layer's input_layernorm. Each residual add runs with the norm after it (RMSNorm:add_forward).
+function Layer:residual_forward(x, cos, sin, pending, segs)
+  local y
+  if pending then x, y = self.input_layernorm:add_forward(x, pending) else y = self.input_layernorm(x) end
+  local a = self.post_attention_layernorm(self.self_attn(y, cos, sin, segs))
+  local h, y2 = self.pre_feedforward_layernorm:add_forward(x, a)
+  return h, self.post_feedforward_layernorm(self.mlp(y2))
 end
+function Layer:forward(x, cos, sin, segs)
+  local h, m = self:residual_forward(x, cos, sin, nil, segs)
+  return h + m
+end
+Layer.split_forward = Layer.forward -- (llama.Model:forward: the forward residual_forward splits)
 
 -- Model: Llama's forward (zrun.models.llama.Model) over Gemma's layers ----------------------
 local Model = llama.Model:extend("Gemma3TextModel")

@@ -227,6 +227,7 @@ local function add_rms_norm_yh(x, r, ln)
   return y, h
 end
 local function add_norm(x, r, ln)
+  if ln.add_forward then return ln:add_forward(x, r) end -- (a norm with its own: Gemma 3's)
   if ln.forward == rmsnorm_forward and ln:groupable() then
     local y, h = Module.call_group({ ln }, add_rms_norm_yh, x, r, ln)
     return h, y
@@ -246,6 +247,9 @@ function Layer:forward(x, cos, sin, segs)
   local h, m = self:residual_forward(x, cos, sin, nil, segs)
   return h + m
 end
+-- The forward that residual_forward splits (Model:forward calls that in its place unless forward was replaced;
+-- a layer class with its own pair sets its own: Gemma 3's).
+Layer.split_forward = Layer.forward
 
 -- Model -------------------------------------------------------------------------------------
 local Model = Module:extend("LlamaModel")
@@ -325,7 +329,6 @@ end
 -- Where the attention takes the segments (packed.flat_ok) each token's cos and sin rows are
 -- gathered here once (B·T, D), made outside the layers so that a checkpointed layer's recomputation
 -- and every layer read the same ones.
-local layer_forward = Layer.forward
 function Model:forward(input_ids, position_ids)
   local scope = self:temporaries_scope()
   local B, T = input_ids:size(1), input_ids:size(2)
@@ -366,7 +369,7 @@ function Model:forward(input_ids, position_ids)
       end
       c, s = t[1], t[2]
     end
-    if not ckpt and layer.forward == layer_forward and layer:skippable() then
+    if not ckpt and layer.forward == layer.split_forward and layer:skippable() then
       h, pending = layer:residual_forward(h, c, s, pending, ls)
     else
       if pending then h, pending = h + pending, nil end
