@@ -237,6 +237,17 @@ static int l_swiglu(lua_State *L) {
     if (lua_isnoneornil(L, 2)) return zr_l_pushtensor(L, zr_swiglu_packed(a));
     return zr_l_pushtensor(L, zr_swiglu(a, zr_l_checktensor(L, 2)));
 }
+/* geglu(gate, up [, approximate="none"]) = gelu(gate, approximate) * up, fused (Gemma's MLP: "tanh");
+ * geglu(gu, nil [, approximate]): gate and up packed in gu's last dim */
+static int l_geglu(lua_State *L) {
+    zr_tensor *a = zr_l_checktensor(L, 1);
+    const char *ap = luaL_optstring(L, 3, "none");
+    zr_glu_act act = !strcmp(ap, "tanh") ? ZR_GLU_GELU_TANH : ZR_GLU_GELU;
+    if (strcmp(ap, "tanh") && strcmp(ap, "none"))
+        return luaL_error(L, "geglu: approximate must be \"none\" or \"tanh\" (torch's gelu), got \"%s\"", ap);
+    if (lua_isnoneornil(L, 2)) return zr_l_pushtensor(L, zr_glu_packed(a, act));
+    return zr_l_pushtensor(L, zr_glu(a, zr_l_checktensor(L, 2), act));
+}
 
 /* ===== attention (runtime/ops/attention.h) ===== */
 
@@ -400,7 +411,7 @@ static int l_split(lua_State *L) {
 
 static const luaL_Reg methods[] = {
     {"rms_norm", l_rms_norm}, {"add_rms_norm", l_add_rms_norm}, {"layer_norm", l_layer_norm},
-    {"add_layer_norm", l_add_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu},
+    {"add_layer_norm", l_add_layer_norm}, {"rope", l_rope}, {"qkv_rope", l_qkv_rope}, {"swiglu", l_swiglu}, {"geglu", l_geglu},
     {"scaled_dot_product_attention", l_sdpa}, {"dropout", l_dropout}, {"split", l_split},
     {"sdpa_packed", l_sdpa_packed}, {"qkv_rope_sdpa", l_qkv_rope_sdpa},
     {"qkv_norm_rope", l_qkv_norm_rope}, {"qkv_norm_rope_sdpa", l_qkv_norm_rope_sdpa}, {NULL, NULL}};

@@ -1,6 +1,7 @@
-/* CPU reference for the fused SwiGLU h = silu(gate) * up and its two input gradients. fp32 or
- * fp64 per real.h; OpenMP over elements. The arithmetic follows `gate:silu() * up` and its
- * backward step by step (same operations, same order), so in f32/f64 the two agree to rounding. */
+/* CPU reference for the fused gated linear units h = act(gate) * up (SwiGLU: silu; GeGLU: GELU) and their
+ * two input gradients. fp32 or fp64 per real.h; OpenMP over elements. The arithmetic follows
+ * `gate:silu() * up` (or :gelu()) and its backward step by step (same operations, same order as
+ * elementwise.c's), so in f32/f64 the two agree to rounding. */
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
@@ -9,22 +10,40 @@
 #define PAR_ROWS _Pragma("omp parallel for schedule(static) if (M * F > 32768)")
 
 static inline real sigmoid(real x) { return (real)1 / ((real)1 + R_EXP(-x)); }
+static inline real act_f(int act, real g) {
+    if (act == ZR_GLU_SILU) return g * sigmoid(g);
+    if (act == ZR_GLU_GELU_TANH) {
+        const real c = (real)0.7978845608028654; /* sqrt(2/pi) */
+        return (real)0.5 * g * ((real)1 + R_TANH(c * (g + (real)0.044715 * g * g * g)));
+    }
+    return (real)0.5 * g * ((real)1 + R_ERF(g * (real)0.7071067811865476));
+}
+/* dh * up * act'(g) (SiLU's in swiglu's order of operations) */
+static inline real dgate_of(int act, real d, real u, real g) {
+    if (act == ZR_GLU_SILU) {
+        const real s = sigmoid(g);
+        return d * u * s * ((real)1 + g * ((real)1 - s));
+    }
+    if (act == ZR_GLU_GELU_TANH) {
+        const real c = (real)0.7978845608028654;
+        const real t = R_TANH(c * (g + (real)0.044715 * g * g * g)), du = c * ((real)1 + (real)0.134145 * g * g);
+        return d * u * ((real)0.5 * ((real)1 + t) + (real)0.5 * g * ((real)1 - t * t) * du);
+    }
+    const real cdf = (real)0.5 * ((real)1 + R_ERF(g * (real)0.7071067811865476));
+    return d * u * (cdf + g * R_EXP((real)-0.5 * g * g) * (real)0.3989422804014327);
+}
 
-void K(swiglu_forward_cpu)(real *h, const real *gate, const real *up, int64_t M, int64_t F,
-                           int64_t ld) {
+void K(glu_forward_cpu)(real *h, const real *gate, const real *up, int64_t M, int64_t F, int64_t ld, int act) {
     PAR_ROWS for (int64_t m = 0; m < M; m++) {
         const real *gr = gate + m * ld, *ur = up + m * ld;
         real *hr = h + m * F;
         _Pragma("omp simd")
-        for (int64_t f = 0; f < F; f++) {
-            const real g = gr[f];
-            hr[f] = g * sigmoid(g) * ur[f];
-        }
+        for (int64_t f = 0; f < F; f++) hr[f] = act_f(act, gr[f]) * ur[f];
     }
 }
 
-void K(swiglu_backward_cpu)(real *dgate, real *dup, const real *dh, const real *gate,
-                            const real *up, int64_t M, int64_t F, int64_t ld) {
+void K(glu_backward_cpu)(real *dgate, real *dup, const real *dh, const real *gate, const real *up, int64_t M,
+                         int64_t F, int64_t ld, int act) {
     /* (one loop for both gradients: each element's inputs are read before its outputs are written,
      * so either may be written over its input) */
     PAR_ROWS for (int64_t m = 0; m < M; m++) {
@@ -33,22 +52,16 @@ void K(swiglu_backward_cpu)(real *dgate, real *dup, const real *dh, const real *
         if (dgr && dur) {
             _Pragma("omp simd")
             for (int64_t f = 0; f < F; f++) {
-                const real g = gr[f], u = ur[f], s = sigmoid(g), d = dhr[f];
-                dgr[f] = d * u * s * ((real)1 + g * ((real)1 - s)); /* dh * up: the gradient at silu's output */
-                dur[f] = d * (g * s);
+                const real g = gr[f], u = ur[f], d = dhr[f];
+                dgr[f] = dgate_of(act, d, u, g); /* dh * up: the gradient at the activation's output */
+                dur[f] = d * act_f(act, g);
             }
         } else if (dgr) {
             _Pragma("omp simd")
-            for (int64_t f = 0; f < F; f++) {
-                const real g = gr[f], s = sigmoid(g);
-                dgr[f] = dhr[f] * ur[f] * s * ((real)1 + g * ((real)1 - s));
-            }
+            for (int64_t f = 0; f < F; f++) dgr[f] = dgate_of(act, dhr[f], ur[f], gr[f]);
         } else if (dur) {
             _Pragma("omp simd")
-            for (int64_t f = 0; f < F; f++) {
-                const real g = gr[f];
-                dur[f] = dhr[f] * (g * sigmoid(g));
-            }
+            for (int64_t f = 0; f < F; f++) dur[f] = dhr[f] * act_f(act, gr[f]);
         }
     }
 }

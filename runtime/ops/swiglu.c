@@ -1,6 +1,7 @@
-/* Fused SwiGLU forward/backward (see ops/swiglu.h): the CPU path through kernels/cpu/swiglu.c
- * (bf16/f16 widened to f32), the CUDA path through kernels/cuda/swiglu.h. Tensors are read as
- * (M, F) rows, F the last dim (1 for a 0-dim tensor), with row stride ld = F. */
+/* Fused gated linear units forward/backward, SwiGLU and GeGLU (see ops/swiglu.h): the CPU path through
+ * kernels/cpu/swiglu.c (bf16/f16 widened to f32), the CUDA path through kernels/cuda/swiglu.h. Tensors are
+ * read as (M, F) rows, F the last dim (1 for a 0-dim tensor), with row stride ld = F. The node keeps the
+ * activation in i[0]. */
 #include "ops/swiglu.h"
 
 #include <string.h>
@@ -21,7 +22,10 @@ static void rows_cols(const zr_tensor *t, int64_t *M, int64_t *F) {
 #include "kernels/cuda/swiglu.h"
 #endif
 
-static zr_status swiglu_forward_dev(zr_tensor *out, zr_tensor *gate, zr_tensor *up) {
+/* The op's name in messages and on its node */
+static const char *glu_name(zr_glu_act act) { return act == ZR_GLU_SILU ? "swiglu" : "geglu"; }
+
+static zr_status swiglu_forward_dev(zr_tensor *out, zr_tensor *gate, zr_tensor *up, zr_glu_act act) {
 #ifdef ZR_HAVE_CUDA
     zr_device dev = zr_tensor_device(gate);
     int64_t M, F;
@@ -31,16 +35,16 @@ static zr_status swiglu_forward_dev(zr_tensor *out, zr_tensor *gate, zr_tensor *
     zr_tensor *ui = gi ? zr_tensor_contiguous_raw(up) : NULL;
     zr_status st = ZR_ERR;
     if (ui) {
-        int rc = swiglu_forward_cuda(zr_tensor_data(out), zr_tensor_data(gi), zr_tensor_data(ui), M,
-                                     F, F, gate->dtype, zr_cuda_stream(dev));
-        st = zr_dev_status(rc, "swiglu", dev);
+        int rc = glu_forward_cuda(zr_tensor_data(out), zr_tensor_data(gi), zr_tensor_data(ui), M, F, F, act,
+                                  gate->dtype, zr_cuda_stream(dev));
+        st = zr_dev_status(rc, glu_name(act), dev);
     }
     zr_tensor_release(gi);
     zr_tensor_release(ui);
     return st;
 #else
     (void)out, (void)gate, (void)up;
-    return zr_no_cuda("swiglu");
+    return zr_no_cuda(glu_name(act));
 #endif
 }
 
@@ -64,10 +68,10 @@ static zr_status swiglu_backward_dev(zr_node *n, zr_tensor *g, zr_tensor *gate, 
         if (!(buf[i] = zr_tensor_new_cat(dt, dev, gate->ndim, gate->shape, cat, 0))) goto done;
     }
     if (M) {
-        int rc = swiglu_backward_cuda(zr_tensor_data(buf[0]), zr_tensor_data(buf[1]),
-                                      zr_tensor_data(gi), zr_tensor_data(ga), zr_tensor_data(ua), M,
-                                      F, F, dt, zr_cuda_stream(dev));
-        if (zr_dev_status(rc, "swiglu backward", dev)) goto done;
+        int rc = glu_backward_cuda(zr_tensor_data(buf[0]), zr_tensor_data(buf[1]), zr_tensor_data(gi),
+                                   zr_tensor_data(ga), zr_tensor_data(ua), M, F, F, (zr_glu_act)n->i[0], dt,
+                                   zr_cuda_stream(dev));
+        if (zr_dev_status(rc, n->name, dev)) goto done;
     }
     for (int i = 0; i < 2; i++)
         if (zr_node_needs_grad(n, i)) {
@@ -83,12 +87,12 @@ done:
     zr_tensor_release(ua);
     return st;
 #else
-    (void)n, (void)g, (void)gate, (void)up, (void)d;
-    return zr_no_cuda("swiglu");
+    (void)g, (void)gate, (void)up, (void)d;
+    return zr_no_cuda(n->name);
 #endif
 }
 
-/* saved: gate, up (as given; silu(gate) is recomputed here, never kept) */
+/* saved: gate, up (as given; act(gate) is recomputed here, never kept) */
 static zr_status swiglu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_tensor *gate = n->saved[0], *up = n->saved[1];
     zr_tensor *d[2] = {NULL, NULL}, *gi = NULL, *ga = NULL, *ua = NULL;
@@ -107,9 +111,9 @@ static zr_status swiglu_backward(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         if (zr_node_needs_grad(n, i) &&
             !(d[i] = zr_tensor_new_cat(ct, dev, gate->ndim, gate->shape, ZR_MEM_ACTIVATIONS, 0)))
             goto done;
-    ZR_CPU_CALL(ct, swiglu_backward_cpu, d[0] ? zr_tensor_data(d[0]) : NULL,
+    ZR_CPU_CALL(ct, glu_backward_cpu, d[0] ? zr_tensor_data(d[0]) : NULL,
                 d[1] ? zr_tensor_data(d[1]) : NULL, zr_tensor_data(gi), zr_tensor_data(ga),
-                zr_tensor_data(ua), M, F, F);
+                zr_tensor_data(ua), M, F, F, (int)n->i[0]);
     st = zr_give_grads(n, 2, d, gin);
 done:
     zr_tensor_release(d[0]);
@@ -120,25 +124,31 @@ done:
     return st;
 }
 
-static zr_status check_args(zr_tensor *gate, zr_tensor *up) {
+static zr_status check_args(const char *op, zr_tensor *gate, zr_tensor *up, zr_glu_act act) {
     char b1[128], b2[128], d1[16];
-    if (zr_check_float("swiglu", gate) || zr_check_float("swiglu", up)) return ZR_ERR;
-    if (zr_check_same_device("swiglu", 2, (zr_tensor *[]){gate, up})) return ZR_ERR;
+    if (act != ZR_GLU_SILU && act != ZR_GLU_GELU_TANH && act != ZR_GLU_GELU)
+        return zr_error("%s: unknown activation %d", op, (int)act);
+    if (!gate || !up) return zr_error("%s: missing input", op);
+    if (zr_check_float(op, gate) || zr_check_float(op, up)) return ZR_ERR;
+    if (zr_check_same_device(op, 2, (zr_tensor *[]){gate, up})) return ZR_ERR;
     if (!zr_tensor_same_shape(gate, up))
-        return zr_error("swiglu: gate %s and up %s must have the same shape (no broadcasting)",
+        return zr_error("%s: gate %s and up %s must have the same shape (no broadcasting)", op,
                         zr_tensor_shape_str(gate, b1), zr_tensor_shape_str(up, b2));
     if (gate->dtype != up->dtype)
-        return zr_error("swiglu: gate is %s but up is %s; both must have one dtype "
+        return zr_error("%s: gate is %s but up is %s; both must have one dtype "
                         "(cast with :to())",
-                        zr_dtype_name(gate->dtype), zr_dtype_name(up->dtype));
+                        op, zr_dtype_name(gate->dtype), zr_dtype_name(up->dtype));
     if (!zr_is_cpu(gate) && gate->dtype == ZR_F64)
-        return zr_error("swiglu on %s: f64 is not supported (use f32, bf16 or f16)",
+        return zr_error("%s on %s: f64 is not supported (use f32, bf16 or f16)", op,
                         zr_device_name(zr_tensor_device(gate), d1));
     return ZR_OK;
 }
 
-zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up) {
-    if (check_args(gate, up)) return NULL;
+zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up) { return zr_glu(gate, up, ZR_GLU_SILU); }
+
+zr_tensor *zr_glu(zr_tensor *gate, zr_tensor *up, zr_glu_act act) {
+    const char *op = glu_name(act);
+    if (check_args(op, gate, up, act)) return NULL;
     zr_device dev = zr_tensor_device(gate);
     zr_tensor *out =
         zr_tensor_new_cat(gate->dtype, dev, gate->ndim, gate->shape, ZR_MEM_ACTIVATIONS, 0);
@@ -146,7 +156,7 @@ zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up) {
     zr_node *n;
     if (!out) return NULL;
     if (!zr_is_cpu(gate)) {
-        if (swiglu_forward_dev(out, gate, up)) goto fail;
+        if (swiglu_forward_dev(out, gate, up, act)) goto fail;
     } else {
         zr_dtype ct = zr_cpu_compute_dtype(gate->dtype);
         int64_t M, F;
@@ -154,14 +164,15 @@ zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up) {
         if (!(gi = zr_cpu_in(gate, ct)) || !(ui = zr_cpu_in(up, ct)) ||
             !(o = zr_cpu_out_begin(out, ct)))
             goto fail;
-        ZR_CPU_CALL(ct, swiglu_forward_cpu, zr_tensor_data(o), zr_tensor_data(gi),
-                    zr_tensor_data(ui), M, F, F);
+        ZR_CPU_CALL(ct, glu_forward_cpu, zr_tensor_data(o), zr_tensor_data(gi),
+                    zr_tensor_data(ui), M, F, F, (int)act);
         zr_status st = zr_cpu_out_end(out, o);
         o = NULL;
         if (st) goto fail;
     }
-    if (zr_autograd_record(out, "swiglu", swiglu_backward, 2, (zr_tensor *[]){gate, up}, &n))
+    if (zr_autograd_record(out, op, swiglu_backward, 2, (zr_tensor *[]){gate, up}, &n))
         goto fail;
+    if (n) n->i[0] = act;
     if (n && (zr_node_save(n, gate) || zr_node_save(n, up))) goto fail;
     zr_tensor_release(gi);
     zr_tensor_release(ui);
@@ -195,14 +206,14 @@ static zr_status swiglu_packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gi
     zr_status st = d ? ZR_OK : ZR_ERR;
     if (d && M && F) {
         if (cpu)
-            ZR_CPU_CALL(ct, swiglu_backward_cpu, zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
-                        zr_tensor_data(ga), elem(ga, F), M, F, F2);
+            ZR_CPU_CALL(ct, glu_backward_cpu, zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
+                        zr_tensor_data(ga), elem(ga, F), M, F, F2, (int)n->i[0]);
 #ifdef ZR_HAVE_CUDA
         else
-            st = zr_dev_status(swiglu_backward_cuda(zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
-                                                    zr_tensor_data(ga), elem(ga, F), M, F, F2, ct,
-                                                    zr_cuda_stream(dev)),
-                               "swiglu backward", dev);
+            st = zr_dev_status(glu_backward_cuda(zr_tensor_data(d), elem(d, F), zr_tensor_data(gi),
+                                                 zr_tensor_data(ga), elem(ga, F), M, F, F2, (zr_glu_act)n->i[0],
+                                                 ct, zr_cuda_stream(dev)),
+                               n->name, dev);
 #endif
     }
     zr_tensor_release(gi);
@@ -211,17 +222,22 @@ static zr_status swiglu_packed_backward(zr_node *n, zr_tensor *g, zr_tensor **gi
     return zr_give_grad(gin, d, st);
 }
 
-zr_tensor *zr_swiglu_packed(zr_tensor *gu) {
+zr_tensor *zr_swiglu_packed(zr_tensor *gu) { return zr_glu_packed(gu, ZR_GLU_SILU); }
+
+zr_tensor *zr_glu_packed(zr_tensor *gu, zr_glu_act act) {
     char b1[128], d1[16];
-    if (!gu) return zr_error_null("swiglu: missing input");
-    if (zr_check_float("swiglu", gu)) return NULL;
+    const char *op = glu_name(act);
+    if (act != ZR_GLU_SILU && act != ZR_GLU_GELU_TANH && act != ZR_GLU_GELU)
+        return zr_error_null("%s: unknown activation %d", op, (int)act);
+    if (!gu) return zr_error_null("%s: missing input", op);
+    if (zr_check_float(op, gu)) return NULL;
     if (gu->ndim == 0 || gu->shape[gu->ndim - 1] % 2)
-        return zr_error_null("swiglu: one tensor holds gate and up packed in its last dim, which must be "
+        return zr_error_null("%s: one tensor holds gate and up packed in its last dim, which must be "
                              "even, got %s; or pass gate and up as two tensors",
-                             zr_tensor_shape_str(gu, b1));
+                             op, zr_tensor_shape_str(gu, b1));
     zr_device dev = zr_tensor_device(gu);
     if (!zr_is_cpu(gu) && gu->dtype == ZR_F64)
-        return zr_error_null("swiglu on %s: f64 is not supported (use f32, bf16 or f16)", zr_device_name(dev, d1));
+        return zr_error_null("%s on %s: f64 is not supported (use f32, bf16 or f16)", op, zr_device_name(dev, d1));
     int64_t M, F2, shape[ZR_MAX_DIMS];
     rows_cols(gu, &M, &F2);
     int64_t F = F2 / 2;
@@ -235,24 +251,25 @@ zr_tensor *zr_swiglu_packed(zr_tensor *gu) {
         if (zr_is_cpu(gu)) {
             zr_dtype ct = zr_cpu_compute_dtype(gu->dtype);
             if (!(gi = zr_cpu_in(gu, ct)) || !(o = zr_cpu_out_begin(out, ct))) goto fail;
-            ZR_CPU_CALL(ct, swiglu_forward_cpu, zr_tensor_data(o), zr_tensor_data(gi), elem(gi, F), M, F, F2);
+            ZR_CPU_CALL(ct, glu_forward_cpu, zr_tensor_data(o), zr_tensor_data(gi), elem(gi, F), M, F, F2, (int)act);
             zr_status st = zr_cpu_out_end(out, o);
             o = NULL;
             if (st) goto fail;
         } else {
 #ifdef ZR_HAVE_CUDA
             if (!(gi = zr_tensor_contiguous_raw(gu))) goto fail;
-            if (zr_dev_status(swiglu_forward_cuda(zr_tensor_data(out), zr_tensor_data(gi), elem(gi, F), M, F, F2,
-                                                  gu->dtype, zr_cuda_stream(dev)),
-                              "swiglu", dev))
+            if (zr_dev_status(glu_forward_cuda(zr_tensor_data(out), zr_tensor_data(gi), elem(gi, F), M, F, F2, act,
+                                               gu->dtype, zr_cuda_stream(dev)),
+                              op, dev))
                 goto fail;
 #else
-            zr_no_cuda("swiglu");
+            zr_no_cuda(op);
             goto fail;
 #endif
         }
     }
-    if (zr_autograd_record(out, "swiglu", swiglu_packed_backward, 1, &gu, &n)) goto fail;
+    if (zr_autograd_record(out, op, swiglu_packed_backward, 1, &gu, &n)) goto fail;
+    if (n) n->i[0] = act;
     if (n && zr_node_save(n, gu)) goto fail;
     zr_tensor_release(gi);
     return out;

@@ -5,6 +5,7 @@
 #define ZR_OPS_SWIGLU_H
 
 #include "core/tensor.h"
+#include "kernels/base/glu.h"
 
 /* h = silu(gate) * up = gate * sigmoid(gate) * up, elementwise. gate and up: the same shape, the
  * same float dtype, the same device (no broadcasting); h has that shape and dtype (computed in
@@ -15,5 +16,11 @@ zr_tensor *zr_swiglu(zr_tensor *gate, zr_tensor *up);
  * its first F columns and up in its last F; h (..., F). Backward writes ONE gradient of gu's shape
  * (dgate and dup side by side), so no split is needed. Same dtypes and devices as zr_swiglu. */
 zr_tensor *zr_swiglu_packed(zr_tensor *gu);
+
+/* The gated linear units by activation (kernels/base/glu.h): h = act(gate) * up; ZR_GLU_SILU is zr_swiglu,
+ * ZR_GLU_GELU_TANH / ZR_GLU_GELU GeGLU (Gemma's MLP: gelu_pytorch_tanh; computed in f32 and rounded once,
+ * where transformers' act(gate) * up rounds the activation first). The node is named "swiglu" or "geglu". */
+zr_tensor *zr_glu(zr_tensor *gate, zr_tensor *up, zr_glu_act act);
+zr_tensor *zr_glu_packed(zr_tensor *gu, zr_glu_act act);
 
 #endif

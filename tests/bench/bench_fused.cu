@@ -488,9 +488,9 @@ int main(int argc, char **argv) {
              *dg = bf(M * F), *du = bf(M * F);
         const double e = 2.0 * M * F;
         row("swiglu fwd", "bf16 M=16384 F=8192", 3 * e,
-            time_ms([&] { OK(swiglu_forward_cuda(hh, g, u, M, F, F, BF, 0)); }));
+            time_ms([&] { OK(glu_forward_cuda(hh, g, u, M, F, F, ZR_GLU_SILU, BF, 0)); }));
         row("swiglu bwd", "bf16 M=16384 F=8192", 5 * e,
-            time_ms([&] { OK(swiglu_backward_cuda(dg, du, dh, g, u, M, F, F, BF, 0)); }));
+            time_ms([&] { OK(glu_backward_cuda(dg, du, dh, g, u, M, F, F, ZR_GLU_SILU, BF, 0)); }));
         for (void *p : {g, u, hh, dh, dg, du}) cudaFree(p);
     }
     cross_entropy_rows();

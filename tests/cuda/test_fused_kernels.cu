@@ -382,8 +382,26 @@ TEST(rope_forward_backward) {
 
 /* ---- swiglu ---------------------------------------------------------------------------------- */
 
-TEST(swiglu_forward_backward) {
+/* act(g) and act'(g) in double: silu, torch's tanh GELU and exact GELU (Gemma's GeGLU) */
+static double glu_ref(zr_glu_act a, double g, double *grad) {
+    if (a == ZR_GLU_SILU) {
+        const double s = 1 / (1 + std::exp(-g));
+        *grad = s + g * s * (1 - s);
+        return g * s;
+    }
+    if (a == ZR_GLU_GELU_TANH) {
+        const double c = std::sqrt(2 / M_PI), u = c * (g + 0.044715 * g * g * g), th = std::tanh(u);
+        *grad = 0.5 * (1 + th) + 0.5 * g * (1 - th * th) * c * (1 + 3 * 0.044715 * g * g);
+        return 0.5 * g * (1 + th);
+    }
+    const double cdf = 0.5 * (1 + std::erf(g / std::sqrt(2.0)));
+    *grad = cdf + g * std::exp(-0.5 * g * g) / std::sqrt(2 * M_PI);
+    return g * cdf;
+}
+
+TEST(swiglu_forward_backward) { /* and GeGLU: the same kernels with the GELU activations */
     const int64_t shapes[][2] = {{1, 1}, {3, 5}, {17, 1024}, {4, 1000}};
+    for (zr_glu_act act : {ZR_GLU_SILU, ZR_GLU_GELU_TANH, ZR_GLU_GELU})
     for (auto &s : shapes)
         for (zr_dtype t : DT)
             for (int fused = 0; fused < 2; ++fused) {
@@ -395,22 +413,21 @@ TEST(swiglu_forward_backward) {
                 vec h(M * F), dgu(gu.size(), 0);
                 for (int64_t r = 0; r < M; ++r)
                     for (int64_t c = 0; c < F; ++c) {
-                        double g = gu[r * ld + c], u = gu[uoff + r * ld + c];
-                        double sg = 1 / (1 + std::exp(-g));
-                        h[r * F + c] = g * sg * u;
-                        dgu[r * ld + c] = dh[r * F + c] * u * (sg + g * sg * (1 - sg));
-                        dgu[uoff + r * ld + c] = dh[r * F + c] * g * sg;
+                        double g = gu[r * ld + c], u = gu[uoff + r * ld + c], da;
+                        const double a = glu_ref(act, g, &da);
+                        h[r * F + c] = a * u;
+                        dgu[r * ld + c] = dh[r * F + c] * u * da;
+                        dgu[uoff + r * ld + c] = dh[r * F + c] * a;
                     }
                 char what[96];
-                snprintf(what, sizeof what, "swiglu %s M%lld F%lld ld%lld", tn(t), (long long)M,
+                snprintf(what, sizeof what, "glu act %d %s M%lld F%lld ld%lld", (int)act, tn(t), (long long)M,
                          (long long)F, (long long)ld);
                 const int esz = (int)dsize(t);
-                CHECK_OK(swiglu_forward_cuda(h_.p, gu_.p, (char *)gu_.p + uoff * esz, M, F, ld, t,
-                                             0));
+                CHECK_OK(glu_forward_cuda(h_.p, gu_.p, (char *)gu_.p + uoff * esz, M, F, ld, act, t, 0));
                 CHECK_CLOSE(h_.down(), h, tol_of(t), what);
                 if (fused) CHECK_OK(cudaMemset(dgu_.p, 0, gu.size() * esz)); /* gaps: none */
-                CHECK_OK(swiglu_backward_cuda(dgu_.p, (char *)dgu_.p + uoff * esz, dh_.p, gu_.p,
-                                              (char *)gu_.p + uoff * esz, M, F, ld, t, 0));
+                CHECK_OK(glu_backward_cuda(dgu_.p, (char *)dgu_.p + uoff * esz, dh_.p, gu_.p,
+                                           (char *)gu_.p + uoff * esz, M, F, ld, act, t, 0));
                 CHECK_CLOSE(dgu_.down(), dgu, tol_of(t), what);
             }
 }

@@ -122,6 +122,49 @@ T.test("swiglu keeps gate and up for backward, not the silu output", function()
   h2 = nil
 end)
 
+-- GeGLU (Gemma's MLP): zr.geglu(gate, up, approximate) = gelu(gate, approximate) * up, and its packed form
+T.test("geglu equals gate:gelu(approximate) * up, values and gradients; gradcheck; packed = two tensors", function()
+  for _, ap in ipairs { "tanh", "none" } do
+    for _, dt in ipairs { "f64", "f32", "bf16" } do
+      local sh = { 3, 5, 17 }
+      local g0, u0, w = (zr.randn(sh) * 3):to(dt), zr.randn(sh):to(dt), zr.randn(sh)
+      local function run(f)
+        local g, u = g0:detach():requires_grad_(true), u0:detach():requires_grad_(true)
+        local h = f(g, u)
+        ;(h:to("f64") * w:to("f64")):sum():backward()
+        return h, g.grad, u.grad
+      end
+      local h1, dg1, du1 = run(function(g, u) return zr.geglu(g, u, ap) end)
+      local h2, dg2, du2 = run(function(g, u) return g:gelu(ap) * u end)
+      local what = ("geglu %s %s"):format(ap, dt)
+      T.eq(h1.grad_fn == nil and "none" or tostring(h1.grad_fn), "geglu", what .. " node")
+      if dt == "bf16" then -- (the pair rounds twice, the fused op once: as swiglu's test)
+        local e = 2 ^ -7
+        T.near(h1:float(), h2:float(), e * maxabs(h2:float()), e, "forward " .. what)
+        T.near(dg1:float(), dg2:float(), e * maxabs(dg2:float()), e, "dgate " .. what)
+        T.near(du1:float(), du2:float(), e * maxabs(du2:float()), e, "dup " .. what)
+      else
+        -- (judged at each tensor's scale: 1 + tanh(u) cancels for negative gates, as in gelu's own op)
+        local tol = dt == "f64" and 1e-14 or 1e-6
+        T.near(h1, h2, tol * maxabs(h2), tol, "forward " .. what)
+        T.near(dg1, dg2, tol * maxabs(dg2), tol, "dgate " .. what)
+        T.near(du1, du2, tol * maxabs(du2), tol, "dup " .. what)
+      end
+    end
+    T.gradcheck(function(g, u) return zr.geglu(g, u, ap) end, { r({ 4, 6 }, 3), r({ 4, 6 }) })
+    T.gradcheck(function(gu) return zr.geglu(gu, nil, ap) end, { r({ 3, 8 }, 3) })
+    local gu = zr.randn({ 2, 3, 10 }, { dtype = "f64" }) * 2
+    T.near(zr.geglu(gu, nil, ap), zr.geglu(gu:narrow(3, 1, 5), gu:narrow(3, 6, 5), ap), 0, 0, "packed " .. ap)
+  end
+  -- the default is torch's exact GELU, as F.gelu's
+  local g, u = zr.randn({ 9 }, { dtype = "f64" }), zr.randn({ 9 }, { dtype = "f64" })
+  T.near(zr.geglu(g, u), g:gelu("none") * u, 1e-15, 1e-14, "default approximate")
+  T.raises(function() zr.geglu(g, u, "erf") end, 'geglu: approximate must be "none" or "tanh"')
+  T.raises(function() zr.geglu(zr.zeros({ 3, 4 }), zr.zeros({ 4, 3 }), "tanh") end,
+    "geglu: gate (3,4) and up (4,3) must have the same shape")
+  T.raises(function() zr.geglu(zr.zeros({ 3, 5 }), nil, "tanh") end, "geglu: one tensor holds gate and up packed")
+end)
+
 T.test("swiglu errors name the op, the shapes, dtypes and devices", function()
   T.raises(function() zr.swiglu(zr.zeros({ 3, 4 }), zr.zeros({ 4, 3 })) end,
     "swiglu: gate (3,4) and up (4,3) must have the same shape")

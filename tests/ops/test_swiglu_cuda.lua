@@ -1,4 +1,4 @@
--- The fused swiglu on CUDA vs the CPU op: f32/bf16/f16 forward and backward, Llama-sized rows.
+-- The fused swiglu (and geglu, its GELU twin) on CUDA vs the CPU op: f32/bf16/f16 forward and backward, Llama-sized rows.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
 if C.skip_without_gpu("swiglu") then return end
 local zr, T, randn, both, close_big = C.zr, C.T, C.randn, C.both, C.close_big
@@ -15,6 +15,16 @@ T.test("swiglu (fused): f32/bf16/f16 forward and backward vs the CPU op; Llama-s
     -- strided inputs are copied to contiguous ones; their gradients come back in the inputs' shapes
     both("swiglu strided", dt, { randn({ 13, 6 }) * 3, randn({ 6, 17 }) },
       function(g, u) return zr.swiglu(g:transpose(1, 2), u:narrow(2, 3, 13)) end)
+  end
+  -- GeGLU (Gemma's MLP): the same kernels with GELU, tanh and exact; two tensors and packed
+  for _, dt in ipairs { "f32", "bf16", "f16" } do
+    for _, ap in ipairs { "tanh", "none" } do
+      for _, sh in ipairs { { 7 }, { 5, 1000 }, { 3, 4099 } } do
+        both(("geglu %s %s"):format(ap, table.concat(sh, ",")), dt, { randn(sh) * 3, randn(sh) },
+          function(g, u) return zr.geglu(g, u, ap) end)
+      end
+      both("geglu packed " .. ap, dt, { randn({ 6, 2 * 1000 }) * 3 }, function(gu) return zr.geglu(gu, nil, ap) end)
+    end
   end
   T.raises(function() zr.swiglu(zr.ones({ 3 }), zr.ones({ 3 }, { device = "cuda" })) end,
     "swiglu: input 2 is on cuda:0 but input 1 is on cpu")

@@ -82,8 +82,13 @@ function MLP:__init(cfg)
   self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size)
   rawset(self, "approximate", cfg.gelu_approximate)
 end
+-- (gate and up as one product where they can: llama.gate_up; zr.geglu computes gelu(gate) * up in f32 and rounds
+-- once, where transformers rounds the activation first)
 function MLP:forward(x)
-  return self.down_proj(self.gate_proj(x):gelu(self.approximate) * self.up_proj(x))
+  local g, u = self.gate_proj, self.up_proj
+  local gu = llama.gate_up(x, g, u)
+  if gu then return self.down_proj(zr.geglu(gu, nil, self.approximate)) end
+  return self.down_proj(zr.geglu(g(x), u(x), self.approximate))
 end
 
 -- Decoder layer: each sub-block's output normalised before the residual add -----------------

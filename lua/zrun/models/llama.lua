@@ -196,10 +196,12 @@ function MLP:__init(cfg)
   self.up_proj = linear(cfg, cfg.hidden_size, cfg.intermediate_size, b)
   self.down_proj = linear(cfg, cfg.intermediate_size, cfg.hidden_size, b)
 end
+-- gate_proj and up_proj of x as one (.., 2I) product, gate then up (adapters' products written into it), or nil
+-- where they cannot run as one (zrun.models.gemma3's MLP takes it too)
+function M.gate_up(x, g, u) return fusable(g, u) and project(x, g, u) or project_lora(x, g, u) end
 function MLP:forward(x)
   local g, u = self.gate_proj, self.up_proj
-  -- one (.., 2I) product, gate then up (adapters' products written into it), read packed by swiglu
-  local gu = fusable(g, u) and project(x, g, u) or project_lora(x, g, u)
+  local gu = M.gate_up(x, g, u) -- (read packed by swiglu)
   if gu then return self.down_proj(zr.swiglu(gu)) end
   return self.down_proj(zr.swiglu(g(x), u(x))) -- silu(gate) * up, fused
 end
