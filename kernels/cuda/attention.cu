@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     }
     const int niter = Gs * nq;
     constexpr int DC = bwd_cols<D>::DC;
-    const int c0 = blockIdx.z * DC; /* this block's columns of dK, dV, dQ: c0 .. c0 + DC - 1 */
+    const int col0 = blockIdx.z * DC; /* this block's columns of dK, dV, dQ: col0 .. col0 + DC - 1 */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
 
@@ -565,8 +565,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
             for (int dp = 0; dp < DC / 16; ++dp) {
                 uint32_t bo[4], bq[4];
-                lds_b_kn<D>(bo, cdO, kc * 16, c0 + dp * 16, lane);
-                lds_b_kn<D>(bq, cQ, kc * 16, c0 + dp * 16, lane);
+                lds_b_kn<D>(bo, cdO, kc * 16, col0 + dp * 16, lane);
+                lds_b_kn<D>(bq, cQ, kc * 16, col0 + dp * 16, lane);
                 M::mma(dva[2 * dp], pf, bo[0], bo[1]);
                 M::mma(dva[2 * dp + 1], pf, bo[2], bo[3]);
                 M::mma(dka[2 * dp], sf, bq[0], bq[1]);
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
             for (int dp = 0; dp < DC / 16; ++dp) {
                 uint32_t bk[4];
-                lds_b_kn<D>(bk, sK, kc * 16, c0 + dp * 16, lane);
+                lds_b_kn<D>(bk, sK, kc * 16, col0 + dp * 16, lane);
                 M::mma(dq[2 * dp], af, bk[0], bk[1]);
                 M::mma(dq[2 * dp + 1], af, bk[2], bk[3]);
             }
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
         float *dqb = dqacc + ((size_t)b * Hq + h) * T_ * D;
 #pragma unroll
         for (int n = 0; n < DC / 8; ++n) {
-            const int c = c0 + n * 8 + t4 * 2;
+            const int c = col0 + n * 8 + t4 * 2;
             if (qr < T_)
                 atomicAdd(reinterpret_cast<float2 *>(dqb + (size_t)qr * D + c),
                           make_float2(dq[n][0], dq[n][1]));
@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     /* Epilogue: rows key0, key0 + 8 of this kv head. */
 #pragma unroll
     for (int n = 0; n < DC / 8; ++n) {
-        const int c = c0 + n * 8 + t4 * 2;
+        const int c = col0 + n * 8 + t4 * 2;
 #pragma unroll
         for (int hlf = 0; hlf < 2; ++hlf) {
             const int key = key0 + hlf * 8;
