@@ -51,16 +51,9 @@ local function add_norm_yh(x, r, ln)
   return y, h
 end
 -- h = x + r and this norm of h, as one op (zr.add_rms_norm with unit_offset: one kernel on a GPU) where
--- RMSNorm:forward's op runs and the module has no hooks of its own (ZeRO-3's run around the op, as llama.lua's
--- add_norm, which calls this); else the add, then the module.
-function RMSNorm:add_forward(x, r)
-  if fused_ok(x, self.weight) and self:groupable() then
-    local y, h = Module.call_group({ self }, add_norm_yh, x, r, self)
-    return h, y
-  end
-  local h = x + r
-  return h, self(h)
-end
+-- RMSNorm:forward's op runs and the module has no hooks of its own (llama.fused_add_norm; llama.lua's add_norm
+-- calls this); else the add, then the module.
+function RMSNorm:add_forward(x, r) return llama.fused_add_norm(x, r, self, fused_ok(x, self.weight), add_norm_yh) end
 -- "(dim,), eps=..."
 function RMSNorm:extra_repr() return ("(%d,), eps=%g"):format(self.dim, self.eps) end
 

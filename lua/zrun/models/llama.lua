@@ -228,14 +228,19 @@ local function add_rms_norm_yh(x, r, ln)
   local h, y = zr.add_rms_norm(x, r, ln.weight, ln.eps)
   return y, h
 end
-local function add_norm(x, r, ln)
-  if ln.add_forward then return ln:add_forward(x, r) end -- (a norm with its own: Gemma 3's)
-  if ln.forward == rmsnorm_forward and ln:groupable() then
-    local y, h = Module.call_group({ ln }, add_rms_norm_yh, x, r, ln)
+-- h = x + r and ln(h): fn(x, r, ln) -> y, h (one op) standing for ln's call (Module.call_group: ZeRO-3's hooks
+-- around it) where ok and ln has no hooks of its own, else the add, then the module (zrun.models.gemma3's norm too)
+function M.fused_add_norm(x, r, ln, ok, fn)
+  if ok and ln:groupable() then
+    local y, h = Module.call_group({ ln }, fn, x, r, ln)
     return h, y
   end
   local h = x + r
   return h, ln(h)
+end
+local function add_norm(x, r, ln)
+  if ln.add_forward then return ln:add_forward(x, r) end -- (a norm with its own: Gemma 3's)
+  return M.fused_add_norm(x, r, ln, ln.forward == rmsnorm_forward, add_rms_norm_yh)
 end
 -- The layer as (h, m), its output h + m not yet summed: pending, the previous layer's m, is added
 -- to x together with input_layernorm (Model:forward passes it on; nil: x is the layer's input as is).
