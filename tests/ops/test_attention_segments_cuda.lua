@@ -27,7 +27,7 @@ T.test("segments where the flash kernels do not take them: sdpa's f32 compositio
   for _, c in ipairs { { "f32", 64 }, { "bf16", 48 } } do
     local dt, D = unpack(c)
     both(("sdpa segments %s D=%d (the composition, masked by them)"):format(dt, D), dt,
-      { randn({ 2, 2, 7, D }), randn({ 2, 1, 7, D }), randn({ 2, 1, 7, D }), make_seg({ { 3, 4 }, { 1, 5, 1 } }, 7) },
+      { randn({ 2, 2, 7, D }), randn({ 2, 1, 7, D }), randn({ 2, 1, 7, D }), (make_seg({ { 3, 4 }, { 1, 5, 1 } }, 7)) },
       function(q, k, v, s) return zr.scaled_dot_product_attention(q, k, v, { segments = s }) end, 2)
   end
   T.raises(function() zr.sdpa_packed(zr.randn({ 1, 7, 3 * 32 }, { device = "cuda" }), 1, 1, { segments = seg }) end,
