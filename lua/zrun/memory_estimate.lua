@@ -394,10 +394,6 @@ function M.main_estimate(args)
     print("ZeRO-3 (DeepSpeed's estimate_zero3_model_states_mem_needs_all_live):")
     M.estimate_zero3(pos[1], opts)
   end
-  if M.family(r.config) == "gemma3_text" then -- (zrun plan does not model its activations yet)
-    print("\nModel states only (DeepSpeed's estimator); zrun plan does not model Gemma 3's activations yet.")
-    return 0
-  end
   print("\nModel states only (DeepSpeed's estimator). Activations, buffers and zrun's exact layout:\n" ..
     "  zrun plan " .. pos[1] .. " --micro-batch B --seq-len T --gpus-per-node N --nodes M")
   return 0

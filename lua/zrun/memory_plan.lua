@@ -294,10 +294,6 @@ M.categories = CATS
 local function build(o, s, counted)
   local total, largest, list, r = unpack(counted)
   local cfg = r.config or {}
-  if not o.param_numels and E.family(cfg) == "gemma3_text" then
-    error("memory plan: Gemma 3's activations are not modelled yet; `zrun estimate MODEL` (DeepSpeed's model-state " ..
-      "estimates) counts its parameters", 0)
-  end
   -- LoRA: the engine's partitions, gradients, master, optimizer states and buckets hold the adapters only
   -- (engine.lua flatten_groups keeps frozen parameters out of ZeRO); the frozen base stays whole on every rank,
   -- in the model's dtype (zr.initialize casts every parameter), with no gradient, at stage 3 too
@@ -438,7 +434,8 @@ local function build(o, s, counted)
   -- composition masked by each row's window and packed ones are refused (noted below)
   local window, window_refused
   if not o.param_numels and E.family(cfg) ~= "gpt2" then
-    local ok, nc = pcall(function() return require("zrun.models.llama").normalize_config(cfg) end)
+    local fam = E.family(cfg) == "gemma3_text" and "gemma3_text" or nil
+    local ok, nc = pcall(function() return require("zrun.models.llama").normalize_config(cfg, fam) end)
     local w, full
     if ok and nc then w, full = require("zrun.models.hf_config").attention_window(nc) end
     if w and (s.packed or s.seq_len) > w then

@@ -407,16 +407,21 @@ end
 
 -- (x non-contiguous, Qwen3's q and k heads in the q/k/v product: read through a contiguous copy, made after
 -- the output and the statistics and freed when the op returns, in forward and again in backward)
-function Sim:rms_norm(x, w, rows)
+-- (unit: Gemma's (1 + w), which the CPU op makes as an f32 copy of the weight while it runs, forward and backward)
+function Sim:rms_norm(x, w, rows, unit)
+  local w1 = unit and not self.o.gpu and w.leaf.numel * 4
   self:gather(w)
   local out = self:lua(self:new(x.n))
   local rstd = self:new(rows * 4)
-  self:drop(self:raw(x))
+  local xr = self:raw(x)
+  if w1 then self:drop(self:new(w1, "ws")) end
+  self:drop(xr)
   self:release_param(w, true)
   self:record(out, { x, w }, { x, rstd }, function(S, _, g)
     S:gather(w, true)
     local gi = S:raw(g)
     local xi = S:raw(x)
+    local wi = w1 and S:new(w1, "ws")
     -- on a GPU dx goes into x's pending gradient (ops/norm.c: the kernel adds what is there)
     local dx
     if not needs(x) then elseif S.o.gpu and x.node then S:grad_into(x.node, x.n) else dx = S:new(x.n) end
@@ -427,6 +432,7 @@ function Sim:rms_norm(x, w, rows)
     -- the CUDA kernel's per-block fp32 partial sums of dw (kernels/cuda/norm.cu:
     -- rmsnorm_backward_workspace_size, at most 512 blocks)
     if S.o.gpu and not frozen then S:drop(S:new(math.min(rows, 512) * 2 * w.leaf.numel * 4, "ws")) end
+    S:drop(wi)
     S:drop(xi)
     S:drop(gi)
     S:release_param(w)
@@ -727,6 +733,17 @@ function Sim:gather_rows(x, out_bytes)
   end)
 end
 
+-- zr.where(mask, x:detach(), x) over x's rows (mask: one bool a row, kept by the node): a new tensor; backward x's
+-- gradient, a new one
+function Sim:where_rows(mask, x)
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, { mask }, function(S) return { S:new(x.n) } end)
+end
+-- x times a number (a new tensor; backward: a new gradient)
+function Sim:scaled(x)
+  local out = self:lua(self:new(x.n))
+  return self:record(out, { x }, nil, function(S) return { S:new(x.n) } end)
+end
 function Sim:add(a, b)
   local out = self:lua(self:new(a.n))
   return self:record(out, { a, b }, nil, function(S, _, g) return { S:share(g), S:share(g) } end)
@@ -734,10 +751,10 @@ end
 -- zr.add_rms_norm (ops/norm.c): the composition's allocations (h, then the norm's y and rstd) and
 -- nodes (add, rms_norm), whether it ran as one kernel or not; at stage 3 the norm module's hooks
 -- run around it (Module.call_group): the weight is gathered first
-function Sim:add_rms_norm(x, r, w, rows)
+function Sim:add_rms_norm(x, r, w, rows, unit)
   self:gather(w)
   local h = self:add(x, r)
-  return h, self:rms_norm(h, w, rows)
+  return h, self:rms_norm(h, w, rows, unit)
 end
 -- zr.swiglu (ops/swiglu.c): silu(gate) * up in one op that saves only its inputs; with b nil,
 -- the packed form: a holds gate and up side by side, backward one gradient of a's size
@@ -998,18 +1015,25 @@ local QWEN3_LAYER_MODULES = { "n1", "q", "k", "v", "qn", "kn", "o", "n2", "g", "
 -- Phi-3's: qkv_proj and gate_up_proj one module each (zrun.models.phi3)
 local PHI3_LAYER_MODULES = { "n1", "qkv", "o", "n2", "gu", "d" }
 local PHI3_QKV, PHI3_GATE_UP = { "qkv" }, { "gu" }
+-- Gemma 3's: Qwen3's, with a norm after the attention (pa) and after the MLP (pf); pre_feedforward_layernorm is n2
+local GEMMA3_LAYER_MODULES = { "n1", "q", "k", "v", "qn", "kn", "o", "pa", "n2", "g", "u", "d", "pf" }
 
 -- ---------------------------------------------------------------------------------------------
 -- Llama forward + backward on the model. Returns activation/grad/workspace peaks (bytes).
 -- ---------------------------------------------------------------------------------------------
 function M.llama_activations(cfg, o)
+  -- Gemma 3 (zrun.models.gemma3): Qwen3's attention path (q_norm / k_norm modules between the split product and the
+  -- rope) with its own scale, norms after the attention and the MLP, the embeddings scaled (a copy), GeGLU (zr.geglu:
+  -- swiglu's allocations), a rope per layer type (each type's tables)
+  local gemma = cfg.model_type == "gemma3_text"
+  if gemma then cfg = require("zrun.models.hf_config").gemma3_text(cfg) end
   local B, T = o.micro_batch, o.seq_len
   local b = o.dtype_bytes
   local H, I, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
   local Hq, KV = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
   local D = require("zrun.memory_estimate").head_dim(cfg)
   local N = B * T
-  local qk_norm = cfg.model_type == "qwen3" -- Qwen3: q_norm / k_norm (RMSNorm over D) between the product and the rope
+  local qk_norm = cfg.model_type == "qwen3" or gemma -- Qwen3: q_norm / k_norm (RMSNorm over D) between the product and the rope
   local fused = cfg.model_type == "phi3" -- Phi-3: one qkv_proj, one gate_up_proj (zr.linear each; the same ops after)
   -- Phi-3's partial_rotary_factor (Phi-4-mini's 0.75): the rope tables R wide, and the attention on the split path
   local prf = cfg.partial_rotary_factor or (type(cfg.rope_parameters) == "table" and cfg.rope_parameters.partial_rotary_factor)
@@ -1022,7 +1046,13 @@ function M.llama_activations(cfg, o)
   -- llama.lua Model:rope, cached from the first step on; made outside any op: "other"); packed sequences:
   -- the power of two above the longest's last position (zrun.models.packed's table_length)
   local TL = o.packed and 2 ^ ceil(math.log(o.packed) / math.log(2) - 1e-9) or T
-  S:alloc(2 * TL * R * tb, "other")
+  -- (Gemma 3: one pair per layer type its layers have, made on the type's first layer of the first forward)
+  local types = {}
+  for l = 1, gemma and cfg.num_hidden_layers or 0 do
+    local t = cfg.layer_types[l]
+    if not types[t] then types[t] = true; types[#types + 1] = t end
+  end
+  for _ = 1, math.max(1, #types) do S:alloc(2 * TL * R * tb, "other") end
   -- packed sequences on the segments (zrun.models.packed.flat_ok: zr.sdpa_segments_ok, the CPU, or a GPU's
   -- flash kernels at head_dim 64, 128, 256 or padded between 64 and 128, in 16 bits): the attention runs once over the rows joined, (1, N),
   -- with the segments and per-token cos/sin; elsewhere over the groups (gathers of rows around it)
@@ -1063,6 +1093,7 @@ function M.llama_activations(cfg, o)
         n2 = P(H), ad = {} }
     end
     if qk_norm then p.qn, p.kn = P(D), P(D) end
+    if gemma then p.pa, p.pf = P(H), P(H) end
     for k, mod in pairs(lora and PROJ or {}) do
       local t = lora.targets["model.layers." .. (l - 1) .. "." .. mod]
       if t then p.ad[k] = { W = p[k], A = P(lora.r * t[1], true), B = P(t[2] * lora.r, true), r = lora.r,
@@ -1077,7 +1108,8 @@ function M.llama_activations(cfg, o)
   local chain = { embedW }
   for l = 1, L do
     local p = layers[l]
-    for _, k in ipairs(fused and PHI3_LAYER_MODULES or qk_norm and QWEN3_LAYER_MODULES or LAYER_MODULES) do
+    for _, k in ipairs(fused and PHI3_LAYER_MODULES or gemma and GEMMA3_LAYER_MODULES or qk_norm and QWEN3_LAYER_MODULES
+      or LAYER_MODULES) do
       chain[#chain + 1] = p[k]
       if p[k].bias then chain[#chain + 1] = p[k].bias end
       local a = p.ad[k]
@@ -1108,7 +1140,9 @@ function M.llama_activations(cfg, o)
     -- on the segments with checkpointing, the last step's segments and per-token tables too: its
     -- checkpointed layers' functions held them until its backward ended (after its collection)
     if flat and o.gradient_checkpointing then
-      for _, v in ipairs { S:new(2 * N * 4, "other"), S:new(N * R * tb), S:new(N * R * tb) } do
+      local held = { S:new(2 * N * 4, "other") }
+      for _ = 1, 2 * math.max(1, #types) do held[#held + 1] = S:new(N * R * tb) end -- (each layer type's tables)
+      for _, v in ipairs(held) do
         v.pinned = true
         S.garbage[#S.garbage + 1] = v
       end
@@ -1138,7 +1172,7 @@ function M.llama_activations(cfg, o)
     local seg = full_seg and not p.sliding and full_seg or seg
     S:push()
     local a1
-    if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N) else a1 = S:rms_norm(x, p.n1, N) end
+    if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N, gemma) else a1 = S:rms_norm(x, p.n1, N, gemma) end
     local strided = (D == 64 or D == 128 or M.narrow_dim(D)) and b == 2 -- the Hopper attention kernels read strided q, k, v
     local att -- o_proj's input
     -- projections as llama.lua runs them: a group (q/k/v, gate/up) with an adapter as one zr.lora_multi (project_lora;
@@ -1165,7 +1199,7 @@ function M.llama_activations(cfg, o)
     local aB, aT = B, T
     -- Qwen3 on a GPU at head_dim 64 or 128 (zr.qkv_norm_rope_fused): the norms fused with the rope, llama.lua's
     -- qkv_attention as Llama's (one op over the product, viewed or gathered as Llama's)
-    local qk_fused = qk_norm and o.gpu and (D == 64 or D == 128) and b <= 4
+    local qk_fused = qk_norm and not gemma and o.gpu and (D == 64 or D == 128) and b <= 4
     if flat and ((qk_norm and not qk_fused) or partial) then
       aB, aT = 1, N -- (Qwen3, Phi-3's partial rotary: each part of the product viewed as one row, below)
     elseif flat then
@@ -1199,8 +1233,8 @@ function M.llama_activations(cfg, o)
       local q4, k4, v4 = S:view(parts[1]), S:view(parts[2]), S:view(parts[3])
       local vt = S:transpose(v4)
       vt.c = false
-      local qn = S:rms_norm(q4, p.qn, N * Hq)
-      local kn = S:rms_norm(k4, p.kn, N * KV)
+      local qn = S:rms_norm(q4, p.qn, N * Hq, gemma)
+      local kn = S:rms_norm(k4, p.kn, N * KV, gemma)
       -- (the tables' rows: on the segments each token's own, B·T of them, whose first halves the GPU op copies)
       local q = S:rope(S:transpose(qn), flat and N or T, D, tabs)
       local k = S:rope(S:transpose(kn), flat and N or T, D, tabs)
@@ -1235,13 +1269,15 @@ function M.llama_activations(cfg, o)
     if flat then att = S:view(att) elseif o.packed then att = S:gather_rows(att, N * Hq * D * b) end
     local lo = adapted(O_PROJ)
     local ao = lo and S:lora_multi(att, lo, N * H * b, N) or S:linear(att, p.o, N * H * b)
-    local h, a2 = S:add_rms_norm(x, ao, p.n2, N) -- llama.lua's zr.add_rms_norm
+    if gemma then ao = S:rms_norm(ao, p.pa, N, gemma) end -- (post_attention_layernorm)
+    local h, a2 = S:add_rms_norm(x, ao, p.n2, N, gemma) -- llama.lua's zr.add_rms_norm
     local lgu, gu_bytes = adapted(fused and PHI3_GATE_UP or GATE_UP), N * 2 * I * b
     -- gate then up side by side, read packed by zr.swiglu
     local act = S:swiglu(lgu and S:lora_multi(a2, lgu, gu_bytes, N)
       or fused and S:linear(a2, p.gu, gu_bytes) or S:linear_multi(a2, { p.g, p.u }, gu_bytes))
     local ld = adapted(DOWN_PROJ)
     local m = ld and S:lora_multi(act, ld, N * H * b, N) or S:linear(act, p.d, N * H * b)
+    if gemma then m = S:rms_norm(m, p.pf, N, gemma) end -- (post_feedforward_layernorm)
     if handoff then
       S:pop(h, m)
       return h, m
@@ -1256,6 +1292,11 @@ function M.llama_activations(cfg, o)
   local model_scope = S:scope()
   S:push() -- LlamaModel.forward
   local h = S:embedding(ids, embedW, N * H * b, b)
+  -- with a padding_idx (the config's pad_token_id: Gemma's 0) a trained table's lookup goes through zr.where (nn.Embedding:
+  -- ids:eq(pad), a bool per token, which the node keeps; a new output); the embedding's output lives on with the scope
+  local pad = cfg.pad_token_id
+  if type(pad) == "number" and not embedW.leaf.frozen then h = S:where_rows(S:lua(S:new(N)), h) end
+  if gemma then h = S:scaled(h) end -- (Gemma3TextScaledWordEmbedding)
   if flat then
     -- packed.segments' (2, 1, N) i32 segments (made on the host: on a GPU a copy there, "other" as its source),
     -- position_ids on the device (a GPU's copy of the collator's host tensor), and the per-token cos / sin
@@ -1268,8 +1309,14 @@ function M.llama_activations(cfg, o)
     seg = S:lua(S:new(2 * N * 4, "other"))
     if o.gpu and o.packed then S:lua(S:new(N * 8, "other")) end
     tabs = { S:lua(S:new(N * R * tb)), S:lua(S:new(N * R * tb)) }
+    local held = { seg, tabs[1], tabs[2], full_seg }
+    for _ = 2, #types do -- (Gemma 3: each other layer type's rows too, gathered on its first layer)
+      for _ = 1, 2 do
+        held[#held + 1] = S:lua(S:new(N * R * tb))
+      end
+    end
     if o.gradient_checkpointing then
-      for _, v in ipairs { seg, tabs[1], tabs[2], full_seg } do
+      for _, v in ipairs(held) do
         v.pinned = true
         S:forget(v, "keep") -- (out of the forward's frame: the layers' functions hold it)
         table.insert(S.frames[1], v)
@@ -1292,11 +1339,11 @@ function M.llama_activations(cfg, o)
   local hn
   if pending then
     local x = h
-    h, hn = S:add_rms_norm(x, pending, normW, N)
+    h, hn = S:add_rms_norm(x, pending, normW, N, gemma)
     S:forget(x)
     S:forget(pending)
   else
-    hn = S:rms_norm(h, normW, N)
+    hn = S:rms_norm(h, normW, N, gemma)
   end
   hn = S:pop(hn)
   S:end_scope(model_scope, { [hn] = true })

@@ -220,7 +220,7 @@ T.test("gemma3_a: save_pretrained writes a config.json that reads back the same,
   T.near(a, g.logits, 2e-5, 1e-4, "logits after save and load")
 end)
 
-T.test("gemma3_text: zrun estimate's parameter list is the model's, in order; zrun plan says what it does not model", function()
+T.test("gemma3_text: zrun estimate's parameter list is the model's, in order; zrun plan models it", function()
   local E = require "zrun.memory_estimate"
   for _, name in ipairs { "gemma3_a", "gemma3_b" } do
     local cfg = cjson.decode(read(GOLDEN .. name .. ".config.json"))
@@ -232,9 +232,10 @@ T.test("gemma3_text: zrun estimate's parameter list is the model's, in order; zr
     end
     T.eq(#list, i, name .. ": parameters")
   end
+  -- (the plan's peaks against measured ones: tests/mpi/plan_timeline_check.lua's Gemma 3 cases)
   local cfg = cjson.decode(read(GOLDEN .. "gemma3_a.config.json"))
-  T.raises(function() require("zrun.memory_plan").plan { model = cfg, micro_batch = 1, seq_len = 16 } end,
-    "memory plan: Gemma 3's activations are not modelled yet")
+  local plan = require("zrun.memory_plan").plan { model = cfg, micro_batch = 1, seq_len = 16 }
+  T.eq(plan.device.activations > 0, true, "activations planned")
 end)
 
 os.execute("rm -rf '" .. tmp .. "'")

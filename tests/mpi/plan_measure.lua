@@ -12,21 +12,32 @@ local dev = gpu and ("cuda:" .. zr._C.cuda.current_device()) or "cpu"
 local CLASS = { llama = "LlamaForCausalLM", mistral = "MistralForCausalLM", qwen2 = "Qwen2ForCausalLM",
   qwen3 = "Qwen3ForCausalLM" }
 local phi3 = zr.models.phi3 -- (Phi-3: fused qkv_proj / gate_up_proj; its class registers with zr.models.llama)
+local gemma3 = zr.models.gemma3
 
--- c = {model_type = "mistral", "qwen2", "qwen3" or "phi3" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
+-- Gemma 3 at the tiny Llama's sizes: every other layer full (sliding_window_pattern 2), head_dim 16 unless given
+local function gemma3_config(t, c)
+  return { model_type = "gemma3_text", hidden_size = t.hidden_size, intermediate_size = t.intermediate_size,
+    num_attention_heads = t.num_attention_heads, num_key_value_heads = t.num_key_value_heads, num_hidden_layers = c.layers,
+    head_dim = c.head_dim or 16, query_pre_attn_scalar = 24, vocab_size = t.vocab_size, sliding_window = c.window or 512,
+    sliding_window_pattern = 2, max_position_embeddings = 1024, hidden_activation = "gelu_pytorch_tanh",
+    rms_norm_eps = 1e-6, pad_token_id = 0, bos_token_id = 2, eos_token_id = 1, tie_word_embeddings = true }
+end
+
+-- c = {model_type = "mistral", "qwen2", "qwen3", "phi3" or "gemma3_text" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
 -- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
 -- LEN tokens), window = W (a sliding window of W keys), partial = F (Phi-3's partial_rotary_factor)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
 local function measure(c)
   local cfg = zr.models.llama.config("zrun/tiny-llama")
+  if c.model_type == "gemma3_text" then cfg = gemma3_config(cfg, c) end
   cfg.model_type = c.model_type or cfg.model_type -- Mistral, Qwen2: the same shapes (Qwen2 with q/k/v biases)
   cfg.num_hidden_layers = c.layers
   if cfg.model_type == "phi3" then -- (ids in the vocabulary; Phi3Config takes no llama3 rope)
     cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id, cfg.rope_scaling = false, 1, 2, nil
     cfg.partial_rotary_factor = c.partial -- (nil: the whole head)
   end
-  if c.window then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
+  if c.window and cfg.model_type ~= "gemma3_text" then -- a sliding window shorter than the sequences: Mistral's in every layer, Qwen2's from layer 1 on
     if cfg.model_type == "qwen2" or cfg.model_type == "qwen3" then cfg.use_sliding_window, cfg.max_window_layers = true, 1 end
     cfg.sliding_window = c.window
   end
@@ -42,7 +53,8 @@ local function measure(c)
   local b0 = mem.stats(dev)
   local base, hbase = b0.total_current, mem.stats("cpu").total_current
   zr.manual_seed(7)
-  local model = cfg.model_type == "phi3" and phi3.Phi3ForCausalLM(cfg) or zr.models.llama[CLASS[cfg.model_type]](cfg)
+  local model = cfg.model_type == "phi3" and phi3.Phi3ForCausalLM(cfg)
+    or cfg.model_type == "gemma3_text" and gemma3.Gemma3ForCausalLM(cfg) or zr.models.llama[CLASS[cfg.model_type]](cfg)
   if c.lora then
     model = zr.peft.get_peft_model(model, zr.peft.LoraConfig { r = c.lora.r, lora_alpha = 2 * c.lora.r,
       target_modules = c.lora.target_modules, lora_dropout = c.lora.lora_dropout })

@@ -100,6 +100,15 @@ local cases = {
   { model_type = "phi3", stage = 2, B = 2, T = 100, layers = 2, head_dim = 64, partial = 0.75 },
   { model_type = "phi3", stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, partial = 0.75, ckpt = true, packed = 32 },
   { model_type = "phi3", stage = 0, B = 2, T = 96, layers = 2, head_dim = 96, partial = 0.5, window = 40 },
+  -- Gemma 3 (every other layer full): q/k norms, norms after the attention and the MLP, the scaled embeddings behind
+  -- padding_idx's where, GeGLU, each layer type's rope tables (per token on the segments: two pairs)
+  { model_type = "gemma3_text", stage = 0, B = 4, T = 97, layers = 2 },
+  { model_type = "gemma3_text", stage = 3, B = 2, T = 131, layers = 2, gas = 2, ckpt = true },
+  { model_type = "gemma3_text", stage = 2, B = 4, T = 97, layers = 2, head_dim = 64, window = 40 },
+  { model_type = "gemma3_text", stage = 3, B = 2, T = 128, layers = 3, head_dim = 64, ckpt = true, gas = 2, window = 50 },
+  { model_type = "gemma3_text", stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
+  { model_type = "gemma3_text", stage = 1, B = 4, T = 96, layers = 2, head_dim = 64,
+    lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
   -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
   { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
   { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
