@@ -71,34 +71,41 @@ T.test("gradcheck swiglu (f64 central differences)", function()
   T.gradcheck(f, { zr.tensor({ -12, -6, 6, 12 }, { dtype = "f64", requires_grad = true }), r({ 4 }) })
 end)
 
+-- The fused op against the unfused pair on the same gate and up (dtype dt, shape sh): values and both gradients.
+-- bf16: the pair rounds twice (the activation's output, then the product; in backward the gradient reaching the
+-- activation), the fused op once: a couple of ulps, judged at each tensor's scale. scaled: the f32/f64 forward and dup
+-- judged at their scale too (GELU's 1 + tanh(u) cancels for negative gates, as in gelu's own op). Returns h and dgate.
+local function vs_pair(fused, pair, dt, sh, what, scaled)
+  local g0, u0, w = (zr.randn(sh) * 3):to(dt), zr.randn(sh):to(dt), zr.randn(sh)
+  local function run(f)
+    local g, u = g0:detach():requires_grad_(true), u0:detach():requires_grad_(true)
+    local h = f(g, u)
+    ;(h:to("f64") * w:to("f64")):sum():backward()
+    return h, g.grad, u.grad
+  end
+  local h1, dg1, du1 = run(fused)
+  local h2, dg2, du2 = run(pair)
+  if dt == "bf16" then
+    local e = 2 ^ -7
+    T.near(h1:float(), h2:float(), e * maxabs(h2:float()), e, "forward " .. what)
+    T.near(dg1:float(), dg2:float(), e * maxabs(dg2:float()), e, "dgate " .. what)
+    T.near(du1:float(), du2:float(), e * maxabs(du2:float()), e, "dup " .. what)
+  else
+    local tol = dt == "f64" and 1e-14 or 1e-6
+    T.near(h1, h2, scaled and tol * maxabs(h2) or 1e-30, tol, "forward " .. what)
+    T.near(dg1, dg2, tol * maxabs(dg2), tol, "dgate " .. what)
+    T.near(du1, du2, scaled and tol * maxabs(du2) or 1e-30, tol, "dup " .. what)
+  end
+  return h1, dg1, du1
+end
+
 T.test("swiglu equals gate:silu() * up, values and gradients (f64, f32, bf16)", function()
   for _, dt in ipairs { "f64", "f32", "bf16" } do
     for _, sh in ipairs(SHAPES) do
-      local g0, u0, w = (zr.randn(sh) * 3):to(dt), zr.randn(sh):to(dt), zr.randn(sh)
-      local function run(f)
-        local g, u = g0:detach():requires_grad_(true), u0:detach():requires_grad_(true)
-        local h = f(g, u)
-        ;(h:to("f64") * w:to("f64")):sum():backward()
-        return h, g.grad, u.grad
-      end
-      local h1, dg1, du1 = run(zr.swiglu)
-      local h2, dg2, du2 = run(function(g, u) return g:silu() * u end)
+      local _, dg1, du1 = vs_pair(zr.swiglu, function(g, u) return g:silu() * u end, dt, sh,
+        ("%s %s"):format(dt, name(sh)))
       T.eq(dg1:dtype(), dt, "gate grad dtype")
       T.eq(du1:dtype(), dt, "up grad dtype")
-      local what = ("%s %s"):format(dt, name(sh))
-      if dt == "bf16" then
-        -- the unfused pair rounds to bf16 twice (silu's output, then the product; in backward the
-        -- gradient reaching silu), the fused op once: a couple of ulps, judged at each tensor's scale
-        local e = 2 ^ -7
-        T.near(h1:float(), h2:float(), e * maxabs(h2:float()), e, "forward " .. what)
-        T.near(dg1:float(), dg2:float(), e * maxabs(dg2:float()), e, "dgate " .. what)
-        T.near(du1:float(), du2:float(), e * maxabs(du2:float()), e, "dup " .. what)
-      else
-        local tol = dt == "f64" and 1e-14 or 1e-6
-        T.near(h1, h2, 1e-30, tol, "forward " .. what)
-        T.near(dg1, dg2, tol * maxabs(dg2), tol, "dgate " .. what)
-        T.near(du1, du2, 1e-30, tol, "dup " .. what)
-      end
     end
   end
 end)
@@ -126,30 +133,10 @@ end)
 T.test("geglu equals gate:gelu(approximate) * up, values and gradients; gradcheck; packed = two tensors", function()
   for _, ap in ipairs { "tanh", "none" } do
     for _, dt in ipairs { "f64", "f32", "bf16" } do
-      local sh = { 3, 5, 17 }
-      local g0, u0, w = (zr.randn(sh) * 3):to(dt), zr.randn(sh):to(dt), zr.randn(sh)
-      local function run(f)
-        local g, u = g0:detach():requires_grad_(true), u0:detach():requires_grad_(true)
-        local h = f(g, u)
-        ;(h:to("f64") * w:to("f64")):sum():backward()
-        return h, g.grad, u.grad
-      end
-      local h1, dg1, du1 = run(function(g, u) return zr.geglu(g, u, ap) end)
-      local h2, dg2, du2 = run(function(g, u) return g:gelu(ap) * u end)
       local what = ("geglu %s %s"):format(ap, dt)
+      local h1 = vs_pair(function(g, u) return zr.geglu(g, u, ap) end, function(g, u) return g:gelu(ap) * u end, dt,
+        { 3, 5, 17 }, what, true)
       T.eq(h1.grad_fn == nil and "none" or tostring(h1.grad_fn), "geglu", what .. " node")
-      if dt == "bf16" then -- (the pair rounds twice, the fused op once: as swiglu's test)
-        local e = 2 ^ -7
-        T.near(h1:float(), h2:float(), e * maxabs(h2:float()), e, "forward " .. what)
-        T.near(dg1:float(), dg2:float(), e * maxabs(dg2:float()), e, "dgate " .. what)
-        T.near(du1:float(), du2:float(), e * maxabs(du2:float()), e, "dup " .. what)
-      else
-        -- (judged at each tensor's scale: 1 + tanh(u) cancels for negative gates, as in gelu's own op)
-        local tol = dt == "f64" and 1e-14 or 1e-6
-        T.near(h1, h2, tol * maxabs(h2), tol, "forward " .. what)
-        T.near(dg1, dg2, tol * maxabs(dg2), tol, "dgate " .. what)
-        T.near(du1, du2, tol * maxabs(du2), tol, "dup " .. what)
-      end
     end
     T.gradcheck(function(g, u) return zr.geglu(g, u, ap) end, { r({ 4, 6 }, 3), r({ 4, 6 }) })
     T.gradcheck(function(gu) return zr.geglu(gu, nil, ap) end, { r({ 3, 8 }, 3) })
