@@ -235,11 +235,12 @@ done:
     return st;
 }
 
-/* Gemma's norm (unit) takes a weight, on CUDA one no wider than x (read in x's dtype there). */
+/* Gemma's norm (unit) takes a weight, on CUDA one that x's dtype holds exactly (the kernels read it in x's dtype):
+ * x's own dtype, or any 16-bit one under f32 x. */
 static zr_status check_unit(const char *op, zr_tensor *x, zr_tensor *w, int unit) {
     if (!unit) return ZR_OK;
     if (!w) return zr_error("%s: unit_offset (Gemma's 1 + weight) needs a weight", op);
-    if (!zr_is_cpu(x) && zr_dtype_size(w->dtype) > zr_dtype_size(x->dtype))
+    if (!zr_is_cpu(x) && w->dtype != x->dtype && !(x->dtype == ZR_F32 && zr_dtype_size(w->dtype) == 2))
         return zr_error("%s: unit_offset on cuda reads the weight in x's dtype (%s), so a %s weight would be rounded "
                         "first; give x in the weight's dtype or the weight in x's",
                         op, zr_dtype_name(x->dtype), zr_dtype_name(w->dtype));

@@ -11,8 +11,8 @@
  * promote to the weight's dtype if it were wider). Saves x, weight and rstd (one per row). */
 zr_tensor *zr_rmsnorm(zr_tensor *x, zr_tensor *weight, double eps);
 /* unit_offset 0: zr_rmsnorm. 1: Gemma's RMSNorm (Gemma3RMSNorm): y = x / sqrt(mean(x^2) + eps) * (1 + weight),
- * computed in f32 (f64 for f64 inputs) and rounded to x's dtype once, weight required. On CUDA the weight must
- * not be wider than x (it is read in x's dtype: a wider one would be rounded first); an error says so. */
+ * computed in f32 (f64 for f64 inputs) and rounded to x's dtype once, weight required. On CUDA the weight must be
+ * of x's dtype, or 16-bit under f32 x (it is read in x's dtype: any other would be rounded first); an error says so. */
 zr_tensor *zr_rmsnorm_ex(zr_tensor *x, zr_tensor *weight, double eps, int unit_offset);
 /* The residual add of a pre-norm block with the norm after it: *h = x + r, returns
  * zr_rmsnorm(*h, weight, eps) (new references both). The graph is the composition's, an add node

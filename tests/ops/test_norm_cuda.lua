@@ -63,10 +63,14 @@ T.test("add_rms_norm on the GPU records the composition's nodes (add, rms_norm)"
   T.near(h:cpu(), x:detach():cpu() + r:cpu(), 0)
 end)
 
-T.test("rms_norm unit_offset on the GPU refuses a weight wider than x (it would be rounded first)", function()
+T.test("rms_norm unit_offset on the GPU refuses a weight x's dtype does not hold (it would be rounded first)", function()
   local x = randn({ 3, 8 }):cuda():bfloat16()
   T.raises(function() zr.rms_norm(x, randn({ 8 }):cuda(), 1e-6, true) end,
     "rms_norm: unit_offset on cuda reads the weight in x's dtype (bf16), so a f32 weight would be rounded first")
+  T.raises(function() zr.rms_norm(x, randn({ 8 }):cuda():to("f16"), 1e-6, true) end, "so a f16 weight would be rounded")
+  -- (16-bit weights under f32 x widen exactly: the op runs)
+  both("rms_norm unit_offset, f32 x, bf16 weight", "f32", { randn({ 3, 8 }), randn({ 8 }) },
+    function(x, w) return zr.rms_norm(x, (w * 0.1):bfloat16(), 1e-6, true) end, 2)
   T.raises(function() zr.add_rms_norm(x, x, randn({ 8 }):cuda(), 1e-6, true) end, "add_rms_norm: unit_offset on cuda")
 end)
 
