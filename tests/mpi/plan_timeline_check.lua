@@ -10,6 +10,7 @@
 -- for); the GPU's training peak is compared with the plan's GPU column and, with offload, the
 -- host's with its host column (tests/cuda/test_plan_timeline_gpu.sh).
 --   mpirun -np N zrun tests/mpi/plan_timeline_check.lua
+-- ZRUN_PLAN_ONLY=MODEL_TYPE runs that family's cases alone (llama: the cases without a model_type).
 local zr = require "zrun"
 local T = zr.testing
 local M = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "plan_measure.lua")
@@ -109,12 +110,16 @@ local cases = {
   { model_type = "gemma3_text", stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
   { model_type = "gemma3_text", stage = 1, B = 4, T = 96, layers = 2, head_dim = 64,
     lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
+  -- (head_dim 256, Gemma 3's: on a GPU the mma.sync flash kernels over contiguous copies, the rows joined)
+  { model_type = "gemma3_text", stage = 2, B = 2, T = 100, layers = 2, head_dim = 256, window = 40 },
   -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
   { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
   { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
   { model_type = "mistral", stage = 0, B = 2, T = 128, layers = 2, head_dim = 96, packed = 64, window = 20 },
 }
+local only = os.getenv("ZRUN_PLAN_ONLY")
 for _, c in ipairs(cases) do
+  if only and (c.model_type or "llama") ~= only then goto next end
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
     c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
@@ -142,5 +147,6 @@ for _, c in ipairs(cases) do
     end
   end
   if rank == 0 then T.test(name, check) else check() end
+  ::next::
 end
 T.done()
