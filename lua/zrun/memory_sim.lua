@@ -1170,6 +1170,7 @@ function M.llama_activations(cfg, o)
   local closure_held = {} -- (what the checkpointed layers' functions hold until backward ends)
   local function layer(p, x, handoff, pending)
     local seg = full_seg and not p.sliding and full_seg or seg
+    local tabs = p.tabs or tabs -- (Gemma 3's: its layer type's)
     S:push()
     local a1
     if pending then x, a1 = S:add_rms_norm(x, pending, p.n1, N, gemma) else a1 = S:rms_norm(x, p.n1, N, gemma) end
@@ -1310,11 +1311,14 @@ function M.llama_activations(cfg, o)
     if o.gpu and o.packed then S:lua(S:new(N * 8, "other")) end
     tabs = { S:lua(S:new(N * R * tb)), S:lua(S:new(N * R * tb)) }
     local held = { seg, tabs[1], tabs[2], full_seg }
-    for _ = 2, #types do -- (Gemma 3: each other layer type's rows too, gathered on its first layer)
-      for _ = 1, 2 do
-        held[#held + 1] = S:lua(S:new(N * R * tb))
-      end
+    -- (Gemma 3: each other layer type's rows too, gathered on its first layer; each layer rotates with its type's)
+    local of_type = { [types[1] or 1] = tabs }
+    for i = 2, #types do
+      local t = { S:lua(S:new(N * R * tb)), S:lua(S:new(N * R * tb)) }
+      of_type[types[i]] = t
+      held[#held + 1], held[#held + 2] = t[1], t[2]
     end
+    for l = 1, gemma and L or 0 do layers[l].tabs = of_type[cfg.layer_types[l]] end
     if o.gradient_checkpointing then
       for _, v in ipairs(held) do
         v.pinned = true
