@@ -1,9 +1,10 @@
 /* Causal GQA flash attention, forward and backward, for sm_90 with mma.sync m16n8k16 (bf16/f16
  * in, f32 accumulate) and ldmatrix from XOR-swizzled shared memory, cp.async double buffering.
  * Tiles are 64 queries × 64 keys, 4 warps per block, 16 rows per warp. On compute capability 9.0
- * the wgmma kernels (attention_sm90.h) run instead; these are the fallback. Here too: the backward's
+ * the wgmma kernels (attention_sm90.h) run instead at 64/128; these are the fallback there, and the only
+ * kernels at head_dim 256 (Gemma's: the backward's columns split over two blocks). Here too: the backward's
  * prep and last passes, which both families share (a narrow head_dim's, attn_sm90_narrow, with its
- * accumulators 128 wide). Not here: dropout, non-causal masks, Dh other than 64/128.
+ * accumulators 128 wide). Not here: dropout, non-causal masks, Dh other than 64/128/256.
  * See attention.h for the contract; the tiles and device helpers are attention_mma.cuh. */
 #include "attention.h"
 #include "attention_sm90.h"

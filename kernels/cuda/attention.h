@@ -7,8 +7,9 @@
  * layout argument is NULL, else strided as it says (the last dim contiguous; e.g. (B, T, H, Dh)
  * memory seen as (B, H, T, Dh), or heads sliced out of a fused projection);
  * lse: (B, Hq, T) f32 contiguous, natural-log logsumexp of the scaled scores of each query row.
- * Query head h reads kv head h / (Hq/Hkv). Dh must be 64 or 128, or on the Hopper kernels 80, 96 or
- * 112 (attention_strided_ok: read in place by the 128-wide tiles); dtype ZR_BF16 or ZR_F16.
+ * Query head h reads kv head h / (Hq/Hkv). Dh must be 64, 128 or 256 (the mma.sync kernels alone, dense
+ * operands), or on the Hopper kernels 80, 96 or 112 (attention_strided_ok: read in place by the 128-wide
+ * tiles); dtype ZR_BF16 or ZR_F16.
  * scale <= 0 means 1/sqrt(Dh). Every call returns 0 or sets zr_error naming the kernel. */
 #ifndef ZR_CUDA_ATTENTION_H
 #define ZR_CUDA_ATTENTION_H
@@ -43,7 +44,7 @@ typedef struct {
  * multiple of 16 bytes. Elsewhere a non-NULL layout must describe contiguous operands. */
 int attention_strided_ok(int64_t Dh, zr_dtype dtype);
 /* 1 when the layout's seg (packed sequences) runs on the current device for this head_dim/dtype:
- * bf16/f16 at head_dim 64 or 128 (the mma.sync kernels where the Hopper ones do not run), on a
+ * bf16/f16 at head_dim 64, 128 or 256 (the mma.sync kernels where the Hopper ones do not run), on a
  * device of compute capability 9.0 or above; at 80, 96, 112 where attention_strided_ok. */
 int attention_varlen_ok(int64_t Dh, zr_dtype dtype);
 
