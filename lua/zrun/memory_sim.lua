@@ -1310,7 +1310,8 @@ function M.llama_activations(cfg, o)
     seg = S:lua(S:new(2 * N * 4, "other"))
     if o.gpu and o.packed then S:lua(S:new(N * 8, "other")) end
     tabs = { S:lua(S:new(N * R * tb)), S:lua(S:new(N * R * tb)) }
-    local held = { seg, tabs[1], tabs[2], full_seg }
+    local held = { seg, tabs[1], tabs[2] }
+    if full_seg then held[#held + 1] = full_seg end
     -- (Gemma 3: each other layer type's rows too, gathered on its first layer; each layer rotates with its type's)
     local of_type = { [types[1] or 1] = tabs }
     for i = 2, #types do
