@@ -6,6 +6,7 @@
 
 #include "bind.h"
 #include "ops/cross_entropy.h"
+#include "ops/linear_ce.h"
 #include "ops/embedding.h"
 #include "ops/linear_gelu.h"
 #include "ops/matmul.h"
@@ -101,6 +102,33 @@ static int l_cross_entropy(lua_State *L) {
     return zr_l_pushtensor(L, zr_cross_entropy(logits, targets, (int64_t)ignore, (zr_loss_reduction)red, eps, inplace));
 }
 
+/* linear_cross_entropy(h (..., D), w (V, D), targets (...) [, {ignore_index = -100, reduction = "mean",
+ * label_smoothing = 0, chunk = 0}]): cross_entropy(linear(h, w), targets) with the logits made chunk columns at a time
+ * and never held whole (runtime/ops/linear_ce.h; chunk 0: the default slices). */
+static int l_linear_cross_entropy(lua_State *L) {
+    zr_tensor *h = zr_l_checktensor(L, 1), *w = zr_l_checktensor(L, 2), *targets = zr_l_checktensor(L, 3);
+    double ignore = -100, eps = 0, chunk = 0;
+    int red = ZR_LOSS_MEAN;
+    if (!lua_isnoneornil(L, 4)) {
+        luaL_checktype(L, 4, LUA_TTABLE);
+        zr_l_check_keys(L, 4, "linear_cross_entropy", "ignore_index reduction label_smoothing chunk");
+        lua_getfield(L, 4, "ignore_index");
+        ignore = luaL_optnumber(L, -1, -100);
+        lua_getfield(L, 4, "reduction");
+        if (!lua_isnil(L, -1)) red = parse_reduction(L, luaL_checkstring(L, -1));
+        lua_getfield(L, 4, "label_smoothing");
+        eps = luaL_optnumber(L, -1, 0);
+        lua_getfield(L, 4, "chunk");
+        chunk = luaL_optnumber(L, -1, 0);
+        lua_pop(L, 4);
+    }
+    if (chunk < 0 || chunk != (double)(int64_t)chunk)
+        return luaL_error(L, "linear_cross_entropy: chunk must be a whole number of columns (0: the default), got %g",
+                          chunk);
+    return zr_l_pushtensor(L, zr_linear_cross_entropy(h, w, targets, (int64_t)ignore, (zr_loss_reduction)red, eps,
+                                                      (int64_t)chunk));
+}
+
 /* ===== embedding (runtime/ops/embedding.h) ===== */
 
 /* embedding(weight, ids); also accepts (ids, weight) in torch's F.embedding order. */
@@ -128,7 +156,8 @@ static int l_logits_stats(lua_State *L) {
 static const luaL_Reg methods[] = {
     {"matmul", l_matmul}, {"bmm", l_bmm}, {"linear", l_linear}, {"conv1d", l_conv1d}, {"linear_gelu", l_linear_gelu}, {"mlp_gelu", l_mlp_gelu},
     {"softmax", l_softmax},
-    {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy}, {"embedding", l_embedding},
+    {"log_softmax", l_log_softmax}, {"cross_entropy", l_cross_entropy},
+    {"linear_cross_entropy", l_linear_cross_entropy}, {"embedding", l_embedding},
     {"logits_stats", l_logits_stats},
     {NULL, NULL}};
 

@@ -65,3 +65,48 @@ void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t 
         entropy[i] = R_LOG(s) - t / s;
     }
 }
+
+void K(lce_chunk_stats_cpu)(real *lse, real *xt, real *tot, const real *x, const int64_t *tgt, int64_t n, int64_t vc,
+                            int64_t v0, int64_t ignore_index, int ls) {
+#pragma omp parallel for schedule(static) if (n * vc > 32768)
+    for (int64_t i = 0; i < n; i++) {
+        if (tgt[i] == ignore_index) continue;
+        const real *xi = x + i * vc;
+        real mx = -REAL_MAX, sum = 0, t = 0;
+        _Pragma("omp simd reduction(max : mx)")
+        for (int64_t j = 0; j < vc; j++) mx = xi[j] > mx ? xi[j] : mx;
+        if (mx == -REAL_MAX) mx = 0;
+        _Pragma("omp simd reduction(+ : sum)")
+        for (int64_t j = 0; j < vc; j++) sum += R_EXP(xi[j] - mx);
+        real z = mx + R_LOG(sum), a = lse[i];
+        if (a == -(real)INFINITY) lse[i] = z;
+        else {
+            real m = a > z ? a : z;
+            lse[i] = m + R_LOG(R_EXP(a - m) + R_EXP(z - m));
+        }
+        if (tgt[i] >= v0 && tgt[i] < v0 + vc) xt[i] = xi[tgt[i] - v0];
+        if (ls) {
+            _Pragma("omp simd reduction(+ : t)")
+            for (int64_t j = 0; j < vc; j++) t += xi[j];
+            tot[i] += t;
+        }
+    }
+}
+
+void K(lce_chunk_grad_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt, double scale, int64_t n,
+                           int64_t vc, int64_t v0, int64_t vall, int64_t ignore_index, double eps) {
+    real off = (real)(eps / (double)vall), on = (real)(1 - eps), s = (real)scale;
+#pragma omp parallel for schedule(static) if (n * vc > 32768)
+    for (int64_t i = 0; i < n; i++) {
+        real *gi = gx + i * vc;
+        const real *xi = x + i * vc;
+        if (tgt[i] == ignore_index) {
+            for (int64_t j = 0; j < vc; j++) gi[j] = 0;
+            continue;
+        }
+        real l = lse[i];
+        _Pragma("omp simd")
+        for (int64_t j = 0; j < vc; j++) gi[j] = s * (R_EXP(xi[j] - l) - off);
+        if (tgt[i] >= v0 && tgt[i] < v0 + vc) gi[tgt[i] - v0] -= s * on;
+    }
+}

@@ -17,3 +17,14 @@ void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, con
  * softmax(x[i]) = logsumexp - sum_j p_j x_j, and argmax[i] = the first index of the row's largest
  * logit (torch.argmax's). For TRL's logged entropy and mean_token_accuracy. */
 void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t n, int64_t c);
+
+/* The linear cross-entropy's chunks (ops/linear_ce.c): logits made a slice of the vocabulary at a time, x (n, vc)
+ * contiguous holding classes v0 .. v0 + vc - 1. Per row whose target is not ignore_index: lse[i] becomes the logsumexp
+ * of the classes seen so far (-inf before the first chunk), xt[i] the target's logit when the target is in this chunk,
+ * and, with ls, tot[i] += the chunk's sum of logits (label smoothing's term). */
+void K(lce_chunk_stats_cpu)(real *lse, real *xt, real *tot, const real *x, const int64_t *tgt, int64_t n, int64_t vc,
+                            int64_t v0, int64_t ignore_index, int ls);
+/* gx (n, vc) (may be x: in place) = scale * (exp(x - lse[i]) - eps / vall - (1 - eps) onehot(t_i - v0)), the chunk's
+ * columns of cross_entropy_backward_cpu's gradient over all vall classes; 0 on ignored rows. */
+void K(lce_chunk_grad_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt, double scale, int64_t n,
+                           int64_t vc, int64_t v0, int64_t vall, int64_t ignore_index, double eps);

@@ -82,12 +82,13 @@ static __device__ __forceinline__ float row_loss(float z, float xt, float tot, f
     else return z - xt;
 }
 
-/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row; ign: a zero row. LS: the target is
- * (1 - eps) onehot + eps/V, so dl[j] = (exp(x[j] - z) - eps/V - (j == tgt ? 1 - eps : 0)) * g. */
+/* dl[j] = (exp(x[j] - z) - (j == tgt)) * g over one row of Vn; ign: a zero row. LS: the target is
+ * (1 - eps) onehot + eps/Vall, so dl[j] = (exp(x[j] - z) - eps/Vall - (j == tgt ? 1 - eps : 0)) * g. Vall:
+ * the classes of the whole row (Vn, or more for a chunk of a row: lce_grad_kernel's). */
 template <typename T, int V, bool LS>
 static __device__ __forceinline__ void row_grad(T *dl, const T *x, float z, int64_t tgt, float g, bool ign,
-                                                int64_t Vn, float eps) {
-    const float off = eps / (float)Vn, on = 1.f - eps;
+                                                int64_t Vn, int64_t Vall, float eps) {
+    const float off = eps / (float)Vall, on = 1.f - eps;
 #pragma unroll 4
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(CE_THREADS)
     const int64_t tgt = targets[row];
     const bool ign = tgt == ignore;
     const float z = ign ? 0.f : lse[row], g = ign ? 0.f : dloss[row * dstride];
-    row_grad<T, V, LS>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn, eps);
+    row_grad<T, V, LS>(dl + row * Vn, x + row * Vn, z, tgt, g, ign, Vn, Vn, eps);
 }
 
 /* *count += the rows whose target != ignore (count zeroed before; integer adds: exact). */
@@ -183,7 +184,58 @@ __global__ void __launch_bounds__(CE_THREADS)
         loss[row] = ign ? 0.f : inr ? l : NAN;
     }
     const float g = count ? seed / (float)*count : seed;
-    row_grad<T, V, LS>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn, eps);
+    row_grad<T, V, LS>(dl + row * Vn, x, z, tgt, ign ? 0.f : g, ign, Vn, Vn, eps);
+}
+
+/* --- The linear cross-entropy's chunks (zr_linear_cross_entropy, ops/linear_ce.c): logits made a slice of the
+ * vocabulary at a time, x (N, Vc) holding classes v0 .. v0 + Vc - 1 --- */
+
+/* Per row whose target is not ignored: the chunk's logsumexp merged into the row's running lse (-inf before the first
+ * chunk), the target's logit into xt when the chunk holds it, and (LS) the chunk's sum of logits added to tot. */
+template <typename T, int V, bool LS>
+__global__ void __launch_bounds__(CE_THREADS)
+    lce_stats_kernel(float *__restrict__ lse, float *__restrict__ xt, float *__restrict__ tot, const T *__restrict__ xc,
+                     const int64_t *__restrict__ targets, int64_t v0, int64_t Vc, int64_t ignore) {
+    const int64_t row = blockIdx.x, tgt = targets[row];
+    if (tgt == ignore) return;
+    const T *x = xc + row * Vc;
+    float t = 0.f;
+    const float z = row_lse<T, V, LS>(x, Vc, LS ? &t : nullptr);
+    if (threadIdx.x == 0) {
+        const float a = lse[row], m = fmaxf(a, z);
+        lse[row] = a == -INFINITY ? z : m + logf(expf(a - m) + expf(z - m));
+        if (tgt >= v0 && tgt < v0 + Vc) xt[row] = tof<T>(x[tgt - v0]);
+        if constexpr (LS) tot[row] += t;
+    }
+}
+
+/* loss[r] from the chunks' lse, xt and tot: row_loss's, 0 on ignored rows, NaN for a target outside [0, V). */
+__global__ void lce_loss_kernel(float *__restrict__ loss, const float *__restrict__ lse, const float *__restrict__ xt,
+                                const float *__restrict__ tot, const int64_t *__restrict__ targets, int64_t N,
+                                int64_t Vn, int64_t ignore, float eps) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= N) return;
+    const int64_t tgt = targets[r];
+    if (tgt == ignore) {
+        loss[r] = 0.f;
+        return;
+    }
+    const float l = eps != 0.f ? row_loss<true>(lse[r], xt[r], tot[r], eps, Vn) : row_loss<false>(lse[r], xt[r], 0.f, eps, Vn);
+    loss[r] = tgt >= 0 && tgt < Vn ? l : NAN;
+}
+
+/* The chunk's gradient in place: row_grad's over the chunk's columns of all Vall classes, g = *dloss (sum) or
+ * *dloss / *n_valid (mean, divided in f32 as cross_entropy's backward divides). */
+template <typename T, int V, bool LS>
+__global__ void __launch_bounds__(CE_THREADS)
+    lce_grad_kernel(T *xc, const int64_t *__restrict__ targets, const float *__restrict__ lse,
+                    const float *__restrict__ dloss, const float *__restrict__ n_valid, int64_t v0, int64_t Vc,
+                    int64_t Vall, int64_t ignore, float eps) {
+    const int64_t row = blockIdx.x, tgt = targets[row];
+    const bool ign = tgt == ignore;
+    const float g = ign ? 0.f : n_valid ? *dloss / *n_valid : *dloss;
+    T *x = xc + row * Vc;
+    row_grad<T, V, LS>(x, x, ign ? 0.f : lse[row], tgt - v0, g, ign, Vc, Vall, eps);
 }
 
 /* Entropy and argmax of one row: (m, s, t) over the elements seen, s = sum exp(x - m) and t = sum exp(x - m) (x - m),
@@ -377,6 +429,43 @@ extern "C" int logits_stats_cuda(float *entropy, int64_t *argmax, const void *lo
             ce_stats_kernel<T, VW><<<(unsigned)N, CE_THREADS, 0, stream>>>(entropy, argmax, (const T *)logits, V);
         else
             ce_stats_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(entropy, argmax, (const T *)logits, V);
+    });
+    return launch_check(fn);
+}
+
+extern "C" int lce_chunk_stats_cuda(float *lse, float *xt, float *tot, const void *xc, const int64_t *targets,
+                                    int64_t N, int64_t v0, int64_t Vc, int64_t ignore_index, float eps, zr_dtype dtype,
+                                    cudaStream_t stream) {
+    const char *fn = "lce_chunk_stats_cuda";
+    if (check_nv(fn, N, Vc, eps)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        CE_LAUNCH(lce_stats_kernel, Vc % (16 / sizeof(T)) == 0 && al16(xc), lse, xt, tot, (const T *)xc, targets, v0,
+                  Vc, ignore_index);
+    });
+    return launch_check(fn);
+}
+
+extern "C" int lce_loss_cuda(float *loss, float *loss_mean, float *n_valid, const float *lse, const float *xt,
+                             const float *tot, const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index,
+                             float eps, cudaStream_t stream) {
+    const char *fn = "lce_loss_cuda";
+    if (check_nv(fn, N, V, eps)) return ZR_ERR;
+    if (N > 0) lce_loss_kernel<<<(unsigned)((N + 255) / 256), 256, 0, stream>>>(loss, lse, xt, tot, targets, N, V,
+                                                                                 ignore_index, eps);
+    if (loss_mean) ce_mean_kernel<<<1, 1024, 0, stream>>>(loss_mean, n_valid, loss, targets, N, ignore_index);
+    return launch_check(fn);
+}
+
+extern "C" int lce_chunk_grad_cuda(void *xc, const int64_t *targets, const float *lse, const float *dloss,
+                                   const float *n_valid, int64_t N, int64_t v0, int64_t Vc, int64_t V,
+                                   int64_t ignore_index, float eps, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "lce_chunk_grad_cuda";
+    if (check_nv(fn, N, Vc, eps)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        CE_LAUNCH(lce_grad_kernel, Vc % (16 / sizeof(T)) == 0 && al16(xc), (T *)xc, targets, lse, dloss, n_valid, v0,
+                  Vc, V, ignore_index, eps);
     });
     return launch_check(fn);
 }

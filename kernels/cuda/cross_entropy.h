@@ -56,6 +56,22 @@ int cross_entropy_rescale_cuda(void *d, int64_t n, const float *g, float *baked,
 int logits_stats_cuda(float *entropy, int64_t *argmax, const void *logits, int64_t N, int64_t V, zr_dtype dtype,
                       cudaStream_t stream);
 
+/* The linear cross-entropy's chunks (ops/linear_ce.c): logits made a slice of the vocabulary at a time, xc (N, Vc)
+ * contiguous holding classes v0 .. v0 + Vc - 1 of V. CPU twins: lce_chunk_stats_cpu, lce_chunk_grad_cpu.
+ * lce_chunk_stats_cuda: per row whose target is not ignore_index, the chunk's logsumexp merged into lse (f32, -inf
+ * before the first chunk), the target's logit into xt when the chunk holds it, and (eps != 0) the chunk's sum of
+ * logits added to tot. lce_loss_cuda: loss (N) from them as cross_entropy_forward_cuda's (xt NaN-filled beforehand
+ * gives a target outside [0, V) its NaN), with loss_mean and n_valid as there. lce_chunk_grad_cuda: the chunk's
+ * columns of cross_entropy_backward_cuda's gradient, in place, for dloss = *dloss / *n_valid (n_valid non-NULL: the
+ * mean) or *dloss (device f32 scalars). */
+int lce_chunk_stats_cuda(float *lse, float *xt, float *tot, const void *xc, const int64_t *targets, int64_t N,
+                         int64_t v0, int64_t Vc, int64_t ignore_index, float eps, zr_dtype dtype, cudaStream_t stream);
+int lce_loss_cuda(float *loss, float *loss_mean, float *n_valid, const float *lse, const float *xt, const float *tot,
+                  const int64_t *targets, int64_t N, int64_t V, int64_t ignore_index, float eps, cudaStream_t stream);
+int lce_chunk_grad_cuda(void *xc, const int64_t *targets, const float *lse, const float *dloss, const float *n_valid,
+                        int64_t N, int64_t v0, int64_t Vc, int64_t V, int64_t ignore_index, float eps, zr_dtype dtype,
+                        cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

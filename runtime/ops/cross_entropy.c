@@ -168,7 +168,20 @@ static zr_status cross_entropy_backward_fused(zr_node *n, zr_tensor *g, zr_tenso
     gin[0] = zr_tensor_retain(d);
     return ZR_OK;
 }
+zr_status zr_cross_entropy_sum_dev(zr_tensor *sum, zr_tensor *loss) {
+    int64_t rows = zr_tensor_numel(loss);
+    zr_device dev = zr_tensor_device(loss);
+    if (rows == 0) return zr_tensor_fill_(sum, 0);
+    size_t wsz = reduce_sum_rows_cuda_workspace(1, rows);
+    zr_tensor *ws = wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
+    if (wsz && !ws) return ZR_ERR;
+    int rc = reduce_sum_rows_cuda(zr_tensor_data(sum), zr_tensor_data(loss), 1, rows, 1.0, ws ? zr_tensor_data(ws) : NULL,
+                                  ZR_F32, zr_cuda_stream(dev));
+    zr_tensor_release(ws);
+    return zr_dev_status(rc, "cross_entropy", dev);
+}
 #endif
+
 
 /* fused: the inplace forward (checked by the caller: recorded, contiguous, mean or sum). */
 static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64_t ignore_index,
@@ -221,17 +234,7 @@ static zr_tensor *cross_entropy_dev(zr_tensor *logits, zr_tensor *targets, int64
     } else {
         out = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
         if (!out) goto fail;
-        if (reduction == ZR_LOSS_SUM && rows > 0) { /* f64 accumulation, fixed order */
-            size_t wsz = reduce_sum_rows_cuda_workspace(1, rows);
-            zr_tensor *ws = wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0)
-                                : NULL;
-            int rc = (wsz && !ws) ? -1
-                                  : reduce_sum_rows_cuda(zr_tensor_data(mean), zr_tensor_data(loss), 1, rows, 1.0,
-                                                         ws ? zr_tensor_data(ws) : NULL, ZR_F32, s);
-            zr_tensor_release(ws);
-            if (wsz && !ws) goto fail;
-            if (zr_dev_status(rc, "cross_entropy", dev)) goto fail;
-        }
+        if (reduction == ZR_LOSS_SUM && zr_cross_entropy_sum_dev(mean, loss)) goto fail;
         if (zr_tensor_copy_(out, mean)) goto fail;
     }
     zr_node *n;

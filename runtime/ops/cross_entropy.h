@@ -32,6 +32,10 @@ zr_tensor *zr_cross_entropy(zr_tensor *logits, zr_tensor *targets, int64_t ignor
 /* TRL's per-token statistics of logits (..., C), no gradient: *entropy (...) the entropy (natural log) of
  * softmax over the last dimension (f32; f64 for f64 logits on the CPU), *argmax (...) i64 the first index of
  * the largest logit (torch.argmax's). One pass over the logits on CUDA. New references, or ZR_ERR. */
+/* (CUDA builds; for ops/linear_ce.c) sum (0-dim f32) = the sum of loss (N) f32 on one device, in f64 in a fixed order:
+ * the reduction 'sum' of cross_entropy's per-row losses. */
+zr_status zr_cross_entropy_sum_dev(zr_tensor *sum, zr_tensor *loss);
+
 zr_status zr_logits_stats(zr_tensor *logits, zr_tensor **entropy, zr_tensor **argmax);
 
 #endif

@@ -1,0 +1,28 @@
+/* The LM head and its cross-entropy without the full logits (Liger's fused linear cross-entropy, TRL's chunked_nll):
+ *
+ *   zr_tensor *loss = zr_linear_cross_entropy(h, w, targets, -100, ZR_LOSS_MEAN, 0.0, 0);
+ *
+ * is cross_entropy(linear(h, w), targets) (ops/cross_entropy.h: the same loss, reductions mean and sum, ignore_index,
+ * label smoothing) with the logits made a slice of the vocabulary at a time: h (..., D) and w (V, D) of one float dtype,
+ * targets (...) i32/i64 with h's leading dims. The forward makes each slice of `chunk` columns (h · w[v0 : v0 + chunk]ᵀ,
+ * rounded to the dtype as linear's output is), merges its logsumexp into each row's and drops it; the backward makes
+ * each slice again, turns it into its columns of the logits' gradient in place, and adds its products: dW's rows
+ * v0 .. v0 + chunk (straight into w's fp32 gradient where the engine keeps one, as linear's backward does) and dh
+ * (summed in f32 over the slices, rounded once). So the logits held at any time are one slice (N x chunk), for one
+ * more product than linear + cross_entropy (the forward's, made again in backward). chunk <= 0: the default,
+ * zr_linear_ce_chunk's. */
+#ifndef ZR_OPS_LINEAR_CE_H
+#define ZR_OPS_LINEAR_CE_H
+
+#include "ops/cross_entropy.h"
+
+zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
+                                   zr_loss_reduction reduction, double label_smoothing, int64_t chunk);
+
+/* The columns a slice has for rows x V logits of dtype dt: chunk when > 0, else the default (slices of about
+ * ZR_LCE_CHUNK_BYTES, at least ZR_LCE_MIN_CHUNK columns, a multiple of 256); at most V. */
+#define ZR_LCE_CHUNK_BYTES (64LL << 20)
+#define ZR_LCE_MIN_CHUNK 4096
+int64_t zr_linear_ce_chunk(int64_t rows, int64_t V, zr_dtype dt, int64_t chunk);
+
+#endif
