@@ -6,6 +6,7 @@
 #include "ops/linear_ce.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "ops/util.h"
 
@@ -13,6 +14,7 @@
 #include "cuda/blas_plan.h"
 #include "cuda/device.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/embedding.h"
 #endif
 
 int64_t zr_linear_ce_chunk(int64_t rows, int64_t V, zr_dtype dt, int64_t chunk) {
@@ -36,6 +38,97 @@ static void *row_ptr(zr_tensor *t, int64_t row, int64_t width) {
     return (char *)zr_tensor_data(t) + (size_t)(row * width) * zr_dtype_size(t->dtype);
 }
 
+/* The rows of h (rows, d) contiguous named by idx (n) i64 on h's device, a new contiguous (n, d) tensor. */
+static zr_tensor *gather_rows(zr_tensor *h, zr_tensor *idx) {
+    int64_t n = zr_tensor_numel(idx), d = h->shape[1];
+    zr_device dev = zr_tensor_device(h);
+    zr_tensor *out = zr_tensor_new_cat(h->dtype, dev, 2, (int64_t[]){n, d}, ZR_MEM_ACTIVATIONS, 0);
+    if (!out) return NULL;
+    if (zr_is_cpu(h)) {
+        const int64_t *ix = zr_tensor_data(idx);
+        size_t row = (size_t)d * zr_dtype_size(h->dtype);
+        for (int64_t i = 0; i < n; i++) memcpy(row_ptr(out, i, d), row_ptr(h, ix[i], d), row);
+        return out;
+    }
+#ifdef ZR_HAVE_CUDA
+    if (!zr_dev_status(embedding_forward_cuda(zr_tensor_data(out), zr_tensor_data(h), zr_tensor_data(idx), n,
+                                              h->shape[0], d, h->dtype, zr_cuda_stream(dev)),
+                       "linear_cross_entropy", dev))
+        return out;
+#endif
+    zr_tensor_release(out);
+    return NULL;
+}
+
+/* full (rows, d) contiguous = g (n, d) contiguous scattered to the rows idx (n) names, 0 in the others. */
+static zr_status scatter_rows(zr_tensor *full, zr_tensor *g, zr_tensor *idx) {
+    int64_t n = zr_tensor_numel(idx), d = g->shape[1], rows = zr_tensor_numel(full) / (d ? d : 1);
+    zr_device dev = zr_tensor_device(full);
+    if (zr_is_cpu(full)) {
+        if (zr_tensor_fill_(full, 0)) return ZR_ERR;
+        const int64_t *ix = zr_tensor_data(idx);
+        size_t row = (size_t)d * zr_dtype_size(g->dtype);
+        for (int64_t i = 0; i < n; i++) memcpy(row_ptr(full, ix[i], d), row_ptr(g, i, d), row);
+        return ZR_OK;
+    }
+#ifdef ZR_HAVE_CUDA
+    size_t wsz = embedding_backward_workspace_size(n, rows);
+    zr_tensor *ws = wsz ? zr_tensor_new_cat(ZR_U8, dev, 1, (int64_t[]){(int64_t)wsz}, ZR_MEM_WORKSPACE, 0) : NULL;
+    if (wsz && !ws) return ZR_ERR;
+    int rc = embedding_backward_cuda(zr_tensor_data(full), zr_tensor_data(g), zr_tensor_data(idx),
+                                     ws ? zr_tensor_data(ws) : NULL, n, rows, d, 0, g->dtype, zr_cuda_stream(dev));
+    zr_tensor_release(ws);
+    return zr_dev_status(rc, "linear_cross_entropy backward", dev);
+#else
+    (void)rows, (void)dev;
+    return zr_no_cuda("linear_cross_entropy");
+#endif
+}
+
+/* The counted rows: the targets read on the host (one copy from a device: the products are sized by the count), each
+ * checked against the classes; *idx (their positions, on dev) and *tc (their targets, on dev) when some row is
+ * ignored (the products then skip it: its loss and gradient are 0), else *idx NULL and *tc all the targets. */
+static zr_status counted_rows(zr_tensor *targets, int64_t ignore, int64_t V, zr_device dev, zr_tensor **idx,
+                              zr_tensor **tc) {
+    zr_device cpu = {ZR_CPU, 0};
+    zr_tensor *th = zr_tensor_to_raw(targets, ZR_I64, cpu), *ih = NULL;
+    *idx = *tc = NULL;
+    if (!th) return ZR_ERR;
+    const int64_t *t = zr_tensor_data(th);
+    int64_t rows = zr_tensor_numel(th), n = 0;
+    zr_status st = ZR_ERR;
+    for (int64_t i = 0; i < rows; i++) {
+        if (t[i] == ignore) continue;
+        if (t[i] < 0 || t[i] >= V) {
+            zr_error("linear_cross_entropy: target %lld (at flat position %lld) is out of range for %lld classes: "
+                     "expected 0..%lld, or ignore_index %lld", (long long)t[i], (long long)i + 1, (long long)V,
+                     (long long)V - 1, (long long)ignore);
+            goto done;
+        }
+        n++;
+    }
+    if (n == rows) {
+        st = (*tc = zr_tensor_to_raw(th, ZR_I64, dev)) ? ZR_OK : ZR_ERR;
+        goto done;
+    }
+    zr_tensor *ch = zr_tensor_new_cat(ZR_I64, cpu, 1, &n, ZR_MEM_WORKSPACE, 0);
+    if (!ch || !(ih = zr_tensor_new_cat(ZR_I64, cpu, 1, &n, ZR_MEM_WORKSPACE, 0))) {
+        zr_tensor_release(ch);
+        goto done;
+    }
+    int64_t *c = zr_tensor_data(ch), *ix = zr_tensor_data(ih);
+    for (int64_t i = 0, k = 0; i < rows; i++)
+        if (t[i] != ignore) c[k] = t[i], ix[k++] = i;
+    *tc = zr_tensor_to_raw(ch, ZR_I64, dev);
+    *idx = zr_tensor_to_raw(ih, ZR_I64, dev);
+    zr_tensor_release(ch);
+    st = *tc && *idx ? ZR_OK : ZR_ERR;
+done:
+    zr_tensor_release(th);
+    zr_tensor_release(ih);
+    return st;
+}
+
 /* --- CPU --- */
 
 /* x (n) in f32 rounded to dt's precision (bf16/f16: what a 16-bit linear's output holds); f64/f32: as it is. */
@@ -54,8 +147,20 @@ static void slice_cpu(const lce_args *a, zr_tensor *hi, zr_tensor *wi, zr_tensor
     round_to(a->dt, buf, a->n * vc);
 }
 
-/* saved: h, w, tgt, lse; i[0] = ignore_index, i[1] = reduction, i[2] = counted targets, i[3] = columns a slice;
- * f[0] = eps. */
+/* h's gradient from dh (its counted rows' gradient, contiguous (n, d)): dh itself when every row counted (in the
+ * input's shape), else scattered into a new one, 0 in the ignored rows. A new reference, or NULL. */
+static zr_tensor *h_grad(zr_node *n, zr_tensor *dh, zr_tensor *idx) {
+    zr_edge *e = &n->edges[0];
+    zr_tensor *full = zr_tensor_new_cat(dh->dtype, zr_tensor_device(dh), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+    if (full && (idx ? scatter_rows(full, dh, idx) : zr_tensor_copy_(full, dh))) {
+        zr_tensor_release(full);
+        return NULL;
+    }
+    return full;
+}
+
+/* saved: h's counted rows, w, their targets, lse [, idx]; i[0] = ignore_index, i[1] = reduction, i[2] = counted
+ * targets, i[3] = columns a slice, i[4] = 1 when idx (some rows ignored); f[0] = eps. */
 static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32};
     zr_tensor *lse = n->saved[3];
@@ -66,14 +171,12 @@ static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     if (zr_tensor_get(g, 0, &scale)) return ZR_ERR;
     if (n->i[1] == ZR_LOSS_MEAN) scale /= (double)n->i[2]; /* no counted target: every row is skipped */
     int need_h = zr_node_needs_grad(n, 0), need_w = zr_node_needs_grad(n, 1);
-    zr_edge *e = &n->edges[0];
-    zr_tensor *d[2] = {NULL, NULL}, *hi = zr_cpu_in(a.h, ct), *wi = hi ? zr_cpu_in(a.w, ct) : NULL;
+    zr_tensor *d[2] = {NULL, NULL}, *dh = NULL, *hi = zr_cpu_in(a.h, ct), *wi = hi ? zr_cpu_in(a.w, ct) : NULL;
     zr_tensor *buf = wi ? zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_status st = ZR_ERR;
-    if (!buf || (need_h && !(d[0] = zr_tensor_new_cat(ct, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0))) ||
+    if (!buf || (need_h && !(dh = zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0))) ||
         (need_w && !(d[1] = zr_tensor_new_cat(ct, dev, 2, a.w->shape, ZR_MEM_ACTIVATIONS, 0))))
         goto done;
-    if (need_h && a.v == 0 && zr_tensor_fill_(d[0], 0)) goto done;
     for (int64_t v0 = 0; v0 < a.v; v0 += a.vc) {
         int64_t vc = a.v - v0 < a.vc ? a.v - v0 : a.vc;
         slice_cpu(&a, hi, wi, buf, v0, vc);
@@ -85,10 +188,12 @@ static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
                         row_ptr(d[1], v0, a.d), a.d);
         if (need_h) /* dh (n, d) += g (n, vc) · w rows v0.. (vc, d) */
             ZR_CPU_CALL(ct, gemm_cpu, 0, 0, a.n, a.d, vc, 1.0, zr_tensor_data(buf), vc, row_ptr(wi, v0, a.d), a.d,
-                        v0 ? 1.0 : 0.0, zr_tensor_data(d[0]), a.d);
+                        v0 ? 1.0 : 0.0, zr_tensor_data(dh), a.d);
     }
+    if (need_h && !(d[0] = h_grad(n, dh, n->i[4] ? n->saved[4] : NULL))) goto done;
     st = zr_give_grads(n, 2, d, gin);
 done:
+    zr_tensor_release(dh);
     zr_tensor_release(d[0]);
     zr_tensor_release(d[1]);
     zr_tensor_release(hi);
@@ -97,20 +202,11 @@ done:
     return st;
 }
 
-/* The loss (a scalar of dtype lt) and each row's logsumexp into lse (n, ct); *n_valid the counted targets. */
-static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *lse, int red, int64_t *n_valid) {
+/* The loss (a scalar of dtype lt) and each row's logsumexp into lse (n, ct); every row's target counts. */
+static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *lse, int red) {
     zr_dtype ct = lse->dtype;
     zr_device dev = zr_tensor_device(a->h);
     const int64_t *t = zr_tensor_data(a->tgt);
-    *n_valid = 0;
-    for (int64_t i = 0; i < a->n; i++) {
-        if (t[i] == a->ignore) continue;
-        if (t[i] < 0 || t[i] >= a->v)
-            return zr_error("linear_cross_entropy: target %lld (at flat position %lld) is out of range for %lld "
-                            "classes: expected 0..%lld, or ignore_index %lld", (long long)t[i], (long long)i + 1,
-                            (long long)a->v, (long long)a->v - 1, (long long)a->ignore);
-        (*n_valid)++;
-    }
     zr_tensor *hi = zr_cpu_in(a->h, ct), *wi = hi ? zr_cpu_in(a->w, ct) : NULL;
     zr_tensor *xt = wi ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_tensor *tot = xt ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
@@ -135,7 +231,7 @@ static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *l
             s += l - (1 - a->eps) * x - a->eps / (double)a->v * sum;
         }
     }
-    if (red == ZR_LOSS_MEAN) s = *n_valid ? s / (double)*n_valid : NAN; /* torch: 0/0 */
+    if (red == ZR_LOSS_MEAN) s = a->n ? s / (double)a->n : NAN; /* torch: 0/0 */
     st = zr_tensor_set(out, 0, s);
 done:
     zr_tensor_release(hi);
@@ -157,8 +253,7 @@ static zr_status slice_dev(const lce_args *a, zr_tensor *buf, int64_t v0, int64_
     return zr_dev_status(gemm_ex_cuda(&g, s), "linear_cross_entropy (logits)", dev);
 }
 
-/* saved: h, w, tgt, lse (f32), n_valid (0-dim f32); i[0] = ignore_index, i[1] = reduction, i[3] = columns a slice;
- * f[0] = eps. */
+/* saved: h's counted rows, w, their targets, lse (f32), n_valid (0-dim f32) [, idx]; i[] and f[] as the CPU's. */
 static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32};
     zr_tensor *lse = n->saved[3], *nv = n->saved[4];
@@ -166,8 +261,7 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     zr_device dev = zr_tensor_device(a.h);
     cudaStream_t s = zr_cuda_stream(dev);
     int need_h = zr_node_needs_grad(n, 0), need_w = zr_node_needs_grad(n, 1);
-    zr_edge *e = &n->edges[0];
-    zr_tensor *d[2] = {NULL, NULL}, *dh = NULL, *buf = NULL, *dl = zr_tensor_to_raw(g, ZR_F32, dev);
+    zr_tensor *d[2] = {NULL, NULL}, *dh = NULL, *dhc = NULL, *buf = NULL, *dl = zr_tensor_to_raw(g, ZR_F32, dev);
     zr_tensor *lg = need_w ? zr_node_leaf_grad(n, 1) : NULL, *leaf = n->edges[1].leaf;
     /* dW straight into the weight's existing gradient (the engine's fp32 one, or one of dt), as linear's backward */
     int direct = lg && (lg->dtype == ZR_F32 || lg->dtype == a.dt);
@@ -176,9 +270,11 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     if (!dl || !(buf = zr_tensor_new_cat(a.dt, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0))) goto done;
     if (need_h && !(dh = zr_tensor_new_cat(ZR_F32, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0))) goto done;
     if (need_w && !direct && !(d[1] = zr_tensor_new_cat(a.dt, dev, 2, a.w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
-    if (dh && a.v == 0 && zr_tensor_fill_(dh, 0)) goto done;
     zr_tensor *wg = direct ? lg : d[1];
-    for (int64_t v0 = 0; v0 < a.v; v0 += a.vc) {
+    /* no counted row: dW is 0 (over a stale gradient too), dh 0 */
+    if (a.n == 0 && ((need_w && (!direct || !beta_w) && zr_tensor_fill_(wg, 0)) || (dh && zr_tensor_fill_(dh, 0))))
+        goto done;
+    for (int64_t v0 = 0; a.n > 0 && v0 < a.v; v0 += a.vc) {
         int64_t vc = a.v - v0 < a.vc ? a.v - v0 : a.vc;
         if (slice_dev(&a, buf, v0, vc, s, dev) ||
             zr_dev_status(lce_chunk_grad_cuda(zr_tensor_data(buf), zr_tensor_data(a.tgt), zr_tensor_data(lse),
@@ -202,14 +298,18 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         }
     }
     if (direct) leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
-    if (need_h && (!(d[0] = zr_tensor_new_cat(e->dtype, dev, e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0)) ||
-                   zr_tensor_copy_(d[0], dh)))
-        goto done;
+    if (need_h) { /* rounded once to h's dtype, then scattered back to h's rows */
+        zr_edge *e = &n->edges[0];
+        if (!(dhc = zr_tensor_new_cat(e->dtype, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0)) ||
+            zr_tensor_copy_(dhc, dh) || !(d[0] = h_grad(n, dhc, n->i[4] ? n->saved[5] : NULL)))
+            goto done;
+    }
     st = zr_give_grads(n, 2, d, gin);
 done:
     zr_tensor_release(d[0]);
     zr_tensor_release(d[1]);
     zr_tensor_release(dh);
+    zr_tensor_release(dhc);
     zr_tensor_release(buf);
     zr_tensor_release(dl);
     return st;
@@ -287,35 +387,40 @@ zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *target
     if (!h || !w || !targets) return zr_error_null("linear_cross_entropy: missing h, w or targets");
     if (check_args(h, w, targets, label_smoothing, (int)reduction)) return NULL;
     int cpu = zr_is_cpu(h);
+    zr_device dev = zr_tensor_device(h);
     char dn[16];
     if (!cpu && h->dtype == ZR_F64)
         return zr_error_null("linear_cross_entropy on %s: f64 is not supported (use f32, bf16 or f16)",
-                             zr_device_name(zr_tensor_device(h), dn));
+                             zr_device_name(dev, dn));
 #ifndef ZR_HAVE_CUDA
     if (!cpu) return zr_no_cuda("linear_cross_entropy"), NULL;
 #endif
-    zr_device dev = zr_tensor_device(h);
-    lce_args a = {NULL, NULL, NULL, zr_tensor_numel(targets), w->shape[1], w->shape[0], 0, ignore_index,
-                  label_smoothing, h->dtype};
-    a.vc = zr_linear_ce_chunk(a.n, a.v, a.dt, chunk);
+    int64_t D = w->shape[1], rows = D ? zr_tensor_numel(h) / D : zr_tensor_numel(targets);
+    lce_args a = {NULL, NULL, NULL, 0, D, w->shape[0], 0, ignore_index, label_smoothing, h->dtype};
+    if (a.v == 0) return zr_error_null("linear_cross_entropy: w has 0 classes");
     zr_dtype ct = cpu ? zr_cpu_compute_dtype(h->dtype) : ZR_F32;
-    zr_tensor *out = zr_tensor_new_cat(ct, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
-    zr_tensor *lse = zr_tensor_new_cat(ct, dev, 1, &a.n, ZR_MEM_ACTIVATIONS, 0);
-    zr_tensor *nv = cpu ? NULL : zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
-    zr_tensor *result = NULL;
-    int64_t n_valid = 0;
-    zr_status st = ZR_ERR;
-    if (!out || !lse || (!cpu && !nv) || !(a.h = zr_tensor_contiguous_raw(h)) || !(a.w = zr_tensor_contiguous_raw(w)) ||
-        !(a.tgt = zr_tensor_to_raw(targets, ZR_I64, dev)))
+    zr_tensor *out = NULL, *lse = NULL, *nv = NULL, *idx = NULL, *hc = NULL, *result = NULL;
+    if (counted_rows(targets, ignore_index, a.v, dev, &idx, &a.tgt) ||
+        !(hc = zr_tensor_contiguous_raw(h)) || !(a.w = zr_tensor_contiguous_raw(w)))
         goto done;
-    if (a.v == 0) {
-        zr_error("linear_cross_entropy: w has 0 classes");
-        goto done;
+    a.n = zr_tensor_numel(a.tgt);
+    if (idx) {
+        zr_tensor *h2 = zr_tensor_view_raw(hc, 2, (int64_t[]){rows, D});
+        a.h = h2 ? gather_rows(h2, idx) : NULL;
+        zr_tensor_release(h2);
+    } else {
+        a.h = zr_tensor_view_raw(hc, 2, (int64_t[]){rows, D});
     }
+    a.vc = zr_linear_ce_chunk(a.n, a.v, a.dt, chunk);
+    out = zr_tensor_new_cat(ct, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+    lse = zr_tensor_new_cat(ct, dev, 1, &a.n, ZR_MEM_ACTIVATIONS, 0);
+    nv = cpu ? NULL : zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
+    if (!a.h || !out || !lse || (!cpu && !nv)) goto done;
+    zr_status st;
 #ifdef ZR_HAVE_CUDA
-    st = cpu ? lce_forward_cpu(&a, out, lse, reduction, &n_valid) : lce_forward_dev(&a, out, lse, nv, reduction);
+    st = cpu ? lce_forward_cpu(&a, out, lse, reduction) : lce_forward_dev(&a, out, lse, nv, reduction);
 #else
-    st = lce_forward_cpu(&a, out, lse, reduction, &n_valid);
+    st = lce_forward_cpu(&a, out, lse, reduction);
 #endif
     if (st) goto done;
     zr_node *n;
@@ -324,10 +429,11 @@ zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *target
     if (!cpu) bwd = lce_backward_dev;
 #endif
     if (zr_autograd_record(out, "linear_cross_entropy", bwd, 2, (zr_tensor *[]){h, w}, &n)) goto done;
-    if (n) {
-        n->i[0] = ignore_index, n->i[1] = reduction, n->i[2] = n_valid, n->i[3] = a.vc, n->f[0] = label_smoothing;
+    if (n) { /* saved: h's counted rows, w, their targets, lse [, nv (CUDA)] [, idx: the rows' positions] */
+        n->i[0] = ignore_index, n->i[1] = reduction, n->i[2] = a.n, n->i[3] = a.vc, n->i[4] = idx != NULL;
+        n->f[0] = label_smoothing;
         if (zr_node_save(n, a.h) || zr_node_save(n, a.w) || zr_node_save(n, a.tgt) || zr_node_save(n, lse) ||
-            (nv && zr_node_save(n, nv)))
+            (nv && zr_node_save(n, nv)) || (idx && zr_node_save(n, idx)))
             goto done;
     }
     result = out;
@@ -336,6 +442,8 @@ done:
     zr_tensor_release(a.h);
     zr_tensor_release(a.w);
     zr_tensor_release(a.tgt);
+    zr_tensor_release(hc);
+    zr_tensor_release(idx);
     zr_tensor_release(out);
     zr_tensor_release(lse);
     zr_tensor_release(nv);

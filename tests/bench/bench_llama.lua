@@ -4,6 +4,7 @@
 --        [stage=0] [steps=10] [dtype=bf16] [device=cuda] [ckpt=0] [offload=0] [ratio=1] [overlap=0]
 --        [gas=1] [grad_accum=fp32|bf16 (data_types.grad_accum_dtype)] [breakdown=0|1|2|3] [data=SHARD.bin]
 --        [zenflow=0] [topk=0.05] [update_interval=gas|N|auto] [select_interval=0] [overlap_step=0] [pt_reserved=0.5]
+--        [chunked_loss=0|1|N] [prompt=0]
 -- Under mpirun -np N each rank runs on its local rank's GPU (zrun picks it); overlap=1 sets
 -- overlap_comm; ratio (with offload=1) is offload_optimizer.ratio, the host's share of the optimizer
 -- states (offload=1 ratio=0.5: half of them stay on the GPU). data= trains on an llm.c token shard
@@ -35,6 +36,8 @@ cli:option("update_interval", "gas", "zenflow update_interval: gas, a number of 
 cli:option("select_interval", 0, "zenflow: re-select every N micro-batches (0: once)")
 cli:option("overlap_step", 0, "zenflow: 1 runs the host update in the background, applied one window late")
 cli:option("pt_reserved", 0.5, "zenflow pt_reserved_cores_perc: the cores' share left to training with overlap_step")
+cli:option("chunked_loss", 0, "1: the LM head and loss by zr.linear_cross_entropy (default slices); N: slices of N columns")
+cli:option("prompt", 0, "the share of each row's first labels set to -100 (an SFT prompt, not in the loss)")
 cli:option("fuse_qk_norm", 1, "Qwen3: 1 runs q_norm / k_norm fused with the rope where zr.qkv_norm_rope_fused says so, 0 as modules")
 local opt = cli:parse(arg)
 if opt.device ~= "cpu" and not (C.cuda and C.cuda.device_count() > 0) then
@@ -95,6 +98,15 @@ else -- llm.c's loader: floor((n-1)/(B*T)) windows per shard, rows of T consecut
     batches[b + 1] = zr.tensor(rows, { dtype = "i64" }):to(opt.device)
   end
 end
+-- labels: the ids, or with each row's first prompt * seq labels -100; the forward's options
+local labels_of, fwd_opts = {}, opt.chunked_loss ~= 0 and { chunked_loss = opt.chunked_loss == 1 or opt.chunked_loss } or nil
+if opt.prompt > 0 then
+  local P = math.floor(opt.prompt * opt.seq)
+  local mask = zr.cat({ zr.zeros({ opt.batch, P }), zr.ones({ opt.batch, opt.seq - P }) }, 2):to(opt.device)
+  for _, ids in ipairs(batches) do
+    labels_of[ids] = (ids:to("f32") * mask + (mask - 1) * 100):to("i64")
+  end
+end
 local times = {}
 local sync = (C.cuda and function() C.cuda.synchronize() end) or function() end
 local phases = { fwd = {}, bwd = {}, step = {} }
@@ -106,7 +118,7 @@ for i = 1, opt.warmup + opt.steps do
   for g = 1, opt.gas do -- one optimizer step = gas micro-batches
     local ids = batches[((i - 1) * opt.gas + g - 1) % #batches + 1]
     local a = C.now()
-    out = engine(ids, ids)
+    out = engine(ids, labels_of[ids] or ids, fwd_opts)
     if opt.breakdown == 1 then sync() end
     local b = C.now()
     engine:backward(out.loss)

@@ -266,10 +266,18 @@ end
 function LM:forward(ids, labels, opts)
   if opts then
     require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts,
-      { "label_smoothing", "position_ids", "token_stats", "loss_type" })
+      { "label_smoothing", "position_ids", "token_stats", "loss_type", "chunked_loss" })
   end
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
+  local llama = require "zrun.models.llama"
+  if labels and opts and opts.chunked_loss then -- (LlamaForCausalLM:forward's; the head unpadded: no logits are kept)
+    local out = { loss = llama.chunked_causal_lm_loss(self.__name, h, llama.head_weight(self, self.lm_head), labels, opts) }
+    return (Module.end_scope(scope, llama.lazy_logits(out, function()
+      local fetch = Module.fetch or function(p) return p end
+      return zr.linear(h, fetch(self.lm_head and self.lm_head.weight or self.transformer.wte.weight))
+    end, h), h))
+  end
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
   -- zero-padded copy of the matrix. The padding logits get a bias of -1e30 (the GEMM's bias
@@ -295,7 +303,6 @@ function LM:forward(ids, labels, opts)
     return full:narrow(3, 1, V), full
   end
   local logits, full = head()
-  local llama = require "zrun.models.llama"
   -- (over the padded head's rows: its extra columns, at -1e30, add nothing and are never the argmax)
   local entropy, argmax = llama.token_stats(full, opts)
   if not labels then

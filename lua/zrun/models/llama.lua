@@ -475,7 +475,7 @@ function CausalLM:forward(input_ids, labels, opts)
   end
   if opts then
     require("zrun.kwargs").check(self.__name .. ":forward", opts,
-      { "label_smoothing", "position_ids", "token_stats", "loss_type" })
+      { "label_smoothing", "position_ids", "token_stats", "loss_type", "chunked_loss" })
   end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids, opts and opts.position_ids)
@@ -484,6 +484,10 @@ function CausalLM:forward(input_ids, labels, opts)
     -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
     local fetch = Module.fetch or function(p) return p end
     return zr.linear(h, fetch(self.model.embed_tokens.weight))
+  end
+  if labels and opts and opts.chunked_loss then
+    local out = { loss = M.chunked_causal_lm_loss(self.__name, h, M.head_weight(self, self.lm_head), labels, opts) }
+    return (Module.end_scope(scope, M.lazy_logits(out, head, h), h))
   end
   local logits = head()
   local entropy, argmax = M.token_stats(logits, opts)
@@ -569,6 +573,52 @@ function M.lazy_logits(out, make, hidden)
   end })
 end
 
+-- The LM head's weight (V, D) for zr.linear_cross_entropy, which reads it outside the head's module: head (the
+-- lm_head module; nil: tied to the embedding), gathered by ZeRO-3 (Module.fetch: whole until the end of backward).
+-- A LoRA-wrapped head is refused (its delta would be dropped), as TRL refuses it for chunked_nll.
+function M.head_weight(model, head)
+  local fetch = Module.fetch or function(p) return p end
+  if not head then return fetch(model.model and model.model.embed_tokens.weight or model.transformer.wte.weight) end
+  if head.__name ~= "Linear" then
+    error(("%s: chunked_loss reads the LM head's weight alone, and lm_head is a %s (a LoRA adapter on it would be " ..
+      "dropped); leave lm_head out of target_modules, or use the plain loss"):format(model.__name, tostring(head.__name)), 0)
+  end
+  return fetch(head.weight)
+end
+
+-- opts.chunked_loss (true, or the vocabulary columns of a slice): causal_lm_loss's loss without the logits
+-- (zr.linear_cross_entropy over the final hidden states h (B, T, D) and the head's weight w (V, D): the logits are made
+-- a slice at a time, only the counted tokens' rows, and made again in backward; one more LM-head product over the
+-- counted tokens than the plain loss). The same loss and gradients as the plain path, to the summation order; label
+-- smoothing as there. name: the model's, for messages.
+function M.chunked_causal_lm_loss(name, h, w, labels, opts)
+  local c = opts.chunked_loss
+  if not (c == true or (type(c) == "number" and c >= 1 and c == math.floor(c))) then
+    error(("%s:forward: chunked_loss must be true or a whole number of vocabulary columns a slice, got %s"):format(name,
+      tostring(c)), 0)
+  end
+  if opts.loss_type ~= nil and opts.loss_type ~= "nll" then
+    error(("%s:forward: chunked_loss computes the plain token-mean loss; loss_type %s needs the per-token losses " ..
+      "of the full logits: drop chunked_loss (TRL's chunked_nll is the plain loss)"):format(name, tostring(opts.loss_type)), 0)
+  end
+  if opts.token_stats then
+    error(("%s:forward: token_stats (entropy, argmax) need the full logits; chunked_loss makes them a slice at a " ..
+      "time: drop one of them"):format(name), 0)
+  end
+  local B, T, D = h:size(1), h:size(2), h:size(3)
+  return zr.linear_cross_entropy(h:reshape(B * T, D), w, M.shift_labels(labels):view(B * T),
+    { ignore_index = -100, label_smoothing = opts.label_smoothing or 0, chunk = c == true and 0 or c })
+end
+
+-- labels (B, T) shifted for the causal loss: position t scored against token t+1 and the last against -100 (so the
+-- logits or hidden states are used as they are, with no (B, T-1, ...) slice); rows of one token predict nothing.
+function M.shift_labels(labels)
+  local B, T = labels:size(1), labels:size(2)
+  local pad = zr.full({ B, 1 }, -100, { dtype = labels:dtype(), device = labels:device() })
+  return T < 2 and zr.full({ B, T }, -100, { dtype = labels:dtype(), device = labels:device() })
+    or zr.cat({ labels:narrow(2, 2, T - 1), pad }, 2)
+end
+
 -- Frees a training forward's result now (zr.release): its loss and, for lazy logits, the hidden
 -- states kept to make them (logits a model returned as such are left to the collector: the model
 -- may hold them). For a training loop that has read what it needs (the Trainer): the next
@@ -593,9 +643,7 @@ function M.causal_lm_loss(logits, labels, inplace, label_smoothing, loss_type)
   -- no (B, T-1, V) slice to copy forward and scatter back. Rows of one token (a micro-batch of them:
   -- an empty text with its BOS) predict nothing: every label -100, as HF's padded shift gives, so the
   -- loss counts no token there (0, no gradient) and training goes on, as transformers' does.
-  local pad = zr.full({ B, 1 }, -100, { dtype = labels:dtype(), device = labels:device() })
-  local shifted = T < 2 and zr.full({ B, T }, -100, { dtype = labels:dtype(), device = labels:device() })
-    or zr.cat({ labels:narrow(2, 2, T - 1), pad }, 2)
+  local shifted = M.shift_labels(labels)
   -- HF upcasts 16-bit logits to fp32 for the loss; cross_entropy already computes in fp32 (and
   -- its gradient is rounded to the logits' dtype exactly where HF's cast rounds it), so the
   -- full-vocabulary fp32 copy is skipped.
