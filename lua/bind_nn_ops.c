@@ -103,15 +103,19 @@ static int l_cross_entropy(lua_State *L) {
 }
 
 /* linear_cross_entropy(h (..., D), w (V, D), targets (...) [, {ignore_index = -100, reduction = "mean",
- * label_smoothing = 0, chunk = 0}]): cross_entropy(linear(h, w), targets) with the logits made chunk columns at a time
- * and never held whole (runtime/ops/linear_ce.h; chunk 0: the default slices). */
+ * label_smoothing = 0, chunk = 0, token_stats = false}]): cross_entropy(linear(h, w), targets) with the logits made
+ * chunk columns at a time and never held whole (runtime/ops/linear_ce.h; chunk 0: the default slices). token_stats:
+ * also each row's entropy and argmax (0 at ignored rows), as logits_stats gives them: returns loss, entropy, argmax. */
 static int l_linear_cross_entropy(lua_State *L) {
     zr_tensor *h = zr_l_checktensor(L, 1), *w = zr_l_checktensor(L, 2), *targets = zr_l_checktensor(L, 3);
     double ignore = -100, eps = 0, chunk = 0;
-    int red = ZR_LOSS_MEAN;
+    int red = ZR_LOSS_MEAN, stats = 0;
     if (!lua_isnoneornil(L, 4)) {
         luaL_checktype(L, 4, LUA_TTABLE);
-        zr_l_check_keys(L, 4, "linear_cross_entropy", "ignore_index reduction label_smoothing chunk");
+        zr_l_check_keys(L, 4, "linear_cross_entropy", "ignore_index reduction label_smoothing chunk token_stats");
+        lua_getfield(L, 4, "token_stats");
+        stats = lua_toboolean(L, -1);
+        lua_pop(L, 1);
         lua_getfield(L, 4, "ignore_index");
         ignore = luaL_optnumber(L, -1, -100);
         lua_getfield(L, 4, "reduction");
@@ -125,8 +129,15 @@ static int l_linear_cross_entropy(lua_State *L) {
     if (chunk < 0 || chunk != (double)(int64_t)chunk)
         return luaL_error(L, "linear_cross_entropy: chunk must be a whole number of columns (0: the default), got %g",
                           chunk);
-    return zr_l_pushtensor(L, zr_linear_cross_entropy(h, w, targets, (int64_t)ignore, (zr_loss_reduction)red, eps,
-                                                      (int64_t)chunk));
+    zr_tensor *e = NULL, *a = NULL;
+    zr_tensor *loss = zr_linear_cross_entropy_stats(h, w, targets, (int64_t)ignore, (zr_loss_reduction)red, eps,
+                                                    (int64_t)chunk, stats ? &e : NULL, stats ? &a : NULL);
+    if (!loss) return zr_l_error(L);
+    zr_l_pushtensor(L, loss);
+    if (!stats) return 1;
+    zr_l_pushtensor(L, e);
+    zr_l_pushtensor(L, a);
+    return 3;
 }
 
 /* ===== embedding (runtime/ops/embedding.h) ===== */

@@ -110,3 +110,31 @@ void K(lce_chunk_grad_cpu)(real *gx, const real *x, const real *lse, const int64
         if (tgt[i] >= v0 && tgt[i] < v0 + vc) gi[tgt[i] - v0] -= s * on;
     }
 }
+
+void K(lce_chunk_token_stats_cpu)(real *m, real *s, real *t, real *bv, int64_t *bi, const real *x, const int64_t *tgt,
+                                  int64_t n, int64_t vc, int64_t v0, int64_t ignore_index) {
+#pragma omp parallel for schedule(static) if (n * vc > 32768)
+    for (int64_t i = 0; i < n; i++) {
+        if (tgt[i] == ignore_index || vc == 0) continue;
+        const real *xi = x + i * vc;
+        real mc;
+        int64_t ic;
+        K(reduce_max_rows_cpu)(&mc, &ic, xi, 1, vc); /* the slice's max and its first index */
+        real sc = 0, tc = 0;
+        _Pragma("omp simd reduction(+ : sc, tc)")
+        for (int64_t j = 0; j < vc; j++) {
+            real e = R_EXP(xi[j] - mc);
+            sc += e;
+            tc += e * (xi[j] - mc);
+        }
+        if (s[i] == 0) {
+            m[i] = mc, s[i] = sc, t[i] = tc;
+        } else {
+            real mn = m[i] > mc ? m[i] : mc, ea = R_EXP(m[i] - mn), eb = R_EXP(mc - mn);
+            t[i] = ea * (t[i] + (m[i] - mn) * s[i]) + eb * (tc + (mc - mn) * sc);
+            s[i] = ea * s[i] + eb * sc;
+            m[i] = mn;
+        }
+        if (v0 == 0 || mc > bv[i]) bv[i] = mc, bi[i] = v0 + ic;
+    }
+}

@@ -28,3 +28,9 @@ void K(lce_chunk_stats_cpu)(real *lse, real *xt, real *tot, const real *x, const
  * columns of cross_entropy_backward_cpu's gradient over all vall classes; 0 on ignored rows. */
 void K(lce_chunk_grad_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt, double scale, int64_t n,
                            int64_t vc, int64_t v0, int64_t vall, int64_t ignore_index, double eps);
+/* TRL's token statistics over the slices (ops/linear_ce.c): per row whose target is not ignore_index, the slice's
+ * (max m, sum s of exp(x - m), t = sum of exp(x - m) (x - m)) merged into the row's (m, s, t) (m = -inf, s = t = 0
+ * before the first slice), and its largest logit and first index (bv, bi: global indices) kept when larger than the
+ * row's: after the last slice the entropy is log s - t / s and the argmax bi (logits_stats_cpu's). */
+void K(lce_chunk_token_stats_cpu)(real *m, real *s, real *t, real *bv, int64_t *bi, const real *x, const int64_t *tgt,
+                                  int64_t n, int64_t vc, int64_t v0, int64_t ignore_index);

@@ -307,6 +307,63 @@ __global__ void __launch_bounds__(CE_THREADS)
     }
 }
 
+
+/* TRL's token statistics over the linear cross-entropy's slices (lce_chunk_stats_cpu's twin, lce_chunk_token_stats_cpu):
+ * per row whose target is not ignored, the slice's ce_stats merged into the row's running (m, s, t, bv, bi). */
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    lce_token_stats_kernel(float *__restrict__ sm, float *__restrict__ ss, float *__restrict__ st,
+                           float *__restrict__ sbv, int64_t *__restrict__ sbi, const T *__restrict__ xc,
+                           const int64_t *__restrict__ targets, int64_t v0, int64_t Vc, int64_t ignore) {
+    __shared__ ce_stats red[32];
+    const int64_t row = blockIdx.x;
+    if (targets[row] == ignore) return;
+    const T *x = xc + row * Vc;
+    ce_stats a = {-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
+    for (int64_t i = threadIdx.x * V; i < Vc; i += CE_THREADS * V) {
+        float f[V];
+        ldv<T, V>(f, x + i);
+        ce_stats c = {f[0], 0.f, 0.f, f[0], (long long)(v0 + i)};
+#pragma unroll
+        for (int k = 1; k < V; ++k)
+            if (f[k] > c.bv) c.bv = f[k], c.bi = v0 + i + k;
+        c.m = c.bv;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float d = f[k] - c.m, e = __expf(d);
+            c.s += e, c.t += e * d;
+        }
+        stats_merge(a, c);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) red[w] = a;
+    __syncthreads();
+    if (w == 0) {
+        a = l < CE_THREADS / 32 ? red[l] : ce_stats{-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
+        if (l == 0) {
+            ce_stats r = {sm[row], ss[row], st[row], sbv[row], (long long)sbi[row]};
+            stats_merge(r, a); /* (the running pair first: its indices are the smaller) */
+            sm[row] = r.m, ss[row] = r.s, st[row] = r.t, sbv[row] = r.bv, sbi[row] = r.bi;
+        }
+    }
+}
+
+/* entropy (rows) and argmax (rows) from the running statistics of the n counted rows, at their positions idx (NULL:
+ * row k is row k); the other rows were zeroed by the caller. */
+__global__ void lce_token_stats_out_kernel(float *__restrict__ entropy, int64_t *__restrict__ argmax,
+                                           const float *__restrict__ ss, const float *__restrict__ st,
+                                           const int64_t *__restrict__ sbi, const int64_t *__restrict__ idx, int64_t n) {
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    const int64_t r = idx ? idx[k] : k;
+    entropy[r] = logf(ss[k]) - st[k] / ss[k];
+    argmax[r] = sbi[k];
+}
+
 /* d *= g / *baked unless g == *baked (then nothing is written). */
 template <typename T, int V>
 __global__ void ce_rescale_kernel(T *__restrict__ d, int64_t n, const float *__restrict__ g,
@@ -468,4 +525,29 @@ extern "C" int lce_chunk_grad_cuda(void *xc, const int64_t *targets, const float
                   Vc, V, ignore_index, eps);
     });
     return launch_check(fn);
+}
+
+extern "C" int lce_chunk_token_stats_cuda(float *m, float *s, float *t, float *bv, int64_t *bi, const void *xc,
+                                          const int64_t *targets, int64_t N, int64_t v0, int64_t Vc,
+                                          int64_t ignore_index, zr_dtype dtype, cudaStream_t stream) {
+    const char *fn = "lce_chunk_token_stats_cuda";
+    if (check_nv(fn, N, Vc, 0.f)) return ZR_ERR;
+    if (N == 0) return 0;
+    ZR_FUSED_DISPATCH(fn, dtype, {
+        constexpr int VW = 16 / sizeof(T);
+        if (Vc % VW == 0 && al16(xc))
+            lce_token_stats_kernel<T, VW><<<(unsigned)N, CE_THREADS, 0, stream>>>(m, s, t, bv, bi, (const T *)xc,
+                                                                                targets, v0, Vc, ignore_index);
+        else
+            lce_token_stats_kernel<T, 1><<<(unsigned)N, CE_THREADS, 0, stream>>>(m, s, t, bv, bi, (const T *)xc,
+                                                                               targets, v0, Vc, ignore_index);
+    });
+    return launch_check(fn);
+}
+
+extern "C" int lce_token_stats_out_cuda(float *entropy, int64_t *argmax, const float *s, const float *t,
+                                        const int64_t *bi, const int64_t *idx, int64_t n, cudaStream_t stream) {
+    if (n > 0)
+        lce_token_stats_out_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(entropy, argmax, s, t, bi, idx, n);
+    return launch_check("lce_token_stats_out_cuda");
 }

@@ -72,6 +72,16 @@ int lce_chunk_grad_cuda(void *xc, const int64_t *targets, const float *lse, cons
                         int64_t N, int64_t v0, int64_t Vc, int64_t V, int64_t ignore_index, float eps, zr_dtype dtype,
                         cudaStream_t stream);
 
+/* TRL's token statistics over the slices (twin: lce_chunk_token_stats_cpu): per row whose target is not ignored, the
+ * slice's (max m, sum s of exp(x - m), t = sum of exp(x - m) (x - m), largest logit bv and its first index bi) merged
+ * into the row's (m = bv = -inf, s = t = 0 before the first slice). lce_token_stats_out_cuda: entropy[r] = log s -
+ * t / s and argmax[r] = bi for the n counted rows, r = idx[k] (idx NULL: k); the other rows are left as they are. */
+int lce_chunk_token_stats_cuda(float *m, float *s, float *t, float *bv, int64_t *bi, const void *xc,
+                               const int64_t *targets, int64_t N, int64_t v0, int64_t Vc, int64_t ignore_index,
+                               zr_dtype dtype, cudaStream_t stream);
+int lce_token_stats_out_cuda(float *entropy, int64_t *argmax, const float *s, const float *t, const int64_t *bi,
+                             const int64_t *idx, int64_t n, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

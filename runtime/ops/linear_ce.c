@@ -26,13 +26,36 @@ int64_t zr_linear_ce_chunk(int64_t rows, int64_t V, zr_dtype dt, int64_t chunk) 
     return chunk < V ? chunk : V;
 }
 
-/* One call's operands: h (n, d), w (v, d) contiguous in dt, tgt (n) i64; vc columns a slice. */
+/* One call's operands: h (n, d), w (v, d) contiguous in dt, tgt (n) i64; vc columns a slice. The forward's token
+ * statistics (NULL: none): ent (f32; f64 on the CPU for f64) and amax (i64) of every row of the call, zeroed, written
+ * at the counted rows idx (NULL: every row counts). */
 typedef struct {
     zr_tensor *h, *w, *tgt;
     int64_t n, d, v, vc, ignore;
     double eps;
     zr_dtype dt;
+    zr_tensor *ent, *amax, *idx;
 } lce_args;
+
+/* The running token statistics of the n counted rows (m, s, t, bv in dtype ct; bi i64), as the kernels start them. */
+typedef struct {
+    zr_tensor *m, *s, *t, *bv, *bi;
+} lce_stats;
+static void stats_release(lce_stats *st) {
+    zr_tensor_release(st->m), zr_tensor_release(st->s), zr_tensor_release(st->t), zr_tensor_release(st->bv);
+    zr_tensor_release(st->bi);
+}
+static zr_status stats_new(lce_stats *st, const lce_args *a, zr_dtype ct) {
+    zr_device dev = zr_tensor_device(a->h);
+    zr_tensor **f[4] = {&st->m, &st->s, &st->t, &st->bv};
+    for (int i = 0; i < 4; i++)
+        if (!(*f[i] = zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0))) return ZR_ERR;
+    if (!(st->bi = zr_tensor_new_cat(ZR_I64, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0))) return ZR_ERR;
+    if (zr_tensor_fill_(st->m, -INFINITY) || zr_tensor_fill_(st->s, 0) || zr_tensor_fill_(st->t, 0) ||
+        zr_tensor_fill_(st->bv, -INFINITY) || zr_tensor_fill_(st->bi, 0))
+        return ZR_ERR;
+    return ZR_OK;
+}
 
 static void *row_ptr(zr_tensor *t, int64_t row, int64_t width) {
     return (char *)zr_tensor_data(t) + (size_t)(row * width) * zr_dtype_size(t->dtype);
@@ -162,7 +185,7 @@ static zr_tensor *h_grad(zr_node *n, zr_tensor *dh, zr_tensor *idx) {
 /* saved: h's counted rows, w, their targets, lse [, idx]; i[0] = ignore_index, i[1] = reduction, i[2] = counted
  * targets, i[3] = columns a slice, i[4] = 1 when idx (some rows ignored); f[0] = eps. */
 static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32};
+    lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32, NULL, NULL, NULL};
     zr_tensor *lse = n->saved[3];
     a.dt = a.h->dtype, a.d = a.w->shape[1], a.v = a.w->shape[0], a.n = zr_tensor_numel(a.tgt);
     zr_dtype ct = lse->dtype;
@@ -211,13 +234,31 @@ static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *l
     zr_tensor *xt = wi ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_tensor *tot = xt ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_tensor *buf = tot ? zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a->n, a->vc}, ZR_MEM_WORKSPACE, 0) : NULL;
+    lce_stats ts = {0};
     zr_status st = ZR_ERR;
-    if (!buf || zr_tensor_fill_(lse, -INFINITY) || zr_tensor_fill_(xt, 0) || zr_tensor_fill_(tot, 0)) goto done;
+    if (!buf || zr_tensor_fill_(lse, -INFINITY) || zr_tensor_fill_(xt, 0) || zr_tensor_fill_(tot, 0) ||
+        (a->ent && stats_new(&ts, a, ct)))
+        goto done;
     for (int64_t v0 = 0; v0 < a->v; v0 += a->vc) {
         int64_t vc = a->v - v0 < a->vc ? a->v - v0 : a->vc;
         slice_cpu(a, hi, wi, buf, v0, vc);
         ZR_CPU_CALL(ct, lce_chunk_stats_cpu, zr_tensor_data(lse), zr_tensor_data(xt), zr_tensor_data(tot),
                     zr_tensor_data(buf), t, a->n, vc, v0, a->ignore, a->eps != 0);
+        if (a->ent)
+            ZR_CPU_CALL(ct, lce_chunk_token_stats_cpu, zr_tensor_data(ts.m), zr_tensor_data(ts.s), zr_tensor_data(ts.t),
+                        zr_tensor_data(ts.bv), zr_tensor_data(ts.bi), zr_tensor_data(buf), t, a->n, vc, v0, a->ignore);
+    }
+    if (a->ent) { /* the entropy and argmax of each counted row, at its position */
+        const int64_t *ix = a->idx ? zr_tensor_data(a->idx) : NULL, *bi = zr_tensor_data(ts.bi);
+        for (int64_t k = 0; k < a->n; k++) {
+            double sv, tv;
+            int64_t r = ix ? ix[k] : k;
+            if (zr_tensor_get(ts.s, k, &sv) || zr_tensor_get(ts.t, k, &tv) ||
+                zr_tensor_set(a->ent, r, ct == ZR_F32 ? (double)(logf((float)sv) - (float)tv / (float)sv)
+                                                      : log(sv) - tv / sv))
+                goto done;
+            ((int64_t *)zr_tensor_data(a->amax))[r] = bi[k];
+        }
     }
     double s = 0; /* in double, in row order: deterministic; a row's loss as cross_entropy_forward_cpu's */
     for (int64_t i = 0; i < a->n; i++) {
@@ -234,6 +275,7 @@ static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *l
     if (red == ZR_LOSS_MEAN) s = a->n ? s / (double)a->n : NAN; /* torch: 0/0 */
     st = zr_tensor_set(out, 0, s);
 done:
+    stats_release(&ts);
     zr_tensor_release(hi);
     zr_tensor_release(wi);
     zr_tensor_release(xt);
@@ -255,7 +297,7 @@ static zr_status slice_dev(const lce_args *a, zr_tensor *buf, int64_t v0, int64_
 
 /* saved: h's counted rows, w, their targets, lse (f32), n_valid (0-dim f32) [, idx]; i[] and f[] as the CPU's. */
 static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
-    lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32};
+    lce_args a = {n->saved[0], n->saved[1], n->saved[2], 0, 0, 0, n->i[3], n->i[0], n->f[0], ZR_F32, NULL, NULL, NULL};
     zr_tensor *lse = n->saved[3], *nv = n->saved[4];
     a.dt = a.h->dtype, a.d = a.w->shape[1], a.v = a.w->shape[0], a.n = zr_tensor_numel(a.tgt);
     zr_device dev = zr_tensor_device(a.h);
@@ -324,11 +366,12 @@ static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *l
     zr_tensor *loss = zr_tensor_new_cat(ZR_F32, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0);
     zr_tensor *mean = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0);
     zr_tensor *buf = zr_tensor_new_cat(a->dt, dev, 2, (int64_t[]){a->n, a->vc}, ZR_MEM_WORKSPACE, 0);
+    lce_stats ts = {0};
     zr_status st = ZR_ERR;
-    if (!xt || (a->eps != 0 && !tot) || !loss || !mean || !buf) goto done;
+    if (!xt || (a->eps != 0 && !tot) || !loss || !mean || !buf || (a->ent && stats_new(&ts, a, ZR_F32))) goto done;
     /* xt NaN: a target outside [0, V) never finds its logit, and its loss is NaN as cross_entropy's */
     if (zr_tensor_fill_(lse, -INFINITY) || zr_tensor_fill_(xt, NAN) || (tot && zr_tensor_fill_(tot, 0))) goto done;
-    for (int64_t v0 = 0; v0 < a->v; v0 += a->vc) {
+    for (int64_t v0 = 0; a->n > 0 && v0 < a->v; v0 += a->vc) {
         int64_t vc = a->v - v0 < a->vc ? a->v - v0 : a->vc;
         if (slice_dev(a, buf, v0, vc, s, dev) ||
             zr_dev_status(lce_chunk_stats_cuda(zr_tensor_data(lse), zr_tensor_data(xt), tot ? zr_tensor_data(tot) : NULL,
@@ -336,7 +379,18 @@ static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *l
                                                (float)a->eps, a->dt, s),
                           "linear_cross_entropy", dev))
             goto done;
+        if (a->ent && zr_dev_status(lce_chunk_token_stats_cuda(zr_tensor_data(ts.m), zr_tensor_data(ts.s),
+                                                               zr_tensor_data(ts.t), zr_tensor_data(ts.bv),
+                                                               zr_tensor_data(ts.bi), zr_tensor_data(buf),
+                                                               zr_tensor_data(a->tgt), a->n, v0, vc, a->ignore, a->dt, s),
+                                    "linear_cross_entropy (token statistics)", dev))
+            goto done;
     }
+    if (a->ent && zr_dev_status(lce_token_stats_out_cuda(zr_tensor_data(a->ent), zr_tensor_data(a->amax),
+                                                         zr_tensor_data(ts.s), zr_tensor_data(ts.t), zr_tensor_data(ts.bi),
+                                                         a->idx ? zr_tensor_data(a->idx) : NULL, a->n, s),
+                                "linear_cross_entropy (token statistics)", dev))
+        goto done;
     if (zr_dev_status(lce_loss_cuda(zr_tensor_data(loss), zr_tensor_data(mean), zr_tensor_data(nv), zr_tensor_data(lse),
                                     zr_tensor_data(xt), tot ? zr_tensor_data(tot) : NULL, zr_tensor_data(a->tgt), a->n,
                                     a->v, a->ignore, (float)a->eps, s),
@@ -345,6 +399,7 @@ static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *l
     if (red == ZR_LOSS_SUM && zr_cross_entropy_sum_dev(mean, loss)) goto done;
     st = zr_tensor_copy_(out, mean);
 done:
+    stats_release(&ts);
     zr_tensor_release(xt);
     zr_tensor_release(tot);
     zr_tensor_release(loss);
@@ -384,6 +439,13 @@ static zr_status check_args(const zr_tensor *h, const zr_tensor *w, const zr_ten
 
 zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
                                    zr_loss_reduction reduction, double label_smoothing, int64_t chunk) {
+    return zr_linear_cross_entropy_stats(h, w, targets, ignore_index, reduction, label_smoothing, chunk, NULL, NULL);
+}
+
+zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
+                                         zr_loss_reduction reduction, double label_smoothing, int64_t chunk,
+                                         zr_tensor **entropy, zr_tensor **argmax) {
+    if (entropy) *entropy = *argmax = NULL;
     if (!h || !w || !targets) return zr_error_null("linear_cross_entropy: missing h, w or targets");
     if (check_args(h, w, targets, label_smoothing, (int)reduction)) return NULL;
     int cpu = zr_is_cpu(h);
@@ -396,7 +458,7 @@ zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *target
     if (!cpu) return zr_no_cuda("linear_cross_entropy"), NULL;
 #endif
     int64_t D = w->shape[1], rows = D ? zr_tensor_numel(h) / D : zr_tensor_numel(targets);
-    lce_args a = {NULL, NULL, NULL, 0, D, w->shape[0], 0, ignore_index, label_smoothing, h->dtype};
+    lce_args a = {NULL, NULL, NULL, 0, D, w->shape[0], 0, ignore_index, label_smoothing, h->dtype, NULL, NULL, NULL};
     if (a.v == 0) return zr_error_null("linear_cross_entropy: w has 0 classes");
     zr_dtype ct = cpu ? zr_cpu_compute_dtype(h->dtype) : ZR_F32;
     zr_tensor *out = NULL, *lse = NULL, *nv = NULL, *idx = NULL, *hc = NULL, *result = NULL;
@@ -412,6 +474,11 @@ zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *target
         a.h = zr_tensor_view_raw(hc, 2, (int64_t[]){rows, D});
     }
     a.vc = zr_linear_ce_chunk(a.n, a.v, a.dt, chunk);
+    a.idx = idx;
+    if (entropy && (!(a.ent = zr_tensor_new_cat(ct, dev, targets->ndim, targets->shape, ZR_MEM_WORKSPACE, 0)) ||
+                    !(a.amax = zr_tensor_new_cat(ZR_I64, dev, targets->ndim, targets->shape, ZR_MEM_WORKSPACE, 0)) ||
+                    zr_tensor_fill_(a.ent, 0) || zr_tensor_fill_(a.amax, 0)))
+        goto done;
     out = zr_tensor_new_cat(ct, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
     lse = zr_tensor_new_cat(ct, dev, 1, &a.n, ZR_MEM_ACTIVATIONS, 0);
     nv = cpu ? NULL : zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_ACTIVATIONS, 0);
@@ -438,7 +505,10 @@ zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *target
     }
     result = out;
     out = NULL;
+    if (entropy) *entropy = a.ent, *argmax = a.amax, a.ent = a.amax = NULL;
 done:
+    zr_tensor_release(a.ent);
+    zr_tensor_release(a.amax);
     zr_tensor_release(a.h);
     zr_tensor_release(a.w);
     zr_tensor_release(a.tgt);

@@ -19,6 +19,14 @@
 zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
                                    zr_loss_reduction reduction, double label_smoothing, int64_t chunk);
 
+/* The same, and (entropy, argmax non-NULL) TRL's token statistics of the logits, made from the same slices: *entropy
+ * (the targets' shape; f32, f64 for f64 on the CPU) the entropy of each row's softmax and *argmax (i64) the first
+ * index of its largest logit, as zr_logits_stats gives them, at the rows whose target counts; 0 at ignored rows (no
+ * logits are made for them). New references, or NULL with the result. */
+zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
+                                         zr_loss_reduction reduction, double label_smoothing, int64_t chunk,
+                                         zr_tensor **entropy, zr_tensor **argmax);
+
 /* The columns a slice has for rows x V logits of dtype dt: chunk when > 0, else the default (slices of about
  * ZR_LCE_CHUNK_BYTES, at least ZR_LCE_MIN_CHUNK columns, a multiple of 256); at most V. */
 #define ZR_LCE_CHUNK_BYTES (64LL << 20)

@@ -61,6 +61,12 @@ T.test("models: chunked_loss gives the plain loss and gradients (f64, f32, bf16;
           local s = wg[n]:abs():max():item()
           T.near(g:to("f64"), wg[n]:to("f64"), TOL[dt][2] * math.max(s, 1e-3), 0, what .. " grad " .. n)
         end
+        -- token_stats: the plain forward's entropy and argmax at the positions whose shifted label counts
+        local o2 = m(ids, labels, { label_smoothing = o.label_smoothing, chunked_loss = o.chunked_loss, token_stats = true })
+        local o1 = m(ids, labels, { label_smoothing = o.label_smoothing, token_stats = true })
+        local counted = llama.shift_labels(labels):ne(-100):to("f64")
+        T.near(o2.entropy:to("f64"), o1.entropy:to("f64") * counted, 1e-5, 1e-5, what .. " entropy")
+        T.near(o2.argmax:to("f64"), o1.argmax:to("f64") * counted, 0, 0, what .. " argmax")
         -- out.logits, read after backward: the eval forward's logits
         local ev = zr.no_grad(function() return m(ids) end)
         T.near(out.logits, ev.logits, 0, 0, what .. ": out.logits = the eval logits")
@@ -101,7 +107,6 @@ T.test("models: chunked_loss refuses what it cannot do, in one line", function()
   local m = llama_model(false)
   local ids, labels = batch(vocab(m), 3)
   T.raises(function() m(ids, labels, { chunked_loss = true, loss_type = "dft" }) end, "loss_type dft needs the per-token")
-  T.raises(function() m(ids, labels, { chunked_loss = true, token_stats = true }) end, "token_stats")
   T.raises(function() m(ids, labels, { chunked_loss = 0.5 }) end, "chunked_loss must be true or a whole number")
   local p = zr.peft.get_peft_model(m, zr.peft.LoraConfig { r = 2, target_modules = { "lm_head" } })
   T.raises(function() p(ids, labels, { chunked_loss = true }) end, "lm_head is a")

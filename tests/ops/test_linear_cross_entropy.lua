@@ -101,6 +101,35 @@ T.test("linear_cross_entropy: every target ignored, a frozen weight, gradients a
   T.near(w.grad, w2.grad, 1e-6, 1e-5)
 end)
 
+T.test("linear_cross_entropy token_stats: logits_stats' entropy and argmax at the counted rows, 0 at ignored", function()
+  local N, D, V = 29, 16, 700
+  for _, dt in ipairs { "f64", "f32", "bf16" } do
+    local h, w = (zr.randn({ N, D }) * 0.7):to(dt), (zr.randn({ V, D }) * 0.5):to(dt)
+    -- a tie for the largest logit across two slices (classes 2 and 649, 0-based: w's rows 3 and 650 made h's first
+    -- row, tripled): row 1's argmax is the first of them
+    w[3] = h[1] * 3
+    w[650] = h[1] * 3
+    local t = ids(targets(N, V, { 4, 9, 17 }))
+    local e0, a0 = zr.logits_stats(zr.linear(h, w))
+    for _, chunk in ipairs { 64, 333, 0 } do
+      local what = ("%s chunk %d"):format(dt, chunk)
+      local l, e, a = zr.linear_cross_entropy(h, w, t, { chunk = chunk, token_stats = true })
+      T.near(l, zr.cross_entropy(zr.linear(h, w), t), 0, 1e-6, what .. " loss")
+      local ef, af, e0f, a0f, tf = e:flat_table(), a:flat_table(), e0:flat_table(), a0:flat_table(), t:flat_table()
+      T.eq(af[1], 2, what .. " the first of two tied largest logits")
+      for i = 1, N do
+        if tf[i] == -100 then
+          T.eq(ef[i], 0, what .. " ignored row's entropy")
+          T.eq(af[i], 0, what .. " ignored row's argmax")
+        else
+          T.near(ef[i], e0f[i], dt == "f64" and 1e-12 or 2e-5, 1e-5, what .. " entropy row " .. i)
+          T.eq(af[i], a0f[i], what .. " argmax row " .. i)
+        end
+      end
+    end
+  end
+end)
+
 T.test("linear_cross_entropy refuses what it cannot do, in one line", function()
   local h, w, t = zr.randn({ 3, 4 }), zr.randn({ 5, 4 }), ids { 0, 1, 2 }
   T.raises(function() zr.linear_cross_entropy(h, w:to("bf16"), t) end, "h is f32 and w is bf16; give them one dtype")

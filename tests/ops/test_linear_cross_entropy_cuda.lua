@@ -30,6 +30,16 @@ T.test("linear_cross_entropy CUDA vs CPU: slices, reductions, smoothing, ignored
       end
     end
   end
+  -- token_stats: entropy and argmax as the CPU's (and 0 at ignored rows)
+  for _, dt in ipairs { "f32", "bf16" } do
+    local h, w, t = (randn({ 41, 32 }) * 0.7):to(dt), (randn({ 3001, 32 }) * 0.5):to(dt), targets(41, 3001, { 3, 30 })
+    for _, chunk in ipairs { 100, 1024, 0 } do
+      local _, e1, a1 = zr.linear_cross_entropy(h, w, t, { chunk = chunk, token_stats = true })
+      local _, e2, a2 = zr.linear_cross_entropy(h:cuda(), w:cuda(), t:cuda(), { chunk = chunk, token_stats = true })
+      close(e2:cpu(), e1, dt, ("token_stats entropy %s chunk %d"):format(dt, chunk))
+      T.eq(T.diff(a2:cpu():to("f64"), a1:to("f64")), 0, ("token_stats argmax %s chunk %d"):format(dt, chunk))
+    end
+  end
   -- every target ignored: the mean is NaN (like torch), the gradients zero
   local h, w = randn({ 4, 8 }):cuda():requires_grad_(true), randn({ 20, 8 }):cuda():requires_grad_(true)
   local all = zr.full({ 4 }, -100, { dtype = "i64" }):cuda()

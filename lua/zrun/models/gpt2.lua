@@ -272,11 +272,13 @@ function LM:forward(ids, labels, opts)
   local h = self.transformer(ids, opts and opts.position_ids)
   local llama = require "zrun.models.llama"
   if labels and opts and opts.chunked_loss then -- (LlamaForCausalLM:forward's; the head unpadded: no logits are kept)
-    local out = { loss = llama.chunked_causal_lm_loss(self.__name, h, llama.head_weight(self, self.lm_head), labels, opts) }
+    local out = {}
+    out.loss, out.entropy, out.argmax = llama.chunked_causal_lm_loss(self.__name, h, llama.head_weight(self, self.lm_head),
+      labels, opts)
     return (Module.end_scope(scope, llama.lazy_logits(out, function()
       local fetch = Module.fetch or function(p) return p end
       return zr.linear(h, fetch(self.lm_head and self.lm_head.weight or self.transformer.wte.weight))
-    end, h), h))
+    end, h), h, out.entropy, out.argmax))
   end
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a

@@ -486,8 +486,10 @@ function CausalLM:forward(input_ids, labels, opts)
     return zr.linear(h, fetch(self.model.embed_tokens.weight))
   end
   if labels and opts and opts.chunked_loss then
-    local out = { loss = M.chunked_causal_lm_loss(self.__name, h, M.head_weight(self, self.lm_head), labels, opts) }
-    return (Module.end_scope(scope, M.lazy_logits(out, head, h), h))
+    local out = {}
+    out.loss, out.entropy, out.argmax = M.chunked_causal_lm_loss(self.__name, h, M.head_weight(self, self.lm_head),
+      labels, opts)
+    return (Module.end_scope(scope, M.lazy_logits(out, head, h), h, out.entropy, out.argmax))
   end
   local logits = head()
   local entropy, argmax = M.token_stats(logits, opts)
@@ -590,7 +592,9 @@ end
 -- (zr.linear_cross_entropy over the final hidden states h (B, T, D) and the head's weight w (V, D): the logits are made
 -- a slice at a time, only the counted tokens' rows, and made again in backward; one more LM-head product over the
 -- counted tokens than the plain loss). The same loss and gradients as the plain path, to the summation order; label
--- smoothing as there. name: the model's, for messages.
+-- smoothing as there. opts.token_stats: also the entropy and argmax (B, T) of the positions whose shifted label
+-- counts (made from the same slices; 0 elsewhere: what the Trainer's token sums read). name: the model's, for
+-- messages. Returns loss [, entropy, argmax].
 function M.chunked_causal_lm_loss(name, h, w, labels, opts)
   local c = opts.chunked_loss
   if not (c == true or (type(c) == "number" and c >= 1 and c == math.floor(c))) then
@@ -601,13 +605,12 @@ function M.chunked_causal_lm_loss(name, h, w, labels, opts)
     error(("%s:forward: chunked_loss computes the plain token-mean loss; loss_type %s needs the per-token losses " ..
       "of the full logits: drop chunked_loss (TRL's chunked_nll is the plain loss)"):format(name, tostring(opts.loss_type)), 0)
   end
-  if opts.token_stats then
-    error(("%s:forward: token_stats (entropy, argmax) need the full logits; chunked_loss makes them a slice at a " ..
-      "time: drop one of them"):format(name), 0)
-  end
   local B, T, D = h:size(1), h:size(2), h:size(3)
-  return zr.linear_cross_entropy(h:reshape(B * T, D), w, M.shift_labels(labels):view(B * T),
-    { ignore_index = -100, label_smoothing = opts.label_smoothing or 0, chunk = c == true and 0 or c })
+  local loss, entropy, argmax = zr.linear_cross_entropy(h:reshape(B * T, D), w, M.shift_labels(labels):view(B * T),
+    { ignore_index = -100, label_smoothing = opts.label_smoothing or 0, chunk = c == true and 0 or c,
+      token_stats = opts.token_stats or nil })
+  if entropy then entropy, argmax = entropy:view(B, T), argmax:view(B, T) end
+  return loss, entropy, argmax
 end
 
 -- labels (B, T) shifted for the causal loss: position t scored against token t+1 and the last against -100 (so the
