@@ -68,12 +68,14 @@ local function check_batch(batch)
   end
 end
 
--- The model's forward options for the loss: label_smoothing_factor, and the loss_type zr.SFTTrainer sets
--- (TRL's "dft"); nil for the plain token-mean cross-entropy.
+-- The model's forward options for the loss: label_smoothing_factor, the loss_type zr.SFTTrainer sets (TRL's "dft"),
+-- and chunked_loss (the LM head and loss without the full logits: use_liger_kernel's fused linear cross-entropy,
+-- TRL's chunked_nll); nil for the plain token-mean cross-entropy.
 local function loss_options(self)
   local ls = self.args.label_smoothing_factor
-  if ls == 0 and not self.loss_type then return nil end
-  return { label_smoothing = ls ~= 0 and ls or nil, loss_type = self.loss_type }
+  local chunked = self.chunked_loss
+  if ls == 0 and not self.loss_type and not chunked then return nil end
+  return { label_smoothing = ls ~= 0 and ls or nil, loss_type = self.loss_type, chunked_loss = chunked or nil }
 end
 
 -- TRL's per-micro-batch sums over the labels that count after the shift, from a forward run with
@@ -214,12 +216,19 @@ function Trainer.new(opts)
   end
   local self = setmetatable({}, Trainer)
   self.args, self.user_args = targs.resolve(opts.args)
+  self.chunked_loss = targs.liger(self.args, true) -- (use_liger_kernel: the LM head and loss without full logits)
   -- HF's set_seed(args.seed), first in Trainer.__init__: model_init (a function returning the model)
   -- builds it after, so args.seed decides its initial weights, as in HF.
   zr.manual_seed(self.args.seed)
   if opts.model and opts.model_init then error("Trainer: pass model or model_init, not both", 2) end
   self.model = opts.model or (opts.model_init and opts.model_init())
   if not self.model then error("Trainer: model (or model_init, a function returning it) is required", 2) end
+  if self.chunked_loss and not self.model.supports_chunked_loss then
+    error("Trainer: use_liger_kernel = true runs the LM head and loss without the full logits (its fused linear " ..
+      "cross-entropy) through the model's forward option chunked_loss, which this model does not declare " ..
+      "(supports_chunked_loss: zrun's Llama family and GPT-2 do); set liger_kernel_config = " ..
+      "{fused_linear_cross_entropy = false} or drop use_liger_kernel", 2)
+  end
   self.train_dataset, self.eval_dataset = as_dataset(opts.train_dataset, "train_dataset"), as_datasets(opts.eval_dataset)
   if not opts.data_collator then
     check_rows(self.train_dataset, "train_dataset")
@@ -1394,6 +1403,7 @@ function Trainer:evaluate(ds, prefix)
   -- LabelSmoother, TRL through its compute_loss_func too), the perplexity that of the plain cross-entropy over
   -- the same logits
   local fwd_opts = loss_options(self)
+  local smoothed = fwd_opts and (fwd_opts.label_smoothing or fwd_opts.loss_type == "dft") -- (loss not the plain one)
   local drop = self.args.dataloader_drop_last -- (transformers' evaluation loader drops as its training loader does)
   local mine, real = eval_share(#rows, bs, W, rank, drop)
   if #mine == 0 and #rows > 0 then
@@ -1453,7 +1463,7 @@ function Trainer:evaluate(ds, prefix)
       if n > 0 then
         scope = C.handle_serial()
         sum, count = sum + out.loss:item() * n, count + n
-        if fwd_opts then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
+        if smoothed then nll = nll + require("zrun.models.llama").causal_lm_loss(out.logits, labels):item() * n end
         C.release_since(scope)
       end
       -- a forward's tensors are garbage once its loss is read; Lua does not see their memory, so the next
@@ -1478,7 +1488,7 @@ function Trainer:evaluate(ds, prefix)
   if cnt == 0 then error(fmt("Trainer:evaluate: the %d evaluation rows have no label to predict (all -100)", #rows), 0) end
   local loss = tot / cnt
   local rt = C.now() - t0
-  local ppl = math.exp(fwd_opts and t[3] / cnt or loss)
+  local ppl = math.exp(smoothed and t[3] / cnt or loss)
   -- (transformers' speed_metrics: rows and batches of per_device_eval_batch_size x ranks over the runtime)
   local metrics = speed_metrics({ [prefix .. "_loss"] = loss, [prefix .. "_perplexity"] = ppl, [prefix .. "_tokens"] = cnt,
     epoch = self.state.epoch, [prefix .. "_mean_token_accuracy"] = accuracy,
@@ -1487,8 +1497,8 @@ function Trainer:evaluate(ds, prefix)
     [prefix .. "_num_tokens"] = self.log_num_tokens and (self.num_tokens or 0) or nil }, -- (TRL: the training total)
     prefix, rt, #rows, ceil(#rows / (bs * W)))
   dist.print0(fmt("[zrun] %s at step %d: loss %.4f%s | perplexity %.3f%s%s | %d tokens", prefix, self:step_count(), loss,
-    fwd_opts and (fwd_opts.loss_type == "dft" and " (dft)" or fmt(" (label smoothing %g)", fwd_opts.label_smoothing)) or "",
-    ppl, fwd_opts and (fwd_opts.loss_type == "dft" and " (of the cross-entropy)" or " (unsmoothed)") or "",
+    smoothed and (fwd_opts.loss_type == "dft" and " (dft)" or fmt(" (label smoothing %g)", fwd_opts.label_smoothing)) or "",
+    ppl, smoothed and (fwd_opts.loss_type == "dft" and " (of the cross-entropy)" or " (unsmoothed)") or "",
     accuracy and fmt(" | mean token accuracy %.4f", accuracy) or "", cnt))
   -- (the log record has the step, as transformers' log_history; the metrics returned, saved by save_metrics and given
   -- to on_evaluate do not, but num_input_tokens_seen, which transformers' log() adds to them)

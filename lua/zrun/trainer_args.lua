@@ -24,6 +24,7 @@ M.DEFAULTS = {
   torch_empty_cache_steps = false,
   report_to = "none", logging_dir = false, -- (TensorBoard: zrun.trainer_callbacks.TensorBoardCallback)
   eval_delay = 0, restore_callback_states_from_checkpoint = false,
+  use_liger_kernel = false, liger_kernel_config = false, -- (M.liger: the chunked LM head + loss; zrun's kernels otherwise)
 }
 
 for k, v in pairs(config.ARG_DEFAULTS) do M.DEFAULTS[k] = v end
@@ -34,8 +35,7 @@ M.NO_EFFECT = {
   dataloader_num_workers = "batches are built in-process",
   dataloader_pin_memory = "batches are built in-process", dataloader_persistent_workers = "batches are built in-process",
   dataloader_prefetch_factor = "batches are built in-process",
-  use_liger_kernel = "zrun's Llama runs fused kernels of its own (RMSNorm, rope, SwiGLU; the cross-entropy writes its " ..
-    "gradient over the logits)", remove_unused_columns = "the collator reads input_ids/labels only",
+  remove_unused_columns = "the collator reads input_ids/labels only",
   overwrite_output_dir = "checkpoints are written to new checkpoint-<step> folders", do_train = "a script flag",
   do_eval = "a script flag", save_safetensors = "zrun always writes safetensors",
   gradient_checkpointing_kwargs = "zr.checkpoint recomputes each layer in backward; there is no reentrant variant",
@@ -176,6 +176,52 @@ function M.check_accelerator_config(a, quiet)
   a.accelerator_config = v
 end
 
+-- Liger Kernel's options (_apply_liger_kernel_to_instance's keyword arguments, transformers' liger_kernel_config) and
+-- what each is in zrun: its fused linear cross-entropy is zrun's chunked LM head + loss (the models' chunked_loss:
+-- no full logits; Liger's default, on); the others swap in fused kernels zrun always runs.
+local LIGER = { fused_linear_cross_entropy = true, cross_entropy = true, rope = true, rms_norm = true, swiglu = true,
+  geglu = true, layer_norm = true }
+
+-- use_liger_kernel / liger_kernel_config (a table, or the command line's JSON object) -> whether the models' forward
+-- takes chunked_loss. Unknown keys and non-booleans are refused (as Liger's functions refuse unknown arguments), the
+-- kernel switches said to change nothing, and a config without use_liger_kernel said to be unused (transformers
+-- applies it only with the flag).
+function M.liger(a, quiet)
+  local v = a.liger_kernel_config
+  if v == false or v == nil or v == require("cjson").null then v = nil end
+  if type(v) == "string" then
+    local ok, t = pcall(require("cjson").decode, v)
+    if not ok or type(t) ~= "table" then bad("liger_kernel_config must be a JSON object like " ..
+      "'{\"fused_linear_cross_entropy\": true}', got %s", v) end
+    v = t
+  end
+  if v ~= nil and type(v) ~= "table" then bad("liger_kernel_config must be a table of Liger's options, got %s", config.show(v)) end
+  local say = not quiet and require("zrun.dist").print0 or function() end
+  for _, k in ipairs(sorted_keys(v or {})) do
+    if not LIGER[k] then
+      bad("liger_kernel_config: unexpected option '%s' (Liger's: %s)", tostring(k), concat(sorted_keys(LIGER), ", "))
+    end
+    if type(v[k]) ~= "boolean" then bad("liger_kernel_config.%s must be true or false, got %s", k, config.show(v[k])) end
+  end
+  local flce = not v or v.fused_linear_cross_entropy ~= false
+  if v and v.cross_entropy and flce then
+    bad("liger_kernel_config: cross_entropy and fused_linear_cross_entropy cannot both be true (Liger refuses it " ..
+      "too); set fused_linear_cross_entropy = false to keep the logits")
+  end
+  if v and not a.use_liger_kernel then
+    say("[zrun] Trainer: liger_kernel_config has no effect without use_liger_kernel = true (as in transformers)")
+    return false
+  end
+  if not a.use_liger_kernel then return false end
+  for _, k in ipairs(sorted_keys(v or {})) do
+    if k ~= "fused_linear_cross_entropy" then
+      say(fmt("[zrun] Trainer: liger_kernel_config.%s has no effect in zrun (its %s kernel is fused always)", k,
+        k == "cross_entropy" and "cross-entropy" or k))
+    end
+  end
+  return flce
+end
+
 -- Returns the arguments with defaults filled, after checking every key and value. `given` keeps
 -- only what the caller set (the DeepSpeed config compares those with its own values). quiet: no
 -- warnings (a script checking its arguments early, before the Trainer checks them again).
@@ -251,6 +297,7 @@ function M.resolve(user, quiet)
       "(transformers drops them too)", a.lr_scheduler_type))
   end
   M.check_accelerator_config(a, quiet)
+  M.liger(a, quiet)
   for _, k in ipairs { "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps" } do
     check_int(a, k, 1)
   end

@@ -239,6 +239,7 @@ local LM = Module:extend("GPT2LMHeadModel")
 LM.token_mean_loss = true
 LM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
 LM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
+LM.supports_chunked_loss = true -- (forward's chunked_loss: use_liger_kernel, TRL's chunked_nll)
 M.GPT2LMHeadModel = LM
 -- cfg: a Hugging Face config table (config.json fields) or a built-in name, plus optional
 -- dtype/device for the parameters.

@@ -400,6 +400,7 @@ M.LlamaForCausalLM = CausalLM
 CausalLM.token_mean_loss = true
 CausalLM.supports_token_stats = true -- (forward's token_stats: the Trainer asks for TRL's statistics)
 CausalLM.supports_loss_type = { nll = true, dft = true } -- (forward's loss_type: TRL's SFTConfig loss_type)
+CausalLM.supports_chunked_loss = true -- (forward's chunked_loss: use_liger_kernel, TRL's chunked_nll)
 
 CausalLM.family = "llama" -- (the model type its configs must have)
 CausalLM.Model = Model -- (the decoder stack it builds; Gemma 3's extends it)
