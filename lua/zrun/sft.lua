@@ -17,7 +17,7 @@ local fmt = string.format
 -- SFTConfig's own arguments (TRL), with their defaults; the rest are zr.Trainer's.
 M.DEFAULTS = { max_length = 1024, completion_only_loss = "auto", assistant_only_loss = false, dataset_text_field = "text",
   truncation_mode = "keep_start", eos_token = false, pad_token = false, chat_template_path = false, packing = false,
-  packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = "nll", dataset_num_proc = false,
+  packing_strategy = "bfd", padding_free = false, pad_to_multiple_of = false, loss_type = false, dataset_num_proc = false,
   dataset_kwargs = false, eval_packing = "auto", shuffle_dataset = false, activation_offloading = false }
 -- SFTConfig arguments that change nothing in zrun: said, then dropped.
 M.NO_EFFECT = {
@@ -48,10 +48,10 @@ M.REFUSED = {
     "implemented; gradient_checkpointing = true (TRL's default) keeps one tensor a layer, and ZeRO's offload_optimizer / " ..
     "offload_param move the largest states",
 }
--- TRL's loss_type values: "chunked_nll" (TRL's default) is "nll" computed in chunks of tokens to save memory (the
--- same loss; zrun's fused loss keeps no second logits-sized buffer either); "dft" weights each token's loss by its
--- probability (zrun.models.llama.causal_lm_loss).
-M.LOSS_TYPES = { nll = "nll", chunked_nll = "nll", dft = "dft" }
+-- TRL's loss_type values: "chunked_nll" (TRL's default, but with use_liger_kernel) is "nll" without the full logits
+-- (the models' chunked_loss: the LM head over the counted tokens only, a slice of the vocabulary at a time); "dft"
+-- weights each token's loss by its probability (zrun.models.llama.causal_lm_loss).
+M.LOSS_TYPES = { nll = "nll", chunked_nll = "chunked_nll", dft = "dft" }
 
 -- A special token SFTConfig names (eos_token, pad_token): one token of the tokenizer's vocabulary, as TRL checks.
 function M.check_token(tok, what, s)
@@ -285,7 +285,7 @@ function M.options(opts, tok, first)
     o[k] = v
   end
   -- (the rows are the same for every loss: SFTTrainer hands loss_type to the model, prepare takes the plain one)
-  if o.loss_type ~= nil and M.LOSS_TYPES[o.loss_type] ~= "nll" then
+  if o.loss_type ~= nil and o.loss_type ~= false and M.LOSS_TYPES[o.loss_type] ~= "nll" and o.loss_type ~= "chunked_nll" then
     error(fmt("sft: loss_type %s is %s", tostring(o.loss_type), M.LOSS_TYPES[o.loss_type] and "SFTTrainer's (the " ..
       "model's loss), not a row preparation option: pass it in SFTTrainer's args" or "not one of \"nll\", " ..
       "\"chunked_nll\" or \"dft\""), 0)
@@ -640,11 +640,18 @@ function M.SFTTrainer(opts)
   end
   trl_defaults(args)
   -- loss_type (TRL's): the model's forward takes it (zrun's Llama and GPT-2); "dft" replaces the label smoother
-  local loss_type = sargs.loss_type == nil and "nll" or M.LOSS_TYPES[sargs.loss_type]
+  -- (unset: TRL's default, chunked_nll, or nll with use_liger_kernel, whose fused linear cross-entropy is the same)
+  local liger = args.use_liger_kernel
+  local unset = sargs.loss_type == nil or sargs.loss_type == false
+  local loss_type = unset and (liger and "nll" or "chunked_nll") or M.LOSS_TYPES[sargs.loss_type]
   if not loss_type then
-    error(fmt("SFTTrainer: loss_type %s is not one of \"nll\", \"chunked_nll\" (TRL's default: the same loss) or " ..
-      "\"dft\" (each token's loss weighted by its probability)", type(sargs.loss_type) == "string" and
-      ("\"" .. sargs.loss_type .. "\"") or tostring(sargs.loss_type)), 2)
+    error(fmt("SFTTrainer: loss_type %s is not one of \"nll\", \"chunked_nll\" (TRL's default: the same loss " ..
+      "without the full logits) or \"dft\" (each token's loss weighted by its probability)", type(sargs.loss_type) ==
+      "string" and ("\"" .. sargs.loss_type .. "\"") or tostring(sargs.loss_type)), 2)
+  end
+  if loss_type == "chunked_nll" and liger then
+    error("SFTTrainer: loss_type \"chunked_nll\" is not compatible with use_liger_kernel = true (TRL refuses it " ..
+      "too; Liger's fused linear cross-entropy is the same loss): leave loss_type unset or set \"nll\"", 2)
   end
   sargs.loss_type = nil
   if loss_type == "dft" then
@@ -783,7 +790,25 @@ function M.SFTTrainer(opts)
     if auto then t.data_collator = require("zrun.trainer").counted_unrounded(t.data_collator) end
   end
   local trainer = require("zrun.trainer")(t)
-  if loss_type ~= "nll" then trainer.loss_type = loss_type end -- (the model's forward option, training and evaluation)
+  -- (the model's forward options, training and evaluation: loss_type "dft"; chunked_nll's chunked_loss where the
+  -- model takes it, else the same loss with the logits, said)
+  if loss_type == "dft" then trainer.loss_type = loss_type end
+  if loss_type == "chunked_nll" then
+    local m = trainer.model
+    local head = type(m) == "table" and m.lm_head
+    if head and head.__name ~= "Linear" then -- (a LoRA adapter on the head: its weight alone would drop the delta)
+      if not unset then
+        error("SFTTrainer: loss_type \"chunked_nll\" is not supported when lm_head has a LoRA adapter (TRL refuses " ..
+          "it too): leave lm_head out of target_modules, or set loss_type \"nll\"", 2)
+      end
+      require("zrun.dist").print0("[zrun] SFTTrainer: the loss runs with the full logits (loss_type \"nll\"; TRL's " ..
+        "default chunked_nll refuses a LoRA adapter on lm_head)")
+    elseif m.supports_chunked_loss then trainer.chunked_loss = true
+    elseif not unset then
+      require("zrun.dist").print0("[zrun] SFTTrainer: loss_type \"chunked_nll\" runs as \"nll\" (the same loss, " ..
+        "with the full logits): this model's forward has no chunked_loss (zrun's Llama family and GPT-2 have)")
+    end
+  end
   trainer.packed_batches = padding_free or nil -- (auto_find_batch_size's memory plan: packed sequences' attention)
   trainer.token_accuracy = true -- (TRL's eval_mean_token_accuracy)
   trainer.log_num_tokens = true -- (TRL's num_tokens in the training logs, eval_num_tokens beside the evaluation's)

@@ -329,6 +329,40 @@ T.test("loss_type dft learns the answers too; label smoothing is said to do noth
   T.eq(trainer(nil, { loss_type = "chunked_nll" }).loss_type, nil, "chunked_nll: the plain loss")
 end)
 
+T.test("loss_type chunked_nll (TRL's default): the plain loss without the full logits; nll, Liger, LoRA on lm_head", function()
+  T.eq(trainer(nil, {}).chunked_loss, true, "unset: TRL's default chunked_nll, the models' chunked_loss")
+  T.eq(trainer(nil, { loss_type = "chunked_nll" }).chunked_loss, true, "chunked_nll")
+  T.eq(trainer(nil, { loss_type = "nll" }).chunked_loss or nil, nil, "nll: the full logits")
+  T.eq(trainer(nil, { use_liger_kernel = true }).chunked_loss, true, "use_liger_kernel: Liger's fused linear cross-entropy")
+  T.raises(function() trainer(nil, { use_liger_kernel = true, loss_type = "chunked_nll" }) end,
+    "loss_type \"chunked_nll\" is not compatible with use_liger_kernel = true")
+  -- the same training: losses, gradient norms and TRL's token metrics as with nll, step for step
+  local function run(lt)
+    local t = trainer(nil, { loss_type = lt, max_steps = 8 })
+    t:train()
+    local ev = t:evaluate(t.train_dataset)
+    local l = {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then l[#l + 1] = { r.loss, r.grad_norm, r.mean_token_accuracy, r.entropy } end end
+    return l, ev
+  end
+  local a, ea = run("chunked_nll")
+  local b, eb = run("nll")
+  for i = 1, #b do
+    for k = 1, 4 do T.near(a[i][k], b[i][k], 1e-6, 1e-4, ("step %d metric %d"):format(i, k)) end
+  end
+  assert(a[#a][1] < 0.7 * a[1][1], ("chunked_nll: loss %g -> %g did not fall 30%%"):format(a[1][1], a[#a][1]))
+  for _, k in ipairs { "eval_loss", "eval_perplexity", "eval_mean_token_accuracy", "eval_entropy" } do
+    T.near(ea[k], eb[k], 1e-6, 1e-4, k)
+  end
+  -- a LoRA adapter on lm_head: TRL's chunked_nll refuses it; unset, the full logits (said); asked for, refused
+  local lora = zr.peft.LoraConfig { r = 2, target_modules = { "q_proj", "lm_head" } }
+  local out, t = T.printed(trainer, { peft_config = lora }, {})
+  T.eq(t.chunked_loss or nil, nil, "LoRA on lm_head, loss_type unset: the full logits")
+  assert(out:find("the loss runs with the full logits", 1, true), out)
+  T.raises(function() trainer({ peft_config = lora }, { loss_type = "chunked_nll" }) end,
+    "loss_type \"chunked_nll\" is not supported when lm_head has a LoRA adapter")
+end)
+
 T.test("eval_num_tokens is TRL's count at the evaluation's step; trainer_state.json writes num_tokens as TRL (floats)", function()
   -- TRL 1.10 (logging_steps 4, eval_steps 3, max_steps 6): eval_num_tokens at step 3 is the tokens of steps 1-3
   -- (TRL counts every micro-batch; zrun had 0, the count of the last log), at step 6 those of steps 1-6 (zrun had
