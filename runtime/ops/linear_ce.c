@@ -130,8 +130,8 @@ static zr_status counted_rows(zr_tensor *targets, int64_t ignore, int64_t V, zr_
         }
         n++;
     }
-    if (n == rows) {
-        st = (*tc = zr_tensor_to_raw(th, ZR_I64, dev)) ? ZR_OK : ZR_ERR;
+    if (n == rows) { /* (the targets themselves where they are i64 and contiguous on dev already) */
+        st = (*tc = zr_tensor_to_raw(targets, ZR_I64, dev)) ? ZR_OK : ZR_ERR;
         goto done;
     }
     zr_tensor *ch = zr_tensor_new_cat(ZR_I64, cpu, 1, &n, ZR_MEM_WORKSPACE, 0);
