@@ -170,11 +170,13 @@ static void slice_cpu(const lce_args *a, zr_tensor *hi, zr_tensor *wi, zr_tensor
     round_to(a->dt, buf, a->n * vc);
 }
 
-/* h's gradient from dh (its counted rows' gradient, contiguous (n, d)): dh itself when every row counted (in the
- * input's shape), else scattered into a new one, 0 in the ignored rows. A new reference, or NULL. */
+/* h's gradient (the input's shape; dtype: dh's, or the input's when every row counted) from dh (its counted rows'
+ * gradient, contiguous (n, d)): dh copied when every row counted, else scattered, 0 in the ignored rows. A new
+ * reference, or NULL. */
 static zr_tensor *h_grad(zr_node *n, zr_tensor *dh, zr_tensor *idx) {
     zr_edge *e = &n->edges[0];
-    zr_tensor *full = zr_tensor_new_cat(dh->dtype, zr_tensor_device(dh), e->ndim, e->shape, ZR_MEM_ACTIVATIONS, 0);
+    zr_tensor *full = zr_tensor_new_cat(idx ? dh->dtype : e->dtype, zr_tensor_device(dh), e->ndim, e->shape,
+                                        ZR_MEM_ACTIVATIONS, 0);
     if (full && (idx ? scatter_rows(full, dh, idx) : zr_tensor_copy_(full, dh))) {
         zr_tensor_release(full);
         return NULL;
@@ -340,10 +342,12 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         }
     }
     if (direct) leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
-    if (need_h) { /* rounded once to h's dtype, then scattered back to h's rows */
+    if (need_h) { /* rounded once to h's dtype (then scattered back to h's rows when some were ignored) */
         zr_edge *e = &n->edges[0];
-        if (!(dhc = zr_tensor_new_cat(e->dtype, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0)) ||
-            zr_tensor_copy_(dhc, dh) || !(d[0] = h_grad(n, dhc, n->i[4] ? n->saved[5] : NULL)))
+        if (!n->i[4]) {
+            if (!(d[0] = h_grad(n, dh, NULL))) goto done;
+        } else if (!(dhc = zr_tensor_new_cat(e->dtype, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0)) ||
+                   zr_tensor_copy_(dhc, dh) || !(d[0] = h_grad(n, dhc, n->saved[5])))
             goto done;
     }
     st = zr_give_grads(n, 2, d, gin);
