@@ -152,10 +152,18 @@ local function settings(o, cfg_model)
   s.micro_batch = type(mb) == "number" and mb or 1
   s.seq_len = o.seq_len or 1024
   s.gradient_checkpointing = o.gradient_checkpointing and true or false
-  if o.loss_type ~= nil and o.loss_type ~= "nll" and o.loss_type ~= "dft" then
-    error(fmt("memory plan: loss_type must be \"nll\" or \"dft\", got %s", tostring(o.loss_type)), 0)
+  if o.loss_type ~= nil and o.loss_type ~= "nll" and o.loss_type ~= "dft" and o.loss_type ~= "chunked_nll" then
+    error(fmt("memory plan: loss_type must be \"nll\", \"chunked_nll\" or \"dft\", got %s", tostring(o.loss_type)), 0)
   end
   s.loss_type = o.loss_type == "dft" and "dft" or nil
+  -- chunked_loss (the models' forward option: use_liger_kernel, TRL's chunked_nll): the LM head and loss without
+  -- the logits, a slice of the vocabulary at a time (true: the default slices; a number: its columns)
+  local cl = o.chunked_loss or (o.loss_type == "chunked_nll" or nil)
+  if cl ~= nil and cl ~= false and cl ~= true and not (type(cl) == "number" and cl >= 1 and cl % 1 == 0) then
+    error(fmt("memory plan: chunked_loss must be true or a whole number of vocabulary columns, got %s", tostring(cl)), 0)
+  end
+  if cl and s.loss_type then error("memory plan: chunked_loss computes the plain loss; loss_type dft needs the logits", 0) end
+  s.chunked_loss = cl or nil
   -- padding-free batches (packed sequences, TRL's bfd packing or padding_free): packed = the sequences' length
   -- (true: seq_len): on the segments (the CPU; a GPU at head_dim 64, 128, 256 or padded between 64 and 128, in 16 bits) the per-token rope rows and the
   -- segments, elsewhere the attention's row gathers, counted for sequences of that one length
@@ -452,7 +460,7 @@ local function build(o, s, counted)
   elseif E.family(cfg) ~= "gpt2" then
     act = llama_activations(cfg, { micro_batch = s.micro_batch, seq_len = s.seq_len, dtype_bytes = b,
       stage = stage, stage3 = stage == 3, gradient_checkpointing = s.gradient_checkpointing, gc = s.gc,
-      loss_type = s.loss_type, packed = s.packed, lora = lora, window = window,
+      loss_type = s.loss_type, chunked_loss = s.chunked_loss, packed = s.packed, lora = lora, window = window,
       direct = direct, persistence_threshold = s.persistence_threshold,
       prefetch = s.prefetch_bucket_size, max_live = s.max_live_parameters, max_reuse = s.max_reuse_distance,
       dw_in_place = direct and s.device ~= "cpu", gpu = s.device ~= "cpu", trace = o.trace,
@@ -670,6 +678,7 @@ function M.format(p)
       (s.master_bytes == 2 and ", bf16 master" or "") .. (s.state_bytes == 2 and ", bf16 optimizer states" or ""),
     s.gradient_checkpointing and ", activation checkpointing" or "", off, (s.offload_param and ", params offloaded" or "") ..
       (s.packed and fmt(", packed sequences of %d", s.packed) or "") .. (s.loss_type and ", dft loss" or "") ..
+      (s.chunked_loss and ", chunked LM head + loss" or "") ..
       (s.lora_plan and fmt(", LoRA r %d on %s%s: %s trained", s.lora_plan.r, concat(s.lora_plan.names, ", "),
         s.lora_plan.dropout > 0 and fmt(" (dropout %g)", s.lora_plan.dropout) or "",
         require("zrun.memory_describe").commas(s.lora_plan.trained)) or ""))
@@ -809,7 +818,7 @@ end
 --                 [--stage S] [--dtype bf16] [--gradient-checkpointing] [--offload-optimizer]
 --                 [--offload-param] [--offload-ratio R] [--offload-grads device|host|auto]
 --                 [--grad-accum-dtype fp32|bf16|fp16] [--gc none|backward|ideal]
---                 [--loss-type nll|dft] [--packed LEN] [--lora-r R [--lora-target-modules q_proj,v_proj|all-linear]
+--                 [--loss-type nll|chunked_nll|dft] [--packed LEN] [--lora-r R [--lora-target-modules q_proj,v_proj|all-linear]
 --                 [--lora-dropout P]] [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
 -- ---------------------------------------------------------------------------------------------
 local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [--seq-len T]
@@ -817,11 +826,12 @@ local USAGE = [==[usage: zrun plan MODEL [--config ds.json] [--micro-batch B] [-
                  [--gradient-checkpointing] [--offload-optimizer] [--offload-param]
                  [--offload-ratio R] [--offload-grads device|host|auto]
                  [--grad-accum-dtype fp32|bf16|fp16] [--device cuda|cpu] [--gc none|backward|ideal]
-                 [--loss-type nll|dft] [--packed LEN]
+                 [--loss-type nll|chunked_nll|dft] [--packed LEN]
                  [--lora-r R [--lora-target-modules q_proj,v_proj|all-linear] [--lora-dropout P]]
                  [--gpu-memory 141GB] [--host-memory 128GB] [--fit]
   MODEL: a Hugging Face model dir, a config.json, a cached hub id, or a built-in name
-  --loss-type: TRL's SFTConfig loss_type; dft keeps a second logits-sized gradient
+  --loss-type: TRL's SFTConfig loss_type; dft keeps a second logits-sized gradient; chunked_nll
+        (TRL's default; the Trainer's use_liger_kernel) makes no full logits: a slice at a time
   --packed: padding-free batches (TRL's packing / padding_free) of sequences of LEN tokens
   --lora-r: LoRA fine-tuning (zr.peft, PEFT's adapters) of rank R: the base frozen (16-bit,
         whole on every rank, no gradient or optimizer state), the adapters trained;

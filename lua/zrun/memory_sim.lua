@@ -1352,6 +1352,12 @@ function M.llama_activations(cfg, o)
   end
   hn = S:pop(hn)
   S:end_scope(model_scope, { [hn] = true })
+  if o.chunked_loss then -- (the chunked LM head + loss: no logits; M.chunked_loss below)
+    local loss = M.chunked_loss(S, hn, headW, B, T, H, V, b, o.chunked_loss)
+    S:pop(hn, loss)
+    S:end_scope(causal_scope, { [hn] = true, [loss] = true })
+    return M.finish_step(S, loss, closure_held)
+  end
   -- head and loss (LlamaForCausalLM.forward, causal_lm_loss); a tied head is fetched at stage 3
   -- and stays gathered until backward ends
   if cfg.tie_word_embeddings then S:gather(headW, false, true); headW.leaf.keep = true end -- Module.fetch
@@ -1404,6 +1410,11 @@ function M.llama_activations(cfg, o)
   -- out.logits); the logits tensor itself is freed with the scope, kept alive by the loss's node only
   S:pop(hn, loss)
   S:end_scope(causal_scope, { [hn] = true, [loss] = true })
+  return M.finish_step(S, loss, closure_held)
+end
+
+-- The step's end after the forward: backward from loss, and the figures llama_activations returns.
+function M.finish_step(S, loss, closure_held)
   local fwd_act = S.cur.act
   S:gc_point() -- engine:backward collects before loss:backward()
   local g0 = S:new(4)
@@ -1419,6 +1430,67 @@ function M.llama_activations(cfg, o)
   return { activations = S.peak.act, forward = fwd_act, after_backward = S.cur.act, leaf_grads = S.peak.grads,
     workspace = S.peak.ws, gathered = S.peak.params, live_peak = S.total_peak, live_peak_in = S.total_peak_in,
     live_after_backward = S.total - S.cur.params, live_at_peak = S.at_peak, live_after = S.cur }
+end
+
+-- The forward option chunked_loss (llama.chunked_causal_lm_loss, runtime/ops/linear_ce.c), every label counted (a
+-- masked prompt makes the op gather the counted rows: less for its slices, the rows' copy more): the head's weight
+-- fetched (at stage 3 gathered until backward ends, tied or not), the labels shifted as causal_lm_loss shifts them,
+-- the hidden states viewed (B·T, H), then the op: per row its logsumexp (saved) and, while it runs, the target's
+-- logit, the per-row losses, one slice of logits (rows x chunk) and the mean; in backward the slice again, dh in f32
+-- (rounded into h's gradient) and dW (straight into the fp32 partition where the engine keeps it on a GPU). On the
+-- CPU (f32 compute): 16-bit h and W widened to f32 copies each way, the target logits and smoothing sums kept
+-- always, dW made in f32 and narrowed to the weight's dtype. Returns the loss (a Lua value).
+function M.chunked_loss(S, hn, W, B, T, H, V, b, chunk)
+  local rows = B * T
+  local vc = math.min(V, type(chunk) == "number" and chunk or
+    math.max(4096, floor(64 * 2 ^ 20 / (rows * b) / 256) * 256)) -- (zr_linear_ce_chunk)
+  S:gather(W, false, true); W.leaf.keep = true -- Module.fetch
+  S:push()
+  S:lua(S:new(B * 8, "other")) -- shift_labels: the pad column, then the shifted labels
+  local tgt = S:lua(S:new(rows * 8))
+  local hv = S:view(hn)
+  local gpu, ct = S.o.gpu, 4
+  local function widened(cat, bytes) -- zr_cpu_in: the f32 copy of a 16-bit tensor (in its category), or none
+    if b == ct then return nil end
+    return S:new(bytes, cat)
+  end
+  local loss = S:lua(S:new(4))
+  local lse = S:new(rows * 4)
+  local nv = gpu and S:new(4) or nil
+  local tmp = {}
+  if gpu then
+    for _, n in ipairs { rows * 4, rows * 4, 4, rows * vc * b } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, loss, mean, slice
+  else
+    tmp = { widened(hv.s.cat, rows * H * 4), widened("params", V * H * 4) }
+    for _, n in ipairs { rows * 4, rows * 4, rows * vc * 4 } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, tot, slice
+  end
+  for _, v in pairs(tmp) do S:drop(v) end
+  S:record(loss, { hv, W }, { hv, tgt, lse, nv }, function(S2, _, g)
+    local need_h, need_w = needs(hv), not W.leaf.frozen
+    local t2, d = {}, {}
+    if gpu then
+      t2[1] = S2:new(rows * vc * b, "ws")
+      if need_h then t2[2] = S2:new(rows * H * 4, "ws") end -- dh (f32)
+      if need_w and not S2.o.dw_in_place then d[2] = S2:new(V * H * b) end
+      if need_h then d[1] = S2:new(rows * H * b) end
+    else
+      t2[1], t2[2] = widened(hv.s.cat, rows * H * 4), widened("params", V * H * 4)
+      t2[3] = S2:new(rows * vc * 4, "ws")
+      if need_h then t2[4] = S2:new(rows * H * 4, "ws") end
+      if need_w then d[2] = S2:new(V * H * 4) end
+      if need_h then d[1] = S2:new(rows * H * b) end
+      if need_w and b ~= 4 then -- (zr_give_grads: dW narrowed to the weight's dtype, then the f32 one freed)
+        local nw = S2:new(V * H * b)
+        S2:drop(d[2])
+        d[2] = nw
+      end
+    end
+    for _, v in pairs(t2) do S2:drop(v) end
+    return { d[1], d[2] }
+  end)
+  S:drop(lse)
+  S:drop(nv)
+  return S:pop(loss)
 end
 
 return M

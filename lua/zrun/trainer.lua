@@ -471,7 +471,8 @@ function Trainer:setup()
   Trainer.last[1], Trainer.last_output_dir = self, a.output_dir
 end
 
--- The search itself: o = { model = (its config), config =, seq_len =, world_size =, loss_type =, packed =, gradient_checkpointing =,
+-- The search itself: o = { model = (its config), config =, seq_len =, world_size =, loss_type =, chunked_loss =, packed =,
+-- gradient_checkpointing =,
 -- lora = (a PEFT model's peft_config: the base frozen, the adapters trained), start =, gpu_memory = (bytes) }. Returns
 -- the micro-batch (0: not even 1 fits), its plan and the usable bytes it was held to.
 local function pick_batch_size(o)
@@ -480,6 +481,7 @@ local function pick_batch_size(o)
   while bs > 0 do
     p = plan.plan { model = o.model, config = o.config, micro_batch = bs, seq_len = o.seq_len, world_size = o.world_size,
       gradient_checkpointing = o.gradient_checkpointing or nil, loss_type = o.loss_type, packed = o.packed,
+      chunked_loss = o.chunked_loss,
       lora = o.lora }
     if p.device.total <= usable then return bs, p, usable end
     if bs == 1 then return 0, p, usable end
@@ -519,7 +521,7 @@ function Trainer:find_batch_size(pre, ds_cfg, hf_args, W)
   local function search(l)
     return Trainer.pick_batch_size { model = self.model.config, config = pre, seq_len = T, world_size = W,
       gradient_checkpointing = a.gradient_checkpointing, start = a.per_device_train_batch_size, gpu_memory = gpu,
-      loss_type = self.loss_type, packed = self.packed_batches, lora = l }
+      loss_type = self.loss_type, chunked_loss = self.chunked_loss or nil, packed = self.packed_batches, lora = l }
   end
   local ok, bs, p, usable = pcall(search, lora)
   if not ok and lora then
@@ -1338,7 +1340,7 @@ function Trainer:explain_oom(err, ids)
     local peft = require "zrun.peft"
     return plan.fit({ model = cfg, config = e.config, micro_batch = ids:size(1), seq_len = ids:size(2),
       world_size = e.world_size, gpu_memory = gpu or 0, gradient_checkpointing = self.args.gradient_checkpointing,
-      loss_type = self.loss_type, packed = ids:size(1) == 1 and self.packed_batches or nil,
+      loss_type = self.loss_type, chunked_loss = self.chunked_loss or nil, packed = ids:size(1) == 1 and self.packed_batches or nil,
       lora = peft.is_peft_model(self.model) and self.model.peft_config or nil })
   end)
   if ok and res and res.text then return err .. "\n\nzrun plan for this run, and settings that fit:\n" .. res.text end

@@ -57,7 +57,7 @@ local function measure(c)
   mem.reset_peak()
   for s = 1, STEPS do
     local ids = batch(c.B, c.T, s)
-    local opts = c.dft and { loss_type = "dft" } or nil
+    local opts = c.dft and { loss_type = "dft" } or c.chunked and { chunked_loss = c.chunked } or nil
     if c.packed then -- each row c.T / c.packed sequences of c.packed tokens, told apart by their positions
       opts = { position_ids = T.packed_positions(c.B, c.T, c.packed) }
     end
@@ -79,7 +79,8 @@ local function measure(c)
     world_size = 1,
     gradient_checkpointing = c.ckpt, device = "cpu", dtype = "f32", persistence_threshold = c.persist or 0,
     prefetch_bucket_size = c.prefetch, max_reuse_distance = c.reuse, offload_optimizer = c.offload and true,
-    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil, packed = c.packed, lora = lcfg }
+    offload_grads = offload_grads, loss_type = c.dft and "dft" or nil, chunked_loss = c.chunked, packed = c.packed,
+    lora = lcfg }
   local plan = P.plan(o)
   o.lora = nil -- (what the plan said before it knew LoRA: every parameter trained, the fused projections)
   return train, setup, plan, offload_grads, lcfg and P.plan(o)
@@ -137,6 +138,10 @@ local cases = {
   { stage = 0, B = 5, T = 67, layers = 2, V = 4096, dft = true },
   { stage = 2, B = 3, T = 89, layers = 3, V = 4096, ckpt = true },
   { stage = 2, B = 3, T = 89, layers = 3, V = 4096, ckpt = true, dft = true },
+  -- the chunked LM head + loss (use_liger_kernel, TRL's chunked_nll): no logits, a slice at a time; each after the
+  -- same with the logits (the peak it saves is checked)
+  { stage = 0, B = 5, T = 67, layers = 2, V = 4096, chunked = 512, ref = 4 },
+  { stage = 2, B = 3, T = 89, layers = 3, V = 4096, ckpt = true, chunked = true, ref = 3 },
   -- packed sequences (a padding-free batch: position_ids restarting every `packed` tokens), whose attention
   -- gathers the rows by group and back (zrun.models.packed)
   { stage = 0, B = 2, T = 128, layers = 2, packed = 32 },
@@ -195,6 +200,7 @@ for i, c in ipairs(cases) do
     c.prefetch and (", prefetch " .. c.prefetch) or "", c.reuse and (", reuse " .. c.reuse) or "",
     c.offload and (", optimizer offload, gradients in the " .. c.offload .. " partition") or "") ..
     (c.V and (", vocabulary " .. c.V) or "") .. (c.dft and ", loss_type dft" or "") ..
+    (c.chunked and (", chunked loss " .. tostring(c.chunked)) or "") ..
     (c.packed and (", packed sequences of " .. c.packed) or "") .. (c.lora and (", LoRA r " .. c.lora.r .. " on " ..
     (type(c.lora.target_modules) == "table" and table.concat(c.lora.target_modules, "/") or c.lora.target_modules or
     "q_proj/v_proj") .. (c.lora.lora_dropout and (", dropout " .. c.lora.lora_dropout) or "")) or "")
@@ -305,6 +311,11 @@ for i, c in ipairs(cases) do
       local nll = results[i - 1]
       T.eq(nll ~= nil and m.activations - nll.activations >= c.B * c.T * c.V * 2, true,
         ("dft adds a logits-sized gradient: %d -> %d"):format(nll and nll.activations or -1, m.activations))
+    elseif c.chunked then
+      -- the peak of the same run with the logits (c.ref cases before) less at least half the f32 logits (B x T x V x 4)
+      local full = results[i - c.ref]
+      T.eq(full ~= nil and full.activations - m.activations >= c.B * c.T * c.V * 2, true,
+        ("the chunked loss keeps no logits: %d -> %d"):format(full and full.activations or -1, m.activations))
     elseif c.V then -- (the larger head's parameters outweigh the activations: the next case compares with this one)
     elseif c.lora and c.stage == 3 then
     elseif not c.ckpt then
@@ -546,7 +557,7 @@ T.test("zrun plan refuses counts of zero and non-integers (issue 16: --micro-bat
   print = print0 -- luacheck: ignore
   T.eq(ok and rc, 0, tostring(rc))
   T.eq(table.concat(out, "\n"):find("micro-batch 2 x 64 tokens, packed sequences of 32, dft loss", 1, true) ~= nil, true)
-  T.raises(function() plan("--loss-type", "focal") end, 'memory plan: loss_type must be "nll" or "dft", got focal')
+  T.raises(function() plan("--loss-type", "focal") end, 'memory plan: loss_type must be "nll", "chunked_nll" or "dft", got focal')
   T.raises(function() plan("--packed", "0") end, "zrun plan: --packed must be at least 1, got 0")
   T.raises(function() plan("--micro-batch", "1", "--seq-len", "100", "--packed", "7") end,
     "packed must be true or a sequence length dividing micro_batch x seq_len = 100, got 7")

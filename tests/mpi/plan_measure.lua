@@ -24,7 +24,8 @@ local function gemma3_config(t, c)
 end
 
 -- c = {model_type = "mistral", "qwen2", "qwen3", "phi3" or "gemma3_text" (else Llama), stage=, B=, T=, layers=, gas=, ckpt=, overlap=, offload=, grads=, head_dim=, lora = {r =, target_modules =,
--- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), packed = LEN (padding-free rows of sequences of
+-- lora_dropout =} (zr.peft's adapters), dft = true (TRL's loss_type), chunked = true or N (the forward's chunked_loss:
+-- the LM head + loss a slice of N columns at a time), packed = LEN (padding-free rows of sequences of
 -- LEN tokens), window = W (a sliding window of W keys), partial = F (Phi-3's partial_rotary_factor)}: trains 3 x gas
 -- micro-batches; returns the training peak of the sum above the baseline, the plan, the host's
 -- peak and each category at the peak (above the baseline).
@@ -78,7 +79,7 @@ local function measure(c)
     end
     local ids = zr.tensor(rows, { dtype = "i64" })
     if gpu then ids = ids:to("cuda") end
-    local opts = c.dft and { loss_type = "dft" } or nil
+    local opts = c.dft and { loss_type = "dft" } or c.chunked and { chunked_loss = c.chunked } or nil
     if c.packed then -- each row c.T / c.packed sequences, told apart by their positions (read on the host)
       opts = { position_ids = zr.testing.packed_positions(c.B, c.T, c.packed) }
     end
@@ -94,7 +95,7 @@ local function measure(c)
   -- offload: the gradients where the engine keeps them
   local plan = P.plan { model = cfg, config = ds, seq_len = c.T, world_size = W, device = gpu and "cuda" or "cpu",
     dtype = gpu and "bf16" or "f32", gradient_checkpointing = c.ckpt, offload_grads = c.offload and engine.offload_grads or nil,
-    lora = c.lora, loss_type = c.dft and "dft" or nil, packed = c.packed }
+    lora = c.lora, loss_type = c.dft and "dft" or nil, chunked_loss = c.chunked, packed = c.packed }
   if c.offload and engine.offload_grads ~= c.grads then error("the engine keeps the gradients on the " ..
     tostring(engine.offload_grads) .. ", not where ZRUN_OFFLOAD_GRADS=" .. c.grads .. " asked", 0) end
   for _, h in ipairs(engine.hook_handles or {}) do h.remove() end

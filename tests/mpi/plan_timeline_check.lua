@@ -47,6 +47,10 @@ local cases = {
     lora = { r = 4, target_modules = "all-linear", lora_dropout = 0.1 } },
   { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, dft = true },
   { stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
+  -- the chunked LM head + loss (use_liger_kernel, TRL's chunked_nll): no logits, one slice at a time
+  { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, chunked = 64 },
+  { stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2, chunked = true },
+  { stage = 0, B = 4, T = 96, layers = 2, head_dim = 64, chunked = 100, lora = { r = 8, target_modules = { "q_proj", "v_proj" } } },
   -- LoRA's zr.lora_multi without checkpointing: with dropout the peak is in forward, in down_proj's (rows, in) buffer
   -- for the dropped copies (workspace); at stage 1 over several ranks the adapters' gradients go into their .grad
   -- (no new tensor); at stage 3 a group's adapters (q/k/v, gate/up) gathered around one op
@@ -112,6 +116,7 @@ local cases = {
     lora = { r = 8, target_modules = "all-linear", lora_dropout = 0.1 } },
   -- (head_dim 256, Gemma 3's: on a GPU the mma.sync flash kernels over contiguous copies, the rows joined)
   { model_type = "gemma3_text", stage = 2, B = 2, T = 100, layers = 2, head_dim = 256, window = 40 },
+  { model_type = "gemma3_text", stage = 2, B = 2, T = 96, layers = 2, head_dim = 64, chunked = 64 },
   -- head_dim 96 (Phi-3's): on a GPU the 128-wide flash kernels over zero-padded copies
   { stage = 2, B = 2, T = 100, layers = 2, head_dim = 96 },
   { stage = 3, B = 2, T = 100, layers = 2, head_dim = 96, ckpt = true },
@@ -123,7 +128,7 @@ for _, c in ipairs(cases) do
   local name = ("plan time-line peak within 1%% of measured: %s np=%d stage %d B=%d T=%d %d layers%s%s%s%s%s"):format(dev, W,
     c.stage, c.B, c.T, c.layers, c.head_dim and (" head_dim " .. c.head_dim) or "", c.gas and (" gas " .. c.gas) or "",
     c.ckpt and " checkpointing" or "", c.overlap and " overlap_comm" or "", c.offload and (" offload, gradients in the " .. c.grads .. " partition") or "") ..
-    (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.packed and (" packed " .. c.packed) or "") ..
+    (c.lora and (" LoRA r " .. c.lora.r) or "") .. (c.dft and " dft" or "") .. (c.chunked and (" chunked loss " .. tostring(c.chunked)) or "") .. (c.packed and (" packed " .. c.packed) or "") ..
     (c.window and (" window " .. c.window) or "") .. (c.partial and (" partial rotary " .. c.partial) or "")
   if c.model_type then name = c.model_type .. ": " .. name end
   local function check()
