@@ -4,20 +4,25 @@
 #include "kernels.h" /* first: it defines and undefines real/K for declarations */
 #include "real.h"
 
+/* logsumexp of one row xi (c): its max, then the sum of exp(x - max) (in vector lanes: max is exact in any order; a
+ * NaN logit makes the loss NaN either way). */
+static inline real row_logsumexp(const real *xi, int64_t c) {
+    real mx = -REAL_MAX, sum = 0;
+    _Pragma("omp simd reduction(max : mx)")
+    for (int64_t j = 0; j < c; j++) mx = xi[j] > mx ? xi[j] : mx;
+    if (mx == -REAL_MAX) mx = 0;
+    _Pragma("omp simd reduction(+ : sum)")
+    for (int64_t j = 0; j < c; j++) sum += R_EXP(xi[j] - mx);
+    return mx + R_LOG(sum);
+}
+
 void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const int64_t *tgt,
                                   int64_t n, int64_t c, int64_t ignore_index, double eps) {
     real re = (real)eps;
 #pragma omp parallel for schedule(static) if (n * c > 32768)
     for (int64_t i = 0; i < n; i++) {
         const real *xi = x + i * c;
-        real mx = -REAL_MAX, sum = 0, tot = 0;
-        /* (in vector lanes: max is exact in any order; a NaN logit makes the loss NaN either way) */
-        _Pragma("omp simd reduction(max : mx)")
-        for (int64_t j = 0; j < c; j++) mx = xi[j] > mx ? xi[j] : mx;
-        if (mx == -REAL_MAX) mx = 0;
-        _Pragma("omp simd reduction(+ : sum)")
-        for (int64_t j = 0; j < c; j++) sum += R_EXP(xi[j] - mx);
-        real l = mx + R_LOG(sum);
+        real tot = 0, l = row_logsumexp(xi, c);
         lse[i] = l;
         if (tgt[i] == ignore_index) {
             loss[i] = 0;
@@ -72,13 +77,7 @@ void K(lce_chunk_stats_cpu)(real *lse, real *xt, real *tot, const real *x, const
     for (int64_t i = 0; i < n; i++) {
         if (tgt[i] == ignore_index) continue;
         const real *xi = x + i * vc;
-        real mx = -REAL_MAX, sum = 0, t = 0;
-        _Pragma("omp simd reduction(max : mx)")
-        for (int64_t j = 0; j < vc; j++) mx = xi[j] > mx ? xi[j] : mx;
-        if (mx == -REAL_MAX) mx = 0;
-        _Pragma("omp simd reduction(+ : sum)")
-        for (int64_t j = 0; j < vc; j++) sum += R_EXP(xi[j] - mx);
-        real z = mx + R_LOG(sum), a = lse[i];
+        real t = 0, z = row_logsumexp(xi, vc), a = lse[i];
         if (a == -(real)INFINITY) lse[i] = z;
         else {
             real m = a > z ? a : z;

@@ -269,20 +269,19 @@ static __device__ __forceinline__ ce_stats stats_shfl(const ce_stats &a, int o) 
     return b;
 }
 
+/* The row's statistics over x[0 .. Vn) (argmax indices offset by base), valid in thread 0: per-thread stats over
+ * 16-byte chunks, then merged over the block. */
 template <typename T, int V>
-__global__ void __launch_bounds__(CE_THREADS)
-    ce_stats_kernel(float *__restrict__ entropy, int64_t *__restrict__ argmax, const T *__restrict__ logits,
-                    int64_t Vn) {
+static __device__ __forceinline__ ce_stats row_stats(const T *x, int64_t Vn, int64_t base) {
     __shared__ ce_stats red[32];
-    const T *x = logits + (int64_t)blockIdx.x * Vn;
     ce_stats a = {-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
     for (int64_t i = threadIdx.x * V; i < Vn; i += CE_THREADS * V) {
         float f[V];
         ldv<T, V>(f, x + i);
-        ce_stats c = {f[0], 0.f, 0.f, f[0], (long long)i};
+        ce_stats c = {f[0], 0.f, 0.f, f[0], (long long)(base + i)};
 #pragma unroll
         for (int k = 1; k < V; ++k)
-            if (f[k] > c.bv) c.bv = f[k], c.bi = i + k;
+            if (f[k] > c.bv) c.bv = f[k], c.bi = base + i + k;
         c.m = c.bv;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
@@ -300,13 +299,20 @@ __global__ void __launch_bounds__(CE_THREADS)
         a = l < CE_THREADS / 32 ? red[l] : ce_stats{-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
-        if (l == 0) {
-            entropy[blockIdx.x] = logf(a.s) - a.t / a.s;
-            argmax[blockIdx.x] = a.bi;
-        }
     }
+    return a;
 }
 
+template <typename T, int V>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_stats_kernel(float *__restrict__ entropy, int64_t *__restrict__ argmax, const T *__restrict__ logits,
+                    int64_t Vn) {
+    const ce_stats a = row_stats<T, V>(logits + (int64_t)blockIdx.x * Vn, Vn, 0);
+    if (threadIdx.x == 0) {
+        entropy[blockIdx.x] = logf(a.s) - a.t / a.s;
+        argmax[blockIdx.x] = a.bi;
+    }
+}
 
 /* TRL's token statistics over the linear cross-entropy's slices (lce_chunk_stats_cpu's twin, lce_chunk_token_stats_cpu):
  * per row whose target is not ignored, the slice's ce_stats merged into the row's running (m, s, t, bv, bi). */
@@ -315,40 +321,13 @@ __global__ void __launch_bounds__(CE_THREADS)
     lce_token_stats_kernel(float *__restrict__ sm, float *__restrict__ ss, float *__restrict__ st,
                            float *__restrict__ sbv, int64_t *__restrict__ sbi, const T *__restrict__ xc,
                            const int64_t *__restrict__ targets, int64_t v0, int64_t Vc, int64_t ignore) {
-    __shared__ ce_stats red[32];
     const int64_t row = blockIdx.x;
     if (targets[row] == ignore) return;
-    const T *x = xc + row * Vc;
-    ce_stats a = {-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
-    for (int64_t i = threadIdx.x * V; i < Vc; i += CE_THREADS * V) {
-        float f[V];
-        ldv<T, V>(f, x + i);
-        ce_stats c = {f[0], 0.f, 0.f, f[0], (long long)(v0 + i)};
-#pragma unroll
-        for (int k = 1; k < V; ++k)
-            if (f[k] > c.bv) c.bv = f[k], c.bi = v0 + i + k;
-        c.m = c.bv;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-            const float d = f[k] - c.m, e = __expf(d);
-            c.s += e, c.t += e * d;
-        }
-        stats_merge(a, c);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    if (l == 0) red[w] = a;
-    __syncthreads();
-    if (w == 0) {
-        a = l < CE_THREADS / 32 ? red[l] : ce_stats{-INFINITY, 0.f, 0.f, -INFINITY, 0x7fffffffffffffffLL};
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) stats_merge(a, stats_shfl(a, o));
-        if (l == 0) {
-            ce_stats r = {sm[row], ss[row], st[row], sbv[row], (long long)sbi[row]};
-            stats_merge(r, a); /* (the running pair first: its indices are the smaller) */
-            sm[row] = r.m, ss[row] = r.s, st[row] = r.t, sbv[row] = r.bv, sbi[row] = r.bi;
-        }
+    const ce_stats a = row_stats<T, V>(xc + row * Vc, Vc, v0);
+    if (threadIdx.x == 0) {
+        ce_stats r = {sm[row], ss[row], st[row], sbv[row], (long long)sbi[row]};
+        stats_merge(r, a); /* (the running pair first: its indices are the smaller) */
+        sm[row] = r.m, ss[row] = r.s, st[row] = r.t, sbv[row] = r.bv, sbi[row] = r.bi;
     }
 }
 

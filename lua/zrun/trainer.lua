@@ -1455,7 +1455,14 @@ function Trainer:evaluate(ds, prefix)
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       C.release_since(scope)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
-      local out = e(ids, labels, forward_options(fwd_opts, batch, acc))
+      -- (the chunked loss makes the statistics of the counted rows only: a round completed from the first rows, whose
+      -- statistics count the repeated rows' labels as read, runs with the logits)
+      local o = fwd_opts
+      if stat_labels and acc and o and o.chunked_loss then
+        o = {}
+        for k, v in pairs(fwd_opts) do if k ~= "chunked_loss" then o[k] = v end end
+      end
+      local out = e(ids, labels, forward_options(o, batch, acc))
       if acc then -- (every batch: the ranks' sums)
         local sums = token_sums(out, stat_labels or labels)
         if last and cut > 0 and rank >= cut then sums:zero_() end
