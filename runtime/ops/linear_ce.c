@@ -1,8 +1,9 @@
 /* The linear cross-entropy (see linear_ce.h): forward and backward side by side, a CPU path (the reference: f32/f64
  * products and the kernels of kernels/cpu/cross_entropy.c, every slice rounded to the dtype as linear's output is) and
- * a CUDA one (cuBLASLt products, kernels/cuda/cross_entropy.h's chunk kernels). Saved for backward: h and w
- * (contiguous), the targets as i64, each row's logsumexp (N, compute dtype; f32 on CUDA) and, on CUDA, the count of
- * counted targets (a device scalar: nothing waits for the GPU). */
+ * a CUDA one (cuBLASLt products, kernels/cuda/cross_entropy.h's chunk kernels). The targets are read on the host
+ * once (from a GPU: one copy, which waits for the forward so far) to size the products by the counted rows. Saved for
+ * backward: the counted rows of h and w (contiguous), their targets as i64, each row's logsumexp (compute dtype; f32 on
+ * CUDA), on CUDA the count as a device scalar, and the rows' positions when some were ignored. */
 #include "ops/linear_ce.h"
 
 #include <math.h>

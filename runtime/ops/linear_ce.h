@@ -4,8 +4,10 @@
  *
  * is cross_entropy(linear(h, w), targets) (ops/cross_entropy.h: the same loss, reductions mean and sum, ignore_index,
  * label smoothing) with the logits made a slice of the vocabulary at a time: h (..., D) and w (V, D) of one float dtype,
- * targets (...) i32/i64 with h's leading dims. The forward makes each slice of `chunk` columns (h · w[v0 : v0 + chunk]ᵀ,
- * rounded to the dtype as linear's output is), merges its logsumexp into each row's and drops it; the backward makes
+ * targets (...) i32/i64 with h's leading dims. Only the rows whose target counts enter the products (the targets are
+ * read on the host for it: from a GPU, one copy; a target outside [0, V) is an error there, on CUDA too); an ignored
+ * row's loss and gradient are 0, as cross_entropy's. The forward makes each slice of `chunk` columns (h · w[v0 : v0 +
+ * chunk]ᵀ, rounded to the dtype as linear's output is), merges its logsumexp into each row's and drops it; the backward makes
  * each slice again, turns it into its columns of the logits' gradient in place, and adds its products: dW's rows
  * v0 .. v0 + chunk (straight into w's fp32 gradient where the engine keeps one, as linear's backward does) and dh
  * (summed in f32 over the slices, rounded once). So the logits held at any time are one slice (N x chunk), for one
