@@ -36,23 +36,30 @@ void K(cross_entropy_forward_cpu)(real *loss, real *lse, const real *x, const in
     }
 }
 
-void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt,
-                                   const real *g, double scale, int64_t n, int64_t c,
-                                   int64_t ignore_index, double eps) {
-    real off = (real)(eps / (double)c), on = (real)(1 - eps);
-#pragma omp parallel for schedule(static) if (n * c > 32768)
+/* Rows of the gradient over the classes v0 .. v0 + vc - 1 of vall: s_i * (softmax - eps / vall - (1 - eps) onehot),
+ * s_i = scale * (g ? g[i] : 1); 0 on ignored rows. gx may be x (in place). */
+static inline void grad_rows(real *gx, const real *x, const real *lse, const int64_t *tgt, const real *g, double scale,
+                             int64_t n, int64_t vc, int64_t v0, int64_t vall, int64_t ignore_index, double eps) {
+    real off = (real)(eps / (double)vall), on = (real)(1 - eps);
+#pragma omp parallel for schedule(static) if (n * vc > 32768)
     for (int64_t i = 0; i < n; i++) {
-        real *gi = gx + i * c;
-        const real *xi = x + i * c;
+        real *gi = gx + i * vc;
+        const real *xi = x + i * vc;
         if (tgt[i] == ignore_index) {
-            for (int64_t j = 0; j < c; j++) gi[j] = 0;
+            for (int64_t j = 0; j < vc; j++) gi[j] = 0;
             continue;
         }
         real s = (real)scale * (g ? g[i] : (real)1), l = lse[i];
         _Pragma("omp simd")
-        for (int64_t j = 0; j < c; j++) gi[j] = s * (R_EXP(xi[j] - l) - off);
-        gi[tgt[i]] -= s * on;
+        for (int64_t j = 0; j < vc; j++) gi[j] = s * (R_EXP(xi[j] - l) - off);
+        if (tgt[i] >= v0 && tgt[i] < v0 + vc) gi[tgt[i] - v0] -= s * on;
     }
+}
+
+void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt,
+                                   const real *g, double scale, int64_t n, int64_t c,
+                                   int64_t ignore_index, double eps) {
+    grad_rows(gx, x, lse, tgt, g, scale, n, c, 0, c, ignore_index, eps);
 }
 
 void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t n, int64_t c) {
@@ -94,20 +101,7 @@ void K(lce_chunk_stats_cpu)(real *lse, real *xt, real *tot, const real *x, const
 
 void K(lce_chunk_grad_cpu)(real *gx, const real *x, const real *lse, const int64_t *tgt, double scale, int64_t n,
                            int64_t vc, int64_t v0, int64_t vall, int64_t ignore_index, double eps) {
-    real off = (real)(eps / (double)vall), on = (real)(1 - eps), s = (real)scale;
-#pragma omp parallel for schedule(static) if (n * vc > 32768)
-    for (int64_t i = 0; i < n; i++) {
-        real *gi = gx + i * vc;
-        const real *xi = x + i * vc;
-        if (tgt[i] == ignore_index) {
-            for (int64_t j = 0; j < vc; j++) gi[j] = 0;
-            continue;
-        }
-        real l = lse[i];
-        _Pragma("omp simd")
-        for (int64_t j = 0; j < vc; j++) gi[j] = s * (R_EXP(xi[j] - l) - off);
-        if (tgt[i] >= v0 && tgt[i] < v0 + vc) gi[tgt[i] - v0] -= s * on;
-    }
+    grad_rows(gx, x, lse, tgt, (const real *)0, scale, n, vc, v0, vall, ignore_index, eps);
 }
 
 void K(lce_chunk_token_stats_cpu)(real *m, real *s, real *t, real *bv, int64_t *bi, const real *x, const int64_t *tgt,
