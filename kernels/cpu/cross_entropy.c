@@ -62,18 +62,25 @@ void K(cross_entropy_backward_cpu)(real *gx, const real *x, const real *lse, con
     grad_rows(gx, x, lse, tgt, g, scale, n, c, 0, c, ignore_index, eps);
 }
 
+/* Over one row xi (c) with its max mx: *s = sum of exp(x - mx), *t = sum of exp(x - mx) (x - mx) (the entropy is
+ * log s - t / s: no cancellation of two large terms). */
+static inline void row_entropy_sums(const real *xi, int64_t c, real mx, real *sp, real *tp) {
+    real s = 0, t = 0;
+    _Pragma("omp simd reduction(+ : s, t)")
+    for (int64_t j = 0; j < c; j++) {
+        real e = R_EXP(xi[j] - mx);
+        s += e;
+        t += e * (xi[j] - mx);
+    }
+    *sp = s, *tp = t;
+}
+
 void K(logits_stats_cpu)(real *entropy, int64_t *argmax, const real *x, int64_t n, int64_t c) {
     K(reduce_max_rows_cpu)(entropy, argmax, x, n, c); /* each row's max (torch's argmax), then its entropy */
 #pragma omp parallel for schedule(static) if (n * c > 32768)
     for (int64_t i = 0; i < n; i++) {
-        const real *xi = x + i * c, mx = entropy[i];
-        real s = 0, t = 0;
-        _Pragma("omp simd reduction(+ : s, t)")
-        for (int64_t j = 0; j < c; j++) {
-            real e = R_EXP(xi[j] - mx);
-            s += e;
-            t += e * (xi[j] - mx);
-        }
+        real s, t;
+        row_entropy_sums(x + i * c, c, entropy[i], &s, &t);
         entropy[i] = R_LOG(s) - t / s;
     }
 }
@@ -113,13 +120,8 @@ void K(lce_chunk_token_stats_cpu)(real *m, real *s, real *t, real *bv, int64_t *
         real mc;
         int64_t ic;
         K(reduce_max_rows_cpu)(&mc, &ic, xi, 1, vc); /* the slice's max and its first index */
-        real sc = 0, tc = 0;
-        _Pragma("omp simd reduction(+ : sc, tc)")
-        for (int64_t j = 0; j < vc; j++) {
-            real e = R_EXP(xi[j] - mc);
-            sc += e;
-            tc += e * (xi[j] - mc);
-        }
+        real sc, tc;
+        row_entropy_sums(xi, vc, mc, &sc, &tc);
         if (s[i] == 0) {
             m[i] = mc, s[i] = sc, t[i] = tc;
         } else {
