@@ -260,9 +260,9 @@ function LM:__init(cfg)
     end
   end)
 end
--- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =}]]) ->
--- {logits=, loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences; token_stats: TRL's
--- statistics; loss_type "dft": TRL's): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
+-- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =,
+-- chunked_loss =}]]) -> {logits=, loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences;
+-- token_stats: TRL's statistics; loss_type "dft": TRL's; chunked_loss: no logits, llama.chunked_causal_lm_loss): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
 -- again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
   if opts then

@@ -452,8 +452,8 @@ function CausalLM:output_weight()
   return self.lm_head and self.lm_head.weight or self.model.embed_tokens.weight
 end
 
--- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =}]])
--- -> {logits=, loss= [, entropy=, argmax=]}.
+-- forward(input_ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =,
+-- chunked_loss =}]]) -> {logits=, loss= [, entropy=, argmax=]}.
 -- labels are shifted inside (position t predicts token t+1); -100 is ignored; the loss is the mean
 -- over counted tokens (token_mean_loss: the Trainer weights it by the step's token count), with
 -- label smoothing eps as Hugging Face's LabelSmoother (the Trainer's label_smoothing_factor), or
@@ -468,6 +468,8 @@ end
 -- hidden states by the same head: reading it after a training forward costs one more LM-head
 -- product, with the weights as they are then (read it before the optimizer step). Otherwise
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
+-- chunked_loss (true, or the vocabulary columns of a slice; with labels): the loss without the logits
+-- (M.chunked_causal_lm_loss: Liger's fused linear cross-entropy, TRL's chunked_nll), out.logits made on first read.
 function CausalLM:forward(input_ids, labels, opts)
   if not zr._C.is_tensor(input_ids) then -- (a transformers habit, model(**batch), or a missing argument: said, not indexed)
     error(("LlamaForCausalLM:forward(input_ids [, labels [, opts]]): input_ids must be a tensor of token ids (B, T), got %s%s")
