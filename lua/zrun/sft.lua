@@ -795,8 +795,7 @@ function M.SFTTrainer(opts)
   if loss_type == "dft" then trainer.loss_type = loss_type end
   if loss_type == "chunked_nll" then
     local m = trainer.model
-    local head = type(m) == "table" and m.lm_head
-    if head and head.__name ~= "Linear" then -- (a LoRA adapter on the head: its weight alone would drop the delta)
+    if require("zrun.models.llama").adapted_head(type(m) == "table" and m.lm_head or nil) then
       if not unset then
         error("SFTTrainer: loss_type \"chunked_nll\" is not supported when lm_head has a LoRA adapter (TRL refuses " ..
           "it too): leave lm_head out of target_modules, or set loss_type \"nll\"", 2)

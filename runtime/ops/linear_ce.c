@@ -185,6 +185,9 @@ static zr_tensor *h_grad(zr_node *n, zr_tensor *dh, zr_tensor *idx) {
     return full;
 }
 
+/* The counted rows' positions a node saved last (i[4]: some rows were ignored), or NULL. */
+static zr_tensor *saved_idx(zr_node *n) { return n->i[4] ? n->saved[n->n_saved - 1] : NULL; }
+
 /* saved: h's counted rows, w, their targets, lse [, idx]; i[0] = ignore_index, i[1] = reduction, i[2] = counted
  * targets, i[3] = columns a slice, i[4] = 1 when idx (some rows ignored); f[0] = eps. */
 static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
@@ -216,7 +219,7 @@ static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
             ZR_CPU_CALL(ct, gemm_cpu, 0, 0, a.n, a.d, vc, 1.0, zr_tensor_data(buf), vc, row_ptr(wi, v0, a.d), a.d,
                         v0 ? 1.0 : 0.0, zr_tensor_data(dh), a.d);
     }
-    if (need_h && !(d[0] = h_grad(n, dh, n->i[4] ? n->saved[4] : NULL))) goto done;
+    if (need_h && !(d[0] = h_grad(n, dh, saved_idx(n)))) goto done;
     st = zr_give_grads(n, 2, d, gin);
 done:
     zr_tensor_release(dh);
@@ -348,7 +351,7 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         if (!n->i[4]) {
             if (!(d[0] = h_grad(n, dh, NULL))) goto done;
         } else if (!(dhc = zr_tensor_new_cat(e->dtype, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0)) ||
-                   zr_tensor_copy_(dhc, dh) || !(d[0] = h_grad(n, dhc, n->saved[5])))
+                   zr_tensor_copy_(dhc, dh) || !(d[0] = h_grad(n, dhc, saved_idx(n))))
             goto done;
     }
     st = zr_give_grads(n, 2, d, gin);

@@ -272,15 +272,6 @@ function LM:forward(ids, labels, opts)
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
   local llama = require "zrun.models.llama"
-  if labels and opts and opts.chunked_loss then -- (LlamaForCausalLM:forward's; the head unpadded: no logits are kept)
-    local out = {}
-    out.loss, out.entropy, out.argmax = llama.chunked_causal_lm_loss(self.__name, h, llama.head_weight(self, self.lm_head),
-      labels, opts)
-    return (Module.end_scope(scope, llama.lazy_logits(out, function()
-      local fetch = Module.fetch or function(p) return p end
-      return zr.linear(h, fetch(self.lm_head and self.lm_head.weight or self.transformer.wte.weight))
-    end, h), h, out.entropy, out.argmax))
-  end
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
   -- zero-padded copy of the matrix. The padding logits get a bias of -1e30 (the GEMM's bias
@@ -304,6 +295,13 @@ function LM:forward(ids, labels, opts)
     end
     local full = zr.linear(h, w, pb)
     return full:narrow(3, 1, V), full
+  end
+  if labels and opts and opts.chunked_loss then -- (LlamaForCausalLM:forward's; the head unpadded: no logits are kept)
+    local out = {}
+    out.loss, out.entropy, out.argmax = llama.chunked_causal_lm_loss(self.__name, h,
+      llama.head_weight(self.__name, self.lm_head, self.transformer.wte.weight), labels, opts)
+    return (Module.end_scope(scope, llama.lazy_logits(out, function() return (head()) end, h), h, out.entropy,
+      out.argmax))
   end
   local logits, full = head()
   -- (over the padded head's rows: its extra columns, at -1e30, add nothing and are never the argmax)

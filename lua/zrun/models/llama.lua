@@ -490,8 +490,8 @@ function CausalLM:forward(input_ids, labels, opts)
   end
   if labels and opts and opts.chunked_loss then
     local out = {}
-    out.loss, out.entropy, out.argmax = M.chunked_causal_lm_loss(self.__name, h, M.head_weight(self, self.lm_head),
-      labels, opts)
+    out.loss, out.entropy, out.argmax = M.chunked_causal_lm_loss(self.__name, h,
+      M.head_weight(self.__name, self.lm_head, self.model.embed_tokens.weight), labels, opts)
     return (Module.end_scope(scope, M.lazy_logits(out, head, h), h, out.entropy, out.argmax))
   end
   local logits = head()
@@ -578,17 +578,20 @@ function M.lazy_logits(out, make, hidden)
   end })
 end
 
+-- Whether head (an lm_head module) has a LoRA adapter (is not a plain Linear): its weight alone would drop the delta.
+function M.adapted_head(head) return head ~= nil and head.__name ~= "Linear" end
+
 -- The LM head's weight (V, D) for zr.linear_cross_entropy, which reads it outside the head's module: head (the
--- lm_head module; nil: tied to the embedding), gathered by ZeRO-3 (Module.fetch: whole until the end of backward).
--- A LoRA-wrapped head is refused (its delta would be dropped), as TRL refuses it for chunked_nll.
-function M.head_weight(model, head)
+-- lm_head module; nil: tied, the embedding's weight `tied`), gathered by ZeRO-3 (Module.fetch: whole until the end of
+-- backward). A LoRA-wrapped head is refused (its delta would be dropped), as TRL refuses it for chunked_nll. name: the
+-- model's, for the message.
+function M.head_weight(name, head, tied)
   local fetch = Module.fetch or function(p) return p end
-  if not head then return fetch(model.model and model.model.embed_tokens.weight or model.transformer.wte.weight) end
-  if head.__name ~= "Linear" then
+  if M.adapted_head(head) then
     error(("%s: chunked_loss reads the LM head's weight alone, and lm_head is a %s (a LoRA adapter on it would be " ..
-      "dropped); leave lm_head out of target_modules, or use the plain loss"):format(model.__name, tostring(head.__name)), 0)
+      "dropped); leave lm_head out of target_modules, or use the plain loss"):format(name, tostring(head.__name)), 0)
   end
-  return fetch(head.weight)
+  return fetch(head and head.weight or tied)
 end
 
 -- opts.chunked_loss (true, or the vocabulary columns of a slice): causal_lm_loss's loss without the logits
