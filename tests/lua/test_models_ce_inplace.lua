@@ -20,26 +20,8 @@ local function spy(fn)
   return seen
 end
 
-local function llama_model(tied, dtype)
-  local cfg = llama.config("zrun/tiny-llama")
-  cfg.num_hidden_layers, cfg.tie_word_embeddings, cfg.dtype = 2, tied, dtype or "f32"
-  zr.manual_seed(3)
-  return llama.LlamaForCausalLM(cfg)
-end
-local function gpt2_model(dtype)
-  zr.manual_seed(3)
-  return gpt2.GPT2LMHeadModel { n_embd = 16, n_layer = 2, n_head = 2, vocab_size = 61, n_positions = 16,
-    dtype = dtype or "f32" }
-end
--- Input ids (3, 11) below V, and their labels with one ignored (as the collator pads).
-local function batch(V, s)
-  zr.manual_seed(100 + s)
-  local ids = (zr.rand({ 3, 11 }) * (V - 1)):to("i64")
-  local labels = ids:clone()
-  labels[2][4] = -100
-  return ids, labels
-end
-local function vocab(m) return m.config.vocab_size end
+local LM = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "loss_models_common.lua")
+local llama_model, gpt2_model, batch, vocab, grads = LM.llama_model, LM.gpt2_model, LM.batch, LM.vocab, LM.grads
 
 -- The unfused reference: the logits of a forward without labels, scored by causal_lm_loss.
 local function reference(m, ids, labels)
@@ -47,11 +29,6 @@ local function reference(m, ids, labels)
   return { logits = logits, loss = llama.causal_lm_loss(logits, labels) }
 end
 
-local function grads(m)
-  local g = {}
-  for n, p in m:named_parameters() do g[n] = p.grad:clone(); p.grad = nil end
-  return g
-end
 
 local cases = { -- name, constructor, class
   { "llama untied", function(dt) return llama_model(false, dt) end, llama.LlamaForCausalLM },
