@@ -19,6 +19,7 @@ local cjson = require "cjson"
 local metrics_file = require "zrun.metrics"
 local json_line = require("zrun.hf").encode_json_line
 local progress = require "zrun.progress"
+local packed = require "zrun.models.packed"
 local release_outputs = require("zrun.models.llama").release_outputs
 
 local Trainer = {}
@@ -66,6 +67,20 @@ local function check_batch(batch)
       end
     end
   end
+end
+
+-- A right-padded batch as the padding-free batch of its rows (zrun.models.packed's unpad: one row, position_ids
+-- counting from 0 in each, the padding not computed; the same losses and gradients) where the model runs packed
+-- sequences as one row (its packs_flat: zrun's Llama family and GPT-2 where the attention takes the segments);
+-- transformers computes the padding and drops it. nil: run the batch as collated (no padding, a collator's
+-- position_ids, a padded label that counts, or trainer.unpad_batches = false). Returns the batch and the map of
+-- its other labels (packed.unpad).
+function Trainer:unpadded(batch)
+  local m = self.model
+  if self.unpad_batches == false or type(m) ~= "table" or type(m.packs_flat) ~= "function" or not m:packs_flat() then
+    return nil
+  end
+  return packed.unpad(batch)
 end
 
 -- The model's forward options for the loss: label_smoothing_factor, the loss_type zr.SFTTrainer sets (TRL's "dft"),
@@ -926,7 +941,8 @@ function Trainer:train(resume)
         local uncounted = cut > 0 and window[mb].last == micro_per_epoch - 1 and dist.rank() >= cut
         window[mb] = nil
         if not e.zenflow then e:set_gradient_accumulation_boundary(boundary) end
-        local ids, labels = batch.input_ids, batch.labels
+        local fb = self:unpadded(batch) -- (the padding-free batch of a padded one's rows, or nil)
+        local ids, labels = (fb or batch).input_ids, (fb or batch).labels
         if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
         local cm = self.count_micro
         if cm and (e.micro_steps + 1) % cm == 0 then
@@ -939,11 +955,11 @@ function Trainer:train(resume)
         end
         local okstep, out = pcall(function()
           if w ~= 1 and w > 0 then e:set_loss_weight(w) end
-          local o = e(ids, labels, forward_options(fwd_opts, batch, token_stats))
+          local o = e(ids, labels, forward_options(fwd_opts, fb or batch, token_stats))
           e:backward(o.loss)
           return o
         end)
-        if not okstep then error(self:explain_oom(out, ids), 0) end
+        if not okstep then error(self:explain_oom(out, batch.input_ids), 0) end
         pending[#pending + 1], pending_w[#pending + 1], pending_s[#pending + 1] = out.loss:detach(), w, isteps
         unlogged = unlogged + 1
         if rawget(out, "entropy") then
@@ -952,8 +968,8 @@ function Trainer:train(resume)
           if #pending_tok >= 256 then fold_tokens(pending_tok, tok) end
         end
         if #pending >= 256 then drain() end -- (few logs: bound the tensors kept)
-        tokens = tokens + ids:numel() * W
-        local counted = batch.counted_numel or ids:numel() -- (transformers': padded to the longest row)
+        tokens = tokens + batch.input_ids:numel() * W
+        local counted = batch.counted_numel or batch.input_ids:numel() -- (transformers': padded to the longest row)
         flos_local = flos_local + flops_per_token * counted
         if count_seen or self.log_num_tokens then -- this rank's, summed over the ranks when logged or saved
           local all = counted
@@ -972,7 +988,7 @@ function Trainer:train(resume)
         -- collator's only if it made them for this window, not a tensor it keeps)
         release_outputs(out)
         C.release_made_since(window_serial, ids, labels, batch.input_ids, batch.labels, batch.attention_mask,
-          batch.position_ids)
+          batch.position_ids, fb and fb.input_ids, fb and fb.labels, fb and fb.position_ids)
         self.step_lr = e:get_lr()[1] -- the rate this step applies (engine:step moves the schedule on)
         -- (the engine clips and steps inside engine:step, so the first is called before its clipping)
         local opt_step = boundary and not e.zenflow
@@ -1446,12 +1462,17 @@ function Trainer:evaluate(ds, prefix)
       check_batch(batch)
       -- (TRL's batch statistics count a repeated row, with its labels as they are)
       local stat = as_read and (cut == 0 or rank < cut) and self.collator(as_read)
-      local stat_labels = stat and (e.device ~= "cpu" and stat.labels:to(e.device) or stat.labels)
       local ids, labels = batch.input_ids, batch.labels
       local scope = C.handle_serial() -- (this loop's own temporaries: freed as soon as read)
       if labels:size(1) == #batch_rows then
         for _, r in ipairs(padding) do labels:narrow(1, r, 1):fill_(-100) end
       end
+      C.release_since(scope)
+      local fb, map = self:unpadded(batch) -- (the padding-free batch of a padded one's rows, or nil)
+      if fb then ids, labels = fb.input_ids, fb.labels end
+      local stat_host = stat and (fb and map(stat.labels) or stat.labels)
+      local stat_labels = stat_host and e.device ~= "cpu" and stat_host:to(e.device) or stat_host
+      scope = C.handle_serial()
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       C.release_since(scope)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
@@ -1462,7 +1483,7 @@ function Trainer:evaluate(ds, prefix)
         o = {}
         for k, v in pairs(fwd_opts) do if k ~= "chunked_loss" then o[k] = v end end
       end
-      local out = e(ids, labels, forward_options(o, batch, acc))
+      local out = e(ids, labels, forward_options(o, fb or batch, acc))
       if acc then -- (every batch: the ranks' sums)
         local sums = token_sums(out, stat_labels or labels)
         if last and cut > 0 and rank >= cut then sums:zero_() end
@@ -1482,7 +1503,8 @@ function Trainer:evaluate(ds, prefix)
       -- ~190 ms a batch). What is left (a model of the user's) is collected when it is worth it.
       C.release_made_since(made, out.loss, rawget(out, "logits"), ids, labels, batch.input_ids, batch.labels,
         batch.attention_mask, batch.position_ids, stat_labels, stat and stat.input_ids, stat and stat.labels,
-        stat and stat.attention_mask, stat and stat.position_ids)
+        stat and stat.attention_mask, stat and stat.position_ids, fb and fb.input_ids, fb and fb.labels, fb and fb.position_ids,
+        stat_host)
       out = nil
       C.collect_tensor_garbage(e.device)
       bar:update(1)

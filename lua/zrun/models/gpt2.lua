@@ -260,6 +260,12 @@ function LM:__init(cfg)
     end
   end)
 end
+-- Whether packed sequences (position_ids) run here as one row on the segments, as Transformer:forward decides
+-- (llama's CausalLM:packs_flat: the Trainer then runs a right-padded batch padding-free).
+function LM:packs_flat()
+  local c, w = self.config, self.transformer.wte.weight
+  return not (self.training and c.attn_pdrop > 0) and packed.flat_ok(w:device(), w:dtype(), c.n_embd / c.n_head)
+end
 -- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =,
 -- chunked_loss =}]]) -> {logits=, loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences;
 -- token_stats: TRL's statistics; loss_type "dft": TRL's; chunked_loss: no logits, llama.chunked_causal_lm_loss): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made

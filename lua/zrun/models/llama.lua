@@ -444,6 +444,13 @@ function CausalLM:init_weights()
   end)
 end
 
+-- Whether packed sequences (position_ids) run here as one row on the segments (packed.flat_ok: no gathers):
+-- the Trainer then runs a right-padded batch as the padding-free batch of its rows (packed.unpad).
+function CausalLM:packs_flat()
+  local w = self.model.embed_tokens.weight
+  return packed.flat_ok(w:device(), w:dtype(), head_dim(self.config))
+end
+
 -- The token embedding module (transformers' get_input_embeddings).
 function CausalLM:get_input_embeddings() return self.model.embed_tokens end
 

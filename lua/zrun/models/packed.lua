@@ -150,6 +150,45 @@ function M.segments(position_ids, B, T, device, flat, window)
   return segs
 end
 
+-- A right-padded batch (input_ids, labels, attention_mask (B, T) on the host; padding only after a row's
+-- tokens) as the padding-free batch of its rows: their tokens joined into one (1, N) row, position_ids
+-- counting from 0 in each, the label of each row's first token -100 (never scored in its row, and it would
+-- be the previous row's last token's target). Causal attention never lets a token see the padding after
+-- it, and every other op of a layer is per token, so each row's outputs are the padded batch's; the
+-- padding's tokens are not computed. nil (run it padded) where nothing is padding, where a row is all
+-- padding, or where a padded position has a label other than -100 (the padded batch scores it).
+-- Returns {input_ids =, labels =, position_ids =} (i64, on the host) and a function mapping another (B, T)
+-- labels tensor of the batch the same way (the statistics' labels).
+function M.unpad(batch)
+  local m = batch.attention_mask
+  if not m or batch.position_ids or m:dim() ~= 2 or m:device() ~= "cpu" then return nil end
+  local B, T = m:size(1), m:size(2)
+  local mf, lens, N = m:flat_table(), {}, 0
+  for b = 1, B do
+    local n = 0
+    for t = (b - 1) * T + 1, b * T do if mf[t] ~= 0 then n = n + 1 end end
+    if n == 0 then return nil end
+    lens[b], N = n, N + n
+  end
+  if N == B * T then return nil end
+  local lf = batch.labels:flat_table()
+  for k = 1, B * T do if mf[k] == 0 and lf[k] ~= -100 then return nil end end
+  local function gather(f, first)
+    local out, k = {}, 0
+    for b = 1, B do
+      for t = 1, lens[b] do
+        k = k + 1
+        out[k] = first and t == 1 and first or f[(b - 1) * T + t]
+      end
+    end
+    return zr.tensor({ out }, { dtype = "i64" })
+  end
+  local pos, k = {}, 0
+  for b = 1, B do for t = 1, lens[b] do k = k + 1; pos[k] = t - 1 end end
+  return { input_ids = gather(batch.input_ids:flat_table()), labels = gather(lf, -100),
+    position_ids = zr.tensor({ pos }, { dtype = "i64" }) }, function(x) return gather(x:flat_table(), -100) end
+end
+
 -- fn(parts, group) over each group of sequences: xs, a list of (B, T, W_k) tensors, are gathered
 -- into the group's (n, group.T, W_k) parts; fn returns the group's (n, group.T, W) result, its
 -- sequences starting at position group.p0; the results' real rows come back as (B, T, W).
