@@ -136,6 +136,19 @@ T.test("Trainer: padded batches trained without their padding; the padded run's 
   end
   T.near(e1, e0, 1e-5, 1e-5, "eval_loss")
   assert(l1[#l1] < 0.8 * l1[1], ("loss %g -> %g did not fall by 20%%"):format(l1[1], l1[#l1]))
+  -- the loss options ride along: label smoothing, Liger's fused linear cross-entropy (the chunked head)
+  for _, extra in ipairs { { label_smoothing_factor = 0.1 }, { use_liger_kernel = true } } do
+    local k = next(extra)
+    local a0, b0, c0 = train(false, extra)
+    local a1, b1, c1, s = train(nil, extra)
+    assert(s[1]:match("^1x"), k .. ": unpadded")
+    for i = 1, #a0 do
+      T.near(a1[i], a0[i], 1e-5, 1e-5, k .. ": step " .. i .. " loss")
+      T.near(b1[i], b0[i], 1e-4, 1e-4, k .. ": step " .. i .. " grad_norm")
+    end
+    T.near(c1, c0, 1e-5, 1e-5, k .. ": eval_loss")
+    if extra.label_smoothing_factor then assert(math.abs(a1[1] - l1[1]) > 1e-3, "label smoothing: another loss") end
+  end
 end)
 
 T.test("SFTTrainer without packing (TRL's default): padded batches unpadded; TRL's token statistics as padded", function()
