@@ -16,7 +16,7 @@ run_one() { # command...
 }
 run_one $fused
 run_one $gemm
-for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua tests/cuda/test_trainer_cuda.lua tests/cuda/test_packed_cuda.lua tests/cuda/test_peft_cuda.lua tests/cuda/test_generate_cuda.lua tests/cuda/test_gemma3_cuda.lua; do run_one $zrun "$t"; done
+for t in tests/ops/test_*_cuda.lua tests/cuda/test_cuda.lua tests/cuda/test_trainer_cuda.lua tests/cuda/test_packed_cuda.lua tests/cuda/test_peft_cuda.lua tests/cuda/test_generate_cuda.lua tests/cuda/test_gemma3_cuda.lua tests/cuda/test_unpad_cuda.lua; do run_one $zrun "$t"; done
 # the products again through each of our Hopper GEMMs wherever it takes them, and with both in the autotuning (the runtime's default: cuBLASLt only)
 # (auto: tuned at each shape's first run, so the tests' products meet ours; and the cuBLASLt autotuner's
 # switch of algorithm at a shape's second run)

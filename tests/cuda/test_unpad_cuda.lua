@@ -1,0 +1,107 @@
+-- Padded batches run without their padding on a GPU (tests/lua/test_unpad.lua's checks in bf16 at head_dim 64,
+-- where the Hopper attention kernels take the segments): the unpadded batch's loss and gradients against the
+-- padded batch's, per model, and the Trainer's curve against the padded run's, learning. Prints SKIP without a
+-- GPU, and where the attention does not take the segments (not sm_90).
+local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../ops/cuda_common.lua")
+if C.skip_without_gpu("padded batches unpadded on CUDA") then return end
+local zr, T = C.zr, C.T
+local packed = require "zrun.models.packed"
+if not zr.sdpa_segments_ok("cuda", "bf16", 64) then
+  print("SKIP padded batches unpadded on CUDA: this GPU's attention does not take the segments")
+  return
+end
+
+local function i64(rows) return zr.tensor(rows, { dtype = "i64" }) end
+local function llama(tied)
+  local cfg = {}
+  for k, v in pairs(zr.models.llama.config("zrun/tiny-llama")) do cfg[k] = v end
+  cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = 128, 2, 1, 64
+  cfg.num_hidden_layers, cfg.tie_word_embeddings, cfg.dtype, cfg.device = 2, tied, "bf16", "cuda"
+  zr.manual_seed(3)
+  return zr.models.llama.LlamaForCausalLM(cfg)
+end
+local function gpt2()
+  zr.manual_seed(3)
+  return zr.models.gpt2.GPT2LMHeadModel { n_embd = 128, n_layer = 2, n_head = 2, vocab_size = 64, n_positions = 64,
+    attn_pdrop = 0, resid_pdrop = 0, embd_pdrop = 0, dtype = "bf16", device = "cuda" }
+end
+
+-- 3 rows of 40, 23 and 9 tokens padded to 40 (labels -100 there), below V.
+local function padded(V)
+  zr.manual_seed(11)
+  local ids = (zr.rand({ 3, 40 }) * (V - 1)):to("i64")
+  local labels, mask, lens = ids:clone(), {}, { 40, 23, 9 }
+  for r = 1, 3 do
+    mask[r] = {}
+    for t = 1, 40 do
+      mask[r][t] = t <= lens[r] and 1 or 0
+      if t > lens[r] then ids[r][t], labels[r][t] = 0, -100 end
+    end
+  end
+  return { input_ids = ids, labels = labels, attention_mask = i64(mask) }
+end
+
+local function grads(m)
+  local g = {}
+  for n, p in m:named_parameters() do g[n] = p.grad:to("cpu", "f64"); p.grad = nil end
+  return g
+end
+
+T.test("bf16, head_dim 64: the unpadded batch's loss and gradients are the padded batch's (Llama, tied, GPT-2)", function()
+  for _, c in ipairs { { "llama", function() return llama(false) end }, { "llama tied", function() return llama(true) end },
+    { "gpt2", gpt2 } } do
+    local name, m = c[1], c[2]()
+    assert(m:packs_flat(), name .. ": packed sequences run as one row on this GPU")
+    local b = padded(m.config.vocab_size)
+    local ref = m(b.input_ids:to("cuda"), b.labels:to("cuda"))
+    ref.loss:backward()
+    local g0 = grads(m)
+    local fb = packed.unpad(b)
+    T.eq(fb.input_ids:size(2), 72, name .. ": the 72 tokens of the 3 rows")
+    local out = m(fb.input_ids:to("cuda"), fb.labels:to("cuda"), { position_ids = fb.position_ids })
+    out.loss:backward()
+    local g1 = grads(m)
+    T.near(out.loss:item(), ref.loss:item(), 0, 5e-3, name .. ": loss")
+    for n, g in pairs(g0) do
+      local scale = g:abs():max():item()
+      local d = T.diff(g1[n], g)
+      assert(d <= 0.03 * scale + 1e-6, ("%s: gradient of %s differs by %g (scale %g)"):format(name, n, d, scale))
+    end
+  end
+end)
+
+T.test("bf16 Trainer on a GPU: padded batches unpadded train the padded run's curve, and learn", function()
+  local tok = zr.tokenizers.ByteTokenizer.new()
+  local rows = T.varied_rows(tok, 32, function(i) return 5 + (i * 37) % 56 end)
+  local function run(unpad)
+    local m, ones = llama(false), 0
+    local f = m.forward
+    rawset(m, "forward", function(self, ids, labels, o)
+      if ids:size(1) == 1 then ones = ones + 1 end
+      return f(self, ids, labels, o)
+    end)
+    local t
+    T.printed(function()
+      t = zr.Trainer { model = m, train_dataset = rows, processing_class = { pad_id = function() return 0 end },
+        args = { output_dir = T.tmpdir(), save_strategy = "no", logging_steps = 1, report_to = "none", bf16 = true,
+          per_device_train_batch_size = 4, gradient_accumulation_steps = 2, learning_rate = 3e-3, max_steps = 12 } }
+      t.unpad_batches = unpad
+      t:train()
+    end)
+    local loss, norm = {}, {}
+    for _, r in ipairs(t.state.log_history) do if r.loss then loss[#loss + 1], norm[#norm + 1] = r.loss, r.grad_norm end end
+    return loss, norm, ones
+  end
+  local l0, n0, o0 = run(false)
+  local l1, n1, o1 = run(nil)
+  T.eq(o0, 0, "unpad_batches = false: padded batches")
+  T.eq(o1, 24, "every micro-batch unpadded")
+  for k = 1, #l0 do
+    assert(math.abs(l1[k] - l0[k]) <= 0.01 * l0[k], ("step %d loss: unpadded %.4f vs padded %.4f"):format(k, l1[k], l0[k]))
+    assert(n1[k] > 0 and math.abs(n1[k] - n0[k]) <= 0.05 * n0[k],
+      ("step %d grad_norm: unpadded %.4f vs padded %.4f"):format(k, n1[k], n0[k]))
+  end
+  assert(l1[12] < 0.8 * l1[1], ("the loss falls by 20%%: %.4f -> %.4f"):format(l1[1], l1[12]))
+end)
+
+T.done()
