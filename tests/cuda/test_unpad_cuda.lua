@@ -27,18 +27,11 @@ local function gpt2()
 end
 
 -- 3 rows of 40, 23 and 9 tokens padded to 40 (labels -100 there), below V.
+local LM = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lua/loss_models_common.lua")
 local function padded(V)
   zr.manual_seed(11)
   local ids = (zr.rand({ 3, 40 }) * (V - 1)):to("i64")
-  local labels, mask, lens = ids:clone(), {}, { 40, 23, 9 }
-  for r = 1, 3 do
-    mask[r] = {}
-    for t = 1, 40 do
-      mask[r][t] = t <= lens[r] and 1 or 0
-      if t > lens[r] then ids[r][t], labels[r][t] = 0, -100 end
-    end
-  end
-  return { input_ids = ids, labels = labels, attention_mask = i64(mask) }
+  return LM.padded(ids, ids:clone(), { 40, 23, 9 })
 end
 
 local function grads(m)

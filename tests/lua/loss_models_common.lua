@@ -27,6 +27,19 @@ function M.batch(V, s, prompt)
   return ids, labels
 end
 function M.vocab(m) return m.config.vocab_size end
+-- ids and labels (B, T) right-padded to rows of lens[b] tokens (pad id 0, labels -100 there), as the collator pads
+-- them: {input_ids, labels, attention_mask}.
+function M.padded(ids, labels, lens)
+  local mask = {}
+  for r = 1, ids:size(1) do
+    mask[r] = {}
+    for t = 1, ids:size(2) do
+      mask[r][t] = t <= lens[r] and 1 or 0
+      if t > lens[r] then ids[r][t], labels[r][t] = 0, -100 end
+    end
+  end
+  return { input_ids = ids, labels = labels, attention_mask = zr.tensor(mask, { dtype = "i64" }) }
+end
 -- Each parameter's gradient (cloned), the model's cleared.
 function M.grads(m)
   local g = {}

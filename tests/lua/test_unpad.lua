@@ -38,19 +38,10 @@ T.test("packed.unpad: a right-padded batch as one row of its rows' tokens; nil w
   T.eq(with("attention_mask", nil), nil, "no attention_mask")
 end)
 
--- A padded batch of 3 rows (11, 6 and 3 tokens) over V tokens: input_ids, labels (-100 on the padding and at one
--- token), attention_mask.
+-- A padded batch of 3 rows (11, 6 and 3 tokens) over V tokens, one label -100 besides the padding's.
 local function padded(V)
   local ids, labels = LM.batch(V, 1)
-  local lens, mask = { 11, 6, 3 }, {}
-  for r = 1, 3 do
-    mask[r] = {}
-    for t = 1, 11 do
-      mask[r][t] = t <= lens[r] and 1 or 0
-      if t > lens[r] then ids[r][t], labels[r][t] = 0, -100 end
-    end
-  end
-  return { input_ids = ids, labels = labels, attention_mask = i64(mask) }
+  return LM.padded(ids, labels, { 11, 6, 3 })
 end
 
 T.test("Llama (tied and not) and GPT-2: the unpadded batch's loss and gradients are the padded batch's", function()
