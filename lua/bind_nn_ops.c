@@ -103,16 +103,21 @@ static int l_cross_entropy(lua_State *L) {
 }
 
 /* linear_cross_entropy(h (..., D), w (V, D), targets (...) [, {ignore_index = -100, reduction = "mean",
- * label_smoothing = 0, chunk = 0, token_stats = false}]): cross_entropy(linear(h, w), targets) with the logits made
- * chunk columns at a time and never held whole (runtime/ops/linear_ce.h; chunk 0: the default slices). token_stats:
+ * label_smoothing = 0, chunk = 0, token_stats = false, keep}]): cross_entropy(linear(h, w), targets) with the logits
+ * made chunk columns at a time and never held whole (runtime/ops/linear_ce.h; chunk 0: the default slices), unless
+ * the counted rows' logits take at most keep bytes (default 256 MiB; 0: never): then made once and kept for backward
+ * (no second product). targets may be on the host beside a GPU's h (no copy back to read them). token_stats:
  * also each row's entropy and argmax (0 at ignored rows), as logits_stats gives them: returns loss, entropy, argmax. */
 static int l_linear_cross_entropy(lua_State *L) {
     zr_tensor *h = zr_l_checktensor(L, 1), *w = zr_l_checktensor(L, 2), *targets = zr_l_checktensor(L, 3);
-    double ignore = -100, eps = 0, chunk = 0;
+    double ignore = -100, eps = 0, chunk = 0, keep = -1;
     int red = ZR_LOSS_MEAN, stats = 0;
     if (!lua_isnoneornil(L, 4)) {
         luaL_checktype(L, 4, LUA_TTABLE);
-        zr_l_check_keys(L, 4, "linear_cross_entropy", "ignore_index reduction label_smoothing chunk token_stats");
+        zr_l_check_keys(L, 4, "linear_cross_entropy", "ignore_index reduction label_smoothing chunk token_stats keep");
+        lua_getfield(L, 4, "keep");
+        keep = luaL_optnumber(L, -1, -1);
+        lua_pop(L, 1);
         lua_getfield(L, 4, "token_stats");
         stats = lua_toboolean(L, -1);
         lua_pop(L, 1);
@@ -129,9 +134,12 @@ static int l_linear_cross_entropy(lua_State *L) {
     if (chunk < 0 || chunk != (double)(int64_t)chunk)
         return luaL_error(L, "linear_cross_entropy: chunk must be a whole number of columns (0: the default), got %g",
                           chunk);
+    if (keep != -1 && (keep < 0 || keep != (double)(int64_t)keep))
+        return luaL_error(L, "linear_cross_entropy: keep must be a whole number of bytes (0: never keep the logits), got %g",
+                          keep);
     zr_tensor *e = NULL, *a = NULL;
     zr_tensor *loss = zr_linear_cross_entropy_stats(h, w, targets, (int64_t)ignore, (zr_loss_reduction)red, eps,
-                                                    (int64_t)chunk, stats ? &e : NULL, stats ? &a : NULL);
+                                                    (int64_t)chunk, (int64_t)keep, stats ? &e : NULL, stats ? &a : NULL);
     if (!loss) return zr_l_error(L);
     zr_l_pushtensor(L, loss);
     if (!stats) return 1;

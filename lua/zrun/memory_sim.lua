@@ -1442,14 +1442,17 @@ end
 -- always, dW made in f32 and narrowed to the weight's dtype. Returns the loss (a Lua value).
 function M.chunked_loss(S, hn, W, B, T, H, V, b, chunk)
   local rows = B * T
-  local vc = math.min(V, type(chunk) == "number" and chunk or
+  local gpu, ct = S.o.gpu, 4
+  -- zr_linear_ce_keeps: the default slices' logits made once and kept for backward where they take at most 256 MiB
+  -- (the compute dtype's bytes on the CPU, f32 for 16 bits)
+  local keep = type(chunk) ~= "number" and rows * V * (gpu and b or math.max(b, ct)) <= 256 * 2 ^ 20
+  local vc = keep and V or math.min(V, type(chunk) == "number" and chunk or
     math.max(4096, floor(64 * 2 ^ 20 / (rows * b) / 256) * 256)) -- (zr_linear_ce_chunk)
   S:gather(W, false, true); W.leaf.keep = true -- Module.fetch
   S:push()
   S:lua(S:new(B * 8, "other")) -- shift_labels: the pad column, then the shifted labels
   local tgt = S:lua(S:new(rows * 8))
   local hv = S:view(hn)
-  local gpu, ct = S.o.gpu, 4
   local function widened(cat, bytes) -- zr_cpu_in: the f32 copy of a 16-bit tensor (in its category), or none
     if b == ct then return nil end
     return S:new(bytes, cat)
@@ -1457,25 +1460,30 @@ function M.chunked_loss(S, hn, W, B, T, H, V, b, chunk)
   local loss = S:lua(S:new(4))
   local lse = S:new(rows * 4)
   local nv = gpu and S:new(4) or nil
-  local tmp = {}
+  local tmp, kept = {}, nil
   if gpu then
-    for _, n in ipairs { rows * 4, rows * 4, 4, rows * vc * b } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, loss, mean, slice
+    for _, n in ipairs { rows * 4, rows * 4, 4 } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, loss, mean
+    if keep then kept = S:new(rows * V * b) else tmp[#tmp + 1] = S:new(rows * vc * b, "ws") end -- the slice
   else
     tmp = { widened(hv.s.cat, rows * H * 4), widened("params", V * H * 4) }
-    for _, n in ipairs { rows * 4, rows * 4, rows * vc * 4 } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, tot, slice
+    for _, n in ipairs { rows * 4, rows * 4 } do tmp[#tmp + 1] = S:new(n, "ws") end -- xt, tot
+    if keep then kept = S:new(rows * V * math.max(b, ct)) else tmp[#tmp + 1] = S:new(rows * vc * 4, "ws") end -- the slice
   end
   for _, v in pairs(tmp) do S:drop(v) end
-  S:record(loss, { hv, W }, { hv, tgt, lse, nv }, function(S2, _, g)
+  local saved = { hv, tgt, lse }
+  if nv then saved[#saved + 1] = nv end
+  if kept then saved[#saved + 1] = kept end
+  S:record(loss, { hv, W }, saved, function(S2, _, g)
     local need_h, need_w = needs(hv), not W.leaf.frozen
     local t2, d = {}, {}
     if gpu then
-      t2[1] = S2:new(rows * vc * b, "ws")
+      if not keep then t2[1] = S2:new(rows * vc * b, "ws") end
       if need_h then t2[2] = S2:new(rows * H * 4, "ws") end -- dh (f32)
       if need_w and not S2.o.dw_in_place then d[2] = S2:new(V * H * b) end
       if need_h then d[1] = S2:new(rows * H * b) end
     else
       t2[1], t2[2] = widened(hv.s.cat, rows * H * 4), widened("params", V * H * 4)
-      t2[3] = S2:new(rows * vc * 4, "ws")
+      if not keep then t2[3] = S2:new(rows * vc * 4, "ws") end
       if need_h then t2[4] = S2:new(rows * H * 4, "ws") end
       if need_w then d[2] = S2:new(V * H * 4) end
       if need_h then d[1] = S2:new(rows * H * b) end
@@ -1490,6 +1498,7 @@ function M.chunked_loss(S, hn, W, B, T, H, V, b, chunk)
   end)
   S:drop(lse)
   S:drop(nv)
+  S:drop(kept)
   return S:pop(loss)
 end
 

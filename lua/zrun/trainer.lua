@@ -943,6 +943,8 @@ function Trainer:train(resume)
         if not e.zenflow then e:set_gradient_accumulation_boundary(boundary) end
         local fb = self:unpadded(batch) -- (the padding-free batch of a padded one's rows, or nil)
         local ids, labels = (fb or batch).input_ids, (fb or batch).labels
+        -- (the chunked loss reads its labels on the host: handed over as collated, no copy back from the GPU)
+        local mlabels = fwd_opts and fwd_opts.chunked_loss and labels
         if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
         local cm = self.count_micro
         if cm and (e.micro_steps + 1) % cm == 0 then
@@ -955,7 +957,7 @@ function Trainer:train(resume)
         end
         local okstep, out = pcall(function()
           if w ~= 1 and w > 0 then e:set_loss_weight(w) end
-          local o = e(ids, labels, forward_options(fwd_opts, fb or batch, token_stats))
+          local o = e(ids, mlabels or labels, forward_options(fwd_opts, fb or batch, token_stats))
           e:backward(o.loss)
           return o
         end)
@@ -1475,6 +1477,7 @@ function Trainer:evaluate(ds, prefix)
       scope = C.handle_serial()
       local n = labels:narrow(2, 2, labels:size(2) - 1):ne(-100):to("f64"):sum():item() -- (on the CPU)
       C.release_since(scope)
+      local hlabels = labels -- (the chunked loss reads them on the host)
       if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
       -- (the chunked loss makes the statistics of the counted rows only: a round completed from the first rows, whose
       -- statistics count the repeated rows' labels as read, runs with the logits)
@@ -1483,7 +1486,7 @@ function Trainer:evaluate(ds, prefix)
         o = {}
         for k, v in pairs(fwd_opts) do if k ~= "chunked_loss" then o[k] = v end end
       end
-      local out = e(ids, labels, forward_options(o, fb or batch, acc))
+      local out = e(ids, o and o.chunked_loss and hlabels or labels, forward_options(o, fb or batch, acc))
       if acc then -- (every batch: the ranks' sums)
         local sums = token_sums(out, stat_labels or labels)
         if last and cut > 0 and rank >= cut then sums:zero_() end

@@ -3,7 +3,8 @@
  * a CUDA one (cuBLASLt products, kernels/cuda/cross_entropy.h's chunk kernels). The targets are read on the host
  * once (from a GPU: one copy, which waits for the forward so far) to size the products by the counted rows. Saved for
  * backward: the counted rows of h and w (contiguous), their targets as i64, each row's logsumexp (compute dtype; f32 on
- * CUDA), on CUDA the count as a device scalar, and the rows' positions when some were ignored. */
+ * CUDA), on CUDA the count as a device scalar, and the rows' positions when some were ignored; and the counted rows' whole logits when
+ * they fit the keep budget (zr_linear_ce_keeps: no product again in backward). */
 #include "ops/linear_ce.h"
 
 #include <math.h>
@@ -25,6 +26,12 @@ int64_t zr_linear_ce_chunk(int64_t rows, int64_t V, zr_dtype dt, int64_t chunk) 
         if (chunk < ZR_LCE_MIN_CHUNK) chunk = ZR_LCE_MIN_CHUNK;
     }
     return chunk < V ? chunk : V;
+}
+
+int zr_linear_ce_keeps(int64_t rows, int64_t V, size_t elem, int64_t chunk, int64_t keep) {
+    if (chunk > 0) return 0; /* slices asked for */
+    if (keep < 0) keep = ZR_LCE_KEEP_BYTES;
+    return rows > 0 && (double)rows * (double)V * (double)elem <= (double)keep;
 }
 
 /* One call's operands: h (n, d), w (v, d) contiguous in dt, tgt (n) i64; vc columns a slice. The forward's token
@@ -188,6 +195,11 @@ static zr_tensor *h_grad(zr_node *n, zr_tensor *dh, zr_tensor *idx) {
 /* The counted rows' positions a node saved last (i[4]: some rows were ignored), or NULL. */
 static zr_tensor *saved_idx(zr_node *n) { return n->i[4] ? n->saved[n->n_saved - 1] : NULL; }
 
+/* The forward's logits a node kept (i[5] = 1: saved before idx), for a backward that turns them into their gradient
+ * in place; NULL when none were kept, or once a backward has used them (i[5] = 2: a retain_graph backward that comes
+ * again makes them again, in the same storage). */
+static zr_tensor *saved_logits(zr_node *n) { return n->i[5] ? n->saved[n->n_saved - 1 - (n->i[4] ? 1 : 0)] : NULL; }
+
 /* saved: h's counted rows, w, their targets, lse [, idx]; i[0] = ignore_index, i[1] = reduction, i[2] = counted
  * targets, i[3] = columns a slice, i[4] = 1 when idx (some rows ignored); f[0] = eps. */
 static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
@@ -201,14 +213,17 @@ static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     if (n->i[1] == ZR_LOSS_MEAN) scale /= (double)n->i[2]; /* no counted target: every row is skipped */
     int need_h = zr_node_needs_grad(n, 0), need_w = zr_node_needs_grad(n, 1);
     zr_tensor *d[2] = {NULL, NULL}, *dh = NULL, *hi = zr_cpu_in(a.h, ct), *wi = hi ? zr_cpu_in(a.w, ct) : NULL;
-    zr_tensor *buf = wi ? zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0) : NULL;
+    zr_tensor *kept = saved_logits(n);
+    zr_tensor *buf = !wi ? NULL : kept ? zr_tensor_retain(kept)
+                                       : zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0);
+    int fresh = kept && n->i[5] == 1; /* the forward's logits, not yet turned into their gradient */
     zr_status st = ZR_ERR;
     if (!buf || (need_h && !(dh = zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0))) ||
         (need_w && !(d[1] = zr_tensor_new_cat(ct, dev, 2, a.w->shape, ZR_MEM_ACTIVATIONS, 0))))
         goto done;
     for (int64_t v0 = 0; v0 < a.v; v0 += a.vc) {
         int64_t vc = a.v - v0 < a.vc ? a.v - v0 : a.vc;
-        slice_cpu(&a, hi, wi, buf, v0, vc);
+        if (!fresh) slice_cpu(&a, hi, wi, buf, v0, vc);
         ZR_CPU_CALL(ct, lce_chunk_grad_cpu, zr_tensor_data(buf), zr_tensor_data(buf), zr_tensor_data(lse),
                     (const int64_t *)zr_tensor_data(a.tgt), scale, a.n, vc, v0, a.v, a.ignore, a.eps);
         round_to(a.dt, buf, a.n * vc); /* the gradient in the logits' dtype, as cross_entropy's backward gives it */
@@ -219,6 +234,7 @@ static zr_status lce_backward_cpu(zr_node *n, zr_tensor *g, zr_tensor **gin) {
             ZR_CPU_CALL(ct, gemm_cpu, 0, 0, a.n, a.d, vc, 1.0, zr_tensor_data(buf), vc, row_ptr(wi, v0, a.d), a.d,
                         v0 ? 1.0 : 0.0, zr_tensor_data(dh), a.d);
     }
+    if (kept) n->i[5] = 2;
     if (need_h && !(d[0] = h_grad(n, dh, saved_idx(n)))) goto done;
     st = zr_give_grads(n, 2, d, gin);
 done:
@@ -232,14 +248,15 @@ done:
 }
 
 /* The loss (a scalar of dtype lt) and each row's logsumexp into lse (n, ct); every row's target counts. */
-static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *lse, int red) {
+static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *lse, int red, zr_tensor **kept) {
     zr_dtype ct = lse->dtype;
     zr_device dev = zr_tensor_device(a->h);
     const int64_t *t = zr_tensor_data(a->tgt);
     zr_tensor *hi = zr_cpu_in(a->h, ct), *wi = hi ? zr_cpu_in(a->w, ct) : NULL;
     zr_tensor *xt = wi ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_tensor *tot = xt ? zr_tensor_new_cat(ct, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
-    zr_tensor *buf = tot ? zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a->n, a->vc}, ZR_MEM_WORKSPACE, 0) : NULL;
+    zr_tensor *buf = tot ? zr_tensor_new_cat(ct, dev, 2, (int64_t[]){a->n, a->vc}, kept ? ZR_MEM_ACTIVATIONS : ZR_MEM_WORKSPACE, 0)
+                         : NULL;
     lce_stats ts = {0};
     zr_status st = ZR_ERR;
     if (!buf || zr_tensor_fill_(lse, -INFINITY) || zr_tensor_fill_(xt, 0) || zr_tensor_fill_(tot, 0) ||
@@ -280,6 +297,7 @@ static zr_status lce_forward_cpu(const lce_args *a, zr_tensor *out, zr_tensor *l
     }
     if (red == ZR_LOSS_MEAN) s = a->n ? s / (double)a->n : NAN; /* torch: 0/0 */
     st = zr_tensor_set(out, 0, s);
+    if (!st && kept) *kept = buf, buf = NULL;
 done:
     stats_release(&ts);
     zr_tensor_release(hi);
@@ -310,12 +328,15 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
     cudaStream_t s = zr_cuda_stream(dev);
     int need_h = zr_node_needs_grad(n, 0), need_w = zr_node_needs_grad(n, 1);
     zr_tensor *d[2] = {NULL, NULL}, *dh = NULL, *dhc = NULL, *buf = NULL, *dl = zr_tensor_to_raw(g, ZR_F32, dev);
-    zr_tensor *lg = need_w ? zr_node_leaf_grad(n, 1) : NULL, *leaf = n->edges[1].leaf;
+    zr_tensor *lg = need_w ? zr_node_leaf_grad(n, 1) : NULL, *leaf = n->edges[1].leaf, *kept = saved_logits(n);
+    int fresh = kept && n->i[5] == 1; /* the forward's logits, not yet turned into their gradient */
     /* dW straight into the weight's existing gradient (the engine's fp32 one, or one of dt), as linear's backward */
     int direct = lg && (lg->dtype == ZR_F32 || lg->dtype == a.dt);
     int beta_w = direct && !leaf->grad_stale;
     zr_status st = ZR_ERR;
-    if (!dl || !(buf = zr_tensor_new_cat(a.dt, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0))) goto done;
+    if (!dl || !(buf = kept ? zr_tensor_retain(kept)
+                            : zr_tensor_new_cat(a.dt, dev, 2, (int64_t[]){a.n, a.vc}, ZR_MEM_WORKSPACE, 0)))
+        goto done;
     if (need_h && !(dh = zr_tensor_new_cat(ZR_F32, dev, 2, (int64_t[]){a.n, a.d}, ZR_MEM_WORKSPACE, 0))) goto done;
     if (need_w && !direct && !(d[1] = zr_tensor_new_cat(a.dt, dev, 2, a.w->shape, ZR_MEM_ACTIVATIONS, 0))) goto done;
     zr_tensor *wg = direct ? lg : d[1];
@@ -324,7 +345,7 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
         goto done;
     for (int64_t v0 = 0; a.n > 0 && v0 < a.v; v0 += a.vc) {
         int64_t vc = a.v - v0 < a.vc ? a.v - v0 : a.vc;
-        if (slice_dev(&a, buf, v0, vc, s, dev) ||
+        if ((!fresh && slice_dev(&a, buf, v0, vc, s, dev)) ||
             zr_dev_status(lce_chunk_grad_cuda(zr_tensor_data(buf), zr_tensor_data(a.tgt), zr_tensor_data(lse),
                                               zr_tensor_data(dl), n->i[1] == ZR_LOSS_MEAN ? zr_tensor_data(nv) : NULL,
                                               a.n, v0, vc, a.v, a.ignore, (float)a.eps, a.dt, s),
@@ -345,6 +366,7 @@ static zr_status lce_backward_dev(zr_node *n, zr_tensor *g, zr_tensor **gin) {
             if (zr_dev_status(gemm_ex_cuda(&gd, s), "linear_cross_entropy backward (dh)", dev)) goto done;
         }
     }
+    if (kept) n->i[5] = 2;
     if (direct) leaf->grad_stale = 0; /* d[1] NULL: the leaf counts as done, its hook fires */
     if (need_h) { /* rounded once to h's dtype (then scattered back to h's rows when some were ignored) */
         zr_edge *e = &n->edges[0];
@@ -366,14 +388,16 @@ done:
 }
 
 /* The loss (0-dim f32), lse (n) f32 and nv (0-dim f32: the counted targets). */
-static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *lse, zr_tensor *nv, int red) {
+static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *lse, zr_tensor *nv, int red,
+                                 zr_tensor **kept) {
     zr_device dev = zr_tensor_device(a->h);
     cudaStream_t s = zr_cuda_stream(dev);
     zr_tensor *xt = zr_tensor_new_cat(ZR_F32, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0);
     zr_tensor *tot = a->eps != 0 ? zr_tensor_new_cat(ZR_F32, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0) : NULL;
     zr_tensor *loss = zr_tensor_new_cat(ZR_F32, dev, 1, &a->n, ZR_MEM_WORKSPACE, 0);
     zr_tensor *mean = zr_tensor_new_cat(ZR_F32, dev, 0, NULL, ZR_MEM_WORKSPACE, 0);
-    zr_tensor *buf = zr_tensor_new_cat(a->dt, dev, 2, (int64_t[]){a->n, a->vc}, ZR_MEM_WORKSPACE, 0);
+    zr_tensor *buf = zr_tensor_new_cat(a->dt, dev, 2, (int64_t[]){a->n, a->vc}, kept ? ZR_MEM_ACTIVATIONS : ZR_MEM_WORKSPACE,
+                                       0);
     lce_stats ts = {0};
     zr_status st = ZR_ERR;
     if (!xt || (a->eps != 0 && !tot) || !loss || !mean || !buf || (a->ent && stats_new(&ts, a, ZR_F32))) goto done;
@@ -406,6 +430,7 @@ static zr_status lce_forward_dev(const lce_args *a, zr_tensor *out, zr_tensor *l
         goto done;
     if (red == ZR_LOSS_SUM && zr_cross_entropy_sum_dev(mean, loss)) goto done;
     st = zr_tensor_copy_(out, mean);
+    if (!st && kept) *kept = buf, buf = NULL;
 done:
     stats_release(&ts);
     zr_tensor_release(xt);
@@ -420,8 +445,10 @@ done:
 static zr_status check_args(const zr_tensor *h, const zr_tensor *w, const zr_tensor *targets, double eps, int red) {
     char b1[128], b2[128];
     if (zr_check_float("linear_cross_entropy", h) || zr_check_float("linear_cross_entropy", w)) return ZR_ERR;
-    if (zr_check_same_device("linear_cross_entropy", 3, (zr_tensor *[]){(zr_tensor *)h, (zr_tensor *)w,
-                                                                        (zr_tensor *)targets}))
+    /* (targets on the host beside h on a GPU: read there, no copy back) */
+    if (zr_check_same_device("linear_cross_entropy", 2, (zr_tensor *[]){(zr_tensor *)h, (zr_tensor *)w}) ||
+        (!zr_is_cpu(targets) &&
+         zr_check_same_device("linear_cross_entropy", 2, (zr_tensor *[]){(zr_tensor *)h, (zr_tensor *)targets})))
         return ZR_ERR;
     if (h->dtype != w->dtype)
         return zr_error("linear_cross_entropy: h is %s and w is %s; give them one dtype", zr_dtype_name(h->dtype),
@@ -447,12 +474,12 @@ static zr_status check_args(const zr_tensor *h, const zr_tensor *w, const zr_ten
 
 zr_tensor *zr_linear_cross_entropy(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
                                    zr_loss_reduction reduction, double label_smoothing, int64_t chunk) {
-    return zr_linear_cross_entropy_stats(h, w, targets, ignore_index, reduction, label_smoothing, chunk, NULL, NULL);
+    return zr_linear_cross_entropy_stats(h, w, targets, ignore_index, reduction, label_smoothing, chunk, -1, NULL, NULL);
 }
 
 zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *targets, int64_t ignore_index,
                                          zr_loss_reduction reduction, double label_smoothing, int64_t chunk,
-                                         zr_tensor **entropy, zr_tensor **argmax) {
+                                         int64_t keep, zr_tensor **entropy, zr_tensor **argmax) {
     if (entropy) *entropy = *argmax = NULL;
     if (!h || !w || !targets) return zr_error_null("linear_cross_entropy: missing h, w or targets");
     if (check_args(h, w, targets, label_smoothing, (int)reduction)) return NULL;
@@ -469,7 +496,7 @@ zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *
     lce_args a = {NULL, NULL, NULL, 0, D, w->shape[0], 0, ignore_index, label_smoothing, h->dtype, NULL, NULL, NULL};
     if (a.v == 0) return zr_error_null("linear_cross_entropy: w has 0 classes");
     zr_dtype ct = cpu ? zr_cpu_compute_dtype(h->dtype) : ZR_F32;
-    zr_tensor *out = NULL, *lse = NULL, *nv = NULL, *idx = NULL, *hc = NULL, *result = NULL;
+    zr_tensor *out = NULL, *lse = NULL, *nv = NULL, *idx = NULL, *hc = NULL, *result = NULL, *kept = NULL;
     if (counted_rows(targets, ignore_index, a.v, dev, &idx, &a.tgt) ||
         !(hc = zr_tensor_contiguous_raw(h)) || !(a.w = zr_tensor_contiguous_raw(w)))
         goto done;
@@ -481,7 +508,8 @@ zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *
     } else {
         a.h = zr_tensor_view_raw(hc, 2, (int64_t[]){rows, D});
     }
-    a.vc = zr_linear_ce_chunk(a.n, a.v, a.dt, chunk);
+    int keeps = zr_linear_ce_keeps(a.n, a.v, zr_dtype_size(cpu ? ct : a.dt), chunk, keep);
+    a.vc = keeps ? a.v : zr_linear_ce_chunk(a.n, a.v, a.dt, chunk);
     a.idx = idx;
     if (entropy && (!(a.ent = zr_tensor_new_cat(ct, dev, targets->ndim, targets->shape, ZR_MEM_WORKSPACE, 0)) ||
                     !(a.amax = zr_tensor_new_cat(ZR_I64, dev, targets->ndim, targets->shape, ZR_MEM_WORKSPACE, 0)) ||
@@ -493,9 +521,12 @@ zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *
     if (!a.h || !out || !lse || (!cpu && !nv)) goto done;
     zr_status st;
 #ifdef ZR_HAVE_CUDA
-    st = cpu ? lce_forward_cpu(&a, out, lse, reduction) : lce_forward_dev(&a, out, lse, nv, reduction);
+    /* (the logits kept only where backward will read them) */
+    zr_tensor **kp = keeps && zr_grad_enabled() && (zr_tensor_needs_grad(h) || zr_tensor_needs_grad(w)) ? &kept : NULL;
+    st = cpu ? lce_forward_cpu(&a, out, lse, reduction, kp) : lce_forward_dev(&a, out, lse, nv, reduction, kp);
 #else
-    st = lce_forward_cpu(&a, out, lse, reduction);
+    zr_tensor **kp = keeps && zr_grad_enabled() && (zr_tensor_needs_grad(h) || zr_tensor_needs_grad(w)) ? &kept : NULL;
+    st = lce_forward_cpu(&a, out, lse, reduction, kp);
 #endif
     if (st) goto done;
     zr_node *n;
@@ -504,17 +535,19 @@ zr_tensor *zr_linear_cross_entropy_stats(zr_tensor *h, zr_tensor *w, zr_tensor *
     if (!cpu) bwd = lce_backward_dev;
 #endif
     if (zr_autograd_record(out, "linear_cross_entropy", bwd, 2, (zr_tensor *[]){h, w}, &n)) goto done;
-    if (n) { /* saved: h's counted rows, w, their targets, lse [, nv (CUDA)] [, idx: the rows' positions] */
+    if (n) { /* saved: h's counted rows, w, their targets, lse [, nv (CUDA)] [, the logits] [, idx: the rows' positions] */
         n->i[0] = ignore_index, n->i[1] = reduction, n->i[2] = a.n, n->i[3] = a.vc, n->i[4] = idx != NULL;
+        n->i[5] = kept != NULL;
         n->f[0] = label_smoothing;
         if (zr_node_save(n, a.h) || zr_node_save(n, a.w) || zr_node_save(n, a.tgt) || zr_node_save(n, lse) ||
-            (nv && zr_node_save(n, nv)) || (idx && zr_node_save(n, idx)))
+            (nv && zr_node_save(n, nv)) || (kept && zr_node_save(n, kept)) || (idx && zr_node_save(n, idx)))
             goto done;
     }
     result = out;
     out = NULL;
     if (entropy) *entropy = a.ent, *argmax = a.amax, a.ent = a.amax = NULL;
 done:
+    zr_tensor_release(kept);
     zr_tensor_release(a.ent);
     zr_tensor_release(a.amax);
     zr_tensor_release(a.h);

@@ -66,7 +66,7 @@ end)
 T.test("bf16 Trainer on a GPU: padded batches unpadded train the padded run's curve, and learn", function()
   local tok = zr.tokenizers.ByteTokenizer.new()
   local rows = T.varied_rows(tok, 32, function(i) return 5 + (i * 37) % 56 end)
-  local function run(unpad)
+  local function run(unpad, extra)
     local m, ones = llama(false), 0
     local f = m.forward
     rawset(m, "forward", function(self, ids, labels, o)
@@ -77,7 +77,8 @@ T.test("bf16 Trainer on a GPU: padded batches unpadded train the padded run's cu
     T.printed(function()
       t = zr.Trainer { model = m, train_dataset = rows, processing_class = { pad_id = function() return 0 end },
         args = { output_dir = T.tmpdir(), save_strategy = "no", logging_steps = 1, report_to = "none", bf16 = true,
-          per_device_train_batch_size = 4, gradient_accumulation_steps = 2, learning_rate = 3e-3, max_steps = 12 } }
+          per_device_train_batch_size = 4, gradient_accumulation_steps = 2, learning_rate = 3e-3, max_steps = 12,
+          use_liger_kernel = extra } }
       t.unpad_batches = unpad
       t:train()
     end)
@@ -95,6 +96,14 @@ T.test("bf16 Trainer on a GPU: padded batches unpadded train the padded run's cu
       ("step %d grad_norm: unpadded %.4f vs padded %.4f"):format(k, n1[k], n0[k]))
   end
   assert(l1[12] < 0.8 * l1[1], ("the loss falls by 20%%: %.4f -> %.4f"):format(l1[1], l1[12]))
+  -- Liger's fused linear cross-entropy (the chunked head, its labels read on the host, the logits kept): the same curve
+  local l2, n2, o2 = run(nil, true)
+  T.eq(o2, 24, "use_liger_kernel: every micro-batch unpadded")
+  for k = 1, #l0 do
+    assert(math.abs(l2[k] - l1[k]) <= 0.01 * l1[k], ("step %d loss: chunked %.4f vs plain %.4f"):format(k, l2[k], l1[k]))
+    assert(n2[k] > 0 and math.abs(n2[k] - n1[k]) <= 0.05 * n1[k],
+      ("step %d grad_norm: chunked %.4f vs plain %.4f"):format(k, n2[k], n1[k]))
+  end
 end)
 
 T.done()

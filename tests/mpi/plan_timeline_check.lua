@@ -49,6 +49,7 @@ local cases = {
   { stage = 0, B = 2, T = 128, layers = 2, head_dim = 64, packed = 32 },
   -- the chunked LM head + loss (use_liger_kernel, TRL's chunked_nll): no logits, one slice at a time
   { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, chunked = 64 },
+  { stage = 2, B = 4, T = 96, layers = 2, head_dim = 64, chunked = true }, -- (the logits kept for backward)
   { stage = 3, B = 2, T = 128, layers = 2, head_dim = 64, ckpt = true, gas = 2, chunked = true },
   { stage = 0, B = 4, T = 96, layers = 2, head_dim = 64, chunked = 100, lora = { r = 8, target_modules = { "q_proj", "v_proj" } } },
   -- LoRA's zr.lora_multi without checkpointing: with dropout the peak is in forward, in down_proj's (rows, in) buffer

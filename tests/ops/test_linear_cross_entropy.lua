@@ -69,6 +69,46 @@ T.test("linear_cross_entropy = cross_entropy(linear(h, w)): dtypes, slices, redu
     "3-D")
 end)
 
+T.test("keep: the counted rows' logits made once and kept for backward (no second product); keep = 0 makes them again", function()
+  local N, D, V = 37, 24, 1000
+  local t = ids(targets(N, V, { 3, 10 }))
+  local TOL = { f64 = { 1e-13, 1e-13 }, f32 = { 1e-6, 1e-5 }, bf16 = { 1e-6, 2e-3 } }
+  for _, dt in ipairs { "f64", "f32", "bf16" } do
+    local h, w = (zr.randn({ N, D }) * 0.5):to(dt), (zr.randn({ V, D }) * 0.3):to(dt)
+    for _, keep in ipairs { -1, 0, 10 ^ 9 } do
+      local o = keep >= 0 and { keep = keep } or {}
+      o.label_smoothing = 0.1
+      against_composition(h, w, t, o, TOL[dt], ("%s keep %s"):format(dt, keep))
+    end
+  end
+  -- the same held bytes as keep = 0 plus the logits, where they are kept
+  local h, w = leaf(zr.randn({ N, D })), leaf(zr.randn({ V, D }))
+  -- the activations' bytes held from forward to backward (the node's saved tensors)
+  local function held(o, no_grad)
+    local a0 = zr.memory.stats().activations.current
+    local l = no_grad and zr.no_grad(function() return zr.linear_cross_entropy(h, w, t, o) end) or
+      zr.linear_cross_entropy(h, w, t, o)
+    local d = zr.memory.stats().activations.current - a0
+    if not no_grad then l:backward() end
+    return d
+  end
+  local none = held { keep = 0 }
+  T.eq(held {} - none, 35 * V * 4, "default: the 35 counted rows' logits (f32) held for backward")
+  T.eq(held { keep = 35 * V * 4 } - none, 35 * V * 4, "keep = their bytes: kept")
+  T.eq(held { keep = 35 * V * 4 - 1 }, none, "keep one byte less: made again in backward")
+  T.eq(held { chunk = 1000 }, none, "chunk given: slices, made again")
+  assert(held({}, true) < 35 * V * 4, "no grad: nothing kept")
+  -- a backward that comes again (retain_graph) makes the logits again: the same gradients twice
+  local hl, wl = leaf(h), leaf(w)
+  local l = zr.linear_cross_entropy(hl, wl, t, { label_smoothing = 0.1 })
+  l:backward(nil, true) -- (retain_graph)
+  local g1, gw1 = hl.grad:clone(), wl.grad:clone()
+  hl.grad, wl.grad = nil, nil
+  l:backward()
+  T.near(hl.grad, g1, 1e-6, 0, "dh, second backward")
+  T.near(wl.grad, gw1, 1e-6, 0, "dw, second backward")
+end)
+
 T.test("linear_cross_entropy: every target ignored, a frozen weight, gradients added into existing ones", function()
   local h, w = leaf(zr.randn({ 4, 6 })), leaf(zr.randn({ 9, 6 }))
   local all = ids { -100, -100, -100, -100 }

@@ -59,24 +59,39 @@ T.test("linear_cross_entropy CUDA = linear + cross_entropy: fp32 gradient of a b
   local h0, w0, t = (randn({ N, D }) * 0.5):to("bf16"):cuda(), (randn({ V, D }) * 0.3):to("bf16"):cuda(),
     targets(N, V, { 7, 8 }):cuda()
   local e = zr.tensor({ 3, 4999, 17 }, { dtype = "i64" }):cuda()
-  local function run(fused)
+  -- o: linear_cross_entropy's options (nil: linear + cross_entropy); host: its targets on the host
+  local function run(o, host)
     local h, w = h0:clone():requires_grad_(true), w0:clone():requires_grad_(true)
     w.grad = zr.zeros({ V, D }, { device = "cuda" }) -- an fp32 gradient, as the engine's
     local l
     for _ = 1, 2 do
       local x = zr.cat({ h, zr.embedding(w, e) }, 1)
       local tt = zr.cat({ t, zr.tensor({ 1, 2, 3 }, { dtype = "i64" }):cuda() }, 1)
-      l = fused and zr.linear_cross_entropy(x, w, tt, { chunk = 768 }) or zr.cross_entropy(zr.linear(x, w), tt)
+      if host then tt = tt:cpu() end
+      l = o and zr.linear_cross_entropy(x, w, tt, o) or zr.cross_entropy(zr.linear(x, w), tt)
       l:backward()
     end
     return l:item(), h.grad:float():cpu(), w.grad:cpu()
   end
-  local l1, gh1, gw1 = run(false)
-  local l2, gh2, gw2 = run(true)
-  T.eq(gw2:dtype(), "f32", "the weight's gradient stays fp32")
-  T.near(l2, l1, 1e-5, 1e-5, "loss")
-  close(gh2, gh1, "bf16", "dh")
-  close(gw2, gw1, "bf16", "dw")
+  local l1, gh1, gw1 = run(nil)
+  -- slices made again in backward; the logits kept (the default at this size); kept, with the targets on the host;
+  -- slices with the targets on the host
+  for _, c in ipairs { { { chunk = 768 } }, { {} }, { {}, true }, { { chunk = 768 }, true }, { { keep = 0 } } } do
+    local what = ("chunk %s keep %s%s"):format(c[1].chunk, c[1].keep, c[2] and ", targets on the host" or "")
+    local l2, gh2, gw2 = run(c[1], c[2])
+    T.eq(gw2:dtype(), "f32", what .. ": the weight's gradient stays fp32")
+    T.near(l2, l1, 1e-5, 1e-5, what .. ": loss")
+    close(gh2, gh1, "bf16", what .. ": dh")
+    close(gw2, gw1, "bf16", what .. ": dw")
+  end
+  -- a backward that comes again (retain_graph) over kept logits makes them again
+  local h, w = h0:clone():requires_grad_(true), w0:clone():requires_grad_(true)
+  local l = zr.linear_cross_entropy(h, w, t)
+  l:backward(nil, true)
+  local g1 = h.grad:float():cpu()
+  h.grad = nil
+  l:backward()
+  close(h.grad:float():cpu(), g1, "bf16", "dh, second backward")
 end)
 
 T.done()

@@ -268,8 +268,9 @@ function LM:packs_flat()
 end
 -- forward(ids (B,T) i64 [, labels (B,T) [, {label_smoothing = eps, loss_type =, position_ids =, token_stats =,
 -- chunked_loss =}]]) -> {logits=, loss= [, entropy=, argmax=]}, as LlamaForCausalLM's (position_ids: packed sequences;
--- token_stats: TRL's statistics; loss_type "dft": TRL's; chunked_loss: no logits, llama.chunked_causal_lm_loss): a loss that will be recorded takes the logits over for its gradient, and out.logits is then made
--- again on first read (one more LM-head product).
+-- token_stats: TRL's statistics; loss_type "dft": TRL's; chunked_loss: no logits, llama.chunked_causal_lm_loss; labels on
+-- the host beside a GPU's model: llama.labels_for): a loss that will be recorded takes the logits over for its gradient,
+-- and out.logits is then made again on first read (one more LM-head product).
 function LM:forward(ids, labels, opts)
   if opts then
     require("zrun.kwargs").check("GPT2LMHeadModel:forward", opts,
@@ -278,6 +279,7 @@ function LM:forward(ids, labels, opts)
   local scope = self:temporaries_scope()
   local h = self.transformer(ids, opts and opts.position_ids)
   local llama = require "zrun.models.llama"
+  labels = llama.labels_for(labels, h, opts)
   -- The head: (logits (B,T,V), full (B,T,Vp)). GPU GEMMs want leading dimensions that are
   -- multiples of 8 elements; GPT-2's 50257 is odd, so (as llm.c does) the head runs on a
   -- zero-padded copy of the matrix. The padding logits get a bias of -1e30 (the GEMM's bias

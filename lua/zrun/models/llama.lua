@@ -477,6 +477,7 @@ end
 -- (eval, no_grad, no labels) out.logits is the logits tensor itself.
 -- chunked_loss (true, or the vocabulary columns of a slice; with labels): the loss without the logits
 -- (M.chunked_causal_lm_loss: Liger's fused linear cross-entropy, TRL's chunked_nll), out.logits made on first read.
+-- labels may be on the host beside a model on a GPU (M.labels_for).
 function CausalLM:forward(input_ids, labels, opts)
   if not zr._C.is_tensor(input_ids) then -- (a transformers habit, model(**batch), or a missing argument: said, not indexed)
     error(("LlamaForCausalLM:forward(input_ids [, labels [, opts]]): input_ids must be a tensor of token ids (B, T), got %s%s")
@@ -489,6 +490,7 @@ function CausalLM:forward(input_ids, labels, opts)
   end
   local scope = self:temporaries_scope()
   local h = self.model(input_ids, opts and opts.position_ids)
+  labels = M.labels_for(labels, h, opts)
   local function head()
     if self.lm_head then return self.lm_head(h) end
     -- tied: the embedding matrix is used outside its module (ZeRO-3 gathers it via fetch)
@@ -624,6 +626,14 @@ function M.chunked_causal_lm_loss(name, h, w, labels, opts)
       token_stats = opts.token_stats or nil })
   if entropy then entropy, argmax = entropy:view(B, T), argmax:view(B, T) end
   return loss, entropy, argmax
+end
+
+-- The labels a forward scores its hidden states h against: labels on the host beside a GPU's h go to h's device, but
+-- for chunked_loss, whose op reads them on the host (no copy back from the GPU, which would wait for the forward so
+-- far: the Trainer hands the collator's labels over as they are).
+function M.labels_for(labels, h, opts)
+  if not labels or labels:device() == h:device() or (opts and opts.chunked_loss) then return labels end
+  return labels:to(h:device())
 end
 
 -- labels (B, T) shifted for the causal loss: position t scored against token t+1 and the last against -100 (so the
