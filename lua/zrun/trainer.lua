@@ -945,7 +945,10 @@ function Trainer:train(resume)
         local ids, labels = (fb or batch).input_ids, (fb or batch).labels
         -- (the chunked loss reads its labels on the host: handed over as collated, no copy back from the GPU)
         local mlabels = fwd_opts and fwd_opts.chunked_loss and labels
-        if e.device ~= "cpu" then ids, labels = ids:to(e.device), labels:to(e.device) end
+        if e.device ~= "cpu" then
+          ids = ids:to(e.device)
+          if not mlabels or token_stats then labels = labels:to(e.device) end -- (TRL's statistics read them there)
+        end
         local cm = self.count_micro
         if cm and (e.micro_steps + 1) % cm == 0 then
           -- ZenFlow "auto": a checkpoint after this micro-batch ends the host window there (a save
