@@ -33,5 +33,11 @@ tok = [r["num_tokens"] for r in recs if "num_tokens" in r and "loss" in r]
 rt = [r["train_runtime"] for r in recs if "train_runtime" in r]
 if tok and rt:
     print(f"num_tokens {tok[-1]:.0f} in {rt[-1]:.2f} s of training: {tok[-1] / rt[-1]:,.0f} tokens/s trained on")
+# the second half of the logged steps (past the warm-up: cuBLASLt's kernel loading, the GEMM families' tuning), in the
+# collated batches' tokens (padding included) a second, as the step lines print them
+tps = [r["tokens_per_s"] for r in recs if "tokens_per_s" in r and "loss" in r]
+if len(tps) >= 4:
+    half = tps[len(tps) // 2:]
+    print(f"steady: {sum(half) / len(half):,.0f} collated tokens/s over the last {len(half)} logged steps")
 PY
 done
