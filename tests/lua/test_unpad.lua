@@ -78,6 +78,35 @@ T.test("Llama (tied and not) and GPT-2: the unpadded batch's loss and gradients 
   T.near(l1, l0, 1e-9, 1e-9, "rope: a shift of every position")
 end)
 
+T.test("every family (Mistral, Qwen2, Qwen3, Phi-3 longrope, Gemma 3's sliding window): unpadded = padded, f64", function()
+  local cjson = require "cjson"
+  local CLASS = { llama = { "llama", "LlamaForCausalLM" }, mistral = { "llama", "MistralForCausalLM" },
+    qwen2 = { "llama", "Qwen2ForCausalLM" }, qwen3 = { "llama", "Qwen3ForCausalLM" }, phi3 = { "phi3", "Phi3ForCausalLM" },
+    gemma3_text = { "gemma3", "Gemma3ForCausalLM" } }
+  for _, name in ipairs { "mistral_tiny", "qwen2_tiny", "qwen3_tiny", "phi3_longrope_short", "gemma3_a", "gemma3_b" } do
+    local f = assert(io.open("tests/golden/" .. name .. ".config.json"))
+    local cfg = cjson.decode(f:read("a"))
+    f:close()
+    cfg.dtype = "f64"
+    zr.manual_seed(5)
+    local c = CLASS[cfg.model_type]
+    local m = zr.models[c[1]][c[2]](cfg)
+    assert(m:packs_flat(), name .. ": packs flat")
+    zr.manual_seed(9)
+    local ids = (zr.rand({ 3, 20 }) * (m.config.vocab_size - 1)):to("i64")
+    local b = LM.padded(ids, ids:clone(), { 20, 11, 4 }) -- (gemma3_a's window of 8 masks keys of the 20-token row)
+    local ref = m(b.input_ids, b.labels)
+    ref.loss:backward()
+    local g0 = LM.grads(m)
+    local fb = packed.unpad(b)
+    local out = m(fb.input_ids, fb.labels, { position_ids = fb.position_ids })
+    out.loss:backward()
+    local g1 = LM.grads(m)
+    T.near(out.loss:item(), ref.loss:item(), 1e-12, 1e-12, name .. ": loss")
+    for n, g in pairs(g0) do T.near(g1[n], g, 1e-10, 1e-10, name .. ": grad " .. n) end
+  end
+end)
+
 local tok = zr.tokenizers.ByteTokenizer.new()
 local rows = T.varied_rows(tok, 24, function(i) return 5 + (i * 7) % 23 end)
 
