@@ -44,6 +44,21 @@ local function padded(V)
   return LM.padded(ids, labels, { 11, 6, 3 })
 end
 
+-- The f64 model m's loss and gradients over the padded batch b against its unpadded batch's (1e-12, 1e-10); returns
+-- the unpadded batch's token count.
+local function same_as_padded(m, b, name)
+  local ref = m(b.input_ids, b.labels)
+  ref.loss:backward()
+  local g0 = LM.grads(m)
+  local fb = packed.unpad(b)
+  local out = m(fb.input_ids, fb.labels, { position_ids = fb.position_ids })
+  out.loss:backward()
+  local g1 = LM.grads(m)
+  T.near(out.loss:item(), ref.loss:item(), 1e-12, 1e-12, name .. ": loss")
+  for n, g in pairs(g0) do T.near(g1[n], g, 1e-10, 1e-10, name .. ": grad " .. n) end
+  return fb.input_ids:size(2)
+end
+
 T.test("Llama (tied and not) and GPT-2: the unpadded batch's loss and gradients are the padded batch's", function()
   for _, c in ipairs { { "llama", function() return LM.llama_model(false, "f64") end },
     { "llama tied", function() return LM.llama_model(true, "f64") end }, { "gpt2", function() return LM.gpt2_model("f64") end } } do
@@ -51,16 +66,7 @@ T.test("Llama (tied and not) and GPT-2: the unpadded batch's loss and gradients 
     local b = padded(LM.vocab(m))
     if name == "gpt2" then m.config.attn_pdrop = 0 end
     assert(m:packs_flat(), name .. ": packed sequences run as one row on the CPU")
-    local ref = m(b.input_ids, b.labels)
-    ref.loss:backward()
-    local g0 = LM.grads(m)
-    local fb = packed.unpad(b)
-    T.eq(fb.input_ids:size(2), 20, name .. ": the 20 tokens of the 3 rows")
-    local out = m(fb.input_ids, fb.labels, { position_ids = fb.position_ids })
-    out.loss:backward()
-    local g1 = LM.grads(m)
-    T.near(out.loss:item(), ref.loss:item(), 1e-12, 1e-12, name .. ": loss")
-    for n, g in pairs(g0) do T.near(g1[n], g, 1e-10, 1e-10, name .. ": grad " .. n) end
+    T.eq(same_as_padded(m, b, name), 20, name .. ": the 20 tokens of the 3 rows")
   end
   -- the check can fail: the same rows left-shifted by a token give another loss
   local m = LM.llama_model(false, "f64")
@@ -95,15 +101,7 @@ T.test("every family (Mistral, Qwen2, Qwen3, Phi-3 longrope, Gemma 3's sliding w
     zr.manual_seed(9)
     local ids = (zr.rand({ 3, 20 }) * (m.config.vocab_size - 1)):to("i64")
     local b = LM.padded(ids, ids:clone(), { 20, 11, 4 }) -- (gemma3_a's window of 8 masks keys of the 20-token row)
-    local ref = m(b.input_ids, b.labels)
-    ref.loss:backward()
-    local g0 = LM.grads(m)
-    local fb = packed.unpad(b)
-    local out = m(fb.input_ids, fb.labels, { position_ids = fb.position_ids })
-    out.loss:backward()
-    local g1 = LM.grads(m)
-    T.near(out.loss:item(), ref.loss:item(), 1e-12, 1e-12, name .. ": loss")
-    for n, g in pairs(g0) do T.near(g1[n], g, 1e-10, 1e-10, name .. ": grad " .. n) end
+    same_as_padded(m, b, name)
   end
 end)
 
