@@ -37,26 +37,28 @@ typedef struct {
 typedef struct {
     int used;
     int own; /* 0: cuBLASLt; else OWN_KERNELS[own - 1] (faster than every cuBLASLt candidate) */
-    int ncand; /* ncand > 0: to be autotuned over cand at its family's tune_after()-th use */
+    int ncand; /* ncand > 0: to be autotuned over cand at its tune_after()-th use, unless its family is mixed */
+    int uses;  /* runs while ncand > 0 */
     key k;
     zr_gemm_plan plan;
     cublasLtMatmulAlgo_t cand[TUNE_ALGOS];
 } entry;
 
 /* A family: the shapes that differ only in a token count (m or k, rounded up to FAMILY_ROUND), as a
- * padding-free batch of packed sequences or padded rows of many lengths make one a micro-batch. Few
- * of them recur often enough to be autotuned, and cuBLASLt's first choice for a new one is sometimes
- * far off the tuned one (session 47, a packed SFT step on the H100: the LM head's product 4.3 ms for
- * 2.8 ms). So uses count per family; the shape in use at the family's tune_after()-th use is tuned,
- * and its winner, where cuBLASLt takes it for the shape (cublasLtMatmulAlgoCheck), serves every
- * other shape of the family from then on, without timing. A family of one shape (a fixed-shape loop)
- * is tuned at that shape's tune_after()-th run, as before. */
+ * padding-free batch of rows or packed sequences, or padded rows of many lengths, make one a micro-batch. A
+ * family that has run more than one shape (mixed) is not autotuned: its shapes keep the heuristic's choice.
+ * Tuning costs ~32 products, a wait for the GPU and the loading of each candidate's kernel on its first use
+ * (cuBLASLt's kernels load lazily, ~6 ms each on the H100); with token counts that vary every micro-batch a
+ * tuning falls due at every family's turn all through a run and each winner served only its own family. Measured
+ * (session 63, H100, Llama-3.2-1B SFT): padded rows unpadded, 150 steps, 21.3 s with families tuned vs 18.9 s
+ * without (steps 50-150: 62.6-75.2k vs 78.2-80.2k tokens/s); bfd-packed 60 steps 28.5 vs 28.3 s (65.0-65.2k vs 64.4-64.6k).
+ * A family of one shape (a fixed-shape loop) is tuned at that shape's tune_after()-th run. */
 #define FAMILIES 1024
 #define FAMILY_ROUND 256
 typedef struct {
-    int used, tuned, own, uses;
-    key k;
-    cublasLtMatmulAlgo_t algo;
+    int used, mixed;
+    int64_t m, k; /* the first shape's exact token dimensions */
+    key k_round;
 } family;
 
 static dev_ctx ctxs[MAX_DEV];
@@ -90,7 +92,7 @@ static uint64_t hash_key(const key *k) {
 static int64_t round_up(int64_t x, int64_t r) { return (x + r - 1) / r * r; }
 
 /* The family of an exact key (its slot, found or taken; evicts the home slot when the probe finds
- * neither). */
+ * neither), marked mixed once it has run a second shape. */
 static family *family_of(const key *k) {
     key f = *k;
     f.m = round_up(k->m, FAMILY_ROUND), f.k = round_up(k->k, FAMILY_ROUND);
@@ -98,12 +100,15 @@ static family *family_of(const key *k) {
     family *slot = NULL;
     for (int p = 0; p < PROBE; p++) {
         family *x = &fams[(h + p) % FAMILIES];
-        if (x->used && memcmp(&x->k, &f, sizeof f) == 0) return x;
+        if (x->used && memcmp(&x->k_round, &f, sizeof f) == 0) {
+            if (x->m != k->m || x->k != k->k) x->mixed = 1;
+            return x;
+        }
         if (!x->used && !slot) slot = x;
     }
     if (!slot) slot = &fams[h % FAMILIES];
     memset(slot, 0, sizeof *slot);
-    slot->used = 1, slot->k = f;
+    slot->used = 1, slot->k_round = f, slot->m = k->m, slot->k = k->k;
     return slot;
 }
 
@@ -113,8 +118,8 @@ static void destroy_entry(entry *e) {
     e->used = 0;
 }
 
-// Autotuning: the 8th time a shape of at least 1 GFLOP, or its family (shapes a token count apart, see
-// `family` below), is run (ZRUN_GEMM_AUTOTUNE=N: the N-th time;
+// Autotuning: the 8th time a shape of at least 1 GFLOP is run, unless shapes a token count apart have run
+// beside it (a mixed family, see `family` above) (ZRUN_GEMM_AUTOTUNE=N: the N-th time;
 // 1: at once; 0: never), the heuristic's top candidates run on the real operands into a scratch
 // output and the fastest is kept from then on (cuBLASLt's first choice is often not the fastest for
 // skinny shapes); until then the heuristic's first choice runs. Timing a shape costs ~32 of its
@@ -385,20 +390,10 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
         }
         e = slot;
     }
-    if (e->ncand) { /* not tuned yet: its family's winner, or its own tuning at the family's turn */
-        family *f = family_of(&k);
-        if (f->tuned) {
-            cublasLtMatmulHeuristicResult_t r;
-            if (f->own ? gemm_sm90_check(g) == 0
-                       : cublasLtMatmulAlgoCheck(c->h, e->plan.op, e->plan.la, e->plan.lb, e->plan.lc, e->plan.lc,
-                                                 &f->algo, &r) == CUBLAS_STATUS_SUCCESS &&
-                             r.workspaceSize <= WORKSPACE) {
-                if (f->own) e->own = f->own;
-                else e->plan.algo = f->algo;
-            }
-            zr_clear_error();
-            e->ncand = 0; /* else the heuristic's choice stays */
-        } else if (++f->uses >= tune_after()) { /* (each use of an untuned shape counts once) */
+    if (e->ncand) { /* not tuned yet: tuned at its turn, unless its family is mixed (the heuristic's choice stays) */
+        if (family_of(&k)->mixed) {
+            e->ncand = 0;
+        } else if (++e->uses >= tune_after()) {
             gemm_env env = {OWN_OFF, 0};
             if (read_env(&env)) { /* read once already, when the entry was built */
                 pthread_mutex_unlock(&mtx);
@@ -406,7 +401,6 @@ int gemm_ex_cuda(const zr_gemm_desc *g, cudaStream_t stream) {
             }
             autotune(c, e, g, &env, dev, stream);
             zr_clear_error();
-            f->tuned = 1, f->own = e->own, f->algo = e->plan.algo;
         }
     }
     int rc;
