@@ -57,7 +57,7 @@ typedef struct {
 #define FAMILY_ROUND 256
 typedef struct {
     int used, mixed;
-    int64_t m, k; /* the first shape's exact token dimensions */
+    int64_t m0, k0; /* the first shape's exact token dimensions */
     key k_round;
 } family;
 
@@ -101,14 +101,14 @@ static family *family_of(const key *k) {
     for (int p = 0; p < PROBE; p++) {
         family *x = &fams[(h + p) % FAMILIES];
         if (x->used && memcmp(&x->k_round, &f, sizeof f) == 0) {
-            if (x->m != k->m || x->k != k->k) x->mixed = 1;
+            if (x->m0 != k->m || x->k0 != k->k) x->mixed = 1;
             return x;
         }
         if (!x->used && !slot) slot = x;
     }
     if (!slot) slot = &fams[h % FAMILIES];
     memset(slot, 0, sizeof *slot);
-    slot->used = 1, slot->k_round = f, slot->m = k->m, slot->k = k->k;
+    slot->used = 1, slot->k_round = f, slot->m0 = k->m, slot->k0 = k->k;
     return slot;
 }
 
