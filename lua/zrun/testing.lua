@@ -236,6 +236,17 @@ function M.varied_rows(tok, n, len)
   return require("zrun.datasets").Dataset.from_rows(rows)
 end
 
+-- Counts m's forwards over one-row batches (a padded batch run unpadded, or packed sequences): wraps m.forward in
+-- place; returns a function that gives the count so far. The unpadding tests' probe.
+function M.count_one_row_forwards(m)
+  local n, f = 0, m.forward
+  rawset(m, "forward", function(self, ids, labels, o)
+    if ids:size(1) == 1 then n = n + 1 end
+    return f(self, ids, labels, o)
+  end)
+  return function() return n end
+end
+
 -- A Llama built tied from the HF directory dir, its weights loaded but the file's own lm_head.weight left out
 -- (from_pretrained refuses a tied config whose files hold a different head: transformers 5 unties them). The
 -- DeepSpeed checkpoint tests' micro Llama, whose DeepSpeed runs trained it tied.

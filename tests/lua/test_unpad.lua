@@ -178,12 +178,7 @@ T.test("SFTTrainer without packing (TRL's default): padded batches unpadded; TRL
   local function sft(unpad)
     zr.manual_seed(3)
     local m = zr.models.llama.LlamaForCausalLM(zr.models.llama.config("zrun/tiny-llama"))
-    local n1 = 0
-    local f = m.forward
-    rawset(m, "forward", function(self, ids, labels, o)
-      if ids:size(1) == 1 then n1 = n1 + 1 end
-      return f(self, ids, labels, o)
-    end)
+    local n1 = T.count_one_row_forwards(m)
     local t
     T.printed(function()
       t = zr.SFTTrainer { model = m, processing_class = tok, train_dataset = zr.datasets.Dataset.from_rows(texts),
@@ -197,7 +192,7 @@ T.test("SFTTrainer without packing (TRL's default): padded batches unpadded; TRL
     T.printed(function() ev = t:evaluate() end)
     local last
     for _, r in ipairs(t.state.log_history) do if r.loss then last = r end end
-    return last, ev, n1
+    return last, ev, n1()
   end
   local a, ea, na = sft(false)
   local b, eb, nb = sft(nil)

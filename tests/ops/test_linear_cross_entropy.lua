@@ -46,23 +46,30 @@ local function against_composition(h0, w0, t, o, tol, what)
   T.near(w2.grad:to("f64"), w1.grad:to("f64"), tol[2] * sw, 0, what .. " dw")
 end
 
-T.test("linear_cross_entropy = cross_entropy(linear(h, w)): dtypes, slices, reductions, smoothing", function()
-  local N, D, V = 37, 24, 1000
+-- The tolerances against the composition (f64: the same sums but for the slices' logsumexp merges and dh's order;
+-- f32 alike; bf16: the logits and their gradient rounded where linear's output and cross_entropy's gradient round
+-- them); N rows of D features over V classes (two of them ignored), and fn(dt, h, w, t, TOL[dt]) for each dtype.
+local TOL = { f64 = { 1e-13, 1e-13 }, f32 = { 1e-6, 1e-5 }, bf16 = { 1e-6, 2e-3 } }
+local N, D, V = 37, 24, 1000
+local function each_dtype(fn)
   local t = ids(targets(N, V, { 3, 10 }))
-  -- f64: the same sums but for the slices' logsumexp merges and dh's order; f32 alike; bf16: the logits and their
-  -- gradient rounded where linear's output and cross_entropy's gradient round them
-  local TOL = { f64 = { 1e-13, 1e-13 }, f32 = { 1e-6, 1e-5 }, bf16 = { 1e-6, 2e-3 } }
   for _, dt in ipairs { "f64", "f32", "bf16" } do
-    local h, w = (zr.randn({ N, D }) * 0.5):to(dt), (zr.randn({ V, D }) * 0.3):to(dt)
+    fn(dt, (zr.randn({ N, D }) * 0.5):to(dt), (zr.randn({ V, D }) * 0.3):to(dt), t, TOL[dt])
+  end
+  return t
+end
+
+T.test("linear_cross_entropy = cross_entropy(linear(h, w)): dtypes, slices, reductions, smoothing", function()
+  each_dtype(function(dt, h, w, t, tol)
     for _, chunk in ipairs { 1, 256, 333, 1000, 4096, 0 } do
       for _, red in ipairs { "mean", "sum" } do
         for _, eps in ipairs { 0, 0.1 } do
-          against_composition(h, w, t, { chunk = chunk, reduction = red, label_smoothing = eps }, TOL[dt],
+          against_composition(h, w, t, { chunk = chunk, reduction = red, label_smoothing = eps }, tol,
             ("%s chunk %d %s eps %g"):format(dt, chunk, red, eps))
         end
       end
     end
-  end
+  end)
   -- 3-D h with 2-D targets, another ignore_index
   local t3 = ids { { 5, 999, 3 }, { 0, 3, 42 } }
   against_composition(zr.randn({ 2, 3, 8 }), zr.randn({ 1000, 8 }), t3, { chunk = 300, ignore_index = 3 }, TOL.f32,
@@ -70,17 +77,13 @@ T.test("linear_cross_entropy = cross_entropy(linear(h, w)): dtypes, slices, redu
 end)
 
 T.test("keep: the counted rows' logits made once and kept for backward (no second product); keep = 0 makes them again", function()
-  local N, D, V = 37, 24, 1000
-  local t = ids(targets(N, V, { 3, 10 }))
-  local TOL = { f64 = { 1e-13, 1e-13 }, f32 = { 1e-6, 1e-5 }, bf16 = { 1e-6, 2e-3 } }
-  for _, dt in ipairs { "f64", "f32", "bf16" } do
-    local h, w = (zr.randn({ N, D }) * 0.5):to(dt), (zr.randn({ V, D }) * 0.3):to(dt)
+  local t = each_dtype(function(dt, h, w, t, tol)
     for _, keep in ipairs { -1, 0, 10 ^ 9 } do
       local o = keep >= 0 and { keep = keep } or {}
       o.label_smoothing = 0.1
-      against_composition(h, w, t, o, TOL[dt], ("%s keep %s"):format(dt, keep))
+      against_composition(h, w, t, o, tol, ("%s keep %s"):format(dt, keep))
     end
-  end
+  end)
   -- the same held bytes as keep = 0 plus the logits, where they are kept
   local h, w = leaf(zr.randn({ N, D })), leaf(zr.randn({ V, D }))
   -- the activations' bytes held from forward to backward (the node's saved tensors)
