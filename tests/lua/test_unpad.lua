@@ -198,8 +198,11 @@ T.test("SFTTrainer without packing (TRL's default): padded batches unpadded; TRL
   local b, eb, nb = sft(nil)
   T.eq(na, 0, "unpad_batches = false: padded batches")
   assert(nb >= 5, "unpadded: training and evaluation batches as one row, " .. nb)
+  -- the gradient norm within 1e-4 as in the test above: four steps at this learning rate carry the rounding of other
+  -- GEMM shapes (on an AVX2 CPU 7e-5 apart; on AVX-512 within 1e-5)
   for _, k in ipairs { "loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens" } do
-    T.near(b[k], a[k], 1e-5, 1e-5, "step 4's " .. k)
+    local tol = k == "grad_norm" and 1e-4 or 1e-5
+    T.near(b[k], a[k], tol, tol, "step 4's " .. k)
   end
   for _, k in ipairs { "eval_loss", "eval_entropy", "eval_mean_token_accuracy" } do T.near(eb[k], ea[k], 1e-5, 1e-5, k) end
 end)
