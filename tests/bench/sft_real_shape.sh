@@ -2,7 +2,8 @@
 # TRL-style SFT on a real-shaped model (random-init Llama written by transformers) over WikiText-2's
 # paragraphs as {"text": ...} rows, bf16 under a ZeRO config, once per variant of SFTConfig arguments
 # (e.g. "packing=false", "packing=true" (bfd, TRL's default), "packing=true packing_strategy=wrapped"):
-# the loss lines, and the tokens trained on (num_tokens: padding left out) per second of training.
+# the loss lines, the tokens trained on (num_tokens: padding left out) per second of training, and the CUDA caching
+# allocator's counters at the end (tests/bench/alloc_counters.lua: cudaMalloc calls, reserved against the peak).
 #   sh tests/bench/sft_real_shape.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW STEPS CONFIG VARIANT...
 # Needs python3 with transformers (the model) on the machine.
 cfg=$1; tok=$2; data=$3; steps=$4; ds=$5; shift 5
@@ -22,10 +23,10 @@ for v in "$@"; do
   echo "### sft_llama.lua with $v ($ds, bf16, $steps steps)"
   rm -rf "$W/out"
   # shellcheck disable=SC2086 (the variant's words are separate arguments)
-  $Z recipes/sft_llama.lua --config "$ds" precision=bf16 model="$W/model" data="$W/rows.jsonl" max_steps="$steps" \
+  $Z tests/bench/alloc_counters.lua recipes/sft_llama.lua --config "$ds" precision=bf16 model="$W/model" data="$W/rows.jsonl" max_steps="$steps" \
     logging_steps=1 eval_strategy=no save_strategy=no gradient_checkpointing=false output_dir="$W/out" $v > "$W/log" 2>&1
   echo "exit $?"
-  grep -E "training:|rows \(|rror|done:" "$W/log" | head -5; grep -E "^step" "$W/log" | sed -n '1p;$p'
+  grep -E "training:|rows \(|rror|done:|allocator:" "$W/log" | head -6; grep -E "^step" "$W/log" | sed -n '1p;$p'
   python3 - "$W/out/metrics.jsonl" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
