@@ -12,10 +12,8 @@ local rest = {}
 for i = 2, #arg do rest[#rest + 1] = arg[i] end
 rest[0] = script
 local chunk = assert(loadfile(script))
-local saved = arg
-arg = rest
+arg = rest -- the script parses its own command line
 chunk(unpack(rest))
-arg = saved
 local m = zr.cuda.memory_summary()
 local h = zr.memory.human
 print(("allocator: %d requests, %d from the cache, %d cudaMalloc, %d cudaFree; reserved %s (peak %s), " ..
