@@ -5,11 +5,14 @@
 # the loss lines, the tokens trained on (num_tokens: padding left out) per second of training, and the CUDA caching
 # allocator's counters at the end (tests/bench/alloc_counters.lua: cudaMalloc calls, reserved against the peak).
 #   sh tests/bench/sft_real_shape.sh LLAMA_CONFIG_JSON TOKENIZER_JSON WIKITEXT_RAW STEPS CONFIG VARIANT...
-# Needs python3 with transformers (the model) on the machine.
+# Needs python3 with transformers (the model) on the machine. ZRUN_BIN picks the zrun (default ./zrun); with
+# KEEP_MODEL=1 an earlier run's model and rows in WORK (default /tmp/sft_real_shape) are used again (another build's rows).
 cfg=$1; tok=$2; data=$3; steps=$4; ds=$5; shift 5
 Z=${ZRUN_BIN:-./zrun}; W=${WORK:-/tmp/sft_real_shape}
+if [ "${KEEP_MODEL:-0}" = 1 ] && [ -f "$W/model/config.json" ]; then echo "model: $W/model again"; else
 rm -rf "$W"; mkdir -p "$W"
 python3 tests/bench/make_random_llama.py "$cfg" "$tok" "$W/model" 0 2>&1 | grep -v Writing
+fi
 python3 - "$data" "$W/rows.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
