@@ -56,7 +56,7 @@ typedef struct {
 
 /* Statistics of device index (zeros for a device never used or a build without CUDA). */
 void zr_cuda_mem_get_stats(int index, zr_cuda_mem_stats *out);
-/* Returns every cached (free) block of device index (-1: all devices) to the driver. */
+/* Returns the wholly free segments of device index (-1: all devices) to the driver. */
 void zr_cuda_empty_cache(int index);
 
 #ifdef ZR_HAVE_CUDA

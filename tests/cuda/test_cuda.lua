@@ -394,12 +394,44 @@ T.test("caching allocator: steady state needs no cudaMalloc; empty_cache; summar
   assert(s3.categories.params.allocated >= 4e6, "params category counts the GPU tensor")
   assert(s3.device_total > 1e9 and s3.device_free > 0, "device memory info")
   p = nil
+  local big = zr.empty({ 64 * 2 ^ 20 }, { device = "cuda", dtype = "bf16" }) -- 128 MiB: a segment of its own
+  big = nil
   collectgarbage(); collectgarbage()
-  zr.cuda.empty_cache()
   local s4 = zr.cuda.memory_summary(0)
-  T.eq(s4.cached, 0, "cache after empty_cache")
-  assert(s4.reserved <= s3.reserved, "empty_cache returned memory")
+  zr.cuda.empty_cache()
+  local s5 = zr.cuda.memory_summary(0)
+  assert(s5.reserved <= s4.reserved - 128 * 2 ^ 20, ("empty_cache gave back the free segments: reserved %d -> %d")
+    :format(s4.reserved, s5.reserved))
+  assert(s5.n_cuda_free > s4.n_cuda_free and s5.cached < s4.cached, "empty_cache called cudaFree")
   zr.cuda.synchronize()
+end)
+
+-- Unpadded rows: a new token count every micro-batch. Blocks split off the segments the largest
+-- micro-batch made serve every smaller one (a cache of whole blocks would cudaMalloc for each new
+-- size), and the bytes a step wrote are intact (no block overlaps another).
+T.test("caching allocator: varying token counts after the largest need no cudaMalloc", function()
+  local function step(t)
+    local acts = {}
+    for i = 1, 8 do
+      local width = ({ 2048, 8192, 512, 1 })[(i - 1) % 4 + 1]
+      acts[i] = zr.full({ t, width }, i, { device = "cuda", dtype = "bf16" })
+    end
+    for i = 1, 8 do
+      local lo, hi = -(-acts[i]):max():item(), acts[i]:max():item()
+      T.eq(lo .. " " .. hi, i .. " " .. i, ("step of %d tokens, tensor %d's least and greatest"):format(t, i))
+    end
+  end
+  step(4000)
+  collectgarbage(); collectgarbage()
+  local s1 = zr.cuda.memory_summary(0)
+  local t = 3999
+  for _ = 1, 20 do
+    t = 300 + (t * 7919) % 3700
+    step(t)
+    collectgarbage(); collectgarbage()
+  end
+  local s2 = zr.cuda.memory_summary(0)
+  T.eq(s2.n_cuda_malloc, s1.n_cuda_malloc, "cudaMalloc calls after the largest micro-batch")
 end)
 
 T.done()
