@@ -33,7 +33,7 @@ for _, k in ipairs(zr.memory.categories) do
   print(fmt("  %-12s %14d %14d %+14d", k, at[k], p, at[k] - p))
 end
 print(fmt("  %-12s %14d %14d %+14d", "total", measured, plan.training_total, measured - plan.training_total))
-if M.gpu then -- the allocator's blocks: sizes rounded (512 B up to 1 MiB, then 2 MiB), the cuBLASLt workspace
+if M.gpu then -- the allocator's blocks: sizes rounded to 512 B, the cuBLASLt workspace
   local c = zr._C.cuda.memory_summary(zr._C.cuda.current_device())
   print(fmt("  caching allocator since the start: blocks in use at most %d B (sizes rounded, cuBLASLt's " ..
     "workspace included, in no category), reserved at most %d B", c.peak_blocks, c.peak_reserved))
