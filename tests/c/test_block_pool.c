@@ -312,6 +312,55 @@ TEST(a_fixed_shape_takes_segments_once) {
     free(d);
 }
 
+/* tests/cuda/test_cuda.lua's varying-token-count step on the GPU, modelled: 8 tensors of t x (2048,
+ * 8192, 512, 1) bf16, then per tensor its negation, two scalars and a reduction's 64 KiB scratch, all
+ * freed at the step's end; the largest step (t 4000) first, then 40 token counts. Returns the
+ * segments taken after the largest step, and the smallest segment among them in *smallest. */
+static int64_t gpu_test_step_segments(int64_t lo, int64_t span, size_t *smallest) {
+    fake_device *d = new_device((size_t)1 << 40, 0);
+    zr_block_pool p;
+    new_pool(&p, d);
+    static const int64_t width[4] = {2048, 8192, 512, 1};
+    void *live[48];
+    int64_t t = 4000, after_largest = 0, seed = 3999;
+    *smallest = SIZE_MAX;
+    for (int step = 0; step <= 40; step++) {
+        const int64_t takes = p.st.n_take, reserved = p.st.reserved;
+        int n = 0;
+        for (int i = 0; i < 8; i++)
+            live[n++] = alloc_ok(&p, (size_t)(t * width[i % 4] * 2), 0);
+        for (int i = 0; i < 8; i++) {
+            live[n++] = alloc_ok(&p, (size_t)(t * width[i % 4] * 2), 0);
+            for (int r = 0; r < 2; r++)
+                live[n++] = alloc_ok(&p, 2, 0), live[n++] = alloc_ok(&p, 65536, 0);
+        }
+        for (int i = 0; i < n; i++)
+            zr_pool_free(&p, live[i]);
+        check_pool(&p);
+        if (step > 0 && p.st.n_take > takes) {
+            after_largest += p.st.n_take - takes;
+            const size_t seg = (size_t)((p.st.reserved - reserved) / (p.st.n_take - takes));
+            if (seg < *smallest) *smallest = seg;
+        }
+        seed = lo + (seed * 7919) % span, t = seed;
+    }
+    zr_pool_destroy(&p);
+    free(d);
+    return after_largest;
+}
+TEST(the_gpu_tests_token_counts_take_no_segment_after_the_largest) {
+    size_t smallest = 0;
+    /* t 1100..3999: every tensor stays in its class (t x 512 bf16 > 1 MiB, t x 1 < 1 MiB) */
+    const int64_t within = gpu_test_step_segments(1100, 2900, &smallest);
+    CHECK_MSG(within == 0, "%lld segments taken after the largest step (want 0)", (long long)within);
+    /* t 300..3999: t x 512 of 1024 tokens or fewer is a small request, for 2 MiB segments of its own
+     * (what the H100 showed: 2 more cudaMalloc) */
+    const int64_t across = gpu_test_step_segments(300, 3700, &smallest);
+    CHECK_MSG(across > 0 && across <= 4 && smallest == 2 * MIB,
+              "t 300..3999: %lld segments after the largest step, the smallest %zu B (want 1-4 small ones)",
+              (long long)across, smallest);
+}
+
 TEST(destroy_gives_back_blocks_still_out) {
     fake_device *d = new_device((size_t)1 << 30, 1);
     zr_block_pool p;
@@ -336,6 +385,7 @@ int main(void) {
     RUN(random_workload_keeps_the_invariants_and_the_bytes);
     RUN(varying_token_counts_reserve_little_over_the_largest_step);
     RUN(a_fixed_shape_takes_segments_once);
+    RUN(the_gpu_tests_token_counts_take_no_segment_after_the_largest);
     RUN(destroy_gives_back_blocks_still_out);
     return test_summary();
 }
