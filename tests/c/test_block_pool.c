@@ -315,7 +315,8 @@ TEST(a_fixed_shape_takes_segments_once) {
 /* tests/cuda/test_cuda.lua's varying-token-count step on the GPU, modelled: 8 tensors of t x (2048,
  * 8192, 512, 1) bf16, then per tensor its negation, two scalars and a reduction's 64 KiB scratch, all
  * freed at the step's end; the largest step (t 4000) first, then 40 token counts. Returns the
- * segments taken after the largest step, and the smallest segment among them in *smallest. */
+ * segments taken after the largest step, and in *smallest the least mean size of the segments one
+ * step took (2 MiB: only small ones). */
 static int64_t gpu_test_step_segments(int64_t lo, int64_t span, size_t *smallest) {
     fake_device *d = new_device((size_t)1 << 40, 0);
     zr_block_pool p;
