@@ -23,24 +23,29 @@ using namespace sm90;
  * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
  * K of j + 1), so the ring needs three to keep a load ahead; four fit next to two Q buffers
  * (2 · 16 + 128 KB). */
-#define F2_BM SM90_FWD_TILE
-#define F2_BN SM90_FWD_TILE
+#define F2_BN SM90_FWD_TILE /* keys a step */
 #define F2_ST 4
-#define F2_CONS 256              /* two consumer warpgroups */
-#define F2_THR (F2_CONS + 128)   /* + the producer warpgroup (one warp issues, three idle) */
-#define F2_PRODUCER (F2_CONS / 32) /* first warp of the producer warpgroup */
 #define F2_LOG2E 1.4426950408889634f
-static_assert(F2_BM == F2_BN, "only the first key tile is masked: square tiles");
 static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
-/* Shared memory from a 1024-byte boundary: two Q tiles (128 rows each), F2_ST stages of K and V,
+/* NW consumer warpgroups of 64 queries each: a tile of 64·NW queries. NW = 2 (128 queries, square
+ * tiles) or 3 (192, FlashAttention-3's tile at head_dim 64: a third fewer K/V loads from L2 a query,
+ * and a third warpgroup's softmax to overlap the products; 24 + 3 · 160 registers ≤ 512 per SM
+ * sub-partition, and ptxas compiles the consumers' code to setmaxnreg's 160, not to the launch's 128). */
+template <int NW> struct f2_cfg {
+    static constexpr int BM = 64 * NW, CONS = 128 * NW, THR = CONS + 128, PRODUCER = CONS / 32;
+    static constexpr int NREG = NW == 2 ? 240 : 160;
+    static_assert(NW == 2 || NW == 3, "two or three consumer warpgroups");
+};
+
+/* Shared memory from a 1024-byte boundary: two Q tiles (BM rows each), F2_ST stages of K and V,
  * the mbarriers (qfull[2], qempty[2], full[F2_ST], empty[F2_ST]). */
-struct f2_smem {
-    static constexpr int QT = F2_BM * 64 * 2, KV = F2_BN * 64 * 2; /* bytes of a Q, a K tile */
+template <int NW> struct f2_smem {
+    static constexpr int QT = f2_cfg<NW>::BM * 64 * 2, KV = F2_BN * 64 * 2; /* bytes of a Q, a K tile */
     static constexpr int Q = 0, K = Q + 2 * QT, V = K + F2_ST * KV, BAR = V + F2_ST * KV;
     static constexpr int BYTES = BAR + 8 * (4 + 2 * F2_ST);
+    static_assert(BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 };
-static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a block may have");
 
 /* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
  * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
@@ -92,48 +97,51 @@ static_assert(f2_smem::BYTES <= 227 * 1024, "shared memory over the 227 KB a blo
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
  * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
  * attention_fwd_sm90.cu`.) */
-template <typename T, bool VL>
-__global__ void __launch_bounds__(F2_THR, 1)
+template <typename T, bool VL, int NW>
+__global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, zr_attn_strides so,
                         const int32_t *__restrict__ seg, int T_, int B, int Hq, int G,
                         float scale_log2) {
+    using C = f2_cfg<NW>;
+    using SM = f2_smem<NW>;
     ZR_SMEM_1024(base);
-    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + f2_smem::Q);
-    uint16_t *sK = reinterpret_cast<uint16_t *>(base + f2_smem::K);
-    uint16_t *sV = reinterpret_cast<uint16_t *>(base + f2_smem::V);
-    uint64_t *qfull = reinterpret_cast<uint64_t *>(base + f2_smem::BAR);
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base + SM::Q);
+    uint16_t *sK = reinterpret_cast<uint16_t *>(base + SM::K);
+    uint16_t *sV = reinterpret_cast<uint16_t *>(base + SM::V);
+    uint64_t *qfull = reinterpret_cast<uint64_t *>(base + SM::BAR);
     uint64_t *qempty = qfull + 2, *full = qempty + 2, *empty = full + F2_ST;
 
-    const int nQt = (T_ + F2_BM - 1) / F2_BM, BH = B * Hq, ntiles = BH * nQt;
+    const int nQt = (T_ + C::BM - 1) / C::BM, BH = B * Hq, ntiles = BH * nQt;
     /* tid >> 5, not warp_uniform (the GEMMs' and the backward's): with it this kernel ran 4-5% slower
      * under load at the same cycles at the base clock (session 29, B4 H32/8 T2048/T8192, GPT-2's shape) */
     const int tid = threadIdx.x, warp_id = tid >> 5, lane = tid & 31;
     if ((int)blockIdx.x >= ntiles) return; /* the whole block: no tile, no barrier used */
     if (tid == 0) {
-        mbar_init_ring(qfull, qempty, 2, F2_CONS / 32);
-        mbar_init_ring(full, empty, F2_ST, F2_CONS / 32);
+        mbar_init_ring(qfull, qempty, 2, C::CONS / 32);
+        mbar_init_ring(full, empty, F2_ST, C::CONS / 32);
         mbar_init_fence();
     }
     __syncthreads(); /* the last block-wide barrier: the roles part here and never merge again */
 
-    if (warp_id >= F2_PRODUCER) {
+    if (warp_id >= C::PRODUCER) {
         reg_dealloc<24>();
-        if (warp_id == F2_PRODUCER && lane == 0) {
+        if (warp_id == C::PRODUCER && lane == 0) {
             unsigned j = 0; /* ring loads so far */
             for (int n = 0, t = fwd_tile_id(0); t < ntiles; t = fwd_tile_id(++n)) {
                 const fwd_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
-                mbar_expect_tx(&qfull[qb], f2_smem::QT);
-                tma_load4(sQ + qb * F2_BM * 64, &tq, &qfull[qb], 0, w.qt * F2_BM, w.h, w.b);
-                const int kt0 = VL ? fwd_first_key_tile(seg, w.b, w.qt, T_) : 0;
-                for (int kt = w.qt; kt >= kt0; --kt, ++j) {
+                const int q0 = w.qt * C::BM;
+                mbar_expect_tx(&qfull[qb], SM::QT);
+                tma_load4(sQ + qb * C::BM * 64, &tq, &qfull[qb], 0, q0, w.h, w.b);
+                const int kt0 = VL ? fwd_first_key_tile_at(seg, w.b, q0, T_) : 0;
+                for (int kt = fwd_last_key_tile(q0, C::BM, T_); kt >= kt0; --kt, ++j) {
                     const unsigned s = j % F2_ST;
                     if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
-                    mbar_expect_tx(&full[s], 2 * f2_smem::KV);
+                    mbar_expect_tx(&full[s], 2 * SM::KV);
                     tma_load4(sK + s * F2_BN * 64, &tk, &full[s], 0, kt * F2_BN, w.h / G, w.b);
                     tma_load4(sV + s * F2_BN * 64, &tv, &full[s], 0, kt * F2_BN, w.h / G, w.b);
                 }
@@ -141,16 +149,35 @@ __global__ void __launch_bounds__(F2_THR, 1)
         }
         return;
     }
-    reg_alloc<240>();
+    reg_alloc<C::NREG>();
 
     const int wg = warp_id >> 2, warp = warp_id & 3, g = lane >> 2, t4 = lane & 3;
     unsigned kv = 0; /* the producer's j at this tile's first load */
     for (int n = 0, t = fwd_tile_id(0); t < ntiles; t = fwd_tile_id(++n)) {
         const fwd_tile w(t, BH, nQt, Hq);
-        const int qt = w.qt, q0 = qt * F2_BM;
-        const int nkv = qt + 1 - (VL ? fwd_first_key_tile(seg, w.b, qt, T_) : 0);
-        uint16_t *sQb = sQ + (n & 1) * F2_BM * 64;
-        const int qrow = q0 + wg * 64 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
+        const int q0 = w.qt * C::BM, r0 = q0 + wg * 64, kt_hi = fwd_last_key_tile(q0, C::BM, T_);
+        const int nkv = kt_hi + 1 - (VL ? fwd_first_key_tile_at(seg, w.b, q0, T_) : 0);
+        if (r0 >= T_) { /* no row before T (the last tile of 192 rows): every load released unread */
+            for (int it = 0; it < nkv; ++it) {
+                mbar_wait(&full[(kv + it) % F2_ST], ((kv + it) / F2_ST) & 1);
+                if (lane == 0) mbar_arrive(&empty[(kv + it) % F2_ST]);
+            }
+            mbar_wait(&qfull[n & 1], (n >> 1) & 1);
+            if (lane == 0) mbar_arrive(&qempty[n & 1]);
+            kv += nkv;
+            continue;
+        }
+        /* the warpgroup's diagonal key tile qt: 64 rows from a multiple of 64 lie in one 128-key
+         * tile; the tile's key tiles past it (at most one, with 192 rows) are all masked for these
+         * rows, so released unread */
+        const int qt = r0 / F2_BN, skip = kt_hi - qt;
+        for (int it = 0; it < skip; ++it) {
+            mbar_wait(&full[(kv + it) % F2_ST], ((kv + it) / F2_ST) & 1);
+            if (lane == 0) mbar_arrive(&empty[(kv + it) % F2_ST]);
+        }
+        kv += skip;
+        uint16_t *sQb = sQ + (n & 1) * C::BM * 64;
+        const int qrow = r0 + warp * 16 + g; /* this thread's rows: qrow, qrow + 8 */
         /* packed sequences: the first key of each of the rows' sequences (0 past T), and the key
          * tiles before the last one that starts at or after the higher of them need no mask */
         int lo0 = 0, lo1 = 0;
@@ -167,33 +194,58 @@ __global__ void __launch_bounds__(F2_THR, 1)
          * base plus offsets: ptxas had interleaved ~90 instructions of descriptor arithmetic with
          * the wgmma instructions (it still moves each into uniform registers right before use). */
         const sdesc dq0(qa);
-        uint64_t ds[8], dv[8];
+        /* NW = 2: held in 32 registers; NW = 3 (160 registers) made at the issue instead */
+        constexpr bool PRE = NW == 2;
+        uint64_t ds[PRE ? 8 : 1], dv[PRE ? 8 : 1];
+        uint32_t ka_ = 0, va_ = 0;
         auto desc_s = [&](uint32_t ka) { /* ds[2kk], ds[2kk + 1]: Q and K of k-step kk */
-            const sdesc dk0(ka);
+            if constexpr (PRE) {
+                const sdesc dk0(ka);
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                ds[2 * kk] = dq0.at(kk * 32);
-                ds[2 * kk + 1] = dk0.at(kk * 32);
+                for (int kk = 0; kk < 4; ++kk) {
+                    ds[2 * kk] = dq0.at(kk * 32);
+                    ds[2 * kk + 1] = dk0.at(kk * 32);
+                }
+                reg_fence(ds);
+            } else {
+                ka_ = ka;
             }
-            reg_fence(ds);
         };
         auto desc_pv = [&](uint32_t va) { /* dv[kc]: the rows 16kc.. of V */
-            const sdesc dv0(va);
+            if constexpr (PRE) {
+                const sdesc dv0(va);
 #pragma unroll
-            for (int kc = 0; kc < 8; ++kc)
-                dv[kc] = dv0.at(kc * 2048);
-            reg_fence(dv);
+                for (int kc = 0; kc < 8; ++kc)
+                    dv[kc] = dv0.at(kc * 2048);
+                reg_fence(dv);
+            } else {
+                va_ = va;
+            }
         };
         auto issue_s = [&]() { /* sc = Q·K^T (64×128) */
+            if constexpr (PRE) {
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
+                for (int kk = 0; kk < 4; ++kk)
+                    wg_ss128<T>(sc, ds[2 * kk], ds[2 * kk + 1], kk);
+            } else {
+                const sdesc dk0(ka_);
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    wg_ss128<T>(sc, dq0.at(kk * 32), dk0.at(kk * 32), kk);
+            }
             wg_commit();
         };
         auto issue_pv = [&]() { /* acc += P·V (64×64) */
+            if constexpr (PRE) {
 #pragma unroll
-            for (int kc = 0; kc < 8; ++kc)
-                wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
+                for (int kc = 0; kc < 8; ++kc)
+                    wg_rs64<T, 1>(acc, pf[kc], dv[kc], 1);
+            } else {
+                const sdesc dv0(va_);
+#pragma unroll
+                for (int kc = 0; kc < 8; ++kc)
+                    wg_rs64<T, 1>(acc, pf[kc], dv0.at(kc * 2048), 1);
+            }
             wg_commit();
         };
 
@@ -214,7 +266,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
             pack_a<T, 8>(pf, sc);
         }
 
-        for (int it = 1; it < nkv; ++it) {
+        for (int it = 1; it < nkv - skip; ++it) {
             const unsigned j = kv + it, s = j % F2_ST, sp = (j - 1) % F2_ST;
             mbar_wait(&full[s], (j / F2_ST) & 1);
             desc_s(smem_u32(sK + s * F2_BN * 64));
@@ -233,8 +285,10 @@ __global__ void __launch_bounds__(F2_THR, 1)
              * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
              * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
              * is the canonical 0x7fffffff); the branch ends the basic block after the last
-             * exponential, and the wait stays below it. */
-            if ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31) __trap();
+             * exponential, and the wait stays below it. Not with three warpgroups: a trap in the
+             * consumers' code makes ptxas compile them to the launch's 128 registers instead of
+             * setmaxnreg's 160 (336 bytes spilled, the wgmma serialised; without it, no spill). */
+            if (NW == 2 && ((__float_as_uint(rs0) | __float_as_uint(rs1)) >> 31)) __trap();
             wg_wait<0>();
             reg_fence(acc);
             reg_fence(pf);
@@ -244,7 +298,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
         }
 
         { /* P·V of the last tile */
-            const unsigned sl = (kv + nkv - 1) % F2_ST;
+            const unsigned sl = (kv + nkv - skip - 1) % F2_ST;
             desc_pv(smem_u32(sV + sl * F2_BN * 64));
             reg_fence(acc);
             reg_fence(pf);
@@ -266,7 +320,7 @@ __global__ void __launch_bounds__(F2_THR, 1)
                             __syncwarp();
                             if (lane == 0) mbar_arrive(&qempty[n & 1]);
                         });
-        kv += nkv;
+        kv += nkv - skip;
     }
 }
 
@@ -315,22 +369,49 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
                           base, dims, strides, box);
 }
 
-template <typename T>
+template <typename T, int NW>
 static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                       float scale, zr_dtype dt, cudaStream_t st) {
+    using C = f2_cfg<NW>;
     CUtensorMap mq, mk, mv;
-    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 64, F2_BM, dt) ||
+    if (attn_sm90_head_map(&mq, q, &L.q, B, Hq, T_, 64, C::BM, dt) ||
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 64, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 64, F2_BN, dt))
         return -1;
-    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true> : attn_fwd_sm90_kernel<T, false>;
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem::BYTES);
+    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true, NW> : attn_fwd_sm90_kernel<T, false, NW>;
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem<NW>::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
-    const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + F2_BM - 1) / F2_BM));
-    kern<<<grid, F2_THR, f2_smem::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg, (int)T_,
-                                               (int)B, (int)Hq, (int)(Hq / Hkv), scale * F2_LOG2E);
+    const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + C::BM - 1) / C::BM));
+    kern<<<grid, C::THR, f2_smem<NW>::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg,
+                                                   (int)T_, (int)B, (int)Hq, (int)(Hq / Hkv),
+                                                   scale * F2_LOG2E);
     return 0;
+}
+
+static int g_fwd_rows; /* attn_sm90_fwd_rows: 0 automatic, else 128 or 192 */
+
+extern "C" int attn_sm90_fwd_rows(int rows) {
+    const int was = g_fwd_rows;
+    g_fwd_rows = rows;
+    return was;
+}
+
+/* Queries a tile of the head_dim-64 forward: 192 from T = ATTN_FWD192_MIN_T on, 128 under it (not
+ * yet measured on a GPU: 128 everywhere until it is). */
+#define ATTN_FWD192_MIN_T INT64_MAX
+static int fwd_rows(int64_t T_) {
+    if (g_fwd_rows) return g_fwd_rows;
+    return T_ >= ATTN_FWD192_MIN_T ? 192 : 128;
+}
+
+template <typename T>
+static int fwd_launch_rows(void *o, float *lse, const void *q, const void *k, const void *v,
+                           const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
+                           float scale, zr_dtype dt, cudaStream_t st) {
+    if (fwd_rows(T_) == 192)
+        return fwd_launch<T, 3>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    return fwd_launch<T, 2>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
 }
 
 extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,
@@ -338,6 +419,6 @@ extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void 
                                  int64_t T, float scale, zr_dtype dt, cudaStream_t st) {
     if (!encode_fn()) return -1;
     if (dt == ZR_BF16)
-        return fwd_launch<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
-    return fwd_launch<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+        return fwd_launch_rows<__nv_bfloat16>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
+    return fwd_launch_rows<__half>(o, lse, q, k, v, *L, B, Hq, Hkv, T, scale, dt, st);
 }

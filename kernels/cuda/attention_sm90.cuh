@@ -337,9 +337,16 @@ static __device__ __forceinline__ int fwd_tile_id(int n) {
 }
 /* Packed sequences (seg: lo of each token, zr_attn_layout): the first key tile query tile qt of
  * row b needs, the one holding the start of its first query's sequence (the earliest of its rows':
- * lo never decreases along a row). */
+ * lo never decreases along a row), from that query q0 or from query tile qt's first. */
+static __device__ __forceinline__ int fwd_first_key_tile_at(const int32_t *seg, int b, int q0, int T_) {
+    return seg[(size_t)b * T_ + q0] / SM90_FWD_TILE;
+}
 static __device__ __forceinline__ int fwd_first_key_tile(const int32_t *seg, int b, int qt, int T_) {
-    return seg[(size_t)b * T_ + qt * SM90_FWD_TILE] / SM90_FWD_TILE;
+    return fwd_first_key_tile_at(seg, b, qt * SM90_FWD_TILE, T_);
+}
+/* The last key tile a tile of bm queries from q0 needs: the one holding its last row before T. */
+static __device__ __forceinline__ int fwd_last_key_tile(int q0, int bm, int T_) {
+    return ((q0 + bm < T_ ? q0 + bm : T_) - 1) / SM90_FWD_TILE;
 }
 
 /* Packed sequences: the first key of the sequence of each of this thread's rows qrow, qrow + 8 of

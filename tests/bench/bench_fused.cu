@@ -9,7 +9,8 @@
  * `bench_fused varlen` attention over packed sequences against the same tokens in causal rows,
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
- * bias-gradient column sums.
+ * bias-gradient column sums. BENCH_ATTN_FWD_ROWS=128|192 fixes the head_dim-64 forward's tile height
+ * (attn_sm90_fwd_rows; unset or 0: by T).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -405,6 +406,15 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
+    if (const char *r = getenv("BENCH_ATTN_FWD_ROWS")) { /* the head_dim-64 forward's tile height */
+        const int rows = atoi(r);
+        if (rows != 0 && rows != 128 && rows != 192) {
+            fprintf(stderr, "bench_fused: BENCH_ATTN_FWD_ROWS=%s: give 128, 192 or 0 (by T)\n", r);
+            return 2;
+        }
+        attn_sm90_fwd_rows(rows);
+        printf("head_dim-64 forward: %s\n", rows ? (rows == 128 ? "128-query tiles" : "192-query tiles") : "tiles by T");
+    }
     if (attention) { /* `bench_fused attention`: those rows alone */
         attention_rows(sustained);
         return 0;

@@ -824,6 +824,22 @@ struct fused_qkv {
     }
 };
 
+/* The head_dim-64 Hopper forward at both tile heights (attn_sm90_fwd_rows: 128 and 192 queries)
+ * gives the bits of the call fwd just made into o_, lse_ (each row meets the same key tiles in the
+ * same order); the buffers poisoned before each call, so every row must be written again. */
+template <typename F>
+static void check_fwd_rows(F &&fwd, dbuf &o_, dbuf &lse_, const char *what) {
+    const vec og = o_.down(), lg = lse_.down();
+    for (int rows : {128, 192}) {
+        const int was = attn_sm90_fwd_rows(rows);
+        o_.poison(), lse_.poison();
+        fwd();
+        CHECK_MSG(o_.down() == og && lse_.down() == lg, "%s: %d-query tiles give other bits", what,
+                  rows);
+        attn_sm90_fwd_rows(was);
+    }
+}
+
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
  * at Dh 64, 128 and the narrow 80, 96, 112, read in place by the 128-wide tiles) and on the mma.sync
  * fallback (attn_sm90_force(0, 0); a narrow Dh refused there). The narrow shapes run split (GQA on
@@ -882,6 +898,11 @@ TEST(attention_forward_backward) {
                                             Dh, 0.f, t, 0));
             CHECK_CLOSE(o_.down(), o, tol_of(t), what);
             CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
+            if (!fallback && Dh == 64)
+                check_fwd_rows([&] {
+                    CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq,
+                                                    Hkv, T, Dh, 0.f, t, 0));
+                }, o_, lse_, what);
             size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
             dbuf ws(wsb / 4 + 4, ZR_F32);
             CHECK_OK(attention_backward_cuda(dq_.p, dk_.p, dv_.p, do_.p, q_.p, k_.p, v_.p, o_.p,
@@ -929,6 +950,11 @@ TEST(attention_forward_backward) {
             snprintf(w2, sizeof w2, "%s strided o", what);
             CHECK_CLOSE(back(o2.down(), Hq), o, tol_of(t), w2);
             CHECK_CLOSE(lse2.down(), lse, 1e-5, w2);
+            if (Dh == 64)
+                check_fwd_rows([&] {
+                    CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv, T,
+                                                    Dh, 0.f, t, 0));
+                }, o2, lse2, w2);
             CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, do2.p, qp, kp, vp, o2.p, lse2.f(),
                                              ws.p, &L, B, Hq, Hkv, T, Dh, 0.f, t, 0));
             e1 = relerr(back(dq2.down(), Hq), dq, dvn), e2 = relerr(back(dk2.down(), Hkv), dk, dvn);
@@ -1044,9 +1070,11 @@ TEST(attention_backward_rope) {
 }
 
 /* The persistent forward with more work tiles than blocks: B1 Hq24 Hkv6 T650 is 144 query tiles of
- * 128, so the default grid (a block per SM, 132 on an H200) gives 12 blocks a second, lightest, tile.
- * Under every grid the output matches the host reference and has the same bits as with a block per
- * tile (a tile's arithmetic does not depend on the block that runs it, nor on what it ran before). */
+ * 128, so the default grid (a block per SM, 132 on an H200) gives 12 blocks a second, lightest, tile
+ * (in tiles of 192 queries: 96 tiles, the last of each head 74 rows, its third warpgroup idle).
+ * Under every grid and both tile heights the output matches the host reference and has the same
+ * bits as 128-query tiles with a block per tile (a row's arithmetic does not depend on the block
+ * that runs it, on what it ran before, nor on the rows beside it). */
 TEST(attention_forward_persistent) {
     const int64_t B = 1, Hq = 24, Hkv = 6, T = 650, Dh = 64;
     const int64_t nq = B * Hq * T * Dh, nk = B * Hkv * T * Dh;
@@ -1057,22 +1085,24 @@ TEST(attention_forward_persistent) {
         q_.up(q), k_.up(k), v_.up(v);
         vec o, lse, dq, dk, dv, o1, lse1;
         attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
-        for (int gi = 0; gi < 4; ++gi) {
-            attn_sm90_grid(grids[gi], 0);
+        for (int gi = 0; gi < 8; ++gi) { /* each grid with 128-, then 192-query tiles */
+            attn_sm90_grid(grids[gi % 4], 0);
+            attn_sm90_fwd_rows(gi < 4 ? 128 : 192);
             dbuf o_(nq, t), lse_(B * Hq * T, ZR_F32);
             CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T,
                                             Dh, 0.f, t, 0));
             char what[96];
-            snprintf(what, sizeof what, "attention forward, grid %d, %s B1 Hq24 Hkv6 T650",
-                     grids[gi], tn(t));
+            snprintf(what, sizeof what, "attention forward, grid %d, %d-query tiles, %s B1 Hq24 Hkv6 T650",
+                     grids[gi % 4], gi < 4 ? 128 : 192, tn(t));
             const vec og = o_.down(), lg = lse_.down();
             CHECK_CLOSE(og, o, tol_of(t), what);
             CHECK_CLOSE(lg, lse, 1e-5, what);
             if (gi == 0) o1 = og, lse1 = lg;
-            else CHECK_MSG(og == o1 && lg == lse1, "%s: not the bits of a block per tile", what);
+            else CHECK_MSG(og == o1 && lg == lse1, "%s: not the bits of 128-query tiles, a block per tile", what);
         }
     }
     attn_sm90_grid(0, 0);
+    attn_sm90_fwd_rows(0);
 }
 
 /* A row's running maximum that grows at the last key tile the forward takes: keys 0..15 made to
@@ -1098,6 +1128,11 @@ TEST(attention_forward_late_maximum) {
         snprintf(what, sizeof what, "attention forward, a late maximum, %s B1 Hq2 Hkv1 T600", tn(t));
         CHECK_CLOSE(o_.down(), o, tol_of(t), what);
         CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
+        if (attention_strided_ok(Dh, t))
+            check_fwd_rows([&] {
+                CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv,
+                                                T, Dh, 0.f, t, 0));
+            }, o_, lse_, what);
     }
 }
 
@@ -1186,6 +1221,11 @@ TEST(attention_varlen) {
                                                 0.f, t, 0));
                 CHECK_CLOSE(out(o2.down(), Hq), o, tol_of(t), what);
                 CHECK_CLOSE(lse2.down(), lse, 1e-5, what);
+                if (!mma)
+                    check_fwd_rows([&] {
+                        CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv,
+                                                        T, Dh, 0.f, t, 0));
+                    }, o2, lse2, what);
                 size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
                 dbuf ws(wsb / 4 + 4, ZR_F32);
                 CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, mma ? doc.p : do2.p, qp, kp, vp,
