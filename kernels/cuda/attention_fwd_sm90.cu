@@ -1,8 +1,8 @@
 /* Causal GQA flash attention forward for Hopper (sm_90a) in FlashAttention-3's layout: a producer
  * warp loads Q and a ring of K/V tiles by TMA (4-D maps over any (B, H, T, 64) strides, 128-byte
- * swizzle, rows past T zero-filled); two consumer warpgroups of 64 queries each run the softmax of
- * key tile j + 1 while the tensor cores run P·V of tile j (and the other warpgroup's products).
- * head_dim 64, bf16/f16. Also the tensor-map helpers the backward shares. */
+ * swizzle, rows past T zero-filled); three (or two) consumer warpgroups of 64 queries each run the
+ * softmax of key tile j + 1 while the tensor cores run P·V of tile j (and the other warpgroups'
+ * products). head_dim 64, bf16/f16. Also the tensor-map helpers the backward shares. */
 #include "attention_sm90.h"
 
 #include <cuda.h>
@@ -16,22 +16,26 @@
 
 using namespace sm90;
 
-/* Tiles: 128 queries per tile (64 per consumer warpgroup), 128 keys per step; BM == BN, so only a
- * tile's first key tile (its diagonal) needs the causal mask. 384 threads: with more than 8 warps
- * ptxas budgets 168 registers a thread; setmaxnreg 24 / 240 (24 + 2 · 240 ≤ 512 per SM
- * sub-partition) gives the consumers room for S (64), O (32) and P (32) at once, which the overlap
- * needs. A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j,
- * K of j + 1), so the ring needs three to keep a load ahead; four fit next to two Q buffers
- * (2 · 16 + 128 KB). */
+/* Tiles: 64 queries per consumer warpgroup (192 or 128 a tile), 128 keys per step. A warpgroup's
+ * 64 rows start at a multiple of 64, so they lie in one 128-key tile, their diagonal: the only one
+ * they need masked; a tile's key tiles past it (at most one, with 192 rows) they release unread.
+ * The consumers need room for S (64 registers), O (32) and P (32) at once, which the overlap needs:
+ * setmaxnreg gives them 240 of 24 + 2 · 240 (or 160 of 24 + 3 · 160) ≤ 512 per SM sub-partition.
+ * A stage holds K and V of one tile (32 KB); a consumer holds two stages at a time (V of j, K of
+ * j + 1), so the ring needs three to keep a load ahead; four fit next to two Q buffers (2 · 24 +
+ * 128 KB). Measured (H100, bursts, B4 H32/8; session 66): the forward in 192-query tiles against
+ * 128, T512 0.025 -> 0.024 ms, T2048 0.193 -> 0.172, T8192 2.476 -> 2.162, GPT-2's B64 H12 T1024
+ * 0.386 -> 0.363: a third fewer K/V tiles from L2 a query, and a third warpgroup's softmax beside
+ * the other two's products. */
 #define F2_BN SM90_FWD_TILE /* keys a step */
 #define F2_ST 4
 #define F2_LOG2E 1.4426950408889634f
 static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the count's low bits");
 
-/* NW consumer warpgroups of 64 queries each: a tile of 64·NW queries. NW = 2 (128 queries, square
- * tiles) or 3 (192, FlashAttention-3's tile at head_dim 64: a third fewer K/V loads from L2 a query,
- * and a third warpgroup's softmax to overlap the products; 24 + 3 · 160 registers ≤ 512 per SM
- * sub-partition, and ptxas compiles the consumers' code to setmaxnreg's 160, not to the launch's 128). */
+/* NW consumer warpgroups of 64 queries each: a tile of 64·NW queries, NW = 3 (FlashAttention-3's
+ * tile at head_dim 64) or 2 (T <= 128, where a third warpgroup would have no rows). ptxas compiles
+ * the consumers' code to setmaxnreg's count (160 with three), not to the launch's (128 at 512
+ * threads), unless that code holds a trap (see the softmax pin below). */
 template <int NW> struct f2_cfg {
     static constexpr int BM = 64 * NW, CONS = 128 * NW, THR = CONS + 128, PRODUCER = CONS / 32;
     static constexpr int NREG = NW == 2 ? 240 : 160;
@@ -48,20 +52,22 @@ template <int NW> struct f2_smem {
 };
 
 /* Persistent (FlashAttention-3's design): gridDim.x = attn_sm90_blocks(0, tiles) blocks, one per SM
- * by default (160 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
+ * by default (176 KB of shared memory: one block an SM), one per tile with attn_sm90_grid(-1, ..),
  * which is the non-persistent kernel (each block's round 0 only, in today's order). Block i runs
  * the tiles fwd_tile_id(n), n = 0, 1, .. (heaviest first, dealt to the blocks in rounds of gridDim.x,
  * every other round in reverse): a static schedule every role computes alike. It balances well
- * enough: tile costs (qt + 1 key steps) never increase with t, so within a round a block's tile
+ * enough: tile costs (key steps) never increase with t, so within a round a block's tile
  * costs at most its neighbour's before it; dealing every other round backwards pairs the heavier
  * half of one round with the lighter half of the next. Busiest block against the mean (key steps +
  * half a step a tile, 132 blocks): B4 H32/8 T512 +3.1%, T2048 +3.1%, T8192 +0.0%, B64 H12 T1024
  * +0.3%; dealt in block order every round, T8192 +1.5% and T1024 +1.6%; an atomic tile counter
- * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id. A tile
- * (b, h, qt) owns queries q0 = 128 qt .. +127 and key tiles kt = qt, qt − 1, .., 0 in that order
- * (the diagonal first, so the running maxima start finite and no later tile needs a mask). With
+ * (greedy) +3.1%, +0.3%, +0.0%, +0.3% — not worth the hand-over of each tile id (figures for
+ * 128-query tiles). A tile (b, h, qt) owns queries q0 = BM qt .. + BM − 1 and key tiles kt = kt_hi,
+ * kt_hi − 1, .., 0 in that order, kt_hi the one holding its last row before T; a warpgroup starts at
+ * its diagonal (so its running maxima start finite and no later tile needs a mask), releasing the
+ * tile before it unread, and one with no row before T releases every load unread. With
  * packed sequences (VL: seg) the key tiles stop at the one holding the start of the first query's
- * sequence (fwd_first_key_tile), and a tile before a row's own start masks those keys (mask_before;
+ * sequence (fwd_first_key_tile_at), and a tile before a row's own start masks those keys (mask_before;
  * the diagonal, first, holds each row's own key, so the maxima still start finite).
  * Counters that run across a block's tiles, computed identically by every role: n, the block's
  * tile count (Q buffer n % 2, its n / 2-th use), and kv, the K/V tiles of its earlier tiles (key step
@@ -71,7 +77,8 @@ template <int NW> struct f2_smem {
  *     waits empty[j % F2_ST] (phase j / F2_ST − 1: load j − F2_ST released; skipped for j < F2_ST),
  *     loads K and V (full[j % F2_ST]). So tile n + 1's Q and first K/V load while tile n's last
  *     products and epilogue run.
- *   consumer warpgroup w (queries q0 + 64w ..), per tile: waits qfull[n % 2] (phase n / 2);
+ *   consumer warpgroup w (queries q0 + 64w ..), per tile: for each load before its diagonal waits
+ *     full and releases it (empty); waits qfull[n % 2] (phase n / 2);
  *     S_0 = Q·K_0^T, its softmax (masked) → P_0; then per step it ≥ 1 waits full (phase
  *     j / F2_ST), issues S_it = Q·K_it^T and O += P_{it−1}·V_{it−1}, waits for S_it alone, runs
  *     its softmax while P·V runs, waits for P·V, releases load j − 1 (empty, one arrival a warp)
@@ -80,7 +87,10 @@ template <int NW> struct f2_smem {
  *     the tile's Q buffer (only its own warpgroup's S products read them, all done); once the
  *     staged rows are back in registers each thread fences its shared-memory accesses against
  *     the async proxy (the TMA that reloads the buffer), the warp syncs, lane 0 arrives on
- *     qempty[n % 2] (8 arrivals a phase), and only then go O's global stores.
+ *     qempty[n % 2] (4·NW arrivals a phase), and only then go O's global stores. A warpgroup with
+ *     no row before T waits full and releases each of the tile's loads, then waits qfull and
+ *     arrives on qempty (a release before its load's full would count toward the buffer's
+ *     previous phase).
  * No deadlock: a wait only needs arrivals that precede it in the other roles' program order —
  * the producer issues everything tile n's consumers wait for (its Q, then its K/V loads in order)
  * before any wait of its own that needs tile n's consumers (qempty of tile n − 1 is waited for
@@ -88,8 +98,8 @@ template <int NW> struct f2_smem {
  * j − 3 or at the end of that load's tile, needing no load past j − 3). Parities are never
  * ambiguous: no barrier runs two phases ahead of a waiter, as each reuse of a buffer waits for
  * the release of its previous use.
- * Rows past T are computed (their keys past T are TMA's zero fill, so everything stays finite) and
- * not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
+ * Rows past T in a warpgroup that has rows before T are computed (their keys past T are TMA's zero
+ * fill, so everything stays finite) and not stored; keys past T only meet rows past T (key > row is masked on the diagonal).
  * No ping-pong: FlashAttention-3 has each warpgroup issue its products only in its turn (a named
  * barrier a group: bar.sync, issue, bar.arrive for the other), so that one's softmax runs under the
  * other's products. At head_dim 64 the exponentials cost as much as the products, the turn put each
@@ -397,12 +407,11 @@ extern "C" int attn_sm90_fwd_rows(int rows) {
     return was;
 }
 
-/* Queries a tile of the head_dim-64 forward: 192 from T = ATTN_FWD192_MIN_T on, 128 under it (not
- * yet measured on a GPU: 128 everywhere until it is). */
-#define ATTN_FWD192_MIN_T INT64_MAX
+/* Queries a tile of the head_dim-64 forward: 192 (faster at every T measured, 512 to 8192: see the
+ * tiles' comment above), 128 where T <= 128 (a third warpgroup would have no rows). */
 static int fwd_rows(int64_t T_) {
     if (g_fwd_rows) return g_fwd_rows;
-    return T_ >= ATTN_FWD192_MIN_T ? 192 : 128;
+    return T_ > 128 ? 192 : 128;
 }
 
 template <typename T>

@@ -1,7 +1,7 @@
 -- Sliding-window attention on CUDA vs the CPU (test_attention_window.lua checks the CPU against the masked
 -- composition): the segments zr.sdpa_window_segments builds, through the flash kernels in bf16/f16 at
--- head_dim 64 (the Hopper kernels: 128-query tiles, key tiles skipped before a tile's first window) and 128
--- (the Hopper kernels: the forward's tiles as at 64, the backward's 64-query steps) and 256 (the mma.sync kernels, the
+-- head_dim 64 (the Hopper kernels: 192-query tiles, key tiles skipped before a tile's first window) and 128
+-- (the Hopper kernels: the forward's 128-query tiles, the backward's 64-query steps) and 256 (the mma.sync kernels, the
 -- backward's columns over two blocks), for scaled_dot_product_attention, sdpa_packed and qkv_rope_sdpa; windows of 1,
 -- at and around the tile sizes, and past T; plain rows and packed sequences; GQA. SKIP without a GPU.
 local C = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cuda_common.lua")
@@ -11,7 +11,7 @@ local zr, T, randn, both, unpack = C.zr, C.T, C.randn, C.both, C.unpack
 local make_seg = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "segments_of.lua")
 
 local CASES = { -- rows (nil: B one-sequence rows), T, windows
-  { B = 2, Tn = 300, windows = { 1, 64, 65, 127, 128, 129, 200, 400 } },
+  { B = 2, Tn = 300, windows = { 1, 64, 65, 127, 128, 129, 191, 192, 193, 200, 400 } },
   { B = 1, Tn = 1000, windows = { 100, 256, 511 } },
   { Tn = 330, rows = { { 200, 130 }, { 1, 329 } }, windows = { 3, 64, 150 } },
 }
