@@ -397,6 +397,7 @@ int main(int argc, char **argv) {
                 argv[1], argc > 2 ? " " : "", argc > 2 ? argv[2] : "");
         return 2;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each row as it is measured: a run cut off at a limit keeps them */
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP bench_fused: no CUDA device visible\n");

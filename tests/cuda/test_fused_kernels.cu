@@ -1098,7 +1098,9 @@ TEST(attention_forward_persistent) {
             CHECK_CLOSE(og, o, tol_of(t), what);
             CHECK_CLOSE(lg, lse, 1e-5, what);
             if (gi == 0) o1 = og, lse1 = lg;
-            else CHECK_MSG(og == o1 && lg == lse1, "%s: not the bits of 128-query tiles, a block per tile", what);
+            else
+                CHECK_MSG(og == o1 && lg == lse1,
+                          "%s: not the bits of 128-query tiles, a block per tile", what);
         }
     }
     attn_sm90_grid(0, 0);
