@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
                         const __grid_constant__ CUtensorMap tk,
                         const __grid_constant__ CUtensorMap tv, zr_attn_strides so,
                         const int32_t *__restrict__ seg, int T_, int B, int Hq, int G,
-                        float scale_log2) {
+                        float scale_log2, int qoff) {
     using C = f2_cfg<NW>;
     using SM = f2_smem<NW>;
     ZR_SMEM_1024(base);
@@ -145,10 +145,10 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
                 const fwd_tile w(t, BH, nQt, Hq);
                 const unsigned qb = n & 1;
                 if (n >= 2) mbar_wait(&qempty[qb], ((n >> 1) - 1) & 1);
-                const int q0 = w.qt * C::BM;
+                const int q0 = w.qt * C::BM - qoff; /* < 0 in a tile before row 0: zero fill */
                 mbar_expect_tx(&qfull[qb], SM::QT);
                 tma_load4(sQ + qb * C::BM * 64, &tq, &qfull[qb], 0, q0, w.h, w.b);
-                const int kt0 = VL ? fwd_first_key_tile_at(seg, w.b, q0, T_) : 0;
+                const int kt0 = VL ? fwd_first_key_tile_at(seg, w.b, q0 > 0 ? q0 : 0, T_) : 0;
                 for (int kt = fwd_last_key_tile(q0, C::BM, T_); kt >= kt0; --kt, ++j) {
                     const unsigned s = j % F2_ST;
                     if (j >= F2_ST) mbar_wait(&empty[s], ((j / F2_ST) - 1) & 1);
@@ -166,9 +166,10 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
     unsigned kv = 0; /* the producer's j at this tile's first load */
     for (int n = 0, t = fwd_tile_id(0); t < ntiles; t = fwd_tile_id(++n)) {
         const fwd_tile w(t, BH, nQt, Hq);
-        const int q0 = w.qt * C::BM, r0 = q0 + wg * 64, kt_hi = fwd_last_key_tile(q0, C::BM, T_);
-        const int nkv = kt_hi + 1 - (VL ? fwd_first_key_tile_at(seg, w.b, q0, T_) : 0);
-        if (r0 >= T_) { /* no row before T (the last tile of 192 rows): every load released unread */
+        const int q0 = w.qt * C::BM - qoff, r0 = q0 + wg * 64;
+        const int kt_hi = fwd_last_key_tile(q0, C::BM, T_);
+        const int nkv = kt_hi + 1 - (VL ? fwd_first_key_tile_at(seg, w.b, q0 > 0 ? q0 : 0, T_) : 0);
+        if (r0 >= T_ || r0 < 0) { /* no row in 0..T-1: every load released unread */
             for (int it = 0; it < nkv; ++it) {
                 mbar_wait(&full[(kv + it) % F2_ST], ((kv + it) / F2_ST) & 1);
                 if (lane == 0) mbar_arrive(&empty[(kv + it) % F2_ST]);
@@ -381,6 +382,34 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
                           base, dims, strides, box);
 }
 
+static int g_fwd_rows; /* attn_sm90_fwd_rows: 0 automatic, else 128 or 192 */
+static int g_fwd_tail; /* attn_sm90_fwd_tail */
+
+extern "C" int attn_sm90_fwd_tail(int on) {
+    const int was = g_fwd_tail;
+    g_fwd_tail = on;
+    return was;
+}
+
+extern "C" int attn_sm90_fwd_rows(int rows) {
+    const int was = g_fwd_rows;
+    g_fwd_rows = rows;
+    return was;
+}
+
+/* Where the tiles start: at row 0 (the last tile of a head may hang past T: up to BM − 1 rows and
+ * whole warpgroups idle in the head's heaviest tile), or, with attn_sm90_fwd_tail, shifted back by
+ * the largest multiple of 64 rows that keeps the last tile's overhang (now under 64 rows) so the idle
+ * warpgroups fall before row 0, in the head's first and cheapest tile. A multiple of 64, so every
+ * warpgroup's rows still lie in one key tile; each row meets the same key tiles in the same order
+ * (the same bits). Key steps a head (B4-style, the tile's steps; warpgroup steps are equal): T1024
+ * 32 -> 27, T2048 101 -> 96, T8192 1429 -> 1408, T512 9 -> 8 (128-query tiles: 36, 136, 2080, 10). */
+static int fwd_qoff(int64_t T_, int bm) {
+    if (!g_fwd_tail) return 0;
+    const int64_t over = (T_ + bm - 1) / bm * bm - T_;
+    return (int)(over / 64 * 64);
+}
+
 template <typename T, int NW>
 static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
@@ -397,16 +426,8 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + C::BM - 1) / C::BM));
     kern<<<grid, C::THR, f2_smem<NW>::BYTES, st>>>((uint16_t *)o, lse, mq, mk, mv, L.o, L.seg,
                                                    (int)T_, (int)B, (int)Hq, (int)(Hq / Hkv),
-                                                   scale * F2_LOG2E);
+                                                   scale * F2_LOG2E, fwd_qoff(T_, C::BM));
     return 0;
-}
-
-static int g_fwd_rows; /* attn_sm90_fwd_rows: 0 automatic, else 128 or 192 */
-
-extern "C" int attn_sm90_fwd_rows(int rows) {
-    const int was = g_fwd_rows;
-    g_fwd_rows = rows;
-    return was;
 }
 
 /* Queries a tile of the head_dim-64 forward: 192 (faster at every T measured, 512 to 8192: see the

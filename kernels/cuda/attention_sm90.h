@@ -47,6 +47,10 @@ int64_t attn_sm90_dkv_rows_max_t(int64_t t);
  * or 192 (three); 0 automatic (the default: by T). Returns the previous setting. Both give the same
  * o, lse bits (each row meets the same key tiles in the same order). */
 int attn_sm90_fwd_rows(int rows);
+/* Test and benchmark knob of the same forward: 1 starts its tiles before row 0 so that the rows a
+ * head's tiles hang past T fall before row 0 instead (in its cheapest tile, not its heaviest: see
+ * fwd_qoff), 0 at row 0 (the default until measured). Returns the previous setting. The same bits. */
+int attn_sm90_fwd_tail(int on);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
  * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
  * run. */

@@ -10,7 +10,8 @@
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
  * bias-gradient column sums. BENCH_ATTN_FWD_ROWS=128|192 fixes the head_dim-64 forward's tile height
- * (attn_sm90_fwd_rows; unset or 0: by T).
+ * (attn_sm90_fwd_rows; unset or 0: by T); BENCH_ATTN_FWD_TAIL=1|0 its tiles before row 0 or from it
+ * (attn_sm90_fwd_tail).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -415,6 +416,14 @@ int main(int argc, char **argv) {
         }
         attn_sm90_fwd_rows(rows);
         printf("head_dim-64 forward: %s\n", rows ? (rows == 128 ? "128-query tiles" : "192-query tiles") : "tiles by T");
+    }
+    if (const char *r = getenv("BENCH_ATTN_FWD_TAIL")) { /* its tiles shifted before row 0 */
+        if (strcmp(r, "0") != 0 && strcmp(r, "1") != 0) {
+            fprintf(stderr, "bench_fused: BENCH_ATTN_FWD_TAIL=%s: give 1 (tiles before row 0) or 0\n", r);
+            return 2;
+        }
+        attn_sm90_fwd_tail(r[0] == '1');
+        printf("head_dim-64 forward: tiles %s\n", r[0] == '1' ? "before row 0" : "from row 0");
     }
     if (attention) { /* `bench_fused attention`: those rows alone */
         attention_rows(sustained);

@@ -824,20 +824,22 @@ struct fused_qkv {
     }
 };
 
-/* The head_dim-64 Hopper forward at both tile heights (attn_sm90_fwd_rows: 128 and 192 queries)
- * gives the bits of the call fwd just made into o_, lse_ (each row meets the same key tiles in the
- * same order); the buffers poisoned before each call, so every row must be written again. */
+/* The head_dim-64 Hopper forward at both tile heights (attn_sm90_fwd_rows: 128 and 192 queries),
+ * its tiles from row 0 and shifted before it (attn_sm90_fwd_tail), gives the bits of the call fwd
+ * just made into o_, lse_ (each row meets the same key tiles in the same order); the buffers
+ * poisoned before each call, so every row must be written again. */
 template <typename F>
 static void check_fwd_rows(F &&fwd, dbuf &o_, dbuf &lse_, const char *what) {
     const vec og = o_.down(), lg = lse_.down();
-    for (int rows : {128, 192}) {
-        const int was = attn_sm90_fwd_rows(rows);
-        o_.poison(), lse_.poison();
-        fwd();
-        CHECK_MSG(o_.down() == og && lse_.down() == lg, "%s: %d-query tiles give other bits", what,
-                  rows);
-        attn_sm90_fwd_rows(was);
-    }
+    for (int rows : {128, 192})
+        for (int tail : {0, 1}) {
+            const int was = attn_sm90_fwd_rows(rows), was_tail = attn_sm90_fwd_tail(tail);
+            o_.poison(), lse_.poison();
+            fwd();
+            CHECK_MSG(o_.down() == og && lse_.down() == lg, "%s: %d-query tiles%s give other bits",
+                      what, rows, tail ? " before row 0" : "");
+            attn_sm90_fwd_rows(was), attn_sm90_fwd_tail(was_tail);
+        }
 }
 
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
@@ -1071,8 +1073,9 @@ TEST(attention_backward_rope) {
 
 /* The persistent forward with more work tiles than blocks: B1 Hq24 Hkv6 T650 is 144 query tiles of
  * 128, so the default grid (a block per SM, 132 on an H200) gives 12 blocks a second, lightest, tile
- * (in tiles of 192 queries: 96 tiles, the last of each head 74 rows, its third warpgroup idle).
- * Under every grid and both tile heights the output matches the host reference and has the same
+ * (in tiles of 192 queries: 96 tiles, the last of each head 74 rows, its third warpgroup idle; with
+ * the tiles 64 rows before row 0, the first tile's first warpgroup idle instead). Under every grid,
+ * both tile heights and both starts the output matches the host reference and has the same
  * bits as 128-query tiles with a block per tile (a row's arithmetic does not depend on the block
  * that runs it, on what it ran before, nor on the rows beside it). */
 TEST(attention_forward_persistent) {
@@ -1085,15 +1088,16 @@ TEST(attention_forward_persistent) {
         q_.up(q), k_.up(k), v_.up(v);
         vec o, lse, dq, dk, dv, o1, lse1;
         attn_ref(q, k, v, dO, B, Hq, Hkv, T, Dh, o, lse, dq, dk, dv);
-        for (int gi = 0; gi < 8; ++gi) { /* each grid with 128-, then 192-query tiles */
+        for (int gi = 0; gi < 12; ++gi) { /* each grid with 128-, 192-query tiles, then those before row 0 */
             attn_sm90_grid(grids[gi % 4], 0);
             attn_sm90_fwd_rows(gi < 4 ? 128 : 192);
+            attn_sm90_fwd_tail(gi >= 8);
             dbuf o_(nq, t), lse_(B * Hq * T, ZR_F32);
             CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv, T,
                                             Dh, 0.f, t, 0));
             char what[96];
-            snprintf(what, sizeof what, "attention forward, grid %d, %d-query tiles, %s B1 Hq24 Hkv6 T650",
-                     grids[gi % 4], gi < 4 ? 128 : 192, tn(t));
+            snprintf(what, sizeof what, "attention forward, grid %d, %d-query tiles%s, %s B1 Hq24 Hkv6 T650",
+                     grids[gi % 4], gi < 4 ? 128 : 192, gi >= 8 ? " before row 0" : "", tn(t));
             const vec og = o_.down(), lg = lse_.down();
             CHECK_CLOSE(og, o, tol_of(t), what);
             CHECK_CLOSE(lg, lse, 1e-5, what);
@@ -1105,6 +1109,7 @@ TEST(attention_forward_persistent) {
     }
     attn_sm90_grid(0, 0);
     attn_sm90_fwd_rows(0);
+    attn_sm90_fwd_tail(0);
 }
 
 /* A row's running maximum that grows at the last key tile the forward takes: keys 0..15 made to
