@@ -108,7 +108,7 @@ template <int NW> struct f2_smem {
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
  * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
  * attention_fwd_sm90.cu`.) */
-template <typename T, bool VL, int NW>
+template <typename T, bool VL, int NW, bool LAZY>
 __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
@@ -293,7 +293,8 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
             reg_fence(sc);
             if (VL && (qt - it) * F2_BN < lomax)
                 mask_before<16>(sc, (qt - it) * F2_BN + t4 * 2, lo0, lo1);
-            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+            const bool rescaled =
+                softmax_step<16, LAZY>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
             /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
              * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
              * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
@@ -306,7 +307,12 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
             reg_fence(acc);
             reg_fence(pf);
             if (lane == 0) mbar_arrive(&empty[sp]);
-            fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+            if (LAZY && !rescaled) { /* warp-uniform: O and l keep their scale */
+                l0 += rs0;
+                l1 += rs1;
+            } else {
+                fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
+            }
             pack_a<T, 8>(pf, sc);
         }
 
@@ -384,6 +390,13 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
 
 static int g_fwd_rows; /* attn_sm90_fwd_rows: 0 automatic, else 128 or 192 */
 static int g_fwd_tail; /* attn_sm90_fwd_tail */
+static int g_fwd_lazy; /* attn_sm90_fwd_lazy */
+
+extern "C" int attn_sm90_fwd_lazy(int on) {
+    const int was = g_fwd_lazy;
+    g_fwd_lazy = on;
+    return was;
+}
 
 extern "C" int attn_sm90_fwd_tail(int on) {
     const int was = g_fwd_tail;
@@ -410,7 +423,7 @@ static int fwd_qoff(int64_t T_, int bm) {
     return (int)(over / 64 * 64);
 }
 
-template <typename T, int NW>
+template <typename T, int NW, bool LAZY>
 static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                       float scale, zr_dtype dt, cudaStream_t st) {
@@ -420,7 +433,8 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 64, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 64, F2_BN, dt))
         return -1;
-    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true, NW> : attn_fwd_sm90_kernel<T, false, NW>;
+    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true, NW, LAZY>
+                      : attn_fwd_sm90_kernel<T, false, NW, LAZY>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem<NW>::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + C::BM - 1) / C::BM));
@@ -441,9 +455,11 @@ template <typename T>
 static int fwd_launch_rows(void *o, float *lse, const void *q, const void *k, const void *v,
                            const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                            float scale, zr_dtype dt, cudaStream_t st) {
-    if (fwd_rows(T_) == 192)
-        return fwd_launch<T, 3>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
-    return fwd_launch<T, 2>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    if (fwd_rows(T_) != 192)
+        return fwd_launch<T, 2, false>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    if (g_fwd_lazy) /* (the two-warpgroup kernel has no lazy instance: its tiles are T <= 128's) */
+        return fwd_launch<T, 3, true>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    return fwd_launch<T, 3, false>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
 }
 
 extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,

@@ -9,9 +9,8 @@
  * `bench_fused varlen` attention over packed sequences against the same tokens in causal rows,
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
- * bias-gradient column sums. BENCH_ATTN_FWD_ROWS=128|192 fixes the head_dim-64 forward's tile height
- * (attn_sm90_fwd_rows; unset or 0: by T); BENCH_ATTN_FWD_TAIL=1|0 its tiles before row 0 or from it
- * (attn_sm90_fwd_tail).
+ * bias-gradient column sums. BENCH_ATTN_FWD_ROWS, _TAIL and _LAZY pick the head_dim-64 forward's
+ * variants (fwd_knobs).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -386,6 +385,34 @@ static const struct {
     void (*rows)();
 } parts[] = {{"cross_entropy", cross_entropy_rows}, {"norm", norm_rows}, {"bias", bias_rows}};
 
+/* The head_dim-64 Hopper forward's variants, from the environment (each printed when set):
+ * BENCH_ATTN_FWD_ROWS=128|192|0 (attn_sm90_fwd_rows: queries a tile; 0 by T), BENCH_ATTN_FWD_TAIL=0|1
+ * (attn_sm90_fwd_tail: tiles from row 0 or before it), BENCH_ATTN_FWD_LAZY=0|1 (attn_sm90_fwd_lazy:
+ * O rescaled at every rise of a row's maximum or past a margin). False, with a line, on another value. */
+static bool fwd_knobs() {
+    const struct {
+        const char *env, *values;
+        int (*set)(int);
+    } knobs[] = {{"BENCH_ATTN_FWD_ROWS", "128 192 0", attn_sm90_fwd_rows},
+                 {"BENCH_ATTN_FWD_TAIL", "0 1", attn_sm90_fwd_tail},
+                 {"BENCH_ATTN_FWD_LAZY", "0 1", attn_sm90_fwd_lazy}};
+    for (auto &k : knobs) {
+        const char *r = getenv(k.env);
+        if (!r) continue;
+        char padded[64];
+        snprintf(padded, sizeof padded, " %s ", r);
+        char values[32];
+        snprintf(values, sizeof values, " %s ", k.values);
+        if (!*r || strchr(r, ' ') || !strstr(values, padded)) {
+            fprintf(stderr, "bench_fused: %s=%s: give one of %s\n", k.env, r, k.values);
+            return false;
+        }
+        k.set(atoi(r));
+        printf("head_dim-64 forward: %s=%s\n", k.env, r);
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     const bool attention = argc > 1 && strcmp(argv[1], "attention") == 0,
                sustained = attention && argc == 3 && strcmp(argv[2], "--sustained") == 0,
@@ -399,6 +426,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); /* each row as it is measured: a run cut off at a limit keeps them */
+    if (!fwd_knobs()) return 2;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP bench_fused: no CUDA device visible\n");
@@ -408,23 +436,6 @@ int main(int argc, char **argv) {
     CU(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20);
-    if (const char *r = getenv("BENCH_ATTN_FWD_ROWS")) { /* the head_dim-64 forward's tile height */
-        const int rows = atoi(r);
-        if (rows != 0 && rows != 128 && rows != 192) {
-            fprintf(stderr, "bench_fused: BENCH_ATTN_FWD_ROWS=%s: give 128, 192 or 0 (by T)\n", r);
-            return 2;
-        }
-        attn_sm90_fwd_rows(rows);
-        printf("head_dim-64 forward: %s\n", rows ? (rows == 128 ? "128-query tiles" : "192-query tiles") : "tiles by T");
-    }
-    if (const char *r = getenv("BENCH_ATTN_FWD_TAIL")) { /* its tiles shifted before row 0 */
-        if (strcmp(r, "0") != 0 && strcmp(r, "1") != 0) {
-            fprintf(stderr, "bench_fused: BENCH_ATTN_FWD_TAIL=%s: give 1 (tiles before row 0) or 0\n", r);
-            return 2;
-        }
-        attn_sm90_fwd_tail(r[0] == '1');
-        printf("head_dim-64 forward: tiles %s\n", r[0] == '1' ? "before row 0" : "from row 0");
-    }
     if (attention) { /* `bench_fused attention`: those rows alone */
         attention_rows(sustained);
         return 0;
