@@ -108,7 +108,7 @@ template <int NW> struct f2_smem {
  * alternating binaries) the forward ran 2-4% faster: B4 T2048 0.185 -> 0.180 ms, GPT-2's shape
  * 0.324 -> 0.315, T8192 within noise. (The turns: `git show a2f9a48^:kernels/cuda/
  * attention_fwd_sm90.cu`.) */
-template <typename T, bool VL, int NW, bool LAZY>
+template <typename T, bool VL, int NW>
 __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
     attn_fwd_sm90_kernel(uint16_t *__restrict__ o, float *__restrict__ lse,
                         const __grid_constant__ CUtensorMap tq,
@@ -293,8 +293,7 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
             reg_fence(sc);
             if (VL && (qt - it) * F2_BN < lomax)
                 mask_before<16>(sc, (qt - it) * F2_BN + t4 * 2, lo0, lo1);
-            const bool rescaled =
-                softmax_step<16, LAZY>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
+            softmax_step<16>(sc, m0, m1, al0, al1, rs0, rs1, false, 0, qrow, scale_log2);
             /* Pins the softmax before the P·V wait: without it ptxas hoists that wait to the first
              * shuffle (at R151 of 240: not for registers), and the exponentials wait for P·V. The
              * row sums are sums of 2^x, so their sign bit is never set (a NaN from inf/NaN inputs
@@ -307,12 +306,7 @@ __global__ void __launch_bounds__(f2_cfg<NW>::THR, 1)
             reg_fence(acc);
             reg_fence(pf);
             if (lane == 0) mbar_arrive(&empty[sp]);
-            if (LAZY && !rescaled) { /* warp-uniform: O and l keep their scale */
-                l0 += rs0;
-                l1 += rs1;
-            } else {
-                fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
-            }
+            fwd_rescale(acc, l0, l1, al0, al1, rs0, rs1);
             pack_a<T, 8>(pf, sc);
         }
 
@@ -389,14 +383,7 @@ extern "C" int attn_sm90_head_map(CUtensorMap *m, const void *base, const zr_att
 }
 
 static int g_fwd_rows; /* attn_sm90_fwd_rows: 0 automatic, else 128 or 192 */
-static int g_fwd_tail; /* attn_sm90_fwd_tail */
-static int g_fwd_lazy; /* attn_sm90_fwd_lazy */
-
-extern "C" int attn_sm90_fwd_lazy(int on) {
-    const int was = g_fwd_lazy;
-    g_fwd_lazy = on;
-    return was;
-}
+static int g_fwd_tail = 1; /* attn_sm90_fwd_tail */
 
 extern "C" int attn_sm90_fwd_tail(int on) {
     const int was = g_fwd_tail;
@@ -410,20 +397,22 @@ extern "C" int attn_sm90_fwd_rows(int rows) {
     return was;
 }
 
-/* Where the tiles start: at row 0 (the last tile of a head may hang past T: up to BM − 1 rows and
- * whole warpgroups idle in the head's heaviest tile), or, with attn_sm90_fwd_tail, shifted back by
- * the largest multiple of 64 rows that keeps the last tile's overhang (now under 64 rows) so the idle
- * warpgroups fall before row 0, in the head's first and cheapest tile. A multiple of 64, so every
- * warpgroup's rows still lie in one key tile; each row meets the same key tiles in the same order
- * (the same bits). Key steps a head (B4-style, the tile's steps; warpgroup steps are equal): T1024
- * 32 -> 27, T2048 101 -> 96, T8192 1429 -> 1408, T512 9 -> 8 (128-query tiles: 36, 136, 2080, 10). */
+/* Where the tiles start: shifted back before row 0 (attn_sm90_fwd_tail, the default) by the largest
+ * multiple of 64 rows that keeps the last tile's overhang past T (so now under 64 rows): the idle
+ * warpgroups fall before row 0, in the head's first and cheapest tile, not in its last and heaviest
+ * as with tiles from row 0 (up to BM − 1 rows past T there). A multiple of 64, so every warpgroup's
+ * rows still lie in one key tile; each row meets the same key tiles in the same order (the same
+ * bits). Key steps a head (the tile's; warpgroup steps are equal): T1024 32 -> 27, T2048 101 -> 96,
+ * T8192 1429 -> 1408, T512 9 -> 8. Measured (H100, bursts, medians of 5 alternating rounds, fwd ms,
+ * 192-query tiles; session 66): GPT-2's B64 H12 T1024 0.368 -> 0.329, B4 H32/8 T2048 0.177 -> 0.173,
+ * T8192 2.099 -> 2.079, T512 0.025 both. */
 static int fwd_qoff(int64_t T_, int bm) {
     if (!g_fwd_tail) return 0;
     const int64_t over = (T_ + bm - 1) / bm * bm - T_;
     return (int)(over / 64 * 64);
 }
 
-template <typename T, int NW, bool LAZY>
+template <typename T, int NW>
 static int fwd_launch(void *o, float *lse, const void *q, const void *k, const void *v,
                       const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                       float scale, zr_dtype dt, cudaStream_t st) {
@@ -433,8 +422,7 @@ static int fwd_launch(void *o, float *lse, const void *q, const void *k, const v
         attn_sm90_head_map(&mk, k, &L.k, B, Hkv, T_, 64, F2_BN, dt) ||
         attn_sm90_head_map(&mv, v, &L.v, B, Hkv, T_, 64, F2_BN, dt))
         return -1;
-    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true, NW, LAZY>
-                      : attn_fwd_sm90_kernel<T, false, NW, LAZY>;
+    auto kern = L.seg ? attn_fwd_sm90_kernel<T, true, NW> : attn_fwd_sm90_kernel<T, false, NW>;
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f2_smem<NW>::BYTES);
     /* the kernel's tile ids (< tiles + blocks) fit an int: 2^30 tiles would be 16 TB of Q */
     const int grid = attn_sm90_blocks(0, B * Hq * ((T_ + C::BM - 1) / C::BM));
@@ -455,11 +443,9 @@ template <typename T>
 static int fwd_launch_rows(void *o, float *lse, const void *q, const void *k, const void *v,
                            const zr_attn_layout &L, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_,
                            float scale, zr_dtype dt, cudaStream_t st) {
-    if (fwd_rows(T_) != 192)
-        return fwd_launch<T, 2, false>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
-    if (g_fwd_lazy) /* (the two-warpgroup kernel has no lazy instance: its tiles are T <= 128's) */
-        return fwd_launch<T, 3, true>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
-    return fwd_launch<T, 3, false>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    if (fwd_rows(T_) == 192)
+        return fwd_launch<T, 3>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
+    return fwd_launch<T, 2>(o, lse, q, k, v, L, B, Hq, Hkv, T_, scale, dt, st);
 }
 
 extern "C" int attn_sm90_forward(void *o, float *lse, const void *q, const void *k, const void *v,

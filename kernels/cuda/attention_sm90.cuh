@@ -371,14 +371,9 @@ static __device__ __forceinline__ void mask_before(float (&s)[4 * NT], int key0,
 /* Online-softmax step on a warpgroup's 64×(8·NT) tile of raw scores s (accumulator layout: this
  * thread's rows qrow, qrow + 8; columns key0 + 8*nt + {0, 1}): masks keys after the row when diag,
  * raises the running maxima m0, m1 (raw units), turns s into P = 2^((s − m)·sl) and returns the
- * factors al that rescale the old O and l, and the tile's partial row sums rs. LAZY (FlashAttention-4's
- * conditional rescaling): the warp's maxima stay as they are unless one of its rows' rose by more
- * than SM90_LAZY_MARGIN (log2 units: its P then reach at most 2^margin, which f32 sums and 16-bit P
- * hold), and then the step returns false with al = 1, so the caller skips O's rescale; the same
- * attention in exact arithmetic, other roundings. Returns whether al may differ from 1. */
-#define SM90_LAZY_MARGIN 8.f
-template <int NT, bool LAZY = false>
-static __device__ __forceinline__ bool softmax_step(float (&s)[4 * NT], float &m0, float &m1,
+ * factors al that rescale the old O and l, and the tile's partial row sums rs. */
+template <int NT>
+static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m0, float &m1,
                                                     float &al0, float &al1, float &rs0, float &rs1,
                                                     bool diag, int key0, int qrow, float sl) {
     if (diag) {
@@ -415,19 +410,12 @@ static __device__ __forceinline__ bool softmax_step(float (&s)[4 * NT], float &m
     /* finite: the first key of every processed tile is <= each row of the warpgroup (with packed
      * sequences a tile may mask all of a row's keys, but the diagonal tile, processed first, holds
      * the row's own key, so m0, m1 are finite from then on) */
-    /* (m = −inf before the first, diagonal, tile: a rise of +inf) */
-    const bool rescale = !LAZY || __any_sync(0xffffffffu, (mx0 - m0) * sl > SM90_LAZY_MARGIN ||
-                                                              (mx1 - m1) * sl > SM90_LAZY_MARGIN);
-    if (rescale) {
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        al0 = ex2((m0 - mn0) * sl);
-        al1 = ex2((m1 - mn1) * sl);
-        m0 = mn0;
-        m1 = mn1;
-    } else {
-        al0 = al1 = 1.f;
-    }
-    const float b0 = m0 * sl, b1 = m1 * sl;
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    al0 = ex2((m0 - mn0) * sl);
+    al1 = ex2((m1 - mn1) * sl);
+    m0 = mn0;
+    m1 = mn1;
+    const float b0 = mn0 * sl, b1 = mn1 * sl;
     rs0 = rs1 = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -438,7 +426,6 @@ static __device__ __forceinline__ bool softmax_step(float (&s)[4 * NT], float &m
         rs0 += s[4 * nt] + s[4 * nt + 1];
         rs1 += s[4 * nt + 2] + s[4 * nt + 3];
     }
-    return rescale;
 }
 
 template <typename T> struct cvt;

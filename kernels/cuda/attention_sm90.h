@@ -47,14 +47,10 @@ int64_t attn_sm90_dkv_rows_max_t(int64_t t);
  * or 192 (three); 0 automatic (the default: by T). Returns the previous setting. Both give the same
  * o, lse bits (each row meets the same key tiles in the same order). */
 int attn_sm90_fwd_rows(int rows);
-/* Test and benchmark knob of the same forward: 1 starts its tiles before row 0 so that the rows a
- * head's tiles hang past T fall before row 0 instead (in its cheapest tile, not its heaviest: see
- * fwd_qoff), 0 at row 0 (the default until measured). Returns the previous setting. The same bits. */
+/* Test and benchmark knob of the same forward: 1 (the default) starts its tiles before row 0 so that
+ * the rows a head's tiles hang past T fall before row 0 instead (in its cheapest tile, not its
+ * heaviest: see fwd_qoff), 0 at row 0. Returns the previous setting. The same bits. */
 int attn_sm90_fwd_tail(int on);
-/* Test and benchmark knob of the same forward in 192-query tiles: 1 rescales O only when a row's
- * running maximum rose by more than a margin (softmax_step's LAZY: other roundings, within the
- * tolerances), 0 at every rise (the default until measured). Returns the previous setting. */
-int attn_sm90_fwd_lazy(int on);
 /* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
  * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
  * run. */

@@ -9,8 +9,8 @@
  * `bench_fused varlen` attention over packed sequences against the same tokens in causal rows,
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
- * bias-gradient column sums. BENCH_ATTN_FWD_ROWS, _TAIL and _LAZY pick the head_dim-64 forward's
- * variants (fwd_knobs).
+ * bias-gradient column sums. BENCH_ATTN_FWD_ROWS and _TAIL pick the head_dim-64 forward's variants
+ * (fwd_knobs).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -387,15 +387,14 @@ static const struct {
 
 /* The head_dim-64 Hopper forward's variants, from the environment (each printed when set):
  * BENCH_ATTN_FWD_ROWS=128|192|0 (attn_sm90_fwd_rows: queries a tile; 0 by T), BENCH_ATTN_FWD_TAIL=0|1
- * (attn_sm90_fwd_tail: tiles from row 0 or before it), BENCH_ATTN_FWD_LAZY=0|1 (attn_sm90_fwd_lazy:
- * O rescaled at every rise of a row's maximum or past a margin). False, with a line, on another value. */
+ * (attn_sm90_fwd_tail: tiles from row 0, or before it as by default). False, with a line, on another
+ * value. */
 static bool fwd_knobs() {
     const struct {
         const char *env, *values;
         int (*set)(int);
     } knobs[] = {{"BENCH_ATTN_FWD_ROWS", "128 192 0", attn_sm90_fwd_rows},
-                 {"BENCH_ATTN_FWD_TAIL", "0 1", attn_sm90_fwd_tail},
-                 {"BENCH_ATTN_FWD_LAZY", "0 1", attn_sm90_fwd_lazy}};
+                 {"BENCH_ATTN_FWD_TAIL", "0 1", attn_sm90_fwd_tail}};
     for (auto &k : knobs) {
         const char *r = getenv(k.env);
         if (!r) continue;

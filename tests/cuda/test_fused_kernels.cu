@@ -842,25 +842,6 @@ static void check_fwd_rows(F &&fwd, dbuf &o_, dbuf &lse_, const char *what) {
         }
 }
 
-/* The same forward in 192-query tiles with its lazy rescale (attn_sm90_fwd_lazy: other roundings)
- * against the host reference within the forward's tolerances, its tiles from row 0 and before it;
- * o_of() downloads o in the reference's layout. */
-template <typename F, typename G>
-static void check_fwd_lazy(F &&fwd, G &&o_of, dbuf &o_, dbuf &lse_, const vec &o, const vec &lse,
-                           double tol, const char *what) {
-    for (int tail : {0, 1}) {
-        const int was = attn_sm90_fwd_rows(192), was_tail = attn_sm90_fwd_tail(tail),
-                  was_lazy = attn_sm90_fwd_lazy(1);
-        o_.poison(), lse_.poison();
-        fwd();
-        char w[200];
-        snprintf(w, sizeof w, "%s, lazy rescale%s", what, tail ? ", tiles before row 0" : "");
-        CHECK_CLOSE(o_of(), o, tol, w);
-        CHECK_CLOSE(lse_.down(), lse, 1e-5, w);
-        attn_sm90_fwd_rows(was), attn_sm90_fwd_tail(was_tail), attn_sm90_fwd_lazy(was_lazy);
-    }
-}
-
 /* Every case runs on the Hopper kernels where they run (compute capability 9.0: forward and backward
  * at Dh 64, 128 and the narrow 80, 96, 112, read in place by the 128-wide tiles) and on the mma.sync
  * fallback (attn_sm90_force(0, 0); a narrow Dh refused there). The narrow shapes run split (GQA on
@@ -919,15 +900,11 @@ TEST(attention_forward_backward) {
                                             Dh, 0.f, t, 0));
             CHECK_CLOSE(o_.down(), o, tol_of(t), what);
             CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
-            if (!fallback && Dh == 64) {
-                auto fwd = [&] {
+            if (!fallback && Dh == 64)
+                check_fwd_rows([&] {
                     CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq,
                                                     Hkv, T, Dh, 0.f, t, 0));
-                };
-                check_fwd_lazy(fwd, [&] { return o_.down(); }, o_, lse_, o, lse, tol_of(t), what);
-                fwd(); /* the default's o, lse again: the bits check below and the backward read them */
-                check_fwd_rows(fwd, o_, lse_, what);
-            }
+                }, o_, lse_, what);
             size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
             dbuf ws(wsb / 4 + 4, ZR_F32);
             CHECK_OK(attention_backward_cuda(dq_.p, dk_.p, dv_.p, do_.p, q_.p, k_.p, v_.p, o_.p,
@@ -1132,7 +1109,7 @@ TEST(attention_forward_persistent) {
     }
     attn_sm90_grid(0, 0);
     attn_sm90_fwd_rows(0);
-    attn_sm90_fwd_tail(0);
+    attn_sm90_fwd_tail(1);
 }
 
 /* A row's running maximum that grows at the last key tile the forward takes: keys 0..15 made to
@@ -1158,15 +1135,11 @@ TEST(attention_forward_late_maximum) {
         snprintf(what, sizeof what, "attention forward, a late maximum, %s B1 Hq2 Hkv1 T600", tn(t));
         CHECK_CLOSE(o_.down(), o, tol_of(t), what);
         CHECK_CLOSE(lse_.down(), lse, 1e-5, what);
-        if (attention_strided_ok(Dh, t)) {
-            auto fwd = [&] {
+        if (attention_strided_ok(Dh, t))
+            check_fwd_rows([&] {
                 CHECK_OK(attention_forward_cuda(o_.p, lse_.f(), q_.p, k_.p, v_.p, NULL, B, Hq, Hkv,
                                                 T, Dh, 0.f, t, 0));
-            };
-            check_fwd_lazy(fwd, [&] { return o_.down(); }, o_, lse_, o, lse, tol_of(t), what);
-            fwd();
-            check_fwd_rows(fwd, o_, lse_, what);
-        }
+            }, o_, lse_, what);
     }
 }
 
@@ -1255,16 +1228,11 @@ TEST(attention_varlen) {
                                                 0.f, t, 0));
                 CHECK_CLOSE(out(o2.down(), Hq), o, tol_of(t), what);
                 CHECK_CLOSE(lse2.down(), lse, 1e-5, what);
-                if (!mma) {
-                    auto fwd = [&] {
+                if (!mma)
+                    check_fwd_rows([&] {
                         CHECK_OK(attention_forward_cuda(o2.p, lse2.f(), qp, kp, vp, &L, B, Hq, Hkv,
                                                         T, Dh, 0.f, t, 0));
-                    };
-                    check_fwd_lazy(fwd, [&] { return out(o2.down(), Hq); }, o2, lse2, o, lse,
-                                   tol_of(t), what);
-                    fwd();
-                    check_fwd_rows(fwd, o2, lse2, what);
-                }
+                    }, o2, lse2, what);
                 size_t wsb = attention_backward_workspace_size(B, Hq, Hkv, T, Dh);
                 dbuf ws(wsb / 4 + 4, ZR_F32);
                 CHECK_OK(attention_backward_cuda(dq2.p, dk2.p, dv2.p, mma ? doc.p : do2.p, qp, kp, vp,

@@ -84,22 +84,21 @@ T.test("ab_attention.sh refuses a bad count, one build, a missing binary, a repe
   refused("1 x=" .. e .. " y=" .. a, "x: no attention rows in its output (round 1): SKIP bench_fused")
 end)
 
-T.test("ab_fwd_variants.sh: one bench_fused as five builds through its BENCH_ATTN_FWD_* knobs", function()
-  -- the stand-in's bwd tells which knobs it got: 0.40 + 0.01 ROWS=128 + 0.02 TAIL + 0.04 LAZY
+T.test("ab_fwd_variants.sh: one bench_fused as three builds through its BENCH_ATTN_FWD_* knobs", function()
+  -- the stand-in's bwd tells which knobs it got: 0.40 + 0.01 ROWS=128 + 0.02 TAIL=0
   local v = dir .. "/variants"
   put(v, table.concat {
-    "#!/bin/sh\n", ('echo "${BENCH_ATTN_FWD_ROWS:-}/${BENCH_ATTN_FWD_TAIL:-}/${BENCH_ATTN_FWD_LAZY:-} $*" >> %s/venv\n'):format(dir),
-    "b=$(awk -v r=\"${BENCH_ATTN_FWD_ROWS:-0}\" -v t=\"${BENCH_ATTN_FWD_TAIL:-0}\" -v l=\"${BENCH_ATTN_FWD_LAZY:-0}\" ",
-    "'BEGIN { printf \"%.3f\", 0.40 + (r == 128 ? 0.01 : 0) + 0.02 * t + 0.04 * l }')\n",
+    "#!/bin/sh\n", ('echo "${BENCH_ATTN_FWD_ROWS:-}/${BENCH_ATTN_FWD_TAIL:-} $*" >> %s/venv\n'):format(dir),
+    "b=$(awk -v r=\"${BENCH_ATTN_FWD_ROWS:-0}\" -v t=\"${BENCH_ATTN_FWD_TAIL:-1}\" ",
+    "'BEGIN { printf \"%.3f\", 0.40 + (r == 128 ? 0.01 : 0) + 0.02 * (1 - t) }')\n",
     "echo 'device: stand-in'\n",
     "printf '%-34s %10.3f %10.3f %10.3f %8.1f %8.1f %8.1f\\n' 'B4 T2048 H32/8 Dh64' 0.18 $b 0.5 1 1 1\n",
   })
   os.execute("chmod +x " .. v)
   local out, rc = T.run("sh tests/bench/ab_fwd_variants.sh 1 " .. v)
   assert(rc == 0, out)
-  T.eq(read(dir .. "/venv"), "0// attention\n128// attention\n/1/ attention\n//1 attention\n/1/1 attention\n",
-    "each variant's knobs, in order")
-  for name, bwd in pairs { base = 0.40, r128 = 0.41, tail = 0.42, lazy = 0.44, tail_lazy = 0.46 } do
+  T.eq(read(dir .. "/venv"), "0/ attention\n128/ attention\n/0 attention\n", "each variant's knobs, in order")
+  for name, bwd in pairs { base = 0.40, r128 = 0.41, head = 0.42 } do
     local got = out:match("\nB4 T2048 H32/8 Dh64 +" .. name .. " +[%d.]+ +([%d.]+)")
     T.eq(got, ("%.3f"):format(bwd), name .. "'s row")
   end
