@@ -43,6 +43,10 @@ void attn_sm90_grid(int fwd, int bwd);
  * previous setting. Both instances give the same dk, dv bits. (The head_dim-128 kernel has one
  * epilogue: session 55 measured a staged one no faster.) */
 int64_t attn_sm90_dkv_rows_max_t(int64_t t);
+/* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
+ * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
+ * run. */
+int attn_sm90_blocks(int bwd, int64_t tiles);
 /* Test and benchmark knob of the head_dim-64 forward: queries a tile, 128 (two consumer warpgroups)
  * or 192 (three); 0 automatic (the default: by T). Returns the previous setting. Both give the same
  * o, lse bits (each row meets the same key tiles in the same order). */
@@ -51,10 +55,6 @@ int attn_sm90_fwd_rows(int rows);
  * the rows a head's tiles hang past T fall before row 0 instead (in its cheapest tile, not its
  * heaviest: see fwd_qoff), 0 at row 0. Returns the previous setting. The same bits. */
 int attn_sm90_fwd_tail(int on);
-/* Blocks for a launch of `tiles` work tiles under that knob (bwd: 1 for the backward's): a block
- * per tile, or fewer; the backward's then no more than the pairs of items (ceil(tiles / 2)) they
- * run. */
-int attn_sm90_blocks(int bwd, int64_t tiles);
 
 /* 1 when the driver offers the tensor-map encoder the TMA loads (forward and backward) need. */
 int attn_sm90_tma_ready(void);
