@@ -35,7 +35,8 @@ static_assert((F2_ST & (F2_ST - 1)) == 0, "the ring's stage and phase are the co
 /* NW consumer warpgroups of 64 queries each: a tile of 64·NW queries, NW = 3 (FlashAttention-3's
  * tile at head_dim 64) or 2 (T <= 128, where a third warpgroup would have no rows). ptxas compiles
  * the consumers' code to setmaxnreg's count (160 with three), not to the launch's (128 at 512
- * threads), unless that code holds a trap (see the softmax pin below). */
+ * threads), unless that code holds a trap (see the softmax pin below): the two-warpgroup kernel's
+ * trap holds its consumers to the launch's 168, which they fit. */
 template <int NW> struct f2_cfg {
     static constexpr int BM = 64 * NW, CONS = 128 * NW, THR = CONS + 128, PRODUCER = CONS / 32;
     static constexpr int NREG = NW == 2 ? 240 : 160;
