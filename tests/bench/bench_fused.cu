@@ -391,19 +391,20 @@ static const struct {
  * value. */
 static bool fwd_knobs() {
     const struct {
-        const char *env, *values;
+        const char *env;
+        std::vector<const char *> values;
         int (*set)(int);
-    } knobs[] = {{"BENCH_ATTN_FWD_ROWS", "128 192 0", attn_sm90_fwd_rows},
-                 {"BENCH_ATTN_FWD_TAIL", "0 1", attn_sm90_fwd_tail}};
+    } knobs[] = {{"BENCH_ATTN_FWD_ROWS", {"128", "192", "0"}, attn_sm90_fwd_rows},
+                 {"BENCH_ATTN_FWD_TAIL", {"0", "1"}, attn_sm90_fwd_tail}};
     for (auto &k : knobs) {
         const char *r = getenv(k.env);
         if (!r) continue;
-        char padded[64];
-        snprintf(padded, sizeof padded, " %s ", r);
-        char values[32];
-        snprintf(values, sizeof values, " %s ", k.values);
-        if (!*r || strchr(r, ' ') || !strstr(values, padded)) {
-            fprintf(stderr, "bench_fused: %s=%s: give one of %s\n", k.env, r, k.values);
+        bool ok = false;
+        for (const char *v : k.values) ok = ok || strcmp(r, v) == 0;
+        if (!ok) {
+            fprintf(stderr, "bench_fused: %s=%s: give one of", k.env, r);
+            for (const char *v : k.values) fprintf(stderr, " %s", v);
+            fprintf(stderr, "\n");
             return false;
         }
         k.set(atoi(r));
