@@ -87,19 +87,6 @@ static __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-/* 2^x on the FMA pipe (FlashAttention-4's offload of the special-function unit): x rounded to
- * n by the 1.5·2^23 + 127 shift (r's low bits are n + 127, so r's bits << 23 are 2^n), a cubic
- * minimax for 2^f on [-0.5, 0.5] (relative error 7.5e-5, below bf16's half ulp 2e-3), times 2^n.
- * x <= -127 gives 0 (as ex2 gives for -inf); NaN stays NaN (max.NaN). */
-static __device__ __forceinline__ float ex2_fma(float x) {
-    asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x)); /* -127 */
-    const float r = __fadd_rn(x, 12583039.f);
-    const float f = __fsub_rn(x, __fsub_rn(r, 12583039.f));
-    const float p = fmaf(fmaf(fmaf(5.517166853e-02f, f, 2.426111251e-01f), f, 6.932609677e-01f), f,
-                         9.999280572e-01f);
-    return p * __uint_as_float(__float_as_uint(r) << 23);
-}
-
 static __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -430,22 +417,12 @@ static __device__ __forceinline__ void softmax_step(float (&s)[4 * NT], float &m
     m1 = mn1;
     const float b0 = mn0 * sl, b1 = mn1 * sl;
     rs0 = rs1 = 0.f;
-#ifndef ZR_FWD_EMU
-#define ZR_FWD_EMU 0
-#endif
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        if (((nt + 1) * ZR_FWD_EMU) / NT != (nt * ZR_FWD_EMU) / NT) {
-            s[4 * nt] = ex2_fma(fmaf(s[4 * nt], sl, -b0));
-            s[4 * nt + 1] = ex2_fma(fmaf(s[4 * nt + 1], sl, -b0));
-            s[4 * nt + 2] = ex2_fma(fmaf(s[4 * nt + 2], sl, -b1));
-            s[4 * nt + 3] = ex2_fma(fmaf(s[4 * nt + 3], sl, -b1));
-        } else {
-            s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
-            s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
-            s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
-            s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
-        }
+        s[4 * nt] = ex2(fmaf(s[4 * nt], sl, -b0));
+        s[4 * nt + 1] = ex2(fmaf(s[4 * nt + 1], sl, -b0));
+        s[4 * nt + 2] = ex2(fmaf(s[4 * nt + 2], sl, -b1));
+        s[4 * nt + 3] = ex2(fmaf(s[4 * nt + 3], sl, -b1));
         rs0 += s[4 * nt] + s[4 * nt + 1];
         rs1 += s[4 * nt + 2] + s[4 * nt + 3];
     }
