@@ -36,6 +36,8 @@ while [ "$r" -le "$rounds" ]; do
       print n, $1 " " $2 " " $3 " " $4, $5, $6, $7 }' OFS='\t' "$tmp/out" > "$tmp/rows"
     [ -s "$tmp/rows" ] || die "$n: no attention rows in its output (round $r): $(head -c 300 "$tmp/out")"
     cat "$tmp/rows" >> "$tmp/all"
+    # each run's rows as they come (a call cut off by its time limit keeps the rounds it ran)
+    sed "s/^/# round $r: /" "$tmp/rows"
   done
   r=$((r + 1))
 done
