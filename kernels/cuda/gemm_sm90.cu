@@ -195,8 +195,6 @@ __global__ void __launch_bounds__(GM_THR, 1)
         gm_ring<ST> r; /* load j = n·kt + kb's stage and parity */
         r.at((uint64_t)n * kt);
         const bool start = gm_acc_start<EPI>(acc, p, m0, n0, warp, g, t4);
-        if (EPI == GM_EPI_GLU_BWD && !(p.dbg & GEMM_SM90_DBG_NO_CLOAD))
-            gm_prefetch_glu_rows(p, m0, n0, GM_BM, tid & (GM_CONS / 2 - 1));
         reg_fence(acc[0]);
         reg_fence(acc[1]);
         bar_sync(GM_BAR_TURN + wg, GM_CONS);
@@ -293,8 +291,7 @@ extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
         } else if (g->epilogue == ZR_GEMM_EPI_GLU_BWD) {
             if (g->bias || !g->aux || !al16p(g->aux) || g->ld_aux % 8 || g->ld_aux < 2 * g->n || g->ldc < 2 * g->n)
                 return zr_error("%s: the GLU backward epilogue takes no bias and needs aux 16-byte aligned, ld_aux "
-                                "(%lld) a multiple of 8 and ld_aux, ldc (%lld) at least 2n (%lld) (cuBLASLt has no "
-                                "such epilogue: run the product, then glu_backward_cuda)", fn,
+                                "(%lld) a multiple of 8 and ld_aux, ldc (%lld) at least 2n (%lld)", fn,
                                 (long long)g->ld_aux, (long long)g->ldc, 2 * (long long)g->n);
         } else if (g->epilogue != ZR_GEMM_EPI_NONE) {
             return zr_error("%s: epilogue %d not taken (none, bias, GELU_AUX, GLU_BWD only; use cuBLASLt)", fn,

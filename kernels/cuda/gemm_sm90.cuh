@@ -100,30 +100,22 @@ static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float
                      : "memory");
 }
 
-/* The 16 bytes at q when pr, else zeros (a predicated load, ordered among the asm volatile loads and
- * stores as written: the GLU epilogue issues a chunk's loads ahead of the previous chunk's stores). */
-static __device__ __forceinline__ uint4 ld_v4_or0(const void *q, bool pr) {
-    uint4 v;
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %4, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\n"
-                 "mov.b32 %3, 0;\n@q ld.global.v4.b32 {%0, %1, %2, %3}, [%5];\n}\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"((int)pr), "l"(q));
-    return v;
-}
-
 /* The GLU backward of one chunk (ZR_GEMM_EPI_GLU_BWD): z is dh as gm_store_chunk takes it; rounded
- * to bf16 and transposed as it would be stored, the lane holds dh at (row, col .. col + 7); gv, uv
- * are gate and up there (loaded ahead by the caller), and dgate and dup are written to c and c + n
- * when st (silu_glu_bwd: swiglu.cu's arithmetic on the rounded dh, so the same bits as the product
- * stored and then that kernel). Every lane of the warp must call it (the shuffles). */
-static __device__ __forceinline__ void gm_glu_bwd_chunk(uint16_t *c, int64_t n, const float (&z)[8], uint4 gq,
-                                                        uint4 uq, int t4, bool st) {
+ * to bf16 and transposed as it would be stored, the lane holds dh at (row, col .. col + 7); gate and
+ * up are read from g (16 bytes) and g + n, dgate and dup written to c and c + n, when st (silu_glu_bwd:
+ * swiglu.cu's arithmetic on the rounded dh, so the same bits as the product stored and then that
+ * kernel; c may be g: each lane reads its chunks before it writes them). Every lane of the warp must
+ * call it (the shuffles). */
+static __device__ __forceinline__ void gm_glu_bwd_chunk(uint16_t *c, const uint16_t *g, int64_t n,
+                                                        const float (&z)[8], int t4, bool st) {
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
         w[i] = cvt<__nv_bfloat16>::pack(z[2 * i], z[2 * i + 1]);
     quad_transpose(w, t4);
-    const uint32_t gv[4] = {gq.x, gq.y, gq.z, gq.w}, uv[4] = {uq.x, uq.y, uq.z, uq.w};
+    if (!st) return;
+    const uint4 gw = *reinterpret_cast<const uint4 *>(g), uw = *reinterpret_cast<const uint4 *>(g + n);
+    const uint32_t gv[4] = {gw.x, gw.y, gw.z, gw.w}, uv[4] = {uw.x, uw.y, uw.z, uw.w};
     uint32_t dgw[4], duw[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -135,22 +127,12 @@ static __device__ __forceinline__ void gm_glu_bwd_chunk(uint16_t *c, int64_t n, 
         dgw[i] = cvt<__nv_bfloat16>::pack(dg0, dg1);
         duw[i] = cvt<__nv_bfloat16>::pack(du0, du1);
     }
-    if (!st) return;
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(c), "r"(dgw[0]), "r"(dgw[1]), "r"(dgw[2]),
-                 "r"(dgw[3]));
+                 "r"(dgw[3])
+                 : "memory");
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(c + n), "r"(duw[0]), "r"(duw[1]), "r"(duw[2]),
-                 "r"(duw[3]));
-}
-
-/* The GLU epilogue's gate and up rows of a tile (rows m0 .. m0 + rows - 1, columns n0 .. n0 + 127 of
- * each half, as far as m and n) fetched into L2 by the warpgroup's threads, one row of each a
- * thread, when its main loop starts: the epilogue's loads then wait for L2, not memory. A hint. */
-static __device__ __forceinline__ void gm_prefetch_glu_rows(const gm_args &p, int m0, int n0, int rows, int tid) {
-    const int row = m0 + tid, cols = p.n - n0 < 128 ? p.n - n0 : 128;
-    if (tid >= rows || row >= p.m || cols <= 0) return;
-    const uint16_t *g = static_cast<const uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + n0;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"((uint32_t)cols * 2) : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + p.n), "r"((uint32_t)cols * 2) : "memory");
+                 "r"(duw[3])
+                 : "memory");
 }
 
 /* x, y = the 2 floats at q when pr, else 0 (a predicated load: no branch). */
@@ -263,13 +245,6 @@ static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], co
             }
         }
     } else {
-        uint4 gq = make_uint4(0, 0, 0, 0), uq = gq; /* GLU: the chunk's gate and up, loaded one chunk ahead */
-        if (EPI == GM_EPI_GLU_BWD) {
-            const int row = m0 + warp * 16 + g + 8 * (t4 >> 1), sc = n0 + (t4 & 1) * 8;
-            const bool st = row < p.m && sc < p.n && !nostore;
-            const uint16_t *q = static_cast<const uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc;
-            gq = ld_v4_or0(q, st), uq = ld_v4_or0(q + p.n, st);
-        }
 #pragma unroll
         for (int np = 0; np < N4 / 8; ++np) {
             const int sc = n0 + np * 16 + (t4 & 1) * 8; /* the chunk this lane stores */
@@ -286,15 +261,10 @@ static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], co
                     z[2 * i] = acc[h][d];
                     z[2 * i + 1] = acc[h][d + 1];
                 }
-                if (EPI == GM_EPI_GLU_BWD) { /* the next chunk's gate and up loaded before this one's stores */
-                    const int it = np * H + h, nx = it + 1, nnp = nx / H, nh = nx % H;
-                    const int nrow = m0 + nh * 64 + warp * 16 + g + 8 * (t4 >> 1);
-                    const int nsc = n0 + nnp * 16 + (t4 & 1) * 8;
-                    const bool nst = nx < (N4 / 8) * H && nrow < p.m && nsc < p.n && !nostore;
-                    const uint16_t *nq = static_cast<const uint16_t *>(p.aux) + (int64_t)nrow * p.ld_aux + nsc;
-                    const uint4 gn = ld_v4_or0(nq, nst), un = ld_v4_or0(nq + p.n, nst);
-                    gm_glu_bwd_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc, p.n, z, gq, uq, t4, st);
-                    gq = gn, uq = un;
+                if (EPI == GM_EPI_GLU_BWD) {
+                    gm_glu_bwd_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc,
+                                     static_cast<const uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, p.n, z,
+                                     t4, st);
                     continue;
                 }
                 if (EPI == GM_EPI_GELU_AUX) {
