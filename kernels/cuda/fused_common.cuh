@@ -27,15 +27,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float 
 template <> __device__ __forceinline__ __half fromf<__half>(float v) { return __float2half_rn(v); }
 
 /* V consecutive elements at p (16-byte aligned when V*sizeof(T) == 16) to/from floats. */
-/* The SiLU-gated unit's backward for one element (swiglu.cu's kernel and the GEMM's GLU epilogue,
- * gemm_sm90.cuh: the same bits): dg, du from dh, the gate g and the up value u (silu's sigmoid
- * once for both). */
-static __device__ __forceinline__ void silu_glu_bwd(float d, float g, float u, float &dg, float &du) {
-    const float s = 1.f / (1.f + __expf(-g)), si = g * s;
-    du = d * si;
-    dg = d * u * (s + si * (1.f - s));
-}
-
 template <typename T, int V> static __device__ __forceinline__ void ldv(float *f, const T *p) {
     if (V * sizeof(T) == 16) {
         uint4 r = *reinterpret_cast<const uint4 *>(p);

@@ -288,14 +288,8 @@ extern "C" int gemm_sm90_check(const zr_gemm_desc *g) {
             if (!g->aux || !al16p(g->aux) || g->ld_aux % 8 || g->ld_aux < g->n)
                 return zr_error("%s: the GELU epilogue needs aux 16-byte aligned with ld_aux (%lld) a "
                                 "multiple of 8, at least n (use cuBLASLt)", fn, (long long)g->ld_aux);
-        } else if (g->epilogue == ZR_GEMM_EPI_GLU_BWD) {
-            if (g->bias || !g->aux || !al16p(g->aux) || g->ld_aux % 8 || g->ld_aux < 2 * g->n || g->ldc < 2 * g->n)
-                return zr_error("%s: the GLU backward epilogue takes no bias and needs aux 16-byte aligned, ld_aux "
-                                "(%lld) a multiple of 8 and ld_aux, ldc (%lld) at least 2n (%lld)", fn,
-                                (long long)g->ld_aux, (long long)g->ldc, 2 * (long long)g->n);
         } else if (g->epilogue != ZR_GEMM_EPI_NONE) {
-            return zr_error("%s: epilogue %d not taken (none, bias, GELU_AUX, GLU_BWD only; use cuBLASLt)", fn,
-                            g->epilogue);
+            return zr_error("%s: epilogue %d not taken (none, bias, GELU_AUX only; use cuBLASLt)", fn, g->epilogue);
         }
     } else if (g->c_dtype == ZR_F32) {
         if (g->bias || g->epilogue != ZR_GEMM_EPI_NONE || (g->beta != 0.0 && g->beta != 1.0))
@@ -351,7 +345,5 @@ extern "C" int gemm_sm90(const zr_gemm_desc *g, int grid, cudaStream_t stream) {
     if (g->c_dtype == ZR_F32) return gm_variants<GM_EPI_F32>(cl, sts, ta, tb, ma, mb, p, grid, stream);
     if (g->epilogue == ZR_GEMM_EPI_GELU_AUX)
         return gm_variants<GM_EPI_GELU_AUX>(cl, sts, ta, tb, ma, mb, p, grid, stream);
-    if (g->epilogue == ZR_GEMM_EPI_GLU_BWD)
-        return gm_variants<GM_EPI_GLU_BWD>(cl, sts, ta, tb, ma, mb, p, grid, stream);
     return gm_variants<GM_EPI_BF16>(cl, sts, ta, tb, ma, mb, p, grid, stream);
 }

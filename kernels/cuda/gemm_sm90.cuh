@@ -14,7 +14,7 @@
 #include "fused_common.cuh"
 #include "gemm_sm90.h"
 
-enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2, GM_EPI_GLU_BWD = 3 };
+enum { GM_EPI_BF16 = 0, GM_EPI_GELU_AUX = 1, GM_EPI_F32 = 2 };
 #define GM_BK 64   /* k a stage: 128-byte swizzled rows, TMA's widest swizzled box */
 #define GM_GROUP 8 /* m tiles a group of the tile order (L2 reuse of B) */
 
@@ -98,41 +98,6 @@ static __device__ __forceinline__ void gm_store_chunk(uint16_t *dst, const float
         asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]),
                      "r"(w[2]), "r"(w[3])
                      : "memory");
-}
-
-/* The GLU backward of one chunk (ZR_GEMM_EPI_GLU_BWD): z is dh as gm_store_chunk takes it; rounded
- * to bf16 and transposed as it would be stored, the lane holds dh at (row, col .. col + 7); gate and
- * up are read from g (16 bytes) and g + n, dgate and dup written to c and c + n, when st (silu_glu_bwd:
- * swiglu.cu's arithmetic on the rounded dh, so the same bits as the product stored and then that
- * kernel; c may be g: each lane reads its chunks before it writes them). Every lane of the warp must
- * call it (the shuffles). */
-static __device__ __forceinline__ void gm_glu_bwd_chunk(uint16_t *c, const uint16_t *g, int64_t n,
-                                                        const float (&z)[8], int t4, bool st) {
-    uint32_t w[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        w[i] = cvt<__nv_bfloat16>::pack(z[2 * i], z[2 * i + 1]);
-    quad_transpose(w, t4);
-    if (!st) return;
-    const uint4 gw = *reinterpret_cast<const uint4 *>(g), uw = *reinterpret_cast<const uint4 *>(g + n);
-    const uint32_t gv[4] = {gw.x, gw.y, gw.z, gw.w}, uv[4] = {uw.x, uw.y, uw.z, uw.w};
-    uint32_t dgw[4], duw[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float dg0, du0, dg1, du1;
-        silu_glu_bwd(__uint_as_float(w[i] << 16), __uint_as_float(gv[i] << 16), __uint_as_float(uv[i] << 16),
-                     dg0, du0);
-        silu_glu_bwd(__uint_as_float(w[i] & 0xffff0000u), __uint_as_float(gv[i] & 0xffff0000u),
-                     __uint_as_float(uv[i] & 0xffff0000u), dg1, du1);
-        dgw[i] = cvt<__nv_bfloat16>::pack(dg0, dg1);
-        duw[i] = cvt<__nv_bfloat16>::pack(du0, du1);
-    }
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(c), "r"(dgw[0]), "r"(dgw[1]), "r"(dgw[2]),
-                 "r"(dgw[3])
-                 : "memory");
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(c + n), "r"(duw[0]), "r"(duw[1]), "r"(duw[2]),
-                 "r"(duw[3])
-                 : "memory");
 }
 
 /* x, y = the 2 floats at q when pr, else 0 (a predicated load: no branch). */
@@ -222,9 +187,8 @@ static __device__ __forceinline__ bool gm_acc_start(float (&acc)[H][N4], const g
  * straight to global memory, masked at m and n, stores only (nothing when nostore). f32: pairs, a
  * row's 4 lanes one 32-byte sector. bf16: per pair of 8-column groups, the quad's 2 rows x 16
  * columns transposed so that each lane stores one 16-byte chunk (a row's 32 bytes: one sector);
- * GELU_AUX stores z to aux and gelu(z) to c (z itself with GEMM_SM90_DBG_NO_GELU); GLU_BWD reads
- * gate and up from aux and stores dgate and dup to c (gm_glu_bwd_chunk). Every lane of the warp must
- * call it (the shuffles). */
+ * GELU_AUX stores z to aux and gelu(z) to c (z itself with GEMM_SM90_DBG_NO_GELU). Every lane of
+ * the warp must call it (the shuffles). */
 template <int EPI, int H, int N4>
 static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], const gm_args &p, int m0, int n0,
                                                    int warp, int g, int t4, bool nostore) {
@@ -260,12 +224,6 @@ static __device__ __forceinline__ void gm_epilogue(const float (&acc)[H][N4], co
                     const int d = 4 * (2 * np + (i & 1)) + 2 * (i >> 1);
                     z[2 * i] = acc[h][d];
                     z[2 * i + 1] = acc[h][d + 1];
-                }
-                if (EPI == GM_EPI_GLU_BWD) {
-                    gm_glu_bwd_chunk(static_cast<uint16_t *>(p.c) + (int64_t)row * p.ldc + sc,
-                                     static_cast<const uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, p.n, z,
-                                     t4, st);
-                    continue;
                 }
                 if (EPI == GM_EPI_GELU_AUX) {
                     gm_store_chunk(static_cast<uint16_t *>(p.aux) + (int64_t)row * p.ld_aux + sc, z, t4, st);

@@ -27,9 +27,7 @@ extern "C" {
  *   m, n, k multiples of 8 (any size otherwise: partial 128 x 128 tiles are masked), every leading
  *   dimension a multiple of 8 and at least the row it holds, a, b, c, bias, aux 16-byte aligned;
  *   c_dtype bf16: beta 0, bias optional; epilogue ZR_GEMM_EPI_GELU_AUX writes c = gelu_tanh(z)
- *     and aux (ld_aux) = z, z = product (+ bias) (cuBLASLt's GELU_AUX(_BIAS)); epilogue
- *     ZR_GEMM_EPI_GLU_BWD (no bias; ld_aux and ldc at least 2n, aux 16-byte aligned): the product is
- *     a SiLU-gated unit's dh, dgate and dup are written to c from gate and up in aux (matmul.h);
+ *     and aux (ld_aux) = z, z = product (+ bias) (cuBLASLt's GELU_AUX(_BIAS));
  *   c_dtype f32: beta 0 or 1 (C = product + C: a gradient accumulator), no bias, no epilogue.
  * Returns 0 when it takes g, else -1 with zr_error saying why (the caller uses cuBLASLt then). */
 int gemm_sm90_check(const zr_gemm_desc *g);

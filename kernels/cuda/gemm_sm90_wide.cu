@@ -261,6 +261,5 @@ extern "C" int gemm_sm90_wide(const zr_gemm_desc *g, int grid, cudaStream_t stre
     const int ta = !!g->ta, tb = !!g->tb;
     if (g->c_dtype == ZR_F32) return gw_layouts<GM_EPI_F32>(cl, ta, tb, ma, mb, p, grid, stream);
     if (g->epilogue == ZR_GEMM_EPI_GELU_AUX) return gw_layouts<GM_EPI_GELU_AUX>(cl, ta, tb, ma, mb, p, grid, stream);
-    if (g->epilogue == ZR_GEMM_EPI_GLU_BWD) return gw_layouts<GM_EPI_GLU_BWD>(cl, ta, tb, ma, mb, p, grid, stream);
     return gw_layouts<GM_EPI_BF16>(cl, ta, tb, ma, mb, p, grid, stream);
 }

@@ -193,8 +193,7 @@ extern "C" int gemm_plan_init_cuda(zr_gemm_plan *e, const zr_gemm_desc *g, int d
     if (g->bias || g->epilogue) {
         if (g->epilogue != ZR_GEMM_EPI_NONE && g->epilogue != ZR_GEMM_EPI_GELU_AUX && g->epilogue != ZR_GEMM_EPI_DGELU) {
             gemm_plan_destroy_cuda(e);
-            return zr_error("matmul (cuda): epilogue %d has no cuBLASLt form (the GLU backward runs on gemm_sm90 only)",
-                            g->epilogue);
+            return zr_error("matmul (cuda): epilogue %d unknown (ZR_GEMM_EPI_NONE, _GELU_AUX or _DGELU)", g->epilogue);
         }
         if (g->epilogue == ZR_GEMM_EPI_DGELU && (g->bias || g->batch > 1 || g->beta != 0)) {
             gemm_plan_destroy_cuda(e);

@@ -29,13 +29,8 @@ extern "C" {
  * epilogue ZR_GEMM_EPI_DGELU (batch 1; bias NULL; beta 0): C = product ⊙ gelu_tanh'(aux), aux (m rows of
  * ld_aux, c_dtype) the GELU's input saved by GELU_AUX (cuBLASLt's DGELU). No bias-gradient epilogue:
  * DGELU_BGRAD and BGRADB measured slower than the product plus sum_cols at GPT-2's shapes on an H200
- * (tests/bench/RESULTS.md).
- * epilogue ZR_GEMM_EPI_GLU_BWD (our Hopper GEMMs only, gemm_sm90.h; cuBLASLt refuses it): the product
- * is dh, the gradient of a SiLU-gated unit's output h = silu(gate) ⊙ up (n columns); aux (m rows of
- * ld_aux) holds gate in columns 0..n-1 and up in n..2n-1, and C (m rows of ldc) gets dgate in columns
- * 0..n-1 and dup in n..2n-1 (aux == c: in place), dh never stored: swiglu.cu's backward on the
- * product rounded to c_dtype, the same bits. */
-enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_DGELU = 2, ZR_GEMM_EPI_GLU_BWD = 3 };
+ * (tests/bench/RESULTS.md). */
+enum { ZR_GEMM_EPI_NONE = 0, ZR_GEMM_EPI_GELU_AUX = 1, ZR_GEMM_EPI_DGELU = 2 };
 typedef struct {
     int ta, tb;
     int64_t m, n, k;

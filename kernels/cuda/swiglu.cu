@@ -47,8 +47,10 @@ __global__ void swiglu_kernel(T *out0, T *out1, const T *dh, const T *gate, cons
             ldv<T, V>(d, dh + row * F + c);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                if (ACT == ZR_GLU_SILU) {
-                    silu_glu_bwd(d[k], g[k], u[k], dg[k], du[k]);
+                if (ACT == ZR_GLU_SILU) { /* (silu's sigmoid once for both) */
+                    const float s = 1.f / (1.f + __expf(-g[k])), si = g[k] * s;
+                    du[k] = d[k] * si;
+                    dg[k] = d[k] * u[k] * (s + si * (1.f - s));
                 } else {
                     du[k] = d[k] * glu_act<ACT>(g[k]);
                     dg[k] = d[k] * u[k] * glu_act_grad<ACT>(g[k]);

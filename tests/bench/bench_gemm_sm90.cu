@@ -15,10 +15,7 @@
  * them: a fault prints "CUDA error ... in <step>" (exit 2), a step stuck 60 s "hang ... in <step>"
  * (exit 3).
  * Usage: bench_gemm_sm90 [-a] [filter]: filter, a substring of the product names ("gate_up", "dW",
- * "c_fc"), runs only those (gate_up: about 40 s). bench_gemm_sm90 glu: Llama-3.2-1B's down-projection
- * dX (2048 and 8192 tokens) followed by the SiLU-gated unit's backward (swiglu.cu), as cuBLASLt's
- * product then the kernel, ours then the kernel, and ours with the backward in its epilogue
- * (ZR_GEMM_EPI_GLU_BWD: dh never stored), with whether the fused bits equal ours-then-kernel's.
+ * "c_fc"), runs only those (gate_up: about 40 s).
  * Build and run (H100/H200): make build/bench/bench_gemm_sm90 && build/bench/bench_gemm_sm90 */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,7 +33,6 @@
 #include <vector>
 
 #include "kernels/cuda/gemm_sm90.h"
-#include "kernels/cuda/swiglu.h"
 #include "../cuda/cu_check.h"
 extern "C" {
 #include "kernels/base/error.h"
@@ -229,66 +225,6 @@ static void diagnose(const prod &p, void *a, void *b, void *c, void *aux, void *
     use(nullptr, 0);
 }
 
-/* `bench_gemm_sm90 glu`: dX = dY W of Llama-3.2-1B's down projection (tokens x 8192 x 2048, W [2048][8192])
- * and the SiLU-gated unit's backward over gate | up (tokens x 16384), after a 2 s heat; sustained
- * best-of-3 ms. Returns 1 when the fused bits differ from ours-then-kernel's. */
-static int glu_rows() {
-    const int64_t N = 8192, K = 2048;
-    int bad = 0;
-    printf("%-8s | %9s %9s %9s | %9s %9s | %9s %9s | %12s | %s\n", "tokens", "Lt dX", "glu bwd", "Lt+glu",
-           "pp+glu", "wide+glu", "pp fused", "wide fused", "best/Lt+glu", "bits");
-    for (int64_t M : {2048, 8192}) {
-        void *dy = dev_random((size_t)(M * K), 0, 11, 1.f), *w = dev_random((size_t)(K * N), 0, 12, 0.05f);
-        void *gu = dev_random((size_t)(M * 2 * N), 0, 13, 4.f), *dh = dev_random((size_t)(M * N), 0, 14, 1.f);
-        void *out = dev_random((size_t)(M * 2 * N), 0, 15, 1.f);
-        zr_gemm_desc g;
-        memset(&g, 0, sizeof g);
-        g.ta = 0, g.tb = 0, g.m = M, g.n = N, g.k = K, g.a = dy, g.lda = K, g.b = w, g.ldb = N, g.c = dh, g.ldc = N;
-        g.batch = 1, g.alpha = 1, g.ab_dtype = g.c_dtype = ZR_BF16;
-        zr_gemm_desc f = g;
-        f.epilogue = ZR_GEMM_EPI_GLU_BWD, f.c = out, f.ldc = 2 * N, f.aux = gu, f.ld_aux = 2 * N;
-        auto glu = [&] {
-            return glu_backward_cuda(out, (uint16_t *)out + N, dh, gu, (const uint16_t *)gu + N, M, N, 2 * N,
-                                     ZR_GLU_SILU, ZR_BF16, 0);
-        };
-        auto timed = [&](const char *what, const std::function<int()> &fn) {
-            step("glu %lld tokens: %s", (long long)M, what);
-            const double ms = best_ms(fn);
-            settle();
-            return ms;
-        };
-        const double lt = timed("cuBLASLt dX", [&] { return gemm_ex_cuda(&g, 0); });
-        const double gl = timed("glu_backward_cuda", glu);
-        const double ltg = timed("cuBLASLt dX + glu", [&] { return gemm_ex_cuda(&g, 0) || glu(); });
-        const double ppg = timed("ping-pong dX + glu", [&] { return gemm_sm90(&g, 0, 0) || glu(); });
-        const double wdg = timed("wide dX + glu", [&] { return gemm_sm90_wide(&g, 0, 0) || glu(); });
-        const double ppf = timed("ping-pong fused", [&] { return gemm_sm90(&f, 0, 0); });
-        const double wdf = timed("wide fused", [&] { return gemm_sm90_wide(&f, 0, 0); });
-        /* bits: ours then the kernel, against the epilogue (ping-pong, then wide) */
-        const size_t ob = (size_t)(M * 2 * N) * 2;
-        std::vector<uint8_t> a(ob), b(ob);
-        std::string differ;
-        for (int k = 0; k < 2; ++k) {
-            auto fn = k ? gemm_sm90_wide : gemm_sm90;
-            step("glu %lld tokens: bits (%s)", (long long)M, k ? "wide" : "ping-pong");
-            if (fn(&g, 0, 0) || glu()) return printf("FAILED: %s\n", zr_last_error()), 2;
-            settle();
-            CU(cudaMemcpy(a.data(), out, ob, cudaMemcpyDeviceToHost));
-            if (fn(&f, 0, 0)) return printf("FAILED: %s\n", zr_last_error()), 2;
-            settle();
-            CU(cudaMemcpy(b.data(), out, ob, cudaMemcpyDeviceToHost));
-            if (a != b) differ += k ? " wide" : " ping-pong";
-        }
-        const double best = std::min(ppf, wdf);
-        printf("%-8lld | %9.4f %9.4f %9.4f | %9.4f %9.4f | %9.4f %9.4f | %12.3f | %s\n", (long long)M, lt, gl, ltg, ppg,
-               wdg, ppf, wdf, best / ltg, differ.empty() ? "same" : ("DIFFER:" + differ).c_str());
-        fflush(stdout);
-        bad += !differ.empty();
-        for (void *p : {dy, w, gu, dh, out}) cudaFree(p);
-    }
-    return bad ? 1 : 0;
-}
-
 int main(int argc, char **argv) {
     signal(SIGALRM, on_alarm);
     bool all_rows = false;
@@ -325,14 +261,12 @@ int main(int argc, char **argv) {
     }
     /* GPT-2 c_fc: 64 x 1024 tokens, 768 -> 3072, Conv1D's weight (in, out) (tb 0) */
     all[na++] = {"gpt2 c_fc bias+gelu", 0, 0, 65536, 3072, 768, 0, 1};
-    const bool glu = filter && !strcmp(filter, "glu");
     prod ps[32];
     int np = 0;
     for (int i = 0; i < na; ++i)
         if (!filter || strstr(all[i].name, filter)) ps[np++] = all[i];
-    if (glu) np = 1, ps[0] = all[0]; /* the buffers and the heat below; then glu_rows alone */
     if (!np) {
-        fprintf(stderr, "bench_gemm_sm90: no product name contains '%s' (or 'glu'); the names:", filter);
+        fprintf(stderr, "bench_gemm_sm90: no product name contains '%s'; the names:", filter);
         for (int i = 0; i < na; ++i) fprintf(stderr, " '%s'", all[i].name);
         fprintf(stderr, "\n");
         return 1;
@@ -363,11 +297,6 @@ int main(int argc, char **argv) {
         settle();
     }
 
-    if (glu) {
-        const int rc = glu_rows();
-        alarm(0);
-        return rc;
-    }
     /* per product: cuBLASLt, then each variant's TFLOP/s and r = cuBLASLt ms / its ms (above 1: ours
      * faster) */
     printf("%-20s %6s %6s %6s | %8s %6s |", "product", "M", "N", "K", "Lt ms", "TFLOP/s");

@@ -25,7 +25,6 @@
 
 #include "../c/check.h"
 #include "kernels/cuda/gemm_sm90.h"
-#include "kernels/cuda/swiglu.h"
 #include "cu_check.h"
 extern "C" {
 #include "kernels/base/error.h"
@@ -496,10 +495,6 @@ static void test_refusals(bool gpu) {
         {"dGELU epilogue", [](zr_gemm_desc &g, void *, void *aux) { g.epilogue = ZR_GEMM_EPI_DGELU, g.aux = aux, g.ld_aux = 64; }},
         {"GELU without aux", [](zr_gemm_desc &g, void *, void *) { g.epilogue = ZR_GEMM_EPI_GELU_AUX; }},
         {"GELU ld_aux below n", [](zr_gemm_desc &g, void *, void *aux) { g.epilogue = ZR_GEMM_EPI_GELU_AUX, g.aux = aux, g.ld_aux = 56; }},
-        {"GLU backward without aux", [](zr_gemm_desc &g, void *, void *) { g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.ldc = 128; }},
-        {"GLU backward ld_aux below 2n", [](zr_gemm_desc &g, void *, void *aux) { g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.aux = aux, g.ld_aux = 120, g.ldc = 128; }},
-        {"GLU backward ldc below 2n", [](zr_gemm_desc &g, void *, void *aux) { g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.aux = aux, g.ld_aux = 128; }},
-        {"GLU backward with bias", [](zr_gemm_desc &g, void *bias, void *aux) { g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.aux = aux, g.ld_aux = 128, g.ldc = 128, g.bias = bias; }},
     };
     zr_gemm_desc plain;
     memset(&plain, 0, sizeof plain);
@@ -581,99 +576,6 @@ static void test_refusals(bool gpu) {
     delete r;
 }
 
-/* The GLU backward epilogue (ZR_GEMM_EPI_GLU_BWD), dX = dY W's layout (ta 0; tb 0 and 1), for every
- * implementation: the product stored plain (dh, against the host reference) and then swiglu.cu's
- * backward (glu_backward_cuda) give the epilogue's bits exactly, out of place (the padding left
- * alone) and in place (aux == c); and against a host double SiLU-GLU backward of that dh within
- * bf16's rounding. Gate values in [-4, 4) (silu's bend and tails), up in [-1, 1). cuBLASLt refuses
- * the epilogue with a message. */
-static void test_glu_bwd() {
-    struct sz {
-        int m, n, k, pad;
-    } sizes[] = {{128, 128, 64, 0}, {200, 136, 72, 8}, {264, 392, 520, 16}, {1032, 264, 136, 0}};
-    for (const sz &s : sizes) {
-        problem P(s.m, s.n, s.k);
-        const int m = s.m, n = s.n;
-        const int64_t ld = 2 * (int64_t)n + s.pad; /* gate | up | padding (poison) */
-        std::vector<uint16_t> hgu((size_t)m * ld, 0xffff);
-        for (int i = 0; i < m; ++i)
-            for (int j = 0; j < 2 * n; ++j) hgu[(size_t)i * ld + j] = bfbits(j < n ? 4 * urand() : urand());
-        const size_t bytes = (size_t)m * ld * 2;
-        void *gu, *dh, *ref, *out;
-        CU(cudaMalloc(&gu, bytes));
-        CU(cudaMalloc(&dh, (size_t)m * n * 2));
-        CU(cudaMalloc(&ref, bytes));
-        CU(cudaMalloc(&out, bytes));
-        CU(cudaMemcpy(gu, hgu.data(), bytes, cudaMemcpyHostToDevice));
-        auto down = [&](void *p, size_t nb) {
-            std::vector<uint16_t> h(nb / 2);
-            CU(cudaMemcpy(h.data(), p, nb, cudaMemcpyDeviceToHost));
-            return h;
-        };
-        for (int tb = 0; tb < 2; ++tb) {
-            run r(P, 0, tb, 0);
-            for (const impl &im : impls) {
-                snprintf(casebuf, sizeof casebuf, "glu_bwd epilogue: %s m%d n%d k%d ta0 tb%d ld %lld", im.name, m, n,
-                         s.k, tb, (long long)ld);
-                use(im);
-                zr_gemm_desc g = r.desc(E_NONE);
-                g.c = dh, g.ldc = n;
-                CHECK_MSG(im.fn(&g, 0, 0) == 0, "%s plain: %s", im.name, zr_last_error());
-                CU(cudaMemset(ref, 0xff, bytes));
-                CHECK_MSG(glu_backward_cuda(ref, (uint16_t *)ref + n, dh, gu, (const uint16_t *)gu + n, m, n, ld,
-                                            ZR_GLU_SILU, ZR_BF16, 0) == 0,
-                          "glu_backward_cuda: %s", zr_last_error());
-                sync_or_die(casebuf);
-                g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.c = out, g.ldc = ld, g.aux = gu, g.ld_aux = ld;
-                CU(cudaMemset(out, 0xff, bytes));
-                CHECK_MSG(im.fn(&g, 0, 0) == 0, "%s fused: %s", im.name, zr_last_error());
-                sync_or_die(casebuf);
-                const std::vector<uint16_t> hd = down(dh, (size_t)m * n * 2), hr = down(ref, bytes),
-                                            ho = down(out, bytes);
-                CHECK_MSG(ho == hr, "the fused bits differ from the product then glu_backward_cuda's");
-                /* in place: gate and up overwritten by their gradients */
-                CU(cudaMemcpy(out, gu, bytes, cudaMemcpyDeviceToDevice));
-                g.aux = out;
-                CHECK_MSG(im.fn(&g, 0, 0) == 0, "%s in place: %s", im.name, zr_last_error());
-                sync_or_die(casebuf);
-                CHECK_MSG(down(out, bytes) == hr, "in place: the bits differ from out of place");
-                /* the host: dh against the exact product, the gradients against double arithmetic */
-                size_t bad = 0;
-                char first[200] = "";
-                for (int i = 0; i < m; ++i)
-                    for (int j = 0; j < n; ++j) {
-                        const size_t q = (size_t)i * n + j;
-                        const double d = bfval(hd[q]), tol_d = fabs(P.P[q]) / 256 + 1e-4 * P.S[q] + 1e-6;
-                        const double gg = bfval(hgu[(size_t)i * ld + j]), uu = bfval(hgu[(size_t)i * ld + n + j]);
-                        const double sg = 1 / (1 + exp(-gg)), du = d * gg * sg, dg = d * uu * sg * (1 + gg * (1 - sg));
-                        const double got_g = bfval(ho[(size_t)i * ld + j]), got_u = bfval(ho[(size_t)i * ld + n + j]);
-                        const double tg = fabs(dg) / 128 + 1e-5 * fabs(d) * (fabs(uu) + 1),
-                                     tu = fabs(du) / 128 + 1e-5 * fabs(d) * (fabs(gg) + 1);
-                        const bool ok = fabs(d - P.P[q]) <= tol_d && fabs(got_g - dg) <= tg &&
-                                        fabs(got_u - du) <= tu;
-                        if (!ok && !bad++)
-                            snprintf(first, sizeof first, "(%d, %d): dh %.6g (exact %.6g) dgate %.6g (%.6g) dup %.6g (%.6g)",
-                                     i, j, d, P.P[q], got_g, dg, got_u, du);
-                    }
-                CHECK_MSG(bad == 0, "%zu elements off the host reference, first %s", bad, first);
-                result(casebuf);
-            }
-            use_defaults();
-            if (tb == 0) { /* cuBLASLt has no such epilogue: refused, said so */
-                zr_gemm_desc g = r.desc(E_NONE);
-                g.epilogue = ZR_GEMM_EPI_GLU_BWD, g.c = out, g.ldc = ld, g.aux = gu, g.ld_aux = ld;
-                snprintf(casebuf, sizeof casebuf, "glu_bwd epilogue: cuBLASLt refuses it (m%d n%d)", m, n);
-                zr_clear_error();
-                const int rc = gemm_ex_cuda(&g, 0);
-                const std::string msg = zr_last_error_message() ? zr_last_error_message() : "";
-                CHECK_MSG(rc != 0 && msg.find("epilogue") != std::string::npos, "rc %d, message '%s'", rc, msg.c_str());
-                result(std::string(casebuf) + " (" + msg + ")");
-            }
-        }
-        cudaFree(gu), cudaFree(dh), cudaFree(ref), cudaFree(out);
-    }
-}
-
 int main(void) {
     signal(SIGALRM, on_alarm); /* before result() first arms it */
     alarm(120);
@@ -689,7 +591,6 @@ int main(void) {
         return 1;
     }
     test_refusals(true);
-    test_glu_bwd();
     test_large_first();
     test_cluster_scope();
     /* sizes: one tile and one k block; boxes larger than the matrices; partial m, n tiles and a
