@@ -146,6 +146,8 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
            shape, ms, gbs, 100 * gbs / copy_gbs, 100 * gbs / same_size_copy_gbs(bytes));
 }
 
+static int attn_dh_only; /* BENCH_ATTN_DH (fwd_knobs): the attention rows of that head_dim alone (0: all) */
+
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
  * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA) at head_dim 64; then head_dim 128
  * (Qwen3-0.6B's 16 / 8 heads at B4 T512, Llama-3-8B's 32 / 8 at B4 T2048 and B1 T8192) with the
@@ -163,7 +165,8 @@ static void attention_rows(bool sustained) {
     for (int mode : {0, 1, 2})
     for (auto &s : shapes) {
         const int grid = mode == 1 ? -1 : 0;
-        if ((sustained && mode == 1) || (mode == 2 && s[4] != 128)) continue;
+        if ((sustained && mode == 1) || (mode == 2 && s[4] != 128) || (attn_dh_only && s[4] != attn_dh_only))
+            continue;
         attn_sm90_grid(grid, grid);
         attn_sm90_force(mode == 2 ? 0 : -1, mode == 2 ? 0 : -1);
         const int64_t B = s[0], Hq = s[1], Hkv = s[2], T = s[3], Dh = s[4];
@@ -385,17 +388,23 @@ static const struct {
     void (*rows)();
 } parts[] = {{"cross_entropy", cross_entropy_rows}, {"norm", norm_rows}, {"bias", bias_rows}};
 
-/* The head_dim-64 Hopper forward's variants, from the environment (each printed when set):
- * BENCH_ATTN_FWD_ROWS=128|192|0 (attn_sm90_fwd_rows: queries a tile; 0 by T), BENCH_ATTN_FWD_TAIL=0|1
- * (attn_sm90_fwd_tail: tiles from row 0, or before it as by default). False, with a line, on another
- * value. */
+static int set_attn_dh(int dh) {
+    attn_dh_only = dh;
+    return 0;
+}
+/* The attention rows' knobs, from the environment (each printed when set): the head_dim-64 Hopper
+ * forward's variants, BENCH_ATTN_FWD_ROWS=128|192|0 (attn_sm90_fwd_rows: queries a tile; 0 by T) and
+ * BENCH_ATTN_FWD_TAIL=0|1 (attn_sm90_fwd_tail: tiles from row 0, or before it as by default); and
+ * BENCH_ATTN_DH=64|96|128, that head_dim's rows alone (an A/B of one kernel in half the time: a
+ * --sustained round of every row is ~55 s on an H100). False, with a line, on another value. */
 static bool fwd_knobs() {
     const struct {
         const char *env;
         std::vector<const char *> values;
         int (*set)(int);
     } knobs[] = {{"BENCH_ATTN_FWD_ROWS", {"128", "192", "0"}, attn_sm90_fwd_rows},
-                 {"BENCH_ATTN_FWD_TAIL", {"0", "1"}, attn_sm90_fwd_tail}};
+                 {"BENCH_ATTN_FWD_TAIL", {"0", "1"}, attn_sm90_fwd_tail},
+                 {"BENCH_ATTN_DH", {"64", "96", "128"}, set_attn_dh}};
     for (auto &k : knobs) {
         const char *r = getenv(k.env);
         if (!r) continue;
@@ -408,7 +417,7 @@ static bool fwd_knobs() {
             return false;
         }
         k.set(atoi(r));
-        printf("head_dim-64 forward: %s=%s\n", k.env, r);
+        printf("attention: %s=%s\n", k.env, r);
     }
     return true;
 }

@@ -51,6 +51,10 @@ T.test("ab_attention.sh: alternating rounds, medians per build and shape, ratios
   T.eq(g, ("%8.3f %8.3f %8.3f %9.3f %9.3f"):format(0.32, 0.88, 1.2, 1.2 / 1.26, 0.88 / 0.94):gsub("^ +", ""), "GPT-2's row")
   assert(not out:find("tile/block", 1, true), "the tile/block rows are left out:\n" .. out)
   assert(out:find("median of 3 alternating rounds; vs: against main", 1, true), out)
+  -- each run's rows as they came, before the table (a call cut off keeps them)
+  local first = out:find("# round 1: main\tB4 T2048 H32/8 Dh64\t0.180\t0.470\t0.650", 1, true)
+  local last = out:find("# round 3: try\tB64 T1024 H12/12 Dh64\t0.320\t0.860\t1.180", 1, true)
+  assert(first and last and last < out:find("median of 3", 1, true), "the rounds' rows as they came:\n" .. out)
 end)
 
 T.test("ab_attention.sh --sustained: the flag to every build, named in the header", function()
@@ -88,7 +92,7 @@ T.test("ab_fwd_variants.sh: one bench_fused as three builds through its BENCH_AT
   -- the stand-in's bwd tells which knobs it got: 0.40 + 0.01 ROWS=128 + 0.02 TAIL=0
   local v = dir .. "/variants"
   put(v, table.concat {
-    "#!/bin/sh\n", ('echo "${BENCH_ATTN_FWD_ROWS:-}/${BENCH_ATTN_FWD_TAIL:-} $*" >> %s/venv\n'):format(dir),
+    "#!/bin/sh\n", ('echo "${BENCH_ATTN_DH:-}:${BENCH_ATTN_FWD_ROWS:-}/${BENCH_ATTN_FWD_TAIL:-} $*" >> %s/venv\n'):format(dir),
     "b=$(awk -v r=\"${BENCH_ATTN_FWD_ROWS:-0}\" -v t=\"${BENCH_ATTN_FWD_TAIL:-1}\" ",
     "'BEGIN { printf \"%.3f\", 0.40 + (r == 128 ? 0.01 : 0) + 0.02 * (1 - t) }')\n",
     "echo 'device: stand-in'\n",
@@ -97,7 +101,8 @@ T.test("ab_fwd_variants.sh: one bench_fused as three builds through its BENCH_AT
   os.execute("chmod +x " .. v)
   local out, rc = T.run("sh tests/bench/ab_fwd_variants.sh 1 " .. v)
   assert(rc == 0, out)
-  T.eq(read(dir .. "/venv"), "0/ attention\n128/ attention\n/0 attention\n", "each variant's knobs, in order")
+  T.eq(read(dir .. "/venv"), "64:0/ attention\n64:128/ attention\n64:/0 attention\n",
+    "each variant's knobs, in order, the head_dim-64 rows alone")
   for name, bwd in pairs { base = 0.40, r128 = 0.41, head = 0.42 } do
     local got = out:match("\nB4 T2048 H32/8 Dh64 +" .. name .. " +[%d.]+ +([%d.]+)")
     T.eq(got, ("%.3f"):format(bwd), name .. "'s row")
