@@ -1,6 +1,6 @@
 #!/bin/sh
 # The head_dim-64 Hopper attention forward's variants side by side, one bench_fused through its BENCH_ATTN_FWD_*
-# knobs (bench_fused.cu, fwd_knobs), in tests/bench/ab_attention.sh's alternating rounds: base (the default: 192-query
+# knobs (bench_fused.cu, attn_knobs), in tests/bench/ab_attention.sh's alternating rounds: base (the default: 192-query
 # tiles where T > 128, started before row 0), r128 (128-query tiles), head (tiles from row 0); the head_dim-64 rows
 # alone (BENCH_ATTN_DH=64: the variants change nothing else).
 #   sh tests/bench/ab_fwd_variants.sh [--sustained] ROUNDS BENCH_FUSED

@@ -9,8 +9,8 @@
  * `bench_fused varlen` attention over packed sequences against the same tokens in causal rows,
  * `bench_fused cross_entropy` the copy ceiling and the cross-entropy rows; `bench_fused norm` the copy
  * ceiling and the RMSNorm, LayerNorm and softmax rows; `bench_fused bias` the copy ceiling and the
- * bias-gradient column sums. BENCH_ATTN_FWD_ROWS and _TAIL pick the head_dim-64 forward's variants
- * (fwd_knobs).
+ * bias-gradient column sums. BENCH_ATTN_FWD_ROWS and _TAIL pick the head_dim-64 forward's variants,
+ * BENCH_ATTN_DH one head_dim's attention rows (attn_knobs).
  * Build (where nvcc is): make build/bench/bench_fused */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -146,7 +146,7 @@ static void row(const char *name, const char *shape, double bytes, float ms) {
            shape, ms, gbs, 100 * gbs / copy_gbs, 100 * gbs / same_size_copy_gbs(bytes));
 }
 
-static int attn_dh_only; /* BENCH_ATTN_DH (fwd_knobs): the attention rows of that head_dim alone (0: all) */
+static int attn_dh_only; /* BENCH_ATTN_DH (attn_knobs): the attention rows of that head_dim alone (0: all) */
 
 /* Causal flash attention rows: issue 18's GQA shapes (B=4, 32 query / 8 kv heads) at T = 512,
  * 2048, 8192, and GPT-2 124M's (B=64, 12 heads, T=1024, MHA) at head_dim 64; then head_dim 128
@@ -397,7 +397,7 @@ static int set_attn_dh(int dh) {
  * BENCH_ATTN_FWD_TAIL=0|1 (attn_sm90_fwd_tail: tiles from row 0, or before it as by default); and
  * BENCH_ATTN_DH=64|96|128, that head_dim's rows alone (an A/B of one kernel in half the time: a
  * --sustained round of every row is ~55 s on an H100). False, with a line, on another value. */
-static bool fwd_knobs() {
+static bool attn_knobs() {
     const struct {
         const char *env;
         std::vector<const char *> values;
@@ -435,7 +435,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0); /* each row as it is measured: a run cut off at a limit keeps them */
-    if (!fwd_knobs()) return 2;
+    if (!attn_knobs()) return 2;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP bench_fused: no CUDA device visible\n");

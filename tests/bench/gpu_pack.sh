@@ -9,7 +9,7 @@ name=$1; b=$2; tree=$3; data=${ZRUN_TEST_DATA:-../shared/data}
 [ -n "$name" ] && [ -x "$b/zrun" ] || { echo "usage: sh tests/bench/gpu_pack.sh NAME BUILD_DIR [TREE] (BUILD_DIR/zrun built)"; exit 2; }
 d=.gpu/$name; rm -rf "$d"; mkdir -p "$d" .gpu/data
 strip -o "$d/zrun" "$b/zrun" && xz -T2 -6 "$d/zrun" || exit 1
-# bench/bench_fused and bench/bench_gemm_sm90 too where they were built (make BUILD_DIR/bench/...): ab_attention.sh's builds
+# bench/bench_fused (ab_attention.sh's builds) and bench/bench_gemm_sm90 too where they were built (make BUILD_DIR/bench/...)
 bench=; for x in bench/bench_fused bench/bench_gemm_sm90; do [ -x "$b/$x" ] && bench="$bench $x"; done
 tar -C "$b" -cJf "$d/tests.tar.xz" tests/test_fused_kernels tests/test_gemm_sm90 $bench || exit 1
 if [ -n "$tree" ]; then # only the tests that differ from this checkout's
