@@ -3,14 +3,15 @@
 -- there is none). Unfused = zr.linear + :gelu("tanh"); fused = zr.linear_gelu (the GEMM's GELU
 -- epilogue on CUDA). Then the whole MLP (768 -> 3072 -> 768): linear, gelu, linear; linear_gelu
 -- then linear; zr.mlp_gelu (also the dGELU epilogue in backward). Median of 20 after 5 warm-ups.
---   ./zrun tests/bench/bench_linear_gelu.lua [rows=65536] [C=768]   (B*T = 64*1024, bf16)
+--   ./zrun tests/bench/bench_linear_gelu.lua [rows=65536] [C=768]   (B*T = 64*1024, bf16; 512 rows on the CPU)
 local zr = require "zrun"
+local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
 local cli = require("zrun.argparse").new("tests/bench/bench_linear_gelu.lua",
   "GPT-2's MLP up-projection + tanh GELU, unfused vs zr.linear_gelu, forward and backward.")
-cli:option("rows", 65536, "rows of x (B*T)")
+-- on the CPU GPT-2's 65536 rows take ~8 s a call, ~20 minutes for the table on 2 cores: bench_conv1d's 512
+cli:option("rows", timing.gpu and 65536 or 512, "rows of x (B*T; on the CPU 512)")
 cli:option("C", 768, "the model width (the output is 4C)")
 local opt = cli:parse(arg)
-local timing = dofile((arg[0]:match("^(.*)/[^/]*$") or ".") .. "/op_timing.lua")
 local dev, dt = timing.dev, timing.dt
 local N, Cin = opt.rows, opt.C
 zr.manual_seed(0)

@@ -9,6 +9,12 @@ cli:option("dir", "/tmp/zrun_bench_bin", "folder with st/ and bin/ (tests/bench/
 cli:positional("dir")
 cli:option("device", zr.cuda.is_available() and "cuda" or "cpu", "where from_pretrained puts the model")
 local opt = cli:parse(arg)
+local function exists(p) local f = io.open(p, "rb"); if f then f:close() end return f ~= nil end
+if not exists(opt.dir .. "/st/model.safetensors") or not exists(opt.dir .. "/bin/pytorch_model.bin") then
+  print(("SKIP bench_load_bin: no st/model.safetensors and bin/pytorch_model.bin under %s "
+    .. "(python3 tests/bench/make_bin_model.py %s writes them)"):format(opt.dir, opt.dir))
+  os.exit(0)
+end
 local function sync() if opt.device ~= "cpu" then zr.cuda.synchronize() end end
 local rows, models = {}, {}
 for _, sub in ipairs({ "st", "bin", "st", "bin" }) do -- (twice each: the first pass warms the page cache)
