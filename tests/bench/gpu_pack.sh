@@ -3,7 +3,7 @@
 # and the GPU test binaries into .gpu/NAME/, the tests of that build's tree (when TREE is another checkout: a
 # worktree with commits not on this one) that differ from this checkout's into .gpu/NAME/tests/, and the real-shape data into .gpu/data/.
 # Keep .gpu/ in .git/info/exclude and name it in the device call's carry; then on the device tests/bench/gpu_check.sh.
-#   make BUILD=/tmp/b BIN=/tmp/b/zrun /tmp/b/zrun /tmp/b/tests/test_fused_kernels /tmp/b/tests/test_gemm_sm90 [/tmp/b/bench/bench_fused]
+#   make BUILD=/tmp/b BIN=/tmp/b/zrun /tmp/b/zrun /tmp/b/tests/test_fused_kernels /tmp/b/tests/test_gemm_sm90 [/tmp/b/bench/bench_fused /tmp/b/bench/bench_gemm_sm90]
 #   sh tests/bench/gpu_pack.sh NAME BUILD_DIR [TREE]
 name=$1; b=$2; tree=$3; data=${ZRUN_TEST_DATA:-../shared/data}
 [ -n "$name" ] && [ -x "$b/zrun" ] || { echo "usage: sh tests/bench/gpu_pack.sh NAME BUILD_DIR [TREE] (BUILD_DIR/zrun built)"; exit 2; }
