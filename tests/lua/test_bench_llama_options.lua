@@ -3,8 +3,9 @@
 local zr = require "zrun"
 local T = zr.testing
 
+local Z = os.getenv("ZRUN_BIN") or arg[-1]
 local function run(args)
-  return T.run("./zrun tests/bench/bench_llama.lua device=cpu " .. args .. " 2>&1")
+  return T.run(Z .. " tests/bench/bench_llama.lua device=cpu " .. args .. " 2>&1")
 end
 
 T.test("bench_llama.lua: fuse_qk_norm=0 is refused for a Llama config, fuse_qk_norm=2 for any", function()

@@ -4,7 +4,7 @@
 -- stands. Checked against /proc/cpuinfo's flags (the kernel's view of the CPU), whatever machine this runs on.
 local zr = require "zrun"
 local T = zr.testing
-local Z = (ZRUN_HOME or ".") .. "/zrun"
+local Z = os.getenv("ZRUN_BIN") or arg[-1]
 
 local function blas_line(env)
   local out, rc = T.run((env or "") .. " " .. Z .. " report")

@@ -74,8 +74,9 @@ py[#py + 1] = "exit 0"
 write("python", table.concat(py, "\n") .. "\n", true)
 write("nopython", "#!/bin/sh\nexit 1\n", true)
 
+local Z = os.getenv("ZRUN_BIN") or arg[-1]
 local function run(env)
-  return T.run(fmt("%s sh tests/bench/vs_torch.sh '' ./zrun %s", env, dir))
+  return T.run(fmt("%s sh tests/bench/vs_torch.sh '' %s %s", env, Z, dir))
 end
 local function row(out, name)
   local rest = out:match("\n" .. name:gsub("[%.%-%/%=]", "%%%0") .. " ([^\n]*)")
