@@ -46,14 +46,15 @@ local w0, w1 = marks[k], marks[k + 1]
 -- swiglu_kernel<T, V, BWD>, qkv_rope_kernel<T, V, FWD>)
 local GROUPS = {
   { "nvjet", "GEMMs (cuBLASLt)" }, { "xmma", "GEMMs (cuBLASLt)" }, { "cutlass", "GEMMs (cuBLASLt)" },
+  { "cublasLt::", "GEMMs (cuBLASLt)" }, -- its split-K reduce ("splitKreduce_kernel": not the cross-entropy's ce_)
   { "gemm", "GEMMs" },
   { "attn_fwd", "attention forward" }, { "attn_bwd_prep", "attention prep" },
   { "attn_sum_convert", "attention dq conversion" }, { "attn_rope_convert", "attention dq conversion" },
   { "attn_bwd", "attention backward" },
   { "swiglu_kernel.-Lb0EE", "SwiGLU forward" }, { "swiglu_kernel.-Lb1EE", "SwiGLU backward" },
   { "qkv_rope_kernel.-Lb1EE", "qkv rope forward" }, { "qkv_rope_kernel.-Lb0EE", "qkv rope backward" },
-  { "norm_bwd", "RMSNorm backward (+ weight grads)" }, { "norm_wgrad", "RMSNorm backward (+ weight grads)" },
-  { "norm_fwd", "RMSNorm forward (+ residual adds)" },
+  { "norm_bwd", "norm backward (+ weight grads)" }, { "norm_wgrad", "norm backward (+ weight grads)" },
+  { "norm_fwd", "norm forward (+ residual adds)" }, -- RMSNorm (Llama), LayerNorm (GPT-2): the same kernels
   { "ce_", "cross-entropy" }, { "adamw", "AdamW" }, { "sumsq", "grad norm" }, { "emb_", "embedding" },
 }
 

@@ -12,8 +12,11 @@ local function K(s, e, name) rows[#rows + 1] = ("K,%d,%d,7,%d,%s"):format(s * MS
 -- step 1: 10 .. 30 ms; step 2: 30 .. 60 ms; the marker (grad norm) opens each
 K(10, 11, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
 K(11, 15, "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+K(12, 13, "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>(cublasLt::cublasSplitKParams<float>)")
+K(13, 14, "_Z13ce_fused_kernelI13__nv_bfloat16EvPT_PfPKlllfl") -- (these two under the GEMM too: the busy time stays)
 K(14, 15, "_Z23attn_rope_convert_kernelI13__nv_bfloat16Li64EEv8rope_cvt") -- qkv_rope_sdpa's dq pass, under the GEMM
 K(15, 16, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb0EEvPT_S2_PKS1_S4_S4_lll")
+
 K(20, 22, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb1EEvPT_S2_PKS1_S4_S4_lll")
 K(30, 31, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
 K(31, 41, "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN")
@@ -46,8 +49,10 @@ T.test("timeline_kernels.lua: one step's kernel time by group, its wall and idle
   T.eq(row(out, "grad norm"), "1.00    3.3%       1     1.0000", "the marker")
   assert(not out:find("SwiGLU", 1, true), "step 1's kernels are not in step 2:\n" .. out)
   local o1 = tk("step=1")
-  assert(o1:find("step 1 of 2 (from one 'sumsq_partial' launch to the next): wall 20.00 ms, kernels 9.00 ms (5), " ..
+  assert(o1:find("step 1 of 2 (from one 'sumsq_partial' launch to the next): wall 20.00 ms, kernels 11.00 ms (7), " ..
     "GPU idle 12.00 ms (60.0%)", 1, true), o1)
+  T.eq(row(o1, "GEMMs (cuBLASLt)"), "5.00   25.0%       2     2.5000", "cuBLASLt's split-K reduce is a GEMM's, not the cross-entropy's")
+  T.eq(row(o1, "cross-entropy"), "1.00    5.0%       1     1.0000", "the cross-entropy alone")
   T.eq(row(o1, "attention dq conversion"), "1.00    5.0%       1     1.0000", "the rope's dq pass is the dq conversion")
   T.eq(row(o1, "SwiGLU forward"), "1.00    5.0%       1     1.0000", "swiglu_kernel<.., BWD = 0>")
   T.eq(row(o1, "SwiGLU backward"), "2.00   10.0%       1     2.0000", "swiglu_kernel<.., BWD = 1>")
@@ -77,7 +82,7 @@ T.test("timeline_gaps.lua on the same recording: busy union, gaps by size; witho
   local out, rc = T.run(("%s tests/bench/timeline_gaps.lua %s from=0 to=1"):format(zrun, csv))
   assert(rc == 0, out)
   -- busy: 10-16, 20-22, 30-49 (the overlap once), 50-55 (kernel, copy), 60-70 = 42 of 60 ms; gaps 4 + 8 + 1 + 5 ms
-  assert(out:find("window 0.0-60.0 ms of 60.0 ms recorded: 14 GPU records, busy 42.00 ms, idle 18.00 ms (30.0%)",
+  assert(out:find("window 0.0-60.0 ms of 60.0 ms recorded: 16 GPU records, busy 42.00 ms, idle 18.00 ms (30.0%)",
     1, true), out)
   assert(out:find("gaps >= 2 us: 4, 18.00 ms; launched only after the GPU went idle (host-bound): 0, 0.00 ms", 1, true), out)
   assert(out:find("\n  >1 ms *4 gaps *18.000 ms"), out)
