@@ -16,7 +16,6 @@ K(12, 13, "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>
 K(13, 14, "_Z13ce_fused_kernelI13__nv_bfloat16EvPT_PfPKlllfl") -- (these two under the GEMM too: the busy time stays)
 K(14, 15, "_Z23attn_rope_convert_kernelI13__nv_bfloat16Li64EEv8rope_cvt") -- qkv_rope_sdpa's dq pass, under the GEMM
 K(15, 16, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb0EEvPT_S2_PKS1_S4_S4_lll")
-
 K(20, 22, "_Z13swiglu_kernelI13__nv_bfloat16Li8ELb1EEvPT_S2_PKS1_S4_S4_lll")
 K(30, 31, "_Z20sumsq_partial_kernelIfEvPdPKT_l")
 K(31, 41, "nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN")
